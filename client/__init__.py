@@ -1,0 +1,29 @@
+"""Stream Engine SDK."""
+
+from client.errors import (
+    AlreadyExists,
+    AppendFailed,
+    AppendInDoubt,
+    DataLossError,
+    EventTooLarge,
+    Fenced,
+    InvalidArgument,
+    LeadershipLost,
+    NotFound,
+    StreamEngineError,
+    Unavailable,
+)
+
+__all__ = [
+    "AlreadyExists",
+    "AppendFailed",
+    "AppendInDoubt",
+    "DataLossError",
+    "EventTooLarge",
+    "Fenced",
+    "InvalidArgument",
+    "LeadershipLost",
+    "NotFound",
+    "StreamEngineError",
+    "Unavailable",
+]

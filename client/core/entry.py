@@ -1,0 +1,87 @@
+"""Entries: kinds, the crc32c that guards each copy, and the stored value layout.
+
+The checksum covers (kind, epoch, index, payload): a copy moved to another index, given
+another epoch or kind, or with a flipped payload bit no longer verifies. The writer
+computes it once per event; stores verify on write, readers on read.
+
+Stored value layout (big-endian): kind u8 | epoch u64 | crc32c u32 | payload.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import google_crc32c
+
+
+class EntryKind(enum.IntEnum):
+    """Numbers match `streamengine.v1.EntryKind`."""
+
+    EVENT = 1
+    HOLE = 2
+    BRIDGE = 3
+
+
+_CRC_HEADER = struct.Struct(">BQQ")  # kind, epoch, index
+_VALUE_HEADER = struct.Struct(">BQI")  # kind, epoch, crc32c
+VALUE_HEADER_BYTES = _VALUE_HEADER.size
+
+
+class CorruptEntry(ValueError):
+    """A stored or received copy whose checksum or layout does not verify."""
+
+
+def entry_crc(kind: int, epoch: int, index: int, payload: bytes) -> int:
+    header_crc = google_crc32c.value(_CRC_HEADER.pack(kind, epoch, index))
+    return google_crc32c.extend(header_crc, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """One copy of one index, as a store holds it."""
+
+    index: int
+    kind: EntryKind
+    epoch: int
+    payload: bytes
+    crc32c: int
+
+    @classmethod
+    def make(cls, index: int, kind: EntryKind, epoch: int, payload: bytes = b"") -> StoredEntry:
+        if kind != EntryKind.EVENT and payload:
+            raise ValueError(f"a {kind.name} carries no payload")
+        return cls(index, kind, epoch, payload, entry_crc(kind, epoch, index, payload))
+
+    def verify(self) -> None:
+        if self.kind not in _KINDS:
+            raise CorruptEntry(f"index {self.index}: unknown kind {int(self.kind)}")
+        if entry_crc(self.kind, self.epoch, self.index, self.payload) != self.crc32c:
+            raise CorruptEntry(f"index {self.index}: crc32c mismatch")
+
+    def with_epoch(self, epoch: int) -> StoredEntry:
+        """The same content rewritten by the leader of `epoch` (recovery)."""
+        return StoredEntry.make(self.index, self.kind, epoch, self.payload)
+
+    def same_content(self, other: StoredEntry) -> bool:
+        return self.kind == other.kind and self.payload == other.payload
+
+
+_KINDS = frozenset(EntryKind)
+
+
+def encode_value(kind: int, epoch: int, crc: int, payload: bytes) -> bytes:
+    return _VALUE_HEADER.pack(kind, epoch, crc) + payload
+
+
+def decode_value(index: int, value: bytes) -> StoredEntry:
+    """Decode a stored value and verify it; raises CorruptEntry."""
+    if len(value) < VALUE_HEADER_BYTES:
+        raise CorruptEntry(f"index {index}: value of {len(value)} bytes is truncated")
+    kind, epoch, crc = _VALUE_HEADER.unpack_from(value)
+    if kind not in _KINDS:
+        raise CorruptEntry(f"index {index}: unknown kind {kind}")
+    entry = StoredEntry(index, EntryKind(kind), epoch, bytes(value[VALUE_HEADER_BYTES:]), crc)
+    entry.verify()
+    return entry

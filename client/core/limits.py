@@ -1,0 +1,45 @@
+"""Named limits, each with its reason, and the relations between them.
+
+One place for every bound of the system: the servers and the SDK import these, so a
+limit the store enforces is the one the writer respects.
+"""
+
+from __future__ import annotations
+
+# A single event: large enough for any record a stream of events should carry, small
+# enough that a batch of them fits a gRPC message with room to spare.
+EVENT_BYTES_MAX = 1 << 20
+
+# One Write request: bounds the store's memory per queued batch and stays well below
+# the gRPC message limit configured on both sides.
+WRITE_BATCH_BYTES_MAX = 8 << 20
+
+# Entries in one Write request: the store writes a batch in one RocksDB WriteBatch, and
+# rocksdict holds the GIL for a whole write, so a batch stays around a millisecond.
+WRITE_BATCH_ENTRIES_MAX = 4096
+
+# gRPC message limit on every channel and server (the default 4 MiB is below one batch).
+GRPC_MESSAGE_BYTES_MAX = 64 << 20
+
+# Parallel replicating and recovering keeps at most the open segment and one earlier.
+UNSEALED_SEGMENTS_MAX = 2
+
+# Copy sets: a policy beyond this is a configuration mistake, not a real deployment.
+REPLICAS_MAX = 15
+
+# Indexes are 32 bits wide inside a sequence (epoch << 32 | index).
+INDEX_MAX = (1 << 32) - 1
+# Epochs fit 31 bits so that a sequence is a non-negative signed 64-bit integer
+# (Spark's `long`).
+EPOCH_MAX = (1 << 31) - 1
+
+# Stream names: `tenant/stream`, each part bounded so keys and logs stay readable.
+NAME_PART_CHARS_MAX = 64
+
+# Leases: the writer heartbeats every lease/3, so a lease survives two lost heartbeats.
+LEASE_MS_DEFAULT = 2000
+HEARTBEATS_PER_LEASE = 3
+
+assert WRITE_BATCH_BYTES_MAX >= 2 * EVENT_BYTES_MAX, "a batch must hold the largest event"
+assert GRPC_MESSAGE_BYTES_MAX >= 2 * WRITE_BATCH_BYTES_MAX, "a batch must fit a message"
+assert LEASE_MS_DEFAULT > HEARTBEATS_PER_LEASE * 100, "heartbeats must be frequent enough"

@@ -1,0 +1,115 @@
+"""Every error the SDK raises, by who is at fault, under one base.
+
+- the caller: `InvalidArgument`, `EventTooLarge`, `NotFound`, `AlreadyExists`;
+- the cluster, retryable later: `Unavailable`;
+- leadership: `LeadershipLost` (the writer is finished; open a new one), and for an
+  append whose fate the writer cannot know, `AppendInDoubt`;
+- data: `DataLossError`, naming the segment and index range no replica can serve.
+
+`from_rpc_error` is the one table mapping gRPC statuses back to these.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class StreamEngineError(Exception):
+    """Base of every error the SDK raises."""
+
+
+class InvalidArgument(StreamEngineError):
+    """The request is malformed or impossible (a bad name, an impossible policy)."""
+
+
+class EventTooLarge(InvalidArgument):
+    """An event over `EVENT_BYTES_MAX`."""
+
+
+class NotFound(StreamEngineError):
+    """Unknown stream, tenant, segment or store."""
+
+
+class AlreadyExists(StreamEngineError):
+    """Creating what exists with different settings."""
+
+
+class Unavailable(StreamEngineError):
+    """The cluster cannot serve now (server down, not enough live stores); retry later."""
+
+
+class LeadershipLost(StreamEngineError):
+    """This writer no longer leads its stream; every later append fails. Open a new
+    writer to compete for leadership again."""
+
+
+class AppendFailed(LeadershipLost):
+    """The append definitely failed: it never reached a write quorum under this
+    leader, and no later recovery can make it appear."""
+
+
+class AppendInDoubt(LeadershipLost):
+    """The append may be durable: it reached some stores before leadership was lost.
+    If it is, it appears after the next leader's recovery, at one sequence."""
+
+
+class DataLossError(StreamEngineError):
+    """A range of a stream that no replica can serve."""
+
+    def __init__(self, stream: str, segment_epoch: int, first_index: int, last_index: int):
+        self.stream = stream
+        self.segment_epoch = segment_epoch
+        self.first_index = first_index
+        self.last_index = last_index
+        super().__init__(
+            f"{stream}: segment {segment_epoch} indexes {first_index}..{last_index} "
+            "are unreadable on every replica"
+        )
+
+
+class Fenced(LeadershipLost):
+    """A store refused a write or seal: its fence is above this writer's epoch."""
+
+    def __init__(self, message: str, fence: int):
+        self.fence = fence
+        super().__init__(message)
+
+
+FENCE_METADATA_KEY = "se-fence"
+
+_STATUS_TO_ERROR: dict[grpc.StatusCode, type[StreamEngineError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Unavailable,
+    grpc.StatusCode.CANCELLED: Unavailable,
+    grpc.StatusCode.ABORTED: Unavailable,
+    grpc.StatusCode.FAILED_PRECONDITION: LeadershipLost,
+    grpc.StatusCode.DATA_LOSS: StreamEngineError,
+}
+
+
+def fence_of(error: grpc.aio.AioRpcError | grpc.RpcError) -> int | None:
+    """The fence a store reported in a FAILED_PRECONDITION, if any."""
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == FENCE_METADATA_KEY:
+            return int(value)
+    return None
+
+
+def from_rpc_error(error: grpc.RpcError) -> StreamEngineError:
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        fence = fence_of(error)
+        if fence is not None:
+            return Fenced(details or "fenced", fence)
+        return LeadershipLost(details or "failed precondition")
+    if code == grpc.StatusCode.INVALID_ARGUMENT and details and "too large" in details:
+        return EventTooLarge(details)
+    error_type = _STATUS_TO_ERROR.get(code, StreamEngineError)
+    return error_type(details or code.name)

@@ -1,0 +1,236 @@
+"""Real `streamengine master` / `streamengine store` processes for integration tests.
+
+Every server runs as its own process on 127.0.0.1 with RocksDB in a temp dir; tests
+kill them with SIGKILL / SIGSTOP and wait for conditions with deadlines, never sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+T = TypeVar("T")
+
+STREAMENGINE = str(Path(sys.executable).with_name("streamengine"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.02,
+    message: str = "condition",
+) -> T:
+    """Poll `condition` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as error:
+            last_error = error
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{message} not reached in {timeout_s}s (last error: {last_error!r})")
+        time.sleep(interval_s)
+
+
+def is_serving(address: str, timeout_s: float = 0.5) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+@dataclass
+class ServerProcess:
+    """One server process; restartable with the same arguments and data dir."""
+
+    name: str
+    args: list[str]
+    address: str
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    stopped: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, wait: bool = True) -> ServerProcess:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [STREAMENGINE, *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+        )
+        log.close()
+        self.stopped = False
+        if wait:
+            self.wait_serving()
+        return self
+
+    def wait_serving(self, timeout_s: float = 20.0) -> None:
+        def serving() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            return is_serving(self.address)
+
+        wait_for(serving, timeout_s, 0.05, f"{self.name} serving at {self.address}")
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.alive():
+            assert self.process is not None
+            if self.stopped:
+                os.kill(self.process.pid, signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.stopped = False
+
+    def terminate(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, wait for a clean exit; returns the exit code."""
+        assert self.process is not None
+        if self.stopped:
+            self.cont()
+        self.process.terminate()
+        return self.process.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        """SIGSTOP: the process hangs with its sockets open."""
+        assert self.alive()
+        os.kill(self.pid, signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def restart(self) -> ServerProcess:
+        self.kill()
+        return self.start()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class Cluster:
+    """A master and N stores, each with its own data dir under `root`."""
+
+    root: Path
+    master: ServerProcess
+    stores: list[ServerProcess]
+
+    @property
+    def master_address(self) -> str:
+        return self.master.address
+
+    def store_by_address(self, address: str) -> ServerProcess:
+        for store in self.stores:
+            if store.address == address:
+                return store
+        raise KeyError(address)
+
+    def add_store(self, zone: str = "", extra_args: list[str] | None = None) -> ServerProcess:
+        store = make_store(self.root, len(self.stores), self.master.address, zone, extra_args)
+        self.stores.append(store)
+        return store.start()
+
+    def stop_all(self) -> None:
+        for process in [*self.stores, self.master]:
+            with contextlib.suppress(Exception):
+                process.kill()
+
+
+def make_master(root: Path, extra_args: list[str] | None = None) -> ServerProcess:
+    port = free_port()
+    data = root / "master"
+    data.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{port}"
+    args = ["master", "--listen", address, "--data", str(data), *(extra_args or [])]
+    return ServerProcess("master", args, address, root / "master.log")
+
+
+def make_store(
+    root: Path,
+    number: int,
+    master_address: str,
+    zone: str = "",
+    extra_args: list[str] | None = None,
+) -> ServerProcess:
+    port = free_port()
+    data = root / f"store{number}"
+    data.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{port}"
+    args = [
+        "store",
+        "--listen",
+        address,
+        "--data",
+        str(data),
+        "--master",
+        master_address,
+        "--id",
+        f"store{number}",
+        *(["--zone", zone] if zone else []),
+        *(extra_args or []),
+    ]
+    return ServerProcess(f"store{number}", args, address, root / f"store{number}.log")
+
+
+@contextlib.contextmanager
+def running_cluster(
+    root: Path,
+    stores: int = 3,
+    master_args: list[str] | None = None,
+    store_args: list[str] | None = None,
+    zones: list[str] | None = None,
+) -> Iterator[Cluster]:
+    """Start a master and `stores` stores; kill everything on exit."""
+    master = make_master(root, master_args)
+    cluster = Cluster(root, master, [])
+    try:
+        master.start()
+        for number in range(stores):
+            zone = zones[number] if zones else ""
+            cluster.stores.append(make_store(root, number, master.address, zone, store_args))
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
+        yield cluster
+    finally:
+        cluster.stop_all()
