@@ -21,7 +21,9 @@ def _add_server_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     master_server.add_arguments(master)
     master.set_defaults(run=master_server.run)
 
-    store = commands.add_parser("store", help="run a segment store", description=store_server.__doc__)
+    store = commands.add_parser(
+        "store", help="run a segment store", description=store_server.__doc__
+    )
     store_server.add_arguments(store)
     store.set_defaults(run=store_server.run)
 

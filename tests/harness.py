@@ -50,7 +50,9 @@ def wait_for(
         except Exception as error:
             last_error = error
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{message} not reached in {timeout_s}s (last error: {last_error!r})")
+            raise TimeoutError(
+                f"{message} not reached in {timeout_s}s (last error: {last_error!r})"
+            )
         time.sleep(interval_s)
 
 
@@ -94,7 +96,9 @@ class ServerProcess:
     def wait_serving(self, timeout_s: float = 20.0) -> None:
         def serving() -> bool:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
+                )
             return is_serving(self.address)
 
         wait_for(serving, timeout_s, 0.05, f"{self.name} serving at {self.address}")

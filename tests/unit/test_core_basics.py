@@ -52,7 +52,9 @@ def test_every_single_bit_flip_is_detected() -> None:
         ("truncated header", None, 1),
     ],
 )
-def test_misplaced_or_truncated_values_are_corrupt(case: str, value: StoredEntry | None, index: int) -> None:
+def test_misplaced_or_truncated_values_are_corrupt(
+    case: str, value: StoredEntry | None, index: int
+) -> None:
     raw = stored(value) if value is not None else b"\x01\x00"
     with pytest.raises(CorruptEntry):
         decode_value(index, raw)
@@ -88,13 +90,20 @@ def test_sequence_packing(epoch: int, index: int, sequence: int) -> None:
     assert unpack_sequence(sequence) == (epoch, index)
 
 
-@pytest.mark.parametrize(("epoch", "index"), [(-1, 0), (EPOCH_MAX + 1, 0), (0, INDEX_MAX + 1), (0, -1)])
+@pytest.mark.parametrize(
+    ("epoch", "index"), [(-1, 0), (EPOCH_MAX + 1, 0), (0, INDEX_MAX + 1), (0, -1)]
+)
 def test_sequence_out_of_range(epoch: int, index: int) -> None:
     with pytest.raises(ValueError):
         pack_sequence(epoch, index)
 
 
-@given(st.integers(0, EPOCH_MAX), st.integers(0, INDEX_MAX), st.integers(0, EPOCH_MAX), st.integers(0, INDEX_MAX))
+@given(
+    st.integers(0, EPOCH_MAX),
+    st.integers(0, INDEX_MAX),
+    st.integers(0, EPOCH_MAX),
+    st.integers(0, INDEX_MAX),
+)
 def test_sequences_order_like_epoch_then_index(e1: int, i1: int, e2: int, i2: int) -> None:
     assert (pack_sequence(e1, i1) < pack_sequence(e2, i2)) == ((e1, i1) < (e2, i2))
 
@@ -103,7 +112,9 @@ def test_sequences_order_like_epoch_then_index(e1: int, i1: int, e2: int, i2: in
     ("replicas", "write_quorum", "read_quorum"),
     [(1, 1, 1), (3, 2, 2), (3, 3, 1), (3, 1, 3), (5, 3, 3), (4, 2, 3)],
 )
-def test_read_quorum_is_n_minus_w_plus_one(replicas: int, write_quorum: int, read_quorum: int) -> None:
+def test_read_quorum_is_n_minus_w_plus_one(
+    replicas: int, write_quorum: int, read_quorum: int
+) -> None:
     policy = ReplicationPolicy(replicas, write_quorum)
     assert policy.read_quorum == read_quorum
     assert policy.read_quorum + policy.write_quorum > policy.replicas
@@ -127,5 +138,7 @@ def test_impossible_policies_are_refused(replicas: int, write_quorum: int) -> No
         (2, [0, 0, 4], 0),
     ],
 )
-def test_acked_index_is_the_wth_largest_matched(write_quorum: int, matched: list[int], acked: int) -> None:
+def test_acked_index_is_the_wth_largest_matched(
+    write_quorum: int, matched: list[int], acked: int
+) -> None:
     assert ReplicationPolicy(3, write_quorum).acked_index(matched) == acked
