@@ -1,0 +1,52 @@
+"""gRPC channel options and one shared pool of channels per client.
+
+Keepalive settings follow what was measured on grpc-core 1.85: without
+`grpc.http2.ping_timeout_ms` a hung peer is detected only after about a minute, and the
+servers must permit the clients' ping rate (see `SERVER_OPTIONS`).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from client.core.limits import GRPC_MESSAGE_BYTES_MAX
+
+KEEPALIVE_TIME_MS = 5_000
+KEEPALIVE_TIMEOUT_MS = 3_000
+
+CLIENT_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+]
+
+SERVER_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+]
+
+
+class ChannelPool:
+    """One asyncio channel per address, created on first use, closed together."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
