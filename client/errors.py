@@ -95,7 +95,7 @@ _STATUS_TO_ERROR: dict[grpc.StatusCode, type[StreamEngineError]] = {
 def fence_of(error: grpc.aio.AioRpcError | grpc.RpcError) -> int | None:
     """The fence a store reported in a FAILED_PRECONDITION, if any."""
     trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    for key, value in trailing or ():
+    for key, value in trailing or ():  # type: ignore[misc]  # pairs at run time
         if key == FENCE_METADATA_KEY:
             return int(value)
     return None

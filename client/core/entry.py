@@ -35,7 +35,8 @@ class CorruptEntry(ValueError):
 
 def entry_crc(kind: int, epoch: int, index: int, payload: bytes) -> int:
     header_crc = google_crc32c.value(_CRC_HEADER.pack(kind, epoch, index))
-    return google_crc32c.extend(header_crc, payload)
+    crc: int = google_crc32c.extend(header_crc, payload)
+    return crc
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,265 @@
+"""Followers: `subscribe` (forever) and `read` (a range), over the store's Subscribe.
+
+A thin asyncio shell around `client.core.cursor.Cursor`: it fetches the master's
+segment list, tails one replica at a time, feeds the cursor what arrives (and what
+fails), and yields the cursor's events. Reconnection is transparent: the cursor's
+position is the resume point, so no sequence is yielded twice and none is skipped but
+holes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+import grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client.channels import ChannelPool
+from client.core.cursor import (
+    Cursor,
+    DataLoss,
+    Event,
+    Finished,
+    ReadFrom,
+    SegmentView,
+    WaitForSegments,
+)
+from client.core.entry import CorruptEntry, EntryKind, StoredEntry
+from client.core.sequence import pack_sequence
+from client.errors import DataLossError, from_rpc_error
+
+log = logging.getLogger(__name__)
+
+Start = int | Literal["end"]
+
+# How often the subscriber promises a keepalive; the store drops it after ~3 silent
+# intervals, and it drops a store silent for `SILENT_STORE_MS`.
+KEEPALIVE_INTERVAL_MS = 1000
+SILENT_STORE_MS = 3 * KEEPALIVE_INTERVAL_MS + 1000
+# While tailing and nothing arrives, re-read the master's list this often: the segment
+# may have been sealed (a new leader) and the replica may never reach its bridge.
+SEGMENT_REFRESH_MS = 1000
+# Pause before retrying when no replica can serve (open segment) or nothing is listed.
+IDLE_RETRY_MS = 200
+# Entries per batch on the wire.
+BATCH_ENTRIES = 1024
+# A refresh every IDLE_RETRY_MS; failed replicas are retried after this many.
+FAILED_REPLICA_RETRY_ROUNDS = 5
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def segment_views(reply: master_pb2.ListSegmentsReply) -> list[SegmentView]:
+    return [
+        SegmentView(
+            epoch=segment.id.epoch,
+            replicas=tuple(replica.address for replica in segment.copy_set),
+            sealed=segment.state == entry_pb2.SEALED,
+            final_index=segment.final_index,
+        )
+        for segment in reply.segments
+    ]
+
+
+def to_stored(entry: entry_pb2.Entry) -> StoredEntry:
+    stored = StoredEntry(
+        entry.index, EntryKind(entry.kind), entry.epoch, entry.payload, entry.crc32c
+    )
+    stored.verify()
+    return stored
+
+
+@dataclass
+class _StreamRef:
+    name: str
+    stream_id: int
+
+
+class Follower:
+    """Reads one stream from `start` (inclusive) to `end` (exclusive; None: forever)."""
+
+    def __init__(
+        self,
+        master: master_pb2_grpc.MasterAsyncStub,
+        channels: ChannelPool,
+        stream: str,
+        start: Start,
+        end: int | None,
+        until_acked_end: bool,
+    ) -> None:
+        self._master = master
+        self._channels = channels
+        self._stream = stream
+        self._start = start
+        self._end = end
+        self._until_acked_end = until_acked_end
+        self._ref: _StreamRef | None = None
+
+    async def events(self) -> AsyncIterator[Event]:
+        segments = await self._list_segments()
+        end = self._end
+        if self._until_acked_end and end is None:
+            end = await self._acked_end(segments)
+        start = await self._acked_end(segments) if self._start == "end" else self._start
+        cursor = Cursor(start, end)
+        cursor.on_segments(segments)
+        idle_rounds = 0
+        while True:
+            decision = cursor.next(now_ms())
+            if isinstance(decision, Finished):
+                return
+            if isinstance(decision, DataLoss):
+                raise DataLossError(
+                    self._stream, decision.epoch, decision.first_index, decision.last_index
+                )
+            if isinstance(decision, WaitForSegments):
+                idle_rounds += 1
+                if idle_rounds % FAILED_REPLICA_RETRY_ROUNDS == 0:
+                    cursor.forget_failures()
+                await asyncio.sleep(IDLE_RETRY_MS / 1000)
+                cursor.on_segments(await self._list_segments())
+                continue
+            idle_rounds = 0
+            async for event in self._tail(cursor, decision):
+                yield event
+
+    async def _tail(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[Event]:
+        """Tail one replica until the cursor moves elsewhere, the replica fails, or the
+        range is done."""
+        assert self._ref is not None
+        stub = store_grpc.SegmentStoreAsyncStub(self._channels.get(read.replica))
+        start = segment_store_pb2.SubscribeRequest(
+            start=segment_store_pb2.SubscribeStart(
+                segment=entry_pb2.SegmentId(
+                    stream_id=self._ref.stream_id, epoch=read.epoch, stream=self._stream
+                ),
+                from_index=read.from_index,
+                max_batch_entries=BATCH_ENTRIES,
+                keepalive_interval_ms=KEEPALIVE_INTERVAL_MS,
+            )
+        )
+        call = stub.Subscribe(_requests(start))
+        last_refresh = now_ms()
+        try:
+            while True:
+                try:
+                    reply = await asyncio.wait_for(call.read(), SEGMENT_REFRESH_MS / 1000)
+                except TimeoutError:
+                    reply = None
+                if reply is grpc.aio.EOF:
+                    return
+                if isinstance(reply, segment_store_pb2.SubscribeReply):
+                    if reply.HasField("position"):
+                        cursor.on_position(
+                            read.epoch, read.replica, reply.position.acked_index, now_ms()
+                        )
+                    if reply.HasField("batch"):
+                        last_refresh = now_ms()
+                        for event in self._entries(cursor, read, reply.batch):
+                            yield event
+                elif now_ms() - last_refresh >= SILENT_STORE_MS:
+                    log.info("%s: store %s silent, failing over", self._stream, read.replica)
+                    cursor.on_replica_failed(read.epoch, read.replica)
+                    return
+                if now_ms() - last_refresh >= SEGMENT_REFRESH_MS:
+                    cursor.on_segments(await self._list_segments())
+                    last_refresh = now_ms()
+                if cursor.next(now_ms()) != ReadFrom(read.epoch, read.replica, _next_index(cursor)):
+                    return
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # Too slow for the store's buffer: resume from the position, same replica.
+                log.info("%s: disconnected as a slow consumer, resuming", self._stream)
+                return
+            log.info("%s: replica %s failed: %s", self._stream, read.replica, error.code().name)
+            cursor.on_replica_failed(read.epoch, read.replica)
+        finally:
+            call.cancel()
+
+    def _entries(
+        self, cursor: Cursor, read: ReadFrom, batch: segment_store_pb2.EntryBatch
+    ) -> list[Event]:
+        try:
+            entries = [to_stored(entry) for entry in batch.entries]
+        except (CorruptEntry, ValueError) as error:
+            log.warning("%s: corrupt entry from %s: %s", self._stream, read.replica, error)
+            cursor.on_replica_failed(read.epoch, read.replica)
+            return []
+        return cursor.on_entries(read.epoch, entries, now_ms())
+
+    async def _list_segments(self) -> list[SegmentView]:
+        try:
+            reply = await self._master.ListSegments(
+                master_pb2.ListSegmentsRequest(stream=self._stream), timeout=5
+            )
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from error
+        self._ref = _StreamRef(self._stream, reply.stream_id)
+        return segment_views(reply)
+
+    async def _acked_end(self, segments: list[SegmentView]) -> int:
+        """The sequence just past the last acked event now."""
+        if not segments:
+            return 0
+        last = segments[-1]
+        if last.sealed:
+            return pack_sequence(last.epoch + 1, 0)
+        acked = 0
+        assert self._ref is not None
+        for replica in last.replicas:
+            stub = store_grpc.SegmentStoreAsyncStub(self._channels.get(replica))
+            segment = entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=last.epoch)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                state = await stub.GetSegmentState(
+                    segment_store_pb2.GetSegmentStateRequest(segment=segment), timeout=2
+                )
+                acked = max(acked, state.acked_index)
+        return pack_sequence(last.epoch, acked + 1)
+
+
+def _next_index(cursor: Cursor) -> int:
+    return cursor.position & 0xFFFFFFFF
+
+
+async def _requests(
+    start: segment_store_pb2.SubscribeRequest,
+) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+    yield start
+    while True:
+        await asyncio.sleep(KEEPALIVE_INTERVAL_MS / 1000)
+        yield segment_store_pb2.SubscribeRequest(
+            keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+        )
+
+
+async def subscribe(
+    master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
+) -> AsyncIterator[Event]:
+    """Every acked event from `start` on, forever."""
+    follower = Follower(master, channels, stream, start, None, until_acked_end=False)
+    async for event in follower.events():
+        yield event
+
+
+async def read(
+    master: master_pb2_grpc.MasterAsyncStub,
+    channels: ChannelPool,
+    stream: str,
+    start: int = 0,
+    end: int | None = None,
+) -> AsyncIterator[Event]:
+    """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
+    if end is not None and end <= start:
+        return
+    follower = Follower(master, channels, stream, start, end, until_acked_end=end is None)
+    async for event in follower.events():
+        yield event
