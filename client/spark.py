@@ -1,0 +1,391 @@
+"""PySpark data source `streamengine`: sealed segments for analytics, acked events
+for Structured Streaming.
+
+    from client.spark import register
+    register(spark)
+    df = (spark.read.format("streamengine")
+          .option("master", "127.0.0.1:7070").option("stream", "acme/orders").load())
+
+One row per EVENT (holes and bridges never appear), schema
+`stream string, epoch int, index long, sequence long, payload binary`.
+
+Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
+`includeOpen` (default false) adds the open segment up to its acked index;
+`partitionEntries` (default 250000) splits large segments into index ranges.
+Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
+
+Planning (driver side) asks the master for the segments; one input partition per
+segment range. Each partition is read in an executor from a replica whose acked index
+covers it, over its own gRPC channel, failing over to the next replica, and checked to
+hold exactly the indexes it planned: a short read is an error, never silently fewer
+rows. Rows leave as Arrow record batches.
+
+Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
+acked entries are read, and acked entries never change, so a query restarted from its
+checkpoint re-reads the same rows for the same offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client.channels import CLIENT_OPTIONS
+from client.core.entry import EntryKind
+from client.core.limits import INDEX_MAX
+from client.core.sequence import pack_sequence, unpack_sequence
+from client.errors import DataLossError, InvalidArgument, from_rpc_error
+
+SOURCE_NAME = "streamengine"
+SCHEMA = "stream string, epoch int, index long, sequence long, payload binary"
+ARROW_SCHEMA = pa.schema(
+    [
+        ("stream", pa.string()),
+        ("epoch", pa.int32()),
+        ("index", pa.int64()),
+        ("sequence", pa.int64()),
+        ("payload", pa.binary()),
+    ]
+)
+PARTITION_ENTRIES_DEFAULT = 250_000
+READ_ENTRIES_PER_REPLY = 8192
+RPC_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SegmentRange(InputPartition):
+    """Indexes `first..last` (inclusive) of one segment; plain data, it is pickled."""
+
+    stream: str
+    stream_id: int
+    epoch: int
+    first_index: int
+    last_index: int
+    replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _SegmentInfo:
+    epoch: int
+    sealed: bool
+    final_index: int
+    replicas: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _StreamLayout:
+    stream_id: int
+    segments: tuple[_SegmentInfo, ...]
+    # Per open segment: the largest acked index any replica reports.
+    open_acked: dict[int, int]
+
+
+def _option_int(options: dict[str, str], name: str, default: int | None) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgument(f"option {name} must be an integer, got {raw!r}") from None
+
+
+def _required(options: dict[str, str], name: str) -> str:
+    value = options.get(name.lower(), "")
+    if not value:
+        raise InvalidArgument(f"option {name!r} is required")
+    return value
+
+
+def _channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+
+
+def fetch_layout(master_address: str, stream: str, with_open_acked: bool) -> _StreamLayout:
+    """The stream's segments, and for open ones the acked index their replicas serve."""
+    with _channel(master_address) as channel:
+        try:
+            reply = master_pb2_grpc.MasterStub(channel).ListSegments(
+                master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+    segments = tuple(
+        _SegmentInfo(
+            epoch=segment.id.epoch,
+            sealed=segment.state == entry_pb2.SEALED,
+            final_index=segment.final_index,
+            replicas=tuple(replica.address for replica in segment.copy_set),
+        )
+        for segment in reply.segments
+    )
+    open_acked: dict[int, int] = {}
+    if with_open_acked:
+        for segment in segments:
+            if not segment.sealed:
+                open_acked[segment.epoch] = _replica_acked(reply.stream_id, segment)
+    return _StreamLayout(reply.stream_id, segments, open_acked)
+
+
+def _replica_acked(stream_id: int, segment: _SegmentInfo) -> int:
+    best = 0
+    for address in segment.replicas:
+        with _channel(address) as channel:
+            try:
+                state = store_grpc.SegmentStoreStub(channel).GetSegmentState(
+                    segment_store_pb2.GetSegmentStateRequest(
+                        segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=segment.epoch)
+                    ),
+                    timeout=5,
+                )
+            except grpc.RpcError:
+                continue
+            best = max(best, state.acked_index)
+    return best
+
+
+def plan_ranges(
+    stream: str,
+    layout: _StreamLayout,
+    start_sequence: int,
+    end_sequence: int | None,
+    include_open: bool,
+    partition_entries: int,
+) -> list[SegmentRange]:
+    """Input partitions covering `[start_sequence, end_sequence)` of readable events."""
+    ranges: list[SegmentRange] = []
+    for segment in layout.segments:
+        if segment.sealed:
+            last_readable = segment.final_index - 1  # the BRIDGE is not an event
+        elif include_open:
+            last_readable = layout.open_acked.get(segment.epoch, 0)
+        else:
+            continue
+        first = 1
+        start_epoch, start_index = unpack_sequence(start_sequence)
+        if segment.epoch < start_epoch:
+            continue
+        if segment.epoch == start_epoch:
+            first = max(first, start_index)
+        if end_sequence is not None:
+            end_epoch, end_index = unpack_sequence(end_sequence)
+            if segment.epoch > end_epoch:
+                break
+            if segment.epoch == end_epoch:
+                last_readable = min(last_readable, end_index - 1)
+        for low in range(first, last_readable + 1, partition_entries):
+            high = min(last_readable, low + partition_entries - 1)
+            ranges.append(
+                SegmentRange(stream, layout.stream_id, segment.epoch, low, high, segment.replicas)
+            )
+    return ranges
+
+
+def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of the events in `part`, failing over between replicas.
+
+    Every index of the range must come back (EVENT or HOLE) from some replica's acked
+    entries; whatever the replicas cannot serve is a DataLossError naming it."""
+    next_index = part.first_index
+    errors: list[str] = []
+    for address in part.replicas:
+        if next_index > part.last_index:
+            break
+        with _channel(address) as channel:
+            stub = store_grpc.SegmentStoreStub(channel)
+            request = segment_store_pb2.ReadRequest(
+                segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
+                from_index=next_index,
+                to_index=part.last_index,
+                acked_only=True,
+                max_entries_per_reply=READ_ENTRIES_PER_REPLY,
+            )
+            try:
+                for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
+                    batch, next_index = _events_batch(part, reply.entries, next_index)
+                    if batch is not None:
+                        yield batch
+            except grpc.RpcError as error:
+                errors.append(f"{address}: {error.code().name}")
+            except _ShortRead as short:
+                errors.append(f"{address}: {short}")
+    if next_index <= part.last_index:
+        raise DataLossError(part.stream, part.epoch, next_index, part.last_index) from (
+            RuntimeError("; ".join(errors)) if errors else None
+        )
+
+
+class _ShortRead(Exception):
+    pass
+
+
+def _events_batch(
+    part: SegmentRange, entries: Any, next_index: int
+) -> tuple[pa.RecordBatch | None, int]:
+    """Check that `entries` continue exactly at `next_index`; return the EVENT rows as one
+    Arrow batch and the index expected next."""
+    if not entries:
+        return None, next_index
+    indexes = [entry.index for entry in entries]
+    if indexes[0] != next_index or indexes[-1] != next_index + len(indexes) - 1:
+        raise _ShortRead(f"expected index {next_index}, replica sent {indexes[0]}..{indexes[-1]}")
+    kinds = [entry.kind for entry in entries]
+    if EntryKind.BRIDGE in kinds[:-1] or (
+        kinds[-1] == EntryKind.BRIDGE and indexes[-1] <= part.last_index
+    ):
+        raise _ShortRead(f"segment {part.epoch} ends before index {part.last_index}")
+    event_positions = [i for i, kind in enumerate(kinds) if kind == EntryKind.EVENT]
+    if len(event_positions) == len(entries):
+        event_indexes = indexes
+        payloads = [entry.payload for entry in entries]
+    else:
+        event_indexes = [indexes[i] for i in event_positions]
+        payloads = [entries[i].payload for i in event_positions]
+    count = len(event_indexes)
+    base = pack_sequence(part.epoch, 0)
+    index_array = pa.array(event_indexes, pa.int64())
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([part.stream] * count, pa.string()),
+            pa.array([part.epoch] * count, pa.int32()),
+            index_array,
+            pc.add(index_array, base),
+            pa.array(payloads, pa.binary()),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+    return batch, indexes[-1] + 1
+
+
+class StreamEngineBatchReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        # Plain data only: the reader is pickled to the executors.
+        self.master = _required(options, "master")
+        self.stream = _required(options, "stream")
+        self.start_sequence = _option_int(options, "fromSequence", 0) or 0
+        self.end_sequence = _option_int(options, "toSequence", None)
+        self.include_open = options.get("includeopen", "false").lower() == "true"
+        entries = _option_int(options, "partitionEntries", PARTITION_ENTRIES_DEFAULT)
+        self.partition_entries = max(1, entries or PARTITION_ENTRIES_DEFAULT)
+        if self.end_sequence is not None and self.end_sequence < self.start_sequence:
+            raise InvalidArgument("toSequence is below fromSequence")
+
+    def partitions(self) -> list[SegmentRange]:
+        layout = fetch_layout(self.master, self.stream, self.include_open)
+        return plan_ranges(
+            self.stream,
+            layout,
+            self.start_sequence,
+            self.end_sequence,
+            self.include_open,
+            self.partition_entries,
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentRange), partition
+        yield from read_range(partition)
+
+
+class StreamEngineStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.master = _required(options, "master")
+        self.stream = _required(options, "stream")
+        self.starting_sequence = _option_int(options, "startingSequence", 0) or 0
+        self.max_events = _option_int(options, "maxEventsPerTrigger", None)
+        self.partition_entries = PARTITION_ENTRIES_DEFAULT
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"sequence": self.starting_sequence}
+
+    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+        layout = fetch_layout(self.master, self.stream, with_open_acked=True)
+        end = acked_end(layout)
+        begin = int(start["sequence"]) if start else self.starting_sequence
+        if self.max_events is not None:
+            end = _limit_end(layout, begin, end, self.max_events)
+        return {"sequence": max(begin, end)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[SegmentRange]:
+        begin, finish = int(start["sequence"]), int(end["sequence"])
+        if finish <= begin:
+            return []
+        layout = fetch_layout(self.master, self.stream, with_open_acked=True)
+        return plan_ranges(self.stream, layout, begin, finish, True, self.partition_entries)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentRange), partition
+        yield from read_range(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: offsets live in Spark's checkpoint."""
+
+
+def acked_end(layout: _StreamLayout) -> int:
+    """The sequence just past the last acked event."""
+    end = 0
+    for segment in layout.segments:
+        if segment.sealed:
+            end = pack_sequence(segment.epoch, segment.final_index)
+        else:
+            end = pack_sequence(segment.epoch, layout.open_acked.get(segment.epoch, 0) + 1)
+            break  # nothing after the open segment is acked yet
+    return end
+
+
+def _limit_end(layout: _StreamLayout, begin: int, end: int, max_events: int) -> int:
+    """Move `end` back so that `[begin, end)` spans at most `max_events` indexes."""
+    budget = max_events
+    for segment in layout.segments:
+        first = pack_sequence(segment.epoch, 1)
+        last = (
+            pack_sequence(segment.epoch, segment.final_index)
+            if segment.sealed
+            else pack_sequence(
+                segment.epoch, min(INDEX_MAX, layout.open_acked.get(segment.epoch, 0) + 1)
+            )
+        )
+        low = max(first, begin)
+        high = min(last, end)
+        if high <= low:
+            continue
+        if high - low >= budget:
+            return low + budget
+        budget -= high - low
+    return end
+
+
+class StreamEngineDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> StreamEngineBatchReader:
+        return StreamEngineBatchReader(dict(self.options))
+
+    def streamReader(self, schema: StructType) -> StreamEngineStreamReader:
+        return StreamEngineStreamReader(dict(self.options))
+
+
+def register(spark: Any) -> None:
+    """Make `spark.read.format("streamengine")` available in this session."""
+    spark.dataSource.register(StreamEngineDataSource)
+
+
+__all__ = ["SCHEMA", "SOURCE_NAME", "StreamEngineDataSource", "register"]

@@ -1,0 +1,68 @@
+"""Spark planning: which index ranges of which segments a scan reads, and offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed")
+
+from client.core.sequence import pack_sequence
+from client.spark import _limit_end, _SegmentInfo, _StreamLayout, acked_end, plan_ranges
+
+R = ("a:1", "b:1", "c:1")
+
+
+def layout(*segments: _SegmentInfo, open_acked: dict[int, int] | None = None) -> _StreamLayout:
+    return _StreamLayout(7, tuple(segments), open_acked or {})
+
+
+def sealed(epoch: int, final: int) -> _SegmentInfo:
+    return _SegmentInfo(epoch, True, final, R)
+
+
+def opened(epoch: int) -> _SegmentInfo:
+    return _SegmentInfo(epoch, False, 0, R)
+
+
+def spans(ranges: list) -> list[tuple[int, int, int]]:  # type: ignore[type-arg]
+    return [(r.epoch, r.first_index, r.last_index) for r in ranges]
+
+
+def test_one_partition_per_sealed_segment_bridge_excluded_open_skipped() -> None:
+    plan = plan_ranges("t/s", layout(sealed(1, 5), sealed(3, 2), opened(4)), 0, None, False, 100)
+    assert spans(plan) == [(1, 1, 4), (3, 1, 1)]
+    assert plan[0].replicas == R and plan[0].stream_id == 7
+
+
+def test_an_empty_sealed_segment_has_no_partition() -> None:
+    assert plan_ranges("t/s", layout(sealed(1, 1)), 0, None, False, 100) == []
+
+
+def test_large_segments_split_into_index_ranges() -> None:
+    plan = plan_ranges("t/s", layout(sealed(1, 11)), 0, None, False, 4)
+    assert spans(plan) == [(1, 1, 4), (1, 5, 8), (1, 9, 10)]
+
+
+def test_include_open_reads_up_to_the_acked_index() -> None:
+    plan = plan_ranges("t/s", layout(sealed(1, 3), opened(2), open_acked={2: 6}), 0, None, True, 100)
+    assert spans(plan) == [(1, 1, 2), (2, 1, 6)]
+
+
+def test_a_sequence_range_clips_both_ends() -> None:
+    segments = layout(sealed(1, 10), sealed(2, 10), sealed(3, 10))
+    plan = plan_ranges("t/s", segments, pack_sequence(1, 5), pack_sequence(3, 4), False, 100)
+    assert spans(plan) == [(1, 5, 9), (2, 1, 9), (3, 1, 3)]
+
+
+def test_acked_end_stops_at_the_open_segment() -> None:
+    assert acked_end(layout()) == 0
+    assert acked_end(layout(sealed(1, 4))) == pack_sequence(1, 4)
+    assert acked_end(layout(sealed(1, 4), opened(3), open_acked={3: 9})) == pack_sequence(3, 10)
+
+
+def test_max_events_per_trigger_limits_the_end_across_segments() -> None:
+    segments = layout(sealed(1, 4), opened(3), open_acked={3: 9})
+    end = acked_end(segments)
+    assert _limit_end(segments, 0, end, 2) == pack_sequence(1, 3)
+    assert _limit_end(segments, 0, end, 5) == pack_sequence(3, 3)
+    assert _limit_end(segments, 0, end, 1000) == end
