@@ -44,7 +44,8 @@ def test_large_segments_split_into_index_ranges() -> None:
 
 
 def test_include_open_reads_up_to_the_acked_index() -> None:
-    plan = plan_ranges("t/s", layout(sealed(1, 3), opened(2), open_acked={2: 6}), 0, None, True, 100)
+    segments = layout(sealed(1, 3), opened(2), open_acked={2: 6})
+    plan = plan_ranges("t/s", segments, 0, None, True, 100)
     assert spans(plan) == [(1, 1, 2), (2, 1, 6)]
 
 
