@@ -1,0 +1,110 @@
+"""Key and metadata layout of the segment store.
+
+Entries: `b"e" | stream_id u64 | segment epoch u64 | index u64`, big-endian, so one
+segment is one contiguous key range in index order. Metadata: `b"m" | stream_id u64 |
+segment epoch u64`, one key per segment, written in the same batch as the entries it
+describes, so after a crash the metadata never covers entries that are not there and
+never misses entries that are.
+
+Metadata value: fence, acked index, matched index, last index, payload bytes, held
+entries, then the indexes holding a BRIDGE copy (u64 each).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+ENTRY_PREFIX = b"e"
+META_PREFIX = b"m"
+
+_SEGMENT = struct.Struct(">QQ")
+_ENTRY = struct.Struct(">QQQ")
+_META = struct.Struct(">QQQQQQ")
+_U64 = struct.Struct(">Q")
+U64_MAX = (1 << 64) - 1
+
+# Segments of one store stay in memory, each with its bridge indexes; recoveries that
+# leave a stale bridge behind are rare, and a segment with this many is malformed input.
+BRIDGES_PER_SEGMENT_MAX = 64
+
+
+def entry_key(stream_id: int, epoch: int, index: int) -> bytes:
+    return ENTRY_PREFIX + _ENTRY.pack(stream_id, epoch, index)
+
+
+def entry_index(key: bytes) -> int:
+    index: int = _U64.unpack_from(key, 1 + _SEGMENT.size)[0]
+    return index
+
+
+def segment_entries_range(stream_id: int, epoch: int) -> tuple[bytes, bytes]:
+    """[start, end) covering every entry key of the segment."""
+    return entry_key(stream_id, epoch, 0), _segment_end(ENTRY_PREFIX, stream_id, epoch)
+
+
+def meta_key(stream_id: int, epoch: int) -> bytes:
+    return META_PREFIX + _SEGMENT.pack(stream_id, epoch)
+
+
+def meta_segment(key: bytes) -> tuple[int, int]:
+    stream_id, epoch = _SEGMENT.unpack_from(key, 1)
+    return stream_id, epoch
+
+
+def meta_range() -> tuple[bytes, bytes]:
+    return META_PREFIX, bytes([META_PREFIX[0] + 1])
+
+
+def _segment_end(prefix: bytes, stream_id: int, epoch: int) -> bytes:
+    # The first key after the segment: the next epoch, or the next stream at epoch 0.
+    if epoch < U64_MAX:
+        return prefix + _SEGMENT.pack(stream_id, epoch + 1)
+    if stream_id < U64_MAX:
+        return prefix + _SEGMENT.pack(stream_id + 1, 0)
+    return bytes([prefix[0] + 1])
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentMeta:
+    """What a store knows about one segment, persisted under its meta key."""
+
+    fence: int = 0
+    acked_index: int = 0
+    matched_index: int = 0
+    last_index: int = 0
+    payload_bytes: int = 0
+    entries: int = 0
+    bridges: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.acked_index <= self.matched_index <= self.last_index, self
+        assert self.entries <= self.last_index, self
+        assert list(self.bridges) == sorted(set(self.bridges)), self
+
+    def encode(self) -> bytes:
+        head = _META.pack(
+            self.fence,
+            self.acked_index,
+            self.matched_index,
+            self.last_index,
+            self.payload_bytes,
+            self.entries,
+        )
+        return head + b"".join(_U64.pack(b) for b in self.bridges)
+
+    @classmethod
+    def decode(cls, value: bytes) -> SegmentMeta:
+        if len(value) < _META.size or (len(value) - _META.size) % _U64.size:
+            raise ValueError(f"segment metadata of {len(value)} bytes is malformed")
+        fence, acked, matched, last, payload_bytes, entries = _META.unpack_from(value)
+        count = (len(value) - _META.size) // _U64.size
+        bridges = struct.unpack_from(f">{count}Q", value, _META.size)
+        return cls(fence, acked, matched, last, payload_bytes, entries, tuple(bridges))
+
+    @property
+    def bridge_index(self) -> int:
+        """The first BRIDGE at or below the acked index, else 0: where readers stop."""
+        if self.bridges and self.bridges[0] <= self.acked_index:
+            return self.bridges[0]
+        return 0

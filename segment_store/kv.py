@@ -1,0 +1,204 @@
+"""The narrow key-value interface the segment store needs, and its two implementations.
+
+The store needs four things from its engine: point gets, ordered range scans, an atomic
+batch of puts and deletes, and a way to make everything written so far durable. Keys
+are raw bytes compared bytewise, so fixed-width big-endian keys sort numerically.
+
+`RocksKV` keeps RocksDB in raw mode (no pickling, the plain bytewise comparator). The
+raw mode is passed explicitly on every open because rocksdict writes its side config
+file without fsync: after a power loss it may be empty, and an open that relied on it
+would silently fall back to the pickling mode. `MemoryKV` has the same semantics for
+unit tests and the deterministic simulator.
+
+Group commit splits a durable write in two: `write(ops, sync=False)`, then `sync()`.
+rocksdict holds the GIL for a whole `write()`, fsync included, so threads cannot share
+a synced write; `flush_wal(True)` releases it, so one sync covers every batch written
+before it and the event loop keeps running meanwhile.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRange:
+    """Deletes every key in [start, end)."""
+
+    start: bytes
+    end: bytes
+
+
+KVOp = Put | Delete | DeleteRange
+
+
+class KV(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, start: bytes, end: bytes, limit: int = 0) -> list[tuple[bytes, bytes]]:
+        """Keys in [start, end) in ascending order, at most `limit` of them (0: all)."""
+        ...
+
+    def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        """The largest key in [start, end), if any."""
+        ...
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        """Apply every op atomically: after a crash all of them are visible or none."""
+        ...
+
+    def sync(self) -> None:
+        """Make every write made so far durable."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MemoryKV:
+    """Sorted in memory; `crash()` forgets what was written since the last sync, as a
+    power loss would with `sync=False` writes."""
+
+    def __init__(self) -> None:
+        self._keys: list[bytes] = []
+        self._values: dict[bytes, bytes] = {}
+        self._durable_keys: list[bytes] = []
+        self._durable_values: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._values.get(key)
+
+    def scan(self, start: bytes, end: bytes, limit: int = 0) -> list[tuple[bytes, bytes]]:
+        with self._lock:
+            lo = bisect.bisect_left(self._keys, start)
+            hi = bisect.bisect_left(self._keys, end)
+            if limit:
+                hi = min(hi, lo + limit)
+            return [(key, self._values[key]) for key in self._keys[lo:hi]]
+
+    def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        with self._lock:
+            hi = bisect.bisect_left(self._keys, end)
+            if hi == 0 or self._keys[hi - 1] < start:
+                return None
+            key = self._keys[hi - 1]
+            return key, self._values[key]
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        with self._lock:
+            for op in ops:
+                if isinstance(op, Put):
+                    if op.key not in self._values:
+                        bisect.insort(self._keys, op.key)
+                    self._values[op.key] = op.value
+                elif isinstance(op, Delete):
+                    if self._values.pop(op.key, None) is not None:
+                        self._keys.remove(op.key)
+                else:
+                    lo = bisect.bisect_left(self._keys, op.start)
+                    hi = bisect.bisect_left(self._keys, op.end)
+                    for key in self._keys[lo:hi]:
+                        del self._values[key]
+                    del self._keys[lo:hi]
+            if sync:
+                self._checkpoint()
+
+    def sync(self) -> None:
+        with self._lock:
+            self._checkpoint()
+
+    def crash(self) -> None:
+        """Lose every write not yet synced."""
+        with self._lock:
+            self._keys = list(self._durable_keys)
+            self._values = dict(self._durable_values)
+
+    def close(self) -> None:
+        pass
+
+    def _checkpoint(self) -> None:
+        self._durable_keys = list(self._keys)
+        self._durable_values = dict(self._values)
+
+
+class RocksKV:
+    """RocksDB through rocksdict, raw mode, one column family."""
+
+    def __init__(self, path: Path | str) -> None:
+        from rocksdict import Options, Rdict, WriteOptions
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db = Rdict(str(path), options)
+        self._plain = WriteOptions()
+        self._synced = WriteOptions()
+        self._synced.sync = True
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._db.get(key)
+        return None if value is None else bytes(value)
+
+    def scan(self, start: bytes, end: bytes, limit: int = 0) -> list[tuple[bytes, bytes]]:
+        from rocksdict import ReadOptions
+
+        read = ReadOptions()
+        read.set_iterate_upper_bound(end)
+        found: list[tuple[bytes, bytes]] = []
+        # A fresh iterator pins its own snapshot: the scan is consistent.
+        for key, value in self._db.items(from_key=start, read_opt=read):
+            assert isinstance(key, bytes) and isinstance(value, bytes)
+            found.append((key, value))
+            if limit and len(found) >= limit:
+                break
+        return found
+
+    def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        from rocksdict import ReadOptions
+
+        read = ReadOptions()
+        read.set_iterate_lower_bound(start)
+        read.set_iterate_upper_bound(end)
+        it = self._db.iter(read)
+        it.seek_for_prev(end)
+        while it.valid():
+            key = it.key()
+            assert isinstance(key, bytes)
+            if key < end:
+                return (key, it.value()) if key >= start else None
+            it.prev()
+        return None
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for op in ops:
+            if isinstance(op, Put):
+                batch.put(op.key, op.value)
+            elif isinstance(op, Delete):
+                batch.delete(op.key)
+            else:
+                batch.delete_range(op.start, op.end)
+        self._db.write(batch, self._synced if sync else self._plain)
+
+    def sync(self) -> None:
+        self._db.flush_wal(True)
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,499 @@
+"""The segment store's rules, over a narrow KV: fencing, the overwrite rule, matched and
+acked indexes, reads and digests. No gRPC, no asyncio, no clock.
+
+Theory of operation. Every mutation is a command (`WriteCommand`, `SealCommand`,
+`DeleteCommand`). `plan(commands)` checks each against the published state plus what
+the earlier commands of the same plan did, and returns the KV ops of every command that
+succeeded, the resulting per-segment metadata, and one outcome per command (a result or
+the error that refused it, in which case the command contributed nothing). `write_plan`
+applies the ops as one atomic KV batch; `publish` makes the new metadata what readers
+see. The server gathers concurrent commands into one plan, writes it, syncs once, then
+publishes and answers (group commit); `write`, `seal` and `delete` do all three for one
+command, for tests and the simulator. Plans must be published in the order they were
+made, and a plan must be made only after the previous one was published.
+
+Rules (DESIGN.md, "Storing"):
+- a write whose writer epoch is below the segment's fence is refused, nothing written;
+- a copy replaces a stored one only if its epoch is >= the stored copy's epoch; keeping
+  a higher-epoch copy is still success, and the answer says what is held;
+- matched index = largest m with every index 1..m held; entries above a gap are kept;
+- acked index kept = max(kept, min(leader's acked index, matched index));
+- the fence only rises (seal), and a seal below it is refused.
+Entries and the metadata that covers them are in the same KV batch, so a restart
+recovers every segment's fence, matched and acked index exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from client.core.entry import (
+    VALUE_HEADER_BYTES,
+    CorruptEntry,
+    EntryKind,
+    StoredEntry,
+    decode_value,
+    encode_value,
+)
+from client.core.limits import (
+    EPOCH_MAX,
+    EVENT_BYTES_MAX,
+    INDEX_MAX,
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+)
+from segment_store.keys import (
+    BRIDGES_PER_SEGMENT_MAX,
+    SegmentMeta,
+    entry_index,
+    entry_key,
+    meta_key,
+    meta_range,
+    meta_segment,
+    segment_entries_range,
+)
+from segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
+
+# Entries decoded per KV scan while reading or hashing a segment: bounds the memory of
+# one scan whatever the segment's size.
+SCAN_ENTRIES_MAX = 4096
+
+_VALUE_HEAD = struct.Struct(">BQ")  # kind, epoch: the prefix of a stored value
+_DIGEST_HELD = struct.Struct(">QBI")  # index, kind, payload length
+# A run of absent indexes hashes as one record (first, last): the digest's cost follows
+# what is held, not how far `up_to` reaches.
+_DIGEST_ABSENT = struct.Struct(">BQQ")  # 0, first, last
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SegmentKey:
+    stream_id: int
+    epoch: int
+
+
+class StoreError(Exception):
+    """A command the store refused; it changed nothing."""
+
+
+class StoreFenced(StoreError):
+    """The writer's or sealer's epoch is below the segment's fence."""
+
+    def __init__(self, fence: int, message: str = ""):
+        self.fence = fence
+        super().__init__(message or f"fenced: the segment's fence is {fence}")
+
+
+class BadRequest(StoreError, ValueError):
+    """Malformed input: bad crc, unknown kind, non-consecutive indexes, over a limit."""
+
+
+class SegmentNotFound(StoreError, LookupError):
+    """The store holds nothing of the segment."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    matched_index: int
+    acked_index: int
+    fence: int
+    # The epoch of the copy now held at each index of the batch, in order.
+    held_epochs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SealResult:
+    fence: int
+    acked_index: int
+    matched_index: int
+    last_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    existed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStateInfo:
+    fence: int
+    acked_index: int
+    matched_index: int
+    last_index: int
+    bytes: int
+    bridge_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class DigestInfo:
+    digest: bytes
+    up_to_index: int
+    entries_held: int
+    acked_index: int
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCommand:
+    segment: SegmentKey
+    writer_epoch: int
+    acked_index: int
+    entries: Sequence[StoredEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class SealCommand:
+    segment: SegmentKey
+    new_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCommand:
+    segment: SegmentKey
+
+
+Command = WriteCommand | SealCommand | DeleteCommand
+Outcome = WriteResult | SealResult | DeleteResult | StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    ops: tuple[KVOp, ...]
+    # The metadata of every segment the plan touched; None when deleted.
+    metas: Mapping[SegmentKey, SegmentMeta | None]
+    outcomes: tuple[Outcome, ...]
+    entries_written: int
+    payload_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    epoch: int
+    kind: int
+    payload_bytes: int
+
+
+@dataclass
+class _Work:
+    """A plan being built: the published state overlaid with the plan's own effects."""
+
+    kv: KV
+    published: Mapping[SegmentKey, SegmentMeta]
+    metas: dict[SegmentKey, SegmentMeta | None] = field(default_factory=dict)
+    pending: dict[tuple[SegmentKey, int], _Held] = field(default_factory=dict)
+    deleted: set[SegmentKey] = field(default_factory=set)
+    ops: list[KVOp] = field(default_factory=list)
+
+    def meta(self, segment: SegmentKey) -> SegmentMeta | None:
+        if segment in self.metas:
+            return self.metas[segment]
+        return self.published.get(segment)
+
+    def held(self, segment: SegmentKey, index: int, last_index: int) -> _Held | None:
+        if index > last_index:
+            return None
+        found = self.pending.get((segment, index))
+        if found is not None or segment in self.deleted:
+            return found
+        value = self.kv.get(entry_key(segment.stream_id, segment.epoch, index))
+        if value is None:
+            return None
+        if len(value) < VALUE_HEADER_BYTES:
+            raise CorruptEntry(f"index {index}: stored value of {len(value)} bytes")
+        kind, epoch = _VALUE_HEAD.unpack_from(value)
+        return _Held(epoch, kind, len(value) - VALUE_HEADER_BYTES)
+
+
+def check_segment(segment: SegmentKey) -> None:
+    if segment.stream_id <= 0 or segment.epoch <= 0:
+        raise BadRequest(f"missing segment id (stream {segment.stream_id}, epoch {segment.epoch})")
+    if segment.epoch > EPOCH_MAX:
+        raise BadRequest(f"segment epoch {segment.epoch} is over {EPOCH_MAX}")
+
+
+def check_batch(writer_epoch: int, entries: Sequence[StoredEntry]) -> None:
+    """Raise BadRequest unless the batch is well formed; pure, checks every entry."""
+    if not 0 < writer_epoch <= EPOCH_MAX:
+        raise BadRequest(f"writer epoch {writer_epoch} is not in 1..{EPOCH_MAX}")
+    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
+    total = 0
+    previous = 0
+    for entry in entries:
+        if not 1 <= entry.index <= INDEX_MAX:
+            raise BadRequest(f"index {entry.index} is not in 1..{INDEX_MAX}")
+        if previous and entry.index != previous + 1:
+            raise BadRequest(f"index {entry.index} follows {previous}: indexes must be consecutive")
+        previous = entry.index
+        if len(entry.payload) > EVENT_BYTES_MAX:
+            raise BadRequest(
+                f"entry {entry.index} too large: {len(entry.payload)} bytes, max {EVENT_BYTES_MAX}"
+            )
+        total += len(entry.payload)
+        if total > WRITE_BATCH_BYTES_MAX:
+            raise BadRequest(f"batch too large: over {WRITE_BATCH_BYTES_MAX} payload bytes")
+        if not 0 < entry.epoch <= writer_epoch:
+            raise BadRequest(
+                f"entry {entry.index}: copy epoch {entry.epoch} is not in 1..{writer_epoch} "
+                "(the writer's epoch)"
+            )
+        if entry.kind != EntryKind.EVENT and entry.payload:
+            raise BadRequest(
+                f"entry {entry.index}: a {EntryKind(entry.kind).name} carries no payload"
+            )
+        try:
+            entry.verify()
+        except CorruptEntry as error:
+            raise BadRequest(str(error)) from None
+
+
+class SegmentStoreCore:
+    """Segments over a KV; see the module doc for the rules and the plan/publish split."""
+
+    def __init__(self, kv: KV):
+        self.kv = kv
+        self._metas: dict[SegmentKey, SegmentMeta] = {}
+        start, end = meta_range()
+        for key, value in kv.scan(start, end):
+            stream_id, epoch = meta_segment(key)
+            self._metas[SegmentKey(stream_id, epoch)] = SegmentMeta.decode(value)
+
+    # ---- mutations ----
+
+    def plan(self, commands: Iterable[Command]) -> Plan:
+        work = _Work(self.kv, self._metas)
+        outcomes: list[Outcome] = []
+        entries_written = 0
+        payload_bytes = 0
+        for command in commands:
+            # Each command checks everything before it touches the overlay, so a refused
+            # command leaves the plan as it was.
+            try:
+                if isinstance(command, WriteCommand):
+                    outcome: Outcome = self._plan_write(command, work)
+                    entries_written += len(command.entries)
+                    payload_bytes += sum(len(e.payload) for e in command.entries)
+                elif isinstance(command, SealCommand):
+                    outcome = self._plan_seal(command, work)
+                else:
+                    outcome = self._plan_delete(command, work)
+            except StoreError as error:
+                outcome = error
+            outcomes.append(outcome)
+        for segment, meta in sorted(work.metas.items()):
+            key = meta_key(segment.stream_id, segment.epoch)
+            work.ops.append(Delete(key) if meta is None else Put(key, meta.encode()))
+        return Plan(
+            tuple(work.ops), dict(work.metas), tuple(outcomes), entries_written, payload_bytes
+        )
+
+    def write_plan(self, plan: Plan, sync: bool) -> None:
+        """The KV half of a plan; safe off the thread that publishes."""
+        if plan.ops:
+            self.kv.write(plan.ops, sync)
+
+    def publish(self, plan: Plan) -> None:
+        for segment, meta in plan.metas.items():
+            if meta is None:
+                self._metas.pop(segment, None)
+            else:
+                self._metas[segment] = meta
+
+    def apply(self, plan: Plan, sync: bool = True) -> None:
+        self.write_plan(plan, sync)
+        self.publish(plan)
+
+    def execute(
+        self, command: Command, sync: bool = True
+    ) -> WriteResult | SealResult | DeleteResult:
+        plan = self.plan([command])
+        self.apply(plan, sync)
+        outcome = plan.outcomes[0]
+        if isinstance(outcome, StoreError):
+            raise outcome
+        return outcome
+
+    def write(
+        self,
+        segment: SegmentKey,
+        writer_epoch: int,
+        acked_index: int,
+        entries: Sequence[StoredEntry],
+    ) -> WriteResult:
+        result = self.execute(WriteCommand(segment, writer_epoch, acked_index, tuple(entries)))
+        assert isinstance(result, WriteResult)
+        return result
+
+    def seal(self, segment: SegmentKey, new_epoch: int) -> SealResult:
+        result = self.execute(SealCommand(segment, new_epoch))
+        assert isinstance(result, SealResult)
+        return result
+
+    def delete(self, segment: SegmentKey) -> bool:
+        result = self.execute(DeleteCommand(segment))
+        assert isinstance(result, DeleteResult)
+        return result.existed
+
+    def _plan_write(self, command: WriteCommand, work: _Work) -> WriteResult:
+        segment = command.segment
+        check_segment(segment)
+        check_batch(command.writer_epoch, command.entries)
+        old = work.meta(segment) or SegmentMeta()
+        if command.writer_epoch < old.fence:
+            raise StoreFenced(
+                old.fence, f"fenced: writer epoch {command.writer_epoch} < fence {old.fence}"
+            )
+        payload_bytes = old.payload_bytes
+        entries_held = old.entries
+        bridges = set(old.bridges)
+        held_epochs: list[int] = []
+        ops: list[KVOp] = []
+        pending: dict[tuple[SegmentKey, int], _Held] = {}
+        for entry in command.entries:
+            held = work.held(segment, entry.index, old.last_index)
+            if held is not None and entry.epoch < held.epoch:
+                held_epochs.append(held.epoch)
+                continue
+            if held is None:
+                entries_held += 1
+            else:
+                payload_bytes -= held.payload_bytes
+                if held.kind == EntryKind.BRIDGE:
+                    bridges.discard(entry.index)
+            payload_bytes += len(entry.payload)
+            if entry.kind == EntryKind.BRIDGE:
+                bridges.add(entry.index)
+            ops.append(
+                Put(
+                    entry_key(segment.stream_id, segment.epoch, entry.index),
+                    encode_value(entry.kind, entry.epoch, entry.crc32c, entry.payload),
+                )
+            )
+            pending[(segment, entry.index)] = _Held(entry.epoch, entry.kind, len(entry.payload))
+            held_epochs.append(entry.epoch)
+        if len(bridges) > BRIDGES_PER_SEGMENT_MAX:
+            raise BadRequest(f"segment holds more than {BRIDGES_PER_SEGMENT_MAX} bridges")
+        work.ops.extend(ops)
+        work.pending.update(pending)
+        last_index = max(old.last_index, command.entries[-1].index if command.entries else 0)
+        matched = old.matched_index
+        if command.entries and command.entries[0].index <= matched + 1 <= command.entries[-1].index:
+            matched = command.entries[-1].index
+            while work.held(segment, matched + 1, last_index) is not None:
+                matched += 1
+        acked = max(old.acked_index, min(command.acked_index, matched))
+        new = SegmentMeta(
+            fence=old.fence,
+            acked_index=acked,
+            matched_index=matched,
+            last_index=last_index,
+            payload_bytes=payload_bytes,
+            entries=entries_held,
+            bridges=tuple(sorted(bridges)),
+        )
+        work.metas[segment] = new
+        return WriteResult(matched, acked, new.fence, tuple(held_epochs))
+
+    def _plan_seal(self, command: SealCommand, work: _Work) -> SealResult:
+        check_segment(command.segment)
+        if not 0 < command.new_epoch <= EPOCH_MAX:
+            raise BadRequest(f"seal epoch {command.new_epoch} is not in 1..{EPOCH_MAX}")
+        old = work.meta(command.segment) or SegmentMeta()
+        if command.new_epoch < old.fence:
+            raise StoreFenced(
+                old.fence, f"fenced: seal epoch {command.new_epoch} < fence {old.fence}"
+            )
+        new = dataclasses.replace(old, fence=max(old.fence, command.new_epoch))
+        work.metas[command.segment] = new
+        return SealResult(new.fence, new.acked_index, new.matched_index, new.last_index)
+
+    def _plan_delete(self, command: DeleteCommand, work: _Work) -> DeleteResult:
+        segment = command.segment
+        check_segment(segment)
+        existed = work.meta(segment) is not None
+        work.ops.append(DeleteRange(*segment_entries_range(segment.stream_id, segment.epoch)))
+        work.deleted.add(segment)
+        for key in [k for k in work.pending if k[0] == segment]:
+            del work.pending[key]
+        work.metas[segment] = None
+        return DeleteResult(existed)
+
+    # ---- queries (published state only) ----
+
+    def meta(self, segment: SegmentKey) -> SegmentMeta | None:
+        return self._metas.get(segment)
+
+    def state(self, segment: SegmentKey) -> SegmentStateInfo:
+        meta = self._require(segment)
+        return SegmentStateInfo(
+            meta.fence,
+            meta.acked_index,
+            meta.matched_index,
+            meta.last_index,
+            meta.payload_bytes,
+            meta.bridge_index,
+        )
+
+    def segments(self) -> list[SegmentKey]:
+        return sorted(self._metas)
+
+    def metas(self) -> dict[SegmentKey, SegmentMeta]:
+        return dict(self._metas)
+
+    def read(
+        self,
+        segment: SegmentKey,
+        from_index: int,
+        to_index: int = 0,
+        acked_only: bool = False,
+        limit: int = 0,
+    ) -> list[StoredEntry]:
+        """Held entries in from_index..to_index (0: up to the last held), in order,
+        at most `limit` (0: all); with `acked_only`, none above the acked index.
+        Raises SegmentNotFound, and CorruptEntry if a stored copy fails its crc."""
+        meta = self._require(segment)
+        upper = meta.last_index if to_index == 0 else min(to_index, meta.last_index)
+        if acked_only:
+            upper = min(upper, meta.acked_index)
+        first = max(from_index, 1)
+        if upper < first:
+            return []
+        rows = self.kv.scan(
+            entry_key(segment.stream_id, segment.epoch, first),
+            entry_key(segment.stream_id, segment.epoch, upper + 1),
+            limit,
+        )
+        return [decode_value(entry_index(key), value) for key, value in rows]
+
+    def digest(self, segment: SegmentKey, up_to: int = 0) -> DigestInfo:
+        """SHA-256 over (index, kind, payload) of indexes 1..up_to (0: the acked index);
+        an index not held hashes as absent, so replicas differing anywhere differ."""
+        meta = self._require(segment)
+        up_to_index = meta.acked_index if up_to == 0 else up_to
+        sha = hashlib.sha256()
+        held = 0
+        next_index = 1
+        while next_index <= up_to_index:
+            chunk = self.read(segment, next_index, up_to_index, limit=SCAN_ENTRIES_MAX)
+            for entry in chunk:
+                if entry.index > next_index:
+                    sha.update(_DIGEST_ABSENT.pack(0, next_index, entry.index - 1))
+                sha.update(_DIGEST_HELD.pack(entry.index, entry.kind, len(entry.payload)))
+                sha.update(entry.payload)
+                held += 1
+                next_index = entry.index + 1
+            if len(chunk) < SCAN_ENTRIES_MAX:
+                if next_index <= up_to_index:
+                    sha.update(_DIGEST_ABSENT.pack(0, next_index, up_to_index))
+                break
+        return DigestInfo(sha.digest(), up_to_index, held, meta.acked_index, meta.fence)
+
+    def _require(self, segment: SegmentKey) -> SegmentMeta:
+        check_segment(segment)
+        meta = self._metas.get(segment)
+        if meta is None:
+            raise SegmentNotFound(f"segment {segment.stream_id}/{segment.epoch} is not held here")
+        return meta
