@@ -1,47 +1,209 @@
 """`streamengine`: run servers and operate a cluster.
 
 Exit codes: 0 ok, 1 failure, 2 usage. Expected failures print one line, never a
-traceback.
+traceback. Client commands find the master from `--master HOST:PORT`, else
+$STREAMENGINE_MASTER, else 127.0.0.1:7070. Servers (`master`, `store`) also read a TOML
+file (`--config`) and STREAMENGINE_<FLAG> variables; flags win over variables, which
+win over the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from client.errors import StreamEngineError
 
 Runner = Callable[[argparse.Namespace], int]
+Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+DEFAULT_MASTER = "127.0.0.1:7070"
+ENV_PREFIX = "STREAMENGINE_"
 
 
-def _add_server_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _lazy(module: str, function: str) -> Runner:
+    """Import a command's module only when it runs (servers need no Spark, etc.)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        result: int = getattr(importlib.import_module(module), function)(args)
+        return result
+
+    return run
+
+
+def _add_master_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--master",
+        default=os.environ.get(f"{ENV_PREFIX}MASTER", DEFAULT_MASTER),
+        metavar="HOST:PORT",
+        help="the master (default: $STREAMENGINE_MASTER or %(default)s)",
+    )
+
+
+def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentParser]:
     from master import server as master_server
     from segment_store import server as store_server
 
-    master = commands.add_parser("master", help="run the master", description=master_server.__doc__)
-    master_server.add_arguments(master)
-    master.set_defaults(run=master_server.run)
+    servers = {}
+    for name, module, summary in (
+        ("master", master_server, "run the master"),
+        ("store", store_server, "run a segment store"),
+    ):
+        parser = commands.add_parser(name, help=summary, description=module.__doc__)
+        module.add_arguments(parser)
+        parser.add_argument(
+            "--config", type=Path, help="TOML file of flag values (keys as the long flags)"
+        )
+        parser.set_defaults(run=module.run)
+        servers[name] = parser
+    return servers
 
-    store = commands.add_parser(
-        "store", help="run a segment store", description=store_server.__doc__
+
+def _add_cluster_commands(commands: Subparsers) -> None:
+    cluster = commands.add_parser("cluster", help="a whole local cluster")
+    actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser(
+        "up", help="run a master and N stores on 127.0.0.1 until Ctrl-C / SIGTERM"
     )
-    store_server.add_arguments(store)
-    store.set_defaults(run=store_server.run)
+    up.add_argument("--stores", type=int, default=3, help="number of stores (default %(default)s)")
+    up.add_argument(
+        "--data", type=Path, default=Path("data"), help="data dir (default ./%(default)s)"
+    )
+    up.add_argument("--port", type=int, default=7070, help="master port; stores take the next ones")
+    up.add_argument("--fsync", choices=["always", "never"], default="always")
+    up.set_defaults(run=_run_cluster_up)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _run_cluster_up(args: argparse.Namespace) -> int:
+    from client.local_cluster import run_cluster_up
+
+    if args.stores < 1:
+        raise SystemExit("streamengine: error: --stores must be at least 1")
+    return run_cluster_up(args.data, args.stores, args.port, args.fsync)
+
+
+def _add_stream_commands(commands: Subparsers) -> None:
+    stream = commands.add_parser("stream", help="create, list, describe, delete streams")
+    actions = stream.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a stream (and its tenant)")
+    create.add_argument("name", help="tenant/stream")
+    create.add_argument("--replicas", type=int, default=3, help="N (default %(default)s)")
+    create.add_argument("--write-quorum", type=int, default=2, help="W (default %(default)s)")
+    create.add_argument("--segment-bytes", type=int, default=0, help="roll threshold in bytes")
+    create.add_argument("--segment-age-ms", type=int, default=0, help="roll threshold in ms")
+    create.set_defaults(run=_lazy("client.ops", "cmd_stream_create"))
+    listing = actions.add_parser("list", help="list streams")
+    listing.add_argument("--tenant", default="", help="only this tenant's streams")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(run=_lazy("client.ops", "cmd_stream_list"))
+    describe = actions.add_parser("describe", help="a stream and its segments")
+    describe.add_argument("name")
+    describe.add_argument("--json", action="store_true")
+    describe.set_defaults(run=_lazy("client.ops", "cmd_stream_describe"))
+    delete = actions.add_parser("delete", help="delete a stream and its data")
+    delete.add_argument("name")
+    delete.set_defaults(run=_lazy("client.ops", "cmd_stream_delete"))
+    for parser in (create, listing, describe, delete):
+        _add_master_option(parser)
+
+
+def _add_admin_commands(commands: Subparsers) -> None:
+    status = commands.add_parser("status", help="stores, streams, under-replicated segments")
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.set_defaults(run=_lazy("client.ops", "cmd_status"))
+    drain = commands.add_parser("drain", help="move every replica off a store")
+    drain.add_argument("store", help="store id")
+    drain.set_defaults(run=_lazy("client.ops", "cmd_drain"))
+    rebalance = commands.add_parser("rebalance", help="even out bytes per store")
+    rebalance.add_argument("--dry-run", action="store_true", help="print the plan only")
+    rebalance.set_defaults(run=_lazy("client.ops", "cmd_rebalance"))
+    verify = commands.add_parser("verify", help="digest every replica of every sealed segment")
+    verify.add_argument("name", help="tenant/stream")
+    verify.set_defaults(run=_lazy("client.ops", "cmd_verify"))
+    for parser in (status, drain, rebalance, verify):
+        _add_master_option(parser)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_server_commands(commands)
-    return parser
+    servers = _add_server_commands(commands)
+    _add_cluster_commands(commands)
+    _add_stream_commands(commands)
+    _add_admin_commands(commands)
+    return parser, servers
+
+
+def _layered_defaults(server: argparse.ArgumentParser, config: Path | None) -> dict[str, Any]:
+    """Values for a server's flags from its TOML file, then from the environment."""
+    actions = {
+        a.dest: a for a in server._actions if a.option_strings and a.dest not in ("help", "config")
+    }
+    values: dict[str, Any] = {}
+    if config is not None:
+        try:
+            table = tomllib.loads(config.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise SystemExit(f"streamengine: error: config {config}: {error}") from None
+        for key, value in table.items():
+            dest = key.replace("-", "_")
+            if dest not in actions:
+                raise SystemExit(f"streamengine: error: config {config}: unknown key {key!r}")
+            values[dest] = value
+    for dest in actions:
+        raw = os.environ.get(ENV_PREFIX + dest.upper())
+        if raw is not None:
+            values[dest] = raw
+    converted = {}
+    for dest, value in values.items():
+        convert = actions[dest].type
+        try:
+            converted[dest] = (
+                convert(value) if callable(convert) and isinstance(value, str) else value
+            )
+        except (TypeError, ValueError):
+            raise SystemExit(f"streamengine: error: bad value {value!r} for {dest}") from None
+    return converted
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser, servers = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server = servers.get(argv[0]) if argv else None
+    if server is None:
+        return parser.parse_args(argv)
+    required = [a for a in server._actions if a.required]
+    for action in required:
+        action.required = False
+    first = parser.parse_args(argv)
+    server.set_defaults(**_layered_defaults(server, first.config))
+    args = parser.parse_args(argv)
+    missing = [a.option_strings[0] for a in required if getattr(args, a.dest) is None]
+    if missing:
+        server.error(f"the following arguments are required: {', '.join(missing)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     if not __debug__:
         print("streamengine: refusing to run under python -O (assertions guard invariants)")
         return 2
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     run: Runner = args.run
-    return run(args)
+    try:
+        return run(args)
+    except StreamEngineError as error:
+        print(f"streamengine: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,175 @@
+"""`streamengine cluster up`: a master and N stores as child processes on 127.0.0.1.
+
+Each server has its own RocksDB dir under the data dir. A child that exits on its own
+is reported and stops the whole cluster (nothing is restarted silently); Ctrl-C and
+SIGTERM stop every child cleanly. Children also get SIGKILL from the kernel if this
+process dies without cleaning up (PR_SET_PDEATHSIG), so no orphan survives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 10.0
+READY_TIMEOUT_S = 30.0
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Child:
+    name: str
+    address: str
+    args: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "client.cli", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+
+    def exited(self) -> int | None:
+        assert self.process is not None
+        return self.process.poll()
+
+
+def serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=0.5
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+class LocalCluster:
+    def __init__(self, data_dir: Path, stores: int, port: int, fsync: str = "always") -> None:
+        self.data_dir = data_dir
+        self.master_address = f"127.0.0.1:{port}"
+        self.children: list[Child] = []
+        data_dir.mkdir(parents=True, exist_ok=True)
+        master_dir = data_dir / "master"
+        self.children.append(
+            Child(
+                "master",
+                self.master_address,
+                ["master", "--listen", self.master_address, "--data", str(master_dir)],
+                data_dir / "master.log",
+            )
+        )
+        for number in range(stores):
+            address = f"127.0.0.1:{port + 1 + number}"
+            store_id = f"store{number}"
+            self.children.append(
+                Child(
+                    store_id,
+                    address,
+                    [
+                        "store",
+                        "--listen",
+                        address,
+                        "--data",
+                        str(data_dir / store_id),
+                        "--master",
+                        self.master_address,
+                        "--id",
+                        store_id,
+                        "--zone",
+                        f"zone{number % 3}",
+                        "--fsync",
+                        fsync,
+                    ],
+                    data_dir / f"{store_id}.log",
+                )
+            )
+
+    def start(self) -> None:
+        for child in self.children:
+            child.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for child in self.children:
+            while not serving(child.address):
+                code = child.exited()
+                if code is not None:
+                    raise RuntimeError(f"{child.name} exited with {code}; see {child.log_path}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{child.name} not serving at {child.address}")
+                time.sleep(0.05)
+
+    def first_exited(self) -> Child | None:
+        return next((c for c in self.children if c.exited() is not None), None)
+
+    def stop(self) -> None:
+        running = [c for c in self.children if c.process is not None and c.exited() is None]
+        for child in reversed(running):  # stores first, master last
+            assert child.process is not None
+            child.process.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in running:
+            assert child.process is not None
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def run_cluster_up(data_dir: Path, stores: int, port: int, fsync: str) -> int:
+    cluster = LocalCluster(data_dir, stores, port, fsync)
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            cluster.start()
+        except RuntimeError as error:
+            print(f"streamengine: error: {error}", file=sys.stderr)
+            return 1
+        print(f"master  {cluster.master_address}  data {data_dir / 'master'}", flush=True)
+        for child in cluster.children[1:]:
+            print(f"{child.name:7} {child.address}  data {data_dir / child.name}", flush=True)
+        print("cluster up; Ctrl-C or SIGTERM stops it", flush=True)
+        while True:
+            dead = cluster.first_exited()
+            if dead is not None:
+                print(
+                    f"streamengine: error: {dead.name} exited with {dead.exited()} "
+                    f"(see {dead.log_path}); stopping the cluster",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(0.2)
+    except _Stop as stop:
+        print(f"stopping ({stop})", flush=True)
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        cluster.stop()

@@ -1,0 +1,389 @@
+"""Operator commands over the master's and stores' admin RPCs (synchronous gRPC).
+
+Each `cmd_*` takes the parsed arguments, prints its result, and returns an exit code;
+gRPC failures are raised as `client.errors` types and turned into one line by the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client.channels import CLIENT_OPTIONS
+from client.errors import StreamEngineError, Unavailable, from_rpc_error
+
+RPC_TIMEOUT_S = 10.0
+PROGRESS_POLL_S = 0.25
+REPAIR_WAIT_S = 600.0
+
+
+@contextmanager
+def master_stub(address: str) -> Iterator[master_pb2_grpc.MasterStub]:
+    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        try:
+            yield master_pb2_grpc.MasterStub(channel)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise Unavailable(
+                    f"no master answering at {address} (is the cluster up?)"
+                ) from error
+            raise from_rpc_error(error) from error
+
+
+def _state_name(state: entry_pb2.SegmentState.ValueType) -> str:
+    return entry_pb2.SegmentState.Name(state).lower()
+
+
+def stream_dict(info: master_pb2.StreamInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "stream_id": info.stream_id,
+        "replicas": info.policy.replicas,
+        "write_quorum": info.policy.write_quorum,
+        "segment_bytes": info.segment_bytes,
+        "segment_age_ms": info.segment_age_ms,
+        "epoch": info.epoch,
+        "leader": info.leader_id,
+        "acked_index": info.acked_index,
+        "open_segment": info.open_segment_epoch,
+        "unsealed_segments": info.unsealed_segments,
+    }
+
+
+def segment_dict(segment: entry_pb2.Segment) -> dict[str, Any]:
+    return {
+        "stream": segment.id.stream,
+        "epoch": segment.id.epoch,
+        "state": _state_name(segment.state),
+        "final_index": segment.final_index,
+        "copy_set": [replica.store_id for replica in segment.copy_set],
+        "bytes": segment.bytes,
+    }
+
+
+def print_table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    for row in [header, *rows]:
+        print(
+            "  ".join(
+                str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)
+            ).rstrip()
+        )
+
+
+# ---- streams ----
+
+
+def cmd_stream_create(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        info = master.CreateStream(
+            master_pb2.CreateStreamRequest(
+                name=args.name,
+                policy=entry_pb2.ReplicationPolicy(
+                    replicas=args.replicas, write_quorum=args.write_quorum
+                ),
+                segment_bytes=args.segment_bytes,
+                segment_age_ms=args.segment_age_ms,
+                create_tenant=True,
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+    policy = info.policy
+    print(f"created {info.name} (replicas {policy.replicas}, write quorum {policy.write_quorum})")
+    return 0
+
+
+def cmd_stream_list(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        reply = master.ListStreams(
+            master_pb2.ListStreamsRequest(tenant=args.tenant), timeout=RPC_TIMEOUT_S
+        )
+    if args.json:
+        print(json.dumps([stream_dict(s) for s in reply.streams], indent=2))
+        return 0
+    rows = [
+        [
+            s.name,
+            f"{s.policy.replicas}/{s.policy.write_quorum}",
+            str(s.epoch),
+            s.leader_id or "-",
+            str(s.acked_index),
+        ]
+        for s in reply.streams
+    ]
+    print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED"])
+    return 0
+
+
+def cmd_stream_describe(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        info = master.DescribeStream(
+            master_pb2.DescribeStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+        segments = master.ListSegments(
+            master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+        )
+    described = stream_dict(info) | {"segments": [segment_dict(s) for s in segments.segments]}
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return 0
+    for key, value in stream_dict(info).items():
+        print(f"{key:18} {value}")
+    rows = [
+        [
+            str(s.id.epoch),
+            _state_name(s.state),
+            str(s.final_index or "-"),
+            ",".join(r.store_id for r in s.copy_set),
+        ]
+        for s in segments.segments
+    ]
+    print()
+    print_table(rows, ["SEGMENT", "STATE", "FINAL", "COPY SET"])
+    return 0
+
+
+def cmd_stream_delete(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        reply = master.DeleteStream(
+            master_pb2.DeleteStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+    print(f"deleted {args.name} ({reply.segments} segments to remove from stores)")
+    return 0
+
+
+# ---- cluster status ----
+
+
+def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
+    return {
+        "stores": [
+            {
+                "id": s.store_id,
+                "address": s.address,
+                "zone": s.zone,
+                "alive": s.alive,
+                "draining": s.draining,
+                "bytes": s.used_bytes,
+                "free_bytes": s.free_bytes,
+                "segments": s.segments,
+            }
+            for s in status.stores
+        ],
+        "streams": [stream_dict(s) for s in status.streams],
+        "under_replicated": [segment_dict(s) for s in status.under_replicated],
+        "tasks": [task_dict(t) for t in status.tasks],
+        "granting_leases": status.granting_leases,
+    }
+
+
+def task_dict(task: master_pb2.RepairTask) -> dict[str, Any]:
+    return {
+        "stream": task.segment.stream,
+        "epoch": task.segment.epoch,
+        "source": task.source_store,
+        "target": task.target_store,
+        "replaced": task.replaced_store,
+        "state": master_pb2.RepairTask.State.Name(task.state).lower(),
+        "reason": task.reason,
+        "error": task.error,
+        "bytes": task.bytes,
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        status = master.GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
+        )
+    if args.json:
+        print(json.dumps(status_dict(status), indent=2))
+        return 0
+    print("STORES")
+    print_table(
+        [
+            [
+                s.store_id,
+                s.address,
+                s.zone or "-",
+                ("up" if s.alive else "DOWN") + (" draining" if s.draining else ""),
+                human_bytes(s.used_bytes),
+                str(s.segments),
+            ]
+            for s in status.stores
+        ],
+        ["ID", "ADDRESS", "ZONE", "STATE", "BYTES", "SEGMENTS"],
+    )
+    print("\nSTREAMS")
+    print_table(
+        [
+            [
+                s.name,
+                s.leader_id or "-",
+                str(s.epoch),
+                str(s.open_segment_epoch or "-"),
+                str(s.acked_index),
+            ]
+            for s in status.streams
+        ],
+        ["NAME", "LEADER", "EPOCH", "OPEN SEGMENT", "ACKED"],
+    )
+    under = status.under_replicated
+    print(f"\nUNDER-REPLICATED SEGMENTS: {len(under) or 'none'}")
+    for segment in under:
+        print(f"  {segment.id.stream} segment {segment.id.epoch}")
+    return 0
+
+
+def human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+# ---- repair: drain and rebalance ----
+
+
+def _progress_line(done: int, total: int, label: str) -> str:
+    width = 30
+    filled = width * done // total if total else width
+    return f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def wait_for_tasks(
+    master: master_pb2_grpc.MasterStub, plan: master_pb2.RepairPlan, label: str
+) -> int:
+    """Show a progress bar until every task of the plan is done or failed."""
+    wanted = {(t.segment.stream_id, t.segment.epoch, t.target_store) for t in plan.tasks}
+    total = len(wanted)
+    deadline = time.monotonic() + REPAIR_WAIT_S
+    failed: list[master_pb2.RepairTask] = []
+    while True:
+        status = master.GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
+        )
+        finished = [
+            t
+            for t in status.tasks
+            if (t.segment.stream_id, t.segment.epoch, t.target_store) in wanted
+            and t.state in (master_pb2.RepairTask.DONE, master_pb2.RepairTask.FAILED)
+        ]
+        failed = [t for t in finished if t.state == master_pb2.RepairTask.FAILED]
+        print(_progress_line(len(finished), total, label), end="", file=sys.stderr, flush=True)
+        if len(finished) >= total:
+            break
+        if time.monotonic() > deadline:
+            print(file=sys.stderr)
+            raise StreamEngineError(
+                f"{label}: {total - len(finished)} moves still pending after {REPAIR_WAIT_S:.0f}s"
+            )
+        time.sleep(PROGRESS_POLL_S)
+    print(file=sys.stderr)
+    for task in failed:
+        segment = task.segment
+        target = task.target_store
+        print(f"failed: {segment.stream} segment {segment.epoch} -> {target}: {task.error}")
+    return 1 if failed else 0
+
+
+def print_plan(plan: master_pb2.RepairPlan) -> None:
+    for task in plan.tasks:
+        print(
+            f"move {task.segment.stream} segment {task.segment.epoch}: "
+            f"{task.replaced_store or task.source_store} -> {task.target_store} "
+            f"({human_bytes(task.bytes)})"
+        )
+    for store_id in sorted(plan.bytes_before):
+        before = human_bytes(plan.bytes_before[store_id])
+        after = human_bytes(plan.bytes_after.get(store_id, 0))
+        print(f"  {store_id}: {before} -> {after}")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        plan = master.DrainStore(
+            master_pb2.DrainStoreRequest(store_id=args.store), timeout=RPC_TIMEOUT_S
+        )
+        print(f"draining {args.store}: {len(plan.tasks)} replicas to move")
+        print_plan(plan)
+        return wait_for_tasks(master, plan, "drain") if plan.tasks else 0
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    with master_stub(args.master) as master:
+        plan = master.Rebalance(
+            master_pb2.RebalanceRequest(dry_run=args.dry_run), timeout=RPC_TIMEOUT_S
+        )
+        if not plan.tasks:
+            print("balanced: nothing to move")
+            return 0
+        print(f"{'plan' if args.dry_run else 'moving'}: {len(plan.tasks)} replicas")
+        print_plan(plan)
+        return 0 if args.dry_run else wait_for_tasks(master, plan, "rebalance")
+
+
+# ---- verify ----
+
+
+def digest_of(
+    address: str, segment: entry_pb2.SegmentId, up_to: int
+) -> segment_store_pb2.DigestReply:
+    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        return store_grpc.SegmentStoreStub(channel).Digest(
+            segment_store_pb2.DigestRequest(segment=segment, up_to_index=up_to),
+            timeout=RPC_TIMEOUT_S,
+        )
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Digest every replica of every sealed segment; exit 1 on a mismatch or a missing one."""
+    with master_stub(args.master) as master:
+        listing = master.ListSegments(
+            master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+        )
+    problems = 0
+    checked = 0
+    for segment in listing.segments:
+        if segment.state != entry_pb2.SEALED:
+            continue
+        checked += 1
+        segment_id = entry_pb2.SegmentId(
+            stream_id=listing.stream_id, epoch=segment.id.epoch, stream=args.name
+        )
+        digests: dict[str, bytes] = {}
+        for replica in segment.copy_set:
+            try:
+                reply = digest_of(replica.address, segment_id, segment.final_index)
+            except grpc.RpcError as error:
+                code = error.code().name
+                print(f"segment {segment.id.epoch}: replica {replica.store_id} missing ({code})")
+                problems += 1
+                continue
+            if reply.acked_index < segment.final_index:
+                print(
+                    f"segment {segment.id.epoch}: replica {replica.store_id} acked only to "
+                    f"{reply.acked_index} of {segment.final_index} (missed the bridge)"
+                )
+                problems += 1
+            digests[replica.store_id] = reply.digest
+        if len(set(digests.values())) > 1:
+            problems += 1
+            detail = ", ".join(
+                f"{store}={digest.hex()[:12]}" for store, digest in sorted(digests.items())
+            )
+            print(f"segment {segment.id.epoch}: replicas differ: {detail}")
+    verdict = "OK" if problems == 0 else f"{problems} problem(s)"
+    print(f"verify {args.name}: {checked} sealed segments checked, {verdict}")
+    return 0 if problems == 0 else 1
