@@ -1,0 +1,212 @@
+"""The writer's election loop: heartbeats every lease/3, the lease counted from the send
+time, stepping down (lease lost, deposed, fenced, released) with failed versus in-doubt
+appends, and the gate that holds acks until earlier segments are sealed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from client.core.leader import (
+    BecameLeader,
+    HeartbeatAnswered,
+    HeartbeatFailed,
+    Leader,
+    LeaderAction,
+    RecoverSegment,
+    Release,
+    ReleaseLease,
+    Replica,
+    Role,
+    SegmentGrant,
+    SegmentSealed,
+    SendHeartbeat,
+    StepDownReason,
+    SteppedDown,
+    StoreFenced,
+)
+from client.core.policy import ReplicationPolicy
+from client.core.replicator import (
+    Acked,
+    Append,
+    SegmentRef,
+    SendWrite,
+    StoreConnected,
+    Tick,
+    WriteReplied,
+)
+
+LEASE_MS = 900
+POLICY = ReplicationPolicy(3, 2)
+STORES = ("s1", "s2", "s3")
+
+
+def grant(epoch: int) -> SegmentGrant:
+    return SegmentGrant(
+        SegmentRef(stream_id=1, epoch=epoch, stream="acme/orders"),
+        tuple(Replica(s, f"127.0.0.1:{7000 + i}") for i, s in enumerate(STORES)),
+    )
+
+
+def leader_answer(sent_at_ms: int, epoch: int = 5, **kwargs) -> HeartbeatAnswered:
+    fields = {"segment": grant(epoch), "policy": POLICY, "leader_id": "me"}
+    fields.update(kwargs)
+    return HeartbeatAnswered(sent_at_ms, True, epoch, LEASE_MS, **fields)  # type: ignore[arg-type]
+
+
+def follower_answer(sent_at_ms: int, epoch: int = 5) -> HeartbeatAnswered:
+    return HeartbeatAnswered(sent_at_ms, False, epoch, LEASE_MS, leader_id="other")
+
+
+def of_type(actions: list[LeaderAction], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def leading(now_ms: int = 0, **kwargs) -> Leader:
+    leader = Leader(now_ms, **kwargs)
+    assert of_type(leader.step(now_ms, Tick()), SendHeartbeat)
+    actions = leader.step(now_ms + 5, leader_answer(now_ms))
+    assert of_type(actions, BecameLeader)
+    for store in STORES:
+        leader.step(now_ms + 5, StoreConnected(store))
+    return leader
+
+
+def answer_all(
+    leader: Leader, now_ms: int, actions: list[LeaderAction], stores=STORES
+) -> list[Any]:
+    out: list[LeaderAction] = []
+    for send in of_type(actions, SendWrite):
+        if send.store in stores:
+            reply = WriteReplied(
+                send.store, send.request_id, False, send.last_index, 0, send.first_index,
+                send.last_index,
+            )  # fmt: skip
+            out += leader.step(now_ms, reply)
+    return out
+
+
+def test_a_follower_heartbeats_every_third_of_the_lease_one_at_a_time() -> None:
+    leader = Leader(0)
+    [beat] = of_type(leader.step(0, Tick()), SendHeartbeat)
+    assert beat.epoch == 0
+    assert leader.step(100, Tick()) == []  # one in flight
+    leader.step(10, follower_answer(0))
+    assert leader.role is Role.FOLLOWING
+    assert leader.deadline_ms(10) == LEASE_MS // 3
+    assert of_type(leader.step(LEASE_MS // 3, Tick()), SendHeartbeat)
+    leader.step(LEASE_MS // 3 + 50, HeartbeatFailed(LEASE_MS // 3, "unavailable"))
+    assert of_type(leader.step(2 * LEASE_MS // 3, Tick()), SendHeartbeat)
+
+
+def test_the_lease_counts_from_the_send_time_and_renews_by_heartbeat() -> None:
+    leader = Leader(0)
+    leader.step(0, Tick())
+    # The answer takes 400 ms to come back: the lease still started at 0.
+    actions = leader.step(400, leader_answer(0))
+    [became] = of_type(actions, BecameLeader)
+    assert became.epoch == 5 and became.segment == grant(5)
+    assert leader.statistics().lease_until_ms == LEASE_MS
+    # The next heartbeat was due at 300, a third of the lease after the first send.
+    [beat] = of_type(actions, SendHeartbeat)
+    assert beat.epoch == 5
+    leader.step(800, leader_answer(400))
+    assert leader.statistics().lease_until_ms == 400 + LEASE_MS
+    assert leader.role is Role.LEADING
+    # An old answer never shortens the lease.
+    leader.step(801, leader_answer(100))
+    assert leader.statistics().lease_until_ms == 400 + LEASE_MS
+
+
+def test_lease_loss_with_appends_in_flight_fails_honestly() -> None:
+    leader = leading()
+    first = leader.step(10, Append((b"a", b"b")))  # sent, acked below
+    acked = of_type(answer_all(leader, 11, first), Acked)
+    assert [a.acked_index for a in acked] == [2]
+    sent = leader.step(12, Append((b"c",)))  # sent, not answered yet
+    # A third append is only assigned: every store has a request in flight, so it
+    # lingers, and the lease runs out before anything carries it.
+    assert of_type(leader.step(12, Append((b"d",))), SendWrite) == []
+    # The heartbeats got no answer; the lease ends at LEASE_MS after the first send.
+    assert leader.deadline_ms(14) is not None
+    actions = leader.step(LEASE_MS, Tick())
+    [down] = of_type(actions, SteppedDown)
+    assert down.reason is StepDownReason.LEASE_EXPIRED
+    assert (down.acked_index, down.sent_through) == (2, 3)  # 3 in doubt, 4 failed
+    assert leader.role is Role.FINISHED
+    # Nothing more is acked, even when the quorum answers arrive after.
+    assert answer_all(leader, LEASE_MS + 1, sent) == []
+
+
+def test_the_lease_ends_before_the_master_ends_it() -> None:
+    leader = leading()
+    assert leader.step(LEASE_MS - 1, Tick()) == [] or leader.role is Role.LEADING
+    assert leader.role is Role.LEADING
+    assert of_type(leader.step(LEASE_MS, Tick()), SteppedDown)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [follower_answer(300, epoch=6), leader_answer(300, epoch=6)],
+    ids=["follower", "another-epoch"],
+)
+def test_the_master_deposing_the_leader_steps_it_down(answer) -> None:
+    leader = leading()
+    leader.step(300, Tick())
+    [down] = of_type(leader.step(310, answer), SteppedDown)
+    assert down.reason is StepDownReason.DEPOSED and down.epoch == 5
+
+
+def test_a_fence_above_the_epoch_steps_down_and_one_at_it_does_not() -> None:
+    leader = leading()
+    assert leader.step(20, StoreFenced("s2", 5)) == []
+    [down] = of_type(leader.step(20, StoreFenced("s2", 6)), SteppedDown)
+    assert down.reason is StepDownReason.FENCED
+
+
+def test_release_gives_the_lease_back_and_a_late_grant_too() -> None:
+    leader = leading()
+    actions = leader.step(50, Release())
+    assert of_type(actions, SteppedDown)[0].reason is StepDownReason.RELEASED
+    assert of_type(actions, ReleaseLease) == [ReleaseLease(5)]
+    assert leader.step(60, leader_answer(40)) == [ReleaseLease(5)]
+
+    follower = Leader(0)
+    follower.step(0, Tick())
+    assert follower.step(1, Release()) == []
+    assert follower.step(2, leader_answer(0, epoch=8)) == [ReleaseLease(8)]
+
+
+def test_unsealed_earlier_segments_without_recovery_fail_clearly() -> None:
+    leader = Leader(0)
+    leader.step(0, Tick())
+    actions = leader.step(5, leader_answer(0, unsealed=(grant(4),)))
+    [down] = of_type(actions, SteppedDown)
+    assert down.reason is StepDownReason.UNSUPPORTED and "4" in down.message
+    assert of_type(actions, ReleaseLease) == [ReleaseLease(5)]
+    assert not of_type(actions, BecameLeader)
+
+
+def test_a_grant_without_a_segment_fails_clearly() -> None:
+    leader = Leader(0)
+    leader.step(0, Tick())
+    actions = leader.step(5, leader_answer(0, segment=None, unsealed=(grant(3), grant(4))))
+    assert of_type(actions, SteppedDown)[0].reason is StepDownReason.UNSUPPORTED
+
+
+def test_the_gate_holds_acks_until_every_earlier_segment_is_sealed() -> None:
+    leader = Leader(0, recovery_supported=True)
+    leader.step(0, Tick())
+    actions = leader.step(5, leader_answer(0, unsealed=(grant(3), grant(4))))
+    assert of_type(actions, RecoverSegment) == [
+        RecoverSegment(grant(3), 5, POLICY),
+        RecoverSegment(grant(4), 5, POLICY),
+    ]
+    for store in STORES:
+        leader.step(5, StoreConnected(store))
+    sent = leader.step(6, Append((b"a",)))
+    assert of_type(answer_all(leader, 7, sent), Acked) == []
+    assert leader.step(8, SegmentSealed(3)) == []
+    [acked] = of_type(leader.step(9, SegmentSealed(4)), Acked)
+    assert acked.acked_index == 1
