@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Debian packages the project needs beyond Python: a Java runtime for PySpark (17+).
-# Idempotent; installs only what is missing, and only where apt-get can run.
+# Debian packages the project needs beyond Python. Idempotent: installs only what is
+# missing, and only where apt-get can run.
 set -euo pipefail
 
+# Java 17+ for PySpark; iproute2 and iptables for the network-namespace cluster test.
 java_major() {
   java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1
 }
 
-if command -v java >/dev/null 2>&1 && [ "$(java_major)" -ge 17 ] 2>/dev/null; then
-  exit 0
+missing=()
+if ! command -v java >/dev/null 2>&1 || ! [ "$(java_major)" -ge 17 ] 2>/dev/null; then
+  missing+=(openjdk-17-jre-headless)
 fi
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "install-system-deps: Java 17+ is missing and apt-get is not available; install a JDK/JRE 17+ by hand" >&2
-  exit 1
+  echo "install-system-deps: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
+  # Java is required (Spark tests); the others only enable the network-namespace test.
+  [[ " ${missing[*]} " == *" openjdk-17-jre-headless "* ]] && exit 1
+  exit 0
 fi
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-echo "install-system-deps: installing openjdk-17-jre-headless (PySpark needs Java 17+)"
+echo "install-system-deps: installing ${missing[*]}"
 $sudo_cmd apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
