@@ -1,0 +1,40 @@
+"""Domain errors of the master, by who is at fault. `master.service` maps each to one
+gRPC status in a single table; nothing else in the master knows about gRPC."""
+
+from __future__ import annotations
+
+
+class MasterError(Exception):
+    """Base of every error a master request can end with."""
+
+
+class InvalidArgument(MasterError):
+    """Malformed request: a bad name, an impossible policy, a missing field."""
+
+
+class NotFound(MasterError):
+    """Unknown tenant, stream, segment or store."""
+
+
+class AlreadyExists(MasterError):
+    """A stream exists with another policy."""
+
+
+class NotLeader(MasterError):
+    """The caller does not hold the lease, or its epoch is stale."""
+
+
+class TooManyUnsealed(MasterError):
+    """A roll while two segments are unsealed (invariant 5)."""
+
+
+class NotEnoughStores(MasterError):
+    """Fewer live stores than the policy's replicas."""
+
+
+class SealConflict(MasterError):
+    """A SealSegment contradicting the final index recorded earlier."""
+
+
+class NotReady(MasterError):
+    """Starting or shutting down: retry."""

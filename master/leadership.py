@@ -1,0 +1,99 @@
+"""Leases: one leader per stream, as a pure state machine over `now_ms`.
+
+Theory of operation. Per stream the master keeps `Lease(epoch, holder, expires_ms)`:
+`epoch` is the latest epoch granted, `holder` the client it was granted to (empty when
+released), `expires_ms` when the holder's lease ends on the master's clock.
+
+- A heartbeat from the holder before `expires_ms` renews the lease (same epoch).
+- Any other heartbeat before `expires_ms` learns who leads (FOLLOW).
+- At or after `expires_ms`, the first heartbeat wins: the epoch goes up by one and the
+  lease is the caller's (GRANT). The caller persists the new epoch before answering.
+- A roll is a grant to the current holder, asked for while its lease runs.
+- After a master restart every stream starts with `recovered_lease`: the last holder
+  (persisted with its epoch) keeps leading if it heartbeats, nobody else is granted
+  anything for one lease period. A holder from before the restart believes its lease
+  ends no later than the master's old clock said, so no two leaders overlap.
+
+Safety does not rest on this: stores fence by epoch. Leases only keep leadership from
+flapping.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from client.core.limits import EPOCH_MAX
+from master.errors import InvalidArgument, NotLeader
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    epoch: int
+    holder: str
+    expires_ms: int
+
+    def held_by(self, client_id: str, now_ms: int) -> bool:
+        return bool(self.holder) and self.holder == client_id and now_ms < self.expires_ms
+
+    def running(self, now_ms: int) -> bool:
+        return now_ms < self.expires_ms
+
+
+class Outcome(enum.Enum):
+    RENEWED = "renewed"
+    GRANTED = "granted"
+    FOLLOW = "follow"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    lease: Lease
+
+    @property
+    def leads(self) -> bool:
+        return self.outcome is not Outcome.FOLLOW
+
+
+def recovered_lease(epoch: int, holder: str, now_ms: int, lease_ms: int) -> Lease:
+    """The lease of a stream when the master (re)starts: no grant for one lease period."""
+    return Lease(epoch, holder, now_ms + lease_ms)
+
+
+def _next_epoch(epoch: int) -> int:
+    if epoch >= EPOCH_MAX:
+        raise InvalidArgument(f"epoch {epoch} is the last one a stream can have")
+    return epoch + 1
+
+
+def heartbeat(
+    lease: Lease, client_id: str, caller_epoch: int, now_ms: int, lease_ms: int
+) -> Decision:
+    """A writer's heartbeat: renew, follow, or grant the next epoch."""
+    if not client_id:
+        raise InvalidArgument("client_id is required")
+    if caller_epoch > lease.epoch:
+        raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
+    if lease.held_by(client_id, now_ms):
+        return Decision(Outcome.RENEWED, replace(lease, expires_ms=now_ms + lease_ms))
+    if lease.running(now_ms):
+        return Decision(Outcome.FOLLOW, lease)
+    granted = Lease(_next_epoch(lease.epoch), client_id, now_ms + lease_ms)
+    return Decision(Outcome.GRANTED, granted)
+
+
+def roll(lease: Lease, client_id: str, caller_epoch: int, now_ms: int, lease_ms: int) -> Lease:
+    """The leader asks for the next epoch; raises NotLeader unless it holds the latest."""
+    if not lease.held_by(client_id, now_ms):
+        raise NotLeader(f"{client_id!r} does not hold the lease")
+    if caller_epoch != lease.epoch:
+        raise NotLeader(f"epoch {caller_epoch} is not the latest ({lease.epoch})")
+    return Lease(_next_epoch(lease.epoch), client_id, now_ms + lease_ms)
+
+
+def release(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lease | None:
+    """The holder leaves: the lease ends now. None when the caller did not hold it."""
+    if not lease.held_by(client_id, now_ms) or caller_epoch != lease.epoch:
+        return None
+    return Lease(lease.epoch, "", now_ms)

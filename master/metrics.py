@@ -1,0 +1,64 @@
+"""Prometheus metrics of the master, served only when `--metrics-port` is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry
+    requests: Counter
+    leases_granted: Counter
+    stores_alive: Gauge
+    stores_registered: Gauge
+    streams: Gauge
+    segments: Gauge
+    under_replicated: Gauge
+    repairs_done: Gauge
+    repairs_failed: Gauge
+    repairs_running: Gauge
+
+    @classmethod
+    def create(cls) -> Metrics:
+        r = CollectorRegistry()
+        return cls(
+            registry=r,
+            requests=Counter(
+                "streamengine_master_requests",
+                "Master RPCs by method and status",
+                ["method", "code"],
+                registry=r,
+            ),
+            leases_granted=Counter(
+                "streamengine_master_leases_granted", "Epochs granted", registry=r
+            ),
+            stores_alive=Gauge(
+                "streamengine_master_stores_alive", "Stores heard from in time", registry=r
+            ),
+            stores_registered=Gauge(
+                "streamengine_master_stores_registered", "Stores known", registry=r
+            ),
+            streams=Gauge("streamengine_master_streams", "Streams", registry=r),
+            segments=Gauge("streamengine_master_segments", "Segments, all states", registry=r),
+            under_replicated=Gauge(
+                "streamengine_master_under_replicated_segments",
+                "Sealed segments with fewer than N replicas at the bridge",
+                registry=r,
+            ),
+            repairs_done=Gauge(
+                "streamengine_master_repairs_done", "Repair tasks finished", registry=r
+            ),
+            repairs_failed=Gauge(
+                "streamengine_master_repairs_failed", "Repair tasks failed", registry=r
+            ),
+            repairs_running=Gauge(
+                "streamengine_master_repairs_running", "Repair tasks running", registry=r
+            ),
+        )
+
+    def serve(self, port: int) -> None:
+        """Serve from a thread on loopback only."""
+        start_http_server(port, addr="127.0.0.1", registry=self.registry)

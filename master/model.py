@@ -1,0 +1,123 @@
+"""The master's records: what it persists and what its pure cores decide over.
+
+Plain frozen dataclasses, no I/O. Stores are named by their stable id everywhere; an
+address is looked up from the store's latest registration when a reply is built, so a
+store that moves to another port keeps its replicas.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from client.core.limits import NAME_PART_CHARS_MAX
+from master.errors import InvalidArgument
+
+# A segment is named by (stream id, epoch) everywhere inside the master.
+SegmentKey = tuple[int, int]
+
+_NAME_PART = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{NAME_PART_CHARS_MAX - 1}}}")
+
+
+class SegmentState(enum.IntEnum):
+    """Numbers match `streamengine.v1.SegmentState`."""
+
+    OPEN = 1
+    SEALING = 2
+    SEALED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    name: str
+    stream_id: int
+    replicas: int
+    write_quorum: int
+    segment_bytes: int
+    segment_age_ms: int
+    # The latest epoch granted, and to whom: persisted together before either is
+    # returned, so epochs never repeat and the last holder can keep its lease across a
+    # master restart.
+    epoch: int
+    leader_id: str
+    created_at_ms: int
+
+    @property
+    def tenant(self) -> str:
+        return self.name.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    stream_id: int
+    stream: str
+    epoch: int
+    # Store ids; an open segment's copy set never changes, a sealed one's is swapped by
+    # repair one member at a time.
+    copy_set: tuple[str, ...]
+    state: SegmentState
+    final_index: int
+    created_at_ms: int
+    sealed_at_ms: int
+    # When the copy set or the seal last changed: reports older than this say nothing
+    # about whether a replica reached the bridge.
+    settled_at_ms: int
+
+    @property
+    def key(self) -> SegmentKey:
+        return (self.stream_id, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRecord:
+    store_id: str
+    address: str
+    zone: str
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One segment as a store last reported it."""
+
+    fence: int
+    acked_index: int
+    last_index: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """What placement and repair need to know about one store, now."""
+
+    store_id: str
+    zone: str
+    used_bytes: int
+    alive: bool
+    draining: bool
+    # Replicas assigned to the store: a tie-breaker, so copy sets handed out between two
+    # heartbeats (before bytes move) still spread.
+    segments: int = 0
+    # When its latest heartbeat arrived (0: none since the master started).
+    reported_at_ms: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.alive and not self.draining
+
+
+def validate_name_part(what: str, part: str) -> str:
+    if not _NAME_PART.fullmatch(part) or part.startswith("."):
+        raise InvalidArgument(
+            f"{what} {part!r}: 1 to {NAME_PART_CHARS_MAX} of [A-Za-z0-9._-], not starting with '.'"
+        )
+    return part
+
+
+def validate_stream_name(name: str) -> tuple[str, str]:
+    """`tenant/stream` → (tenant, stream); raises InvalidArgument."""
+    parts = name.split("/")
+    if len(parts) != 2:
+        raise InvalidArgument(f"stream name {name!r} must be `tenant/stream`")
+    return validate_name_part("tenant", parts[0]), validate_name_part("stream", parts[1])

@@ -1,0 +1,386 @@
+"""The Master gRPC service: protobuf in, domain call, protobuf out.
+
+Each handler converts its request, calls one `MasterState` (or `Repairer`) method and
+converts the answer. `_STATUS` is the one table from domain errors to gRPC statuses;
+a domain error raised before the catalog commit leaves everything unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+
+from master import errors, repair
+from master.metrics import Metrics
+from master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
+from master.repairer import Repairer, TaskStatus
+from master.state import MasterState, WriterView
+
+T = TypeVar("T")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.NotLeader: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.TooManyUnsealed: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.NotEnoughStores: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SealConflict: grpc.StatusCode.ABORTED,
+    errors.NotReady: grpc.StatusCode.UNAVAILABLE,
+}
+
+_TASK_STATE = {
+    "PENDING": master_pb2.RepairTask.PENDING,
+    "RUNNING": master_pb2.RepairTask.RUNNING,
+    "DONE": master_pb2.RepairTask.DONE,
+    "FAILED": master_pb2.RepairTask.FAILED,
+}
+
+
+def status_of(error: errors.MasterError) -> grpc.StatusCode:
+    for kind in type(error).__mro__:
+        if kind in _STATUS:
+            return _STATUS[kind]
+    return grpc.StatusCode.INTERNAL
+
+
+class MasterService(master_pb2_grpc.MasterServicer):
+    def __init__(
+        self, state: MasterState, repairer: Repairer, clock_ms: Callable[[], int], metrics: Metrics
+    ):
+        self.state = state
+        self.repairer = repairer
+        self.clock_ms = clock_ms
+        self.metrics = metrics
+
+    async def _call(self, context: Context, method: str, action: Callable[[int], T]) -> T:
+        try:
+            result = action(self.clock_ms())
+        except errors.MasterError as error:
+            code = status_of(error)
+            self.metrics.requests.labels(method, code.name).inc()
+            await context.abort(code, str(error))
+            raise AssertionError("abort returns only by raising") from None
+        self.metrics.requests.labels(method, "OK").inc()
+        return result
+
+    # ---- conversions ----
+
+    def _segment(self, record: SegmentRecord) -> entry_pb2.Segment:
+        stores = self.state.stores
+        return entry_pb2.Segment(
+            id=entry_pb2.SegmentId(
+                stream_id=record.stream_id, epoch=record.epoch, stream=record.stream
+            ),
+            copy_set=[
+                entry_pb2.Replica(
+                    store_id=m,
+                    address=stores[m].address if m in stores else "",
+                    zone=stores[m].zone if m in stores else "",
+                )
+                for m in record.copy_set
+            ],
+            state=int(record.state),  # type: ignore[arg-type]
+            final_index=record.final_index,
+            created_at_ms=record.created_at_ms,
+            sealed_at_ms=record.sealed_at_ms,
+            bytes=self.state.segment_bytes(record.key),
+        )
+
+    def _stream_info(self, record: StreamRecord, now_ms: int) -> master_pb2.StreamInfo:
+        lease = self.state.leases.get(record.name)
+        leader = lease.holder if lease is not None and lease.running(now_ms) else ""
+        report = self.state.leader_reports.get(record.name)
+        unsealed = self.state.unsealed(record.stream_id)
+        open_epochs = [s.epoch for s in unsealed if s.state == SegmentState.OPEN]
+        return master_pb2.StreamInfo(
+            name=record.name,
+            stream_id=record.stream_id,
+            policy=entry_pb2.ReplicationPolicy(
+                replicas=record.replicas, write_quorum=record.write_quorum
+            ),
+            segment_bytes=record.segment_bytes,
+            segment_age_ms=record.segment_age_ms,
+            epoch=record.epoch,
+            leader_id=leader,
+            acked_index=report.acked_index if report and leader else 0,
+            open_segment_epoch=open_epochs[-1] if open_epochs else 0,
+            unsealed_segments=len(unsealed),
+            created_at_ms=record.created_at_ms,
+        )
+
+    def _writer_reply(self, view: WriterView) -> master_pb2.WriterHeartbeatReply:
+        record = view.stream
+        reply = master_pb2.WriterHeartbeatReply(
+            role=master_pb2.LEADER if view.leads else master_pb2.FOLLOWER,
+            epoch=view.lease.epoch,
+            lease_ms=self.state.lease_ms,
+            leader_id=view.lease.holder if view.lease.running(self.clock_ms()) else "",
+            stream_id=record.stream_id,
+            policy=entry_pb2.ReplicationPolicy(
+                replicas=record.replicas, write_quorum=record.write_quorum
+            ),
+            segment_bytes_max=record.segment_bytes,
+            segment_age_ms_max=record.segment_age_ms,
+        )
+        if view.leads:
+            if view.segment is not None:
+                reply.segment.CopyFrom(self._segment(view.segment))
+            reply.unsealed.extend(self._segment(s) for s in view.unsealed)
+            reply.roll_requested = bool(view.roll_reason)
+            reply.roll_reason = view.roll_reason
+        return reply
+
+    def _task(self, status: TaskStatus) -> master_pb2.RepairTask:
+        task = status.task
+        stream_id, epoch = task.segment
+        return master_pb2.RepairTask(
+            segment=entry_pb2.SegmentId(
+                stream_id=stream_id, epoch=epoch, stream=self.state.stream_name(stream_id)
+            ),
+            source_store=task.source,
+            target_store=task.target,
+            replaced_store=task.replaced,
+            state=_TASK_STATE[status.state],
+            error=status.error,
+            bytes=task.bytes,
+            reason=task.reason,
+        )
+
+    def _plan(
+        self, tasks: Iterable[repair.Task], before: dict[str, int], after: dict[str, int]
+    ) -> master_pb2.RepairPlan:
+        return master_pb2.RepairPlan(
+            tasks=[self._task(TaskStatus(t, "PENDING")) for t in tasks],
+            bytes_before=before,
+            bytes_after=after,
+        )
+
+    # ---- stores ----
+
+    async def RegisterStore(
+        self, request: master_pb2.RegisterStoreRequest, context: Context
+    ) -> master_pb2.RegisterStoreReply:
+        interval = await self._call(
+            context,
+            "RegisterStore",
+            lambda now: self.state.register_store(
+                request.store_id, request.address, request.zone, request.free_bytes, now
+            ),
+        )
+        return master_pb2.RegisterStoreReply(heartbeat_interval_ms=interval)
+
+    async def StoreHeartbeat(
+        self, request: master_pb2.StoreHeartbeatRequest, context: Context
+    ) -> master_pb2.StoreHeartbeatReply:
+        held: dict[SegmentKey, Held] = {
+            (h.segment.stream_id, h.segment.epoch): Held(
+                h.fence, h.acked_index, h.last_index, h.bytes
+            )
+            for h in request.segments
+        }
+        deletes = await self._call(
+            context,
+            "StoreHeartbeat",
+            lambda now: self.state.store_heartbeat(
+                request.store_id, request.used_bytes, request.free_bytes, held, now
+            ),
+        )
+        if deletes is None:
+            return master_pb2.StoreHeartbeatReply(register_again=True)
+        return master_pb2.StoreHeartbeatReply(
+            delete_segments=[
+                entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
+                for s, e in deletes
+            ]
+        )
+
+    # ---- tenants and streams ----
+
+    async def CreateTenant(
+        self, request: master_pb2.CreateTenantRequest, context: Context
+    ) -> master_pb2.CreateTenantReply:
+        created = await self._call(
+            context, "CreateTenant", lambda now: self.state.create_tenant(request.tenant, now)
+        )
+        return master_pb2.CreateTenantReply(tenant=request.tenant, created=created)
+
+    async def ListTenants(
+        self, request: master_pb2.ListTenantsRequest, context: Context
+    ) -> master_pb2.ListTenantsReply:
+        return master_pb2.ListTenantsReply(tenants=sorted(self.state.tenants))
+
+    async def CreateStream(
+        self, request: master_pb2.CreateStreamRequest, context: Context
+    ) -> master_pb2.StreamInfo:
+        def create(now: int) -> master_pb2.StreamInfo:
+            record = self.state.create_stream(
+                request.name,
+                request.policy.replicas,
+                request.policy.write_quorum,
+                request.segment_bytes,
+                request.segment_age_ms,
+                request.create_tenant,
+                now,
+            )
+            return self._stream_info(record, now)
+
+        return await self._call(context, "CreateStream", create)
+
+    async def ListStreams(
+        self, request: master_pb2.ListStreamsRequest, context: Context
+    ) -> master_pb2.ListStreamsReply:
+        def list_streams(now: int) -> master_pb2.ListStreamsReply:
+            records = self.state.list_streams(request.tenant)
+            return master_pb2.ListStreamsReply(streams=[self._stream_info(r, now) for r in records])
+
+        return await self._call(context, "ListStreams", list_streams)
+
+    async def DescribeStream(
+        self, request: master_pb2.DescribeStreamRequest, context: Context
+    ) -> master_pb2.StreamInfo:
+        return await self._call(
+            context,
+            "DescribeStream",
+            lambda now: self._stream_info(self.state.stream(request.name), now),
+        )
+
+    async def DeleteStream(
+        self, request: master_pb2.DeleteStreamRequest, context: Context
+    ) -> master_pb2.DeleteStreamReply:
+        count = await self._call(
+            context, "DeleteStream", lambda now: self.state.delete_stream(request.name)
+        )
+        return master_pb2.DeleteStreamReply(segments=count)
+
+    # ---- writers ----
+
+    async def WriterHeartbeat(
+        self, request: master_pb2.WriterHeartbeatRequest, context: Context
+    ) -> master_pb2.WriterHeartbeatReply:
+        def beat(now: int) -> WriterView:
+            before = self.state.leases.get(request.stream)
+            view = self.state.writer_heartbeat(
+                request.stream,
+                request.client_id,
+                request.epoch,
+                request.acked_index,
+                request.segment_bytes,
+                now,
+            )
+            if before is not None and view.lease.epoch != before.epoch:
+                self.metrics.leases_granted.inc()
+            return view
+
+        return self._writer_reply(await self._call(context, "WriterHeartbeat", beat))
+
+    async def ReleaseLease(
+        self, request: master_pb2.ReleaseLeaseRequest, context: Context
+    ) -> master_pb2.ReleaseLeaseReply:
+        released = await self._call(
+            context,
+            "ReleaseLease",
+            lambda now: self.state.release_lease(
+                request.stream, request.client_id, request.epoch, now
+            ),
+        )
+        return master_pb2.ReleaseLeaseReply(released=released)
+
+    async def RollSegment(
+        self, request: master_pb2.RollSegmentRequest, context: Context
+    ) -> master_pb2.WriterHeartbeatReply:
+        view = await self._call(
+            context,
+            "RollSegment",
+            lambda now: self.state.roll_segment(
+                request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
+            ),
+        )
+        return self._writer_reply(view)
+
+    # ---- segments ----
+
+    async def ListSegments(
+        self, request: master_pb2.ListSegmentsRequest, context: Context
+    ) -> master_pb2.ListSegmentsReply:
+        record, segments = await self._call(
+            context,
+            "ListSegments",
+            lambda now: self.state.list_segments(request.stream, request.from_epoch),
+        )
+        return master_pb2.ListSegmentsReply(
+            stream_id=record.stream_id, segments=[self._segment(s) for s in segments]
+        )
+
+    async def SealSegment(
+        self, request: master_pb2.SealSegmentRequest, context: Context
+    ) -> entry_pb2.Segment:
+        sealed = await self._call(
+            context,
+            "SealSegment",
+            lambda now: self.state.seal_segment(
+                request.stream,
+                request.segment_epoch,
+                request.writer_epoch,
+                request.final_index,
+                now,
+            ),
+        )
+        return self._segment(sealed)
+
+    # ---- administration ----
+
+    async def GetClusterStatus(
+        self, request: master_pb2.GetClusterStatusRequest, context: Context
+    ) -> master_pb2.ClusterStatus:
+        now = self.clock_ms()
+        st = self.state
+        views = st.store_views(now)
+        stores = [
+            master_pb2.StoreStatus(
+                store_id=sid,
+                address=st.stores[sid].address,
+                zone=view.zone,
+                alive=view.alive,
+                draining=view.draining,
+                used_bytes=view.used_bytes,
+                free_bytes=st.live[sid].free_bytes,
+                segments=view.segments,
+                silent_ms=max(0, now - st.live[sid].last_seen_ms),
+            )
+            for sid, view in views.items()
+        ]
+        return master_pb2.ClusterStatus(
+            stores=stores,
+            streams=[self._stream_info(r, now) for r in st.list_streams("")],
+            under_replicated=[self._segment(s) for s in st.under_replicated(now)],
+            tasks=[self._task(t) for t in self.repairer.statuses()],
+            granting_leases=st.granting_leases(now),
+        )
+
+    async def DrainStore(
+        self, request: master_pb2.DrainStoreRequest, context: Context
+    ) -> master_pb2.RepairPlan:
+        def drain(now: int) -> master_pb2.RepairPlan:
+            self.state.set_draining(request.store_id)
+            tasks, before, after = self.state.drain_preview(request.store_id, now)
+            return self._plan(tasks, before, after)
+
+        plan = await self._call(context, "DrainStore", drain)
+        self.repairer.enqueue([])
+        return plan
+
+    async def Rebalance(
+        self, request: master_pb2.RebalanceRequest, context: Context
+    ) -> master_pb2.RepairPlan:
+        def plan(now: int) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
+            return self.state.rebalance_plan(now)
+
+        tasks, before, after = await self._call(context, "Rebalance", plan)
+        if not request.dry_run:
+            self.repairer.enqueue(tasks)
+        return self._plan(tasks, before, after)

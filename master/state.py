@@ -1,0 +1,581 @@
+"""The master's state: catalog records in memory, written through to RocksDB.
+
+Every method is synchronous and runs on the server's event loop, so each one is atomic
+with respect to the others. A mutation is built as a `Batch`, committed durably, and
+only then applied to memory and answered: a crash between the two loses nothing that
+was answered. Time comes in as `now_ms`; decisions come from the pure cores
+(`leadership`, `placement`, `repair`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from client.core.limits import INDEX_MAX, UNSEALED_SEGMENTS_MAX
+from client.core.policy import InvalidPolicy, ReplicationPolicy
+from master import leadership, placement, repair
+from master.catalog import Batch, Catalog
+from master.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    NotLeader,
+    SealConflict,
+    TooManyUnsealed,
+)
+from master.leadership import Lease, Outcome
+from master.model import (
+    Held,
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    StoreRecord,
+    StoreView,
+    StreamRecord,
+    validate_name_part,
+    validate_stream_name,
+)
+
+# Roll thresholds when a stream is created without its own.
+SEGMENT_BYTES_DEFAULT = 256 << 20
+SEGMENT_AGE_MS_DEFAULT = 60 * 60 * 1000
+
+# Stores heartbeat a few times per timeout (so one lost heartbeat is not a death), and
+# at least once a second (repair reads acked indexes from these reports).
+STORE_HEARTBEATS_PER_TIMEOUT = 4
+STORE_HEARTBEAT_MS_MAX = 1000
+STORE_HEARTBEAT_MS_MIN = 50
+
+ADDRESS_CHARS_MAX = 255
+
+
+@dataclass
+class StoreLive:
+    """What the master knows of a store since it started (not persisted)."""
+
+    last_seen_ms: int
+    reported_at_ms: int = 0
+    used_bytes: int = 0
+    free_bytes: int = 0
+    held: dict[SegmentKey, Held] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterView:
+    """The answer to a writer heartbeat or a roll."""
+
+    stream: StreamRecord
+    leads: bool
+    lease: Lease
+    segment: SegmentRecord | None
+    unsealed: tuple[SegmentRecord, ...]
+    roll_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderReport:
+    acked_index: int
+    segment_bytes: int
+
+
+class MasterState:
+    def __init__(
+        self,
+        catalog: Catalog,
+        now_ms: int,
+        lease_ms: int,
+        store_timeout_ms: int,
+        bridge_grace_ms: int | None = None,
+    ):
+        self.catalog = catalog
+        self.lease_ms = lease_ms
+        self.store_timeout_ms = store_timeout_ms
+        self.bridge_grace_ms = store_timeout_ms if bridge_grace_ms is None else bridge_grace_ms
+        self.started_ms = now_ms
+        loaded = catalog.load()
+        self.next_stream_id = loaded.next_stream_id
+        self.tenants = loaded.tenants
+        self.streams = loaded.streams
+        self.segments = loaded.segments
+        self.stores = loaded.stores
+        self.deletes = loaded.deletes
+        self.names = {s.stream_id: s.name for s in self.streams.values()}
+        # No lease for one lease period after a start: the last holder may still lead.
+        self.leases = {
+            name: leadership.recovered_lease(s.epoch, s.leader_id, now_ms, lease_ms)
+            for name, s in self.streams.items()
+        }
+        self.live = {sid: StoreLive(last_seen_ms=now_ms) for sid in self.stores}
+        self.leader_reports: dict[str, LeaderReport] = {}
+        # (store, segment) pairs a repair is copying to right now: never garbage.
+        self.copying: set[tuple[str, SegmentKey]] = set()
+
+    # ---- queries ----
+
+    def granting_leases(self, now_ms: int) -> bool:
+        return now_ms >= self.started_ms + self.lease_ms
+
+    def stream(self, name: str) -> StreamRecord:
+        validate_stream_name(name)
+        record = self.streams.get(name)
+        if record is None:
+            raise NotFound(f"stream {name!r} does not exist")
+        return record
+
+    def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
+        return sorted(
+            (s for s in self.segments.values() if s.stream_id == stream_id), key=lambda s: s.epoch
+        )
+
+    def unsealed(self, stream_id: int) -> list[SegmentRecord]:
+        return [s for s in self.stream_segments(stream_id) if s.state != SegmentState.SEALED]
+
+    def store_views(self, now_ms: int) -> dict[str, StoreView]:
+        counts: dict[str, int] = {}
+        for segment in self.segments.values():
+            for member in segment.copy_set:
+                counts[member] = counts.get(member, 0) + 1
+        views = {}
+        for sid, record in sorted(self.stores.items()):
+            live = self.live[sid]
+            views[sid] = StoreView(
+                store_id=sid,
+                zone=record.zone,
+                used_bytes=live.used_bytes,
+                alive=now_ms - live.last_seen_ms <= self.store_timeout_ms,
+                draining=record.draining,
+                segments=counts.get(sid, 0),
+                reported_at_ms=live.reported_at_ms,
+            )
+        return views
+
+    def held_by_segment(self) -> dict[SegmentKey, dict[str, Held]]:
+        held: dict[SegmentKey, dict[str, Held]] = {}
+        for sid, live in sorted(self.live.items()):
+            for key, copy in live.held.items():
+                held.setdefault(key, {})[sid] = copy
+        return held
+
+    def segment_bytes(self, key: SegmentKey) -> int:
+        return max(
+            (live.held[key].bytes for live in self.live.values() if key in live.held), default=0
+        )
+
+    def address(self, store_id: str) -> str:
+        record = self.stores.get(store_id)
+        return record.address if record else ""
+
+    def pending_deletes(self) -> dict[SegmentKey, list[str]]:
+        out: dict[SegmentKey, list[str]] = {}
+        for sid, key in sorted(self.deletes):
+            out.setdefault(key, []).append(sid)
+        return out
+
+    def stream_name(self, stream_id: int) -> str:
+        return self.names.get(stream_id, "")
+
+    # ---- tenants and streams ----
+
+    def create_tenant(self, tenant: str, now_ms: int) -> bool:
+        validate_name_part("tenant", tenant)
+        if tenant in self.tenants:
+            return False
+        self.catalog.commit(Batch().tenant(tenant, now_ms))
+        self.tenants[tenant] = now_ms
+        return True
+
+    def create_stream(
+        self,
+        name: str,
+        replicas: int,
+        write_quorum: int,
+        segment_bytes: int,
+        segment_age_ms: int,
+        create_tenant: bool,
+        now_ms: int,
+    ) -> StreamRecord:
+        tenant, _ = validate_stream_name(name)
+        try:
+            ReplicationPolicy(replicas, write_quorum)
+        except InvalidPolicy as error:
+            raise InvalidArgument(f"impossible policy: {error}") from None
+        segment_bytes = segment_bytes or SEGMENT_BYTES_DEFAULT
+        segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
+        existing = self.streams.get(name)
+        if existing is not None:
+            same = (
+                existing.replicas,
+                existing.write_quorum,
+                existing.segment_bytes,
+                existing.segment_age_ms,
+            )
+            if same != (replicas, write_quorum, segment_bytes, segment_age_ms):
+                raise AlreadyExists(f"stream {name!r} exists with another policy")
+            return existing
+        batch = Batch()
+        if tenant not in self.tenants:
+            if not create_tenant:
+                raise NotFound(f"tenant {tenant!r} does not exist (set create_tenant)")
+            batch.tenant(tenant, now_ms)
+        record = StreamRecord(
+            name=name,
+            stream_id=self.next_stream_id,
+            replicas=replicas,
+            write_quorum=write_quorum,
+            segment_bytes=segment_bytes,
+            segment_age_ms=segment_age_ms,
+            epoch=0,
+            leader_id="",
+            created_at_ms=now_ms,
+        )
+        self.catalog.commit(batch.stream(record).next_stream_id(record.stream_id + 1))
+        self.tenants.setdefault(tenant, now_ms)
+        self.next_stream_id = record.stream_id + 1
+        self.streams[name] = record
+        self.names[record.stream_id] = name
+        # A new stream never had a leader: nothing to wait for, even right after a start.
+        self.leases[name] = Lease(0, "", 0)
+        return record
+
+    def list_streams(self, tenant: str) -> list[StreamRecord]:
+        if tenant:
+            validate_name_part("tenant", tenant)
+        return [s for name, s in sorted(self.streams.items()) if not tenant or s.tenant == tenant]
+
+    def delete_stream(self, name: str) -> int:
+        record = self.stream(name)
+        segments = self.stream_segments(record.stream_id)
+        batch = Batch().drop_stream(name)
+        deletes = set()
+        for segment in segments:
+            batch.drop_segment(segment.key)
+            for member in segment.copy_set:
+                batch.delete_replica(member, segment.key)
+                deletes.add((member, segment.key))
+        self.catalog.commit(batch)
+        for segment in segments:
+            del self.segments[segment.key]
+        self.deletes |= deletes
+        del self.streams[name]
+        self.leases.pop(name, None)
+        self.leader_reports.pop(name, None)
+        return len(segments)
+
+    # ---- writers ----
+
+    def writer_heartbeat(
+        self,
+        name: str,
+        client_id: str,
+        epoch: int,
+        acked_index: int,
+        segment_bytes: int,
+        now_ms: int,
+    ) -> WriterView:
+        record = self.stream(name)
+        decision = leadership.heartbeat(self.leases[name], client_id, epoch, now_ms, self.lease_ms)
+        if decision.outcome is Outcome.GRANTED:
+            record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
+        self.leases[name] = decision.lease
+        if decision.leads and epoch == decision.lease.epoch:
+            self.leader_reports[name] = LeaderReport(acked_index, segment_bytes)
+        return self._writer_view(record, decision.leads, decision.lease, now_ms)
+
+    def roll_segment(
+        self, name: str, client_id: str, epoch: int, exclude: Iterable[str], now_ms: int
+    ) -> WriterView:
+        record = self.stream(name)
+        lease = leadership.roll(self.leases[name], client_id, epoch, now_ms, self.lease_ms)
+        if len(self.unsealed(record.stream_id)) >= UNSEALED_SEGMENTS_MAX:
+            raise TooManyUnsealed(
+                f"{name}: {UNSEALED_SEGMENTS_MAX} segments unsealed; seal them before rolling"
+            )
+        record = self._open_epoch(record, lease, tuple(exclude), now_ms, allow_no_segment=False)
+        self.leases[name] = lease
+        self.leader_reports.pop(name, None)
+        return self._writer_view(record, True, lease, now_ms)
+
+    def release_lease(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
+        self.stream(name)
+        released = leadership.release(self.leases[name], client_id, epoch, now_ms)
+        if released is None:
+            return False
+        self.leases[name] = released
+        self.leader_reports.pop(name, None)
+        return True
+
+    def _open_epoch(
+        self,
+        record: StreamRecord,
+        lease: Lease,
+        exclude: tuple[str, ...],
+        now_ms: int,
+        allow_no_segment: bool,
+    ) -> StreamRecord:
+        """Persist the new epoch (and its segment when fewer than two are unsealed)."""
+        assert lease.epoch == record.epoch + 1
+        unsealed = self.unsealed(record.stream_id)
+        segment = None
+        if len(unsealed) < UNSEALED_SEGMENTS_MAX or not allow_no_segment:
+            copy_set = placement.choose_copy_set(
+                self.store_views(now_ms).values(), record.replicas, exclude
+            )
+            segment = SegmentRecord(
+                stream_id=record.stream_id,
+                stream=record.name,
+                epoch=lease.epoch,
+                copy_set=copy_set,
+                state=SegmentState.OPEN,
+                final_index=0,
+                created_at_ms=now_ms,
+                sealed_at_ms=0,
+                settled_at_ms=now_ms,
+            )
+        updated = replace(record, epoch=lease.epoch, leader_id=lease.holder)
+        sealing = [
+            replace(s, state=SegmentState.SEALING) for s in unsealed if s.state == SegmentState.OPEN
+        ]
+        batch = Batch().stream(updated)
+        for s in [*sealing, *([segment] if segment else [])]:
+            batch.segment(s)
+        self.catalog.commit(batch)
+        self.streams[record.name] = updated
+        for s in [*sealing, *([segment] if segment else [])]:
+            self.segments[s.key] = s
+        return updated
+
+    def _writer_view(
+        self, record: StreamRecord, leads: bool, lease: Lease, now_ms: int
+    ) -> WriterView:
+        if not leads:
+            return WriterView(record, False, lease, None, (), "")
+        segment = self.segments.get((record.stream_id, lease.epoch))
+        unsealed = tuple(s for s in self.unsealed(record.stream_id) if s.epoch < lease.epoch)
+        reason = ""
+        if segment is not None and segment.state == SegmentState.OPEN:
+            reason = repair.roll_reason(segment.copy_set, self.store_views(now_ms))
+        return WriterView(record, True, lease, segment, unsealed, reason)
+
+    # ---- segments ----
+
+    def list_segments(self, name: str, from_epoch: int) -> tuple[StreamRecord, list[SegmentRecord]]:
+        record = self.stream(name)
+        return record, [s for s in self.stream_segments(record.stream_id) if s.epoch >= from_epoch]
+
+    def seal_segment(
+        self, name: str, segment_epoch: int, writer_epoch: int, final_index: int, now_ms: int
+    ) -> SegmentRecord:
+        record = self.stream(name)
+        segment = self.segments.get((record.stream_id, segment_epoch))
+        if segment is None:
+            raise NotFound(f"{name}: no segment of epoch {segment_epoch}")
+        if not 1 <= final_index <= INDEX_MAX:
+            raise InvalidArgument(f"final index {final_index} outside 1..{INDEX_MAX}")
+        if segment.state == SegmentState.SEALED:
+            if segment.final_index != final_index:
+                raise SealConflict(
+                    f"{name}: segment {segment_epoch} is sealed at {segment.final_index},"
+                    f" not {final_index}"
+                )
+            return segment
+        if writer_epoch <= segment_epoch:
+            raise NotLeader(
+                f"sealing segment {segment_epoch} needs a later epoch than {writer_epoch}"
+            )
+        if writer_epoch > record.epoch:
+            raise NotLeader(f"epoch {writer_epoch} was never granted (latest {record.epoch})")
+        sealed = replace(
+            segment,
+            state=SegmentState.SEALED,
+            final_index=final_index,
+            sealed_at_ms=now_ms,
+            settled_at_ms=now_ms,
+        )
+        self.catalog.commit(Batch().segment(sealed))
+        self.segments[sealed.key] = sealed
+        return sealed
+
+    # ---- stores ----
+
+    def register_store(
+        self, store_id: str, address: str, zone: str, free_bytes: int, now_ms: int
+    ) -> int:
+        validate_name_part("store id", store_id)
+        if not address or len(address) > ADDRESS_CHARS_MAX or ":" not in address:
+            raise InvalidArgument(f"store address {address!r} must be host:port")
+        if zone and len(zone) > ADDRESS_CHARS_MAX:
+            raise InvalidArgument("zone label too long")
+        existing = self.stores.get(store_id)
+        draining = existing.draining if existing else False
+        record = StoreRecord(store_id, address, zone, draining)
+        if record != existing:
+            self.catalog.commit(Batch().store(record))
+            self.stores[store_id] = record
+        live = self.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
+        live.last_seen_ms = now_ms
+        live.free_bytes = free_bytes
+        return self.store_heartbeat_ms()
+
+    def store_heartbeat_ms(self) -> int:
+        every = self.store_timeout_ms // STORE_HEARTBEATS_PER_TIMEOUT
+        return max(STORE_HEARTBEAT_MS_MIN, min(STORE_HEARTBEAT_MS_MAX, every))
+
+    def store_heartbeat(
+        self,
+        store_id: str,
+        used_bytes: int,
+        free_bytes: int,
+        held: dict[SegmentKey, Held],
+        now_ms: int,
+    ) -> list[SegmentKey] | None:
+        """Record a store's report; returns the segments it should delete, or None when
+        it must register again."""
+        if store_id not in self.stores:
+            return None
+        live = self.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
+        live.last_seen_ms = now_ms
+        live.reported_at_ms = now_ms
+        live.used_bytes = used_bytes
+        live.free_bytes = free_bytes
+        live.held = dict(held)
+        # A pending delete the store no longer reports is done.
+        done = [(sid, key) for sid, key in self.deletes if sid == store_id and key not in held]
+        if done:
+            batch = Batch()
+            for sid, key in done:
+                batch.replica_deleted(sid, key)
+            self.catalog.commit(batch)
+            self.deletes -= set(done)
+        return sorted(key for key in held if self._garbage(store_id, key))
+
+    def _garbage(self, store_id: str, key: SegmentKey) -> bool:
+        if (store_id, key) in self.deletes:
+            return True
+        if (store_id, key) in self.copying:
+            return False
+        stream_id, _ = key
+        if stream_id not in self.names:
+            # Ids are never reused: one below the next id that no stream has was deleted.
+            return stream_id < self.next_stream_id
+        segment = self.segments.get(key)
+        return (
+            segment is not None
+            and segment.state == SegmentState.SEALED
+            and store_id not in segment.copy_set
+        )
+
+    def set_draining(self, store_id: str) -> StoreRecord:
+        record = self.stores.get(store_id)
+        if record is None:
+            raise NotFound(f"store {store_id!r} is not registered")
+        if not record.draining:
+            record = replace(record, draining=True)
+            self.catalog.commit(Batch().store(record))
+            self.stores[store_id] = record
+        return record
+
+    # ---- repair ----
+
+    def begin_copy(self, store_id: str, key: SegmentKey) -> None:
+        self.copying.add((store_id, key))
+        if (store_id, key) in self.deletes:
+            self.catalog.commit(Batch().replica_deleted(store_id, key))
+            self.deletes.discard((store_id, key))
+
+    def end_copy(self, store_id: str, key: SegmentKey) -> None:
+        self.copying.discard((store_id, key))
+
+    def swap_replica(
+        self, key: SegmentKey, replaced: str, target: str, held: Held, now_ms: int
+    ) -> SegmentRecord:
+        """Put `target` in `replaced`'s place in a sealed segment's copy set, durably,
+        and have `replaced` delete its copy."""
+        segment = self.segments.get(key)
+        if segment is None or segment.state != SegmentState.SEALED:
+            raise NotFound(f"segment {key} is gone or not sealed")
+        if replaced not in segment.copy_set:
+            raise NotFound(f"store {replaced} left segment {key}'s copy set meanwhile")
+        if target != replaced and target in segment.copy_set:
+            raise AlreadyExists(f"store {target} already holds segment {key}")
+        copy_set = tuple(target if m == replaced else m for m in segment.copy_set)
+        swapped = replace(segment, copy_set=copy_set, settled_at_ms=now_ms)
+        batch = Batch().segment(swapped)
+        if target != replaced:
+            batch.delete_replica(replaced, key)
+        self.catalog.commit(batch)
+        self.segments[key] = swapped
+        if target != replaced:
+            self.deletes.add((replaced, key))
+        if target in self.live:
+            self.live[target].held[key] = held
+        return swapped
+
+    def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
+        views = self.store_views(now_ms)
+        held = self.held_by_segment()
+        out = []
+        for key, segment in sorted(self.segments.items()):
+            if segment.state != SegmentState.SEALED:
+                continue
+            replicas = self.streams[self.names[segment.stream_id]].replicas
+            if repair.under_replicated(segment, views, held.get(key, {}), replicas):
+                out.append(segment)
+        return out
+
+    def replica_bytes(self) -> dict[str, int]:
+        """Bytes of the replicas each registered store is assigned, by segment size."""
+        out = dict.fromkeys(sorted(self.stores), 0)
+        for key, segment in self.segments.items():
+            size = self.segment_bytes(key)
+            for member in segment.copy_set:
+                if member in out:
+                    out[member] += size
+        return out
+
+    def drain_preview(
+        self, store_id: str, now_ms: int
+    ) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
+        """The moves draining `store_id` needs, as the repairer will pick them now."""
+        views = self.store_views(now_ms)
+        before = self.replica_bytes()
+        after = dict(before)
+        tasks = []
+        pending: dict[str, int] = {}
+        for key, segment in sorted(self.segments.items()):
+            if segment.state != SegmentState.SEALED or store_id not in segment.copy_set:
+                continue
+            keep = [m for m in segment.copy_set if m != store_id]
+            candidates = [
+                replace(v, segments=v.segments + pending.get(v.store_id, 0)) for v in views.values()
+            ]
+            target = placement.choose_target(candidates, keep, avoid=[store_id])
+            if target is None:
+                continue
+            size = self.segment_bytes(key)
+            source = next((m for m in keep if views.get(m) and views[m].alive), store_id)
+            tasks.append(repair.Task(key, source, target, store_id, repair.DRAIN, size))
+            pending[target] = pending.get(target, 0) + 1
+            after[store_id] -= size
+            after[target] = after.get(target, 0) + size
+        return tasks, before, after
+
+    def rebalance_plan(
+        self, now_ms: int
+    ) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
+        """Moves of healthy sealed replicas until bytes per usable store are even."""
+        views = self.store_views(now_ms)
+        held = self.held_by_segment()
+        replicas = []
+        for key, segment in sorted(self.segments.items()):
+            if segment.state != SegmentState.SEALED:
+                continue
+            verdict = repair.judge(segment, views, held.get(key, {}), now_ms, self.bridge_grace_ms)
+            if len(verdict.good) == len(segment.copy_set):
+                replicas.append(placement.Replica(key, segment.copy_set, self.segment_bytes(key)))
+        moves, before, after = placement.plan_rebalance(views.values(), replicas)
+        tasks = [
+            repair.Task(m.segment, m.source, m.target, m.source, repair.REBALANCE, m.bytes)
+            for m in moves
+        ]
+        return tasks, before, after
