@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# A Stream Engine cluster across network namespaces: the master, each store and a client
+# host get their own namespace and address on a private bridge, as separate machines
+# would. Everything it creates lives inside namespaces it creates; nothing is routed
+# from the host's own network.
+#
+#   netns-cluster.sh up STORES DATA_DIR   create hosts, start master + stores
+#   netns-cluster.sh down DATA_DIR        stop processes, delete every namespace
+#   netns-cluster.sh exec HOST CMD...     run CMD on HOST (master, store0.., client)
+#   netns-cluster.sh addr HOST            HOST's address
+#   netns-cluster.sh cut HOST             drop all of HOST's traffic (iptables)
+#   netns-cluster.sh heal HOST            let it through again
+#   netns-cluster.sh check                exit 0 if namespaces can be created here
+#
+# Needs root, iproute2 and (for cut/heal) iptables. SE_NETNS_PREFIX (default "se")
+# names the namespaces so parallel runs do not collide.
+set -euo pipefail
+
+prefix="${SE_NETNS_PREFIX:-se}"
+subnet="10.213.7"
+master_port=7070
+store_port=7071
+here="$(cd "$(dirname "$0")" && pwd)"
+streamengine="${STREAMENGINE:-$here/../.venv/bin/streamengine}"
+hub="${prefix}-hub"
+
+ns() { echo "${prefix}-$1"; }
+
+host_number() {
+  case "$1" in
+    master) echo 1 ;;
+    client) echo 2 ;;
+    store*) echo $((10 + ${1#store})) ;;
+    *) echo "unknown host $1" >&2; exit 2 ;;
+  esac
+}
+
+addr() { echo "${subnet}.$(host_number "$1")"; }
+
+add_host() {
+  local host="$1" number
+  number="$(host_number "$host")"
+  ip netns add "$(ns "$host")"
+  ip link add "${prefix}${number}h" type veth peer name "${prefix}${number}p"
+  ip link set "${prefix}${number}h" netns "$hub"
+  ip -n "$hub" link set "${prefix}${number}h" master br0 up
+  ip link set "${prefix}${number}p" netns "$(ns "$host")"
+  ip -n "$(ns "$host")" link set "${prefix}${number}p" name eth0
+  ip -n "$(ns "$host")" addr add "$(addr "$host")/24" dev eth0
+  ip -n "$(ns "$host")" link set eth0 up
+  ip -n "$(ns "$host")" link set lo up
+}
+
+start() {
+  local host="$1" data="$2"; shift 2
+  ip netns exec "$(ns "$host")" setsid "$streamengine" "$@" >"$data/$host.log" 2>&1 < /dev/null &
+  echo $! >"$data/$host.pid"
+}
+
+cmd_up() {
+  local stores="$1" data="$2" i
+  mkdir -p "$data"
+  ip netns add "$hub"
+  ip -n "$hub" link add br0 type bridge
+  ip -n "$hub" link set br0 up
+  add_host master
+  add_host client
+  for ((i = 0; i < stores; i++)); do add_host "store$i"; done
+  echo "$stores" >"$data/stores"
+  start master "$data" master --listen "$(addr master):$master_port" --data "$data/master-db" \
+    --lease-ms 1000 --store-timeout-ms 3000
+  for ((i = 0; i < stores; i++)); do
+    start "store$i" "$data" store --listen "$(addr "store$i"):$store_port" --data "$data/store$i-db" \
+      --master "$(addr master):$master_port" --id "store$i" --zone "zone$i"
+  done
+  echo "master $(addr master):$master_port"
+}
+
+cmd_down() {
+  local data="${1:-}" pidfile name
+  if [ -n "$data" ] && [ -d "$data" ]; then
+    for pidfile in "$data"/*.pid; do
+      [ -e "$pidfile" ] || continue
+      kill -KILL "$(cat "$pidfile")" 2>/dev/null || true
+      rm -f "$pidfile"
+    done
+  fi
+  for name in $(ip netns list | awk '{print $1}' | grep "^${prefix}-" || true); do
+    # Processes still inside (started by `exec`) die with their namespace's last link.
+    for pid in $(ip netns pids "$name" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    ip netns del "$name" 2>/dev/null || true
+  done
+}
+
+cmd_cut() {
+  local space
+  space="$(ns "$1")"
+  ip netns exec "$space" iptables -A INPUT ! -i lo -j DROP
+  ip netns exec "$space" iptables -A OUTPUT ! -o lo -j DROP
+}
+
+cmd_heal() { ip netns exec "$(ns "$1")" iptables -F; }
+
+cmd_check() {
+  local probe="${prefix}-probe-$$"
+  [ "$(id -u)" -eq 0 ] || { echo "needs root"; exit 1; }
+  command -v ip >/dev/null || { echo "needs iproute2"; exit 1; }
+  command -v iptables >/dev/null || { echo "needs iptables"; exit 1; }
+  ip netns add "$probe" 2>/dev/null || { echo "cannot create network namespaces here"; exit 1; }
+  ip netns del "$probe"
+}
+
+action="${1:-}"
+shift || true
+case "$action" in
+  up) cmd_up "$@" ;;
+  down) cmd_down "$@" ;;
+  exec) host="$1"; shift; exec ip netns exec "$(ns "$host")" "$@" ;;
+  addr) addr "$1" ;;
+  cut) cmd_cut "$1" ;;
+  heal) cmd_heal "$1" ;;
+  check) cmd_check ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
+esac
