@@ -131,22 +131,23 @@ def _best_move(
     copy_sets: Mapping[SegmentKey, list[str]],
     sizes: Mapping[SegmentKey, int],
 ) -> Move | None:
+    """The first move, fullest source first, largest replica first, emptiest target
+    first, that narrows the gap between source and target (so the sum of squared loads
+    drops and planning ends) and keeps the copy set's zones spread."""
     ranked = sorted(load, key=lambda sid: (load[sid], sid))
-    fullest = ranked[-1]
-    gap = load[fullest] - load[ranked[0]]
-    # The largest replica that still narrows the gap between fullest and its target,
-    # onto the emptiest store that keeps the copy set's zones spread.
-    for segment in sorted(copy_sets, key=lambda k: (-sizes[k], k)):
-        members = copy_sets[segment]
-        size = sizes[segment]
-        if fullest not in members or size <= 0 or size >= gap:
-            continue
-        for target in ranked:
-            if target in members or load[target] + size >= load[fullest]:
+    by_size = sorted(copy_sets, key=lambda k: (-sizes[k], k))
+    for source in reversed(ranked):
+        for segment in by_size:
+            members = copy_sets[segment]
+            size = sizes[segment]
+            if source not in members or size <= 0:
                 continue
-            if not _keeps_zones(usable, members, fullest, target):
-                continue
-            return Move(segment, fullest, target, size)
+            for target in ranked:
+                if load[target] + size >= load[source]:
+                    break
+                if target in members or not _keeps_zones(usable, members, source, target):
+                    continue
+                return Move(segment, source, target, size)
     return None
 
 

@@ -115,6 +115,7 @@ def plan_tasks(
     per segment, stores that must not receive it (told to delete it, not yet done)."""
     taken = set(busy)
     targets_used: dict[str, int] = {}
+    sources_used: dict[str, int] = {}
     tasks: list[Task] = []
     for segment in sorted(segments, key=lambda s: s.key):
         if len(tasks) >= slots:
@@ -126,7 +127,7 @@ def plan_tasks(
         if not verdict.bad or not verdict.sources:
             continue
         replaced, reason = verdict.bad[0]
-        source = _least_busy(verdict.sources, targets_used)
+        source = _least_busy(verdict.sources, sources_used)
         keep = [m for m in segment.copy_set if m != replaced]
         target = choose_target(
             _with_pending(stores, targets_used),
@@ -140,6 +141,7 @@ def plan_tasks(
         size = max((c.bytes for c in copies.values()), default=0)
         tasks.append(Task(segment.key, source, target, replaced, reason, size))
         targets_used[target] = targets_used.get(target, 0) + 1
+        sources_used[source] = sources_used.get(source, 0) + 1
     return tasks
 
 

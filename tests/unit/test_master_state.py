@@ -1,0 +1,325 @@
+"""The master's state over a real RocksDB catalog, clock injected: leases and epochs,
+segments, seals, deletes, restarts. Each test names the rule it checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from master.catalog import Catalog
+from master.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotEnoughStores,
+    NotFound,
+    NotLeader,
+    SealConflict,
+    TooManyUnsealed,
+)
+from master.model import Held, SegmentState
+from master.state import MasterState
+
+LEASE = 1000
+TIMEOUT = 3000
+
+
+class Master:
+    """A MasterState that can be 'restarted' over the same directory."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.now = 1_000_000
+        self.catalog = Catalog(path)
+        self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
+
+    def restart(self) -> MasterState:
+        self.catalog.close()
+        self.catalog = Catalog(self.path)
+        self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
+        return self.state
+
+    def stores(self, *ids: str, zone: str = "") -> None:
+        for sid in ids:
+            self.state.register_store(sid, f"127.0.0.1:{1000 + len(sid)}", zone, 0, self.now)
+            self.state.store_heartbeat(sid, 0, 0, {}, self.now)
+
+
+@pytest.fixture
+def master(tmp_path: Path):
+    m = Master(tmp_path / "m")
+    m.stores("a", "b", "c", "d")
+    m.state.create_stream("t/s", 3, 2, 0, 0, True, m.now)
+    m.now += LEASE  # past the start-up window
+    yield m
+    m.catalog.close()
+
+
+def beat(m: Master, client: str, epoch: int = 0):
+    return m.state.writer_heartbeat("t/s", client, epoch, 0, 0, m.now)
+
+
+def snapshot(m: Master):
+    s = m.state
+    return (dict(s.streams), dict(s.segments), dict(s.tenants), dict(s.stores), set(s.deletes))
+
+
+def test_first_heartbeat_is_granted_epoch_1_with_a_copy_set(master: Master) -> None:
+    view = beat(master, "w1")
+    assert view.leads and view.lease.epoch == 1
+    assert view.segment is not None and len(set(view.segment.copy_set)) == 3
+    assert view.segment.state == SegmentState.OPEN and view.unsealed == ()
+
+
+def test_two_writers_exactly_one_leads(master: Master) -> None:
+    first, second = beat(master, "w1"), beat(master, "w2")
+    assert first.leads and not second.leads
+    assert second.lease.holder == "w1" and second.segment is None
+
+
+def test_takeover_after_expiry_gets_higher_epoch_and_old_segment_to_seal(master: Master) -> None:
+    beat(master, "w1")
+    master.now += LEASE
+    view = beat(master, "w2")
+    assert view.leads and view.lease.epoch == 2
+    assert [(s.epoch, s.state) for s in view.unsealed] == [(1, SegmentState.SEALING)]
+
+
+def test_epoch_is_persisted_before_it_is_returned(master: Master) -> None:
+    beat(master, "w1")
+    state = master.restart()
+    assert state.streams["t/s"].epoch == 1 and state.streams["t/s"].leader_id == "w1"
+    assert state.segments[(1, 1)].copy_set == master.state.segments[(1, 1)].copy_set
+
+
+def test_after_restart_no_grant_for_one_lease_period_then_higher_epoch(master: Master) -> None:
+    beat(master, "w1")
+    master.restart()
+    master.stores("a", "b", "c", "d")
+    assert not master.state.granting_leases(master.now)
+    master.now += LEASE - 1
+    assert not beat(master, "w2").leads, "no lease is granted early"
+    master.now += 1
+    view = beat(master, "w2")
+    assert view.leads and view.lease.epoch == 2
+
+
+def test_after_restart_the_previous_holder_keeps_its_lease(master: Master) -> None:
+    beat(master, "w1")
+    master.restart()
+    master.now += LEASE // 2
+    view = beat(master, "w1", 1)
+    assert view.leads and view.lease.epoch == 1, "renewed, not re-granted"
+
+
+def test_third_epoch_with_two_unsealed_gets_no_segment_then_rolls(master: Master) -> None:
+    beat(master, "w1")
+    master.now += LEASE
+    beat(master, "w2")
+    master.now += LEASE
+    view = beat(master, "w3")
+    assert view.leads and view.lease.epoch == 3 and view.segment is None
+    assert [s.epoch for s in view.unsealed] == [1, 2]
+    with pytest.raises(TooManyUnsealed):
+        master.state.roll_segment("t/s", "w3", 3, [], master.now)
+    for epoch in (1, 2):
+        master.state.seal_segment("t/s", epoch, 3, 10, master.now)
+    rolled = master.state.roll_segment("t/s", "w3", 3, [], master.now)
+    assert rolled.lease.epoch == 4 and rolled.segment is not None and rolled.unsealed == ()
+    assert len(master.state.unsealed(1)) == 1
+
+
+def test_never_more_than_two_unsealed_segments(master: Master) -> None:
+    for step in range(8):
+        beat(master, f"w{step}")
+        assert len(master.state.unsealed(1)) <= 2
+        master.now += LEASE
+
+
+def test_roll_gives_next_epoch_new_copy_set_and_respects_exclusions(master: Master) -> None:
+    first = beat(master, "w1").segment
+    assert first is not None
+    excluded = first.copy_set[0]
+    rolled = master.state.roll_segment("t/s", "w1", 1, [excluded], master.now)
+    assert rolled.lease.epoch == 2 and rolled.segment is not None
+    assert excluded not in rolled.segment.copy_set
+    assert [s.epoch for s in rolled.unsealed] == [1]
+
+
+@pytest.mark.parametrize(
+    ("rule", "client", "epoch", "error"),
+    [
+        ("a follower cannot roll", "w2", 1, NotLeader),
+        ("a stale epoch cannot roll", "w1", 0, NotLeader),
+    ],
+)
+def test_roll_refused(master: Master, rule, client, epoch, error) -> None:
+    beat(master, "w1")
+    before = snapshot(master)
+    with pytest.raises(error):
+        master.state.roll_segment("t/s", client, epoch, [], master.now)
+    assert snapshot(master) == before, rule
+
+
+def test_roll_with_too_few_stores_changes_nothing(master: Master) -> None:
+    beat(master, "w1")
+    before = snapshot(master)
+    with pytest.raises(NotEnoughStores):
+        master.state.roll_segment("t/s", "w1", 1, ["a", "b"], master.now)
+    assert snapshot(master) == before
+    assert master.state.leases["t/s"].epoch == 1
+
+
+def test_grant_with_too_few_live_stores_changes_nothing(master: Master) -> None:
+    master.now += TIMEOUT + 1
+    master.stores("a", "b")
+    before = snapshot(master)
+    with pytest.raises(NotEnoughStores):
+        beat(master, "w1")
+    assert snapshot(master) == before and master.state.leases["t/s"].epoch == 0
+
+
+@pytest.mark.parametrize(
+    ("rule", "segment_epoch", "writer_epoch", "final", "error"),
+    [
+        ("the sealer's epoch must be above the segment's", 2, 2, 5, NotLeader),
+        ("an epoch never granted cannot seal", 1, 3, 5, NotLeader),
+        ("the bridge is at index 1 or later", 1, 2, 0, InvalidArgument),
+        ("an unknown segment", 7, 2, 5, NotFound),
+    ],
+)
+def test_seal_refused_changes_nothing(
+    master: Master, rule, segment_epoch, writer_epoch, final, error
+) -> None:
+    beat(master, "w1")
+    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    before = snapshot(master)
+    with pytest.raises(error):
+        master.state.seal_segment("t/s", segment_epoch, writer_epoch, final, master.now)
+    assert snapshot(master) == before, rule
+
+
+def test_seal_is_idempotent_and_refuses_a_contradiction(master: Master) -> None:
+    beat(master, "w1")
+    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    sealed = master.state.seal_segment("t/s", 1, 2, 7, master.now)
+    assert sealed.state == SegmentState.SEALED and sealed.final_index == 7
+    assert master.state.seal_segment("t/s", 1, 2, 7, master.now + 5) == sealed
+    with pytest.raises(SealConflict):
+        master.state.seal_segment("t/s", 1, 2, 8, master.now)
+    assert master.restart().segments[(1, 1)].final_index == 7
+
+
+def test_release_lets_another_writer_lead_at_once(master: Master) -> None:
+    beat(master, "w1")
+    assert not master.state.release_lease("t/s", "w2", 1, master.now)
+    assert master.state.release_lease("t/s", "w1", 1, master.now)
+    view = beat(master, "w2")
+    assert view.leads and view.lease.epoch == 2
+
+
+@pytest.mark.parametrize(
+    ("rule", "name", "replicas", "quorum", "create_tenant", "error"),
+    [
+        ("a name needs tenant/stream", "nostream", 3, 2, True, InvalidArgument),
+        ("three parts are malformed", "a/b/c", 3, 2, True, InvalidArgument),
+        ("a part may not start with a dot", "t/.x", 3, 2, True, InvalidArgument),
+        ("a part has no spaces", "t/a b", 3, 2, True, InvalidArgument),
+        ("a part is at most 64 characters", "t/" + "x" * 65, 3, 2, True, InvalidArgument),
+        ("W > N is impossible", "t/x", 2, 3, True, InvalidArgument),
+        ("N = 0 is impossible", "t/x", 0, 0, True, InvalidArgument),
+        ("W = 0 is impossible", "t/x", 3, 0, True, InvalidArgument),
+        ("an unknown tenant without create_tenant", "u/x", 3, 2, False, NotFound),
+        ("the same name with another policy", "t/s", 3, 3, False, AlreadyExists),
+    ],
+)
+def test_create_stream_refused_changes_nothing(
+    master: Master, rule, name, replicas, quorum, create_tenant, error
+) -> None:
+    before = snapshot(master)
+    with pytest.raises(error):
+        master.state.create_stream(name, replicas, quorum, 0, 0, create_tenant, master.now)
+    assert snapshot(master) == before, rule
+
+
+def test_create_stream_is_idempotent_and_ids_are_never_reused(master: Master) -> None:
+    same = master.state.create_stream("t/s", 3, 2, 0, 0, False, master.now)
+    assert same.stream_id == 1
+    master.state.delete_stream("t/s")
+    again = master.state.create_stream("t/s", 3, 2, 0, 0, False, master.now)
+    assert again.stream_id == 2
+    assert master.restart().next_stream_id == 3
+
+
+def test_delete_stream_has_stores_delete_its_replicas(master: Master) -> None:
+    segment = beat(master, "w1").segment
+    assert segment is not None
+    assert master.state.delete_stream("t/s") == 1
+    held = {segment.key: Held(1, 0, 3, 10)}
+    for member in segment.copy_set:
+        assert master.state.store_heartbeat(member, 10, 0, held, master.now) == [segment.key]
+    # Once a store stops reporting it, the pending delete is done.
+    member = segment.copy_set[0]
+    assert master.state.store_heartbeat(member, 0, 0, {}, master.now) == []
+    assert (member, segment.key) not in master.restart().deletes
+    with pytest.raises(NotFound):
+        master.state.stream("t/s")
+
+
+def test_unknown_store_heartbeat_is_asked_to_register(master: Master) -> None:
+    assert master.state.store_heartbeat("zz", 0, 0, {}, master.now) is None
+
+
+@pytest.mark.parametrize(
+    ("rule", "store_id", "address"),
+    [
+        ("a store id is a name part", "", "127.0.0.1:1"),
+        ("an address is host:port", "e", "nowhere"),
+    ],
+)
+def test_bad_registration_changes_nothing(master: Master, rule, store_id, address) -> None:
+    before = snapshot(master)
+    with pytest.raises(InvalidArgument):
+        master.state.register_store(store_id, address, "", 0, master.now)
+    assert snapshot(master) == before, rule
+
+
+def test_swap_replica_is_durable_and_the_replaced_store_deletes(master: Master) -> None:
+    beat(master, "w1")
+    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    old = master.state.seal_segment("t/s", 1, 2, 4, master.now)
+    spare = next(s for s in "abcd" if s not in old.copy_set)
+    replaced = old.copy_set[1]
+    master.state.swap_replica(old.key, replaced, spare, Held(2, 4, 4, 10), master.now)
+    state = master.restart()
+    assert state.segments[old.key].copy_set == tuple(
+        spare if m == replaced else m for m in old.copy_set
+    )
+    assert (replaced, old.key) in state.deletes
+
+
+def test_a_sealed_replica_outside_the_copy_set_is_garbage(master: Master) -> None:
+    beat(master, "w1")
+    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    sealed = master.state.seal_segment("t/s", 1, 2, 4, master.now)
+    outsider = next(s for s in "abcd" if s not in sealed.copy_set)
+    held = {sealed.key: Held(2, 4, 4, 10)}
+    assert master.state.store_heartbeat(outsider, 0, 0, held, master.now) == [sealed.key]
+    master.state.begin_copy(outsider, sealed.key)
+    assert master.state.store_heartbeat(outsider, 0, 0, held, master.now) == [], (
+        "a copy in progress"
+    )
+
+
+def test_dead_member_of_open_segment_asks_leader_to_roll(master: Master) -> None:
+    segment = beat(master, "w1").segment
+    assert segment is not None
+    dead = segment.copy_set[0]
+    for _ in range(2 * TIMEOUT // LEASE + 1):
+        master.now += LEASE // 2
+        for sid in "abcd":
+            if sid != dead:
+                master.state.store_heartbeat(sid, 0, 0, {}, master.now)
+        view = beat(master, "w1", 1)
+        assert view.leads and view.lease.epoch == 1
+    assert view.roll_reason == f"store-dead: {segment.copy_set[0]}"
