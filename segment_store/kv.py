@@ -51,8 +51,11 @@ KVOp = Put | Delete | DeleteRange
 class KV(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
 
-    def scan(self, start: bytes, end: bytes, limit: int = 0) -> list[tuple[bytes, bytes]]:
-        """Keys in [start, end) in ascending order, at most `limit` of them (0: all)."""
+    def scan(
+        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
+    ) -> list[tuple[bytes, bytes]]:
+        """Keys in [start, end) in ascending order, at most `limit` of them (0: all);
+        with `max_bytes`, stops once the values returned reach that many bytes."""
         ...
 
     def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
@@ -84,13 +87,23 @@ class MemoryKV:
     def get(self, key: bytes) -> bytes | None:
         return self._values.get(key)
 
-    def scan(self, start: bytes, end: bytes, limit: int = 0) -> list[tuple[bytes, bytes]]:
+    def scan(
+        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
+    ) -> list[tuple[bytes, bytes]]:
         with self._lock:
             lo = bisect.bisect_left(self._keys, start)
             hi = bisect.bisect_left(self._keys, end)
             if limit:
                 hi = min(hi, lo + limit)
-            return [(key, self._values[key]) for key in self._keys[lo:hi]]
+            found: list[tuple[bytes, bytes]] = []
+            total = 0
+            for key in self._keys[lo:hi]:
+                value = self._values[key]
+                found.append((key, value))
+                total += len(value)
+                if max_bytes and total >= max_bytes:
+                    break
+            return found
 
     def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
         with self._lock:
@@ -154,17 +167,21 @@ class RocksKV:
         value = self._db.get(key)
         return None if value is None else bytes(value)
 
-    def scan(self, start: bytes, end: bytes, limit: int = 0) -> list[tuple[bytes, bytes]]:
+    def scan(
+        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
+    ) -> list[tuple[bytes, bytes]]:
         from rocksdict import ReadOptions
 
         read = ReadOptions()
         read.set_iterate_upper_bound(end)
         found: list[tuple[bytes, bytes]] = []
+        total = 0
         # A fresh iterator pins its own snapshot: the scan is consistent.
         for key, value in self._db.items(from_key=start, read_opt=read):
             assert isinstance(key, bytes) and isinstance(value, bytes)
             found.append((key, value))
-            if limit and len(found) >= limit:
+            total += len(value)
+            if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
                 break
         return found
 

@@ -214,7 +214,9 @@ def check_segment(segment: SegmentKey) -> None:
         raise BadRequest(f"segment epoch {segment.epoch} is over {EPOCH_MAX}")
 
 
-def check_batch(writer_epoch: int, entries: Sequence[StoredEntry]) -> None:
+def check_batch(
+    writer_epoch: int, entries: Sequence[StoredEntry], entry_bytes_max: int = EVENT_BYTES_MAX
+) -> None:
     """Raise BadRequest unless the batch is well formed; pure, checks every entry."""
     if not 0 < writer_epoch <= EPOCH_MAX:
         raise BadRequest(f"writer epoch {writer_epoch} is not in 1..{EPOCH_MAX}")
@@ -228,9 +230,9 @@ def check_batch(writer_epoch: int, entries: Sequence[StoredEntry]) -> None:
         if previous and entry.index != previous + 1:
             raise BadRequest(f"index {entry.index} follows {previous}: indexes must be consecutive")
         previous = entry.index
-        if len(entry.payload) > EVENT_BYTES_MAX:
+        if len(entry.payload) > entry_bytes_max:
             raise BadRequest(
-                f"entry {entry.index} too large: {len(entry.payload)} bytes, max {EVENT_BYTES_MAX}"
+                f"entry {entry.index} too large: {len(entry.payload)} bytes, max {entry_bytes_max}"
             )
         total += len(entry.payload)
         if total > WRITE_BATCH_BYTES_MAX:
@@ -240,21 +242,22 @@ def check_batch(writer_epoch: int, entries: Sequence[StoredEntry]) -> None:
                 f"entry {entry.index}: copy epoch {entry.epoch} is not in 1..{writer_epoch} "
                 "(the writer's epoch)"
             )
-        if entry.kind != EntryKind.EVENT and entry.payload:
-            raise BadRequest(
-                f"entry {entry.index}: a {EntryKind(entry.kind).name} carries no payload"
-            )
+        # The kind is checked (by verify) before it is named in a message.
         try:
             entry.verify()
         except CorruptEntry as error:
             raise BadRequest(str(error)) from None
+        if entry.kind != EntryKind.EVENT and entry.payload:
+            raise BadRequest(f"entry {entry.index}: a {entry.kind.name} carries no payload")
 
 
 class SegmentStoreCore:
     """Segments over a KV; see the module doc for the rules and the plan/publish split."""
 
-    def __init__(self, kv: KV):
+    def __init__(self, kv: KV, entry_bytes_max: int = EVENT_BYTES_MAX):
+        assert 0 < entry_bytes_max <= EVENT_BYTES_MAX, "the writer's limit bounds the store's"
         self.kv = kv
+        self.entry_bytes_max = entry_bytes_max
         self._metas: dict[SegmentKey, SegmentMeta] = {}
         start, end = meta_range()
         for key, value in kv.scan(start, end):
@@ -340,7 +343,7 @@ class SegmentStoreCore:
     def _plan_write(self, command: WriteCommand, work: _Work) -> WriteResult:
         segment = command.segment
         check_segment(segment)
-        check_batch(command.writer_epoch, command.entries)
+        check_batch(command.writer_epoch, command.entries, self.entry_bytes_max)
         old = work.meta(segment) or SegmentMeta()
         if command.writer_epoch < old.fence:
             raise StoreFenced(
@@ -450,9 +453,11 @@ class SegmentStoreCore:
         to_index: int = 0,
         acked_only: bool = False,
         limit: int = 0,
+        max_bytes: int = 0,
     ) -> list[StoredEntry]:
         """Held entries in from_index..to_index (0: up to the last held), in order,
-        at most `limit` (0: all); with `acked_only`, none above the acked index.
+        at most `limit` (0: all) and, past the first, at most `max_bytes` of values
+        (0: no bound); with `acked_only`, none above the acked index.
         Raises SegmentNotFound, and CorruptEntry if a stored copy fails its crc."""
         meta = self._require(segment)
         upper = meta.last_index if to_index == 0 else min(to_index, meta.last_index)
@@ -465,6 +470,7 @@ class SegmentStoreCore:
             entry_key(segment.stream_id, segment.epoch, first),
             entry_key(segment.stream_id, segment.epoch, upper + 1),
             limit,
+            max_bytes,
         )
         return [decode_value(entry_index(key), value) for key, value in rows]
 

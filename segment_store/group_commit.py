@@ -1,0 +1,211 @@
+"""Group commit: every mutation of the store goes through one committer, which gathers
+the commands queued while the previous group was being written into one plan, one KV
+batch and one sync, then publishes and answers them all.
+
+With `fsync=always` a command is answered only after the sync that covers it. The KV
+write and the sync run in one worker thread, never on the event loop; the sync
+(`flush_wal(True)`) releases the GIL, so the loop keeps serving while it runs.
+
+Back pressure: queued write batches are bounded in count and payload bytes. Past the
+bound `try_submit` refuses at once (the leader resends from the matched index later),
+so memory stays bounded whatever the leaders send. Seals and deletes are small and
+never refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from segment_store import metrics
+from segment_store.store import (
+    Command,
+    Outcome,
+    Plan,
+    SegmentKey,
+    SegmentStoreCore,
+    StoreFenced,
+    WriteCommand,
+)
+
+# Write batches queued at once (all leaders): each holds at most a batch's bytes.
+STORE_QUEUE_BATCHES_MAX = 1024
+# Payload bytes queued at once: the store's memory for pending writes.
+STORE_QUEUE_BYTES_MAX = 64 << 20
+# Entries in one group: rocksdict holds the GIL for a whole KV write, so a group stays
+# around tens of milliseconds of the loop at worst.
+GROUP_ENTRIES_MAX = 32_768
+
+assert STORE_QUEUE_BATCHES_MAX >= 2, "two leaders must be able to queue at once"
+
+
+@dataclass
+class _Pending:
+    command: Command
+    future: asyncio.Future[Outcome]
+    payload_bytes: int
+    entries: int
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        core: SegmentStoreCore,
+        fsync: bool,
+        on_published: Callable[[Plan], None],
+        queue_bytes_max: int = STORE_QUEUE_BYTES_MAX,
+        queue_batches_max: int = STORE_QUEUE_BATCHES_MAX,
+    ) -> None:
+        self.core = core
+        self.fsync = fsync
+        self._on_published = on_published
+        self._queue_bytes_max = queue_bytes_max
+        self._queue_batches_max = queue_batches_max
+        self._queue: deque[_Pending] = deque()
+        self._queued_bytes = 0
+        self._queued_batches = 0
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-commit")
+        self._closed = False
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def try_submit(self, command: WriteCommand) -> asyncio.Future[Outcome] | None:
+        """Queue a write batch, or None when the queue is full (REFUSED_BUSY)."""
+        size = sum(len(e.payload) for e in command.entries)
+        if command.entries and (
+            self._queued_batches >= self._queue_batches_max
+            or (self._queued_bytes + size > self._queue_bytes_max and self._queued_batches > 0)
+        ):
+            return None
+        return self._enqueue(command, size, len(command.entries))
+
+    def submit(self, command: Command) -> asyncio.Future[Outcome]:
+        """Queue a command that is never refused (seal, delete, acked-only write)."""
+        return self._enqueue(command, 0, 0)
+
+    def _enqueue(self, command: Command, size: int, entries: int) -> asyncio.Future[Outcome]:
+        if self._closed:
+            raise RuntimeError("the store is shutting down")
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(command, future, size, entries))
+        if entries:
+            self._queued_bytes += size
+            self._queued_batches += 1
+        metrics.QUEUE_BYTES.set(self._queued_bytes)
+        metrics.QUEUE_BATCHES.set(self._queued_batches)
+        self._wake.set()
+        return future
+
+    async def run(self) -> None:
+        """Commit groups until closed; answers everything queued before returning."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            group = self._take_group()
+            try:
+                plan, sync_s = await loop.run_in_executor(
+                    self._executor, self._commit, [p.command for p in group]
+                )
+            except BaseException as error:
+                # A KV failure leaves the store's durable state unknown: fail every
+                # waiter and stop; the process exits and restarts from what is durable.
+                for pending in group:
+                    if not pending.future.done():
+                        pending.future.set_exception(RuntimeError(f"commit failed: {error}"))
+                raise
+            self.core.publish(plan)
+            self._release(group)
+            self._observe(plan, group, sync_s)
+            for pending, outcome in zip(group, plan.outcomes, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(outcome)
+            self._on_published(plan)
+
+    def close(self) -> None:
+        """Refuse new commands; `run` returns once the queue is empty."""
+        self._closed = True
+        self._wake.set()
+
+    def shutdown_executor(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    def _take_group(self) -> list[_Pending]:
+        group: list[_Pending] = []
+        entries = 0
+        while self._queue and (not group or entries + self._queue[0].entries <= GROUP_ENTRIES_MAX):
+            pending = self._queue.popleft()
+            entries += pending.entries
+            group.append(pending)
+        return group
+
+    def _release(self, group: Sequence[_Pending]) -> None:
+        for pending in group:
+            if pending.entries:
+                self._queued_bytes -= pending.payload_bytes
+                self._queued_batches -= 1
+        metrics.QUEUE_BYTES.set(self._queued_bytes)
+        metrics.QUEUE_BATCHES.set(self._queued_batches)
+
+    def _commit(self, commands: list[Command]) -> tuple[Plan, float]:
+        plan = self.core.plan(commands)
+        self.core.write_plan(plan, sync=False)
+        sync_s = 0.0
+        if self.fsync and plan.ops:
+            started = time.perf_counter()
+            self.core.kv.sync()
+            sync_s = time.perf_counter() - started
+        return plan, sync_s
+
+    def _observe(self, plan: Plan, group: Sequence[_Pending], sync_s: float) -> None:
+        if self.fsync and plan.ops:
+            metrics.SYNC_SECONDS.observe(sync_s)
+        metrics.GROUP_COMMANDS.observe(len(group))
+        for pending, outcome in zip(group, plan.outcomes, strict=True):
+            if isinstance(outcome, StoreFenced):
+                metrics.FENCE_REJECTIONS.inc()
+            elif isinstance(pending.command, WriteCommand) and not isinstance(outcome, Exception):
+                metrics.WRITE_BATCHES.inc()
+                metrics.WRITE_ENTRIES.inc(pending.entries)
+                metrics.WRITE_BYTES.inc(pending.payload_bytes)
+                metrics.BATCH_ENTRIES.observe(pending.entries)
+
+
+class SegmentWatch:
+    """Wakes tails when a segment's published state changes."""
+
+    def __init__(self) -> None:
+        self._events: dict[SegmentKey, asyncio.Event] = {}
+
+    def event(self, segment: SegmentKey) -> asyncio.Event:
+        event = self._events.get(segment)
+        if event is None:
+            event = self._events[segment] = asyncio.Event()
+        return event
+
+    def changed(self, segments: Sequence[SegmentKey]) -> None:
+        for segment in segments:
+            event = self._events.pop(segment, None)
+            if event is not None:
+                event.set()
+
+    @staticmethod
+    async def wait(event: asyncio.Event, timeout_s: float) -> bool:
+        """True if the event fired within the timeout. Take the event with `event()`
+        before reading the state it guards, so no change slips in between."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+            return True
+        return False

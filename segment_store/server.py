@@ -1,0 +1,198 @@
+"""Run a segment store: durable entries per segment in RocksDB, epoch fencing, reads
+and live tails.
+
+Serves the SegmentStore gRPC service and gRPC health (SERVING once its RocksDB is open
+and every segment's state is loaded) on --listen, keeps its data under --data,
+registers with and heartbeats the master (retrying for as long as it takes, without
+ever failing its own service), and exits 0 on SIGTERM after a graceful stop.
+
+--fsync always (default): a write is answered only once synced; concurrent writes share
+one sync (group commit). --fsync never: answered once written to RocksDB's WAL without
+sync; a power loss can lose answered writes. Unsafe, for benchmarks and tests only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from streamengine.v1 import segment_store_pb2_grpc
+
+from client.channels import SERVER_OPTIONS
+from client.core.limits import EVENT_BYTES_MAX
+from segment_store.group_commit import STORE_QUEUE_BYTES_MAX, GroupCommitter, SegmentWatch
+from segment_store.kv import RocksKV
+from segment_store.master_link import MasterLink, StoreIdentity
+from segment_store.service import (
+    SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
+    SUBSCRIBE_STALL_MS_DEFAULT,
+    SegmentStoreService,
+    ServiceConfig,
+)
+from segment_store.store import Plan, SegmentStoreCore
+
+log = logging.getLogger("streamengine.store")
+
+STORE_SERVICE = "streamengine.v1.SegmentStore"
+STORE_ID_FILE = "store-id"
+DB_DIR = "db"
+# Concurrent RPCs (write streams, tails, reads): bounds the memory of requests being
+# parsed, at most one gRPC message each.
+CONCURRENT_RPCS_MAX = 512
+SHUTDOWN_GRACE_S = 2.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", required=True, help="host:port to serve gRPC on")
+    parser.add_argument("--data", required=True, type=Path, help="data directory (RocksDB)")
+    parser.add_argument("--master", required=True, metavar="HOST:PORT", help="the master")
+    parser.add_argument(
+        "--id", dest="store_id", help="stable store id (default: generated once, kept in --data)"
+    )
+    parser.add_argument("--zone", default="", help="failure-domain label")
+    parser.add_argument(
+        "--fsync",
+        choices=["always", "never"],
+        default="always",
+        help="always: answer writes once synced (group commit); never: unsafe",
+    )
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address")
+    parser.add_argument(
+        "--queue-bytes-max",
+        type=int,
+        default=STORE_QUEUE_BYTES_MAX,
+        help="payload bytes of write batches queued before refusing (REFUSED_BUSY)",
+    )
+    parser.add_argument(
+        "--entry-bytes-max",
+        type=int,
+        default=EVENT_BYTES_MAX,
+        help=f"largest entry payload accepted (at most {EVENT_BYTES_MAX})",
+    )
+    parser.add_argument(
+        "--subscribe-buffer-batches",
+        type=int,
+        default=SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
+        help="messages buffered per subscriber",
+    )
+    parser.add_argument(
+        "--subscribe-stall-ms",
+        type=int,
+        default=SUBSCRIBE_STALL_MS_DEFAULT,
+        help="a subscriber whose buffer stays full this long is disconnected",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not 0 < args.entry_bytes_max <= EVENT_BYTES_MAX:
+        print(f"streamengine store: --entry-bytes-max must be in 1..{EVENT_BYTES_MAX}")
+        return 2
+    if args.queue_bytes_max <= 0 or args.subscribe_buffer_batches <= 0:
+        print("streamengine store: queue and buffer sizes must be positive")
+        return 2
+    try:
+        args.data.mkdir(parents=True, exist_ok=True)
+        identity = StoreIdentity(
+            store_id(args.data, args.store_id), args.listen, args.zone, args.data
+        )
+        return asyncio.run(serve(args, identity))
+    except OSError as error:
+        print(f"streamengine store: {error}", file=sys.stderr)
+        return 1
+
+
+def store_id(data_dir: Path, given: str | None) -> str:
+    """The id given, else the one kept in the data dir, else a new one, kept durably."""
+    path = data_dir / STORE_ID_FILE
+    if given:
+        return given
+    if path.exists():
+        kept = path.read_text().strip()
+        if kept:
+            return kept
+    new = f"store-{uuid.uuid4().hex[:12]}"
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("w") as file:
+        file.write(new + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    temporary.replace(path)
+    directory = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return new
+
+
+async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
+    kv = RocksKV(identity.data_dir / DB_DIR)
+    core = SegmentStoreCore(kv, args.entry_bytes_max)
+    watch = SegmentWatch()
+
+    def published(plan: Plan) -> None:
+        watch.changed(list(plan.metas))
+
+    committer = GroupCommitter(core, args.fsync == "always", published, args.queue_bytes_max)
+    service = SegmentStoreService(
+        core,
+        committer,
+        watch,
+        ServiceConfig(args.subscribe_buffer_batches, args.subscribe_stall_ms),
+    )
+    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX)
+    segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(args.listen) == 0:
+        kv.close()
+        raise OSError(f"cannot listen on {args.listen}")
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    await server.start()
+    for name in ("", STORE_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "store %s serving on %s (zone %r, fsync %s, %d segments)",
+        identity.store_id,
+        args.listen,
+        identity.zone,
+        args.fsync,
+        len(core.segments()),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    link = MasterLink(args.master, identity, core, service.delete)
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            committing = tasks.create_task(committer.run())
+            linking = tasks.create_task(link.run())
+            await stop.wait()
+            log.info("stopping")
+            await health_servicer.enter_graceful_shutdown()
+            linking.cancel()
+            await server.stop(SHUTDOWN_GRACE_S)
+            committer.close()
+            await committing
+    finally:
+        service.close()
+        committer.shutdown_executor()
+        with contextlib.suppress(Exception):
+            kv.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,666 @@
+"""The SegmentStore gRPC service: a thin adapter from the wire to `SegmentStoreCore`.
+
+Every mutation goes through the group committer; reads run in worker threads. One
+table (`_STATUS`) maps the core's errors to gRPC statuses; a refused request changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
+
+from client.channels import CLIENT_OPTIONS
+from client.core.entry import CorruptEntry, EntryKind, StoredEntry
+from client.core.limits import INDEX_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from client.errors import FENCE_METADATA_KEY
+from segment_store import metrics
+from segment_store.group_commit import GroupCommitter, SegmentWatch
+from segment_store.keys import SegmentMeta
+from segment_store.store import (
+    BadRequest,
+    DeleteCommand,
+    DeleteResult,
+    Outcome,
+    SealCommand,
+    SealResult,
+    SegmentKey,
+    SegmentNotFound,
+    SegmentStoreCore,
+    StoreError,
+    StoreFenced,
+    WriteCommand,
+    WriteResult,
+    check_segment,
+)
+
+log = logging.getLogger("streamengine.store")
+T = TypeVar("T")
+
+# Replies a Write stream may have in flight: past it the store stops reading that
+# stream, and HTTP/2 flow control holds the leader back.
+WRITE_STREAM_INFLIGHT_MAX = 64
+# Read replies: entries and bytes per message, far below the gRPC message limit.
+READ_REPLY_ENTRIES_DEFAULT = 256
+READ_REPLY_BYTES_MAX = 4 << 20
+# Subscribe: entries per batch, keepalive bounds, and how long the first message may take.
+SUBSCRIBE_BATCH_ENTRIES_DEFAULT = 256
+SUBSCRIBE_KEEPALIVE_MS_DEFAULT = 1000
+SUBSCRIBE_KEEPALIVE_MS_MIN = 50
+SUBSCRIBE_KEEPALIVE_MS_MAX = 60_000
+SUBSCRIBE_SILENT_INTERVALS_MAX = 3
+SUBSCRIBE_START_TIMEOUT_S = 10.0
+# A subscriber's buffer: batches waiting for the wire, and how long it may stay full
+# before the subscriber counts as too slow and is disconnected.
+SUBSCRIBE_BUFFER_BATCHES_DEFAULT = 16
+SUBSCRIBE_STALL_MS_DEFAULT = 5000
+# CopySegment: each call to the source gets this long.
+COPY_CALL_TIMEOUT_S = 30.0
+
+assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    subscribe_buffer_batches: int = SUBSCRIBE_BUFFER_BATCHES_DEFAULT
+    subscribe_stall_ms: int = SUBSCRIBE_STALL_MS_DEFAULT
+
+
+class _Refused(Exception):
+    """A request refused with a status (the service's own, beyond the core's errors)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self.code = code
+        self.details = details
+        super().__init__(details)
+
+
+_STATUS: dict[type[Exception], grpc.StatusCode] = {
+    StoreFenced: grpc.StatusCode.FAILED_PRECONDITION,
+    BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    SegmentNotFound: grpc.StatusCode.NOT_FOUND,
+    CorruptEntry: grpc.StatusCode.DATA_LOSS,
+}
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> NoReturn:
+    if isinstance(error, _Refused):
+        await context.abort(error.code, error.details)
+    code = next((c for t, c in _STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
+    trailing: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, StoreFenced):
+        trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
+    elif isinstance(error, BadRequest):
+        metrics.BAD_REQUESTS.labels("any").inc()
+    await context.abort(code, str(error), trailing_metadata=trailing)
+
+
+def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
+    key = SegmentKey(segment.stream_id, segment.epoch)
+    check_segment(key)
+    return key
+
+
+def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
+    converted = []
+    for entry in entries:
+        try:
+            kind = EntryKind(entry.kind)
+        except ValueError:
+            raise BadRequest(f"entry {entry.index}: unknown kind {entry.kind}") from None
+        converted.append(StoredEntry(entry.index, kind, entry.epoch, entry.payload, entry.crc32c))
+    return converted
+
+
+def entry_to_pb(entry: StoredEntry) -> entry_pb2.Entry:
+    return entry_pb2.Entry(
+        index=entry.index,
+        kind=int(entry.kind),  # type: ignore[arg-type]
+        epoch=entry.epoch,
+        payload=entry.payload,
+        crc32c=entry.crc32c,
+    )
+
+
+def _segment_pb(segment: SegmentKey) -> entry_pb2.SegmentId:
+    return entry_pb2.SegmentId(stream_id=segment.stream_id, epoch=segment.epoch)
+
+
+class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
+    def __init__(
+        self,
+        core: SegmentStoreCore,
+        committer: GroupCommitter,
+        watch: SegmentWatch,
+        config: ServiceConfig,
+    ) -> None:
+        self.core = core
+        self.committer = committer
+        self.watch = watch
+        self.config = config
+        self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False, cancel_futures=True)
+
+    async def in_thread(self, function: Callable[[], T]) -> T:
+        """Run a read of the KV off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._readers, function)
+
+    # ---- Write ----
+
+    # Replies go out through `context.write` (grpc.aio allows it for streaming handlers).
+    async def Write(  # type: ignore[override]
+        self,
+        request_iterator: AsyncIterator[segment_store_pb2.WriteRequest],
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
+        ],
+    ) -> None:
+        inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
+        answers: asyncio.Queue[
+            tuple[segment_store_pb2.WriteRequest, asyncio.Future[Outcome] | Exception | None] | None
+        ] = asyncio.Queue()
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    await inflight.acquire()
+                    answers.put_nowait((request, self._admit(request)))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read_requests())
+        try:
+            while (item := await answers.get()) is not None:
+                request, admitted = item
+                if isinstance(admitted, Exception):
+                    await _abort(context, admitted)
+                if admitted is None:
+                    await context.write(self._busy_reply(request))
+                else:
+                    outcome = await admitted
+                    if isinstance(outcome, Exception):
+                        await _abort(context, outcome)
+                    assert isinstance(outcome, WriteResult)
+                    await context.write(_write_reply(request, outcome))
+                inflight.release()
+            await reader
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    def _admit(
+        self, request: segment_store_pb2.WriteRequest
+    ) -> asyncio.Future[Outcome] | Exception | None:
+        try:
+            command = WriteCommand(
+                segment_key(request.segment),
+                request.writer_epoch,
+                request.acked_index,
+                entries_from_pb(request.entries),
+            )
+        except BadRequest as error:
+            return error
+        if not command.entries:
+            return self.committer.submit(command)
+        future = self.committer.try_submit(command)
+        if future is None:
+            metrics.REFUSED_BUSY.inc()
+        return future
+
+    def _busy_reply(self, request: segment_store_pb2.WriteRequest) -> segment_store_pb2.WriteReply:
+        meta = self.core.meta(SegmentKey(request.segment.stream_id, request.segment.epoch))
+        meta = meta or SegmentMeta()
+        return segment_store_pb2.WriteReply(
+            segment=request.segment,
+            request_id=request.request_id,
+            status=segment_store_pb2.REFUSED_BUSY,
+            matched_index=meta.matched_index,
+            acked_index=meta.acked_index,
+            fence=meta.fence,
+            first_index=request.entries[0].index if request.entries else 0,
+            last_index=request.entries[-1].index if request.entries else 0,
+        )
+
+    # ---- Seal, Delete, state ----
+
+    async def Seal(
+        self,
+        request: segment_store_pb2.SealRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.SealRequest, segment_store_pb2.SealReply
+        ],
+    ) -> segment_store_pb2.SealReply:
+        try:
+            command = SealCommand(segment_key(request.segment), request.new_epoch)
+        except BadRequest as error:
+            await _abort(context, error)
+        outcome = await self.committer.submit(command)
+        if isinstance(outcome, Exception):
+            await _abort(context, outcome)
+        assert isinstance(outcome, SealResult)
+        return segment_store_pb2.SealReply(
+            fence=outcome.fence,
+            acked_index=outcome.acked_index,
+            matched_index=outcome.matched_index,
+            last_index=outcome.last_index,
+        )
+
+    async def Delete(
+        self,
+        request: segment_store_pb2.DeleteRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.DeleteRequest, segment_store_pb2.DeleteReply
+        ],
+    ) -> segment_store_pb2.DeleteReply:
+        try:
+            segment = segment_key(request.segment)
+        except BadRequest as error:
+            await _abort(context, error)
+        existed = await self.delete(segment)
+        return segment_store_pb2.DeleteReply(existed=existed)
+
+    async def delete(self, segment: SegmentKey) -> bool:
+        outcome = await self.committer.submit(DeleteCommand(segment))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, DeleteResult)
+        return outcome.existed
+
+    async def GetSegmentState(
+        self,
+        request: segment_store_pb2.GetSegmentStateRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.GetSegmentStateRequest, segment_store_pb2.SegmentStateReply
+        ],
+    ) -> segment_store_pb2.SegmentStateReply:
+        try:
+            state = self.core.state(segment_key(request.segment))
+        except StoreError as error:
+            await _abort(context, error)
+        return segment_store_pb2.SegmentStateReply(
+            segment=request.segment,
+            fence=state.fence,
+            acked_index=state.acked_index,
+            matched_index=state.matched_index,
+            last_index=state.last_index,
+            bytes=state.bytes,
+            bridge_index=state.bridge_index,
+        )
+
+    # ---- Read, Digest ----
+
+    async def Read(
+        self,
+        request: segment_store_pb2.ReadRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.ReadRequest, segment_store_pb2.ReadReply
+        ],
+    ) -> AsyncIterator[segment_store_pb2.ReadReply]:
+        try:
+            segment = segment_key(request.segment)
+            meta = self.core.meta(segment)
+            if meta is None:
+                raise SegmentNotFound(
+                    f"segment {segment.stream_id}/{segment.epoch} is not held here"
+                )
+            if request.to_index and request.to_index < request.from_index:
+                raise BadRequest(f"to_index {request.to_index} < from_index {request.from_index}")
+        except StoreError as error:
+            await _abort(context, error)
+        per_reply = min(
+            request.max_entries_per_reply or READ_REPLY_ENTRIES_DEFAULT, WRITE_BATCH_ENTRIES_MAX
+        )
+        upper = min(request.to_index or meta.last_index, meta.last_index, INDEX_MAX)
+        if request.acked_only:
+            upper = min(upper, meta.acked_index)
+        next_index = max(request.from_index, 1)
+        sent = False
+        while True:
+            entries: list[StoredEntry] = []
+            if next_index <= upper:
+                try:
+                    entries = await self.in_thread(
+                        functools.partial(
+                            self.core.read,
+                            segment,
+                            next_index,
+                            upper,
+                            False,
+                            per_reply,
+                            READ_REPLY_BYTES_MAX,
+                        )
+                    )
+                except (StoreError, CorruptEntry) as error:
+                    await _abort(context, error)
+            if entries or not sent:
+                yield segment_store_pb2.ReadReply(
+                    entries=[entry_to_pb(e) for e in entries],
+                    acked_index=meta.acked_index,
+                    matched_index=meta.matched_index,
+                    last_index=meta.last_index,
+                    fence=meta.fence,
+                )
+                sent = True
+            if not entries or entries[-1].index >= upper:
+                return
+            next_index = entries[-1].index + 1
+
+    async def Digest(
+        self,
+        request: segment_store_pb2.DigestRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.DigestRequest, segment_store_pb2.DigestReply
+        ],
+    ) -> segment_store_pb2.DigestReply:
+        try:
+            segment = segment_key(request.segment)
+            if request.up_to_index > INDEX_MAX:
+                raise BadRequest(f"up_to_index {request.up_to_index} is over {INDEX_MAX}")
+            info = await self.in_thread(
+                functools.partial(self.core.digest, segment, request.up_to_index)
+            )
+        except (StoreError, CorruptEntry) as error:
+            await _abort(context, error)
+        return segment_store_pb2.DigestReply(
+            digest=info.digest,
+            up_to_index=info.up_to_index,
+            entries_held=info.entries_held,
+            acked_index=info.acked_index,
+            fence=info.fence,
+        )
+
+    # ---- CopySegment ----
+
+    async def CopySegment(
+        self,
+        request: segment_store_pb2.CopySegmentRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.CopySegmentRequest, segment_store_pb2.CopySegmentReply
+        ],
+    ) -> segment_store_pb2.CopySegmentReply:
+        try:
+            segment = segment_key(request.segment)
+            if not request.source_address:
+                raise BadRequest("missing source_address")
+            if not 0 < request.final_index <= INDEX_MAX:
+                raise BadRequest(f"final_index {request.final_index} is not in 1..{INDEX_MAX}")
+            return await _SegmentCopy(self, segment, request).run()
+        except (StoreError, CorruptEntry, _Refused) as error:
+            await _abort(context, error)
+
+    # ---- Subscribe ----
+
+    async def Subscribe(  # type: ignore[override]
+        self,
+        request_iterator: AsyncIterator[segment_store_pb2.SubscribeRequest],
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
+        ],
+    ) -> None:
+        requests = aiter(request_iterator)
+        try:
+            first = await asyncio.wait_for(anext(requests), SUBSCRIBE_START_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            await _abort(context, BadRequest("Subscribe must begin with a start message"))
+        try:
+            if first.WhichOneof("message") != "start":
+                raise BadRequest("Subscribe must begin with a start message")
+            segment = segment_key(first.start.segment)
+        except BadRequest as error:
+            await _abort(context, error)
+        tail = _Tail(self, segment, first.start, requests, context)
+        metrics.SUBSCRIBERS.inc()
+        try:
+            refusal = await tail.run()
+        finally:
+            metrics.SUBSCRIBERS.dec()
+        if refusal is not None:
+            await _abort(context, refusal)
+
+
+def _write_reply(
+    request: segment_store_pb2.WriteRequest, result: WriteResult
+) -> segment_store_pb2.WriteReply:
+    return segment_store_pb2.WriteReply(
+        segment=request.segment,
+        request_id=request.request_id,
+        status=segment_store_pb2.ACCEPTED,
+        matched_index=result.matched_index,
+        acked_index=result.acked_index,
+        fence=result.fence,
+        first_index=request.entries[0].index if request.entries else 0,
+        last_index=request.entries[-1].index if request.entries else 0,
+        held_epochs=result.held_epochs if request.report_held else (),
+    )
+
+
+class _Tail:
+    """One Subscribe stream: a producer fills a bounded buffer from the store as the
+    acked index advances, a sender drains it to the wire, a receiver notes the
+    client's keepalives. The first of them to end ends the stream."""
+
+    def __init__(
+        self,
+        service: SegmentStoreService,
+        segment: SegmentKey,
+        start: segment_store_pb2.SubscribeStart,
+        requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
+        ],
+    ) -> None:
+        self.service = service
+        self.segment = segment
+        self.next_index = max(start.from_index, 1)
+        self.batch_entries = min(
+            start.max_batch_entries or SUBSCRIBE_BATCH_ENTRIES_DEFAULT, WRITE_BATCH_ENTRIES_MAX
+        )
+        interval_ms = start.keepalive_interval_ms or SUBSCRIBE_KEEPALIVE_MS_DEFAULT
+        interval_ms = min(max(interval_ms, SUBSCRIBE_KEEPALIVE_MS_MIN), SUBSCRIBE_KEEPALIVE_MS_MAX)
+        self.interval_s = interval_ms / 1000
+        self.requests = requests
+        self.context = context
+        self.buffer: asyncio.Queue[segment_store_pb2.SubscribeReply] = asyncio.Queue(
+            service.config.subscribe_buffer_batches
+        )
+        self.stall_s = service.config.subscribe_stall_ms / 1000
+        self.last_heard = time.monotonic()
+
+    async def run(self) -> Exception | None:
+        tasks = [
+            asyncio.create_task(self._produce()),
+            asyncio.create_task(self._send()),
+            asyncio.create_task(self._receive()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if isinstance(error, _Refused):
+                return error
+            if error is not None:
+                # The wire broke (the client went away): nothing left to tell it.
+                log.debug("subscriber to %s ended: %r", self.segment, error)
+                continue
+            result: Exception | None = task.result()
+            if result is not None:
+                return result
+        return None
+
+    async def _produce(self) -> Exception | None:
+        sent_position: tuple[int, int, int] | None = None
+        watch = self.service.watch
+        while True:
+            changed = watch.event(self.segment)
+            meta = self.service.core.meta(self.segment) or SegmentMeta()
+            position = (meta.acked_index, meta.fence, meta.bridge_index)
+            if sent_position is None:
+                await self._put(_position_reply(position))
+                sent_position = position
+            if self.next_index <= meta.acked_index:
+                entries = await self.service.in_thread(
+                    functools.partial(
+                        self.service.core.read,
+                        self.segment,
+                        self.next_index,
+                        meta.acked_index,
+                        True,
+                        self.batch_entries,
+                        READ_REPLY_BYTES_MAX,
+                    )
+                )
+                if entries:
+                    await self._put(
+                        segment_store_pb2.SubscribeReply(
+                            batch=segment_store_pb2.EntryBatch(
+                                entries=[entry_to_pb(e) for e in entries], token=entries[-1].index
+                            )
+                        )
+                    )
+                    self.next_index = entries[-1].index + 1
+                    sent_position = (self.next_index - 1, sent_position[1], sent_position[2])
+                    continue
+                self.next_index = meta.acked_index + 1
+            if position != sent_position:
+                await self._put(_position_reply(position))
+                sent_position = position
+            silent_s = time.monotonic() - self.last_heard
+            if silent_s > SUBSCRIBE_SILENT_INTERVALS_MAX * self.interval_s:
+                metrics.SUBSCRIBERS_DROPPED.labels("silent").inc()
+                return _Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"subscriber silent for {silent_s:.1f}s (keepalive every {self.interval_s}s)",
+                )
+            if not await SegmentWatch.wait(changed, self.interval_s):
+                await self._put(
+                    segment_store_pb2.SubscribeReply(
+                        keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+                    )
+                )
+
+    async def _put(self, reply: segment_store_pb2.SubscribeReply) -> None:
+        try:
+            await asyncio.wait_for(self.buffer.put(reply), self.stall_s)
+        except TimeoutError:
+            metrics.SUBSCRIBERS_DROPPED.labels("slow").inc()
+            raise _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"subscriber too slow: its buffer of {self.buffer.maxsize} messages stayed "
+                f"full for {self.stall_s}s; resume from the last token",
+            ) from None
+
+    async def _send(self) -> Exception | None:
+        while True:
+            reply = await self.buffer.get()
+            await self.context.write(reply)
+
+    async def _receive(self) -> Exception | None:
+        async for _request in self.requests:
+            self.last_heard = time.monotonic()
+        return None  # the client closed its side: the stream ends
+
+
+def _position_reply(position: tuple[int, int, int]) -> segment_store_pb2.SubscribeReply:
+    acked, fence, bridge = position
+    return segment_store_pb2.SubscribeReply(
+        position=segment_store_pb2.Position(acked_index=acked, fence=fence, bridge_index=bridge)
+    )
+
+
+class _SegmentCopy:
+    """CopySegment: replace the local copy by the source's entries 1..final_index, fence
+    it at the source's fence, then compare digests; a mismatch deletes the copy."""
+
+    def __init__(
+        self,
+        service: SegmentStoreService,
+        segment: SegmentKey,
+        request: segment_store_pb2.CopySegmentRequest,
+    ) -> None:
+        self.service = service
+        self.segment = segment
+        self.request = request
+
+    async def run(self) -> segment_store_pb2.CopySegmentReply:
+        final = self.request.final_index
+        segment_pb = _segment_pb(self.segment)
+        async with grpc.aio.insecure_channel(
+            self.request.source_address, options=CLIENT_OPTIONS
+        ) as channel:
+            source = segment_store_pb2_grpc.SegmentStoreStub(channel)
+            try:
+                state = await source.GetSegmentState(
+                    segment_store_pb2.GetSegmentStateRequest(segment=segment_pb),
+                    timeout=COPY_CALL_TIMEOUT_S,
+                )
+                if state.acked_index < final:
+                    raise _Refused(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"source acked index {state.acked_index} is below final index {final}",
+                    )
+                fence = max(state.fence, self.request.fence)
+                await self.service.delete(self.segment)
+                copied = 0
+                reads = source.Read(
+                    segment_store_pb2.ReadRequest(segment=segment_pb, from_index=1, to_index=final),
+                    timeout=COPY_CALL_TIMEOUT_S,
+                )
+                async for reply in reads:
+                    copied += await self._write(entries_from_pb(reply.entries), fence, final)
+                expected = await source.Digest(
+                    segment_store_pb2.DigestRequest(segment=segment_pb, up_to_index=final),
+                    timeout=COPY_CALL_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as error:
+                await self.service.delete(self.segment)
+                raise _Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"copy from {self.request.source_address} failed: "
+                    f"{error.code().name} {error.details()}",
+                ) from None
+        outcome = await self.service.committer.submit(SealCommand(self.segment, fence))
+        if isinstance(outcome, Exception):
+            raise outcome
+        local = await self.service.in_thread(
+            functools.partial(self.service.core.digest, self.segment, final)
+        )
+        if local.digest != expected.digest or local.acked_index < final:
+            await self.service.delete(self.segment)
+            raise _Refused(
+                grpc.StatusCode.DATA_LOSS,
+                f"copy of {self.segment.stream_id}/{self.segment.epoch} does not match the "
+                f"source up to {final} (acked {local.acked_index}); copy deleted",
+            )
+        return segment_store_pb2.CopySegmentReply(
+            entries_copied=copied, digest=local.digest, acked_index=local.acked_index
+        )
+
+    async def _write(self, entries: list[StoredEntry], fence: int, final: int) -> int:
+        if not entries:
+            return 0
+        writer_epoch = max(fence, max(e.epoch for e in entries))
+        outcome = await self.service.committer.submit(
+            WriteCommand(self.segment, writer_epoch, final, entries)
+        )
+        if isinstance(outcome, Exception):
+            raise outcome
+        return len(entries)
