@@ -1,0 +1,469 @@
+"""SegmentRecovery: the seals, reads and writes that close one earlier segment.
+
+Theory of operation. A new leader owns one `SegmentRecovery` per earlier unsealed
+segment. `start()` seals every store of the copy set; `step(event)` takes what a store
+or the master answered and returns the actions to take next. It never does I/O and
+never reads a clock: retransmits are the driver's (it re-sends `outstanding()` on a new
+connection), so every event may arrive twice, late or out of order, and is handled
+idempotently.
+
+1. Seal. The first R stores that answer the seal are the ones decided from; they are
+   read from `read_from_index` to their end. Stores that answer later are bridged too
+   (needed whenever R < W, e.g. N = W = 3). A store lost before its read answered is
+   replaced by another sealed store.
+2. Decide: `plan_recovery` over what the R stores answered and hold.
+3. Bridge. Each store X receives the plan's copies of `a_X+1 .. final_index` (its own
+   acked index from its seal answer; never its matched index). A store holds a write
+   only once its answer to that write says so: the epoch it now holds at every index
+   is at least the one sent (a higher one is the same content, written by a later
+   recovery of an earlier leader). A store whose range is empty already holds the
+   bridge as final.
+4. Raise. Once W stores hold their whole range and the bridge, each of them gets the
+   acked index `final_index`; a store that completes later gets it when it does, never
+   before (a store whose acked index covered a run a later leader redoes differently
+   would have served readers something that changes).
+5. Once W stores answer with an acked index at the bridge, `SealAtMaster`; when the
+   master confirms (`MasterSealed`), `Done`. Late stores keep being bridged afterwards
+   if the driver keeps feeding answers.
+
+A store answering with a fence above this leader's epoch means a later leader took
+over: the operation emits `Deposed` and stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from client.core.entry import VALUE_HEADER_BYTES, StoredEntry
+from client.core.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from client.core.policy import ReplicationPolicy
+from client.core.recovery import (
+    RecoveryPlan,
+    SealAnswer,
+    StoreAnswer,
+    plan_recovery,
+    read_from_index,
+)
+
+# ---- events (what stores and the master answered) ----
+
+
+@dataclass(frozen=True, slots=True)
+class SealAnswered:
+    store: str
+    fence: int
+    acked_index: int
+    matched_index: int
+    last_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAnswered:
+    """Everything `store` holds in `from_index..to_index` (`to_index` 0: to its end)."""
+
+    store: str
+    from_index: int
+    to_index: int
+    entries: tuple[StoredEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteAnswered:
+    """A store's answer to a `SendWrite` (`first_index..last_index`, `held_epochs` one per
+    index) or to a `SendAcked` (`first_index` = `last_index` = 0, no held epochs)."""
+
+    store: str
+    first_index: int
+    last_index: int
+    held_epochs: tuple[int, ...]
+    acked_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFenced:
+    """A store refused a request: its fence is above the epoch sent."""
+
+    store: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLost:
+    """The driver gave up on a store for now (dead, unreachable). An answer from it
+    later brings it back."""
+
+    store: str
+
+
+@dataclass(frozen=True, slots=True)
+class MasterSealed:
+    final_index: int
+
+
+Event = SealAnswered | ReadAnswered | WriteAnswered | StoreFenced | StoreLost | MasterSealed
+
+# ---- actions ----
+
+
+@dataclass(frozen=True, slots=True)
+class SendSeal:
+    store: str
+    new_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendRead:
+    """Read `from_index..to_index` (0: to the end), unacked entries included."""
+
+    store: str
+    from_index: int
+    to_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendWrite:
+    """A recovery write at the leader's epoch; answer with held epochs."""
+
+    store: str
+    entries: tuple[StoredEntry, ...]
+    acked_index: int
+    report_held: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SendAcked:
+    """An empty write carrying only the acked index."""
+
+    store: str
+    acked_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SealAtMaster:
+    final_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    final_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deposed:
+    """A later leader fenced this one: stop leading."""
+
+    fence: int
+
+
+Action = SendSeal | SendRead | SendWrite | SendAcked | SealAtMaster | Done | Deposed
+
+
+@dataclass(slots=True)
+class _Bridging:
+    """One store's rewrite: its batches by first index, which it holds, its acked."""
+
+    seal: SealAnswer
+    batches: dict[int, SendWrite] = field(default_factory=dict)
+    held: set[int] = field(default_factory=set)  # first indexes of batches it holds
+    waiting_final_copies: bool = False
+    complete: bool = False
+    acked_sent: bool = False
+    acked_confirmed: bool = False
+
+
+def split_batches(
+    store: str,
+    entries: Sequence[StoredEntry],
+    acked: int,
+    entries_max: int = WRITE_BATCH_ENTRIES_MAX,
+) -> list[SendWrite]:
+    """Consecutive entries cut within the store's per-request limits."""
+    out: list[SendWrite] = []
+    batch: list[StoredEntry] = []
+    size = 0
+    for e in entries:
+        cost = VALUE_HEADER_BYTES + len(e.payload)
+        if batch and (len(batch) == entries_max or size + cost > WRITE_BATCH_BYTES_MAX):
+            out.append(SendWrite(store, tuple(batch), acked))
+            batch, size = [], 0
+        batch.append(e)
+        size += cost
+    if batch:
+        out.append(SendWrite(store, tuple(batch), acked))
+    return out
+
+
+class SegmentRecovery:
+    """Recovery of one segment by the leader of `leader_epoch`."""
+
+    def __init__(
+        self,
+        policy: ReplicationPolicy,
+        segment_epoch: int,
+        leader_epoch: int,
+        copy_set: Sequence[str],
+        batch_entries_max: int = WRITE_BATCH_ENTRIES_MAX,
+    ) -> None:
+        """`batch_entries_max` below the store's limit lets tests and the simulator lose
+        or reorder single indexes of a rewrite, as RECOVERY-CASES.md's traces do."""
+        if not 1 <= batch_entries_max <= WRITE_BATCH_ENTRIES_MAX:
+            raise ValueError(
+                f"batch_entries_max {batch_entries_max} not in 1..{WRITE_BATCH_ENTRIES_MAX}"
+            )
+        if len(copy_set) != policy.replicas or len(set(copy_set)) != len(copy_set):
+            raise ValueError(f"copy set {list(copy_set)} does not match {policy}")
+        if leader_epoch <= segment_epoch:
+            raise ValueError(f"leader epoch {leader_epoch} must be above {segment_epoch}")
+        self.policy = policy
+        self.segment_epoch = segment_epoch
+        self.leader_epoch = leader_epoch
+        self.copy_set = tuple(copy_set)
+        self.batch_entries_max = batch_entries_max
+        self._sealed: dict[str, SealAnswer] = {}  # in answer order
+        self._lost: set[str] = set()
+        self._deciders: list[str] = []
+        self._full_reads: dict[str, tuple[int, tuple[StoredEntry, ...]]] = {}
+        self._reads_sent: dict[str, int] = {}  # store -> lowest from_index asked
+        self._final_read: SendRead | None = None
+        self._plan: RecoveryPlan | None = None
+        self._bridging: dict[str, _Bridging] = {}
+        self._raising = False
+        self._seal_at_master_sent = False
+        self._done = False
+        self._deposed_by = 0
+
+    # ---- what the leader and the driver look at ----
+
+    @property
+    def plan(self) -> RecoveryPlan | None:
+        return self._plan
+
+    @property
+    def final_index(self) -> int:
+        return self._plan.final_index if self._plan else 0
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def deposed(self) -> bool:
+        return self._deposed_by > 0
+
+    def holding(self) -> tuple[str, ...]:
+        """Stores known to hold their whole range and the bridge."""
+        return tuple(s for s, b in self._bridging.items() if b.complete)
+
+    def start(self) -> list[Action]:
+        return [SendSeal(s, self.leader_epoch) for s in self.copy_set]
+
+    def outstanding(self) -> list[Action]:
+        """Every request still waiting for its answer (to re-send after a reconnect)."""
+        if self.deposed:
+            return []
+        out: list[Action] = [
+            SendSeal(s, self.leader_epoch)
+            for s in self.copy_set
+            if s not in self._sealed and s not in self._lost
+        ]
+        if self._plan is None:
+            out += self._reads_needed()
+        elif self._final_read is not None:
+            out.append(self._final_read)
+        for store, b in self._bridging.items():
+            if store in self._lost:
+                continue
+            out += [w for first, w in b.batches.items() if first not in b.held]
+            if b.acked_sent and not b.acked_confirmed:
+                out.append(SendAcked(store, self.final_index))
+        if self._seal_at_master_sent and not self._done:
+            out.append(SealAtMaster(self.final_index))
+        return out
+
+    # ---- events ----
+
+    def step(self, event: Event) -> list[Action]:
+        if self.deposed:
+            return []
+        if isinstance(event, StoreFenced):
+            return self._fenced(event.fence)
+        if isinstance(event, MasterSealed):
+            return self._master_sealed(event)
+        if isinstance(event, StoreLost):
+            return self._store_lost(event.store)
+        if event.store not in self.copy_set:
+            raise ValueError(f"store {event.store} is not in copy set {self.copy_set}")
+        self._lost.discard(event.store)
+        if isinstance(event, SealAnswered):
+            return self._seal_answered(event)
+        if isinstance(event, ReadAnswered):
+            return self._read_answered(event)
+        return self._write_answered(event)
+
+    def _fenced(self, fence: int) -> list[Action]:
+        if fence <= self.leader_epoch:
+            return []
+        self._deposed_by = fence
+        return [Deposed(fence)]
+
+    def _seal_answered(self, e: SealAnswered) -> list[Action]:
+        if e.fence > self.leader_epoch:
+            return self._fenced(e.fence)
+        if e.store in self._sealed:
+            return []  # a duplicate: the first answer preceded every write to it
+        seal = SealAnswer(e.store, e.fence, e.acked_index, e.matched_index, e.last_index)
+        self._sealed[e.store] = seal
+        if self._plan is not None:
+            return self._start_bridging(seal)
+        if len(self._deciders) < self.policy.read_quorum:
+            self._deciders.append(e.store)
+            return self._send_reads()
+        return []
+
+    def _read_from(self) -> int:
+        return read_from_index([self._sealed[s] for s in self._deciders])
+
+    def _reads_needed(self) -> list[SendRead]:
+        if len(self._deciders) < self.policy.read_quorum:
+            return []
+        lo = self._read_from()
+        return [
+            SendRead(s, lo, 0)
+            for s in self._deciders
+            if s not in self._full_reads or self._full_reads[s][0] > lo
+        ]
+
+    def _send_reads(self) -> list[Action]:
+        """The reads not asked yet (a decider replaced, or reads wanted from lower)."""
+        out: list[Action] = []
+        for read in self._reads_needed():
+            if self._reads_sent.get(read.store, read.from_index + 1) > read.from_index:
+                self._reads_sent[read.store] = read.from_index
+                out.append(read)
+        return out
+
+    def _read_answered(self, e: ReadAnswered) -> list[Action]:
+        if e.to_index:
+            return self._final_copies_answered(e)
+        known = self._full_reads.get(e.store)
+        if known is None or known[0] > e.from_index:
+            self._full_reads[e.store] = (e.from_index, e.entries)
+        if self._plan is not None or self._reads_needed():
+            return []
+        if len(self._deciders) < self.policy.read_quorum:
+            return []
+        answers = [StoreAnswer(self._sealed[s], self._full_reads[s][1]) for s in self._deciders]
+        self._plan = plan_recovery(self.policy, self.leader_epoch, answers)
+        out: list[Action] = []
+        for seal in self._sealed.values():
+            out += self._start_bridging(seal)
+        return out
+
+    def _start_bridging(self, seal: SealAnswer) -> list[Action]:
+        plan = self._plan
+        assert plan is not None
+        b = self._bridging.setdefault(seal.store, _Bridging(seal))
+        if b.batches or b.complete:
+            return []
+        rewrite = plan.range_for(seal.store, seal.acked_index)
+        if rewrite.empty:
+            # Its acked index covers the bridge: it holds the run as final already.
+            b.complete = b.acked_confirmed = True
+            return self._after_complete(seal.store)
+        needed = plan.needs_final_copies(seal.acked_index)
+        if needed is not None:
+            b.waiting_final_copies = True
+            return self._request_final_copies(needed)
+        b.waiting_final_copies = False
+        batches = split_batches(
+            seal.store, plan.entries_for(rewrite), seal.acked_index, self.batch_entries_max
+        )
+        for w in batches:
+            b.batches[w.entries[0].index] = w
+        return list(b.batches.values())
+
+    def _request_final_copies(self, needed: tuple[int, int]) -> list[Action]:
+        assert self._plan is not None
+        if self._final_read is not None and self._final_read.from_index <= needed[0]:
+            return []
+        self._final_read = SendRead(self._plan.acked_store, needed[0], needed[1])
+        return [self._final_read]
+
+    def _final_copies_answered(self, e: ReadAnswered) -> list[Action]:
+        if self._plan is None or e.store != self._plan.acked_store:
+            return []
+        self._plan = self._plan.with_final_copies(e.entries)
+        if self._final_read is not None and self._final_read.from_index >= e.from_index:
+            self._final_read = None
+        out: list[Action] = []
+        for b in list(self._bridging.values()):
+            if b.waiting_final_copies:
+                out += self._start_bridging(b.seal)
+        return out
+
+    def _write_answered(self, e: WriteAnswered) -> list[Action]:
+        b = self._bridging.get(e.store)
+        if b is None or self._plan is None:
+            return []
+        if e.first_index == 0:
+            return self._acked_answered(b, e)
+        batch = b.batches.get(e.first_index)
+        if batch is None or e.first_index in b.held or batch.entries[-1].index != e.last_index:
+            return []
+        sent = [x.epoch for x in batch.entries]
+        if len(e.held_epochs) != len(sent) or any(
+            h < s for h, s in zip(e.held_epochs, sent, strict=True)
+        ):
+            return [batch]  # the store does not say it holds the write: send it again
+        b.held.add(e.first_index)
+        if len(b.held) < len(b.batches) or b.complete:
+            return []
+        b.complete = True
+        return self._after_complete(e.store)
+
+    def _after_complete(self, store: str) -> list[Action]:
+        complete = [s for s, b in self._bridging.items() if b.complete]
+        if not self._raising and len(complete) < self.policy.write_quorum:
+            return []
+        self._raising = True
+        out: list[Action] = []
+        for s in complete:
+            b = self._bridging[s]
+            if not b.acked_sent and not b.acked_confirmed:
+                b.acked_sent = True
+                out.append(SendAcked(s, self.final_index))
+        return out + self._maybe_seal_at_master()
+
+    def _acked_answered(self, b: _Bridging, e: WriteAnswered) -> list[Action]:
+        if not b.acked_sent or b.acked_confirmed:
+            return []
+        if e.acked_index < self.final_index:
+            return [SendAcked(e.store, self.final_index)]
+        b.acked_confirmed = True
+        return self._maybe_seal_at_master()
+
+    def _maybe_seal_at_master(self) -> list[Action]:
+        confirmed = sum(1 for b in self._bridging.values() if b.acked_confirmed)
+        if self._seal_at_master_sent or confirmed < self.policy.write_quorum:
+            return []
+        self._seal_at_master_sent = True
+        return [SealAtMaster(self.final_index)]
+
+    def _master_sealed(self, e: MasterSealed) -> list[Action]:
+        if not self._seal_at_master_sent or self._done or e.final_index != self.final_index:
+            return []
+        self._done = True
+        return [Done(self.final_index)]
+
+    def _store_lost(self, store: str) -> list[Action]:
+        self._lost.add(store)
+        if self._plan is not None or store not in self._deciders or store in self._full_reads:
+            return []
+        # Decide from another sealed store instead of waiting on this one.
+        self._deciders.remove(store)
+        for s in self._sealed:
+            if s not in self._deciders and s not in self._lost:
+                self._deciders.append(s)
+                break
+        return self._send_reads()
