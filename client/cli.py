@@ -15,12 +15,13 @@ import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.errors import StreamEngineError
 
 Runner = Callable[[argparse.Namespace], int]
-Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 DEFAULT_MASTER = "127.0.0.1:7070"
 ENV_PREFIX = "STREAMENGINE_"
