@@ -13,6 +13,7 @@ from client.errors import (
     StreamEngineError,
     Unavailable,
 )
+from client.stream_client import StreamClient
 
 __all__ = [
     "AlreadyExists",
@@ -24,6 +25,7 @@ __all__ = [
     "InvalidArgument",
     "LeadershipLost",
     "NotFound",
+    "StreamClient",
     "StreamEngineError",
     "Unavailable",
 ]

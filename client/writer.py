@@ -1,0 +1,632 @@
+"""The writer: leadership of one stream and pipelined appends, as an async context.
+
+A thin asyncio shell around `client.core.leader.Leader`: every input (a heartbeat
+answer, a store's reply, a broken stream, the clock) becomes one `step`, and the
+actions that come out are carried out here (send this, resolve those appends). All
+`step` calls happen on the event loop thread without an `await` in between, so the
+core needs no lock.
+
+Every background loop (the clock, heartbeats, one Write stream per store) is a task
+of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
+
+```python
+async with client.writer("acme/orders") as w:    # waits for leadership
+    seq = await w.append(b"...")                  # resolves once W stores hold it
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client.channels import ChannelPool
+from client.core.leader import (
+    BecameLeader,
+    HeartbeatAnswered,
+    HeartbeatFailed,
+    Leader,
+    LeaderAction,
+    LeaderEvent,
+    RecoverSegment,
+    Release,
+    ReleaseLease,
+    Replica,
+    Role,
+    SegmentGrant,
+    SendHeartbeat,
+    StepDownReason,
+    SteppedDown,
+    StoreFenced,
+)
+from client.core.limits import EVENT_BYTES_MAX
+from client.core.policy import InvalidPolicy, ReplicationPolicy
+from client.core.replicator import (
+    Acked,
+    Append,
+    Assigned,
+    Flush,
+    ReplicatorLimits,
+    SegmentRef,
+    SendWrite,
+    StoreConnected,
+    StoreDetached,
+    StoreDisconnected,
+    Tick,
+    WriteReplied,
+    entry_bytes,
+)
+from client.core.sequence import pack_sequence
+from client.errors import (
+    AppendFailed,
+    AppendInDoubt,
+    EventTooLarge,
+    Fenced,
+    LeadershipLost,
+    StreamEngineError,
+    fence_of,
+    from_rpc_error,
+)
+from client.retrying import retry_unary
+
+log = logging.getLogger(__name__)
+
+# How long leaving the block waits for stores to confirm the final acked index (so
+# readers see the tail without waiting for the next leader).
+FLUSH_TIMEOUT_S = 1.0
+# A store's Write stream that fails is reopened after a pause growing to this.
+RECONNECT_PAUSE_S_MIN = 0.05
+RECONNECT_PAUSE_S_MAX = 1.0
+# Waiting for a channel to connect, per attempt.
+CONNECT_TIMEOUT_S = 2.0
+# Converted entries kept for reuse: every store is usually sent the same batch.
+ENTRY_CACHE_BATCHES = 64
+
+_FATAL_HEARTBEAT_CODES = {
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStatistics:
+    """A snapshot; changes nothing."""
+
+    stream: str
+    role: str
+    epoch: int
+    last_index: int
+    acked_index: int
+    in_flight_bytes: int  # appended, not yet acked
+    retained_bytes: int  # kept for resending to stores behind
+    matched_index: dict[str, int]  # per store id
+    connected: dict[str, bool]
+    detached: tuple[str, ...]
+    pending_appends: int
+    waiting_appends: int  # held back by back pressure
+
+
+@dataclass(slots=True)
+class _Pending:
+    first_index: int
+    last_index: int
+    future: asyncio.Future[int]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    payloads: tuple[bytes, ...]
+    nbytes: int
+    future: asyncio.Future[Assigned]
+
+
+def _grant(segment: entry_pb2.Segment) -> SegmentGrant:
+    return SegmentGrant(
+        SegmentRef(segment.id.stream_id, segment.id.epoch, segment.id.stream),
+        tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
+    )
+
+
+def _answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) -> HeartbeatAnswered:
+    policy: ReplicationPolicy | None = None
+    if reply.HasField("policy"):
+        with contextlib.suppress(InvalidPolicy):
+            policy = ReplicationPolicy(reply.policy.replicas, reply.policy.write_quorum)
+    return HeartbeatAnswered(
+        sent_at_ms=sent_at_ms,
+        leader=reply.role == master_pb2.LEADER,
+        epoch=reply.epoch,
+        lease_ms=reply.lease_ms,
+        leader_id=reply.leader_id,
+        segment=_grant(reply.segment) if reply.HasField("segment") else None,
+        unsealed=tuple(_grant(segment) for segment in reply.unsealed),
+        policy=policy,
+        roll_requested=reply.roll_requested,
+        roll_reason=reply.roll_reason,
+    )
+
+
+class _EntryCache:
+    """Protobuf entries per batch range, so a batch is converted once, not per store."""
+
+    def __init__(self) -> None:
+        self._batches: dict[tuple[int, int, int], list[entry_pb2.Entry]] = {}
+
+    def entries(self, send: SendWrite) -> list[entry_pb2.Entry]:
+        key = (send.segment.epoch, send.first_index, send.last_index)
+        found = self._batches.get(key)
+        if found is None:
+            found = [
+                entry_pb2.Entry(
+                    index=e.index,
+                    kind=int(e.kind),  # type: ignore[arg-type]
+                    epoch=e.epoch,
+                    payload=e.payload,
+                    crc32c=e.crc32c,
+                )
+                for e in send.entries
+            ]
+            if len(self._batches) >= ENTRY_CACHE_BATCHES:
+                del self._batches[next(iter(self._batches))]
+            self._batches[key] = found
+        return found
+
+
+class _StoreLink:
+    """One store's bidirectional Write stream, reopened while the writer leads."""
+
+    def __init__(self, writer: Writer, replica: Replica, channel: grpc.aio.Channel) -> None:
+        self.writer = writer
+        self.replica = replica
+        self.stub = store_grpc.SegmentStoreStub(channel)
+        self.channel = channel
+        self.queue: asyncio.Queue[SendWrite] = asyncio.Queue()
+        self.connected = False
+
+    def send(self, action: SendWrite) -> None:
+        self.queue.put_nowait(action)
+
+    async def run(self) -> None:
+        pause = RECONNECT_PAUSE_S_MIN
+        store = self.replica.store_id
+        fenced: int | None = None
+        while self.writer.leading and fenced is None:
+            try:
+                await self._connect()
+                pause = RECONNECT_PAUSE_S_MIN
+                call = self.stub.Write()
+                self.connected = True
+                self.writer.step(StoreConnected(store))
+                async with asyncio.TaskGroup() as streams:
+                    streams.create_task(self._send_loop(call))
+                    await self._receive_loop(call)
+                    raise _StreamEnded()
+            except* _StreamEnded:
+                log.info("store %s ended its Write stream", store)
+            except* grpc.aio.AioRpcError as group:
+                error = group.exceptions[0]
+                assert isinstance(error, grpc.aio.AioRpcError)
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    fence = fence_of(error)
+                    fenced = fence if fence is not None else 2**63
+                log.info("store %s Write stream failed: %s", store, error.code().name)
+            except* (TimeoutError, grpc.aio.UsageError) as group:
+                log.info("store %s unreachable: %r", store, group.exceptions[0])
+            self._disconnected()
+            if fenced is not None:
+                self.writer.step(StoreFenced(store, fenced))
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RECONNECT_PAUSE_S_MAX)
+
+    def _disconnected(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        if self.connected:
+            self.connected = False
+            self.writer.step(StoreDisconnected(self.replica.store_id))
+
+    async def _connect(self) -> None:
+        async def ready() -> None:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await self.channel.channel_ready()
+
+        # The channel reconnects by itself; this only waits for it, bounded.
+        await ready()
+
+    async def _send_loop(
+        self,
+        call: grpc.aio.StreamStreamCall[
+            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
+        ],
+    ) -> None:
+        cache = self.writer.entry_cache
+        while True:
+            send = await self.queue.get()
+            request = segment_store_pb2.WriteRequest(
+                segment=entry_pb2.SegmentId(
+                    stream_id=send.segment.stream_id,
+                    epoch=send.segment.epoch,
+                    stream=send.segment.stream,
+                ),
+                writer_epoch=send.writer_epoch,
+                acked_index=send.acked_index,
+                entries=cache.entries(send) if send.entries else (),
+                request_id=send.request_id,
+            )
+            await call.write(request)
+
+    async def _receive_loop(
+        self,
+        call: grpc.aio.StreamStreamCall[
+            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
+        ],
+    ) -> None:
+        store = self.replica.store_id
+        async for reply in call:
+            self.writer.step(
+                WriteReplied(
+                    store,
+                    reply.request_id,
+                    busy=reply.status == segment_store_pb2.REFUSED_BUSY,
+                    matched_index=reply.matched_index,
+                    acked_index=reply.acked_index,
+                    first_index=reply.first_index,
+                    last_index=reply.last_index,
+                )
+            )
+
+
+class _StreamEnded(Exception):
+    """The store closed its side of the Write stream."""
+
+
+class Writer:
+    """Leadership of one stream; see the module docstring. Made by `StreamClient.writer`."""
+
+    def __init__(
+        self,
+        master: master_pb2_grpc.MasterAsyncStub,
+        channels: ChannelPool,
+        stream: str,
+        *,
+        limits: ReplicatorLimits | None = None,
+        leadership_timeout_s: float | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.stream = stream
+        self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
+        self._master = master
+        self._channels = channels
+        self._leadership_timeout_s = leadership_timeout_s
+        self._core = Leader(now_ms(), limits)
+        self._group: asyncio.TaskGroup | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._link_tasks: list[asyncio.Task[None]] = []
+        # Heartbeats in flight: cancelled on close (their answers no longer matter).
+        self._heartbeats: set[asyncio.Task[None]] = set()
+        self._links: dict[str, _StoreLink] = {}
+        self._pending: deque[_Pending] = deque()
+        self._waiting: deque[_Waiting] = deque()
+        self._decided = asyncio.Event()  # leading, or finished before leading
+        self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._clock_deadline: int | None = None
+        self._closing = False
+        self._releases: list[int] = []
+        self._error: StreamEngineError | None = None
+        self._fatal: StreamEngineError | None = None
+        self.entry_cache = _EntryCache()
+
+    # ---- the context ----
+
+    async def __aenter__(self) -> Writer:
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        try:
+            self._loops.append(self._group.create_task(self._clock()))
+            async with asyncio.timeout(self._leadership_timeout_s):
+                await self._decided.wait()
+            if self._error is not None:
+                raise self._error
+        except BaseException as error:
+            await self._close(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._close(exc_type, exc, tb)
+
+    async def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._group is not None
+        if self.leading and exc_type is None:
+            await self._flush()
+        self._closing = True
+        self.step(Release())
+        for epoch in self._releases:
+            await self._release(epoch)
+        for task in [*self._loops, *self._link_tasks, *self._heartbeats]:
+            task.cancel()
+        await self._group.__aexit__(exc_type, exc, tb)
+        return None
+
+    async def _flush(self) -> None:
+        self._flushed.clear()
+        self.step(Flush())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                while self.leading and not self._is_flushed():
+                    self._flushed.clear()
+                    await self._flushed.wait()
+
+    def _is_flushed(self) -> bool:
+        replicator = self._core.replicator
+        return replicator is None or (
+            replicator.acked_index == replicator.last_index and replicator.flushed()
+        )
+
+    # ---- appending ----
+
+    @property
+    def leading(self) -> bool:
+        return self._core.role is Role.LEADING
+
+    @property
+    def epoch(self) -> int:
+        return self._core.epoch
+
+    async def append(self, payload: bytes) -> int:
+        """Append one event; returns its sequence once W stores hold it."""
+        first, _ = await self._append((bytes(payload),))
+        return first
+
+    async def append_batch(self, payloads: Sequence[bytes]) -> list[int]:
+        """Append events in order (consecutive indexes); their sequences once acked."""
+        if not payloads:
+            return []
+        first, last = await self._append(tuple(bytes(p) for p in payloads))
+        return list(range(first, last + 1))
+
+    async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
+        nbytes = 0
+        for payload in payloads:
+            if len(payload) > EVENT_BYTES_MAX:
+                raise EventTooLarge(f"event of {len(payload)} bytes > {EVENT_BYTES_MAX}")
+            nbytes += entry_bytes(payload)
+        self._check_leading()
+        replicator = self._core.replicator
+        assert replicator is not None
+        if not self._waiting and replicator.room_for(nbytes):
+            assigned = self._assign(payloads)
+        else:
+            waiting = _Waiting(payloads, nbytes, asyncio.get_running_loop().create_future())
+            self._waiting.append(waiting)
+            assigned = await waiting.future
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(assigned.first_index, assigned.last_index, future))
+        await future
+        epoch = self._core.epoch
+        return (
+            pack_sequence(epoch, assigned.first_index),
+            pack_sequence(epoch, assigned.last_index),
+        )
+
+    def _assign(self, payloads: tuple[bytes, ...]) -> Assigned:
+        actions = self.step(Append(payloads))
+        return next(a for a in actions if isinstance(a, Assigned))
+
+    def _check_leading(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if not self.leading:
+            raise LeadershipLost(f"{self.stream}: this writer does not lead")
+
+    def _admit_waiting(self) -> None:
+        replicator = self._core.replicator
+        while self._waiting and replicator is not None and self.leading:
+            waiting = self._waiting[0]
+            if waiting.future.cancelled():
+                self._waiting.popleft()
+                continue
+            if not replicator.room_for(waiting.nbytes):
+                return
+            self._waiting.popleft()
+            waiting.future.set_result(self._assign(waiting.payloads))
+
+    # ---- the core ----
+
+    def step(self, event: LeaderEvent) -> list[LeaderAction]:
+        actions = self._core.step(now_ms(), event)
+        if actions:
+            self._apply(actions)
+        deadline = self._core.deadline_ms(now_ms())
+        if deadline is not None and (
+            self._clock_deadline is None or deadline < self._clock_deadline
+        ):
+            self._wake.set()
+        return actions
+
+    def _apply(self, actions: Iterable[LeaderAction]) -> None:
+        for action in actions:
+            if isinstance(action, SendWrite):
+                link = self._links.get(action.store)
+                if link is not None:
+                    link.send(action)
+            elif isinstance(action, Acked):
+                self._acked(action.acked_index)
+            elif isinstance(action, SendHeartbeat):
+                task = self._spawn(self._heartbeat(action))
+                self._heartbeats.add(task)
+                task.add_done_callback(self._heartbeats.discard)
+            elif isinstance(action, BecameLeader):
+                self._became_leader(action)
+            elif isinstance(action, SteppedDown):
+                self._stepped_down(action)
+            elif isinstance(action, ReleaseLease):
+                if self._closing:
+                    self._releases.append(action.epoch)
+                else:
+                    self._spawn(self._release(action.epoch))
+            elif isinstance(action, StoreDetached):
+                log.warning(
+                    "%s: store %s detached at matched %d: %s",
+                    self.stream,
+                    action.store,
+                    action.matched_index,
+                    action.reason,
+                )
+            elif isinstance(action, RecoverSegment):
+                raise AssertionError("this writer is built without recovery")
+        if self._core.replicator is not None and self._is_flushed():
+            self._flushed.set()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        assert self._group is not None
+        return self._group.create_task(coroutine)
+
+    def _became_leader(self, action: BecameLeader) -> None:
+        assert self._group is not None
+        for replica in action.segment.copy_set:
+            link = _StoreLink(self, replica, self._channels.get(replica.address))
+            self._links[replica.store_id] = link
+            self._link_tasks.append(self._group.create_task(link.run()))
+        log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
+        self._decided.set()
+
+    def _acked(self, acked_index: int) -> None:
+        pending = self._pending
+        while pending and pending[0].last_index <= acked_index:
+            item = pending.popleft()
+            if not item.future.done():
+                item.future.set_result(item.first_index)
+        if self._waiting:
+            self._admit_waiting()
+
+    def _stepped_down(self, down: SteppedDown) -> None:
+        message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
+        if self._fatal is not None:
+            self._error = self._fatal
+        elif down.reason is StepDownReason.FENCED:
+            self._error = Fenced(message, down.epoch + 1)
+        else:
+            self._error = LeadershipLost(message)
+        if down.reason is not StepDownReason.RELEASED:
+            log.warning("%s", message)
+        for item in self._pending:
+            if item.future.done():
+                continue
+            if item.first_index > down.sent_through:
+                item.future.set_exception(AppendFailed(f"{message}; the append reached no store"))
+            else:
+                item.future.set_exception(
+                    AppendInDoubt(
+                        f"{message}; the append may be durable and then appears after recovery"
+                    )
+                )
+        self._pending.clear()
+        for waiting in self._waiting:
+            if not waiting.future.done():
+                waiting.future.set_exception(AppendFailed(f"{message}; the append was never sent"))
+        self._waiting.clear()
+        for task in self._link_tasks:
+            task.cancel()
+        self._decided.set()
+
+    # ---- background loops ----
+
+    async def _clock(self) -> None:
+        while True:
+            now = now_ms()
+            deadline = self._core.deadline_ms(now)
+            self._clock_deadline = deadline
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                delay = None if deadline is None else max(0, deadline - now) / 1000
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            self._clock_deadline = None
+            self.step(Tick())
+
+    async def _heartbeat(self, action: SendHeartbeat) -> None:
+        request = master_pb2.WriterHeartbeatRequest(
+            stream=self.stream,
+            client_id=self.client_id,
+            epoch=action.epoch,
+            acked_index=action.acked_index,
+            segment_bytes=action.segment_bytes,
+        )
+        sent_at = now_ms()
+        try:
+            reply = await self._master.WriterHeartbeat(request, timeout=action.timeout_ms / 1000)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _FATAL_HEARTBEAT_CODES and not self.leading:
+                self._fatal = from_rpc_error(error)
+                self._error = self._fatal
+                self.step(Release())
+                self._decided.set()
+                return
+            log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
+            self.step(HeartbeatFailed(sent_at, error.code().name))
+            return
+        self.step(_answer(sent_at, reply))
+
+    async def _release(self, epoch: int) -> None:
+        request = master_pb2.ReleaseLeaseRequest(
+            stream=self.stream, client_id=self.client_id, epoch=epoch
+        )
+
+        async def release() -> master_pb2.ReleaseLeaseReply:
+            return await self._master.ReleaseLease(request, timeout=1.0)
+
+        try:
+            await retry_unary(release, deadline_s=2.0, attempts=4)
+        except grpc.aio.AioRpcError as error:
+            # The lease then runs out by itself.
+            log.info("%s: release of epoch %d failed: %s", self.stream, epoch, error.code().name)
+
+    # ---- statistics ----
+
+    def statistics(self) -> WriterStatistics:
+        core = self._core.statistics()
+        replication = core.replication
+        stores = replication.stores if replication else {}
+        return WriterStatistics(
+            stream=self.stream,
+            role=core.role.value,
+            epoch=core.epoch,
+            last_index=replication.last_index if replication else 0,
+            acked_index=replication.acked_index if replication else 0,
+            in_flight_bytes=replication.unacked_bytes if replication else 0,
+            retained_bytes=replication.retained_bytes if replication else 0,
+            matched_index={name: s.matched_index for name, s in stores.items()},
+            connected={name: s.connected for name, s in stores.items()},
+            detached=tuple(name for name, s in stores.items() if s.detached),
+            pending_appends=len(self._pending),
+            waiting_appends=len(self._waiting),
+        )
