@@ -168,32 +168,39 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> None:
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
+        # Tickets, not requests, wait for their replies: a refused batch's entries are
+        # freed at once, so memory is the committer's queue plus one message per stream.
         answers: asyncio.Queue[
-            tuple[segment_store_pb2.WriteRequest, asyncio.Future[Outcome] | Exception | None] | None
+            tuple[_Ticket, asyncio.Future[Outcome] | Exception | None] | None
         ] = asyncio.Queue()
 
         async def read_requests() -> None:
             try:
                 async for request in request_iterator:
                     await inflight.acquire()
-                    answers.put_nowait((request, self._admit(request)))
+                    answers.put_nowait((_Ticket.of(request), self._admit(request)))
             finally:
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
         try:
             while (item := await answers.get()) is not None:
-                request, admitted = item
+                ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted)
                 if admitted is None:
-                    await context.write(self._busy_reply(request))
+                    meta = self.core.meta(ticket.key) or SegmentMeta()
+                    reply = ticket.reply(
+                        segment_store_pb2.REFUSED_BUSY,
+                        WriteResult(meta.matched_index, meta.acked_index, meta.fence, ()),
+                    )
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
                         await _abort(context, outcome)
                     assert isinstance(outcome, WriteResult)
-                    await context.write(_write_reply(request, outcome))
+                    reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
+                await context.write(reply)
                 inflight.release()
             await reader
         finally:
@@ -219,20 +226,6 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         if future is None:
             metrics.REFUSED_BUSY.inc()
         return future
-
-    def _busy_reply(self, request: segment_store_pb2.WriteRequest) -> segment_store_pb2.WriteReply:
-        meta = self.core.meta(SegmentKey(request.segment.stream_id, request.segment.epoch))
-        meta = meta or SegmentMeta()
-        return segment_store_pb2.WriteReply(
-            segment=request.segment,
-            request_id=request.request_id,
-            status=segment_store_pb2.REFUSED_BUSY,
-            matched_index=meta.matched_index,
-            acked_index=meta.acked_index,
-            fence=meta.fence,
-            first_index=request.entries[0].index if request.entries else 0,
-            last_index=request.entries[-1].index if request.entries else 0,
-        )
 
     # ---- Seal, Delete, state ----
 
@@ -431,20 +424,44 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             await _abort(context, refusal)
 
 
-def _write_reply(
-    request: segment_store_pb2.WriteRequest, result: WriteResult
-) -> segment_store_pb2.WriteReply:
-    return segment_store_pb2.WriteReply(
-        segment=request.segment,
-        request_id=request.request_id,
-        status=segment_store_pb2.ACCEPTED,
-        matched_index=result.matched_index,
-        acked_index=result.acked_index,
-        fence=result.fence,
-        first_index=request.entries[0].index if request.entries else 0,
-        last_index=request.entries[-1].index if request.entries else 0,
-        held_epochs=result.held_epochs if request.report_held else (),
-    )
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """What a Write reply needs of its request."""
+
+    segment: entry_pb2.SegmentId
+    key: SegmentKey
+    request_id: int
+    first_index: int
+    last_index: int
+    report_held: bool
+
+    @classmethod
+    def of(cls, request: segment_store_pb2.WriteRequest) -> _Ticket:
+        segment = entry_pb2.SegmentId()
+        segment.CopyFrom(request.segment)
+        return cls(
+            segment,
+            SegmentKey(segment.stream_id, segment.epoch),
+            request.request_id,
+            request.entries[0].index if request.entries else 0,
+            request.entries[-1].index if request.entries else 0,
+            request.report_held,
+        )
+
+    def reply(
+        self, status: segment_store_pb2.WriteStatus.ValueType, result: WriteResult
+    ) -> segment_store_pb2.WriteReply:
+        return segment_store_pb2.WriteReply(
+            segment=self.segment,
+            request_id=self.request_id,
+            status=status,
+            matched_index=result.matched_index,
+            acked_index=result.acked_index,
+            fence=result.fence,
+            first_index=self.first_index,
+            last_index=self.last_index,
+            held_epochs=result.held_epochs if self.report_held else (),
+        )
 
 
 class _Tail:

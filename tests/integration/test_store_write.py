@@ -1,0 +1,233 @@
+"""A real store process: fencing, the overwrite rule, matched index with gaps and
+retransmission, seal/read/digest/delete, and bad input that changes nothing.
+
+The store runs alone, its master address unreachable: it must serve regardless.
+Each test uses its own stream id, so one store process serves the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from streamengine.v1 import entry_pb2, segment_store_pb2
+
+from client.core.entry import EntryKind
+from client.core.limits import EVENT_BYTES_MAX
+from client.errors import FENCE_METADATA_KEY, fence_of
+from tests.harness import ServerProcess
+from tests.integration.store_helpers import (
+    entries,
+    entry,
+    lone_store,
+    read_all,
+    seg,
+    state,
+    store_stub,
+    write_all,
+    write_request,
+)
+
+ACCEPTED = segment_store_pb2.ACCEPTED
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with lone_store(Path(tmp_path_factory.mktemp("store"))) as running:
+        yield running
+
+
+async def test_a_write_below_the_fence_fails_precondition_with_the_fence(
+    store: ServerProcess,
+) -> None:
+    segment = seg(101, 3)
+    async with store_stub(store.address) as stub:
+        await write_all(stub, [write_request(segment, 3, 0, entries(1, 2))])
+        sealed = await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+        assert (sealed.fence, sealed.matched_index, sealed.last_index) == (5, 2, 2)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await write_all(stub, [write_request(segment, 4, 2, entries(3, 4, epoch=4))])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert fence_of(refused.value) == 5
+        assert dict(refused.value.trailing_metadata() or ())[FENCE_METADATA_KEY] == "5"
+        after = await state(stub, segment)
+        assert (after.fence, after.matched_index, after.last_index, after.acked_index) == (
+            5,
+            2,
+            2,
+            0,
+        )
+        # A lower seal is refused too, and the fence stays.
+        with pytest.raises(grpc.aio.AioRpcError) as lower:
+            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+        assert lower.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert fence_of(lower.value) == 5
+        again = await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+        assert again.fence == 5
+
+
+async def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
+    store: ServerProcess,
+) -> None:
+    segment = seg(102, 3)
+    async with store_stub(store.address) as stub:
+        await write_all(stub, [write_request(segment, 5, 0, [entry(1, 5, b"five"), entry(2, 3)])])
+        (reply,) = await write_all(
+            stub,
+            [
+                write_request(
+                    segment,
+                    6,
+                    0,
+                    [entry(1, 4, b"four"), entry(2, 6, b"six"), entry(3, 6)],
+                    request_id=9,
+                    report_held=True,
+                )
+            ],
+        )
+        assert reply.status == ACCEPTED and reply.request_id == 9
+        assert list(reply.held_epochs) == [5, 6, 6]
+        assert (reply.first_index, reply.last_index, reply.matched_index) == (1, 3, 3)
+        held = await read_all(stub, segment)
+        assert [(e.index, e.epoch, e.payload) for e in held] == [
+            (1, 5, b"five"),
+            (2, 6, b"six"),
+            (3, 6, b"e3"),
+        ]
+
+
+async def test_matched_index_with_gaps_and_retransmission(store: ServerProcess) -> None:
+    segment = seg(103, 3)
+    async with store_stub(store.address) as stub:
+        replies = await write_all(
+            stub,
+            [
+                write_request(segment, 3, 5, entries(1, 2), request_id=1),
+                write_request(segment, 3, 5, entries(5, 6), request_id=2),  # above a gap
+                write_request(segment, 3, 5, entries(8, 9), request_id=3),
+                write_request(segment, 3, 5, entries(3, 4), request_id=4),  # fills to 6
+                write_request(segment, 3, 9, entries(1, 4), request_id=5),  # retransmission
+                write_request(segment, 3, 9, entries(7, 7), request_id=6),
+                write_request(segment, 3, 9, [], request_id=7),  # acked index only
+            ],
+        )
+        assert [r.request_id for r in replies] == [1, 2, 3, 4, 5, 6, 7]
+        assert [r.matched_index for r in replies] == [2, 2, 2, 6, 6, 9, 9]
+        assert [r.acked_index for r in replies] == [2, 2, 2, 5, 6, 9, 9]
+        final = await state(stub, segment)
+        assert (final.matched_index, final.last_index, final.acked_index) == (9, 9, 9)
+        assert final.bytes == sum(len(e.payload) for e in entries(1, 9))
+        assert [e.index for e in await read_all(stub, segment)] == list(range(1, 10))
+
+
+async def test_seal_read_digest_and_delete(store: ServerProcess) -> None:
+    segment = seg(104, 3)
+    bridge = entry(4, 3, kind=EntryKind.BRIDGE)
+    async with store_stub(store.address) as stub:
+        await write_all(stub, [write_request(segment, 3, 2, [*entries(1, 3), bridge])])
+        current = await state(stub, segment)
+        assert (current.acked_index, current.bridge_index) == (2, 0)
+        await write_all(stub, [write_request(segment, 3, 4, [])])
+        assert (await state(stub, segment)).bridge_index == 4
+        sealed = await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+        assert (sealed.fence, sealed.acked_index, sealed.matched_index, sealed.last_index) == (
+            4,
+            4,
+            4,
+            4,
+        )
+        acked = await read_all(stub, segment, 2, 0, acked_only=True)
+        assert [e.index for e in acked] == [2, 3, 4]
+        paged = stub.Read(
+            segment_store_pb2.ReadRequest(segment=segment, from_index=1, max_entries_per_reply=3)
+        )
+        assert [len(r.entries) async for r in paged] == [3, 1]
+        digest = await stub.Digest(segment_store_pb2.DigestRequest(segment=segment))
+        assert (digest.up_to_index, digest.entries_held, digest.fence) == (4, 4, 4)
+        assert len(digest.digest) == 32
+        deleted = await stub.Delete(segment_store_pb2.DeleteRequest(segment=segment))
+        assert deleted.existed
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await state(stub, segment)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+        again = await stub.Delete(segment_store_pb2.DeleteRequest(segment=segment))
+        assert not again.existed
+
+
+def _bad_crc() -> list:  # type: ignore[type-arg]
+    bad = entry(1)
+    bad.crc32c ^= 1
+    return [bad]
+
+
+def _unknown_kind() -> list:  # type: ignore[type-arg]
+    bad = entry(1)
+    bad.kind = 7  # type: ignore[assignment]
+    return [bad]
+
+
+BAD_WRITES = [
+    ("non-consecutive", lambda s: write_request(s, 3, 0, [entry(1), entry(3)])),
+    ("bad crc", lambda s: write_request(s, 3, 0, _bad_crc())),
+    ("unknown kind", lambda s: write_request(s, 3, 0, _unknown_kind())),
+    (
+        "oversized entry",
+        lambda s: write_request(s, 3, 0, [entry(1, 3, b"x" * (EVENT_BYTES_MAX + 1))]),
+    ),
+    ("copy epoch above writer", lambda s: write_request(s, 3, 0, [entry(1, 4)])),
+    ("missing segment id", lambda s: write_request(seg(0, 0), 3, 0, [entry(1)])),
+    ("index zero", lambda s: write_request(s, 3, 0, [entry(0)])),
+]
+
+
+@pytest.mark.parametrize(("case", "make"), BAD_WRITES, ids=[c for c, _ in BAD_WRITES])
+async def test_a_malformed_write_gets_invalid_argument_and_changes_nothing(
+    store: ServerProcess, case: str, make: Callable[[entry_pb2.SegmentId], object]
+) -> None:
+    segment = seg(105, 3)
+    async with store_stub(store.address) as stub:
+        await write_all(stub, [write_request(segment, 3, 1, entries(1, 1))])
+        before = await state(stub, segment)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            bad = make(segment)
+            assert isinstance(bad, segment_store_pb2.WriteRequest)
+            await write_all(stub, [write_request(segment, 3, 1, entries(2, 2)), bad])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
+        after = await state(stub, segment)
+        # The well-formed batch before it was answered; the bad one changed nothing.
+        assert after.last_index == 2 and after.matched_index == 2
+        assert (after.fence, after.acked_index) == (before.fence, before.acked_index)
+        assert [e.index for e in await read_all(stub, segment)] == [1, 2]
+        await stub.Delete(segment_store_pb2.DeleteRequest(segment=segment))  # next case
+
+
+async def test_other_malformed_requests_get_clear_statuses(store: ServerProcess) -> None:
+    async with store_stub(store.address) as stub:
+        unknown = seg(106, 3)
+        cases: list[tuple[Awaitable[object], str]] = [
+            (stub.Seal(segment_store_pb2.SealRequest(segment=unknown, new_epoch=0)), "INVALID"),
+            (stub.Seal(segment_store_pb2.SealRequest(segment=seg(0, 0), new_epoch=3)), "INVALID"),
+            (
+                stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(segment=unknown)),
+                "NOT_FOUND",
+            ),
+            (stub.Digest(segment_store_pb2.DigestRequest(segment=unknown)), "NOT_FOUND"),
+        ]
+        for call, expected in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call
+            assert refused.value.code().name.startswith(expected), refused.value
+        with pytest.raises(grpc.aio.AioRpcError) as not_found:
+            await read_all(stub, unknown)
+        assert not_found.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as bad_copy:
+            await stub.CopySegment(
+                segment_store_pb2.CopySegmentRequest(segment=unknown, final_index=3)
+            )
+        assert bad_copy.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            await stub.Delete(segment_store_pb2.DeleteRequest(segment=unknown))
+        ).existed is False
+    assert store.alive()
