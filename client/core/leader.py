@@ -1,8 +1,9 @@
 """A writer's election loop and the open segment it leads, as one state machine.
 
 Theory of operation. A writer starts FOLLOWING: it heartbeats the master every
-lease/3 (`SendHeartbeat`, one at a time; the shell answers with `HeartbeatAnswered`
-carrying the time the request was *sent*, or `HeartbeatFailed`). When an answer makes
+lease/3 (`SendHeartbeat`, on schedule even while earlier ones are unanswered, up to a
+lease worth in flight; the shell answers each with `HeartbeatAnswered` carrying the
+time the request was *sent*, or `HeartbeatFailed`). When an answer makes
 it LEADER for an epoch, it counts its lease from that send time, so it always believes
 the lease ends before the master does, and it starts replicating the new segment
 (`BecameLeader` opens the Write streams; the `Replicator` does the rest).
@@ -48,6 +49,11 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
+
+# Heartbeats in flight at once. A slow answer still renews the lease from its send time,
+# so a slow master is not waited out: the next heartbeat goes on schedule, up to one
+# lease worth of them.
+HEARTBEATS_IN_FLIGHT_MAX = HEARTBEATS_PER_LEASE
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +141,8 @@ LeaderEvent = (
 
 @dataclass(frozen=True, slots=True)
 class SendHeartbeat:
-    """Send `WriterHeartbeatRequest` now; answer within `timeout_ms`."""
+    """Send `WriterHeartbeatRequest` now; give up on it after `timeout_ms` (a lease:
+    later than that the answer renews nothing)."""
 
     epoch: int
     acked_index: int
@@ -227,7 +234,8 @@ class Leader:
         self._lease_ms = LEASE_MS_DEFAULT
         self._lease_until_ms = 0
         self._leader_id = ""
-        self._heartbeat_in_flight = False
+        self._heartbeats_in_flight = 0
+        self._grant_sent_at_ms = 0
         self._next_heartbeat_ms = now_ms
         self._unsealed: list[int] = []
         self._roll_requested = False
@@ -242,7 +250,7 @@ class Leader:
         if self.role is Role.FINISHED:
             return None
         deadlines = []
-        if not self._heartbeat_in_flight:
+        if self._heartbeats_in_flight < HEARTBEATS_IN_FLIGHT_MAX:
             deadlines.append(self._next_heartbeat_ms)
         if self.role is Role.LEADING:
             deadlines.append(self._lease_until_ms)
@@ -270,13 +278,13 @@ class Leader:
             return self._step_finished(event)
         actions: list[LeaderAction] = []
         if isinstance(event, HeartbeatAnswered):
-            self._heartbeat_in_flight = False
+            self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             if self.role is Role.FOLLOWING:
                 self._answered_following(now_ms, event, actions)
             else:
                 self._answered_leading(event, actions)
         elif isinstance(event, HeartbeatFailed):
-            self._heartbeat_in_flight = False
+            self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
         elif isinstance(event, StoreFenced):
             if self.role is Role.LEADING and event.fence > self.epoch:
                 self._step_down(
@@ -321,9 +329,10 @@ class Leader:
         if self.role is Role.LEADING:
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, Tick()))
-        if not self._heartbeat_in_flight and now_ms >= self._next_heartbeat_ms:
+        in_flight = self._heartbeats_in_flight
+        if in_flight < HEARTBEATS_IN_FLIGHT_MAX and now_ms >= self._next_heartbeat_ms:
             interval = self.heartbeat_interval_ms
-            self._heartbeat_in_flight = True
+            self._heartbeats_in_flight += 1
             self._next_heartbeat_ms = now_ms + interval
             replication = self.replicator
             actions.append(
@@ -331,7 +340,7 @@ class Leader:
                     epoch=self.epoch if self.role is Role.LEADING else 0,
                     acked_index=replication.acked_index if replication else 0,
                     segment_bytes=replication.payload_bytes if replication else 0,
-                    timeout_ms=interval,
+                    timeout_ms=self._lease_ms,
                 )
             )
 
@@ -346,6 +355,7 @@ class Leader:
         if not answer.leader:
             return
         self.epoch = answer.epoch
+        self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_until_ms = answer.sent_at_ms + answer.lease_ms
         self._next_heartbeat_ms = answer.sent_at_ms + self.heartbeat_interval_ms
         problem = self._cannot_lead(answer)
@@ -390,6 +400,8 @@ class Leader:
         return ""
 
     def _answered_leading(self, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+        if answer.sent_at_ms < self._grant_sent_at_ms:
+            return  # sent before the grant: it says nothing about this epoch
         if not answer.leader or answer.epoch != self.epoch:
             self._leader_id = answer.leader_id
             self._step_down(

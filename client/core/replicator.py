@@ -354,9 +354,9 @@ class Replicator:
         return unacked == 0 or unacked + nbytes <= self.limits.unacked_bytes_max
 
     def flushed(self) -> bool:
-        """Has every connected store confirmed the acked index (as far as it holds)?"""
+        """Does every connected store hold everything and know the acked index?"""
         return all(
-            store.store_acked >= min(self._acked, store.matched)
+            store.matched >= self._last and store.store_acked >= self._acked
             for store in self._stores.values()
             if store.connected and not store.detached
         )

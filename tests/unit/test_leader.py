@@ -87,17 +87,33 @@ def answer_all(
     return out
 
 
-def test_a_follower_heartbeats_every_third_of_the_lease_one_at_a_time() -> None:
+def test_a_follower_heartbeats_every_third_of_the_lease_even_if_one_hangs() -> None:
     leader = Leader(0)
     [beat] = of_type(leader.step(0, Tick()), SendHeartbeat)
     assert beat.epoch == 0
-    assert leader.step(100, Tick()) == []  # one in flight
+    assert leader.step(100, Tick()) == []
     leader.step(10, follower_answer(0))
     assert leader.role is Role.FOLLOWING
     assert leader.deadline_ms(10) == LEASE_MS // 3
-    assert of_type(leader.step(LEASE_MS // 3, Tick()), SendHeartbeat)
-    leader.step(LEASE_MS // 3 + 50, HeartbeatFailed(LEASE_MS // 3, "unavailable"))
-    assert of_type(leader.step(2 * LEASE_MS // 3, Tick()), SendHeartbeat)
+    interval = LEASE_MS // 3
+    # Nobody answers: the heartbeats go on schedule, up to a lease worth in flight.
+    for n in (1, 2, 3):
+        [beat] = of_type(leader.step(n * interval, Tick()), SendHeartbeat)
+        assert beat.timeout_ms == LEASE_MS
+    assert of_type(leader.step(4 * interval, Tick()), SendHeartbeat) == []
+    assert leader.deadline_ms(4 * interval) is None
+    # One gives up: the overdue heartbeat goes at once.
+    assert of_type(leader.step(4 * interval + 1, HeartbeatFailed(interval, "x")), SendHeartbeat)
+
+
+def test_an_answer_sent_before_the_grant_does_not_depose() -> None:
+    leader = Leader(0)
+    leader.step(0, Tick())
+    leader.step(LEASE_MS // 3, Tick())
+    # The second heartbeat's grant overtakes the first one's FOLLOWER answer.
+    assert of_type(leader.step(400, leader_answer(LEASE_MS // 3)), BecameLeader)
+    assert not of_type(leader.step(401, follower_answer(0)), SteppedDown)
+    assert leader.role is Role.LEADING
 
 
 def test_the_lease_counts_from_the_send_time_and_renews_by_heartbeat() -> None:
