@@ -1,0 +1,207 @@
+"""Bad input to a real master gets a clear gRPC status and changes nothing (invariant 6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+
+from tests.harness import ServerProcess, make_master
+
+STREAM = "acme/orders"
+Code = grpc.StatusCode
+P = entry_pb2.ReplicationPolicy
+m = master_pb2
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    process = make_master(tmp_path_factory.mktemp("bad"), ["--lease-ms", "300"])
+    process.start()
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)
+            for n in range(3):
+                stub.RegisterStore(
+                    m.RegisterStoreRequest(store_id=f"s{n}", address=f"127.0.0.1:{n + 1}")
+                )
+            stub.CreateStream(
+                m.CreateStreamRequest(
+                    name=STREAM, policy=P(replicas=3, write_quorum=2), create_tenant=True
+                )
+            )
+            # A leader with a rolled segment, so there is something to seal and roll.
+            reply = stub.WriterHeartbeat(m.WriterHeartbeatRequest(stream=STREAM, client_id="w1"))
+            while reply.role != m.LEADER:
+                reply = stub.WriterHeartbeat(
+                    m.WriterHeartbeatRequest(stream=STREAM, client_id="w1")
+                )
+            stub.RollSegment(m.RollSegmentRequest(stream=STREAM, client_id="w1", epoch=reply.epoch))
+        yield process
+    finally:
+        process.kill()
+
+
+def snapshot(stub: master_pb2_grpc.MasterStub) -> tuple[Any, ...]:
+    streams = stub.ListStreams(m.ListStreamsRequest())
+    for info in streams.streams:
+        info.leader_id = ""  # the lease runs out during the test; not metadata
+        info.acked_index = 0
+    segments = [stub.ListSegments(m.ListSegmentsRequest(stream=s.name)) for s in streams.streams]
+    stores = stub.GetClusterStatus(m.GetClusterStatusRequest()).stores
+    return (
+        stub.ListTenants(m.ListTenantsRequest()),
+        streams,
+        segments,
+        [(s.store_id, s.address, s.zone, s.draining) for s in stores],
+    )
+
+
+BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
+    (
+        "no slash in a name",
+        "CreateStream",
+        m.CreateStreamRequest(
+            name="orders", policy=P(replicas=3, write_quorum=2), create_tenant=True
+        ),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "empty stream part",
+        "CreateStream",
+        m.CreateStreamRequest(name="acme/", policy=P(replicas=3, write_quorum=2)),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "bad characters",
+        "CreateStream",
+        m.CreateStreamRequest(name="acme/or ders", policy=P(replicas=3, write_quorum=2)),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "W > N",
+        "CreateStream",
+        m.CreateStreamRequest(name="acme/x", policy=P(replicas=2, write_quorum=3)),
+        Code.INVALID_ARGUMENT,
+    ),
+    ("no policy", "CreateStream", m.CreateStreamRequest(name="acme/x"), Code.INVALID_ARGUMENT),
+    (
+        "N too large",
+        "CreateStream",
+        m.CreateStreamRequest(name="acme/x", policy=P(replicas=99, write_quorum=2)),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "unknown tenant",
+        "CreateStream",
+        m.CreateStreamRequest(name="nobody/x", policy=P(replicas=3, write_quorum=2)),
+        Code.NOT_FOUND,
+    ),
+    (
+        "existing stream, other policy",
+        "CreateStream",
+        m.CreateStreamRequest(name=STREAM, policy=P(replicas=3, write_quorum=3)),
+        Code.ALREADY_EXISTS,
+    ),
+    ("bad tenant", "CreateTenant", m.CreateTenantRequest(tenant="a/b"), Code.INVALID_ARGUMENT),
+    ("bad tenant filter", "ListStreams", m.ListStreamsRequest(tenant="..x"), Code.INVALID_ARGUMENT),
+    ("unknown stream", "DescribeStream", m.DescribeStreamRequest(name="acme/none"), Code.NOT_FOUND),
+    ("delete unknown", "DeleteStream", m.DeleteStreamRequest(name="acme/none"), Code.NOT_FOUND),
+    (
+        "heartbeat unknown stream",
+        "WriterHeartbeat",
+        m.WriterHeartbeatRequest(stream="acme/none", client_id="w"),
+        Code.NOT_FOUND,
+    ),
+    (
+        "heartbeat without client id",
+        "WriterHeartbeat",
+        m.WriterHeartbeatRequest(stream=STREAM),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "heartbeat with an epoch never granted",
+        "WriterHeartbeat",
+        m.WriterHeartbeatRequest(stream=STREAM, client_id="w9", epoch=99),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "roll by a non-leader",
+        "RollSegment",
+        m.RollSegmentRequest(stream=STREAM, client_id="w9", epoch=2),
+        Code.FAILED_PRECONDITION,
+    ),
+    (
+        "seal with a stale epoch",
+        "SealSegment",
+        m.SealSegmentRequest(stream=STREAM, segment_epoch=2, writer_epoch=2, final_index=3),
+        Code.FAILED_PRECONDITION,
+    ),
+    (
+        "seal with an epoch never granted",
+        "SealSegment",
+        m.SealSegmentRequest(stream=STREAM, segment_epoch=1, writer_epoch=9, final_index=3),
+        Code.FAILED_PRECONDITION,
+    ),
+    (
+        "seal at index 0",
+        "SealSegment",
+        m.SealSegmentRequest(stream=STREAM, segment_epoch=1, writer_epoch=2, final_index=0),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "seal an unknown segment",
+        "SealSegment",
+        m.SealSegmentRequest(stream=STREAM, segment_epoch=7, writer_epoch=2, final_index=3),
+        Code.NOT_FOUND,
+    ),
+    (
+        "segments of an unknown stream",
+        "ListSegments",
+        m.ListSegmentsRequest(stream="acme/none"),
+        Code.NOT_FOUND,
+    ),
+    ("drain an unknown store", "DrainStore", m.DrainStoreRequest(store_id="nope"), Code.NOT_FOUND),
+    (
+        "register without an id",
+        "RegisterStore",
+        m.RegisterStoreRequest(address="127.0.0.1:1"),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "register without host:port",
+        "RegisterStore",
+        m.RegisterStoreRequest(store_id="s9", address="x"),
+        Code.INVALID_ARGUMENT,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "method", "request_", "code"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input_changes_nothing(master: ServerProcess, case, method, request_, code) -> None:
+    with grpc.insecure_channel(master.address) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        before = snapshot(stub)
+        with pytest.raises(grpc.RpcError) as raised:
+            getattr(stub, method)(request_, timeout=5)
+        assert raised.value.code() == code, f"{case}: {raised.value.details()}"
+        assert raised.value.details(), "a clear message"
+        assert snapshot(stub) == before, case
+
+
+def test_seal_contradiction_is_aborted_and_repeat_is_idempotent(master: ServerProcess) -> None:
+    with grpc.insecure_channel(master.address) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        seal = m.SealSegmentRequest(stream=STREAM, segment_epoch=1, writer_epoch=2, final_index=4)
+        first = stub.SealSegment(seal)
+        assert first.state == entry_pb2.SEALED and first.final_index == 4
+        assert stub.SealSegment(seal) == first
+        before = snapshot(stub)
+        seal.final_index = 5
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.SealSegment(seal)
+        assert raised.value.code() == Code.ABORTED
+        assert snapshot(stub) == before
