@@ -1,0 +1,202 @@
+"""The writer against real processes: a master and three stores (W=2).
+
+Appends are checked on the stores themselves with their Read RPC (everything held, in
+order), not through the SDK's own reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+from streamengine.v1 import entry_pb2, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client import EventTooLarge, StreamClient
+from client.channels import CLIENT_OPTIONS
+from client.core.limits import EVENT_BYTES_MAX
+from client.core.replicator import ReplicatorLimits
+from client.core.sequence import unpack_sequence
+from client.writer import Writer
+from tests.harness import Cluster
+
+COUNT = 20_000
+
+
+def payload(number: int) -> bytes:
+    return b"event-%06d-" % number + b"x" * 88
+
+
+async def read_store(address: str, stream_id: int, epoch: int) -> list[entry_pb2.Entry]:
+    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        request = segment_store_pb2.ReadRequest(
+            segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch), from_index=1
+        )
+        entries: list[entry_pb2.Entry] = []
+        async for reply in stub.Read(request, timeout=30):
+            entries.extend(reply.entries)
+        return entries
+
+
+async def segment_state(
+    address: str, stream_id: int, epoch: int
+) -> segment_store_pb2.SegmentStateReply:
+    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        request = segment_store_pb2.GetSegmentStateRequest(
+            segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch)
+        )
+        return await stub.GetSegmentState(request, timeout=5)
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+async def assert_held_in_order(
+    cluster: Cluster, stream_id: int, epoch: int, payloads: list[bytes], stores: int = 3
+) -> None:
+    held = 0
+    for store in cluster.stores:
+        entries = await read_store(store.address, stream_id, epoch)
+        if len(entries) < len(payloads):
+            continue
+        assert [e.index for e in entries] == list(range(1, len(payloads) + 1))
+        assert all(e.kind == entry_pb2.EVENT and e.epoch == epoch for e in entries)
+        assert [e.payload for e in entries] == payloads
+        held += 1
+    assert held >= stores
+
+
+async def test_twenty_thousand_single_appends_are_acked_and_held_in_order(
+    cluster: Cluster,
+) -> None:
+    payloads = [payload(n) for n in range(COUNT)]
+    async with StreamClient(cluster.master_address) as client:
+        info = await client.create_stream("acme/single", replicas=3, write_quorum=2)
+        async with client.writer("acme/single", leadership_timeout_s=10) as writer:
+            epoch = writer.epoch
+            sequences: list[int] = []
+            # Single appends, many outstanding at once (each its own call and future).
+            for start in range(0, COUNT, 2000):
+                chunk = payloads[start : start + 2000]
+                sequences += await asyncio.gather(*(writer.append(p) for p in chunk))
+            stats = writer.statistics()
+        assert [unpack_sequence(s) for s in sequences] == [(epoch, i) for i in range(1, COUNT + 1)]
+        assert stats.acked_index == COUNT and stats.in_flight_bytes == 0
+    await assert_held_in_order(cluster, info.stream_id, epoch, payloads)
+
+
+async def test_twenty_thousand_batched_appends_are_acked_and_held_in_order(
+    cluster: Cluster,
+) -> None:
+    payloads = [payload(n) for n in range(COUNT)]
+    async with StreamClient(cluster.master_address) as client:
+        info = await client.create_stream("acme/batched")
+        async with client.writer("acme/batched", leadership_timeout_s=10) as writer:
+            epoch = writer.epoch
+            batches = [payloads[i : i + 500] for i in range(0, COUNT, 500)]
+            results = await asyncio.gather(*(writer.append_batch(b) for b in batches))
+            with pytest.raises(EventTooLarge):
+                await writer.append(b"x" * (EVENT_BYTES_MAX + 1))
+        sequences = [s for batch in results for s in batch]
+        assert [unpack_sequence(s) for s in sequences] == [(epoch, i) for i in range(1, COUNT + 1)]
+        # Leaving the block gave the lease back at once.
+        described = await client.describe_stream("acme/batched")
+        assert described.leader_id == "" and described.epoch == epoch
+    await assert_held_in_order(cluster, info.stream_id, epoch, payloads)
+
+
+async def append_continuously(writer: Writer, payloads: list[bytes], stop: asyncio.Event) -> None:
+    """Batches of 100 with up to 8 in flight, until `stop`."""
+    in_flight: set[asyncio.Task[list[int]]] = set()
+    number = 0
+    while not stop.is_set():
+        batch = [payload(number + i) for i in range(100)]
+        number += 100
+        payloads += batch
+        in_flight.add(asyncio.create_task(writer.append_batch(batch)))
+        if len(in_flight) >= 8:
+            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+    for task in in_flight:
+        await task
+
+
+async def test_appends_go_on_while_a_store_is_killed_and_it_is_caught_up(
+    cluster: Cluster,
+) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        info = await client.create_stream("acme/kill")
+        async with client.writer("acme/kill", leadership_timeout_s=10) as writer:
+            epoch = writer.epoch
+            payloads: list[bytes] = []
+            stop = asyncio.Event()
+            appender = asyncio.create_task(append_continuously(writer, payloads, stop))
+            await wait_until(lambda: writer.statistics().acked_index >= 2000, 20, "2000 acked")
+            victim = cluster.stores[1]
+            victim.kill()
+            killed_at = writer.statistics().acked_index
+            # W=2 of the two left: appends go on.
+            await wait_until(
+                lambda: writer.statistics().acked_index >= killed_at + 5000, 30, "appends go on"
+            )
+            assert appender.done() is False
+            matched_while_down = writer.statistics().matched_index["store1"]
+            await asyncio.to_thread(victim.start)
+            # The restarted store gets everything it missed, from its matched index.
+            await wait_until(
+                lambda: writer.statistics().matched_index["store1"] >= killed_at + 5000,
+                30,
+                "store1 caught up",
+            )
+            stop.set()
+            await appender
+            stats = writer.statistics()
+            assert stats.acked_index == len(payloads)
+            assert matched_while_down < killed_at + 5000
+            assert not stats.detached
+        state = await segment_state(victim.address, info.stream_id, epoch)
+        assert state.matched_index == len(payloads)
+    await assert_held_in_order(cluster, info.stream_id, epoch, payloads)
+
+
+async def test_appends_go_on_past_a_stopped_store_in_bounded_memory(cluster: Cluster) -> None:
+    limits = ReplicatorLimits(unacked_bytes_max=2 << 20, retained_bytes_max=4 << 20)
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("acme/stop")
+        async with client.writer("acme/stop", limits=limits, leadership_timeout_s=10) as writer:
+            payloads: list[bytes] = []
+            stop = asyncio.Event()
+            appender = asyncio.create_task(append_continuously(writer, payloads, stop))
+            await wait_until(lambda: writer.statistics().acked_index >= 1000, 20, "1000 acked")
+            victim = cluster.stores[2]
+            victim.stop()
+            try:
+                stopped_at = writer.statistics().acked_index
+                # 12 MiB of events pass while the store hangs: three times what the
+                # writer may keep.
+                peak = 0
+                deadline = time.monotonic() + 60
+                while writer.statistics().acked_index < stopped_at + 100_000:
+                    stats = writer.statistics()
+                    peak = max(peak, stats.retained_bytes)
+                    assert time.monotonic() < deadline, stats
+                    await asyncio.sleep(0.01)
+                stop.set()
+                await appender
+            finally:
+                victim.cont()
+            stats = writer.statistics()
+            assert stats.acked_index == len(payloads)
+            assert stats.detached == ("store2",)
+            assert peak <= limits.retained_bytes_max + 2 * limits.batch_bytes_max
