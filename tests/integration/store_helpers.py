@@ -126,6 +126,11 @@ def subscribe_start(
 
 
 async def next_reply(
-    call: AsyncIterator[segment_store_pb2.SubscribeReply], timeout_s: float = 5.0
+    call: grpc.aio.StreamStreamCall[
+        segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
+    ],
+    timeout_s: float = 5.0,
 ) -> segment_store_pb2.SubscribeReply:
-    return await asyncio.wait_for(anext(aiter(call)), timeout_s)
+    reply = await asyncio.wait_for(call.read(), timeout_s)
+    assert isinstance(reply, segment_store_pb2.SubscribeReply), "the stream ended"
+    return reply

@@ -1,0 +1,146 @@
+"""Subscribe against a real store: the position first, acked entries as the acked index
+advances with the token of each batch, keepalives both ways, a silent peer dropped, a
+slow consumer disconnected with RESOURCE_EXHAUSTED."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from streamengine.v1 import segment_store_pb2
+
+from client.core.entry import EntryKind
+from tests.harness import ServerProcess
+from tests.integration.store_helpers import (
+    entries,
+    entry,
+    lone_store,
+    next_reply,
+    seg,
+    store_stub,
+    subscribe_start,
+    write_all,
+    write_request,
+)
+
+STALL_MS = 300
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    args = ["--subscribe-buffer-batches", "2", "--subscribe-stall-ms", str(STALL_MS)]
+    with lone_store(Path(tmp_path_factory.mktemp("store")), args) as running:
+        yield running
+
+
+def _keepalive() -> segment_store_pb2.SubscribeRequest:
+    return segment_store_pb2.SubscribeRequest(
+        keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+    )
+
+
+async def _requests(
+    start: segment_store_pb2.SubscribeRequest, keepalive_s: float | None
+) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+    yield start
+    if keepalive_s is None:
+        await asyncio.Event().wait()  # silent, the stream left open
+        return
+    while True:
+        await asyncio.sleep(keepalive_s)
+        yield _keepalive()
+
+
+async def test_subscribe_sends_the_position_first_then_acked_entries_with_tokens(
+    store: ServerProcess,
+) -> None:
+    segment = seg(401, 3)
+    async with store_stub(store.address) as stub:
+        await write_all(stub, [write_request(segment, 3, 2, entries(1, 5))])
+        call = stub.Subscribe(_requests(subscribe_start(segment, 2, 200, batch=2), 0.1))
+        first = await next_reply(call)
+        assert first.WhichOneof("message") == "position"
+        assert (first.position.acked_index, first.position.fence) == (2, 0)
+        batch = (await next_reply(call)).batch
+        assert [e.index for e in batch.entries] == [2] and batch.token == 2
+        # The acked index advances: entries follow, at most 2 per batch, each with its token.
+        await write_all(stub, [write_request(segment, 3, 5, [])])
+        seen: list[int] = []
+        tokens: list[int] = []
+        while len(seen) < 3:
+            reply = await next_reply(call)
+            if reply.WhichOneof("message") == "batch":
+                seen += [e.index for e in reply.batch.entries]
+                tokens.append(reply.batch.token)
+                assert len(reply.batch.entries) <= 2
+        assert seen == [3, 4, 5] and tokens[-1] == 5
+        # Sealed with a bridge while no entries flow: a new position says so.
+        await write_all(stub, [write_request(segment, 3, 6, [entry(6, kind=EntryKind.BRIDGE)])])
+        await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+        while True:
+            reply = await next_reply(call)
+            if reply.WhichOneof("message") == "position" and reply.position.fence == 4:
+                break
+        assert (reply.position.acked_index, reply.position.bridge_index) == (6, 6)
+        call.cancel()
+
+
+async def test_subscribe_keepalives_flow_both_ways_on_an_idle_segment(
+    store: ServerProcess,
+) -> None:
+    segment = seg(402, 3)
+    async with store_stub(store.address) as stub:
+        await write_all(stub, [write_request(segment, 3, 1, entries(1, 1))])
+        call = stub.Subscribe(_requests(subscribe_start(segment, 2, 100), 0.05))
+        assert (await next_reply(call)).WhichOneof("message") == "position"
+        kinds = [(await next_reply(call, 2.0)).WhichOneof("message") for _ in range(5)]
+        assert kinds == ["keepalive"] * 5  # and the stream stays up well past 3 intervals
+        call.cancel()
+
+
+async def test_a_silent_subscriber_is_dropped(store: ServerProcess) -> None:
+    segment = seg(403, 3)
+    async with store_stub(store.address) as stub:
+        call = stub.Subscribe(_requests(subscribe_start(segment, 1, 100), None))
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as dropped:
+            async for _reply in call:
+                pass
+        assert dropped.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "silent" in (dropped.value.details() or "")
+        assert time.monotonic() - started < 5
+
+
+async def test_a_slow_consumer_is_disconnected_with_resource_exhausted(
+    store: ServerProcess,
+) -> None:
+    segment = seg(404, 3)
+    entry_bytes, per_batch, batches = 256 << 10, 16, 8  # 32 MiB acked, beyond the transport
+    async with store_stub(store.address) as stub:
+        await write_all(
+            stub,
+            [
+                write_request(
+                    segment,
+                    3,
+                    (n + 1) * per_batch,
+                    entries(n * per_batch + 1, (n + 1) * per_batch, size=entry_bytes),
+                )
+                for n in range(batches)
+            ],
+        )
+        call = stub.Subscribe(_requests(subscribe_start(segment, 1, 60_000, batch=4), 1.0))
+        assert (await next_reply(call)).WhichOneof("message") == "position"
+        await asyncio.sleep(STALL_MS / 1000 * 6)  # read nothing meanwhile
+        received = 0
+        with pytest.raises(grpc.aio.AioRpcError) as disconnected:
+            while (reply := await call.read()) is not grpc.aio.EOF:
+                assert isinstance(reply, segment_store_pb2.SubscribeReply)
+                received += len(reply.batch.entries)
+        assert disconnected.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "too slow" in (disconnected.value.details() or "")
+        assert received < batches * per_batch
