@@ -1,0 +1,226 @@
+"""The `streamengine` CLI against a real local cluster, error paths included."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.harness import STREAMENGINE, Cluster, free_port, wait_for
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [STREAMENGINE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_help_works_for_every_command() -> None:
+    top = run_cli("--help")
+    assert top.returncode == 0
+    for command in [
+        "master",
+        "store",
+        "cluster up",
+        "stream create",
+        "stream list",
+        "status",
+        "drain",
+        "rebalance",
+        "verify",
+    ]:
+        result = run_cli(*command.split(), "--help")
+        assert result.returncode == 0, (command, result.stderr)
+        assert "usage:" in result.stdout
+
+
+def test_bad_flags_are_usage_errors_with_exit_code_2() -> None:
+    for args in (
+        ["no-such-command"],
+        ["status", "--bogus"],
+        ["stream", "create"],
+        ["cluster", "up", "--stores", "x"],
+    ):
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_no_cluster_is_one_clear_line_and_exit_1() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    for args in (["status"], ["stream", "list"], ["verify", "a/b"]):
+        result = run_cli(*args, "--master", address, timeout_s=60)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and address in lines[0], result.stderr
+
+
+def test_master_address_comes_from_the_environment(cluster: Cluster) -> None:
+    result = run_cli("status", "--json", env={"STREAMENGINE_MASTER": cluster.master_address})
+    assert result.returncode == 0, result.stderr
+
+
+def test_stream_lifecycle_and_status(cluster: Cluster) -> None:
+    master = ["--master", cluster.master_address]
+    created = run_cli(
+        "stream", "create", "acme/orders", "--replicas", "3", "--write-quorum", "2", *master
+    )
+    assert created.returncode == 0, created.stderr
+    again = run_cli(
+        "stream", "create", "acme/orders", "--replicas", "2", "--write-quorum", "2", *master
+    )
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+
+    listing = json.loads(run_cli("stream", "list", "--json", *master).stdout)
+    assert [s["name"] for s in listing] == ["acme/orders"]
+    described = json.loads(run_cli("stream", "describe", "acme/orders", "--json", *master).stdout)
+    assert described["replicas"] == 3 and described["write_quorum"] == 2
+
+    status = json.loads(run_cli("status", "--json", *master).stdout)
+    assert {s["id"] for s in status["stores"]} == {"store0", "store1", "store2"}
+    for store in status["stores"]:
+        assert set(store) >= {"id", "address", "zone", "alive", "bytes", "segments"}
+        assert store["alive"] is True
+    assert [s["name"] for s in status["streams"]] == ["acme/orders"]
+    assert set(status["streams"][0]) >= {"name", "leader", "epoch", "acked_index"}
+    assert status["under_replicated"] == []
+    table = run_cli("status", *master)
+    assert table.returncode == 0 and "store0" in table.stdout and "acme/orders" in table.stdout
+
+    deleted = run_cli("stream", "delete", "acme/orders", *master)
+    assert deleted.returncode == 0, deleted.stderr
+    assert json.loads(run_cli("stream", "list", "--json", *master).stdout) == []
+
+
+def test_unknown_and_invalid_streams_change_nothing(cluster: Cluster) -> None:
+    master = ["--master", cluster.master_address]
+    for args in (
+        ["stream", "describe", "acme/missing"],
+        ["verify", "acme/missing"],
+        ["stream", "delete", "acme/missing"],
+    ):
+        result = run_cli(*args, *master)
+        assert result.returncode == 1, (args, result.stderr)
+        assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    for name, extra in (("no-slash", []), ("a/b", ["--write-quorum", "4"])):
+        result = run_cli("stream", "create", name, *extra, *master)
+        assert result.returncode == 1, (name, result.stderr)
+    assert json.loads(run_cli("stream", "list", "--json", *master).stdout) == []
+
+
+def test_rebalance_dry_run_on_an_empty_cluster_moves_nothing(cluster: Cluster) -> None:
+    result = run_cli("rebalance", "--dry-run", "--master", cluster.master_address)
+    assert result.returncode == 0, result.stderr
+    assert "nothing to move" in result.stdout
+
+
+def test_drain_of_an_unknown_store_fails_clearly(cluster: Cluster) -> None:
+    result = run_cli("drain", "no-such-store", "--master", cluster.master_address)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_cluster_up_serves_and_leaves_no_orphan_after_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            STREAMENGINE,
+            "cluster",
+            "up",
+            "--stores",
+            "3",
+            "--data",
+            str(tmp_path / "data"),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def three_stores_alive() -> bool:
+            result = run_cli("status", "--json", "--master", f"127.0.0.1:{port}", timeout_s=10)
+            if result.returncode != 0:
+                return False
+            return sum(s["alive"] for s in json.loads(result.stdout)["stores"]) == 3
+
+        wait_for(three_stores_alive, timeout_s=60, interval_s=0.3, message="cluster up")
+        children = _children(process.pid)
+        assert len(children) >= 4
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+            assert time.monotonic() < deadline, "orphans left after SIGTERM"
+            time.sleep(0.05)
+        assert process.stdout is not None
+        output = process.stdout.read()
+        assert f"127.0.0.1:{port}" in output and "stopping (SIGTERM)" in output
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize(
+    ("source", "expected_lease_ms"), [("env", 900), ("config", 1500), ("config+flag", 1200)]
+)
+def test_servers_take_settings_from_config_files_and_env_flags_winning(
+    tmp_path: Path, source: str, expected_lease_ms: int
+) -> None:
+    port = free_port()
+    data = tmp_path / "master"
+    env = {}
+    args = ["master"]
+    if source == "env":
+        env = {
+            "STREAMENGINE_LISTEN": f"127.0.0.1:{port}",
+            "STREAMENGINE_DATA": str(data),
+            "STREAMENGINE_LEASE_MS": "900",
+        }
+    else:
+        config = tmp_path / "master.toml"
+        config.write_text(f'listen = "127.0.0.1:{port}"\ndata = "{data}"\nlease-ms = 1500\n')
+        args += ["--config", str(config)]
+        if source == "config+flag":
+            args += ["--lease-ms", "1200"]
+            env = {"STREAMENGINE_LEASE_MS": "900"}
+    log_path = tmp_path / "master.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [STREAMENGINE, *args], env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(
+            lambda: (
+                run_cli("status", "--master", f"127.0.0.1:{port}", timeout_s=10).returncode == 0
+            ),
+            timeout_s=30,
+            interval_s=0.2,
+            message="master serving at the configured address",
+        )
+        assert f"lease {expected_lease_ms} ms" in log_path.read_text()
+    finally:
+        process.terminate()
+        assert process.wait(timeout=20) == 0
