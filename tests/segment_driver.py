@@ -1,0 +1,196 @@
+"""Make sealed segments with data by driving master and stores over raw gRPC.
+
+For tests of repair, drain and rebalance that need real data on real stores without the
+client SDK. It plays one leader doing exactly what DESIGN.md's leader does on a roll,
+with no failures: heartbeat for the lease and copy set, write events to every store of
+the copy set and raise their acked index, RollSegment for the next epoch, Seal the old
+segment on its stores with the new epoch, write the BRIDGE and raise the acked index
+over it, then SealSegment at the master.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client.core.entry import EntryKind, StoredEntry
+
+CALL_TIMEOUT_S = 10.0
+
+
+def entry_pb(entry: StoredEntry) -> entry_pb2.Entry:
+    return entry_pb2.Entry(
+        index=entry.index,
+        kind=int(entry.kind),  # type: ignore[arg-type]
+        epoch=entry.epoch,
+        payload=entry.payload,
+        crc32c=entry.crc32c,
+    )
+
+
+def store_stub(address: str) -> tuple[grpc.Channel, store_grpc.SegmentStoreStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, store_grpc.SegmentStoreStub(channel)
+
+
+def write(
+    address: str,
+    segment: entry_pb2.SegmentId,
+    writer_epoch: int,
+    entries: list[StoredEntry],
+    acked: int,
+) -> None:
+    """Write `entries` to one store, then raise its acked index to `acked`."""
+    requests = [
+        segment_store_pb2.WriteRequest(
+            segment=segment,
+            writer_epoch=writer_epoch,
+            acked_index=0,
+            entries=[entry_pb(e) for e in entries],
+            request_id=1,
+        ),
+        segment_store_pb2.WriteRequest(
+            segment=segment, writer_epoch=writer_epoch, acked_index=acked, request_id=2
+        ),
+    ]
+    channel, stub = store_stub(address)
+    with channel:
+        replies = list(stub.Write(iter(requests), timeout=CALL_TIMEOUT_S))
+    assert [r.status for r in replies] == [segment_store_pb2.ACCEPTED] * 2, replies
+    assert replies[-1].acked_index == acked, replies[-1]
+
+
+def seal(address: str, segment: entry_pb2.SegmentId, new_epoch: int) -> segment_store_pb2.SealReply:
+    channel, stub = store_stub(address)
+    with channel:
+        reply: segment_store_pb2.SealReply = stub.Seal(
+            segment_store_pb2.SealRequest(segment=segment, new_epoch=new_epoch),
+            timeout=CALL_TIMEOUT_S,
+        )
+        return reply
+
+
+@dataclass
+class Driver:
+    """One leader of one stream, driven by hand."""
+
+    master: str
+    stream: str
+    client_id: str = "driver"
+    epoch: int = 0
+    segment: entry_pb2.Segment | None = None
+
+    def _stub(self) -> tuple[grpc.Channel, master_pb2_grpc.MasterStub]:
+        channel = grpc.insecure_channel(self.master)
+        return channel, master_pb2_grpc.MasterStub(channel)
+
+    def lead(self, timeout_s: float = 15.0) -> master_pb2.WriterHeartbeatReply:
+        """Heartbeat until this driver leads; returns the last reply."""
+        deadline = time.monotonic() + timeout_s
+        channel, stub = self._stub()
+        with channel:
+            while True:
+                try:
+                    reply = stub.WriterHeartbeat(
+                        master_pb2.WriterHeartbeatRequest(
+                            stream=self.stream, client_id=self.client_id, epoch=self.epoch
+                        ),
+                        timeout=CALL_TIMEOUT_S,
+                    )
+                except grpc.RpcError as error:
+                    if (
+                        error.code() != grpc.StatusCode.FAILED_PRECONDITION
+                        or time.monotonic() > deadline
+                    ):
+                        raise
+                    time.sleep(0.1)
+                    continue
+                if reply.role == master_pb2.LEADER:
+                    self.epoch = reply.epoch
+                    if reply.HasField("segment"):
+                        self.segment = reply.segment
+                    return reply
+                assert time.monotonic() < deadline, f"{self.client_id} never led {self.stream}"
+                time.sleep(0.05)
+
+    def fill_and_roll(self, events: int, payload_bytes: int) -> entry_pb2.Segment:
+        """Write `events` events to the open segment, roll, seal and bridge it; returns
+        the sealed segment as the master records it."""
+        self.lead()
+        assert self.segment is not None, "the leader has no open segment"
+        old, old_epoch = self.segment, self.epoch
+        entries = [
+            StoredEntry.make(i, EntryKind.EVENT, old_epoch, bytes([i % 256]) * payload_bytes)
+            for i in range(1, events + 1)
+        ]
+        for replica in old.copy_set:
+            write(replica.address, old.id, old_epoch, entries, events)
+        channel, stub = self._stub()
+        with channel:
+            rolled = stub.RollSegment(
+                master_pb2.RollSegmentRequest(
+                    stream=self.stream, client_id=self.client_id, epoch=old_epoch
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            self.epoch, self.segment = rolled.epoch, rolled.segment
+            bridge = StoredEntry.make(events + 1, EntryKind.BRIDGE, self.epoch)
+            for replica in old.copy_set:
+                sealed = seal(replica.address, old.id, self.epoch)
+                assert sealed.fence == self.epoch and sealed.acked_index == events
+                write(replica.address, old.id, self.epoch, [bridge], events + 1)
+            result: entry_pb2.Segment = stub.SealSegment(
+                master_pb2.SealSegmentRequest(
+                    stream=self.stream,
+                    segment_epoch=old_epoch,
+                    writer_epoch=self.epoch,
+                    client_id=self.client_id,
+                    final_index=events + 1,
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+        return result
+
+
+def sealed_segments(master: str, stream: str) -> list[entry_pb2.Segment]:
+    with grpc.insecure_channel(master) as channel:
+        reply = master_pb2_grpc.MasterStub(channel).ListSegments(
+            master_pb2.ListSegmentsRequest(stream=stream), timeout=CALL_TIMEOUT_S
+        )
+    return [s for s in reply.segments if s.state == entry_pb2.SEALED]
+
+
+def replica_digests(segment: entry_pb2.Segment) -> dict[str, tuple[bytes, int]]:
+    """(digest up to the bridge, acked index) of every copy-set member that answers."""
+    out = {}
+    for replica in segment.copy_set:
+        channel, stub = store_stub(replica.address)
+        with channel:
+            try:
+                reply = stub.Digest(
+                    segment_store_pb2.DigestRequest(
+                        segment=segment.id, up_to_index=segment.final_index
+                    ),
+                    timeout=CALL_TIMEOUT_S,
+                )
+            except grpc.RpcError:
+                continue
+        out[replica.store_id] = (reply.digest, reply.acked_index)
+    return out
+
+
+def fully_replicated(segment: entry_pb2.Segment, replicas: int, alive: set[str]) -> bool:
+    """N distinct live members, each holding the bridge with one and the same digest."""
+    members = [r.store_id for r in segment.copy_set]
+    if len(set(members)) != replicas or not set(members) <= alive:
+        return False
+    digests = replica_digests(segment)
+    return (
+        len(digests) == replicas
+        and len({d for d, _ in digests.values()}) == 1
+        and all(acked >= segment.final_index for _, acked in digests.values())
+    )
