@@ -1,0 +1,159 @@
+"""A store process's life: restart keeps state, SIGTERM stops it cleanly (exit 0), an id
+generated once is kept, metrics are served, CopySegment pulls a sealed segment from a
+peer and checks its digest, and a real master sees the store register."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2
+
+from client.channels import CLIENT_OPTIONS
+from client.core.entry import EntryKind
+from tests.harness import ServerProcess, free_port, make_store, running_cluster, wait_for
+from tests.integration.store_helpers import (
+    NO_MASTER,
+    entries,
+    entry,
+    lone_store,
+    read_all,
+    seg,
+    state,
+    store_stub,
+    write_all,
+    write_request,
+)
+
+
+async def test_sigterm_stops_gracefully_and_a_restart_keeps_every_segments_state(
+    tmp_path: Path,
+) -> None:
+    segment = seg(501, 3)
+    with lone_store(tmp_path) as store:
+        async with store_stub(store.address) as stub:
+            await write_all(stub, [write_request(segment, 3, 3, entries(1, 4))])
+            await write_all(stub, [write_request(segment, 3, 3, entries(6, 7))])
+            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+            before = await state(stub, segment)
+        assert store.terminate() == 0
+        store.start()
+        async with store_stub(store.address) as stub:
+            assert await state(stub, segment) == before
+            assert (before.fence, before.acked_index, before.matched_index) == (5, 3, 4)
+            assert before.last_index == 7
+
+
+def test_a_generated_store_id_is_kept_in_the_data_dir(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 0, NO_MASTER)
+    at = store.args.index("--id")
+    del store.args[at : at + 2]
+    try:
+        store.start()
+        kept = (tmp_path / "store0" / "store-id").read_text().strip()
+        assert kept.startswith("store-")
+        store.restart()
+        assert (tmp_path / "store0" / "store-id").read_text().strip() == kept
+    finally:
+        store.kill()
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: bytes = response.read()
+        return body
+
+
+async def test_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> None:
+    port = free_port()
+    with lone_store(tmp_path, ["--metrics-port", str(port)]) as store:
+        async with store_stub(store.address) as stub:
+            await write_all(stub, [write_request(seg(502, 3), 3, 0, entries(1, 10))])
+        text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        lines = text.decode().splitlines()
+        assert "se_store_write_entries_total 10.0" in lines
+        assert any(line.startswith("se_store_sync_seconds_count") for line in lines)
+        assert any(line.startswith("se_store_queue_bytes") for line in lines)
+
+
+async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
+    tmp_path: Path,
+) -> None:
+    segment = seg(503, 3)
+    source = make_store(tmp_path, 1, NO_MASTER)
+    target = make_store(tmp_path, 2, NO_MASTER)
+    try:
+        source.start(wait=False)
+        target.start()
+        source.wait_serving()
+        bridge = entry(301, 4, kind=EntryKind.BRIDGE)
+        async with store_stub(source.address) as stub:
+            await write_all(
+                stub,
+                [
+                    write_request(segment, 4, 0, entries(1, 150, size=300)),
+                    write_request(segment, 4, 0, entries(151, 300, epoch=4)),
+                    write_request(segment, 4, 301, [bridge]),
+                    write_request(segment, 4, 301, entries(302, 303)),  # stale, past the bridge
+                ],
+            )
+            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+            expected = await stub.Digest(
+                segment_store_pb2.DigestRequest(segment=segment, up_to_index=301)
+            )
+            source_entries = await read_all(stub, segment, 1, 301)
+        async with store_stub(target.address) as stub:
+            # A partial, different copy on the target is replaced, not merged.
+            await write_all(stub, [write_request(segment, 9, 0, [entry(5, 9, b"stale")])])
+            copied = await stub.CopySegment(
+                segment_store_pb2.CopySegmentRequest(
+                    segment=segment, source_address=source.address, final_index=301, fence=4
+                )
+            )
+            assert copied.entries_copied == 301 and copied.acked_index == 301
+            assert copied.digest == expected.digest
+            after = await state(stub, segment)
+            assert (after.fence, after.acked_index, after.last_index, after.bridge_index) == (
+                4,
+                301,
+                301,
+                301,
+            )
+            assert await read_all(stub, segment) == source_entries
+            with pytest.raises(grpc.aio.AioRpcError) as short:
+                await stub.CopySegment(
+                    segment_store_pb2.CopySegmentRequest(
+                        segment=segment, source_address=source.address, final_index=302, fence=4
+                    )
+                )
+            assert short.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        source.kill()
+        target.kill()
+
+
+def _stores_seen(master: ServerProcess) -> list[master_pb2.StoreStatus]:
+    with grpc.insecure_channel(master.address, options=CLIENT_OPTIONS) as channel:
+        status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=2
+        )
+        return list(status.stores)
+
+
+def test_a_store_registers_and_heartbeats_its_id_zone_and_address(tmp_path: Path) -> None:
+    with running_cluster(tmp_path, stores=1, zones=["zone-a"]) as cluster:
+        store = cluster.stores[0]
+        seen = wait_for(
+            lambda: [s for s in _stores_seen(cluster.master) if s.alive],
+            timeout_s=15,
+            message="the master to see the store alive",
+        )
+        assert (seen[0].store_id, seen[0].address, seen[0].zone) == (
+            "store0",
+            store.address,
+            "zone-a",
+        )
+        assert seen[0].free_bytes > 0
