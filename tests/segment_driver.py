@@ -117,9 +117,12 @@ class Driver:
                 assert time.monotonic() < deadline, f"{self.client_id} never led {self.stream}"
                 time.sleep(0.05)
 
-    def fill_and_roll(self, events: int, payload_bytes: int) -> entry_pb2.Segment:
+    def fill_and_roll(
+        self, events: int, payload_bytes: int, bridge_on: int | None = None
+    ) -> entry_pb2.Segment:
         """Write `events` events to the open segment, roll, seal and bridge it; returns
-        the sealed segment as the master records it."""
+        the sealed segment as the master records it. With `bridge_on`, only that many
+        members of the copy set get the bridge (the others missed it)."""
         self.lead()
         assert self.segment is not None, "the leader has no open segment"
         old, old_epoch = self.segment, self.epoch
@@ -139,10 +142,11 @@ class Driver:
             )
             self.epoch, self.segment = rolled.epoch, rolled.segment
             bridge = StoredEntry.make(events + 1, EntryKind.BRIDGE, self.epoch)
-            for replica in old.copy_set:
+            for number, replica in enumerate(old.copy_set):
                 sealed = seal(replica.address, old.id, self.epoch)
                 assert sealed.fence == self.epoch and sealed.acked_index == events
-                write(replica.address, old.id, self.epoch, [bridge], events + 1)
+                if bridge_on is None or number < bridge_on:
+                    write(replica.address, old.id, self.epoch, [bridge], events + 1)
             result: entry_pb2.Segment = stub.SealSegment(
                 master_pb2.SealSegmentRequest(
                     stream=self.stream,

@@ -237,3 +237,20 @@ def test_rebalance_plans_then_moves_until_within_ten_percent(cluster3: Cluster) 
         return all(abs(b - mean) <= 0.1 * mean for b in used.values())
 
     wait_for(stores_report_balanced, 15, 0.2, "stores' own byte counts balanced")
+
+
+def test_a_replica_that_missed_the_bridge_is_refilled(cluster3: Cluster) -> None:
+    cluster = cluster3
+    driver = make_sealed(cluster, 1)
+    segment = driver.fill_and_roll(EVENTS, PAYLOAD_BYTES, bridge_on=2)
+    missed = segment.copy_set[2]
+    assert not fully_replicated(segment, REPLICAS, alive_ids(cluster))
+    # No spare store in a 3-store cluster: the copy is refilled in place.
+    wait_replicated(cluster, alive_ids(cluster))
+    tasks = [t for t in status(cluster).tasks if t.reason == "missed-bridge"]
+    assert any(
+        t.state == master_pb2.RepairTask.DONE
+        and t.target_store == t.replaced_store == missed.store_id
+        and t.segment.epoch == segment.id.epoch
+        for t in tasks
+    ), tasks
