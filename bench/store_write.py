@@ -1,0 +1,194 @@
+"""Store write throughput against a raw rocksdict WriteBatch loop, measured in one run.
+
+100-byte entries in batches of 100; 1 and 4 concurrent writers; fsync always and never.
+A writer is one Write stream to a real `streamengine store` process, with a window of
+batches in flight (as a leader pipelines); the raw loop writes the same keys and values
+into a RocksDB of its own, one WriteBatch per batch (`sync` per batch for "always"), one
+thread per writer. Requests and raw batches are built before the clock starts.
+
+    .venv/bin/python -m bench.store_write [--seconds 3] [--window 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
+
+from client.channels import CLIENT_OPTIONS
+from client.core.entry import EntryKind, StoredEntry, encode_value
+from segment_store.keys import entry_key
+from tests.harness import make_store
+
+ENTRY_BYTES = 100
+BATCH_ENTRIES = 100
+
+
+@dataclass(frozen=True)
+class Figure:
+    fsync: str
+    writers: int
+    store_rate: float
+    raw_rate: float
+
+    @property
+    def ratio(self) -> float:
+        return self.store_rate / self.raw_rate if self.raw_rate else 0.0
+
+
+def _payload(index: int) -> bytes:
+    return (b"%010d" % index).ljust(ENTRY_BYTES, b".")
+
+
+def _stored(index: int) -> StoredEntry:
+    return StoredEntry.make(index, EntryKind.EVENT, 1, _payload(index))
+
+
+def raw_rate(root: Path, fsync: bool, writers: int, batches: int) -> float:
+    """Entries/s of `writers` threads each writing `batches` WriteBatches."""
+    from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    db = Rdict(str(root / f"raw-{fsync}-{writers}"), options)
+    write_options = WriteOptions()
+    write_options.sync = fsync
+    prepared = []
+    for writer in range(writers):
+        rows = []
+        for number in range(batches):
+            first = number * BATCH_ENTRIES + 1
+            rows.append(
+                [
+                    (
+                        entry_key(writer + 1, 1, e.index),
+                        encode_value(e.kind, e.epoch, e.crc32c, e.payload),
+                    )
+                    for e in (_stored(i) for i in range(first, first + BATCH_ENTRIES))
+                ]
+            )
+        prepared.append(rows)
+
+    def loop(rows: list[list[tuple[bytes, bytes]]]) -> None:
+        for row in rows:
+            batch = WriteBatch(raw_mode=True)
+            for key, value in row:
+                batch.put(key, value)
+            db.write(batch, write_options)
+
+    threads = [threading.Thread(target=loop, args=(rows,)) for rows in prepared]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    db.close()
+    return writers * batches * BATCH_ENTRIES / elapsed
+
+
+def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteRequest]:
+    segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=1)
+    requests = []
+    for number in range(batches):
+        first = number * BATCH_ENTRIES + 1
+        stored = [_stored(i) for i in range(first, first + BATCH_ENTRIES)]
+        requests.append(
+            segment_store_pb2.WriteRequest(
+                segment=segment,
+                writer_epoch=1,
+                acked_index=max(first - 1, 0),
+                request_id=number,
+                entries=[
+                    entry_pb2.Entry(
+                        index=e.index,
+                        kind=entry_pb2.EVENT,
+                        epoch=e.epoch,
+                        payload=e.payload,
+                        crc32c=e.crc32c,
+                    )
+                    for e in stored
+                ],
+            )
+        )
+    return requests
+
+
+async def _writer(address: str, requests: list[segment_store_pb2.WriteRequest], window: int) -> int:
+    """One leader's stream with `window` batches in flight; returns entries accepted."""
+    slots = asyncio.Semaphore(window)
+
+    async def produce() -> AsyncIterator[segment_store_pb2.WriteRequest]:
+        for request in requests:
+            await slots.acquire()
+            yield request
+
+    accepted = 0
+    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        stub = segment_store_pb2_grpc.SegmentStoreStub(channel)
+        async for reply in stub.Write(produce()):
+            if reply.status == segment_store_pb2.ACCEPTED:
+                accepted += reply.last_index - reply.first_index + 1
+            slots.release()
+    return accepted
+
+
+async def store_rate(address: str, writers: int, batches: int, window: int, base: int) -> float:
+    prepared = [_requests(base + w, batches) for w in range(writers)]
+    started = time.perf_counter()
+    done = await asyncio.gather(*(_writer(address, r, window) for r in prepared))
+    elapsed = time.perf_counter() - started
+    return sum(done) / elapsed
+
+
+def measure(seconds: float, window: int) -> list[Figure]:
+    root = Path(tempfile.mkdtemp(prefix="store-bench-"))
+    figures = []
+    try:
+        for fsync in ("always", "never"):
+            # Size each run from a short raw probe so it lasts about `seconds`.
+            probe = raw_rate(root, fsync == "always", 1, 20)
+            batches = max(20, int(probe * seconds / BATCH_ENTRIES))
+            store = make_store(root, 0 if fsync == "always" else 1, "127.0.0.1:1")
+            store.args += ["--fsync", fsync]
+            store.start()
+            try:
+                for number, writers in enumerate((1, 4)):
+                    per_writer = max(20, batches // writers)
+                    rate = asyncio.run(
+                        store_rate(store.address, writers, per_writer, window, 100 * (number + 1))
+                    )
+                    raw = raw_rate(root, fsync == "always", writers, per_writer)
+                    figures.append(Figure(fsync, writers, rate, raw))
+            finally:
+                store.kill()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="rough length of each run")
+    parser.add_argument("--window", type=int, default=8, help="batches in flight per writer")
+    args = parser.parse_args()
+    figures = measure(args.seconds, args.window)
+    print(f"{ENTRY_BYTES}-byte entries, batches of {BATCH_ENTRIES}, window {args.window}")
+    print(f"{'fsync':<8}{'writers':>8}{'store entries/s':>18}{'raw entries/s':>16}{'ratio':>8}")
+    for f in figures:
+        print(
+            f"{f.fsync:<8}{f.writers:>8}{f.store_rate:>18,.0f}{f.raw_rate:>16,.0f}{f.ratio:>8.0%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
