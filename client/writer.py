@@ -30,7 +30,6 @@ from typing import Any
 
 import grpc
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
-from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 from client.channels import ChannelPool
 from client.core.leader import (
@@ -162,30 +161,51 @@ def _answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) -> Heartbea
     )
 
 
-class _EntryCache:
-    """Protobuf entries per batch range, so a batch is converted once, not per store."""
+_WriteReply = segment_store_pb2.WriteReply
+
+
+class _BatchCache:
+    """Each batch serialized once, not once per store: a `WriteRequest` holding only the
+    entries, to which each store's request prepends its own other fields (protobuf
+    merges concatenated messages, and a repeated field's parts append)."""
 
     def __init__(self) -> None:
-        self._batches: dict[tuple[int, int, int], list[entry_pb2.Entry]] = {}
+        self._batches: dict[tuple[int, int, int], bytes] = {}
 
-    def entries(self, send: SendWrite) -> list[entry_pb2.Entry]:
+    def entries(self, send: SendWrite) -> bytes:
         key = (send.segment.epoch, send.first_index, send.last_index)
         found = self._batches.get(key)
         if found is None:
-            found = [
-                entry_pb2.Entry(
-                    index=e.index,
-                    kind=int(e.kind),  # type: ignore[arg-type]
-                    epoch=e.epoch,
-                    payload=e.payload,
-                    crc32c=e.crc32c,
-                )
-                for e in send.entries
-            ]
+            Entry = entry_pb2.Entry
+            found = segment_store_pb2.WriteRequest(
+                entries=[
+                    Entry(
+                        index=e.index,
+                        kind=e.kind.value,  # type: ignore[arg-type]
+                        epoch=e.epoch,
+                        payload=e.payload,
+                        crc32c=e.crc32c,
+                    )
+                    for e in send.entries
+                ]
+            ).SerializeToString()
             if len(self._batches) >= ENTRY_CACHE_BATCHES:
                 del self._batches[next(iter(self._batches))]
             self._batches[key] = found
         return found
+
+
+def serialize_write(send: SendWrite, cache: _BatchCache) -> bytes:
+    """The `WriteRequest` of `send`, as bytes."""
+    head = segment_store_pb2.WriteRequest(
+        segment=entry_pb2.SegmentId(
+            stream_id=send.segment.stream_id, epoch=send.segment.epoch, stream=send.segment.stream
+        ),
+        writer_epoch=send.writer_epoch,
+        acked_index=send.acked_index,
+        request_id=send.request_id,
+    ).SerializeToString()
+    return head + cache.entries(send) if send.entries else head
 
 
 class _StoreLink:
@@ -194,7 +214,14 @@ class _StoreLink:
     def __init__(self, writer: Writer, replica: Replica, channel: grpc.aio.Channel) -> None:
         self.writer = writer
         self.replica = replica
-        self.stub = store_grpc.SegmentStoreStub(channel)
+        # Write with requests already serialized (see `_BatchCache`).
+        self.write_method: grpc.aio.StreamStreamMultiCallable[bytes, _WriteReply] = (
+            channel.stream_stream(
+                "/streamengine.v1.SegmentStore/Write",
+                request_serializer=None,
+                response_deserializer=segment_store_pb2.WriteReply.FromString,
+            )
+        )
         self.channel = channel
         self.queue: asyncio.Queue[SendWrite] = asyncio.Queue()
         self.connected = False
@@ -210,7 +237,7 @@ class _StoreLink:
             try:
                 await self._connect()
                 pause = RECONNECT_PAUSE_S_MIN
-                call = self.stub.Write()
+                call = self.write_method()
                 self.connected = True
                 self.writer.step(StoreConnected(store))
                 async with asyncio.TaskGroup() as streams:
@@ -250,34 +277,13 @@ class _StoreLink:
         # The channel reconnects by itself; this only waits for it, bounded.
         await ready()
 
-    async def _send_loop(
-        self,
-        call: grpc.aio.StreamStreamCall[
-            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
-        ],
-    ) -> None:
-        cache = self.writer.entry_cache
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+        cache = self.writer.batch_cache
         while True:
             send = await self.queue.get()
-            request = segment_store_pb2.WriteRequest(
-                segment=entry_pb2.SegmentId(
-                    stream_id=send.segment.stream_id,
-                    epoch=send.segment.epoch,
-                    stream=send.segment.stream,
-                ),
-                writer_epoch=send.writer_epoch,
-                acked_index=send.acked_index,
-                entries=cache.entries(send) if send.entries else (),
-                request_id=send.request_id,
-            )
-            await call.write(request)
+            await call.write(serialize_write(send, cache))
 
-    async def _receive_loop(
-        self,
-        call: grpc.aio.StreamStreamCall[
-            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
-        ],
-    ) -> None:
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
         store = self.replica.store_id
         async for reply in call:
             self.writer.step(
@@ -332,7 +338,7 @@ class Writer:
         self._releases: list[int] = []
         self._error: StreamEngineError | None = None
         self._fatal: StreamEngineError | None = None
-        self.entry_cache = _EntryCache()
+        self.batch_cache = _BatchCache()
 
     # ---- the context ----
 

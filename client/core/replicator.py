@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from client.core.entry import EntryKind, StoredEntry
+from client.core.entry import EntryKind, StoredEntry, entry_crc
 from client.core.limits import (
     EVENT_BYTES_MAX,
     INDEX_MAX,
@@ -454,11 +454,14 @@ class Replicator:
         total = self._total_bytes
         self._payload_bytes += sum(map(len, payloads))
         epoch = self.writer_epoch
-        for offset, payload in enumerate(payloads):
-            self._entries.append(StoredEntry.make(first + offset, EntryKind.EVENT, epoch, payload))
+        entries, cum_bytes = self._entries, self._cum_bytes
+        event = EntryKind.EVENT
+        for index, payload in enumerate(payloads, first):
+            crc = entry_crc(event, epoch, index, payload)
+            entries.append(StoredEntry(index, event, epoch, payload, crc))
             total += len(payload) + ENTRY_OVERHEAD_BYTES
-            self._cum_bytes.append(total)
-            self._appended_ms.append(now_ms)
+            cum_bytes.append(total)
+        self._appended_ms.extend([now_ms] * len(payloads))
         self._total_bytes = total
         self._last = first + len(payloads) - 1
         return Assigned(first, self._last)

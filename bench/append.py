@@ -1,0 +1,221 @@
+"""Append throughput and latency of one writer: 3 stores, W=2, fsync always.
+
+    .venv/bin/python bench/append.py                 # starts a local cluster
+    .venv/bin/python bench/append.py --master HOST:PORT --seconds 10
+
+For each event size (100 B and 1 KiB by default), on a fresh stream:
+- peak with batching: `append_batch` of `--batch` events, `--batches-in-flight` at once;
+- peak of single appends: `--singles-in-flight` outstanding `append` calls;
+- latency of single appends at light load: one at a time, `--light-rate` per second;
+- latency of single appends at 50% of the single-append peak, open loop (latency
+  counted from when the append was due, so a stalled writer shows up in it).
+
+Events/s and payload MB/s; latency p50/p99 in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from client import StreamClient
+from client.local_cluster import LocalCluster
+from client.writer import Writer
+
+
+@dataclass(frozen=True)
+class Rate:
+    events: int
+    seconds: float
+    event_bytes: int
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.events * self.event_bytes / self.seconds / 1e6
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def latency_line(label: str, latencies_s: list[float]) -> str:
+    ms = [v * 1000 for v in latencies_s]
+    return (
+        f"  {label:<44} n={len(ms):>6}  p50={percentile(ms, 0.50):7.2f} ms  "
+        f"p99={percentile(ms, 0.99):7.2f} ms  max={max(ms):7.2f} ms  "
+        f"mean={statistics.fmean(ms):6.2f} ms"
+    )
+
+
+async def peak_batched(
+    writer: Writer, size: int, batch: int, in_flight: int, seconds: float
+) -> Rate:
+    payloads = [b"b" * size] * batch
+    events = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal events
+        while time.perf_counter() < deadline:
+            await writer.append_batch(payloads)
+            events += batch
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(in_flight):
+            group.create_task(worker())
+    return Rate(events, time.perf_counter() - started, size)
+
+
+async def peak_single(writer: Writer, size: int, in_flight: int, seconds: float) -> Rate:
+    payload = b"s" * size
+    events = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal events
+        while time.perf_counter() < deadline:
+            await writer.append(payload)
+            events += 1
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(in_flight):
+            group.create_task(worker())
+    return Rate(events, time.perf_counter() - started, size)
+
+
+async def light_load(writer: Writer, size: int, rate: float, count: int) -> list[float]:
+    payload = b"l" * size
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await writer.append(payload)
+        latencies.append(time.perf_counter() - started)
+        await asyncio.sleep(max(0.0, 1 / rate - latencies[-1]))
+    return latencies
+
+
+async def open_loop(writer: Writer, size: int, rate: float, seconds: float) -> list[float]:
+    payload = b"o" * size
+    total = int(rate * seconds)
+    latencies: list[float] = []
+
+    async def one(due: float) -> None:
+        await writer.append(payload)
+        latencies.append(time.perf_counter() - due)
+
+    started = time.perf_counter()
+    issued = 0
+    async with asyncio.TaskGroup() as group:
+        while issued < total:
+            due_now = min(total, int((time.perf_counter() - started) * rate) + 1)
+            while issued < due_now:
+                group.create_task(one(started + issued / rate))
+                issued += 1
+            await asyncio.sleep(0.001)
+    return latencies
+
+
+async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) -> None:
+    name = f"bench/append-{size}-{int(time.time() * 1000)}"
+    await client.create_stream(name, replicas=3, write_quorum=2)
+    async with client.writer(name) as writer:
+        print(f"{size}-byte events (stream {name}, epoch {writer.epoch}):")
+        await peak_batched(writer, size, args.batch, args.batches_in_flight, 1.0)  # warm up
+        batched = await peak_batched(writer, size, args.batch, args.batches_in_flight, args.seconds)
+        print(
+            f"  peak, batches of {args.batch} x{args.batches_in_flight} in flight:"
+            f" {batched.events_per_s:>10,.0f} events/s  {batched.mb_per_s:7.1f} MB/s"
+        )
+        single = await peak_single(writer, size, args.singles_in_flight, args.seconds)
+        print(
+            f"  peak, single appends x{args.singles_in_flight} in flight:"
+            f"     {single.events_per_s:>10,.0f} events/s  {single.mb_per_s:7.1f} MB/s"
+        )
+        light = await light_load(writer, size, args.light_rate, args.light_count)
+        print(latency_line(f"single append, light load ({args.light_rate:.0f}/s)", light))
+        half = single.events_per_s / 2
+        loaded = await open_loop(writer, size, half, args.seconds)
+        print(latency_line(f"single append, 50% of single peak ({half:,.0f}/s)", loaded))
+        stats = writer.statistics()
+        print(f"  writer: acked {stats.acked_index}, retained {stats.retained_bytes} bytes")
+
+
+def free_port_run(count: int) -> int:
+    """A port p with p..p+count-1 free now (best effort)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count >= 65535:
+            continue
+        try:
+            sockets = []
+            for offset in range(count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base
+    raise RuntimeError("no run of free ports")
+
+
+@contextmanager
+def cluster(args: argparse.Namespace) -> Iterator[str]:
+    if args.master:
+        yield args.master
+        return
+    with tempfile.TemporaryDirectory(prefix="se-bench-") as data:
+        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync="always")
+        try:
+            local.start()
+            yield local.master_address
+        finally:
+            local.stop()
+
+
+async def main_async(args: argparse.Namespace, master: str) -> None:
+    async with StreamClient(master) as client:
+        for size in args.sizes:
+            await bench_size(client, args, size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    parser.add_argument(
+        "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
+    )
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--batches-in-flight", type=int, default=8)
+    parser.add_argument("--singles-in-flight", type=int, default=1000)
+    parser.add_argument("--light-rate", type=float, default=100.0)
+    parser.add_argument("--light-count", type=int, default=500)
+    args = parser.parse_args(argv)
+    with cluster(args) as master:
+        asyncio.run(main_async(args, master))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The writer's pre-serialized Write requests parse as the WriteRequest they stand for."""
+
+from __future__ import annotations
+
+from streamengine.v1 import segment_store_pb2
+
+from client.core.entry import EntryKind, StoredEntry
+from client.core.replicator import SegmentRef, SendWrite
+from client.writer import _BatchCache, serialize_write
+
+SEGMENT = SegmentRef(stream_id=9, epoch=4, stream="acme/orders")
+
+
+def test_a_batch_serialized_once_parses_per_store_with_its_own_fields() -> None:
+    entries = tuple(StoredEntry.make(i, EntryKind.EVENT, 4, b"p%d" % i) for i in range(5, 9))
+    cache = _BatchCache()
+    for store, request_id, acked in (("s1", 11, 3), ("s2", 12, 4)):
+        send = SendWrite(store, SEGMENT, 4, request_id, acked, entries)
+        request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, cache))
+        assert (request.segment.stream_id, request.segment.epoch, request.segment.stream) == (
+            9,
+            4,
+            "acme/orders",
+        )
+        assert (request.writer_epoch, request.acked_index, request.request_id) == (
+            4,
+            acked,
+            request_id,
+        )
+        assert [
+            StoredEntry(e.index, EntryKind(e.kind), e.epoch, e.payload, e.crc32c)
+            for e in request.entries
+        ] == list(entries)
+
+
+def test_an_empty_request_carries_only_the_acked_index() -> None:
+    send = SendWrite("s1", SEGMENT, 4, 1, 7, ())
+    request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, _BatchCache()))
+    assert request.acked_index == 7 and not request.entries
