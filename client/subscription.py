@@ -136,7 +136,7 @@ class Follower:
         """Tail one replica until the cursor moves elsewhere, the replica fails, or the
         range is done."""
         assert self._ref is not None
-        stub = store_grpc.SegmentStoreAsyncStub(self._channels.get(read.replica))
+        stub = store_grpc.SegmentStoreStub(self._channels.get(read.replica))
         start = segment_store_pb2.SubscribeRequest(
             start=segment_store_pb2.SubscribeStart(
                 segment=entry_pb2.SegmentId(
@@ -148,7 +148,8 @@ class Follower:
             )
         )
         call = stub.Subscribe(_requests(start))
-        last_refresh = now_ms()
+        last_heard = last_refresh = now_ms()
+        start_position = cursor.position
         try:
             while True:
                 try:
@@ -158,15 +159,15 @@ class Follower:
                 if reply is grpc.aio.EOF:
                     return
                 if isinstance(reply, segment_store_pb2.SubscribeReply):
+                    last_heard = now_ms()
                     if reply.HasField("position"):
                         cursor.on_position(
-                            read.epoch, read.replica, reply.position.acked_index, now_ms()
+                            read.epoch, read.replica, reply.position.acked_index, last_heard
                         )
                     if reply.HasField("batch"):
-                        last_refresh = now_ms()
                         for event in self._entries(cursor, read, reply.batch):
                             yield event
-                elif now_ms() - last_refresh >= SILENT_STORE_MS:
+                elif now_ms() - last_heard >= SILENT_STORE_MS:
                     log.info("%s: store %s silent, failing over", self._stream, read.replica)
                     cursor.on_replica_failed(read.epoch, read.replica)
                     return
@@ -176,11 +177,13 @@ class Follower:
                 if cursor.next(now_ms()) != ReadFrom(read.epoch, read.replica, _next_index(cursor)):
                     return
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                # Too slow for the store's buffer: resume from the position, same replica.
-                log.info("%s: disconnected as a slow consumer, resuming", self._stream)
+            code = error.code().name
+            if cursor.position != start_position:
+                # Disconnected after serving (a consumer too slow for the store's buffer,
+                # or a restart): resume from the position, on the same replica.
+                log.info("%s: disconnected by %s (%s), resuming", self._stream, read.replica, code)
                 return
-            log.info("%s: replica %s failed: %s", self._stream, read.replica, error.code().name)
+            log.info("%s: replica %s failed: %s", self._stream, read.replica, code)
             cursor.on_replica_failed(read.epoch, read.replica)
         finally:
             call.cancel()
@@ -216,7 +219,7 @@ class Follower:
         acked = 0
         assert self._ref is not None
         for replica in last.replicas:
-            stub = store_grpc.SegmentStoreAsyncStub(self._channels.get(replica))
+            stub = store_grpc.SegmentStoreStub(self._channels.get(replica))
             segment = entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=last.epoch)
             with contextlib.suppress(grpc.aio.AioRpcError):
                 state = await stub.GetSegmentState(

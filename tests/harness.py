@@ -222,15 +222,18 @@ def running_cluster(
     master_args: list[str] | None = None,
     store_args: list[str] | None = None,
     zones: list[str] | None = None,
+    store_args_for: Callable[[int], list[str]] | None = None,
 ) -> Iterator[Cluster]:
-    """Start a master and `stores` stores; kill everything on exit."""
+    """Start a master and `stores` stores; kill everything on exit. `store_args_for`
+    adds flags per store number (e.g. a metrics port each)."""
     master = make_master(root, master_args)
     cluster = Cluster(root, master, [])
     try:
         master.start()
         for number in range(stores):
             zone = zones[number] if zones else ""
-            cluster.stores.append(make_store(root, number, master.address, zone, store_args))
+            extra = [*(store_args or []), *(store_args_for(number) if store_args_for else [])]
+            cluster.stores.append(make_store(root, number, master.address, zone, extra))
         for store in cluster.stores:
             store.start(wait=False)
         for store in cluster.stores:
@@ -238,3 +241,16 @@ def running_cluster(
         yield cluster
     finally:
         cluster.stop_all()
+
+
+def metric_value(port: int, name: str, labels: str = "") -> float:
+    """One sample of a server's Prometheus endpoint on 127.0.0.1 (0 when absent)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.split()[-1])
+    return 0.0

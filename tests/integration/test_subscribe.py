@@ -1,0 +1,196 @@
+"""Followers against real processes: subscribe and read, failover, slow consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from client import NotFound, StreamClient
+from client.core.cursor import Event
+from client.core.sequence import unpack_sequence
+from tests.harness import Cluster, free_port, metric_value, running_cluster
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def take(events: AsyncIterator[Event], count: int, timeout_s: float = 60) -> list[Event]:
+    taken: list[Event] = []
+
+    async def consume() -> None:
+        async for event in events:
+            taken.append(event)
+            if len(taken) == count:
+                return
+
+    await asyncio.wait_for(consume(), timeout_s)
+    return taken
+
+
+def assert_exactly(events: list[Event], payloads: list[bytes]) -> None:
+    assert [e.payload for e in events] == payloads
+    sequences = [e.sequence for e in events]
+    assert sequences == sorted(set(sequences)), "a sequence twice or out of order"
+    for event in events:
+        assert unpack_sequence(event.sequence) == (event.epoch, event.index)
+
+
+async def test_a_subscriber_started_before_the_writer_sees_everything(cluster: Cluster) -> None:
+    payloads = [f"event-{i}".encode() for i in range(3000)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("sub/early")
+        subscriber = asyncio.create_task(
+            take(client.subscribe("sub/early", start=0), len(payloads))
+        )
+        async with client.writer("sub/early") as writer:
+            for chunk in range(0, len(payloads), 500):
+                await writer.append_batch(payloads[chunk : chunk + 500])
+        assert_exactly(await subscriber, payloads)
+
+
+async def test_read_returns_the_acked_range_and_stops(cluster: Cluster) -> None:
+    payloads = [f"r{i}".encode() for i in range(1000)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("sub/read")
+        async with client.writer("sub/read") as writer:
+            sequences = await writer.append_batch(payloads)
+        everything = [e async for e in client.read("sub/read")]
+        assert_exactly(everything, payloads)
+        middle = [
+            e async for e in client.read("sub/read", start=sequences[100], end=sequences[200])
+        ]
+        assert_exactly(middle, payloads[100:200])
+        resumed = await take(client.subscribe("sub/read", start=sequences[990]), 10)
+        assert_exactly(resumed, payloads[990:])
+
+
+async def test_start_end_yields_only_new_events(cluster: Cluster) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("sub/end")
+        async with client.writer("sub/end") as writer:
+            await writer.append_batch([b"old-1", b"old-2"])
+            subscriber = asyncio.create_task(take(client.subscribe("sub/end", start="end"), 2))
+            await asyncio.sleep(0)  # let it resolve "end" before new appends
+            while not subscriber.done():
+                # The subscriber resolves "end" asynchronously; whatever it sees must be new.
+                await writer.append(b"new")
+                await asyncio.sleep(0.05)
+            events = await subscriber
+        assert all(e.payload == b"new" for e in events)
+
+
+async def test_ten_subscribers_all_see_the_same_sequence(cluster: Cluster) -> None:
+    payloads = [f"ten-{i}".encode() for i in range(2000)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("sub/ten")
+        subscribers = [
+            asyncio.create_task(take(client.subscribe("sub/ten", start=0), len(payloads)))
+            for _ in range(10)
+        ]
+        async with client.writer("sub/ten") as writer:
+            for chunk in range(0, len(payloads), 400):
+                await writer.append_batch(payloads[chunk : chunk + 400])
+        results = await asyncio.gather(*subscribers)
+    first = [(e.sequence, e.payload) for e in results[0]]
+    assert_exactly(results[0], payloads)
+    for result in results[1:]:
+        assert [(e.sequence, e.payload) for e in result] == first
+
+
+async def test_an_unknown_stream_raises_not_found(cluster: Cluster) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        with pytest.raises(NotFound):
+            await take(client.subscribe("sub/missing", start=0), 1, timeout_s=10)
+        with pytest.raises(NotFound):
+            [e async for e in client.read("sub/missing")]
+
+
+async def test_the_subscribers_store_killed_it_continues_on_another_replica(
+    cluster: Cluster,
+) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("sub/failover")
+        seen: list[Event] = []
+        first_batch = [f"a{i}".encode() for i in range(500)]
+        second_batch = [f"b{i}".encode() for i in range(500)]
+
+        async def follow() -> None:
+            async for event in client.subscribe("sub/failover", start=0):
+                seen.append(event)
+                if len(seen) == len(first_batch) + len(second_batch):
+                    return
+
+        follower = asyncio.create_task(follow())
+        async with client.writer("sub/failover") as writer:
+            await writer.append_batch(first_batch)
+            await wait_until(lambda: len(seen) >= len(first_batch))
+            # The subscriber tails the first replica of the copy set: kill that store.
+            segments = await client.list_segments("sub/failover")
+            first_replica = segments.segments[-1].copy_set[0].address
+            cluster.store_by_address(first_replica).kill()
+            await writer.append_batch(second_batch)
+            await asyncio.wait_for(follower, 60)
+        assert_exactly(seen, first_batch + second_batch)
+
+
+async def test_a_stalled_subscriber_gets_everything_and_the_store_stays_bounded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="client.subscription")
+    total = 200_000
+    payload = b"x" * 100
+    metrics_ports = [free_port() for _ in range(3)]
+    with running_cluster(
+        tmp_path,
+        store_args=["--subscribe-stall-ms", "500"],
+        store_args_for=lambda n: ["--metrics-port", str(metrics_ports[n])],
+    ) as cluster:
+        await stall_then_catch_up(cluster, metrics_ports, total, payload)
+    # The SDK saw the disconnect and resumed from its position on the same replica.
+    assert "resuming" in caplog.text
+    assert "failed" not in caplog.text
+
+
+def dropped_as_slow(ports: list[int]) -> float:
+    return sum(
+        metric_value(port, "se_store_subscribers_dropped_total", 'reason="slow"') for port in ports
+    )
+
+
+async def stall_then_catch_up(
+    cluster: Cluster, metrics_ports: list[int], total: int, payload: bytes
+) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("sub/slow")
+        iterator = client.subscribe("sub/slow", start=0).__aiter__()
+        async with client.writer("sub/slow") as writer:
+            await writer.append(payload)
+            # Read one event, then stop reading while the rest is appended.
+            await asyncio.wait_for(iterator.__anext__(), 30)
+            peak_rss = 0
+            for _ in range(0, total - 1, 5000):
+                await writer.append_batch([payload] * 5000)
+                for store in cluster.stores:
+                    peak_rss = max(peak_rss, psutil.Process(store.pid).memory_info().rss)
+            await writer.append_batch([payload] * ((total - 1) % 5000))
+        # The store's bounded buffer stays full: it disconnects the stalled subscriber.
+        await wait_until(lambda: dropped_as_slow(metrics_ports) >= 1, timeout_s=30)
+        count = 1
+        with contextlib.suppress(StopAsyncIteration):
+            while count < total:
+                await asyncio.wait_for(iterator.__anext__(), 60)
+                count += 1
+        assert count == total
+        assert peak_rss < 600 * 1024 * 1024, f"a store grew to {peak_rss >> 20} MiB"
+
+
+async def wait_until(condition: Callable[[], object], timeout_s: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
