@@ -234,6 +234,7 @@ class _StoreLink:
         store = self.replica.store_id
         fenced: int | None = None
         while self.writer.leading and fenced is None:
+            call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
             try:
                 await self._connect()
                 pause = RECONNECT_PAUSE_S_MIN
@@ -253,8 +254,11 @@ class _StoreLink:
                     fence = fence_of(error)
                     fenced = fence if fence is not None else 2**63
                 log.info("store %s Write stream failed: %s", store, error.code().name)
-            except* (TimeoutError, grpc.aio.UsageError) as group:
+            except* (TimeoutError, grpc.aio.UsageError, asyncio.InvalidStateError) as group:
                 log.info("store %s unreachable: %r", store, group.exceptions[0])
+            finally:
+                if call is not None:
+                    call.cancel()
             self._disconnected()
             if fenced is not None:
                 self.writer.step(StoreFenced(store, fenced))
