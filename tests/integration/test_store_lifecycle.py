@@ -5,12 +5,14 @@ peer and checks its digest, and a real master sees the store register."""
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
 from client.channels import CLIENT_OPTIONS
 from client.core.entry import EntryKind
@@ -59,6 +61,15 @@ def test_a_generated_store_id_is_kept_in_the_data_dir(tmp_path: Path) -> None:
         assert (tmp_path / "store0" / "store-id").read_text().strip() == kept
     finally:
         store.kill()
+
+
+async def async_wait_for(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float, message: str
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, f"{message}: not within {timeout_s}s"
+        await asyncio.sleep(0.05)
 
 
 def _get(url: str) -> bytes:
@@ -157,3 +168,55 @@ def test_a_store_registers_and_heartbeats_its_id_zone_and_address(tmp_path: Path
             "zone-a",
         )
         assert seen[0].free_bytes > 0
+
+
+async def _lead(master: master_pb2_grpc.MasterAsyncStub, name: str) -> entry_pb2.Segment:
+    """Heartbeat as a writer until the master grants leadership; the segment it opened."""
+    request = master_pb2.WriterHeartbeatRequest(stream=name, client_id="writer-1")
+    replies: list[master_pb2.WriterHeartbeatReply] = []
+
+    async def leader() -> bool:
+        replies.append(await master.WriterHeartbeat(request))
+        return replies[-1].role == master_pb2.LEADER
+
+    await async_wait_for(leader, 15, "leadership")
+    return replies[-1].segment
+
+
+async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
+    tmp_path: Path,
+) -> None:
+    with running_cluster(tmp_path, stores=1, master_args=["--lease-ms", "300"]) as cluster:
+        async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+            master = master_pb2_grpc.MasterStub(channel)
+            await master.CreateStream(
+                master_pb2.CreateStreamRequest(
+                    name="acme/gone",
+                    policy=entry_pb2.ReplicationPolicy(replicas=1, write_quorum=1),
+                    create_tenant=True,
+                )
+            )
+            opened = await _lead(master, "acme/gone")
+            gone = opened.id
+            unknown = seg(gone.stream_id + 1000, 1)  # an id the master never gave out
+            async with store_stub(cluster.stores[0].address) as stub:
+                for segment in (gone, unknown):
+                    await write_all(
+                        stub,
+                        [
+                            write_request(
+                                segment, segment.epoch, 0, entries(1, 3, epoch=segment.epoch)
+                            )
+                        ],
+                    )
+                await master.DeleteStream(master_pb2.DeleteStreamRequest(name="acme/gone"))
+
+                async def deleted() -> bool:
+                    try:
+                        await state(stub, gone)
+                    except grpc.aio.AioRpcError as error:
+                        return error.code() == grpc.StatusCode.NOT_FOUND
+                    return False
+
+                await async_wait_for(deleted, 15, "the store to delete the segment")
+                assert (await state(stub, unknown)).last_index == 3
