@@ -29,13 +29,16 @@ from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 from client.core.limits import GRPC_MESSAGE_BYTES_MAX
 from master import repair
-from master.model import Held, SegmentKey, SegmentState
+from master.model import Held, SegmentKey, SegmentRecord, SegmentState
 from master.state import MasterState
 
 log = logging.getLogger("streamengine.master.repair")
 
 # How often the repairer looks for work.
 REPAIR_TICK_MS = 200
+# Segments judged per tick: about 50 ms of work, so heartbeats are never held up long
+# (a master just started judges all its sealed segments once).
+JUDGED_PER_TICK = 1000
 # A failed task's segment waits this long before another attempt, so a broken store is
 # not hammered and the rest of the queue moves on.
 REPAIR_RETRY_MS = 2000
@@ -71,6 +74,7 @@ class Repairer:
         self.done_count = 0
         self.failed_count = 0
         self._wake = asyncio.Event()
+        self._cursor: SegmentKey = (0, 0)
 
     def enqueue(self, tasks: list[repair.Task]) -> None:
         self.queued.extend(tasks)
@@ -109,18 +113,34 @@ class Repairer:
             chosen.append(task)
             busy.add(task.segment)
         if len(chosen) < slots:
-            st = self.state
-            chosen += repair.plan_tasks(
-                list(st.segments.values()),
-                st.store_views(now_ms),
-                st.held_by_segment(),
-                now_ms,
-                st.bridge_grace_ms,
-                busy,
-                slots - len(chosen),
-                st.pending_deletes(),
-            )
+            chosen += self._plan(now_ms, busy, slots - len(chosen))
         return chosen
+
+    def _plan(self, now_ms: int, busy: set[SegmentKey], slots: int) -> list[repair.Task]:
+        """Repairs for the segments that may need one; segments seen with every member
+        good are confirmed and left alone until something about them changes."""
+        st = self.state
+        views = st.store_views(now_ms)
+        candidates = self._window(st.repair_candidates(views))
+        held = st.held_for(candidates)
+        for segment in candidates:
+            verdict = repair.judge(segment, views, held[segment.key], now_ms, st.bridge_grace_ms)
+            if len(verdict.good) == len(segment.copy_set) and segment.key not in busy:
+                st.confirm(segment.key)
+        return repair.plan_tasks(
+            candidates, views, held, now_ms, st.bridge_grace_ms, busy, slots, st.pending_deletes()
+        )
+
+    def _window(self, candidates: list[SegmentRecord]) -> list[SegmentRecord]:
+        """At most JUDGED_PER_TICK candidates, resuming after the last one judged, so a
+        tick stays short (it runs on the loop that answers heartbeats) and every
+        candidate gets its turn."""
+        if len(candidates) <= JUDGED_PER_TICK:
+            return candidates
+        start = next((i for i, s in enumerate(candidates) if s.key > self._cursor), 0)
+        window = (candidates[start:] + candidates[:start])[:JUDGED_PER_TICK]
+        self._cursor = window[-1].key
+        return window
 
     async def _run_one(self, task: repair.Task) -> None:
         started = time.monotonic()

@@ -97,7 +97,17 @@ class MasterState:
         self.next_stream_id = loaded.next_stream_id
         self.tenants = loaded.tenants
         self.streams = loaded.streams
-        self.segments = loaded.segments
+        self.segments: dict[SegmentKey, SegmentRecord] = {}
+        # Indexes kept by `_put_segment` / `_drop_segment`, so a heartbeat or a repair
+        # tick costs what changed, not the size of the whole catalog.
+        self.epochs: dict[int, set[int]] = {}
+        self.unsealed_epochs: dict[int, set[int]] = {}
+        self.members: dict[str, set[SegmentKey]] = {}
+        # Sealed segments not (or no longer) seen with every member good: the only ones,
+        # with those on a dead or draining store, the repairer looks at.
+        self.unconfirmed: set[SegmentKey] = set()
+        for record in loaded.segments.values():
+            self._put_segment(record)
         self.stores = loaded.stores
         self.deletes = loaded.deletes
         self.names = {s.stream_id: s.name for s in self.streams.values()}
@@ -123,19 +133,38 @@ class MasterState:
             raise NotFound(f"stream {name!r} does not exist")
         return record
 
+    def _put_segment(self, record: SegmentRecord) -> None:
+        key = record.key
+        old = self.segments.get(key)
+        for member in old.copy_set if old else ():
+            self.members[member].discard(key)
+        for member in record.copy_set:
+            self.members.setdefault(member, set()).add(key)
+        self.segments[key] = record
+        self.epochs.setdefault(record.stream_id, set()).add(record.epoch)
+        unsealed = self.unsealed_epochs.setdefault(record.stream_id, set())
+        if record.state == SegmentState.SEALED:
+            unsealed.discard(record.epoch)
+            self.unconfirmed.add(key)
+        else:
+            unsealed.add(record.epoch)
+
+    def _drop_segment(self, key: SegmentKey) -> None:
+        record = self.segments.pop(key)
+        for member in record.copy_set:
+            self.members[member].discard(key)
+        self.epochs[record.stream_id].discard(record.epoch)
+        self.unsealed_epochs[record.stream_id].discard(record.epoch)
+        self.unconfirmed.discard(key)
+
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
-        return sorted(
-            (s for s in self.segments.values() if s.stream_id == stream_id), key=lambda s: s.epoch
-        )
+        return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
 
     def unsealed(self, stream_id: int) -> list[SegmentRecord]:
-        return [s for s in self.stream_segments(stream_id) if s.state != SegmentState.SEALED]
+        epochs = sorted(self.unsealed_epochs.get(stream_id, ()))
+        return [self.segments[(stream_id, e)] for e in epochs]
 
     def store_views(self, now_ms: int) -> dict[str, StoreView]:
-        counts: dict[str, int] = {}
-        for segment in self.segments.values():
-            for member in segment.copy_set:
-                counts[member] = counts.get(member, 0) + 1
         views = {}
         for sid, record in sorted(self.stores.items()):
             live = self.live[sid]
@@ -145,16 +174,35 @@ class MasterState:
                 used_bytes=live.used_bytes,
                 alive=now_ms - live.last_seen_ms <= self.store_timeout_ms,
                 draining=record.draining,
-                segments=counts.get(sid, 0),
+                segments=len(self.members.get(sid, ())),
                 reported_at_ms=live.reported_at_ms,
             )
         return views
 
-    def held_by_segment(self) -> dict[SegmentKey, dict[str, Held]]:
+    def repair_candidates(self, views: dict[str, StoreView]) -> list[SegmentRecord]:
+        """Sealed segments that may lack a good replica: not confirmed since they last
+        changed, or with a member on a store now dead, draining or unknown."""
+        keys = set(self.unconfirmed)
+        for member, segment_keys in self.members.items():
+            view = views.get(member)
+            if view is None or not view.usable:
+                keys |= segment_keys
+        segments = (self.segments[k] for k in sorted(keys))
+        return [s for s in segments if s.state == SegmentState.SEALED]
+
+    def confirm(self, key: SegmentKey) -> None:
+        """Every member of this sealed segment was judged good."""
+        self.unconfirmed.discard(key)
+
+    def held_for(self, segments: Iterable[SegmentRecord]) -> dict[SegmentKey, dict[str, Held]]:
+        """What each member last reported of each segment."""
         held: dict[SegmentKey, dict[str, Held]] = {}
-        for sid, live in sorted(self.live.items()):
-            for key, copy in live.held.items():
-                held.setdefault(key, {})[sid] = copy
+        for segment in segments:
+            copies = held.setdefault(segment.key, {})
+            for member in segment.copy_set:
+                live = self.live.get(member)
+                if live is not None and segment.key in live.held:
+                    copies[member] = live.held[segment.key]
         return held
 
     def segment_bytes(self, key: SegmentKey) -> int:
@@ -255,7 +303,7 @@ class MasterState:
                 deletes.add((member, segment.key))
         self.catalog.commit(batch)
         for segment in segments:
-            del self.segments[segment.key]
+            self._drop_segment(segment.key)
         self.deletes |= deletes
         del self.streams[name]
         self.leases.pop(name, None)
@@ -342,7 +390,7 @@ class MasterState:
         self.catalog.commit(batch)
         self.streams[record.name] = updated
         for s in [*sealing, *([segment] if segment else [])]:
-            self.segments[s.key] = s
+            self._put_segment(s)
         return updated
 
     def _writer_view(
@@ -393,7 +441,7 @@ class MasterState:
             settled_at_ms=now_ms,
         )
         self.catalog.commit(Batch().segment(sealed))
-        self.segments[sealed.key] = sealed
+        self._put_segment(sealed)
         return sealed
 
     # ---- stores ----
@@ -439,6 +487,13 @@ class MasterState:
         live.used_bytes = used_bytes
         live.free_bytes = free_bytes
         live.held = dict(held)
+        # A member that no longer holds the bridge makes its segment suspect again.
+        for key in self.members.get(store_id, ()):
+            segment = self.segments[key]
+            if segment.state == SegmentState.SEALED and key not in self.unconfirmed:
+                copy = held.get(key)
+                if copy is None or copy.acked_index < segment.final_index:
+                    self.unconfirmed.add(key)
         # A pending delete the store no longer reports is done.
         done = [(sid, key) for sid, key in self.deletes if sid == store_id and key not in held]
         if done:
@@ -504,7 +559,7 @@ class MasterState:
         if target != replaced:
             batch.delete_replica(replaced, key)
         self.catalog.commit(batch)
-        self.segments[key] = swapped
+        self._put_segment(swapped)
         if target != replaced:
             self.deletes.add((replaced, key))
         if target in self.live:
@@ -513,15 +568,15 @@ class MasterState:
 
     def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
         views = self.store_views(now_ms)
-        held = self.held_by_segment()
-        out = []
-        for key, segment in sorted(self.segments.items()):
-            if segment.state != SegmentState.SEALED:
-                continue
-            replicas = self.streams[self.names[segment.stream_id]].replicas
-            if repair.under_replicated(segment, views, held.get(key, {}), replicas):
-                out.append(segment)
-        return out
+        candidates = self.repair_candidates(views)
+        held = self.held_for(candidates)
+        return [
+            s
+            for s in candidates
+            if repair.under_replicated(
+                s, views, held[s.key], self.streams[self.names[s.stream_id]].replicas
+            )
+        ]
 
     def replica_bytes(self) -> dict[str, int]:
         """Bytes of the replicas each registered store is assigned, by segment size."""
@@ -565,7 +620,8 @@ class MasterState:
     ) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
         """Moves of healthy sealed replicas until bytes per usable store are even."""
         views = self.store_views(now_ms)
-        held = self.held_by_segment()
+        sealed = [s for s in self.segments.values() if s.state == SegmentState.SEALED]
+        held = self.held_for(sealed)
         replicas = []
         for key, segment in sorted(self.segments.items()):
             if segment.state != SegmentState.SEALED:

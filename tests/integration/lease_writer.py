@@ -1,6 +1,7 @@
 """A writer that only heartbeats: `python -m tests.integration.lease_writer MASTER STREAM ID`.
 
-Prints one JSON line per change of role or epoch (`{"t": wall seconds, "role", "epoch"}`),
+Prints one JSON line per change of role or epoch (`{"t": wall seconds when the heartbeat
+was sent, "rt": when its reply came, "role", "epoch"}`),
 heartbeats every lease/3, and on SIGTERM releases its lease and exits 0. Integration
 tests kill it with SIGKILL to play a crashed leader.
 """
@@ -28,6 +29,7 @@ def main(master: str, stream: str, client_id: str) -> int:
     last: tuple[int, int] | None = None
     interval_s = 0.1
     while not stop.is_set():
+        sent = time.time()
         try:
             reply = stub.WriterHeartbeat(
                 master_pb2.WriterHeartbeatRequest(stream=stream, client_id=client_id, epoch=epoch),
@@ -42,7 +44,8 @@ def main(master: str, stream: str, client_id: str) -> int:
         if (reply.role, epoch) != last:
             last = (reply.role, epoch)
             role = master_pb2.WriterRole.Name(reply.role)
-            print(json.dumps({"t": time.time(), "role": role, "epoch": reply.epoch}), flush=True)
+            event = {"t": sent, "rt": time.time(), "role": role, "epoch": reply.epoch}
+            print(json.dumps(event), flush=True)
         stop.wait(interval_s)
     if epoch:
         stub.ReleaseLease(

@@ -1,0 +1,82 @@
+"""Which segments the repairer looks at: confirmed segments are left alone until a
+member's store dies, drains or stops holding the bridge; a tick judges a bounded,
+rotating window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from master import repairer as repairer_module
+from master.catalog import Batch, Catalog
+from master.model import Held, SegmentRecord, SegmentState, StreamRecord
+from master.repairer import Repairer
+from master.state import MasterState
+
+TIMEOUT = 3000
+NOW = 1_000_000
+
+
+@pytest.fixture
+def state(tmp_path: Path):
+    catalog = Catalog(tmp_path / "m")
+    batch = Batch().tenant("t", 0).next_stream_id(2)
+    batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 20, "", 0))
+    for epoch in range(1, 21):
+        members = tuple(f"s{(epoch + k) % 4}" for k in range(3))
+        batch.segment(SegmentRecord(1, "t/s", epoch, members, SegmentState.SEALED, 5, 0, 0, 0))
+    catalog.commit(batch)
+    master = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=0)
+    for number in range(4):
+        master.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
+    yield master
+    catalog.close()
+
+
+def report_all(state: MasterState, now: int, skip: str = "", acked: int = 5) -> None:
+    for sid in sorted(state.stores):
+        if sid == skip:
+            continue
+        held = {
+            key: Held(2, acked, acked, 100)
+            for key in state.members.get(sid, ())
+            if key in state.segments
+        }
+        state.store_heartbeat(sid, 0, 0, held, now)
+
+
+def test_confirmed_segments_are_skipped_until_something_changes(state: MasterState) -> None:
+    runner = Repairer(state, 3, lambda: NOW)
+    report_all(state, NOW)
+    assert len(state.repair_candidates(state.store_views(NOW))) == 20, "unconfirmed after a start"
+    assert runner._plan(NOW, set(), 3) == []
+    assert state.repair_candidates(state.store_views(NOW)) == [], "all confirmed"
+
+    # s1 stops holding the bridge of its segments: only those are looked at again.
+    held = {k: Held(2, 4, 4, 100) for k in state.members["s1"]}
+    state.store_heartbeat("s1", 0, 0, held, NOW + 1)
+    suspects = {s.key for s in state.repair_candidates(state.store_views(NOW + 1))}
+    assert suspects == state.members["s1"]
+
+    # s2 dies: its segments are candidates without any new report.
+    later = NOW + TIMEOUT + 10
+    report_all(state, later, skip="s2")
+    suspects = {s.key for s in state.repair_candidates(state.store_views(later))}
+    assert state.members["s2"] <= suspects
+    tasks = runner._plan(later, set(), 3)
+    assert len(tasks) == 3 and all(t.replaced == "s2" for t in tasks)
+
+
+def test_a_tick_judges_a_bounded_rotating_window(state: MasterState, monkeypatch) -> None:
+    monkeypatch.setattr(repairer_module, "JUDGED_PER_TICK", 6)
+    runner = Repairer(state, 3, lambda: NOW)
+    report_all(state, NOW)
+    seen = []
+    while state.unconfirmed:
+        before = set(state.unconfirmed)
+        runner._plan(NOW, set(), 3)
+        confirmed = before - state.unconfirmed
+        assert 0 < len(confirmed) <= 6
+        seen += sorted(confirmed)
+    assert sorted(seen) == sorted(state.segments)
