@@ -254,3 +254,23 @@ def test_a_replica_that_missed_the_bridge_is_refilled(cluster3: Cluster) -> None
         and t.segment.epoch == segment.id.epoch
         for t in tasks
     ), tasks
+
+
+def test_deleted_stream_replicas_are_deleted_from_the_stores(cluster3: Cluster) -> None:
+    cluster = cluster3
+    driver = make_sealed(cluster, 2)
+    wait_replicated(cluster, alive_ids(cluster))
+    channel, stub = master_stub(cluster)
+    with channel:
+        segments = list(stub.ListSegments(master_pb2.ListSegmentsRequest(stream=STREAM)).segments)
+        assert driver.segment is not None and len(segments) == 3, "two sealed and the open one"
+        reply = stub.DeleteStream(master_pb2.DeleteStreamRequest(name=STREAM), timeout=5)
+        assert reply.segments == 3
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.DescribeStream(master_pb2.DescribeStreamRequest(name=STREAM), timeout=5)
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+    def all_deleted() -> bool:
+        return not any(holds(r.address, s) for s in segments for r in s.copy_set)
+
+    wait_for(all_deleted, 15, 0.2, "every replica of the deleted stream deleted")
