@@ -15,7 +15,7 @@ import pytest
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
-from client import EventTooLarge, StreamClient
+from client import AppendFailed, AppendInDoubt, EventTooLarge, LeadershipLost, StreamClient
 from client.channels import CLIENT_OPTIONS
 from client.core.limits import EVENT_BYTES_MAX
 from client.core.replicator import ReplicatorLimits
@@ -200,3 +200,35 @@ async def test_appends_go_on_past_a_stopped_store_in_bounded_memory(cluster: Clu
             assert stats.acked_index == len(payloads)
             assert stats.detached == ("store2",)
             assert peak <= limits.retained_bytes_max + 2 * limits.batch_bytes_max
+
+
+async def test_a_writer_that_loses_its_lease_fails_pending_appends_honestly(
+    cluster: Cluster,
+) -> None:
+    # Small enough that appends soon wait for room: those were never sent anywhere.
+    limits = ReplicatorLimits(unacked_bytes_max=(1 << 20) + 4096, retained_bytes_max=2 << 20)
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("acme/lease")
+        async with client.writer("acme/lease", limits=limits, leadership_timeout_s=10) as writer:
+            assert len(await writer.append_batch([payload(n) for n in range(100)])) == 100
+            # Cut the writer off from the master and from two stores of three: its
+            # appends reach one store only (never a quorum), and its lease runs out.
+            for process in (cluster.master, cluster.stores[1], cluster.stores[2]):
+                process.stop()
+            try:
+                pending = [
+                    asyncio.create_task(writer.append_batch([b"y" * 10_000] * 50)) for _ in range(4)
+                ]
+                await wait_until(lambda: writer.statistics().role == "finished", 10, "step down")
+                results = await asyncio.gather(*pending, return_exceptions=True)
+            finally:
+                for process in (cluster.master, cluster.stores[1], cluster.stores[2]):
+                    process.cont()
+            # The first batch went to the one store left: it may be durable there.
+            assert isinstance(results[0], AppendInDoubt), results
+            # The last ones waited for room and were never sent.
+            assert isinstance(results[-1], AppendFailed), results
+            assert all(isinstance(r, AppendInDoubt | AppendFailed) for r in results), results
+            assert writer.statistics().acked_index == 100
+            with pytest.raises(LeadershipLost):
+                await writer.append(b"late")
