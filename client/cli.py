@@ -132,12 +132,49 @@ def _add_admin_commands(commands: Subparsers) -> None:
         _add_master_option(parser)
 
 
+def _sequence_or_end(value: str) -> int | str:
+    if value == "end":
+        return value
+    try:
+        sequence = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a sequence nor 'end'") from None
+    if sequence < 0:
+        raise argparse.ArgumentTypeError("a sequence is not negative")
+    return sequence
+
+
+def _add_data_commands(commands: Subparsers) -> None:
+    append = commands.add_parser("append", help="append stdin lines (or a file) as events")
+    append.add_argument("name", help="tenant/stream")
+    append.add_argument("--file", help="read events from this file, one per line (- is stdin)")
+    append.add_argument(
+        "--batch", type=int, default=500, help="events per append (default %(default)s)"
+    )
+    append.set_defaults(run=_lazy("client.ops", "cmd_append"))
+    tail = commands.add_parser("tail", help="print acked events")
+    tail.add_argument("name", help="tenant/stream")
+    tail.add_argument(
+        "--from",
+        dest="start",
+        type=_sequence_or_end,
+        default=0,
+        help="sequence to start at, or 'end' (default 0)",
+    )
+    tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
+    tail.add_argument("--format", choices=["text", "json"], default="text")
+    tail.set_defaults(run=_lazy("client.ops", "cmd_tail"))
+    for parser in (append, tail):
+        _add_master_option(parser)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     servers = _add_server_commands(commands)
     _add_cluster_commands(commands)
     _add_stream_commands(commands)
+    _add_data_commands(commands)
     _add_admin_commands(commands)
     return parser, servers
 
@@ -203,8 +240,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StreamEngineError as error:
         print(f"streamengine: error: {error}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:
+        # Background tasks of a writer or reader fail as a group; ours are expected.
+        expected, _unexpected = group.split(StreamEngineError)
+        if expected is None or _unexpected is not None:
+            raise
+        print(f"streamengine: error: {_first_leaf(expected)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _first_leaf(group: BaseExceptionGroup[StreamEngineError]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 if __name__ == "__main__":

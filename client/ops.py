@@ -387,3 +387,84 @@ def cmd_verify(args: argparse.Namespace) -> int:
     verdict = "OK" if problems == 0 else f"{problems} problem(s)"
     print(f"verify {args.name}: {checked} sealed segments checked, {verdict}")
     return 0 if problems == 0 else 1
+
+
+# ---- data: append and tail ----
+
+APPEND_BATCH_DEFAULT = 500
+
+
+def _read_lines(path: str | None) -> Iterator[bytes]:
+    source = sys.stdin.buffer if path in (None, "-") else open(path, "rb")  # noqa: SIM115
+    try:
+        for line in source:
+            yield line.rstrip(b"\r\n")
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    """Append one event per input line, `--batch` lines per append."""
+    import asyncio
+
+    from client.stream_client import StreamClient
+
+    async def append() -> tuple[int, int]:
+        count, last = 0, 0
+        async with StreamClient(args.master) as client, client.writer(args.name) as writer:
+            batch: list[bytes] = []
+            for line in _read_lines(args.file):
+                batch.append(line)
+                if len(batch) >= args.batch:
+                    last = (await writer.append_batch(batch))[-1]
+                    count += len(batch)
+                    batch = []
+            if batch:
+                last = (await writer.append_batch(batch))[-1]
+                count += len(batch)
+        return count, last
+
+    if args.batch < 1:
+        raise SystemExit("streamengine: error: --batch must be at least 1")
+    count, last = asyncio.run(append())
+    print(f"appended {count} events to {args.name}" + (f", last sequence {last}" if count else ""))
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print acked events from `--from` on; with `--follow`, keep waiting for new ones."""
+    import asyncio
+    import base64
+
+    from client.stream_client import StreamClient
+
+    def render(event: Any) -> str:
+        if args.format == "json":
+            try:
+                text: dict[str, str] = {"payload": event.payload.decode()}
+            except UnicodeDecodeError:
+                text = {"payload_base64": base64.b64encode(event.payload).decode()}
+            return json.dumps(
+                {"sequence": event.sequence, "epoch": event.epoch, "index": event.index} | text
+            )
+        return f"{event.sequence}\t{event.payload.decode(errors='backslashreplace')}"
+
+    async def tail() -> None:
+        async with StreamClient(args.master) as client:
+            if args.follow:
+                events = client.subscribe(args.name, start=args.start)
+            elif args.start == "end":
+                return  # nothing is acked past the end yet
+            else:
+                events = client.read(args.name, start=args.start)
+            async for event in events:
+                print(render(event), flush=args.follow)
+
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        return 0
+    return 0

@@ -224,3 +224,64 @@ def test_servers_take_settings_from_config_files_and_env_flags_winning(
     finally:
         process.terminate()
         assert process.wait(timeout=20) == 0
+
+
+def test_append_and_tail(cluster: Cluster) -> None:
+    master = ["--master", cluster.master_address]
+    assert run_cli("stream", "create", "cli/events", *master).returncode == 0
+    lines = [json.dumps({"kind": f"k{i % 3}", "n": i}) for i in range(300)]
+    appended = subprocess.run(
+        [STREAMENGINE, "append", "cli/events", "--batch", "50", *master],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert appended.returncode == 0, appended.stderr
+    assert "appended 300 events" in appended.stdout
+
+    text = run_cli("tail", "cli/events", *master)
+    assert text.returncode == 0, text.stderr
+    rows = [line.split("\t", 1) for line in text.stdout.splitlines()]
+    assert [payload for _, payload in rows] == lines
+    sequences = [int(sequence) for sequence, _ in rows]
+    assert sequences == sorted(sequences)
+
+    from_middle = run_cli(
+        "tail", "cli/events", "--format", "json", "--from", str(sequences[250]), *master
+    )
+    events = [json.loads(line) for line in from_middle.stdout.splitlines()]
+    assert [e["sequence"] for e in events] == sequences[250:]
+    assert [e["payload"] for e in events] == lines[250:]
+
+    missing = run_cli("tail", "cli/missing", *master)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+def test_tail_follow_prints_events_appended_later(cluster: Cluster, tmp_path: Path) -> None:
+    master = ["--master", cluster.master_address]
+    assert run_cli("stream", "create", "cli/follow", *master).returncode == 0
+    output = tmp_path / "tail.out"
+    with output.open("w") as sink:
+        follower = subprocess.Popen(
+            [STREAMENGINE, "tail", "cli/follow", "--follow", *master],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        appended = subprocess.run(
+            [STREAMENGINE, "append", "cli/follow", *master],
+            input="later-a\nlater-b\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert appended.returncode == 0, appended.stderr
+        wait_for(
+            lambda: output.read_text().count("\n") >= 2, timeout_s=30, message="follower output"
+        )
+        payloads = [line.split("\t", 1)[1] for line in output.read_text().splitlines()]
+        assert payloads == ["later-a", "later-b"]
+    finally:
+        follower.send_signal(signal.SIGINT)
+        follower.wait(timeout=20)
