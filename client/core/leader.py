@@ -410,6 +410,10 @@ class Leader:
                 f"for epoch {answer.epoch} while this writer leads epoch {self.epoch}",
                 actions,
             )
+            if answer.leader:
+                # A new epoch granted to this writer (its old lease ran out on the master):
+                # it cannot continue the old segment in it, so it gives the lease back.
+                actions.append(ReleaseLease(answer.epoch))
             return
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)

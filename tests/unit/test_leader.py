@@ -170,8 +170,11 @@ def test_the_lease_ends_before_the_master_ends_it() -> None:
 def test_the_master_deposing_the_leader_steps_it_down(answer) -> None:
     leader = leading()
     leader.step(300, Tick())
-    [down] = of_type(leader.step(310, answer), SteppedDown)
+    actions = leader.step(310, answer)
+    [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.DEPOSED and down.epoch == 5
+    # A new epoch granted to this very writer is given back, not left to run out.
+    assert of_type(actions, ReleaseLease) == ([ReleaseLease(6)] if answer.leader else [])
 
 
 def test_a_fence_above_the_epoch_steps_down_and_one_at_it_does_not() -> None:
