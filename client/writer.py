@@ -334,6 +334,7 @@ class Writer:
         self._links: dict[str, _StoreLink] = {}
         self._pending: deque[_Pending] = deque()
         self._waiting: deque[_Waiting] = deque()
+        self._room_freed = False
         self._decided = asyncio.Event()  # leading, or finished before leading
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
@@ -475,6 +476,11 @@ class Writer:
         actions = self._core.step(now_ms(), event)
         if actions:
             self._apply(actions)
+        # Only once this step's actions are all carried out: admitting a waiting append
+        # steps the core again, and its writes must queue after this step's.
+        if self._waiting and self._room_freed:
+            self._room_freed = False
+            self._admit_waiting()
         deadline = self._core.deadline_ms(now_ms())
         if deadline is not None and (
             self._clock_deadline is None or deadline < self._clock_deadline
@@ -535,8 +541,7 @@ class Writer:
             item = pending.popleft()
             if not item.future.done():
                 item.future.set_result(item.first_index)
-        if self._waiting:
-            self._admit_waiting()
+        self._room_freed = True
 
     def _stepped_down(self, down: SteppedDown) -> None:
         message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
