@@ -33,6 +33,11 @@ def entry_key(stream_id: int, epoch: int, index: int) -> bytes:
     return ENTRY_PREFIX + _ENTRY.pack(stream_id, epoch, index)
 
 
+def entry_key_prefix(stream_id: int, epoch: int) -> bytes:
+    """The segment's part of its entry keys; an entry key is this + index u64."""
+    return ENTRY_PREFIX + _SEGMENT.pack(stream_id, epoch)
+
+
 def entry_index(key: bytes) -> int:
     index: int = _U64.unpack_from(key, 1 + _SEGMENT.size)[0]
     return index

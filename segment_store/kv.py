@@ -23,11 +23,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class Put:
+class Put(NamedTuple):
+    # A tuple, not a dataclass: the store builds one per entry on its hot path.
     key: bytes
     value: bytes
 

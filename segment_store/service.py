@@ -114,12 +114,14 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
 def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
     converted = []
     for entry in entries:
-        try:
-            kind = EntryKind(entry.kind)
-        except ValueError:
-            raise BadRequest(f"entry {entry.index}: unknown kind {entry.kind}") from None
+        kind = _KINDS.get(entry.kind)
+        if kind is None:
+            raise BadRequest(f"entry {entry.index}: unknown kind {entry.kind}")
         converted.append(StoredEntry(entry.index, kind, entry.epoch, entry.payload, entry.crc32c))
     return converted
+
+
+_KINDS: dict[int, EntryKind] = {int(kind): kind for kind in EntryKind}
 
 
 def entry_to_pb(entry: StoredEntry) -> entry_pb2.Entry:

@@ -51,6 +51,7 @@ from segment_store.keys import (
     SegmentMeta,
     entry_index,
     entry_key,
+    entry_key_prefix,
     meta_key,
     meta_range,
     meta_segment,
@@ -62,6 +63,7 @@ from segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
 # one scan whatever the segment's size.
 SCAN_ENTRIES_MAX = 4096
 
+_INDEX = struct.Struct(">Q")
 _VALUE_HEAD = struct.Struct(">BQ")  # kind, epoch: the prefix of a stored value
 _DIGEST_HELD = struct.Struct(">QBI")  # index, kind, payload length
 # A run of absent indexes hashes as one record (first, last): the digest's cost follows
@@ -169,11 +171,9 @@ class Plan:
     payload_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
-    epoch: int
-    kind: int
-    payload_bytes: int
+# What a plan knows of a held copy: (epoch, kind, payload bytes). Plain tuples: the
+# hot path builds one per entry written.
+_Held = tuple[int, int, int]
 
 
 @dataclass
@@ -183,7 +183,8 @@ class _Work:
     kv: KV
     published: Mapping[SegmentKey, SegmentMeta]
     metas: dict[SegmentKey, SegmentMeta | None] = field(default_factory=dict)
-    pending: dict[tuple[SegmentKey, int], _Held] = field(default_factory=dict)
+    # Copies written by the plan so far, per segment then index.
+    pending: dict[SegmentKey, dict[int, _Held]] = field(default_factory=dict)
     deleted: set[SegmentKey] = field(default_factory=set)
     ops: list[KVOp] = field(default_factory=list)
 
@@ -195,7 +196,7 @@ class _Work:
     def held(self, segment: SegmentKey, index: int, last_index: int) -> _Held | None:
         if index > last_index:
             return None
-        found = self.pending.get((segment, index))
+        found = self.pending.get(segment, {}).get(index)
         if found is not None or segment in self.deleted:
             return found
         value = self.kv.get(entry_key(segment.stream_id, segment.epoch, index))
@@ -204,7 +205,7 @@ class _Work:
         if len(value) < VALUE_HEADER_BYTES:
             raise CorruptEntry(f"index {index}: stored value of {len(value)} bytes")
         kind, epoch = _VALUE_HEAD.unpack_from(value)
-        return _Held(epoch, kind, len(value) - VALUE_HEADER_BYTES)
+        return (epoch, kind, len(value) - VALUE_HEADER_BYTES)
 
 
 def check_segment(segment: SegmentKey) -> None:
@@ -354,33 +355,38 @@ class SegmentStoreCore:
         bridges = set(old.bridges)
         held_epochs: list[int] = []
         ops: list[KVOp] = []
-        pending: dict[tuple[SegmentKey, int], _Held] = {}
+        pending: dict[int, _Held] = {}
+        prefix = entry_key_prefix(segment.stream_id, segment.epoch)
         for entry in command.entries:
-            held = work.held(segment, entry.index, old.last_index)
-            if held is not None and entry.epoch < held.epoch:
-                held_epochs.append(held.epoch)
-                continue
-            if held is None:
-                entries_held += 1
+            index = entry.index
+            # Above the last index nothing is held, in the KV or in the plan: appends, the
+            # common case, skip the lookup.
+            held = work.held(segment, index, old.last_index) if index <= old.last_index else None
+            if held is not None:
+                if entry.epoch < held[0]:
+                    held_epochs.append(held[0])
+                    continue
+                payload_bytes -= held[2]
+                if held[1] == EntryKind.BRIDGE:
+                    bridges.discard(index)
             else:
-                payload_bytes -= held.payload_bytes
-                if held.kind == EntryKind.BRIDGE:
-                    bridges.discard(entry.index)
-            payload_bytes += len(entry.payload)
+                entries_held += 1
+            size = len(entry.payload)
+            payload_bytes += size
             if entry.kind == EntryKind.BRIDGE:
-                bridges.add(entry.index)
+                bridges.add(index)
             ops.append(
                 Put(
-                    entry_key(segment.stream_id, segment.epoch, entry.index),
+                    prefix + _INDEX.pack(index),
                     encode_value(entry.kind, entry.epoch, entry.crc32c, entry.payload),
                 )
             )
-            pending[(segment, entry.index)] = _Held(entry.epoch, entry.kind, len(entry.payload))
+            pending[index] = (entry.epoch, entry.kind, size)
             held_epochs.append(entry.epoch)
         if len(bridges) > BRIDGES_PER_SEGMENT_MAX:
             raise BadRequest(f"segment holds more than {BRIDGES_PER_SEGMENT_MAX} bridges")
         work.ops.extend(ops)
-        work.pending.update(pending)
+        work.pending.setdefault(segment, {}).update(pending)
         last_index = max(old.last_index, command.entries[-1].index if command.entries else 0)
         matched = old.matched_index
         if command.entries and command.entries[0].index <= matched + 1 <= command.entries[-1].index:
@@ -419,8 +425,7 @@ class SegmentStoreCore:
         existed = work.meta(segment) is not None
         work.ops.append(DeleteRange(*segment_entries_range(segment.stream_id, segment.epoch)))
         work.deleted.add(segment)
-        for key in [k for k in work.pending if k[0] == segment]:
-            del work.pending[key]
+        work.pending.pop(segment, None)
         work.metas[segment] = None
         return DeleteResult(existed)
 
