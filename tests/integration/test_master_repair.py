@@ -98,10 +98,17 @@ def cluster5(tmp_path: Path) -> Iterator[Cluster]:
         yield running
 
 
+ZONES4 = ["z1", "z2", "z3", "z1"]
+
+
 @pytest.fixture
 def cluster4(tmp_path: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path, stores=4, master_args=MASTER_ARGS) as running:
+    with running_cluster(tmp_path, stores=4, master_args=MASTER_ARGS, zones=ZONES4) as running:
         yield running
+
+
+def zones_of(segment: entry_pb2.Segment) -> list[str]:
+    return sorted(r.zone for r in segment.copy_set)
 
 
 @pytest.fixture
@@ -145,6 +152,8 @@ def test_dead_stores_sealed_segments_come_back_to_n_matching_replicas(cluster5: 
     wait_for(roll_requested, 10, 0.3, "roll requested from the leader")
     wait_replicated(cluster, live)
     first_s = time.monotonic() - started
+    dead = next(s for s in status(cluster).stores if s.store_id == victim)
+    assert not dead.alive and dead.silent_ms > STORE_TIMEOUT_MS, dead
 
     # A second store dies: still enough survivors for N = 3.
     held = [s for s in sealed_segments(cluster.master_address, STREAM)]
@@ -171,8 +180,10 @@ def test_drain_moves_every_sealed_replica_off_the_store(cluster4: Cluster) -> No
     live = alive_ids(cluster)
     wait_replicated(cluster, live)
     segments = sealed_segments(cluster.master_address, STREAM)
-    drained = segments[0].copy_set[0].store_id
-    drained_address = segments[0].copy_set[0].address
+    assert all(zones_of(s) == ["z1", "z2", "z3"] for s in segments), "one replica per zone"
+    # Drain a z1 store: its replicas can only go to the other z1 store to keep zones apart.
+    first = next(r for r in segments[0].copy_set if r.zone == "z1")
+    drained, drained_address = first.store_id, first.address
     on_drained = [s for s in segments if drained in [r.store_id for r in s.copy_set]]
 
     channel, stub = master_stub(cluster)
@@ -185,6 +196,7 @@ def test_drain_moves_every_sealed_replica_off_the_store(cluster4: Cluster) -> No
     wait_replicated(cluster, live - {drained})
     for segment in sealed_segments(cluster.master_address, STREAM):
         assert drained not in [r.store_id for r in segment.copy_set]
+        assert zones_of(segment) == ["z1", "z2", "z3"]
     wait_for(
         lambda: not any(holds(drained_address, s) for s in on_drained),
         15,
