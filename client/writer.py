@@ -73,6 +73,7 @@ from client.errors import (
     AppendInDoubt,
     EventTooLarge,
     Fenced,
+    InvalidArgument,
     LeadershipLost,
     StreamEngineError,
     fence_of,
@@ -133,6 +134,14 @@ class _Waiting:
     payloads: tuple[bytes, ...]
     nbytes: int
     future: asyncio.Future[Assigned]
+
+
+def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    raise InvalidArgument(f"an event is bytes, not {type(payload).__name__}")
 
 
 def _grant(segment: entry_pb2.Segment) -> SegmentGrant:
@@ -412,16 +421,16 @@ class Writer:
     def epoch(self) -> int:
         return self._core.epoch
 
-    async def append(self, payload: bytes) -> int:
+    async def append(self, payload: bytes | bytearray | memoryview) -> int:
         """Append one event; returns its sequence once W stores hold it."""
-        first, _ = await self._append((bytes(payload),))
+        first, _ = await self._append((_as_bytes(payload),))
         return first
 
-    async def append_batch(self, payloads: Sequence[bytes]) -> list[int]:
+    async def append_batch(self, payloads: Sequence[bytes | bytearray | memoryview]) -> list[int]:
         """Append events in order (consecutive indexes); their sequences once acked."""
         if not payloads:
             return []
-        first, last = await self._append(tuple(bytes(p) for p in payloads))
+        first, last = await self._append(tuple(_as_bytes(p) for p in payloads))
         return list(range(first, last + 1))
 
     async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
@@ -433,6 +442,11 @@ class Writer:
         self._check_leading()
         replicator = self._core.replicator
         assert replicator is not None
+        if len(payloads) > 1 and nbytes > replicator.limits.unacked_bytes_max:
+            raise InvalidArgument(
+                f"a batch of {nbytes} bytes is more than the writer may have unacked "
+                f"({replicator.limits.unacked_bytes_max}): split it"
+            )
         if not self._waiting and replicator.room_for(nbytes):
             assigned = self._assign(payloads)
         else:

@@ -15,7 +15,14 @@ import pytest
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
-from client import AppendFailed, AppendInDoubt, EventTooLarge, LeadershipLost, StreamClient
+from client import (
+    AppendFailed,
+    AppendInDoubt,
+    EventTooLarge,
+    InvalidArgument,
+    LeadershipLost,
+    StreamClient,
+)
 from client.channels import CLIENT_OPTIONS
 from client.core.limits import EVENT_BYTES_MAX
 from client.core.replicator import ReplicatorLimits
@@ -105,8 +112,14 @@ async def test_twenty_thousand_batched_appends_are_acked_and_held_in_order(
             epoch = writer.epoch
             batches = [payloads[i : i + 500] for i in range(0, COUNT, 500)]
             results = await asyncio.gather(*(writer.append_batch(b) for b in batches))
+            # Bad input is refused before anything is sent, and changes nothing.
             with pytest.raises(EventTooLarge):
                 await writer.append(b"x" * (EVENT_BYTES_MAX + 1))
+            with pytest.raises(InvalidArgument):
+                await writer.append("text")  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgument, match="split it"):
+                await writer.append_batch([b"x" * EVENT_BYTES_MAX] * 17)
+            assert writer.statistics().last_index == COUNT
         sequences = [s for batch in results for s in batch]
         assert [unpack_sequence(s) for s in sequences] == [(epoch, i) for i in range(1, COUNT + 1)]
         # Leaving the block gave the lease back at once.
