@@ -72,6 +72,11 @@ class MasterLink:
                 except grpc.aio.AioRpcError as error:
                     metrics.HEARTBEAT_FAILURES.inc()
                     log.info("heartbeat to master %s failed: %s", self.master_address, error.code())
+                except Exception:
+                    # Whatever went wrong with the master or a delete it asked for, the
+                    # store goes on serving; the next heartbeat tries again.
+                    metrics.HEARTBEAT_FAILURES.inc()
+                    log.exception("heartbeat to master %s failed", self.master_address)
                 await asyncio.sleep(self.interval_s)
 
     async def _register(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:

@@ -64,8 +64,10 @@ SUBSCRIBE_START_TIMEOUT_S = 10.0
 # before the subscriber counts as too slow and is disconnected.
 SUBSCRIBE_BUFFER_BATCHES_DEFAULT = 16
 SUBSCRIBE_STALL_MS_DEFAULT = 5000
-# CopySegment: each call to the source gets this long.
+# CopySegment: each unary call to the source gets this long; the whole read of the
+# segment (up to gigabytes over a busy network) far longer.
 COPY_CALL_TIMEOUT_S = 30.0
+COPY_READ_TIMEOUT_S = 600.0
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 
@@ -620,42 +622,66 @@ class _SegmentCopy:
         self.request = request
 
     async def run(self) -> segment_store_pb2.CopySegmentReply:
+        started = False
+        try:
+            async with grpc.aio.insecure_channel(
+                self.request.source_address, options=CLIENT_OPTIONS
+            ) as channel:
+                source = segment_store_pb2_grpc.SegmentStoreStub(channel)
+                fence = await self._check_source(source)
+                started = True
+                return await self._copy(source, fence)
+        except grpc.aio.AioRpcError as error:
+            passed_on = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+            code = error.code() if error.code() in passed_on else grpc.StatusCode.UNAVAILABLE
+            raise _Refused(
+                code,
+                f"copy from {self.request.source_address} failed: "
+                f"{error.code().name} {error.details()}",
+            ) from None
+        except BaseException:
+            # Never leave a partial copy behind: it would be reported as held.
+            if started:
+                with contextlib.suppress(Exception):
+                    await self.service.delete(self.segment)
+            raise
+
+    async def _check_source(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> int:
+        """The fence to copy at, once the source holds the segment sealed and acked."""
+        state = await source.GetSegmentState(
+            segment_store_pb2.GetSegmentStateRequest(segment=_segment_pb(self.segment)),
+            timeout=COPY_CALL_TIMEOUT_S,
+        )
+        if state.fence <= self.segment.epoch:
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"segment is not sealed on the source (fence {state.fence})",
+            )
+        if state.acked_index < self.request.final_index:
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"source acked index {state.acked_index} is below final index "
+                f"{self.request.final_index}",
+            )
+        return max(state.fence, self.request.fence)
+
+    async def _copy(
+        self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub, fence: int
+    ) -> segment_store_pb2.CopySegmentReply:
         final = self.request.final_index
         segment_pb = _segment_pb(self.segment)
-        async with grpc.aio.insecure_channel(
-            self.request.source_address, options=CLIENT_OPTIONS
-        ) as channel:
-            source = segment_store_pb2_grpc.SegmentStoreStub(channel)
-            try:
-                state = await source.GetSegmentState(
-                    segment_store_pb2.GetSegmentStateRequest(segment=segment_pb),
-                    timeout=COPY_CALL_TIMEOUT_S,
-                )
-                if state.acked_index < final:
-                    raise _Refused(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"source acked index {state.acked_index} is below final index {final}",
-                    )
-                fence = max(state.fence, self.request.fence)
-                await self.service.delete(self.segment)
-                copied = 0
-                reads = source.Read(
-                    segment_store_pb2.ReadRequest(segment=segment_pb, from_index=1, to_index=final),
-                    timeout=COPY_CALL_TIMEOUT_S,
-                )
-                async for reply in reads:
-                    copied += await self._write(entries_from_pb(reply.entries), fence, final)
-                expected = await source.Digest(
-                    segment_store_pb2.DigestRequest(segment=segment_pb, up_to_index=final),
-                    timeout=COPY_CALL_TIMEOUT_S,
-                )
-            except grpc.aio.AioRpcError as error:
-                await self.service.delete(self.segment)
-                raise _Refused(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"copy from {self.request.source_address} failed: "
-                    f"{error.code().name} {error.details()}",
-                ) from None
+        await self.service.delete(self.segment)
+        copied = 0
+        reads = source.Read(
+            segment_store_pb2.ReadRequest(segment=segment_pb, from_index=1, to_index=final),
+            timeout=COPY_READ_TIMEOUT_S,
+        )
+        async for reply in reads:
+            copied += await self._write(entries_from_pb(reply.entries), fence, final)
+        expected = await source.Digest(
+            segment_store_pb2.DigestRequest(segment=segment_pb, up_to_index=final),
+            timeout=COPY_CALL_TIMEOUT_S,
+        )
         outcome = await self.service.committer.submit(SealCommand(self.segment, fence))
         if isinstance(outcome, Exception):
             raise outcome
@@ -663,7 +689,6 @@ class _SegmentCopy:
             functools.partial(self.service.core.digest, self.segment, final)
         )
         if local.digest != expected.digest or local.acked_index < final:
-            await self.service.delete(self.segment)
             raise _Refused(
                 grpc.StatusCode.DATA_LOSS,
                 f"copy of {self.segment.stream_id}/{self.segment.epoch} does not match the "

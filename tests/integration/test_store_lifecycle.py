@@ -141,6 +141,23 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
                     )
                 )
             assert short.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            failures = [
+                (seg(504, 3), source.address, grpc.StatusCode.NOT_FOUND),  # not on the source
+                (seg(505, 3), source.address, grpc.StatusCode.FAILED_PRECONDITION),  # unsealed
+                (segment, "127.0.0.1:1", grpc.StatusCode.UNAVAILABLE),  # source unreachable
+            ]
+            async with store_stub(source.address) as source_stub:
+                await write_all(source_stub, [write_request(seg(505, 3), 3, 2, entries(1, 2))])
+            for failing, address, code in failures:
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await stub.CopySegment(
+                        segment_store_pb2.CopySegmentRequest(
+                            segment=failing, source_address=address, final_index=2, fence=4
+                        )
+                    )
+                assert failed.value.code() == code, failed.value
+            # None of the failures touched the good copy made before.
+            assert await read_all(stub, segment) == source_entries
     finally:
         source.kill()
         target.kill()
