@@ -27,6 +27,7 @@ from client.channels import CLIENT_OPTIONS
 from client.core.limits import EVENT_BYTES_MAX
 from client.core.replicator import ReplicatorLimits
 from client.core.sequence import unpack_sequence
+from client.sync import SyncStreamClient
 from client.writer import Writer
 from tests.harness import Cluster
 
@@ -245,3 +246,20 @@ async def test_a_writer_that_loses_its_lease_fails_pending_appends_honestly(
             assert writer.statistics().acked_index == 100
             with pytest.raises(LeadershipLost):
                 await writer.append(b"late")
+
+
+def test_the_blocking_wrapper_appends_and_releases(cluster: Cluster) -> None:
+    with SyncStreamClient(cluster.master_address) as client:
+        client.create_stream("acme/sync")
+        with client.writer("acme/sync", leadership_timeout_s=10) as writer:
+            first = writer.append(b"one")
+            rest = writer.append_batch([b"two", b"three"])
+            assert [unpack_sequence(s) for s in [first, *rest]] == [
+                (writer.epoch, 1),
+                (writer.epoch, 2),
+                (writer.epoch, 3),
+            ]
+            assert writer.statistics().acked_index == 3
+            with pytest.raises(EventTooLarge):
+                writer.append(b"x" * (EVENT_BYTES_MAX + 1))
+        assert client.describe_stream("acme/sync").leader_id == ""
