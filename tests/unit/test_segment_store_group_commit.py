@@ -1,0 +1,105 @@
+"""The group committer over MemoryKV: one plan and one sync for everything queued while
+the previous group was written, a bounded queue that refuses past its bound, answers
+only after the sync."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from client.core.entry import EntryKind, StoredEntry
+from segment_store.group_commit import GroupCommitter, SegmentWatch
+from segment_store.kv import KVOp, MemoryKV
+from segment_store.store import (
+    SealCommand,
+    SealResult,
+    SegmentKey,
+    SegmentStoreCore,
+    WriteCommand,
+    WriteResult,
+)
+
+SEG = SegmentKey(1, 1)
+
+
+class CountingKV(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.syncs = 0
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        self.writes += 1
+        assert not sync, "the committer writes without sync, then syncs once"
+        super().write(ops, sync)
+
+    def sync(self) -> None:
+        self.syncs += 1
+        super().sync()
+
+
+def batch(first: int, count: int, size: int = 10) -> WriteCommand:
+    entries = [
+        StoredEntry.make(i, EntryKind.EVENT, 1, b"x" * size) for i in range(first, first + count)
+    ]
+    return WriteCommand(SEG, 1, first - 1, entries)
+
+
+async def test_commands_queued_together_share_one_write_and_one_sync() -> None:
+    kv = CountingKV()
+    published: list[int] = []
+    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: published.append(1))
+    futures = [committer.try_submit(batch(1 + 10 * n, 10)) for n in range(5)]
+    futures.append(committer.submit(SealCommand(SEG, 2)))
+    runner = asyncio.create_task(committer.run())
+    outcomes = await asyncio.gather(*(f for f in futures if f is not None))
+    committer.close()
+    await runner
+    committer.shutdown_executor()
+    assert len(outcomes) == 6 and (kv.writes, kv.syncs, len(published)) == (1, 1, 1)
+    assert [o.matched_index for o in outcomes[:5] if isinstance(o, WriteResult)] == [
+        10,
+        20,
+        30,
+        40,
+        50,
+    ]
+    last = outcomes[5]
+    assert isinstance(last, SealResult) and last.fence == 2 and last.acked_index == 40
+
+
+async def test_a_full_queue_refuses_write_batches_but_not_seals() -> None:
+    core = SegmentStoreCore(MemoryKV())
+    committer = GroupCommitter(core, True, lambda plan: None, queue_bytes_max=250)
+    first = committer.try_submit(batch(1, 10))  # 100 bytes
+    second = committer.try_submit(batch(11, 10))  # 200 bytes queued
+    refused = committer.try_submit(batch(21, 10))  # would be 300: refused
+    assert first is not None and second is not None and refused is None
+    assert committer.queued_bytes == 200
+    seal = committer.submit(SealCommand(SEG, 1))
+    runner = asyncio.create_task(committer.run())
+    await asyncio.gather(first, second, seal)
+    assert committer.queued_bytes == 0
+    assert committer.try_submit(batch(21, 10)) is not None  # room again
+    committer.close()
+    await runner
+    committer.shutdown_executor()
+    assert core.state(SEG).matched_index == 30
+
+
+async def test_one_batch_larger_than_the_queue_is_still_taken_when_the_queue_is_empty() -> None:
+    committer = GroupCommitter(SegmentStoreCore(MemoryKV()), False, lambda plan: None, 50)
+    assert committer.try_submit(batch(1, 10)) is not None
+    assert committer.try_submit(batch(11, 1)) is None
+    committer.close()
+    await committer.run()
+    committer.shutdown_executor()
+
+
+async def test_the_watch_wakes_waiters_of_changed_segments_only() -> None:
+    watch = SegmentWatch()
+    mine, other = watch.event(SEG), watch.event(SegmentKey(2, 1))
+    watch.changed([SEG])
+    assert await SegmentWatch.wait(mine, 0.01)
+    assert not await SegmentWatch.wait(other, 0.01)
+    assert watch.event(SEG) is not mine  # a fresh event for the next change
