@@ -101,7 +101,8 @@ class Repairer:
     def _next_tasks(self) -> list[repair.Task]:
         now_ms = self.clock_ms()
         slots = self.concurrency - len(self.running)
-        busy = set(self.running) | {k for k, t in self.retry_after.items() if t > now_ms}
+        self.retry_after = {k: t for k, t in self.retry_after.items() if t > now_ms}
+        busy = set(self.running) | set(self.retry_after)
         chosen: list[repair.Task] = []
         # Operator-requested moves (rebalance) first, in order.
         for task in list(self.queued):
