@@ -90,6 +90,35 @@ async def test_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> None:
         assert any(line.startswith("se_store_queue_bytes") for line in lines)
 
 
+def _metric(lines: list[str], name: str) -> float:
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
+
+
+async def test_concurrent_writes_from_several_streams_share_syncs(tmp_path: Path) -> None:
+    port = free_port()
+    streams, batches = 4, 25
+    with lone_store(tmp_path, ["--metrics-port", str(port)]) as store:
+        async with store_stub(store.address) as stub:
+
+            async def leader(stream_id: int) -> None:
+                segment = seg(600 + stream_id, 1)
+                requests = [
+                    write_request(segment, 1, 0, entries(n * 10 + 1, n * 10 + 10, epoch=1), n)
+                    for n in range(batches)
+                ]
+                replies = await write_all(stub, requests)
+                assert [r.request_id for r in replies] == list(range(batches))
+
+            await asyncio.gather(*(leader(n) for n in range(streams)))
+        text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+    lines = text.decode().splitlines()
+    syncs = _metric(lines, "se_store_sync_seconds_count")
+    groups = _metric(lines, "se_store_group_commit_commands_count")
+    commands = _metric(lines, "se_store_group_commit_commands_sum")
+    assert commands == streams * batches and groups == syncs
+    assert syncs < streams * batches / 2, f"{syncs} syncs for {commands} batches"
+
+
 async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
     tmp_path: Path,
 ) -> None:
