@@ -185,7 +185,7 @@ def cluster(args: argparse.Namespace) -> Iterator[str]:
         yield args.master
         return
     with tempfile.TemporaryDirectory(prefix="se-bench-") as data:
-        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync="always")
+        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=args.fsync)
         try:
             local.start()
             yield local.master_address
@@ -205,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
     )
+    parser.add_argument(
+        "--fsync",
+        choices=["always", "never"],
+        default="always",
+        help="stores' durability (never: unsafe, to tell disk time from software time)",
+    )
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--batches-in-flight", type=int, default=8)
@@ -213,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--light-count", type=int, default=500)
     args = parser.parse_args(argv)
     with cluster(args) as master:
+        where = "an existing cluster" if args.master else f"a local cluster, fsync={args.fsync}"
+        print(f"one writer, 3 stores, W=2, {where}")
         asyncio.run(main_async(args, master))
     return 0
 

@@ -464,7 +464,11 @@ class Writer:
 
     def _assign(self, payloads: tuple[bytes, ...]) -> Assigned:
         actions = self.step(Append(payloads))
-        return next(a for a in actions if isinstance(a, Assigned))
+        for action in actions:
+            if isinstance(action, Assigned):
+                return action
+        # The lease ran out just now: the core stepped down instead of taking it.
+        raise AppendFailed(f"{self._error or 'leadership lost'}; the append was never sent")
 
     def _check_leading(self) -> None:
         if self._error is not None:
@@ -482,7 +486,10 @@ class Writer:
             if not replicator.room_for(waiting.nbytes):
                 return
             self._waiting.popleft()
-            waiting.future.set_result(self._assign(waiting.payloads))
+            try:
+                waiting.future.set_result(self._assign(waiting.payloads))
+            except AppendFailed as error:
+                waiting.future.set_exception(error)
 
     # ---- the core ----
 

@@ -277,6 +277,11 @@ class Leader:
         if self.role is Role.FINISHED:
             return self._step_finished(event)
         actions: list[LeaderAction] = []
+        if self.role is Role.LEADING and now_ms >= self._lease_until_ms:
+            # Before anything else: a store's answer arriving now must not be acked.
+            self._lease_expired(actions)
+            return actions
+        stepped_replicator = False
         if isinstance(event, HeartbeatAnswered):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             if self.role is Role.FOLLOWING:
@@ -303,12 +308,14 @@ class Leader:
                 raise RuntimeError("append while not leading")
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, event))
+            stepped_replicator = True
         elif isinstance(event, WriteReplied | StoreConnected | StoreDisconnected | Flush):
             if self.replicator is not None and self.role is Role.LEADING:
                 actions.extend(self.replicator.step(now_ms, event))
+                stepped_replicator = True
         elif not isinstance(event, Tick):
             raise TypeError(f"unknown event {event!r}")
-        self._on_time(now_ms, actions)
+        self._on_time(now_ms, actions, stepped_replicator)
         return actions
 
     # ---- internals ----
@@ -320,13 +327,16 @@ class Leader:
             return [ReleaseLease(event.epoch)]
         return []
 
-    def _on_time(self, now_ms: int, actions: list[LeaderAction]) -> None:
+    def _lease_expired(self, actions: list[LeaderAction]) -> None:
+        self._step_down(
+            StepDownReason.LEASE_EXPIRED, f"lease expired at {self._lease_until_ms}", actions
+        )
+
+    def _on_time(self, now_ms: int, actions: list[LeaderAction], stepped_replicator: bool) -> None:
         if self.role is Role.LEADING and now_ms >= self._lease_until_ms:
-            self._step_down(
-                StepDownReason.LEASE_EXPIRED, f"lease expired at {self._lease_until_ms}", actions
-            )
+            self._lease_expired(actions)
             return
-        if self.role is Role.LEADING:
+        if self.role is Role.LEADING and not stepped_replicator:
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, Tick()))
         in_flight = self._heartbeats_in_flight

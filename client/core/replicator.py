@@ -434,8 +434,9 @@ class Replicator:
             raise TypeError(f"unknown event {event!r}")
         if self._stopped:
             return actions
-        self._advance_acked(actions)
-        self._trim(actions)
+        if not isinstance(event, Append):  # an append changes no matched or acked index
+            self._advance_acked(actions)
+            self._trim(actions)
         force_ack = isinstance(event, Flush)
         for name, store in self._stores.items():
             self._pump(now_ms, name, store, actions, force_ack)

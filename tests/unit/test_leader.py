@@ -155,6 +155,19 @@ def test_lease_loss_with_appends_in_flight_fails_honestly() -> None:
     assert answer_all(leader, LEASE_MS + 1, sent) == []
 
 
+def test_an_answer_arriving_as_the_lease_ends_is_not_acked() -> None:
+    leader = leading()
+    sent = leader.step(10, Append((b"a",)))
+    actions = answer_all(leader, LEASE_MS, sent)
+    assert of_type(actions, Acked) == []
+    [down] = of_type(actions, SteppedDown)
+    assert down.reason is StepDownReason.LEASE_EXPIRED and down.sent_through == 1
+    # An append at that moment is not taken either.
+    assert Leader(0).step(0, Tick()) and of_type(
+        leading().step(LEASE_MS, Append((b"b",))), SteppedDown
+    )
+
+
 def test_the_lease_ends_before_the_master_ends_it() -> None:
     leader = leading()
     assert leader.step(LEASE_MS - 1, Tick()) == [] or leader.role is Role.LEADING
