@@ -26,7 +26,7 @@ QUEUE_BYTES = Gauge("se_store_queue_bytes", "Payload bytes of write batches queu
 QUEUE_BATCHES = Gauge("se_store_queue_batches", "Write batches queued")
 FENCE_REJECTIONS = Counter("se_store_fence_rejections_total", "Writes and seals below the fence")
 REFUSED_BUSY = Counter("se_store_refused_busy_total", "Write batches refused: queue full")
-BAD_REQUESTS = Counter("se_store_bad_requests_total", "Requests refused as malformed", ["rpc"])
+BAD_REQUESTS = Counter("se_store_bad_requests_total", "Requests refused as malformed")
 SUBSCRIBERS = Gauge("se_store_subscribers", "Open Subscribe streams")
 SUBSCRIBERS_DROPPED = Counter(
     "se_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]

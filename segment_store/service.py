@@ -103,7 +103,7 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) 
     if isinstance(error, StoreFenced):
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
     elif isinstance(error, BadRequest):
-        metrics.BAD_REQUESTS.labels("any").inc()
+        metrics.BAD_REQUESTS.inc()
     await context.abort(code, str(error), trailing_metadata=trailing)
 
 
@@ -518,6 +518,11 @@ class _Tail:
             error = task.exception()
             if isinstance(error, _Refused):
                 return error
+            if isinstance(error, CorruptEntry):
+                return _Refused(grpc.StatusCode.DATA_LOSS, str(error))
+            if error is not None and task is tasks[0]:
+                log.error("tail of %s failed", self.segment, exc_info=error)
+                return _Refused(grpc.StatusCode.INTERNAL, f"tail failed: {error!r}")
             if error is not None:
                 # The wire broke (the client went away): nothing left to tell it.
                 log.debug("subscriber to %s ended: %r", self.segment, error)
