@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from client.core.entry import EntryKind, StoredEntry
+from client.core.entry import CorruptEntry, EntryKind, StoredEntry
 from client.core.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
-from segment_store.keys import segment_entries_range
+from segment_store.keys import entry_key, segment_entries_range
 from segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
 from segment_store.store import (
     BadRequest,
@@ -446,3 +446,16 @@ def test_kv_scans_in_bytewise_order_within_bounds(any_kv: KV) -> None:
     assert any_kv.scan(b"", b"\xff") == [(b"c", b"3"), (b"d", b"4")]
     assert any_kv.get(b"d") == b"4" and any_kv.get(b"b1") is None
     any_kv.close()
+
+
+def test_a_copy_corrupted_on_disk_is_reported_never_served(core: SegmentStoreCore) -> None:
+    core.write(SEG, 3, 2, events(1, 2))
+    key = entry_key(SEG.stream_id, SEG.epoch, 2)
+    value = bytearray(core.kv.get(key) or b"")
+    value[-1] ^= 0x01
+    core.kv.write([Put(key, bytes(value))], sync=True)
+    assert core.read(SEG, 1, 1) == [ev(1)]
+    with pytest.raises(CorruptEntry):
+        core.read(SEG, 1)
+    with pytest.raises(CorruptEntry):
+        core.digest(SEG)
