@@ -27,12 +27,12 @@ from tests.integration.store_helpers import (
     write_request,
 )
 
-STALL_MS = 300
+STALL_MS = 500
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    args = ["--subscribe-buffer-batches", "2", "--subscribe-stall-ms", str(STALL_MS)]
+    args = ["--subscribe-buffer-batches", "4", "--subscribe-stall-ms", str(STALL_MS)]
     with lone_store(Path(tmp_path_factory.mktemp("store")), args) as running:
         yield running
 
@@ -95,7 +95,7 @@ async def test_subscribe_keepalives_flow_both_ways_on_an_idle_segment(
     segment = seg(402, 3)
     async with store_stub(store.address) as stub:
         await write_all(stub, [write_request(segment, 3, 1, entries(1, 1))])
-        call = stub.Subscribe(_requests(subscribe_start(segment, 2, 100), 0.05))
+        call = stub.Subscribe(_requests(subscribe_start(segment, 2, 200), 0.05))
         assert (await next_reply(call)).WhichOneof("message") == "position"
         kinds = [(await next_reply(call, 2.0)).WhichOneof("message") for _ in range(5)]
         assert kinds == ["keepalive"] * 5  # and the stream stays up well past 3 intervals
@@ -135,7 +135,7 @@ async def test_a_slow_consumer_is_disconnected_with_resource_exhausted(
         )
         call = stub.Subscribe(_requests(subscribe_start(segment, 1, 60_000, batch=4), 1.0))
         assert (await next_reply(call)).WhichOneof("message") == "position"
-        await asyncio.sleep(STALL_MS / 1000 * 6)  # read nothing meanwhile
+        await asyncio.sleep(STALL_MS / 1000 * 5)  # read nothing meanwhile
         received = 0
         with pytest.raises(grpc.aio.AioRpcError) as disconnected:
             while (reply := await call.read()) is not grpc.aio.EOF:
