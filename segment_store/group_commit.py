@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,8 +31,11 @@ from segment_store.store import (
     SegmentKey,
     SegmentStoreCore,
     StoreFenced,
+    StoreUnavailable,
     WriteCommand,
 )
+
+log = logging.getLogger("streamengine.store")
 
 # Write batches queued at once (all leaders): each holds at most a batch's bytes.
 STORE_QUEUE_BATCHES_MAX = 1024
@@ -42,6 +46,14 @@ STORE_QUEUE_BYTES_MAX = 64 << 20
 GROUP_ENTRIES_MAX = 32_768
 
 assert STORE_QUEUE_BATCHES_MAX >= 2, "two leaders must be able to queue at once"
+
+
+class _NotWritten(Exception):
+    """The KV refused a group's write batch: nothing of it was applied."""
+
+    def __init__(self, cause: Exception) -> None:
+        self.cause = cause
+        super().__init__(str(cause))
 
 
 @dataclass
@@ -119,8 +131,17 @@ class GroupCommitter:
                 plan, sync_s = await loop.run_in_executor(
                     self._executor, self._commit, [p.command for p in group]
                 )
+            except _NotWritten as refused:
+                # Nothing of the group reached the KV (a full disk, a read-only DB): refuse
+                # it, publish nothing, and go on; the leaders retry later.
+                log.error("write of %d commands failed: %s", len(group), refused.cause)
+                self._release(group)
+                for pending in group:
+                    if not pending.future.done():
+                        pending.future.set_result(StoreUnavailable(f"cannot write: {refused}"))
+                continue
             except BaseException as error:
-                # A KV failure leaves the store's durable state unknown: fail every
+                # A failed sync leaves the store's durable state unknown: fail every
                 # waiter and stop; the process exits and restarts from what is durable.
                 for pending in group:
                     if not pending.future.done():
@@ -160,8 +181,11 @@ class GroupCommitter:
         metrics.QUEUE_BATCHES.set(self._queued_batches)
 
     def _commit(self, commands: list[Command]) -> tuple[Plan, float]:
-        plan = self.core.plan(commands)
-        self.core.write_plan(plan, sync=False)
+        try:
+            plan = self.core.plan(commands)
+            self.core.write_plan(plan, sync=False)
+        except Exception as error:
+            raise _NotWritten(error) from error
         sync_s = 0.0
         if self.fsync and plan.ops:
             started = time.perf_counter()

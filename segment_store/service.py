@@ -39,6 +39,7 @@ from segment_store.store import (
     SegmentStoreCore,
     StoreError,
     StoreFenced,
+    StoreUnavailable,
     WriteCommand,
     WriteResult,
     check_segment,
@@ -91,6 +92,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     StoreFenced: grpc.StatusCode.FAILED_PRECONDITION,
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     SegmentNotFound: grpc.StatusCode.NOT_FOUND,
+    StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CorruptEntry: grpc.StatusCode.DATA_LOSS,
 }
 

@@ -93,6 +93,10 @@ class BadRequest(StoreError, ValueError):
     """Malformed input: bad crc, unknown kind, non-consecutive indexes, over a limit."""
 
 
+class StoreUnavailable(StoreError):
+    """The store could not write (a full disk, a failing device); nothing was written."""
+
+
 class SegmentNotFound(StoreError, LookupError):
     """The store holds nothing of the segment."""
 

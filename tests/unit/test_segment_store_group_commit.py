@@ -15,6 +15,7 @@ from segment_store.store import (
     SealResult,
     SegmentKey,
     SegmentStoreCore,
+    StoreUnavailable,
     WriteCommand,
     WriteResult,
 )
@@ -103,3 +104,36 @@ async def test_the_watch_wakes_waiters_of_changed_segments_only() -> None:
     assert await SegmentWatch.wait(mine, 0.01)
     assert not await SegmentWatch.wait(other, 0.01)
     assert watch.event(SEG) is not mine  # a fresh event for the next change
+
+
+class FullDiskKV(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        if self.full:
+            raise OSError("No space left on device")
+        super().write(ops, sync)
+
+
+async def test_a_refused_kv_write_answers_unavailable_changes_nothing_and_goes_on() -> None:
+    kv = FullDiskKV()
+    core = SegmentStoreCore(kv)
+    committer = GroupCommitter(core, True, lambda plan: None)
+    runner = asyncio.create_task(committer.run())
+    first = committer.try_submit(batch(1, 5))
+    assert first is not None and isinstance(await first, WriteResult)
+    kv.full = True
+    refused = committer.try_submit(batch(6, 5))
+    assert refused is not None
+    outcome = await refused
+    assert isinstance(outcome, StoreUnavailable) and "No space" in str(outcome)
+    assert core.state(SEG).matched_index == 5 and committer.queued_bytes == 0
+    kv.full = False
+    again = committer.try_submit(batch(6, 5))
+    assert again is not None and isinstance(await again, WriteResult)
+    assert core.state(SEG).matched_index == 10
+    committer.close()
+    await runner
+    committer.shutdown_executor()
