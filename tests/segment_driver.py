@@ -118,18 +118,25 @@ class Driver:
                 time.sleep(0.05)
 
     def fill_and_roll(
-        self, events: int, payload_bytes: int, bridge_on: int | None = None
+        self,
+        events: int,
+        payload_bytes: int,
+        bridge_on: int | None = None,
+        entries: list[StoredEntry] | None = None,
     ) -> entry_pb2.Segment:
         """Write `events` events to the open segment, roll, seal and bridge it; returns
         the sealed segment as the master records it. With `bridge_on`, only that many
-        members of the copy set get the bridge (the others missed it)."""
+        members of the copy set get the bridge (the others missed it). `entries` replaces
+        the generated events (e.g. to leave HOLEs as a recovery does)."""
         self.lead()
         assert self.segment is not None, "the leader has no open segment"
         old, old_epoch = self.segment, self.epoch
-        entries = [
-            StoredEntry.make(i, EntryKind.EVENT, old_epoch, bytes([i % 256]) * payload_bytes)
-            for i in range(1, events + 1)
-        ]
+        if entries is None:
+            entries = [
+                StoredEntry.make(i, EntryKind.EVENT, old_epoch, bytes([i % 256]) * payload_bytes)
+                for i in range(1, events + 1)
+            ]
+        events = len(entries)
         for replica in old.copy_set:
             write(replica.address, old.id, old_epoch, entries, events)
         channel, stub = self._stub()

@@ -1,0 +1,207 @@
+"""The `streamengine` Spark data source against real master and store processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.core.entry import EntryKind, StoredEntry
+from client.core.sequence import pack_sequence
+from tests.harness import Cluster
+from tests.segment_driver import Driver, write
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+PAYLOAD_BYTES = 20
+
+
+def payload_of(index: int) -> bytes:
+    return bytes([index % 256]) * PAYLOAD_BYTES
+
+
+def create_stream(cluster: Cluster, name: str) -> None:
+    import grpc
+    from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        master_pb2_grpc.MasterStub(channel).CreateStream(
+            master_pb2.CreateStreamRequest(
+                name=name,
+                policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2),
+                create_tenant=True,
+            ),
+            timeout=10,
+        )
+
+
+def load(spark: Any, cluster: Cluster, stream: str, **options: str) -> Any:
+    from client.spark import register
+
+    register(spark)
+    reader = spark.read.format("streamengine").option("master", cluster.master_address)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.option("stream", stream).load()
+
+
+def rows_of(frame: Any) -> list[tuple[int, int, int, bytes]]:
+    return sorted(
+        (row["epoch"], row["index"], row["sequence"], bytes(row["payload"]))
+        for row in frame.collect()
+    )
+
+
+def expected_rows(segments: list[tuple[int, int]]) -> list[tuple[int, int, int, bytes]]:
+    """(epoch, events) per sealed segment -> the rows a scan must return."""
+    return sorted(
+        (epoch, index, pack_sequence(epoch, index), payload_of(index))
+        for epoch, events in segments
+        for index in range(1, events + 1)
+    )
+
+
+def fill(driver: Driver, sizes: list[int]) -> list[tuple[int, int]]:
+    made = []
+    for events in sizes:
+        sealed = driver.fill_and_roll(events, PAYLOAD_BYTES)
+        made.append((sealed.id.epoch, events))
+    return made
+
+
+def test_a_scan_returns_every_event_of_every_sealed_segment(spark: Any, cluster: Cluster) -> None:
+    create_stream(cluster, "spark/scan")
+    made = fill(Driver(cluster.master_address, "spark/scan"), [300, 1, 250])
+    frame = load(spark, cluster, "spark/scan", partitionEntries="100")
+    assert frame.schema.simpleString() == (
+        "struct<stream:string,epoch:int,index:bigint,sequence:bigint,payload:binary>"
+    )
+    assert frame.rdd.getNumPartitions() == 3 + 1 + 3
+    assert rows_of(frame) == expected_rows(made)
+    assert {row["stream"] for row in frame.select("stream").distinct().collect()} == {"spark/scan"}
+
+
+def test_a_sequence_range_reads_exactly_that_range(spark: Any, cluster: Cluster) -> None:
+    create_stream(cluster, "spark/range")
+    made = fill(Driver(cluster.master_address, "spark/range"), [50, 50, 50])
+    (e1, _), (e2, _), (e3, _) = made
+    frame = load(
+        spark,
+        cluster,
+        "spark/range",
+        fromSequence=str(pack_sequence(e1, 40)),
+        toSequence=str(pack_sequence(e3, 11)),
+    )
+    got = [(epoch, index) for epoch, index, _, _ in rows_of(frame)]
+    want = [(e1, i) for i in range(40, 51)] + [(e2, i) for i in range(1, 51)]
+    want += [(e3, i) for i in range(1, 11)]
+    assert got == want
+
+
+def test_a_scan_with_one_replica_of_each_segment_down_fails_over(
+    spark: Any, cluster: Cluster
+) -> None:
+    create_stream(cluster, "spark/down")
+    made = fill(Driver(cluster.master_address, "spark/down"), [200, 200])
+    cluster.stores[0].kill()  # with 3 stores, every copy set holds store0
+    assert rows_of(load(spark, cluster, "spark/down")) == expected_rows(made)
+
+
+def test_holes_never_appear_as_rows(spark: Any, cluster: Cluster) -> None:
+    create_stream(cluster, "spark/holes")
+    driver = Driver(cluster.master_address, "spark/holes")
+    epoch = driver.lead().epoch
+    # What a recovery leaves: indexes 2 and 4 became HOLEs, then the BRIDGE at 6.
+    entries = [
+        StoredEntry.make(1, EntryKind.EVENT, epoch, payload_of(1)),
+        StoredEntry.make(2, EntryKind.HOLE, epoch),
+        StoredEntry.make(3, EntryKind.EVENT, epoch, payload_of(3)),
+        StoredEntry.make(4, EntryKind.HOLE, epoch),
+        StoredEntry.make(5, EntryKind.EVENT, epoch, payload_of(5)),
+    ]
+    driver.fill_and_roll(0, PAYLOAD_BYTES, entries=entries)  # sealed with its bridge at 6
+    got = [(e, i) for e, i, _, _ in rows_of(load(spark, cluster, "spark/holes"))]
+    assert got == [(epoch, 1), (epoch, 3), (epoch, 5)]
+
+
+def test_include_open_adds_the_open_segment_up_to_its_acked_index(
+    spark: Any, cluster: Cluster
+) -> None:
+    create_stream(cluster, "spark/open")
+    driver = Driver(cluster.master_address, "spark/open")
+    made = fill(driver, [30])
+    assert driver.segment is not None
+    open_epoch = driver.epoch
+    entries = [
+        StoredEntry.make(i, EntryKind.EVENT, open_epoch, payload_of(i)) for i in range(1, 11)
+    ]
+    for replica in driver.segment.copy_set:
+        write(replica.address, driver.segment.id, open_epoch, entries, 7)  # 8..10 unacked
+    assert rows_of(load(spark, cluster, "spark/open")) == expected_rows(made)
+    with_open = rows_of(load(spark, cluster, "spark/open", includeOpen="true"))
+    assert with_open == expected_rows([*made, (open_epoch, 7)])
+
+
+@contextmanager
+def keep_leading(driver: Driver) -> Iterator[None]:
+    """Heartbeat for the driver while Spark runs, so its lease (and open segment) stays."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.2):
+            driver.lead()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_streaming_picks_up_new_events_and_never_re_emits_after_a_restart(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    from client.spark import register
+
+    register(spark)
+    create_stream(cluster, "spark/live")
+    driver = Driver(cluster.master_address, "spark/live")
+    made = fill(driver, [40, 25])
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run_once() -> None:
+        query = (
+            spark.readStream.format("streamengine")
+            .option("master", cluster.master_address)
+            .option("stream", "spark/live")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(output))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    with keep_leading(driver):  # the driver cannot recover: its lease must not lapse
+        run_once()
+        assert rows_of(spark.read.parquet(str(output))) == expected_rows(made)
+
+        # A newly sealed segment, and acked events of the open one after it.
+        made += fill(driver, [15])
+        assert driver.segment is not None
+        open_epoch = driver.epoch
+        entries = [
+            StoredEntry.make(i, EntryKind.EVENT, open_epoch, payload_of(i)) for i in range(1, 6)
+        ]
+        for replica in driver.segment.copy_set:
+            write(replica.address, driver.segment.id, open_epoch, entries, 5)
+        run_once()  # a new query on the same checkpoint: resumes where the first stopped
+        assert rows_of(spark.read.parquet(str(output))) == expected_rows([*made, (open_epoch, 5)])
