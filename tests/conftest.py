@@ -18,7 +18,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def spark():  # type: ignore[no-untyped-def]
+def spark():
     """One SparkSession for the whole test session (startup costs ~10 s)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
