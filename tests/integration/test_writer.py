@@ -19,6 +19,7 @@ from client import (
     AppendFailed,
     AppendInDoubt,
     EventTooLarge,
+    Fenced,
     InvalidArgument,
     LeadershipLost,
     StreamClient,
@@ -263,3 +264,33 @@ def test_the_blocking_wrapper_appends_and_releases(cluster: Cluster) -> None:
             with pytest.raises(EventTooLarge):
                 writer.append(b"x" * (EVENT_BYTES_MAX + 1))
         assert client.describe_stream("acme/sync").leader_id == ""
+
+
+async def test_a_store_fenced_above_the_writer_ends_its_leadership(cluster: Cluster) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        info = await client.create_stream("acme/fence")
+        async with client.writer("acme/fence", leadership_timeout_s=10) as writer:
+            await writer.append_batch([b"a", b"b"])
+            # What a later leader's seal does: two stores of three, so no append of this
+            # writer can reach a quorum any more.
+            for store in cluster.stores[:2]:
+                async with grpc.aio.insecure_channel(store.address, options=CLIENT_OPTIONS) as ch:
+                    sealed = await store_grpc.SegmentStoreStub(ch).Seal(
+                        segment_store_pb2.SealRequest(
+                            segment=entry_pb2.SegmentId(
+                                stream_id=info.stream_id, epoch=writer.epoch
+                            ),
+                            new_epoch=writer.epoch + 1,
+                        ),
+                        timeout=5,
+                    )
+                assert sealed.fence == writer.epoch + 1
+            with pytest.raises(LeadershipLost) as caught:
+                await writer.append(b"c")
+            # Either the writer already heard of the fence (an idle acked broadcast was
+            # refused with FAILED_PRECONDITION and `se-fence`), or `c` went out, was
+            # refused by the fenced stores, and the third one may hold it.
+            assert isinstance(caught.value, Fenced | AppendInDoubt), caught.value
+            assert writer.statistics().role == "finished"
+            with pytest.raises(Fenced):
+                await writer.append(b"d")
