@@ -218,12 +218,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         self, request: segment_store_pb2.WriteRequest
     ) -> asyncio.Future[Outcome] | Exception | None:
         try:
-            # The wire entries as they are: the committer checks kind and crc of each.
             command = WriteCommand(
                 segment_key(request.segment),
                 request.writer_epoch,
                 request.acked_index,
-                request.entries,
+                entries_from_pb(request.entries),
             )
         except BadRequest as error:
             return error

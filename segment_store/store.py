@@ -30,7 +30,6 @@ import hashlib
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from client.core.entry import (
     VALUE_HEADER_BYTES,
@@ -39,7 +38,6 @@ from client.core.entry import (
     StoredEntry,
     decode_value,
     encode_value,
-    entry_crc,
 )
 from client.core.limits import (
     EPOCH_MAX,
@@ -144,31 +142,12 @@ class DigestInfo:
     fence: int
 
 
-class EntryLike(Protocol):
-    """What a write needs of an entry: a StoredEntry, or a wire `Entry` as received (the
-    server skips a conversion per entry on its hot path)."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def kind(self) -> int: ...
-    @property
-    def epoch(self) -> int: ...
-    @property
-    def payload(self) -> bytes: ...
-    @property
-    def crc32c(self) -> int: ...
-
-
-_KIND_NUMBERS = frozenset(int(kind) for kind in EntryKind)
-
-
 @dataclass(frozen=True, slots=True)
 class WriteCommand:
     segment: SegmentKey
     writer_epoch: int
     acked_index: int
-    entries: Sequence[EntryLike]
+    entries: Sequence[StoredEntry]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +220,7 @@ def check_segment(segment: SegmentKey) -> None:
 
 
 def check_batch(
-    writer_epoch: int, entries: Sequence[EntryLike], entry_bytes_max: int = EVENT_BYTES_MAX
+    writer_epoch: int, entries: Sequence[StoredEntry], entry_bytes_max: int = EVENT_BYTES_MAX
 ) -> None:
     """Raise BadRequest unless the batch is well formed; pure, checks every entry."""
     if not 0 < writer_epoch <= EPOCH_MAX:
@@ -268,14 +247,13 @@ def check_batch(
                 f"entry {entry.index}: copy epoch {entry.epoch} is not in 1..{writer_epoch} "
                 "(the writer's epoch)"
             )
-        if entry.kind not in _KIND_NUMBERS:
-            raise BadRequest(f"entry {entry.index}: unknown kind {int(entry.kind)}")
-        if entry_crc(entry.kind, entry.epoch, entry.index, entry.payload) != entry.crc32c:
-            raise BadRequest(f"entry {entry.index}: crc32c mismatch")
+        # The kind is checked (by verify) before it is named in a message.
+        try:
+            entry.verify()
+        except CorruptEntry as error:
+            raise BadRequest(str(error)) from None
         if entry.kind != EntryKind.EVENT and entry.payload:
-            raise BadRequest(
-                f"entry {entry.index}: a {EntryKind(entry.kind).name} carries no payload"
-            )
+            raise BadRequest(f"entry {entry.index}: a {entry.kind.name} carries no payload")
 
 
 class SegmentStoreCore:
@@ -351,7 +329,7 @@ class SegmentStoreCore:
         segment: SegmentKey,
         writer_epoch: int,
         acked_index: int,
-        entries: Sequence[EntryLike],
+        entries: Sequence[StoredEntry],
     ) -> WriteResult:
         result = self.execute(WriteCommand(segment, writer_epoch, acked_index, tuple(entries)))
         assert isinstance(result, WriteResult)
