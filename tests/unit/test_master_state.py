@@ -3,6 +3,7 @@ segments, seals, deletes, restarts. Each test names the rule it checks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,16 @@ def test_dead_member_of_open_segment_asks_leader_to_roll(master: Master) -> None
         view = beat(master, "w1", 1)
         assert view.leads and view.lease.epoch == 1
     assert view.roll_reason == f"store-dead: {segment.copy_set[0]}"
+
+
+def test_catalog_is_raw_rocksdb_with_big_endian_keys(master: Master) -> None:
+    config = json.loads((master.path / "catalog" / "rocksdict-config.json").read_text())
+    assert config["raw_mode"] is True, "no pickled values, no private comparator"
+    beat(master, "w1")
+    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    keys = [
+        k
+        for k in master.catalog._db.keys(from_key=b"g/")
+        if isinstance(k, bytes) and k[:2] == b"g/"
+    ]
+    assert keys == sorted(keys) and len(keys) == 2, "segments sort by (stream id, epoch)"
