@@ -50,6 +50,7 @@ class World:
         # index -> (store, kind, payload) of what some store served there first
         self.served: dict[int, tuple[str, EntryKind, bytes]] = {}
         self.master_final = 0
+        self.log: list[str] = []  # what happened, for a failing example's report
 
     def held(self, store: str) -> list[StoredEntry]:
         try:
@@ -74,6 +75,7 @@ class World:
     def leader_writes(self, store: str, epoch: int, held: str, acked: int = 0) -> None:
         """The segment's own leader (or an earlier one) wrote these copies to `store`."""
         self.stores[store].write(self.segment, epoch, acked, entries(held))
+        self.log.append(f"leader {epoch} writes {held} acked={acked} to {store}")
         self.check()
 
     def check(self) -> None:
@@ -90,6 +92,11 @@ class World:
 
     def apply(self, leader_epoch: int, action: Action) -> Event | None:
         """Carry one request to its store (or the master) and return the answer."""
+        answer = self._apply(leader_epoch, action)
+        self.log.append(f"leader {leader_epoch}: {action} -> {answer}")
+        return answer
+
+    def _apply(self, leader_epoch: int, action: Action) -> Event | None:
         seg = self.segment
         try:
             if isinstance(action, SendSeal):
@@ -99,7 +106,10 @@ class World:
                 )
             if isinstance(action, SendRead):
                 got = self.stores[action.store].read(seg, action.from_index, action.to_index)
-                return ReadAnswered(action.store, action.from_index, action.to_index, tuple(got))
+                fence = self.fence(action.store)
+                return ReadAnswered(
+                    action.store, action.from_index, action.to_index, tuple(got), fence
+                )
             if isinstance(action, SendWrite):
                 w = self.stores[action.store].write(
                     seg, leader_epoch, action.acked_index, action.entries

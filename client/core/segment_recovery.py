@@ -66,6 +66,7 @@ class ReadAnswered:
     from_index: int
     to_index: int
     entries: tuple[StoredEntry, ...]
+    fence: int  # the store's fence when it read: above our epoch, a later leader took over
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +345,10 @@ class SegmentRecovery:
         return out
 
     def _read_answered(self, e: ReadAnswered) -> list[Action]:
+        # Copies of a later epoch mean a later leader sealed and wrote the segment.
+        later = max([e.fence, *(x.epoch for x in e.entries)])
+        if later > self.leader_epoch:
+            return self._fenced(later)
         if e.to_index:
             return self._final_copies_answered(e)
         known = self._full_reads.get(e.store)
