@@ -110,14 +110,29 @@ async def light_load(writer: Writer, size: int, rate: float, count: int) -> list
     return latencies
 
 
-async def open_loop(writer: Writer, size: int, rate: float, seconds: float) -> list[float]:
+# Open loop: appends outstanding at most. Past it the rate is not sustained and the run
+# says so, instead of flooding the event loop (which would starve the writer's
+# heartbeats and lose its lease, as a real overloaded client would).
+OPEN_LOOP_OUTSTANDING_MAX = 5000
+
+
+async def open_loop(
+    writer: Writer, size: int, rate: float, seconds: float
+) -> tuple[list[float], bool]:
+    """Latencies from when each append was due; and whether the rate was sustained."""
     payload = b"o" * size
     total = int(rate * seconds)
     latencies: list[float] = []
+    outstanding = 0
+    sustained = True
 
     async def one(due: float) -> None:
-        await writer.append(payload)
-        latencies.append(time.perf_counter() - due)
+        nonlocal outstanding
+        try:
+            await writer.append(payload)
+            latencies.append(time.perf_counter() - due)
+        finally:
+            outstanding -= 1
 
     started = time.perf_counter()
     issued = 0
@@ -125,10 +140,15 @@ async def open_loop(writer: Writer, size: int, rate: float, seconds: float) -> l
         while issued < total:
             due_now = min(total, int((time.perf_counter() - started) * rate) + 1)
             while issued < due_now:
+                if outstanding >= OPEN_LOOP_OUTSTANDING_MAX:
+                    sustained = False
+                    total = issued  # stop issuing; let what is out come back
+                    break
+                outstanding += 1
                 group.create_task(one(started + issued / rate))
                 issued += 1
             await asyncio.sleep(0.001)
-    return latencies
+    return latencies, sustained
 
 
 async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) -> None:
@@ -150,8 +170,10 @@ async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) 
         light = await light_load(writer, size, args.light_rate, args.light_count)
         print(latency_line(f"single append, light load ({args.light_rate:.0f}/s)", light))
         half = single.events_per_s / 2
-        loaded = await open_loop(writer, size, half, args.seconds)
+        loaded, sustained = await open_loop(writer, size, half, args.seconds)
         print(latency_line(f"single append, 50% of single peak ({half:,.0f}/s)", loaded))
+        if not sustained:
+            print(f"    (not sustained: {OPEN_LOOP_OUTSTANDING_MAX} appends outstanding; stopped)")
         stats = writer.statistics()
         print(f"  writer: acked {stats.acked_index}, retained {stats.retained_bytes} bytes")
 
