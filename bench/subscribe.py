@@ -1,0 +1,134 @@
+"""Follower read rates: catch-up from the start of a stream, and a live tail.
+
+    .venv/bin/python -m bench.subscribe                  # starts a local cluster
+    .venv/bin/python -m bench.subscribe --master HOST:PORT --events 1000000
+
+- catch-up: `--events` 100-byte events are appended first (the stream rolls every
+  `--segment-mb`, so most of them sit in sealed segments), then one reader reads them
+  all from sequence 0 with `client.read`;
+- live tail: a subscriber starts at "end" while a writer appends at full speed for
+  `--seconds`; events/s the subscriber received, and how far it trailed the writer
+  when the writer stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from streamengine.v1 import entry_pb2
+
+from bench.append import cluster
+from client import StreamClient
+from client.writer import Writer
+
+BATCH = 1000
+BATCHES_IN_FLIGHT = 8
+
+
+async def fill(writer: Writer, events: int, payload: bytes) -> float:
+    """Append `events` events as fast as the writer goes; returns the seconds taken."""
+    remaining = events
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            count = min(BATCH, remaining)
+            remaining -= count
+            await writer.append_batch([payload] * count)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(BATCHES_IN_FLIGHT):
+            group.create_task(worker())
+    return time.perf_counter() - started
+
+
+async def catch_up(client: StreamClient, stream: str, expected: int) -> float:
+    started = time.perf_counter()
+    count = 0
+    async for _event in client.read(stream):
+        count += 1
+    seconds = time.perf_counter() - started
+    if count != expected:
+        raise SystemExit(f"catch-up read {count} events, expected {expected}")
+    return seconds
+
+
+async def live_tail(client: StreamClient, stream: str, seconds: float, payload: bytes) -> None:
+    received = 0
+    first_at: float | None = None
+    written = 0
+
+    async def follow() -> None:
+        nonlocal received, first_at
+        async for _event in client.subscribe(stream, start="end"):
+            if first_at is None:
+                first_at = time.perf_counter()
+            received += 1
+
+    follower = asyncio.create_task(follow())
+    await asyncio.sleep(0.5)  # let the subscriber resolve "end" before the burst
+    async with client.writer(stream) as writer:
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal written
+            while time.perf_counter() < deadline:
+                await writer.append_batch([payload] * BATCH)
+                written += BATCH
+
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for _ in range(BATCHES_IN_FLIGHT):
+                group.create_task(worker())
+        write_seconds = time.perf_counter() - started
+    trailing = written - received
+    drain_deadline = time.perf_counter() + 60
+    while received < written and time.perf_counter() < drain_deadline:
+        await asyncio.sleep(0.01)
+    tail_seconds = time.perf_counter() - (first_at or started)
+    follower.cancel()
+    print(
+        f"live tail:  writer {written / write_seconds:>10,.0f} events/s, "
+        f"subscriber {received / tail_seconds:>10,.0f} events/s "
+        f"({received:,} of {written:,}; {trailing:,} behind when the writer stopped)"
+    )
+
+
+async def run(args: argparse.Namespace, master: str) -> None:
+    payload = b"s" * 100
+    stream = f"bench/subscribe-{int(time.time())}"
+    async with StreamClient(master) as client:
+        await client.create_stream(stream, segment_bytes=args.segment_mb << 20)
+        async with client.writer(stream) as writer:
+            fill_seconds = await fill(writer, args.events, payload)
+        segments = await client.list_segments(stream)
+        sealed = sum(1 for s in segments.segments if s.state == entry_pb2.SEALED)
+        print(
+            f"filled {args.events:,} events in {fill_seconds:.1f}s "
+            f"({len(segments.segments)} segments, {sealed} sealed)"
+        )
+        seconds = await catch_up(client, stream, args.events)
+        print(f"catch-up:   {args.events / seconds:>10,.0f} events/s ({seconds:.1f}s)")
+        await client.create_stream(f"{stream}-live")
+        await live_tail(client, f"{stream}-live", args.seconds, payload)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--segment-mb", type=int, default=32, help="roll threshold")
+    parser.add_argument("--seconds", type=float, default=10.0, help="live tail duration")
+    parser.add_argument("--fsync", choices=["always", "never"], default="always")
+    args = parser.parse_args(argv)
+    with cluster(args) as master:
+        asyncio.run(run(args, master))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
