@@ -74,7 +74,8 @@ class World:
 
     def leader_writes(self, store: str, epoch: int, held: str, acked: int = 0) -> None:
         """The segment's own leader (or an earlier one) wrote these copies to `store`."""
-        self.stores[store].write(self.segment, epoch, acked, entries(held))
+        for e in entries(held):  # one write each: a batch holds consecutive indexes
+            self.stores[store].write(self.segment, epoch, acked, [e])
         self.log.append(f"leader {epoch} writes {held} acked={acked} to {store}")
         self.check()
 
@@ -136,6 +137,10 @@ def _show(kind: EntryKind, payload: bytes) -> str:
 
 
 Match = Callable[[Action], bool]
+
+
+def this(action: Action) -> Match:
+    return lambda a: a is action
 
 
 def seal(store: str) -> Match:
