@@ -6,7 +6,10 @@ batches in flight (as a leader pipelines); the raw loop writes the same keys and
 into a RocksDB of its own, one WriteBatch per batch (`sync` per batch for "always"), one
 thread per writer. Requests and raw batches are built before the clock starts.
 
-    .venv/bin/python -m bench.store_write [--seconds 3] [--window 8]
+    .venv/bin/python -m bench.store_write [--seconds 3] [--window 8] [--fsync both]
+
+With a window above 1, batches of one writer share syncs too (group commit), which the
+raw loop, one synced WriteBatch per batch, cannot; `--window 1` compares batch for batch.
 """
 
 from __future__ import annotations
@@ -150,11 +153,11 @@ async def store_rate(address: str, writers: int, batches: int, window: int, base
     return sum(done) / elapsed
 
 
-def measure(seconds: float, window: int) -> list[Figure]:
+def measure(seconds: float, window: int, fsyncs: tuple[str, ...]) -> list[Figure]:
     root = Path(tempfile.mkdtemp(prefix="store-bench-"))
     figures = []
     try:
-        for fsync in ("always", "never"):
+        for fsync in fsyncs:
             # Size each run from a short raw probe so it lasts about `seconds`.
             probe = raw_rate(root, fsync == "always", 1, 20)
             batches = max(20, int(probe * seconds / BATCH_ENTRIES))
@@ -180,8 +183,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="rough length of each run")
     parser.add_argument("--window", type=int, default=8, help="batches in flight per writer")
+    parser.add_argument("--fsync", choices=["always", "never", "both"], default="both")
     args = parser.parse_args()
-    figures = measure(args.seconds, args.window)
+    fsyncs = ("always", "never") if args.fsync == "both" else (args.fsync,)
+    figures = measure(args.seconds, args.window, fsyncs)
     print(f"{ENTRY_BYTES}-byte entries, batches of {BATCH_ENTRIES}, window {args.window}")
     print(f"{'fsync':<8}{'writers':>8}{'store entries/s':>18}{'raw entries/s':>16}{'ratio':>8}")
     for f in figures:
