@@ -76,8 +76,15 @@ class Repairer:
         self._wake = asyncio.Event()
         self._cursor: SegmentKey = (0, 0)
 
-    def enqueue(self, tasks: list[repair.Task]) -> None:
-        self.queued.extend(tasks)
+    def plan_moves(self, tasks: list[repair.Task]) -> None:
+        """Queue an operator's plan (rebalance) in place of any earlier one not yet
+        started: a plan is computed from the copy sets as they are, so two plans
+        queued together would move the same bytes twice."""
+        self.queued = collections.deque(tasks)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Look for work now (a store was drained)."""
         self._wake.set()
 
     def statuses(self) -> list[TaskStatus]:

@@ -371,16 +371,16 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return self._plan(tasks, before, after)
 
         plan = await self._call(context, "DrainStore", drain)
-        self.repairer.enqueue([])
+        self.repairer.wake()
         return plan
 
     async def Rebalance(
         self, request: master_pb2.RebalanceRequest, context: Context
     ) -> master_pb2.RepairPlan:
         def plan(now: int) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
-            return self.state.rebalance_plan(now)
+            return self.state.rebalance_plan(now, self.repairer.running)
 
         tasks, before, after = await self._call(context, "Rebalance", plan)
         if not request.dry_run:
-            self.repairer.enqueue(tasks)
+            self.repairer.plan_moves(tasks)
         return self._plan(tasks, before, after)

@@ -616,15 +616,17 @@ class MasterState:
         return tasks, before, after
 
     def rebalance_plan(
-        self, now_ms: int
+        self, now_ms: int, busy: Iterable[SegmentKey] = ()
     ) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
-        """Moves of healthy sealed replicas until bytes per usable store are even."""
+        """Moves of healthy sealed replicas, none of a segment in `busy` (a copy running),
+        until bytes per usable store are even."""
+        skip = set(busy)
         views = self.store_views(now_ms)
         sealed = [s for s in self.segments.values() if s.state == SegmentState.SEALED]
         held = self.held_for(sealed)
         replicas = []
         for key, segment in sorted(self.segments.items()):
-            if segment.state != SegmentState.SEALED:
+            if segment.state != SegmentState.SEALED or key in skip:
                 continue
             verdict = repair.judge(segment, views, held.get(key, {}), now_ms, self.bridge_grace_ms)
             if len(verdict.good) == len(segment.copy_set):
