@@ -338,7 +338,7 @@ def test_a_store_left_behind_is_detached_and_memory_stays_bounded() -> None:
     assert [(d.store, d.matched_index) for d in detached] == [("s3", 0)]
     assert r.statistics().stores["s3"].detached
     # A detached store gets nothing more, even if it comes back.
-    assert sends(r.step(60, StoreConnected("s3"))) == []
+    assert sends(r.step(60, StoreConnected("s3")), "s3") == []
 
 
 def test_a_store_behind_but_within_the_bound_keeps_its_entries() -> None:
