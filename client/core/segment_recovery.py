@@ -26,8 +26,14 @@ idempotently.
    master confirms (`MasterSealed`), `Done`. Late stores keep being bridged afterwards
    if the driver keeps feeding answers.
 
-A store answering with a fence above this leader's epoch means a later leader took
-over: the operation emits `Deposed` and stops.
+A store answering with a fence above this leader's epoch (a seal or read reply, or a
+refused request), or a read showing a copy of a later epoch, means a later leader took
+over: the operation emits `Deposed` and stops. While fewer than R stores (to decide) or
+W stores (to finish) can answer, it waits; how long is the driver's call. `step` raises
+`InconsistentAnswers` when a store answers what no correct store can hold.
+
+A store's range is empty when its own acked index already covers the bridge: it holds
+the run as final, so it counts among the W holders without a write.
 """
 
 from __future__ import annotations
@@ -165,12 +171,19 @@ class _Bridging:
     """One store's rewrite: its batches by first index, which it holds, its acked."""
 
     seal: SealAnswer
-    batches: dict[int, SendWrite] = field(default_factory=dict)
+    batches: dict[int, SendWrite] = field(default_factory=dict)  # in index order
+    sent: int = 0  # batches sent so far, in order
     held: set[int] = field(default_factory=set)  # first indexes of batches it holds
     waiting_final_copies: bool = False
     complete: bool = False
     acked_sent: bool = False
     acked_confirmed: bool = False
+
+
+# Recovery batches in flight per store: a store's write queue is bounded and refuses
+# batches when full, so sending a lagging store its whole range at once would only have
+# most of it refused and resent.
+RECOVERY_BATCHES_IN_FLIGHT_MAX = 4
 
 
 def split_batches(
@@ -275,7 +288,9 @@ class SegmentRecovery:
         for store, b in self._bridging.items():
             if store in self._lost:
                 continue
-            out += [w for first, w in b.batches.items() if first not in b.held]
+            out += [
+                w for w in list(b.batches.values())[: b.sent] if w.entries[0].index not in b.held
+            ]
             if b.acked_sent and not b.acked_confirmed:
                 out.append(SendAcked(store, self.final_index))
         if self._seal_at_master_sent and not self._done:
@@ -386,7 +401,15 @@ class SegmentRecovery:
         )
         for w in batches:
             b.batches[w.entries[0].index] = w
-        return list(b.batches.values())
+        return self._send_more(b)
+
+    def _send_more(self, b: _Bridging) -> list[Action]:
+        """The next batches of a store's rewrite, keeping a window of them in flight."""
+        ordered = list(b.batches.values())
+        in_flight = b.sent - len(b.held)
+        more = ordered[b.sent : b.sent + RECOVERY_BATCHES_IN_FLIGHT_MAX - in_flight]
+        b.sent += len(more)
+        return list(more)
 
     def _request_final_copies(self, needed: tuple[int, int]) -> list[Action]:
         assert self._plan is not None
@@ -423,7 +446,7 @@ class SegmentRecovery:
             return [batch]  # the store does not say it holds the write: send it again
         b.held.add(e.first_index)
         if len(b.held) < len(b.batches) or b.complete:
-            return []
+            return self._send_more(b)
         b.complete = True
         return self._after_complete(e.store)
 

@@ -205,3 +205,14 @@ def test_refuses_a_copy_set_that_does_not_fit_the_policy() -> None:
     op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"])
     with pytest.raises(ValueError):
         op.step(sealed("Z"))
+
+
+def test_a_window_of_batches_in_flight_per_store() -> None:
+    op = SegmentRecovery(N3W3, 1, 2, ["A", "B", "C"], batch_entries_max=1)
+    op.start()
+    op.step(sealed("A", 0, 6, 6, fence=2))
+    out = writes(op.step(ReadAnswered("A", 1, 0, entries("e1@1 e2@1 e3@1 e4@1 e5@1 e6@1"), 2)))
+    assert [w.entries[0].index for w in out] == [1, 2, 3, 4]  # of 1..7
+    assert [w.entries[0].index for w in writes(op.step(held(out[2])))] == [5]
+    assert writes(op.step(held(out[2]))) == []  # a duplicate answer frees nothing
+    assert [w.entries[0].index for w in writes(op.outstanding())] == [1, 2, 4, 5]
