@@ -139,6 +139,9 @@ class SyncWriter:
     def append_batch(self, payloads: Sequence[bytes]) -> list[int]:
         return self._client.run(self._writer.append_batch(payloads))
 
+    def flush(self, timeout_s: float = 1.0) -> bool:
+        return self._client.run(self._writer.flush(timeout_s))
+
     def statistics(self) -> WriterStatistics:
         async def snapshot() -> WriterStatistics:  # taken on the loop, not mid-step
             return self._writer.statistics()

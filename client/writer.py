@@ -396,11 +396,19 @@ class Writer:
         await self._group.__aexit__(exc_type, exc, tb)
         return None
 
-    async def _flush(self) -> None:
+    async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until every appended event is acked and every connected store holds it
+        and knows the acked index, so a reader starting at the end now starts after
+        it. False if that did not happen within `timeout_s` (a store is slow or down)."""
+        self._check_leading()
+        await self._flush(timeout_s)
+        return self._is_flushed()
+
+    async def _flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         self._flushed.clear()
         self.step(Flush())
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 while self.leading and not self._is_flushed():
                     self._flushed.clear()
                     await self._flushed.wait()

@@ -122,6 +122,11 @@ async def test_twenty_thousand_batched_appends_are_acked_and_held_in_order(
             with pytest.raises(InvalidArgument, match="split it"):
                 await writer.append_batch([b"x" * EVENT_BYTES_MAX] * 17)
             assert writer.statistics().last_index == COUNT
+            # Every store holds everything and knows it is acked: readers see it all.
+            assert await writer.flush()
+            for store in cluster.stores:
+                state = await segment_state(store.address, info.stream_id, epoch)
+                assert (state.matched_index, state.acked_index) == (COUNT, COUNT)
         sequences = [s for batch in results for s in batch]
         assert [unpack_sequence(s) for s in sequences] == [(epoch, i) for i in range(1, COUNT + 1)]
         # Leaving the block gave the lease back at once.
