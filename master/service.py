@@ -302,6 +302,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
         )
         return self._writer_reply(view)
 
+    async def RequestRoll(
+        self, request: master_pb2.RequestRollRequest, context: Context
+    ) -> master_pb2.RequestRollReply:
+        leader, open_epoch = await self._call(
+            context, "RequestRoll", lambda now: self.state.request_roll(request.stream, now)
+        )
+        return master_pb2.RequestRollReply(leader_id=leader, open_segment_epoch=open_epoch)
+
     # ---- segments ----
 
     async def ListSegments(

@@ -118,6 +118,9 @@ class MasterState:
         }
         self.live = {sid: StoreLive(last_seen_ms=now_ms) for sid in self.stores}
         self.leader_reports: dict[str, LeaderReport] = {}
+        # Operator roll requests: stream id -> epoch of the open segment to roll. Kept in
+        # memory only: a request lost to a master restart is simply asked again.
+        self.roll_requests: dict[int, int] = {}
         # (store, segment) pairs a repair is copying to right now: never garbage.
         self.copying: set[tuple[str, SegmentKey]] = set()
 
@@ -403,7 +406,24 @@ class MasterState:
         reason = ""
         if segment is not None and segment.state == SegmentState.OPEN:
             reason = repair.roll_reason(segment.copy_set, self.store_views(now_ms))
+            if not reason and self.roll_requests.get(record.stream_id) == segment.epoch:
+                reason = "an operator asked for a roll"
         return WriterView(record, True, lease, segment, unsealed, reason)
+
+    def request_roll(self, name: str, now_ms: int) -> tuple[str, int]:
+        """Ask the leader of `name` to roll its open segment; returns (leader, epoch of
+        that segment). With no running lease nothing is asked: ("", open epoch)."""
+        record = self.stream(name)
+        open_epochs = [
+            s.epoch for s in self.unsealed(record.stream_id) if s.state == SegmentState.OPEN
+        ]
+        open_epoch = max(open_epochs, default=0)
+        lease = self.leases.get(name)
+        if lease is None or not lease.holder or not lease.running(now_ms):
+            return "", open_epoch
+        if open_epoch:
+            self.roll_requests[record.stream_id] = open_epoch
+        return lease.holder, open_epoch
 
     # ---- segments ----
 

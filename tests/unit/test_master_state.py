@@ -326,6 +326,22 @@ def test_dead_member_of_open_segment_asks_leader_to_roll(master: Master) -> None
     assert view.roll_reason == f"store-dead: {segment.copy_set[0]}"
 
 
+def test_operator_roll_request_reaches_the_leader_until_it_rolls(master: Master) -> None:
+    assert master.state.request_roll("t/s", master.now) == ("", 0)  # nobody leads: no-op
+    granted = beat(master, "w1")
+    assert not granted.roll_reason
+    assert master.state.request_roll("t/s", master.now) == ("w1", 1)
+    assert beat(master, "w1", 1).roll_reason == "an operator asked for a roll"
+    rolled = master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    assert rolled.lease.epoch == 2 and not rolled.roll_reason
+    assert not beat(master, "w1", 2).roll_reason
+
+
+def test_roll_request_for_an_unknown_stream_is_not_found(master: Master) -> None:
+    with pytest.raises(NotFound):
+        master.state.request_roll("t/missing", master.now)
+
+
 def test_catalog_is_raw_rocksdb_with_big_endian_keys(master: Master) -> None:
     config = json.loads((master.path / "catalog" / "rocksdict-config.json").read_text())
     assert config["raw_mode"] is True, "no pickled values, no private comparator"

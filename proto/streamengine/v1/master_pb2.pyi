@@ -1013,3 +1013,46 @@ class RepairPlan(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RepairPlan: _TypeAlias = RepairPlan  # noqa: Y015
+
+@_typing.final
+class RequestRollRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestRollRequest: _TypeAlias = RequestRollRequest  # noqa: Y015
+
+@_typing.final
+class RequestRollReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    OPEN_SEGMENT_EPOCH_FIELD_NUMBER: _builtins.int
+    leader_id: _builtins.str
+    """The leader asked to roll; empty when no writer holds the lease (nothing asked)."""
+    open_segment_epoch: _builtins.int
+    """Epoch of the open segment the roll will seal, 0 when there is none."""
+    def __init__(
+        self,
+        *,
+        leader_id: _builtins.str = ...,
+        open_segment_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_id", b"leader_id", "open_segment_epoch", b"open_segment_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestRollReply: _TypeAlias = RequestRollReply  # noqa: Y015

@@ -115,6 +115,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RebalanceRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.RepairPlan.FromString,
                 _registered_method=True)
+        self.RequestRoll = channel.unary_unary(
+                '/streamengine.v1.Master/RequestRoll',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.RequestRollRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.RequestRollReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -221,6 +226,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RequestRoll(self, request, context):
+        """Ask the stream's leader to roll now (operator `seal`): its next heartbeat answer
+        carries roll_requested. With no leader nothing is asked; the caller may lead
+        and seal itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -303,6 +317,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Rebalance,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.RebalanceRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.RepairPlan.SerializeToString,
+            ),
+            'RequestRoll': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestRoll,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.RequestRollRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.RequestRollReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -737,6 +756,33 @@ class Master:
             '/streamengine.v1.Master/Rebalance',
             streamengine_dot_v1_dot_master__pb2.RebalanceRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.RepairPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestRoll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/RequestRoll',
+            streamengine_dot_v1_dot_master__pb2.RequestRollRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.RequestRollReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,11 @@ class MasterStub:
     """Administration."""
     DrainStore: _grpc.UnaryUnaryMultiCallable[_master_pb2.DrainStoreRequest, _master_pb2.RepairPlan]
     Rebalance: _grpc.UnaryUnaryMultiCallable[_master_pb2.RebalanceRequest, _master_pb2.RepairPlan]
+    RequestRoll: _grpc.UnaryUnaryMultiCallable[_master_pb2.RequestRollRequest, _master_pb2.RequestRollReply]
+    """Ask the stream's leader to roll now (operator `seal`): its next heartbeat answer
+    carries roll_requested. With no leader nothing is asked; the caller may lead
+    and seal itself.
+    """
 
 @_typing.type_check_only
 class MasterAsyncStub(MasterStub):
@@ -91,6 +96,11 @@ class MasterAsyncStub(MasterStub):
     """Administration."""
     DrainStore: _aio.UnaryUnaryMultiCallable[_master_pb2.DrainStoreRequest, _master_pb2.RepairPlan]  # type: ignore[assignment]
     Rebalance: _aio.UnaryUnaryMultiCallable[_master_pb2.RebalanceRequest, _master_pb2.RepairPlan]  # type: ignore[assignment]
+    RequestRoll: _aio.UnaryUnaryMultiCallable[_master_pb2.RequestRollRequest, _master_pb2.RequestRollReply]  # type: ignore[assignment]
+    """Ask the stream's leader to roll now (operator `seal`): its next heartbeat answer
+    carries roll_requested. With no leader nothing is asked; the caller may lead
+    and seal itself.
+    """
 
 class MasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -209,5 +219,16 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.RebalanceRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.RepairPlan, _abc.Awaitable[_master_pb2.RepairPlan]]: ...
+
+    @_abc_1.abstractmethod
+    def RequestRoll(
+        self,
+        request: _master_pb2.RequestRollRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RequestRollReply, _abc.Awaitable[_master_pb2.RequestRollReply]]:
+        """Ask the stream's leader to roll now (operator `seal`): its next heartbeat answer
+        carries roll_requested. With no leader nothing is asked; the caller may lead
+        and seal itself.
+        """
 
 def add_MasterServicer_to_server(servicer: MasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
