@@ -1,0 +1,13 @@
+"""The deterministic simulator: the whole cluster on one thread, from one seed.
+
+The real cores run here unchanged: `client.core.leader.Leader` with the `Replicator`
+and one `SegmentRecovery` per earlier unsealed segment, `segment_store.store.
+SegmentStoreCore` over `MemoryKV`, `master.state.MasterState` (leases, epochs,
+placement) over an in-memory catalog, and `client.core.cursor.Cursor` for followers.
+Only the shells are simulated (`nodes.py`), over a network that loses, delays,
+duplicates and reorders messages and cuts partitions (`network.py`), in virtual time.
+Invariant checks (`checkers.py`) run at every change a step makes.
+
+    python -m tests.sim SEED [--steps N] [--quiet]   # one seed, with its trace
+    python -m tests.sim --seeds 0:500                 # many, one line each
+"""

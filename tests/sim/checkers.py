@@ -1,0 +1,224 @@
+"""The six invariants of DESIGN.md, checked as the simulated cluster runs.
+
+Every check is incremental (it looks at what the step changed), so it can run after
+every step and a failure names the step that broke the rule:
+
+1. acked appends: a follower yields strictly increasing sequences, each payload once,
+   and never passes an acked sequence it did not yield (prefix consistency while
+   faults run; `check_complete` after the liveness phase: everything acked was read);
+   an append is acked only once every earlier segment is sealed at the master.
+2. one content per position: the first thing any store served or any follower saw at
+   `(epoch, index)` is what everyone sees there forever; a store's acked index never
+   goes back (what it served never changes).
+3. fencing: no store accepts a write (or a seal) below its fence.
+4. sealed segments: the entry at the final index is the BRIDGE; replicas whose acked
+   index reached it hold identical entries up to it; no acked index passes it; two
+   recoveries never seal one segment at different final indexes.
+5. at most two unsealed segments; granted epochs strictly increase, across restarts.
+6. bad input is refused and changes nothing (the world injects it and calls
+   `unchanged`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from client.core.entry import EntryKind
+from client.core.limits import UNSEALED_SEGMENTS_MAX
+from client.core.sequence import pack_sequence, unpack_sequence
+from master.model import SegmentState
+from master.state import MasterState
+from segment_store.store import SegmentKey, SegmentStoreCore
+
+INVARIANTS = {
+    1: "every acked append is read by every follower exactly once, in order",
+    2: "no two readers see different payloads at one sequence",
+    3: "a store never accepts a write below its fence",
+    4: "replicas of a sealed segment hold identical entries up to the bridge",
+    5: "at most 2 unsealed segments; epochs strictly increase",
+    6: "bad input is refused and changes nothing",
+    0: "the cluster converges once faults stop (liveness)",
+}
+
+
+class Violation(AssertionError):
+    def __init__(self, invariant: int, message: str) -> None:
+        self.invariant = invariant
+        self.message = message
+        super().__init__(f"invariant {invariant} ({INVARIANTS[invariant]}): {message}")
+
+
+def _show(kind: int, payload: bytes) -> str:
+    return payload.decode() if kind == EntryKind.EVENT else EntryKind(kind).name
+
+
+@dataclass
+class FollowerRecord:
+    seen: dict[int, bytes] = field(default_factory=dict)  # sequence -> payload
+    by_payload: dict[bytes, int] = field(default_factory=dict)
+    last: int = -1
+
+
+class Checker:
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+        # (epoch, index) -> (kind, payload): what was first served or seen there.
+        self.truth: dict[tuple[int, int], tuple[int, bytes]] = {}
+        self.store_acked: dict[tuple[str, SegmentKey], int] = {}
+        self.acked: dict[int, bytes] = {}  # user-acked sequence -> payload
+        self.acked_sequences: list[int] = []  # sorted
+        self.followers: dict[str, FollowerRecord] = {}
+        self.finals: dict[SegmentKey, int] = {}
+        self.epoch_seen = 0
+        self.checks = 0
+
+    # ---- invariant 2 (and 4) on stores ----
+
+    def _agree(self, where: str, epoch: int, index: int, kind: int, payload: bytes) -> None:
+        first = self.truth.setdefault((epoch, index), (kind, payload))
+        if first != (kind, payload):
+            raise Violation(
+                2,
+                f"{where} has {_show(kind, payload)} at epoch {epoch} index {index}; "
+                f"{_show(*first)} was served there before",
+            )
+
+    def store_changed(
+        self, store: str, core: SegmentStoreCore, segment: SegmentKey, touched: tuple[int, int]
+    ) -> None:
+        """After any mutation of `segment` on `store` (`touched`: indexes it wrote)."""
+        self.checks += 1
+        meta = core.meta(segment)
+        if meta is None:
+            return
+        before = self.store_acked.get((store, segment), 0)
+        acked = meta.acked_index
+        if acked < before:
+            raise Violation(2, f"store {store} segment {segment.epoch}: acked {before} -> {acked}")
+        self.store_acked[(store, segment)] = acked
+        final = self.finals.get(segment)
+        if final is not None and acked > final:
+            raise Violation(4, f"store {store}: acked {acked} passes the bridge {final}")
+        ranges = [(before + 1, acked), (touched[0], min(touched[1], acked))]
+        for lo, hi in ranges:
+            if lo > hi:
+                continue
+            held = core.read(segment, lo, hi)
+            if [e.index for e in held] != list(range(lo, hi + 1)):
+                raise Violation(2, f"store {store} serves {lo}..{hi} of {segment} but lacks some")
+            for e in held:
+                self._agree(f"store {store}", segment.epoch, e.index, e.kind, e.payload)
+        if final is not None and before < final <= acked:
+            self.replica_complete(store, core, segment, final)
+
+    def store_restarted(self, store: str, core: SegmentStoreCore) -> None:
+        for (name, segment), acked in sorted(self.store_acked.items()):
+            meta = core.meta(segment) if name == store else None
+            if name == store and (meta is None or meta.acked_index != acked):
+                raise Violation(2, f"store {store} restarted with {meta} for {segment} ({acked})")
+
+    # ---- invariant 3 ----
+
+    def write_attempted(
+        self, store: str, segment: SegmentKey, epoch: int, fence_before: int, accepted: bool
+    ) -> None:
+        if accepted and epoch < fence_before:
+            raise Violation(
+                3, f"store {store} accepted epoch {epoch} on {segment} fenced at {fence_before}"
+            )
+
+    # ---- invariant 4 ----
+
+    def sealed_at_master(
+        self, segment: SegmentKey, final: int, stores: dict[str, SegmentStoreCore]
+    ) -> None:
+        known = self.finals.get(segment)
+        if known is not None and known != final:
+            raise Violation(4, f"segment {segment.epoch} sealed at {known}, then at {final}")
+        self.finals[segment] = final
+        for name, core in sorted(stores.items()):
+            meta = core.meta(segment)
+            if meta is not None and meta.acked_index > final:
+                raise Violation(4, f"store {name}: acked {meta.acked_index} passes bridge {final}")
+            if meta is not None and meta.acked_index == final:
+                self.replica_complete(name, core, segment, final)
+
+    def seal_conflict(self, segment: SegmentKey, message: str) -> None:
+        raise Violation(4, f"segment {segment.epoch}: two final indexes: {message}")
+
+    def replica_complete(
+        self, store: str, core: SegmentStoreCore, segment: SegmentKey, final: int
+    ) -> None:
+        held = core.read(segment, 1, final)
+        if len(held) != final or held[-1].kind != EntryKind.BRIDGE:
+            raise Violation(4, f"store {store}: segment {segment.epoch} lacks its bridge {final}")
+        for e in held:
+            if e.kind == EntryKind.BRIDGE and e.index != final:
+                raise Violation(4, f"store {store}: a BRIDGE at {e.index} below {final}")
+            self._agree(f"sealed replica {store}", segment.epoch, e.index, e.kind, e.payload)
+
+    # ---- invariant 5 ----
+
+    def master_changed(self, state: MasterState, granted_epoch: int = 0) -> None:
+        self.checks += 1
+        if granted_epoch:
+            if granted_epoch <= self.epoch_seen:
+                raise Violation(5, f"granted epoch {granted_epoch} after {self.epoch_seen}")
+            self.epoch_seen = granted_epoch
+        unsealed = state.unsealed(self.stream_id)
+        if len(unsealed) > UNSEALED_SEGMENTS_MAX:
+            raise Violation(5, f"unsealed segments {[s.epoch for s in unsealed]}")
+        for record in state.streams.values():
+            if record.epoch < self.epoch_seen:
+                raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+
+    # ---- invariant 1 (and 2 on readers) ----
+
+    def user_acked(self, epoch: int, index: int, payload: bytes, state: MasterState) -> None:
+        self.checks += 1
+        earlier = [
+            s.epoch
+            for s in state.stream_segments(self.stream_id)
+            if s.epoch < epoch and s.state != SegmentState.SEALED
+        ]
+        if earlier:
+            raise Violation(1, f"acked {epoch}/{index} while segments {earlier} are unsealed")
+        sequence = pack_sequence(epoch, index)
+        if sequence in self.acked:
+            raise Violation(1, f"sequence {epoch}/{index} acked twice")
+        self._agree("a user ack", epoch, index, EntryKind.EVENT, payload)
+        self.acked[sequence] = payload
+        bisect.insort(self.acked_sequences, sequence)
+        for name, follower in sorted(self.followers.items()):
+            if follower.last > sequence and sequence not in follower.seen:
+                raise Violation(1, f"follower {name} passed acked {epoch}/{index} without it")
+
+    def follower_event(self, follower: str, sequence: int, payload: bytes) -> None:
+        self.checks += 1
+        record = self.followers.setdefault(follower, FollowerRecord())
+        epoch, index = unpack_sequence(sequence)
+        if sequence <= record.last:
+            raise Violation(1, f"follower {follower} yields {epoch}/{index} after {record.last}")
+        if payload in record.by_payload:
+            again = unpack_sequence(record.by_payload[payload])
+            raise Violation(1, f"follower {follower}: {payload!r} at {again} and {epoch}/{index}")
+        self._agree(f"follower {follower}", epoch, index, EntryKind.EVENT, payload)
+        lo = bisect.bisect_right(self.acked_sequences, record.last)
+        hi = bisect.bisect_left(self.acked_sequences, sequence)
+        if lo < hi:
+            missed = unpack_sequence(self.acked_sequences[lo])
+            raise Violation(1, f"follower {follower} skipped acked {missed}")
+        record.seen[sequence] = payload
+        record.by_payload[payload] = sequence
+        record.last = sequence
+
+    def missing(self, follower: str) -> list[int]:
+        record = self.followers.setdefault(follower, FollowerRecord())
+        return [s for s in self.acked_sequences if s not in record.seen]
+
+    def check_complete(self, followers: list[str]) -> None:
+        for name in followers:
+            missing = self.missing(name)
+            if missing:
+                raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")

@@ -1,0 +1,186 @@
+"""What the simulated nodes send each other: one dataclass per request and reply, as
+the wire protocol has one message pair per RPC. Short `__str__`s keep traces readable."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from client.core.entry import EntryKind, StoredEntry
+from segment_store.store import SegmentKey
+
+
+def show_entries(entries: Sequence[StoredEntry]) -> str:
+    if not entries:
+        return "[]"
+    parts = []
+    for e in entries[:4]:
+        kind = e.kind
+        text = e.payload.decode() if kind == EntryKind.EVENT else EntryKind(kind).name[:2]
+        parts.append(f"{e.index}:{text}@{e.epoch}")
+    more = f" +{len(entries) - 4}" if len(entries) > 4 else ""
+    return "[" + " ".join(parts) + more + "]"
+
+
+def show_segment(segment: SegmentKey) -> str:
+    return f"seg{segment.epoch}"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A unary request; the answer carries the same id."""
+
+    call_id: int
+    request: object
+
+    def __str__(self) -> str:
+        return f"#{self.call_id} {self.request}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    call_id: int
+    result: object  # a reply, or the exception the server answered with
+
+    def __str__(self) -> str:
+        return f"#{self.call_id} -> {self.result!r}"
+
+
+# ---- master ----
+
+
+@dataclass(frozen=True, slots=True)
+class WriterHeartbeat:
+    stream: str
+    client_id: str
+    epoch: int
+    acked_index: int
+    segment_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease:
+    stream: str
+    client_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SealSegment:
+    stream: str
+    segment_epoch: int
+    writer_epoch: int
+    final_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListSegments:
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHeartbeat:
+    store: str
+
+
+# ---- stores: unary ----
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    segment: SegmentKey
+    new_epoch: int
+
+    def __str__(self) -> str:
+        return f"Seal({show_segment(self.segment)}, {self.new_epoch})"
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Everything held in `from_index..to_index` (0: to the end), for recovery."""
+
+    segment: SegmentKey
+    from_index: int
+    to_index: int
+
+    def __str__(self) -> str:
+        return f"Read({show_segment(self.segment)}, {self.from_index}..{self.to_index or ''})"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReply:
+    entries: tuple[StoredEntry, ...]
+    fence: int
+
+    def __str__(self) -> str:
+        return f"ReadReply({show_entries(self.entries)}, fence {self.fence})"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryWrite:
+    segment: SegmentKey
+    writer_epoch: int
+    acked_index: int
+    entries: tuple[StoredEntry, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"RecoveryWrite({show_segment(self.segment)}, e{self.writer_epoch}, "
+            f"acked {self.acked_index}, {show_entries(self.entries)})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A follower's read: acked entries from `from_index` on."""
+
+    segment: SegmentKey
+    from_index: int
+    limit: int
+
+    def __str__(self) -> str:
+        return f"Tail({show_segment(self.segment)}, {self.from_index}..)"
+
+
+@dataclass(frozen=True, slots=True)
+class TailReply:
+    entries: tuple[StoredEntry, ...]
+    acked_index: int
+
+    def __str__(self) -> str:
+        return f"TailReply({show_entries(self.entries)}, acked {self.acked_index})"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """FAILED_PRECONDITION: the store's fence is above the epoch sent."""
+
+    fence: int
+
+
+# ---- stores: the Write stream ----
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRequest:
+    segment: SegmentKey
+    writer_epoch: int
+    request_id: int
+    acked_index: int
+    entries: tuple[StoredEntry, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"Write({show_segment(self.segment)}, e{self.writer_epoch}, req {self.request_id}, "
+            f"acked {self.acked_index}, {show_entries(self.entries)})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReply:
+    request_id: int
+    busy: bool
+    matched_index: int
+    acked_index: int
+    first_index: int
+    last_index: int

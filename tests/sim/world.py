@@ -1,0 +1,507 @@
+"""One simulated cluster from one seed: configuration, faults, phases, the run loop.
+
+A seed draws the configuration (policy, stores, writers, fault rates, batch sizes) and
+then drives everything from the same `random.Random`: message delays and losses, which
+node crashes or pauses, partitions, user appends, injected bad input. The safety phase
+runs `steps` scheduler steps with faults on; the liveness phase turns faults off, heals
+the network, restarts and resumes every node, and must converge: a leader acks again,
+every earlier segment is sealed at the master, and every follower has read every append
+ever acknowledged to a user.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+from client.core.entry import EntryKind, StoredEntry
+from client.core.policy import ReplicationPolicy
+from master.errors import MasterError
+from master.model import SegmentState
+from segment_store.store import BadRequest, StoreError
+from segment_store.store import StoreFenced as StoreRefused
+from tests.sim import messages as m
+from tests.sim.checkers import Checker, Violation
+from tests.sim.network import Faults, Message, Network, Scheduler
+from tests.sim.nodes import MASTER, FollowerNode, MasterNode, Node, StoreNode, WriterNode
+
+FLAWS = ("serve_matched", "skip_by_matched", "ack_before_seal", "ignore_fence")
+
+# The liveness phase must converge within this much virtual time.
+LIVENESS_MS = 30_000
+# How the liveness phase fails while the leader core cannot take a grant that comes
+# without a segment (two earlier segments unsealed): see `RunResult.known_gap`.
+UNSUPPORTED_GRANT = "a writer refused a grant it cannot lead"
+# A hard bound on steps, whatever the phase, so a livelock ends the run.
+STEPS_MAX = 400_000
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    seed: int
+    policy: ReplicationPolicy
+    stores: int
+    writers: int
+    followers: int
+    faults: Faults
+    lease_ms: int
+    store_timeout_ms: int
+    idle_ack_ms: int
+    window: int
+    recovery_batch: int
+    busy: float
+    append_every_ms: int
+    chaos_every_ms: int
+    flaws: frozenset[str] = frozenset()
+    stream: str = "sim/stream"
+
+    @staticmethod
+    def draw(seed: int, rng: random.Random, flaws: frozenset[str] = frozenset()) -> SimConfig:
+        replicas, quorum = rng.choice(((3, 2), (3, 2), (3, 3), (2, 1), (5, 3), (1, 1)))
+        lease_ms = rng.choice((150, 300, 600))
+        return SimConfig(
+            seed=seed,
+            policy=ReplicationPolicy(replicas, quorum),
+            stores=replicas + rng.choice((0, 1, 2)),
+            writers=rng.choice((2, 3)),
+            followers=rng.choice((1, 2)),
+            faults=Faults.draw(rng),
+            lease_ms=lease_ms,
+            store_timeout_ms=lease_ms * 2,
+            idle_ack_ms=rng.choice((5, 20)),
+            window=rng.choice((1, 2, 8)),
+            recovery_batch=rng.choice((1, 2, 3, 64)),
+            busy=rng.choice((0.0, 0.05, 0.2)),
+            append_every_ms=rng.choice((5, 15, 40)),
+            chaos_every_ms=lease_ms * rng.choice((1, 2, 4)) // 2,
+            flaws=flaws,
+        )
+
+    def describe(self) -> str:
+        f = self.faults
+        return (
+            f"seed {self.seed}: N={self.policy.replicas} W={self.policy.write_quorum} "
+            f"stores={self.stores} writers={self.writers} followers={self.followers} "
+            f"lease={self.lease_ms}ms loss={f.loss} dup={f.duplicate} delay<={f.delay_ms_max}ms "
+            f"slow={f.slow}/{f.slow_delay_ms_max}ms window={self.window} "
+            f"recovery_batch={self.recovery_batch} busy={self.busy} "
+            f"append/{self.append_every_ms}ms chaos/{self.chaos_every_ms}ms"
+            + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
+        )
+
+
+@dataclass
+class RunResult:
+    config: SimConfig
+    steps: int = 0
+    virtual_ms: int = 0
+    acked: int = 0
+    followers_read: int = 0
+    leaders: int = 0
+    checks: int = 0
+    seconds: float = 0.0
+    violation: Violation | None = None
+    error: str = ""
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def known_gap(self) -> bool:
+        """Liveness failed only because the leader core refused a grant without a
+        segment (issue 6: sealing two unsealed segments before rolling is not built)."""
+        v = self.violation
+        return v is not None and v.invariant == 0 and v.message.startswith(UNSUPPORTED_GRANT)
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None and not self.error
+
+    def summary(self) -> str:
+        outcome = "ok"
+        if self.violation is not None:
+            outcome = f"VIOLATION {self.violation}"
+        elif self.error:
+            outcome = f"ERROR {self.error.strip().splitlines()[-1]}"
+        return (
+            f"seed {self.config.seed}: {outcome}; {self.steps} steps, {self.virtual_ms} ms "
+            f"virtual, {self.acked} appends acked, {self.leaders} grants, "
+            f"{self.checks} checks, {self.seconds * 1000:.0f} ms"
+        )
+
+
+class World:
+    def __init__(
+        self, config: SimConfig, rng: random.Random, trace: Callable[[str], None] | None = None
+    ) -> None:
+        self.config = config
+        self.rng = rng
+        self.trace = trace
+        self.sched = Scheduler()
+        self.net = Network(self.sched, rng, config.faults, self.deliver)
+        self.checker = Checker(stream_id=1)
+        self.phase = "safety"
+        self._ids = 0
+        self._payloads = 0
+        self.marker: bytes | None = None
+        self.stats: Counter[str] = Counter()
+        # Writers that stepped down because the core cannot do what a grant needs.
+        self.unsupported: list[str] = []
+        self.store_names = [f"s{i}" for i in range(1, config.stores + 1)]
+        self.stores: dict[str, StoreNode] = {}
+        self.master = MasterNode(self)
+        for name in self.store_names:
+            self.stores[name] = StoreNode(name, self)
+        self.writers = [WriterNode(f"w{i}", self) for i in range(1, config.writers + 1)]
+        self.followers = [FollowerNode(f"r{i}", self) for i in range(1, config.followers + 1)]
+        self.nodes: dict[str, Node] = {MASTER: self.master}
+        self.nodes.update(self.stores)
+        self.nodes.update((w.name, w) for w in self.writers)
+        self.nodes.update((f.name, f) for f in self.followers)
+        self.sched.after(config.append_every_ms, "user appends", self._user_appends)
+        self.sched.after(config.chaos_every_ms, "chaos", self._chaos)
+
+    # ---- plumbing ----
+
+    @property
+    def now(self) -> int:
+        return self.sched.now_ms
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def note(self, text: str) -> None:
+        if self.trace is not None:
+            self.trace(f"{self.now:>7}   * {text}")
+
+    def run_on(self, node: Node, incarnation: int, callback: Callable[[], None]) -> None:
+        if not node.up or node.incarnation != incarnation:
+            return
+        if node.paused:
+            node.deferred.append(lambda: self.run_on(node, incarnation, callback))
+            return
+        callback()
+
+    def deliver(self, message: Message) -> None:
+        node = self.nodes[message.dst]
+        if not node.up:
+            return
+        if node.paused:
+            incarnation = node.incarnation
+
+            def late() -> None:
+                if message.stream and not self.net.stream_open(message.stream):
+                    return
+                self.run_on(node, incarnation, lambda: node.receive(message))
+
+            node.deferred.append(late)
+            return
+        node.receive(message)
+
+    def step(self) -> bool:
+        popped = self.sched.pop()
+        if popped is None:
+            return False
+        label, callback = popped
+        if self.trace is not None:
+            self.trace(f"{self.now:>7} {label}")
+        callback()
+        return True
+
+    # ---- users ----
+
+    def _user_appends(self) -> None:
+        if self.phase != "safety":
+            return
+        ready = [w for w in self.writers if w.can_append()]
+        if ready:
+            writer = self.rng.choice(ready)
+            count = self.rng.choice((1, 1, 1, 2, 3))
+            payloads = []
+            for _ in range(count):
+                self._payloads += 1
+                payloads.append(f"{writer.client_id}:{self._payloads}".encode())
+            writer.append(tuple(payloads))
+        jitter = self.rng.randint(1, self.config.append_every_ms)
+        self.sched.after(jitter, "user appends", self._user_appends)
+
+    # ---- faults ----
+
+    def _chaos(self) -> None:
+        if self.phase != "safety":
+            return
+        roll = self.rng.random()
+        if roll < 0.12:
+            self._crash(self.rng.choice(list(self.stores.values())), 3 * self.config.lease_ms)
+        elif roll < 0.30:
+            self._crash(self._pick_writer(), self.config.lease_ms)
+        elif roll < 0.40:
+            self._pause(self._pick_writer())
+        elif roll < 0.43:
+            self._crash(self.master, 2 * self.config.lease_ms)
+        elif roll < 0.47:
+            self._crash(self.rng.choice(self.followers), 300)
+        elif roll < 0.57:
+            self._partition()
+        elif roll < 0.65:
+            self._inject_bad_input()
+        self.sched.after(self.config.chaos_every_ms, "chaos", self._chaos)
+
+    def _pick_writer(self) -> WriterNode:
+        leading = [w for w in self.writers if w.up and w.leading]
+        if leading and self.rng.random() < 0.7:
+            return self.rng.choice(leading)
+        return self.rng.choice(self.writers)
+
+    def _crash(self, node: Node, down_ms_max: int) -> None:
+        if not node.up:
+            return
+        self.note(f"{node.name} crashes")
+        node.crash()
+        incarnation = node.incarnation
+
+        def restart() -> None:
+            if not node.up and node.incarnation == incarnation:
+                self.note(f"{node.name} restarts")
+                node.restart()
+
+        self.sched.after(self.rng.randint(5, down_ms_max), f"{node.name} restarts", restart)
+
+    def _pause(self, node: Node) -> None:
+        if not node.up or node.paused:
+            return
+        self.note(f"{node.name} pauses")
+        node.paused = True
+        incarnation = node.incarnation
+        lease = self.config.lease_ms
+        self.sched.after(
+            self.rng.randint(lease // 2, 3 * lease),
+            f"{node.name} resumes",
+            lambda: self._resume(node, incarnation),
+        )
+
+    def _resume(self, node: Node, incarnation: int) -> None:
+        if node.incarnation != incarnation or not node.paused:
+            return
+        self.note(f"{node.name} resumes")
+        node.paused = False
+        deferred, node.deferred = node.deferred, []
+        for callback in deferred:
+            callback()
+
+    def _partition(self) -> None:
+        names = sorted(self.nodes)
+        a, b = self.rng.sample(names, 2)
+        if self.net.partitioned(a, b):
+            return
+        self.note(f"partition {a} | {b}")
+        self.net.cut(a, b)
+        pair = (min(a, b), max(a, b))
+
+        def heal() -> None:
+            if pair in self.net.cuts:
+                self.note(f"heal {a} | {b}")
+                self.net.cuts.discard(pair)
+
+        self.sched.after(self.rng.randint(20, 2 * self.config.lease_ms), "heal", heal)
+
+    # ---- invariant 6: bad input ----
+
+    def _inject_bad_input(self) -> None:
+        if self.rng.random() < 0.5:
+            self._bad_store_input()
+        else:
+            self._bad_master_input()
+
+    def _bad_store_input(self) -> None:
+        store = self.rng.choice(list(self.stores.values()))
+        segments = store.core.segments()
+        if not store.up or not segments:
+            return
+        segment = self.rng.choice(segments)
+        meta = store.core.meta(segment)
+        assert meta is not None
+        before = (store.kv.scan(b"", b"\xff" * 32), store.core.metas())
+        index = meta.last_index + 1
+        epoch = max(meta.fence, 1)
+        kind = self.rng.randrange(6)
+        expected: type[StoreError] = BadRequest
+        if kind == 0 and meta.fence >= 2:
+            stale = meta.fence - 1
+            expected = StoreRefused
+            what = f"a write at stale epoch {stale} (fence {meta.fence})"
+            good = StoredEntry.make(index, EntryKind.EVENT, stale, b"stale")
+            result = store.write(segment, stale, 0, (good,))
+            if not isinstance(result, m.Refused):
+                raise Violation(6, f"store {store.name} accepted {what}")
+        elif kind == 1 and meta.fence >= 2:
+            expected = StoreRefused
+            what = f"a seal at stale epoch {meta.fence - 1}"
+            self._expect(store, what, expected, lambda: store.core.seal(segment, meta.fence - 1))
+        else:
+            entries, what = self._malformed(index, epoch, kind)
+            self._expect(
+                store, what, expected, lambda: store.core.write(segment, epoch, 0, entries)
+            )
+        self.note(f"bad input to {store.name}: {what}")
+        after = (store.kv.scan(b"", b"\xff" * 32), store.core.metas())
+        if after != before:
+            raise Violation(6, f"store {store.name} changed after refusing {what}")
+
+    def _malformed(self, index: int, epoch: int, kind: int) -> tuple[list[StoredEntry], str]:
+        good = StoredEntry.make(index, EntryKind.EVENT, epoch, b"x")
+        if kind == 2:
+            return [StoredEntry(index, EntryKind.EVENT, epoch, b"x", good.crc32c ^ 1)], "a bad crc"
+        if kind == 3:
+            later = StoredEntry.make(index + 2, EntryKind.EVENT, epoch, b"y")
+            return [good, later], "indexes with a gap"
+        if kind == 4:
+            return [StoredEntry(index, cast(EntryKind, 9), epoch, b"", 0)], "an unknown kind"
+        above = StoredEntry.make(index, EntryKind.EVENT, epoch + 1, b"x")
+        return [above], "a copy epoch above the writer's"
+
+    def _expect(
+        self, store: StoreNode, what: str, error: type[StoreError], call: Callable[[], object]
+    ) -> None:
+        try:
+            call()
+        except error:
+            return
+        raise Violation(6, f"store {store.name} did not refuse {what} with {error.__name__}")
+
+    def _bad_master_input(self) -> None:
+        master = self.master
+        if not master.up:
+            return
+        state = master.state
+        before = (dict(master.catalog.data), dict(state.leases))
+        stream = self.config.stream
+        record = state.streams[stream]
+        now = self.now
+        kind = self.rng.randrange(4)
+        calls: list[tuple[str, Callable[[], object]]] = [
+            (
+                "a heartbeat with an epoch never granted",
+                lambda: state.writer_heartbeat(stream, "intruder", record.epoch + 1, 0, 0, now),
+            ),
+            (
+                "a seal at final index 0",
+                lambda: state.seal_segment(stream, max(record.epoch, 1), record.epoch + 1, 0, now),
+            ),
+            ("an unknown stream", lambda: state.writer_heartbeat("sim/nope", "x", 0, 0, 0, now)),
+            ("a malformed stream name", lambda: state.list_segments("no-tenant", 0)),
+        ]
+        what, call = calls[kind]
+        try:
+            call()
+        except MasterError:
+            pass
+        else:
+            raise Violation(6, f"the master did not refuse {what}")
+        self.note(f"bad input to the master: {what}")
+        if (dict(master.catalog.data), dict(state.leases)) != before:
+            raise Violation(6, f"the master changed after refusing {what}")
+
+    # ---- liveness ----
+
+    def start_liveness(self) -> None:
+        self.phase = "liveness"
+        self.note("liveness phase: faults off, network healed, every node back")
+        self.net.faults = Faults.none()
+        self.net.heal()
+        for node in self.nodes.values():
+            if not node.up:
+                node.restart()
+            elif node.paused:
+                self._resume(node, node.incarnation)
+
+    def ready_leader(self) -> WriterNode | None:
+        for writer in self.writers:
+            stats = writer.leader.statistics()
+            if writer.can_append() and not stats.unsealed_epochs:
+                return writer
+        return None
+
+    def converged(self) -> bool:
+        leader = self.ready_leader()
+        if leader is None:
+            return False
+        if self.marker is None:
+            self._payloads += 1
+            self.marker = f"marker:{self._payloads}".encode()
+            leader.append((self.marker,))
+            return False
+        if self.marker not in self.checker.acked.values():
+            return False
+        state = self.master.state
+        for segment in state.stream_segments(self.checker.stream_id):
+            if segment.epoch < leader.leader.epoch and segment.state != SegmentState.SEALED:
+                return False
+        return all(not self.checker.missing(f.name) for f in self.followers)
+
+    def stuck(self) -> str:
+        """What keeps the liveness phase from converging, for the report."""
+        state = self.master.state
+        segments = [
+            f"{s.epoch}:{s.state.name}/{s.final_index}"
+            for s in state.stream_segments(self.checker.stream_id)
+        ]
+        writers = [
+            f"{w.client_id}:{w.leader.role.value}@{w.leader.epoch}"
+            f" unsealed={list(w.leader.statistics().unsealed_epochs)}"
+            for w in self.writers
+        ]
+        missing = {f.name: len(self.checker.missing(f.name)) for f in self.followers}
+        lease = state.leases[self.config.stream]
+        return (
+            f"no convergence within {LIVENESS_MS} ms: segments {segments}; writers {writers}; "
+            f"lease epoch {lease.epoch} holder {lease.holder!r}; followers missing {missing}; "
+            f"marker {'acked' if self.marker in self.checker.acked.values() else 'not acked'}"
+        )
+
+
+def run_seed(
+    seed: int,
+    steps: int = 3000,
+    flaws: frozenset[str] = frozenset(),
+    trace: Callable[[str], None] | None = None,
+) -> RunResult:
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    config = SimConfig.draw(seed, rng, flaws)
+    result = RunResult(config)
+    world: World | None = None
+    try:
+        world = World(config, rng, trace)
+        for _ in range(steps):
+            if not world.step():
+                break
+            result.steps += 1
+        world.start_liveness()
+        deadline = world.now + LIVENESS_MS
+        refused = len(world.unsupported)
+        while True:
+            if len(world.unsupported) > refused:
+                raise Violation(0, f"{UNSUPPORTED_GRANT}: {world.unsupported[-1]}")
+            if result.steps % 25 == 0 and world.converged():
+                break
+            if world.now > deadline or result.steps >= STEPS_MAX or not world.step():
+                raise Violation(0, world.stuck())
+            result.steps += 1
+        world.checker.check_complete([f.name for f in world.followers])
+    except Violation as violation:
+        result.violation = violation
+    except Exception:
+        result.error = traceback.format_exc()
+    if world is not None:
+        result.virtual_ms = world.now
+        result.acked = len(world.checker.acked)
+        result.checks = world.checker.checks
+        result.leaders = world.checker.epoch_seen
+        result.stats = world.stats
+    result.seconds = time.perf_counter() - started
+    return result
