@@ -143,12 +143,16 @@ class Follower:
         call = stub.Subscribe(_requests(start))
         last_heard = last_refresh = now_ms()
         start_position = cursor.position
+        # One read stays pending across polls: cancelling a read would cancel the RPC.
+        pending: asyncio.Future[object] | None = None
         try:
             while True:
-                try:
-                    reply = await asyncio.wait_for(call.read(), SEGMENT_REFRESH_MS / 1000)
-                except TimeoutError:
-                    reply = None
+                if pending is None:
+                    pending = asyncio.ensure_future(call.read())
+                done, _ = await asyncio.wait({pending}, timeout=SEGMENT_REFRESH_MS / 1000)
+                reply: object = None
+                if done:
+                    reply, pending = pending.result(), None
                 if reply is grpc.aio.EOF:
                     return
                 if isinstance(reply, segment_store_pb2.SubscribeReply):
@@ -180,6 +184,8 @@ class Follower:
             log.info("%s: replica %s failed: %s", self._stream, read.replica, code)
             cursor.on_replica_failed(read.epoch, read.replica)
         finally:
+            if pending is not None:
+                pending.cancel()
             call.cancel()
 
     def _entries(
