@@ -28,6 +28,7 @@ from client.core.segment_recovery import (
     SendSeal,
     SendWrite,
     StoreFenced,
+    StoreLost,
     WriteAnswered,
 )
 from segment_store.kv import MemoryKV
@@ -204,6 +205,11 @@ class Leader:
                 del self.inflight[i]
                 return a
         raise AssertionError(f"nothing in flight matches; in flight: {self.inflight}")
+
+    def give_up(self, store: str) -> None:
+        """The driver tells the operation it gave up on `store` for now."""
+        self.world.log.append(f"leader {self.epoch}: gave up on {store}")
+        self._take(self.op.step(StoreLost(store)))
 
     def in_flight(self, match: Match) -> bool:
         return any(match(a) for a in self.inflight)

@@ -310,12 +310,17 @@ class SegmentRecovery:
             return self._store_lost(event.store)
         if event.store not in self.copy_set:
             raise ValueError(f"store {event.store} is not in copy set {self.copy_set}")
+        revived = event.store in self._lost
         self._lost.discard(event.store)
         if isinstance(event, SealAnswered):
-            return self._seal_answered(event)
-        if isinstance(event, ReadAnswered):
-            return self._read_answered(event)
-        return self._write_answered(event)
+            out = self._seal_answered(event)
+        elif isinstance(event, ReadAnswered):
+            out = self._read_answered(event)
+        else:
+            out = self._write_answered(event)
+        if revived and self._plan is None and not self.deposed:
+            out += self._refill_deciders()
+        return out
 
     def _fenced(self, fence: int) -> list[Action]:
         if fence <= self.leader_epoch:
@@ -332,10 +337,17 @@ class SegmentRecovery:
         self._sealed[e.store] = seal
         if self._plan is not None:
             return self._start_bridging(seal)
-        if len(self._deciders) < self.policy.read_quorum:
-            self._deciders.append(e.store)
-            return self._send_reads()
-        return []
+        return self._refill_deciders()
+
+    def _refill_deciders(self) -> list[Action]:
+        """Up to R sealed stores to decide from, in the order they answered, skipping
+        lost ones; then the reads they still need, or the decision."""
+        for s in self._sealed:
+            if len(self._deciders) >= self.policy.read_quorum:
+                break
+            if s not in self._deciders and s not in self._lost:
+                self._deciders.append(s)
+        return self._send_reads() + self._maybe_decide()
 
     def _read_from(self) -> int:
         return read_from_index([self._sealed[s] for s in self._deciders])
@@ -369,9 +381,12 @@ class SegmentRecovery:
         known = self._full_reads.get(e.store)
         if known is None or known[0] > e.from_index:
             self._full_reads[e.store] = (e.from_index, e.entries)
-        if self._plan is not None or self._reads_needed():
+        return self._maybe_decide()
+
+    def _maybe_decide(self) -> list[Action]:
+        if self._plan is not None or len(self._deciders) < self.policy.read_quorum:
             return []
-        if len(self._deciders) < self.policy.read_quorum:
+        if self._reads_needed():
             return []
         answers = [StoreAnswer(self._sealed[s], self._full_reads[s][1]) for s in self._deciders]
         self._plan = plan_recovery(self.policy, self.leader_epoch, answers)
@@ -490,8 +505,4 @@ class SegmentRecovery:
             return []
         # Decide from another sealed store instead of waiting on this one.
         self._deciders.remove(store)
-        for s in self._sealed:
-            if s not in self._deciders and s not in self._lost:
-                self._deciders.append(s)
-                break
-        return self._send_reads()
+        return self._refill_deciders()

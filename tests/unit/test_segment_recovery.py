@@ -216,3 +216,16 @@ def test_a_window_of_batches_in_flight_per_store() -> None:
     assert [w.entries[0].index for w in writes(op.step(held(out[2])))] == [5]
     assert writes(op.step(held(out[2]))) == []  # a duplicate answer frees nothing
     assert [w.entries[0].index for w in writes(op.outstanding())] == [1, 2, 4, 5]
+
+
+def test_a_store_given_up_on_comes_back_by_answering() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start()
+    op.step(sealed("A"))
+    op.step(sealed("B"))
+    assert op.step(StoreLost("B")) == []  # no other sealed store to decide from
+    op.step(ReadAnswered("A", 1, 0, (), 3))
+    assert op.plan is None
+    out = op.step(ReadAnswered("B", 1, 0, entries("e1@1"), 3))  # B answers after all
+    assert op.plan is not None and op.final_index == 2
+    assert [w.store for w in writes(out)] == ["A", "B"]
