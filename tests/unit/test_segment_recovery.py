@@ -222,7 +222,7 @@ def test_a_store_given_up_on_comes_back_by_answering() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start()
     op.step(sealed("A"))
-    op.step(sealed("B"))
+    op.step(sealed("B", 0, 1, 1))
     assert op.step(StoreLost("B")) == []  # no other sealed store to decide from
     op.step(ReadAnswered("A", 1, 0, (), 3))
     assert op.plan is None
