@@ -117,6 +117,26 @@ class LocalCluster:
                     raise RuntimeError(f"{child.name} not serving at {child.address}")
                 time.sleep(0.05)
 
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one server (a crash: nothing flushed, nothing said)."""
+        child = self.child(name)
+        assert child.process is not None
+        child.process.kill()
+        child.process.wait()
+
+    def restart(self, name: str) -> None:
+        """Start a killed server again on its data dir and wait until it serves."""
+        child = self.child(name)
+        child.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not serving(child.address):
+            if child.exited() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{child.name} did not come back; see {child.log_path}")
+            time.sleep(0.05)
+
     def first_exited(self) -> Child | None:
         return next((c for c in self.children if c.exited() is not None), None)
 

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -347,46 +348,58 @@ def digest_of(
         )
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    """Digest every replica of every sealed segment; exit 1 on a mismatch or a missing one."""
-    with master_stub(args.master) as master:
+@dataclass(frozen=True)
+class VerifyReport:
+    sealed_segments: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_stream(master_address: str, name: str) -> VerifyReport:
+    """Digest every replica of every sealed segment of `name` up to its bridge."""
+    with master_stub(master_address) as master:
         listing = master.ListSegments(
-            master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+            master_pb2.ListSegmentsRequest(stream=name), timeout=RPC_TIMEOUT_S
         )
-    problems = 0
+    problems: list[str] = []
     checked = 0
     for segment in listing.segments:
         if segment.state != entry_pb2.SEALED:
             continue
         checked += 1
-        segment_id = entry_pb2.SegmentId(
-            stream_id=listing.stream_id, epoch=segment.id.epoch, stream=args.name
-        )
+        epoch = segment.id.epoch
+        segment_id = entry_pb2.SegmentId(stream_id=listing.stream_id, epoch=epoch, stream=name)
         digests: dict[str, bytes] = {}
         for replica in segment.copy_set:
             try:
                 reply = digest_of(replica.address, segment_id, segment.final_index)
             except grpc.RpcError as error:
                 code = error.code().name
-                print(f"segment {segment.id.epoch}: replica {replica.store_id} missing ({code})")
-                problems += 1
+                problems.append(f"segment {epoch}: replica {replica.store_id} missing ({code})")
                 continue
             if reply.acked_index < segment.final_index:
-                print(
-                    f"segment {segment.id.epoch}: replica {replica.store_id} acked only to "
+                problems.append(
+                    f"segment {epoch}: replica {replica.store_id} acked only to "
                     f"{reply.acked_index} of {segment.final_index} (missed the bridge)"
                 )
-                problems += 1
             digests[replica.store_id] = reply.digest
         if len(set(digests.values())) > 1:
-            problems += 1
-            detail = ", ".join(
-                f"{store}={digest.hex()[:12]}" for store, digest in sorted(digests.items())
-            )
-            print(f"segment {segment.id.epoch}: replicas differ: {detail}")
-    verdict = "OK" if problems == 0 else f"{problems} problem(s)"
-    print(f"verify {args.name}: {checked} sealed segments checked, {verdict}")
-    return 0 if problems == 0 else 1
+            detail = ", ".join(f"{s}={d.hex()[:12]}" for s, d in sorted(digests.items()))
+            problems.append(f"segment {epoch}: replicas differ: {detail}")
+    return VerifyReport(checked, problems)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Digest every replica of every sealed segment; exit 1 on a mismatch or a missing one."""
+    report = verify_stream(args.master, args.name)
+    for problem in report.problems:
+        print(problem)
+    verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"verify {args.name}: {report.sealed_segments} sealed segments checked, {verdict}")
+    return 0 if report.ok else 1
 
 
 # ---- data: append and tail ----
