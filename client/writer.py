@@ -76,6 +76,7 @@ from client.errors import (
     InvalidArgument,
     LeadershipLost,
     StreamEngineError,
+    Unavailable,
     fence_of,
     from_rpc_error,
 )
@@ -361,8 +362,15 @@ class Writer:
         await self._group.__aenter__()
         try:
             self._loops.append(self._group.create_task(self._clock()))
-            async with asyncio.timeout(self._leadership_timeout_s):
-                await self._decided.wait()
+            try:
+                async with asyncio.timeout(self._leadership_timeout_s):
+                    await self._decided.wait()
+            except TimeoutError:
+                leader = self._core.statistics().leader_id or "nobody (the master is silent)"
+                raise Unavailable(
+                    f"{self.stream}: no leadership within {self._leadership_timeout_s} s; "
+                    f"leading: {leader}"
+                ) from None
             if self._error is not None:
                 raise self._error
         except BaseException as error:
@@ -393,7 +401,13 @@ class Writer:
             await self._release(epoch)
         for task in [*self._loops, *self._link_tasks, *self._heartbeats]:
             task.cancel()
-        await self._group.__aexit__(exc_type, exc, tb)
+        if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
+            # The caller's own error goes on as it is; a TaskGroup would wrap it in an
+            # ExceptionGroup. Only a background loop's failure (which cancels the caller,
+            # so it arrives here as CancelledError) comes back as a group.
+            await self._group.__aexit__(None, None, None)
+        else:
+            await self._group.__aexit__(exc_type, exc, tb)
         return None
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:

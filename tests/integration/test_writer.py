@@ -22,7 +22,9 @@ from client import (
     Fenced,
     InvalidArgument,
     LeadershipLost,
+    NotFound,
     StreamClient,
+    Unavailable,
 )
 from client.channels import CLIENT_OPTIONS
 from client.core.limits import EVENT_BYTES_MAX
@@ -299,3 +301,29 @@ async def test_a_store_fenced_above_the_writer_ends_its_leadership(cluster: Clus
             assert writer.statistics().role == "finished"
             with pytest.raises(Fenced):
                 await writer.append(b"d")
+
+
+async def test_a_second_writer_waits_for_the_lease_and_says_who_holds_it(
+    cluster: Cluster,
+) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("acme/two")
+        async with client.writer("acme/two", client_id="first", leadership_timeout_s=10):
+            with pytest.raises(Unavailable, match="leading: first"):
+                async with client.writer("acme/two", leadership_timeout_s=0.5):
+                    pass
+        with pytest.raises(NotFound):
+            async with client.writer("acme/none", leadership_timeout_s=5):
+                pass
+
+
+async def test_an_error_in_the_block_goes_on_unwrapped_and_the_lease_is_given_back(
+    cluster: Cluster,
+) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("acme/oops")
+        with pytest.raises(ZeroDivisionError):
+            async with client.writer("acme/oops", leadership_timeout_s=10) as writer:
+                await writer.append(b"x")
+                raise ZeroDivisionError("the caller's own bug")
+        assert (await client.describe_stream("acme/oops")).leader_id == ""
