@@ -19,13 +19,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000, help="safety-phase steps")
     parser.add_argument("--quiet", action="store_true", help="no trace, only the outcome")
     parser.add_argument("--flaw", action="append", choices=FLAWS, default=[])
+    parser.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 106)",
+    )
     args = parser.parse_args(argv)
     flaws = frozenset(args.flaw)
     if args.seeds:
         first, _, last = args.seeds.partition(":")
         failed = 0
         for seed in range(int(first), int(last)):
-            result = run_seed(seed, args.steps, flaws)
+            result = run_seed(seed, args.steps, flaws, probe_lost=not args.no_probe)
             print(result.summary(), flush=True)
             failed += not result.ok
         print(f"{failed} failed")
@@ -33,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         parser.error("give a SEED or --seeds A:B")
     trace = None if args.quiet else print
-    result = run_seed(args.seed, args.steps, flaws, trace)
+    result = run_seed(args.seed, args.steps, flaws, trace, not args.no_probe)
     print(result.config.describe())
     if result.error:
         print(result.error)

@@ -720,6 +720,8 @@ class RecoveryRun:
                 # As a shell whose channel to the store is down: decide without it.
                 self.lost.append(store)
                 self.send(self.op.step(sr.StoreLost(store)))
+            elif store in self.lost and self.writer.world.probe_lost:
+                self._probe(store)
         if now - self.last_progress_ms >= RETRANSMIT_MS:
             outstanding = self.op.outstanding()
             if not outstanding and self.op.done:
@@ -763,6 +765,13 @@ class RecoveryRun:
         store = action.store
         self.waiting_since.setdefault(store, writer.world.now)
         writer.call(store, request, lambda r: self._answered(store, action, r), once=False)
+
+    def _probe(self, store: str) -> None:
+        """`outstanding()` leaves out every request to a store given up on, and only an
+        answer from it brings it back: without a probe, a store lost before it answered
+        its seal is never asked again (recovery then hangs when it is needed, e.g.
+        N = 1). The seal is idempotent, so the shell asks it again."""
+        self._send(sr.SendSeal(store, self.epoch))
 
     def _skip_by_matched(self, action: sr.SendWrite) -> bool:
         """The flaw `skip_by_matched`: a shell that trusts a store's matched index and
@@ -847,6 +856,7 @@ class FollowerNode(Node):
         super().__init__(name, world)
         self.cursor = Cursor(0)
         self.resume_at = 0
+        self.tailing: tuple[int, str] | None = None
         self.segments: dict[int, SegmentKey] = {}
         self.data_loss: DataLoss | None = None
         self.reading = False
@@ -856,6 +866,7 @@ class FollowerNode(Node):
         super().restart()
         # A restarted subscriber resumes after the last sequence it yielded (its token).
         self.cursor = Cursor(self.resume_at)
+        self.tailing = None
         self.reading = False
         self.refresh()
 
@@ -907,10 +918,15 @@ class FollowerNode(Node):
             self.reading = False
             now = self.world.now
             if not isinstance(result, m.TailReply):
+                self.tailing = None
                 self.cursor.on_replica_failed(decision.epoch, decision.replica)
                 self.timer(FOLLOWER_POLL_MS, "retry", self.pump)
                 return
-            self.cursor.on_position(decision.epoch, decision.replica, result.acked_index, now)
+            if self.tailing != (decision.epoch, decision.replica):
+                # A subscription reports its position once, when it starts (as the
+                # store's Subscribe does); polls stand in for its pushes.
+                self.tailing = (decision.epoch, decision.replica)
+                self.cursor.on_position(decision.epoch, decision.replica, result.acked_index, now)
             for event in self.cursor.on_entries(decision.epoch, result.entries, now):
                 self.world.checker.follower_event(self.name, event.sequence, event.payload)
                 self.resume_at = event.sequence + 1
@@ -919,6 +935,7 @@ class FollowerNode(Node):
 
         def timed_out() -> None:
             self.reading = False
+            self.tailing = None
             self.cursor.on_replica_failed(decision.epoch, decision.replica)
             self.pump()
 

@@ -135,9 +135,14 @@ class RunResult:
 
 class World:
     def __init__(
-        self, config: SimConfig, rng: random.Random, trace: Callable[[str], None] | None = None
+        self,
+        config: SimConfig,
+        rng: random.Random,
+        trace: Callable[[str], None] | None = None,
+        probe_lost: bool = True,
     ) -> None:
         self.config = config
+        self.probe_lost = probe_lost
         self.rng = rng
         self.trace = trace
         self.sched = Scheduler()
@@ -147,6 +152,7 @@ class World:
         self._ids = 0
         self._payloads = 0
         self.marker: bytes | None = None
+        self.marker_by = ""
         self.stats: Counter[str] = Counter()
         # Writers that stepped down because the core cannot do what a grant needs.
         self.unsupported: list[str] = []
@@ -430,9 +436,12 @@ class World:
         leader = self.ready_leader()
         if leader is None:
             return False
+        if self.marker is not None and self.marker_by != leader.client_id:
+            self.marker = None  # its writer stepped down: the marker is in doubt
         if self.marker is None:
             self._payloads += 1
             self.marker = f"marker:{self._payloads}".encode()
+            self.marker_by = leader.client_id
             leader.append((self.marker,))
             return False
         if self.marker not in self.checker.acked.values():
@@ -469,6 +478,7 @@ def run_seed(
     steps: int = 3000,
     flaws: frozenset[str] = frozenset(),
     trace: Callable[[str], None] | None = None,
+    probe_lost: bool = True,
 ) -> RunResult:
     started = time.perf_counter()
     rng = random.Random(seed)
@@ -476,7 +486,7 @@ def run_seed(
     result = RunResult(config)
     world: World | None = None
     try:
-        world = World(config, rng, trace)
+        world = World(config, rng, trace, probe_lost)
         for _ in range(steps):
             if not world.step():
                 break
