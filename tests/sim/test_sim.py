@@ -3,6 +3,11 @@ replay exactly, and deliberately broken shells must be caught (so the checks can
 
 A failing seed is named with the command that replays it with its trace:
 `python -m tests.sim SEED --steps N`.
+
+Known gap: the leader core refuses a grant that comes without a segment (two earlier
+segments unsealed, after a leader died while recovering), so such a stream never
+converges (`RunResult.known_gap`). Those seeds still keep every safety invariant;
+`test_two_unsealed_segments_converge` holds the gap open as a strict xfail.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     assert sum(r.leaders > 1 for r in results) > CHUNK // 5, "too few leader changes"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the leader core cannot yet seal two unsealed segments and roll (issue 6)",
+)
+def test_two_unsealed_segments_converge() -> None:
+    gaps = [r.summary() for r in map(run_seed, range(30)) if r.known_gap]
+    assert not gaps, "\n".join(gaps)
+
+
 def test_a_seed_replays_exactly() -> None:
     def trace_of(seed: int) -> list[str]:
         lines: list[str] = []
@@ -55,18 +69,15 @@ FLAWED = [
     ("ack_before_seal", 1),  # the shell lets the new segment ack before recovery ends
     ("ignore_fence", 3),  # a store lets a write below its fence through
 ]
+FLAW_SEEDS = 60
 
 
 @pytest.mark.parametrize(("flaw", "invariant"), FLAWED, ids=[f for f, _ in FLAWED])
 def test_a_broken_variant_is_caught(flaw: str, invariant: int) -> None:
-    caught = []
-    for seed in range(60):
+    for seed in range(FLAW_SEEDS):
         result = run_seed(seed, STEPS, frozenset({flaw}))
         assert not result.error, result.error
-        if result.violation is not None and not result.known_gap:
-            caught.append((seed, result.violation))
-        if len(caught) >= 2:
-            break
-    assert caught, f"no seed caught the flaw {flaw}"
-    invariants = {v.invariant for _, v in caught}
-    assert invariant in invariants or invariants <= {1, 2}, caught
+        violation = result.violation
+        if violation is not None and violation.invariant == invariant:
+            return
+    pytest.fail(f"no seed of {FLAW_SEEDS} caught the flaw {flaw} as invariant {invariant}")
