@@ -478,7 +478,7 @@ class Writer:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(assigned.first_index, assigned.last_index, future))
         await future
-        epoch = self._core.epoch
+        epoch = assigned.segment_epoch
         return (
             pack_sequence(epoch, assigned.first_index),
             pack_sequence(epoch, assigned.last_index),

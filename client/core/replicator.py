@@ -178,10 +178,12 @@ ReplicatorEvent = (
 
 @dataclass(frozen=True, slots=True)
 class Assigned:
-    """The events of one `Append` got indexes `first_index..last_index`."""
+    """The events of one `Append` got indexes `first_index..last_index` of the segment
+    of `segment_epoch` (their sequences are packed with it, whatever rolls later)."""
 
     first_index: int
     last_index: int
+    segment_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,7 +469,7 @@ class Replicator:
         self._appended_ms.extend([now_ms] * len(payloads))
         self._total_bytes = total
         self._last = first + len(payloads) - 1
-        return Assigned(first, self._last)
+        return Assigned(first, self._last, self.segment.epoch)
 
     def _on_reply(self, now_ms: int, reply: WriteReplied) -> None:
         store = self._stores[reply.store]

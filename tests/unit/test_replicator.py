@@ -117,7 +117,7 @@ def indexes(send: SendWrite) -> list[int]:
 def test_an_idle_store_gets_an_append_at_once_and_w_answers_ack_it() -> None:
     r = make()
     actions = r.step(10, Append((b"a", b"b", b"c")))
-    assert actions[0] == Assigned(1, 3)
+    assert actions[0] == Assigned(1, 3, SEGMENT.epoch)
     out = sends(actions)
     assert [(s.store, indexes(s), s.acked_index) for s in out] == [
         ("s1", [1, 2, 3], 0),
