@@ -66,6 +66,16 @@ class ReleaseLease:
 
 
 @dataclass(frozen=True, slots=True)
+class RollSegment:
+    """The leader asks for the next epoch (answered like a heartbeat that grants)."""
+
+    stream: str
+    client_id: str
+    epoch: int
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SealSegment:
     stream: str
     segment_epoch: int

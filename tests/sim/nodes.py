@@ -61,7 +61,7 @@ from client.core.replicator import (
 from master.catalog import Batch, Catalog
 from master.errors import MasterError, SealConflict
 from master.model import SegmentRecord, SegmentState
-from master.state import MasterState
+from master.state import MasterState, WriterView
 from segment_store.kv import MemoryKV
 from segment_store.store import (
     SealResult,
@@ -237,7 +237,6 @@ class MasterNode(Node):
     def _serve(self, request: object) -> object:
         now = self.world.now
         state = self.state
-        checker = self.world.checker
         if isinstance(request, m.WriterHeartbeat):
             before = state.leases[request.stream].epoch
             view = state.writer_heartbeat(
@@ -248,23 +247,14 @@ class MasterNode(Node):
                 request.segment_bytes,
                 now,
             )
-            granted = view.lease.epoch if view.lease.epoch != before else 0
-            checker.master_changed(state, granted)
-            if granted:
-                self.world.note(f"master grants epoch {granted} to {request.client_id}")
-            record = view.stream
-            return HeartbeatAnswered(
-                sent_at_ms=0,
-                leader=view.leads,
-                epoch=view.lease.epoch,
-                lease_ms=state.lease_ms,
-                leader_id=view.lease.holder if view.lease.running(now) else "",
-                segment=grant_of(view.segment) if view.leads and view.segment else None,
-                unsealed=tuple(grant_of(s) for s in view.unsealed) if view.leads else (),
-                policy=ReplicationPolicy(record.replicas, record.write_quorum),
-                roll_requested=bool(view.roll_reason),
-                roll_reason=view.roll_reason,
+            return self._view(view, before, request.client_id)
+        if isinstance(request, m.RollSegment):
+            # Ready for the leader's roll: a shell action for it maps here.
+            before = state.leases[request.stream].epoch
+            view = state.roll_segment(
+                request.stream, request.client_id, request.epoch, request.exclude, now
             )
+            return self._view(view, before, request.client_id)
         if isinstance(request, m.ReleaseLease):
             return state.release_lease(request.stream, request.client_id, request.epoch, now)
         if isinstance(request, m.SealSegment):
@@ -273,6 +263,28 @@ class MasterNode(Node):
             _, segments = state.list_segments(request.stream, 0)
             return tuple(segments)
         raise AssertionError(f"unknown request {request!r}")
+
+    def _view(self, view: WriterView, before: int, client_id: str) -> HeartbeatAnswered:
+        """The reply to a heartbeat or a roll, as the master's service builds it."""
+        state = self.state
+        now = self.world.now
+        granted = view.lease.epoch if view.lease.epoch != before else 0
+        self.world.checker.master_changed(state, granted)
+        if granted:
+            self.world.note(f"master grants epoch {granted} to {client_id}")
+        record = view.stream
+        return HeartbeatAnswered(
+            sent_at_ms=0,
+            leader=view.leads,
+            epoch=view.lease.epoch,
+            lease_ms=state.lease_ms,
+            leader_id=view.lease.holder if view.lease.running(now) else "",
+            segment=grant_of(view.segment) if view.leads and view.segment else None,
+            unsealed=tuple(grant_of(s) for s in view.unsealed) if view.leads else (),
+            policy=ReplicationPolicy(record.replicas, record.write_quorum),
+            roll_requested=bool(view.roll_reason),
+            roll_reason=view.roll_reason,
+        )
 
     def _seal(self, request: m.SealSegment) -> object:
         key = SegmentKey(self.stream.stream_id, request.segment_epoch)

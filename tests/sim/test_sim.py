@@ -12,10 +12,16 @@ converges (`RunResult.known_gap`). Those seeds still keep every safety invariant
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.sim.world import RunResult, run_seed
 
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = 500
 CHUNK = 50
 # Safety-phase steps per seed in CI: a few lease periods of virtual time, enough for
@@ -61,6 +67,22 @@ def test_a_seed_replays_exactly() -> None:
     first = trace_of(7)
     assert len(first) > 400
     assert first == trace_of(7)
+
+
+def test_a_seed_replays_in_another_process() -> None:
+    """No hash order leaks into a run: the trace is the same whatever PYTHONHASHSEED."""
+
+    def trace_in_process(hash_seed: str) -> list[str]:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        command = [sys.executable, "-m", "tests.sim", "13", "--steps", "300"]
+        run = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+        assert run.returncode in (0, 1), run.stderr
+        # The last lines carry the wall-clock time.
+        return [line for line in run.stdout.splitlines() if not line.startswith("seed ")]
+
+    first = trace_in_process("1")
+    assert len(first) > 300
+    assert first == trace_in_process("2")
 
 
 # (flaw, invariant it breaks): the checks must catch each within a few seeds.
