@@ -15,9 +15,10 @@ idempotently.
 3. Bridge. Each store X receives the plan's copies of `a_X+1 .. final_index` (its own
    acked index from its seal answer; never its matched index). A store holds a write
    only once its answer to that write says so: the epoch it now holds at every index
-   is at least the one sent (a higher one is the same content, written by a later
-   recovery of an earlier leader). A store whose range is empty already holds the
-   bridge as final.
+   is at least the one sent (only final copies, at or below `a`, are sent with an
+   epoch below ours, and a higher copy of a final index carries the same content: an
+   earlier recovery chose it). At most `RECOVERY_BATCHES_IN_FLIGHT_MAX` batches per
+   store are in flight; each carries the store's own acked index, raising nothing.
 4. Raise. Once W stores hold their whole range and the bridge, each of them gets the
    acked index `final_index`; a store that completes later gets it when it does, never
    before (a store whose acked index covered a run a later leader redoes differently
@@ -34,6 +35,14 @@ W stores (to finish) can answer, it waits; how long is the driver's call. `step`
 
 A store's range is empty when its own acked index already covers the bridge: it holds
 the run as final, so it counts among the W holders without a write.
+
+Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
+carry out `op.start()`; for every reply call `op.step(event)` and carry out what it
+returns (`SendSeal` -> Seal(segment, new_epoch); `SendRead` -> Read, unacked included;
+`SendWrite` -> a Write at `leader_epoch` with `report_held`; `SendAcked` -> an empty
+Write carrying the acked index; `SealAtMaster` -> SealSegment at the master;
+`Done` / `Deposed` -> the leader's business). A refused request becomes `StoreFenced`;
+after a reconnect, re-send `op.outstanding()`.
 """
 
 from __future__ import annotations
