@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from client.channels import ChannelPool
 from client.core.leader import (
@@ -284,12 +285,18 @@ class _StoreLink:
             self.writer.step(StoreDisconnected(self.replica.store_id))
 
     async def _connect(self) -> None:
-        async def ready() -> None:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                await self.channel.channel_ready()
-
-        # The channel reconnects by itself; this only waits for it, bounded.
-        await ready()
+        """Wait for the channel to connect, retrying with backoff for as long as the
+        writer leads (stepping down cancels this)."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TimeoutError),
+            wait=wait_exponential_jitter(
+                multiplier=RECONNECT_PAUSE_S_MIN, max=RECONNECT_PAUSE_S_MAX, jitter=0.05
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    await self.channel.channel_ready()
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
         cache = self.writer.batch_cache
