@@ -9,13 +9,14 @@ the lease ends before the master does, and it starts replicating the new segment
 (`BecameLeader` opens the Write streams; the `Replicator` does the rest).
 
 Leading, every answer for the same epoch renews the lease from its send time. The
-writer steps down, for good, when the lease runs out before a renewal (a `Tick` at or
-past it), when the master answers FOLLOWER or another epoch, or when a store reports a
-fence above its epoch. Stepping down stops the replicator at once: nothing more is
-acked or sent, and `SteppedDown` tells the shell how far any store may hold entries
-(`sent_through`): pending appends at or below it are in doubt (they may be durable and
-then appear after the next leader's recovery), those above it definitely failed (no
-store ever received them). `Release` (the user leaves) steps down the same way and
+writer steps down, for good, when the lease runs out before a renewal (checked first
+on every event, so nothing arriving at or after that moment is acked), when the master
+answers FOLLOWER or another epoch, or when a store reports a fence above its epoch.
+Stepping down stops the replicator at once: nothing more is acked or sent, and
+`SteppedDown` tells the shell how far any store may hold entries (`sent_through`):
+pending appends at or below it are in doubt (they may be durable and then appear
+after the next leader's recovery), those above it definitely failed (no store ever
+received them). `Release` (the user leaves) steps down the same way and
 gives the lease back.
 
 The gate. The grant lists every earlier segment not yet sealed; each must be sealed
