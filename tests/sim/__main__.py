@@ -24,13 +24,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 106)",
     )
+    parser.add_argument(
+        "--no-close-gap",
+        action="store_true",
+        help="hand grants without a segment to the leader core, which refuses them",
+    )
     args = parser.parse_args(argv)
+    probe, close = not args.no_probe, not args.no_close_gap
     flaws = frozenset(args.flaw)
     if args.seeds:
         first, _, last = args.seeds.partition(":")
         failed = 0
         for seed in range(int(first), int(last)):
-            result = run_seed(seed, args.steps, flaws, probe_lost=not args.no_probe)
+            result = run_seed(seed, args.steps, flaws, None, probe, close)
             print(result.summary(), flush=True)
             failed += not result.ok
         print(f"{failed} failed")
@@ -38,16 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         parser.error("give a SEED or --seeds A:B")
     trace = None if args.quiet else print
-    result = run_seed(args.seed, args.steps, flaws, trace, not args.no_probe)
+    result = run_seed(args.seed, args.steps, flaws, trace, probe, close)
     print(result.config.describe())
     if result.error:
         print(result.error)
     print(result.summary())
     if not result.ok:
-        print(
-            f"reproduce: python -m tests.sim {args.seed} --steps {args.steps}"
-            + "".join(f" --flaw {f}" for f in sorted(flaws))
-        )
+        switches = [f"--flaw {f}" for f in sorted(flaws)]
+        switches += ["--no-probe"] * args.no_probe + ["--no-close-gap"] * args.no_close_gap
+        print(f"reproduce: python -m tests.sim {args.seed} --steps {args.steps}", *switches)
     return 0 if result.ok else 1
 
 

@@ -472,6 +472,8 @@ class WriterNode(Node):
         self._timer_token = 0
         self._timer_at: int | None = None
         self._replacing = False
+        self.gap_epoch = 0
+        self.gap_runs: list[RecoveryRun] = []
         self.step(Tick())
 
     def crash(self) -> None:
@@ -589,7 +591,10 @@ class WriterNode(Node):
         )
 
         def answered(result: object) -> None:
-            if isinstance(result, HeartbeatAnswered):
+            if isinstance(result, HeartbeatAnswered) and self._gap(result):
+                self._close_gap(result)
+                self.step(HeartbeatFailed(sent_at, "a grant without a segment"))
+            elif isinstance(result, HeartbeatAnswered):
                 self.step(dataclasses.replace(result, sent_at_ms=sent_at))
             else:
                 self.step(HeartbeatFailed(sent_at, str(result)))
@@ -598,6 +603,40 @@ class WriterNode(Node):
             self.step(HeartbeatFailed(sent_at, "deadline exceeded"))
 
         self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
+
+    # ---- grants without a segment ----
+
+    def _gap(self, answer: HeartbeatAnswered) -> bool:
+        return (
+            self.world.close_gap
+            and answer.leader
+            and answer.segment is None
+            and self.leader.role is Role.FOLLOWING
+        )
+
+    def _close_gap(self, answer: HeartbeatAnswered) -> None:
+        """Two earlier segments are unsealed, so the master granted an epoch without a
+        segment, which the leader core refuses (it steps down and the stream livelocks;
+        `--no-close-gap` shows it). Until the core does it, the shell seals and recovers
+        both under the granted epoch, then gives the lease back: the next grant has a
+        segment. Safety does not rest on this lease (stores fence by epoch)."""
+        if answer.epoch == self.gap_epoch:
+            return  # a renewal while closing
+        assert answer.policy is not None
+        self.gap_epoch = answer.epoch
+        self.world.stats["grants without a segment closed by the shell"] += 1
+        self.world.note(f"{self.client_id} closes {[g.epoch for g in answer.unsealed]}")
+        self.gap_runs = [
+            RecoveryRun(self, RecoverSegment(grant, answer.epoch, answer.policy), True)
+            for grant in answer.unsealed
+        ]
+        for run in self.gap_runs:
+            run.start()
+
+    def gap_closed(self) -> None:
+        if all(run.op.done for run in self.gap_runs):
+            release = m.ReleaseLease(self.world.config.stream, self.client_id, self.gap_epoch)
+            self.call(MASTER, release, lambda _: None)
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")
@@ -694,8 +733,13 @@ class WriterNode(Node):
 class RecoveryRun:
     """Carries one `SegmentRecovery`'s actions out and its answers back."""
 
-    def __init__(self, writer: WriterNode, action: RecoverSegment) -> None:
+    def __init__(
+        self, writer: WriterNode, action: RecoverSegment, standalone: bool = False
+    ) -> None:
+        """`standalone`: run by the shell for a grant without a segment, not for the
+        core (see `WriterNode._close_gap`)."""
         self.writer = writer
+        self.standalone = standalone
         grant = action.segment
         self.segment = SegmentKey(grant.segment.stream_id, grant.segment.epoch)
         self.epoch = action.new_epoch
@@ -720,7 +764,7 @@ class RecoveryRun:
         self.writer.timer(RETRANSMIT_MS, "recovery retransmit", self.retransmit)
 
     def active(self) -> bool:
-        return self.writer.leading and not self.op.deposed
+        return (self.standalone or self.writer.leading) and not self.op.deposed
 
     def retransmit(self) -> None:
         if not self.active():
@@ -752,10 +796,14 @@ class RecoveryRun:
         seg = self.segment
         if isinstance(action, sr.Done):
             writer.world.note(f"{writer.client_id} sealed {seg.epoch} at {action.final_index}")
-            writer.step(SegmentSealed(seg.epoch))
+            if self.standalone:
+                writer.gap_closed()
+            else:
+                writer.step(SegmentSealed(seg.epoch))
             return
         if isinstance(action, sr.Deposed):
-            writer.step(StoreFenced(f"recovery of {seg.epoch}", action.fence))
+            if not self.standalone:
+                writer.step(StoreFenced(f"recovery of {seg.epoch}", action.fence))
             return
         if isinstance(action, sr.SealAtMaster):
             request: object = m.SealSegment(

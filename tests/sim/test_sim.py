@@ -5,9 +5,10 @@ A failing seed is named with the command that replays it with its trace:
 `python -m tests.sim SEED --steps N`.
 
 Known gap: the leader core refuses a grant that comes without a segment (two earlier
-segments unsealed, after a leader died while recovering), so such a stream never
-converges (`RunResult.known_gap`). Those seeds still keep every safety invariant;
-`test_two_unsealed_segments_converge` holds the gap open as a strict xfail.
+segments unsealed, after a leader died while recovering), so such a stream livelocks.
+The simulated shell closes those segments itself (`WriterNode._close_gap`) so that seeds
+go on past it; `test_two_unsealed_segments_converge` runs without that and holds the
+gap open as a strict xfail until the core does it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _failures(results: list[RunResult]) -> list[str]:
         f"{r.summary()}\n  replay: python -m tests.sim {r.config.seed} --steps {STEPS}"
         + (f"\n{r.error}" if r.error else "")
         for r in results
-        if not r.ok and not r.known_gap
+        if not r.ok
     ]
 
 
@@ -47,6 +48,7 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     # Every chunk must exercise what the simulator is for.
     assert sum(r.acked for r in results) > 0
     assert sum(r.leaders > 1 for r in results) > CHUNK // 5, "too few leader changes"
+    assert sum(r.stats["recoveries decided"] for r in results) > CHUNK // 5
 
 
 @pytest.mark.xfail(
@@ -54,7 +56,8 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     reason="the leader core cannot yet seal two unsealed segments and roll (issue 6)",
 )
 def test_two_unsealed_segments_converge() -> None:
-    gaps = [r.summary() for r in map(run_seed, range(30)) if r.known_gap]
+    results = [run_seed(seed, STEPS, close_gap=False) for seed in range(30)]
+    gaps = [r.summary() for r in results if r.known_gap]
     assert not gaps, "\n".join(gaps)
 
 
@@ -85,21 +88,24 @@ def test_a_seed_replays_in_another_process() -> None:
     assert first == trace_in_process("2")
 
 
-# (flaw, invariant it breaks): the checks must catch each within a few seeds.
+# (flaw, invariant it breaks, first seed to try): the checks must catch each. A flaw
+# that needs a rare history (a stale copy below another store's acked index) starts
+# its search where one is known, and searches on if edits move it.
 FLAWED = [
-    ("serve_matched", 2),  # a store serves readers up to its matched index
-    ("ack_before_seal", 1),  # the shell lets the new segment ack before recovery ends
-    ("ignore_fence", 3),  # a store lets a write below its fence through
+    ("serve_matched", 2, 0),  # a store serves readers up to its matched index
+    ("skip_by_matched", 2, 250),  # recovery trusts matched and skips rewrites
+    ("ack_before_seal", 1, 0),  # the shell lets the new segment ack before recovery ends
+    ("ignore_fence", 3, 0),  # a store lets a write below its fence through
 ]
-FLAW_SEEDS = 60
+FLAW_SEEDS_MAX = 500
 
 
-@pytest.mark.parametrize(("flaw", "invariant"), FLAWED, ids=[f for f, _ in FLAWED])
-def test_a_broken_variant_is_caught(flaw: str, invariant: int) -> None:
-    for seed in range(FLAW_SEEDS):
+@pytest.mark.parametrize(("flaw", "invariant", "first"), FLAWED, ids=[f[0] for f in FLAWED])
+def test_a_broken_variant_is_caught(flaw: str, invariant: int, first: int) -> None:
+    for seed in range(first, FLAW_SEEDS_MAX):
         result = run_seed(seed, STEPS, frozenset({flaw}))
         assert not result.error, result.error
         violation = result.violation
         if violation is not None and violation.invariant == invariant:
             return
-    pytest.fail(f"no seed of {FLAW_SEEDS} caught the flaw {flaw} as invariant {invariant}")
+    pytest.fail(f"no seed in {first}..{FLAW_SEEDS_MAX} caught {flaw} as invariant {invariant}")

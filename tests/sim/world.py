@@ -140,9 +140,11 @@ class World:
         rng: random.Random,
         trace: Callable[[str], None] | None = None,
         probe_lost: bool = True,
+        close_gap: bool = True,
     ) -> None:
         self.config = config
         self.probe_lost = probe_lost
+        self.close_gap = close_gap
         self.rng = rng
         self.trace = trace
         self.sched = Scheduler()
@@ -479,6 +481,7 @@ def run_seed(
     flaws: frozenset[str] = frozenset(),
     trace: Callable[[str], None] | None = None,
     probe_lost: bool = True,
+    close_gap: bool = True,
 ) -> RunResult:
     started = time.perf_counter()
     rng = random.Random(seed)
@@ -486,7 +489,7 @@ def run_seed(
     result = RunResult(config)
     world: World | None = None
     try:
-        world = World(config, rng, trace, probe_lost)
+        world = World(config, rng, trace, probe_lost, close_gap)
         for _ in range(steps):
             if not world.step():
                 break
