@@ -7,8 +7,10 @@ For each event size (100 B and 1 KiB by default), on a fresh stream:
 - peak with batching: `append_batch` of `--batch` events, `--batches-in-flight` at once;
 - peak of single appends: `--singles-in-flight` outstanding `append` calls;
 - latency of single appends at light load: one at a time, `--light-rate` per second;
-- latency of single appends at 50% of the single-append peak, open loop (latency
-  counted from when the append was due, so a stalled writer shows up in it).
+- latency of single appends (at `--light-rate`) while batches load the cluster at 50%
+  of the batched peak;
+- latency of single appends alone at 50% of the single-append peak, open loop
+  (counted from when each append was due, so a stalled writer shows up in it).
 
 Events/s and payload MB/s; latency p50/p99 in milliseconds.
 """
@@ -55,7 +57,7 @@ def percentile(values: list[float], fraction: float) -> float:
 def latency_line(label: str, latencies_s: list[float]) -> str:
     ms = [v * 1000 for v in latencies_s]
     return (
-        f"  {label:<44} n={len(ms):>6}  p50={percentile(ms, 0.50):7.2f} ms  "
+        f"  {label:<50} n={len(ms):>6}  p50={percentile(ms, 0.50):7.2f} ms  "
         f"p99={percentile(ms, 0.99):7.2f} ms  max={max(ms):7.2f} ms  "
         f"mean={statistics.fmean(ms):6.2f} ms"
     )
@@ -151,6 +153,52 @@ async def open_loop(
     return latencies, sustained
 
 
+# Background load under which single appends are probed: batches this big, paced.
+LOAD_BATCH_EVENTS = 100
+
+
+async def under_load(
+    writer: Writer, size: int, load_rate: float, probe_rate: float, seconds: float
+) -> tuple[list[float], float]:
+    """Single appends, one at a time at `probe_rate`, while batches of
+    `LOAD_BATCH_EVENTS` go in at `load_rate` events/s (open loop, at most 64 batches
+    outstanding). Returns the probes' latencies and the load reached, events/s."""
+    batch = [b"L" * size] * LOAD_BATCH_EVENTS
+    loaded = 0
+    stop = asyncio.Event()
+
+    async def load() -> None:
+        nonlocal loaded
+        outstanding = asyncio.Semaphore(64)
+        started = time.perf_counter()
+        issued = 0
+
+        async def one() -> None:
+            nonlocal loaded
+            try:
+                await writer.append_batch(batch)
+                loaded += LOAD_BATCH_EVENTS
+            finally:
+                outstanding.release()
+
+        async with asyncio.TaskGroup() as group:
+            while not stop.is_set():
+                due = int((time.perf_counter() - started) * load_rate / LOAD_BATCH_EVENTS)
+                while issued < due and not stop.is_set():
+                    await outstanding.acquire()
+                    group.create_task(one())
+                    issued += 1
+                await asyncio.sleep(0.002)
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        group.create_task(load())
+        await asyncio.sleep(0.5)  # let the load settle first
+        latencies = await light_load(writer, size, probe_rate, int(probe_rate * seconds))
+        stop.set()
+    return latencies, loaded / (time.perf_counter() - started)
+
+
 async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) -> None:
     name = f"bench/append-{size}-{int(time.time() * 1000)}"
     await client.create_stream(name, replicas=3, write_quorum=2)
@@ -169,9 +217,12 @@ async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) 
         )
         light = await light_load(writer, size, args.light_rate, args.light_count)
         print(latency_line(f"single append, light load ({args.light_rate:.0f}/s)", light))
+        half = batched.events_per_s / 2
+        probed, reached = await under_load(writer, size, half, args.light_rate, args.seconds)
+        print(latency_line(f"single append, load at 50% of peak ({reached:,.0f}/s)", probed))
         half = single.events_per_s / 2
         loaded, sustained = await open_loop(writer, size, half, args.seconds)
-        print(latency_line(f"single append, 50% of single peak ({half:,.0f}/s)", loaded))
+        print(latency_line(f"single appends only, at 50% of their peak ({half:,.0f}/s)", loaded))
         if not sustained:
             print(f"    (not sustained: {OPEN_LOOP_OUTSTANDING_MAX} appends outstanding; stopped)")
         stats = writer.statistics()
