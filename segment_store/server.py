@@ -107,9 +107,13 @@ def run(args: argparse.Namespace) -> int:
             store_id(args.data, args.store_id), args.listen, args.zone, args.data
         )
         return asyncio.run(serve(args, identity))
-    except OSError as error:
+    except (OSError, StartupError) as error:
         print(f"streamengine store: {error}", file=sys.stderr)
         return 1
+
+
+class StartupError(Exception):
+    """The store cannot start (its port or data dir is taken): one line, exit 1."""
 
 
 def store_id(data_dir: Path, given: str | None) -> str:
@@ -137,7 +141,10 @@ def store_id(data_dir: Path, given: str | None) -> str:
 
 
 async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
-    kv = RocksKV(identity.data_dir / DB_DIR)
+    try:
+        kv = RocksKV(identity.data_dir / DB_DIR)
+    except Exception as error:  # rocksdict raises bare Exceptions (a held LOCK, corruption)
+        raise StartupError(f"cannot open {identity.data_dir / DB_DIR}: {error}") from None
     core = SegmentStoreCore(kv, args.entry_bytes_max)
     watch = SegmentWatch()
 
@@ -151,13 +158,20 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
         watch,
         ServiceConfig(args.subscribe_buffer_batches, args.subscribe_stall_ms),
     )
-    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX)
+    # Without SO_REUSEPORT a second store on a taken port fails instead of sharing it.
+    server = grpc.aio.server(
+        options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+    )
     segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(args.listen) == 0:
+    try:
+        if server.add_insecure_port(args.listen) == 0:
+            raise RuntimeError("no address bound")
+    except RuntimeError:
         kv.close()
-        raise OSError(f"cannot listen on {args.listen}")
+        raise StartupError(f"cannot listen on {args.listen}: in use or not available") from None
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 

@@ -266,3 +266,20 @@ async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
 
                 await async_wait_for(deleted, 15, "the store to delete the segment")
                 assert (await state(stub, unknown)).last_index == 3
+
+
+def test_a_second_store_on_a_taken_port_or_data_dir_exits_1_with_one_line(
+    tmp_path: Path,
+) -> None:
+    with lone_store(tmp_path) as first:
+        same_port = make_store(tmp_path, 1, NO_MASTER)
+        same_port.args[same_port.args.index("--listen") + 1] = first.address
+        same_data = make_store(tmp_path, 2, NO_MASTER)
+        same_data.args[same_data.args.index("--data") + 1] = str(tmp_path / "store0")
+        for second, expected in ((same_port, "cannot listen"), (same_data, "cannot open")):
+            second.start(wait=False)
+            assert second.process is not None
+            assert second.process.wait(timeout=20) == 1
+            lines = second.log().strip().splitlines()
+            assert expected in lines[-1] and "Traceback" not in second.log(), second.log()
+        assert first.alive()
