@@ -112,6 +112,26 @@ class Checker:
         if final is not None and before < final <= acked:
             self.replica_complete(store, core, segment, final)
 
+    def audit(self, stores: dict[str, SegmentStoreCore], state: MasterState) -> None:
+        """Everything again, from scratch: every store's served prefix of every segment
+        against what was served before, sealed replicas against each other, the master's
+        unsealed count. Catches a change the incremental checks were not told of."""
+        for name, core in sorted(stores.items()):
+            for segment in core.segments():
+                meta = core.meta(segment)
+                assert meta is not None
+                if not meta.acked_index <= meta.matched_index <= meta.last_index:
+                    raise Violation(2, f"store {name} {segment}: {meta}")
+                if meta.acked_index < self.store_acked.get((name, segment), 0):
+                    raise Violation(2, f"store {name} {segment}: acked went back")
+                served = core.read(segment, 1, meta.acked_index) if meta.acked_index else []
+                for e in served:
+                    self._agree(f"store {name} (audit)", segment.epoch, e.index, e.kind, e.payload)
+                final = self.finals.get(segment)
+                if final is not None and meta.acked_index >= final:
+                    self.replica_complete(name, core, segment, final)
+        self.master_changed(state)
+
     def store_restarted(self, store: str, core: SegmentStoreCore) -> None:
         for (name, segment), acked in sorted(self.store_acked.items()):
             meta = core.meta(segment) if name == store else None

@@ -37,6 +37,9 @@ LIVENESS_MS = 30_000
 # How the liveness phase fails while the leader core cannot take a grant that comes
 # without a segment (two earlier segments unsealed): see `RunResult.known_gap`.
 UNSUPPORTED_GRANT = "a writer refused a grant it cannot lead"
+# Every change is checked as it happens; a full audit of every store also runs this
+# often (and at the end), in case a change escaped the incremental checks.
+AUDIT_EVERY_STEPS = 250
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 
@@ -152,6 +155,7 @@ class World:
         self.checker = Checker(stream_id=1)
         self.phase = "safety"
         self._ids = 0
+        self._steps = 0
         self._payloads = 0
         self.marker: bytes | None = None
         self.marker_by = ""
@@ -218,7 +222,14 @@ class World:
         if self.trace is not None:
             self.trace(f"{self.now:>7} {label}")
         callback()
+        self._steps += 1
+        if self._steps % AUDIT_EVERY_STEPS == 0:
+            self.audit()
         return True
+
+    def audit(self) -> None:
+        cores = {name: store.core for name, store in self.stores.items()}
+        self.checker.audit(cores, self.master.state)
 
     # ---- users ----
 
@@ -505,6 +516,7 @@ def run_seed(
             if world.now > deadline or result.steps >= STEPS_MAX or not world.step():
                 raise Violation(0, world.stuck())
             result.steps += 1
+        world.audit()
         world.checker.check_complete([f.name for f in world.followers])
     except Violation as violation:
         result.violation = violation
