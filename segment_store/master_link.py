@@ -103,7 +103,6 @@ class MasterLink:
 
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
         metas = self.core.metas()
-        metrics.SEGMENTS.set(len(metas))
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,

@@ -29,6 +29,7 @@ from streamengine.v1 import segment_store_pb2_grpc
 
 from client.channels import SERVER_OPTIONS
 from client.core.limits import EVENT_BYTES_MAX
+from segment_store import metrics
 from segment_store.group_commit import STORE_QUEUE_BYTES_MAX, GroupCommitter, SegmentWatch
 from segment_store.kv import RocksKV
 from segment_store.master_link import MasterLink, StoreIdentity
@@ -150,6 +151,7 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
 
     def published(plan: Plan) -> None:
         watch.changed(list(plan.metas))
+        metrics.SEGMENTS.set(core.segment_count())
 
     committer = GroupCommitter(core, args.fsync == "always", published, args.queue_bytes_max)
     service = SegmentStoreService(

@@ -452,6 +452,9 @@ class SegmentStoreCore:
     def segments(self) -> list[SegmentKey]:
         return sorted(self._metas)
 
+    def segment_count(self) -> int:
+        return len(self._metas)
+
     def metas(self) -> dict[SegmentKey, SegmentMeta]:
         return dict(self._metas)
 
