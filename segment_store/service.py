@@ -37,6 +37,7 @@ from segment_store.store import (
     SegmentKey,
     SegmentNotFound,
     SegmentStoreCore,
+    StoredCopyCorrupt,
     StoreError,
     StoreFenced,
     StoreUnavailable,
@@ -94,6 +95,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     SegmentNotFound: grpc.StatusCode.NOT_FOUND,
     StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CorruptEntry: grpc.StatusCode.DATA_LOSS,
+    StoredCopyCorrupt: grpc.StatusCode.DATA_LOSS,
 }
 
 

@@ -97,6 +97,10 @@ class StoreUnavailable(StoreError):
     """The store could not write (a full disk, a failing device); nothing was written."""
 
 
+class StoredCopyCorrupt(StoreError):
+    """A copy the store holds fails its checksum; the command touching it is refused."""
+
+
 class SegmentNotFound(StoreError, LookupError):
     """The store holds nothing of the segment."""
 
@@ -290,6 +294,8 @@ class SegmentStoreCore:
                     outcome = self._plan_delete(command, work)
             except StoreError as error:
                 outcome = error
+            except CorruptEntry as error:
+                outcome = StoredCopyCorrupt(str(error))
             outcomes.append(outcome)
         for segment, meta in sorted(work.metas.items()):
             key = meta_key(segment.stream_id, segment.epoch)
@@ -389,14 +395,16 @@ class SegmentStoreCore:
             held_epochs.append(entry.epoch)
         if len(bridges) > BRIDGES_PER_SEGMENT_MAX:
             raise BadRequest(f"segment holds more than {BRIDGES_PER_SEGMENT_MAX} bridges")
-        work.ops.extend(ops)
-        work.pending.setdefault(segment, {}).update(pending)
         last_index = max(old.last_index, command.entries[-1].index if command.entries else 0)
         matched = old.matched_index
         if command.entries and command.entries[0].index <= matched + 1 <= command.entries[-1].index:
+            # Past the batch only earlier copies count, so the scan may precede the overlay
+            # update, which stays last: a refused command leaves the plan untouched.
             matched = command.entries[-1].index
             while work.held(segment, matched + 1, last_index) is not None:
                 matched += 1
+        work.ops.extend(ops)
+        work.pending.setdefault(segment, {}).update(pending)
         acked = max(old.acked_index, min(command.acked_index, matched))
         new = SegmentMeta(
             fence=old.fence,

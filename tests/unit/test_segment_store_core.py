@@ -19,8 +19,10 @@ from segment_store.store import (
     SegmentKey,
     SegmentNotFound,
     SegmentStoreCore,
+    StoredCopyCorrupt,
     StoreFenced,
     WriteCommand,
+    WriteResult,
 )
 
 SEG = SegmentKey(7, 3)
@@ -459,3 +461,18 @@ def test_a_copy_corrupted_on_disk_is_reported_never_served(core: SegmentStoreCor
         core.read(SEG, 1)
     with pytest.raises(CorruptEntry):
         core.digest(SEG)
+
+
+def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: SegmentStoreCore) -> None:
+    other = SegmentKey(8, 1)
+    core.write(SEG, 3, 0, events(1, 2))
+    core.kv.write([Put(entry_key(SEG.stream_id, SEG.epoch, 2), b"\x01")], sync=True)
+    held_before = core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch))
+    plan = core.plan(
+        [WriteCommand(SEG, 3, 0, events(2, 3)), WriteCommand(other, 1, 0, events(1, 1, epoch=1))]
+    )
+    core.apply(plan)
+    assert isinstance(plan.outcomes[0], StoredCopyCorrupt)
+    assert isinstance(plan.outcomes[1], WriteResult)
+    assert core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch)) == held_before
+    assert core.state(SEG).last_index == 2 and core.state(other).matched_index == 1
