@@ -194,7 +194,11 @@ async def under_load(
     async with asyncio.TaskGroup() as group:
         group.create_task(load())
         await asyncio.sleep(0.5)  # let the load settle first
-        latencies = await light_load(writer, size, probe_rate, int(probe_rate * seconds))
+        latencies: list[float] = []
+        # Probe for `seconds` (a slow probe waits its turn behind the load's events).
+        probing_until = time.perf_counter() + seconds
+        while time.perf_counter() < probing_until or len(latencies) < 100:
+            latencies += await light_load(writer, size, probe_rate, 10)
         stop.set()
     return latencies, loaded / (time.perf_counter() - started)
 
