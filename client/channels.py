@@ -25,6 +25,9 @@ CLIENT_OPTIONS: list[tuple[str, int | str]] = [
 ]
 
 SERVER_OPTIONS: list[tuple[str, int | str]] = [
+    # grpc sets SO_REUSEPORT by default: a second server on a taken port would silently
+    # share it instead of failing to start.
+    ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.keepalive_permit_without_calls", 1),

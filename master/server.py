@@ -21,7 +21,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.v1 import master_pb2_grpc
 
-from client.core.limits import GRPC_MESSAGE_BYTES_MAX, HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from client.channels import SERVER_OPTIONS
+from client.core.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
 from master.catalog import Catalog
 from master.metrics import Metrics
 from master.repairer import Repairer
@@ -117,12 +118,7 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     metrics = Metrics.create()
     repairer = Repairer(state, args.repair_concurrency, _clock_ms)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
-            ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-        ]
-    )
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     master_pb2_grpc.add_MasterServicer_to_server(
         MasterService(state, repairer, _clock_ms, metrics), server
     )

@@ -309,6 +309,8 @@ class MasterState:
             self._drop_segment(segment.key)
         self.deletes |= deletes
         del self.streams[name]
+        # Replicas of an unknown stream id are garbage to every store that reports them.
+        self.names.pop(record.stream_id, None)
         self.leases.pop(name, None)
         self.leader_reports.pop(name, None)
         return len(segments)

@@ -162,7 +162,7 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     )
     # Without SO_REUSEPORT a second store on a taken port fails instead of sharing it.
     server = grpc.aio.server(
-        options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
     )
     segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)

@@ -285,3 +285,23 @@ def test_tail_follow_prints_events_appended_later(cluster: Cluster, tmp_path: Pa
     finally:
         follower.send_signal(signal.SIGINT)
         follower.wait(timeout=20)
+
+
+def test_a_second_server_on_a_taken_port_fails_with_one_line(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    for args in (
+        ["master", "--listen", cluster.master_address, "--data", str(tmp_path / "m2")],
+        [
+            "store",
+            "--listen",
+            cluster.stores[0].address,
+            "--data",
+            str(tmp_path / "s2"),
+            "--master",
+            cluster.master_address,
+        ],
+    ):
+        result = run_cli(*args, timeout_s=30)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr + result.stdout

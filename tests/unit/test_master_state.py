@@ -267,6 +267,15 @@ def test_delete_stream_has_stores_delete_its_replicas(master: Master) -> None:
         master.state.stream("t/s")
 
 
+def test_replicas_of_a_deleted_stream_outside_its_copy_sets_are_garbage(master: Master) -> None:
+    segment = beat(master, "w1").segment
+    assert segment is not None
+    outsider = next(s for s in ("a", "b", "c", "d") if s not in segment.copy_set)
+    master.state.delete_stream("t/s")
+    held = {segment.key: Held(1, 0, 3, 10)}
+    assert master.state.store_heartbeat(outsider, 10, 0, held, master.now) == [segment.key]
+
+
 def test_unknown_store_heartbeat_is_asked_to_register(master: Master) -> None:
     assert master.state.store_heartbeat("zz", 0, 0, {}, master.now) is None
 
