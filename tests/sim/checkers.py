@@ -70,6 +70,8 @@ class Checker:
         self.acked_sequences: list[int] = []  # sorted
         self.followers: dict[str, FollowerRecord] = {}
         self.finals: dict[SegmentKey, int] = {}
+        self.failed: set[bytes] = set()  # appends users were told definitely failed
+        self.served_payloads: set[bytes] = set()
         self.epoch_seen = 0
         self.checks = 0
 
@@ -83,6 +85,18 @@ class Checker:
                 f"{where} has {_show(kind, payload)} at epoch {epoch} index {index}; "
                 f"{_show(*first)} was served there before",
             )
+        if kind == EntryKind.EVENT:
+            if payload in self.failed:
+                raise Violation(1, f"{where} has {payload!r}, an append reported as failed")
+            self.served_payloads.add(payload)
+
+    def appends_failed(self, payloads: list[bytes]) -> None:
+        """A writer stepped down and told users these appends definitely failed (they
+        were never sent): no reader may ever see them."""
+        for payload in payloads:
+            if payload in self.served_payloads:
+                raise Violation(1, f"{payload!r} was reported failed but was served")
+            self.failed.add(payload)
 
     def store_changed(
         self, store: str, core: SegmentStoreCore, segment: SegmentKey, touched: tuple[int, int]

@@ -25,7 +25,7 @@ from client.core.cursor import (
     SegmentView,
     WaitForSegments,
 )
-from client.core.entry import EntryKind, StoredEntry
+from client.core.entry import StoredEntry
 from client.core.leader import (
     BecameLeader,
     HeartbeatAnswered,
@@ -428,10 +428,9 @@ class StoreNode(Node):
             raise SegmentNotFound(f"{request.segment}")
         if "serve_matched" in self.world.config.flaws:
             # The flaw: a store that trusts its matched index when serving readers.
-            entries = self.core.read(
-                request.segment, request.from_index, meta.matched_index, limit=request.limit
-            )
-            return m.TailReply(tuple(entries), meta.matched_index)
+            upto = meta.matched_index
+            entries = self.core.read(request.segment, request.from_index, upto, limit=request.limit)
+            return m.TailReply(tuple(entries) if upto else (), upto)
         entries = self.core.read(
             request.segment, request.from_index, 0, acked_only=True, limit=request.limit
         )
@@ -571,6 +570,7 @@ class WriterNode(Node):
                 self.world.note(f"{self.client_id} steps down: {action.reason.name}")
                 if action.reason is StepDownReason.UNSUPPORTED:
                     self.world.unsupported.append(f"{self.client_id}: {action.message}")
+                self._report_failed(action.sent_through)
                 self._replace_later()
             elif isinstance(action, ReleaseLeaseAction):
                 release = m.ReleaseLease(self.world.config.stream, self.client_id, action.epoch)
@@ -579,6 +579,23 @@ class WriterNode(Node):
                 self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
             elif not isinstance(action, Assigned):
                 raise AssertionError(f"unknown action {action!r}")
+
+    def _report_failed(self, sent_through: int) -> None:
+        """Appends above `sent_through` reached no store: users hear they failed."""
+        if "fail_in_doubt" in self.world.config.flaws:
+            sent_through = 0  # the flaw: a shell that calls every pending append failed
+        failed = []
+        for item in self.pending:
+            failed += [
+                payload
+                for offset, payload in enumerate(item.payloads)
+                if item.first_index + offset > sent_through
+            ]
+        in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
+        self.pending = []
+        self.world.stats["appends reported failed"] += len(failed)
+        self.world.stats["appends in doubt"] += in_doubt
+        self.world.checker.appends_failed(failed)
 
     def _heartbeat(self, action: SendHeartbeat) -> None:
         sent_at = self.world.now
@@ -835,12 +852,13 @@ class RecoveryRun:
 
     def _skip_by_matched(self, action: sr.SendWrite) -> bool:
         """The flaw `skip_by_matched`: a shell that trusts a store's matched index and
-        skips rewriting indexes the store already holds, answering for it."""
+        skips rewriting indexes the store already holds (a stale copy, or what lies
+        where the bridge goes), answering for it."""
         if "skip_by_matched" not in self.writer.world.config.flaws:
             return False
         matched = self.matched.get(action.store, 0)
         last = action.entries[-1].index
-        if last >= matched or action.entries[-1].kind == EntryKind.BRIDGE:
+        if last > matched:
             return False
         held = tuple(e.epoch for e in action.entries)
         answer = sr.WriteAnswered(action.store, action.entries[0].index, last, held, 0)

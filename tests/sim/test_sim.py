@@ -88,14 +88,14 @@ def test_a_seed_replays_in_another_process() -> None:
     assert first == trace_in_process("2")
 
 
-# (flaw, invariant it breaks, first seed to try): the checks must catch each. A flaw
-# that needs a rare history (a stale copy below another store's acked index) starts
-# its search where one is known, and searches on if edits move it.
+# (flaw, invariant it breaks, first seed to try): the checks must catch each, within
+# the first seeds today; the search goes on if edits move the schedules.
 FLAWED = [
     ("serve_matched", 2, 0),  # a store serves readers up to its matched index
-    ("skip_by_matched", 2, 250),  # recovery trusts matched and skips rewrites
+    ("skip_by_matched", 2, 0),  # recovery trusts matched and skips rewrites
     ("ack_before_seal", 1, 0),  # the shell lets the new segment ack before recovery ends
     ("ignore_fence", 3, 0),  # a store lets a write below its fence through
+    ("fail_in_doubt", 1, 0),  # the shell tells users an append failed that may be durable
 ]
 FLAW_SEEDS_MAX = 500
 
