@@ -15,8 +15,10 @@ reconnects may have missed anything in flight. In every case its cursor goes bac
 reset say nothing new about the gap and cause no second reset.
 
 Batching: a store with nothing in flight gets what is waiting at once (light load, low
-latency); a store with requests in flight gets a batch when it is full or when its
-oldest entry has waited `linger_ms` (heavy load, large batches).
+latency); a store with requests in flight gets a batch when it is full, or a partial
+one once its oldest entry has waited `linger_ms` while fewer than
+`partial_in_flight_max` requests are out (otherwise the next reply lets it go), so
+batches grow with load and the round trip.
 
 Memory: entries above the acked index ("unacked bytes") are bounded by
 `unacked_bytes_max`: the shell asks `room_for` and makes appends wait. Entries at or
@@ -61,6 +63,12 @@ LINGER_MS = 2
 # round trip, few enough that a reset after a gap wastes little.
 WINDOW_BATCHES = 8
 
+# In-flight requests per store beyond which a partial batch waits for a reply rather
+# than the linger: under moderate load batches then grow with the round trip (as in
+# Nagle's algorithm) instead of filling the window with tiny ones, which would cost a
+# store its per-message overhead many times over. Full batches use the whole window.
+PARTIAL_IN_FLIGHT_MAX = 2
+
 # Appended but not yet acked: what the writer may owe its users at once. Appends
 # wait beyond it.
 UNACKED_BYTES_MAX = 16 << 20
@@ -86,6 +94,7 @@ class ReplicatorLimits:
     batch_entries_max: int = BATCH_ENTRIES_MAX
     linger_ms: int = LINGER_MS
     window_batches: int = WINDOW_BATCHES
+    partial_in_flight_max: int = PARTIAL_IN_FLIGHT_MAX
     unacked_bytes_max: int = UNACKED_BYTES_MAX
     retained_bytes_max: int = RETAINED_BYTES_MAX
     idle_ack_ms: int = IDLE_ACK_MS
@@ -99,6 +108,8 @@ class ReplicatorLimits:
             raise ValueError(f"batch_entries_max {self.batch_entries_max} out of range")
         if self.window_batches < 1 or self.linger_ms < 0 or self.idle_ack_ms < 1:
             raise ValueError("window, linger and idle tick must be positive")
+        if self.partial_in_flight_max < 1:
+            raise ValueError("partial_in_flight_max must be positive")
         if self.unacked_bytes_max < EVENT_BYTES_MAX + ENTRY_OVERHEAD_BYTES:
             raise ValueError("unacked_bytes_max must hold the largest event")
         if self.retained_bytes_max < self.unacked_bytes_max:
@@ -375,7 +386,10 @@ class Replicator:
             if not store.connected or store.detached or len(store.in_flight) >= window:
                 continue  # a full window moves on a reply, not on time
             candidates = []
-            if store.next_index <= self._last:
+            # (With `partial_in_flight_max` requests out, only a reply moves a partial
+            # batch; a full one went out when it filled.)
+            partial_may_go = len(store.in_flight) < self.limits.partial_in_flight_max
+            if store.next_index <= self._last and partial_may_go:
                 when = store.busy_until_ms
                 if store.in_flight:
                     appended = self._appended_ms[self._head + store.next_index - self._base]
@@ -558,10 +572,12 @@ class Replicator:
             budget = self._cum_bytes[start] - self._entry_size(start) + limits.batch_bytes_max
             end = bisect.bisect_right(self._cum_bytes, budget, start + 1, end_all)
             end = min(end, start + limits.batch_entries_max)
-            full = end < end_all
-            waited_ms = now_ms - self._appended_ms[start]
-            if not full and store.in_flight and waited_ms < limits.linger_ms:
-                break
+            partial = end == end_all and end - start < limits.batch_entries_max
+            if partial and store.in_flight:  # wait for company?
+                waited_ms = now_ms - self._appended_ms[start]
+                in_flight = len(store.in_flight)
+                if in_flight >= limits.partial_in_flight_max or waited_ms < limits.linger_ms:
+                    break
             self._send(now_ms, name, store, tuple(self._entries[start:end]), actions)
         if (
             len(store.in_flight) < limits.window_batches

@@ -203,7 +203,7 @@ def test_nothing_is_acked_while_the_gate_is_closed() -> None:
 # ---- batching ----
 
 
-def test_a_busy_store_gets_a_batch_when_full_or_after_the_linger() -> None:
+def test_a_busy_store_gets_a_batch_when_full_or_after_the_linger_or_a_reply() -> None:
     limits = ReplicatorLimits(batch_entries_max=4, linger_ms=5)
     r = make(limits)
     first = sends(r.step(0, Append((b"a",))), "s1")
@@ -215,12 +215,19 @@ def test_a_busy_store_gets_a_batch_when_full_or_after_the_linger() -> None:
     # ...until the batch is full...
     full = sends(r.step(4, Append((b"d", b"e", b"f"))), "s1")
     assert [indexes(s) for s in full] == [[2, 3, 4, 5]]
-    # ...or the oldest waiting one has lingered long enough.
-    assert [indexes(s) for s in sends(r.step(9, Tick()), "s1")] == [[6]]
+    # ...or the oldest waiting one has lingered long enough, but with two requests out
+    # (`partial_in_flight_max`) a partial batch waits for a reply instead...
+    assert sends(r.step(9, Tick()), "s1") == []
+    assert r.deadline_ms(9) is None  # every store has two out: only replies move them
+    assert [indexes(s) for s in sends(r.step(10, accept(first[0])), "s1")] == [[6]]
+    # ...so batches grow with the round trip instead of filling the window.
+    assert sends(r.step(11, Append((b"g",))), "s1") == []
+    assert sends(r.step(20, Tick()), "s1") == []
+    assert [indexes(s) for s in sends(r.step(21, accept(full[0])), "s1")] == [[7]]
 
 
 def test_batches_are_cut_by_bytes_and_always_carry_at_least_one_event() -> None:
-    limits = ReplicatorLimits(batch_bytes_max=1000, linger_ms=0)
+    limits = ReplicatorLimits(batch_bytes_max=1000, linger_ms=0, partial_in_flight_max=8)
     r = make(limits)
     payloads = (b"a" * 400, b"b" * 400, b"c" * 400, b"d" * 2000, b"e" * 10)
     out = sends(r.step(0, Append(payloads)), "s1")
