@@ -15,10 +15,10 @@ reconnects may have missed anything in flight. In every case its cursor goes bac
 reset say nothing new about the gap and cause no second reset.
 
 Batching: a store with nothing in flight gets what is waiting at once (light load, low
-latency); a store with requests in flight gets a batch when it is full, or a partial
-one once its oldest entry has waited `linger_ms` while fewer than
-`partial_in_flight_max` requests are out (otherwise the next reply lets it go), so
-batches grow with load and the round trip.
+latency); a store with requests in flight gets a batch when it is full or at least
+`small_batch_bytes`, or a smaller one once its oldest entry has waited `linger_ms`
+while fewer than `partial_in_flight_max` requests are out (otherwise the next reply
+lets it go), so batches grow with load and the round trip.
 
 Memory: entries above the acked index ("unacked bytes") are bounded by
 `unacked_bytes_max`: the shell asks `room_for` and makes appends wait. Entries at or
@@ -63,11 +63,13 @@ LINGER_MS = 2
 # round trip, few enough that a reset after a gap wastes little.
 WINDOW_BATCHES = 8
 
-# In-flight requests per store beyond which a partial batch waits for a reply rather
-# than the linger: under moderate load batches then grow with the round trip (as in
-# Nagle's algorithm) instead of filling the window with tiny ones, which would cost a
-# store its per-message overhead many times over. Full batches use the whole window.
+# In-flight requests per store beyond which a small batch (under `SMALL_BATCH_BYTES`,
+# not cut by a bound) waits for a reply rather than the linger: under moderate load
+# batches then grow with the round trip (as in Nagle's algorithm) instead of filling
+# the window with tiny ones, which would cost a store its per-message overhead many
+# times over. Larger batches use the whole window.
 PARTIAL_IN_FLIGHT_MAX = 2
+SMALL_BATCH_BYTES = 32 << 10
 
 # Appended but not yet acked: what the writer may owe its users at once. Appends
 # wait beyond it.
@@ -95,6 +97,7 @@ class ReplicatorLimits:
     linger_ms: int = LINGER_MS
     window_batches: int = WINDOW_BATCHES
     partial_in_flight_max: int = PARTIAL_IN_FLIGHT_MAX
+    small_batch_bytes: int = SMALL_BATCH_BYTES
     unacked_bytes_max: int = UNACKED_BYTES_MAX
     retained_bytes_max: int = RETAINED_BYTES_MAX
     idle_ack_ms: int = IDLE_ACK_MS
@@ -572,8 +575,15 @@ class Replicator:
             budget = self._cum_bytes[start] - self._entry_size(start) + limits.batch_bytes_max
             end = bisect.bisect_right(self._cum_bytes, budget, start + 1, end_all)
             end = min(end, start + limits.batch_entries_max)
-            partial = end == end_all and end - start < limits.batch_entries_max
-            if partial and store.in_flight:  # wait for company?
+            batch_bytes = (
+                self._cum_bytes[end - 1] - self._cum_bytes[start] + self._entry_size(start)
+            )
+            small = (
+                end == end_all
+                and end - start < limits.batch_entries_max
+                and batch_bytes < limits.small_batch_bytes
+            )
+            if small and store.in_flight:  # wait for company?
                 waited_ms = now_ms - self._appended_ms[start]
                 in_flight = len(store.in_flight)
                 if in_flight >= limits.partial_in_flight_max or waited_ms < limits.linger_ms:

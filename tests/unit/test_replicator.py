@@ -382,3 +382,14 @@ def test_limits_check_their_relations() -> None:
         ReplicatorLimits(unacked_bytes_max=1024)
     with pytest.raises(ValueError, match="batch_entries_max"):
         ReplicatorLimits(batch_entries_max=100_000)
+
+
+def test_a_batch_past_the_small_size_uses_the_whole_window() -> None:
+    r = make(ReplicatorLimits(small_batch_bytes=1000, linger_ms=5))
+    out = [indexes(s) for s in sends(r.step(0, Append((b"a",))), "s1")]
+    out += [indexes(s) for s in sends(r.step(0, Append((b"b" * 600,) * 2)), "s1")]
+    # Two requests out: a small batch waits...
+    assert sends(r.step(1, Append((b"c",))), "s1") == []
+    # ...until it grows past the small size, then goes into the window at once.
+    out += [indexes(s) for s in sends(r.step(1, Append((b"d" * 1000,))), "s1")]
+    assert out == [[1], [2, 3], [4, 5]]
