@@ -58,6 +58,7 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from client.subscription import FAILED_REPLICA_RETRY_ROUNDS
 from master.catalog import Batch, Catalog
 from master.errors import MasterError, SealConflict
 from master.model import SegmentRecord, SegmentState
@@ -934,6 +935,7 @@ class FollowerNode(Node):
         super().__init__(name, world)
         self.cursor = Cursor(0)
         self.resume_at = 0
+        self.idle_rounds = 0
         self.tailing: tuple[int, str] | None = None
         self.segments: dict[int, SegmentKey] = {}
         self.data_loss: DataLoss | None = None
@@ -971,7 +973,6 @@ class FollowerNode(Node):
         self.timer(SEGMENT_LIST_REFRESH_MS, "refresh segments", self._periodic)
 
     def _periodic(self) -> None:
-        self.cursor.forget_failures()
         self.refresh()
 
     def pump(self) -> None:
@@ -980,8 +981,15 @@ class FollowerNode(Node):
         now = self.world.now
         decision = self.cursor.next(now)
         if isinstance(decision, ReadFrom):
+            self.idle_rounds = 0
             self._read(decision)
             return
+        # As the subscription does: failed replicas get another chance after a few
+        # rounds with nothing to read (not sooner: a replica that missed a bridge would
+        # be chosen again and again).
+        self.idle_rounds += 1
+        if self.idle_rounds % FAILED_REPLICA_RETRY_ROUNDS == 0:
+            self.cursor.forget_failures()
         if isinstance(decision, DataLoss):
             self.data_loss = decision
         elif isinstance(decision, WaitForSegments):
