@@ -10,4 +10,12 @@ Invariant checks (`checkers.py`) run at every change a step makes.
 
     python -m tests.sim SEED [--steps N] [--quiet]   # one seed, with its trace
     python -m tests.sim --seeds 0:500                 # many, one line each
+    --flaw NAME      a deliberately broken shell or store (`world.FLAWS`): must fail
+    --no-close-gap   hand grants without a segment to the leader core (it refuses them)
+    --no-probe       never ask a recovery's given-up store again (recovery can hang)
+
+Where the shells stand in for code not built yet, they say so: `WriterNode._close_gap`
+(the leader core cannot seal two unsealed segments before rolling) and
+`RecoveryRun._probe` (`SegmentRecovery.outstanding()` never re-asks a lost store).
+A roll action maps to `messages.RollSegment`, which the master node already serves.
 """
