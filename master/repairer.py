@@ -28,6 +28,7 @@ import grpc
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 from client.core.limits import GRPC_MESSAGE_BYTES_MAX
+from client.logs import segment_fields
 from master import repair
 from master.model import Held, SegmentKey, SegmentRecord, SegmentState
 from master.state import MasterState
@@ -150,27 +151,32 @@ class Repairer:
         self._cursor = window[-1].key
         return window
 
+    def _fields(self, task: repair.Task) -> dict[str, object]:
+        stream_id, epoch = task.segment
+        return segment_fields(
+            self.state.stream_name(stream_id),
+            epoch,
+            source=task.source,
+            target=task.target,
+            reason=task.reason,
+        )
+
     async def _run_one(self, task: repair.Task) -> None:
         started = time.monotonic()
         try:
             await self._copy_verify_swap(task)
         except Exception as error:
             message = _describe(error)
-            log.warning(
-                "repair %s %s -> %s failed: %s", task.segment, task.source, task.target, message
-            )
+            log.warning("repair failed: %s", message, extra=self._fields(task))
             self.retry_after[task.segment] = self.clock_ms() + REPAIR_RETRY_MS
             self.finished.append(TaskStatus(task, "FAILED", message))
             self.failed_count += 1
         else:
             log.info(
-                "repair %s (%s): %s -> %s replacing %s in %.2fs",
-                task.segment,
-                task.reason,
-                task.source,
-                task.target,
-                task.replaced,
+                "replica repaired in %.2fs, replacing %s",
                 time.monotonic() - started,
+                task.replaced or "nothing",
+                extra=self._fields(task),
             )
             self.retry_after.pop(task.segment, None)
             self.finished.append(TaskStatus(task, "DONE"))

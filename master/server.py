@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.v1 import master_pb2_grpc
 
+from client import logs
 from client.channels import SERVER_OPTIONS
 from client.core.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
 from master.catalog import Catalog
@@ -80,11 +81,7 @@ def _clock_ms() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
     if args.lease_ms < LEASE_MS_MIN:
         print(f"streamengine master: --lease-ms must be at least {LEASE_MS_MIN}", file=sys.stderr)
         return 2

@@ -7,17 +7,21 @@ a domain error raised before the catalog commit leaves everything unchanged.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
+from client.logs import segment_fields
 from master import errors, repair
 from master.metrics import Metrics
 from master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from master.repairer import Repairer, TaskStatus
 from master.state import MasterState, WriterView
+
+log = logging.getLogger("streamengine.master")
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -229,7 +233,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             return self._stream_info(record, now)
 
-        return await self._call(context, "CreateStream", create)
+        info = await self._call(context, "CreateStream", create)
+        log.info(
+            "stream created",
+            extra={
+                "stream": info.name,
+                "reason": f"N={info.policy.replicas} W={info.policy.write_quorum}",
+            },
+        )
+        return info
 
     async def ListStreams(
         self, request: master_pb2.ListStreamsRequest, context: Context
@@ -255,6 +267,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         count = await self._call(
             context, "DeleteStream", lambda now: self.state.delete_stream(request.name)
         )
+        log.info("stream deleted", extra={"stream": request.name, "index": count})
         return master_pb2.DeleteStreamReply(segments=count)
 
     # ---- writers ----
@@ -274,6 +287,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             if before is not None and view.lease.epoch != before.epoch:
                 self.metrics.leases_granted.inc()
+                log.info(
+                    "lease granted",
+                    extra=segment_fields(
+                        request.stream, view.lease.epoch, client=request.client_id
+                    ),
+                )
             return view
 
         return self._writer_reply(await self._call(context, "WriterHeartbeat", beat))
@@ -300,6 +319,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
             ),
         )
+        log.info(
+            "segment rolled",
+            extra=segment_fields(
+                request.stream,
+                view.lease.epoch,
+                client=request.client_id,
+                reason=f"from epoch {request.epoch}",
+            ),
+        )
         return self._writer_reply(view)
 
     async def RequestRoll(
@@ -307,6 +335,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RequestRollReply:
         leader, open_epoch = await self._call(
             context, "RequestRoll", lambda now: self.state.request_roll(request.stream, now)
+        )
+        log.info(
+            "roll requested",
+            extra=segment_fields(request.stream, open_epoch, client=leader or "(no leader)"),
         )
         return master_pb2.RequestRollReply(leader_id=leader, open_segment_epoch=open_epoch)
 
@@ -336,6 +368,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 request.writer_epoch,
                 request.final_index,
                 now,
+            ),
+        )
+        log.info(
+            "segment sealed",
+            extra=segment_fields(
+                request.stream,
+                request.segment_epoch,
+                final_index=request.final_index,
+                writer_epoch=request.writer_epoch,
             ),
         )
         return self._segment(sealed)

@@ -27,6 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.v1 import segment_store_pb2_grpc
 
+from client import logs
 from client.channels import SERVER_OPTIONS
 from client.core.limits import EVENT_BYTES_MAX
 from segment_store import metrics
@@ -95,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure(logging.INFO)
     if not 0 < args.entry_bytes_max <= EVENT_BYTES_MAX:
         print(f"streamengine store: --entry-bytes-max must be in 1..{EVENT_BYTES_MAX}")
         return 2

@@ -24,6 +24,7 @@ from client.channels import CLIENT_OPTIONS
 from client.core.entry import CorruptEntry, EntryKind, StoredEntry
 from client.core.limits import INDEX_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from client.errors import FENCE_METADATA_KEY
+from client.logs import segment_fields
 from segment_store import metrics
 from segment_store.group_commit import GroupCommitter, SegmentWatch
 from segment_store.keys import SegmentMeta
@@ -99,15 +100,24 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
 }
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> NoReturn:
+async def _abort(
+    context: grpc.aio.ServicerContext[Any, Any],
+    error: Exception,
+    segment: entry_pb2.SegmentId | None = None,
+) -> NoReturn:
     if isinstance(error, _Refused):
         await context.abort(error.code, error.details)
     code = next((c for t, c in _STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
     trailing: tuple[tuple[str, str], ...] = ()
+    fields = segment_fields(segment.stream, segment.epoch) if segment is not None else {}
     if isinstance(error, StoreFenced):
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
+        log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
     elif isinstance(error, BadRequest):
         metrics.BAD_REQUESTS.inc()
+        log.info("bad request: %s", error, extra=fields)
+    elif code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL):
+        log.error("%s: %s", code.name, error, extra=fields)
     await context.abort(code, str(error), trailing_metadata=trailing)
 
 
@@ -195,7 +205,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             while (item := await answers.get()) is not None:
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
-                    await _abort(context, admitted)
+                    await _abort(context, admitted, ticket.segment)
                 if admitted is None:
                     meta = self.core.meta(ticket.key) or SegmentMeta()
                     reply = ticket.reply(
@@ -205,7 +215,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
-                        await _abort(context, outcome)
+                        await _abort(context, outcome, ticket.segment)
                     assert isinstance(outcome, WriteResult)
                     reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
@@ -250,8 +260,17 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             await _abort(context, error)
         outcome = await self.committer.submit(command)
         if isinstance(outcome, Exception):
-            await _abort(context, outcome)
+            await _abort(context, outcome, request.segment)
         assert isinstance(outcome, SealResult)
+        log.info(
+            "segment sealed",
+            extra=segment_fields(
+                request.segment.stream,
+                request.segment.epoch,
+                fence=outcome.fence,
+                index=outcome.acked_index,
+            ),
+        )
         return segment_store_pb2.SealReply(
             fence=outcome.fence,
             acked_index=outcome.acked_index,
@@ -271,6 +290,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         except BadRequest as error:
             await _abort(context, error)
         existed = await self.delete(segment)
+        if existed:
+            log.info("segment deleted", extra=segment_fields(request.segment.stream, segment.epoch))
         return segment_store_pb2.DeleteReply(existed=existed)
 
     async def delete(self, segment: SegmentKey) -> bool:
@@ -398,9 +419,26 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 raise BadRequest("missing source_address")
             if not 0 < request.final_index <= INDEX_MAX:
                 raise BadRequest(f"final_index {request.final_index} is not in 1..{INDEX_MAX}")
-            return await _SegmentCopy(self, segment, request).run()
+            reply = await _SegmentCopy(self, segment, request).run()
         except (StoreError, CorruptEntry, _Refused) as error:
-            await _abort(context, error)
+            log.warning(
+                "segment copy failed: %s",
+                error,
+                extra=segment_fields(
+                    request.segment.stream, request.segment.epoch, source=request.source_address
+                ),
+            )
+            await _abort(context, error, request.segment)
+        log.info(
+            "segment copied",
+            extra=segment_fields(
+                request.segment.stream,
+                request.segment.epoch,
+                source=request.source_address,
+                final_index=request.final_index,
+            ),
+        )
+        return reply
 
     # ---- Subscribe ----
 

@@ -102,6 +102,9 @@ def test_stream_lifecycle_and_status(cluster: Cluster) -> None:
 
     deleted = run_cli("stream", "delete", "acme/orders", *master)
     assert deleted.returncode == 0, deleted.stderr
+    master_log = cluster.master.log()
+    assert 'msg="stream created" stream=acme/orders' in master_log
+    assert 'msg="stream deleted" stream=acme/orders' in master_log
     assert json.loads(run_cli("stream", "list", "--json", *master).stdout) == []
 
 

@@ -1,0 +1,66 @@
+"""Structured logs for servers and tools: one logfmt line per record.
+
+    ts=2026-11-21T08:20:00.123Z level=info logger=segment_store.service msg="segment sealed" stream=acme/orders epoch=3 fence=4
+
+Fields come from `extra=`; `segment_fields(...)` builds the ones every line that
+concerns a segment carries, so they are named the same everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+# Fields printed after the message, in this order, when a record carries them.
+FIELDS = (
+    "stream",
+    "epoch",
+    "index",
+    "final_index",
+    "fence",
+    "writer_epoch",
+    "client",
+    "store",
+    "source",
+    "target",
+    "reason",
+    "error",
+)
+
+
+def segment_fields(stream: str, epoch: int, **more: Any) -> dict[str, Any]:
+    """The `extra=` of a line about segment `epoch` of `stream`."""
+    return {"stream": stream or "?", "epoch": epoch, **more}
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if text and all(c.isalnum() or c in "-_./:@" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        parts = [
+            f"ts={stamp}.{int(record.msecs):03d}Z",
+            f"level={record.levelname.lower()}",
+            f"logger={record.name}",
+            f"msg={_quote(record.getMessage())}",
+        ]
+        parts += [f"{key}={_quote(getattr(record, key))}" for key in FIELDS if hasattr(record, key)]
+        if record.exc_info:
+            parts.append(f"exception={_quote(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def configure(level: str | int = logging.INFO) -> None:
+    """Log to stderr in logfmt (replacing any earlier configuration)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
