@@ -115,6 +115,17 @@ def _add_stream_commands(commands: Subparsers) -> None:
         _add_master_option(parser)
 
 
+def _benchmark_names(value: str) -> list[str]:
+    from client.ops import CLUSTER_BENCHMARKS
+
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CLUSTER_BENCHMARKS]
+    if unknown or not names:
+        choices = ", ".join(CLUSTER_BENCHMARKS)
+        raise argparse.ArgumentTypeError(f"unknown benchmark {value!r} (choose from {choices})")
+    return names
+
+
 def _add_admin_commands(commands: Subparsers) -> None:
     status = commands.add_parser("status", help="stores, streams, under-replicated segments")
     status.add_argument("--json", action="store_true", help="one JSON object")
@@ -128,7 +139,15 @@ def _add_admin_commands(commands: Subparsers) -> None:
     verify = commands.add_parser("verify", help="digest every replica of every sealed segment")
     verify.add_argument("name", help="tenant/stream")
     verify.set_defaults(run=_lazy("client.ops", "cmd_verify"))
-    for parser in (status, drain, rebalance, verify):
+    bench = commands.add_parser("bench", help="run the benchmarks of bench/ against a cluster")
+    bench.add_argument(
+        "--only", type=_benchmark_names, help="comma-separated: append,subscribe,spark_scan"
+    )
+    bench.add_argument(
+        "extra", nargs="*", metavar="-- ARGS", help="arguments for each benchmark, after --"
+    )
+    bench.set_defaults(run=_lazy("client.ops", "cmd_bench"))
+    for parser in (status, drain, rebalance, verify, bench):
         _add_master_option(parser)
 
 

@@ -1,6 +1,7 @@
 """Structured logs for servers and tools: one logfmt line per record.
 
-    ts=2026-11-21T08:20:00.123Z level=info logger=segment_store.service msg="segment sealed" stream=acme/orders epoch=3 fence=4
+    ts=2026-11-21T08:20:00.123Z level=info logger=streamengine.store
+        msg="segment sealed" stream=acme/orders epoch=3 fence=4      (one line)
 
 Fields come from `extra=`; `segment_fields(...)` builds the ones every line that
 concerns a segment carries, so they are named the same everywhere.

@@ -481,3 +481,35 @@ def cmd_tail(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return 0
     return 0
+
+
+# ---- bench ----
+
+# Benchmarks that run against an existing cluster (`--master`), in this order. The store
+# write benchmark measures one store on its own and the failover one kills writer
+# processes it starts itself: `bench/` runs those directly.
+CLUSTER_BENCHMARKS = ("append", "subscribe", "spark_scan")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmarks of `bench/` against the cluster at `--master`."""
+    import subprocess
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "bench" / "append.py").exists():
+        raise StreamEngineError(
+            "the benchmarks live in the source checkout (bench/); run from a clone"
+        )
+    names: list[str] = args.only or list(CLUSTER_BENCHMARKS)
+    with master_stub(args.master) as master:  # fail early, in one line, without a cluster
+        master.GetClusterStatus(master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
+    failed = []
+    for name in names:
+        print(f"== bench/{name}.py against {args.master}", flush=True)
+        command = [sys.executable, "-m", f"bench.{name}", "--master", args.master, *args.extra]
+        if subprocess.run(command, cwd=checkout).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

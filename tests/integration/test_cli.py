@@ -308,3 +308,23 @@ def test_a_second_server_on_a_taken_port_fails_with_one_line(
         result = run_cli(*args, timeout_s=30)
         assert result.returncode == 1, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_bench_runs_a_benchmark_against_the_cluster(cluster: Cluster) -> None:
+    master = ["--master", cluster.master_address]
+    result = run_cli(
+        "bench",
+        "--only",
+        "subscribe",
+        *master,
+        "--",
+        "--events",
+        "3000",
+        "--seconds",
+        "1",
+        timeout_s=180,
+    )
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "catch-up:" in result.stdout and "live tail:" in result.stdout
+    assert run_cli("bench", "--only", "nope", *master).returncode == 2
+    assert run_cli("bench", "--master", f"127.0.0.1:{free_port()}").returncode == 1
