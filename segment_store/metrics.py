@@ -4,32 +4,32 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-WRITE_BATCHES = Counter("se_store_write_batches_total", "Write batches accepted")
-WRITE_ENTRIES = Counter("se_store_write_entries_total", "Entries in accepted write batches")
-WRITE_BYTES = Counter("se_store_write_bytes_total", "Payload bytes in accepted write batches")
+WRITE_BATCHES = Counter("streamengine_store_write_batches_total", "Write batches accepted")
+WRITE_ENTRIES = Counter("streamengine_store_write_entries_total", "Entries in accepted write batches")
+WRITE_BYTES = Counter("streamengine_store_write_bytes_total", "Payload bytes in accepted write batches")
 BATCH_ENTRIES = Histogram(
-    "se_store_write_batch_entries",
+    "streamengine_store_write_batch_entries",
     "Entries per accepted write batch",
     buckets=(1, 4, 16, 64, 128, 256, 512, 1024, 4096),
 )
 GROUP_COMMANDS = Histogram(
-    "se_store_group_commit_commands",
+    "streamengine_store_group_commit_commands",
     "Commands sharing one KV write and sync",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 SYNC_SECONDS = Histogram(
-    "se_store_sync_seconds",
+    "streamengine_store_sync_seconds",
     "Latency of one WAL sync (flush_wal(True))",
     buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
 )
-QUEUE_BYTES = Gauge("se_store_queue_bytes", "Payload bytes of write batches queued")
-QUEUE_BATCHES = Gauge("se_store_queue_batches", "Write batches queued")
-FENCE_REJECTIONS = Counter("se_store_fence_rejections_total", "Writes and seals below the fence")
-REFUSED_BUSY = Counter("se_store_refused_busy_total", "Write batches refused: queue full")
-BAD_REQUESTS = Counter("se_store_bad_requests_total", "Requests refused as malformed")
-SUBSCRIBERS = Gauge("se_store_subscribers", "Open Subscribe streams")
+QUEUE_BYTES = Gauge("streamengine_store_queue_bytes", "Payload bytes of write batches queued")
+QUEUE_BATCHES = Gauge("streamengine_store_queue_batches", "Write batches queued")
+FENCE_REJECTIONS = Counter("streamengine_store_fence_rejections_total", "Writes and seals below the fence")
+REFUSED_BUSY = Counter("streamengine_store_refused_busy_total", "Write batches refused: queue full")
+BAD_REQUESTS = Counter("streamengine_store_bad_requests_total", "Requests refused as malformed")
+SUBSCRIBERS = Gauge("streamengine_store_subscribers", "Open Subscribe streams")
 SUBSCRIBERS_DROPPED = Counter(
-    "se_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]
+    "streamengine_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]
 )
-SEGMENTS = Gauge("se_store_segments", "Segments held")
-HEARTBEAT_FAILURES = Counter("se_store_master_heartbeat_failures_total", "Failed master calls")
+SEGMENTS = Gauge("streamengine_store_segments", "Segments held")
+HEARTBEAT_FAILURES = Counter("streamengine_store_master_heartbeat_failures_total", "Failed master calls")

@@ -85,9 +85,9 @@ async def test_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> None:
             await write_all(stub, [write_request(seg(502, 3), 3, 0, entries(1, 10))])
         text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
         lines = text.decode().splitlines()
-        assert "se_store_write_entries_total 10.0" in lines
-        assert any(line.startswith("se_store_sync_seconds_count") for line in lines)
-        assert any(line.startswith("se_store_queue_bytes") for line in lines)
+        assert "streamengine_store_write_entries_total 10.0" in lines
+        assert any(line.startswith("streamengine_store_sync_seconds_count") for line in lines)
+        assert any(line.startswith("streamengine_store_queue_bytes") for line in lines)
 
 
 def _metric(lines: list[str], name: str) -> float:
@@ -112,9 +112,9 @@ async def test_concurrent_writes_from_several_streams_share_syncs(tmp_path: Path
             await asyncio.gather(*(leader(n) for n in range(streams)))
         text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
     lines = text.decode().splitlines()
-    syncs = _metric(lines, "se_store_sync_seconds_count")
-    groups = _metric(lines, "se_store_group_commit_commands_count")
-    commands = _metric(lines, "se_store_group_commit_commands_sum")
+    syncs = _metric(lines, "streamengine_store_sync_seconds_count")
+    groups = _metric(lines, "streamengine_store_group_commit_commands_count")
+    commands = _metric(lines, "streamengine_store_group_commit_commands_sum")
     assert commands == streams * batches and groups == syncs
     assert syncs < streams * batches / 2, f"{syncs} syncs for {commands} batches"
 
