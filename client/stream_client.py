@@ -15,6 +15,8 @@ and readers; control calls retry transient failures (`client.retrying`).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
@@ -26,11 +28,17 @@ from client import subscription
 from client.channels import ChannelPool
 from client.core.cursor import Event
 from client.core.replicator import ReplicatorLimits
-from client.errors import from_rpc_error
+from client.errors import Unavailable, from_rpc_error
 from client.retrying import retry_unary
 from client.writer import Writer
 
 T = TypeVar("T")
+
+# How long `seal` waits by default: a running leader drains and rolls within a lease or
+# two; without one, a takeover waits out the old lease first.
+SEAL_TIMEOUT_S = 30.0
+# How often `seal` looks at the master's segment list while a leader rolls.
+SEAL_POLL_S = 0.05
 
 
 class StreamClient:
@@ -114,8 +122,11 @@ class StreamClient:
         limits: ReplicatorLimits | None = None,
         leadership_timeout_s: float | None = None,
         client_id: str | None = None,
+        rolling: bool = True,
     ) -> Writer:
-        """`async with client.writer(name) as w:` waits for leadership of `name`."""
+        """`async with client.writer(name) as w:` waits for leadership of `name`.
+        The writer rolls its segment by the stream's size and age thresholds, when a
+        store is lost, and when the master asks; `rolling=False` keeps one segment."""
         return Writer(
             self.master,
             self._channels,
@@ -123,7 +134,53 @@ class StreamClient:
             limits=limits,
             leadership_timeout_s=leadership_timeout_s,
             client_id=client_id,
+            rolling=rolling,
         )
+
+    async def seal(self, name: str, timeout_s: float = SEAL_TIMEOUT_S) -> int:
+        """Seal the open segment of `name`, so that everything acked so far is in sealed
+        segments (what Spark reads). Returns that segment's epoch, 0 if none was open.
+
+        With a leader running, the master asks it to roll, and this waits until the
+        segment is sealed (the leader's recovery under its next epoch). With nobody
+        leading, this client leads for a moment: it seals and recovers every unsealed
+        segment, then gives the lease back (leaving a new, empty segment open).
+        Raises `Unavailable` when that does not happen within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+
+        async def ask() -> master_pb2.RequestRollReply:
+            return await self.master.RequestRoll(
+                master_pb2.RequestRollRequest(stream=name), timeout=5.0
+            )
+
+        asked = await self._control(ask)
+        epoch = asked.open_segment_epoch
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                if asked.leader_id:
+                    if epoch:
+                        await self._wait_sealed(name, epoch)
+                    return epoch
+                listing = await self.list_segments(name)
+                if all(s.state == entry_pb2.SEALED for s in listing.segments):
+                    return epoch
+                async with self.writer(name, rolling=False) as writer:
+                    await writer.wait_sealed(max(0.0, deadline - time.monotonic()))
+                return epoch
+        except TimeoutError:
+            state = "the leader did not roll" if asked.leader_id else "no leadership"
+            raise Unavailable(
+                f"{name}: segment {epoch} not sealed within {timeout_s} s ({state}; "
+                f"leader: {asked.leader_id or 'none'})"
+            ) from None
+
+    async def _wait_sealed(self, name: str, epoch: int) -> None:
+        while True:
+            listing = await self.list_segments(name, from_epoch=epoch)
+            for segment in listing.segments:
+                if segment.id.epoch == epoch and segment.state == entry_pb2.SEALED:
+                    return
+            await asyncio.sleep(SEAL_POLL_S)
 
     def subscribe(self, name: str, start: subscription.Start = 0) -> AsyncIterator[Event]:
         """Every acked event of `name` from `start` (a sequence, or "end"), forever."""

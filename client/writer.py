@@ -34,6 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from client.channels import ChannelPool
 from client.core.leader import (
+    AskRoll,
     BecameLeader,
     HeartbeatAnswered,
     HeartbeatFailed,
@@ -45,7 +46,10 @@ from client.core.leader import (
     ReleaseLease,
     Replica,
     Role,
+    RollAnswered,
+    RollFailed,
     SegmentGrant,
+    SegmentSealed,
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
@@ -82,6 +86,7 @@ from client.errors import (
     from_rpc_error,
 )
 from client.retrying import retry_unary
+from client.sealer import SegmentSealer
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +174,8 @@ def _answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) -> Heartbea
         policy=policy,
         roll_requested=reply.roll_requested,
         roll_reason=reply.roll_reason,
+        segment_bytes_max=reply.segment_bytes_max,
+        segment_age_ms_max=reply.segment_age_ms_max,
     )
 
 
@@ -336,19 +343,28 @@ class Writer:
         limits: ReplicatorLimits | None = None,
         leadership_timeout_s: float | None = None,
         client_id: str | None = None,
+        rolling: bool = True,
     ) -> None:
+        """`rolling=False` keeps one segment for as long as this writer leads."""
         self.stream = stream
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
         self._master = master
         self._channels = channels
         self._leadership_timeout_s = leadership_timeout_s
-        self._core = Leader(now_ms(), limits)
+        self._core = Leader(
+            now_ms(), limits, recovery_supported=True, rolling_supported=rolling
+        )
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._link_tasks: list[asyncio.Task[None]] = []
         # Heartbeats in flight: cancelled on close (their answers no longer matter).
         self._heartbeats: set[asyncio.Task[None]] = set()
         self._links: dict[str, _StoreLink] = {}
+        # Sealing earlier segments: cancelled when this writer stops leading.
+        self._recoveries: set[asyncio.Task[None]] = set()
+        self._sealed_changed = asyncio.Event()
+        # The epoch of a grant without a segment being closed (see `_close_gap`).
+        self._gap_epoch = 0
         self._pending: deque[_Pending] = deque()
         self._waiting: deque[_Waiting] = deque()
         self._room_freed = False
@@ -406,7 +422,7 @@ class Writer:
         self.step(Release())
         for epoch in self._releases:
             await self._release(epoch)
-        for task in [*self._loops, *self._link_tasks, *self._heartbeats]:
+        for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
         if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
             # The caller's own error goes on as it is; a TaskGroup would wrap it in an
@@ -476,7 +492,7 @@ class Writer:
                 f"a batch of {nbytes} bytes is more than the writer may have unacked "
                 f"({replicator.limits.unacked_bytes_max}): split it"
             )
-        if not self._waiting and replicator.room_for(nbytes):
+        if not self._waiting and self._core.accepting_appends and replicator.room_for(nbytes):
             assigned = self._assign(payloads)
         else:
             waiting = _Waiting(payloads, nbytes, asyncio.get_running_loop().create_future())
@@ -512,7 +528,7 @@ class Writer:
             if waiting.future.cancelled():
                 self._waiting.popleft()
                 continue
-            if not replicator.room_for(waiting.nbytes):
+            if not self._core.accepting_appends or not replicator.room_for(waiting.nbytes):
                 return
             self._waiting.popleft()
             try:
@@ -568,7 +584,9 @@ class Writer:
                     action.reason,
                 )
             elif isinstance(action, RecoverSegment):
-                raise AssertionError("this writer is built without recovery")
+                self._start_recovery(action)
+            elif isinstance(action, AskRoll):
+                self._spawn(self._roll(action))
         if self._core.replicator is not None and self._is_flushed():
             self._flushed.set()
 
@@ -578,6 +596,13 @@ class Writer:
 
     def _became_leader(self, action: BecameLeader) -> None:
         assert self._group is not None
+        # After a roll: the old segment's streams go (all of it is acked; its recovery
+        # uses its own requests), and appends held back by the drain may go on.
+        for task in self._link_tasks:
+            task.cancel()
+        self._link_tasks.clear()
+        self._links.clear()
+        self._room_freed = True
         for replica in action.segment.copy_set:
             link = _StoreLink(self, replica, self._channels.get(replica.address))
             self._links[replica.store_id] = link
@@ -619,8 +644,9 @@ class Writer:
             if not waiting.future.done():
                 waiting.future.set_exception(AppendFailed(f"{message}; the append was never sent"))
         self._waiting.clear()
-        for task in self._link_tasks:
+        for task in [*self._link_tasks, *self._recoveries]:
             task.cancel()
+        self._sealed_changed.set()
         self._decided.set()
 
     # ---- background loops ----
@@ -659,7 +685,113 @@ class Writer:
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
             self.step(HeartbeatFailed(sent_at, error.code().name))
             return
-        self.step(_answer(sent_at, reply))
+        answer = _answer(sent_at, reply)
+        if answer.leader and answer.segment is None and self._core.role is Role.FOLLOWING:
+            self._close_gap(answer)
+            # The core would refuse a grant without a segment; the lease is renewed by
+            # the master all the same while the gap closes.
+            self.step(HeartbeatFailed(sent_at, "a grant without a segment: sealing first"))
+            return
+        self.step(answer)
+
+    # ---- sealing earlier segments ----
+
+    async def _roll(self, action: AskRoll) -> None:
+        log.info(
+            "%s: rolling epoch %d (%s), excluding %s",
+            self.stream,
+            action.epoch,
+            action.reason,
+            list(action.exclude_stores),
+        )
+        request = master_pb2.RollSegmentRequest(
+            stream=self.stream,
+            client_id=self.client_id,
+            epoch=action.epoch,
+            exclude_stores=action.exclude_stores,
+        )
+        sent_at = now_ms()
+        try:
+            reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
+        except grpc.aio.AioRpcError as error:
+            log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
+            self._room_freed = True  # the drain ends: held appends go on
+            self.step(RollFailed(f"{error.code().name}: {error.details()}"))
+            return
+        self.step(RollAnswered(_answer(sent_at, reply)))
+
+    def _start_recovery(self, action: RecoverSegment) -> None:
+        task = self._spawn(self._recover(action))
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def _recover(self, action: RecoverSegment) -> None:
+        """Seal and recover one earlier segment for the core's gate."""
+        epoch = action.segment.epoch
+        log.info("%s: sealing segment %d under epoch %d", self.stream, epoch, action.new_epoch)
+        sealer = SegmentSealer(self._master, self._channels, self.client_id, action)
+        try:
+            await sealer.run()
+        except Fenced as error:
+            self.step(StoreFenced(f"recovery of segment {epoch}", error.fence))
+            return
+        self.step(SegmentSealed(epoch))
+        self._sealed_changed.set()
+
+    def _close_gap(self, answer: HeartbeatAnswered) -> None:
+        """The master granted an epoch without a segment: two earlier segments are
+        unsealed. Seal and recover both under the granted epoch, then roll for the next
+        epoch, whose grant (with a segment, nothing left unsealed) the core leads."""
+        if answer.epoch == self._gap_epoch or answer.policy is None:
+            return  # a renewal while closing
+        self._gap_epoch = answer.epoch
+        policy = answer.policy
+        actions = [RecoverSegment(grant, answer.epoch, policy) for grant in answer.unsealed]
+        task = self._spawn(self._seal_then_roll(answer.epoch, actions))
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def _seal_then_roll(self, epoch: int, actions: list[RecoverSegment]) -> None:
+        log.info(
+            "%s: epoch %d granted without a segment: sealing %s first",
+            self.stream,
+            epoch,
+            [action.segment.epoch for action in actions],
+        )
+        sealers = [
+            SegmentSealer(self._master, self._channels, self.client_id, action)
+            for action in actions
+        ]
+        try:
+            await asyncio.gather(*(sealer.run() for sealer in sealers))
+        except Fenced as error:
+            log.info("%s: closing epoch %d: %s", self.stream, epoch, error)
+            return  # a later leader took over; the heartbeats will say so
+        request = master_pb2.RollSegmentRequest(
+            stream=self.stream, client_id=self.client_id, epoch=epoch
+        )
+        sent_at = now_ms()
+        try:
+            reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
+        except grpc.aio.AioRpcError as error:
+            log.info("%s: roll after closing epoch %d: %s", self.stream, epoch, error.code().name)
+            self._gap_epoch = 0  # a later grant starts over (sealed segments are not listed)
+            return
+        if self._core.role is Role.FOLLOWING:
+            self.step(_answer(sent_at, reply))
+
+    def _core_lease_s(self) -> float:
+        return max(1, self._core.heartbeat_interval_ms * 3) / 1000
+
+    async def wait_sealed(self, timeout_s: float) -> None:
+        """Wait until every segment before this writer's own is sealed and recovered
+        (until then nothing of its own segment is acked)."""
+        self._check_leading()
+        async with asyncio.timeout(timeout_s):
+            while self._core.statistics().unsealed_epochs:
+                self._sealed_changed.clear()
+                await self._sealed_changed.wait()
+                self._check_leading()
 
     async def _release(self, epoch: int) -> None:
         request = master_pb2.ReleaseLeaseRequest(

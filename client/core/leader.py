@@ -26,6 +26,22 @@ in-doubt events of an earlier segment that sort before the new ones. The new seg
 takes and replicates appends meanwhile, but its acked index is neither told to users
 nor broadcast to stores until `SegmentSealed` has arrived for each of them. A leader
 built without recovery support gives the lease back and fails clearly instead.
+
+Rolling (built with `rolling_supported`). The open segment is rolled when its payload
+passes the grant's `segment_bytes_max`, when it is older than `segment_age_ms_max` and
+holds something, when the master asks (`roll_requested`: a copy-set store died or is
+draining, or an operator wants the segment sealed), when the replicator detached a
+store, or when a store stayed disconnected for `STORE_LOST_MS`. Drain, then roll: the
+writer stops taking appends (`accepting_appends` turns false; the shell makes them
+wait), waits until everything assigned is acked, then asks the master for the next
+epoch (`AskRoll`, excluding lost and detached stores). Every append to the old
+segment is then acked and in it exactly once, and its recovery (the same
+`RecoverSegment` as after a takeover, under the new epoch) only adds the bridge. The
+answer (`RollAnswered`) opens the new segment at once, held back from acking by the
+gate until the old one is sealed. Only one earlier segment may be unsealed: no roll
+starts before the previous one is sealed. A roll the master refuses (`RollFailed`),
+or a drain not done within `DRAIN_MS_MAX`, resumes appends and tries again after
+`ROLL_RETRY_MS`.
 """
 
 from __future__ import annotations
@@ -46,10 +62,20 @@ from client.core.replicator import (
     SegmentRef,
     Stop,
     StoreConnected,
+    StoreDetached,
     StoreDisconnected,
     Tick,
     WriteReplied,
 )
+
+# A copy-set store disconnected this long is lost for the open segment: roll without it
+# (the master also asks for a roll once it declares the store dead, later).
+STORE_LOST_MS = 3_000
+# Appends wait while a roll drains the old segment; a drain not done in this long (a
+# quorum of the copy set is not answering) gives the roll up for now.
+DRAIN_MS_MAX = 5_000
+# After a roll refused or given up, the next attempt waits this long.
+ROLL_RETRY_MS = 1_000
 
 # Heartbeats in flight at once. A slow answer still renews the lease from its send time,
 # so a slow master is not waited out: the next heartbeat goes on schedule, up to one
@@ -93,6 +119,8 @@ class HeartbeatAnswered:
     policy: ReplicationPolicy | None = None
     roll_requested: bool = False
     roll_reason: str = ""
+    segment_bytes_max: int = 0  # 0: no roll by size
+    segment_age_ms_max: int = 0  # 0: no roll by age
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +151,25 @@ class Release:
     """The user leaves the writer: give the lease back now."""
 
 
+@dataclass(frozen=True, slots=True)
+class RollAnswered:
+    """The master's `RollSegment` answer to `AskRoll` (sent at `answer.sent_at_ms`)."""
+
+    answer: HeartbeatAnswered
+
+
+@dataclass(frozen=True, slots=True)
+class RollFailed:
+    """`RollSegment` failed or was refused (no stores to place a new copy set, ...)."""
+
+    message: str
+
+
 LeaderEvent = (
     HeartbeatAnswered
     | HeartbeatFailed
+    | RollAnswered
+    | RollFailed
     | StoreFenced
     | SegmentSealed
     | Release
@@ -170,6 +214,16 @@ class RecoverSegment:
     policy: ReplicationPolicy
 
 
+@dataclass(frozen=True, slots=True)
+class AskRoll:
+    """Ask the master for the next epoch and segment (`RollSegment`); the old segment
+    is drained (everything assigned is acked)."""
+
+    epoch: int
+    exclude_stores: tuple[str, ...]
+    reason: str
+
+
 class StepDownReason(enum.Enum):
     LEASE_EXPIRED = "lease expired before it was renewed"
     DEPOSED = "the master granted the lease to another writer or epoch"
@@ -196,7 +250,13 @@ class ReleaseLease:
 
 
 LeaderAction = (
-    SendHeartbeat | BecameLeader | RecoverSegment | SteppedDown | ReleaseLease | ReplicatorAction
+    SendHeartbeat
+    | BecameLeader
+    | RecoverSegment
+    | AskRoll
+    | SteppedDown
+    | ReleaseLease
+    | ReplicatorAction
 )
 
 
@@ -215,6 +275,7 @@ class LeaderStatistics:
     unsealed_epochs: tuple[int, ...]
     roll_requested: bool
     replication: ReplicatorStatistics | None
+    rolling: str = ""  # why the open segment is being drained for a roll
 
 
 class Leader:
@@ -225,6 +286,7 @@ class Leader:
         now_ms: int,
         limits: ReplicatorLimits | None = None,
         recovery_supported: bool = False,
+        rolling_supported: bool = False,
     ) -> None:
         self.role = Role.FOLLOWING
         self.epoch = 0
@@ -240,8 +302,26 @@ class Leader:
         self._next_heartbeat_ms = now_ms
         self._unsealed: list[int] = []
         self._roll_requested = False
+        self._roll_reason_master = ""
+        self._rolling_supported = rolling_supported
+        self._segment: SegmentGrant | None = None
+        self._policy: ReplicationPolicy | None = None
+        self._bytes_max = 0
+        self._age_ms_max = 0
+        self._opened_ms = 0
+        self._rolling = ""  # non-empty while draining for a roll: why
+        self._drain_started_ms = 0
+        self._roll_asked = False
+        self._roll_retry_ms = 0
+        self._detached: set[str] = set()
+        self._disconnected_since: dict[str, int] = {}
 
     # ---- queries ----
+
+    @property
+    def accepting_appends(self) -> bool:
+        """False while a roll drains the open segment: appends wait."""
+        return self.role is Role.LEADING and not self._rolling
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -270,6 +350,7 @@ class Leader:
             unsealed_epochs=tuple(self._unsealed),
             roll_requested=self._roll_requested,
             replication=self.replicator.statistics() if self.replicator else None,
+            rolling=self._rolling,
         )
 
     # ---- the step function ----
@@ -304,9 +385,15 @@ class Leader:
                 actions.append(ReleaseLease(self.epoch))
             self.role = Role.FINISHED
             return actions
+        elif isinstance(event, RollAnswered):
+            self._roll_answered(now_ms, event.answer, actions)
+        elif isinstance(event, RollFailed):
+            self._roll_given_up(now_ms)
         elif isinstance(event, Append):
             if self.role is not Role.LEADING:
                 raise RuntimeError("append while not leading")
+            if self._rolling:
+                raise RuntimeError("append while a roll drains the open segment")
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, event))
             stepped_replicator = True
@@ -314,6 +401,10 @@ class Leader:
             if self.replicator is not None and self.role is Role.LEADING:
                 actions.extend(self.replicator.step(now_ms, event))
                 stepped_replicator = True
+                if isinstance(event, StoreDisconnected):
+                    self._disconnected_since.setdefault(event.store, now_ms)
+                elif isinstance(event, StoreConnected):
+                    self._disconnected_since.pop(event.store, None)
         elif not isinstance(event, Tick):
             raise TypeError(f"unknown event {event!r}")
         self._on_time(now_ms, actions, stepped_replicator)
@@ -324,6 +415,8 @@ class Leader:
     def _step_finished(self, event: LeaderEvent) -> list[LeaderAction]:
         # A grant that arrives after the writer finished is given straight back, so the
         # next writer does not wait out a lease nobody uses.
+        if isinstance(event, RollAnswered):
+            event = event.answer
         if isinstance(event, HeartbeatAnswered) and event.leader:
             return [ReleaseLease(event.epoch)]
         return []
@@ -340,6 +433,11 @@ class Leader:
         if self.role is Role.LEADING and not stepped_replicator:
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, Tick()))
+        if self.role is Role.LEADING and self._rolling_supported:
+            for action in actions:
+                if isinstance(action, StoreDetached):
+                    self._detached.add(action.store)
+            self._maybe_roll(now_ms, actions)
         in_flight = self._heartbeats_in_flight
         if in_flight < HEARTBEATS_IN_FLIGHT_MAX and now_ms >= self._next_heartbeat_ms:
             interval = self.heartbeat_interval_ms
@@ -386,7 +484,7 @@ class Leader:
             acking=not self._unsealed,
         )
         self.role = Role.LEADING
-        self._roll_requested = answer.roll_requested
+        self._open_segment(now_ms, answer)
         actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
         actions.extend(
             RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
@@ -413,6 +511,8 @@ class Leader:
     def _answered_leading(self, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
         if answer.sent_at_ms < self._grant_sent_at_ms:
             return  # sent before the grant: it says nothing about this epoch
+        if answer.leader and answer.epoch < self.epoch:
+            return  # answered before a roll the master granted this writer since
         if not answer.leader or answer.epoch != self.epoch:
             self._leader_id = answer.leader_id
             self._step_down(
@@ -429,6 +529,108 @@ class Leader:
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
         self._roll_requested = self._roll_requested or answer.roll_requested
+        if answer.roll_requested:
+            self._roll_reason_master = answer.roll_reason
+        self._bytes_max = answer.segment_bytes_max
+        self._age_ms_max = answer.segment_age_ms_max
+
+    # ---- rolling ----
+
+    def _open_segment(self, now_ms: int, answer: HeartbeatAnswered) -> None:
+        self._segment = answer.segment
+        self._policy = answer.policy
+        self._roll_requested = answer.roll_requested
+        self._roll_reason_master = answer.roll_reason
+        self._bytes_max = answer.segment_bytes_max
+        self._age_ms_max = answer.segment_age_ms_max
+        self._opened_ms = now_ms
+        self._rolling = ""
+        self._roll_asked = False
+        self._detached = set()
+        self._disconnected_since = {}
+
+    def _roll_wanted(self, now_ms: int) -> str:
+        replication = self.replicator
+        assert replication is not None
+        if self._unsealed or now_ms < self._roll_retry_ms:
+            return ""  # at most one earlier segment unsealed; or a pause after a failure
+        if self._roll_requested:
+            return f"the master asked: {self._roll_reason_master or 'roll requested'}"
+        if self._bytes_max and replication.payload_bytes >= self._bytes_max:
+            return f"{replication.payload_bytes} bytes >= {self._bytes_max}"
+        if (
+            self._age_ms_max
+            and replication.last_index > 0
+            and now_ms - self._opened_ms >= self._age_ms_max
+        ):
+            return f"older than {self._age_ms_max} ms"
+        if self._detached:
+            return f"store(s) {', '.join(sorted(self._detached))} detached"
+        lost = sorted(
+            store
+            for store, since in self._disconnected_since.items()
+            if now_ms - since >= STORE_LOST_MS
+        )
+        if lost:
+            return f"store(s) {', '.join(lost)} lost"
+        return ""
+
+    def _maybe_roll(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        if not self._rolling:
+            self._rolling = self._roll_wanted(now_ms)
+            self._drain_started_ms = now_ms
+        if not self._rolling or self._roll_asked:
+            return
+        replication = self.replicator
+        assert replication is not None
+        if replication.acked_index < replication.last_index:
+            if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
+                self._roll_given_up(now_ms)
+            return
+        self._roll_asked = True
+        exclude = self._detached | set(self._disconnected_since)
+        actions.append(AskRoll(self.epoch, tuple(sorted(exclude)), self._rolling))
+
+    def _roll_given_up(self, now_ms: int) -> None:
+        self._rolling = ""
+        self._roll_asked = False
+        self._roll_retry_ms = now_ms + ROLL_RETRY_MS
+
+    def _roll_answered(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> None:
+        if (
+            self.role is not Role.LEADING
+            or not self._roll_asked
+            or not answer.leader
+            or answer.segment is None
+            or answer.policy is None
+            or answer.epoch <= self.epoch
+            or answer.segment.epoch != answer.epoch
+        ):
+            self._roll_given_up(now_ms)
+            return
+        old = self.replicator
+        assert old is not None
+        old.step(now_ms, Stop())
+        self.epoch = answer.epoch
+        self._grant_sent_at_ms = answer.sent_at_ms
+        self._lease_ms = answer.lease_ms or self._lease_ms
+        self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
+        self._unsealed = [grant.epoch for grant in answer.unsealed]
+        self.replicator = Replicator(
+            answer.segment.segment,
+            answer.epoch,
+            answer.policy,
+            [replica.store_id for replica in answer.segment.copy_set],
+            self._limits,
+            acking=not self._unsealed,
+        )
+        self._open_segment(now_ms, answer)
+        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
+        actions.extend(
+            RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
+        )
 
     def _sealed(self, now_ms: int, epoch: int, actions: list[LeaderAction]) -> None:
         if self.role is not Role.LEADING or epoch not in self._unsealed:

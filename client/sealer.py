@@ -1,0 +1,308 @@
+"""Sealing and recovering one earlier segment over gRPC: the shell of `SegmentRecovery`.
+
+The core (`client.core.segment_recovery`) decides; this carries its actions out:
+`Seal` and `Read` as unary / server-streaming calls, every recovery write (and the
+acked index raise) as a one-request `Write` stream with `report_held`, written at the
+new leader's epoch, and `SealSegment` at the master. Each request runs as its own task
+and retries transient failures with tenacity for `STORE_LOST_S`; a store that stays
+silent that long is given up on for now (`StoreLost`: decide and bridge without it) and
+probed with its (idempotent) seal afterwards, so an answer brings it back. Requests
+still unanswered are re-sent from `outstanding()` every `RETRANSMIT_S` of silence.
+
+A store refusing with FAILED_PRECONDITION (a later fence), or the core deciding it was
+deposed, ends the run with `Fenced`: the writer then steps down.
+
+Recovery writes go on their own short streams, not on the writer's per-store stream of
+the new segment: their answers must carry `held_epochs`, and a busy refusal or a broken
+stream then costs one request, never the new segment's pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+from client.channels import ChannelPool
+from client.core import segment_recovery as sr
+from client.core.entry import EntryKind, StoredEntry
+from client.core.leader import RecoverSegment
+from client.errors import Fenced, fence_of
+from client.retrying import retry_unary
+
+log = logging.getLogger(__name__)
+
+# One attempt of a recovery request; a lagging store's rewrite batch is at most a few MB.
+RPC_TIMEOUT_S = 5.0
+# Retrying a store this long without an answer gives it up for now: recovery decides
+# from the other stores (it needs only R of them, and W to finish).
+STORE_LOST_S = 2.0
+# Silence after which every unanswered request goes out again and lost stores are probed.
+RETRANSMIT_S = 0.5
+# A store answering REFUSED_BUSY gets the batch again after this pause.
+BUSY_PAUSE_S = 0.02
+
+
+class _NoAnswer(Exception):
+    """The store closed the stream without answering, or stayed busy too long."""
+
+
+def stored_entry(entry: entry_pb2.Entry) -> StoredEntry:
+    return StoredEntry(entry.index, EntryKind(entry.kind), entry.epoch, entry.payload, entry.crc32c)
+
+
+def _key(action: sr.Action) -> tuple[object, ...]:
+    if isinstance(action, sr.SendSeal):
+        return ("seal", action.store)
+    if isinstance(action, sr.SendRead):
+        return ("read", action.store, action.from_index, action.to_index)
+    if isinstance(action, sr.SendWrite):
+        return ("write", action.store, action.entries[0].index)
+    if isinstance(action, sr.SendAcked):
+        return ("acked", action.store)
+    return ("master",)
+
+
+class SegmentSealer:
+    """Seals and recovers the segment of one `RecoverSegment` under its new epoch."""
+
+    def __init__(
+        self,
+        master: master_pb2_grpc.MasterAsyncStub,
+        channels: ChannelPool,
+        client_id: str,
+        action: RecoverSegment,
+    ) -> None:
+        grant = action.segment
+        self.segment = grant.segment
+        self.new_epoch = action.new_epoch
+        self.op = sr.SegmentRecovery(
+            action.policy,
+            grant.epoch,
+            action.new_epoch,
+            [replica.store_id for replica in grant.copy_set],
+        )
+        self._master = master
+        self._client_id = client_id
+        self._stubs = {
+            replica.store_id: store_grpc.SegmentStoreStub(channels.get(replica.address))
+            for replica in grant.copy_set
+        }
+        self._segment_id = entry_pb2.SegmentId(
+            stream_id=self.segment.stream_id, epoch=self.segment.epoch, stream=self.segment.stream
+        )
+        self._events: asyncio.Queue[sr.Event] = asyncio.Queue()
+        self._in_flight: dict[tuple[object, ...], asyncio.Task[None]] = {}
+        self._lost: set[str] = set()
+
+    async def run(self) -> int:
+        """Seal, recover and bridge; the final index (the BRIDGE) once the master holds
+        the segment as sealed. Raises `Fenced` when a later leader took over."""
+        try:
+            result = self._carry_out(self.op.start())
+            while result is None:
+                try:
+                    async with asyncio.timeout(RETRANSMIT_S):
+                        event = await self._events.get()
+                except TimeoutError:
+                    self._retransmit()
+                    continue
+                if isinstance(event, sr.StoreLost):
+                    self._lost.add(event.store)
+                elif not isinstance(event, sr.MasterSealed):
+                    self._lost.discard(event.store)
+                result = self._carry_out(self.op.step(event))
+            return result
+        finally:
+            tasks = list(self._in_flight.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- carrying actions out ----
+
+    def _carry_out(self, actions: list[sr.Action]) -> int | None:
+        final: int | None = None
+        for action in actions:
+            if isinstance(action, sr.Deposed):
+                raise Fenced(
+                    f"{self.segment.stream}: recovering segment {self.segment.epoch} under "
+                    f"epoch {self.new_epoch}: a later leader holds epoch {action.fence}",
+                    action.fence,
+                )
+            if isinstance(action, sr.Done):
+                log.info(
+                    "%s: segment %d sealed at %d under epoch %d",
+                    self.segment.stream,
+                    self.segment.epoch,
+                    action.final_index,
+                    self.new_epoch,
+                )
+                final = action.final_index
+                continue
+            self._send(action)
+        return final
+
+    def _retransmit(self) -> None:
+        for action in self.op.outstanding():
+            self._send(action)
+        for store in sorted(self._lost):
+            # Only an answer brings a lost store back; its seal is idempotent.
+            self._send(sr.SendSeal(store, self.new_epoch))
+
+    def _send(self, action: sr.Action) -> None:
+        key = _key(action)
+        if key in self._in_flight:
+            return
+        task = asyncio.get_running_loop().create_task(self._request(action))
+        self._in_flight[key] = task
+        task.add_done_callback(lambda _: self._in_flight.pop(key, None))
+
+    async def _request(self, action: sr.Action) -> None:
+        if isinstance(action, sr.SealAtMaster):
+            await self._seal_at_master(action.final_index)
+            return
+        assert isinstance(action, sr.SendSeal | sr.SendRead | sr.SendWrite | sr.SendAcked)
+        store = action.store
+        call: Callable[[], Coroutine[Any, Any, sr.Event]]
+        if isinstance(action, sr.SendSeal):
+            call = self._seal_call(store)
+        elif isinstance(action, sr.SendRead):
+            call = self._read_call(action)
+        elif isinstance(action, sr.SendWrite):
+            call = self._write_call(store, action.entries, action.acked_index)
+        else:
+            call = self._write_call(store, (), action.acked_index)
+        try:
+            event = await retry_unary(call, deadline_s=STORE_LOST_S)
+        except _NoAnswer:
+            event = sr.StoreLost(store)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                fence = fence_of(error)
+                event = sr.StoreFenced(store, fence if fence is not None else 2**63)
+            else:
+                log.info(
+                    "%s: recovery of %d: store %s: %s",
+                    self.segment.stream,
+                    self.segment.epoch,
+                    store,
+                    error.code().name,
+                )
+                event = sr.StoreLost(store)
+        self._events.put_nowait(event)
+
+    def _seal_call(self, store: str) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
+        request = segment_store_pb2.SealRequest(segment=self._segment_id, new_epoch=self.new_epoch)
+
+        async def seal() -> sr.Event:
+            reply = await self._stubs[store].Seal(request, timeout=RPC_TIMEOUT_S)
+            return sr.SealAnswered(
+                store, reply.fence, reply.acked_index, reply.matched_index, reply.last_index
+            )
+
+        return seal
+
+    def _read_call(self, action: sr.SendRead) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
+        request = segment_store_pb2.ReadRequest(
+            segment=self._segment_id, from_index=action.from_index, to_index=action.to_index
+        )
+
+        async def read() -> sr.Event:
+            entries: list[StoredEntry] = []
+            fence = 0
+            async for reply in self._stubs[action.store].Read(request, timeout=RPC_TIMEOUT_S):
+                fence = max(fence, reply.fence)
+                entries.extend(stored_entry(e) for e in reply.entries)
+            return sr.ReadAnswered(
+                action.store, action.from_index, action.to_index, tuple(entries), fence
+            )
+
+        return read
+
+    def _write_call(
+        self, store: str, entries: tuple[StoredEntry, ...], acked_index: int
+    ) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
+        request = segment_store_pb2.WriteRequest(
+            segment=self._segment_id,
+            writer_epoch=self.new_epoch,
+            acked_index=acked_index,
+            request_id=1,
+            report_held=True,
+            entries=[
+                entry_pb2.Entry(
+                    index=e.index,
+                    kind=e.kind.value,  # type: ignore[arg-type]
+                    epoch=e.epoch,
+                    payload=e.payload,
+                    crc32c=e.crc32c,
+                )
+                for e in entries
+            ],
+        )
+
+        async def write() -> sr.Event:
+            give_up_at = time.monotonic() + STORE_LOST_S
+            while True:
+                call = self._stubs[store].Write(timeout=RPC_TIMEOUT_S)
+                try:
+                    await call.write(request)
+                    await call.done_writing()
+                    reply = await call.read()
+                finally:
+                    call.cancel()
+                if not isinstance(reply, segment_store_pb2.WriteReply):
+                    raise _NoAnswer()  # EOF
+                if reply.status != segment_store_pb2.REFUSED_BUSY:
+                    break
+                if time.monotonic() > give_up_at:
+                    raise _NoAnswer()
+                await asyncio.sleep(BUSY_PAUSE_S)
+            if not entries:
+                return sr.WriteAnswered(store, 0, 0, (), reply.acked_index)
+            return sr.WriteAnswered(
+                store,
+                reply.first_index,
+                reply.last_index,
+                tuple(reply.held_epochs),
+                reply.acked_index,
+            )
+
+        return write
+
+    async def _seal_at_master(self, final_index: int) -> None:
+        request = master_pb2.SealSegmentRequest(
+            stream=self.segment.stream,
+            segment_epoch=self.segment.epoch,
+            writer_epoch=self.new_epoch,
+            client_id=self._client_id,
+            final_index=final_index,
+        )
+
+        async def seal() -> entry_pb2.Segment:
+            return await self._master.SealSegment(request, timeout=RPC_TIMEOUT_S)
+
+        try:
+            await retry_unary(seal)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.ABORTED:
+                # Sealed at another final index: a later leader recovered it.
+                self._events.put_nowait(sr.StoreFenced("master", self.new_epoch + 1))
+                return
+            # The next retransmit asks again (the master's seal is idempotent).
+            log.warning(
+                "%s: SealSegment %d at %d: %s %s",
+                self.segment.stream,
+                self.segment.epoch,
+                final_index,
+                error.code().name,
+                error.details(),
+            )
+            return
+        self._events.put_nowait(sr.MasterSealed(final_index))
