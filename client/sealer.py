@@ -45,6 +45,8 @@ RPC_TIMEOUT_S = 5.0
 STORE_LOST_S = 2.0
 # Silence after which every unanswered request goes out again and lost stores are probed.
 RETRANSMIT_S = 0.5
+# After the segment is sealed, stores still catching up are bridged for this long.
+LATE_STORES_S = 5.0
 # A store answering REFUSED_BUSY gets the batch again after this pause.
 BUSY_PAUSE_S = 0.02
 
@@ -103,27 +105,45 @@ class SegmentSealer:
 
     async def run(self) -> int:
         """Seal, recover and bridge; the final index (the BRIDGE) once the master holds
-        the segment as sealed. Raises `Fenced` when a later leader took over."""
+        the segment as sealed. Raises `Fenced` when a later leader took over. Requests
+        to slower stores may still be out: `finish` lets them complete, `close` ends
+        them."""
+        result = self._carry_out(self.op.start())
+        while result is None:
+            result = await self._next()
+        return result
+
+    async def finish(self, timeout_s: float = LATE_STORES_S) -> None:
+        """After `run`: go on bridging the stores that have not answered everything
+        yet (so that every live replica reaches the bridge), for up to `timeout_s`;
+        then `close`."""
         try:
-            result = self._carry_out(self.op.start())
-            while result is None:
-                try:
-                    async with asyncio.timeout(RETRANSMIT_S):
-                        event = await self._events.get()
-                except TimeoutError:
-                    self._retransmit()
-                    continue
-                if isinstance(event, sr.StoreLost):
-                    self._lost.add(event.store)
-                elif not isinstance(event, sr.MasterSealed):
-                    self._lost.discard(event.store)
-                result = self._carry_out(self.op.step(event))
-            return result
+            async with asyncio.timeout(timeout_s):
+                while self.op.outstanding():
+                    await self._next()
+        except (TimeoutError, Fenced):
+            pass  # repair brings replicas that missed the bridge up later
         finally:
-            tasks = list(self._in_flight.values())
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.close()
+
+    async def close(self) -> None:
+        tasks = list(self._in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _next(self) -> int | None:
+        try:
+            async with asyncio.timeout(RETRANSMIT_S):
+                event = await self._events.get()
+        except TimeoutError:
+            self._retransmit()
+            return None
+        if isinstance(event, sr.StoreLost):
+            self._lost.add(event.store)
+        elif not isinstance(event, sr.MasterSealed):
+            self._lost.discard(event.store)
+        return self._carry_out(self.op.step(event))
 
     # ---- carrying actions out ----
 

@@ -351,9 +351,7 @@ class Writer:
         self._master = master
         self._channels = channels
         self._leadership_timeout_s = leadership_timeout_s
-        self._core = Leader(
-            now_ms(), limits, recovery_supported=True, rolling_supported=rolling
-        )
+        self._core = Leader(now_ms(), limits, recovery_supported=True, rolling_supported=rolling)
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._link_tasks: list[asyncio.Task[None]] = []
@@ -733,10 +731,15 @@ class Writer:
         try:
             await sealer.run()
         except Fenced as error:
+            await sealer.close()
             self.step(StoreFenced(f"recovery of segment {epoch}", error.fence))
             return
+        except BaseException:
+            await sealer.close()
+            raise
         self.step(SegmentSealed(epoch))
         self._sealed_changed.set()
+        await sealer.finish()
 
     def _close_gap(self, answer: HeartbeatAnswered) -> None:
         """The master granted an epoch without a segment: two earlier segments are
@@ -767,6 +770,9 @@ class Writer:
         except Fenced as error:
             log.info("%s: closing epoch %d: %s", self.stream, epoch, error)
             return  # a later leader took over; the heartbeats will say so
+        finally:
+            for sealer in sealers:
+                await sealer.close()
         request = master_pb2.RollSegmentRequest(
             stream=self.stream, client_id=self.client_id, epoch=epoch
         )

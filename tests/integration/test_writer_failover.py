@@ -1,0 +1,248 @@
+"""Leader failover, rolling and sealing against real processes (master + 3 or 4 stores).
+
+Writers run as separate processes (`tests.integration.append_writer`) so that a test
+can SIGKILL or SIGSTOP one; what they acked is what they printed. Everything is read
+back through the SDK across the segments' bridges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamengine.v1 import entry_pb2
+
+from client import StreamClient
+from client.ops import verify_stream
+from tests.harness import Cluster, running_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+LEASE_MS = 1000
+
+
+class WriterProcess:
+    """One `append_writer` process and the JSON lines it printed so far."""
+
+    def __init__(self, master: str, stream: str, prefix: str, batches: int = 0) -> None:
+        self.prefix = prefix
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.append_writer",
+                master,
+                stream,
+                prefix,
+                str(batches),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(json.loads(line))
+
+    def acked(self) -> list[dict[str, Any]]:
+        return [line for line in list(self.lines) if "acked" in line]
+
+    def last_acked(self) -> int:
+        acked = self.acked()
+        return acked[-1]["acked"] if acked else -1
+
+    def first(self, key: str) -> dict[str, Any] | None:
+        return next((line for line in list(self.lines) if key in line), None)
+
+    def signal(self, number: int) -> None:
+        os.kill(self.process.pid, number)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+        self._reader.join(5)
+
+
+@pytest.fixture
+def writers() -> Iterator[list[WriterProcess]]:
+    started: list[WriterProcess] = []
+    yield started
+    for writer in started:
+        writer.kill()
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {timeout_s}s")
+        await asyncio.sleep(0.02)
+
+
+async def read_all(client: StreamClient, name: str) -> list[tuple[int, bytes]]:
+    return [(event.sequence, event.payload) async for event in client.read(name)]
+
+
+def numbers_of(events: list[tuple[int, bytes]], prefix: str) -> list[int]:
+    return [int(p.split(b"-")[-1]) for _, p in events if p.startswith(prefix.encode() + b"-")]
+
+
+async def segments(client: StreamClient, name: str) -> list[entry_pb2.Segment]:
+    return list((await client.list_segments(name)).segments)
+
+
+async def test_a_killed_writer_is_taken_over_and_every_acked_append_survives_once(
+    cluster: Cluster, writers: list[WriterProcess]
+) -> None:
+    name = "failover/kill"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        first = WriterProcess(cluster.master_address, name, "a")
+        writers.append(first)
+        await wait_until(lambda: first.last_acked() >= 300, 30, "300 acked appends")
+        first.signal(signal.SIGKILL)
+        first.kill()
+        acked_before_kill = first.last_acked()
+        first_epoch = first.lines[0]["leading"]
+
+        second = WriterProcess(cluster.master_address, name, "b", batches=5)
+        writers.append(second)
+        await wait_until(lambda: second.process.poll() is not None, 30, "takeover")
+        assert second.first("done"), second.lines
+        leading = second.first("leading")
+        assert leading is not None and leading["leading"] > first_epoch
+
+        events = await read_all(client, name)
+        sequences = [sequence for sequence, _ in events]
+        assert sequences == sorted(set(sequences))
+        a = numbers_of(events, "a")
+        # Acked ones all there, once, in order; in-doubt ones after them at most once.
+        assert a == list(range(len(a))), "a-events out of order, duplicated or missing"
+        assert len(a) >= acked_before_kill + 1
+        assert numbers_of(events, "b") == list(range(50))
+        by_epoch = {s.id.epoch: s for s in await segments(client, name)}
+        assert by_epoch[first_epoch].state == entry_pb2.SEALED
+
+
+async def test_a_paused_leader_gets_nothing_acked_after_a_takeover(
+    cluster: Cluster, writers: list[WriterProcess]
+) -> None:
+    name = "failover/pause"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        old = WriterProcess(cluster.master_address, name, "a")
+        writers.append(old)
+        await wait_until(lambda: old.last_acked() >= 100, 30, "100 acked appends")
+        old.signal(signal.SIGSTOP)
+        stopped_at = time.time()
+        try:
+            async with client.writer(name, leadership_timeout_s=15) as new:
+                assert new.epoch > old.lines[0]["leading"]
+                await new.append_batch([b"b-%06d" % i for i in range(20)])
+                old.signal(signal.SIGCONT)
+                await wait_until(lambda: old.first("error") is not None, 15, "old leader fails")
+                await new.append_batch([b"b-%06d" % i for i in range(20, 40)])
+        finally:
+            old.signal(signal.SIGCONT)
+        error = old.first("error")
+        assert error is not None and error["error"] in {
+            "LeadershipLost",
+            "Fenced",
+            "AppendInDoubt",
+            "AppendFailed",
+        }, error
+        assert all(line["t"] < stopped_at for line in old.acked()), "acked after the pause"
+        events = await read_all(client, name)
+        a = numbers_of(events, "a")
+        assert a == list(range(len(a))) and len(a) >= old.last_acked() + 1
+        assert numbers_of(events, "b") == list(range(40))
+
+
+async def test_rolling_by_size_gives_sealed_segments_read_back_whole(cluster: Cluster) -> None:
+    name = "failover/roll"
+    payloads = [b"r-%06d-" % i + b"x" * 90 for i in range(3000)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2, segment_bytes=64 << 10)
+        async with client.writer(name) as writer:
+            for start in range(0, len(payloads), 100):
+                await writer.append_batch(payloads[start : start + 100])
+        sealed_epoch = await client.seal(name)
+        listing = await segments(client, name)
+        sealed = [s for s in listing if s.state == entry_pb2.SEALED]
+        assert len(sealed) >= 4, [(s.id.epoch, s.state) for s in listing]
+        assert sealed_epoch in {s.id.epoch for s in sealed}
+        assert [p for _, p in await read_all(client, name)] == payloads
+    report = await asyncio.to_thread(verify_stream, cluster.master_address, name)
+    assert report.ok, report
+
+
+async def test_seal_with_a_leader_rolls_and_without_one_leads_for_a_moment(
+    cluster: Cluster,
+) -> None:
+    name = "failover/seal"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        assert await client.seal(name) == 0  # nothing open yet
+        async with client.writer(name) as writer:
+            await writer.append_batch([b"one", b"two"])
+            epoch = writer.epoch
+            assert await client.seal(name, timeout_s=15) == epoch
+            await writer.append(b"three")  # in the next segment
+            assert writer.epoch > epoch
+            open_epoch = writer.epoch
+        by_epoch = {s.id.epoch: s for s in await segments(client, name)}
+        assert by_epoch[epoch].state == entry_pb2.SEALED
+        assert by_epoch[open_epoch].state == entry_pb2.OPEN
+        assert await client.seal(name, timeout_s=15) == open_epoch  # nobody leads
+        by_epoch = {s.id.epoch: s for s in await segments(client, name)}
+        assert by_epoch[open_epoch].state == entry_pb2.SEALED
+        assert [p for _, p in await read_all(client, name)] == [b"one", b"two", b"three"]
+
+
+async def test_losing_a_copy_set_store_rolls_to_live_stores(tmp_path: Path) -> None:
+    name = "failover/lost"
+    with running_cluster(tmp_path, stores=4, master_args=["--lease-ms", str(LEASE_MS)]) as c:
+        async with StreamClient(c.master_address) as client:
+            await client.create_stream(name, replicas=3, write_quorum=2)
+            async with client.writer(name) as writer:
+                number = 0
+
+                async def append_some(count: int) -> None:
+                    nonlocal number
+                    for _ in range(count):
+                        await writer.append(b"l-%06d" % number)
+                        number += 1
+
+                await append_some(50)
+                first_epoch = writer.epoch
+                listing = await segments(client, name)
+                copy_set = [r.address for r in listing[-1].copy_set]
+                victim = c.store_by_address(copy_set[0])
+                victim.kill()
+                deadline = time.monotonic() + 30
+                while writer.epoch == first_epoch:
+                    assert time.monotonic() < deadline, "no roll after losing a store"
+                    await append_some(10)
+                await append_some(50)
+            by_epoch = {s.id.epoch: s for s in await segments(client, name)}
+            assert by_epoch[first_epoch].state == entry_pb2.SEALED
+            newest = max(by_epoch)
+            assert victim.address not in [r.address for r in by_epoch[newest].copy_set]
+            events = await read_all(client, name)
+            assert [p for _, p in events] == [b"l-%06d" % i for i in range(number)]
