@@ -139,6 +139,12 @@ def _add_admin_commands(commands: Subparsers) -> None:
     verify = commands.add_parser("verify", help="digest every replica of every sealed segment")
     verify.add_argument("name", help="tenant/stream")
     verify.set_defaults(run=_lazy("client.ops", "cmd_verify"))
+    seal = commands.add_parser("seal", help="seal a stream's open segment (for Spark)")
+    seal.add_argument("name", help="tenant/stream")
+    seal.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the seal (default 30)"
+    )
+    seal.set_defaults(run=_lazy("client.ops", "cmd_seal"))
     bench = commands.add_parser("bench", help="run the benchmarks of bench/ against a cluster")
     bench.add_argument(
         "--only", type=_benchmark_names, help="comma-separated: append,subscribe,spark_scan"
@@ -147,7 +153,7 @@ def _add_admin_commands(commands: Subparsers) -> None:
         "extra", nargs="*", metavar="-- ARGS", help="arguments for each benchmark, after --"
     )
     bench.set_defaults(run=_lazy("client.ops", "cmd_bench"))
-    for parser in (status, drain, rebalance, verify, bench):
+    for parser in (status, drain, rebalance, verify, seal, bench):
         _add_master_option(parser)
 
 

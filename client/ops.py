@@ -335,6 +335,25 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         return 0 if args.dry_run else wait_for_tasks(master, plan, "rebalance")
 
 
+def cmd_seal(args: argparse.Namespace) -> int:
+    """Seal the open segment: the leader rolls, or this command leads for a moment."""
+    import asyncio
+
+    from client.stream_client import StreamClient
+
+    async def seal() -> int:
+        async with StreamClient(args.master) as client:
+            await client.describe_stream(args.name)  # an unknown stream fails fast
+            return await client.seal(args.name, timeout_s=args.timeout)
+
+    epoch = asyncio.run(seal())
+    if epoch:
+        print(f"sealed {args.name}: segment {epoch}")
+    else:
+        print(f"sealed {args.name}: no open segment")
+    return 0
+
+
 # ---- verify ----
 
 

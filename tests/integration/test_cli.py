@@ -40,6 +40,7 @@ def test_help_works_for_every_command() -> None:
         "drain",
         "rebalance",
         "verify",
+        "seal",
     ]:
         result = run_cli(*command.split(), "--help")
         assert result.returncode == 0, (command, result.stderr)
@@ -328,3 +329,27 @@ def test_bench_runs_a_benchmark_against_the_cluster(cluster: Cluster) -> None:
     assert "catch-up:" in result.stdout and "live tail:" in result.stdout
     assert run_cli("bench", "--only", "nope", *master).returncode == 2
     assert run_cli("bench", "--master", f"127.0.0.1:{free_port()}").returncode == 1
+
+
+def test_seal_seals_the_open_segment_and_an_unknown_stream_is_one_line(cluster: Cluster) -> None:
+    master = ["--master", cluster.master_address]
+    unknown = run_cli("seal", "nobody/here", *master)
+    assert unknown.returncode == 1, (unknown.stdout, unknown.stderr)
+    lines = [line for line in unknown.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nobody/here" in lines[0], unknown.stderr
+    assert run_cli("stream", "create", "acme/sealed", *master).returncode == 0
+    appended = subprocess.run(
+        [STREAMENGINE, "append", "acme/sealed", *master],
+        input="one\ntwo\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert appended.returncode == 0, appended.stderr
+    sealed = run_cli("seal", "acme/sealed", *master)
+    assert sealed.returncode == 0, sealed.stderr
+    assert sealed.stdout.startswith("sealed acme/sealed: segment "), sealed.stdout
+    epoch = int(sealed.stdout.split()[-1])
+    described = json.loads(run_cli("stream", "describe", "acme/sealed", "--json", *master).stdout)
+    states = {s["epoch"]: s["state"] for s in described["segments"]}
+    assert states[epoch] == "sealed", described
