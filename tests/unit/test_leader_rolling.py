@@ -5,6 +5,7 @@ sealed; at most one earlier segment unsealed; a refused roll resumes appends."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from client.core.leader import (
     DRAIN_MS_MAX,
@@ -35,7 +36,7 @@ from tests.unit.test_leader import (
 )
 
 
-def rolling_leader(**answer_fields: object) -> Leader:
+def rolling_leader(**answer_fields: Any) -> Leader:
     leader = Leader(0, recovery_supported=True, rolling_supported=True)
     assert of_type(leader.step(0, Tick()), SendHeartbeat)
     answer = leader_answer(0, **answer_fields)
@@ -56,7 +57,7 @@ def settle(leader: Leader, now_ms: int, actions: list[LeaderAction]) -> list[Lea
     return out
 
 
-def roll_answer(sent_at_ms: int, epoch: int, old: int, **fields: object) -> RollAnswered:
+def roll_answer(sent_at_ms: int, epoch: int, old: int, **fields: Any) -> RollAnswered:
     return RollAnswered(leader_answer(sent_at_ms, epoch, unsealed=(grant(old),), **fields))
 
 
