@@ -230,7 +230,10 @@ async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) 
         if not sustained:
             print(f"    (not sustained: {OPEN_LOOP_OUTSTANDING_MAX} appends outstanding; stopped)")
         stats = writer.statistics()
-        print(f"  writer: acked {stats.acked_index}, retained {stats.retained_bytes} bytes")
+        print(
+            f"  writer: epoch {stats.epoch} (rolls by segment size change it), acked"
+            f" {stats.acked_index} in that segment, retained {stats.retained_bytes} bytes"
+        )
 
 
 def free_port_run(count: int) -> int:
