@@ -74,6 +74,8 @@ async def test_start_end_yields_only_new_events(cluster: Cluster) -> None:
         await client.create_stream("sub/end")
         async with client.writer("sub/end") as writer:
             await writer.append_batch([b"old-1", b"old-2"])
+            # "end" is the stores' acked index: let them learn the acked index first.
+            await writer.flush()
             subscriber = asyncio.create_task(take(client.subscribe("sub/end", start="end"), 2))
             await asyncio.sleep(0)  # let it resolve "end" before new appends
             while not subscriber.done():
