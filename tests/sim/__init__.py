@@ -14,8 +14,9 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     --no-close-gap   hand grants without a segment to the leader core (it refuses them)
     --no-probe       never ask a recovery's given-up store again (recovery can hang)
 
-Where the shells stand in for code not built yet, they say so: `WriterNode._close_gap`
-(the leader core cannot seal two unsealed segments before rolling) and
-`RecoveryRun._probe` (`SegmentRecovery.outstanding()` never re-asks a lost store).
-A roll action maps to `messages.RollSegment`, which the master node already serves.
+The writer shell does what `client/writer.py` does around the core: it carries out
+`AskRoll` (`RollSegment` at the master) and closes a grant without a segment itself
+(`WriterNode._close_gap`: seal both earlier segments, then roll). Where it stands in for
+something missing it says so: `RecoveryRun._probe` (`SegmentRecovery.outstanding()`
+never re-asks a store given up on).
 """

@@ -27,6 +27,7 @@ from client.core.cursor import (
 )
 from client.core.entry import StoredEntry
 from client.core.leader import (
+    AskRoll,
     BecameLeader,
     HeartbeatAnswered,
     HeartbeatFailed,
@@ -36,6 +37,8 @@ from client.core.leader import (
     RecoverSegment,
     Replica,
     Role,
+    RollAnswered,
+    RollFailed,
     SegmentGrant,
     SegmentSealed,
     SendHeartbeat,
@@ -207,7 +210,13 @@ class MasterNode(Node):
         self.state = self._load()
         cfg = world.config
         self.stream = self.state.create_stream(
-            cfg.stream, cfg.policy.replicas, cfg.policy.write_quorum, 0, 0, True, 0
+            cfg.stream,
+            cfg.policy.replicas,
+            cfg.policy.write_quorum,
+            cfg.segment_bytes,
+            cfg.segment_age_ms,
+            True,
+            0,
         )
         for store in world.store_names:
             self.state.register_store(store, f"{store}:1", "", 1 << 40, 0)
@@ -285,6 +294,8 @@ class MasterNode(Node):
             policy=ReplicationPolicy(record.replicas, record.write_quorum),
             roll_requested=bool(view.roll_reason),
             roll_reason=view.roll_reason,
+            segment_bytes_max=record.segment_bytes,
+            segment_age_ms_max=record.segment_age_ms,
         )
 
     def _seal(self, request: m.SealSegment) -> object:
@@ -463,9 +474,12 @@ class WriterNode(Node):
         self.client_id = f"{self.name}.{self.generation}"
         cfg = self.world.config
         limits = ReplicatorLimits(idle_ack_ms=cfg.idle_ack_ms, window_batches=cfg.window)
-        self.leader = Leader(self.world.now, limits, recovery_supported=True)
+        self.leader = Leader(
+            self.world.now, limits, recovery_supported=True, rolling_supported=True
+        )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
+        self.copy_set: tuple[str, ...] = ()
         self.recoveries: dict[int, RecoveryRun] = {}
         self.pending: list[_Pending] = []
         self.segment: SegmentRef | None = None
@@ -509,6 +523,7 @@ class WriterNode(Node):
             self.up
             and not self.paused
             and self.leading
+            and self.leader.accepting_appends
             and replicator is not None
             and replicator.room_for(64)
             and self.leader.statistics().lease_until_ms > self.world.now
@@ -567,6 +582,8 @@ class WriterNode(Node):
                 self._became_leader(action)
             elif isinstance(action, RecoverSegment):
                 self._recover(action)
+            elif isinstance(action, AskRoll):
+                self._roll(action)
             elif isinstance(action, SteppedDown):
                 self.world.note(f"{self.client_id} steps down: {action.reason.name}")
                 if action.reason is StepDownReason.UNSUPPORTED:
@@ -652,13 +669,51 @@ class WriterNode(Node):
             run.start()
 
     def gap_closed(self) -> None:
-        if all(run.op.done for run in self.gap_runs):
-            release = m.ReleaseLease(self.world.config.stream, self.client_id, self.gap_epoch)
-            self.call(MASTER, release, lambda _: None)
+        """Both sealed: roll for the next epoch, whose grant (with a segment, nothing
+        unsealed) the core leads, as `client/writer.py` does."""
+        if not all(run.op.done for run in self.gap_runs):
+            return
+        sent_at = self.world.now
+        request = m.RollSegment(self.world.config.stream, self.client_id, self.gap_epoch)
+
+        def answered(result: object) -> None:
+            if not isinstance(result, HeartbeatAnswered):
+                self.gap_epoch = 0  # a later grant starts over
+            elif self.leader.role is Role.FOLLOWING:
+                self.step(dataclasses.replace(result, sent_at_ms=sent_at))
+
+        self.call(MASTER, request, answered)
+
+    def _roll(self, action: AskRoll) -> None:
+        self.world.note(f"{self.client_id} rolls epoch {action.epoch}: {action.reason}")
+        self.world.stats["rolls asked"] += 1
+        sent_at = self.world.now
+        request = m.RollSegment(
+            self.world.config.stream, self.client_id, action.epoch, action.exclude_stores
+        )
+
+        def answered(result: object) -> None:
+            if isinstance(result, HeartbeatAnswered):
+                self.step(RollAnswered(dataclasses.replace(result, sent_at_ms=sent_at)))
+            else:
+                self.step(RollFailed(str(result)))
+
+        def timed_out() -> None:
+            self.step(RollFailed("deadline exceeded"))
+
+        lease_ms = self.leader.heartbeat_interval_ms * 3
+        self.call(MASTER, request, answered, True, lease_ms, timed_out)
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")
         self.segment = action.segment.segment
+        # A new segment (a grant or a roll) gets new Write streams: replies on the old
+        # ones belong to the old segment's replicator.
+        for store, number in sorted(self.links.items()):
+            del self.links[store]
+            self.world.net.break_stream(number)
+        self.fenced_links.clear()
+        self.copy_set = tuple(r.store_id for r in action.segment.copy_set)
         for replica in action.segment.copy_set:
             self._connect(replica.store_id)
 
@@ -685,6 +740,8 @@ class WriterNode(Node):
         def attempt() -> None:
             if not self.leading or store in self.links or store in self.fenced_links:
                 return
+            if store not in self.copy_set:
+                return  # a store of a segment rolled away from
             target = self.world.stores[store]
             if not target.up or self.world.net.partitioned(self.name, store):
                 self.timer(RECONNECT_MS, f"reconnect {store}", attempt)

@@ -61,6 +61,8 @@ class SimConfig:
     busy: float
     append_every_ms: int
     chaos_every_ms: int
+    segment_bytes: int  # roll thresholds (0: the master's defaults, never reached)
+    segment_age_ms: int
     flaws: frozenset[str] = frozenset()
     stream: str = "sim/stream"
 
@@ -83,6 +85,8 @@ class SimConfig:
             busy=rng.choice((0.0, 0.05, 0.2)),
             append_every_ms=rng.choice((5, 15, 40)),
             chaos_every_ms=lease_ms * rng.choice((1, 2, 4)) // 2,
+            segment_bytes=rng.choice((0, 0, 400, 2000)),
+            segment_age_ms=rng.choice((0, 0, lease_ms * 3)),
             flaws=flaws,
         )
 
@@ -94,7 +98,8 @@ class SimConfig:
             f"lease={self.lease_ms}ms loss={f.loss} dup={f.duplicate} delay<={f.delay_ms_max}ms "
             f"slow={f.slow}/{f.slow_delay_ms_max}ms window={self.window} "
             f"recovery_batch={self.recovery_batch} busy={self.busy} "
-            f"append/{self.append_every_ms}ms chaos/{self.chaos_every_ms}ms"
+            f"append/{self.append_every_ms}ms chaos/{self.chaos_every_ms}ms "
+            f"roll at {self.segment_bytes or '-'}B/{self.segment_age_ms or '-'}ms"
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -115,8 +120,8 @@ class RunResult:
 
     @property
     def known_gap(self) -> bool:
-        """Liveness failed only because the leader core refused a grant without a
-        segment (issue 6: sealing two unsealed segments before rolling is not built)."""
+        """Liveness failed because the leader core refused a grant without a segment,
+        which only happens when the shell does not close it (`close_gap=False`)."""
         v = self.violation
         return v is not None and v.invariant == 0 and v.message.startswith(UNSUPPORTED_GRANT)
 
