@@ -22,6 +22,9 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/pytest
 
+demo: $(STAMP)
+	$(PYTHON) -m deploy.demo
+
 proto: $(STAMP)
 	$(PYTHON) proto/generate.py
 

@@ -127,14 +127,21 @@ class LocalCluster:
         child.process.kill()
         child.process.wait()
 
-    def restart(self, name: str) -> None:
-        """Start a killed server again on its data dir and wait until it serves."""
+    def restart(self, name: str, wait: bool = True) -> None:
+        """Start a killed server again on its data dir (and wait until it serves).
+
+        Call it from a thread that outlives the child: the kernel's parent-death signal
+        fires when the *thread* that started a child exits, not the process."""
+        self.child(name).start()
+        if wait:
+            self.wait_serving(name)
+
+    def wait_serving(self, name: str) -> None:
         child = self.child(name)
-        child.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not serving(child.address):
             if child.exited() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{child.name} did not come back; see {child.log_path}")
+                raise RuntimeError(f"{child.name} is not serving; see {child.log_path}")
             time.sleep(0.05)
 
     def first_exited(self) -> Child | None:

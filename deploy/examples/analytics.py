@@ -45,6 +45,7 @@ def session() -> Any:
         SparkSession.builder.appName("streamengine-analytics")
         .master(os.environ.get("SPARK_MASTER", "local[2]"))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .getOrCreate()

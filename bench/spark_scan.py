@@ -1,0 +1,97 @@
+"""Spark scan rate over sealed segments, beside the SDK's read of the same events.
+
+    .venv/bin/python -m bench.spark_scan                    # starts a local cluster
+    .venv/bin/python -m bench.spark_scan --master HOST:PORT --events 1000000
+
+Appends `--events` 100-byte events (rolling every `--segment-mb`), seals the stream,
+then scans it with `spark.read.format("streamengine")` on local[2] (a warm-up scan
+first: the first query of a session pays for worker start-up) and reads the same
+events with `client.read`. Prints rows/s for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from streamengine.v1 import entry_pb2
+
+from bench.append import cluster
+from bench.subscribe import fill
+from client import StreamClient
+
+
+async def prepare(master: str, stream: str, events: int, segment_mb: int) -> int:
+    async with StreamClient(master) as client:
+        await client.create_stream(stream, segment_bytes=segment_mb << 20)
+        async with client.writer(stream) as writer:
+            seconds = await fill(writer, events, b"p" * 100)
+        await client.seal(stream)
+        listing = await client.list_segments(stream)
+        sealed = [s for s in listing.segments if s.state == entry_pb2.SEALED]
+        print(f"filled {events:,} events in {seconds:.1f}s; {len(sealed)} sealed segments")
+        return len(sealed)
+
+
+async def sdk_read_rate(master: str, stream: str, events: int) -> float:
+    async with StreamClient(master) as client:
+        started = time.perf_counter()
+        count = 0
+        async for _event in client.read(stream):
+            count += 1
+        seconds = time.perf_counter() - started
+    if count != events:
+        raise SystemExit(f"SDK read {count} events, expected {events}")
+    return count / seconds
+
+
+def spark_scan_rate(master: str, stream: str, events: int) -> float:
+    from deploy.examples.analytics import session
+
+    from client.spark import register
+
+    spark = session()
+    try:
+        register(spark)
+
+        def scan() -> tuple[int, float]:
+            frame = spark.read.format("streamengine").option("master", master)
+            frame = frame.option("stream", stream).load()
+            started = time.perf_counter()
+            # Touch every column so nothing is pruned away: a real scan of the rows.
+            total = frame.selectExpr("sum(length(payload) + `index` + epoch)").collect()[0][0]
+            seconds = time.perf_counter() - started
+            rows = frame.count()
+            assert total is not None
+            return rows, seconds
+
+        scan()  # warm-up: Python workers, pyarrow import
+        rows, seconds = scan()
+    finally:
+        spark.stop()
+    if rows != events:
+        raise SystemExit(f"Spark counted {rows} rows, expected {events}")
+    return rows / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--segment-mb", type=int, default=32, help="roll threshold")
+    parser.add_argument("--fsync", choices=["always", "never"], default="always")
+    args = parser.parse_args(argv)
+    stream = f"bench/spark-{int(time.time())}"
+    with cluster(args) as master:
+        asyncio.run(prepare(master, stream, args.events, args.segment_mb))
+        spark_rate = spark_scan_rate(master, stream, args.events)
+        sdk_rate = asyncio.run(sdk_read_rate(master, stream, args.events))
+    print(f"spark scan (local[2], Arrow batches): {spark_rate:>12,.0f} rows/s")
+    print(f"SDK read (one reader):                {sdk_rate:>12,.0f} events/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
