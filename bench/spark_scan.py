@@ -48,9 +48,8 @@ async def sdk_read_rate(master: str, stream: str, events: int) -> float:
 
 
 def spark_scan_rate(master: str, stream: str, events: int) -> float:
-    from deploy.examples.analytics import session
-
     from client.spark import register
+    from deploy.examples.analytics import session
 
     spark = session()
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 
@@ -62,12 +63,17 @@ async def live_tail(client: StreamClient, stream: str, seconds: float, payload: 
     first_at: float | None = None
     written = 0
 
+    target: int | None = None
+    caught_up = asyncio.Event()
+
     async def follow() -> None:
         nonlocal received, first_at
         async for _event in client.subscribe(stream, start="end"):
             if first_at is None:
                 first_at = time.perf_counter()
             received += 1
+            if target is not None and received >= target:
+                caught_up.set()
 
     follower = asyncio.create_task(follow())
     await asyncio.sleep(0.5)  # let the subscriber resolve "end" before the burst
@@ -86,9 +92,11 @@ async def live_tail(client: StreamClient, stream: str, seconds: float, payload: 
                 group.create_task(worker())
         write_seconds = time.perf_counter() - started
     trailing = written - received
-    drain_deadline = time.perf_counter() + 60
-    while received < written and time.perf_counter() < drain_deadline:
-        await asyncio.sleep(0.01)
+    target = written
+    if received >= target:
+        caught_up.set()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(caught_up.wait(), 60)
     tail_seconds = time.perf_counter() - (first_at or started)
     follower.cancel()
     print(

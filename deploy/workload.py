@@ -105,7 +105,7 @@ async def run_workload(
 
 async def _wait_for_file(path: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    while not await asyncio.to_thread(path.exists):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear in {timeout_s}s")
         await asyncio.sleep(0.05)

@@ -5,8 +5,12 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 WRITE_BATCHES = Counter("streamengine_store_write_batches_total", "Write batches accepted")
-WRITE_ENTRIES = Counter("streamengine_store_write_entries_total", "Entries in accepted write batches")
-WRITE_BYTES = Counter("streamengine_store_write_bytes_total", "Payload bytes in accepted write batches")
+WRITE_ENTRIES = Counter(
+    "streamengine_store_write_entries_total", "Entries in accepted write batches"
+)
+WRITE_BYTES = Counter(
+    "streamengine_store_write_bytes_total", "Payload bytes in accepted write batches"
+)
 BATCH_ENTRIES = Histogram(
     "streamengine_store_write_batch_entries",
     "Entries per accepted write batch",
@@ -24,7 +28,9 @@ SYNC_SECONDS = Histogram(
 )
 QUEUE_BYTES = Gauge("streamengine_store_queue_bytes", "Payload bytes of write batches queued")
 QUEUE_BATCHES = Gauge("streamengine_store_queue_batches", "Write batches queued")
-FENCE_REJECTIONS = Counter("streamengine_store_fence_rejections_total", "Writes and seals below the fence")
+FENCE_REJECTIONS = Counter(
+    "streamengine_store_fence_rejections_total", "Writes and seals below the fence"
+)
 REFUSED_BUSY = Counter("streamengine_store_refused_busy_total", "Write batches refused: queue full")
 BAD_REQUESTS = Counter("streamengine_store_bad_requests_total", "Requests refused as malformed")
 SUBSCRIBERS = Gauge("streamengine_store_subscribers", "Open Subscribe streams")
@@ -32,4 +38,6 @@ SUBSCRIBERS_DROPPED = Counter(
     "streamengine_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]
 )
 SEGMENTS = Gauge("streamengine_store_segments", "Segments held")
-HEARTBEAT_FAILURES = Counter("streamengine_store_master_heartbeat_failures_total", "Failed master calls")
+HEARTBEAT_FAILURES = Counter(
+    "streamengine_store_master_heartbeat_failures_total", "Failed master calls"
+)

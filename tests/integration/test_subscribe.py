@@ -160,7 +160,8 @@ async def test_a_stalled_subscriber_gets_everything_and_the_store_stays_bounded(
 
 def dropped_as_slow(ports: list[int]) -> float:
     return sum(
-        metric_value(port, "streamengine_store_subscribers_dropped_total", 'reason="slow"') for port in ports
+        metric_value(port, "streamengine_store_subscribers_dropped_total", 'reason="slow"')
+        for port in ports
     )
 
 

@@ -17,7 +17,8 @@ def formatted(message: str, **extra: object) -> str:
 def test_a_segment_line_carries_stream_and_epoch_after_the_message() -> None:
     line = formatted("segment sealed", **segment_fields("acme/orders", 3, fence=4))
     assert line.startswith("ts=") and line.endswith(
-        'level=info logger=streamengine.store msg="segment sealed" stream=acme/orders epoch=3 fence=4'
+        'level=info logger=streamengine.store msg="segment sealed"'
+        " stream=acme/orders epoch=3 fence=4"
     )
 
 
