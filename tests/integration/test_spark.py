@@ -111,21 +111,37 @@ def test_a_scan_with_one_replica_of_each_segment_down_fails_over(
     assert rows_of(load(spark, cluster, "spark/down")) == expected_rows(made)
 
 
-def test_holes_never_appear_as_rows(spark: Any, cluster: Cluster) -> None:
+def test_holes_left_by_a_recovery_never_appear_as_rows(spark: Any, cluster: Cluster) -> None:
+    import asyncio
+
+    import grpc
+    from streamengine.v1 import master_pb2, master_pb2_grpc
+
+    from client import StreamClient
+
     create_stream(cluster, "spark/holes")
     driver = Driver(cluster.master_address, "spark/holes")
     epoch = driver.lead().epoch
-    # What a recovery leaves: indexes 2 and 4 became HOLEs, then the BRIDGE at 6.
-    entries = [
-        StoredEntry.make(1, EntryKind.EVENT, epoch, payload_of(1)),
-        StoredEntry.make(2, EntryKind.HOLE, epoch),
-        StoredEntry.make(3, EntryKind.EVENT, epoch, payload_of(3)),
-        StoredEntry.make(4, EntryKind.HOLE, epoch),
-        StoredEntry.make(5, EntryKind.EVENT, epoch, payload_of(5)),
-    ]
-    driver.fill_and_roll(0, PAYLOAD_BYTES, entries=entries)  # sealed with its bridge at 6
+    assert driver.segment is not None
+    # A leader wrote indexes 1 and 3 everywhere and died before index 2 reached any store.
+    entries = [StoredEntry.make(i, EntryKind.EVENT, epoch, payload_of(i)) for i in (1, 3)]
+    for replica in driver.segment.copy_set:
+        write(replica.address, driver.segment.id, epoch, entries[:1], 0)
+        write(replica.address, driver.segment.id, epoch, entries[1:], 0)
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        master_pb2_grpc.MasterStub(channel).ReleaseLease(
+            master_pb2.ReleaseLeaseRequest(stream="spark/holes", client_id="driver", epoch=epoch),
+            timeout=10,
+        )
+
+    async def recover() -> None:
+        # The next leader seals and recovers segment 1: index 2 becomes a HOLE.
+        async with StreamClient(cluster.master_address) as client:
+            await client.seal("spark/holes")
+
+    asyncio.run(recover())
     got = [(e, i) for e, i, _, _ in rows_of(load(spark, cluster, "spark/holes"))]
-    assert got == [(epoch, 1), (epoch, 3), (epoch, 5)]
+    assert got == [(epoch, 1), (epoch, 3)]
 
 
 def test_include_open_adds_the_open_segment_up_to_its_acked_index(
