@@ -353,3 +353,37 @@ def test_seal_seals_the_open_segment_and_an_unknown_stream_is_one_line(cluster: 
     described = json.loads(run_cli("stream", "describe", "acme/sealed", "--json", *master).stdout)
     states = {s["epoch"]: s["state"] for s in described["segments"]}
     assert states[epoch] == "sealed", described
+
+
+def test_drain_and_verify_with_data(tmp_path: Path) -> None:
+    from tests.harness import running_cluster
+    from tests.segment_driver import Driver
+
+    with running_cluster(tmp_path, stores=4, master_args=["--lease-ms", "1000"]) as cluster:
+        master = ["--master", cluster.master_address]
+        assert run_cli("stream", "create", "ops/data", *master).returncode == 0
+        driver = Driver(cluster.master_address, "ops/data")
+        for _ in range(3):
+            driver.fill_and_roll(200, 50)
+
+        verified = run_cli("verify", "ops/data", *master)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "3 sealed segments checked, OK" in verified.stdout
+
+        def segments_on(store_id: str) -> int:
+            status = json.loads(run_cli("status", "--json", *master).stdout)
+            return next(s["segments"] for s in status["stores"] if s["id"] == store_id)
+
+        busiest = max(("store0", "store1", "store2", "store3"), key=segments_on)
+        assert segments_on(busiest) > 0
+        drained = run_cli("drain", busiest, *master, timeout_s=180)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert "drain [" in drained.stderr  # the progress bar
+        assert segments_on(busiest) == 0
+        assert run_cli("verify", "ops/data", *master).returncode == 0
+
+        victim = next(s for s in ("store0", "store1", "store2", "store3") if s != busiest)
+        cluster.stores[int(victim[-1])].kill()
+        broken = run_cli("verify", "ops/data", *master)
+        assert broken.returncode == 1
+        assert f"replica {victim} missing" in broken.stdout
