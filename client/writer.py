@@ -537,9 +537,12 @@ class Writer:
     # ---- the core ----
 
     def step(self, event: LeaderEvent) -> list[LeaderAction]:
+        accepting = self._core.accepting_appends
         actions = self._core.step(now_ms(), event)
         if actions:
             self._apply(actions)
+        if not accepting and self._core.accepting_appends:
+            self._room_freed = True  # a roll's drain ended (rolled or given up)
         # Only once this step's actions are all carried out: admitting a waiting append
         # steps the core again, and its writes must queue after this step's.
         if self._waiting and self._room_freed:
@@ -713,7 +716,6 @@ class Writer:
             reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
         except grpc.aio.AioRpcError as error:
             log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
-            self._room_freed = True  # the drain ends: held appends go on
             self.step(RollFailed(f"{error.code().name}: {error.details()}"))
             return
         self.step(RollAnswered(_answer(sent_at, reply)))

@@ -246,3 +246,41 @@ async def test_losing_a_copy_set_store_rolls_to_live_stores(tmp_path: Path) -> N
             assert victim.address not in [r.address for r in by_epoch[newest].copy_set]
             events = await read_all(client, name)
             assert [p for _, p in events] == [b"l-%06d" % i for i in range(number)]
+
+
+def lead_and_die(master: str, name: str, client_id: str) -> None:
+    """A heartbeat-only leader: it takes the lease (opening a segment), then dies."""
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.lease_writer", master, name, client_id],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        while '"LEADER"' not in holder.stdout.readline():
+            assert holder.poll() is None, "the lease holder exited"
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+async def test_a_grant_without_a_segment_seals_both_earlier_ones_then_rolls(
+    cluster: Cluster,
+) -> None:
+    """Two heartbeat-only leaders in a row leave two segments unsealed: the master then
+    grants an epoch without a segment; the writer seals both, rolls, and leads."""
+    name = "failover/gap"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        for number in range(2):
+            await asyncio.to_thread(lead_and_die, cluster.master_address, name, f"holder-{number}")
+        unsealed = [s for s in await segments(client, name) if s.state != entry_pb2.SEALED]
+        assert len(unsealed) == 2
+        async with client.writer(name, leadership_timeout_s=20) as writer:
+            await writer.append(b"after the gap")
+            epoch = writer.epoch
+        listing = await segments(client, name)
+        assert [s.state for s in listing if s.id.epoch < epoch - 1] == [entry_pb2.SEALED] * 2
+        assert [p for _, p in await read_all(client, name)] == [b"after the gap"]
