@@ -285,10 +285,10 @@ class SegmentRecovery:
         """Every request still waiting for its answer (to re-send after a reconnect)."""
         if self.deposed:
             return []
+        # A lost store is asked to seal again too: only its answer brings it back, and
+        # without one a recovery that needs it would wait forever. Seals are idempotent.
         out: list[Action] = [
-            SendSeal(s, self.leader_epoch)
-            for s in self.copy_set
-            if s not in self._sealed and s not in self._lost
+            SendSeal(s, self.leader_epoch) for s in self.copy_set if s not in self._sealed
         ]
         if self._plan is None:
             out += self._reads_needed()

@@ -160,14 +160,15 @@ def test_a_late_store_below_the_read_range_gets_final_copies_read_first() -> Non
     assert [(w.store, notation(w.entries)) for w in writes(out)] == [("B", "e1@1 e2@1 e3@2 BR@2")]
 
 
-def test_outstanding_is_what_still_awaits_an_answer() -> None:
+def test_outstanding_is_what_still_awaits_an_answer_lost_stores_included() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start()
     op.step(sealed("A"))
     op.step(StoreLost("C"))
-    assert op.outstanding() == [SendSeal("B", 3)]
+    # C is asked again: only its answer can bring it back (a recovery may need it).
+    assert op.outstanding() == [SendSeal("B", 3), SendSeal("C", 3)]
     op.step(sealed("B"))
-    assert op.outstanding() == [SendRead("A", 1, 0), SendRead("B", 1, 0)]
+    assert op.outstanding() == [SendSeal("C", 3), SendRead("A", 1, 0), SendRead("B", 1, 0)]
 
 
 def test_duplicated_and_reordered_delivery_ends_the_same() -> None:
