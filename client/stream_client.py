@@ -39,6 +39,9 @@ T = TypeVar("T")
 SEAL_TIMEOUT_S = 30.0
 # How often `seal` looks at the master's segment list while a leader rolls.
 SEAL_POLL_S = 0.05
+# A leader that has not sealed the segment by then is asked again (or, if its lease
+# has run out meanwhile, `seal` leads itself).
+SEAL_ASK_AGAIN_S = 2.0
 
 
 class StreamClient:
@@ -143,44 +146,55 @@ class StreamClient:
 
         With a leader running, the master asks it to roll, and this waits until the
         segment is sealed (the leader's recovery under its next epoch). With nobody
-        leading, this client leads for a moment: it seals and recovers every unsealed
-        segment, then gives the lease back (leaving a new, empty segment open).
-        Raises `Unavailable` when that does not happen within `timeout_s`."""
+        leading (or a leader that neither rolls nor keeps its lease), this client leads
+        for a moment: it seals and recovers every unsealed segment, then gives the lease
+        back (leaving a new, empty segment open). Raises `Unavailable` when that does
+        not happen within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
+        epoch = 0
+        leader = ""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    asked = await self._request_roll(name)
+                    epoch = epoch or asked.open_segment_epoch
+                    leader = asked.leader_id
+                    if not leader:
+                        await self._seal_leading(name, deadline)
+                        return epoch
+                    if not epoch or await self._sealed_within(name, epoch, SEAL_ASK_AGAIN_S):
+                        return epoch
+        except TimeoutError:
+            state = "the leader did not roll" if leader else "no leadership"
+            raise Unavailable(
+                f"{name}: segment {epoch} not sealed within {timeout_s} s ({state}; "
+                f"leader: {leader or 'none'})"
+            ) from None
 
+    async def _request_roll(self, name: str) -> master_pb2.RequestRollReply:
         async def ask() -> master_pb2.RequestRollReply:
             return await self.master.RequestRoll(
                 master_pb2.RequestRollRequest(stream=name), timeout=5.0
             )
 
-        asked = await self._control(ask)
-        epoch = asked.open_segment_epoch
-        try:
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                if asked.leader_id:
-                    if epoch:
-                        await self._wait_sealed(name, epoch)
-                    return epoch
-                listing = await self.list_segments(name)
-                if all(s.state == entry_pb2.SEALED for s in listing.segments):
-                    return epoch
-                async with self.writer(name, rolling=False) as writer:
-                    await writer.wait_sealed(max(0.0, deadline - time.monotonic()))
-                return epoch
-        except TimeoutError:
-            state = "the leader did not roll" if asked.leader_id else "no leadership"
-            raise Unavailable(
-                f"{name}: segment {epoch} not sealed within {timeout_s} s ({state}; "
-                f"leader: {asked.leader_id or 'none'})"
-            ) from None
+        return await self._control(ask)
 
-    async def _wait_sealed(self, name: str, epoch: int) -> None:
-        while True:
+    async def _seal_leading(self, name: str, deadline: float) -> None:
+        listing = await self.list_segments(name)
+        if all(s.state == entry_pb2.SEALED for s in listing.segments):
+            return
+        async with self.writer(name, rolling=False) as writer:
+            await writer.wait_sealed(max(0.0, deadline - time.monotonic()))
+
+    async def _sealed_within(self, name: str, epoch: int, seconds: float) -> bool:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
             listing = await self.list_segments(name, from_epoch=epoch)
             for segment in listing.segments:
                 if segment.id.epoch == epoch and segment.state == entry_pb2.SEALED:
-                    return
+                    return True
             await asyncio.sleep(SEAL_POLL_S)
+        return False
 
     def subscribe(self, name: str, start: subscription.Start = 0) -> AsyncIterator[Event]:
         """Every acked event of `name` from `start` (a sequence, or "end"), forever."""

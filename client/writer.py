@@ -420,15 +420,22 @@ class Writer:
         self.step(Release())
         for epoch in self._releases:
             await self._release(epoch)
+        released = len(self._releases)
         for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
-        if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
-            # The caller's own error goes on as it is; a TaskGroup would wrap it in an
-            # ExceptionGroup. Only a background loop's failure (which cancels the caller,
-            # so it arrives here as CancelledError) comes back as a group.
-            await self._group.__aexit__(None, None, None)
-        else:
-            await self._group.__aexit__(exc_type, exc, tb)
+        try:
+            if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
+                # The caller's own error goes on as it is; a TaskGroup would wrap it in an
+                # ExceptionGroup. Only a background loop's failure (which cancels the
+                # caller, so it arrives here as CancelledError) comes back as a group.
+                await self._group.__aexit__(None, None, None)
+            else:
+                await self._group.__aexit__(exc_type, exc, tb)
+        finally:
+            # A roll answered while closing granted an epoch: give it back too, or the
+            # next writer (or `seal`) waits out a lease nobody uses.
+            for epoch in self._releases[released:]:
+                await self._release(epoch)
         return None
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
