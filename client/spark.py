@@ -189,8 +189,12 @@ def plan_ranges(
                 last_readable = min(last_readable, end_index - 1)
         for low in range(first, last_readable + 1, partition_entries):
             high = min(last_readable, low + partition_entries - 1)
+            # Each partition starts at another replica (the rest are its fail-over
+            # order), so a scan spreads over every store instead of loading one.
+            turn = len(ranges) % len(segment.replicas) if segment.replicas else 0
+            replicas = segment.replicas[turn:] + segment.replicas[:turn]
             ranges.append(
-                SegmentRange(stream, layout.stream_id, segment.epoch, low, high, segment.replicas)
+                SegmentRange(stream, layout.stream_id, segment.epoch, low, high, replicas)
             )
     return ranges
 

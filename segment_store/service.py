@@ -21,13 +21,13 @@ import grpc
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 from client.channels import CLIENT_OPTIONS
-from client.core.entry import CorruptEntry, EntryKind, StoredEntry
+from client.core.entry import CorruptEntry, EntryKind, StoredEntry, unpack_values
 from client.core.limits import INDEX_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from client.errors import FENCE_METADATA_KEY
 from client.logs import segment_fields
 from segment_store import metrics
 from segment_store.group_commit import GroupCommitter, SegmentWatch
-from segment_store.keys import SegmentMeta
+from segment_store.keys import SegmentMeta, entry_index
 from segment_store.store import (
     BadRequest,
     DeleteCommand,
@@ -140,14 +140,15 @@ def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
 _KINDS: dict[int, EntryKind] = {int(kind): kind for kind in EntryKind}
 
 
-def entry_to_pb(entry: StoredEntry) -> entry_pb2.Entry:
-    return entry_pb2.Entry(
-        index=entry.index,
-        kind=int(entry.kind),  # type: ignore[arg-type]
-        epoch=entry.epoch,
-        payload=entry.payload,
-        crc32c=entry.crc32c,
-    )
+def entries_pb(rows: Sequence[tuple[bytes, bytes]]) -> list[entry_pb2.Entry]:
+    """Wire entries straight from stored rows, every copy verified (CorruptEntry)."""
+    indexes = [entry_index(key) for key, _ in rows]
+    kinds, epochs, payloads, crcs = unpack_values(indexes, [value for _, value in rows])
+    entry = entry_pb2.Entry
+    return [
+        entry(index=i, kind=k, epoch=e, payload=p, crc32c=c)  # type: ignore[arg-type]
+        for i, k, e, p, c in zip(indexes, kinds, epochs, payloads, crcs, strict=True)
+    ]
 
 
 def _segment_pb(segment: SegmentKey) -> entry_pb2.SegmentId:
@@ -170,6 +171,13 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)
+
+    def read_entries(
+        self, segment: SegmentKey, first: int, upper: int, acked_only: bool, limit: int
+    ) -> list[entry_pb2.Entry]:
+        """One reply's worth of wire entries (off the event loop: it reads RocksDB)."""
+        rows = self.core.read_rows(segment, first, upper, acked_only, limit, READ_REPLY_BYTES_MAX)
+        return entries_pb(rows)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""
@@ -351,25 +359,19 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         next_index = max(request.from_index, 1)
         sent = False
         while True:
-            entries: list[StoredEntry] = []
+            entries: list[entry_pb2.Entry] = []
             if next_index <= upper:
                 try:
                     entries = await self.in_thread(
                         functools.partial(
-                            self.core.read,
-                            segment,
-                            next_index,
-                            upper,
-                            False,
-                            per_reply,
-                            READ_REPLY_BYTES_MAX,
+                            self.read_entries, segment, next_index, upper, False, per_reply
                         )
                     )
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error)
             if entries or not sent:
                 yield segment_store_pb2.ReadReply(
-                    entries=[entry_to_pb(e) for e in entries],
+                    entries=entries,
                     acked_index=meta.acked_index,
                     matched_index=meta.matched_index,
                     last_index=meta.last_index,
@@ -587,20 +589,19 @@ class _Tail:
             if self.next_index <= meta.acked_index:
                 entries = await self.service.in_thread(
                     functools.partial(
-                        self.service.core.read,
+                        self.service.read_entries,
                         self.segment,
                         self.next_index,
                         meta.acked_index,
                         True,
                         self.batch_entries,
-                        READ_REPLY_BYTES_MAX,
                     )
                 )
                 if entries:
                     await self._put(
                         segment_store_pb2.SubscribeReply(
                             batch=segment_store_pb2.EntryBatch(
-                                entries=[entry_to_pb(e) for e in entries], token=entries[-1].index
+                                entries=entries, token=entries[-1].index
                             )
                         )
                     )

@@ -479,6 +479,20 @@ class SegmentStoreCore:
         at most `limit` (0: all) and, past the first, at most `max_bytes` of values
         (0: no bound); with `acked_only`, none above the acked index.
         Raises SegmentNotFound, and CorruptEntry if a stored copy fails its crc."""
+        rows = self.read_rows(segment, from_index, to_index, acked_only, limit, max_bytes)
+        return [decode_value(entry_index(key), value) for key, value in rows]
+
+    def read_rows(
+        self,
+        segment: SegmentKey,
+        from_index: int,
+        to_index: int = 0,
+        acked_only: bool = False,
+        limit: int = 0,
+        max_bytes: int = 0,
+    ) -> list[tuple[bytes, bytes]]:
+        """What `read` reads, as stored (key, value) rows, not yet decoded or verified:
+        the serving path decodes whole batches at once (`client.core.entry`)."""
         meta = self._require(segment)
         upper = meta.last_index if to_index == 0 else min(to_index, meta.last_index)
         if acked_only:
@@ -486,13 +500,12 @@ class SegmentStoreCore:
         first = max(from_index, 1)
         if upper < first:
             return []
-        rows = self.kv.scan(
+        return self.kv.scan(
             entry_key(segment.stream_id, segment.epoch, first),
             entry_key(segment.stream_id, segment.epoch, upper + 1),
             limit,
             max_bytes,
         )
-        return [decode_value(entry_index(key), value) for key, value in rows]
 
     def digest(self, segment: SegmentKey, up_to: int = 0) -> DigestInfo:
         """SHA-256 over (index, kind, payload) of indexes 1..up_to (0: the acked index);

@@ -105,3 +105,28 @@ def decode_value(index: int, value: bytes) -> StoredEntry:
     entry = StoredEntry(index, EntryKind(kind), epoch, bytes(value[VALUE_HEADER_BYTES:]), crc)
     entry.verify()
     return entry
+
+
+def unpack_values(
+    indexes: Sequence[int], values: Sequence[bytes]
+) -> tuple[list[int], list[int], list[bytes], list[int]]:
+    """Stored values of consecutive reads as columns (kinds, epochs, payloads, crcs),
+    each verified in one tight loop; raises CorruptEntry naming the first bad index.
+    The read path of stores: no object per entry."""
+    unpack, header = _VALUE_HEADER.unpack_from, VALUE_HEADER_BYTES
+    kinds: list[int] = []
+    epochs: list[int] = []
+    payloads: list[bytes] = []
+    crcs: list[int] = []
+    for value in values:
+        if len(value) < header:
+            raise CorruptEntry(f"index {indexes[len(kinds)]}: stored value is truncated")
+        kind, epoch, crc = unpack(value)
+        kinds.append(kind)
+        epochs.append(epoch)
+        payloads.append(value[header:])
+        crcs.append(crc)
+    bad = first_corrupt(indexes, kinds, epochs, payloads, crcs)
+    if bad is not None:
+        raise CorruptEntry(f"index {indexes[bad]}: crc32c mismatch or unknown kind")
+    return kinds, epochs, payloads, crcs

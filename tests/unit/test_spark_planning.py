@@ -43,6 +43,12 @@ def test_large_segments_split_into_index_ranges() -> None:
     assert spans(plan) == [(1, 1, 4), (1, 5, 8), (1, 9, 10)]
 
 
+def test_partitions_start_at_different_replicas_and_keep_the_others_to_fail_over() -> None:
+    plan = plan_ranges("t/s", layout(sealed(1, 11), sealed(2, 3)), 0, None, False, 4)
+    assert [p.replicas[0] for p in plan] == ["a:1", "b:1", "c:1", "a:1"]
+    assert all(sorted(p.replicas) == sorted(R) for p in plan)
+
+
 def test_include_open_reads_up_to_the_acked_index() -> None:
     segments = layout(sealed(1, 3), opened(2), open_acked={2: 6})
     plan = plan_ranges("t/s", segments, 0, None, True, 100)
