@@ -19,7 +19,7 @@ import time
 from streamengine.v1 import entry_pb2
 
 from bench.append import cluster
-from bench.subscribe import fill
+from bench.subscribe import catch_up, fill
 from client import StreamClient
 
 
@@ -37,14 +37,7 @@ async def prepare(master: str, stream: str, events: int, segment_mb: int) -> int
 
 async def sdk_read_rate(master: str, stream: str, events: int) -> float:
     async with StreamClient(master) as client:
-        started = time.perf_counter()
-        count = 0
-        async for _event in client.read(stream):
-            count += 1
-        seconds = time.perf_counter() - started
-    if count != events:
-        raise SystemExit(f"SDK read {count} events, expected {events}")
-    return count / seconds
+        return events / await catch_up(client, stream, events)
 
 
 def spark_scan_rate(master: str, stream: str, events: int) -> float:
