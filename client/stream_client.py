@@ -155,15 +155,20 @@ class StreamClient:
         leader = ""
         try:
             async with asyncio.timeout(timeout_s):
+                asked = await self._request_roll(name)
+                epoch, leader = asked.open_segment_epoch, asked.leader_id
                 while True:
-                    asked = await self._request_roll(name)
-                    epoch = epoch or asked.open_segment_epoch
-                    leader = asked.leader_id
                     if not leader:
                         await self._seal_leading(name, deadline)
                         return epoch
                     if not epoch or await self._sealed_within(name, epoch, SEAL_ASK_AGAIN_S):
                         return epoch
+                    info = await self.describe_stream(name)
+                    leader = info.leader_id
+                    if leader and info.open_segment_epoch == epoch:
+                        # Not rolled yet (a new leader since?): ask again, for this
+                        # segment only; once it rolled, asking would roll the next one.
+                        leader = (await self._request_roll(name)).leader_id
         except TimeoutError:
             state = "the leader did not roll" if leader else "no leadership"
             raise Unavailable(

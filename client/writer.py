@@ -417,6 +417,13 @@ class Writer:
         if self.leading and exc_type is None:
             await self._flush()
         self._closing = True
+        # No heartbeat may reach the master after the release: the lease would then be
+        # free and granted again, to this writer, opening an epoch nobody uses (and
+        # leaving the segment just written unsealed until the next leader).
+        heartbeats = list(self._heartbeats)
+        for task in heartbeats:
+            task.cancel()
+        await asyncio.gather(*heartbeats, return_exceptions=True)
         self.step(Release())
         for epoch in self._releases:
             await self._release(epoch)
@@ -571,6 +578,8 @@ class Writer:
             elif isinstance(action, Acked):
                 self._acked(action.acked_index)
             elif isinstance(action, SendHeartbeat):
+                if self._closing:
+                    continue  # see `_close`
                 task = self._spawn(self._heartbeat(action))
                 self._heartbeats.add(task)
                 task.add_done_callback(self._heartbeats.discard)
