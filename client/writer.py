@@ -9,6 +9,18 @@ core needs no lock.
 Every background loop (the clock, heartbeats, one Write stream per store) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
 
+Earlier segments. A grant listing unsealed segments (`RecoverSegment`) gets one
+`client.sealer.SegmentSealer` task each; its `Done` becomes `SegmentSealed` (the core
+then acks the new segment), its `Deposed` a `StoreFenced` (the core steps down). A
+grant without a segment (two earlier segments unsealed) never reaches the core: the
+shell seals both under the granted epoch, then asks `RollSegment` for the next epoch
+and hands that grant to the core (`_close_gap`).
+
+Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
+`RollSegment` and feeds the answer back (`RollAnswered`, or `RollFailed`). Appends
+wait while the core does not accept them (`accepting_appends`) and go on in the new
+segment, whose Write streams replace the old ones.
+
 ```python
 async with client.writer("acme/orders") as w:    # waits for leadership
     seq = await w.append(b"...")                  # resolves once W stores hold it
