@@ -21,7 +21,13 @@ import grpc
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 from client.channels import CLIENT_OPTIONS
-from client.core.entry import CorruptEntry, EntryKind, StoredEntry, unpack_values
+from client.core.entry import (
+    CorruptEntry,
+    EntryKind,
+    StoredEntry,
+    first_corrupt_value,
+    unpack_values,
+)
 from client.core.limits import INDEX_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from client.errors import FENCE_METADATA_KEY
 from client.logs import segment_fields
@@ -357,6 +363,10 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         if request.acked_only:
             upper = min(upper, meta.acked_index)
         next_index = max(request.from_index, 1)
+        if request.packed:
+            async for reply in self._read_packed(context, segment, meta, next_index, upper):
+                yield reply
+            return
         sent = False
         while True:
             entries: list[entry_pb2.Entry] = []
@@ -381,6 +391,57 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             if not entries or entries[-1].index >= upper:
                 return
             next_index = entries[-1].index + 1
+
+    async def _read_packed(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        segment: SegmentKey,
+        meta: SegmentMeta,
+        next_index: int,
+        upper: int,
+    ) -> AsyncIterator[segment_store_pb2.ReadReply]:
+        """Read's bulk form: values back to back, a reply per batch of consecutive
+        indexes, ending before the first index the store lacks."""
+        per_reply = WRITE_BATCH_ENTRIES_MAX
+        while True:
+            first, values = next_index, list[bytes]()
+            if next_index <= upper:
+                try:
+                    first, values = await self.in_thread(
+                        functools.partial(self.read_values, segment, next_index, upper, per_reply)
+                    )
+                except (StoreError, CorruptEntry) as error:
+                    await _abort(context, error, _segment_pb(segment))
+            yield segment_store_pb2.ReadReply(
+                acked_index=meta.acked_index,
+                matched_index=meta.matched_index,
+                last_index=meta.last_index,
+                fence=meta.fence,
+                packed_values=b"".join(values),
+                value_lengths=[len(value) for value in values],
+                first_index=first if values else 0,
+            )
+            next_index = first + len(values)
+            # A reply may end early (the byte cap, a gap): only an empty one, or the
+            # end of the range, ends the read. A gap gives an empty one next round.
+            if not values or next_index > upper:
+                return
+
+    def read_values(
+        self, segment: SegmentKey, first: int, upper: int, limit: int
+    ) -> tuple[int, list[bytes]]:
+        """Stored values of consecutive indexes from `first` (cut before a gap), each
+        verified; raises CorruptEntry."""
+        rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+        values: list[bytes] = []
+        for key, value in rows:
+            if entry_index(key) != first + len(values):
+                break
+            values.append(value)
+        bad = first_corrupt_value(first, values)
+        if bad is not None:
+            raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
+        return first, values
 
     async def Digest(
         self,

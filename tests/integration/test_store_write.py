@@ -231,3 +231,30 @@ async def test_other_malformed_requests_get_clear_statuses(store: ServerProcess)
             await stub.Delete(segment_store_pb2.DeleteRequest(segment=unknown))
         ).existed is False
     assert store.alive()
+
+
+async def test_a_packed_read_sends_stored_values_back_to_back_and_stops_at_a_gap(
+    store: ServerProcess,
+) -> None:
+    from client.core.entry import VALUE_HEADER_BYTES, decode_value
+
+    segment = seg(131, 3)
+    async with store_stub(store.address) as stub:
+        held = [*entries(1, 5), *entries(7, 8)]  # index 6 missing
+        await write_all(stub, [write_request(segment, 3, 0, entries(1, 5))])
+        await write_all(stub, [write_request(segment, 3, 0, entries(7, 8))])
+        request = segment_store_pb2.ReadRequest(segment=segment, from_index=2, packed=True)
+        replies = [reply async for reply in stub.Read(request)]
+        assert all(not reply.entries for reply in replies)
+        values = b"".join(reply.packed_values for reply in replies)
+        lengths = [n for reply in replies for n in reply.value_lengths]
+        assert replies[0].first_index == 2 and len(lengths) == 4  # 2..5, cut before 6
+        offset, decoded = 0, []
+        for number, length in enumerate(lengths):
+            decoded.append(decode_value(2 + number, values[offset : offset + length]))
+            offset += length
+        want = held[1:5]
+        assert [(e.index, e.payload, e.crc32c) for e in decoded] == [
+            (e.index, e.payload, e.crc32c) for e in want
+        ]
+        assert all(length >= VALUE_HEADER_BYTES for length in lengths)

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from streamengine.v1 import entry_pb2 as streamengine_dot_v1_dot_entry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#streamengine/v1/segment_store.proto\x12\x0fstreamengine.v1\x1a\x1bstreamengine/v1/entry.proto\"\xb8\x01\n\x0cWriteRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x03 \x01(\x04\x12\'\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x16.streamengine.v1.Entry\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\x12\x13\n\x0breport_held\x18\x06 \x01(\x08\"\xf4\x01\n\nWriteReply\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.streamengine.v1.WriteStatus\x12\x15\n\rmatched_index\x18\x04 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x05 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\x07 \x01(\x04\x12\x12\n\nlast_index\x18\x08 \x01(\x04\x12\x13\n\x0bheld_epochs\x18\t \x03(\x04\"M\n\x0bSealRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x11\n\tnew_epoch\x18\x02 \x01(\x04\"Z\n\tSealReply\x12\r\n\x05\x66\x65nce\x18\x01 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x02 \x01(\x04\x12\x15\n\rmatched_index\x18\x03 \x01(\x04\x12\x12\n\nlast_index\x18\x04 \x01(\x04\"\x93\x01\n\x0bReadRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x12\n\nfrom_index\x18\x02 \x01(\x04\x12\x10\n\x08to_index\x18\x03 \x01(\x04\x12\x12\n\nacked_only\x18\x04 \x01(\x08\x12\x1d\n\x15max_entries_per_reply\x18\x05 \x01(\r\"\x83\x01\n\tReadReply\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.streamengine.v1.Entry\x12\x13\n\x0b\x61\x63ked_index\x18\x02 \x01(\x04\x12\x15\n\rmatched_index\x18\x03 \x01(\x04\x12\x12\n\nlast_index\x18\x04 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x05 \x01(\x04\"\x80\x01\n\x10SubscribeRequest\x12\x30\n\x05start\x18\x01 \x01(\x0b\x32\x1f.streamengine.v1.SubscribeStartH\x00\x12/\n\tkeepalive\x18\x02 \x01(\x0b\x32\x1a.streamengine.v1.KeepaliveH\x00\x42\t\n\x07message\"\x8b\x01\n\x0eSubscribeStart\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x12\n\nfrom_index\x18\x02 \x01(\x04\x12\x19\n\x11max_batch_entries\x18\x03 \x01(\r\x12\x1d\n\x15keepalive_interval_ms\x18\x04 \x01(\r\"\x1f\n\tKeepalive\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x04\"\xa9\x01\n\x0eSubscribeReply\x12-\n\x08position\x18\x01 \x01(\x0b\x32\x19.streamengine.v1.PositionH\x00\x12,\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1b.streamengine.v1.EntryBatchH\x00\x12/\n\tkeepalive\x18\x03 \x01(\x0b\x32\x1a.streamengine.v1.KeepaliveH\x00\x42\t\n\x07message\"D\n\x08Position\x12\x13\n\x0b\x61\x63ked_index\x18\x01 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x14\n\x0c\x62ridge_index\x18\x03 \x01(\x04\"D\n\nEntryBatch\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.streamengine.v1.Entry\x12\r\n\x05token\x18\x02 \x01(\x04\"}\n\x12\x43opySegmentRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x13\n\x0b\x66inal_index\x18\x03 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\"O\n\x10\x43opySegmentReply\x12\x16\n\x0e\x65ntries_copied\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0b\x61\x63ked_index\x18\x03 \x01(\x04\"Q\n\rDigestRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x13\n\x0bup_to_index\x18\x02 \x01(\x04\"l\n\x0b\x44igestReply\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x0c\x12\x13\n\x0bup_to_index\x18\x02 \x01(\x04\x12\x14\n\x0c\x65ntries_held\x18\x03 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x04 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x05 \x01(\x04\"<\n\rDeleteRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\"\x1e\n\x0b\x44\x65leteReply\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"E\n\x16GetSegmentStateRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\"\xb4\x01\n\x11SegmentStateReply\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x03 \x01(\x04\x12\x15\n\rmatched_index\x18\x04 \x01(\x04\x12\x12\n\nlast_index\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62ridge_index\x18\x07 \x01(\x04*K\n\x0bWriteStatus\x12\x1c\n\x18WRITE_STATUS_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\x10\n\x0cREFUSED_BUSY\x10\x02\x32\xf9\x04\n\x0cSegmentStore\x12G\n\x05Write\x12\x1d.streamengine.v1.WriteRequest\x1a\x1b.streamengine.v1.WriteReply(\x01\x30\x01\x12@\n\x04Seal\x12\x1c.streamengine.v1.SealRequest\x1a\x1a.streamengine.v1.SealReply\x12\x42\n\x04Read\x12\x1c.streamengine.v1.ReadRequest\x1a\x1a.streamengine.v1.ReadReply0\x01\x12S\n\tSubscribe\x12!.streamengine.v1.SubscribeRequest\x1a\x1f.streamengine.v1.SubscribeReply(\x01\x30\x01\x12U\n\x0b\x43opySegment\x12#.streamengine.v1.CopySegmentRequest\x1a!.streamengine.v1.CopySegmentReply\x12\x46\n\x06\x44igest\x12\x1e.streamengine.v1.DigestRequest\x1a\x1c.streamengine.v1.DigestReply\x12\x46\n\x06\x44\x65lete\x12\x1e.streamengine.v1.DeleteRequest\x1a\x1c.streamengine.v1.DeleteReply\x12^\n\x0fGetSegmentState\x12\'.streamengine.v1.GetSegmentStateRequest\x1a\".streamengine.v1.SegmentStateReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#streamengine/v1/segment_store.proto\x12\x0fstreamengine.v1\x1a\x1bstreamengine/v1/entry.proto\"\xb8\x01\n\x0cWriteRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x03 \x01(\x04\x12\'\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x16.streamengine.v1.Entry\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\x12\x13\n\x0breport_held\x18\x06 \x01(\x08\"\xf4\x01\n\nWriteReply\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.streamengine.v1.WriteStatus\x12\x15\n\rmatched_index\x18\x04 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x05 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\x07 \x01(\x04\x12\x12\n\nlast_index\x18\x08 \x01(\x04\x12\x13\n\x0bheld_epochs\x18\t \x03(\x04\"M\n\x0bSealRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x11\n\tnew_epoch\x18\x02 \x01(\x04\"Z\n\tSealReply\x12\r\n\x05\x66\x65nce\x18\x01 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x02 \x01(\x04\x12\x15\n\rmatched_index\x18\x03 \x01(\x04\x12\x12\n\nlast_index\x18\x04 \x01(\x04\"\xa3\x01\n\x0bReadRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x12\n\nfrom_index\x18\x02 \x01(\x04\x12\x10\n\x08to_index\x18\x03 \x01(\x04\x12\x12\n\nacked_only\x18\x04 \x01(\x08\x12\x1d\n\x15max_entries_per_reply\x18\x05 \x01(\r\x12\x0e\n\x06packed\x18\x06 \x01(\x08\"\xc6\x01\n\tReadReply\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.streamengine.v1.Entry\x12\x13\n\x0b\x61\x63ked_index\x18\x02 \x01(\x04\x12\x15\n\rmatched_index\x18\x03 \x01(\x04\x12\x12\n\nlast_index\x18\x04 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x05 \x01(\x04\x12\x15\n\rpacked_values\x18\x06 \x01(\x0c\x12\x15\n\rvalue_lengths\x18\x07 \x03(\r\x12\x13\n\x0b\x66irst_index\x18\x08 \x01(\x04\"\x80\x01\n\x10SubscribeRequest\x12\x30\n\x05start\x18\x01 \x01(\x0b\x32\x1f.streamengine.v1.SubscribeStartH\x00\x12/\n\tkeepalive\x18\x02 \x01(\x0b\x32\x1a.streamengine.v1.KeepaliveH\x00\x42\t\n\x07message\"\x8b\x01\n\x0eSubscribeStart\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x12\n\nfrom_index\x18\x02 \x01(\x04\x12\x19\n\x11max_batch_entries\x18\x03 \x01(\r\x12\x1d\n\x15keepalive_interval_ms\x18\x04 \x01(\r\"\x1f\n\tKeepalive\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x04\"\xa9\x01\n\x0eSubscribeReply\x12-\n\x08position\x18\x01 \x01(\x0b\x32\x19.streamengine.v1.PositionH\x00\x12,\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1b.streamengine.v1.EntryBatchH\x00\x12/\n\tkeepalive\x18\x03 \x01(\x0b\x32\x1a.streamengine.v1.KeepaliveH\x00\x42\t\n\x07message\"D\n\x08Position\x12\x13\n\x0b\x61\x63ked_index\x18\x01 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x14\n\x0c\x62ridge_index\x18\x03 \x01(\x04\"D\n\nEntryBatch\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.streamengine.v1.Entry\x12\r\n\x05token\x18\x02 \x01(\x04\"}\n\x12\x43opySegmentRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x13\n\x0b\x66inal_index\x18\x03 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x04\"O\n\x10\x43opySegmentReply\x12\x16\n\x0e\x65ntries_copied\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0b\x61\x63ked_index\x18\x03 \x01(\x04\"Q\n\rDigestRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x13\n\x0bup_to_index\x18\x02 \x01(\x04\"l\n\x0b\x44igestReply\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x0c\x12\x13\n\x0bup_to_index\x18\x02 \x01(\x04\x12\x14\n\x0c\x65ntries_held\x18\x03 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x04 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x05 \x01(\x04\"<\n\rDeleteRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\"\x1e\n\x0b\x44\x65leteReply\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"E\n\x16GetSegmentStateRequest\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\"\xb4\x01\n\x11SegmentStateReply\x12+\n\x07segment\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x03 \x01(\x04\x12\x15\n\rmatched_index\x18\x04 \x01(\x04\x12\x12\n\nlast_index\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62ridge_index\x18\x07 \x01(\x04*K\n\x0bWriteStatus\x12\x1c\n\x18WRITE_STATUS_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\x10\n\x0cREFUSED_BUSY\x10\x02\x32\xf9\x04\n\x0cSegmentStore\x12G\n\x05Write\x12\x1d.streamengine.v1.WriteRequest\x1a\x1b.streamengine.v1.WriteReply(\x01\x30\x01\x12@\n\x04Seal\x12\x1c.streamengine.v1.SealRequest\x1a\x1a.streamengine.v1.SealReply\x12\x42\n\x04Read\x12\x1c.streamengine.v1.ReadRequest\x1a\x1a.streamengine.v1.ReadReply0\x01\x12S\n\tSubscribe\x12!.streamengine.v1.SubscribeRequest\x1a\x1f.streamengine.v1.SubscribeReply(\x01\x30\x01\x12U\n\x0b\x43opySegment\x12#.streamengine.v1.CopySegmentRequest\x1a!.streamengine.v1.CopySegmentReply\x12\x46\n\x06\x44igest\x12\x1e.streamengine.v1.DigestRequest\x1a\x1c.streamengine.v1.DigestReply\x12\x46\n\x06\x44\x65lete\x12\x1e.streamengine.v1.DeleteRequest\x1a\x1c.streamengine.v1.DeleteReply\x12^\n\x0fGetSegmentState\x12\'.streamengine.v1.GetSegmentStateRequest\x1a\".streamengine.v1.SegmentStateReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamengine.v1.segment_store_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WRITESTATUS']._serialized_start=2341
-  _globals['_WRITESTATUS']._serialized_end=2416
+  _globals['_WRITESTATUS']._serialized_start=2424
+  _globals['_WRITESTATUS']._serialized_end=2499
   _globals['_WRITEREQUEST']._serialized_start=86
   _globals['_WRITEREQUEST']._serialized_end=270
   _globals['_WRITEREPLY']._serialized_start=273
@@ -43,37 +43,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEALREPLY']._serialized_start=598
   _globals['_SEALREPLY']._serialized_end=688
   _globals['_READREQUEST']._serialized_start=691
-  _globals['_READREQUEST']._serialized_end=838
-  _globals['_READREPLY']._serialized_start=841
-  _globals['_READREPLY']._serialized_end=972
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=975
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1103
-  _globals['_SUBSCRIBESTART']._serialized_start=1106
-  _globals['_SUBSCRIBESTART']._serialized_end=1245
-  _globals['_KEEPALIVE']._serialized_start=1247
-  _globals['_KEEPALIVE']._serialized_end=1278
-  _globals['_SUBSCRIBEREPLY']._serialized_start=1281
-  _globals['_SUBSCRIBEREPLY']._serialized_end=1450
-  _globals['_POSITION']._serialized_start=1452
-  _globals['_POSITION']._serialized_end=1520
-  _globals['_ENTRYBATCH']._serialized_start=1522
-  _globals['_ENTRYBATCH']._serialized_end=1590
-  _globals['_COPYSEGMENTREQUEST']._serialized_start=1592
-  _globals['_COPYSEGMENTREQUEST']._serialized_end=1717
-  _globals['_COPYSEGMENTREPLY']._serialized_start=1719
-  _globals['_COPYSEGMENTREPLY']._serialized_end=1798
-  _globals['_DIGESTREQUEST']._serialized_start=1800
-  _globals['_DIGESTREQUEST']._serialized_end=1881
-  _globals['_DIGESTREPLY']._serialized_start=1883
-  _globals['_DIGESTREPLY']._serialized_end=1991
-  _globals['_DELETEREQUEST']._serialized_start=1993
-  _globals['_DELETEREQUEST']._serialized_end=2053
-  _globals['_DELETEREPLY']._serialized_start=2055
-  _globals['_DELETEREPLY']._serialized_end=2085
-  _globals['_GETSEGMENTSTATEREQUEST']._serialized_start=2087
-  _globals['_GETSEGMENTSTATEREQUEST']._serialized_end=2156
-  _globals['_SEGMENTSTATEREPLY']._serialized_start=2159
-  _globals['_SEGMENTSTATEREPLY']._serialized_end=2339
-  _globals['_SEGMENTSTORE']._serialized_start=2419
-  _globals['_SEGMENTSTORE']._serialized_end=3052
+  _globals['_READREQUEST']._serialized_end=854
+  _globals['_READREPLY']._serialized_start=857
+  _globals['_READREPLY']._serialized_end=1055
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1058
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1186
+  _globals['_SUBSCRIBESTART']._serialized_start=1189
+  _globals['_SUBSCRIBESTART']._serialized_end=1328
+  _globals['_KEEPALIVE']._serialized_start=1330
+  _globals['_KEEPALIVE']._serialized_end=1361
+  _globals['_SUBSCRIBEREPLY']._serialized_start=1364
+  _globals['_SUBSCRIBEREPLY']._serialized_end=1533
+  _globals['_POSITION']._serialized_start=1535
+  _globals['_POSITION']._serialized_end=1603
+  _globals['_ENTRYBATCH']._serialized_start=1605
+  _globals['_ENTRYBATCH']._serialized_end=1673
+  _globals['_COPYSEGMENTREQUEST']._serialized_start=1675
+  _globals['_COPYSEGMENTREQUEST']._serialized_end=1800
+  _globals['_COPYSEGMENTREPLY']._serialized_start=1802
+  _globals['_COPYSEGMENTREPLY']._serialized_end=1881
+  _globals['_DIGESTREQUEST']._serialized_start=1883
+  _globals['_DIGESTREQUEST']._serialized_end=1964
+  _globals['_DIGESTREPLY']._serialized_start=1966
+  _globals['_DIGESTREPLY']._serialized_end=2074
+  _globals['_DELETEREQUEST']._serialized_start=2076
+  _globals['_DELETEREQUEST']._serialized_end=2136
+  _globals['_DELETEREPLY']._serialized_start=2138
+  _globals['_DELETEREPLY']._serialized_end=2168
+  _globals['_GETSEGMENTSTATEREQUEST']._serialized_start=2170
+  _globals['_GETSEGMENTSTATEREQUEST']._serialized_end=2239
+  _globals['_SEGMENTSTATEREPLY']._serialized_start=2242
+  _globals['_SEGMENTSTATEREPLY']._serialized_end=2422
+  _globals['_SEGMENTSTORE']._serialized_start=2502
+  _globals['_SEGMENTSTORE']._serialized_end=3135
 # @@protoc_insertion_point(module_scope)

@@ -231,6 +231,7 @@ class ReadRequest(_message.Message):
     TO_INDEX_FIELD_NUMBER: _builtins.int
     ACKED_ONLY_FIELD_NUMBER: _builtins.int
     MAX_ENTRIES_PER_REPLY_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     from_index: _builtins.int
     """First index to return (from 1)."""
     to_index: _builtins.int
@@ -239,6 +240,11 @@ class ReadRequest(_message.Message):
     """Return only indexes at or below the store's acked index (what readers may see)."""
     max_entries_per_reply: _builtins.int
     """Entries per reply message; 0 lets the store choose."""
+    packed: _builtins.bool
+    """Answer in `packed_values` rather than `entries` (bulk scans, e.g. Spark): no
+    message per entry. Consecutive indexes only: a reply ends before an index the
+    store lacks, and the store verifies every copy's crc32c before sending it.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     def __init__(
@@ -249,10 +255,11 @@ class ReadRequest(_message.Message):
         to_index: _builtins.int = ...,
         acked_only: _builtins.bool = ...,
         max_entries_per_reply: _builtins.int = ...,
+        packed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_only", b"acked_only", "from_index", b"from_index", "max_entries_per_reply", b"max_entries_per_reply", "segment", b"segment", "to_index", b"to_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_only", b"acked_only", "from_index", b"from_index", "max_entries_per_reply", b"max_entries_per_reply", "packed", b"packed", "segment", b"segment", "to_index", b"to_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -267,14 +274,29 @@ class ReadReply(_message.Message):
     MATCHED_INDEX_FIELD_NUMBER: _builtins.int
     LAST_INDEX_FIELD_NUMBER: _builtins.int
     FENCE_FIELD_NUMBER: _builtins.int
+    PACKED_VALUES_FIELD_NUMBER: _builtins.int
+    VALUE_LENGTHS_FIELD_NUMBER: _builtins.int
+    FIRST_INDEX_FIELD_NUMBER: _builtins.int
     acked_index: _builtins.int
     """The store's acked, matched and last index when the read began."""
     matched_index: _builtins.int
     last_index: _builtins.int
     fence: _builtins.int
+    packed_values: _builtins.bytes
+    """With `packed`: the values of indexes first_index, first_index+1, ... back to
+    back, as stored: kind u8 | epoch u64 | crc32c u32 | payload (big-endian).
+    """
+    first_index: _builtins.int
+    """With `packed`: the index of the first value (0 when there is none)."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Entry]:
-        """Entries in index order; indexes the store lacks are absent (never invented)."""
+        """Entries in index order; indexes the store lacks are absent (never invented).
+        Empty with `packed`.
+        """
+
+    @_builtins.property
+    def value_lengths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """With `packed`: the length in bytes of each value in `packed_values`, in order."""
 
     def __init__(
         self,
@@ -284,10 +306,13 @@ class ReadReply(_message.Message):
         matched_index: _builtins.int = ...,
         last_index: _builtins.int = ...,
         fence: _builtins.int = ...,
+        packed_values: _builtins.bytes = ...,
+        value_lengths: _abc.Iterable[_builtins.int] | None = ...,
+        first_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "entries", b"entries", "fence", b"fence", "last_index", b"last_index", "matched_index", b"matched_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "entries", b"entries", "fence", b"fence", "first_index", b"first_index", "last_index", b"last_index", "matched_index", b"matched_index", "packed_values", b"packed_values", "value_lengths", b"value_lengths"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
