@@ -24,7 +24,15 @@ from client.core.leader import (
     StepDownReason,
     SteppedDown,
 )
-from client.core.replicator import Acked, Append, StoreConnected, StoreDisconnected, Tick
+from client.core.limits import EVENT_BYTES_MAX
+from client.core.replicator import (
+    Acked,
+    Append,
+    ReplicatorLimits,
+    StoreConnected,
+    StoreDisconnected,
+    Tick,
+)
 from tests.unit.test_leader import (
     LEASE_MS,
     POLICY,
@@ -164,3 +172,22 @@ def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
     leader.step(LEASE_MS + 1, Tick())  # the lease ran out
     late = leader.step(LEASE_MS + 2, roll_answer(9, 6, old=5))
     assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6}]
+
+
+def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:
+    bound = EVENT_BYTES_MAX + 64
+    limits = ReplicatorLimits(unacked_bytes_max=bound, retained_bytes_max=bound)
+    leader = Leader(0, limits, recovery_supported=True, rolling_supported=True)
+    leader.step(0, Tick())
+    leader.step(5, leader_answer(0))
+    for store in STORES:
+        leader.step(5, StoreConnected(store))
+    out: list[LeaderAction] = []
+    for now in range(10, 40):
+        # s3 never answers: everything acked is kept for it until the buffer is full.
+        if not leader.accepting_appends:
+            break
+        sent = leader.step(now, Append((b"x" * 100_000,)))
+        out += sent + answer_all(leader, now, sent, stores=("s1", "s2"))
+    asks = of_type(out, AskRoll)
+    assert asks and asks[0].exclude_stores == ("s3",) and "s3 detached" in asks[0].reason
