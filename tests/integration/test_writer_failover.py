@@ -192,6 +192,27 @@ async def test_rolling_by_size_gives_sealed_segments_read_back_whole(cluster: Cl
     assert report.ok, report
 
 
+async def test_a_segment_older_than_its_age_rolls(cluster: Cluster) -> None:
+    name = "failover/age"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2, segment_age_ms=300)
+        async with client.writer(name) as writer:
+            first_epoch = writer.epoch
+            number = 0
+            deadline = time.monotonic() + 10
+            while writer.epoch < first_epoch + 2:
+                assert time.monotonic() < deadline, "no roll by age"
+                await writer.append(b"age-%06d" % number)
+                number += 1
+                await asyncio.sleep(0.01)
+            await writer.append(b"age-%06d" % number)  # acked once the last roll sealed
+            number += 1
+        sealed = [s for s in await segments(client, name) if s.state == entry_pb2.SEALED]
+        assert len(sealed) >= 2
+        events = await read_all(client, name)
+        assert [p for _, p in events] == [b"age-%06d" % i for i in range(number)]
+
+
 async def test_seal_with_a_leader_rolls_and_without_one_leads_for_a_moment(
     cluster: Cluster,
 ) -> None:
