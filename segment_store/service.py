@@ -62,6 +62,8 @@ WRITE_STREAM_INFLIGHT_MAX = 64
 # Read replies: entries and bytes per message, far below the gRPC message limit.
 READ_REPLY_ENTRIES_DEFAULT = 256
 READ_REPLY_BYTES_MAX = 4 << 20
+# A packed Read reply: no message per entry, so in practice the byte cap bounds it.
+PACKED_REPLY_ENTRIES_MAX = 65536
 # Subscribe: entries per batch, keepalive bounds, and how long the first message may take.
 SUBSCRIBE_BATCH_ENTRIES_DEFAULT = 256
 SUBSCRIBE_KEEPALIVE_MS_DEFAULT = 1000
@@ -402,7 +404,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> AsyncIterator[segment_store_pb2.ReadReply]:
         """Read's bulk form: values back to back, a reply per batch of consecutive
         indexes, ending before the first index the store lacks."""
-        per_reply = WRITE_BATCH_ENTRIES_MAX
+        per_reply = PACKED_REPLY_ENTRIES_MAX
         while True:
             first, values = next_index, list[bytes]()
             if next_index <= upper:
