@@ -49,7 +49,7 @@ SEGMENT_REFRESH_MS = 1000
 # Pause before retrying when no replica can serve (open segment) or nothing is listed.
 IDLE_RETRY_MS = 200
 # Entries per batch on the wire.
-BATCH_ENTRIES = 1024
+BATCH_ENTRIES = 4096
 # A refresh every IDLE_RETRY_MS; failed replicas are retried after this many.
 FAILED_REPLICA_RETRY_ROUNDS = 5
 

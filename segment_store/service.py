@@ -148,10 +148,12 @@ def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
 _KINDS: dict[int, EntryKind] = {int(kind): kind for kind in EntryKind}
 
 
-def entries_pb(rows: Sequence[tuple[bytes, bytes]]) -> list[entry_pb2.Entry]:
-    """Wire entries straight from stored rows, every copy verified (CorruptEntry)."""
+def entries_pb(rows: Sequence[tuple[bytes, bytes]], verify: bool) -> list[entry_pb2.Entry]:
+    """Wire entries straight from stored rows; with `verify`, every copy is checked
+    first (CorruptEntry)."""
     indexes = [entry_index(key) for key, _ in rows]
-    kinds, epochs, payloads, crcs = unpack_values(indexes, [value for _, value in rows])
+    values = [value for _, value in rows]
+    kinds, epochs, payloads, crcs = unpack_values(indexes, values, verify)
     entry = entry_pb2.Entry
     return [
         entry(index=i, kind=k, epoch=e, payload=p, crc32c=c)  # type: ignore[arg-type]
@@ -181,11 +183,19 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         self._readers.shutdown(wait=False, cancel_futures=True)
 
     def read_entries(
-        self, segment: SegmentKey, first: int, upper: int, acked_only: bool, limit: int
+        self,
+        segment: SegmentKey,
+        first: int,
+        upper: int,
+        acked_only: bool,
+        limit: int,
+        verify: bool = True,
     ) -> list[entry_pb2.Entry]:
-        """One reply's worth of wire entries (off the event loop: it reads RocksDB)."""
+        """One reply's worth of wire entries (off the event loop: it reads RocksDB).
+        `verify=False` where the receiver checks every crc itself (followers do; RocksDB's
+        block checksums still guard the disk)."""
         rows = self.core.read_rows(segment, first, upper, acked_only, limit, READ_REPLY_BYTES_MAX)
-        return entries_pb(rows)
+        return entries_pb(rows, verify)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""
@@ -658,6 +668,7 @@ class _Tail:
                         meta.acked_index,
                         True,
                         self.batch_entries,
+                        verify=False,  # followers verify every entry they receive
                     )
                 )
                 if entries:
