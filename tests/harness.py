@@ -6,7 +6,9 @@ kill them with SIGKILL / SIGSTOP and wait for conditions with deadlines, never s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import socket
@@ -54,6 +56,26 @@ def wait_for(
                 f"{message} not reached in {timeout_s}s (last error: {last_error!r})"
             )
         time.sleep(interval_s)
+
+
+async def wait_until(
+    condition: Callable[[], object],
+    timeout_s: float = 30.0,
+    message: str = "condition",
+    interval_s: float = 0.02,
+) -> None:
+    """`wait_for` for async tests: poll `condition` (awaiting its result when it is
+    awaitable) without blocking the event loop; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{message} not reached in {timeout_s}s")
+        await asyncio.sleep(interval_s)
 
 
 def is_serving(address: str, timeout_s: float = 0.5) -> bool:

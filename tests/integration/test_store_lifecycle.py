@@ -5,9 +5,7 @@ peer and checks its digest, and a real master sees the store register."""
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -16,7 +14,14 @@ from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_stor
 
 from client.channels import CLIENT_OPTIONS
 from client.core.entry import EntryKind
-from tests.harness import ServerProcess, free_port, make_store, running_cluster, wait_for
+from tests.harness import (
+    ServerProcess,
+    free_port,
+    make_store,
+    running_cluster,
+    wait_for,
+    wait_until,
+)
 from tests.integration.store_helpers import (
     NO_MASTER,
     entries,
@@ -61,15 +66,6 @@ def test_a_generated_store_id_is_kept_in_the_data_dir(tmp_path: Path) -> None:
         assert (tmp_path / "store0" / "store-id").read_text().strip() == kept
     finally:
         store.kill()
-
-
-async def async_wait_for(
-    condition: Callable[[], Awaitable[bool]], timeout_s: float, message: str
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
-        assert time.monotonic() < deadline, f"{message}: not within {timeout_s}s"
-        await asyncio.sleep(0.05)
 
 
 def _get(url: str) -> bytes:
@@ -225,7 +221,7 @@ async def _lead(master: master_pb2_grpc.MasterAsyncStub, name: str) -> entry_pb2
         replies.append(await master.WriterHeartbeat(request))
         return replies[-1].role == master_pb2.LEADER
 
-    await async_wait_for(leader, 15, "leadership")
+    await wait_until(leader, 15, "leadership")
     return replies[-1].segment
 
 
@@ -264,7 +260,7 @@ async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
                         return error.code() == grpc.StatusCode.NOT_FOUND
                     return False
 
-                await async_wait_for(deleted, 15, "the store to delete the segment")
+                await wait_until(deleted, 15, "the store to delete the segment")
                 assert (await state(stub, unknown)).last_index == 3
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
@@ -14,7 +14,7 @@ import pytest
 from client import NotFound, StreamClient
 from client.core.cursor import Event
 from client.core.sequence import unpack_sequence
-from tests.harness import Cluster, free_port, metric_value, running_cluster
+from tests.harness import Cluster, free_port, metric_value, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -192,13 +192,6 @@ async def stall_then_catch_up(
         assert peak_rss < 600 * 1024 * 1024, f"a store grew to {peak_rss >> 20} MiB"
 
 
-async def wait_until(condition: Callable[[], object], timeout_s: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
-
-
 async def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there(
     cluster: Cluster,
 ) -> None:
@@ -225,7 +218,7 @@ async def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there(
 async def test_a_writer_failover_under_a_live_subscriber_has_no_duplicate_and_no_gap(
     cluster: Cluster,
 ) -> None:
-    from tests.integration.test_writer_failover import WriterProcess, numbers_of, wait_until
+    from tests.integration.test_writer_failover import WriterProcess, numbers_of
 
     name = "sub/failover-writer"
     async with StreamClient(cluster.master_address) as client:

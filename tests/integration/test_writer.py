@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -32,7 +31,7 @@ from client.core.replicator import ReplicatorLimits
 from client.core.sequence import unpack_sequence
 from client.sync import SyncStreamClient
 from client.writer import Writer
-from tests.harness import Cluster
+from tests.harness import Cluster, wait_until
 
 COUNT = 20_000
 
@@ -62,14 +61,6 @@ async def segment_state(
             segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch)
         )
         return await stub.GetSegmentState(request, timeout=5)
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached in {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 async def assert_held_in_order(

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from streamengine.v1 import entry_pb2
 
 from client import StreamClient
 from client.ops import verify_stream
-from tests.harness import Cluster, running_cluster
+from tests.harness import Cluster, running_cluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_MS = 1000
@@ -85,14 +85,6 @@ def writers() -> Iterator[list[WriterProcess]]:
     yield started
     for writer in started:
         writer.kill()
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached in {timeout_s}s")
-        await asyncio.sleep(0.02)
 
 
 async def read_all(client: StreamClient, name: str) -> list[tuple[int, bytes]]:
