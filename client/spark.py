@@ -312,8 +312,10 @@ class StreamEngineBatchReader(DataSourceReader):
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentRange), partition
-        yield from read_range(partition)
+        # With no partitions planned (an empty range), PySpark still reads one
+        # placeholder InputPartition: it holds no rows.
+        if isinstance(partition, SegmentRange):
+            yield from read_range(partition)
 
 
 class StreamEngineStreamReader(DataSourceStreamReader):
@@ -343,8 +345,10 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         return plan_ranges(self.stream, layout, begin, finish, True, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentRange), partition
-        yield from read_range(partition)
+        # With no partitions planned (an empty range), PySpark still reads one
+        # placeholder InputPartition: it holds no rows.
+        if isinstance(partition, SegmentRange):
+            yield from read_range(partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""

@@ -100,6 +100,16 @@ def test_a_sequence_range_reads_exactly_that_range(spark: Any, cluster: Cluster)
     want = [(e1, i) for i in range(40, 51)] + [(e2, i) for i in range(1, 51)]
     want += [(e3, i) for i in range(1, 11)]
     assert got == want
+    past_the_end = load(spark, cluster, "spark/range", fromSequence=str(pack_sequence(e3, 51)))
+    assert past_the_end.count() == 0
+    empty = load(
+        spark,
+        cluster,
+        "spark/range",
+        fromSequence=str(pack_sequence(e2, 5)),
+        toSequence=str(pack_sequence(e2, 5)),
+    )
+    assert empty.count() == 0
 
 
 def test_a_scan_with_one_replica_of_each_segment_down_fails_over(
