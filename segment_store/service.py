@@ -430,7 +430,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 last_index=meta.last_index,
                 fence=meta.fence,
                 packed_values=b"".join(values),
-                value_lengths=[len(value) for value in values],
+                value_lengths=list(map(len, values)),
                 first_index=first if values else 0,
             )
             next_index = first + len(values)
@@ -444,12 +444,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> tuple[int, list[bytes]]:
         """Stored values of consecutive indexes from `first` (cut before a gap), each
         verified; raises CorruptEntry."""
-        rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
-        values: list[bytes] = []
-        for key, value in rows:
-            if entry_index(key) != first + len(values):
-                break
-            values.append(value)
+        values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
         bad = first_corrupt_value(first, values)
         if bad is not None:
             raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")

@@ -507,6 +507,32 @@ class SegmentStoreCore:
             max_bytes,
         )
 
+    def read_run(
+        self, segment: SegmentKey, first: int, upper: int, limit: int, max_bytes: int
+    ) -> list[bytes]:
+        """Stored values (not verified) of consecutive indexes from `first` up to
+        `upper`: at most `limit`, cut once they reach `max_bytes`, and cut before the
+        first index not held. Raises SegmentNotFound."""
+        meta = self._require(segment)
+        last = min(upper, meta.last_index, first + limit - 1)
+        if last < first:
+            return []
+        start = entry_key(segment.stream_id, segment.epoch, first)
+        end = entry_key(segment.stream_id, segment.epoch, last + 1)
+        if last <= meta.matched_index:
+            # Every index up to the matched one is held, so the values alone say
+            # which index each is. A run shorter than asked without reaching the byte
+            # cap means the segment changed under the scan: then read it with keys.
+            values = self.kv.scan_values(start, end, limit, max_bytes)
+            if len(values) == last - first + 1 or sum(map(len, values)) >= max_bytes > 0:
+                return values
+        values = []
+        for key, value in self.kv.scan(start, end, limit, max_bytes):
+            if entry_index(key) != first + len(values):
+                break
+            values.append(value)
+        return values
+
     def digest(self, segment: SegmentKey, up_to: int = 0) -> DigestInfo:
         """SHA-256 over (index, kind, payload) of indexes 1..up_to (0: the acked index);
         an index not held hashes as absent, so replicas differing anywhere differ."""

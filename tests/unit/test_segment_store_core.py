@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from client.core.entry import CorruptEntry, EntryKind, StoredEntry
+from client.core.entry import CorruptEntry, EntryKind, StoredEntry, encode_value
 from client.core.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from segment_store.keys import entry_key, segment_entries_range
 from segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
@@ -352,6 +352,36 @@ def test_read_returns_held_entries_in_order_and_acked_only_stops_at_acked(
     assert core.read(SEG, 1)[0] == ev(1)
 
 
+def stored(entries: list[StoredEntry]) -> list[bytes]:
+    return [encode_value(e.kind, e.epoch, e.crc32c, e.payload) for e in entries]
+
+
+def test_read_run_serves_consecutive_values_cut_by_limit_bytes_and_the_first_gap(
+    core: SegmentStoreCore,
+) -> None:
+    core.write(SEG, 3, 0, events(1, 6))
+    core.write(SEG, 3, 0, events(8, 9))
+    assert core.state(SEG).matched_index == 6
+    assert core.read_run(SEG, 1, 9, 100, 0) == stored(events(1, 6))
+    assert core.read_run(SEG, 2, 4, 100, 0) == stored(events(2, 4))
+    assert core.read_run(SEG, 1, 9, 2, 0) == stored(events(1, 2))
+    one_value = len(stored([ev(1)])[0])
+    assert core.read_run(SEG, 1, 9, 100, one_value + 1) == stored(events(1, 2))
+    assert core.read_run(SEG, 5, 9, 100, 0) == stored(events(5, 6))
+    assert core.read_run(SEG, 7, 9, 100, 0) == []
+    assert core.read_run(SEG, 8, 20, 100, 0) == stored(events(8, 9))
+    assert core.read_run(SEG, 10, 20, 100, 0) == []
+
+
+def test_read_run_never_shifts_values_when_an_entry_below_matched_is_gone(
+    core: SegmentStoreCore,
+) -> None:
+    core.write(SEG, 3, 0, events(1, 6))
+    core.kv.write([Delete(entry_key(SEG.stream_id, SEG.epoch, 3))], sync=True)
+    assert core.read_run(SEG, 1, 6, 100, 0) == stored(events(1, 2))
+    assert core.read_run(SEG, 4, 6, 100, 0) == stored(events(4, 6))
+
+
 def test_read_of_a_segment_not_held_is_not_found(core: SegmentStoreCore) -> None:
     with pytest.raises(SegmentNotFound):
         core.read(SEG, 1)
@@ -442,6 +472,9 @@ def test_kv_scans_in_bytewise_order_within_bounds(any_kv: KV) -> None:
     any_kv.sync()
     assert any_kv.scan(b"b", b"c") == [(b"b1", b"1"), (b"b2", b"2")]
     assert any_kv.scan(b"a", b"z", limit=2) == [(b"a", b"0"), (b"b1", b"1")]
+    assert any_kv.scan_values(b"b", b"c") == [b"1", b"2"]
+    assert any_kv.scan_values(b"a", b"z", limit=3) == [b"0", b"1", b"2"]
+    assert any_kv.scan_values(b"a", b"z", max_bytes=2) == [b"0", b"1"]
     assert any_kv.last_before(b"b", b"c") == (b"b2", b"2")
     assert any_kv.last_before(b"d", b"e") is None
     any_kv.write([DeleteRange(b"b", b"c"), Delete(b"a"), Put(b"d", b"4")], True)
