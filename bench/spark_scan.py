@@ -4,15 +4,16 @@
     .venv/bin/python -m bench.spark_scan --master HOST:PORT --events 1000000
 
 Appends `--events` 100-byte events (rolling every `--segment-mb`), seals the stream,
-then scans it with `spark.read.format("streamengine")` on local[2] (a warm-up scan
-first: the first query of a session pays for worker start-up) and reads the same
-events with `client.read`. Prints rows/s for both.
+then scans it with `spark.read.format("streamengine")` on local[2] (untimed warm-up
+scans first: the first queries of a session pay for worker start-up and JIT
+compilation) and reads the same events with `client.read`. Prints rows/s for both.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
 
@@ -40,7 +41,11 @@ async def sdk_read_rate(master: str, stream: str, events: int) -> float:
         return events / await catch_up(client, stream, events)
 
 
-def spark_scan_rate(master: str, stream: str, events: int) -> float:
+def spark_scan_rates(
+    master: str, stream: str, events: int, warm_up: int, scans: int
+) -> list[float]:
+    """Rows/s of `scans` timed scans, after `warm_up` untimed ones (Python workers
+    start, the JVM compiles the scan's hot code: the first scans run slower)."""
     from client.spark import register
     from deploy.examples.analytics import session
 
@@ -48,7 +53,7 @@ def spark_scan_rate(master: str, stream: str, events: int) -> float:
     try:
         register(spark)
 
-        def scan() -> tuple[int, float]:
+        def scan() -> float:
             frame = spark.read.format("streamengine").option("master", master)
             frame = frame.option("stream", stream).load()
             started = time.perf_counter()
@@ -56,16 +61,15 @@ def spark_scan_rate(master: str, stream: str, events: int) -> float:
             total = frame.selectExpr("sum(length(payload) + `index` + epoch)").collect()[0][0]
             seconds = time.perf_counter() - started
             rows = frame.count()
-            assert total is not None
-            return rows, seconds
+            if rows != events or total is None:
+                raise SystemExit(f"Spark counted {rows} rows, expected {events}")
+            return rows / seconds
 
-        scan()  # warm-up: Python workers, pyarrow import
-        rows, seconds = scan()
+        for _ in range(warm_up):
+            scan()
+        return [scan() for _ in range(scans)]
     finally:
         spark.stop()
-    if rows != events:
-        raise SystemExit(f"Spark counted {rows} rows, expected {events}")
-    return rows / seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,13 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--segment-mb", type=int, default=32, help="roll threshold")
     parser.add_argument("--fsync", choices=["always", "never"], default="always")
+    parser.add_argument("--warm-up", type=int, default=2, help="untimed scans first")
+    parser.add_argument("--scans", type=int, default=5, help="timed scans")
     args = parser.parse_args(argv)
     stream = f"bench/spark-{int(time.time())}"
     with cluster(args) as master:
         asyncio.run(prepare(master, stream, args.events, args.segment_mb))
-        spark_rate = spark_scan_rate(master, stream, args.events)
+        rates = spark_scan_rates(master, stream, args.events, args.warm_up, args.scans)
         sdk_rate = asyncio.run(sdk_read_rate(master, stream, args.events))
-    print(f"spark scan (local[2], Arrow batches): {spark_rate:>12,.0f} rows/s")
+    rates.sort()
+    print(
+        f"spark scan (local[2], Arrow batches): {statistics.median(rates):>12,.0f} rows/s"
+        f" median of {len(rates)} (slowest {rates[0]:,.0f}, fastest {rates[-1]:,.0f})"
+    )
     print(f"SDK read (one reader):                {sdk_rate:>12,.0f} events/s")
     return 0
 

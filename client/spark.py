@@ -11,7 +11,8 @@ One row per EVENT (holes and bridges never appear), schema
 
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
-`partitionEntries` (default 250000) splits large segments into index ranges.
+`partitionEntries` (default 250000) splits large segments into equal index ranges of at
+most that many entries.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
 
 Planning (driver side) asks the master for the segments; one input partition per
@@ -169,6 +170,9 @@ def plan_ranges(
 ) -> list[SegmentRange]:
     """Input partitions covering `[start_sequence, end_sequence)` of readable events."""
     ranges: list[SegmentRange] = []
+    # Entries each store is asked to serve so far: every range starts at its least
+    # loaded replica (the rest are its fail-over order), so a scan spreads evenly.
+    load: dict[str, int] = {}
     for segment in layout.segments:
         if segment.sealed:
             last_readable = segment.final_index - 1  # the BRIDGE is not an event
@@ -188,16 +192,30 @@ def plan_ranges(
                 break
             if segment.epoch == end_epoch:
                 last_readable = min(last_readable, end_index - 1)
-        for low in range(first, last_readable + 1, partition_entries):
-            high = min(last_readable, low + partition_entries - 1)
-            # Each partition starts at another replica (the rest are its fail-over
-            # order), so a scan spreads over every store instead of loading one.
-            turn = len(ranges) % len(segment.replicas) if segment.replicas else 0
-            replicas = segment.replicas[turn:] + segment.replicas[:turn]
+        entries = last_readable - first + 1
+        if entries <= 0:
+            continue
+        # Equal parts (sizes differ by at most one): no short straggler task.
+        parts = -(-entries // partition_entries)
+        for part in range(parts):
+            low = first + part * entries // parts
+            high = first + (part + 1) * entries // parts - 1
+            replicas = _least_loaded_first(segment.replicas, load)
+            if replicas:
+                load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
             ranges.append(
                 SegmentRange(stream, layout.stream_id, segment.epoch, low, high, replicas)
             )
     return ranges
+
+
+def _least_loaded_first(replicas: tuple[str, ...], load: dict[str, int]) -> tuple[str, ...]:
+    """The copy set rotated to start at the replica with the least load (the earliest
+    in copy set order among equals)."""
+    if not replicas:
+        return replicas
+    turn = min(range(len(replicas)), key=lambda position: load.get(replicas[position], 0))
+    return replicas[turn:] + replicas[:turn]
 
 
 def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:

@@ -38,15 +38,42 @@ def test_an_empty_sealed_segment_has_no_partition() -> None:
     assert plan_ranges("t/s", layout(sealed(1, 1)), 0, None, False, 100) == []
 
 
-def test_large_segments_split_into_index_ranges() -> None:
-    plan = plan_ranges("t/s", layout(sealed(1, 11)), 0, None, False, 4)
-    assert spans(plan) == [(1, 1, 4), (1, 5, 8), (1, 9, 10)]
+@pytest.mark.parametrize(
+    ("final", "most", "expected"),
+    [
+        (11, 4, [(1, 1, 3), (1, 4, 6), (1, 7, 10)]),
+        (9, 4, [(1, 1, 4), (1, 5, 8)]),
+        (10, 3, [(1, 1, 3), (1, 4, 6), (1, 7, 9)]),
+        (5, 100, [(1, 1, 4)]),
+    ],
+)
+def test_large_segments_split_into_equal_index_ranges_of_at_most_the_size(
+    final: int, most: int, expected: list[tuple[int, int, int]]
+) -> None:
+    plan = plan_ranges("t/s", layout(sealed(1, final)), 0, None, False, most)
+    assert spans(plan) == expected
 
 
-def test_partitions_start_at_different_replicas_and_keep_the_others_to_fail_over() -> None:
+def test_partitions_start_at_the_least_loaded_replica_then_fail_over_to_the_rest() -> None:
     plan = plan_ranges("t/s", layout(sealed(1, 11), sealed(2, 3)), 0, None, False, 4)
-    assert [p.replicas[0] for p in plan] == ["a:1", "b:1", "c:1", "a:1"]
-    assert all(sorted(p.replicas) == sorted(R) for p in plan)
+    # Ranges of 3, 3 and 4 entries: "a:1" is among the least loaded again first.
+    assert [p.replicas for p in plan] == [
+        ("a:1", "b:1", "c:1"),
+        ("b:1", "c:1", "a:1"),
+        ("c:1", "a:1", "b:1"),
+        ("a:1", "b:1", "c:1"),
+    ]
+
+
+def test_partitions_balance_stores_whose_copy_sets_differ() -> None:
+    segments = [
+        _SegmentInfo(1, True, 101, ("a:1", "b:1")),
+        _SegmentInfo(2, True, 101, ("a:1", "b:1")),
+        _SegmentInfo(3, True, 101, ("a:1", "c:1")),
+        _SegmentInfo(4, True, 101, ("b:1", "c:1")),
+    ]
+    plan = plan_ranges("t/s", layout(*segments), 0, None, False, 1000)
+    assert [p.replicas[0] for p in plan] == ["a:1", "b:1", "c:1", "b:1"]
 
 
 def test_include_open_reads_up_to_the_acked_index() -> None:
