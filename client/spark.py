@@ -250,18 +250,22 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
                     if batch is not None:
                         pending.append(batch)
                     if sum(b.num_rows for b in pending) >= ARROW_BATCH_ROWS:
-                        yield pa.concat_batches(pending)
+                        yield _one_batch(pending)
                         pending = []
             except grpc.RpcError as error:
                 errors.append(f"{address}: {error.code().name}")
             except _ShortRead as short:
                 errors.append(f"{address}: {short}")
             if pending:  # rows verified so far: the next replica resumes after them
-                yield pa.concat_batches(pending)
+                yield _one_batch(pending)
     if next_index <= part.last_index:
         raise DataLossError(part.stream, part.epoch, next_index, part.last_index) from (
             RuntimeError("; ".join(errors)) if errors else None
         )
+
+
+def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 class _ShortRead(Exception):
@@ -270,6 +274,7 @@ class _ShortRead(Exception):
 
 _EVENT = pa.scalar(bytes([EntryKind.EVENT]), pa.binary())
 _BRIDGE = pa.scalar(bytes([EntryKind.BRIDGE]), pa.binary())
+_ONE = pa.scalar(1, pa.int64())
 
 
 def _packed_batch(
@@ -289,12 +294,15 @@ def _packed_batch(
     kinds = pc.binary_slice(values, 0, 1)
     if pc.any(pc.equal(kinds, _BRIDGE)).as_py():
         raise _ShortRead(f"segment {part.epoch} ends before index {part.last_index}")
-    events = pc.equal(kinds, _EVENT)
-    indexes = pc.filter(pa.array(range(next_index, next_index + count), pa.int64()), events)
+    # next_index, next_index + 1, ... built in Arrow: no Python int per row.
+    indexes = pc.cumulative_sum(pa.repeat(_ONE, count), start=next_index - 1)
     # An explicit stop: pyarrow 26 miscomputes the output size of an open-ended slice
     # ("Negative buffer resize"). No payload is longer than EVENT_BYTES_MAX.
     payloads = pc.binary_slice(values, VALUE_HEADER_BYTES, VALUE_HEADER_BYTES + EVENT_BYTES_MAX)
-    payloads = pc.filter(payloads, events)
+    events = pc.equal(kinds, _EVENT)
+    if not pc.all(events).as_py():  # holes: keep the events only
+        indexes = pc.filter(indexes, events)
+        payloads = pc.filter(payloads, events)
     rows = len(indexes)
     batch = pa.RecordBatch.from_arrays(
         [

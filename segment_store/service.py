@@ -28,7 +28,13 @@ from client.core.entry import (
     first_corrupt_value,
     unpack_values,
 )
-from client.core.limits import INDEX_MAX, WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from client.core.limits import (
+    EVENT_BYTES_MAX,
+    GRPC_MESSAGE_BYTES_MAX,
+    INDEX_MAX,
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+)
 from client.errors import FENCE_METADATA_KEY
 from client.logs import segment_fields
 from segment_store import metrics
@@ -62,8 +68,10 @@ WRITE_STREAM_INFLIGHT_MAX = 64
 # Read replies: entries and bytes per message, far below the gRPC message limit.
 READ_REPLY_ENTRIES_DEFAULT = 256
 READ_REPLY_BYTES_MAX = 4 << 20
-# A packed Read reply: no message per entry, so in practice the byte cap bounds it.
+# A packed Read reply: no message per entry. Sized so that a reply of small events
+# makes one whole Arrow batch for Spark (ARROW_BATCH_ROWS), and far below the limit.
 PACKED_REPLY_ENTRIES_MAX = 65536
+PACKED_REPLY_BYTES_MAX = 8 << 20
 # Subscribe: entries per batch, keepalive bounds, and how long the first message may take.
 SUBSCRIBE_BATCH_ENTRIES_DEFAULT = 256
 SUBSCRIBE_KEEPALIVE_MS_DEFAULT = 1000
@@ -81,6 +89,7 @@ COPY_CALL_TIMEOUT_S = 30.0
 COPY_READ_TIMEOUT_S = 600.0
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
+assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
 
 
 @dataclass(frozen=True)
@@ -444,7 +453,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> tuple[int, list[bytes]]:
         """Stored values of consecutive indexes from `first` (cut before a gap), each
         verified; raises CorruptEntry."""
-        values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+        values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
         bad = first_corrupt_value(first, values)
         if bad is not None:
             raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
