@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client.errors import StreamEngineError
+from client.lifetime import die_with_parent_if_asked
 
 Runner = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
@@ -258,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not __debug__:
         print("streamengine: refusing to run under python -O (assertions guard invariants)")
         return 2
+    die_with_parent_if_asked()
     args = parse(argv)
     run: Runner = args.run
     try:

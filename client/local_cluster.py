@@ -8,7 +8,7 @@ process dies without cleaning up (PR_SET_PDEATHSIG), so no orphan survives.
 
 from __future__ import annotations
 
-import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -20,14 +20,10 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-PR_SET_PDEATHSIG = 1
+from client.lifetime import PARENT_PID_ENV
+
 STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 30.0
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -44,7 +40,7 @@ class Child:
                 [sys.executable, "-m", "client.cli", *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
             )
 
     def exited(self) -> int | None:
@@ -140,7 +136,10 @@ class LocalCluster:
         child = self.child(name)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not serving(child.address):
-            if child.exited() is not None or time.monotonic() > deadline:
+            code = child.exited()
+            if code is not None:
+                raise RuntimeError(f"{child.name} exited with {code}; see {child.log_path}")
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"{child.name} is not serving; see {child.log_path}")
             time.sleep(0.05)
 
