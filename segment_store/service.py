@@ -157,11 +157,11 @@ def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
 _KINDS: dict[int, EntryKind] = {int(kind): kind for kind in EntryKind}
 
 
-def entries_pb(rows: Sequence[tuple[bytes, bytes]], verify: bool) -> list[entry_pb2.Entry]:
-    """Wire entries straight from stored rows; with `verify`, every copy is checked
+def entries_pb(
+    indexes: Sequence[int], values: Sequence[bytes], verify: bool
+) -> list[entry_pb2.Entry]:
+    """Wire entries straight from stored values; with `verify`, every copy is checked
     first (CorruptEntry)."""
-    indexes = [entry_index(key) for key, _ in rows]
-    values = [value for _, value in rows]
     kinds, epochs, payloads, crcs = unpack_values(indexes, values, verify)
     entry = entry_pb2.Entry
     return [
@@ -203,8 +203,14 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         """One reply's worth of wire entries (off the event loop: it reads RocksDB).
         `verify=False` where the receiver checks every crc itself (followers do; RocksDB's
         block checksums still guard the disk)."""
-        rows = self.core.read_rows(segment, first, upper, acked_only, limit, READ_REPLY_BYTES_MAX)
-        return entries_pb(rows, verify)
+        if acked_only:
+            meta = self.core.meta(segment)
+            upper = min(upper, meta.acked_index) if meta is not None else upper
+            # Every acked index is held (acked <= matched): a run, read by value alone.
+            values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+            return entries_pb(range(first, first + len(values)), values, verify)
+        rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+        return entries_pb([entry_index(key) for key, _ in rows], [v for _, v in rows], verify)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""
@@ -395,7 +401,12 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 try:
                     entries = await self.in_thread(
                         functools.partial(
-                            self.read_entries, segment, next_index, upper, False, per_reply
+                            self.read_entries,
+                            segment,
+                            next_index,
+                            upper,
+                            request.acked_only,
+                            per_reply,
                         )
                     )
                 except (StoreError, CorruptEntry) as error:
