@@ -387,3 +387,38 @@ def test_drain_and_verify_with_data(tmp_path: Path) -> None:
         broken = run_cli("verify", "ops/data", *master)
         assert broken.returncode == 1
         assert f"replica {victim} missing" in broken.stdout
+
+
+def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical(
+    tmp_path: Path,
+) -> None:
+    from tests.harness import running_cluster
+    from tests.segment_driver import Driver
+
+    with running_cluster(tmp_path, stores=3, master_args=["--lease-ms", "1000"]) as cluster:
+        master = ["--master", cluster.master_address]
+        assert run_cli("stream", "create", "ops/spread", *master).returncode == 0
+        driver = Driver(cluster.master_address, "ops/spread")
+        for _ in range(4):
+            driver.fill_and_roll(200, 50)
+
+        def segments_on(store_id: str) -> int:
+            status = json.loads(run_cli("status", "--json", *master).stdout)
+            return next((s["segments"] for s in status["stores"] if s["id"] == store_id), -1)
+
+        cluster.add_store()
+        wait_for(lambda: segments_on("store3") == 0, timeout_s=30, message="store3 registered")
+        planned = run_cli("rebalance", "--dry-run", *master)
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        assert "plan: " in planned.stdout and "store3" in planned.stdout
+        assert segments_on("store3") == 0  # a dry run moves nothing
+
+        moved = run_cli("rebalance", *master, timeout_s=180)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        counts = [segments_on(f"store{n}") for n in range(4)]
+        assert counts[3] > 0 and max(counts) - min(counts) <= 1, counts
+        verified = run_cli("verify", "ops/spread", *master)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "4 sealed segments checked, OK" in verified.stdout
+        again = run_cli("rebalance", "--dry-run", *master)
+        assert "nothing to move" in again.stdout, again.stdout
