@@ -355,6 +355,12 @@ def test_seal_seals_the_open_segment_and_an_unknown_stream_is_one_line(cluster: 
     assert states[epoch] == "sealed", described
 
 
+def segments_on(master: list[str], store_id: str) -> int:
+    """Segments the master places on `store_id` (-1 while it is unknown)."""
+    status = json.loads(run_cli("status", "--json", *master).stdout)
+    return next((s["segments"] for s in status["stores"] if s["id"] == store_id), -1)
+
+
 def test_drain_and_verify_with_data(tmp_path: Path) -> None:
     from tests.harness import running_cluster
     from tests.segment_driver import Driver
@@ -370,19 +376,16 @@ def test_drain_and_verify_with_data(tmp_path: Path) -> None:
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert "3 sealed segments checked, OK" in verified.stdout
 
-        def segments_on(store_id: str) -> int:
-            status = json.loads(run_cli("status", "--json", *master).stdout)
-            return next(s["segments"] for s in status["stores"] if s["id"] == store_id)
-
-        busiest = max(("store0", "store1", "store2", "store3"), key=segments_on)
-        assert segments_on(busiest) > 0
+        stores = ("store0", "store1", "store2", "store3")
+        busiest = max(stores, key=lambda store_id: segments_on(master, store_id))
+        assert segments_on(master, busiest) > 0
         drained = run_cli("drain", busiest, *master, timeout_s=180)
         assert drained.returncode == 0, drained.stdout + drained.stderr
         assert "drain [" in drained.stderr  # the progress bar
-        assert segments_on(busiest) == 0
+        assert segments_on(master, busiest) == 0
         assert run_cli("verify", "ops/data", *master).returncode == 0
 
-        victim = next(s for s in ("store0", "store1", "store2", "store3") if s != busiest)
+        victim = next(s for s in stores if s != busiest)
         cluster.stores[int(victim[-1])].kill()
         broken = run_cli("verify", "ops/data", *master)
         assert broken.returncode == 1
@@ -402,20 +405,16 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
         for _ in range(4):
             driver.fill_and_roll(200, 50)
 
-        def segments_on(store_id: str) -> int:
-            status = json.loads(run_cli("status", "--json", *master).stdout)
-            return next((s["segments"] for s in status["stores"] if s["id"] == store_id), -1)
-
         cluster.add_store()
-        wait_for(lambda: segments_on("store3") == 0, timeout_s=30, message="store3 registered")
+        wait_for(lambda: segments_on(master, "store3") == 0, timeout_s=30, message="store3 known")
         planned = run_cli("rebalance", "--dry-run", *master)
         assert planned.returncode == 0, planned.stdout + planned.stderr
         assert "plan: " in planned.stdout and "store3" in planned.stdout
-        assert segments_on("store3") == 0  # a dry run moves nothing
+        assert segments_on(master, "store3") == 0  # a dry run moves nothing
 
         moved = run_cli("rebalance", *master, timeout_s=180)
         assert moved.returncode == 0, moved.stdout + moved.stderr
-        counts = [segments_on(f"store{n}") for n in range(4)]
+        counts = [segments_on(master, f"store{n}") for n in range(4)]
         assert counts[3] > 0 and max(counts) - min(counts) <= 1, counts
         verified = run_cli("verify", "ops/spread", *master)
         assert verified.returncode == 0, verified.stdout + verified.stderr
