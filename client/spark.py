@@ -264,6 +264,13 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
         )
 
 
+def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """What a reader's `read` yields. With no partitions planned (an empty range),
+    PySpark still reads one placeholder InputPartition: it holds no rows."""
+    if isinstance(partition, SegmentRange):
+        yield from read_range(partition)
+
+
 def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
@@ -342,10 +349,7 @@ class StreamEngineBatchReader(DataSourceReader):
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        # With no partitions planned (an empty range), PySpark still reads one
-        # placeholder InputPartition: it holds no rows.
-        if isinstance(partition, SegmentRange):
-            yield from read_range(partition)
+        return read_partition(partition)
 
 
 class StreamEngineStreamReader(DataSourceStreamReader):
@@ -375,10 +379,7 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         return plan_ranges(self.stream, layout, begin, finish, True, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        # With no partitions planned (an empty range), PySpark still reads one
-        # placeholder InputPartition: it holds no rows.
-        if isinstance(partition, SegmentRange):
-            yield from read_range(partition)
+        return read_partition(partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""
