@@ -44,15 +44,19 @@ STORE_QUEUE_BYTES_MAX = 64 << 20
 # Entries in one group: rocksdict holds the GIL for a whole KV write, so a group stays
 # around tens of milliseconds of the loop at worst.
 GROUP_ENTRIES_MAX = 32_768
+# After a refused write, how often the KV is asked to recover (reopen) for the next one.
+RECOVER_INTERVAL_S = 1.0
 
 assert STORE_QUEUE_BATCHES_MAX >= 2, "two leaders must be able to queue at once"
 
 
 class _NotWritten(Exception):
-    """The KV refused a group's write batch: nothing of it was applied."""
+    """The KV refused a group's write batch: nothing of it was applied. `tried` is false
+    when the group was refused without trying, the KV still being down."""
 
-    def __init__(self, cause: Exception) -> None:
+    def __init__(self, cause: Exception, tried: bool = True) -> None:
         self.cause = cause
+        self.tried = tried
         super().__init__(str(cause))
 
 
@@ -72,6 +76,7 @@ class GroupCommitter:
         on_published: Callable[[Plan], None],
         queue_bytes_max: int = STORE_QUEUE_BYTES_MAX,
         queue_batches_max: int = STORE_QUEUE_BATCHES_MAX,
+        recover_interval_s: float = RECOVER_INTERVAL_S,
     ) -> None:
         self.core = core
         self.fsync = fsync
@@ -84,6 +89,9 @@ class GroupCommitter:
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-commit")
         self._closed = False
+        self._recover_interval_s = recover_interval_s
+        # Set while the KV refuses writes: (why, when recovery may be tried next).
+        self._refusing: tuple[Exception, float] | None = None
 
     @property
     def queued_bytes(self) -> int:
@@ -134,7 +142,8 @@ class GroupCommitter:
             except _NotWritten as refused:
                 # Nothing of the group reached the KV (a full disk, a read-only DB): refuse
                 # it, publish nothing, and go on; the leaders retry later.
-                log.error("write of %d commands failed: %s", len(group), refused.cause)
+                if refused.tried:  # once per recovery interval at most, not per group
+                    log.error("write of %d commands failed: %s", len(group), refused.cause)
                 self._release(group)
                 for pending in group:
                     if not pending.future.done():
@@ -181,10 +190,13 @@ class GroupCommitter:
         metrics.QUEUE_BATCHES.set(self._queued_batches)
 
     def _commit(self, commands: list[Command]) -> tuple[Plan, float]:
+        if self._refusing is not None:
+            self._recover()
         try:
             plan = self.core.plan(commands)
             self.core.write_plan(plan, sync=False)
         except Exception as error:
+            self._refusing = (error, time.monotonic() + self._recover_interval_s)
             raise _NotWritten(error) from error
         sync_s = 0.0
         if self.fsync and plan.ops:
@@ -192,6 +204,20 @@ class GroupCommitter:
             self.core.kv.sync()
             sync_s = time.perf_counter() - started
         return plan, sync_s
+
+    def _recover(self) -> None:
+        """Refuse at once until the KV recovers; try that at most once per interval."""
+        assert self._refusing is not None
+        cause, next_try = self._refusing
+        if time.monotonic() < next_try:
+            raise _NotWritten(cause, tried=False)
+        try:
+            self.core.recover()
+        except Exception as error:
+            self._refusing = (error, time.monotonic() + self._recover_interval_s)
+            raise _NotWritten(error) from error
+        self._refusing = None
+        log.warning("the database takes writes again")
 
     def _observe(self, plan: Plan, group: Sequence[_Pending], sync_s: float) -> None:
         if self.fsync and plan.ops:

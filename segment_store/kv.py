@@ -19,11 +19,17 @@ before it and the event loop keeps running meanwhile.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from rocksdict import Rdict
 
 
 class Put(NamedTuple):
@@ -74,6 +80,12 @@ class KV(Protocol):
 
     def sync(self) -> None:
         """Make every write made so far durable."""
+        ...
+
+    def recover(self) -> None:
+        """After a refused write: make the KV take writes again, or raise why it cannot
+        yet. RocksDB latches an IO error (a full disk) and refuses every later write
+        until it is reopened, even once space is free."""
         ...
 
     def close(self) -> None: ...
@@ -153,6 +165,9 @@ class MemoryKV:
             self._keys = list(self._durable_keys)
             self._values = dict(self._durable_values)
 
+    def recover(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -161,21 +176,78 @@ class MemoryKV:
         self._durable_values = dict(self._values)
 
 
+class _Gate:
+    """Many users of the database at once, or its reopening alone."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._users = 0
+        self._exclusive = False
+
+    def enter(self) -> None:
+        with self._changed:
+            while self._exclusive:
+                self._changed.wait()
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._changed:
+            self._users -= 1
+            if self._users == 0:
+                self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._changed:
+            while self._exclusive:
+                self._changed.wait()
+            self._exclusive = True
+            while self._users:
+                self._changed.wait()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._exclusive = False
+                self._changed.notify_all()
+
+
 class RocksKV:
     """RocksDB through rocksdict, raw mode, one column family."""
 
-    def __init__(self, path: Path | str) -> None:
-        from rocksdict import Options, Rdict, WriteOptions
+    def __init__(self, path: Path | str, recover_free_bytes_min: int = 64 << 20) -> None:
+        from rocksdict import WriteOptions
 
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        self._db = Rdict(str(path), options)
+        self.path = Path(path)
+        # Reopening a database takes space (a new WAL, a flush of what the old one
+        # held): below this much free space `recover` does not try.
+        self.recover_free_bytes_min = recover_free_bytes_min
+        self._gate = _Gate()
+        self._db: Rdict | None = self._open()
         self._plain = WriteOptions()
         self._synced = WriteOptions()
         self._synced.sync = True
 
+    def _open(self) -> Rdict:
+        from rocksdict import Options, Rdict
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        return Rdict(str(self.path), options)
+
+    @contextmanager
+    def _use(self) -> Iterator[Rdict]:
+        self._gate.enter()
+        try:
+            if self._db is None:
+                raise OSError(f"{self.path} is closed: reopening it failed; retrying")
+            yield self._db
+        finally:
+            self._gate.leave()
+
     def get(self, key: bytes) -> bytes | None:
-        value = self._db.get(key)
+        with self._use() as db:
+            value = db.get(key)
         return None if value is None else bytes(value)
 
     def scan(
@@ -187,13 +259,14 @@ class RocksKV:
         read.set_iterate_upper_bound(end)
         found: list[tuple[bytes, bytes]] = []
         total = 0
-        # A fresh iterator pins its own snapshot: the scan is consistent.
-        for key, value in self._db.items(from_key=start, read_opt=read):
-            assert isinstance(key, bytes) and isinstance(value, bytes)
-            found.append((key, value))
-            total += len(value)
-            if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
-                break
+        with self._use() as db:
+            # A fresh iterator pins its own snapshot: the scan is consistent.
+            for key, value in db.items(from_key=start, read_opt=read):
+                assert isinstance(key, bytes) and isinstance(value, bytes)
+                found.append((key, value))
+                total += len(value)
+                if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
+                    break
         return found
 
     def scan_values(
@@ -205,12 +278,13 @@ class RocksKV:
         read.set_iterate_upper_bound(end)
         found: list[bytes] = []
         total = 0
-        # Half the cost of `scan` per row: no key object, no tuple.
-        for value in self._db.values(from_key=start, read_opt=read):
-            found.append(value)
-            total += len(value)
-            if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
-                break
+        with self._use() as db:
+            # Half the cost of `scan` per row: no key object, no tuple.
+            for value in db.values(from_key=start, read_opt=read):
+                found.append(value)
+                total += len(value)
+                if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
+                    break
         return found
 
     def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
@@ -219,14 +293,15 @@ class RocksKV:
         read = ReadOptions()
         read.set_iterate_lower_bound(start)
         read.set_iterate_upper_bound(end)
-        it = self._db.iter(read)
-        it.seek_for_prev(end)
-        while it.valid():
-            key = it.key()
-            assert isinstance(key, bytes)
-            if key < end:
-                return (key, it.value()) if key >= start else None
-            it.prev()
+        with self._use() as db:
+            it = db.iter(read)
+            it.seek_for_prev(end)
+            while it.valid():
+                key = it.key()
+                assert isinstance(key, bytes)
+                if key < end:
+                    return (key, it.value()) if key >= start else None
+                it.prev()
         return None
 
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
@@ -240,10 +315,30 @@ class RocksKV:
                 batch.delete(op.key)
             else:
                 batch.delete_range(op.start, op.end)
-        self._db.write(batch, self._synced if sync else self._plain)
+        with self._use() as db:
+            db.write(batch, self._synced if sync else self._plain)
 
     def sync(self) -> None:
-        self._db.flush_wal(True)
+        with self._use() as db:
+            db.flush_wal(True)
+
+    def recover(self) -> None:
+        free = shutil.disk_usage(self.path).free
+        if free < self.recover_free_bytes_min:
+            raise OSError(f"No space left on device: {free} bytes free at {self.path}")
+        with self._gate.alone():
+            self._close_db()
+            # What the old database acknowledged is in its WAL; the reopen replays it.
+            self._db = self._open()
 
     def close(self) -> None:
-        self._db.close()
+        with self._gate.alone():
+            self._close_db()
+
+    def _close_db(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            # After an IO error close() raises it again ("Writer has previous error"),
+            # yet it does close: the database opens again at once.
+            with contextlib.suppress(Exception):
+                db.close()

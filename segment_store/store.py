@@ -267,11 +267,22 @@ class SegmentStoreCore:
         assert 0 < entry_bytes_max <= EVENT_BYTES_MAX, "the writer's limit bounds the store's"
         self.kv = kv
         self.entry_bytes_max = entry_bytes_max
-        self._metas: dict[SegmentKey, SegmentMeta] = {}
+        self._metas = self._load_metas()
+
+    def _load_metas(self) -> dict[SegmentKey, SegmentMeta]:
+        metas: dict[SegmentKey, SegmentMeta] = {}
         start, end = meta_range()
-        for key, value in kv.scan(start, end):
+        for key, value in self.kv.scan(start, end):
             stream_id, epoch = meta_segment(key)
-            self._metas[SegmentKey(stream_id, epoch)] = SegmentMeta.decode(value)
+            metas[SegmentKey(stream_id, epoch)] = SegmentMeta.decode(value)
+        return metas
+
+    def recover(self) -> None:
+        """After a refused write: have the KV take writes again and reload what it holds
+        (a write reported as refused may have reached its log after all; whole, since
+        entries and metadata share one batch). Raises while the KV cannot recover."""
+        self.kv.recover()
+        self._metas = self._load_metas()
 
     # ---- mutations ----
 

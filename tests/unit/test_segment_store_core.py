@@ -447,6 +447,37 @@ def test_restart_recovers_every_segments_matched_fence_and_acked_exactly(
     assert reopened.state(SegmentKey(1, 1)).bridge_index == 1
 
 
+def test_recover_reloads_what_the_kv_holds(core: SegmentStoreCore) -> None:
+    core.write(SEG, 3, 0, events(1, 2))
+    # A write reported as refused that reached the KV's log after all.
+    SegmentStoreCore(core.kv).write(SEG, 3, 0, events(3, 4))
+    assert core.state(SEG).matched_index == 2
+    core.recover()
+    assert core.state(SEG).matched_index == 4
+
+
+def test_rocks_kv_reopens_on_recover_and_keeps_everything(tmp_path: Path) -> None:
+    kv = RocksKV(tmp_path / "db", recover_free_bytes_min=0)
+    core = SegmentStoreCore(kv)
+    core.write(SEG, 3, 2, events(1, 3))
+    core.recover()
+    assert [e.index for e in core.read(SEG, 1)] == [1, 2, 3]
+    core.write(SEG, 3, 3, events(4, 4))
+    assert core.state(SEG).acked_index == 3 and core.state(SEG).matched_index == 4
+    kv.close()
+
+
+def test_rocks_kv_does_not_reopen_without_free_space(tmp_path: Path) -> None:
+    kv = RocksKV(tmp_path / "db", recover_free_bytes_min=1 << 62)
+    kv.write([Put(b"k", b"v")], sync=True)
+    with pytest.raises(OSError, match="No space"):
+        kv.recover()
+    assert kv.get(b"k") == b"v"  # still open and serving
+    kv.close()
+    with pytest.raises(OSError, match="closed"):
+        kv.get(b"k")
+
+
 def test_a_crash_loses_unsynced_plans_whole_never_half(core: SegmentStoreCore) -> None:
     kv = core.kv
     assert isinstance(kv, MemoryKV)

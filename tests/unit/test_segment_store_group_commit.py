@@ -11,6 +11,7 @@ from client.core.entry import EntryKind, StoredEntry
 from segment_store.group_commit import GroupCommitter, SegmentWatch
 from segment_store.kv import KVOp, MemoryKV
 from segment_store.store import (
+    Outcome,
     SealCommand,
     SealResult,
     SegmentKey,
@@ -107,33 +108,67 @@ async def test_the_watch_wakes_waiters_of_changed_segments_only() -> None:
 
 
 class FullDiskKV(MemoryKV):
+    """Refuses writes while full and, like RocksDB, keeps refusing after one failed
+    until `recover` succeeds (which it cannot while full)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.full = False
+        self.latched = False
+        self.recoveries = 0
 
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
-        if self.full:
+        if self.full or self.latched:
+            self.latched = True
             raise OSError("No space left on device")
         super().write(ops, sync)
 
+    def recover(self) -> None:
+        self.recoveries += 1
+        if self.full:
+            raise OSError("No space left on device: still full")
+        self.latched = False
 
-async def test_a_refused_kv_write_answers_unavailable_changes_nothing_and_goes_on() -> None:
+
+async def test_a_refused_kv_write_answers_unavailable_changes_nothing_then_recovers() -> None:
     kv = FullDiskKV()
     core = SegmentStoreCore(kv)
-    committer = GroupCommitter(core, True, lambda plan: None)
+    committer = GroupCommitter(core, True, lambda plan: None, recover_interval_s=0)
     runner = asyncio.create_task(committer.run())
-    first = committer.try_submit(batch(1, 5))
-    assert first is not None and isinstance(await first, WriteResult)
+
+    async def write(first: int) -> Outcome:
+        future = committer.try_submit(batch(first, 5))
+        assert future is not None
+        return await future
+
+    assert isinstance(await write(1), WriteResult)
     kv.full = True
-    refused = committer.try_submit(batch(6, 5))
-    assert refused is not None
-    outcome = await refused
-    assert isinstance(outcome, StoreUnavailable) and "No space" in str(outcome)
+    refused = await write(6)
+    assert isinstance(refused, StoreUnavailable) and "No space" in str(refused)
     assert core.state(SEG).matched_index == 5 and committer.queued_bytes == 0
+    still = await write(6)  # a recovery is tried, and fails while the disk is full
+    assert isinstance(still, StoreUnavailable) and "still full" in str(still)
+    assert kv.recoveries == 1
     kv.full = False
-    again = committer.try_submit(batch(6, 5))
-    assert again is not None and isinstance(await again, WriteResult)
-    assert core.state(SEG).matched_index == 10
+    assert isinstance(await write(6), WriteResult)
+    assert kv.recoveries == 2 and core.state(SEG).matched_index == 10
+    assert isinstance(await write(11), WriteResult) and kv.recoveries == 2
+    committer.close()
+    await runner
+    committer.shutdown_executor()
+
+
+async def test_after_a_refused_write_recovery_is_tried_at_most_once_per_interval() -> None:
+    kv = FullDiskKV()
+    core = SegmentStoreCore(kv)
+    committer = GroupCommitter(core, True, lambda plan: None, recover_interval_s=3600)
+    runner = asyncio.create_task(committer.run())
+    kv.full = True
+    for _ in range(3):
+        future = committer.try_submit(batch(1, 5))
+        assert future is not None and isinstance(await future, StoreUnavailable)
+        kv.full = False  # space is back, but the interval has not passed
+    assert kv.recoveries == 0 and core.meta(SEG) is None
     committer.close()
     await runner
     committer.shutdown_executor()
