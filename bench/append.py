@@ -29,9 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from client import StreamClient
-from client.local_cluster import LocalCluster
-from client.writer import Writer
+from streamengine.client import StreamClient
+from streamengine.client.writer import Writer
+from streamengine.tools.local_cluster import LocalCluster
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.failover                    # starts a local cluster
     .venv/bin/python -m bench.failover --runs 10 --lease-ms 1000
 
-Per run, on a fresh stream: a writer process (`tests.integration.append_writer`)
+Per run, on a fresh stream: a writer process (`bench.append_writer`)
 appends batches; a standby writer process waits for leadership beside it (it
 heartbeats as a follower); the first is SIGKILLed mid-stream. The figure is the wall
 time from the kill to the standby's first acked append: the old lease running out on
@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
-
-from client.channels import CLIENT_OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 # Batches the first writer gets acked before it is killed: mid-stream, with appends in
@@ -37,7 +36,7 @@ ACKED_BEFORE_KILL = 20
 # How long the standby heartbeats as a follower before the kill.
 STANDBY_WARMUP_S = 0.5
 RUN_TIMEOUT_S = 30.0
-WRITER = [sys.executable, "-m", "tests.integration.append_writer"]
+WRITER = [sys.executable, "-m", "bench.append_writer"]
 
 
 class WriterProcess:
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             master = args.master
             results = [one_run(master, n) for n in range(args.runs)]
         else:
-            from tests.harness import running_cluster
+            from streamengine.tools.harness import running_cluster
 
             master_args = ["--lease-ms", str(args.lease_ms)]
             with running_cluster(Path(root), stores=3, master_args=master_args) as cluster:

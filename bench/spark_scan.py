@@ -17,11 +17,10 @@ import statistics
 import sys
 import time
 
-from streamengine.v1 import entry_pb2
-
 from bench.append import cluster
 from bench.subscribe import catch_up, fill
-from client import StreamClient
+from streamengine.client import StreamClient
+from streamengine.v1 import entry_pb2
 
 
 async def prepare(master: str, stream: str, events: int, segment_mb: int) -> int:
@@ -46,8 +45,8 @@ def spark_scan_rates(
 ) -> list[float]:
     """Rows/s of `scans` timed scans, after `warm_up` untimed ones (Python workers
     start, the JVM compiles the scan's hot code: the first scans run slower)."""
-    from client.spark import register
     from deploy.examples.analytics import session
+    from streamengine.client.spark import register
 
     spark = session()
     try:

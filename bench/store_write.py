@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
-from client.channels import CLIENT_OPTIONS
-from client.core.entry import EntryKind, StoredEntry, encode_value
-from segment_store.keys import entry_key
-from tests.harness import make_store
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
+from streamengine.segment_store.keys import entry_key
+from streamengine.tools.harness import make_store
+from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 ENTRY_BYTES = 100
 BATCH_ENTRIES = 100

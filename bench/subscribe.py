@@ -19,11 +19,10 @@ import contextlib
 import sys
 import time
 
-from streamengine.v1 import entry_pb2
-
 from bench.append import cluster
-from client import StreamClient
-from client.writer import Writer
+from streamengine.client import StreamClient
+from streamengine.client.writer import Writer
+from streamengine.v1 import entry_pb2
 
 BATCH = 1000
 BATCHES_IN_FLIGHT = 8

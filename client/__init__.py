@@ -1,6 +1,6 @@
 """Stream Engine SDK."""
 
-from client.errors import (
+from streamengine.client.errors import (
     AlreadyExists,
     AppendFailed,
     AppendInDoubt,
@@ -13,7 +13,7 @@ from client.errors import (
     StreamEngineError,
     Unavailable,
 )
-from client.stream_client import StreamClient
+from streamengine.client.stream_client import StreamClient
 
 __all__ = [
     "AlreadyExists",

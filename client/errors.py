@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import grpc
 
+from streamengine.protocol.status import FENCE_METADATA_KEY
+
 
 class StreamEngineError(Exception):
     """Base of every error the SDK raises."""
@@ -75,7 +77,6 @@ class Fenced(LeadershipLost):
         super().__init__(message)
 
 
-FENCE_METADATA_KEY = "se-fence"
 
 _STATUS_TO_ERROR: dict[grpc.StatusCode, type[StreamEngineError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,

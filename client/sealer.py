@@ -26,15 +26,15 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
+
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core import segment_recovery as sr
+from streamengine.client.core.leader import RecoverSegment
+from streamengine.client.errors import Fenced, fence_of
+from streamengine.client.retrying import retry_unary
+from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
-
-from client.channels import ChannelPool
-from client.core import segment_recovery as sr
-from client.core.entry import EntryKind, StoredEntry
-from client.core.leader import RecoverSegment
-from client.errors import Fenced, fence_of
-from client.retrying import retry_unary
 
 log = logging.getLogger(__name__)
 

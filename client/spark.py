@@ -1,7 +1,7 @@
 """PySpark data source `streamengine`: sealed segments for analytics, acked events
 for Structured Streaming.
 
-    from client.spark import register
+    from streamengine.client.spark import register
     register(spark)
     df = (spark.read.format("streamengine")
           .option("master", "127.0.0.1:7070").option("stream", "acme/orders").load())
@@ -42,14 +42,14 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.types import StructType
+
+from streamengine.client.errors import DataLossError, InvalidArgument, from_rpc_error
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
+from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
+from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
-
-from client.channels import CLIENT_OPTIONS
-from client.core.entry import VALUE_HEADER_BYTES, EntryKind
-from client.core.limits import EVENT_BYTES_MAX, INDEX_MAX
-from client.core.sequence import pack_sequence, unpack_sequence
-from client.errors import DataLossError, InvalidArgument, from_rpc_error
 
 SOURCE_NAME = "streamengine"
 # No column is ever null; saying so spares Spark a null check per value.

@@ -22,15 +22,15 @@ from types import TracebackType
 from typing import TypeVar
 
 import grpc
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
-from client import subscription
-from client.channels import ChannelPool
-from client.core.cursor import Event
-from client.core.replicator import ReplicatorLimits
-from client.errors import Unavailable, from_rpc_error
-from client.retrying import retry_unary
-from client.writer import Writer
+from streamengine.client import subscription
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core.cursor import Event
+from streamengine.client.core.replicator import ReplicatorLimits
+from streamengine.client.errors import Unavailable, from_rpc_error
+from streamengine.client.retrying import retry_unary
+from streamengine.client.writer import Writer
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 T = TypeVar("T")
 

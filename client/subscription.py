@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import grpc
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
-from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
-from client.channels import ChannelPool
-from client.core.cursor import (
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core.cursor import (
     Cursor,
     DataLoss,
     Event,
@@ -31,9 +29,11 @@ from client.core.cursor import (
     SegmentView,
     WaitForSegments,
 )
-from client.core.entry import first_corrupt
-from client.core.sequence import pack_sequence
-from client.errors import DataLossError, from_rpc_error
+from streamengine.client.errors import DataLossError, from_rpc_error
+from streamengine.protocol.entry import first_corrupt
+from streamengine.protocol.sequence import pack_sequence
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,10 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from streamengine.client.core.replicator import ReplicatorLimits
+from streamengine.client.stream_client import StreamClient
+from streamengine.client.writer import Writer, WriterStatistics
 from streamengine.v1 import master_pb2
-
-from client.core.replicator import ReplicatorLimits
-from client.stream_client import StreamClient
-from client.writer import Writer, WriterStatistics
 
 T = TypeVar("T")
 

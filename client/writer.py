@@ -41,11 +41,10 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from client.channels import ChannelPool
-from client.core.leader import (
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core.leader import (
     AskRoll,
     BecameLeader,
     HeartbeatAnswered,
@@ -67,9 +66,7 @@ from client.core.leader import (
     SteppedDown,
     StoreFenced,
 )
-from client.core.limits import EVENT_BYTES_MAX
-from client.core.policy import InvalidPolicy, ReplicationPolicy
-from client.core.replicator import (
+from streamengine.client.core.replicator import (
     Acked,
     Append,
     Assigned,
@@ -84,8 +81,7 @@ from client.core.replicator import (
     WriteReplied,
     entry_bytes,
 )
-from client.core.sequence import pack_sequence
-from client.errors import (
+from streamengine.client.errors import (
     AppendFailed,
     AppendInDoubt,
     EventTooLarge,
@@ -97,8 +93,12 @@ from client.errors import (
     fence_of,
     from_rpc_error,
 )
-from client.retrying import retry_unary
-from client.sealer import SegmentSealer
+from streamengine.client.retrying import retry_unary
+from streamengine.client.sealer import SegmentSealer
+from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.protocol.sequence import pack_sequence
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamengine.v1 import entry_pb2
-
-from client import StreamClient
-from client.local_cluster import LocalCluster
-from client.ops import VerifyReport, verify_stream
 from deploy.workload import WorkloadResult, run_workload
+from streamengine import StreamClient
+from streamengine.tools.local_cluster import LocalCluster
+from streamengine.tools.ops import VerifyReport, verify_stream
+from streamengine.v1 import entry_pb2
 
 STREAM = "demo/orders"
 KILLED_STORE = "store1"

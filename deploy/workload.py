@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from client import StreamClient
+from streamengine import StreamClient
 
 BATCH = 500
 KINDS = ("order", "refund", "signup", "login", "logout")

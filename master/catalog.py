@@ -24,7 +24,13 @@ from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from master.model import SegmentKey, SegmentRecord, SegmentState, StoreRecord, StreamRecord
+from streamengine.master.model import (
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    StoreRecord,
+    StreamRecord,
+)
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")

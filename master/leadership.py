@@ -23,8 +23,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from client.core.limits import EPOCH_MAX
-from master.errors import InvalidArgument, NotLeader
+from streamengine.master.errors import InvalidArgument, NotLeader
+from streamengine.protocol.limits import EPOCH_MAX
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ import enum
 import re
 from dataclasses import dataclass
 
-from client.core.limits import NAME_PART_CHARS_MAX
-from master.errors import InvalidArgument
+from streamengine.master.errors import InvalidArgument
+from streamengine.protocol.limits import NAME_PART_CHARS_MAX
 
 # A segment is named by (stream id, epoch) everywhere inside the master.
 SegmentKey = tuple[int, int]

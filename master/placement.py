@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from master.errors import NotEnoughStores
-from master.model import SegmentKey, StoreView
+from streamengine.master.errors import NotEnoughStores
+from streamengine.master.model import SegmentKey, StoreView
 
 # Rebalance stops once every store is within this fraction of the mean bytes per store.
 REBALANCE_TOLERANCE = 0.10

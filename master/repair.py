@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from master.model import Held, SegmentKey, SegmentRecord, SegmentState, StoreView
-from master.placement import choose_target
+from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StoreView
+from streamengine.master.placement import choose_target
 
 STORE_DEAD = "store-dead"
 DRAIN = "drain"

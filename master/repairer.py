@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
-from client.core.limits import GRPC_MESSAGE_BYTES_MAX
-from client.logs import segment_fields
-from master import repair
-from master.model import Held, SegmentKey, SegmentRecord, SegmentState
-from master.state import MasterState
+from streamengine.master import repair
+from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState
+from streamengine.master.state import MasterState
+from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX
+from streamengine.protocol.logs import segment_fields
+from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.master.repair")
 

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from streamengine.v1 import master_pb2_grpc
 
-from client import logs
-from client.channels import SERVER_OPTIONS
-from client.core.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
-from master.catalog import Catalog
-from master.metrics import Metrics
-from master.repairer import Repairer
-from master.service import MasterService
-from master.state import MasterState
+from streamengine.master.catalog import Catalog
+from streamengine.master.metrics import Metrics
+from streamengine.master.repairer import Repairer
+from streamengine.master.service import MasterService
+from streamengine.master.state import MasterState
+from streamengine.protocol import logs
+from streamengine.protocol.channels import SERVER_OPTIONS
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
 

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
-from client.logs import segment_fields
-from master import errors, repair
-from master.metrics import Metrics
-from master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
-from master.repairer import Repairer, TaskStatus
-from master.state import MasterState, WriterView
+from streamengine.master import errors, repair
+from streamengine.master.metrics import Metrics
+from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.repairer import Repairer, TaskStatus
+from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol.logs import segment_fields
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from client.core.limits import INDEX_MAX, UNSEALED_SEGMENTS_MAX
-from client.core.policy import InvalidPolicy, ReplicationPolicy
-from master import leadership, placement, repair
-from master.catalog import Batch, Catalog
-from master.errors import (
+from streamengine.master import leadership, placement, repair
+from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.errors import (
     AlreadyExists,
     InvalidArgument,
     NotFound,
@@ -24,8 +22,8 @@ from master.errors import (
     SealConflict,
     TooManyUnsealed,
 )
-from master.leadership import Lease, Outcome
-from master.model import (
+from streamengine.master.leadership import Lease, Outcome
+from streamengine.master.model import (
     Held,
     SegmentKey,
     SegmentRecord,
@@ -36,6 +34,8 @@ from master.model import (
     validate_name_part,
     validate_stream_name,
 )
+from streamengine.protocol.limits import INDEX_MAX, UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 
 # Roll thresholds when a stream is created without its own.
 SEGMENT_BYTES_DEFAULT = 256 << 20

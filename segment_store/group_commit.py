@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from segment_store import metrics
-from segment_store.store import (
+from streamengine.segment_store import metrics
+from streamengine.segment_store.store import (
     Command,
     Outcome,
     Plan,

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from client.channels import CLIENT_OPTIONS
-from segment_store import metrics
-from segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.segment_store import metrics
+from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
 

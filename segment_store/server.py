@@ -25,22 +25,26 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from streamengine.v1 import segment_store_pb2_grpc
 
-from client import logs
-from client.channels import SERVER_OPTIONS
-from client.core.limits import EVENT_BYTES_MAX
-from segment_store import metrics
-from segment_store.group_commit import STORE_QUEUE_BYTES_MAX, GroupCommitter, SegmentWatch
-from segment_store.kv import RocksKV
-from segment_store.master_link import MasterLink, StoreIdentity
-from segment_store.service import (
+from streamengine.protocol import logs
+from streamengine.protocol.channels import SERVER_OPTIONS
+from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.segment_store import metrics
+from streamengine.segment_store.group_commit import (
+    STORE_QUEUE_BYTES_MAX,
+    GroupCommitter,
+    SegmentWatch,
+)
+from streamengine.segment_store.kv import RocksKV
+from streamengine.segment_store.master_link import MasterLink, StoreIdentity
+from streamengine.segment_store.service import (
     SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
     SUBSCRIBE_STALL_MS_DEFAULT,
     SegmentStoreService,
     ServiceConfig,
 )
-from segment_store.store import Plan, SegmentStoreCore
+from streamengine.segment_store.store import Plan, SegmentStoreCore
+from streamengine.v1 import segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
 

@@ -18,29 +18,28 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
-from client.channels import CLIENT_OPTIONS
-from client.core.entry import (
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.entry import (
     CorruptEntry,
     EntryKind,
     StoredEntry,
     first_corrupt_value,
     unpack_values,
 )
-from client.core.limits import (
+from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
     GRPC_MESSAGE_BYTES_MAX,
     INDEX_MAX,
     WRITE_BATCH_BYTES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
 )
-from client.errors import FENCE_METADATA_KEY
-from client.logs import segment_fields
-from segment_store import metrics
-from segment_store.group_commit import GroupCommitter, SegmentWatch
-from segment_store.keys import SegmentMeta, entry_index
-from segment_store.store import (
+from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.segment_store import metrics
+from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
+from streamengine.segment_store.keys import SegmentMeta, entry_index
+from streamengine.segment_store.store import (
     BadRequest,
     DeleteCommand,
     DeleteResult,
@@ -58,6 +57,7 @@ from segment_store.store import (
     WriteResult,
     check_segment,
 )
+from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
 T = TypeVar("T")

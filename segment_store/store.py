@@ -31,7 +31,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from client.core.entry import (
+from streamengine.protocol.entry import (
     VALUE_HEADER_BYTES,
     CorruptEntry,
     EntryKind,
@@ -39,14 +39,14 @@ from client.core.entry import (
     decode_value,
     encode_value,
 )
-from client.core.limits import (
+from streamengine.protocol.limits import (
     EPOCH_MAX,
     EVENT_BYTES_MAX,
     INDEX_MAX,
     WRITE_BATCH_BYTES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
 )
-from segment_store.keys import (
+from streamengine.segment_store.keys import (
     BRIDGES_PER_SEGMENT_MAX,
     SegmentMeta,
     entry_index,
@@ -57,7 +57,7 @@ from segment_store.keys import (
     meta_segment,
     segment_entries_range,
 )
-from segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
+from streamengine.segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
 
 # Entries decoded per KV scan while reading or hashing a segment: bounds the memory of
 # one scan whatever the segment's size.
@@ -503,7 +503,7 @@ class SegmentStoreCore:
         max_bytes: int = 0,
     ) -> list[tuple[bytes, bytes]]:
         """What `read` reads, as stored (key, value) rows, not yet decoded or verified:
-        the serving path decodes whole batches at once (`client.core.entry`)."""
+        the serving path decodes whole batches at once (`streamengine.protocol.entry`)."""
         meta = self._require(segment)
         upper = meta.last_index if to_index == 0 else min(to_index, meta.last_index)
         if acked_only:

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Cluster, running_cluster
+from streamengine.tools.harness import Cluster, running_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every process a test starts (servers, the CLI, writers, Spark workers) imports the code
+# of this working tree, wherever the installed copy points.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "proto"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ is an empty store.
 
 from __future__ import annotations
 
-from client.core.entry import EntryKind, StoredEntry
+from streamengine.protocol.entry import EntryKind, StoredEntry
 
 
 def entries(notation: str) -> tuple[StoredEntry, ...]:

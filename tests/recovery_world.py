@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from client.core.entry import EntryKind, StoredEntry
-from client.core.policy import ReplicationPolicy
-from client.core.segment_recovery import (
+from streamengine.client.core.segment_recovery import (
     Action,
     Deposed,
     Done,
@@ -31,9 +29,11 @@ from client.core.segment_recovery import (
     StoreLost,
     WriteAnswered,
 )
-from segment_store.kv import MemoryKV
-from segment_store.store import SegmentKey, SegmentNotFound, SegmentStoreCore
-from segment_store.store import StoreFenced as StoreRefused
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.store import SegmentKey, SegmentNotFound, SegmentStoreCore
+from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.recovery_notation import entries, notation
 
 

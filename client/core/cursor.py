@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from client.core.entry import EntryKind, StoredEntry
-from client.core.limits import INDEX_MAX
-from client.core.sequence import pack_sequence, unpack_sequence
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.limits import INDEX_MAX
+from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 
 # A replica that serves nothing new for this long while the master says its segment is
 # sealed beyond what it served has missed the bridge: try another one.

@@ -49,9 +49,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from client.core.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
-from client.core.policy import ReplicationPolicy
-from client.core.replicator import (
+from streamengine.client.core.replicator import (
     AllowAcking,
     Append,
     Flush,
@@ -67,6 +65,8 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.policy import ReplicationPolicy
 
 # A copy-set store disconnected this long is lost for the open segment: roll without it
 # (the master also asks for a roll once it declares the store dead, later).

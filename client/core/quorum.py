@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from client.core.policy import ReplicationPolicy
+from streamengine.protocol.policy import ReplicationPolicy
 
 
 def quorum_index(

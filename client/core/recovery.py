@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from client.core.entry import EntryKind, StoredEntry
-from client.core.policy import ReplicationPolicy
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.policy import ReplicationPolicy
 
 
 class RecoveryError(ValueError):

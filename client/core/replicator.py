@@ -37,15 +37,15 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from client.core.entry import EntryKind, StoredEntry, entry_crc
-from client.core.limits import (
+from streamengine.client.core.quorum import QuorumTracker
+from streamengine.protocol.entry import EntryKind, StoredEntry, entry_crc
+from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
     INDEX_MAX,
     WRITE_BATCH_BYTES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
 )
-from client.core.policy import ReplicationPolicy
-from client.core.quorum import QuorumTracker
+from streamengine.protocol.policy import ReplicationPolicy
 
 # Bytes an entry costs beyond its payload on the wire and in the buffer (index, kind,
 # epoch, crc, framing): small events must count for something.

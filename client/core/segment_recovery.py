@@ -50,16 +50,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from client.core.entry import VALUE_HEADER_BYTES, StoredEntry
-from client.core.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
-from client.core.policy import ReplicationPolicy
-from client.core.recovery import (
+from streamengine.client.core.recovery import (
     RecoveryPlan,
     SealAnswer,
     StoreAnswer,
     plan_recovery,
     read_from_index,
 )
+from streamengine.protocol.entry import VALUE_HEADER_BYTES, StoredEntry
+from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.policy import ReplicationPolicy
 
 # ---- events (what stores and the master answered) ----
 

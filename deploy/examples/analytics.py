@@ -57,7 +57,7 @@ def session() -> Any:
 def analyse(spark: Any, master_address: str, stream: str, field: str) -> Report:
     from pyspark.sql import functions as F
 
-    from client.spark import register
+    from streamengine.client.spark import register
 
     register(spark)
     events = (

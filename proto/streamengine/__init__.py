@@ -1,0 +1,50 @@
+"""Stream Engine: a durable, quorum-replicated, append-only event log.
+
+    from streamengine import StreamClient, AppendInDoubt
+
+The SDK's names are loaded on first use, so that the servers (`streamengine.master`,
+`streamengine.segment_store`), which share this namespace and the protocol package
+(`streamengine.protocol`, `streamengine.v1`), never import the SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamengine.client import (
+        AlreadyExists,
+        AppendFailed,
+        AppendInDoubt,
+        DataLossError,
+        EventTooLarge,
+        Fenced,
+        InvalidArgument,
+        LeadershipLost,
+        NotFound,
+        StreamClient,
+        StreamEngineError,
+        Unavailable,
+    )
+
+__all__ = [
+    "AlreadyExists",
+    "AppendFailed",
+    "AppendInDoubt",
+    "DataLossError",
+    "EventTooLarge",
+    "Fenced",
+    "InvalidArgument",
+    "LeadershipLost",
+    "NotFound",
+    "StreamClient",
+    "StreamEngineError",
+    "Unavailable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("streamengine.client"), name)
+    raise AttributeError(f"module 'streamengine' has no attribute {name!r}")

@@ -15,9 +15,9 @@ import threading
 import time
 
 import grpc
-from streamengine.v1 import master_pb2, master_pb2_grpc
 
-from client.core.limits import HEARTBEATS_PER_LEASE
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE
+from streamengine.v1 import master_pb2, master_pb2_grpc
 
 
 def main(master: str, stream: str, client_id: str) -> int:

@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import grpc
-from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
-from client.channels import CLIENT_OPTIONS
-from client.core.entry import EntryKind, StoredEntry
-from tests.harness import ServerProcess, make_store
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.tools.harness import ServerProcess, make_store
+from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 # A master address nothing listens on: the store must serve without its master.
 NO_MASTER = "127.0.0.1:1"

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.harness import STREAMENGINE, Cluster, free_port, wait_for
+from streamengine.tools.harness import STREAMENGINE, Cluster, free_port, wait_for
 
 
 def run_cli(
@@ -362,8 +362,8 @@ def segments_on(master: list[str], store_id: str) -> int:
 
 
 def test_drain_and_verify_with_data(tmp_path: Path) -> None:
-    from tests.harness import running_cluster
-    from tests.segment_driver import Driver
+    from bench.segment_driver import Driver
+    from streamengine.tools.harness import running_cluster
 
     with running_cluster(tmp_path, stores=4, master_args=["--lease-ms", "1000"]) as cluster:
         master = ["--master", cluster.master_address]
@@ -395,8 +395,8 @@ def test_drain_and_verify_with_data(tmp_path: Path) -> None:
 def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical(
     tmp_path: Path,
 ) -> None:
-    from tests.harness import running_cluster
-    from tests.segment_driver import Driver
+    from bench.segment_driver import Driver
+    from streamengine.tools.harness import running_cluster
 
     with running_cluster(tmp_path, stores=3, master_args=["--lease-ms", "1000"]) as cluster:
         master = ["--master", cluster.master_address]

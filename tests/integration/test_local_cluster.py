@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client import StreamClient
-from client.local_cluster import LocalCluster, serving
-from tests.harness import free_port, wait_for
+from streamengine.client import StreamClient
+from streamengine.tools.harness import free_port, wait_for
+from streamengine.tools.local_cluster import LocalCluster, serving
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,7 +25,7 @@ def test_servers_die_with_a_sigkilled_cluster_process(tmp_path: Path) -> None:
         f"""
         import sys, time
         from pathlib import Path
-        from client.local_cluster import LocalCluster, serving
+        from streamengine.tools.local_cluster import LocalCluster, serving
         cluster = LocalCluster(Path({str(tmp_path / "data")!r}), 2, {free_port()})
         cluster.start()
         print("serving", flush=True)

@@ -7,9 +7,9 @@ from typing import Any
 
 import grpc
 import pytest
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
-from tests.harness import ServerProcess, make_master
+from streamengine.tools.harness import ServerProcess, make_master
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 STREAM = "acme/orders"
 Code = grpc.StatusCode

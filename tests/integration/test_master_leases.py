@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 import pytest
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
-from tests.harness import ServerProcess, free_port, make_master, wait_for
+from streamengine.tools.harness import ServerProcess, free_port, make_master, wait_for
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 LEASE_MS = 1000
 STREAM = "acme/orders"

@@ -1,6 +1,6 @@
 """Repair, drain and rebalance with a real master and real segment stores.
 
-Sealed segments with data are made by `tests.segment_driver` (raw gRPC to master and
+Sealed segments with data are made by `bench.segment_driver` (raw gRPC to master and
 stores). Every check reads the stores themselves: each sealed segment must end with N
 distinct live members whose digests up to the bridge are equal and whose acked index
 reached it.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
-from tests.harness import Cluster, running_cluster, wait_for
-from tests.segment_driver import Driver, fully_replicated, sealed_segments, store_stub
+from bench.segment_driver import Driver, fully_replicated, sealed_segments, store_stub
+from streamengine.tools.harness import Cluster, running_cluster, wait_for
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
 STREAM = "acme/orders"
 REPLICAS = 3

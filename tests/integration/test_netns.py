@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import wait_for
+from streamengine.tools.harness import wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from client.core.entry import EntryKind, StoredEntry
-from client.core.sequence import pack_sequence
-from tests.harness import Cluster
-from tests.segment_driver import Driver, write
+from bench.segment_driver import Driver, write
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.sequence import pack_sequence
+from streamengine.tools.harness import Cluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -26,6 +26,7 @@ def payload_of(index: int) -> bytes:
 
 def create_stream(cluster: Cluster, name: str) -> None:
     import grpc
+
     from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
     with grpc.insecure_channel(cluster.master_address) as channel:
@@ -40,7 +41,7 @@ def create_stream(cluster: Cluster, name: str) -> None:
 
 
 def load(spark: Any, cluster: Cluster, stream: str, **options: str) -> Any:
-    from client.spark import register
+    from streamengine.client.spark import register
 
     register(spark)
     reader = spark.read.format("streamengine").option("master", cluster.master_address)
@@ -125,9 +126,9 @@ def test_holes_left_by_a_recovery_never_appear_as_rows(spark: Any, cluster: Clus
     import asyncio
 
     import grpc
-    from streamengine.v1 import master_pb2, master_pb2_grpc
 
-    from client import StreamClient
+    from streamengine.client import StreamClient
+    from streamengine.v1 import master_pb2, master_pb2_grpc
 
     create_stream(cluster, "spark/holes")
     driver = Driver(cluster.master_address, "spark/holes")
@@ -193,7 +194,7 @@ def keep_leading(driver: Driver) -> Iterator[None]:
 def test_streaming_picks_up_new_events_and_never_re_emits_after_a_restart(
     spark: Any, cluster: Cluster, tmp_path: Path
 ) -> None:
-    from client.spark import register
+    from streamengine.client.spark import register
 
     register(spark)
     create_stream(cluster, "spark/live")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 import psutil
-from streamengine.v1 import segment_store_pb2
 
+from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     entry,

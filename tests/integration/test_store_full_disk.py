@@ -11,9 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from streamengine.v1 import segment_store_pb2
 
-from tests.harness import wait_until
+from streamengine.tools.harness import wait_until
+from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     lone_store,

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
-from client.channels import CLIENT_OPTIONS
-from client.core.entry import EntryKind
-from tests.harness import (
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.entry import EntryKind
+from streamengine.tools.harness import (
     ServerProcess,
     free_port,
     make_store,
@@ -22,6 +21,7 @@ from tests.harness import (
     wait_for,
     wait_until,
 )
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from tests.integration.store_helpers import (
     NO_MASTER,
     entries,

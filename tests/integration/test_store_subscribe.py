@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from streamengine.v1 import segment_store_pb2
 
-from client.core.entry import EntryKind
-from tests.harness import ServerProcess
+from streamengine.protocol.entry import EntryKind
+from streamengine.tools.harness import ServerProcess
+from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     entry,

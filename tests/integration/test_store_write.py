@@ -12,12 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from streamengine.v1 import entry_pb2, segment_store_pb2
 
-from client.core.entry import EntryKind
-from client.core.limits import EVENT_BYTES_MAX
-from client.errors import FENCE_METADATA_KEY, fence_of
-from tests.harness import ServerProcess
+from streamengine.client.errors import fence_of
+from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.tools.harness import ServerProcess
+from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     entry,
@@ -236,7 +237,7 @@ async def test_other_malformed_requests_get_clear_statuses(store: ServerProcess)
 async def test_a_packed_read_sends_stored_values_back_to_back_and_stops_at_a_gap(
     store: ServerProcess,
 ) -> None:
-    from client.core.entry import VALUE_HEADER_BYTES, decode_value
+    from streamengine.protocol.entry import VALUE_HEADER_BYTES, decode_value
 
     segment = seg(131, 3)
     async with store_stub(store.address) as stub:

@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client import NotFound, StreamClient
-from client.core.cursor import Event
-from client.core.sequence import unpack_sequence
-from tests.harness import Cluster, free_port, metric_value, running_cluster, wait_until
+from streamengine.client import NotFound, StreamClient
+from streamengine.client.core.cursor import Event
+from streamengine.protocol.sequence import unpack_sequence
+from streamengine.tools.harness import Cluster, free_port, metric_value, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -143,7 +143,7 @@ async def test_the_subscribers_store_killed_it_continues_on_another_replica(
 async def test_a_stalled_subscriber_gets_everything_and_the_store_stays_bounded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="client.subscription")
+    caplog.set_level(logging.INFO, logger="streamengine.client.subscription")
     total = 200_000
     payload = b"x" * 100
     metrics_ports = [free_port() for _ in range(3)]

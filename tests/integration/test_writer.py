@@ -11,10 +11,8 @@ import time
 
 import grpc
 import pytest
-from streamengine.v1 import entry_pb2, segment_store_pb2
-from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
-from client import (
+from streamengine.client import (
     AppendFailed,
     AppendInDoubt,
     EventTooLarge,
@@ -25,13 +23,15 @@ from client import (
     StreamClient,
     Unavailable,
 )
-from client.channels import CLIENT_OPTIONS
-from client.core.limits import EVENT_BYTES_MAX
-from client.core.replicator import ReplicatorLimits
-from client.core.sequence import unpack_sequence
-from client.sync import SyncStreamClient
-from client.writer import Writer
-from tests.harness import Cluster, wait_until
+from streamengine.client.core.replicator import ReplicatorLimits
+from streamengine.client.sync import SyncStreamClient
+from streamengine.client.writer import Writer
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.sequence import unpack_sequence
+from streamengine.tools.harness import Cluster, wait_until
+from streamengine.v1 import entry_pb2, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 COUNT = 20_000
 

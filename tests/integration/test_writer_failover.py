@@ -1,6 +1,6 @@
 """Leader failover, rolling and sealing against real processes (master + 3 or 4 stores).
 
-Writers run as separate processes (`tests.integration.append_writer`) so that a test
+Writers run as separate processes (`bench.append_writer`) so that a test
 can SIGKILL or SIGSTOP one; what they acked is what they printed. Everything is read
 back through the SDK across the segments' bridges.
 """
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streamengine.v1 import entry_pb2
 
-from client import StreamClient
-from client.ops import verify_stream
-from tests.harness import Cluster, running_cluster, wait_until
+from streamengine.client import StreamClient
+from streamengine.tools.harness import Cluster, running_cluster, wait_until
+from streamengine.tools.ops import verify_stream
+from streamengine.v1 import entry_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_MS = 1000
@@ -39,7 +39,7 @@ class WriterProcess:
             [
                 sys.executable,
                 "-m",
-                "tests.integration.append_writer",
+                "bench.append_writer",
                 master,
                 stream,
                 prefix,

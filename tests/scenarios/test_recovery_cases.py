@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from client.core.policy import ReplicationPolicy
-from client.core.segment_recovery import Done, SendAcked, SendWrite
+from streamengine.client.core.segment_recovery import Done, SendAcked, SendWrite
+from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import (
     Leader,

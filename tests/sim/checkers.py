@@ -24,12 +24,12 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from client.core.entry import EntryKind
-from client.core.limits import UNSEALED_SEGMENTS_MAX
-from client.core.sequence import pack_sequence, unpack_sequence
-from master.model import SegmentState
-from master.state import MasterState
-from segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.master.model import SegmentState
+from streamengine.master.state import MasterState
+from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.sequence import pack_sequence, unpack_sequence
+from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
 
 INVARIANTS = {
     1: "every acked append is read by every follower exactly once, in order",

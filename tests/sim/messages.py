@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from client.core.entry import EntryKind, StoredEntry
-from segment_store.store import SegmentKey
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.segment_store.store import SegmentKey
 
 
 def show_entries(entries: Sequence[StoredEntry]) -> str:

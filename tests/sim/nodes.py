@@ -17,16 +17,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from client.core import segment_recovery as sr
-from client.core.cursor import (
+from streamengine.client.core import segment_recovery as sr
+from streamengine.client.core.cursor import (
     Cursor,
     DataLoss,
     ReadFrom,
     SegmentView,
     WaitForSegments,
 )
-from client.core.entry import StoredEntry
-from client.core.leader import (
+from streamengine.client.core.leader import (
     AskRoll,
     BecameLeader,
     HeartbeatAnswered,
@@ -46,9 +45,8 @@ from client.core.leader import (
     SteppedDown,
     StoreFenced,
 )
-from client.core.leader import ReleaseLease as ReleaseLeaseAction
-from client.core.policy import ReplicationPolicy
-from client.core.replicator import (
+from streamengine.client.core.leader import ReleaseLease as ReleaseLeaseAction
+from streamengine.client.core.replicator import (
     Acked,
     Append,
     Assigned,
@@ -61,13 +59,15 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
-from client.subscription import FAILED_REPLICA_RETRY_ROUNDS
-from master.catalog import Batch, Catalog
-from master.errors import MasterError, SealConflict
-from master.model import SegmentRecord, SegmentState
-from master.state import MasterState, WriterView
-from segment_store.kv import MemoryKV
-from segment_store.store import (
+from streamengine.client.subscription import FAILED_REPLICA_RETRY_ROUNDS
+from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.errors import MasterError, SealConflict
+from streamengine.master.model import SegmentRecord, SegmentState
+from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.store import (
     SealResult,
     SegmentKey,
     SegmentNotFound,
@@ -75,7 +75,7 @@ from segment_store.store import (
     StoreError,
     WriteResult,
 )
-from segment_store.store import StoreFenced as StoreRefused
+from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.sim import messages as m
 from tests.sim.network import Message
 

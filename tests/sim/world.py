@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from client.core.entry import EntryKind, StoredEntry
-from client.core.policy import ReplicationPolicy
-from master.errors import MasterError
-from master.model import SegmentState
-from segment_store.store import BadRequest, StoreError
-from segment_store.store import StoreFenced as StoreRefused
+from streamengine.master.errors import MasterError
+from streamengine.master.model import SegmentState
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.segment_store.store import BadRequest, StoreError
+from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.sim import messages as m
 from tests.sim.checkers import Checker, Violation
 from tests.sim.network import Faults, Message, Network, Scheduler

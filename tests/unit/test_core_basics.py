@@ -6,16 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.core.entry import (
+from streamengine.protocol.entry import (
     CorruptEntry,
     EntryKind,
     StoredEntry,
     decode_value,
     encode_value,
 )
-from client.core.limits import EPOCH_MAX, INDEX_MAX
-from client.core.policy import InvalidPolicy, ReplicationPolicy
-from client.core.sequence import pack_sequence, unpack_sequence
+from streamengine.protocol.limits import EPOCH_MAX, INDEX_MAX
+from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 
 
 def stored(entry: StoredEntry) -> bytes:

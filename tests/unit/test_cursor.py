@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.core.cursor import (
+from streamengine.client.core.cursor import (
     SEALED_REPLICA_STALL_MS,
     Cursor,
     DataLoss,
@@ -13,8 +13,8 @@ from client.core.cursor import (
     SegmentView,
     WaitForSegments,
 )
-from client.core.entry import EntryKind, StoredEntry
-from client.core.sequence import pack_sequence
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.sequence import pack_sequence
 
 A, B, C = "a:1", "b:1", "c:1"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from client.core.leader import (
+from streamengine.client.core.leader import (
     BecameLeader,
     HeartbeatAnswered,
     HeartbeatFailed,
@@ -26,8 +26,7 @@ from client.core.leader import (
     SteppedDown,
     StoreFenced,
 )
-from client.core.policy import ReplicationPolicy
-from client.core.replicator import (
+from streamengine.client.core.replicator import (
     Acked,
     Append,
     SegmentRef,
@@ -36,6 +35,7 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.policy import ReplicationPolicy
 
 LEASE_MS = 900
 POLICY = ReplicationPolicy(3, 2)

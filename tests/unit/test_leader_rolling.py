@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from client.core.leader import (
+from streamengine.client.core.leader import (
     DRAIN_MS_MAX,
     ROLL_RETRY_MS,
     STORE_LOST_MS,
@@ -24,8 +24,7 @@ from client.core.leader import (
     StepDownReason,
     SteppedDown,
 )
-from client.core.limits import EVENT_BYTES_MAX
-from client.core.replicator import (
+from streamengine.client.core.replicator import (
     Acked,
     Append,
     ReplicatorLimits,
@@ -33,6 +32,7 @@ from client.core.replicator import (
     StoreDisconnected,
     Tick,
 )
+from streamengine.protocol.limits import EVENT_BYTES_MAX
 from tests.unit.test_leader import (
     LEASE_MS,
     POLICY,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from client.logs import LogfmtFormatter, segment_fields
+from streamengine.protocol.logs import LogfmtFormatter, segment_fields
 
 
 def formatted(message: str, **extra: object) -> str:

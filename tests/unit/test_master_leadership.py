@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from master import leadership
-from master.errors import InvalidArgument, NotLeader
-from master.leadership import Lease, Outcome
+from streamengine.master import leadership
+from streamengine.master.errors import InvalidArgument, NotLeader
+from streamengine.master.leadership import Lease, Outcome
 
 LEASE = 1000
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from master import placement
-from master.errors import NotEnoughStores
-from master.model import StoreView
-from master.placement import Replica
+from streamengine.master import placement
+from streamengine.master.errors import NotEnoughStores
+from streamengine.master.model import StoreView
+from streamengine.master.placement import Replica
 
 
 def store(

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from client.core.limits import UNSEALED_SEGMENTS_MAX
-from master.catalog import Catalog
-from master.errors import MasterError
-from master.model import SegmentState
-from master.state import MasterState
+from streamengine.master.catalog import Catalog
+from streamengine.master.errors import MasterError
+from streamengine.master.model import SegmentState
+from streamengine.master.state import MasterState
+from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 
 LEASE = 1000
 TIMEOUT = 3000

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from master import repair
-from master.model import Held, SegmentRecord, SegmentState, StoreView
+from streamengine.master import repair
+from streamengine.master.model import Held, SegmentRecord, SegmentState, StoreView
 
 GRACE = 1000
 NOW = 10_000

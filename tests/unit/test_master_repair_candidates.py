@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from master import repairer as repairer_module
-from master.catalog import Batch, Catalog
-from master.model import Held, SegmentRecord, SegmentState, StreamRecord
-from master.repairer import Repairer
-from master.state import MasterState
+from streamengine.master import repairer as repairer_module
+from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.model import Held, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.repairer import Repairer
+from streamengine.master.state import MasterState
 
 TIMEOUT = 3000
 NOW = 1_000_000

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from master.catalog import Catalog
-from master.errors import (
+from streamengine.master.catalog import Catalog
+from streamengine.master.errors import (
     AlreadyExists,
     InvalidArgument,
     NotEnoughStores,
@@ -18,8 +18,8 @@ from master.errors import (
     SealConflict,
     TooManyUnsealed,
 )
-from master.model import Held, SegmentState
-from master.state import MasterState
+from streamengine.master.model import Held, SegmentState
+from streamengine.master.state import MasterState
 
 LEASE = 1000
 TIMEOUT = 3000

@@ -11,9 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from client.core.entry import EntryKind, StoredEntry
-from client.core.policy import ReplicationPolicy
-from client.core.recovery import (
+from streamengine.client.core.recovery import (
     InconsistentAnswers,
     RecoveryPlan,
     SealAnswer,
@@ -22,7 +20,9 @@ from client.core.recovery import (
     plan_recovery,
     read_from_index,
 )
-from segment_store.store import StoreFenced as StoreRefused
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import Leader, World
 

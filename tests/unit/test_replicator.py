@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.core.policy import ReplicationPolicy
-from client.core.quorum import QuorumTracker, quorum_index
-from client.core.replicator import (
+from streamengine.client.core.quorum import QuorumTracker, quorum_index
+from streamengine.client.core.replicator import (
     ENTRY_OVERHEAD_BYTES,
     Acked,
     AllowAcking,
@@ -26,6 +25,7 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.policy import ReplicationPolicy
 
 SEGMENT = SegmentRef(stream_id=7, epoch=3, stream="acme/orders")
 STORES = ("s1", "s2", "s3")

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from client.core.policy import ReplicationPolicy
-from client.core.replicator import (
+from streamengine.client.core.replicator import (
     Acked,
     Append,
     Replicator,
@@ -30,6 +29,7 @@ from client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.policy import ReplicationPolicy
 
 STORES = ("s1", "s2", "s3")
 POLICY = ReplicationPolicy(3, 2)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.core.policy import ReplicationPolicy
-from client.core.segment_recovery import (
+from streamengine.client.core.segment_recovery import (
     Action,
     Deposed,
     Done,
@@ -24,6 +23,7 @@ from client.core.segment_recovery import (
     StoreLost,
     WriteAnswered,
 )
+from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import Leader, World, this
 

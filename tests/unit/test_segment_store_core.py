@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from client.core.entry import CorruptEntry, EntryKind, StoredEntry, encode_value
-from client.core.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
-from segment_store.keys import entry_key, segment_entries_range
-from segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
-from segment_store.store import (
+from streamengine.protocol.entry import CorruptEntry, EntryKind, StoredEntry, encode_value
+from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.segment_store.keys import entry_key, segment_entries_range
+from streamengine.segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
+from streamengine.segment_store.store import (
     BadRequest,
     DeleteCommand,
     SealCommand,

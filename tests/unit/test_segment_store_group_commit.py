@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from client.core.entry import EntryKind, StoredEntry
-from segment_store.group_commit import GroupCommitter, SegmentWatch
-from segment_store.kv import KVOp, MemoryKV
-from segment_store.store import (
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
+from streamengine.segment_store.kv import KVOp, MemoryKV
+from streamengine.segment_store.store import (
     Outcome,
     SealCommand,
     SealResult,

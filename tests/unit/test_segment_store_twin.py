@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.core.entry import EntryKind, StoredEntry
-from segment_store.kv import MemoryKV
-from segment_store.store import (
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.store import (
     Command,
     DeleteCommand,
     SealCommand,

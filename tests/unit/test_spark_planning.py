@@ -6,8 +6,14 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
-from client.core.sequence import pack_sequence
-from client.spark import _limit_end, _SegmentInfo, _StreamLayout, acked_end, plan_ranges
+from streamengine.client.spark import (
+    _limit_end,
+    _SegmentInfo,
+    _StreamLayout,
+    acked_end,
+    plan_ranges,
+)
+from streamengine.protocol.sequence import pack_sequence
 
 R = ("a:1", "b:1", "c:1")
 

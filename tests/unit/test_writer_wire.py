@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from streamengine.client.core.replicator import SegmentRef, SendWrite
+from streamengine.client.writer import _BatchCache, serialize_write
+from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.v1 import segment_store_pb2
-
-from client.core.entry import EntryKind, StoredEntry
-from client.core.replicator import SegmentRef, SendWrite
-from client.writer import _BatchCache, serialize_write
 
 SEGMENT = SegmentRef(stream_id=9, epoch=4, stream="acme/orders")
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from client.errors import StreamEngineError
-from client.lifetime import die_with_parent_if_asked
+from streamengine.client.errors import StreamEngineError
+from streamengine.tools.lifetime import die_with_parent_if_asked
 
 Runner = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
@@ -50,8 +50,8 @@ def _add_master_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentParser]:
-    from master import server as master_server
-    from segment_store import server as store_server
+    from streamengine.master import server as master_server
+    from streamengine.segment_store import server as store_server
 
     servers = {}
     for name, module, summary in (
@@ -84,7 +84,7 @@ def _add_cluster_commands(commands: Subparsers) -> None:
 
 
 def _run_cluster_up(args: argparse.Namespace) -> int:
-    from client.local_cluster import run_cluster_up
+    from streamengine.tools.local_cluster import run_cluster_up
 
     if args.stores < 1:
         raise SystemExit("streamengine: error: --stores must be at least 1")
@@ -100,24 +100,24 @@ def _add_stream_commands(commands: Subparsers) -> None:
     create.add_argument("--write-quorum", type=int, default=2, help="W (default %(default)s)")
     create.add_argument("--segment-bytes", type=int, default=0, help="roll threshold in bytes")
     create.add_argument("--segment-age-ms", type=int, default=0, help="roll threshold in ms")
-    create.set_defaults(run=_lazy("client.ops", "cmd_stream_create"))
+    create.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_create"))
     listing = actions.add_parser("list", help="list streams")
     listing.add_argument("--tenant", default="", help="only this tenant's streams")
     listing.add_argument("--json", action="store_true")
-    listing.set_defaults(run=_lazy("client.ops", "cmd_stream_list"))
+    listing.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_list"))
     describe = actions.add_parser("describe", help="a stream and its segments")
     describe.add_argument("name")
     describe.add_argument("--json", action="store_true")
-    describe.set_defaults(run=_lazy("client.ops", "cmd_stream_describe"))
+    describe.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_describe"))
     delete = actions.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
-    delete.set_defaults(run=_lazy("client.ops", "cmd_stream_delete"))
+    delete.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_delete"))
     for parser in (create, listing, describe, delete):
         _add_master_option(parser)
 
 
 def _benchmark_names(value: str) -> list[str]:
-    from client.ops import CLUSTER_BENCHMARKS
+    from streamengine.tools.ops import CLUSTER_BENCHMARKS
 
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in CLUSTER_BENCHMARKS]
@@ -130,22 +130,22 @@ def _benchmark_names(value: str) -> list[str]:
 def _add_admin_commands(commands: Subparsers) -> None:
     status = commands.add_parser("status", help="stores, streams, under-replicated segments")
     status.add_argument("--json", action="store_true", help="one JSON object")
-    status.set_defaults(run=_lazy("client.ops", "cmd_status"))
+    status.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_status"))
     drain = commands.add_parser("drain", help="move every replica off a store")
     drain.add_argument("store", help="store id")
-    drain.set_defaults(run=_lazy("client.ops", "cmd_drain"))
+    drain.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_drain"))
     rebalance = commands.add_parser("rebalance", help="even out bytes per store")
     rebalance.add_argument("--dry-run", action="store_true", help="print the plan only")
-    rebalance.set_defaults(run=_lazy("client.ops", "cmd_rebalance"))
+    rebalance.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_rebalance"))
     verify = commands.add_parser("verify", help="digest every replica of every sealed segment")
     verify.add_argument("name", help="tenant/stream")
-    verify.set_defaults(run=_lazy("client.ops", "cmd_verify"))
+    verify.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_verify"))
     seal = commands.add_parser("seal", help="seal a stream's open segment (for Spark)")
     seal.add_argument("name", help="tenant/stream")
     seal.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the seal (default 30)"
     )
-    seal.set_defaults(run=_lazy("client.ops", "cmd_seal"))
+    seal.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_seal"))
     bench = commands.add_parser("bench", help="run the benchmarks of bench/ against a cluster")
     bench.add_argument(
         "--only", type=_benchmark_names, help="comma-separated: append,subscribe,spark_scan"
@@ -153,7 +153,7 @@ def _add_admin_commands(commands: Subparsers) -> None:
     bench.add_argument(
         "extra", nargs="*", metavar="-- ARGS", help="arguments for each benchmark, after --"
     )
-    bench.set_defaults(run=_lazy("client.ops", "cmd_bench"))
+    bench.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_bench"))
     for parser in (status, drain, rebalance, verify, seal, bench):
         _add_master_option(parser)
 
@@ -177,7 +177,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     append.add_argument(
         "--batch", type=int, default=500, help="events per append (default %(default)s)"
     )
-    append.set_defaults(run=_lazy("client.ops", "cmd_append"))
+    append.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_append"))
     tail = commands.add_parser("tail", help="print acked events")
     tail.add_argument("name", help="tenant/stream")
     tail.add_argument(
@@ -189,7 +189,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     )
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
     tail.add_argument("--format", choices=["text", "json"], default="text")
-    tail.set_defaults(run=_lazy("client.ops", "cmd_tail"))
+    tail.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_tail"))
     for parser in (append, tail):
         _add_master_option(parser)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client.core.limits import REPLICAS_MAX
+from streamengine.protocol.limits import REPLICAS_MAX
 
 
 class InvalidPolicy(ValueError):

@@ -20,7 +20,7 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client.lifetime import PARENT_PID_ENV
+from streamengine.tools.lifetime import PARENT_PID_ENV
 
 STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 30.0
@@ -37,7 +37,7 @@ class Child:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "client.cli", *self.args],
+                [sys.executable, "-m", "streamengine.tools.cli", *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, PARENT_PID_ENV: str(os.getpid())},

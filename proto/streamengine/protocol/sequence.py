@@ -6,7 +6,7 @@ but not contiguous across segments.
 
 from __future__ import annotations
 
-from client.core.limits import EPOCH_MAX, INDEX_MAX
+from streamengine.protocol.limits import EPOCH_MAX, INDEX_MAX
 
 INDEX_BITS = 32
 

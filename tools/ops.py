@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from streamengine.client.errors import StreamEngineError, Unavailable, from_rpc_error
+from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
-
-from client.channels import CLIENT_OPTIONS
-from client.errors import StreamEngineError, Unavailable, from_rpc_error
 
 RPC_TIMEOUT_S = 10.0
 PROGRESS_POLL_S = 0.25
@@ -339,7 +339,7 @@ def cmd_seal(args: argparse.Namespace) -> int:
     """Seal the open segment: the leader rolls, or this command leads for a moment."""
     import asyncio
 
-    from client.stream_client import StreamClient
+    from streamengine.client.stream_client import StreamClient
 
     async def seal() -> int:
         async with StreamClient(args.master) as client:
@@ -440,7 +440,7 @@ def cmd_append(args: argparse.Namespace) -> int:
     """Append one event per input line, `--batch` lines per append."""
     import asyncio
 
-    from client.stream_client import StreamClient
+    from streamengine.client.stream_client import StreamClient
 
     async def append() -> tuple[int, int]:
         count, last = 0, 0
@@ -469,7 +469,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     import asyncio
     import base64
 
-    from client.stream_client import StreamClient
+    from streamengine.client.stream_client import StreamClient
 
     def render(event: Any) -> str:
         if args.format == "json":

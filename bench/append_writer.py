@@ -1,4 +1,4 @@
-"""A writer process: `python -m tests.integration.append_writer MASTER STREAM PREFIX [BATCHES]`.
+"""A writer process: `python -m bench.append_writer MASTER STREAM PREFIX [BATCHES]`.
 
 Leads STREAM and appends batches of `BATCH` events `PREFIX-NNNNNN`, one batch after
 the other, BATCHES of them (0: until killed). Prints one JSON line per change:
@@ -15,8 +15,8 @@ import json
 import sys
 import time
 
-from client import StreamClient
-from client.errors import StreamEngineError
+from streamengine.client import StreamClient
+from streamengine.client.errors import StreamEngineError
 
 BATCH = 10
 

@@ -1,4 +1,4 @@
-"""Real `streamengine master` / `streamengine store` processes for integration tests.
+"""Real `streamengine master` / `streamengine store` processes for tests and benchmarks.
 
 Every server runs as its own process on 127.0.0.1 with RocksDB in a temp dir; tests
 kill them with SIGKILL / SIGSTOP and wait for conditions with deadlines, never sleeps.

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 
 import grpc
+
+from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
-
-from client.core.entry import EntryKind, StoredEntry
 
 CALL_TIMEOUT_S = 10.0
 

@@ -1,0 +1,10 @@
+"""Metadata keys that carry structured facts beside a gRPC status.
+
+Servers set them and the SDK reads them: both import this one definition.
+"""
+
+from __future__ import annotations
+
+# Trailing metadata of a FAILED_PRECONDITION a store answers to a write or seal below its
+# fence: the fence itself, so a writer learns which epoch superseded it.
+FENCE_METADATA_KEY = "se-fence"
