@@ -28,8 +28,12 @@ from streamengine.segment_store.store import BadRequest, StoreError
 from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.sim import messages as m
 from tests.sim.checkers import Checker, Violation
+from tests.sim.follower_node import FollowerNode
+from tests.sim.master_node import MasterNode
 from tests.sim.network import Faults, Message, Network, Scheduler
-from tests.sim.nodes import MASTER, FollowerNode, MasterNode, Node, StoreNode, WriterNode
+from tests.sim.nodes import MASTER, Node
+from tests.sim.store_node import StoreNode
+from tests.sim.writer_node import WriterNode
 
 FLAWS = ("serve_matched", "skip_by_matched", "ack_before_seal", "ignore_fence", "fail_in_doubt")
 

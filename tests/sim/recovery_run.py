@@ -1,0 +1,201 @@
+"""One earlier segment's recovery in a simulated writer: the real `SegmentRecovery`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamengine.client.core import segment_recovery as sr
+from streamengine.client.core.leader import (
+    RecoverSegment,
+    SegmentSealed,
+    StoreFenced,
+)
+from streamengine.master.model import SegmentRecord, SegmentState
+from streamengine.segment_store.store import (
+    SealResult,
+    SegmentKey,
+    StoreError,
+    WriteResult,
+)
+from tests.sim import messages as m
+
+if TYPE_CHECKING:
+    from tests.sim.writer_node import WriterNode
+
+from tests.sim.nodes import MASTER, RETRANSMIT_MS, STORE_LOST_MS
+
+
+class RecoveryRun:
+    """Carries one `SegmentRecovery`'s actions out and its answers back."""
+
+    def __init__(
+        self, writer: WriterNode, action: RecoverSegment, standalone: bool = False
+    ) -> None:
+        """`standalone`: run by the shell for a grant without a segment, not for the
+        core (see `WriterNode._close_gap`)."""
+        self.writer = writer
+        self.standalone = standalone
+        grant = action.segment
+        self.segment = SegmentKey(grant.segment.stream_id, grant.segment.epoch)
+        self.epoch = action.new_epoch
+        stores = [r.store_id for r in grant.copy_set]
+        self.op = sr.SegmentRecovery(
+            action.policy,
+            grant.epoch,
+            action.new_epoch,
+            stores,
+            writer.world.config.recovery_batch,
+        )
+        self.stores = stores
+        # Per store, since when a request to it has gone unanswered.
+        self.waiting_since: dict[str, int] = {}
+        self.lost: list[str] = []
+        self.matched: dict[str, int] = {}  # from seal answers, for the flaw only
+        self.counted = False
+        self.last_progress_ms = writer.world.now
+
+    def start(self) -> None:
+        self.send(self.op.start())
+        self.writer.timer(RETRANSMIT_MS, "recovery retransmit", self.retransmit)
+
+    def active(self) -> bool:
+        return (self.standalone or self.writer.leading) and not self.op.deposed
+
+    def retransmit(self) -> None:
+        if not self.active():
+            return
+        now = self.writer.world.now
+        for store in self.stores:
+            since = self.waiting_since.get(store)
+            if since is not None and now - since >= STORE_LOST_MS and store not in self.lost:
+                # As a shell whose channel to the store is down: decide without it.
+                self.lost.append(store)
+                self.send(self.op.step(sr.StoreLost(store)))
+            elif store in self.lost and self.writer.world.probe_lost:
+                self._probe(store)
+        if now - self.last_progress_ms >= RETRANSMIT_MS:
+            outstanding = self.op.outstanding()
+            if not outstanding and self.op.done:
+                return
+            self.send(outstanding)
+        self.writer.timer(RETRANSMIT_MS, "recovery retransmit", self.retransmit)
+
+    def send(self, actions: list[sr.Action]) -> None:
+        for action in actions:
+            if not self.active():
+                return
+            self._send(action)
+
+    def _send(self, action: sr.Action) -> None:
+        writer = self.writer
+        seg = self.segment
+        if isinstance(action, sr.Done):
+            writer.world.note(f"{writer.client_id} sealed {seg.epoch} at {action.final_index}")
+            if self.standalone:
+                writer.gap_closed()
+            else:
+                writer.step(SegmentSealed(seg.epoch))
+            return
+        if isinstance(action, sr.Deposed):
+            if not self.standalone:
+                writer.step(StoreFenced(f"recovery of {seg.epoch}", action.fence))
+            return
+        if isinstance(action, sr.SealAtMaster):
+            request: object = m.SealSegment(
+                writer.world.config.stream, seg.epoch, self.epoch, action.final_index
+            )
+            writer.call(MASTER, request, self._master_answered, once=False)
+            return
+        if isinstance(action, sr.SendSeal):
+            request = m.Seal(seg, action.new_epoch)
+        elif isinstance(action, sr.SendRead):
+            request = m.Read(seg, action.from_index, action.to_index)
+        elif isinstance(action, sr.SendWrite):
+            if self._skip_by_matched(action):
+                return
+            request = m.RecoveryWrite(seg, self.epoch, action.acked_index, action.entries)
+        else:
+            assert isinstance(action, sr.SendAcked)
+            request = m.RecoveryWrite(seg, self.epoch, action.acked_index, ())
+        store = action.store
+        self.waiting_since.setdefault(store, writer.world.now)
+        writer.call(store, request, lambda r: self._answered(store, action, r), once=False)
+
+    def _probe(self, store: str) -> None:
+        """`outstanding()` leaves out every request to a store given up on, and only an
+        answer from it brings it back: without a probe, a store lost before it answered
+        its seal is never asked again (recovery then hangs when it is needed, e.g.
+        N = 1). The seal is idempotent, so the shell asks it again."""
+        self._send(sr.SendSeal(store, self.epoch))
+
+    def _skip_by_matched(self, action: sr.SendWrite) -> bool:
+        """The flaw `skip_by_matched`: a shell that trusts a store's matched index and
+        skips rewriting indexes the store already holds (a stale copy, or what lies
+        where the bridge goes), answering for it."""
+        if "skip_by_matched" not in self.writer.world.config.flaws:
+            return False
+        matched = self.matched.get(action.store, 0)
+        last = action.entries[-1].index
+        if last > matched:
+            return False
+        held = tuple(e.epoch for e in action.entries)
+        answer = sr.WriteAnswered(action.store, action.entries[0].index, last, held, 0)
+        self.writer.timer(1, "flaw: skipped rewrite", lambda: self._feed(answer))
+        return True
+
+    def _decided(self) -> None:
+        plan = self.op.plan
+        if plan is None or self.counted:
+            return
+        self.counted = True
+        stats = self.writer.world.stats
+        stats["recoveries decided"] += 1
+        stats["indexes chosen above a"] += plan.final_index - 1 - plan.acked_index
+        stats["holes"] += len(plan.holes)
+        stats["already bridged"] += plan.existing_bridge
+
+    def _feed(self, event: sr.Event) -> None:
+        if self.active():
+            self.send(self.op.step(event))
+
+    def _answered(self, store: str, action: sr.Action, result: object) -> None:
+        if not self.active():
+            return
+        event = self._event(store, action, result)
+        if event is None:
+            return
+        self.waiting_since.pop(store, None)
+        self.last_progress_ms = self.writer.world.now
+        if store in self.lost:
+            self.lost.remove(store)
+        self.send(self.op.step(event))
+        self._decided()
+
+    def _event(self, store: str, action: sr.Action, result: object) -> sr.Event | None:
+        if isinstance(result, m.Refused):
+            return sr.StoreFenced(store, result.fence)
+        if isinstance(result, StoreError):
+            return None
+        if isinstance(action, sr.SendSeal):
+            assert isinstance(result, SealResult)
+            self.matched[store] = result.matched_index
+            return sr.SealAnswered(
+                store, result.fence, result.acked_index, result.matched_index, result.last_index
+            )
+        if isinstance(action, sr.SendRead):
+            assert isinstance(result, m.ReadReply)
+            return sr.ReadAnswered(
+                store, action.from_index, action.to_index, result.entries, result.fence
+            )
+        assert isinstance(result, WriteResult)
+        if isinstance(action, sr.SendWrite):
+            first, last = action.entries[0].index, action.entries[-1].index
+            return sr.WriteAnswered(store, first, last, result.held_epochs, result.acked_index)
+        return sr.WriteAnswered(store, 0, 0, (), result.acked_index)
+
+    def _master_answered(self, result: object) -> None:
+        if not self.active():
+            return
+        if isinstance(result, SegmentRecord) and result.state == SegmentState.SEALED:
+            self.last_progress_ms = self.writer.world.now
+            self.send(self.op.step(sr.MasterSealed(result.final_index)))

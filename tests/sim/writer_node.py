@@ -1,0 +1,405 @@
+"""A simulated user process holding a writer: the real `Leader` core."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from streamengine.client.core.leader import (
+    AskRoll,
+    BecameLeader,
+    HeartbeatAnswered,
+    HeartbeatFailed,
+    Leader,
+    LeaderAction,
+    LeaderEvent,
+    RecoverSegment,
+    Role,
+    RollAnswered,
+    RollFailed,
+    SegmentSealed,
+    SendHeartbeat,
+    StepDownReason,
+    SteppedDown,
+    StoreFenced,
+)
+from streamengine.client.core.leader import ReleaseLease as ReleaseLeaseAction
+from streamengine.client.core.replicator import (
+    Acked,
+    Append,
+    Assigned,
+    ReplicatorLimits,
+    SegmentRef,
+    SendWrite,
+    StoreConnected,
+    StoreDetached,
+    StoreDisconnected,
+    Tick,
+    WriteReplied,
+)
+from streamengine.segment_store.store import (
+    SegmentKey,
+)
+from tests.sim import messages as m
+from tests.sim.network import Message
+
+if TYPE_CHECKING:
+    from tests.sim.world import World
+
+from tests.sim.nodes import MASTER, RECONNECT_MS, Node
+from tests.sim.recovery_run import RecoveryRun
+
+# ---- writers ----
+
+
+@dataclasses.dataclass
+class _Pending:
+    first_index: int
+    payloads: tuple[bytes, ...]
+
+
+class WriterNode(Node):
+    """A user process holding one `Writer`: when it stops leading (or crashes), a new
+    writer with a new client id takes its place and competes again."""
+
+    def __init__(self, name: str, world: World) -> None:
+        super().__init__(name, world)
+        self.generation = 0
+        self.new_writer()
+
+    # ---- lifecycle ----
+
+    def new_writer(self) -> None:
+        self.generation += 1
+        self.client_id = f"{self.name}.{self.generation}"
+        cfg = self.world.config
+        limits = ReplicatorLimits(idle_ack_ms=cfg.idle_ack_ms, window_batches=cfg.window)
+        self.leader = Leader(
+            self.world.now, limits, recovery_supported=True, rolling_supported=True
+        )
+        self.links: dict[str, int] = {}
+        self.fenced_links: set[str] = set()
+        self.copy_set: tuple[str, ...] = ()
+        self.recoveries: dict[int, RecoveryRun] = {}
+        self.pending: list[_Pending] = []
+        self.segment: SegmentRef | None = None
+        self._timer_token = 0
+        self._timer_at: int | None = None
+        self._replacing = False
+        self.gap_epoch = 0
+        self.gap_runs: list[RecoveryRun] = []
+        self.step(Tick())
+
+    def crash(self) -> None:
+        super().crash()
+        self.world.note(f"{self.client_id} crashes (leading: {self.leading})")
+
+    def restart(self) -> None:
+        super().restart()
+        self.new_writer()
+
+    def _replace_later(self) -> None:
+        if self._replacing:
+            return
+        self._replacing = True
+
+        def replace() -> None:
+            # The old writer object is gone: nothing addressed to it is handled.
+            self.incarnation += 1
+            self._calls.clear()
+            self.deferred.clear()
+            self.world.net.break_streams_of(self.name)
+            self.new_writer()
+
+        self.timer(self.world.rng.randint(10, 200), "a new writer", replace)
+
+    @property
+    def leading(self) -> bool:
+        return self.leader.role is Role.LEADING
+
+    def can_append(self) -> bool:
+        replicator = self.leader.replicator
+        return (
+            self.up
+            and not self.paused
+            and self.leading
+            and self.leader.accepting_appends
+            and replicator is not None
+            and replicator.room_for(64)
+            and self.leader.statistics().lease_until_ms > self.world.now
+        )
+
+    # ---- the core ----
+
+    def step(self, event: LeaderEvent) -> list[LeaderAction]:
+        actions = self.leader.step(self.world.now, event)
+        self.apply(actions)
+        self._arm_timer()
+        return actions
+
+    def append(self, payloads: tuple[bytes, ...]) -> None:
+        actions = self.step(Append(payloads))
+        for action in actions:
+            if isinstance(action, Assigned):
+                self.pending.append(_Pending(action.first_index, payloads))
+
+    def _arm_timer(self) -> None:
+        deadline = self.leader.deadline_ms(self.world.now)
+        if deadline is None:
+            return
+        deadline = max(deadline, self.world.now + 1)
+        if self._timer_at is not None and self._timer_at <= deadline:
+            return
+        self._timer_token += 1
+        token = self._timer_token
+        self._timer_at = deadline
+
+        def fire() -> None:
+            if token == self._timer_token:
+                self._timer_at = None
+                self.step(Tick())
+
+        self.timer(deadline - self.world.now, "tick", fire)
+
+    def apply(self, actions: list[LeaderAction]) -> None:
+        for action in actions:
+            if isinstance(action, SendWrite):
+                link = self.links.get(action.store)
+                if link is not None:
+                    request = m.WriteRequest(
+                        SegmentKey(action.segment.stream_id, action.segment.epoch),
+                        action.writer_epoch,
+                        action.request_id,
+                        action.acked_index,
+                        action.entries,
+                    )
+                    self.world.net.stream_send(link, self.name, action.store, request)
+            elif isinstance(action, Acked):
+                self._acked(action.segment_epoch, action.acked_index)
+            elif isinstance(action, SendHeartbeat):
+                self._heartbeat(action)
+            elif isinstance(action, BecameLeader):
+                self._became_leader(action)
+            elif isinstance(action, RecoverSegment):
+                self._recover(action)
+            elif isinstance(action, AskRoll):
+                self._roll(action)
+            elif isinstance(action, SteppedDown):
+                self.world.note(f"{self.client_id} steps down: {action.reason.name}")
+                if action.reason is StepDownReason.UNSUPPORTED:
+                    self.world.unsupported.append(f"{self.client_id}: {action.message}")
+                self._report_failed(action.sent_through)
+                self._replace_later()
+            elif isinstance(action, ReleaseLeaseAction):
+                release = m.ReleaseLease(self.world.config.stream, self.client_id, action.epoch)
+                self.call(MASTER, release, lambda _: None)
+            elif isinstance(action, StoreDetached):
+                self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
+            elif not isinstance(action, Assigned):
+                raise AssertionError(f"unknown action {action!r}")
+
+    def _report_failed(self, sent_through: int) -> None:
+        """Appends above `sent_through` reached no store: users hear they failed."""
+        if "fail_in_doubt" in self.world.config.flaws:
+            sent_through = 0  # the flaw: a shell that calls every pending append failed
+        failed = []
+        for item in self.pending:
+            failed += [
+                payload
+                for offset, payload in enumerate(item.payloads)
+                if item.first_index + offset > sent_through
+            ]
+        in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
+        self.pending = []
+        self.world.stats["appends reported failed"] += len(failed)
+        self.world.stats["appends in doubt"] += in_doubt
+        self.world.checker.appends_failed(failed)
+
+    def _heartbeat(self, action: SendHeartbeat) -> None:
+        sent_at = self.world.now
+        request = m.WriterHeartbeat(
+            self.world.config.stream,
+            self.client_id,
+            action.epoch,
+            action.acked_index,
+            action.segment_bytes,
+        )
+
+        def answered(result: object) -> None:
+            if isinstance(result, HeartbeatAnswered) and self._gap(result):
+                self._close_gap(result)
+                self.step(HeartbeatFailed(sent_at, "a grant without a segment"))
+            elif isinstance(result, HeartbeatAnswered):
+                self.step(dataclasses.replace(result, sent_at_ms=sent_at))
+            else:
+                self.step(HeartbeatFailed(sent_at, str(result)))
+
+        def timed_out() -> None:
+            self.step(HeartbeatFailed(sent_at, "deadline exceeded"))
+
+        self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
+
+    # ---- grants without a segment ----
+
+    def _gap(self, answer: HeartbeatAnswered) -> bool:
+        return (
+            self.world.close_gap
+            and answer.leader
+            and answer.segment is None
+            and self.leader.role is Role.FOLLOWING
+        )
+
+    def _close_gap(self, answer: HeartbeatAnswered) -> None:
+        """Two earlier segments are unsealed, so the master granted an epoch without a
+        segment, which the leader core refuses (it steps down and the stream livelocks;
+        `--no-close-gap` shows it). Until the core does it, the shell seals and recovers
+        both under the granted epoch, then gives the lease back: the next grant has a
+        segment. Safety does not rest on this lease (stores fence by epoch)."""
+        if answer.epoch == self.gap_epoch:
+            return  # a renewal while closing
+        assert answer.policy is not None
+        self.gap_epoch = answer.epoch
+        self.world.stats["grants without a segment closed by the shell"] += 1
+        self.world.note(f"{self.client_id} closes {[g.epoch for g in answer.unsealed]}")
+        self.gap_runs = [
+            RecoveryRun(self, RecoverSegment(grant, answer.epoch, answer.policy), True)
+            for grant in answer.unsealed
+        ]
+        for run in self.gap_runs:
+            run.start()
+
+    def gap_closed(self) -> None:
+        """Both sealed: roll for the next epoch, whose grant (with a segment, nothing
+        unsealed) the core leads, as `client/writer.py` does."""
+        if not all(run.op.done for run in self.gap_runs):
+            return
+        sent_at = self.world.now
+        request = m.RollSegment(self.world.config.stream, self.client_id, self.gap_epoch)
+
+        def answered(result: object) -> None:
+            if not isinstance(result, HeartbeatAnswered):
+                self.gap_epoch = 0  # a later grant starts over
+            elif self.leader.role is Role.FOLLOWING:
+                self.step(dataclasses.replace(result, sent_at_ms=sent_at))
+
+        self.call(MASTER, request, answered)
+
+    def _roll(self, action: AskRoll) -> None:
+        self.world.note(f"{self.client_id} rolls epoch {action.epoch}: {action.reason}")
+        self.world.stats["rolls asked"] += 1
+        sent_at = self.world.now
+        request = m.RollSegment(
+            self.world.config.stream, self.client_id, action.epoch, action.exclude_stores
+        )
+
+        def answered(result: object) -> None:
+            if isinstance(result, HeartbeatAnswered):
+                self.step(RollAnswered(dataclasses.replace(result, sent_at_ms=sent_at)))
+            else:
+                self.step(RollFailed(str(result)))
+
+        def timed_out() -> None:
+            self.step(RollFailed("deadline exceeded"))
+
+        lease_ms = self.leader.heartbeat_interval_ms * 3
+        self.call(MASTER, request, answered, True, lease_ms, timed_out)
+
+    def _became_leader(self, action: BecameLeader) -> None:
+        self.world.note(f"{self.client_id} leads epoch {action.epoch}")
+        self.segment = action.segment.segment
+        # A new segment (a grant or a roll) gets new Write streams: replies on the old
+        # ones belong to the old segment's replicator.
+        for store, number in sorted(self.links.items()):
+            del self.links[store]
+            self.world.net.break_stream(number)
+        self.fenced_links.clear()
+        self.copy_set = tuple(r.store_id for r in action.segment.copy_set)
+        for replica in action.segment.copy_set:
+            self._connect(replica.store_id)
+
+    def _acked(self, epoch: int, acked_index: int) -> None:
+        state = self.world.master.state
+        while self.pending and self.pending[0].first_index <= acked_index:
+            item = self.pending[0]
+            done = 0
+            for offset, payload in enumerate(item.payloads):
+                index = item.first_index + offset
+                if index > acked_index:
+                    break
+                self.world.checker.user_acked(epoch, index, payload, state)
+                done += 1
+            if done < len(item.payloads):
+                item.first_index += done
+                item.payloads = item.payloads[done:]
+                break
+            self.pending.pop(0)
+
+    # ---- Write streams ----
+
+    def _connect(self, store: str) -> None:
+        def attempt() -> None:
+            if not self.leading or store in self.links or store in self.fenced_links:
+                return
+            if store not in self.copy_set:
+                return  # a store of a segment rolled away from
+            target = self.world.stores[store]
+            if not target.up or self.world.net.partitioned(self.name, store):
+                self.timer(RECONNECT_MS, f"reconnect {store}", attempt)
+                return
+            incarnation = self.incarnation
+            number = 0
+
+            def broken() -> None:
+                self.world.run_on(self, incarnation, lambda: self._disconnected(store, number))
+
+            number = self.world.net.open_stream(self.name, store, broken, lambda: None)
+            self.links[store] = number
+            self.step(StoreConnected(store))
+
+        self.timer(self.world.rng.randint(1, 10), f"connect {store}", attempt)
+
+    def _disconnected(self, store: str, number: int) -> None:
+        if self.links.get(store) != number:
+            return
+        del self.links[store]
+        self.step(StoreDisconnected(store))
+        self.timer(RECONNECT_MS, f"reconnect {store}", lambda: self._connect(store))
+
+    def handle(self, message: Message) -> None:
+        body = message.body
+        store = message.src
+        if self.links.get(store) != message.stream:
+            return
+        if isinstance(body, m.WriteReply):
+            self.step(
+                WriteReplied(
+                    store,
+                    body.request_id,
+                    body.busy,
+                    body.matched_index,
+                    body.acked_index,
+                    body.first_index,
+                    body.last_index,
+                )
+            )
+        elif isinstance(body, m.Refused):
+            del self.links[store]
+            self.fenced_links.add(store)
+            self.world.net.break_stream(message.stream)
+            self.step(StoreDisconnected(store))
+            self.step(StoreFenced(store, body.fence))
+
+    # ---- recovery ----
+
+    def _recover(self, action: RecoverSegment) -> None:
+        epoch = action.segment.epoch
+        self.world.note(f"{self.client_id} recovers segment {epoch} under {action.new_epoch}")
+        run = RecoveryRun(self, action)
+        self.recoveries[epoch] = run
+        if "ack_before_seal" in self.world.config.flaws:
+            # The flaw: a shell that lets the new segment ack before recovery ends.
+            def sealed_at_once() -> None:
+                self.step(SegmentSealed(epoch))
+
+            self.timer(1, "flaw: sealed at once", sealed_at_once)
+        run.start()
