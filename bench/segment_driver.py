@@ -15,21 +15,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from streamengine.protocol import codec
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 CALL_TIMEOUT_S = 10.0
-
-
-def entry_pb(entry: StoredEntry) -> entry_pb2.Entry:
-    return entry_pb2.Entry(
-        index=entry.index,
-        kind=int(entry.kind),  # type: ignore[arg-type]
-        epoch=entry.epoch,
-        payload=entry.payload,
-        crc32c=entry.crc32c,
-    )
 
 
 def store_stub(address: str) -> tuple[grpc.Channel, store_grpc.SegmentStoreStub]:
@@ -50,7 +41,7 @@ def write(
             segment=segment,
             writer_epoch=writer_epoch,
             acked_index=0,
-            entries=[entry_pb(e) for e in entries],
+            entries=[codec.entry_to_pb(e) for e in entries],
             request_id=1,
         ),
         segment_store_pb2.WriteRequest(

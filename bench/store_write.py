@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 
+from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
 from streamengine.segment_store.keys import entry_key
@@ -111,16 +112,7 @@ def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteReque
                 writer_epoch=1,
                 acked_index=max(first - 1, 0),
                 request_id=number,
-                entries=[
-                    entry_pb2.Entry(
-                        index=e.index,
-                        kind=entry_pb2.EVENT,
-                        epoch=e.epoch,
-                        payload=e.payload,
-                        crc32c=e.crc32c,
-                    )
-                    for e in stored
-                ],
+                entries=codec.entries_to_pb(stored),
             )
         )
     return requests

@@ -32,7 +32,8 @@ from streamengine.client.core import segment_recovery as sr
 from streamengine.client.core.leader import RecoverSegment
 from streamengine.client.errors import Fenced, fence_of
 from streamengine.client.retrying import retry_unary
-from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol import codec
+from streamengine.protocol.entry import StoredEntry
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -53,10 +54,6 @@ BUSY_PAUSE_S = 0.02
 
 class _NoAnswer(Exception):
     """The store closed the stream without answering, or stayed busy too long."""
-
-
-def stored_entry(entry: entry_pb2.Entry) -> StoredEntry:
-    return StoredEntry(entry.index, EntryKind(entry.kind), entry.epoch, entry.payload, entry.crc32c)
 
 
 def _key(action: sr.Action) -> tuple[object, ...]:
@@ -239,7 +236,7 @@ class SegmentSealer:
             fence = 0
             async for reply in self._stubs[action.store].Read(request, timeout=RPC_TIMEOUT_S):
                 fence = max(fence, reply.fence)
-                entries.extend(stored_entry(e) for e in reply.entries)
+                entries.extend(codec.entries_from_pb(reply.entries))
             return sr.ReadAnswered(
                 action.store, action.from_index, action.to_index, tuple(entries), fence
             )
@@ -255,16 +252,7 @@ class SegmentSealer:
             acked_index=acked_index,
             request_id=1,
             report_held=True,
-            entries=[
-                entry_pb2.Entry(
-                    index=e.index,
-                    kind=e.kind.value,  # type: ignore[arg-type]
-                    epoch=e.epoch,
-                    payload=e.payload,
-                    crc32c=e.crc32c,
-                )
-                for e in entries
-            ],
+            entries=codec.entries_to_pb(entries),
         )
 
         async def write() -> sr.Event:

@@ -95,6 +95,7 @@ from streamengine.client.errors import (
 )
 from streamengine.client.retrying import retry_unary
 from streamengine.client.sealer import SegmentSealer
+from streamengine.protocol import codec
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 from streamengine.protocol.sequence import pack_sequence
@@ -206,18 +207,8 @@ class _BatchCache:
         key = (send.segment.epoch, send.first_index, send.last_index)
         found = self._batches.get(key)
         if found is None:
-            Entry = entry_pb2.Entry
             found = segment_store_pb2.WriteRequest(
-                entries=[
-                    Entry(
-                        index=e.index,
-                        kind=e.kind.value,  # type: ignore[arg-type]
-                        epoch=e.epoch,
-                        payload=e.payload,
-                        crc32c=e.crc32c,
-                    )
-                    for e in send.entries
-                ]
+                entries=codec.entries_to_pb(send.entries)
             ).SerializeToString()
             if len(self._batches) >= ENTRY_CACHE_BATCHES:
                 del self._batches[next(iter(self._batches))]

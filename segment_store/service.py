@@ -19,13 +19,12 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import (
     CorruptEntry,
-    EntryKind,
     StoredEntry,
     first_corrupt_value,
-    unpack_values,
 )
 from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
@@ -145,29 +144,11 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
 
 
 def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
-    converted = []
-    for entry in entries:
-        kind = _KINDS.get(entry.kind)
-        if kind is None:
-            raise BadRequest(f"entry {entry.index}: unknown kind {entry.kind}")
-        converted.append(StoredEntry(entry.index, kind, entry.epoch, entry.payload, entry.crc32c))
-    return converted
-
-
-_KINDS: dict[int, EntryKind] = {int(kind): kind for kind in EntryKind}
-
-
-def entries_pb(
-    indexes: Sequence[int], values: Sequence[bytes], verify: bool
-) -> list[entry_pb2.Entry]:
-    """Wire entries straight from stored values; with `verify`, every copy is checked
-    first (CorruptEntry)."""
-    kinds, epochs, payloads, crcs = unpack_values(indexes, values, verify)
-    entry = entry_pb2.Entry
-    return [
-        entry(index=i, kind=k, epoch=e, payload=p, crc32c=c)  # type: ignore[arg-type]
-        for i, k, e, p, c in zip(indexes, kinds, epochs, payloads, crcs, strict=True)
-    ]
+    """Entries of a request; one of a kind this version does not know is bad input."""
+    try:
+        return codec.entries_from_pb(entries)
+    except codec.MalformedEntry as error:
+        raise BadRequest(str(error)) from None
 
 
 def _segment_pb(segment: SegmentKey) -> entry_pb2.SegmentId:
@@ -208,9 +189,10 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             upper = min(upper, meta.acked_index) if meta is not None else upper
             # Every acked index is held (acked <= matched): a run, read by value alone.
             values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
-            return entries_pb(range(first, first + len(values)), values, verify)
+            return codec.entries_from_values(range(first, first + len(values)), values, verify)
         rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
-        return entries_pb([entry_index(key) for key, _ in rows], [v for _, v in rows], verify)
+        indexes = [entry_index(key) for key, _ in rows]
+        return codec.entries_from_values(indexes, [value for _, value in rows], verify)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""

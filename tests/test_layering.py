@@ -35,7 +35,7 @@ IO_MODULES = {
 
 # What each part may import of the namespace, by prefix.
 ALLOWED = {
-    "protocol": ("streamengine.protocol",),
+    "protocol": ("streamengine.protocol", "streamengine.v1"),
     "client/core": ("streamengine.client.core", "streamengine.protocol"),
     "client": ("streamengine.client", "streamengine.protocol", "streamengine.v1"),
     "master": ("streamengine.master", "streamengine.protocol", "streamengine.v1"),

@@ -1,0 +1,60 @@
+"""The one place where wire entries (`streamengine.v1.Entry`) and stored entries meet.
+
+Writers, recovery, stores, repair and readers all convert through here, so an unknown
+kind is refused the same way everywhere (`MalformedEntry`, which a store answers as a bad
+request) and an entry is built from the same fields in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from streamengine.protocol.entry import EntryKind, StoredEntry, unpack_values
+from streamengine.v1 import entry_pb2
+
+
+class MalformedEntry(ValueError):
+    """A wire entry this version cannot represent (an unknown kind)."""
+
+
+_KINDS: dict[int, EntryKind] = {int(kind): kind for kind in EntryKind}
+
+
+def entry_to_pb(entry: StoredEntry) -> entry_pb2.Entry:
+    return entry_pb2.Entry(
+        index=entry.index,
+        kind=entry.kind.value,  # type: ignore[arg-type]  # an EntryKind number
+        epoch=entry.epoch,
+        payload=entry.payload,
+        crc32c=entry.crc32c,
+    )
+
+
+def entries_to_pb(entries: Iterable[StoredEntry]) -> list[entry_pb2.Entry]:
+    return [entry_to_pb(entry) for entry in entries]
+
+
+def entry_from_pb(entry: entry_pb2.Entry) -> StoredEntry:
+    """A received entry as a stored one; its checksum is checked by whoever stores or
+    serves it. Raises MalformedEntry for a kind this version does not know."""
+    kind = _KINDS.get(entry.kind)
+    if kind is None:
+        raise MalformedEntry(f"entry {entry.index}: unknown kind {entry.kind}")
+    return StoredEntry(entry.index, kind, entry.epoch, entry.payload, entry.crc32c)
+
+
+def entries_from_pb(entries: Iterable[entry_pb2.Entry]) -> list[StoredEntry]:
+    return [entry_from_pb(entry) for entry in entries]
+
+
+def entries_from_values(
+    indexes: Sequence[int], values: Sequence[bytes], verify: bool
+) -> list[entry_pb2.Entry]:
+    """Wire entries straight from stored values (the read path: no `StoredEntry` per
+    row); with `verify`, every copy is checked first (CorruptEntry)."""
+    kinds, epochs, payloads, crcs = unpack_values(indexes, values, verify)
+    entry = entry_pb2.Entry
+    return [
+        entry(index=i, kind=k, epoch=e, payload=p, crc32c=c)  # type: ignore[arg-type]
+        for i, k, e, p, c in zip(indexes, kinds, epochs, payloads, crcs, strict=True)
+    ]
