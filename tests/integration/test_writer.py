@@ -174,6 +174,13 @@ async def test_appends_go_on_while_a_store_is_killed_and_it_is_caught_up(
             )
             stop.set()
             await appender
+            # Leaving the block waits only a bounded time for stores to catch up: wait
+            # for the restarted one here, so the check below does not race the machine.
+            await wait_until(
+                lambda: writer.statistics().matched_index["store1"] >= len(payloads),
+                30,
+                "store1 holds every append",
+            )
             stats = writer.statistics()
             assert stats.acked_index == len(payloads)
             assert matched_while_down < killed_at + 5000
