@@ -203,7 +203,7 @@ class SegmentSealer:
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 fence = fence_of(error)
-                event = sr.StoreFenced(store, fence if fence is not None else 2**63)
+                event = sr.RecoveryFenced(store, fence if fence is not None else 2**63)
             else:
                 log.info(
                     "%s: recovery of %d: store %s: %s",
@@ -301,7 +301,7 @@ class SegmentSealer:
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.ABORTED:
                 # Sealed at another final index: a later leader recovered it.
-                self._events.put_nowait(sr.StoreFenced("master", self.new_epoch + 1))
+                self._events.put_nowait(sr.RecoveryFenced("master", self.new_epoch + 1))
                 return
             # The next retransmit asks again (the master's seal is idempotent).
             log.warning(

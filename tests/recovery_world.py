@@ -18,6 +18,7 @@ from streamengine.client.core.segment_recovery import (
     Event,
     MasterSealed,
     ReadAnswered,
+    RecoveryFenced,
     SealAnswered,
     SealAtMaster,
     SegmentRecovery,
@@ -25,7 +26,6 @@ from streamengine.client.core.segment_recovery import (
     SendRead,
     SendSeal,
     SendWrite,
-    StoreFenced,
     StoreLost,
     WriteAnswered,
 )
@@ -122,7 +122,7 @@ class World:
                 w = self.stores[action.store].write(seg, leader_epoch, action.acked_index, [])
                 return WriteAnswered(action.store, 0, 0, (), w.acked_index)
         except StoreRefused as refused:
-            return StoreFenced(getattr(action, "store", ""), refused.fence)
+            return RecoveryFenced(getattr(action, "store", ""), refused.fence)
         finally:
             self.check()
         if isinstance(action, SealAtMaster):

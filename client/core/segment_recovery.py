@@ -41,7 +41,7 @@ carry out `op.start()`; for every reply call `op.step(event)` and carry out what
 returns (`SendSeal` -> Seal(segment, new_epoch); `SendRead` -> Read, unacked included;
 `SendWrite` -> a Write at `leader_epoch` with `report_held`; `SendAcked` -> an empty
 Write carrying the acked index; `SealAtMaster` -> SealSegment at the master;
-`Done` / `Deposed` -> the leader's business). A refused request becomes `StoreFenced`;
+`Done` / `Deposed` -> the leader's business). A refused request becomes `RecoveryFenced`;
 after a reconnect, re-send `op.outstanding()`.
 """
 
@@ -97,7 +97,7 @@ class WriteAnswered:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreFenced:
+class RecoveryFenced:
     """A store refused a request: its fence is above the epoch sent."""
 
     store: str
@@ -117,7 +117,7 @@ class MasterSealed:
     final_index: int
 
 
-Event = SealAnswered | ReadAnswered | WriteAnswered | StoreFenced | StoreLost | MasterSealed
+Event = SealAnswered | ReadAnswered | WriteAnswered | RecoveryFenced | StoreLost | MasterSealed
 
 # ---- actions ----
 
@@ -311,7 +311,7 @@ class SegmentRecovery:
     def step(self, event: Event) -> list[Action]:
         if self.deposed:
             return []
-        if isinstance(event, StoreFenced):
+        if isinstance(event, RecoveryFenced):
             return self._fenced(event.fence)
         if isinstance(event, MasterSealed):
             return self._master_sealed(event)

@@ -173,7 +173,7 @@ class RecoveryRun:
 
     def _event(self, store: str, action: sr.Action, result: object) -> sr.Event | None:
         if isinstance(result, m.Refused):
-            return sr.StoreFenced(store, result.fence)
+            return sr.RecoveryFenced(store, result.fence)
         if isinstance(result, StoreError):
             return None
         if isinstance(action, sr.SendSeal):

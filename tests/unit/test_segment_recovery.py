@@ -12,6 +12,7 @@ from streamengine.client.core.segment_recovery import (
     Done,
     MasterSealed,
     ReadAnswered,
+    RecoveryFenced,
     SealAnswered,
     SealAtMaster,
     SegmentRecovery,
@@ -19,7 +20,6 @@ from streamengine.client.core.segment_recovery import (
     SendRead,
     SendSeal,
     SendWrite,
-    StoreFenced,
     StoreLost,
     WriteAnswered,
 )
@@ -117,7 +117,7 @@ def test_a_write_is_held_only_when_its_answer_says_so() -> None:
 def test_a_fence_above_the_leader_deposes_it() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start()
-    assert op.step(StoreFenced("A", 3)) == []  # its own epoch
+    assert op.step(RecoveryFenced("A", 3)) == []  # its own epoch
     assert op.step(sealed("A", fence=4)) == [Deposed(4)]
     assert op.deposed
     assert op.step(sealed("B")) == []
