@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from streamengine.client.core.replicator import Tick
 from streamengine.client.core.segment_recovery import (
+    TIMING,
     Action,
     Deposed,
     Done,
@@ -19,6 +21,7 @@ from streamengine.client.core.segment_recovery import (
     MasterSealed,
     ReadAnswered,
     RecoveryFenced,
+    RecoveryTiming,
     SealAnswered,
     SealAtMaster,
     SegmentRecovery,
@@ -26,7 +29,6 @@ from streamengine.client.core.segment_recovery import (
     SendRead,
     SendSeal,
     SendWrite,
-    StoreLost,
     WriteAnswered,
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -165,25 +167,40 @@ def at_master() -> Match:
 
 
 class Leader:
-    """A recovering leader: its operation and the requests it has in flight."""
+    """A recovering leader: its operation, its clock (time passes only when a test says
+    so: deliveries take none) and the requests it has in flight. A request the operation
+    sends again while an equal one is still in flight is not added twice, as a driver
+    keeps one call per request."""
 
-    def __init__(self, world: World, epoch: int, batch_entries_max: int = 1):
+    def __init__(
+        self,
+        world: World,
+        epoch: int,
+        batch_entries_max: int = 1,
+        timing: RecoveryTiming = TIMING,
+    ):
         self.world = world
         self.epoch = epoch
+        self.now_ms = 0
         self.op = SegmentRecovery(
-            world.policy, world.segment.epoch, epoch, world.names, batch_entries_max
+            world.policy,
+            world.segment.epoch,
+            epoch,
+            world.names,
+            batch_entries_max,
+            timing,
         )
         self.inflight: list[Action] = []
         self.emitted: list[Action] = []
         self.finished: list[Action] = []  # Done / Deposed
-        self._take(self.op.start())
+        self._take(self.op.start(self.now_ms))
 
     def _take(self, actions: Sequence[Action]) -> None:
         self.emitted += actions
         for a in actions:
             if isinstance(a, Done | Deposed):
                 self.finished.append(a)
-            else:
+            elif a not in self.inflight:
                 self.inflight.append(a)
 
     def deliver(self, match: Match, keep: bool = False) -> Action:
@@ -195,7 +212,7 @@ class Leader:
                     del self.inflight[i]
                 answer = self.world.apply(self.epoch, a)
                 if answer is not None:
-                    self._take(self.op.step(answer))
+                    self._take(self.op.step(self.now_ms, answer))
                 return a
         raise AssertionError(f"nothing in flight matches; in flight: {self.inflight}")
 
@@ -206,10 +223,16 @@ class Leader:
                 return a
         raise AssertionError(f"nothing in flight matches; in flight: {self.inflight}")
 
-    def give_up(self, store: str) -> None:
-        """The driver tells the operation it gave up on `store` for now."""
-        self.world.log.append(f"leader {self.epoch}: gave up on {store}")
-        self._take(self.op.step(StoreLost(store)))
+    def wait(self, ms: int) -> None:
+        """`ms` pass with nothing answered, and the operation is woken: it retransmits,
+        counts silent stores as lost, probes them."""
+        self.now_ms += ms
+        self.world.log.append(f"leader {self.epoch}: {ms} ms pass (now {self.now_ms})")
+        self._take(self.op.step(self.now_ms, Tick()))
+
+    def wait_until_lost(self) -> None:
+        """Long enough silence that every store with a request in flight is lost."""
+        self.wait(self.op.timing.store_lost_ms)
 
     def in_flight(self, match: Match) -> bool:
         return any(match(a) for a in self.inflight)

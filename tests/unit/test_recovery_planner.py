@@ -427,9 +427,9 @@ def _step_a_leader(choose: Choices, leaders: list[Leader], final: bool) -> None:
     busy = [x for x in leaders if x.inflight]
     leader = busy[choose.integer(0, len(busy) - 1)]
     target = leader.inflight[choose.integer(0, len(leader.inflight) - 1)]
-    mode = ("deliver", "deliver", "deliver", "lose", "repeat", "give up")[choose.integer(0, 5)]
-    if mode == "give up":  # the driver gives up on the store for now; answers revive it
-        leader.give_up(target.store if hasattr(target, "store") else leader.world.names[0])
+    mode = ("deliver", "deliver", "deliver", "lose", "repeat", "silence")[choose.integer(0, 5)]
+    if mode == "silence":  # stores with a request in flight are lost; answers revive them
+        leader.wait_until_lost()
         return
     if final and leader is leaders[-1] and mode == "lose":
         mode = "deliver"  # the liveness phase loses nothing of the last leader's
