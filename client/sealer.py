@@ -180,7 +180,7 @@ class SegmentSealer:
             call = self._seal_call(store)
         elif isinstance(action, sr.SendRead):
             call = self._read_call(action)
-        elif isinstance(action, sr.SendWrite):
+        elif isinstance(action, sr.SendRewrite):
             call = self._write_call(store, action.entries, action.acked_index)
         else:
             call = self._write_call(store, (), action.acked_index)

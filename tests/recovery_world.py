@@ -3,7 +3,7 @@ drive `SegmentRecovery` against it one delivered message at a time.
 
 A test decides which in-flight request is delivered next (or lost, or duplicated), so
 it can replay RECOVERY-CASES.md's traces step by step. After every change to a store,
-`World` checks what the stores serve: an index served twice is served the same (I2),
+`CopySetWorld` checks what the stores serve: an index served twice is served the same (I2),
 and what a store served never changes (I4).
 """
 
@@ -27,8 +27,8 @@ from streamengine.client.core.segment_recovery import (
     SegmentRecovery,
     SendAcked,
     SendRead,
+    SendRewrite,
     SendSeal,
-    SendWrite,
     WriteAnswered,
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -43,7 +43,7 @@ class Violation(AssertionError):
     pass
 
 
-class World:
+class CopySetWorld:
     def __init__(self, policy: ReplicationPolicy, names: Sequence[str] = ("A", "B", "C")):
         assert len(names) == policy.replicas
         self.policy = policy
@@ -114,7 +114,7 @@ class World:
                 return ReadAnswered(
                     action.store, action.from_index, action.to_index, tuple(got), fence
                 )
-            if isinstance(action, SendWrite):
+            if isinstance(action, SendRewrite):
                 w = self.stores[action.store].write(
                     seg, leader_epoch, action.acked_index, action.entries
                 )
@@ -155,7 +155,7 @@ def read(store: str) -> Match:
 
 
 def write(store: str, index: int) -> Match:
-    return lambda a: isinstance(a, SendWrite) and a.store == store and a.entries[0].index == index
+    return lambda a: isinstance(a, SendRewrite) and a.store == store and a.entries[0].index == index
 
 
 def acked(store: str) -> Match:
@@ -166,7 +166,7 @@ def at_master() -> Match:
     return lambda a: isinstance(a, SealAtMaster)
 
 
-class Leader:
+class RecoveringLeader:
     """A recovering leader: its operation, its clock (time passes only when a test says
     so: deliveries take none) and the requests it has in flight. A request the operation
     sends again while an equal one is still in flight is not added twice, as a driver
@@ -174,7 +174,7 @@ class Leader:
 
     def __init__(
         self,
-        world: World,
+        world: CopySetWorld,
         epoch: int,
         batch_entries_max: int = 1,
         timing: RecoveryTiming = TIMING,

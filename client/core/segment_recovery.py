@@ -49,7 +49,7 @@ the run as final, so it counts among the W holders without a write.
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
 carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
 `op.deadline_ms()` call `op.step(now, Tick())`; carry out what they return (`SendSeal`
--> Seal(segment, new_epoch); `SendRead` -> Read, unacked included; `SendWrite` -> a
+-> Seal(segment, new_epoch); `SendRead` -> Read, unacked included; `SendRewrite` -> a
 Write at `leader_epoch` with `report_held`; `SendAcked` -> an empty Write carrying the
 acked index; `SealAtMaster` -> SealSegment at the master; `Done` / `Deposed` -> the
 leader's business). A refused request becomes `RecoveryFenced`, a busy refusal
@@ -135,7 +135,7 @@ class ReadAnswered:
 
 @dataclass(frozen=True, slots=True)
 class WriteAnswered:
-    """A store's answer to a `SendWrite` (`first_index..last_index`, `held_epochs` one per
+    """A store's answer to a `SendRewrite` (`first_index..last_index`, `held_epochs` one per
     index) or to a `SendAcked` (`first_index` = `last_index` = 0, no held epochs)."""
 
     store: str
@@ -159,7 +159,7 @@ class RecoveryFenced:
 
 @dataclass(frozen=True, slots=True)
 class StoreBusy:
-    """A store refused a write as busy (its queue is full): the `SendWrite` starting at
+    """A store refused a write as busy (its queue is full): the `SendRewrite` starting at
     `first_index`, or the `SendAcked` with `first_index` 0. It answered, so it lives."""
 
     store: str
@@ -194,7 +194,7 @@ class SendRead:
 
 
 @dataclass(frozen=True, slots=True)
-class SendWrite:
+class SendRewrite:
     """A recovery write at the leader's epoch; answer with held epochs."""
 
     store: str
@@ -228,8 +228,8 @@ class Deposed:
     fence: int
 
 
-Action = SendSeal | SendRead | SendWrite | SendAcked | SealAtMaster | Done | Deposed
-Request = SendSeal | SendRead | SendWrite | SendAcked | SealAtMaster
+Action = SendSeal | SendRead | SendRewrite | SendAcked | SealAtMaster | Done | Deposed
+Request = SendSeal | SendRead | SendRewrite | SendAcked | SealAtMaster
 
 RequestKey = tuple[str, str, int, int]
 
@@ -241,7 +241,7 @@ def request_key(request: Request) -> RequestKey:
         return ("seal", request.store, 0, 0)
     if isinstance(request, SendRead):
         return ("read", request.store, request.from_index, request.to_index)
-    if isinstance(request, SendWrite):
+    if isinstance(request, SendRewrite):
         return ("write", request.store, request.entries[0].index, 0)
     if isinstance(request, SendAcked):
         return ("acked", request.store, 0, 0)
@@ -268,7 +268,7 @@ class _Bridging:
     """One store's rewrite: its batches by first index, which it holds, its acked."""
 
     seal: SealAnswer
-    batches: dict[int, SendWrite] = field(default_factory=dict)  # in index order
+    batches: dict[int, SendRewrite] = field(default_factory=dict)  # in index order
     sent: int = 0  # batches sent so far, in order
     held: set[int] = field(default_factory=set)  # first indexes of batches it holds
     waiting_final_copies: bool = False
@@ -288,20 +288,20 @@ def split_batches(
     entries: Sequence[StoredEntry],
     acked: int,
     entries_max: int = WRITE_BATCH_ENTRIES_MAX,
-) -> list[SendWrite]:
+) -> list[SendRewrite]:
     """Consecutive entries cut within the store's per-request limits."""
-    out: list[SendWrite] = []
+    out: list[SendRewrite] = []
     batch: list[StoredEntry] = []
     size = 0
     for e in entries:
         cost = VALUE_HEADER_BYTES + len(e.payload)
         if batch and (len(batch) == entries_max or size + cost > WRITE_BATCH_BYTES_MAX):
-            out.append(SendWrite(store, tuple(batch), acked))
+            out.append(SendRewrite(store, tuple(batch), acked))
             batch, size = [], 0
         batch.append(e)
         size += cost
     if batch:
-        out.append(SendWrite(store, tuple(batch), acked))
+        out.append(SendRewrite(store, tuple(batch), acked))
     return out
 
 
@@ -561,7 +561,7 @@ class SegmentRecovery:
 
     def _check_request(self, request: Request) -> None:
         """The invariants every request keeps, checked where it leaves."""
-        if isinstance(request, SendWrite):
+        if isinstance(request, SendRewrite):
             plan = self._plan
             assert plan is not None, "a write before the decision"
             # Nothing is written past the chosen bridge.

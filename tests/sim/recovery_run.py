@@ -112,7 +112,7 @@ class RecoveryRun:
             request = m.Seal(seg, action.new_epoch)
         elif isinstance(action, sr.SendRead):
             request = m.Read(seg, action.from_index, action.to_index)
-        elif isinstance(action, sr.SendWrite):
+        elif isinstance(action, sr.SendRewrite):
             if self._skip_by_matched(action):
                 return
             request = m.RecoveryWrite(seg, self.epoch, action.acked_index, action.entries)
@@ -122,7 +122,7 @@ class RecoveryRun:
         store = action.store
         writer.call(store, request, lambda r: self._answered(store, action, r), once=False)
 
-    def _skip_by_matched(self, action: sr.SendWrite) -> bool:
+    def _skip_by_matched(self, action: sr.SendRewrite) -> bool:
         """The flaw `skip_by_matched`: a shell that trusts a store's matched index and
         skips rewriting indexes the store already holds (a stale copy, or what lies
         where the bridge goes), answering for it."""
@@ -178,7 +178,7 @@ class RecoveryRun:
                 store, action.from_index, action.to_index, result.entries, result.fence
             )
         assert isinstance(result, WriteResult)
-        if isinstance(action, sr.SendWrite):
+        if isinstance(action, sr.SendRewrite):
             first, last = action.entries[0].index, action.entries[-1].index
             return sr.WriteAnswered(store, first, last, result.held_epochs, result.acked_index)
         return sr.WriteAnswered(store, 0, 0, (), result.acked_index)

@@ -25,14 +25,14 @@ from streamengine.client.core.segment_recovery import (
     SegmentRecovery,
     SendAcked,
     SendRead,
+    SendRewrite,
     SendSeal,
-    SendWrite,
     StoreBusy,
     WriteAnswered,
 )
 from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
-from tests.recovery_world import Leader, World, this
+from tests.recovery_world import CopySetWorld, RecoveringLeader, this
 
 N3W2 = ReplicationPolicy(3, 2)
 N3W3 = ReplicationPolicy(3, 3)
@@ -47,14 +47,14 @@ def sealed(store: str, acked: int = 0, matched: int = 0, last: int = 0, fence: i
     return SealAnswered(store, fence, acked, matched, last)
 
 
-def held(write: SendWrite) -> WriteAnswered:
+def held(write: SendRewrite) -> WriteAnswered:
     """The store's answer when it now holds exactly what was sent."""
     first, last = write.entries[0].index, write.entries[-1].index
     return WriteAnswered(write.store, first, last, tuple(e.epoch for e in write.entries), 0)
 
 
-def writes(actions: Sequence[Action]) -> list[SendWrite]:
-    return [a for a in actions if isinstance(a, SendWrite)]
+def writes(actions: Sequence[Action]) -> list[SendRewrite]:
+    return [a for a in actions if isinstance(a, SendRewrite)]
 
 
 def test_seals_every_store_and_reads_once_r_stores_answered() -> None:
@@ -193,10 +193,10 @@ def test_outstanding_is_what_still_awaits_an_answer_lost_stores_included() -> No
 
 def test_duplicated_and_reordered_delivery_ends_the_same() -> None:
     def run(newest_first: bool, twice: bool) -> tuple[dict[str, str], list[Action]]:
-        w = World(N3W2)
+        w = CopySetWorld(N3W2)
         w.leader_writes("A", 1, "e1@1 . . e4@1")
         w.leader_writes("B", 1, ". . e3@1")
-        leader = Leader(w, 2, batch_entries_max=1)
+        leader = RecoveringLeader(w, 2, batch_entries_max=1)
         while leader.inflight:
             target = leader.inflight[-1 if newest_first else 0]
             if twice:
@@ -358,8 +358,8 @@ def test_late_stores_are_bridged_for_a_while_after_done_then_it_finishes() -> No
 
 
 def test_it_finishes_once_done_with_nothing_left_to_send() -> None:
-    w = World(N3W2)
-    leader = Leader(w, 2)
+    w = CopySetWorld(N3W2)
+    leader = RecoveringLeader(w, 2)
     leader.run()
     assert leader.finished == [Done(1)]
     assert leader.op.finished and leader.op.deadline_ms() is None
