@@ -282,6 +282,23 @@ def test_an_unanswered_request_goes_out_again_after_the_interval_and_not_before(
         assert (now, op.step(now, event), op.deadline_ms()) == (now, actions, deadline)
 
 
+def test_the_deadline_is_the_earliest_pending_decision() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    table: list[tuple[int, Event, int | None, str]] = [
+        # (now, event, deadline after, the decision it is for)
+        (0, Tick(), RETRANSMIT, "the seals go out again"),
+        (LOST - 100, Tick(), LOST, "the stores are lost, before the seals' next retransmit"),
+        (LOST, Tick(), LOST - 100 + RETRANSMIT, "lost: their seals probe them"),
+        (LOST + 10, sealed("A"), LOST - 100 + RETRANSMIT, "B and C are probed"),
+        (LOST + 20, sealed("B"), LOST - 100 + RETRANSMIT, "C is probed (A, B read)"),
+        (LOST - 100 + RETRANSMIT, Tick(), LOST + 20 + RETRANSMIT, "A and B's reads again"),
+    ]
+    for now, event, deadline, why in table:
+        op.step(now, event)
+        assert (why, op.deadline_ms()) == (why, deadline)
+
+
 def test_a_silent_store_becomes_lost_and_the_recovery_decides_from_the_others() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start(0)
