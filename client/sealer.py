@@ -1,13 +1,12 @@
 """Sealing and recovering one earlier segment over gRPC: the shell of `SegmentRecovery`.
 
-The core (`client.core.segment_recovery`) decides; this carries its actions out:
-`Seal` and `Read` as unary / server-streaming calls, every recovery write (and the
-acked index raise) as a one-request `Write` stream with `report_held`, written at the
-new leader's epoch, and `SealSegment` at the master. Each request runs as its own task
-and retries transient failures with tenacity for `STORE_LOST_S`; a store that stays
-silent that long is given up on for now (`StoreLost`: decide and bridge without it) and
-probed with its (idempotent) seal afterwards, so an answer brings it back. Requests
-still unanswered are re-sent from `outstanding()` every `RETRANSMIT_S` of silence.
+The core (`client.core.segment_recovery`) decides, timing included; this carries its
+actions out: `Seal` and `Read` as unary / server-streaming calls, every recovery write
+(and the acked index raise) as a one-request `Write` stream with `report_held`, written
+at the new leader's epoch, and `SealSegment` at the master. Each request is one attempt
+in its own task (one per `request_key` at a time); its answer becomes an event, a
+transport failure nothing: the core sends the request again when it decides to, gives
+a silent store up and probes it. A clock loop wakes the core at its `deadline_ms()`.
 
 A store refusing with FAILED_PRECONDITION (a later fence), or the core deciding it was
 deposed, ends the run with `Fenced`: the writer then steps down.
@@ -30,8 +29,8 @@ import grpc
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core import segment_recovery as sr
 from streamengine.client.core.leader import RecoverSegment
+from streamengine.client.core.replicator import Tick
 from streamengine.client.errors import Fenced, fence_of
-from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec
 from streamengine.protocol.entry import StoredEntry
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -39,33 +38,18 @@ from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 log = logging.getLogger(__name__)
 
-# One attempt of a recovery request; a lagging store's rewrite batch is at most a few MB.
+# One attempt of a recovery request (a transport bound, not a protocol decision: the
+# core retransmits and gives stores up on its own clock); a lagging store's rewrite
+# batch is at most a few MB.
 RPC_TIMEOUT_S = 5.0
-# Retrying a store this long without an answer gives it up for now: recovery decides
-# from the other stores (it needs only R of them, and W to finish).
-STORE_LOST_S = 2.0
-# Silence after which every unanswered request goes out again and lost stores are probed.
-RETRANSMIT_S = 0.5
-# After the segment is sealed, stores still catching up are bridged for this long.
-LATE_STORES_S = 5.0
-# A store answering REFUSED_BUSY gets the batch again after this pause.
-BUSY_PAUSE_S = 0.02
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class _NoAnswer(Exception):
-    """The store closed the stream without answering, or stayed busy too long."""
-
-
-def _key(action: sr.Action) -> tuple[object, ...]:
-    if isinstance(action, sr.SendSeal):
-        return ("seal", action.store)
-    if isinstance(action, sr.SendRead):
-        return ("read", action.store, action.from_index, action.to_index)
-    if isinstance(action, sr.SendWrite):
-        return ("write", action.store, action.entries[0].index)
-    if isinstance(action, sr.SendAcked):
-        return ("acked", action.store)
-    return ("master",)
+    """The store closed the stream without answering."""
 
 
 class SegmentSealer:
@@ -86,6 +70,7 @@ class SegmentSealer:
             grant.epoch,
             action.new_epoch,
             [replica.store_id for replica in grant.copy_set],
+            timing=sr.TIMING,
         )
         self._master = master
         self._client_id = client_id
@@ -97,29 +82,27 @@ class SegmentSealer:
             stream_id=self.segment.stream_id, epoch=self.segment.epoch, stream=self.segment.stream
         )
         self._events: asyncio.Queue[sr.Event] = asyncio.Queue()
-        self._in_flight: dict[tuple[object, ...], asyncio.Task[None]] = {}
-        self._lost: set[str] = set()
+        self._in_flight: dict[sr.RequestKey, asyncio.Task[None]] = {}
 
     async def run(self) -> int:
         """Seal, recover and bridge; the final index (the BRIDGE) once the master holds
         the segment as sealed. Raises `Fenced` when a later leader took over. Requests
         to slower stores may still be out: `finish` lets them complete, `close` ends
         them."""
-        result = self._carry_out(self.op.start())
+        result = self._carry_out(self.op.start(now_ms()))
         while result is None:
             result = await self._next()
         return result
 
-    async def finish(self, timeout_s: float = LATE_STORES_S) -> None:
+    async def finish(self) -> None:
         """After `run`: go on bridging the stores that have not answered everything
-        yet (so that every live replica reaches the bridge), for up to `timeout_s`;
-        then `close`."""
+        yet (so that every live replica reaches the bridge), as long as the core keeps
+        at it (`RecoveryTiming.late_stores_ms`); then `close`."""
         try:
-            async with asyncio.timeout(timeout_s):
-                while self.op.outstanding():
-                    await self._next()
-        except (TimeoutError, Fenced):
-            pass  # repair brings replicas that missed the bridge up later
+            while self.op.deadline_ms() is not None:
+                await self._next()
+        except Fenced:
+            pass  # a later leader took over: its recovery bridges them
         finally:
             await self.close()
 
@@ -130,17 +113,17 @@ class SegmentSealer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _next(self) -> int | None:
+        """Wait for the next answer or the core's deadline, whichever comes first, and
+        step the core with it."""
+        deadline = self.op.deadline_ms()
+        event: sr.Event
         try:
-            async with asyncio.timeout(RETRANSMIT_S):
+            timeout_s = None if deadline is None else max(0, deadline - now_ms()) / 1000
+            async with asyncio.timeout(timeout_s):
                 event = await self._events.get()
         except TimeoutError:
-            self._retransmit()
-            return None
-        if isinstance(event, sr.StoreLost):
-            self._lost.add(event.store)
-        elif not isinstance(event, sr.MasterSealed):
-            self._lost.discard(event.store)
-        return self._carry_out(self.op.step(event))
+            event = Tick()
+        return self._carry_out(self.op.step(now_ms(), event))
 
     # ---- carrying actions out ----
 
@@ -166,54 +149,57 @@ class SegmentSealer:
             self._send(action)
         return final
 
-    def _retransmit(self) -> None:
-        for action in self.op.outstanding():
-            self._send(action)
-        for store in sorted(self._lost):
-            # Only an answer brings a lost store back; its seal is idempotent.
-            self._send(sr.SendSeal(store, self.new_epoch))
-
-    def _send(self, action: sr.Action) -> None:
-        key = _key(action)
+    def _send(self, request: sr.Request) -> None:
+        key = sr.request_key(request)
         if key in self._in_flight:
-            return
-        task = asyncio.get_running_loop().create_task(self._request(action))
+            return  # its attempt is still running: its answer serves the repeat too
+        task = asyncio.get_running_loop().create_task(self._request(key, request))
         self._in_flight[key] = task
-        task.add_done_callback(lambda _: self._in_flight.pop(key, None))
+        task.add_done_callback(lambda done: self._forget(key, done))
 
-    async def _request(self, action: sr.Action) -> None:
+    def _forget(self, key: sr.RequestKey, task: asyncio.Task[None]) -> None:
+        if self._in_flight.get(key) is task:
+            del self._in_flight[key]
+
+    async def _request(self, key: sr.RequestKey, request: sr.Request) -> None:
+        event = await self._attempt(request)
+        # Free the key before the core sees the answer: a repeat it asks for at once
+        # (an answer that confirms nothing) must go out.
+        if self._in_flight.get(key) is asyncio.current_task():
+            del self._in_flight[key]
+        if event is not None:
+            self._events.put_nowait(event)
+
+    async def _attempt(self, action: sr.Request) -> sr.Event | None:
+        """One attempt of a request: its answer as an event, or None (no answer)."""
         if isinstance(action, sr.SealAtMaster):
-            await self._seal_at_master(action.final_index)
-            return
-        assert isinstance(action, sr.SendSeal | sr.SendRead | sr.SendWrite | sr.SendAcked)
+            return await self._seal_at_master(action.final_index)
         store = action.store
         call: Callable[[], Coroutine[Any, Any, sr.Event]]
         if isinstance(action, sr.SendSeal):
             call = self._seal_call(store)
         elif isinstance(action, sr.SendRead):
             call = self._read_call(action)
-        elif isinstance(action, sr.SendWrite):
+        elif isinstance(action, sr.SendRewrite):
             call = self._write_call(store, action.entries, action.acked_index)
         else:
             call = self._write_call(store, (), action.acked_index)
         try:
-            event = await retry_unary(call, deadline_s=STORE_LOST_S)
+            return await call()
         except _NoAnswer:
-            event = sr.StoreLost(store)
+            return None
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 fence = fence_of(error)
-                event = sr.StoreFenced(store, fence if fence is not None else 2**63)
-            else:
-                log.info(
-                    "%s: recovery of %d: store %s: %s",
-                    self.segment.stream,
-                    self.segment.epoch,
-                    store,
-                    error.code().name,
-                )
-                event = sr.StoreLost(store)
-        self._events.put_nowait(event)
+                return sr.RecoveryFenced(store, fence if fence is not None else 2**63)
+            log.info(
+                "%s: recovery of %d: store %s: %s",
+                self.segment.stream,
+                self.segment.epoch,
+                store,
+                error.code().name,
+            )
+            return None
 
     def _seal_call(self, store: str) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
         request = segment_store_pb2.SealRequest(segment=self._segment_id, new_epoch=self.new_epoch)
@@ -256,22 +242,17 @@ class SegmentSealer:
         )
 
         async def write() -> sr.Event:
-            give_up_at = time.monotonic() + STORE_LOST_S
-            while True:
-                call = self._stubs[store].Write(timeout=RPC_TIMEOUT_S)
-                try:
-                    await call.write(request)
-                    await call.done_writing()
-                    reply = await call.read()
-                finally:
-                    call.cancel()
-                if not isinstance(reply, segment_store_pb2.WriteReply):
-                    raise _NoAnswer()  # EOF
-                if reply.status != segment_store_pb2.REFUSED_BUSY:
-                    break
-                if time.monotonic() > give_up_at:
-                    raise _NoAnswer()
-                await asyncio.sleep(BUSY_PAUSE_S)
+            call = self._stubs[store].Write(timeout=RPC_TIMEOUT_S)
+            try:
+                await call.write(request)
+                await call.done_writing()
+                reply = await call.read()
+            finally:
+                call.cancel()
+            if not isinstance(reply, segment_store_pb2.WriteReply):
+                raise _NoAnswer()  # EOF
+            if reply.status == segment_store_pb2.REFUSED_BUSY:
+                return sr.StoreBusy(store, entries[0].index if entries else 0)
             if not entries:
                 return sr.WriteAnswered(store, 0, 0, (), reply.acked_index)
             return sr.WriteAnswered(
@@ -284,7 +265,7 @@ class SegmentSealer:
 
         return write
 
-    async def _seal_at_master(self, final_index: int) -> None:
+    async def _seal_at_master(self, final_index: int) -> sr.Event | None:
         request = master_pb2.SealSegmentRequest(
             stream=self.segment.stream,
             segment_epoch=self.segment.epoch,
@@ -293,17 +274,13 @@ class SegmentSealer:
             final_index=final_index,
         )
 
-        async def seal() -> entry_pb2.Segment:
-            return await self._master.SealSegment(request, timeout=RPC_TIMEOUT_S)
-
         try:
-            await retry_unary(seal)
+            await self._master.SealSegment(request, timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.ABORTED:
                 # Sealed at another final index: a later leader recovered it.
-                self._events.put_nowait(sr.StoreFenced("master", self.new_epoch + 1))
-                return
-            # The next retransmit asks again (the master's seal is idempotent).
+                return sr.RecoveryFenced(sr.MASTER, self.new_epoch + 1)
+            # The core asks again (the master's seal is idempotent).
             log.warning(
                 "%s: SealSegment %d at %d: %s %s",
                 self.segment.stream,
@@ -312,5 +289,5 @@ class SegmentSealer:
                 error.code().name,
                 error.details(),
             )
-            return
-        self._events.put_nowait(sr.MasterSealed(final_index))
+            return None
+        return sr.MasterSealed(final_index)

@@ -3,7 +3,7 @@ drive `SegmentRecovery` against it one delivered message at a time.
 
 A test decides which in-flight request is delivered next (or lost, or duplicated), so
 it can replay RECOVERY-CASES.md's traces step by step. After every change to a store,
-`World` checks what the stores serve: an index served twice is served the same (I2),
+`CopySetWorld` checks what the stores serve: an index served twice is served the same (I2),
 and what a store served never changes (I4).
 """
 
@@ -11,22 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from streamengine.client.core.replicator import Tick
 from streamengine.client.core.segment_recovery import (
+    TIMING,
     Action,
     Deposed,
     Done,
     Event,
     MasterSealed,
     ReadAnswered,
+    RecoveryFenced,
+    RecoveryTiming,
     SealAnswered,
     SealAtMaster,
     SegmentRecovery,
     SendAcked,
     SendRead,
+    SendRewrite,
     SendSeal,
-    SendWrite,
-    StoreFenced,
-    StoreLost,
     WriteAnswered,
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -41,7 +43,7 @@ class Violation(AssertionError):
     pass
 
 
-class World:
+class CopySetWorld:
     def __init__(self, policy: ReplicationPolicy, names: Sequence[str] = ("A", "B", "C")):
         assert len(names) == policy.replicas
         self.policy = policy
@@ -112,7 +114,7 @@ class World:
                 return ReadAnswered(
                     action.store, action.from_index, action.to_index, tuple(got), fence
                 )
-            if isinstance(action, SendWrite):
+            if isinstance(action, SendRewrite):
                 w = self.stores[action.store].write(
                     seg, leader_epoch, action.acked_index, action.entries
                 )
@@ -122,7 +124,7 @@ class World:
                 w = self.stores[action.store].write(seg, leader_epoch, action.acked_index, [])
                 return WriteAnswered(action.store, 0, 0, (), w.acked_index)
         except StoreRefused as refused:
-            return StoreFenced(getattr(action, "store", ""), refused.fence)
+            return RecoveryFenced(getattr(action, "store", ""), refused.fence)
         finally:
             self.check()
         if isinstance(action, SealAtMaster):
@@ -153,7 +155,7 @@ def read(store: str) -> Match:
 
 
 def write(store: str, index: int) -> Match:
-    return lambda a: isinstance(a, SendWrite) and a.store == store and a.entries[0].index == index
+    return lambda a: isinstance(a, SendRewrite) and a.store == store and a.entries[0].index == index
 
 
 def acked(store: str) -> Match:
@@ -164,26 +166,41 @@ def at_master() -> Match:
     return lambda a: isinstance(a, SealAtMaster)
 
 
-class Leader:
-    """A recovering leader: its operation and the requests it has in flight."""
+class RecoveringLeader:
+    """A recovering leader: its operation, its clock (time passes only when a test says
+    so: deliveries take none) and the requests it has in flight. A request the operation
+    sends again while an equal one is still in flight is not added twice, as a driver
+    keeps one call per request."""
 
-    def __init__(self, world: World, epoch: int, batch_entries_max: int = 1):
+    def __init__(
+        self,
+        world: CopySetWorld,
+        epoch: int,
+        batch_entries_max: int = 1,
+        timing: RecoveryTiming = TIMING,
+    ):
         self.world = world
         self.epoch = epoch
+        self.now_ms = 0
         self.op = SegmentRecovery(
-            world.policy, world.segment.epoch, epoch, world.names, batch_entries_max
+            world.policy,
+            world.segment.epoch,
+            epoch,
+            world.names,
+            batch_entries_max,
+            timing,
         )
         self.inflight: list[Action] = []
         self.emitted: list[Action] = []
         self.finished: list[Action] = []  # Done / Deposed
-        self._take(self.op.start())
+        self._take(self.op.start(self.now_ms))
 
     def _take(self, actions: Sequence[Action]) -> None:
         self.emitted += actions
         for a in actions:
             if isinstance(a, Done | Deposed):
                 self.finished.append(a)
-            else:
+            elif a not in self.inflight:
                 self.inflight.append(a)
 
     def deliver(self, match: Match, keep: bool = False) -> Action:
@@ -195,7 +212,7 @@ class Leader:
                     del self.inflight[i]
                 answer = self.world.apply(self.epoch, a)
                 if answer is not None:
-                    self._take(self.op.step(answer))
+                    self._take(self.op.step(self.now_ms, answer))
                 return a
         raise AssertionError(f"nothing in flight matches; in flight: {self.inflight}")
 
@@ -206,10 +223,16 @@ class Leader:
                 return a
         raise AssertionError(f"nothing in flight matches; in flight: {self.inflight}")
 
-    def give_up(self, store: str) -> None:
-        """The driver tells the operation it gave up on `store` for now."""
-        self.world.log.append(f"leader {self.epoch}: gave up on {store}")
-        self._take(self.op.step(StoreLost(store)))
+    def wait(self, ms: int) -> None:
+        """`ms` pass with nothing answered, and the operation is woken: it retransmits,
+        counts silent stores as lost, probes them."""
+        self.now_ms += ms
+        self.world.log.append(f"leader {self.epoch}: {ms} ms pass (now {self.now_ms})")
+        self._take(self.op.step(self.now_ms, Tick()))
+
+    def wait_until_lost(self) -> None:
+        """Long enough silence that every store with a request in flight is lost."""
+        self.wait(self.op.timing.store_lost_ms)
 
     def in_flight(self, match: Match) -> bool:
         return any(match(a) for a in self.inflight)

@@ -1,11 +1,11 @@
 """SegmentRecovery: the seals, reads and writes that close one earlier segment.
 
 Theory of operation. A new leader owns one `SegmentRecovery` per earlier unsealed
-segment. `start()` seals every store of the copy set; `step(event)` takes what a store
-or the master answered and returns the actions to take next. It never does I/O and
-never reads a clock: retransmits are the driver's (it re-sends `outstanding()` on a new
-connection), so every event may arrive twice, late or out of order, and is handled
-idempotently.
+segment. `start(now_ms)` seals every store of the copy set; `step(now_ms, event)` takes
+what a store or the master answered (or `Tick`: time passed) and returns the actions to
+take next. It never does I/O and never reads a clock: the time is an input, and
+`deadline_ms()` says when it next wants a `Tick`. Every event may arrive twice, late or
+out of order, and is handled idempotently.
 
 1. Seal. The first R stores that answer the seal are the ones decided from; they are
    read from `read_from_index` to their end. Stores that answer later are bridged too
@@ -24,25 +24,37 @@ idempotently.
    before (a store whose acked index covered a run a later leader redoes differently
    would have served readers something that changes).
 5. Once W stores answer with an acked index at the bridge, `SealAtMaster`; when the
-   master confirms (`MasterSealed`), `Done`. Late stores keep being bridged afterwards
-   if the driver keeps feeding answers.
+   master confirms (`MasterSealed`), `Done`. Stores still catching up keep being
+   bridged for `late_stores_ms` afterwards; then the operation is over (`finished`).
+
+Time (`RecoveryTiming`). Silence is decided here, never by a driver:
+- a request unanswered for `retransmit_ms` goes out again (requests are idempotent);
+- a store that has left a request unanswered for `store_lost_ms`, answering nothing
+  meanwhile, is lost: recovery decides from the other sealed stores and stops sending
+  it batches. A lost store is probed with its (idempotent) seal every `retransmit_ms`;
+  only an answer from it brings it back, and then everything it still owes an answer
+  goes out again at once;
+- a batch a store refused as busy (`StoreBusy`) goes out again after `busy_pause_ms`.
 
 A store answering with a fence above this leader's epoch (a seal or read reply, or a
 refused request), or a read showing a copy of a later epoch, means a later leader took
 over: the operation emits `Deposed` and stops. While fewer than R stores (to decide) or
-W stores (to finish) can answer, it waits; how long is the driver's call. `step` raises
-`InconsistentAnswers` when a store answers what no correct store can hold.
+W stores (to finish) can answer, it keeps probing and waits; how long is the leader's
+call (its lease). `step` raises `InconsistentAnswers` when a store answers what no
+correct store can hold.
 
 A store's range is empty when its own acked index already covers the bridge: it holds
 the run as final, so it counts among the W holders without a write.
 
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
-carry out `op.start()`; for every reply call `op.step(event)` and carry out what it
-returns (`SendSeal` -> Seal(segment, new_epoch); `SendRead` -> Read, unacked included;
-`SendWrite` -> a Write at `leader_epoch` with `report_held`; `SendAcked` -> an empty
-Write carrying the acked index; `SealAtMaster` -> SealSegment at the master;
-`Done` / `Deposed` -> the leader's business). A refused request becomes `StoreFenced`;
-after a reconnect, re-send `op.outstanding()`.
+carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
+`op.deadline_ms()` call `op.step(now, Tick())`; carry out what they return (`SendSeal`
+-> Seal(segment, new_epoch); `SendRead` -> Read, unacked included; `SendRewrite` -> a
+Write at `leader_epoch` with `report_held`; `SendAcked` -> an empty Write carrying the
+acked index; `SealAtMaster` -> SealSegment at the master; `Done` / `Deposed` -> the
+leader's business). A refused request becomes `RecoveryFenced`, a busy refusal
+`StoreBusy`; a request that fails in transport needs no event (it is retransmitted). A
+driver may keep one call per `request_key` in flight and drop a repeat meanwhile.
 """
 
 from __future__ import annotations
@@ -57,9 +69,46 @@ from streamengine.client.core.recovery import (
     plan_recovery,
     read_from_index,
 )
+from streamengine.client.core.replicator import Tick
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, StoredEntry
 from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.policy import ReplicationPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryTiming:
+    """How long a recovery waits on silence before it acts, in ms of the driver's clock."""
+
+    # An unanswered request goes out again after this long (and a lost store is probed
+    # this often): long enough that a store busy with a few MB batch answers first.
+    retransmit_ms: int = 500
+    # A store that leaves a request unanswered this long, answering nothing meanwhile,
+    # is lost for now: recovery decides from the other sealed stores (it needs only R of
+    # them, and W to finish) instead of waiting on a dead or cut-off store.
+    store_lost_ms: int = 2_000
+    # A batch a store refused as busy (its write queue is full) goes out again after
+    # this pause: the queue drains in milliseconds, and a pause keeps the retry off it.
+    busy_pause_ms: int = 20
+    # After the master holds the segment as sealed, stores still catching up are bridged
+    # this long (so that every live replica reaches the bridge); later, repair does it.
+    late_stores_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        # A store is probed at least once before it could be lost again, and a busy
+        # pause never outlasts a retransmit.
+        if not 0 < self.busy_pause_ms <= self.retransmit_ms < self.store_lost_ms:
+            raise ValueError(f"need 0 < busy_pause_ms <= retransmit_ms < store_lost_ms: {self}")
+        if self.late_stores_ms <= 0:
+            raise ValueError(f"late_stores_ms must be positive: {self}")
+
+
+# Over gRPC, between processes.
+TIMING = RecoveryTiming()
+# The simulator's profile (tests/sim): its leases last 150-600 ms of virtual time and a
+# run a few of them, so a recovery there must notice silence within a lease.
+SIMULATED_TIMING = RecoveryTiming(
+    retransmit_ms=60, store_lost_ms=250, busy_pause_ms=5, late_stores_ms=2_000
+)
 
 # ---- events (what stores and the master answered) ----
 
@@ -86,7 +135,7 @@ class ReadAnswered:
 
 @dataclass(frozen=True, slots=True)
 class WriteAnswered:
-    """A store's answer to a `SendWrite` (`first_index..last_index`, `held_epochs` one per
+    """A store's answer to a `SendRewrite` (`first_index..last_index`, `held_epochs` one per
     index) or to a `SendAcked` (`first_index` = `last_index` = 0, no held epochs)."""
 
     store: str
@@ -96,20 +145,25 @@ class WriteAnswered:
     acked_index: int
 
 
+# `RecoveryFenced.store` when the master refused the seal (another final index).
+MASTER = "master"
+
+
 @dataclass(frozen=True, slots=True)
-class StoreFenced:
-    """A store refused a request: its fence is above the epoch sent."""
+class RecoveryFenced:
+    """A store (or `MASTER`) refused a request: its fence is above the epoch sent."""
 
     store: str
     fence: int
 
 
 @dataclass(frozen=True, slots=True)
-class StoreLost:
-    """The driver gave up on a store for now (dead, unreachable). An answer from it
-    later brings it back."""
+class StoreBusy:
+    """A store refused a write as busy (its queue is full): the `SendRewrite` starting at
+    `first_index`, or the `SendAcked` with `first_index` 0. It answered, so it lives."""
 
     store: str
+    first_index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +171,9 @@ class MasterSealed:
     final_index: int
 
 
-Event = SealAnswered | ReadAnswered | WriteAnswered | StoreFenced | StoreLost | MasterSealed
+Event = (
+    SealAnswered | ReadAnswered | WriteAnswered | RecoveryFenced | StoreBusy | MasterSealed | Tick
+)
 
 # ---- actions ----
 
@@ -138,7 +194,7 @@ class SendRead:
 
 
 @dataclass(frozen=True, slots=True)
-class SendWrite:
+class SendRewrite:
     """A recovery write at the leader's epoch; answer with held epochs."""
 
     store: str
@@ -172,7 +228,39 @@ class Deposed:
     fence: int
 
 
-Action = SendSeal | SendRead | SendWrite | SendAcked | SealAtMaster | Done | Deposed
+Action = SendSeal | SendRead | SendRewrite | SendAcked | SealAtMaster | Done | Deposed
+Request = SendSeal | SendRead | SendRewrite | SendAcked | SealAtMaster
+
+RequestKey = tuple[str, str, int, int]
+
+
+def request_key(request: Request) -> RequestKey:
+    """Which request this is, whatever it carries: its answer and every retransmit of it
+    share the key."""
+    if isinstance(request, SendSeal):
+        return ("seal", request.store, 0, 0)
+    if isinstance(request, SendRead):
+        return ("read", request.store, request.from_index, request.to_index)
+    if isinstance(request, SendRewrite):
+        return ("write", request.store, request.entries[0].index, 0)
+    if isinstance(request, SendAcked):
+        return ("acked", request.store, 0, 0)
+    return ("master", "", 0, 0)
+
+
+def _answered_key(event: Event) -> RequestKey | None:
+    """The key of the request `event` answers."""
+    if isinstance(event, SealAnswered):
+        return ("seal", event.store, 0, 0)
+    if isinstance(event, ReadAnswered):
+        return ("read", event.store, event.from_index, event.to_index)
+    if isinstance(event, WriteAnswered):
+        if event.first_index == 0:
+            return ("acked", event.store, 0, 0)
+        return ("write", event.store, event.first_index, 0)
+    if isinstance(event, MasterSealed):
+        return ("master", "", 0, 0)
+    return None
 
 
 @dataclass(slots=True)
@@ -180,7 +268,7 @@ class _Bridging:
     """One store's rewrite: its batches by first index, which it holds, its acked."""
 
     seal: SealAnswer
-    batches: dict[int, SendWrite] = field(default_factory=dict)  # in index order
+    batches: dict[int, SendRewrite] = field(default_factory=dict)  # in index order
     sent: int = 0  # batches sent so far, in order
     held: set[int] = field(default_factory=set)  # first indexes of batches it holds
     waiting_final_copies: bool = False
@@ -200,20 +288,20 @@ def split_batches(
     entries: Sequence[StoredEntry],
     acked: int,
     entries_max: int = WRITE_BATCH_ENTRIES_MAX,
-) -> list[SendWrite]:
+) -> list[SendRewrite]:
     """Consecutive entries cut within the store's per-request limits."""
-    out: list[SendWrite] = []
+    out: list[SendRewrite] = []
     batch: list[StoredEntry] = []
     size = 0
     for e in entries:
         cost = VALUE_HEADER_BYTES + len(e.payload)
         if batch and (len(batch) == entries_max or size + cost > WRITE_BATCH_BYTES_MAX):
-            out.append(SendWrite(store, tuple(batch), acked))
+            out.append(SendRewrite(store, tuple(batch), acked))
             batch, size = [], 0
         batch.append(e)
         size += cost
     if batch:
-        out.append(SendWrite(store, tuple(batch), acked))
+        out.append(SendRewrite(store, tuple(batch), acked))
     return out
 
 
@@ -227,6 +315,7 @@ class SegmentRecovery:
         leader_epoch: int,
         copy_set: Sequence[str],
         batch_entries_max: int = WRITE_BATCH_ENTRIES_MAX,
+        timing: RecoveryTiming = TIMING,
     ) -> None:
         """`batch_entries_max` below the store's limit lets tests and the simulator lose
         or reorder single indexes of a rewrite, as RECOVERY-CASES.md's traces do."""
@@ -243,6 +332,7 @@ class SegmentRecovery:
         self.leader_epoch = leader_epoch
         self.copy_set = tuple(copy_set)
         self.batch_entries_max = batch_entries_max
+        self.timing = timing
         self._sealed: dict[str, SealAnswer] = {}  # in answer order
         self._lost: set[str] = set()
         self._deciders: list[str] = []
@@ -255,6 +345,14 @@ class SegmentRecovery:
         self._seal_at_master_sent = False
         self._done = False
         self._deposed_by = 0
+        # Time: when each unanswered request goes out again, since when each store has
+        # left a request unanswered (answering nothing since), the latest time seen.
+        self._now_ms: int | None = None
+        self._resend_at: dict[RequestKey, int] = {}
+        self._waiting_since: dict[str, int] = {}
+        self._done_ms = 0
+        self._finished = False
+        self._deadline_ms: int | None = None
 
     # ---- what the leader and the driver look at ----
 
@@ -274,21 +372,43 @@ class SegmentRecovery:
     def deposed(self) -> bool:
         return self._deposed_by > 0
 
+    @property
+    def finished(self) -> bool:
+        """Nothing more to do: deposed, or done and the late stores' window is over."""
+        return self.deposed or self._finished
+
+    def lost(self) -> tuple[str, ...]:
+        """Stores given up on for now, in copy-set order."""
+        return tuple(s for s in self.copy_set if s in self._lost)
+
+    def deadline_ms(self) -> int | None:
+        """When `step(now_ms, Tick())` next has something to do (a retransmit, a store
+        to count as lost, a lost store to probe, the late stores' window to close); None
+        when finished."""
+        return self._deadline_ms
+
     def holding(self) -> tuple[str, ...]:
         """Stores known to hold their whole range and the bridge."""
         return tuple(s for s, b in self._bridging.items() if b.complete)
 
-    def start(self) -> list[Action]:
-        return [SendSeal(s, self.leader_epoch) for s in self.copy_set]
+    def start(self, now_ms: int) -> list[Action]:
+        assert self._now_ms is None, "started twice"
+        self._now_ms = now_ms
+        out = self._outbox(now_ms, [SendSeal(s, self.leader_epoch) for s in self.copy_set])
+        self._deadline_ms = self._next_deadline()
+        return out
 
-    def outstanding(self) -> list[Action]:
-        """Every request still waiting for its answer (to re-send after a reconnect)."""
-        if self.deposed:
+    def outstanding(self) -> list[Request]:
+        """Every request still waiting for its answer, and the probe of every lost store."""
+        if self.finished:
             return []
-        # A lost store is asked to seal again too: only its answer brings it back, and
-        # without one a recovery that needs it would wait forever. Seals are idempotent.
-        out: list[Action] = [
-            SendSeal(s, self.leader_epoch) for s in self.copy_set if s not in self._sealed
+        # A lost store is asked to seal again (probed): only its answer brings it back,
+        # and without one a recovery that needs it would wait forever. Seals are
+        # idempotent, and a repeated answer changes nothing but the store's liveness.
+        out: list[Request] = [
+            SendSeal(s, self.leader_epoch)
+            for s in self.copy_set
+            if s not in self._sealed or s in self._lost
         ]
         if self._plan is None:
             out += self._reads_needed()
@@ -308,20 +428,43 @@ class SegmentRecovery:
 
     # ---- events ----
 
-    def step(self, event: Event) -> list[Action]:
-        if self.deposed:
+    def step(self, now_ms: int, event: Event) -> list[Action]:
+        assert self._now_ms is not None, "step before start"
+        assert now_ms >= self._now_ms, f"time went back from {self._now_ms} to {now_ms}"
+        self._now_ms = now_ms
+        if self.finished:
             return []
-        if isinstance(event, StoreFenced):
+        store = _store_of(event)
+        if store and store not in self.copy_set:
+            raise ValueError(f"store {store} is not in copy set {self.copy_set}")
+        key = _answered_key(event)
+        if key is not None and not (
+            isinstance(event, MasterSealed) and event.final_index != self.final_index
+        ):
+            self._resend_at.pop(key, None)
+        if store:
+            # It answered: it is waited on again only from now, for what it still owes.
+            self._waiting_since.pop(store, None)
+        out = self._outbox(now_ms, self._on_event(now_ms, event))
+        if not self.finished:
+            out += self._outbox(now_ms, self._on_time(now_ms))
+        self._deadline_ms = self._next_deadline()
+        # Whatever was due at `now_ms` has been done.
+        assert self._deadline_ms is None or self._deadline_ms > now_ms, self._deadline_ms
+        return out
+
+    def _on_event(self, now_ms: int, event: Event) -> list[Action]:
+        if isinstance(event, Tick):
+            return []
+        if isinstance(event, RecoveryFenced):
             return self._fenced(event.fence)
         if isinstance(event, MasterSealed):
-            return self._master_sealed(event)
-        if isinstance(event, StoreLost):
-            return self._store_lost(event.store)
-        if event.store not in self.copy_set:
-            raise ValueError(f"store {event.store} is not in copy set {self.copy_set}")
+            return self._master_sealed(now_ms, event)
         revived = event.store in self._lost
         self._lost.discard(event.store)
-        if isinstance(event, SealAnswered):
+        if isinstance(event, StoreBusy):
+            out = self._busy(now_ms, event)
+        elif isinstance(event, SealAnswered):
             out = self._seal_answered(event)
         elif isinstance(event, ReadAnswered):
             out = self._read_answered(event)
@@ -330,6 +473,111 @@ class SegmentRecovery:
         if revived and self._plan is None and not self.deposed:
             out += self._refill_deciders()
         return out
+
+    # ---- time ----
+
+    def _on_time(self, now_ms: int) -> list[Action]:
+        """What time decides at `now_ms`: the late stores' window closing, stores
+        becoming lost, requests going out again."""
+        if self._done and now_ms >= self._done_ms + self.timing.late_stores_ms:
+            self._finished = True  # repair brings the replicas that missed the bridge up
+            return []
+        out: list[Action] = []
+        for store in self.copy_set:
+            since = self._waiting_since.get(store)
+            if (
+                store not in self._lost
+                and since is not None
+                and now_ms - since >= self.timing.store_lost_ms
+            ):
+                out += self._store_lost(store)
+        if self.deposed:
+            return out
+        out = self._outbox(now_ms, out)  # timed, so not counted as due again below
+        pending = self.outstanding()
+        if self._done and not pending:
+            self._finished = True  # every store holds the run and its acked index
+            return out
+        keys = [request_key(r) for r in pending]
+        # Forget requests no longer outstanding: a lost store's batches go out again at
+        # once when it answers.
+        self._resend_at = {k: self._resend_at[k] for k in keys if k in self._resend_at}
+        out += [
+            r
+            for r, k in zip(pending, keys, strict=True)
+            if now_ms >= self._resend_at.get(k, now_ms)
+        ]
+        self._note_waiting(now_ms, pending)
+        return out
+
+    def _note_waiting(self, now_ms: int, pending: list[Request]) -> None:
+        """A store is waited on while it owes an answer: since its last answer or, if it
+        has not answered since, since the request it owes went out."""
+        waited_on = {_request_store(r) for r in pending}
+        for store in self.copy_set:
+            if store in waited_on:
+                self._waiting_since.setdefault(store, now_ms)
+            else:
+                self._waiting_since.pop(store, None)
+
+    def _outbox(self, now_ms: int, actions: list[Action]) -> list[Action]:
+        """Every action leaves through here: requests are checked against the invariants
+        and timed for their retransmit."""
+        for action in actions:
+            if isinstance(action, Done | Deposed):
+                continue
+            self._check_request(action)
+            self._resend_at[request_key(action)] = now_ms + self.timing.retransmit_ms
+            store = _request_store(action)
+            if store:
+                self._waiting_since.setdefault(store, now_ms)
+        return actions
+
+    def _next_deadline(self) -> int | None:
+        if self.finished:
+            return None
+        deadlines = [
+            self._resend_at[request_key(r)]
+            for r in self.outstanding()
+            if request_key(r) in self._resend_at
+        ]
+        deadlines += [
+            since + self.timing.store_lost_ms
+            for store, since in self._waiting_since.items()
+            if store not in self._lost
+        ]
+        if self._done:
+            deadlines.append(self._done_ms + self.timing.late_stores_ms)
+        return min(deadlines) if deadlines else None
+
+    def _busy(self, now_ms: int, e: StoreBusy) -> list[Action]:
+        if e.first_index:
+            key: RequestKey = ("write", e.store, e.first_index, 0)
+        else:
+            key = ("acked", e.store, 0, 0)
+        if key in self._resend_at:
+            self._resend_at[key] = now_ms + self.timing.busy_pause_ms
+        return []
+
+    def _check_request(self, request: Request) -> None:
+        """The invariants every request keeps, checked where it leaves."""
+        if isinstance(request, SendRewrite):
+            plan = self._plan
+            assert plan is not None, "a write before the decision"
+            # Nothing is written past the chosen bridge.
+            assert request.entries[-1].index <= plan.final_index, request
+            # A rewrite carries the store's own acked index: it raises nothing.
+            assert request.acked_index == self._sealed[request.store].acked_index, request
+        elif isinstance(request, SendAcked):
+            # The acked index is raised only on a store that holds its whole range, and
+            # only once W stores do.
+            complete = [s for s, b in self._bridging.items() if b.complete]
+            assert request.store in complete, request
+            assert len(complete) >= self.policy.write_quorum, request
+            assert request.acked_index == self.final_index, request
+        elif isinstance(request, SealAtMaster):
+            confirmed = [s for s, b in self._bridging.items() if b.acked_confirmed]
+            assert len(confirmed) >= self.policy.write_quorum, request
 
     def _fenced(self, fence: int) -> list[Action]:
         if fence <= self.leader_epoch:
@@ -356,6 +604,7 @@ class SegmentRecovery:
                 break
             if s not in self._deciders and s not in self._lost:
                 self._deciders.append(s)
+        assert len(self._deciders) <= self.policy.read_quorum, self._deciders
         return self._send_reads() + self._maybe_decide()
 
     def _read_from(self) -> int:
@@ -502,10 +751,11 @@ class SegmentRecovery:
         self._seal_at_master_sent = True
         return [SealAtMaster(self.final_index)]
 
-    def _master_sealed(self, e: MasterSealed) -> list[Action]:
+    def _master_sealed(self, now_ms: int, e: MasterSealed) -> list[Action]:
         if not self._seal_at_master_sent or self._done or e.final_index != self.final_index:
             return []
         self._done = True
+        self._done_ms = now_ms
         return [Done(self.final_index)]
 
     def _store_lost(self, store: str) -> list[Action]:
@@ -515,3 +765,16 @@ class SegmentRecovery:
         # Decide from another sealed store instead of waiting on this one.
         self._deciders.remove(store)
         return self._refill_deciders()
+
+
+def _store_of(event: Event) -> str:
+    """The copy-set store that answered, or "" (the master, the clock)."""
+    if isinstance(event, SealAnswered | ReadAnswered | WriteAnswered | StoreBusy):
+        return event.store
+    if isinstance(event, RecoveryFenced) and event.store != MASTER:
+        return event.store
+    return ""
+
+
+def _request_store(request: Request) -> str:
+    return "" if isinstance(request, SealAtMaster) else request.store

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from streamengine.client.core.segment_recovery import Done, SendAcked, SendWrite
+from streamengine.client.core.segment_recovery import Done, SendAcked, SendRewrite
 from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import (
-    Leader,
+    CopySetWorld,
+    RecoveringLeader,
     Violation,
-    World,
     acked,
     at_master,
     read,
@@ -39,7 +39,7 @@ N3W2 = ReplicationPolicy(3, 2)
 N3W3 = ReplicationPolicy(3, 3)
 
 
-def decided(leader: Leader) -> str:
+def decided(leader: RecoveringLeader) -> str:
     """The decision as the traces print it."""
     plan = leader.op.plan
     assert plan is not None, "not decided yet"
@@ -53,21 +53,21 @@ def decided(leader: Leader) -> str:
     )
 
 
-def states(world: World) -> dict[str, str]:
+def states(world: CopySetWorld) -> dict[str, str]:
     return {n: world.show(n) for n in world.names}
 
 
-def fences(world: World) -> dict[str, int]:
+def fences(world: CopySetWorld) -> dict[str, int]:
     return {n: world.fence(n) for n in world.names}
 
 
 # ---- B1: a store's acked index is raised before W stores hold the recovery's copies
 
 
-def b1_until_leader2_crashes() -> tuple[World, Leader]:
-    w = World(N3W2)
+def b1_until_leader2_crashes() -> tuple[CopySetWorld, RecoveringLeader]:
+    w = CopySetWorld(N3W2)
     w.leader_writes("A", 1, "e1@1")  # 1-2
-    l2 = Leader(w, 2)  # 4
+    l2 = RecoveringLeader(w, 2)  # 4
     l2.deliver(seal("A"))  # 5
     l2.deliver(seal("B"))  # 6
     assert w.show("A") == "e1@1 acked=0" and w.show("B") == "- acked=0"
@@ -86,7 +86,7 @@ def b1_until_leader2_crashes() -> tuple[World, Leader]:
 def test_b1_fixed_ends_safe() -> None:
     w, _l2 = b1_until_leader2_crashes()
     # 12. leader 2 crashes (with writes to B still in flight)
-    l3 = Leader(w, 3)  # 13
+    l3 = RecoveringLeader(w, 3)  # 13
     l3.deliver(seal("B"))  # 14
     l3.deliver(seal("C"))  # 15
     assert w.show("B") == "- acked=0" and w.show("C") == "- acked=0"
@@ -118,7 +118,7 @@ def test_b1_design_strict_raise_before_w_stores_hold_is_not_taken() -> None:
     # Taking the wrong step by hand leads to the violation the trace names.
     w.stores["A"].write(w.segment, 2, 2, [])
     w.check()
-    l3 = Leader(w, 3)
+    l3 = RecoveringLeader(w, 3)
     for step in (seal("B"), seal("C"), read("B"), read("C"), write("B", 1), write("C", 1)):
         l3.deliver(step)
     with pytest.raises(Violation, match="store B serves BRIDGE at index 1; store A served e1"):
@@ -128,10 +128,10 @@ def test_b1_design_strict_raise_before_w_stores_hold_is_not_taken() -> None:
 # ---- B1-eager: the raise overtakes the rewrite of a stale copy
 
 
-def b1_eager_until_a_sealed_late() -> tuple[World, Leader]:
-    w = World(N3W2)
+def b1_eager_until_a_sealed_late() -> tuple[CopySetWorld, RecoveringLeader]:
+    w = CopySetWorld(N3W2)
     w.leader_writes("A", 1, "e1@1")  # 1-2
-    l2 = Leader(w, 2)  # 4
+    l2 = RecoveringLeader(w, 2)  # 4
     for step in (seal("B"), seal("C"), read("B"), read("C")):  # 5-8
         l2.deliver(step)
     assert decided(l2) == (  # 9
@@ -175,11 +175,11 @@ def test_b1_eager_raise_never_overtakes_the_rewrite() -> None:
 # ---- B2: the run goes on past a BRIDGE below the largest index
 
 
-def b2_until_leader3_decides() -> tuple[World, Leader]:
-    w = World(N3W2)
+def b2_until_leader3_decides() -> tuple[CopySetWorld, RecoveringLeader]:
+    w = CopySetWorld(N3W2)
     w.leader_writes("C", 1, ". e2@1")  # 1-3
     assert w.show("C") == ". e2@1 acked=0"
-    l2 = Leader(w, 2)  # 5
+    l2 = RecoveringLeader(w, 2)  # 5
     for step in (seal("A"), seal("B"), read("A"), read("B")):  # 6-9
         l2.deliver(step)
     assert decided(l2) == (  # 10
@@ -191,7 +191,7 @@ def b2_until_leader3_decides() -> tuple[World, Leader]:
     l2.deliver(acked("B"))  # 15-16
     assert w.show("A") == "BR@2 acked=1" and w.show("B") == "BR@2 acked=1"
     # 17. leader 2 crashes before the master hears of it
-    l3 = Leader(w, 3)  # 18
+    l3 = RecoveringLeader(w, 3)  # 18
     l3.deliver(seal("B"))  # 19
     l3.deliver(seal("C"))  # 20
     assert w.show("B") == "BR@2 acked=1" and w.show("C") == ". e2@1 acked=0"
@@ -221,7 +221,7 @@ def test_b2_fix1_only_run_past_a_bridge_is_not_taken() -> None:
     assert plan is not None and plan.final_index == 1 and plan.existing_bridge
     l3.run()
     # Nothing past the first chosen bridge was ever written.
-    writes = [a for a in l3.emitted if isinstance(a, SendWrite)]
+    writes = [a for a in l3.emitted if isinstance(a, SendRewrite)]
     assert [(a.store, notation(a.entries)) for a in writes] == [("C", "BR@2")]
     assert w.master_final == 1
 
@@ -230,10 +230,10 @@ def test_b2_fix1_only_run_past_a_bridge_is_not_taken() -> None:
 # that has not answered for its own range
 
 
-def quorum_any_until_b_raised() -> tuple[World, Leader]:
-    w = World(N3W2)
+def quorum_any_until_b_raised() -> tuple[CopySetWorld, RecoveringLeader]:
+    w = CopySetWorld(N3W2)
     w.leader_writes("A", 1, "e1@1")  # 1-2
-    l2 = Leader(w, 2)  # 4
+    l2 = RecoveringLeader(w, 2)  # 4
     for step in (seal("B"), seal("C"), read("B"), read("C")):  # 5-8
         l2.deliver(step)
     assert decided(l2) == (  # 9
@@ -266,10 +266,10 @@ def test_quorum_any_raise_on_a_store_that_has_not_answered_is_not_taken() -> Non
 # ---- naive: trusting a store's matched index below a resurrects a stale copy
 
 
-def naive_until_leader3_decides() -> tuple[World, Leader]:
-    w = World(N3W2)
+def naive_until_leader3_decides() -> tuple[CopySetWorld, RecoveringLeader]:
+    w = CopySetWorld(N3W2)
     w.leader_writes("A", 1, "e1@1")  # 1-2
-    l2 = Leader(w, 2)  # 4
+    l2 = RecoveringLeader(w, 2)  # 4
     for step in (seal("B"), seal("C"), read("B"), read("C")):  # 5-8
         l2.deliver(step)
     assert decided(l2) == (  # 9
@@ -279,7 +279,7 @@ def naive_until_leader3_decides() -> tuple[World, Leader]:
         l2.deliver(step)
     assert w.show("B") == "BR@2 acked=1" and w.show("C") == "BR@2 acked=1"
     # 16. leader 2 crashes
-    l3 = Leader(w, 3)  # 17
+    l3 = RecoveringLeader(w, 3)  # 17
     l3.deliver(seal("A"))  # 18
     l3.deliver(seal("B"))  # 19
     l3.deliver(read("A"))  # 20
@@ -313,11 +313,11 @@ def test_naive_matched_index_is_not_trusted_below_a() -> None:
 # ---- matched: a stale copy inflates the matched index, so a lost rewrite goes unnoticed
 
 
-def matched_until_writes_lost() -> tuple[World, Leader]:
-    w = World(N3W2)
+def matched_until_writes_lost() -> tuple[CopySetWorld, RecoveringLeader]:
+    w = CopySetWorld(N3W2)
     w.leader_writes("A", 1, "e1@1")  # 1, 3
     w.leader_writes("B", 1, ". e2@1")  # 2, 4
-    l2 = Leader(w, 2)  # 6
+    l2 = RecoveringLeader(w, 2)  # 6
     for step in (seal("B"), seal("C"), read("B"), read("C")):  # 7-10
         l2.deliver(step)
     assert decided(l2) == (  # 11
@@ -491,7 +491,7 @@ PREFILLS = [
 
 @pytest.mark.parametrize("case", PREFILLS, ids=lambda c: c.name)
 def test_recovery_rule_on_real_stores(case: Prefill) -> None:
-    w = World(case.policy)
+    w = CopySetWorld(case.policy)
     for store, (held, acked_index) in case.before.items():
         for e in entries(held):
             w.stores[store].write(w.segment, e.epoch, 0, [e])
@@ -499,7 +499,7 @@ def test_recovery_rule_on_real_stores(case: Prefill) -> None:
             top = max(e.epoch for e in entries(held))
             w.stores[store].write(w.segment, top, acked_index, [])
         assert w.show(store) == f"{held} acked={acked_index}"
-    leader = Leader(w, case.leader_epoch, batch_entries_max=2)
+    leader = RecoveringLeader(w, case.leader_epoch, batch_entries_max=2)
     leader.run()
     plan = leader.op.plan
     assert plan is not None and plan.final_index == case.final_index

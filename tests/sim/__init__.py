@@ -16,7 +16,7 @@ Invariant checks (`checkers.py`) run at every change a step makes.
 
 The writer shell does what `client/writer.py` does around the core: it carries out
 `AskRoll` (`RollSegment` at the master) and closes a grant without a segment itself
-(`WriterNode._close_gap`: seal both earlier segments, then roll). Where it stands in for
-something missing it says so: `RecoveryRun._probe` (`SegmentRecovery.outstanding()`
-never re-asks a store given up on).
+(`WriterNode._close_gap`: seal both earlier segments, then roll). A recovery's
+retransmits, lost stores and probes are `SegmentRecovery`'s own decisions, on its
+`SIMULATED_TIMING` profile; `--no-probe` makes `RecoveryRun` drop the probes.
 """

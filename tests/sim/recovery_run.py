@@ -1,4 +1,9 @@
-"""One earlier segment's recovery in a simulated writer: the real `SegmentRecovery`."""
+"""One earlier segment's recovery in a simulated writer: the real `SegmentRecovery`.
+
+The shell feeds the virtual time and the stores' answers in, wakes the core at its
+`deadline_ms()`, and carries its actions out as messages. Retransmits, stores counted
+as lost and their probes are the core's decisions, on `SIMULATED_TIMING`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from streamengine.client.core.leader import (
     SegmentSealed,
     StoreFenced,
 )
+from streamengine.client.core.replicator import Tick
 from streamengine.master.model import SegmentRecord, SegmentState
 from streamengine.segment_store.store import (
     SealResult,
@@ -22,7 +28,7 @@ from tests.sim import messages as m
 if TYPE_CHECKING:
     from tests.sim.writer_node import WriterNode
 
-from tests.sim.nodes import MASTER, RETRANSMIT_MS, STORE_LOST_MS
+from tests.sim.nodes import MASTER
 
 
 class RecoveryRun:
@@ -38,53 +44,47 @@ class RecoveryRun:
         grant = action.segment
         self.segment = SegmentKey(grant.segment.stream_id, grant.segment.epoch)
         self.epoch = action.new_epoch
-        stores = [r.store_id for r in grant.copy_set]
         self.op = sr.SegmentRecovery(
             action.policy,
             grant.epoch,
             action.new_epoch,
-            stores,
+            [r.store_id for r in grant.copy_set],
             writer.world.config.recovery_batch,
+            sr.SIMULATED_TIMING,
         )
-        self.stores = stores
-        # Per store, since when a request to it has gone unanswered.
-        self.waiting_since: dict[str, int] = {}
-        self.lost: list[str] = []
         self.matched: dict[str, int] = {}  # from seal answers, for the flaw only
         self.counted = False
-        self.last_progress_ms = writer.world.now
+        self._wake_at: int | None = None  # when the pending wake-up timer fires
 
     def start(self) -> None:
-        self.send(self.op.start())
-        self.writer.timer(RETRANSMIT_MS, "recovery retransmit", self.retransmit)
+        self.send(self.op.start(self.writer.world.now))
 
     def active(self) -> bool:
         return (self.standalone or self.writer.leading) and not self.op.deposed
-
-    def retransmit(self) -> None:
-        if not self.active():
-            return
-        now = self.writer.world.now
-        for store in self.stores:
-            since = self.waiting_since.get(store)
-            if since is not None and now - since >= STORE_LOST_MS and store not in self.lost:
-                # As a shell whose channel to the store is down: decide without it.
-                self.lost.append(store)
-                self.send(self.op.step(sr.StoreLost(store)))
-            elif store in self.lost and self.writer.world.probe_lost:
-                self._probe(store)
-        if now - self.last_progress_ms >= RETRANSMIT_MS:
-            outstanding = self.op.outstanding()
-            if not outstanding and self.op.done:
-                return
-            self.send(outstanding)
-        self.writer.timer(RETRANSMIT_MS, "recovery retransmit", self.retransmit)
 
     def send(self, actions: list[sr.Action]) -> None:
         for action in actions:
             if not self.active():
                 return
             self._send(action)
+        self._wake_later()
+
+    def _wake_later(self) -> None:
+        """A timer for the core's next deadline, unless one fires earlier already."""
+        deadline = self.op.deadline_ms()
+        if deadline is None or not self.active():
+            return
+        if self._wake_at is not None and self._wake_at <= deadline:
+            return
+        self._wake_at = deadline
+
+        def wake() -> None:
+            if self._wake_at != deadline:
+                return  # replaced by an earlier one
+            self._wake_at = None
+            self._feed(Tick())
+
+        self.writer.timer(deadline - self.writer.world.now, "recovery wakes", wake)
 
     def _send(self, action: sr.Action) -> None:
         writer = self.writer
@@ -107,10 +107,12 @@ class RecoveryRun:
             writer.call(MASTER, request, self._master_answered, once=False)
             return
         if isinstance(action, sr.SendSeal):
+            if not writer.world.probe_lost and action.store in self.op.lost():
+                return  # `--no-probe`: a lost store is never asked again
             request = m.Seal(seg, action.new_epoch)
         elif isinstance(action, sr.SendRead):
             request = m.Read(seg, action.from_index, action.to_index)
-        elif isinstance(action, sr.SendWrite):
+        elif isinstance(action, sr.SendRewrite):
             if self._skip_by_matched(action):
                 return
             request = m.RecoveryWrite(seg, self.epoch, action.acked_index, action.entries)
@@ -118,17 +120,9 @@ class RecoveryRun:
             assert isinstance(action, sr.SendAcked)
             request = m.RecoveryWrite(seg, self.epoch, action.acked_index, ())
         store = action.store
-        self.waiting_since.setdefault(store, writer.world.now)
         writer.call(store, request, lambda r: self._answered(store, action, r), once=False)
 
-    def _probe(self, store: str) -> None:
-        """`outstanding()` leaves out every request to a store given up on, and only an
-        answer from it brings it back: without a probe, a store lost before it answered
-        its seal is never asked again (recovery then hangs when it is needed, e.g.
-        N = 1). The seal is idempotent, so the shell asks it again."""
-        self._send(sr.SendSeal(store, self.epoch))
-
-    def _skip_by_matched(self, action: sr.SendWrite) -> bool:
+    def _skip_by_matched(self, action: sr.SendRewrite) -> bool:
         """The flaw `skip_by_matched`: a shell that trusts a store's matched index and
         skips rewriting indexes the store already holds (a stale copy, or what lies
         where the bridge goes), answering for it."""
@@ -156,7 +150,7 @@ class RecoveryRun:
 
     def _feed(self, event: sr.Event) -> None:
         if self.active():
-            self.send(self.op.step(event))
+            self.send(self.op.step(self.writer.world.now, event))
 
     def _answered(self, store: str, action: sr.Action, result: object) -> None:
         if not self.active():
@@ -164,16 +158,12 @@ class RecoveryRun:
         event = self._event(store, action, result)
         if event is None:
             return
-        self.waiting_since.pop(store, None)
-        self.last_progress_ms = self.writer.world.now
-        if store in self.lost:
-            self.lost.remove(store)
-        self.send(self.op.step(event))
+        self._feed(event)
         self._decided()
 
     def _event(self, store: str, action: sr.Action, result: object) -> sr.Event | None:
         if isinstance(result, m.Refused):
-            return sr.StoreFenced(store, result.fence)
+            return sr.RecoveryFenced(store, result.fence)
         if isinstance(result, StoreError):
             return None
         if isinstance(action, sr.SendSeal):
@@ -188,7 +178,7 @@ class RecoveryRun:
                 store, action.from_index, action.to_index, result.entries, result.fence
             )
         assert isinstance(result, WriteResult)
-        if isinstance(action, sr.SendWrite):
+        if isinstance(action, sr.SendRewrite):
             first, last = action.entries[0].index, action.entries[-1].index
             return sr.WriteAnswered(store, first, last, result.held_epochs, result.acked_index)
         return sr.WriteAnswered(store, 0, 0, (), result.acked_index)
@@ -197,5 +187,4 @@ class RecoveryRun:
         if not self.active():
             return
         if isinstance(result, SegmentRecord) and result.state == SegmentState.SEALED:
-            self.last_progress_ms = self.writer.world.now
-            self.send(self.op.step(sr.MasterSealed(result.final_index)))
+            self._feed(sr.MasterSealed(result.final_index))

@@ -24,7 +24,7 @@ from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.recovery_notation import entries, notation
-from tests.recovery_world import Leader, World
+from tests.recovery_world import CopySetWorld, RecoveringLeader
 
 N3W2 = ReplicationPolicy(3, 2)
 N3W3 = ReplicationPolicy(3, 3)
@@ -376,7 +376,7 @@ class History:
     largest matched index it was told), recovering leaders interrupted at any point,
     and what was held by W stores at any moment."""
 
-    def __init__(self, world: World):
+    def __init__(self, world: CopySetWorld):
         self.world = world
         self.l1_matched: dict[str, int] = {}
         # index -> (epoch, kind, payload) of a copy W stores held at one moment
@@ -423,13 +423,13 @@ class Drawn:
         return self.data.draw(st.integers(lo, hi))
 
 
-def _step_a_leader(choose: Choices, leaders: list[Leader], final: bool) -> None:
+def _step_a_leader(choose: Choices, leaders: list[RecoveringLeader], final: bool) -> None:
     busy = [x for x in leaders if x.inflight]
     leader = busy[choose.integer(0, len(busy) - 1)]
     target = leader.inflight[choose.integer(0, len(leader.inflight) - 1)]
-    mode = ("deliver", "deliver", "deliver", "lose", "repeat", "give up")[choose.integer(0, 5)]
-    if mode == "give up":  # the driver gives up on the store for now; answers revive it
-        leader.give_up(target.store if hasattr(target, "store") else leader.world.names[0])
+    mode = ("deliver", "deliver", "deliver", "lose", "repeat", "silence")[choose.integer(0, 5)]
+    if mode == "silence":  # stores with a request in flight are lost; answers revive them
+        leader.wait_until_lost()
         return
     if final and leader is leaders[-1] and mode == "lose":
         mode = "deliver"  # the liveness phase loses nothing of the last leader's
@@ -457,7 +457,7 @@ def test_recovery_never_loses_what_w_stores_held_nor_changes_what_was_acked(
 ) -> None:
     choose = Drawn(data)
     policy, names = POLICIES[choose.integer(0, len(POLICIES) - 1)]
-    world = World(policy, tuple(names))
+    world = CopySetWorld(policy, tuple(names))
     try:
         check_history(choose, world)
     except BaseException:
@@ -484,7 +484,7 @@ def test_seeded_histories_keep_what_w_stores_held_and_what_was_acked() -> None:
     for seed in range(SEEDED_HISTORIES):
         choose = Seeded(seed)
         policy, names = POLICIES[choose.integer(0, len(POLICIES) - 1)]
-        world = World(policy, tuple(names))
+        world = CopySetWorld(policy, tuple(names))
         try:
             check_history(choose, world)
         except BaseException as error:
@@ -492,11 +492,11 @@ def test_seeded_histories_keep_what_w_stores_held_and_what_was_acked() -> None:
             raise AssertionError(f"seed {seed} ({policy}): {error!r}\n{log}") from error
 
 
-def check_history(choose: Choices, world: World) -> None:
+def check_history(choose: Choices, world: CopySetWorld) -> None:
     """Play one random history on `world`, then check what the last leader sealed."""
     policy, names = world.policy, world.names
     history = History(world)
-    leaders: list[Leader] = []
+    leaders: list[RecoveringLeader] = []
     interrupted = choose.integer(0, 2)
     batch = (1, 2, 4096)[choose.integer(0, 2)]
     # Safety phase: leader 1 writes, recovering leaders start and stall, messages are
@@ -507,13 +507,13 @@ def check_history(choose: Choices, world: World) -> None:
             index = choose.integer(0, INDEX_TOP) or None  # None: only the acked index
             history.leader1_write(names[choose.integer(0, len(names) - 1)], index)
         elif move == 4 and len(leaders) < interrupted:
-            leaders.append(Leader(world, 2 + len(leaders), batch))
+            leaders.append(RecoveringLeader(world, 2 + len(leaders), batch))
         elif any(x.inflight for x in leaders):
             _step_a_leader(choose, leaders, final=False)
         history.note_quorums()
     # Liveness phase: the latest leader runs to its end while stale leaders' messages
     # and leader 1's writes still arrive.
-    last = Leader(world, 2 + len(leaders), batch)
+    last = RecoveringLeader(world, 2 + len(leaders), batch)
     leaders.append(last)
     for _ in range(5000):
         if not last.inflight:

@@ -4,65 +4,76 @@ tests/scenarios/test_recovery_cases.py (RECOVERY-CASES.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
+from streamengine.client.core.replicator import Tick
 from streamengine.client.core.segment_recovery import (
+    SIMULATED_TIMING,
+    TIMING,
     Action,
     Deposed,
     Done,
+    Event,
     MasterSealed,
     ReadAnswered,
+    RecoveryFenced,
+    RecoveryTiming,
     SealAnswered,
     SealAtMaster,
     SegmentRecovery,
     SendAcked,
     SendRead,
+    SendRewrite,
     SendSeal,
-    SendWrite,
-    StoreFenced,
-    StoreLost,
+    StoreBusy,
     WriteAnswered,
 )
 from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
-from tests.recovery_world import Leader, World, this
+from tests.recovery_world import CopySetWorld, RecoveringLeader, this
 
 N3W2 = ReplicationPolicy(3, 2)
 N3W3 = ReplicationPolicy(3, 3)
 N5W3 = ReplicationPolicy(5, 3)
+RETRANSMIT = TIMING.retransmit_ms
+LOST = TIMING.store_lost_ms
+BUSY = TIMING.busy_pause_ms
+LATE = TIMING.late_stores_ms
 
 
 def sealed(store: str, acked: int = 0, matched: int = 0, last: int = 0, fence: int = 3):
     return SealAnswered(store, fence, acked, matched, last)
 
 
-def held(write: SendWrite) -> WriteAnswered:
+def held(write: SendRewrite) -> WriteAnswered:
     """The store's answer when it now holds exactly what was sent."""
     first, last = write.entries[0].index, write.entries[-1].index
     return WriteAnswered(write.store, first, last, tuple(e.epoch for e in write.entries), 0)
 
 
-def writes(actions: list[Action]) -> list[SendWrite]:
-    return [a for a in actions if isinstance(a, SendWrite)]
+def writes(actions: Sequence[Action]) -> list[SendRewrite]:
+    return [a for a in actions if isinstance(a, SendRewrite)]
 
 
 def test_seals_every_store_and_reads_once_r_stores_answered() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    assert op.start() == [SendSeal("A", 3), SendSeal("B", 3), SendSeal("C", 3)]
-    assert op.step(sealed("B", 1, 2, 2)) == []
-    assert op.step(sealed("A", 0, 0, 0)) == [SendRead("B", 1, 0), SendRead("A", 1, 0)]
-    assert op.step(sealed("A", 0, 0, 0)) == []  # a duplicate
-    assert op.step(sealed("C")) == []  # sealed late: bridged once decided, not read
+    assert op.start(0) == [SendSeal("A", 3), SendSeal("B", 3), SendSeal("C", 3)]
+    assert op.step(0, sealed("B", 1, 2, 2)) == []
+    assert op.step(0, sealed("A", 0, 0, 0)) == [SendRead("B", 1, 0), SendRead("A", 1, 0)]
+    assert op.step(0, sealed("A", 0, 0, 0)) == []  # a duplicate
+    assert op.step(0, sealed("C")) == []  # sealed late: bridged once decided, not read
 
 
 def test_decides_from_the_first_r_answers_and_bridges_the_late_ones() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    op.step(sealed("A"))
-    op.step(sealed("B", 1, 1, 1))
-    op.step(sealed("C", 0, 1, 1))
-    op.step(ReadAnswered("A", 1, 0, (), 3))
-    out = op.step(ReadAnswered("B", 1, 0, entries("e1@1"), 3))
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(0, sealed("B", 1, 1, 1))
+    op.step(0, sealed("C", 0, 1, 1))
+    op.step(0, ReadAnswered("A", 1, 0, (), 3))
+    out = op.step(0, ReadAnswered("B", 1, 0, entries("e1@1"), 3))
     assert op.plan is not None and op.final_index == 2
     assert [(w.store, notation(w.entries)) for w in writes(out)] == [
         ("A", "e1@1 BR@3"),
@@ -73,76 +84,84 @@ def test_decides_from_the_first_r_answers_and_bridges_the_late_ones() -> None:
 
 def test_raises_acked_only_after_w_stores_hold_and_only_on_those() -> None:
     op = SegmentRecovery(N5W3, 1, 2, ["A", "B", "C", "D", "E"])
-    op.start()
+    op.start(0)
     for s in "ABCDE":
-        op.step(sealed(s, fence=2))
+        op.step(0, sealed(s, fence=2))
     out = []
     for s in "ABC":
-        out += op.step(ReadAnswered(s, 1, 0, (), 2))
+        out += op.step(0, ReadAnswered(s, 1, 0, (), 2))
     by_store = {w.store: w for w in writes(out)}
     assert sorted(by_store) == ["A", "B", "C", "D", "E"]
-    assert op.step(held(by_store["A"])) == []
-    assert op.step(held(by_store["D"])) == []
-    assert op.step(held(by_store["B"])) == [SendAcked("A", 1), SendAcked("B", 1), SendAcked("D", 1)]
-    assert op.step(held(by_store["E"])) == [SendAcked("E", 1)]
+    assert op.step(0, held(by_store["A"])) == []
+    assert op.step(0, held(by_store["D"])) == []
+    assert op.step(0, held(by_store["B"])) == [
+        SendAcked("A", 1),
+        SendAcked("B", 1),
+        SendAcked("D", 1),
+    ]
+    assert op.step(0, held(by_store["E"])) == [SendAcked("E", 1)]
     # SealAtMaster only once W stores answered with their acked index at the bridge.
-    assert op.step(WriteAnswered("A", 0, 0, (), 1)) == []
-    assert op.step(WriteAnswered("A", 0, 0, (), 1)) == []  # a duplicate counts once
-    assert op.step(WriteAnswered("D", 0, 0, (), 1)) == []
-    assert op.step(WriteAnswered("E", 0, 0, (), 1)) == [SealAtMaster(1)]
-    assert op.step(WriteAnswered("B", 0, 0, (), 1)) == []
-    assert op.step(MasterSealed(7)) == []  # not ours
-    assert op.step(MasterSealed(1)) == [Done(1)]
+    assert op.step(0, WriteAnswered("A", 0, 0, (), 1)) == []
+    assert op.step(0, WriteAnswered("A", 0, 0, (), 1)) == []  # a duplicate counts once
+    assert op.step(0, WriteAnswered("D", 0, 0, (), 1)) == []
+    assert op.step(0, WriteAnswered("E", 0, 0, (), 1)) == [SealAtMaster(1)]
+    assert op.step(0, WriteAnswered("B", 0, 0, (), 1)) == []
+    assert op.step(0, MasterSealed(7)) == []  # not ours
+    assert op.step(0, MasterSealed(1)) == [Done(1)]
     assert op.done
-    assert op.step(held(by_store["C"])) == [SendAcked("C", 1)]  # late stores still raised
+    assert op.step(0, held(by_store["C"])) == [SendAcked("C", 1)]  # late stores still raised
 
 
 def test_a_write_is_held_only_when_its_answer_says_so() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    op.step(sealed("A"))
-    op.step(sealed("B"))
-    op.step(ReadAnswered("A", 1, 0, (), 3))
-    out = op.step(ReadAnswered("B", 1, 0, (), 3))
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(0, sealed("B"))
+    op.step(0, ReadAnswered("A", 1, 0, (), 3))
+    out = op.step(0, ReadAnswered("B", 1, 0, (), 3))
     a, _ = writes(out)
     # An answer without held epochs, or holding an older copy, confirms nothing.
-    assert op.step(WriteAnswered("A", 1, 1, (), 1)) == [a]
-    assert op.step(WriteAnswered("A", 1, 1, (1,), 1)) == [a]
-    assert op.step(WriteAnswered("B", 1, 1, (3,), 0)) == []
+    assert op.step(0, WriteAnswered("A", 1, 1, (), 1)) == [a]
+    assert op.step(0, WriteAnswered("A", 1, 1, (1,), 1)) == [a]
+    assert op.step(0, WriteAnswered("B", 1, 1, (3,), 0)) == []
     assert op.holding() == ("B",)
     # A higher epoch held is the same content (a later recovery of an earlier leader).
-    assert op.step(WriteAnswered("A", 1, 1, (3,), 0)) == [SendAcked("A", 1), SendAcked("B", 1)]
+    assert op.step(0, WriteAnswered("A", 1, 1, (3,), 0)) == [SendAcked("A", 1), SendAcked("B", 1)]
 
 
 def test_a_fence_above_the_leader_deposes_it() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    assert op.step(StoreFenced("A", 3)) == []  # its own epoch
-    assert op.step(sealed("A", fence=4)) == [Deposed(4)]
+    op.start(0)
+    assert op.step(0, RecoveryFenced("A", 3)) == []  # its own epoch
+    assert op.step(0, sealed("A", fence=4)) == [Deposed(4)]
     assert op.deposed
-    assert op.step(sealed("B")) == []
+    assert op.step(0, sealed("B")) == []
     assert op.outstanding() == []
 
 
 def test_a_read_showing_a_later_epoch_deposes_the_leader() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    op.step(sealed("A"))
-    op.step(sealed("B"))
-    assert op.step(ReadAnswered("A", 1, 0, entries("BR@4"), 4)) == [Deposed(4)]
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(0, sealed("B"))
+    assert op.step(0, ReadAnswered("A", 1, 0, entries("BR@4"), 4)) == [Deposed(4)]
 
 
 def test_a_lost_store_is_replaced_among_those_decided_from() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    op.step(sealed("A", 2, 2, 2))
-    op.step(sealed("B", 2, 2, 2))
-    op.step(sealed("C", 0, 0, 0))
-    assert op.step(StoreLost("B")) == [SendRead("A", 1, 0), SendRead("C", 1, 0)]
-    op.step(ReadAnswered("A", 2, 0, entries(". e2@1"), 3))  # the older read: not enough
+    op.start(0)
+    op.step(0, sealed("A", 2, 2, 2))
+    op.step(0, sealed("B", 2, 2, 2))
+    op.step(0, sealed("C", 0, 0, 0))
+    op.step(1000, ReadAnswered("A", 3, 0, (), 3))
+    # B leaves its read unanswered for STORE_LOST: decide from A and C instead (C acked
+    # nothing, so both are read from 1), and probe B.
+    assert op.step(LOST, Tick()) == [SendRead("A", 1, 0), SendRead("C", 1, 0), SendSeal("B", 3)]
+    assert op.lost() == ("B",)
+    op.step(LOST, ReadAnswered("A", 2, 0, entries(". e2@1"), 3))  # an older read: not enough
     assert op.plan is None
-    op.step(ReadAnswered("C", 1, 0, (), 3))
-    op.step(ReadAnswered("A", 1, 0, entries("e1@1 e2@1"), 3))
+    op.step(LOST, ReadAnswered("C", 1, 0, (), 3))
+    op.step(LOST, ReadAnswered("A", 1, 0, entries("e1@1 e2@1"), 3))
     assert op.plan is not None
     assert (op.plan.acked_index, op.plan.acked_store, op.final_index) == (2, "A", 3)
     assert [r.store for r in op.plan.ranges] == ["A", "C"]
@@ -150,33 +169,34 @@ def test_a_lost_store_is_replaced_among_those_decided_from() -> None:
 
 def test_a_late_store_below_the_read_range_gets_final_copies_read_first() -> None:
     op = SegmentRecovery(N3W3, 1, 2, ["A", "B", "C"])
-    op.start()
-    assert op.step(sealed("A", 2, 3, 3, fence=2)) == [SendRead("A", 2, 0)]
-    out = op.step(ReadAnswered("A", 2, 0, entries(". e2@1 e3@1"), 2))
+    op.start(0)
+    assert op.step(0, sealed("A", 2, 3, 3, fence=2)) == [SendRead("A", 2, 0)]
+    out = op.step(0, ReadAnswered("A", 2, 0, entries(". e2@1 e3@1"), 2))
     assert [notation(w.entries) for w in writes(out)] == [". . e3@2 BR@2"]
-    assert op.step(sealed("B", 0, 0, 0, fence=2)) == [SendRead("A", 1, 1)]
+    assert op.step(0, sealed("B", 0, 0, 0, fence=2)) == [SendRead("A", 1, 1)]
     assert op.outstanding()[-2:] == [SendRead("A", 1, 1), writes(out)[0]]
-    out = op.step(ReadAnswered("A", 1, 1, entries("e1@1"), 2))
+    out = op.step(0, ReadAnswered("A", 1, 1, entries("e1@1"), 2))
     assert [(w.store, notation(w.entries)) for w in writes(out)] == [("B", "e1@1 e2@1 e3@2 BR@2")]
 
 
 def test_outstanding_is_what_still_awaits_an_answer_lost_stores_included() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    op.step(sealed("A"))
-    op.step(StoreLost("C"))
-    # C is asked again: only its answer can bring it back (a recovery may need it).
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(LOST, Tick())
+    assert op.lost() == ("B", "C")
+    # They are asked again: only an answer can bring a store back (recovery may need it).
     assert op.outstanding() == [SendSeal("B", 3), SendSeal("C", 3)]
-    op.step(sealed("B"))
+    op.step(LOST, sealed("B"))
     assert op.outstanding() == [SendSeal("C", 3), SendRead("A", 1, 0), SendRead("B", 1, 0)]
 
 
 def test_duplicated_and_reordered_delivery_ends_the_same() -> None:
     def run(newest_first: bool, twice: bool) -> tuple[dict[str, str], list[Action]]:
-        w = World(N3W2)
+        w = CopySetWorld(N3W2)
         w.leader_writes("A", 1, "e1@1 . . e4@1")
         w.leader_writes("B", 1, ". . e3@1")
-        leader = Leader(w, 2, batch_entries_max=1)
+        leader = RecoveringLeader(w, 2, batch_entries_max=1)
         while leader.inflight:
             target = leader.inflight[-1 if newest_first else 0]
             if twice:
@@ -204,29 +224,172 @@ def test_refuses_a_copy_set_that_does_not_fit_the_policy() -> None:
     with pytest.raises(ValueError):
         SegmentRecovery(N3W2, 2, 2, ["A", "B", "C"])
     op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"])
+    op.start(0)
     with pytest.raises(ValueError):
-        op.step(sealed("Z"))
+        op.step(0, sealed("Z"))
 
 
 def test_a_window_of_batches_in_flight_per_store() -> None:
     op = SegmentRecovery(N3W3, 1, 2, ["A", "B", "C"], batch_entries_max=1)
-    op.start()
-    op.step(sealed("A", 0, 6, 6, fence=2))
-    out = writes(op.step(ReadAnswered("A", 1, 0, entries("e1@1 e2@1 e3@1 e4@1 e5@1 e6@1"), 2)))
+    op.start(0)
+    op.step(0, sealed("A", 0, 6, 6, fence=2))
+    out = writes(op.step(0, ReadAnswered("A", 1, 0, entries("e1@1 e2@1 e3@1 e4@1 e5@1 e6@1"), 2)))
     assert [w.entries[0].index for w in out] == [1, 2, 3, 4]  # of 1..7
-    assert [w.entries[0].index for w in writes(op.step(held(out[2])))] == [5]
-    assert writes(op.step(held(out[2]))) == []  # a duplicate answer frees nothing
+    assert [w.entries[0].index for w in writes(op.step(0, held(out[2])))] == [5]
+    assert writes(op.step(0, held(out[2]))) == []  # a duplicate answer frees nothing
     assert [w.entries[0].index for w in writes(op.outstanding())] == [1, 2, 4, 5]
 
 
-def test_a_store_given_up_on_comes_back_by_answering() -> None:
+def test_a_lost_store_is_probed_and_revived_by_its_answer() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
-    op.start()
-    op.step(sealed("A"))
-    op.step(sealed("B", 0, 1, 1))
-    assert op.step(StoreLost("B")) == []  # no other sealed store to decide from
-    op.step(ReadAnswered("A", 1, 0, (), 3))
-    assert op.plan is None
-    out = op.step(ReadAnswered("B", 1, 0, entries("e1@1"), 3))  # B answers after all
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(0, sealed("B", 0, 1, 1))
+    op.step(100, ReadAnswered("A", 1, 0, (), 3))
+    # B (its read) and C (its seal) are silent: lost, with no other sealed store to
+    # decide from. Each is probed with its seal, every RETRANSMIT, and nothing else.
+    assert op.step(LOST, Tick()) == [SendSeal("B", 3), SendSeal("C", 3)]
+    assert op.lost() == ("B", "C") and op.plan is None
+    assert op.deadline_ms() == LOST + RETRANSMIT
+    assert op.step(LOST + RETRANSMIT - 1, Tick()) == []
+    assert op.step(LOST + RETRANSMIT, Tick()) == [SendSeal("B", 3), SendSeal("C", 3)]
+    # B answers the probe: back among those decided from, its read goes out again at once.
+    assert op.step(LOST + RETRANSMIT + 100, sealed("B", 0, 1, 1)) == [SendRead("B", 1, 0)]
+    assert op.lost() == ("C",)
+    out = op.step(LOST + RETRANSMIT + 200, ReadAnswered("B", 1, 0, entries("e1@1"), 3))
     assert op.plan is not None and op.final_index == 2
     assert [w.store for w in writes(out)] == ["A", "B"]
+
+
+# ---- time: retransmits, lost stores, busy stores, late stores (RecoveryTiming) ----
+
+
+def test_an_unanswered_request_goes_out_again_after_the_interval_and_not_before() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    table: list[tuple[int, Event, list[Action], int | None]] = [
+        # (now, event, actions, deadline after)
+        (RETRANSMIT - 1, Tick(), [], RETRANSMIT),
+        (RETRANSMIT, Tick(), [SendSeal("A", 3), SendSeal("B", 3), SendSeal("C", 3)], 1000),
+        (700, sealed("A"), [], 1000),  # answered: not sent again
+        (999, Tick(), [], 1000),
+        (1000, Tick(), [SendSeal("B", 3), SendSeal("C", 3)], 1500),
+        (1200, sealed("B"), [SendRead("A", 1, 0), SendRead("B", 1, 0)], 1500),
+        (1500, Tick(), [SendSeal("C", 3)], 1700),
+        (1700, ReadAnswered("A", 1, 0, (), 3), [SendRead("B", 1, 0)], 2000),
+    ]
+    for now, event, actions, deadline in table:
+        assert (now, op.step(now, event), op.deadline_ms()) == (now, actions, deadline)
+
+
+def test_the_deadline_is_the_earliest_pending_decision() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    table: list[tuple[int, Event, int | None, str]] = [
+        # (now, event, deadline after, the decision it is for)
+        (0, Tick(), RETRANSMIT, "the seals go out again"),
+        (LOST - 100, Tick(), LOST, "the stores are lost, before the seals' next retransmit"),
+        (LOST, Tick(), LOST - 100 + RETRANSMIT, "lost: their seals probe them"),
+        (LOST + 10, sealed("A"), LOST - 100 + RETRANSMIT, "B and C are probed"),
+        (LOST + 20, sealed("B"), LOST - 100 + RETRANSMIT, "C is probed (A, B read)"),
+        (LOST - 100 + RETRANSMIT, Tick(), LOST + 20 + RETRANSMIT, "A and B's reads again"),
+    ]
+    for now, event, deadline, why in table:
+        op.step(now, event)
+        assert (why, op.deadline_ms()) == (why, deadline)
+
+
+def test_a_silent_store_becomes_lost_and_the_recovery_decides_from_the_others() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    op.step(10, sealed("A"))
+    op.step(10, sealed("B", 0, 1, 1))  # read, with A
+    op.step(20, sealed("C"))  # late: not read
+    op.step(30, ReadAnswered("A", 1, 0, (), 3))
+    # B has left its read (sent at 10) unanswered; every 500 ms it goes out again.
+    for now in range(510, LOST + 10, RETRANSMIT):
+        assert op.step(now, Tick()) == [SendRead("B", 1, 0)] and not op.lost()
+    # Lost at 10 + STORE_LOST: C replaces it among those decided from; B is probed.
+    assert op.step(LOST + 9, Tick()) == []
+    assert op.step(LOST + 10, Tick()) == [SendRead("C", 1, 0), SendSeal("B", 3)]
+    out = op.step(LOST + 20, ReadAnswered("C", 1, 0, (), 3))
+    assert op.plan is not None and op.final_index == 1  # B's e1 was never seen: unacked
+    assert [w.store for w in writes(out)] == ["A", "B", "C"]  # B too, should it answer
+    # Its batches are not retransmitted while it is lost; it is only probed.
+    assert op.step(LOST + 10 + RETRANSMIT, Tick()) == [SendSeal("B", 3)]
+
+
+def test_a_store_answering_is_not_lost_while_another_request_to_it_waits() -> None:
+    op = SegmentRecovery(N3W3, 1, 2, ["A", "B", "C"], batch_entries_max=1)
+    op.start(0)
+    op.step(0, sealed("A", 0, 3, 3, fence=2))
+    out = writes(op.step(0, ReadAnswered("A", 1, 0, entries("e1@1 e2@1 e3@1"), 2)))
+    assert [w.entries[0].index for w in out] == [1, 2, 3, 4]
+    # A answers one batch every 1500 ms (slower than a retransmit, faster than lost).
+    for i, w in enumerate(out[:3], start=1):
+        assert out[3] in op.step(i * 1500, held(w))  # the last batch: sent again
+        assert "A" not in op.lost()  # (B and C, which never answered, are)
+
+
+def test_a_batch_refused_busy_goes_out_again_after_the_busy_pause() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(0, sealed("B"))
+    op.step(0, ReadAnswered("A", 1, 0, (), 3))
+    a, _ = writes(op.step(0, ReadAnswered("B", 1, 0, (), 3)))
+    assert op.step(100, StoreBusy("A", 1)) == []
+    assert op.deadline_ms() == 100 + BUSY
+    assert op.step(100 + BUSY - 1, Tick()) == []
+    assert op.step(100 + BUSY, Tick()) == [a]
+    assert op.deadline_ms() == RETRANSMIT  # C's seal, B's batch: the next decisions
+    # Busy, A answered: it is not lost meanwhile, however long it stays busy.
+    for now in range(200, 3 * LOST, 200):
+        op.step(now, StoreBusy("A", 1))
+    assert "A" not in op.lost()
+    assert writes(op.step(3 * LOST, held(a))) == []
+
+
+def test_late_stores_are_bridged_for_a_while_after_done_then_it_finishes() -> None:
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    op.step(0, sealed("A"))
+    op.step(0, sealed("B"))
+    op.step(0, ReadAnswered("A", 1, 0, (), 3))
+    a, b = writes(op.step(0, ReadAnswered("B", 1, 0, (), 3)))
+    op.step(0, held(a))
+    op.step(0, held(b))
+    op.step(0, WriteAnswered("A", 0, 0, (), 1))
+    assert op.step(0, WriteAnswered("B", 0, 0, (), 1)) == [SealAtMaster(1)]
+    assert op.step(100, MasterSealed(1)) == [Done(1)]
+    # C has not answered its seal: it is still asked, then probed, until the window ends.
+    assert op.step(3000, Tick()) == [SendSeal("C", 3)]
+    assert op.lost() == ("C",)
+    out = op.step(3100, sealed("C"))  # it answers late: bridged
+    assert [(w.store, notation(w.entries)) for w in writes(out)] == [("C", "BR@3")]
+    assert op.step(100 + LATE - 1, Tick()) == writes(out)
+    assert op.deadline_ms() == 100 + LATE  # before the write's next retransmit
+    assert op.step(100 + LATE, Tick()) == []
+    assert op.finished and op.deadline_ms() is None and op.outstanding() == []
+    assert op.step(100 + LATE, held(writes(out)[0])) == []
+
+
+def test_it_finishes_once_done_with_nothing_left_to_send() -> None:
+    w = CopySetWorld(N3W2)
+    leader = RecoveringLeader(w, 2)
+    leader.run()
+    assert leader.finished == [Done(1)]
+    assert leader.op.finished and leader.op.deadline_ms() is None
+
+
+def test_timing_relations_are_checked() -> None:
+    RecoveryTiming(retransmit_ms=1, store_lost_ms=2, busy_pause_ms=1, late_stores_ms=1)
+    for bad in (
+        {"retransmit_ms": 2_000},  # never lost before a retransmit
+        {"busy_pause_ms": 0},
+        {"busy_pause_ms": 600},
+        {"late_stores_ms": 0},
+    ):
+        with pytest.raises(ValueError):
+            RecoveryTiming(**bad)
+    assert SIMULATED_TIMING.store_lost_ms < TIMING.store_lost_ms
