@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-probe",
         action="store_true",
-        help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 106)",
+        help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 119)",
     )
     parser.add_argument(
         "--no-close-gap",
