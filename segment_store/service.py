@@ -35,11 +35,14 @@ from streamengine.protocol.limits import (
 )
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import FENCE_METADATA_KEY
-from streamengine.segment_store import metrics
+from streamengine.segment_store import copy_rules, metrics
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.keys import SegmentMeta, entry_index
 from streamengine.segment_store.store import (
     BadRequest,
+    Command,
+    CopyMismatch,
+    CopyRefused,
     DeleteCommand,
     DeleteResult,
     Outcome,
@@ -108,6 +111,8 @@ class _Refused(Exception):
 
 _STATUS: dict[type[Exception], grpc.StatusCode] = {
     StoreFenced: grpc.StatusCode.FAILED_PRECONDITION,
+    CopyRefused: grpc.StatusCode.FAILED_PRECONDITION,
+    CopyMismatch: grpc.StatusCode.DATA_LOSS,
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     SegmentNotFound: grpc.StatusCode.NOT_FOUND,
     StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -487,10 +492,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> segment_store_pb2.CopySegmentReply:
         try:
             segment = segment_key(request.segment)
-            if not request.source_address:
-                raise BadRequest("missing source_address")
-            if not 0 < request.final_index <= INDEX_MAX:
-                raise BadRequest(f"final_index {request.final_index} is not in 1..{INDEX_MAX}")
+            copy_rules.check_request(request.final_index, request.source_address)
             reply = await _SegmentCopy(self, segment, request).run()
         except (StoreError, CorruptEntry, _Refused) as error:
             log.warning(
@@ -727,8 +729,10 @@ def _position_reply(position: tuple[int, int, int]) -> segment_store_pb2.Subscri
 
 
 class _SegmentCopy:
-    """CopySegment: replace the local copy by the source's entries 1..final_index, fence
-    it at the source's fence, then compare digests; a mismatch deletes the copy."""
+    """CopySegment: pull the source's entries 1..final_index under the source's fence,
+    compare digests, and only then raise the acked index to the final index
+    (`copy_rules` holds the steps and why). A failed copy stays as it is, unconfirmed:
+    it is never deleted, nor is its fence."""
 
     def __init__(
         self,
@@ -741,14 +745,12 @@ class _SegmentCopy:
         self.request = request
 
     async def run(self) -> segment_store_pb2.CopySegmentReply:
-        started = False
         try:
             async with grpc.aio.insecure_channel(
                 self.request.source_address, options=CLIENT_OPTIONS
             ) as channel:
                 source = segment_store_pb2_grpc.SegmentStoreStub(channel)
-                fence = await self._check_source(source)
-                started = True
+                fence = await self._fence(source)
                 return await self._copy(source, fence)
         except grpc.aio.AioRpcError as error:
             passed_on = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
@@ -758,72 +760,56 @@ class _SegmentCopy:
                 f"copy from {self.request.source_address} failed: "
                 f"{error.code().name} {error.details()}",
             ) from None
-        except BaseException:
-            # Never leave a partial copy behind: it would be reported as held.
-            if started:
-                with contextlib.suppress(Exception):
-                    await self.service.delete(self.segment)
-            raise
 
-    async def _check_source(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> int:
-        """The fence to copy at, once the source holds the segment sealed and acked."""
+    async def _fence(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> int:
+        """Raise the local fence to the copy's before anything is copied."""
         state = await source.GetSegmentState(
             segment_store_pb2.GetSegmentStateRequest(segment=_segment_pb(self.segment)),
             timeout=COPY_CALL_TIMEOUT_S,
         )
-        if state.fence <= self.segment.epoch:
-            raise _Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"segment is not sealed on the source (fence {state.fence})",
-            )
-        if state.acked_index < self.request.final_index:
-            raise _Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"source acked index {state.acked_index} is below final index "
-                f"{self.request.final_index}",
-            )
-        return max(state.fence, self.request.fence)
+        local = self.service.core.meta(self.segment)
+        fence = copy_rules.copy_fence(
+            self.segment,
+            self.request.final_index,
+            state.fence,
+            state.acked_index,
+            self.request.fence,
+            local.fence if local is not None else 0,
+        )
+        await self._submit(copy_rules.fence_command(self.segment, fence))
+        return fence
 
     async def _copy(
         self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub, fence: int
     ) -> segment_store_pb2.CopySegmentReply:
         final = self.request.final_index
         segment_pb = _segment_pb(self.segment)
-        await self.service.delete(self.segment)
         copied = 0
         reads = source.Read(
             segment_store_pb2.ReadRequest(segment=segment_pb, from_index=1, to_index=final),
             timeout=COPY_READ_TIMEOUT_S,
         )
         async for reply in reads:
-            copied += await self._write(entries_from_pb(reply.entries), fence, final)
+            entries = entries_from_pb(reply.entries)
+            if entries:
+                await self._submit(copy_rules.write_command(self.segment, fence, entries))
+                copied += len(entries)
         expected = await source.Digest(
             segment_store_pb2.DigestRequest(segment=segment_pb, up_to_index=final),
             timeout=COPY_CALL_TIMEOUT_S,
         )
-        outcome = await self.service.committer.submit(SealCommand(self.segment, fence))
-        if isinstance(outcome, Exception):
-            raise outcome
         local = await self.service.in_thread(
             functools.partial(self.service.core.digest, self.segment, final)
         )
-        if local.digest != expected.digest or local.acked_index < final:
-            raise _Refused(
-                grpc.StatusCode.DATA_LOSS,
-                f"copy of {self.segment.stream_id}/{self.segment.epoch} does not match the "
-                f"source up to {final} (acked {local.acked_index}); copy deleted",
-            )
+        copy_rules.verify(self.segment, final, local, expected.digest)
+        confirmed = await self._submit(copy_rules.confirm_command(self.segment, fence, final))
+        assert isinstance(confirmed, WriteResult) and confirmed.acked_index >= final
         return segment_store_pb2.CopySegmentReply(
-            entries_copied=copied, digest=local.digest, acked_index=local.acked_index
+            entries_copied=copied, digest=local.digest, acked_index=confirmed.acked_index
         )
 
-    async def _write(self, entries: list[StoredEntry], fence: int, final: int) -> int:
-        if not entries:
-            return 0
-        writer_epoch = max(fence, max(e.epoch for e in entries))
-        outcome = await self.service.committer.submit(
-            WriteCommand(self.segment, writer_epoch, final, entries)
-        )
+    async def _submit(self, command: Command) -> Outcome:
+        outcome = await self.service.committer.submit(command)
         if isinstance(outcome, Exception):
             raise outcome
-        return len(entries)
+        return outcome

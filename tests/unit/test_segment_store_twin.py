@@ -91,6 +91,7 @@ def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
     twin = twins.setdefault(command.segment, Twin())
     if isinstance(command, SealCommand):
         return twin.seal(command.new_epoch)
+    assert isinstance(command, WriteCommand), "the twin draws no copy confirmations"
     return twin.write(command)
 
 
