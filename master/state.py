@@ -75,6 +75,10 @@ class WriterView:
 
 @dataclass(frozen=True, slots=True)
 class LeaderReport:
+    """What a stream's leader last said of its open segment (the segment of `epoch`).
+    Kept after the lease ends: it stays true of that segment."""
+
+    epoch: int
     acked_index: int
     segment_bytes: int
 
@@ -213,6 +217,27 @@ class MasterState:
             (live.held[key].bytes for live in self.live.values() if key in live.held), default=0
         )
 
+    def segment_acked_index(self, segment: SegmentRecord) -> int:
+        """The largest acked index known for a segment: what its leader last reported
+        (while open) or the highest any copy-set store reported, whichever is higher.
+        Both only grow while the segment is written, so an operator sees it move."""
+        stores = (
+            self.live[m].held[segment.key].acked_index
+            for m in segment.copy_set
+            if m in self.live and segment.key in self.live[m].held
+        )
+        report = self.leader_reports.get(segment.stream)
+        leader = report.acked_index if report is not None and report.epoch == segment.epoch else 0
+        return max(leader, *stores, 0)
+
+    def stream_acked_index(self, stream_id: int) -> tuple[int, int]:
+        """(epoch, acked index) of the stream's latest segment, (0, 0) before any."""
+        epochs = self.epochs.get(stream_id)
+        if not epochs:
+            return 0, 0
+        latest = self.segments[(stream_id, max(epochs))]
+        return latest.epoch, self.segment_acked_index(latest)
+
     def address(self, store_id: str) -> str:
         record = self.stores.get(store_id)
         return record.address if record else ""
@@ -332,7 +357,7 @@ class MasterState:
             record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
         self.leases[name] = decision.lease
         if decision.leads and epoch == decision.lease.epoch:
-            self.leader_reports[name] = LeaderReport(acked_index, segment_bytes)
+            self.leader_reports[name] = LeaderReport(epoch, acked_index, segment_bytes)
         return self._writer_view(record, decision.leads, decision.lease, now_ms)
 
     def roll_segment(
@@ -346,7 +371,6 @@ class MasterState:
             )
         record = self._open_epoch(record, lease, tuple(exclude), now_ms, allow_no_segment=False)
         self.leases[name] = lease
-        self.leader_reports.pop(name, None)
         return self._writer_view(record, True, lease, now_ms)
 
     def release_lease(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
@@ -355,7 +379,6 @@ class MasterState:
         if released is None:
             return False
         self.leases[name] = released
-        self.leader_reports.pop(name, None)
         return True
 
     def _open_epoch(
