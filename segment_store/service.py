@@ -20,7 +20,6 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from streamengine.protocol import codec
-from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -35,12 +34,13 @@ from streamengine.protocol.limits import (
 )
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import FENCE_METADATA_KEY
-from streamengine.segment_store import copy_rules, metrics
+from streamengine.segment_store import metrics
+from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.keys import SegmentMeta, entry_index
 from streamengine.segment_store.store import (
     BadRequest,
-    Command,
+    BelowFence,
     CopyMismatch,
     CopyRefused,
     DeleteCommand,
@@ -53,7 +53,6 @@ from streamengine.segment_store.store import (
     SegmentStoreCore,
     StoredCopyCorrupt,
     StoreError,
-    StoreFenced,
     StoreUnavailable,
     WriteCommand,
     WriteResult,
@@ -85,10 +84,6 @@ SUBSCRIBE_START_TIMEOUT_S = 10.0
 # before the subscriber counts as too slow and is disconnected.
 SUBSCRIBE_BUFFER_BATCHES_DEFAULT = 16
 SUBSCRIBE_STALL_MS_DEFAULT = 5000
-# CopySegment: each unary call to the source gets this long; the whole read of the
-# segment (up to gigabytes over a busy network) far longer.
-COPY_CALL_TIMEOUT_S = 30.0
-COPY_READ_TIMEOUT_S = 600.0
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
@@ -110,9 +105,10 @@ class _Refused(Exception):
 
 
 _STATUS: dict[type[Exception], grpc.StatusCode] = {
-    StoreFenced: grpc.StatusCode.FAILED_PRECONDITION,
+    BelowFence: grpc.StatusCode.FAILED_PRECONDITION,
     CopyRefused: grpc.StatusCode.FAILED_PRECONDITION,
     CopyMismatch: grpc.StatusCode.DATA_LOSS,
+    CopySourceUnavailable: grpc.StatusCode.UNAVAILABLE,
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     SegmentNotFound: grpc.StatusCode.NOT_FOUND,
     StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -131,7 +127,7 @@ async def _abort(
     code = next((c for t, c in _STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
     trailing: tuple[tuple[str, str], ...] = ()
     fields = segment_fields(segment.stream, segment.epoch) if segment is not None else {}
-    if isinstance(error, StoreFenced):
+    if isinstance(error, BelowFence):
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
         log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
     elif isinstance(error, BadRequest):
@@ -491,10 +487,17 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.CopySegmentReply:
         try:
-            segment = segment_key(request.segment)
-            copy_rules.check_request(request.final_index, request.source_address)
-            reply = await _SegmentCopy(self, segment, request).run()
-        except (StoreError, CorruptEntry, _Refused) as error:
+            copy = SegmentCopy(
+                self.core,
+                self.committer,
+                self.in_thread,
+                segment_key(request.segment),
+                request.source_address,
+                request.final_index,
+                request.fence,
+            )
+            report = await copy.run()
+        except (StoreError, CorruptEntry) as error:
             log.warning(
                 "segment copy failed: %s",
                 error,
@@ -512,7 +515,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 final_index=request.final_index,
             ),
         )
-        return reply
+        return segment_store_pb2.CopySegmentReply(
+            entries_copied=report.entries_copied,
+            digest=report.digest,
+            acked_index=report.acked_index,
+        )
 
     # ---- Subscribe ----
 
@@ -726,90 +733,3 @@ def _position_reply(position: tuple[int, int, int]) -> segment_store_pb2.Subscri
     return segment_store_pb2.SubscribeReply(
         position=segment_store_pb2.Position(acked_index=acked, fence=fence, bridge_index=bridge)
     )
-
-
-class _SegmentCopy:
-    """CopySegment: pull the source's entries 1..final_index under the source's fence,
-    compare digests, and only then raise the acked index to the final index
-    (`copy_rules` holds the steps and why). A failed copy stays as it is, unconfirmed:
-    it is never deleted, nor is its fence."""
-
-    def __init__(
-        self,
-        service: SegmentStoreService,
-        segment: SegmentKey,
-        request: segment_store_pb2.CopySegmentRequest,
-    ) -> None:
-        self.service = service
-        self.segment = segment
-        self.request = request
-
-    async def run(self) -> segment_store_pb2.CopySegmentReply:
-        try:
-            async with grpc.aio.insecure_channel(
-                self.request.source_address, options=CLIENT_OPTIONS
-            ) as channel:
-                source = segment_store_pb2_grpc.SegmentStoreStub(channel)
-                fence = await self._fence(source)
-                return await self._copy(source, fence)
-        except grpc.aio.AioRpcError as error:
-            passed_on = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
-            code = error.code() if error.code() in passed_on else grpc.StatusCode.UNAVAILABLE
-            raise _Refused(
-                code,
-                f"copy from {self.request.source_address} failed: "
-                f"{error.code().name} {error.details()}",
-            ) from None
-
-    async def _fence(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> int:
-        """Raise the local fence to the copy's before anything is copied."""
-        state = await source.GetSegmentState(
-            segment_store_pb2.GetSegmentStateRequest(segment=_segment_pb(self.segment)),
-            timeout=COPY_CALL_TIMEOUT_S,
-        )
-        local = self.service.core.meta(self.segment)
-        fence = copy_rules.copy_fence(
-            self.segment,
-            self.request.final_index,
-            state.fence,
-            state.acked_index,
-            self.request.fence,
-            local.fence if local is not None else 0,
-        )
-        await self._submit(copy_rules.fence_command(self.segment, fence))
-        return fence
-
-    async def _copy(
-        self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub, fence: int
-    ) -> segment_store_pb2.CopySegmentReply:
-        final = self.request.final_index
-        segment_pb = _segment_pb(self.segment)
-        copied = 0
-        reads = source.Read(
-            segment_store_pb2.ReadRequest(segment=segment_pb, from_index=1, to_index=final),
-            timeout=COPY_READ_TIMEOUT_S,
-        )
-        async for reply in reads:
-            entries = entries_from_pb(reply.entries)
-            if entries:
-                await self._submit(copy_rules.write_command(self.segment, fence, entries))
-                copied += len(entries)
-        expected = await source.Digest(
-            segment_store_pb2.DigestRequest(segment=segment_pb, up_to_index=final),
-            timeout=COPY_CALL_TIMEOUT_S,
-        )
-        local = await self.service.in_thread(
-            functools.partial(self.service.core.digest, self.segment, final)
-        )
-        copy_rules.verify(self.segment, final, local, expected.digest)
-        confirmed = await self._submit(copy_rules.confirm_command(self.segment, fence, final))
-        assert isinstance(confirmed, WriteResult) and confirmed.acked_index >= final
-        return segment_store_pb2.CopySegmentReply(
-            entries_copied=copied, digest=local.digest, acked_index=confirmed.acked_index
-        )
-
-    async def _submit(self, command: Command) -> Outcome:
-        outcome = await self.service.committer.submit(command)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome

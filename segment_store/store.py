@@ -84,7 +84,7 @@ class StoreError(Exception):
     """A command the store refused; it changed nothing."""
 
 
-class StoreFenced(StoreError):
+class BelowFence(StoreError):
     """The writer's or sealer's epoch is below the segment's fence."""
 
     def __init__(self, fence: int, message: str = ""):
@@ -399,7 +399,7 @@ class SegmentStoreCore:
         check_batch(command.writer_epoch, command.entries, self.entry_bytes_max)
         old = work.meta(segment) or SegmentMeta()
         if command.writer_epoch < old.fence:
-            raise StoreFenced(
+            raise BelowFence(
                 old.fence, f"fenced: writer epoch {command.writer_epoch} < fence {old.fence}"
             )
         payload_bytes = old.payload_bytes
@@ -466,7 +466,7 @@ class SegmentStoreCore:
             raise BadRequest(f"seal epoch {command.new_epoch} is not in 1..{EPOCH_MAX}")
         old = work.meta(command.segment) or SegmentMeta()
         if command.new_epoch < old.fence:
-            raise StoreFenced(
+            raise BelowFence(
                 old.fence, f"fenced: seal epoch {command.new_epoch} < fence {old.fence}"
             )
         new = dataclasses.replace(old, fence=max(old.fence, command.new_epoch))

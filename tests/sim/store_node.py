@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 from streamengine.protocol.entry import StoredEntry
 from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.store import BelowFence as StoreRefused
 from streamengine.segment_store.store import (
     SegmentKey,
     SegmentNotFound,
     SegmentStoreCore,
     WriteResult,
 )
-from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.sim import messages as m
 from tests.sim.network import Message
 

@@ -25,7 +25,7 @@ from streamengine.master.model import SegmentState
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.segment_store.store import BadRequest, StoreError
-from streamengine.segment_store.store import StoreFenced as StoreRefused
+from streamengine.segment_store.store import BelowFence as StoreRefused
 from tests.sim import messages as m
 from tests.sim.checkers import Checker, Violation
 from tests.sim.follower_node import FollowerNode

@@ -15,6 +15,7 @@ from streamengine.segment_store.keys import entry_key, segment_entries_range
 from streamengine.segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
 from streamengine.segment_store.store import (
     BadRequest,
+    BelowFence,
     CopyMismatch,
     CopyRefused,
     DeleteCommand,
@@ -23,7 +24,6 @@ from streamengine.segment_store.store import (
     SegmentNotFound,
     SegmentStoreCore,
     StoredCopyCorrupt,
-    StoreFenced,
     WriteCommand,
     WriteResult,
 )
@@ -58,7 +58,7 @@ def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
     core.write(SEG, 3, 0, events(1, 2))
     core.seal(SEG, 5)
     before = snapshot(core.kv)
-    with pytest.raises(StoreFenced) as refused:
+    with pytest.raises(BelowFence) as refused:
         core.write(SEG, 4, 2, events(3, 4, epoch=4))
     assert refused.value.fence == 5
     assert snapshot(core.kv) == before
@@ -85,7 +85,7 @@ def test_seal_raises_the_fence_and_equal_is_idempotent(
 
 def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: SegmentStoreCore) -> None:
     core.seal(SEG, 6)
-    with pytest.raises(StoreFenced) as refused:
+    with pytest.raises(BelowFence) as refused:
         core.seal(SEG, 5)
     assert refused.value.fence == 6
     assert core.state(SEG).fence == 6
@@ -310,7 +310,7 @@ def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore)
     outcomes = plan.outcomes
     assert outcomes[2].held_epochs == (3,)  # type: ignore[union-attr]
     assert outcomes[3].matched_index == 4 and outcomes[3].acked_index == 3  # type: ignore[union-attr]
-    assert isinstance(outcomes[5], StoreFenced)
+    assert isinstance(outcomes[5], BelowFence)
     assert core.state(SEG).fence == 4 and core.state(SEG).last_index == 4
     assert core.state(other).matched_index == 1
 
@@ -454,7 +454,7 @@ def test_a_copy_is_fenced_first_and_raises_no_acked_index_before_it_is_confirmed
     fence = _run_copy(source, core)
     assert fence == 4 and core.state(SEG).fence == 4
     assert core.state(SEG).acked_index == 2, "verified is not yet confirmed"
-    with pytest.raises(StoreFenced):  # the old leader, delayed
+    with pytest.raises(BelowFence):  # the old leader, delayed
         core.write(SEG, 3, 6, [ev(5, payload=b"late")])
     confirmed = core.confirm_copy(SEG, fence, 6)
     assert (confirmed.acked_index, core.state(SEG).bridge_index) == (6, 6)
