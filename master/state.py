@@ -127,6 +127,8 @@ class MasterState:
         self.roll_requests: dict[int, int] = {}
         # (store, segment) pairs a repair is copying to right now: never garbage.
         self.copying: set[tuple[str, SegmentKey]] = set()
+        # Where the last repair window ended (`plan_repairs`).
+        self._repair_cursor: SegmentKey = (0, 0)
 
     # ---- queries ----
 
@@ -610,6 +612,38 @@ class MasterState:
         if target in self.live:
             self.live[target].held[key] = held
         return swapped
+
+    def plan_repairs(self, now_ms: int, busy: set[SegmentKey], slots: int) -> list[repair.Task]:
+        """Repairs for the segments that may need one; segments seen with every member
+        good are confirmed and left alone until something about them changes."""
+        views = self.store_views(now_ms)
+        candidates = self._repair_window(self.repair_candidates(views))
+        held = self.held_for(candidates)
+        for segment in candidates:
+            verdict = repair.judge(segment, views, held[segment.key], now_ms, self.bridge_grace_ms)
+            if len(verdict.good) == len(segment.copy_set) and segment.key not in busy:
+                self.confirm(segment.key)
+        return repair.plan_tasks(
+            candidates,
+            views,
+            held,
+            now_ms,
+            self.bridge_grace_ms,
+            busy,
+            slots,
+            self.pending_deletes(),
+        )
+
+    def _repair_window(self, candidates: list[SegmentRecord]) -> list[SegmentRecord]:
+        """At most JUDGED_PER_TICK candidates, resuming after the last one judged, so a
+        tick stays short (it runs on the loop that answers heartbeats) and every
+        candidate gets its turn."""
+        if len(candidates) <= repair.JUDGED_PER_TICK:
+            return candidates
+        start = next((i for i, s in enumerate(candidates) if s.key > self._repair_cursor), 0)
+        window = (candidates[start:] + candidates[:start])[: repair.JUDGED_PER_TICK]
+        self._repair_cursor = window[-1].key
+        return window
 
     def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
         views = self.store_views(now_ms)
