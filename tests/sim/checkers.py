@@ -146,6 +146,12 @@ class Checker:
                     self.replica_complete(name, core, segment, final)
         self.master_changed(state)
 
+    def store_deleted(self, store: str, segment: SegmentKey) -> None:
+        """The master had `store` delete its copy of `segment` (repair swapped it out,
+        or it was never a member): what it served stays true; a later copy starts anew."""
+        self.checks += 1
+        self.store_acked.pop((store, segment), None)
+
     def store_restarted(self, store: str, core: SegmentStoreCore) -> None:
         for (name, segment), acked in sorted(self.store_acked.items()):
             meta = core.meta(segment) if name == store else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,9 @@ CHUNK = 50
 STEPS = 800
 
 
-def _failures(results: list[RunResult]) -> list[str]:
+def _failures(results: list[RunResult], steps: int = STEPS) -> list[str]:
     return [
-        f"{r.summary()}\n  replay: python -m tests.sim {r.config.seed} --steps {STEPS}"
+        f"{r.summary()}\n  replay: python -m tests.sim {r.config.seed} --steps {steps}"
         + (f"\n{r.error}" if r.error else "")
         for r in results
         if not r.ok
@@ -47,6 +48,31 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     assert sum(r.acked for r in results) > 0
     assert sum(r.leaders > 1 for r in results) > CHUNK // 5, "too few leader changes"
     assert sum(r.stats["recoveries decided"] for r in results) > CHUNK // 5
+
+
+# Longer runs, where stores stay dead past the store timeout, miss bridges and are
+# drained: enough for the master's repairs to run under faults.
+REPAIR_SEEDS = 30
+REPAIR_STEPS = 3000
+
+
+def test_repairs_drains_and_rebalances_keep_invariants() -> None:
+    """The master's real repair (planning, `RepairQueue`, `RepairOp`) and the stores'
+    CopySegment (`copy_rules`) run under faults: every kind of move happens, and every
+    checker holds (a sealed replica at the bridge equals the others, no reader sees an
+    entry change)."""
+    results = [run_seed(seed, REPAIR_STEPS) for seed in range(REPAIR_SEEDS)]
+    failures = [
+        f.replace(f"--steps {STEPS}", f"--steps {REPAIR_STEPS}") for f in _failures(results)
+    ]
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for result in results:
+        stats.update(result.stats)
+    assert stats["repairs done"] > 0, stats
+    for kind in ("store-dead", "missed-bridge", "drain", "rebalance"):
+        assert stats[f"repair {kind}"] > 0, (kind, stats)
+    assert stats["repairs in place"] > 0, stats
 
 
 def test_a_grant_without_a_segment_needs_the_shell() -> None:

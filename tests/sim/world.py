@@ -278,6 +278,8 @@ class World:
             self._partition()
         elif roll < 0.65:
             self._inject_bad_input()
+        elif roll < 0.68:
+            self._operator_moves()
         self.sched.after(self.config.chaos_every_ms, "chaos", self._chaos)
 
     def _pick_writer(self) -> WriterNode:
@@ -337,6 +339,29 @@ class World:
                 self.net.cuts.discard(pair)
 
         self.sched.after(self.rng.randint(20, 2 * self.config.lease_ms), "heal", heal)
+
+    # ---- operators: drain a store, rebalance ----
+
+    def _operator_moves(self) -> None:
+        """An operator drains a store (while enough others remain for a copy set) or
+        asks for a rebalance; the master's repairer carries the moves out."""
+        master = self.master
+        if not master.up:
+            return
+        state = master.state
+        if self.rng.random() < 0.5:
+            usable = [sid for sid, record in sorted(state.stores.items()) if not record.draining]
+            if len(usable) <= self.config.policy.replicas:
+                return
+            store = self.rng.choice(usable)
+            state.set_draining(store)
+            self.stats["drains"] += 1
+            self.note(f"operator drains {store}")
+            return
+        tasks, _, _ = state.rebalance_plan(self.now, master.repairs.running)
+        master.plan_moves(tasks)
+        self.stats["rebalances"] += 1
+        self.note(f"operator rebalances: {len(tasks)} moves")
 
     # ---- invariant 6: bad input ----
 
