@@ -75,6 +75,13 @@ def test_repairs_drains_and_rebalances_keep_invariants() -> None:
     assert stats["repairs in place"] > 0, stats
 
 
+def test_seed_532_a_roll_lost_after_closing_a_gap_is_asked_again() -> None:
+    """Found with repairs on: the shell closed a gap, its RollSegment was lost, and every
+    later renewal of the same grant was ignored, so the stream never had a leader."""
+    result = run_seed(532, REPAIR_STEPS)
+    assert result.ok, result.summary()
+
+
 def test_a_grant_without_a_segment_needs_the_shell() -> None:
     """The leader core refuses a grant without a segment (two earlier segments
     unsealed); the shell seals both and rolls, as `client/writer.py` does. Without that,
