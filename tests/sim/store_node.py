@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from streamengine.master.model import Held
 from streamengine.protocol.entry import StoredEntry
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.copy import CopySourceUnavailable
-from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.kv import KVOp, MemoryKV
 from streamengine.segment_store.store import BelowFence as StoreRefused
 from streamengine.segment_store.store import (
     Command,
@@ -39,6 +39,8 @@ from tests.sim.nodes import MASTER, STORE_HEARTBEAT_MS, Node
 # writes interleave), and how long the target waits for each answer of the source.
 COPY_BATCH_ENTRIES = 16
 COPY_CALL_TIMEOUT_MS = 500
+# A store with fsync never: how often the system writes its dirty pages back.
+UNSYNCED_FLUSH_MS = 500
 
 
 class SyncedMemoryKV(MemoryKV):
@@ -53,12 +55,32 @@ class SyncedMemoryKV(MemoryKV):
         pass
 
 
+class UnsyncedMemoryKV(MemoryKV):
+    """A store running with `--fsync never`: no write is synced when it is answered;
+    the system writes dirty pages back now and then (`flush`). A crash loses what was
+    written since."""
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        super().write(ops, False)
+
+    def flush(self) -> None:
+        super().sync()
+
+
 class StoreNode(Node):
     def __init__(self, name: str, world: World) -> None:
         super().__init__(name, world)
-        self.kv = SyncedMemoryKV()
+        self.fsync_never = name in world.config.fsync_never
+        self.kv: MemoryKV = UnsyncedMemoryKV() if self.fsync_never else SyncedMemoryKV()
         self.core = SegmentStoreCore(self.kv)
         self.heartbeat()
+        if self.fsync_never:
+            self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
+
+    def write_back(self) -> None:
+        assert isinstance(self.kv, UnsyncedMemoryKV)
+        self.kv.flush()
+        self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
 
     def heartbeat(self) -> None:
         held = tuple(
@@ -78,10 +100,12 @@ class StoreNode(Node):
 
     def restart(self) -> None:
         super().restart()
-        self.kv.crash()  # loses nothing: every write was synced
+        self.kv.crash()  # loses nothing unless the store runs with fsync never
         self.core = SegmentStoreCore(self.kv)
-        self.world.checker.store_restarted(self.name, self.core)
+        self.world.checker.store_restarted(self.name, self.core, self.fsync_never)
         self.heartbeat()
+        if self.fsync_never:
+            self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
 
     def fence(self, segment: SegmentKey) -> int:
         meta = self.core.meta(segment)

@@ -82,6 +82,25 @@ def test_seed_532_a_roll_lost_after_closing_a_gap_is_asked_again() -> None:
     assert result.ok, result.summary()
 
 
+def test_an_fsync_never_store_losing_acked_entries_is_the_documented_loss() -> None:
+    """A store with fsync never (DESIGN: unsafe) restarts without writes it had acked:
+    the checker reports the loss as such, and what it breaks afterwards is classified
+    as that loss (here a lone replica, N = W = 1, loses entries readers had seen)."""
+    result = run_seed(42, REPAIR_STEPS, overrides={"fsync_never": ("s1",)})
+    assert result.unsynced_losses and result.documented_loss, result.summary()
+    assert result.ok and result.violation is not None and result.violation.invariant == 2
+
+
+def test_fsync_never_on_w_minus_1_stores_can_still_lose_acked_entries() -> None:
+    """At most W - 1 stores with fsync never in a copy set does not make them safe:
+    with N = W = 3 (R = 1) and two of them, a recovery that reads only a store that
+    lost its unsynced writes decides without an acked event (seed 119: readers see a
+    BRIDGE where an acked event was). DESIGN documents fsync never as unsafe."""
+    result = run_seed(119, REPAIR_STEPS)
+    assert len(result.config.fsync_never) == result.config.policy.write_quorum - 1
+    assert result.unsynced_losses and result.documented_loss, result.summary()
+
+
 def test_a_grant_without_a_segment_needs_the_shell() -> None:
     """The leader core refuses a grant without a segment (two earlier segments
     unsealed); the shell seals both and rolls, as `client/writer.py` does. Without that,
