@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.model import Held
@@ -287,6 +288,12 @@ class _SegmentCopy:
         except StoreError as error:
             self._end(error)
             return
+        if "copy_unfenced" in self.store.world.config.flaws:
+            # The flaw (CopySegment as it was): drop the copy and its fence, then write
+            # every batch with acked index = final before the digest is compared.
+            self.store.core.delete(self.segment)
+            self._ask(m.Read(self.segment, 1, self.request.final_index), self._on_read)
+            return
         outcome = self._apply(copy_rules.fence_command(self.segment, self.fence))
         if isinstance(outcome, StoreError):
             self._end(outcome)
@@ -308,7 +315,10 @@ class _SegmentCopy:
             self._ask(m.Digest(self.segment, self.request.final_index), self._on_digest)
             return
         batch, rest = batches[0], batches[1:]
-        outcome = self._apply(copy_rules.write_command(self.segment, self.fence, batch))
+        command = copy_rules.write_command(self.segment, self.fence, batch)
+        if "copy_unfenced" in self.store.world.config.flaws:
+            command = replace(command, acked_index=self.request.final_index)
+        outcome = self._apply(command)
         if isinstance(outcome, StoreError):
             self._end(outcome)
             return

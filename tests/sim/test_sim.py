@@ -146,6 +146,9 @@ FLAWED = [
     ("ack_before_seal", 1, 0),  # the shell lets the new segment ack before recovery ends
     ("ignore_fence", 3, 0),  # a store lets a write below its fence through
     ("fail_in_doubt", 1, 0),  # the shell tells users an append failed that may be durable
+    # CopySegment as it was: the copy (and its fence) deleted, batches acked before the
+    # digest; a member refilled in place stops serving what it served (from seed 206).
+    ("copy_unfenced", 2, 200),
 ]
 FLAW_SEEDS_MAX = 500
 

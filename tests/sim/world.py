@@ -35,7 +35,14 @@ from tests.sim.nodes import MASTER, Node
 from tests.sim.store_node import StoreNode
 from tests.sim.writer_node import WriterNode
 
-FLAWS = ("serve_matched", "skip_by_matched", "ack_before_seal", "ignore_fence", "fail_in_doubt")
+FLAWS = (
+    "serve_matched",
+    "skip_by_matched",
+    "ack_before_seal",
+    "ignore_fence",
+    "fail_in_doubt",
+    "copy_unfenced",
+)
 
 # The liveness phase must converge within this much virtual time.
 LIVENESS_MS = 30_000
