@@ -14,14 +14,16 @@ A member neither good nor bad is *pending*: not judged yet, neither repaired nor
 counted as good.
 
 Each bad member becomes one task: copy the segment from a good (or draining) replica to
-a target chosen by placement, then swap target for the bad member. Open and sealing
+a target chosen by placement, then swap target for the bad member. `RepairOp` carries
+one task out step by step (the shells, real and simulated, only do the calls it asks
+for); `RepairQueue` says which tasks run next. Open and sealing
 segments are never copied; the leader of a stream whose open segment has a bad member
 is asked to roll instead (`roll_reason`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StoreView
@@ -163,3 +165,227 @@ def roll_reason(copy_set: Iterable[str], stores: Mapping[str, StoreView]) -> str
         if store.draining:
             return f"{DRAIN}: {member}"
     return ""
+
+
+# ---- carrying a task out ----
+
+# How often the repairer looks for work.
+REPAIR_TICK_MS = 200
+# Segments judged per tick: about 50 ms of work, so heartbeats are never held up long
+# (a master just started judges all its sealed segments once).
+JUDGED_PER_TICK = 1000
+# A failed task's segment waits this long before another attempt, so a broken store is
+# not hammered and the rest of the queue moves on.
+REPAIR_RETRY_MS = 2000
+# A copy of a whole sealed segment may take a while; a stuck one must end.
+COPY_TIMEOUT_MS = 120_000
+# Every other call of a task (state, digest, delete).
+CONTROL_TIMEOUT_MS = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class AskSourceState:
+    """Ask the source for the segment's state: answered with `SourceState`."""
+
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class CopyToTarget:
+    """CopySegment on the target, pulling from the source: answered with `Copied`."""
+
+    target: str
+    source: str
+    final_index: int
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class AskDigests:
+    """Digest up to the final index on source and target: answered with `Digests`."""
+
+    source: str
+    target: str
+    final_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapReplica:
+    """Put the target in the replaced member's place, durably: answered with `Swapped`."""
+
+    replaced: str
+    target: str
+    held: Held
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteReplaced:
+    """Ask the replaced store to delete its copy, best effort (heartbeat replies keep
+    asking until it is gone); nothing answers it: the task is done."""
+
+    store: str
+
+
+RepairAction = AskSourceState | CopyToTarget | AskDigests | SwapReplica | DeleteReplaced
+
+
+@dataclass(frozen=True, slots=True)
+class SourceState:
+    fence: int
+    acked_index: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    digest: bytes  # as the target reported it; empty if it reported none
+
+
+@dataclass(frozen=True, slots=True)
+class Digests:
+    source: bytes
+    target: bytes
+    target_entries_held: int
+
+
+@dataclass(frozen=True, slots=True)
+class Swapped:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed:
+    """A call failed, timed out, or the master refused the swap."""
+
+    error: str
+
+
+RepairEvent = SourceState | Copied | Digests | Swapped | StepFailed
+
+
+def task_still_valid(task: Task, segment: SegmentRecord | None) -> str:
+    """Why a planned task no longer applies to the segment as it is now, or ""."""
+    if segment is None or segment.state != SegmentState.SEALED:
+        return "segment is gone or not sealed"
+    if task.replaced not in segment.copy_set:
+        return f"{task.replaced} is no longer in the copy set"
+    if task.target != task.replaced and task.target in segment.copy_set:
+        return f"{task.target} is already in the copy set"
+    return ""
+
+
+class RepairOp:
+    """One task, with no I/O: ask the source's state (it must hold the bridge), have the
+    target copy (the store verifies and confirms the copy itself), compare both digests
+    up to the final index, swap the copy set, and only then delete the replaced copy;
+    a member refilled in place is never deleted. `start` and `step` return the next
+    action, None once the task is over (`error` says whether it failed)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.final_index = 0
+        self.fence = 0
+        self.bytes = 0
+        self.copied_digest = b""
+        self.error = ""
+        self._waiting: type[RepairEvent] | None = None
+
+    def start(self, segment: SegmentRecord | None) -> RepairAction | None:
+        assert self._waiting is None, "started twice"
+        invalid = task_still_valid(self.task, segment)
+        if invalid:
+            return self._fail(invalid)
+        assert segment is not None and segment.final_index > 0
+        self.final_index = segment.final_index
+        return self._wait(SourceState, AskSourceState(self.task.source))
+
+    def step(self, event: RepairEvent) -> RepairAction | None:
+        if isinstance(event, StepFailed):
+            return self._fail(event.error)
+        assert self._waiting is not None and isinstance(event, self._waiting), (event, self)
+        task, final = self.task, self.final_index
+        if isinstance(event, SourceState):
+            if event.acked_index < final:
+                return self._fail(
+                    f"source acked index {event.acked_index} below the bridge {final}"
+                )
+            self.fence, self.bytes = event.fence, event.bytes
+            return self._wait(Copied, CopyToTarget(task.target, task.source, final, event.fence))
+        if isinstance(event, Copied):
+            self.copied_digest = event.digest
+            return self._wait(Digests, AskDigests(task.source, task.target, final))
+        if isinstance(event, Digests):
+            if event.source != event.target:
+                return self._fail("digest of the copy differs from the source's")
+            if self.copied_digest and self.copied_digest != event.source:
+                return self._fail("CopySegment reported a digest differing from the source's")
+            if event.target_entries_held < final:
+                return self._fail(f"copy holds {event.target_entries_held} of {final} indexes")
+            held = Held(self.fence, final, final, self.bytes)
+            return self._wait(Swapped, SwapReplica(task.replaced, task.target, held))
+        assert isinstance(event, Swapped)
+        self._waiting = None
+        if task.replaced == task.target:
+            return None  # refilled in place: the member keeps its (now complete) copy
+        return DeleteReplaced(task.replaced)
+
+    def _wait(self, event: type[RepairEvent], action: RepairAction) -> RepairAction:
+        self._waiting = event
+        return action
+
+    def _fail(self, error: str) -> RepairAction | None:
+        self.error = error or "failed"
+        self._waiting = None
+        return None
+
+
+class RepairQueue:
+    """Which tasks run next: operator moves (rebalance) first, in order, then repairs
+    planned from the state; at most `concurrency` at once, one per segment, none for a
+    segment whose last attempt failed less than `retry_ms` ago."""
+
+    def __init__(self, concurrency: int, retry_ms: int = REPAIR_RETRY_MS) -> None:
+        assert concurrency >= 1 and retry_ms > 0
+        self.concurrency = concurrency
+        self.retry_ms = retry_ms
+        self.queued: list[Task] = []
+        self.running: dict[SegmentKey, Task] = {}
+        self.retry_after: dict[SegmentKey, int] = {}
+
+    def plan_moves(self, tasks: Sequence[Task]) -> None:
+        """An operator's plan replaces any earlier one not yet started: a plan is
+        computed from the copy sets as they are, so two plans queued together would
+        move the same bytes twice."""
+        self.queued = list(tasks)
+
+    def next_tasks(
+        self, now_ms: int, plan: Callable[[set[SegmentKey], int], list[Task]]
+    ) -> list[Task]:
+        """The tasks to start now (marked running); `plan(busy, slots)` plans repairs."""
+        slots = self.concurrency - len(self.running)
+        self.retry_after = {k: t for k, t in self.retry_after.items() if t > now_ms}
+        busy = set(self.running) | set(self.retry_after)
+        chosen: list[Task] = []
+        for task in list(self.queued):
+            if len(chosen) >= slots:
+                break
+            if task.segment in busy:
+                continue
+            self.queued.remove(task)
+            chosen.append(task)
+            busy.add(task.segment)
+        if len(chosen) < slots:
+            chosen += plan(busy, slots - len(chosen))
+        for task in chosen:
+            assert task.segment not in self.running
+            self.running[task.segment] = task
+        assert len(self.running) <= self.concurrency
+        return chosen
+
+    def finished(self, task: Task, failed: bool, now_ms: int) -> None:
+        assert self.running.get(task.segment) == task
+        del self.running[task.segment]
+        if failed:
+            self.retry_after[task.segment] = now_ms + self.retry_ms
+        else:
+            self.retry_after.pop(task.segment, None)

@@ -93,12 +93,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
             created_at_ms=record.created_at_ms,
             sealed_at_ms=record.sealed_at_ms,
             bytes=self.state.segment_bytes(record.key),
+            acked_index=self.state.segment_acked_index(record),
         )
 
     def _stream_info(self, record: StreamRecord, now_ms: int) -> master_pb2.StreamInfo:
         lease = self.state.leases.get(record.name)
         leader = lease.holder if lease is not None and lease.running(now_ms) else ""
-        report = self.state.leader_reports.get(record.name)
         unsealed = self.state.unsealed(record.stream_id)
         open_epochs = [s.epoch for s in unsealed if s.state == SegmentState.OPEN]
         return master_pb2.StreamInfo(
@@ -111,7 +111,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             segment_age_ms=record.segment_age_ms,
             epoch=record.epoch,
             leader_id=leader,
-            acked_index=report.acked_index if report and leader else 0,
+            acked_index=self.state.stream_acked_index(record.stream_id)[1],
             open_segment_epoch=open_epochs[-1] if open_epochs else 0,
             unsealed_segments=len(unsealed),
             created_at_ms=record.created_at_ms,

@@ -75,6 +75,10 @@ class WriterView:
 
 @dataclass(frozen=True, slots=True)
 class LeaderReport:
+    """What a stream's leader last said of its open segment (the segment of `epoch`).
+    Kept after the lease ends: it stays true of that segment."""
+
+    epoch: int
     acked_index: int
     segment_bytes: int
 
@@ -123,6 +127,8 @@ class MasterState:
         self.roll_requests: dict[int, int] = {}
         # (store, segment) pairs a repair is copying to right now: never garbage.
         self.copying: set[tuple[str, SegmentKey]] = set()
+        # Where the last repair window ended (`plan_repairs`).
+        self._repair_cursor: SegmentKey = (0, 0)
 
     # ---- queries ----
 
@@ -212,6 +218,27 @@ class MasterState:
         return max(
             (live.held[key].bytes for live in self.live.values() if key in live.held), default=0
         )
+
+    def segment_acked_index(self, segment: SegmentRecord) -> int:
+        """The largest acked index known for a segment: what its leader last reported
+        (while open) or the highest any copy-set store reported, whichever is higher.
+        Both only grow while the segment is written, so an operator sees it move."""
+        stores = (
+            self.live[m].held[segment.key].acked_index
+            for m in segment.copy_set
+            if m in self.live and segment.key in self.live[m].held
+        )
+        report = self.leader_reports.get(segment.stream)
+        leader = report.acked_index if report is not None and report.epoch == segment.epoch else 0
+        return max(leader, *stores, 0)
+
+    def stream_acked_index(self, stream_id: int) -> tuple[int, int]:
+        """(epoch, acked index) of the stream's latest segment, (0, 0) before any."""
+        epochs = self.epochs.get(stream_id)
+        if not epochs:
+            return 0, 0
+        latest = self.segments[(stream_id, max(epochs))]
+        return latest.epoch, self.segment_acked_index(latest)
 
     def address(self, store_id: str) -> str:
         record = self.stores.get(store_id)
@@ -332,7 +359,7 @@ class MasterState:
             record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
         self.leases[name] = decision.lease
         if decision.leads and epoch == decision.lease.epoch:
-            self.leader_reports[name] = LeaderReport(acked_index, segment_bytes)
+            self.leader_reports[name] = LeaderReport(epoch, acked_index, segment_bytes)
         return self._writer_view(record, decision.leads, decision.lease, now_ms)
 
     def roll_segment(
@@ -346,7 +373,6 @@ class MasterState:
             )
         record = self._open_epoch(record, lease, tuple(exclude), now_ms, allow_no_segment=False)
         self.leases[name] = lease
-        self.leader_reports.pop(name, None)
         return self._writer_view(record, True, lease, now_ms)
 
     def release_lease(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
@@ -355,7 +381,6 @@ class MasterState:
         if released is None:
             return False
         self.leases[name] = released
-        self.leader_reports.pop(name, None)
         return True
 
     def _open_epoch(
@@ -587,6 +612,38 @@ class MasterState:
         if target in self.live:
             self.live[target].held[key] = held
         return swapped
+
+    def plan_repairs(self, now_ms: int, busy: set[SegmentKey], slots: int) -> list[repair.Task]:
+        """Repairs for the segments that may need one; segments seen with every member
+        good are confirmed and left alone until something about them changes."""
+        views = self.store_views(now_ms)
+        candidates = self._repair_window(self.repair_candidates(views))
+        held = self.held_for(candidates)
+        for segment in candidates:
+            verdict = repair.judge(segment, views, held[segment.key], now_ms, self.bridge_grace_ms)
+            if len(verdict.good) == len(segment.copy_set) and segment.key not in busy:
+                self.confirm(segment.key)
+        return repair.plan_tasks(
+            candidates,
+            views,
+            held,
+            now_ms,
+            self.bridge_grace_ms,
+            busy,
+            slots,
+            self.pending_deletes(),
+        )
+
+    def _repair_window(self, candidates: list[SegmentRecord]) -> list[SegmentRecord]:
+        """At most JUDGED_PER_TICK candidates, resuming after the last one judged, so a
+        tick stays short (it runs on the loop that answers heartbeats) and every
+        candidate gets its turn."""
+        if len(candidates) <= repair.JUDGED_PER_TICK:
+            return candidates
+        start = next((i for i, s in enumerate(candidates) if s.key > self._repair_cursor), 0)
+        window = (candidates[start:] + candidates[:start])[: repair.JUDGED_PER_TICK]
+        self._repair_cursor = window[-1].key
+        return window
 
     def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
         views = self.store_views(now_ms)

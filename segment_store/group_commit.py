@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 from streamengine.segment_store import metrics
 from streamengine.segment_store.store import (
+    BelowFence,
     Command,
     Outcome,
     Plan,
     SegmentKey,
     SegmentStoreCore,
-    StoreFenced,
     StoreUnavailable,
     WriteCommand,
 )
@@ -224,7 +224,7 @@ class GroupCommitter:
             metrics.SYNC_SECONDS.observe(sync_s)
         metrics.GROUP_COMMANDS.observe(len(group))
         for pending, outcome in zip(group, plan.outcomes, strict=True):
-            if isinstance(outcome, StoreFenced):
+            if isinstance(outcome, BelowFence):
                 metrics.FENCE_REJECTIONS.inc()
             elif isinstance(pending.command, WriteCommand) and not isinstance(outcome, Exception):
                 metrics.WRITE_BATCHES.inc()

@@ -20,7 +20,6 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from streamengine.protocol import codec
-from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -36,10 +35,14 @@ from streamengine.protocol.limits import (
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.segment_store import metrics
+from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.keys import SegmentMeta, entry_index
 from streamengine.segment_store.store import (
     BadRequest,
+    BelowFence,
+    CopyMismatch,
+    CopyRefused,
     DeleteCommand,
     DeleteResult,
     Outcome,
@@ -50,7 +53,6 @@ from streamengine.segment_store.store import (
     SegmentStoreCore,
     StoredCopyCorrupt,
     StoreError,
-    StoreFenced,
     StoreUnavailable,
     WriteCommand,
     WriteResult,
@@ -82,10 +84,6 @@ SUBSCRIBE_START_TIMEOUT_S = 10.0
 # before the subscriber counts as too slow and is disconnected.
 SUBSCRIBE_BUFFER_BATCHES_DEFAULT = 16
 SUBSCRIBE_STALL_MS_DEFAULT = 5000
-# CopySegment: each unary call to the source gets this long; the whole read of the
-# segment (up to gigabytes over a busy network) far longer.
-COPY_CALL_TIMEOUT_S = 30.0
-COPY_READ_TIMEOUT_S = 600.0
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
@@ -107,7 +105,10 @@ class _Refused(Exception):
 
 
 _STATUS: dict[type[Exception], grpc.StatusCode] = {
-    StoreFenced: grpc.StatusCode.FAILED_PRECONDITION,
+    BelowFence: grpc.StatusCode.FAILED_PRECONDITION,
+    CopyRefused: grpc.StatusCode.FAILED_PRECONDITION,
+    CopyMismatch: grpc.StatusCode.DATA_LOSS,
+    CopySourceUnavailable: grpc.StatusCode.UNAVAILABLE,
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     SegmentNotFound: grpc.StatusCode.NOT_FOUND,
     StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -126,7 +127,7 @@ async def _abort(
     code = next((c for t, c in _STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
     trailing: tuple[tuple[str, str], ...] = ()
     fields = segment_fields(segment.stream, segment.epoch) if segment is not None else {}
-    if isinstance(error, StoreFenced):
+    if isinstance(error, BelowFence):
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
         log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
     elif isinstance(error, BadRequest):
@@ -486,13 +487,17 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.CopySegmentReply:
         try:
-            segment = segment_key(request.segment)
-            if not request.source_address:
-                raise BadRequest("missing source_address")
-            if not 0 < request.final_index <= INDEX_MAX:
-                raise BadRequest(f"final_index {request.final_index} is not in 1..{INDEX_MAX}")
-            reply = await _SegmentCopy(self, segment, request).run()
-        except (StoreError, CorruptEntry, _Refused) as error:
+            copy = SegmentCopy(
+                self.core,
+                self.committer,
+                self.in_thread,
+                segment_key(request.segment),
+                request.source_address,
+                request.final_index,
+                request.fence,
+            )
+            report = await copy.run()
+        except (StoreError, CorruptEntry) as error:
             log.warning(
                 "segment copy failed: %s",
                 error,
@@ -510,7 +515,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 final_index=request.final_index,
             ),
         )
-        return reply
+        return segment_store_pb2.CopySegmentReply(
+            entries_copied=report.entries_copied,
+            digest=report.digest,
+            acked_index=report.acked_index,
+        )
 
     # ---- Subscribe ----
 
@@ -724,106 +733,3 @@ def _position_reply(position: tuple[int, int, int]) -> segment_store_pb2.Subscri
     return segment_store_pb2.SubscribeReply(
         position=segment_store_pb2.Position(acked_index=acked, fence=fence, bridge_index=bridge)
     )
-
-
-class _SegmentCopy:
-    """CopySegment: replace the local copy by the source's entries 1..final_index, fence
-    it at the source's fence, then compare digests; a mismatch deletes the copy."""
-
-    def __init__(
-        self,
-        service: SegmentStoreService,
-        segment: SegmentKey,
-        request: segment_store_pb2.CopySegmentRequest,
-    ) -> None:
-        self.service = service
-        self.segment = segment
-        self.request = request
-
-    async def run(self) -> segment_store_pb2.CopySegmentReply:
-        started = False
-        try:
-            async with grpc.aio.insecure_channel(
-                self.request.source_address, options=CLIENT_OPTIONS
-            ) as channel:
-                source = segment_store_pb2_grpc.SegmentStoreStub(channel)
-                fence = await self._check_source(source)
-                started = True
-                return await self._copy(source, fence)
-        except grpc.aio.AioRpcError as error:
-            passed_on = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
-            code = error.code() if error.code() in passed_on else grpc.StatusCode.UNAVAILABLE
-            raise _Refused(
-                code,
-                f"copy from {self.request.source_address} failed: "
-                f"{error.code().name} {error.details()}",
-            ) from None
-        except BaseException:
-            # Never leave a partial copy behind: it would be reported as held.
-            if started:
-                with contextlib.suppress(Exception):
-                    await self.service.delete(self.segment)
-            raise
-
-    async def _check_source(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> int:
-        """The fence to copy at, once the source holds the segment sealed and acked."""
-        state = await source.GetSegmentState(
-            segment_store_pb2.GetSegmentStateRequest(segment=_segment_pb(self.segment)),
-            timeout=COPY_CALL_TIMEOUT_S,
-        )
-        if state.fence <= self.segment.epoch:
-            raise _Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"segment is not sealed on the source (fence {state.fence})",
-            )
-        if state.acked_index < self.request.final_index:
-            raise _Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"source acked index {state.acked_index} is below final index "
-                f"{self.request.final_index}",
-            )
-        return max(state.fence, self.request.fence)
-
-    async def _copy(
-        self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub, fence: int
-    ) -> segment_store_pb2.CopySegmentReply:
-        final = self.request.final_index
-        segment_pb = _segment_pb(self.segment)
-        await self.service.delete(self.segment)
-        copied = 0
-        reads = source.Read(
-            segment_store_pb2.ReadRequest(segment=segment_pb, from_index=1, to_index=final),
-            timeout=COPY_READ_TIMEOUT_S,
-        )
-        async for reply in reads:
-            copied += await self._write(entries_from_pb(reply.entries), fence, final)
-        expected = await source.Digest(
-            segment_store_pb2.DigestRequest(segment=segment_pb, up_to_index=final),
-            timeout=COPY_CALL_TIMEOUT_S,
-        )
-        outcome = await self.service.committer.submit(SealCommand(self.segment, fence))
-        if isinstance(outcome, Exception):
-            raise outcome
-        local = await self.service.in_thread(
-            functools.partial(self.service.core.digest, self.segment, final)
-        )
-        if local.digest != expected.digest or local.acked_index < final:
-            raise _Refused(
-                grpc.StatusCode.DATA_LOSS,
-                f"copy of {self.segment.stream_id}/{self.segment.epoch} does not match the "
-                f"source up to {final} (acked {local.acked_index}); copy deleted",
-            )
-        return segment_store_pb2.CopySegmentReply(
-            entries_copied=copied, digest=local.digest, acked_index=local.acked_index
-        )
-
-    async def _write(self, entries: list[StoredEntry], fence: int, final: int) -> int:
-        if not entries:
-            return 0
-        writer_epoch = max(fence, max(e.epoch for e in entries))
-        outcome = await self.service.committer.submit(
-            WriteCommand(self.segment, writer_epoch, final, entries)
-        )
-        if isinstance(outcome, Exception):
-            raise outcome
-        return len(entries)

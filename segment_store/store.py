@@ -2,15 +2,16 @@
 acked indexes, reads and digests. No gRPC, no asyncio, no clock.
 
 Theory of operation. Every mutation is a command (`WriteCommand`, `SealCommand`,
-`DeleteCommand`). `plan(commands)` checks each against the published state plus what
-the earlier commands of the same plan did, and returns the KV ops of every command that
-succeeded, the resulting per-segment metadata, and one outcome per command (a result or
-the error that refused it, in which case the command contributed nothing). `write_plan`
-applies the ops as one atomic KV batch; `publish` makes the new metadata what readers
-see. The server gathers concurrent commands into one plan, writes it, syncs once, then
-publishes and answers (group commit); `write`, `seal` and `delete` do all three for one
-command, for tests and the simulator. Plans must be published in the order they were
-made, and a plan must be made only after the previous one was published.
+`DeleteCommand`, `ConfirmCopyCommand`). `plan(commands)` checks each against the
+published state plus what the earlier commands of the same plan did, and returns the KV
+ops of every command that succeeded, the resulting per-segment metadata, and one outcome
+per command (a result or the error that refused it, in which case the command
+contributed nothing). `write_plan` applies the ops as one atomic KV batch; `publish`
+makes the new metadata what readers see. The server gathers concurrent commands into one
+plan, writes it, syncs once, then publishes and answers (group commit); `write`, `seal`
+and `delete` do all three for one command, for tests and the simulator. Plans must be
+published in the order they were made, and a plan must be made only after the previous
+one was published.
 
 Rules (DESIGN.md, "Storing"):
 - a write whose writer epoch is below the segment's fence is refused, nothing written;
@@ -18,7 +19,9 @@ Rules (DESIGN.md, "Storing"):
   a higher-epoch copy is still success, and the answer says what is held;
 - matched index = largest m with every index 1..m held; entries above a gap are kept;
 - acked index kept = max(kept, min(leader's acked index, matched index));
-- the fence only rises (seal), and a seal below it is refused.
+- the fence only rises (seal), and a seal below it is refused;
+- a segment copy's acked index rises only once the copy is verified, and only while
+  it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
 recovers every segment's fence, matched and acked index exactly.
 """
@@ -81,7 +84,7 @@ class StoreError(Exception):
     """A command the store refused; it changed nothing."""
 
 
-class StoreFenced(StoreError):
+class BelowFence(StoreError):
     """The writer's or sealer's epoch is below the segment's fence."""
 
     def __init__(self, fence: int, message: str = ""):
@@ -103,6 +106,15 @@ class StoredCopyCorrupt(StoreError):
 
 class SegmentNotFound(StoreError, LookupError):
     """The store holds nothing of the segment."""
+
+
+class CopyRefused(StoreError):
+    """A segment copy that cannot go on: its source is not sealed or not acked up to
+    the final index, or the copy lost its fence or an index before it was confirmed."""
+
+
+class CopyMismatch(StoreError):
+    """A segment copy whose digest differs from its source's: it stays unconfirmed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +177,19 @@ class DeleteCommand:
     segment: SegmentKey
 
 
-Command = WriteCommand | SealCommand | DeleteCommand
+@dataclass(frozen=True, slots=True)
+class ConfirmCopyCommand:
+    """The last step of a segment copy, once its digest matched the source's: raise the
+    acked index to the final index. Refused unless the copy is still fenced at least at
+    the fence it was made under (a delete in between dropped it) and holds every index
+    up to the final one."""
+
+    segment: SegmentKey
+    fence: int
+    final_index: int
+
+
+Command = WriteCommand | SealCommand | DeleteCommand | ConfirmCopyCommand
 Outcome = WriteResult | SealResult | DeleteResult | StoreError
 
 
@@ -301,6 +325,8 @@ class SegmentStoreCore:
                     payload_bytes += sum(len(e.payload) for e in command.entries)
                 elif isinstance(command, SealCommand):
                     outcome = self._plan_seal(command, work)
+                elif isinstance(command, ConfirmCopyCommand):
+                    outcome = self._plan_confirm_copy(command, work)
                 else:
                     outcome = self._plan_delete(command, work)
             except StoreError as error:
@@ -357,6 +383,11 @@ class SegmentStoreCore:
         assert isinstance(result, SealResult)
         return result
 
+    def confirm_copy(self, segment: SegmentKey, fence: int, final_index: int) -> WriteResult:
+        result = self.execute(ConfirmCopyCommand(segment, fence, final_index))
+        assert isinstance(result, WriteResult)
+        return result
+
     def delete(self, segment: SegmentKey) -> bool:
         result = self.execute(DeleteCommand(segment))
         assert isinstance(result, DeleteResult)
@@ -368,7 +399,7 @@ class SegmentStoreCore:
         check_batch(command.writer_epoch, command.entries, self.entry_bytes_max)
         old = work.meta(segment) or SegmentMeta()
         if command.writer_epoch < old.fence:
-            raise StoreFenced(
+            raise BelowFence(
                 old.fence, f"fenced: writer epoch {command.writer_epoch} < fence {old.fence}"
             )
         payload_bytes = old.payload_bytes
@@ -435,12 +466,33 @@ class SegmentStoreCore:
             raise BadRequest(f"seal epoch {command.new_epoch} is not in 1..{EPOCH_MAX}")
         old = work.meta(command.segment) or SegmentMeta()
         if command.new_epoch < old.fence:
-            raise StoreFenced(
+            raise BelowFence(
                 old.fence, f"fenced: seal epoch {command.new_epoch} < fence {old.fence}"
             )
         new = dataclasses.replace(old, fence=max(old.fence, command.new_epoch))
         work.metas[command.segment] = new
         return SealResult(new.fence, new.acked_index, new.matched_index, new.last_index)
+
+    def _plan_confirm_copy(self, command: ConfirmCopyCommand, work: _Work) -> WriteResult:
+        segment = command.segment
+        check_segment(segment)
+        if not 0 < command.final_index <= INDEX_MAX:
+            raise BadRequest(f"final index {command.final_index} is not in 1..{INDEX_MAX}")
+        old = work.meta(segment)
+        if old is None or old.fence < command.fence:
+            raise CopyRefused(
+                f"copy of {segment.stream_id}/{segment.epoch} lost its fence {command.fence} "
+                f"(now {old.fence if old else 'deleted'}) before it was confirmed"
+            )
+        if old.matched_index < command.final_index:
+            raise CopyRefused(
+                f"copy of {segment.stream_id}/{segment.epoch} holds every index only up to "
+                f"{old.matched_index}, short of {command.final_index}"
+            )
+        new = dataclasses.replace(old, acked_index=max(old.acked_index, command.final_index))
+        assert new.fence >= command.fence and new.acked_index >= command.final_index
+        work.metas[segment] = new
+        return WriteResult(new.matched_index, new.acked_index, new.fence, ())
 
     def _plan_delete(self, command: DeleteCommand, work: _Work) -> DeleteResult:
         segment = command.segment

@@ -34,8 +34,8 @@ from streamengine.client.core.segment_recovery import (
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.store import BelowFence as StoreRefused
 from streamengine.segment_store.store import SegmentKey, SegmentNotFound, SegmentStoreCore
-from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.recovery_notation import entries, notation
 
 

@@ -66,6 +66,7 @@ def segment_dict(segment: entry_pb2.Segment) -> dict[str, Any]:
         "epoch": segment.id.epoch,
         "state": _state_name(segment.state),
         "final_index": segment.final_index,
+        "acked_index": segment.acked_index,
         "copy_set": [replica.store_id for replica in segment.copy_set],
         "bytes": segment.bytes,
     }
@@ -144,12 +145,13 @@ def cmd_stream_describe(args: argparse.Namespace) -> int:
             str(s.id.epoch),
             _state_name(s.state),
             str(s.final_index or "-"),
+            str(s.acked_index),
             ",".join(r.store_id for r in s.copy_set),
         ]
         for s in segments.segments
     ]
     print()
-    print_table(rows, ["SEGMENT", "STATE", "FINAL", "COPY SET"])
+    print_table(rows, ["SEGMENT", "STATE", "FINAL", "ACKED", "COPY SET"])
     return 0
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from streamengine.tools.harness import STREAMENGINE, Cluster, free_port, wait_for
+from streamengine.client import StreamClient
+from streamengine.tools.harness import STREAMENGINE, Cluster, free_port, wait_for, wait_until
 
 
 def run_cli(
@@ -260,6 +263,43 @@ def test_append_and_tail(cluster: Cluster) -> None:
 
     missing = run_cli("tail", "cli/missing", *master)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+async def test_status_and_describe_show_the_open_segment_move(cluster: Cluster) -> None:
+    """The leader reports its acked index with each lease renewal: an operator sees the
+    open segment's acked index, and still sees it once that writer has gone."""
+    master = ["--master", cluster.master_address]
+    events = 2000
+
+    async def shown() -> tuple[int, int, list[dict[str, Any]]]:
+        status = await asyncio.to_thread(run_cli, "status", "--json", *master)
+        described = await asyncio.to_thread(
+            run_cli, "stream", "describe", "cli/progress", "--json", *master
+        )
+        assert status.returncode == 0 and described.returncode == 0, status.stderr
+        stream = json.loads(status.stdout)["streams"][0]
+        info = json.loads(described.stdout)
+        open_segments = [s for s in info["segments"] if s["state"] == "open"]
+        return stream["acked_index"], info["acked_index"], open_segments
+
+    async def all_acked_shown() -> bool:
+        in_status, in_describe, open_segments = await shown()
+        return (
+            in_status >= events
+            and in_describe >= events
+            and len(open_segments) == 1
+            and open_segments[0]["acked_index"] >= events
+        )
+
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("cli/progress", replicas=3, write_quorum=2)
+        async with client.writer("cli/progress") as writer:
+            for first in range(0, events, 500):
+                await writer.append_batch([b"event %d" % i for i in range(first, first + 500)])
+            await wait_until(all_acked_shown, timeout_s=30, message="acked events shown")
+        await wait_until(all_acked_shown, timeout_s=30, message="shown after the writer left")
+    table = await asyncio.to_thread(run_cli, "stream", "describe", "cli/progress", *master)
+    assert "ACKED" in table.stdout and str(events) in table.stdout
 
 
 def test_tail_follow_prints_events_appended_later(cluster: Cluster, tmp_path: Path) -> None:

@@ -142,8 +142,8 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
             )
             source_entries = await read_all(stub, segment, 1, 301)
         async with store_stub(target.address) as stub:
-            # A partial, different copy on the target is replaced, not merged.
-            await write_all(stub, [write_request(segment, 9, 0, [entry(5, 9, b"stale")])])
+            # A partial copy of an older epoch on the target is overwritten in place.
+            await write_all(stub, [write_request(segment, 2, 0, [entry(5, 2, b"stale")])])
             copied = await stub.CopySegment(
                 segment_store_pb2.CopySegmentRequest(
                     segment=segment, source_address=source.address, final_index=301, fence=4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from streamengine.client.core.leader import (
@@ -12,14 +14,13 @@ from streamengine.client.core.leader import (
 from streamengine.client.core.replicator import (
     SegmentRef,
 )
+from streamengine.master import repair
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.errors import MasterError, SealConflict
 from streamengine.master.model import SegmentRecord
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.segment_store.store import (
-    SegmentKey,
-)
+from streamengine.segment_store.store import DigestInfo, SegmentKey, SegmentStateInfo
 from tests.sim import messages as m
 from tests.sim.network import Message
 
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
 from tests.sim.nodes import MASTER, Node
 
 # ---- master ----
+
+# Repairs at once, as the real master's default `--repair-concurrency`.
+REPAIR_CONCURRENCY = 3
+# The task's call timeouts, scaled to the simulation's virtual time (the real ones,
+# `repair.COPY_TIMEOUT_MS` and `repair.CONTROL_TIMEOUT_MS`, span whole runs here).
+COPY_TIMEOUT_MS = 2000
+CONTROL_TIMEOUT_MS = 500
 
 
 class MemoryCatalog(Catalog):
@@ -79,6 +87,8 @@ class MasterNode(Node):
         )
         for store in world.store_names:
             self.state.register_store(store, f"{store}:1", "", 1 << 40, 0)
+        self.repairs = repair.RepairQueue(REPAIR_CONCURRENCY)
+        self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
 
     def _load(self) -> MasterState:
         cfg = self.world.config
@@ -88,13 +98,21 @@ class MasterNode(Node):
         super().restart()
         self.state = self._load()
         self.world.checker.master_changed(self.state)
+        # The repairer's queue and the copies under way are memory only, as in the
+        # real master: a restart forgets them and plans again.
+        self.repairs = repair.RepairQueue(REPAIR_CONCURRENCY)
+        self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
 
     def handle(self, message: Message) -> None:
         body = message.body
         if isinstance(body, m.StoreHeartbeat):
             now = self.world.now
-            if self.state.store_heartbeat(body.store, 0, 1 << 40, {}, now) is None:
+            held = dict(body.held)
+            deletes = self.state.store_heartbeat(body.store, 0, 1 << 40, held, now)
+            if deletes is None:
                 self.state.register_store(body.store, f"{body.store}:1", "", 1 << 40, now)
+            elif deletes:
+                self.world.net.send(self.name, body.store, m.StoreHeartbeatReply(tuple(deletes)))
             return
         assert isinstance(body, m.Call)
         try:
@@ -174,3 +192,125 @@ class MasterNode(Node):
         cores = {n: s.core for n, s in self.world.stores.items()}
         self.world.checker.sealed_at_master(key, sealed.final_index, cores)
         return sealed
+
+    # ---- repair: the real planning, queue and task steps (master.repair) ----
+
+    def repair_tick(self) -> None:
+        now = self.world.now
+        state = self.state
+        for task in self.repairs.next_tasks(
+            now, lambda busy, slots: state.plan_repairs(now, busy, slots)
+        ):
+            self.world.note(
+                f"repair {task.reason}: seg{task.segment[1]} {task.replaced} -> {task.target}"
+                f" from {task.source}"
+            )
+            self.world.stats[f"repair {task.reason}"] += 1
+            self.world.stats["repairs in place"] += task.target == task.replaced
+            _RepairRun(self, task).start()
+        self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
+
+    def plan_moves(self, tasks: list[repair.Task]) -> None:
+        self.repairs.plan_moves(tasks)
+
+
+class _RepairRun:
+    """Carries one `RepairOp` out over the simulated network, as `Repairer` does over
+    gRPC: each action becomes a call (or the swap, on the state), each answer an event."""
+
+    def __init__(self, master: MasterNode, task: repair.Task) -> None:
+        self.master = master
+        self.state = master.state
+        self.task = task
+        self.op = repair.RepairOp(task)
+        self.segment = SegmentKey(*task.segment)
+        self.copying = False
+        self.over = False
+        self.digests: dict[str, DigestInfo] = {}
+
+    def start(self) -> None:
+        self._perform(self.op.start(self.state.segments.get(self.task.segment)))
+
+    def _feed(self, event: repair.RepairEvent) -> None:
+        self._perform(self.op.step(event))
+
+    def _call(self, store: str, request: object, on_answer: Callable[[object], None]) -> None:
+        timeout = COPY_TIMEOUT_MS if isinstance(request, m.CopySegment) else CONTROL_TIMEOUT_MS
+        self.master.call(
+            store,
+            request,
+            on_answer,
+            timeout_ms=timeout,
+            on_timeout=lambda: self._feed(repair.StepFailed(f"{store} did not answer")),
+        )
+
+    def _perform(self, action: repair.RepairAction | None) -> None:
+        if action is None:
+            self._finish()
+        elif isinstance(action, repair.AskSourceState):
+            self._call(action.source, m.GetSegmentState(self.segment), self._on_state)
+        elif isinstance(action, repair.CopyToTarget):
+            self.state.begin_copy(action.target, self.task.segment)
+            self.copying = True
+            request = m.CopySegment(self.segment, action.source, action.final_index, action.fence)
+            self._call(action.target, request, self._on_copied)
+        elif isinstance(action, repair.AskDigests):
+            for store in (action.source, action.target):
+                self._call(
+                    store,
+                    m.Digest(self.segment, action.final_index),
+                    functools.partial(self._on_digest, store),
+                )
+        elif isinstance(action, repair.SwapReplica):
+            try:
+                self.state.swap_replica(
+                    self.task.segment, action.replaced, action.target, action.held, self.now
+                )
+            except MasterError as error:
+                self._feed(repair.StepFailed(str(error)))
+                return
+            self.master.world.checker.master_changed(self.state)
+            self._feed(repair.Swapped())
+        else:
+            self.master.call(action.store, m.Delete(self.segment), lambda answer: None)
+            self._finish()
+
+    @property
+    def now(self) -> int:
+        return self.master.world.now
+
+    def _on_state(self, answer: object) -> None:
+        if isinstance(answer, SegmentStateInfo):
+            self._feed(repair.SourceState(answer.fence, answer.acked_index, answer.bytes))
+        else:
+            self._feed(repair.StepFailed(f"{answer!r}"))
+
+    def _on_copied(self, answer: object) -> None:
+        if isinstance(answer, m.CopyReply):
+            self._feed(repair.Copied(answer.digest))
+        else:
+            self._feed(repair.StepFailed(f"{answer!r}"))
+
+    def _on_digest(self, store: str, answer: object) -> None:
+        if self.op.error:
+            return  # the other digest failed already
+        if not isinstance(answer, DigestInfo):
+            self._feed(repair.StepFailed(f"{answer!r}"))
+            return
+        self.digests[store] = answer
+        source, target = self.task.source, self.task.target
+        if source in self.digests and target in self.digests:
+            got = self.digests[target]
+            self._feed(repair.Digests(self.digests[source].digest, got.digest, got.entries_held))
+
+    def _finish(self) -> None:
+        if self.over:
+            return  # a late answer after the task failed
+        self.over = True
+        if self.copying:
+            self.state.end_copy(self.task.target, self.task.segment)
+        failed = bool(self.op.error)
+        self.master.repairs.finished(self.task, failed, self.now)
+        outcome = f"failed: {self.op.error}" if failed else "done"
+        self.master.world.stats[f"repairs {'failed' if failed else 'done'}"] += 1
+        self.master.world.note(f"repair of seg{self.segment.epoch} -> {self.task.target} {outcome}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from streamengine.master.model import Held
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.store import SegmentKey
 
@@ -91,6 +92,19 @@ class ListSegments:
 @dataclass(frozen=True, slots=True)
 class StoreHeartbeat:
     store: str
+    # What the store holds: (stream id, epoch) -> (fence, acked, last index, bytes).
+    held: tuple[tuple[tuple[int, int], Held], ...] = ()
+
+    def __str__(self) -> str:
+        return f"StoreHeartbeat({self.store}, {len(self.held)} segments)"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHeartbeatReply:
+    """The segments the master wants the store to delete (not a copy-set member of a
+    sealed segment, or of a deleted stream)."""
+
+    deletes: tuple[tuple[int, int], ...]
 
 
 # ---- stores: unary ----
@@ -159,6 +173,45 @@ class TailReply:
 
     def __str__(self) -> str:
         return f"TailReply({show_entries(self.entries)}, acked {self.acked_index})"
+
+
+@dataclass(frozen=True, slots=True)
+class GetSegmentState:
+    segment: SegmentKey
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    segment: SegmentKey
+    up_to_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopySegment:
+    """To the target: pull `segment` 1..final_index from `source`, verify, confirm."""
+
+    segment: SegmentKey
+    source: str
+    final_index: int
+    fence: int
+
+    def __str__(self) -> str:
+        return (
+            f"CopySegment({show_segment(self.segment)} from {self.source}, "
+            f"final {self.final_index}, fence {self.fence})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CopyReply:
+    entries_copied: int
+    digest: bytes
+    acked_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    segment: SegmentKey
 
 
 @dataclass(frozen=True, slots=True)

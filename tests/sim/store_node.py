@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from streamengine.master.model import Held
 from streamengine.protocol.entry import StoredEntry
-from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store import copy_rules
+from streamengine.segment_store.copy import CopySourceUnavailable
+from streamengine.segment_store.kv import KVOp, MemoryKV
+from streamengine.segment_store.store import BelowFence as StoreRefused
 from streamengine.segment_store.store import (
+    Command,
+    CopyRefused,
+    DigestInfo,
+    Outcome,
+    SealCommand,
     SegmentKey,
     SegmentNotFound,
+    SegmentStateInfo,
     SegmentStoreCore,
+    StoreError,
+    WriteCommand,
     WriteResult,
 )
-from streamengine.segment_store.store import StoreFenced as StoreRefused
 from tests.sim import messages as m
 from tests.sim.network import Message
 
@@ -22,6 +35,13 @@ if TYPE_CHECKING:
 from tests.sim.nodes import MASTER, STORE_HEARTBEAT_MS, Node
 
 # ---- stores ----
+
+# CopySegment: entries per copied batch (small, so a copy spans several steps and other
+# writes interleave), and how long the target waits for each answer of the source.
+COPY_BATCH_ENTRIES = 16
+COPY_CALL_TIMEOUT_MS = 500
+# A store with fsync never: how often the system writes its dirty pages back.
+UNSYNCED_FLUSH_MS = 500
 
 
 class SyncedMemoryKV(MemoryKV):
@@ -36,23 +56,57 @@ class SyncedMemoryKV(MemoryKV):
         pass
 
 
+class UnsyncedMemoryKV(MemoryKV):
+    """A store running with `--fsync never`: no write is synced when it is answered;
+    the system writes dirty pages back now and then (`flush`). A crash loses what was
+    written since."""
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        super().write(ops, False)
+
+    def flush(self) -> None:
+        super().sync()
+
+
 class StoreNode(Node):
     def __init__(self, name: str, world: World) -> None:
         super().__init__(name, world)
-        self.kv = SyncedMemoryKV()
+        self.fsync_never = name in world.config.fsync_never
+        self.kv: MemoryKV = UnsyncedMemoryKV() if self.fsync_never else SyncedMemoryKV()
         self.core = SegmentStoreCore(self.kv)
         self.heartbeat()
+        if self.fsync_never:
+            self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
+
+    def write_back(self) -> None:
+        assert isinstance(self.kv, UnsyncedMemoryKV)
+        self.kv.flush()
+        self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
 
     def heartbeat(self) -> None:
-        self.world.net.send(self.name, MASTER, m.StoreHeartbeat(self.name))
+        held = tuple(
+            (
+                (segment.stream_id, segment.epoch),
+                Held(meta.fence, meta.acked_index, meta.last_index, meta.payload_bytes),
+            )
+            for segment, meta in sorted(self.core.metas().items())
+        )
+        self.world.net.send(self.name, MASTER, m.StoreHeartbeat(self.name, held))
         self.timer(STORE_HEARTBEAT_MS, "heartbeat", self.heartbeat)
+
+    def delete(self, segment: SegmentKey) -> bool:
+        existed = self.core.delete(segment)
+        self.world.checker.store_deleted(self.name, segment)
+        return existed
 
     def restart(self) -> None:
         super().restart()
-        self.kv.crash()  # loses nothing: every write was synced
+        self.kv.crash()  # loses nothing unless the store runs with fsync never
         self.core = SegmentStoreCore(self.kv)
-        self.world.checker.store_restarted(self.name, self.core)
+        self.world.checker.store_restarted(self.name, self.core, self.fsync_never)
         self.heartbeat()
+        if self.fsync_never:
+            self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
 
     def fence(self, segment: SegmentKey) -> int:
         meta = self.core.meta(segment)
@@ -81,7 +135,14 @@ class StoreNode(Node):
         if isinstance(body, m.WriteRequest):
             self._stream_write(message, body)
             return
+        if isinstance(body, m.StoreHeartbeatReply):
+            for stream_id, epoch in body.deletes:
+                self.delete(SegmentKey(stream_id, epoch))
+            return
         assert isinstance(body, m.Call)
+        if isinstance(body.request, m.CopySegment):
+            _SegmentCopy(self, message, body.request).start()
+            return
         self.answer(message, self._serve(body.request))
 
     def _stream_write(self, message: Message, request: m.WriteRequest) -> None:
@@ -134,6 +195,12 @@ class StoreNode(Node):
                 )
             if isinstance(request, m.Tail):
                 return self._tail(request)
+            if isinstance(request, m.GetSegmentState):
+                return core.state(request.segment)
+            if isinstance(request, m.Digest):
+                return core.digest(request.segment, request.up_to_index)
+            if isinstance(request, m.Delete):
+                return self.delete(request.segment)
         except SegmentNotFound as error:
             return error
         raise AssertionError(f"unknown request {request!r}")
@@ -151,3 +218,127 @@ class StoreNode(Node):
             request.segment, request.from_index, 0, acked_only=True, limit=request.limit
         )
         return m.TailReply(tuple(entries), meta.acked_index)
+
+
+class _SegmentCopy:
+    """CopySegment on a simulated store: the steps of `copy_rules`, as the real store's
+    `segment_store.copy.SegmentCopy` takes them, with calls to the source over the
+    simulated network; a batch per timer tick, so other writes interleave."""
+
+    def __init__(self, store: StoreNode, message: Message, request: m.CopySegment) -> None:
+        self.store = store
+        self.message = message
+        self.request = request
+        self.segment = request.segment
+        self.fence = 0
+        self.copied = 0
+
+    def start(self) -> None:
+        try:
+            copy_rules.check_request(self.request.final_index, self.request.source)
+        except StoreError as error:
+            self._end(error)
+            return
+        self._ask(m.GetSegmentState(self.segment), self._on_state)
+
+    def _ask(self, request: object, on_answer: Callable[[object], None]) -> None:
+        self.store.call(
+            self.request.source,
+            request,
+            on_answer,
+            timeout_ms=COPY_CALL_TIMEOUT_MS,
+            on_timeout=lambda: self._end(CopySourceUnavailable("the source did not answer")),
+        )
+
+    def _end(self, result: object) -> None:
+        self.store.answer(self.message, result)
+
+    def _apply(self, command: Command) -> Outcome:
+        """One command through the core, with the checks every store mutation gets."""
+        store = self.store
+        fence = store.fence(self.segment)
+        try:
+            outcome = store.core.execute(command)
+        except StoreError as error:
+            return error
+        epoch = command.writer_epoch if isinstance(command, WriteCommand) else fence
+        if isinstance(command, SealCommand):
+            epoch = command.new_epoch
+        store.world.checker.write_attempted(store.name, self.segment, epoch, fence, True)
+        touched = (1, 0)
+        if isinstance(command, WriteCommand):
+            touched = (command.entries[0].index, command.entries[-1].index)
+        store.world.checker.store_changed(store.name, store.core, self.segment, touched)
+        return outcome
+
+    def _on_state(self, answer: object) -> None:
+        if not isinstance(answer, SegmentStateInfo):
+            self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+            return
+        local = self.store.core.meta(self.segment)
+        try:
+            self.fence = copy_rules.copy_fence(
+                self.segment,
+                self.request.final_index,
+                answer.fence,
+                answer.acked_index,
+                self.request.fence,
+                local.fence if local is not None else 0,
+            )
+        except StoreError as error:
+            self._end(error)
+            return
+        if "copy_unfenced" in self.store.world.config.flaws:
+            # The flaw (CopySegment as it was): drop the copy and its fence, then write
+            # every batch with acked index = final before the digest is compared.
+            self.store.core.delete(self.segment)
+            self._ask(m.Read(self.segment, 1, self.request.final_index), self._on_read)
+            return
+        outcome = self._apply(copy_rules.fence_command(self.segment, self.fence))
+        if isinstance(outcome, StoreError):
+            self._end(outcome)
+            return
+        self._ask(m.Read(self.segment, 1, self.request.final_index), self._on_read)
+
+    def _on_read(self, answer: object) -> None:
+        if not isinstance(answer, m.ReadReply):
+            self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+            return
+        batches = [
+            answer.entries[i : i + COPY_BATCH_ENTRIES]
+            for i in range(0, len(answer.entries), COPY_BATCH_ENTRIES)
+        ]
+        self._write_next(batches)
+
+    def _write_next(self, batches: list[tuple[StoredEntry, ...]]) -> None:
+        if not batches:
+            self._ask(m.Digest(self.segment, self.request.final_index), self._on_digest)
+            return
+        batch, rest = batches[0], batches[1:]
+        command = copy_rules.write_command(self.segment, self.fence, batch)
+        if "copy_unfenced" in self.store.world.config.flaws:
+            command = replace(command, acked_index=self.request.final_index)
+        outcome = self._apply(command)
+        if isinstance(outcome, StoreError):
+            self._end(outcome)
+            return
+        self.copied += len(batch)
+        self.store.timer(1, "copy batch", lambda: self._write_next(rest))
+
+    def _on_digest(self, answer: object) -> None:
+        if not isinstance(answer, DigestInfo):
+            self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+            return
+        final = self.request.final_index
+        try:
+            local = self.store.core.digest(self.segment, final)
+            copy_rules.verify(self.segment, final, local, answer.digest)
+        except StoreError as error:
+            self._end(error)
+            return
+        outcome = self._apply(copy_rules.confirm_command(self.segment, self.fence, final))
+        if isinstance(outcome, StoreError):
+            self._end(outcome)
+            return
+        assert isinstance(outcome, WriteResult) and outcome.acked_index >= final
+        self._end(m.CopyReply(self.copied, local.digest, outcome.acked_index))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,9 @@ CHUNK = 50
 STEPS = 800
 
 
-def _failures(results: list[RunResult]) -> list[str]:
+def _failures(results: list[RunResult], steps: int = STEPS) -> list[str]:
     return [
-        f"{r.summary()}\n  replay: python -m tests.sim {r.config.seed} --steps {STEPS}"
+        f"{r.summary()}\n  replay: python -m tests.sim {r.config.seed} --steps {steps}"
         + (f"\n{r.error}" if r.error else "")
         for r in results
         if not r.ok
@@ -47,6 +48,57 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     assert sum(r.acked for r in results) > 0
     assert sum(r.leaders > 1 for r in results) > CHUNK // 5, "too few leader changes"
     assert sum(r.stats["recoveries decided"] for r in results) > CHUNK // 5
+
+
+# Longer runs, where stores stay dead past the store timeout, miss bridges and are
+# drained: enough for the master's repairs to run under faults.
+REPAIR_SEEDS = 30
+REPAIR_STEPS = 3000
+
+
+def test_repairs_drains_and_rebalances_keep_invariants() -> None:
+    """The master's real repair (planning, `RepairQueue`, `RepairOp`) and the stores'
+    CopySegment (`copy_rules`) run under faults: every kind of move happens, and every
+    checker holds (a sealed replica at the bridge equals the others, no reader sees an
+    entry change)."""
+    results = [run_seed(seed, REPAIR_STEPS) for seed in range(REPAIR_SEEDS)]
+    failures = [
+        f.replace(f"--steps {STEPS}", f"--steps {REPAIR_STEPS}") for f in _failures(results)
+    ]
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for result in results:
+        stats.update(result.stats)
+    assert stats["repairs done"] > 0, stats
+    for kind in ("store-dead", "missed-bridge", "drain", "rebalance"):
+        assert stats[f"repair {kind}"] > 0, (kind, stats)
+    assert stats["repairs in place"] > 0, stats
+
+
+def test_seed_532_a_roll_lost_after_closing_a_gap_is_asked_again() -> None:
+    """Found with repairs on: the shell closed a gap, its RollSegment was lost, and every
+    later renewal of the same grant was ignored, so the stream never had a leader."""
+    result = run_seed(532, REPAIR_STEPS)
+    assert result.ok, result.summary()
+
+
+def test_an_fsync_never_store_losing_acked_entries_is_the_documented_loss() -> None:
+    """A store with fsync never (DESIGN: unsafe) restarts without writes it had acked:
+    the checker reports the loss as such, and what it breaks afterwards is classified
+    as that loss (here a lone replica, N = W = 1, loses entries readers had seen)."""
+    result = run_seed(42, REPAIR_STEPS, overrides={"fsync_never": ("s1",)})
+    assert result.unsynced_losses and result.documented_loss, result.summary()
+    assert result.ok and result.violation is not None and result.violation.invariant == 2
+
+
+def test_fsync_never_on_w_minus_1_stores_can_still_lose_acked_entries() -> None:
+    """At most W - 1 stores with fsync never in a copy set does not make them safe:
+    with N = W = 3 (R = 1) and two of them, a recovery that reads only a store that
+    lost its unsynced writes decides without an acked event (seed 119: readers see a
+    BRIDGE where an acked event was). DESIGN documents fsync never as unsafe."""
+    result = run_seed(119, REPAIR_STEPS)
+    assert len(result.config.fsync_never) == result.config.policy.write_quorum - 1
+    assert result.unsynced_losses and result.documented_loss, result.summary()
 
 
 def test_a_grant_without_a_segment_needs_the_shell() -> None:
@@ -94,6 +146,9 @@ FLAWED = [
     ("ack_before_seal", 1, 0),  # the shell lets the new segment ack before recovery ends
     ("ignore_fence", 3, 0),  # a store lets a write below its fence through
     ("fail_in_doubt", 1, 0),  # the shell tells users an append failed that may be durable
+    # CopySegment as it was: the copy (and its fence) deleted, batches acked before the
+    # digest; a member refilled in place stops serving what it served (from seed 206).
+    ("copy_unfenced", 2, 200),
 ]
 FLAW_SEEDS_MAX = 500
 

@@ -256,7 +256,10 @@ class WriterNode(Node):
         both under the granted epoch, then gives the lease back: the next grant has a
         segment. Safety does not rest on this lease (stores fence by epoch)."""
         if answer.epoch == self.gap_epoch:
-            return  # a renewal while closing
+            # A renewal while closing, or after: a RollSegment lost on the way (unary
+            # calls are not retried here) is asked again once both are sealed.
+            self.gap_closed()
+            return
         assert answer.policy is not None
         self.gap_epoch = answer.epoch
         self.world.stats["grants without a segment closed by the shell"] += 1

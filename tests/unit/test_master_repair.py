@@ -201,3 +201,82 @@ def test_targets_told_to_delete_the_segment_are_avoided() -> None:
 )
 def test_roll_reason(rule, cluster, reason) -> None:
     assert repair.roll_reason(("a", "b", "c"), cluster) == reason, rule
+
+
+# ---- carrying a task out (RepairOp) and choosing the next ones (RepairQueue) ----
+
+
+def _move(replaced: str = "c", target: str = "d") -> repair.Task:
+    return repair.Task((1, 1), "a", target, replaced, repair.STORE_DEAD, 100)
+
+
+def _through_digests(op: repair.RepairOp, target_digest: bytes = b"D") -> object:
+    assert op.start(seg(1)) == repair.AskSourceState("a")
+    copy = op.step(repair.SourceState(fence=2, acked_index=5, bytes=100))
+    assert copy == repair.CopyToTarget(op.task.target, "a", 5, 2)
+    assert op.step(repair.Copied(b"D")) == repair.AskDigests("a", op.task.target, 5)
+    return op.step(repair.Digests(b"D", target_digest, 5))
+
+
+def test_a_replaced_copy_is_deleted_only_after_the_verified_copy_is_swapped_in() -> None:
+    op = repair.RepairOp(_move())
+    swap = _through_digests(op)
+    assert swap == repair.SwapReplica("c", "d", Held(2, 5, 5, 100))
+    assert op.step(repair.Swapped()) == repair.DeleteReplaced("c")
+    assert not op.error
+
+
+def test_a_member_refilled_in_place_is_never_deleted() -> None:
+    op = repair.RepairOp(_move(replaced="c", target="c"))
+    assert isinstance(_through_digests(op), repair.SwapReplica)
+    assert op.step(repair.Swapped()) is None and not op.error
+
+
+@pytest.mark.parametrize(
+    ("rule", "events", "error"),
+    [
+        ("the source must hold the bridge", [repair.SourceState(2, 4, 100)], "below the bridge"),
+        (
+            "the digests must match",
+            [repair.SourceState(2, 5, 100), repair.Copied(b""), repair.Digests(b"S", b"T", 5)],
+            "differs",
+        ),
+        (
+            "the copy must hold every index",
+            [repair.SourceState(2, 5, 100), repair.Copied(b""), repair.Digests(b"S", b"S", 4)],
+            "holds 4 of 5",
+        ),
+        ("a failed call ends the task", [repair.StepFailed("UNAVAILABLE: down")], "UNAVAILABLE"),
+    ],
+)
+def test_a_task_that_fails_a_check_swaps_and_deletes_nothing(
+    rule: str, events: list[repair.RepairEvent], error: str
+) -> None:
+    op = repair.RepairOp(_move())
+    action = op.start(seg(1))
+    for event in events:
+        assert action is not None, rule
+        action = op.step(event)
+    assert action is None and error in op.error, rule
+
+
+def test_a_task_no_longer_valid_does_nothing() -> None:
+    assert repair.RepairOp(_move(replaced="x")).start(seg(1)) is None
+    assert repair.RepairOp(_move(target="b")).start(seg(1)) is None
+    assert repair.RepairOp(_move()).start(seg(1, state=SegmentState.OPEN)) is None
+
+
+def test_the_queue_runs_operator_moves_first_and_backs_off_a_failed_segment() -> None:
+    queue = repair.RepairQueue(concurrency=2, retry_ms=100)
+    planned = [repair.Task((1, 9), "a", "d", "c", repair.STORE_DEAD, 1)]
+    move = repair.Task((1, 1), "a", "d", "a", repair.REBALANCE, 1)
+    queue.plan_moves([move])
+    assert queue.next_tasks(0, lambda busy, slots: planned[:slots]) == [move, planned[0]]
+    assert queue.next_tasks(0, lambda busy, slots: pytest.fail("no slot left")) == []
+    queue.finished(move, failed=True, now_ms=0)
+    assert (
+        queue.next_tasks(50, lambda busy, slots: [t for t in [move] if t.segment not in busy]) == []
+    )
+    assert queue.next_tasks(
+        100, lambda busy, slots: [t for t in [move] if t.segment not in busy]
+    ) == [move]

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master import repairer as repairer_module
+from streamengine.master import repair
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.model import Held, SegmentRecord, SegmentState, StreamRecord
-from streamengine.master.repairer import Repairer
 from streamengine.master.state import MasterState
 
 TIMEOUT = 3000
@@ -47,10 +46,9 @@ def report_all(state: MasterState, now: int, skip: str = "", acked: int = 5) -> 
 
 
 def test_confirmed_segments_are_skipped_until_something_changes(state: MasterState) -> None:
-    runner = Repairer(state, 3, lambda: NOW)
     report_all(state, NOW)
     assert len(state.repair_candidates(state.store_views(NOW))) == 20, "unconfirmed after a start"
-    assert runner._plan(NOW, set(), 3) == []
+    assert state.plan_repairs(NOW, set(), 3) == []
     assert state.repair_candidates(state.store_views(NOW)) == [], "all confirmed"
 
     # s1 stops holding the bridge of its segments: only those are looked at again.
@@ -64,18 +62,17 @@ def test_confirmed_segments_are_skipped_until_something_changes(state: MasterSta
     report_all(state, later, skip="s2")
     suspects = {s.key for s in state.repair_candidates(state.store_views(later))}
     assert state.members["s2"] <= suspects
-    tasks = runner._plan(later, set(), 3)
+    tasks = state.plan_repairs(later, set(), 3)
     assert len(tasks) == 3 and all(t.replaced == "s2" for t in tasks)
 
 
 def test_a_tick_judges_a_bounded_rotating_window(state: MasterState, monkeypatch) -> None:
-    monkeypatch.setattr(repairer_module, "JUDGED_PER_TICK", 6)
-    runner = Repairer(state, 3, lambda: NOW)
+    monkeypatch.setattr(repair, "JUDGED_PER_TICK", 6)
     report_all(state, NOW)
     seen = []
     while state.unconfirmed:
         before = set(state.unconfirmed)
-        runner._plan(NOW, set(), 3)
+        state.plan_repairs(NOW, set(), 3)
         confirmed = before - state.unconfirmed
         assert 0 < len(confirmed) <= 6
         seen += sorted(confirmed)

@@ -321,6 +321,32 @@ def test_a_sealed_replica_outside_the_copy_set_is_garbage(master: Master) -> Non
     )
 
 
+def test_acked_index_shown_is_the_leaders_report_while_open_then_the_stores(
+    master: Master,
+) -> None:
+    st = master.state
+    first = beat(master, "w1").segment
+    assert first is not None and st.segment_acked_index(first) == 0
+    st.writer_heartbeat("t/s", "w1", 1, 1500, 9000, master.now)
+    assert st.segment_acked_index(first) == 1500
+    assert st.stream_acked_index(first.stream_id) == (1, 1500)
+    assert st.release_lease("t/s", "w1", 1, master.now)
+    assert st.stream_acked_index(first.stream_id) == (1, 1500), "kept after the writer left"
+    # A store that reports more (an idle tick the master did not hear of) wins.
+    member = first.copy_set[0]
+    st.store_heartbeat(member, 0, 0, {first.key: Held(1, 1600, 1600, 9000)}, master.now)
+    assert st.segment_acked_index(first) == 1600
+    # The next leader's segment starts from nothing: the old report is not about it.
+    second = beat(master, "w2").segment
+    assert second is not None and second.epoch == 2
+    assert st.segment_acked_index(second) == 0
+    assert st.stream_acked_index(first.stream_id) == (2, 0)
+    sealed = st.seal_segment("t/s", 1, 2, 1601, master.now)
+    for store in sealed.copy_set:
+        st.store_heartbeat(store, 0, 0, {sealed.key: Held(2, 1601, 1601, 9000)}, master.now)
+    assert st.segment_acked_index(sealed) == 1601
+
+
 def test_dead_member_of_open_segment_asks_leader_to_roll(master: Master) -> None:
     segment = beat(master, "w1").segment
     assert segment is not None

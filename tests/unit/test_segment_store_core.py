@@ -10,17 +10,20 @@ import pytest
 
 from streamengine.protocol.entry import CorruptEntry, EntryKind, StoredEntry, encode_value
 from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.segment_store import copy_rules
 from streamengine.segment_store.keys import entry_key, segment_entries_range
 from streamengine.segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
 from streamengine.segment_store.store import (
     BadRequest,
+    BelowFence,
+    CopyMismatch,
+    CopyRefused,
     DeleteCommand,
     SealCommand,
     SegmentKey,
     SegmentNotFound,
     SegmentStoreCore,
     StoredCopyCorrupt,
-    StoreFenced,
     WriteCommand,
     WriteResult,
 )
@@ -55,7 +58,7 @@ def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
     core.write(SEG, 3, 0, events(1, 2))
     core.seal(SEG, 5)
     before = snapshot(core.kv)
-    with pytest.raises(StoreFenced) as refused:
+    with pytest.raises(BelowFence) as refused:
         core.write(SEG, 4, 2, events(3, 4, epoch=4))
     assert refused.value.fence == 5
     assert snapshot(core.kv) == before
@@ -82,7 +85,7 @@ def test_seal_raises_the_fence_and_equal_is_idempotent(
 
 def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: SegmentStoreCore) -> None:
     core.seal(SEG, 6)
-    with pytest.raises(StoreFenced) as refused:
+    with pytest.raises(BelowFence) as refused:
         core.seal(SEG, 5)
     assert refused.value.fence == 6
     assert core.state(SEG).fence == 6
@@ -307,7 +310,7 @@ def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore)
     outcomes = plan.outcomes
     assert outcomes[2].held_epochs == (3,)  # type: ignore[union-attr]
     assert outcomes[3].matched_index == 4 and outcomes[3].acked_index == 3  # type: ignore[union-attr]
-    assert isinstance(outcomes[5], StoreFenced)
+    assert isinstance(outcomes[5], BelowFence)
     assert core.state(SEG).fence == 4 and core.state(SEG).last_index == 4
     assert core.state(other).matched_index == 1
 
@@ -415,6 +418,83 @@ def test_delete_removes_entries_and_metadata(core: SegmentStoreCore) -> None:
     assert core.delete(SEG) is False
     assert core.segments() == [SegmentKey(7, 4)]
     assert core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch)) == []
+
+
+# ---- segment copy (CopySegment's steps, copy_rules) ----
+
+
+def _copy_source() -> SegmentStoreCore:
+    """Epoch 3 acked 1..4; recovery at 4 put a hole at 5 and the bridge at 6; sealed at 4."""
+    source = SegmentStoreCore(MemoryKV())
+    source.write(SEG, 3, 4, events(1, 4))
+    source.write(SEG, 4, 6, [StoredEntry.make(5, HOLE, 4), StoredEntry.make(6, BRIDGE, 4)])
+    source.seal(SEG, 4)
+    return source
+
+
+def _run_copy(source: SegmentStoreCore, target: SegmentStoreCore) -> int:
+    """The copy's steps up to, not including, the confirmation; returns its fence."""
+    info = source.state(SEG)
+    local = target.meta(SEG)
+    fence = copy_rules.copy_fence(
+        SEG, 6, info.fence, info.acked_index, 4, local.fence if local else 0
+    )
+    target.execute(copy_rules.fence_command(SEG, fence))
+    target.execute(copy_rules.write_command(SEG, fence, source.read(SEG, 1, 6)))
+    copy_rules.verify(SEG, 6, target.digest(SEG, 6), source.digest(SEG, 6).digest)
+    return fence
+
+
+def test_a_copy_is_fenced_first_and_raises_no_acked_index_before_it_is_confirmed(
+    core: SegmentStoreCore,
+) -> None:
+    source = _copy_source()
+    core.write(SEG, 3, 2, events(1, 3))  # missed the bridge
+    core.write(SEG, 3, 2, [ev(5, payload=b"stale")])
+    fence = _run_copy(source, core)
+    assert fence == 4 and core.state(SEG).fence == 4
+    assert core.state(SEG).acked_index == 2, "verified is not yet confirmed"
+    with pytest.raises(BelowFence):  # the old leader, delayed
+        core.write(SEG, 3, 6, [ev(5, payload=b"late")])
+    confirmed = core.confirm_copy(SEG, fence, 6)
+    assert (confirmed.acked_index, core.state(SEG).bridge_index) == (6, 6)
+    assert core.read(SEG, 1, acked_only=True) == source.read(SEG, 1, 6)
+
+
+def test_a_copy_is_confirmed_only_while_it_holds_its_fence_and_every_index(
+    core: SegmentStoreCore,
+) -> None:
+    source = _copy_source()
+    fence = _run_copy(source, core)
+    core.delete(SEG)  # a delete in between drops the fence with the copy
+    with pytest.raises(CopyRefused):
+        core.confirm_copy(SEG, fence, 6)
+    core.write(SEG, 4, 0, events(1, 3, epoch=4))
+    core.seal(SEG, 4)
+    with pytest.raises(CopyRefused):  # fenced again, but short of the final index
+        core.confirm_copy(SEG, fence, 6)
+    assert core.state(SEG).acked_index == 0
+
+
+def test_a_copy_never_lowers_the_fence_and_needs_a_sealed_source_acked_to_the_end(
+    core: SegmentStoreCore,
+) -> None:
+    assert copy_rules.copy_fence(SEG, 6, 4, 6, 4, local_fence=9) == 9
+    assert copy_rules.copy_fence(SEG, 6, 4, 6, 5, local_fence=0) == 5
+    with pytest.raises(CopyRefused):
+        copy_rules.copy_fence(SEG, 6, SEG.epoch, 6, 4, 0)  # not sealed on the source
+    with pytest.raises(CopyRefused):
+        copy_rules.copy_fence(SEG, 6, 4, 5, 4, 0)  # the source never acked the bridge
+
+
+def test_a_copy_differing_from_its_source_is_a_mismatch_and_stays_unconfirmed(
+    core: SegmentStoreCore,
+) -> None:
+    source = _copy_source()
+    core.write(SEG, 5, 0, [ev(2, epoch=5, payload=b"higher")])  # kept by the overwrite rule
+    with pytest.raises(CopyMismatch):
+        _run_copy(source, core)
+    assert core.state(SEG).acked_index == 0
 
 
 # ---- restart ----

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.kv import MemoryKV
 from streamengine.segment_store.store import (
+    BelowFence,
     Command,
     DeleteCommand,
     SealCommand,
     SegmentKey,
     SegmentStoreCore,
-    StoreFenced,
     WriteCommand,
     WriteResult,
 )
@@ -38,9 +38,9 @@ class Twin:
             m += 1
         return m
 
-    def write(self, command: WriteCommand) -> WriteResult | StoreFenced:
+    def write(self, command: WriteCommand) -> WriteResult | BelowFence:
         if command.writer_epoch < self.fence:
-            return StoreFenced(self.fence)
+            return BelowFence(self.fence)
         held = []
         for entry in command.entries:
             old = self.copies.get(entry.index)
@@ -50,9 +50,9 @@ class Twin:
         self.acked = max(self.acked, min(command.acked_index, self.matched()))
         return WriteResult(self.matched(), self.acked, self.fence, tuple(held))
 
-    def seal(self, epoch: int) -> int | StoreFenced:
+    def seal(self, epoch: int) -> int | BelowFence:
         if epoch < self.fence:
-            return StoreFenced(self.fence)
+            return BelowFence(self.fence)
         self.fence = epoch
         return self.fence
 
@@ -91,6 +91,7 @@ def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
     twin = twins.setdefault(command.segment, Twin())
     if isinstance(command, SealCommand):
         return twin.seal(command.new_epoch)
+    assert isinstance(command, WriteCommand), "the twin draws no copy confirmations"
     return twin.write(command)
 
 
@@ -131,8 +132,8 @@ def test_the_store_agrees_with_a_naive_twin_through_groups_and_restarts(
             core.apply(plan)
             for command, outcome in zip(group, plan.outcomes, strict=True):
                 expected = _apply_to_twins(twins, command)
-                if isinstance(expected, StoreFenced):
-                    assert isinstance(outcome, StoreFenced) and outcome.fence == expected.fence
+                if isinstance(expected, BelowFence):
+                    assert isinstance(outcome, BelowFence) and outcome.fence == expected.fence
                 elif isinstance(expected, WriteResult):
                     assert outcome == expected
                 elif isinstance(command, SealCommand):

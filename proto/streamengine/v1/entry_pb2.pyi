@@ -192,6 +192,7 @@ class Segment(_message.Message):
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
     SEALED_AT_MS_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
+    ACKED_INDEX_FIELD_NUMBER: _builtins.int
     state: Global___SegmentState.ValueType
     final_index: _builtins.int
     """Index of the BRIDGE once SEALED, else 0."""
@@ -201,6 +202,11 @@ class Segment(_message.Message):
     """Wall-clock milliseconds when the segment was sealed, else 0."""
     bytes: _builtins.int
     """Bytes of one replica as last reported by its stores (0 while unknown)."""
+    acked_index: _builtins.int
+    """The largest acked index the master knows for the segment (status only): what its
+    leader last reported with its lease renewal while open, or the highest a copy-set
+    store reported in its heartbeat, whichever is higher.
+    """
     @_builtins.property
     def id(self) -> Global___SegmentId: ...
     @_builtins.property
@@ -219,10 +225,11 @@ class Segment(_message.Message):
         created_at_ms: _builtins.int = ...,
         sealed_at_ms: _builtins.int = ...,
         bytes: _builtins.int = ...,
+        acked_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "sealed_at_ms", b"sealed_at_ms", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bytes", b"bytes", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "sealed_at_ms", b"sealed_at_ms", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

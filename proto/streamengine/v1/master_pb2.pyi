@@ -347,7 +347,9 @@ class StreamInfo(_message.Message):
     leader_id: _builtins.str
     """Client id of the lease holder, empty when none."""
     acked_index: _builtins.int
-    """The leader's acked index in its open segment, as it last reported it."""
+    """The acked index of the stream's latest segment (the open one while there is one),
+    as `Segment.acked_index`: kept after its leader goes away.
+    """
     open_segment_epoch: _builtins.int
     """Epoch of the open segment, 0 when none."""
     unsealed_segments: _builtins.int

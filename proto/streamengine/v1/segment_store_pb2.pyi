@@ -502,7 +502,12 @@ class CopySegmentRequest(_message.Message):
     final_index: _builtins.int
     """The segment's final index (its BRIDGE). The copy must end with it."""
     fence: _builtins.int
-    """The epoch the copy is fenced at (the source's fence)."""
+    """The fence to copy under (the source's, as the caller read it). Before the first
+    copied entry is written the target raises its fence to the highest of this, the
+    source's and its own (never lowering it), so a delayed write of an old leader is
+    refused. Copied entries raise no acked index: nothing copied is served until the
+    digest matched.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId:
         """The segment to copy; it must be sealed on the source."""
@@ -534,7 +539,10 @@ class CopySegmentReply(_message.Message):
     digest: _builtins.bytes
     """Digest of the copy up to `final_index`, equal to the source's."""
     acked_index: _builtins.int
-    """The copy's acked index: `final_index` once complete."""
+    """The copy's acked index: at least `final_index`, raised in one last write once the
+    digests matched. A copy that fails (DATA_LOSS on a mismatch, FAILED_PRECONDITION
+    when the source cannot serve it) keeps the acked index it had before.
+    """
     def __init__(
         self,
         *,

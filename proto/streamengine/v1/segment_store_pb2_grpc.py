@@ -111,7 +111,9 @@ class SegmentStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CopySegment(self, request, context):
-        """Pull a whole sealed segment from a peer store, then verify it by digest.
+        """Pull a whole sealed segment from a peer store under the source's fence, verify it
+        by digest, and only then raise the copy's acked index to the final index. A copy
+        held already (a member refilled in place) is overwritten, never deleted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

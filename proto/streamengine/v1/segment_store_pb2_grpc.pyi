@@ -56,7 +56,10 @@ class SegmentStoreStub:
     acked index advances. Keepalives flow both ways.
     """
     CopySegment: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]
-    """Pull a whole sealed segment from a peer store, then verify it by digest."""
+    """Pull a whole sealed segment from a peer store under the source's fence, verify it
+    by digest, and only then raise the copy's acked index to the final index. A copy
+    held already (a member refilled in place) is overwritten, never deleted.
+    """
     Digest: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.DigestRequest, _segment_store_pb2.DigestReply]
     """Hash kind and payload of every index up to `up_to_index`."""
     Delete: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.DeleteRequest, _segment_store_pb2.DeleteReply]
@@ -81,7 +84,10 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     acked index advances. Keepalives flow both ways.
     """
     CopySegment: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]  # type: ignore[assignment]
-    """Pull a whole sealed segment from a peer store, then verify it by digest."""
+    """Pull a whole sealed segment from a peer store under the source's fence, verify it
+    by digest, and only then raise the copy's acked index to the final index. A copy
+    held already (a member refilled in place) is overwritten, never deleted.
+    """
     Digest: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.DigestRequest, _segment_store_pb2.DigestReply]  # type: ignore[assignment]
     """Hash kind and payload of every index up to `up_to_index`."""
     Delete: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.DeleteRequest, _segment_store_pb2.DeleteReply]  # type: ignore[assignment]
@@ -133,7 +139,10 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _segment_store_pb2.CopySegmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_segment_store_pb2.CopySegmentReply, _abc.Awaitable[_segment_store_pb2.CopySegmentReply]]:
-        """Pull a whole sealed segment from a peer store, then verify it by digest."""
+        """Pull a whole sealed segment from a peer store under the source's fence, verify it
+        by digest, and only then raise the copy's acked index to the final index. A copy
+        held already (a member refilled in place) is overwritten, never deleted.
+        """
 
     @_abc_1.abstractmethod
     def Digest(

@@ -1,0 +1,182 @@
+"""CopySegment between two real store processes, paused mid-copy: the copy is fenced
+before its first batch, and nothing it writes is served before its digest matched.
+
+The source sits behind a relay in the test process that forwards every call to it and
+can hold its Read stream between two replies: a slow network, not a fake store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.entry import EntryKind
+from streamengine.tools.harness import make_store, wait_until
+from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
+from tests.integration.store_helpers import (
+    NO_MASTER,
+    entries,
+    entry,
+    read_all,
+    seg,
+    state,
+    store_stub,
+    write_all,
+    write_request,
+)
+
+FINAL = 301  # the bridge; Read replies carry 256 entries, so the copy takes two batches
+SOURCE_FENCE = 4
+
+
+class HeldRelay(segment_store_pb2_grpc.SegmentStoreServicer):
+    """Forwards to the source; a Read stream waits for `release` after its first reply."""
+
+    def __init__(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> None:
+        self.source = source
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def GetSegmentState(self, request: Any, context: Any) -> Any:
+        return await self.source.GetSegmentState(request)
+
+    async def Digest(self, request: Any, context: Any) -> Any:
+        return await self.source.Digest(request)
+
+    async def Read(self, request: Any, context: Any) -> AsyncIterator[segment_store_pb2.ReadReply]:
+        self.reading.set()
+        first = True
+        async for reply in self.source.Read(request):
+            yield reply
+            if first:
+                first = False
+                await self.release.wait()
+
+
+async def _sealed_source(stub: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> None:
+    """Epoch 3 wrote 1..200; recovery at 4 wrote 201..300 as holes, then the bridge."""
+    segment = seg(601, 3)
+    holes = [entry(i, 4, kind=EntryKind.HOLE) for i in range(201, 301)]
+    await write_all(
+        stub,
+        [
+            write_request(segment, 3, 200, entries(1, 200)),
+            write_request(segment, 4, 200, holes),
+            write_request(segment, 4, FINAL, [entry(FINAL, 4, kind=EntryKind.BRIDGE)]),
+        ],
+    )
+    await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=SOURCE_FENCE))
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["refill-in-place", "new-store"])
+async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_served(
+    tmp_path: Path, in_place: bool
+) -> None:
+    segment = seg(601, 3)
+    source = make_store(tmp_path, 1, NO_MASTER)
+    target = make_store(tmp_path, 2, NO_MASTER)
+    relay_server = grpc.aio.server(options=CLIENT_OPTIONS)
+    try:
+        source.start(wait=False)
+        target.start()
+        source.wait_serving()
+        async with (
+            store_stub(source.address) as source_stub,
+            store_stub(target.address) as target_stub,
+        ):
+            await _sealed_source(source_stub)
+            wanted = await read_all(source_stub, segment, 1, FINAL)
+            acked_before = 0
+            if in_place:
+                # The member that missed the bridge: epoch 3's events, acked up to 150.
+                await write_all(target_stub, [write_request(segment, 3, 150, entries(1, 180))])
+                acked_before = 150
+            relay = HeldRelay(source_stub)  # type: ignore[abstract]  # serves 3 RPCs of 8
+            segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(relay, relay_server)
+            relay_port = relay_server.add_insecure_port("127.0.0.1:0")
+            await relay_server.start()
+            copying = asyncio.ensure_future(
+                target_stub.CopySegment(
+                    segment_store_pb2.CopySegmentRequest(
+                        segment=segment,
+                        source_address=f"127.0.0.1:{relay_port}",
+                        final_index=FINAL,
+                        fence=SOURCE_FENCE,
+                    ),
+                    timeout=60,
+                )
+            )
+            await asyncio.wait_for(relay.reading.wait(), 20)
+
+            # The old leader of epoch 3, delayed: events where recovery put holes.
+            stale = [entry(i, 3, b"stale %d" % i) for i in range(201, 211)]
+            with pytest.raises(grpc.aio.AioRpcError) as fenced:
+                await write_all(target_stub, [write_request(segment, 3, 0, stale)])
+            assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+            # The first copied batch is in, the second held back.
+            async def first_batch_in() -> bool:
+                return (await state(target_stub, segment)).matched_index >= 256
+
+            await wait_until(first_batch_in, timeout_s=20, message="first copied batch")
+            mid = await state(target_stub, segment)
+            assert mid.fence == SOURCE_FENCE
+            assert mid.acked_index == acked_before, "acked raised before the digest matched"
+            served = await read_all(target_stub, segment, acked_only=True)
+            assert served == wanted[: len(served)]
+
+            relay.release.set()
+            copied = await copying
+            assert copied.acked_index == FINAL and copied.entries_copied == FINAL
+            after = await state(target_stub, segment)
+            assert (after.fence, after.acked_index, after.bridge_index) == (4, FINAL, FINAL)
+            assert await read_all(target_stub, segment, 1, FINAL) == wanted
+    finally:
+        await relay_server.stop(None)
+        source.kill()
+        target.kill()
+
+
+async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: Path) -> None:
+    """The target keeps a higher-epoch copy the source lacks: the digests differ, the
+    copy is refused, and its acked index is not raised over it."""
+    segment = seg(602, 3)
+    source = make_store(tmp_path, 1, NO_MASTER)
+    target = make_store(tmp_path, 2, NO_MASTER)
+    try:
+        source.start(wait=False)
+        target.start()
+        source.wait_serving()
+        async with (
+            store_stub(source.address) as source_stub,
+            store_stub(target.address) as target_stub,
+        ):
+            bridge = entry(11, 4, kind=EntryKind.BRIDGE)
+            await write_all(
+                source_stub,
+                [
+                    write_request(segment, 4, 0, entries(1, 10)),
+                    write_request(segment, 4, 11, [bridge]),
+                ],
+            )
+            await source_stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+            await write_all(target_stub, [write_request(segment, 5, 0, [entry(5, 5, b"other")])])
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await target_stub.CopySegment(
+                    segment_store_pb2.CopySegmentRequest(
+                        segment=segment, source_address=source.address, final_index=11, fence=4
+                    )
+                )
+            assert refused.value.code() == grpc.StatusCode.DATA_LOSS
+            after = await state(target_stub, segment)
+            assert after.acked_index == 0 and after.fence == 4
+            assert await read_all(target_stub, segment, acked_only=True) == []
+    finally:
+        source.kill()
+        target.kill()
