@@ -27,7 +27,7 @@ from streamengine.client.core.cursor import (
     Finished,
     ReadFrom,
     SegmentView,
-    WaitForSegments,
+    Wait,
 )
 from streamengine.client.errors import DataLossError, from_rpc_error
 from streamengine.protocol.entry import first_corrupt
@@ -46,12 +46,8 @@ SILENT_STORE_MS = 3 * KEEPALIVE_INTERVAL_MS + 1000
 # While tailing and nothing arrives, re-read the master's list this often: the segment
 # may have been sealed (a new leader) and the replica may never reach its bridge.
 SEGMENT_REFRESH_MS = 1000
-# Pause before retrying when no replica can serve (open segment) or nothing is listed.
-IDLE_RETRY_MS = 200
 # Entries per batch on the wire.
 BATCH_ENTRIES = 4096
-# A refresh every IDLE_RETRY_MS; failed replicas are retried after this many.
-FAILED_REPLICA_RETRY_ROUNDS = 5
 
 
 def now_ms() -> int:
@@ -105,7 +101,6 @@ class Follower:
         start = await self._acked_end(segments) if self._start == "end" else self._start
         cursor = Cursor(start, end)
         cursor.on_segments(segments)
-        idle_rounds = 0
         while True:
             decision = cursor.next(now_ms())
             if isinstance(decision, Finished):
@@ -114,14 +109,12 @@ class Follower:
                 raise DataLossError(
                     self._stream, decision.epoch, decision.first_index, decision.last_index
                 )
-            if isinstance(decision, WaitForSegments):
-                idle_rounds += 1
-                if idle_rounds % FAILED_REPLICA_RETRY_ROUNDS == 0:
-                    cursor.forget_failures()
-                await asyncio.sleep(IDLE_RETRY_MS / 1000)
+            if isinstance(decision, Wait):
+                delay_ms = decision.until_ms - now_ms()
+                if delay_ms > 0:
+                    await asyncio.sleep(delay_ms / 1000)
                 cursor.on_segments(await self._list_segments())
                 continue
-            idle_rounds = 0
             async for batch in self._tail(cursor, decision):
                 yield batch
 
@@ -166,8 +159,8 @@ class Follower:
                         if events:
                             yield events
                 elif now_ms() - last_heard >= SILENT_STORE_MS:
-                    log.info("%s: store %s silent, failing over", self._stream, read.replica)
-                    cursor.on_replica_failed(read.epoch, read.replica)
+                    log.info("%s: replica %s silent, failing over", self._stream, read.replica)
+                    cursor.on_replica_failed(read.epoch, read.replica, now_ms())
                     return
                 if now_ms() - last_refresh >= SEGMENT_REFRESH_MS:
                     cursor.on_segments(await self._list_segments())
@@ -181,8 +174,8 @@ class Follower:
                 # or a restart): resume from the position, on the same replica.
                 log.info("%s: disconnected by %s (%s), resuming", self._stream, read.replica, code)
                 return
-            log.info("%s: replica %s failed: %s", self._stream, read.replica, code)
-            cursor.on_replica_failed(read.epoch, read.replica)
+            log.info("%s: replica %s failed: %s, retrying later", self._stream, read.replica, code)
+            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
         finally:
             if pending is not None:
                 pending.cancel()
@@ -208,7 +201,7 @@ class Follower:
                 read.replica,
                 indexes[corrupt or 0],
             )
-            cursor.on_replica_failed(read.epoch, read.replica)
+            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
             return []
         return cursor.on_batch(read.epoch, indexes[0], kinds, payloads, now_ms())
 

@@ -9,14 +9,15 @@ from streamengine.client.core.cursor import (
     DataLoss,
     ReadFrom,
     SegmentView,
-    WaitForSegments,
+    Wait,
 )
-from streamengine.client.subscription import FAILED_REPLICA_RETRY_ROUNDS
 from streamengine.master.model import SegmentRecord, SegmentState
 from streamengine.segment_store.store import (
     SegmentKey,
+    SegmentNotFound,
 )
 from tests.sim import messages as m
+from tests.sim.checkers import Violation
 
 if TYPE_CHECKING:
     from tests.sim.world import World
@@ -41,10 +42,9 @@ class FollowerNode(Node):
         super().__init__(name, world)
         self.cursor = Cursor(0)
         self.resume_at = 0
-        self.idle_rounds = 0
+        self.waking: int | None = None
         self.tailing: tuple[int, str] | None = None
         self.segments: dict[int, SegmentKey] = {}
-        self.data_loss: DataLoss | None = None
         self.reading = False
         self.refresh()
 
@@ -54,9 +54,14 @@ class FollowerNode(Node):
         self.cursor = Cursor(self.resume_at)
         self.tailing = None
         self.reading = False
+        self.waking = None
         self.refresh()
 
     def refresh(self) -> None:
+        self.list_segments()
+        self.timer(SEGMENT_LIST_REFRESH_MS, "refresh segments", self._periodic)
+
+    def list_segments(self) -> None:
         def listed(result: object) -> None:
             if isinstance(result, tuple):
                 views = []
@@ -76,7 +81,6 @@ class FollowerNode(Node):
             FOLLOWER_READ_TIMEOUT_MS,
             self.pump,
         )
-        self.timer(SEGMENT_LIST_REFRESH_MS, "refresh segments", self._periodic)
 
     def _periodic(self) -> None:
         self.refresh()
@@ -87,31 +91,43 @@ class FollowerNode(Node):
         now = self.world.now
         decision = self.cursor.next(now)
         if isinstance(decision, ReadFrom):
-            self.idle_rounds = 0
             self._read(decision)
-            return
-        # As the subscription does: failed replicas get another chance after a few
-        # rounds with nothing to read (not sooner: a replica that missed a bridge would
-        # be chosen again and again).
-        self.idle_rounds += 1
-        if self.idle_rounds % FAILED_REPLICA_RETRY_ROUNDS == 0:
-            self.cursor.forget_failures()
-        if isinstance(decision, DataLoss):
-            self.data_loss = decision
-        elif isinstance(decision, WaitForSegments):
-            self.data_loss = None
+        elif isinstance(decision, DataLoss):
+            # Every store syncs every write it answers: nothing is ever lost here, so a
+            # reader that gives up on a range gave up on readable data.
+            raise Violation(1, f"{self.name}: spurious data loss {decision}")
+        elif isinstance(decision, Wait) and decision.until_ms > now:
+            self._wake_at(decision.until_ms)
+        elif isinstance(decision, Wait):
+            self.list_segments()
+
+    def _wake_at(self, at_ms: int) -> None:
+        if self.waking is not None and self.waking <= at_ms:
+            return  # an earlier wake-up is set; it asks the cursor again
+        self.waking = at_ms
+
+        def wake() -> None:
+            if self.waking == at_ms:
+                self.waking = None
+                self.pump()
+
+        self.timer(at_ms - self.world.now, "wake up", wake)
 
     def _read(self, decision: ReadFrom) -> None:
         segment = self.segments[decision.epoch]
         self.reading = True
-        self.data_loss = None
 
         def answered(result: object) -> None:
             self.reading = False
             now = self.world.now
+            if isinstance(result, SegmentNotFound):
+                self.tailing = None
+                self.cursor.on_position(decision.epoch, decision.replica, 0, now)
+                self.timer(FOLLOWER_POLL_MS, "retry", self.pump)
+                return
             if not isinstance(result, m.TailReply):
                 self.tailing = None
-                self.cursor.on_replica_failed(decision.epoch, decision.replica)
+                self.cursor.on_replica_failed(decision.epoch, decision.replica, now)
                 self.timer(FOLLOWER_POLL_MS, "retry", self.pump)
                 return
             if self.tailing != (decision.epoch, decision.replica):
@@ -128,7 +144,7 @@ class FollowerNode(Node):
         def timed_out() -> None:
             self.reading = False
             self.tailing = None
-            self.cursor.on_replica_failed(decision.epoch, decision.replica)
+            self.cursor.on_replica_failed(decision.epoch, decision.replica, self.world.now)
             self.pump()
 
         request = m.Tail(segment, decision.from_index, TAIL_ENTRIES_MAX)
