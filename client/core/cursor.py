@@ -16,8 +16,15 @@ replica for it, or every listed replica answered that it serves less than the po
 and a list fetched after those answers still names only them. Until then the cursor
 answers `Wait(until_ms)`: re-read the master's list at `until_ms` and ask again.
 
-The shell (`client/subscription.py`) feeds it the master's segment list, what replicas
-answer, and failures, with the time; the cursor answers what to read next.
+Time is an input. While tailing, the cursor also decides when the tailed replica is
+silent (`FollowerTiming.silent_replica_ms` without entries, a position or a keepalive:
+a failure) and when to re-read the master's list (`refresh_due`); `wake_at_ms` says
+when to ask it again if nothing arrives. Every wait is a field of `FollowerTiming`, so
+the SDK and the simulator (`FollowerTiming.fast()`) run the same decisions.
+
+The shell (`client/subscription.py`; `tests/sim/follower_node.py` in the simulator)
+feeds it the master's segment list, what replicas answer, and failures, with the time;
+the cursor answers what to read next.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ from streamengine.client.core.replicas import (
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
+
+# Entries a subscriber asks per pushed batch: large batches are the follower's hot path
+# (one message, one crc pass, one list of events per batch).
+SUBSCRIBE_BATCH_ENTRIES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +130,15 @@ class Cursor:
         self._replicas: dict[int, ReplicaSet] = {}
         self._replica: str | None = None
         self._last_progress_ms = 0
+        self._last_heard_ms = 0
+        self._last_listed_ms = 0
         self._last_yielded: int | None = None
 
     # ---- inputs ----
 
-    def on_segments(self, segments: Sequence[SegmentView]) -> None:
+    def on_segments(self, segments: Sequence[SegmentView], now_ms: int) -> None:
         """The master's list, oldest first (a refresh replaces the previous one)."""
+        self._last_listed_ms = max(self._last_listed_ms, now_ms)
         self._segments = sorted(segments, key=lambda s: s.epoch)
         for segment in self._segments:
             replicas = self._replicas.get(segment.epoch)
@@ -147,6 +161,13 @@ class Cursor:
             return
         self._replicas_of(epoch).answered(replica, acked_index)
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
+        if replica == self._replica:
+            self._last_heard_ms = max(self._last_heard_ms, now_ms)
+
+    def on_keepalive(self, epoch: int, replica: str, now_ms: int) -> None:
+        """The tailed replica is alive, with nothing new to send."""
+        if epoch == self._epoch and replica == self._replica:
+            self._last_heard_ms = max(self._last_heard_ms, now_ms)
 
     def on_entries(self, epoch: int, entries: Sequence[StoredEntry], now_ms: int) -> list[Event]:
         """Entries a replica served for `epoch`, consecutive and in index order."""
@@ -175,6 +196,7 @@ class Cursor:
         if epoch != self._epoch or not kinds:
             return []
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
+        self._last_heard_ms = max(self._last_heard_ms, now_ms)
         if self._replica is not None:
             self._replicas_of(epoch).served(self._replica, first_index + len(kinds) - 1)
         skip = self._next_index - first_index
@@ -229,6 +251,19 @@ class Cursor:
     def last_yielded(self) -> int | None:
         return self._last_yielded
 
+    def refresh_due(self, now_ms: int) -> bool:
+        """While tailing: time to re-read the master's list."""
+        return now_ms - self._last_listed_ms >= self.timing.segment_refresh_ms
+
+    def wake_at_ms(self, listing: bool = False) -> int:
+        """While tailing, when to call `next` (and `refresh_due`) even if nothing
+        arrives: the list refresh (unless one is `listing` already: its answer wakes the
+        shell), or when the replica counts as silent."""
+        silent_at = self._last_heard_ms + self.timing.silent_replica_ms
+        if listing:
+            return silent_at
+        return min(self._last_listed_ms + self.timing.segment_refresh_ms, silent_at)
+
     def next(self, now_ms: int) -> Next:
         if self._end is not None and self.position >= self._end:
             return Finished()
@@ -236,6 +271,9 @@ class Cursor:
         if segment is None:
             return Wait(now_ms + self.timing.idle_refresh_ms)
         replicas = self._replicas_of(segment.epoch)
+        if self._replica is not None and self._silent(now_ms):
+            replicas.failed(self._replica, now_ms)
+            self._replica = None
         if self._replica is not None and segment.sealed:
             if self._stalled_on_sealed(segment, now_ms):
                 replicas.failed(self._replica, now_ms)
@@ -252,7 +290,7 @@ class Cursor:
                 return Wait(now_ms)
             assert isinstance(choice, Ask)
             self._replica = choice.replica
-            self._last_progress_ms = now_ms
+            self._last_progress_ms = self._last_heard_ms = now_ms
         return ReadFrom(segment.epoch, self._replica, self._next_index)
 
     # ---- internals ----
@@ -285,6 +323,9 @@ class Cursor:
         else:
             # The next segment is not listed yet: wait at its first possible position.
             self._enter(self._epoch + 1)
+
+    def _silent(self, now_ms: int) -> bool:
+        return now_ms - self._last_heard_ms >= self.timing.silent_replica_ms
 
     def _stalled_on_sealed(self, segment: SegmentView, now_ms: int) -> bool:
         if self._next_index > segment.final_index:

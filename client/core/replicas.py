@@ -49,10 +49,38 @@ class FollowerTiming:
     sealed_replica_stall_ms: int = 2000
     # With nothing listed at the position, re-read the master's list this often.
     idle_refresh_ms: int = 200
+    # While tailing, re-read the master's list this often: the segment may have been
+    # sealed (a new leader) and the replica may never reach its bridge.
+    segment_refresh_ms: int = 1000
+    # The keepalive interval a subscriber promises (and asks of the store), and how long
+    # a replica may stay silent (no entries, position or keepalive) before it is left:
+    # a few intervals, so one late keepalive is not a failure.
+    keepalive_interval_ms: int = 1000
+    silent_replica_ms: int = 4000
+    # How long an answer from the master (the segment list) may take.
+    list_timeout_ms: int = 5000
 
     def __post_init__(self) -> None:
         assert 0 < self.replica_retry_ms_first <= self.replica_retry_ms_max
         assert self.sealed_replica_stall_ms > 0 and self.idle_refresh_ms > 0
+        assert self.segment_refresh_ms > 0 and self.keepalive_interval_ms > 0
+        assert self.silent_replica_ms > 2 * self.keepalive_interval_ms
+        assert self.list_timeout_ms > 0
+
+    @staticmethod
+    def fast() -> FollowerTiming:
+        """For a cluster in virtual time (the simulator): the same protocol with waits
+        a run of a few seconds goes through many times."""
+        return FollowerTiming(
+            replica_retry_ms_first=20,
+            replica_retry_ms_max=400,
+            sealed_replica_stall_ms=300,
+            idle_refresh_ms=50,
+            segment_refresh_ms=150,
+            keepalive_interval_ms=50,
+            silent_replica_ms=200,
+            list_timeout_ms=200,
+        )
 
     def retry_delay_ms(self, failures: int) -> int:
         """The backoff after `failures` consecutive failures (1 for the first)."""

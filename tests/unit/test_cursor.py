@@ -45,13 +45,13 @@ def open_segment(epoch: int, replicas: tuple[str, ...] = (A, B, C)) -> SegmentVi
 def test_start_zero_begins_at_the_first_listed_segment() -> None:
     cursor = Cursor(0)
     assert cursor.next(0) == Wait(TIMING.idle_refresh_ms)
-    cursor.on_segments([sealed(3, 2), open_segment(5)])
+    cursor.on_segments([sealed(3, 2), open_segment(5)], 0)
     assert cursor.next(0) == ReadFrom(3, A, 1)
 
 
 def test_events_are_yielded_holes_skipped_and_the_bridge_hops_to_the_next_segment() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([sealed(1, 4), open_segment(3)])
+    cursor.on_segments([sealed(1, 4), open_segment(3)], 0)
     events = cursor.on_entries(1, [event(1), hole(2), event(3), bridge(4)], 0)
     assert [(e.epoch, e.index, e.payload) for e in events] == [(1, 1, b"e1"), (1, 3, b"e3")]
     assert [e.sequence for e in events] == [pack_sequence(1, 1), pack_sequence(1, 3)]
@@ -60,7 +60,7 @@ def test_events_are_yielded_holes_skipped_and_the_bridge_hops_to_the_next_segmen
 
 def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there() -> None:
     cursor = Cursor(pack_sequence(1, 3))
-    cursor.on_segments([sealed(1, 5)])
+    cursor.on_segments([sealed(1, 5)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 3)
     events = cursor.on_entries(1, [event(3), event(4)], 0)
     assert [e.index for e in events] == [3, 4]
@@ -68,21 +68,21 @@ def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there() -> None
 
 def test_a_resent_entry_below_the_position_is_never_yielded_twice() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert [e.index for e in cursor.on_entries(1, [event(1), event(2)], 0)] == [1, 2]
     assert [e.index for e in cursor.on_entries(1, [event(2), event(3)], 0)] == [3]
 
 
 def test_a_gap_from_a_replica_is_a_protocol_error_not_a_silent_skip() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     with pytest.raises(ValueError, match="skipped"):
         cursor.on_entries(1, [event(2)], 0)
 
 
 def test_failover_resumes_at_the_position_on_another_replica() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 1)
     cursor.on_entries(1, [event(1), event(2)], 0)
     cursor.on_replica_failed(1, A, 0)
@@ -91,7 +91,7 @@ def test_failover_resumes_at_the_position_on_another_replica() -> None:
 
 def test_a_replica_known_to_serve_the_position_is_preferred() -> None:
     cursor = Cursor(pack_sequence(1, 4))
-    cursor.on_segments([sealed(1, 9)])
+    cursor.on_segments([sealed(1, 9)], 0)
     cursor.on_position(1, B, 2, 0)
     cursor.on_position(1, C, 9, 0)
     cursor.on_replica_failed(1, A, 0)
@@ -102,19 +102,19 @@ def test_every_replica_of_a_sealed_segment_failing_is_retried_with_backoff_not_l
     """Failures say nothing of what a store holds: all replicas restarting at once is a
     wait, not data loss."""
     cursor = Cursor(pack_sequence(2, 3))
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     for replica in (A, B, C):
         assert cursor.next(0) == ReadFrom(2, replica, 3)
         cursor.on_replica_failed(2, replica, 0)
     assert cursor.next(0) == Wait(FIRST_RETRY_MS)
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     assert cursor.next(FIRST_RETRY_MS - 1) == Wait(FIRST_RETRY_MS)
     assert cursor.next(FIRST_RETRY_MS) == ReadFrom(2, A, 3)
 
 
 def test_the_backoff_of_a_failing_replica_doubles_up_to_its_max_and_an_answer_resets_it() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1, (A,))])
+    cursor.on_segments([open_segment(1, (A,))], 0)
     now = 0
     delays = []
     for _ in range(8):
@@ -134,30 +134,30 @@ def test_the_backoff_of_a_failing_replica_doubles_up_to_its_max_and_an_answer_re
 
 def test_every_replica_answering_it_holds_less_is_data_loss_naming_the_range() -> None:
     cursor = Cursor(pack_sequence(2, 3))
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     for replica, acked in ((A, 2), (B, 0), (C, 1)):  # B: NOT_FOUND
         assert cursor.next(0) == ReadFrom(2, replica, 3)
         cursor.on_position(2, replica, acked, 0)
     # The answers may predate a repair that moved the segment: check the list first.
     assert cursor.next(5) == Wait(5)
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     assert cursor.next(0) == DataLoss(2, 3, 7)
 
 
 def test_a_sealed_segment_the_master_lists_without_replicas_is_data_loss() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([sealed(1, 5, replicas=())])
+    cursor.on_segments([sealed(1, 5, replicas=())], 0)
     assert cursor.next(0) == DataLoss(1, 1, 5)
 
 
 def test_replicas_holding_less_while_another_fails_is_a_wait_for_that_one() -> None:
     cursor = Cursor(pack_sequence(2, 3))
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     cursor.on_position(2, A, 2, 0)
     cursor.on_position(2, B, 0, 0)
     assert cursor.next(0) == ReadFrom(2, C, 3)
     cursor.on_replica_failed(2, C, 0)
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     assert cursor.next(0) == Wait(FIRST_RETRY_MS)
     assert cursor.next(FIRST_RETRY_MS) == ReadFrom(2, C, 3)
     cursor.on_position(2, C, 7, FIRST_RETRY_MS)
@@ -166,37 +166,37 @@ def test_replicas_holding_less_while_another_fails_is_a_wait_for_that_one() -> N
 
 def test_a_repair_that_moved_the_segment_is_read_from_the_new_replica() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([sealed(1, 5, replicas=(A, B))])
+    cursor.on_segments([sealed(1, 5, replicas=(A, B))], 0)
     cursor.on_position(1, A, 0, 0)
     cursor.on_position(1, B, 0, 0)
     assert cursor.next(0) == Wait(0)
-    cursor.on_segments([sealed(1, 5, replicas=(A, C))])
+    cursor.on_segments([sealed(1, 5, replicas=(A, C))], 0)
     assert cursor.next(0) == ReadFrom(1, C, 1)
 
 
 def test_what_replicas_said_while_the_segment_was_open_is_forgotten_once_sealed() -> None:
     cursor = Cursor(pack_sequence(1, 4))
-    cursor.on_segments([open_segment(1, (A, B))])
+    cursor.on_segments([open_segment(1, (A, B))], 0)
     cursor.on_position(1, A, 2, 0)
     cursor.on_position(1, B, 3, 0)
-    cursor.on_segments([sealed(1, 6, (A, B))])
-    cursor.on_segments([sealed(1, 6, (A, B))])
+    cursor.on_segments([sealed(1, 6, (A, B))], 0)
+    cursor.on_segments([sealed(1, 6, (A, B))], 0)
     # Both may have been acked to the bridge since: ask them again.
     assert cursor.next(0) == ReadFrom(1, A, 4)
 
 
 def test_every_replica_of_the_open_segment_answering_less_waits_for_it_to_grow() -> None:
     cursor = Cursor(pack_sequence(1, 4))
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     for replica in (A, B, C):
         cursor.on_position(1, replica, 0, 0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 4)
 
 
 def test_every_replica_of_the_open_segment_failing_waits_and_retries() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     for replica in (A, B, C):
         cursor.on_replica_failed(1, replica, 0)
     assert cursor.next(0) == Wait(FIRST_RETRY_MS)
@@ -205,11 +205,11 @@ def test_every_replica_of_the_open_segment_failing_waits_and_retries() -> None:
 
 def test_a_replica_stalled_below_the_bridge_of_a_sealed_segment_is_abandoned() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 1)
     cursor.on_entries(1, [event(1)], 10)
     # The segment is sealed at 3 while A never got the bridge.
-    cursor.on_segments([sealed(1, 3), open_segment(4)])
+    cursor.on_segments([sealed(1, 3), open_segment(4)], 0)
     stall_ms = TIMING.sealed_replica_stall_ms
     assert cursor.next(10 + stall_ms - 1) == ReadFrom(1, A, 2)
     assert cursor.next(10 + stall_ms) == ReadFrom(1, B, 2)
@@ -217,7 +217,7 @@ def test_a_replica_stalled_below_the_bridge_of_a_sealed_segment_is_abandoned() -
 
 def test_a_replica_of_a_sealed_segment_that_says_it_stops_short_is_left_at_once() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([sealed(1, 4)])
+    cursor.on_segments([sealed(1, 4)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 1)
     cursor.on_position(1, A, 2, 0)
     cursor.on_entries(1, [event(1), event(2)], 0)
@@ -226,16 +226,16 @@ def test_a_replica_of_a_sealed_segment_that_says_it_stops_short_is_left_at_once(
 
 def test_a_bridge_before_the_next_segment_is_listed_waits_then_enters_it() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     cursor.on_entries(1, [event(1), bridge(2)], 0)
     assert cursor.next(0) == Wait(TIMING.idle_refresh_ms)
-    cursor.on_segments([sealed(1, 2), open_segment(4)])
+    cursor.on_segments([sealed(1, 2), open_segment(4)], 0)
     assert cursor.next(0) == ReadFrom(4, A, 1)
 
 
 def test_a_range_read_finishes_at_its_exclusive_end() -> None:
     cursor = Cursor(pack_sequence(1, 2), end_sequence=pack_sequence(1, 4))
-    cursor.on_segments([sealed(1, 9)])
+    cursor.on_segments([sealed(1, 9)], 0)
     events = cursor.on_entries(1, [event(2), event(3), event(4), event(5)], 0)
     assert [e.index for e in events] == [2, 3]
     assert cursor.next(0) == Finished()
@@ -243,7 +243,28 @@ def test_a_range_read_finishes_at_its_exclusive_end() -> None:
 
 def test_a_range_ending_in_a_later_segment_crosses_the_bridge() -> None:
     cursor = Cursor(0, end_sequence=pack_sequence(4, 2))
-    cursor.on_segments([sealed(1, 2), open_segment(4)])
+    cursor.on_segments([sealed(1, 2), open_segment(4)], 0)
     assert [e.index for e in cursor.on_entries(1, [event(1), bridge(2)], 0)] == [1]
     assert [e.index for e in cursor.on_entries(4, [event(1, epoch=4), event(2, epoch=4)], 0)] == [1]
     assert cursor.next(0) == Finished()
+
+
+def test_a_silent_replica_is_left_and_retried_later() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert cursor.wake_at_ms() == min(TIMING.segment_refresh_ms, TIMING.silent_replica_ms)
+    cursor.on_keepalive(1, A, 1000)
+    assert cursor.next(1000 + TIMING.silent_replica_ms - 1) == ReadFrom(1, A, 1)
+    assert cursor.next(1000 + TIMING.silent_replica_ms) == ReadFrom(1, B, 1)
+
+
+def test_while_tailing_the_list_is_refreshed_on_time_unless_a_refresh_is_under_way() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert not cursor.refresh_due(TIMING.segment_refresh_ms - 1)
+    assert cursor.refresh_due(TIMING.segment_refresh_ms)
+    assert cursor.wake_at_ms(listing=True) == TIMING.silent_replica_ms
+    cursor.on_segments([open_segment(1)], TIMING.segment_refresh_ms)
+    assert cursor.wake_at_ms() == 2 * TIMING.segment_refresh_ms
