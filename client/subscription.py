@@ -24,10 +24,10 @@ from streamengine.client.core.cursor import (
     SUBSCRIBE_BATCH_ENTRIES,
     Cursor,
     DataLoss,
-    Event,
     Finished,
     ReadFrom,
     SegmentView,
+    StreamEvent,
     Wait,
 )
 from streamengine.client.core.replicas import FollowerTiming
@@ -85,7 +85,7 @@ class Follower:
         self._ref: _StreamRef | None = None
         self._timing = FollowerTiming()
 
-    async def batches(self) -> AsyncIterator[list[Event]]:
+    async def batches(self) -> AsyncIterator[list[StreamEvent]]:
         """Lists of events in sequence order (one list per batch a replica sent)."""
         segments = await self._list_segments()
         end = self._end
@@ -111,7 +111,7 @@ class Follower:
             async for batch in self._tail(cursor, decision):
                 yield batch
 
-    async def _tail(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[Event]]:
+    async def _tail(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[StreamEvent]]:
         """Tail one replica until the cursor moves elsewhere, the replica fails, or the
         range is done."""
         assert self._ref is not None
@@ -166,7 +166,7 @@ class Follower:
 
     def _on_reply(
         self, cursor: Cursor, read: ReadFrom, reply: segment_store_pb2.SubscribeReply
-    ) -> list[Event]:
+    ) -> list[StreamEvent]:
         now = now_ms()
         if reply.HasField("batch"):
             return self._entries(cursor, read, reply.batch)
@@ -178,7 +178,7 @@ class Follower:
 
     def _entries(
         self, cursor: Cursor, read: ReadFrom, batch: segment_store_pb2.EntryBatch
-    ) -> list[Event]:
+    ) -> list[StreamEvent]:
         entries = batch.entries
         if not entries:
             return []
@@ -244,7 +244,7 @@ async def _requests(
 
 async def subscribe(
     master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[StreamEvent]:
     """Every acked event from `start` on, forever."""
     follower = Follower(master, channels, stream, start, None, until_acked_end=False)
     async for batch in follower.batches():
@@ -258,7 +258,7 @@ async def read(
     stream: str,
     start: int = 0,
     end: int | None = None,
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[StreamEvent]:
     """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
     if end is not None and end <= start:
         return

@@ -60,9 +60,9 @@ class SegmentView:
 
 
 @dataclass(slots=True)
-class Event:
-    """An acked event handed to the user. Not frozen: one is made per event read, and a
-    frozen dataclass costs three times as much to build."""
+class StreamEvent:
+    """An acked event handed to the user (not a core input event). Not frozen: one is
+    made per event read, and a frozen dataclass costs three times as much to build."""
 
     sequence: int
     epoch: int
@@ -169,7 +169,9 @@ class Cursor:
         if epoch == self._epoch and replica == self._replica:
             self._last_heard_ms = max(self._last_heard_ms, now_ms)
 
-    def on_entries(self, epoch: int, entries: Sequence[StoredEntry], now_ms: int) -> list[Event]:
+    def on_entries(
+        self, epoch: int, entries: Sequence[StoredEntry], now_ms: int
+    ) -> list[StreamEvent]:
         """Entries a replica served for `epoch`, consecutive and in index order."""
         if not entries:
             return []
@@ -188,7 +190,7 @@ class Cursor:
         kinds: Sequence[int],
         payloads: Sequence[bytes],
         now_ms: int,
-    ) -> list[Event]:
+    ) -> list[StreamEvent]:
         """A batch the current replica served for `epoch`: consecutive indexes from
         `first_index`, as columns. Returns the events to yield; entries at or below the
         position (a resend) are ignored, a HOLE is skipped, a BRIDGE hops to the next
@@ -216,7 +218,7 @@ class Cursor:
             stop = bridge_at
         base = pack_sequence(epoch, 0)
         events = [
-            Event(base + first_index + i, epoch, first_index + i, payloads[i])
+            StreamEvent(base + first_index + i, epoch, first_index + i, payloads[i])
             for i in range(skip, stop)
             if kinds[i] == EntryKind.EVENT
         ]

@@ -13,15 +13,17 @@ import psutil
 import pytest
 
 from streamengine.client import DataLossError, NotFound, StreamClient
-from streamengine.client.core.cursor import Event
+from streamengine.client.core.cursor import StreamEvent
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.tools.harness import Cluster, free_port, metric_value, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 
-async def take(events: AsyncIterator[Event], count: int, timeout_s: float = 60) -> list[Event]:
-    taken: list[Event] = []
+async def take(
+    events: AsyncIterator[StreamEvent], count: int, timeout_s: float = 60
+) -> list[StreamEvent]:
+    taken: list[StreamEvent] = []
 
     async def consume() -> None:
         async for event in events:
@@ -33,7 +35,7 @@ async def take(events: AsyncIterator[Event], count: int, timeout_s: float = 60) 
     return taken
 
 
-def assert_exactly(events: list[Event], payloads: list[bytes]) -> None:
+def assert_exactly(events: list[StreamEvent], payloads: list[bytes]) -> None:
     assert [e.payload for e in events] == payloads
     sequences = [e.sequence for e in events]
     assert sequences == sorted(set(sequences)), "a sequence twice or out of order"
@@ -118,7 +120,7 @@ async def test_the_subscribers_store_killed_it_continues_on_another_replica(
 ) -> None:
     async with StreamClient(cluster.master_address) as client:
         await client.create_stream("sub/failover")
-        seen: list[Event] = []
+        seen: list[StreamEvent] = []
         first_batch = [f"a{i}".encode() for i in range(500)]
         second_batch = [f"b{i}".encode() for i in range(500)]
 
@@ -224,7 +226,7 @@ async def test_a_writer_failover_under_a_live_subscriber_has_no_duplicate_and_no
     name = "sub/failover-writer"
     async with StreamClient(cluster.master_address) as client:
         await client.create_stream(name)
-        seen: list[Event] = []
+        seen: list[StreamEvent] = []
 
         async def follow() -> None:
             async for event in client.subscribe(name, start=0):
