@@ -31,7 +31,7 @@ from streamengine.client.core.cursor import (
     Wait,
 )
 from streamengine.client.core.replicas import FollowerTiming
-from streamengine.client.errors import DataLossError, from_rpc_error
+from streamengine.client.errors import DataLossError, Unavailable, from_rpc_error
 from streamengine.protocol.entry import first_corrupt
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -106,7 +106,7 @@ class Follower:
                 delay_ms = decision.until_ms - now_ms()
                 if delay_ms > 0:
                     await asyncio.sleep(delay_ms / 1000)
-                cursor.on_segments(await self._list_segments(), now_ms())
+                await self._refresh(cursor)
                 continue
             async for batch in self._tail(cursor, decision):
                 yield batch
@@ -145,7 +145,7 @@ class Follower:
                     if events:
                         yield events
                 if cursor.refresh_due(now_ms()):
-                    cursor.on_segments(await self._list_segments(), now_ms())
+                    await self._refresh(cursor)
                 decision = cursor.next(now_ms())
                 if decision != ReadFrom(read.epoch, read.replica, cursor.next_index):
                     log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
@@ -199,6 +199,17 @@ class Follower:
             cursor.on_replica_failed(read.epoch, read.replica, now_ms())
             return []
         return cursor.on_batch(read.epoch, indexes[0], kinds, payloads, now_ms())
+
+    async def _refresh(self, cursor: Cursor) -> None:
+        """Give the cursor the master's list; a master that does not answer now is
+        asked again later (an unknown stream still ends the subscription)."""
+        try:
+            segments = await self._list_segments()
+        except Unavailable as error:
+            log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
+            cursor.on_list_failed(now_ms())
+            return
+        cursor.on_segments(segments, now_ms())
 
     async def _list_segments(self) -> list[SegmentView]:
         try:

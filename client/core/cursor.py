@@ -132,6 +132,10 @@ class Cursor:
         self._last_progress_ms = 0
         self._last_heard_ms = 0
         self._last_listed_ms = 0
+        # The master did not answer the list `_list_failures` times in a row: the next
+        # try waits until `_list_retry_at_ms` (the replicas' backoff rule).
+        self._list_failures = 0
+        self._list_retry_at_ms = 0
         self._last_yielded: int | None = None
 
     # ---- inputs ----
@@ -139,6 +143,8 @@ class Cursor:
     def on_segments(self, segments: Sequence[SegmentView], now_ms: int) -> None:
         """The master's list, oldest first (a refresh replaces the previous one)."""
         self._last_listed_ms = max(self._last_listed_ms, now_ms)
+        self._list_failures = 0
+        self._list_retry_at_ms = 0
         self._segments = sorted(segments, key=lambda s: s.epoch)
         for segment in self._segments:
             replicas = self._replicas.get(segment.epoch)
@@ -163,6 +169,13 @@ class Cursor:
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
         if replica == self._replica:
             self._last_heard_ms = max(self._last_heard_ms, now_ms)
+
+    def on_list_failed(self, now_ms: int) -> None:
+        """The master did not answer the list (restarting, unreachable): keep reading
+        with the list held, and ask again after a backoff. Data loss is never decided
+        on a list older than the replicas' answers, so this delays it, never causes it."""
+        self._list_failures += 1
+        self._list_retry_at_ms = now_ms + self.timing.retry_delay_ms(self._list_failures)
 
     def on_keepalive(self, epoch: int, replica: str, now_ms: int) -> None:
         """The tailed replica is alive, with nothing new to send."""
@@ -255,7 +268,8 @@ class Cursor:
 
     def refresh_due(self, now_ms: int) -> bool:
         """While tailing: time to re-read the master's list."""
-        return now_ms - self._last_listed_ms >= self.timing.segment_refresh_ms
+        due = now_ms - self._last_listed_ms >= self.timing.segment_refresh_ms
+        return due and now_ms >= self._list_retry_at_ms
 
     def wake_at_ms(self, listing: bool = False) -> int:
         """While tailing, when to call `next` (and `refresh_due`) even if nothing
@@ -264,14 +278,17 @@ class Cursor:
         silent_at = self._last_heard_ms + self.timing.silent_replica_ms
         if listing:
             return silent_at
-        return min(self._last_listed_ms + self.timing.segment_refresh_ms, silent_at)
+        refresh_at = max(
+            self._last_listed_ms + self.timing.segment_refresh_ms, self._list_retry_at_ms
+        )
+        return min(refresh_at, silent_at)
 
     def next(self, now_ms: int) -> Next:
         if self._end is not None and self.position >= self._end:
             return Finished()
         segment = self._current_segment()
         if segment is None:
-            return Wait(now_ms + self.timing.idle_refresh_ms)
+            return self._wait(now_ms + self.timing.idle_refresh_ms)
         replicas = self._replicas_of(segment.epoch)
         if self._replica is not None and self._silent(now_ms):
             replicas.failed(self._replica, now_ms)
@@ -287,9 +304,9 @@ class Cursor:
             if isinstance(choice, Lost):
                 return DataLoss(segment.epoch, self._next_index, segment.final_index)
             if isinstance(choice, WaitUntil):
-                return Wait(choice.until_ms)
+                return self._wait(choice.until_ms)
             if isinstance(choice, Relist):
-                return Wait(now_ms)
+                return self._wait(now_ms)
             assert isinstance(choice, Ask)
             self._replica = choice.replica
             self._last_progress_ms = self._last_heard_ms = now_ms
@@ -325,6 +342,9 @@ class Cursor:
         else:
             # The next segment is not listed yet: wait at its first possible position.
             self._enter(self._epoch + 1)
+
+    def _wait(self, until_ms: int) -> Wait:
+        return Wait(max(until_ms, self._list_retry_at_ms))
 
     def _silent(self, now_ms: int) -> bool:
         return now_ms - self._last_heard_ms >= self.timing.silent_replica_ms

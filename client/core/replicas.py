@@ -83,7 +83,8 @@ class FollowerTiming:
         )
 
     def retry_delay_ms(self, failures: int) -> int:
-        """The backoff after `failures` consecutive failures (1 for the first)."""
+        """The backoff after `failures` consecutive failures (1 for the first), of a
+        replica or of the master's list."""
         assert failures >= 1
         doublings = min(failures - 1, 30)
         return min(self.replica_retry_ms_first << doublings, self.replica_retry_ms_max)

@@ -363,3 +363,39 @@ async def test_a_spark_partition_read_while_every_replica_restarts_is_not_data_l
         missing = dataclasses.replace(part, epoch=part.epoch + 100)
         with pytest.raises(DataLossError, match=f"segment {missing.epoch} indexes 1..2000"):
             await asyncio.to_thread(lambda: list(read_range(missing)))
+
+
+async def test_a_subscriber_outlives_a_master_restart(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The list refresh fails while the master is down: the subscriber keeps its list,
+    asks again after a backoff, and reads on once the master is back."""
+    caplog.set_level(logging.INFO, logger="streamengine.client.subscription")
+    name = "sub/master-restart"
+    first = [f"m{i}".encode() for i in range(100)]
+    second = [f"n{i}".encode() for i in range(100)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name)
+        seen: list[StreamEvent] = []
+
+        async def follow() -> None:
+            async for event in client.subscribe(name, start=0):
+                seen.append(event)
+                if len(seen) == len(first) + len(second):
+                    return
+
+        follower = asyncio.create_task(follow())
+        async with client.writer(name) as writer:
+            await writer.append_batch(first)
+        await wait_until(lambda: len(seen) >= len(first) or follower.done())
+        cluster.master.kill()
+        await wait_until(
+            lambda: follower.done() or "master did not list" in caplog.text,
+            30,
+            "a failed list refresh",
+        )
+        cluster.master.start()
+        async with client.writer(name) as writer:
+            await writer.append_batch(second)
+        await asyncio.wait_for(follower, 60)
+        assert_exactly(seen, first + second)

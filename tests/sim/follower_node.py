@@ -86,6 +86,7 @@ class FollowerNode(Node):
 
         def timed_out() -> None:
             self.listing = False
+            self.cursor.on_list_failed(self.world.now)
             self.pump()
 
         request = m.ListSegments(self.world.config.stream)

@@ -268,3 +268,21 @@ def test_while_tailing_the_list_is_refreshed_on_time_unless_a_refresh_is_under_w
     assert cursor.wake_at_ms(listing=True) == TIMING.silent_replica_ms
     cursor.on_segments([open_segment(1)], TIMING.segment_refresh_ms)
     assert cursor.wake_at_ms() == 2 * TIMING.segment_refresh_ms
+
+
+def test_a_master_that_does_not_list_is_asked_again_after_a_backoff() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    refresh_at = TIMING.segment_refresh_ms
+    assert cursor.refresh_due(refresh_at)
+    cursor.on_list_failed(refresh_at)
+    # Tailing goes on with the list held; the next try waits for the backoff.
+    assert cursor.next(refresh_at) == ReadFrom(1, A, 1)
+    assert not cursor.refresh_due(refresh_at + FIRST_RETRY_MS - 1)
+    assert cursor.refresh_due(refresh_at + FIRST_RETRY_MS)
+    cursor.on_replica_failed(1, A, refresh_at)
+    cursor.on_replica_failed(1, B, refresh_at)
+    cursor.on_replica_failed(1, C, refresh_at)
+    cursor.on_list_failed(refresh_at)
+    assert cursor.next(refresh_at) == Wait(refresh_at + 2 * FIRST_RETRY_MS)
