@@ -19,7 +19,10 @@ Planning (driver side) asks the master for the segments; one input partition per
 segment range. Each partition is read in an executor from a replica whose acked index
 covers it, over its own gRPC channel, failing over to the next replica, and checked to
 hold exactly the indexes it planned: a short read is an error, never silently fewer
-rows. Rows leave as Arrow record batches.
+rows. Which replica next, how long to back off a failed one, and when a range is lost
+follow the followers' rules (`client/core/replicas.py`): a replica that fails may be
+restarting and is retried; only replicas answering that they hold less (on a copy set
+the master still lists) make a `DataLossError`. Rows leave as Arrow record batches.
 
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
@@ -28,6 +31,8 @@ checkpoint re-reads the same rows for the same offsets.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +48,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streamengine.client.errors import DataLossError, InvalidArgument, from_rpc_error
+from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, WaitUntil
+from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
@@ -70,6 +76,11 @@ PARTITION_ENTRIES_DEFAULT = 250_000
 # Rows per Arrow batch handed to Spark: large batches amortise the per-batch cost.
 ARROW_BATCH_ROWS = 65_536
 RPC_TIMEOUT_S = 30.0
+# A partition whose replicas all keep failing (none answering what it holds) for this
+# long fails its task as Unavailable, for Spark to retry: never as data loss.
+PARTITION_UNREADABLE_S_MAX = 300.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class SegmentRange(InputPartition):
     first_index: int
     last_index: int
     replicas: tuple[str, ...]
+    # Where to re-read the copy set when every planned replica says it holds less.
+    master: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,7 @@ def plan_ranges(
     end_sequence: int | None,
     include_open: bool,
     partition_entries: int,
+    master: str = "",
 ) -> list[SegmentRange]:
     """Input partitions covering `[start_sequence, end_sequence)` of readable events."""
     ranges: list[SegmentRange] = []
@@ -208,7 +222,7 @@ def plan_ranges(
             if replicas:
                 load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
             ranges.append(
-                SegmentRange(stream, layout.stream_id, segment.epoch, low, high, replicas)
+                SegmentRange(stream, layout.stream_id, segment.epoch, low, high, replicas, master)
             )
     return ranges
 
@@ -226,42 +240,92 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the events in `part`, failing over between replicas.
 
     Every index of the range must come back (EVENT or HOLE) from some replica's acked
-    entries; whatever the replicas cannot serve is a DataLossError naming it. Replies
+    entries. A replica that fails is retried with backoff; one that serves less than
+    the range (or NOT_FOUND) answered that it holds less. When every replica of a copy
+    set the master still lists said so, the rest is a DataLossError naming it. Replies
     are packed (values back to back, verified by the store), so no Python object is
     made per row."""
     next_index = part.first_index
     errors: list[str] = []
-    for address in part.replicas:
-        if next_index > part.last_index:
-            break
-        with _channel(address) as channel:
-            stub = store_grpc.SegmentStoreStub(channel)
-            request = segment_store_pb2.ReadRequest(
-                segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
-                from_index=next_index,
-                to_index=part.last_index,
-                acked_only=True,
-                packed=True,
+    replicas = ReplicaSet()
+    replicas.segment_sealed()
+    copy_set = part.replicas
+    deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
+    while next_index <= part.last_index:
+        choice = replicas.choose(copy_set, True, next_index, _now_ms())
+        if isinstance(choice, Relist):
+            # Without the master's address (a partition planned by an older driver) the
+            # planned copy set is the only list there is.
+            copy_set = _copy_set_now(part) if part.master else copy_set
+            replicas.list_refreshed()
+            continue
+        if isinstance(choice, Lost):
+            raise DataLossError(part.stream, part.epoch, next_index, part.last_index) from (
+                RuntimeError("; ".join(errors)) if errors else None
             )
-            pending: list[pa.RecordBatch] = []
-            try:
-                for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
-                    batch, next_index = _packed_batch(part, reply, next_index)
-                    if batch is not None:
-                        pending.append(batch)
-                    if sum(b.num_rows for b in pending) >= ARROW_BATCH_ROWS:
-                        yield _one_batch(pending)
-                        pending = []
-            except grpc.RpcError as error:
-                errors.append(f"{address}: {error.code().name}")
-            except _ShortRead as short:
-                errors.append(f"{address}: {short}")
-            if pending:  # rows verified so far: the next replica resumes after them
-                yield _one_batch(pending)
-    if next_index <= part.last_index:
-        raise DataLossError(part.stream, part.epoch, next_index, part.last_index) from (
-            RuntimeError("; ".join(errors)) if errors else None
+        if isinstance(choice, WaitUntil):
+            if time.monotonic() > deadline:
+                raise Unavailable(f"{part.stream}: segment {part.epoch}: " + "; ".join(errors))
+            time.sleep(max(choice.until_ms - _now_ms(), 0) / 1000)
+            continue
+        assert isinstance(choice, Ask)
+        start = next_index
+        for batch, after in _read_replica(part, choice.replica, start, replicas, errors):
+            next_index = after
+            yield batch
+        if next_index > start:
+            deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
+
+
+def _read_replica(
+    part: SegmentRange, address: str, next_index: int, replicas: ReplicaSet, errors: list[str]
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Read `part` from `next_index` on one replica; each batch with the index after it.
+    What the replica answers, or that it failed, goes to `replicas`."""
+    with _channel(address) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        request = segment_store_pb2.ReadRequest(
+            segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
+            from_index=next_index,
+            to_index=part.last_index,
+            acked_only=True,
+            packed=True,
         )
+        pending: list[pa.RecordBatch] = []
+        try:
+            for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
+                batch, next_index = _packed_batch(part, reply, next_index)
+                if batch is not None:
+                    pending.append(batch)
+                if sum(b.num_rows for b in pending) >= ARROW_BATCH_ROWS:
+                    yield _one_batch(pending), next_index
+                    pending = []
+            # The read ended: the replica serves no more (its acked index).
+            replicas.answered(address, next_index - 1)
+        except grpc.RpcError as error:
+            errors.append(f"{address}: {error.code().name}")
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                replicas.answered(address, 0)
+            else:
+                log.info("%s: replica %s failed: %s", part.stream, address, error.code().name)
+                replicas.failed(address, _now_ms())
+        except _ShortRead as short:
+            errors.append(f"{address}: {short}")
+            replicas.answered(address, next_index - 1)
+        if pending:  # rows verified so far: the next replica resumes after them
+            yield _one_batch(pending), next_index
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:
+    layout = fetch_layout(part.master, part.stream, with_open_acked=False)
+    for segment in layout.segments:
+        if segment.epoch == part.epoch:
+            return segment.replicas
+    return ()
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -346,6 +410,7 @@ class StreamEngineBatchReader(DataSourceReader):
             self.end_sequence,
             self.include_open,
             self.partition_entries,
+            self.master,
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -376,7 +441,9 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         if finish <= begin:
             return []
         layout = fetch_layout(self.master, self.stream, with_open_acked=True)
-        return plan_ranges(self.stream, layout, begin, finish, True, self.partition_entries)
+        return plan_ranges(
+            self.stream, layout, begin, finish, True, self.partition_entries, self.master
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)

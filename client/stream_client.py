@@ -25,7 +25,7 @@ import grpc
 
 from streamengine.client import subscription
 from streamengine.client.channels import ChannelPool
-from streamengine.client.core.cursor import Event
+from streamengine.client.core.cursor import StreamEvent as Event
 from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.errors import Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary

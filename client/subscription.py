@@ -21,15 +21,17 @@ import grpc
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.cursor import (
+    SUBSCRIBE_BATCH_ENTRIES,
     Cursor,
     DataLoss,
-    Event,
     Finished,
     ReadFrom,
     SegmentView,
-    WaitForSegments,
+    StreamEvent,
+    Wait,
 )
-from streamengine.client.errors import DataLossError, from_rpc_error
+from streamengine.client.core.replicas import FollowerTiming
+from streamengine.client.errors import DataLossError, Unavailable, from_rpc_error
 from streamengine.protocol.entry import first_corrupt
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -38,20 +40,6 @@ from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 log = logging.getLogger(__name__)
 
 Start = int | Literal["end"]
-
-# How often the subscriber promises a keepalive; the store drops it after ~3 silent
-# intervals, and it drops a store silent for `SILENT_STORE_MS`.
-KEEPALIVE_INTERVAL_MS = 1000
-SILENT_STORE_MS = 3 * KEEPALIVE_INTERVAL_MS + 1000
-# While tailing and nothing arrives, re-read the master's list this often: the segment
-# may have been sealed (a new leader) and the replica may never reach its bridge.
-SEGMENT_REFRESH_MS = 1000
-# Pause before retrying when no replica can serve (open segment) or nothing is listed.
-IDLE_RETRY_MS = 200
-# Entries per batch on the wire.
-BATCH_ENTRIES = 4096
-# A refresh every IDLE_RETRY_MS; failed replicas are retried after this many.
-FAILED_REPLICA_RETRY_ROUNDS = 5
 
 
 def now_ms() -> int:
@@ -95,17 +83,17 @@ class Follower:
         self._end = end
         self._until_acked_end = until_acked_end
         self._ref: _StreamRef | None = None
+        self._timing = FollowerTiming()
 
-    async def batches(self) -> AsyncIterator[list[Event]]:
+    async def batches(self) -> AsyncIterator[list[StreamEvent]]:
         """Lists of events in sequence order (one list per batch a replica sent)."""
         segments = await self._list_segments()
         end = self._end
         if self._until_acked_end and end is None:
             end = await self._acked_end(segments)
         start = await self._acked_end(segments) if self._start == "end" else self._start
-        cursor = Cursor(start, end)
-        cursor.on_segments(segments)
-        idle_rounds = 0
+        cursor = Cursor(start, end, self._timing)
+        cursor.on_segments(segments, now_ms())
         while True:
             decision = cursor.next(now_ms())
             if isinstance(decision, Finished):
@@ -114,18 +102,16 @@ class Follower:
                 raise DataLossError(
                     self._stream, decision.epoch, decision.first_index, decision.last_index
                 )
-            if isinstance(decision, WaitForSegments):
-                idle_rounds += 1
-                if idle_rounds % FAILED_REPLICA_RETRY_ROUNDS == 0:
-                    cursor.forget_failures()
-                await asyncio.sleep(IDLE_RETRY_MS / 1000)
-                cursor.on_segments(await self._list_segments())
+            if isinstance(decision, Wait):
+                delay_ms = decision.until_ms - now_ms()
+                if delay_ms > 0:
+                    await asyncio.sleep(delay_ms / 1000)
+                await self._refresh(cursor)
                 continue
-            idle_rounds = 0
             async for batch in self._tail(cursor, decision):
                 yield batch
 
-    async def _tail(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[Event]]:
+    async def _tail(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[StreamEvent]]:
         """Tail one replica until the cursor moves elsewhere, the replica fails, or the
         range is done."""
         assert self._ref is not None
@@ -136,43 +122,33 @@ class Follower:
                     stream_id=self._ref.stream_id, epoch=read.epoch, stream=self._stream
                 ),
                 from_index=read.from_index,
-                max_batch_entries=BATCH_ENTRIES,
-                keepalive_interval_ms=KEEPALIVE_INTERVAL_MS,
+                max_batch_entries=SUBSCRIBE_BATCH_ENTRIES,
+                keepalive_interval_ms=cursor.timing.keepalive_interval_ms,
             )
         )
-        call = stub.Subscribe(_requests(start))
-        last_heard = last_refresh = now_ms()
+        call = stub.Subscribe(_requests(start, cursor.timing.keepalive_interval_ms))
         start_position = cursor.position
-        # One read stays pending across polls: cancelling a read would cancel the RPC.
+        # One read stays pending across wake-ups: cancelling a read would cancel the RPC.
         pending: asyncio.Future[object] | None = None
         try:
             while True:
                 if pending is None:
                     pending = asyncio.ensure_future(call.read())
-                done, _ = await asyncio.wait({pending}, timeout=SEGMENT_REFRESH_MS / 1000)
-                reply: object = None
+                timeout_s = max(cursor.wake_at_ms() - now_ms(), 0) / 1000
+                done, _ = await asyncio.wait({pending}, timeout=timeout_s)
                 if done:
                     reply, pending = pending.result(), None
-                if reply is grpc.aio.EOF:
-                    return
-                if isinstance(reply, segment_store_pb2.SubscribeReply):
-                    last_heard = now_ms()
-                    if reply.HasField("position"):
-                        cursor.on_position(
-                            read.epoch, read.replica, reply.position.acked_index, last_heard
-                        )
-                    if reply.HasField("batch"):
-                        events = self._entries(cursor, read, reply.batch)
-                        if events:
-                            yield events
-                elif now_ms() - last_heard >= SILENT_STORE_MS:
-                    log.info("%s: store %s silent, failing over", self._stream, read.replica)
-                    cursor.on_replica_failed(read.epoch, read.replica)
-                    return
-                if now_ms() - last_refresh >= SEGMENT_REFRESH_MS:
-                    cursor.on_segments(await self._list_segments())
-                    last_refresh = now_ms()
-                if cursor.next(now_ms()) != ReadFrom(read.epoch, read.replica, _next_index(cursor)):
+                    if reply is grpc.aio.EOF:
+                        return
+                    assert isinstance(reply, segment_store_pb2.SubscribeReply)
+                    events = self._on_reply(cursor, read, reply)
+                    if events:
+                        yield events
+                if cursor.refresh_due(now_ms()):
+                    await self._refresh(cursor)
+                decision = cursor.next(now_ms())
+                if decision != ReadFrom(read.epoch, read.replica, cursor.next_index):
+                    log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
                     return
         except grpc.aio.AioRpcError as error:
             code = error.code().name
@@ -181,16 +157,28 @@ class Follower:
                 # or a restart): resume from the position, on the same replica.
                 log.info("%s: disconnected by %s (%s), resuming", self._stream, read.replica, code)
                 return
-            log.info("%s: replica %s failed: %s", self._stream, read.replica, code)
-            cursor.on_replica_failed(read.epoch, read.replica)
+            log.info("%s: replica %s failed: %s, retrying later", self._stream, read.replica, code)
+            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
         finally:
             if pending is not None:
                 pending.cancel()
             call.cancel()
 
+    def _on_reply(
+        self, cursor: Cursor, read: ReadFrom, reply: segment_store_pb2.SubscribeReply
+    ) -> list[StreamEvent]:
+        now = now_ms()
+        if reply.HasField("batch"):
+            return self._entries(cursor, read, reply.batch)
+        if reply.HasField("position"):
+            cursor.on_position(read.epoch, read.replica, reply.position.acked_index, now)
+        else:
+            cursor.on_keepalive(read.epoch, read.replica, now)
+        return []
+
     def _entries(
         self, cursor: Cursor, read: ReadFrom, batch: segment_store_pb2.EntryBatch
-    ) -> list[Event]:
+    ) -> list[StreamEvent]:
         entries = batch.entries
         if not entries:
             return []
@@ -208,14 +196,26 @@ class Follower:
                 read.replica,
                 indexes[corrupt or 0],
             )
-            cursor.on_replica_failed(read.epoch, read.replica)
+            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
             return []
         return cursor.on_batch(read.epoch, indexes[0], kinds, payloads, now_ms())
+
+    async def _refresh(self, cursor: Cursor) -> None:
+        """Give the cursor the master's list; a master that does not answer now is
+        asked again later (an unknown stream still ends the subscription)."""
+        try:
+            segments = await self._list_segments()
+        except Unavailable as error:
+            log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
+            cursor.on_list_failed(now_ms())
+            return
+        cursor.on_segments(segments, now_ms())
 
     async def _list_segments(self) -> list[SegmentView]:
         try:
             reply = await self._master.ListSegments(
-                master_pb2.ListSegmentsRequest(stream=self._stream), timeout=5
+                master_pb2.ListSegmentsRequest(stream=self._stream),
+                timeout=self._timing.list_timeout_ms / 1000,
             )
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from error
@@ -242,16 +242,12 @@ class Follower:
         return pack_sequence(last.epoch, acked + 1)
 
 
-def _next_index(cursor: Cursor) -> int:
-    return cursor.position & 0xFFFFFFFF
-
-
 async def _requests(
-    start: segment_store_pb2.SubscribeRequest,
+    start: segment_store_pb2.SubscribeRequest, keepalive_interval_ms: int
 ) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
     yield start
     while True:
-        await asyncio.sleep(KEEPALIVE_INTERVAL_MS / 1000)
+        await asyncio.sleep(keepalive_interval_ms / 1000)
         yield segment_store_pb2.SubscribeRequest(
             keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
         )
@@ -259,7 +255,7 @@ async def _requests(
 
 async def subscribe(
     master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[StreamEvent]:
     """Every acked event from `start` on, forever."""
     follower = Follower(master, channels, stream, start, None, until_acked_end=False)
     async for batch in follower.batches():
@@ -273,7 +269,7 @@ async def read(
     stream: str,
     start: int = 0,
     end: int | None = None,
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[StreamEvent]:
     """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
     if end is not None and end <= start:
         return

@@ -34,7 +34,7 @@ from streamengine.protocol.limits import (
 )
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import FENCE_METADATA_KEY
-from streamengine.segment_store import metrics
+from streamengine.segment_store import metrics, tail
 from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.keys import SegmentMeta, entry_index
@@ -73,17 +73,11 @@ READ_REPLY_BYTES_MAX = 4 << 20
 # makes one whole Arrow batch for Spark (ARROW_BATCH_ROWS), and far below the limit.
 PACKED_REPLY_ENTRIES_MAX = 65536
 PACKED_REPLY_BYTES_MAX = 8 << 20
-# Subscribe: entries per batch, keepalive bounds, and how long the first message may take.
-SUBSCRIBE_BATCH_ENTRIES_DEFAULT = 256
-SUBSCRIBE_KEEPALIVE_MS_DEFAULT = 1000
-SUBSCRIBE_KEEPALIVE_MS_MIN = 50
-SUBSCRIBE_KEEPALIVE_MS_MAX = 60_000
-SUBSCRIBE_SILENT_INTERVALS_MAX = 3
+# Subscribe: how long the first message may take; the live tail's own limits and
+# decisions are in `segment_store.tail`.
 SUBSCRIBE_START_TIMEOUT_S = 10.0
-# A subscriber's buffer: batches waiting for the wire, and how long it may stay full
-# before the subscriber counts as too slow and is disconnected.
-SUBSCRIBE_BUFFER_BATCHES_DEFAULT = 16
-SUBSCRIBE_STALL_MS_DEFAULT = 5000
+SUBSCRIBE_BUFFER_BATCHES_DEFAULT = tail.BUFFER_MESSAGES_DEFAULT
+SUBSCRIBE_STALL_MS_DEFAULT = tail.STALL_MS_DEFAULT
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
@@ -592,9 +586,9 @@ class _Ticket:
 
 
 class _Tail:
-    """One Subscribe stream: a producer fills a bounded buffer from the store as the
-    acked index advances, a sender drains it to the wire, a receiver notes the
-    client's keepalives. The first of them to end ends the stream."""
+    """One Subscribe stream: the shell of `segment_store.tail.TailStream`. A pump asks
+    the core what to do and fills a buffer, a sender drains it to the wire, a receiver
+    notes the client's keepalives. The first of them to end ends the stream."""
 
     def __init__(
         self,
@@ -608,24 +602,23 @@ class _Tail:
     ) -> None:
         self.service = service
         self.segment = segment
-        self.next_index = max(start.from_index, 1)
-        self.batch_entries = min(
-            start.max_batch_entries or SUBSCRIBE_BATCH_ENTRIES_DEFAULT, WRITE_BATCH_ENTRIES_MAX
+        settings = tail.TailSettings.asked(
+            start.max_batch_entries,
+            start.keepalive_interval_ms,
+            WRITE_BATCH_ENTRIES_MAX,
+            service.config.subscribe_buffer_batches,
+            service.config.subscribe_stall_ms,
         )
-        interval_ms = start.keepalive_interval_ms or SUBSCRIBE_KEEPALIVE_MS_DEFAULT
-        interval_ms = min(max(interval_ms, SUBSCRIBE_KEEPALIVE_MS_MIN), SUBSCRIBE_KEEPALIVE_MS_MAX)
-        self.interval_s = interval_ms / 1000
+        self.stream = tail.TailStream(start.from_index, settings, _now_ms())
         self.requests = requests
         self.context = context
-        self.buffer: asyncio.Queue[segment_store_pb2.SubscribeReply] = asyncio.Queue(
-            service.config.subscribe_buffer_batches
-        )
-        self.stall_s = service.config.subscribe_stall_ms / 1000
-        self.last_heard = time.monotonic()
+        # Bounded by the core, which never asks for more than `buffer_messages`.
+        self.buffer: asyncio.Queue[segment_store_pb2.SubscribeReply] = asyncio.Queue()
+        self.room = asyncio.Event()
 
     async def run(self) -> Exception | None:
         tasks = [
-            asyncio.create_task(self._produce()),
+            asyncio.create_task(self._pump()),
             asyncio.create_task(self._send()),
             asyncio.create_task(self._receive()),
         ]
@@ -655,81 +648,84 @@ class _Tail:
                 return result
         return None
 
-    async def _produce(self) -> Exception | None:
-        sent_position: tuple[int, int, int] | None = None
+    async def _pump(self) -> Exception | None:
         watch = self.service.watch
+        stream = self.stream
         while True:
             changed = watch.event(self.segment)
             meta = self.service.core.meta(self.segment) or SegmentMeta()
-            position = (meta.acked_index, meta.fence, meta.bridge_index)
-            if sent_position is None:
-                await self._put(_position_reply(position))
-                sent_position = position
-            if self.next_index <= meta.acked_index:
-                entries = await self.service.in_thread(
-                    functools.partial(
-                        self.service.read_entries,
-                        self.segment,
-                        self.next_index,
-                        meta.acked_index,
-                        True,
-                        self.batch_entries,
-                        verify=False,  # followers verify every entry they receive
-                    )
-                )
-                if entries:
-                    await self._put(
-                        segment_store_pb2.SubscribeReply(
-                            batch=segment_store_pb2.EntryBatch(
-                                entries=entries, token=entries[-1].index
-                            )
-                        )
-                    )
-                    self.next_index = entries[-1].index + 1
-                    sent_position = (self.next_index - 1, sent_position[1], sent_position[2])
-                    continue
-                self.next_index = meta.acked_index + 1
-            if position != sent_position:
-                await self._put(_position_reply(position))
-                sent_position = position
-            silent_s = time.monotonic() - self.last_heard
-            if silent_s > SUBSCRIBE_SILENT_INTERVALS_MAX * self.interval_s:
-                metrics.SUBSCRIBERS_DROPPED.labels("silent").inc()
-                return _Refused(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"subscriber silent for {silent_s:.1f}s (keepalive every {self.interval_s}s)",
-                )
-            if not await SegmentWatch.wait(changed, self.interval_s):
-                await self._put(
-                    segment_store_pb2.SubscribeReply(
-                        keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
-                    )
-                )
+            position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
+            action = stream.step(position, self.buffer.qsize(), _now_ms())
+            if isinstance(action, tail.ReadBatch):
+                await self._read(action)
+            elif isinstance(action, tail.SendPosition):
+                self.buffer.put_nowait(_position_reply(action.position))
+            elif isinstance(action, tail.SendKeepalive):
+                keepalive = segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+                self.buffer.put_nowait(segment_store_pb2.SubscribeReply(keepalive=keepalive))
+            elif isinstance(action, tail.Drop):
+                metrics.SUBSCRIBERS_DROPPED.labels(action.reason).inc()
+                code = _TAIL_DROP_STATUS[action.reason]
+                return _Refused(code, action.detail)
+            else:
+                await self._wait(changed, action.until_ms)
 
-    async def _put(self, reply: segment_store_pb2.SubscribeReply) -> None:
+    async def _read(self, read: tail.ReadBatch) -> None:
+        entries = await self.service.in_thread(
+            functools.partial(
+                self.service.read_entries,
+                self.segment,
+                read.from_index,
+                read.to_index,
+                True,
+                read.entries_max,
+                verify=False,  # followers verify every entry they receive
+            )
+        )
+        if entries:
+            batch = segment_store_pb2.EntryBatch(entries=entries, token=entries[-1].index)
+            self.buffer.put_nowait(segment_store_pb2.SubscribeReply(batch=batch))
+        last = entries[-1].index if entries else read.from_index - 1
+        self.stream.on_read(read, last, _now_ms())
+
+    async def _wait(self, changed: asyncio.Event, until_ms: int) -> None:
+        """Until the segment changes, the sender makes room, or `until_ms`."""
+        self.room.clear()
+        waiters = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self.room.wait())]
         try:
-            await asyncio.wait_for(self.buffer.put(reply), self.stall_s)
-        except TimeoutError:
-            metrics.SUBSCRIBERS_DROPPED.labels("slow").inc()
-            raise _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"subscriber too slow: its buffer of {self.buffer.maxsize} messages stayed "
-                f"full for {self.stall_s}s; resume from the last token",
-            ) from None
+            timeout_s = max(until_ms - _now_ms(), 0) / 1000
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     async def _send(self) -> Exception | None:
         while True:
             reply = await self.buffer.get()
+            self.room.set()
             await self.context.write(reply)
 
     async def _receive(self) -> Exception | None:
         async for _request in self.requests:
-            self.last_heard = time.monotonic()
+            self.stream.on_heard(_now_ms())
         return None  # the client closed its side: the stream ends
 
 
-def _position_reply(position: tuple[int, int, int]) -> segment_store_pb2.SubscribeReply:
-    acked, fence, bridge = position
+_TAIL_DROP_STATUS = {
+    "silent": grpc.StatusCode.UNAVAILABLE,
+    "slow": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _position_reply(position: tail.Position) -> segment_store_pb2.SubscribeReply:
     return segment_store_pb2.SubscribeReply(
-        position=segment_store_pb2.Position(acked_index=acked, fence=fence, bridge_index=bridge)
+        position=segment_store_pb2.Position(
+            acked_index=position.acked_index,
+            fence=position.fence,
+            bridge_index=position.bridge_index,
+        )
     )

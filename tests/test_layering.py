@@ -5,7 +5,7 @@
     streamengine.protocol  <-  segment_store
     tools (CLI, local cluster), bench, deploy: on top of everything
 
-The cores (`client/core`, the master's leadership/placement/repair) are driven by the
+The cores (`client/core`, the master's leadership/placement/repair, the store's core) are driven by the
 asyncio shells and by the deterministic simulator alike, so they never reach for the
 network, the event loop, the clock or a random source themselves.
 """
@@ -43,6 +43,9 @@ ALLOWED = {
 }
 PURE_PROTOCOL = ["entry.py", "limits.py", "policy.py", "sequence.py"]
 PURE_MASTER = ["leadership.py", "placement.py", "repair.py", "model.py", "errors.py"]
+# The store's decisions: applying a batch over the narrow KV interface, the copy steps,
+# the live tail.
+PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py"]
 OLD_TOP_LEVEL = {"client", "master", "segment_store", "tools"}
 
 
@@ -84,6 +87,7 @@ CORE_FILES = (
     sorted((ROOT / "client" / "core").glob("*.py"))
     + [PROTOCOL / name for name in PURE_PROTOCOL]
     + [ROOT / "master" / name for name in PURE_MASTER]
+    + [ROOT / "segment_store" / name for name in PURE_STORE]
 )
 
 

@@ -7,25 +7,46 @@ replica sends is final: the cursor yields EVENTs, skips HOLEs, and on a BRIDGE h
 the next segment of the list. A sealed segment is complete on a replica whose acked
 index reached the bridge (the master's final index); a replica that stops short of it
 (it missed the bridge, or died) is left for another replica, resuming at the position.
-When no replica of a segment can serve what the cursor needs, the cursor reports data
-loss naming the segment and the missing range instead of waiting forever.
 
-The shell (`client/subscription.py`) feeds it the master's segment list, what replicas
-answer, and failures, with the time; the cursor answers what to read next.
+Failures and data loss (the rules live in `client/core/replicas.py`): a replica that
+cannot be asked (unreachable, silent, disconnected) is retried with a doubling backoff
+and says nothing about what it holds; a replica's *answer* (its acked index, NOT_FOUND as
+acked 0) does. `DataLoss` is reported for a sealed segment only when the master lists no
+replica for it, or every listed replica answered that it serves less than the position
+and a list fetched after those answers still names only them. Until then the cursor
+answers `Wait(until_ms)`: re-read the master's list at `until_ms` and ask again.
+
+Time is an input. While tailing, the cursor also decides when the tailed replica is
+silent (`FollowerTiming.silent_replica_ms` without entries, a position or a keepalive:
+a failure) and when to re-read the master's list (`refresh_due`); `wake_at_ms` says
+when to ask it again if nothing arrives. Every wait is a field of `FollowerTiming`, so
+the SDK and the simulator (`FollowerTiming.fast()`) run the same decisions.
+
+The shell (`client/subscription.py`; `tests/sim/follower_node.py` in the simulator)
+feeds it the master's segment list, what replicas answer, and failures, with the time;
+the cursor answers what to read next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from streamengine.client.core.replicas import (
+    Ask,
+    FollowerTiming,
+    Lost,
+    Relist,
+    ReplicaSet,
+    WaitUntil,
+)
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 
-# A replica that serves nothing new for this long while the master says its segment is
-# sealed beyond what it served has missed the bridge: try another one.
-SEALED_REPLICA_STALL_MS = 2000
+# Entries a subscriber asks per pushed batch: large batches are the follower's hot path
+# (one message, one crc pass, one list of events per batch).
+SUBSCRIBE_BATCH_ENTRIES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +60,9 @@ class SegmentView:
 
 
 @dataclass(slots=True)
-class Event:
-    """An acked event handed to the user. Not frozen: one is made per event read, and a
-    frozen dataclass costs three times as much to build."""
+class StreamEvent:
+    """An acked event handed to the user (not a core input event). Not frozen: one is
+    made per event read, and a frozen dataclass costs three times as much to build."""
 
     sequence: int
     epoch: int
@@ -59,9 +80,12 @@ class ReadFrom:
 
 
 @dataclass(frozen=True, slots=True)
-class WaitForSegments:
-    """Nothing to read until the master lists a later segment (or the current one's
-    replicas come back): refresh the list after a pause."""
+class Wait:
+    """Nothing to read now: re-read the master's list at `until_ms` (a later segment may
+    be listed, a copy set may have changed, a failed replica's backoff ends) and ask
+    again. `until_ms` may be in the past: refresh at once."""
+
+    until_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +102,7 @@ class DataLoss:
     last_index: int
 
 
-Next = ReadFrom | WaitForSegments | Finished | DataLoss
+Next = ReadFrom | Wait | Finished | DataLoss
 
 
 def _find(kinds: Sequence[int], kind: int, start: int, stop: int) -> int | None:
@@ -88,32 +112,46 @@ def _find(kinds: Sequence[int], kind: int, start: int, stop: int) -> int | None:
         return None
 
 
-@dataclass
-class _SegmentProgress:
-    failed_replicas: set[str] = field(default_factory=set)
-    # Per replica, the acked index it last reported (what it can serve).
-    replica_acked: dict[str, int] = field(default_factory=dict)
-
-
 class Cursor:
     """Position of one reader; `start` inclusive, `end` exclusive (None: forever)."""
 
-    def __init__(self, start_sequence: int, end_sequence: int | None = None) -> None:
+    def __init__(
+        self,
+        start_sequence: int,
+        end_sequence: int | None = None,
+        timing: FollowerTiming | None = None,
+    ) -> None:
         epoch, index = unpack_sequence(start_sequence)
+        self.timing = timing or FollowerTiming()
         self._epoch = epoch
         self._next_index = max(index, 1)
         self._end = end_sequence
         self._segments: list[SegmentView] = []
-        self._progress: dict[int, _SegmentProgress] = {}
+        self._replicas: dict[int, ReplicaSet] = {}
         self._replica: str | None = None
         self._last_progress_ms = 0
+        self._last_heard_ms = 0
+        self._last_listed_ms = 0
+        # The master did not answer the list `_list_failures` times in a row: the next
+        # try waits until `_list_retry_at_ms` (the replicas' backoff rule).
+        self._list_failures = 0
+        self._list_retry_at_ms = 0
         self._last_yielded: int | None = None
 
     # ---- inputs ----
 
-    def on_segments(self, segments: Sequence[SegmentView]) -> None:
+    def on_segments(self, segments: Sequence[SegmentView], now_ms: int) -> None:
         """The master's list, oldest first (a refresh replaces the previous one)."""
+        self._last_listed_ms = max(self._last_listed_ms, now_ms)
+        self._list_failures = 0
+        self._list_retry_at_ms = 0
         self._segments = sorted(segments, key=lambda s: s.epoch)
+        for segment in self._segments:
+            replicas = self._replicas.get(segment.epoch)
+            if replicas is not None:
+                replicas.list_refreshed()
+                if segment.sealed:
+                    replicas.segment_sealed()
         current = self._current_segment()
         if current is None:
             later = [s for s in self._segments if s.epoch > self._epoch]
@@ -123,12 +161,30 @@ class Cursor:
             self._hop()
 
     def on_position(self, epoch: int, replica: str, acked_index: int, now_ms: int) -> None:
+        """`replica` answered that it serves `epoch` up to `acked_index` (a Subscribe
+        POSITION; a NOT_FOUND for the segment is `acked_index=0`)."""
         if epoch != self._epoch:
             return
-        self._progress_of(epoch).replica_acked[replica] = acked_index
+        self._replicas_of(epoch).answered(replica, acked_index)
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
+        if replica == self._replica:
+            self._last_heard_ms = max(self._last_heard_ms, now_ms)
 
-    def on_entries(self, epoch: int, entries: Sequence[StoredEntry], now_ms: int) -> list[Event]:
+    def on_list_failed(self, now_ms: int) -> None:
+        """The master did not answer the list (restarting, unreachable): keep reading
+        with the list held, and ask again after a backoff. Data loss is never decided
+        on a list older than the replicas' answers, so this delays it, never causes it."""
+        self._list_failures += 1
+        self._list_retry_at_ms = now_ms + self.timing.retry_delay_ms(self._list_failures)
+
+    def on_keepalive(self, epoch: int, replica: str, now_ms: int) -> None:
+        """The tailed replica is alive, with nothing new to send."""
+        if epoch == self._epoch and replica == self._replica:
+            self._last_heard_ms = max(self._last_heard_ms, now_ms)
+
+    def on_entries(
+        self, epoch: int, entries: Sequence[StoredEntry], now_ms: int
+    ) -> list[StreamEvent]:
         """Entries a replica served for `epoch`, consecutive and in index order."""
         if not entries:
             return []
@@ -147,13 +203,17 @@ class Cursor:
         kinds: Sequence[int],
         payloads: Sequence[bytes],
         now_ms: int,
-    ) -> list[Event]:
-        """A batch a replica served for `epoch`: consecutive indexes from `first_index`,
-        as columns. Returns the events to yield; entries at or below the position (a
-        resend) are ignored, a HOLE is skipped, a BRIDGE hops to the next segment."""
+    ) -> list[StreamEvent]:
+        """A batch the current replica served for `epoch`: consecutive indexes from
+        `first_index`, as columns. Returns the events to yield; entries at or below the
+        position (a resend) are ignored, a HOLE is skipped, a BRIDGE hops to the next
+        segment."""
         if epoch != self._epoch or not kinds:
             return []
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
+        self._last_heard_ms = max(self._last_heard_ms, now_ms)
+        if self._replica is not None:
+            self._replicas_of(epoch).served(self._replica, first_index + len(kinds) - 1)
         skip = self._next_index - first_index
         if skip < 0:
             raise ValueError(
@@ -171,7 +231,7 @@ class Cursor:
             stop = bridge_at
         base = pack_sequence(epoch, 0)
         events = [
-            Event(base + first_index + i, epoch, first_index + i, payloads[i])
+            StreamEvent(base + first_index + i, epoch, first_index + i, payloads[i])
             for i in range(skip, stop)
             if kinds[i] == EntryKind.EVENT
         ]
@@ -183,17 +243,13 @@ class Cursor:
             self._hop()
         return events
 
-    def on_replica_failed(self, epoch: int, replica: str) -> None:
-        """The replica could not serve (unreachable, NOT_FOUND, disconnected)."""
+    def on_replica_failed(self, epoch: int, replica: str, now_ms: int) -> None:
+        """The replica could not be asked (unreachable, silent, disconnected, a corrupt
+        batch): it is retried after a backoff; this says nothing of what it holds."""
         if epoch == self._epoch:
-            self._progress_of(epoch).failed_replicas.add(replica)
+            self._replicas_of(epoch).failed(replica, now_ms)
             if self._replica == replica:
                 self._replica = None
-
-    def forget_failures(self) -> None:
-        """After a pause, failed replicas may be back: consider them again."""
-        for progress in self._progress.values():
-            progress.failed_replicas.clear()
 
     # ---- decisions ----
 
@@ -203,27 +259,57 @@ class Cursor:
         return pack_sequence(self._epoch, min(self._next_index, INDEX_MAX))
 
     @property
+    def next_index(self) -> int:
+        return self._next_index
+
+    @property
     def last_yielded(self) -> int | None:
         return self._last_yielded
+
+    def refresh_due(self, now_ms: int) -> bool:
+        """While tailing: time to re-read the master's list."""
+        due = now_ms - self._last_listed_ms >= self.timing.segment_refresh_ms
+        return due and now_ms >= self._list_retry_at_ms
+
+    def wake_at_ms(self, listing: bool = False) -> int:
+        """While tailing, when to call `next` (and `refresh_due`) even if nothing
+        arrives: the list refresh (unless one is `listing` already: its answer wakes the
+        shell), or when the replica counts as silent."""
+        silent_at = self._last_heard_ms + self.timing.silent_replica_ms
+        if listing:
+            return silent_at
+        refresh_at = max(
+            self._last_listed_ms + self.timing.segment_refresh_ms, self._list_retry_at_ms
+        )
+        return min(refresh_at, silent_at)
 
     def next(self, now_ms: int) -> Next:
         if self._end is not None and self.position >= self._end:
             return Finished()
         segment = self._current_segment()
         if segment is None:
-            return WaitForSegments()
-        progress = self._progress_of(segment.epoch)
-        if self._replica is not None and self._stalled_on_sealed(segment, now_ms):
-            progress.failed_replicas.add(self._replica)
+            return self._wait(now_ms + self.timing.idle_refresh_ms)
+        replicas = self._replicas_of(segment.epoch)
+        if self._replica is not None and self._silent(now_ms):
+            replicas.failed(self._replica, now_ms)
             self._replica = None
+        if self._replica is not None and segment.sealed:
+            if self._stalled_on_sealed(segment, now_ms):
+                replicas.failed(self._replica, now_ms)
+                self._replica = None
+            elif replicas.below(self._replica, self._next_index):
+                self._replica = None  # it said it holds less: another replica may not
         if self._replica is None:
-            choice = self._choose_replica(segment, progress)
-            if choice is None:
-                if segment.sealed:
-                    return DataLoss(segment.epoch, self._next_index, segment.final_index)
-                return WaitForSegments()
-            self._replica = choice
-            self._last_progress_ms = now_ms
+            choice = replicas.choose(segment.replicas, segment.sealed, self._next_index, now_ms)
+            if isinstance(choice, Lost):
+                return DataLoss(segment.epoch, self._next_index, segment.final_index)
+            if isinstance(choice, WaitUntil):
+                return self._wait(choice.until_ms)
+            if isinstance(choice, Relist):
+                return self._wait(now_ms)
+            assert isinstance(choice, Ask)
+            self._replica = choice.replica
+            self._last_progress_ms = self._last_heard_ms = now_ms
         return ReadFrom(segment.epoch, self._replica, self._next_index)
 
     # ---- internals ----
@@ -234,8 +320,14 @@ class Cursor:
                 return segment
         return None
 
-    def _progress_of(self, epoch: int) -> _SegmentProgress:
-        return self._progress.setdefault(epoch, _SegmentProgress())
+    def _replicas_of(self, epoch: int) -> ReplicaSet:
+        replicas = self._replicas.get(epoch)
+        if replicas is None:
+            replicas = self._replicas[epoch] = ReplicaSet(self.timing)
+            segment = self._current_segment()
+            if segment is not None and segment.epoch == epoch and segment.sealed:
+                replicas.segment_sealed()
+        return replicas
 
     def _enter(self, epoch: int) -> None:
         self._epoch = epoch
@@ -244,27 +336,20 @@ class Cursor:
 
     def _hop(self) -> None:
         later = [s for s in self._segments if s.epoch > self._epoch]
-        self._progress.pop(self._epoch, None)
+        self._replicas.pop(self._epoch, None)
         if later:
             self._enter(later[0].epoch)
         else:
             # The next segment is not listed yet: wait at its first possible position.
             self._enter(self._epoch + 1)
 
+    def _wait(self, until_ms: int) -> Wait:
+        return Wait(max(until_ms, self._list_retry_at_ms))
+
+    def _silent(self, now_ms: int) -> bool:
+        return now_ms - self._last_heard_ms >= self.timing.silent_replica_ms
+
     def _stalled_on_sealed(self, segment: SegmentView, now_ms: int) -> bool:
-        if not segment.sealed or self._next_index > segment.final_index:
+        if self._next_index > segment.final_index:
             return False
-        return now_ms - self._last_progress_ms >= SEALED_REPLICA_STALL_MS
-
-    def _choose_replica(self, segment: SegmentView, progress: _SegmentProgress) -> str | None:
-        candidates = [r for r in segment.replicas if r not in progress.failed_replicas]
-        if not candidates:
-            return None
-
-        # Prefer a replica known to serve the position; else keep the master's order,
-        # which spreads readers as copy sets are spread.
-        def serves(replica: str) -> bool:
-            return progress.replica_acked.get(replica, 0) >= self._next_index
-
-        serving = [r for r in candidates if serves(r)]
-        return (serving or candidates)[0]
+        return now_ms - self._last_progress_ms >= self.timing.sealed_replica_stall_ms

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,16 +12,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from streamengine.client import NotFound, StreamClient
-from streamengine.client.core.cursor import Event
+from streamengine.client import DataLossError, NotFound, StreamClient
+from streamengine.client.core.cursor import StreamEvent
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.tools.harness import Cluster, free_port, metric_value, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 
-async def take(events: AsyncIterator[Event], count: int, timeout_s: float = 60) -> list[Event]:
-    taken: list[Event] = []
+async def take(
+    events: AsyncIterator[StreamEvent], count: int, timeout_s: float = 60
+) -> list[StreamEvent]:
+    taken: list[StreamEvent] = []
 
     async def consume() -> None:
         async for event in events:
@@ -32,7 +35,7 @@ async def take(events: AsyncIterator[Event], count: int, timeout_s: float = 60) 
     return taken
 
 
-def assert_exactly(events: list[Event], payloads: list[bytes]) -> None:
+def assert_exactly(events: list[StreamEvent], payloads: list[bytes]) -> None:
     assert [e.payload for e in events] == payloads
     sequences = [e.sequence for e in events]
     assert sequences == sorted(set(sequences)), "a sequence twice or out of order"
@@ -117,7 +120,7 @@ async def test_the_subscribers_store_killed_it_continues_on_another_replica(
 ) -> None:
     async with StreamClient(cluster.master_address) as client:
         await client.create_stream("sub/failover")
-        seen: list[Event] = []
+        seen: list[StreamEvent] = []
         first_batch = [f"a{i}".encode() for i in range(500)]
         second_batch = [f"b{i}".encode() for i in range(500)]
 
@@ -223,7 +226,7 @@ async def test_a_writer_failover_under_a_live_subscriber_has_no_duplicate_and_no
     name = "sub/failover-writer"
     async with StreamClient(cluster.master_address) as client:
         await client.create_stream(name)
-        seen: list[Event] = []
+        seen: list[StreamEvent] = []
 
         async def follow() -> None:
             async for event in client.subscribe(name, start=0):
@@ -252,3 +255,147 @@ async def test_a_writer_failover_under_a_live_subscriber_has_no_duplicate_and_no
         a_numbers = numbers_of(final, "a")
         assert a_numbers == list(range(len(a_numbers))) and len(a_numbers) > acked_by_first
         assert numbers_of(final, "b") == list(range(50))
+
+
+async def _sealed_stream(client: StreamClient, name: str, count: int) -> list[bytes]:
+    await client.create_stream(name)
+    payloads = [f"{name}-{i}".encode() for i in range(count)]
+    async with client.writer(name) as writer:
+        for chunk in range(0, count, 500):
+            await writer.append_batch(payloads[chunk : chunk + 500])
+    await client.seal(name)
+    return payloads
+
+
+def _every_replica_tried(caplog: pytest.LogCaptureFixture, addresses: list[str]) -> bool:
+    lines = [r.getMessage() for r in caplog.records if r.name.endswith(".subscription")]
+    return all(any(address in line for line in lines) for address in addresses)
+
+
+async def test_a_sealed_segment_read_while_every_replica_restarts_is_not_data_loss(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replicas that fail (here: every store SIGKILLed) may only be restarting: the
+    reader retries with backoff and reads everything once they are back."""
+    caplog.set_level(logging.INFO, logger="streamengine.client.subscription")
+    async with StreamClient(cluster.master_address) as client:
+        name = "sub/restarting"
+        payloads = await _sealed_stream(client, name, 3000)
+        addresses = [r.address for r in (await client.list_segments(name)).segments[-1].copy_set]
+        for store in cluster.stores:
+            store.kill()
+        reader = asyncio.create_task(take(client.read(name), len(payloads)))
+        await wait_until(
+            lambda: reader.done() or _every_replica_tried(caplog, addresses),
+            30,
+            "the reader tried every replica",
+        )
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
+        assert_exactly(await asyncio.wait_for(reader, 60), payloads)
+
+
+async def test_a_subscriber_outlives_every_replica_pausing(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every store SIGSTOPped: each replica falls silent in turn, none of that is data
+    loss; once they resume, the subscriber reads everything once, in order."""
+    caplog.set_level(logging.INFO, logger="streamengine.client.subscription")
+    async with StreamClient(cluster.master_address) as client:
+        name = "sub/paused"
+        payloads = await _sealed_stream(client, name, 1000)
+        addresses = [r.address for r in (await client.list_segments(name)).segments[-1].copy_set]
+        for store in cluster.stores:
+            store.stop()
+        try:
+            reader = asyncio.create_task(
+                take(client.subscribe(name, start=0), len(payloads), timeout_s=120)
+            )
+            await wait_until(
+                lambda: reader.done() or _every_replica_tried(caplog, addresses),
+                60,
+                "the subscriber tried every replica",
+            )
+        finally:
+            for store in cluster.stores:
+                store.cont()
+        assert_exactly(await asyncio.wait_for(reader, 60), payloads)
+
+
+async def test_a_spark_partition_read_while_every_replica_restarts_is_not_data_loss(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same rule for Spark's partition read (no Spark session needed: the executor
+    side is a plain function)."""
+    from streamengine.client.spark import fetch_layout, plan_ranges, read_range
+
+    caplog.set_level(logging.INFO, logger="streamengine.client.spark")
+    async with StreamClient(cluster.master_address) as client:
+        name = "sub/spark-restarting"
+        payloads = await _sealed_stream(client, name, 2000)
+        layout = fetch_layout(cluster.master_address, name, with_open_acked=False)
+        (part,) = plan_ranges(name, layout, 0, None, False, 1_000_000, cluster.master_address)
+        for store in cluster.stores:
+            store.kill()
+        reader = asyncio.create_task(asyncio.to_thread(lambda: list(read_range(part))))
+
+        def spark_lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name.endswith(".spark")]
+
+        await wait_until(
+            lambda: (
+                reader.done()
+                or all(any(a in line for line in spark_lines()) for a in part.replicas)
+            ),
+            30,
+            "the partition read tried every replica",
+        )
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
+        batches = await asyncio.wait_for(reader, 60)
+        assert [p for b in batches for p in b.column("payload").to_pylist()] == payloads
+        # A real loss is still one: every replica answers NOT_FOUND for a segment the
+        # master does not list either.
+        missing = dataclasses.replace(part, epoch=part.epoch + 100)
+        with pytest.raises(DataLossError, match=f"segment {missing.epoch} indexes 1..2000"):
+            await asyncio.to_thread(lambda: list(read_range(missing)))
+
+
+async def test_a_subscriber_outlives_a_master_restart(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The list refresh fails while the master is down: the subscriber keeps its list,
+    asks again after a backoff, and reads on once the master is back."""
+    caplog.set_level(logging.INFO, logger="streamengine.client.subscription")
+    name = "sub/master-restart"
+    first = [f"m{i}".encode() for i in range(100)]
+    second = [f"n{i}".encode() for i in range(100)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name)
+        seen: list[StreamEvent] = []
+
+        async def follow() -> None:
+            async for event in client.subscribe(name, start=0):
+                seen.append(event)
+                if len(seen) == len(first) + len(second):
+                    return
+
+        follower = asyncio.create_task(follow())
+        async with client.writer(name) as writer:
+            await writer.append_batch(first)
+        await wait_until(lambda: len(seen) >= len(first) or follower.done())
+        cluster.master.kill()
+        await wait_until(
+            lambda: follower.done() or "master did not list" in caplog.text,
+            30,
+            "a failed list refresh",
+        )
+        cluster.master.start()
+        async with client.writer(name) as writer:
+            await writer.append_batch(second)
+        await asyncio.wait_for(follower, 60)
+        assert_exactly(seen, first + second)

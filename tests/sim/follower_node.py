@@ -1,63 +1,79 @@
-"""A simulated subscriber: the real `Cursor`."""
+"""A simulated subscriber: the real `Cursor` over the Subscribe push protocol.
+
+The shell does what `client/subscription.py` does: it lists the segments at the master,
+subscribes to the replica the cursor names (a stream: the store pushes the position,
+batches and keepalives; this end sends keepalives), feeds the cursor what arrives, and
+asks it after every message and at `Cursor.wake_at_ms` whether to go on; a broken or
+dropped stream is a failure of that replica unless it served something (then it
+resumes from the position). Every wait comes from the cursor's `FollowerTiming.fast()`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from streamengine.client.core.cursor import (
+    SUBSCRIBE_BATCH_ENTRIES,
     Cursor,
     DataLoss,
     ReadFrom,
     SegmentView,
-    WaitForSegments,
+    Wait,
 )
-from streamengine.client.subscription import FAILED_REPLICA_RETRY_ROUNDS
+from streamengine.client.core.replicas import FollowerTiming
 from streamengine.master.model import SegmentRecord, SegmentState
-from streamengine.segment_store.store import (
-    SegmentKey,
-)
+from streamengine.segment_store.store import SegmentKey
 from tests.sim import messages as m
+from tests.sim import subscribe as sub
+from tests.sim.checkers import Violation
+from tests.sim.network import Message
+from tests.sim.nodes import MASTER, Node
 
 if TYPE_CHECKING:
     from tests.sim.world import World
 
-from tests.sim.nodes import (
-    FOLLOWER_POLL_MS,
-    FOLLOWER_READ_TIMEOUT_MS,
-    MASTER,
-    SEGMENT_LIST_REFRESH_MS,
-    TAIL_ENTRIES_MAX,
-    Node,
-)
+TIMING = FollowerTiming.fast()
 
-# ---- followers ----
+
+@dataclass(slots=True)
+class _Subscription:
+    read: ReadFrom
+    stream: int
+    start_position: int
 
 
 class FollowerNode(Node):
-    """A subscriber from the start of the stream: the real `Cursor` decides what to read
-    next; reads go to stores, which serve acked entries only."""
+    """A subscriber from the start of the stream."""
 
     def __init__(self, name: str, world: World) -> None:
         super().__init__(name, world)
-        self.cursor = Cursor(0)
+        self.cursor = Cursor(0, timing=TIMING)
         self.resume_at = 0
-        self.idle_rounds = 0
-        self.tailing: tuple[int, str] | None = None
         self.segments: dict[int, SegmentKey] = {}
-        self.data_loss: DataLoss | None = None
-        self.reading = False
-        self.refresh()
+        self.subscription: _Subscription | None = None
+        self.listing = False
+        self.waking: int | None = None
+        self.list_segments()
 
     def restart(self) -> None:
         super().restart()
         # A restarted subscriber resumes after the last sequence it yielded (its token).
-        self.cursor = Cursor(self.resume_at)
-        self.tailing = None
-        self.reading = False
-        self.refresh()
+        self.cursor = Cursor(self.resume_at, timing=TIMING)
+        self.subscription = None
+        self.listing = False
+        self.waking = None
+        self.list_segments()
 
-    def refresh(self) -> None:
+    # ---- the master's list ----
+
+    def list_segments(self) -> None:
+        if self.listing:
+            return
+        self.listing = True
+
         def listed(result: object) -> None:
+            self.listing = False
             if isinstance(result, tuple):
                 views = []
                 for s in result:
@@ -65,71 +81,118 @@ class FollowerNode(Node):
                     self.segments[s.epoch] = SegmentKey(s.stream_id, s.epoch)
                     sealed = s.state == SegmentState.SEALED
                     views.append(SegmentView(s.epoch, s.copy_set, sealed, s.final_index))
-                self.cursor.on_segments(views)
+                self.cursor.on_segments(views, self.world.now)
             self.pump()
-
-        self.call(
-            MASTER,
-            m.ListSegments(self.world.config.stream),
-            listed,
-            True,
-            FOLLOWER_READ_TIMEOUT_MS,
-            self.pump,
-        )
-        self.timer(SEGMENT_LIST_REFRESH_MS, "refresh segments", self._periodic)
-
-    def _periodic(self) -> None:
-        self.refresh()
-
-    def pump(self) -> None:
-        if self.reading:
-            return
-        now = self.world.now
-        decision = self.cursor.next(now)
-        if isinstance(decision, ReadFrom):
-            self.idle_rounds = 0
-            self._read(decision)
-            return
-        # As the subscription does: failed replicas get another chance after a few
-        # rounds with nothing to read (not sooner: a replica that missed a bridge would
-        # be chosen again and again).
-        self.idle_rounds += 1
-        if self.idle_rounds % FAILED_REPLICA_RETRY_ROUNDS == 0:
-            self.cursor.forget_failures()
-        if isinstance(decision, DataLoss):
-            self.data_loss = decision
-        elif isinstance(decision, WaitForSegments):
-            self.data_loss = None
-
-    def _read(self, decision: ReadFrom) -> None:
-        segment = self.segments[decision.epoch]
-        self.reading = True
-        self.data_loss = None
-
-        def answered(result: object) -> None:
-            self.reading = False
-            now = self.world.now
-            if not isinstance(result, m.TailReply):
-                self.tailing = None
-                self.cursor.on_replica_failed(decision.epoch, decision.replica)
-                self.timer(FOLLOWER_POLL_MS, "retry", self.pump)
-                return
-            if self.tailing != (decision.epoch, decision.replica):
-                # A subscription reports its position once, when it starts (as the
-                # store's Subscribe does); polls stand in for its pushes.
-                self.tailing = (decision.epoch, decision.replica)
-                self.cursor.on_position(decision.epoch, decision.replica, result.acked_index, now)
-            for event in self.cursor.on_entries(decision.epoch, result.entries, now):
-                self.world.checker.follower_event(self.name, event.sequence, event.payload)
-                self.resume_at = event.sequence + 1
-            delay = 1 if result.entries else FOLLOWER_POLL_MS
-            self.timer(delay, "read on", self.pump)
 
         def timed_out() -> None:
-            self.reading = False
-            self.tailing = None
-            self.cursor.on_replica_failed(decision.epoch, decision.replica)
+            self.listing = False
+            self.cursor.on_list_failed(self.world.now)
             self.pump()
 
-        request = m.Tail(segment, decision.from_index, TAIL_ENTRIES_MAX)
-        self.call(decision.replica, request, answered, True, FOLLOWER_READ_TIMEOUT_MS, timed_out)
+        request = m.ListSegments(self.world.config.stream)
+        self.call(MASTER, request, listed, True, TIMING.list_timeout_ms, timed_out)
+
+    # ---- deciding ----
+
+    def pump(self) -> None:
+        """Ask the cursor what to do: go on with the subscription, or start another."""
+        now = self.world.now
+        if self.subscription is not None:
+            if self.cursor.refresh_due(now):
+                self.list_segments()
+            read = self.subscription.read
+            if self.cursor.next(now) == ReadFrom(read.epoch, read.replica, self.cursor.next_index):
+                self._wake_at(self.cursor.wake_at_ms(self.listing))
+                return
+            self._end_subscription()
+        decision = self.cursor.next(now)
+        if isinstance(decision, ReadFrom):
+            self._subscribe(decision)
+        elif isinstance(decision, DataLoss):
+            # Every store syncs every write it answers: nothing is ever lost here, so a
+            # reader that gives up on a range gave up on readable data.
+            raise Violation(1, f"{self.name}: spurious data loss {decision}")
+        elif isinstance(decision, Wait) and decision.until_ms > now:
+            self._wake_at(decision.until_ms, relist=True)
+        elif isinstance(decision, Wait):
+            self.list_segments()
+
+    def _wake_at(self, at_ms: int, relist: bool = False) -> None:
+        if self.waking is not None and self.world.now < self.waking <= at_ms:
+            return  # an earlier wake-up is set; it asks the cursor again
+        self.waking = at_ms
+
+        def wake() -> None:
+            if self.waking == at_ms:
+                self.waking = None
+                self.list_segments() if relist else self.pump()
+
+        self.timer(max(at_ms - self.world.now, 0), "wake up", wake)
+
+    # ---- the subscription ----
+
+    def _subscribe(self, read: ReadFrom) -> None:
+        net = self.world.net
+        incarnation = self.incarnation
+        number = 0
+
+        def broken() -> None:
+            self.world.run_on(self, incarnation, lambda: self._ended(number, "broke"))
+
+        number = net.open_stream(self.name, read.replica, broken, lambda: None)
+        self.subscription = _Subscription(read, number, self.cursor.position)
+        start = sub.SubscribeStart(
+            self.segments[read.epoch],
+            read.from_index,
+            SUBSCRIBE_BATCH_ENTRIES,
+            TIMING.keepalive_interval_ms,
+        )
+        net.stream_send(number, self.name, read.replica, start)
+        self._keepalive(number)
+        self._wake_at(self.cursor.wake_at_ms(self.listing))
+
+    def _keepalive(self, number: int) -> None:
+        subscription = self.subscription
+        if subscription is None or subscription.stream != number:
+            return
+        replica = subscription.read.replica
+        self.world.net.stream_send(number, self.name, replica, sub.SubscriberKeepalive())
+        self.timer(TIMING.keepalive_interval_ms, "keepalive", lambda: self._keepalive(number))
+
+    def _end_subscription(self) -> None:
+        subscription, self.subscription = self.subscription, None
+        if subscription is not None:
+            self.world.net.break_stream(subscription.stream)  # a cancelled call
+
+    def _ended(self, number: int, how: str) -> None:
+        """The stream broke or the store dropped it (a gRPC error, as the shell sees)."""
+        subscription = self.subscription
+        if subscription is None or subscription.stream != number:
+            return
+        self.subscription = None
+        self.world.net.break_stream(number)
+        if self.cursor.position == subscription.start_position:
+            read = subscription.read
+            self.cursor.on_replica_failed(read.epoch, read.replica, self.world.now)
+        self.pump()
+
+    def handle(self, message: Message) -> None:
+        subscription = self.subscription
+        if subscription is None or message.stream != subscription.stream:
+            return  # a stream this follower left
+        body = message.body
+        read = subscription.read
+        now = self.world.now
+        if isinstance(body, sub.PushedBatch):
+            for event in self.cursor.on_entries(read.epoch, body.entries, now):
+                self.world.checker.follower_event(self.name, event.sequence, event.payload)
+                self.resume_at = event.sequence + 1
+        elif isinstance(body, sub.PushedPosition):
+            acked = body.position.acked_index
+            self.cursor.on_position(read.epoch, read.replica, acked, now)
+        elif isinstance(body, sub.PushedKeepalive):
+            self.cursor.on_keepalive(read.epoch, read.replica, now)
+        elif isinstance(body, sub.Dropped):
+            self._ended(subscription.stream, body.reason)
+            return
+        self.pump()

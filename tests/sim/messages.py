@@ -155,27 +155,6 @@ class RecoveryWrite:
 
 
 @dataclass(frozen=True, slots=True)
-class Tail:
-    """A follower's read: acked entries from `from_index` on."""
-
-    segment: SegmentKey
-    from_index: int
-    limit: int
-
-    def __str__(self) -> str:
-        return f"Tail({show_segment(self.segment)}, {self.from_index}..)"
-
-
-@dataclass(frozen=True, slots=True)
-class TailReply:
-    entries: tuple[StoredEntry, ...]
-    acked_index: int
-
-    def __str__(self) -> str:
-        return f"TailReply({show_entries(self.entries)}, acked {self.acked_index})"
-
-
-@dataclass(frozen=True, slots=True)
 class GetSegmentState:
     segment: SegmentKey
 

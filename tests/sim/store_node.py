@@ -28,6 +28,7 @@ from streamengine.segment_store.store import (
 )
 from tests.sim import messages as m
 from tests.sim.network import Message
+from tests.sim.subscribe import TailServer
 
 if TYPE_CHECKING:
     from tests.sim.world import World
@@ -74,6 +75,7 @@ class StoreNode(Node):
         self.fsync_never = name in world.config.fsync_never
         self.kv: MemoryKV = UnsyncedMemoryKV() if self.fsync_never else SyncedMemoryKV()
         self.core = SegmentStoreCore(self.kv)
+        self.tails = TailServer(self)
         self.heartbeat()
         if self.fsync_never:
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
@@ -103,6 +105,7 @@ class StoreNode(Node):
         super().restart()
         self.kv.crash()  # loses nothing unless the store runs with fsync never
         self.core = SegmentStoreCore(self.kv)
+        self.tails = TailServer(self)
         self.world.checker.store_restarted(self.name, self.core, self.fsync_never)
         self.heartbeat()
         if self.fsync_never:
@@ -131,7 +134,13 @@ class StoreNode(Node):
         return result
 
     def handle(self, message: Message) -> None:
+        self._handle(message)
+        self.tails.pump_all()  # Subscribe: what changed may be pushed now
+
+    def _handle(self, message: Message) -> None:
         body = message.body
+        if message.stream and self.tails.handle(message):
+            return
         if isinstance(body, m.WriteRequest):
             self._stream_write(message, body)
             return
@@ -193,8 +202,6 @@ class StoreNode(Node):
                 return self.write(
                     request.segment, request.writer_epoch, request.acked_index, request.entries
                 )
-            if isinstance(request, m.Tail):
-                return self._tail(request)
             if isinstance(request, m.GetSegmentState):
                 return core.state(request.segment)
             if isinstance(request, m.Digest):
@@ -204,21 +211,6 @@ class StoreNode(Node):
         except SegmentNotFound as error:
             return error
         raise AssertionError(f"unknown request {request!r}")
-
-    def _tail(self, request: m.Tail) -> m.TailReply:
-        meta = self.core.meta(request.segment)
-        if meta is None:
-            raise SegmentNotFound(f"{request.segment}")
-        if "serve_matched" in self.world.config.flaws:
-            # The flaw: a store that trusts its matched index when serving readers.
-            upto = meta.matched_index
-            entries = self.core.read(request.segment, request.from_index, upto, limit=request.limit)
-            return m.TailReply(tuple(entries) if upto else (), upto)
-        entries = self.core.read(
-            request.segment, request.from_index, 0, acked_only=True, limit=request.limit
-        )
-        return m.TailReply(tuple(entries), meta.acked_index)
-
 
 class _SegmentCopy:
     """CopySegment on a simulated store: the steps of `copy_rules`, as the real store's

@@ -1,22 +1,25 @@
-"""The reader's cursor: hops through bridges, skips holes, fails over, reports loss."""
+"""The reader's cursor: hops through bridges, skips holes, fails over with backoff, and
+reports data loss only when no replica can hold the range."""
 
 from __future__ import annotations
 
 import pytest
 
 from streamengine.client.core.cursor import (
-    SEALED_REPLICA_STALL_MS,
     Cursor,
     DataLoss,
     Finished,
     ReadFrom,
     SegmentView,
-    WaitForSegments,
+    Wait,
 )
+from streamengine.client.core.replicas import FollowerTiming
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
 
 A, B, C = "a:1", "b:1", "c:1"
+TIMING = FollowerTiming()
+FIRST_RETRY_MS = TIMING.replica_retry_ms_first
 
 
 def event(index: int, payload: bytes = b"", epoch: int = 1) -> StoredEntry:
@@ -41,14 +44,14 @@ def open_segment(epoch: int, replicas: tuple[str, ...] = (A, B, C)) -> SegmentVi
 
 def test_start_zero_begins_at_the_first_listed_segment() -> None:
     cursor = Cursor(0)
-    assert cursor.next(0) == WaitForSegments()
-    cursor.on_segments([sealed(3, 2), open_segment(5)])
+    assert cursor.next(0) == Wait(TIMING.idle_refresh_ms)
+    cursor.on_segments([sealed(3, 2), open_segment(5)], 0)
     assert cursor.next(0) == ReadFrom(3, A, 1)
 
 
 def test_events_are_yielded_holes_skipped_and_the_bridge_hops_to_the_next_segment() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([sealed(1, 4), open_segment(3)])
+    cursor.on_segments([sealed(1, 4), open_segment(3)], 0)
     events = cursor.on_entries(1, [event(1), hole(2), event(3), bridge(4)], 0)
     assert [(e.epoch, e.index, e.payload) for e in events] == [(1, 1, b"e1"), (1, 3, b"e3")]
     assert [e.sequence for e in events] == [pack_sequence(1, 1), pack_sequence(1, 3)]
@@ -57,7 +60,7 @@ def test_events_are_yielded_holes_skipped_and_the_bridge_hops_to_the_next_segmen
 
 def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there() -> None:
     cursor = Cursor(pack_sequence(1, 3))
-    cursor.on_segments([sealed(1, 5)])
+    cursor.on_segments([sealed(1, 5)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 3)
     events = cursor.on_entries(1, [event(3), event(4)], 0)
     assert [e.index for e in events] == [3, 4]
@@ -65,77 +68,174 @@ def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there() -> None
 
 def test_a_resent_entry_below_the_position_is_never_yielded_twice() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert [e.index for e in cursor.on_entries(1, [event(1), event(2)], 0)] == [1, 2]
     assert [e.index for e in cursor.on_entries(1, [event(2), event(3)], 0)] == [3]
 
 
 def test_a_gap_from_a_replica_is_a_protocol_error_not_a_silent_skip() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     with pytest.raises(ValueError, match="skipped"):
         cursor.on_entries(1, [event(2)], 0)
 
 
 def test_failover_resumes_at_the_position_on_another_replica() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 1)
     cursor.on_entries(1, [event(1), event(2)], 0)
-    cursor.on_replica_failed(1, A)
+    cursor.on_replica_failed(1, A, 0)
     assert cursor.next(0) == ReadFrom(1, B, 3)
 
 
 def test_a_replica_known_to_serve_the_position_is_preferred() -> None:
     cursor = Cursor(pack_sequence(1, 4))
-    cursor.on_segments([sealed(1, 9)])
+    cursor.on_segments([sealed(1, 9)], 0)
     cursor.on_position(1, B, 2, 0)
     cursor.on_position(1, C, 9, 0)
-    cursor.on_replica_failed(1, A)
+    cursor.on_replica_failed(1, A, 0)
     assert cursor.next(0) == ReadFrom(1, C, 4)
 
 
-def test_every_replica_of_a_sealed_segment_failing_is_data_loss_naming_the_range() -> None:
+def test_every_replica_of_a_sealed_segment_failing_is_retried_with_backoff_not_loss() -> None:
+    """Failures say nothing of what a store holds: all replicas restarting at once is a
+    wait, not data loss."""
     cursor = Cursor(pack_sequence(2, 3))
-    cursor.on_segments([sealed(2, 7)])
+    cursor.on_segments([sealed(2, 7)], 0)
     for replica in (A, B, C):
-        cursor.on_replica_failed(2, replica)
+        assert cursor.next(0) == ReadFrom(2, replica, 3)
+        cursor.on_replica_failed(2, replica, 0)
+    assert cursor.next(0) == Wait(FIRST_RETRY_MS)
+    cursor.on_segments([sealed(2, 7)], 0)
+    assert cursor.next(FIRST_RETRY_MS - 1) == Wait(FIRST_RETRY_MS)
+    assert cursor.next(FIRST_RETRY_MS) == ReadFrom(2, A, 3)
+
+
+def test_the_backoff_of_a_failing_replica_doubles_up_to_its_max_and_an_answer_resets_it() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1, (A,))], 0)
+    now = 0
+    delays = []
+    for _ in range(8):
+        assert cursor.next(now) == ReadFrom(1, A, 1)
+        cursor.on_replica_failed(1, A, now)
+        wait = cursor.next(now)
+        assert isinstance(wait, Wait)
+        delays.append(wait.until_ms - now)
+        now = wait.until_ms
+    assert delays == [100, 200, 400, 800, 1600, 3000, 3000, 3000]
+    assert delays[-1] == TIMING.replica_retry_ms_max
+    assert cursor.next(now) == ReadFrom(1, A, 1)
+    cursor.on_position(1, A, 0, now)
+    cursor.on_replica_failed(1, A, now)
+    assert cursor.next(now) == Wait(now + FIRST_RETRY_MS)
+
+
+def test_every_replica_answering_it_holds_less_is_data_loss_naming_the_range() -> None:
+    cursor = Cursor(pack_sequence(2, 3))
+    cursor.on_segments([sealed(2, 7)], 0)
+    for replica, acked in ((A, 2), (B, 0), (C, 1)):  # B: NOT_FOUND
+        assert cursor.next(0) == ReadFrom(2, replica, 3)
+        cursor.on_position(2, replica, acked, 0)
+    # The answers may predate a repair that moved the segment: check the list first.
+    assert cursor.next(5) == Wait(5)
+    cursor.on_segments([sealed(2, 7)], 0)
     assert cursor.next(0) == DataLoss(2, 3, 7)
 
 
-def test_every_replica_of_the_open_segment_failing_waits_for_the_master() -> None:
+def test_a_sealed_segment_the_master_lists_without_replicas_is_data_loss() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([sealed(1, 5, replicas=())], 0)
+    assert cursor.next(0) == DataLoss(1, 1, 5)
+
+
+def test_replicas_holding_less_while_another_fails_is_a_wait_for_that_one() -> None:
+    cursor = Cursor(pack_sequence(2, 3))
+    cursor.on_segments([sealed(2, 7)], 0)
+    cursor.on_position(2, A, 2, 0)
+    cursor.on_position(2, B, 0, 0)
+    assert cursor.next(0) == ReadFrom(2, C, 3)
+    cursor.on_replica_failed(2, C, 0)
+    cursor.on_segments([sealed(2, 7)], 0)
+    assert cursor.next(0) == Wait(FIRST_RETRY_MS)
+    assert cursor.next(FIRST_RETRY_MS) == ReadFrom(2, C, 3)
+    cursor.on_position(2, C, 7, FIRST_RETRY_MS)
+    assert cursor.next(FIRST_RETRY_MS) == ReadFrom(2, C, 3)
+
+
+def test_a_repair_that_moved_the_segment_is_read_from_the_new_replica() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([sealed(1, 5, replicas=(A, B))], 0)
+    cursor.on_position(1, A, 0, 0)
+    cursor.on_position(1, B, 0, 0)
+    assert cursor.next(0) == Wait(0)
+    cursor.on_segments([sealed(1, 5, replicas=(A, C))], 0)
+    assert cursor.next(0) == ReadFrom(1, C, 1)
+
+
+def test_what_replicas_said_while_the_segment_was_open_is_forgotten_once_sealed() -> None:
+    cursor = Cursor(pack_sequence(1, 4))
+    cursor.on_segments([open_segment(1, (A, B))], 0)
+    cursor.on_position(1, A, 2, 0)
+    cursor.on_position(1, B, 3, 0)
+    cursor.on_segments([sealed(1, 6, (A, B))], 0)
+    cursor.on_segments([sealed(1, 6, (A, B))], 0)
+    # Both may have been acked to the bridge since: ask them again.
+    assert cursor.next(0) == ReadFrom(1, A, 4)
+
+
+def test_every_replica_of_the_open_segment_answering_less_waits_for_it_to_grow() -> None:
+    cursor = Cursor(pack_sequence(1, 4))
+    cursor.on_segments([open_segment(1)], 0)
     for replica in (A, B, C):
-        cursor.on_replica_failed(1, replica)
-    assert cursor.next(0) == WaitForSegments()
-    cursor.forget_failures()
-    assert cursor.next(0) == ReadFrom(1, A, 1)
+        cursor.on_position(1, replica, 0, 0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 4)
+
+
+def test_every_replica_of_the_open_segment_failing_waits_and_retries() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    for replica in (A, B, C):
+        cursor.on_replica_failed(1, replica, 0)
+    assert cursor.next(0) == Wait(FIRST_RETRY_MS)
+    assert cursor.next(FIRST_RETRY_MS) == ReadFrom(1, A, 1)
 
 
 def test_a_replica_stalled_below_the_bridge_of_a_sealed_segment_is_abandoned() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 1)
     cursor.on_entries(1, [event(1)], 10)
     # The segment is sealed at 3 while A never got the bridge.
-    cursor.on_segments([sealed(1, 3), open_segment(4)])
-    assert cursor.next(10 + SEALED_REPLICA_STALL_MS - 1) == ReadFrom(1, A, 2)
-    assert cursor.next(10 + SEALED_REPLICA_STALL_MS) == ReadFrom(1, B, 2)
+    cursor.on_segments([sealed(1, 3), open_segment(4)], 0)
+    stall_ms = TIMING.sealed_replica_stall_ms
+    assert cursor.next(10 + stall_ms - 1) == ReadFrom(1, A, 2)
+    assert cursor.next(10 + stall_ms) == ReadFrom(1, B, 2)
+
+
+def test_a_replica_of_a_sealed_segment_that_says_it_stops_short_is_left_at_once() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([sealed(1, 4)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    cursor.on_position(1, A, 2, 0)
+    cursor.on_entries(1, [event(1), event(2)], 0)
+    assert cursor.next(0) == ReadFrom(1, B, 3)
 
 
 def test_a_bridge_before_the_next_segment_is_listed_waits_then_enters_it() -> None:
     cursor = Cursor(0)
-    cursor.on_segments([open_segment(1)])
+    cursor.on_segments([open_segment(1)], 0)
     cursor.on_entries(1, [event(1), bridge(2)], 0)
-    assert cursor.next(0) == WaitForSegments()
-    cursor.on_segments([sealed(1, 2), open_segment(4)])
+    assert cursor.next(0) == Wait(TIMING.idle_refresh_ms)
+    cursor.on_segments([sealed(1, 2), open_segment(4)], 0)
     assert cursor.next(0) == ReadFrom(4, A, 1)
 
 
 def test_a_range_read_finishes_at_its_exclusive_end() -> None:
     cursor = Cursor(pack_sequence(1, 2), end_sequence=pack_sequence(1, 4))
-    cursor.on_segments([sealed(1, 9)])
+    cursor.on_segments([sealed(1, 9)], 0)
     events = cursor.on_entries(1, [event(2), event(3), event(4), event(5)], 0)
     assert [e.index for e in events] == [2, 3]
     assert cursor.next(0) == Finished()
@@ -143,7 +243,46 @@ def test_a_range_read_finishes_at_its_exclusive_end() -> None:
 
 def test_a_range_ending_in_a_later_segment_crosses_the_bridge() -> None:
     cursor = Cursor(0, end_sequence=pack_sequence(4, 2))
-    cursor.on_segments([sealed(1, 2), open_segment(4)])
+    cursor.on_segments([sealed(1, 2), open_segment(4)], 0)
     assert [e.index for e in cursor.on_entries(1, [event(1), bridge(2)], 0)] == [1]
     assert [e.index for e in cursor.on_entries(4, [event(1, epoch=4), event(2, epoch=4)], 0)] == [1]
     assert cursor.next(0) == Finished()
+
+
+def test_a_silent_replica_is_left_and_retried_later() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert cursor.wake_at_ms() == min(TIMING.segment_refresh_ms, TIMING.silent_replica_ms)
+    cursor.on_keepalive(1, A, 1000)
+    assert cursor.next(1000 + TIMING.silent_replica_ms - 1) == ReadFrom(1, A, 1)
+    assert cursor.next(1000 + TIMING.silent_replica_ms) == ReadFrom(1, B, 1)
+
+
+def test_while_tailing_the_list_is_refreshed_on_time_unless_a_refresh_is_under_way() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert not cursor.refresh_due(TIMING.segment_refresh_ms - 1)
+    assert cursor.refresh_due(TIMING.segment_refresh_ms)
+    assert cursor.wake_at_ms(listing=True) == TIMING.silent_replica_ms
+    cursor.on_segments([open_segment(1)], TIMING.segment_refresh_ms)
+    assert cursor.wake_at_ms() == 2 * TIMING.segment_refresh_ms
+
+
+def test_a_master_that_does_not_list_is_asked_again_after_a_backoff() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    refresh_at = TIMING.segment_refresh_ms
+    assert cursor.refresh_due(refresh_at)
+    cursor.on_list_failed(refresh_at)
+    # Tailing goes on with the list held; the next try waits for the backoff.
+    assert cursor.next(refresh_at) == ReadFrom(1, A, 1)
+    assert not cursor.refresh_due(refresh_at + FIRST_RETRY_MS - 1)
+    assert cursor.refresh_due(refresh_at + FIRST_RETRY_MS)
+    cursor.on_replica_failed(1, A, refresh_at)
+    cursor.on_replica_failed(1, B, refresh_at)
+    cursor.on_replica_failed(1, C, refresh_at)
+    cursor.on_list_failed(refresh_at)
+    assert cursor.next(refresh_at) == Wait(refresh_at + 2 * FIRST_RETRY_MS)
