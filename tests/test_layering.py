@@ -5,9 +5,9 @@
     streamengine.protocol  <-  segment_store
     tools (CLI, local cluster), bench, deploy: on top of everything
 
-The cores (`client/core`, the master's leadership/placement/repair, the store's core) are driven by the
-asyncio shells and by the deterministic simulator alike, so they never reach for the
-network, the event loop, the clock or a random source themselves.
+The cores (`client/core`, the master's leadership/placement/repair, the store's core and
+live tail) are driven by the asyncio shells and by the deterministic simulator alike, so
+they never reach for the network, the event loop, the clock or a random source themselves.
 """
 
 from __future__ import annotations
