@@ -1,0 +1,156 @@
+"""Faults, each recorded as a window in the history (`nemesis` records, start / stop).
+
+A nemesis is a function of a `RunContext` that injects faults at seeded random moments
+until the context's deadline and leaves nothing behind: every fault it starts it also
+ends (a killed process restarted, a paused one continued) before it returns, and the
+run heals anything left at the end in any case.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from streamengine.tools.harness import Cluster, ServerProcess
+from tests.faults.cluster import ClientProcess, leader_of, open_copy_set, resume
+from tests.faults.history import Recorder
+
+
+@dataclass
+class RunContext:
+    cluster: Cluster
+    writers: dict[str, ClientProcess]
+    readers: dict[str, ClientProcess]
+    streams: list[str]
+    recorder: Recorder
+    rng: random.Random
+    lease_s: float
+    deadline: float  # monotonic
+    quick: bool
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def pause(self, seconds: float) -> bool:
+        """Wait a schedule's duration; False once the run is over."""
+        seconds = max(0.0, min(seconds, self.remaining()))
+        return not self.stop.wait(seconds) and self.remaining() > 0
+
+    def scaled(self, low: float, high: float) -> float:
+        """A random period of the full schedule, a third of it in a quick pass."""
+        factor = 0.35 if self.quick else 1.0
+        return self.rng.uniform(low, high) * factor
+
+    @contextmanager
+    def window(self, fault: str, target: str, **details: object) -> Iterator[None]:
+        self.recorder.record("nemesis", phase="start", fault=fault, target=target, **details)
+        try:
+            yield
+        finally:
+            self.recorder.record("nemesis", phase="stop", fault=fault, target=target)
+
+    def store(self, store_id: str) -> ServerProcess:
+        for store in self.cluster.stores:
+            if store.name == store_id:
+                return store
+        raise KeyError(store_id)
+
+    def leader_process(self) -> ClientProcess | None:
+        """The writer process leading the first stream (client ids are `w1.3-2`)."""
+        client = leader_of(self.cluster, self.streams[0])
+        name = client.split(".", 1)[0]
+        return self.writers.get(name)
+
+
+Nemesis = Callable[[RunContext], None]
+
+
+def kill_leader_loop(ctx: RunContext) -> None:
+    """S2: every 10-15 s kill -9 the leading writer, restart it 2 s later."""
+    while ctx.pause(ctx.scaled(10, 15)):
+        leader = ctx.leader_process()
+        if leader is None:
+            continue
+        with ctx.window("kill", leader.name, inc=leader.inc):
+            leader.kill()
+            ctx.pause(2.0)
+            leader.start()
+
+
+def pause_leader_loop(ctx: RunContext) -> None:
+    """S3: SIGSTOP the leading writer for 3 leases (the standby seals and takes over),
+    then SIGCONT: the zombie's buffered appends must be fenced or end in doubt."""
+    while ctx.pause(ctx.scaled(6, 10)):
+        leader = ctx.leader_process()
+        if leader is None:
+            continue
+        with ctx.window("pause", leader.name, inc=leader.inc):
+            leader.stop()
+            ctx.pause(3 * ctx.lease_s)
+            leader.cont()
+
+
+def store_crash_loop(ctx: RunContext) -> None:
+    """S5: every 10-20 s kill -9 a copy-set store, restart it 5 s later; one time in
+    four a second store of the same copy set 3 s after the first (writes stall)."""
+    while ctx.pause(ctx.scaled(10, 20)):
+        copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+        if not copy_set:
+            continue
+        victims = ctx.rng.sample(copy_set, 2 if ctx.rng.random() < 0.25 else 1)
+        _crash_stores(ctx, [ctx.store(name) for name in victims])
+
+
+def _crash_stores(ctx: RunContext, stores: list[ServerProcess]) -> None:
+    down: list[ServerProcess] = []
+    try:
+        for number, store in enumerate(stores):
+            if number:
+                ctx.pause(3.0)
+            ctx.recorder.record("nemesis", phase="start", fault="kill", target=store.name)
+            store.kill()
+            down.append(store)
+        ctx.pause(5.0 if not ctx.quick else 3.0)
+    finally:
+        for store in down:
+            store.start(wait=False)
+            ctx.recorder.record("nemesis", phase="stop", fault="kill", target=store.name)
+
+
+def master_crash_loop(ctx: RunContext) -> None:
+    """S11: kill -9 the master every 20-30 s and restart it; once, SIGSTOP it for two
+    leases instead."""
+    paused = False
+    master = ctx.cluster.master
+    while ctx.pause(ctx.scaled(20, 30)):
+        if not paused and ctx.rng.random() < 0.5:
+            paused = True
+            with ctx.window("pause", "master"):
+                master.stop()
+                ctx.pause(2 * ctx.lease_s)
+                master.cont()
+            continue
+        with ctx.window("kill", "master"):
+            master.kill()
+            ctx.pause(ctx.rng.uniform(0.5, 2.0))
+            master.start(wait=False)
+
+
+def heal(ctx: RunContext) -> None:
+    """End every fault: continue paused processes, restart dead ones."""
+    resume(ctx.cluster.master)
+    for store in ctx.cluster.stores:
+        resume(store)
+    for process in [*ctx.writers.values(), *ctx.readers.values()]:
+        process.cont()
+        if not process.alive():
+            process.start()
+    ctx.cluster.master.wait_serving()
+    for store in ctx.cluster.stores:
+        store.wait_serving()
+    ctx.recorder.record("nemesis", phase="heal", fault="heal", target="all")

@@ -1,0 +1,189 @@
+"""Scenarios (FAULTS.md §6.3) and the runner of one (scenario, seed).
+
+    run(SCENARIOS["S2"], seed=3, out=Path("faults-report"), quick=False) -> verdict dict
+
+A run: a master and 4 stores (N=3, W=2), 2 streams in 2 tenants, 2 writers contending
+for leadership of both, 2 churning readers; the scenario's nemesis for its duration;
+then heal, a quiet moment, writers stopped, every stream sealed and read back by fresh
+readers, every replica dumped, readers given a bounded time to catch up. The checker
+reads the merged history and the final state; the report draws the run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamengine.tools.harness import running_cluster, wait_for
+from tests.faults import final as final_state
+from tests.faults import nemesis, report
+from tests.faults.checker import check
+from tests.faults.cluster import ClientProcess, MetaSampler, create_streams, leader_of
+from tests.faults.history import Recorder, load, read_file, write_merged
+from tests.faults.measure import measure
+
+LEASE_MS = 1000
+STORES = 4
+REPLICAS, WRITE_QUORUM = 3, 2
+STREAMS = ["t1/orders", "t2/clicks"]
+# Small segments, so that runs roll often and leave many sealed segments to check.
+SEGMENT_BYTES = 256 * 1024
+QUIET_S = 2.0
+CATCH_UP_S = 15.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    duration_s: float  # fault time, full run
+    quick_s: float  # fault time, quick pass
+    nemesis: nemesis.Nemesis | None
+    rate: float = 250.0  # events/s per stream per leading writer
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario("S1", "baseline", 60, 10, None),
+        Scenario("S2", "leader crash loop", 180, 20, nemesis.kill_leader_loop),
+        Scenario("S3", "paused zombie leader", 180, 20, nemesis.pause_leader_loop),
+        Scenario("S5", "store crash/restart loop", 180, 20, nemesis.store_crash_loop),
+        Scenario("S11", "master crash and pause", 180, 20, nemesis.master_crash_loop),
+    ]
+}
+
+
+def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
+        duration_s: float | None = None) -> dict[str, Any]:
+    run_dir = out / f"{scenario.name}-seed{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    history = run_dir / "history"
+    logs = run_dir / "logs"
+    history.mkdir(parents=True)
+    data = Path(tempfile.mkdtemp(prefix=f"faults-{scenario.name}-"))
+    fault_s = duration_s if duration_s is not None else (
+        scenario.quick_s if quick else scenario.duration_s)
+    started = time.monotonic()
+    try:
+        final, timing = _run_processes(scenario, seed, fault_s, quick, data, history, logs)
+    finally:
+        logs.mkdir(parents=True, exist_ok=True)
+        for log in data.glob("*.log"):
+            shutil.copy(log, logs / log.name)
+        shutil.rmtree(data, ignore_errors=True)
+    final_state.save(final, run_dir / "final.json")
+    records = load(history)
+    write_merged(records, run_dir / "history.jsonl")
+    verdict = check(records, final)
+    result: dict[str, Any] = {
+        "scenario": scenario.name,
+        "title": scenario.title,
+        "seed": seed,
+        "quick": quick,
+        "fault_s": fault_s,
+        "lease_ms": LEASE_MS,
+        "wall_s": round(time.monotonic() - started, 1),
+        **verdict.as_dict(),
+        "measurements": {**measure(records, scenario.name), **timing},
+        "replay": f"make faults SCENARIO={scenario.name} SEED={seed}",
+    }
+    (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
+    result["picture"] = report.plot_run(run_dir, records, result)
+    (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _run_processes(
+    scenario: Scenario, seed: int, fault_s: float, quick: bool, data: Path, history: Path,
+    logs: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    logs.mkdir(parents=True, exist_ok=True)
+    master_args = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
+    with running_cluster(data, stores=STORES, master_args=master_args) as cluster:
+        create_streams(cluster.master_address, STREAMS, REPLICAS, WRITE_QUORUM, SEGMENT_BYTES)
+        recorder = Recorder(history / "nemesis.jsonl", "nemesis")
+        sampler = MetaSampler(cluster.master_address, STREAMS,
+                              Recorder(history / "meta.jsonl", "meta"))
+
+        def client(name: str, role: str, options: list[str]) -> ClientProcess:
+            return ClientProcess(name, role, cluster.master_address, STREAMS, history, logs,
+                                 seed, options)
+
+        writer_options = ["--rate", str(scenario.rate), "--batch-max", "20" if quick else "50",
+                          "--size-max", "16384" if quick else "65536"]
+        writers = {n: client(n, "writer", writer_options) for n in ("w1", "w2")}
+        readers = {n: client(n, "reader", ["--churn-s", "4"]) for n in ("r1", "r2")}
+        ctx = nemesis.RunContext(cluster, writers, readers, STREAMS, recorder,
+                                 random.Random(seed), LEASE_MS / 1000, 0.0, quick)
+        try:
+            sampler.start()
+            for process in [*writers.values(), *readers.values()]:
+                process.start()
+            wait_for(lambda: all(leader_of(cluster, s) for s in STREAMS), 60, 0.1,
+                     "a leader for every stream")
+            recorder.record("phase", name="faults")
+            ctx.deadline = time.monotonic() + fault_s
+            thread = None
+            if scenario.nemesis is not None:
+                thread = threading.Thread(target=scenario.nemesis, args=(ctx,), daemon=True)
+                thread.start()
+                thread.join(fault_s + 60)
+                ctx.stop.set()
+            else:
+                ctx.pause(fault_s)
+            recorder.record("phase", name="heal")
+            nemesis.heal(ctx)
+            time.sleep(QUIET_S)  # the schedule's quiet period after healing
+            recorder.record("phase", name="final")
+            for process in writers.values():
+                process.ask_to_stop()
+            for process in writers.values():
+                process.terminate()
+            final = final_state.final_state(cluster.master_address, STREAMS, WRITE_QUORUM)
+            timing = {"reader_catch_up_s": _catch_up(final, readers, history)}
+            return final, timing
+        finally:
+            ctx.stop.set()
+            for process in [*writers.values(), *readers.values()]:
+                process.terminate(5.0)
+            sampler.close()
+            recorder.close()
+
+
+def _catch_up(final: dict[str, Any], readers: dict[str, ClientProcess], history: Path
+              ) -> float | None:
+    """Seconds until every reader recorded the last event of every stream (None when
+    they did not within CATCH_UP_S)."""
+    last = {name: s["reads"][0][-1][0] for name, s in final["streams"].items()
+            if s["reads"] and s["reads"][0]}
+    started = time.monotonic()
+
+    def caught_up() -> bool:
+        for name in readers:
+            seen: dict[str, int] = {}
+            for record in read_file(history / f"{name}.jsonl"):
+                if record["type"] == "deliver" and record["events"]:
+                    seen[record["stream"]] = record["events"][-1][0]
+            if any(seen.get(stream, -1) < sequence for stream, sequence in last.items()):
+                return False
+        return True
+
+    try:
+        wait_for(caught_up, CATCH_UP_S, 0.2, "readers caught up")
+    except TimeoutError:
+        return None
+    return round(time.monotonic() - started, 2)
+
+
+def scenario_names() -> list[str]:
+    """Implemented scenarios in their FAULTS.md order (S1, S2, ..., S15)."""
+    return sorted(SCENARIOS, key=lambda name: int(name[1:]))
