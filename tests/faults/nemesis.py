@@ -71,15 +71,25 @@ Nemesis = Callable[[RunContext], None]
 
 
 def kill_leader_loop(ctx: RunContext) -> None:
-    """S2: every 10-15 s kill -9 the leading writer, restart it 2 s later."""
+    """S2: every 10-15 s kill -9 the leading writer, restart it 2 s later; every other
+    time or so also kill -9 a reader (it resumes from its last recorded token)."""
     while ctx.pause(ctx.scaled(10, 15)):
         leader = ctx.leader_process()
-        if leader is None:
-            continue
-        with ctx.window("kill", leader.name, inc=leader.inc):
-            leader.kill()
-            ctx.pause(2.0)
-            leader.start()
+        if leader is not None:
+            with ctx.window("kill", leader.name, inc=leader.inc):
+                leader.kill()
+                ctx.pause(2.0)
+                leader.start()
+        if ctx.rng.random() < 0.5:
+            kill_reader(ctx)
+
+
+def kill_reader(ctx: RunContext) -> None:
+    reader = ctx.readers[ctx.rng.choice(sorted(ctx.readers))]
+    with ctx.window("kill", reader.name, inc=reader.inc):
+        reader.kill()
+        ctx.pause(1.0)
+        reader.start()
 
 
 def pause_leader_loop(ctx: RunContext) -> None:
