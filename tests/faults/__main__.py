@@ -19,7 +19,7 @@ from pathlib import Path
 from tests.faults import report
 from tests.faults.checker import check
 from tests.faults.history import read_file
-from tests.faults.scenarios import SCENARIOS, run, scenario_names
+from tests.faults.scenarios import SCENARIOS, CannotRun, run, scenario_names, unavailable
 
 
 def recheck(run_dir: Path) -> int:
@@ -51,8 +51,18 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in names:
+        reason = unavailable(SCENARIOS[name])
+        if reason:
+            print(f"{name}: skipped: {reason}", flush=True)
+            if args.scenario:
+                return 2
+            continue
         for seed in seeds:
-            result = run(SCENARIOS[name], seed, args.out, args.quick, args.duration)
+            try:
+                result = run(SCENARIOS[name], seed, args.out, args.quick, args.duration)
+            except CannotRun as error:
+                print(f"{name}: cannot run: {error}", file=sys.stderr)
+                return 2
             results.append(result)
             state = "valid" if result["valid"] else f"INVALID {result['checks_failed']}"
             print(f"{name} seed {seed}: {state}; {result['counts']}; "

@@ -44,6 +44,7 @@ class ClientProcess:
     logs: Path
     seed: int
     options: list[str] = field(default_factory=list)
+    prefix: list[str] = field(default_factory=list)  # e.g. `ip netns exec NS`
     inc: int = 0
     process: subprocess.Popen[bytes] | None = None
     stopped: bool = False
@@ -55,7 +56,7 @@ class ClientProcess:
         with (self.logs / f"{self.name}.log").open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "tests.faults.workload", self.role,
+                    *self.prefix, sys.executable, "-m", "tests.faults.workload", self.role,
                     "--master", self.master, "--streams", ",".join(self.streams),
                     "--name", self.name, "--inc", str(self.inc),
                     "--history", str(self.history), "--seed", str(self.seed),

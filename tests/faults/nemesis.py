@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from streamengine.tools.harness import Cluster, ServerProcess
 from tests.faults.cluster import ClientProcess, leader_of, open_copy_set, resume
 from tests.faults.history import Recorder
+from tests.faults.netns import Hosts
 
 
 @dataclass
@@ -31,6 +32,7 @@ class RunContext:
     lease_s: float
     deadline: float  # monotonic
     quick: bool
+    hosts: Hosts | None = None  # when every process is on its own network namespace
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -151,8 +153,59 @@ def master_crash_loop(ctx: RunContext) -> None:
             master.start(wait=False)
 
 
+def host_of(process: str) -> str:
+    """Network host of a workload process: w1 -> writer1, r2 -> reader2."""
+    return {"w": "writer", "r": "reader"}[process[0]] + process[1:]
+
+
+def partition_loop(ctx: RunContext) -> None:
+    """S7: rotate partitions, each for 10 s with a pause between: (a) a copy-set store
+    isolated; (b) the leader cut from the master only; (d) a bridge: one store sees only
+    w1, another only w2, the rest both; (e) a store drops what the leader sends it
+    (one way); (f) the master isolated. (c), delay and blackhole through a proxy, is
+    not built yet."""
+    hosts = ctx.hosts
+    assert hosts is not None, "S7 runs on network namespaces"
+    kinds = ["isolate-store", "leader-from-master", "bridge", "oneway-store", "isolate-master"]
+    while ctx.pause(ctx.scaled(4, 8)):
+        kind = ctx.rng.choice(kinds)
+        leader = ctx.leader_process()
+        leader_host = host_of(leader.name if leader else "w1")
+        stores = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams)) or ["store0"]
+        store = ctx.rng.choice(stores)
+        with ctx.window("partition", _target(kind, store, leader_host), kind=kind):
+            try:
+                if kind == "isolate-store":
+                    hosts.cut(store)
+                elif kind == "leader-from-master":
+                    hosts.partition(leader_host, "master")
+                elif kind == "bridge":
+                    one, two = ctx.rng.sample(sorted(s.name for s in ctx.cluster.stores), 2)
+                    hosts.partition(one, "writer2")
+                    hosts.partition(two, "writer1")
+                elif kind == "oneway-store":
+                    hosts.oneway(store, leader_host)
+                else:
+                    hosts.cut("master")
+                ctx.pause(ctx.scaled(10, 10) if ctx.quick else 10.0)
+            finally:
+                hosts.heal()
+
+
+def _target(kind: str, store: str, leader_host: str) -> str:
+    return {
+        "isolate-store": store,
+        "leader-from-master": f"{leader_host}|master",
+        "bridge": "bridge",
+        "oneway-store": f"{store}<{leader_host}",
+        "isolate-master": "master",
+    }[kind]
+
+
 def heal(ctx: RunContext) -> None:
-    """End every fault: continue paused processes, restart dead ones."""
+    """End every fault: heal partitions, continue paused processes, restart dead ones."""
+    if ctx.hosts is not None:
+        ctx.hosts.heal()
     resume(ctx.cluster.master)
     for store in ctx.cluster.stores:
         resume(store)

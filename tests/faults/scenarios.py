@@ -11,19 +11,22 @@ reads the merged history and the final state; the report draws the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamengine.tools.harness import running_cluster, wait_for
+from streamengine.tools.harness import Cluster, ServerProcess, running_cluster, wait_for
 from tests.faults import final as final_state
-from tests.faults import nemesis, report
+from tests.faults import nemesis, netns, report
 from tests.faults.checker import check
 from tests.faults.cluster import ClientProcess, MetaSampler, create_streams, leader_of
 from tests.faults.history import Recorder, load, read_file, write_merged
@@ -47,6 +50,11 @@ class Scenario:
     quick_s: float  # fault time, quick pass
     nemesis: nemesis.Nemesis | None
     rate: float = 250.0  # events/s per stream per leading writer
+    netns: bool = False  # every process on its own network namespace (needs root)
+
+
+class CannotRun(Exception):
+    """This machine cannot run the scenario (the reason is the message)."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -56,13 +64,22 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S2", "leader crash loop", 180, 20, nemesis.kill_leader_loop),
         Scenario("S3", "paused zombie leader", 180, 20, nemesis.pause_leader_loop),
         Scenario("S5", "store crash/restart loop", 180, 20, nemesis.store_crash_loop),
+        Scenario("S7", "partitions", 240, 25, nemesis.partition_loop, netns=True),
         Scenario("S11", "master crash and pause", 180, 20, nemesis.master_crash_loop),
     ]
 }
 
 
+def unavailable(scenario: Scenario) -> str:
+    """Why `scenario` cannot run here ("" when it can)."""
+    return netns.unavailable() if scenario.netns else ""
+
+
 def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         duration_s: float | None = None) -> dict[str, Any]:
+    reason = unavailable(scenario)
+    if reason:
+        raise CannotRun(f"{scenario.name}: {reason}")
     run_dir = out / f"{scenario.name}-seed{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -107,23 +124,23 @@ def _run_processes(
     logs: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     logs.mkdir(parents=True, exist_ok=True)
-    master_args = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
-    with running_cluster(data, stores=STORES, master_args=master_args) as cluster:
+    with topology(scenario, data) as (cluster, hosts):
         create_streams(cluster.master_address, STREAMS, REPLICAS, WRITE_QUORUM, SEGMENT_BYTES)
         recorder = Recorder(history / "nemesis.jsonl", "nemesis")
         sampler = MetaSampler(cluster.master_address, STREAMS,
                               Recorder(history / "meta.jsonl", "meta"))
 
         def client(name: str, role: str, options: list[str]) -> ClientProcess:
+            prefix = hosts.prefix(nemesis.host_of(name)) if hosts else []
             return ClientProcess(name, role, cluster.master_address, STREAMS, history, logs,
-                                 seed, options)
+                                 seed, options, prefix)
 
         writer_options = ["--rate", str(scenario.rate), "--batch-max", "20" if quick else "50",
                           "--size-max", "16384" if quick else "65536"]
         writers = {n: client(n, "writer", writer_options) for n in ("w1", "w2")}
         readers = {n: client(n, "reader", ["--churn-s", "4"]) for n in ("r1", "r2")}
         ctx = nemesis.RunContext(cluster, writers, readers, STREAMS, recorder,
-                                 random.Random(seed), LEASE_MS / 1000, 0.0, quick)
+                                 random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts)
         try:
             sampler.start()
             for process in [*writers.values(), *readers.values()]:
@@ -157,6 +174,50 @@ def _run_processes(
                 process.terminate(5.0)
             sampler.close()
             recorder.close()
+
+
+MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
+
+
+@contextlib.contextmanager
+def topology(scenario: Scenario, data: Path) -> Iterator[tuple[Cluster, netns.Hosts | None]]:
+    """The servers on 127.0.0.1, or each on its own network namespace."""
+    if not scenario.netns:
+        with running_cluster(data, stores=STORES, master_args=MASTER_ARGS) as cluster:
+            yield cluster, None
+        return
+    # Unique per run: namespace names and the private subnet (the harness joins it).
+    hosts = netns.Hosts(f"sef{os.getpid() % 10000}", f"10.214.{os.getpid() % 250}", data)
+    names = ["master", *(f"store{n}" for n in range(STORES)),
+             "writer1", "writer2", "reader1", "reader2"]
+    cluster = Cluster(data, ServerProcess("master", [], "", data / "master.log"), [])
+    try:
+        hosts.up(names)
+        master_address = f"{hosts.addr('master')}:{netns.MASTER_PORT}"
+        (data / "master").mkdir()
+        cluster.master = ServerProcess(
+            "master",
+            ["master", "--listen", master_address, "--data", str(data / "master"),
+             *MASTER_ARGS],
+            master_address, data / "master.log", prefix=hosts.prefix("master"))
+        for number in range(STORES):
+            name = f"store{number}"
+            address = f"{hosts.addr(name)}:{netns.STORE_PORT}"
+            (data / name).mkdir()
+            cluster.stores.append(ServerProcess(
+                name,
+                ["store", "--listen", address, "--data", str(data / name), "--master",
+                 master_address, "--id", name],
+                address, data / f"{name}.log", prefix=hosts.prefix(name)))
+        cluster.master.start()
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
+        yield cluster, hosts
+    finally:
+        cluster.stop_all()
+        hosts.close()
 
 
 def _catch_up(final: dict[str, Any], readers: dict[str, ClientProcess], history: Path

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.scenarios import SCENARIOS, run, scenario_names
+from tests.faults.scenarios import unavailable as cannot_run
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -24,7 +25,7 @@ def unavailable() -> str:
 
 @pytest.mark.parametrize("name", scenario_names())
 def test_quick_pass(name: str, tmp_path: Path) -> None:
-    reason = unavailable()
+    reason = unavailable() or cannot_run(SCENARIOS[name])
     if reason:
         pytest.skip(reason)
     out = Path(os.environ.get("FAULTS_QUICK_OUT", tmp_path))
