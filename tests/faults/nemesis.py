@@ -153,6 +153,27 @@ def master_crash_loop(ctx: RunContext) -> None:
             master.start(wait=False)
 
 
+def reader_churn_loop(ctx: RunContext) -> None:
+    """S13: SIGSTOP a reader for 30 s (the store drops it as silent; it resumes from its
+    token when continued) while the leader changes hands in the middle (SIGTERM: a clean
+    release, then the same writer competes again); readers also reconnect about 50
+    times a minute on their own (the scenario's reader churn)."""
+    while ctx.pause(ctx.scaled(3, 6)):
+        reader = ctx.readers[ctx.rng.choice(sorted(ctx.readers))]
+        with ctx.window("pause", reader.name, inc=reader.inc):
+            reader.stop()
+            try:
+                ctx.pause(ctx.scaled(15, 15))
+                leader = ctx.leader_process()
+                if leader is not None:
+                    with ctx.window("restart", leader.name, inc=leader.inc):
+                        leader.terminate()
+                        leader.start()
+                ctx.pause(ctx.scaled(15, 15))
+            finally:
+                reader.cont()
+
+
 def host_of(process: str) -> str:
     """Network host of a workload process: w1 -> writer1, r2 -> reader2."""
     return {"w": "writer", "r": "reader"}[process[0]] + process[1:]

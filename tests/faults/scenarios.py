@@ -51,6 +51,7 @@ class Scenario:
     nemesis: nemesis.Nemesis | None
     rate: float = 250.0  # events/s per stream per leading writer
     netns: bool = False  # every process on its own network namespace (needs root)
+    reader_churn_s: float = 4.0  # mean life of a reader's subscription
 
 
 class CannotRun(Exception):
@@ -60,12 +61,14 @@ class CannotRun(Exception):
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
-        Scenario("S1", "baseline", 60, 10, None),
-        Scenario("S2", "leader crash loop", 180, 20, nemesis.kill_leader_loop),
-        Scenario("S3", "paused zombie leader", 180, 20, nemesis.pause_leader_loop),
-        Scenario("S5", "store crash/restart loop", 180, 20, nemesis.store_crash_loop),
-        Scenario("S7", "partitions", 240, 25, nemesis.partition_loop, netns=True),
-        Scenario("S11", "master crash and pause", 180, 20, nemesis.master_crash_loop),
+        Scenario("S1", "baseline", 60, 8, None),
+        Scenario("S2", "leader crash loop", 180, 12, nemesis.kill_leader_loop),
+        Scenario("S3", "paused zombie leader", 180, 12, nemesis.pause_leader_loop),
+        Scenario("S5", "store crash/restart loop", 180, 12, nemesis.store_crash_loop),
+        Scenario("S7", "partitions", 240, 15, nemesis.partition_loop, netns=True),
+        Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
+        Scenario("S13", "reader churn and slow consumers", 180, 14,
+                 nemesis.reader_churn_loop, reader_churn_s=1.2),
     ]
 }
 
@@ -138,7 +141,8 @@ def _run_processes(
         writer_options = ["--rate", str(scenario.rate), "--batch-max", "20" if quick else "50",
                           "--size-max", "16384" if quick else "65536"]
         writers = {n: client(n, "writer", writer_options) for n in ("w1", "w2")}
-        readers = {n: client(n, "reader", ["--churn-s", "4"]) for n in ("r1", "r2")}
+        readers = {n: client(n, "reader", ["--churn-s", str(scenario.reader_churn_s)])
+                   for n in ("r1", "r2")}
         ctx = nemesis.RunContext(cluster, writers, readers, STREAMS, recorder,
                                  random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts)
         try:
