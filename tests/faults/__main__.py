@@ -65,6 +65,8 @@ def main(argv: list[str]) -> int:
                 return 2
             results.append(result)
             state = "valid" if result["valid"] else f"INVALID {result['checks_failed']}"
+            if result["nemesis_errors"]:
+                state += f" (nemesis failed: {result['nemesis_errors']})"
             print(f"{name} seed {seed}: {state}; {result['counts']}; "
                   f"{json.dumps(result['measurements'])}", flush=True)
             report.write_index(args.out, results)

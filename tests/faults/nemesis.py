@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from streamengine.tools.harness import Cluster, ServerProcess
+from tests.faults import disk
 from tests.faults.cluster import ClientProcess, leader_of, open_copy_set, resume
 from tests.faults.history import Recorder
 from tests.faults.netns import Hosts
@@ -172,6 +173,35 @@ def reader_churn_loop(ctx: RunContext) -> None:
                 ctx.pause(ctx.scaled(15, 15))
             finally:
                 reader.cont()
+
+
+def disk_loop(ctx: RunContext) -> None:
+    """S9: at 30 s a copy-set store's disk fills up (ballast); at 90 s it is freed. A
+    store that died of it is restarted once its disk is back (a crash loop would show).
+    The read-only half of S9 needs the FUSE layer: `mount -o remount,ro` refuses with
+    "mount point is busy" while RocksDB holds files open for writing."""
+    scale = 0.2 if ctx.quick else 1.0
+    start = time.monotonic()
+    if not ctx.pause(start + 30 * scale - time.monotonic()):
+        return
+    full = _copy_set_store(ctx)
+    ctx.recorder.record("nemesis", phase="start", fault="disk-full", target=full.name)
+    try:
+        disk.fill(ctx.cluster.root / full.name)
+        ctx.pause(start + 90 * scale - time.monotonic())
+    finally:
+        disk.free(ctx.cluster.root / full.name)
+        died = not full.alive()
+        if died:
+            full.start(wait=False)
+        ctx.recorder.record("nemesis", phase="stop", fault="disk-full", target=full.name,
+                            store_had_exited=died)
+
+
+def _copy_set_store(ctx: RunContext, avoid: ServerProcess | None = None) -> ServerProcess:
+    names = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+    candidates = [ctx.store(n) for n in names if avoid is None or n != avoid.name]
+    return ctx.rng.choice(candidates or [s for s in ctx.cluster.stores if s is not avoid])
 
 
 def host_of(process: str) -> str:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from streamengine.tools.harness import Cluster, ServerProcess, running_cluster, wait_for
+from tests.faults import disk, nemesis, netns, report
 from tests.faults import final as final_state
-from tests.faults import nemesis, netns, report
 from tests.faults.checker import check
 from tests.faults.cluster import ClientProcess, MetaSampler, create_streams, leader_of
 from tests.faults.history import Recorder, load, read_file, write_merged
@@ -52,6 +52,7 @@ class Scenario:
     rate: float = 250.0  # events/s per stream per leading writer
     netns: bool = False  # every process on its own network namespace (needs root)
     reader_churn_s: float = 4.0  # mean life of a reader's subscription
+    disks: bool = False  # every store on its own small tmpfs (needs root)
 
 
 class CannotRun(Exception):
@@ -66,6 +67,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S3", "paused zombie leader", 180, 12, nemesis.pause_leader_loop),
         Scenario("S5", "store crash/restart loop", 180, 12, nemesis.store_crash_loop),
         Scenario("S7", "partitions", 240, 15, nemesis.partition_loop, netns=True),
+        Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
+                 rate=400.0),
         Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
         Scenario("S13", "reader churn and slow consumers", 180, 14,
                  nemesis.reader_churn_loop, reader_churn_s=1.2),
@@ -75,7 +78,11 @@ SCENARIOS: dict[str, Scenario] = {
 
 def unavailable(scenario: Scenario) -> str:
     """Why `scenario` cannot run here ("" when it can)."""
-    return netns.unavailable() if scenario.netns else ""
+    if scenario.netns:
+        return netns.unavailable()
+    if scenario.disks:
+        return disk.unavailable(Path(tempfile.gettempdir()))
+    return ""
 
 
 def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
@@ -113,6 +120,7 @@ def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         "lease_ms": LEASE_MS,
         "wall_s": round(time.monotonic() - started, 1),
         **verdict.as_dict(),
+        "nemesis_errors": [r["error"] for r in records if r["type"] == "nemesis_error"],
         "measurements": {**measure(records, scenario.name), **timing},
         "replay": f"make faults SCENARIO={scenario.name} SEED={seed}",
     }
@@ -155,7 +163,8 @@ def _run_processes(
             ctx.deadline = time.monotonic() + fault_s
             thread = None
             if scenario.nemesis is not None:
-                thread = threading.Thread(target=scenario.nemesis, args=(ctx,), daemon=True)
+                thread = threading.Thread(target=_nemesis, args=(scenario.nemesis, ctx),
+                                          daemon=True)
                 thread.start()
                 thread.join(fault_s + 60)
                 ctx.stop.set()
@@ -180,6 +189,15 @@ def _run_processes(
             recorder.close()
 
 
+def _nemesis(function: nemesis.Nemesis, ctx: nemesis.RunContext) -> None:
+    """A nemesis that fails did not inject what the scenario says: the run records it
+    and its verdict says so (`nemesis_errors`)."""
+    try:
+        function(ctx)
+    except Exception as error:
+        ctx.recorder.record("nemesis_error", error=f"{type(error).__name__}: {error}")
+
+
 MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
 
 
@@ -187,8 +205,16 @@ MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
 def topology(scenario: Scenario, data: Path) -> Iterator[tuple[Cluster, netns.Hosts | None]]:
     """The servers on 127.0.0.1, or each on its own network namespace."""
     if not scenario.netns:
-        with running_cluster(data, stores=STORES, master_args=MASTER_ARGS) as cluster:
-            yield cluster, None
+        mounted = []
+        try:
+            for number in range(STORES if scenario.disks else 0):
+                disk.mount(data / f"store{number}")
+                mounted.append(data / f"store{number}")
+            with running_cluster(data, stores=STORES, master_args=MASTER_ARGS) as cluster:
+                yield cluster, None
+        finally:
+            for path in mounted:
+                disk.umount(path)
         return
     # Unique per run: namespace names and the private subnet (the harness joins it).
     hosts = netns.Hosts(f"sef{os.getpid() % 10000}", f"10.214.{os.getpid() % 250}", data)

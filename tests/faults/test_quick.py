@@ -31,4 +31,5 @@ def test_quick_pass(name: str, tmp_path: Path) -> None:
     out = Path(os.environ.get("FAULTS_QUICK_OUT", tmp_path))
     result = run(SCENARIOS[name], seed=1, out=out, quick=True)
     assert result["counts"]["appends_ok"] > 0, "the workload acked nothing"
+    assert not result["nemesis_errors"], "the faults were not injected as scheduled"
     assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
