@@ -45,6 +45,9 @@ class ClientProcess:
     seed: int
     options: list[str] = field(default_factory=list)
     prefix: list[str] = field(default_factory=list)  # e.g. `ip netns exec NS`
+    # Added to the environment (e.g. libfaketime). Never a wrapper process such as
+    # `faketime CMD`: signals for the workload would stop at the wrapper.
+    env: dict[str, str] = field(default_factory=dict)
     inc: int = 0
     process: subprocess.Popen[bytes] | None = None
     stopped: bool = False
@@ -62,7 +65,7 @@ class ClientProcess:
                     "--history", str(self.history), "--seed", str(self.seed),
                     *self.options,
                 ],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **self.env},
             )
         self.stopped = False
         return self

@@ -2,8 +2,8 @@
 
 Every process (writers, readers, the nemesis, the metadata sampler) appends to its own
 `history/<process>.jsonl`, flushing each record before it acts on it, so a `kill -9`
-loses at most a torn last line (dropped on load). Times are `time.monotonic()`, one
-clock for every process on the machine. Records (`type`):
+loses at most a torn last line (dropped on load). Times are the machine's monotonic clock
+(`now()`), one clock for every process, true even in processes on fake clocks. Records (`type`):
 
 - `invoke` / `ok` / `fail` / `info`: an append of events `ids` (payload ids) by writer
   `process` (incarnation `inc`, writer session `session`) to `stream`, operation `op`;
@@ -20,13 +20,43 @@ clock for every process on the machine. Records (`type`):
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
 import time
 from pathlib import Path
 from typing import IO, Any
 
 Record = dict[str, Any]
+
+# clock_gettime by system call number: libfaketime intercepts the libc function, not the
+# system call, so processes on fake clocks (S4) still record true times.
+_CLOCK_GETTIME = {"x86_64": 228, "aarch64": 113}.get(platform.machine())
+_CLOCK_MONOTONIC = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def now() -> float:
+    """The machine's monotonic clock, true even under libfaketime."""
+    if _LIBC is not None and _CLOCK_GETTIME is not None:
+        spec = _Timespec()
+        if _LIBC.syscall(_CLOCK_GETTIME, _CLOCK_MONOTONIC, ctypes.byref(spec)) == 0:
+            return spec.seconds + spec.nanoseconds / 1e9
+    return time.monotonic()
 
 
 class Recorder:
@@ -40,7 +70,7 @@ class Recorder:
         self._file: IO[str] = path.open("a", buffering=1)
 
     def record(self, type_: str, **fields: Any) -> Record:
-        record = {"t": time.monotonic(), "type": type_, "process": self.process}
+        record = {"t": now(), "type": type_, "process": self.process}
         record.update(self.fields)
         record.update(fields)
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from streamengine.tools.harness import Cluster, ServerProcess
 from tests.faults import disk
@@ -202,6 +203,51 @@ def _copy_set_store(ctx: RunContext, avoid: ServerProcess | None = None) -> Serv
     names = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
     candidates = [ctx.store(n) for n in names if avoid is None or n != avoid.name]
     return ctx.rng.choice(candidates or [s for s in ctx.cluster.stores if s is not avoid])
+
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+def faketime_env(spec_file: Path, spec: str) -> dict[str, str]:
+    """Environment running a process on a fake clock read from `spec_file` (rewritten
+    while it runs for jumps; re-read at most once a second). The monotonic clock is
+    faked too: faking wall time alone with a rate makes Python's sleep fail (EINVAL)."""
+    spec_file.write_text(spec + "\n")
+    return {
+        "LD_PRELOAD": FAKETIME_LIB,
+        "FAKETIME_TIMESTAMP_FILE": str(spec_file),
+        "FAKETIME_CACHE_DURATION": "1",
+    }
+
+
+def clock_loop(ctx: RunContext) -> None:
+    """S4: the master runs 1.5x fast, writer w1 0.5x slow, store0 on a file clock (set
+    up by the scenario); a lease contest (the leader killed) every 20 s; halfway, the
+    master's clock jumps forward an hour and store0's back 30 s."""
+    half = time.monotonic() + ctx.remaining() / 2
+    jumped = False
+    while True:
+        wait = ctx.scaled(20, 20)
+        until_half = half - time.monotonic()
+        if not jumped and until_half < wait:
+            if not ctx.pause(until_half):
+                return
+            jumped = True
+            with ctx.window("clock-jump", "master", to="+3600 x1.5"):
+                (ctx.cluster.root / "master.faketime").write_text("+3600 x1.5\n")
+                ctx.pause(1.0)
+            with ctx.window("clock-jump", "store0", to="-30"):
+                (ctx.cluster.root / "store0.faketime").write_text("-30\n")
+                ctx.pause(1.0)
+            continue
+        if not ctx.pause(wait):
+            return
+        leader = ctx.leader_process()
+        if leader is not None:
+            with ctx.window("kill", leader.name, inc=leader.inc):
+                leader.kill()
+                ctx.pause(1.0)
+                leader.start()
 
 
 def host_of(process: str) -> str:

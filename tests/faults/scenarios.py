@@ -53,6 +53,7 @@ class Scenario:
     netns: bool = False  # every process on its own network namespace (needs root)
     reader_churn_s: float = 4.0  # mean life of a reader's subscription
     disks: bool = False  # every store on its own small tmpfs (needs root)
+    clocks: bool = False  # skewed, drifting and jumping clocks (libfaketime)
 
 
 class CannotRun(Exception):
@@ -65,6 +66,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S1", "baseline", 60, 8, None),
         Scenario("S2", "leader crash loop", 180, 12, nemesis.kill_leader_loop),
         Scenario("S3", "paused zombie leader", 180, 12, nemesis.pause_leader_loop),
+        Scenario("S4", "clock skew, drift and jumps", 180, 16, nemesis.clock_loop,
+                 clocks=True),
         Scenario("S5", "store crash/restart loop", 180, 12, nemesis.store_crash_loop),
         Scenario("S7", "partitions", 240, 15, nemesis.partition_loop, netns=True),
         Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
@@ -82,6 +85,8 @@ def unavailable(scenario: Scenario) -> str:
         return netns.unavailable()
     if scenario.disks:
         return disk.unavailable(Path(tempfile.gettempdir()))
+    if scenario.clocks and not (shutil.which("faketime") and Path(nemesis.FAKETIME_LIB).exists()):
+        return "needs libfaketime (Debian package faketime; deploy/install-system-deps.sh)"
     return ""
 
 
@@ -136,6 +141,8 @@ def _run_processes(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     logs.mkdir(parents=True, exist_ok=True)
     with topology(scenario, data) as (cluster, hosts):
+        if scenario.clocks:
+            _skew_clocks(cluster)
         create_streams(cluster.master_address, STREAMS, REPLICAS, WRITE_QUORUM, SEGMENT_BYTES)
         recorder = Recorder(history / "nemesis.jsonl", "nemesis")
         sampler = MetaSampler(cluster.master_address, STREAMS,
@@ -143,8 +150,11 @@ def _run_processes(
 
         def client(name: str, role: str, options: list[str]) -> ClientProcess:
             prefix = hosts.prefix(nemesis.host_of(name)) if hosts else []
+            env = {}
+            if scenario.clocks and name == "w1":  # the old leader's clock runs slow
+                env = nemesis.faketime_env(data / "w1.faketime", "+0 x0.5")
             return ClientProcess(name, role, cluster.master_address, STREAMS, history, logs,
-                                 seed, options, prefix)
+                                 seed, options, prefix, env)
 
         writer_options = ["--rate", str(scenario.rate), "--batch-max", "20" if quick else "50",
                           "--size-max", "16384" if quick else "65536"]
@@ -187,6 +197,14 @@ def _run_processes(
                 process.terminate(5.0)
             sampler.close()
             recorder.close()
+
+
+def _skew_clocks(cluster: Cluster) -> None:
+    """Restart the master (1.5x fast) and store0 (a file clock) on fake clocks."""
+    for process, spec in ((cluster.master, "+0 x1.5"), (cluster.stores[0], "+0")):
+        process.kill()
+        process.env = nemesis.faketime_env(cluster.root / f"{process.name}.faketime", spec)
+        process.start()
 
 
 def _nemesis(function: nemesis.Nemesis, ctx: nemesis.RunContext) -> None:
