@@ -4,7 +4,8 @@
 set -euo pipefail
 
 # Java 17+ for PySpark; iproute2 and iptables for the network-namespace cluster test and
-# the fault suite's partitions; libfaketime for its clock faults (tests/faults, S4).
+# the fault suite's partitions; libfaketime for its clock faults and libfuse2 (for fusepy)
+# for its lazy file system (tests/faults, S4 and S8).
 java_major() {
   java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1
 }
@@ -16,6 +17,7 @@ fi
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then

@@ -59,3 +59,63 @@ def free(path: Path) -> None:
 
 def read_only(path: Path, on: bool) -> None:
     _run("mount", "-o", f"remount,{'ro' if on else 'rw'}", str(path))
+
+
+class LazyMount:
+    """A store's data dir on the lazy FUSE fs (`tests.faults.lazyfs`): `drop()` loses
+    every write not yet fsynced, as a power loss would."""
+
+    def __init__(self, mountpoint: Path, backing: Path) -> None:
+        self.mountpoint = mountpoint
+        self.backing = backing
+        self.fifo = backing.with_name(backing.name + ".ctl")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def mount(self, env: dict[str, str], log: Path) -> None:
+        import sys
+        import time
+
+        self.backing.mkdir(parents=True, exist_ok=True)
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.faults.lazyfs", str(self.backing),
+                 str(self.mountpoint), str(self.fifo)],
+                stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(self.mountpoint):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"lazy fs did not mount on {self.mountpoint}")
+            time.sleep(0.05)
+
+    def drop(self) -> None:
+        """Forget unsynced writes; returns once the fs confirmed."""
+        import time
+
+        ack = Path(f"{self.fifo}.ack")
+        before = ack.read_text().count("dropped") if ack.exists() else 0
+        with self.fifo.open("w") as commands:
+            commands.write("drop\n")
+        deadline = time.monotonic() + 10
+        while (ack.read_text().count("dropped") if ack.exists() else 0) <= before:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"lazy fs on {self.mountpoint} did not confirm the drop")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        umount(self.mountpoint)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def lazy_unavailable() -> str:
+    if os.geteuid() != 0:
+        return "a FUSE mount needs root"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    try:
+        import fuse  # type: ignore[import-untyped]  # noqa: F401
+    except (ImportError, OSError) as error:
+        return f"needs fusepy and libfuse2 ({error})"
+    return ""

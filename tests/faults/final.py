@@ -88,7 +88,7 @@ def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str,
             except Exception as error:
                 errors.append(f"read: {type(error).__name__}: {error}")
         listing = segments_of(master, stream)
-        segments = []
+        segments: list[dict[str, Any]] = []
         for segment in listing.segments:
             segment_id = entry_pb2.SegmentId(
                 stream_id=listing.stream_id, epoch=segment.id.epoch, stream=stream
@@ -103,6 +103,13 @@ def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str,
                     for replica in segment.copy_set
                 },
             })
+        for dumped in segments:
+            held = max((dump.get("acked_index", 0) for dump in dumped["replicas"].values()),
+                       default=0)
+            if dumped["state"] != "SEALED" and held:
+                # The fresh reads stop before it: its acked events would look lost.
+                errors.append(f"segment {dumped['epoch']} is {dumped['state']} after the "
+                              f"seal with {held} acked entries (did a writer outlive the run?)")
         out["streams"][stream] = {
             "reads": reads,
             "read_errors": errors,

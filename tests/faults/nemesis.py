@@ -35,6 +35,7 @@ class RunContext:
     deadline: float  # monotonic
     quick: bool
     hosts: Hosts | None = None  # when every process is on its own network namespace
+    lazy: dict[str, disk.LazyMount] = field(default_factory=dict)  # store -> its lazy fs
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -203,6 +204,28 @@ def _copy_set_store(ctx: RunContext, avoid: ServerProcess | None = None) -> Serv
     names = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
     candidates = [ctx.store(n) for n in names if avoid is None or n != avoid.name]
     return ctx.rng.choice(candidates or [s for s in ctx.cluster.stores if s is not avoid])
+
+
+def power_loss_loop(ctx: RunContext) -> None:
+    """S8 (a, c): every 15 s a copy-set store loses power: kill -9, its unsynced writes
+    dropped, restarted. One time in four, every store of a copy set at once. With
+    `fsync=always` nothing acked may be lost."""
+    while ctx.pause(ctx.scaled(15, 15)):
+        copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+        if not copy_set:
+            continue
+        victims = copy_set if ctx.rng.random() < 0.25 else [ctx.rng.choice(copy_set)]
+        stores = [ctx.store(name) for name in victims]
+        with ctx.window("power-loss", "+".join(victims)):
+            try:
+                for store in stores:
+                    store.kill()
+                for store in stores:
+                    ctx.lazy[store.name].drop()
+                ctx.pause(1.0)
+            finally:
+                for store in stores:
+                    store.start(wait=False)
 
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"

@@ -28,7 +28,13 @@ from streamengine.tools.harness import Cluster, ServerProcess, running_cluster, 
 from tests.faults import disk, nemesis, netns, report
 from tests.faults import final as final_state
 from tests.faults.checker import check
-from tests.faults.cluster import ClientProcess, MetaSampler, create_streams, leader_of
+from tests.faults.cluster import (
+    ClientProcess,
+    MetaSampler,
+    child_env,
+    create_streams,
+    leader_of,
+)
 from tests.faults.history import Recorder, load, read_file, write_merged
 from tests.faults.measure import measure
 
@@ -54,6 +60,7 @@ class Scenario:
     reader_churn_s: float = 4.0  # mean life of a reader's subscription
     disks: bool = False  # every store on its own small tmpfs (needs root)
     clocks: bool = False  # skewed, drifting and jumping clocks (libfaketime)
+    lazy: bool = False  # every store on the lazy FUSE fs (power loss; needs root)
 
 
 class CannotRun(Exception):
@@ -70,6 +77,8 @@ SCENARIOS: dict[str, Scenario] = {
                  clocks=True),
         Scenario("S5", "store crash/restart loop", 180, 12, nemesis.store_crash_loop),
         Scenario("S7", "partitions", 240, 15, nemesis.partition_loop, netns=True),
+        Scenario("S8", "power loss (lazy fs)", 180, 16, nemesis.power_loss_loop, lazy=True,
+                 rate=150.0),
         Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
                  rate=400.0),
         Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
@@ -85,6 +94,8 @@ def unavailable(scenario: Scenario) -> str:
         return netns.unavailable()
     if scenario.disks:
         return disk.unavailable(Path(tempfile.gettempdir()))
+    if scenario.lazy:
+        return disk.lazy_unavailable()
     if scenario.clocks and not (shutil.which("faketime") and Path(nemesis.FAKETIME_LIB).exists()):
         return "needs libfaketime (Debian package faketime; deploy/install-system-deps.sh)"
     return ""
@@ -140,7 +151,7 @@ def _run_processes(
     logs: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     logs.mkdir(parents=True, exist_ok=True)
-    with topology(scenario, data) as (cluster, hosts):
+    with topology(scenario, data) as (cluster, hosts, lazy):
         if scenario.clocks:
             _skew_clocks(cluster)
         create_streams(cluster.master_address, STREAMS, REPLICAS, WRITE_QUORUM, SEGMENT_BYTES)
@@ -162,7 +173,8 @@ def _run_processes(
         readers = {n: client(n, "reader", ["--churn-s", str(scenario.reader_churn_s)])
                    for n in ("r1", "r2")}
         ctx = nemesis.RunContext(cluster, writers, readers, STREAMS, recorder,
-                                 random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts)
+                                 random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts,
+                                 lazy)
         try:
             sampler.start()
             for process in [*writers.values(), *readers.values()]:
@@ -220,19 +232,28 @@ MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
 
 
 @contextlib.contextmanager
-def topology(scenario: Scenario, data: Path) -> Iterator[tuple[Cluster, netns.Hosts | None]]:
-    """The servers on 127.0.0.1, or each on its own network namespace."""
+def topology(scenario: Scenario, data: Path
+             ) -> Iterator[tuple[Cluster, netns.Hosts | None, dict[str, disk.LazyMount]]]:
+    """The servers on 127.0.0.1 (store dirs on a tmpfs or the lazy fs each, if the
+    scenario says so), or each server on its own network namespace."""
     if not scenario.netns:
         mounted = []
+        lazy: dict[str, disk.LazyMount] = {}
         try:
             for number in range(STORES if scenario.disks else 0):
                 disk.mount(data / f"store{number}")
                 mounted.append(data / f"store{number}")
+            for number in range(STORES if scenario.lazy else 0):
+                name = f"store{number}"
+                lazy[name] = disk.LazyMount(data / name, data / "backing" / name)
+                lazy[name].mount(child_env(), data / f"lazyfs-{name}.log")
             with running_cluster(data, stores=STORES, master_args=MASTER_ARGS) as cluster:
-                yield cluster, None
+                yield cluster, None, lazy
         finally:
             for path in mounted:
                 disk.umount(path)
+            for mount in lazy.values():
+                mount.close()
         return
     # Unique per run: namespace names and the private subnet (the harness joins it).
     hosts = netns.Hosts(f"sef{os.getpid() % 10000}", f"10.214.{os.getpid() % 250}", data)
@@ -262,7 +283,7 @@ def topology(scenario: Scenario, data: Path) -> Iterator[tuple[Cluster, netns.Ho
             store.start(wait=False)
         for store in cluster.stores:
             store.wait_serving()
-        yield cluster, hosts
+        yield cluster, hosts, {}
     finally:
         cluster.stop_all()
         hosts.close()

@@ -297,7 +297,7 @@ async def main_async(args: argparse.Namespace) -> int:
         runner.cancel()  # a reader has nothing pending: its deliveries are flushed
     try:
         await asyncio.wait_for(asyncio.shield(runner), DRAIN_S + 5)
-    except TimeoutError:
+    except (TimeoutError, asyncio.CancelledError):  # too slow, or a reader cancelled
         runner.cancel()
         with contextlib.suppress(BaseException):
             await runner
