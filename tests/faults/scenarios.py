@@ -44,7 +44,7 @@ REPLICAS, WRITE_QUORUM = 3, 2
 STREAMS = ["t1/orders", "t2/clicks"]
 # Small segments, so that runs roll often and leave many sealed segments to check.
 SEGMENT_BYTES = 256 * 1024
-QUIET_S = 2.0
+QUIET_S = 1.0
 CATCH_UP_S = 15.0
 
 
@@ -70,19 +70,19 @@ class CannotRun(Exception):
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
-        Scenario("S1", "baseline", 60, 8, None),
-        Scenario("S2", "leader crash loop", 180, 12, nemesis.kill_leader_loop),
-        Scenario("S3", "paused zombie leader", 180, 12, nemesis.pause_leader_loop),
-        Scenario("S4", "clock skew, drift and jumps", 180, 16, nemesis.clock_loop,
+        Scenario("S1", "baseline", 60, 5, None),
+        Scenario("S2", "leader crash loop", 180, 10, nemesis.kill_leader_loop),
+        Scenario("S3", "paused zombie leader", 180, 10, nemesis.pause_leader_loop),
+        Scenario("S4", "clock skew, drift and jumps", 180, 12, nemesis.clock_loop,
                  clocks=True),
-        Scenario("S5", "store crash/restart loop", 180, 12, nemesis.store_crash_loop),
-        Scenario("S7", "partitions", 240, 15, nemesis.partition_loop, netns=True),
-        Scenario("S8", "power loss (lazy fs)", 180, 16, nemesis.power_loss_loop, lazy=True,
+        Scenario("S5", "store crash/restart loop", 180, 10, nemesis.store_crash_loop),
+        Scenario("S7", "partitions", 240, 12, nemesis.partition_loop, netns=True),
+        Scenario("S8", "power loss (lazy fs)", 180, 12, nemesis.power_loss_loop, lazy=True,
                  rate=150.0),
         Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
                  rate=400.0),
         Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
-        Scenario("S13", "reader churn and slow consumers", 180, 14,
+        Scenario("S13", "reader churn and slow consumers", 180, 12,
                  nemesis.reader_churn_loop, reader_churn_s=1.2),
     ]
 }
