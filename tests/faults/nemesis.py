@@ -8,6 +8,7 @@ run heals anything left at the end in any case.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -228,6 +229,52 @@ def power_loss_loop(ctx: RunContext) -> None:
                     store.start(wait=False)
 
 
+def corruption_loop(ctx: RunContext) -> None:
+    """S12: six rounds; in each, one store (a minority) is killed, one of its RocksDB
+    files damaged at rest (2 bits flipped in a random 4 KiB chunk of an SST or WAL
+    file, or the WAL's tail cut), and restarted. Readers must never get a bad payload."""
+    for _ in range(6):
+        if not ctx.pause(ctx.scaled(8, 14)):
+            return
+        store = ctx.rng.choice(ctx.cluster.stores)
+        with ctx.window("corrupt", store.name):
+            store.kill()
+            try:
+                damage = corrupt_files(ctx.rng, ctx.cluster.root / store.name)
+                ctx.recorder.record("nemesis", phase="detail", fault="corrupt",
+                                    target=store.name, **damage)
+            finally:
+                store.start(wait=False)
+
+
+def corrupt_files(rng: random.Random, directory: Path) -> dict[str, object]:
+    """Damage one SST or WAL file under `directory`; says what was done."""
+    files = sorted(p for p in directory.rglob("*") if p.suffix in (".sst", ".log")
+                   and p.is_file() and p.stat().st_size > 0 and p.name != "LOG")
+    if not files:
+        return {"damage": "none: no SST or WAL file yet"}
+    victim = rng.choice(files)
+    size = victim.stat().st_size
+    if victim.suffix == ".log" and rng.random() < 0.3:
+        cut = rng.randint(1, min(size, 4096))
+        os.truncate(victim, size - cut)
+        return {"file": victim.name, "damage": f"WAL tail cut by {cut} bytes"}
+    chunk = rng.randrange(0, max(1, size // 4096)) * 4096
+    flips = []
+    with victim.open("r+b") as file:
+        for _ in range(2):
+            offset = min(size - 1, chunk + rng.randrange(4096))
+            file.seek(offset)
+            byte = file.read(1)[0]
+            bit = rng.randrange(8)
+            file.seek(offset)
+            file.write(bytes([byte ^ (1 << bit)]))
+            flips.append([offset, bit])
+        file.flush()
+        os.fsync(file.fileno())
+    return {"file": victim.name, "damage": "2 bits flipped", "flips": flips}
+
+
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
 
@@ -335,5 +382,11 @@ def heal(ctx: RunContext) -> None:
             process.start()
     ctx.cluster.master.wait_serving()
     for store in ctx.cluster.stores:
-        store.wait_serving()
+        try:
+            store.wait_serving()
+        except (RuntimeError, TimeoutError) as error:
+            # A store that cannot come back (its disk damaged) is left out; the checks
+            # decide whether the data survived without it.
+            ctx.recorder.record("nemesis", phase="unhealed", fault="heal", target=store.name,
+                                error=str(error)[-300:])
     ctx.recorder.record("nemesis", phase="heal", fault="heal", target="all")

@@ -82,6 +82,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
                  rate=400.0),
         Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
+        Scenario("S12", "corruption at rest", 180, 14, nemesis.corruption_loop),
         Scenario("S13", "reader churn and slow consumers", 180, 12,
                  nemesis.reader_churn_loop, reader_churn_s=1.2),
     ]
