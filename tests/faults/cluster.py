@@ -169,6 +169,18 @@ def leader_of(cluster: Cluster, stream: str) -> str:
         return str(info.leader_id)
 
 
+def under_replicated(cluster: Cluster) -> int | None:
+    """Sealed segments the master lists below N complete replicas (None: no answer)."""
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        try:
+            status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
+                master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+    return len(status.under_replicated)
+
+
 def open_copy_set(cluster: Cluster, stream: str) -> list[str]:
     """Store ids of the copy set of `stream`'s newest segment ([] when unknown)."""
     with grpc.insecure_channel(cluster.master_address) as channel:

@@ -62,6 +62,10 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
             store_stalls.extend(stalls(by_stream, t))
         elif target == "master":
             master_stalls.extend(stalls(by_stream, t))
+    repairs = [float(r["repair_s"]) for r in records if r["type"] == "nemesis"
+               and r.get("phase") == "detail" and r.get("repair_s") is not None]
+    if repairs:
+        figures["repair_s"] = summary(repairs)
     if failovers:
         figures["writer_failover_s"] = summary(failovers)
     if store_stalls:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,13 @@ from pathlib import Path
 
 from streamengine.tools.harness import Cluster, ServerProcess
 from tests.faults import disk
-from tests.faults.cluster import ClientProcess, leader_of, open_copy_set, resume
+from tests.faults.cluster import (
+    ClientProcess,
+    leader_of,
+    open_copy_set,
+    resume,
+    under_replicated,
+)
 from tests.faults.history import Recorder
 from tests.faults.netns import Hosts
 
@@ -227,6 +234,51 @@ def power_loss_loop(ctx: RunContext) -> None:
             finally:
                 for store in stores:
                     store.start(wait=False)
+
+
+def store_loss(ctx: RunContext) -> None:
+    """S6: once sealed segments piled up, a copy-set store dies for good (kill -9, its
+    directory wiped); the master re-replicates its sealed segments to the other stores
+    while the leader changes (kill -9); the wiped store comes back empty near the end.
+    Measures repair: from the loss until the master lists no under-replicated segment."""
+    if not ctx.pause(ctx.scaled(30, 30)):
+        return
+    copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+    victim = ctx.store(ctx.rng.choice(copy_set)) if copy_set else ctx.cluster.stores[1]
+    directory = ctx.cluster.root / victim.name
+    with ctx.window("wipe", victim.name):
+        victim.kill()
+        shutil.rmtree(directory)
+        directory.mkdir()
+        lost_at = time.monotonic()
+        ctx.pause(ctx.scaled(5, 5))
+        leader = ctx.leader_process()
+        if leader is not None:
+            with ctx.window("kill", leader.name, inc=leader.inc):
+                leader.kill()
+                ctx.pause(1.0)
+                leader.start()
+        repaired = _wait_repaired(ctx, lost_at)
+        ctx.recorder.record("nemesis", phase="detail", fault="wipe", target=victim.name,
+                            repair_s=repaired)
+        ctx.pause(ctx.remaining() - ctx.scaled(10, 10))
+        victim.start(wait=False)
+
+
+def _wait_repaired(ctx: RunContext, since: float) -> float | None:
+    """Seconds from `since` until the master lists nothing under-replicated (None if
+    not before the run's end)."""
+    # First the master must notice the loss (its store timeout), then repair.
+    seen_under = False
+    while ctx.pause(0.5):
+        under = under_replicated(ctx.cluster)
+        if under is None:
+            continue
+        if under:
+            seen_under = True
+        elif seen_under:
+            return round(time.monotonic() - since, 2)
+    return None
 
 
 def corruption_loop(ctx: RunContext) -> None:
