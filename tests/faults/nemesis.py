@@ -215,12 +215,15 @@ def _copy_set_store(ctx: RunContext, avoid: ServerProcess | None = None) -> Serv
 
 
 def power_loss_loop(ctx: RunContext) -> None:
-    """S8 (a, c): every 15 s a copy-set store loses power: kill -9, its unsynced writes
-    dropped, restarted. One time in four, every store of a copy set at once. With
-    `fsync=always` nothing acked may be lost."""
+    """S8 (a, b, c): every 15 s a copy-set store loses power: kill -9, its unsynced writes
+    dropped, restarted. One time in four, every store of a copy set at once; now and
+    then the pause-kill (`pause_kill`). With `fsync=always` nothing acked may be lost."""
     while ctx.pause(ctx.scaled(15, 15)):
         copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
         if not copy_set:
+            continue
+        if len(copy_set) >= 2 and ctx.rng.random() < 0.3:
+            pause_kill(ctx, *(ctx.store(name) for name in ctx.rng.sample(copy_set, 2)))
             continue
         victims = copy_set if ctx.rng.random() < 0.25 else [ctx.rng.choice(copy_set)]
         stores = [ctx.store(name) for name in victims]
@@ -234,6 +237,25 @@ def power_loss_loop(ctx: RunContext) -> None:
             finally:
                 for store in stores:
                     store.start(wait=False)
+
+
+def pause_kill(ctx: RunContext, paused: ServerProcess, killed: ServerProcess) -> None:
+    """S8 (b), the NATS pause-kill: SIGSTOP one store, 20 s of writes, power loss on a
+    second store, SIGCONT the first and restart the second, 20 s more."""
+    with ctx.window("pause", paused.name):
+        paused.stop()
+        try:
+            ctx.pause(ctx.scaled(20, 20))
+            with ctx.window("power-loss", killed.name):
+                killed.kill()
+                try:
+                    ctx.lazy[killed.name].drop()
+                finally:
+                    paused.cont()
+                    killed.start(wait=False)
+        finally:
+            paused.cont()
+    ctx.pause(ctx.scaled(20, 20))
 
 
 def store_loss(ctx: RunContext) -> None:
