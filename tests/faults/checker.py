@@ -154,6 +154,7 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
         check_reader_order(verdict, name, canonical, reads)
         check_writer_order(verdict, name, stream_ops)
         check_segments(verdict, name, state)
+        check_fences(verdict, name, state)
     check_epochs(verdict, records, streams)
     check_unsealed(verdict, records)
     statuses = Counter(op.status for op in ops)
@@ -456,6 +457,19 @@ def check_identity(
                 verdict.add("C9", stream=name, segment=epoch, stores=[stores[0], other],
                             index=index, values=[reference.get(index), views[other].get(index)])
                 break
+
+
+# ---- C10: fences hold ----
+
+
+def check_fences(verdict: Verdict, name: str, state: dict[str, Any]) -> None:
+    for segment in state.get("segments", []):
+        for store, outcome in sorted(segment.get("fence_probes", {}).items()):
+            if outcome != "refused":
+                fence = segment["replicas"][store].get("fence")
+                verdict.add("C10", stream=name, segment=segment["epoch"], store=store,
+                            epoch=fence - 1 if fence else None, outcome=outcome,
+                            problem="a write below the fence was not refused")
 
 
 # ---- C11, C12: epochs and unsealed segments from the master's metadata ----

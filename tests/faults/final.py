@@ -66,6 +66,31 @@ def dump_replica(address: str, segment: entry_pb2.SegmentId) -> dict[str, Any]:
     return {"acked_index": acked, "fence": fence, "entries": entries}
 
 
+def probe_fence(address: str, segment: entry_pb2.SegmentId, fence: int, index: int) -> str:
+    """C10: a write one epoch below the store's fence, of an event past the bridge, must
+    be refused with FAILED_PRECONDITION. Returns "refused", "accepted" or the error."""
+    from streamengine.protocol import codec
+    from streamengine.protocol.entry import EntryKind, StoredEntry
+
+    entry = StoredEntry.make(index, EntryKind.EVENT, fence - 1, b"fence-probe")
+    request = segment_store_pb2.WriteRequest(
+        segment=segment, writer_epoch=fence - 1, entries=[codec.entry_to_pb(entry)],
+        request_id=1,
+    )
+    try:
+        with grpc.insecure_channel(address) as channel:
+            replies = store_grpc.SegmentStoreStub(channel).Write(iter([request]),
+                                                                 timeout=DUMP_TIMEOUT_S)
+            for reply in replies:
+                if reply.status == segment_store_pb2.ACCEPTED:
+                    return "accepted"
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            return "refused"
+        return f"{error.code().name}: {error.details()}"
+    return "no answer"
+
+
 def segments_of(master: str, stream: str) -> master_pb2.ListSegmentsReply:
     with grpc.insecure_channel(master) as channel:
         return master_pb2_grpc.MasterStub(channel).ListSegments(
@@ -103,6 +128,21 @@ def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str,
                     for replica in segment.copy_set
                 },
             })
+        # C10 after the dumps: an accepted probe would change what they recorded.
+        for dumped in segments:
+            if dumped["state"] != "SEALED":
+                continue
+            segment_id = entry_pb2.SegmentId(
+                stream_id=listing.stream_id, epoch=dumped["epoch"], stream=stream
+            )
+            addresses = {r.store_id: r.address for s in listing.segments
+                         if s.id.epoch == dumped["epoch"] for r in s.copy_set}
+            dumped["fence_probes"] = {
+                store: probe_fence(addresses[store], segment_id, dump["fence"],
+                                   dumped["final_index"] + 1)
+                for store, dump in sorted(dumped["replicas"].items())
+                if dump.get("fence", 0) > 1
+            }
         for dumped in segments:
             held = max((dump.get("acked_index", 0) for dump in dumped["replicas"].values()),
                        default=0)

@@ -162,7 +162,7 @@ def write_index(out: Path, results: list[dict[str, Any]]) -> Path:
 <style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;text-align:left}}
 .ok{{color:green}} .bad{{color:red;font-weight:bold}}</style></head><body>
 <h1>Stream Engine fault runs: {'all valid' if summary['valid'] else 'ANOMALIES FOUND'}</h1>
-<p>Checks C1-C9, C11, C12 (FAULTS.md §6.2). Figures are p50 / p99 seconds.
+<p>Checks C1-C12 (FAULTS.md §6.2). Figures are p50 / p99 seconds.
 Replay one run with <code>make faults SCENARIO=S2 SEED=3</code>.</p>
 <table><tr><th>scenario</th><th>name</th><th>seed</th><th>verdict</th><th>events acked</th>
 <th>events/s</th><th>ack latency</th><th>writer failover</th><th>stall after store fault</th>

@@ -250,6 +250,15 @@ def test_c9_replicas_that_differ_and_too_few_complete_ones() -> None:
     assert any(a.get("holders") == ["s0"] for a in anomalies)
 
 
+def test_c10_a_store_taking_a_write_below_its_fence() -> None:
+    records, final = clean()
+    segment = stream_of(final)["segments"][0]
+    segment["fence_probes"] = {"s0": "refused", "s1": "accepted", "s2": "UNAVAILABLE: down"}
+    anomalies = failed(records, final)["C10"]
+    assert [(a["store"], a["outcome"], a["epoch"]) for a in anomalies] == [
+        ("s1", "accepted", 2), ("s2", "UNAVAILABLE: down", 2)]
+
+
 def test_c11_one_epoch_granted_to_two_clients() -> None:
     records, final = clean()
     records.append(rec(3.4, "grant", "w1", epoch=2, client="w1.1-2"))
