@@ -58,7 +58,7 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         target, t = str(fault["target"]), float(fault["t"])
         if target.startswith("w"):
             failovers.extend(failover_times(by_stream, target, t))
-        elif target.startswith("store"):
+        elif target.startswith("store") and not fault.get("quorum_lost"):
             store_stalls.extend(stalls(by_stream, t))
         elif target == "master":
             master_stalls.extend(stalls(by_stream, t))
@@ -107,4 +107,24 @@ def stalls(by_stream: dict[str, list[Op]], t: float) -> list[float]:
         if high == low:
             moments.append(t + STALL_WINDOW_S)
         out.append(max(b - a for a, b in itertools.pairwise(moments)))
+    return out
+
+
+def bounds(figures: dict[str, Any], lease_s: float) -> dict[str, Any]:
+    """C13: the measured figures against FAULTS.md §1's liveness table. Reported beside
+    the (safety) verdict; a miss is a finding, not a safety anomaly."""
+    table = {
+        "writer_failover_s": lease_s + 2.0,  # writer dies -> a standby's first ack
+        "append_stall_after_store_fault_s": 1.0,  # one copy-set store dies, W still live
+        "append_stall_after_master_fault_s": 2 * lease_s + 2.0,  # master restart
+    }
+    out: dict[str, Any] = {}
+    for key, limit in table.items():
+        figure = figures.get(key)
+        if isinstance(figure, dict) and figure.get("p99") is not None:
+            out[key] = {"p99": figure["p99"], "bound": limit, "ok": figure["p99"] <= limit}
+    if "reader_catch_up_s" in figures:  # readers caught up to the last ack after healing
+        value = figures["reader_catch_up_s"]
+        out["reader_catch_up_s"] = {"value": value, "bound": 5.0,
+                                    "ok": value is not None and value <= 5.0}
     return out

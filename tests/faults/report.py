@@ -123,13 +123,23 @@ def _figure(measurements: dict[str, Any], key: str) -> str:
     return f"{value['p50']:.2f} / {value['p99']:.2f}"
 
 
+def _bounds(checked: dict[str, Any]) -> str:
+    missed = [key for key, value in checked.items() if not value.get("ok")]
+    if not checked:
+        return ""
+    if not missed:
+        return "<span class='ok'>within</span>"
+    return "<span class='bad'>missed: " + html.escape(", ".join(missed)) + "</span>"
+
+
 def write_index(out: Path, results: list[dict[str, Any]]) -> Path:
     """`index.html` and the summary `verdict.json` of a report folder."""
     summary = {
         "valid": all(r.get("valid") for r in results),
         "runs": [
             {k: r.get(k) for k in ("scenario", "seed", "valid", "checks_failed", "counts",
-                                   "measurements", "replay", "wall_s")}
+                                   "measurements", "bounds", "nemesis_errors", "replay",
+                                   "wall_s")}
             | {"folder": f"{r['scenario']}-seed{r['seed']}"}
             for r in results
         ],
@@ -151,10 +161,11 @@ def write_index(out: Path, results: list[dict[str, Any]]) -> Path:
             f"<td>{_figure(m, 'ack_latency_s')}</td>"
             f"<td>{_figure(m, 'writer_failover_s')}</td>"
             f"<td>{_figure(m, 'append_stall_after_store_fault_s')}</td>"
+            f"<td>{_bounds(r.get('bounds', {}))}</td>"
             f"<td><a href='{folder}/verdict.json'>verdict</a> "
             f"<a href='{folder}/history.jsonl'>history</a></td>"
             "</tr>"
-            f"<tr><td colspan='10'><a href='{folder}/{r.get('picture', '')}'>"
+            f"<tr><td colspan='11'><a href='{folder}/{r.get('picture', '')}'>"
             f"<img src='{folder}/{r.get('picture', '')}' width='820'></a></td></tr>"
         )
     page = f"""<!doctype html>
@@ -166,7 +177,7 @@ def write_index(out: Path, results: list[dict[str, Any]]) -> Path:
 Replay one run with <code>make faults SCENARIO=S2 SEED=3</code>.</p>
 <table><tr><th>scenario</th><th>name</th><th>seed</th><th>verdict</th><th>events acked</th>
 <th>events/s</th><th>ack latency</th><th>writer failover</th><th>stall after store fault</th>
-<th>files</th></tr>
+<th>liveness bounds (C13)</th><th>files</th></tr>
 {''.join(rows)}
 </table></body></html>
 """

@@ -36,7 +36,7 @@ from tests.faults.cluster import (
     leader_of,
 )
 from tests.faults.history import Recorder, load, read_file, write_merged
-from tests.faults.measure import measure
+from tests.faults.measure import bounds, measure
 
 LEASE_MS = 1000
 STORES = 4
@@ -139,7 +139,8 @@ def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         "wall_s": round(time.monotonic() - started, 1),
         **verdict.as_dict(),
         "nemesis_errors": [r["error"] for r in records if r["type"] == "nemesis_error"],
-        "measurements": {**measure(records, scenario.name), **timing},
+        "measurements": (figures := {**measure(records, scenario.name), **timing}),
+        "bounds": bounds(figures, LEASE_MS / 1000),
         "replay": f"make faults SCENARIO={scenario.name} SEED={seed}",
     }
     (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))

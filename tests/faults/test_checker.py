@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.faults.checker import check, pack
-from tests.faults.measure import measure
+from tests.faults.measure import bounds, measure
 
 STREAM = "t/s"
 
@@ -301,3 +301,15 @@ def test_measure_reads_failover_and_stalls(fault: str) -> None:
     else:
         stall = figures["append_stall_after_master_fault_s"]
         assert stall["max"] == pytest.approx(1.0)  # acks at 3.0 and 4.0
+
+
+def test_bounds_flag_what_exceeds_the_liveness_table() -> None:
+    figures = {
+        "writer_failover_s": {"p99": 3.5},
+        "append_stall_after_store_fault_s": {"p99": 0.4},
+        "reader_catch_up_s": None,
+    }
+    checked = bounds(figures, lease_s=1.0)
+    assert checked["writer_failover_s"] == {"p99": 3.5, "bound": 3.0, "ok": False}
+    assert checked["append_stall_after_store_fault_s"]["ok"] is True
+    assert checked["reader_catch_up_s"]["ok"] is False  # never caught up
