@@ -86,6 +86,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S12", "corruption at rest", 180, 14, nemesis.corruption_loop),
         Scenario("S13", "reader churn and slow consumers", 180, 12,
                  nemesis.reader_churn_loop, reader_churn_s=1.2),
+        Scenario("S14", "mixed soak", 900, 24, nemesis.soak),
     ]
 }
 
