@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint proto demo bench clean faults
+.PHONY: setup test lint proto demo bench clean faults faults-quick
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -33,6 +33,10 @@ faults: $(STAMP)
 	$(PYTHON) -m tests.faults --out $(FAULTS_OUT) \
 		$(if $(SCENARIO),--scenario $(SCENARIO)) \
 		$(if $(SEED),--seed $(SEED),--seeds $(FAULTS_SEEDS))
+
+# Every scenario once with short windows (CI: the suite never rots).
+faults-quick: $(STAMP)
+	$(PYTHON) -m tests.faults --quick --out $(FAULTS_OUT)
 
 proto: $(STAMP)
 	$(PYTHON) proto/generate.py
