@@ -29,14 +29,16 @@ demo: $(STAMP)
 # one run to replay: `make faults SCENARIO=S7 SEED=3`. The report lands in $(FAULTS_OUT).
 FAULTS_OUT ?= faults-report/$(shell date +%Y%m%d-%H%M%S)
 FAULTS_SEEDS ?= 5
+# PYTHONPATH: this tree's code, in the harness and in every process it starts.
+FAULTS_RUN := PYTHONPATH=proto:.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m tests.faults
 faults: $(STAMP)
-	$(PYTHON) -m tests.faults --out $(FAULTS_OUT) \
+	$(FAULTS_RUN) --out $(FAULTS_OUT) \
 		$(if $(SCENARIO),--scenario $(SCENARIO)) \
 		$(if $(SEED),--seed $(SEED),--seeds $(FAULTS_SEEDS))
 
 # Every scenario once with short windows (CI: the suite never rots).
 faults-quick: $(STAMP)
-	$(PYTHON) -m tests.faults --quick --out $(FAULTS_OUT)
+	$(FAULTS_RUN) --quick --out $(FAULTS_OUT)
 
 proto: $(STAMP)
 	$(PYTHON) proto/generate.py
