@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +27,30 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 SMOKE = ["S1", "S2", "S3", "S5", "S8"]
 
+# Anomalies the suite found in the system, kept as named regressions (scenario, seed)
+# until fixed; then the xfail goes and the run stays.
+S12_SILENT_TRUNCATION = (
+    "S12 seed 1 (quick): after 2 bits flipped in an SST of a stopped store (store1), the "
+    "store still reports acked index = bridge for a sealed segment but a full Read returns "
+    "only a prefix (t2/clicks segment 1: 1..219 of 571; another run: segment 4, 1..308 of "
+    "405), with no error and nothing in its log; C8 'replica ends before its bridge', C9 "
+    "differs from store0. rocksdict iteration stops silently at a corrupted block (only "
+    "the iterator's status() says 'Corruption: block checksum mismatch'), so the store "
+    "serves a truncated segment and the master never sees the replica as damaged"
+)
+KNOWN_ANOMALIES = {("S12", 1): S12_SILENT_TRUNCATION}
 
-def quick_scenarios() -> list[str]:
-    if os.environ.get("FAULTS_QUICK") == "all":
-        return scenario_names()
-    return [name for name in scenario_names() if name in SMOKE]
+
+def quick_scenarios() -> list[Any]:
+    names = scenario_names()
+    if os.environ.get("FAULTS_QUICK") != "all":
+        names = [name for name in names if name in SMOKE]
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_ANOMALIES[(name, 1)],
+                                                   strict=False))
+        if (name, 1) in KNOWN_ANOMALIES else name
+        for name in names
+    ]
 
 
 def unavailable() -> str:
@@ -47,5 +67,20 @@ def test_quick_pass(name: str, tmp_path: Path) -> None:
     out = Path(os.environ.get("FAULTS_QUICK_OUT", tmp_path))
     result = run(SCENARIOS[name], seed=1, out=out, quick=True)
     assert result["counts"]["appends_ok"] > 0, "the workload acked nothing"
+    assert not result["nemesis_errors"], "the faults were not injected as scheduled"
+    assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "seed"),
+    [pytest.param(name, seed, marks=pytest.mark.xfail(reason=reason, strict=False))
+     for (name, seed), reason in sorted(KNOWN_ANOMALIES.items())],
+)
+def test_regression(name: str, seed: int, tmp_path: Path) -> None:
+    """A run that once found an anomaly, replayed with its seed."""
+    reason = unavailable() or cannot_run(SCENARIOS[name])
+    if reason:
+        pytest.skip(reason)
+    result = run(SCENARIOS[name], seed=seed, out=tmp_path, quick=True)
     assert not result["nemesis_errors"], "the faults were not injected as scheduled"
     assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
