@@ -95,18 +95,17 @@ def failover_times(by_stream: dict[str, list[Op]], target: str, t: float) -> lis
 
 
 def stalls(by_stream: dict[str, list[Op]], t: float) -> list[float]:
-    """Per stream: the longest time without an ack in the window after the fault."""
+    """Per stream: the longest time without an ack among the acks of the window after
+    the fault, counting the gap to the first ack after the window (a stall that lasts
+    beyond it counts whole); the end of the history is not a stall."""
     out = []
     for ops_of in by_stream.values():
         ends = [op.end_t or 0.0 for op in ops_of]
         low = bisect.bisect_right(ends, t)
         high = bisect.bisect_right(ends, t + STALL_WINDOW_S)
-        if low == 0 and not ends:
-            continue
-        moments = [t, *ends[low:high]]
-        if high == low:
-            moments.append(t + STALL_WINDOW_S)
-        out.append(max(b - a for a, b in itertools.pairwise(moments)))
+        moments = [t, *ends[low:high], *ends[high:high + 1]]
+        if len(moments) > 1:
+            out.append(max(b - a for a, b in itertools.pairwise(moments)))
     return out
 
 

@@ -313,3 +313,13 @@ def test_bounds_flag_what_exceeds_the_liveness_table() -> None:
     assert checked["writer_failover_s"] == {"p99": 3.5, "bound": 3.0, "ok": False}
     assert checked["append_stall_after_store_fault_s"]["ok"] is True
     assert checked["reader_catch_up_s"]["ok"] is False  # never caught up
+
+
+def test_a_stall_lasting_beyond_the_window_counts_whole() -> None:
+    records, _ = clean()
+    records.append({"t": 3.05, "type": "nemesis", "phase": "start", "fault": "partition",
+                    "target": "master", "process": "nemesis"})
+    records.append(rec(20.0, "invoke", "w1", op=9, ids=["z0"], session="s1"))
+    records.append(rec(21.0, "ok", "w1", op=9, seqs=[pack(3, 1)]))
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["append_stall_after_master_fault_s"]["max"] == pytest.approx(21.0 - 3.05)
