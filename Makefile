@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint proto demo bench clean
+.PHONY: setup test lint proto demo bench clean faults faults-quick
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -24,6 +24,21 @@ test: lint
 
 demo: $(STAMP)
 	$(PYTHON) -m deploy.demo
+
+# The fault suite against real processes: every implemented scenario with seeds 1..5, or
+# one run to replay: `make faults SCENARIO=S7 SEED=3`. The report lands in $(FAULTS_OUT).
+FAULTS_OUT ?= faults-report/$(shell date +%Y%m%d-%H%M%S)
+FAULTS_SEEDS ?= 5
+# PYTHONPATH: this tree's code, in the harness and in every process it starts.
+FAULTS_RUN := PYTHONPATH=proto:.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m tests.faults
+faults: $(STAMP)
+	$(FAULTS_RUN) --out $(FAULTS_OUT) \
+		$(if $(SCENARIO),--scenario $(SCENARIO)) \
+		$(if $(SEED),--seed $(SEED),--seeds $(FAULTS_SEEDS))
+
+# Every scenario once with short windows (CI: the suite never rots).
+faults-quick: $(STAMP)
+	$(FAULTS_RUN) --quick --out $(FAULTS_OUT)
 
 proto: $(STAMP)
 	$(PYTHON) proto/generate.py

@@ -3,7 +3,9 @@
 # missing, and only where apt-get can run.
 set -euo pipefail
 
-# Java 17+ for PySpark; iproute2 and iptables for the network-namespace cluster test.
+# Java 17+ for PySpark; iproute2 and iptables for the network-namespace cluster test and
+# the fault suite's partitions; libfaketime for its clock faults and libfuse2 (for fusepy)
+# for its lazy file system (tests/faults, S4 and S8).
 java_major() {
   java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1
 }
@@ -14,11 +16,14 @@ if ! command -v java >/dev/null 2>&1 || ! [ "$(java_major)" -ge 17 ] 2>/dev/null
 fi
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "install-system-deps: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
-  # Java is required (Spark tests); the others only enable the network-namespace test.
+  # Java is required (Spark tests); the others only enable the network-namespace test
+  # and fault scenarios, which skip without them.
   [[ " ${missing[*]} " == *" openjdk-17-jre-headless "* ]] && exit 1
   exit 0
 fi

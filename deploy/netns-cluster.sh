@@ -11,13 +11,20 @@
 #   netns-cluster.sh cut HOST             drop all of HOST's traffic (iptables)
 #   netns-cluster.sh heal HOST            let it through again
 #   netns-cluster.sh check                exit 0 if namespaces can be created here
+#   netns-cluster.sh hosts HOST...        only create hosts (master, client, storeN,
+#                                         writerN, readerN), plus a link from this
+#                                         namespace to the bridge (address .254) so
+#                                         a harness here reaches every host
+#   netns-cluster.sh partition HOST PEER...  HOST and each PEER drop each other's traffic
+#   netns-cluster.sh oneway HOST PEER...  HOST drops what comes from each PEER only
 #
-# Needs root, iproute2 and (for cut/heal) iptables. SE_NETNS_PREFIX (default "se")
-# names the namespaces so parallel runs do not collide.
+# Needs root, iproute2 and (for cut/heal/partition) iptables. SE_NETNS_PREFIX (default
+# "se") names the namespaces so parallel runs do not collide; SE_NETNS_SUBNET (default
+# 10.213.7) is the private /24 (give parallel `hosts` runs different ones).
 set -euo pipefail
 
 prefix="${SE_NETNS_PREFIX:-se}"
-subnet="10.213.7"
+subnet="${SE_NETNS_SUBNET:-10.213.7}"
 master_port=7070
 store_port=7071
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -31,6 +38,9 @@ host_number() {
     master) echo 1 ;;
     client) echo 2 ;;
     store*) echo $((10 + ${1#store})) ;;
+    writer*) echo $((20 + ${1#writer})) ;;
+    reader*) echo $((30 + ${1#reader})) ;;
+    harness) echo 254 ;;
     *) echo "unknown host $1" >&2; exit 2 ;;
   esac
 }
@@ -76,6 +86,35 @@ cmd_up() {
   echo "master $(addr master):$master_port"
 }
 
+cmd_hosts() {
+  local host
+  ip netns add "$hub"
+  ip -n "$hub" link add br0 type bridge
+  ip -n "$hub" link set br0 up
+  for host in "$@"; do add_host "$host"; done
+  # This namespace joins the bridge too: the harness talks to every host directly.
+  ip link add "${prefix}254h" type veth peer name "${prefix}254r"
+  ip link set "${prefix}254h" netns "$hub"
+  ip -n "$hub" link set "${prefix}254h" master br0 up
+  ip addr add "$(addr harness)/24" dev "${prefix}254r"
+  ip link set "${prefix}254r" up
+}
+
+cmd_partition() {
+  local host="$1" peer; shift
+  for peer in "$@"; do
+    ip netns exec "$(ns "$host")" iptables -A INPUT -s "$(addr "$peer")" -j DROP
+    ip netns exec "$(ns "$host")" iptables -A OUTPUT -d "$(addr "$peer")" -j DROP
+  done
+}
+
+cmd_oneway() {
+  local host="$1" peer; shift
+  for peer in "$@"; do
+    ip netns exec "$(ns "$host")" iptables -A INPUT -s "$(addr "$peer")" -j DROP
+  done
+}
+
 cmd_down() {
   local data="${1:-}" pidfile name
   if [ -n "$data" ] && [ -d "$data" ]; then
@@ -90,6 +129,8 @@ cmd_down() {
     for pid in $(ip netns pids "$name" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
     ip netns del "$name" 2>/dev/null || true
   done
+  # The harness link of `hosts` (its peer went with the hub namespace; this is a guard).
+  ip link del "${prefix}254r" 2>/dev/null || true
 }
 
 cmd_cut() {
@@ -120,5 +161,8 @@ case "$action" in
   cut) cmd_cut "$1" ;;
   heal) cmd_heal "$1" ;;
   check) cmd_check ;;
+  hosts) cmd_hosts "$@" ;;
+  partition) cmd_partition "$@" ;;
+  oneway) cmd_oneway "$@" ;;
   *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

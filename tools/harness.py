@@ -99,12 +99,14 @@ class ServerProcess:
     process: subprocess.Popen[bytes] | None = None
     stopped: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    # Run under this command, e.g. `ip netns exec NS` to put the server on another host.
+    prefix: list[str] = field(default_factory=list)
 
     def start(self, wait: bool = True) -> ServerProcess:
         assert self.process is None or self.process.poll() is not None, "already running"
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [STREAMENGINE, *self.args],
+            [*self.prefix, STREAMENGINE, *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},

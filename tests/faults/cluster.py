@@ -1,0 +1,211 @@
+"""The processes of a fault run: master and stores (`streamengine.tools.harness`),
+writer and reader processes (`tests.faults.workload`), and a sampler of the master's
+metadata. Every process can be killed (SIGKILL), paused (SIGSTOP) and restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from streamengine.tools.harness import Cluster, ServerProcess
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+from tests.faults.history import Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+RPC_TIMEOUT_S = 2.0
+# How often the sampler lists every stream's segments (C11, C12).
+SAMPLE_INTERVAL_S = 1.0
+
+
+def child_env() -> dict[str, str]:
+    """Children import this working tree's code, wherever the installed copy points."""
+    paths = [str(ROOT / "proto"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+
+
+@dataclass
+class ClientProcess:
+    """One writer or reader process of the workload; each start is a new incarnation."""
+
+    name: str
+    role: str  # writer | reader
+    master: str
+    streams: list[str]
+    history: Path
+    logs: Path
+    seed: int
+    options: list[str] = field(default_factory=list)
+    prefix: list[str] = field(default_factory=list)  # e.g. `ip netns exec NS`
+    # Added to the environment (e.g. libfaketime). Never a wrapper process such as
+    # `faketime CMD`: signals for the workload would stop at the wrapper.
+    env: dict[str, str] = field(default_factory=dict)
+    inc: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    stopped: bool = False
+
+    def start(self) -> ClientProcess:
+        assert not self.alive(), f"{self.name} already running"
+        self.inc += 1
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{self.name}.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    *self.prefix, sys.executable, "-m", "tests.faults.workload", self.role,
+                    "--master", self.master, "--streams", ",".join(self.streams),
+                    "--name", self.name, "--inc", str(self.inc),
+                    "--history", str(self.history), "--seed", str(self.seed),
+                    *self.options,
+                ],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **self.env},
+            )
+        self.stopped = False
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.stopped = False
+
+    def stop(self) -> None:
+        if self.alive():
+            os.kill(self.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self) -> None:
+        if self.alive() and self.stopped:
+            os.kill(self.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def ask_to_stop(self) -> None:
+        """SIGTERM without waiting (stop several processes at once)."""
+        if self.alive():
+            assert self.process is not None
+            self.cont()
+            self.process.terminate()
+
+    def terminate(self, timeout_s: float = 25.0) -> None:
+        """SIGTERM (the workload drains), SIGKILL if it does not exit in time."""
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.cont()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def resume(process: ServerProcess) -> None:
+    """A stopped server continues; a dead one restarts (same data dir)."""
+    if process.stopped and process.alive():
+        process.cont()
+    if not process.alive():
+        process.start(wait=False)
+
+
+@dataclass
+class MetaSampler:
+    """Lists every stream's segments once a second into the history (C11, C12)."""
+
+    master: str
+    streams: list[str]
+    recorder: Recorder
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="meta-sampler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(self.master) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)
+            while not self._stop.wait(SAMPLE_INTERVAL_S):
+                for stream in self.streams:
+                    with contextlib.suppress(grpc.RpcError):
+                        reply = stub.ListSegments(
+                            master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
+                        )
+                        self.recorder.record("meta", stream=stream, segments=[
+                            [s.id.epoch, entry_pb2.SegmentState.Name(s.state)]
+                            for s in reply.segments
+                        ])
+
+
+def leader_of(cluster: Cluster, stream: str) -> str:
+    """The client id leading `stream` now, "" when none (or the master is down)."""
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        try:
+            info = master_pb2_grpc.MasterStub(channel).DescribeStream(
+                master_pb2.DescribeStreamRequest(name=stream), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return ""
+        return str(info.leader_id)
+
+
+def under_replicated(cluster: Cluster) -> int | None:
+    """Sealed segments the master lists below N complete replicas (None: no answer)."""
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        try:
+            status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
+                master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+    return len(status.under_replicated)
+
+
+def open_copy_set(cluster: Cluster, stream: str) -> list[str]:
+    """Store ids of the copy set of `stream`'s newest segment ([] when unknown)."""
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        try:
+            reply = master_pb2_grpc.MasterStub(channel).ListSegments(
+                master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return []
+    if not reply.segments:
+        return []
+    return [replica.store_id for replica in reply.segments[-1].copy_set]
+
+
+def create_streams(address: str, streams: list[str], replicas: int, quorum: int,
+                   segment_bytes: int) -> None:
+    with grpc.insecure_channel(address) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        for name in streams:
+            stub.CreateStream(
+                master_pb2.CreateStreamRequest(
+                    name=name,
+                    policy=entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=quorum),
+                    segment_bytes=segment_bytes,
+                    create_tenant=True,
+                ),
+                timeout=10.0,
+            )

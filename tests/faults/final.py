@@ -1,0 +1,166 @@
+"""The end of a run: seal every stream, read each from 0 with fresh readers, and dump
+every replica of every segment (FAULTS.md §6.1 "End of run"). The result is plain data
+(`final.json`), the checker's second input."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from streamengine.client import StreamClient
+from streamengine.tools.harness import STREAMENGINE
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from tests.faults import payload
+from tests.faults.cluster import child_env
+
+SEAL_TIMEOUT_S = 60
+READ_TIMEOUT_S = 120.0
+DUMP_TIMEOUT_S = 30.0
+FRESH_READERS = 2
+
+
+def seal(master: str, stream: str) -> str:
+    """`streamengine seal`; returns "" or what went wrong."""
+    result = subprocess.run(
+        [STREAMENGINE, "seal", stream, "--master", master, "--timeout", str(SEAL_TIMEOUT_S)],
+        capture_output=True, text=True, timeout=SEAL_TIMEOUT_S + 30, env=child_env(),
+    )
+    return "" if result.returncode == 0 else (result.stdout + result.stderr).strip()[-500:]
+
+
+async def fresh_read(master: str, stream: str) -> list[list[Any]]:
+    events: list[list[Any]] = []
+    async with StreamClient(master) as client:
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            async for event in client.read(stream, start=0):
+                parsed = payload.parse(event.payload)
+                events.append([event.sequence, event.epoch, event.index, parsed.pid,
+                               payload.fingerprint(event.payload), parsed.intact])
+    return events
+
+
+def dump_replica(address: str, segment: entry_pb2.SegmentId) -> dict[str, Any]:
+    """Everything one store holds of a segment, acked or not, beyond the bridge too."""
+    entries: list[list[Any]] = []
+    acked = fence = 0
+    try:
+        with grpc.insecure_channel(address) as channel:
+            replies = store_grpc.SegmentStoreStub(channel).Read(
+                segment_store_pb2.ReadRequest(segment=segment, from_index=1, to_index=0),
+                timeout=DUMP_TIMEOUT_S,
+            )
+            for reply in replies:
+                acked, fence = reply.acked_index, reply.fence
+                for entry in reply.entries:
+                    kind = entry_pb2.EntryKind.Name(entry.kind)
+                    fp = payload.fingerprint(entry.payload) if kind == "EVENT" else ""
+                    entries.append([entry.index, kind, entry.epoch, fp, entry.crc32c])
+    except grpc.RpcError as error:
+        return {"error": f"{error.code().name}: {error.details()}"}
+    return {"acked_index": acked, "fence": fence, "entries": entries}
+
+
+def probe_fence(address: str, segment: entry_pb2.SegmentId, fence: int, index: int) -> str:
+    """C10: a write one epoch below the store's fence, of an event past the bridge, must
+    be refused with FAILED_PRECONDITION. Returns "refused", "accepted" or the error."""
+    from streamengine.protocol import codec
+    from streamengine.protocol.entry import EntryKind, StoredEntry
+
+    entry = StoredEntry.make(index, EntryKind.EVENT, fence - 1, b"fence-probe")
+    request = segment_store_pb2.WriteRequest(
+        segment=segment, writer_epoch=fence - 1, entries=[codec.entry_to_pb(entry)],
+        request_id=1,
+    )
+    try:
+        with grpc.insecure_channel(address) as channel:
+            replies = store_grpc.SegmentStoreStub(channel).Write(iter([request]),
+                                                                 timeout=DUMP_TIMEOUT_S)
+            for reply in replies:
+                if reply.status == segment_store_pb2.ACCEPTED:
+                    return "accepted"
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            return "refused"
+        return f"{error.code().name}: {error.details()}"
+    return "no answer"
+
+
+def segments_of(master: str, stream: str) -> master_pb2.ListSegmentsReply:
+    with grpc.insecure_channel(master) as channel:
+        return master_pb2_grpc.MasterStub(channel).ListSegments(
+            master_pb2.ListSegmentsRequest(stream=stream), timeout=10.0
+        )
+
+
+def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"streams": {}}
+    for stream in streams:
+        started = time.monotonic()
+        errors = []
+        problem = seal(master, stream)
+        if problem:
+            errors.append(f"seal: {problem}")
+        reads = []
+        for _ in range(FRESH_READERS):
+            try:
+                reads.append(asyncio.run(fresh_read(master, stream)))
+            except Exception as error:
+                errors.append(f"read: {type(error).__name__}: {error}")
+        listing = segments_of(master, stream)
+        segments: list[dict[str, Any]] = []
+        for segment in listing.segments:
+            segment_id = entry_pb2.SegmentId(
+                stream_id=listing.stream_id, epoch=segment.id.epoch, stream=stream
+            )
+            segments.append({
+                "epoch": segment.id.epoch,
+                "state": entry_pb2.SegmentState.Name(segment.state),
+                "final_index": segment.final_index,
+                "copy_set": [replica.store_id for replica in segment.copy_set],
+                "replicas": {
+                    replica.store_id: dump_replica(replica.address, segment_id)
+                    for replica in segment.copy_set
+                },
+            })
+        # C10 after the dumps: an accepted probe would change what they recorded.
+        for dumped in segments:
+            if dumped["state"] != "SEALED":
+                continue
+            segment_id = entry_pb2.SegmentId(
+                stream_id=listing.stream_id, epoch=dumped["epoch"], stream=stream
+            )
+            addresses = {r.store_id: r.address for s in listing.segments
+                         if s.id.epoch == dumped["epoch"] for r in s.copy_set}
+            dumped["fence_probes"] = {
+                store: probe_fence(addresses[store], segment_id, dump["fence"],
+                                   dumped["final_index"] + 1)
+                for store, dump in sorted(dumped["replicas"].items())
+                if dump.get("fence", 0) > 1
+            }
+        for dumped in segments:
+            held = max((dump.get("acked_index", 0) for dump in dumped["replicas"].values()),
+                       default=0)
+            if dumped["state"] != "SEALED" and held:
+                # The fresh reads stop before it: its acked events would look lost.
+                errors.append(f"segment {dumped['epoch']} is {dumped['state']} after the "
+                              f"seal with {held} acked entries (did a writer outlive the run?)")
+        out["streams"][stream] = {
+            "reads": reads,
+            "read_errors": errors,
+            "segments": segments,
+            "write_quorum": write_quorum,
+            "final_s": round(time.monotonic() - started, 2),
+        }
+    return out
+
+
+def save(final: dict[str, Any], path: Path) -> None:
+    import json
+
+    path.write_text(json.dumps(final, separators=(",", ":")))

@@ -1,0 +1,491 @@
+"""Faults, each recorded as a window in the history (`nemesis` records, start / stop).
+
+A nemesis is a function of a `RunContext` that injects faults at seeded random moments
+until the context's deadline and leaves nothing behind: every fault it starts it also
+ends (a killed process restarted, a paused one continued) before it returns, and the
+run heals anything left at the end in any case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamengine.tools.harness import Cluster, ServerProcess
+from tests.faults import disk
+from tests.faults.cluster import (
+    ClientProcess,
+    leader_of,
+    open_copy_set,
+    resume,
+    under_replicated,
+)
+from tests.faults.history import Recorder
+from tests.faults.netns import Hosts
+
+
+@dataclass
+class RunContext:
+    cluster: Cluster
+    writers: dict[str, ClientProcess]
+    readers: dict[str, ClientProcess]
+    streams: list[str]
+    recorder: Recorder
+    rng: random.Random
+    lease_s: float
+    deadline: float  # monotonic
+    quick: bool
+    hosts: Hosts | None = None  # when every process is on its own network namespace
+    lazy: dict[str, disk.LazyMount] = field(default_factory=dict)  # store -> its lazy fs
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def pause(self, seconds: float) -> bool:
+        """Wait a schedule's duration; False once the run is over."""
+        seconds = max(0.0, min(seconds, self.remaining()))
+        return not self.stop.wait(seconds) and self.remaining() > 0
+
+    def scaled(self, low: float, high: float) -> float:
+        """A random period of the full schedule, a third of it in a quick pass."""
+        factor = 0.35 if self.quick else 1.0
+        return self.rng.uniform(low, high) * factor
+
+    @contextmanager
+    def window(self, fault: str, target: str, **details: object) -> Iterator[None]:
+        self.recorder.record("nemesis", phase="start", fault=fault, target=target, **details)
+        try:
+            yield
+        finally:
+            self.recorder.record("nemesis", phase="stop", fault=fault, target=target)
+
+    def store(self, store_id: str) -> ServerProcess:
+        for store in self.cluster.stores:
+            if store.name == store_id:
+                return store
+        raise KeyError(store_id)
+
+    def leader_process(self) -> ClientProcess | None:
+        """The writer process leading the first stream (client ids are `w1.3-2`)."""
+        client = leader_of(self.cluster, self.streams[0])
+        name = client.split(".", 1)[0]
+        return self.writers.get(name)
+
+
+Nemesis = Callable[[RunContext], None]
+
+
+def kill_leader_loop(ctx: RunContext) -> None:
+    """S2: every 10-15 s kill -9 the leading writer, restart it 2 s later; every other
+    time or so also kill -9 a reader (it resumes from its last recorded token)."""
+    while ctx.pause(ctx.scaled(10, 15)):
+        leader = ctx.leader_process()
+        if leader is not None:
+            with ctx.window("kill", leader.name, inc=leader.inc):
+                leader.kill()
+                ctx.pause(2.0)
+                leader.start()
+        if ctx.rng.random() < 0.5:
+            kill_reader(ctx)
+
+
+def kill_reader(ctx: RunContext) -> None:
+    reader = ctx.readers[ctx.rng.choice(sorted(ctx.readers))]
+    with ctx.window("kill", reader.name, inc=reader.inc):
+        reader.kill()
+        ctx.pause(1.0)
+        reader.start()
+
+
+def pause_leader_loop(ctx: RunContext) -> None:
+    """S3: SIGSTOP the leading writer for 3 leases (the standby seals and takes over),
+    then SIGCONT: the zombie's buffered appends must be fenced or end in doubt."""
+    while ctx.pause(ctx.scaled(6, 10)):
+        leader = ctx.leader_process()
+        if leader is None:
+            continue
+        with ctx.window("pause", leader.name, inc=leader.inc):
+            leader.stop()
+            ctx.pause(3 * ctx.lease_s)
+            leader.cont()
+
+
+def store_crash_loop(ctx: RunContext) -> None:
+    """S5: every 10-20 s kill -9 a copy-set store, restart it 5 s later; one time in
+    four a second store of the same copy set 3 s after the first (writes stall)."""
+    while ctx.pause(ctx.scaled(10, 20)):
+        copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+        if not copy_set:
+            continue
+        victims = ctx.rng.sample(copy_set, 2 if ctx.rng.random() < 0.25 else 1)
+        _crash_stores(ctx, [ctx.store(name) for name in victims])
+
+
+def _crash_stores(ctx: RunContext, stores: list[ServerProcess]) -> None:
+    down: list[ServerProcess] = []
+    try:
+        for number, store in enumerate(stores):
+            if number:
+                ctx.pause(3.0)
+            # Two of a copy set down: writes stall by design (not a stall to bound).
+            ctx.recorder.record("nemesis", phase="start", fault="kill", target=store.name,
+                                quorum_lost=len(stores) > 1)
+            store.kill()
+            down.append(store)
+        ctx.pause(5.0 if not ctx.quick else 3.0)
+    finally:
+        for store in down:
+            store.start(wait=False)
+            ctx.recorder.record("nemesis", phase="stop", fault="kill", target=store.name)
+
+
+def master_crash_loop(ctx: RunContext) -> None:
+    """S11: kill -9 the master every 20-30 s and restart it; once, SIGSTOP it for two
+    leases instead."""
+    paused = False
+    master = ctx.cluster.master
+    while ctx.pause(ctx.scaled(20, 30)):
+        if not paused and ctx.rng.random() < 0.5:
+            paused = True
+            with ctx.window("pause", "master"):
+                master.stop()
+                ctx.pause(2 * ctx.lease_s)
+                master.cont()
+            continue
+        with ctx.window("kill", "master"):
+            master.kill()
+            ctx.pause(ctx.rng.uniform(0.5, 2.0))
+            master.start(wait=False)
+
+
+def reader_churn_loop(ctx: RunContext) -> None:
+    """S13: SIGSTOP a reader for 30 s (the store drops it as silent; it resumes from its
+    token when continued) while the leader changes hands in the middle (SIGTERM: a clean
+    release, then the same writer competes again); readers also reconnect about 50
+    times a minute on their own (the scenario's reader churn)."""
+    while ctx.pause(ctx.scaled(3, 6)):
+        reader = ctx.readers[ctx.rng.choice(sorted(ctx.readers))]
+        with ctx.window("pause", reader.name, inc=reader.inc):
+            reader.stop()
+            try:
+                ctx.pause(ctx.scaled(15, 15))
+                leader = ctx.leader_process()
+                if leader is not None:
+                    with ctx.window("restart", leader.name, inc=leader.inc):
+                        leader.terminate()
+                        leader.start()
+                ctx.pause(ctx.scaled(15, 15))
+            finally:
+                reader.cont()
+
+
+def disk_loop(ctx: RunContext) -> None:
+    """S9: at 30 s a copy-set store's disk fills up (ballast); at 90 s it is freed. A
+    store that died of it is restarted once its disk is back (a crash loop would show).
+    The read-only half of S9 needs the FUSE layer: `mount -o remount,ro` refuses with
+    "mount point is busy" while RocksDB holds files open for writing."""
+    scale = 0.2 if ctx.quick else 1.0
+    start = time.monotonic()
+    if not ctx.pause(start + 30 * scale - time.monotonic()):
+        return
+    full = _copy_set_store(ctx)
+    ctx.recorder.record("nemesis", phase="start", fault="disk-full", target=full.name)
+    try:
+        disk.fill(ctx.cluster.root / full.name)
+        ctx.pause(start + 90 * scale - time.monotonic())
+    finally:
+        disk.free(ctx.cluster.root / full.name)
+        died = not full.alive()
+        if died:
+            full.start(wait=False)
+        ctx.recorder.record("nemesis", phase="stop", fault="disk-full", target=full.name,
+                            store_had_exited=died)
+
+
+def _copy_set_store(ctx: RunContext, avoid: ServerProcess | None = None) -> ServerProcess:
+    names = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+    candidates = [ctx.store(n) for n in names if avoid is None or n != avoid.name]
+    return ctx.rng.choice(candidates or [s for s in ctx.cluster.stores if s is not avoid])
+
+
+def power_loss_loop(ctx: RunContext) -> None:
+    """S8 (a, b, c): every 15 s a copy-set store loses power: kill -9, its unsynced writes
+    dropped, restarted. One time in four, every store of a copy set at once; now and
+    then the pause-kill (`pause_kill`). With `fsync=always` nothing acked may be lost."""
+    while ctx.pause(ctx.scaled(15, 15)):
+        copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+        if not copy_set:
+            continue
+        if len(copy_set) >= 2 and ctx.rng.random() < 0.3:
+            pause_kill(ctx, *(ctx.store(name) for name in ctx.rng.sample(copy_set, 2)))
+            continue
+        victims = copy_set if ctx.rng.random() < 0.25 else [ctx.rng.choice(copy_set)]
+        stores = [ctx.store(name) for name in victims]
+        with ctx.window("power-loss", "+".join(victims)):
+            try:
+                for store in stores:
+                    store.kill()
+                for store in stores:
+                    ctx.lazy[store.name].drop()
+                ctx.pause(1.0)
+            finally:
+                for store in stores:
+                    store.start(wait=False)
+
+
+def pause_kill(ctx: RunContext, paused: ServerProcess, killed: ServerProcess) -> None:
+    """S8 (b), the NATS pause-kill: SIGSTOP one store, 20 s of writes, power loss on a
+    second store, SIGCONT the first and restart the second, 20 s more."""
+    with ctx.window("pause", paused.name):
+        paused.stop()
+        try:
+            ctx.pause(ctx.scaled(20, 20))
+            with ctx.window("power-loss", killed.name):
+                killed.kill()
+                try:
+                    ctx.lazy[killed.name].drop()
+                finally:
+                    paused.cont()
+                    killed.start(wait=False)
+        finally:
+            paused.cont()
+    ctx.pause(ctx.scaled(20, 20))
+
+
+def store_loss(ctx: RunContext) -> None:
+    """S6: once sealed segments piled up, a copy-set store dies for good (kill -9, its
+    directory wiped); the master re-replicates its sealed segments to the other stores
+    while the leader changes (kill -9); the wiped store comes back empty near the end.
+    Measures repair: from the loss until the master lists no under-replicated segment."""
+    if not ctx.pause(ctx.scaled(30, 30)):
+        return
+    copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+    victim = ctx.store(ctx.rng.choice(copy_set)) if copy_set else ctx.cluster.stores[1]
+    directory = ctx.cluster.root / victim.name
+    with ctx.window("wipe", victim.name):
+        victim.kill()
+        shutil.rmtree(directory)
+        directory.mkdir()
+        lost_at = time.monotonic()
+        ctx.pause(ctx.scaled(5, 5))
+        leader = ctx.leader_process()
+        if leader is not None:
+            with ctx.window("kill", leader.name, inc=leader.inc):
+                leader.kill()
+                ctx.pause(1.0)
+                leader.start()
+        repaired = _wait_repaired(ctx, lost_at)
+        ctx.recorder.record("nemesis", phase="detail", fault="wipe", target=victim.name,
+                            repair_s=repaired)
+        ctx.pause(ctx.remaining() - ctx.scaled(10, 10))
+        victim.start(wait=False)
+
+
+def _wait_repaired(ctx: RunContext, since: float) -> float | None:
+    """Seconds from `since` until the master lists nothing under-replicated (None if
+    not before the run's end)."""
+    # First the master must notice the loss (its store timeout), then repair.
+    seen_under = False
+    while ctx.pause(0.5):
+        under = under_replicated(ctx.cluster)
+        if under is None:
+            continue
+        if under:
+            seen_under = True
+        elif seen_under:
+            return round(time.monotonic() - since, 2)
+    return None
+
+
+def corruption_loop(ctx: RunContext) -> None:
+    """S12: six rounds; in each, the victim store (always the same one: a minority) is
+    killed, one of its RocksDB files damaged at rest (2 bits flipped in a random 4 KiB
+    chunk of an SST or WAL file, or the WAL's tail cut), and restarted. Readers must
+    never get a bad payload."""
+    # One victim for the whole run: damage on two stores could together destroy more
+    # than N - W copies of a range, outside what the system promises to survive.
+    store = ctx.rng.choice(ctx.cluster.stores)
+    for _ in range(6):
+        if not ctx.pause(ctx.scaled(8, 14)):
+            return
+        with ctx.window("corrupt", store.name):
+            store.kill()
+            try:
+                damage = corrupt_files(ctx.rng, ctx.cluster.root / store.name)
+                ctx.recorder.record("nemesis", phase="detail", fault="corrupt",
+                                    target=store.name, **damage)
+            finally:
+                store.start(wait=False)
+
+
+def corrupt_files(rng: random.Random, directory: Path) -> dict[str, object]:
+    """Damage one SST or WAL file under `directory`; says what was done."""
+    files = sorted(p for p in directory.rglob("*") if p.suffix in (".sst", ".log")
+                   and p.is_file() and p.stat().st_size > 0 and p.name != "LOG")
+    if not files:
+        return {"damage": "none: no SST or WAL file yet"}
+    victim = rng.choice(files)
+    size = victim.stat().st_size
+    if victim.suffix == ".log" and rng.random() < 0.3:
+        cut = rng.randint(1, min(size, 4096))
+        os.truncate(victim, size - cut)
+        return {"file": victim.name, "damage": f"WAL tail cut by {cut} bytes"}
+    chunk = rng.randrange(0, max(1, size // 4096)) * 4096
+    flips = []
+    with victim.open("r+b") as file:
+        for _ in range(2):
+            offset = min(size - 1, chunk + rng.randrange(4096))
+            file.seek(offset)
+            byte = file.read(1)[0]
+            bit = rng.randrange(8)
+            file.seek(offset)
+            file.write(bytes([byte ^ (1 << bit)]))
+            flips.append([offset, bit])
+        file.flush()
+        os.fsync(file.fileno())
+    return {"file": victim.name, "damage": "2 bits flipped", "flips": flips}
+
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+def faketime_env(spec_file: Path, spec: str) -> dict[str, str]:
+    """Environment running a process on a fake clock read from `spec_file` (rewritten
+    while it runs for jumps; re-read at most once a second). The monotonic clock is
+    faked too: faking wall time alone with a rate makes Python's sleep fail (EINVAL)."""
+    spec_file.write_text(spec + "\n")
+    return {
+        "LD_PRELOAD": FAKETIME_LIB,
+        "FAKETIME_TIMESTAMP_FILE": str(spec_file),
+        "FAKETIME_CACHE_DURATION": "1",
+    }
+
+
+def clock_loop(ctx: RunContext) -> None:
+    """S4: the master runs 1.5x fast, writer w1 0.5x slow, store0 on a file clock (set
+    up by the scenario); a lease contest (the leader killed) every 20 s; halfway, the
+    master's clock jumps forward an hour and store0's back 30 s."""
+    half = time.monotonic() + ctx.remaining() / 2
+    jumped = False
+    while True:
+        wait = ctx.scaled(20, 20)
+        until_half = half - time.monotonic()
+        if not jumped and until_half < wait:
+            if not ctx.pause(until_half):
+                return
+            jumped = True
+            with ctx.window("clock-jump", "master", to="+3600 x1.5"):
+                (ctx.cluster.root / "master.faketime").write_text("+3600 x1.5\n")
+                ctx.pause(1.0)
+            with ctx.window("clock-jump", "store0", to="-30"):
+                (ctx.cluster.root / "store0.faketime").write_text("-30\n")
+                ctx.pause(1.0)
+            continue
+        if not ctx.pause(wait):
+            return
+        leader = ctx.leader_process()
+        if leader is not None:
+            with ctx.window("kill", leader.name, inc=leader.inc):
+                leader.kill()
+                ctx.pause(1.0)
+                leader.start()
+
+
+def soak(ctx: RunContext) -> None:
+    """S14: seeded packages of faults rotated every 60 s, about a quarter of the periods
+    quiet (Jepsen's package generator). Packages: the scenarios that need no special
+    topology (S2, S3, S5, S11, S12, S13)."""
+    packages: dict[str, Nemesis] = {
+        "S2": kill_leader_loop, "S3": pause_leader_loop, "S5": store_crash_loop,
+        "S11": master_crash_loop, "S12": corruption_loop, "S13": reader_churn_loop,
+    }
+    period = 8.0 if ctx.quick else 60.0
+    while ctx.remaining() > 0 and not ctx.stop.is_set():
+        end = min(ctx.deadline, time.monotonic() + period)
+        name = "quiet" if ctx.rng.random() < 0.25 else ctx.rng.choice(sorted(packages))
+        ctx.recorder.record("nemesis", phase="detail", fault="package", target=name)
+        if name == "quiet":
+            ctx.pause(end - time.monotonic())
+        else:
+            packages[name](dataclasses.replace(ctx, deadline=end))
+
+
+def host_of(process: str) -> str:
+    """Network host of a workload process: w1 -> writer1, r2 -> reader2."""
+    return {"w": "writer", "r": "reader"}[process[0]] + process[1:]
+
+
+def partition_loop(ctx: RunContext) -> None:
+    """S7: rotate partitions, each for 10 s with a pause between: (a) a copy-set store
+    isolated; (b) the leader cut from the master only; (d) a bridge: one store sees only
+    w1, another only w2, the rest both; (e) a store drops what the leader sends it
+    (one way); (f) the master isolated. (c), delay and blackhole through a proxy, is
+    not built yet."""
+    hosts = ctx.hosts
+    assert hosts is not None, "S7 runs on network namespaces"
+    kinds = ["isolate-store", "leader-from-master", "bridge", "oneway-store", "isolate-master"]
+    while ctx.pause(ctx.scaled(4, 8)):
+        kind = ctx.rng.choice(kinds)
+        leader = ctx.leader_process()
+        leader_host = host_of(leader.name if leader else "w1")
+        stores = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams)) or ["store0"]
+        store = ctx.rng.choice(stores)
+        with ctx.window("partition", _target(kind, store, leader_host), kind=kind):
+            try:
+                if kind == "isolate-store":
+                    hosts.cut(store)
+                elif kind == "leader-from-master":
+                    hosts.partition(leader_host, "master")
+                elif kind == "bridge":
+                    one, two = ctx.rng.sample(sorted(s.name for s in ctx.cluster.stores), 2)
+                    hosts.partition(one, "writer2")
+                    hosts.partition(two, "writer1")
+                elif kind == "oneway-store":
+                    hosts.oneway(store, leader_host)
+                else:
+                    hosts.cut("master")
+                ctx.pause(ctx.scaled(10, 10) if ctx.quick else 10.0)
+            finally:
+                hosts.heal()
+
+
+def _target(kind: str, store: str, leader_host: str) -> str:
+    return {
+        "isolate-store": store,
+        "leader-from-master": f"{leader_host}|master",
+        "bridge": "bridge",
+        "oneway-store": f"{store}<{leader_host}",
+        "isolate-master": "master",
+    }[kind]
+
+
+def heal(ctx: RunContext) -> None:
+    """End every fault: heal partitions, continue paused processes, restart dead ones."""
+    if ctx.hosts is not None:
+        ctx.hosts.heal()
+    resume(ctx.cluster.master)
+    for store in ctx.cluster.stores:
+        resume(store)
+    for process in [*ctx.writers.values(), *ctx.readers.values()]:
+        process.cont()
+        if not process.alive():
+            process.start()
+    ctx.cluster.master.wait_serving()
+    for store in ctx.cluster.stores:
+        try:
+            store.wait_serving()
+        except (RuntimeError, TimeoutError) as error:
+            # A store that cannot come back (its disk damaged) is left out; the checks
+            # decide whether the data survived without it.
+            ctx.recorder.record("nemesis", phase="unhealed", fault="heal", target=store.name,
+                                error=str(error)[-300:])
+    ctx.recorder.record("nemesis", phase="heal", fault="heal", target="all")

@@ -1,0 +1,186 @@
+"""The report: per run a picture (throughput and latency over time, fault windows
+shaded) beside its `verdict.json`; per report folder an `index.html` and a summary
+`verdict.json` linking every run."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from tests.faults.checker import operations
+from tests.faults.history import Record
+
+FAULT_COLOURS = {"w": "tab:red", "s": "tab:orange", "m": "tab:purple", "r": "tab:green"}
+
+
+def fault_windows(records: list[Record]) -> list[tuple[float, float, str]]:
+    """(start, stop, label) of every fault; one still open at the end closes at heal."""
+    open_: dict[tuple[str, str], float] = {}
+    windows = []
+    end = records[-1]["t"] if records else 0.0
+    for record in records:
+        if record["type"] != "nemesis":
+            continue
+        key = (record["fault"], record["target"])
+        if record["phase"] == "start":
+            open_[key] = record["t"]
+        elif record["phase"] == "stop" and key in open_:
+            windows.append((open_.pop(key), record["t"], f"{key[0]} {key[1]}"))
+    windows.extend((start, end, f"{f} {t}") for (f, t), start in open_.items())
+    return sorted(windows)
+
+
+def per_second(records: list[Record], origin: float) -> dict[str, Any]:
+    acked: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    latency: dict[int, list[float]] = defaultdict(list)
+    failed: list[tuple[float, str]] = []
+    for op in operations(records):
+        if op.status == "ok" and op.end_t is not None:
+            second = math.floor(op.end_t - origin)
+            acked[op.stream][second] += len(op.ids)
+            latency[second].append(op.end_t - op.invoke_t)
+        elif op.status in ("fail", "info"):
+            failed.append(((op.end_t or op.invoke_t) - origin, op.status))
+    delivered: dict[int, int] = defaultdict(int)
+    for record in records:
+        if record["type"] == "deliver":
+            delivered[math.floor(record["t"] - origin)] += len(record["events"])
+    return {"acked": acked, "latency": latency, "failed": failed, "delivered": delivered}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def plot_run(run_dir: Path, records: list[Record], result: dict[str, Any]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases: dict[str, float] = {r["name"]: r["t"] for r in records if r["type"] == "phase"}
+    origin = phases.get("faults", records[0]["t"] if records else 0.0)
+    series = per_second(records, origin)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    for stream, counts in sorted(series["acked"].items()):
+        seconds = sorted(counts)
+        top.plot(seconds, [counts[s] for s in seconds], label=f"acked {stream}", lw=1.2)
+    if series["delivered"]:
+        seconds = sorted(series["delivered"])
+        top.plot(seconds, [series["delivered"][s] for s in seconds], color="grey", lw=0.8,
+                 ls="--", label="delivered to readers (all)")
+    top.set_ylabel("events / s")
+    top.legend(loc="upper right", fontsize=8)
+    seconds = sorted(series["latency"])
+    p50 = [_quantile(series["latency"][s], 0.5) * 1000 for s in seconds]
+    p99 = [_quantile(series["latency"][s], 0.99) * 1000 for s in seconds]
+    bottom.plot(seconds, p50, label="ack latency p50", lw=1.2)
+    bottom.plot(seconds, p99, label="ack latency p99", lw=1.2)
+    for status, colour, marker in (("info", "tab:orange", "x"), ("fail", "tab:red", "v")):
+        times = [t for t, s in series["failed"] if s == status]
+        if times:
+            low = max(1.0, min(p50, default=1.0))
+            bottom.scatter(times, [low] * len(times), marker=marker, color=colour, s=18,
+                           label=f"append {status} ({len(times)})", zorder=3)
+    if seconds:
+        bottom.set_yscale("log")
+    bottom.set_ylabel("ms (log)")
+    bottom.set_xlabel("seconds since the faults began")
+    bottom.legend(loc="upper right", fontsize=8)
+    labelled: set[str] = set()
+    for start, stop, label in fault_windows(records):
+        colour = FAULT_COLOURS.get(label.split()[-1][:1], "tab:blue")
+        for axis in (top, bottom):
+            axis.axvspan(start - origin, max(stop - origin, start - origin + 0.2),
+                         color=colour, alpha=0.15, lw=0)
+        if label not in labelled and len(labelled) < 12:
+            labelled.add(label)
+            top.text(start - origin, top.get_ylim()[1] * 0.97, label, fontsize=7,
+                     rotation=90, va="top", color=colour)
+    for name in ("heal", "final"):
+        if name in phases:
+            for axis in (top, bottom):
+                axis.axvline(phases[name] - origin, color="black", lw=0.8, ls=":")
+            top.text(phases[name] - origin, 0, f" {name}", fontsize=7, va="bottom")
+    verdict = "valid" if result.get("valid") else f"INVALID {result.get('checks_failed')}"
+    figure.suptitle(f"{result['scenario']} {result['title']}, seed {result['seed']}: {verdict}")
+    figure.tight_layout()
+    name = f"{result['scenario']}.png"
+    figure.savefig(run_dir / name, dpi=90)
+    plt.close(figure)
+    return name
+
+
+def _figure(measurements: dict[str, Any], key: str) -> str:
+    value = measurements.get(key)
+    if not isinstance(value, dict) or value.get("p50") is None:
+        return ""
+    return f"{value['p50']:.2f} / {value['p99']:.2f}"
+
+
+def _bounds(checked: dict[str, Any]) -> str:
+    missed = [key for key, value in checked.items() if not value.get("ok")]
+    if not checked:
+        return ""
+    if not missed:
+        return "<span class='ok'>within</span>"
+    return "<span class='bad'>missed: " + html.escape(", ".join(missed)) + "</span>"
+
+
+def write_index(out: Path, results: list[dict[str, Any]]) -> Path:
+    """`index.html` and the summary `verdict.json` of a report folder."""
+    summary = {
+        "valid": all(r.get("valid") for r in results),
+        "runs": [
+            {k: r.get(k) for k in ("scenario", "seed", "valid", "checks_failed", "counts",
+                                   "measurements", "bounds", "nemesis_errors", "replay",
+                                   "wall_s")}
+            | {"folder": f"{r['scenario']}-seed{r['seed']}"}
+            for r in results
+        ],
+    }
+    (out / "verdict.json").write_text(json.dumps(summary, indent=2))
+    rows = []
+    for r in results:
+        folder = f"{r['scenario']}-seed{r['seed']}"
+        m = r.get("measurements", {})
+        state = "valid" if r.get("valid") else "INVALID " + html.escape(
+            json.dumps(r.get("checks_failed")))
+        throughput = m.get("throughput_events_per_s")
+        rows.append(
+            "<tr>"
+            f"<td>{html.escape(r['scenario'])}</td><td>{html.escape(r['title'])}</td>"
+            f"<td>{r['seed']}</td><td class='{'ok' if r.get('valid') else 'bad'}'>{state}</td>"
+            f"<td>{r['counts'].get('events_ok', 0)}</td>"
+            f"<td>{'' if throughput is None or math.isnan(throughput) else throughput}</td>"
+            f"<td>{_figure(m, 'ack_latency_s')}</td>"
+            f"<td>{_figure(m, 'writer_failover_s')}</td>"
+            f"<td>{_figure(m, 'append_stall_after_store_fault_s')}</td>"
+            f"<td>{_bounds(r.get('bounds', {}))}</td>"
+            f"<td><a href='{folder}/verdict.json'>verdict</a> "
+            f"<a href='{folder}/history.jsonl'>history</a></td>"
+            "</tr>"
+            f"<tr><td colspan='11'><a href='{folder}/{r.get('picture', '')}'>"
+            f"<img src='{folder}/{r.get('picture', '')}' width='820'></a></td></tr>"
+        )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Stream Engine fault runs</title>
+<style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;text-align:left}}
+.ok{{color:green}} .bad{{color:red;font-weight:bold}}</style></head><body>
+<h1>Stream Engine fault runs: {'all valid' if summary['valid'] else 'ANOMALIES FOUND'}</h1>
+<p>Checks C1-C12 (FAULTS.md §6.2). Figures are p50 / p99 seconds.
+Replay one run with <code>make faults SCENARIO=S2 SEED=3</code>.</p>
+<table><tr><th>scenario</th><th>name</th><th>seed</th><th>verdict</th><th>events acked</th>
+<th>events/s</th><th>ack latency</th><th>writer failover</th><th>stall after store fault</th>
+<th>liveness bounds (C13)</th><th>files</th></tr>
+{''.join(rows)}
+</table></body></html>
+"""
+    path = out / "index.html"
+    path.write_text(page)
+    return path

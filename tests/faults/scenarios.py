@@ -1,0 +1,323 @@
+"""Scenarios (FAULTS.md §6.3) and the runner of one (scenario, seed).
+
+    run(SCENARIOS["S2"], seed=3, out=Path("faults-report"), quick=False) -> verdict dict
+
+A run: a master and 4 stores (N=3, W=2), 2 streams in 2 tenants, 2 writers contending
+for leadership of both, 2 churning readers; the scenario's nemesis for its duration;
+then heal, a quiet moment, writers stopped, every stream sealed and read back by fresh
+readers, every replica dumped, readers given a bounded time to catch up. The checker
+reads the merged history and the final state; the report draws the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamengine.tools.harness import Cluster, ServerProcess, running_cluster, wait_for
+from tests.faults import disk, nemesis, netns, report
+from tests.faults import final as final_state
+from tests.faults.checker import check
+from tests.faults.cluster import (
+    ClientProcess,
+    MetaSampler,
+    child_env,
+    create_streams,
+    leader_of,
+)
+from tests.faults.history import Recorder, load, read_file, write_merged
+from tests.faults.measure import bounds, measure
+
+LEASE_MS = 1000
+STORES = 4
+REPLICAS, WRITE_QUORUM = 3, 2
+STREAMS = ["t1/orders", "t2/clicks"]
+# Small segments, so that runs roll often and leave many sealed segments to check.
+SEGMENT_BYTES = 256 * 1024
+QUIET_S = 1.0
+CATCH_UP_S = 15.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    duration_s: float  # fault time, full run
+    quick_s: float  # fault time, quick pass
+    nemesis: nemesis.Nemesis | None
+    rate: float = 250.0  # events/s per stream per leading writer
+    netns: bool = False  # every process on its own network namespace (needs root)
+    reader_churn_s: float = 4.0  # mean life of a reader's subscription
+    disks: bool = False  # every store on its own small tmpfs (needs root)
+    clocks: bool = False  # skewed, drifting and jumping clocks (libfaketime)
+    lazy: bool = False  # every store on the lazy FUSE fs (power loss; needs root)
+
+
+class CannotRun(Exception):
+    """This machine cannot run the scenario (the reason is the message)."""
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario("S1", "baseline", 60, 5, None),
+        Scenario("S2", "leader crash loop", 180, 10, nemesis.kill_leader_loop),
+        Scenario("S3", "paused zombie leader", 180, 10, nemesis.pause_leader_loop),
+        Scenario("S4", "clock skew, drift and jumps", 180, 12, nemesis.clock_loop,
+                 clocks=True),
+        Scenario("S5", "store crash/restart loop", 180, 10, nemesis.store_crash_loop),
+        Scenario("S6", "store loss and re-replication", 240, 30, nemesis.store_loss),
+        Scenario("S7", "partitions", 240, 12, nemesis.partition_loop, netns=True),
+        Scenario("S8", "power loss (lazy fs)", 180, 12, nemesis.power_loss_loop, lazy=True,
+                 rate=150.0),
+        Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
+                 rate=400.0),
+        Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
+        Scenario("S12", "corruption at rest", 180, 14, nemesis.corruption_loop),
+        Scenario("S13", "reader churn and slow consumers", 180, 12,
+                 nemesis.reader_churn_loop, reader_churn_s=1.2),
+        Scenario("S14", "mixed soak", 900, 24, nemesis.soak),
+    ]
+}
+
+
+def unavailable(scenario: Scenario) -> str:
+    """Why `scenario` cannot run here ("" when it can)."""
+    if scenario.netns:
+        return netns.unavailable()
+    if scenario.disks:
+        return disk.unavailable(Path(tempfile.gettempdir()))
+    if scenario.lazy:
+        return disk.lazy_unavailable()
+    if scenario.clocks and not (shutil.which("faketime") and Path(nemesis.FAKETIME_LIB).exists()):
+        return "needs libfaketime (Debian package faketime; deploy/install-system-deps.sh)"
+    return ""
+
+
+def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
+        duration_s: float | None = None) -> dict[str, Any]:
+    reason = unavailable(scenario)
+    if reason:
+        raise CannotRun(f"{scenario.name}: {reason}")
+    run_dir = out / f"{scenario.name}-seed{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    history = run_dir / "history"
+    logs = run_dir / "logs"
+    history.mkdir(parents=True)
+    data = Path(tempfile.mkdtemp(prefix=f"faults-{scenario.name}-"))
+    fault_s = duration_s if duration_s is not None else (
+        scenario.quick_s if quick else scenario.duration_s)
+    started = time.monotonic()
+    try:
+        final, timing = _run_processes(scenario, seed, fault_s, quick, data, history, logs)
+    finally:
+        logs.mkdir(parents=True, exist_ok=True)
+        for log in data.glob("*.log"):
+            shutil.copy(log, logs / log.name)
+        shutil.rmtree(data, ignore_errors=True)
+    final_state.save(final, run_dir / "final.json")
+    records = load(history)
+    write_merged(records, run_dir / "history.jsonl")
+    verdict = check(records, final)
+    result: dict[str, Any] = {
+        "scenario": scenario.name,
+        "title": scenario.title,
+        "seed": seed,
+        "quick": quick,
+        "fault_s": fault_s,
+        "lease_ms": LEASE_MS,
+        "wall_s": round(time.monotonic() - started, 1),
+        **verdict.as_dict(),
+        "nemesis_errors": [r["error"] for r in records if r["type"] == "nemesis_error"],
+        "measurements": (figures := {**measure(records, scenario.name), **timing}),
+        "bounds": bounds(figures, LEASE_MS / 1000),
+        "replay": f"make faults SCENARIO={scenario.name} SEED={seed}",
+    }
+    (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
+    result["picture"] = report.plot_run(run_dir, records, result)
+    (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _run_processes(
+    scenario: Scenario, seed: int, fault_s: float, quick: bool, data: Path, history: Path,
+    logs: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    logs.mkdir(parents=True, exist_ok=True)
+    with topology(scenario, data) as (cluster, hosts, lazy):
+        if scenario.clocks:
+            _skew_clocks(cluster)
+        create_streams(cluster.master_address, STREAMS, REPLICAS, WRITE_QUORUM, SEGMENT_BYTES)
+        recorder = Recorder(history / "nemesis.jsonl", "nemesis")
+        sampler = MetaSampler(cluster.master_address, STREAMS,
+                              Recorder(history / "meta.jsonl", "meta"))
+
+        def client(name: str, role: str, options: list[str]) -> ClientProcess:
+            prefix = hosts.prefix(nemesis.host_of(name)) if hosts else []
+            env = {}
+            if scenario.clocks and name == "w1":  # the old leader's clock runs slow
+                env = nemesis.faketime_env(data / "w1.faketime", "+0 x0.5")
+            return ClientProcess(name, role, cluster.master_address, STREAMS, history, logs,
+                                 seed, options, prefix, env)
+
+        writer_options = ["--rate", str(scenario.rate), "--batch-max", "20" if quick else "50",
+                          "--size-max", "16384" if quick else "65536"]
+        writers = {n: client(n, "writer", writer_options) for n in ("w1", "w2")}
+        readers = {n: client(n, "reader", ["--churn-s", str(scenario.reader_churn_s)])
+                   for n in ("r1", "r2")}
+        ctx = nemesis.RunContext(cluster, writers, readers, STREAMS, recorder,
+                                 random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts,
+                                 lazy)
+        try:
+            sampler.start()
+            for process in [*writers.values(), *readers.values()]:
+                process.start()
+            wait_for(lambda: all(leader_of(cluster, s) for s in STREAMS), 60, 0.1,
+                     "a leader for every stream")
+            recorder.record("phase", name="faults")
+            ctx.deadline = time.monotonic() + fault_s
+            thread = None
+            if scenario.nemesis is not None:
+                thread = threading.Thread(target=_nemesis, args=(scenario.nemesis, ctx),
+                                          daemon=True)
+                thread.start()
+                thread.join(fault_s + 60)
+                ctx.stop.set()
+            else:
+                ctx.pause(fault_s)
+            recorder.record("phase", name="heal")
+            nemesis.heal(ctx)
+            time.sleep(QUIET_S)  # the schedule's quiet period after healing
+            recorder.record("phase", name="final")
+            for process in writers.values():
+                process.ask_to_stop()
+            for process in writers.values():
+                process.terminate()
+            final = final_state.final_state(cluster.master_address, STREAMS, WRITE_QUORUM)
+            timing = {"reader_catch_up_s": _catch_up(final, readers, history)}
+            return final, timing
+        finally:
+            ctx.stop.set()
+            for process in [*writers.values(), *readers.values()]:
+                process.terminate(5.0)
+            sampler.close()
+            recorder.close()
+
+
+def _skew_clocks(cluster: Cluster) -> None:
+    """Restart the master (1.5x fast) and store0 (a file clock) on fake clocks."""
+    for process, spec in ((cluster.master, "+0 x1.5"), (cluster.stores[0], "+0")):
+        process.kill()
+        process.env = nemesis.faketime_env(cluster.root / f"{process.name}.faketime", spec)
+        process.start()
+
+
+def _nemesis(function: nemesis.Nemesis, ctx: nemesis.RunContext) -> None:
+    """A nemesis that fails did not inject what the scenario says: the run records it
+    and its verdict says so (`nemesis_errors`)."""
+    try:
+        function(ctx)
+    except Exception as error:
+        ctx.recorder.record("nemesis_error", error=f"{type(error).__name__}: {error}")
+
+
+MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
+
+
+@contextlib.contextmanager
+def topology(scenario: Scenario, data: Path
+             ) -> Iterator[tuple[Cluster, netns.Hosts | None, dict[str, disk.LazyMount]]]:
+    """The servers on 127.0.0.1 (store dirs on a tmpfs or the lazy fs each, if the
+    scenario says so), or each server on its own network namespace."""
+    if not scenario.netns:
+        mounted = []
+        lazy: dict[str, disk.LazyMount] = {}
+        try:
+            for number in range(STORES if scenario.disks else 0):
+                disk.mount(data / f"store{number}")
+                mounted.append(data / f"store{number}")
+            for number in range(STORES if scenario.lazy else 0):
+                name = f"store{number}"
+                lazy[name] = disk.LazyMount(data / name, data / "backing" / name)
+                lazy[name].mount(child_env(), data / f"lazyfs-{name}.log")
+            with running_cluster(data, stores=STORES, master_args=MASTER_ARGS) as cluster:
+                yield cluster, None, lazy
+        finally:
+            for path in mounted:
+                disk.umount(path)
+            for mount in lazy.values():
+                mount.close()
+        return
+    # Unique per run: namespace names and the private subnet (the harness joins it).
+    hosts = netns.Hosts(f"sef{os.getpid() % 10000}", f"10.214.{os.getpid() % 250}", data)
+    names = ["master", *(f"store{n}" for n in range(STORES)),
+             "writer1", "writer2", "reader1", "reader2"]
+    cluster = Cluster(data, ServerProcess("master", [], "", data / "master.log"), [])
+    try:
+        hosts.up(names)
+        master_address = f"{hosts.addr('master')}:{netns.MASTER_PORT}"
+        (data / "master").mkdir()
+        cluster.master = ServerProcess(
+            "master",
+            ["master", "--listen", master_address, "--data", str(data / "master"),
+             *MASTER_ARGS],
+            master_address, data / "master.log", prefix=hosts.prefix("master"))
+        for number in range(STORES):
+            name = f"store{number}"
+            address = f"{hosts.addr(name)}:{netns.STORE_PORT}"
+            (data / name).mkdir()
+            cluster.stores.append(ServerProcess(
+                name,
+                ["store", "--listen", address, "--data", str(data / name), "--master",
+                 master_address, "--id", name],
+                address, data / f"{name}.log", prefix=hosts.prefix(name)))
+        cluster.master.start()
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
+        yield cluster, hosts, {}
+    finally:
+        cluster.stop_all()
+        hosts.close()
+
+
+def _catch_up(final: dict[str, Any], readers: dict[str, ClientProcess], history: Path
+              ) -> float | None:
+    """Seconds until every reader recorded the last event of every stream (None when
+    they did not within CATCH_UP_S)."""
+    last = {name: s["reads"][0][-1][0] for name, s in final["streams"].items()
+            if s["reads"] and s["reads"][0]}
+    started = time.monotonic()
+
+    def caught_up() -> bool:
+        for name in readers:
+            seen: dict[str, int] = {}
+            for record in read_file(history / f"{name}.jsonl"):
+                if record["type"] == "deliver" and record["events"]:
+                    seen[record["stream"]] = record["events"][-1][0]
+            if any(seen.get(stream, -1) < sequence for stream, sequence in last.items()):
+                return False
+        return True
+
+    try:
+        wait_for(caught_up, CATCH_UP_S, 0.2, "readers caught up")
+    except TimeoutError:
+        return None
+    return round(time.monotonic() - started, 2)
+
+
+def scenario_names() -> list[str]:
+    """Implemented scenarios in their FAULTS.md order (S1, S2, ..., S15)."""
+    return sorted(SCENARIOS, key=lambda name: int(name[1:]))

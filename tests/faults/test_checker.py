@@ -1,0 +1,325 @@
+"""The checker, proven: hand-made histories with one anomaly each must be reported with
+their witness; the clean history passes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.faults.checker import check, pack
+from tests.faults.measure import bounds, measure
+
+STREAM = "t/s"
+
+
+def event(epoch: int, index: int, pid: str, intact: bool = True) -> list[Any]:
+    return [pack(epoch, index), epoch, index, pid, f"fp-{pid}", intact]
+
+
+def entry(index: int, kind: str, epoch: int, pid: str = "") -> list[Any]:
+    return [index, kind, epoch, f"fp-{pid}" if kind == "EVENT" else "", hash((kind, pid)) & 0xFF]
+
+
+def rec(t: float, type_: str, process: str, **fields: Any) -> dict[str, Any]:
+    return {"t": t, "type": type_, "process": process, "inc": 1, "stream": STREAM, **fields}
+
+
+def clean() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """w1 leads epoch 1 (two ok appends), w2 epoch 2 (one in doubt that made it, one
+    definite failure); r1 reads everything, with a resume in between."""
+    records = [
+        rec(0.5, "grant", "w1", epoch=1, client="w1.1-1"),
+        rec(1.0, "invoke", "w1", op=0, ids=["a0", "a1"], session="s1"),
+        rec(2.0, "ok", "w1", op=0, seqs=[pack(1, 1), pack(1, 2)]),
+        rec(2.5, "invoke", "w1", op=1, ids=["b0"], session="s1"),
+        rec(3.0, "ok", "w1", op=1, seqs=[pack(1, 3)]),
+        rec(3.2, "grant", "w2", epoch=2, client="w2.1-1"),
+        rec(3.5, "invoke", "w2", op=0, ids=["c0"], session="s2"),
+        rec(3.6, "invoke", "w2", op=1, ids=["d0"], session="s2"),
+        rec(3.7, "fail", "w2", op=1, error="AppendFailed: never sent"),
+        rec(1.1, "subscribe", "r1", **{"from": 0}),
+        rec(2.1, "deliver", "r1", events=[event(1, 1, "a0"), event(1, 2, "a1")]),
+        rec(2.2, "subscribe", "r1", **{"from": pack(1, 2) + 1}),
+        rec(4.0, "deliver", "r1", events=[event(1, 3, "b0"), event(2, 1, "c0")]),
+        rec(1.0, "meta", "meta", segments=[[1, "OPEN"]]),
+        rec(3.3, "meta", "meta", segments=[[1, "SEALING"], [2, "OPEN"]]),
+        rec(5.0, "meta", "meta", segments=[[1, "SEALED"], [2, "SEALED"], [3, "OPEN"]]),
+    ]
+    records.sort(key=lambda r: r["t"])
+    final_events = [event(1, 1, "a0"), event(1, 2, "a1"), event(1, 3, "b0"), event(2, 1, "c0")]
+    one = [entry(1, "EVENT", 1, "a0"), entry(2, "EVENT", 1, "a1"), entry(3, "EVENT", 1, "b0"),
+           entry(4, "BRIDGE", 2)]
+    two = [entry(1, "EVENT", 2, "c0"), entry(2, "BRIDGE", 3)]
+
+    def replicas(entries: list[list[Any]], final_index: int) -> dict[str, Any]:
+        return {
+            store: {"acked_index": final_index, "fence": 3, "entries": copy.deepcopy(entries)}
+            for store in ("s0", "s1", "s2")
+        }
+
+    final = {"streams": {STREAM: {
+        "reads": [final_events, copy.deepcopy(final_events)],
+        "read_errors": [],
+        "write_quorum": 2,
+        "segments": [
+            {"epoch": 1, "state": "SEALED", "final_index": 4, "replicas": replicas(one, 4)},
+            {"epoch": 2, "state": "SEALED", "final_index": 2, "replicas": replicas(two, 2)},
+            {"epoch": 3, "state": "OPEN", "final_index": 0, "replicas": {}},
+        ],
+    }}}
+    return records, final
+
+
+def failed(records: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, list[Any]]:
+    verdict = check(sorted(records, key=lambda r: r["t"]), final)
+    out: dict[str, list[Any]] = {}
+    for anomaly in verdict.anomalies:
+        out.setdefault(anomaly["check"], []).append(anomaly)
+    return out
+
+
+def stream_of(final: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = final["streams"][STREAM]
+    return state
+
+
+def test_a_clean_history_passes() -> None:
+    records, final = clean()
+    verdict = check(records, final)
+    assert verdict.valid, verdict.anomalies
+    assert verdict.counts["appends_ok"] == 2
+    assert verdict.counts["appends_info"] == 1 and verdict.counts["appends_fail"] == 1
+
+
+def test_c1_an_acked_event_missing_from_the_final_stream_is_lost() -> None:
+    records, final = clean()
+    for run in stream_of(final)["reads"]:
+        del run[1]  # a1
+    anomalies = failed(records, final)
+    assert [a["payload"] for a in anomalies["C1"]] == ["a1"]
+    assert anomalies["C1"][0]["op"] == "w1.1 op 0"
+    assert anomalies["C1"][0]["last_sequence_read"] == pack(2, 1)
+
+
+def test_c1_a_failed_final_read_is_reported() -> None:
+    records, final = clean()
+    stream_of(final)["read_errors"] = ["read: DataLossError: ..."]
+    assert "C1" in failed(records, final)
+
+
+def test_c2_an_acked_event_at_another_sequence_than_returned() -> None:
+    records, final = clean()
+    ok = next(r for r in records if r["type"] == "ok" and r["op"] == 1)
+    ok["seqs"] = [pack(1, 4)]
+    anomalies = failed(records, final)
+    assert anomalies.keys() == {"C2"}
+    assert anomalies["C2"][0]["returned"] == pack(1, 4)
+    assert anomalies["C2"][0]["actual"] == [pack(1, 3)]
+
+
+def test_c3_a_payload_twice_in_the_final_stream() -> None:
+    records, final = clean()
+    for run in stream_of(final)["reads"]:
+        run.append(event(2, 2, "b0"))
+    anomalies = failed(records, final)
+    assert anomalies["C3"][0]["payload"] == "b0"
+    assert anomalies["C3"][0]["sequences"] == [pack(1, 3), pack(2, 2)]
+
+
+def test_c4_a_definitely_failed_append_that_is_read() -> None:
+    records, final = clean()
+    records.append(rec(4.1, "deliver", "r1", events=[event(2, 2, "d0")]))
+    anomalies = failed(records, final)
+    witness = anomalies["C4"][0]
+    assert witness["payload"] == "d0" and witness["reader"] == "r1"
+    assert witness["problem"] == "the append definitely failed"
+
+
+def test_c4_a_payload_nobody_wrote_and_a_corrupted_one() -> None:
+    records, final = clean()
+    records.append(rec(4.1, "deliver", "r1", events=[event(2, 2, "zz")]))
+    records.append(rec(4.2, "deliver", "r1", events=[event(2, 3, "a0", intact=False)]))
+    problems = {a["problem"] for a in failed(records, final)["C4"]}
+    assert problems == {"never written by any append", "corrupted payload (digest mismatch)"}
+
+
+def test_c5_two_readers_see_different_values_at_one_sequence() -> None:
+    records, final = clean()
+    other = event(1, 2, "a1")
+    other[4] = "fp-other"
+    records.append(rec(2.3, "subscribe", "r2", **{"from": pack(1, 2)}))
+    records.append(rec(2.4, "deliver", "r2", events=[other]))
+    anomalies = failed(records, final)
+    witness = anomalies["C5"][0]
+    assert witness["sequence"] == pack(1, 2)
+    assert witness["values"]["r2"] == "fp-other"
+    assert witness["values"]["final-reader-0"] == "fp-a1"
+
+
+def test_c5_a_replica_holding_a_hole_where_readers_saw_an_event() -> None:
+    records, final = clean()
+    dump = stream_of(final)["segments"][0]["replicas"]["s2"]["entries"]
+    dump[2] = entry(3, "HOLE", 2)
+    anomalies = failed(records, final)
+    assert anomalies["C5"][0]["values"]["replica s2"] == "HOLE"
+    assert anomalies["C9"][0]["index"] == 3  # and the replicas differ
+
+
+def test_c6_a_reader_going_backwards() -> None:
+    records, final = clean()
+    records.append(rec(4.5, "deliver", "r1", events=[event(1, 3, "b0")]))
+    witness = failed(records, final)["C6"][0]
+    assert witness["reader"] == "r1" and witness["s1"] == pack(2, 1)
+    assert witness["s2"] == pack(1, 3)
+
+
+def test_c6_a_reader_skipping_an_event() -> None:
+    records, final = clean()
+    deliver = next(r for r in records if r["type"] == "deliver" and r["t"] == 4.0)
+    deliver["events"] = [event(2, 1, "c0")]  # b0 skipped
+    witness = failed(records, final)["C6"][0]
+    assert witness["skipped"] == [pack(1, 3)]
+    assert (witness["s1"], witness["s2"]) == (pack(1, 2), pack(2, 1))
+
+
+def test_c6_a_first_delivery_after_events_it_should_have_read() -> None:
+    records, final = clean()
+    first = next(r for r in records if r["type"] == "deliver" and r["t"] == 2.1)
+    first["events"] = [event(1, 2, "a1")]  # a0 skipped from 0
+    witness = failed(records, final)["C6"][0]
+    assert witness["skipped"] == [pack(1, 1)] and witness["s1"] is None
+
+
+def test_c6_a_resume_elsewhere_than_after_the_token() -> None:
+    records, final = clean()
+    resume = next(r for r in records if r["type"] == "subscribe" and r["t"] == 2.2)
+    resume["from"] = pack(1, 2)  # would re-read a1
+    witness = failed(records, final)["C6"][0]
+    assert witness["problem"] == "resumed elsewhere than just after its token"
+
+
+def test_c7_one_writer_sequencing_against_its_invocation_order() -> None:
+    records, final = clean()
+    for record in records:
+        if record["type"] == "ok" and record["op"] == 1:
+            record["seqs"] = [pack(1, 1)]
+        if record["type"] == "ok" and record["op"] == 0 and record["process"] == "w1":
+            record["seqs"] = [pack(1, 2), pack(1, 3)]
+    witness = failed(records, final)["C7"][0]
+    assert (witness["first"], witness["second"]) == ("w1.1 op 0", "w1.1 op 1")
+
+
+def test_c7_acked_before_another_writer_invoked_yet_sequenced_after() -> None:
+    records, final = clean()
+    records.append(rec(5.0, "invoke", "w2", op=2, ids=["e0"], session="s2"))
+    records.append(rec(5.5, "ok", "w2", op=2, seqs=[pack(1, 2)]))
+    for run in stream_of(final)["reads"]:
+        run.append(event(3, 1, "e0"))
+    anomalies = failed(records, final)
+    assert any(
+        a["first"] == "w1.1 op 1" and a["second"] == "w2.1 op 2" for a in anomalies["C7"]
+    )
+
+
+def test_c8_a_replica_with_a_gap_or_an_entry_beyond_the_bridge() -> None:
+    records, final = clean()
+    replicas = stream_of(final)["segments"][0]["replicas"]
+    del replicas["s1"]["entries"][1]
+    replicas["s2"]["entries"].append(entry(5, "EVENT", 1, "x"))
+    anomalies = failed(records, final)["C8"]
+    assert {(a["store"], a["index"]) for a in anomalies} == {("s1", 2), ("s2", 5)}
+
+
+def test_c8_a_sequence_that_is_not_epoch_and_index() -> None:
+    records, final = clean()
+    stream_of(final)["reads"][0][0][0] = pack(1, 7)
+    assert failed(records, final)["C8"][0]["index"] == 1
+
+
+def test_c9_replicas_that_differ_and_too_few_complete_ones() -> None:
+    records, final = clean()
+    segments = stream_of(final)["segments"]
+    segments[0]["replicas"]["s1"]["entries"][0][4] = 999  # another crc
+    segments[1]["replicas"]["s1"] = {"error": "UNAVAILABLE"}
+    segments[1]["replicas"]["s2"]["acked_index"] = 1
+    anomalies = failed(records, final)["C9"]
+    differ = next(a for a in anomalies if a.get("index") == 1)
+    assert differ["segment"] == 1 and differ["stores"] == ["s0", "s1"]
+    assert any(a.get("holders") == ["s0"] for a in anomalies)
+
+
+def test_c10_a_store_taking_a_write_below_its_fence() -> None:
+    records, final = clean()
+    segment = stream_of(final)["segments"][0]
+    segment["fence_probes"] = {"s0": "refused", "s1": "accepted", "s2": "UNAVAILABLE: down"}
+    anomalies = failed(records, final)["C10"]
+    assert [(a["store"], a["outcome"], a["epoch"]) for a in anomalies] == [
+        ("s1", "accepted", 2), ("s2", "UNAVAILABLE: down", 2)]
+
+
+def test_c11_one_epoch_granted_to_two_clients() -> None:
+    records, final = clean()
+    records.append(rec(3.4, "grant", "w1", epoch=2, client="w1.1-2"))
+    witness = failed(records, final)["C11"][0]
+    assert witness["epoch"] == 2 and witness["clients"] == ["w2.1-1", "w1.1-2"]
+
+
+def test_c11_epochs_going_backwards_across_a_master_restart() -> None:
+    records, final = clean()
+    records.append(rec(6.0, "meta", "meta", segments=[[1, "SEALED"], [2, "OPEN"]]))
+    witness = failed(records, final)["C11"][0]
+    assert witness["epoch"] == 2 and witness["earlier"] == 3
+
+
+def test_c12_three_unsealed_segments() -> None:
+    records, final = clean()
+    records.append(rec(3.4, "meta", "meta",
+                       segments=[[1, "SEALING"], [2, "SEALING"], [3, "OPEN"]]))
+    assert failed(records, final)["C12"][0]["unsealed"] == [1, 2, 3]
+
+
+def test_an_invoke_without_completion_is_in_doubt_not_lost() -> None:
+    records, final = clean()
+    for run in stream_of(final)["reads"]:
+        del run[3]  # c0, in doubt: may be absent
+    assert "C1" not in failed(records, final)
+
+
+@pytest.mark.parametrize("fault", ["w1", "store1", "master"])
+def test_measure_reads_failover_and_stalls(fault: str) -> None:
+    records, _ = clean()
+    records.append({"t": 2.9, "type": "nemesis", "phase": "start", "fault": "kill",
+                    "target": fault, "process": "nemesis"})
+    records.append(rec(4.0, "ok", "w2", op=0, seqs=[pack(2, 1)]))
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    if fault == "w1":
+        assert figures["writer_failover_s"]["max"] == pytest.approx(1.1)
+    elif fault == "store1":
+        assert figures["append_stall_after_store_fault_s"]["count"] == 1
+    else:
+        stall = figures["append_stall_after_master_fault_s"]
+        assert stall["max"] == pytest.approx(1.0)  # acks at 3.0 and 4.0
+
+
+def test_bounds_flag_what_exceeds_the_liveness_table() -> None:
+    figures = {
+        "writer_failover_s": {"p99": 3.5},
+        "append_stall_after_store_fault_s": {"p99": 0.4},
+        "reader_catch_up_s": None,
+    }
+    checked = bounds(figures, lease_s=1.0)
+    assert checked["writer_failover_s"] == {"p99": 3.5, "bound": 3.0, "ok": False}
+    assert checked["append_stall_after_store_fault_s"]["ok"] is True
+    assert checked["reader_catch_up_s"]["ok"] is False  # never caught up
+
+
+def test_a_stall_lasting_beyond_the_window_counts_whole() -> None:
+    records, _ = clean()
+    records.append({"t": 3.05, "type": "nemesis", "phase": "start", "fault": "partition",
+                    "target": "master", "process": "nemesis"})
+    records.append(rec(20.0, "invoke", "w1", op=9, ids=["z0"], session="s1"))
+    records.append(rec(21.0, "ok", "w1", op=9, seqs=[pack(3, 1)]))
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["append_stall_after_master_fault_s"]["max"] == pytest.approx(21.0 - 3.05)

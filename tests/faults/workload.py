@@ -1,0 +1,320 @@
+"""Writer and reader processes on the real SDK, each recording its own history.
+
+    python -m tests.faults.workload writer --master A --streams t/a,t/b --name w1 --inc 2 \
+        --history DIR --seed 7 [--rate 300] [--batch-max 20] [--size-max 4096]
+    python -m tests.faults.workload reader --master A --streams t/a,t/b --name r1 --inc 1 \
+        --history DIR --seed 7 [--churn-s 5]
+
+A writer contends for leadership of every stream (one `StreamClient.writer` session at a
+time per stream), appends pipelined batches and records invoke / ok / fail / info; when
+a session ends (leadership lost, a background failure) it opens a new one. A reader
+subscribes to every stream from its last recorded token (so a restarted reader resumes
+exactly after what it recorded), records every delivery, and now and then drops its
+subscription and resumes. SIGTERM: stop invoking, let pending appends finish (bounded),
+exit 0. Both stop by themselves after `--max-s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+from streamengine.client import StreamClient
+from streamengine.client.errors import (
+    AppendFailed,
+    DataLossError,
+    InvalidArgument,
+    NotFound,
+    StreamEngineError,
+)
+from tests.faults import payload
+from tests.faults.history import Recorder, read_file
+
+# Errors the SDK documents as "not written": the append can never appear.
+DEFINITE_ERRORS: tuple[type[BaseException], ...] = (AppendFailed, InvalidArgument, NotFound)
+# Appends in flight per writer session (pipelining).
+PIPELINE_DEPTH = 4
+# After SIGTERM, pending appends get this long to finish.
+DRAIN_S = 10.0
+# Between writer sessions (leadership lost, or not granted).
+SESSION_PAUSE_S = 0.2
+LEADERSHIP_WAIT_S = 30.0
+# Reader deliveries are recorded at least this often, and in lines of at most this many.
+DELIVER_FLUSH_S = 0.05
+DELIVER_FLUSH_EVENTS = 128
+
+
+def classify(error: BaseException) -> str:
+    return "fail" if isinstance(error, DEFINITE_ERRORS) else "info"
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+class WriterWorkload:
+    def __init__(self, args: argparse.Namespace, recorder: Recorder) -> None:
+        self.args = args
+        self.recorder = recorder
+        self.rng = random.Random(f"{args.seed}/{args.name}/{args.inc}")
+        self.writer_id = f"{args.name}.{args.inc}"
+        self.stopping = asyncio.Event()
+        self.next_op = 0
+        self.sessions = 0
+
+    async def run(self) -> None:
+        async with StreamClient(self.args.master) as client, asyncio.TaskGroup() as group:
+            for stream in self.args.streams.split(","):
+                group.create_task(self.stream_loop(client, stream))
+
+    async def stream_loop(self, client: StreamClient, stream: str) -> None:
+        while not self.stopping.is_set():
+            self.sessions += 1
+            session = f"{self.writer_id}-{self.sessions}"
+            try:
+                await self.session(client, stream, session)
+            except* StreamEngineError as group:
+                self.recorder.record("session_end", stream=stream, session=session,
+                                     error=describe(group.exceptions[0]))
+            except* Exception as group:  # a background loop's failure, or grpc's
+                self.recorder.record("session_end", stream=stream, session=session,
+                                     error=describe(group.exceptions[0]))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), SESSION_PAUSE_S)
+
+    async def session(self, client: StreamClient, stream: str, session: str) -> None:
+        # Waiting for leadership ends early on SIGTERM.
+        waiter = asyncio.ensure_future(self.stopping.wait())
+        opening = asyncio.ensure_future(
+            client.writer(
+                stream, client_id=session, leadership_timeout_s=LEADERSHIP_WAIT_S
+            ).__aenter__()
+        )
+        done, _ = await asyncio.wait({waiter, opening}, return_when=asyncio.FIRST_COMPLETED)
+        if opening not in done:
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
+            return
+        waiter.cancel()
+        writer = opening.result()
+        try:
+            await self.appends(writer, stream, session)
+        finally:
+            await writer.__aexit__(None, None, None)
+
+    async def appends(self, writer: object, stream: str, session: str) -> None:
+        from streamengine.client.writer import Writer
+
+        assert isinstance(writer, Writer)
+        epoch = writer.epoch
+        self.recorder.record("grant", stream=stream, epoch=epoch, client=session)
+        slots = asyncio.Semaphore(PIPELINE_DEPTH)
+        pending: set[asyncio.Task[None]] = set()
+        lost = asyncio.Event()
+        interval_s = 1.0 / self.args.rate if self.args.rate else 0.0
+        next_at = time.monotonic()
+        while not self.stopping.is_set() and not lost.is_set() and writer.leading:
+            await slots.acquire()
+            if self.stopping.is_set() or lost.is_set() or not writer.leading:
+                slots.release()
+                break
+            count = self.rng.randint(1, self.args.batch_max)
+            op = self.next_op
+            self.next_op += 1
+            ids = [payload.payload_id(self.writer_id, op, k) for k in range(count)]
+            values = [
+                payload.make(self.writer_id, op, k, self.size(), self.rng) for k in range(count)
+            ]
+            self.recorder.record("invoke", stream=stream, op=op, ids=ids, session=session)
+            # The call starts here, in invocation order: sequences follow it.
+            call = asyncio.ensure_future(writer.append_batch(values))
+            task = asyncio.ensure_future(self.complete(call, stream, op, slots, lost))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            if writer.epoch != epoch:
+                epoch = writer.epoch
+                self.recorder.record("grant", stream=stream, epoch=epoch, client=session)
+            next_at += interval_s * count
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), delay)
+            else:
+                next_at = time.monotonic()
+        if pending:
+            await asyncio.wait(pending, timeout=DRAIN_S)
+        for task in pending:
+            task.cancel()
+
+    async def complete(
+        self,
+        call: asyncio.Future[list[int]],
+        stream: str,
+        op: int,
+        slots: asyncio.Semaphore,
+        lost: asyncio.Event,
+    ) -> None:
+        try:
+            sequences = await call
+        except asyncio.CancelledError:
+            self.recorder.record("info", stream=stream, op=op, error="cancelled at exit")
+            raise
+        except Exception as error:
+            self.recorder.record(classify(error), stream=stream, op=op, error=describe(error))
+            lost.set()
+        else:
+            self.recorder.record("ok", stream=stream, op=op, seqs=sequences)
+        finally:
+            slots.release()
+
+    def size(self) -> int:
+        # Mostly small events, now and then a large one.
+        if self.rng.random() < 0.02:
+            return self.rng.randint(self.args.size_max // 2, self.args.size_max)
+        return self.rng.randint(64, 512)
+
+
+class ReaderWorkload:
+    def __init__(self, args: argparse.Namespace, recorder: Recorder, history: Path) -> None:
+        self.args = args
+        self.recorder = recorder
+        self.rng = random.Random(f"{args.seed}/{args.name}/{args.inc}")
+        self.stopping = asyncio.Event()
+        self.tokens = last_tokens(history)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for stream in self.args.streams.split(","):
+                group.create_task(self.stream_loop(stream))
+
+    async def stream_loop(self, stream: str) -> None:
+        while not self.stopping.is_set():
+            async with StreamClient(self.args.master) as client:
+                # A few subscriptions per client, then a fresh client.
+                for _ in range(self.rng.randint(1, 4)):
+                    if self.stopping.is_set():
+                        return
+                    await self.subscription(client, stream)
+
+    async def subscription(self, client: StreamClient, stream: str) -> None:
+        token = self.tokens.get(stream)
+        start = 0 if token is None else token + 1
+        self.recorder.record("subscribe", stream=stream, **{"from": start})
+        buffer: list[list[object]] = []
+        flushed_at = time.monotonic()
+
+        def flush() -> None:
+            nonlocal flushed_at
+            if buffer:
+                self.recorder.record("deliver", stream=stream, events=list(buffer))
+                buffer.clear()
+            flushed_at = time.monotonic()
+
+        churn_at = time.monotonic() + self.rng.uniform(0.3, 2.0) * self.args.churn_s
+        events = client.subscribe(stream, start=start)
+        try:
+            async with asyncio.timeout_at(self.loop_time(churn_at)) as _:
+                async for event in events:
+                    parsed = payload.parse(event.payload)
+                    buffer.append([event.sequence, event.epoch, event.index, parsed.pid,
+                                   payload.fingerprint(event.payload), parsed.intact])
+                    self.tokens[stream] = event.sequence
+                    if (len(buffer) >= DELIVER_FLUSH_EVENTS
+                            or time.monotonic() - flushed_at > DELIVER_FLUSH_S):
+                        flush()
+                    if self.stopping.is_set():
+                        break
+        except TimeoutError:
+            pass  # churn: drop the subscription, resume from the token
+        except DataLossError as error:
+            self.recorder.record("error", stream=stream, error=describe(error), data_loss=[
+                error.segment_epoch, error.first_index, error.last_index])
+            await asyncio.sleep(0.5)
+        except Exception as error:
+            self.recorder.record("error", stream=stream, error=describe(error))
+            await asyncio.sleep(0.5)
+        finally:
+            flush()
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+
+    @staticmethod
+    def loop_time(monotonic_at: float) -> float:
+        loop = asyncio.get_running_loop()
+        return loop.time() + (monotonic_at - time.monotonic())
+
+
+def last_tokens(history: Path) -> dict[str, int]:
+    """The last sequence this reader recorded per stream (an earlier incarnation's)."""
+    tokens: dict[str, int] = {}
+    if history.exists():
+        for record in read_file(history):
+            if record["type"] == "deliver" and record["events"]:
+                tokens[record["stream"]] = int(record["events"][-1][0])
+    return tokens
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.workload")
+    parser.add_argument("role", choices=["writer", "reader"])
+    parser.add_argument("--master", required=True)
+    parser.add_argument("--streams", required=True, help="comma-separated stream names")
+    parser.add_argument("--name", required=True, help="process name (w1, r2, ...)")
+    parser.add_argument("--inc", type=int, default=1, help="incarnation of this process")
+    parser.add_argument("--history", type=Path, required=True, help="history directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=300.0, help="events/s per stream")
+    parser.add_argument("--batch-max", type=int, default=20)
+    parser.add_argument("--size-max", type=int, default=16384)
+    parser.add_argument("--churn-s", type=float, default=5.0, help="mean subscription life")
+    parser.add_argument("--max-s", type=float, default=900.0, help="exit after this long")
+    return parser.parse_args(argv)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    path = args.history / f"{args.name}.jsonl"
+    # Tokens come from what earlier incarnations recorded, before this one writes.
+    workload: WriterWorkload | ReaderWorkload
+    recorder = Recorder(path, args.name, inc=args.inc)
+    if args.role == "writer":
+        workload = WriterWorkload(args, recorder)
+    else:
+        workload = ReaderWorkload(args, recorder, path)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, workload.stopping.set)
+    loop.call_later(args.max_s, workload.stopping.set)
+    recorder.record("start", role=args.role, pid=_pid())
+    runner = asyncio.ensure_future(workload.run())
+    await workload.stopping.wait()
+    if args.role == "reader":
+        runner.cancel()  # a reader has nothing pending: its deliveries are flushed
+    try:
+        await asyncio.wait_for(asyncio.shield(runner), DRAIN_S + 5)
+    except (TimeoutError, asyncio.CancelledError):  # too slow, or a reader cancelled
+        runner.cancel()
+        with contextlib.suppress(BaseException):
+            await runner
+    recorder.record("stop")
+    recorder.close()
+    return 0
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def main() -> int:
+    return asyncio.run(main_async(parse_args(sys.argv[1:])))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
