@@ -3,8 +3,8 @@ real processes. Fails on any safety anomaly, with the witnesses.
 
 By default every implemented scenario (the pass `make test` and CI run, also
 `make faults-quick`; about six minutes on two cores); `FAULTS_QUICK=smoke` runs the smoke
-subset of FAULTS.md (S1, S2, S3, S5, S8: about two and a half minutes). Select with `pytest -m faults`; the full suite is
-`make faults`.
+subset of FAULTS.md (S1, S2, S3, S5, S8: about two and a half minutes). Select with
+`pytest -m faults`; the full suite is `make faults`.
 
 S4 seed 1 also guards the harness: a writer killed through the `faketime` wrapper
 once lived on and appended after the final seal (now every process on a fake clock is
