@@ -9,12 +9,10 @@ core needs no lock.
 Every background loop (the clock, heartbeats, one Write stream per store) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
 
-Earlier segments. A grant listing unsealed segments (`RecoverSegment`) gets one
-`client.sealer.SegmentSealer` task each; its `Done` becomes `SegmentSealed` (the core
-then acks the new segment), its `Deposed` a `StoreFenced` (the core steps down). A
-grant without a segment (two earlier segments unsealed) never reaches the core: the
-shell seals both under the granted epoch, then asks `RollSegment` for the next epoch
-and hands that grant to the core (`_close_gap`).
+Earlier segments. Each `RecoverSegment` gets one `client.sealer.SegmentSealer` task;
+its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls out of
+an epoch granted without a segment), its `Deposed` a `StoreFenced` (the core steps
+down), any other failure `RecoveryFailed` (the core starts it again later).
 
 Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
 `RollSegment` and feeds the answer back (`RollAnswered`, or `RollFailed`). Appends
@@ -53,6 +51,7 @@ from streamengine.client.core.leader import (
     LeaderAction,
     LeaderEvent,
     RecoverSegment,
+    RecoveryFailed,
     Release,
     ReleaseLease,
     Replica,
@@ -364,8 +363,6 @@ class Writer:
         # Sealing earlier segments: cancelled when this writer stops leading.
         self._recoveries: set[asyncio.Task[None]] = set()
         self._sealed_changed = asyncio.Event()
-        # The epoch of a grant without a segment being closed (see `_close_gap`).
-        self._gap_epoch = 0
         self._pending: deque[_Pending] = deque()
         self._waiting: deque[_Waiting] = deque()
         self._room_freed = False
@@ -705,14 +702,7 @@ class Writer:
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
             self.step(HeartbeatFailed(sent_at, error.code().name))
             return
-        answer = _answer(sent_at, reply)
-        if answer.leader and answer.segment is None and self._core.role is Role.FOLLOWING:
-            self._close_gap(answer)
-            # The core would refuse a grant without a segment; the lease is renewed by
-            # the master all the same while the gap closes.
-            self.step(HeartbeatFailed(sent_at, "a grant without a segment: sealing first"))
-            return
-        self.step(answer)
+        self.step(_answer(sent_at, reply))
 
     # ---- sealing earlier segments ----
 
@@ -732,7 +722,7 @@ class Writer:
         )
         sent_at = now_ms()
         try:
-            reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
+            reply = await self._master.RollSegment(request, timeout=action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
             log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
             self.step(RollFailed(f"{error.code().name}: {error.details()}"))
@@ -755,60 +745,17 @@ class Writer:
             await sealer.close()
             self.step(StoreFenced(f"recovery of segment {epoch}", error.fence))
             return
+        except Exception as error:  # any other failure: the core tries again
+            await sealer.close()
+            log.warning("%s: recovery of segment %d failed: %r", self.stream, epoch, error)
+            self.step(RecoveryFailed(epoch, repr(error)))
+            return
         except BaseException:
             await sealer.close()
             raise
         self.step(SegmentSealed(epoch))
         self._sealed_changed.set()
         await sealer.finish()
-
-    def _close_gap(self, answer: HeartbeatAnswered) -> None:
-        """The master granted an epoch without a segment: two earlier segments are
-        unsealed. Seal and recover both under the granted epoch, then roll for the next
-        epoch, whose grant (with a segment, nothing left unsealed) the core leads."""
-        if answer.epoch == self._gap_epoch or answer.policy is None:
-            return  # a renewal while closing
-        self._gap_epoch = answer.epoch
-        policy = answer.policy
-        actions = [RecoverSegment(grant, answer.epoch, policy) for grant in answer.unsealed]
-        task = self._spawn(self._seal_then_roll(answer.epoch, actions))
-        self._recoveries.add(task)
-        task.add_done_callback(self._recoveries.discard)
-
-    async def _seal_then_roll(self, epoch: int, actions: list[RecoverSegment]) -> None:
-        log.info(
-            "%s: epoch %d granted without a segment: sealing %s first",
-            self.stream,
-            epoch,
-            [action.segment.epoch for action in actions],
-        )
-        sealers = [
-            SegmentSealer(self._master, self._channels, self.client_id, action)
-            for action in actions
-        ]
-        try:
-            await asyncio.gather(*(sealer.run() for sealer in sealers))
-        except Fenced as error:
-            log.info("%s: closing epoch %d: %s", self.stream, epoch, error)
-            return  # a later leader took over; the heartbeats will say so
-        finally:
-            for sealer in sealers:
-                await sealer.close()
-        request = master_pb2.RollSegmentRequest(
-            stream=self.stream, client_id=self.client_id, epoch=epoch
-        )
-        sent_at = now_ms()
-        try:
-            reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
-        except grpc.aio.AioRpcError as error:
-            log.info("%s: roll after closing epoch %d: %s", self.stream, epoch, error.code().name)
-            self._gap_epoch = 0  # a later grant starts over (sealed segments are not listed)
-            return
-        if self._core.role is Role.FOLLOWING:
-            self.step(_answer(sent_at, reply))
-
-    def _core_lease_s(self) -> float:
-        return max(1, self._core.heartbeat_interval_ms * 3) / 1000
 
     async def wait_sealed(self, timeout_s: float) -> None:
         """Wait until every segment before this writer's own is sealed and recovered

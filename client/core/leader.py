@@ -41,7 +41,22 @@ answer (`RollAnswered`) opens the new segment at once, held back from acking by 
 gate until the old one is sealed. Only one earlier segment may be unsealed: no roll
 starts before the previous one is sealed. A roll the master refuses (`RollFailed`),
 or a drain not done within `DRAIN_MS_MAX`, resumes appends and tries again after
-`ROLL_RETRY_MS`.
+`ROLL_RETRY_MS`. A roll unanswered past its `timeout_ms` (and a grace) counts as
+refused, so a lost answer never leaves the writer waiting for nothing.
+
+A grant without a segment. When two earlier segments are unsealed (a leader died
+while recovering), the master grants the epoch without a segment. The writer leads
+it all the same: it recovers both earlier segments under the granted epoch, then asks
+for the next epoch (`AskRoll`), whose segment it leads as after any roll. While the
+granted epoch has no segment the writer takes no appends (they wait, as during a
+drain). A leader holding an epoch with no segment and nothing unsealed always asks
+for a roll, again `ROLL_RETRY_MS` after every failure, until it has a segment or
+loses the lease.
+
+Recoveries that fail. A recovery that ends with a transient error (anything but a
+fence above this writer's epoch, which is `StoreFenced`) comes back as
+`RecoveryFailed`; the same `RecoverSegment` goes out again after
+`RECOVERY_RETRY_MS`, for as long as the writer leads.
 """
 
 from __future__ import annotations
@@ -76,6 +91,11 @@ STORE_LOST_MS = 3_000
 DRAIN_MS_MAX = 5_000
 # After a roll refused or given up, the next attempt waits this long.
 ROLL_RETRY_MS = 1_000
+# A roll not answered this long after its own timeout counts as refused: the shell
+# answers every `AskRoll`, and this keeps a lost answer from stalling the writer if not.
+ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
+# After a recovery failed with a transient error, it starts again after this long.
+RECOVERY_RETRY_MS = 1_000
 
 # Heartbeats in flight at once. A slow answer still renews the lease from its send time,
 # so a slow master is not waited out: the next heartbeat goes on schedule, up to one
@@ -147,6 +167,15 @@ class SegmentSealed:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryFailed:
+    """Sealing and recovering the earlier segment `epoch` ended with a transient error
+    (a store or the master unreachable, a broken answer; not a later fence)."""
+
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
     """The user leaves the writer: give the lease back now."""
 
@@ -172,6 +201,7 @@ LeaderEvent = (
     | RollFailed
     | StoreFenced
     | SegmentSealed
+    | RecoveryFailed
     | Release
     | Append
     | WriteReplied
@@ -217,11 +247,13 @@ class RecoverSegment:
 @dataclass(frozen=True, slots=True)
 class AskRoll:
     """Ask the master for the next epoch and segment (`RollSegment`); the old segment
-    is drained (everything assigned is acked)."""
+    is drained (everything assigned is acked), or the epoch has none. Give up on the
+    call after `timeout_ms` (then `RollFailed`)."""
 
     epoch: int
     exclude_stores: tuple[str, ...]
     reason: str
+    timeout_ms: int
 
 
 class StepDownReason(enum.Enum):
@@ -300,10 +332,14 @@ class Leader:
         self._heartbeats_in_flight = 0
         self._grant_sent_at_ms = 0
         self._next_heartbeat_ms = now_ms
-        self._unsealed: list[int] = []
+        # Earlier segments not yet sealed and recovered, by epoch.
+        self._unsealed: dict[int, SegmentGrant] = {}
+        # Recoveries that failed, by epoch: when they start again.
+        self._recovery_retry_ms: dict[int, int] = {}
         self._roll_requested = False
         self._roll_reason_master = ""
         self._rolling_supported = rolling_supported
+        # The open segment; None while leading an epoch granted without one.
         self._segment: SegmentGrant | None = None
         self._policy: ReplicationPolicy | None = None
         self._bytes_max = 0
@@ -312,6 +348,7 @@ class Leader:
         self._rolling = ""  # non-empty while draining for a roll: why
         self._drain_started_ms = 0
         self._roll_asked = False
+        self._roll_answer_by_ms = 0
         self._roll_retry_ms = 0
         self._detached: set[str] = set()
         self._disconnected_since: dict[str, int] = {}
@@ -320,8 +357,9 @@ class Leader:
 
     @property
     def accepting_appends(self) -> bool:
-        """False while a roll drains the open segment: appends wait."""
-        return self.role is Role.LEADING and not self._rolling
+        """False while a roll drains the open segment, or the epoch has no segment yet:
+        appends wait."""
+        return self.role is Role.LEADING and self.replicator is not None and not self._rolling
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -335,10 +373,15 @@ class Leader:
             deadlines.append(self._next_heartbeat_ms)
         if self.role is Role.LEADING:
             deadlines.append(self._lease_until_ms)
-            assert self.replicator is not None
-            replicating = self.replicator.deadline_ms(now_ms)
-            if replicating is not None:
-                deadlines.append(replicating)
+            deadlines.extend(self._recovery_retry_ms.values())
+            if self._roll_asked:
+                deadlines.append(self._roll_answer_by_ms)
+            elif self._segment is None and not self._unsealed:
+                deadlines.append(self._roll_retry_ms)
+            if self.replicator is not None:
+                replicating = self.replicator.deadline_ms(now_ms)
+                if replicating is not None:
+                    deadlines.append(replicating)
         return min(deadlines) if deadlines else None
 
     def statistics(self) -> LeaderStatistics:
@@ -347,7 +390,7 @@ class Leader:
             epoch=self.epoch,
             lease_until_ms=self._lease_until_ms,
             leader_id=self._leader_id,
-            unsealed_epochs=tuple(self._unsealed),
+            unsealed_epochs=tuple(sorted(self._unsealed)),
             roll_requested=self._roll_requested,
             replication=self.replicator.statistics() if self.replicator else None,
             rolling=self._rolling,
@@ -379,6 +422,9 @@ class Leader:
                 )
         elif isinstance(event, SegmentSealed):
             self._sealed(now_ms, event.epoch, actions)
+        elif isinstance(event, RecoveryFailed):
+            if self.role is Role.LEADING and event.epoch in self._unsealed:
+                self._recovery_retry_ms[event.epoch] = now_ms + RECOVERY_RETRY_MS
         elif isinstance(event, Release):
             if self.role is Role.LEADING:
                 self._step_down(StepDownReason.RELEASED, "released", actions)
@@ -388,12 +434,10 @@ class Leader:
         elif isinstance(event, RollAnswered):
             self._roll_answered(now_ms, event.answer, actions)
         elif isinstance(event, RollFailed):
-            self._roll_given_up(now_ms)
+            if self._roll_asked:
+                self._roll_given_up(now_ms)
         elif isinstance(event, Append):
-            if self.role is not Role.LEADING:
-                raise RuntimeError("append while not leading")
-            if self._rolling:
-                raise RuntimeError("append while a roll drains the open segment")
+            assert self.accepting_appends, "an append while not accepting appends"
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, event))
             stepped_replicator = True
@@ -430,14 +474,8 @@ class Leader:
         if self.role is Role.LEADING and now_ms >= self._lease_until_ms:
             self._lease_expired(actions)
             return
-        if self.role is Role.LEADING and not stepped_replicator:
-            assert self.replicator is not None
-            actions.extend(self.replicator.step(now_ms, Tick()))
-        if self.role is Role.LEADING and self._rolling_supported:
-            for action in actions:
-                if isinstance(action, StoreDetached):
-                    self._detached.add(action.store)
-            self._maybe_roll(now_ms, actions)
+        if self.role is Role.LEADING:
+            self._on_time_leading(now_ms, actions, stepped_replicator)
         in_flight = self._heartbeats_in_flight
         if in_flight < HEARTBEATS_IN_FLIGHT_MAX and now_ms >= self._next_heartbeat_ms:
             interval = self.heartbeat_interval_ms
@@ -453,6 +491,27 @@ class Leader:
                 )
             )
 
+    def _on_time_leading(
+        self, now_ms: int, actions: list[LeaderAction], stepped_replicator: bool
+    ) -> None:
+        assert self._policy is not None
+        for epoch, retry_ms in sorted(self._recovery_retry_ms.items()):
+            if now_ms >= retry_ms:
+                del self._recovery_retry_ms[epoch]
+                actions.append(RecoverSegment(self._unsealed[epoch], self.epoch, self._policy))
+        if self._roll_asked and now_ms >= self._roll_answer_by_ms:
+            self._roll_given_up(now_ms)  # the answer was lost: ask again later
+        if self.replicator is None:
+            self._maybe_roll_without_segment(now_ms, actions)
+            return
+        if not stepped_replicator:
+            actions.extend(self.replicator.step(now_ms, Tick()))
+        if self._rolling_supported:
+            for action in actions:
+                if isinstance(action, StoreDetached):
+                    self._detached.add(action.store)
+            self._maybe_roll(now_ms, actions)
+
     def _answered_following(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
     ) -> None:
@@ -463,6 +522,7 @@ class Leader:
         )
         if not answer.leader:
             return
+        assert answer.epoch > self.epoch, f"granted epoch {answer.epoch} after {self.epoch}"
         self.epoch = answer.epoch
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_until_ms = answer.sent_at_ms + answer.lease_ms
@@ -473,32 +533,24 @@ class Leader:
             self._step_down(StepDownReason.UNSUPPORTED, problem, actions)
             actions.append(ReleaseLease(answer.epoch))
             return
-        assert answer.segment is not None and answer.policy is not None
-        self._unsealed = [grant.epoch for grant in answer.unsealed]
-        self.replicator = Replicator(
-            answer.segment.segment,
-            answer.epoch,
-            answer.policy,
-            [replica.store_id for replica in answer.segment.copy_set],
-            self._limits,
-            acking=not self._unsealed,
-        )
+        assert answer.policy is not None
         self.role = Role.LEADING
-        self._open_segment(now_ms, answer)
-        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
+        self._policy = answer.policy
+        self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         actions.extend(
             RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
         )
+        if answer.segment is None:
+            # Nothing to replicate until the roll after the recoveries (`_on_time`).
+            self._segment = None
+            self._roll_retry_ms = now_ms
+            return
+        self._open(now_ms, answer, actions)
 
     def _cannot_lead(self, answer: HeartbeatAnswered) -> str:
-        if answer.segment is None:
-            return (
-                f"epoch {answer.epoch} came without a segment: two earlier segments are "
-                "unsealed and must be sealed before a roll, which this writer cannot do"
-            )
         if answer.policy is None:
             return "the grant carries no replication policy"
-        if answer.segment.epoch != answer.epoch:
+        if answer.segment is not None and answer.segment.epoch != answer.epoch:
             return f"granted epoch {answer.epoch} with segment {answer.segment.epoch}"
         if answer.unsealed and not self._recovery_supported:
             epochs = ", ".join(str(grant.epoch) for grant in answer.unsealed)
@@ -536,7 +588,17 @@ class Leader:
 
     # ---- rolling ----
 
-    def _open_segment(self, now_ms: int, answer: HeartbeatAnswered) -> None:
+    def _open(self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+        """Lead the granted segment of `answer` (a grant, or a roll's answer)."""
+        assert answer.segment is not None and answer.policy is not None
+        self.replicator = Replicator(
+            answer.segment.segment,
+            answer.epoch,
+            answer.policy,
+            [replica.store_id for replica in answer.segment.copy_set],
+            self._limits,
+            acking=not self._unsealed,
+        )
         self._segment = answer.segment
         self._policy = answer.policy
         self._roll_requested = answer.roll_requested
@@ -548,6 +610,7 @@ class Leader:
         self._roll_asked = False
         self._detached = set()
         self._disconnected_since = {}
+        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
 
     def _roll_wanted(self, now_ms: int) -> str:
         replication = self.replicator
@@ -587,9 +650,23 @@ class Leader:
             if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
                 self._roll_given_up(now_ms)
             return
-        self._roll_asked = True
         exclude = self._detached | set(self._disconnected_since)
-        actions.append(AskRoll(self.epoch, tuple(sorted(exclude)), self._rolling))
+        self._ask_roll(now_ms, tuple(sorted(exclude)), self._rolling, actions)
+
+    def _maybe_roll_without_segment(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        """An epoch without a segment: once nothing earlier is unsealed, always ask."""
+        if self._unsealed or self._roll_asked or now_ms < self._roll_retry_ms:
+            return
+        self._ask_roll(now_ms, (), f"epoch {self.epoch} was granted without a segment", actions)
+
+    def _ask_roll(
+        self, now_ms: int, exclude: tuple[str, ...], reason: str, actions: list[LeaderAction]
+    ) -> None:
+        assert not self._roll_asked and not self._unsealed
+        timeout_ms = self._lease_ms
+        self._roll_asked = True
+        self._roll_answer_by_ms = now_ms + timeout_ms + ROLL_ANSWER_GRACE_MS
+        actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms))
 
     def _roll_given_up(self, now_ms: int) -> None:
         self._rolling = ""
@@ -599,9 +676,10 @@ class Leader:
     def _roll_answered(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
     ) -> None:
+        if not self._roll_asked:
+            return  # an answer given up on (late): the next ask is already planned
         if (
             self.role is not Role.LEADING
-            or not self._roll_asked
             or not answer.leader
             or answer.segment is None
             or answer.policy is None
@@ -611,23 +689,16 @@ class Leader:
             self._roll_given_up(now_ms)
             return
         old = self.replicator
-        assert old is not None
-        old.step(now_ms, Stop())
+        if old is not None:
+            old.step(now_ms, Stop())
+        assert answer.epoch > self.epoch
         self.epoch = answer.epoch
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
-        self._unsealed = [grant.epoch for grant in answer.unsealed]
-        self.replicator = Replicator(
-            answer.segment.segment,
-            answer.epoch,
-            answer.policy,
-            [replica.store_id for replica in answer.segment.copy_set],
-            self._limits,
-            acking=not self._unsealed,
-        )
-        self._open_segment(now_ms, answer)
-        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
+        self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
+        self._recovery_retry_ms = {}
+        self._open(now_ms, answer, actions)
         actions.extend(
             RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
         )
@@ -635,9 +706,9 @@ class Leader:
     def _sealed(self, now_ms: int, epoch: int, actions: list[LeaderAction]) -> None:
         if self.role is not Role.LEADING or epoch not in self._unsealed:
             return
-        self._unsealed.remove(epoch)
-        if not self._unsealed:
-            assert self.replicator is not None
+        del self._unsealed[epoch]
+        self._recovery_retry_ms.pop(epoch, None)
+        if not self._unsealed and self.replicator is not None:
             actions.extend(self.replicator.step(now_ms, AllowAcking()))
 
     def _step_down(self, reason: StepDownReason, message: str, actions: list[LeaderAction]) -> None:

@@ -39,8 +39,8 @@ FLAWS = ("serve_matched", "skip_by_matched", "ack_before_seal", "ignore_fence", 
 
 # The liveness phase must converge within this much virtual time.
 LIVENESS_MS = 30_000
-# How the liveness phase fails while the leader core cannot take a grant that comes
-# without a segment (two earlier segments unsealed): see `RunResult.known_gap`.
+# How a run fails when a writer steps down because its core cannot do what a grant
+# needs (never expected: the simulated writers support recovery and rolling).
 UNSUPPORTED_GRANT = "a writer refused a grant it cannot lead"
 # Every change is checked as it happens; a full audit of every store also runs this
 # often (and at the end), in case a change escaped the incremental checks.
@@ -123,13 +123,6 @@ class RunResult:
     stats: Counter[str] = field(default_factory=Counter)
 
     @property
-    def known_gap(self) -> bool:
-        """Liveness failed because the leader core refused a grant without a segment,
-        which only happens when the shell does not close it (`close_gap=False`)."""
-        v = self.violation
-        return v is not None and v.invariant == 0 and v.message.startswith(UNSUPPORTED_GRANT)
-
-    @property
     def ok(self) -> bool:
         return self.violation is None and not self.error
 
@@ -153,11 +146,9 @@ class World:
         rng: random.Random,
         trace: Callable[[str], None] | None = None,
         probe_lost: bool = True,
-        close_gap: bool = True,
     ) -> None:
         self.config = config
         self.probe_lost = probe_lost
-        self.close_gap = close_gap
         self.rng = rng
         self.trace = trace
         self.sched = Scheduler()
@@ -502,7 +493,6 @@ def run_seed(
     flaws: frozenset[str] = frozenset(),
     trace: Callable[[str], None] | None = None,
     probe_lost: bool = True,
-    close_gap: bool = True,
     overrides: dict[str, Any] | None = None,
 ) -> RunResult:
     """One seed; `overrides` replace drawn configuration fields (the draw itself, and
@@ -515,7 +505,7 @@ def run_seed(
     result = RunResult(config)
     world: World | None = None
     try:
-        world = World(config, rng, trace, probe_lost, close_gap)
+        world = World(config, rng, trace, probe_lost)
         for _ in range(steps):
             if not world.step():
                 break

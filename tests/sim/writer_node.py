@@ -86,8 +86,6 @@ class WriterNode(Node):
         self._timer_token = 0
         self._timer_at: int | None = None
         self._replacing = False
-        self.gap_epoch = 0
-        self.gap_runs: list[RecoveryRun] = []
         self.step(Tick())
 
     def crash(self) -> None:
@@ -226,10 +224,9 @@ class WriterNode(Node):
         )
 
         def answered(result: object) -> None:
-            if isinstance(result, HeartbeatAnswered) and self._gap(result):
-                self._close_gap(result)
-                self.step(HeartbeatFailed(sent_at, "a grant without a segment"))
-            elif isinstance(result, HeartbeatAnswered):
+            if isinstance(result, HeartbeatAnswered):
+                if result.leader and result.segment is None and not self.leading:
+                    self.world.stats["grants without a segment"] += 1
                 self.step(dataclasses.replace(result, sent_at_ms=sent_at))
             else:
                 self.step(HeartbeatFailed(sent_at, str(result)))
@@ -238,51 +235,6 @@ class WriterNode(Node):
             self.step(HeartbeatFailed(sent_at, "deadline exceeded"))
 
         self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
-
-    # ---- grants without a segment ----
-
-    def _gap(self, answer: HeartbeatAnswered) -> bool:
-        return (
-            self.world.close_gap
-            and answer.leader
-            and answer.segment is None
-            and self.leader.role is Role.FOLLOWING
-        )
-
-    def _close_gap(self, answer: HeartbeatAnswered) -> None:
-        """Two earlier segments are unsealed, so the master granted an epoch without a
-        segment, which the leader core refuses (it steps down and the stream livelocks;
-        `--no-close-gap` shows it). Until the core does it, the shell seals and recovers
-        both under the granted epoch, then gives the lease back: the next grant has a
-        segment. Safety does not rest on this lease (stores fence by epoch)."""
-        if answer.epoch == self.gap_epoch:
-            return  # a renewal while closing
-        assert answer.policy is not None
-        self.gap_epoch = answer.epoch
-        self.world.stats["grants without a segment closed by the shell"] += 1
-        self.world.note(f"{self.client_id} closes {[g.epoch for g in answer.unsealed]}")
-        self.gap_runs = [
-            RecoveryRun(self, RecoverSegment(grant, answer.epoch, answer.policy), True)
-            for grant in answer.unsealed
-        ]
-        for run in self.gap_runs:
-            run.start()
-
-    def gap_closed(self) -> None:
-        """Both sealed: roll for the next epoch, whose grant (with a segment, nothing
-        unsealed) the core leads, as `client/writer.py` does."""
-        if not all(run.op.done for run in self.gap_runs):
-            return
-        sent_at = self.world.now
-        request = m.RollSegment(self.world.config.stream, self.client_id, self.gap_epoch)
-
-        def answered(result: object) -> None:
-            if not isinstance(result, HeartbeatAnswered):
-                self.gap_epoch = 0  # a later grant starts over
-            elif self.leader.role is Role.FOLLOWING:
-                self.step(dataclasses.replace(result, sent_at_ms=sent_at))
-
-        self.call(MASTER, request, answered)
 
     def _roll(self, action: AskRoll) -> None:
         self.world.note(f"{self.client_id} rolls epoch {action.epoch}: {action.reason}")
@@ -301,8 +253,7 @@ class WriterNode(Node):
         def timed_out() -> None:
             self.step(RollFailed("deadline exceeded"))
 
-        lease_ms = self.leader.heartbeat_interval_ms * 3
-        self.call(MASTER, request, answered, True, lease_ms, timed_out)
+        self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")

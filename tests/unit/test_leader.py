@@ -220,7 +220,7 @@ def test_unsealed_earlier_segments_without_recovery_fail_clearly() -> None:
     assert not of_type(actions, BecameLeader)
 
 
-def test_a_grant_without_a_segment_fails_clearly() -> None:
+def test_a_grant_without_a_segment_needs_recovery_support() -> None:
     leader = Leader(0)
     leader.step(0, Tick())
     actions = leader.step(5, leader_answer(0, segment=None, unsealed=(grant(3), grant(4))))
