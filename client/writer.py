@@ -113,11 +113,6 @@ CONNECT_TIMEOUT_S = 2.0
 # Converted entries kept for reuse: every store is usually sent the same batch.
 ENTRY_CACHE_BATCHES = 64
 
-_FATAL_HEARTBEAT_CODES = {
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.INVALID_ARGUMENT,
-}
-
 
 def now_ms() -> int:
     return int(time.monotonic() * 1000)
@@ -373,7 +368,8 @@ class Writer:
         self._closing = False
         self._releases: list[int] = []
         self._error: StreamEngineError | None = None
-        self._fatal: StreamEngineError | None = None
+        # The last heartbeat error, told to the user if the core ends the writer on it.
+        self._heartbeat_error: StreamEngineError | None = None
         self.batch_cache = _BatchCache()
 
     # ---- the context ----
@@ -637,8 +633,8 @@ class Writer:
 
     def _stepped_down(self, down: SteppedDown) -> None:
         message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
-        if self._fatal is not None:
-            self._error = self._fatal
+        if down.reason is StepDownReason.REFUSED and self._heartbeat_error is not None:
+            self._error = self._heartbeat_error
         elif down.reason is StepDownReason.FENCED:
             self._error = Fenced(message, down.epoch + 1)
         else:
@@ -693,14 +689,9 @@ class Writer:
         try:
             reply = await self._master.WriterHeartbeat(request, timeout=action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
-            if error.code() in _FATAL_HEARTBEAT_CODES and not self.leading:
-                self._fatal = from_rpc_error(error)
-                self._error = self._fatal
-                self.step(Release())
-                self._decided.set()
-                return
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
-            self.step(HeartbeatFailed(sent_at, error.code().name))
+            self._heartbeat_error = from_rpc_error(error)
+            self.step(HeartbeatFailed(sent_at, error.code().name, error.details() or ""))
             return
         self.step(_answer(sent_at, reply))
 

@@ -97,6 +97,41 @@ ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
 # After a recovery failed with a transient error, it starts again after this long.
 RECOVERY_RETRY_MS = 1_000
 
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatFailurePolicy:
+    """What a failed heartbeat (by its gRPC status code name) does to the writer."""
+
+    ends_following: bool  # a writer not leading gives up: the request can never succeed
+    ends_leading: bool  # a leader steps down at once rather than when its lease runs out
+    why: str
+
+
+_RETRIED = HeartbeatFailurePolicy(False, False, "the master is down, slow or restarting")
+_NEVER_GRANTED = HeartbeatFailurePolicy(
+    True,
+    False,
+    "the master will never grant this request; a leader keeps its open segment until its "
+    "lease runs out (its heartbeats renew nothing), which steps it down anyway",
+)
+# Which heartbeat failures end the writer and which are retried on schedule. A code not
+# listed is retried: only an answer that can never change ends anything.
+HEARTBEAT_FAILURES: dict[str, HeartbeatFailurePolicy] = {
+    "NOT_FOUND": _NEVER_GRANTED,  # no such stream (or tenant)
+    "INVALID_ARGUMENT": _NEVER_GRANTED,  # a malformed stream name or request
+    "UNAVAILABLE": _RETRIED,  # unreachable, or restarted and not granting yet
+    "DEADLINE_EXCEEDED": _RETRIED,
+    "CANCELLED": _RETRIED,
+    "RESOURCE_EXHAUSTED": _RETRIED,
+    "INTERNAL": _RETRIED,
+    "UNKNOWN": _RETRIED,
+}
+
+
+def heartbeat_failure_policy(code: str) -> HeartbeatFailurePolicy:
+    return HEARTBEAT_FAILURES.get(code, _RETRIED)
+
+
 # Heartbeats in flight at once. A slow answer still renews the lease from its send time,
 # so a slow master is not waited out: the next heartbeat goes on schedule, up to one
 # lease worth of them.
@@ -145,10 +180,13 @@ class HeartbeatAnswered:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatFailed:
-    """The heartbeat sent at `sent_at_ms` got no answer (timeout, master down)."""
+    """The heartbeat sent at `sent_at_ms` got no answer (timeout, master down) or an
+    error: `code` is the gRPC status code name (`HEARTBEAT_FAILURES` says what it
+    does), "" when no status came back."""
 
     sent_at_ms: int
-    message: str
+    code: str
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +299,7 @@ class StepDownReason(enum.Enum):
     DEPOSED = "the master granted the lease to another writer or epoch"
     FENCED = "a store holds a fence above this writer's epoch"
     RELEASED = "the writer was closed"
+    REFUSED = "the master refused the heartbeat for good"
     UNSUPPORTED = "the grant needs work this writer cannot do"
 
 
@@ -415,6 +454,9 @@ class Leader:
                 self._answered_leading(event, actions)
         elif isinstance(event, HeartbeatFailed):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
+            if self._heartbeat_failure_ends(event):
+                self._step_down(StepDownReason.REFUSED, f"{event.code}: {event.message}", actions)
+                return actions
         elif isinstance(event, StoreFenced):
             if self.role is Role.LEADING and event.fence > self.epoch:
                 self._step_down(
@@ -464,6 +506,12 @@ class Leader:
         if isinstance(event, HeartbeatAnswered) and event.leader:
             return [ReleaseLease(event.epoch)]
         return []
+
+    def _heartbeat_failure_ends(self, failure: HeartbeatFailed) -> bool:
+        policy = heartbeat_failure_policy(failure.code)
+        if self.role is Role.LEADING:
+            return policy.ends_leading
+        return policy.ends_following
 
     def _lease_expired(self, actions: list[LeaderAction]) -> None:
         self._step_down(

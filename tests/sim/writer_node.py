@@ -37,6 +37,8 @@ from streamengine.client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.master.errors import MasterError
+from streamengine.master.service import status_of
 from streamengine.segment_store.store import (
     SegmentKey,
 )
@@ -228,11 +230,13 @@ class WriterNode(Node):
                 if result.leader and result.segment is None and not self.leading:
                     self.world.stats["grants without a segment"] += 1
                 self.step(dataclasses.replace(result, sent_at_ms=sent_at))
+            elif isinstance(result, MasterError):
+                self.step(HeartbeatFailed(sent_at, status_of(result).name, str(result)))
             else:
-                self.step(HeartbeatFailed(sent_at, str(result)))
+                self.step(HeartbeatFailed(sent_at, "UNKNOWN", str(result)))
 
         def timed_out() -> None:
-            self.step(HeartbeatFailed(sent_at, "deadline exceeded"))
+            self.step(HeartbeatFailed(sent_at, "DEADLINE_EXCEEDED"))
 
         self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
 

@@ -242,3 +242,35 @@ def test_the_gate_holds_acks_until_every_earlier_segment_is_sealed() -> None:
     assert leader.step(8, SegmentSealed(3)) == []
     [acked] = of_type(leader.step(9, SegmentSealed(4)), Acked)
     assert acked.acked_index == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "ends_following"),
+    [
+        ("NOT_FOUND", True),
+        ("INVALID_ARGUMENT", True),
+        ("UNAVAILABLE", False),
+        ("DEADLINE_EXCEEDED", False),
+        ("", False),  # no status at all: a timeout in the shell
+        ("SOMETHING_NEW", False),  # not in the table: retried
+    ],
+)
+def test_the_core_decides_which_heartbeat_failures_end_the_writer(
+    code: str, ends_following: bool
+) -> None:
+    follower = Leader(0)
+    follower.step(0, Tick())
+    actions = follower.step(5, HeartbeatFailed(0, code, "from the master"))
+    downs = of_type(actions, SteppedDown)
+    if ends_following:
+        assert [d.reason for d in downs] == [StepDownReason.REFUSED]
+        assert code in downs[0].message and follower.role is Role.FINISHED
+        assert follower.deadline_ms(6) is None
+    else:
+        assert downs == [] and follower.role is Role.FOLLOWING
+        assert follower.deadline_ms(6) is not None
+    # A leader keeps its open segment whatever the failure: its lease decides.
+    leader = leading()
+    leader.step(LEASE_MS // 3, Tick())
+    assert of_type(leader.step(LEASE_MS // 3 + 1, HeartbeatFailed(300, code)), SteppedDown) == []
+    assert leader.role is Role.LEADING
