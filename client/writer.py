@@ -1,10 +1,16 @@
 """The writer: leadership of one stream and pipelined appends, as an async context.
 
 A thin asyncio shell around `client.core.leader.Leader`: every input (a heartbeat
-answer, a store's reply, a broken stream, the clock) becomes one `step`, and the
-actions that come out are carried out here (send this, resolve those appends). All
-`step` calls happen on the event loop thread without an `await` in between, so the
-core needs no lock.
+answer, a store's reply, a broken stream, the clock) becomes one `step`, which drains
+the core's outbox in one loop and carries the actions out (send this, resolve those
+appends); appends waiting for room are given to the core in that same loop, after the
+actions already queued, never by a step inside a step. All steps happen on the event
+loop thread without an `await` in between, so the core needs no lock.
+
+An append is answered whatever happens: it waits (no room, or a roll drains the
+segment), is submitted to the core, and is pending from the moment the core assigns
+its indexes; a step-down fails the waiting and submitted ones (never sent) and tells
+each pending one whether it is in doubt or definitely failed.
 
 Every background loop (the clock, heartbeats, one Write stream per store) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
@@ -137,17 +143,17 @@ class WriterStatistics:
 
 
 @dataclass(slots=True)
-class _Pending:
-    first_index: int
-    last_index: int
-    future: asyncio.Future[int]
+class _Append:
+    """One `append`/`append_batch` call: its future resolves to the first and last
+    sequence once acked, or fails. It waits (not yet given to the core), is submitted
+    (stepped, its `Assigned` not yet seen), then is pending (assigned, maybe sent)."""
 
-
-@dataclass(slots=True)
-class _Waiting:
     payloads: tuple[bytes, ...]
     nbytes: int
-    future: asyncio.Future[Assigned]
+    future: asyncio.Future[tuple[int, int]]
+    first_index: int = 0
+    last_index: int = 0
+    segment_epoch: int = 0
 
 
 def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
@@ -358,9 +364,11 @@ class Writer:
         # Sealing earlier segments: cancelled when this writer stops leading.
         self._recoveries: set[asyncio.Task[None]] = set()
         self._sealed_changed = asyncio.Event()
-        self._pending: deque[_Pending] = deque()
-        self._waiting: deque[_Waiting] = deque()
+        self._waiting: deque[_Append] = deque()  # held back: no room, or a roll drains
+        self._submitted: deque[_Append] = deque()  # stepped, `Assigned` not yet seen
+        self._pending: deque[_Append] = deque()  # assigned: resolved when acked
         self._room_freed = False
+        self._stepping = False
         self._decided = asyncio.Event()  # leading, or finished before leading
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
@@ -500,28 +508,13 @@ class Writer:
                 f"a batch of {nbytes} bytes is more than the writer may have unacked "
                 f"({replicator.limits.unacked_bytes_max}): split it"
             )
+        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future())
         if not self._waiting and self._core.accepting_appends and replicator.room_for(nbytes):
-            assigned = self._assign(payloads)
+            self._submitted.append(item)
+            self.step(Append(payloads))
         else:
-            waiting = _Waiting(payloads, nbytes, asyncio.get_running_loop().create_future())
-            self._waiting.append(waiting)
-            assigned = await waiting.future
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(assigned.first_index, assigned.last_index, future))
-        await future
-        epoch = assigned.segment_epoch
-        return (
-            pack_sequence(epoch, assigned.first_index),
-            pack_sequence(epoch, assigned.last_index),
-        )
-
-    def _assign(self, payloads: tuple[bytes, ...]) -> Assigned:
-        actions = self.step(Append(payloads))
-        for action in actions:
-            if isinstance(action, Assigned):
-                return action
-        # The lease ran out just now: the core stepped down instead of taking it.
-        raise AppendFailed(f"{self._error or 'leadership lost'}; the append was never sent")
+            self._waiting.append(item)
+        return await item.future
 
     def _check_leading(self) -> None:
         if self._error is not None:
@@ -529,41 +522,58 @@ class Writer:
         if not self.leading:
             raise LeadershipLost(f"{self.stream}: this writer does not lead")
 
-    def _admit_waiting(self) -> None:
+    def _admit_next(self, now: int) -> bool:
+        """Give the first waiting append to the core if it may go now (inside the drain
+        loop of `step`, so its writes queue after the actions just carried out)."""
+        if not self._room_freed:
+            return False
         replicator = self._core.replicator
-        while self._waiting and replicator is not None and self.leading:
-            waiting = self._waiting[0]
-            if waiting.future.cancelled():
-                self._waiting.popleft()
-                continue
-            if not self._core.accepting_appends or not replicator.room_for(waiting.nbytes):
-                return
-            self._waiting.popleft()
-            try:
-                waiting.future.set_result(self._assign(waiting.payloads))
-            except AppendFailed as error:
-                waiting.future.set_exception(error)
+        while self._waiting and self._waiting[0].future.done():
+            self._waiting.popleft()  # cancelled by its caller
+        if (
+            not self._waiting
+            or replicator is None
+            or not self._core.accepting_appends
+            or not replicator.room_for(self._waiting[0].nbytes)
+        ):
+            self._room_freed = False
+            return False
+        item = self._waiting.popleft()
+        self._submitted.append(item)
+        self._core.step(now, Append(item.payloads))
+        return True
 
     # ---- the core ----
 
-    def step(self, event: LeaderEvent) -> list[LeaderAction]:
-        accepting = self._core.accepting_appends
-        actions = self._core.step(now_ms(), event)
-        if actions:
-            self._apply(actions)
-        if not accepting and self._core.accepting_appends:
-            self._room_freed = True  # a roll's drain ended (rolled or given up)
-        # Only once this step's actions are all carried out: admitting a waiting append
-        # steps the core again, and its writes must queue after this step's.
-        if self._waiting and self._room_freed:
-            self._room_freed = False
-            self._admit_waiting()
+    def step(self, event: LeaderEvent) -> None:
+        """Feed one event to the core and carry out everything that follows, in one
+        loop: the actions it queued, then waiting appends the room freed lets go (each
+        one more step, drained in turn). Nothing here steps from inside a step."""
+        assert not self._stepping, f"a step inside a step: {event!r}"
+        self._stepping = True
+        try:
+            now = now_ms()
+            accepting = self._core.accepting_appends
+            self._core.step(now, event)
+            while True:
+                actions = self._core.take_actions()
+                if actions:
+                    self._apply(actions)
+                    continue
+                if not accepting and self._core.accepting_appends:
+                    accepting = True
+                    self._room_freed = True  # a roll's drain ended (rolled or given up)
+                if not (self._waiting and self._admit_next(now)):
+                    break
+        finally:
+            self._stepping = False
+        # Every submitted append was assigned, or failed with the step-down.
+        assert not self._submitted, self._submitted
         deadline = self._core.deadline_ms(now_ms())
         if deadline is not None and (
             self._clock_deadline is None or deadline < self._clock_deadline
         ):
             self._wake.set()
-        return actions
 
     def _apply(self, actions: Iterable[LeaderAction]) -> None:
         for action in actions:
@@ -571,6 +581,8 @@ class Writer:
                 link = self._links.get(action.store)
                 if link is not None:
                     link.send(action)
+            elif isinstance(action, Assigned):
+                self._assigned(action)
             elif isinstance(action, Acked):
                 self._acked(action.acked_index)
             elif isinstance(action, SendHeartbeat):
@@ -623,12 +635,23 @@ class Writer:
         log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
         self._decided.set()
 
+    def _assigned(self, assigned: Assigned) -> None:
+        # Pending from this moment: a step-down from here on must answer it.
+        item = self._submitted.popleft()
+        item.first_index = assigned.first_index
+        item.last_index = assigned.last_index
+        item.segment_epoch = assigned.segment_epoch
+        self._pending.append(item)
+
     def _acked(self, acked_index: int) -> None:
         pending = self._pending
         while pending and pending[0].last_index <= acked_index:
             item = pending.popleft()
             if not item.future.done():
-                item.future.set_result(item.first_index)
+                epoch = item.segment_epoch
+                item.future.set_result(
+                    (pack_sequence(epoch, item.first_index), pack_sequence(epoch, item.last_index))
+                )
         self._room_freed = True
 
     def _stepped_down(self, down: SteppedDown) -> None:
@@ -653,9 +676,10 @@ class Writer:
                     )
                 )
         self._pending.clear()
-        for waiting in self._waiting:
+        for waiting in [*self._submitted, *self._waiting]:
             if not waiting.future.done():
                 waiting.future.set_exception(AppendFailed(f"{message}; the append was never sent"))
+        self._submitted.clear()
         self._waiting.clear()
         for task in [*self._link_tasks, *self._recoveries]:
             task.cancel()

@@ -1,5 +1,10 @@
 """A writer's election loop and the open segment it leads, as one state machine.
 
+Driving it (etcd-io/raft's Ready): `step(now_ms, event)` queues the actions the event
+leads to in an outbox; `take_actions()` hands them over. The shell drains the outbox
+in one loop, carries each action out, and feeds what comes back with `step` once that
+loop is done, never from inside a step.
+
 Theory of operation. A writer starts FOLLOWING: it heartbeats the master every
 lease/3 (`SendHeartbeat`, on schedule even while earlier ones are unanswered, up to a
 lease worth in flight; the shell answers each with `HeartbeatAnswered` carrying the
@@ -391,6 +396,7 @@ class Leader:
         self._roll_retry_ms = 0
         self._detached: set[str] = set()
         self._disconnected_since: dict[str, int] = {}
+        self._outbox: list[LeaderAction] = []
 
     # ---- queries ----
 
@@ -435,9 +441,20 @@ class Leader:
             rolling=self._rolling,
         )
 
-    # ---- the step function ----
+    # ---- the step function and the outbox ----
 
-    def step(self, now_ms: int, event: LeaderEvent) -> list[LeaderAction]:
+    def step(self, now_ms: int, event: LeaderEvent) -> None:
+        """Take one event; the actions it leads to wait in the outbox (`take_actions`).
+        The shell drains the outbox and carries the actions out before it steps again
+        for what they bring back, so no step ever runs inside another."""
+        self._outbox.extend(self._step(now_ms, event))
+
+    def take_actions(self) -> list[LeaderAction]:
+        """Everything queued since the last call, in order; the outbox is then empty."""
+        actions, self._outbox = self._outbox, []
+        return actions
+
+    def _step(self, now_ms: int, event: LeaderEvent) -> list[LeaderAction]:
         if self.role is Role.FINISHED:
             return self._step_finished(event)
         actions: list[LeaderAction] = []

@@ -88,6 +88,8 @@ class WriterNode(Node):
         self._timer_token = 0
         self._timer_at: int | None = None
         self._replacing = False
+        self._stepping = False
+        self._submitted: list[tuple[bytes, ...]] = []  # stepped, `Assigned` not yet seen
         self.step(Tick())
 
     def crash(self) -> None:
@@ -131,17 +133,23 @@ class WriterNode(Node):
 
     # ---- the core ----
 
-    def step(self, event: LeaderEvent) -> list[LeaderAction]:
-        actions = self.leader.step(self.world.now, event)
-        self.apply(actions)
+    def step(self, event: LeaderEvent) -> None:
+        """Feed one event and carry out what follows, draining the core's outbox in
+        one loop (as `client/writer.py`); nothing steps from inside a step."""
+        assert not self._stepping, f"a step inside a step: {event!r}"
+        self._stepping = True
+        try:
+            self.leader.step(self.world.now, event)
+            while actions := self.leader.take_actions():
+                self.apply(actions)
+        finally:
+            self._stepping = False
+        assert not self._submitted, "an append neither assigned nor failed"
         self._arm_timer()
-        return actions
 
     def append(self, payloads: tuple[bytes, ...]) -> None:
-        actions = self.step(Append(payloads))
-        for action in actions:
-            if isinstance(action, Assigned):
-                self.pending.append(_Pending(action.first_index, payloads))
+        self._submitted.append(payloads)
+        self.step(Append(payloads))
 
     def _arm_timer(self) -> None:
         deadline = self.leader.deadline_ms(self.world.now)
@@ -195,7 +203,11 @@ class WriterNode(Node):
                 self.call(MASTER, release, lambda _: None)
             elif isinstance(action, StoreDetached):
                 self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
-            elif not isinstance(action, Assigned):
+            elif isinstance(action, Assigned):
+                # Pending from this moment: a step-down from here on must answer it.
+                payloads = self._submitted.pop(0)
+                self.pending.append(_Pending(action.first_index, payloads))
+            else:
                 raise AssertionError(f"unknown action {action!r}")
 
     def _report_failed(self, sent_through: int) -> None:
@@ -210,6 +222,9 @@ class WriterNode(Node):
                 if item.first_index + offset > sent_through
             ]
         in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
+        for payloads in self._submitted:  # stepped as the lease ran out: never sent
+            failed += payloads
+        self._submitted = []
         self.pending = []
         self.world.stats["appends reported failed"] += len(failed)
         self.world.stats["appends in doubt"] += in_doubt
