@@ -49,6 +49,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.leader import (
+    RECONNECT_PAUSE_MS_MAX,
+    RECONNECT_PAUSE_MS_MIN,
     AskRoll,
     BecameLeader,
     HeartbeatAnswered,
@@ -70,6 +72,7 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     StoreFenced,
+    reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
     Acked,
@@ -111,9 +114,9 @@ log = logging.getLogger(__name__)
 # How long leaving the block waits for stores to confirm the final acked index (so
 # readers see the tail without waiting for the next leader).
 FLUSH_TIMEOUT_S = 1.0
-# A store's Write stream that fails is reopened after a pause growing to this.
-RECONNECT_PAUSE_S_MIN = 0.05
-RECONNECT_PAUSE_S_MAX = 1.0
+# A store's Write stream that fails is reopened after the core's pause (doubling).
+RECONNECT_PAUSE_S_MIN = RECONNECT_PAUSE_MS_MIN / 1000
+RECONNECT_PAUSE_S_MAX = RECONNECT_PAUSE_MS_MAX / 1000
 # Waiting for a channel to connect, per attempt.
 CONNECT_TIMEOUT_S = 2.0
 # Converted entries kept for reuse: every store is usually sent the same batch.
@@ -251,14 +254,14 @@ class _StoreLink:
         self.queue.put_nowait(action)
 
     async def run(self) -> None:
-        pause = RECONNECT_PAUSE_S_MIN
+        failures = 0
         store = self.replica.store_id
         fenced: int | None = None
         while self.writer.leading and fenced is None:
             call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
             try:
                 await self._connect()
-                pause = RECONNECT_PAUSE_S_MIN
+                failures = 0
                 call = self.write_method()
                 self.connected = True
                 self.writer.step(StoreConnected(store))
@@ -284,8 +287,8 @@ class _StoreLink:
             if fenced is not None:
                 self.writer.step(StoreFenced(store, fenced))
                 return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RECONNECT_PAUSE_S_MAX)
+            failures += 1
+            await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
 
     def _disconnected(self) -> None:
         while not self.queue.empty():

@@ -94,6 +94,20 @@ STORE_LOST_MS = 3_000
 # Appends wait while a roll drains the old segment; a drain not done in this long (a
 # quorum of the copy set is not answering) gives the roll up for now.
 DRAIN_MS_MAX = 5_000
+# A store's Write stream that failed is reopened after a pause doubling from the first
+# to the last: quick after a blip, gentle on a store that is down for a while (it is
+# rolled away from after STORE_LOST_MS anyway).
+RECONNECT_PAUSE_MS_MIN = 50
+RECONNECT_PAUSE_MS_MAX = 1_000
+assert RECONNECT_PAUSE_MS_MAX < STORE_LOST_MS, "a lost store gets more than one attempt"
+
+
+def reconnect_pause_ms(failures: int) -> int:
+    """The pause before reopening a store's stream after `failures` (>= 1) in a row."""
+    assert failures >= 1
+    return min(RECONNECT_PAUSE_MS_MAX, RECONNECT_PAUSE_MS_MIN << min(failures - 1, 16))
+
+
 # After a roll refused or given up, the next attempt waits this long.
 ROLL_RETRY_MS = 1_000
 # A roll not answered this long after its own timeout counts as refused: the shell

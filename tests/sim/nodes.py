@@ -29,7 +29,6 @@ RETRANSMIT_MS = 60
 # A store silent this long is reported lost to the recovery (it then decides from
 # another sealed store).
 STORE_LOST_MS = 250
-RECONNECT_MS = 40
 FOLLOWER_POLL_MS = 25
 FOLLOWER_READ_TIMEOUT_MS = 200
 SEGMENT_LIST_REFRESH_MS = 150

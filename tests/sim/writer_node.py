@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from streamengine.client.core.leader import (
@@ -22,6 +23,7 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     StoreFenced,
+    reconnect_pause_ms,
 )
 from streamengine.client.core.leader import ReleaseLease as ReleaseLeaseAction
 from streamengine.client.core.replicator import (
@@ -48,7 +50,7 @@ from tests.sim.network import Message
 if TYPE_CHECKING:
     from tests.sim.world import World
 
-from tests.sim.nodes import MASTER, RECONNECT_MS, Node
+from tests.sim.nodes import MASTER, Node
 from tests.sim.recovery_run import RecoveryRun
 
 # ---- writers ----
@@ -81,6 +83,7 @@ class WriterNode(Node):
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
+        self.link_failures: dict[str, int] = {}  # failed attempts in a row, per store
         self.copy_set: tuple[str, ...] = ()
         self.recoveries: dict[int, RecoveryRun] = {}
         self.pending: list[_Pending] = []
@@ -113,6 +116,7 @@ class WriterNode(Node):
             self.world.net.break_streams_of(self.name)
             self.new_writer()
 
+        # The user's process opening a new writer: the environment's pace, no decision.
         self.timer(self.world.rng.randint(10, 200), "a new writer", replace)
 
     @property
@@ -128,7 +132,6 @@ class WriterNode(Node):
             and self.leader.accepting_appends
             and replicator is not None
             and replicator.room_for(64)
-            and self.leader.statistics().lease_until_ms > self.world.now
         )
 
     # ---- the core ----
@@ -314,7 +317,7 @@ class WriterNode(Node):
                 return  # a store of a segment rolled away from
             target = self.world.stores[store]
             if not target.up or self.world.net.partitioned(self.name, store):
-                self.timer(RECONNECT_MS, f"reconnect {store}", attempt)
+                self._reconnect_later(store, attempt)
                 return
             incarnation = self.incarnation
             number = 0
@@ -324,8 +327,10 @@ class WriterNode(Node):
 
             number = self.world.net.open_stream(self.name, store, broken, lambda: None)
             self.links[store] = number
+            self.link_failures.pop(store, None)
             self.step(StoreConnected(store))
 
+        # Opening a connection takes the network a moment (drawn, like message delays).
         self.timer(self.world.rng.randint(1, 10), f"connect {store}", attempt)
 
     def _disconnected(self, store: str, number: int) -> None:
@@ -333,7 +338,12 @@ class WriterNode(Node):
             return
         del self.links[store]
         self.step(StoreDisconnected(store))
-        self.timer(RECONNECT_MS, f"reconnect {store}", lambda: self._connect(store))
+        self._reconnect_later(store, lambda: self._connect(store))
+
+    def _reconnect_later(self, store: str, attempt: Callable[[], None]) -> None:
+        failures = self.link_failures.get(store, 0) + 1
+        self.link_failures[store] = failures
+        self.timer(reconnect_pause_ms(failures), f"reconnect {store}", attempt)
 
     def handle(self, message: Message) -> None:
         body = message.body
