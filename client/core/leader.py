@@ -421,6 +421,11 @@ class Leader:
         return self.role is Role.LEADING and self.replicator is not None and not self._rolling
 
     @property
+    def lease_until_ms(self) -> int:
+        """When this writer's lease ends by its own count (leading only)."""
+        return self._lease_until_ms
+
+    @property
     def heartbeat_interval_ms(self) -> int:
         return max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
 

@@ -123,6 +123,7 @@ FLAWED = [
     ("ack_before_seal", 1, 0),  # the shell lets the new segment ack before recovery ends
     ("ignore_fence", 3, 0),  # a store lets a write below its fence through
     ("fail_in_doubt", 1, 0),  # the shell tells users an append failed that may be durable
+    ("forget_pending", 7, 0),  # the shell loses an append on stepping down: it hangs
 ]
 FLAW_SEEDS_MAX = 500
 

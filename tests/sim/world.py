@@ -35,7 +35,14 @@ from tests.sim.nodes import MASTER, Node
 from tests.sim.store_node import StoreNode
 from tests.sim.writer_node import WriterNode
 
-FLAWS = ("serve_matched", "skip_by_matched", "ack_before_seal", "ignore_fence", "fail_in_doubt")
+FLAWS = (
+    "serve_matched",
+    "skip_by_matched",
+    "ack_before_seal",
+    "ignore_fence",
+    "fail_in_doubt",
+    "forget_pending",
+)
 
 # The liveness phase must converge within this much virtual time.
 LIVENESS_MS = 30_000
@@ -224,6 +231,9 @@ class World:
             self.trace(f"{self.now:>7} {label}")
         callback()
         self._steps += 1
+        self.checker.appends_end(self.now)
+        for writer in self.writers:
+            writer.check_running()
         if self._steps % AUDIT_EVERY_STEPS == 0:
             self.audit()
         return True

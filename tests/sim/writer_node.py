@@ -96,6 +96,7 @@ class WriterNode(Node):
         self.step(Tick())
 
     def crash(self) -> None:
+        self.world.checker.writer_gone(self.client_id)
         super().crash()
         self.world.note(f"{self.client_id} crashes (leading: {self.leading})")
 
@@ -118,6 +119,14 @@ class WriterNode(Node):
 
         # The user's process opening a new writer: the environment's pace, no decision.
         self.timer(self.world.rng.randint(10, 200), "a new writer", replace)
+
+    def check_running(self) -> None:
+        """Invariant 7 while this process runs: see `Checker.writer_running`."""
+        if self.up and not self.paused:
+            leader = self.leader
+            self.world.checker.writer_running(
+                self.client_id, self.leading, self.world.now, leader.lease_until_ms
+            )
 
     @property
     def leading(self) -> bool:
@@ -151,6 +160,7 @@ class WriterNode(Node):
         self._arm_timer()
 
     def append(self, payloads: tuple[bytes, ...]) -> None:
+        self.world.checker.append_started(self.client_id, payloads)
         self._submitted.append(payloads)
         self.step(Append(payloads))
 
@@ -197,6 +207,7 @@ class WriterNode(Node):
                 self._roll(action)
             elif isinstance(action, SteppedDown):
                 self.world.note(f"{self.client_id} steps down: {action.reason.name}")
+                self.world.checker.leadership_ended(self.client_id, self.world.now)
                 if action.reason is StepDownReason.UNSUPPORTED:
                     self.world.unsupported.append(f"{self.client_id}: {action.message}")
                 self._report_failed(action.sent_through)
@@ -217,6 +228,10 @@ class WriterNode(Node):
         """Appends above `sent_through` reached no store: users hear they failed."""
         if "fail_in_doubt" in self.world.config.flaws:
             sent_through = 0  # the flaw: a shell that calls every pending append failed
+        if "forget_pending" in self.world.config.flaws and self.pending:
+            # The flaw: a shell that loses an append on stepping down (one admitted but
+            # not yet recorded as pending): its user waits forever.
+            del self.pending[0]
         failed = []
         for item in self.pending:
             failed += [
@@ -227,11 +242,13 @@ class WriterNode(Node):
         in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
         for payloads in self._submitted:  # stepped as the lease ran out: never sent
             failed += payloads
+        ended = [payload for item in self.pending for payload in item.payloads] + failed
         self._submitted = []
         self.pending = []
         self.world.stats["appends reported failed"] += len(failed)
         self.world.stats["appends in doubt"] += in_doubt
         self.world.checker.appends_failed(failed)
+        self.world.checker.append_ended(self.client_id, ended)
 
     def _heartbeat(self, action: SendHeartbeat) -> None:
         sent_at = self.world.now
@@ -300,6 +317,7 @@ class WriterNode(Node):
                 if index > acked_index:
                     break
                 self.world.checker.user_acked(epoch, index, payload, state)
+                self.world.checker.append_ended(self.client_id, (payload,))
                 done += 1
             if done < len(item.payloads):
                 item.first_index += done
