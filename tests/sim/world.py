@@ -55,6 +55,22 @@ AUDIT_EVERY_STEPS = 250
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 
+# Writer clocks against the master's (the world's): an offset, and a rate off by up to
+# this many parts per million. A writer counts its lease from its own send time on its
+# own clock; the master counts from receipt on its clock. A writer clock slow by p ppm
+# makes the writer's lease last lease_ms * p / 1e6 longer in real time, which DESIGN.md's
+# lease rule (the writer believes its lease ends before the master does) absorbs only
+# up to the one-way delay of the heartbeat, at least 1 ms here: 1000 ppm keeps that
+# within 0.6 ms at the longest lease (600 ms). Leases then never overlap.
+CLOCK_DRIFT_PPM_MAX = 1_000
+# One seed in four draws writer clocks far beyond that (20%: a slow writer's lease
+# outlives the master's by up to 150 ms), so a writer cut off from the master can
+# believe it leads while the master has granted the next epoch: safety must still hold
+# (it rests on epochs and fences, never on leases), and liveness too (a writer still
+# heartbeats three times per lease by its clock, and its lease still runs out).
+CLOCK_DRIFT_PPM_WILD = 200_000
+CLOCK_OFFSET_MS_MAX = 1_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -170,6 +186,7 @@ class World:
         self.stats: Counter[str] = Counter()
         # Writers that stepped down because the core cannot do what a grant needs.
         self.unsupported: list[str] = []
+        self.clocks = self._draw_clocks(config)
         self.store_names = [f"s{i}" for i in range(1, config.stores + 1)]
         self.stores: dict[str, StoreNode] = {}
         self.master = MasterNode(self)
@@ -181,8 +198,21 @@ class World:
         self.nodes.update(self.stores)
         self.nodes.update((w.name, w) for w in self.writers)
         self.nodes.update((f.name, f) for f in self.followers)
+        clocks = ", ".join(f"{w} +{o} ms {p:+} ppm" for w, (o, p) in self.clocks.items())
+        self.note(f"writer clocks: {clocks}")
         self.sched.after(config.append_every_ms, "user appends", self._user_appends)
         self.sched.after(config.chaos_every_ms, "chaos", self._chaos)
+
+    @staticmethod
+    def _draw_clocks(config: SimConfig) -> dict[str, tuple[int, int]]:
+        """(offset ms, drift ppm) per writer node, from the seed but from a generator of
+        their own, so the rest of the run draws what it drew without drift."""
+        rng = random.Random(config.seed * 1_000_003 + 17)
+        bound = CLOCK_DRIFT_PPM_WILD if rng.random() < 0.25 else CLOCK_DRIFT_PPM_MAX
+        return {
+            f"w{i}": (rng.randint(0, CLOCK_OFFSET_MS_MAX), rng.randint(-bound, bound))
+            for i in range(1, config.writers + 1)
+        }
 
     # ---- plumbing ----
 

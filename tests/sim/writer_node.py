@@ -68,6 +68,7 @@ class WriterNode(Node):
 
     def __init__(self, name: str, world: World) -> None:
         super().__init__(name, world)
+        self.clock_offset_ms, self.clock_drift_ppm = world.clocks[name]
         self.generation = 0
         self.new_writer()
 
@@ -79,7 +80,7 @@ class WriterNode(Node):
         cfg = self.world.config
         limits = ReplicatorLimits(idle_ack_ms=cfg.idle_ack_ms, window_batches=cfg.window)
         self.leader = Leader(
-            self.world.now, limits, recovery_supported=True, rolling_supported=True
+            self.clock_ms(), limits, recovery_supported=True, rolling_supported=True
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
@@ -125,7 +126,7 @@ class WriterNode(Node):
         if self.up and not self.paused:
             leader = self.leader
             self.world.checker.writer_running(
-                self.client_id, self.leading, self.world.now, leader.lease_until_ms
+                self.client_id, self.leading, self.clock_ms(), leader.lease_until_ms
             )
 
     @property
@@ -151,7 +152,7 @@ class WriterNode(Node):
         assert not self._stepping, f"a step inside a step: {event!r}"
         self._stepping = True
         try:
-            self.leader.step(self.world.now, event)
+            self.leader.step(self.clock_ms(), event)
             while actions := self.leader.take_actions():
                 self.apply(actions)
         finally:
@@ -164,11 +165,29 @@ class WriterNode(Node):
         self._submitted.append(payloads)
         self.step(Append(payloads))
 
+    # ---- this process's clock ----
+
+    def clock_ms(self, world_ms: int | None = None) -> int:
+        """This node's clock (offset, drifting) at world time `world_ms` (now)."""
+        t = self.world.now if world_ms is None else world_ms
+        return self.clock_offset_ms + t + t * self.clock_drift_ppm // 1_000_000
+
+    def world_ms_at(self, clock_ms: int) -> int:
+        """The first world time at which this node's clock reads `clock_ms`."""
+        t = (clock_ms - self.clock_offset_ms) * 1_000_000 // (1_000_000 + self.clock_drift_ppm)
+        while self.clock_ms(t) < clock_ms:
+            t += 1
+        return t
+
+    def world_delay_ms(self, clock_delay_ms: int) -> int:
+        """How long `clock_delay_ms` of this node's clock lasts from now, in world time."""
+        return max(1, self.world_ms_at(self.clock_ms() + clock_delay_ms) - self.world.now)
+
     def _arm_timer(self) -> None:
-        deadline = self.leader.deadline_ms(self.world.now)
-        if deadline is None:
+        local = self.leader.deadline_ms(self.clock_ms())
+        if local is None:
             return
-        deadline = max(deadline, self.world.now + 1)
+        deadline = max(self.world_ms_at(local), self.world.now + 1)
         if self._timer_at is not None and self._timer_at <= deadline:
             return
         self._timer_token += 1
@@ -251,7 +270,7 @@ class WriterNode(Node):
         self.world.checker.append_ended(self.client_id, ended)
 
     def _heartbeat(self, action: SendHeartbeat) -> None:
-        sent_at = self.world.now
+        sent_at = self.clock_ms()
         request = m.WriterHeartbeat(
             self.world.config.stream,
             self.client_id,
@@ -273,12 +292,13 @@ class WriterNode(Node):
         def timed_out() -> None:
             self.step(HeartbeatFailed(sent_at, "DEADLINE_EXCEEDED"))
 
-        self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
+        timeout = self.world_delay_ms(action.timeout_ms)
+        self.call(MASTER, request, answered, True, timeout, timed_out)
 
     def _roll(self, action: AskRoll) -> None:
         self.world.note(f"{self.client_id} rolls epoch {action.epoch}: {action.reason}")
         self.world.stats["rolls asked"] += 1
-        sent_at = self.world.now
+        sent_at = self.clock_ms()
         request = m.RollSegment(
             self.world.config.stream, self.client_id, action.epoch, action.exclude_stores
         )
@@ -292,7 +312,8 @@ class WriterNode(Node):
         def timed_out() -> None:
             self.step(RollFailed("deadline exceeded"))
 
-        self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
+        timeout = self.world_delay_ms(action.timeout_ms)
+        self.call(MASTER, request, answered, True, timeout, timed_out)
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")
@@ -361,7 +382,8 @@ class WriterNode(Node):
     def _reconnect_later(self, store: str, attempt: Callable[[], None]) -> None:
         failures = self.link_failures.get(store, 0) + 1
         self.link_failures[store] = failures
-        self.timer(reconnect_pause_ms(failures), f"reconnect {store}", attempt)
+        pause = self.world_delay_ms(reconnect_pause_ms(failures))
+        self.timer(pause, f"reconnect {store}", attempt)
 
     def handle(self, message: Message) -> None:
         body = message.body
