@@ -8,10 +8,12 @@ loop is done, never from inside a step.
 Theory of operation. A writer starts FOLLOWING: it heartbeats the master every
 lease/3 (`SendHeartbeat`, on schedule even while earlier ones are unanswered, up to a
 lease worth in flight; the shell answers each with `HeartbeatAnswered` carrying the
-time the request was *sent*, or `HeartbeatFailed`). When an answer makes
-it LEADER for an epoch, it counts its lease from that send time, so it always believes
-the lease ends before the master does, and it starts replicating the new segment
-(`BecameLeader` opens the Write streams; the `Replicator` does the rest).
+time the request was *sent*, or `HeartbeatFailed` with the status code name, and the
+table `HEARTBEAT_FAILURES` decides which failures end the writer and which are
+retried). When an answer makes it LEADER for an epoch, it counts its lease from that
+send time, so it always believes the lease ends before the master does, and it starts
+replicating the new segment (`BecameLeader` opens the Write streams; the `Replicator`
+does the rest).
 
 Leading, every answer for the same epoch renews the lease from its send time. The
 writer steps down, for good, when the lease runs out before a renewal (checked first
