@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from streamengine.client.core.leader import (
+    RECONNECT_PAUSE_MS_MAX,
+    RECONNECT_PAUSE_MS_MIN,
     BecameLeader,
     HeartbeatAnswered,
     HeartbeatFailed,
@@ -26,6 +28,7 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     StoreFenced,
+    reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
     Acked,
@@ -281,3 +284,10 @@ def test_the_core_decides_which_heartbeat_failures_end_the_writer(
     step(leader, LEASE_MS // 3, Tick())
     assert of_type(step(leader, LEASE_MS // 3 + 1, HeartbeatFailed(300, code)), SteppedDown) == []
     assert leader.role is Role.LEADING
+
+
+def test_reconnect_pauses_double_up_to_the_cap() -> None:
+    pauses = [reconnect_pause_ms(n) for n in range(1, 10)]
+    assert pauses[:4] == [RECONNECT_PAUSE_MS_MIN * 2**k for k in range(4)]
+    assert pauses == sorted(pauses) and pauses[-1] == RECONNECT_PAUSE_MS_MAX
+    assert reconnect_pause_ms(10_000) == RECONNECT_PAUSE_MS_MAX
