@@ -1,20 +1,24 @@
 """The writer: leadership of one stream and pipelined appends, as an async context.
 
 A thin asyncio shell around `client.core.leader.Leader`: every input (a heartbeat
-answer, a store's reply, a broken stream, the clock) becomes one `step`, and the
-actions that come out are carried out here (send this, resolve those appends). All
-`step` calls happen on the event loop thread without an `await` in between, so the
-core needs no lock.
+answer, a store's reply, a broken stream, the clock) becomes one `step`, which drains
+the core's outbox in one loop and carries the actions out (send this, resolve those
+appends); appends waiting for room are given to the core in that same loop, after the
+actions already queued, never by a step inside a step. All steps happen on the event
+loop thread without an `await` in between, so the core needs no lock.
+
+An append is answered whatever happens: it waits (no room, or a roll drains the
+segment), is submitted to the core, and is pending from the moment the core assigns
+its indexes; a step-down fails the waiting and submitted ones (never sent) and tells
+each pending one whether it is in doubt or definitely failed.
 
 Every background loop (the clock, heartbeats, one Write stream per store) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
 
-Earlier segments. A grant listing unsealed segments (`RecoverSegment`) gets one
-`client.sealer.SegmentSealer` task each; its `Done` becomes `SegmentSealed` (the core
-then acks the new segment), its `Deposed` a `StoreFenced` (the core steps down). A
-grant without a segment (two earlier segments unsealed) never reaches the core: the
-shell seals both under the granted epoch, then asks `RollSegment` for the next epoch
-and hands that grant to the core (`_close_gap`).
+Earlier segments. Each `RecoverSegment` gets one `client.sealer.SegmentSealer` task;
+its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls out of
+an epoch granted without a segment), its `Deposed` a `StoreFenced` (the core steps
+down), any other failure `RecoveryFailed` (the core starts it again later).
 
 Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
 `RollSegment` and feeds the answer back (`RollAnswered`, or `RollFailed`). Appends
@@ -45,6 +49,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.leader import (
+    RECONNECT_PAUSE_MS_MAX,
+    RECONNECT_PAUSE_MS_MIN,
     AskRoll,
     BecameLeader,
     HeartbeatAnswered,
@@ -53,6 +59,7 @@ from streamengine.client.core.leader import (
     LeaderAction,
     LeaderEvent,
     RecoverSegment,
+    RecoveryFailed,
     Release,
     ReleaseLease,
     Replica,
@@ -65,6 +72,7 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     StoreFenced,
+    reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
     Acked,
@@ -106,18 +114,13 @@ log = logging.getLogger(__name__)
 # How long leaving the block waits for stores to confirm the final acked index (so
 # readers see the tail without waiting for the next leader).
 FLUSH_TIMEOUT_S = 1.0
-# A store's Write stream that fails is reopened after a pause growing to this.
-RECONNECT_PAUSE_S_MIN = 0.05
-RECONNECT_PAUSE_S_MAX = 1.0
+# A store's Write stream that fails is reopened after the core's pause (doubling).
+RECONNECT_PAUSE_S_MIN = RECONNECT_PAUSE_MS_MIN / 1000
+RECONNECT_PAUSE_S_MAX = RECONNECT_PAUSE_MS_MAX / 1000
 # Waiting for a channel to connect, per attempt.
 CONNECT_TIMEOUT_S = 2.0
 # Converted entries kept for reuse: every store is usually sent the same batch.
 ENTRY_CACHE_BATCHES = 64
-
-_FATAL_HEARTBEAT_CODES = {
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.INVALID_ARGUMENT,
-}
 
 
 def now_ms() -> int:
@@ -143,17 +146,17 @@ class WriterStatistics:
 
 
 @dataclass(slots=True)
-class _Pending:
-    first_index: int
-    last_index: int
-    future: asyncio.Future[int]
+class _Append:
+    """One `append`/`append_batch` call: its future resolves to the first and last
+    sequence once acked, or fails. It waits (not yet given to the core), is submitted
+    (stepped, its `Assigned` not yet seen), then is pending (assigned, maybe sent)."""
 
-
-@dataclass(slots=True)
-class _Waiting:
     payloads: tuple[bytes, ...]
     nbytes: int
-    future: asyncio.Future[Assigned]
+    future: asyncio.Future[tuple[int, int]]
+    first_index: int = 0
+    last_index: int = 0
+    segment_epoch: int = 0
 
 
 def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
@@ -251,14 +254,14 @@ class _StoreLink:
         self.queue.put_nowait(action)
 
     async def run(self) -> None:
-        pause = RECONNECT_PAUSE_S_MIN
+        failures = 0
         store = self.replica.store_id
         fenced: int | None = None
         while self.writer.leading and fenced is None:
             call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
             try:
                 await self._connect()
-                pause = RECONNECT_PAUSE_S_MIN
+                failures = 0
                 call = self.write_method()
                 self.connected = True
                 self.writer.step(StoreConnected(store))
@@ -284,8 +287,8 @@ class _StoreLink:
             if fenced is not None:
                 self.writer.step(StoreFenced(store, fenced))
                 return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RECONNECT_PAUSE_S_MAX)
+            failures += 1
+            await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
 
     def _disconnected(self) -> None:
         while not self.queue.empty():
@@ -364,11 +367,11 @@ class Writer:
         # Sealing earlier segments: cancelled when this writer stops leading.
         self._recoveries: set[asyncio.Task[None]] = set()
         self._sealed_changed = asyncio.Event()
-        # The epoch of a grant without a segment being closed (see `_close_gap`).
-        self._gap_epoch = 0
-        self._pending: deque[_Pending] = deque()
-        self._waiting: deque[_Waiting] = deque()
+        self._waiting: deque[_Append] = deque()  # held back: no room, or a roll drains
+        self._submitted: deque[_Append] = deque()  # stepped, `Assigned` not yet seen
+        self._pending: deque[_Append] = deque()  # assigned: resolved when acked
         self._room_freed = False
+        self._stepping = False
         self._decided = asyncio.Event()  # leading, or finished before leading
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
@@ -376,7 +379,8 @@ class Writer:
         self._closing = False
         self._releases: list[int] = []
         self._error: StreamEngineError | None = None
-        self._fatal: StreamEngineError | None = None
+        # The last heartbeat error, told to the user if the core ends the writer on it.
+        self._heartbeat_error: StreamEngineError | None = None
         self.batch_cache = _BatchCache()
 
     # ---- the context ----
@@ -507,28 +511,13 @@ class Writer:
                 f"a batch of {nbytes} bytes is more than the writer may have unacked "
                 f"({replicator.limits.unacked_bytes_max}): split it"
             )
+        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future())
         if not self._waiting and self._core.accepting_appends and replicator.room_for(nbytes):
-            assigned = self._assign(payloads)
+            self._submitted.append(item)
+            self.step(Append(payloads))
         else:
-            waiting = _Waiting(payloads, nbytes, asyncio.get_running_loop().create_future())
-            self._waiting.append(waiting)
-            assigned = await waiting.future
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(assigned.first_index, assigned.last_index, future))
-        await future
-        epoch = assigned.segment_epoch
-        return (
-            pack_sequence(epoch, assigned.first_index),
-            pack_sequence(epoch, assigned.last_index),
-        )
-
-    def _assign(self, payloads: tuple[bytes, ...]) -> Assigned:
-        actions = self.step(Append(payloads))
-        for action in actions:
-            if isinstance(action, Assigned):
-                return action
-        # The lease ran out just now: the core stepped down instead of taking it.
-        raise AppendFailed(f"{self._error or 'leadership lost'}; the append was never sent")
+            self._waiting.append(item)
+        return await item.future
 
     def _check_leading(self) -> None:
         if self._error is not None:
@@ -536,41 +525,58 @@ class Writer:
         if not self.leading:
             raise LeadershipLost(f"{self.stream}: this writer does not lead")
 
-    def _admit_waiting(self) -> None:
+    def _admit_next(self, now: int) -> bool:
+        """Give the first waiting append to the core if it may go now (inside the drain
+        loop of `step`, so its writes queue after the actions just carried out)."""
+        if not self._room_freed:
+            return False
         replicator = self._core.replicator
-        while self._waiting and replicator is not None and self.leading:
-            waiting = self._waiting[0]
-            if waiting.future.cancelled():
-                self._waiting.popleft()
-                continue
-            if not self._core.accepting_appends or not replicator.room_for(waiting.nbytes):
-                return
-            self._waiting.popleft()
-            try:
-                waiting.future.set_result(self._assign(waiting.payloads))
-            except AppendFailed as error:
-                waiting.future.set_exception(error)
+        while self._waiting and self._waiting[0].future.done():
+            self._waiting.popleft()  # cancelled by its caller
+        if (
+            not self._waiting
+            or replicator is None
+            or not self._core.accepting_appends
+            or not replicator.room_for(self._waiting[0].nbytes)
+        ):
+            self._room_freed = False
+            return False
+        item = self._waiting.popleft()
+        self._submitted.append(item)
+        self._core.step(now, Append(item.payloads))
+        return True
 
     # ---- the core ----
 
-    def step(self, event: LeaderEvent) -> list[LeaderAction]:
-        accepting = self._core.accepting_appends
-        actions = self._core.step(now_ms(), event)
-        if actions:
-            self._apply(actions)
-        if not accepting and self._core.accepting_appends:
-            self._room_freed = True  # a roll's drain ended (rolled or given up)
-        # Only once this step's actions are all carried out: admitting a waiting append
-        # steps the core again, and its writes must queue after this step's.
-        if self._waiting and self._room_freed:
-            self._room_freed = False
-            self._admit_waiting()
+    def step(self, event: LeaderEvent) -> None:
+        """Feed one event to the core and carry out everything that follows, in one
+        loop: the actions it queued, then waiting appends the room freed lets go (each
+        one more step, drained in turn). Nothing here steps from inside a step."""
+        assert not self._stepping, f"a step inside a step: {event!r}"
+        self._stepping = True
+        try:
+            now = now_ms()
+            accepting = self._core.accepting_appends
+            self._core.step(now, event)
+            while True:
+                actions = self._core.take_actions()
+                if actions:
+                    self._apply(actions)
+                    continue
+                if not accepting and self._core.accepting_appends:
+                    accepting = True
+                    self._room_freed = True  # a roll's drain ended (rolled or given up)
+                if not (self._waiting and self._admit_next(now)):
+                    break
+        finally:
+            self._stepping = False
+        # Every submitted append was assigned, or failed with the step-down.
+        assert not self._submitted, self._submitted
         deadline = self._core.deadline_ms(now_ms())
         if deadline is not None and (
             self._clock_deadline is None or deadline < self._clock_deadline
         ):
             self._wake.set()
-        return actions
 
     def _apply(self, actions: Iterable[LeaderAction]) -> None:
         for action in actions:
@@ -578,6 +584,8 @@ class Writer:
                 link = self._links.get(action.store)
                 if link is not None:
                     link.send(action)
+            elif isinstance(action, Assigned):
+                self._assigned(action)
             elif isinstance(action, Acked):
                 self._acked(action.acked_index)
             elif isinstance(action, SendHeartbeat):
@@ -630,18 +638,29 @@ class Writer:
         log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
         self._decided.set()
 
+    def _assigned(self, assigned: Assigned) -> None:
+        # Pending from this moment: a step-down from here on must answer it.
+        item = self._submitted.popleft()
+        item.first_index = assigned.first_index
+        item.last_index = assigned.last_index
+        item.segment_epoch = assigned.segment_epoch
+        self._pending.append(item)
+
     def _acked(self, acked_index: int) -> None:
         pending = self._pending
         while pending and pending[0].last_index <= acked_index:
             item = pending.popleft()
             if not item.future.done():
-                item.future.set_result(item.first_index)
+                epoch = item.segment_epoch
+                item.future.set_result(
+                    (pack_sequence(epoch, item.first_index), pack_sequence(epoch, item.last_index))
+                )
         self._room_freed = True
 
     def _stepped_down(self, down: SteppedDown) -> None:
         message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
-        if self._fatal is not None:
-            self._error = self._fatal
+        if down.reason is StepDownReason.REFUSED and self._heartbeat_error is not None:
+            self._error = self._heartbeat_error
         elif down.reason is StepDownReason.FENCED:
             self._error = Fenced(message, down.epoch + 1)
         else:
@@ -660,9 +679,10 @@ class Writer:
                     )
                 )
         self._pending.clear()
-        for waiting in self._waiting:
+        for waiting in [*self._submitted, *self._waiting]:
             if not waiting.future.done():
                 waiting.future.set_exception(AppendFailed(f"{message}; the append was never sent"))
+        self._submitted.clear()
         self._waiting.clear()
         for task in [*self._link_tasks, *self._recoveries]:
             task.cancel()
@@ -696,23 +716,11 @@ class Writer:
         try:
             reply = await self._master.WriterHeartbeat(request, timeout=action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
-            if error.code() in _FATAL_HEARTBEAT_CODES and not self.leading:
-                self._fatal = from_rpc_error(error)
-                self._error = self._fatal
-                self.step(Release())
-                self._decided.set()
-                return
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
-            self.step(HeartbeatFailed(sent_at, error.code().name))
+            self._heartbeat_error = from_rpc_error(error)
+            self.step(HeartbeatFailed(sent_at, error.code().name, error.details() or ""))
             return
-        answer = _answer(sent_at, reply)
-        if answer.leader and answer.segment is None and self._core.role is Role.FOLLOWING:
-            self._close_gap(answer)
-            # The core would refuse a grant without a segment; the lease is renewed by
-            # the master all the same while the gap closes.
-            self.step(HeartbeatFailed(sent_at, "a grant without a segment: sealing first"))
-            return
-        self.step(answer)
+        self.step(_answer(sent_at, reply))
 
     # ---- sealing earlier segments ----
 
@@ -732,7 +740,7 @@ class Writer:
         )
         sent_at = now_ms()
         try:
-            reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
+            reply = await self._master.RollSegment(request, timeout=action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
             log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
             self.step(RollFailed(f"{error.code().name}: {error.details()}"))
@@ -755,60 +763,17 @@ class Writer:
             await sealer.close()
             self.step(StoreFenced(f"recovery of segment {epoch}", error.fence))
             return
+        except Exception as error:  # any other failure: the core tries again
+            await sealer.close()
+            log.warning("%s: recovery of segment %d failed: %r", self.stream, epoch, error)
+            self.step(RecoveryFailed(epoch, repr(error)))
+            return
         except BaseException:
             await sealer.close()
             raise
         self.step(SegmentSealed(epoch))
         self._sealed_changed.set()
         await sealer.finish()
-
-    def _close_gap(self, answer: HeartbeatAnswered) -> None:
-        """The master granted an epoch without a segment: two earlier segments are
-        unsealed. Seal and recover both under the granted epoch, then roll for the next
-        epoch, whose grant (with a segment, nothing left unsealed) the core leads."""
-        if answer.epoch == self._gap_epoch or answer.policy is None:
-            return  # a renewal while closing
-        self._gap_epoch = answer.epoch
-        policy = answer.policy
-        actions = [RecoverSegment(grant, answer.epoch, policy) for grant in answer.unsealed]
-        task = self._spawn(self._seal_then_roll(answer.epoch, actions))
-        self._recoveries.add(task)
-        task.add_done_callback(self._recoveries.discard)
-
-    async def _seal_then_roll(self, epoch: int, actions: list[RecoverSegment]) -> None:
-        log.info(
-            "%s: epoch %d granted without a segment: sealing %s first",
-            self.stream,
-            epoch,
-            [action.segment.epoch for action in actions],
-        )
-        sealers = [
-            SegmentSealer(self._master, self._channels, self.client_id, action)
-            for action in actions
-        ]
-        try:
-            await asyncio.gather(*(sealer.run() for sealer in sealers))
-        except Fenced as error:
-            log.info("%s: closing epoch %d: %s", self.stream, epoch, error)
-            return  # a later leader took over; the heartbeats will say so
-        finally:
-            for sealer in sealers:
-                await sealer.close()
-        request = master_pb2.RollSegmentRequest(
-            stream=self.stream, client_id=self.client_id, epoch=epoch
-        )
-        sent_at = now_ms()
-        try:
-            reply = await self._master.RollSegment(request, timeout=self._core_lease_s())
-        except grpc.aio.AioRpcError as error:
-            log.info("%s: roll after closing epoch %d: %s", self.stream, epoch, error.code().name)
-            self._gap_epoch = 0  # a later grant starts over (sealed segments are not listed)
-            return
-        if self._core.role is Role.FOLLOWING:
-            self.step(_answer(sent_at, reply))
-
-    def _core_lease_s(self) -> float:
-        return max(1, self._core.heartbeat_interval_ms * 3) / 1000
 
     async def wait_sealed(self, timeout_s: float) -> None:
         """Wait until every segment before this writer's own is sealed and recovered

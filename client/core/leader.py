@@ -1,12 +1,19 @@
 """A writer's election loop and the open segment it leads, as one state machine.
 
+Driving it (etcd-io/raft's Ready): `step(now_ms, event)` queues the actions the event
+leads to in an outbox; `take_actions()` hands them over. The shell drains the outbox
+in one loop, carries each action out, and feeds what comes back with `step` once that
+loop is done, never from inside a step.
+
 Theory of operation. A writer starts FOLLOWING: it heartbeats the master every
 lease/3 (`SendHeartbeat`, on schedule even while earlier ones are unanswered, up to a
 lease worth in flight; the shell answers each with `HeartbeatAnswered` carrying the
-time the request was *sent*, or `HeartbeatFailed`). When an answer makes
-it LEADER for an epoch, it counts its lease from that send time, so it always believes
-the lease ends before the master does, and it starts replicating the new segment
-(`BecameLeader` opens the Write streams; the `Replicator` does the rest).
+time the request was *sent*, or `HeartbeatFailed` with the status code name, and the
+table `HEARTBEAT_FAILURES` decides which failures end the writer and which are
+retried). When an answer makes it LEADER for an epoch, it counts its lease from that
+send time, so it always believes the lease ends before the master does, and it starts
+replicating the new segment (`BecameLeader` opens the Write streams; the `Replicator`
+does the rest).
 
 Leading, every answer for the same epoch renews the lease from its send time. The
 writer steps down, for good, when the lease runs out before a renewal (checked first
@@ -41,7 +48,22 @@ answer (`RollAnswered`) opens the new segment at once, held back from acking by 
 gate until the old one is sealed. Only one earlier segment may be unsealed: no roll
 starts before the previous one is sealed. A roll the master refuses (`RollFailed`),
 or a drain not done within `DRAIN_MS_MAX`, resumes appends and tries again after
-`ROLL_RETRY_MS`.
+`ROLL_RETRY_MS`. A roll unanswered past its `timeout_ms` (and a grace) counts as
+refused, so a lost answer never leaves the writer waiting for nothing.
+
+A grant without a segment. When two earlier segments are unsealed (a leader died
+while recovering), the master grants the epoch without a segment. The writer leads
+it all the same: it recovers both earlier segments under the granted epoch, then asks
+for the next epoch (`AskRoll`), whose segment it leads as after any roll. While the
+granted epoch has no segment the writer takes no appends (they wait, as during a
+drain). A leader holding an epoch with no segment and nothing unsealed always asks
+for a roll, again `ROLL_RETRY_MS` after every failure, until it has a segment or
+loses the lease.
+
+Recoveries that fail. A recovery that ends with a transient error (anything but a
+fence above this writer's epoch, which is `StoreFenced`) comes back as
+`RecoveryFailed`; the same `RecoverSegment` goes out again after
+`RECOVERY_RETRY_MS`, for as long as the writer leads.
 """
 
 from __future__ import annotations
@@ -74,8 +96,62 @@ STORE_LOST_MS = 3_000
 # Appends wait while a roll drains the old segment; a drain not done in this long (a
 # quorum of the copy set is not answering) gives the roll up for now.
 DRAIN_MS_MAX = 5_000
+# A store's Write stream that failed is reopened after a pause doubling from the first
+# to the last: quick after a blip, gentle on a store that is down for a while (it is
+# rolled away from after STORE_LOST_MS anyway).
+RECONNECT_PAUSE_MS_MIN = 50
+RECONNECT_PAUSE_MS_MAX = 1_000
+assert RECONNECT_PAUSE_MS_MAX < STORE_LOST_MS, "a lost store gets more than one attempt"
+
+
+def reconnect_pause_ms(failures: int) -> int:
+    """The pause before reopening a store's stream after `failures` (>= 1) in a row."""
+    assert failures >= 1
+    return min(RECONNECT_PAUSE_MS_MAX, RECONNECT_PAUSE_MS_MIN << min(failures - 1, 16))
+
+
 # After a roll refused or given up, the next attempt waits this long.
 ROLL_RETRY_MS = 1_000
+# A roll not answered this long after its own timeout counts as refused: the shell
+# answers every `AskRoll`, and this keeps a lost answer from stalling the writer if not.
+ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
+# After a recovery failed with a transient error, it starts again after this long.
+RECOVERY_RETRY_MS = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatFailurePolicy:
+    """What a failed heartbeat (by its gRPC status code name) does to the writer."""
+
+    ends_following: bool  # a writer not leading gives up: the request can never succeed
+    ends_leading: bool  # a leader steps down at once rather than when its lease runs out
+    why: str
+
+
+_RETRIED = HeartbeatFailurePolicy(False, False, "the master is down, slow or restarting")
+_NEVER_GRANTED = HeartbeatFailurePolicy(
+    True,
+    False,
+    "the master will never grant this request; a leader keeps its open segment until its "
+    "lease runs out (its heartbeats renew nothing), which steps it down anyway",
+)
+# Which heartbeat failures end the writer and which are retried on schedule. A code not
+# listed is retried: only an answer that can never change ends anything.
+HEARTBEAT_FAILURES: dict[str, HeartbeatFailurePolicy] = {
+    "NOT_FOUND": _NEVER_GRANTED,  # no such stream (or tenant)
+    "INVALID_ARGUMENT": _NEVER_GRANTED,  # a malformed stream name or request
+    "UNAVAILABLE": _RETRIED,  # unreachable, or restarted and not granting yet
+    "DEADLINE_EXCEEDED": _RETRIED,
+    "CANCELLED": _RETRIED,
+    "RESOURCE_EXHAUSTED": _RETRIED,
+    "INTERNAL": _RETRIED,
+    "UNKNOWN": _RETRIED,
+}
+
+
+def heartbeat_failure_policy(code: str) -> HeartbeatFailurePolicy:
+    return HEARTBEAT_FAILURES.get(code, _RETRIED)
+
 
 # Heartbeats in flight at once. A slow answer still renews the lease from its send time,
 # so a slow master is not waited out: the next heartbeat goes on schedule, up to one
@@ -125,10 +201,13 @@ class HeartbeatAnswered:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatFailed:
-    """The heartbeat sent at `sent_at_ms` got no answer (timeout, master down)."""
+    """The heartbeat sent at `sent_at_ms` got no answer (timeout, master down) or an
+    error: `code` is the gRPC status code name (`HEARTBEAT_FAILURES` says what it
+    does), "" when no status came back."""
 
     sent_at_ms: int
-    message: str
+    code: str
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +223,15 @@ class SegmentSealed:
     """An earlier segment listed in the grant is sealed and recovered."""
 
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFailed:
+    """Sealing and recovering the earlier segment `epoch` ended with a transient error
+    (a store or the master unreachable, a broken answer; not a later fence)."""
+
+    epoch: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +260,7 @@ LeaderEvent = (
     | RollFailed
     | StoreFenced
     | SegmentSealed
+    | RecoveryFailed
     | Release
     | Append
     | WriteReplied
@@ -217,11 +306,13 @@ class RecoverSegment:
 @dataclass(frozen=True, slots=True)
 class AskRoll:
     """Ask the master for the next epoch and segment (`RollSegment`); the old segment
-    is drained (everything assigned is acked)."""
+    is drained (everything assigned is acked), or the epoch has none. Give up on the
+    call after `timeout_ms` (then `RollFailed`)."""
 
     epoch: int
     exclude_stores: tuple[str, ...]
     reason: str
+    timeout_ms: int
 
 
 class StepDownReason(enum.Enum):
@@ -229,6 +320,7 @@ class StepDownReason(enum.Enum):
     DEPOSED = "the master granted the lease to another writer or epoch"
     FENCED = "a store holds a fence above this writer's epoch"
     RELEASED = "the writer was closed"
+    REFUSED = "the master refused the heartbeat for good"
     UNSUPPORTED = "the grant needs work this writer cannot do"
 
 
@@ -300,10 +392,14 @@ class Leader:
         self._heartbeats_in_flight = 0
         self._grant_sent_at_ms = 0
         self._next_heartbeat_ms = now_ms
-        self._unsealed: list[int] = []
+        # Earlier segments not yet sealed and recovered, by epoch.
+        self._unsealed: dict[int, SegmentGrant] = {}
+        # Recoveries that failed, by epoch: when they start again.
+        self._recovery_retry_ms: dict[int, int] = {}
         self._roll_requested = False
         self._roll_reason_master = ""
         self._rolling_supported = rolling_supported
+        # The open segment; None while leading an epoch granted without one.
         self._segment: SegmentGrant | None = None
         self._policy: ReplicationPolicy | None = None
         self._bytes_max = 0
@@ -312,16 +408,24 @@ class Leader:
         self._rolling = ""  # non-empty while draining for a roll: why
         self._drain_started_ms = 0
         self._roll_asked = False
+        self._roll_answer_by_ms = 0
         self._roll_retry_ms = 0
         self._detached: set[str] = set()
         self._disconnected_since: dict[str, int] = {}
+        self._outbox: list[LeaderAction] = []
 
     # ---- queries ----
 
     @property
     def accepting_appends(self) -> bool:
-        """False while a roll drains the open segment: appends wait."""
-        return self.role is Role.LEADING and not self._rolling
+        """False while a roll drains the open segment, or the epoch has no segment yet:
+        appends wait."""
+        return self.role is Role.LEADING and self.replicator is not None and not self._rolling
+
+    @property
+    def lease_until_ms(self) -> int:
+        """When this writer's lease ends by its own count (leading only)."""
+        return self._lease_until_ms
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -335,10 +439,15 @@ class Leader:
             deadlines.append(self._next_heartbeat_ms)
         if self.role is Role.LEADING:
             deadlines.append(self._lease_until_ms)
-            assert self.replicator is not None
-            replicating = self.replicator.deadline_ms(now_ms)
-            if replicating is not None:
-                deadlines.append(replicating)
+            deadlines.extend(self._recovery_retry_ms.values())
+            if self._roll_asked:
+                deadlines.append(self._roll_answer_by_ms)
+            elif self._segment is None and not self._unsealed:
+                deadlines.append(self._roll_retry_ms)
+            if self.replicator is not None:
+                replicating = self.replicator.deadline_ms(now_ms)
+                if replicating is not None:
+                    deadlines.append(replicating)
         return min(deadlines) if deadlines else None
 
     def statistics(self) -> LeaderStatistics:
@@ -347,15 +456,26 @@ class Leader:
             epoch=self.epoch,
             lease_until_ms=self._lease_until_ms,
             leader_id=self._leader_id,
-            unsealed_epochs=tuple(self._unsealed),
+            unsealed_epochs=tuple(sorted(self._unsealed)),
             roll_requested=self._roll_requested,
             replication=self.replicator.statistics() if self.replicator else None,
             rolling=self._rolling,
         )
 
-    # ---- the step function ----
+    # ---- the step function and the outbox ----
 
-    def step(self, now_ms: int, event: LeaderEvent) -> list[LeaderAction]:
+    def step(self, now_ms: int, event: LeaderEvent) -> None:
+        """Take one event; the actions it leads to wait in the outbox (`take_actions`).
+        The shell drains the outbox and carries the actions out before it steps again
+        for what they bring back, so no step ever runs inside another."""
+        self._outbox.extend(self._step(now_ms, event))
+
+    def take_actions(self) -> list[LeaderAction]:
+        """Everything queued since the last call, in order; the outbox is then empty."""
+        actions, self._outbox = self._outbox, []
+        return actions
+
+    def _step(self, now_ms: int, event: LeaderEvent) -> list[LeaderAction]:
         if self.role is Role.FINISHED:
             return self._step_finished(event)
         actions: list[LeaderAction] = []
@@ -372,6 +492,9 @@ class Leader:
                 self._answered_leading(event, actions)
         elif isinstance(event, HeartbeatFailed):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
+            if self._heartbeat_failure_ends(event):
+                self._step_down(StepDownReason.REFUSED, f"{event.code}: {event.message}", actions)
+                return actions
         elif isinstance(event, StoreFenced):
             if self.role is Role.LEADING and event.fence > self.epoch:
                 self._step_down(
@@ -379,6 +502,9 @@ class Leader:
                 )
         elif isinstance(event, SegmentSealed):
             self._sealed(now_ms, event.epoch, actions)
+        elif isinstance(event, RecoveryFailed):
+            if self.role is Role.LEADING and event.epoch in self._unsealed:
+                self._recovery_retry_ms[event.epoch] = now_ms + RECOVERY_RETRY_MS
         elif isinstance(event, Release):
             if self.role is Role.LEADING:
                 self._step_down(StepDownReason.RELEASED, "released", actions)
@@ -388,12 +514,10 @@ class Leader:
         elif isinstance(event, RollAnswered):
             self._roll_answered(now_ms, event.answer, actions)
         elif isinstance(event, RollFailed):
-            self._roll_given_up(now_ms)
+            if self._roll_asked:
+                self._roll_given_up(now_ms)
         elif isinstance(event, Append):
-            if self.role is not Role.LEADING:
-                raise RuntimeError("append while not leading")
-            if self._rolling:
-                raise RuntimeError("append while a roll drains the open segment")
+            assert self.accepting_appends, "an append while not accepting appends"
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, event))
             stepped_replicator = True
@@ -421,6 +545,12 @@ class Leader:
             return [ReleaseLease(event.epoch)]
         return []
 
+    def _heartbeat_failure_ends(self, failure: HeartbeatFailed) -> bool:
+        policy = heartbeat_failure_policy(failure.code)
+        if self.role is Role.LEADING:
+            return policy.ends_leading
+        return policy.ends_following
+
     def _lease_expired(self, actions: list[LeaderAction]) -> None:
         self._step_down(
             StepDownReason.LEASE_EXPIRED, f"lease expired at {self._lease_until_ms}", actions
@@ -430,14 +560,8 @@ class Leader:
         if self.role is Role.LEADING and now_ms >= self._lease_until_ms:
             self._lease_expired(actions)
             return
-        if self.role is Role.LEADING and not stepped_replicator:
-            assert self.replicator is not None
-            actions.extend(self.replicator.step(now_ms, Tick()))
-        if self.role is Role.LEADING and self._rolling_supported:
-            for action in actions:
-                if isinstance(action, StoreDetached):
-                    self._detached.add(action.store)
-            self._maybe_roll(now_ms, actions)
+        if self.role is Role.LEADING:
+            self._on_time_leading(now_ms, actions, stepped_replicator)
         in_flight = self._heartbeats_in_flight
         if in_flight < HEARTBEATS_IN_FLIGHT_MAX and now_ms >= self._next_heartbeat_ms:
             interval = self.heartbeat_interval_ms
@@ -453,6 +577,27 @@ class Leader:
                 )
             )
 
+    def _on_time_leading(
+        self, now_ms: int, actions: list[LeaderAction], stepped_replicator: bool
+    ) -> None:
+        assert self._policy is not None
+        for epoch, retry_ms in sorted(self._recovery_retry_ms.items()):
+            if now_ms >= retry_ms:
+                del self._recovery_retry_ms[epoch]
+                actions.append(RecoverSegment(self._unsealed[epoch], self.epoch, self._policy))
+        if self._roll_asked and now_ms >= self._roll_answer_by_ms:
+            self._roll_given_up(now_ms)  # the answer was lost: ask again later
+        if self.replicator is None:
+            self._maybe_roll_without_segment(now_ms, actions)
+            return
+        if not stepped_replicator:
+            actions.extend(self.replicator.step(now_ms, Tick()))
+        if self._rolling_supported:
+            for action in actions:
+                if isinstance(action, StoreDetached):
+                    self._detached.add(action.store)
+            self._maybe_roll(now_ms, actions)
+
     def _answered_following(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
     ) -> None:
@@ -463,6 +608,7 @@ class Leader:
         )
         if not answer.leader:
             return
+        assert answer.epoch > self.epoch, f"granted epoch {answer.epoch} after {self.epoch}"
         self.epoch = answer.epoch
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_until_ms = answer.sent_at_ms + answer.lease_ms
@@ -473,32 +619,24 @@ class Leader:
             self._step_down(StepDownReason.UNSUPPORTED, problem, actions)
             actions.append(ReleaseLease(answer.epoch))
             return
-        assert answer.segment is not None and answer.policy is not None
-        self._unsealed = [grant.epoch for grant in answer.unsealed]
-        self.replicator = Replicator(
-            answer.segment.segment,
-            answer.epoch,
-            answer.policy,
-            [replica.store_id for replica in answer.segment.copy_set],
-            self._limits,
-            acking=not self._unsealed,
-        )
+        assert answer.policy is not None
         self.role = Role.LEADING
-        self._open_segment(now_ms, answer)
-        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
+        self._policy = answer.policy
+        self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         actions.extend(
             RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
         )
+        if answer.segment is None:
+            # Nothing to replicate until the roll after the recoveries (`_on_time`).
+            self._segment = None
+            self._roll_retry_ms = now_ms
+            return
+        self._open(now_ms, answer, actions)
 
     def _cannot_lead(self, answer: HeartbeatAnswered) -> str:
-        if answer.segment is None:
-            return (
-                f"epoch {answer.epoch} came without a segment: two earlier segments are "
-                "unsealed and must be sealed before a roll, which this writer cannot do"
-            )
         if answer.policy is None:
             return "the grant carries no replication policy"
-        if answer.segment.epoch != answer.epoch:
+        if answer.segment is not None and answer.segment.epoch != answer.epoch:
             return f"granted epoch {answer.epoch} with segment {answer.segment.epoch}"
         if answer.unsealed and not self._recovery_supported:
             epochs = ", ".join(str(grant.epoch) for grant in answer.unsealed)
@@ -536,7 +674,17 @@ class Leader:
 
     # ---- rolling ----
 
-    def _open_segment(self, now_ms: int, answer: HeartbeatAnswered) -> None:
+    def _open(self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+        """Lead the granted segment of `answer` (a grant, or a roll's answer)."""
+        assert answer.segment is not None and answer.policy is not None
+        self.replicator = Replicator(
+            answer.segment.segment,
+            answer.epoch,
+            answer.policy,
+            [replica.store_id for replica in answer.segment.copy_set],
+            self._limits,
+            acking=not self._unsealed,
+        )
         self._segment = answer.segment
         self._policy = answer.policy
         self._roll_requested = answer.roll_requested
@@ -548,6 +696,7 @@ class Leader:
         self._roll_asked = False
         self._detached = set()
         self._disconnected_since = {}
+        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
 
     def _roll_wanted(self, now_ms: int) -> str:
         replication = self.replicator
@@ -587,9 +736,23 @@ class Leader:
             if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
                 self._roll_given_up(now_ms)
             return
-        self._roll_asked = True
         exclude = self._detached | set(self._disconnected_since)
-        actions.append(AskRoll(self.epoch, tuple(sorted(exclude)), self._rolling))
+        self._ask_roll(now_ms, tuple(sorted(exclude)), self._rolling, actions)
+
+    def _maybe_roll_without_segment(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        """An epoch without a segment: once nothing earlier is unsealed, always ask."""
+        if self._unsealed or self._roll_asked or now_ms < self._roll_retry_ms:
+            return
+        self._ask_roll(now_ms, (), f"epoch {self.epoch} was granted without a segment", actions)
+
+    def _ask_roll(
+        self, now_ms: int, exclude: tuple[str, ...], reason: str, actions: list[LeaderAction]
+    ) -> None:
+        assert not self._roll_asked and not self._unsealed
+        timeout_ms = self._lease_ms
+        self._roll_asked = True
+        self._roll_answer_by_ms = now_ms + timeout_ms + ROLL_ANSWER_GRACE_MS
+        actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms))
 
     def _roll_given_up(self, now_ms: int) -> None:
         self._rolling = ""
@@ -599,9 +762,10 @@ class Leader:
     def _roll_answered(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
     ) -> None:
+        if not self._roll_asked:
+            return  # an answer given up on (late): the next ask is already planned
         if (
             self.role is not Role.LEADING
-            or not self._roll_asked
             or not answer.leader
             or answer.segment is None
             or answer.policy is None
@@ -611,23 +775,16 @@ class Leader:
             self._roll_given_up(now_ms)
             return
         old = self.replicator
-        assert old is not None
-        old.step(now_ms, Stop())
+        if old is not None:
+            old.step(now_ms, Stop())
+        assert answer.epoch > self.epoch
         self.epoch = answer.epoch
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
-        self._unsealed = [grant.epoch for grant in answer.unsealed]
-        self.replicator = Replicator(
-            answer.segment.segment,
-            answer.epoch,
-            answer.policy,
-            [replica.store_id for replica in answer.segment.copy_set],
-            self._limits,
-            acking=not self._unsealed,
-        )
-        self._open_segment(now_ms, answer)
-        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
+        self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
+        self._recovery_retry_ms = {}
+        self._open(now_ms, answer, actions)
         actions.extend(
             RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
         )
@@ -635,9 +792,9 @@ class Leader:
     def _sealed(self, now_ms: int, epoch: int, actions: list[LeaderAction]) -> None:
         if self.role is not Role.LEADING or epoch not in self._unsealed:
             return
-        self._unsealed.remove(epoch)
-        if not self._unsealed:
-            assert self.replicator is not None
+        del self._unsealed[epoch]
+        self._recovery_retry_ms.pop(epoch, None)
+        if not self._unsealed and self.replicator is not None:
             actions.extend(self.replicator.step(now_ms, AllowAcking()))
 
     def _step_down(self, reason: StepDownReason, message: str, actions: list[LeaderAction]) -> None:

@@ -43,7 +43,13 @@ class QuorumTracker:
         if store not in self._matched:
             raise KeyError(f"{store} is not in the copy set {self.copy_set}")
         self._matched[store] = matched_index
-        self._acked = max(self._acked, quorum_index(self.policy, self._matched, self.copy_set))
+        quorum = quorum_index(self.policy, self._matched, self.copy_set)
+        # The quorum index is held by W stores (checked apart from the policy's ranking).
+        holders = sum(matched >= quorum for matched in self._matched.values())
+        assert holders >= self.policy.write_quorum, (quorum, self._matched)
+        if quorum > self._acked:
+            self._acked = quorum
+        assert self._acked >= quorum, "the acked index never falls"
         return self._acked
 
     @property

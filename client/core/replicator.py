@@ -240,6 +240,11 @@ class StoreDetached:
 ReplicatorAction = Assigned | SendWrite | Acked | StoreDetached
 
 
+class InconsistentReply(Exception):
+    """A store answered what no correct store can hold (the peer broke the protocol,
+    not this writer): e.g. more of the segment than was ever sent to anyone."""
+
+
 class SegmentFull(Exception):
     """The segment's indexes are used up; roll to a new segment."""
 
@@ -492,12 +497,21 @@ class Replicator:
         store = self._stores[reply.store]
         if not store.connected:
             return  # an answer from a stream already given up on
+        if reply.matched_index > self._sent_through:
+            raise InconsistentReply(
+                f"{reply.store} says it holds {reply.matched_index} of segment "
+                f"{self.segment.epoch}; only {self._sent_through} was ever sent"
+            )
         while store.in_flight and store.in_flight[0].request_id <= reply.request_id:
             store.in_flight.popleft()
         store.store_acked = max(store.store_acked, reply.acked_index)
         lost_data = reply.matched_index < store.matched
         store.matched = reply.matched_index
         self._quorum.update(reply.store, reply.matched_index)
+        assert store.matched <= self._sent_through, (
+            f"{reply.store} holds {store.matched} of a segment sent only to "
+            f"{self._sent_through}"
+        )
         fresh = reply.request_id >= store.reset_request_id
         gap = reply.last_index > 0 and reply.matched_index < reply.last_index
         if lost_data or (fresh and (reply.busy or gap)):
@@ -513,6 +527,7 @@ class Replicator:
         quorum = min(self._quorum.acked_index, self._last)
         if quorum <= self._acked:
             return
+        assert self._acked < quorum <= self._sent_through <= self._last
         self._acked_cum = self._cum_bytes[self._head + quorum - self._base]
         self._acked = quorum
         actions.append(Acked(self.segment.epoch, quorum))
@@ -608,6 +623,8 @@ class Replicator:
         entries: tuple[StoredEntry, ...],
         actions: list[ReplicatorAction],
     ) -> None:
+        assert not self._stopped, "a stopped replicator sends nothing"
+        assert store.next_index <= self._last + 1 and self._acked <= self._last
         request_id = self._next_request_id
         self._next_request_id += 1
         action = SendWrite(name, self.segment, self.writer_epoch, request_id, self._acked, entries)

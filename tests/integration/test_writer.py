@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -23,9 +24,11 @@ from streamengine.client import (
     StreamClient,
     Unavailable,
 )
-from streamengine.client.core.replicator import ReplicatorLimits
+from streamengine.client import writer as writer_module
+from streamengine.client.core.replicator import Append, ReplicatorLimits
 from streamengine.client.sync import SyncStreamClient
 from streamengine.client.writer import Writer
+from streamengine.client.writer import now_ms as time_now_ms
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import unpack_sequence
@@ -325,3 +328,46 @@ async def test_an_error_in_the_block_goes_on_unwrapped_and_the_lease_is_given_ba
                 await writer.append(b"x")
                 raise ZeroDivisionError("the caller's own bug")
         assert (await client.describe_stream("acme/oops")).leader_id == ""
+
+
+async def test_an_append_admitted_as_the_lease_ends_still_ends(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two appends wait for room; the first is admitted, then the lease runs out while
+    the second is admitted: the first must end (in doubt if it was sent, failed if it
+    reached no store), not hang."""
+    offset_ms = [0]
+    monkeypatch.setattr(writer_module, "now_ms", lambda: time_now_ms() + offset_ms[0])
+    limits = ReplicatorLimits(unacked_bytes_max=EVENT_BYTES_MAX + 64)
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream("acme/admitted", replicas=3, write_quorum=2)
+        async with client.writer("acme/admitted", limits=limits) as writer:
+            core = writer._core
+            step = core.step
+
+            def step_then_expire(now: int, event: Any) -> Any:
+                result = step(now, event)
+                if isinstance(event, Append) and event.payloads == (b"second",):
+                    offset_ms[0] += 60_000  # the lease runs out right after this step
+                return result
+
+            monkeypatch.setattr(core, "step", step_then_expire)
+            first = asyncio.create_task(writer.append(b"x" * EVENT_BYTES_MAX))
+            second = asyncio.create_task(writer.append(b"second"))
+            third = asyncio.create_task(writer.append(b"third"))
+            try:
+                await asyncio.sleep(0)  # all three run up to their waits
+                assert writer.statistics().waiting_appends == 2
+                await asyncio.wait({first, second, third}, timeout=10)
+                assert first.done() and second.done() and third.done(), "an append hangs"
+            finally:
+                for task in (first, second, third):
+                    task.cancel()
+            assert offset_ms[0], "the second append was never admitted"
+            assert first.exception() is None
+            down = writer._core.finish
+            assert down is not None and down.acked_index == 1
+            sent = down.sent_through >= 2
+            expected = AppendInDoubt if sent else AppendFailed
+            assert type(second.exception()) is expected, (down, second.exception())
+            assert type(third.exception()) is AppendFailed, third.exception()

@@ -19,9 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from streamengine.client import StreamClient
+from streamengine.client import writer as writer_module
+from streamengine.client.errors import Unavailable
+from streamengine.client.sealer import SegmentSealer
 from streamengine.tools.harness import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
 from streamengine.v1 import entry_pb2
@@ -296,6 +300,71 @@ async def test_a_grant_without_a_segment_seals_both_earlier_ones_then_rolls(
         async with client.writer(name, leadership_timeout_s=20) as writer:
             await writer.append(b"after the gap")
             epoch = writer.epoch
+        listing = await segments(client, name)
+        assert [s.state for s in listing if s.id.epoch < epoch - 1] == [entry_pb2.SEALED] * 2
+        assert [p for _, p in await read_all(client, name)] == [b"after the gap"]
+
+
+def _unavailable_once(call: Any) -> Any:
+    """`call` (a stub method) whose first invocation fails with UNAVAILABLE, as a
+    master that is briefly unreachable; later ones go through."""
+    failed: list[bool] = []
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "injected"
+            )
+        return call(*args, **kwargs)
+
+    return wrapped
+
+
+async def _two_unsealed(client: StreamClient, master: str, name: str) -> None:
+    await client.create_stream(name, replicas=3, write_quorum=2)
+    for number in range(2):
+        await asyncio.to_thread(lead_and_die, master, name, f"holder-{number}")
+    unsealed = [s for s in await segments(client, name) if s.state != entry_pb2.SEALED]
+    assert len(unsealed) == 2
+
+
+async def test_a_roll_refused_after_closing_a_gap_is_asked_again(cluster: Cluster) -> None:
+    """Issue 22: the roll out of an epoch granted without a segment fails once; the
+    writer asks again (it used to wait forever while the master renewed its lease)."""
+    name = "failover/gap-roll"
+    async with StreamClient(cluster.master_address) as client:
+        await _two_unsealed(client, cluster.master_address, name)
+        stub = client.master
+        stub.RollSegment = _unavailable_once(stub.RollSegment)
+        async with client.writer(name, leadership_timeout_s=20) as writer:
+            await writer.append(b"after the gap")
+        assert [p for _, p in await read_all(client, name)] == [b"after the gap"]
+
+
+async def test_a_recovery_failing_once_is_started_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: a sealer that ends with a transient error (not a fence) is reported to
+    the core, which starts that recovery again; the writer then leads."""
+    name = "failover/gap-sealer"
+    failures: list[int] = []
+
+    class FailingOnce(SegmentSealer):
+        async def run(self) -> int:
+            if not failures:
+                failures.append(self.segment.epoch)
+                await self.close()
+                raise Unavailable("injected: a store answered nothing usable")
+            return await super().run()
+
+    monkeypatch.setattr(writer_module, "SegmentSealer", FailingOnce)
+    async with StreamClient(cluster.master_address) as client:
+        await _two_unsealed(client, cluster.master_address, name)
+        async with client.writer(name, leadership_timeout_s=20) as writer:
+            await writer.append(b"after the gap")
+            epoch = writer.epoch
+        assert failures, "the injected failure never happened"
         listing = await segments(client, name)
         assert [s.state for s in listing if s.id.epoch < epoch - 1] == [entry_pb2.SEALED] * 2
         assert [p for _, p in await read_all(client, name)] == [b"after the gap"]

@@ -11,12 +11,13 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     python -m tests.sim SEED [--steps N] [--quiet]   # one seed, with its trace
     python -m tests.sim --seeds 0:500                 # many, one line each
     --flaw NAME      a deliberately broken shell or store (`world.FLAWS`): must fail
-    --no-close-gap   hand grants without a segment to the leader core (it refuses them)
+    --soak N         N long seeds, liveness and safety failures counted apart
     --no-probe       never ask a recovery's given-up store again (recovery can hang)
 
-The writer shell does what `client/writer.py` does around the core: it carries out
-`AskRoll` (`RollSegment` at the master) and closes a grant without a segment itself
-(`WriterNode._close_gap`: seal both earlier segments, then roll). A recovery's
-retransmits, lost stores and probes are `SegmentRecovery`'s own decisions, on its
-`SIMULATED_TIMING` profile; `--no-probe` makes `RecoveryRun` drop the probes.
+The writer shell does what `client/writer.py` does around the core: it carries out the
+core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a
+`RecoveryRun`) and feeds the answers back; a grant without a segment is the core's
+business like any other. A recovery's retransmits, lost stores and probes are
+`SegmentRecovery`'s own decisions, on its `SIMULATED_TIMING` profile; `--no-probe` makes
+`RecoveryRun` drop the probes.
 """

@@ -1,12 +1,40 @@
 """`python -m tests.sim SEED`: run one seed and print its trace; `--seeds A:B` runs a
-range and prints one line per seed. Exits 1 if any seed fails."""
+range and prints one line per seed; `--soak N` runs N long seeds and counts liveness
+and safety failures apart. Exits 1 if any seed fails."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tests.sim.world import FLAWS, run_seed
+from tests.sim.world import FLAWS, RunResult, run_seed
+
+# Where `--soak` starts unless told: above the seeds CI runs at the short length.
+SOAK_FIRST_SEED = 10_000
+
+
+def _run_range(
+    first: int, last: int, steps: int, flaws: frozenset[str], probe: bool, quiet: bool
+) -> list[RunResult]:
+    results = []
+    for seed in range(first, last):
+        result = run_seed(seed, steps, flaws, None, probe)
+        if not quiet or not result.ok:
+            print(result.summary(), flush=True)
+        results.append(result)
+    return results
+
+
+def _report(results: list[RunResult], steps: int) -> int:
+    liveness = [r for r in results if r.violation is not None and r.violation.invariant == 0]
+    safety = [r for r in results if not r.ok and r not in liveness]
+    print(
+        f"{len(results)} seeds at {steps} steps: "
+        f"{len(liveness)} liveness failures {[r.config.seed for r in liveness]}, "
+        f"{len(safety)} safety failures {[r.config.seed for r in safety]}"
+    )
+    print(f"{len(liveness) + len(safety)} failed")
+    return 1 if liveness or safety else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sim")
     parser.add_argument("seed", nargs="?", type=int, help="run this seed and print its trace")
     parser.add_argument("--seeds", help="a range A:B of seeds, one line each")
+    parser.add_argument(
+        "--soak",
+        type=int,
+        metavar="N",
+        help=f"run N long seeds from --first (default {SOAK_FIRST_SEED}); count liveness "
+        "and safety failures apart",
+    )
+    parser.add_argument("--first", type=int, default=SOAK_FIRST_SEED, help="first --soak seed")
     parser.add_argument("--steps", type=int, default=3000, help="safety-phase steps")
     parser.add_argument("--quiet", action="store_true", help="no trace, only the outcome")
     parser.add_argument("--flaw", action="append", choices=FLAWS, default=[])
@@ -24,34 +60,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 119)",
     )
-    parser.add_argument(
-        "--no-close-gap",
-        action="store_true",
-        help="hand grants without a segment to the leader core, which refuses them",
-    )
     args = parser.parse_args(argv)
-    probe, close = not args.no_probe, not args.no_close_gap
+    probe = not args.no_probe
     flaws = frozenset(args.flaw)
+    if args.soak:
+        results = _run_range(args.first, args.first + args.soak, args.steps, flaws, probe, True)
+        return _report(results, args.steps)
     if args.seeds:
         first, _, last = args.seeds.partition(":")
-        failed = 0
-        for seed in range(int(first), int(last)):
-            result = run_seed(seed, args.steps, flaws, None, probe, close)
-            print(result.summary(), flush=True)
-            failed += not result.ok
-        print(f"{failed} failed")
-        return 1 if failed else 0
+        results = _run_range(int(first), int(last), args.steps, flaws, probe, args.quiet)
+        return _report(results, args.steps)
     if args.seed is None:
-        parser.error("give a SEED or --seeds A:B")
+        parser.error("give a SEED, --seeds A:B or --soak N")
     trace = None if args.quiet else print
-    result = run_seed(args.seed, args.steps, flaws, trace, probe, close)
+    result = run_seed(args.seed, args.steps, flaws, trace, probe)
     print(result.config.describe())
     if result.error:
         print(result.error)
     print(result.summary())
     if not result.ok:
-        switches = [f"--flaw {f}" for f in sorted(flaws)]
-        switches += ["--no-probe"] * args.no_probe + ["--no-close-gap"] * args.no_close_gap
+        switches = [f"--flaw {f}" for f in sorted(flaws)] + ["--no-probe"] * args.no_probe
         print(f"reproduce: python -m tests.sim {args.seed} --steps {args.steps}", *switches)
     return 0 if result.ok else 1
 

@@ -17,6 +17,9 @@ every step and a failure names the step that broke the rule:
 5. at most two unsealed segments; granted epochs strictly increase, across restarts.
 6. bad input is refused and changes nothing (the world injects it and calls
    `unchanged`).
+7. every append ends (acked, definitely failed, or in doubt) within `APPEND_END_MS_MAX`
+   after its writer loses leadership, and a running writer never goes on leading past
+   its own lease by more than that: no append hangs.
 """
 
 from __future__ import annotations
@@ -38,8 +41,13 @@ INVARIANTS = {
     4: "replicas of a sealed segment hold identical entries up to the bridge",
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
+    7: "every append ends within a bound after its writer loses leadership",
     0: "the cluster converges once faults stop (liveness)",
 }
+
+# A writer answers its appends in the step that steps it down, and steps down at the
+# step its lease ends (its clock wakes it then); this leaves a tick of room for both.
+APPEND_END_MS_MAX = 5
 
 
 class Violation(AssertionError):
@@ -76,6 +84,10 @@ class Checker:
         self.checks = 0
         # Acked entries lost by stores running with fsync never, as they restarted.
         self.unsynced_losses: list[str] = []
+        # Invariant 7: appends not yet ended, per writer (client id), and when each
+        # writer's leadership ended.
+        self.open_appends: dict[str, set[bytes]] = {}
+        self.leadership_ended_at: dict[str, int] = {}
 
     # ---- invariant 2 (and 4) on stores ----
 
@@ -225,6 +237,44 @@ class Checker:
         for record in state.streams.values():
             if record.epoch < self.epoch_seen:
                 raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+
+    # ---- invariant 7 ----
+
+    def append_started(self, writer: str, payloads: tuple[bytes, ...]) -> None:
+        self.open_appends.setdefault(writer, set()).update(payloads)
+
+    def append_ended(self, writer: str, payloads: list[bytes] | tuple[bytes, ...]) -> None:
+        self.open_appends.get(writer, set()).difference_update(payloads)
+
+    def leadership_ended(self, writer: str, now_ms: int) -> None:
+        self.leadership_ended_at.setdefault(writer, now_ms)
+
+    def writer_gone(self, writer: str) -> None:
+        """The process crashed: nobody is left to answer (or wait for) its appends."""
+        self.open_appends.pop(writer, None)
+        self.leadership_ended_at.pop(writer, None)
+
+    def appends_end(self, now_ms: int) -> None:
+        for writer, ended_at in sorted(self.leadership_ended_at.items()):
+            hanging = self.open_appends.get(writer)
+            if hanging and now_ms - ended_at > APPEND_END_MS_MAX:
+                raise Violation(
+                    7,
+                    f"{writer} stopped leading at {ended_at}; {len(hanging)} append(s) never "
+                    f"ended, e.g. {min(hanging)!r}",
+                )
+            if not hanging:
+                del self.leadership_ended_at[writer]
+                self.open_appends.pop(writer, None)
+
+    def writer_running(
+        self, writer: str, leading: bool, clock_ms: int, lease_until_ms: int
+    ) -> None:
+        """A writer process that runs (up, not paused) at `clock_ms` of its own clock."""
+        if leading and clock_ms > lease_until_ms + APPEND_END_MS_MAX:
+            raise Violation(
+                7, f"{writer} still leads at {clock_ms}, its lease ended at {lease_until_ms}"
+            )
 
     # ---- invariant 1 (and 2 on readers) ----
 

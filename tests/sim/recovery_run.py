@@ -34,13 +34,8 @@ from tests.sim.nodes import MASTER
 class RecoveryRun:
     """Carries one `SegmentRecovery`'s actions out and its answers back."""
 
-    def __init__(
-        self, writer: WriterNode, action: RecoverSegment, standalone: bool = False
-    ) -> None:
-        """`standalone`: run by the shell for a grant without a segment, not for the
-        core (see `WriterNode._close_gap`)."""
+    def __init__(self, writer: WriterNode, action: RecoverSegment) -> None:
         self.writer = writer
-        self.standalone = standalone
         grant = action.segment
         self.segment = SegmentKey(grant.segment.stream_id, grant.segment.epoch)
         self.epoch = action.new_epoch
@@ -60,7 +55,7 @@ class RecoveryRun:
         self.send(self.op.start(self.writer.world.now))
 
     def active(self) -> bool:
-        return (self.standalone or self.writer.leading) and not self.op.deposed
+        return self.writer.leading and not self.op.deposed
 
     def send(self, actions: list[sr.Action]) -> None:
         for action in actions:
@@ -91,14 +86,10 @@ class RecoveryRun:
         seg = self.segment
         if isinstance(action, sr.Done):
             writer.world.note(f"{writer.client_id} sealed {seg.epoch} at {action.final_index}")
-            if self.standalone:
-                writer.gap_closed()
-            else:
-                writer.step(SegmentSealed(seg.epoch))
+            writer.step(SegmentSealed(seg.epoch))
             return
         if isinstance(action, sr.Deposed):
-            if not self.standalone:
-                writer.step(StoreFenced(f"recovery of {seg.epoch}", action.fence))
+            writer.step(StoreFenced(f"recovery of {seg.epoch}", action.fence))
             return
         if isinstance(action, sr.SealAtMaster):
             request: object = m.SealSegment(

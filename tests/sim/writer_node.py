@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from streamengine.client.core.leader import (
@@ -22,6 +23,7 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     StoreFenced,
+    reconnect_pause_ms,
 )
 from streamengine.client.core.leader import ReleaseLease as ReleaseLeaseAction
 from streamengine.client.core.replicator import (
@@ -37,6 +39,8 @@ from streamengine.client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.master.errors import MasterError
+from streamengine.master.service import status_of
 from streamengine.segment_store.store import (
     SegmentKey,
 )
@@ -46,7 +50,7 @@ from tests.sim.network import Message
 if TYPE_CHECKING:
     from tests.sim.world import World
 
-from tests.sim.nodes import MASTER, RECONNECT_MS, Node
+from tests.sim.nodes import MASTER, Node
 from tests.sim.recovery_run import RecoveryRun
 
 # ---- writers ----
@@ -64,6 +68,7 @@ class WriterNode(Node):
 
     def __init__(self, name: str, world: World) -> None:
         super().__init__(name, world)
+        self.clock_offset_ms, self.clock_drift_ppm = world.clocks[name]
         self.generation = 0
         self.new_writer()
 
@@ -75,10 +80,11 @@ class WriterNode(Node):
         cfg = self.world.config
         limits = ReplicatorLimits(idle_ack_ms=cfg.idle_ack_ms, window_batches=cfg.window)
         self.leader = Leader(
-            self.world.now, limits, recovery_supported=True, rolling_supported=True
+            self.clock_ms(), limits, recovery_supported=True, rolling_supported=True
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
+        self.link_failures: dict[str, int] = {}  # failed attempts in a row, per store
         self.copy_set: tuple[str, ...] = ()
         self.recoveries: dict[int, RecoveryRun] = {}
         self.pending: list[_Pending] = []
@@ -86,11 +92,12 @@ class WriterNode(Node):
         self._timer_token = 0
         self._timer_at: int | None = None
         self._replacing = False
-        self.gap_epoch = 0
-        self.gap_runs: list[RecoveryRun] = []
+        self._stepping = False
+        self._submitted: list[tuple[bytes, ...]] = []  # stepped, `Assigned` not yet seen
         self.step(Tick())
 
     def crash(self) -> None:
+        self.world.checker.writer_gone(self.client_id)
         super().crash()
         self.world.note(f"{self.client_id} crashes (leading: {self.leading})")
 
@@ -111,7 +118,16 @@ class WriterNode(Node):
             self.world.net.break_streams_of(self.name)
             self.new_writer()
 
+        # The user's process opening a new writer: the environment's pace, no decision.
         self.timer(self.world.rng.randint(10, 200), "a new writer", replace)
+
+    def check_running(self) -> None:
+        """Invariant 7 while this process runs: see `Checker.writer_running`."""
+        if self.up and not self.paused:
+            leader = self.leader
+            self.world.checker.writer_running(
+                self.client_id, self.leading, self.clock_ms(), leader.lease_until_ms
+            )
 
     @property
     def leading(self) -> bool:
@@ -126,28 +142,52 @@ class WriterNode(Node):
             and self.leader.accepting_appends
             and replicator is not None
             and replicator.room_for(64)
-            and self.leader.statistics().lease_until_ms > self.world.now
         )
 
     # ---- the core ----
 
-    def step(self, event: LeaderEvent) -> list[LeaderAction]:
-        actions = self.leader.step(self.world.now, event)
-        self.apply(actions)
+    def step(self, event: LeaderEvent) -> None:
+        """Feed one event and carry out what follows, draining the core's outbox in
+        one loop (as `client/writer.py`); nothing steps from inside a step."""
+        assert not self._stepping, f"a step inside a step: {event!r}"
+        self._stepping = True
+        try:
+            self.leader.step(self.clock_ms(), event)
+            while actions := self.leader.take_actions():
+                self.apply(actions)
+        finally:
+            self._stepping = False
+        assert not self._submitted, "an append neither assigned nor failed"
         self._arm_timer()
-        return actions
 
     def append(self, payloads: tuple[bytes, ...]) -> None:
-        actions = self.step(Append(payloads))
-        for action in actions:
-            if isinstance(action, Assigned):
-                self.pending.append(_Pending(action.first_index, payloads))
+        self.world.checker.append_started(self.client_id, payloads)
+        self._submitted.append(payloads)
+        self.step(Append(payloads))
+
+    # ---- this process's clock ----
+
+    def clock_ms(self, world_ms: int | None = None) -> int:
+        """This node's clock (offset, drifting) at world time `world_ms` (now)."""
+        t = self.world.now if world_ms is None else world_ms
+        return self.clock_offset_ms + t + t * self.clock_drift_ppm // 1_000_000
+
+    def world_ms_at(self, clock_ms: int) -> int:
+        """The first world time at which this node's clock reads `clock_ms`."""
+        t = (clock_ms - self.clock_offset_ms) * 1_000_000 // (1_000_000 + self.clock_drift_ppm)
+        while self.clock_ms(t) < clock_ms:
+            t += 1
+        return t
+
+    def world_delay_ms(self, clock_delay_ms: int) -> int:
+        """How long `clock_delay_ms` of this node's clock lasts from now, in world time."""
+        return max(1, self.world_ms_at(self.clock_ms() + clock_delay_ms) - self.world.now)
 
     def _arm_timer(self) -> None:
-        deadline = self.leader.deadline_ms(self.world.now)
-        if deadline is None:
+        local = self.leader.deadline_ms(self.clock_ms())
+        if local is None:
             return
-        deadline = max(deadline, self.world.now + 1)
+        deadline = max(self.world_ms_at(local), self.world.now + 1)
         if self._timer_at is not None and self._timer_at <= deadline:
             return
         self._timer_token += 1
@@ -186,6 +226,7 @@ class WriterNode(Node):
                 self._roll(action)
             elif isinstance(action, SteppedDown):
                 self.world.note(f"{self.client_id} steps down: {action.reason.name}")
+                self.world.checker.leadership_ended(self.client_id, self.world.now)
                 if action.reason is StepDownReason.UNSUPPORTED:
                     self.world.unsupported.append(f"{self.client_id}: {action.message}")
                 self._report_failed(action.sent_through)
@@ -195,13 +236,21 @@ class WriterNode(Node):
                 self.call(MASTER, release, lambda _: None)
             elif isinstance(action, StoreDetached):
                 self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
-            elif not isinstance(action, Assigned):
+            elif isinstance(action, Assigned):
+                # Pending from this moment: a step-down from here on must answer it.
+                payloads = self._submitted.pop(0)
+                self.pending.append(_Pending(action.first_index, payloads))
+            else:
                 raise AssertionError(f"unknown action {action!r}")
 
     def _report_failed(self, sent_through: int) -> None:
         """Appends above `sent_through` reached no store: users hear they failed."""
         if "fail_in_doubt" in self.world.config.flaws:
             sent_through = 0  # the flaw: a shell that calls every pending append failed
+        if "forget_pending" in self.world.config.flaws and self.pending:
+            # The flaw: a shell that loses an append on stepping down (one admitted but
+            # not yet recorded as pending): its user waits forever.
+            del self.pending[0]
         failed = []
         for item in self.pending:
             failed += [
@@ -210,13 +259,18 @@ class WriterNode(Node):
                 if item.first_index + offset > sent_through
             ]
         in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
+        for payloads in self._submitted:  # stepped as the lease ran out: never sent
+            failed += payloads
+        ended = [payload for item in self.pending for payload in item.payloads] + failed
+        self._submitted = []
         self.pending = []
         self.world.stats["appends reported failed"] += len(failed)
         self.world.stats["appends in doubt"] += in_doubt
         self.world.checker.appends_failed(failed)
+        self.world.checker.append_ended(self.client_id, ended)
 
     def _heartbeat(self, action: SendHeartbeat) -> None:
-        sent_at = self.world.now
+        sent_at = self.clock_ms()
         request = m.WriterHeartbeat(
             self.world.config.stream,
             self.client_id,
@@ -226,71 +280,25 @@ class WriterNode(Node):
         )
 
         def answered(result: object) -> None:
-            if isinstance(result, HeartbeatAnswered) and self._gap(result):
-                self._close_gap(result)
-                self.step(HeartbeatFailed(sent_at, "a grant without a segment"))
-            elif isinstance(result, HeartbeatAnswered):
+            if isinstance(result, HeartbeatAnswered):
+                if result.leader and result.segment is None and not self.leading:
+                    self.world.stats["grants without a segment"] += 1
                 self.step(dataclasses.replace(result, sent_at_ms=sent_at))
+            elif isinstance(result, MasterError):
+                self.step(HeartbeatFailed(sent_at, status_of(result).name, str(result)))
             else:
-                self.step(HeartbeatFailed(sent_at, str(result)))
+                self.step(HeartbeatFailed(sent_at, "UNKNOWN", str(result)))
 
         def timed_out() -> None:
-            self.step(HeartbeatFailed(sent_at, "deadline exceeded"))
+            self.step(HeartbeatFailed(sent_at, "DEADLINE_EXCEEDED"))
 
-        self.call(MASTER, request, answered, True, action.timeout_ms, timed_out)
-
-    # ---- grants without a segment ----
-
-    def _gap(self, answer: HeartbeatAnswered) -> bool:
-        return (
-            self.world.close_gap
-            and answer.leader
-            and answer.segment is None
-            and self.leader.role is Role.FOLLOWING
-        )
-
-    def _close_gap(self, answer: HeartbeatAnswered) -> None:
-        """Two earlier segments are unsealed, so the master granted an epoch without a
-        segment, which the leader core refuses (it steps down and the stream livelocks;
-        `--no-close-gap` shows it). Until the core does it, the shell seals and recovers
-        both under the granted epoch, then gives the lease back: the next grant has a
-        segment. Safety does not rest on this lease (stores fence by epoch)."""
-        if answer.epoch == self.gap_epoch:
-            # A renewal while closing, or after: a RollSegment lost on the way (unary
-            # calls are not retried here) is asked again once both are sealed.
-            self.gap_closed()
-            return
-        assert answer.policy is not None
-        self.gap_epoch = answer.epoch
-        self.world.stats["grants without a segment closed by the shell"] += 1
-        self.world.note(f"{self.client_id} closes {[g.epoch for g in answer.unsealed]}")
-        self.gap_runs = [
-            RecoveryRun(self, RecoverSegment(grant, answer.epoch, answer.policy), True)
-            for grant in answer.unsealed
-        ]
-        for run in self.gap_runs:
-            run.start()
-
-    def gap_closed(self) -> None:
-        """Both sealed: roll for the next epoch, whose grant (with a segment, nothing
-        unsealed) the core leads, as `client/writer.py` does."""
-        if not all(run.op.done for run in self.gap_runs):
-            return
-        sent_at = self.world.now
-        request = m.RollSegment(self.world.config.stream, self.client_id, self.gap_epoch)
-
-        def answered(result: object) -> None:
-            if not isinstance(result, HeartbeatAnswered):
-                self.gap_epoch = 0  # a later grant starts over
-            elif self.leader.role is Role.FOLLOWING:
-                self.step(dataclasses.replace(result, sent_at_ms=sent_at))
-
-        self.call(MASTER, request, answered)
+        timeout = self.world_delay_ms(action.timeout_ms)
+        self.call(MASTER, request, answered, True, timeout, timed_out)
 
     def _roll(self, action: AskRoll) -> None:
         self.world.note(f"{self.client_id} rolls epoch {action.epoch}: {action.reason}")
         self.world.stats["rolls asked"] += 1
-        sent_at = self.world.now
+        sent_at = self.clock_ms()
         request = m.RollSegment(
             self.world.config.stream, self.client_id, action.epoch, action.exclude_stores
         )
@@ -304,8 +312,8 @@ class WriterNode(Node):
         def timed_out() -> None:
             self.step(RollFailed("deadline exceeded"))
 
-        lease_ms = self.leader.heartbeat_interval_ms * 3
-        self.call(MASTER, request, answered, True, lease_ms, timed_out)
+        timeout = self.world_delay_ms(action.timeout_ms)
+        self.call(MASTER, request, answered, True, timeout, timed_out)
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")
@@ -330,6 +338,7 @@ class WriterNode(Node):
                 if index > acked_index:
                     break
                 self.world.checker.user_acked(epoch, index, payload, state)
+                self.world.checker.append_ended(self.client_id, (payload,))
                 done += 1
             if done < len(item.payloads):
                 item.first_index += done
@@ -347,7 +356,7 @@ class WriterNode(Node):
                 return  # a store of a segment rolled away from
             target = self.world.stores[store]
             if not target.up or self.world.net.partitioned(self.name, store):
-                self.timer(RECONNECT_MS, f"reconnect {store}", attempt)
+                self._reconnect_later(store, attempt)
                 return
             incarnation = self.incarnation
             number = 0
@@ -357,8 +366,10 @@ class WriterNode(Node):
 
             number = self.world.net.open_stream(self.name, store, broken, lambda: None)
             self.links[store] = number
+            self.link_failures.pop(store, None)
             self.step(StoreConnected(store))
 
+        # Opening a connection takes the network a moment (drawn, like message delays).
         self.timer(self.world.rng.randint(1, 10), f"connect {store}", attempt)
 
     def _disconnected(self, store: str, number: int) -> None:
@@ -366,7 +377,13 @@ class WriterNode(Node):
             return
         del self.links[store]
         self.step(StoreDisconnected(store))
-        self.timer(RECONNECT_MS, f"reconnect {store}", lambda: self._connect(store))
+        self._reconnect_later(store, lambda: self._connect(store))
+
+    def _reconnect_later(self, store: str, attempt: Callable[[], None]) -> None:
+        failures = self.link_failures.get(store, 0) + 1
+        self.link_failures[store] = failures
+        pause = self.world_delay_ms(reconnect_pause_ms(failures))
+        self.timer(pause, f"reconnect {store}", attempt)
 
     def handle(self, message: Message) -> None:
         body = message.body

@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 
 from streamengine.client.core.leader import (
+    RECONNECT_PAUSE_MS_MAX,
+    RECONNECT_PAUSE_MS_MIN,
     BecameLeader,
     HeartbeatAnswered,
     HeartbeatFailed,
     Leader,
     LeaderAction,
+    LeaderEvent,
     RecoverSegment,
     Release,
     ReleaseLease,
@@ -25,6 +28,7 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     StoreFenced,
+    reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
     Acked,
@@ -59,17 +63,23 @@ def follower_answer(sent_at_ms: int, epoch: int = 5) -> HeartbeatAnswered:
     return HeartbeatAnswered(sent_at_ms, False, epoch, LEASE_MS, leader_id="other")
 
 
+def step(leader: Leader, now_ms: int, event: LeaderEvent) -> list[LeaderAction]:
+    """One step and the actions it queued."""
+    leader.step(now_ms, event)
+    return leader.take_actions()
+
+
 def of_type(actions: list[LeaderAction], kind: type) -> list[Any]:
     return [a for a in actions if isinstance(a, kind)]
 
 
 def leading(now_ms: int = 0, **kwargs) -> Leader:
     leader = Leader(now_ms, **kwargs)
-    assert of_type(leader.step(now_ms, Tick()), SendHeartbeat)
-    actions = leader.step(now_ms + 5, leader_answer(now_ms))
+    assert of_type(step(leader, now_ms, Tick()), SendHeartbeat)
+    actions = step(leader, now_ms + 5, leader_answer(now_ms))
     assert of_type(actions, BecameLeader)
     for store in STORES:
-        leader.step(now_ms + 5, StoreConnected(store))
+        step(leader, now_ms + 5, StoreConnected(store))
     return leader
 
 
@@ -83,70 +93,70 @@ def answer_all(
                 send.store, send.request_id, False, send.last_index, 0, send.first_index,
                 send.last_index,
             )  # fmt: skip
-            out += leader.step(now_ms, reply)
+            out += step(leader, now_ms, reply)
     return out
 
 
 def test_a_follower_heartbeats_every_third_of_the_lease_even_if_one_hangs() -> None:
     leader = Leader(0)
-    [beat] = of_type(leader.step(0, Tick()), SendHeartbeat)
+    [beat] = of_type(step(leader, 0, Tick()), SendHeartbeat)
     assert beat.epoch == 0
-    assert leader.step(100, Tick()) == []
-    leader.step(10, follower_answer(0))
+    assert step(leader, 100, Tick()) == []
+    step(leader, 10, follower_answer(0))
     assert leader.role is Role.FOLLOWING
     assert leader.deadline_ms(10) == LEASE_MS // 3
     interval = LEASE_MS // 3
     # Nobody answers: the heartbeats go on schedule, up to a lease worth in flight.
     for n in (1, 2, 3):
-        [beat] = of_type(leader.step(n * interval, Tick()), SendHeartbeat)
+        [beat] = of_type(step(leader, n * interval, Tick()), SendHeartbeat)
         assert beat.timeout_ms == LEASE_MS
-    assert of_type(leader.step(4 * interval, Tick()), SendHeartbeat) == []
+    assert of_type(step(leader, 4 * interval, Tick()), SendHeartbeat) == []
     assert leader.deadline_ms(4 * interval) is None
     # One gives up: the overdue heartbeat goes at once.
-    assert of_type(leader.step(4 * interval + 1, HeartbeatFailed(interval, "x")), SendHeartbeat)
+    assert of_type(step(leader, 4 * interval + 1, HeartbeatFailed(interval, "x")), SendHeartbeat)
 
 
 def test_an_answer_sent_before_the_grant_does_not_depose() -> None:
     leader = Leader(0)
-    leader.step(0, Tick())
-    leader.step(LEASE_MS // 3, Tick())
+    step(leader, 0, Tick())
+    step(leader, LEASE_MS // 3, Tick())
     # The second heartbeat's grant overtakes the first one's FOLLOWER answer.
-    assert of_type(leader.step(400, leader_answer(LEASE_MS // 3)), BecameLeader)
-    assert not of_type(leader.step(401, follower_answer(0)), SteppedDown)
+    assert of_type(step(leader, 400, leader_answer(LEASE_MS // 3)), BecameLeader)
+    assert not of_type(step(leader, 401, follower_answer(0)), SteppedDown)
     assert leader.role is Role.LEADING
 
 
 def test_the_lease_counts_from_the_send_time_and_renews_by_heartbeat() -> None:
     leader = Leader(0)
-    leader.step(0, Tick())
+    step(leader, 0, Tick())
     # The answer takes 400 ms to come back: the lease still started at 0.
-    actions = leader.step(400, leader_answer(0))
+    actions = step(leader, 400, leader_answer(0))
     [became] = of_type(actions, BecameLeader)
     assert became.epoch == 5 and became.segment == grant(5)
     assert leader.statistics().lease_until_ms == LEASE_MS
     # The next heartbeat was due at 300, a third of the lease after the first send.
     [beat] = of_type(actions, SendHeartbeat)
     assert beat.epoch == 5
-    leader.step(800, leader_answer(400))
+    step(leader, 800, leader_answer(400))
     assert leader.statistics().lease_until_ms == 400 + LEASE_MS
     assert leader.role is Role.LEADING
     # An old answer never shortens the lease.
-    leader.step(801, leader_answer(100))
+    step(leader, 801, leader_answer(100))
     assert leader.statistics().lease_until_ms == 400 + LEASE_MS
 
 
 def test_lease_loss_with_appends_in_flight_fails_honestly() -> None:
     leader = leading()
-    first = leader.step(10, Append((b"a", b"b")))  # sent, acked below
+    first = step(leader, 10, Append((b"a", b"b")))  # sent, acked below
     acked = of_type(answer_all(leader, 11, first), Acked)
     assert [a.acked_index for a in acked] == [2]
-    sent = leader.step(12, Append((b"c",)))  # sent, not answered yet
+    sent = step(leader, 12, Append((b"c",)))  # sent, not answered yet
     # A third append is only assigned: every store has a request in flight, so it
     # lingers, and the lease runs out before anything carries it.
-    assert of_type(leader.step(12, Append((b"d",))), SendWrite) == []
+    assert of_type(step(leader, 12, Append((b"d",))), SendWrite) == []
     # The heartbeats got no answer; the lease ends at LEASE_MS after the first send.
     assert leader.deadline_ms(14) is not None
-    actions = leader.step(LEASE_MS, Tick())
+    actions = step(leader, LEASE_MS, Tick())
     [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.LEASE_EXPIRED
     assert (down.acked_index, down.sent_through) == (2, 3)  # 3 in doubt, 4 failed
@@ -157,22 +167,22 @@ def test_lease_loss_with_appends_in_flight_fails_honestly() -> None:
 
 def test_an_answer_arriving_as_the_lease_ends_is_not_acked() -> None:
     leader = leading()
-    sent = leader.step(10, Append((b"a",)))
+    sent = step(leader, 10, Append((b"a",)))
     actions = answer_all(leader, LEASE_MS, sent)
     assert of_type(actions, Acked) == []
     [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.LEASE_EXPIRED and down.sent_through == 1
     # An append at that moment is not taken either.
-    assert Leader(0).step(0, Tick()) and of_type(
-        leading().step(LEASE_MS, Append((b"b",))), SteppedDown
+    assert step(Leader(0), 0, Tick()) and of_type(
+        step(leading(), LEASE_MS, Append((b"b",))), SteppedDown
     )
 
 
 def test_the_lease_ends_before_the_master_ends_it() -> None:
     leader = leading()
-    assert leader.step(LEASE_MS - 1, Tick()) == [] or leader.role is Role.LEADING
+    assert step(leader, LEASE_MS - 1, Tick()) == [] or leader.role is Role.LEADING
     assert leader.role is Role.LEADING
-    assert of_type(leader.step(LEASE_MS, Tick()), SteppedDown)
+    assert of_type(step(leader, LEASE_MS, Tick()), SteppedDown)
 
 
 @pytest.mark.parametrize(
@@ -182,8 +192,8 @@ def test_the_lease_ends_before_the_master_ends_it() -> None:
 )
 def test_the_master_deposing_the_leader_steps_it_down(answer) -> None:
     leader = leading()
-    leader.step(300, Tick())
-    actions = leader.step(310, answer)
+    step(leader, 300, Tick())
+    actions = step(leader, 310, answer)
     [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.DEPOSED and down.epoch == 5
     # A new epoch granted to this very writer is given back, not left to run out.
@@ -192,53 +202,92 @@ def test_the_master_deposing_the_leader_steps_it_down(answer) -> None:
 
 def test_a_fence_above_the_epoch_steps_down_and_one_at_it_does_not() -> None:
     leader = leading()
-    assert leader.step(20, StoreFenced("s2", 5)) == []
-    [down] = of_type(leader.step(20, StoreFenced("s2", 6)), SteppedDown)
+    assert step(leader, 20, StoreFenced("s2", 5)) == []
+    [down] = of_type(step(leader, 20, StoreFenced("s2", 6)), SteppedDown)
     assert down.reason is StepDownReason.FENCED
 
 
 def test_release_gives_the_lease_back_and_a_late_grant_too() -> None:
     leader = leading()
-    actions = leader.step(50, Release())
+    actions = step(leader, 50, Release())
     assert of_type(actions, SteppedDown)[0].reason is StepDownReason.RELEASED
     assert of_type(actions, ReleaseLease) == [ReleaseLease(5)]
-    assert leader.step(60, leader_answer(40)) == [ReleaseLease(5)]
+    assert step(leader, 60, leader_answer(40)) == [ReleaseLease(5)]
 
     follower = Leader(0)
-    follower.step(0, Tick())
-    assert follower.step(1, Release()) == []
-    assert follower.step(2, leader_answer(0, epoch=8)) == [ReleaseLease(8)]
+    step(follower, 0, Tick())
+    assert step(follower, 1, Release()) == []
+    assert step(follower, 2, leader_answer(0, epoch=8)) == [ReleaseLease(8)]
 
 
 def test_unsealed_earlier_segments_without_recovery_fail_clearly() -> None:
     leader = Leader(0)
-    leader.step(0, Tick())
-    actions = leader.step(5, leader_answer(0, unsealed=(grant(4),)))
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, unsealed=(grant(4),)))
     [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.UNSUPPORTED and "4" in down.message
     assert of_type(actions, ReleaseLease) == [ReleaseLease(5)]
     assert not of_type(actions, BecameLeader)
 
 
-def test_a_grant_without_a_segment_fails_clearly() -> None:
+def test_a_grant_without_a_segment_needs_recovery_support() -> None:
     leader = Leader(0)
-    leader.step(0, Tick())
-    actions = leader.step(5, leader_answer(0, segment=None, unsealed=(grant(3), grant(4))))
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, segment=None, unsealed=(grant(3), grant(4))))
     assert of_type(actions, SteppedDown)[0].reason is StepDownReason.UNSUPPORTED
 
 
 def test_the_gate_holds_acks_until_every_earlier_segment_is_sealed() -> None:
     leader = Leader(0, recovery_supported=True)
-    leader.step(0, Tick())
-    actions = leader.step(5, leader_answer(0, unsealed=(grant(3), grant(4))))
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, unsealed=(grant(3), grant(4))))
     assert of_type(actions, RecoverSegment) == [
         RecoverSegment(grant(3), 5, POLICY),
         RecoverSegment(grant(4), 5, POLICY),
     ]
     for store in STORES:
-        leader.step(5, StoreConnected(store))
-    sent = leader.step(6, Append((b"a",)))
+        step(leader, 5, StoreConnected(store))
+    sent = step(leader, 6, Append((b"a",)))
     assert of_type(answer_all(leader, 7, sent), Acked) == []
-    assert leader.step(8, SegmentSealed(3)) == []
-    [acked] = of_type(leader.step(9, SegmentSealed(4)), Acked)
+    assert step(leader, 8, SegmentSealed(3)) == []
+    [acked] = of_type(step(leader, 9, SegmentSealed(4)), Acked)
     assert acked.acked_index == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "ends_following"),
+    [
+        ("NOT_FOUND", True),
+        ("INVALID_ARGUMENT", True),
+        ("UNAVAILABLE", False),
+        ("DEADLINE_EXCEEDED", False),
+        ("", False),  # no status at all: a timeout in the shell
+        ("SOMETHING_NEW", False),  # not in the table: retried
+    ],
+)
+def test_the_core_decides_which_heartbeat_failures_end_the_writer(
+    code: str, ends_following: bool
+) -> None:
+    follower = Leader(0)
+    step(follower, 0, Tick())
+    actions = step(follower, 5, HeartbeatFailed(0, code, "from the master"))
+    downs = of_type(actions, SteppedDown)
+    if ends_following:
+        assert [d.reason for d in downs] == [StepDownReason.REFUSED]
+        assert code in downs[0].message and follower.role is Role.FINISHED
+        assert follower.deadline_ms(6) is None
+    else:
+        assert downs == [] and follower.role is Role.FOLLOWING
+        assert follower.deadline_ms(6) is not None
+    # A leader keeps its open segment whatever the failure: its lease decides.
+    leader = leading()
+    step(leader, LEASE_MS // 3, Tick())
+    assert of_type(step(leader, LEASE_MS // 3 + 1, HeartbeatFailed(300, code)), SteppedDown) == []
+    assert leader.role is Role.LEADING
+
+
+def test_reconnect_pauses_double_up_to_the_cap() -> None:
+    pauses = [reconnect_pause_ms(n) for n in range(1, 10)]
+    assert pauses[:4] == [RECONNECT_PAUSE_MS_MIN * 2**k for k in range(4)]
+    assert pauses == sorted(pauses) and pauses[-1] == RECONNECT_PAUSE_MS_MAX
+    assert reconnect_pause_ms(10_000) == RECONNECT_PAUSE_MS_MAX

@@ -41,16 +41,17 @@ from tests.unit.test_leader import (
     grant,
     leader_answer,
     of_type,
+    step,
 )
 
 
 def rolling_leader(**answer_fields: Any) -> Leader:
     leader = Leader(0, recovery_supported=True, rolling_supported=True)
-    assert of_type(leader.step(0, Tick()), SendHeartbeat)
+    assert of_type(step(leader, 0, Tick()), SendHeartbeat)
     answer = leader_answer(0, **answer_fields)
-    assert of_type(leader.step(5, answer), BecameLeader)
+    assert of_type(step(leader, 5, answer), BecameLeader)
     for store in STORES:
-        leader.step(5, StoreConnected(store))
+        step(leader, 5, StoreConnected(store))
     return leader
 
 
@@ -59,7 +60,7 @@ def settle(leader: Leader, now_ms: int, actions: list[LeaderAction]) -> list[Lea
     out: list[LeaderAction] = list(actions)
     pending = list(actions)
     for now in range(now_ms, now_ms + 50):
-        answered = answer_all(leader, now, pending) + leader.step(now, Tick())
+        answered = answer_all(leader, now, pending) + step(leader, now, Tick())
         out += answered
         pending = answered
     return out
@@ -71,12 +72,12 @@ def roll_answer(sent_at_ms: int, epoch: int, old: int, **fields: Any) -> RollAns
 
 def test_a_segment_past_its_bytes_drains_then_asks_for_the_next_epoch() -> None:
     leader = rolling_leader(segment_bytes_max=100)
-    sent = leader.step(10, Append((b"x" * 60,)))
+    sent = step(leader, 10, Append((b"x" * 60,)))
     assert leader.accepting_appends
-    sent += leader.step(11, Append((b"y" * 60,)))
+    sent += step(leader, 11, Append((b"y" * 60,)))
     # Past 100 bytes: no more appends; nothing asked before both are acked.
     assert not leader.accepting_appends
-    assert of_type(leader.step(12, Tick()), AskRoll) == []
+    assert of_type(step(leader, 12, Tick()), AskRoll) == []
     actions = settle(leader, 13, sent)
     assert of_type(actions, Acked)[-1].acked_index == 2
     [ask] = of_type(actions, AskRoll)
@@ -85,92 +86,92 @@ def test_a_segment_past_its_bytes_drains_then_asks_for_the_next_epoch() -> None:
 
 def test_the_new_segment_opens_at_once_and_acks_after_the_old_is_sealed() -> None:
     leader = rolling_leader(segment_bytes_max=10)
-    assert of_type(settle(leader, 11, leader.step(10, Append((b"x" * 20,)))), AskRoll)
-    actions = leader.step(70, roll_answer(65, 6, old=5, segment_bytes_max=10))
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
+    actions = step(leader, 70, roll_answer(65, 6, old=5, segment_bytes_max=10))
     assert of_type(actions, BecameLeader)[0].epoch == 6
     assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(5), 6, POLICY)]
     assert leader.epoch == 6 and leader.accepting_appends
     for store in STORES:
-        leader.step(71, StoreConnected(store))
-    sent = leader.step(72, Append((b"z",)))
+        step(leader, 71, StoreConnected(store))
+    sent = step(leader, 72, Append((b"z",)))
     assert of_type(settle(leader, 73, sent), Acked) == []
     # Only one earlier segment may be unsealed: no roll while it is, even past the size.
-    settle(leader, 130, leader.step(130, Append((b"z" * 20,))))
+    settle(leader, 130, step(leader, 130, Append((b"z" * 20,))))
     assert leader.accepting_appends
-    [acked] = of_type(leader.step(200, SegmentSealed(5)), Acked)
+    [acked] = of_type(step(leader, 200, SegmentSealed(5)), Acked)
     assert acked.acked_index == 2 and acked.segment_epoch == 6
     assert not leader.accepting_appends  # now the roll may start
 
 
 def test_a_heartbeat_answered_before_the_roll_does_not_depose() -> None:
     leader = rolling_leader(segment_bytes_max=10)
-    settle(leader, 11, leader.step(10, Append((b"x" * 20,))))
-    leader.step(70, roll_answer(15, 6, old=5))
+    settle(leader, 11, step(leader, 10, Append((b"x" * 20,))))
+    step(leader, 70, roll_answer(15, 6, old=5))
     # Sent after the roll was, answered by the master before it: epoch 5, still leader.
     late = leader_answer(16, 5)
-    assert of_type(leader.step(30, late), SteppedDown) == []
+    assert of_type(step(leader, 30, late), SteppedDown) == []
     assert leader.epoch == 6
-    deposed = leader.step(31, HeartbeatAnswered(17, False, 7, LEASE_MS, leader_id="other"))
+    deposed = step(leader, 31, HeartbeatAnswered(17, False, 7, LEASE_MS, leader_id="other"))
     assert of_type(deposed, SteppedDown)[0].reason is StepDownReason.DEPOSED
 
 
 def test_a_refused_roll_resumes_appends_and_retries_later() -> None:
     leader = Leader(0, recovery_supported=True, rolling_supported=True)
-    leader.step(0, Tick())
-    actions = leader.step(5, leader_answer(0, roll_requested=True, roll_reason="s3 is dead"))
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, roll_requested=True, roll_reason="s3 is dead"))
     [ask] = of_type(actions, AskRoll)
     assert "s3 is dead" in ask.reason
     assert not leader.accepting_appends
-    assert of_type(leader.step(11, RollFailed("no stores")), AskRoll) == []
+    assert of_type(step(leader, 11, RollFailed("no stores")), AskRoll) == []
     assert leader.accepting_appends
-    assert of_type(leader.step(12, Tick()), AskRoll) == []
-    leader.step(13, leader_answer(ROLL_RETRY_MS, roll_requested=True))  # the lease goes on
-    assert of_type(leader.step(11 + ROLL_RETRY_MS, Tick()), AskRoll)
+    assert of_type(step(leader, 12, Tick()), AskRoll) == []
+    step(leader, 13, leader_answer(ROLL_RETRY_MS, roll_requested=True))  # the lease goes on
+    assert of_type(step(leader, 11 + ROLL_RETRY_MS, Tick()), AskRoll)
 
 
 def test_a_store_disconnected_too_long_is_rolled_away_from() -> None:
     leader = rolling_leader()
-    leader.step(10, StoreDisconnected("s3"))
+    step(leader, 10, StoreDisconnected("s3"))
     # Keep the lease alive past the wait.
-    leader.step(20, leader_answer(10 + STORE_LOST_MS - 100))
-    assert of_type(leader.step(10 + STORE_LOST_MS - 1, Tick()), AskRoll) == []
-    [ask] = of_type(leader.step(10 + STORE_LOST_MS, Tick()), AskRoll)
+    step(leader, 20, leader_answer(10 + STORE_LOST_MS - 100))
+    assert of_type(step(leader, 10 + STORE_LOST_MS - 1, Tick()), AskRoll) == []
+    [ask] = of_type(step(leader, 10 + STORE_LOST_MS, Tick()), AskRoll)
     assert ask.exclude_stores == ("s3",) and "s3 lost" in ask.reason
 
 
 def test_an_old_segment_rolls_by_age_only_with_something_in_it() -> None:
     leader = rolling_leader(segment_age_ms_max=200)
-    assert of_type(leader.step(300, Tick()), AskRoll) == []
-    leader.step(300, leader_answer(290, segment_age_ms_max=200))
-    actions = settle(leader, 302, leader.step(301, Append((b"a",))))
+    assert of_type(step(leader, 300, Tick()), AskRoll) == []
+    step(leader, 300, leader_answer(290, segment_age_ms_max=200))
+    actions = settle(leader, 302, step(leader, 301, Append((b"a",))))
     assert of_type(actions, AskRoll)
 
 
 def test_a_drain_that_does_not_finish_gives_the_roll_up() -> None:
     leader = rolling_leader(segment_bytes_max=1)
-    leader.step(10, Append((b"ab",)))  # never answered
+    step(leader, 10, Append((b"ab",)))  # never answered
     assert not leader.accepting_appends
-    leader.step(20, leader_answer(10 + DRAIN_MS_MAX - 500, segment_bytes_max=1))
-    leader.step(10 + DRAIN_MS_MAX, Tick())
+    step(leader, 20, leader_answer(10 + DRAIN_MS_MAX - 500, segment_bytes_max=1))
+    step(leader, 10 + DRAIN_MS_MAX, Tick())
     assert leader.accepting_appends
 
 
 def test_without_rolling_support_nothing_rolls() -> None:
     leader = Leader(0, recovery_supported=True)
-    leader.step(0, Tick())
-    leader.step(5, leader_answer(0, segment_bytes_max=1, roll_requested=True))
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0, segment_bytes_max=1, roll_requested=True))
     for store in STORES:
-        leader.step(5, StoreConnected(store))
-    actions = answer_all(leader, 11, leader.step(10, Append((b"xx",))))
+        step(leader, 5, StoreConnected(store))
+    actions = answer_all(leader, 11, step(leader, 10, Append((b"xx",))))
     assert of_type(actions, AskRoll) == [] and leader.accepting_appends
 
 
 def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
     leader = Leader(0, recovery_supported=True, rolling_supported=True)
-    leader.step(0, Tick())
-    assert of_type(leader.step(5, leader_answer(0, roll_requested=True)), AskRoll)
-    leader.step(LEASE_MS + 1, Tick())  # the lease ran out
-    late = leader.step(LEASE_MS + 2, roll_answer(9, 6, old=5))
+    step(leader, 0, Tick())
+    assert of_type(step(leader, 5, leader_answer(0, roll_requested=True)), AskRoll)
+    step(leader, LEASE_MS + 1, Tick())  # the lease ran out
+    late = step(leader, LEASE_MS + 2, roll_answer(9, 6, old=5))
     assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6}]
 
 
@@ -178,16 +179,16 @@ def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:
     bound = EVENT_BYTES_MAX + 64
     limits = ReplicatorLimits(unacked_bytes_max=bound, retained_bytes_max=bound)
     leader = Leader(0, limits, recovery_supported=True, rolling_supported=True)
-    leader.step(0, Tick())
-    leader.step(5, leader_answer(0))
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0))
     for store in STORES:
-        leader.step(5, StoreConnected(store))
+        step(leader, 5, StoreConnected(store))
     out: list[LeaderAction] = []
     for now in range(10, 40):
         # s3 never answers: everything acked is kept for it until the buffer is full.
         if not leader.accepting_appends:
             break
-        sent = leader.step(now, Append((b"x" * 100_000,)))
+        sent = step(leader, now, Append((b"x" * 100_000,)))
         out += sent + answer_all(leader, now, sent, stores=("s1", "s2"))
     asks = of_type(out, AskRoll)
     assert asks and asks[0].exclude_stores == ("s3",) and "s3 detached" in asks[0].reason

@@ -13,6 +13,7 @@ from streamengine.client.core.replicator import (
     Append,
     Assigned,
     Flush,
+    InconsistentReply,
     Replicator,
     ReplicatorAction,
     ReplicatorLimits,
@@ -393,3 +394,12 @@ def test_a_batch_past_the_small_size_uses_the_whole_window() -> None:
     # ...until it grows past the small size, then goes into the window at once.
     out += [indexes(s) for s in sends(r.step(1, Append((b"d" * 1000,))), "s1")]
     assert out == [[1], [2, 3], [4, 5]]
+
+
+def test_a_store_claiming_more_than_was_sent_is_a_broken_peer() -> None:
+    r = make()
+    [first, *_] = sends(r.step(10, Append((b"a",))))
+    with pytest.raises(InconsistentReply, match="holds 2"):
+        r.step(11, accept(first, matched=2))
+    # Nothing of the claim was taken in.
+    assert r.acked_index == 0 and r.statistics().stores[first.store].matched_index == 0

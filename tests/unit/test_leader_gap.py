@@ -1,0 +1,139 @@
+"""A grant without a segment (two earlier segments unsealed) and recoveries that fail:
+the leader core recovers both earlier segments under the granted epoch, then asks for
+the next epoch, again after every failure, until it leads a segment or loses the lease
+(issue 22: a lost roll answer or a failed recovery used to leave the writer waiting for
+nothing while the master renewed its lease forever)."""
+
+from __future__ import annotations
+
+from streamengine.client.core.leader import (
+    RECOVERY_RETRY_MS,
+    ROLL_ANSWER_GRACE_MS,
+    ROLL_RETRY_MS,
+    AskRoll,
+    BecameLeader,
+    Leader,
+    LeaderAction,
+    RecoverSegment,
+    RecoveryFailed,
+    Role,
+    RollAnswered,
+    RollFailed,
+    SegmentSealed,
+    StepDownReason,
+    SteppedDown,
+)
+from streamengine.client.core.replicator import Acked, Append, StoreConnected, Tick
+from tests.unit.test_leader import (
+    LEASE_MS,
+    POLICY,
+    STORES,
+    answer_all,
+    grant,
+    leader_answer,
+    of_type,
+    step,
+)
+
+
+def granted_without_segment(
+    unsealed: tuple[int, ...] = (3, 4),
+) -> tuple[Leader, list[LeaderAction]]:
+    leader = Leader(0, recovery_supported=True, rolling_supported=True)
+    step(leader, 0, Tick())
+    answer = leader_answer(0, segment=None, unsealed=tuple(grant(e) for e in unsealed))
+    return leader, step(leader, 5, answer)
+
+
+def keep_lease(leader: Leader, from_ms: int, to_ms: int) -> list[LeaderAction]:
+    """The master renews the lease every third of it from `from_ms` to `to_ms`; what
+    the leader did meanwhile."""
+    actions: list[LeaderAction] = []
+    for now in range(from_ms, to_ms, LEASE_MS // 3):
+        actions += step(leader, now, leader_answer(now, segment=None))
+    return actions
+
+
+def test_a_grant_without_a_segment_recovers_both_then_asks_for_the_next_epoch() -> None:
+    leader, actions = granted_without_segment()
+    assert of_type(actions, RecoverSegment) == [
+        RecoverSegment(grant(3), 5, POLICY),
+        RecoverSegment(grant(4), 5, POLICY),
+    ]
+    assert not of_type(actions, BecameLeader) and not of_type(actions, AskRoll)
+    assert leader.role is Role.LEADING and not leader.accepting_appends
+    assert step(leader, 10, SegmentSealed(3)) == []
+    [ask] = of_type(step(leader, 11, SegmentSealed(4)), AskRoll)
+    assert ask.epoch == 5 and ask.exclude_stores == () and ask.timeout_ms == LEASE_MS
+    assert not leader.accepting_appends
+    actions = step(leader, 20, RollAnswered(leader_answer(11, epoch=6)))
+    [became] = of_type(actions, BecameLeader)
+    assert became.epoch == 6 and leader.epoch == 6 and leader.accepting_appends
+    # Nothing is unsealed before epoch 6: its appends are acked at once.
+    for store in STORES:
+        step(leader, 21, StoreConnected(store))
+    acked = of_type(answer_all(leader, 23, step(leader, 22, Append((b"a",)))), Acked)
+    assert [a.acked_index for a in acked] == [1]
+
+
+def test_a_refused_roll_is_asked_again_after_every_failure() -> None:
+    leader, actions = granted_without_segment(unsealed=())
+    now = 5
+    for attempt in range(3):
+        [ask] = of_type(actions, AskRoll)
+        assert ask.epoch == 5, attempt
+        assert of_type(step(leader, now + 1, RollFailed("TooManyUnsealed")), AskRoll) == []
+        assert of_type(keep_lease(leader, now + 2, now + ROLL_RETRY_MS), AskRoll) == []
+        now += ROLL_RETRY_MS + 1
+        actions = step(leader, now, Tick())
+    assert leader.role is Role.LEADING
+
+
+def test_a_roll_answer_that_never_comes_is_asked_again() -> None:
+    leader, actions = granted_without_segment(unsealed=())
+    [ask] = of_type(actions, AskRoll)
+    given_up = 5 + ask.timeout_ms + ROLL_ANSWER_GRACE_MS
+    assert of_type(keep_lease(leader, 10, given_up), AskRoll) == []
+    step(leader, given_up, Tick())
+    assert of_type(keep_lease(leader, given_up + 1, given_up + ROLL_RETRY_MS), AskRoll) == []
+    assert of_type(step(leader, given_up + ROLL_RETRY_MS, Tick()), AskRoll)
+
+
+def test_a_renewal_seen_as_a_grant_with_nothing_unsealed_asks_at_once() -> None:
+    # The grant's answer was lost; the next heartbeat renews the epoch without a segment.
+    leader, actions = granted_without_segment(unsealed=())
+    assert leader.role is Role.LEADING
+    assert of_type(actions, AskRoll) and not of_type(actions, RecoverSegment)
+
+
+def test_a_failed_recovery_starts_again_after_a_pause() -> None:
+    leader, _ = granted_without_segment()
+    step(leader, 10, SegmentSealed(3))
+    assert step(leader, 11, RecoveryFailed(4, "UNAVAILABLE")) == []
+    assert of_type(keep_lease(leader, 12, 11 + RECOVERY_RETRY_MS), RecoverSegment) == []
+    again = of_type(step(leader, 11 + RECOVERY_RETRY_MS, Tick()), RecoverSegment)
+    assert again == [RecoverSegment(grant(4), 5, POLICY)]
+    assert of_type(step(leader, 12 + RECOVERY_RETRY_MS, SegmentSealed(4)), AskRoll)
+
+
+def test_a_failed_recovery_behind_a_segment_starts_again_too() -> None:
+    leader = Leader(0, recovery_supported=True)
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0, unsealed=(grant(4),)))
+    step(leader, 6, RecoveryFailed(4, "DEADLINE_EXCEEDED"))
+    assert of_type(keep_lease(leader, 7, 6 + RECOVERY_RETRY_MS), RecoverSegment) == []
+    assert of_type(step(leader, 6 + RECOVERY_RETRY_MS, Tick()), RecoverSegment) == [
+        RecoverSegment(grant(4), 5, POLICY)
+    ]
+    # A failure reported for a segment already sealed changes nothing.
+    step(leader, 7 + RECOVERY_RETRY_MS, SegmentSealed(4))
+    step(leader, 8 + RECOVERY_RETRY_MS, RecoveryFailed(4, "late"))
+    later = keep_lease(leader, 9 + RECOVERY_RETRY_MS, 9 + 3 * RECOVERY_RETRY_MS)
+    assert of_type(later, RecoverSegment) == []
+
+
+def test_losing_the_lease_without_a_segment_steps_down_with_nothing_sent() -> None:
+    leader, _ = granted_without_segment()
+    [down] = of_type(step(leader, LEASE_MS, Tick()), SteppedDown)
+    assert down.reason is StepDownReason.LEASE_EXPIRED
+    assert (down.epoch, down.sent_through, down.acked_index) == (5, 0, 0)
