@@ -33,6 +33,7 @@ from streamengine.client.core.replicator import Tick
 from streamengine.client.errors import Fenced, fence_of
 from streamengine.protocol import codec
 from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -191,7 +192,7 @@ class SegmentSealer:
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 fence = fence_of(error)
-                return sr.RecoveryFenced(store, fence if fence is not None else 2**63)
+                return sr.RecoveryFenced(store, fence if fence is not None else FENCE_UNKNOWN)
             log.info(
                 "%s: recovery of %d: store %s: %s",
                 self.segment.stream,

@@ -25,7 +25,7 @@ import grpc
 
 from streamengine.client import subscription
 from streamengine.client.channels import ChannelPool
-from streamengine.client.core.cursor import StreamEvent as Event
+from streamengine.client.core.cursor import StreamEvent
 from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.errors import Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary
@@ -201,11 +201,11 @@ class StreamClient:
             await asyncio.sleep(SEAL_POLL_S)
         return False
 
-    def subscribe(self, name: str, start: subscription.Start = 0) -> AsyncIterator[Event]:
+    def subscribe(self, name: str, start: subscription.Start = 0) -> AsyncIterator[StreamEvent]:
         """Every acked event of `name` from `start` (a sequence, or "end"), forever."""
         return subscription.subscribe(self.master, self._channels, name, start)
 
-    def read(self, name: str, start: int = 0, end: int | None = None) -> AsyncIterator[Event]:
+    def read(self, name: str, start: int = 0, end: int | None = None) -> AsyncIterator[StreamEvent]:
         """Acked events in `[start, end)`; `end=None` stops at the acked end now."""
         return subscription.read(self.master, self._channels, name, start, end)
 

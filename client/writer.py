@@ -17,7 +17,7 @@ of a TaskGroup owned by the `async with` block: a failure in one reaches the use
 
 Earlier segments. Each `RecoverSegment` gets one `client.sealer.SegmentSealer` task;
 its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls out of
-an epoch granted without a segment), its `Deposed` a `StoreFenced` (the core steps
+an epoch granted without a segment), its `Deposed` a `FencedByStore` (the core steps
 down), any other failure `RecoveryFailed` (the core starts it again later).
 
 Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
@@ -53,6 +53,7 @@ from streamengine.client.core.leader import (
     RECONNECT_PAUSE_MS_MIN,
     AskRoll,
     BecameLeader,
+    FencedByStore,
     HeartbeatAnswered,
     HeartbeatFailed,
     Leader,
@@ -71,7 +72,6 @@ from streamengine.client.core.leader import (
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-    StoreFenced,
     reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
@@ -107,6 +107,7 @@ from streamengine.protocol import codec
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 from streamengine.protocol.sequence import pack_sequence
+from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ class _StoreLink:
                 assert isinstance(error, grpc.aio.AioRpcError)
                 if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     fence = fence_of(error)
-                    fenced = fence if fence is not None else 2**63
+                    fenced = fence if fence is not None else FENCE_UNKNOWN
                 log.info("store %s Write stream failed: %s", store, error.code().name)
             except* (TimeoutError, grpc.aio.UsageError, asyncio.InvalidStateError) as group:
                 log.info("store %s unreachable: %r", store, group.exceptions[0])
@@ -285,7 +286,7 @@ class _StoreLink:
                     call.cancel()
             self._disconnected()
             if fenced is not None:
-                self.writer.step(StoreFenced(store, fenced))
+                self.writer.step(FencedByStore(store, fenced))
                 return
             failures += 1
             await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
@@ -761,7 +762,7 @@ class Writer:
             await sealer.run()
         except Fenced as error:
             await sealer.close()
-            self.step(StoreFenced(f"recovery of segment {epoch}", error.fence))
+            self.step(FencedByStore(f"recovery of segment {epoch}", error.fence))
             return
         except Exception as error:  # any other failure: the core tries again
             await sealer.close()

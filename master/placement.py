@@ -74,8 +74,8 @@ def choose_target(
 
 
 @dataclass(frozen=True, slots=True)
-class Replica:
-    """One sealed replica rebalance may move."""
+class MovableSegment:
+    """A sealed segment whose replicas rebalance may move: its copy set and size."""
 
     segment: SegmentKey
     copy_set: tuple[str, ...]
@@ -98,7 +98,9 @@ def balanced(bytes_per_store: Mapping[str, int], tolerance: float = REBALANCE_TO
 
 
 def plan_rebalance(
-    stores: Iterable[StoreView], replicas: Sequence[Replica], tolerance: float = REBALANCE_TOLERANCE
+    stores: Iterable[StoreView],
+    replicas: Sequence[MovableSegment],
+    tolerance: float = REBALANCE_TOLERANCE,
 ) -> tuple[list[Move], dict[str, int], dict[str, int]]:
     """Moves from the fullest to the emptiest usable store until bytes per store are
     within `tolerance` of the mean, or no move narrows the gap. Returns the moves and

@@ -709,7 +709,8 @@ class MasterState:
                 continue
             verdict = repair.judge(segment, views, held.get(key, {}), now_ms, self.bridge_grace_ms)
             if len(verdict.good) == len(segment.copy_set):
-                replicas.append(placement.Replica(key, segment.copy_set, self.segment_bytes(key)))
+                size = self.segment_bytes(key)
+                replicas.append(placement.MovableSegment(key, segment.copy_set, size))
         moves, before, after = placement.plan_rebalance(views.values(), replicas)
         tasks = [
             repair.Task(m.segment, m.source, m.target, m.source, repair.REBALANCE, m.bytes)

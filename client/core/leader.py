@@ -61,7 +61,7 @@ for a roll, again `ROLL_RETRY_MS` after every failure, until it has a segment or
 loses the lease.
 
 Recoveries that fail. A recovery that ends with a transient error (anything but a
-fence above this writer's epoch, which is `StoreFenced`) comes back as
+fence above this writer's epoch, which is `FencedByStore`) comes back as
 `RecoveryFailed`; the same `RecoverSegment` goes out again after
 `RECOVERY_RETRY_MS`, for as long as the writer leads.
 """
@@ -211,7 +211,7 @@ class HeartbeatFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreFenced:
+class FencedByStore:
     """A store ended a Write stream with FAILED_PRECONDITION: its fence is `fence`."""
 
     store: str
@@ -258,7 +258,7 @@ LeaderEvent = (
     | HeartbeatFailed
     | RollAnswered
     | RollFailed
-    | StoreFenced
+    | FencedByStore
     | SegmentSealed
     | RecoveryFailed
     | Release
@@ -495,7 +495,7 @@ class Leader:
             if self._heartbeat_failure_ends(event):
                 self._step_down(StepDownReason.REFUSED, f"{event.code}: {event.message}", actions)
                 return actions
-        elif isinstance(event, StoreFenced):
+        elif isinstance(event, FencedByStore):
             if self.role is Role.LEADING and event.fence > self.epoch:
                 self._step_down(
                     StepDownReason.FENCED, f"{event.store} is fenced at {event.fence}", actions

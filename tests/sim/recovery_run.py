@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from streamengine.client.core import segment_recovery as sr
 from streamengine.client.core.leader import (
+    FencedByStore,
     RecoverSegment,
     SegmentSealed,
-    StoreFenced,
 )
 from streamengine.client.core.replicator import Tick
 from streamengine.master.model import SegmentRecord, SegmentState
@@ -89,7 +89,7 @@ class RecoveryRun:
             writer.step(SegmentSealed(seg.epoch))
             return
         if isinstance(action, sr.Deposed):
-            writer.step(StoreFenced(f"recovery of {seg.epoch}", action.fence))
+            writer.step(FencedByStore(f"recovery of {seg.epoch}", action.fence))
             return
         if isinstance(action, sr.SealAtMaster):
             request: object = m.SealSegment(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from streamengine.client.core.leader import (
     AskRoll,
     BecameLeader,
+    FencedByStore,
     HeartbeatAnswered,
     HeartbeatFailed,
     Leader,
@@ -22,7 +23,6 @@ from streamengine.client.core.leader import (
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-    StoreFenced,
     reconnect_pause_ms,
 )
 from streamengine.client.core.leader import ReleaseLease as ReleaseLeaseAction
@@ -407,7 +407,7 @@ class WriterNode(Node):
             self.fenced_links.add(store)
             self.world.net.break_stream(message.stream)
             self.step(StoreDisconnected(store))
-            self.step(StoreFenced(store, body.fence))
+            self.step(FencedByStore(store, body.fence))
 
     # ---- recovery ----
 

@@ -12,6 +12,7 @@ from streamengine.client.core.leader import (
     RECONNECT_PAUSE_MS_MAX,
     RECONNECT_PAUSE_MS_MIN,
     BecameLeader,
+    FencedByStore,
     HeartbeatAnswered,
     HeartbeatFailed,
     Leader,
@@ -27,7 +28,6 @@ from streamengine.client.core.leader import (
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-    StoreFenced,
     reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
@@ -202,8 +202,8 @@ def test_the_master_deposing_the_leader_steps_it_down(answer) -> None:
 
 def test_a_fence_above_the_epoch_steps_down_and_one_at_it_does_not() -> None:
     leader = leading()
-    assert step(leader, 20, StoreFenced("s2", 5)) == []
-    [down] = of_type(step(leader, 20, StoreFenced("s2", 6)), SteppedDown)
+    assert step(leader, 20, FencedByStore("s2", 5)) == []
+    [down] = of_type(step(leader, 20, FencedByStore("s2", 6)), SteppedDown)
     assert down.reason is StepDownReason.FENCED
 
 

@@ -7,7 +7,7 @@ import pytest
 from streamengine.master import placement
 from streamengine.master.errors import NotEnoughStores
 from streamengine.master.model import StoreView
-from streamengine.master.placement import Replica
+from streamengine.master.placement import MovableSegment
 
 
 def store(
@@ -111,7 +111,7 @@ def test_choose_target(rule, stores, keep, avoid, expected) -> None:
 
 
 def apply(
-    replicas: list[Replica], moves: list[placement.Move]
+    replicas: list[MovableSegment], moves: list[placement.Move]
 ) -> dict[tuple[int, int], tuple[str, ...]]:
     sets = {r.segment: list(r.copy_set) for r in replicas}
     for move in moves:
@@ -123,7 +123,7 @@ def apply(
 
 def test_rebalance_onto_a_new_store_ends_within_ten_percent() -> None:
     stores = [store(s) for s in "abcd"]
-    replicas = [Replica((1, e), ("a", "b", "c"), 100) for e in range(1, 21)]
+    replicas = [MovableSegment((1, e), ("a", "b", "c"), 100) for e in range(1, 21)]
     moves, before, after = placement.plan_rebalance(stores, replicas)
     assert before == {"a": 2000, "b": 2000, "c": 2000, "d": 0}
     assert placement.balanced(after)
@@ -136,7 +136,7 @@ def test_rebalance_onto_a_new_store_ends_within_ten_percent() -> None:
 
 def test_rebalance_keeps_zones_spread() -> None:
     stores = [store("a", "z1"), store("b", "z2"), store("c", "z3"), store("d", "z1")]
-    replicas = [Replica((1, e), ("a", "b", "c"), 10) for e in range(1, 13)]
+    replicas = [MovableSegment((1, e), ("a", "b", "c"), 10) for e in range(1, 13)]
     moves, _, after = placement.plan_rebalance(stores, replicas)
     assert all(m.source == "a" and m.target == "d" for m in moves), (
         "only same-zone moves keep zones"
@@ -146,14 +146,14 @@ def test_rebalance_keeps_zones_spread() -> None:
 
 def test_balanced_cluster_plans_nothing() -> None:
     stores = [store(s) for s in "abc"]
-    replicas = [Replica((1, e), ("a", "b", "c"), 100) for e in range(1, 5)]
+    replicas = [MovableSegment((1, e), ("a", "b", "c"), 100) for e in range(1, 5)]
     assert placement.plan_rebalance(stores, replicas)[0] == []
 
 
 def test_rebalance_stops_when_no_move_helps() -> None:
     # One huge replica cannot be split: moving it only swaps which store is full.
     stores = [store(s) for s in "abcd"]
-    replicas = [Replica((1, 1), ("a", "b", "c"), 1000)]
+    replicas = [MovableSegment((1, 1), ("a", "b", "c"), 1000)]
     moves, _, after = placement.plan_rebalance(stores, replicas)
     assert moves == [] and not placement.balanced(after)
 
@@ -166,6 +166,6 @@ def test_rebalance_ignores_dead_and_draining_stores() -> None:
         store("d", alive=False),
         store("e", draining=True),
     ]
-    replicas = [Replica((1, e), ("a", "b", "c"), 100) for e in range(1, 4)]
+    replicas = [MovableSegment((1, e), ("a", "b", "c"), 100) for e in range(1, 4)]
     moves, before, _ = placement.plan_rebalance(stores, replicas)
     assert moves == [] and set(before) == {"a", "b", "c"}

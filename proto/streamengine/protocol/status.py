@@ -8,3 +8,7 @@ from __future__ import annotations
 # Trailing metadata of a FAILED_PRECONDITION a store answers to a write or seal below its
 # fence: the fence itself, so a writer learns which epoch superseded it.
 FENCE_METADATA_KEY = "se-fence"
+
+# The fence to assume when a store refuses below its fence without saying which: above
+# every epoch (epochs fit 31 bits), so the writer steps down rather than retry.
+FENCE_UNKNOWN = 1 << 63
