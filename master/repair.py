@@ -177,10 +177,28 @@ JUDGED_PER_TICK = 1000
 # A failed task's segment waits this long before another attempt, so a broken store is
 # not hammered and the rest of the queue moves on.
 REPAIR_RETRY_MS = 2000
-# A copy of a whole sealed segment may take a while; a stuck one must end.
-COPY_TIMEOUT_MS = 120_000
-# Every other call of a task (state, digest, delete).
-CONTROL_TIMEOUT_MS = 5_000
+# Tasks carried out at once (the master's `--repair-concurrency` default).
+REPAIR_CONCURRENCY_DEFAULT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RepairTimeouts:
+    """How long a task's calls may take before the task fails (and is retried later)."""
+
+    # A copy of a whole sealed segment may take a while; a stuck one must end.
+    copy_ms: int = 120_000
+    # Every other call of a task (state, digest, delete).
+    control_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        assert 0 < self.control_ms <= self.copy_ms, "a copy is the longest call of a task"
+
+
+TIMEOUTS = RepairTimeouts()
+# The simulator's virtual-time runs last seconds: the same calls, scaled to them.
+SIMULATED_TIMEOUTS = RepairTimeouts(copy_ms=2000, control_ms=500)
+COPY_TIMEOUT_MS = TIMEOUTS.copy_ms
+CONTROL_TIMEOUT_MS = TIMEOUTS.control_ms
 
 
 @dataclass(frozen=True, slots=True)

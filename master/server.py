@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from streamengine.master import repair
 from streamengine.master.catalog import Catalog
 from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
@@ -35,7 +36,6 @@ log = logging.getLogger("streamengine.master")
 STORE_TIMEOUT_MS_DEFAULT = 6000
 # Copies at a time: one per replica of a typical policy, so a dead store's segments
 # come back quickly without starving writers of disk and network.
-REPAIR_CONCURRENCY_DEFAULT = 3
 # A lease shorter than this leaves writers too little time between heartbeats.
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repair-concurrency",
         type=int,
-        default=REPAIR_CONCURRENCY_DEFAULT,
+        default=repair.REPAIR_CONCURRENCY_DEFAULT,
         help="copies at a time",
     )
     parser.add_argument(

@@ -39,10 +39,8 @@ class InThread(Protocol):
     def __call__(self, function: Callable[[], T], /) -> Awaitable[T]: ...
 
 
-# Each unary call to the source gets this long; the whole read of the segment (up to
-# gigabytes over a busy network) far longer.
-COPY_CALL_TIMEOUT_S = 30.0
-COPY_READ_TIMEOUT_S = 600.0
+COPY_CALL_TIMEOUT_S = copy_rules.TIMEOUTS.call_ms / 1000
+COPY_READ_TIMEOUT_S = copy_rules.TIMEOUTS.read_ms / 1000
 
 
 class CopySourceUnavailable(StoreError):

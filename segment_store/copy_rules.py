@@ -23,6 +23,7 @@ so nothing the copy writes is served before the whole copy is verified:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.limits import INDEX_MAX
@@ -36,6 +37,25 @@ from streamengine.segment_store.store import (
     SegmentKey,
     WriteCommand,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class CopyTimeouts:
+    """How long the target waits on the source before the copy fails (the master's
+    repair retries it later, maybe from another replica)."""
+
+    # Each unary call to the source (state, digest).
+    call_ms: int = 30_000
+    # The whole read of the segment: up to gigabytes over a busy network.
+    read_ms: int = 600_000
+
+    def __post_init__(self) -> None:
+        assert 0 < self.call_ms <= self.read_ms, "reading a segment is the longest call"
+
+
+TIMEOUTS = CopyTimeouts()
+# The simulator's virtual-time runs last seconds: the same calls, scaled to them.
+SIMULATED_TIMEOUTS = CopyTimeouts(call_ms=500, read_ms=2000)
 
 
 def check_request(final_index: int, source_address: str) -> None:

@@ -31,12 +31,6 @@ from tests.sim.nodes import MASTER, Node
 
 # ---- master ----
 
-# Repairs at once, as the real master's default `--repair-concurrency`.
-REPAIR_CONCURRENCY = 3
-# The task's call timeouts, scaled to the simulation's virtual time (the real ones,
-# `repair.COPY_TIMEOUT_MS` and `repair.CONTROL_TIMEOUT_MS`, span whole runs here).
-COPY_TIMEOUT_MS = 2000
-CONTROL_TIMEOUT_MS = 500
 
 
 class MemoryCatalog(Catalog):
@@ -87,7 +81,7 @@ class MasterNode(Node):
         )
         for store in world.store_names:
             self.state.register_store(store, f"{store}:1", "", 1 << 40, 0)
-        self.repairs = repair.RepairQueue(REPAIR_CONCURRENCY)
+        self.repairs = repair.RepairQueue(repair.REPAIR_CONCURRENCY_DEFAULT)
         self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
 
     def _load(self) -> MasterState:
@@ -100,7 +94,7 @@ class MasterNode(Node):
         self.world.checker.master_changed(self.state)
         # The repairer's queue and the copies under way are memory only, as in the
         # real master: a restart forgets them and plans again.
-        self.repairs = repair.RepairQueue(REPAIR_CONCURRENCY)
+        self.repairs = repair.RepairQueue(repair.REPAIR_CONCURRENCY_DEFAULT)
         self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
 
     def handle(self, message: Message) -> None:
@@ -235,7 +229,8 @@ class _RepairRun:
         self._perform(self.op.step(event))
 
     def _call(self, store: str, request: object, on_answer: Callable[[object], None]) -> None:
-        timeout = COPY_TIMEOUT_MS if isinstance(request, m.CopySegment) else CONTROL_TIMEOUT_MS
+        timeouts = repair.SIMULATED_TIMEOUTS
+        timeout = timeouts.copy_ms if isinstance(request, m.CopySegment) else timeouts.control_ms
         self.master.call(
             store,
             request,

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 MASTER = "master"
 
+# The stores' `--heartbeat-ms`, as configured for virtual-time runs (a setting, like the
+# lease, not a protocol decision).
 STORE_HEARTBEAT_MS = 100
 
 

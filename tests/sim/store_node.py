@@ -37,10 +37,9 @@ from tests.sim.nodes import MASTER, STORE_HEARTBEAT_MS, Node
 
 # ---- stores ----
 
-# CopySegment: entries per copied batch (small, so a copy spans several steps and other
-# writes interleave), and how long the target waits for each answer of the source.
+# CopySegment: entries per copied batch, the simulated transport's granularity (small,
+# so a copy spans several steps and other writes interleave).
 COPY_BATCH_ENTRIES = 16
-COPY_CALL_TIMEOUT_MS = 500
 # A store with fsync never: how often the system writes its dirty pages back.
 UNSYNCED_FLUSH_MS = 500
 
@@ -238,7 +237,7 @@ class _SegmentCopy:
             self.request.source,
             request,
             on_answer,
-            timeout_ms=COPY_CALL_TIMEOUT_MS,
+            timeout_ms=copy_rules.SIMULATED_TIMEOUTS.call_ms,
             on_timeout=lambda: self._end(CopySourceUnavailable("the source did not answer")),
         )
 
