@@ -8,14 +8,11 @@ from pathlib import Path
 import pytest
 
 from streamengine.tools.harness import Cluster, running_cluster
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.tree import child_env
 
 # Every process a test starts (servers, the CLI, writers, Spark workers) imports the code
 # of this working tree, wherever the installed copy points.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT / "proto"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-)
+os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
 
 
 @pytest.fixture

@@ -88,8 +88,46 @@ def is_serving(address: str, timeout_s: float = 0.5) -> bool:
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+class ChildProcess:
+    """Signals for a child process started by a subclass (`self.process`): kill, pause
+    (SIGSTOP, sockets left open) and resume. Calls on a process that is not running do
+    nothing."""
+
+    process: subprocess.Popen[bytes] | None
+    stopped: bool
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.alive():
+            assert self.process is not None
+            if self.stopped:
+                os.kill(self.process.pid, signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.stopped = False
+
+    def stop(self) -> None:
+        """SIGSTOP: the process hangs with its sockets open."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self) -> None:
+        if self.alive() and self.stopped:
+            os.kill(self.pid, signal.SIGCONT)
+        self.stopped = False
+
+
 @dataclass
-class ServerProcess:
+class ServerProcess(ChildProcess):
     """One server process; restartable with the same arguments and data dir."""
 
     name: str
@@ -127,24 +165,6 @@ class ServerProcess:
 
         wait_for(serving, timeout_s, 0.05, f"{self.name} serving at {self.address}")
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL and reap."""
-        if self.alive():
-            assert self.process is not None
-            if self.stopped:
-                os.kill(self.process.pid, signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.stopped = False
-
     def terminate(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait for a clean exit; returns the exit code."""
         assert self.process is not None
@@ -152,16 +172,6 @@ class ServerProcess:
             self.cont()
         self.process.terminate()
         return self.process.wait(timeout=timeout_s)
-
-    def stop(self) -> None:
-        """SIGSTOP: the process hangs with its sockets open."""
-        assert self.alive()
-        os.kill(self.pid, signal.SIGSTOP)
-        self.stopped = True
-
-    def cont(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
-        self.stopped = False
 
     def restart(self) -> ServerProcess:
         self.kill()

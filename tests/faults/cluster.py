@@ -6,8 +6,6 @@ metadata. Every process can be killed (SIGKILL), paused (SIGSTOP) and restarted.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -16,24 +14,18 @@ from pathlib import Path
 
 import grpc
 
-from streamengine.tools.harness import Cluster, ServerProcess
+from streamengine.tools.harness import ChildProcess, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 from tests.faults.history import Recorder
+from tests.tree import ROOT, child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 RPC_TIMEOUT_S = 2.0
 # How often the sampler lists every stream's segments (C11, C12).
 SAMPLE_INTERVAL_S = 1.0
 
 
-def child_env() -> dict[str, str]:
-    """Children import this working tree's code, wherever the installed copy points."""
-    paths = [str(ROOT / "proto"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
-
-
 @dataclass
-class ClientProcess:
+class ClientProcess(ChildProcess):
     """One writer or reader process of the workload; each start is a new incarnation."""
 
     name: str
@@ -69,31 +61,6 @@ class ClientProcess:
             )
         self.stopped = False
         return self
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        if self.alive():
-            assert self.process is not None
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.stopped = False
-
-    def stop(self) -> None:
-        if self.alive():
-            os.kill(self.pid, signal.SIGSTOP)
-            self.stopped = True
-
-    def cont(self) -> None:
-        if self.alive() and self.stopped:
-            os.kill(self.pid, signal.SIGCONT)
-        self.stopped = False
 
     def ask_to_stop(self) -> None:
         """SIGTERM without waiting (stop several processes at once)."""

@@ -17,7 +17,7 @@ from streamengine.tools.harness import STREAMENGINE
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import payload
-from tests.faults.cluster import child_env
+from tests.tree import child_env
 
 SEAL_TIMEOUT_S = 60
 READ_TIMEOUT_S = 120.0

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.faults.cluster import ROOT
+from tests.tree import ROOT
 
 SCRIPT = ROOT / "deploy" / "netns-cluster.sh"
 MASTER_PORT, STORE_PORT = 7070, 7071

@@ -31,12 +31,12 @@ from tests.faults.checker import check
 from tests.faults.cluster import (
     ClientProcess,
     MetaSampler,
-    child_env,
     create_streams,
     leader_of,
 )
 from tests.faults.history import Recorder, load, read_file, write_merged
 from tests.faults.measure import bounds, measure
+from tests.tree import child_env
 
 LEASE_MS = 1000
 STORES = 4

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import disk
-from tests.faults.cluster import child_env
+from tests.tree import child_env
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
