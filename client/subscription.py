@@ -144,6 +144,7 @@ class Follower:
                     events = self._on_reply(cursor, read, reply)
                     if events:
                         yield events
+                        cursor.on_delivered(now_ms())
                 if cursor.refresh_due(now_ms()):
                     await self._refresh(cursor)
                 decision = cursor.next(now_ms())

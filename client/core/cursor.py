@@ -177,6 +177,12 @@ class Cursor:
         self._list_failures += 1
         self._list_retry_at_ms = now_ms + self.timing.retry_delay_ms(self._list_failures)
 
+    def on_delivered(self, now_ms: int) -> None:
+        """The consumer took the events handed to it only now. Nothing was read from the
+        replica meanwhile, so that time is the consumer's, not the replica's silence (a
+        stalled consumer is dropped by the store and resumes on the same replica)."""
+        self._last_heard_ms = max(self._last_heard_ms, now_ms)
+
     def on_keepalive(self, epoch: int, replica: str, now_ms: int) -> None:
         """The tailed replica is alive, with nothing new to send."""
         if epoch == self._epoch and replica == self._replica:

@@ -259,6 +259,16 @@ def test_a_silent_replica_is_left_and_retried_later() -> None:
     assert cursor.next(1000 + TIMING.silent_replica_ms) == ReadFrom(1, B, 1)
 
 
+def test_time_the_consumer_holds_the_events_is_not_the_replicas_silence() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    stalled_until = 10 * TIMING.silent_replica_ms
+    cursor.on_delivered(stalled_until)
+    assert cursor.next(stalled_until) == ReadFrom(1, A, 1)
+    assert cursor.next(stalled_until + TIMING.silent_replica_ms) == ReadFrom(1, B, 1)
+
+
 def test_while_tailing_the_list_is_refreshed_on_time_unless_a_refresh_is_under_way() -> None:
     cursor = Cursor(0)
     cursor.on_segments([open_segment(1)], 0)
