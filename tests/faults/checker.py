@@ -445,8 +445,11 @@ def check_identity(
 ) -> None:
     if len(complete) < 2:
         return
+    # Kind and payload, not the crc: the crc binds the epoch of the leader that wrote the
+    # copy, and a recovery rewrites copies above a store's acked index at its own epoch
+    # while another store keeps the original (DESIGN invariant 4: kind and payload).
     views = {
-        store: {row[0]: (row[1], row[3], row[4]) for row in entries if row[0] <= final_index}
+        store: {row[0]: (row[1], row[3]) for row in entries if row[0] <= final_index}
         for store, entries in complete.items()
     }
     stores = sorted(views)
