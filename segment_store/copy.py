@@ -26,7 +26,6 @@ from streamengine.segment_store.store import (
     SegmentNotFound,
     SegmentStoreCore,
     StoreError,
-    WriteResult,
 )
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -69,14 +68,12 @@ class SegmentCopy:
         final_index: int,
         requested_fence: int,
     ) -> None:
-        copy_rules.check_request(final_index, source_address)
+        self.op = copy_rules.CopyOp(segment, source_address, final_index, requested_fence)
         self.core = core
         self.committer = committer
         self.in_thread = in_thread
         self.segment = segment
         self.source_address = source_address
-        self.final_index = final_index
-        self.requested_fence = requested_fence
         self.segment_pb = entry_pb2.SegmentId(stream_id=segment.stream_id, epoch=segment.epoch)
 
     async def run(self) -> CopyReport:
@@ -85,55 +82,57 @@ class SegmentCopy:
                 self.source_address, options=CLIENT_OPTIONS
             ) as channel:
                 source = segment_store_pb2_grpc.SegmentStoreStub(channel)
-                fence = await self._fence(source)
-                return await self._copy(source, fence)
+                action: copy_rules.CopyAction | None = self.op.start()
+                while not isinstance(action, copy_rules.Finished):
+                    assert action is not None
+                    action = await self._carry_out(source, action)
+                return CopyReport(action.entries_copied, action.digest, action.acked_index)
         except grpc.aio.AioRpcError as error:
             raise _source_error(self.source_address, error) from None
 
-    async def _fence(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> int:
-        """Raise the local fence to the copy's before anything is copied."""
-        state = await source.GetSegmentState(
-            segment_store_pb2.GetSegmentStateRequest(segment=self.segment_pb),
-            timeout=COPY_CALL_TIMEOUT_S,
-        )
-        local = self.core.meta(self.segment)
-        fence = copy_rules.copy_fence(
-            self.segment,
-            self.final_index,
-            state.fence,
-            state.acked_index,
-            self.requested_fence,
-            local.fence if local is not None else 0,
-        )
-        await self._submit(copy_rules.fence_command(self.segment, fence))
-        return fence
-
-    async def _copy(
-        self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub, fence: int
-    ) -> CopyReport:
-        final = self.final_index
-        copied = 0
-        reads = source.Read(
-            segment_store_pb2.ReadRequest(segment=self.segment_pb, from_index=1, to_index=final),
-            timeout=COPY_READ_TIMEOUT_S,
-        )
-        async for reply in reads:
-            try:
-                entries = codec.entries_from_pb(reply.entries)
-            except codec.MalformedEntry as error:
-                raise CopyRefused(f"the source sent a malformed entry: {error}") from None
-            if entries:
-                await self._submit(copy_rules.write_command(self.segment, fence, entries))
-                copied += len(entries)
+    async def _carry_out(
+        self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub, action: copy_rules.CopyAction
+    ) -> copy_rules.CopyAction | None:
+        """One action of the copy; the op's next one."""
+        op = self.op
+        if isinstance(action, copy_rules.AskSourceState):
+            state = await source.GetSegmentState(
+                segment_store_pb2.GetSegmentStateRequest(segment=self.segment_pb),
+                timeout=COPY_CALL_TIMEOUT_S,
+            )
+            local = self.core.meta(self.segment)
+            local_fence = local.fence if local is not None else 0
+            return op.source_state(state.fence, state.acked_index, local_fence)
+        if isinstance(action, copy_rules.Submit):
+            return op.submitted(await self._submit(action.command))
+        if isinstance(action, copy_rules.ReadSource):
+            reads = source.Read(
+                segment_store_pb2.ReadRequest(
+                    segment=self.segment_pb, from_index=action.from_index, to_index=action.to_index
+                ),
+                timeout=COPY_READ_TIMEOUT_S,
+            )
+            async for reply in reads:
+                try:
+                    entries = codec.entries_from_pb(reply.entries)
+                except codec.MalformedEntry as error:
+                    raise CopyRefused(f"the source sent a malformed entry: {error}") from None
+                write = op.source_entries(entries)
+                if write is not None:
+                    assert isinstance(write, copy_rules.Submit)
+                    assert op.submitted(await self._submit(write.command)) is None
+            return op.source_read_ended()
+        assert isinstance(action, copy_rules.AskDigests), action
         expected = await source.Digest(
-            segment_store_pb2.DigestRequest(segment=self.segment_pb, up_to_index=final),
+            segment_store_pb2.DigestRequest(
+                segment=self.segment_pb, up_to_index=action.up_to_index
+            ),
             timeout=COPY_CALL_TIMEOUT_S,
         )
-        local = await self.in_thread(functools.partial(self.core.digest, self.segment, final))
-        copy_rules.verify(self.segment, final, local, expected.digest)
-        confirmed = await self._submit(copy_rules.confirm_command(self.segment, fence, final))
-        assert isinstance(confirmed, WriteResult) and confirmed.acked_index >= final
-        return CopyReport(copied, local.digest, confirmed.acked_index)
+        local_digest = await self.in_thread(
+            functools.partial(self.core.digest, self.segment, action.up_to_index)
+        )
+        return op.digests(local_digest, expected.digest)
 
     async def _submit(self, command: Command) -> Outcome:
         outcome = await self.committer.submit(command)

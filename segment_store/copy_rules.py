@@ -1,5 +1,5 @@
 """The rules of one segment copy (CopySegment) on its target store, with no I/O: the
-store's copy client and the simulator take the same steps through the same functions.
+store's copy client and the simulator both run `CopyOp`, which takes these steps in order.
 
 Theory of operation. A copy creates, or refills in place, a replica of a sealed segment
 from a healthy one. No reader of the target may ever see an entry that later changes,
@@ -29,13 +29,16 @@ from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.segment_store.store import (
     BadRequest,
+    Command,
     ConfirmCopyCommand,
     CopyMismatch,
     CopyRefused,
     DigestInfo,
+    Outcome,
     SealCommand,
     SegmentKey,
     WriteCommand,
+    WriteResult,
 )
 
 
@@ -108,3 +111,110 @@ def verify(segment: SegmentKey, final_index: int, local: DigestInfo, source_dige
 
 def confirm_command(segment: SegmentKey, fence: int, final_index: int) -> ConfirmCopyCommand:
     return ConfirmCopyCommand(segment, fence, final_index)
+
+
+# ---- one copy, step by step ----
+
+
+@dataclass(frozen=True, slots=True)
+class AskSourceState:
+    """Ask the source for the segment's fence and acked index: answer `source_state`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Carry `command` out through the store core (group commit): answer `submitted`."""
+
+    command: Command
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSource:
+    """Read `from_index..to_index` from the source: each batch to `source_entries`, then
+    `source_read_ended`."""
+
+    from_index: int
+    to_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class AskDigests:
+    """Digest the segment up to `up_to_index` on the source and locally: answer
+    `digests`."""
+
+    up_to_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    entries_copied: int
+    digest: bytes
+    acked_index: int
+
+
+CopyAction = AskSourceState | Submit | ReadSource | AskDigests | Finished
+
+
+class CopyOp:
+    """One CopySegment on its target, as the steps of the theory of operation above.
+    The store's copy client and the simulated store carry its actions out and feed the
+    answers back; every refusal is raised (a StoreError), ending the copy."""
+
+    def __init__(
+        self, segment: SegmentKey, source_address: str, final_index: int, requested_fence: int
+    ) -> None:
+        check_request(final_index, source_address)
+        self.segment = segment
+        self.final_index = final_index
+        self.requested_fence = requested_fence
+        self.fence = 0
+        self.entries_copied = 0
+        self._local_digest = b""
+        self._step = "start"
+
+    def start(self) -> CopyAction:
+        assert self._step == "start"
+        self._step = "source-state"
+        return AskSourceState()
+
+    def source_state(self, fence: int, acked_index: int, local_fence: int) -> CopyAction:
+        """Step 1, then 2: the copy fence, raised locally before anything is copied."""
+        assert self._step == "source-state"
+        self.fence = copy_fence(
+            self.segment, self.final_index, fence, acked_index, self.requested_fence, local_fence
+        )
+        self._step = "fencing"
+        return Submit(fence_command(self.segment, self.fence))
+
+    def source_entries(self, entries: Sequence[StoredEntry]) -> CopyAction | None:
+        """Step 3, per batch the source sent."""
+        assert self._step == "copying"
+        if not entries:
+            return None
+        self.entries_copied += len(entries)
+        return Submit(write_command(self.segment, self.fence, entries))
+
+    def source_read_ended(self) -> CopyAction:
+        assert self._step == "copying"
+        self._step = "digests"
+        return AskDigests(self.final_index)
+
+    def digests(self, local: DigestInfo, source_digest: bytes) -> CopyAction:
+        """Step 4, then 5: confirmed only once the copy equals the source."""
+        assert self._step == "digests"
+        verify(self.segment, self.final_index, local, source_digest)
+        self._local_digest = local.digest
+        self._step = "confirming"
+        return Submit(confirm_command(self.segment, self.fence, self.final_index))
+
+    def submitted(self, outcome: Outcome) -> CopyAction | None:
+        """A command was carried out (a refused one is raised by the shell)."""
+        if self._step == "fencing":
+            self._step = "copying"
+            return ReadSource(1, self.final_index)
+        if self._step == "confirming":
+            assert isinstance(outcome, WriteResult) and outcome.acked_index >= self.final_index
+            self._step = "finished"
+            return Finished(self.entries_copied, self._local_digest, outcome.acked_index)
+        assert self._step == "copying", self._step
+        return None

@@ -15,6 +15,7 @@ from streamengine.segment_store.store import BelowFence as StoreRefused
 from streamengine.segment_store.store import (
     Command,
     CopyRefused,
+    DeleteResult,
     DigestInfo,
     Outcome,
     SealCommand,
@@ -212,25 +213,48 @@ class StoreNode(Node):
         raise AssertionError(f"unknown request {request!r}")
 
 class _SegmentCopy:
-    """CopySegment on a simulated store: the steps of `copy_rules`, as the real store's
-    `segment_store.copy.SegmentCopy` takes them, with calls to the source over the
-    simulated network; a batch per timer tick, so other writes interleave."""
+    """CopySegment on a simulated store: the real `copy_rules.CopyOp`, with calls to the
+    source over the simulated network; a batch per timer tick, so other writes
+    interleave."""
 
     def __init__(self, store: StoreNode, message: Message, request: m.CopySegment) -> None:
         self.store = store
         self.message = message
         self.request = request
         self.segment = request.segment
-        self.fence = 0
-        self.copied = 0
+        self.flawed = "copy_unfenced" in store.world.config.flaws
 
     def start(self) -> None:
         try:
-            copy_rules.check_request(self.request.final_index, self.request.source)
+            self.op = copy_rules.CopyOp(
+                self.segment, self.request.source, self.request.final_index, self.request.fence
+            )
         except StoreError as error:
             self._end(error)
             return
-        self._ask(m.GetSegmentState(self.segment), self._on_state)
+        self._carry_out(self.op.start())
+
+    def _carry_out(self, action: copy_rules.CopyAction | None) -> None:
+        """The op's actions until one waits for the source."""
+        try:
+            while action is not None:
+                if isinstance(action, copy_rules.Finished):
+                    self._end(m.CopyReply(action.entries_copied, action.digest, action.acked_index))
+                    return
+                if isinstance(action, copy_rules.AskSourceState):
+                    self._ask(m.GetSegmentState(self.segment), self._on_state)
+                    return
+                if isinstance(action, copy_rules.ReadSource):
+                    request = m.Read(self.segment, action.from_index, action.to_index)
+                    self._ask(request, self._on_read)
+                    return
+                if isinstance(action, copy_rules.AskDigests):
+                    self._ask(m.Digest(self.segment, action.up_to_index), self._on_digest)
+                    return
+                assert isinstance(action, copy_rules.Submit), action
+                action = self.op.submitted(self._apply(action.command))
+        except StoreError as error:
+            self._end(error)
 
     def _ask(self, request: object, on_answer: Callable[[object], None]) -> None:
         self.store.call(
@@ -244,14 +268,22 @@ class _SegmentCopy:
     def _end(self, result: object) -> None:
         self.store.answer(self.message, result)
 
+    def _refused(self, answer: object) -> None:
+        self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+
     def _apply(self, command: Command) -> Outcome:
-        """One command through the core, with the checks every store mutation gets."""
+        """One command through the core, with the checks every store mutation gets; a
+        refusal is raised."""
+        if self.flawed and isinstance(command, SealCommand):
+            # The flaw (CopySegment as it was): drop the copy and its fence instead, then
+            # write every batch with acked index = final before the digest is compared.
+            self.store.core.delete(self.segment)
+            return DeleteResult(True)
+        if self.flawed and isinstance(command, WriteCommand) and command.acked_index == 0:
+            command = replace(command, acked_index=self.request.final_index)
         store = self.store
         fence = store.fence(self.segment)
-        try:
-            outcome = store.core.execute(command)
-        except StoreError as error:
-            return error
+        outcome = store.core.execute(command)
         epoch = command.writer_epoch if isinstance(command, WriteCommand) else fence
         if isinstance(command, SealCommand):
             epoch = command.new_epoch
@@ -260,40 +292,26 @@ class _SegmentCopy:
         if isinstance(command, WriteCommand):
             touched = (command.entries[0].index, command.entries[-1].index)
         store.world.checker.store_changed(store.name, store.core, self.segment, touched)
+        if isinstance(outcome, StoreError):
+            raise outcome
         return outcome
 
     def _on_state(self, answer: object) -> None:
         if not isinstance(answer, SegmentStateInfo):
-            self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+            self._refused(answer)
             return
         local = self.store.core.meta(self.segment)
+        local_fence = local.fence if local is not None else 0
         try:
-            self.fence = copy_rules.copy_fence(
-                self.segment,
-                self.request.final_index,
-                answer.fence,
-                answer.acked_index,
-                self.request.fence,
-                local.fence if local is not None else 0,
-            )
+            action = self.op.source_state(answer.fence, answer.acked_index, local_fence)
         except StoreError as error:
             self._end(error)
             return
-        if "copy_unfenced" in self.store.world.config.flaws:
-            # The flaw (CopySegment as it was): drop the copy and its fence, then write
-            # every batch with acked index = final before the digest is compared.
-            self.store.core.delete(self.segment)
-            self._ask(m.Read(self.segment, 1, self.request.final_index), self._on_read)
-            return
-        outcome = self._apply(copy_rules.fence_command(self.segment, self.fence))
-        if isinstance(outcome, StoreError):
-            self._end(outcome)
-            return
-        self._ask(m.Read(self.segment, 1, self.request.final_index), self._on_read)
+        self._carry_out(action)
 
     def _on_read(self, answer: object) -> None:
         if not isinstance(answer, m.ReadReply):
-            self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+            self._refused(answer)
             return
         batches = [
             answer.entries[i : i + COPY_BATCH_ENTRIES]
@@ -303,33 +321,27 @@ class _SegmentCopy:
 
     def _write_next(self, batches: list[tuple[StoredEntry, ...]]) -> None:
         if not batches:
-            self._ask(m.Digest(self.segment, self.request.final_index), self._on_digest)
+            self._carry_out(self.op.source_read_ended())
             return
-        batch, rest = batches[0], batches[1:]
-        command = copy_rules.write_command(self.segment, self.fence, batch)
-        if "copy_unfenced" in self.store.world.config.flaws:
-            command = replace(command, acked_index=self.request.final_index)
-        outcome = self._apply(command)
-        if isinstance(outcome, StoreError):
-            self._end(outcome)
+        write = self.op.source_entries(batches[0])
+        try:
+            if write is not None:
+                assert isinstance(write, copy_rules.Submit)
+                assert self.op.submitted(self._apply(write.command)) is None
+        except StoreError as error:
+            self._end(error)
             return
-        self.copied += len(batch)
+        rest = batches[1:]
         self.store.timer(1, "copy batch", lambda: self._write_next(rest))
 
     def _on_digest(self, answer: object) -> None:
         if not isinstance(answer, DigestInfo):
-            self._end(answer if isinstance(answer, StoreError) else CopyRefused(f"{answer}"))
+            self._refused(answer)
             return
-        final = self.request.final_index
         try:
-            local = self.store.core.digest(self.segment, final)
-            copy_rules.verify(self.segment, final, local, answer.digest)
+            local = self.store.core.digest(self.segment, self.request.final_index)
+            action = self.op.digests(local, answer.digest)
         except StoreError as error:
             self._end(error)
             return
-        outcome = self._apply(copy_rules.confirm_command(self.segment, self.fence, final))
-        if isinstance(outcome, StoreError):
-            self._end(outcome)
-            return
-        assert isinstance(outcome, WriteResult) and outcome.acked_index >= final
-        self._end(m.CopyReply(self.copied, local.digest, outcome.acked_index))
+        self._carry_out(action)

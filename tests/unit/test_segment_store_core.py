@@ -476,6 +476,50 @@ def test_a_copy_is_confirmed_only_while_it_holds_its_fence_and_every_index(
     assert core.state(SEG).acked_index == 0
 
 
+def test_the_copy_op_fences_copies_verifies_then_confirms(core: SegmentStoreCore) -> None:
+    """`CopyOp`, which the store's copy client and the simulated store both run: its
+    actions in order, against real cores, and nothing served before the confirmation."""
+    source = _copy_source()
+    core.write(SEG, 3, 2, events(1, 3))  # missed the bridge
+    op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4)
+    assert op.start() == copy_rules.AskSourceState()
+    info = source.state(SEG)
+    fence_action = op.source_state(info.fence, info.acked_index, core.state(SEG).fence)
+    assert fence_action == copy_rules.Submit(copy_rules.fence_command(SEG, 4))
+    assert isinstance(fence_action, copy_rules.Submit)
+    read = op.submitted(core.execute(fence_action.command))
+    assert read == copy_rules.ReadSource(1, 6)
+    for batch in (source.read(SEG, 1, 3), source.read(SEG, 4, 6)):
+        write = op.source_entries(batch)
+        assert isinstance(write, copy_rules.Submit)
+        assert op.submitted(core.execute(write.command)) is None
+        assert core.state(SEG).acked_index == 2, "nothing new served before confirmation"
+    assert op.source_read_ended() == copy_rules.AskDigests(6)
+    confirm = op.digests(core.digest(SEG, 6), source.digest(SEG, 6).digest)
+    assert isinstance(confirm, copy_rules.Submit)
+    finished = op.submitted(core.execute(confirm.command))
+    assert isinstance(finished, copy_rules.Finished)
+    assert (finished.entries_copied, finished.acked_index) == (6, 6)
+    assert core.read(SEG, 1, acked_only=True) == source.read(SEG, 1, 6)
+
+
+def test_the_copy_op_leaves_a_copy_that_differs_unconfirmed(core: SegmentStoreCore) -> None:
+    source = _copy_source()
+    op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4)
+    op.start()
+    info = source.state(SEG)
+    fence_action = op.source_state(info.fence, info.acked_index, 0)
+    assert isinstance(fence_action, copy_rules.Submit)
+    op.submitted(core.execute(fence_action.command))
+    write = op.source_entries(source.read(SEG, 1, 5))  # the reply lost its last entry
+    assert isinstance(write, copy_rules.Submit)
+    op.submitted(core.execute(write.command))
+    op.source_read_ended()
+    with pytest.raises(CopyMismatch):
+        op.digests(core.digest(SEG, 6), source.digest(SEG, 6).digest)
+    assert core.state(SEG).acked_index == 0
+
+
 def test_a_copy_never_lowers_the_fence_and_needs_a_sealed_source_acked_to_the_end(
     core: SegmentStoreCore,
 ) -> None:
