@@ -12,7 +12,8 @@ segment), is submitted to the core, and is pending from the moment the core assi
 its indexes; a step-down fails the waiting and submitted ones (never sent) and tells
 each pending one whether it is in doubt or definitely failed.
 
-Every background loop (the clock, heartbeats, one Write stream per store) is a task
+Every background loop (the clock, heartbeats, one Write stream per store, in
+`client.store_link`; requests are serialized by `client.wire`) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
 
 Earlier segments. Each `RecoverSegment` gets one `client.sealer.SegmentSealer` task;
@@ -45,16 +46,12 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.leader import (
-    RECONNECT_PAUSE_MS_MAX,
-    RECONNECT_PAUSE_MS_MIN,
     AskRoll,
     BecameLeader,
     FencedByStore,
-    HeartbeatAnswered,
     HeartbeatFailed,
     Leader,
     LeaderAction,
@@ -63,16 +60,13 @@ from streamengine.client.core.leader import (
     RecoveryFailed,
     Release,
     ReleaseLease,
-    Replica,
     Role,
     RollAnswered,
     RollFailed,
-    SegmentGrant,
     SegmentSealed,
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-    reconnect_pause_ms,
 )
 from streamengine.client.core.replicator import (
     Acked,
@@ -80,13 +74,9 @@ from streamengine.client.core.replicator import (
     Assigned,
     Flush,
     ReplicatorLimits,
-    SegmentRef,
     SendWrite,
-    StoreConnected,
     StoreDetached,
-    StoreDisconnected,
     Tick,
-    WriteReplied,
     entry_bytes,
 )
 from streamengine.client.errors import (
@@ -98,30 +88,21 @@ from streamengine.client.errors import (
     LeadershipLost,
     StreamEngineError,
     Unavailable,
-    fence_of,
     from_rpc_error,
 )
 from streamengine.client.retrying import retry_unary
 from streamengine.client.sealer import SegmentSealer
-from streamengine.protocol import codec
+from streamengine.client.store_link import StoreLink
+from streamengine.client.wire import BatchCache, heartbeat_answer
 from streamengine.protocol.limits import EVENT_BYTES_MAX
-from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.protocol.status import FENCE_UNKNOWN
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import master_pb2, master_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 # How long leaving the block waits for stores to confirm the final acked index (so
 # readers see the tail without waiting for the next leader).
 FLUSH_TIMEOUT_S = 1.0
-# A store's Write stream that fails is reopened after the core's pause (doubling).
-RECONNECT_PAUSE_S_MIN = RECONNECT_PAUSE_MS_MIN / 1000
-RECONNECT_PAUSE_S_MAX = RECONNECT_PAUSE_MS_MAX / 1000
-# Waiting for a channel to connect, per attempt.
-CONNECT_TIMEOUT_S = 2.0
-# Converted entries kept for reuse: every store is usually sent the same batch.
-ENTRY_CACHE_BATCHES = 64
 
 
 def now_ms() -> int:
@@ -168,176 +149,6 @@ def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
     raise InvalidArgument(f"an event is bytes, not {type(payload).__name__}")
 
 
-def _grant(segment: entry_pb2.Segment) -> SegmentGrant:
-    return SegmentGrant(
-        SegmentRef(segment.id.stream_id, segment.id.epoch, segment.id.stream),
-        tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
-    )
-
-
-def _answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) -> HeartbeatAnswered:
-    policy: ReplicationPolicy | None = None
-    if reply.HasField("policy"):
-        with contextlib.suppress(InvalidPolicy):
-            policy = ReplicationPolicy(reply.policy.replicas, reply.policy.write_quorum)
-    return HeartbeatAnswered(
-        sent_at_ms=sent_at_ms,
-        leader=reply.role == master_pb2.LEADER,
-        epoch=reply.epoch,
-        lease_ms=reply.lease_ms,
-        leader_id=reply.leader_id,
-        segment=_grant(reply.segment) if reply.HasField("segment") else None,
-        unsealed=tuple(_grant(segment) for segment in reply.unsealed),
-        policy=policy,
-        roll_requested=reply.roll_requested,
-        roll_reason=reply.roll_reason,
-        segment_bytes_max=reply.segment_bytes_max,
-        segment_age_ms_max=reply.segment_age_ms_max,
-    )
-
-
-_WriteReply = segment_store_pb2.WriteReply
-
-
-class _BatchCache:
-    """Each batch serialized once, not once per store: a `WriteRequest` holding only the
-    entries, to which each store's request prepends its own other fields (protobuf
-    merges concatenated messages, and a repeated field's parts append)."""
-
-    def __init__(self) -> None:
-        self._batches: dict[tuple[int, int, int], bytes] = {}
-
-    def entries(self, send: SendWrite) -> bytes:
-        key = (send.segment.epoch, send.first_index, send.last_index)
-        found = self._batches.get(key)
-        if found is None:
-            found = segment_store_pb2.WriteRequest(
-                entries=codec.entries_to_pb(send.entries)
-            ).SerializeToString()
-            if len(self._batches) >= ENTRY_CACHE_BATCHES:
-                del self._batches[next(iter(self._batches))]
-            self._batches[key] = found
-        return found
-
-
-def serialize_write(send: SendWrite, cache: _BatchCache) -> bytes:
-    """The `WriteRequest` of `send`, as bytes."""
-    head = segment_store_pb2.WriteRequest(
-        segment=entry_pb2.SegmentId(
-            stream_id=send.segment.stream_id, epoch=send.segment.epoch, stream=send.segment.stream
-        ),
-        writer_epoch=send.writer_epoch,
-        acked_index=send.acked_index,
-        request_id=send.request_id,
-    ).SerializeToString()
-    return head + cache.entries(send) if send.entries else head
-
-
-class _StoreLink:
-    """One store's bidirectional Write stream, reopened while the writer leads."""
-
-    def __init__(self, writer: Writer, replica: Replica, channel: grpc.aio.Channel) -> None:
-        self.writer = writer
-        self.replica = replica
-        # Write with requests already serialized (see `_BatchCache`).
-        self.write_method: grpc.aio.StreamStreamMultiCallable[bytes, _WriteReply] = (
-            channel.stream_stream(
-                "/streamengine.v1.SegmentStore/Write",
-                request_serializer=None,
-                response_deserializer=segment_store_pb2.WriteReply.FromString,
-            )
-        )
-        self.channel = channel
-        self.queue: asyncio.Queue[SendWrite] = asyncio.Queue()
-        self.connected = False
-
-    def send(self, action: SendWrite) -> None:
-        self.queue.put_nowait(action)
-
-    async def run(self) -> None:
-        failures = 0
-        store = self.replica.store_id
-        fenced: int | None = None
-        while self.writer.leading and fenced is None:
-            call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
-            try:
-                await self._connect()
-                failures = 0
-                call = self.write_method()
-                self.connected = True
-                self.writer.step(StoreConnected(store))
-                async with asyncio.TaskGroup() as streams:
-                    streams.create_task(self._send_loop(call))
-                    await self._receive_loop(call)
-                    raise _StreamEnded()
-            except* _StreamEnded:
-                log.info("store %s ended its Write stream", store)
-            except* grpc.aio.AioRpcError as group:
-                error = group.exceptions[0]
-                assert isinstance(error, grpc.aio.AioRpcError)
-                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    fence = fence_of(error)
-                    fenced = fence if fence is not None else FENCE_UNKNOWN
-                log.info("store %s Write stream failed: %s", store, error.code().name)
-            except* (TimeoutError, grpc.aio.UsageError, asyncio.InvalidStateError) as group:
-                log.info("store %s unreachable: %r", store, group.exceptions[0])
-            finally:
-                if call is not None:
-                    call.cancel()
-            self._disconnected()
-            if fenced is not None:
-                self.writer.step(FencedByStore(store, fenced))
-                return
-            failures += 1
-            await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
-
-    def _disconnected(self) -> None:
-        while not self.queue.empty():
-            self.queue.get_nowait()
-        if self.connected:
-            self.connected = False
-            self.writer.step(StoreDisconnected(self.replica.store_id))
-
-    async def _connect(self) -> None:
-        """Wait for the channel to connect, retrying with backoff for as long as the
-        writer leads (stepping down cancels this)."""
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TimeoutError),
-            wait=wait_exponential_jitter(
-                multiplier=RECONNECT_PAUSE_S_MIN, max=RECONNECT_PAUSE_S_MAX, jitter=0.05
-            ),
-            reraise=True,
-        ):
-            with attempt:
-                async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    await self.channel.channel_ready()
-
-    async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
-        cache = self.writer.batch_cache
-        while True:
-            send = await self.queue.get()
-            await call.write(serialize_write(send, cache))
-
-    async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
-        store = self.replica.store_id
-        async for reply in call:
-            self.writer.step(
-                WriteReplied(
-                    store,
-                    reply.request_id,
-                    busy=reply.status == segment_store_pb2.REFUSED_BUSY,
-                    matched_index=reply.matched_index,
-                    acked_index=reply.acked_index,
-                    first_index=reply.first_index,
-                    last_index=reply.last_index,
-                )
-            )
-
-
-class _StreamEnded(Exception):
-    """The store closed its side of the Write stream."""
-
-
 class Writer:
     """Leadership of one stream; see the module docstring. Made by `StreamClient.writer`."""
 
@@ -364,7 +175,7 @@ class Writer:
         self._link_tasks: list[asyncio.Task[None]] = []
         # Heartbeats in flight: cancelled on close (their answers no longer matter).
         self._heartbeats: set[asyncio.Task[None]] = set()
-        self._links: dict[str, _StoreLink] = {}
+        self._links: dict[str, StoreLink] = {}
         # Sealing earlier segments: cancelled when this writer stops leading.
         self._recoveries: set[asyncio.Task[None]] = set()
         self._sealed_changed = asyncio.Event()
@@ -382,7 +193,7 @@ class Writer:
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
         self._heartbeat_error: StreamEngineError | None = None
-        self.batch_cache = _BatchCache()
+        self.batch_cache = BatchCache()
 
     # ---- the context ----
 
@@ -633,7 +444,7 @@ class Writer:
         self._links.clear()
         self._room_freed = True
         for replica in action.segment.copy_set:
-            link = _StoreLink(self, replica, self._channels.get(replica.address))
+            link = StoreLink(self, replica, self._channels.get(replica.address))
             self._links[replica.store_id] = link
             self._link_tasks.append(self._group.create_task(link.run()))
         log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
@@ -721,7 +532,7 @@ class Writer:
             self._heartbeat_error = from_rpc_error(error)
             self.step(HeartbeatFailed(sent_at, error.code().name, error.details() or ""))
             return
-        self.step(_answer(sent_at, reply))
+        self.step(heartbeat_answer(sent_at, reply))
 
     # ---- sealing earlier segments ----
 
@@ -746,7 +557,7 @@ class Writer:
             log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
             self.step(RollFailed(f"{error.code().name}: {error.details()}"))
             return
-        self.step(RollAnswered(_answer(sent_at, reply)))
+        self.step(RollAnswered(heartbeat_answer(sent_at, reply)))
 
     def _start_recovery(self, action: RecoverSegment) -> None:
         task = self._spawn(self._recover(action))

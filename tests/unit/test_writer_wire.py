@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamengine.client.core.replicator import SegmentRef, SendWrite
-from streamengine.client.writer import _BatchCache, serialize_write
+from streamengine.client.wire import BatchCache, serialize_write
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.v1 import segment_store_pb2
 
@@ -12,7 +12,7 @@ SEGMENT = SegmentRef(stream_id=9, epoch=4, stream="acme/orders")
 
 def test_a_batch_serialized_once_parses_per_store_with_its_own_fields() -> None:
     entries = tuple(StoredEntry.make(i, EntryKind.EVENT, 4, b"p%d" % i) for i in range(5, 9))
-    cache = _BatchCache()
+    cache = BatchCache()
     for store, request_id, acked in (("s1", 11, 3), ("s2", 12, 4)):
         send = SendWrite(store, SEGMENT, 4, request_id, acked, entries)
         request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, cache))
@@ -34,5 +34,5 @@ def test_a_batch_serialized_once_parses_per_store_with_its_own_fields() -> None:
 
 def test_an_empty_request_carries_only_the_acked_index() -> None:
     send = SendWrite("s1", SEGMENT, 4, 1, 7, ())
-    request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, _BatchCache()))
+    request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, BatchCache()))
     assert request.acked_index == 7 and not request.entries
