@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-probe",
         action="store_true",
-        help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 119)",
+        help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 272)",
     )
     args = parser.parse_args(argv)
     probe = not args.no_probe
