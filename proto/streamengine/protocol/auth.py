@@ -1,0 +1,175 @@
+"""Who may call what: principals, tenant roles, and the permission every RPC needs.
+
+Pure. A server turns a call into a `Principal` (from the TLS peer certificate and the
+`authorization` metadata), then asks `authorize(principal, rpc, tenant)`; the answer is a
+`Denial` with the reason to send as PERMISSION_DENIED, or None.
+
+Identities in certificates: every certificate the cluster's CA signs carries exactly one
+URI SAN naming what it is (`MEMBER_URI_MASTER`, `store_uri(store_id)`, `ADMIN_URI`);
+a certificate without one proves nothing beyond being signed by the CA.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# Request metadata carrying a tenant token: `authorization: Bearer <token>`.
+AUTHORIZATION_METADATA_KEY = "authorization"
+BEARER_PREFIX = "Bearer "
+
+URI_PREFIX = "urn:streamengine:"
+MEMBER_URI_MASTER = URI_PREFIX + "master"
+STORE_URI_PREFIX = URI_PREFIX + "store:"
+ADMIN_URI = URI_PREFIX + "admin"
+
+
+def store_uri(store_id: str) -> str:
+    return STORE_URI_PREFIX + store_id
+
+
+class Role(enum.IntEnum):
+    """A tenant token's role; each includes the ones below it."""
+
+    READ = 1  # describe, list, read, subscribe, Spark
+    WRITE = 2  # + lead, append, seal the tenant's streams
+    ADMIN = 3  # + create and delete the tenant's streams
+
+
+class PrincipalKind(enum.Enum):
+    MASTER = "master"  # a master's node certificate
+    STORE = "store"  # a store's node certificate, naming its store id
+    CLUSTER_ADMIN = "cluster-admin"  # client.root, or a client certificate marked admin
+    TENANT = "tenant"  # a valid, unrevoked tenant token
+    # A server started without certificates (loopback, or --insecure): nothing is
+    # authenticated, so nothing is refused by identity, as before security existed.
+    UNAUTHENTICATED_INSECURE = "insecure"
+    ANONYMOUS = "anonymous"  # TLS, but neither a member, an admin nor a token
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: PrincipalKind
+    # Store id (STORE), certificate or token name (CLUSTER_ADMIN, TENANT), for logs.
+    name: str = ""
+    tenant: str = ""  # TENANT only
+    role: Role | None = None  # TENANT only
+    token_id: str = ""  # TENANT only
+
+    def __post_init__(self) -> None:
+        assert (self.kind is PrincipalKind.TENANT) == bool(self.tenant), self
+        assert (self.kind is PrincipalKind.TENANT) == (self.role is not None), self
+        assert self.kind is not PrincipalKind.STORE or self.name, self
+
+
+INSECURE = Principal(PrincipalKind.UNAUTHENTICATED_INSECURE)
+ANONYMOUS = Principal(PrincipalKind.ANONYMOUS)
+
+
+class Need(enum.Enum):
+    """What an RPC requires of its caller."""
+
+    MEMBER_STORE = "a store's certificate"
+    MEMBER_MASTER = "the master's certificate"
+    CLUSTER_ADMIN = "a cluster admin"
+    # Tenant roles: a token of the request's tenant with at least this role, or a
+    # cluster admin. Reads are also open to cluster members (copies, repair, scrub).
+    TENANT_READ = "role read in the tenant"
+    TENANT_WRITE = "role write in the tenant"
+    TENANT_ADMIN = "role admin in the tenant"
+    # Any authenticated caller; the reply is filtered to what it may see.
+    ANY_FILTERED = "an authenticated caller"
+
+
+RPC_NEEDS: dict[str, Need] = {
+    # master
+    "Master/RegisterStore": Need.MEMBER_STORE,
+    "Master/StoreHeartbeat": Need.MEMBER_STORE,
+    "Master/CreateTenant": Need.CLUSTER_ADMIN,
+    "Master/ListTenants": Need.ANY_FILTERED,
+    "Master/CreateStream": Need.TENANT_ADMIN,
+    "Master/ListStreams": Need.ANY_FILTERED,
+    "Master/DescribeStream": Need.TENANT_READ,
+    "Master/DeleteStream": Need.TENANT_ADMIN,
+    "Master/WriterHeartbeat": Need.TENANT_WRITE,
+    "Master/ReleaseLease": Need.TENANT_WRITE,
+    "Master/RollSegment": Need.TENANT_WRITE,
+    "Master/ListSegments": Need.TENANT_READ,
+    "Master/SealSegment": Need.TENANT_WRITE,
+    "Master/GetClusterStatus": Need.ANY_FILTERED,
+    "Master/DrainStore": Need.CLUSTER_ADMIN,
+    "Master/Rebalance": Need.CLUSTER_ADMIN,
+    "Master/RequestRoll": Need.TENANT_WRITE,
+    # segment store
+    "SegmentStore/Write": Need.TENANT_WRITE,
+    "SegmentStore/Seal": Need.TENANT_WRITE,
+    "SegmentStore/Read": Need.TENANT_READ,
+    "SegmentStore/Subscribe": Need.TENANT_READ,
+    "SegmentStore/CopySegment": Need.MEMBER_MASTER,
+    "SegmentStore/Digest": Need.TENANT_READ,
+    "SegmentStore/Delete": Need.MEMBER_MASTER,
+    "SegmentStore/GetSegmentState": Need.TENANT_READ,
+}
+
+_ROLE_OF_NEED = {
+    Need.TENANT_READ: Role.READ,
+    Need.TENANT_WRITE: Role.WRITE,
+    Need.TENANT_ADMIN: Role.ADMIN,
+}
+
+
+@dataclass(frozen=True)
+class Denial:
+    reason: str
+
+
+def authorize(principal: Principal, rpc: str, tenant: str = "") -> Denial | None:
+    """None when `principal` may call `rpc` ("Service/Method") on `tenant`'s data.
+
+    `tenant` is the tenant the request touches (empty when it names none). The rules
+    that depend on more than identity (the epoch holder for SealSegment, a valid grant
+    for Write and Seal, the store id of RegisterStore) are checked by the servers beside
+    this one.
+    """
+    need = RPC_NEEDS[rpc]
+    kind = principal.kind
+    if kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
+        return None
+    if kind is PrincipalKind.ANONYMOUS:
+        return Denial(f"{rpc} needs {need.value}; the caller presented no certificate or token")
+    if need is Need.MEMBER_STORE:
+        return None if kind is PrincipalKind.STORE else _denied(principal, rpc, need)
+    if need is Need.MEMBER_MASTER:
+        return None if kind is PrincipalKind.MASTER else _denied(principal, rpc, need)
+    if kind is PrincipalKind.CLUSTER_ADMIN:
+        return None
+    if need is Need.CLUSTER_ADMIN:
+        return _denied(principal, rpc, need)
+    if need is Need.ANY_FILTERED:
+        return None
+    if kind in (PrincipalKind.MASTER, PrincipalKind.STORE):
+        # Members read each other's replicas (copies, repair, scrub); they never lead,
+        # append or administer tenants.
+        return None if need is Need.TENANT_READ else _denied(principal, rpc, need)
+    assert kind is PrincipalKind.TENANT and principal.role is not None
+    if tenant != principal.tenant:
+        # Not "permission denied on tenant B": a token learns nothing of other tenants.
+        return Denial(f"{rpc}: not found for tenant {principal.tenant}")
+    if principal.role < _ROLE_OF_NEED[need]:
+        return _denied(principal, rpc, need)
+    return None
+
+
+def visible_tenant(principal: Principal, tenant: str) -> bool:
+    """Whether a filtered listing (ListTenants, ListStreams, status) shows `tenant`."""
+    if principal.kind is PrincipalKind.TENANT:
+        return tenant == principal.tenant
+    return principal.kind is not PrincipalKind.ANONYMOUS
+
+
+def _denied(principal: Principal, rpc: str, need: Need) -> Denial:
+    who = principal.kind.value + (f" {principal.name}" if principal.name else "")
+    if principal.kind is PrincipalKind.TENANT:
+        assert principal.role is not None
+        who = f"tenant {principal.tenant} with role {principal.role.name.lower()}"
+    return Denial(f"{rpc} needs {need.value}; the caller is {who}")

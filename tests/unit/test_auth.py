@@ -1,0 +1,88 @@
+"""The permission table: every RPC, every kind of caller."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamengine.protocol.auth import (
+    ANONYMOUS,
+    INSECURE,
+    RPC_NEEDS,
+    Principal,
+    PrincipalKind,
+    Role,
+    authorize,
+    visible_tenant,
+)
+from streamengine.v1 import master_pb2, segment_store_pb2
+
+MASTER = Principal(PrincipalKind.MASTER, "master")
+STORE = Principal(PrincipalKind.STORE, "s1")
+ADMIN = Principal(PrincipalKind.CLUSTER_ADMIN, "root")
+
+
+def tenant(role: Role, name: str = "t1") -> Principal:
+    return Principal(PrincipalKind.TENANT, "tok", tenant=name, role=role, token_id="id1")
+
+
+def test_every_rpc_of_both_services_has_a_rule() -> None:
+    services = {
+        "Master": master_pb2.DESCRIPTOR.services_by_name["Master"],
+        "SegmentStore": segment_store_pb2.DESCRIPTOR.services_by_name["SegmentStore"],
+    }
+    rpcs = {f"{name}/{m.name}" for name, svc in services.items() for m in svc.methods}
+    assert rpcs == set(RPC_NEEDS)
+
+
+@pytest.mark.parametrize(
+    ("principal", "rpc", "tenant_name", "allowed"),
+    [
+        (INSECURE, "SegmentStore/Delete", "", True),
+        (ANONYMOUS, "Master/ListStreams", "", False),
+        (STORE, "Master/RegisterStore", "", True),
+        (ADMIN, "Master/RegisterStore", "", False),
+        (tenant(Role.ADMIN), "Master/StoreHeartbeat", "", False),
+        (MASTER, "SegmentStore/Delete", "", True),
+        (STORE, "SegmentStore/Delete", "", False),
+        (ADMIN, "SegmentStore/Delete", "", False),
+        (MASTER, "SegmentStore/CopySegment", "", True),
+        (STORE, "SegmentStore/Read", "t1", True),
+        (STORE, "SegmentStore/Write", "t1", False),
+        (MASTER, "SegmentStore/Seal", "t1", False),
+        (ADMIN, "Master/DrainStore", "", True),
+        (tenant(Role.ADMIN), "Master/DrainStore", "", False),
+        (tenant(Role.ADMIN), "Master/CreateTenant", "", False),
+        (ADMIN, "SegmentStore/Write", "t1", True),
+        (tenant(Role.READ), "SegmentStore/Read", "t1", True),
+        (tenant(Role.READ), "SegmentStore/Write", "t1", False),
+        (tenant(Role.READ), "Master/WriterHeartbeat", "t1", False),
+        (tenant(Role.WRITE), "Master/WriterHeartbeat", "t1", True),
+        (tenant(Role.WRITE), "Master/CreateStream", "t1", False),
+        (tenant(Role.ADMIN), "Master/CreateStream", "t1", True),
+        (tenant(Role.ADMIN), "Master/DeleteStream", "t2", False),
+        (tenant(Role.READ), "SegmentStore/Read", "t2", False),
+        (tenant(Role.READ), "Master/ListStreams", "", True),
+    ],
+)
+def test_authorize(principal: Principal, rpc: str, tenant_name: str, allowed: bool) -> None:
+    denial = authorize(principal, rpc, tenant_name)
+    assert (denial is None) == allowed, denial
+
+
+def test_a_denial_on_another_tenant_does_not_name_it() -> None:
+    denial = authorize(tenant(Role.ADMIN, "alpha"), "Master/DescribeStream", "bravo")
+    assert denial is not None and "bravo" not in denial.reason
+
+
+def test_listings_show_a_tenant_token_only_its_own_tenant() -> None:
+    assert visible_tenant(tenant(Role.READ, "alpha"), "alpha")
+    assert not visible_tenant(tenant(Role.READ, "alpha"), "bravo")
+    assert visible_tenant(ADMIN, "bravo")
+    assert not visible_tenant(ANONYMOUS, "bravo")
+
+
+def test_a_tenant_principal_needs_a_tenant_and_a_role() -> None:
+    with pytest.raises(AssertionError):
+        Principal(PrincipalKind.TENANT, "tok")
+    with pytest.raises(AssertionError):
+        Principal(PrincipalKind.STORE)
