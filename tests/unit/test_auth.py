@@ -12,6 +12,7 @@ from streamengine.protocol.auth import (
     PrincipalKind,
     Role,
     authorize,
+    identity_from_auth_context,
     visible_tenant,
 )
 from streamengine.v1 import master_pb2, segment_store_pb2
@@ -86,3 +87,31 @@ def test_a_tenant_principal_needs_a_tenant_and_a_role() -> None:
         Principal(PrincipalKind.TENANT, "tok")
     with pytest.raises(AssertionError):
         Principal(PrincipalKind.STORE)
+
+
+def ssl_context(*sans: str, common_name: str = "x") -> dict[str, list[bytes]]:
+    return {
+        "transport_security_type": [b"ssl"],
+        "x509_common_name": [common_name.encode()],
+        "x509_subject_alternative_name": [san.encode() for san in sans],
+    }
+
+
+@pytest.mark.parametrize(
+    ("auth_context", "expected"),
+    [
+        ({"transport_security_type": [b"insecure"]}, INSECURE),
+        ({}, INSECURE),
+        (ssl_context("127.0.0.1", "urn:streamengine:master"), MASTER),
+        (ssl_context("localhost", "urn:streamengine:store:s1"), STORE),
+        (ssl_context("urn:streamengine:store:"), ANONYMOUS),
+        (ssl_context("urn:streamengine:admin", common_name="root"), ADMIN),
+        (ssl_context("localhost", common_name="root"), ANONYMOUS),
+        (ssl_context("urn:streamengine:master", "urn:streamengine:admin"), ANONYMOUS),
+        (ssl_context(), ANONYMOUS),
+    ],
+)
+def test_identity_from_auth_context(
+    auth_context: dict[str, list[bytes]], expected: Principal
+) -> None:
+    assert identity_from_auth_context(auth_context) == expected

@@ -12,6 +12,7 @@ a certificate without one proves nothing beyond being signed by the CA.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # Request metadata carrying a tenant token: `authorization: Bearer <token>`.
@@ -158,6 +159,33 @@ def authorize(principal: Principal, rpc: str, tenant: str = "") -> Denial | None
     if principal.role < _ROLE_OF_NEED[need]:
         return _denied(principal, rpc, need)
     return None
+
+
+def identity_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) -> Principal:
+    """The caller as its TLS certificate proves it (`grpc.ServicerContext.auth_context()`).
+
+    A plaintext call is INSECURE: only a server without certificates accepts those. A TLS
+    caller without a member or admin certificate is ANONYMOUS until a token says more.
+    """
+    security = auth_context.get("transport_security_type", [b""])
+    if not security or security[0] != b"ssl":
+        return INSECURE
+    uris = [
+        value.decode("utf-8", "replace").removeprefix("URI:")
+        for value in auth_context.get("x509_subject_alternative_name", [])
+    ]
+    identities = [uri for uri in uris if uri.startswith(URI_PREFIX)]
+    common_name = b"".join(auth_context.get("x509_common_name", [])[:1]).decode("utf-8", "replace")
+    if len(identities) > 1:
+        return ANONYMOUS  # a certificate naming two identities proves none
+    if identities == [MEMBER_URI_MASTER]:
+        return Principal(PrincipalKind.MASTER, "master")
+    if identities and identities[0].startswith(STORE_URI_PREFIX):
+        store_id = identities[0].removeprefix(STORE_URI_PREFIX)
+        return Principal(PrincipalKind.STORE, store_id) if store_id else ANONYMOUS
+    if identities == [ADMIN_URI]:
+        return Principal(PrincipalKind.CLUSTER_ADMIN, common_name or "admin")
+    return ANONYMOUS
 
 
 def visible_tenant(principal: Principal, tenant: str) -> bool:
