@@ -10,6 +10,7 @@ from streamengine.client.errors import (
     InvalidArgument,
     LeadershipLost,
     NotFound,
+    PermissionDenied,
     StreamEngineError,
     Unavailable,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "InvalidArgument",
     "LeadershipLost",
     "NotFound",
+    "PermissionDenied",
     "StreamClient",
     "StreamEngineError",
     "Unavailable",

@@ -66,6 +66,9 @@ class SegmentSealer:
         grant = action.segment
         self.segment = grant.segment
         self.new_epoch = action.new_epoch
+        # The signed grant of `new_epoch`: every seal and write of the recovery, and the
+        # seal at the master, carry it.
+        self.grant = action.grant
         self.op = sr.SegmentRecovery(
             action.policy,
             grant.epoch,
@@ -203,7 +206,9 @@ class SegmentSealer:
             return None
 
     def _seal_call(self, store: str) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
-        request = segment_store_pb2.SealRequest(segment=self._segment_id, new_epoch=self.new_epoch)
+        request = segment_store_pb2.SealRequest(
+            segment=self._segment_id, new_epoch=self.new_epoch, grant=self.grant
+        )
 
         async def seal() -> sr.Event:
             reply = await self._stubs[store].Seal(request, timeout=RPC_TIMEOUT_S)
@@ -240,6 +245,7 @@ class SegmentSealer:
             request_id=1,
             report_held=True,
             entries=codec.entries_to_pb(entries),
+            grant=self.grant,
         )
 
         async def write() -> sr.Event:
@@ -273,6 +279,7 @@ class SegmentSealer:
             writer_epoch=self.new_epoch,
             client_id=self._client_id,
             final_index=final_index,
+            grant=self.grant,
         )
 
         try:

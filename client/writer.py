@@ -189,7 +189,7 @@ class Writer:
         self._flushed = asyncio.Event()
         self._clock_deadline: int | None = None
         self._closing = False
-        self._releases: list[int] = []
+        self._releases: list[ReleaseLease] = []
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
         self._heartbeat_error: StreamEngineError | None = None
@@ -244,8 +244,8 @@ class Writer:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
         self.step(Release())
-        for epoch in self._releases:
-            await self._release(epoch)
+        for release in self._releases:
+            await self._release(release)
         released = len(self._releases)
         for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
@@ -260,8 +260,8 @@ class Writer:
         finally:
             # A roll answered while closing granted an epoch: give it back too, or the
             # next writer (or `seal`) waits out a lease nobody uses.
-            for epoch in self._releases[released:]:
-                await self._release(epoch)
+            for release in self._releases[released:]:
+                await self._release(release)
         return None
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
@@ -412,9 +412,9 @@ class Writer:
                 self._stepped_down(action)
             elif isinstance(action, ReleaseLease):
                 if self._closing:
-                    self._releases.append(action.epoch)
+                    self._releases.append(action)
                 else:
-                    self._spawn(self._release(action.epoch))
+                    self._spawn(self._release(action))
             elif isinstance(action, StoreDetached):
                 log.warning(
                     "%s: store %s detached at matched %d: %s",
@@ -549,6 +549,7 @@ class Writer:
             client_id=self.client_id,
             epoch=action.epoch,
             exclude_stores=action.exclude_stores,
+            grant=action.grant,
         )
         sent_at = now_ms()
         try:
@@ -597,9 +598,10 @@ class Writer:
                 await self._sealed_changed.wait()
                 self._check_leading()
 
-    async def _release(self, epoch: int) -> None:
+    async def _release(self, action: ReleaseLease) -> None:
+        epoch = action.epoch
         request = master_pb2.ReleaseLeaseRequest(
-            stream=self.stream, client_id=self.client_id, epoch=epoch
+            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=action.grant
         )
 
         async def release() -> master_pb2.ReleaseLeaseReply:

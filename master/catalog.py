@@ -6,11 +6,18 @@ anyone about survives a crash of the master or its host.
 
 Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   m/next_stream_id                 -> u64
+  m/signing_key                    -> the master's Ed25519 private key (32 raw bytes)
+  m/revocations_version            -> u64 (bumped by every token revocation)
   t/<tenant>                       -> JSON {created_at_ms}
   s/<tenant/stream>                -> JSON StreamRecord
   g/<stream_id u64><epoch u64>     -> JSON SegmentRecord
   r/<store_id>                     -> JSON StoreRecord
   d/<store_id>\\0<stream_id u64><epoch u64> -> b"" (a replica the store must delete)
+  k/<token_id>                     -> JSON TokenRecord (tokens issued, until they expire)
+
+The signing key sits with the rest of the metadata so that a master started on the
+same metadata (a restart, or a standby on shared storage) signs with the same key, and
+every grant and token issued before stays valid.
 """
 
 from __future__ import annotations
@@ -30,12 +37,16 @@ from streamengine.master.model import (
     SegmentState,
     StoreRecord,
     StreamRecord,
+    TokenRecord,
 )
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
 
 _NEXT_STREAM_ID = b"m/next_stream_id"
+_SIGNING_KEY = b"m/signing_key"
+_REVOCATIONS_VERSION = b"m/revocations_version"
+_TOKEN = b"k/"
 _TENANT = b"t/"
 _STREAM = b"s/"
 _SEGMENT = b"g/"
@@ -112,6 +123,22 @@ class Batch:
         self.deletes.append(_delete_key(store_id, key))
         return self
 
+    def signing_key(self, private_bytes: bytes) -> Batch:
+        self.puts.append((_SIGNING_KEY, private_bytes))
+        return self
+
+    def token(self, record: TokenRecord) -> Batch:
+        self.puts.append((_TOKEN + record.token_id.encode(), _json(asdict(record))))
+        return self
+
+    def drop_token(self, token_id: str) -> Batch:
+        self.deletes.append(_TOKEN + token_id.encode())
+        return self
+
+    def revocations_version(self, value: int) -> Batch:
+        self.puts.append((_REVOCATIONS_VERSION, _U64.pack(value)))
+        return self
+
 
 @dataclass
 class Loaded:
@@ -121,6 +148,9 @@ class Loaded:
     segments: dict[SegmentKey, SegmentRecord]
     stores: dict[str, StoreRecord]
     deletes: set[tuple[str, SegmentKey]]
+    signing_key: bytes | None = None
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    revocations_version: int = 0
 
 
 class Catalog:
@@ -167,6 +197,8 @@ class Catalog:
         for key, _ in self._scan(_DELETE):
             store_id, packed = key[: -_KEY.size - 1], key[-_KEY.size :]
             deletes.add((store_id.decode(), _KEY.unpack(packed)))
+        tokens = {k.decode(): TokenRecord(**json.loads(v)) for k, v in self._scan(_TOKEN)}
+        raw_version = self._db.get(_REVOCATIONS_VERSION)
         return Loaded(
             next_stream_id=_U64.unpack(raw_next)[0] if raw_next is not None else 1,
             tenants=tenants,
@@ -174,4 +206,7 @@ class Catalog:
             segments=segments,
             stores=stores,
             deletes=deletes,
+            signing_key=self._db.get(_SIGNING_KEY),
+            tokens=tokens,
+            revocations_version=_U64.unpack(raw_version)[0] if raw_version is not None else 0,
         )

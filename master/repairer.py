@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from streamengine.master import repair
+from streamengine.master import authority, repair
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentKey
 from streamengine.master.state import MasterState
@@ -182,6 +182,7 @@ class Repairer:
                         source_address=self.state.address(action.source),
                         final_index=action.final_index,
                         fence=action.fence,
+                        tenant=authority.stream_tenant(segment_id.stream),
                     ),
                     timeout=repair.COPY_TIMEOUT_MS / 1000,
                 )

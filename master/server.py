@@ -28,7 +28,12 @@ from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
-from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.limits import (
+    HEARTBEATS_PER_LEASE,
+    LEASE_MS_DEFAULT,
+    TENANT_APPEND_BYTES_PER_S_DEFAULT,
+    TENANT_STREAMS_MAX_DEFAULT,
+)
 from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -74,6 +79,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=None, help="Prometheus on 127.0.0.1:PORT"
     )
     parser.add_argument("--log-level", default="INFO")
+    add_quota_arguments(parser)
+    add_auth_arguments(parser)
+
+
+def add_quota_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tenant-streams-max",
+        type=int,
+        default=TENANT_STREAMS_MAX_DEFAULT,
+        help="streams a tenant may hold; more are refused (0: no limit; default %(default)s)",
+    )
+    parser.add_argument(
+        "--tenant-append-bytes-per-s",
+        type=int,
+        default=TENANT_APPEND_BYTES_PER_S_DEFAULT,
+        help="payload bytes per second a tenant may append through each store; stores "
+        "hold back more (0: no limit; default %(default)s)",
+    )
+
+
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every caller must prove who it is: set by TLS (a TLS server requires it). Alone,
+    # on a plaintext server, it refuses every call without a token, the cluster's own
+    # included: only for tests of how anonymous callers are refused.
+    parser.add_argument("--require-auth", action="store_true", help=argparse.SUPPRESS)
 
 
 def _clock_ms() -> int:
@@ -84,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
     if args.lease_ms < LEASE_MS_MIN:
         print(f"streamengine master: --lease-ms must be at least {LEASE_MS_MIN}", file=sys.stderr)
+        return 2
+    if args.tenant_streams_max < 0 or args.tenant_append_bytes_per_s < 0:
+        print("streamengine master: quotas are not negative (0: no limit)", file=sys.stderr)
         return 2
     if args.store_timeout_ms < 100 or args.repair_concurrency < 1:
         print(
@@ -111,14 +144,25 @@ async def _serve(args: argparse.Namespace) -> int:
 
 async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     state = MasterState(
-        catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
+        catalog,
+        _clock_ms(),
+        args.lease_ms,
+        args.store_timeout_ms,
+        args.bridge_grace_ms,
+        tenant_streams_max=args.tenant_streams_max,
     )
     metrics = Metrics.create()
     repairer = Repairer(state, args.repair_concurrency, _clock_ms)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    master_pb2_grpc.add_MasterServicer_to_server(
-        MasterService(state, repairer, _clock_ms, metrics), server
+    master_service = MasterService(
+        state,
+        repairer,
+        _clock_ms,
+        metrics,
+        require_auth=args.require_auth,
+        tenant_append_bytes_per_s=args.tenant_append_bytes_per_s,
     )
+    master_pb2_grpc.add_MasterServicer_to_server(master_service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:

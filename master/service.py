@@ -1,24 +1,42 @@
 """The Master gRPC service: protobuf in, domain call, protobuf out.
 
-Each handler converts its request, calls one `MasterState` (or `Repairer`) method and
-converts the answer. `_STATUS` is the one table from domain errors to gRPC statuses;
-a domain error raised before the catalog commit leaves everything unchanged.
+Each handler first asks who calls and whether it may (`_require`: the principal of the
+call, `protocol.callers`, then `protocol.auth.authorize` with the tenant the request
+touches), converts its request, calls one `MasterState` (or `Repairer`) method and
+converts the answer. Listings are filtered to the tenants the caller may see
+(`auth.visible_tenant`). `SealSegment`, `ReleaseLease` and `RollSegment` also need the
+master's grant of the caller's epoch (`master.authority.check_holder`). `_STATUS` is
+the one table from domain errors to gRPC statuses; a domain error raised before the
+catalog commit (a denial always is) leaves everything unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 
-from streamengine.master import errors, repair
+from streamengine.master import authority, errors, repair
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol.auth import (
+    Denial,
+    Principal,
+    PrincipalKind,
+    authorize,
+    visible_tenant,
+)
+from streamengine.protocol.callers import Callers
+from streamengine.protocol.grants import GrantSigner
+from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.signing import Verifier
+from streamengine.protocol.tokens import TOKEN_ID_CHARS, mint_token
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -35,6 +53,8 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NotEnoughStores: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SealConflict: grpc.StatusCode.ABORTED,
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 _TASK_STATE = {
@@ -54,12 +74,71 @@ def status_of(error: errors.MasterError) -> grpc.StatusCode:
 
 class MasterService(master_pb2_grpc.MasterServicer):
     def __init__(
-        self, state: MasterState, repairer: Repairer, clock_ms: Callable[[], int], metrics: Metrics
+        self,
+        state: MasterState,
+        repairer: Repairer,
+        clock_ms: Callable[[], int],
+        metrics: Metrics,
+        require_auth: bool = False,
+        tenant_append_bytes_per_s: int = TENANT_APPEND_BYTES_PER_S_DEFAULT,
     ):
+        """`clock_ms` is wall-clock time (token lifetimes are); `require_auth`: see
+        `protocol.callers`; `tenant_append_bytes_per_s` is told to every store."""
         self.state = state
         self.repairer = repairer
         self.clock_ms = clock_ms
         self.metrics = metrics
+        self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
+        self.signer = GrantSigner(state.signing_key)
+        self.verifier = Verifier([state.signing_key.public_key])
+        self.callers = Callers(
+            self.verifier,
+            lambda: state.current_revocations(clock_ms()),
+            require_auth,
+            clock_ms,
+        )
+
+    # ---- who calls ----
+
+    def _require(self, context: Context, method: str, tenant: str = "") -> Principal:
+        """The caller, when it may call `method` on `tenant`'s data; else PermissionDenied
+        (raised inside `_call`'s action, before anything changes)."""
+        principal = self.callers.principal(context)
+        denial = principal if isinstance(principal, Denial) else None
+        if isinstance(principal, Principal):
+            denial = authorize(principal, f"Master/{method}", tenant)
+        if denial is not None:
+            log.info("denied %s: %s", method, denial.reason)
+            raise errors.PermissionDenied(denial.reason)
+        assert isinstance(principal, Principal)
+        return principal
+
+    def _require_store(self, context: Context, method: str, store_id: str) -> None:
+        """A store registers and heartbeats only as the store its certificate names."""
+        principal = self._require(context, method)
+        if principal.kind is PrincipalKind.STORE and principal.name != store_id:
+            raise errors.PermissionDenied(
+                f"{method}: the caller's certificate is of store {principal.name!r}, "
+                f"not {store_id!r}"
+            )
+
+    def _require_holder(
+        self,
+        principal: Principal,
+        signed_grant: bytes,
+        stream: StreamRecord,
+        epoch: int,
+        client_id: str,
+        segment_epoch: int | None = None,
+    ) -> None:
+        admin = principal.kind is PrincipalKind.CLUSTER_ADMIN
+        authority.check_holder(
+            self.verifier, signed_grant, admin, stream, epoch, client_id, segment_epoch
+        )
+
+    def _visible(self, principal: Principal, stream_id: int) -> bool:
+        name = self.state.stream_name(stream_id)
+        return bool(name) and visible_tenant(principal, authority.stream_tenant(name))
 
     async def _call(self, context: Context, method: str, action: Callable[[int], T]) -> T:
         try:
@@ -137,6 +216,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             reply.unsealed.extend(self._segment(s) for s in view.unsealed)
             reply.roll_requested = bool(view.roll_reason)
             reply.roll_reason = view.roll_reason
+            reply.grant = self.signer.sign(view.grant())
         return reply
 
     def _task(self, status: TaskStatus) -> master_pb2.RepairTask:
@@ -169,14 +249,17 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
     ) -> master_pb2.RegisterStoreReply:
-        interval = await self._call(
-            context,
-            "RegisterStore",
-            lambda now: self.state.register_store(
+        def register(now: int) -> int:
+            self._require_store(context, "RegisterStore", request.store_id)
+            return self.state.register_store(
                 request.store_id, request.address, request.zone, request.free_bytes, now
-            ),
+            )
+
+        interval = await self._call(context, "RegisterStore", register)
+        return master_pb2.RegisterStoreReply(
+            heartbeat_interval_ms=interval,
+            signing_public_keys=[self.state.signing_key.public_key],
         )
-        return master_pb2.RegisterStoreReply(heartbeat_interval_ms=interval)
 
     async def StoreHeartbeat(
         self, request: master_pb2.StoreHeartbeatRequest, context: Context
@@ -187,41 +270,59 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             for h in request.segments
         }
-        deletes = await self._call(
-            context,
-            "StoreHeartbeat",
-            lambda now: self.state.store_heartbeat(
+        def beat(now: int) -> list[SegmentKey] | None:
+            self._require_store(context, "StoreHeartbeat", request.store_id)
+            return self.state.store_heartbeat(
                 request.store_id, request.used_bytes, request.free_bytes, held, now
-            ),
-        )
+            )
+
+        deletes = await self._call(context, "StoreHeartbeat", beat)
         if deletes is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
-        return master_pb2.StoreHeartbeatReply(
+        revocations = self.state.current_revocations(self.clock_ms())
+        reply = master_pb2.StoreHeartbeatReply(
             delete_segments=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in deletes
-            ]
+            ],
+            signing_public_keys=[self.state.signing_key.public_key],
+            revocations_version=revocations.version,
+            tenant_append_bytes_per_s=self.tenant_append_bytes_per_s,
         )
+        if request.revocations_version != revocations.version:
+            reply.revoked_tokens.extend(
+                master_pb2.RevokedToken(token_id=token_id, expires_at_ms=expires_at_ms)
+                for token_id, expires_at_ms in revocations.items()
+            )
+        return reply
 
     # ---- tenants and streams ----
 
     async def CreateTenant(
         self, request: master_pb2.CreateTenantRequest, context: Context
     ) -> master_pb2.CreateTenantReply:
-        created = await self._call(
-            context, "CreateTenant", lambda now: self.state.create_tenant(request.tenant, now)
-        )
+        def create(now: int) -> bool:
+            self._require(context, "CreateTenant", request.tenant)
+            return self.state.create_tenant(request.tenant, now)
+
+        created = await self._call(context, "CreateTenant", create)
         return master_pb2.CreateTenantReply(tenant=request.tenant, created=created)
 
     async def ListTenants(
         self, request: master_pb2.ListTenantsRequest, context: Context
     ) -> master_pb2.ListTenantsReply:
-        return master_pb2.ListTenantsReply(tenants=sorted(self.state.tenants))
+        def list_tenants(now: int) -> master_pb2.ListTenantsReply:
+            principal = self._require(context, "ListTenants")
+            tenants = [t for t in sorted(self.state.tenants) if visible_tenant(principal, t)]
+            return master_pb2.ListTenantsReply(tenants=tenants)
+
+        return await self._call(context, "ListTenants", list_tenants)
 
     async def CreateStream(
         self, request: master_pb2.CreateStreamRequest, context: Context
     ) -> master_pb2.StreamInfo:
         def create(now: int) -> master_pb2.StreamInfo:
+            self._require(context, "CreateStream", authority.stream_tenant(request.name))
             record = self.state.create_stream(
                 request.name,
                 request.policy.replicas,
@@ -247,26 +348,35 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.ListStreamsRequest, context: Context
     ) -> master_pb2.ListStreamsReply:
         def list_streams(now: int) -> master_pb2.ListStreamsReply:
+            principal = self._require(context, "ListStreams")
             records = self.state.list_streams(request.tenant)
-            return master_pb2.ListStreamsReply(streams=[self._stream_info(r, now) for r in records])
+            return master_pb2.ListStreamsReply(
+                streams=[
+                    self._stream_info(r, now)
+                    for r in records
+                    if visible_tenant(principal, r.tenant)
+                ]
+            )
 
         return await self._call(context, "ListStreams", list_streams)
 
     async def DescribeStream(
         self, request: master_pb2.DescribeStreamRequest, context: Context
     ) -> master_pb2.StreamInfo:
-        return await self._call(
-            context,
-            "DescribeStream",
-            lambda now: self._stream_info(self.state.stream(request.name), now),
-        )
+        def describe(now: int) -> master_pb2.StreamInfo:
+            self._require(context, "DescribeStream", authority.stream_tenant(request.name))
+            return self._stream_info(self.state.stream(request.name), now)
+
+        return await self._call(context, "DescribeStream", describe)
 
     async def DeleteStream(
         self, request: master_pb2.DeleteStreamRequest, context: Context
     ) -> master_pb2.DeleteStreamReply:
-        count = await self._call(
-            context, "DeleteStream", lambda now: self.state.delete_stream(request.name)
-        )
+        def delete(now: int) -> int:
+            self._require(context, "DeleteStream", authority.stream_tenant(request.name))
+            return self.state.delete_stream(request.name)
+
+        count = await self._call(context, "DeleteStream", delete)
         log.info("stream deleted", extra={"stream": request.name, "index": count})
         return master_pb2.DeleteStreamReply(segments=count)
 
@@ -276,6 +386,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.WriterHeartbeatRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
         def beat(now: int) -> WriterView:
+            self._require(context, "WriterHeartbeat", authority.stream_tenant(request.stream))
             before = self.state.leases.get(request.stream)
             view = self.state.writer_heartbeat(
                 request.stream,
@@ -300,25 +411,35 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def ReleaseLease(
         self, request: master_pb2.ReleaseLeaseRequest, context: Context
     ) -> master_pb2.ReleaseLeaseReply:
-        released = await self._call(
-            context,
-            "ReleaseLease",
-            lambda now: self.state.release_lease(
-                request.stream, request.client_id, request.epoch, now
-            ),
-        )
+        def release(now: int) -> bool:
+            principal = self._require(
+                context, "ReleaseLease", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self._require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+            return self.state.release_lease(request.stream, request.client_id, request.epoch, now)
+
+        released = await self._call(context, "ReleaseLease", release)
         return master_pb2.ReleaseLeaseReply(released=released)
 
     async def RollSegment(
         self, request: master_pb2.RollSegmentRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
-        view = await self._call(
-            context,
-            "RollSegment",
-            lambda now: self.state.roll_segment(
+        def roll(now: int) -> WriterView:
+            principal = self._require(
+                context, "RollSegment", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self._require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+            return self.state.roll_segment(
                 request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
-            ),
-        )
+            )
+
+        view = await self._call(context, "RollSegment", roll)
         log.info(
             "segment rolled",
             extra=segment_fields(
@@ -333,9 +454,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RequestRoll(
         self, request: master_pb2.RequestRollRequest, context: Context
     ) -> master_pb2.RequestRollReply:
-        leader, open_epoch = await self._call(
-            context, "RequestRoll", lambda now: self.state.request_roll(request.stream, now)
-        )
+        def ask(now: int) -> tuple[str, int]:
+            self._require(context, "RequestRoll", authority.stream_tenant(request.stream))
+            return self.state.request_roll(request.stream, now)
+
+        leader, open_epoch = await self._call(context, "RequestRoll", ask)
         log.info(
             "roll requested",
             extra=segment_fields(request.stream, open_epoch, client=leader or "(no leader)"),
@@ -347,11 +470,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def ListSegments(
         self, request: master_pb2.ListSegmentsRequest, context: Context
     ) -> master_pb2.ListSegmentsReply:
-        record, segments = await self._call(
-            context,
-            "ListSegments",
-            lambda now: self.state.list_segments(request.stream, request.from_epoch),
-        )
+        def list_segments(now: int) -> tuple[StreamRecord, list[SegmentRecord]]:
+            self._require(context, "ListSegments", authority.stream_tenant(request.stream))
+            return self.state.list_segments(request.stream, request.from_epoch)
+
+        record, segments = await self._call(context, "ListSegments", list_segments)
         return master_pb2.ListSegmentsReply(
             stream_id=record.stream_id, segments=[self._segment(s) for s in segments]
         )
@@ -359,17 +482,28 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def SealSegment(
         self, request: master_pb2.SealSegmentRequest, context: Context
     ) -> entry_pb2.Segment:
-        sealed = await self._call(
-            context,
-            "SealSegment",
-            lambda now: self.state.seal_segment(
+        def seal(now: int) -> SegmentRecord:
+            principal = self._require(
+                context, "SealSegment", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self._require_holder(
+                principal,
+                request.grant,
+                record,
+                request.writer_epoch,
+                request.client_id,
+                request.segment_epoch,
+            )
+            return self.state.seal_segment(
                 request.stream,
                 request.segment_epoch,
                 request.writer_epoch,
                 request.final_index,
                 now,
-            ),
-        )
+            )
+
+        sealed = await self._call(context, "SealSegment", seal)
         log.info(
             "segment sealed",
             extra=segment_fields(
@@ -386,6 +520,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def GetClusterStatus(
         self, request: master_pb2.GetClusterStatusRequest, context: Context
     ) -> master_pb2.ClusterStatus:
+        principal = await self._call(
+            context, "GetClusterStatus", lambda now: self._require(context, "GetClusterStatus")
+        )
         now = self.clock_ms()
         st = self.state
         views = st.store_views(now)
@@ -405,9 +542,21 @@ class MasterService(master_pb2_grpc.MasterServicer):
         ]
         return master_pb2.ClusterStatus(
             stores=stores,
-            streams=[self._stream_info(r, now) for r in st.list_streams("")],
-            under_replicated=[self._segment(s) for s in st.under_replicated(now)],
-            tasks=[self._task(t) for t in self.repairer.statuses()],
+            streams=[
+                self._stream_info(r, now)
+                for r in st.list_streams("")
+                if visible_tenant(principal, r.tenant)
+            ],
+            under_replicated=[
+                self._segment(s)
+                for s in st.under_replicated(now)
+                if self._visible(principal, s.stream_id)
+            ],
+            tasks=[
+                self._task(t)
+                for t in self.repairer.statuses()
+                if self._visible(principal, t.task.segment[0])
+            ],
             granting_leases=st.granting_leases(now),
         )
 
@@ -415,6 +564,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.DrainStoreRequest, context: Context
     ) -> master_pb2.RepairPlan:
         def drain(now: int) -> master_pb2.RepairPlan:
+            self._require(context, "DrainStore")
             self.state.set_draining(request.store_id)
             tasks, before, after = self.state.drain_preview(request.store_id, now)
             return self._plan(tasks, before, after)
@@ -427,9 +577,47 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RebalanceRequest, context: Context
     ) -> master_pb2.RepairPlan:
         def plan(now: int) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
+            self._require(context, "Rebalance")
             return self.state.rebalance_plan(now, self.repairer.running)
 
         tasks, before, after = await self._call(context, "Rebalance", plan)
         if not request.dry_run:
             self.repairer.plan_moves(tasks)
         return self._plan(tasks, before, after)
+
+    # ---- tokens ----
+
+    async def CreateToken(
+        self, request: master_pb2.CreateTokenRequest, context: Context
+    ) -> master_pb2.CreateTokenReply:
+        def create(now: int) -> master_pb2.CreateTokenReply:
+            self._require(context, "CreateToken")
+            token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
+            while token_id in self.state.tokens:
+                token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
+            claims = self.state.create_token(
+                token_id, request.tenant, int(request.role), request.ttl_ms, now
+            )
+            return master_pb2.CreateTokenReply(
+                token=mint_token(self.state.signing_key, claims),
+                token_id=claims.token_id,
+                expires_at_ms=claims.expires_at_ms,
+            )
+
+        reply = await self._call(context, "CreateToken", create)
+        log.info(
+            "token created",
+            extra={"reason": f"id {reply.token_id} tenant {request.tenant} role {request.role}"},
+        )
+        return reply
+
+    async def RevokeToken(
+        self, request: master_pb2.RevokeTokenRequest, context: Context
+    ) -> master_pb2.RevokeTokenReply:
+        def revoke(now: int) -> bool:
+            self._require(context, "RevokeToken")
+            return self.state.revoke_token(request.token_id, now)
+
+        revoked = await self._call(context, "RevokeToken", revoke)
+        log.info("token revoked", extra={"reason": f"id {request.token_id}: {revoked}"})
+        return master_pb2.RevokeTokenReply(revoked=revoked)

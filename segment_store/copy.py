@@ -67,8 +67,11 @@ class SegmentCopy:
         source_address: str,
         final_index: int,
         requested_fence: int,
+        tenant: str = "",
     ) -> None:
-        self.op = copy_rules.CopyOp(segment, source_address, final_index, requested_fence)
+        self.op = copy_rules.CopyOp(
+            segment, source_address, final_index, requested_fence, tenant
+        )
         self.core = core
         self.committer = committer
         self.in_thread = in_thread

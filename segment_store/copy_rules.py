@@ -88,15 +88,17 @@ def copy_fence(
     return fence
 
 
-def fence_command(segment: SegmentKey, fence: int) -> SealCommand:
-    return SealCommand(segment, fence)
+def fence_command(segment: SegmentKey, fence: int, tenant: str = "") -> SealCommand:
+    return SealCommand(segment, fence, tenant)
 
 
-def write_command(segment: SegmentKey, fence: int, entries: Sequence[StoredEntry]) -> WriteCommand:
+def write_command(
+    segment: SegmentKey, fence: int, entries: Sequence[StoredEntry], tenant: str = ""
+) -> WriteCommand:
     """A batch copied from the source: at the copy fence, raising no acked index."""
     assert entries, "an empty batch copies nothing"
     writer_epoch = max(fence, max(e.epoch for e in entries))
-    return WriteCommand(segment, writer_epoch, 0, tuple(entries))
+    return WriteCommand(segment, writer_epoch, 0, tuple(entries), tenant)
 
 
 def verify(segment: SegmentKey, final_index: int, local: DigestInfo, source_digest: bytes) -> None:
@@ -161,10 +163,17 @@ class CopyOp:
     answers back; every refusal is raised (a StoreError), ending the copy."""
 
     def __init__(
-        self, segment: SegmentKey, source_address: str, final_index: int, requested_fence: int
+        self,
+        segment: SegmentKey,
+        source_address: str,
+        final_index: int,
+        requested_fence: int,
+        tenant: str = "",
     ) -> None:
+        """`tenant`: the stream's, as the master said, kept with the copy ("": unknown)."""
         check_request(final_index, source_address)
         self.segment = segment
+        self.tenant = tenant
         self.final_index = final_index
         self.requested_fence = requested_fence
         self.fence = 0
@@ -184,7 +193,7 @@ class CopyOp:
             self.segment, self.final_index, fence, acked_index, self.requested_fence, local_fence
         )
         self._step = "fencing"
-        return Submit(fence_command(self.segment, self.fence))
+        return Submit(fence_command(self.segment, self.fence, self.tenant))
 
     def source_entries(self, entries: Sequence[StoredEntry]) -> CopyAction | None:
         """Step 3, per batch the source sent."""
@@ -192,7 +201,7 @@ class CopyOp:
         if not entries:
             return None
         self.entries_copied += len(entries)
-        return Submit(write_command(self.segment, self.fence, entries))
+        return Submit(write_command(self.segment, self.fence, entries, self.tenant))
 
     def source_read_ended(self) -> CopyAction:
         assert self._step == "copying"

@@ -4,6 +4,10 @@ The store serves whether or not the master answers: registration retries forever
 backoff (tenacity), a failed heartbeat is logged and retried at the next tick, and a
 master that forgot the store (`register_again`) gets a new registration. Segments the
 master lists in a heartbeat reply are deleted.
+
+The master's replies also carry its authority: its signing keys and its token
+revocations (the store's `StoreAuthority` takes them, and keeps them durably when they
+change, before the next heartbeat), and the tenants' append quota.
 """
 
 from __future__ import annotations
@@ -11,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from streamengine.protocol.callers import wall_clock_ms
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.segment_store import metrics
+from streamengine.segment_store.authority import AppendQuota, StoreAuthority
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -53,11 +59,17 @@ class MasterLink:
         identity: StoreIdentity,
         core: SegmentStoreCore,
         delete_segment: Callable[[SegmentKey], Awaitable[bool]],
+        authority: StoreAuthority,
+        keep_authority: Callable[[], Awaitable[None]],
+        quota: AppendQuota,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
         self.core = core
         self.delete_segment = delete_segment
+        self.authority = authority
+        self.keep_authority = keep_authority
+        self.quota = quota
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
 
@@ -98,6 +110,7 @@ class MasterLink:
                 )
         interval_ms = reply.heartbeat_interval_ms or HEARTBEAT_MS_DEFAULT
         self.interval_s = min(max(interval_ms, HEARTBEAT_MS_MIN), HEARTBEAT_MS_MAX) / 1000
+        await self._take_authority(reply.signing_public_keys, None, None)
         self.registered = True
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
@@ -119,10 +132,15 @@ class MasterLink:
                 )
                 for s, m in sorted(metas.items())
             ],
+            revocations_version=self.authority.revocations.version,
         )
         reply = await stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
         if reply.register_again:
             self.registered = False
+            return
+        self.quota.bytes_per_s = reply.tenant_append_bytes_per_s
+        revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
+        await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:
@@ -133,3 +151,25 @@ class MasterLink:
                     key.epoch,
                     existed,
                 )
+
+    async def _take_authority(
+        self,
+        keys: Sequence[bytes],
+        revocations_version: int | None,
+        revoked: list[tuple[str, int]] | None,
+    ) -> None:
+        """What the master trusts, taken and kept before it is relied on after a restart
+        (a crash before it is kept loses nothing the master will not say again)."""
+        version = self.authority.revocations.version
+        if revocations_version is not None and revocations_version != version:
+            version = revocations_version
+        else:
+            revoked = None  # the same version: the list we hold is the master's
+        if self.authority.update(keys, version, revoked, wall_clock_ms()):
+            await self.keep_authority()
+            log.info(
+                "master authority taken: %d keys, %d revocations (version %d)",
+                len(self.authority.master_keys),
+                len(self.authority.revocations),
+                self.authority.revocations.version,
+            )

@@ -29,7 +29,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
+from streamengine.segment_store.authority import AuthorityRecord, StoreAuthority
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
     GroupCommitter,
@@ -97,6 +99,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=SUBSCRIBE_STALL_MS_DEFAULT,
         help="a subscriber whose buffer stays full this long is disconnected",
     )
+    parser.add_argument(
+        "--trust-signing-key",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a file holding an Ed25519 public key (64 hex digits) whose grants and tokens "
+        "this store accepts besides its master's (a store run without a master, in tests "
+        "and tools); repeatable",
+    )
+    # Every caller must prove who it is: set by TLS. Alone, on a plaintext store, it
+    # refuses every call without a token, the cluster's own included: only for tests.
+    parser.add_argument("--require-auth", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         identity = StoreIdentity(
             store_id(args.data, args.store_id), args.listen, args.zone, args.data
         )
-        return asyncio.run(serve(args, identity))
+        pinned = [read_public_key(path) for path in args.trust_signing_key]
+        return asyncio.run(serve(args, identity, pinned))
     except (OSError, StartupError) as error:
         print(f"streamengine store: {error}", file=sys.stderr)
         return 1
@@ -120,6 +136,17 @@ def run(args: argparse.Namespace) -> int:
 
 class StartupError(Exception):
     """The store cannot start (its port or data dir is taken): one line, exit 1."""
+
+
+def read_public_key(path: Path) -> bytes:
+    """An Ed25519 public key written as 64 hex digits (surrounding blanks ignored)."""
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        raise StartupError(f"{path}: not a public key in hex") from None
+    if len(key) != PUBLIC_KEY_BYTES:
+        raise StartupError(f"{path}: a public key is {PUBLIC_KEY_BYTES} bytes, not {len(key)}")
+    return key
 
 
 def store_id(data_dir: Path, given: str | None) -> str:
@@ -146,12 +173,23 @@ def store_id(data_dir: Path, given: str | None) -> str:
     return new
 
 
-async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
+async def serve(
+    args: argparse.Namespace, identity: StoreIdentity, pinned_keys: list[bytes]
+) -> int:
     try:
         kv = RocksKV(identity.data_dir / DB_DIR)
     except Exception as error:  # rocksdict raises bare Exceptions (a held LOCK, corruption)
         raise StartupError(f"cannot open {identity.data_dir / DB_DIR}: {error}") from None
     core = SegmentStoreCore(kv, args.entry_bytes_max)
+    kept = core.authority_record()
+    try:
+        record = AuthorityRecord.decode(kept) if kept is not None else None
+    except ValueError as error:
+        kv.close()
+        raise StartupError(
+            f"the master's authority kept in {args.data} is corrupt: {error}"
+        ) from None
+    authority = StoreAuthority(identity.store_id, record, pinned_keys)
     watch = SegmentWatch()
 
     def published(plan: Plan) -> None:
@@ -164,6 +202,8 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
         committer,
         watch,
         ServiceConfig(args.subscribe_buffer_batches, args.subscribe_stall_ms),
+        authority,
+        require_auth=args.require_auth,
     )
     # Without SO_REUSEPORT a second store on a taken port fails instead of sharing it.
     server = grpc.aio.server(
@@ -198,7 +238,15 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    link = MasterLink(args.master, identity, core, service.delete)
+    link = MasterLink(
+        args.master,
+        identity,
+        core,
+        service.delete,
+        authority,
+        service.keep_authority,
+        service.quota,
+    )
     try:
         async with asyncio.TaskGroup() as tasks:
             committing = tasks.create_task(committer.run())

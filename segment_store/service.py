@@ -3,6 +3,11 @@
 Every mutation goes through the group committer; reads run in worker threads. One
 table (`_STATUS`) maps the core's errors to gRPC statuses; a refused request changes
 nothing.
+
+Every call first resolves its caller (`protocol.callers`) and is authorized
+(`protocol.auth.authorize`) with the tenant of the stream it touches: for Write and
+Seal the tenant of their grant, which must also list the segment and this store
+(`segment_store.authority`); for reads the tenant this store keeps for the stream.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from streamengine.protocol import codec
+from streamengine.protocol.auth import Denial, Principal, authorize
+from streamengine.protocol.callers import Callers
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -33,18 +40,29 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_ENTRIES_MAX,
 )
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.signing import NoVerifyingKey
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.segment_store import metrics, tail
+from streamengine.segment_store.authority import (
+    AppendQuota,
+    CallerRefused,
+    GrantRefused,
+    NoSigningKeyYet,
+    StoreAuthority,
+    WriteStreamGrants,
+)
 from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.keys import SegmentMeta, entry_index
 from streamengine.segment_store.store import (
+    AuthorityKept,
     BadRequest,
     BelowFence,
     CopyMismatch,
     CopyRefused,
     DeleteCommand,
     DeleteResult,
+    KeepAuthorityCommand,
     Outcome,
     SealCommand,
     SealResult,
@@ -56,6 +74,7 @@ from streamengine.segment_store.store import (
     StoreUnavailable,
     WriteCommand,
     WriteResult,
+    check_epoch,
     check_segment,
 )
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
@@ -108,6 +127,9 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CorruptEntry: grpc.StatusCode.DATA_LOSS,
     StoredCopyCorrupt: grpc.StatusCode.DATA_LOSS,
+    GrantRefused: grpc.StatusCode.PERMISSION_DENIED,
+    CallerRefused: grpc.StatusCode.PERMISSION_DENIED,
+    NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -127,6 +149,9 @@ async def _abort(
     elif isinstance(error, BadRequest):
         metrics.BAD_REQUESTS.inc()
         log.info("bad request: %s", error, extra=fields)
+    elif isinstance(error, GrantRefused | CallerRefused):
+        metrics.DENIED.inc()
+        log.info("denied: %s", error, extra=fields)
     elif code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL):
         log.error("%s: %s", code.name, error, extra=fields)
     await context.abort(code, str(error), trailing_metadata=trailing)
@@ -157,12 +182,54 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         committer: GroupCommitter,
         watch: SegmentWatch,
         config: ServiceConfig,
+        authority: StoreAuthority,
+        require_auth: bool = False,
     ) -> None:
         self.core = core
         self.committer = committer
         self.watch = watch
         self.config = config
+        self.authority = authority
+        self.callers = Callers(authority.verifier, lambda: authority.revocations, require_auth)
+        # The master tells the rate with every heartbeat reply (`MasterLink`).
+        self.quota = AppendQuota(0)
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
+
+    # ---- who calls ----
+
+    def caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        """The call's principal; raises CallerRefused (a bad token), NoSigningKeyYet."""
+        try:
+            principal = self.callers.principal(context)
+        except NoVerifyingKey as error:
+            raise NoSigningKeyYet(str(error)) from None
+        if isinstance(principal, Denial):
+            raise CallerRefused(principal.reason)
+        return principal
+
+    def require(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, tenant: str = ""
+    ) -> Principal:
+        """The caller, when it may call `method` on `tenant`'s data; else raises
+        CallerRefused."""
+        principal = self.caller(context)
+        denial = authorize(principal, f"SegmentStore/{method}", tenant)
+        if denial is not None:
+            raise CallerRefused(denial.reason)
+        return principal
+
+    def require_reader(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, segment: SegmentKey
+    ) -> None:
+        self.require(context, method, self.core.tenant_of(segment.stream_id))
+
+    async def keep_authority(self) -> None:
+        """Write what the store now trusts (`self.authority`) durably."""
+        record = self.authority.record().encode()
+        outcome = await self.committer.submit(KeepAuthorityCommand(record))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, AuthorityKept)
 
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)
@@ -203,18 +270,20 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
         ],
     ) -> None:
+        try:
+            grants = WriteStreamGrants(self.authority, self.caller(context))
+        except StoreError as error:
+            await _abort(context, error)
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
-        answers: asyncio.Queue[
-            tuple[_Ticket, asyncio.Future[Outcome] | Exception | None] | None
-        ] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[_Ticket, _Admitted] | None] = asyncio.Queue()
 
         async def read_requests() -> None:
             try:
                 async for request in request_iterator:
                     await inflight.acquire()
-                    answers.put_nowait((_Ticket.of(request), self._admit(request)))
+                    answers.put_nowait((_Ticket.of(request), self._admit(request, grants)))
             finally:
                 answers.put_nowait(None)
 
@@ -224,10 +293,10 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if admitted is None:
+                if isinstance(admitted, int):  # refused: busy, or over the quota
                     meta = self.core.meta(ticket.key) or SegmentMeta()
                     reply = ticket.reply(
-                        segment_store_pb2.REFUSED_BUSY,
+                        segment_store_pb2.WriteStatus.ValueType(admitted),
                         WriteResult(meta.matched_index, meta.acked_index, meta.fence, ()),
                     )
                 else:
@@ -245,22 +314,34 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 await reader
 
     def _admit(
-        self, request: segment_store_pb2.WriteRequest
-    ) -> asyncio.Future[Outcome] | Exception | None:
+        self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants
+    ) -> _Admitted:
+        """The write under way, the status of a refused batch, or why it was refused
+        (an Exception, which ends the stream)."""
         try:
+            segment = segment_key(request.segment)
+            # Malformed before unauthorized: a bad request says what is wrong with it.
+            check_epoch(request.writer_epoch, "writer epoch")
+            grant = grants.admit(request.grant, segment, request.writer_epoch)
             command = WriteCommand(
-                segment_key(request.segment),
+                segment,
                 request.writer_epoch,
                 request.acked_index,
                 entries_from_pb(request.entries),
+                grant.tenant,
             )
-        except BadRequest as error:
+        except StoreError as error:
             return error
         if not command.entries:
             return self.committer.submit(command)
+        payload_bytes = sum(len(entry.payload) for entry in command.entries)
+        if not self.quota.admit(grant.tenant, payload_bytes, _now_ms()):
+            metrics.REFUSED_QUOTA.inc()
+            return segment_store_pb2.REFUSED_QUOTA
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
+            return segment_store_pb2.REFUSED_BUSY
         return future
 
     # ---- Seal, Delete, state ----
@@ -273,9 +354,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.SealReply:
         try:
-            command = SealCommand(segment_key(request.segment), request.new_epoch)
-        except BadRequest as error:
-            await _abort(context, error)
+            principal = self.caller(context)
+            segment = segment_key(request.segment)
+            check_epoch(request.new_epoch, "seal epoch")
+            grant = self.authority.grant_for(
+                principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch
+            )
+            command = SealCommand(segment, request.new_epoch, grant.tenant)
+        except StoreError as error:
+            await _abort(context, error, request.segment)
         outcome = await self.committer.submit(command)
         if isinstance(outcome, Exception):
             await _abort(context, outcome, request.segment)
@@ -304,8 +391,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.DeleteReply:
         try:
+            self.require(context, "Delete")
             segment = segment_key(request.segment)
-        except BadRequest as error:
+        except StoreError as error:
             await _abort(context, error)
         existed = await self.delete(segment)
         if existed:
@@ -327,7 +415,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.SegmentStateReply:
         try:
-            state = self.core.state(segment_key(request.segment))
+            segment = segment_key(request.segment)
+            self.require_reader(context, "GetSegmentState", segment)
+            state = self.core.state(segment)
         except StoreError as error:
             await _abort(context, error)
         return segment_store_pb2.SegmentStateReply(
@@ -351,6 +441,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> AsyncIterator[segment_store_pb2.ReadReply]:
         try:
             segment = segment_key(request.segment)
+            self.require_reader(context, "Read", segment)
             meta = self.core.meta(segment)
             if meta is None:
                 raise SegmentNotFound(
@@ -456,6 +547,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> segment_store_pb2.DigestReply:
         try:
             segment = segment_key(request.segment)
+            self.require_reader(context, "Digest", segment)
             if request.up_to_index > INDEX_MAX:
                 raise BadRequest(f"up_to_index {request.up_to_index} is over {INDEX_MAX}")
             info = await self.in_thread(
@@ -481,6 +573,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.CopySegmentReply:
         try:
+            self.require(context, "CopySegment")
             copy = SegmentCopy(
                 self.core,
                 self.committer,
@@ -489,6 +582,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 request.source_address,
                 request.final_index,
                 request.fence,
+                request.tenant,
             )
             report = await copy.run()
         except (StoreError, CorruptEntry) as error:
@@ -533,7 +627,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             if first.WhichOneof("message") != "start":
                 raise BadRequest("Subscribe must begin with a start message")
             segment = segment_key(first.start.segment)
-        except BadRequest as error:
+            self.require_reader(context, "Subscribe", segment)
+        except StoreError as error:
             await _abort(context, error)
         tail = _Tail(self, segment, first.start, requests, context)
         metrics.SUBSCRIBERS.inc()
@@ -543,6 +638,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
             await _abort(context, refusal)
+
+
+# What `_admit` makes of a Write request: the write under way; the status of a batch
+# refused for now (REFUSED_BUSY, REFUSED_QUOTA); or why the stream ends.
+_Admitted = asyncio.Future[Outcome] | int | Exception
 
 
 @dataclass(frozen=True, slots=True)

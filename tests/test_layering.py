@@ -41,11 +41,27 @@ ALLOWED = {
     "master": ("streamengine.master", "streamengine.protocol", "streamengine.v1"),
     "segment_store": ("streamengine.segment_store", "streamengine.protocol", "streamengine.v1"),
 }
-PURE_PROTOCOL = ["entry.py", "limits.py", "policy.py", "sequence.py"]
-PURE_MASTER = ["leadership.py", "placement.py", "repair.py", "model.py", "errors.py"]
+PURE_PROTOCOL = [
+    "entry.py",
+    "limits.py",
+    "policy.py",
+    "sequence.py",
+    "signing.py",
+    "grants.py",
+    "tokens.py",
+    "auth.py",
+]
+PURE_MASTER = [
+    "leadership.py",
+    "placement.py",
+    "repair.py",
+    "model.py",
+    "errors.py",
+    "authority.py",
+]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
-# the live tail.
-PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py"]
+# the live tail, the grants and callers it takes.
+PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "authority.py"]
 OLD_TOP_LEVEL = {"client", "master", "segment_store", "tools"}
 
 

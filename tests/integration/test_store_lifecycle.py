@@ -16,18 +16,18 @@ from streamengine.protocol.entry import EntryKind
 from streamengine.tools.harness import (
     ServerProcess,
     free_port,
-    make_store,
     running_cluster,
     wait_for,
     wait_until,
 )
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from tests.integration.store_helpers import (
-    NO_MASTER,
     entries,
     entry,
     lone_store,
+    lone_store_process,
     read_all,
+    seal_request,
     seg,
     state,
     store_stub,
@@ -44,7 +44,7 @@ async def test_sigterm_stops_gracefully_and_a_restart_keeps_every_segments_state
         async with store_stub(store.address) as stub:
             await write_all(stub, [write_request(segment, 3, 3, entries(1, 4))])
             await write_all(stub, [write_request(segment, 3, 3, entries(6, 7))])
-            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+            await stub.Seal(seal_request(segment, 5))
             before = await state(stub, segment)
         assert store.terminate() == 0
         store.start()
@@ -55,7 +55,7 @@ async def test_sigterm_stops_gracefully_and_a_restart_keeps_every_segments_state
 
 
 def test_a_generated_store_id_is_kept_in_the_data_dir(tmp_path: Path) -> None:
-    store = make_store(tmp_path, 0, NO_MASTER)
+    store = lone_store_process(tmp_path, 0)
     at = store.args.index("--id")
     del store.args[at : at + 2]
     try:
@@ -119,8 +119,8 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
     tmp_path: Path,
 ) -> None:
     segment = seg(503, 3)
-    source = make_store(tmp_path, 1, NO_MASTER)
-    target = make_store(tmp_path, 2, NO_MASTER)
+    source = lone_store_process(tmp_path, 1)
+    target = lone_store_process(tmp_path, 2)
     try:
         source.start(wait=False)
         target.start()
@@ -136,7 +136,7 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
                     write_request(segment, 4, 301, entries(302, 303)),  # stale, past the bridge
                 ],
             )
-            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+            await stub.Seal(seal_request(segment, 4))
             expected = await stub.Digest(
                 segment_store_pb2.DigestRequest(segment=segment, up_to_index=301)
             )
@@ -268,9 +268,9 @@ def test_a_second_store_on_a_taken_port_or_data_dir_exits_1_with_one_line(
     tmp_path: Path,
 ) -> None:
     with lone_store(tmp_path) as first:
-        same_port = make_store(tmp_path, 1, NO_MASTER)
+        same_port = lone_store_process(tmp_path, 1)
         same_port.args[same_port.args.index("--listen") + 1] = first.address
-        same_data = make_store(tmp_path, 2, NO_MASTER)
+        same_data = lone_store_process(tmp_path, 2)
         same_data.args[same_data.args.index("--data") + 1] = str(tmp_path / "store0")
         for second, expected in ((same_port, "cannot listen"), (same_data, "cannot open")):
             second.start(wait=False)

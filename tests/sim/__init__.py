@@ -20,4 +20,13 @@ core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a
 business like any other. A recovery's retransmits, lost stores and probes are
 `SegmentRecovery`'s own decisions, on its `SIMULATED_TIMING` profile; `--no-probe` makes
 `RecoveryRun` drop the probes.
+
+Authority runs as it ships: the master signs every grant it answers with
+(`master.authority.grant_of`, `protocol.grants`) with a key drawn from the seed, the
+writers carry them as `Replicator`, `Leader` and `SegmentRecovery` hand them over, the
+stores check them with the real `segment_store.authority` (verifying Ed25519 signatures
+once per grant), and the master checks holders with `master.authority.check_holder`.
+The world injects seals at the last epoch without a grant, under a forged one and under
+a grant of another epoch, and unheld SealSegment, ReleaseLease and RollSegment calls;
+invariant 8 checks every store change against the grants the master gave.
 """

@@ -20,6 +20,10 @@ every step and a failure names the step that broke the rule:
 7. every append ends (acked, definitely failed, or in doubt) within `APPEND_END_MS_MAX`
    after its writer loses leadership, and a running writer never goes on leading past
    its own lease by more than that: no append hangs.
+8. authority: a store writes or seals a segment only under a grant the master issued
+   (of the writer's epoch, listing the segment and the store), and never refuses a
+   writer the grant the master issued it (checked against the grants the master gave,
+   not by verifying signatures again).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from streamengine.master.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
@@ -42,6 +47,7 @@ INVARIANTS = {
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
     7: "every append ends within a bound after its writer loses leadership",
+    8: "stores change segments only under the master's grants, and take every one",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -88,6 +94,9 @@ class Checker:
         # writer's leadership ended.
         self.open_appends: dict[str, set[bytes]] = {}
         self.leadership_ended_at: dict[str, int] = {}
+        # Invariant 8: every grant the master gave, by epoch (renewals may list fewer
+        # unsealed segments than the first answer of an epoch did).
+        self.grants: dict[int, list[Grant]] = {}
 
     # ---- invariant 2 (and 4) on stores ----
 
@@ -237,6 +246,38 @@ class Checker:
         for record in state.streams.values():
             if record.epoch < self.epoch_seen:
                 raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+
+    # ---- invariant 8 ----
+
+    def grant_issued(self, grant: Grant) -> None:
+        issued = self.grants.setdefault(grant.epoch, [])
+        if grant not in issued:
+            issued.append(grant)
+
+    def _issued_for(self, store: str, segment: SegmentKey, epoch: int) -> bool:
+        return any(
+            grant.stream_id == segment.stream_id
+            and (listed := grant.segment(segment.epoch)) is not None
+            and store in listed.copy_set
+            for grant in self.grants.get(epoch, ())
+        )
+
+    def change_granted(self, store: str, segment: SegmentKey, epoch: int) -> None:
+        """`store` accepted a write or seal of `segment` under `epoch`."""
+        self.checks += 1
+        if not self._issued_for(store, segment, epoch):
+            raise Violation(
+                8,
+                f"store {store} changed segment {segment.epoch} under epoch {epoch}: the "
+                "master granted no such thing",
+            )
+
+    def grant_refused(self, store: str, segment: SegmentKey, epoch: int, why: str) -> None:
+        """`store` refused a writer's write or seal of `segment` under `epoch`."""
+        if self._issued_for(store, segment, epoch):
+            raise Violation(
+                8, f"store {store} refused the grant of epoch {epoch} for {segment}: {why}"
+            )
 
     # ---- invariant 7 ----
 

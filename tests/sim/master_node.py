@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -14,12 +15,14 @@ from streamengine.client.core.leader import (
 from streamengine.client.core.replicator import (
     SegmentRef,
 )
-from streamengine.master import repair
+from streamengine.master import authority, repair
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.errors import MasterError, SealConflict
 from streamengine.master.model import SegmentRecord
 from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol.grants import GrantSigner
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.segment_store.store import DigestInfo, SegmentKey, SegmentStateInfo
 from tests.sim import messages as m
 from tests.sim.network import Message
@@ -64,6 +67,12 @@ def grant_of(record: SegmentRecord) -> SegmentGrant:
     )
 
 
+def sim_signing_key(seed: int) -> SigningKey:
+    """The master's key of a run: from the seed, so a run replays, and without drawing
+    from the run's random source (which would change every later draw)."""
+    return SigningKey(hashlib.sha256(b"simulated master key %d" % seed).digest())
+
+
 class MasterNode(Node):
     def __init__(self, world: World) -> None:
         super().__init__(MASTER, world)
@@ -86,7 +95,17 @@ class MasterNode(Node):
 
     def _load(self) -> MasterState:
         cfg = self.world.config
-        return MasterState(self.catalog, self.world.now, cfg.lease_ms, cfg.store_timeout_ms)
+        state = MasterState(
+            self.catalog,
+            self.world.now,
+            cfg.lease_ms,
+            cfg.store_timeout_ms,
+            make_signing_key=lambda: sim_signing_key(cfg.seed),
+        )
+        # As the master's service: grants signed with the key kept in the catalog.
+        self.signer = GrantSigner(state.signing_key)
+        self.verifier = Verifier([state.signing_key.public_key])
+        return state
 
     def restart(self) -> None:
         super().restart()
@@ -131,19 +150,43 @@ class MasterNode(Node):
             return self._view(view, before, request.client_id)
         if isinstance(request, m.RollSegment):
             # Ready for the leader's roll: a shell action for it maps here.
+            self._holder(request.stream, request.grant, request.epoch, request.client_id)
             before = state.leases[request.stream].epoch
             view = state.roll_segment(
                 request.stream, request.client_id, request.epoch, request.exclude, now
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.ReleaseLease):
+            self._holder(request.stream, request.grant, request.epoch, request.client_id)
             return state.release_lease(request.stream, request.client_id, request.epoch, now)
         if isinstance(request, m.SealSegment):
+            self._holder(
+                request.stream,
+                request.grant,
+                request.writer_epoch,
+                request.client_id,
+                request.segment_epoch,
+            )
             return self._seal(request)
         if isinstance(request, m.ListSegments):
             _, segments = state.list_segments(request.stream, 0)
             return tuple(segments)
         raise AssertionError(f"unknown request {request!r}")
+
+    def _holder(
+        self,
+        stream: str,
+        signed: bytes,
+        epoch: int,
+        client_id: str,
+        segment_epoch: int | None = None,
+    ) -> None:
+        """As the master's service: only the holder of the epoch, by its grant (the
+        simulated callers are never cluster admins)."""
+        record = self.state.stream(stream)
+        authority.check_holder(
+            self.verifier, signed, False, record, epoch, client_id, segment_epoch
+        )
 
     def _view(self, view: WriterView, before: int, client_id: str) -> HeartbeatAnswered:
         """The reply to a heartbeat or a roll, as the master's service builds it."""
@@ -154,6 +197,11 @@ class MasterNode(Node):
         if granted:
             self.world.note(f"master grants epoch {granted} to {client_id}")
         record = view.stream
+        signed = b""
+        if view.leads:
+            grant = view.grant()
+            self.world.checker.grant_issued(grant)
+            signed = self.signer.sign(grant)
         return HeartbeatAnswered(
             sent_at_ms=0,
             leader=view.leads,
@@ -167,6 +215,7 @@ class MasterNode(Node):
             roll_reason=view.roll_reason,
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
+            grant=signed,
         )
 
     def _seal(self, request: m.SealSegment) -> object:
@@ -247,7 +296,10 @@ class _RepairRun:
         elif isinstance(action, repair.CopyToTarget):
             self.state.begin_copy(action.target, self.task.segment)
             self.copying = True
-            request = m.CopySegment(self.segment, action.source, action.final_index, action.fence)
+            tenant = authority.stream_tenant(self.state.stream_name(self.segment.stream_id))
+            request = m.CopySegment(
+                self.segment, action.source, action.final_index, action.fence, tenant
+            )
             self._call(action.target, request, self._on_copied)
         elif isinstance(action, repair.AskDigests):
             for store in (action.source, action.target):

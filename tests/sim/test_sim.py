@@ -107,11 +107,11 @@ def test_fsync_never_on_w_minus_1_stores_can_still_lose_acked_entries() -> None:
     """At most W - 1 stores with fsync never in a copy set does not make them safe: an
     event acked by W stores, one of them never syncing, is held by that one alone among
     the R = N - W + 1 stores a later recovery reads; if it restarted in between, the
-    recovery decides without the acked event (seed 353: N = 3, W = 2, one such store;
-    a store then holds a HOLE where readers had seen the event). DESIGN documents fsync
+    recovery decides without the acked event (seed 649: N = W = 3, two such stores; a
+    store then holds a BRIDGE where readers had seen an event). DESIGN documents fsync
     never as unsafe. The seed is pinned: a schedule change may need another one, found
     with the same predicate over a band of seeds."""
-    result = run_seed(353, REPAIR_STEPS)
+    result = run_seed(649, REPAIR_STEPS)
     assert len(result.config.fsync_never) == result.config.policy.write_quorum - 1
     assert result.unsynced_losses and result.documented_loss, result.summary()
 
@@ -183,6 +183,9 @@ FLAWED = [
     # digest; a member refilled in place stops serving what it served (from seed 206).
     ("copy_unfenced", 2, 200),
     ("forget_pending", 7, 0),  # the shell loses an append on stepping down: it hangs
+    # A store that takes writes and seals without checking their grants: the injected
+    # seal at the last epoch (no grant, or a forged one) goes through.
+    ("ignore_grant", 8, 0),
 ]
 FLAW_SEEDS_MAX = 500
 

@@ -41,6 +41,7 @@ from tests.unit.test_leader import (
     grant,
     leader_answer,
     of_type,
+    signed,
     step,
 )
 
@@ -89,7 +90,7 @@ def test_the_new_segment_opens_at_once_and_acks_after_the_old_is_sealed() -> Non
     assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
     actions = step(leader, 70, roll_answer(65, 6, old=5, segment_bytes_max=10))
     assert of_type(actions, BecameLeader)[0].epoch == 6
-    assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(5), 6, POLICY)]
+    assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(5), 6, POLICY, signed(6))]
     assert leader.epoch == 6 and leader.accepting_appends
     for store in STORES:
         step(leader, 71, StoreConnected(store))
@@ -172,7 +173,7 @@ def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
     assert of_type(step(leader, 5, leader_answer(0, roll_requested=True)), AskRoll)
     step(leader, LEASE_MS + 1, Tick())  # the lease ran out
     late = step(leader, LEASE_MS + 2, roll_answer(9, 6, old=5))
-    assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6}]
+    assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6, "grant": signed(6)}]
 
 
 def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:
