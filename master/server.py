@@ -28,6 +28,7 @@ from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
+from streamengine.protocol.interceptors import MalformedRequests
 from streamengine.protocol.limits import (
     HEARTBEATS_PER_LEASE,
     LEASE_MS_DEFAULT,
@@ -153,7 +154,7 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     metrics = Metrics.create()
     repairer = Repairer(state, args.repair_concurrency, _clock_ms)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MalformedRequests()])
     master_service = MasterService(
         state,
         repairer,

@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
+from streamengine.protocol.interceptors import MalformedRequests
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
@@ -209,6 +210,7 @@ async def serve(
     server = grpc.aio.server(
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[MalformedRequests()],
     )
     segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()

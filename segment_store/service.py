@@ -574,6 +574,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> segment_store_pb2.CopySegmentReply:
         try:
             self.require(context, "CopySegment")
+        except StoreError as error:
+            await _abort(context, error, request.segment)
+        try:
             copy = SegmentCopy(
                 self.core,
                 self.committer,
