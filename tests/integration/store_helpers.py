@@ -36,6 +36,7 @@ TEST_TENANT = "t"
 
 def trust_args(root: Path) -> list[str]:
     """Flags making a store trust `TEST_KEY`."""
+    root.mkdir(parents=True, exist_ok=True)
     path = root / "test-signing-key.pub"
     path.write_text(TEST_KEY.public_key.hex() + "\n")
     return ["--trust-signing-key", str(path)]

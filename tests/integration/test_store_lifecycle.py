@@ -31,6 +31,7 @@ from tests.integration.store_helpers import (
     seg,
     state,
     store_stub,
+    trust_args,
     write_all,
     write_request,
 )
@@ -143,7 +144,7 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
             source_entries = await read_all(stub, segment, 1, 301)
         async with store_stub(target.address) as stub:
             # A partial copy of an older epoch on the target is overwritten in place.
-            await write_all(stub, [write_request(segment, 2, 0, [entry(5, 2, b"stale")])])
+            await write_all(stub, [write_request(segment, 3, 0, [entry(5, 2, b"stale")])])
             copied = await stub.CopySegment(
                 segment_store_pb2.CopySegmentRequest(
                     segment=segment, source_address=source.address, final_index=301, fence=4
@@ -228,7 +229,10 @@ async def _lead(master: master_pb2_grpc.MasterAsyncStub, name: str) -> entry_pb2
 async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
     tmp_path: Path,
 ) -> None:
-    with running_cluster(tmp_path, stores=1, master_args=["--lease-ms", "300"]) as cluster:
+    # The store also trusts the tests' key: they write a segment the master never gave out.
+    with running_cluster(
+        tmp_path, stores=1, master_args=["--lease-ms", "300"], store_args=trust_args(tmp_path)
+    ) as cluster:
         async with grpc.aio.insecure_channel(cluster.master_address) as channel:
             master = master_pb2_grpc.MasterStub(channel)
             await master.CreateStream(
