@@ -1,10 +1,11 @@
-"""Prometheus metrics of the master, served only when `--metrics-port` is given."""
+"""Prometheus metrics of the master, served with its console (`master/console.py`) only
+when `--metrics-port` is given."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 @dataclass
@@ -58,7 +59,3 @@ class Metrics:
                 "streamengine_master_repairs_running", "Repair tasks running", registry=r
             ),
         )
-
-    def serve(self, port: int) -> None:
-        """Serve from a thread on loopback only."""
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)

@@ -19,6 +19,7 @@ from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentSt
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.status_view import segment_dict, status_dict
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -386,7 +387,21 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def GetClusterStatus(
         self, request: master_pb2.GetClusterStatusRequest, context: Context
     ) -> master_pb2.ClusterStatus:
-        now = self.clock_ms()
+        return self.cluster_status(self.clock_ms())
+
+    def console_status(self) -> dict[str, Any]:
+        """What the console shows: the cluster status, and each stream's segments."""
+        status = status_dict(self.cluster_status(self.clock_ms()))
+        status["segments"] = {
+            record.name: [
+                segment_dict(self._segment(segment))
+                for segment in self.state.stream_segments(record.stream_id)
+            ]
+            for record in self.state.list_streams("")
+        }
+        return status
+
+    def cluster_status(self, now: int) -> master_pb2.ClusterStatus:
         st = self.state
         views = st.store_views(now)
         stores = [
