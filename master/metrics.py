@@ -21,6 +21,9 @@ class Metrics:
     repairs_done: Gauge
     repairs_failed: Gauge
     repairs_running: Gauge
+    durability_debt_seconds: Counter
+    bytes_below_n: Gauge
+    bytes_below_w: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -57,5 +60,20 @@ class Metrics:
             ),
             repairs_running=Gauge(
                 "streamengine_master_repairs_running", "Repair tasks running", registry=r
+            ),
+            durability_debt_seconds=Counter(
+                "streamengine_master_durability_debt_seconds",
+                "Segment-seconds sealed segments spent with fewer than N good replicas",
+                registry=r,
+            ),
+            bytes_below_n=Gauge(
+                "streamengine_master_durability_bytes_below_n",
+                "Bytes of sealed segments with fewer than N good replicas now",
+                registry=r,
+            ),
+            bytes_below_w=Gauge(
+                "streamengine_master_durability_bytes_below_w",
+                "Bytes of sealed segments with fewer than W good replicas now",
+                registry=r,
             ),
         )

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import grpc
 
 from streamengine.master import errors, repair
+from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
@@ -424,6 +425,22 @@ class MasterService(master_pb2_grpc.MasterServicer):
             under_replicated=[self._segment(s) for s in st.under_replicated(now)],
             tasks=[self._task(t) for t in self.repairer.statuses()],
             granting_leases=st.granting_leases(now),
+            durability_debt=[
+                master_pb2.SegmentDebt(
+                    segment=entry_pb2.SegmentId(
+                        stream_id=debt.segment[0], epoch=debt.segment[1], stream=debt.stream
+                    ),
+                    good_replicas=debt.good,
+                    replicas=debt.replicas,
+                    below_n_ms=debt.below_n_ms,
+                    below_w_ms=debt.below_w_ms,
+                    bytes=debt.bytes,
+                    exposed=debt.exposed,
+                )
+                for debt in st.durability.worst(DURABILITY_WORST_MAX)
+            ],
+            bytes_below_n=st.durability.bytes_below_n,
+            bytes_below_w=st.durability.bytes_below_w,
         )
 
     async def DrainStore(

@@ -177,6 +177,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"\nUNDER-REPLICATED SEGMENTS: {len(under) or 'none'}")
     for segment in under:
         print(f"  {segment.id.stream} segment {segment.id.epoch}")
+    print(
+        f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
+        f"{human_bytes(status.bytes_below_w)} below W"
+    )
+    if status.durability_debt:
+        print_table(
+            [
+                [
+                    d.segment.stream,
+                    str(d.segment.epoch),
+                    f"{d.good_replicas}/{d.replicas}" + (" now" if d.exposed else " healed"),
+                    f"{d.below_n_ms / 1000:.1f}",
+                    f"{d.below_w_ms / 1000:.1f}",
+                    human_bytes(d.bytes),
+                ]
+                for d in status.durability_debt
+            ],
+            ["STREAM", "SEGMENT", "GOOD", "BELOW N (S)", "BELOW W (S)", "BYTES"],
+        )
     return 0
 
 

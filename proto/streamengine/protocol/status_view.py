@@ -60,6 +60,23 @@ def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
         "under_replicated": [segment_dict(s) for s in status.under_replicated],
         "tasks": [task_dict(t) for t in status.tasks],
         "granting_leases": status.granting_leases,
+        "durability": {
+            "bytes_below_n": status.bytes_below_n,
+            "bytes_below_w": status.bytes_below_w,
+            "worst": [
+                {
+                    "stream": d.segment.stream,
+                    "epoch": d.segment.epoch,
+                    "good_replicas": d.good_replicas,
+                    "replicas": d.replicas,
+                    "below_n_s": d.below_n_ms / 1000,
+                    "below_w_s": d.below_w_ms / 1000,
+                    "bytes": d.bytes,
+                    "exposed": d.exposed,
+                }
+                for d in status.durability_debt
+            ],
+        },
     }
 
 
