@@ -20,11 +20,13 @@ from typing import Any, TypeVar
 import grpc
 
 from streamengine.master import authority, errors, repair
+from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.auth import (
+    INSECURE,
     Denial,
     Principal,
     PrincipalKind,
@@ -36,6 +38,7 @@ from streamengine.protocol.grants import GrantSigner
 from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.signing import Verifier
+from streamengine.protocol.status_view import segment_dict, status_dict
 from streamengine.protocol.tokens import TOKEN_ID_CHARS, mint_token
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -523,7 +526,24 @@ class MasterService(master_pb2_grpc.MasterServicer):
         principal = await self._call(
             context, "GetClusterStatus", lambda now: self._require(context, "GetClusterStatus")
         )
-        now = self.clock_ms()
+        return self.cluster_status(self.clock_ms(), principal)
+
+    def console_status(self) -> dict[str, Any]:
+        """What the console shows: the cluster status, and each stream's segments. The
+        console is the operator's page on the metrics port: it shows every tenant."""
+        status = status_dict(self.cluster_status(self.clock_ms(), INSECURE))
+        status["segments"] = {
+            record.name: [
+                segment_dict(self._segment(segment))
+                for segment in self.state.stream_segments(record.stream_id)
+            ]
+            for record in self.state.list_streams("")
+        }
+        return status
+
+    def cluster_status(self, now: int, principal: Principal) -> master_pb2.ClusterStatus:
+        """The status `principal` may see (filtered to the tenants it may see)."""
+        tenant_only = principal.kind is PrincipalKind.TENANT
         st = self.state
         views = st.store_views(now)
         stores = [
@@ -558,6 +578,24 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 if self._visible(principal, t.task.segment[0])
             ],
             granting_leases=st.granting_leases(now),
+            durability_debt=[
+                master_pb2.SegmentDebt(
+                    segment=entry_pb2.SegmentId(
+                        stream_id=debt.segment[0], epoch=debt.segment[1], stream=debt.stream
+                    ),
+                    good_replicas=debt.good,
+                    replicas=debt.replicas,
+                    below_n_ms=debt.below_n_ms,
+                    below_w_ms=debt.below_w_ms,
+                    bytes=debt.bytes,
+                    exposed=debt.exposed,
+                )
+                for debt in st.durability.worst(DURABILITY_WORST_MAX)
+                if visible_tenant(principal, authority.stream_tenant(debt.stream))
+            ],
+            # Cluster-wide sums: every tenant's bytes are in them, so a tenant sees none.
+            bytes_below_n=0 if tenant_only else st.durability.bytes_below_n,
+            bytes_below_w=0 if tenant_only else st.durability.bytes_below_w,
         )
 
     async def DrainStore(

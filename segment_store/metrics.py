@@ -41,6 +41,11 @@ DENIED = Counter(
     "streamengine_store_denied_total",
     "Calls refused: no valid grant, or a caller without the permission",
 )
+READ_ENTRIES = Counter(
+    "streamengine_store_read_entries_total",
+    "Entries sent to readers, by RPC (read, read_packed, subscribe)",
+    ["rpc"],
+)
 SUBSCRIBERS = Gauge("streamengine_store_subscribers", "Open Subscribe streams")
 SUBSCRIBERS_DROPPED = Counter(
     "streamengine_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]

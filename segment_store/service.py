@@ -293,12 +293,13 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if isinstance(admitted, int):  # refused: busy, or over the quota
-                    meta = self.core.meta(ticket.key) or SegmentMeta()
-                    reply = ticket.reply(
-                        segment_store_pb2.WriteStatus.ValueType(admitted),
-                        WriteResult(meta.matched_index, meta.acked_index, meta.fence, ()),
-                    )
+                if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
+                    status, command = admitted
+                    held = self.core.refused_busy(command)
+                    if isinstance(held, BelowFence):
+                        await _abort(context, held, ticket.segment)
+                    assert isinstance(held, WriteResult)
+                    reply = ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
@@ -316,8 +317,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     def _admit(
         self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants
     ) -> _Admitted:
-        """The write under way, the status of a refused batch, or why it was refused
-        (an Exception, which ends the stream)."""
+        """The write under way, a batch refused for now with its status (busy, over the
+        quota: nothing written), or why it was refused (an Exception, which ends the
+        stream)."""
         try:
             segment = segment_key(request.segment)
             # Malformed before unauthorized: a bad request says what is wrong with it.
@@ -337,11 +339,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         payload_bytes = sum(len(entry.payload) for entry in command.entries)
         if not self.quota.admit(grant.tenant, payload_bytes, _now_ms()):
             metrics.REFUSED_QUOTA.inc()
-            return segment_store_pb2.REFUSED_QUOTA
+            return segment_store_pb2.REFUSED_QUOTA, command
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
-            return segment_store_pb2.REFUSED_BUSY
+            return segment_store_pb2.REFUSED_BUSY, command
         return future
 
     # ---- Seal, Delete, state ----
@@ -480,6 +482,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error)
             if entries or not sent:
+                metrics.READ_ENTRIES.labels("read").inc(len(entries))
                 yield segment_store_pb2.ReadReply(
                     entries=entries,
                     acked_index=meta.acked_index,
@@ -512,6 +515,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     )
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error, _segment_pb(segment))
+            metrics.READ_ENTRIES.labels("read_packed").inc(len(values))
             yield segment_store_pb2.ReadReply(
                 acked_index=meta.acked_index,
                 matched_index=meta.matched_index,
@@ -643,9 +647,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             await _abort(context, refusal)
 
 
-# What `_admit` makes of a Write request: the write under way; the status of a batch
-# refused for now (REFUSED_BUSY, REFUSED_QUOTA); or why the stream ends.
-_Admitted = asyncio.Future[Outcome] | int | Exception
+# What `_admit` makes of a Write request: the write under way; a batch refused for now
+# with its status (REFUSED_BUSY, REFUSED_QUOTA); or why the stream ends.
+_Admitted = asyncio.Future[Outcome] | tuple[int, WriteCommand] | Exception
 
 
 @dataclass(frozen=True, slots=True)
@@ -786,6 +790,7 @@ class _Tail:
             )
         )
         if entries:
+            metrics.READ_ENTRIES.labels("subscribe").inc(len(entries))
             batch = segment_store_pb2.EntryBatch(entries=entries, token=entries[-1].index)
             self.buffer.put_nowait(segment_store_pb2.SubscribeReply(batch=batch))
         last = entries[-1].index if entries else read.from_index - 1

@@ -14,7 +14,7 @@ and `delete` do all three for one command, for tests and the simulator. Plans mu
 published in the order they were made, and a plan must be made only after the previous
 one was published.
 
-Rules (DESIGN.md, "Storing"):
+Rules (docs/design.md, "The segment store"):
 - a write whose writer epoch is below the segment's fence is refused, nothing written;
 - a copy replaces a stored one only if its epoch is >= the stored copy's epoch; keeping
   a higher-epoch copy is still success, and the answer says what is held;
@@ -586,6 +586,18 @@ class SegmentStoreCore:
     def authority_record(self) -> bytes | None:
         """What `KeepAuthorityCommand` last kept."""
         return self.kv.get(AUTHORITY_KEY)
+
+    def refused_busy(self, command: WriteCommand) -> WriteResult | BelowFence:
+        """The answer to a write refused because the store is busy (nothing written):
+        what the segment holds, so the leader resends from its matched index. Below the
+        fence it is the fence instead, as for any write: the matched index of a segment
+        fenced above the writer counts a later leader's recovery copies, and a writer
+        taking it for its own entries would ack what a recovery replaced (a paused
+        leader waking up did, simulator seed 10179)."""
+        meta = self._metas.get(command.segment) or SegmentMeta()
+        if command.writer_epoch < meta.fence:
+            return BelowFence(meta.fence)
+        return WriteResult(meta.matched_index, meta.acked_index, meta.fence, ())
 
     def state(self, segment: SegmentKey) -> SegmentStateInfo:
         meta = self._require(segment)

@@ -250,12 +250,18 @@ class StoreNode(Node):
             net.stream_send(message.stream, self.name, message.src, tenant)
             return
         if request.entries and self.world.rng.random() < self.world.config.busy:
-            meta = self.core.meta(request.segment)
+            command = WriteCommand(
+                request.segment, request.writer_epoch, request.acked_index, request.entries
+            )
+            busy = self.core.refused_busy(command)
+            if isinstance(busy, StoreRefused):
+                net.stream_send(message.stream, self.name, message.src, m.Refused(busy.fence))
+                return
             reply = m.WriteReply(
                 request.request_id,
                 True,
-                meta.matched_index if meta else 0,
-                meta.acked_index if meta else 0,
+                busy.matched_index,
+                busy.acked_index,
                 request.entries[0].index,
                 request.entries[-1].index,
             )

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentState
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
-from streamengine.protocol.limits import EPOCH_MAX
+from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.store import BadRequest, SegmentKey, StoreError
@@ -67,7 +68,7 @@ LOSS_CAN_BREAK = frozenset({0, 1, 2, 4})
 # Writer clocks against the master's (the world's): an offset, and a rate off by up to
 # this many parts per million. A writer counts its lease from its own send time on its
 # own clock; the master counts from receipt on its clock. A writer clock slow by p ppm
-# makes the writer's lease last lease_ms * p / 1e6 longer in real time, which DESIGN.md's
+# makes the writer's lease last lease_ms * p / 1e6 longer in real time, which docs/design.md's
 # lease rule (the writer believes its lease ends before the master does) absorbs only
 # up to the one-way delay of the heartbeat, at least 1 ms here: 1000 ppm keeps that
 # within 0.6 ms at the longest lease (600 ms). Leases then never overlap.
@@ -103,6 +104,11 @@ class SimConfig:
     stream: str = "sim/stream"
     # Stores running with `--fsync never` (DESIGN: unsafe); at most W - 1 of them.
     fsync_never: tuple[str, ...] = ()
+
+    @property
+    def append_timeout_ms(self) -> int:
+        """The writers' append timeout, scaled with the lease as the real defaults are."""
+        return self.lease_ms * APPEND_TIMEOUT_MS // LEASE_MS_DEFAULT
 
     @staticmethod
     def draw(seed: int, rng: random.Random, flaws: frozenset[str] = frozenset()) -> SimConfig:
@@ -210,8 +216,10 @@ class World:
         self.rng = rng
         self.trace = trace
         self.sched = Scheduler()
-        self.net = Network(self.sched, rng, config.faults, self.deliver)
-        self.checker = Checker(stream_id=1)
+        self.net = Network(
+            self.sched, rng, config.faults, self.deliver, lambda node: self.nodes[node].incarnation
+        )
+        self.checker = Checker(stream_id=1, append_timeout_ms=config.append_timeout_ms)
         self.phase = "safety"
         self._ids = 0
         self._steps = 0
@@ -592,6 +600,12 @@ class World:
             return False
         if self.marker is not None and self.marker_by != leader.client_id:
             self.marker = None  # its writer stepped down: the marker is in doubt
+        if (
+            self.marker is not None
+            and self.marker not in self.checker.acked.values()
+            and not leader.awaits(self.marker)
+        ):
+            self.marker = None  # its append timed out: in doubt, try another
         if self.marker is None:
             self._payloads += 1
             self.marker = f"marker:{self._payloads}".encode()
