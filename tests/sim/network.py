@@ -140,6 +140,10 @@ class Network:
     def heal(self) -> None:
         self.cuts.clear()
 
+    def _incarnation(self, node: str) -> int:
+        """`node`'s incarnation, -1 when the network is not told (any matches)."""
+        return self._incarnation_of(node) if self._incarnation_of is not None else -1
+
     # ---- unary ----
 
     def _delay(self) -> int:
@@ -162,9 +166,8 @@ class Network:
             closed = message.stream and not self.stream_open(message.stream)
             if closed and self._draining.get(message.stream) != message.src:
                 return
-            if message.dst_incarnation >= 0 and self._incarnation_of is not None:
-                if self._incarnation_of(message.dst) != message.dst_incarnation:
-                    return
+            if message.stream and message.dst_incarnation != self._incarnation(message.dst):
+                return
             self._deliver(message)
 
         self.scheduler.after(delay_ms, message, arrive)
@@ -193,8 +196,7 @@ class Network:
         now = self.scheduler.now_ms
         at = max(stream.last_delivery_ms.get(src, now), now + self._delay())
         stream.last_delivery_ms[src] = at
-        incarnation = self._incarnation_of(dst) if self._incarnation_of is not None else -1
-        self._schedule(Message(src, dst, body, number, incarnation), at - now)
+        self._schedule(Message(src, dst, body, number, self._incarnation(dst)), at - now)
 
     def break_stream(self, number: int) -> None:
         stream = self._streams.pop(number, None)
