@@ -28,5 +28,5 @@ stores check them with the real `segment_store.authority` (verifying Ed25519 sig
 once per grant), and the master checks holders with `master.authority.check_holder`.
 The world injects seals at the last epoch without a grant, under a forged one and under
 a grant of another epoch, and unheld SealSegment, ReleaseLease and RollSegment calls;
-invariant 8 checks every store change against the grants the master gave.
+invariant 11 checks every store change against the grants the master gave.
 """

@@ -21,10 +21,11 @@ every step and a failure names the step that broke the rule:
    after its writer loses leadership, and, while its writer runs and leads, within the
    append timeout and that much: no append hangs, even for a
    leader that no master and too few stores answer.
-8. authority: a store writes or seals a segment only under a grant the master issued
-   (of the writer's epoch, listing the segment and the store), and never refuses a
-   writer the grant the master issued it (checked against the grants the master gave,
-   not by verifying signatures again).
+11. authority: a store writes or seals a segment only under a grant the master issued
+    (of the writer's epoch, listing the segment and the store), and never refuses a
+    writer the grant the master issued it (checked against the grants the master gave,
+    not by verifying signatures again). Numbered as in docs/design.md, whose 8 to 10
+    the simulator checks within the others.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ INVARIANTS = {
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
     7: "every append ends within a bound (its timeout, or its writer losing leadership)",
-    8: "stores change segments only under the master's grants, and take every one",
+    11: "stores change segments only under the master's grants, and take every one",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -98,7 +99,7 @@ class Checker:
         # clock), oldest first.
         self.open_appends: dict[str, dict[bytes, int]] = {}
         self.leadership_ended_at: dict[str, int] = {}
-        # Invariant 8: every grant the master gave, by epoch (renewals may list fewer
+        # Invariant 11: every grant the master gave, by epoch (renewals may list fewer
         # unsealed segments than the first answer of an epoch did).
         self.grants: dict[int, list[Grant]] = {}
 
@@ -251,7 +252,7 @@ class Checker:
             if record.epoch < self.epoch_seen:
                 raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
 
-    # ---- invariant 8 ----
+    # ---- invariant 11 ----
 
     def grant_issued(self, grant: Grant) -> None:
         issued = self.grants.setdefault(grant.epoch, [])
@@ -271,7 +272,7 @@ class Checker:
         self.checks += 1
         if not self._issued_for(store, segment, epoch):
             raise Violation(
-                8,
+                11,
                 f"store {store} changed segment {segment.epoch} under epoch {epoch}: the "
                 "master granted no such thing",
             )
@@ -280,7 +281,7 @@ class Checker:
         """`store` refused a writer's write or seal of `segment` under `epoch`."""
         if self._issued_for(store, segment, epoch):
             raise Violation(
-                8, f"store {store} refused the grant of epoch {epoch} for {segment}: {why}"
+                11, f"store {store} refused the grant of epoch {epoch} for {segment}: {why}"
             )
 
     # ---- invariant 7 ----

@@ -196,7 +196,7 @@ FLAWED = [
     ("forget_pending", 7, 0),  # the shell loses an append on stepping down: it hangs
     # A store that takes writes and seals without checking their grants: the injected
     # seal at the last epoch (no grant, or a forged one) goes through.
-    ("ignore_grant", 8, 0),
+    ("ignore_grant", 11, 0),
 ]
 FLAW_SEEDS_SPAN = 500
 
