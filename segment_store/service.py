@@ -207,7 +207,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
         answers: asyncio.Queue[
-            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteCommand] | None
+            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteResult] | None
         ] = asyncio.Queue()
 
         async def read_requests() -> None:
@@ -224,12 +224,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if isinstance(admitted, WriteCommand):  # refused: the store is busy
-                    busy = self.core.refused_busy(admitted)
-                    if isinstance(busy, BelowFence):
-                        await _abort(context, busy, ticket.segment)
-                    assert isinstance(busy, WriteResult)
-                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, busy)
+                if isinstance(admitted, WriteResult):  # refused: the store is busy
+                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, admitted)
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
@@ -246,9 +242,10 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
     def _admit(
         self, request: segment_store_pb2.WriteRequest
-    ) -> asyncio.Future[Outcome] | Exception | WriteCommand:
-        """The write's future, the error refusing it, or the command itself when the
-        store is too busy to take it."""
+    ) -> asyncio.Future[Outcome] | Exception | WriteResult:
+        """The write's future, the error refusing it, or, when the store is too busy to
+        take it, what the segment holds (the batch itself is dropped at once: memory is
+        the committer's queue, not every refused batch waiting for its reply)."""
         try:
             command = WriteCommand(
                 segment_key(request.segment),
@@ -263,7 +260,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
-            return command
+            return self.core.refused_busy(command)  # below the fence: that error
         return future
 
     # ---- Seal, Delete, state ----

@@ -65,6 +65,23 @@ def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
     assert core.state(SEG).matched_index == 2 and core.state(SEG).acked_index == 0
 
 
+def test_a_busy_refusal_below_the_fence_is_the_fence_not_a_matched_index(
+    core: SegmentStoreCore,
+) -> None:
+    # Simulator seed 10179: a recovery at epoch 5 wrote up to 4; a waking leader of
+    # epoch 3 must not read matched 4 as its own entries held.
+    core.write(SEG, 3, 0, events(1, 2))
+    core.seal(SEG, 5)
+    core.write(SEG, 5, 0, events(3, 4, epoch=5))
+    refused = core.refused_busy(WriteCommand(SEG, 3, 0, events(3, 3)))
+    assert isinstance(refused, BelowFence) and refused.fence == 5
+    # At or above the fence it says what the segment holds, and writes nothing.
+    before = snapshot(core.kv)
+    held = core.refused_busy(WriteCommand(SEG, 5, 0, events(5, 5, epoch=5)))
+    assert isinstance(held, WriteResult) and (held.matched_index, held.fence) == (4, 5)
+    assert snapshot(core.kv) == before
+
+
 def test_write_at_the_fence_epoch_is_accepted(core: SegmentStoreCore) -> None:
     core.seal(SEG, 5)
     assert core.write(SEG, 5, 0, events(1, 1, epoch=5)).matched_index == 1
