@@ -18,6 +18,7 @@ from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol import identity
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -169,6 +170,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
     ) -> master_pb2.RegisterStoreReply:
+        await identity.require_member(context, "Master/RegisterStore", request.store_id)
         interval = await self._call(
             context,
             "RegisterStore",
@@ -181,6 +183,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def StoreHeartbeat(
         self, request: master_pb2.StoreHeartbeatRequest, context: Context
     ) -> master_pb2.StoreHeartbeatReply:
+        await identity.require_member(context, "Master/StoreHeartbeat", request.store_id)
         held: dict[SegmentKey, Held] = {
             (h.segment.stream_id, h.segment.epoch): Held(
                 h.fence, h.acked_index, h.last_index, h.bytes

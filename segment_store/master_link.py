@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol import transport
 from streamengine.segment_store import metrics
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
@@ -53,16 +53,20 @@ class MasterLink:
         identity: StoreIdentity,
         core: SegmentStoreCore,
         delete_segment: Callable[[SegmentKey], Awaitable[bool]],
+        members: transport.Transport = transport.PLAINTEXT,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
         self.core = core
         self.delete_segment = delete_segment
+        # Under TLS the store's node certificate: the master takes registrations and
+        # heartbeats only from the store its certificate names.
+        self.members = members
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
 
     async def run(self) -> None:
-        async with grpc.aio.insecure_channel(self.master_address, options=CLIENT_OPTIONS) as ch:
+        async with self.members.aio_channel(self.master_address) as ch:
             stub = master_pb2_grpc.MasterStub(ch)
             while True:
                 if not self.registered:

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from streamengine.protocol import codec
+from streamengine.protocol import codec, identity, transport
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -83,10 +83,18 @@ assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
 
 
+# A Write stream with no request answered-but-unread and none arriving for this long is
+# closed: an abandoned stream holds no server resources. A leader that appends sends far
+# more often; one that idles reconnects in one pause (`client.store_link`), well within
+# the time after which it would count the store as lost.
+WRITE_STREAM_IDLE_MS_DEFAULT = 60_000
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     subscribe_buffer_batches: int = SUBSCRIBE_BUFFER_BATCHES_DEFAULT
     subscribe_stall_ms: int = SUBSCRIBE_STALL_MS_DEFAULT
+    write_stream_idle_ms: int = WRITE_STREAM_IDLE_MS_DEFAULT
 
 
 class _Refused(Exception):
@@ -139,7 +147,10 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
 
 
 def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
-    """Entries of a request; one of a kind this version does not know is bad input."""
+    """Entries of a request; one of a kind this version does not know is bad input.
+    The count is checked before any entry is built: an oversized batch costs nothing."""
+    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
     try:
         return codec.entries_from_pb(entries)
     except codec.MalformedEntry as error:
@@ -157,11 +168,14 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         committer: GroupCommitter,
         watch: SegmentWatch,
         config: ServiceConfig,
+        members: transport.Transport = transport.PLAINTEXT,
     ) -> None:
         self.core = core
         self.committer = committer
         self.watch = watch
         self.config = config
+        # How this store reaches its peers (copies): its node certificate under TLS.
+        self.members = members
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
 
     def close(self) -> None:
@@ -210,10 +224,28 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             tuple[_Ticket, asyncio.Future[Outcome] | Exception | None] | None
         ] = asyncio.Queue()
 
+        idle_s = self.config.write_stream_idle_ms / 1000
+        unanswered = 0  # requests read whose reply is not written yet
+
         async def read_requests() -> None:
+            nonlocal unanswered
+            requests = aiter(request_iterator)
             try:
-                async for request in request_iterator:
+                while True:
+                    # Only a stream with nothing in flight can be idle: a leader waiting
+                    # on a slow commit is not.
+                    try:
+                        async with asyncio.timeout(None if unanswered else idle_s):
+                            request = await anext(requests)
+                    except StopAsyncIteration:
+                        return
+                    except TimeoutError:
+                        if unanswered:
+                            continue
+                        metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                        return
                     await inflight.acquire()
+                    unanswered += 1
                     answers.put_nowait((_Ticket.of(request), self._admit(request)))
             finally:
                 answers.put_nowait(None)
@@ -237,6 +269,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     assert isinstance(outcome, WriteResult)
                     reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
+                unanswered -= 1
                 inflight.release()
             await reader
         finally:
@@ -303,6 +336,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.DeleteRequest, segment_store_pb2.DeleteReply
         ],
     ) -> segment_store_pb2.DeleteReply:
+        await identity.require_member(context, "SegmentStore/Delete")
         try:
             segment = segment_key(request.segment)
         except BadRequest as error:
@@ -480,11 +514,13 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.CopySegmentRequest, segment_store_pb2.CopySegmentReply
         ],
     ) -> segment_store_pb2.CopySegmentReply:
+        await identity.require_member(context, "SegmentStore/CopySegment")
         try:
             copy = SegmentCopy(
                 self.core,
                 self.committer,
                 self.in_thread,
+                self.members,
                 segment_key(request.segment),
                 request.source_address,
                 request.final_index,
