@@ -80,7 +80,12 @@ SUBSCRIBE_BUFFER_BATCHES_DEFAULT = tail.BUFFER_MESSAGES_DEFAULT
 SUBSCRIBE_STALL_MS_DEFAULT = tail.STALL_MS_DEFAULT
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
-assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
+# A packed reply is cut once it reaches its limit, so it passes it by at most one value,
+# and carries a length (a few bytes) per entry.
+assert (
+    PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
+    <= GRPC_MESSAGE_BYTES_MAX
+)
 
 
 # A Write stream with no request answered-but-unread and none arriving for this long is

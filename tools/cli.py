@@ -18,6 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# grpc-core reads this once, at import: without it every refused TLS handshake adds an
+# INFO line of its own to a command's one-line error (GRPC_VERBOSITY given wins).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from streamengine.client.errors import StreamEngineError
 from streamengine.tools.lifetime import die_with_parent_if_asked
 
@@ -123,6 +127,11 @@ def _add_cluster_commands(commands: Subparsers) -> None:
     )
     up.add_argument("--port", type=int, default=7070, help="master port; stores take the next ones")
     up.add_argument("--fsync", choices=["always", "never"], default="always")
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext, no certificates (default: TLS, certificates under DATA/certs)",
+    )
     up.set_defaults(run=_run_cluster_up)
 
 
@@ -131,7 +140,7 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
 
     if args.stores < 1:
         raise SystemExit("streamengine: error: --stores must be at least 1")
-    return run_cluster_up(args.data, args.stores, args.port, args.fsync)
+    return run_cluster_up(args.data, args.stores, args.port, args.fsync, args.insecure)
 
 
 def _add_stream_commands(commands: Subparsers) -> None:
