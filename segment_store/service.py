@@ -231,28 +231,36 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
         idle_s = self.config.write_stream_idle_ms / 1000
         unanswered = 0  # requests read whose reply is not written yet
+        last_activity = time.monotonic()
 
         async def read_requests() -> None:
-            nonlocal unanswered
+            nonlocal unanswered, last_activity
             requests = aiter(request_iterator)
+            # One read outstanding at a time, never cancelled midway to look at the
+            # clock: a stream is idle when nothing is unanswered and nothing arrived
+            # (nor was answered) for `idle_s`.
+            next_request = asyncio.ensure_future(anext(requests))
             try:
                 while True:
-                    # Only a stream with nothing in flight can be idle: a leader waiting
-                    # on a slow commit is not.
+                    quiet_s = time.monotonic() - last_activity
+                    wait_s = idle_s if unanswered else max(0.0, idle_s - quiet_s)
+                    done, _ = await asyncio.wait({next_request}, timeout=wait_s)
+                    if not done:
+                        if not unanswered and time.monotonic() - last_activity >= idle_s:
+                            metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                            return
+                        continue
                     try:
-                        async with asyncio.timeout(None if unanswered else idle_s):
-                            request = await anext(requests)
+                        request = next_request.result()
                     except StopAsyncIteration:
                         return
-                    except TimeoutError:
-                        if unanswered:
-                            continue
-                        metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
-                        return
+                    last_activity = time.monotonic()
                     await inflight.acquire()
                     unanswered += 1
                     answers.put_nowait((_Ticket.of(request), self._admit(request)))
+                    next_request = asyncio.ensure_future(anext(requests))
             finally:
+                next_request.cancel()
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
@@ -275,6 +283,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
                 unanswered -= 1
+                last_activity = time.monotonic()
                 inflight.release()
             await reader
         finally:
