@@ -1,7 +1,7 @@
 """Make sealed segments with data by driving master and stores over raw gRPC.
 
 For tests of repair, drain and rebalance that need real data on real stores without the
-client SDK. It plays one leader doing exactly what DESIGN.md's leader does on a roll,
+client SDK. It plays one leader doing exactly what docs/design.md's leader does on a roll,
 with no failures: heartbeat for the lease and copy set, write events to every store of
 the copy set and raise their acked index, RollSegment for the next epoch, Seal the old
 segment on its stores with the new epoch, write the BRIDGE and raise the acked index

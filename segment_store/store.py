@@ -13,7 +13,7 @@ and `delete` do all three for one command, for tests and the simulator. Plans mu
 published in the order they were made, and a plan must be made only after the previous
 one was published.
 
-Rules (DESIGN.md, "Storing"):
+Rules (docs/design.md, "The segment store"):
 - a write whose writer epoch is below the segment's fence is refused, nothing written;
 - a copy replaces a stored one only if its epoch is >= the stored copy's epoch; keeping
   a higher-epoch copy is still success, and the answer says what is held;

@@ -1,6 +1,6 @@
 """The store side of one Subscribe stream (a live tail), as a pure state machine.
 
-Theory of operation (DESIGN.md, "Reading (followers)"; the line protocol of
+Theory of operation (docs/design.md, "Readers"; the line protocol of
 `seeds/001_de056e7625535a7e.txt` carried over gRPC streaming):
 
 - the stream opens with a POSITION: the segment's acked index, fence and bridge;

@@ -8,7 +8,7 @@ stops at the step that breaks the wrong rule and shows our operation does not ta
 where it is cheap, it then takes the wrong step by hand and shows the checker catches
 the violation the trace names (so these tests can fail).
 
-Below the traces: DESIGN.md's recovery rules as tables in the style of a recovery test
+Below the traces: docs/design.md's recovery rules as tables in the style of a recovery test
 (pre-fill every store, run one recovery to the end, assert every store).
 
 The traces show a store's fence from leader 1's first write; a real store has fence 0
@@ -366,7 +366,7 @@ def test_matched_index_never_confirms_a_rewrite() -> None:
             w.check()
 
 
-# ---- DESIGN.md's recovery rules: pre-fill every store, run one recovery, assert all
+# ---- docs/design.md's recovery rules: pre-fill every store, run one recovery, assert all
 
 
 @dataclass(frozen=True)

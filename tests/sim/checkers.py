@@ -1,4 +1,4 @@
-"""The six invariants of DESIGN.md, checked as the simulated cluster runs.
+"""The invariants of docs/design.md, checked as the simulated cluster runs.
 
 Every check is incremental (it looks at what the step changed), so it can run after
 every step and a failure names the step that broke the rule:

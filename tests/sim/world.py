@@ -63,7 +63,7 @@ LOSS_CAN_BREAK = frozenset({0, 1, 2, 4})
 # Writer clocks against the master's (the world's): an offset, and a rate off by up to
 # this many parts per million. A writer counts its lease from its own send time on its
 # own clock; the master counts from receipt on its clock. A writer clock slow by p ppm
-# makes the writer's lease last lease_ms * p / 1e6 longer in real time, which DESIGN.md's
+# makes the writer's lease last lease_ms * p / 1e6 longer in real time, which docs/design.md's
 # lease rule (the writer believes its lease ends before the master does) absorbs only
 # up to the one-way delay of the heartbeat, at least 1 ms here: 1000 ppm keeps that
 # within 0.6 ms at the longest lease (600 ms). Leases then never overlap.

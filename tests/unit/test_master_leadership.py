@@ -1,4 +1,4 @@
-"""Lease state machine: each row is one rule of the master's leadership (DESIGN.md)."""
+"""Lease state machine: each row is one rule of the master's leadership (docs/design.md)."""
 
 from __future__ import annotations
 

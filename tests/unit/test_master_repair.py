@@ -1,4 +1,4 @@
-"""Repair planning: which replicas are bad, which copies run, by rule (DESIGN.md,
+"""Repair planning: which replicas are bad, which copies run, by rule (docs/design.md,
 "Repair and placement")."""
 
 from __future__ import annotations

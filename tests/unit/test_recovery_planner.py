@@ -1,4 +1,4 @@
-"""The recovery planner, one named table row per rule and per case of DESIGN.md
+"""The recovery planner, one named table row per rule and per case of docs/design.md
 "Writing" step 2. Stores are written in RECOVERY-CASES.md's notation."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The segment store's rules (DESIGN.md "Storing"), each test named after the rule it checks,
-over MemoryKV (and RocksKV where durability is the point)."""
+"""The segment store's rules (docs/design.md, "The segment store"), each test named
+after the rule it checks, over MemoryKV (and RocksKV where durability is the point)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The store side of Subscribe (`segment_store.tail`): each rule of the live tail's
-contract (DESIGN.md, "Reading (followers)") as a table step."""
+contract (docs/design.md, "Readers") as a table step."""
 
 from __future__ import annotations
 
