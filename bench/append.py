@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/append.py                 # starts a local cluster
     .venv/bin/python bench/append.py --master HOST:PORT --seconds 10
+    .venv/bin/python -m bench.append --tls            # TLS's cost: plaintext vs TLS
 
 For each event size (100 B and 1 KiB by default), on a fresh stream:
 - peak with batching: `append_batch` of `--batch` events, `--batches-in-flight` at once;
@@ -13,6 +14,10 @@ For each event size (100 B and 1 KiB by default), on a fresh stream:
   (counted from when each append was due, so a stalled writer shows up in it).
 
 Events/s and payload MB/s; latency p50/p99 in milliseconds.
+
+`--tls` measures what TLS costs instead: a plaintext and a TLS local cluster run side
+by side, and the batched and single-append peaks are measured on each in turn,
+`--rounds` times; the medians and TLS's cost (% below plaintext) are printed.
 """
 
 from __future__ import annotations
@@ -259,38 +264,113 @@ def free_port_run(count: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
+@dataclass(frozen=True)
+class Target:
+    """A cluster to measure: its master and, under TLS, the admin's certs dir."""
+
+    master: str
+    certs_dir: Path | None = None
+
+    def client(self) -> StreamClient:
+        return StreamClient(self.master, certs_dir=self.certs_dir)
+
+
 @contextmanager
-def cluster(args: argparse.Namespace) -> Iterator[str]:
-    if args.master:
-        yield args.master
-        return
+def local_cluster(fsync: str, tls: bool) -> Iterator[Target]:
     with tempfile.TemporaryDirectory(prefix="se-bench-") as data:
-        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=args.fsync)
+        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=fsync, tls=tls)
         try:
             local.start()
-            yield local.master_address
+            yield Target(local.master_address, local.admin_certs_dir)
         finally:
             local.stop()
 
 
-async def main_async(args: argparse.Namespace, master: str) -> None:
-    async with StreamClient(master) as client:
+@contextmanager
+def cluster(args: argparse.Namespace) -> Iterator[Target]:
+    """The cluster of `--master` (with `--certs-dir`), else a local one (plaintext)."""
+    if args.master:
+        yield Target(args.master, args.certs_dir)
+        return
+    with local_cluster(args.fsync, tls=False) as target:
+        yield target
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    parser.add_argument(
+        "--certs-dir", type=Path, help="TLS to --master: a certs dir with ca.crt and client.root"
+    )
+    parser.add_argument("--fsync", choices=["always", "never"], default="always")
+
+
+async def main_async(args: argparse.Namespace, target: Target) -> None:
+    async with target.client() as client:
         for size in args.sizes:
             await bench_size(client, args, size)
 
 
+def cost_line(label: str, plaintext: list[float], tls: list[float], unit: str) -> str:
+    plain, secured = statistics.median(plaintext), statistics.median(tls)
+    return (
+        f"  {label:<34} plaintext {plain:>10,.0f} {unit}  TLS {secured:>10,.0f} {unit}"
+        f"  TLS cost {100 * (1 - secured / plain):5.1f} % "
+        f"(medians of {len(tls)}; TLS runs {min(tls):,.0f}..{max(tls):,.0f})"
+    )
+
+
+async def peaks(target: Target, args: argparse.Namespace, size: int) -> tuple[float, float]:
+    """Batched and single-append peaks, events/s, on a fresh stream of `target`."""
+    async with target.client() as client:
+        name = f"bench/tls-{size}-{time.time_ns()}"
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        async with client.writer(name) as writer:
+            await peak_batched(writer, size, args.batch, args.batches_in_flight, 0.5)  # warm up
+            batched = await peak_batched(
+                writer, size, args.batch, args.batches_in_flight, args.seconds
+            )
+            single = await peak_single(writer, size, args.singles_in_flight, args.seconds)
+    return batched.events_per_s, single.events_per_s
+
+
+def compare_tls(args: argparse.Namespace) -> None:
+    """Both clusters up at once, measured in turn (the other idle), so both see the
+    same machine; the order flips every round."""
+    with local_cluster(args.fsync, tls=False) as plain, local_cluster(args.fsync, tls=True) as tls:
+        print(f"TLS's cost: one writer, 3 stores, W=2, fsync={args.fsync}, {args.rounds} rounds")
+        for size in args.sizes:
+            results: dict[str, list[tuple[float, float]]] = {"plaintext": [], "tls": []}
+            for round_number in range(args.rounds):
+                order = [("plaintext", plain), ("tls", tls)]
+                for mode, target in order if round_number % 2 == 0 else order[::-1]:
+                    results[mode].append(asyncio.run(peaks(target, args, size)))
+            print(f"{size}-byte events:")
+            for position, label in enumerate(
+                (
+                    f"peak, batches of {args.batch}",
+                    f"peak, single appends x{args.singles_in_flight}",
+                )
+            ):
+                print(
+                    cost_line(
+                        label,
+                        [r[position] for r in results["plaintext"]],
+                        [r[position] for r in results["tls"]],
+                        "events/s",
+                    )
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    add_target_arguments(parser)
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
     )
     parser.add_argument(
-        "--fsync",
-        choices=["always", "never"],
-        default="always",
-        help="stores' durability (never: unsafe, to tell disk time from software time)",
+        "--tls", action="store_true", help="measure TLS's cost (plaintext and TLS clusters)"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="--tls: measurements of each")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--batches-in-flight", type=int, default=8)
@@ -298,10 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--light-rate", type=float, default=100.0)
     parser.add_argument("--light-count", type=int, default=500)
     args = parser.parse_args(argv)
-    with cluster(args) as master:
+    if args.tls:
+        compare_tls(args)
+        return 0
+    with cluster(args) as target:
         where = "an existing cluster" if args.master else f"a local cluster, fsync={args.fsync}"
         print(f"one writer, 3 stores, W=2, {where}")
-        asyncio.run(main_async(args, master))
+        asyncio.run(main_async(args, target))
     return 0
 
 

@@ -547,7 +547,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     failed = []
     for name in names:
         print(f"== bench/{name}.py against {args.master}", flush=True)
-        command = [sys.executable, "-m", f"bench.{name}", "--master", args.master, *args.extra]
+        tls = ["--certs-dir", str(args.certs_dir)] if args.certs_dir else []
+        command = [sys.executable, "-m", f"bench.{name}", "--master", args.master, *tls]
+        command += args.extra
         if subprocess.run(command, cwd=checkout).returncode != 0:
             failed.append(name)
     if failed:
