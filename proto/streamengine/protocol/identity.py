@@ -104,7 +104,7 @@ class CertificateProof(grpc.AuthMetadataPlugin):
 
 @dataclass(frozen=True)
 class _Verified:
-    sans: tuple[str, ...]  # URI SANs only: a DNS name spelled like a URI proves nothing
+    uris: tuple[str, ...]  # URI SANs only: a DNS name spelled like a URI proves nothing
     common_name: str
     not_after_ms: int
     public_key: ec.EllipticCurvePublicKey
@@ -137,7 +137,7 @@ class ServerIdentity:
             {
                 "transport_security_type": [b"ssl"],
                 "x509_common_name": [verified.common_name.encode()],
-                "x509_subject_alternative_name": [san.encode() for san in verified.sans],
+                "peer_uri": [uri.encode() for uri in verified.uris],
             }
         )
 
