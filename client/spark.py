@@ -56,7 +56,7 @@ from streamengine.client.errors import DataLossError, InvalidArgument, Unavailab
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
-from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError
+from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -153,6 +153,9 @@ def fetch_layout(
                 master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
             )
         except grpc.RpcError as error:
+            problem = tls_problem(error.details() or "", transport.tls)
+            if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
+                raise Unavailable(f"master at {master_address}: {problem}") from error
             raise from_rpc_error(error) from error
     segments = tuple(
         _SegmentInfo(
