@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,16 +94,6 @@ class Transport:
         if not token and cert_path.exists():
             return cls(ca, _read(cert_path), _read(key_path))
         return cls(ca, token=token)
-
-    @classmethod
-    def from_environment(
-        cls, certs_dir: str | Path | None = None, token: str | None = None
-    ) -> Transport:
-        """`for_client` with `$STREAMENGINE_CERTS_DIR` / `$STREAMENGINE_TOKEN` filling
-        what is not given."""
-        directory = certs_dir if certs_dir is not None else os.environ.get(CERTS_DIR_ENV) or None
-        chosen_token = token if token is not None else os.environ.get(TOKEN_ENV, "")
-        return cls.for_client(Path(directory) if directory else None, chosen_token)
 
     def _credentials(self) -> grpc.ChannelCredentials:
         credentials = grpc.ssl_channel_credentials(self.ca_pem)
