@@ -351,3 +351,31 @@ def test_health_checks_need_no_certificate(secured: Cluster) -> None:
     tenant = Transport.for_client(secured.certs.tenant_dir)
     assert all(is_serving(p.address, transport=tenant) for p in [secured.master, *secured.stores])
     assert not is_serving(secured.master.address, transport=PLAINTEXT)
+
+
+def test_cluster_up_insecure_serves_plaintext_and_makes_no_certificates(tmp_path: Path) -> None:
+    port = free_port()
+    command = [STREAMENGINE, "cluster", "up", "--insecure", "--stores", "1"]
+    command += ["--data", str(tmp_path / "data"), "--port", str(port)]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=server_env(),
+    )
+    try:
+
+        def plaintext_status() -> bool:
+            return run_cli("status", "--master", f"127.0.0.1:{port}").returncode == 0
+
+        wait_for(plaintext_status, 60, 0.2, "the insecure cluster answering plaintext")
+        assert not (tmp_path / "data" / "certs").exists()
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+        assert process.stdout is not None
+        assert "STREAMENGINE_CERTS_DIR" not in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
