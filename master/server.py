@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.master import repair
 from streamengine.master.catalog import Catalog
+from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
 from streamengine.master.service import MasterService
@@ -134,9 +135,8 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     repairer = Repairer(state, args.repair_concurrency, _clock_ms, members)
     server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX)
-    master_pb2_grpc.add_MasterServicer_to_server(
-        MasterService(state, repairer, _clock_ms, metrics), server
-    )
+    service = MasterService(state, repairer, _clock_ms, metrics)
+    master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -145,10 +145,12 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
     await server.start()
+    snapshot = None
     if args.metrics_port is not None:
-        metrics.serve(args.metrics_port)
-    for service in ("", MASTER_SERVICE):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        snapshot = ConsoleSnapshot()
+        serve_console(args.metrics_port, snapshot, metrics.registry)
+    for health_name in ("", MASTER_SERVICE):
+        await health_servicer.set(health_name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "master serving %s on %s (lease %d ms, store timeout %d ms)",
         "plaintext" if args.certs_dir is None else "TLS",
@@ -164,7 +166,7 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     async with asyncio.TaskGroup() as group:
         background = [
             group.create_task(repairer.run()),
-            group.create_task(_update_gauges(state, repairer, metrics)),
+            group.create_task(_update_gauges(service, snapshot)),
         ]
         await stop.wait()
         log.info("master stopping")
@@ -175,15 +177,25 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     return 0
 
 
-async def _update_gauges(state: MasterState, repairer: Repairer, metrics: Metrics) -> None:
+async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | None) -> None:
+    """Refresh the gauges, and the console's snapshot when it is served, on the master's
+    loop."""
+    state, repairer, metrics = service.state, service.repairer, service.metrics
     while True:
         now = _clock_ms()
+        if snapshot is not None:
+            snapshot.publish(service.console_status())
         views = state.store_views(now)
         metrics.stores_registered.set(len(views))
         metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
         metrics.streams.set(len(state.streams))
         metrics.segments.set(len(state.segments))
-        metrics.under_replicated.set(len(state.under_replicated(now)))
+        exposures = state.exposures(now)
+        metrics.under_replicated.set(len(exposures))
+        debt_ms = state.durability.observe(now, exposures)
+        metrics.durability_debt_seconds.inc(debt_ms / 1000)
+        metrics.bytes_below_n.set(state.durability.bytes_below_n)
+        metrics.bytes_below_w.set(state.durability.bytes_below_w)
         metrics.repairs_done.set(repairer.done_count)
         metrics.repairs_failed.set(repairer.failed_count)
         metrics.repairs_running.set(len(repairer.running))

@@ -226,7 +226,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
         answers: asyncio.Queue[
-            tuple[_Ticket, asyncio.Future[Outcome] | Exception | None] | None
+            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteCommand] | None
         ] = asyncio.Queue()
 
         idle_s = self.config.write_stream_idle_ms / 1000
@@ -269,12 +269,12 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if admitted is None:
-                    meta = self.core.meta(ticket.key) or SegmentMeta()
-                    reply = ticket.reply(
-                        segment_store_pb2.REFUSED_BUSY,
-                        WriteResult(meta.matched_index, meta.acked_index, meta.fence, ()),
-                    )
+                if isinstance(admitted, WriteCommand):  # refused: the store is busy
+                    busy = self.core.refused_busy(admitted)
+                    if isinstance(busy, BelowFence):
+                        await _abort(context, busy, ticket.segment)
+                    assert isinstance(busy, WriteResult)
+                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, busy)
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
@@ -293,7 +293,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
     def _admit(
         self, request: segment_store_pb2.WriteRequest
-    ) -> asyncio.Future[Outcome] | Exception | None:
+    ) -> asyncio.Future[Outcome] | Exception | WriteCommand:
+        """The write's future, the error refusing it, or the command itself when the
+        store is too busy to take it."""
         try:
             command = WriteCommand(
                 segment_key(request.segment),
@@ -308,6 +310,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
+            return command
         return future
 
     # ---- Seal, Delete, state ----
@@ -437,6 +440,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error)
             if entries or not sent:
+                metrics.READ_ENTRIES.labels("read").inc(len(entries))
                 yield segment_store_pb2.ReadReply(
                     entries=entries,
                     acked_index=meta.acked_index,
@@ -469,6 +473,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     )
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error, _segment_pb(segment))
+            metrics.READ_ENTRIES.labels("read_packed").inc(len(values))
             yield segment_store_pb2.ReadReply(
                 acked_index=meta.acked_index,
                 matched_index=meta.matched_index,
@@ -733,6 +738,7 @@ class _Tail:
             )
         )
         if entries:
+            metrics.READ_ENTRIES.labels("subscribe").inc(len(entries))
             batch = segment_store_pb2.EntryBatch(entries=entries, token=entries[-1].index)
             self.buffer.put_nowait(segment_store_pb2.SubscribeReply(batch=batch))
         last = entries[-1].index if entries else read.from_index - 1
