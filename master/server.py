@@ -135,7 +135,10 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     repairer = Repairer(state, args.repair_concurrency, _clock_ms, members)
     server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX)
-    service = MasterService(state, repairer, _clock_ms, metrics)
+    signer = (
+        identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    )
+    service = MasterService(state, repairer, _clock_ms, metrics, signer)
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

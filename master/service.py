@@ -57,12 +57,20 @@ def status_of(error: errors.MasterError) -> grpc.StatusCode:
 
 class MasterService(master_pb2_grpc.MasterServicer):
     def __init__(
-        self, state: MasterState, repairer: Repairer, clock_ms: Callable[[], int], metrics: Metrics
+        self,
+        state: MasterState,
+        repairer: Repairer,
+        clock_ms: Callable[[], int],
+        metrics: Metrics,
+        signer: identity.CertificateProof | None = None,
     ):
         self.state = state
         self.repairer = repairer
         self.clock_ms = clock_ms
         self.metrics = metrics
+        # Under TLS the master's node certificate: it signs the delete lists it hands
+        # stores, which take them from the master's certificate only.
+        self.signer = signer
 
     async def _call(self, context: Context, method: str, action: Callable[[int], T]) -> T:
         try:
@@ -201,12 +209,16 @@ class MasterService(master_pb2_grpc.MasterServicer):
         )
         if deletes is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
-        return master_pb2.StoreHeartbeatReply(
+        reply = master_pb2.StoreHeartbeatReply(
             delete_segments=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in deletes
             ]
         )
+        if reply.delete_segments and self.signer is not None:
+            audience = identity.delete_list_audience(request.store_id, reply.delete_segments)
+            context.set_trailing_metadata(self.signer.metadata(audience, self.clock_ms()))
+        return reply
 
     # ---- tenants and streams ----
 

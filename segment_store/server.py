@@ -223,7 +223,9 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    link = MasterLink(args.master, identity, core, service.delete, members)
+    link = MasterLink(
+        args.master, identity, core, service.delete, members, peer_identity.server_identity()
+    )
     try:
         async with asyncio.TaskGroup() as tasks:
             committing = tasks.create_task(committer.run())

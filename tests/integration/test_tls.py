@@ -318,6 +318,20 @@ async def test_append_read_seal_and_repair_by_a_store_to_store_copy(tmp_path: Pa
             assert [e.payload async for e in client.read(STREAM)] == payloads
         copied = (tmp_path / "master.log").read_text(errors="replace")
         assert "replica repaired" in copied
+        # Back, the replaced store hears from the master (a delete list its certificate
+        # signed) that its copy is no longer one, and deletes it.
+        lost.start()
+
+        def replaced_copy_deleted() -> bool:
+            try:
+                segment_state(cluster.client_transport, lost.address, segment)
+            except grpc.RpcError as error:
+                return error.code() == grpc.StatusCode.NOT_FOUND
+            return False
+
+        wait_for(replaced_copy_deleted, 30, 0.2, "the replaced copy deleted by the master's list")
+        assert "deleted segment" in lost.log()
+        assert "not from the master's certificate" not in lost.log()
 
 
 def test_the_cli_with_a_certs_dir(secured: Cluster, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from streamengine.protocol.identity import (
     CertificateProof,
     ProofRefused,
     ServerIdentity,
+    delete_list_audience,
 )
 from streamengine.tools import certs
 
@@ -220,3 +221,27 @@ def test_a_client_uses_client_root_only_without_a_token(cluster: certs.LocalCert
     tenant = transport.Transport.for_client(cluster.client_dir, "tok")
     assert not tenant.cert_pem and tenant.token == "tok"
     assert not transport.Transport.for_client(cluster.tenant_dir).cert_pem
+
+
+def test_a_delete_list_counts_only_as_the_master_signed_it_for_this_store(
+    cluster: certs.LocalCerts,
+) -> None:
+    from streamengine.v1 import entry_pb2
+
+    deletes = [entry_pb2.SegmentId(stream_id=7, epoch=3), entry_pb2.SegmentId(stream_id=7, epoch=4)]
+    audience = delete_list_audience("s1", deletes)
+    master = proof_of(cluster.node_dir("master"))
+    store_side = server(cluster)
+
+    def signer(prover: CertificateProof, signed_for: str) -> auth.PrincipalKind:
+        metadata = dict(prover.metadata(signed_for, NOW_MS))
+        return store_side.principal(metadata, NOW_MS, audience).kind
+
+    assert signer(master, audience) is auth.PrincipalKind.MASTER
+    # Another store's certificate signs nothing that counts.
+    assert signer(proof_of(cluster.node_dir("store1")), audience) is auth.PrincipalKind.STORE
+    with pytest.raises(ProofRefused, match="made for"):  # signed for another store
+        signer(master, delete_list_audience("s2", deletes))
+    with pytest.raises(ProofRefused, match="made for"):  # a list with one segment less
+        signer(master, delete_list_audience("s1", deletes[:1]))
+    assert store_side.principal({}, NOW_MS, audience) == auth.ANONYMOUS

@@ -27,12 +27,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import hashlib
 import ipaddress
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -124,7 +125,12 @@ class ServerIdentity:
         self._verified: OrderedDict[bytes, _Verified] = OrderedDict()
         self._lock = threading.Lock()  # sync servers call from a pool of threads
 
-    def principal(self, metadata: Mapping[str, str], now_ms: int) -> auth.Principal:
+    def principal(
+        self, metadata: Mapping[str, str], now_ms: int, audience: str | None = None
+    ) -> auth.Principal:
+        """Who proved a certificate in `metadata`: a call's caller (`audience` None: the
+        proof must name this server's host and port), or the author of a reply (the
+        proof must name exactly `audience`)."""
         cert_b64 = metadata.get(CERT_METADATA_KEY, "")
         proof = metadata.get(PROOF_METADATA_KEY, "")
         if not cert_b64 and not proof:
@@ -132,7 +138,7 @@ class ServerIdentity:
         if len(cert_b64) > CERT_CHARS_MAX or len(proof) > PROOF_CHARS_MAX:
             raise ProofRefused("certificate proof too long")
         verified = self._verified_cert(cert_b64, now_ms)
-        self._check_proof(verified, proof, now_ms)
+        self._check_proof(verified, proof, now_ms, audience)
         return auth.identity_from_auth_context(
             {
                 "transport_security_type": [b"ssl"],
@@ -141,7 +147,9 @@ class ServerIdentity:
             }
         )
 
-    def _check_proof(self, verified: _Verified, proof: str, now_ms: int) -> None:
+    def _check_proof(
+        self, verified: _Verified, proof: str, now_ms: int, expected: str | None
+    ) -> None:
         issued, _, rest = proof.partition(".")
         audience, _, signature_b64 = rest.rpartition(".")
         try:
@@ -154,8 +162,10 @@ class ServerIdentity:
                 f"certificate proof issued {(now_ms - issued_ms) / 1000:+.0f} s from this "
                 "server's clock (are the hosts' clocks in sync?)"
             )
-        if not self._audience_is_me(audience):
+        if expected is None and not self._audience_is_me(audience):
             raise ProofRefused(f"certificate proof made for {audience!r}, not this server")
+        if expected is not None and audience != expected:
+            raise ProofRefused(f"certificate proof made for {audience!r}, not {expected!r}")
         try:
             verified.public_key.verify(
                 signature, _signed_bytes(audience, issued_ms), ec.ECDSA(hashes.SHA256())
@@ -211,6 +221,29 @@ class ServerIdentity:
         )
 
 
+def delete_list_audience(store_id: str, segments: Sequence[Any]) -> str:
+    """What the master's proof on a heartbeat reply names: the store it answers and the
+    exact delete list (`SegmentId` messages), so that neither can be swapped."""
+    digest = hashlib.sha256()
+    for segment in segments:
+        digest.update(segment.SerializeToString(deterministic=True))
+        digest.update(b"\n")
+    return f"deletes:{store_id}:{digest.hexdigest()}"
+
+
+def metadata_dict(metadata: Iterable[Any] | None) -> dict[str, str]:
+    """The proof's entries of gRPC metadata (pairs or `Metadatum`s); a key sent twice
+    is refused."""
+    entries: dict[str, str] = {}
+    for item in metadata or ():
+        key, value = item[0], item[1]
+        if key in (CERT_METADATA_KEY, PROOF_METADATA_KEY):
+            if key in entries:
+                raise ProofRefused(f"{key} sent twice")
+            entries[key] = value if isinstance(value, str) else value.decode("ascii", "replace")
+    return entries
+
+
 # The identity of this server process, set once at start by a TLS server.
 _server_identity: ServerIdentity | None = None
 
@@ -232,14 +265,12 @@ def caller_identity(context: Any) -> auth.Principal:
 
 def principal_of_metadata(metadata: Sequence[Any]) -> auth.Principal:
     assert _server_identity is not None
-    entries: dict[str, str] = {}
-    for item in metadata:
-        key, value = item[0], item[1]
-        if key in (CERT_METADATA_KEY, PROOF_METADATA_KEY):
-            if key in entries:
-                raise ProofRefused(f"{key} sent twice")
-            entries[key] = value if isinstance(value, str) else value.decode("ascii", "replace")
-    return _server_identity.principal(entries, _now_ms())
+    return _server_identity.principal(metadata_dict(metadata), _now_ms())
+
+
+def server_identity() -> ServerIdentity | None:
+    """This TLS server's identity (None: plaintext)."""
+    return _server_identity
 
 
 async def require_member(context: Any, rpc: str, store_id: str | None = None) -> None:
