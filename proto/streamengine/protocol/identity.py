@@ -20,6 +20,14 @@ signature (per call), then maps the certificate's URI SANs to a `Principal` with
 token may say more: tenants), INSECURE over plaintext. A proof that fails is refused
 outright (`ProofRefused`, UNAUTHENTICATED with the reason), never read as anonymous:
 a member with a wrong clock or an expired certificate must hear why.
+
+Replies use the same proof where a store must know the master said it: a heartbeat
+reply's delete list carries the master's proof in its trailing metadata, whose audience
+names the store and the exact list (`delete_list_audience`).
+
+Cost: a proof is signed per call by the caller (ECDSA P-256, tens of µs in grpc's
+plugin thread) and verified per call by a server that asks who called (about 100 µs);
+a stream pays once, whatever it carries.
 """
 
 from __future__ import annotations
