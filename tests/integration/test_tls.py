@@ -393,3 +393,50 @@ def test_cluster_up_insecure_serves_plaintext_and_makes_no_certificates(tmp_path
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_cert_commands_make_the_layout(tmp_path: Path) -> None:
+    certs_dir, ca_key = tmp_path / "certs", tmp_path / "offline" / "ca.key"
+    made = [
+        run_cli("cert", "create-ca", "--certs-dir", str(certs_dir), "--ca-key", str(ca_key)),
+        run_cli(
+            "cert",
+            "create-node",
+            "127.0.0.1",
+            "db1.example",
+            "--store-id",
+            "s1",
+            "--certs-dir",
+            str(certs_dir),
+            "--ca-key",
+            str(ca_key),
+        ),
+        run_cli(
+            "cert",
+            "create-client",
+            "alice",
+            "--admin",
+            "--lifetime-days",
+            "30",
+            "--certs-dir",
+            str(certs_dir),
+            "--ca-key",
+            str(ca_key),
+        ),
+    ]
+    assert [m.returncode for m in made] == [0, 0, 0], [m.stderr for m in made]
+    assert sorted(p.name for p in certs_dir.iterdir()) == [
+        "ca.crt",
+        "client.alice.crt",
+        "client.alice.key",
+        "node.crt",
+        "node.key",
+    ]
+    for key in (ca_key, certs_dir / "node.key", certs_dir / "client.alice.key"):
+        assert key.stat().st_mode & 0o777 == 0o600, key
+    alice = Transport.for_client(certs_dir)  # no client.root here: the CA alone
+    assert alice.tls and not alice.cert_pem
+    no_role = run_cli("cert", "create-node", "h", "--certs-dir", str(certs_dir))
+    assert no_role.returncode == 2
+    again = run_cli("cert", "create-ca", "--certs-dir", str(certs_dir), "--ca-key", str(ca_key))
+    assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
