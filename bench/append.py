@@ -17,7 +17,10 @@ Events/s and payload MB/s; latency p50/p99 in milliseconds.
 
 `--tls` measures what TLS costs instead: a plaintext and a TLS local cluster run side
 by side, and the batched and single-append peaks are measured on each in turn,
-`--rounds` times; the medians and TLS's cost (% below plaintext) are printed.
+`--rounds` times. Printed: the medians of the rate (TLS's cost: % below plaintext) and
+of the CPU per event of every process (servers and client; TLS's cost: % above). On a
+shared machine the CPU per event is the steadier figure: other load slows the rate of
+both runs unevenly, but hardly changes the work each event takes.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,9 +273,30 @@ class Target:
 
     master: str
     certs_dir: Path | None = None
+    # The cluster's server processes, when this run started them (their CPU is counted).
+    pids: tuple[int, ...] = ()
 
     def client(self) -> StreamClient:
         return StreamClient(self.master, certs_dir=self.certs_dir)
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) used so far by the servers and this process (the
+        client): a cost that other load on the machine disturbs far less than rates."""
+        import psutil
+
+        total = 0.0
+        for process in [psutil.Process(), *(psutil.Process(pid) for pid in self.pids)]:
+            times = process.cpu_times()
+            total += times.user + times.system
+        return total
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One measurement: events/s, and CPU microseconds per event (all processes)."""
+
+    events_per_s: float
+    cpu_us_per_event: float
 
 
 @contextmanager
@@ -281,7 +305,8 @@ def local_cluster(fsync: str, tls: bool) -> Iterator[Target]:
         local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=fsync, tls=tls)
         try:
             local.start()
-            yield Target(local.master_address, local.admin_certs_dir)
+            pids = tuple(c.process.pid for c in local.children if c.process is not None)
+            yield Target(local.master_address, local.admin_certs_dir, pids)
         finally:
             local.stop()
 
@@ -310,27 +335,49 @@ async def main_async(args: argparse.Namespace, target: Target) -> None:
             await bench_size(client, args, size)
 
 
-def cost_line(label: str, plaintext: list[float], tls: list[float], unit: str) -> str:
-    plain, secured = statistics.median(plaintext), statistics.median(tls)
-    return (
-        f"  {label:<34} plaintext {plain:>10,.0f} {unit}  TLS {secured:>10,.0f} {unit}"
-        f"  TLS cost {100 * (1 - secured / plain):5.1f} % "
-        f"(medians of {len(tls)}; TLS runs {min(tls):,.0f}..{max(tls):,.0f})"
-    )
+def cost_lines(label: str, plaintext: list[Cost], tls: list[Cost]) -> list[str]:
+    """Medians of each, and TLS's cost: the rate below plaintext's, the CPU per event
+    above it."""
+    lines = []
+    for what, unit, value, sign in (
+        ("rate", "events/s", lambda c: c.events_per_s, -1),
+        ("CPU", "µs/event", lambda c: c.cpu_us_per_event, 1),
+    ):
+        plain = statistics.median(value(c) for c in plaintext)
+        secured = statistics.median(value(c) for c in tls)
+        spread = [value(c) for c in tls]
+        lines.append(
+            f"  {label + ' ' + what:<40} plaintext {plain:>10,.1f} {unit}  TLS {secured:>10,.1f}"
+            f" {unit}  TLS cost {sign * 100 * (secured / plain - 1):5.1f} %"
+            f"  (medians of {len(tls)}; TLS {min(spread):,.1f}..{max(spread):,.1f})"
+        )
+    return lines
 
 
-async def peaks(target: Target, args: argparse.Namespace, size: int) -> tuple[float, float]:
-    """Batched and single-append peaks, events/s, on a fresh stream of `target`."""
+async def measured(target: Target, events_of: Callable[[], Awaitable[Rate]]) -> Cost:
+    cpu_before = target.cpu_s()
+    rate = await events_of()
+    cpu_us = (target.cpu_s() - cpu_before) * 1e6
+    return Cost(rate.events_per_s, cpu_us / max(1, rate.events))
+
+
+async def peaks(target: Target, args: argparse.Namespace, size: int) -> tuple[Cost, Cost]:
+    """Batched and single-append peaks on a fresh stream of `target`."""
     async with target.client() as client:
         name = f"bench/tls-{size}-{time.time_ns()}"
         await client.create_stream(name, replicas=3, write_quorum=2)
         async with client.writer(name) as writer:
             await peak_batched(writer, size, args.batch, args.batches_in_flight, 0.5)  # warm up
-            batched = await peak_batched(
-                writer, size, args.batch, args.batches_in_flight, args.seconds
+            batched = await measured(
+                target,
+                lambda: peak_batched(
+                    writer, size, args.batch, args.batches_in_flight, args.seconds
+                ),
             )
-            single = await peak_single(writer, size, args.singles_in_flight, args.seconds)
-    return batched.events_per_s, single.events_per_s
+            single = await measured(
+                target, lambda: peak_single(writer, size, args.singles_in_flight, args.seconds)
+            )
+    return batched, single
 
 
 def compare_tls(args: argparse.Namespace) -> None:
@@ -339,26 +386,18 @@ def compare_tls(args: argparse.Namespace) -> None:
     with local_cluster(args.fsync, tls=False) as plain, local_cluster(args.fsync, tls=True) as tls:
         print(f"TLS's cost: one writer, 3 stores, W=2, fsync={args.fsync}, {args.rounds} rounds")
         for size in args.sizes:
-            results: dict[str, list[tuple[float, float]]] = {"plaintext": [], "tls": []}
+            results: dict[str, list[tuple[Cost, Cost]]] = {"plaintext": [], "tls": []}
             for round_number in range(args.rounds):
                 order = [("plaintext", plain), ("tls", tls)]
                 for mode, target in order if round_number % 2 == 0 else order[::-1]:
                     results[mode].append(asyncio.run(peaks(target, args, size)))
             print(f"{size}-byte events:")
-            for position, label in enumerate(
-                (
-                    f"peak, batches of {args.batch}",
-                    f"peak, single appends x{args.singles_in_flight}",
-                )
-            ):
-                print(
-                    cost_line(
-                        label,
-                        [r[position] for r in results["plaintext"]],
-                        [r[position] for r in results["tls"]],
-                        "events/s",
-                    )
-                )
+            labels = (f"batches of {args.batch}", f"single appends x{args.singles_in_flight}")
+            for position, label in enumerate(labels):
+                plaintext = [r[position] for r in results["plaintext"]]
+                secured = [r[position] for r in results["tls"]]
+                for line in cost_lines(label, plaintext, secured):
+                    print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@
 
 `--tls` measures what TLS costs readers instead: the same events filled into a
 plaintext and a TLS local cluster side by side, then catch-up reads of each in turn,
-`--rounds` times; the medians and TLS's cost (% below plaintext).
+`--rounds` times; the medians of the rate and of the CPU per event (all processes),
+and TLS's cost on each.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ import contextlib
 import sys
 import time
 
-from bench.append import Target, add_target_arguments, cluster, cost_line, local_cluster
+from bench.append import (
+    Cost,
+    Target,
+    add_target_arguments,
+    cluster,
+    cost_lines,
+    local_cluster,
+)
 from streamengine.client import StreamClient
 from streamengine.client.writer import Writer
 from streamengine.v1 import entry_pb2
@@ -142,26 +150,26 @@ async def filled(target: Target, args: argparse.Namespace) -> str:
     return stream
 
 
-async def read_rate(target: Target, stream: str, events: int) -> float:
+async def read_cost(target: Target, stream: str, events: int) -> Cost:
     async with target.client() as client:
-        return events / await catch_up(client, stream, events)
+        cpu_before = target.cpu_s()
+        seconds = await catch_up(client, stream, events)
+        return Cost(events / seconds, (target.cpu_s() - cpu_before) * 1e6 / events)
 
 
 def compare_tls(args: argparse.Namespace) -> None:
     with local_cluster(args.fsync, tls=False) as plain, local_cluster(args.fsync, tls=True) as tls:
         targets = {"plaintext": plain, "tls": tls}
         streams = {mode: asyncio.run(filled(target, args)) for mode, target in targets.items()}
-        print(
-            f"TLS's cost on catch-up reads: {args.events:,} 100-byte events, {args.rounds} rounds"
-        )
-        rates: dict[str, list[float]] = {"plaintext": [], "tls": []}
+        print(f"TLS's cost on catch-up reads: {args.events:,} 100-byte events, {args.rounds}x")
+        costs: dict[str, list[Cost]] = {"plaintext": [], "tls": []}
         for round_number in range(args.rounds):
             order = ["plaintext", "tls"] if round_number % 2 == 0 else ["tls", "plaintext"]
             for mode in order:
-                rates[mode].append(
-                    asyncio.run(read_rate(targets[mode], streams[mode], args.events))
-                )
-        print(cost_line("catch-up read", rates["plaintext"], rates["tls"], "events/s"))
+                cost = asyncio.run(read_cost(targets[mode], streams[mode], args.events))
+                costs[mode].append(cost)
+        for line in cost_lines("catch-up read", costs["plaintext"], costs["tls"]):
+            print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
