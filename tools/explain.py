@@ -185,7 +185,31 @@ def explain_answers(
     return outcomes
 
 
+# A store's state can move between the probe of its state and the read of its entries (a
+# write or an acked index arriving meanwhile): answers that do not fit together are
+# probed again this many times before the explanation says they cannot be planned from.
+PROBE_ATTEMPTS = 3
+
+
 def explain_segment(
+    open_channel: OpenChannel,
+    stream_id: int,
+    name: str,
+    segment: entry_pb2.Segment,
+    policy: ReplicationPolicy,
+    next_epoch: int,
+) -> SegmentExplanation:
+    for _ in range(PROBE_ATTEMPTS):
+        explanation = _probe_segment(open_channel, stream_id, name, segment, policy, next_epoch)
+        if not explanation.problem.startswith(CANNOT_PLAN):
+            break
+    return explanation
+
+
+CANNOT_PLAN = "the answers cannot be planned from"
+
+
+def _probe_segment(
     open_channel: OpenChannel,
     stream_id: int,
     name: str,
@@ -235,7 +259,11 @@ def explain_segment(
     try:
         explanation.outcomes = explain_answers(policy, next_epoch, answers)
     except RecoveryError as error:
-        explanation.problem = f"the answers cannot be planned from: {error}"
+        read = ", ".join(
+            f"{a.store} {a.entries[0].index}..{a.entries[-1].index}" if a.entries else a.store
+            for a in answers
+        )
+        explanation.problem = f"{CANNOT_PLAN}: {error} (read from {from_index}: {read})"
     return explanation
 
 
