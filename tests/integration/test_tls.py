@@ -352,6 +352,8 @@ def test_the_cli_with_a_certs_dir(secured: Cluster, tmp_path: Path) -> None:
     status = run_cli("status", "--json", *master, "--certs-dir", str(secured.admin_certs_dir))
     assert status.returncode == 0, status.stderr
     assert len(json.loads(status.stdout)["stores"]) == 3
+    explained = run_cli("stream", "explain", "cli/events", *master, env=env)
+    assert explained.returncode == 0, explained.stderr
     assert run_cli("seal", "cli/events", *master, env=env).returncode == 0
     verified = run_cli("verify", "cli/events", *master, env=env)
     assert verified.returncode == 0 and "OK" in verified.stdout, verified.stdout
