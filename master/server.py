@@ -27,7 +27,7 @@ from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
-from streamengine.protocol import logs
+from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
 from streamengine.v1 import master_pb2_grpc
@@ -40,6 +40,10 @@ STORE_TIMEOUT_MS_DEFAULT = 6000
 # A lease shorter than this leaves writers too little time between heartbeats.
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
+# Calls in progress at once; more are refused as RESOURCE_EXHAUSTED at once instead of
+# queueing without bound. Stores heartbeat once a second and writers once per lease/3:
+# a cluster of hundreds of stores and a few thousand writers stays well below it.
+CONCURRENT_RPCS_MAX = 4096
 SHUTDOWN_GRACE_S = 1.0
 MASTER_SERVICE = "streamengine.v1.Master"
 
@@ -75,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=None, help="Prometheus on 127.0.0.1:PORT"
     )
     parser.add_argument("--log-level", default="INFO")
+    transport.add_server_arguments(parser)
 
 
 def _clock_ms() -> int:
@@ -93,9 +98,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+    except transport.ProtectedMode as refusal:
+        print(f"streamengine master: {refusal}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:
         return 0
+    except transport.TransportError as error:
+        print(f"streamengine master: {error}", file=sys.stderr)
+        return 1
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -115,14 +128,22 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
         catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
     )
     metrics = Metrics.create()
-    repairer = Repairer(state, args.repair_concurrency, _clock_ms)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    service = MasterService(state, repairer, _clock_ms, metrics)
+    members = (
+        transport.PLAINTEXT
+        if args.certs_dir is None
+        else transport.Transport.for_node(args.certs_dir)
+    )
+    repairer = Repairer(state, args.repair_concurrency, _clock_ms, members)
+    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX)
+    signer = (
+        identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    )
+    service = MasterService(state, repairer, _clock_ms, metrics, signer)
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        server.add_insecure_port(args.listen)
+        identity.install(transport.add_server_port(server, args.listen, args.certs_dir))
     except RuntimeError as error:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
@@ -134,7 +155,8 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     for health_name in ("", MASTER_SERVICE):
         await health_servicer.set(health_name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "master serving on %s (lease %d ms, store timeout %d ms)",
+        "master serving %s on %s (lease %d ms, store timeout %d ms)",
+        "plaintext" if args.certs_dir is None else "TLS",
         args.listen,
         args.lease_ms,
         args.store_timeout_ms,

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from streamengine.protocol import codec
+from streamengine.protocol import codec, identity, transport
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -80,13 +80,26 @@ SUBSCRIBE_BUFFER_BATCHES_DEFAULT = tail.BUFFER_MESSAGES_DEFAULT
 SUBSCRIBE_STALL_MS_DEFAULT = tail.STALL_MS_DEFAULT
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
-assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
+# A packed reply is cut once it reaches its limit, so it passes it by at most one value,
+# and carries a length (a few bytes) per entry.
+assert (
+    PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
+    <= GRPC_MESSAGE_BYTES_MAX
+)
+
+
+# A Write stream with no request answered-but-unread and none arriving for this long is
+# closed: an abandoned stream holds no server resources. A leader that appends sends far
+# more often; one that idles reconnects in one pause (`client.store_link`), well within
+# the time after which it would count the store as lost.
+WRITE_STREAM_IDLE_MS_DEFAULT = 60_000
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
     subscribe_buffer_batches: int = SUBSCRIBE_BUFFER_BATCHES_DEFAULT
     subscribe_stall_ms: int = SUBSCRIBE_STALL_MS_DEFAULT
+    write_stream_idle_ms: int = WRITE_STREAM_IDLE_MS_DEFAULT
 
 
 class _Refused(Exception):
@@ -139,7 +152,10 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
 
 
 def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
-    """Entries of a request; one of a kind this version does not know is bad input."""
+    """Entries of a request; one of a kind this version does not know is bad input.
+    The count is checked before any entry is built: an oversized batch costs nothing."""
+    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
     try:
         return codec.entries_from_pb(entries)
     except codec.MalformedEntry as error:
@@ -157,11 +173,14 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         committer: GroupCommitter,
         watch: SegmentWatch,
         config: ServiceConfig,
+        members: transport.Transport = transport.PLAINTEXT,
     ) -> None:
         self.core = core
         self.committer = committer
         self.watch = watch
         self.config = config
+        # How this store reaches its peers (copies): its node certificate under TLS.
+        self.members = members
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
 
     def close(self) -> None:
@@ -210,12 +229,38 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteResult] | None
         ] = asyncio.Queue()
 
+        idle_s = self.config.write_stream_idle_ms / 1000
+        unanswered = 0  # requests read whose reply is not written yet
+        last_activity = time.monotonic()
+
         async def read_requests() -> None:
+            nonlocal unanswered, last_activity
+            requests = aiter(request_iterator)
+            # One read outstanding at a time, never cancelled midway to look at the
+            # clock: a stream is idle when nothing is unanswered and nothing arrived
+            # (nor was answered) for `idle_s`.
+            next_request = asyncio.ensure_future(anext(requests))
             try:
-                async for request in request_iterator:
+                while True:
+                    quiet_s = time.monotonic() - last_activity
+                    wait_s = idle_s if unanswered else max(0.0, idle_s - quiet_s)
+                    done, _ = await asyncio.wait({next_request}, timeout=wait_s)
+                    if not done:
+                        if not unanswered and time.monotonic() - last_activity >= idle_s:
+                            metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                            return
+                        continue
+                    try:
+                        request = next_request.result()
+                    except StopAsyncIteration:
+                        return
+                    last_activity = time.monotonic()
                     await inflight.acquire()
+                    unanswered += 1
                     answers.put_nowait((_Ticket.of(request), self._admit(request)))
+                    next_request = asyncio.ensure_future(anext(requests))
             finally:
+                next_request.cancel()
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
@@ -233,6 +278,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     assert isinstance(outcome, WriteResult)
                     reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
+                unanswered -= 1
+                last_activity = time.monotonic()
                 inflight.release()
             await reader
         finally:
@@ -303,6 +350,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.DeleteRequest, segment_store_pb2.DeleteReply
         ],
     ) -> segment_store_pb2.DeleteReply:
+        await identity.require_member(context, "SegmentStore/Delete")
         try:
             segment = segment_key(request.segment)
         except BadRequest as error:
@@ -482,11 +530,13 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.CopySegmentRequest, segment_store_pb2.CopySegmentReply
         ],
     ) -> segment_store_pb2.CopySegmentReply:
+        await identity.require_member(context, "SegmentStore/CopySegment")
         try:
             copy = SegmentCopy(
                 self.core,
                 self.committer,
                 self.in_thread,
+                self.members,
                 segment_key(request.segment),
                 request.source_address,
                 request.final_index,

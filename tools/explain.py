@@ -33,7 +33,8 @@ from streamengine.client.core.recovery import (
 from streamengine.protocol.codec import entries_from_pb
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.tools.ops import RPC_TIMEOUT_S, master_stub
+from streamengine.protocol.transport import PLAINTEXT, Transport
+from streamengine.tools.ops import RPC_TIMEOUT_S, client_transport, master_stub
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -41,9 +42,7 @@ OpenChannel = Callable[[str], AbstractContextManager[grpc.Channel]]
 
 
 def _insecure_channel(address: str) -> AbstractContextManager[grpc.Channel]:
-    from streamengine.protocol.channels import CLIENT_OPTIONS
-
-    return grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+    return PLAINTEXT.channel(address)
 
 
 # ---- what the stores hold ----
@@ -277,9 +276,12 @@ class StreamExplanation:
 
 
 def explain_stream(
-    master_address: str, name: str, open_channel: OpenChannel = _insecure_channel
+    master_address: str,
+    name: str,
+    open_channel: OpenChannel = _insecure_channel,
+    transport: Transport = PLAINTEXT,
 ) -> StreamExplanation:
-    with master_stub(master_address) as master:
+    with master_stub(master_address, transport) as master:
         info = master.DescribeStream(
             master_pb2.DescribeStreamRequest(name=name), timeout=RPC_TIMEOUT_S
         )
@@ -405,7 +407,8 @@ def explanation_lines(explanation: StreamExplanation) -> Iterator[str]:
 
 def cmd_stream_explain(args: argparse.Namespace) -> int:
     """Explain what a recovery of each unsealed segment would do now (writes nothing)."""
-    explanation = explain_stream(args.master, args.name)
+    transport = client_transport(args)
+    explanation = explain_stream(args.master, args.name, transport.channel, transport)
     if args.json:
         print(json.dumps(explanation_dict(explanation), indent=2))
     else:
