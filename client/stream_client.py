@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TypeVar
 
@@ -45,11 +45,15 @@ SEAL_ASK_AGAIN_S = 2.0
 
 
 class StreamClient:
-    """A connection to one cluster, through its master."""
+    """A connection to one cluster, through its master.
 
-    def __init__(self, master_address: str) -> None:
+    `dial` maps addresses the cluster advertises (the master's, the stores') to the
+    addresses this process must dial instead, when it reaches the cluster through NAT,
+    port forwards or a proxy; the others are dialled as advertised."""
+
+    def __init__(self, master_address: str, *, dial: Mapping[str, str] | None = None) -> None:
         self.master_address = master_address
-        self._channels = ChannelPool()
+        self._channels = ChannelPool(dial)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
 
     async def __aenter__(self) -> StreamClient:
