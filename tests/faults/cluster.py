@@ -1,6 +1,7 @@
 """The processes of a fault run: master and stores (`streamengine.tools.harness`),
-writer and reader processes (`tests.faults.workload`), and a sampler of the master's
-metadata. Every process can be killed (SIGKILL), paused (SIGSTOP) and restarted.
+writer and reader processes (`tests.faults.workload`), a sampler of the master's
+metadata and one of every process's memory. Every process can be killed (SIGKILL),
+paused (SIGSTOP) and restarted.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import contextlib
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from tests.tree import ROOT, child_env
 RPC_TIMEOUT_S = 2.0
 # How often the sampler lists every stream's segments (C11, C12).
 SAMPLE_INTERVAL_S = 1.0
+# How often every process's resident memory is sampled (C13).
+RSS_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -122,6 +126,42 @@ class MetaSampler:
                             [s.id.epoch, entry_pb2.SegmentState.Name(s.state)]
                             for s in reply.segments
                         ])
+
+
+@dataclass
+class RssSampler:
+    """Records the resident memory (MiB) of every running process once a second (C13:
+    memory below its bound and not growing)."""
+
+    processes: Callable[[], dict[str, int]]  # name -> pid of what runs now
+    recorder: Recorder
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(RSS_INTERVAL_S):
+            sizes: dict[str, float] = {}
+            for name, pid in self.processes().items():
+                # A process may exit between the listing and the sample.
+                with contextlib.suppress(psutil.Error):
+                    sizes[name] = round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+            self.recorder.record("rss", mib=sizes)
+
+
+def running_pids(processes: list[ServerProcess | ClientProcess]) -> dict[str, int]:
+    """name -> pid of each process that runs now."""
+    return {process.name: process.pid for process in processes if process.alive()}
 
 
 def leader_of(cluster: Cluster, stream: str) -> str:

@@ -16,6 +16,7 @@ loses at most a torn last line (dropped on load). Times are the machine's monoto
   subscription failed (`data_loss` names the range when it is an explicit loss).
 - `nemesis`: a fault `fault` on `target`, `phase` start / stop.
 - `meta`: the master's segment list for `stream`, `[[epoch, state], ...]`.
+- `rss`: resident memory of every running process, `mib` = {process name: MiB}.
 """
 
 from __future__ import annotations

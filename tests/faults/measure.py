@@ -1,6 +1,7 @@
 """Liveness figures from a history (FAULTS.md §1): ack latency and throughput, writer
-failover after a leader is killed or paused, the append stall after a store or master
-fault. Pure functions over records, like the checker."""
+failover after a leader is killed or paused, the append stall after a store, master or
+link fault, the memory of every process; and C13, those figures against §1's bounds.
+Pure functions over records, like the checker."""
 
 from __future__ import annotations
 
@@ -9,13 +10,31 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
+from streamengine.client.core.replicator import RETAINED_BYTES_MAX, UNACKED_BYTES_MAX
+from streamengine.segment_store.group_commit import STORE_QUEUE_BYTES_MAX
 from tests.faults.checker import Op, operations
 from tests.faults.history import Record
 
-# A stall is measured over this long after the fault started.
+# A stall is measured over this long after the fault started (or until the next fault).
 STALL_WINDOW_S = 10.0
 # A writer counts as leading a stream at a fault if it acked there this recently.
 LEADING_RECENTLY_S = 1.0
+# Faults on a proxy link (S10): the store lives but is slow or silent, and the other
+# members of its copy set may be slowed too, so the stall has no §1 bound: reported.
+LINK_FAULTS = {"delay", "throttle", "narrow", "blackhole"}
+
+MIB = 1 << 20
+# A process's baseline memory: its smallest sample in the first seconds of the faults.
+RSS_BASELINE_S = 5.0
+# Headroom beyond what the configuration lets a process hold (the interpreter, gRPC's
+# buffers, the allocator's slack).
+RSS_SLACK_MIB = 64
+# RocksDB's memtables (2 x 64 MiB by default) fill before they are flushed.
+STORE_MEMTABLES_MIB = 128
+# Memory growth between the first and the last third of a long run: beyond this a
+# process is growing, not just filling its bounded buffers.
+RSS_GROWTH_MIB_MAX = 32
+RSS_TREND_MIN_S = 60.0
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -53,15 +72,20 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         by_stream[op.stream].append(op)
     for ops_of in by_stream.values():
         ops_of.sort(key=lambda op: op.end_t or 0.0)
-    failovers, store_stalls, master_stalls = [], [], []
-    for fault in fault_starts(records):
+    failovers, store_stalls, master_stalls, link_stalls = [], [], [], []
+    starts = fault_starts(records)
+    for number, fault in enumerate(starts):
         target, t = str(fault["target"]), float(fault["t"])
+        # A later fault ends the window: its own stall is its own figure.
+        next_t = float(starts[number + 1]["t"]) if number + 1 < len(starts) else None
         if target.startswith("w"):
             failovers.extend(failover_times(by_stream, target, t))
+        elif fault.get("fault") in LINK_FAULTS:
+            link_stalls.extend(stalls(by_stream, t, next_t))
         elif target.startswith("store") and not fault.get("quorum_lost"):
-            store_stalls.extend(stalls(by_stream, t))
+            store_stalls.extend(stalls(by_stream, t, next_t))
         elif target == "master":
-            master_stalls.extend(stalls(by_stream, t))
+            master_stalls.extend(stalls(by_stream, t, next_t))
     repairs = [float(r["repair_s"]) for r in records if r["type"] == "nemesis"
                and r.get("phase") == "detail" and r.get("repair_s") is not None]
     if repairs:
@@ -72,6 +96,11 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         figures["append_stall_after_store_fault_s"] = summary(store_stalls)
     if master_stalls:
         figures["append_stall_after_master_fault_s"] = summary(master_stalls)
+    if link_stalls:
+        figures["append_stall_after_link_fault_s"] = summary(link_stalls)
+    memory = memory_figures(records)
+    if memory:
+        figures["rss_mib"] = memory
     return figures
 
 
@@ -94,24 +123,87 @@ def failover_times(by_stream: dict[str, list[Op]], target: str, t: float) -> lis
     return out
 
 
-def stalls(by_stream: dict[str, list[Op]], t: float) -> list[float]:
+def stalls(by_stream: dict[str, list[Op]], t: float, next_fault_t: float | None = None
+           ) -> list[float]:
     """Per stream: the longest time without an ack among the acks of the window after
     the fault, counting the gap to the first ack after the window (a stall that lasts
-    beyond it counts whole); the end of the history is not a stall."""
+    beyond it counts whole); the end of the history is not a stall. A later fault cuts
+    the window: a stall still running then counts until that moment (at least that
+    long), and what follows is the later fault's."""
     out = []
+    end = t + STALL_WINDOW_S
+    cut = next_fault_t is not None and next_fault_t < end
+    if cut:
+        assert next_fault_t is not None
+        end = next_fault_t
     for ops_of in by_stream.values():
         ends = [op.end_t or 0.0 for op in ops_of]
         low = bisect.bisect_right(ends, t)
-        high = bisect.bisect_right(ends, t + STALL_WINDOW_S)
-        moments = [t, *ends[low:high], *ends[high:high + 1]]
+        high = bisect.bisect_right(ends, end)
+        after = [end] if cut else ends[high:high + 1]
+        moments = [t, *ends[low:high], *after]
         if len(moments) > 1:
             out.append(max(b - a for a, b in itertools.pairwise(moments)))
     return out
 
 
-def bounds(figures: dict[str, Any], lease_s: float) -> dict[str, Any]:
-    """C13: the measured figures against FAULTS.md §1's liveness table. Reported beside
-    the (safety) verdict; a miss is a finding, not a safety anomaly."""
+def memory_figures(records: list[Record]) -> dict[str, Any]:
+    """Per role (master, store, writer, reader): the process whose memory grew most
+    during the faults (from its baseline to its peak before the final phase), and, for
+    a long run, how much its peak in the last third exceeds the one in the first."""
+    phases = {r["name"]: r["t"] for r in records if r["type"] == "phase"}
+    start = phases.get("faults")
+    if start is None:
+        return {}
+    stop = phases.get("final", float("inf"))
+    samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for record in records:
+        if record["type"] == "rss" and start <= record["t"] <= stop:
+            for name, mib in record["mib"].items():
+                samples[name].append((record["t"], float(mib)))
+    out: dict[str, Any] = {}
+    for name, points in sorted(samples.items()):
+        early = [mib for t, mib in points if t <= start + RSS_BASELINE_S] or [points[0][1]]
+        baseline, peak = min(early), max(mib for _, mib in points)
+        role = out.setdefault(role_of(name), {"growth": -1.0})
+        if peak - baseline > role["growth"]:
+            role.update(process=name, baseline=baseline, peak=peak,
+                        growth=round(peak - baseline, 1))
+        span = points[-1][0] - points[0][0]
+        if span >= RSS_TREND_MIN_S:
+            third = span / 3
+            first = [mib for t, mib in points if t <= points[0][0] + third]
+            last = [mib for t, mib in points if t >= points[-1][0] - third]
+            late = round(max(last) - max(first), 1)
+            if late > role.get("late_growth", float("-inf")):
+                role.update(late_growth=late, late_process=name)
+    return out
+
+
+def role_of(process: str) -> str:
+    if process.startswith("store"):
+        return "store"
+    return {"w": "writer", "r": "reader"}.get(process[:1], process)
+
+
+def rss_bounds_mib(streams: int) -> dict[str, float]:
+    """How much each role's memory may grow over its baseline: what its configuration
+    lets it buffer, plus slack. A writer retains at most RETAINED_BYTES_MAX per stream
+    it leads (unacked appends included); a store queues at most STORE_QUEUE_BYTES_MAX
+    of writes and fills its memtables."""
+    assert RETAINED_BYTES_MAX >= UNACKED_BYTES_MAX
+    return {
+        "writer": streams * RETAINED_BYTES_MAX / MIB + RSS_SLACK_MIB,
+        "store": STORE_QUEUE_BYTES_MAX / MIB + STORE_MEMTABLES_MIB + RSS_SLACK_MIB,
+        "reader": RSS_SLACK_MIB,
+        "master": RSS_SLACK_MIB,
+    }
+
+
+def bounds(figures: dict[str, Any], lease_s: float, streams: int = 2) -> dict[str, Any]:
+    """C13: the measured figures against FAULTS.md §1's liveness table, each with
+    `ok`. Beside the (safety) verdict: a miss fails the run's liveness, not its
+    safety."""
     table = {
         "writer_failover_s": lease_s + 2.0,  # writer dies -> a standby's first ack
         "append_stall_after_store_fault_s": 1.0,  # one copy-set store dies, W still live
@@ -126,4 +218,19 @@ def bounds(figures: dict[str, Any], lease_s: float) -> dict[str, Any]:
         value = figures["reader_catch_up_s"]
         out["reader_catch_up_s"] = {"value": value, "bound": 5.0,
                                     "ok": value is not None and value <= 5.0}
+    limits = rss_bounds_mib(streams)
+    for role, figure in sorted(figures.get("rss_mib", {}).items()):
+        if role in limits:
+            out[f"rss_growth_mib_{role}"] = {
+                "value": figure["growth"], "process": figure["process"],
+                "bound": limits[role], "ok": figure["growth"] <= limits[role]}
+        if "late_growth" in figure:
+            out[f"rss_late_growth_mib_{role}"] = {
+                "value": figure["late_growth"], "process": figure["late_process"],
+                "bound": RSS_GROWTH_MIB_MAX, "ok": figure["late_growth"] <= RSS_GROWTH_MIB_MAX}
     return out
+
+
+def missed(checked: dict[str, Any]) -> list[str]:
+    """The bounds a run missed (C13 fails when this is not empty)."""
+    return sorted(key for key, value in checked.items() if not value.get("ok"))

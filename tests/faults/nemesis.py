@@ -30,6 +30,7 @@ from tests.faults.cluster import (
 )
 from tests.faults.history import Recorder
 from tests.faults.netns import Hosts
+from tests.faults.proxy import Link, ProxyHost
 
 
 @dataclass
@@ -45,6 +46,7 @@ class RunContext:
     quick: bool
     hosts: Hosts | None = None  # when every process is on its own network namespace
     lazy: dict[str, disk.LazyMount] = field(default_factory=dict)  # store -> its lazy fs
+    proxies: ProxyHost | None = None  # links "w1>store2": workload process to store
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -73,6 +75,13 @@ class RunContext:
             if store.name == store_id:
                 return store
         raise KeyError(store_id)
+
+    def links(self, store: str, processes: list[str] | None = None) -> list[Link]:
+        """The proxy links from `processes` (default: every workload process) to
+        `store`."""
+        assert self.proxies is not None, "the scenario runs without proxies"
+        names = processes if processes is not None else [*self.writers, *self.readers]
+        return [self.proxies.links[f"{name}>{store}"] for name in names]
 
     def leader_process(self) -> ClientProcess | None:
         """The writer process leading the first stream (client ids are `w1.3-2`)."""
@@ -469,9 +478,12 @@ def _target(kind: str, store: str, leader_host: str) -> str:
 
 
 def heal(ctx: RunContext) -> None:
-    """End every fault: heal partitions, continue paused processes, restart dead ones."""
+    """End every fault: heal partitions and proxy links, continue paused processes,
+    restart dead ones."""
     if ctx.hosts is not None:
         ctx.hosts.heal()
+    if ctx.proxies is not None:
+        ctx.proxies.heal()
     resume(ctx.cluster.master)
     for store in ctx.cluster.stores:
         resume(store)
@@ -489,3 +501,63 @@ def heal(ctx: RunContext) -> None:
             ctx.recorder.record("nemesis", phase="unhealed", fault="heal", target=store.name,
                                 error=str(error)[-300:])
     ctx.recorder.record("nemesis", phase="heal", fault="heal", target="all")
+
+
+# S10's link speeds: a thin pipe throughout, and windows of 256 kbit/s.
+THIN_PIPE_BYTES_PER_S = 256 * 1024
+NARROW_WINDOW_BYTES_PER_S = 256_000 // 8
+
+
+def slow_network_loop(ctx: RunContext) -> None:
+    """S10, through the fault proxy: three stores of a copy set, each with its own
+    trouble, on every workload process's link to it. One is far away (delayed 50-200
+    ms ± 50 ms, a new delay every 10 s); one sits behind a thin pipe throughout (a
+    steady throttle: the stand-in for 10 % packet loss, which needs iptables and so
+    namespaces); one comes and goes: 30 s windows throttled to 256 kbit/s and
+    blackholed (a stalled peer: its connections hang), with clean periods between.
+    Reader r2 consumes slowly all along (the scenario's slow reader)."""
+    stores = open_copy_set(ctx.cluster, ctx.streams[0])
+    if len(stores) < 3:
+        stores = sorted(s.name for s in ctx.cluster.stores)
+    far, thin, flaky = ctx.rng.sample(stores, 3)
+    with ctx.window("delay", far), ctx.window("throttle", thin,
+                                              bytes_per_s=THIN_PIPE_BYTES_PER_S):
+        for link in ctx.links(thin):
+            link.set(rate_bytes_per_s=THIN_PIPE_BYTES_PER_S)
+        try:
+            phases = ["narrow", "clean", "blackhole", "clean"]
+            phase = 0
+            while ctx.remaining() > 0 and not ctx.stop.is_set():
+                kind = phases[phase % len(phases)]
+                phase += 1
+                # A quick pass goes through every phase once.
+                until = time.monotonic() + (3.5 if ctx.quick else 30.0)
+                if kind == "clean":
+                    _vary_delay(ctx, far, until)
+                    continue
+                changes = ({"blackhole": True} if kind == "blackhole"
+                           else {"rate_bytes_per_s": NARROW_WINDOW_BYTES_PER_S})
+                with ctx.window(kind, flaky, **changes):
+                    for link in ctx.links(flaky):
+                        link.set(**changes)
+                    try:
+                        _vary_delay(ctx, far, until)
+                    finally:
+                        for link in ctx.links(flaky):
+                            link.heal()
+        finally:
+            for link in ctx.links(far) + ctx.links(thin):
+                link.heal()
+
+
+def _vary_delay(ctx: RunContext, store: str, until: float) -> None:
+    """Until `until`, a new delay (50-200 ms, jitter 50 ms) on every link to `store`
+    about every 10 s."""
+    while time.monotonic() < until:
+        delay_s = round(ctx.rng.uniform(0.05, 0.2), 3)
+        ctx.recorder.record("nemesis", phase="detail", fault="delay", target=store,
+                            delay_s=delay_s, jitter_s=0.05)
+        for link in ctx.links(store):
+            link.set(delay_s=delay_s, jitter_s=0.05)
+        if not ctx.pause(min(ctx.scaled(10, 10), until - time.monotonic())):
+            return

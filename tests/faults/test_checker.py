@@ -333,3 +333,51 @@ def test_a_stall_lasting_beyond_the_window_counts_whole() -> None:
     records.append(rec(21.0, "ok", "w1", op=9, seqs=[pack(3, 1)]))
     figures = measure(sorted(records, key=lambda r: r["t"]), "S")
     assert figures["append_stall_after_master_fault_s"]["max"] == pytest.approx(21.0 - 3.05)
+
+
+def test_a_later_fault_cuts_the_stall_window() -> None:
+    """A leader killed 1 s into a store's outage: the store's stall ends there (at
+    least that long), the writer's failover is its own figure."""
+    records, _ = clean()
+    for t, target in ((3.05, "store1"), (3.5, "w2")):
+        records.append({"t": t, "type": "nemesis", "phase": "start", "fault": "kill",
+                        "target": target, "process": "nemesis"})
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["append_stall_after_store_fault_s"]["max"] == pytest.approx(3.5 - 3.05)
+
+
+def test_link_faults_are_their_own_figure() -> None:
+    records, _ = clean()
+    records.append({"t": 2.9, "type": "nemesis", "phase": "start", "fault": "blackhole",
+                    "target": "store1", "process": "nemesis"})
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert "append_stall_after_store_fault_s" not in figures
+    assert figures["append_stall_after_link_fault_s"]["count"] == 1
+
+
+def rss_history(writer_mib: list[float], seconds: float = 1.0) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = [{"t": 0.0, "type": "phase", "process": "nemesis",
+                                      "name": "faults"}]
+    for number, mib in enumerate(writer_mib):
+        records.append({"t": number * seconds, "type": "rss", "process": "rss",
+                        "mib": {"w1": mib, "store0": 60.0, "r1": 40.0}})
+    return records
+
+
+def test_memory_within_its_bound_passes() -> None:
+    figures = measure(rss_history([40.0, 45.0, 90.0, 60.0]), "S")
+    writer = figures["rss_mib"]["writer"]
+    assert (writer["process"], writer["baseline"], writer["growth"]) == ("w1", 40.0, 50.0)
+    checked = bounds(figures, lease_s=1.0, streams=2)
+    assert checked["rss_growth_mib_writer"]["ok"] is True
+    assert "rss_late_growth_mib_writer" not in checked  # too short a run for a trend
+
+
+def test_memory_past_its_bound_or_growing_fails() -> None:
+    over = bounds(measure(rss_history([40.0, 40.0, 400.0]), "S"), lease_s=1.0, streams=2)
+    assert over["rss_growth_mib_writer"]["ok"] is False  # 360 MiB > 2 x 64 + 64
+    # 90 samples 1 s apart growing 1 MiB/s: +60 MiB between the first and last third.
+    growing = bounds(measure(rss_history([40.0 + n for n in range(90)]), "S"), 1.0, 2)
+    assert growing["rss_late_growth_mib_writer"] == {
+        "value": 60.0, "process": "w1", "bound": 32, "ok": False}
+    assert growing["rss_late_growth_mib_store"]["ok"] is True

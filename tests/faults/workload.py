@@ -3,7 +3,10 @@
     python -m tests.faults.workload writer --master A --streams t/a,t/b --name w1 --inc 2 \
         --history DIR --seed 7 [--rate 300] [--batch-max 20] [--size-max 4096]
     python -m tests.faults.workload reader --master A --streams t/a,t/b --name r1 --inc 1 \
-        --history DIR --seed 7 [--churn-s 5]
+        --history DIR --seed 7 [--churn-s 5] [--consume-ms 2]
+
+`--dial ADVERTISED=ADDRESS` (repeatable) makes the process reach a server through
+another address, e.g. a store through the harness's fault proxy (`tests.faults.proxy`).
 
 A writer contends for leadership of every stream (one `StreamClient.writer` session at a
 time per stream), appends pipelined batches and records invoke / ok / fail / info; when
@@ -48,6 +51,8 @@ LEADERSHIP_WAIT_S = 30.0
 # Reader deliveries are recorded at least this often, and in lines of at most this many.
 DELIVER_FLUSH_S = 0.05
 DELIVER_FLUSH_EVENTS = 128
+# A slow consumer (`--consume-ms`) pauses once per this many events.
+SLOW_CONSUMER_STEP = 64
 
 
 def classify(error: BaseException) -> str:
@@ -69,7 +74,8 @@ class WriterWorkload:
         self.sessions = 0
 
     async def run(self) -> None:
-        async with StreamClient(self.args.master) as client, asyncio.TaskGroup() as group:
+        async with StreamClient(self.args.master, dial=self.args.dial) as client, \
+                asyncio.TaskGroup() as group:
             for stream in self.args.streams.split(","):
                 group.create_task(self.stream_loop(client, stream))
 
@@ -196,7 +202,7 @@ class ReaderWorkload:
 
     async def stream_loop(self, stream: str) -> None:
         while not self.stopping.is_set():
-            async with StreamClient(self.args.master) as client:
+            async with StreamClient(self.args.master, dial=self.args.dial) as client:
                 # A few subscriptions per client, then a fresh client.
                 for _ in range(self.rng.randint(1, 4)):
                     if self.stopping.is_set():
@@ -219,6 +225,7 @@ class ReaderWorkload:
 
         churn_at = time.monotonic() + self.rng.uniform(0.3, 2.0) * self.args.churn_s
         events = client.subscribe(stream, start=start)
+        consumed = 0
         try:
             async with asyncio.timeout_at(self.loop_time(churn_at)) as _:
                 async for event in events:
@@ -231,6 +238,10 @@ class ReaderWorkload:
                         flush()
                     if self.stopping.is_set():
                         break
+                    consumed += 1
+                    if self.args.consume_ms and consumed % SLOW_CONSUMER_STEP == 0:
+                        # A slow consumer: the time its work on these events took.
+                        await asyncio.sleep(SLOW_CONSUMER_STEP * self.args.consume_ms / 1000)
         except TimeoutError:
             pass  # churn: drop the subscription, resume from the token
         except DataLossError as error:
@@ -274,8 +285,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-max", type=int, default=20)
     parser.add_argument("--size-max", type=int, default=16384)
     parser.add_argument("--churn-s", type=float, default=5.0, help="mean subscription life")
+    parser.add_argument("--consume-ms", type=float, default=0.0,
+                        help="a reader's work per event (a slow consumer)")
     parser.add_argument("--max-s", type=float, default=900.0, help="exit after this long")
-    return parser.parse_args(argv)
+    parser.add_argument("--dial", action="append", default=[], metavar="ADVERTISED=ADDRESS",
+                        help="reach the server advertised at ADVERTISED at ADDRESS instead")
+    args = parser.parse_args(argv)
+    args.dial = dict(item.split("=", 1) for item in args.dial)
+    return args
 
 
 async def main_async(args: argparse.Namespace) -> int:
