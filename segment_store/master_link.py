@@ -102,7 +102,8 @@ class MasterLink:
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
-        metas = self.core.metas()
+        # A damaged segment is reported with acked index 0: the master repairs it.
+        metas = self.core.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,
