@@ -381,3 +381,19 @@ def test_memory_past_its_bound_or_growing_fails() -> None:
     assert growing["rss_late_growth_mib_writer"] == {
         "value": 60.0, "process": "w1", "bound": 32, "ok": False}
     assert growing["rss_late_growth_mib_store"]["ok"] is True
+
+
+def test_catch_up_after_heal_per_reader() -> None:
+    """r1 delivers the last event acked before the heal 0.2 s after it; r2 subscribed
+    but never got it (a miss); r3, a slow consumer on purpose, is left out."""
+    records, _ = clean()
+    records += [
+        {"t": 3.8, "type": "phase", "process": "nemesis", "name": "heal"},
+        rec(1.0, "subscribe", "r2", **{"from": 0}),
+        rec(0.1, "start", "r3", role="reader", consume_ms=4.0),
+        rec(1.0, "subscribe", "r3", **{"from": 0}),
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    catch_up = figures["reader_catch_up_after_heal_s"]
+    assert catch_up["max"] == pytest.approx(0.2) and catch_up["never"] == ["r2 t/s"]
+    assert bounds(figures, lease_s=1.0)["reader_catch_up_after_heal_s"]["ok"] is False

@@ -223,9 +223,18 @@ class ReaderWorkload:
                 buffer.clear()
             flushed_at = time.monotonic()
 
+        async def flush_when_idle() -> None:
+            # The last events before a quiet spell are recorded too, not only once the
+            # next event comes (the catch-up figure reads the history).
+            while True:
+                await asyncio.sleep(DELIVER_FLUSH_S)
+                if time.monotonic() - flushed_at > DELIVER_FLUSH_S:
+                    flush()
+
         churn_at = time.monotonic() + self.rng.uniform(0.3, 2.0) * self.args.churn_s
         events = client.subscribe(stream, start=start)
         consumed = 0
+        flusher = asyncio.ensure_future(flush_when_idle())
         try:
             async with asyncio.timeout_at(self.loop_time(churn_at)) as _:
                 async for event in events:
@@ -252,6 +261,7 @@ class ReaderWorkload:
             self.recorder.record("error", stream=stream, error=describe(error))
             await asyncio.sleep(0.5)
         finally:
+            flusher.cancel()
             flush()
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
@@ -307,7 +317,7 @@ async def main_async(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, workload.stopping.set)
     loop.call_later(args.max_s, workload.stopping.set)
-    recorder.record("start", role=args.role, pid=_pid())
+    recorder.record("start", role=args.role, pid=_pid(), consume_ms=args.consume_ms)
     runner = asyncio.ensure_future(workload.run())
     await workload.stopping.wait()
     if args.role == "reader":
