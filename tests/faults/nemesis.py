@@ -434,26 +434,38 @@ def host_of(process: str) -> str:
 
 
 def partition_loop(ctx: RunContext) -> None:
-    """S7: rotate partitions, each for 10 s with a pause between: (a) a copy-set store
-    isolated; (b) the leader cut from the master only; (d) a bridge: one store sees only
-    w1, another only w2, the rest both; (e) a store drops what the leader sends it
-    (one way); (f) the master isolated. (c), delay and blackhole through a proxy, is
-    not built yet."""
+    """S7: rotate partitions (every kind once, in a seeded order, then again), each for
+    10 s with a pause between: (a) a copy-set store
+    isolated; (b) the leader cut from the master only; (c) a copy-set store blackholed
+    (iptables DROP, silent) only towards the standby writer, and the leader killed, so
+    the standby takes over and seals with that store silent to it alone; (d) a bridge:
+    one store sees only w1, another only w2, the rest both; (e) a store drops what the
+    leader sends it (one way); (f) the master isolated."""
     hosts = ctx.hosts
     assert hosts is not None, "S7 runs on network namespaces"
-    kinds = ["isolate-store", "leader-from-master", "bridge", "oneway-store", "isolate-master"]
+    kinds = ctx.rng.sample(["isolate-store", "leader-from-master", "seal-blackhole",
+                            "bridge", "oneway-store", "isolate-master"], 6)
+    rotation = 0
     while ctx.pause(ctx.scaled(4, 8)):
-        kind = ctx.rng.choice(kinds)
+        kind = kinds[rotation % len(kinds)]
+        rotation += 1
         leader = ctx.leader_process()
         leader_host = host_of(leader.name if leader else "w1")
+        standby_host = "writer2" if leader_host == "writer1" else "writer1"
         stores = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams)) or ["store0"]
         store = ctx.rng.choice(stores)
-        with ctx.window("partition", _target(kind, store, leader_host), kind=kind):
+        with ctx.window("partition", _target(kind, store, leader_host, standby_host),
+                        kind=kind):
             try:
                 if kind == "isolate-store":
                     hosts.cut(store)
                 elif kind == "leader-from-master":
                     hosts.partition(leader_host, "master")
+                elif kind == "seal-blackhole":
+                    hosts.partition(store, standby_host)
+                    if leader is not None:
+                        _seal_by_standby(ctx, leader)
+                        continue
                 elif kind == "bridge":
                     one, two = ctx.rng.sample(sorted(s.name for s in ctx.cluster.stores), 2)
                     hosts.partition(one, "writer2")
@@ -467,10 +479,22 @@ def partition_loop(ctx: RunContext) -> None:
                 hosts.heal()
 
 
-def _target(kind: str, store: str, leader_host: str) -> str:
+def _seal_by_standby(ctx: RunContext, leader: ClientProcess) -> None:
+    """The leader dies (kill -9) for the partition's 10 s: the standby's lease waits the
+    old one out, then it seals and recovers the open segments and appends."""
+    with ctx.window("kill", leader.name, inc=leader.inc):
+        leader.kill()
+        try:
+            ctx.pause(ctx.scaled(10, 10) if ctx.quick else 10.0)
+        finally:
+            leader.start()
+
+
+def _target(kind: str, store: str, leader_host: str, standby_host: str) -> str:
     return {
         "isolate-store": store,
         "leader-from-master": f"{leader_host}|master",
+        "seal-blackhole": f"{store}|{standby_host}",
         "bridge": "bridge",
         "oneway-store": f"{store}<{leader_host}",
         "isolate-master": "master",

@@ -84,7 +84,8 @@ SCENARIOS: dict[str, Scenario] = {
                  clocks=True),
         Scenario("S5", "store crash/restart loop", 180, 10, nemesis.store_crash_loop),
         Scenario("S6", "store loss and re-replication", 240, 30, nemesis.store_loss),
-        Scenario("S7", "partitions", 240, 12, nemesis.partition_loop, netns=True),
+        # Quick: long enough for each of the six partitions once.
+        Scenario("S7", "partitions", 240, 36, nemesis.partition_loop, netns=True),
         Scenario("S8", "power loss (lazy fs)", 180, 12, nemesis.power_loss_loop, lazy=True,
                  rate=150.0),
         Scenario("S9", "disk full", 120, 20, nemesis.disk_loop, disks=True,
