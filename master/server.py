@@ -29,6 +29,7 @@ from streamengine.master.state import MasterState
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -115,7 +116,7 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     metrics = Metrics.create()
     repairer = Repairer(state, args.repair_concurrency, _clock_ms)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[RequestParsing()])
     master_pb2_grpc.add_MasterServicer_to_server(
         MasterService(state, repairer, _clock_ms, metrics), server
     )

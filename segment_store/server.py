@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store import metrics
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
@@ -169,6 +170,7 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     server = grpc.aio.server(
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[RequestParsing()],
     )
     segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
