@@ -7,6 +7,7 @@ paused (SIGSTOP) and restarted.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -131,7 +132,7 @@ class MetaSampler:
 @dataclass
 class RssSampler:
     """Records the resident memory (MiB) of every running process once a second (C13:
-    memory below its bound and not growing)."""
+    memory below its bound and not growing), and the machine's 1-minute load."""
 
     processes: Callable[[], dict[str, int]]  # name -> pid of what runs now
     recorder: Recorder
@@ -156,7 +157,8 @@ class RssSampler:
                 # A process may exit between the listing and the sample.
                 with contextlib.suppress(psutil.Error):
                     sizes[name] = round(psutil.Process(pid).memory_info().rss / 2**20, 1)
-            self.recorder.record("rss", mib=sizes)
+            # The machine's load beside: liveness on a box others load too is not ours.
+            self.recorder.record("rss", mib=sizes, load=round(os.getloadavg()[0], 2))
 
 
 def running_pids(processes: list[ServerProcess | ClientProcess]) -> dict[str, int]:

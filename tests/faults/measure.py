@@ -104,6 +104,9 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
     memory = memory_figures(records)
     if memory:
         figures["rss_mib"] = memory
+    loads = [float(r["load"]) for r in records if r["type"] == "rss" and "load" in r]
+    if loads:
+        figures["load_1min"] = {"p50": percentile(loads, 0.5), "max": max(loads)}
     catch_up = catch_up_after_heal(records, acked)
     if catch_up:
         figures["reader_catch_up_after_heal_s"] = {

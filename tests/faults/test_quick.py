@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,11 @@ REGRESSIONS = {
     ),
 }
 KNOWN_ANOMALIES: dict[tuple[str, int], str] = {}
+
+# The liveness bounds of FAULTS.md §1 are for a box the run has to itself: a quick run's
+# own processes load two cores to about 3-4. Beyond this 1-minute load others are busy
+# too (other test runs, benchmarks), and a missed bound is a warning, not a failure.
+BUSY_LOAD = 2.0 * (os.cpu_count() or 2) + 2.0
 
 # Liveness bounds (C13) a scenario is known to miss, with the finding; any other miss
 # fails its quick pass.
@@ -81,6 +87,12 @@ def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
     assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
     known = KNOWN_BOUND_MISSES.get(name, {})
     missed = {key: result["bounds"][key] for key in result["bounds_missed"] if key not in known}
+    load = (result["measurements"].get("load_1min") or {}).get("max", 0.0)
+    if missed and load > BUSY_LOAD:
+        warnings.warn(f"{name}: liveness bounds missed (C13) while the machine was busy "
+                      f"(load {load} > {BUSY_LOAD}), not failed: {json.dumps(missed)}",
+                      stacklevel=1)
+        return
     assert not missed, f"liveness bounds missed (C13): {json.dumps(missed)}"
 
 
