@@ -19,7 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from streamengine.tools.harness import Cluster, ServerProcess
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import disk
 from tests.faults.cluster import (
     ClientProcess,
@@ -47,6 +51,8 @@ class RunContext:
     hosts: Hosts | None = None  # when every process is on its own network namespace
     lazy: dict[str, disk.LazyMount] = field(default_factory=dict)  # store -> its lazy fs
     proxies: ProxyHost | None = None  # links "w1>store2": workload process to store
+    # Makes another reader process (not started), reading from 0: `r3`, ...
+    new_reader: Callable[[str], ClientProcess] | None = None
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -585,3 +591,134 @@ def _vary_delay(ctx: RunContext, store: str, until: float) -> None:
             link.set(delay_s=delay_s, jitter_s=0.05)
         if not ctx.pause(min(ctx.scaled(10, 10), until - time.monotonic())):
             return
+
+
+# S15: fuzz calls per second beside the workload (each a synchronous RPC).
+FUZZ_CALLS_PER_S = 20
+
+
+def bad_input_loop(ctx: RunContext) -> None:
+    """S15: once the workload has a sealed segment, every row of `badinput.ROWS` (in a
+    seeded order), then random bytes and mutated requests to random RPCs of the master
+    and the stores until the deadline; the workload's metadata and sealed replicas
+    digested before and after, every server's health after."""
+    from tests.faults import badinput
+
+    cluster = ctx.cluster
+    stores = [store.name for store in cluster.stores]
+    addresses = {"master": cluster.master_address,
+                 **{store.name: store.address for store in cluster.stores}}
+    live = None
+    while live is None:
+        live = badinput.live_segments(cluster.master_address, ctx.streams)
+        if live is None and not ctx.pause(0.2):
+            return
+
+    def digest(phase: str) -> None:
+        ctx.recorder.record(
+            "digest", phase=phase,
+            master=badinput.master_digest(cluster.master_address, ctx.streams, stores),
+            stores=badinput.store_digests(cluster.master_address, ctx.streams))
+
+    channels: dict[tuple[str, str], grpc.Channel] = {}
+
+    def channel(client: str, address: str) -> grpc.Channel:
+        if (client, address) not in channels:
+            channels[(client, address)] = badinput.CLIENTS[client](address)
+        return channels[(client, address)]
+
+    by_name = {(server, method.name): method for server, method in badinput.methods()}
+    templates = badinput._templates()
+    digest("before")
+    try:
+        with ctx.window("bad-input", "servers"):
+            for row in ctx.rng.sample(badinput.ROWS, len(badinput.ROWS)):
+                live = badinput.live_segments(cluster.master_address, ctx.streams) or live
+                target = live.sealed if row.segment == "sealed" else live.open
+                address = cluster.master_address if row.server == "master" else target.address
+                got, details = badinput.call(channel(row.client, address),
+                                             by_name[(row.server, row.method)],
+                                             badinput.serialized(row.request(live)))
+                ctx.recorder.record("bad", kind="row", case=row.case, server=row.server,
+                                    method=row.method, client=row.client,
+                                    expected=row.expected.name, got=got, details=details)
+            while ctx.pause(1 / FUZZ_CALLS_PER_S):
+                server = ctx.rng.choice(sorted(by_name))
+                method = by_name[server]
+                mutated = (method.name in templates and method.name not in
+                           badinput.NOT_MUTATED and ctx.rng.random() < 0.5)
+                if mutated:
+                    data = badinput.mutate(ctx.rng, templates[method.name].SerializeToString())
+                else:
+                    data = badinput.random_bytes(ctx.rng, method)
+                parses = badinput.parses(method, data)
+                address = (cluster.master_address if server[0] == "master"
+                           else ctx.rng.choice(cluster.stores).address)
+                got, details = badinput.call(channel("insecure", address), method, [data])
+                ctx.recorder.record(
+                    "bad", kind="mutated" if mutated else "random", server=server[0],
+                    method=method.name, case=data.hex(),
+                    expected="INVALID_ARGUMENT" if not parses else "parsed",
+                    streaming=method.server_streaming, got=got, details=details)
+    finally:
+        for opened in channels.values():
+            opened.close()
+        digest("after")
+        ctx.recorder.record("serving", servers=badinput.serving(addresses))
+
+
+def data_loss_loop(ctx: RunContext) -> None:
+    """S16 (C14): beyond what the system promises to survive. Twice (once per stream),
+    every copy of a sealed segment holding events is destroyed (each replica's Delete,
+    at once), so more than N - W copies of its range are really gone; a fresh reader
+    (r3, r4) then starts from 0. Every reader that comes to the range must get a
+    data-loss error naming it, and none may pass it silently."""
+    for number, stream in enumerate(ctx.streams[:2]):
+        if not ctx.pause(ctx.scaled(10, 14)):
+            return
+        victim = _destroyable_segment(ctx, stream)
+        while victim is None:  # not two sealed segments yet
+            if not ctx.pause(0.2):
+                return
+            victim = _destroyable_segment(ctx, stream)
+        stream_id, epoch, final_index, replicas = victim
+        segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch, stream=stream)
+        events = _event_indexes(replicas[0][1], segment, final_index)
+        with ctx.window("destroy", f"{stream}/{epoch}", stores=[r[0] for r in replicas]):
+            for _store, address in replicas:
+                with grpc.insecure_channel(address) as channel:
+                    store_grpc.SegmentStoreStub(channel).Delete(
+                        segment_store_pb2.DeleteRequest(segment=segment), timeout=10)
+        ctx.recorder.record("lost", stream=stream, epoch=epoch, final_index=final_index,
+                            events=events, stores=[r[0] for r in replicas])
+        if ctx.new_reader is not None:
+            name = f"r{3 + number}"
+            reader = ctx.readers[name] = ctx.new_reader(name)
+            reader.start()
+
+
+def _destroyable_segment(ctx: RunContext, stream: str
+                         ) -> tuple[int, int, int, list[tuple[str, str]]] | None:
+    """A sealed segment of `stream` with events, not the newest sealed one (readers
+    that tail the stream have read it): stream id, epoch, final index, replicas."""
+    with grpc.insecure_channel(ctx.cluster.master_address) as channel:
+        listing = master_pb2_grpc.MasterStub(channel).ListSegments(
+            master_pb2.ListSegmentsRequest(stream=stream), timeout=10)
+    sealed = [s for s in listing.segments if s.state == entry_pb2.SEALED and s.final_index > 1]
+    if len(sealed) < 2:
+        return None
+    chosen = ctx.rng.choice(sealed[:-1])
+    return (listing.stream_id, chosen.id.epoch, chosen.final_index,
+            [(r.store_id, r.address) for r in chosen.copy_set])
+
+
+def _event_indexes(address: str, segment: entry_pb2.SegmentId, final_index: int) -> list[int]:
+    """Indexes of the events a segment holds below its bridge (read from a replica)."""
+    indexes: list[int] = []
+    with grpc.insecure_channel(address) as channel:
+        for reply in store_grpc.SegmentStoreStub(channel).Read(
+                segment_store_pb2.ReadRequest(segment=segment, from_index=1,
+                                              to_index=final_index), timeout=30):
+            indexes.extend(e.index for e in reply.entries
+                           if e.kind == entry_pb2.EVENT and e.index < final_index)
+    return indexes

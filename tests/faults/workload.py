@@ -36,6 +36,7 @@ from streamengine.client.errors import (
     NotFound,
     StreamEngineError,
 )
+from streamengine.protocol.sequence import pack_sequence
 from tests.faults import payload
 from tests.faults.history import Recorder, read_file
 
@@ -194,6 +195,8 @@ class ReaderWorkload:
         self.rng = random.Random(f"{args.seed}/{args.name}/{args.inc}")
         self.stopping = asyncio.Event()
         self.tokens = last_tokens(history)
+        # A range reported lost, which the next subscription goes past.
+        self.accepted_loss: dict[str, list[int]] = {}
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -212,7 +215,9 @@ class ReaderWorkload:
     async def subscription(self, client: StreamClient, stream: str) -> None:
         token = self.tokens.get(stream)
         start = 0 if token is None else token + 1
-        self.recorder.record("subscribe", stream=stream, **{"from": start})
+        skipping = self.accepted_loss.pop(stream, None)
+        self.recorder.record("subscribe", stream=stream, **{"from": start},
+                             **({"after_loss": skipping} if skipping else {}))
         buffer: list[list[object]] = []
         flushed_at = time.monotonic()
 
@@ -254,8 +259,11 @@ class ReaderWorkload:
         except TimeoutError:
             pass  # churn: drop the subscription, resume from the token
         except DataLossError as error:
-            self.recorder.record("error", stream=stream, error=describe(error), data_loss=[
-                error.segment_epoch, error.first_index, error.last_index])
+            lost = [error.segment_epoch, error.first_index, error.last_index]
+            self.recorder.record("error", stream=stream, error=describe(error), data_loss=lost)
+            # The reader accepts the loss, explicitly: it goes on just past the range.
+            self.tokens[stream] = pack_sequence(error.segment_epoch, error.last_index + 1) - 1
+            self.accepted_loss[stream] = lost
             await asyncio.sleep(0.5)
         except Exception as error:
             self.recorder.record("error", stream=stream, error=describe(error))
