@@ -75,7 +75,7 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         by_stream[op.stream].append(op)
     for ops_of in by_stream.values():
         ops_of.sort(key=lambda op: op.end_t or 0.0)
-    failovers, store_stalls, master_stalls, link_stalls = [], [], [], []
+    failovers, store_stalls, master_stalls, link_stalls, drain_stalls = [], [], [], [], []
     starts = fault_starts(records)
     for number, fault in enumerate(starts):
         target, t = str(fault["target"]), float(fault["t"])
@@ -85,14 +85,30 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
             failovers.extend(failover_times(by_stream, target, t))
         elif fault.get("fault") in LINK_FAULTS:
             link_stalls.extend(stalls(by_stream, t, next_t))
+        elif fault.get("fault") == "drain":  # an operator's move, not a failure
+            drain_stalls.extend(stalls(by_stream, t, next_t))
         elif target.startswith("store") and not fault.get("quorum_lost"):
             store_stalls.extend(stalls(by_stream, t, next_t))
         elif target == "master":
             master_stalls.extend(stalls(by_stream, t, next_t))
-    repairs = [float(r["repair_s"]) for r in records if r["type"] == "nemesis"
-               and r.get("phase") == "detail" and r.get("repair_s") is not None]
+    details = [r for r in records if r["type"] == "nemesis" and r.get("phase") == "detail"]
+    repairs = [r for r in details if r.get("repair_s") is not None]
     if repairs:
-        figures["repair_s"] = summary(repairs)
+        figures["repair_s"] = summary([float(r["repair_s"]) for r in repairs])
+        # Detection (the master's store timeout) is fixed; the copying scales with the
+        # bytes: 100 MB takes detection + 100 MB at the copy rate seen.
+        per_100mb = [float(r["detect_s"]) + (float(r["repair_s"]) - float(r["detect_s"]))
+                     * 100 * MIB / r["repair_bytes"]
+                     for r in repairs if r.get("repair_bytes") and r.get("detect_s") is not None]
+        if per_100mb:
+            figures["repair_s_per_100mb"] = summary(per_100mb)
+            figures["repair_bytes"] = sum(r["repair_bytes"] for r in repairs)
+            figures["repair_detect_s"] = summary([float(r["detect_s"]) for r in repairs
+                                                  if r.get("detect_s") is not None])
+    drains = [r for r in details if r.get("fault") == "drain"]
+    if drains:
+        figures["drain"] = [{k: r.get(k) for k in ("target", "drain_s", "placed_after",
+                                                   "held_after", "cli_exit")} for r in drains]
     if failovers:
         figures["writer_failover_s"] = summary(failovers)
     if store_stalls:
@@ -101,6 +117,8 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         figures["append_stall_after_master_fault_s"] = summary(master_stalls)
     if link_stalls:
         figures["append_stall_after_link_fault_s"] = summary(link_stalls)
+    if drain_stalls:
+        figures["append_stall_during_drain_s"] = summary(drain_stalls)
     memory = memory_figures(records)
     if memory:
         figures["rss_mib"] = memory
@@ -265,6 +283,13 @@ def bounds(figures: dict[str, Any], lease_s: float, streams: int = 2) -> dict[st
         value = figures["reader_catch_up_s"]
         out["reader_catch_up_s"] = {"value": value, "bound": CATCH_UP_S,
                                     "ok": value is not None and value <= CATCH_UP_S}
+    for drain in figures.get("drain", []):
+        # A drained store ends up holding nothing, and the drain command succeeded.
+        left = (drain["placed_after"] or 0) + len(drain["held_after"] or [])
+        out[f"drained_empty_{drain['target']}"] = {
+            "value": left, "held": drain["held_after"], "cli_exit": drain["cli_exit"],
+            "bound": 0, "ok": left == 0 and drain["placed_after"] == 0
+            and drain["cli_exit"] == 0}
     limits = rss_bounds_mib(streams)
     for role, figure in sorted(figures.get("rss_mib", {}).items()):
         if role in limits:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import random
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from streamengine.tools.harness import Cluster, ServerProcess
+from streamengine.tools.harness import STREAMENGINE, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import disk
@@ -35,6 +36,7 @@ from tests.faults.cluster import (
 from tests.faults.history import Recorder
 from tests.faults.netns import Hosts
 from tests.faults.proxy import Link, ProxyHost
+from tests.tree import child_env
 
 
 @dataclass
@@ -279,13 +281,17 @@ def pause_kill(ctx: RunContext, paused: ServerProcess, killed: ServerProcess) ->
 def store_loss(ctx: RunContext) -> None:
     """S6: once sealed segments piled up, a copy-set store dies for good (kill -9, its
     directory wiped); the master re-replicates its sealed segments to the other stores
-    while the leader changes (kill -9); the wiped store comes back empty near the end.
-    Measures repair: from the loss until the master lists no under-replicated segment."""
+    while the leader changes (kill -9). Measures repair: from the loss until the master
+    lists no under-replicated segment, and the bytes the lost store held. Then the wiped
+    store comes back (empty) and another copy-set store is drained under load with the
+    ops CLI (`streamengine drain`): every replica moves off it, and it must end up
+    holding nothing."""
     if not ctx.pause(ctx.scaled(30, 30)):
         return
     copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
     victim = ctx.store(ctx.rng.choice(copy_set)) if copy_set else ctx.cluster.stores[1]
     directory = ctx.cluster.root / victim.name
+    held_bytes = _store_status(ctx, victim.name).get("used_bytes")
     with ctx.window("wipe", victim.name):
         victim.kill()
         shutil.rmtree(directory)
@@ -298,27 +304,94 @@ def store_loss(ctx: RunContext) -> None:
                 leader.kill()
                 ctx.pause(1.0)
                 leader.start()
-        repaired = _wait_repaired(ctx, lost_at)
+        detected, repaired = _wait_repaired(ctx, lost_at)
         ctx.recorder.record("nemesis", phase="detail", fault="wipe", target=victim.name,
-                            repair_s=repaired)
-        ctx.pause(ctx.remaining() - ctx.scaled(10, 10))
+                            detect_s=detected, repair_s=repaired, repair_bytes=held_bytes)
         victim.start(wait=False)
+    if ctx.remaining() > 0:
+        victim.wait_serving()
+        drain_one(ctx, avoid=victim.name)
+    ctx.pause(ctx.remaining())  # the workload goes on, readers re-reading old segments
 
 
-def _wait_repaired(ctx: RunContext, since: float) -> float | None:
-    """Seconds from `since` until the master lists nothing under-replicated (None if
-    not before the run's end)."""
-    # First the master must notice the loss (its store timeout), then repair.
-    seen_under = False
-    while ctx.pause(0.5):
+# A drain moves every replica of a store; past this it has not finished.
+DRAIN_TIMEOUT_S = 90.0
+
+
+def drain_one(ctx: RunContext, avoid: str) -> None:
+    """Drain a copy-set store (not `avoid`) with `streamengine drain`, then wait until
+    the master places nothing on it and it holds none of the workload's segments."""
+    candidates = [name for name in open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+                  if name != avoid] or [s.name for s in ctx.cluster.stores if s.name != avoid]
+    store = ctx.store(ctx.rng.choice(candidates))
+    with ctx.window("drain", store.name):
+        started = time.monotonic()
+        result = subprocess.run(
+            [STREAMENGINE, "drain", store.name, "--master", ctx.cluster.master_address],
+            capture_output=True, text=True, timeout=DRAIN_TIMEOUT_S + 30, env=child_env())
+        deadline = started + DRAIN_TIMEOUT_S
+        while True:
+            placed = _store_status(ctx, store.name).get("segments")
+            held = _segments_held(ctx, store)
+            if (placed == 0 and not held) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        ctx.recorder.record("nemesis", phase="detail", fault="drain", target=store.name,
+                            cli_exit=result.returncode, cli_output=result.stdout[-300:],
+                            drain_s=round(time.monotonic() - started, 2),
+                            placed_after=placed, held_after=held)
+
+
+def _store_status(ctx: RunContext, store_id: str) -> dict[str, int]:
+    """The master's view of a store: replicas placed on it, bytes it reports."""
+    with grpc.insecure_channel(ctx.cluster.master_address) as channel:
+        try:
+            status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
+                master_pb2.GetClusterStatusRequest(), timeout=10)
+        except grpc.RpcError:
+            return {}
+    for store in status.stores:
+        if store.store_id == store_id:
+            return {"segments": store.segments, "used_bytes": store.used_bytes}
+    return {}
+
+
+def _segments_held(ctx: RunContext, store: ServerProcess) -> list[str]:
+    """The workload's segments `store` still holds (asked of the store itself)."""
+    held = []
+    with grpc.insecure_channel(ctx.cluster.master_address) as channel, \
+            grpc.insecure_channel(store.address) as store_channel:
+        master = master_pb2_grpc.MasterStub(channel)
+        stub = store_grpc.SegmentStoreStub(store_channel)
+        for stream in ctx.streams:
+            listing = master.ListSegments(master_pb2.ListSegmentsRequest(stream=stream),
+                                          timeout=10)
+            for segment in listing.segments:
+                try:
+                    stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(
+                        segment=entry_pb2.SegmentId(stream_id=listing.stream_id,
+                                                    epoch=segment.id.epoch)), timeout=10)
+                except grpc.RpcError as error:
+                    if error.code() == grpc.StatusCode.NOT_FOUND:
+                        continue
+                held.append(f"{stream}/{segment.id.epoch}")
+    return held
+
+
+def _wait_repaired(ctx: RunContext, since: float) -> tuple[float | None, float | None]:
+    """Seconds from `since` until the master lists segments under-replicated (it
+    noticed the loss: its store timeout) and until it lists none again (repaired);
+    None for what did not happen before the run's end."""
+    detected = None
+    while ctx.pause(0.1):
         under = under_replicated(ctx.cluster)
         if under is None:
             continue
-        if under:
-            seen_under = True
-        elif seen_under:
-            return round(time.monotonic() - since, 2)
-    return None
+        if under and detected is None:
+            detected = round(time.monotonic() - since, 2)
+        elif not under and detected is not None:
+            return detected, round(time.monotonic() - since, 2)
+    return detected, None
 
 
 def corruption_loop(ctx: RunContext) -> None:

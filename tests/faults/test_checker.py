@@ -491,3 +491,19 @@ def test_c14_a_loss_reported_where_nothing_was_destroyed_is_a_loss() -> None:
     found = failed(records, final)
     assert found["C14"][0]["problem"] == "a loss reported where nothing was destroyed"
     assert found["C1"][0]["payload"] == "a0"  # not excused: nothing destroyed it
+
+
+def test_repair_rate_and_a_drain_that_left_a_replica_behind() -> None:
+    records, _ = clean()
+    records += [
+        {"t": 5.0, "type": "nemesis", "process": "nemesis", "phase": "detail", "fault": "wipe",
+         "target": "store1", "detect_s": 3.0, "repair_s": 5.0, "repair_bytes": 10 * 2**20},
+        {"t": 6.0, "type": "nemesis", "process": "nemesis", "phase": "detail",
+         "fault": "drain", "target": "store2", "drain_s": 4.0, "placed_after": 0,
+         "held_after": ["t/s/1"], "cli_exit": 0},
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    # 2 s to copy 10 MiB: 100 MiB would take 3 s to notice plus 20 s.
+    assert figures["repair_s_per_100mb"]["max"] == pytest.approx(23.0)
+    drained = bounds(figures, lease_s=1.0)["drained_empty_store2"]
+    assert (drained["value"], drained["ok"]) == (1, False)
