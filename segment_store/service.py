@@ -308,9 +308,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> segment_store_pb2.DeleteReply:
         try:
             segment = segment_key(request.segment)
-        except BadRequest as error:
-            await _abort(context, error)
-        existed = await self.delete(segment)
+            existed = await self.delete(segment)
+        except StoreError as error:  # malformed, or the store cannot write now
+            await _abort(context, error, request.segment)
         if existed:
             log.info("segment deleted", extra=segment_fields(request.segment.stream, segment.epoch))
         return segment_store_pb2.DeleteReply(existed=existed)
