@@ -795,3 +795,28 @@ def _event_indexes(address: str, segment: entry_pb2.SegmentId, final_index: int)
             indexes.extend(e.index for e in reply.entries
                            if e.kind == entry_pb2.EVENT and e.index < final_index)
     return indexes
+
+
+def read_only_loop(ctx: RunContext) -> None:
+    """S9 (read-only half; stores on the lazy fs): at 30 % of the run a copy-set store's
+    file system turns read-only under it (every write and sync fails with EROFS, as a
+    file system that remounted itself read-only after a device error), for a third of
+    the run; then it takes writes again. The leader must go on without that store; a
+    store that died of it is restarted once its disk is back (a crash loop would show)."""
+    length = ctx.remaining()
+    if not ctx.pause(0.3 * length):
+        return
+    store = _copy_set_store(ctx)
+    mount = ctx.lazy[store.name]
+    ctx.recorder.record("nemesis", phase="start", fault="read-only", target=store.name)
+    try:
+        mount.read_only(True)
+        ctx.pause(length / 3)
+    finally:
+        mount.read_only(False)
+        died = not store.alive()
+        if died:
+            store.start(wait=False)
+        ctx.recorder.record("nemesis", phase="stop", fault="read-only", target=store.name,
+                            store_had_exited=died)
+    ctx.pause(ctx.remaining())
