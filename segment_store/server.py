@@ -8,7 +8,8 @@ ever failing its own service), and exits 0 on SIGTERM after a graceful stop.
 
 --fsync always (default): a write is answered only once synced; concurrent writes share
 one sync (group commit). --fsync never: answered once written to RocksDB's WAL without
-sync; a power loss can lose answered writes. Unsafe, for benchmarks and tests only.
+sync; a power loss loses every write answered since RocksDB last synced on its own (a
+memtable flush), with no bound in time. Unsafe, for benchmarks and tests only.
 """
 
 from __future__ import annotations

@@ -306,3 +306,26 @@ def bounds(figures: dict[str, Any], lease_s: float, streams: int = 2) -> dict[st
 def missed(checked: dict[str, Any]) -> list[str]:
     """The bounds a run missed (C13 fails when this is not empty)."""
     return sorted(key for key, value in checked.items() if not value.get("ok"))
+
+
+def unsynced_loss(records: list[Record], final: dict[str, Any]) -> dict[str, Any]:
+    """With fsync=never (S8d): the acked events the final readers do not have, and how
+    long before the power loss that took them each was acked (the window the docs must
+    state). Every lost event is attributed to the first power loss after its ack."""
+    kept = {event[3] for state in final.get("streams", {}).values()
+            for event in (state.get("reads") or [[]])[0]}
+    losses = sorted(float(r["t"]) for r in fault_starts(records) if r["fault"] == "power-loss")
+    lost, window = 0, []
+    for op in operations(records):
+        if op.status != "ok" or op.end_t is None:
+            continue
+        gone = [pid for pid in op.ids if pid not in kept]
+        if not gone:
+            continue
+        lost += len(gone)
+        after = [t for t in losses if t >= op.end_t]
+        if after:
+            window.append(after[0] - op.end_t)
+    acked = sum(len(op.ids) for op in operations(records) if op.status == "ok")
+    return {"events_acked": acked, "events_lost": lost, "power_losses": len(losses),
+            "acked_before_the_power_loss_s": summary(window)}

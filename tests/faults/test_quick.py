@@ -84,6 +84,10 @@ def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
     result = run(SCENARIOS[name], seed=seed, out=out, quick=True)
     assert result["counts"]["appends_ok"] > 0, "the workload acked nothing"
     assert not result["nemesis_errors"], "the faults were not injected as scheduled"
+    if SCENARIOS[name].expect_loss:
+        # fsync=never: the loss is what the run measures (the durability docs' window).
+        warnings.warn(f"{name}: {json.dumps(result['documented_loss'])}", stacklevel=1)
+        return
     assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
     known = KNOWN_BOUND_MISSES.get(name, {})
     missed = {key: result["bounds"][key] for key in result["bounds_missed"] if key not in known}
