@@ -113,6 +113,7 @@ class MetaSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self.recorder.close()
 
     def _run(self) -> None:
         with grpc.insecure_channel(self.master) as channel:
@@ -147,6 +148,7 @@ class RssSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self.recorder.close()
 
     def _run(self) -> None:
         import psutil

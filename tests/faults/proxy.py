@@ -340,3 +340,5 @@ class ProxyHost:
             self.call(close_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(CONTROL_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self.loop.close()
