@@ -491,12 +491,15 @@ def clock_loop(ctx: RunContext) -> None:
 
 def soak(ctx: RunContext) -> None:
     """S14: seeded packages of faults rotated every 60 s, about a quarter of the periods
-    quiet (Jepsen's package generator). Packages: the scenarios that need no special
-    topology (S2, S3, S5, S11, S12, S13)."""
+    quiet (Jepsen's package generator). Packages: the scenarios that need no namespace,
+    disk or lazy fs (S2, S3, S5, S10 through the proxy, S11, S12, S13, S15)."""
     packages: dict[str, Nemesis] = {
         "S2": kill_leader_loop, "S3": pause_leader_loop, "S5": store_crash_loop,
         "S11": master_crash_loop, "S12": corruption_loop, "S13": reader_churn_loop,
     }
+    if ctx.proxies is not None:
+        packages["S10"] = slow_network_loop
+    packages["S15"] = bad_input_loop
     period = 8.0 if ctx.quick else 60.0
     while ctx.remaining() > 0 and not ctx.stop.is_set():
         end = min(ctx.deadline, time.monotonic() + period)

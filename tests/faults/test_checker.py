@@ -380,7 +380,7 @@ def test_memory_past_its_bound_or_growing_fails() -> None:
     growing = bounds(measure(rss_history([40.0 + n for n in range(90)]), "S"), 1.0, 2)
     assert growing["rss_late_growth_mib_writer"] == {
         "value": 60.0, "process": "w1", "bound": 32, "ok": False}
-    assert growing["rss_late_growth_mib_store"]["ok"] is True
+    assert "rss_late_growth_mib_store" not in growing  # memtables grow with the data
 
 
 def test_catch_up_after_heal_per_reader() -> None:
