@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -78,7 +78,11 @@ async def first_contact(
 
 
 class StreamClient:
-    """A connection to one cluster, through its master."""
+    """A connection to one cluster, through its master.
+
+    `dial` maps addresses the cluster advertises (the master's, the stores') to the
+    addresses this process must dial instead, when it reaches the cluster through NAT,
+    port forwards or a proxy; the others are dialled as advertised."""
 
     def __init__(
         self,
@@ -86,6 +90,7 @@ class StreamClient:
         *,
         certs_dir: str | Path | None = None,
         token: str | None = None,
+        dial: Mapping[str, str] | None = None,
     ) -> None:
         self.master_address = master_address
         try:
@@ -94,7 +99,7 @@ class StreamClient:
             )
         except transport.TransportError as error:
             raise InvalidArgument(str(error)) from None
-        self._channels = ChannelPool(chosen)
+        self._channels = ChannelPool(chosen, dial)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
 
     async def __aenter__(self) -> StreamClient:

@@ -30,6 +30,7 @@ from streamengine.master.state import MasterState
 from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -134,7 +135,11 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
         else transport.Transport.for_node(args.certs_dir)
     )
     repairer = Repairer(state, args.repair_concurrency, _clock_ms, members)
-    server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX)
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS,
+        maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[RequestParsing()],
+    )
     signer = (
         identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
     )

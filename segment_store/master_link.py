@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from streamengine.protocol import auth, identity, transport
 from streamengine.segment_store import metrics
-from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
@@ -141,7 +141,8 @@ class MasterLink:
         return False
 
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
-        metas = self.core.metas()
+        # A damaged segment is reported with acked index 0: the master repairs it.
+        metas = self.core.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,
@@ -170,7 +171,13 @@ class MasterLink:
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:
-                existed = await self.delete_segment(key)
+                try:
+                    existed = await self.delete_segment(key)
+                except StoreUnavailable as error:
+                    # A full or read-only disk: the master asks again at a later beat.
+                    log.info("cannot delete segment %s/%s now: %s", key.stream_id,
+                             key.epoch, error)
+                    return
                 log.info(
                     "deleted segment %s/%s at the master's request (held: %s)",
                     key.stream_id,

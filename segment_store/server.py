@@ -8,7 +8,8 @@ ever failing its own service), and exits 0 on SIGTERM after a graceful stop.
 
 --fsync always (default): a write is answered only once synced; concurrent writes share
 one sync (group commit). --fsync never: answered once written to RocksDB's WAL without
-sync; a power loss can lose answered writes. Unsafe, for benchmarks and tests only.
+sync; a power loss loses every write answered since RocksDB last synced on its own (a
+memtable flush), with no bound in time. Unsafe, for benchmarks and tests only.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from streamengine.protocol import identity as peer_identity
 from streamengine.protocol import logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store import metrics
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
@@ -194,6 +196,7 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     server = grpc.aio.server(
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[RequestParsing()],
     )
     segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()

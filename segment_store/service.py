@@ -198,15 +198,18 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         """One reply's worth of wire entries (off the event loop: it reads RocksDB).
         `verify=False` where the receiver checks every crc itself (followers do; RocksDB's
         block checksums still guard the disk)."""
-        if acked_only:
-            meta = self.core.meta(segment)
-            upper = min(upper, meta.acked_index) if meta is not None else upper
-            # Every acked index is held (acked <= matched): a run, read by value alone.
-            values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
-            return codec.entries_from_values(range(first, first + len(values)), values, verify)
-        rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
-        indexes = [entry_index(key) for key, _ in rows]
-        return codec.entries_from_values(indexes, [value for _, value in rows], verify)
+        with self.core.reading(segment):
+            if acked_only:
+                meta = self.core.meta(segment)
+                upper = min(upper, meta.acked_index) if meta is not None else upper
+                # Every acked index is held (acked <= matched): a run, read by value alone.
+                values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+                return codec.entries_from_values(
+                    range(first, first + len(values)), values, verify
+                )
+            rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+            indexes = [entry_index(key) for key, _ in rows]
+            return codec.entries_from_values(indexes, [value for _, value in rows], verify)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""
@@ -353,9 +356,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         await identity.require_member(context, "SegmentStore/Delete")
         try:
             segment = segment_key(request.segment)
-        except BadRequest as error:
-            await _abort(context, error)
-        existed = await self.delete(segment)
+            existed = await self.delete(segment)
+        except StoreError as error:  # malformed, or the store cannot write now
+            await _abort(context, error, request.segment)
         if existed:
             log.info("segment deleted", extra=segment_fields(request.segment.stream, segment.epoch))
         return segment_store_pb2.DeleteReply(existed=existed)
@@ -491,10 +494,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> tuple[int, list[bytes]]:
         """Stored values of consecutive indexes from `first` (cut before a gap), each
         verified; raises CorruptEntry."""
-        values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
-        bad = first_corrupt_value(first, values)
-        if bad is not None:
-            raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
+        with self.core.reading(segment):
+            values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
+            bad = first_corrupt_value(first, values)
+            if bad is not None:
+                raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
         return first, values
 
     async def Digest(
@@ -654,6 +658,7 @@ class _Tail:
     ) -> None:
         self.service = service
         self.segment = segment
+        self.start = start
         settings = tail.TailSettings.asked(
             start.max_batch_entries,
             start.keepalive_interval_ms,
@@ -687,6 +692,8 @@ class _Tail:
             if isinstance(error, _Refused):
                 return error
             if isinstance(error, CorruptEntry):
+                log.error("DATA_LOSS serving a subscriber: %s", error,
+                          extra=segment_fields(self.start.segment.stream, self.segment.epoch))
                 return _Refused(grpc.StatusCode.DATA_LOSS, str(error))
             if error is not None and task is tasks[0]:
                 log.error("tail of %s failed", self.segment, exc_info=error)
