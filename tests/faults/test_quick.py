@@ -53,13 +53,7 @@ BUSY_LOAD = 2.0 * (os.cpu_count() or 2) + 2.0
 
 # Liveness bounds (C13) a scenario is known to miss, with the finding; any other miss
 # fails its quick pass.
-KNOWN_BOUND_MISSES = {
-    "S7": {
-        "append_stall_after_master_fault_s": (
-            "S7 seed 1: a leader cut off from every master steps down when its lease runs "
-            "out, and appends stop until the master is back (README, Findings)"),
-    },
-}
+KNOWN_BOUND_MISSES: dict[str, dict[str, str]] = {}
 
 
 def quick_scenarios() -> list[Any]:
