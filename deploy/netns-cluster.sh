@@ -77,11 +77,12 @@ cmd_up() {
   add_host client
   for ((i = 0; i < stores; i++)); do add_host "store$i"; done
   echo "$stores" >"$data/stores"
+  # Plaintext (--insecure) on the namespaces' own private bridge: test hosts only.
   start master "$data" master --listen "$(addr master):$master_port" --data "$data/master-db" \
-    --lease-ms 1000 --store-timeout-ms 3000
+    --lease-ms 1000 --store-timeout-ms 3000 --insecure
   for ((i = 0; i < stores; i++)); do
     start "store$i" "$data" store --listen "$(addr "store$i"):$store_port" --data "$data/store$i-db" \
-      --master "$(addr master):$master_port" --id "store$i" --zone "zone$i"
+      --master "$(addr master):$master_port" --id "store$i" --zone "zone$i" --insecure
   done
   echo "master $(addr master):$master_port"
 }

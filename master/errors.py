@@ -48,3 +48,7 @@ class PermissionDenied(MasterError):
 
 class QuotaExceeded(MasterError):
     """The tenant is at one of its quotas (streams)."""
+
+
+class Unauthenticated(MasterError):
+    """The caller's certificate proof does not hold (it must hear why)."""

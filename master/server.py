@@ -27,15 +27,15 @@ from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
-from streamengine.protocol import logs
+from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
-from streamengine.protocol.interceptors import MalformedRequests
 from streamengine.protocol.limits import (
     HEARTBEATS_PER_LEASE,
     LEASE_MS_DEFAULT,
     TENANT_APPEND_BYTES_PER_S_DEFAULT,
     TENANT_STREAMS_MAX_DEFAULT,
 )
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -46,6 +46,10 @@ STORE_TIMEOUT_MS_DEFAULT = 6000
 # A lease shorter than this leaves writers too little time between heartbeats.
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
+# Calls in progress at once; more are refused as RESOURCE_EXHAUSTED at once instead of
+# queueing without bound. Stores heartbeat once a second and writers once per lease/3:
+# a cluster of hundreds of stores and a few thousand writers stays well below it.
+CONCURRENT_RPCS_MAX = 4096
 SHUTDOWN_GRACE_S = 1.0
 MASTER_SERVICE = "streamengine.v1.Master"
 
@@ -81,8 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=None, help="Prometheus on 127.0.0.1:PORT"
     )
     parser.add_argument("--log-level", default="INFO")
+    transport.add_server_arguments(parser)
     add_quota_arguments(parser)
-    add_auth_arguments(parser)
 
 
 def add_quota_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,12 +104,6 @@ def add_quota_arguments(parser: argparse.ArgumentParser) -> None:
         "hold back more (0: no limit; default %(default)s)",
     )
 
-
-def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
-    # Every caller must prove who it is: set by TLS (a TLS server requires it). Alone,
-    # on a plaintext server, it refuses every call without a token, the cluster's own
-    # included: only for tests of how anonymous callers are refused.
-    parser.add_argument("--require-auth", action="store_true", help=argparse.SUPPRESS)
 
 
 def _clock_ms() -> int:
@@ -127,9 +125,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+    except transport.ProtectedMode as refusal:
+        print(f"streamengine master: {refusal}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:
         return 0
+    except transport.TransportError as error:
+        print(f"streamengine master: {error}", file=sys.stderr)
+        return 1
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -154,21 +160,33 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
         tenant_streams_max=args.tenant_streams_max,
     )
     metrics = Metrics.create()
-    repairer = Repairer(state, args.repair_concurrency, _clock_ms)
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MalformedRequests()])
+    members = (
+        transport.PLAINTEXT
+        if args.certs_dir is None
+        else transport.Transport.for_node(args.certs_dir)
+    )
+    repairer = Repairer(state, args.repair_concurrency, _clock_ms, members)
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS,
+        maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[RequestParsing()],
+    )
+    signer = (
+        identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    )
     service = MasterService(
         state,
         repairer,
         _clock_ms,
         metrics,
-        require_auth=args.require_auth,
+        signer,
         tenant_append_bytes_per_s=args.tenant_append_bytes_per_s,
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        server.add_insecure_port(args.listen)
+        identity.install(transport.add_server_port(server, args.listen, args.certs_dir))
     except RuntimeError as error:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
@@ -180,7 +198,8 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     for health_name in ("", MASTER_SERVICE):
         await health_servicer.set(health_name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "master serving on %s (lease %d ms, store timeout %d ms)",
+        "master serving %s on %s (lease %d ms, store timeout %d ms)",
+        "plaintext" if args.certs_dir is None else "TLS",
         args.listen,
         args.lease_ms,
         args.store_timeout_ms,

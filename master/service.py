@@ -25,6 +25,7 @@ from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol import identity
 from streamengine.protocol.auth import (
     INSECURE,
     Denial,
@@ -57,6 +58,7 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.SealConflict: grpc.StatusCode.ABORTED,
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
@@ -82,31 +84,37 @@ class MasterService(master_pb2_grpc.MasterServicer):
         repairer: Repairer,
         clock_ms: Callable[[], int],
         metrics: Metrics,
-        require_auth: bool = False,
+        signer: identity.CertificateProof | None = None,
+        *,
         tenant_append_bytes_per_s: int = TENANT_APPEND_BYTES_PER_S_DEFAULT,
     ):
-        """`clock_ms` is wall-clock time (token lifetimes are); `require_auth`: see
-        `protocol.callers`; `tenant_append_bytes_per_s` is told to every store."""
+        """`clock_ms` is wall-clock time (token lifetimes are); `signer`, under TLS, the
+        master's certificate (it signs replies to stores); `tenant_append_bytes_per_s`
+        is told to every store."""
         self.state = state
         self.repairer = repairer
         self.clock_ms = clock_ms
         self.metrics = metrics
+        # Under TLS the master's node certificate: it signs its replies to stores (delete
+        # lists, signing keys, revocations), which take them from its certificate only.
+        self.signer = signer
         self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
-        self.signer = GrantSigner(state.signing_key)
+        self.grant_signer = GrantSigner(state.signing_key)
         self.verifier = Verifier([state.signing_key.public_key])
         self.callers = Callers(
-            self.verifier,
-            lambda: state.current_revocations(clock_ms()),
-            require_auth,
-            clock_ms,
+            self.verifier, lambda: state.current_revocations(clock_ms()), clock_ms
         )
 
     # ---- who calls ----
 
     def _require(self, context: Context, method: str, tenant: str = "") -> Principal:
         """The caller, when it may call `method` on `tenant`'s data; else PermissionDenied
-        (raised inside `_call`'s action, before anything changes)."""
-        principal = self.callers.principal(context)
+        (raised inside `_call`'s action, before anything changes); Unauthenticated for a
+        certificate proof that does not hold."""
+        try:
+            principal = self.callers.principal(context)
+        except identity.ProofRefused as refusal:
+            raise errors.Unauthenticated(f"{method}: {refusal}") from None
         denial = principal if isinstance(principal, Denial) else None
         if isinstance(principal, Principal):
             denial = authorize(principal, f"Master/{method}", tenant)
@@ -120,10 +128,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
         """A store registers and heartbeats only as the store its certificate names."""
         principal = self._require(context, method)
         if principal.kind is PrincipalKind.STORE and principal.name != store_id:
-            raise errors.PermissionDenied(
-                f"{method}: the caller's certificate is of store {principal.name!r}, "
-                f"not {store_id!r}"
+            reason = (
+                f"{method} as store {store_id!r}: the caller's certificate is store "
+                f"{principal.name!r}"
             )
+            log.warning("refused: %s", reason)
+            raise errors.PermissionDenied(reason)
 
     def _require_holder(
         self,
@@ -219,7 +229,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             reply.unsealed.extend(self._segment(s) for s in view.unsealed)
             reply.roll_requested = bool(view.roll_reason)
             reply.roll_reason = view.roll_reason
-            reply.grant = self.signer.sign(view.grant())
+            reply.grant = self.grant_signer.sign(view.grant())
         return reply
 
     def _task(self, status: TaskStatus) -> master_pb2.RepairTask:
@@ -259,10 +269,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
 
         interval = await self._call(context, "RegisterStore", register)
-        return master_pb2.RegisterStoreReply(
+        reply = master_pb2.RegisterStoreReply(
             heartbeat_interval_ms=interval,
             signing_public_keys=[self.state.signing_key.public_key],
         )
+        self._sign_reply(context, "register", request.store_id, reply)
+        return reply
 
     async def StoreHeartbeat(
         self, request: master_pb2.StoreHeartbeatRequest, context: Context
@@ -273,6 +285,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             for h in request.segments
         }
+
         def beat(now: int) -> list[SegmentKey] | None:
             self._require_store(context, "StoreHeartbeat", request.store_id)
             return self.state.store_heartbeat(
@@ -297,7 +310,21 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 master_pb2.RevokedToken(token_id=token_id, expires_at_ms=expires_at_ms)
                 for token_id, expires_at_ms in revocations.items()
             )
+        self._sign_reply(context, "heartbeat", request.store_id, reply)
         return reply
+
+    def _sign_reply(
+        self,
+        context: Context,
+        kind: str,
+        store_id: str,
+        reply: master_pb2.RegisterStoreReply | master_pb2.StoreHeartbeatReply,
+    ) -> None:
+        """Under TLS, the master's certificate proof on a reply to a store: the store
+        takes its delete list, signing keys and revocations only from the master."""
+        if self.signer is not None:
+            audience = identity.reply_audience(kind, store_id, reply)
+            context.set_trailing_metadata(self.signer.metadata(audience, self.clock_ms()))
 
     # ---- tenants and streams ----
 

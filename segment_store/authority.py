@@ -60,6 +60,10 @@ class CallerRefused(StoreError):
     """The caller may not make this call (its certificate or token)."""
 
 
+class CallerUnproven(StoreError):
+    """The caller's certificate proof does not hold (UNAUTHENTICATED: it must hear why)."""
+
+
 class NoSigningKeyYet(StoreError):
     """The store knows no key of its master yet: it cannot check grants or tokens."""
 

@@ -15,18 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from streamengine.protocol import auth, identity, transport
 from streamengine.protocol.callers import wall_clock_ms
-from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.segment_store import metrics
 from streamengine.segment_store.authority import AppendQuota, StoreAuthority
-from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
@@ -48,6 +50,10 @@ class StoreIdentity:
     data_dir: Path
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
@@ -62,6 +68,8 @@ class MasterLink:
         authority: StoreAuthority,
         keep_authority: Callable[[], Awaitable[None]],
         quota: AppendQuota,
+        members: transport.Transport = transport.PLAINTEXT,
+        master_identity: identity.ServerIdentity | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -70,11 +78,17 @@ class MasterLink:
         self.authority = authority
         self.keep_authority = keep_authority
         self.quota = quota
+        # Under TLS the store's node certificate: the master takes registrations and
+        # heartbeats only from the store its certificate names.
+        self.members = members
+        # ... and the store takes what the master's replies say (delete lists, signing
+        # keys, revocations) only signed by the master's certificate.
+        self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
 
     async def run(self) -> None:
-        async with grpc.aio.insecure_channel(self.master_address, options=CLIENT_OPTIONS) as ch:
+        async with self.members.aio_channel(self.master_address) as ch:
             stub = master_pb2_grpc.MasterStub(ch)
             while True:
                 if not self.registered:
@@ -99,7 +113,7 @@ class MasterLink:
             reraise=True,
         ):
             with attempt:
-                reply = await stub.RegisterStore(
+                call = stub.RegisterStore(
                     master_pb2.RegisterStoreRequest(
                         store_id=self.identity.store_id,
                         address=self.identity.address,
@@ -108,14 +122,44 @@ class MasterLink:
                     ),
                     timeout=MASTER_CALL_TIMEOUT_S,
                 )
+                reply = await call
+                trailing = await call.trailing_metadata()
         interval_ms = reply.heartbeat_interval_ms or HEARTBEAT_MS_DEFAULT
         self.interval_s = min(max(interval_ms, HEARTBEAT_MS_MIN), HEARTBEAT_MS_MAX) / 1000
-        await self._take_authority(reply.signing_public_keys, None, None)
+        if self._from_the_master(reply, "register", trailing):
+            await self._take_authority(reply.signing_public_keys, None, None)
         self.registered = True
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
+    def _from_the_master(
+        self,
+        reply: master_pb2.StoreHeartbeatReply | master_pb2.RegisterStoreReply,
+        kind: str,
+        trailing: Iterable[Any] | None,
+    ) -> bool:
+        """Whether the master's certificate signed this reply for this store (always true
+        over plaintext, which proves nothing either way): only then does the store take
+        its delete list, signing keys and revocations."""
+        if self.master_identity is None:
+            return True
+        audience = identity.reply_audience(kind, self.identity.store_id, reply)
+        try:
+            signer = self.master_identity.principal(
+                identity.metadata_dict(trailing), _now_ms(), audience
+            )
+        except identity.ProofRefused as refusal:
+            signer, reason = auth.ANONYMOUS, str(refusal)
+        else:
+            reason = "unsigned" if signer is auth.ANONYMOUS else f"signed by a {signer.kind.value}"
+        if signer.kind is auth.PrincipalKind.MASTER:
+            return True
+        metrics.HEARTBEAT_FAILURES.inc()
+        log.warning("ignoring a %s reply not from the master's certificate: %s", kind, reason)
+        return False
+
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
-        metas = self.core.metas()
+        # A damaged segment is reported with acked index 0: the master repairs it.
+        metas = self.core.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,
@@ -134,9 +178,12 @@ class MasterLink:
             ],
             revocations_version=self.authority.revocations.version,
         )
-        reply = await stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
+        call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
+        reply = await call
         if reply.register_again:
             self.registered = False
+            return
+        if not self._from_the_master(reply, "heartbeat", await call.trailing_metadata()):
             return
         self.quota.bytes_per_s = reply.tenant_append_bytes_per_s
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
@@ -144,7 +191,13 @@ class MasterLink:
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:
-                existed = await self.delete_segment(key)
+                try:
+                    existed = await self.delete_segment(key)
+                except StoreUnavailable as error:
+                    # A full or read-only disk: the master asks again at a later beat.
+                    log.info("cannot delete segment %s/%s now: %s", key.stream_id,
+                             key.epoch, error)
+                    return
                 log.info(
                     "deleted segment %s/%s at the master's request (held: %s)",
                     key.stream_id,

@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from streamengine.protocol import codec
+from streamengine.protocol import codec, identity, transport
 from streamengine.protocol.auth import Denial, Principal, authorize
 from streamengine.protocol.callers import Callers
 from streamengine.protocol.entry import (
@@ -46,6 +46,7 @@ from streamengine.segment_store import metrics, tail
 from streamengine.segment_store.authority import (
     AppendQuota,
     CallerRefused,
+    CallerUnproven,
     GrantRefused,
     NoSigningKeyYet,
     StoreAuthority,
@@ -99,13 +100,26 @@ SUBSCRIBE_BUFFER_BATCHES_DEFAULT = tail.BUFFER_MESSAGES_DEFAULT
 SUBSCRIBE_STALL_MS_DEFAULT = tail.STALL_MS_DEFAULT
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
-assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
+# A packed reply is cut once it reaches its limit, so it passes it by at most one value,
+# and carries a length (a few bytes) per entry.
+assert (
+    PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
+    <= GRPC_MESSAGE_BYTES_MAX
+)
+
+
+# A Write stream with no request answered-but-unread and none arriving for this long is
+# closed: an abandoned stream holds no server resources. A leader that appends sends far
+# more often; one that idles reconnects in one pause (`client.store_link`), well within
+# the time after which it would count the store as lost.
+WRITE_STREAM_IDLE_MS_DEFAULT = 60_000
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
     subscribe_buffer_batches: int = SUBSCRIBE_BUFFER_BATCHES_DEFAULT
     subscribe_stall_ms: int = SUBSCRIBE_STALL_MS_DEFAULT
+    write_stream_idle_ms: int = WRITE_STREAM_IDLE_MS_DEFAULT
 
 
 class _Refused(Exception):
@@ -129,6 +143,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     StoredCopyCorrupt: grpc.StatusCode.DATA_LOSS,
     GrantRefused: grpc.StatusCode.PERMISSION_DENIED,
     CallerRefused: grpc.StatusCode.PERMISSION_DENIED,
+    CallerUnproven: grpc.StatusCode.UNAUTHENTICATED,
     NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
 }
 
@@ -164,7 +179,10 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
 
 
 def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
-    """Entries of a request; one of a kind this version does not know is bad input."""
+    """Entries of a request; one of a kind this version does not know is bad input.
+    The count is checked before any entry is built: an oversized batch costs nothing."""
+    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
     try:
         return codec.entries_from_pb(entries)
     except codec.MalformedEntry as error:
@@ -183,26 +201,31 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         watch: SegmentWatch,
         config: ServiceConfig,
         authority: StoreAuthority,
-        require_auth: bool = False,
+        members: transport.Transport = transport.PLAINTEXT,
     ) -> None:
         self.core = core
         self.committer = committer
         self.watch = watch
         self.config = config
         self.authority = authority
-        self.callers = Callers(authority.verifier, lambda: authority.revocations, require_auth)
+        self.callers = Callers(authority.verifier, lambda: authority.revocations)
         # The master tells the rate with every heartbeat reply (`MasterLink`).
         self.quota = AppendQuota(0)
+        # How this store reaches its peers (copies): its node certificate under TLS.
+        self.members = members
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
 
     # ---- who calls ----
 
     def caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-        """The call's principal; raises CallerRefused (a bad token), NoSigningKeyYet."""
+        """The call's principal; raises CallerRefused (a bad token), CallerUnproven (a
+        certificate proof that does not hold), NoSigningKeyYet."""
         try:
             principal = self.callers.principal(context)
         except NoVerifyingKey as error:
             raise NoSigningKeyYet(str(error)) from None
+        except identity.ProofRefused as refusal:
+            raise CallerUnproven(str(refusal)) from None
         if isinstance(principal, Denial):
             raise CallerRefused(principal.reason)
         return principal
@@ -246,15 +269,18 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         """One reply's worth of wire entries (off the event loop: it reads RocksDB).
         `verify=False` where the receiver checks every crc itself (followers do; RocksDB's
         block checksums still guard the disk)."""
-        if acked_only:
-            meta = self.core.meta(segment)
-            upper = min(upper, meta.acked_index) if meta is not None else upper
-            # Every acked index is held (acked <= matched): a run, read by value alone.
-            values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
-            return codec.entries_from_values(range(first, first + len(values)), values, verify)
-        rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
-        indexes = [entry_index(key) for key, _ in rows]
-        return codec.entries_from_values(indexes, [value for _, value in rows], verify)
+        with self.core.reading(segment):
+            if acked_only:
+                meta = self.core.meta(segment)
+                upper = min(upper, meta.acked_index) if meta is not None else upper
+                # Every acked index is held (acked <= matched): a run, read by value alone.
+                values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+                return codec.entries_from_values(
+                    range(first, first + len(values)), values, verify
+                )
+            rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+            indexes = [entry_index(key) for key, _ in rows]
+            return codec.entries_from_values(indexes, [value for _, value in rows], verify)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""
@@ -279,12 +305,38 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         # freed at once, so memory is the committer's queue plus one message per stream.
         answers: asyncio.Queue[tuple[_Ticket, _Admitted] | None] = asyncio.Queue()
 
+        idle_s = self.config.write_stream_idle_ms / 1000
+        unanswered = 0  # requests read whose reply is not written yet
+        last_activity = time.monotonic()
+
         async def read_requests() -> None:
+            nonlocal unanswered, last_activity
+            requests = aiter(request_iterator)
+            # One read outstanding at a time, never cancelled midway to look at the
+            # clock: a stream is idle when nothing is unanswered and nothing arrived
+            # (nor was answered) for `idle_s`.
+            next_request = asyncio.ensure_future(anext(requests))
             try:
-                async for request in request_iterator:
+                while True:
+                    quiet_s = time.monotonic() - last_activity
+                    wait_s = idle_s if unanswered else max(0.0, idle_s - quiet_s)
+                    done, _ = await asyncio.wait({next_request}, timeout=wait_s)
+                    if not done:
+                        if not unanswered and time.monotonic() - last_activity >= idle_s:
+                            metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                            return
+                        continue
+                    try:
+                        request = next_request.result()
+                    except StopAsyncIteration:
+                        return
+                    last_activity = time.monotonic()
                     await inflight.acquire()
+                    unanswered += 1
                     answers.put_nowait((_Ticket.of(request), self._admit(request, grants)))
+                    next_request = asyncio.ensure_future(anext(requests))
             finally:
+                next_request.cancel()
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
@@ -294,11 +346,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
                 if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
-                    status, command = admitted
-                    held = self.core.refused_busy(command)
-                    if isinstance(held, BelowFence):
-                        await _abort(context, held, ticket.segment)
-                    assert isinstance(held, WriteResult)
+                    status, held = admitted
                     reply = ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
                 else:
                     outcome = await admitted
@@ -307,6 +355,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     assert isinstance(outcome, WriteResult)
                     reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
+                unanswered -= 1
+                last_activity = time.monotonic()
                 inflight.release()
             await reader
         finally:
@@ -317,20 +367,19 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     def _admit(
         self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants
     ) -> _Admitted:
-        """The write under way, a batch refused for now with its status (busy, over the
-        quota: nothing written), or why it was refused (an Exception, which ends the
-        stream)."""
+        """The write under way; or, for a batch refused for now (the store too busy, the
+        tenant over its quota: nothing written), its status and what the segment holds
+        (the batch itself is dropped at once: memory is the committer's queue, not every
+        refused batch waiting for its reply); or why it was refused (an Exception, which
+        ends the stream)."""
         try:
             segment = segment_key(request.segment)
             # Malformed before unauthorized: a bad request says what is wrong with it.
             check_epoch(request.writer_epoch, "writer epoch")
+            entries = entries_from_pb(request.entries)
             grant = grants.admit(request.grant, segment, request.writer_epoch)
             command = WriteCommand(
-                segment,
-                request.writer_epoch,
-                request.acked_index,
-                entries_from_pb(request.entries),
-                grant.tenant,
+                segment, request.writer_epoch, request.acked_index, entries, grant.tenant
             )
         except StoreError as error:
             return error
@@ -339,12 +388,18 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         payload_bytes = sum(len(entry.payload) for entry in command.entries)
         if not self.quota.admit(grant.tenant, payload_bytes, _now_ms()):
             metrics.REFUSED_QUOTA.inc()
-            return segment_store_pb2.REFUSED_QUOTA, command
+            return self._held_back(segment_store_pb2.REFUSED_QUOTA, command)
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
-            return segment_store_pb2.REFUSED_BUSY, command
+            return self._held_back(segment_store_pb2.REFUSED_BUSY, command)
         return future
+
+    def _held_back(self, status: int, command: WriteCommand) -> _Admitted:
+        """A batch refused for now: its status and what the segment holds, or, below the
+        fence, that error (as for any write)."""
+        held = self.core.refused_busy(command)
+        return held if isinstance(held, Exception) else (status, held)
 
     # ---- Seal, Delete, state ----
 
@@ -395,9 +450,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         try:
             self.require(context, "Delete")
             segment = segment_key(request.segment)
-        except StoreError as error:
-            await _abort(context, error)
-        existed = await self.delete(segment)
+            existed = await self.delete(segment)
+        except StoreError as error:  # refused, malformed, or the store cannot write now
+            await _abort(context, error, request.segment)
         if existed:
             log.info("segment deleted", extra=segment_fields(request.segment.stream, segment.epoch))
         return segment_store_pb2.DeleteReply(existed=existed)
@@ -536,10 +591,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> tuple[int, list[bytes]]:
         """Stored values of consecutive indexes from `first` (cut before a gap), each
         verified; raises CorruptEntry."""
-        values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
-        bad = first_corrupt_value(first, values)
-        if bad is not None:
-            raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
+        with self.core.reading(segment):
+            values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
+            bad = first_corrupt_value(first, values)
+            if bad is not None:
+                raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
         return first, values
 
     async def Digest(
@@ -585,6 +641,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 self.core,
                 self.committer,
                 self.in_thread,
+                self.members,
                 segment_key(request.segment),
                 request.source_address,
                 request.final_index,
@@ -648,8 +705,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
 
 # What `_admit` makes of a Write request: the write under way; a batch refused for now
-# with its status (REFUSED_BUSY, REFUSED_QUOTA); or why the stream ends.
-_Admitted = asyncio.Future[Outcome] | tuple[int, WriteCommand] | Exception
+# with its status (REFUSED_BUSY, REFUSED_QUOTA) and what the segment holds; or why the
+# stream ends.
+_Admitted = asyncio.Future[Outcome] | tuple[int, WriteResult] | Exception
 
 
 @dataclass(frozen=True, slots=True)
@@ -709,6 +767,7 @@ class _Tail:
     ) -> None:
         self.service = service
         self.segment = segment
+        self.start = start
         settings = tail.TailSettings.asked(
             start.max_batch_entries,
             start.keepalive_interval_ms,
@@ -742,6 +801,8 @@ class _Tail:
             if isinstance(error, _Refused):
                 return error
             if isinstance(error, CorruptEntry):
+                log.error("DATA_LOSS serving a subscriber: %s", error,
+                          extra=segment_fields(self.start.segment.stream, self.segment.epoch))
                 return _Refused(grpc.StatusCode.DATA_LOSS, str(error))
             if error is not None and task is tasks[0]:
                 log.error("tail of %s failed", self.segment, exc_info=error)

@@ -12,7 +12,7 @@ import sys
 import time
 
 from streamengine.client.errors import InvalidArgument
-from streamengine.tools.ops import RPC_TIMEOUT_S, master_stub
+from streamengine.tools.ops import RPC_TIMEOUT_S, client_transport, master_stub
 from streamengine.v1 import master_pb2
 
 ROLES = {
@@ -23,7 +23,7 @@ ROLES = {
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         reply = master.CreateToken(
             master_pb2.CreateTokenRequest(
                 tenant=args.tenant, role=ROLES[args.role], ttl_ms=args.ttl or 0
@@ -40,7 +40,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         reply = master.RevokeToken(
             master_pb2.RevokeTokenRequest(token_id=args.token_id), timeout=RPC_TIMEOUT_S
         )

@@ -539,3 +539,60 @@ def test_quotas_refuse_streams_past_the_limit_and_hold_appends_to_the_rate(tmp_p
             metric_value(port, "streamengine_store_refused_quota_total") for port in ports.values()
         ]
         assert sum(refusals) > 0, refusals
+
+
+# ---- over TLS: tokens through the SDK and the CLI ----
+
+
+def test_over_tls_a_tenant_is_its_token_through_the_sdk_and_the_cli(tmp_path: Path) -> None:
+    """A cluster admin (client.root) makes tokens with the CLI; a tenant holding ca.crt
+    and a write token leads and appends through the SDK, one with a read token reads but
+    cannot lead, and a caller with neither certificate nor token is refused."""
+    from streamengine.client import PermissionDenied
+    from tests.integration.test_cli import run_cli
+
+    with running_cluster(tmp_path, stores=3, master_args=["--lease-ms", "1000"], tls=True) as tls:
+        assert tls.certs is not None
+        admin = ["--master", tls.master_address, "--certs-dir", str(tls.certs.client_dir)]
+        assert run_cli("stream", "create", "acme/orders", *admin).returncode == 0
+        assert run_cli("stream", "create", "other/secret", *admin).returncode == 0
+        tokens = {}
+        for role in ("read", "write"):
+            made = run_cli("token", "create", "--tenant", "acme", "--role", role, *admin)
+            assert made.returncode == 0, made.stderr
+            tokens[role] = made.stdout.strip()
+        tenant_dir = tls.certs.tenant_dir
+
+        async def as_tenant(token: str | None) -> list[str]:
+            async with StreamClient(
+                tls.master_address, certs_dir=tenant_dir, token=token
+            ) as client:
+                if token == tokens["write"]:
+                    async with client.writer("acme/orders", leadership_timeout_s=15) as writer:
+                        await writer.append_batch([b"one", b"two"])
+                events = [e.payload async for e in client.read("acme/orders")]
+                info = await client.describe_stream("acme/orders")
+                return [info.name, *(p.decode() for p in events)]
+
+        assert asyncio.run(as_tenant(tokens["write"])) == ["acme/orders", "one", "two"]
+        assert asyncio.run(as_tenant(tokens["read"])) == ["acme/orders", "one", "two"]
+
+        async def lead_with_read_token() -> None:
+            async with (
+                StreamClient(
+                    tls.master_address, certs_dir=tenant_dir, token=tokens["read"]
+                ) as client,
+                client.writer("acme/orders", leadership_timeout_s=15),
+            ):
+                pass
+
+        with pytest.raises(PermissionDenied):
+            asyncio.run(lead_with_read_token())
+        with pytest.raises(PermissionDenied):
+            asyncio.run(as_tenant(None))  # ca.crt alone: anonymous
+        reader = ["--master", tls.master_address, "--certs-dir", str(tenant_dir)]
+        listed = run_cli("stream", "list", "--json", *reader, "--token", tokens["read"])
+        assert listed.returncode == 0, listed.stderr
+        assert "acme/orders" in listed.stdout and "other" not in listed.stdout
+        refused = run_cli("stream", "create", "acme/more", *reader, "--token", tokens["read"])
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr

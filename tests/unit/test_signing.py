@@ -257,35 +257,28 @@ EXPIRED_AT = 61_000
 
 
 @pytest.mark.parametrize(
-    ("identity", "bearer", "require_auth", "now_ms", "expected"),
+    ("identity", "bearer", "now_ms", "expected"),
     [
-        # Plaintext servers without required authentication: as before security.
-        (INSECURE, None, False, 0, INSECURE),
-        # A caller that shows a token is held to it, whatever the server requires.
-        (INSECURE, VALID, False, 2_000, CLAIMS.principal()),
-        (INSECURE, VALID, True, 2_000, CLAIMS.principal()),
-        (INSECURE, None, True, 0, ANONYMOUS),
-        (ANONYMOUS, None, True, 0, ANONYMOUS),
-        (ANONYMOUS, VALID, True, 2_000, CLAIMS.principal()),
+        # Plaintext servers: a caller without a token is allowed everything, as before.
+        (INSECURE, None, 0, INSECURE),
+        # A caller that shows a token is held to it, on any server.
+        (INSECURE, VALID, 2_000, CLAIMS.principal()),
+        # Over TLS without a certificate proof: anonymous until a token says more.
+        (ANONYMOUS, None, 0, ANONYMOUS),
+        (ANONYMOUS, VALID, 2_000, CLAIMS.principal()),
         # Certificates of members and admins prove more than a token.
-        (MEMBER, VALID, True, 2_000, MEMBER),
-        (ADMIN, None, True, 0, ADMIN),
+        (MEMBER, VALID, 2_000, MEMBER),
+        (ADMIN, None, 0, ADMIN),
         # Bad tokens are refused, never treated as no token.
-        (INSECURE, VALID, False, EXPIRED_AT, "expired"),
-        (ANONYMOUS, mint_token(OTHER_KEY, CLAIMS), True, 2_000, "not valid"),
-        (INSECURE, "garbage", False, 0, "not valid"),
+        (INSECURE, VALID, EXPIRED_AT, "expired"),
+        (ANONYMOUS, mint_token(OTHER_KEY, CLAIMS), 2_000, "not valid"),
+        (INSECURE, "garbage", 0, "not valid"),
     ],
 )
 def test_resolve_caller(
-    identity: Principal,
-    bearer: str | None,
-    require_auth: bool,
-    now_ms: int,
-    expected: Principal | str,
+    identity: Principal, bearer: str | None, now_ms: int, expected: Principal | str
 ) -> None:
-    got = resolve_caller(
-        identity, bearer, Verifier([KEY.public_key]), Revocations(), now_ms, require_auth
-    )
+    got = resolve_caller(identity, bearer, Verifier([KEY.public_key]), Revocations(), now_ms)
     if isinstance(expected, str):
         assert isinstance(got, Denial) and expected in got.reason
     else:
@@ -294,10 +287,10 @@ def test_resolve_caller(
 
 def test_a_revoked_token_resolves_to_a_denial() -> None:
     revocations = Revocations({CLAIMS.token_id: CLAIMS.expires_at_ms}, version=1)
-    got = resolve_caller(INSECURE, VALID, Verifier([KEY.public_key]), revocations, 2_000, False)
+    got = resolve_caller(INSECURE, VALID, Verifier([KEY.public_key]), revocations, 2_000)
     assert isinstance(got, Denial) and "revoked" in got.reason
 
 
 def test_a_token_that_cannot_be_checked_yet_is_not_a_bad_token() -> None:
     with pytest.raises(NoVerifyingKey):
-        resolve_caller(INSECURE, VALID, Verifier(), Revocations(), 2_000, False)
+        resolve_caller(INSECURE, VALID, Verifier(), Revocations(), 2_000)

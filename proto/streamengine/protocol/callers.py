@@ -1,16 +1,18 @@
 """Who a gRPC call comes from, for the master's and the stores' servicers alike.
 
 `Callers.principal(context)` turns a call into a `Principal` (or a `Denial`): the
-identity its TLS certificate proves (`auth.identity_from_auth_context`; INSECURE for a
-plaintext call), with the token of its `authorization: Bearer` metadata, by
-`tokens.resolve_caller`. The servicer then asks `auth.authorize(principal, rpc, tenant)`
-and answers a denial with PERMISSION_DENIED, changing nothing.
+identity its certificate proves (`identity.caller_identity`: a member or an admin over
+TLS, ANONYMOUS over TLS without a proof, INSECURE over plaintext), with the token of its
+`authorization: Bearer` metadata, by `tokens.resolve_caller`. The servicer then asks
+`auth.authorize(principal, rpc, tenant)` and answers a denial with PERMISSION_DENIED,
+changing nothing; a certificate proof that does not hold is UNAUTHENTICATED
+(`identity.ProofRefused`, raised).
 
-`require_auth` is the one switch of the authentication mode: True on a server that
-requires every caller to prove who it is (a TLS server: members and admins by their
-certificates, tenants by tokens), False on a plaintext one (loopback, or --insecure),
-where a caller without a token may do anything, as before security existed, and a
-caller with one is held to it.
+Which calls must prove who they are is the transport's one decision: a TLS server never
+sees an INSECURE caller (a caller without a certificate proof is ANONYMOUS until a token
+says more), a plaintext one (loopback, or --insecure) sees every caller without a token
+as INSECURE, allowed everything as before security existed; a caller that shows a token
+is held to it either way.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from streamengine.protocol.auth import (
     BEARER_PREFIX,
     Denial,
     Principal,
-    identity_from_auth_context,
 )
+from streamengine.protocol.identity import caller_identity
 from streamengine.protocol.signing import Verifier
 from streamengine.protocol.tokens import Revocations, resolve_caller
 
@@ -50,29 +52,21 @@ def bearer_token(context: Context) -> str | None:
     return None
 
 
-def certificate_identity(context: Context) -> Principal:
-    """What the call's TLS certificate proves (INSECURE for a plaintext call)."""
-    return identity_from_auth_context(
-        {key: list(values) for key, values in context.auth_context().items()}
-    )
-
-
 @dataclass
 class Callers:
     """Resolves the principal of each call: see the module doc."""
 
     verifier: Verifier
     revocations: Callable[[], Revocations]
-    require_auth: bool = False
     clock_ms: Callable[[], int] = wall_clock_ms
 
     def principal(self, context: Context) -> Principal | Denial:
-        """Raises NoVerifyingKey when the call's token cannot be checked yet."""
+        """Raises identity.ProofRefused for a certificate proof that does not hold, and
+        NoVerifyingKey when the call's token cannot be checked yet."""
         return resolve_caller(
-            certificate_identity(context),
+            caller_identity(context),
             bearer_token(context),
             self.verifier,
             self.revocations(),
             self.clock_ms(),
-            self.require_auth,
         )

@@ -13,11 +13,11 @@ Text form: `se1_` then the envelope in URL-safe base64 without padding, sent as
 
 Who calls (`resolve_caller`): a certificate naming a cluster member or a cluster admin
 proves more than a token, and wins. Otherwise a token, when the call carries one, must
-be valid, unexpired and unrevoked, and then names the caller; a call without one is
-INSECURE on a server that does not require authentication (plaintext, on loopback or
-with --insecure: everything is allowed, as before security existed), and ANONYMOUS on
-one that does (a TLS server). A server that does not require authentication still holds
-a caller who shows a token to it: a token only ever narrows what a call may do.
+be valid, unexpired and unrevoked, and then names the caller; a call without one stays
+what its transport made it: ANONYMOUS over TLS, INSECURE over plaintext (loopback or
+--insecure: everything is allowed, as before security existed). A plaintext server
+still holds a caller who shows a token to it: a token only ever narrows what a call may
+do.
 
 Pure: time comes in as `now_ms` (wall-clock milliseconds: tokens outlive processes).
 """
@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from streamengine.protocol.auth import (
-    ANONYMOUS,
     Denial,
     Principal,
     PrincipalKind,
@@ -158,14 +157,11 @@ def resolve_caller(
     verifier: Verifier,
     revocations: Revocations,
     now_ms: int,
-    require_auth: bool,
 ) -> Principal | Denial:
-    """The principal of a call: `identity` from its TLS certificate (INSECURE when
-    plaintext), `bearer` the token it carries, if any. A Denial when its token is
-    invalid, expired or revoked. Raises NoVerifyingKey when a token cannot be checked
-    yet (a store that has not heard from the master)."""
-    if identity.kind is PrincipalKind.UNAUTHENTICATED_INSECURE and require_auth:
-        identity = ANONYMOUS
+    """The principal of a call: `identity` from its certificate proof (ANONYMOUS over TLS
+    without one, INSECURE over plaintext), `bearer` the token it carries, if any. A
+    Denial when its token is invalid, expired or revoked. Raises NoVerifyingKey when a
+    token cannot be checked yet (a store that has not heard from the master)."""
     if identity.kind not in (PrincipalKind.UNAUTHENTICATED_INSECURE, PrincipalKind.ANONYMOUS):
         return identity
     if bearer is None:
