@@ -24,6 +24,7 @@ from streamengine.master import repair
 from streamengine.master.catalog import Catalog
 from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
+from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import logs
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     try:
-        catalog = Catalog(Path(args.data))
+        catalog = Catalog(RocksDBMetadata(Path(args.data)))
     except Exception as error:
         print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
         return 1

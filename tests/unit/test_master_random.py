@@ -21,6 +21,7 @@ import pytest
 from streamengine.master.catalog import Catalog
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentState
+from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.state import MasterState
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 
@@ -36,7 +37,7 @@ class World:
         self.path = path
         self.rng = random.Random(seed)
         self.now = 1_000_000
-        self.catalog = Catalog(path)
+        self.catalog = Catalog(RocksDBMetadata(path))
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
         self.dead: set[str] = set()
         self.epochs_seen: list[int] = []
@@ -105,7 +106,7 @@ class World:
     def restart(self, _: str) -> None:
         before = (dict(self.state.streams), dict(self.state.segments), dict(self.state.stores))
         self.catalog.close()
-        self.catalog = Catalog(self.path)
+        self.catalog = Catalog(RocksDBMetadata(self.path))
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
         after = (dict(self.state.streams), dict(self.state.segments), dict(self.state.stores))
         assert after == before, "a restart loads exactly what was answered"

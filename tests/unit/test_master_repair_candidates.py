@@ -11,6 +11,7 @@ import pytest
 from streamengine.master import repair
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.model import Held, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.state import MasterState
 
 TIMEOUT = 3000
@@ -19,7 +20,7 @@ NOW = 1_000_000
 
 @pytest.fixture
 def state(tmp_path: Path):
-    catalog = Catalog(tmp_path / "m")
+    catalog = Catalog(RocksDBMetadata(tmp_path / "m"))
     batch = Batch().tenant("t", 0).next_stream_id(2)
     batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 20, "", 0))
     for epoch in range(1, 21):

@@ -19,6 +19,7 @@ from streamengine.master.errors import (
     TooManyUnsealed,
 )
 from streamengine.master.model import Held, SegmentState
+from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.state import MasterState
 
 LEASE = 1000
@@ -31,12 +32,12 @@ class Master:
     def __init__(self, path: Path):
         self.path = path
         self.now = 1_000_000
-        self.catalog = Catalog(path)
+        self.catalog = Catalog(RocksDBMetadata(path))
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
 
     def restart(self) -> MasterState:
         self.catalog.close()
-        self.catalog = Catalog(self.path)
+        self.catalog = Catalog(RocksDBMetadata(self.path))
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
         return self.state
 
@@ -382,9 +383,5 @@ def test_catalog_is_raw_rocksdb_with_big_endian_keys(master: Master) -> None:
     assert config["raw_mode"] is True, "no pickled values, no private comparator"
     beat(master, "w1")
     master.state.roll_segment("t/s", "w1", 1, [], master.now)
-    keys = [
-        k
-        for k in master.catalog._db.keys(from_key=b"g/")
-        if isinstance(k, bytes) and k[:2] == b"g/"
-    ]
+    keys = [k for k, _ in master.catalog.metadata.read_all() if k[:2] == b"g/"]
     assert keys == sorted(keys) and len(keys) == 2, "segments sort by (stream id, epoch)"
