@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -272,6 +273,150 @@ def running_cluster(
             store.start(wait=False)
         for store in cluster.stores:
             store.wait_serving()
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+# etcd's minimum lease TTL is 1.5 election ticks rounded up to whole seconds: with its
+# defaults (100 ms heartbeats, 1 s election timeout) a 1 s lease silently becomes 2 s.
+# Half those give the 1 s election lease masters use, and detect a dead raft leader in
+# about half a second.
+ETCD_HEARTBEAT_MS = 50
+ETCD_ELECTION_TIMEOUT_MS = 500
+ETCD_READY_TIMEOUT_S = 20.0
+
+
+def etcd_binary() -> str | None:
+    """The etcd server (Debian's `etcd-server`, installed by
+    deploy/install-system-deps.sh), or None."""
+    return shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+
+
+def etcd_answers(endpoint: str, timeout_s: float = 0.5) -> bool:
+    """True when `endpoint` serves a linearizable read (its cluster has a leader)."""
+    from streamengine.etcd import rpc_pb2, rpc_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            rpc_pb2_grpc.KVStub(channel).Range(
+                rpc_pb2.RangeRequest(key=b"/health"), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return False
+        return True
+
+
+@dataclass
+class EtcdMember(ChildProcess):
+    """One etcd member on 127.0.0.1, with its data dir; restartable."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    initial_cluster: str = ""
+    process: subprocess.Popen[bytes] | None = None
+    stopped: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> EtcdMember:
+        binary = etcd_binary()
+        assert binary is not None, "etcd is not installed"
+        assert self.process is None or self.process.poll() is not None, "already running"
+        client_url = f"http://{self.endpoint}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                f"--name={self.name}",
+                f"--data-dir={self.data_dir}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster={self.initial_cluster or f'{self.name}={peer_url}'}",
+                "--initial-cluster-state=new",
+                f"--heartbeat-interval={ETCD_HEARTBEAT_MS}",
+                f"--election-timeout={ETCD_ELECTION_TIMEOUT_MS}",
+                "--logger=zap",
+                "--log-outputs=stderr",
+                "--log-level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.stopped = False
+        return self
+
+    def restart(self) -> EtcdMember:
+        self.kill()
+        return self.start()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class EtcdCluster:
+    members: list[EtcdMember]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def url(self, prefix: str = "") -> str:
+        """The master's `--metadata` for this etcd, keys under `prefix`."""
+        return "etcd://" + ",".join(self.endpoints) + (f"/{prefix.strip('/')}" if prefix else "")
+
+    def wait_ready(self, timeout_s: float = ETCD_READY_TIMEOUT_S) -> None:
+        def ready() -> bool:
+            for member in self.members:
+                if member.process is not None and member.process.poll() is not None:
+                    raise RuntimeError(f"etcd {member.name} exited:\n{member.log()}")
+            return all(etcd_answers(m.endpoint) for m in self.members if m.alive())
+
+        wait_for(ready, timeout_s, 0.05, "etcd answering")
+
+    def stop_all(self) -> None:
+        for member in self.members:
+            with contextlib.suppress(Exception):
+                member.kill()
+
+
+def make_etcd(root: Path, members: int = 1) -> EtcdCluster:
+    names = [f"etcd{n}" for n in range(members)]
+    ports = [(free_port(), free_port()) for _ in names]
+    initial = ",".join(
+        f"{name}=http://127.0.0.1:{peer}" for name, (_, peer) in zip(names, ports, strict=True)
+    )
+    cluster = []
+    for name, (client_port, peer_port) in zip(names, ports, strict=True):
+        data = root / name
+        data.mkdir(parents=True, exist_ok=True)
+        cluster.append(
+            EtcdMember(name, client_port, peer_port, data, root / f"{name}.log", initial)
+        )
+    return EtcdCluster(cluster)
+
+
+@contextlib.contextmanager
+def running_etcd(root: Path, members: int = 1) -> Iterator[EtcdCluster]:
+    """Start an etcd of `members` members on free 127.0.0.1 ports; kill it on exit."""
+    cluster = make_etcd(root, members)
+    try:
+        for member in cluster.members:
+            member.start()
+        cluster.wait_ready()
         yield cluster
     finally:
         cluster.stop_all()
