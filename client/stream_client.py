@@ -1,7 +1,7 @@
-"""`StreamClient`: the SDK's entry point, one per process and master.
+"""`StreamClient`: the SDK's entry point, one per process and cluster.
 
 ```python
-async with StreamClient("127.0.0.1:7070") as client:
+async with StreamClient("127.0.0.1:7070") as client:   # or "m1:7070,m2:7070,m3:7070"
     await client.create_stream("acme/orders", replicas=3, write_quorum=2)
     async with client.writer("acme/orders") as w:
         seq = await w.append(b"...")
@@ -10,7 +10,8 @@ async with StreamClient("127.0.0.1:7070") as client:
 ```
 
 It owns one pool of gRPC channels (options in `client.channels`) shared by writers
-and readers; control calls retry transient failures (`client.retrying`).
+and readers; control calls retry transient failures (`client.retrying`). Given several
+masters, every master call follows the active one (`protocol.master_calls`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.errors import Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary
 from streamengine.client.writer import Writer
+from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 T = TypeVar("T")
@@ -45,15 +47,18 @@ SEAL_ASK_AGAIN_S = 2.0
 
 
 class StreamClient:
-    """A connection to one cluster, through its master."""
+    """A connection to one cluster, through its masters (`host:port`, or several
+    separated by commas: calls follow the active one)."""
 
     def __init__(self, master_address: str) -> None:
         self.master_address = master_address
         self._channels = ChannelPool()
+        # Parsed now: a malformed list fails here, not at the first call.
+        self._masters = AsyncMasters(master_address, self._channels.get)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
 
     async def __aenter__(self) -> StreamClient:
-        self._master = master_pb2_grpc.MasterStub(self._channels.get(self.master_address))
+        self._master = self._masters.stub
         return self
 
     async def __aexit__(

@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.protocol import logs
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.segment_store import metrics
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
@@ -60,7 +61,12 @@ SHUTDOWN_GRACE_S = 2.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, help="host:port to serve gRPC on")
     parser.add_argument("--data", required=True, type=Path, help="data directory (RocksDB)")
-    parser.add_argument("--master", required=True, metavar="HOST:PORT", help="the master")
+    parser.add_argument(
+        "--master",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the masters (calls follow the active one)",
+    )
     parser.add_argument(
         "--id", dest="store_id", help="stable store id (default: generated once, kept in --data)"
     )
@@ -106,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.queue_bytes_max <= 0 or args.subscribe_buffer_batches <= 0:
         print("streamengine store: queue and buffer sizes must be positive")
+        return 2
+    try:
+        parse_masters(args.master)
+    except BadMasterList as error:
+        print(f"streamengine store: --master: {error}", file=sys.stderr)
         return 2
     try:
         args.data.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ ALLOWED = {
     ),
     "segment_store": ("streamengine.segment_store", "streamengine.protocol", "streamengine.v1"),
 }
-PURE_PROTOCOL = ["entry.py", "limits.py", "policy.py", "sequence.py"]
+PURE_PROTOCOL = ["entry.py", "limits.py", "masters.py", "policy.py", "sequence.py"]
 PURE_MASTER = ["leadership.py", "placement.py", "repair.py", "model.py", "errors.py"]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
 # the live tail.

@@ -1,10 +1,10 @@
 """`streamengine`: run servers and operate a cluster.
 
 Exit codes: 0 ok, 1 failure, 2 usage. Expected failures print one line, never a
-traceback. Client commands find the master from `--master HOST:PORT`, else
-$STREAMENGINE_MASTER, else 127.0.0.1:7070. Servers (`master`, `store`) also read a TOML
-file (`--config`) and STREAMENGINE_<FLAG> variables; flags win over variables, which
-win over the file.
+traceback. Client commands find the masters from `--master HOST:PORT[,HOST:PORT...]`,
+else $STREAMENGINE_MASTER, else 127.0.0.1:7070, and follow the active one. Servers
+(`master`, `store`) also read a TOML file (`--config`) and STREAMENGINE_<FLAG>
+variables; flags win over variables, which win over the file.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def _add_master_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--master",
         default=os.environ.get(f"{ENV_PREFIX}MASTER", DEFAULT_MASTER),
-        metavar="HOST:PORT",
-        help="the master (default: $STREAMENGINE_MASTER or %(default)s)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the masters; calls follow the active one (default: $STREAMENGINE_MASTER or "
+        "%(default)s)",
     )
 
 

@@ -17,8 +17,15 @@ from typing import Any
 
 import grpc
 
-from streamengine.client.errors import StreamEngineError, Unavailable, from_rpc_error
+from streamengine.client.errors import (
+    InvalidArgument,
+    StreamEngineError,
+    Unavailable,
+    from_rpc_error,
+)
 from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.master_calls import sync_masters
+from streamengine.protocol.masters import BadMasterList
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -29,15 +36,20 @@ REPAIR_WAIT_S = 600.0
 
 @contextmanager
 def master_stub(address: str) -> Iterator[master_pb2_grpc.MasterStub]:
-    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
-        try:
-            yield master_pb2_grpc.MasterStub(channel)
-        except grpc.RpcError as error:
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise Unavailable(
-                    f"no master answering at {address} (is the cluster up?)"
-                ) from error
-            raise from_rpc_error(error) from error
+    """The masters at `address` (one, or several separated by commas: calls follow the
+    active one)."""
+    try:
+        masters = sync_masters(address)
+        with masters as following:
+            yield following.stub
+    except BadMasterList as error:
+        raise InvalidArgument(f"--master: {error}") from error
+    except grpc.RpcError as error:
+        if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise Unavailable(
+                f"no active master answering at {address} (is the cluster up?)"
+            ) from error
+        raise from_rpc_error(error) from error
 
 
 def _state_name(state: entry_pb2.SegmentState.ValueType) -> str:
