@@ -20,6 +20,7 @@ class Metrics:
     repairs_done: Gauge
     repairs_failed: Gauge
     repairs_running: Gauge
+    active: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -56,6 +57,11 @@ class Metrics:
             ),
             repairs_running=Gauge(
                 "streamengine_master_repairs_running", "Repair tasks running", registry=r
+            ),
+            active=Gauge(
+                "streamengine_master_active",
+                "1 while this master is the active one, 0 while a standby",
+                registry=r,
             ),
         )
 

@@ -1,9 +1,17 @@
 """Run the master: metadata, leases and epochs, store liveness, placement and repair.
 
-Serves the Master gRPC service and gRPC health (SERVING once the catalog is loaded)
-on --listen, keeps its metadata in RocksDB under --data, and exits 0 on SIGTERM after
-a graceful stop. For one lease period after it starts it grants no lease: writer
-heartbeats are answered FOLLOWER (with the previous holder, if any, still leading).
+Serves the Master gRPC service and gRPC health on --listen and exits 0 on SIGTERM after
+a graceful stop. Its metadata lives in the embedded RocksDB under --data (the default:
+one master), or in etcd (`--metadata etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`): then
+several masters run on the same etcd, one active, chosen by an etcd lease election
+(`master.election`), and the others are standbys answering every call UNAVAILABLE with
+the active master's address (`--advertise`) in the trailing metadata. Health: the
+empty service name is SERVING once the process serves (standbys too);
+`streamengine.v1.Master` is SERVING only while this master is the active one.
+
+For one lease period after a master starts or becomes active it grants no lease:
+writer heartbeats are answered FOLLOWER (with the previous holder, if any, still
+leading).
 """
 
 from __future__ import annotations
@@ -16,15 +24,29 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.master import repair
 from streamengine.master.catalog import Catalog
+from streamengine.master.election import (
+    ELECTION_TTL_S_DEFAULT,
+    KEEPALIVES_PER_TTL,
+    Election,
+    LeaseLost,
+    Term,
+)
+from streamengine.master.election import RETRY_S as ELECTION_RETRY_S
+from streamengine.master.errors import InvalidArgument
+from streamengine.master.etcd import EtcdClient, is_etcd_url, parse_etcd_url
+from streamengine.master.etcd_metadata import EtcdMetadata, MetadataChanged
+from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
+from streamengine.master.role import FOREVER_MS, MasterRole
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import logs
@@ -35,19 +57,45 @@ from streamengine.v1 import master_pb2_grpc
 log = logging.getLogger("streamengine.master")
 
 STORE_TIMEOUT_MS_DEFAULT = 6000
-# Copies at a time: one per replica of a typical policy, so a dead store's segments
-# come back quickly without starving writers of disk and network.
 # A lease shorter than this leaves writers too little time between heartbeats.
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
 SHUTDOWN_GRACE_S = 1.0
 MASTER_SERVICE = "streamengine.v1.Master"
+# A commit to etcd blocks the master's event loop (its state is synchronous), which also
+# runs the election keepalive: a commit may take at most half a TTL, so that with one
+# keepalive interval before it the lease is still renewed in time.
+COMMIT_SHARE_OF_TTL = 0.5
+assert 1 / KEEPALIVES_PER_TTL + COMMIT_SHARE_OF_TTL < 1, "a slow commit never starves the lease"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, help="host:port to serve gRPC on")
     parser.add_argument(
-        "--data", required=True, type=Path, help="directory for the metadata (RocksDB)"
+        "--data",
+        type=Path,
+        help="directory for local files: the embedded metadata (RocksDB), unless "
+        "--metadata names etcd",
+    )
+    parser.add_argument(
+        "--metadata",
+        default="",
+        metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+        help="keep the metadata in etcd (several masters, one active) instead of under --data",
+    )
+    parser.add_argument(
+        "--advertise",
+        default="",
+        metavar="HOST:PORT",
+        help="the address clients and stores reach this master at, which standbys name "
+        "(default: --listen)",
+    )
+    parser.add_argument(
+        "--election-ttl-s",
+        type=int,
+        default=ELECTION_TTL_S_DEFAULT,
+        help="etcd lease of the active master: a standby takes over this long (plus up "
+        "to 0.5 s) after the active master dies",
     )
     parser.add_argument(
         "--lease-ms", type=int, default=LEASE_MS_DEFAULT, help="writer lease length"
@@ -92,6 +140,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.metadata:
+        try:
+            parse_etcd_url(args.metadata)
+        except InvalidArgument as error:
+            print(f"streamengine master: --metadata: {error}", file=sys.stderr)
+            return 2
+        if args.election_ttl_s < 1:
+            print("streamengine master: --election-ttl-s must be at least 1", file=sys.stderr)
+            return 2
+    elif args.data is None:
+        print("streamengine master: --data is required without --metadata", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:
@@ -99,27 +159,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    try:
-        catalog = Catalog(RocksDBMetadata(Path(args.data)))
-    except Exception as error:
-        print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
-        return 1
-    try:
-        return await _serve_catalog(args, catalog)
-    finally:
-        catalog.close()
-
-
-async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
-    state = MasterState(
-        catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
-    )
+    role = MasterRole(args.advertise or args.listen)
     metrics = Metrics.create()
-    repairer = Repairer(state, args.repair_concurrency, _clock_ms)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    master_pb2_grpc.add_MasterServicer_to_server(
-        MasterService(state, repairer, _clock_ms, metrics), server
-    )
+    master_pb2_grpc.add_MasterServicer_to_server(MasterService(role, _clock_ms, metrics), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -127,26 +170,35 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     except RuntimeError as error:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
+    if is_etcd_url(args.metadata):
+        run_role = _etcd_master(args, role, health_servicer)
+    else:
+        try:
+            catalog = Catalog(RocksDBMetadata(Path(args.data)))
+        except Exception as error:
+            print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
+            return 1
+        run_role = _embedded_master(args, role, catalog, health_servicer)
+
     await server.start()
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port)
-    for service in ("", MASTER_SERVICE):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "master serving on %s (lease %d ms, store timeout %d ms)",
+        "master serving on %s (lease %d ms, store timeout %d ms, metadata %s)",
         args.listen,
         args.lease_ms,
         args.store_timeout_ms,
+        args.metadata or f"under {args.data}",
     )
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with asyncio.TaskGroup() as group:
         background = [
-            group.create_task(repairer.run()),
-            group.create_task(_update_gauges(state, repairer, metrics)),
+            group.create_task(run_role),
+            group.create_task(_update_gauges(role, metrics)),
         ]
         await stop.wait()
         log.info("master stopping")
@@ -157,17 +209,144 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     return 0
 
 
-async def _update_gauges(state: MasterState, repairer: Repairer, metrics: Metrics) -> None:
+def _new_state(args: argparse.Namespace, catalog: Catalog) -> tuple[MasterState, Repairer]:
+    state = MasterState(
+        catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
+    )
+    return state, Repairer(state, args.repair_concurrency, _clock_ms)
+
+
+async def _embedded_master(
+    args: argparse.Namespace,
+    role: MasterRole,
+    catalog: Catalog,
+    health_servicer: health.aio.HealthServicer,
+) -> None:
+    """The only master: active from the moment its catalog is loaded."""
+    try:
+        state, repairer = _new_state(args, catalog)
+        role.activate(state, repairer, until_ms=FOREVER_MS)
+        await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await repairer.run()
+    finally:
+        role.step_down()
+        catalog.close()
+
+
+async def _etcd_master(
+    args: argparse.Namespace, role: MasterRole, health_servicer: health.aio.HealthServicer
+) -> None:
+    """Campaign, serve while elected, campaign again when deposed; on a clean stop give
+    the election lease back so a standby takes over at once."""
+    config = parse_etcd_url(args.metadata)
+    client = EtcdClient(config)
+    election = Election(client, role.address, args.election_ttl_s, _clock_ms)
+    metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
+    elected = _Elected(args, role, election, metadata, health_servicer)
+
+    def leader(address: str) -> None:
+        role.active_address = address
+        metadata.active_address = address
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(election.observe(leader))
+            await elected.run()
+    finally:
+        role.lease_lost()
+        await election.revoke()
+        await client.aclose()
+
+
+class _Elected:
+    """The loop of an etcd-backed master: lease → campaign → serve → (deposed) → ..."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        role: MasterRole,
+        election: Election,
+        metadata: EtcdMetadata,
+        health_servicer: health.aio.HealthServicer,
+    ) -> None:
+        self.args = args
+        self.role = role
+        self.election = election
+        self.metadata = metadata
+        self.health = health_servicer
+        self.deposed = asyncio.Event()
+        metadata.on_failure = self._metadata_failed
+
+    def _metadata_failed(self, error: MetadataError) -> None:
+        # A commit that etcd merely did not answer changes nothing: the writer key makes
+        # the next commit fail if this one lands late, and that failure deposes.
+        if isinstance(error, NotActive | MetadataChanged):
+            self.deposed.set()
+
+    async def run(self) -> NoReturn:
+        while True:
+            lease_id = await self.election.grant()
+            log.info("campaigning as %s (lease %x)", self.role.address, lease_id)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self.election.keep_alive(lease_id, self.role.confirmed))
+                    while True:
+                        term = await self.election.campaign(lease_id)
+                        await self._serve_term(term)
+            except* LeaseLost as lost:
+                log.warning("election lease lost: %s", lost.exceptions[0])
+            finally:
+                self.role.lease_lost()
+                self.metadata.deactivate()
+
+    async def _serve_term(self, term: Term) -> None:
+        """Serve as the active master until deposed; returns when the election key is
+        gone (campaign again), loads the records again while it is not."""
+        while True:
+            self.deposed.clear()
+            try:
+                self.metadata.activate(term.key, term.revision)
+                state, repairer = _new_state(self.args, Catalog(self.metadata))
+            except MetadataError as error:
+                log.warning("cannot load the metadata from etcd: %s", error)
+                self.metadata.deactivate()
+                await asyncio.sleep(ELECTION_RETRY_S)
+            else:
+                await self._active(state, repairer)
+            if not await self.election.holds(term):
+                log.warning("deposed: the election key of this master is gone")
+                return
+            log.warning("etcd's records changed under this master: loading them again")
+
+    async def _active(self, state: MasterState, repairer: Repairer) -> None:
+        self.role.activate(state, repairer)
+        log.info("active master (%d streams, %d stores)", len(state.streams), len(state.stores))
+        await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        try:
+            async with asyncio.TaskGroup() as group:
+                repairs = group.create_task(repairer.run())
+                await self.deposed.wait()
+                repairs.cancel()
+        finally:
+            self.role.step_down()
+            self.metadata.deactivate()
+            await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+async def _update_gauges(role: MasterRole, metrics: Metrics) -> None:
     while True:
         now = _clock_ms()
-        views = state.store_views(now)
-        metrics.stores_registered.set(len(views))
-        metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
-        metrics.streams.set(len(state.streams))
-        metrics.segments.set(len(state.segments))
-        metrics.under_replicated.set(len(state.under_replicated(now)))
-        metrics.repairs_done.set(repairer.done_count)
-        metrics.repairs_failed.set(repairer.failed_count)
-        metrics.repairs_running.set(len(repairer.running))
+        state, repairer = role.state, role.repairer
+        metrics.active.set(1 if state is not None and now < role.active_until_ms else 0)
+        if state is not None and repairer is not None:
+            views = state.store_views(now)
+            metrics.stores_registered.set(len(views))
+            metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
+            metrics.streams.set(len(state.streams))
+            metrics.segments.set(len(state.segments))
+            metrics.under_replicated.set(len(state.under_replicated(now)))
+            metrics.repairs_done.set(repairer.done_count)
+            metrics.repairs_failed.set(repairer.failed_count)
+            metrics.repairs_running.set(len(repairer.running))
         with contextlib.suppress(TimeoutError):
             await asyncio.sleep(GAUGES_INTERVAL_S)

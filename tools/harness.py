@@ -27,6 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 T = TypeVar("T")
 
 STREAMENGINE = str(Path(sys.executable).with_name("streamengine"))
+# The Master service's name in gRPC health: SERVING only on the active master.
+MASTER_SERVICE = "streamengine.v1.Master"
 
 
 def free_port() -> int:
@@ -187,15 +189,33 @@ class ServerProcess(ChildProcess):
 
 @dataclass
 class Cluster:
-    """A master and N stores, each with its own data dir under `root`."""
+    """A master (and with etcd, standby masters) and N stores, each with its own data dir
+    under `root`."""
 
     root: Path
     master: ServerProcess
     stores: list[ServerProcess]
+    # Masters beside `master` on the same etcd (`running_ha_cluster`).
+    standbys: list[ServerProcess] = field(default_factory=list)
+
+    @property
+    def masters(self) -> list[ServerProcess]:
+        return [self.master, *self.standbys]
 
     @property
     def master_address(self) -> str:
-        return self.master.address
+        """Every master, as clients, stores and tools take them: `a:1,b:2`."""
+        return ",".join(m.address for m in self.masters)
+
+    def active_master(self) -> ServerProcess | None:
+        """The master that says it is the active one now, if any."""
+        for master in self.masters:
+            if master.alive() and not master.stopped and is_active_master(master.address):
+                return master
+        return None
+
+    def wait_active_master(self, timeout_s: float = 20.0) -> ServerProcess:
+        return wait_for(self.active_master, timeout_s, 0.01, "an active master")
 
     def store_by_address(self, address: str) -> ServerProcess:
         for store in self.stores:
@@ -204,23 +224,38 @@ class Cluster:
         raise KeyError(address)
 
     def add_store(self, zone: str = "", extra_args: list[str] | None = None) -> ServerProcess:
-        store = make_store(self.root, len(self.stores), self.master.address, zone, extra_args)
+        store = make_store(self.root, len(self.stores), self.master_address, zone, extra_args)
         self.stores.append(store)
         return store.start()
 
     def stop_all(self) -> None:
-        for process in [*self.stores, self.master]:
+        for process in [*self.stores, *self.masters]:
             with contextlib.suppress(Exception):
                 process.kill()
 
 
-def make_master(root: Path, extra_args: list[str] | None = None) -> ServerProcess:
+def make_master(
+    root: Path, extra_args: list[str] | None = None, name: str = "master"
+) -> ServerProcess:
     port = free_port()
-    data = root / "master"
+    data = root / name
     data.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{port}"
     args = ["master", "--listen", address, "--data", str(data), *(extra_args or [])]
-    return ServerProcess("master", args, address, root / "master.log")
+    return ServerProcess(name, args, address, root / f"{name}.log")
+
+
+def is_active_master(address: str, timeout_s: float = 0.5) -> bool:
+    """Whether the master at `address` is the active one (its Master service health)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=MASTER_SERVICE), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def make_store(
@@ -417,6 +452,37 @@ def running_etcd(root: Path, members: int = 1) -> Iterator[EtcdCluster]:
         for member in cluster.members:
             member.start()
         cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@contextlib.contextmanager
+def running_ha_cluster(
+    root: Path,
+    etcd: EtcdCluster,
+    masters: int = 2,
+    stores: int = 3,
+    master_args: list[str] | None = None,
+    store_args: list[str] | None = None,
+    prefix: str = "",
+) -> Iterator[Cluster]:
+    """`masters` masters on `etcd` (keys under `prefix`), the first one started becoming
+    the active one, and `stores` stores given every master; kill everything on exit."""
+    metadata = ["--metadata", etcd.url(prefix), *(master_args or [])]
+    processes = [make_master(root, metadata, f"master{n}") for n in range(masters)]
+    cluster = Cluster(root, processes[0], [], processes[1:])
+    try:
+        processes[0].start()
+        wait_for(lambda: is_active_master(processes[0].address), 20.0, 0.02, "master0 active")
+        for standby in processes[1:]:
+            standby.start()
+        for number in range(stores):
+            cluster.stores.append(make_store(root, number, cluster.master_address, "", store_args))
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
         yield cluster
     finally:
         cluster.stop_all()
