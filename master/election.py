@@ -118,7 +118,13 @@ class Election:
                         raise LeaseLost(f"etcd no longer knows lease {lease_id:x}")
                     confirmed(master_active_until(sent_ms, reply.TTL * 1000))
                     await asyncio.sleep(max(0.0, interval_s - (self.clock_ms() - sent_ms) / 1000))
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as error:
+            except (
+                grpc.aio.AioRpcError,
+                TimeoutError,
+                ConnectionError,
+                # write() on a stream etcd already ended
+                asyncio.InvalidStateError,
+            ) as error:
                 self._failed(member, "keepalive", error)
             finally:
                 call.cancel()

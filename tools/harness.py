@@ -438,6 +438,7 @@ def make_etcd(root: Path, members: int = 1) -> EtcdCluster:
     for name, (client_port, peer_port) in zip(names, ports, strict=True):
         data = root / name
         data.mkdir(parents=True, exist_ok=True)
+        data.chmod(0o700)  # what etcd asks of its data dir
         cluster.append(
             EtcdMember(name, client_port, peer_port, data, root / f"{name}.log", initial)
         )

@@ -8,12 +8,9 @@ back through the SDK across the segments' bridges.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,58 +26,9 @@ from streamengine.client.sealer import SegmentSealer
 from streamengine.tools.harness import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
 from streamengine.v1 import entry_pb2
+from tests.integration.writer_process import REPO, WriterProcess, numbers_of, read_all
 
-REPO = Path(__file__).resolve().parents[2]
 LEASE_MS = 1000
-
-
-class WriterProcess:
-    """One `append_writer` process and the JSON lines it printed so far."""
-
-    def __init__(self, master: str, stream: str, prefix: str, batches: int = 0) -> None:
-        self.prefix = prefix
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.append_writer",
-                master,
-                stream,
-                prefix,
-                str(batches),
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.lines: list[dict[str, Any]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(json.loads(line))
-
-    def acked(self) -> list[dict[str, Any]]:
-        return [line for line in list(self.lines) if "acked" in line]
-
-    def last_acked(self) -> int:
-        acked = self.acked()
-        return acked[-1]["acked"] if acked else -1
-
-    def first(self, key: str) -> dict[str, Any] | None:
-        return next((line for line in list(self.lines) if key in line), None)
-
-    def signal(self, number: int) -> None:
-        os.kill(self.process.pid, number)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-        self._reader.join(5)
 
 
 @pytest.fixture
@@ -89,14 +37,6 @@ def writers() -> Iterator[list[WriterProcess]]:
     yield started
     for writer in started:
         writer.kill()
-
-
-async def read_all(client: StreamClient, name: str) -> list[tuple[int, bytes]]:
-    return [(event.sequence, event.payload) async for event in client.read(name)]
-
-
-def numbers_of(events: list[tuple[int, bytes]], prefix: str) -> list[int]:
-    return [int(p.split(b"-")[-1]) for _, p in events if p.startswith(prefix.encode() + b"-")]
 
 
 async def segments(client: StreamClient, name: str) -> list[entry_pb2.Segment]:
