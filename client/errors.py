@@ -1,7 +1,8 @@
 """Every error the SDK raises, by who is at fault, under one base.
 
 - the caller: `InvalidArgument`, `EventTooLarge`, `NotFound`, `AlreadyExists`;
-- the cluster, retryable later: `Unavailable`;
+- the cluster, retryable later: `Unavailable`, and `AppendTimedOut` for an append not
+  acknowledged in time while its writer goes on leading;
 - leadership: `LeadershipLost` (the writer is finished; open a new one), and for an
   append whose fate the writer cannot know, `AppendInDoubt`;
 - data: `DataLossError`, naming the segment and index range no replica can serve.
@@ -38,6 +39,18 @@ class AlreadyExists(StreamEngineError):
 
 class Unavailable(StreamEngineError):
     """The cluster cannot serve now (server down, not enough live stores); retry later."""
+
+
+class AppendTimedOut(Unavailable):
+    """The append was not acknowledged within the writer's append timeout: too few stores
+    of the copy set answer, and no master answers to roll away from them. The writer
+    still leads. `in_doubt`: the append is in the segment and is written if its stores
+    come back (then it appears at one sequence, so a retry may duplicate it); otherwise
+    it was held back for room and never sent, and definitely failed."""
+
+    def __init__(self, message: str, in_doubt: bool):
+        self.in_doubt = in_doubt
+        super().__init__(message)
 
 
 class LeadershipLost(StreamEngineError):

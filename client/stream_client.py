@@ -27,6 +27,7 @@ import grpc
 from streamengine.client import subscription
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.cursor import StreamEvent
+from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.errors import Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary
@@ -131,10 +132,13 @@ class StreamClient:
         leadership_timeout_s: float | None = None,
         client_id: str | None = None,
         rolling: bool = True,
+        append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
     ) -> Writer:
         """`async with client.writer(name) as w:` waits for leadership of `name`.
         The writer rolls its segment by the stream's size and age thresholds, when a
-        store is lost, and when the master asks; `rolling=False` keeps one segment."""
+        store is lost, and when the master asks; `rolling=False` keeps one segment.
+        An append not acknowledged within `append_timeout_s` raises `AppendTimedOut`
+        (the writer goes on leading)."""
         return Writer(
             self.master,
             self._channels,
@@ -143,6 +147,7 @@ class StreamClient:
             leadership_timeout_s=leadership_timeout_s,
             client_id=client_id,
             rolling=rolling,
+            append_timeout_s=append_timeout_s,
         )
 
     async def seal(self, name: str, timeout_s: float = SEAL_TIMEOUT_S) -> int:

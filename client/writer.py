@@ -49,6 +49,8 @@ import grpc
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.leader import (
+    APPEND_TIMEOUT_MS,
+    AppendsTimedOut,
     AskRoll,
     BecameLeader,
     FencedByStore,
@@ -82,6 +84,7 @@ from streamengine.client.core.replicator import (
 from streamengine.client.errors import (
     AppendFailed,
     AppendInDoubt,
+    AppendTimedOut,
     EventTooLarge,
     Fenced,
     InvalidArgument,
@@ -125,6 +128,9 @@ class WriterStatistics:
     detached: tuple[str, ...]
     pending_appends: int
     waiting_appends: int  # held back by back pressure
+    # Seconds since a master last answered this writer (None: never). A leader no master
+    # answers goes on appending to its open segment; it cannot roll meanwhile.
+    master_silent_s: float | None
 
 
 @dataclass(slots=True)
@@ -162,6 +168,7 @@ class Writer:
         leadership_timeout_s: float | None = None,
         client_id: str | None = None,
         rolling: bool = True,
+        append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
     ) -> None:
         """`rolling=False` keeps one segment for as long as this writer leads."""
         self.stream = stream
@@ -169,7 +176,13 @@ class Writer:
         self._master = master
         self._channels = channels
         self._leadership_timeout_s = leadership_timeout_s
-        self._core = Leader(now_ms(), limits, recovery_supported=True, rolling_supported=rolling)
+        self._core = Leader(
+            now_ms(),
+            limits,
+            recovery_supported=True,
+            rolling_supported=rolling,
+            append_timeout_ms=max(1, round(append_timeout_s * 1000)),
+        )
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._link_tasks: list[asyncio.Task[None]] = []
@@ -410,6 +423,8 @@ class Writer:
                 self._became_leader(action)
             elif isinstance(action, SteppedDown):
                 self._stepped_down(action)
+            elif isinstance(action, AppendsTimedOut):
+                self._timed_out(action)
             elif isinstance(action, ReleaseLease):
                 if self._closing:
                     self._releases.append(action.epoch)
@@ -468,6 +483,30 @@ class Writer:
                     (pack_sequence(epoch, item.first_index), pack_sequence(epoch, item.last_index))
                 )
         self._room_freed = True
+
+    def _timed_out(self, late: AppendsTimedOut) -> None:
+        waited = f"{self.stream}: not acknowledged within the append timeout"
+        for item in self._pending:
+            if item.segment_epoch != late.segment_epoch or item.last_index > late.last_index:
+                break
+            if not item.future.done():
+                item.future.set_exception(
+                    AppendTimedOut(
+                        f"{waited}; the append may still be written (in doubt): too few "
+                        "stores of the copy set answer and no master answers to roll away "
+                        "from them",
+                        in_doubt=True,
+                    )
+                )
+        for waiting in self._waiting:
+            if not waiting.future.done():
+                waiting.future.set_exception(
+                    AppendTimedOut(
+                        f"{waited}; the append waited for room and was never sent",
+                        in_doubt=False,
+                    )
+                )
+        self._waiting.clear()
 
     def _stepped_down(self, down: SteppedDown) -> None:
         message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
@@ -630,4 +669,7 @@ class Writer:
             detached=tuple(name for name, s in stores.items() if s.detached),
             pending_appends=len(self._pending),
             waiting_appends=len(self._waiting),
+            master_silent_s=(
+                (now_ms() - core.master_answered_ms) / 1000 if core.master_answered_ms else None
+            ),
         )

@@ -5,6 +5,10 @@ Theory of operation. Per stream the master keeps `Lease(epoch, holder, expires_m
 released), `expires_ms` when the holder's lease ends on the master's clock.
 
 - A heartbeat from the holder before `expires_ms` renews the lease (same epoch).
+- So does the holder's heartbeat after `expires_ms` while nobody else was granted, when
+  it names the epoch it holds: a leader no master answered for a while goes on leading
+  its open segment (docs/design.md, "Why safety never rests on the lease"), and when a
+  master answers again nothing has changed that would make it give the segment up.
 - Any other heartbeat before `expires_ms` learns who leads (FOLLOW).
 - At or after `expires_ms`, the first heartbeat wins: the epoch goes up by one and the
   lease is the caller's (GRANT). The caller persists the new epoch before answering.
@@ -46,6 +50,11 @@ class Lease:
 
     def running(self, now_ms: int) -> bool:
         return now_ms < self.expires_ms
+
+    def still_holds(self, client_id: str, caller_epoch: int) -> bool:
+        """The caller leads the latest epoch and nobody was granted anything since, even
+        if its lease ran out: it may renew, roll or release it."""
+        return bool(self.holder) and self.holder == client_id and caller_epoch == self.epoch
 
 
 class Outcome(enum.Enum):
@@ -90,7 +99,7 @@ def heartbeat(
         raise InvalidArgument("client_id is required")
     if caller_epoch > lease.epoch:
         raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
-    if lease.held_by(client_id, now_ms):
+    if lease.held_by(client_id, now_ms) or lease.still_holds(client_id, caller_epoch):
         return Decision(Outcome.RENEWED, replace(lease, expires_ms=now_ms + lease_ms))
     if lease.running(now_ms):
         return Decision(Outcome.FOLLOW, lease)
@@ -100,15 +109,15 @@ def heartbeat(
 
 def roll(lease: Lease, client_id: str, caller_epoch: int, now_ms: int, lease_ms: int) -> Lease:
     """The leader asks for the next epoch; raises NotLeader unless it holds the latest."""
-    if not lease.held_by(client_id, now_ms):
-        raise NotLeader(f"{client_id!r} does not hold the lease")
     if caller_epoch != lease.epoch:
         raise NotLeader(f"epoch {caller_epoch} is not the latest ({lease.epoch})")
+    if not lease.still_holds(client_id, caller_epoch):
+        raise NotLeader(f"{client_id!r} does not hold the lease")
     return Lease(_next_epoch(lease.epoch), client_id, now_ms + lease_ms)
 
 
 def release(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lease | None:
     """The holder leaves: the lease ends now. None when the caller did not hold it."""
-    if not lease.held_by(client_id, now_ms) or caller_epoch != lease.epoch:
+    if not lease.still_holds(client_id, caller_epoch):
         return None
     return Lease(lease.epoch, "", now_ms)

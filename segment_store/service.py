@@ -207,7 +207,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
         answers: asyncio.Queue[
-            tuple[_Ticket, asyncio.Future[Outcome] | Exception | None] | None
+            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteCommand] | None
         ] = asyncio.Queue()
 
         async def read_requests() -> None:
@@ -224,12 +224,12 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if admitted is None:
-                    meta = self.core.meta(ticket.key) or SegmentMeta()
-                    reply = ticket.reply(
-                        segment_store_pb2.REFUSED_BUSY,
-                        WriteResult(meta.matched_index, meta.acked_index, meta.fence, ()),
-                    )
+                if isinstance(admitted, WriteCommand):  # refused: the store is busy
+                    busy = self.core.refused_busy(admitted)
+                    if isinstance(busy, BelowFence):
+                        await _abort(context, busy, ticket.segment)
+                    assert isinstance(busy, WriteResult)
+                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, busy)
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
@@ -246,7 +246,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
     def _admit(
         self, request: segment_store_pb2.WriteRequest
-    ) -> asyncio.Future[Outcome] | Exception | None:
+    ) -> asyncio.Future[Outcome] | Exception | WriteCommand:
+        """The write's future, the error refusing it, or the command itself when the
+        store is too busy to take it."""
         try:
             command = WriteCommand(
                 segment_key(request.segment),
@@ -261,6 +263,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
+            return command
         return future
 
     # ---- Seal, Delete, state ----

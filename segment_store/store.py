@@ -509,6 +509,18 @@ class SegmentStoreCore:
     def meta(self, segment: SegmentKey) -> SegmentMeta | None:
         return self._metas.get(segment)
 
+    def refused_busy(self, command: WriteCommand) -> WriteResult | BelowFence:
+        """The answer to a write refused because the store is busy (nothing written):
+        what the segment holds, so the leader resends from its matched index. Below the
+        fence it is the fence instead, as for any write: the matched index of a segment
+        fenced above the writer counts a later leader's recovery copies, and a writer
+        taking it for its own entries would ack what a recovery replaced (a paused
+        leader waking up did, simulator seed 10179)."""
+        meta = self._metas.get(command.segment) or SegmentMeta()
+        if command.writer_epoch < meta.fence:
+            return BelowFence(meta.fence)
+        return WriteResult(meta.matched_index, meta.acked_index, meta.fence, ())
+
     def state(self, segment: SegmentKey) -> SegmentStateInfo:
         meta = self._require(segment)
         return SegmentStateInfo(

@@ -16,9 +16,22 @@ replicating the new segment (`BecameLeader` opens the Write streams; the `Replic
 does the rest).
 
 Leading, every answer for the same epoch renews the lease from its send time. The
-writer steps down, for good, when the lease runs out before a renewal (checked first
-on every event, so nothing arriving at or after that moment is acked), when the master
-answers FOLLOWER or another epoch, or when a store reports a fence above its epoch.
+writer steps down, for good, when the master answers FOLLOWER or another epoch, or when
+a store reports a fence above its epoch. A lease that runs out unrenewed (no master
+answers) does not step it down: safety rests on epochs and fencing, not on the lease
+(docs/design.md, "Why safety never rests on the lease"). A newer epoch can only come
+from a master; if one is granted through a master this writer cannot reach, the new
+leader's seal fences this one at its next write. So the writer goes on appending to its
+open segment, and renews as soon as a master answers (the master renews a holder that
+names its epoch while nobody else was granted). What it cannot do meanwhile is roll
+(no new epoch, no new copy set): a roll starts only while the lease runs.
+
+Appends that wait. An append not acked `append_timeout_ms` after the core took it (too
+few stores of the copy set answer, and no roll away from them is possible) is answered
+`AppendsTimedOut`, in doubt: it stays in the segment and is written if the stores come
+back, so the writer cannot say it failed. While such appends stay unacked the answer is
+repeated every `append_timeout_ms`, so that appends the shell holds back for room end
+too. The writer goes on leading.
 Stepping down stops the replicator at once: nothing more is acked or sent, and
 `SteppedDown` tells the shell how far any store may hold entries (`sent_through`):
 pending appends at or below it are in doubt (they may be durable and then appear
@@ -68,12 +81,15 @@ fence above this writer's epoch, which is `FencedByStore`) comes back as
 
 from __future__ import annotations
 
+import collections
 import enum
 from dataclasses import dataclass
 
 from streamengine.client.core.replicator import (
+    Acked,
     AllowAcking,
     Append,
+    Assigned,
     Flush,
     Replicator,
     ReplicatorAction,
@@ -117,6 +133,10 @@ ROLL_RETRY_MS = 1_000
 ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
 # After a recovery failed with a transient error, it starts again after this long.
 RECOVERY_RETRY_MS = 1_000
+# An append not acked this long after the core took it is answered in doubt
+# (`AppendsTimedOut`): long enough to ride out a store restart and a roll; short enough
+# that a user waiting on a stalled copy set hears about it.
+APPEND_TIMEOUT_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,8 +335,18 @@ class AskRoll:
     timeout_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class AppendsTimedOut:
+    """Appends to the segment of `segment_epoch` up to `last_index` were not acked within
+    `append_timeout_ms`: answer them in doubt (they stay in the segment and are written
+    if its stores come back), and fail the appends held back for room, which were never
+    sent. The writer still leads."""
+
+    segment_epoch: int
+    last_index: int
+
+
 class StepDownReason(enum.Enum):
-    LEASE_EXPIRED = "lease expired before it was renewed"
     DEPOSED = "the master granted the lease to another writer or epoch"
     FENCED = "a store holds a fence above this writer's epoch"
     RELEASED = "the writer was closed"
@@ -348,6 +378,7 @@ LeaderAction = (
     | AskRoll
     | SteppedDown
     | ReleaseLease
+    | AppendsTimedOut
     | ReplicatorAction
 )
 
@@ -363,6 +394,8 @@ class LeaderStatistics:
     role: Role
     epoch: int
     lease_until_ms: int
+    # When a master last answered this writer (its clock; 0: never).
+    master_answered_ms: int
     leader_id: str
     unsealed_epochs: tuple[int, ...]
     roll_requested: bool
@@ -379,7 +412,9 @@ class Leader:
         limits: ReplicatorLimits | None = None,
         recovery_supported: bool = False,
         rolling_supported: bool = False,
+        append_timeout_ms: int = APPEND_TIMEOUT_MS,
     ) -> None:
+        assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
         self.replicator: Replicator | None = None
@@ -413,6 +448,14 @@ class Leader:
         self._detached: set[str] = set()
         self._disconnected_since: dict[str, int] = {}
         self._outbox: list[LeaderAction] = []
+        self._master_answered_ms = 0
+        self._append_timeout_ms = append_timeout_ms
+        # Appends taken and not yet acked, oldest first: (last index, answer-by time).
+        self._unacked_appends: collections.deque[tuple[int, int]] = collections.deque()
+        # The last index answered `AppendsTimedOut` while it stays unacked, and when
+        # that answer is repeated.
+        self._timed_out_through = 0
+        self._timed_out_again_ms = 0
 
     # ---- queries ----
 
@@ -438,8 +481,11 @@ class Leader:
         if self._heartbeats_in_flight < HEARTBEATS_IN_FLIGHT_MAX:
             deadlines.append(self._next_heartbeat_ms)
         if self.role is Role.LEADING:
-            deadlines.append(self._lease_until_ms)
             deadlines.extend(self._recovery_retry_ms.values())
+            if self._unacked_appends:
+                deadlines.append(self._unacked_appends[0][1])
+            if self._timed_out_through:
+                deadlines.append(self._timed_out_again_ms)
             if self._roll_asked:
                 deadlines.append(self._roll_answer_by_ms)
             elif self._segment is None and not self._unsealed:
@@ -455,6 +501,7 @@ class Leader:
             role=self.role,
             epoch=self.epoch,
             lease_until_ms=self._lease_until_ms,
+            master_answered_ms=self._master_answered_ms,
             leader_id=self._leader_id,
             unsealed_epochs=tuple(sorted(self._unsealed)),
             roll_requested=self._roll_requested,
@@ -479,13 +526,10 @@ class Leader:
         if self.role is Role.FINISHED:
             return self._step_finished(event)
         actions: list[LeaderAction] = []
-        if self.role is Role.LEADING and now_ms >= self._lease_until_ms:
-            # Before anything else: a store's answer arriving now must not be acked.
-            self._lease_expired(actions)
-            return actions
         stepped_replicator = False
         if isinstance(event, HeartbeatAnswered):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
+            self._master_answered_ms = max(self._master_answered_ms, now_ms)
             if self.role is Role.FOLLOWING:
                 self._answered_following(now_ms, event, actions)
             else:
@@ -512,6 +556,7 @@ class Leader:
             self.role = Role.FINISHED
             return actions
         elif isinstance(event, RollAnswered):
+            self._master_answered_ms = max(self._master_answered_ms, now_ms)
             self._roll_answered(now_ms, event.answer, actions)
         elif isinstance(event, RollFailed):
             if self._roll_asked:
@@ -551,17 +596,10 @@ class Leader:
             return policy.ends_leading
         return policy.ends_following
 
-    def _lease_expired(self, actions: list[LeaderAction]) -> None:
-        self._step_down(
-            StepDownReason.LEASE_EXPIRED, f"lease expired at {self._lease_until_ms}", actions
-        )
-
     def _on_time(self, now_ms: int, actions: list[LeaderAction], stepped_replicator: bool) -> None:
-        if self.role is Role.LEADING and now_ms >= self._lease_until_ms:
-            self._lease_expired(actions)
-            return
         if self.role is Role.LEADING:
             self._on_time_leading(now_ms, actions, stepped_replicator)
+            self._track_appends(now_ms, actions)
         in_flight = self._heartbeats_in_flight
         if in_flight < HEARTBEATS_IN_FLIGHT_MAX and now_ms >= self._next_heartbeat_ms:
             interval = self.heartbeat_interval_ms
@@ -677,6 +715,9 @@ class Leader:
     def _open(self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
         """Lead the granted segment of `answer` (a grant, or a roll's answer)."""
         assert answer.segment is not None and answer.policy is not None
+        # A roll drains first: nothing of the old segment is left waiting for its ack.
+        assert not self._unacked_appends, self._unacked_appends
+        self._timed_out_through = 0
         self.replicator = Replicator(
             answer.segment.segment,
             answer.epoch,
@@ -725,6 +766,12 @@ class Leader:
         return ""
 
     def _maybe_roll(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        if now_ms >= self._lease_until_ms and not self._roll_asked:
+            # No master answers: no new epoch to roll to. Appends go on in the open
+            # segment; a drain begun for a roll is given up until a master answers.
+            if self._rolling:
+                self._roll_given_up(now_ms)
+            return
         if not self._rolling:
             self._rolling = self._roll_wanted(now_ms)
             self._drain_started_ms = now_ms
@@ -796,6 +843,34 @@ class Leader:
         self._recovery_retry_ms.pop(epoch, None)
         if not self._unsealed and self.replicator is not None:
             actions.extend(self.replicator.step(now_ms, AllowAcking()))
+
+    # ---- appends that wait ----
+
+    def _track_appends(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        """Follow the appends taken and acked in this step, and answer those not acked
+        within the append timeout."""
+        unacked = self._unacked_appends
+        for action in actions:
+            if isinstance(action, Assigned):
+                unacked.append((action.last_index, now_ms + self._append_timeout_ms))
+            elif isinstance(action, Acked):
+                while unacked and unacked[0][0] <= action.acked_index:
+                    unacked.popleft()
+                if action.acked_index >= self._timed_out_through:
+                    self._timed_out_through = 0
+        replication = self.replicator
+        if replication is None:
+            return
+        through = 0
+        while unacked and unacked[0][1] <= now_ms:
+            through = unacked.popleft()[0]
+        if through:
+            self._timed_out_through = through
+        elif self._timed_out_through and now_ms >= self._timed_out_again_ms:
+            through = self._timed_out_through
+        if through:
+            self._timed_out_again_ms = now_ms + self._append_timeout_ms
+            actions.append(AppendsTimedOut(replication.segment.epoch, through))
 
     def _step_down(self, reason: StepDownReason, message: str, actions: list[LeaderAction]) -> None:
         replication = self.replicator

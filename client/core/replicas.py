@@ -161,10 +161,17 @@ class ReplicaSet:
         state.retry_at_ms = 0
 
     def served(self, replica: str, last_index: int) -> None:
-        """`replica` served entries up to `last_index`: it holds them acked."""
+        """`replica` served entries up to `last_index`: it holds at least those, acked.
+        A lower bound, never an answer about where it ends: entries a store sent while
+        the segment was open can arrive after the reader learned it is sealed (a slow
+        stream), when the store already holds more. Taking them for an answer once made
+        a reader declare data loss on a replica holding the whole segment (simulator
+        seed 153)."""
         state = self._of(replica)
-        if state.acked is None or state.acked < last_index or state.failures:
-            self.answered(replica, max(last_index, state.acked or 0))
+        state.failures = 0
+        state.retry_at_ms = 0
+        if state.acked is not None and state.acked < last_index:
+            state.acked = last_index
 
     def failed(self, replica: str, now_ms: int) -> None:
         """`replica` could not be asked; it may be back later."""

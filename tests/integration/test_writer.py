@@ -16,6 +16,7 @@ import pytest
 from streamengine.client import (
     AppendFailed,
     AppendInDoubt,
+    AppendTimedOut,
     EventTooLarge,
     Fenced,
     InvalidArgument,
@@ -24,11 +25,10 @@ from streamengine.client import (
     StreamClient,
     Unavailable,
 )
-from streamengine.client import writer as writer_module
+from streamengine.client.core.leader import FencedByStore
 from streamengine.client.core.replicator import Append, ReplicatorLimits
 from streamengine.client.sync import SyncStreamClient
 from streamengine.client.writer import Writer
-from streamengine.client.writer import now_ms as time_now_ms
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import unpack_sequence
@@ -225,36 +225,54 @@ async def test_appends_go_on_past_a_stopped_store_in_bounded_memory(cluster: Clu
             assert peak <= limits.retained_bytes_max + 2 * limits.batch_bytes_max
 
 
-async def test_a_writer_that_loses_its_lease_fails_pending_appends_honestly(
+async def test_a_writer_cut_off_from_master_and_quorum_times_appends_out_and_goes_on(
     cluster: Cluster,
 ) -> None:
-    # Small enough that appends soon wait for room: those were never sent anywhere.
+    # Small enough that appends soon wait for room: those are never sent anywhere.
     limits = ReplicatorLimits(unacked_bytes_max=(1 << 20) + 4096, retained_bytes_max=2 << 20)
+    name = "acme/cutoff"
     async with StreamClient(cluster.master_address) as client:
-        await client.create_stream("acme/lease")
-        async with client.writer("acme/lease", limits=limits, leadership_timeout_s=10) as writer:
+        await client.create_stream(name)
+        async with client.writer(name, limits=limits, append_timeout_s=2) as writer:
+            epoch = writer.epoch
             assert len(await writer.append_batch([payload(n) for n in range(100)])) == 100
             # Cut the writer off from the master and from two stores of three: its
-            # appends reach one store only (never a quorum), and its lease runs out.
+            # appends reach one store only (never a quorum), and no master answers to
+            # roll away from the others.
             for process in (cluster.master, cluster.stores[1], cluster.stores[2]):
                 process.stop()
             try:
-                pending = [
-                    asyncio.create_task(writer.append_batch([b"y" * 10_000] * 50)) for _ in range(4)
-                ]
-                await wait_until(lambda: writer.statistics().role == "finished", 10, "step down")
-                results = await asyncio.gather(*pending, return_exceptions=True)
+                batches = [[b"%d-%d" % (k, n) + b"y" * 10_000 for n in range(50)] for k in range(4)]
+                pending = [asyncio.create_task(writer.append_batch(b)) for b in batches]
+                results = await asyncio.wait_for(
+                    asyncio.gather(*pending, return_exceptions=True), timeout=15
+                )
+                # Not a step-down: the writer still leads, and says how long the master
+                # has been silent.
+                stats = writer.statistics()
+                assert stats.role == "leading", stats
+                assert stats.master_silent_s is not None and stats.master_silent_s >= 1.5
             finally:
                 for process in (cluster.master, cluster.stores[1], cluster.stores[2]):
                     process.cont()
-            # The first batch went to the one store left: it may be durable there.
-            assert isinstance(results[0], AppendInDoubt), results
-            # The last ones waited for room and were never sent.
-            assert isinstance(results[-1], AppendFailed), results
-            assert all(isinstance(r, AppendInDoubt | AppendFailed) for r in results), results
-            assert writer.statistics().acked_index == 100
-            with pytest.raises(LeadershipLost):
-                await writer.append(b"late")
+            assert all(isinstance(r, AppendTimedOut) for r in results), results
+            timed_out = [r for r in results if isinstance(r, AppendTimedOut)]
+            # The first batch went to the one store left: in doubt, it stays in the
+            # segment. The last one waited for room and was never sent.
+            assert timed_out[0].in_doubt and not timed_out[-1].in_doubt, results
+            # Once the stores are back the writer goes on, at the same epoch.
+            after = await writer.append(b"after")
+            assert unpack_sequence(after)[0] == epoch
+            assert writer.statistics().role == "leading"
+        # What was in doubt is in the stream exactly once, before "after"; what was
+        # never sent is not.
+        in_doubt = {
+            p for r, b in zip(results, batches, strict=True) if r.in_doubt for p in b  # type: ignore[union-attr]
+        }
+        events = [e.payload async for e in client.read(name)]
+        assert len(events) == len(set(events))
+        assert events[:100] == [payload(n) for n in range(100)]
+        assert set(events[100:-1]) == in_doubt and events[-1] == b"after"
 
 
 def test_the_blocking_wrapper_appends_and_releases(cluster: Cluster) -> None:
@@ -330,28 +348,28 @@ async def test_an_error_in_the_block_goes_on_unwrapped_and_the_lease_is_given_ba
         assert (await client.describe_stream("acme/oops")).leader_id == ""
 
 
-async def test_an_append_admitted_as_the_lease_ends_still_ends(
+async def test_an_append_admitted_as_its_writer_is_fenced_still_ends(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two appends wait for room; the first is admitted, then the lease runs out while
-    the second is admitted: the first must end (in doubt if it was sent, failed if it
-    reached no store), not hang."""
-    offset_ms = [0]
-    monkeypatch.setattr(writer_module, "now_ms", lambda: time_now_ms() + offset_ms[0])
+    """Two appends wait for room; the first is admitted, then a store's fence above the
+    writer arrives right as the second is admitted: the first must end (in doubt if it
+    was sent, failed if it reached no store), not hang."""
     limits = ReplicatorLimits(unacked_bytes_max=EVENT_BYTES_MAX + 64)
     async with StreamClient(cluster.master_address) as client:
         await client.create_stream("acme/admitted", replicas=3, write_quorum=2)
         async with client.writer("acme/admitted", limits=limits) as writer:
             core = writer._core
             step = core.step
+            fenced = [False]
 
-            def step_then_expire(now: int, event: Any) -> Any:
+            def step_then_fence(now: int, event: Any) -> Any:
                 result = step(now, event)
                 if isinstance(event, Append) and event.payloads == (b"second",):
-                    offset_ms[0] += 60_000  # the lease runs out right after this step
+                    fenced[0] = True  # a later leader's fence arrives with this step
+                    step(now, FencedByStore("s-test", core.epoch + 1))
                 return result
 
-            monkeypatch.setattr(core, "step", step_then_expire)
+            monkeypatch.setattr(core, "step", step_then_fence)
             first = asyncio.create_task(writer.append(b"x" * EVENT_BYTES_MAX))
             second = asyncio.create_task(writer.append(b"second"))
             third = asyncio.create_task(writer.append(b"third"))
@@ -363,7 +381,7 @@ async def test_an_append_admitted_as_the_lease_ends_still_ends(
             finally:
                 for task in (first, second, third):
                     task.cancel()
-            assert offset_ms[0], "the second append was never admitted"
+            assert fenced[0], "the second append was never admitted"
             assert first.exception() is None
             down = writer._core.finish
             assert down is not None and down.acked_index == 1

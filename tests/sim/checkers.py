@@ -18,8 +18,9 @@ every step and a failure names the step that broke the rule:
 6. bad input is refused and changes nothing (the world injects it and calls
    `unchanged`).
 7. every append ends (acked, definitely failed, or in doubt) within `APPEND_END_MS_MAX`
-   after its writer loses leadership, and a running writer never goes on leading past
-   its own lease by more than that: no append hangs.
+   after its writer loses leadership, and, while its writer runs and leads, within the
+   append timeout and that much: no append hangs, even for a
+   leader that no master and too few stores answer.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ INVARIANTS = {
     4: "replicas of a sealed segment hold identical entries up to the bridge",
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
-    7: "every append ends within a bound after its writer loses leadership",
+    7: "every append ends within a bound (its timeout, or its writer losing leadership)",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -69,8 +70,9 @@ class FollowerRecord:
 
 
 class Checker:
-    def __init__(self, stream_id: int) -> None:
+    def __init__(self, stream_id: int, append_timeout_ms: int) -> None:
         self.stream_id = stream_id
+        self.append_timeout_ms = append_timeout_ms
         # (epoch, index) -> (kind, payload): what was first served or seen there.
         self.truth: dict[tuple[int, int], tuple[int, bytes]] = {}
         self.store_acked: dict[tuple[str, SegmentKey], int] = {}
@@ -86,7 +88,9 @@ class Checker:
         self.unsynced_losses: list[str] = []
         # Invariant 7: appends not yet ended, per writer (client id), and when each
         # writer's leadership ended.
-        self.open_appends: dict[str, set[bytes]] = {}
+        # Per writer, appends not ended yet: payload -> when it started (the writer's
+        # clock), oldest first.
+        self.open_appends: dict[str, dict[bytes, int]] = {}
         self.leadership_ended_at: dict[str, int] = {}
 
     # ---- invariant 2 (and 4) on stores ----
@@ -240,11 +244,15 @@ class Checker:
 
     # ---- invariant 7 ----
 
-    def append_started(self, writer: str, payloads: tuple[bytes, ...]) -> None:
-        self.open_appends.setdefault(writer, set()).update(payloads)
+    def append_started(self, writer: str, payloads: tuple[bytes, ...], clock_ms: int) -> None:
+        started = self.open_appends.setdefault(writer, {})
+        for payload in payloads:
+            started[payload] = clock_ms
 
     def append_ended(self, writer: str, payloads: list[bytes] | tuple[bytes, ...]) -> None:
-        self.open_appends.get(writer, set()).difference_update(payloads)
+        started = self.open_appends.get(writer, {})
+        for payload in payloads:
+            started.pop(payload, None)
 
     def leadership_ended(self, writer: str, now_ms: int) -> None:
         self.leadership_ended_at.setdefault(writer, now_ms)
@@ -267,13 +275,16 @@ class Checker:
                 del self.leadership_ended_at[writer]
                 self.open_appends.pop(writer, None)
 
-    def writer_running(
-        self, writer: str, leading: bool, clock_ms: int, lease_until_ms: int
-    ) -> None:
+    def writer_running(self, writer: str, clock_ms: int) -> None:
         """A writer process that runs (up, not paused) at `clock_ms` of its own clock."""
-        if leading and clock_ms > lease_until_ms + APPEND_END_MS_MAX:
+        started = self.open_appends.get(writer)
+        if not started:
+            return
+        payload, started_ms = next(iter(started.items()))
+        if clock_ms > started_ms + self.append_timeout_ms + APPEND_END_MS_MAX:
             raise Violation(
-                7, f"{writer} still leads at {clock_ms}, its lease ended at {lease_until_ms}"
+                7, f"{writer}: an append started at {started_ms} is still open at {clock_ms}: "
+                f"{payload!r}",
             )
 
     # ---- invariant 1 (and 2 on readers) ----

@@ -157,12 +157,18 @@ class StoreNode(Node):
     def _stream_write(self, message: Message, request: m.WriteRequest) -> None:
         net = self.world.net
         if request.entries and self.world.rng.random() < self.world.config.busy:
-            meta = self.core.meta(request.segment)
+            command = WriteCommand(
+                request.segment, request.writer_epoch, request.acked_index, request.entries
+            )
+            busy = self.core.refused_busy(command)
+            if isinstance(busy, StoreRefused):
+                net.stream_send(message.stream, self.name, message.src, m.Refused(busy.fence))
+                return
             reply = m.WriteReply(
                 request.request_id,
                 True,
-                meta.matched_index if meta else 0,
-                meta.acked_index if meta else 0,
+                busy.matched_index,
+                busy.acked_index,
                 request.entries[0].index,
                 request.entries[-1].index,
             )

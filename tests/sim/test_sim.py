@@ -63,7 +63,7 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
 
 # Longer runs, where stores stay dead past the store timeout, miss bridges and are
 # drained: enough for the master's repairs to run under faults.
-REPAIR_SEEDS = 30
+REPAIR_SEEDS = 80
 REPAIR_STEPS = 3000
 
 
@@ -97,21 +97,23 @@ def test_seed_532_a_roll_lost_after_closing_a_gap_is_asked_again() -> None:
 def test_an_fsync_never_store_losing_acked_entries_is_the_documented_loss() -> None:
     """A store with fsync never (DESIGN: unsafe) restarts without writes it had acked:
     the checker reports the loss as such, and what it breaks afterwards is classified
-    as that loss (here a lone replica, N = W = 1, loses entries readers had seen)."""
+    as that loss (here a lone replica, N = W = 1, loses entries readers had seen: a
+    reader then finds them gone, or finds other entries at their place)."""
     result = run_seed(42, REPAIR_STEPS, overrides={"fsync_never": ("s1",)})
     assert result.unsynced_losses and result.documented_loss, result.summary()
-    assert result.ok and result.violation is not None and result.violation.invariant == 2
+    assert result.ok and result.violation is not None and result.violation.invariant in (1, 2)
 
 
 def test_fsync_never_on_w_minus_1_stores_can_still_lose_acked_entries() -> None:
     """At most W - 1 stores with fsync never in a copy set does not make them safe: an
-    event acked by W stores, one of them never syncing, is held by that one alone among
-    the R = N - W + 1 stores a later recovery reads; if it restarted in between, the
-    recovery decides without the acked event (seed 353: N = 3, W = 2, one such store;
-    a store then holds a HOLE where readers had seen the event). DESIGN documents fsync
-    never as unsafe. The seed is pinned: a schedule change may need another one, found
-    with the same predicate over a band of seeds."""
-    result = run_seed(353, REPAIR_STEPS)
+    event acked by W stores, some of them never syncing, may be held only by those among
+    the R = N - W + 1 stores a later recovery reads; if they restarted in between, the
+    recovery decides without the acked event (seed 280: N = W = 3, two such stores; a
+    store then holds a BRIDGE where readers had seen an event). docs/design.md documents
+    fsync never as unsafe. The seed is pinned: a schedule change may need another one,
+    found with the same predicate over a band of seeds (seed 353 was it until leaders
+    rode out a silent master)."""
+    result = run_seed(280, REPAIR_STEPS)
     assert len(result.config.fsync_never) == result.config.policy.write_quorum - 1
     assert result.unsynced_losses and result.documented_loss, result.summary()
 
@@ -120,7 +122,7 @@ def test_fsync_never_on_w_minus_1_stores_can_still_lose_acked_entries() -> None:
     "first", range(LONG_FIRST, LONG_FIRST + LONG_SEEDS, CHUNK), ids=lambda s: f"long{s}"
 )
 def test_long_seeds_keep_invariants_and_converge(first: int) -> None:
-    results = [run_seed(seed, LONG_STEPS) for seed in range(first, first + CHUNK)]
+    results = [_long_run(seed) for seed in range(first, first + CHUNK)]
     failures = _failures(results, LONG_STEPS)
     assert not failures, "\n".join(failures)
 
@@ -137,11 +139,19 @@ def test_issue_22_a_grant_without_a_segment_ends_in_a_leader(seed: int) -> None:
     assert not failures, failures[0]
 
 
+# Long seeds whose schedules reach a grant without a segment (two unsealed segments:
+# a leader died while recovering) with leaders that ride out a silent master; the
+# issue 22 seeds above reach it less often since.
+GAP_SEEDS = range(LONG_FIRST, LONG_FIRST + 10)
+
+
 def test_grants_without_a_segment_happen_and_are_led() -> None:
     """The schedules still reach the case issue 22 was about (so the seeds above test
     something), and every such seed converges."""
-    reached = [_long_run(seed) for seed in ISSUE_22]
-    assert sum(r.stats["grants without a segment"] > 0 for r in reached) >= len(ISSUE_22) // 2
+    reached = [r for r in map(_long_run, GAP_SEEDS) if r.stats["grants without a segment"]]
+    assert len(reached) >= len(GAP_SEEDS) // 2
+    failures = _failures(reached, LONG_STEPS)
+    assert not failures, "\n".join(failures)
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -180,19 +190,20 @@ FLAWED = [
     ("ignore_fence", 3, 0),  # a store lets a write below its fence through
     ("fail_in_doubt", 1, 0),  # the shell tells users an append failed that may be durable
     # CopySegment as it was: the copy (and its fence) deleted, batches acked before the
-    # digest; a member refilled in place stops serving what it served (from seed 206).
-    ("copy_unfenced", 2, 200),
+    # digest; a member refilled in place stops serving what it served (seed 885).
+    ("copy_unfenced", 2, 880),
     ("forget_pending", 7, 0),  # the shell loses an append on stepping down: it hangs
 ]
-FLAW_SEEDS_MAX = 500
+FLAW_SEEDS_SPAN = 500
 
 
 @pytest.mark.parametrize(("flaw", "invariant", "first"), FLAWED, ids=[f[0] for f in FLAWED])
 def test_a_broken_variant_is_caught(flaw: str, invariant: int, first: int) -> None:
-    for seed in range(first, FLAW_SEEDS_MAX):
+    for seed in range(first, first + FLAW_SEEDS_SPAN):
         result = run_seed(seed, STEPS, frozenset({flaw}))
         assert not result.error, result.error
         violation = result.violation
         if violation is not None and violation.invariant == invariant:
             return
-    pytest.fail(f"no seed in {first}..{FLAW_SEEDS_MAX} caught {flaw} as invariant {invariant}")
+    last = first + FLAW_SEEDS_SPAN - 1
+    pytest.fail(f"no seed in {first}..{last} caught {flaw} as invariant {invariant}")

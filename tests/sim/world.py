@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentState
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.segment_store.store import BadRequest, StoreError
 from streamengine.segment_store.store import BelowFence as StoreRefused
@@ -99,6 +101,11 @@ class SimConfig:
     stream: str = "sim/stream"
     # Stores running with `--fsync never` (DESIGN: unsafe); at most W - 1 of them.
     fsync_never: tuple[str, ...] = ()
+
+    @property
+    def append_timeout_ms(self) -> int:
+        """The writers' append timeout, scaled with the lease as the real defaults are."""
+        return self.lease_ms * APPEND_TIMEOUT_MS // LEASE_MS_DEFAULT
 
     @staticmethod
     def draw(seed: int, rng: random.Random, flaws: frozenset[str] = frozenset()) -> SimConfig:
@@ -207,7 +214,7 @@ class World:
         self.trace = trace
         self.sched = Scheduler()
         self.net = Network(self.sched, rng, config.faults, self.deliver)
-        self.checker = Checker(stream_id=1)
+        self.checker = Checker(stream_id=1, append_timeout_ms=config.append_timeout_ms)
         self.phase = "safety"
         self._ids = 0
         self._steps = 0
@@ -548,6 +555,12 @@ class World:
             return False
         if self.marker is not None and self.marker_by != leader.client_id:
             self.marker = None  # its writer stepped down: the marker is in doubt
+        if (
+            self.marker is not None
+            and self.marker not in self.checker.acked.values()
+            and not leader.awaits(self.marker)
+        ):
+            self.marker = None  # its append timed out: in doubt, try another
         if self.marker is None:
             self._payloads += 1
             self.marker = f"marker:{self._payloads}".encode()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from streamengine.client.core.leader import (
+    AppendsTimedOut,
     AskRoll,
     BecameLeader,
     FencedByStore,
@@ -80,7 +81,11 @@ class WriterNode(Node):
         cfg = self.world.config
         limits = ReplicatorLimits(idle_ack_ms=cfg.idle_ack_ms, window_batches=cfg.window)
         self.leader = Leader(
-            self.clock_ms(), limits, recovery_supported=True, rolling_supported=True
+            self.clock_ms(),
+            limits,
+            recovery_supported=True,
+            rolling_supported=True,
+            append_timeout_ms=cfg.append_timeout_ms,
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
@@ -124,14 +129,15 @@ class WriterNode(Node):
     def check_running(self) -> None:
         """Invariant 7 while this process runs: see `Checker.writer_running`."""
         if self.up and not self.paused:
-            leader = self.leader
-            self.world.checker.writer_running(
-                self.client_id, self.leading, self.clock_ms(), leader.lease_until_ms
-            )
+            self.world.checker.writer_running(self.client_id, self.clock_ms())
 
     @property
     def leading(self) -> bool:
         return self.leader.role is Role.LEADING
+
+    def awaits(self, payload: bytes) -> bool:
+        """`payload` was appended and its user still waits for the answer."""
+        return any(payload in item.payloads for item in self.pending)
 
     def can_append(self) -> bool:
         replicator = self.leader.replicator
@@ -161,7 +167,7 @@ class WriterNode(Node):
         self._arm_timer()
 
     def append(self, payloads: tuple[bytes, ...]) -> None:
-        self.world.checker.append_started(self.client_id, payloads)
+        self.world.checker.append_started(self.client_id, payloads, self.clock_ms())
         self._submitted.append(payloads)
         self.step(Append(payloads))
 
@@ -236,6 +242,8 @@ class WriterNode(Node):
                 self.call(MASTER, release, lambda _: None)
             elif isinstance(action, StoreDetached):
                 self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
+            elif isinstance(action, AppendsTimedOut):
+                self._timed_out(action.last_index)
             elif isinstance(action, Assigned):
                 # Pending from this moment: a step-down from here on must answer it.
                 payloads = self._submitted.pop(0)
@@ -267,6 +275,18 @@ class WriterNode(Node):
         self.world.stats["appends reported failed"] += len(failed)
         self.world.stats["appends in doubt"] += in_doubt
         self.world.checker.appends_failed(failed)
+        self.world.checker.append_ended(self.client_id, ended)
+
+    def _timed_out(self, last_index: int) -> None:
+        """Appends through `last_index` answered in doubt: the user hears no more of them,
+        whatever happens to them later."""
+        ended: list[bytes] = []
+        while self.pending and self.pending[0].first_index <= last_index:
+            item = self.pending.pop(0)
+            assert item.first_index + len(item.payloads) - 1 <= last_index, "a split append"
+            ended += item.payloads
+        self.world.note(f"{self.client_id}: {len(ended)} append(s) timed out, in doubt")
+        self.world.stats["appends timed out"] += len(ended)
         self.world.checker.append_ended(self.client_id, ended)
 
     def _heartbeat(self, action: SendHeartbeat) -> None:

@@ -13,7 +13,7 @@ from streamengine.client.core.cursor import (
     SegmentView,
     Wait,
 )
-from streamengine.client.core.replicas import FollowerTiming
+from streamengine.client.core.replicas import Ask, FollowerTiming, ReplicaSet
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
 
@@ -296,3 +296,21 @@ def test_a_master_that_does_not_list_is_asked_again_after_a_backoff() -> None:
     cursor.on_replica_failed(1, C, refresh_at)
     cursor.on_list_failed(refresh_at)
     assert cursor.next(refresh_at) == Wait(refresh_at + 2 * FIRST_RETRY_MS)
+
+
+def test_entries_served_are_a_lower_bound_never_an_answer_about_the_end() -> None:
+    # Simulator seed 153: a slow tail delivered entries 1..234 that a replica sent while
+    # the segment was open, after the reader learned the segment sealed at 243. The
+    # other replica answered it holds less; the served batch must not count as the
+    # first replica saying so too (it held the whole segment).
+    replicas = ReplicaSet(FollowerTiming())
+    replicas.segment_sealed()
+    replicas.served("s1", 234)
+    replicas.answered("s2", 49)
+    assert not replicas.below("s1", 235)
+    assert replicas.choose(("s1", "s2"), sealed=True, next_index=235, now_ms=0) == Ask("s1")
+    # Once the replica answers where it ends, that answer counts, and later entries
+    # raise it.
+    replicas.answered("s1", 200)
+    replicas.served("s1", 220)
+    assert replicas.below("s1", 221) and not replicas.below("s1", 220)

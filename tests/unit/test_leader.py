@@ -1,6 +1,7 @@
 """The writer's election loop: heartbeats every lease/3, the lease counted from the send
-time, stepping down (lease lost, deposed, fenced, released) with failed versus in-doubt
-appends, and the gate that holds acks until earlier segments are sealed."""
+time, leading on while no master answers, stepping down (deposed, fenced, released) with
+failed versus in-doubt appends, appends answered in doubt after their timeout, and the
+gate that holds acks until earlier segments are sealed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from streamengine.client.core.leader import (
     RECONNECT_PAUSE_MS_MAX,
     RECONNECT_PAUSE_MS_MIN,
+    AppendsTimedOut,
+    AskRoll,
     BecameLeader,
     FencedByStore,
     HeartbeatAnswered,
@@ -145,44 +148,80 @@ def test_the_lease_counts_from_the_send_time_and_renews_by_heartbeat() -> None:
     assert leader.statistics().lease_until_ms == 400 + LEASE_MS
 
 
-def test_lease_loss_with_appends_in_flight_fails_honestly() -> None:
+def test_deposed_with_appends_in_flight_fails_them_honestly() -> None:
     leader = leading()
     first = step(leader, 10, Append((b"a", b"b")))  # sent, acked below
     acked = of_type(answer_all(leader, 11, first), Acked)
     assert [a.acked_index for a in acked] == [2]
     sent = step(leader, 12, Append((b"c",)))  # sent, not answered yet
     # A third append is only assigned: every store has a request in flight, so it
-    # lingers, and the lease runs out before anything carries it.
+    # lingers, and the master deposes the writer before anything carries it.
     assert of_type(step(leader, 12, Append((b"d",))), SendWrite) == []
-    # The heartbeats got no answer; the lease ends at LEASE_MS after the first send.
-    assert leader.deadline_ms(14) is not None
-    actions = step(leader, LEASE_MS, Tick())
+    actions = step(leader, 13, follower_answer(12, epoch=6))
     [down] = of_type(actions, SteppedDown)
-    assert down.reason is StepDownReason.LEASE_EXPIRED
+    assert down.reason is StepDownReason.DEPOSED
     assert (down.acked_index, down.sent_through) == (2, 3)  # 3 in doubt, 4 failed
     assert leader.role is Role.FINISHED
     # Nothing more is acked, even when the quorum answers arrive after.
-    assert answer_all(leader, LEASE_MS + 1, sent) == []
+    assert answer_all(leader, 14, sent) == []
 
 
-def test_an_answer_arriving_as_the_lease_ends_is_not_acked() -> None:
+def test_a_lease_run_out_unrenewed_keeps_the_writer_leading_and_acking() -> None:
+    # No master answers: safety rests on fencing, so the open segment goes on.
     leader = leading()
     sent = step(leader, 10, Append((b"a",)))
-    actions = answer_all(leader, LEASE_MS, sent)
-    assert of_type(actions, Acked) == []
-    [down] = of_type(actions, SteppedDown)
-    assert down.reason is StepDownReason.LEASE_EXPIRED and down.sent_through == 1
-    # An append at that moment is not taken either.
-    assert step(Leader(0), 0, Tick()) and of_type(
-        step(leading(), LEASE_MS, Append((b"b",))), SteppedDown
-    )
-
-
-def test_the_lease_ends_before_the_master_ends_it() -> None:
-    leader = leading()
-    assert step(leader, LEASE_MS - 1, Tick()) == [] or leader.role is Role.LEADING
+    assert not of_type(step(leader, 400 + LEASE_MS, Tick()), SteppedDown)
+    assert leader.role is Role.LEADING and leader.accepting_appends
+    actions = answer_all(leader, 400 + LEASE_MS + 1, sent)
+    assert [a.acked_index for a in of_type(actions, Acked)] == [1]
+    # A master answering again renews the same epoch; the writer goes on as before.
+    step(leader, 5002, leader_answer(5000))
+    assert leader.statistics().lease_until_ms == 5000 + LEASE_MS
+    assert leader.statistics().master_answered_ms == 5002
     assert leader.role is Role.LEADING
-    assert of_type(step(leader, LEASE_MS, Tick()), SteppedDown)
+
+
+def test_a_store_fence_still_ends_a_writer_no_master_answers() -> None:
+    leader = leading()
+    step(leader, 3000, Tick())
+    [down] = of_type(step(leader, 3001, FencedByStore("s1", 6)), SteppedDown)
+    assert down.reason is StepDownReason.FENCED
+
+
+def test_an_append_not_acked_in_time_is_answered_in_doubt_and_the_writer_goes_on() -> None:
+    leader = leading(append_timeout_ms=1000)
+    first = step(leader, 10, Append((b"a",)))
+    step(leader, 20, Append((b"b", b"c")))
+    # One store answers: no quorum. The first append's time runs out, then the second's.
+    answer_all(leader, 30, first, stores=("s1",))
+    assert of_type(step(leader, 1009, Tick()), AppendsTimedOut) == []
+    assert leader.deadline_ms(1009) == 1010
+    [late] = of_type(step(leader, 1010, Tick()), AppendsTimedOut)
+    assert late == AppendsTimedOut(segment_epoch=5, last_index=1)
+    [later] = of_type(step(leader, 1020, Tick()), AppendsTimedOut)
+    assert later.last_index == 3 and leader.role is Role.LEADING
+    # While they stay unacked, the answer is repeated (for appends held back for room).
+    assert of_type(step(leader, 2019, Tick()), AppendsTimedOut) == []
+    assert of_type(step(leader, 2020, Tick()), AppendsTimedOut) == [later]
+    # A quorum after all: acked (in doubt meant exactly this), and nothing more repeats.
+    acked = of_type(answer_all(leader, 2100, first, stores=("s2",)), Acked)
+    assert [a.acked_index for a in acked] == [1]
+    assert of_type(step(leader, 3100, Tick()), AppendsTimedOut) == [later]
+
+
+def test_no_roll_starts_while_no_master_answers() -> None:
+    leader = leading(rolling_supported=True)
+    step(leader, 10, Append((b"a",)))  # never answered: the drain cannot finish
+    # The master asks for a roll, then goes silent: the lease runs out at 401 + LEASE_MS.
+    step(leader, 420, leader_answer(401, roll_requested=True, roll_reason="drain"))
+    assert not leader.accepting_appends  # draining for the roll
+    # No new epoch can come: the drain is given up at once and appends go on.
+    quiet = step(leader, 401 + LEASE_MS, Tick())
+    assert not of_type(quiet, AskRoll) and leader.accepting_appends
+    assert not of_type(step(leader, 401 + 3 * LEASE_MS, Tick()), AskRoll)
+    # Once a master answers again, the roll it asked for goes ahead.
+    step(leader, 4000, leader_answer(3990, roll_requested=True, roll_reason="drain"))
+    assert not leader.accepting_appends
 
 
 @pytest.mark.parametrize(

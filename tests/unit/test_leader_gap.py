@@ -29,6 +29,7 @@ from tests.unit.test_leader import (
     POLICY,
     STORES,
     answer_all,
+    follower_answer,
     grant,
     leader_answer,
     of_type,
@@ -134,6 +135,8 @@ def test_a_failed_recovery_behind_a_segment_starts_again_too() -> None:
 
 def test_losing_the_lease_without_a_segment_steps_down_with_nothing_sent() -> None:
     leader, _ = granted_without_segment()
-    [down] = of_type(step(leader, LEASE_MS, Tick()), SteppedDown)
-    assert down.reason is StepDownReason.LEASE_EXPIRED
+    # No master answers: the writer goes on (recovering), as a leader with a segment.
+    assert not of_type(step(leader, LEASE_MS, Tick()), SteppedDown)
+    [down] = of_type(step(leader, LEASE_MS + 1, follower_answer(LEASE_MS, 6)), SteppedDown)
+    assert down.reason is StepDownReason.DEPOSED
     assert (down.epoch, down.sent_through, down.acked_index) == (5, 0, 0)

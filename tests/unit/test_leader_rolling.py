@@ -38,6 +38,7 @@ from tests.unit.test_leader import (
     POLICY,
     STORES,
     answer_all,
+    follower_answer,
     grant,
     leader_answer,
     of_type,
@@ -170,8 +171,8 @@ def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
     leader = Leader(0, recovery_supported=True, rolling_supported=True)
     step(leader, 0, Tick())
     assert of_type(step(leader, 5, leader_answer(0, roll_requested=True)), AskRoll)
-    step(leader, LEASE_MS + 1, Tick())  # the lease ran out
-    late = step(leader, LEASE_MS + 2, roll_answer(9, 6, old=5))
+    step(leader, 30, follower_answer(20, epoch=6))  # deposed meanwhile
+    late = step(leader, 31, roll_answer(9, 6, old=5))
     assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6}]
 
 

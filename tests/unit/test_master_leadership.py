@@ -60,8 +60,26 @@ LEASE = 1000
             Lease(4, "b", 900 + LEASE),
         ),
         (
-            "an expired holder gets a new epoch, never its old one back",
+            "an expired holder naming its epoch renews it while nobody else was granted",
             Lease(3, "a", 900),
+            "a",
+            3,
+            5000,
+            Outcome.RENEWED,
+            Lease(3, "a", 5000 + LEASE),
+        ),
+        (
+            "an expired holder that does not name its epoch gets a new one",
+            Lease(3, "a", 900),
+            "a",
+            0,
+            901,
+            Outcome.GRANTED,
+            Lease(4, "a", 901 + LEASE),
+        ),
+        (
+            "a holder that gave its lease back renews nothing",
+            Lease(3, "", 900),
             "a",
             3,
             901,
@@ -136,7 +154,15 @@ def test_heartbeat_refuses(rule, client, epoch) -> None:
         ),
         ("a follower cannot roll", Lease(3, "a", 900), "b", 3, 10, NotLeader),
         ("a stale epoch cannot roll", Lease(3, "a", 900), "a", 2, 10, NotLeader),
-        ("an expired holder cannot roll", Lease(3, "a", 900), "a", 3, 900, NotLeader),
+        (
+            "an expired holder rolls while nobody else was granted",
+            Lease(3, "a", 900),
+            "a",
+            3,
+            2000,
+            Lease(4, "a", 2000 + LEASE),
+        ),
+        ("a released lease cannot roll", Lease(3, "", 900), "a", 3, 10, NotLeader),
     ],
 )
 def test_roll(rule, lease, client, epoch, now, result) -> None:
@@ -153,7 +179,7 @@ def test_roll(rule, lease, client, epoch, now, result) -> None:
         ("the holder releases: the lease ends now", "a", 3, 10, Lease(3, "", 10)),
         ("another client cannot release it", "b", 3, 10, None),
         ("a stale epoch cannot release it", "a", 2, 10, None),
-        ("an expired lease is not released again", "a", 3, 900, None),
+        ("an expired lease nobody took is released", "a", 3, 900, Lease(3, "", 900)),
     ],
 )
 def test_release(rule, client, epoch, now, result) -> None:
