@@ -59,6 +59,19 @@ class Term:
     lease_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The active master as the election reports it."""
+
+    address: str
+    key: bytes
+    revision: int
+
+    def succeeds(self, term: Term) -> bool:
+        """Whether this leader won after `term` (so that term is over)."""
+        return self.key != term.key and self.revision > term.revision
+
+
 class Election:
     def __init__(
         self,
@@ -164,14 +177,15 @@ class Election:
                 continue
             return bool(reply.kvs) and reply.kvs[0].create_revision == term.revision
 
-    async def observe(self, leader: Callable[[str], None]) -> NoReturn:
-        """Tell `leader` the active master's address each time it changes."""
+    async def observe(self, leader: Callable[[Leader], None]) -> NoReturn:
+        """Tell `leader` who the active master is each time it changes."""
         request = v3election_pb2.LeaderRequest(name=self.name)
         while True:
             member = self.client.member
             try:
                 async for reply in self.client.aio_election(member).Observe(request):
-                    leader(reply.kv.value.decode())
+                    kv = reply.kv
+                    leader(Leader(kv.value.decode(), kv.key, kv.create_revision))
             except grpc.aio.AioRpcError as error:
                 self._failed(member, "observe", error)
             await asyncio.sleep(RETRY_S)

@@ -35,6 +35,7 @@ from streamengine.master.election import (
     ELECTION_TTL_S_DEFAULT,
     KEEPALIVES_PER_TTL,
     Election,
+    Leader,
     LeaseLost,
     Term,
 )
@@ -243,14 +244,9 @@ async def _etcd_master(
     election = Election(client, role.address, args.election_ttl_s, _clock_ms)
     metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
     elected = _Elected(args, role, election, metadata, health_servicer)
-
-    def leader(address: str) -> None:
-        role.active_address = address
-        metadata.active_address = address
-
     try:
         async with asyncio.TaskGroup() as group:
-            group.create_task(election.observe(leader))
+            group.create_task(election.observe(elected.leader))
             await elected.run()
     finally:
         role.lease_lost()
@@ -275,7 +271,18 @@ class _Elected:
         self.metadata = metadata
         self.health = health_servicer
         self.deposed = asyncio.Event()
+        self.term: Term | None = None
         metadata.on_failure = self._metadata_failed
+
+    def leader(self, leader: Leader) -> None:
+        """The election names the active master: a standby names it in its answers, and
+        an active master that sees a later one elected steps down at once instead of at
+        its next commit (its key is gone: renewals it would answer from memory are
+        already another master's business)."""
+        self.role.active_address = leader.address
+        self.metadata.active_address = leader.address
+        if self.term is not None and leader.succeeds(self.term):
+            self.deposed.set()
 
     def _metadata_failed(self, error: MetadataError) -> None:
         # A commit that etcd merely did not answer changes nothing: the writer key makes
@@ -302,6 +309,7 @@ class _Elected:
     async def _serve_term(self, term: Term) -> None:
         """Serve as the active master until deposed; returns when the election key is
         gone (campaign again), loads the records again while it is not."""
+        self.term = term
         while True:
             self.deposed.clear()
             try:
@@ -315,6 +323,7 @@ class _Elected:
                 await self._active(state, repairer)
             if not await self.election.holds(term):
                 log.warning("deposed: the election key of this master is gone")
+                self.term = None
                 return
             log.warning("etcd's records changed under this master: loading them again")
 

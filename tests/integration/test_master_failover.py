@@ -24,6 +24,9 @@ import grpc
 import pytest
 
 from streamengine.client import StreamClient
+from streamengine.etcd import rpc_pb2, rpc_pb2_grpc
+from streamengine.master.etcd import parse_etcd_url
+from streamengine.master.metadata import prefix_end
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
 from streamengine.tools.harness import (
     Cluster,
@@ -311,3 +314,31 @@ async def test_a_three_member_etcd_losing_a_member_keeps_masters_and_writers_goi
             load.stop()
             await check_every_acked_append_once(client, load)
         assert cluster.active_master() is not None
+
+
+async def test_an_active_master_whose_election_key_vanishes_steps_down_at_once(
+    etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    """Its keepalives still work: it learns from the election that another master won
+    (not at its next commit), and campaigns again as a standby."""
+    with running_ha_cluster(tmp_path, etcd, masters=2, stores=0, prefix="vanish") as cluster:
+        old = cluster.master
+        election = parse_etcd_url(etcd.url("vanish")).election_name + b"/"
+        with grpc.insecure_channel(etcd.endpoints[0]) as channel:
+            kv = rpc_pb2_grpc.KVStub(channel)
+            oldest = kv.Range(
+                rpc_pb2.RangeRequest(
+                    key=election,
+                    range_end=prefix_end(election),
+                    sort_target=rpc_pb2.RangeRequest.CREATE,
+                    sort_order=rpc_pb2.RangeRequest.ASCEND,
+                    limit=1,
+                ),
+                timeout=5,
+            ).kvs[0]
+            assert oldest.value.decode() == old.address, "the oldest key is the active master's"
+            kv.DeleteRange(rpc_pb2.DeleteRangeRequest(key=oldest.key), timeout=5)
+        new, _ = await wait_failover(cluster, old.address)
+        await wait_until(lambda: "deposed" in old.log(), 10, "the old master deposed")
+        assert not is_active_master(old.address) and old.alive()
+        assert new == cluster.standbys[0].address
