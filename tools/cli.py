@@ -195,6 +195,27 @@ def _add_data_commands(commands: Subparsers) -> None:
         _add_master_option(parser)
 
 
+def _add_metadata_commands(commands: Subparsers) -> None:
+    metadata = commands.add_parser("metadata", help="back up and restore the master's metadata")
+    actions = metadata.add_subparsers(dest="action", required=True, metavar="ACTION")
+    backup = actions.add_parser(
+        "backup", help="copy every record to a file (masters may keep running)"
+    )
+    backup.add_argument("--to", type=Path, required=True, help="the backup file to write")
+    backup.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_backup"))
+    restore = actions.add_parser(
+        "restore", help="write a backup into empty metadata (every master stopped)"
+    )
+    restore.add_argument("--from", dest="source", type=Path, required=True, help="the backup file")
+    restore.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_restore"))
+    for parser in (backup, restore):
+        where = parser.add_mutually_exclusive_group(required=True)
+        where.add_argument("--data", type=Path, help="a master's --data (embedded RocksDB)")
+        where.add_argument(
+            "--metadata", metavar="etcd://HOST:PORT[,...][/PREFIX]", help="the masters' etcd"
+        )
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -203,6 +224,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _add_stream_commands(commands)
     _add_data_commands(commands)
     _add_admin_commands(commands)
+    _add_metadata_commands(commands)
     return parser, servers
 
 
