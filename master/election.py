@@ -1,24 +1,25 @@
-"""Several masters on one etcd, one of them active: etcd's election service on a lease.
+"""Several masters on one etcd, one of them active: an election on etcd leases.
 
 Theory of operation. Each master process holds one etcd lease (`ttl_s`, 1 s by
-default) and keeps it alive `KEEPALIVES_PER_TTL` times per TTL. With it, it campaigns
-(`v3election.Campaign`): etcd puts a key `PREFIX/master/<lease>` bound to the lease,
-whose value is the master's address, and answers once every older key is gone. The
-oldest key is the active master. So:
+default), kept alive `KEEPALIVES_PER_TTL` times per TTL, and one key bound to it,
+`PREFIX/master/<lease id in hex>`, whose value is the master's address (`join`: a
+transaction that creates the key unless it exists). The master whose key is the oldest
+(lowest creation revision) is the active one (`members`, polled every `POLL_S`). So:
 
 - the active master dies or hangs → its keepalives stop → etcd expires its lease (TTL,
-  checked every 500 ms) and deletes its key → the next standby's Campaign returns;
+  checked every 500 ms) and deletes its key → the next standby's key is the oldest, and
+  that standby sees it at its next poll;
 - every commit of the active master compares its key (`etcd_metadata.ActiveGuard`), so
   once the key is gone nothing the old master sends is written;
 - each master counts its own lease from the send time of the keepalives etcd confirms
   (`leadership.master_active_until`, applied by `role.MasterRole`): it stops serving
-  before etcd can elect another;
-- standbys watch the election (`Observe`) to name the active master in their answers.
+  before etcd can expire the lease and let a standby win;
+- standbys read the active master's address from the oldest key.
 
-A master that loses its lease (etcd answers a keepalive with TTL 0) takes a new one and
-campaigns again as a standby; one whose key is gone while its lease lives (deleted by
-hand, or a commit found it missing) campaigns again with the same lease. It never exits
-for this: a deposed master is simply a standby.
+Every call is unary or a short exchange, each with a deadline, and a member that does
+not answer is left for the next (`EtcdClient`): a member cut off the network costs one
+deadline, never a connection attempt that waits for TCP to give up. (etcd's own
+`v3election.Campaign` blocks server-side on one member, which is why it is not used.)
 """
 
 from __future__ import annotations
@@ -26,24 +27,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 
-from streamengine.etcd import rpc_pb2, v3election_pb2
+from streamengine.etcd import rpc_pb2
 from streamengine.master.etcd import EtcdClient
 from streamengine.master.leadership import master_active_until
+from streamengine.master.metadata import prefix_end
 
 log = logging.getLogger("streamengine.master.election")
+
+T = TypeVar("T")
+KeepAliveCall = grpc.aio.StreamStreamCall[
+    rpc_pb2.LeaseKeepAliveRequest, rpc_pb2.LeaseKeepAliveResponse
+]
 
 ELECTION_TTL_S_DEFAULT = 1
 # Keepalives per TTL: one lost or late keepalive still leaves the lease alive.
 KEEPALIVES_PER_TTL = 3
+# How often a master reads who is active: bounds how late a standby notices that it is
+# now the oldest (after the old lease's TTL) and how late an active master notices that
+# it is not (its key deleted by hand).
+POLL_S = 0.1
+# One etcd call; a member slower than this is left for the next.
+CALL_TIMEOUT_S = 0.5
 # Pause before an etcd call that failed is tried again (on the next member).
 RETRY_S = 0.1
-REVOKE_TIMEOUT_S = 1.0
 
 
 class LeaseLost(Exception):
@@ -52,7 +64,7 @@ class LeaseLost(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Term:
-    """One win of the election: the key etcd created for it, and its revision."""
+    """This master's place in the election: its key and the key's creation revision."""
 
     key: bytes
     revision: int
@@ -60,56 +72,45 @@ class Term:
 
 
 @dataclass(frozen=True, slots=True)
-class Leader:
-    """The active master as the election reports it."""
+class Member:
+    """A master in the election, as its key says."""
 
     address: str
     key: bytes
     revision: int
 
-    def succeeds(self, term: Term) -> bool:
-        """Whether this leader won after `term` (so that term is over)."""
-        return self.key != term.key and self.revision > term.revision
-
 
 class Election:
     def __init__(
-        self,
-        client: EtcdClient,
-        address: str,
-        ttl_s: int,
-        clock_ms: Callable[[], int],
+        self, client: EtcdClient, address: str, ttl_s: int, clock_ms: Callable[[], int]
     ) -> None:
         self.client = client
         self.address = address
         self.ttl_s = ttl_s
         self.clock_ms = clock_ms
-        self.name = client.config.election_name
+        self.prefix = client.config.election_name + b"/"
         self.lease_id = 0
         self.ttl_ms = ttl_s * 1000
 
     async def grant(self) -> int:
         """A new election lease (retried until etcd answers); returns its id."""
-        while True:
-            member = self.client.member
-            try:
-                reply = await self.client.aio_lease(member).LeaseGrant(
-                    rpc_pb2.LeaseGrantRequest(TTL=self.ttl_s), timeout=2.0
-                )
-            except grpc.aio.AioRpcError as error:
-                self._failed(member, "lease grant", error)
-                await asyncio.sleep(RETRY_S)
-                continue
-            if self.ttl_s < reply.TTL:
-                log.warning(
-                    "etcd raised the election lease from %d s to its minimum of %d s: "
-                    "failovers take that long (run etcd with --heartbeat-interval=50 "
-                    "--election-timeout=500 for 1 s)",
-                    self.ttl_s,
-                    reply.TTL,
-                )
-            self.lease_id, self.ttl_ms = reply.ID, reply.TTL * 1000
-            return reply.ID
+        request = rpc_pb2.LeaseGrantRequest(TTL=self.ttl_s)
+        reply = await self._call(
+            "lease grant",
+            lambda member: self.client.aio_lease(member).LeaseGrant(
+                request, timeout=CALL_TIMEOUT_S
+            ),
+        )
+        granted_s = reply.TTL
+        if granted_s > self.ttl_s:
+            log.warning(
+                "etcd raised the election lease from %d s to its minimum of %d s: failovers "
+                "take that long (etcd --heartbeat-interval=50 --election-timeout=500 gives 1 s)",
+                self.ttl_s,
+                granted_s,
+            )
+        self.lease_id, self.ttl_ms = reply.ID, granted_s * 1000
+        return reply.ID
 
     async def keep_alive(self, lease_id: int, confirmed: Callable[[int], None]) -> NoReturn:
         """Renew the lease `KEEPALIVES_PER_TTL` times per TTL, telling `confirmed` until
@@ -122,15 +123,14 @@ class Election:
             try:
                 while True:
                     sent_ms = self.clock_ms()
-                    await call.write(request)
-                    # Unanswered for a whole interval: try the next member.
-                    reply = await asyncio.wait_for(call.read(), interval_s)
-                    if not isinstance(reply, rpc_pb2.LeaseKeepAliveResponse):
-                        raise ConnectionError("etcd closed the keepalive stream")
+                    # Unanswered within an interval (even unsent: a member cut off the
+                    # network never completes the connection): try the next member.
+                    reply = await asyncio.wait_for(self._renew(call, request), interval_s)
                     if reply.TTL <= 0:
                         raise LeaseLost(f"etcd no longer knows lease {lease_id:x}")
                     confirmed(master_active_until(sent_ms, reply.TTL * 1000))
-                    await asyncio.sleep(max(0.0, interval_s - (self.clock_ms() - sent_ms) / 1000))
+                    spent_s = (self.clock_ms() - sent_ms) / 1000
+                    await asyncio.sleep(max(0.0, interval_s - spent_s))
             except (
                 grpc.aio.AioRpcError,
                 TimeoutError,
@@ -143,52 +143,59 @@ class Election:
                 call.cancel()
             await asyncio.sleep(RETRY_S)
 
-    async def campaign(self, lease_id: int) -> Term:
-        """Wait until this master is the active one; returns its term."""
-        request = v3election_pb2.CampaignRequest(
-            name=self.name, lease=lease_id, value=self.address.encode()
-        )
-        while True:
-            member = self.client.member
-            try:
-                reply = await self.client.aio_election(member).Campaign(request)
-            except grpc.aio.AioRpcError as error:
-                self._failed(member, "campaign", error)
-                await asyncio.sleep(RETRY_S)
-                continue
-            term = Term(reply.leader.key, reply.leader.rev, lease_id)
-            # Campaign also returns when this master's own key was deleted while it
-            # waited (its lease expired meanwhile): only a key still there is a win.
-            if await self.holds(term):
-                return term
-            await asyncio.sleep(RETRY_S)
+    @staticmethod
+    async def _renew(
+        call: KeepAliveCall, request: rpc_pb2.LeaseKeepAliveRequest
+    ) -> rpc_pb2.LeaseKeepAliveResponse:
+        await call.write(request)
+        reply = await call.read()
+        if not isinstance(reply, rpc_pb2.LeaseKeepAliveResponse):
+            raise ConnectionError("etcd closed the keepalive stream")
+        return reply
 
-    async def holds(self, term: Term) -> bool:
-        """Whether the term's key still exists, as created when it was won."""
-        while True:
-            member = self.client.member
-            try:
-                reply = await self.client.aio_kv(member).Range(
-                    rpc_pb2.RangeRequest(key=term.key), timeout=2.0
+    async def join(self, lease_id: int) -> Term:
+        """This master's key in the election, created unless it exists (a retry after
+        an answer that got lost finds it)."""
+        key = self.prefix + f"{lease_id:x}".encode()
+        request = rpc_pb2.TxnRequest(
+            compare=[
+                rpc_pb2.Compare(
+                    result=rpc_pb2.Compare.EQUAL,
+                    target=rpc_pb2.Compare.CREATE,
+                    key=key,
+                    create_revision=0,
                 )
-            except grpc.aio.AioRpcError as error:
-                self._failed(member, "election read", error)
-                await asyncio.sleep(RETRY_S)
-                continue
-            return bool(reply.kvs) and reply.kvs[0].create_revision == term.revision
+            ],
+            success=[
+                rpc_pb2.RequestOp(
+                    request_put=rpc_pb2.PutRequest(
+                        key=key, value=self.address.encode(), lease=lease_id
+                    )
+                )
+            ],
+            failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=key))],
+        )
+        reply = await self._call(
+            "election join",
+            lambda member: self.client.aio_kv(member).Txn(request, timeout=CALL_TIMEOUT_S),
+        )
+        if reply.succeeded:
+            return Term(key, reply.header.revision, lease_id)
+        return Term(key, reply.responses[0].response_range.kvs[0].create_revision, lease_id)
 
-    async def observe(self, leader: Callable[[Leader], None]) -> NoReturn:
-        """Tell `leader` who the active master is each time it changes."""
-        request = v3election_pb2.LeaderRequest(name=self.name)
-        while True:
-            member = self.client.member
-            try:
-                async for reply in self.client.aio_election(member).Observe(request):
-                    kv = reply.kv
-                    leader(Leader(kv.value.decode(), kv.key, kv.create_revision))
-            except grpc.aio.AioRpcError as error:
-                self._failed(member, "observe", error)
-            await asyncio.sleep(RETRY_S)
+    async def members(self) -> list[Member]:
+        """Every master in the election, oldest (the active one) first."""
+        request = rpc_pb2.RangeRequest(
+            key=self.prefix,
+            range_end=prefix_end(self.prefix),
+            sort_order=rpc_pb2.RangeRequest.ASCEND,
+            sort_target=rpc_pb2.RangeRequest.CREATE,
+        )
+        reply = await self._call(
+            "election read",
+            lambda member: self.client.aio_kv(member).Range(request, timeout=CALL_TIMEOUT_S),
+        )
+        return [Member(kv.value.decode(), kv.key, kv.create_revision) for kv in reply.kvs]
 
     async def revoke(self) -> None:
         """Give the lease back (a clean stop): the key goes at once, a standby wins."""
@@ -196,9 +203,19 @@ class Election:
             return
         with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
             await self.client.aio_lease(self.client.member).LeaseRevoke(
-                rpc_pb2.LeaseRevokeRequest(ID=self.lease_id), timeout=REVOKE_TIMEOUT_S
+                rpc_pb2.LeaseRevokeRequest(ID=self.lease_id), timeout=CALL_TIMEOUT_S
             )
         self.lease_id = 0
+
+    async def _call(self, what: str, attempt: Callable[[str], Awaitable[T]]) -> T:
+        """`attempt(member)` until a member answers, moving on after each failure."""
+        while True:
+            member = self.client.member
+            try:
+                return await attempt(member)
+            except grpc.aio.AioRpcError as error:
+                self._failed(member, what, error)
+            await asyncio.sleep(RETRY_S)
 
     def _failed(self, member: str, what: str, error: BaseException) -> None:
         code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None

@@ -24,26 +24,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.master import repair
 from streamengine.master.catalog import Catalog
-from streamengine.master.election import (
-    ELECTION_TTL_S_DEFAULT,
-    KEEPALIVES_PER_TTL,
-    Election,
-    Leader,
-    LeaseLost,
-    Term,
-)
-from streamengine.master.election import RETRY_S as ELECTION_RETRY_S
+from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
 from streamengine.master.errors import InvalidArgument
 from streamengine.master.etcd import EtcdClient, is_etcd_url, parse_etcd_url
-from streamengine.master.etcd_metadata import EtcdMetadata, MetadataChanged
-from streamengine.master.metadata import MetadataError, NotActive
+from streamengine.master.etcd_metadata import EtcdMetadata
+from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
 from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
@@ -62,7 +53,6 @@ STORE_TIMEOUT_MS_DEFAULT = 6000
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
 SHUTDOWN_GRACE_S = 1.0
-MASTER_SERVICE = "streamengine.v1.Master"
 # A commit to etcd blocks the master's event loop (its state is synchronous), which also
 # runs the election keepalive: a commit may take at most half a TTL, so that with one
 # keepalive interval before it the lease is still renewed in time.
@@ -237,109 +227,21 @@ async def _embedded_master(
 async def _etcd_master(
     args: argparse.Namespace, role: MasterRole, health_servicer: health.aio.HealthServicer
 ) -> None:
-    """Campaign, serve while elected, campaign again when deposed; on a clean stop give
-    the election lease back so a standby takes over at once."""
+    """Stand by or serve as the election says (`master.ha`); on a clean stop give the
+    election lease back so that a standby takes over at once."""
     config = parse_etcd_url(args.metadata)
     client = EtcdClient(config)
     election = Election(client, role.address, args.election_ttl_s, _clock_ms)
     metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
-    elected = _Elected(args, role, election, metadata, health_servicer)
+    elected = ElectedMaster(
+        role, election, metadata, health_servicer, lambda catalog: _new_state(args, catalog)
+    )
     try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(election.observe(elected.leader))
-            await elected.run()
+        await elected.run()
     finally:
         role.lease_lost()
         await election.revoke()
         await client.aclose()
-
-
-class _Elected:
-    """The loop of an etcd-backed master: lease → campaign → serve → (deposed) → ..."""
-
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        role: MasterRole,
-        election: Election,
-        metadata: EtcdMetadata,
-        health_servicer: health.aio.HealthServicer,
-    ) -> None:
-        self.args = args
-        self.role = role
-        self.election = election
-        self.metadata = metadata
-        self.health = health_servicer
-        self.deposed = asyncio.Event()
-        self.term: Term | None = None
-        metadata.on_failure = self._metadata_failed
-
-    def leader(self, leader: Leader) -> None:
-        """The election names the active master: a standby names it in its answers, and
-        an active master that sees a later one elected steps down at once instead of at
-        its next commit (its key is gone: renewals it would answer from memory are
-        already another master's business)."""
-        self.role.active_address = leader.address
-        self.metadata.active_address = leader.address
-        if self.term is not None and leader.succeeds(self.term):
-            self.deposed.set()
-
-    def _metadata_failed(self, error: MetadataError) -> None:
-        # A commit that etcd merely did not answer changes nothing: the writer key makes
-        # the next commit fail if this one lands late, and that failure deposes.
-        if isinstance(error, NotActive | MetadataChanged):
-            self.deposed.set()
-
-    async def run(self) -> NoReturn:
-        while True:
-            lease_id = await self.election.grant()
-            log.info("campaigning as %s (lease %x)", self.role.address, lease_id)
-            try:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self.election.keep_alive(lease_id, self.role.confirmed))
-                    while True:
-                        term = await self.election.campaign(lease_id)
-                        await self._serve_term(term)
-            except* LeaseLost as lost:
-                log.warning("election lease lost: %s", lost.exceptions[0])
-            finally:
-                self.role.lease_lost()
-                self.metadata.deactivate()
-
-    async def _serve_term(self, term: Term) -> None:
-        """Serve as the active master until deposed; returns when the election key is
-        gone (campaign again), loads the records again while it is not."""
-        self.term = term
-        while True:
-            self.deposed.clear()
-            try:
-                self.metadata.activate(term.key, term.revision)
-                state, repairer = _new_state(self.args, Catalog(self.metadata))
-            except MetadataError as error:
-                log.warning("cannot load the metadata from etcd: %s", error)
-                self.metadata.deactivate()
-                await asyncio.sleep(ELECTION_RETRY_S)
-            else:
-                await self._active(state, repairer)
-            if not await self.election.holds(term):
-                log.warning("deposed: the election key of this master is gone")
-                self.term = None
-                return
-            log.warning("etcd's records changed under this master: loading them again")
-
-    async def _active(self, state: MasterState, repairer: Repairer) -> None:
-        self.role.activate(state, repairer)
-        log.info("active master (%d streams, %d stores)", len(state.streams), len(state.stores))
-        await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        try:
-            async with asyncio.TaskGroup() as group:
-                repairs = group.create_task(repairer.run())
-                await self.deposed.wait()
-                repairs.cancel()
-        finally:
-            self.role.step_down()
-            self.metadata.deactivate()
-            await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 async def _update_gauges(role: MasterRole, metrics: Metrics) -> None:
