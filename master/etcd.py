@@ -5,8 +5,10 @@ under which this cluster keeps its keys (default `/streamengine`), so several cl
 can share one etcd:
 
     PREFIX/meta/<catalog key>          the master's records (`master.catalog`)
-    PREFIX/master/<lease id, hex>      one key per master campaigning (v3election); the
-                                       oldest is the active master, its value its address
+    PREFIX/master/<lease id, hex>      one key per master in the election, bound to its
+                                       lease; the oldest is the active master, its value
+                                       its address (`master.election`)
+    PREFIX/writer                      rewritten by every commit (`etcd_metadata`)
 
 The stubs are generated from etcd's own protos (`streamengine.etcd`, see
 `proto/etcd_protos.py`). Calls go to one member at a time; a member that cannot be
@@ -24,7 +26,7 @@ from typing import TypeVar
 
 import grpc
 
-from streamengine.etcd import rpc_pb2_grpc, v3election_pb2_grpc
+from streamengine.etcd import rpc_pb2_grpc
 from streamengine.master.errors import InvalidArgument
 from streamengine.protocol.channels import CLIENT_OPTIONS
 
@@ -119,17 +121,11 @@ class EtcdClient:
     def lease(self, member: str) -> rpc_pb2_grpc.LeaseStub:
         return rpc_pb2_grpc.LeaseStub(self._sync_channel(member))
 
-    def election(self, member: str) -> v3election_pb2_grpc.ElectionStub:
-        return v3election_pb2_grpc.ElectionStub(self._sync_channel(member))
-
     def aio_kv(self, member: str) -> rpc_pb2_grpc.KVAsyncStub:
         return rpc_pb2_grpc.KVStub(self.aio_channel(member))
 
     def aio_lease(self, member: str) -> rpc_pb2_grpc.LeaseAsyncStub:
         return rpc_pb2_grpc.LeaseStub(self.aio_channel(member))
-
-    def aio_election(self, member: str) -> v3election_pb2_grpc.ElectionAsyncStub:
-        return v3election_pb2_grpc.ElectionStub(self.aio_channel(member))
 
     def call(self, attempt: Callable[[str, float], T], timeout_s: float) -> T:
         """`attempt(member, timeout_s)` on one member after another (each at most once)

@@ -7,8 +7,10 @@ The master talks to etcd (metadata, election) through stubs generated from these
 protos by `proto/generate.py`, like our own. etcd's files import gogoproto and the
 grpc-gateway annotations, which only shape Go code and HTTP routes: both are removed,
 and the imports between the files are rewritten to live under `streamengine/etcd/` (the
-protobuf packages `etcdserverpb`, `mvccpb`, `authpb` and `v3electionpb` stay, since
-they name the gRPC services on the wire).
+protobuf packages `etcdserverpb`, `mvccpb` and `authpb` stay, since they name the gRPC
+services on the wire). Only the KV, Lease, Watch, Cluster, Maintenance and Auth API
+(`rpc.proto` and what it imports) is taken: the masters' election is a lease and a
+transaction (`master/election.py`).
 
 The protos are read from an installed golang-etcd-server-dev, or else from the package
 fetched with `apt-get download` into a temporary directory (nothing is installed).
@@ -34,7 +36,6 @@ SOURCES = {
     "rpc.proto": "etcdserver/etcdserverpb/rpc.proto",
     "kv.proto": "mvcc/mvccpb/kv.proto",
     "auth.proto": "auth/authpb/auth.proto",
-    "v3election.proto": "etcdserver/api/v3election/v3electionpb/v3election.proto",
 }
 IMPORTS = {f"etcd/{path}": f"streamengine/etcd/{name}" for name, path in SOURCES.items()}
 HEADER = (

@@ -16,10 +16,11 @@ from typing import Protocol
 
 import grpc
 
-from streamengine.etcd import rpc_pb2, v3election_pb2
+from streamengine.etcd import rpc_pb2
 from streamengine.master.catalog import Catalog
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata
+from streamengine.master.metadata import prefix_end
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
 
 BACKENDS = ["rocksdb", "etcd"]
@@ -54,20 +55,29 @@ class RocksDBPlace:
 
 
 def campaign(metadata: EtcdMetadata, address: str) -> int:
-    """Win the master election with a fresh lease and guard `metadata` with it; returns
-    the lease id (revoke it to step down)."""
+    """Join the master election with a fresh lease, as `master.election` does, and guard
+    `metadata` with the key; returns the lease id (revoke it to step down). These tests
+    run one master at a time per prefix, so its key is the oldest."""
     client = metadata.client
-    member = client.member
+    kv, member = client.kv(client.member), client.member
     lease = client.lease(member).LeaseGrant(
         rpc_pb2.LeaseGrantRequest(TTL=TEST_LEASE_TTL_S), timeout=10
     )
-    won = client.election(member).Campaign(
-        v3election_pb2.CampaignRequest(
-            name=client.config.election_name, lease=lease.ID, value=address.encode()
+    key = client.config.election_name + b"/" + f"{lease.ID:x}".encode()
+    put = rpc_pb2.PutRequest(key=key, value=address.encode(), lease=lease.ID)
+    joined = kv.Txn(rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_put=put)]), timeout=10)
+    election = client.config.election_name + b"/"
+    oldest = kv.Range(
+        rpc_pb2.RangeRequest(
+            key=election,
+            range_end=prefix_end(election),
+            sort_target=rpc_pb2.RangeRequest.CREATE,
+            limit=1,
         ),
         timeout=10,
-    )
-    metadata.activate(won.leader.key, won.leader.rev)
+    ).kvs[0]
+    assert oldest.key == key, "one master at a time per prefix in these tests"
+    metadata.activate(key, joined.header.revision)
     return lease.ID
 
 
