@@ -15,6 +15,7 @@ starts the next one as an application would, and checks the first ended honestly
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from streamengine.tools.harness import (
     wait_until,
 )
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+from tests.integration.test_cli import run_cli
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
 pytestmark = pytest.mark.skipif(
@@ -342,3 +344,32 @@ async def test_an_active_master_whose_election_key_vanishes_steps_down_at_once(
         await wait_until(lambda: "deposed" in old.log(), 10, "the old master deposed")
         assert not is_active_master(old.address) and old.alive()
         assert new == cluster.standbys[0].address
+
+
+async def test_clients_stores_and_tools_given_a_standby_first_reach_the_active_master(
+    etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    with running_ha_cluster(tmp_path, etcd, masters=2, stores=1, prefix="list") as cluster:
+        standby, active = cluster.standbys[0].address, cluster.master.address
+        masters = f"{standby},{active}"
+        created = run_cli(
+            "stream",
+            "create",
+            "ha/listed",
+            "--replicas",
+            "1",
+            "--write-quorum",
+            "1",
+            env={"STREAMENGINE_MASTER": masters},
+        )
+        assert created.returncode == 0, created.stderr
+        status = run_cli("status", "--json", "--master", masters)
+        assert status.returncode == 0, status.stderr
+        # The store was given both masters too: it registered with the active one.
+        assert [s["alive"] for s in json.loads(status.stdout)["stores"]] == [True]
+        async with StreamClient(masters) as client:
+            async with client.writer("ha/listed") as writer:
+                await writer.append(b"through the standby's hint")
+            assert (await client.describe_stream("ha/listed")).epoch == 1
+        bad = run_cli("status", "--master", "nowhere")
+        assert bad.returncode == 1 and "HOST:PORT" in bad.stderr and "Traceback" not in bad.stderr
