@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from streamengine.master.errors import InvalidArgument
 from streamengine.master.metadata import Metadata, Transaction
 from streamengine.master.model import (
     SegmentKey,
@@ -30,6 +31,7 @@ from streamengine.master.model import (
     StoreRecord,
     StreamRecord,
 )
+from streamengine.protocol.limits import EPOCH_MAX
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
@@ -138,6 +140,22 @@ class Catalog:
 
     def load(self) -> Loaded:
         return decode_records(self.metadata.read_all())
+
+
+def raise_epochs(records: list[tuple[bytes, bytes]], by: int) -> list[tuple[bytes, bytes]]:
+    """The records with every stream's latest epoch raised by `by`, so that none of the
+    epochs granted after these records were written is granted again (a restore of an
+    old backup)."""
+    assert by >= 0
+    raised = []
+    for key, value in records:
+        if key.startswith(_STREAM) and by:
+            record = StreamRecord(**json.loads(value))
+            if record.epoch + by > EPOCH_MAX:
+                raise InvalidArgument(f"{record.name}: epoch {record.epoch} + {by} is too high")
+            value = _json(asdict(replace(record, epoch=record.epoch + by)))
+        raised.append((key, value))
+    return raised
 
 
 def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:

@@ -5,7 +5,9 @@ does not care where it came from: the embedded RocksDB under a master's `--data`
 as a RocksDB secondary instance, so the master may keep running) or etcd (one read at
 one revision). A restore writes such a file into an empty metadata store of either
 kind, so it also moves a cluster from the embedded store to etcd. It refuses a store
-that holds records, and etcd while any master campaigns: stop every master first.
+that holds records, and etcd while any master campaigns: stop every master first. A
+backup older than the last grant comes back with `--raise-epochs N`, so that no epoch
+granted after it is granted again (deploy/README.md).
 
 File format, JSON lines: a header `{"format": "streamengine-metadata", "version": 1,
 "records": N}`, then one `{"k": base64, "v": base64}` per record in key order, then
@@ -21,6 +23,7 @@ import json
 from pathlib import Path
 
 from streamengine.client.errors import InvalidArgument, StreamEngineError, Unavailable
+from streamengine.master.catalog import raise_epochs
 from streamengine.master.errors import MasterError
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata, NoMasterGuard
@@ -103,9 +106,16 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return 0
 
 
-def restore_records(metadata: Metadata, records: list[tuple[bytes, bytes]]) -> None:
+def restore_records(
+    metadata: Metadata, records: list[tuple[bytes, bytes]], epochs_raised_by: int = 0
+) -> None:
     """Write `records` into `metadata`, which must hold none, in transactions of at most
-    OPS_PER_TRANSACTION_MAX records."""
+    OPS_PER_TRANSACTION_MAX records, every stream's latest epoch raised by
+    `epochs_raised_by` (see `catalog.raise_epochs`)."""
+    try:
+        records = raise_epochs(records, epochs_raised_by)
+    except MasterError as error:
+        raise InvalidArgument(str(error)) from None
     if metadata.read_all():
         raise InvalidArgument("the target metadata is not empty: restore only into an empty one")
     for start in range(0, len(records), OPS_PER_TRANSACTION_MAX):
@@ -123,7 +133,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
                     f"cannot open {args.data} (is a master running?): {error}"
                 ) from None
             try:
-                restore_records(embedded, records)
+                restore_records(embedded, records, args.raise_epochs)
             finally:
                 embedded.close()
         else:
@@ -131,7 +141,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             # Every transaction compares that no master campaigns.
             metadata.guard = NoMasterGuard()
             try:
-                restore_records(metadata, records)
+                restore_records(metadata, records, args.raise_epochs)
             finally:
                 metadata.close()
     except StreamEngineError:

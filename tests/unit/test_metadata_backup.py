@@ -53,3 +53,18 @@ def test_a_restore_refuses_metadata_that_holds_records() -> None:
     with pytest.raises(InvalidArgument):
         restore_records(target, sorted(RECORDS))
     assert target.read_all() == [(b"t/acme", b"{}")]
+
+
+def test_a_restore_can_raise_every_streams_epoch_past_those_granted_since_the_backup(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from streamengine.master.catalog import Batch, decode_records
+    from streamengine.master.model import StreamRecord
+
+    record = StreamRecord("t/s", 1, 3, 2, 1 << 20, 60_000, 7, "w1", 0)
+    batch = Batch().tenant("t", 0).stream(record).next_stream_id(2)
+    target = MemoryMetadata()
+    restore_records(target, sorted(batch.puts), epochs_raised_by=1000)
+    assert decode_records(target.read_all()).streams == {"t/s": replace(record, epoch=1007)}
