@@ -207,6 +207,14 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         "restore", help="write a backup into empty metadata (every master stopped)"
     )
     restore.add_argument("--from", dest="source", type=Path, required=True, help="the backup file")
+    restore.add_argument(
+        "--raise-epochs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="raise every stream's latest epoch by N: for a backup older than the last "
+        "grant, N above the epochs granted since (default 0)",
+    )
     restore.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_restore"))
     for parser in (backup, restore):
         where = parser.add_mutually_exclusive_group(required=True)

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from streamengine.client import StreamClient
+from streamengine.master.catalog import decode_records
 from streamengine.tools.harness import (
     ServerProcess,
     etcd_binary,
     running_cluster,
     running_etcd,
 )
+from streamengine.tools.metadata_backup import read_backup
 from tests.integration.test_cli import run_cli
 from tests.integration.writer_process import read_all
 
@@ -45,6 +47,24 @@ async def test_a_running_masters_metadata_moves_to_etcd_through_a_backup(tmp_pat
             assert restored.returncode == 0, restored.stderr
             again = run_cli("metadata", "restore", "--from", str(backup), "--metadata", url)
             assert again.returncode == 1 and "not empty" in again.stderr
+
+            # A backup older than the last grant comes back with its epochs raised.
+            raised_url, copy = etcd.url("raised"), tmp_path / "raised.backup"
+            raised = run_cli(
+                "metadata",
+                "restore",
+                "--from",
+                str(backup),
+                "--metadata",
+                raised_url,
+                "--raise-epochs",
+                "100",
+            )
+            assert raised.returncode == 0, raised.stderr
+            saved = run_cli("metadata", "backup", "--metadata", raised_url, "--to", str(copy))
+            assert saved.returncode == 0, saved.stderr
+            streams = decode_records(read_backup(copy)).streams
+            assert streams["move/orders"].epoch == epoch + 100
 
             # The same address, now a master on etcd: stores and clients need no change.
             cluster.master.kill()
