@@ -127,16 +127,25 @@ class EtcdClient:
     def aio_lease(self, member: str) -> rpc_pb2_grpc.LeaseAsyncStub:
         return rpc_pb2_grpc.LeaseStub(self.aio_channel(member))
 
-    def call(self, attempt: Callable[[str, float], T], timeout_s: float) -> T:
+    def call(
+        self,
+        attempt: Callable[[str, float], T],
+        timeout_s: float,
+        attempt_timeout_s: float | None = None,
+    ) -> T:
         """`attempt(member, timeout_s)` on one member after another (each at most once)
-        until one answers or `timeout_s` is spent; the last error is raised as it is.
-        Only for calls whose repetition is harmless: reads, and transactions whose
-        comparisons make a second application fail (`etcd_metadata`)."""
+        until one answers or `timeout_s` is spent, each attempt given at most
+        `attempt_timeout_s` (a member cut off the network must not take all the time);
+        the last error is raised as it is. Only for calls whose repetition is harmless:
+        reads, and transactions whose comparisons make a second application fail
+        (`etcd_metadata`)."""
         deadline = time.monotonic() + timeout_s
+        per_attempt = timeout_s if attempt_timeout_s is None else attempt_timeout_s
         for _ in self.config.endpoints:
             member = self.member
             try:
-                return attempt(member, max(0.0, deadline - time.monotonic()))
+                left = max(0.0, deadline - time.monotonic())
+                return attempt(member, min(left, per_attempt))
             except grpc.RpcError as error:
                 if error.code() not in _NEXT_MEMBER_CODES:
                     raise

@@ -46,6 +46,8 @@ from streamengine.master.metadata import (
 # gRPC's message limit).
 RECORDS_PER_PAGE = 2000
 LOAD_TIMEOUT_S = 10.0
+# One member's share of a read: a member cut off the network leaves time for the others.
+READ_ATTEMPT_TIMEOUT_S = 3.0
 COMMIT_TIMEOUT_S_DEFAULT = 0.5
 WRITER_KEY = b"/writer"
 
@@ -165,7 +167,7 @@ class EtcdMetadata:
         self, attempt: Callable[[str, float], rpc_pb2.RangeResponse]
     ) -> rpc_pb2.RangeResponse:
         try:
-            return self.client.call(attempt, LOAD_TIMEOUT_S)
+            return self.client.call(attempt, LOAD_TIMEOUT_S, READ_ATTEMPT_TIMEOUT_S)
         except grpc.RpcError as error:
             raise MetadataUnavailable(f"etcd did not answer a read: {error}") from error
 

@@ -35,7 +35,8 @@ log = logging.getLogger("streamengine.master")
 
 MASTER_SERVICE = "streamengine.v1.Master"
 
-NewState = Callable[[Catalog], tuple[MasterState, Repairer]]
+LoadState = Callable[[Catalog], MasterState]
+NewRepairer = Callable[[MasterState], Repairer]
 
 
 class ElectedMaster:
@@ -45,13 +46,15 @@ class ElectedMaster:
         election: Election,
         metadata: EtcdMetadata,
         health_servicer: health.aio.HealthServicer,
-        new_state: NewState,
+        load_state: LoadState,
+        new_repairer: NewRepairer,
     ) -> None:
         self.role = role
         self.election = election
         self.metadata = metadata
         self.health = health_servicer
-        self.new_state = new_state
+        self.load_state = load_state
+        self.new_repairer = new_repairer
         # Set when a commit says this master must stop serving (or reload): the poll
         # loop wakes at once instead of at its next tick.
         self.commit_failed = asyncio.Event()
@@ -114,15 +117,22 @@ class ElectedMaster:
         self.role.active_address = address
         self.metadata.active_address = address
 
+    def _load(self, term: Term) -> MasterState:
+        self.metadata.activate(term.key, term.revision)
+        return self.load_state(Catalog(self.metadata))
+
     async def _start_serving(self, term: Term, group: asyncio.TaskGroup) -> None:
         try:
-            self.metadata.activate(term.key, term.revision)
-            state, repairer = self.new_state(Catalog(self.metadata))
+            # In a worker thread: a large catalog takes a while to read and decode, and
+            # the keepalive of the election lease runs on this loop meanwhile. Nothing
+            # else touches the metadata or the state until `role.activate`.
+            state = await asyncio.to_thread(self._load, term)
         except MetadataError as error:
             log.warning("cannot load the metadata from etcd: %s", error)
             self.metadata.deactivate()
             await asyncio.sleep(RETRY_S)
             return
+        repairer = self.new_repairer(state)
         self.role.activate(state, repairer)
         self.repairs = group.create_task(repairer.run())
         log.info("active master (%d streams, %d stores)", len(state.streams), len(state.stores))

@@ -200,11 +200,14 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _new_state(args: argparse.Namespace, catalog: Catalog) -> tuple[MasterState, Repairer]:
-    state = MasterState(
+def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
+    return MasterState(
         catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
     )
-    return state, Repairer(state, args.repair_concurrency, _clock_ms)
+
+
+def _new_repairer(args: argparse.Namespace, state: MasterState) -> Repairer:
+    return Repairer(state, args.repair_concurrency, _clock_ms)
 
 
 async def _embedded_master(
@@ -215,7 +218,8 @@ async def _embedded_master(
 ) -> None:
     """The only master: active from the moment its catalog is loaded."""
     try:
-        state, repairer = _new_state(args, catalog)
+        state = _load_state(args, catalog)
+        repairer = _new_repairer(args, state)
         role.activate(state, repairer, until_ms=FOREVER_MS)
         await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await repairer.run()
@@ -234,7 +238,12 @@ async def _etcd_master(
     election = Election(client, role.address, args.election_ttl_s, _clock_ms)
     metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
     elected = ElectedMaster(
-        role, election, metadata, health_servicer, lambda catalog: _new_state(args, catalog)
+        role,
+        election,
+        metadata,
+        health_servicer,
+        lambda catalog: _load_state(args, catalog),
+        lambda state: _new_repairer(args, state),
     )
     try:
         await elected.run()
