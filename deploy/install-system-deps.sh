@@ -7,7 +7,7 @@ set -euo pipefail
 # election (tests start their own members on free ports); iproute2 and iptables for the
 # network-namespace cluster test and the fault suite's partitions; libfaketime for its
 # clock faults and libfuse2 (for fusepy) for its lazy file system (tests/faults, S4 and
-# S8).
+# S8); chromium and its driver for the console's browser test.
 java_major() {
   java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1
 }
@@ -22,6 +22,9 @@ command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
+# A headless browser for the master console's test (tests/integration/test_console.py).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then

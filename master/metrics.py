@@ -1,10 +1,11 @@
-"""Prometheus metrics of the master, served only when `--metrics-port` is given."""
+"""Prometheus metrics of the master, served with its console (`master/console.py`) only
+when `--metrics-port` is given."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 @dataclass
@@ -20,6 +21,9 @@ class Metrics:
     repairs_done: Gauge
     repairs_failed: Gauge
     repairs_running: Gauge
+    durability_debt_seconds: Counter
+    bytes_below_n: Gauge
+    bytes_below_w: Gauge
     active: Gauge
 
     @classmethod
@@ -58,13 +62,24 @@ class Metrics:
             repairs_running=Gauge(
                 "streamengine_master_repairs_running", "Repair tasks running", registry=r
             ),
+            durability_debt_seconds=Counter(
+                "streamengine_master_durability_debt_seconds",
+                "Segment-seconds sealed segments spent with fewer than N good replicas",
+                registry=r,
+            ),
+            bytes_below_n=Gauge(
+                "streamengine_master_durability_bytes_below_n",
+                "Bytes of sealed segments with fewer than N good replicas now",
+                registry=r,
+            ),
+            bytes_below_w=Gauge(
+                "streamengine_master_durability_bytes_below_w",
+                "Bytes of sealed segments with fewer than W good replicas now",
+                registry=r,
+            ),
             active=Gauge(
                 "streamengine_master_active",
                 "1 while this master is the active one, 0 while a standby",
                 registry=r,
             ),
         )
-
-    def serve(self, port: int) -> None:
-        """Serve from a thread on loopback only."""
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)

@@ -90,16 +90,22 @@ def judge(
     return Verdict(tuple(good), tuple(bad), (*good, *draining_sources))
 
 
-def under_replicated(
-    segment: SegmentRecord, stores: Mapping[str, StoreView], held: Mapping[str, Held], replicas: int
-) -> bool:
-    """Fewer than N live, non-draining members whose acked index reached the bridge."""
-    good = [
+def good_members(
+    segment: SegmentRecord, stores: Mapping[str, StoreView], held: Mapping[str, Held]
+) -> list[str]:
+    """Live, non-draining members whose acked index reached the bridge."""
+    return [
         m
         for m in segment.copy_set
         if m in stores and stores[m].usable and _reached_bridge(held.get(m), segment)
     ]
-    return len(good) < replicas
+
+
+def under_replicated(
+    segment: SegmentRecord, stores: Mapping[str, StoreView], held: Mapping[str, Held], replicas: int
+) -> bool:
+    """Fewer than N good members."""
+    return len(good_members(segment, stores, held)) < replicas
 
 
 def plan_tasks(

@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.master import repair
 from streamengine.master.catalog import Catalog
+from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
 from streamengine.master.errors import InvalidArgument
 from streamengine.master.etcd import EtcdClient, is_etcd_url, parse_etcd_url
@@ -153,7 +154,8 @@ async def _serve(args: argparse.Namespace) -> int:
     role = MasterRole(args.advertise or args.listen)
     metrics = Metrics.create()
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    master_pb2_grpc.add_MasterServicer_to_server(MasterService(role, _clock_ms, metrics), server)
+    service = MasterService(role, _clock_ms, metrics)
+    master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -172,8 +174,11 @@ async def _serve(args: argparse.Namespace) -> int:
         run_role = _embedded_master(args, role, catalog, health_servicer)
 
     await server.start()
+    snapshot = None
     if args.metrics_port is not None:
-        metrics.serve(args.metrics_port)
+        snapshot = ConsoleSnapshot()
+        serve_console(args.metrics_port, snapshot, metrics.registry)
+    # The process serves; `MASTER_SERVICE` is SERVING only while this master is active.
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info(
         "master serving on %s (lease %d ms, store timeout %d ms, metadata %s)",
@@ -189,7 +194,7 @@ async def _serve(args: argparse.Namespace) -> int:
     async with asyncio.TaskGroup() as group:
         background = [
             group.create_task(run_role),
-            group.create_task(_update_gauges(role, metrics)),
+            group.create_task(_update_gauges(service, snapshot)),
         ]
         await stop.wait()
         log.info("master stopping")
@@ -253,18 +258,33 @@ async def _etcd_master(
         await client.aclose()
 
 
-async def _update_gauges(role: MasterRole, metrics: Metrics) -> None:
+async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | None) -> None:
+    """Refresh the gauges, and the console's snapshot when it is served, on the master's
+    loop; a standby publishes only that it stands by, and which master is active."""
+    role, metrics = service.role, service.metrics
     while True:
         now = _clock_ms()
         state, repairer = role.state, role.repairer
-        metrics.active.set(1 if state is not None and now < role.active_until_ms else 0)
-        if state is not None and repairer is not None:
+        active = state is not None and repairer is not None and now < role.active_until_ms
+        metrics.active.set(1 if active else 0)
+        if state is None or repairer is None:
+            if snapshot is not None:
+                standby = {"starting": True, "standby": True, "active_master": role.active_address}
+                snapshot.publish(standby)
+        else:
+            if snapshot is not None:
+                snapshot.publish(service.console_status())
             views = state.store_views(now)
             metrics.stores_registered.set(len(views))
             metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
             metrics.streams.set(len(state.streams))
             metrics.segments.set(len(state.segments))
-            metrics.under_replicated.set(len(state.under_replicated(now)))
+            exposures = state.exposures(now)
+            metrics.under_replicated.set(len(exposures))
+            debt_ms = state.durability.observe(now, exposures)
+            metrics.durability_debt_seconds.inc(debt_ms / 1000)
+            metrics.bytes_below_n.set(state.durability.bytes_below_n)
+            metrics.bytes_below_w.set(state.durability.bytes_below_w)
             metrics.repairs_done.set(repairer.done_count)
             metrics.repairs_failed.set(repairer.failed_count)
             metrics.repairs_running.set(len(repairer.running))

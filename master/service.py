@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import grpc
 
 from streamengine.master import errors, repair
+from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
@@ -27,6 +28,7 @@ from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
+from streamengine.protocol.status_view import segment_dict, status_dict
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -417,9 +419,22 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def GetClusterStatus(
         self, request: master_pb2.GetClusterStatusRequest, context: Context
     ) -> master_pb2.ClusterStatus:
-        return await self._call(context, "GetClusterStatus", self._cluster_status)
+        return await self._call(context, "GetClusterStatus", self.cluster_status)
 
-    def _cluster_status(self, now: int) -> master_pb2.ClusterStatus:
+    def console_status(self) -> dict[str, Any]:
+        """What the console shows: the cluster status, and each stream's segments. Only
+        while this master is the active one (the caller checks `role.state`)."""
+        status = status_dict(self.cluster_status(self.clock_ms()))
+        status["segments"] = {
+            record.name: [
+                segment_dict(self._segment(segment))
+                for segment in self.state.stream_segments(record.stream_id)
+            ]
+            for record in self.state.list_streams("")
+        }
+        return status
+
+    def cluster_status(self, now: int) -> master_pb2.ClusterStatus:
         st = self.state
         views = st.store_views(now)
         stores = [
@@ -442,6 +457,22 @@ class MasterService(master_pb2_grpc.MasterServicer):
             under_replicated=[self._segment(s) for s in st.under_replicated(now)],
             tasks=[self._task(t) for t in self.repairer.statuses()],
             granting_leases=st.granting_leases(now),
+            durability_debt=[
+                master_pb2.SegmentDebt(
+                    segment=entry_pb2.SegmentId(
+                        stream_id=debt.segment[0], epoch=debt.segment[1], stream=debt.stream
+                    ),
+                    good_replicas=debt.good,
+                    replicas=debt.replicas,
+                    below_n_ms=debt.below_n_ms,
+                    below_w_ms=debt.below_w_ms,
+                    bytes=debt.bytes,
+                    exposed=debt.exposed,
+                )
+                for debt in st.durability.worst(DURABILITY_WORST_MAX)
+            ],
+            bytes_below_n=st.durability.bytes_below_n,
+            bytes_below_w=st.durability.bytes_below_w,
         )
 
     async def DrainStore(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from streamengine.master import leadership, placement, repair
 from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.durability import DurabilityLedger, Exposure
 from streamengine.master.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -112,6 +113,9 @@ class MasterState:
         # Sealed segments not (or no longer) seen with every member good: the only ones,
         # with those on a dead or draining store, the repairer looks at.
         self.unconfirmed: set[SegmentKey] = set()
+        # Time and bytes sealed segments spent below N good replicas (durability.py),
+        # observed by the server's loop.
+        self.durability = DurabilityLedger()
         for record in loaded.segments.values():
             self._put_segment(record)
         self.stores = loaded.stores
@@ -338,6 +342,7 @@ class MasterState:
         self.names.pop(record.stream_id, None)
         self.leases.pop(name, None)
         self.leader_reports.pop(name, None)
+        self.durability.forget(s.key for s in segments)
         return len(segments)
 
     # ---- writers ----
@@ -647,16 +652,31 @@ class MasterState:
         return window
 
     def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
+        """Sealed segments with fewer than N good replicas."""
+        return [self.segments[exposure.segment] for exposure in self.exposures(now_ms)]
+
+    def exposures(self, now_ms: int) -> list[Exposure]:
+        """Sealed segments with fewer than N good replicas now, for the durability
+        ledger (the segments `under_replicated` lists, with how many are good)."""
         views = self.store_views(now_ms)
         candidates = self.repair_candidates(views)
         held = self.held_for(candidates)
-        return [
-            s
-            for s in candidates
-            if repair.under_replicated(
-                s, views, held[s.key], self.streams[self.names[s.stream_id]].replicas
-            )
-        ]
+        out = []
+        for segment in candidates:
+            stream = self.streams[self.names[segment.stream_id]]
+            good = len(repair.good_members(segment, views, held[segment.key]))
+            if good < stream.replicas:
+                out.append(
+                    Exposure(
+                        segment.key,
+                        stream.name,
+                        good,
+                        stream.replicas,
+                        stream.write_quorum,
+                        self.segment_bytes(segment.key),
+                    )
+                )
+        return out
 
     def replica_bytes(self) -> dict[str, int]:
         """Bytes of the replicas each registered store is assigned, by segment size."""

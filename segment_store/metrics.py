@@ -33,6 +33,11 @@ FENCE_REJECTIONS = Counter(
 )
 REFUSED_BUSY = Counter("streamengine_store_refused_busy_total", "Write batches refused: queue full")
 BAD_REQUESTS = Counter("streamengine_store_bad_requests_total", "Requests refused as malformed")
+READ_ENTRIES = Counter(
+    "streamengine_store_read_entries_total",
+    "Entries sent to readers, by RPC (read, read_packed, subscribe)",
+    ["rpc"],
+)
 SUBSCRIBERS = Gauge("streamengine_store_subscribers", "Open Subscribe streams")
 SUBSCRIBERS_DROPPED = Counter(
     "streamengine_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]

@@ -392,6 +392,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error)
             if entries or not sent:
+                metrics.READ_ENTRIES.labels("read").inc(len(entries))
                 yield segment_store_pb2.ReadReply(
                     entries=entries,
                     acked_index=meta.acked_index,
@@ -424,6 +425,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     )
                 except (StoreError, CorruptEntry) as error:
                     await _abort(context, error, _segment_pb(segment))
+            metrics.READ_ENTRIES.labels("read_packed").inc(len(values))
             yield segment_store_pb2.ReadReply(
                 acked_index=meta.acked_index,
                 matched_index=meta.matched_index,
@@ -686,6 +688,7 @@ class _Tail:
             )
         )
         if entries:
+            metrics.READ_ENTRIES.labels("subscribe").inc(len(entries))
             batch = segment_store_pb2.EntryBatch(entries=entries, token=entries[-1].index)
             self.buffer.put_nowait(segment_store_pb2.SubscribeReply(batch=batch))
         last = entries[-1].index if entries else read.from_index - 1

@@ -113,7 +113,14 @@ def _add_stream_commands(commands: Subparsers) -> None:
     delete = actions.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
     delete.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_delete"))
-    for parser in (create, listing, describe, delete):
+    explain = actions.add_parser(
+        "explain",
+        help="what a recovery of each unsealed segment would find and do now (writes nothing)",
+    )
+    explain.add_argument("name")
+    explain.add_argument("--json", action="store_true")
+    explain.set_defaults(run=_lazy("streamengine.tools.explain", "cmd_stream_explain"))
+    for parser in (create, listing, describe, delete, explain):
         _add_master_option(parser)
 
 

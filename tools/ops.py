@@ -26,6 +26,7 @@ from streamengine.client.errors import (
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.masters import BadMasterList
+from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -50,38 +51,6 @@ def master_stub(address: str) -> Iterator[master_pb2_grpc.MasterStub]:
                 f"no active master answering at {address} (is the cluster up?)"
             ) from error
         raise from_rpc_error(error) from error
-
-
-def _state_name(state: entry_pb2.SegmentState.ValueType) -> str:
-    return entry_pb2.SegmentState.Name(state).lower()
-
-
-def stream_dict(info: master_pb2.StreamInfo) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "stream_id": info.stream_id,
-        "replicas": info.policy.replicas,
-        "write_quorum": info.policy.write_quorum,
-        "segment_bytes": info.segment_bytes,
-        "segment_age_ms": info.segment_age_ms,
-        "epoch": info.epoch,
-        "leader": info.leader_id,
-        "acked_index": info.acked_index,
-        "open_segment": info.open_segment_epoch,
-        "unsealed_segments": info.unsealed_segments,
-    }
-
-
-def segment_dict(segment: entry_pb2.Segment) -> dict[str, Any]:
-    return {
-        "stream": segment.id.stream,
-        "epoch": segment.id.epoch,
-        "state": _state_name(segment.state),
-        "final_index": segment.final_index,
-        "acked_index": segment.acked_index,
-        "copy_set": [replica.store_id for replica in segment.copy_set],
-        "bytes": segment.bytes,
-    }
 
 
 def print_table(rows: list[list[str]], header: list[str]) -> None:
@@ -155,7 +124,7 @@ def cmd_stream_describe(args: argparse.Namespace) -> int:
     rows = [
         [
             str(s.id.epoch),
-            _state_name(s.state),
+            state_name(s.state),
             str(s.final_index or "-"),
             str(s.acked_index),
             ",".join(r.store_id for r in s.copy_set),
@@ -177,42 +146,6 @@ def cmd_stream_delete(args: argparse.Namespace) -> int:
 
 
 # ---- cluster status ----
-
-
-def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
-    return {
-        "stores": [
-            {
-                "id": s.store_id,
-                "address": s.address,
-                "zone": s.zone,
-                "alive": s.alive,
-                "draining": s.draining,
-                "bytes": s.used_bytes,
-                "free_bytes": s.free_bytes,
-                "segments": s.segments,
-            }
-            for s in status.stores
-        ],
-        "streams": [stream_dict(s) for s in status.streams],
-        "under_replicated": [segment_dict(s) for s in status.under_replicated],
-        "tasks": [task_dict(t) for t in status.tasks],
-        "granting_leases": status.granting_leases,
-    }
-
-
-def task_dict(task: master_pb2.RepairTask) -> dict[str, Any]:
-    return {
-        "stream": task.segment.stream,
-        "epoch": task.segment.epoch,
-        "source": task.source_store,
-        "target": task.target_store,
-        "replaced": task.replaced_store,
-        "state": master_pb2.RepairTask.State.Name(task.state).lower(),
-        "reason": task.reason,
-        "error": task.error,
-        "bytes": task.bytes,
-    }
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -256,6 +189,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"\nUNDER-REPLICATED SEGMENTS: {len(under) or 'none'}")
     for segment in under:
         print(f"  {segment.id.stream} segment {segment.id.epoch}")
+    print(
+        f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
+        f"{human_bytes(status.bytes_below_w)} below W"
+    )
+    if status.durability_debt:
+        print_table(
+            [
+                [
+                    d.segment.stream,
+                    str(d.segment.epoch),
+                    f"{d.good_replicas}/{d.replicas}" + (" now" if d.exposed else " healed"),
+                    f"{d.below_n_ms / 1000:.1f}",
+                    f"{d.below_w_ms / 1000:.1f}",
+                    human_bytes(d.bytes),
+                ]
+                for d in status.durability_debt
+            ],
+            ["STREAM", "SEGMENT", "GOOD", "BELOW N (S)", "BELOW W (S)", "BYTES"],
+        )
     return 0
 
 

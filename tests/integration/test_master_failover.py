@@ -69,14 +69,6 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
         yield running
 
 
-@pytest.fixture
-def writers() -> Iterator[list[WriterProcess]]:
-    started: list[WriterProcess] = []
-    yield started
-    for writer in started:
-        writer.kill()
-
-
 class Load:
     """A stream written by one writer process after another: when one ends (its lease
     ran out while no master answered), the next starts, as an application would."""

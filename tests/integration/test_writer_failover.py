@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +25,10 @@ from streamengine.client.sealer import SegmentSealer
 from streamengine.tools.harness import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
 from streamengine.v1 import entry_pb2
-from tests.integration.writer_process import REPO, WriterProcess, numbers_of, read_all
+from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
+REPO = Path(__file__).resolve().parents[2]
 LEASE_MS = 1000
-
-
-@pytest.fixture
-def writers() -> Iterator[list[WriterProcess]]:
-    started: list[WriterProcess] = []
-    yield started
-    for writer in started:
-        writer.kill()
 
 
 async def segments(client: StreamClient, name: str) -> list[entry_pb2.Segment]:

@@ -1,5 +1,5 @@
-"""A writer in a process of its own (`bench.append_writer`), for tests that SIGKILL or
-SIGSTOP it: what it acked is what it printed."""
+"""A writer in its own process (`bench.append_writer`), so that a test can SIGKILL or
+SIGSTOP it; what it acked is what it printed."""
 
 from __future__ import annotations
 

@@ -876,8 +876,14 @@ class ClusterStatus(_message.Message):
     UNDER_REPLICATED_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     GRANTING_LEASES_FIELD_NUMBER: _builtins.int
+    DURABILITY_DEBT_FIELD_NUMBER: _builtins.int
+    BYTES_BELOW_N_FIELD_NUMBER: _builtins.int
+    BYTES_BELOW_W_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
+    bytes_below_n: _builtins.int
+    """Bytes of the sealed segments with fewer than N good replicas now, and fewer than W."""
+    bytes_below_w: _builtins.int
     @_builtins.property
     def stores(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoreStatus]: ...
     @_builtins.property
@@ -890,6 +896,13 @@ class ClusterStatus(_message.Message):
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RepairTask]:
         """Repair work queued, running and recently finished."""
 
+    @_builtins.property
+    def durability_debt(self) -> _containers.RepeatedCompositeFieldContainer[Global___SegmentDebt]:
+        """Durability debt since the master started: the sealed segments that spent the most
+        time with fewer than N good replicas (exposed now or healed since), worst first, at
+        most DURABILITY_WORST_MAX of them.
+        """
+
     def __init__(
         self,
         *,
@@ -898,14 +911,62 @@ class ClusterStatus(_message.Message):
         under_replicated: _abc.Iterable[_entry_pb2.Segment] | None = ...,
         tasks: _abc.Iterable[Global___RepairTask] | None = ...,
         granting_leases: _builtins.bool = ...,
+        durability_debt: _abc.Iterable[Global___SegmentDebt] | None = ...,
+        bytes_below_n: _builtins.int = ...,
+        bytes_below_w: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["granting_leases", b"granting_leases", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStatus: _TypeAlias = ClusterStatus  # noqa: Y015
+
+@_typing.final
+class SegmentDebt(_message.Message):
+    """How long one sealed segment was held by fewer good replicas than its policy asks. A
+    good replica is on a live, non-draining store and acked up to the bridge.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    GOOD_REPLICAS_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    BELOW_N_MS_FIELD_NUMBER: _builtins.int
+    BELOW_W_MS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    EXPOSED_FIELD_NUMBER: _builtins.int
+    good_replicas: _builtins.int
+    """Good replicas now (or when it last was below N, once healed), and N."""
+    replicas: _builtins.int
+    below_n_ms: _builtins.int
+    """Milliseconds with fewer than N, and fewer than W, good replicas."""
+    below_w_ms: _builtins.int
+    bytes: _builtins.int
+    exposed: _builtins.bool
+    """Still below N now."""
+    @_builtins.property
+    def segment(self) -> _entry_pb2.SegmentId: ...
+    def __init__(
+        self,
+        *,
+        segment: _entry_pb2.SegmentId | None = ...,
+        good_replicas: _builtins.int = ...,
+        replicas: _builtins.int = ...,
+        below_n_ms: _builtins.int = ...,
+        below_w_ms: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        exposed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["below_n_ms", b"below_n_ms", "below_w_ms", b"below_w_ms", "bytes", b"bytes", "exposed", b"exposed", "good_replicas", b"good_replicas", "replicas", b"replicas", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SegmentDebt: _TypeAlias = SegmentDebt  # noqa: Y015
 
 @_typing.final
 class DrainStoreRequest(_message.Message):

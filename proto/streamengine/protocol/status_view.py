@@ -1,0 +1,94 @@
+"""The JSON shape of the cluster's state: `streamengine status --json`, `stream
+describe --json` and the master's console (`/api/status`) all print this one shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamengine.v1 import entry_pb2, master_pb2
+
+
+def state_name(state: entry_pb2.SegmentState.ValueType) -> str:
+    return entry_pb2.SegmentState.Name(state).lower()
+
+
+def stream_dict(info: master_pb2.StreamInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "stream_id": info.stream_id,
+        "replicas": info.policy.replicas,
+        "write_quorum": info.policy.write_quorum,
+        "segment_bytes": info.segment_bytes,
+        "segment_age_ms": info.segment_age_ms,
+        "epoch": info.epoch,
+        "leader": info.leader_id,
+        "acked_index": info.acked_index,
+        "open_segment": info.open_segment_epoch,
+        "unsealed_segments": info.unsealed_segments,
+    }
+
+
+def segment_dict(segment: entry_pb2.Segment) -> dict[str, Any]:
+    return {
+        "stream": segment.id.stream,
+        "epoch": segment.id.epoch,
+        "state": state_name(segment.state),
+        "final_index": segment.final_index,
+        "acked_index": segment.acked_index,
+        "copy_set": [replica.store_id for replica in segment.copy_set],
+        "bytes": segment.bytes,
+    }
+
+
+def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
+    return {
+        "stores": [
+            {
+                "id": s.store_id,
+                "address": s.address,
+                "zone": s.zone,
+                "alive": s.alive,
+                "draining": s.draining,
+                "bytes": s.used_bytes,
+                "free_bytes": s.free_bytes,
+                "segments": s.segments,
+                "silent_ms": s.silent_ms,
+            }
+            for s in status.stores
+        ],
+        "streams": [stream_dict(s) for s in status.streams],
+        "under_replicated": [segment_dict(s) for s in status.under_replicated],
+        "tasks": [task_dict(t) for t in status.tasks],
+        "granting_leases": status.granting_leases,
+        "durability": {
+            "bytes_below_n": status.bytes_below_n,
+            "bytes_below_w": status.bytes_below_w,
+            "worst": [
+                {
+                    "stream": d.segment.stream,
+                    "epoch": d.segment.epoch,
+                    "good_replicas": d.good_replicas,
+                    "replicas": d.replicas,
+                    "below_n_s": d.below_n_ms / 1000,
+                    "below_w_s": d.below_w_ms / 1000,
+                    "bytes": d.bytes,
+                    "exposed": d.exposed,
+                }
+                for d in status.durability_debt
+            ],
+        },
+    }
+
+
+def task_dict(task: master_pb2.RepairTask) -> dict[str, Any]:
+    return {
+        "stream": task.segment.stream,
+        "epoch": task.segment.epoch,
+        "source": task.source_store,
+        "target": task.target_store,
+        "replaced": task.replaced_store,
+        "state": master_pb2.RepairTask.State.Name(task.state).lower(),
+        "reason": task.reason,
+        "error": task.error,
+        "bytes": task.bytes,
+    }

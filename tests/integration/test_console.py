@@ -1,0 +1,85 @@
+"""The master's web console in a real headless browser (Debian's chromium through its
+chromedriver): the page shows a stream the test created, and a store going down after
+it is SIGKILLed. The last screenshot is kept in `test-artifacts/console.png`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from streamengine.client.sync import SyncStreamClient
+from streamengine.tools.harness import free_port, running_cluster
+from tests.tree import ROOT
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+ARTIFACTS = ROOT / "test-artifacts"
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="needs Debian's chromium and chromium-driver (deploy/install-system-deps.sh)",
+)
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+        return body
+
+
+def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = free_port()
+    master_args = ["--metrics-port", str(port), "--store-timeout-ms", "1500"]
+    with running_cluster(tmp_path, stores=3, master_args=master_args) as cluster:
+        with SyncStreamClient(cluster.master_address) as client:
+            client.create_stream("console/orders", replicas=3, write_quorum=2)
+            with client.writer("console/orders", leadership_timeout_s=10) as writer:
+                writer.append_batch([b"event-%d" % n for n in range(100)])
+        base = f"http://127.0.0.1:{port}"
+        status = json.loads(fetch(base + "/api/status"))
+        assert {s["id"] for s in status["stores"]} == {"store0", "store1", "store2"}
+        assert "console/orders" in status["segments"]
+        assert b"streamengine_master_streams" in fetch(base + "/metrics")
+
+        options = Options()
+        options.binary_location = CHROMIUM or ""
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+        ARTIFACTS.mkdir(exist_ok=True)
+        try:
+            driver.set_window_size(1280, 1000)
+            driver.get(base + "/")
+
+            def table(name: str) -> str:
+                text: str = driver.find_element(By.ID, name).text
+                return text
+
+            def shows(condition: str, check: object) -> None:
+                WebDriverWait(driver, 30, poll_frequency=0.2).until(
+                    lambda _: check(), message=condition  # type: ignore[operator]
+                )
+
+            shows("the stream", lambda: "console/orders" in table("streams"))
+            shows("three stores up", lambda: table("stores").count(" up") == 3)
+            cluster.stores[1].kill()
+
+            def store1_down(_: WebDriver | None = None) -> bool:
+                rows = [r for r in table("stores").splitlines() if r.startswith("store1 ")]
+                return bool(rows) and " down" in rows[0]
+
+            shows("store1 down", store1_down)
+            driver.save_screenshot(str(ARTIFACTS / "console.png"))
+        finally:
+            driver.quit()
