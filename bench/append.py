@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/append.py                 # starts a local cluster
     .venv/bin/python bench/append.py --master HOST:PORT --seconds 10
+    .venv/bin/python -m bench.append --tls            # TLS's cost: plaintext vs TLS
 
 For each event size (100 B and 1 KiB by default), on a fresh stream:
 - peak with batching: `append_batch` of `--batch` events, `--batches-in-flight` at once;
@@ -13,6 +14,13 @@ For each event size (100 B and 1 KiB by default), on a fresh stream:
   (counted from when each append was due, so a stalled writer shows up in it).
 
 Events/s and payload MB/s; latency p50/p99 in milliseconds.
+
+`--tls` measures what TLS costs instead: a plaintext and a TLS local cluster run side
+by side, and the batched and single-append peaks are measured on each in turn,
+`--rounds` times. Printed: the medians of the rate (TLS's cost: % below plaintext) and
+of the CPU per event of every process (servers and client; TLS's cost: % above). On a
+shared machine the CPU per event is the steadier figure: other load slows the rate of
+both runs unevenly, but hardly changes the work each event takes.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,38 +267,149 @@ def free_port_run(count: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
+@dataclass(frozen=True)
+class Target:
+    """A cluster to measure: its master and, under TLS, the admin's certs dir."""
+
+    master: str
+    certs_dir: Path | None = None
+    # The cluster's server processes, when this run started them (their CPU is counted).
+    pids: tuple[int, ...] = ()
+
+    def client(self) -> StreamClient:
+        return StreamClient(self.master, certs_dir=self.certs_dir)
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) used so far by the servers and this process (the
+        client): a cost that other load on the machine disturbs far less than rates."""
+        import psutil
+
+        total = 0.0
+        for process in [psutil.Process(), *(psutil.Process(pid) for pid in self.pids)]:
+            times = process.cpu_times()
+            total += times.user + times.system
+        return total
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One measurement: events/s, and CPU microseconds per event (all processes)."""
+
+    events_per_s: float
+    cpu_us_per_event: float
+
+
 @contextmanager
-def cluster(args: argparse.Namespace) -> Iterator[str]:
-    if args.master:
-        yield args.master
-        return
+def local_cluster(fsync: str, tls: bool) -> Iterator[Target]:
     with tempfile.TemporaryDirectory(prefix="se-bench-") as data:
-        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=args.fsync)
+        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=fsync, tls=tls)
         try:
             local.start()
-            yield local.master_address
+            pids = tuple(c.process.pid for c in local.children if c.process is not None)
+            yield Target(local.master_address, local.admin_certs_dir, pids)
         finally:
             local.stop()
 
 
-async def main_async(args: argparse.Namespace, master: str) -> None:
-    async with StreamClient(master) as client:
+@contextmanager
+def cluster(args: argparse.Namespace) -> Iterator[Target]:
+    """The cluster of `--master` (with `--certs-dir`), else a local one (plaintext)."""
+    if args.master:
+        yield Target(args.master, args.certs_dir)
+        return
+    with local_cluster(args.fsync, tls=False) as target:
+        yield target
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    parser.add_argument(
+        "--certs-dir", type=Path, help="TLS to --master: a certs dir with ca.crt and client.root"
+    )
+    parser.add_argument("--fsync", choices=["always", "never"], default="always")
+
+
+async def main_async(args: argparse.Namespace, target: Target) -> None:
+    async with target.client() as client:
         for size in args.sizes:
             await bench_size(client, args, size)
 
 
+def cost_lines(label: str, plaintext: list[Cost], tls: list[Cost]) -> list[str]:
+    """Medians of each, and TLS's cost: the rate below plaintext's, the CPU per event
+    above it."""
+    lines = []
+    for what, unit, value, sign in (
+        ("rate", "events/s", lambda c: c.events_per_s, -1),
+        ("CPU", "µs/event", lambda c: c.cpu_us_per_event, 1),
+    ):
+        plain = statistics.median(value(c) for c in plaintext)
+        secured = statistics.median(value(c) for c in tls)
+        spread = [value(c) for c in tls]
+        lines.append(
+            f"  {label + ' ' + what:<40} plaintext {plain:>10,.1f} {unit}  TLS {secured:>10,.1f}"
+            f" {unit}  TLS cost {sign * 100 * (secured / plain - 1):5.1f} %"
+            f"  (medians of {len(tls)}; TLS {min(spread):,.1f}..{max(spread):,.1f})"
+        )
+    return lines
+
+
+async def measured(target: Target, events_of: Callable[[], Awaitable[Rate]]) -> Cost:
+    cpu_before = target.cpu_s()
+    rate = await events_of()
+    cpu_us = (target.cpu_s() - cpu_before) * 1e6
+    return Cost(rate.events_per_s, cpu_us / max(1, rate.events))
+
+
+async def peaks(target: Target, args: argparse.Namespace, size: int) -> tuple[Cost, Cost]:
+    """Batched and single-append peaks on a fresh stream of `target`."""
+    async with target.client() as client:
+        name = f"bench/tls-{size}-{time.time_ns()}"
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        async with client.writer(name) as writer:
+            await peak_batched(writer, size, args.batch, args.batches_in_flight, 0.5)  # warm up
+            batched = await measured(
+                target,
+                lambda: peak_batched(
+                    writer, size, args.batch, args.batches_in_flight, args.seconds
+                ),
+            )
+            single = await measured(
+                target, lambda: peak_single(writer, size, args.singles_in_flight, args.seconds)
+            )
+    return batched, single
+
+
+def compare_tls(args: argparse.Namespace) -> None:
+    """Both clusters up at once, measured in turn (the other idle), so both see the
+    same machine; the order flips every round."""
+    with local_cluster(args.fsync, tls=False) as plain, local_cluster(args.fsync, tls=True) as tls:
+        print(f"TLS's cost: one writer, 3 stores, W=2, fsync={args.fsync}, {args.rounds} rounds")
+        for size in args.sizes:
+            results: dict[str, list[tuple[Cost, Cost]]] = {"plaintext": [], "tls": []}
+            for round_number in range(args.rounds):
+                order = [("plaintext", plain), ("tls", tls)]
+                for mode, target in order if round_number % 2 == 0 else order[::-1]:
+                    results[mode].append(asyncio.run(peaks(target, args, size)))
+            print(f"{size}-byte events:")
+            labels = (f"batches of {args.batch}", f"single appends x{args.singles_in_flight}")
+            for position, label in enumerate(labels):
+                plaintext = [r[position] for r in results["plaintext"]]
+                secured = [r[position] for r in results["tls"]]
+                for line in cost_lines(label, plaintext, secured):
+                    print(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    add_target_arguments(parser)
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
     )
     parser.add_argument(
-        "--fsync",
-        choices=["always", "never"],
-        default="always",
-        help="stores' durability (never: unsafe, to tell disk time from software time)",
+        "--tls", action="store_true", help="measure TLS's cost (plaintext and TLS clusters)"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="--tls: measurements of each")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--batches-in-flight", type=int, default=8)
@@ -298,10 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--light-rate", type=float, default=100.0)
     parser.add_argument("--light-count", type=int, default=500)
     args = parser.parse_args(argv)
-    with cluster(args) as master:
+    if args.tls:
+        compare_tls(args)
+        return 0
+    with cluster(args) as target:
         where = "an existing cluster" if args.master else f"a local cluster, fsync={args.fsync}"
         print(f"one writer, 3 stores, W=2, {where}")
-        asyncio.run(main_async(args, master))
+        asyncio.run(main_async(args, target))
     return 0
 
 

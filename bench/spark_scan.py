@@ -17,14 +17,13 @@ import statistics
 import sys
 import time
 
-from bench.append import cluster
+from bench.append import Target, add_target_arguments, cluster
 from bench.subscribe import catch_up, fill
-from streamengine.client import StreamClient
 from streamengine.v1 import entry_pb2
 
 
-async def prepare(master: str, stream: str, events: int, segment_mb: int) -> int:
-    async with StreamClient(master) as client:
+async def prepare(target: Target, stream: str, events: int, segment_mb: int) -> int:
+    async with target.client() as client:
         await client.create_stream(stream, segment_bytes=segment_mb << 20)
         async with client.writer(stream) as writer:
             seconds = await fill(writer, events, b"p" * 100)
@@ -35,13 +34,13 @@ async def prepare(master: str, stream: str, events: int, segment_mb: int) -> int
         return len(sealed)
 
 
-async def sdk_read_rate(master: str, stream: str, events: int) -> float:
-    async with StreamClient(master) as client:
+async def sdk_read_rate(target: Target, stream: str, events: int) -> float:
+    async with target.client() as client:
         return events / await catch_up(client, stream, events)
 
 
 def spark_scan_rates(
-    master: str, stream: str, events: int, warm_up: int, scans: int
+    target: Target, stream: str, events: int, warm_up: int, scans: int
 ) -> list[float]:
     """Rows/s of `scans` timed scans, after `warm_up` untimed ones (Python workers
     start, the JVM compiles the scan's hot code: the first scans run slower)."""
@@ -53,7 +52,8 @@ def spark_scan_rates(
         register(spark)
 
         def scan() -> float:
-            frame = spark.read.format("streamengine").option("master", master)
+            frame = spark.read.format("streamengine").option("master", target.master)
+            frame = frame.option("certsDir", str(target.certs_dir or ""))
             frame = frame.option("stream", stream).load()
             started = time.perf_counter()
             # Touch every column so nothing is pruned away: a real scan of the rows.
@@ -73,18 +73,17 @@ def spark_scan_rates(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    add_target_arguments(parser)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--segment-mb", type=int, default=32, help="roll threshold")
-    parser.add_argument("--fsync", choices=["always", "never"], default="always")
     parser.add_argument("--warm-up", type=int, default=2, help="untimed scans first")
     parser.add_argument("--scans", type=int, default=5, help="timed scans")
     args = parser.parse_args(argv)
     stream = f"bench/spark-{int(time.time())}"
-    with cluster(args) as master:
-        asyncio.run(prepare(master, stream, args.events, args.segment_mb))
-        rates = spark_scan_rates(master, stream, args.events, args.warm_up, args.scans)
-        sdk_rate = asyncio.run(sdk_read_rate(master, stream, args.events))
+    with cluster(args) as target:
+        asyncio.run(prepare(target, stream, args.events, args.segment_mb))
+        rates = spark_scan_rates(target, stream, args.events, args.warm_up, args.scans)
+        sdk_rate = asyncio.run(sdk_read_rate(target, stream, args.events))
     rates.sort()
     print(
         f"spark scan (local[2], Arrow batches): {statistics.median(rates):>12,.0f} rows/s"

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.subscribe                  # starts a local cluster
     .venv/bin/python -m bench.subscribe --master HOST:PORT --events 1000000
+    .venv/bin/python -m bench.subscribe --tls --events 300000   # TLS's cost on reads
 
 - catch-up: `--events` 100-byte events are appended first (the stream rolls every
   `--segment-mb`, so most of them sit in sealed segments), then one reader reads them
@@ -9,6 +10,11 @@
 - live tail: a subscriber starts at "end" while a writer appends at full speed for
   `--seconds`; events/s the subscriber received, and how far it trailed the writer
   when the writer stopped.
+
+`--tls` measures what TLS costs readers instead: the same events filled into a
+plaintext and a TLS local cluster side by side, then catch-up reads of each in turn,
+`--rounds` times; the medians of the rate and of the CPU per event (all processes),
+and TLS's cost on each.
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ import contextlib
 import sys
 import time
 
-from bench.append import cluster
+from bench.append import (
+    Cost,
+    Target,
+    add_target_arguments,
+    cluster,
+    cost_lines,
+    local_cluster,
+)
 from streamengine.client import StreamClient
 from streamengine.client.writer import Writer
 from streamengine.v1 import entry_pb2
@@ -105,10 +118,10 @@ async def live_tail(client: StreamClient, stream: str, seconds: float, payload: 
     )
 
 
-async def run(args: argparse.Namespace, master: str) -> None:
+async def run(args: argparse.Namespace, target: Target) -> None:
     payload = b"s" * 100
     stream = f"bench/subscribe-{int(time.time())}"
-    async with StreamClient(master) as client:
+    async with target.client() as client:
         await client.create_stream(stream, segment_bytes=args.segment_mb << 20)
         async with client.writer(stream) as writer:
             fill_seconds = await fill(writer, args.events, payload)
@@ -128,16 +141,53 @@ async def run(args: argparse.Namespace, master: str) -> None:
         await live_tail(client, f"{stream}-live", args.seconds, payload)
 
 
+async def filled(target: Target, args: argparse.Namespace) -> str:
+    stream = f"bench/read-{time.time_ns()}"
+    async with target.client() as client:
+        await client.create_stream(stream, segment_bytes=args.segment_mb << 20)
+        async with client.writer(stream) as writer:
+            await fill(writer, args.events, b"r" * 100)
+    return stream
+
+
+async def read_cost(target: Target, stream: str, events: int) -> Cost:
+    async with target.client() as client:
+        cpu_before = target.cpu_s()
+        seconds = await catch_up(client, stream, events)
+        return Cost(events / seconds, (target.cpu_s() - cpu_before) * 1e6 / events)
+
+
+def compare_tls(args: argparse.Namespace) -> None:
+    with local_cluster(args.fsync, tls=False) as plain, local_cluster(args.fsync, tls=True) as tls:
+        targets = {"plaintext": plain, "tls": tls}
+        streams = {mode: asyncio.run(filled(target, args)) for mode, target in targets.items()}
+        print(f"TLS's cost on catch-up reads: {args.events:,} 100-byte events, {args.rounds}x")
+        costs: dict[str, list[Cost]] = {"plaintext": [], "tls": []}
+        for round_number in range(args.rounds):
+            order = ["plaintext", "tls"] if round_number % 2 == 0 else ["tls", "plaintext"]
+            for mode in order:
+                cost = asyncio.run(read_cost(targets[mode], streams[mode], args.events))
+                costs[mode].append(cost)
+        for line in cost_lines("catch-up read", costs["plaintext"], costs["tls"]):
+            print(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--master", help="an existing cluster's master (default: start one)")
+    add_target_arguments(parser)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--segment-mb", type=int, default=32, help="roll threshold")
     parser.add_argument("--seconds", type=float, default=10.0, help="live tail duration")
-    parser.add_argument("--fsync", choices=["always", "never"], default="always")
+    parser.add_argument(
+        "--tls", action="store_true", help="measure TLS's cost (plaintext and TLS clusters)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--tls: measurements of each")
     args = parser.parse_args(argv)
-    with cluster(args) as master:
-        asyncio.run(run(args, master))
+    if args.tls:
+        compare_tls(args)
+        return 0
+    with cluster(args) as target:
+        asyncio.run(run(args, target))
     return 0
 
 

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol.transport import PLAINTEXT, Transport
 
 
 class ChannelPool:
-    """One asyncio channel per address, created on first use, closed together."""
+    """One asyncio channel per address, created on first use with the client's
+    transport (plaintext, or TLS with its CA, certificate and token), closed together.
 
-    def __init__(self) -> None:
+    `dial` translates addresses as the cluster advertises them (the master's, the
+    stores' registered ones) into the addresses this process reaches them at: a client
+    behind NAT or a port forward, or one whose traffic to a store goes through a proxy.
+    Addresses it does not name are dialled as they are."""
+
+    def __init__(
+        self, transport: Transport = PLAINTEXT, dial: Mapping[str, str] | None = None
+    ) -> None:
+        self.transport = transport
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._dial = dict(dial or {})
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+            channel = self.transport.aio_channel(self._dial.get(address, address))
             self._channels[address] = channel
         return channel
 

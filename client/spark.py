@@ -14,6 +14,8 @@ Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the
 `partitionEntries` (default 250000) splits large segments into equal index ranges of at
 most that many entries.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
+Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
+driver; the credentials travel to the executors inside the partitions) and `token`.
 
 Planning (driver side) asks the master for the segments; one input partition per
 segment range. Each partition is read in an executor from a replica whose acked index
@@ -35,6 +37,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -50,11 +53,11 @@ from pyspark.sql.types import StructType
 
 from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, WaitUntil
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
-from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
+from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -96,6 +99,8 @@ class SegmentRange(InputPartition):
     replicas: tuple[str, ...]
     # Where to re-read the copy set when every planned replica says it holds less.
     master: str = ""
+    # How the executor reaches the stores (TLS credentials and token, as bytes).
+    transport: Transport = PLAINTEXT
 
 
 @dataclass(frozen=True)
@@ -131,18 +136,27 @@ def _required(options: dict[str, str], name: str) -> str:
     return value
 
 
-def _channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+def _transport(options: dict[str, str]) -> Transport:
+    certs_dir, token = options.get("certsdir", ""), options.get("token", "")
+    try:
+        return Transport.for_client(Path(certs_dir) if certs_dir else None, token)
+    except TransportError as error:
+        raise InvalidArgument(str(error)) from None
 
 
-def fetch_layout(master_address: str, stream: str, with_open_acked: bool) -> _StreamLayout:
+def fetch_layout(
+    master_address: str, stream: str, with_open_acked: bool, transport: Transport = PLAINTEXT
+) -> _StreamLayout:
     """The stream's segments, and for open ones the acked index their replicas serve."""
-    with sync_masters(master_address) as masters:
+    with sync_masters(master_address, transport) as masters:
         try:
             reply = masters.stub.ListSegments(
                 master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
             )
         except grpc.RpcError as error:
+            problem = tls_problem(error.details() or "", transport.tls)
+            if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
+                raise Unavailable(f"master at {master_address}: {problem}") from error
             raise from_rpc_error(error) from error
     segments = tuple(
         _SegmentInfo(
@@ -157,14 +171,14 @@ def fetch_layout(master_address: str, stream: str, with_open_acked: bool) -> _St
     if with_open_acked:
         for segment in segments:
             if not segment.sealed:
-                open_acked[segment.epoch] = _replica_acked(reply.stream_id, segment)
+                open_acked[segment.epoch] = _replica_acked(reply.stream_id, segment, transport)
     return _StreamLayout(reply.stream_id, segments, open_acked)
 
 
-def _replica_acked(stream_id: int, segment: _SegmentInfo) -> int:
+def _replica_acked(stream_id: int, segment: _SegmentInfo, transport: Transport) -> int:
     best = 0
     for address in segment.replicas:
-        with _channel(address) as channel:
+        with transport.channel(address) as channel:
             try:
                 state = store_grpc.SegmentStoreStub(channel).GetSegmentState(
                     segment_store_pb2.GetSegmentStateRequest(
@@ -186,6 +200,7 @@ def plan_ranges(
     include_open: bool,
     partition_entries: int,
     master: str = "",
+    transport: Transport = PLAINTEXT,
 ) -> list[SegmentRange]:
     """Input partitions covering `[start_sequence, end_sequence)` of readable events."""
     ranges: list[SegmentRange] = []
@@ -223,7 +238,16 @@ def plan_ranges(
             if replicas:
                 load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
             ranges.append(
-                SegmentRange(stream, layout.stream_id, segment.epoch, low, high, replicas, master)
+                SegmentRange(
+                    stream,
+                    layout.stream_id,
+                    segment.epoch,
+                    low,
+                    high,
+                    replicas,
+                    master,
+                    transport,
+                )
             )
     return ranges
 
@@ -283,7 +307,7 @@ def _read_replica(
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Read `part` from `next_index` on one replica; each batch with the index after it.
     What the replica answers, or that it failed, goes to `replicas`."""
-    with _channel(address) as channel:
+    with part.transport.channel(address) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         request = segment_store_pb2.ReadRequest(
             segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
@@ -322,7 +346,7 @@ def _now_ms() -> int:
 
 
 def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:
-    layout = fetch_layout(part.master, part.stream, with_open_acked=False)
+    layout = fetch_layout(part.master, part.stream, False, part.transport)
     for segment in layout.segments:
         if segment.epoch == part.epoch:
             return segment.replicas
@@ -394,6 +418,7 @@ class StreamEngineBatchReader(DataSourceReader):
         # Plain data only: the reader is pickled to the executors.
         self.master = _required(options, "master")
         self.stream = _required(options, "stream")
+        self.transport = _transport(options)
         self.start_sequence = _option_int(options, "fromSequence", 0) or 0
         self.end_sequence = _option_int(options, "toSequence", None)
         self.include_open = options.get("includeopen", "false").lower() == "true"
@@ -403,7 +428,7 @@ class StreamEngineBatchReader(DataSourceReader):
             raise InvalidArgument("toSequence is below fromSequence")
 
     def partitions(self) -> list[SegmentRange]:
-        layout = fetch_layout(self.master, self.stream, self.include_open)
+        layout = fetch_layout(self.master, self.stream, self.include_open, self.transport)
         return plan_ranges(
             self.stream,
             layout,
@@ -412,6 +437,7 @@ class StreamEngineBatchReader(DataSourceReader):
             self.include_open,
             self.partition_entries,
             self.master,
+            self.transport,
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -422,6 +448,7 @@ class StreamEngineStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.master = _required(options, "master")
         self.stream = _required(options, "stream")
+        self.transport = _transport(options)
         self.starting_sequence = _option_int(options, "startingSequence", 0) or 0
         self.max_events = _option_int(options, "maxEventsPerTrigger", None)
         self.partition_entries = PARTITION_ENTRIES_DEFAULT
@@ -430,7 +457,7 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         return {"sequence": self.starting_sequence}
 
     def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
-        layout = fetch_layout(self.master, self.stream, with_open_acked=True)
+        layout = fetch_layout(self.master, self.stream, True, self.transport)
         end = acked_end(layout)
         begin = int(start["sequence"]) if start else self.starting_sequence
         if self.max_events is not None:
@@ -441,9 +468,16 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         begin, finish = int(start["sequence"]), int(end["sequence"])
         if finish <= begin:
             return []
-        layout = fetch_layout(self.master, self.stream, with_open_acked=True)
+        layout = fetch_layout(self.master, self.stream, True, self.transport)
         return plan_ranges(
-            self.stream, layout, begin, finish, True, self.partition_entries, self.master
+            self.stream,
+            layout,
+            begin,
+            finish,
+            True,
+            self.partition_entries,
+            self.master,
+            self.transport,
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -9,6 +9,11 @@ async with StreamClient("127.0.0.1:7070") as client:   # or "m1:7070,m2:7070,m3:
         ...
 ```
 
+Secured clusters: `StreamClient(address, certs_dir=D, token=T)`. A tenant needs only
+`D/ca.crt` and its token; given no token, `D/client.root.crt` (a cluster admin) is
+used when it is there. The token travels as `authorization: Bearer <token>` on every
+call, over TLS only.
+
 It owns one pool of gRPC channels (options in `client.channels`) shared by writers
 and readers; control calls retry transient failures (`client.retrying`). Given several
 masters, every master call follows the active one (`protocol.master_calls`).
@@ -18,20 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from streamengine.client import subscription
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.cursor import StreamEvent
 from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.client.core.replicator import ReplicatorLimits
-from streamengine.client.errors import Unavailable, from_rpc_error
+from streamengine.client.errors import InvalidArgument, Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary
 from streamengine.client.writer import Writer
+from streamengine.protocol import transport
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -47,18 +55,67 @@ SEAL_POLL_S = 0.05
 SEAL_ASK_AGAIN_S = 2.0
 
 
+# The first call to the master: long enough for a TLS handshake on a loaded host, short
+# enough that a wrong certs dir is reported at once.
+FIRST_CONTACT_TIMEOUT_S = 5.0
+
+
+async def first_contact(
+    channel: grpc.aio.Channel, address: str, chosen: transport.Transport
+) -> None:
+    """Fail at once, naming TLS, when the master and this client disagree on TLS or on
+    the CA; any other failure (a master restarting) is left to the calls' retries.
+    Without wait_for_ready: waiting would hide the handshake's error until a deadline."""
+    check = channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+    try:
+        await check(health_pb2.HealthCheckRequest(), timeout=FIRST_CONTACT_TIMEOUT_S)
+    except grpc.aio.AioRpcError as error:
+        problem = transport.tls_problem(error.details() or "", chosen.tls)
+        if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
+            raise Unavailable(f"master at {address}: {problem}") from None
+
+
 class StreamClient:
     """A connection to one cluster, through its masters (`host:port`, or several
-    separated by commas: calls follow the active one)."""
+    separated by commas: calls follow the active one).
 
-    def __init__(self, master_address: str) -> None:
+    `dial` maps addresses the cluster advertises (the master's, the stores') to the
+    addresses this process must dial instead, when it reaches the cluster through NAT,
+    port forwards or a proxy; the others are dialled as advertised."""
+
+    def __init__(
+        self,
+        master_address: str,
+        *,
+        certs_dir: str | Path | None = None,
+        token: str | None = None,
+        dial: Mapping[str, str] | None = None,
+    ) -> None:
         self.master_address = master_address
-        self._channels = ChannelPool()
+        try:
+            chosen = transport.Transport.for_client(
+                Path(certs_dir) if certs_dir is not None else None, token or ""
+            )
+        except transport.TransportError as error:
+            raise InvalidArgument(str(error)) from None
+        self._channels = ChannelPool(chosen, dial)
         # Parsed now: a malformed list fails here, not at the first call.
         self._masters = AsyncMasters(master_address, self._channels.get)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
 
     async def __aenter__(self) -> StreamClient:
+        # The first master listed: a TLS disagreement is the same with every master, and
+        # one that is down or standing by is left to the calls, which follow the list.
+        first = self._masters.current
+        try:
+            await first_contact(self._channels.get(first), first, self._channels.transport)
+        except BaseException:
+            await self._channels.close()
+            raise
         self._master = self._masters.stub
         return self
 

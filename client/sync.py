@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,13 +31,19 @@ T = TypeVar("T")
 
 
 class SyncStreamClient:
-    def __init__(self, master_address: str) -> None:
+    def __init__(
+        self,
+        master_address: str,
+        *,
+        certs_dir: str | Path | None = None,
+        token: str | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="streamengine-sdk", daemon=True
         )
         self._thread.start()
-        self._client = StreamClient(master_address)
+        self._client = StreamClient(master_address, certs_dir=certs_dir, token=token)
         self.run(self._client.__aenter__())
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from deploy.workload import WorkloadResult, run_workload
 from streamengine import StreamClient
+from streamengine.protocol.transport import Transport
 from streamengine.tools.local_cluster import LocalCluster
 from streamengine.tools.ops import VerifyReport, verify_stream
 from streamengine.v1 import entry_pb2
@@ -55,7 +56,7 @@ async def produce(cluster: LocalCluster, events: int) -> tuple[WorkloadResult, i
         await asyncio.to_thread(cluster.wait_serving, KILLED_STORE)
         print(f"  {KILLED_STORE} restarted and catching up", file=sys.stderr)
 
-    async with StreamClient(cluster.master_address) as client:
+    async with StreamClient(cluster.master_address, certs_dir=cluster.admin_certs_dir) as client:
         await client.create_stream(STREAM, replicas=3, write_quorum=2, segment_bytes=2 << 20)
         result = await run_workload(client, STREAM, events, crash_and_restart_a_store, progress_bar)
         print("  sealing the stream", file=sys.stderr)
@@ -65,14 +66,16 @@ async def produce(cluster: LocalCluster, events: int) -> tuple[WorkloadResult, i
     return result, sealed
 
 
-def analyse(master_address: str) -> tuple[int, list[tuple[int, int]], list[tuple[str, int, float]]]:
+def analyse(
+    master_address: str, certs_dir: Path | None
+) -> tuple[int, list[tuple[int, int]], list[tuple[str, int, float]]]:
     from deploy.examples.analytics import analyse as spark_analyse
     from deploy.examples.analytics import session
 
     print("  running the Spark job over the sealed segments", file=sys.stderr)
     spark = session()
     try:
-        report = spark_analyse(spark, master_address, STREAM, "kind")
+        report = spark_analyse(spark, master_address, STREAM, "kind", str(certs_dir or ""))
     finally:
         spark.stop()
     return report.events, report.per_epoch, report.per_field_value
@@ -110,8 +113,10 @@ def run(data_dir: Path, events: int, port: int) -> int:
     try:
         started = time.perf_counter()
         workload, sealed = asyncio.run(produce(cluster, events))
-        spark_events, per_epoch, per_kind = analyse(cluster.master_address)
-        verify = verify_stream(cluster.master_address, STREAM)
+        spark_events, per_epoch, per_kind = analyse(cluster.master_address, cluster.admin_certs_dir)
+        verify = verify_stream(
+            cluster.master_address, STREAM, Transport.for_client(cluster.admin_certs_dir)
+        )
         result = DemoResult(workload, sealed, spark_events, per_epoch, per_kind, verify)
         print(summary(result))
         print(f"\n(demo took {time.perf_counter() - started:.0f}s; stopping the cluster)")

@@ -103,11 +103,12 @@ cmd_up() {
   add_host client
   for ((i = 0; i < stores; i++)); do add_host "store$i"; done
   echo "$stores" >"$data/stores"
+  # Plaintext (--insecure) on the namespaces' own private bridge: test hosts only.
   start master "$data" master --listen "$(addr master):$master_port" --data "$data/master-db" \
-    --lease-ms 1000 --store-timeout-ms 3000
+    --lease-ms 1000 --store-timeout-ms 3000 --insecure
   for ((i = 0; i < stores; i++)); do
     start "store$i" "$data" store --listen "$(addr "store$i"):$store_port" --data "$data/store$i-db" \
-      --master "$(addr master):$master_port" --id "store$i" --zone "zone$i"
+      --master "$(addr master):$master_port" --id "store$i" --zone "zone$i" --insecure
   done
   echo "master $(addr master):$master_port"
 }
@@ -130,13 +131,14 @@ cmd_up_ha() {
   echo "$masters" >"$data/masters"
   for i in 0 1 2; do start_etcd "master$i" "$data" "$initial"; done
   for i in 0 1 2; do
+    # Plaintext (--insecure) on the namespaces' own private bridge: test hosts only.
     start "master$i" "$data" master --listen "$(addr "master$i"):$master_port" \
       --metadata "etcd://$endpoints/streamengine" --data "$data/master$i-files" \
-      --lease-ms 1000 --store-timeout-ms 3000
+      --lease-ms 1000 --store-timeout-ms 3000 --insecure
   done
   for ((i = 0; i < stores; i++)); do
     start "store$i" "$data" store --listen "$(addr "store$i"):$store_port" --data "$data/store$i-db" \
-      --master "$masters" --id "store$i" --zone "zone$i"
+      --master "$masters" --id "store$i" --zone "zone$i" --insecure
   done
   echo "masters $masters"
 }

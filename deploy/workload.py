@@ -116,7 +116,7 @@ async def _main(args: argparse.Namespace) -> WorkloadResult:
         print("HALFWAY", flush=True)
         await _wait_for_file(args.pause_file, args.pause_timeout)
 
-    async with StreamClient(args.master) as client:
+    async with StreamClient(args.master, certs_dir=args.certs_dir) as client:
         await client.create_stream(args.stream)
         return await run_workload(
             client, args.stream, args.events, pause if args.pause_file else None
@@ -126,6 +126,9 @@ async def _main(args: argparse.Namespace) -> WorkloadResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--master", required=True)
+    parser.add_argument(
+        "--certs-dir", type=Path, help="TLS: a certs dir with ca.crt (and client.root)"
+    )
     parser.add_argument("--stream", default="demo/orders")
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--pause-file", type=Path)

@@ -25,7 +25,7 @@ from streamengine.master import repair
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentKey
 from streamengine.master.state import MasterState
-from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX
+from streamengine.protocol import transport
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -47,8 +47,17 @@ class TaskStatus:
 
 
 class Repairer:
-    def __init__(self, state: MasterState, concurrency: int, clock_ms: Callable[[], int]):
+    def __init__(
+        self,
+        state: MasterState,
+        concurrency: int,
+        clock_ms: Callable[[], int],
+        members: transport.Transport = transport.PLAINTEXT,
+    ):
         self.state = state
+        # Under TLS the master's node certificate: stores take CopySegment and Delete
+        # from the master's certificate only.
+        self.members = members
         self.queue = repair.RepairQueue(concurrency)
         self.clock_ms = clock_ms
         self.finished: collections.deque[TaskStatus] = collections.deque(maxlen=FINISHED_TASKS_KEPT)
@@ -131,13 +140,7 @@ class Repairer:
     def _stub(self, address: str) -> segment_store_pb2_grpc.SegmentStoreAsyncStub:
         channel = self.channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
-                address,
-                options=[
-                    ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
-                    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-                ],
-            )
+            channel = self.members.aio_channel(address)
             self.channels[address] = channel
         return segment_store_pb2_grpc.SegmentStoreStub(channel)
 

@@ -42,9 +42,10 @@ from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.role import FOREVER_MS, MasterRole
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
-from streamengine.protocol import logs
+from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -53,6 +54,10 @@ STORE_TIMEOUT_MS_DEFAULT = 6000
 # A lease shorter than this leaves writers too little time between heartbeats.
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
+# Calls in progress at once; more are refused as RESOURCE_EXHAUSTED at once instead of
+# queueing without bound. Stores heartbeat once a second and writers once per lease/3:
+# a cluster of hundreds of stores and a few thousand writers stays well below it.
+CONCURRENT_RPCS_MAX = 4096
 SHUTDOWN_GRACE_S = 1.0
 # A commit to etcd blocks the master's event loop (its state is synchronous), which also
 # runs the election keepalive: a commit may take at most half a TTL, so that with one
@@ -115,6 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=None, help="Prometheus on 127.0.0.1:PORT"
     )
     parser.add_argument("--log-level", default="INFO")
+    transport.add_server_arguments(parser)
 
 
 def _clock_ms() -> int:
@@ -145,33 +151,53 @@ def run(args: argparse.Namespace) -> int:
         print("streamengine master: --data is required without --metadata", file=sys.stderr)
         return 2
     try:
+        transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+    except transport.ProtectedMode as refusal:
+        print(f"streamengine master: {refusal}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:
         return 0
+    except transport.TransportError as error:
+        print(f"streamengine master: {error}", file=sys.stderr)
+        return 1
 
 
 async def _serve(args: argparse.Namespace) -> int:
     role = MasterRole(args.advertise or args.listen)
     metrics = Metrics.create()
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    service = MasterService(role, _clock_ms, metrics)
+    members = (
+        transport.PLAINTEXT
+        if args.certs_dir is None
+        else transport.Transport.for_node(args.certs_dir)
+    )
+    server = grpc.aio.server(
+        options=SERVER_OPTIONS,
+        maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[RequestParsing()],
+    )
+    signer = (
+        identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    )
+    service = MasterService(role, _clock_ms, metrics, signer)
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        server.add_insecure_port(args.listen)
+        identity.install(transport.add_server_port(server, args.listen, args.certs_dir))
     except RuntimeError as error:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
     if is_etcd_url(args.metadata):
-        run_role = _etcd_master(args, role, health_servicer)
+        run_role = _etcd_master(args, role, health_servicer, members)
     else:
         try:
             catalog = Catalog(RocksDBMetadata(Path(args.data)))
         except Exception as error:
             print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
             return 1
-        run_role = _embedded_master(args, role, catalog, health_servicer)
+        run_role = _embedded_master(args, role, catalog, health_servicer, members)
 
     await server.start()
     snapshot = None
@@ -181,7 +207,8 @@ async def _serve(args: argparse.Namespace) -> int:
     # The process serves; `MASTER_SERVICE` is SERVING only while this master is active.
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "master serving on %s (lease %d ms, store timeout %d ms, metadata %s)",
+        "master serving %s on %s (lease %d ms, store timeout %d ms, metadata %s)",
+        "plaintext" if args.certs_dir is None else "TLS",
         args.listen,
         args.lease_ms,
         args.store_timeout_ms,
@@ -211,8 +238,10 @@ def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
     )
 
 
-def _new_repairer(args: argparse.Namespace, state: MasterState) -> Repairer:
-    return Repairer(state, args.repair_concurrency, _clock_ms)
+def _new_repairer(
+    args: argparse.Namespace, state: MasterState, members: transport.Transport
+) -> Repairer:
+    return Repairer(state, args.repair_concurrency, _clock_ms, members)
 
 
 async def _embedded_master(
@@ -220,11 +249,12 @@ async def _embedded_master(
     role: MasterRole,
     catalog: Catalog,
     health_servicer: health.aio.HealthServicer,
+    members: transport.Transport,
 ) -> None:
     """The only master: active from the moment its catalog is loaded."""
     try:
         state = _load_state(args, catalog)
-        repairer = _new_repairer(args, state)
+        repairer = _new_repairer(args, state, members)
         role.activate(state, repairer, until_ms=FOREVER_MS)
         await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await repairer.run()
@@ -234,7 +264,10 @@ async def _embedded_master(
 
 
 async def _etcd_master(
-    args: argparse.Namespace, role: MasterRole, health_servicer: health.aio.HealthServicer
+    args: argparse.Namespace,
+    role: MasterRole,
+    health_servicer: health.aio.HealthServicer,
+    members: transport.Transport,
 ) -> None:
     """Stand by or serve as the election says (`master.ha`); on a clean stop give the
     election lease back so that a standby takes over at once."""
@@ -248,7 +281,7 @@ async def _etcd_master(
         metadata,
         health_servicer,
         lambda catalog: _load_state(args, catalog),
-        lambda state: _new_repairer(args, state),
+        lambda state: _new_repairer(args, state, members),
     )
     try:
         await elected.run()

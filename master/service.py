@@ -26,6 +26,7 @@ from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentSt
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
+from streamengine.protocol import identity
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
 from streamengine.protocol.status_view import segment_dict, status_dict
@@ -66,10 +67,19 @@ def status_of(error: errors.MasterError) -> grpc.StatusCode:
 
 
 class MasterService(master_pb2_grpc.MasterServicer):
-    def __init__(self, role: MasterRole, clock_ms: Callable[[], int], metrics: Metrics):
+    def __init__(
+        self,
+        role: MasterRole,
+        clock_ms: Callable[[], int],
+        metrics: Metrics,
+        signer: identity.CertificateProof | None = None,
+    ):
         self.role = role
         self.clock_ms = clock_ms
         self.metrics = metrics
+        # Under TLS the master's node certificate: it signs the delete lists it hands
+        # stores, which take them from the master's certificate only.
+        self.signer = signer
 
     @property
     def state(self) -> MasterState:
@@ -198,6 +208,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
     ) -> master_pb2.RegisterStoreReply:
+        await identity.require_member(context, "Master/RegisterStore", request.store_id)
         interval = await self._call(
             context,
             "RegisterStore",
@@ -210,6 +221,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def StoreHeartbeat(
         self, request: master_pb2.StoreHeartbeatRequest, context: Context
     ) -> master_pb2.StoreHeartbeatReply:
+        await identity.require_member(context, "Master/StoreHeartbeat", request.store_id)
         held: dict[SegmentKey, Held] = {
             (h.segment.stream_id, h.segment.epoch): Held(
                 h.fence, h.acked_index, h.last_index, h.bytes
@@ -225,12 +237,16 @@ class MasterService(master_pb2_grpc.MasterServicer):
         )
         if deletes is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
-        return master_pb2.StoreHeartbeatReply(
+        reply = master_pb2.StoreHeartbeatReply(
             delete_segments=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in deletes
             ]
         )
+        if reply.delete_segments and self.signer is not None:
+            audience = identity.delete_list_audience(request.store_id, reply.delete_segments)
+            context.set_trailing_metadata(self.signer.metadata(audience, self.clock_ms()))
+        return reply
 
     # ---- tenants and streams ----
 

@@ -14,8 +14,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from streamengine.protocol import codec
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol import codec, transport
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.group_commit import GroupCommitter
 from streamengine.segment_store.store import (
@@ -63,6 +62,7 @@ class SegmentCopy:
         core: SegmentStoreCore,
         committer: GroupCommitter,
         in_thread: InThread,
+        members: transport.Transport,
         segment: SegmentKey,
         source_address: str,
         final_index: int,
@@ -72,15 +72,14 @@ class SegmentCopy:
         self.core = core
         self.committer = committer
         self.in_thread = in_thread
+        self.members = members
         self.segment = segment
         self.source_address = source_address
         self.segment_pb = entry_pb2.SegmentId(stream_id=segment.stream_id, epoch=segment.epoch)
 
     async def run(self) -> CopyReport:
         try:
-            async with grpc.aio.insecure_channel(
-                self.source_address, options=CLIENT_OPTIONS
-            ) as channel:
+            async with self.members.aio_channel(self.source_address) as channel:
                 source = segment_store_pb2_grpc.SegmentStoreStub(channel)
                 action: copy_rules.CopyAction | None = self.op.start()
                 while not isinstance(action, copy_rules.Finished):

@@ -10,6 +10,13 @@ file without fsync: after a power loss it may be empty, and an open that relied 
 would silently fall back to the pickling mode. `MemoryKV` has the same semantics for
 unit tests and the deterministic simulator.
 
+Damage is an error, never an end: RocksDB reports a block that fails its checksum only
+through the iterator's `status()`, while rocksdict's own loops (`items()`, `values()`)
+just stop there, as at the end of the range. `RocksKV` iterates itself and checks the
+status whenever an iterator stops by itself, so a scan over a damaged block raises
+`KVCorruption` instead of returning a silently truncated range (found by the fault
+suite, S12 seed 1).
+
 Group commit splits a durable write in two: `write(ops, sync=False)`, then `sync()`.
 rocksdict holds the GIL for a whole `write()`, fsync included, so threads cannot share
 a synced write; `flush_wal(True)` releases it, so one sync covers every batch written
@@ -28,8 +35,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from streamengine.protocol.entry import CorruptEntry
+
 if TYPE_CHECKING:
-    from rocksdict import Rdict
+    from rocksdict import Rdict, RdictIter
+
+
+class KVCorruption(CorruptEntry):
+    """The engine found stored data damaged under a read (a block that fails its
+    checksum): what it covers cannot be read, and a scan that stopped there did not
+    reach the end of its range."""
+
+
+def _corruption(error: Exception, path: Path) -> Exception:
+    """rocksdict raises bare Exceptions; a corruption becomes a KVCorruption."""
+    if str(error).startswith("Corruption"):
+        return KVCorruption(f"{path}: {error}")
+    return error
 
 
 class Put(NamedTuple):
@@ -247,44 +269,66 @@ class RocksKV:
 
     def get(self, key: bytes) -> bytes | None:
         with self._use() as db:
-            value = db.get(key)
+            try:
+                value = db.get(key)
+            except Exception as error:
+                raise _corruption(error, self.path) from None
         return None if value is None else bytes(value)
 
-    def scan(
-        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
-    ) -> list[tuple[bytes, bytes]]:
+    def _iterator(self, db: Rdict, start: bytes, end: bytes) -> RdictIter:
+        """A fresh iterator (it pins its own snapshot: the scan is consistent) over
+        [start, end), at start."""
         from rocksdict import ReadOptions
 
         read = ReadOptions()
         read.set_iterate_upper_bound(end)
+        it = db.iter(read)
+        it.seek(start)
+        return it
+
+    def _ended(self, it: RdictIter) -> None:
+        """An iterator stopped by itself: the end of its range, or damage it could not
+        read past, which only its status tells."""
+        try:
+            it.status()
+        except Exception as error:
+            raise _corruption(error, self.path) from None
+
+    def scan(
+        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
+    ) -> list[tuple[bytes, bytes]]:
         found: list[tuple[bytes, bytes]] = []
         total = 0
         with self._use() as db:
-            # A fresh iterator pins its own snapshot: the scan is consistent.
-            for key, value in db.items(from_key=start, read_opt=read):
-                assert isinstance(key, bytes) and isinstance(value, bytes)
-                found.append((key, value))
-                total += len(value)
+            it = self._iterator(db, start, end)
+            valid, key, value, step = it.valid, it.key, it.value, it.next
+            while valid():
+                row = (key(), value())
+                found.append(row)
+                total += len(row[1])
                 if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
-                    break
+                    return found
+                step()
+            self._ended(it)
         return found
 
     def scan_values(
         self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
     ) -> list[bytes]:
-        from rocksdict import ReadOptions
-
-        read = ReadOptions()
-        read.set_iterate_upper_bound(end)
         found: list[bytes] = []
         total = 0
         with self._use() as db:
-            # Half the cost of `scan` per row: no key object, no tuple.
-            for value in db.values(from_key=start, read_opt=read):
-                found.append(value)
-                total += len(value)
+            it = self._iterator(db, start, end)
+            # Cheaper than `scan` per row: no key object, no tuple.
+            valid, value, step = it.valid, it.value, it.next
+            while valid():
+                row = value()
+                found.append(row)
+                total += len(row)
                 if (limit and len(found) >= limit) or (max_bytes and total >= max_bytes):
-                    break
+                    return found
+                step()
+            self._ended(it)
         return found
 
     def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
@@ -302,6 +346,7 @@ class RocksKV:
                 if key < end:
                     return (key, it.value()) if key >= start else None
                 it.prev()
+            self._ended(it)
         return None
 
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:

@@ -14,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol import auth, identity, transport
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
-from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
@@ -46,6 +48,10 @@ class StoreIdentity:
     data_dir: Path
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
@@ -57,11 +63,18 @@ class MasterLink:
         identity: StoreIdentity,
         core: SegmentStoreCore,
         delete_segment: Callable[[SegmentKey], Awaitable[bool]],
+        members: transport.Transport = transport.PLAINTEXT,
+        master_identity: identity.ServerIdentity | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
         self.core = core
         self.delete_segment = delete_segment
+        # Under TLS the store's node certificate: the master takes registrations and
+        # heartbeats only from the store its certificate names.
+        self.members = members
+        # ... and the store takes delete lists only signed by the master's certificate.
+        self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
 
@@ -70,7 +83,7 @@ class MasterLink:
 
         def channel(address: str) -> grpc.aio.Channel:
             if address not in channels:
-                channels[address] = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+                channels[address] = self.members.aio_channel(address)
             return channels[address]
 
         stub = AsyncMasters(self.master_address, channel).stub
@@ -115,8 +128,35 @@ class MasterLink:
         self.registered = True
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
+    def _from_the_master(
+        self, reply: master_pb2.StoreHeartbeatReply, trailing: Iterable[Any] | None
+    ) -> bool:
+        """Whether the master's certificate signed this delete list for this store (always
+        true over plaintext, which proves nothing either way)."""
+        if self.master_identity is None:
+            return True
+        audience = identity.delete_list_audience(self.identity.store_id, reply.delete_segments)
+        try:
+            signer = self.master_identity.principal(
+                identity.metadata_dict(trailing), _now_ms(), audience
+            )
+        except identity.ProofRefused as refusal:
+            signer, reason = auth.ANONYMOUS, str(refusal)
+        else:
+            reason = "unsigned" if signer is auth.ANONYMOUS else f"signed by a {signer.kind.value}"
+        if signer.kind is auth.PrincipalKind.MASTER:
+            return True
+        metrics.HEARTBEAT_FAILURES.inc()
+        log.warning(
+            "ignoring a delete list of %d segments not from the master's certificate: %s",
+            len(reply.delete_segments),
+            reason,
+        )
+        return False
+
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
-        metas = self.core.metas()
+        # A damaged segment is reported with acked index 0: the master repairs it.
+        metas = self.core.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,
@@ -134,13 +174,24 @@ class MasterLink:
                 for s, m in sorted(metas.items())
             ],
         )
-        reply = await stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
+        call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
+        reply = await call
         if reply.register_again:
             self.registered = False
+        if reply.delete_segments and not self._from_the_master(
+            reply, await call.trailing_metadata()
+        ):
+            return
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:
-                existed = await self.delete_segment(key)
+                try:
+                    existed = await self.delete_segment(key)
+                except StoreUnavailable as error:
+                    # A full or read-only disk: the master asks again at a later beat.
+                    log.info("cannot delete segment %s/%s now: %s", key.stream_id,
+                             key.epoch, error)
+                    return
                 log.info(
                     "deleted segment %s/%s at the master's request (held: %s)",
                     key.stream_id,

@@ -46,3 +46,7 @@ SEGMENTS = Gauge("streamengine_store_segments", "Segments held")
 HEARTBEAT_FAILURES = Counter(
     "streamengine_store_master_heartbeat_failures_total", "Failed master calls"
 )
+WRITE_STREAMS_IDLE_CLOSED = Counter(
+    "streamengine_store_write_streams_idle_closed_total",
+    "Write streams closed after WRITE_STREAM_IDLE_MS with nothing in flight",
+)

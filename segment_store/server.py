@@ -8,7 +8,8 @@ ever failing its own service), and exits 0 on SIGTERM after a graceful stop.
 
 --fsync always (default): a write is answered only once synced; concurrent writes share
 one sync (group commit). --fsync never: answered once written to RocksDB's WAL without
-sync; a power loss can lose answered writes. Unsafe, for benchmarks and tests only.
+sync; a power loss loses every write answered since RocksDB last synced on its own (a
+memtable flush), with no bound in time. Unsafe, for benchmarks and tests only.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamengine.protocol import logs
+from streamengine.protocol import identity as peer_identity
+from streamengine.protocol import logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.masters import BadMasterList, parse_masters
+from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store import metrics
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
@@ -41,6 +44,7 @@ from streamengine.segment_store.master_link import MasterLink, StoreIdentity
 from streamengine.segment_store.service import (
     SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
     SUBSCRIBE_STALL_MS_DEFAULT,
+    WRITE_STREAM_IDLE_MS_DEFAULT,
     SegmentStoreService,
     ServiceConfig,
 )
@@ -103,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=SUBSCRIBE_STALL_MS_DEFAULT,
         help="a subscriber whose buffer stays full this long is disconnected",
     )
+    parser.add_argument(
+        "--write-stream-idle-ms",
+        type=int,
+        default=WRITE_STREAM_IDLE_MS_DEFAULT,
+        help="close a Write stream with nothing in flight after this long",
+    )
+    transport.add_server_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,8 +121,15 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.entry_bytes_max <= EVENT_BYTES_MAX:
         print(f"streamengine store: --entry-bytes-max must be in 1..{EVENT_BYTES_MAX}")
         return 2
-    if args.queue_bytes_max <= 0 or args.subscribe_buffer_batches <= 0:
-        print("streamengine store: queue and buffer sizes must be positive")
+    if args.queue_bytes_max <= 0 or args.subscribe_buffer_batches <= 0 or (
+        args.write_stream_idle_ms <= 0
+    ):
+        print("streamengine store: queue and buffer sizes and the idle timeout must be positive")
+        return 2
+    try:
+        transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+    except transport.ProtectedMode as refusal:
+        print(f"streamengine store: {refusal}", file=sys.stderr)
         return 2
     try:
         parse_masters(args.master)
@@ -124,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             store_id(args.data, args.store_id), args.listen, args.zone, args.data
         )
         return asyncio.run(serve(args, identity))
-    except (OSError, StartupError) as error:
+    except (OSError, StartupError, transport.TransportError) as error:
         print(f"streamengine store: {error}", file=sys.stderr)
         return 1
 
@@ -158,6 +176,12 @@ def store_id(data_dir: Path, given: str | None) -> str:
 
 
 async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
+    # Read before RocksDB opens: a certs dir that cannot serve fails the start cleanly.
+    members = (
+        transport.PLAINTEXT
+        if args.certs_dir is None
+        else transport.Transport.for_node(args.certs_dir)
+    )
     try:
         kv = RocksKV(identity.data_dir / DB_DIR)
     except Exception as error:  # rocksdict raises bare Exceptions (a held LOCK, corruption)
@@ -174,19 +198,22 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
         core,
         committer,
         watch,
-        ServiceConfig(args.subscribe_buffer_batches, args.subscribe_stall_ms),
+        ServiceConfig(
+            args.subscribe_buffer_batches, args.subscribe_stall_ms, args.write_stream_idle_ms
+        ),
+        members,
     )
     # Without SO_REUSEPORT a second store on a taken port fails instead of sharing it.
     server = grpc.aio.server(
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        interceptors=[RequestParsing()],
     )
     segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        if server.add_insecure_port(args.listen) == 0:
-            raise RuntimeError("no address bound")
+        peer_identity.install(transport.add_server_port(server, args.listen, args.certs_dir))
     except RuntimeError:
         kv.close()
         raise StartupError(f"cannot listen on {args.listen}: in use or not available") from None
@@ -198,8 +225,9 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     for name in ("", STORE_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "store %s serving on %s (zone %r, fsync %s, %d segments)",
+        "store %s serving %s on %s (zone %r, fsync %s, %d segments)",
         identity.store_id,
+        "plaintext" if args.certs_dir is None else "TLS",
         args.listen,
         identity.zone,
         args.fsync,
@@ -209,7 +237,9 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    link = MasterLink(args.master, identity, core, service.delete)
+    link = MasterLink(
+        args.master, identity, core, service.delete, members, peer_identity.server_identity()
+    )
     try:
         async with asyncio.TaskGroup() as tasks:
             committing = tasks.create_task(committer.run())

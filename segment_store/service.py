@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from streamengine.protocol import codec
+from streamengine.protocol import codec, identity, transport
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -80,13 +80,26 @@ SUBSCRIBE_BUFFER_BATCHES_DEFAULT = tail.BUFFER_MESSAGES_DEFAULT
 SUBSCRIBE_STALL_MS_DEFAULT = tail.STALL_MS_DEFAULT
 
 assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
-assert 2 * (PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX) < GRPC_MESSAGE_BYTES_MAX
+# A packed reply is cut once it reaches its limit, so it passes it by at most one value,
+# and carries a length (a few bytes) per entry.
+assert (
+    PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
+    <= GRPC_MESSAGE_BYTES_MAX
+)
+
+
+# A Write stream with no request answered-but-unread and none arriving for this long is
+# closed: an abandoned stream holds no server resources. A leader that appends sends far
+# more often; one that idles reconnects in one pause (`client.store_link`), well within
+# the time after which it would count the store as lost.
+WRITE_STREAM_IDLE_MS_DEFAULT = 60_000
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
     subscribe_buffer_batches: int = SUBSCRIBE_BUFFER_BATCHES_DEFAULT
     subscribe_stall_ms: int = SUBSCRIBE_STALL_MS_DEFAULT
+    write_stream_idle_ms: int = WRITE_STREAM_IDLE_MS_DEFAULT
 
 
 class _Refused(Exception):
@@ -139,7 +152,10 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
 
 
 def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
-    """Entries of a request; one of a kind this version does not know is bad input."""
+    """Entries of a request; one of a kind this version does not know is bad input.
+    The count is checked before any entry is built: an oversized batch costs nothing."""
+    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
     try:
         return codec.entries_from_pb(entries)
     except codec.MalformedEntry as error:
@@ -157,11 +173,14 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         committer: GroupCommitter,
         watch: SegmentWatch,
         config: ServiceConfig,
+        members: transport.Transport = transport.PLAINTEXT,
     ) -> None:
         self.core = core
         self.committer = committer
         self.watch = watch
         self.config = config
+        # How this store reaches its peers (copies): its node certificate under TLS.
+        self.members = members
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
 
     def close(self) -> None:
@@ -179,15 +198,18 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         """One reply's worth of wire entries (off the event loop: it reads RocksDB).
         `verify=False` where the receiver checks every crc itself (followers do; RocksDB's
         block checksums still guard the disk)."""
-        if acked_only:
-            meta = self.core.meta(segment)
-            upper = min(upper, meta.acked_index) if meta is not None else upper
-            # Every acked index is held (acked <= matched): a run, read by value alone.
-            values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
-            return codec.entries_from_values(range(first, first + len(values)), values, verify)
-        rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
-        indexes = [entry_index(key) for key, _ in rows]
-        return codec.entries_from_values(indexes, [value for _, value in rows], verify)
+        with self.core.reading(segment):
+            if acked_only:
+                meta = self.core.meta(segment)
+                upper = min(upper, meta.acked_index) if meta is not None else upper
+                # Every acked index is held (acked <= matched): a run, read by value alone.
+                values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+                return codec.entries_from_values(
+                    range(first, first + len(values)), values, verify
+                )
+            rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+            indexes = [entry_index(key) for key, _ in rows]
+            return codec.entries_from_values(indexes, [value for _, value in rows], verify)
 
     async def in_thread(self, function: Callable[[], T]) -> T:
         """Run a read of the KV off the event loop."""
@@ -207,15 +229,41 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
         answers: asyncio.Queue[
-            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteCommand] | None
+            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteResult] | None
         ] = asyncio.Queue()
 
+        idle_s = self.config.write_stream_idle_ms / 1000
+        unanswered = 0  # requests read whose reply is not written yet
+        last_activity = time.monotonic()
+
         async def read_requests() -> None:
+            nonlocal unanswered, last_activity
+            requests = aiter(request_iterator)
+            # One read outstanding at a time, never cancelled midway to look at the
+            # clock: a stream is idle when nothing is unanswered and nothing arrived
+            # (nor was answered) for `idle_s`.
+            next_request = asyncio.ensure_future(anext(requests))
             try:
-                async for request in request_iterator:
+                while True:
+                    quiet_s = time.monotonic() - last_activity
+                    wait_s = idle_s if unanswered else max(0.0, idle_s - quiet_s)
+                    done, _ = await asyncio.wait({next_request}, timeout=wait_s)
+                    if not done:
+                        if not unanswered and time.monotonic() - last_activity >= idle_s:
+                            metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                            return
+                        continue
+                    try:
+                        request = next_request.result()
+                    except StopAsyncIteration:
+                        return
+                    last_activity = time.monotonic()
                     await inflight.acquire()
+                    unanswered += 1
                     answers.put_nowait((_Ticket.of(request), self._admit(request)))
+                    next_request = asyncio.ensure_future(anext(requests))
             finally:
+                next_request.cancel()
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
@@ -224,12 +272,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if isinstance(admitted, WriteCommand):  # refused: the store is busy
-                    busy = self.core.refused_busy(admitted)
-                    if isinstance(busy, BelowFence):
-                        await _abort(context, busy, ticket.segment)
-                    assert isinstance(busy, WriteResult)
-                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, busy)
+                if isinstance(admitted, WriteResult):  # refused: the store is busy
+                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, admitted)
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
@@ -237,6 +281,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     assert isinstance(outcome, WriteResult)
                     reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
+                unanswered -= 1
+                last_activity = time.monotonic()
                 inflight.release()
             await reader
         finally:
@@ -246,9 +292,10 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
     def _admit(
         self, request: segment_store_pb2.WriteRequest
-    ) -> asyncio.Future[Outcome] | Exception | WriteCommand:
-        """The write's future, the error refusing it, or the command itself when the
-        store is too busy to take it."""
+    ) -> asyncio.Future[Outcome] | Exception | WriteResult:
+        """The write's future, the error refusing it, or, when the store is too busy to
+        take it, what the segment holds (the batch itself is dropped at once: memory is
+        the committer's queue, not every refused batch waiting for its reply)."""
         try:
             command = WriteCommand(
                 segment_key(request.segment),
@@ -263,7 +310,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
-            return command
+            return self.core.refused_busy(command)  # below the fence: that error
         return future
 
     # ---- Seal, Delete, state ----
@@ -306,11 +353,12 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.DeleteRequest, segment_store_pb2.DeleteReply
         ],
     ) -> segment_store_pb2.DeleteReply:
+        await identity.require_member(context, "SegmentStore/Delete")
         try:
             segment = segment_key(request.segment)
-        except BadRequest as error:
-            await _abort(context, error)
-        existed = await self.delete(segment)
+            existed = await self.delete(segment)
+        except StoreError as error:  # malformed, or the store cannot write now
+            await _abort(context, error, request.segment)
         if existed:
             log.info("segment deleted", extra=segment_fields(request.segment.stream, segment.epoch))
         return segment_store_pb2.DeleteReply(existed=existed)
@@ -446,10 +494,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> tuple[int, list[bytes]]:
         """Stored values of consecutive indexes from `first` (cut before a gap), each
         verified; raises CorruptEntry."""
-        values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
-        bad = first_corrupt_value(first, values)
-        if bad is not None:
-            raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
+        with self.core.reading(segment):
+            values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
+            bad = first_corrupt_value(first, values)
+            if bad is not None:
+                raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
         return first, values
 
     async def Digest(
@@ -485,11 +534,13 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.CopySegmentRequest, segment_store_pb2.CopySegmentReply
         ],
     ) -> segment_store_pb2.CopySegmentReply:
+        await identity.require_member(context, "SegmentStore/CopySegment")
         try:
             copy = SegmentCopy(
                 self.core,
                 self.committer,
                 self.in_thread,
+                self.members,
                 segment_key(request.segment),
                 request.source_address,
                 request.final_index,
@@ -607,6 +658,7 @@ class _Tail:
     ) -> None:
         self.service = service
         self.segment = segment
+        self.start = start
         settings = tail.TailSettings.asked(
             start.max_batch_entries,
             start.keepalive_interval_ms,
@@ -640,6 +692,8 @@ class _Tail:
             if isinstance(error, _Refused):
                 return error
             if isinstance(error, CorruptEntry):
+                log.error("DATA_LOSS serving a subscriber: %s", error,
+                          extra=segment_fields(self.start.segment.stream, self.segment.epoch))
                 return _Refused(grpc.StatusCode.DATA_LOSS, str(error))
             if error is not None and task is tasks[0]:
                 log.error("tail of %s failed", self.segment, exc_info=error)

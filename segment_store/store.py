@@ -24,6 +24,14 @@ Rules (docs/design.md, "The segment store"):
   it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
 recovers every segment's fence, matched and acked index exactly.
+
+Damage. A read that finds a stored copy damaged (its crc, or the engine's own block
+checksum: `KVCorruption`) raises, and the segment is remembered as damaged until a
+verified copy overwrites it or it is deleted. The store reports a damaged segment to
+the master with acked index 0 (`reported_metas`): it cannot serve what it acked, so the
+master counts the replica as missing the bridge and repairs it from a good one, and
+readers go to another replica meanwhile. Damage is remembered in memory only: after a
+restart the next read finds it again.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from streamengine.protocol.entry import (
@@ -201,6 +210,8 @@ class Plan:
     outcomes: tuple[Outcome, ...]
     entries_written: int
     payload_bytes: int
+    # Segments a verified copy confirmed or a delete removed: no longer damaged.
+    mended: frozenset[SegmentKey] = frozenset()
 
 
 # What a plan knows of a held copy: (epoch, kind, payload bytes). Plain tuples: the
@@ -292,6 +303,7 @@ class SegmentStoreCore:
         self.kv = kv
         self.entry_bytes_max = entry_bytes_max
         self._metas = self._load_metas()
+        self._damaged: set[SegmentKey] = set()
 
     def _load_metas(self) -> dict[SegmentKey, SegmentMeta]:
         metas: dict[SegmentKey, SegmentMeta] = {}
@@ -315,6 +327,7 @@ class SegmentStoreCore:
         outcomes: list[Outcome] = []
         entries_written = 0
         payload_bytes = 0
+        mended: set[SegmentKey] = set()
         for command in commands:
             # Each command checks everything before it touches the overlay, so a refused
             # command leaves the plan as it was.
@@ -333,12 +346,22 @@ class SegmentStoreCore:
                 outcome = error
             except CorruptEntry as error:
                 outcome = StoredCopyCorrupt(str(error))
+                self.mark_damaged(command.segment)
+            if isinstance(command, ConfirmCopyCommand | DeleteCommand) and not isinstance(
+                outcome, StoreError
+            ):
+                mended.add(command.segment)
             outcomes.append(outcome)
         for segment, meta in sorted(work.metas.items()):
             key = meta_key(segment.stream_id, segment.epoch)
             work.ops.append(Delete(key) if meta is None else Put(key, meta.encode()))
         return Plan(
-            tuple(work.ops), dict(work.metas), tuple(outcomes), entries_written, payload_bytes
+            tuple(work.ops),
+            dict(work.metas),
+            tuple(outcomes),
+            entries_written,
+            payload_bytes,
+            frozenset(mended),
         )
 
     def write_plan(self, plan: Plan, sync: bool) -> None:
@@ -352,6 +375,7 @@ class SegmentStoreCore:
                 self._metas.pop(segment, None)
             else:
                 self._metas[segment] = meta
+        self._damaged -= plan.mended
 
     def apply(self, plan: Plan, sync: bool = True) -> None:
         self.write_plan(plan, sync)
@@ -541,6 +565,32 @@ class SegmentStoreCore:
     def metas(self) -> dict[SegmentKey, SegmentMeta]:
         return dict(self._metas)
 
+    # ---- damage ----
+
+    def mark_damaged(self, segment: SegmentKey) -> None:
+        """A read found a stored copy of `segment` damaged (any thread may call this)."""
+        self._damaged.add(segment)
+
+    def damaged(self) -> set[SegmentKey]:
+        return set(self._damaged)
+
+    def reported_metas(self) -> dict[SegmentKey, SegmentMeta]:
+        """What the store tells the master it holds: a damaged segment with acked
+        index 0, since it cannot serve what it acked (see "Damage" above)."""
+        metas = self.metas()
+        for segment in self._damaged & metas.keys():
+            metas[segment] = dataclasses.replace(metas[segment], acked_index=0)
+        return metas
+
+    @contextmanager
+    def reading(self, segment: SegmentKey) -> Iterator[None]:
+        """Around a read of `segment`: a damaged copy found marks it damaged."""
+        try:
+            yield
+        except CorruptEntry:
+            self.mark_damaged(segment)
+            raise
+
     def read(
         self,
         segment: SegmentKey,
@@ -555,7 +605,8 @@ class SegmentStoreCore:
         (0: no bound); with `acked_only`, none above the acked index.
         Raises SegmentNotFound, and CorruptEntry if a stored copy fails its crc."""
         rows = self.read_rows(segment, from_index, to_index, acked_only, limit, max_bytes)
-        return [decode_value(entry_index(key), value) for key, value in rows]
+        with self.reading(segment):
+            return [decode_value(entry_index(key), value) for key, value in rows]
 
     def read_rows(
         self,
@@ -575,12 +626,13 @@ class SegmentStoreCore:
         first = max(from_index, 1)
         if upper < first:
             return []
-        return self.kv.scan(
-            entry_key(segment.stream_id, segment.epoch, first),
-            entry_key(segment.stream_id, segment.epoch, upper + 1),
-            limit,
-            max_bytes,
-        )
+        with self.reading(segment):
+            return self.kv.scan(
+                entry_key(segment.stream_id, segment.epoch, first),
+                entry_key(segment.stream_id, segment.epoch, upper + 1),
+                limit,
+                max_bytes,
+            )
 
     def read_run(
         self, segment: SegmentKey, first: int, upper: int, limit: int, max_bytes: int
@@ -594,19 +646,21 @@ class SegmentStoreCore:
             return []
         start = entry_key(segment.stream_id, segment.epoch, first)
         end = entry_key(segment.stream_id, segment.epoch, last + 1)
-        if last <= meta.matched_index:
-            # Every index up to the matched one is held, so the values alone say
-            # which index each is. A run shorter than asked without reaching the byte
-            # cap means the segment changed under the scan: then read it with keys.
-            values = self.kv.scan_values(start, end, limit, max_bytes)
-            if len(values) == last - first + 1 or sum(map(len, values)) >= max_bytes > 0:
-                return values
-        values = []
-        for key, value in self.kv.scan(start, end, limit, max_bytes):
-            if entry_index(key) != first + len(values):
-                break
-            values.append(value)
-        return values
+        with self.reading(segment):
+            if last <= meta.matched_index:
+                # Every index up to the matched one is held, so the values alone say
+                # which index each is. A run shorter than asked without reaching the
+                # byte cap means the segment changed under the scan: then read it with
+                # keys.
+                values = self.kv.scan_values(start, end, limit, max_bytes)
+                if len(values) == last - first + 1 or sum(map(len, values)) >= max_bytes > 0:
+                    return values
+            values = []
+            for key, value in self.kv.scan(start, end, limit, max_bytes):
+                if entry_index(key) != first + len(values):
+                    break
+                values.append(value)
+            return values
 
     def digest(self, segment: SegmentKey, up_to: int = 0) -> DigestInfo:
         """SHA-256 over (index, kind, payload) of indexes 1..up_to (0: the acked index);

@@ -2,9 +2,10 @@
 
 Exit codes: 0 ok, 1 failure, 2 usage. Expected failures print one line, never a
 traceback. Client commands find the masters from `--master HOST:PORT[,HOST:PORT...]`,
-else $STREAMENGINE_MASTER, else 127.0.0.1:7070, and follow the active one. Servers
-(`master`, `store`) also read a TOML file (`--config`) and STREAMENGINE_<FLAG>
-variables; flags win over variables, which win over the file.
+else $STREAMENGINE_MASTER, else 127.0.0.1:7070, and follow the active one; TLS from
+`--certs-dir` / $STREAMENGINE_CERTS_DIR, a tenant token from `--token` /
+$STREAMENGINE_TOKEN. Servers (`master`, `store`) also read a TOML file (`--config`) and
+STREAMENGINE_<FLAG> variables; flags win over variables, which win over the file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# grpc-core reads this once, at import: without it every refused TLS handshake adds an
+# INFO line of its own to a command's one-line error (GRPC_VERBOSITY given wins).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from streamengine.client.errors import StreamEngineError
 from streamengine.tools.lifetime import die_with_parent_if_asked
@@ -48,6 +53,18 @@ def _add_master_option(parser: argparse.ArgumentParser) -> None:
         help="the masters; calls follow the active one (default: $STREAMENGINE_MASTER or "
         "%(default)s)",
     )
+    parser.add_argument(
+        "--certs-dir",
+        type=Path,
+        default=os.environ.get(f"{ENV_PREFIX}CERTS_DIR") or None,
+        help="TLS: the certs dir with the cluster's ca.crt (and client.root.crt, used when "
+        "no token is given) (default: $STREAMENGINE_CERTS_DIR; none: plaintext)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(f"{ENV_PREFIX}TOKEN", ""),
+        help="a tenant token, sent over TLS (default: $STREAMENGINE_TOKEN)",
+    )
 
 
 def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentParser]:
@@ -69,6 +86,36 @@ def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentPar
     return servers
 
 
+def _add_cert_commands(commands: Subparsers) -> None:
+    cert = commands.add_parser("cert", help="the cluster's CA and the certificates it signs")
+    actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
+    ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
+    node = actions.add_parser("create-node", help="node.crt + node.key for a master or store")
+    node.add_argument("hosts", nargs="+", metavar="HOST", help="DNS names and IPs it serves on")
+    role = node.add_mutually_exclusive_group(required=True)
+    role.add_argument("--master", action="store_true", help="the master's certificate")
+    role.add_argument("--store-id", default="", help="a store's certificate, for this store id")
+    client = actions.add_parser("create-client", help="client.NAME.crt + client.NAME.key")
+    client.add_argument("name", help="client name (root is always a cluster admin)")
+    client.add_argument("--admin", action="store_true", help="a cluster admin's certificate")
+    for parser in (ca, node, client):
+        parser.add_argument(
+            "--certs-dir", type=Path, required=True, help="ca.crt, node.*, client.* live here"
+        )
+        parser.add_argument(
+            "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
+        )
+    for parser in (node, client):
+        parser.add_argument(
+            "--lifetime-days",
+            type=int,
+            default=5 * 365,
+            help="days the certificate is valid (default %(default)s; never past the CA's)",
+        )
+    cert.set_defaults(run=_lazy("streamengine.tools.certs", "run"))
+
+
 def _add_cluster_commands(commands: Subparsers) -> None:
     cluster = commands.add_parser("cluster", help="a whole local cluster")
     actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -81,6 +128,11 @@ def _add_cluster_commands(commands: Subparsers) -> None:
     )
     up.add_argument("--port", type=int, default=7070, help="master port; stores take the next ones")
     up.add_argument("--fsync", choices=["always", "never"], default="always")
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext, no certificates (default: TLS, certificates under DATA/certs)",
+    )
     up.set_defaults(run=_run_cluster_up)
 
 
@@ -89,7 +141,7 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
 
     if args.stores < 1:
         raise SystemExit("streamengine: error: --stores must be at least 1")
-    return run_cluster_up(args.data, args.stores, args.port, args.fsync)
+    return run_cluster_up(args.data, args.stores, args.port, args.fsync, args.insecure)
 
 
 def _add_stream_commands(commands: Subparsers) -> None:
@@ -235,6 +287,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     servers = _add_server_commands(commands)
+    _add_cert_commands(commands)
     _add_cluster_commands(commands)
     _add_stream_commands(commands)
     _add_data_commands(commands)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,18 +32,10 @@ from streamengine.client.core.recovery import (
 from streamengine.protocol.codec import entries_from_pb
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.tools.ops import RPC_TIMEOUT_S, master_stub
+from streamengine.protocol.transport import PLAINTEXT, Transport
+from streamengine.tools.ops import RPC_TIMEOUT_S, client_transport, master_stub
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
-
-OpenChannel = Callable[[str], AbstractContextManager[grpc.Channel]]
-
-
-def _insecure_channel(address: str) -> AbstractContextManager[grpc.Channel]:
-    from streamengine.protocol.channels import CLIENT_OPTIONS
-
-    return grpc.insecure_channel(address, options=CLIENT_OPTIONS)
-
 
 # ---- what the stores hold ----
 
@@ -60,13 +51,13 @@ class StoreProbe:
 
 
 def probe_store(
-    open_channel: OpenChannel, store: str, address: str, segment: entry_pb2.SegmentId
+    transport: Transport, store: str, address: str, segment: entry_pb2.SegmentId
 ) -> SealAnswer | str:
     """The store's state of `segment` as a seal would report it (before raising the
     fence), or why it could not be asked. A store that never heard of the segment
     answers as an empty one, as it would to a seal."""
     try:
-        with open_channel(address) as channel:
+        with transport.channel(address) as channel:
             reply = store_grpc.SegmentStoreStub(channel).GetSegmentState(
                 segment_store_pb2.GetSegmentStateRequest(segment=segment),
                 timeout=RPC_TIMEOUT_S,
@@ -79,14 +70,14 @@ def probe_store(
 
 
 def read_store(
-    open_channel: OpenChannel, address: str, segment: entry_pb2.SegmentId, from_index: int
+    transport: Transport, address: str, segment: entry_pb2.SegmentId, from_index: int
 ) -> list[StoredEntry]:
     """Everything the store holds of `segment` from `from_index` on, acked or not."""
     request = segment_store_pb2.ReadRequest(
         segment=segment, from_index=from_index, to_index=0, acked_only=False
     )
     entries: list[StoredEntry] = []
-    with open_channel(address) as channel:
+    with transport.channel(address) as channel:
         for reply in store_grpc.SegmentStoreStub(channel).Read(request, timeout=RPC_TIMEOUT_S):
             entries.extend(entries_from_pb(reply.entries))
     return entries
@@ -193,7 +184,7 @@ PROBE_ATTEMPTS = 3
 
 
 def explain_segment(
-    open_channel: OpenChannel,
+    transport: Transport,
     stream_id: int,
     name: str,
     segment: entry_pb2.Segment,
@@ -201,7 +192,7 @@ def explain_segment(
     next_epoch: int,
 ) -> SegmentExplanation:
     for _ in range(PROBE_ATTEMPTS):
-        explanation = _probe_segment(open_channel, stream_id, name, segment, policy, next_epoch)
+        explanation = _probe_segment(transport, stream_id, name, segment, policy, next_epoch)
         if not explanation.problem.startswith(CANNOT_PLAN):
             break
     return explanation
@@ -211,7 +202,7 @@ CANNOT_PLAN = "the answers cannot be planned from"
 
 
 def _probe_segment(
-    open_channel: OpenChannel,
+    transport: Transport,
     stream_id: int,
     name: str,
     segment: entry_pb2.Segment,
@@ -230,7 +221,7 @@ def _probe_segment(
     )
     segment_id = entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch, stream=name)
     states: dict[str, SealAnswer | str] = {
-        r.store_id: probe_store(open_channel, r.store_id, r.address, segment_id)
+        r.store_id: probe_store(transport, r.store_id, r.address, segment_id)
         for r in segment.copy_set
     }
     answered = [s for s in states.values() if isinstance(s, SealAnswer)]
@@ -241,7 +232,7 @@ def _probe_segment(
             explanation.probes.append(StoreProbe(replica.store_id, replica.address, None, state))
             continue
         try:
-            entries = read_store(open_channel, replica.address, segment_id, from_index)
+            entries = read_store(transport, replica.address, segment_id, from_index)
         except grpc.RpcError as error:
             problem = f"read failed: {error.code().name}: {error.details()}"
             explanation.probes.append(StoreProbe(replica.store_id, replica.address, None, problem))
@@ -277,9 +268,11 @@ class StreamExplanation:
 
 
 def explain_stream(
-    master_address: str, name: str, open_channel: OpenChannel = _insecure_channel
+    master_address: str,
+    name: str,
+    transport: Transport = PLAINTEXT,
 ) -> StreamExplanation:
-    with master_stub(master_address) as master:
+    with master_stub(master_address, transport) as master:
         info = master.DescribeStream(
             master_pb2.DescribeStreamRequest(name=name), timeout=RPC_TIMEOUT_S
         )
@@ -293,7 +286,7 @@ def explain_stream(
         epoch=info.epoch,
         leader_id=info.leader_id,
         segments=[
-            explain_segment(open_channel, listing.stream_id, name, s, policy, info.epoch + 1)
+            explain_segment(transport, listing.stream_id, name, s, policy, info.epoch + 1)
             for s in unsealed
         ],
     )
@@ -405,7 +398,7 @@ def explanation_lines(explanation: StreamExplanation) -> Iterator[str]:
 
 def cmd_stream_explain(args: argparse.Namespace) -> int:
     """Explain what a recovery of each unsealed segment would do now (writes nothing)."""
-    explanation = explain_stream(args.master, args.name)
+    explanation = explain_stream(args.master, args.name, client_transport(args))
     if args.json:
         print(json.dumps(explanation_dict(explanation), indent=2))
     else:

@@ -19,10 +19,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from streamengine.protocol.transport import (
+    CERTS_DIR_ENV,
+    PLAINTEXT,
+    TOKEN_ENV,
+    Transport,
+)
+from streamengine.tools.certs import LocalCerts, create_local_certs
 
 T = TypeVar("T")
 
@@ -81,8 +89,8 @@ async def wait_until(
         await asyncio.sleep(interval_s)
 
 
-def is_serving(address: str, timeout_s: float = 0.5) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def is_serving(address: str, timeout_s: float = 0.5, transport: Transport = PLAINTEXT) -> bool:
+    with transport.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
@@ -142,6 +150,8 @@ class ServerProcess(ChildProcess):
     env: dict[str, str] = field(default_factory=dict)
     # Run under this command, e.g. `ip netns exec NS` to put the server on another host.
     prefix: list[str] = field(default_factory=list)
+    # How health checks reach it: plaintext, or TLS trusting the cluster's CA.
+    transport: Transport = PLAINTEXT
 
     def start(self, wait: bool = True) -> ServerProcess:
         assert self.process is None or self.process.poll() is not None, "already running"
@@ -150,7 +160,7 @@ class ServerProcess(ChildProcess):
             [*self.prefix, STREAMENGINE, *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
+            env={**server_env(), **self.env},
         )
         log.close()
         self.stopped = False
@@ -164,7 +174,7 @@ class ServerProcess(ChildProcess):
                 raise RuntimeError(
                     f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
                 )
-            return is_serving(self.address)
+            return is_serving(self.address, transport=self.transport)
 
         wait_for(serving, timeout_s, 0.05, f"{self.name} serving at {self.address}")
 
@@ -187,20 +197,37 @@ class ServerProcess(ChildProcess):
             return ""
 
 
+def server_env() -> dict[str, str]:
+    """This environment without the client's TLS variables: a server's `--certs-dir`
+    is given or not by its flags alone (servers read STREAMENGINE_<FLAG> too)."""
+    return {k: v for k, v in os.environ.items() if k not in (CERTS_DIR_ENV, TOKEN_ENV)}
+
+
 @dataclass
 class Cluster:
     """A master (and with etcd, standby masters) and N stores, each with its own data dir
-    under `root`."""
+    under `root`; with `certs`, every process serves TLS with its own node certificate."""
 
     root: Path
     master: ServerProcess
     stores: list[ServerProcess]
+    certs: LocalCerts | None = None
     # Masters beside `master` on the same etcd (`running_ha_cluster`).
     standbys: list[ServerProcess] = field(default_factory=list)
 
     @property
     def masters(self) -> list[ServerProcess]:
         return [self.master, *self.standbys]
+
+    @property
+    def admin_certs_dir(self) -> Path | None:
+        """The certs dir a cluster admin's client uses (client.root), None if plaintext."""
+        return None if self.certs is None else self.certs.client_dir
+
+    @property
+    def client_transport(self) -> Transport:
+        """A cluster admin's transport (plaintext without certs)."""
+        return Transport.for_client(self.admin_certs_dir)
 
     @property
     def master_address(self) -> str:
@@ -210,7 +237,11 @@ class Cluster:
     def active_master(self) -> ServerProcess | None:
         """The master that says it is the active one now, if any."""
         for master in self.masters:
-            if master.alive() and not master.stopped and is_active_master(master.address):
+            if (
+                master.alive()
+                and not master.stopped
+                and is_active_master(master.address, transport=master.transport)
+            ):
                 return master
         return None
 
@@ -224,7 +255,9 @@ class Cluster:
         raise KeyError(address)
 
     def add_store(self, zone: str = "", extra_args: list[str] | None = None) -> ServerProcess:
-        store = make_store(self.root, len(self.stores), self.master_address, zone, extra_args)
+        store = make_store(
+            self.root, len(self.stores), self.master_address, zone, extra_args, self.certs
+        )
         self.stores.append(store)
         return store.start()
 
@@ -234,20 +267,34 @@ class Cluster:
                 process.kill()
 
 
+def _tls_args(certs: LocalCerts | None, name: str, **role: Any) -> tuple[list[str], Transport]:
+    """`--certs-dir` of a new node dir for `name`, and how health checks reach it."""
+    if certs is None:
+        return [], PLAINTEXT
+    directory = certs.add_node(name, **role)
+    return ["--certs-dir", str(directory)], Transport.for_client(certs.tenant_dir)
+
+
 def make_master(
-    root: Path, extra_args: list[str] | None = None, name: str = "master"
+    root: Path,
+    extra_args: list[str] | None = None,
+    certs: LocalCerts | None = None,
+    name: str = "master",
 ) -> ServerProcess:
     port = free_port()
     data = root / name
     data.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{port}"
-    args = ["master", "--listen", address, "--data", str(data), *(extra_args or [])]
-    return ServerProcess(name, args, address, root / f"{name}.log")
+    tls, transport = _tls_args(certs, name, master=True)
+    args = ["master", "--listen", address, "--data", str(data), *tls, *(extra_args or [])]
+    return ServerProcess(name, args, address, root / f"{name}.log", transport=transport)
 
 
-def is_active_master(address: str, timeout_s: float = 0.5) -> bool:
+def is_active_master(
+    address: str, timeout_s: float = 0.5, transport: Transport = PLAINTEXT
+) -> bool:
     """Whether the master at `address` is the active one (its Master service health)."""
-    with grpc.insecure_channel(address) as channel:
+    with transport.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(
@@ -264,7 +311,11 @@ def make_store(
     master_address: str,
     zone: str = "",
     extra_args: list[str] | None = None,
+    certs: LocalCerts | None = None,
+    cert_store_id: str = "",
 ) -> ServerProcess:
+    """A store `store{number}`; with `certs`, its certificate names `cert_store_id`
+    (default: its own id; another id makes an impersonator)."""
     port = free_port()
     data = root / f"store{number}"
     data.mkdir(parents=True, exist_ok=True)
@@ -280,9 +331,12 @@ def make_store(
         "--id",
         f"store{number}",
         *(["--zone", zone] if zone else []),
-        *(extra_args or []),
     ]
-    return ServerProcess(f"store{number}", args, address, root / f"store{number}.log")
+    tls, transport = _tls_args(certs, f"store{number}", store_id=cert_store_id or f"store{number}")
+    args += [*tls, *(extra_args or [])]
+    return ServerProcess(
+        f"store{number}", args, address, root / f"store{number}.log", transport=transport
+    )
 
 
 @contextlib.contextmanager
@@ -293,17 +347,20 @@ def running_cluster(
     store_args: list[str] | None = None,
     zones: list[str] | None = None,
     store_args_for: Callable[[int], list[str]] | None = None,
+    tls: bool = False,
 ) -> Iterator[Cluster]:
     """Start a master and `stores` stores; kill everything on exit. `store_args_for`
-    adds flags per store number (e.g. a metrics port each)."""
-    master = make_master(root, master_args)
-    cluster = Cluster(root, master, [])
+    adds flags per store number (e.g. a metrics port each). `tls`: certificates under
+    `root/certs` (`LocalCerts`), every process serving and calling with its own."""
+    certs = create_local_certs(root / "certs") if tls else None
+    master = make_master(root, master_args, certs)
+    cluster = Cluster(root, master, [], certs)
     try:
         master.start()
         for number in range(stores):
             zone = zones[number] if zones else ""
             extra = [*(store_args or []), *(store_args_for(number) if store_args_for else [])]
-            cluster.stores.append(make_store(root, number, master.address, zone, extra))
+            cluster.stores.append(make_store(root, number, master.address, zone, extra, certs))
         for store in cluster.stores:
             store.start(wait=False)
         for store in cluster.stores:
@@ -471,8 +528,8 @@ def running_ha_cluster(
     """`masters` masters on `etcd` (keys under `prefix`), the first one started becoming
     the active one, and `stores` stores given every master; kill everything on exit."""
     metadata = ["--metadata", etcd.url(prefix), *(master_args or [])]
-    processes = [make_master(root, metadata, f"master{n}") for n in range(masters)]
-    cluster = Cluster(root, processes[0], [], processes[1:])
+    processes = [make_master(root, metadata, name=f"master{n}") for n in range(masters)]
+    cluster = Cluster(root, processes[0], [], standbys=processes[1:])
     try:
         processes[0].start()
         wait_for(lambda: is_active_master(processes[0].address), 20.0, 0.02, "master0 active")

@@ -1,6 +1,9 @@
 """`streamengine cluster up`: a master and N stores as child processes on 127.0.0.1.
 
-Each server has its own RocksDB dir under the data dir. A child that exits on its own
+Each server has its own RocksDB dir under the data dir. With TLS (the default) the
+certificates live under `DATA/certs` (`tools.certs.LocalCerts`: the CA, a node dir per
+process, and `DATA/certs/client` with `client.root` for the CLI), made on the first
+start and kept after. A child that exits on its own
 is reported and stops the whole cluster (nothing is restarted silently); Ctrl-C and
 SIGTERM stop every child cleanly. Children also get SIGKILL from the kernel if this
 process dies without cleaning up (PR_SET_PDEATHSIG), so no orphan survives.
@@ -16,10 +19,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from streamengine.protocol.transport import (
+    CERTS_DIR_ENV,
+    PLAINTEXT,
+    TOKEN_ENV,
+    Transport,
+)
+from streamengine.tools.certs import create_local_certs
 from streamengine.tools.lifetime import PARENT_PID_ENV
 
 STOP_GRACE_S = 10.0
@@ -35,12 +46,15 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # Without the client's TLS variables: servers read STREAMENGINE_<FLAG> too, and a
+        # server's certs dir is its own flag's.
+        env = {k: v for k, v in os.environ.items() if k not in (CERTS_DIR_ENV, TOKEN_ENV)}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streamengine.tools.cli", *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
+                env={**env, PARENT_PID_ENV: str(os.getpid())},
             )
 
     def exited(self) -> int | None:
@@ -48,8 +62,8 @@ class Child:
         return self.process.poll()
 
 
-def serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def serving(address: str, transport: Transport = PLAINTEXT) -> bool:
+    with transport.channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=0.5
@@ -59,18 +73,35 @@ def serving(address: str) -> bool:
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+CERTS_SUBDIR = "certs"
+
+
 class LocalCluster:
-    def __init__(self, data_dir: Path, stores: int, port: int, fsync: str = "always") -> None:
+    def __init__(
+        self, data_dir: Path, stores: int, port: int, fsync: str = "always", tls: bool = True
+    ) -> None:
         self.data_dir = data_dir
         self.master_address = f"127.0.0.1:{port}"
         self.children: list[Child] = []
         data_dir.mkdir(parents=True, exist_ok=True)
+        self.certs = create_local_certs(data_dir / CERTS_SUBDIR) if tls else None
+        # Health checks need no certificate of their own: the CA is enough.
+        self.health_transport = (
+            PLAINTEXT if self.certs is None else Transport.for_client(self.certs.tenant_dir)
+        )
         master_dir = data_dir / "master"
         self.children.append(
             Child(
                 "master",
                 self.master_address,
-                ["master", "--listen", self.master_address, "--data", str(master_dir)],
+                [
+                    "master",
+                    "--listen",
+                    self.master_address,
+                    "--data",
+                    str(master_dir),
+                    *self._tls_args("master", master=True),
+                ],
                 data_dir / "master.log",
             )
         )
@@ -95,17 +126,28 @@ class LocalCluster:
                         f"zone{number % 3}",
                         "--fsync",
                         fsync,
+                        *self._tls_args(store_id, store_id=store_id),
                     ],
                     data_dir / f"{store_id}.log",
                 )
             )
+
+    @property
+    def admin_certs_dir(self) -> Path | None:
+        """What the CLI exports as $STREAMENGINE_CERTS_DIR (None: plaintext)."""
+        return None if self.certs is None else self.certs.client_dir
+
+    def _tls_args(self, name: str, **role: Any) -> list[str]:
+        if self.certs is None:
+            return []
+        return ["--certs-dir", str(self.certs.add_node(name, **role))]
 
     def start(self) -> None:
         for child in self.children:
             child.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
         for child in self.children:
-            while not serving(child.address):
+            while not serving(child.address, self.health_transport):
                 code = child.exited()
                 if code is not None:
                     raise RuntimeError(f"{child.name} exited with {code}; see {child.log_path}")
@@ -135,7 +177,7 @@ class LocalCluster:
     def wait_serving(self, name: str) -> None:
         child = self.child(name)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not serving(child.address):
+        while not serving(child.address, self.health_transport):
             code = child.exited()
             if code is not None:
                 raise RuntimeError(f"{child.name} exited with {code}; see {child.log_path}")
@@ -169,8 +211,10 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def run_cluster_up(data_dir: Path, stores: int, port: int, fsync: str) -> int:
-    cluster = LocalCluster(data_dir, stores, port, fsync)
+def run_cluster_up(
+    data_dir: Path, stores: int, port: int, fsync: str, insecure: bool = False
+) -> int:
+    cluster = LocalCluster(data_dir, stores, port, fsync, tls=not insecure)
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
@@ -182,6 +226,9 @@ def run_cluster_up(data_dir: Path, stores: int, port: int, fsync: str) -> int:
         for child in cluster.children[1:]:
             print(f"{child.name:7} {child.address}  data {data_dir / child.name}", flush=True)
         print("cluster up; Ctrl-C or SIGTERM stops it", flush=True)
+        if cluster.admin_certs_dir is not None:
+            print("to use it from another shell (TLS, as cluster admin client.root):")
+            print(f"export {CERTS_DIR_ENV}={cluster.admin_certs_dir.resolve()}", flush=True)
         while True:
             dead = cluster.first_exited()
             if dead is not None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -23,32 +23,54 @@ from streamengine.client.errors import (
     Unavailable,
     from_rpc_error,
 )
-from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.masters import BadMasterList
 from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
+from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+if TYPE_CHECKING:
+    from streamengine.client.stream_client import StreamClient
 
 RPC_TIMEOUT_S = 10.0
 PROGRESS_POLL_S = 0.25
 REPAIR_WAIT_S = 600.0
 
 
+def client_transport(args: argparse.Namespace) -> Transport:
+    """The command's TLS credentials and token (`--certs-dir`, `--token`)."""
+    try:
+        return Transport.for_client(getattr(args, "certs_dir", None), getattr(args, "token", ""))
+    except TransportError as error:
+        raise StreamEngineError(str(error)) from None
+
+
+def stream_client(args: argparse.Namespace) -> StreamClient:
+    from streamengine.client.stream_client import StreamClient
+
+    return StreamClient(args.master, certs_dir=args.certs_dir, token=args.token or None)
+
+
 @contextmanager
-def master_stub(address: str) -> Iterator[master_pb2_grpc.MasterStub]:
+def master_stub(
+    address: str, transport: Transport = PLAINTEXT
+) -> Iterator[master_pb2_grpc.MasterStub]:
     """The masters at `address` (one, or several separated by commas: calls follow the
     active one)."""
     try:
-        masters = sync_masters(address)
+        masters = sync_masters(address, transport)
         with masters as following:
             yield following.stub
     except BadMasterList as error:
         raise InvalidArgument(f"--master: {error}") from error
     except grpc.RpcError as error:
         if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            problem = tls_problem(error.details() or "", transport.tls)
             raise Unavailable(
-                f"no active master answering at {address} (is the cluster up?)"
+                f"master at {address}: {problem}"
+                if problem
+                else f"no active master answering at {address} (is the cluster up?)"
             ) from error
         raise from_rpc_error(error) from error
 
@@ -67,7 +89,7 @@ def print_table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def cmd_stream_create(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         info = master.CreateStream(
             master_pb2.CreateStreamRequest(
                 name=args.name,
@@ -86,7 +108,7 @@ def cmd_stream_create(args: argparse.Namespace) -> int:
 
 
 def cmd_stream_list(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         reply = master.ListStreams(
             master_pb2.ListStreamsRequest(tenant=args.tenant), timeout=RPC_TIMEOUT_S
         )
@@ -108,7 +130,7 @@ def cmd_stream_list(args: argparse.Namespace) -> int:
 
 
 def cmd_stream_describe(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         info = master.DescribeStream(
             master_pb2.DescribeStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
         )
@@ -137,7 +159,7 @@ def cmd_stream_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_stream_delete(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         reply = master.DeleteStream(
             master_pb2.DeleteStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
         )
@@ -149,7 +171,7 @@ def cmd_stream_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         status = master.GetClusterStatus(
             master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
         )
@@ -279,7 +301,7 @@ def print_plan(plan: master_pb2.RepairPlan) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         plan = master.DrainStore(
             master_pb2.DrainStoreRequest(store_id=args.store), timeout=RPC_TIMEOUT_S
         )
@@ -289,7 +311,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
-    with master_stub(args.master) as master:
+    with master_stub(args.master, client_transport(args)) as master:
         plan = master.Rebalance(
             master_pb2.RebalanceRequest(dry_run=args.dry_run), timeout=RPC_TIMEOUT_S
         )
@@ -305,10 +327,8 @@ def cmd_seal(args: argparse.Namespace) -> int:
     """Seal the open segment: the leader rolls, or this command leads for a moment."""
     import asyncio
 
-    from streamengine.client.stream_client import StreamClient
-
     async def seal() -> int:
-        async with StreamClient(args.master) as client:
+        async with stream_client(args) as client:
             await client.describe_stream(args.name)  # an unknown stream fails fast
             return await client.seal(args.name, timeout_s=args.timeout)
 
@@ -324,9 +344,9 @@ def cmd_seal(args: argparse.Namespace) -> int:
 
 
 def digest_of(
-    address: str, segment: entry_pb2.SegmentId, up_to: int
+    address: str, segment: entry_pb2.SegmentId, up_to: int, transport: Transport = PLAINTEXT
 ) -> segment_store_pb2.DigestReply:
-    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+    with transport.channel(address) as channel:
         return store_grpc.SegmentStoreStub(channel).Digest(
             segment_store_pb2.DigestRequest(segment=segment, up_to_index=up_to),
             timeout=RPC_TIMEOUT_S,
@@ -343,9 +363,11 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_stream(master_address: str, name: str) -> VerifyReport:
+def verify_stream(
+    master_address: str, name: str, transport: Transport = PLAINTEXT
+) -> VerifyReport:
     """Digest every replica of every sealed segment of `name` up to its bridge."""
-    with master_stub(master_address) as master:
+    with master_stub(master_address, transport) as master:
         listing = master.ListSegments(
             master_pb2.ListSegmentsRequest(stream=name), timeout=RPC_TIMEOUT_S
         )
@@ -360,7 +382,7 @@ def verify_stream(master_address: str, name: str) -> VerifyReport:
         digests: dict[str, bytes] = {}
         for replica in segment.copy_set:
             try:
-                reply = digest_of(replica.address, segment_id, segment.final_index)
+                reply = digest_of(replica.address, segment_id, segment.final_index, transport)
             except grpc.RpcError as error:
                 code = error.code().name
                 problems.append(f"segment {epoch}: replica {replica.store_id} missing ({code})")
@@ -379,7 +401,7 @@ def verify_stream(master_address: str, name: str) -> VerifyReport:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Digest every replica of every sealed segment; exit 1 on a mismatch or a missing one."""
-    report = verify_stream(args.master, args.name)
+    report = verify_stream(args.master, args.name, client_transport(args))
     for problem in report.problems:
         print(problem)
     verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
@@ -406,11 +428,9 @@ def cmd_append(args: argparse.Namespace) -> int:
     """Append one event per input line, `--batch` lines per append."""
     import asyncio
 
-    from streamengine.client.stream_client import StreamClient
-
     async def append() -> tuple[int, int]:
         count, last = 0, 0
-        async with StreamClient(args.master) as client, client.writer(args.name) as writer:
+        async with stream_client(args) as client, client.writer(args.name) as writer:
             batch: list[bytes] = []
             for line in _read_lines(args.file):
                 batch.append(line)
@@ -435,8 +455,6 @@ def cmd_tail(args: argparse.Namespace) -> int:
     import asyncio
     import base64
 
-    from streamengine.client.stream_client import StreamClient
-
     def render(event: Any) -> str:
         if args.format == "json":
             try:
@@ -449,7 +467,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         return f"{event.sequence}\t{event.payload.decode(errors='backslashreplace')}"
 
     async def tail() -> None:
-        async with StreamClient(args.master) as client:
+        async with stream_client(args) as client:
             if args.follow:
                 events = client.subscribe(args.name, start=args.start)
             elif args.start == "end":
@@ -487,12 +505,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "the benchmarks live in the source checkout (bench/); run from a clone"
         )
     names: list[str] = args.only or list(CLUSTER_BENCHMARKS)
-    with master_stub(args.master) as master:  # fail early, in one line, without a cluster
+    # Fail early, in one line, without a cluster.
+    with master_stub(args.master, client_transport(args)) as master:
         master.GetClusterStatus(master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
     failed = []
     for name in names:
         print(f"== bench/{name}.py against {args.master}", flush=True)
-        command = [sys.executable, "-m", f"bench.{name}", "--master", args.master, *args.extra]
+        tls = ["--certs-dir", str(args.certs_dir)] if args.certs_dir else []
+        command = [sys.executable, "-m", f"bench.{name}", "--master", args.master, *tls]
+        command += args.extra
         if subprocess.run(command, cwd=checkout).returncode != 0:
             failed.append(name)
     if failed:

@@ -54,7 +54,9 @@ def session() -> Any:
     return spark
 
 
-def analyse(spark: Any, master_address: str, stream: str, field: str) -> Report:
+def analyse(
+    spark: Any, master_address: str, stream: str, field: str, certs_dir: str = "", token: str = ""
+) -> Report:
     from pyspark.sql import functions as F
 
     from streamengine.client.spark import register
@@ -64,6 +66,8 @@ def analyse(spark: Any, master_address: str, stream: str, field: str) -> Report:
         spark.read.format("streamengine")
         .option("master", master_address)
         .option("stream", stream)
+        .option("certsDir", certs_dir)
+        .option("token", token)
         .load()
     )
     events = events.cache()
@@ -94,10 +98,18 @@ def main() -> int:
     parser.add_argument("--master-address", default=default_master)
     parser.add_argument("--stream", required=True)
     parser.add_argument("--field", default="kind", help="JSON field to aggregate by")
+    parser.add_argument(
+        "--certs-dir",
+        default=os.environ.get("STREAMENGINE_CERTS_DIR", ""),
+        help="TLS: the certs dir with ca.crt (default: $STREAMENGINE_CERTS_DIR)",
+    )
+    parser.add_argument("--token", default=os.environ.get("STREAMENGINE_TOKEN", ""))
     args = parser.parse_args()
     spark = session()
     try:
-        report = analyse(spark, args.master_address, args.stream, args.field)
+        report = analyse(
+            spark, args.master_address, args.stream, args.field, args.certs_dir, args.token
+        )
     finally:
         spark.stop()
     print(json.dumps(report.as_dict(), indent=2))

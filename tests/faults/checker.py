@@ -2,7 +2,7 @@
 
 Inputs are plain data, so a test can hand-make a history with one anomaly and see the
 witness. `check(records, final)` returns a `Verdict`; every anomaly names its check
-(C1..C12) and carries a witness a person can follow back into `history.jsonl`.
+(C1..C12, C15) and carries a witness a person can follow back into `history.jsonl`.
 
 The final state (`final.json`, built by `tests.faults.final` after every stream was
 sealed) holds, per stream: `reads`, the events of fresh readers from 0 to the end (each
@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import Counter, defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,13 +118,27 @@ class Delivery:
     t: float
 
 
-def deliveries(records: list[Record]) -> dict[tuple[str, str], list[Delivery | int]]:
-    """Per (reader, stream), in order: deliveries, and ints marking a (re)subscribe
-    from that sequence."""
-    out: dict[tuple[str, str], list[Delivery | int]] = defaultdict(list)
+@dataclass(frozen=True)
+class Resume:
+    """A reader (re)subscribed from `start`; `after_loss` names the range [epoch, first,
+    last] it was told is lost and goes past, if that is why it starts there."""
+
+    start: int
+    after_loss: tuple[int, int, int] | None = None
+    t: float = 0.0
+
+
+Reads = dict[tuple[str, str], list[Delivery | Resume]]
+
+
+def deliveries(records: list[Record]) -> Reads:
+    """Per (reader, stream), in order: deliveries, and the (re)subscriptions between."""
+    out: Reads = defaultdict(list)
     for record in records:
         if record["type"] == "subscribe":
-            out[(record["process"], record["stream"])].append(int(record["from"]))
+            loss = record.get("after_loss")
+            out[(record["process"], record["stream"])].append(
+                Resume(int(record["from"]), tuple(loss) if loss else None, record["t"]))
         elif record["type"] == "deliver":
             for sequence, _epoch, _index, pid, fp, intact in record["events"]:
                 out[(record["process"], record["stream"])].append(
@@ -140,6 +155,7 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
     for op in ops:
         by_stream[op.stream].append(op)
     reads = deliveries(records)
+    lost_declared = 0
     for name in sorted(set(streams) | set(by_stream)):
         state = streams.get(name)
         if state is None:
@@ -147,16 +163,22 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
             continue
         canonical = canonical_stream(state, verdict, name)
         stream_ops = by_stream.get(name, [])
-        check_lost_and_placed(verdict, name, stream_ops, canonical)
+        gone = destroyed_segments(records).get(name, {})
+        excused = declared_lost(state, gone)
+        check_lost_and_placed(verdict, name, stream_ops, canonical, excused)
         check_duplicates(verdict, name, canonical)
         check_phantoms(verdict, name, stream_ops, canonical, reads)
         check_divergence(verdict, name, state, reads)
         check_reader_order(verdict, name, canonical, reads)
         check_writer_order(verdict, name, stream_ops)
-        check_segments(verdict, name, state)
+        check_segments(verdict, name, state, set(gone))
         check_fences(verdict, name, state)
+        check_data_loss(verdict, name, state, gone, reads)
+        lost_declared += sum(len(op.ids) for op in stream_ops if op.status == "ok"
+                             and op.seqs and op.seqs[0] >> SEQUENCE_SHIFT in excused)
     check_epochs(verdict, records, streams)
     check_unsealed(verdict, records)
+    check_bad_input(verdict, records)
     statuses = Counter(op.status for op in ops)
     verdict.counts = {
         "appends_ok": statuses["ok"],
@@ -164,6 +186,8 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
         "appends_info": statuses["info"],
         "events_ok": sum(len(op.ids) for op in ops if op.status == "ok"),
         "events_final": sum(len(canonical_events(s)) for s in streams.values()),
+        # Acked, then destroyed with every copy (C14): reported lost, not lost silently.
+        "events_lost_declared": lost_declared,
         "deliveries": sum(
             1 for items in reads.values() for item in items if isinstance(item, Delivery)
         ),
@@ -208,8 +232,11 @@ def canonical_stream(state: dict[str, Any], verdict: Verdict, name: str) -> dict
 
 
 def check_lost_and_placed(
-    verdict: Verdict, name: str, ops: list[Op], canonical: dict[str, Any]
+    verdict: Verdict, name: str, ops: list[Op], canonical: dict[str, Any],
+    excused: AbstractSet[int] = frozenset(),
 ) -> None:
+    """`excused`: epochs of segments destroyed with every copy and reported lost by
+    every final reader (C14): their events are gone, honestly."""
     where = canonical["where"]
     positions = canonical["positions"]
     last = positions[-1] if positions else None
@@ -222,6 +249,8 @@ def check_lost_and_placed(
             continue
         for pid, returned in zip(op.ids, op.seqs, strict=True):
             found = where.get(pid)
+            if not found and returned >> SEQUENCE_SHIFT in excused:
+                continue
             if not found:
                 verdict.add("C1", stream=name, payload=pid, op=op.key, returned=returned,
                             acked_at=op.end_t, last_sequence_read=last)
@@ -247,7 +276,7 @@ def check_phantoms(
     name: str,
     ops: list[Op],
     canonical: dict[str, Any],
-    reads: dict[tuple[str, str], list[Delivery | int]],
+    reads: Reads,
 ) -> None:
     status: dict[str, Op] = {}
     for op in ops:
@@ -285,7 +314,7 @@ def check_divergence(
     verdict: Verdict,
     name: str,
     state: dict[str, Any],
-    reads: dict[tuple[str, str], list[Delivery | int]],
+    reads: Reads,
 ) -> None:
     seen: dict[int, dict[str, str]] = defaultdict(dict)
     for number, run in enumerate(state.get("reads", [])):
@@ -322,7 +351,7 @@ def check_reader_order(
     verdict: Verdict,
     name: str,
     canonical: dict[str, Any],
-    reads: dict[tuple[str, str], list[Delivery | int]],
+    reads: Reads,
 ) -> None:
     positions: list[int] = canonical["positions"]
 
@@ -338,11 +367,20 @@ def check_reader_order(
         last: int | None = None
         resume_from: int | None = None
         for item in items:
-            if isinstance(item, int):
-                if last is not None and item != last + 1:
-                    verdict.add("C6", stream=name, reader=reader, last=last, resumed_from=item,
+            if isinstance(item, Resume):
+                if item.after_loss is not None:
+                    # Past a range the SDK said is lost (C14 judges that claim).
+                    epoch, _first, lost_last = item.after_loss
+                    if item.start != pack(epoch, lost_last + 1):
+                        verdict.add("C6", stream=name, reader=reader, resumed_from=item.start,
+                                    loss=list(item.after_loss),
+                                    problem="resumed elsewhere than just past the lost range")
+                    last = item.start - 1 if last is None else max(last, item.start - 1)
+                elif last is not None and item.start != last + 1:
+                    verdict.add("C6", stream=name, reader=reader, last=last,
+                                resumed_from=item.start,
                                 problem="resumed elsewhere than just after its token")
-                resume_from = item
+                resume_from = item.start
                 continue
             if last is not None and item.sequence <= last:
                 verdict.add("C6", stream=name, reader=reader, s1=last, s2=item.sequence,
@@ -395,10 +433,12 @@ def check_writer_order(verdict: Verdict, name: str, ops: list[Op]) -> None:
 # ---- C8, C9: segment shape and replica identity ----
 
 
-def check_segments(verdict: Verdict, name: str, state: dict[str, Any]) -> None:
+def check_segments(verdict: Verdict, name: str, state: dict[str, Any],
+                   destroyed: AbstractSet[int] = frozenset()) -> None:
+    """`destroyed`: epochs whose every copy a scenario destroyed on purpose (C14)."""
     quorum = int(state.get("write_quorum", 1))
     for segment in state.get("segments", []):
-        if segment.get("state") != "SEALED":
+        if segment.get("state") != "SEALED" or segment["epoch"] in destroyed:
             continue
         epoch, final_index = segment["epoch"], segment["final_index"]
         complete: dict[str, list[list[Any]]] = {}
@@ -518,3 +558,138 @@ def check_unsealed(verdict: Verdict, records: list[Record]) -> None:
         unsealed = [epoch for epoch, state in record["segments"] if state != "SEALED"]
         if len(unsealed) > 2:
             verdict.add("C12", stream=record["stream"], t=record["t"], unsealed=unsealed)
+
+
+# ---- C15: bad input gets its status and changes nothing ----
+
+# Statuses no server gives on purpose: an unhandled error in a handler.
+UNCLEAR_STATUSES = {"UNKNOWN", "INTERNAL"}
+
+
+def check_bad_input(verdict: Verdict, records: list[Record]) -> None:
+    """Rows: exactly the expected status. Random and mutated requests: INVALID_ARGUMENT
+    when they do not parse; when they do, a status given on purpose, in time (a
+    streaming RPC may run until the deadline). The workload's metadata and sealed
+    replicas as before; every server still serving."""
+    for record in records:
+        if record["type"] == "bad":
+            expected, got = record["expected"], record["got"]
+            if expected == "parsed":
+                late = got == "DEADLINE_EXCEEDED" and not record.get("streaming")
+                if got in UNCLEAR_STATUSES or late:
+                    verdict.add("C15", request=_bad_request(record), got=got,
+                                details=record.get("details"),
+                                problem="a well-formed request got no clear status")
+            elif got != expected:
+                verdict.add("C15", request=_bad_request(record), expected=expected, got=got,
+                            details=record.get("details"), problem="not the expected status")
+        elif record["type"] == "serving":
+            down = sorted(name for name, up in record["servers"].items() if not up)
+            if down:
+                verdict.add("C15", servers=down, problem="no longer serving after bad input")
+    before: Record | None = None
+    for record in records:
+        if record["type"] != "digest":
+            continue
+        if record["phase"] == "before":
+            before = record
+            continue
+        if before is None:
+            continue
+        after = record
+        for key in ("tenants", "streams", "stores"):
+            if before["master"][key] != after["master"][key]:
+                verdict.add("C15", master=key, before=before["master"][key],
+                            after=after["master"][key], problem="the master's metadata changed")
+        for replica, digest in sorted(before["stores"].items()):
+            # A replica moved or repaired meanwhile (another fault's doing, in a soak)
+            # answers with a status instead of a digest: only contents are compared.
+            later = after["stores"].get(replica)
+            if " fence " in digest and later is not None and " fence " in later \
+                    and later != digest:
+                verdict.add("C15", replica=replica, before=digest, after=later,
+                            problem="a sealed replica's contents changed")
+        before = None
+
+
+def _bad_request(record: Record) -> str:
+    return f"{record['kind']} {record['server']} {record['method']}: {record['case'][:80]}"
+
+
+# ---- C14: data loss beyond N - W copies is reported, never skipped silently ----
+
+
+def destroyed_segments(records: list[Record]) -> dict[str, dict[int, Record]]:
+    """stream -> epoch -> the `lost` record of a segment a scenario destroyed with
+    every copy (its `final_index`, when, on which stores)."""
+    out: dict[str, dict[int, Record]] = defaultdict(dict)
+    for record in records:
+        if record["type"] == "lost":
+            out[record["stream"]][int(record["epoch"])] = record
+    return out
+
+
+def declared_lost(state: dict[str, Any], gone: dict[int, Record]) -> set[int]:
+    """Destroyed segments every final reader reported lost."""
+    losses = state.get("losses") or []
+    if not losses:
+        return set()
+    return {epoch for epoch in gone
+            if all(any(loss[0] == epoch for loss in reader) for reader in losses)}
+
+
+def check_data_loss(
+    verdict: Verdict, name: str, state: dict[str, Any], gone: dict[int, Record], reads: Reads
+) -> None:
+    """Final readers (from 0) name each destroyed segment whole, [epoch, 1, bridge];
+    nobody reports a loss nothing destroyed; a live reader never passes a destroyed
+    segment it had not read without having been told."""
+    losses = state.get("losses") or []
+    for number, run in enumerate(state.get("reads", [])):
+        reported = {loss[0]: loss for loss in (losses[number] if number < len(losses) else [])}
+        read_epochs = {event[1] for event in run}
+        for epoch, record in sorted(gone.items()):
+            whole = [epoch, 1, int(record["final_index"])]
+            if epoch in read_epochs:
+                verdict.add("C14", stream=name, segment=epoch, reader=f"final-reader-{number}",
+                            problem="a destroyed segment was still read (a copy survived?)")
+            elif epoch not in reported:
+                verdict.add("C14", stream=name, segment=epoch, reader=f"final-reader-{number}",
+                            problem="a destroyed segment skipped without a data-loss error")
+            elif reported[epoch] != whole:
+                verdict.add("C14", stream=name, segment=epoch, reader=f"final-reader-{number}",
+                            reported=reported[epoch], expected=whole,
+                            problem="the data-loss error names another range")
+        for epoch, loss in sorted(reported.items()):
+            if epoch not in gone:
+                verdict.add("C14", stream=name, reported=loss, reader=f"final-reader-{number}",
+                            problem="a loss reported where nothing was destroyed")
+    for (reader, stream), items in sorted(reads.items()):
+        if stream != name:
+            continue
+        position = -1  # the last sequence the reader had, or resumed just after
+        told: set[int] = set()
+        for item in items:
+            if isinstance(item, Resume):
+                position = item.start - 1
+                if item.after_loss is None:
+                    continue
+                epoch, first, final = item.after_loss
+                told.add(epoch)
+                if epoch not in gone:
+                    verdict.add("C14", stream=name, reader=reader, reported=[epoch, first, final],
+                                problem="a loss reported where nothing was destroyed")
+                elif final != int(gone[epoch]["final_index"]):
+                    verdict.add("C14", stream=name, reader=reader, reported=[epoch, first, final],
+                                expected_last=gone[epoch]["final_index"],
+                                problem="the data-loss error names another range")
+                continue
+            for epoch, record in gone.items():
+                passed = [index for index in record["events"]
+                          if position < pack(epoch, index) < item.sequence]
+                if passed and epoch not in told and item.t > record["t"]:
+                    verdict.add("C14", stream=name, reader=reader, segment=epoch, s1=position,
+                                s2=item.sequence, events_passed=len(passed),
+                                problem="passed events of a destroyed segment without a "
+                                        "data-loss error")
+            position = item.sequence

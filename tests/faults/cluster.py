@@ -1,14 +1,17 @@
 """The processes of a fault run: master and stores (`streamengine.tools.harness`),
-writer and reader processes (`tests.faults.workload`), and a sampler of the master's
-metadata. Every process can be killed (SIGKILL), paused (SIGSTOP) and restarted.
+writer and reader processes (`tests.faults.workload`), a sampler of the master's
+metadata and one of every process's memory. Every process can be killed (SIGKILL),
+paused (SIGSTOP) and restarted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from tests.tree import ROOT, child_env
 RPC_TIMEOUT_S = 2.0
 # How often the sampler lists every stream's segments (C11, C12).
 SAMPLE_INTERVAL_S = 1.0
+# How often every process's resident memory is sampled (C13).
+RSS_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -108,6 +113,7 @@ class MetaSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self.recorder.close()
 
     def _run(self) -> None:
         with grpc.insecure_channel(self.master) as channel:
@@ -122,6 +128,44 @@ class MetaSampler:
                             [s.id.epoch, entry_pb2.SegmentState.Name(s.state)]
                             for s in reply.segments
                         ])
+
+
+@dataclass
+class RssSampler:
+    """Records the resident memory (MiB) of every running process once a second (C13:
+    memory below its bound and not growing), and the machine's 1-minute load."""
+
+    processes: Callable[[], dict[str, int]]  # name -> pid of what runs now
+    recorder: Recorder
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.recorder.close()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(RSS_INTERVAL_S):
+            sizes: dict[str, float] = {}
+            for name, pid in self.processes().items():
+                # A process may exit between the listing and the sample.
+                with contextlib.suppress(psutil.Error):
+                    sizes[name] = round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+            # The machine's load beside: liveness on a box others load too is not ours.
+            self.recorder.record("rss", mib=sizes, load=round(os.getloadavg()[0], 2))
+
+
+def running_pids(processes: list[ServerProcess | ClientProcess]) -> dict[str, int]:
+    """name -> pid of each process that runs now."""
+    return {process.name: process.pid for process in processes if process.alive()}
 
 
 def leader_of(cluster: Cluster, stream: str) -> str:

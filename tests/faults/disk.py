@@ -90,16 +90,27 @@ class LazyMount:
 
     def drop(self) -> None:
         """Forget unsynced writes; returns once the fs confirmed."""
+        self._command("drop", "dropped")
+
+    def read_only(self, on: bool) -> None:
+        """The fs refuses every write with EROFS (on), or takes writes again (off)."""
+        self._command("ro" if on else "rw", "ro" if on else "rw")
+
+    def _command(self, command: str, done: str) -> None:
         import time
 
         ack = Path(f"{self.fifo}.ack")
-        before = ack.read_text().count("dropped") if ack.exists() else 0
+
+        def confirmed() -> int:
+            return ack.read_text().splitlines().count(done) if ack.exists() else 0
+
+        before = confirmed()
         with self.fifo.open("w") as commands:
-            commands.write("drop\n")
+            commands.write(command + "\n")
         deadline = time.monotonic() + 10
-        while (ack.read_text().count("dropped") if ack.exists() else 0) <= before:
+        while confirmed() <= before:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"lazy fs on {self.mountpoint} did not confirm the drop")
+                raise RuntimeError(f"lazy fs on {self.mountpoint} did not confirm {command}")
             time.sleep(0.02)
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 
 import grpc
 
-from streamengine.client import StreamClient
+from streamengine.client import DataLossError, StreamClient
+from streamengine.protocol.sequence import pack_sequence
 from streamengine.tools.harness import STREAMENGINE
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -34,15 +35,29 @@ def seal(master: str, stream: str) -> str:
     return "" if result.returncode == 0 else (result.stdout + result.stderr).strip()[-500:]
 
 
-async def fresh_read(master: str, stream: str) -> list[list[Any]]:
+async def fresh_read(master: str, stream: str, losses: list[list[int]]) -> list[list[Any]]:
+    """Every event of `stream` from 0. A range the SDK reports lost (`DataLossError`)
+    is appended to `losses` as [epoch, first index, last index], and the read goes on
+    just past it, as a reader that accepts the loss would."""
     events: list[list[Any]] = []
+    start = 0
     async with StreamClient(master) as client:
         async with asyncio.timeout(READ_TIMEOUT_S):
-            async for event in client.read(stream, start=0):
-                parsed = payload.parse(event.payload)
-                events.append([event.sequence, event.epoch, event.index, parsed.pid,
-                               payload.fingerprint(event.payload), parsed.intact])
-    return events
+            while True:
+                try:
+                    async for event in client.read(stream, start=start):
+                        parsed = payload.parse(event.payload)
+                        events.append([event.sequence, event.epoch, event.index, parsed.pid,
+                                       payload.fingerprint(event.payload), parsed.intact])
+                    return events
+                except DataLossError as lost:
+                    losses.append([lost.segment_epoch, lost.first_index, lost.last_index])
+                    start = past_loss(lost)
+
+
+def past_loss(lost: DataLossError) -> int:
+    """The sequence just past a lost range: the cursor goes on to the next segment."""
+    return pack_sequence(lost.segment_epoch, lost.last_index + 1)
 
 
 def dump_replica(address: str, segment: entry_pb2.SegmentId) -> dict[str, Any]:
@@ -107,9 +122,11 @@ def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str,
         if problem:
             errors.append(f"seal: {problem}")
         reads = []
+        losses: list[list[list[int]]] = []
         for _ in range(FRESH_READERS):
+            losses.append([])
             try:
-                reads.append(asyncio.run(fresh_read(master, stream)))
+                reads.append(asyncio.run(fresh_read(master, stream, losses[-1])))
             except Exception as error:
                 errors.append(f"read: {type(error).__name__}: {error}")
         listing = segments_of(master, stream)
@@ -152,6 +169,7 @@ def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str,
                               f"seal with {held} acked entries (did a writer outlive the run?)")
         out["streams"][stream] = {
             "reads": reads,
+            "losses": losses,
             "read_errors": errors,
             "segments": segments,
             "write_quorum": write_quorum,

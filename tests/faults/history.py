@@ -11,11 +11,18 @@ loses at most a torn last line (dropped on load). Times are the machine's monoto
   `info` (in doubt) carry `error`. An `invoke` without a completion is `info`.
 - `grant`: `process` leads `stream` at `epoch` as `client`.
 - `subscribe`: reader `process` (re)subscribes to `stream` from sequence `from`
-  (inclusive; the token of its last delivery + 1); `deliver`: the events it then got,
+  (inclusive; the token of its last delivery + 1, or just past a range it was told is
+  lost, `after_loss` = [epoch, first, last]); `deliver`: the events it then got,
   each `[sequence, epoch, index, payload id, fingerprint, intact]`; `error`: its
   subscription failed (`data_loss` names the range when it is an explicit loss).
 - `nemesis`: a fault `fault` on `target`, `phase` start / stop.
 - `meta`: the master's segment list for `stream`, `[[epoch, state], ...]`.
+- `rss`: resident memory of every running process, `mib` = {process name: MiB}, and
+  the machine's 1-minute `load` average.
+- `lost` (S16): every copy of segment `epoch` of `stream` destroyed on purpose; its
+  `final_index` and the indexes of its `events`.
+- `bad`, `digest`, `serving` (S15): a bad request and its status; the workload's
+  metadata and sealed replicas before and after; the servers' health after.
 """
 
 from __future__ import annotations

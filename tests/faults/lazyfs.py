@@ -8,7 +8,11 @@ loses exactly what was never synced.
 the backing file; `fsync`, `truncate` and `rename` apply it to the backing file (and
 fsync). Metadata (create, mkdir, unlink, rename) is applied at once: optimistic about
 directory fsync. Each line written to CONTROL_FIFO is a command: `drop` forgets every
-pending write (the power went out), then the fs appends `dropped` to CONTROL_FIFO.ack.
+pending write (the power went out), then the fs appends `dropped` to CONTROL_FIFO.ack;
+`ro` makes the fs read-only under its users' feet, as a file system that remounts
+itself read-only after a device error does (every write, sync, create, rename, unlink,
+and open for writing fails with EROFS; reads go on; what is pending stays pending),
+then appends `ro`; `rw` ends that, then appends `rw`.
 Python signal handlers do not run while fusepy sits in C, hence the FIFO. Mounted with
 `direct_io`, or the kernel's page cache would keep serving dropped data. No attribute
 is named `lock`: fusepy would route POSIX locks to it and RocksDB's LOCK file fails.
@@ -31,6 +35,11 @@ class LazyFs(Operations):  # type: ignore[misc]
         self.backing = backing
         self.pending: dict[str, list[tuple[int, bytes]]] = {}
         self.guard = threading.RLock()
+        self.read_only = False
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise FuseOSError(errno.EROFS)
 
     def _full(self, path: str) -> str:
         return os.path.join(self.backing, path.lstrip("/"))
@@ -78,26 +87,32 @@ class LazyFs(Operations):  # type: ignore[misc]
         return [".", "..", *os.listdir(self._full(path))]
 
     def mkdir(self, path: str, mode: int) -> None:
+        self._writable()
         os.mkdir(self._full(path), mode)
 
     def rmdir(self, path: str) -> None:
+        self._writable()
         os.rmdir(self._full(path))
 
     def unlink(self, path: str) -> None:
+        self._writable()
         with self.guard:
             self.pending.pop(path, None)
         os.unlink(self._full(path))
 
     def rename(self, old: str, new: str) -> None:
+        self._writable()
         with self.guard:
             self._apply(old)
             self.pending.pop(new, None)
             os.rename(self._full(old), self._full(new))
 
     def chmod(self, path: str, mode: int) -> None:
+        self._writable()
         os.chmod(self._full(path), mode)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
+        self._writable()
         os.chown(self._full(path), uid, gid)
 
     def utimens(self, path: str, times: Any = None) -> None:
@@ -110,6 +125,7 @@ class LazyFs(Operations):  # type: ignore[misc]
             "f_flag", "f_frsize", "f_namemax")}
 
     def truncate(self, path: str, length: int, fh: Any = None) -> None:
+        self._writable()
         with self.guard:
             self._apply(path)
             os.truncate(self._full(path), length)
@@ -117,9 +133,12 @@ class LazyFs(Operations):  # type: ignore[misc]
     # ---- data, lazy ----
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
+        self._writable()
         return os.open(self._full(path), os.O_RDWR | os.O_CREAT, mode)
 
     def open(self, path: str, flags: int) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_CREAT):
+            self._writable()
         return os.open(self._full(path), (flags & ~os.O_APPEND) | os.O_RDWR
                        if flags & (os.O_WRONLY | os.O_RDWR) else flags)
 
@@ -136,11 +155,13 @@ class LazyFs(Operations):  # type: ignore[misc]
             return bytes(base)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        self._writable()
         with self.guard:
             self.pending.setdefault(path, []).append((offset, bytes(data)))
         return len(data)
 
     def fsync(self, path: str, datasync: int, fh: int) -> None:
+        self._writable()
         with self.guard:
             self._apply(path, fh)
 
@@ -155,10 +176,17 @@ def control(fs: LazyFs, fifo: Path) -> None:
     while True:
         with fifo.open() as commands:
             for line in commands:
-                if line.strip() == "drop":
+                command = line.strip()
+                if command == "drop":
                     fs.drop()
-                    with Path(f"{fifo}.ack").open("a") as ack:
-                        ack.write("dropped\n")
+                    done = "dropped"
+                elif command in ("ro", "rw"):
+                    fs.read_only = command == "ro"
+                    done = command
+                else:
+                    continue
+                with Path(f"{fifo}.ack").open("a") as ack:
+                    ack.write(done + "\n")
 
 
 def main(backing: str, mountpoint: str, fifo: str) -> None:

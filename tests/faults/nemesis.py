@@ -12,6 +12,7 @@ import dataclasses
 import os
 import random
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamengine.tools.harness import Cluster, ServerProcess
+import grpc
+
+from streamengine.tools.harness import STREAMENGINE, Cluster, ServerProcess
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import disk
 from tests.faults.cluster import (
     ClientProcess,
@@ -30,6 +35,8 @@ from tests.faults.cluster import (
 )
 from tests.faults.history import Recorder
 from tests.faults.netns import Hosts
+from tests.faults.proxy import Link, ProxyHost
+from tests.tree import child_env
 
 
 @dataclass
@@ -45,6 +52,9 @@ class RunContext:
     quick: bool
     hosts: Hosts | None = None  # when every process is on its own network namespace
     lazy: dict[str, disk.LazyMount] = field(default_factory=dict)  # store -> its lazy fs
+    proxies: ProxyHost | None = None  # links "w1>store2": workload process to store
+    # Makes another reader process (not started), reading from 0: `r3`, ...
+    new_reader: Callable[[str], ClientProcess] | None = None
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -73,6 +83,13 @@ class RunContext:
             if store.name == store_id:
                 return store
         raise KeyError(store_id)
+
+    def links(self, store: str, processes: list[str] | None = None) -> list[Link]:
+        """The proxy links from `processes` (default: every workload process) to
+        `store`."""
+        assert self.proxies is not None, "the scenario runs without proxies"
+        names = processes if processes is not None else [*self.writers, *self.readers]
+        return [self.proxies.links[f"{name}>{store}"] for name in names]
 
     def leader_process(self) -> ClientProcess | None:
         """The writer process leading the first stream (client ids are `w1.3-2`)."""
@@ -230,7 +247,8 @@ def power_loss_loop(ctx: RunContext) -> None:
             continue
         victims = copy_set if ctx.rng.random() < 0.25 else [ctx.rng.choice(copy_set)]
         stores = [ctx.store(name) for name in victims]
-        with ctx.window("power-loss", "+".join(victims)):
+        # Two or more of a copy set down: writes stall by design (not a stall to bound).
+        with ctx.window("power-loss", "+".join(victims), quorum_lost=len(victims) > 1):
             try:
                 for store in stores:
                     store.kill()
@@ -249,7 +267,7 @@ def pause_kill(ctx: RunContext, paused: ServerProcess, killed: ServerProcess) ->
         paused.stop()
         try:
             ctx.pause(ctx.scaled(20, 20))
-            with ctx.window("power-loss", killed.name):
+            with ctx.window("power-loss", killed.name, quorum_lost=True):  # and one paused
                 killed.kill()
                 try:
                     ctx.lazy[killed.name].drop()
@@ -264,13 +282,17 @@ def pause_kill(ctx: RunContext, paused: ServerProcess, killed: ServerProcess) ->
 def store_loss(ctx: RunContext) -> None:
     """S6: once sealed segments piled up, a copy-set store dies for good (kill -9, its
     directory wiped); the master re-replicates its sealed segments to the other stores
-    while the leader changes (kill -9); the wiped store comes back empty near the end.
-    Measures repair: from the loss until the master lists no under-replicated segment."""
+    while the leader changes (kill -9). Measures repair: from the loss until the master
+    lists no under-replicated segment, and the bytes the lost store held. Then the wiped
+    store comes back (empty) and another copy-set store is drained under load with the
+    ops CLI (`streamengine drain`): every replica moves off it, and it must end up
+    holding nothing."""
     if not ctx.pause(ctx.scaled(30, 30)):
         return
     copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
     victim = ctx.store(ctx.rng.choice(copy_set)) if copy_set else ctx.cluster.stores[1]
     directory = ctx.cluster.root / victim.name
+    held_bytes = _store_status(ctx, victim.name).get("used_bytes")
     with ctx.window("wipe", victim.name):
         victim.kill()
         shutil.rmtree(directory)
@@ -283,27 +305,94 @@ def store_loss(ctx: RunContext) -> None:
                 leader.kill()
                 ctx.pause(1.0)
                 leader.start()
-        repaired = _wait_repaired(ctx, lost_at)
+        detected, repaired = _wait_repaired(ctx, lost_at)
         ctx.recorder.record("nemesis", phase="detail", fault="wipe", target=victim.name,
-                            repair_s=repaired)
-        ctx.pause(ctx.remaining() - ctx.scaled(10, 10))
+                            detect_s=detected, repair_s=repaired, repair_bytes=held_bytes)
         victim.start(wait=False)
+    if ctx.remaining() > 0:
+        victim.wait_serving()
+        drain_one(ctx, avoid=victim.name)
+    ctx.pause(ctx.remaining())  # the workload goes on, readers re-reading old segments
 
 
-def _wait_repaired(ctx: RunContext, since: float) -> float | None:
-    """Seconds from `since` until the master lists nothing under-replicated (None if
-    not before the run's end)."""
-    # First the master must notice the loss (its store timeout), then repair.
-    seen_under = False
-    while ctx.pause(0.5):
+# A drain moves every replica of a store; past this it has not finished.
+DRAIN_TIMEOUT_S = 90.0
+
+
+def drain_one(ctx: RunContext, avoid: str) -> None:
+    """Drain a copy-set store (not `avoid`) with `streamengine drain`, then wait until
+    the master places nothing on it and it holds none of the workload's segments."""
+    candidates = [name for name in open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+                  if name != avoid] or [s.name for s in ctx.cluster.stores if s.name != avoid]
+    store = ctx.store(ctx.rng.choice(candidates))
+    with ctx.window("drain", store.name):
+        started = time.monotonic()
+        result = subprocess.run(
+            [STREAMENGINE, "drain", store.name, "--master", ctx.cluster.master_address],
+            capture_output=True, text=True, timeout=DRAIN_TIMEOUT_S + 30, env=child_env())
+        deadline = started + DRAIN_TIMEOUT_S
+        while True:
+            placed = _store_status(ctx, store.name).get("segments")
+            held = _segments_held(ctx, store)
+            if (placed == 0 and not held) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        ctx.recorder.record("nemesis", phase="detail", fault="drain", target=store.name,
+                            cli_exit=result.returncode, cli_output=result.stdout[-300:],
+                            drain_s=round(time.monotonic() - started, 2),
+                            placed_after=placed, held_after=held)
+
+
+def _store_status(ctx: RunContext, store_id: str) -> dict[str, int]:
+    """The master's view of a store: replicas placed on it, bytes it reports."""
+    with grpc.insecure_channel(ctx.cluster.master_address) as channel:
+        try:
+            status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
+                master_pb2.GetClusterStatusRequest(), timeout=10)
+        except grpc.RpcError:
+            return {}
+    for store in status.stores:
+        if store.store_id == store_id:
+            return {"segments": store.segments, "used_bytes": store.used_bytes}
+    return {}
+
+
+def _segments_held(ctx: RunContext, store: ServerProcess) -> list[str]:
+    """The workload's segments `store` still holds (asked of the store itself)."""
+    held = []
+    with grpc.insecure_channel(ctx.cluster.master_address) as channel, \
+            grpc.insecure_channel(store.address) as store_channel:
+        master = master_pb2_grpc.MasterStub(channel)
+        stub = store_grpc.SegmentStoreStub(store_channel)
+        for stream in ctx.streams:
+            listing = master.ListSegments(master_pb2.ListSegmentsRequest(stream=stream),
+                                          timeout=10)
+            for segment in listing.segments:
+                try:
+                    stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(
+                        segment=entry_pb2.SegmentId(stream_id=listing.stream_id,
+                                                    epoch=segment.id.epoch)), timeout=10)
+                except grpc.RpcError as error:
+                    if error.code() == grpc.StatusCode.NOT_FOUND:
+                        continue
+                held.append(f"{stream}/{segment.id.epoch}")
+    return held
+
+
+def _wait_repaired(ctx: RunContext, since: float) -> tuple[float | None, float | None]:
+    """Seconds from `since` until the master lists segments under-replicated (it
+    noticed the loss: its store timeout) and until it lists none again (repaired);
+    None for what did not happen before the run's end."""
+    detected = None
+    while ctx.pause(0.1):
         under = under_replicated(ctx.cluster)
         if under is None:
             continue
-        if under:
-            seen_under = True
-        elif seen_under:
-            return round(time.monotonic() - since, 2)
-    return None
+        if under and detected is None:
+            detected = round(time.monotonic() - since, 2)
+        elif not under and detected is not None:
+            return detected, round(time.monotonic() - since, 2)
+    return detected, None
 
 
 def corruption_loop(ctx: RunContext) -> None:
@@ -402,12 +491,15 @@ def clock_loop(ctx: RunContext) -> None:
 
 def soak(ctx: RunContext) -> None:
     """S14: seeded packages of faults rotated every 60 s, about a quarter of the periods
-    quiet (Jepsen's package generator). Packages: the scenarios that need no special
-    topology (S2, S3, S5, S11, S12, S13)."""
+    quiet (Jepsen's package generator). Packages: the scenarios that need no namespace,
+    disk or lazy fs (S2, S3, S5, S10 through the proxy, S11, S12, S13, S15)."""
     packages: dict[str, Nemesis] = {
         "S2": kill_leader_loop, "S3": pause_leader_loop, "S5": store_crash_loop,
         "S11": master_crash_loop, "S12": corruption_loop, "S13": reader_churn_loop,
     }
+    if ctx.proxies is not None:
+        packages["S10"] = slow_network_loop
+    packages["S15"] = bad_input_loop
     period = 8.0 if ctx.quick else 60.0
     while ctx.remaining() > 0 and not ctx.stop.is_set():
         end = min(ctx.deadline, time.monotonic() + period)
@@ -425,26 +517,38 @@ def host_of(process: str) -> str:
 
 
 def partition_loop(ctx: RunContext) -> None:
-    """S7: rotate partitions, each for 10 s with a pause between: (a) a copy-set store
-    isolated; (b) the leader cut from the master only; (d) a bridge: one store sees only
-    w1, another only w2, the rest both; (e) a store drops what the leader sends it
-    (one way); (f) the master isolated. (c), delay and blackhole through a proxy, is
-    not built yet."""
+    """S7: rotate partitions (every kind once, in a seeded order, then again), each for
+    10 s with a pause between: (a) a copy-set store
+    isolated; (b) the leader cut from the master only; (c) a copy-set store blackholed
+    (iptables DROP, silent) only towards the standby writer, and the leader killed, so
+    the standby takes over and seals with that store silent to it alone; (d) a bridge:
+    one store sees only w1, another only w2, the rest both; (e) a store drops what the
+    leader sends it (one way); (f) the master isolated."""
     hosts = ctx.hosts
     assert hosts is not None, "S7 runs on network namespaces"
-    kinds = ["isolate-store", "leader-from-master", "bridge", "oneway-store", "isolate-master"]
+    kinds = ctx.rng.sample(["isolate-store", "leader-from-master", "seal-blackhole",
+                            "bridge", "oneway-store", "isolate-master"], 6)
+    rotation = 0
     while ctx.pause(ctx.scaled(4, 8)):
-        kind = ctx.rng.choice(kinds)
+        kind = kinds[rotation % len(kinds)]
+        rotation += 1
         leader = ctx.leader_process()
         leader_host = host_of(leader.name if leader else "w1")
+        standby_host = "writer2" if leader_host == "writer1" else "writer1"
         stores = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams)) or ["store0"]
         store = ctx.rng.choice(stores)
-        with ctx.window("partition", _target(kind, store, leader_host), kind=kind):
+        with ctx.window("partition", _target(kind, store, leader_host, standby_host),
+                        kind=kind):
             try:
                 if kind == "isolate-store":
                     hosts.cut(store)
                 elif kind == "leader-from-master":
                     hosts.partition(leader_host, "master")
+                elif kind == "seal-blackhole":
+                    hosts.partition(store, standby_host)
+                    if leader is not None:
+                        _seal_by_standby(ctx, leader)
+                        continue
                 elif kind == "bridge":
                     one, two = ctx.rng.sample(sorted(s.name for s in ctx.cluster.stores), 2)
                     hosts.partition(one, "writer2")
@@ -458,10 +562,22 @@ def partition_loop(ctx: RunContext) -> None:
                 hosts.heal()
 
 
-def _target(kind: str, store: str, leader_host: str) -> str:
+def _seal_by_standby(ctx: RunContext, leader: ClientProcess) -> None:
+    """The leader dies (kill -9) for the partition's 10 s: the standby's lease waits the
+    old one out, then it seals and recovers the open segments and appends."""
+    with ctx.window("kill", leader.name, inc=leader.inc):
+        leader.kill()
+        try:
+            ctx.pause(ctx.scaled(10, 10) if ctx.quick else 10.0)
+        finally:
+            leader.start()
+
+
+def _target(kind: str, store: str, leader_host: str, standby_host: str) -> str:
     return {
         "isolate-store": store,
         "leader-from-master": f"{leader_host}|master",
+        "seal-blackhole": f"{store}|{standby_host}",
         "bridge": "bridge",
         "oneway-store": f"{store}<{leader_host}",
         "isolate-master": "master",
@@ -469,9 +585,12 @@ def _target(kind: str, store: str, leader_host: str) -> str:
 
 
 def heal(ctx: RunContext) -> None:
-    """End every fault: heal partitions, continue paused processes, restart dead ones."""
+    """End every fault: heal partitions and proxy links, continue paused processes,
+    restart dead ones."""
     if ctx.hosts is not None:
         ctx.hosts.heal()
+    if ctx.proxies is not None:
+        ctx.proxies.heal()
     resume(ctx.cluster.master)
     for store in ctx.cluster.stores:
         resume(store)
@@ -489,3 +608,238 @@ def heal(ctx: RunContext) -> None:
             ctx.recorder.record("nemesis", phase="unhealed", fault="heal", target=store.name,
                                 error=str(error)[-300:])
     ctx.recorder.record("nemesis", phase="heal", fault="heal", target="all")
+
+
+# S10's link speeds: a thin pipe throughout, and windows of 256 kbit/s.
+THIN_PIPE_BYTES_PER_S = 256 * 1024
+NARROW_WINDOW_BYTES_PER_S = 256_000 // 8
+
+
+def slow_network_loop(ctx: RunContext) -> None:
+    """S10, through the fault proxy: three stores of a copy set, each with its own
+    trouble, on every workload process's link to it. One is far away (delayed 50-200
+    ms ± 50 ms, a new delay every 10 s); one sits behind a thin pipe throughout (a
+    steady throttle: the stand-in for 10 % packet loss, which needs iptables and so
+    namespaces); one comes and goes: 30 s windows throttled to 256 kbit/s and
+    blackholed (a stalled peer: its connections hang), with clean periods between.
+    Reader r2 consumes slowly all along (the scenario's slow reader)."""
+    stores = open_copy_set(ctx.cluster, ctx.streams[0])
+    if len(stores) < 3:
+        stores = sorted(s.name for s in ctx.cluster.stores)
+    far, thin, flaky = ctx.rng.sample(stores, 3)
+    with ctx.window("delay", far), ctx.window("throttle", thin,
+                                              bytes_per_s=THIN_PIPE_BYTES_PER_S):
+        for link in ctx.links(thin):
+            link.set(rate_bytes_per_s=THIN_PIPE_BYTES_PER_S)
+        try:
+            phases = ["narrow", "clean", "blackhole", "clean"]
+            phase = 0
+            while ctx.remaining() > 0 and not ctx.stop.is_set():
+                kind = phases[phase % len(phases)]
+                phase += 1
+                # A quick pass goes through every phase once.
+                until = time.monotonic() + (3.5 if ctx.quick else 30.0)
+                if kind == "clean":
+                    _vary_delay(ctx, far, until)
+                    continue
+                changes = ({"blackhole": True} if kind == "blackhole"
+                           else {"rate_bytes_per_s": NARROW_WINDOW_BYTES_PER_S})
+                with ctx.window(kind, flaky, **changes):
+                    for link in ctx.links(flaky):
+                        link.set(**changes)
+                    try:
+                        _vary_delay(ctx, far, until)
+                    finally:
+                        for link in ctx.links(flaky):
+                            link.heal()
+        finally:
+            for link in ctx.links(far) + ctx.links(thin):
+                link.heal()
+
+
+def _vary_delay(ctx: RunContext, store: str, until: float) -> None:
+    """Until `until`, a new delay (50-200 ms, jitter 50 ms) on every link to `store`
+    about every 10 s."""
+    while time.monotonic() < until:
+        delay_s = round(ctx.rng.uniform(0.05, 0.2), 3)
+        ctx.recorder.record("nemesis", phase="detail", fault="delay", target=store,
+                            delay_s=delay_s, jitter_s=0.05)
+        for link in ctx.links(store):
+            link.set(delay_s=delay_s, jitter_s=0.05)
+        if not ctx.pause(min(ctx.scaled(10, 10), until - time.monotonic())):
+            return
+
+
+# S15: fuzz calls per second beside the workload (each a synchronous RPC).
+FUZZ_CALLS_PER_S = 20
+
+
+def bad_input_loop(ctx: RunContext) -> None:
+    """S15: once the workload has a sealed segment, every row of `badinput.ROWS` (in a
+    seeded order), then random bytes and mutated requests to random RPCs of the master
+    and the stores until the deadline; the workload's metadata and sealed replicas
+    digested before and after, every server's health after."""
+    from tests.faults import badinput
+
+    cluster = ctx.cluster
+    stores = [store.name for store in cluster.stores]
+    addresses = {"master": cluster.master_address,
+                 **{store.name: store.address for store in cluster.stores}}
+    live = None
+    while live is None:
+        live = badinput.live_segments(cluster.master_address, ctx.streams)
+        if live is None and not ctx.pause(0.2):
+            return
+
+    def digest(phase: str) -> None:
+        ctx.recorder.record(
+            "digest", phase=phase,
+            master=badinput.master_digest(cluster.master_address, ctx.streams, stores),
+            stores=badinput.store_digests(cluster.master_address, ctx.streams))
+
+    channels: dict[tuple[str, str], grpc.Channel] = {}
+
+    def channel(client: str, address: str) -> grpc.Channel:
+        if (client, address) not in channels:
+            channels[(client, address)] = badinput.CLIENTS[client](address)
+        return channels[(client, address)]
+
+    by_name = {(server, method.name): method for server, method in badinput.methods()}
+    templates = badinput._templates()
+    digest("before")
+    try:
+        with ctx.window("bad-input", "servers"):
+            for row in ctx.rng.sample(badinput.ROWS, len(badinput.ROWS)):
+                live = badinput.live_segments(cluster.master_address, ctx.streams) or live
+                target = live.sealed if row.segment == "sealed" else live.open
+                address = cluster.master_address if row.server == "master" else target.address
+                got, details = badinput.call(channel(row.client, address),
+                                             by_name[(row.server, row.method)],
+                                             badinput.serialized(row.request(live)))
+                ctx.recorder.record("bad", kind="row", case=row.case, server=row.server,
+                                    method=row.method, client=row.client,
+                                    expected=row.expected.name, got=got, details=details)
+            while ctx.pause(1 / FUZZ_CALLS_PER_S):
+                server = ctx.rng.choice(sorted(by_name))
+                method = by_name[server]
+                mutated = (method.name in templates and method.name not in
+                           badinput.NOT_MUTATED and ctx.rng.random() < 0.5)
+                if mutated:
+                    data = badinput.mutate(ctx.rng, templates[method.name].SerializeToString())
+                else:
+                    data = badinput.random_bytes(ctx.rng, method)
+                parses = badinput.parses(method, data)
+                address = (cluster.master_address if server[0] == "master"
+                           else ctx.rng.choice(cluster.stores).address)
+                got, details = badinput.call(channel("insecure", address), method, [data])
+                ctx.recorder.record(
+                    "bad", kind="mutated" if mutated else "random", server=server[0],
+                    method=method.name, case=data.hex(),
+                    expected="INVALID_ARGUMENT" if not parses else "parsed",
+                    streaming=method.server_streaming, got=got, details=details)
+    finally:
+        for opened in channels.values():
+            opened.close()
+        digest("after")
+        ctx.recorder.record("serving", servers=badinput.serving(addresses))
+
+
+def data_loss_loop(ctx: RunContext) -> None:
+    """S16 (C14): beyond what the system promises to survive. Twice (once per stream),
+    every copy of a sealed segment holding events is destroyed (each replica's Delete,
+    at once), so more than N - W copies of its range are really gone; a fresh reader
+    (r3, r4) then starts from 0. Every reader that comes to the range must get a
+    data-loss error naming it, and none may pass it silently."""
+    for number, stream in enumerate(ctx.streams[:2]):
+        if not ctx.pause(ctx.scaled(10, 14)):
+            return
+        victim = _destroyable_segment(ctx, stream)
+        while victim is None:  # not two sealed segments yet
+            if not ctx.pause(0.2):
+                return
+            victim = _destroyable_segment(ctx, stream)
+        stream_id, epoch, final_index, replicas = victim
+        segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch, stream=stream)
+        events = _event_indexes(replicas[0][1], segment, final_index)
+        with ctx.window("destroy", f"{stream}/{epoch}", stores=[r[0] for r in replicas]):
+            for _store, address in replicas:
+                with grpc.insecure_channel(address) as channel:
+                    store_grpc.SegmentStoreStub(channel).Delete(
+                        segment_store_pb2.DeleteRequest(segment=segment), timeout=10)
+        ctx.recorder.record("lost", stream=stream, epoch=epoch, final_index=final_index,
+                            events=events, stores=[r[0] for r in replicas])
+        if ctx.new_reader is not None:
+            name = f"r{3 + number}"
+            reader = ctx.readers[name] = ctx.new_reader(name)
+            reader.start()
+
+
+def _destroyable_segment(ctx: RunContext, stream: str
+                         ) -> tuple[int, int, int, list[tuple[str, str]]] | None:
+    """A sealed segment of `stream` with events, not the newest sealed one (readers
+    that tail the stream have read it): stream id, epoch, final index, replicas."""
+    with grpc.insecure_channel(ctx.cluster.master_address) as channel:
+        listing = master_pb2_grpc.MasterStub(channel).ListSegments(
+            master_pb2.ListSegmentsRequest(stream=stream), timeout=10)
+    sealed = [s for s in listing.segments if s.state == entry_pb2.SEALED and s.final_index > 1]
+    if len(sealed) < 2:
+        return None
+    chosen = ctx.rng.choice(sealed[:-1])
+    return (listing.stream_id, chosen.id.epoch, chosen.final_index,
+            [(r.store_id, r.address) for r in chosen.copy_set])
+
+
+def _event_indexes(address: str, segment: entry_pb2.SegmentId, final_index: int) -> list[int]:
+    """Indexes of the events a segment holds below its bridge (read from a replica)."""
+    indexes: list[int] = []
+    with grpc.insecure_channel(address) as channel:
+        for reply in store_grpc.SegmentStoreStub(channel).Read(
+                segment_store_pb2.ReadRequest(segment=segment, from_index=1,
+                                              to_index=final_index), timeout=30):
+            indexes.extend(e.index for e in reply.entries
+                           if e.kind == entry_pb2.EVENT and e.index < final_index)
+    return indexes
+
+
+def read_only_loop(ctx: RunContext) -> None:
+    """S9 (read-only half; stores on the lazy fs): at 30 % of the run a copy-set store's
+    file system turns read-only under it (every write and sync fails with EROFS, as a
+    file system that remounted itself read-only after a device error), for a third of
+    the run; then it takes writes again. The leader must go on without that store; a
+    store that died of it is restarted once its disk is back (a crash loop would show)."""
+    length = ctx.remaining()
+    if not ctx.pause(0.3 * length):
+        return
+    store = _copy_set_store(ctx)
+    mount = ctx.lazy[store.name]
+    ctx.recorder.record("nemesis", phase="start", fault="read-only", target=store.name)
+    try:
+        mount.read_only(True)
+        ctx.pause(length / 3)
+    finally:
+        mount.read_only(False)
+        died = not store.alive()
+        if died:
+            store.start(wait=False)
+        ctx.recorder.record("nemesis", phase="stop", fault="read-only", target=store.name,
+                            store_had_exited=died)
+    ctx.pause(ctx.remaining())
+
+
+def power_loss_all_loop(ctx: RunContext) -> None:
+    """S8 (c) for every store at once, every 10-15 s: kill -9 all of them, drop every
+    unsynced write, restart. With `fsync=always` nothing acked may be lost; with
+    `fsync=never` (S8d) what is lost is the window the docs must state."""
+    while ctx.pause(ctx.scaled(10, 15)):
+        stores = ctx.cluster.stores
+        with ctx.window("power-loss", "+".join(store.name for store in stores),
+                        quorum_lost=True):
+            try:
+                for store in stores:
+                    store.kill()
+                for store in stores:
+                    ctx.lazy[store.name].drop()
+                ctx.pause(1.0)
+            finally:
+                for store in stores:
+                    store.start(wait=False)

@@ -333,3 +333,177 @@ def test_a_stall_lasting_beyond_the_window_counts_whole() -> None:
     records.append(rec(21.0, "ok", "w1", op=9, seqs=[pack(3, 1)]))
     figures = measure(sorted(records, key=lambda r: r["t"]), "S")
     assert figures["append_stall_after_master_fault_s"]["max"] == pytest.approx(21.0 - 3.05)
+
+
+def test_a_later_fault_cuts_the_stall_window() -> None:
+    """A leader killed 1 s into a store's outage: the store's stall ends there (at
+    least that long), the writer's failover is its own figure."""
+    records, _ = clean()
+    for t, target in ((3.05, "store1"), (3.5, "w2")):
+        records.append({"t": t, "type": "nemesis", "phase": "start", "fault": "kill",
+                        "target": target, "process": "nemesis"})
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["append_stall_after_store_fault_s"]["max"] == pytest.approx(3.5 - 3.05)
+
+
+def test_link_faults_are_their_own_figure() -> None:
+    records, _ = clean()
+    records.append({"t": 2.9, "type": "nemesis", "phase": "start", "fault": "blackhole",
+                    "target": "store1", "process": "nemesis"})
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert "append_stall_after_store_fault_s" not in figures
+    assert figures["append_stall_after_link_fault_s"]["count"] == 1
+
+
+def rss_history(writer_mib: list[float], seconds: float = 1.0) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = [{"t": 0.0, "type": "phase", "process": "nemesis",
+                                      "name": "faults"}]
+    for number, mib in enumerate(writer_mib):
+        records.append({"t": number * seconds, "type": "rss", "process": "rss",
+                        "mib": {"w1": mib, "store0": 60.0, "r1": 40.0}})
+    return records
+
+
+def test_memory_within_its_bound_passes() -> None:
+    figures = measure(rss_history([40.0, 45.0, 90.0, 60.0]), "S")
+    writer = figures["rss_mib"]["writer"]
+    assert (writer["process"], writer["baseline"], writer["growth"]) == ("w1", 40.0, 50.0)
+    checked = bounds(figures, lease_s=1.0, streams=2)
+    assert checked["rss_growth_mib_writer"]["ok"] is True
+    assert "rss_late_growth_mib_writer" not in checked  # too short a run for a trend
+
+
+def test_memory_past_its_bound_or_growing_fails() -> None:
+    over = bounds(measure(rss_history([40.0, 40.0, 400.0]), "S"), lease_s=1.0, streams=2)
+    assert over["rss_growth_mib_writer"]["ok"] is False  # 360 MiB > 2 x 64 + 64
+    # 90 samples 1 s apart growing 1 MiB/s: +60 MiB between the first and last third.
+    growing = bounds(measure(rss_history([40.0 + n for n in range(90)]), "S"), 1.0, 2)
+    assert growing["rss_late_growth_mib_writer"] == {
+        "value": 60.0, "process": "w1", "bound": 32, "ok": False}
+    assert "rss_late_growth_mib_store" not in growing  # memtables grow with the data
+
+
+def test_catch_up_after_heal_per_reader() -> None:
+    """r1 delivers the last event acked before the heal 0.2 s after it; r2 subscribed
+    but never got it (a miss); r3, a slow consumer on purpose, is left out."""
+    records, _ = clean()
+    records += [
+        {"t": 3.8, "type": "phase", "process": "nemesis", "name": "heal"},
+        rec(1.0, "subscribe", "r2", **{"from": 0}),
+        rec(0.1, "start", "r3", role="reader", consume_ms=4.0),
+        rec(1.0, "subscribe", "r3", **{"from": 0}),
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    catch_up = figures["reader_catch_up_after_heal_s"]
+    assert catch_up["max"] == pytest.approx(0.2) and catch_up["never"] == ["r2 t/s"]
+    assert bounds(figures, lease_s=1.0)["reader_catch_up_after_heal_s"]["ok"] is False
+
+
+def bad_history() -> list[dict[str, Any]]:
+    digest = {"master": {"tenants": ["t"], "streams": [["t/s", 1, 3, 2, 0]],
+                         "stores": [["s0", "a:1", "", False]], "others": []},
+              "stores": {"s0 t/s/1": "ab fence 2"}}
+    return [
+        {"t": 1.0, "type": "digest", "process": "nemesis", "phase": "before",
+         **copy.deepcopy(digest)},
+        {"t": 1.1, "type": "bad", "process": "nemesis", "kind": "row", "case": "over the limit",
+         "server": "store", "method": "Write", "expected": "INVALID_ARGUMENT",
+         "got": "INVALID_ARGUMENT", "details": ""},
+        {"t": 1.2, "type": "bad", "process": "nemesis", "kind": "mutated", "case": "0a01",
+         "server": "store", "method": "Subscribe", "expected": "parsed", "streaming": True,
+         "got": "DEADLINE_EXCEEDED", "details": ""},
+        {"t": 1.3, "type": "bad", "process": "nemesis", "kind": "random", "case": "ff",
+         "server": "master", "method": "ListTenants", "expected": "INVALID_ARGUMENT",
+         "got": "INVALID_ARGUMENT", "details": ""},
+        {"t": 2.0, "type": "digest", "process": "nemesis", "phase": "after",
+         **copy.deepcopy(digest)},
+        {"t": 2.1, "type": "serving", "process": "nemesis", "servers": {"master": True}},
+    ]
+
+
+def test_c15_clean_bad_input_passes() -> None:
+    records, final = clean()
+    assert "C15" not in failed(records + bad_history(), final)
+
+
+def test_c15_a_wrong_status_an_unclear_one_a_change_and_a_dead_server() -> None:
+    records, final = clean()
+    bad = bad_history()
+    bad[1]["got"] = "FAILED_PRECONDITION"  # a row's status
+    bad[3]["got"] = "UNKNOWN"  # undecodable bytes must be INVALID_ARGUMENT
+    bad.append({**bad[2], "method": "Read", "streaming": False, "got": "INTERNAL"})
+    bad[4]["stores"]["s0 t/s/1"] = "cd fence 2"
+    bad[4]["master"]["stores"][0][3] = True  # drained by bad input
+    bad[5]["servers"]["store0"] = False
+    witnesses = failed(records + bad, final)["C15"]
+    problems = sorted(w["problem"] for w in witnesses)
+    assert problems == sorted([
+        "not the expected status", "not the expected status",
+        "a well-formed request got no clear status", "a sealed replica's contents changed",
+        "the master's metadata changed", "no longer serving after bad input"])
+
+
+def with_segment_destroyed() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The clean history, then every copy of segment 1 (a0, a1, b0; bridge at 4)
+    destroyed at t=4.5; both final readers report it lost and read on from segment 2;
+    r2 starts from 0 afterwards, is told, and goes past."""
+    records, final = clean()
+    records += [
+        rec(4.5, "lost", "nemesis", epoch=1, final_index=4, events=[1, 2, 3],
+            stores=["s0", "s1", "s2"]),
+        rec(5.0, "subscribe", "r2", **{"from": 0}),
+        rec(5.1, "error", "r2", error="DataLossError", data_loss=[1, 1, 4]),
+        rec(5.2, "subscribe", "r2", **{"from": pack(1, 5)}, after_loss=[1, 1, 4]),
+        rec(5.3, "deliver", "r2", events=[event(2, 1, "c0")]),
+    ]
+    state = stream_of(final)
+    state["reads"] = [[event(2, 1, "c0")], [event(2, 1, "c0")]]
+    state["losses"] = [[[1, 1, 4]], [[1, 1, 4]]]
+    for dump in state["segments"][0]["replicas"].values():
+        dump.clear()
+        dump["error"] = "NOT_FOUND: not held"
+    return records, final
+
+
+def test_c14_a_destroyed_segment_reported_lost_is_honest() -> None:
+    records, final = with_segment_destroyed()
+    verdict = check(sorted(records, key=lambda r: r["t"]), final)
+    assert verdict.valid, verdict.anomalies
+    assert verdict.counts["events_lost_declared"] == 3  # a0, a1 and b0: acked, then lost
+
+
+def test_c14_a_silent_skip_by_a_final_and_a_live_reader() -> None:
+    records, final = with_segment_destroyed()
+    stream_of(final)["losses"][1] = []  # the second final reader just went on
+    records = [r for r in records if not (r["process"] == "r2" and r["t"] in (5.1, 5.2))]
+    problems = [w["problem"] for w in failed(records, final)["C14"]]
+    assert sorted(problems) == [
+        "a destroyed segment skipped without a data-loss error",
+        "passed events of a destroyed segment without a data-loss error",
+    ]
+
+
+def test_c14_a_loss_reported_where_nothing_was_destroyed_is_a_loss() -> None:
+    records, final = clean()
+    state = stream_of(final)
+    state["losses"] = [[[1, 1, 4]], []]
+    state["reads"][0] = state["reads"][0][3:]  # a0, a1, b0 (segment 1) not read
+    found = failed(records, final)
+    assert found["C14"][0]["problem"] == "a loss reported where nothing was destroyed"
+    assert found["C1"][0]["payload"] == "a0"  # not excused: nothing destroyed it
+
+
+def test_repair_rate_and_a_drain_that_left_a_replica_behind() -> None:
+    records, _ = clean()
+    records += [
+        {"t": 5.0, "type": "nemesis", "process": "nemesis", "phase": "detail", "fault": "wipe",
+         "target": "store1", "detect_s": 3.0, "repair_s": 5.0, "repair_bytes": 10 * 2**20},
+        {"t": 6.0, "type": "nemesis", "process": "nemesis", "phase": "detail",
+         "fault": "drain", "target": "store2", "drain_s": 4.0, "placed_after": 0,
+         "held_after": ["t/s/1"], "cli_exit": 0},
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    # 2 s to copy 10 MiB: 100 MiB would take 3 s to notice plus 20 s.
+    assert figures["repair_s_per_100mb"]["max"] == pytest.approx(23.0)
+    drained = bounds(figures, lease_s=1.0)["drained_empty_store2"]
+    assert (drained["value"], drained["ok"]) == (1, False)

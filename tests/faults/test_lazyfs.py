@@ -3,10 +3,12 @@ unsynced puts, a crash without close, a drop, a reopen -> the 200 synced keys.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +72,31 @@ def test_a_drop_loses_exactly_the_unsynced_writes(lazy: disk.LazyMount) -> None:
     assert python(PUTS, db) == "400"
     lazy.drop()
     assert python(COUNT, db) == "200 200"
+
+
+def test_read_only_refuses_every_write_and_keeps_reads(lazy: disk.LazyMount) -> None:
+    import errno
+
+    kept = lazy.mountpoint / "kept"
+    kept.write_bytes(b"before")
+    with kept.open("r+b") as open_for_writing:
+        lazy.read_only(True)
+        for attempt in (
+            lambda: (lazy.mountpoint / "new").write_bytes(b"x"),
+            lambda: kept.open("r+b"),
+            lambda: kept.unlink(),
+            lambda: _write_through(open_for_writing, b"y"),
+            lambda: os.fsync(open_for_writing.fileno()),
+        ):
+            with pytest.raises(OSError) as refused:
+                attempt()
+            assert refused.value.errno == errno.EROFS
+        assert kept.read_bytes() == b"before"
+        lazy.read_only(False)
+    kept.write_bytes(b"after")
+    assert kept.read_bytes() == b"after"
+
+
+def _write_through(file: Any, data: bytes) -> None:
+    file.write(data)
+    file.flush()

@@ -1,9 +1,11 @@
 """The fault suite's quick pass: scenarios once (seed 1), short fault windows, against
-real processes. Fails on any safety anomaly, with the witnesses.
+real processes. Fails on any safety anomaly, with the witnesses, and on a liveness
+bound (C13) missed other than a known finding (KNOWN_BOUND_MISSES).
 
 By default every implemented scenario (the pass `make test` and CI run, also
-`make faults-quick`; about six minutes on two cores); `FAULTS_QUICK=smoke` runs the smoke
-subset of FAULTS.md (S1, S2, S3, S5, S8: about two and a half minutes). Select with
+`make faults-quick`; about seven and a half minutes on two cores shared with other
+work); `FAULTS_QUICK=smoke` runs the smoke subset of FAULTS.md (S1, S2, S3, S5, S8: about
+two and a half minutes). Select with
 `pytest -m faults`; the full suite is `make faults`.
 
 S4 seed 1 also guards the harness: a writer killed through the `faketime` wrapper
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,30 +30,38 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 SMOKE = ["S1", "S2", "S3", "S5", "S8"]
 
-# Anomalies the suite found in the system, kept as named regressions (scenario, seed)
-# until fixed; then the xfail goes and the run stays.
-S12_SILENT_TRUNCATION = (
-    "S12 seed 1 (quick): after 2 bits flipped in an SST of a stopped store (store1), the "
-    "store still reports acked index = bridge for a sealed segment but a full Read returns "
-    "only a prefix (t2/clicks segment 1: 1..219 of 571; another run: segment 4, 1..308 of "
-    "405), with no error and nothing in its log; C8 'replica ends before its bridge', C9 "
-    "differs from store0. rocksdict iteration stops silently at a corrupted block (only "
-    "the iterator's status() says 'Corruption: block checksum mismatch'), so the store "
-    "serves a truncated segment and the master never sees the replica as damaged"
-)
-KNOWN_ANOMALIES = {("S12", 1): S12_SILENT_TRUNCATION}
+# Runs that found an anomaly in the system, kept as named regressions (scenario, seed):
+# `test_regression` replays each. While an anomaly is not fixed its entry is also in
+# KNOWN_ANOMALIES (an xfail with the finding); once fixed the xfail goes and the run
+# stays. A scenario whose regression is seed 1 has that run as its quick pass.
+REGRESSIONS = {
+    ("S12", 1): (
+        "S12 seed 1 (quick): after 2 bits flipped in an SST of a stopped store (store1), the "
+        "store still reported acked index = bridge for a sealed segment but a full Read "
+        "returned only a prefix (t2/clicks segment 1: 1..219 of 571), with no error: "
+        "rocksdict's iteration stops silently at a block that fails its checksum. Fixed: the "
+        "store checks its iterators' status (DATA_LOSS, the replica reported damaged and "
+        "repaired by the master)"
+    ),
+}
+KNOWN_ANOMALIES: dict[tuple[str, int], str] = {}
+
+# The liveness bounds of FAULTS.md §1 are for a box the run has to itself: a quick run's
+# own processes load two cores to about 3-4. Beyond this 1-minute load others are busy
+# too (other test runs, benchmarks), and a missed bound is a warning, not a failure.
+BUSY_LOAD = 2.0 * (os.cpu_count() or 2) + 2.0
+
+# Liveness bounds (C13) a scenario is known to miss, with the finding; any other miss
+# fails its quick pass.
+KNOWN_BOUND_MISSES: dict[str, dict[str, str]] = {}
 
 
 def quick_scenarios() -> list[Any]:
     names = scenario_names()
     if os.environ.get("FAULTS_QUICK") == "smoke":
         names = [name for name in names if name in SMOKE]
-    return [
-        pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_ANOMALIES[(name, 1)],
-                                                   strict=False))
-        if (name, 1) in KNOWN_ANOMALIES else name
-        for name in names
-    ]
+    # Seed 1 of a scenario with a seed-1 regression runs as that regression.
+    return [name for name in names if (name, 1) not in REGRESSIONS]
 
 
 def unavailable() -> str:
@@ -60,27 +71,43 @@ def unavailable() -> str:
 
 
 @pytest.mark.parametrize("name", quick_scenarios())
-def test_quick_pass(name: str, tmp_path: Path) -> None:
+def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
     reason = unavailable() or cannot_run(SCENARIOS[name])
     if reason:
         pytest.skip(reason)
     out = Path(os.environ.get("FAULTS_QUICK_OUT", tmp_path))
-    result = run(SCENARIOS[name], seed=1, out=out, quick=True)
+    result = run(SCENARIOS[name], seed=seed, out=out, quick=True)
     assert result["counts"]["appends_ok"] > 0, "the workload acked nothing"
     assert not result["nemesis_errors"], "the faults were not injected as scheduled"
+    if SCENARIOS[name].expect_loss:
+        # fsync=never: the loss is what the run measures (the durability docs' window).
+        warnings.warn(f"{name}: {json.dumps(result['documented_loss'])}", stacklevel=1)
+        return
     assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
+    known = KNOWN_BOUND_MISSES.get(name, {})
+    missed = {key: result["bounds"][key] for key in result["bounds_missed"] if key not in known}
+    load = (result["measurements"].get("load_1min") or {}).get("max", 0.0)
+    if missed and load > BUSY_LOAD:
+        warnings.warn(f"{name}: liveness bounds missed (C13) while the machine was busy "
+                      f"(load {load} > {BUSY_LOAD}), not failed: {json.dumps(missed)}",
+                      stacklevel=1)
+        return
+    assert not missed, f"liveness bounds missed (C13): {json.dumps(missed)}"
 
 
-@pytest.mark.parametrize(
-    ("name", "seed"),
-    [pytest.param(name, seed, marks=pytest.mark.xfail(reason=reason, strict=False))
-     for (name, seed), reason in sorted(KNOWN_ANOMALIES.items())],
-)
+def regressions() -> list[Any]:
+    smoke = os.environ.get("FAULTS_QUICK") == "smoke"
+    return [
+        pytest.param(name, seed, id=f"{name}-{seed}", marks=[
+            pytest.mark.xfail(reason=KNOWN_ANOMALIES[(name, seed)], strict=False)
+        ] if (name, seed) in KNOWN_ANOMALIES else [])
+        for name, seed in sorted(REGRESSIONS)
+        if not smoke or name in SMOKE
+    ]
+
+
+@pytest.mark.parametrize(("name", "seed"), regressions())
 def test_regression(name: str, seed: int, tmp_path: Path) -> None:
-    """A run that once found an anomaly, replayed with its seed."""
-    reason = unavailable() or cannot_run(SCENARIOS[name])
-    if reason:
-        pytest.skip(reason)
-    result = run(SCENARIOS[name], seed=seed, out=tmp_path, quick=True)
-    assert not result["nemesis_errors"], "the faults were not injected as scheduled"
-    assert result["valid"], json.dumps(result["anomalies"][:5], indent=1)
+    """A run that once found an anomaly, replayed with its seed (REGRESSIONS says
+    what it found)."""
+    test_quick_pass(name, tmp_path, seed)

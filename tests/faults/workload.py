@@ -3,7 +3,10 @@
     python -m tests.faults.workload writer --master A --streams t/a,t/b --name w1 --inc 2 \
         --history DIR --seed 7 [--rate 300] [--batch-max 20] [--size-max 4096]
     python -m tests.faults.workload reader --master A --streams t/a,t/b --name r1 --inc 1 \
-        --history DIR --seed 7 [--churn-s 5]
+        --history DIR --seed 7 [--churn-s 5] [--consume-ms 2]
+
+`--dial ADVERTISED=ADDRESS` (repeatable) makes the process reach a server through
+another address, e.g. a store through the harness's fault proxy (`tests.faults.proxy`).
 
 A writer contends for leadership of every stream (one `StreamClient.writer` session at a
 time per stream), appends pipelined batches and records invoke / ok / fail / info; when
@@ -33,6 +36,7 @@ from streamengine.client.errors import (
     NotFound,
     StreamEngineError,
 )
+from streamengine.protocol.sequence import pack_sequence
 from tests.faults import payload
 from tests.faults.history import Recorder, read_file
 
@@ -48,6 +52,8 @@ LEADERSHIP_WAIT_S = 30.0
 # Reader deliveries are recorded at least this often, and in lines of at most this many.
 DELIVER_FLUSH_S = 0.05
 DELIVER_FLUSH_EVENTS = 128
+# A slow consumer (`--consume-ms`) pauses once per this many events.
+SLOW_CONSUMER_STEP = 64
 
 
 def classify(error: BaseException) -> str:
@@ -69,7 +75,8 @@ class WriterWorkload:
         self.sessions = 0
 
     async def run(self) -> None:
-        async with StreamClient(self.args.master) as client, asyncio.TaskGroup() as group:
+        async with StreamClient(self.args.master, dial=self.args.dial) as client, \
+                asyncio.TaskGroup() as group:
             for stream in self.args.streams.split(","):
                 group.create_task(self.stream_loop(client, stream))
 
@@ -188,6 +195,8 @@ class ReaderWorkload:
         self.rng = random.Random(f"{args.seed}/{args.name}/{args.inc}")
         self.stopping = asyncio.Event()
         self.tokens = last_tokens(history)
+        # A range reported lost, which the next subscription goes past.
+        self.accepted_loss: dict[str, list[int]] = {}
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -196,7 +205,7 @@ class ReaderWorkload:
 
     async def stream_loop(self, stream: str) -> None:
         while not self.stopping.is_set():
-            async with StreamClient(self.args.master) as client:
+            async with StreamClient(self.args.master, dial=self.args.dial) as client:
                 # A few subscriptions per client, then a fresh client.
                 for _ in range(self.rng.randint(1, 4)):
                     if self.stopping.is_set():
@@ -206,7 +215,9 @@ class ReaderWorkload:
     async def subscription(self, client: StreamClient, stream: str) -> None:
         token = self.tokens.get(stream)
         start = 0 if token is None else token + 1
-        self.recorder.record("subscribe", stream=stream, **{"from": start})
+        skipping = self.accepted_loss.pop(stream, None)
+        self.recorder.record("subscribe", stream=stream, **{"from": start},
+                             **({"after_loss": skipping} if skipping else {}))
         buffer: list[list[object]] = []
         flushed_at = time.monotonic()
 
@@ -217,8 +228,18 @@ class ReaderWorkload:
                 buffer.clear()
             flushed_at = time.monotonic()
 
+        async def flush_when_idle() -> None:
+            # The last events before a quiet spell are recorded too, not only once the
+            # next event comes (the catch-up figure reads the history).
+            while True:
+                await asyncio.sleep(DELIVER_FLUSH_S)
+                if time.monotonic() - flushed_at > DELIVER_FLUSH_S:
+                    flush()
+
         churn_at = time.monotonic() + self.rng.uniform(0.3, 2.0) * self.args.churn_s
         events = client.subscribe(stream, start=start)
+        consumed = 0
+        flusher = asyncio.ensure_future(flush_when_idle())
         try:
             async with asyncio.timeout_at(self.loop_time(churn_at)) as _:
                 async for event in events:
@@ -231,16 +252,24 @@ class ReaderWorkload:
                         flush()
                     if self.stopping.is_set():
                         break
+                    consumed += 1
+                    if self.args.consume_ms and consumed % SLOW_CONSUMER_STEP == 0:
+                        # A slow consumer: the time its work on these events took.
+                        await asyncio.sleep(SLOW_CONSUMER_STEP * self.args.consume_ms / 1000)
         except TimeoutError:
             pass  # churn: drop the subscription, resume from the token
         except DataLossError as error:
-            self.recorder.record("error", stream=stream, error=describe(error), data_loss=[
-                error.segment_epoch, error.first_index, error.last_index])
+            lost = [error.segment_epoch, error.first_index, error.last_index]
+            self.recorder.record("error", stream=stream, error=describe(error), data_loss=lost)
+            # The reader accepts the loss, explicitly: it goes on just past the range.
+            self.tokens[stream] = pack_sequence(error.segment_epoch, error.last_index + 1) - 1
+            self.accepted_loss[stream] = lost
             await asyncio.sleep(0.5)
         except Exception as error:
             self.recorder.record("error", stream=stream, error=describe(error))
             await asyncio.sleep(0.5)
         finally:
+            flusher.cancel()
             flush()
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
@@ -274,8 +303,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-max", type=int, default=20)
     parser.add_argument("--size-max", type=int, default=16384)
     parser.add_argument("--churn-s", type=float, default=5.0, help="mean subscription life")
+    parser.add_argument("--consume-ms", type=float, default=0.0,
+                        help="a reader's work per event (a slow consumer)")
     parser.add_argument("--max-s", type=float, default=900.0, help="exit after this long")
-    return parser.parse_args(argv)
+    parser.add_argument("--dial", action="append", default=[], metavar="ADVERTISED=ADDRESS",
+                        help="reach the server advertised at ADVERTISED at ADDRESS instead")
+    args = parser.parse_args(argv)
+    args.dial = dict(item.split("=", 1) for item in args.dial)
+    return args
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -290,7 +325,7 @@ async def main_async(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, workload.stopping.set)
     loop.call_later(args.max_s, workload.stopping.set)
-    recorder.record("start", role=args.role, pid=_pid())
+    recorder.record("start", role=args.role, pid=_pid(), consume_ms=args.consume_ms)
     runner = asyncio.ensure_future(workload.run())
     await workload.stopping.wait()
     if args.role == "reader":

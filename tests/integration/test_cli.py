@@ -168,8 +168,13 @@ def test_cluster_up_serves_and_leaves_no_orphan_after_sigterm(tmp_path: Path) ->
     )
     try:
 
+        # TLS by default: the CLI uses the client certs dir the cluster printed.
+        certs = {"STREAMENGINE_CERTS_DIR": str((tmp_path / "data" / "certs" / "client").resolve())}
+
         def three_stores_alive() -> bool:
-            result = run_cli("status", "--json", "--master", f"127.0.0.1:{port}", timeout_s=10)
+            result = run_cli(
+                "status", "--json", "--master", f"127.0.0.1:{port}", env=certs, timeout_s=10
+            )
             if result.returncode != 0:
                 return False
             return sum(s["alive"] for s in json.loads(result.stdout)["stores"]) == 3
@@ -186,6 +191,7 @@ def test_cluster_up_serves_and_leaves_no_orphan_after_sigterm(tmp_path: Path) ->
         assert process.stdout is not None
         output = process.stdout.read()
         assert f"127.0.0.1:{port}" in output and "stopping (SIGTERM)" in output
+        assert f"export STREAMENGINE_CERTS_DIR={certs['STREAMENGINE_CERTS_DIR']}" in output
     finally:
         if process.poll() is None:
             process.kill()

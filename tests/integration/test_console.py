@@ -8,11 +8,12 @@ import json
 import shutil
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamengine.client.sync import SyncStreamClient
-from streamengine.tools.harness import free_port, running_cluster
+from streamengine.tools.harness import free_port, running_cluster, wait_for
 from tests.tree import ROOT
 
 CHROMIUM = shutil.which("chromium")
@@ -47,9 +48,14 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
             with client.writer("console/orders", leadership_timeout_s=10) as writer:
                 writer.append_batch([b"event-%d" % n for n in range(100)])
         base = f"http://127.0.0.1:{port}"
-        status = json.loads(fetch(base + "/api/status"))
-        assert {s["id"] for s in status["stores"]} == {"store0", "store1", "store2"}
-        assert "console/orders" in status["segments"]
+
+        def status() -> dict[str, Any]:
+            published: dict[str, Any] = json.loads(fetch(base + "/api/status"))
+            return published
+
+        # The snapshot is published each second: wait for one taken after the writes.
+        wait_for(lambda: "console/orders" in status().get("segments", {}), 10, 0.1, "stream")
+        assert {s["id"] for s in status()["stores"]} == {"store0", "store1", "store2"}
         assert b"streamengine_master_streams" in fetch(base + "/metrics")
 
         options = Options()

@@ -64,13 +64,15 @@ async def test_a_killed_store_restarts_while_other_threads_are_inside_grpc(
 
     def poll_the_master() -> None:  # a thread inside gRPC calls when the child forks
         while not polling.is_set():
-            serving(cluster.master_address)
+            serving(cluster.master_address, cluster.health_transport)
 
     pollers = [threading.Thread(target=poll_the_master) for _ in range(2)]
     for poller in pollers:
         poller.start()
     try:
-        async with StreamClient(cluster.master_address) as client:
+        async with StreamClient(
+            cluster.master_address, certs_dir=cluster.admin_certs_dir
+        ) as client:
             await client.create_stream("lc/restart", replicas=3, write_quorum=2)
             async with client.writer("lc/restart") as writer:
                 for round_ in range(5):

@@ -232,3 +232,29 @@ def test_streaming_picks_up_new_events_and_never_re_emits_after_a_restart(
             write(replica.address, driver.segment.id, open_epoch, entries, 5)
         run_once()  # a new query on the same checkpoint: resumes where the first stopped
         assert rows_of(spark.read.parquet(str(output))) == expected_rows([*made, (open_epoch, 5)])
+
+
+async def _written_over_tls(cluster: Cluster, stream: str, events: int) -> None:
+    from streamengine.client.stream_client import StreamClient
+
+    async with StreamClient(cluster.master_address, certs_dir=cluster.admin_certs_dir) as client:
+        await client.create_stream(stream, replicas=3, write_quorum=2)
+        async with client.writer(stream) as writer:
+            await writer.append_batch([payload_of(n) for n in range(1, events + 1)])
+        await client.seal(stream)
+
+
+def test_a_scan_of_a_secured_cluster_with_the_certs_dir(spark: Any, tmp_path: Path) -> None:
+    """The driver reads the certs dir; the executors reach the stores with what the
+    partitions carry. Without it, the scan fails on TLS."""
+    import asyncio
+
+    from streamengine.tools.harness import running_cluster
+
+    with running_cluster(tmp_path, stores=3, tls=True) as secured:
+        asyncio.run(_written_over_tls(secured, "spark/tls", 120))
+        certs_dir = str(secured.admin_certs_dir)
+        frame = load(spark, secured, "spark/tls", certsDir=certs_dir)
+        assert [row[3] for row in rows_of(frame)] == [payload_of(n) for n in range(1, 121)]
+        with pytest.raises(Exception, match="serves TLS"):
+            load(spark, secured, "spark/tls").collect()

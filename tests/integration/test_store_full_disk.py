@@ -79,6 +79,11 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_recovers_once_freed(
             held = next_index - 1
             assert (await state(stub, segment)).matched_index == held
             assert len(await read_all(stub, segment)) == held  # reads go on
+            # A delete the store cannot write now gets a status, not UNKNOWN (found by
+            # the fault suite's read-only disk, S9b).
+            with pytest.raises(grpc.aio.AioRpcError) as delete_refused:
+                await stub.Delete(segment_store_pb2.DeleteRequest(segment=segment))
+            assert delete_refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
             filler.unlink()
 

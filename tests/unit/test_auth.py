@@ -89,11 +89,17 @@ def test_a_tenant_principal_needs_a_tenant_and_a_role() -> None:
         Principal(PrincipalKind.STORE)
 
 
-def ssl_context(*sans: str, common_name: str = "x") -> dict[str, list[bytes]]:
+def ssl_context(
+    *uris: str, common_name: str = "x", dns: tuple[str, ...] = ()
+) -> dict[str, list[bytes]]:
+    """What grpcio 1.85 shows of a verified client certificate: every SAN untyped in
+    `x509_subject_alternative_name`, the URI ones again in `peer_uri`."""
     return {
         "transport_security_type": [b"ssl"],
         "x509_common_name": [common_name.encode()],
-        "x509_subject_alternative_name": [san.encode() for san in sans],
+        "x509_subject_alternative_name": [san.encode() for san in (*dns, *uris)],
+        "peer_uri": [uri.encode() for uri in uris],
+        "peer_dns": [name.encode() for name in dns],
     }
 
 
@@ -102,11 +108,13 @@ def ssl_context(*sans: str, common_name: str = "x") -> dict[str, list[bytes]]:
     [
         ({"transport_security_type": [b"insecure"]}, INSECURE),
         ({}, INSECURE),
-        (ssl_context("127.0.0.1", "urn:streamengine:master"), MASTER),
-        (ssl_context("localhost", "urn:streamengine:store:s1"), STORE),
+        (ssl_context("urn:streamengine:master", dns=("localhost",)), MASTER),
+        (ssl_context("urn:streamengine:store:s1", dns=("localhost",)), STORE),
+        # A DNS name spelled like an identity is no identity.
+        (ssl_context(dns=("urn:streamengine:admin",), common_name="root"), ANONYMOUS),
         (ssl_context("urn:streamengine:store:"), ANONYMOUS),
         (ssl_context("urn:streamengine:admin", common_name="root"), ADMIN),
-        (ssl_context("localhost", common_name="root"), ANONYMOUS),
+        (ssl_context(dns=("localhost",), common_name="root"), ANONYMOUS),
         (ssl_context("urn:streamengine:master", "urn:streamengine:admin"), ANONYMOUS),
         (ssl_context(), ANONYMOUS),
     ],

@@ -65,6 +65,23 @@ def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
     assert core.state(SEG).matched_index == 2 and core.state(SEG).acked_index == 0
 
 
+def test_a_busy_refusal_below_the_fence_is_the_fence_not_a_matched_index(
+    core: SegmentStoreCore,
+) -> None:
+    # Simulator seed 10179: a recovery at epoch 5 wrote up to 4; a waking leader of
+    # epoch 3 must not read matched 4 as its own entries held.
+    core.write(SEG, 3, 0, events(1, 2))
+    core.seal(SEG, 5)
+    core.write(SEG, 5, 0, events(3, 4, epoch=5))
+    refused = core.refused_busy(WriteCommand(SEG, 3, 0, events(3, 3)))
+    assert isinstance(refused, BelowFence) and refused.fence == 5
+    # At or above the fence it says what the segment holds, and writes nothing.
+    before = snapshot(core.kv)
+    held = core.refused_busy(WriteCommand(SEG, 5, 0, events(5, 5, epoch=5)))
+    assert isinstance(held, WriteResult) and (held.matched_index, held.fence) == (4, 5)
+    assert snapshot(core.kv) == before
+
+
 def test_write_at_the_fence_epoch_is_accepted(core: SegmentStoreCore) -> None:
     core.seal(SEG, 5)
     assert core.write(SEG, 5, 0, events(1, 1, epoch=5)).matched_index == 1
@@ -664,3 +681,113 @@ def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: SegmentStoreC
     assert isinstance(plan.outcomes[1], WriteResult)
     assert core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch)) == held_before
     assert core.state(SEG).last_index == 2 and core.state(other).matched_index == 1
+
+
+# ---- damage found by reads ----
+
+
+def _damaged_rocks(path: Path, rows: int) -> None:
+    """A RocksDB of `rows` keys (8-byte big-endian index -> 200 bytes) in one SST with
+    one bit flipped a third of the way in: a block in the middle fails its checksum."""
+    from rocksdict import Options, Rdict
+
+    db = Rdict(str(path), Options(raw_mode=True))
+    for index in range(rows):
+        db.put(index.to_bytes(8, "big"), b"%200d" % index)
+    db.flush()
+    db.close()
+    (sst,) = path.glob("*.sst")
+    with sst.open("r+b") as file:
+        file.seek(sst.stat().st_size // 3)
+        byte = file.read(1)[0]
+        file.seek(-1, 1)
+        file.write(bytes([byte ^ 0x10]))
+
+
+def test_rocks_kv_raises_at_a_damaged_block_instead_of_ending_the_scan(tmp_path: Path) -> None:
+    """rocksdict's own loops stop silently at a block that fails its checksum (S12 seed
+    1: a store served a truncated sealed segment); RocksKV raises instead."""
+    from streamengine.segment_store.kv import KVCorruption
+
+    _damaged_rocks(tmp_path / "db", 20_000)
+    kv = RocksKV(tmp_path / "db")
+    start, end = (0).to_bytes(8, "big"), (20_000).to_bytes(8, "big")
+    try:
+        with pytest.raises(KVCorruption, match="Corruption"):
+            kv.scan(start, end)
+        with pytest.raises(KVCorruption):
+            kv.scan_values(start, end)
+        damaged = next(index for index in range(20_000) if _get_raises(kv, index))
+        assert 0 < damaged < 20_000
+        with pytest.raises(KVCorruption):
+            kv.get(damaged.to_bytes(8, "big"))
+        with pytest.raises(KVCorruption):
+            kv.last_before(start, (damaged + 1).to_bytes(8, "big"))
+        # Short of the damage, and by limit, scans work as ever.
+        assert len(kv.scan(start, end, limit=10)) == 10
+        assert len(kv.scan_values(start, (damaged - 1).to_bytes(8, "big"))) == damaged - 1
+    finally:
+        kv.close()
+
+
+def _get_raises(kv: RocksKV, index: int) -> bool:
+    try:
+        kv.get(index.to_bytes(8, "big"))
+    except Exception:
+        return True
+    return False
+
+
+class _DamagedKV(MemoryKV):
+    """Reads of a segment's entries at or past `index` fail as a damaged block would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.damaged_from: bytes | None = None
+
+    def _check(self, end: bytes) -> None:
+        from streamengine.segment_store.kv import KVCorruption
+
+        if self.damaged_from is not None and end > self.damaged_from:
+            raise KVCorruption("Corruption: block checksum mismatch (test)")
+
+    def scan(
+        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
+    ) -> list[tuple[bytes, bytes]]:
+        self._check(end)
+        return super().scan(start, end, limit, max_bytes)
+
+    def scan_values(
+        self, start: bytes, end: bytes, limit: int = 0, max_bytes: int = 0
+    ) -> list[bytes]:
+        self._check(end)
+        return super().scan_values(start, end, limit, max_bytes)
+
+
+def test_a_damaged_segment_is_reported_with_acked_zero_until_mended() -> None:
+    """A read that meets damage raises and marks the segment; the master hears acked
+    index 0 for it (and repairs it); a confirmed copy or a delete mends the mark."""
+    kv = _DamagedKV()
+    core = SegmentStoreCore(kv)
+    other = SegmentKey(8, 1)
+    core.write(SEG, 3, 6, events(1, 6))
+    core.write(other, 1, 1, events(1, 1, epoch=1))
+    kv.damaged_from = entry_key(SEG.stream_id, SEG.epoch, 4)
+    assert core.read_run(SEG, 1, 3, 100, 0) == stored(events(1, 3))
+    assert core.damaged() == set()
+    with pytest.raises(CorruptEntry):
+        core.read_run(SEG, 1, 6, 100, 0)
+    assert core.damaged() == {SEG}
+    reported = core.reported_metas()
+    assert reported[SEG].acked_index == 0 and reported[other].acked_index == 1
+    assert core.metas()[SEG].acked_index == 6, "the store's own state is unchanged"
+    kv.damaged_from = None
+    fence = core.state(SEG).fence
+    core.confirm_copy(SEG, fence, 6)
+    assert core.damaged() == set()
+    kv.damaged_from = entry_key(SEG.stream_id, SEG.epoch, 1)
+    with pytest.raises(CorruptEntry):
+        core.digest(SEG)
+    assert core.damaged() == {SEG}
+    core.delete(SEG)
+    assert core.damaged() == set()

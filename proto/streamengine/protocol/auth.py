@@ -170,10 +170,10 @@ def identity_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) -> P
     security = auth_context.get("transport_security_type", [b""])
     if not security or security[0] != b"ssl":
         return INSECURE
-    uris = [
-        value.decode("utf-8", "replace").removeprefix("URI:")
-        for value in auth_context.get("x509_subject_alternative_name", [])
-    ]
+    # `peer_uri` lists the URI SANs alone. `x509_subject_alternative_name` lists every
+    # SAN without its type (seen with grpcio 1.85): a DNS name spelled like one of our
+    # URIs would read as an identity there.
+    uris = [value.decode("utf-8", "replace") for value in auth_context.get("peer_uri", [])]
     identities = [uri for uri in uris if uri.startswith(URI_PREFIX)]
     common_name = b"".join(auth_context.get("x509_common_name", [])[:1]).decode("utf-8", "replace")
     if len(identities) > 1:

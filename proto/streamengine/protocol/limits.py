@@ -18,8 +18,16 @@ WRITE_BATCH_BYTES_MAX = 8 << 20
 # rocksdict holds the GIL for a whole write, so a batch stays around a millisecond.
 WRITE_BATCH_ENTRIES_MAX = 4096
 
-# gRPC message limit on every channel and server (the default 4 MiB is below one batch).
-GRPC_MESSAGE_BYTES_MAX = 64 << 20
+# Protobuf framing beyond the payloads of one message: per entry a few bytes of tags,
+# lengths, epoch, index and crc (WRITE_BATCH_ENTRIES_MAX of them), or the lengths of a
+# packed read reply, plus the request's own fields.
+GRPC_MESSAGE_FRAMING_BYTES_MAX = 1 << 20
+
+# gRPC message limit on every channel and server, received and sent: one batch (which
+# may pass its limit by the one event that filled it) and its framing. No more: a peer
+# sending a larger message is refused by grpc before anything is parsed (the default
+# 4 MiB is below one batch).
+GRPC_MESSAGE_BYTES_MAX = WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX + GRPC_MESSAGE_FRAMING_BYTES_MAX
 
 # Parallel replicating and recovering keeps at most the open segment and one earlier.
 UNSEALED_SEGMENTS_MAX = 2
@@ -41,5 +49,6 @@ LEASE_MS_DEFAULT = 2000
 HEARTBEATS_PER_LEASE = 3
 
 assert WRITE_BATCH_BYTES_MAX >= 2 * EVENT_BYTES_MAX, "a batch must hold the largest event"
-assert GRPC_MESSAGE_BYTES_MAX >= 2 * WRITE_BATCH_BYTES_MAX, "a batch must fit a message"
+assert GRPC_MESSAGE_BYTES_MAX >= WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX, "a batch must fit"
+assert GRPC_MESSAGE_FRAMING_BYTES_MAX >= 64 * WRITE_BATCH_ENTRIES_MAX, "room for entry framing"
 assert LEASE_MS_DEFAULT > HEARTBEATS_PER_LEASE * 100, "heartbeats must be frequent enough"

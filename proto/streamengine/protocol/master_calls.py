@@ -13,15 +13,15 @@ A master that does not answer in time is left for the next call.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
 import grpc
 
-from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.masters import attempts_per_call, next_master, parse_masters
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
+from streamengine.protocol.transport import PLAINTEXT, Transport
 from streamengine.v1 import master_pb2_grpc
 
 # After these the next call goes to another master; after UNAVAILABLE this one too.
@@ -74,13 +74,17 @@ class AsyncMasters(_Masters):
     def stub(self) -> master_pb2_grpc.MasterAsyncStub:
         return cast("master_pb2_grpc.MasterAsyncStub", _AsyncStub(self))
 
-    async def call(self, method: str, request: Any, timeout_s: float | None, **kwargs: Any) -> Any:
+    async def call(
+        self, method: str, request: Any, timeout_s: float | None, **kwargs: Any
+    ) -> tuple[Any, grpc.aio.UnaryUnaryCall[Any, Any]]:
+        """The reply, and the call of the master that answered (its trailing metadata)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         address = self.current
         for attempt in range(attempts_per_call(self.masters)):
             stub = master_pb2_grpc.MasterStub(self._channel(address))
+            call = getattr(stub, method)(request, timeout=_remaining(deadline), **kwargs)
             try:
-                reply = await getattr(stub, method)(request, timeout=_remaining(deadline), **kwargs)
+                reply = await call
             except grpc.aio.AioRpcError as error:
                 following = self.after_failure(address, error)
                 last = attempt + 1 == attempts_per_call(self.masters)
@@ -89,7 +93,7 @@ class AsyncMasters(_Masters):
                 address = following
                 continue
             self.current = address
-            return reply
+            return reply, call
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -122,13 +126,14 @@ class SyncMasters(_Masters):
 
 
 @contextmanager
-def sync_masters(masters: str) -> Iterator[SyncMasters]:
-    """`SyncMasters` over channels of its own, closed on exit (tools, Spark planning)."""
+def sync_masters(masters: str, transport: Transport = PLAINTEXT) -> Iterator[SyncMasters]:
+    """`SyncMasters` over channels of its own (plaintext, or TLS as `transport` says),
+    closed on exit (tools, Spark planning)."""
     channels: dict[str, grpc.Channel] = {}
 
     def channel(address: str) -> grpc.Channel:
         if address not in channels:
-            channels[address] = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+            channels[address] = transport.channel(address)
         return channels[address]
 
     try:
@@ -138,19 +143,50 @@ def sync_masters(masters: str) -> Iterator[SyncMasters]:
             open_channel.close()
 
 
+class _FollowingCall:
+    """What a `MasterStub` method returns, as far as callers use it: awaited once for
+    the reply, then asked for the trailing metadata of the master that answered."""
+
+    def __init__(
+        self,
+        masters: AsyncMasters,
+        method: str,
+        request: Any,
+        timeout_s: float | None,
+        **kwargs: Any,
+    ) -> None:
+        # Started when awaited (a call never awaited leaves no coroutine behind).
+        self._masters, self._method, self._request = masters, method, request
+        self._timeout_s, self._kwargs = timeout_s, kwargs
+        self._answered: grpc.aio.UnaryUnaryCall[Any, Any] | None = None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._reply().__await__()
+
+    async def _reply(self) -> Any:
+        reply, self._answered = await self._masters.call(
+            self._method, self._request, self._timeout_s, **self._kwargs
+        )
+        return reply
+
+    async def trailing_metadata(self) -> Any:
+        assert self._answered is not None, "awaited first"
+        return await self._answered.trailing_metadata()
+
+
 class _AsyncStub:
     """Any `MasterStub` method, called through `AsyncMasters.call`."""
 
     def __init__(self, masters: AsyncMasters) -> None:
         self._masters = masters
 
-    def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
+    def __getattr__(self, method: str) -> Callable[..., _FollowingCall]:
         if method.startswith("_"):
             raise AttributeError(method)
 
         # `timeout` as gRPC's stubs name it: callers cannot tell this stub from one.
-        async def call(request: Any, timeout: float | None = None, **kwargs: Any) -> Any:  # noqa: ASYNC109
-            return await self._masters.call(method, request, timeout, **kwargs)
+        def call(request: Any, timeout: float | None = None, **kwargs: Any) -> _FollowingCall:
+            return _FollowingCall(self._masters, method, request, timeout, **kwargs)
 
         return call
 

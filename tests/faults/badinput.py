@@ -1,0 +1,404 @@
+"""S15, bad input: every RPC of the master and of the stores gets requests it must
+refuse, while the normal workload runs (FAULTS.md §6.3, C15).
+
+Three kinds of call, each recorded in the history as a `bad` record (`kind`, `case`,
+`server`, `method`, `expected`, `got`, `details`):
+
+- `row`: a table of requests with their exact expected status (`ROWS`): an event one
+  byte over the limit, a batch one entry over, an unknown stream or tenant, a stale
+  epoch, a write below a sealed segment's fence, and the like, built against the live
+  cluster (real stream ids, sealed segments and their fences).
+- `random`: random bytes that do not parse as the method's request, to every RPC:
+  INVALID_ARGUMENT, exactly.
+- `mutated`: a well-formed request of the fuzz namespace (names, ids and epochs no real
+  object has) with a few bytes flipped, replaced, cut or repeated, to every RPC that
+  cannot be made to disturb the cluster legitimately (`NOT_MUTATED`): if it no longer
+  parses, INVALID_ARGUMENT; if it still does, any status a server gives on purpose
+  (never UNKNOWN or INTERNAL, and an answer within the deadline).
+
+Before and after, a `digest` record: the master's metadata of the workload's namespace
+(tenants, streams and their policies, stores) and, per store, the digest of every sealed
+segment of the workload it holds. They must be equal, and every server must still serve
+(a `serving` record). The checker's C15 reads these records.
+
+Security rows (issue #14: Write or Seal without a grant or with a forged one, plaintext
+and wrong-CA clients, a wrong token) are more `Row`s with a `client` of their own:
+`CLIENTS` maps a client name to how its channel is made.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from streamengine.protocol import codec
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.tools.harness import is_serving
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+Code = grpc.StatusCode
+m, s = master_pb2, segment_store_pb2
+CALL_TIMEOUT_S = 5.0
+# Ids of the fuzz namespace: no real stream, segment, tenant or store has them, and a
+# few flipped bits do not make them one (a real stream id is small; these are not).
+FUZZ_STREAM_ID = 987_654_321
+FUZZ_EPOCH = 2_000_000_000
+FUZZ_STREAM = "fuzzns/none"
+FUZZ_STORE = "zz-nobody-7f3"
+# Statuses a server never gives on purpose: an unhandled error, or none at all.
+UNCLEAR = {"UNKNOWN", "INTERNAL"}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A segment of the workload as the master lists it, with one replica's address."""
+
+    stream: str
+    stream_id: int
+    epoch: int
+    final_index: int
+    address: str
+    fence: int = 0  # of that replica (sealed segments)
+
+    @property
+    def pb(self) -> entry_pb2.SegmentId:
+        return entry_pb2.SegmentId(stream_id=self.stream_id, epoch=self.epoch,
+                                   stream=self.stream)
+
+
+@dataclass(frozen=True)
+class Live:
+    """What rows are built against: a sealed and an open segment of the workload."""
+
+    sealed: Segment
+    open: Segment
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str
+    server: str  # "master" | "store": a store holding the row's segment
+    method: str
+    request: Callable[[Live], Message | list[Message]]  # a list: a client stream
+    expected: Code
+    # How the call is made (`CLIENTS`): security rows bring their own.
+    client: str = "insecure"
+    # The store row's target: the sealed or the open segment's replica.
+    segment: str = "sealed"
+
+
+CLIENTS: dict[str, Callable[[str], grpc.Channel]] = {
+    "insecure": grpc.insecure_channel,
+}
+
+
+def entry(index: int, epoch: int, payload: bytes = b"x",
+          kind: EntryKind = EntryKind.EVENT) -> entry_pb2.Entry:
+    return codec.entry_to_pb(StoredEntry.make(index, kind, epoch, payload))
+
+
+def below_fence(live: Live, entries: list[entry_pb2.Entry]) -> s.WriteRequest:
+    """A write one epoch below a sealed replica's fence, past its bridge."""
+    sealed = live.sealed
+    return s.WriteRequest(segment=sealed.pb, writer_epoch=sealed.fence - 1,
+                          entries=entries, request_id=1)
+
+
+def _past_bridge(live: Live, count: int = 1, size: int = 1) -> list[entry_pb2.Entry]:
+    first = live.sealed.final_index + 1
+    return [entry(first + n, live.sealed.fence - 1, b"b" * size) for n in range(count)]
+
+
+P = entry_pb2.ReplicationPolicy
+
+ROWS: list[Row] = [
+    # ---- the master ----
+    Row("bad stream name", "master", "CreateStream", lambda live: m.CreateStreamRequest(
+        name="no-slash", policy=P(replicas=3, write_quorum=2), create_tenant=True),
+        Code.INVALID_ARGUMENT),
+    Row("unknown tenant", "master", "CreateStream", lambda live: m.CreateStreamRequest(
+        name="nobodyhere/x", policy=P(replicas=3, write_quorum=2)), Code.NOT_FOUND),
+    Row("existing stream, other policy", "master", "CreateStream",
+        lambda live: m.CreateStreamRequest(name=live.open.stream,
+                                           policy=P(replicas=3, write_quorum=3)),
+        Code.ALREADY_EXISTS),
+    Row("W > N", "master", "CreateStream", lambda live: m.CreateStreamRequest(
+        name="fuzzns/x", policy=P(replicas=2, write_quorum=3), create_tenant=True),
+        Code.INVALID_ARGUMENT),
+    Row("bad tenant name", "master", "CreateTenant",
+        lambda live: m.CreateTenantRequest(tenant="a/b"), Code.INVALID_ARGUMENT),
+    Row("unknown stream", "master", "DescribeStream",
+        lambda live: m.DescribeStreamRequest(name=FUZZ_STREAM), Code.NOT_FOUND),
+    Row("segments of an unknown stream", "master", "ListSegments",
+        lambda live: m.ListSegmentsRequest(stream=FUZZ_STREAM), Code.NOT_FOUND),
+    Row("delete an unknown stream", "master", "DeleteStream",
+        lambda live: m.DeleteStreamRequest(name=FUZZ_STREAM), Code.NOT_FOUND),
+    Row("lease of an unknown stream", "master", "WriterHeartbeat",
+        lambda live: m.WriterHeartbeatRequest(stream=FUZZ_STREAM, client_id="bad"),
+        Code.NOT_FOUND),
+    Row("heartbeat with an epoch never granted", "master", "WriterHeartbeat",
+        lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
+                                              epoch=FUZZ_EPOCH), Code.INVALID_ARGUMENT),
+    Row("roll by a stale leader", "master", "RollSegment",
+        lambda live: m.RollSegmentRequest(stream=live.open.stream, client_id="bad",
+                                          epoch=live.sealed.epoch),
+        Code.FAILED_PRECONDITION),
+    Row("seal with a stale epoch", "master", "SealSegment",
+        lambda live: m.SealSegmentRequest(stream=live.sealed.stream,
+                                          segment_epoch=live.open.epoch,
+                                          writer_epoch=live.sealed.epoch, final_index=1),
+        Code.FAILED_PRECONDITION),
+    Row("drain an unknown store", "master", "DrainStore",
+        lambda live: m.DrainStoreRequest(store_id=FUZZ_STORE), Code.NOT_FOUND),
+    Row("register a store without an id", "master", "RegisterStore",
+        lambda live: m.RegisterStoreRequest(address="127.0.0.1:9"), Code.INVALID_ARGUMENT),
+    Row("register a store without host:port", "master", "RegisterStore",
+        lambda live: m.RegisterStoreRequest(store_id=FUZZ_STORE, address="x"),
+        Code.INVALID_ARGUMENT),
+    # ---- the stores ----
+    Row("an event one byte over the limit", "store", "Write",
+        lambda live: [below_fence(live, [entry(live.sealed.final_index + 1,
+                                               live.sealed.fence - 1,
+                                               b"o" * (EVENT_BYTES_MAX + 1))])],
+        Code.INVALID_ARGUMENT),
+    Row("a batch one entry over the limit", "store", "Write",
+        lambda live: [below_fence(live, _past_bridge(live, WRITE_BATCH_ENTRIES_MAX + 1))],
+        Code.INVALID_ARGUMENT),
+    Row("an entry whose crc does not match", "store", "Write",
+        lambda live: [below_fence(live, [_bad_crc(entry(live.sealed.final_index + 1,
+                                                        live.sealed.fence - 1))])],
+        Code.INVALID_ARGUMENT),
+    Row("a write below the fence (stale epoch)", "store", "Write",
+        lambda live: [below_fence(live, _past_bridge(live))], Code.FAILED_PRECONDITION),
+    Row("a seal below the fence (stale epoch)", "store", "Seal",
+        lambda live: s.SealRequest(segment=live.sealed.pb, new_epoch=live.sealed.fence - 1),
+        Code.FAILED_PRECONDITION),
+    Row("a seal at epoch 0", "store", "Seal",
+        lambda live: s.SealRequest(segment=live.open.pb, new_epoch=0),
+        Code.INVALID_ARGUMENT, segment="open"),
+    Row("a read of a segment not held", "store", "Read",
+        lambda live: s.ReadRequest(segment=_fuzz_segment(), from_index=1), Code.NOT_FOUND),
+    Row("a read without a segment id", "store", "Read",
+        lambda live: s.ReadRequest(from_index=1), Code.INVALID_ARGUMENT),
+    Row("the state of a segment not held", "store", "GetSegmentState",
+        lambda live: s.GetSegmentStateRequest(segment=_fuzz_segment()), Code.NOT_FOUND),
+    Row("the digest of a segment not held", "store", "Digest",
+        lambda live: s.DigestRequest(segment=_fuzz_segment()), Code.NOT_FOUND),
+    Row("a copy without a source", "store", "CopySegment",
+        lambda live: s.CopySegmentRequest(segment=_fuzz_segment(), final_index=3),
+        Code.INVALID_ARGUMENT),
+    Row("a subscription without a start", "store", "Subscribe",
+        lambda live: [s.SubscribeRequest(keepalive=s.Keepalive(sent_at_ms=1))],
+        Code.INVALID_ARGUMENT),
+]
+
+
+def _bad_crc(wire: entry_pb2.Entry) -> entry_pb2.Entry:
+    wire.crc32c ^= 1
+    return wire
+
+
+def _fuzz_segment() -> entry_pb2.SegmentId:
+    return entry_pb2.SegmentId(stream_id=FUZZ_STREAM_ID, epoch=FUZZ_EPOCH, stream=FUZZ_STREAM)
+
+
+# Well-formed requests of the fuzz namespace, one per RPC, for mutation.
+def _templates() -> dict[str, Message]:
+    fuzz = _fuzz_segment()
+    return {
+        "CreateTenant": m.CreateTenantRequest(tenant="fuzzns"),
+        "ListTenants": m.ListTenantsRequest(),
+        "CreateStream": m.CreateStreamRequest(name=FUZZ_STREAM, policy=P(replicas=3,
+                                                                         write_quorum=2)),
+        "ListStreams": m.ListStreamsRequest(tenant="fuzzns"),
+        "DescribeStream": m.DescribeStreamRequest(name=FUZZ_STREAM),
+        "DeleteStream": m.DeleteStreamRequest(name=FUZZ_STREAM),
+        "WriterHeartbeat": m.WriterHeartbeatRequest(stream=FUZZ_STREAM, client_id="fuzz"),
+        "ReleaseLease": m.ReleaseLeaseRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
+        "RollSegment": m.RollSegmentRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
+        "ListSegments": m.ListSegmentsRequest(stream=FUZZ_STREAM),
+        "SealSegment": m.SealSegmentRequest(stream=FUZZ_STREAM, segment_epoch=2,
+                                            writer_epoch=3, final_index=4),
+        "GetClusterStatus": m.GetClusterStatusRequest(),
+        "DrainStore": m.DrainStoreRequest(store_id=FUZZ_STORE),
+        "RequestRoll": m.RequestRollRequest(stream=FUZZ_STREAM),
+        "Write": s.WriteRequest(segment=fuzz, writer_epoch=1,
+                                entries=[entry(1, 1, b"fuzz")], request_id=1),
+        "Read": s.ReadRequest(segment=fuzz, from_index=1),
+        "Subscribe": s.SubscribeRequest(start=s.SubscribeStart(segment=fuzz, from_index=1)),
+        "CopySegment": s.CopySegmentRequest(segment=fuzz, source_address="127.0.0.1:9",
+                                            final_index=3),
+        "Digest": s.DigestRequest(segment=fuzz),
+        "GetSegmentState": s.GetSegmentStateRequest(segment=fuzz),
+    }
+
+
+# RPCs that get no mutated requests (random bytes only, and their rows): a request that
+# still parses after mutation could be a legitimate one that disturbs the run (a store
+# registered at a bogus address takes new segments; a forged heartbeat, rebalance or
+# delete moves or drops replicas). Refusing those from strangers is issue #14's grants.
+NOT_MUTATED = {"RegisterStore", "StoreHeartbeat", "Rebalance", "Delete", "Seal"}
+
+
+def methods() -> list[tuple[str, Any]]:
+    """(server, method descriptor) of every RPC."""
+    out: list[tuple[str, Any]] = []
+    for server, module, name in (("master", master_pb2, "Master"),
+                                 ("store", segment_store_pb2, "SegmentStore")):
+        out.extend((server, method)
+                   for method in module.DESCRIPTOR.services_by_name[name].methods)
+    return out
+
+
+def request_class(method: Any) -> type[Message]:
+    from google.protobuf import message_factory
+
+    cls: type[Message] = message_factory.GetMessageClass(method.input_type)
+    return cls
+
+
+def parses(method: Any, data: bytes) -> bool:
+    try:
+        request_class(method).FromString(data)
+    except DecodeError:
+        return False
+    return True
+
+
+def random_bytes(rng: random.Random, method: Any) -> bytes:
+    """Bytes that do not parse as the method's request."""
+    while True:
+        data = bytes(rng.randrange(256) for _ in range(rng.randint(1, 48)))
+        if not parses(method, data):
+            return data
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    """1-3 of: a bit flipped, a byte replaced, the end cut off, a slice repeated."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        if not out:
+            out.append(rng.randrange(256))
+            continue
+        where = rng.randrange(len(out))
+        kind = rng.randrange(4)
+        if kind == 0:
+            out[where] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            out[where] = rng.randrange(256)
+        elif kind == 2:
+            del out[where:]
+        else:
+            out[where:where] = out[where:where + rng.randint(1, 8)]
+    return bytes(out)
+
+
+def call(channel: Any, method: Any, payloads: list[bytes]) -> tuple[str, str]:
+    """One RPC with raw request bytes; (status name, details), "OK" when it succeeded.
+    (`channel` untyped: grpc's stubs type a multicallable without serializers as taking
+    nothing.)"""
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    try:
+        if method.client_streaming:
+            requests: Iterator[bytes] = iter(payloads)
+            if method.server_streaming:
+                list(channel.stream_stream(path)(requests, timeout=CALL_TIMEOUT_S))
+            else:
+                channel.stream_unary(path)(requests, timeout=CALL_TIMEOUT_S)
+        elif method.server_streaming:
+            list(channel.unary_stream(path)(payloads[0], timeout=CALL_TIMEOUT_S))
+        else:
+            channel.unary_unary(path)(payloads[0], timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as error:
+        return error.code().name, (error.details() or "")[:200]
+    return "OK", ""
+
+
+def serialized(request: Message | list[Message]) -> list[bytes]:
+    return [r.SerializeToString() for r in (request if isinstance(request, list) else [request])]
+
+
+def live_segments(master: str, streams: list[str]) -> Live | None:
+    """A sealed and the open segment of the workload, each with a replica (None before
+    the first roll)."""
+    with grpc.insecure_channel(master) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        for stream in streams:
+            listing = stub.ListSegments(m.ListSegmentsRequest(stream=stream),
+                                        timeout=CALL_TIMEOUT_S)
+            sealed = [x for x in listing.segments if x.state == entry_pb2.SEALED]
+            if not sealed or not listing.segments[-1].copy_set:
+                continue
+            last_sealed, last = sealed[-1], listing.segments[-1]
+            replica = last_sealed.copy_set[0].address
+            with grpc.insecure_channel(replica) as store:
+                state = store_grpc.SegmentStoreStub(store).GetSegmentState(
+                    s.GetSegmentStateRequest(segment=entry_pb2.SegmentId(
+                        stream_id=listing.stream_id, epoch=last_sealed.id.epoch)),
+                    timeout=CALL_TIMEOUT_S)
+            return Live(
+                Segment(stream, listing.stream_id, last_sealed.id.epoch,
+                        last_sealed.final_index, replica, state.fence),
+                Segment(stream, listing.stream_id, last.id.epoch, 0,
+                        last.copy_set[0].address),
+            )
+    return None
+
+
+def master_digest(master: str, streams: list[str], stores: list[str]) -> dict[str, Any]:
+    """The master's metadata of the workload's namespace."""
+    tenants = sorted({name.split("/")[0] for name in streams})
+    with grpc.insecure_channel(master) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        listed = stub.ListTenants(m.ListTenantsRequest(), timeout=CALL_TIMEOUT_S).tenants
+        infos = stub.ListStreams(m.ListStreamsRequest(), timeout=CALL_TIMEOUT_S).streams
+        status = stub.GetClusterStatus(m.GetClusterStatusRequest(), timeout=CALL_TIMEOUT_S)
+    return {
+        "tenants": sorted(t for t in listed if t in tenants),
+        "streams": sorted([i.name, i.stream_id, i.policy.replicas, i.policy.write_quorum,
+                           i.segment_bytes] for i in infos if i.name in streams),
+        "stores": sorted([x.store_id, x.address, x.zone, x.draining]
+                         for x in status.stores if x.store_id in stores),
+        # Outside the namespace: what valid requests of the fuzz created (information).
+        "others": sorted([*(t for t in listed if t not in tenants),
+                          *(i.name for i in infos if i.name not in streams),
+                          *(x.store_id for x in status.stores if x.store_id not in stores)]),
+    }
+
+
+def store_digests(master: str, streams: list[str]) -> dict[str, str]:
+    """"store stream/epoch" -> the store's digest of every sealed workload segment it
+    holds (up to its final index)."""
+    out: dict[str, str] = {}
+    with grpc.insecure_channel(master) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        for stream in streams:
+            listing = stub.ListSegments(m.ListSegmentsRequest(stream=stream),
+                                        timeout=CALL_TIMEOUT_S)
+            for segment in listing.segments:
+                if segment.state != entry_pb2.SEALED:
+                    continue
+                for replica in segment.copy_set:
+                    key = f"{replica.store_id} {stream}/{segment.id.epoch}"
+                    with grpc.insecure_channel(replica.address) as store:
+                        try:
+                            reply = store_grpc.SegmentStoreStub(store).Digest(
+                                s.DigestRequest(segment=entry_pb2.SegmentId(
+                                    stream_id=listing.stream_id, epoch=segment.id.epoch),
+                                    up_to_index=segment.final_index),
+                                timeout=CALL_TIMEOUT_S)
+                            out[key] = f"{reply.digest.hex()} fence {reply.fence}"
+                        except grpc.RpcError as error:
+                            out[key] = error.code().name
+    return out
+
+
+def serving(addresses: dict[str, str]) -> dict[str, bool]:
+    return {name: is_serving(address, 2.0) for name, address in addresses.items()}

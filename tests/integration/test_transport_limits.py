@@ -1,0 +1,103 @@
+"""Bad input costs the servers nothing at the transport: oversized messages and batches
+are refused before they are parsed or built, abandoned Write streams are closed, and a
+writer whose idle streams were closed goes on appending."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from streamengine.client.stream_client import StreamClient
+from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.tools.harness import free_port, metric_value, running_cluster, wait_until
+from streamengine.v1 import segment_store_pb2
+from tests.integration.store_helpers import entry, lone_store, seg, state, store_stub, write_request
+
+IDLE_MS = 400
+IDLE_CLOSED = "streamengine_store_write_streams_idle_closed_total"
+
+
+async def test_a_message_over_the_limit_is_refused_and_the_store_serves_on(
+    tmp_path: Path,
+) -> None:
+    with lone_store(tmp_path) as store:
+        async with store_stub(store.address) as stub:
+            huge = write_request(seg(), 3, 0, [entry(1, payload=b"x" * GRPC_MESSAGE_BYTES_MAX)])
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in stub.Write(_one(huge)):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            with pytest.raises(grpc.aio.AioRpcError) as absent:
+                await state(stub, seg())
+            assert absent.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_batch_of_too_many_entries_is_refused_before_it_is_built(
+    tmp_path: Path,
+) -> None:
+    with lone_store(tmp_path) as store:
+        async with store_stub(store.address) as stub:
+            many = [entry(1)] * (WRITE_BATCH_ENTRIES_MAX + 1)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in stub.Write(_one(write_request(seg(), 3, 0, many))):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert str(WRITE_BATCH_ENTRIES_MAX) in (refused.value.details() or "")
+
+
+async def test_an_abandoned_write_stream_is_closed_after_the_idle_timeout(
+    tmp_path: Path,
+) -> None:
+    with lone_store(tmp_path, ["--write-stream-idle-ms", str(IDLE_MS)]) as store:
+        async with store_stub(store.address) as stub:
+            never = asyncio.Event()
+
+            async def one_then_silence() -> AsyncIterator[segment_store_pb2.WriteRequest]:
+                yield write_request(seg(), 3, 0, [entry(1)])
+                await never.wait()
+
+            call = stub.Write(one_then_silence())
+            replies = []
+            async with asyncio.timeout(10 * IDLE_MS / 1000):
+                async for reply in call:  # ends when the store closes the stream
+                    replies.append(reply)
+            assert [r.matched_index for r in replies] == [1]
+            assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_writer_goes_on_after_its_idle_streams_were_closed(tmp_path: Path) -> None:
+    ports = [free_port() for _ in range(3)]
+    with running_cluster(
+        tmp_path,
+        stores=3,
+        store_args=["--write-stream-idle-ms", str(IDLE_MS)],
+        store_args_for=lambda n: ["--metrics-port", str(ports[n])],
+    ) as cluster:
+        async with StreamClient(cluster.master_address) as client:
+            await client.create_stream("idle/writer", replicas=3, write_quorum=2)
+            async with client.writer("idle/writer") as writer:
+                first = await writer.append(b"before")
+
+                def closed_on_every_store() -> bool:
+                    return all(metric_value(port, IDLE_CLOSED) >= 1 for port in ports)
+
+                await wait_until(
+                    lambda: asyncio.to_thread(closed_on_every_store),
+                    20,
+                    "every store closing the idle writer's stream",
+                    0.1,
+                )
+                second = await writer.append(b"after")
+                assert second > first
+            events = [e.payload async for e in client.read("idle/writer")]
+            assert events == [b"before", b"after"]
+
+
+async def _one(
+    request: segment_store_pb2.WriteRequest,
+) -> AsyncIterator[segment_store_pb2.WriteRequest]:
+    yield request

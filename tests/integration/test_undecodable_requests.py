@@ -1,0 +1,26 @@
+"""Bytes that do not parse as a method's request get INVALID_ARGUMENT naming the
+method, on every RPC of the master and the stores, and leave no traceback in the
+server's log (grpcio alone answers UNKNOWN and logs one per request)."""
+
+from __future__ import annotations
+
+import random
+
+import grpc
+
+from streamengine.tools.harness import Cluster, is_serving
+from tests.faults import badinput
+
+
+def test_every_rpc_answers_undecodable_bytes_with_invalid_argument(cluster: Cluster) -> None:
+    rng = random.Random(7)
+    addresses = {"master": cluster.master_address, "store": cluster.stores[0].address}
+    for server, method in badinput.methods():
+        with grpc.insecure_channel(addresses[server]) as channel:
+            data = badinput.random_bytes(rng, method)
+            payloads = [data, data] if method.client_streaming else [data]
+            got, details = badinput.call(channel, method, payloads)
+        assert (got, method.name in details) == ("INVALID_ARGUMENT", True), (method.name, got)
+    for process in (cluster.master, cluster.stores[0]):
+        assert is_serving(process.address)
+        assert "Traceback" not in process.log(), process.log()[-2000:]

@@ -1,0 +1,368 @@
+"""`streamengine cert`: the cluster's CA and the certificates it signs.
+
+CockroachDB's layout in one certs directory: `ca.crt` (+ `ca.key`, unless `--ca-key`
+puts it elsewhere), `node.crt` + `node.key` for a server, `client.NAME.crt` +
+`client.NAME.key` for a client. Every certificate the CA signs names what it is in one
+URI SAN (`protocol.auth`): `urn:streamengine:master`, `urn:streamengine:store:<id>` or
+`urn:streamengine:admin`; a client certificate without `--admin` names
+`urn:streamengine:client:<name>`, which grants nothing (a name for logs). Keys are
+ECDSA P-256 (small, fast handshakes) and written 0600.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from streamengine.protocol import auth, transport
+
+CA_KEY = "ca.key"
+ROOT_CLIENT = transport.ROOT_CLIENT
+# Long enough that a CA outlives many node rotations; nodes and clients expire sooner,
+# so a leaked key stops working on its own.
+CA_LIFETIME_DAYS = 10 * 365
+NODE_LIFETIME_DAYS_DEFAULT = 5 * 365
+CLIENT_LIFETIME_DAYS_DEFAULT = 5 * 365
+LIFETIME_DAYS_MIN = 1
+# A certificate is valid from a little before it is made: clocks of hosts differ.
+BACKDATE = datetime.timedelta(hours=1)
+KEY_MODE = 0o600
+ORGANIZATION = "Stream Engine"
+
+
+class CertError(Exception):
+    """A certificate cannot be made as asked: one line, exit 1."""
+
+
+@dataclass(frozen=True)
+class Authority:
+    certificate: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """Write a private key readable by its owner only, from its first byte on."""
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, KEY_MODE)
+        with os.fdopen(descriptor, "wb") as file:
+            os.fchmod(file.fileno(), KEY_MODE)  # O_CREAT's mode is masked by the umask
+            file.write(pem)
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _write_cert(path: Path, certificate: x509.Certificate) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    temporary.replace(path)
+
+
+def create_ca(certs_dir: Path, ca_key_path: Path | None = None, overwrite: bool = False) -> Path:
+    """A new self-signed CA: `ca.crt` in `certs_dir`, its key at `ca_key_path`."""
+    key_path = ca_key_path or certs_dir / CA_KEY
+    cert_path = certs_dir / transport.CA_CERT
+    if not overwrite and (cert_path.exists() or key_path.exists()):
+        raise CertError(f"{cert_path} or {key_path} exists; remove it first to make a new CA")
+    key = _new_key()
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+            x509.NameAttribute(NameOID.COMMON_NAME, "Stream Engine CA"),
+        ]
+    )
+    now = _now()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + datetime.timedelta(days=CA_LIFETIME_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key_path, key)
+    _write_cert(cert_path, certificate)
+    return cert_path
+
+
+def load_authority(certs_dir: Path, ca_key_path: Path | None = None) -> Authority:
+    """The CA that signs: the newest certificate of `ca.crt` (a rotation bundle lists the
+    new CA first) whose public key matches the key."""
+    key_path = ca_key_path or certs_dir / CA_KEY
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        bundle = x509.load_pem_x509_certificates((certs_dir / transport.CA_CERT).read_bytes())
+    except (OSError, ValueError) as error:
+        raise CertError(f"cannot load the CA from {certs_dir} (key {key_path}): {error}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CertError(f"{key_path} is not an EC key")
+    wanted = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    for certificate in bundle:
+        held = certificate.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        if held == wanted:
+            return Authority(certificate, key)
+    raise CertError(f"no certificate in {certs_dir / transport.CA_CERT} matches {key_path}")
+
+
+def _san_entries(hosts: Sequence[str], identity_uri: str) -> list[x509.GeneralName]:
+    entries: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            entries.append(x509.DNSName(host))
+    if identity_uri:
+        entries.append(x509.UniformResourceIdentifier(identity_uri))
+    return entries
+
+
+def _sign(
+    authority: Authority,
+    common_name: str,
+    sans: list[x509.GeneralName],
+    usages: list[x509.ObjectIdentifier],
+    lifetime_days: int,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    if lifetime_days < LIFETIME_DAYS_MIN:
+        raise CertError(f"a lifetime is at least {LIFETIME_DAYS_MIN} day")
+    key = _new_key()
+    now = _now()
+    # Never past the CA: a chain is only as valid as its shortest link.
+    not_after = min(
+        now + datetime.timedelta(days=lifetime_days),
+        authority.certificate.not_valid_after_utc,
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+                    x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                ]
+            )
+        )
+        .issuer_name(authority.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()),
+            critical=False,
+        )
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(authority.key, hashes.SHA256()), key
+
+
+def create_node(
+    certs_dir: Path,
+    hosts: Sequence[str],
+    *,
+    master: bool = False,
+    store_id: str = "",
+    ca_key_path: Path | None = None,
+    lifetime_days: int = NODE_LIFETIME_DAYS_DEFAULT,
+) -> Path:
+    """`node.crt` + `node.key`: a server's certificate for `hosts` (DNS names or IPs),
+    naming it the master or store `store_id`. Members use it both to serve and to call
+    each other, so it is good for server and client authentication."""
+    if master == bool(store_id):
+        raise CertError("a node is either the master (--master) or a store (--store-id ID)")
+    if not hosts:
+        raise CertError("name at least one host or IP the node is reached by")
+    if any(host.startswith(auth.URI_PREFIX) or not host for host in hosts):
+        raise CertError("a host is a DNS name or an IP address")
+    identity = auth.MEMBER_URI_MASTER if master else auth.store_uri(store_id)
+    authority = load_authority(certs_dir, ca_key_path)
+    certificate, key = _sign(
+        authority,
+        "master" if master else f"store {store_id}",
+        _san_entries(hosts, identity),
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        lifetime_days,
+    )
+    _write_key(certs_dir / transport.NODE_KEY, key)
+    _write_cert(certs_dir / transport.NODE_CERT, certificate)
+    return certs_dir / transport.NODE_CERT
+
+
+def create_client(
+    certs_dir: Path,
+    name: str,
+    *,
+    admin: bool = False,
+    ca_key_path: Path | None = None,
+    lifetime_days: int = CLIENT_LIFETIME_DAYS_DEFAULT,
+) -> Path:
+    """`client.NAME.crt` + `.key`; `root` is always a cluster admin."""
+    if not name or "/" in name or name.startswith("."):
+        raise CertError(f"bad client name {name!r}")
+    authority = load_authority(certs_dir, ca_key_path)
+    is_admin = admin or name == ROOT_CLIENT
+    certificate, key = _sign(
+        authority,
+        name,
+        # A name for logs either way; only the admin URI grants anything.
+        _san_entries([], auth.ADMIN_URI if is_admin else auth.URI_PREFIX + "client:" + name),
+        [ExtendedKeyUsageOID.CLIENT_AUTH],
+        lifetime_days,
+    )
+    cert_path, key_path = transport.client_cert_paths(certs_dir, name)
+    _write_key(key_path, key)
+    _write_cert(cert_path, certificate)
+    return cert_path
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "create-ca":
+            path = create_ca(args.certs_dir, args.ca_key, args.overwrite)
+        elif args.action == "create-node":
+            path = create_node(
+                args.certs_dir,
+                args.hosts,
+                master=args.master,
+                store_id=args.store_id,
+                ca_key_path=args.ca_key,
+                lifetime_days=args.lifetime_days,
+            )
+        else:
+            path = create_client(
+                args.certs_dir,
+                args.name,
+                admin=args.admin,
+                ca_key_path=args.ca_key,
+                lifetime_days=args.lifetime_days,
+            )
+    except CertError as error:
+        print(f"streamengine: error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+@dataclass(frozen=True)
+class LocalCerts:
+    """Certs dirs for a cluster on one host (`cluster up`, tests): the CA apart, one dir
+    per process holding `ca.crt` + its `node.*`, and a client dir with `client.root`."""
+
+    root: Path
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.root / "ca"
+
+    @property
+    def client_dir(self) -> Path:
+        """What a cluster admin exports as $STREAMENGINE_CERTS_DIR."""
+        return self.root / "client"
+
+    @property
+    def tenant_dir(self) -> Path:
+        """`ca.crt` alone: what a tenant holds beside its token."""
+        return self.root / "tenant"
+
+    def node_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def _copy_ca(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / transport.CA_CERT).write_bytes((self.ca_dir / transport.CA_CERT).read_bytes())
+
+    def add_node(self, name: str, *, master: bool = False, store_id: str = "") -> Path:
+        """`node_dir(name)`, made on first use; kept when it holds a certificate."""
+        directory = self.node_dir(name)
+        if not (directory / transport.NODE_CERT).exists():
+            self._copy_ca(directory)
+            create_node(
+                directory,
+                LOCAL_HOSTS,
+                master=master,
+                store_id=store_id,
+                ca_key_path=self.ca_dir / CA_KEY,
+            )
+        return directory
+
+
+def create_local_certs(root: Path) -> LocalCerts:
+    """A CA (kept if `root` has one), the client dir with `client.root`, and the tenant
+    dir; node dirs come with `LocalCerts.add_node`."""
+    local = LocalCerts(root)
+    if not (local.ca_dir / transport.CA_CERT).exists():
+        create_ca(local.ca_dir)
+    for directory in (local.client_dir, local.tenant_dir):
+        local._copy_ca(directory)
+    if not transport.client_cert_paths(local.client_dir, ROOT_CLIENT)[0].exists():
+        create_client(local.client_dir, ROOT_CLIENT, ca_key_path=local.ca_dir / CA_KEY)
+    return local
