@@ -11,7 +11,7 @@ whose comparisons are the *guard*:
   commit. Each commit rewrites the writer key, so a transaction of this master that
   etcd applies late (after a timeout, through another member) fails instead of
   overwriting newer records: an epoch is never written twice.
-- `NoMasterGuard` (restoring a backup): no master is campaigning at all.
+- `NoMasterGuard` (restoring a backup): no master is in the election at all.
 
 A comparison that fails raises `NotActive` (the election key is gone) or
 `MetadataChanged` (it is there, but the writer key moved: memory no longer matches etcd
@@ -69,7 +69,7 @@ class ActiveGuard:
 
 @dataclass(frozen=True, slots=True)
 class NoMasterGuard:
-    """Commits only while no master campaigns (a restore)."""
+    """Commits only while no master is in the election (a restore)."""
 
 
 Guard = ActiveGuard | NoMasterGuard

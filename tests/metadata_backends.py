@@ -2,10 +2,10 @@
 
 `BACKENDS` parametrizes a test; `open_backend` gives a `MetadataPlace` that opens the
 metadata (and opens it again, as a restarted master would). The etcd place uses the
-session's etcd (`tests/conftest.py`), a key prefix of its own, and the real election
-service: it campaigns with a lease of its own before it writes, and a restart revokes
-that lease and campaigns again, so every commit of these tests is conditional on an
-election key exactly as a running master's is.
+session's etcd (`tests/conftest.py`), a key prefix of its own, and the masters'
+election: it joins with a lease of its own before it writes, and a restart revokes that
+lease and joins again, so every commit of these tests is conditional on an election key
+exactly as a running master's is.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class RocksDBPlace:
             self.catalog = None
 
 
-def campaign(metadata: EtcdMetadata, address: str) -> int:
+def join_election(metadata: EtcdMetadata, address: str) -> int:
     """Join the master election with a fresh lease, as `master.election` does, and guard
     `metadata` with the key; returns the lease id (revoke it to step down). These tests
     run one master at a time per prefix, so its key is the oldest."""
@@ -91,7 +91,7 @@ class EtcdPlace:
     def open(self) -> Catalog:
         self.close()
         self.metadata = EtcdMetadata(EtcdClient(parse_etcd_url(self.url)))
-        self.lease_id = campaign(self.metadata, "test-master:1")
+        self.lease_id = join_election(self.metadata, "test-master:1")
         return Catalog(self.metadata)
 
     def step_down(self) -> None:

@@ -5,9 +5,9 @@ does not care where it came from: the embedded RocksDB under a master's `--data`
 as a RocksDB secondary instance, so the master may keep running) or etcd (one read at
 one revision). A restore writes such a file into an empty metadata store of either
 kind, so it also moves a cluster from the embedded store to etcd. It refuses a store
-that holds records, and etcd while any master campaigns: stop every master first. A
-backup older than the last grant comes back with `--raise-epochs N`, so that no epoch
-granted after it is granted again (deploy/README.md).
+that holds records, and etcd while any master is in the election: stop every master
+first. A backup older than the last grant comes back with `--raise-epochs N`, so that no
+epoch granted after it is granted again (deploy/README.md).
 
 File format, JSON lines: a header `{"format": "streamengine-metadata", "version": 1,
 "records": N}`, then one `{"k": base64, "v": base64}` per record in key order, then
@@ -138,7 +138,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
                 embedded.close()
         else:
             metadata = _etcd(args.metadata)
-            # Every transaction compares that no master campaigns.
+            # Every transaction compares that no master is in the election.
             metadata.guard = NoMasterGuard()
             try:
                 restore_records(metadata, records, args.raise_epochs)

@@ -320,7 +320,7 @@ async def test_an_active_master_whose_election_key_vanishes_steps_down_at_once(
     etcd: EtcdCluster, tmp_path: Path
 ) -> None:
     """Its keepalives still work: it learns from the election that another master won
-    (not at its next commit), and campaigns again as a standby."""
+    (not at its next commit), and joins the election again as a standby."""
     with running_ha_cluster(tmp_path, etcd, masters=2, stores=0, prefix="vanish") as cluster:
         old = cluster.master
         election = parse_etcd_url(etcd.url("vanish")).election_name + b"/"

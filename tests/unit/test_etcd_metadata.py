@@ -13,7 +13,7 @@ from streamengine.master.etcd_metadata import EtcdMetadata, MetadataChanged, NoM
 from streamengine.master.metadata import NotActive, Transaction, prefix_end
 from streamengine.master.state import MasterState
 from streamengine.tools.harness import EtcdCluster
-from tests.metadata_backends import EtcdPlace, campaign
+from tests.metadata_backends import EtcdPlace, join_election
 
 LEASE = 1000
 TIMEOUT = 3000
@@ -113,7 +113,7 @@ def test_a_standby_loads_what_the_active_master_wrote_and_only_it_writes(
     granted = first.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW)
     assert granted.lease.epoch == 1
 
-    # A second master on the same prefix: its campaign waits until the first steps down.
+    # A second master on the same prefix, once the first stepped down.
     place.step_down()
     second_place = EtcdPlace(url=place.url)
     try:
@@ -140,7 +140,7 @@ def test_records_load_page_by_page(place: EtcdPlace, monkeypatch: pytest.MonkeyP
     assert len(catalog.load().tenants) == 25
 
 
-def test_a_restore_writes_only_while_no_master_campaigns(place: EtcdPlace) -> None:
+def test_a_restore_writes_only_while_no_master_is_in_the_election(place: EtcdPlace) -> None:
     catalog = place.open()
     assert place.metadata is not None
     place.metadata.guard = NoMasterGuard()
@@ -150,4 +150,4 @@ def test_a_restore_writes_only_while_no_master_campaigns(place: EtcdPlace) -> No
     place.metadata.guard = NoMasterGuard()
     catalog.commit(Batch().tenant("t", 1))
     assert Catalog(place.metadata).load().tenants == {"t": 1}
-    place.lease_id = campaign(place.metadata, "test-master:1")
+    place.lease_id = join_election(place.metadata, "test-master:1")
