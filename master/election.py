@@ -54,8 +54,11 @@ KEEPALIVES_PER_TTL = 3
 POLL_S = 0.1
 # One etcd call; a member slower than this is left for the next.
 CALL_TIMEOUT_S = 0.5
-# Pause before an etcd call that failed is tried again (on the next member).
+# Pause before an etcd call that failed is tried again (on the next member), doubled
+# after each further failure up to the maximum: quick after a blip, quiet (one attempt,
+# and one log line, a second) while etcd is away.
 RETRY_S = 0.1
+RETRY_S_MAX = 1.0
 
 
 class LeaseLost(Exception):
@@ -117,6 +120,7 @@ class Election:
         when it now surely runs; raises LeaseLost when etcd says it is gone."""
         interval_s = self.ttl_ms / KEEPALIVES_PER_TTL / 1000
         request = rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)
+        pause_s = RETRY_S
         while True:
             member = self.client.member
             call = self.client.aio_lease(member).LeaseKeepAlive()
@@ -129,6 +133,7 @@ class Election:
                     if reply.TTL <= 0:
                         raise LeaseLost(f"etcd no longer knows lease {lease_id:x}")
                     confirmed(master_active_until(sent_ms, reply.TTL * 1000))
+                    pause_s = RETRY_S
                     spent_s = (self.clock_ms() - sent_ms) / 1000
                     await asyncio.sleep(max(0.0, interval_s - spent_s))
             except (
@@ -141,7 +146,9 @@ class Election:
                 self._failed(member, "keepalive", error)
             finally:
                 call.cancel()
-            await asyncio.sleep(RETRY_S)
+            # Never longer than an interval: the lease is only as alive as its keepalives.
+            await asyncio.sleep(pause_s)
+            pause_s = min(2 * pause_s, interval_s)
 
     @staticmethod
     async def _renew(
@@ -209,13 +216,15 @@ class Election:
 
     async def _call(self, what: str, attempt: Callable[[str], Awaitable[T]]) -> T:
         """`attempt(member)` until a member answers, moving on after each failure."""
+        pause_s = RETRY_S
         while True:
             member = self.client.member
             try:
                 return await attempt(member)
             except grpc.aio.AioRpcError as error:
                 self._failed(member, what, error)
-            await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(pause_s)
+            pause_s = min(2 * pause_s, RETRY_S_MAX)
 
     def _failed(self, member: str, what: str, error: BaseException) -> None:
         code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
