@@ -116,8 +116,12 @@ class Load:
 
 
 async def check_every_acked_append_once(client: StreamClient, load: Load) -> list[int]:
-    """Read the stream back: each writer's acked appends are there once and in order (its
-    in-doubt ones after them at most once); returns the epochs of the segments."""
+    """Seal the stream, then read it back: each writer's acked appends are there once and
+    in order (its in-doubt ones after them at most once); returns the epochs of the
+    segments. Sealing first recovers the segment the last (killed) writer left open: the
+    stores learn an acked index with the writer's next write, so reading an open segment
+    up to what they serve can end a batch or two before what the writer acked."""
+    await client.seal(load.stream)
     events = await read_all(client, load.stream)
     sequences = [sequence for sequence, _ in events]
     assert sequences == sorted(set(sequences)), "sequences strictly increase"
