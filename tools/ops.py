@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from streamengine.client.errors import StreamEngineError, Unavailable, from_rpc_error
+from streamengine.client.errors import (
+    InvalidArgument,
+    StreamEngineError,
+    Unavailable,
+    from_rpc_error,
+)
+from streamengine.protocol.master_calls import sync_masters
+from streamengine.protocol.masters import BadMasterList
 from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -49,18 +56,23 @@ def stream_client(args: argparse.Namespace) -> StreamClient:
 def master_stub(
     address: str, transport: Transport = PLAINTEXT
 ) -> Iterator[master_pb2_grpc.MasterStub]:
-    with transport.channel(address) as channel:
-        try:
-            yield master_pb2_grpc.MasterStub(channel)
-        except grpc.RpcError as error:
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                problem = tls_problem(error.details() or "", transport.tls)
-                raise Unavailable(
-                    f"master at {address}: {problem}"
-                    if problem
-                    else f"no master answering at {address} (is the cluster up?)"
-                ) from error
-            raise from_rpc_error(error) from error
+    """The masters at `address` (one, or several separated by commas: calls follow the
+    active one)."""
+    try:
+        masters = sync_masters(address, transport)
+        with masters as following:
+            yield following.stub
+    except BadMasterList as error:
+        raise InvalidArgument(f"--master: {error}") from error
+    except grpc.RpcError as error:
+        if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            problem = tls_problem(error.details() or "", transport.tls)
+            raise Unavailable(
+                f"master at {address}: {problem}"
+                if problem
+                else f"no active master answering at {address} (is the cluster up?)"
+            ) from error
+        raise from_rpc_error(error) from error
 
 
 def print_table(rows: list[list[str]], header: list[str]) -> None:
