@@ -430,6 +430,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
     async def append() -> tuple[int, int]:
         count, last = 0, 0
+        silent_told = False
         async with stream_client(args) as client, client.writer(args.name) as writer:
             batch: list[bytes] = []
             for line in _read_lines(args.file):
@@ -438,6 +439,7 @@ def cmd_append(args: argparse.Namespace) -> int:
                     last = (await writer.append_batch(batch))[-1]
                     count += len(batch)
                     batch = []
+                    silent_told = _tell_master_silence(writer.statistics(), silent_told)
             if batch:
                 last = (await writer.append_batch(batch))[-1]
                 count += len(batch)
@@ -448,6 +450,27 @@ def cmd_append(args: argparse.Namespace) -> int:
     count, last = asyncio.run(append())
     print(f"appended {count} events to {args.name}" + (f", last sequence {last}" if count else ""))
     return 0
+
+
+# A writer appends on while no master answers (it cannot roll meanwhile); `append`
+# says so on stderr once the silence lasts this long, and again when it ends.
+MASTER_SILENCE_TOLD_S = 5.0
+
+
+def _tell_master_silence(statistics: Any, told: bool) -> bool:
+    """Whether the user now knows the master is silent."""
+    silent_s = statistics.master_silent_s
+    if silent_s is not None and silent_s >= MASTER_SILENCE_TOLD_S and not told:
+        print(
+            f"streamengine: no master has answered for {silent_s:.0f} s; appending on to "
+            "the open segment (no roll until one answers)",
+            file=sys.stderr,
+        )
+        return True
+    if told and silent_s is not None and silent_s < MASTER_SILENCE_TOLD_S:
+        print("streamengine: the master answers again", file=sys.stderr)
+        return False
+    return told
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
