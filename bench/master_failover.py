@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from bench import failover
 from streamengine.tools.harness import (
     Cluster,
     running_etcd,
@@ -42,8 +39,6 @@ from streamengine.tools.harness import (
 )
 from streamengine.v1 import entry_pb2, master_pb2
 
-REPO = Path(__file__).resolve().parents[1]
-WRITER = [sys.executable, "-m", "bench.append_writer"]
 # The rate before the kill is measured over this window, after the writer's first second.
 BEFORE_WINDOW_S = 2.0
 RUN_TIMEOUT_S = 60.0
@@ -51,40 +46,9 @@ RUN_TIMEOUT_S = 60.0
 BATCHES_MAX = 100_000
 
 
-class WriterProcess:
+class WriterProcess(failover.WriterProcess):
     def __init__(self, master: str, stream: str, prefix: str, batches: int) -> None:
-        self.process = subprocess.Popen(
-            [*WRITER, master, stream, prefix, str(batches)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.lines: list[dict[str, Any]] = []
-        self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self.changed:
-                self.lines.append(json.loads(line))
-                self.changed.notify_all()
-
-    def wait_line(self, key: str, count: int = 1) -> dict[str, Any]:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        with self.changed:
-            while True:
-                found = [line for line in self.lines if key in line]
-                if len(found) >= count:
-                    return found[count - 1]
-                errors = [line for line in self.lines if "error" in line]
-                if errors:
-                    raise SystemExit(f"writer failed: {errors[0]}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SystemExit(f"no {key!r} line within {RUN_TIMEOUT_S} s: {self.lines}")
-                self.changed.wait(left)
+        super().__init__(master, stream, prefix, batches, timeout_s=RUN_TIMEOUT_S)
 
     def wait_acking_for(self, seconds: float) -> None:
         """Until the writer has been getting acks for `seconds` (at full speed by then)."""
@@ -103,10 +67,6 @@ class WriterProcess:
         with self.changed:
             return [(line["t"], line["acked"] + 1) for line in self.lines if "acked" in line]
 
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
 
 
 @dataclass(frozen=True)
