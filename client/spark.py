@@ -55,9 +55,10 @@ from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, Wai
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
+from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 SOURCE_NAME = "streamengine"
@@ -147,9 +148,9 @@ def fetch_layout(
     master_address: str, stream: str, with_open_acked: bool, transport: Transport = PLAINTEXT
 ) -> _StreamLayout:
     """The stream's segments, and for open ones the acked index their replicas serve."""
-    with transport.channel(master_address) as channel:
+    with sync_masters(master_address, transport) as masters:
         try:
-            reply = master_pb2_grpc.MasterStub(channel).ListSegments(
+            reply = masters.stub.ListSegments(
                 master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
             )
         except grpc.RpcError as error:

@@ -8,6 +8,11 @@ converts the answer. Listings are filtered to the tenants the caller may see
 master's grant of the caller's epoch (`master.authority.check_holder`). `_STATUS` is
 the one table from domain errors to gRPC statuses; a domain error raised before the
 catalog commit (a denial always is) leaves everything unchanged.
+
+Every handler first asks the role (`master.role`) whether this master is the active
+one now, in the same synchronous step as its state change: a standby (or an active
+master that cannot confirm its election lease) answers UNAVAILABLE, naming the active
+master in the trailing metadata when it knows it (`ACTIVE_MASTER_METADATA_KEY`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import grpc
 
 from streamengine.master import authority, errors, repair
 from streamengine.master.durability import DURABILITY_WORST_MAX
+from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
+from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol import identity
 from streamengine.protocol.auth import (
@@ -35,10 +42,9 @@ from streamengine.protocol.auth import (
     visible_tenant,
 )
 from streamengine.protocol.callers import Callers
-from streamengine.protocol.grants import GrantSigner
 from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
-from streamengine.protocol.signing import Verifier
+from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
 from streamengine.protocol.status_view import segment_dict, status_dict
 from streamengine.protocol.tokens import TOKEN_ID_CHARS, mint_token
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
@@ -60,6 +66,9 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # A standby, a deposed master, or etcd not answering: another master (or a retry)
+    # will.
+    MetadataError: grpc.StatusCode.UNAVAILABLE,
 }
 
 _TASK_STATE = {
@@ -80,8 +89,7 @@ def status_of(error: errors.MasterError) -> grpc.StatusCode:
 class MasterService(master_pb2_grpc.MasterServicer):
     def __init__(
         self,
-        state: MasterState,
-        repairer: Repairer,
+        role: MasterRole,
         clock_ms: Callable[[], int],
         metrics: Metrics,
         signer: identity.CertificateProof | None = None,
@@ -91,19 +99,13 @@ class MasterService(master_pb2_grpc.MasterServicer):
         """`clock_ms` is wall-clock time (token lifetimes are); `signer`, under TLS, the
         master's certificate (it signs replies to stores); `tenant_append_bytes_per_s`
         is told to every store."""
-        self.state = state
-        self.repairer = repairer
+        self.role = role
         self.clock_ms = clock_ms
         self.metrics = metrics
         # Under TLS the master's node certificate: it signs its replies to stores (delete
         # lists, signing keys, revocations), which take them from its certificate only.
         self.signer = signer
         self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
-        self.grant_signer = GrantSigner(state.signing_key)
-        self.verifier = Verifier([state.signing_key.public_key])
-        self.callers = Callers(
-            self.verifier, lambda: state.current_revocations(clock_ms()), clock_ms
-        )
 
     # ---- who calls ----
 
@@ -111,8 +113,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
         """The caller, when it may call `method` on `tenant`'s data; else PermissionDenied
         (raised inside `_call`'s action, before anything changes); Unauthenticated for a
         certificate proof that does not hold."""
+        state = self.state  # this activation's key and tokens
+        callers = Callers(state.verifier, lambda: state.current_revocations(self.clock_ms()))
         try:
-            principal = self.callers.principal(context)
+            principal = callers.principal(context)
         except identity.ProofRefused as refusal:
             raise errors.Unauthenticated(f"{method}: {refusal}") from None
         denial = principal if isinstance(principal, Denial) else None
@@ -146,20 +150,39 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> None:
         admin = principal.kind is PrincipalKind.CLUSTER_ADMIN
         authority.check_holder(
-            self.verifier, signed_grant, admin, stream, epoch, client_id, segment_epoch
+            self.state.verifier, signed_grant, admin, stream, epoch, client_id, segment_epoch
         )
 
     def _visible(self, principal: Principal, stream_id: int) -> bool:
         name = self.state.stream_name(stream_id)
         return bool(name) and visible_tenant(principal, authority.stream_tenant(name))
 
+    @property
+    def state(self) -> MasterState:
+        """The active state; only inside `_call`, after the role said it serves."""
+        assert self.role.state is not None, "used only while active"
+        return self.role.state
+
+    @property
+    def repairer(self) -> Repairer:
+        assert self.role.repairer is not None, "used only while active"
+        return self.role.repairer
+
     async def _call(self, context: Context, method: str, action: Callable[[int], T]) -> T:
+        now_ms = self.clock_ms()
         try:
-            result = action(self.clock_ms())
+            self.role.serving(now_ms)
+            result = action(now_ms)
         except errors.MasterError as error:
             code = status_of(error)
             self.metrics.requests.labels(method, code.name).inc()
-            await context.abort(code, str(error))
+            trailing: tuple[tuple[str, str], ...] = ()
+            if isinstance(error, NotActive):
+                # The freshest word on who is active: the election's, not the error's.
+                active = self.role.active_address or error.active_address
+                if active and active != self.role.address:
+                    trailing = ((ACTIVE_MASTER_METADATA_KEY, active),)
+            await context.abort(code, str(error), trailing_metadata=trailing)
             raise AssertionError("abort returns only by raising") from None
         self.metrics.requests.labels(method, "OK").inc()
         return result
@@ -229,7 +252,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             reply.unsealed.extend(self._segment(s) for s in view.unsealed)
             reply.roll_requested = bool(view.roll_reason)
             reply.roll_reason = view.roll_reason
-            reply.grant = self.grant_signer.sign(view.grant())
+            reply.grant = self.state.grant_signer.sign(view.grant())
         return reply
 
     def _task(self, status: TaskStatus) -> master_pb2.RepairTask:
@@ -550,13 +573,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def GetClusterStatus(
         self, request: master_pb2.GetClusterStatusRequest, context: Context
     ) -> master_pb2.ClusterStatus:
-        principal = await self._call(
-            context, "GetClusterStatus", lambda now: self._require(context, "GetClusterStatus")
+        return await self._call(
+            context,
+            "GetClusterStatus",
+            lambda now: self.cluster_status(now, self._require(context, "GetClusterStatus")),
         )
-        return self.cluster_status(self.clock_ms(), principal)
 
     def console_status(self) -> dict[str, Any]:
-        """What the console shows: the cluster status, and each stream's segments. The
+        """What the console shows: the cluster status, and each stream's segments. Only
+        while this master is the active one (the caller checks `role.state`). The
         console is the operator's page on the metrics port: it shows every tenant."""
         status = status_dict(self.cluster_status(self.clock_ms(), INSECURE))
         status["segments"] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from streamengine.client.core.leader import (
     HeartbeatAnswered,
@@ -16,13 +16,13 @@ from streamengine.client.core.replicator import (
     SegmentRef,
 )
 from streamengine.master import authority, repair
-from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.catalog import Catalog
 from streamengine.master.errors import MasterError, SealConflict
+from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.model import SegmentRecord
 from streamengine.master.state import MasterState, WriterView
-from streamengine.protocol.grants import GrantSigner
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.protocol.signing import SigningKey, Verifier
+from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.store import DigestInfo, SegmentKey, SegmentStateInfo
 from tests.sim import messages as m
 from tests.sim.network import Message
@@ -34,30 +34,6 @@ from tests.sim.nodes import MASTER, Node
 
 # ---- master ----
 
-
-
-class MemoryCatalog(Catalog):
-    """The real catalog's encoding and loading over a sorted dict instead of RocksDB
-    (every commit is durable at once, as a synced RocksDB write is)."""
-
-    def __init__(self) -> None:  # no RocksDB
-        self.data: dict[bytes, bytes] = {}
-        self._db = cast(Any, self)  # get/items: all the loading code needs
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.data.get(key)
-
-    def items(self, from_key: bytes) -> list[tuple[bytes, bytes]]:
-        return sorted((k, v) for k, v in self.data.items() if k >= from_key)
-
-    def commit(self, batch: Batch) -> None:
-        for key in batch.deletes:
-            self.data.pop(key, None)
-        for key, value in batch.puts:
-            self.data[key] = value
-
-    def close(self) -> None:
-        pass
 
 
 def grant_of(record: SegmentRecord) -> SegmentGrant:
@@ -76,7 +52,8 @@ def sim_signing_key(seed: int) -> SigningKey:
 class MasterNode(Node):
     def __init__(self, world: World) -> None:
         super().__init__(MASTER, world)
-        self.catalog = MemoryCatalog()
+        self.metadata = MemoryMetadata()
+        self.catalog = Catalog(self.metadata)
         self.state = self._load()
         cfg = world.config
         self.stream = self.state.create_stream(
@@ -95,17 +72,13 @@ class MasterNode(Node):
 
     def _load(self) -> MasterState:
         cfg = self.world.config
-        state = MasterState(
+        return MasterState(
             self.catalog,
             self.world.now,
             cfg.lease_ms,
             cfg.store_timeout_ms,
             make_signing_key=lambda: sim_signing_key(cfg.seed),
         )
-        # As the master's service: grants signed with the key kept in the catalog.
-        self.signer = GrantSigner(state.signing_key)
-        self.verifier = Verifier([state.signing_key.public_key])
-        return state
 
     def restart(self) -> None:
         super().restart()
@@ -185,7 +158,7 @@ class MasterNode(Node):
         simulated callers are never cluster admins)."""
         record = self.state.stream(stream)
         authority.check_holder(
-            self.verifier, signed, False, record, epoch, client_id, segment_epoch
+            self.state.verifier, signed, False, record, epoch, client_id, segment_epoch
         )
 
     def _view(self, view: WriterView, before: int, client_id: str) -> HeartbeatAnswered:
@@ -201,7 +174,7 @@ class MasterNode(Node):
         if view.leads:
             grant = view.grant()
             self.world.checker.grant_issued(grant)
-            signed = self.signer.sign(grant)
+            signed = self.state.grant_signer.sign(grant)
         return HeartbeatAnswered(
             sent_at_ms=0,
             leader=view.leads,

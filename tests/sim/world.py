@@ -495,7 +495,7 @@ class World:
             what = f"a seal at epoch {last} under a grant signed by another key"
         elif kind == 8 and self.checker.grants:
             issued = self.checker.grants[max(self.checker.grants)][0]
-            signed = self.master.signer.sign(issued)
+            signed = self.master.state.grant_signer.sign(issued)
             what = f"a seal at epoch {last} under the master's grant of epoch {issued.epoch}"
         result = store.seal(segment, last, signed, from_writer=False)
         if not isinstance(result, m.Denied):
@@ -528,7 +528,7 @@ class World:
         if not master.up:
             return
         state = master.state
-        before = (dict(master.catalog.data), dict(state.leases))
+        before = (dict(master.metadata.data), dict(state.leases))
         stream = self.config.stream
         record = state.streams[stream]
         now = self.now
@@ -571,7 +571,7 @@ class World:
         else:
             raise Violation(6, f"the master did not refuse {what}")
         self.note(f"bad input to the master: {what}")
-        if (dict(master.catalog.data), dict(state.leases)) != before:
+        if (dict(master.metadata.data), dict(state.leases)) != before:
             raise Violation(6, f"the master changed after refusing {what}")
 
     # ---- liveness ----

@@ -15,6 +15,7 @@ from streamengine.protocol.auth import Role
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner, open_grant
 from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.protocol.tokens import mint_token, open_token
+from tests.metadata_backends import MetadataPlace, RocksDBPlace
 from tests.unit.test_master_state import LEASE, Master, beat
 
 STREAM = StreamRecord("acme/orders", 7, 3, 2, 1 << 20, 60_000, 9, "w1", 0)
@@ -100,24 +101,28 @@ def test_stream_tenant(name: str, tenant: str) -> None:
 
 
 @pytest.fixture
-def master(tmp_path: Path) -> Iterator[Master]:
-    """Four stores and the stream t/s, past the start-up window."""
-    started = Master(tmp_path / "m")
+def master(metadata_place: MetadataPlace) -> Iterator[Master]:
+    """Four stores and the stream t/s, past the start-up window, over each back end."""
+    started = Master(metadata_place)
     started.stores("a", "b", "c", "d")
     started.state.create_stream("t/s", 3, 2, 0, 0, True, started.now)
     started.now += LEASE
     yield started
-    started.catalog.close()
 
 
-def test_the_signing_key_is_made_once_and_kept_across_restarts(tmp_path: Path) -> None:
-    first = Master(tmp_path / "m")
+def test_the_signing_key_is_made_once_and_kept_across_restarts(
+    metadata_place: MetadataPlace, tmp_path: Path
+) -> None:
+    """A restart, or a standby becoming active on the same metadata, signs with the
+    same key; another cluster's metadata holds another one."""
+    first = Master(metadata_place)
     key = first.state.signing_key.public_key
     assert first.restart().signing_key.public_key == key
-    first.catalog.close()
-    other = Master(tmp_path / "other")
-    assert other.state.signing_key.public_key != key
-    other.catalog.close()
+    other = RocksDBPlace(tmp_path / "other")
+    try:
+        assert Master(other).state.signing_key.public_key != key
+    finally:
+        other.close()
 
 
 def test_a_leader_view_grants_its_epoch_with_what_it_must_seal(master: Master) -> None:
