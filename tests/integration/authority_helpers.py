@@ -13,6 +13,7 @@ import tempfile
 import grpc
 from rocksdict import AccessType, Options, Rdict
 
+from streamengine.master.rocksdb_metadata import CATALOG_DIR
 from streamengine.protocol.auth import AUTHORIZATION_METADATA_KEY, BEARER_PREFIX
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
@@ -24,7 +25,7 @@ SIGNING_KEY = b"m/signing_key"
 
 
 def master_signing_key(cluster: Cluster) -> SigningKey:
-    catalog = cluster.root / "master" / "catalog"
+    catalog = cluster.root / "master" / CATALOG_DIR
     with tempfile.TemporaryDirectory() as secondary:
         options = Options(raw_mode=True)
         db = Rdict(str(catalog), options, access_type=AccessType.secondary(secondary))
