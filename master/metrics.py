@@ -24,6 +24,10 @@ class Metrics:
     durability_debt_seconds: Counter
     bytes_below_n: Gauge
     bytes_below_w: Gauge
+    certificates: Counter
+    replica_checks: Counter
+    replicas_bad: Counter
+    reader_reports: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -74,6 +78,28 @@ class Metrics:
             bytes_below_w=Gauge(
                 "streamengine_master_durability_bytes_below_w",
                 "Bytes of sealed segments with fewer than W good replicas now",
+                registry=r,
+            ),
+            certificates=Counter(
+                "streamengine_master_certificates",
+                "Certificates recorded, by who made them (writer, replicas)",
+                ["by"],
+                registry=r,
+            ),
+            replica_checks=Counter(
+                "streamengine_master_replica_checks",
+                "Scrub reports of sealed replicas, by outcome (verified, bad, damaged, other)",
+                ["outcome"],
+                registry=r,
+            ),
+            replicas_bad=Counter(
+                "streamengine_master_replicas_bad",
+                "Replicas found differing from their segment's certificate",
+                registry=r,
+            ),
+            reader_reports=Counter(
+                "streamengine_master_reader_reports",
+                "Replicas readers reported suspect (each checked first by its store)",
                 registry=r,
             ),
         )

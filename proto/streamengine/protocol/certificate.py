@@ -230,10 +230,17 @@ class ContentDigest:
         self._cut_if_full()
 
     def add_events(self, first_index: int, payloads: Sequence[bytes]) -> None:
-        """EVENTs at consecutive indexes from `first_index` (a writer's append): whole
-        runs hashed at once between the cuts."""
+        """EVENTs at consecutive indexes from `first_index` (a writer's append)."""
+        self.add_run(first_index, bytes((EntryKind.EVENT,)) * len(payloads), payloads)
+
+    def add_run(
+        self, first_index: int, kinds: bytes, payloads: Sequence[bytes | memoryview]
+    ) -> None:
+        """Entries at consecutive indexes from `first_index`, a kind byte and a payload
+        each: whole runs hashed at once between the cuts."""
         if first_index != self._through + 1:
             raise ValueError(f"index {first_index} does not follow {self._through}")
+        assert len(kinds) == len(payloads), "a kind per payload"
         start = 0
         while start < len(payloads):
             room_entries = CHUNK_ENTRIES_MAX - self._open.entries
@@ -245,9 +252,7 @@ class ContentDigest:
                 taken += len(payloads[stop])
                 stop += 1
             run = payloads[start:stop]
-            self._open.add_run(
-                bytes((EntryKind.EVENT,)) * len(run), _lengths_bytes(map(len, run)), run
-            )
+            self._open.add_run(kinds[start:stop], _lengths_bytes(map(len, run)), run)
             self._open.payload_bytes += taken
             self._through += len(run)
             self._cut_if_full()
