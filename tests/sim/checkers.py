@@ -21,6 +21,9 @@ every step and a failure names the step that broke the rule:
    after its writer loses leadership, and, while its writer runs and leads, within the
    append timeout and that much: no append hangs, even for a
    leader that no master and too few stores answer.
+11. certificates: a sealed segment's certificate, once recorded (by its writer with the
+   seal, or by W agreeing replicas), never changes and is what every replica that
+   reached the bridge holds; a replica is condemned only when it differs from it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 from streamengine.master.model import SegmentState
 from streamengine.master.state import MasterState
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
@@ -43,6 +47,7 @@ INVARIANTS = {
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
     7: "every append ends within a bound (its timeout, or its writer losing leadership)",
+    11: "a sealed segment's certificate is what its replicas at the bridge hold",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -80,6 +85,7 @@ class Checker:
         self.acked_sequences: list[int] = []  # sorted
         self.followers: dict[str, FollowerRecord] = {}
         self.finals: dict[SegmentKey, int] = {}
+        self.certificates: dict[SegmentKey, Certificate] = {}
         self.failed: set[bytes] = set()  # appends users were told definitely failed
         self.served_payloads: set[bytes] = set()
         self.epoch_seen = 0
@@ -227,6 +233,50 @@ class Checker:
                 raise Violation(4, f"store {store}: a BRIDGE at {e.index} below {final}")
             self._agree(f"sealed replica {store}", segment.epoch, e.index, e.kind, e.payload)
 
+    # ---- invariant 11 ----
+
+    def certificate_recorded(
+        self, segment: SegmentKey, certificate: Certificate, stores: dict[str, SegmentStoreCore]
+    ) -> None:
+        """The master recorded `certificate` for `segment`: it never changes, and every
+        replica sealed and acked up to its bridge holds exactly that content."""
+        known = self.certificates.setdefault(segment, certificate)
+        if known != certificate:
+            raise Violation(
+                11,
+                f"segment {segment.epoch}: certificate {certificate.describe()} replaced "
+                f"{known.describe()}",
+            )
+        for name, core in sorted(stores.items()):
+            meta = core.meta(segment)
+            reached = meta is not None and meta.acked_index >= certificate.final_index
+            if reached and meta is not None and meta.fence > segment.epoch:
+                held = core.certify(segment, certificate.final_index).certificate
+                if held != certificate:
+                    raise Violation(
+                        11,
+                        f"store {name}: segment {segment.epoch} at its bridge differs "
+                        f"from its certificate {certificate.describe()}",
+                    )
+
+    def replica_condemned(
+        self,
+        store: str,
+        core: SegmentStoreCore | None,
+        segment: SegmentKey,
+        certificate: Certificate,
+    ) -> None:
+        """The master judged `store`'s replica bad: it must differ from the certificate."""
+        if core is None or core.meta(segment) is None:
+            return  # nothing held any more: nothing was condemned wrongly
+        held = core.certify(segment, certificate.final_index).certificate
+        if held == certificate:
+            raise Violation(
+                11,
+                f"store {store}: segment {segment.epoch} condemned though it holds its "
+                f"certificate {certificate.describe()}",
+            )
+
     # ---- invariant 5 ----
 
     def master_changed(self, state: MasterState, granted_epoch: int = 0) -> None:
@@ -283,7 +333,8 @@ class Checker:
         payload, started_ms = next(iter(started.items()))
         if clock_ms > started_ms + self.append_timeout_ms + APPEND_END_MS_MAX:
             raise Violation(
-                7, f"{writer}: an append started at {started_ms} is still open at {clock_ms}: "
+                7,
+                f"{writer}: an append started at {started_ms} is still open at {clock_ms}: "
                 f"{payload!r}",
             )
 

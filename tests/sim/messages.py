@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamengine.master.model import Held
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.store import SegmentKey
 
@@ -82,6 +83,7 @@ class SealSegment:
     segment_epoch: int
     writer_epoch: int
     final_index: int
+    certificate: Certificate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +92,21 @@ class ListSegments:
 
 
 @dataclass(frozen=True, slots=True)
+class ScrubReport:
+    """A sealed replica the store's scrub read back: its certificate, or damage."""
+
+    segment: tuple[int, int]
+    final_index: int
+    certificate: Certificate | None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StoreHeartbeat:
     store: str
     # What the store holds: (stream id, epoch) -> (fence, acked, last index, bytes).
     held: tuple[tuple[tuple[int, int], Held], ...] = ()
+    scrubbed: tuple[ScrubReport, ...] = ()
 
     def __str__(self) -> str:
         return f"StoreHeartbeat({self.store}, {len(self.held)} segments)"
@@ -102,9 +115,10 @@ class StoreHeartbeat:
 @dataclass(frozen=True, slots=True)
 class StoreHeartbeatReply:
     """The segments the master wants the store to delete (not a copy-set member of a
-    sealed segment, or of a deleted stream)."""
+    sealed segment, or of a deleted stream), and the replicas to scrub first."""
 
     deletes: tuple[tuple[int, int], ...]
+    scrub_first: tuple[tuple[int, int], ...] = ()
 
 
 # ---- stores: unary ----
@@ -173,6 +187,7 @@ class CopySegment:
     source: str
     final_index: int
     fence: int
+    certificate: Certificate | None = None
 
     def __str__(self) -> str:
         return (

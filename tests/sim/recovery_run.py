@@ -46,6 +46,7 @@ class RecoveryRun:
             [r.store_id for r in grant.copy_set],
             writer.world.config.recovery_batch,
             sr.SIMULATED_TIMING,
+            action.known,
         )
         self.matched: dict[str, int] = {}  # from seal answers, for the flaw only
         self.counted = False
@@ -93,7 +94,11 @@ class RecoveryRun:
             return
         if isinstance(action, sr.SealAtMaster):
             request: object = m.SealSegment(
-                writer.world.config.stream, seg.epoch, self.epoch, action.final_index
+                writer.world.config.stream,
+                seg.epoch,
+                self.epoch,
+                action.final_index,
+                action.certificate,
             )
             writer.call(MASTER, request, self._master_answered, once=False)
             return
