@@ -20,8 +20,10 @@ from typing import Any
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from streamengine.protocol import auth, identity, transport
+from streamengine.protocol import auth, codec, identity, transport
 from streamengine.segment_store import metrics
+from streamengine.segment_store.scrub import ScanResult
+from streamengine.segment_store.scrubber import Scrubber
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -61,6 +63,7 @@ class MasterLink:
         delete_segment: Callable[[SegmentKey], Awaitable[bool]],
         members: transport.Transport = transport.PLAINTEXT,
         master_identity: identity.ServerIdentity | None = None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -73,6 +76,8 @@ class MasterLink:
         self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
+        # What the scrub read back goes with the heartbeats; the master asks for checks.
+        self.scrubber = scrubber
 
     async def run(self) -> None:
         async with self.members.aio_channel(self.master_address) as ch:
@@ -141,6 +146,17 @@ class MasterLink:
         return False
 
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
+        scrubbed = self.scrubber.take_reports() if self.scrubber is not None else {}
+        try:
+            await self._send_heartbeat(stub, scrubbed)
+        except BaseException:
+            if self.scrubber is not None:
+                self.scrubber.give_back(scrubbed)
+            raise
+
+    async def _send_heartbeat(
+        self, stub: master_pb2_grpc.MasterAsyncStub, scrubbed: dict[SegmentKey, ScanResult]
+    ) -> None:
         # A damaged segment is reported with acked index 0: the master repairs it.
         metas = self.core.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
@@ -159,11 +175,16 @@ class MasterLink:
                 )
                 for s, m in sorted(metas.items())
             ],
+            scrubbed=[scrub_report(s, result) for s, result in sorted(scrubbed.items())],
         )
         call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
         reply = await call
         if reply.register_again:
             self.registered = False
+        if self.scrubber is not None:
+            for segment in reply.scrub_first:
+                if segment.stream_id and segment.epoch:
+                    self.scrubber.check_first(SegmentKey(segment.stream_id, segment.epoch))
         if reply.delete_segments and not self._from_the_master(
             reply, await call.trailing_metadata()
         ):
@@ -184,3 +205,15 @@ class MasterLink:
                     key.epoch,
                     existed,
                 )
+
+
+def scrub_report(segment: SegmentKey, result: ScanResult) -> master_pb2.ScrubReport:
+    report = master_pb2.ScrubReport(
+        segment=entry_pb2.SegmentId(stream_id=segment.stream_id, epoch=segment.epoch),
+        final_index=result.final_index,
+        damaged=result.damaged,
+        detail=result.detail,
+    )
+    if result.certificate is not None:
+        report.certificate.CopyFrom(codec.certificate_to_pb(result.certificate))
+    return report
