@@ -112,6 +112,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         )
         if record.certificate is not None:
             segment.certificate.CopyFrom(codec.certificate_to_pb(record.certificate, details))
+            segment.certificate.certified_by = record.certified_by
         checks = self.state.checks.get(record.key)
         if details and checks is not None:
             segment.verified.extend(

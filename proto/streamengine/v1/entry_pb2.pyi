@@ -272,10 +272,15 @@ class SegmentCertificate(_message.Message):
     FINAL_INDEX_FIELD_NUMBER: _builtins.int
     ROOT_FIELD_NUMBER: _builtins.int
     CHUNKS_FIELD_NUMBER: _builtins.int
+    CERTIFIED_BY_FIELD_NUMBER: _builtins.int
     final_index: _builtins.int
     """The index of the BRIDGE."""
     root: _builtins.bytes
     """SHA-256 over the final index and every chunk: what two certificates compare by."""
+    certified_by: _builtins.str
+    """Who made it, as the master recorded it: "writer" (the sealing leader, from what it
+    wrote) or "replicas" (W replicas agreeing); empty elsewhere.
+    """
     @_builtins.property
     def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___CertificateChunk]:
         """The chunks in index order; left out where only the root was asked for."""
@@ -286,10 +291,11 @@ class SegmentCertificate(_message.Message):
         final_index: _builtins.int = ...,
         root: _builtins.bytes = ...,
         chunks: _abc.Iterable[Global___CertificateChunk] | None = ...,
+        certified_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "final_index", b"final_index", "root", b"root"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certified_by", b"certified_by", "chunks", b"chunks", "final_index", b"final_index", "root", b"root"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
