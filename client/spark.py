@@ -18,18 +18,19 @@ Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, re
 driver; the credentials travel to the executors inside the partitions) and `token`.
 
 Planning (driver side) asks the master for the segments; one input partition per
-segment range, cut at the chunk boundaries of the segment's certificate when it has one.
-Each partition is read in an executor from a replica whose acked index covers it, over
-its own gRPC channel, failing over to the next replica, and checked to hold exactly the
-indexes it planned: a short read is an error, never silently fewer rows. Under a
-certificate every chunk read is checked against it before any of its rows leave
-(`protocol/certificate.py`, over the packed columns: no object per row); a replica that
-differs, or fails a read with DATA_LOSS, is damaged for the partition, reported to the
-master, and the next replica is read from that chunk on. Which replica next, how long
-to back off a failed one, and when a range is lost follow the followers' rules
-(`client/core/replicas.py`): a replica that fails may be restarting and is retried; only
-replicas answering that they hold less or are damaged (on a copy set the master still
-lists) make a `DataLossError`. Rows leave as Arrow record batches.
+segment range, each with the segment's certificate when it has one. Each partition is
+read in an executor from a replica whose acked index covers it, over its own gRPC
+channel, failing over to the next replica, and checked to hold exactly the indexes it
+planned: a short read is an error, never silently fewer rows. Under a certificate a
+partition reads the whole chunks that cover its range, and every chunk is checked
+against it before any of its rows leave (`protocol/certificate.py`, over the packed
+columns: no object per row); a replica that differs, or fails a read with DATA_LOSS, is
+damaged for the partition, reported to the master, and the next replica is read from
+that chunk on. Which replica next, how long to back off a failed one, and when a range
+is lost follow the followers' rules (`client/core/replicas.py`): a replica that fails
+may be restarting and is retried; only replicas answering that they hold less or are
+damaged (on a copy set the master still lists) make a `DataLossError`. Rows leave as
+Arrow record batches.
 
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
@@ -270,7 +271,7 @@ def plan_ranges(
         if certificate is not None and certificate.final_index != segment.final_index:
             certificate = None
         encoded = certificate.encode() if certificate is not None else b""
-        for low, high in _parts(first, last_readable, partition_entries, certificate):
+        for low, high in _parts(first, last_readable, partition_entries):
             replicas = _least_loaded_first(segment.replicas, load)
             if replicas:
                 load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
@@ -291,26 +292,15 @@ def plan_ranges(
     return ranges
 
 
-def _parts(
-    first: int, last: int, partition_entries: int, certificate: Certificate | None
-) -> list[tuple[int, int]]:
+def _parts(first: int, last: int, partition_entries: int) -> list[tuple[int, int]]:
     """`first..last` in equal parts of at most `partition_entries` (sizes differ by at
-    most one: no short straggler task); under a certificate each part ends where a chunk
-    does (or at `last`), so no chunk is read by two partitions."""
+    most one: no short straggler task)."""
     entries = last - first + 1
     count = -(-entries // partition_entries)
-    parts = []
-    low = first
-    for part in range(count):
-        high = first + (part + 1) * entries // count - 1
-        if certificate is not None:
-            high = min(last, certificate.chunk_of(high)[1])
-        if high >= low:
-            parts.append((low, high))
-            low = high + 1
-        if low > last:
-            break
-    return parts
+    return [
+        (first + part * entries // count, first + (part + 1) * entries // count - 1)
+        for part in range(count)
+    ]
 
 
 def _least_loaded_first(replicas: tuple[str, ...], load: dict[str, int]) -> tuple[str, ...]:

@@ -120,19 +120,18 @@ def test_max_events_per_trigger_limits_the_end_across_segments() -> None:
     assert _limit_end(segments, 0, end, 1000) == end
 
 
-def test_a_certified_segment_splits_where_its_chunks_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of 4 entries (1-4, 5-8, 9-11): each partition ends at a chunk's end, so no
-    chunk is read (and checked) by two partitions; the planned ranges still cover every
-    readable index once, from `fromSequence` on."""
+def test_a_certified_segment_carries_its_certificate_into_every_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Partitions split as always (a partition reads the whole chunks around its range
+    and checks them); each carries the certificate to its executor."""
     monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)
     rows = [(i, int(EntryKind.EVENT), b"x") for i in range(1, 11)]
     made = certificate_of([*rows, (11, int(EntryKind.BRIDGE), b"")])
     segment = _SegmentInfo(1, True, 11, R, made)
     plan = plan_ranges("t/s", layout(segment), 0, None, False, 3)
-    assert spans(plan) == [(1, 1, 4), (1, 5, 8), (1, 9, 10)]
+    assert spans(plan) == [(1, 1, 2), (1, 3, 5), (1, 6, 7), (1, 8, 10)]
     assert all(Certificate.decode(p.certificate) == made for p in plan)
-    later = plan_ranges("t/s", layout(segment), pack_sequence(1, 6), None, False, 3)
-    assert spans(later) == [(1, 6, 8), (1, 9, 10)]
 
 
 def _packed_reply(entries: list[StoredEntry]) -> segment_store_pb2.ReadReply:
