@@ -262,3 +262,14 @@ def test_a_readers_report_only_asks_the_store_to_check_first(master) -> None:
     assert master.state.segments[key(master)].bad == ()
     assert master.state.take_scrub_first(member) == [key(master)]
     assert master.state.take_scrub_first(member) == []
+
+
+def test_a_segment_record_written_before_certificates_loads_without_one() -> None:
+    from streamengine.master.catalog import decode_segment
+
+    old = (
+        b'{"copy_set":["a","b","c"],"created_at_ms":1,"epoch":1,"final_index":3,'
+        b'"sealed_at_ms":2,"settled_at_ms":2,"state":3,"stream":"t/s","stream_id":1}'
+    )
+    record = decode_segment(old)
+    assert (record.certificate, record.certified_by, record.bad) == (None, "", ())
