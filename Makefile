@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint proto demo bench clean faults faults-quick
+.PHONY: setup system-deps test lint proto etcd-protos demo bench clean faults faults-quick
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -14,12 +14,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Java, etcd, iproute2, ...: checked on every `make test` (cheap when all are there), so
+# a checkout that was set up before a new one was needed gets it too.
+system-deps:
+	bash deploy/install-system-deps.sh
+
 lint: $(STAMP)
 	$(PYTHON) proto/generate.py --check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint system-deps
 	$(VENV)/bin/pytest
 
 demo: $(STAMP)
@@ -42,6 +47,10 @@ faults-quick: $(STAMP)
 
 proto: $(STAMP)
 	$(PYTHON) proto/generate.py
+
+# Copy etcd's protos again from Debian's golang-etcd-server-dev (then `make proto`).
+etcd-protos: $(STAMP)
+	$(PYTHON) proto/etcd_protos.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -40,7 +40,12 @@ WRITER = [sys.executable, "-m", "bench.append_writer"]
 
 
 class WriterProcess:
-    def __init__(self, master: str, stream: str, prefix: str, batches: int) -> None:
+    """One `bench.append_writer` process and the JSON lines it printed so far."""
+
+    def __init__(
+        self, master: str, stream: str, prefix: str, batches: int, timeout_s: float = RUN_TIMEOUT_S
+    ) -> None:
+        self.timeout_s = timeout_s
         self.process = subprocess.Popen(
             [*WRITER, master, stream, prefix, str(batches)],
             cwd=REPO,
@@ -60,7 +65,7 @@ class WriterProcess:
                 self.changed.notify_all()
 
     def wait_line(self, key: str, count: int = 1) -> dict[str, Any]:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
+        deadline = time.monotonic() + self.timeout_s
         with self.changed:
             while True:
                 found = [line for line in self.lines if key in line]
@@ -71,7 +76,7 @@ class WriterProcess:
                     raise SystemExit(f"writer failed: {errors[0]}")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise SystemExit(f"no {key!r} line within {RUN_TIMEOUT_S} s: {self.lines}")
+                    raise SystemExit(f"no {key!r} line within {self.timeout_s} s: {self.lines}")
                 self.changed.wait(left)
 
     def kill(self) -> None:

@@ -68,9 +68,10 @@ from streamengine.protocol.certificate import (
 )
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
+from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 SOURCE_NAME = "streamengine"
@@ -173,9 +174,9 @@ def fetch_layout(
 ) -> _StreamLayout:
     """The stream's segments (from `from_epoch` to `to_epoch`, 0: no bound), sealed ones
     with their certificates, and for open ones the acked index their replicas serve."""
-    with transport.channel(master_address) as channel:
+    with sync_masters(master_address, transport) as masters:
         try:
-            reply = master_pb2_grpc.MasterStub(channel).ListSegments(
+            reply = masters.stub.ListSegments(
                 master_pb2.ListSegmentsRequest(
                     stream=stream, from_epoch=from_epoch, to_epoch=to_epoch, certificates=True
                 ),
@@ -566,9 +567,9 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
     log.warning("%s: segment %d: replica %s: %s", part.stream, part.epoch, address, problem)
     if not part.master:
         return
-    with part.transport.channel(part.master) as channel:
+    with sync_masters(part.master, part.transport) as masters:
         try:
-            master_pb2_grpc.MasterStub(channel).ReportReplica(
+            masters.stub.ReportReplica(
                 master_pb2.ReportReplicaRequest(
                     stream=part.stream,
                     segment_epoch=part.epoch,

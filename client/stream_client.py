@@ -1,7 +1,7 @@
-"""`StreamClient`: the SDK's entry point, one per process and master.
+"""`StreamClient`: the SDK's entry point, one per process and cluster.
 
 ```python
-async with StreamClient("127.0.0.1:7070") as client:
+async with StreamClient("127.0.0.1:7070") as client:   # or "m1:7070,m2:7070,m3:7070"
     await client.create_stream("acme/orders", replicas=3, write_quorum=2)
     async with client.writer("acme/orders") as w:
         seq = await w.append(b"...")
@@ -15,7 +15,8 @@ used when it is there. The token travels as `authorization: Bearer <token>` on e
 call, over TLS only.
 
 It owns one pool of gRPC channels (options in `client.channels`) shared by writers
-and readers; control calls retry transient failures (`client.retrying`).
+and readers; control calls retry transient failures (`client.retrying`). Given several
+masters, every master call follows the active one (`protocol.master_calls`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from streamengine.client.errors import InvalidArgument, Unavailable, from_rpc_er
 from streamengine.client.retrying import retry_unary
 from streamengine.client.writer import Writer
 from streamengine.protocol import transport
+from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 T = TypeVar("T")
@@ -78,7 +80,8 @@ async def first_contact(
 
 
 class StreamClient:
-    """A connection to one cluster, through its master.
+    """A connection to one cluster, through its masters (`host:port`, or several
+    separated by commas: calls follow the active one).
 
     `dial` maps addresses the cluster advertises (the master's, the stores') to the
     addresses this process must dial instead, when it reaches the cluster through NAT,
@@ -100,16 +103,20 @@ class StreamClient:
         except transport.TransportError as error:
             raise InvalidArgument(str(error)) from None
         self._channels = ChannelPool(chosen, dial)
+        # Parsed now: a malformed list fails here, not at the first call.
+        self._masters = AsyncMasters(master_address, self._channels.get)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
 
     async def __aenter__(self) -> StreamClient:
-        channel = self._channels.get(self.master_address)
+        # The first master listed: a TLS disagreement is the same with every master, and
+        # one that is down or standing by is left to the calls, which follow the list.
+        first = self._masters.current
         try:
-            await first_contact(channel, self.master_address, self._channels.transport)
+            await first_contact(self._channels.get(first), first, self._channels.transport)
         except BaseException:
             await self._channels.close()
             raise
-        self._master = master_pb2_grpc.MasterStub(channel)
+        self._master = self._masters.stub
         return self
 
     async def __aexit__(

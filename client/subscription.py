@@ -32,6 +32,7 @@ from streamengine.client.core.cursor import (
 )
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.errors import DataLossError, Unavailable, from_rpc_error
+from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.entry import first_corrupt
@@ -105,7 +106,9 @@ class Follower:
 
     async def batches(self) -> AsyncIterator[list[StreamEvent]]:
         """Lists of events in sequence order (one list per batch a replica sent)."""
-        segments = await self._list_segments()
+        # The first list is retried like any control call: a read or subscription that
+        # starts while the masters change over waits for the new one instead of failing.
+        segments = await self._list_segments(retry=True)
         end = self._end
         if self._until_acked_end and end is None:
             end = await self._acked_end(segments)
@@ -263,11 +266,14 @@ class Follower:
             return
         cursor.on_segments(segments, now_ms())
 
-    async def _list_segments(self, from_epoch: int = 0, to_epoch: int = 0) -> list[SegmentView]:
+    async def _list_segments(
+        self, from_epoch: int = 0, to_epoch: int = 0, retry: bool = False
+    ) -> list[SegmentView]:
         """The master's list, from `from_epoch` to `to_epoch` (0: no bound), sealed
-        segments with their certificates."""
-        try:
-            reply = await self._master.ListSegments(
+        segments with their certificates when bounded; `retry` like a control call."""
+
+        async def ask() -> master_pb2.ListSegmentsReply:
+            return await self._master.ListSegments(
                 master_pb2.ListSegmentsRequest(
                     stream=self._stream,
                     from_epoch=from_epoch,
@@ -276,6 +282,9 @@ class Follower:
                 ),
                 timeout=self._timing.list_timeout_ms / 1000,
             )
+
+        try:
+            reply = await (retry_unary(ask) if retry else ask())
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from error
         self._ref = _StreamRef(self._stream, reply.stream_id)

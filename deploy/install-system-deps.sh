@@ -3,10 +3,11 @@
 # missing, and only where apt-get can run.
 set -euo pipefail
 
-# Java 17+ for PySpark; iproute2 and iptables for the network-namespace cluster test and
-# the fault suite's partitions; libfaketime for its clock faults and libfuse2 (for fusepy)
-# for its lazy file system (tests/faults, S4 and S8); chromium and its driver for the
-# console's browser test.
+# Java 17+ for PySpark; etcd (server and etcdctl) for the masters' shared metadata and
+# election (tests start their own members on free ports); iproute2 and iptables for the
+# network-namespace cluster test and the fault suite's partitions; libfaketime for its
+# clock faults and libfuse2 (for fusepy) for its lazy file system (tests/faults, S4 and
+# S8); chromium and its driver for the console's browser test.
 java_major() {
   java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1
 }
@@ -15,6 +16,8 @@ missing=()
 if ! command -v java >/dev/null 2>&1 || ! [ "$(java_major)" -ge 17 ] 2>/dev/null; then
   missing+=(openjdk-17-jre-headless)
 fi
+command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
@@ -26,8 +29,8 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "install-system-deps: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
-  # Java is required (Spark tests); the others only enable the network-namespace test
-  # and fault scenarios, which skip without them.
+  # Java is required (Spark tests); the others only enable the etcd, network-namespace
+  # and fault tests, which skip without them.
   [[ " ${missing[*]} " == *" openjdk-17-jre-headless "* ]] && exit 1
   exit 0
 fi
@@ -36,3 +39,9 @@ sudo_cmd=""
 echo "install-system-deps: installing ${missing[*]}"
 $sudo_cmd apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+# Debian's etcd-server enables a system etcd on 127.0.0.1:2379 where systemd runs. The
+# project starts its own members (tests, deploy/netns-cluster.sh, deploy/systemd): do not
+# leave an unasked-for one running.
+if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1; then
+  $sudo_cmd systemctl disable --now etcd >/dev/null 2>&1 || true
+fi

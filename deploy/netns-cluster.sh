@@ -5,6 +5,10 @@
 # from the host's own network.
 #
 #   netns-cluster.sh up STORES DATA_DIR   create hosts, start master + stores
+#   netns-cluster.sh up-ha STORES DATA_DIR  the same with three master hosts (master0..2),
+#                                         each running an etcd member and a master on
+#                                         that 3-member etcd: one active, two standbys
+#   netns-cluster.sh masters DATA_DIR     the masters' list (HOST:PORT,...) of a cluster
 #   netns-cluster.sh down DATA_DIR        stop processes, delete every namespace
 #   netns-cluster.sh exec HOST CMD...     run CMD on HOST (master, store0.., client)
 #   netns-cluster.sh addr HOST            HOST's address
@@ -18,9 +22,10 @@
 #   netns-cluster.sh partition HOST PEER...  HOST and each PEER drop each other's traffic
 #   netns-cluster.sh oneway HOST PEER...  HOST drops what comes from each PEER only
 #
-# Needs root, iproute2 and (for cut/heal/partition) iptables. SE_NETNS_PREFIX (default
-# "se") names the namespaces so parallel runs do not collide; SE_NETNS_SUBNET (default
-# 10.213.7) is the private /24 (give parallel `hosts` runs different ones).
+# Needs root, iproute2, (for cut/heal/partition) iptables, and (for up-ha) etcd.
+# SE_NETNS_PREFIX (default "se") names the namespaces so parallel runs do not collide;
+# SE_NETNS_SUBNET (default 10.213.7) is the private /24 (give parallel `hosts` runs
+# different ones).
 set -euo pipefail
 
 prefix="${SE_NETNS_PREFIX:-se}"
@@ -29,6 +34,9 @@ master_port=7070
 store_port=7071
 here="$(cd "$(dirname "$0")" && pwd)"
 streamengine="${STREAMENGINE:-$here/../.venv/bin/streamengine}"
+etcd="${ETCD:-etcd}"
+etcd_client_port=2379
+etcd_peer_port=2380
 hub="${prefix}-hub"
 
 ns() { echo "${prefix}-$1"; }
@@ -36,6 +44,7 @@ ns() { echo "${prefix}-$1"; }
 host_number() {
   case "$1" in
     master) echo 1 ;;
+    master[0-9]*) echo $((40 + ${1#master})) ;;
     client) echo 2 ;;
     store*) echo $((10 + ${1#store})) ;;
     writer*) echo $((20 + ${1#writer})) ;;
@@ -67,6 +76,23 @@ start() {
   echo $! >"$data/$host.pid"
 }
 
+# An etcd member on HOST (logs and pid as etcd-HOST), one of the cluster INITIAL.
+start_etcd() {
+  local host="$1" data="$2" initial="$3" address
+  address="$(addr "$host")"
+  mkdir -p "$data/etcd-$host-db"
+  chmod 700 "$data/etcd-$host-db"
+  ip netns exec "$(ns "$host")" setsid "$etcd" --name "$host" --data-dir "$data/etcd-$host-db" \
+    --listen-client-urls "http://$address:$etcd_client_port" \
+    --advertise-client-urls "http://$address:$etcd_client_port" \
+    --listen-peer-urls "http://$address:$etcd_peer_port" \
+    --initial-advertise-peer-urls "http://$address:$etcd_peer_port" \
+    --initial-cluster "$initial" --initial-cluster-state new \
+    --heartbeat-interval 50 --election-timeout 500 --logger zap --log-outputs stderr \
+    >"$data/etcd-$host.log" 2>&1 < /dev/null &
+  echo $! >"$data/etcd-$host.pid"
+}
+
 cmd_up() {
   local stores="$1" data="$2" i
   mkdir -p "$data"
@@ -85,6 +111,41 @@ cmd_up() {
       --master "$(addr master):$master_port" --id "store$i" --zone "zone$i" --insecure
   done
   echo "master $(addr master):$master_port"
+}
+
+cmd_up_ha() {
+  local stores="$1" data="$2" i initial="" endpoints="" masters=""
+  mkdir -p "$data"
+  ip netns add "$hub"
+  ip -n "$hub" link add br0 type bridge
+  ip -n "$hub" link set br0 up
+  for i in 0 1 2; do
+    add_host "master$i"
+    initial+="${initial:+,}master$i=http://$(addr "master$i"):$etcd_peer_port"
+    endpoints+="${endpoints:+,}$(addr "master$i"):$etcd_client_port"
+    masters+="${masters:+,}$(addr "master$i"):$master_port"
+  done
+  add_host client
+  for ((i = 0; i < stores; i++)); do add_host "store$i"; done
+  echo "$stores" >"$data/stores"
+  echo "$masters" >"$data/masters"
+  for i in 0 1 2; do start_etcd "master$i" "$data" "$initial"; done
+  for i in 0 1 2; do
+    # Plaintext (--insecure) on the namespaces' own private bridge: test hosts only.
+    start "master$i" "$data" master --listen "$(addr "master$i"):$master_port" \
+      --metadata "etcd://$endpoints/streamengine" --data "$data/master$i-files" \
+      --lease-ms 1000 --store-timeout-ms 3000 --insecure
+  done
+  for ((i = 0; i < stores; i++)); do
+    start "store$i" "$data" store --listen "$(addr "store$i"):$store_port" --data "$data/store$i-db" \
+      --master "$masters" --id "store$i" --zone "zone$i" --insecure
+  done
+  echo "masters $masters"
+}
+
+cmd_masters() {
+  local data="$1"
+  if [ -f "$data/masters" ]; then cat "$data/masters"; else echo "$(addr master):$master_port"; fi
 }
 
 cmd_hosts() {
@@ -156,6 +217,8 @@ action="${1:-}"
 shift || true
 case "$action" in
   up) cmd_up "$@" ;;
+  up-ha) cmd_up_ha "$@" ;;
+  masters) cmd_masters "$@" ;;
   down) cmd_down "$@" ;;
   exec) host="$1"; shift; exec ip netns exec "$(ns "$host")" "$@" ;;
   addr) addr "$1" ;;
@@ -165,5 +228,5 @@ case "$action" in
   hosts) cmd_hosts "$@" ;;
   partition) cmd_partition "$@" ;;
   oneway) cmd_oneway "$@" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
 esac

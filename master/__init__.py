@@ -5,13 +5,19 @@ Where things live:
 - pure decisions, time passed in as `now_ms`, table-tested: `leadership` (the lease
   state machine), `placement` (copy sets, repair targets, rebalance plans), `repair`
   (which sealed replicas are bad and which copies to run), over the records of `model`;
-- `catalog`: the RocksDB metadata (raw mode, every mutation one synced WriteBatch);
+- `catalog`: the records and their key layout, over `metadata`, the narrow interface of
+  the metadata store, with two back ends: `rocksdb_metadata` (embedded, under --data)
+  and `etcd_metadata` (etcd v3, every commit guarded by the master's election key);
 - `state`: the records in memory, written through to the catalog before any answer;
+- `etcd`, `election`, `ha`, `role`: with etcd, several masters and one active: the
+  lease election, the life of a master (stand by, serve, deposed), and the role every
+  request checks first;
 - `repairer`: carries repair tasks out against the stores (copy, digest, swap, delete);
 - `service`: the gRPC servicer, with the one table from `errors` to gRPC statuses;
 - `server`: `streamengine master` (flags, health, metrics, signals).
 
-After a start the master grants no lease for one lease period. Writer heartbeats in that
-window are answered FOLLOWER (not UNAVAILABLE), naming the holder of the latest epoch as
-it was persisted; that holder's own heartbeats renew its lease, since it may still lead.
+After a start (or on becoming the active master) the master grants no lease for one
+lease period. Writer heartbeats in that window are answered FOLLOWER (not UNAVAILABLE),
+naming the holder of the latest epoch as it was persisted; that holder's own heartbeats
+renew its lease, since it may still lead.
 """

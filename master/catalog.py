@@ -1,8 +1,10 @@
-"""The master's metadata in RocksDB (rocksdict, raw mode, synced writes).
+"""The master's records and how they are kept as key/value records.
 
-Every mutation is one `WriteBatch` written with `sync=True` before the request that
-caused it is answered, so an epoch, a seal or a copy-set swap the master has told
-anyone about survives a crash of the master or its host.
+Every mutation of the master's state is one `Batch` (a `metadata.Transaction` built
+record by record) committed before the request that caused it is answered, so an
+epoch, a seal or a copy-set swap the master has told anyone about survives a crash of
+the master, its host, or a change of active master. Where the records live is the
+metadata back end's business (`master.metadata`): the embedded RocksDB or etcd.
 
 Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   m/next_stream_id                 -> u64
@@ -18,13 +20,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
-
+from streamengine.master.errors import InvalidArgument
+from streamengine.master.metadata import Metadata, Transaction
 from streamengine.master.model import (
     SegmentKey,
     SegmentRecord,
@@ -33,6 +33,7 @@ from streamengine.master.model import (
     StreamRecord,
 )
 from streamengine.protocol.certificate import Certificate
+from streamengine.protocol.limits import EPOCH_MAX
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
@@ -80,12 +81,8 @@ def decode_segment(raw: bytes) -> SegmentRecord:
     return SegmentRecord(**value)
 
 
-@dataclass
-class Batch:
-    """Mutations applied together, atomically and durably, by `Catalog.commit`."""
-
-    puts: list[tuple[bytes, bytes]] = field(default_factory=list)
-    deletes: list[bytes] = field(default_factory=list)
+class Batch(Transaction):
+    """A transaction built record by record, committed by `Catalog.commit`."""
 
     def next_stream_id(self, value: int) -> Batch:
         self.puts.append((_NEXT_STREAM_ID, _U64.pack(value)))
@@ -109,6 +106,11 @@ class Batch:
 
     def drop_segment(self, key: SegmentKey) -> Batch:
         self.deletes.append(_segment_key(key))
+        return self
+
+    def drop_segments_of(self, stream_id: int) -> Batch:
+        """Every segment of a stream, in one operation however many there are."""
+        self.delete_prefixes.append(_SEGMENT + _U64.pack(stream_id))
         return self
 
     def store(self, record: StoreRecord) -> Batch:
@@ -135,54 +137,56 @@ class Loaded:
 
 
 class Catalog:
-    """The one owner of the master's RocksDB."""
+    """The master's records over one metadata store."""
 
-    def __init__(self, path: Path):
-        path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        self._db = Rdict(str(path / "catalog"), options)
-        self._sync = WriteOptions()
-        self._sync.sync = True
+    def __init__(self, metadata: Metadata):
+        self.metadata = metadata
 
     def close(self) -> None:
-        self._db.close()
+        self.metadata.close()
 
     def commit(self, batch: Batch) -> None:
-        if not batch.puts and not batch.deletes:
-            return
-        write = WriteBatch(raw_mode=True)
-        for key in batch.deletes:
-            write.delete(key)
-        for key, value in batch.puts:
-            write.put(key, value)
-        self._db.write(write, self._sync)
-
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=prefix):
-            assert isinstance(key, bytes) and isinstance(value, bytes), "raw mode gives bytes"
-            if not key.startswith(prefix):
-                return
-            yield key[len(prefix) :], value
+        if batch.ops():
+            self.metadata.commit(batch)
 
     def load(self) -> Loaded:
-        raw_next = self._db.get(_NEXT_STREAM_ID)
-        tenants = {k.decode(): json.loads(v)["created_at_ms"] for k, v in self._scan(_TENANT)}
-        streams = {k.decode(): StreamRecord(**json.loads(v)) for k, v in self._scan(_STREAM)}
-        segments = {}
-        for _, value in self._scan(_SEGMENT):
+        return decode_records(self.metadata.read_all())
+
+
+def raise_epochs(records: list[tuple[bytes, bytes]], by: int) -> list[tuple[bytes, bytes]]:
+    """The records with every stream's latest epoch raised by `by`, so that none of the
+    epochs granted after these records were written is granted again (a restore of an
+    old backup)."""
+    assert by >= 0
+    raised = []
+    for key, value in records:
+        if key.startswith(_STREAM) and by:
+            record = StreamRecord(**json.loads(value))
+            if record.epoch + by > EPOCH_MAX:
+                raise InvalidArgument(f"{record.name}: epoch {record.epoch} + {by} is too high")
+            value = _json(asdict(replace(record, epoch=record.epoch + by)))
+        raised.append((key, value))
+    return raised
+
+
+def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
+    """The catalog from every record of the metadata store. Records under prefixes the
+    master does not know are left alone (another part of the master owns them)."""
+    loaded = Loaded(1, {}, {}, {}, {}, set())
+    for key, value in records:
+        if key == _NEXT_STREAM_ID:
+            loaded.next_stream_id = _U64.unpack(value)[0]
+        elif key.startswith(_TENANT):
+            loaded.tenants[key[len(_TENANT) :].decode()] = json.loads(value)["created_at_ms"]
+        elif key.startswith(_STREAM):
+            loaded.streams[key[len(_STREAM) :].decode()] = StreamRecord(**json.loads(value))
+        elif key.startswith(_SEGMENT):
             record = decode_segment(value)
-            segments[record.key] = record
-        stores = {k.decode(): StoreRecord(**json.loads(v)) for k, v in self._scan(_STORE)}
-        deletes = set()
-        for key, _ in self._scan(_DELETE):
-            store_id, packed = key[: -_KEY.size - 1], key[-_KEY.size :]
-            deletes.add((store_id.decode(), _KEY.unpack(packed)))
-        return Loaded(
-            next_stream_id=_U64.unpack(raw_next)[0] if raw_next is not None else 1,
-            tenants=tenants,
-            streams=streams,
-            segments=segments,
-            stores=stores,
-            deletes=deletes,
-        )
+            loaded.segments[record.key] = record
+        elif key.startswith(_STORE):
+            loaded.stores[key[len(_STORE) :].decode()] = StoreRecord(**json.loads(value))
+        elif key.startswith(_DELETE):
+            packed = key[len(_DELETE) :]
+            store_id, segment = packed[: -_KEY.size - 1], packed[-_KEY.size :]
+            loaded.deletes.add((store_id.decode(), _KEY.unpack(segment)))
+    return loaded

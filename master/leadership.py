@@ -20,6 +20,14 @@ released), `expires_ms` when the holder's lease ends on the master's clock.
 
 Safety does not rest on this: stores fence by epoch. Leases only keep leadership from
 flapping.
+
+The master itself holds the same kind of lease when several masters share etcd: an
+etcd lease with a TTL, kept alive by the active master, whose expiry lets a standby
+win the election. The active master counts it as a writer counts its lease, from the
+send time of the last keepalive etcd confirmed (`master_active_until`): etcd renews the
+lease only when the keepalive arrives, later, so the master always believes its lease
+ends first, and stops serving before a standby can become active. After a failover the
+new active master keeps the restart rule above.
 """
 
 from __future__ import annotations
@@ -68,6 +76,13 @@ class Decision:
 def recovered_lease(epoch: int, holder: str, now_ms: int, lease_ms: int) -> Lease:
     """The lease of a stream when the master (re)starts: no grant for one lease period."""
     return Lease(epoch, holder, now_ms + lease_ms)
+
+
+def master_active_until(keepalive_sent_ms: int, ttl_ms: int) -> int:
+    """Until when a master whose election-lease keepalive, sent at `keepalive_sent_ms`,
+    was confirmed with `ttl_ms` may serve as the active master."""
+    assert ttl_ms > 0, "etcd confirms a live lease with a positive TTL"
+    return keepalive_sent_ms + ttl_ms
 
 
 def _next_epoch(epoch: int) -> int:

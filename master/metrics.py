@@ -24,6 +24,7 @@ class Metrics:
     durability_debt_seconds: Counter
     bytes_below_n: Gauge
     bytes_below_w: Gauge
+    active: Gauge
     certificates: Counter
     replica_checks: Counter
     replicas_bad: Counter
@@ -78,6 +79,11 @@ class Metrics:
             bytes_below_w=Gauge(
                 "streamengine_master_durability_bytes_below_w",
                 "Bytes of sealed segments with fewer than W good replicas now",
+                registry=r,
+            ),
+            active=Gauge(
+                "streamengine_master_active",
+                "1 while this master is the active one, 0 while a standby",
                 registry=r,
             ),
             certificates=Counter(

@@ -1,9 +1,17 @@
 """Run the master: metadata, leases and epochs, store liveness, placement and repair.
 
-Serves the Master gRPC service and gRPC health (SERVING once the catalog is loaded)
-on --listen, keeps its metadata in RocksDB under --data, and exits 0 on SIGTERM after
-a graceful stop. For one lease period after it starts it grants no lease: writer
-heartbeats are answered FOLLOWER (with the previous holder, if any, still leading).
+Serves the Master gRPC service and gRPC health on --listen and exits 0 on SIGTERM after
+a graceful stop. Its metadata lives in the embedded RocksDB under --data (the default:
+one master), or in etcd (`--metadata etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`): then
+several masters run on the same etcd, one active, chosen by an etcd lease election
+(`master.election`), and the others are standbys answering every call UNAVAILABLE with
+the active master's address (`--advertise`) in the trailing metadata. Health: the
+empty service name is SERVING once the process serves (standbys too);
+`streamengine.v1.Master` is SERVING only while this master is the active one.
+
+For one lease period after a master starts or becomes active it grants no lease:
+writer heartbeats are answered FOLLOWER (with the previous holder, if any, still
+leading).
 """
 
 from __future__ import annotations
@@ -23,8 +31,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.master import repair
 from streamengine.master.catalog import Catalog
 from streamengine.master.console import ConsoleSnapshot, serve_console
+from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
+from streamengine.master.errors import InvalidArgument
+from streamengine.master.etcd import EtcdClient, is_etcd_url, parse_etcd_url
+from streamengine.master.etcd_metadata import EtcdMetadata
+from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
 from streamengine.master.metrics import Metrics
 from streamengine.master.repairer import Repairer
+from streamengine.master.rocksdb_metadata import RocksDBMetadata
+from streamengine.master.role import FOREVER_MS, MasterRole
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import identity, logs, transport
@@ -36,8 +51,6 @@ from streamengine.v1 import master_pb2_grpc
 log = logging.getLogger("streamengine.master")
 
 STORE_TIMEOUT_MS_DEFAULT = 6000
-# Copies at a time: one per replica of a typical policy, so a dead store's segments
-# come back quickly without starving writers of disk and network.
 # A lease shorter than this leaves writers too little time between heartbeats.
 LEASE_MS_MIN = HEARTBEATS_PER_LEASE * 50
 GAUGES_INTERVAL_S = 1.0
@@ -46,13 +59,40 @@ GAUGES_INTERVAL_S = 1.0
 # a cluster of hundreds of stores and a few thousand writers stays well below it.
 CONCURRENT_RPCS_MAX = 4096
 SHUTDOWN_GRACE_S = 1.0
-MASTER_SERVICE = "streamengine.v1.Master"
+# A commit to etcd blocks the master's event loop (its state is synchronous), which also
+# runs the election keepalive: a commit may take at most half a TTL, so that with one
+# keepalive interval before it the lease is still renewed in time.
+COMMIT_SHARE_OF_TTL = 0.5
+assert 1 / KEEPALIVES_PER_TTL + COMMIT_SHARE_OF_TTL < 1, "a slow commit never starves the lease"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, help="host:port to serve gRPC on")
     parser.add_argument(
-        "--data", required=True, type=Path, help="directory for the metadata (RocksDB)"
+        "--data",
+        type=Path,
+        help="directory for local files: the embedded metadata (RocksDB), unless "
+        "--metadata names etcd",
+    )
+    parser.add_argument(
+        "--metadata",
+        default="",
+        metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+        help="keep the metadata in etcd (several masters, one active) instead of under --data",
+    )
+    parser.add_argument(
+        "--advertise",
+        default="",
+        metavar="HOST:PORT",
+        help="the address clients and stores reach this master at, which standbys name "
+        "(default: --listen)",
+    )
+    parser.add_argument(
+        "--election-ttl-s",
+        type=int,
+        default=ELECTION_TTL_S_DEFAULT,
+        help="etcd lease of the active master: a standby takes over this long (plus up "
+        "to 0.5 s) after the active master dies",
     )
     parser.add_argument(
         "--lease-ms", type=int, default=LEASE_MS_DEFAULT, help="writer lease length"
@@ -98,6 +138,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.metadata:
+        try:
+            parse_etcd_url(args.metadata)
+        except InvalidArgument as error:
+            print(f"streamengine master: --metadata: {error}", file=sys.stderr)
+            return 2
+        if args.election_ttl_s < 1:
+            print("streamengine master: --election-ttl-s must be at least 1", file=sys.stderr)
+            return 2
+    elif args.data is None:
+        print("streamengine master: --data is required without --metadata", file=sys.stderr)
+        return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
     except transport.ProtectedMode as refusal:
@@ -113,28 +165,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    try:
-        catalog = Catalog(Path(args.data))
-    except Exception as error:
-        print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
-        return 1
-    try:
-        return await _serve_catalog(args, catalog)
-    finally:
-        catalog.close()
-
-
-async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
-    state = MasterState(
-        catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
-    )
+    role = MasterRole(args.advertise or args.listen)
     metrics = Metrics.create()
     members = (
         transport.PLAINTEXT
         if args.certs_dir is None
         else transport.Transport.for_node(args.certs_dir)
     )
-    repairer = Repairer(state, args.repair_concurrency, _clock_ms, members)
     server = grpc.aio.server(
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
@@ -143,7 +180,7 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     signer = (
         identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
     )
-    service = MasterService(state, repairer, _clock_ms, metrics, signer)
+    service = MasterService(role, _clock_ms, metrics, signer)
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -152,28 +189,38 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     except RuntimeError as error:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
+    if is_etcd_url(args.metadata):
+        run_role = _etcd_master(args, role, health_servicer, members)
+    else:
+        try:
+            catalog = Catalog(RocksDBMetadata(Path(args.data)))
+        except Exception as error:
+            print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
+            return 1
+        run_role = _embedded_master(args, role, catalog, health_servicer, members)
+
     await server.start()
     snapshot = None
     if args.metrics_port is not None:
         snapshot = ConsoleSnapshot()
         serve_console(args.metrics_port, snapshot, metrics.registry)
-    for health_name in ("", MASTER_SERVICE):
-        await health_servicer.set(health_name, health_pb2.HealthCheckResponse.SERVING)
+    # The process serves; `MASTER_SERVICE` is SERVING only while this master is active.
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "master serving %s on %s (lease %d ms, store timeout %d ms)",
+        "master serving %s on %s (lease %d ms, store timeout %d ms, metadata %s)",
         "plaintext" if args.certs_dir is None else "TLS",
         args.listen,
         args.lease_ms,
         args.store_timeout_ms,
+        args.metadata or f"under {args.data}",
     )
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with asyncio.TaskGroup() as group:
         background = [
-            group.create_task(repairer.run()),
+            group.create_task(run_role),
             group.create_task(_update_gauges(service, snapshot)),
         ]
         await stop.wait()
@@ -185,27 +232,94 @@ async def _serve_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
     return 0
 
 
+def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
+    return MasterState(
+        catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
+    )
+
+
+def _new_repairer(
+    args: argparse.Namespace, state: MasterState, members: transport.Transport
+) -> Repairer:
+    return Repairer(state, args.repair_concurrency, _clock_ms, members)
+
+
+async def _embedded_master(
+    args: argparse.Namespace,
+    role: MasterRole,
+    catalog: Catalog,
+    health_servicer: health.aio.HealthServicer,
+    members: transport.Transport,
+) -> None:
+    """The only master: active from the moment its catalog is loaded."""
+    try:
+        state = _load_state(args, catalog)
+        repairer = _new_repairer(args, state, members)
+        role.activate(state, repairer, until_ms=FOREVER_MS)
+        await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await repairer.run()
+    finally:
+        role.step_down()
+        catalog.close()
+
+
+async def _etcd_master(
+    args: argparse.Namespace,
+    role: MasterRole,
+    health_servicer: health.aio.HealthServicer,
+    members: transport.Transport,
+) -> None:
+    """Stand by or serve as the election says (`master.ha`); on a clean stop give the
+    election lease back so that a standby takes over at once."""
+    config = parse_etcd_url(args.metadata)
+    client = EtcdClient(config)
+    election = Election(client, role.address, args.election_ttl_s, _clock_ms)
+    metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
+    elected = ElectedMaster(
+        role,
+        election,
+        metadata,
+        health_servicer,
+        lambda catalog: _load_state(args, catalog),
+        lambda state: _new_repairer(args, state, members),
+    )
+    try:
+        await elected.run()
+    finally:
+        role.lease_lost()
+        await election.revoke()
+        await client.aclose()
+
+
 async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | None) -> None:
     """Refresh the gauges, and the console's snapshot when it is served, on the master's
-    loop."""
-    state, repairer, metrics = service.state, service.repairer, service.metrics
+    loop; a standby publishes only that it stands by, and which master is active."""
+    role, metrics = service.role, service.metrics
     while True:
         now = _clock_ms()
-        if snapshot is not None:
-            snapshot.publish(service.console_status())
-        views = state.store_views(now)
-        metrics.stores_registered.set(len(views))
-        metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
-        metrics.streams.set(len(state.streams))
-        metrics.segments.set(len(state.segments))
-        exposures = state.exposures(now)
-        metrics.under_replicated.set(len(exposures))
-        debt_ms = state.durability.observe(now, exposures)
-        metrics.durability_debt_seconds.inc(debt_ms / 1000)
-        metrics.bytes_below_n.set(state.durability.bytes_below_n)
-        metrics.bytes_below_w.set(state.durability.bytes_below_w)
-        metrics.repairs_done.set(repairer.done_count)
-        metrics.repairs_failed.set(repairer.failed_count)
-        metrics.repairs_running.set(len(repairer.running))
+        state, repairer = role.state, role.repairer
+        active = state is not None and repairer is not None and now < role.active_until_ms
+        metrics.active.set(1 if active else 0)
+        if state is None or repairer is None:
+            if snapshot is not None:
+                standby = {"starting": True, "standby": True, "active_master": role.active_address}
+                snapshot.publish(standby)
+        else:
+            if snapshot is not None:
+                snapshot.publish(service.console_status())
+            views = state.store_views(now)
+            metrics.stores_registered.set(len(views))
+            metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
+            metrics.streams.set(len(state.streams))
+            metrics.segments.set(len(state.segments))
+            exposures = state.exposures(now)
+            metrics.under_replicated.set(len(exposures))
+            debt_ms = state.durability.observe(now, exposures)
+            metrics.durability_debt_seconds.inc(debt_ms / 1000)
+            metrics.bytes_below_n.set(state.durability.bytes_below_n)
+            metrics.bytes_below_w.set(state.durability.bytes_below_w)
+            metrics.repairs_done.set(repairer.done_count)
+            metrics.repairs_failed.set(repairer.failed_count)
+            metrics.repairs_running.set(len(repairer.running))
         with contextlib.suppress(TimeoutError):
             await asyncio.sleep(GAUGES_INTERVAL_S)

@@ -3,6 +3,11 @@
 Each handler converts its request, calls one `MasterState` (or `Repairer`) method and
 converts the answer. `_STATUS` is the one table from domain errors to gRPC statuses;
 a domain error raised before the catalog commit leaves everything unchanged.
+
+Every handler first asks the role (`master.role`) whether this master is the active
+one now, in the same synchronous step as its state change: a standby (or an active
+master that cannot confirm its election lease) answers UNAVAILABLE, naming the active
+master in the trailing metadata when it knows it (`ACTIVE_MASTER_METADATA_KEY`).
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ import grpc
 
 from streamengine.master import errors, integrity, repair
 from streamengine.master.durability import DURABILITY_WORST_MAX
+from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
+from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol import codec, identity
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
 from streamengine.protocol.status_view import segment_dict, status_dict
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -39,6 +47,9 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NotEnoughStores: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SealConflict: grpc.StatusCode.ABORTED,
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
+    # A standby, a deposed master, or etcd not answering: another master (or a retry)
+    # will.
+    MetadataError: grpc.StatusCode.UNAVAILABLE,
 }
 
 _TASK_STATE = {
@@ -59,27 +70,44 @@ def status_of(error: errors.MasterError) -> grpc.StatusCode:
 class MasterService(master_pb2_grpc.MasterServicer):
     def __init__(
         self,
-        state: MasterState,
-        repairer: Repairer,
+        role: MasterRole,
         clock_ms: Callable[[], int],
         metrics: Metrics,
         signer: identity.CertificateProof | None = None,
     ):
-        self.state = state
-        self.repairer = repairer
+        self.role = role
         self.clock_ms = clock_ms
         self.metrics = metrics
         # Under TLS the master's node certificate: it signs the delete lists it hands
         # stores, which take them from the master's certificate only.
         self.signer = signer
 
+    @property
+    def state(self) -> MasterState:
+        """The active state; only inside `_call`, after the role said it serves."""
+        assert self.role.state is not None, "used only while active"
+        return self.role.state
+
+    @property
+    def repairer(self) -> Repairer:
+        assert self.role.repairer is not None, "used only while active"
+        return self.role.repairer
+
     async def _call(self, context: Context, method: str, action: Callable[[int], T]) -> T:
+        now_ms = self.clock_ms()
         try:
-            result = action(self.clock_ms())
+            self.role.serving(now_ms)
+            result = action(now_ms)
         except errors.MasterError as error:
             code = status_of(error)
             self.metrics.requests.labels(method, code.name).inc()
-            await context.abort(code, str(error))
+            trailing: tuple[tuple[str, str], ...] = ()
+            if isinstance(error, NotActive):
+                # The freshest word on who is active: the election's, not the error's.
+                active = self.role.active_address or error.active_address
+                if active and active != self.role.address:
+                    trailing = ((ACTIVE_MASTER_METADATA_KEY, active),)
+            await context.abort(code, str(error), trailing_metadata=trailing)
             raise AssertionError("abort returns only by raising") from None
         self.metrics.requests.labels(method, "OK").inc()
         return result
@@ -294,7 +322,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def ListTenants(
         self, request: master_pb2.ListTenantsRequest, context: Context
     ) -> master_pb2.ListTenantsReply:
-        return master_pb2.ListTenantsReply(tenants=sorted(self.state.tenants))
+        return await self._call(
+            context,
+            "ListTenants",
+            lambda now: master_pb2.ListTenantsReply(tenants=sorted(self.state.tenants)),
+        )
 
     async def CreateStream(
         self, request: master_pb2.CreateStreamRequest, context: Context
@@ -503,10 +535,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def GetClusterStatus(
         self, request: master_pb2.GetClusterStatusRequest, context: Context
     ) -> master_pb2.ClusterStatus:
-        return self.cluster_status(self.clock_ms())
+        return await self._call(context, "GetClusterStatus", self.cluster_status)
 
     def console_status(self) -> dict[str, Any]:
-        """What the console shows: the cluster status, and each stream's segments."""
+        """What the console shows: the cluster status, and each stream's segments. Only
+        while this master is the active one (the caller checks `role.state`)."""
         status = status_dict(self.cluster_status(self.clock_ms()))
         status["segments"] = {
             record.name: [

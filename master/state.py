@@ -1,10 +1,11 @@
-"""The master's state: catalog records in memory, written through to RocksDB.
+"""The master's state: catalog records in memory, written through to the metadata store.
 
 Every method is synchronous and runs on the server's event loop, so each one is atomic
 with respect to the others. A mutation is built as a `Batch`, committed durably, and
 only then applied to memory and answered: a crash between the two loses nothing that
-was answered. Time comes in as `now_ms`; decisions come from the pure cores
-(`leadership`, `placement`, `repair`).
+was answered, and a commit that fails (`metadata.MetadataError`) changes nothing in
+memory. Time comes in as `now_ms`; decisions come from the pure cores (`leadership`,
+`placement`, `repair`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from streamengine.master.errors import (
     TooManyUnsealed,
 )
 from streamengine.master.leadership import Lease, Outcome
+from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.master.model import (
     Held,
     SegmentKey,
@@ -334,19 +336,15 @@ class MasterState:
         return [s for name, s in sorted(self.streams.items()) if not tenant or s.tenant == tenant]
 
     def delete_stream(self, name: str) -> int:
+        """Drop the stream and its segments. Stores are not told one replica at a time:
+        a stream id below the next one that no stream has is garbage wherever it is
+        reported (`_garbage`), so the deletion is one small transaction however long
+        the stream."""
         record = self.stream(name)
         segments = self.stream_segments(record.stream_id)
-        batch = Batch().drop_stream(name)
-        deletes = set()
-        for segment in segments:
-            batch.drop_segment(segment.key)
-            for member in segment.copy_set:
-                batch.delete_replica(member, segment.key)
-                deletes.add((member, segment.key))
-        self.catalog.commit(batch)
+        self.catalog.commit(Batch().drop_stream(name).drop_segments_of(record.stream_id))
         for segment in segments:
             self._drop_segment(segment.key)
-        self.deletes |= deletes
         del self.streams[name]
         # Replicas of an unknown stream id are garbage to every store that reports them.
         self.names.pop(record.stream_id, None)
@@ -653,13 +651,16 @@ class MasterState:
                 if copy is None or copy.acked_index < segment.final_index:
                     self.unconfirmed.add(key)
         # A pending delete the store no longer reports is done.
-        done = [(sid, key) for sid, key in self.deletes if sid == store_id and key not in held]
-        if done:
+        done = sorted((sid, k) for sid, k in self.deletes if sid == store_id and k not in held)
+        # Each record is independent: a long list goes in several transactions, and
+        # memory follows each one that committed.
+        for start in range(0, len(done), OPS_PER_TRANSACTION_MAX):
+            chunk = done[start : start + OPS_PER_TRANSACTION_MAX]
             batch = Batch()
-            for sid, key in done:
+            for sid, key in chunk:
                 batch.replica_deleted(sid, key)
             self.catalog.commit(batch)
-            self.deletes -= set(done)
+            self.deletes -= set(chunk)
         return sorted(key for key in held if self._garbage(store_id, key))
 
     def _garbage(self, store_id: str, key: SegmentKey) -> bool:

@@ -1,7 +1,11 @@
 """Regenerate the Python code of the wire protocol, or check that it is up to date.
 
-    python proto/generate.py           # rewrite proto/streamengine/v1/*_pb2*.py(i)
+    python proto/generate.py           # rewrite proto/streamengine/{v1,etcd}/*_pb2*.py(i)
     python proto/generate.py --check   # exit 1 if regenerating would change anything
+
+Two packages: `streamengine.v1`, our protocol, and `streamengine.etcd`, etcd's v3 API
+(metadata and master election), from the protos `proto/etcd_protos.py` copies out of
+Debian's etcd.
 
 The generated modules are committed (so a plain `pip install` needs no protoc) and are
 stamped with the grpcio-tools version; pyproject pins that version for development and
@@ -19,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
-PACKAGE_DIR = PROTO_ROOT / "streamengine" / "v1"
+PACKAGES = ("v1", "etcd")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 
@@ -30,7 +34,11 @@ def generate_into(out_dir: Path) -> None:
     bin_dir = str(Path(sys.executable).parent)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PACKAGE_DIR.glob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(PROTO_ROOT))
+        for package in PACKAGES
+        for p in (PROTO_ROOT / "streamengine" / package).glob("*.proto")
+    )
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",
@@ -45,10 +53,12 @@ def generate_into(out_dir: Path) -> None:
 
 
 def generated_files(root: Path) -> dict[str, Path]:
+    """Generated modules by their path under `streamengine/`, e.g. `v1/entry_pb2.py`."""
     found = {}
-    for path in (root / "streamengine" / "v1").glob("*"):
-        if path.name.endswith(GENERATED_SUFFIXES):
-            found[path.name] = path
+    for package in PACKAGES:
+        for path in (root / "streamengine" / package).glob("*"):
+            if path.name.endswith(GENERATED_SUFFIXES):
+                found[f"{package}/{path.name}"] = path
     return found
 
 
@@ -77,8 +87,8 @@ def main() -> int:
         for stale_path in current.values():
             stale_path.unlink()
         for name, path in fresh.items():
-            shutil.copyfile(path, PACKAGE_DIR / name)
-        print(f"wrote {len(fresh)} files into {PACKAGE_DIR.relative_to(PROTO_ROOT.parent)}")
+            shutil.copyfile(path, PROTO_ROOT / "streamengine" / name)
+        print(f"wrote {len(fresh)} files into proto/streamengine/{{{','.join(PACKAGES)}}}")
         return 0
 
 

@@ -3,7 +3,10 @@
 The store serves whether or not the master answers: registration retries forever with
 backoff (tenacity), a failed heartbeat is logged and retried at the next tick, and a
 master that forgot the store (`register_again`) gets a new registration. Segments the
-master lists in a heartbeat reply are deleted.
+master lists in a heartbeat reply are deleted. Given several masters (`--master
+a:7070,b:7070`), calls follow the active one (`protocol.master_calls`); a master that
+becomes active loads every registered store from the metadata, so no new registration
+is needed after a failover.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from streamengine.protocol import auth, codec, identity, transport
+from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
 from streamengine.segment_store.scrub import ScanResult
 from streamengine.segment_store.scrubber import Scrubber
@@ -80,8 +84,15 @@ class MasterLink:
         self.scrubber = scrubber
 
     async def run(self) -> None:
-        async with self.members.aio_channel(self.master_address) as ch:
-            stub = master_pb2_grpc.MasterStub(ch)
+        channels: dict[str, grpc.aio.Channel] = {}
+
+        def channel(address: str) -> grpc.aio.Channel:
+            if address not in channels:
+                channels[address] = self.members.aio_channel(address)
+            return channels[address]
+
+        stub = AsyncMasters(self.master_address, channel).stub
+        try:
             while True:
                 if not self.registered:
                     await self._register(stub)
@@ -96,6 +107,9 @@ class MasterLink:
                     metrics.HEARTBEAT_FAILURES.inc()
                     log.exception("heartbeat to master %s failed", self.master_address)
                 await asyncio.sleep(self.interval_s)
+        finally:
+            for open_channel in channels.values():
+                await open_channel.close()
 
     async def _register(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
         async for attempt in AsyncRetrying(

@@ -31,6 +31,7 @@ from streamengine.protocol import identity as peer_identity
 from streamengine.protocol import logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store import metrics
 from streamengine.segment_store.group_commit import (
@@ -66,7 +67,12 @@ SHUTDOWN_GRACE_S = 2.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, help="host:port to serve gRPC on")
     parser.add_argument("--data", required=True, type=Path, help="data directory (RocksDB)")
-    parser.add_argument("--master", required=True, metavar="HOST:PORT", help="the master")
+    parser.add_argument(
+        "--master",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the masters (calls follow the active one)",
+    )
     parser.add_argument(
         "--id", dest="store_id", help="stable store id (default: generated once, kept in --data)"
     )
@@ -135,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
     except transport.ProtectedMode as refusal:
         print(f"streamengine store: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        parse_masters(args.master)
+    except BadMasterList as error:
+        print(f"streamengine store: --master: {error}", file=sys.stderr)
         return 2
     try:
         args.data.mkdir(parents=True, exist_ok=True)

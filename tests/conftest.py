@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.tools.harness import Cluster, running_cluster
+from streamengine.tools.harness import (
+    Cluster,
+    EtcdCluster,
+    etcd_binary,
+    running_cluster,
+    running_etcd,
+)
+from tests.metadata_backends import BACKENDS, MetadataPlace, open_backend
 from tests.tree import child_env
+
+ETCD_MISSING = "etcd is not installed (deploy/install-system-deps.sh installs Debian's etcd-server)"
 
 # Every process a test starts (servers, the CLI, writers, Spark workers) imports the code
 # of this working tree, wherever the installed copy points.
@@ -20,6 +29,28 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A master and three stores, fresh for the test."""
     with running_cluster(tmp_path, stores=3, master_args=["--lease-ms", "1000"]) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def session_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One etcd member for the whole session, started on first use; tests keep apart by
+    key prefix."""
+    if etcd_binary() is None:
+        pytest.skip(ETCD_MISSING)
+    with running_etcd(tmp_path_factory.mktemp("etcd")) as etcd:
+        yield etcd
+
+
+@pytest.fixture(params=BACKENDS)
+def metadata_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataPlace]:
+    """Where a master keeps its metadata: the embedded RocksDB, or etcd (the master's unit
+    tests run over both)."""
+    endpoint = ""
+    if request.param == "etcd":
+        endpoint = request.getfixturevalue("session_etcd").endpoints[0]
+    place = open_backend(request.param, tmp_path, endpoint)
+    yield place
+    place.close()
 
 
 @pytest.fixture(scope="session")

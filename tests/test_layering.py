@@ -1,7 +1,7 @@
 """Packages depend one way, and the decision cores do no I/O.
 
     streamengine.protocol  <-  client.core  <-  client (the SDK shell)
-    streamengine.protocol  <-  master
+    streamengine.protocol  <-  master  ->  streamengine.etcd (etcd's API, for metadata)
     streamengine.protocol  <-  segment_store
     tools (CLI, local cluster), bench, deploy: on top of everything
 
@@ -38,11 +38,30 @@ ALLOWED = {
     "protocol": ("streamengine.protocol", "streamengine.v1"),
     "client/core": ("streamengine.client.core", "streamengine.protocol"),
     "client": ("streamengine.client", "streamengine.protocol", "streamengine.v1"),
-    "master": ("streamengine.master", "streamengine.protocol", "streamengine.v1"),
+    "master": (
+        "streamengine.master",
+        "streamengine.protocol",
+        "streamengine.v1",
+        "streamengine.etcd",
+    ),
     "segment_store": ("streamengine.segment_store", "streamengine.protocol", "streamengine.v1"),
 }
-PURE_PROTOCOL = ["certificate.py", "entry.py", "limits.py", "policy.py", "sequence.py"]
-PURE_MASTER = ["leadership.py", "placement.py", "repair.py", "model.py", "errors.py"]
+PURE_PROTOCOL = [
+    "certificate.py",
+    "entry.py",
+    "limits.py",
+    "masters.py",
+    "policy.py",
+    "sequence.py",
+]
+PURE_MASTER = [
+    "leadership.py",
+    "placement.py",
+    "repair.py",
+    "integrity.py",
+    "model.py",
+    "errors.py",
+]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
 # the live tail.
 PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "scrub.py"]

@@ -1,11 +1,11 @@
 """`streamengine`: run servers and operate a cluster.
 
 Exit codes: 0 ok, 1 failure, 2 usage. Expected failures print one line, never a
-traceback. Client commands find the master from `--master HOST:PORT`, else
-$STREAMENGINE_MASTER, else 127.0.0.1:7070; TLS from `--certs-dir` /
-$STREAMENGINE_CERTS_DIR, a tenant token from `--token` / $STREAMENGINE_TOKEN. Servers
-(`master`, `store`) also read a TOML file (`--config`) and STREAMENGINE_<FLAG>
-variables; flags win over variables, which win over the file.
+traceback. Client commands find the masters from `--master HOST:PORT[,HOST:PORT...]`,
+else $STREAMENGINE_MASTER, else 127.0.0.1:7070, and follow the active one; TLS from
+`--certs-dir` / $STREAMENGINE_CERTS_DIR, a tenant token from `--token` /
+$STREAMENGINE_TOKEN. Servers (`master`, `store`) also read a TOML file (`--config`) and
+STREAMENGINE_<FLAG> variables; flags win over variables, which win over the file.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ def _add_master_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--master",
         default=os.environ.get(f"{ENV_PREFIX}MASTER", DEFAULT_MASTER),
-        metavar="HOST:PORT",
-        help="the master (default: $STREAMENGINE_MASTER or %(default)s)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the masters; calls follow the active one (default: $STREAMENGINE_MASTER or "
+        "%(default)s)",
     )
     parser.add_argument(
         "--certs-dir",
@@ -253,6 +254,35 @@ def _add_data_commands(commands: Subparsers) -> None:
         _add_master_option(parser)
 
 
+def _add_metadata_commands(commands: Subparsers) -> None:
+    metadata = commands.add_parser("metadata", help="back up and restore the master's metadata")
+    actions = metadata.add_subparsers(dest="action", required=True, metavar="ACTION")
+    backup = actions.add_parser(
+        "backup", help="copy every record to a file (masters may keep running)"
+    )
+    backup.add_argument("--to", type=Path, required=True, help="the backup file to write")
+    backup.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_backup"))
+    restore = actions.add_parser(
+        "restore", help="write a backup into empty metadata (every master stopped)"
+    )
+    restore.add_argument("--from", dest="source", type=Path, required=True, help="the backup file")
+    restore.add_argument(
+        "--raise-epochs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="raise every stream's latest epoch by N: for a backup older than the last "
+        "grant, N above the epochs granted since (default 0)",
+    )
+    restore.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_restore"))
+    for parser in (backup, restore):
+        where = parser.add_mutually_exclusive_group(required=True)
+        where.add_argument("--data", type=Path, help="a master's --data (embedded RocksDB)")
+        where.add_argument(
+            "--metadata", metavar="etcd://HOST:PORT[,...][/PREFIX]", help="the masters' etcd"
+        )
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -262,6 +292,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _add_stream_commands(commands)
     _add_data_commands(commands)
     _add_admin_commands(commands)
+    _add_metadata_commands(commands)
     return parser, servers
 
 

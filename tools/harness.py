@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,8 @@ from streamengine.tools.certs import LocalCerts, create_local_certs
 T = TypeVar("T")
 
 STREAMENGINE = str(Path(sys.executable).with_name("streamengine"))
+# The Master service's name in gRPC health: SERVING only on the active master.
+MASTER_SERVICE = "streamengine.v1.Master"
 
 
 def free_port() -> int:
@@ -202,13 +205,19 @@ def server_env() -> dict[str, str]:
 
 @dataclass
 class Cluster:
-    """A master and N stores, each with its own data dir under `root`; with `certs`,
-    every process serves TLS with its own node certificate."""
+    """A master (and with etcd, standby masters) and N stores, each with its own data dir
+    under `root`; with `certs`, every process serves TLS with its own node certificate."""
 
     root: Path
     master: ServerProcess
     stores: list[ServerProcess]
     certs: LocalCerts | None = None
+    # Masters beside `master` on the same etcd (`running_ha_cluster`).
+    standbys: list[ServerProcess] = field(default_factory=list)
+
+    @property
+    def masters(self) -> list[ServerProcess]:
+        return [self.master, *self.standbys]
 
     @property
     def admin_certs_dir(self) -> Path | None:
@@ -222,7 +231,22 @@ class Cluster:
 
     @property
     def master_address(self) -> str:
-        return self.master.address
+        """Every master, as clients, stores and tools take them: `a:1,b:2`."""
+        return ",".join(m.address for m in self.masters)
+
+    def active_master(self) -> ServerProcess | None:
+        """The master that says it is the active one now, if any."""
+        for master in self.masters:
+            if (
+                master.alive()
+                and not master.stopped
+                and is_active_master(master.address, transport=master.transport)
+            ):
+                return master
+        return None
+
+    def wait_active_master(self, timeout_s: float = 20.0) -> ServerProcess:
+        return wait_for(self.active_master, timeout_s, 0.01, "an active master")
 
     def store_by_address(self, address: str) -> ServerProcess:
         for store in self.stores:
@@ -232,13 +256,13 @@ class Cluster:
 
     def add_store(self, zone: str = "", extra_args: list[str] | None = None) -> ServerProcess:
         store = make_store(
-            self.root, len(self.stores), self.master.address, zone, extra_args, self.certs
+            self.root, len(self.stores), self.master_address, zone, extra_args, self.certs
         )
         self.stores.append(store)
         return store.start()
 
     def stop_all(self) -> None:
-        for process in [*self.stores, self.master]:
+        for process in [*self.stores, *self.masters]:
             with contextlib.suppress(Exception):
                 process.kill()
 
@@ -252,15 +276,33 @@ def _tls_args(certs: LocalCerts | None, name: str, **role: Any) -> tuple[list[st
 
 
 def make_master(
-    root: Path, extra_args: list[str] | None = None, certs: LocalCerts | None = None
+    root: Path,
+    extra_args: list[str] | None = None,
+    certs: LocalCerts | None = None,
+    name: str = "master",
 ) -> ServerProcess:
     port = free_port()
-    data = root / "master"
+    data = root / name
     data.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{port}"
-    tls, transport = _tls_args(certs, "master", master=True)
+    tls, transport = _tls_args(certs, name, master=True)
     args = ["master", "--listen", address, "--data", str(data), *tls, *(extra_args or [])]
-    return ServerProcess("master", args, address, root / "master.log", transport=transport)
+    return ServerProcess(name, args, address, root / f"{name}.log", transport=transport)
+
+
+def is_active_master(
+    address: str, timeout_s: float = 0.5, transport: Transport = PLAINTEXT
+) -> bool:
+    """Whether the master at `address` is the active one (its Master service health)."""
+    with transport.channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=MASTER_SERVICE), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def make_store(
@@ -319,6 +361,182 @@ def running_cluster(
             zone = zones[number] if zones else ""
             extra = [*(store_args or []), *(store_args_for(number) if store_args_for else [])]
             cluster.stores.append(make_store(root, number, master.address, zone, extra, certs))
+        for store in cluster.stores:
+            store.start(wait=False)
+        for store in cluster.stores:
+            store.wait_serving()
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+# etcd's minimum lease TTL is 1.5 election ticks rounded up to whole seconds: with its
+# defaults (100 ms heartbeats, 1 s election timeout) a 1 s lease silently becomes 2 s.
+# Half those give the 1 s election lease masters use, and detect a dead raft leader in
+# about half a second.
+ETCD_HEARTBEAT_MS = 50
+ETCD_ELECTION_TIMEOUT_MS = 500
+ETCD_READY_TIMEOUT_S = 20.0
+
+
+def etcd_binary() -> str | None:
+    """The etcd server (Debian's `etcd-server`, installed by
+    deploy/install-system-deps.sh), or None."""
+    return shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+
+
+def etcd_answers(endpoint: str, timeout_s: float = 0.5) -> bool:
+    """True when `endpoint` serves a linearizable read (its cluster has a leader)."""
+    from streamengine.etcd import rpc_pb2, rpc_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            rpc_pb2_grpc.KVStub(channel).Range(
+                rpc_pb2.RangeRequest(key=b"/health"), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return False
+        return True
+
+
+@dataclass
+class EtcdMember(ChildProcess):
+    """One etcd member on 127.0.0.1, with its data dir; restartable."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    initial_cluster: str = ""
+    process: subprocess.Popen[bytes] | None = None
+    stopped: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> EtcdMember:
+        binary = etcd_binary()
+        assert binary is not None, "etcd is not installed"
+        assert self.process is None or self.process.poll() is not None, "already running"
+        client_url = f"http://{self.endpoint}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                f"--name={self.name}",
+                f"--data-dir={self.data_dir}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster={self.initial_cluster or f'{self.name}={peer_url}'}",
+                "--initial-cluster-state=new",
+                f"--heartbeat-interval={ETCD_HEARTBEAT_MS}",
+                f"--election-timeout={ETCD_ELECTION_TIMEOUT_MS}",
+                "--logger=zap",
+                "--log-outputs=stderr",
+                "--log-level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.stopped = False
+        return self
+
+    def restart(self) -> EtcdMember:
+        self.kill()
+        return self.start()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class EtcdCluster:
+    members: list[EtcdMember]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def url(self, prefix: str = "") -> str:
+        """The master's `--metadata` for this etcd, keys under `prefix`."""
+        return "etcd://" + ",".join(self.endpoints) + (f"/{prefix.strip('/')}" if prefix else "")
+
+    def wait_ready(self, timeout_s: float = ETCD_READY_TIMEOUT_S) -> None:
+        def ready() -> bool:
+            for member in self.members:
+                if member.process is not None and member.process.poll() is not None:
+                    raise RuntimeError(f"etcd {member.name} exited:\n{member.log()}")
+            return all(etcd_answers(m.endpoint) for m in self.members if m.alive())
+
+        wait_for(ready, timeout_s, 0.05, "etcd answering")
+
+    def stop_all(self) -> None:
+        for member in self.members:
+            with contextlib.suppress(Exception):
+                member.kill()
+
+
+def make_etcd(root: Path, members: int = 1) -> EtcdCluster:
+    names = [f"etcd{n}" for n in range(members)]
+    ports = [(free_port(), free_port()) for _ in names]
+    initial = ",".join(
+        f"{name}=http://127.0.0.1:{peer}" for name, (_, peer) in zip(names, ports, strict=True)
+    )
+    cluster = []
+    for name, (client_port, peer_port) in zip(names, ports, strict=True):
+        data = root / name
+        data.mkdir(parents=True, exist_ok=True)
+        data.chmod(0o700)  # what etcd asks of its data dir
+        cluster.append(
+            EtcdMember(name, client_port, peer_port, data, root / f"{name}.log", initial)
+        )
+    return EtcdCluster(cluster)
+
+
+@contextlib.contextmanager
+def running_etcd(root: Path, members: int = 1) -> Iterator[EtcdCluster]:
+    """Start an etcd of `members` members on free 127.0.0.1 ports; kill it on exit."""
+    cluster = make_etcd(root, members)
+    try:
+        for member in cluster.members:
+            member.start()
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@contextlib.contextmanager
+def running_ha_cluster(
+    root: Path,
+    etcd: EtcdCluster,
+    masters: int = 2,
+    stores: int = 3,
+    master_args: list[str] | None = None,
+    store_args: list[str] | None = None,
+    prefix: str = "",
+) -> Iterator[Cluster]:
+    """`masters` masters on `etcd` (keys under `prefix`), the first one started becoming
+    the active one, and `stores` stores given every master; kill everything on exit."""
+    metadata = ["--metadata", etcd.url(prefix), *(master_args or [])]
+    processes = [make_master(root, metadata, name=f"master{n}") for n in range(masters)]
+    cluster = Cluster(root, processes[0], [], standbys=processes[1:])
+    try:
+        processes[0].start()
+        wait_for(lambda: is_active_master(processes[0].address), 20.0, 0.02, "master0 active")
+        for standby in processes[1:]:
+            standby.start()
+        for number in range(stores):
+            cluster.stores.append(make_store(root, number, cluster.master_address, "", store_args))
         for store in cluster.stores:
             store.start(wait=False)
         for store in cluster.stores:

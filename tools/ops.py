@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from streamengine.client.errors import StreamEngineError, Unavailable, from_rpc_error
+from streamengine.client.errors import (
+    InvalidArgument,
+    StreamEngineError,
+    Unavailable,
+    from_rpc_error,
+)
+from streamengine.protocol.master_calls import sync_masters
+from streamengine.protocol.masters import BadMasterList
 from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -49,18 +56,23 @@ def stream_client(args: argparse.Namespace) -> StreamClient:
 def master_stub(
     address: str, transport: Transport = PLAINTEXT
 ) -> Iterator[master_pb2_grpc.MasterStub]:
-    with transport.channel(address) as channel:
-        try:
-            yield master_pb2_grpc.MasterStub(channel)
-        except grpc.RpcError as error:
-            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                problem = tls_problem(error.details() or "", transport.tls)
-                raise Unavailable(
-                    f"master at {address}: {problem}"
-                    if problem
-                    else f"no master answering at {address} (is the cluster up?)"
-                ) from error
-            raise from_rpc_error(error) from error
+    """The masters at `address` (one, or several separated by commas: calls follow the
+    active one)."""
+    try:
+        masters = sync_masters(address, transport)
+        with masters as following:
+            yield following.stub
+    except BadMasterList as error:
+        raise InvalidArgument(f"--master: {error}") from error
+    except grpc.RpcError as error:
+        if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            problem = tls_problem(error.details() or "", transport.tls)
+            raise Unavailable(
+                f"master at {address}: {problem}"
+                if problem
+                else f"no active master answering at {address} (is the cluster up?)"
+            ) from error
+        raise from_rpc_error(error) from error
 
 
 def print_table(rows: list[list[str]], header: list[str]) -> None:
@@ -487,6 +499,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
     async def append() -> tuple[int, int]:
         count, last = 0, 0
+        silent_told = False
         async with stream_client(args) as client, client.writer(args.name) as writer:
             batch: list[bytes] = []
             for line in _read_lines(args.file):
@@ -495,6 +508,7 @@ def cmd_append(args: argparse.Namespace) -> int:
                     last = (await writer.append_batch(batch))[-1]
                     count += len(batch)
                     batch = []
+                    silent_told = _tell_master_silence(writer.statistics(), silent_told)
             if batch:
                 last = (await writer.append_batch(batch))[-1]
                 count += len(batch)
@@ -505,6 +519,27 @@ def cmd_append(args: argparse.Namespace) -> int:
     count, last = asyncio.run(append())
     print(f"appended {count} events to {args.name}" + (f", last sequence {last}" if count else ""))
     return 0
+
+
+# A writer appends on while no master answers (it cannot roll meanwhile); `append`
+# says so on stderr once the silence lasts this long, and again when it ends.
+MASTER_SILENCE_TOLD_S = 5.0
+
+
+def _tell_master_silence(statistics: Any, told: bool) -> bool:
+    """Whether the user now knows the master is silent."""
+    silent_s = statistics.master_silent_s
+    if silent_s is not None and silent_s >= MASTER_SILENCE_TOLD_S and not told:
+        print(
+            f"streamengine: no master has answered for {silent_s:.0f} s; appending on to "
+            "the open segment (no roll until one answers)",
+            file=sys.stderr,
+        )
+        return True
+    if told and silent_s is not None and silent_s < MASTER_SILENCE_TOLD_S:
+        print("streamengine: the master answers again", file=sys.stderr)
+        return False
+    return told
 
 
 def cmd_tail(args: argparse.Namespace) -> int:

@@ -44,6 +44,8 @@ def test_help_works_for_every_command() -> None:
         "rebalance",
         "verify",
         "seal",
+        "metadata backup",
+        "metadata restore",
     ]:
         result = run_cli(*command.split(), "--help")
         assert result.returncode == 0, (command, result.stderr)

@@ -13,8 +13,8 @@ from streamengine.tools.explain import explain_stream
 from streamengine.tools.harness import Cluster, wait_until
 from streamengine.v1 import entry_pb2
 from tests.integration.test_cli import run_cli
-from tests.integration.test_writer_failover import read_all, segments
-from tests.integration.writer_process import WriterProcess
+from tests.integration.test_writer_failover import segments
+from tests.integration.writer_process import WriterProcess, read_all
 
 
 async def test_explain_says_what_the_next_leaders_recovery_does(

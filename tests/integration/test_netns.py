@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.tools.harness import wait_for
+from streamengine.tools.harness import etcd_binary, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
@@ -114,3 +114,94 @@ def test_demo_workload_survives_a_store_cut_off_the_network(
         netns("heal", "store0", env=env)
     log = (data / "master.log").read_text(errors="replace")
     assert "10.213.7.1:7070" in log
+
+
+@pytest.fixture
+def netns_ha_cluster(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(f"network namespaces cannot be used here: {reason}")
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (deploy/install-system-deps.sh installs it)")
+    env = {
+        **os.environ,
+        "SE_NETNS_PREFIX": f"sh{os.getpid() % 10000}",
+        "SE_NETNS_SUBNET": "10.213.8",
+        "STREAMENGINE": STREAMENGINE,
+        "ETCD": str(etcd_binary()),
+    }
+    data = tmp_path / "netns"
+    try:
+        up = netns("up-ha", "3", str(data), env=env)
+        assert up.returncode == 0, up.stderr
+        yield env, data
+    finally:
+        netns("down", str(data), env=env)
+
+
+def active_master_host(data: Path) -> str | None:
+    """The master host whose log says it became the active master last."""
+    latest: tuple[str, str] | None = None
+    for number in range(3):
+        log = (data / f"master{number}.log").read_text(errors="replace")
+        for line in log.splitlines():
+            if 'msg="active master' in line and (latest is None or line > latest[1]):
+                latest = (f"master{number}", line)
+    return latest[0] if latest else None
+
+
+def test_ha_workload_survives_the_active_master_host_cut_off_the_network(
+    netns_ha_cluster: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    """Three hosts each run an etcd member and a master (`netns-cluster.sh up-ha`); the
+    active master's host, etcd member included, drops off the network halfway."""
+    env, data = netns_ha_cluster
+    masters = netns("masters", str(data), env=env).stdout.strip()
+    assert masters.count(",") == 2, masters
+
+    def stores_alive() -> int:
+        status = netns(
+            "exec", "client", STREAMENGINE, "status", "--json", "--master", masters, env=env
+        )
+        if status.returncode != 0:
+            return 0
+        return sum(store["alive"] for store in json.loads(status.stdout)["stores"])
+
+    wait_for(lambda: stores_alive() == 3, timeout_s=60, interval_s=0.5, message="3 stores up")
+    first = active_master_host(data)
+    assert first is not None
+
+    pause_file = tmp_path / "resume"
+    command = [sys.executable, "-m", "deploy.workload", "--master", masters]
+    command += ["--stream", "netns/ha", "--events", "6000", "--pause-file", str(pause_file)]
+    workload = subprocess.Popen(
+        ["bash", str(SCRIPT), "exec", "client", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert workload.stdout is not None
+        assert workload.stdout.readline().strip() == "HALFWAY"
+        cut = netns("cut", first, env=env)
+        assert cut.returncode == 0, cut.stderr
+        pause_file.touch()
+        wait_for(
+            lambda: active_master_host(data) not in (None, first),
+            timeout_s=30,
+            interval_s=0.2,
+            message="a standby on another host active",
+        )
+        out, err = workload.communicate(timeout=240)
+        (tmp_path / "workload.err").write_text(err)
+        assert workload.returncode == 0, (out, err)
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["appended"] == 6000
+        assert result["followed"] == 6000 and result["follower_matches"] is True
+        assert stores_alive() == 3, "the stores follow the new active master"
+    finally:
+        if workload.poll() is None:
+            workload.kill()
+        netns("heal", first, env=env)

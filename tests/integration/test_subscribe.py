@@ -221,8 +221,7 @@ async def test_start_in_the_middle_of_a_sealed_segment_resumes_exactly_there(
 async def test_a_writer_failover_under_a_live_subscriber_has_no_duplicate_and_no_gap(
     cluster: Cluster,
 ) -> None:
-    from tests.integration.test_writer_failover import numbers_of
-    from tests.integration.writer_process import WriterProcess
+    from tests.integration.writer_process import WriterProcess, numbers_of
 
     name = "sub/failover-writer"
     async with StreamClient(cluster.master_address) as client:

@@ -25,18 +25,10 @@ from streamengine.client.sealer import SegmentSealer
 from streamengine.tools.harness import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
 from streamengine.v1 import entry_pb2
-from tests.integration.writer_process import WriterProcess
+from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_MS = 1000
-
-
-async def read_all(client: StreamClient, name: str) -> list[tuple[int, bytes]]:
-    return [(event.sequence, event.payload) async for event in client.read(name)]
-
-
-def numbers_of(events: list[tuple[int, bytes]], prefix: str) -> list[int]:
-    return [int(p.split(b"-")[-1]) for _, p in events if p.startswith(prefix.encode() + b"-")]
 
 
 async def segments(client: StreamClient, name: str) -> list[entry_pb2.Segment]:

@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from streamengine.client import StreamClient
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -61,3 +63,11 @@ class WriterProcess:
             self.process.kill()
         self.process.wait(10)
         self._reader.join(5)
+
+
+async def read_all(client: StreamClient, name: str) -> list[tuple[int, bytes]]:
+    return [(event.sequence, event.payload) async for event in client.read(name)]
+
+
+def numbers_of(events: list[tuple[int, bytes]], prefix: str) -> list[int]:
+    return [int(p.split(b"-")[-1]) for _, p in events if p.startswith(prefix.encode() + b"-")]

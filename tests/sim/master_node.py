@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from streamengine.client.core.leader import (
     HeartbeatAnswered,
@@ -15,8 +15,9 @@ from streamengine.client.core.replicator import (
     SegmentRef,
 )
 from streamengine.master import integrity, repair
-from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.catalog import Catalog
 from streamengine.master.errors import MasterError, SealConflict
+from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.model import SegmentRecord
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.policy import ReplicationPolicy
@@ -32,29 +33,6 @@ from tests.sim.nodes import MASTER, Node
 # ---- master ----
 
 
-class MemoryCatalog(Catalog):
-    """The real catalog's encoding and loading over a sorted dict instead of RocksDB
-    (every commit is durable at once, as a synced RocksDB write is)."""
-
-    def __init__(self) -> None:  # no RocksDB
-        self.data: dict[bytes, bytes] = {}
-        self._db = cast(Any, self)  # get/items: all the loading code needs
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.data.get(key)
-
-    def items(self, from_key: bytes) -> list[tuple[bytes, bytes]]:
-        return sorted((k, v) for k, v in self.data.items() if k >= from_key)
-
-    def commit(self, batch: Batch) -> None:
-        for key in batch.deletes:
-            self.data.pop(key, None)
-        for key, value in batch.puts:
-            self.data[key] = value
-
-    def close(self) -> None:
-        pass
-
 
 def grant_of(record: SegmentRecord) -> SegmentGrant:
     return SegmentGrant(
@@ -66,7 +44,8 @@ def grant_of(record: SegmentRecord) -> SegmentGrant:
 class MasterNode(Node):
     def __init__(self, world: World) -> None:
         super().__init__(MASTER, world)
-        self.catalog = MemoryCatalog()
+        self.metadata = MemoryMetadata()
+        self.catalog = Catalog(self.metadata)
         self.state = self._load()
         cfg = world.config
         self.stream = self.state.create_stream(

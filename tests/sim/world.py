@@ -501,7 +501,7 @@ class World:
         if not master.up:
             return
         state = master.state
-        before = (dict(master.catalog.data), dict(state.leases))
+        before = (dict(master.metadata.data), dict(state.leases))
         stream = self.config.stream
         record = state.streams[stream]
         now = self.now
@@ -526,7 +526,7 @@ class World:
         else:
             raise Violation(6, f"the master did not refuse {what}")
         self.note(f"bad input to the master: {what}")
-        if (dict(master.catalog.data), dict(state.leases)) != before:
+        if (dict(master.metadata.data), dict(state.leases)) != before:
             raise Violation(6, f"the master changed after refusing {what}")
 
     # ---- liveness ----

@@ -3,18 +3,16 @@ who may make one, when a replica is verified or bad, and how the state records i
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from streamengine.master import integrity, repair
-from streamengine.master.catalog import Catalog
 from streamengine.master.errors import InvalidArgument, SealConflict
 from streamengine.master.integrity import Clean, Damaged, SegmentChecks, judge
 from streamengine.master.model import Held, SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, certificate_of
 from streamengine.protocol.entry import EntryKind
+from tests.metadata_backends import MetadataPlace
 
 COPY_SET = ("a", "b", "c")
 W = 2
@@ -172,22 +170,20 @@ LEASE = 1000
 
 
 class Master:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, place: MetadataPlace) -> None:
+        self.place = place
         self.now = 1_000_000
-        self.catalog = Catalog(path)
-        self.state = MasterState(self.catalog, self.now, LEASE, 3000)
+        self.state = MasterState(self.place.open(), self.now, LEASE, 3000)
 
     def restart(self) -> MasterState:
-        self.catalog.close()
-        self.catalog = Catalog(self.path)
-        self.state = MasterState(self.catalog, self.now, LEASE, 3000)
+        self.state = MasterState(self.place.open(), self.now, LEASE, 3000)
         return self.state
 
 
 @pytest.fixture
-def master(tmp_path: Path):
-    m = Master(tmp_path / "m")
+def master(metadata_place: MetadataPlace):
+    """Over each metadata back end (the embedded RocksDB, etcd)."""
+    m = Master(metadata_place)
     for sid in "abcd":
         m.state.register_store(sid, f"127.0.0.1:{1000 + ord(sid)}", "", 0, m.now)
         m.state.store_heartbeat(sid, 0, 0, {}, m.now)
@@ -196,7 +192,6 @@ def master(tmp_path: Path):
     m.state.writer_heartbeat("t/s", "w", 0, 0, 0, m.now)  # epoch 1
     m.state.roll_segment("t/s", "w", 1, (), m.now)  # epoch 2: segment 1 to seal
     yield m
-    m.catalog.close()
 
 
 def key(m: Master):

@@ -1,4 +1,4 @@
-"""Random schedules against the master's state over a real catalog, with restarts.
+"""Random schedules against the master's state over each metadata back end, with restarts.
 
 Each seed drives writers (heartbeat, roll, seal, release), store deaths and master
 restarts on a virtual clock, and checks after every step:
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import random
-from pathlib import Path
 
 import pytest
 
-from streamengine.master.catalog import Catalog
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+from tests.metadata_backends import MetadataPlace
 
 LEASE = 1000
 TIMEOUT = 3000
@@ -32,11 +31,11 @@ STEPS = 150
 
 
 class World:
-    def __init__(self, path: Path, seed: int):
-        self.path = path
+    def __init__(self, place: MetadataPlace, seed: int):
+        self.place = place
         self.rng = random.Random(seed)
         self.now = 1_000_000
-        self.catalog = Catalog(path)
+        self.catalog = place.open()
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
         self.dead: set[str] = set()
         self.epochs_seen: list[int] = []
@@ -104,8 +103,7 @@ class World:
 
     def restart(self, _: str) -> None:
         before = (dict(self.state.streams), dict(self.state.segments), dict(self.state.stores))
-        self.catalog.close()
-        self.catalog = Catalog(self.path)
+        self.catalog = self.place.open()
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
         after = (dict(self.state.streams), dict(self.state.segments), dict(self.state.stores))
         assert after == before, "a restart loads exactly what was answered"
@@ -123,12 +121,9 @@ class World:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_random_schedule(tmp_path: Path, seed: int) -> None:
-    world = World(tmp_path / "m", seed)
-    try:
-        for _ in range(STEPS):
-            world.step()
-            world.check()
-        assert len(world.epochs_seen) > 3, "the schedule exercised grants"
-    finally:
-        world.catalog.close()
+def test_random_schedule(metadata_place: MetadataPlace, seed: int) -> None:
+    world = World(metadata_place, seed)
+    for _ in range(STEPS):
+        world.step()
+        world.check()
+    assert len(world.epochs_seen) > 3, "the schedule exercised grants"

@@ -4,22 +4,21 @@ rotating window."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from streamengine.master import repair
-from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.catalog import Batch
 from streamengine.master.model import Held, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.state import MasterState
+from tests.metadata_backends import MetadataPlace
 
 TIMEOUT = 3000
 NOW = 1_000_000
 
 
 @pytest.fixture
-def state(tmp_path: Path):
-    catalog = Catalog(tmp_path / "m")
+def state(metadata_place: MetadataPlace):
+    catalog = metadata_place.open()
     batch = Batch().tenant("t", 0).next_stream_id(2)
     batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 20, "", 0))
     for epoch in range(1, 21):
@@ -30,7 +29,6 @@ def state(tmp_path: Path):
     for number in range(4):
         master.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
     yield master
-    catalog.close()
 
 
 def report_all(state: MasterState, now: int, skip: str = "", acked: int = 5) -> None:

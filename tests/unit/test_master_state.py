@@ -1,5 +1,7 @@
-"""The master's state over a real RocksDB catalog, clock injected: leases and epochs,
-segments, seals, deletes, restarts. Each test names the rule it checks."""
+"""The master's state over a real metadata store, each back end in turn (the embedded
+RocksDB, and etcd with every commit guarded by a real election key), clock injected:
+leases and epochs, segments, seals, deletes, restarts. Each test names the rule it
+checks."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master.catalog import Catalog
 from streamengine.master.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -20,23 +21,23 @@ from streamengine.master.errors import (
 )
 from streamengine.master.model import Held, SegmentState
 from streamengine.master.state import MasterState
+from tests.metadata_backends import MetadataPlace, RocksDBPlace
 
 LEASE = 1000
 TIMEOUT = 3000
 
 
 class Master:
-    """A MasterState that can be 'restarted' over the same directory."""
+    """A MasterState that can be 'restarted' over the same metadata."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, place: MetadataPlace):
+        self.place = place
         self.now = 1_000_000
-        self.catalog = Catalog(path)
+        self.catalog = place.open()
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
 
     def restart(self) -> MasterState:
-        self.catalog.close()
-        self.catalog = Catalog(self.path)
+        self.catalog = self.place.open()
         self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
         return self.state
 
@@ -47,13 +48,12 @@ class Master:
 
 
 @pytest.fixture
-def master(tmp_path: Path):
-    m = Master(tmp_path / "m")
+def master(metadata_place: MetadataPlace):
+    m = Master(metadata_place)
     m.stores("a", "b", "c", "d")
     m.state.create_stream("t/s", 3, 2, 0, 0, True, m.now)
     m.now += LEASE  # past the start-up window
     yield m
-    m.catalog.close()
 
 
 def beat(m: Master, client: str, epoch: int = 0):
@@ -377,14 +377,16 @@ def test_roll_request_for_an_unknown_stream_is_not_found(master: Master) -> None
         master.state.request_roll("t/missing", master.now)
 
 
-def test_catalog_is_raw_rocksdb_with_big_endian_keys(master: Master) -> None:
-    config = json.loads((master.path / "catalog" / "rocksdict-config.json").read_text())
+def test_embedded_catalog_is_raw_rocksdb(tmp_path: Path) -> None:
+    place = RocksDBPlace(tmp_path / "m")
+    place.open()
+    place.close()
+    config = json.loads((tmp_path / "m" / "catalog" / "rocksdict-config.json").read_text())
     assert config["raw_mode"] is True, "no pickled values, no private comparator"
+
+
+def test_catalog_keys_are_big_endian_so_segments_sort_by_epoch(master: Master) -> None:
     beat(master, "w1")
     master.state.roll_segment("t/s", "w1", 1, [], master.now)
-    keys = [
-        k
-        for k in master.catalog._db.keys(from_key=b"g/")
-        if isinstance(k, bytes) and k[:2] == b"g/"
-    ]
+    keys = [k for k, _ in master.catalog.metadata.read_all() if k[:2] == b"g/"]
     assert keys == sorted(keys) and len(keys) == 2, "segments sort by (stream id, epoch)"

@@ -12,3 +12,7 @@ FENCE_METADATA_KEY = "se-fence"
 # The fence to assume when a store refuses below its fence without saying which: above
 # every epoch (epochs fit 31 bits), so the writer steps down rather than retry.
 FENCE_UNKNOWN = 1 << 63
+
+# Trailing metadata of the UNAVAILABLE a standby master answers: the address of the
+# active master, when the standby knows it (`masters.next_master` follows it).
+ACTIVE_MASTER_METADATA_KEY = "se-active-master"

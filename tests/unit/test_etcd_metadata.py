@@ -1,0 +1,153 @@
+"""The master's metadata in etcd, against a real etcd: every commit is conditional on the
+master's election key and on the writer key, and a commit that fails writes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamengine.master import etcd_metadata
+from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.errors import InvalidArgument
+from streamengine.master.etcd import EtcdClient, EtcdConfig, parse_etcd_url
+from streamengine.master.etcd_metadata import EtcdMetadata, MetadataChanged, NoMasterGuard
+from streamengine.master.metadata import NotActive, Transaction, prefix_end
+from streamengine.master.state import MasterState
+from streamengine.tools.harness import EtcdCluster
+from tests.metadata_backends import EtcdPlace, join_election
+
+LEASE = 1000
+TIMEOUT = 3000
+NOW = 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("etcd://127.0.0.1:2379", EtcdConfig(("127.0.0.1:2379",), b"/streamengine")),
+        ("etcd://a:1,b:2/", EtcdConfig(("a:1", "b:2"), b"/streamengine")),
+        ("etcd://a:1,b:2,c:3/prod/se/", EtcdConfig(("a:1", "b:2", "c:3"), b"/prod/se")),
+    ],
+)
+def test_an_etcd_url_names_members_and_a_prefix(url: str, expected: EtcdConfig) -> None:
+    assert parse_etcd_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url", ["etcd://", "etcd://a", "etcd://a:x", "etcd://a:1,a:1", "http://a:1", "etcd://:1"]
+)
+def test_a_bad_etcd_url_is_refused(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_etcd_url(url)
+
+
+def test_prefix_end_is_the_first_key_after_the_prefix() -> None:
+    assert prefix_end(b"g/") == b"g0"
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"/se/meta/") == b"/se/meta0"
+
+
+def test_a_transaction_touching_a_key_twice_is_a_bug() -> None:
+    with pytest.raises(AssertionError):
+        Transaction(puts=[(b"k", b"1")], deletes=[b"k"]).check()
+    with pytest.raises(AssertionError):
+        Transaction(puts=[(b"g/1", b"1")], delete_prefixes=[b"g/"]).check()
+
+
+@pytest.fixture
+def place(session_etcd: EtcdCluster):
+    place = EtcdPlace(session_etcd.endpoints[0])
+    yield place
+    place.close()
+
+
+def records(place: EtcdPlace) -> list[tuple[bytes, bytes]]:
+    """What a fresh reader of the same prefix sees."""
+    metadata = EtcdMetadata(EtcdClient(parse_etcd_url(place.url)))
+    try:
+        return metadata.read_all()
+    finally:
+        metadata.close()
+
+
+def test_a_deposed_master_writes_nothing_and_its_memory_does_not_move(place: EtcdPlace) -> None:
+    state = MasterState(place.open(), NOW, LEASE, TIMEOUT)
+    for store in ("a", "b", "c"):
+        state.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
+    state.create_stream("t/s", 3, 2, 0, 0, True, NOW)
+    before = records(place)
+    place.step_down()  # its election key is gone, as after a lease expiry
+
+    with pytest.raises(NotActive):
+        state.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW + LEASE)
+    assert state.streams["t/s"].epoch == 0, "no epoch in memory either"
+    assert state.leases["t/s"].epoch == 0
+    with pytest.raises(NotActive):
+        state.create_stream("t/other", 3, 2, 0, 0, True, NOW)
+    assert records(place) == before
+
+
+def test_a_late_transaction_of_the_same_master_fails_instead_of_overwriting(
+    place: EtcdPlace,
+) -> None:
+    """Two commits prepared against the same writer revision: the first applies, the
+    second (a transaction etcd applies after a newer one, e.g. retried after a timeout)
+    is refused and changes nothing."""
+    catalog = place.open()
+    assert place.metadata is not None
+    guard = place.metadata.guard
+    catalog.commit(Batch().tenant("t", 1))
+    newer = records(place)
+    place.metadata.guard = guard  # as the late transaction was built
+    with pytest.raises(MetadataChanged):
+        catalog.commit(Batch().tenant("t", 2))
+    assert records(place) == newer
+
+
+def test_a_standby_loads_what_the_active_master_wrote_and_only_it_writes(
+    place: EtcdPlace,
+) -> None:
+    first = MasterState(place.open(), NOW, LEASE, TIMEOUT)
+    for store in ("a", "b", "c"):
+        first.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
+    first.create_stream("t/s", 3, 2, 0, 0, True, NOW)
+    granted = first.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW)
+    assert granted.lease.epoch == 1
+
+    # A second master on the same prefix, once the first stepped down.
+    place.step_down()
+    second_place = EtcdPlace(url=place.url)
+    try:
+        second = MasterState(second_place.open(), NOW + 10, LEASE, TIMEOUT)
+        assert second.streams["t/s"].epoch == 1 and second.streams["t/s"].leader_id == "w1"
+        assert not second.granting_leases(NOW + 10), "the restart rule holds after a failover"
+        taken = second.writer_heartbeat("t/s", "w2", 0, 0, 0, NOW + 10 + LEASE)
+        assert taken.lease.epoch == 2
+        with pytest.raises(NotActive):
+            # A grant of the deposed master's own (its memory says the lease ran out).
+            first.writer_heartbeat("t/s", "w3", 0, 0, 0, NOW + 2 * LEASE)
+        assert second.streams["t/s"].epoch == 2
+    finally:
+        second_place.close()
+
+
+def test_records_load_page_by_page(place: EtcdPlace, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = place.open()
+    batch = Batch()
+    for number in range(25):
+        batch.tenant(f"t{number:02}", number)
+    catalog.commit(batch)
+    monkeypatch.setattr(etcd_metadata, "RECORDS_PER_PAGE", 4)
+    assert len(catalog.load().tenants) == 25
+
+
+def test_a_restore_writes_only_while_no_master_is_in_the_election(place: EtcdPlace) -> None:
+    catalog = place.open()
+    assert place.metadata is not None
+    place.metadata.guard = NoMasterGuard()
+    with pytest.raises(NotActive):
+        catalog.commit(Batch().tenant("t", 1))
+    place.step_down()
+    place.metadata.guard = NoMasterGuard()
+    catalog.commit(Batch().tenant("t", 1))
+    assert Catalog(place.metadata).load().tenants == {"t": 1}
+    place.lease_id = join_election(place.metadata, "test-master:1")
