@@ -39,7 +39,9 @@ checkpoint re-reads the same rows for the same offsets.
 
 from __future__ import annotations
 
+import array
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -503,10 +505,13 @@ class _Packed:
         payload_data = self.payloads.buffers()[2]
         offsets = memoryview(self.payloads.buffers()[1]).cast("i")
         assert self.kinds.offset == 0 and self.payloads.offset == 0, "fresh arrays"
+        assert sys.byteorder == "little", "Arrow buffers are little-endian"
+        lengths = array.array("I")  # native u32, as the Arrow buffer holds them
+        lengths.frombytes(memoryview(self.lengths.buffers()[1])[: 4 * len(self.lengths)])
         return check.feed_packed(
             self.first_index,
             kinds_data.to_pybytes() if kinds_data is not None else b"",
-            self.lengths.to_pylist(),
+            lengths,
             memoryview(payload_data) if payload_data is not None else b"",
             offsets,
         )
