@@ -86,6 +86,10 @@ class Checker:
         self.followers: dict[str, FollowerRecord] = {}
         self.finals: dict[SegmentKey, int] = {}
         self.certificates: dict[SegmentKey, Certificate] = {}
+        # (store, segment) replicas the world forged behind their store's back (damage
+        # at rest, `SimConfig.rot`): what they hold is not what they served, and no
+        # reader may ever get it.
+        self.rotted: set[tuple[str, SegmentKey]] = set()
         self.failed: set[bytes] = set()  # appends users were told definitely failed
         self.served_payloads: set[bytes] = set()
         self.epoch_seen = 0
@@ -130,6 +134,8 @@ class Checker:
         meta = core.meta(segment)
         if meta is None:
             return
+        if (store, segment) in self.rotted:
+            return  # damaged at rest: its store serves what a reader must refuse
         before = self.store_acked.get((store, segment), 0)
         acked = meta.acked_index
         if acked < before:
@@ -156,6 +162,8 @@ class Checker:
         unsealed count. Catches a change the incremental checks were not told of."""
         for name, core in sorted(stores.items()):
             for segment in core.segments():
+                if (name, segment) in self.rotted:
+                    continue  # damaged at rest on purpose
                 meta = core.meta(segment)
                 assert meta is not None
                 if not meta.acked_index <= meta.matched_index <= meta.last_index:
@@ -175,6 +183,7 @@ class Checker:
         or it was never a member): what it served stays true; a later copy starts anew."""
         self.checks += 1
         self.store_acked.pop((store, segment), None)
+        self.rotted.discard((store, segment))
 
     def store_restarted(self, store: str, core: SegmentStoreCore, fsync_never: bool) -> None:
         """A store restarts with exactly what it had acked, unless it runs with fsync
@@ -216,7 +225,11 @@ class Checker:
             meta = core.meta(segment)
             if meta is not None and meta.acked_index > final:
                 raise Violation(4, f"store {name}: acked {meta.acked_index} passes bridge {final}")
-            if meta is not None and meta.acked_index == final:
+            if (
+                meta is not None
+                and meta.acked_index == final
+                and (name, segment) not in self.rotted
+            ):
                 self.replica_complete(name, core, segment, final)
 
     def seal_conflict(self, segment: SegmentKey, message: str) -> None:
@@ -248,6 +261,8 @@ class Checker:
                 f"{known.describe()}",
             )
         for name, core in sorted(stores.items()):
+            if (name, segment) in self.rotted:
+                continue  # it differs, on purpose: the scrub condemns it
             meta = core.meta(segment)
             reached = meta is not None and meta.acked_index >= certificate.final_index
             if reached and meta is not None and meta.fence > segment.epoch:
@@ -269,12 +284,22 @@ class Checker:
         """The master judged `store`'s replica bad: it must differ from the certificate."""
         if core is None or core.meta(segment) is None:
             return  # nothing held any more: nothing was condemned wrongly
+        if (store, segment) in self.rotted:
+            return  # rightly: it was forged
         held = core.certify(segment, certificate.final_index).certificate
         if held == certificate:
             raise Violation(
                 11,
                 f"store {store}: segment {segment.epoch} condemned though it holds its "
                 f"certificate {certificate.describe()}",
+            )
+
+    def reader_reported(self, reader: str, store: str, segment: SegmentKey, problem: str) -> None:
+        """A reader found `store`'s replica of `segment` serving what differs from the
+        certificate: only a forged one may."""
+        if (store, segment) not in self.rotted:
+            raise Violation(
+                11, f"{reader}: {store} reported for segment {segment.epoch}: {problem}"
             )
 
     # ---- invariant 5 ----

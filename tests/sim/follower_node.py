@@ -190,10 +190,12 @@ class FollowerNode(Node):
             for event in self.cursor.on_entries(read.epoch, body.entries, now):
                 self.world.checker.follower_event(self.name, event.sequence, event.payload)
                 self.resume_at = event.sequence + 1
-            # No simulated disk rots: a replica found differing from its certificate
-            # means the certificate or the check is wrong.
+            # Only a replica the world forged may differ from its certificate.
             for report in self.cursor.take_reports():
-                raise Violation(11, f"{self.name}: {report.replica} reported: {report.problem}")
+                segment = self.segments[report.epoch]
+                self.world.checker.reader_reported(
+                    self.name, report.replica, segment, report.problem
+                )
         elif isinstance(body, sub.PushedPosition):
             acked = body.position.acked_index
             self.cursor.on_position(read.epoch, read.replica, acked, now)
