@@ -6,7 +6,9 @@ with no failures: heartbeat for the lease and copy set, write events to every st
 the copy set and raise their acked index, RollSegment for the next epoch, Seal the old
 segment on its stores with the new epoch, write the BRIDGE and raise the acked index
 over it, then SealSegment at the master with the segment's certificate (or without one,
-as a segment sealed before certificates existed: `certify=False`).
+as a segment sealed before certificates existed: `certify=False`). Every write, seal and
+master call under an epoch carries the master's grant of it, from the answer that
+granted it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def write(
     writer_epoch: int,
     entries: list[StoredEntry],
     acked: int,
+    grant: bytes,
 ) -> None:
-    """Write `entries` to one store, then raise its acked index to `acked`."""
+    """Write `entries` to one store under `grant` (of `writer_epoch`), then raise its
+    acked index to `acked`."""
     requests = [
         segment_store_pb2.WriteRequest(
             segment=segment,
@@ -45,6 +49,7 @@ def write(
             acked_index=0,
             entries=[codec.entry_to_pb(e) for e in entries],
             request_id=1,
+            grant=grant,
         ),
         segment_store_pb2.WriteRequest(
             segment=segment, writer_epoch=writer_epoch, acked_index=acked, request_id=2
@@ -57,11 +62,13 @@ def write(
     assert replies[-1].acked_index == acked, replies[-1]
 
 
-def seal(address: str, segment: entry_pb2.SegmentId, new_epoch: int) -> segment_store_pb2.SealReply:
+def seal(
+    address: str, segment: entry_pb2.SegmentId, new_epoch: int, grant: bytes
+) -> segment_store_pb2.SealReply:
     channel, stub = store_stub(address)
     with channel:
         reply: segment_store_pb2.SealReply = stub.Seal(
-            segment_store_pb2.SealRequest(segment=segment, new_epoch=new_epoch),
+            segment_store_pb2.SealRequest(segment=segment, new_epoch=new_epoch, grant=grant),
             timeout=CALL_TIMEOUT_S,
         )
         return reply
@@ -76,6 +83,8 @@ class Driver:
     client_id: str = "driver"
     epoch: int = 0
     segment: entry_pb2.Segment | None = None
+    # The master's signed grant of `epoch`.
+    grant: bytes = b""
     # Seal with the certificate of what was written, as a leader's roll does.
     certify: bool = True
 
@@ -105,7 +114,7 @@ class Driver:
                     time.sleep(0.1)
                     continue
                 if reply.role == master_pb2.LEADER:
-                    self.epoch = reply.epoch
+                    self.epoch, self.grant = reply.epoch, reply.grant
                     if reply.HasField("segment"):
                         self.segment = reply.segment
                     return reply
@@ -125,7 +134,7 @@ class Driver:
         the generated events (e.g. to leave HOLEs as a recovery does)."""
         self.lead()
         assert self.segment is not None, "the leader has no open segment"
-        old, old_epoch = self.segment, self.epoch
+        old, old_epoch, old_grant = self.segment, self.epoch, self.grant
         if entries is None:
             entries = [
                 StoredEntry.make(i, EntryKind.EVENT, old_epoch, bytes([i % 256]) * payload_bytes)
@@ -133,28 +142,29 @@ class Driver:
             ]
         events = len(entries)
         for replica in old.copy_set:
-            write(replica.address, old.id, old_epoch, entries, events)
+            write(replica.address, old.id, old_epoch, entries, events, old_grant)
         channel, stub = self._stub()
         with channel:
             rolled = stub.RollSegment(
                 master_pb2.RollSegmentRequest(
-                    stream=self.stream, client_id=self.client_id, epoch=old_epoch
+                    stream=self.stream, client_id=self.client_id, epoch=old_epoch, grant=old_grant
                 ),
                 timeout=CALL_TIMEOUT_S,
             )
-            self.epoch, self.segment = rolled.epoch, rolled.segment
+            self.epoch, self.segment, self.grant = rolled.epoch, rolled.segment, rolled.grant
             bridge = StoredEntry.make(events + 1, EntryKind.BRIDGE, self.epoch)
             for number, replica in enumerate(old.copy_set):
-                sealed = seal(replica.address, old.id, self.epoch)
+                sealed = seal(replica.address, old.id, self.epoch, self.grant)
                 assert sealed.fence == self.epoch and sealed.acked_index == events
                 if bridge_on is None or number < bridge_on:
-                    write(replica.address, old.id, self.epoch, [bridge], events + 1)
+                    write(replica.address, old.id, self.epoch, [bridge], events + 1, self.grant)
             request = master_pb2.SealSegmentRequest(
                 stream=self.stream,
                 segment_epoch=old_epoch,
                 writer_epoch=self.epoch,
                 client_id=self.client_id,
                 final_index=events + 1,
+                grant=self.grant,
             )
             if self.certify:
                 content = [(e.index, int(e.kind), e.payload) for e in [*entries, bridge]]

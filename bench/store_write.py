@@ -10,6 +10,9 @@ thread per writer. Requests and raw batches are built before the clock starts.
 
 With a window above 1, batches of one writer share syncs too (group commit), which the
 raw loop, one synced WriteBatch per batch, cannot; `--window 1` compares batch for batch.
+
+The store runs without a master and trusts a key of this benchmark's
+(`--trust-signing-key`): each Write stream shows a grant it signed once, as a leader's.
 """
 
 from __future__ import annotations
@@ -29,12 +32,17 @@ import grpc
 from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.keys import entry_key
 from streamengine.tools.harness import make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 ENTRY_BYTES = 100
 BATCH_ENTRIES = 100
+# Signs the grants of the benchmark's store (`--trust-signing-key`).
+BENCH_KEY = SigningKey.generate()
+STORE_IDS = ("store0", "store1")
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,8 @@ def raw_rate(root: Path, fsync: bool, writers: int, batches: int) -> float:
 
 def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteRequest]:
     segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=1)
+    grant = Grant(stream_id, 1, "bench", "bench-writer", (GrantSegment(1, STORE_IDS),))
+    signed = GrantSigner(BENCH_KEY).sign(grant)
     requests = []
     for number in range(batches):
         first = number * BATCH_ENTRIES + 1
@@ -113,6 +123,7 @@ def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteReque
                 acked_index=max(first - 1, 0),
                 request_id=number,
                 entries=codec.entries_to_pb(stored),
+                grant=signed if number == 0 else b"",
             )
         )
     return requests
@@ -153,8 +164,10 @@ def measure(seconds: float, window: int, fsyncs: tuple[str, ...]) -> list[Figure
             # Size each run from a short raw probe so it lasts about `seconds`.
             probe = raw_rate(root, fsync == "always", 1, 20)
             batches = max(20, int(probe * seconds / BATCH_ENTRIES))
+            key_file = root / "bench-signing-key.pub"
+            key_file.write_text(BENCH_KEY.public_key.hex())
             store = make_store(root, 0 if fsync == "always" else 1, "127.0.0.1:1")
-            store.args += ["--fsync", fsync]
+            store.args += ["--fsync", fsync, "--trust-signing-key", str(key_file)]
             store.start()
             try:
                 for number, writers in enumerate((1, 4)):

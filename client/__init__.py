@@ -11,6 +11,7 @@ from streamengine.client.errors import (
     InvalidArgument,
     LeadershipLost,
     NotFound,
+    PermissionDenied,
     StreamEngineError,
     Unavailable,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidArgument",
     "LeadershipLost",
     "NotFound",
+    "PermissionDenied",
     "StreamClient",
     "StreamEngineError",
     "Unavailable",

@@ -1,6 +1,7 @@
 """Every error the SDK raises, by who is at fault, under one base.
 
-- the caller: `InvalidArgument`, `EventTooLarge`, `NotFound`, `AlreadyExists`;
+- the caller: `InvalidArgument`, `EventTooLarge`, `NotFound`, `AlreadyExists`,
+  `PermissionDenied`;
 - the cluster, retryable later: `Unavailable`, and `AppendTimedOut` for an append not
   acknowledged in time while its writer goes on leading;
 - leadership: `LeadershipLost` (the writer is finished; open a new one), and for an
@@ -35,6 +36,11 @@ class NotFound(StreamEngineError):
 
 class AlreadyExists(StreamEngineError):
     """Creating what exists with different settings."""
+
+
+class PermissionDenied(StreamEngineError):
+    """The caller may not do this: its certificate or token does not allow it, or its
+    token is invalid, expired or revoked. Nothing changed."""
 
 
 class Unavailable(StreamEngineError):
@@ -103,6 +109,8 @@ _STATUS_TO_ERROR: dict[grpc.StatusCode, type[StreamEngineError]] = {
     grpc.StatusCode.ABORTED: Unavailable,
     grpc.StatusCode.FAILED_PRECONDITION: LeadershipLost,
     grpc.StatusCode.DATA_LOSS: StreamEngineError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
 }
 
 

@@ -67,6 +67,9 @@ class SegmentSealer:
         grant = action.segment
         self.segment = grant.segment
         self.new_epoch = action.new_epoch
+        # The signed grant of `new_epoch`: every seal and write of the recovery, and the
+        # seal at the master, carry it.
+        self.grant = action.grant
         self.op = sr.SegmentRecovery(
             action.policy,
             grant.epoch,
@@ -205,7 +208,9 @@ class SegmentSealer:
             return None
 
     def _seal_call(self, store: str) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
-        request = segment_store_pb2.SealRequest(segment=self._segment_id, new_epoch=self.new_epoch)
+        request = segment_store_pb2.SealRequest(
+            segment=self._segment_id, new_epoch=self.new_epoch, grant=self.grant
+        )
 
         async def seal() -> sr.Event:
             reply = await self._stubs[store].Seal(request, timeout=RPC_TIMEOUT_S)
@@ -242,6 +247,7 @@ class SegmentSealer:
             request_id=1,
             report_held=True,
             entries=codec.entries_to_pb(entries),
+            grant=self.grant,
         )
 
         async def write() -> sr.Event:
@@ -277,6 +283,7 @@ class SegmentSealer:
             writer_epoch=self.new_epoch,
             client_id=self._client_id,
             final_index=final_index,
+            grant=self.grant,
         )
         if certificate is not None:
             request.certificate.CopyFrom(codec.certificate_to_pb(certificate))

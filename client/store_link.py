@@ -40,6 +40,7 @@ RECONNECT_PAUSE_S_MAX = RECONNECT_PAUSE_MS_MAX / 1000
 CONNECT_TIMEOUT_S = 2.0
 
 _WriteReply = segment_store_pb2.WriteReply
+_REFUSED_FOR_NOW = (segment_store_pb2.REFUSED_BUSY, segment_store_pb2.REFUSED_QUOTA)
 
 
 class StoreLink:
@@ -134,7 +135,8 @@ class StoreLink:
                 WriteReplied(
                     store,
                     reply.request_id,
-                    busy=reply.status == segment_store_pb2.REFUSED_BUSY,
+                    # Over its tenant's quota: held back the same way.
+                    busy=reply.status in _REFUSED_FOR_NOW,
                     matched_index=reply.matched_index,
                     acked_index=reply.acked_index,
                     first_index=reply.first_index,

@@ -47,6 +47,7 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
         roll_reason=reply.roll_reason,
         segment_bytes_max=reply.segment_bytes_max,
         segment_age_ms_max=reply.segment_age_ms_max,
+        grant=reply.grant,
     )
 
 
@@ -80,6 +81,7 @@ def serialize_write(send: SendWrite, cache: BatchCache) -> bytes:
         writer_epoch=send.writer_epoch,
         acked_index=send.acked_index,
         request_id=send.request_id,
+        grant=send.grant,
     ).SerializeToString()
     return head + cache.entries(send) if send.entries else head
 

@@ -202,7 +202,7 @@ class Writer:
         self._flushed = asyncio.Event()
         self._clock_deadline: int | None = None
         self._closing = False
-        self._releases: list[int] = []
+        self._releases: list[ReleaseLease] = []
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
         self._heartbeat_error: StreamEngineError | None = None
@@ -257,8 +257,8 @@ class Writer:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
         self.step(Release())
-        for epoch in self._releases:
-            await self._release(epoch)
+        for release in self._releases:
+            await self._release(release)
         released = len(self._releases)
         for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
@@ -273,8 +273,8 @@ class Writer:
         finally:
             # A roll answered while closing granted an epoch: give it back too, or the
             # next writer (or `seal`) waits out a lease nobody uses.
-            for epoch in self._releases[released:]:
-                await self._release(epoch)
+            for release in self._releases[released:]:
+                await self._release(release)
         return None
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
@@ -427,9 +427,9 @@ class Writer:
                 self._timed_out(action)
             elif isinstance(action, ReleaseLease):
                 if self._closing:
-                    self._releases.append(action.epoch)
+                    self._releases.append(action)
                 else:
-                    self._spawn(self._release(action.epoch))
+                    self._spawn(self._release(action))
             elif isinstance(action, StoreDetached):
                 log.warning(
                     "%s: store %s detached at matched %d: %s",
@@ -588,6 +588,7 @@ class Writer:
             client_id=self.client_id,
             epoch=action.epoch,
             exclude_stores=action.exclude_stores,
+            grant=action.grant,
         )
         sent_at = now_ms()
         try:
@@ -636,9 +637,10 @@ class Writer:
                 await self._sealed_changed.wait()
                 self._check_leading()
 
-    async def _release(self, epoch: int) -> None:
+    async def _release(self, action: ReleaseLease) -> None:
+        epoch = action.epoch
         request = master_pb2.ReleaseLeaseRequest(
-            stream=self.stream, client_id=self.client_id, epoch=epoch
+            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=action.grant
         )
 
         async def release() -> master_pb2.ReleaseLeaseReply:

@@ -8,11 +8,18 @@ metadata back end's business (`master.metadata`): the embedded RocksDB or etcd.
 
 Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   m/next_stream_id                 -> u64
+  m/signing_key                    -> the master's Ed25519 private key (32 raw bytes)
+  m/revocations_version            -> u64 (bumped by every token revocation)
   t/<tenant>                       -> JSON {created_at_ms}
   s/<tenant/stream>                -> JSON StreamRecord
   g/<stream_id u64><epoch u64>     -> JSON SegmentRecord
   r/<store_id>                     -> JSON StoreRecord
   d/<store_id>\\0<stream_id u64><epoch u64> -> b"" (a replica the store must delete)
+  k/<token_id>                     -> JSON TokenRecord (tokens issued, until they expire)
+
+The signing key sits with the rest of the metadata so that a master started on the
+same metadata (a restart, or a standby on shared storage) signs with the same key, and
+every grant and token issued before stays valid.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from streamengine.master.errors import InvalidArgument
@@ -31,6 +38,7 @@ from streamengine.master.model import (
     SegmentState,
     StoreRecord,
     StreamRecord,
+    TokenRecord,
 )
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import EPOCH_MAX
@@ -39,6 +47,9 @@ _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
 
 _NEXT_STREAM_ID = b"m/next_stream_id"
+_SIGNING_KEY = b"m/signing_key"
+_REVOCATIONS_VERSION = b"m/revocations_version"
+_TOKEN = b"k/"
 _TENANT = b"t/"
 _STREAM = b"s/"
 _SEGMENT = b"g/"
@@ -125,6 +136,22 @@ class Batch(Transaction):
         self.deletes.append(_delete_key(store_id, key))
         return self
 
+    def signing_key(self, private_bytes: bytes) -> Batch:
+        self.puts.append((_SIGNING_KEY, private_bytes))
+        return self
+
+    def token(self, record: TokenRecord) -> Batch:
+        self.puts.append((_TOKEN + record.token_id.encode(), _json(asdict(record))))
+        return self
+
+    def drop_token(self, token_id: str) -> Batch:
+        self.deletes.append(_TOKEN + token_id.encode())
+        return self
+
+    def revocations_version(self, value: int) -> Batch:
+        self.puts.append((_REVOCATIONS_VERSION, _U64.pack(value)))
+        return self
+
 
 @dataclass
 class Loaded:
@@ -134,6 +161,9 @@ class Loaded:
     segments: dict[SegmentKey, SegmentRecord]
     stores: dict[str, StoreRecord]
     deletes: set[tuple[str, SegmentKey]]
+    signing_key: bytes | None = None
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    revocations_version: int = 0
 
 
 class Catalog:
@@ -189,4 +219,10 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             packed = key[len(_DELETE) :]
             store_id, segment = packed[: -_KEY.size - 1], packed[-_KEY.size :]
             loaded.deletes.add((store_id.decode(), _KEY.unpack(segment)))
+        elif key == _SIGNING_KEY:
+            loaded.signing_key = value
+        elif key == _REVOCATIONS_VERSION:
+            loaded.revocations_version = _U64.unpack(value)[0]
+        elif key.startswith(_TOKEN):
+            loaded.tokens[key[len(_TOKEN) :].decode()] = TokenRecord(**json.loads(value))
     return loaded

@@ -38,3 +38,17 @@ class SealConflict(MasterError):
 
 class NotReady(MasterError):
     """Starting or shutting down: retry."""
+
+
+class PermissionDenied(MasterError):
+    """The caller may not make this call: its certificate or token does not allow it,
+    its token is invalid, expired or revoked, or it does not hold the epoch it acts
+    under."""
+
+
+class QuotaExceeded(MasterError):
+    """The tenant is at one of its quotas (streams)."""
+
+
+class Unauthenticated(MasterError):
+    """The caller's certificate proof does not hold (it must hear why)."""

@@ -36,7 +36,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from streamengine.master.errors import InvalidArgument, NotLeader
-from streamengine.protocol.limits import EPOCH_MAX
+from streamengine.protocol.limits import CLIENT_ID_CHARS_MAX, EPOCH_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,9 @@ def heartbeat(
     """A writer's heartbeat: renew, follow, or grant the next epoch."""
     if not client_id:
         raise InvalidArgument("client_id is required")
+    if len(client_id.encode()) > CLIENT_ID_CHARS_MAX:
+        # It is named in every grant of the epoch.
+        raise InvalidArgument(f"client_id longer than {CLIENT_ID_CHARS_MAX} bytes")
     if caller_epoch > lease.epoch:
         raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
     if lease.held_by(client_id, now_ms) or lease.still_holds(client_id, caller_epoch):

@@ -85,6 +85,19 @@ class StoreRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A tenant token the master issued: what it allows and until when. The token
+    itself (its signature) is not kept: only its bearer has it."""
+
+    token_id: str
+    tenant: str
+    role: int  # `protocol.auth.Role`
+    issued_at_ms: int
+    expires_at_ms: int
+    revoked_at_ms: int = 0  # 0: not revoked
+
+
+@dataclass(frozen=True, slots=True)
 class Held:
     """One segment as a store last reported it."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from streamengine.master import repair
+from streamengine.master import authority, repair
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentKey
 from streamengine.master.state import MasterState
@@ -191,6 +191,7 @@ class Repairer:
                     source_address=self.state.address(action.source),
                     final_index=action.final_index,
                     fence=action.fence,
+                    tenant=authority.stream_tenant(segment_id.stream),
                 )
                 if action.certificate is not None:
                     copy.certificate.CopyFrom(codec.certificate_to_pb(action.certificate))

@@ -44,7 +44,12 @@ from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
-from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.limits import (
+    HEARTBEATS_PER_LEASE,
+    LEASE_MS_DEFAULT,
+    TENANT_APPEND_BYTES_PER_S_DEFAULT,
+    TENANT_STREAMS_MAX_DEFAULT,
+)
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.v1 import master_pb2_grpc
 
@@ -121,6 +126,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="INFO")
     transport.add_server_arguments(parser)
+    add_quota_arguments(parser)
+
+
+def add_quota_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tenant-streams-max",
+        type=int,
+        default=TENANT_STREAMS_MAX_DEFAULT,
+        help="streams a tenant may hold; more are refused (0: no limit; default %(default)s)",
+    )
+    parser.add_argument(
+        "--tenant-append-bytes-per-s",
+        type=int,
+        default=TENANT_APPEND_BYTES_PER_S_DEFAULT,
+        help="payload bytes per second a tenant may append through each store; stores "
+        "hold back more (0: no limit; default %(default)s)",
+    )
+
 
 
 def _clock_ms() -> int:
@@ -131,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
     if args.lease_ms < LEASE_MS_MIN:
         print(f"streamengine master: --lease-ms must be at least {LEASE_MS_MIN}", file=sys.stderr)
+        return 2
+    if args.tenant_streams_max < 0 or args.tenant_append_bytes_per_s < 0:
+        print("streamengine master: quotas are not negative (0: no limit)", file=sys.stderr)
         return 2
     if args.store_timeout_ms < 100 or args.repair_concurrency < 1:
         print(
@@ -180,7 +206,13 @@ async def _serve(args: argparse.Namespace) -> int:
     signer = (
         identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
     )
-    service = MasterService(role, _clock_ms, metrics, signer)
+    service = MasterService(
+        role,
+        _clock_ms,
+        metrics,
+        signer,
+        tenant_append_bytes_per_s=args.tenant_append_bytes_per_s,
+    )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -234,7 +266,12 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
     return MasterState(
-        catalog, _clock_ms(), args.lease_ms, args.store_timeout_ms, args.bridge_grace_ms
+        catalog,
+        _clock_ms(),
+        args.lease_ms,
+        args.store_timeout_ms,
+        args.bridge_grace_ms,
+        tenant_streams_max=args.tenant_streams_max,
     )
 
 

@@ -1,8 +1,13 @@
 """The Master gRPC service: protobuf in, domain call, protobuf out.
 
-Each handler converts its request, calls one `MasterState` (or `Repairer`) method and
-converts the answer. `_STATUS` is the one table from domain errors to gRPC statuses;
-a domain error raised before the catalog commit leaves everything unchanged.
+Each handler first asks who calls and whether it may (`_require`: the principal of the
+call, `protocol.callers`, then `protocol.auth.authorize` with the tenant the request
+touches), converts its request, calls one `MasterState` (or `Repairer`) method and
+converts the answer. Listings are filtered to the tenants the caller may see
+(`auth.visible_tenant`). `SealSegment`, `ReleaseLease` and `RollSegment` also need the
+master's grant of the caller's epoch (`master.authority.check_holder`). `_STATUS` is
+the one table from domain errors to gRPC statuses; a domain error raised before the
+catalog commit (a denial always is) leaves everything unchanged.
 
 Every handler first asks the role (`master.role`) whether this master is the active
 one now, in the same synchronous step as its state change: a standby (or an active
@@ -13,12 +18,13 @@ master in the trailing metadata when it knows it (`ACTIVE_MASTER_METADATA_KEY`).
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 
-from streamengine.master import errors, integrity, repair
+from streamengine.master import authority, errors, integrity, repair
 from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
@@ -27,10 +33,21 @@ from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol import codec, identity
+from streamengine.protocol.auth import (
+    INSECURE,
+    Denial,
+    Principal,
+    PrincipalKind,
+    authorize,
+    visible_tenant,
+)
+from streamengine.protocol.callers import Callers
 from streamengine.protocol.certificate import MalformedCertificate
+from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
 from streamengine.protocol.status_view import segment_dict, status_dict
+from streamengine.protocol.tokens import TOKEN_ID_CHARS, mint_token
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -47,6 +64,9 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NotEnoughStores: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SealConflict: grpc.StatusCode.ABORTED,
     errors.NotReady: grpc.StatusCode.UNAVAILABLE,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     # A standby, a deposed master, or etcd not answering: another master (or a retry)
     # will.
     MetadataError: grpc.StatusCode.UNAVAILABLE,
@@ -74,13 +94,69 @@ class MasterService(master_pb2_grpc.MasterServicer):
         clock_ms: Callable[[], int],
         metrics: Metrics,
         signer: identity.CertificateProof | None = None,
+        *,
+        tenant_append_bytes_per_s: int = TENANT_APPEND_BYTES_PER_S_DEFAULT,
     ):
+        """`clock_ms` is wall-clock time (token lifetimes are); `signer`, under TLS, the
+        master's certificate (it signs replies to stores); `tenant_append_bytes_per_s`
+        is told to every store."""
         self.role = role
         self.clock_ms = clock_ms
         self.metrics = metrics
-        # Under TLS the master's node certificate: it signs the delete lists it hands
-        # stores, which take them from the master's certificate only.
+        # Under TLS the master's node certificate: it signs its replies to stores (delete
+        # lists, signing keys, revocations), which take them from its certificate only.
         self.signer = signer
+        self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
+
+    # ---- who calls ----
+
+    def _require(self, context: Context, method: str, tenant: str = "") -> Principal:
+        """The caller, when it may call `method` on `tenant`'s data; else PermissionDenied
+        (raised inside `_call`'s action, before anything changes); Unauthenticated for a
+        certificate proof that does not hold."""
+        state = self.state  # this activation's key and tokens
+        callers = Callers(state.verifier, lambda: state.current_revocations(self.clock_ms()))
+        try:
+            principal = callers.principal(context)
+        except identity.ProofRefused as refusal:
+            raise errors.Unauthenticated(f"{method}: {refusal}") from None
+        denial = principal if isinstance(principal, Denial) else None
+        if isinstance(principal, Principal):
+            denial = authorize(principal, f"Master/{method}", tenant)
+        if denial is not None:
+            log.info("denied %s: %s", method, denial.reason)
+            raise errors.PermissionDenied(denial.reason)
+        assert isinstance(principal, Principal)
+        return principal
+
+    def _require_store(self, context: Context, method: str, store_id: str) -> None:
+        """A store registers and heartbeats only as the store its certificate names."""
+        principal = self._require(context, method)
+        if principal.kind is PrincipalKind.STORE and principal.name != store_id:
+            reason = (
+                f"{method} as store {store_id!r}: the caller's certificate is store "
+                f"{principal.name!r}"
+            )
+            log.warning("refused: %s", reason)
+            raise errors.PermissionDenied(reason)
+
+    def _require_holder(
+        self,
+        principal: Principal,
+        signed_grant: bytes,
+        stream: StreamRecord,
+        epoch: int,
+        client_id: str,
+        segment_epoch: int | None = None,
+    ) -> None:
+        admin = principal.kind is PrincipalKind.CLUSTER_ADMIN
+        authority.check_holder(
+            self.state.verifier, signed_grant, admin, stream, epoch, client_id, segment_epoch
+        )
+
+    def _visible(self, principal: Principal, stream_id: int) -> bool:
+        name = self.state.stream_name(stream_id)
+        return bool(name) and visible_tenant(principal, authority.stream_tenant(name))
 
     @property
     def state(self) -> MasterState:
@@ -191,6 +267,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             reply.unsealed.extend(self._segment(s) for s in view.unsealed)
             reply.roll_requested = bool(view.roll_reason)
             reply.roll_reason = view.roll_reason
+            reply.grant = self.state.grant_signer.sign(view.grant())
         return reply
 
     def _task(self, status: TaskStatus) -> master_pb2.RepairTask:
@@ -223,50 +300,61 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
     ) -> master_pb2.RegisterStoreReply:
-        await identity.require_member(context, "Master/RegisterStore", request.store_id)
-        interval = await self._call(
-            context,
-            "RegisterStore",
-            lambda now: self.state.register_store(
+        def register(now: int) -> int:
+            self._require_store(context, "RegisterStore", request.store_id)
+            return self.state.register_store(
                 request.store_id, request.address, request.zone, request.free_bytes, now
-            ),
+            )
+
+        interval = await self._call(context, "RegisterStore", register)
+        reply = master_pb2.RegisterStoreReply(
+            heartbeat_interval_ms=interval,
+            signing_public_keys=[self.state.signing_key.public_key],
         )
-        return master_pb2.RegisterStoreReply(heartbeat_interval_ms=interval)
+        self._sign_reply(context, "register", request.store_id, reply)
+        return reply
 
     async def StoreHeartbeat(
         self, request: master_pb2.StoreHeartbeatRequest, context: Context
     ) -> master_pb2.StoreHeartbeatReply:
-        await identity.require_member(context, "Master/StoreHeartbeat", request.store_id)
         held: dict[SegmentKey, Held] = {
             (h.segment.stream_id, h.segment.epoch): Held(
                 h.fence, h.acked_index, h.last_index, h.bytes
             )
             for h in request.segments
         }
-        deletes = await self._call(
-            context,
-            "StoreHeartbeat",
-            lambda now: self.state.store_heartbeat(
+
+        def beat(now: int) -> list[SegmentKey] | None:
+            self._require_store(context, "StoreHeartbeat", request.store_id)
+            return self.state.store_heartbeat(
                 request.store_id, request.used_bytes, request.free_bytes, held, now
-            ),
-        )
+            )
+
+        deletes = await self._call(context, "StoreHeartbeat", beat)
         if deletes is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
         for scrubbed in request.scrubbed:
             self._replica_reported(request.store_id, scrubbed)
+        revocations = self.state.current_revocations(self.clock_ms())
         reply = master_pb2.StoreHeartbeatReply(
             delete_segments=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in deletes
             ],
+            signing_public_keys=[self.state.signing_key.public_key],
+            revocations_version=revocations.version,
+            tenant_append_bytes_per_s=self.tenant_append_bytes_per_s,
             scrub_first=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in self.state.take_scrub_first(request.store_id)
             ],
         )
-        if reply.delete_segments and self.signer is not None:
-            audience = identity.delete_list_audience(request.store_id, reply.delete_segments)
-            context.set_trailing_metadata(self.signer.metadata(audience, self.clock_ms()))
+        if request.revocations_version != revocations.version:
+            reply.revoked_tokens.extend(
+                master_pb2.RevokedToken(token_id=token_id, expires_at_ms=expires_at_ms)
+                for token_id, expires_at_ms in revocations.items()
+            )
+        self._sign_reply(context, "heartbeat", request.store_id, reply)
         return reply
 
     def _replica_reported(self, store_id: str, scrubbed: master_pb2.ScrubReport) -> None:
@@ -309,29 +397,46 @@ class MasterService(master_pb2_grpc.MasterServicer):
             outcome = "other"
         self.metrics.replica_checks.labels(outcome).inc()
 
+    def _sign_reply(
+        self,
+        context: Context,
+        kind: str,
+        store_id: str,
+        reply: master_pb2.RegisterStoreReply | master_pb2.StoreHeartbeatReply,
+    ) -> None:
+        """Under TLS, the master's certificate proof on a reply to a store: the store
+        takes its delete list, signing keys and revocations only from the master."""
+        if self.signer is not None:
+            audience = identity.reply_audience(kind, store_id, reply)
+            context.set_trailing_metadata(self.signer.metadata(audience, self.clock_ms()))
+
     # ---- tenants and streams ----
 
     async def CreateTenant(
         self, request: master_pb2.CreateTenantRequest, context: Context
     ) -> master_pb2.CreateTenantReply:
-        created = await self._call(
-            context, "CreateTenant", lambda now: self.state.create_tenant(request.tenant, now)
-        )
+        def create(now: int) -> bool:
+            self._require(context, "CreateTenant", request.tenant)
+            return self.state.create_tenant(request.tenant, now)
+
+        created = await self._call(context, "CreateTenant", create)
         return master_pb2.CreateTenantReply(tenant=request.tenant, created=created)
 
     async def ListTenants(
         self, request: master_pb2.ListTenantsRequest, context: Context
     ) -> master_pb2.ListTenantsReply:
-        return await self._call(
-            context,
-            "ListTenants",
-            lambda now: master_pb2.ListTenantsReply(tenants=sorted(self.state.tenants)),
-        )
+        def list_tenants(now: int) -> master_pb2.ListTenantsReply:
+            principal = self._require(context, "ListTenants")
+            tenants = [t for t in sorted(self.state.tenants) if visible_tenant(principal, t)]
+            return master_pb2.ListTenantsReply(tenants=tenants)
+
+        return await self._call(context, "ListTenants", list_tenants)
 
     async def CreateStream(
         self, request: master_pb2.CreateStreamRequest, context: Context
     ) -> master_pb2.StreamInfo:
         def create(now: int) -> master_pb2.StreamInfo:
+            self._require(context, "CreateStream", authority.stream_tenant(request.name))
             record = self.state.create_stream(
                 request.name,
                 request.policy.replicas,
@@ -357,26 +462,35 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.ListStreamsRequest, context: Context
     ) -> master_pb2.ListStreamsReply:
         def list_streams(now: int) -> master_pb2.ListStreamsReply:
+            principal = self._require(context, "ListStreams")
             records = self.state.list_streams(request.tenant)
-            return master_pb2.ListStreamsReply(streams=[self._stream_info(r, now) for r in records])
+            return master_pb2.ListStreamsReply(
+                streams=[
+                    self._stream_info(r, now)
+                    for r in records
+                    if visible_tenant(principal, r.tenant)
+                ]
+            )
 
         return await self._call(context, "ListStreams", list_streams)
 
     async def DescribeStream(
         self, request: master_pb2.DescribeStreamRequest, context: Context
     ) -> master_pb2.StreamInfo:
-        return await self._call(
-            context,
-            "DescribeStream",
-            lambda now: self._stream_info(self.state.stream(request.name), now),
-        )
+        def describe(now: int) -> master_pb2.StreamInfo:
+            self._require(context, "DescribeStream", authority.stream_tenant(request.name))
+            return self._stream_info(self.state.stream(request.name), now)
+
+        return await self._call(context, "DescribeStream", describe)
 
     async def DeleteStream(
         self, request: master_pb2.DeleteStreamRequest, context: Context
     ) -> master_pb2.DeleteStreamReply:
-        count = await self._call(
-            context, "DeleteStream", lambda now: self.state.delete_stream(request.name)
-        )
+        def delete(now: int) -> int:
+            self._require(context, "DeleteStream", authority.stream_tenant(request.name))
+            return self.state.delete_stream(request.name)
+
+        count = await self._call(context, "DeleteStream", delete)
         log.info("stream deleted", extra={"stream": request.name, "index": count})
         return master_pb2.DeleteStreamReply(segments=count)
 
@@ -386,6 +500,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.WriterHeartbeatRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
         def beat(now: int) -> WriterView:
+            self._require(context, "WriterHeartbeat", authority.stream_tenant(request.stream))
             before = self.state.leases.get(request.stream)
             view = self.state.writer_heartbeat(
                 request.stream,
@@ -410,25 +525,35 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def ReleaseLease(
         self, request: master_pb2.ReleaseLeaseRequest, context: Context
     ) -> master_pb2.ReleaseLeaseReply:
-        released = await self._call(
-            context,
-            "ReleaseLease",
-            lambda now: self.state.release_lease(
-                request.stream, request.client_id, request.epoch, now
-            ),
-        )
+        def release(now: int) -> bool:
+            principal = self._require(
+                context, "ReleaseLease", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self._require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+            return self.state.release_lease(request.stream, request.client_id, request.epoch, now)
+
+        released = await self._call(context, "ReleaseLease", release)
         return master_pb2.ReleaseLeaseReply(released=released)
 
     async def RollSegment(
         self, request: master_pb2.RollSegmentRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
-        view = await self._call(
-            context,
-            "RollSegment",
-            lambda now: self.state.roll_segment(
+        def roll(now: int) -> WriterView:
+            principal = self._require(
+                context, "RollSegment", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self._require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+            return self.state.roll_segment(
                 request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
-            ),
-        )
+            )
+
+        view = await self._call(context, "RollSegment", roll)
         log.info(
             "segment rolled",
             extra=segment_fields(
@@ -443,9 +568,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RequestRoll(
         self, request: master_pb2.RequestRollRequest, context: Context
     ) -> master_pb2.RequestRollReply:
-        leader, open_epoch = await self._call(
-            context, "RequestRoll", lambda now: self.state.request_roll(request.stream, now)
-        )
+        def ask(now: int) -> tuple[str, int]:
+            self._require(context, "RequestRoll", authority.stream_tenant(request.stream))
+            return self.state.request_roll(request.stream, now)
+
+        leader, open_epoch = await self._call(context, "RequestRoll", ask)
         log.info(
             "roll requested",
             extra=segment_fields(request.stream, open_epoch, client=leader or "(no leader)"),
@@ -457,13 +584,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def ListSegments(
         self, request: master_pb2.ListSegmentsRequest, context: Context
     ) -> master_pb2.ListSegmentsReply:
-        record, segments = await self._call(
-            context,
-            "ListSegments",
-            lambda now: self.state.list_segments(
-                request.stream, request.from_epoch, request.to_epoch
-            ),
-        )
+        def list_segments(now: int) -> tuple[StreamRecord, list[SegmentRecord]]:
+            self._require(context, "ListSegments", authority.stream_tenant(request.stream))
+            return self.state.list_segments(request.stream, request.from_epoch, request.to_epoch)
+
+        record, segments = await self._call(context, "ListSegments", list_segments)
         return master_pb2.ListSegmentsReply(
             stream_id=record.stream_id,
             segments=[self._segment(s, request.certificates) for s in segments],
@@ -473,15 +598,25 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.SealSegmentRequest, context: Context
     ) -> entry_pb2.Segment:
         def seal(now: int) -> SegmentRecord:
+            principal = self._require(
+                context, "SealSegment", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self._require_holder(
+                principal,
+                request.grant,
+                record,
+                request.writer_epoch,
+                request.client_id,
+                request.segment_epoch,
+            )
             certificate = None
             if request.HasField("certificate"):
                 try:
                     certificate = codec.certificate_from_pb(request.certificate)
                 except MalformedCertificate as error:
                     raise errors.InvalidArgument(f"certificate: {error}") from None
-            was = self.state.segments.get(
-                (self.state.stream(request.stream).stream_id, request.segment_epoch)
-            )
+            was = self.state.segments.get((record.stream_id, request.segment_epoch))
             sealed = self.state.seal_segment(
                 request.stream,
                 request.segment_epoch,
@@ -514,13 +649,13 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def ReportReplica(
         self, request: master_pb2.ReportReplicaRequest, context: Context
     ) -> master_pb2.ReportReplicaReply:
-        store = await self._call(
-            context,
-            "ReportReplica",
-            lambda now: self.state.report_replica(
+        def report(now: int) -> str:
+            self._require(context, "ReportReplica", authority.stream_tenant(request.stream))
+            return self.state.report_replica(
                 request.stream, request.segment_epoch, request.store_address
-            ),
-        )
+            )
+
+        store = await self._call(context, "ReportReplica", report)
         if store:
             self.metrics.reader_reports.inc()
             log.warning(
@@ -535,12 +670,17 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def GetClusterStatus(
         self, request: master_pb2.GetClusterStatusRequest, context: Context
     ) -> master_pb2.ClusterStatus:
-        return await self._call(context, "GetClusterStatus", self.cluster_status)
+        return await self._call(
+            context,
+            "GetClusterStatus",
+            lambda now: self.cluster_status(now, self._require(context, "GetClusterStatus")),
+        )
 
     def console_status(self) -> dict[str, Any]:
         """What the console shows: the cluster status, and each stream's segments. Only
-        while this master is the active one (the caller checks `role.state`)."""
-        status = status_dict(self.cluster_status(self.clock_ms()))
+        while this master is the active one (the caller checks `role.state`). The
+        console is the operator's page on the metrics port: it shows every tenant."""
+        status = status_dict(self.cluster_status(self.clock_ms(), INSECURE))
         status["segments"] = {
             record.name: [
                 segment_dict(self._segment(segment))
@@ -550,7 +690,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
         }
         return status
 
-    def cluster_status(self, now: int) -> master_pb2.ClusterStatus:
+    def cluster_status(self, now: int, principal: Principal) -> master_pb2.ClusterStatus:
+        """The status `principal` may see (filtered to the tenants it may see)."""
+        tenant_only = principal.kind is PrincipalKind.TENANT
         st = self.state
         views = st.store_views(now)
         stores = [
@@ -569,9 +711,21 @@ class MasterService(master_pb2_grpc.MasterServicer):
         ]
         return master_pb2.ClusterStatus(
             stores=stores,
-            streams=[self._stream_info(r, now) for r in st.list_streams("")],
-            under_replicated=[self._segment(s) for s in st.under_replicated(now)],
-            tasks=[self._task(t) for t in self.repairer.statuses()],
+            streams=[
+                self._stream_info(r, now)
+                for r in st.list_streams("")
+                if visible_tenant(principal, r.tenant)
+            ],
+            under_replicated=[
+                self._segment(s)
+                for s in st.under_replicated(now)
+                if self._visible(principal, s.stream_id)
+            ],
+            tasks=[
+                self._task(t)
+                for t in self.repairer.statuses()
+                if self._visible(principal, t.task.segment[0])
+            ],
             granting_leases=st.granting_leases(now),
             durability_debt=[
                 master_pb2.SegmentDebt(
@@ -586,15 +740,18 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     exposed=debt.exposed,
                 )
                 for debt in st.durability.worst(DURABILITY_WORST_MAX)
+                if visible_tenant(principal, authority.stream_tenant(debt.stream))
             ],
-            bytes_below_n=st.durability.bytes_below_n,
-            bytes_below_w=st.durability.bytes_below_w,
+            # Cluster-wide sums: every tenant's bytes are in them, so a tenant sees none.
+            bytes_below_n=0 if tenant_only else st.durability.bytes_below_n,
+            bytes_below_w=0 if tenant_only else st.durability.bytes_below_w,
         )
 
     async def DrainStore(
         self, request: master_pb2.DrainStoreRequest, context: Context
     ) -> master_pb2.RepairPlan:
         def drain(now: int) -> master_pb2.RepairPlan:
+            self._require(context, "DrainStore")
             self.state.set_draining(request.store_id)
             tasks, before, after = self.state.drain_preview(request.store_id, now)
             return self._plan(tasks, before, after)
@@ -607,9 +764,47 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.RebalanceRequest, context: Context
     ) -> master_pb2.RepairPlan:
         def plan(now: int) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
+            self._require(context, "Rebalance")
             return self.state.rebalance_plan(now, self.repairer.running)
 
         tasks, before, after = await self._call(context, "Rebalance", plan)
         if not request.dry_run:
             self.repairer.plan_moves(tasks)
         return self._plan(tasks, before, after)
+
+    # ---- tokens ----
+
+    async def CreateToken(
+        self, request: master_pb2.CreateTokenRequest, context: Context
+    ) -> master_pb2.CreateTokenReply:
+        def create(now: int) -> master_pb2.CreateTokenReply:
+            self._require(context, "CreateToken")
+            token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
+            while token_id in self.state.tokens:
+                token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
+            claims = self.state.create_token(
+                token_id, request.tenant, int(request.role), request.ttl_ms, now
+            )
+            return master_pb2.CreateTokenReply(
+                token=mint_token(self.state.signing_key, claims),
+                token_id=claims.token_id,
+                expires_at_ms=claims.expires_at_ms,
+            )
+
+        reply = await self._call(context, "CreateToken", create)
+        log.info(
+            "token created",
+            extra={"reason": f"id {reply.token_id} tenant {request.tenant} role {request.role}"},
+        )
+        return reply
+
+    async def RevokeToken(
+        self, request: master_pb2.RevokeTokenRequest, context: Context
+    ) -> master_pb2.RevokeTokenReply:
+        def revoke(now: int) -> bool:
+            self._require(context, "RevokeToken")
+            return self.state.revoke_token(request.token_id, now)
+
+        revoked = await self._call(context, "RevokeToken", revoke)
+        log.info("token revoked", extra={"reason": f"id {request.token_id}: {revoked}"})
+        return master_pb2.RevokeTokenReply(revoked=revoked)

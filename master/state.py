@@ -10,10 +10,10 @@ memory. Time comes in as `now_ms`; decisions come from the pure cores (`leadersh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from streamengine.master import integrity, leadership, placement, repair
+from streamengine.master import authority, integrity, leadership, placement, repair
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.durability import DurabilityLedger, Exposure
 from streamengine.master.errors import (
@@ -21,6 +21,7 @@ from streamengine.master.errors import (
     InvalidArgument,
     NotFound,
     NotLeader,
+    QuotaExceeded,
     SealConflict,
     TooManyUnsealed,
 )
@@ -34,12 +35,28 @@ from streamengine.master.model import (
     StoreRecord,
     StoreView,
     StreamRecord,
+    TokenRecord,
     validate_name_part,
     validate_stream_name,
 )
+from streamengine.protocol.auth import Role
 from streamengine.protocol.certificate import Certificate
-from streamengine.protocol.limits import INDEX_MAX, UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.grants import Grant, GrantSigner
+from streamengine.protocol.limits import (
+    INDEX_MAX,
+    TENANT_STREAMS_MAX_DEFAULT,
+    UNSEALED_SEGMENTS_MAX,
+)
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.protocol.signing import SigningKey, Verifier
+from streamengine.protocol.tokens import (
+    TOKEN_ID_CHARS,
+    TOKEN_TTL_MS_DEFAULT,
+    TOKEN_TTL_MS_MAX,
+    TOKEN_TTL_MS_MIN,
+    Revocations,
+    TokenClaims,
+)
 
 # Roll thresholds when a stream is created without its own.
 SEGMENT_BYTES_DEFAULT = 256 << 20
@@ -54,6 +71,9 @@ STORE_HEARTBEAT_MS_MIN = 50
 ADDRESS_CHARS_MAX = 255
 # Replicas a store is asked to scrub first, per store, awaiting its next heartbeat.
 SCRUB_FIRST_PER_STORE_MAX = 64
+# Expired token records dropped with each token created or revoked: enough to keep up
+# with any rate of creation, few enough for one metadata transaction.
+EXPIRED_TOKENS_DROPPED_PER_COMMIT = 64
 
 
 @dataclass
@@ -78,6 +98,13 @@ class WriterView:
     unsealed: tuple[SegmentRecord, ...]
     roll_reason: str
 
+    def grant(self) -> Grant:
+        """The grant of the epoch this view makes its holder lead (LEADER only)."""
+        assert self.leads
+        return authority.grant_of(
+            self.stream, self.lease.epoch, self.lease.holder, self.segment, self.unsealed
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class LeaderReport:
@@ -97,14 +124,32 @@ class MasterState:
         lease_ms: int,
         store_timeout_ms: int,
         bridge_grace_ms: int | None = None,
+        make_signing_key: Callable[[], SigningKey] = SigningKey.generate,
+        tenant_streams_max: int = TENANT_STREAMS_MAX_DEFAULT,
     ):
+        """`make_signing_key` makes the master's key at its first start (when the
+        catalog holds none); `tenant_streams_max` 0 means no limit."""
         self.catalog = catalog
+        self.tenant_streams_max = tenant_streams_max
         self.lease_ms = lease_ms
         self.store_timeout_ms = store_timeout_ms
         self.bridge_grace_ms = store_timeout_ms if bridge_grace_ms is None else bridge_grace_ms
         self.started_ms = now_ms
         loaded = catalog.load()
         self.next_stream_id = loaded.next_stream_id
+        if loaded.signing_key is None:
+            self.signing_key = make_signing_key()
+            self.catalog.commit(Batch().signing_key(self.signing_key.private_bytes))
+        else:
+            self.signing_key = SigningKey(loaded.signing_key)
+        # Signs each distinct grant once; verifies the grants callers show it.
+        self.grant_signer = GrantSigner(self.signing_key)
+        self.verifier = Verifier([self.signing_key.public_key])
+        self.tokens = loaded.tokens
+        self.revocations = Revocations(
+            {t.token_id: t.expires_at_ms for t in self.tokens.values() if t.revoked_at_ms},
+            loaded.revocations_version,
+        )
         self.tenants = loaded.tenants
         self.streams = loaded.streams
         self.segments: dict[SegmentKey, SegmentRecord] = {}
@@ -295,6 +340,13 @@ class MasterState:
         segment_bytes = segment_bytes or SEGMENT_BYTES_DEFAULT
         segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
         existing = self.streams.get(name)
+        if existing is None and self.tenant_streams_max:
+            count = sum(1 for s in self.streams.values() if s.tenant == tenant)
+            if count >= self.tenant_streams_max:
+                raise QuotaExceeded(
+                    f"tenant {tenant!r} holds {count} streams, its quota "
+                    f"(--tenant-streams-max {self.tenant_streams_max})"
+                )
         if existing is not None:
             same = (
                 existing.replicas,
@@ -352,6 +404,67 @@ class MasterState:
         self.leader_reports.pop(name, None)
         self.durability.forget(s.key for s in segments)
         return len(segments)
+
+    # ---- tokens ----
+
+    def create_token(
+        self, token_id: str, tenant: str, role: int, ttl_ms: int, now_ms: int
+    ) -> TokenClaims:
+        """Record a new token (the tenant created if it does not exist); returns its
+        claims, for the caller to sign. `token_id` is random, made by the caller."""
+        validate_name_part("tenant", tenant)
+        if role not in {int(r) for r in Role}:
+            raise InvalidArgument(f"unknown token role {role}")
+        ttl_ms = ttl_ms or TOKEN_TTL_MS_DEFAULT
+        if not TOKEN_TTL_MS_MIN <= ttl_ms <= TOKEN_TTL_MS_MAX:
+            raise InvalidArgument(
+                f"token lifetime {ttl_ms} ms outside {TOKEN_TTL_MS_MIN}..{TOKEN_TTL_MS_MAX}"
+            )
+        assert len(token_id) == TOKEN_ID_CHARS and token_id not in self.tokens, token_id
+        record = TokenRecord(token_id, tenant, role, now_ms, now_ms + ttl_ms)
+        expired = self._expired_tokens(now_ms)
+        batch = Batch().token(record)
+        for old in expired:
+            batch.drop_token(old)
+        if tenant not in self.tenants:
+            batch.tenant(tenant, now_ms)
+        self.catalog.commit(batch)
+        for old in expired:
+            del self.tokens[old]
+        self.tenants.setdefault(tenant, now_ms)
+        self.tokens[token_id] = record
+        return TokenClaims(token_id, tenant, Role(role), now_ms, record.expires_at_ms)
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        """Revoke an unexpired token; False when none has this id (or it is revoked)."""
+        record = self.tokens.get(token_id)
+        if record is None or record.revoked_at_ms or record.expires_at_ms <= now_ms:
+            return False
+        revoked = replace(record, revoked_at_ms=now_ms)
+        version = self.revocations.version + 1
+        expired = self._expired_tokens(now_ms)
+        batch = Batch().token(revoked).revocations_version(version)
+        for old in expired:
+            batch.drop_token(old)
+        self.catalog.commit(batch)
+        for old in expired:
+            del self.tokens[old]
+        self.tokens[token_id] = revoked
+        self.revocations.replace(
+            [*self.revocations.items(), (token_id, record.expires_at_ms)], version
+        )
+        return True
+
+    def current_revocations(self, now_ms: int) -> Revocations:
+        """The revocations of unexpired tokens (expired ones are refused anyway)."""
+        self.revocations.prune(now_ms)
+        return self.revocations
+
+    def _expired_tokens(self, now_ms: int) -> list[str]:
+        """Tokens expired by now, a bounded number (one transaction has a bound on its
+        operations): refused anyway, so their records can go."""
+        expired = sorted(t for t, r in self.tokens.items() if r.expires_at_ms <= now_ms)
+        return expired[:EXPIRED_TOKENS_DROPPED_PER_COMMIT]
 
     # ---- writers ----
 

@@ -68,10 +68,11 @@ class SegmentCopy:
         source_address: str,
         final_index: int,
         requested_fence: int,
+        tenant: str = "",
         certificate: Certificate | None = None,
     ) -> None:
         self.op = copy_rules.CopyOp(
-            segment, source_address, final_index, requested_fence, certificate
+            segment, source_address, final_index, requested_fence, tenant, certificate
         )
         self.core = core
         self.committer = committer

@@ -93,15 +93,17 @@ def copy_fence(
     return fence
 
 
-def fence_command(segment: SegmentKey, fence: int) -> SealCommand:
-    return SealCommand(segment, fence)
+def fence_command(segment: SegmentKey, fence: int, tenant: str = "") -> SealCommand:
+    return SealCommand(segment, fence, tenant)
 
 
-def write_command(segment: SegmentKey, fence: int, entries: Sequence[StoredEntry]) -> WriteCommand:
+def write_command(
+    segment: SegmentKey, fence: int, entries: Sequence[StoredEntry], tenant: str = ""
+) -> WriteCommand:
     """A batch copied from the source: at the copy fence, raising no acked index."""
     assert entries, "an empty batch copies nothing"
     writer_epoch = max(fence, max(e.epoch for e in entries))
-    return WriteCommand(segment, writer_epoch, 0, tuple(entries))
+    return WriteCommand(segment, writer_epoch, 0, tuple(entries), tenant)
 
 
 def verify(segment: SegmentKey, final_index: int, local: DigestInfo, source_digest: bytes) -> None:
@@ -200,14 +202,19 @@ class CopyOp:
         source_address: str,
         final_index: int,
         requested_fence: int,
+        tenant: str = "",
         certificate: Certificate | None = None,
     ) -> None:
+        """`tenant`: the stream's, as the master said, kept with the copy ("": unknown);
+        `certificate`: the segment's, which the copy must make (None: compare with the
+        source's digest, for a segment certified by nobody yet)."""
         check_request(final_index, source_address)
         if certificate is not None and certificate.final_index != final_index:
             raise BadRequest(
                 f"the certificate ends at {certificate.final_index}, not at {final_index}"
             )
         self.segment = segment
+        self.tenant = tenant
         self.final_index = final_index
         self.requested_fence = requested_fence
         self.certificate = certificate
@@ -228,7 +235,7 @@ class CopyOp:
             self.segment, self.final_index, fence, acked_index, self.requested_fence, local_fence
         )
         self._step = "fencing"
-        return Submit(fence_command(self.segment, self.fence))
+        return Submit(fence_command(self.segment, self.fence, self.tenant))
 
     def source_entries(self, entries: Sequence[StoredEntry]) -> CopyAction | None:
         """Step 3, per batch the source sent."""
@@ -236,7 +243,7 @@ class CopyOp:
         if not entries:
             return None
         self.entries_copied += len(entries)
-        return Submit(write_command(self.segment, self.fence, entries))
+        return Submit(write_command(self.segment, self.fence, entries, self.tenant))
 
     def source_read_ended(self) -> CopyAction:
         assert self._step == "copying"

@@ -8,6 +8,14 @@ never misses entries that are.
 
 Metadata value: fence, acked index, matched index, last index, payload bytes, held
 entries, then the indexes holding a BRIDGE copy (u64 each).
+
+Tenants: `b"t" | stream_id u64` -> the tenant of the stream, as the grants (or the
+master's copy requests) that brought its data here said, so that the store knows whose
+data it serves to readers. Written in the batch of the first write or seal under it.
+
+Authority: `b"a"` -> what the store trusts of its master (`authority.AuthorityRecord`:
+its public keys and token revocations), so that it checks grants and tokens after a
+restart before the master answers.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from dataclasses import dataclass
 
 ENTRY_PREFIX = b"e"
 META_PREFIX = b"m"
+TENANT_PREFIX = b"t"
+AUTHORITY_KEY = b"a"
 
 _SEGMENT = struct.Struct(">QQ")
 _ENTRY = struct.Struct(">QQQ")
@@ -59,6 +69,19 @@ def meta_segment(key: bytes) -> tuple[int, int]:
 
 def meta_range() -> tuple[bytes, bytes]:
     return META_PREFIX, bytes([META_PREFIX[0] + 1])
+
+
+def tenant_key(stream_id: int) -> bytes:
+    return TENANT_PREFIX + _U64.pack(stream_id)
+
+
+def tenant_stream(key: bytes) -> int:
+    stream_id: int = _U64.unpack_from(key, 1)[0]
+    return stream_id
+
+
+def tenant_range() -> tuple[bytes, bytes]:
+    return TENANT_PREFIX, bytes([TENANT_PREFIX[0] + 1])
 
 
 def _segment_end(prefix: bytes, stream_id: int, epoch: int) -> bytes:

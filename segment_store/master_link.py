@@ -7,6 +7,10 @@ master lists in a heartbeat reply are deleted. Given several masters (`--master
 a:7070,b:7070`), calls follow the active one (`protocol.master_calls`); a master that
 becomes active loads every registered store from the metadata, so no new registration
 is needed after a failover.
+
+The master's replies also carry its authority: its signing keys and its token
+revocations (the store's `StoreAuthority` takes them, and keeps them durably when they
+change, before the next heartbeat), and the tenants' append quota.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,10 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from streamengine.protocol import auth, codec, identity, transport
+from streamengine.protocol.callers import wall_clock_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
+from streamengine.segment_store.authority import AppendQuota, StoreAuthority
 from streamengine.segment_store.scrub import ScanResult
 from streamengine.segment_store.scrubber import Scrubber
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
@@ -65,6 +71,9 @@ class MasterLink:
         identity: StoreIdentity,
         core: SegmentStoreCore,
         delete_segment: Callable[[SegmentKey], Awaitable[bool]],
+        authority: StoreAuthority,
+        keep_authority: Callable[[], Awaitable[None]],
+        quota: AppendQuota,
         members: transport.Transport = transport.PLAINTEXT,
         master_identity: identity.ServerIdentity | None = None,
         scrubber: Scrubber | None = None,
@@ -73,10 +82,14 @@ class MasterLink:
         self.identity = identity
         self.core = core
         self.delete_segment = delete_segment
+        self.authority = authority
+        self.keep_authority = keep_authority
+        self.quota = quota
         # Under TLS the store's node certificate: the master takes registrations and
         # heartbeats only from the store its certificate names.
         self.members = members
-        # ... and the store takes delete lists only signed by the master's certificate.
+        # ... and the store takes what the master's replies say (delete lists, signing
+        # keys, revocations) only signed by the master's certificate.
         self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
@@ -119,7 +132,7 @@ class MasterLink:
             reraise=True,
         ):
             with attempt:
-                reply = await stub.RegisterStore(
+                call = stub.RegisterStore(
                     master_pb2.RegisterStoreRequest(
                         store_id=self.identity.store_id,
                         address=self.identity.address,
@@ -128,19 +141,27 @@ class MasterLink:
                     ),
                     timeout=MASTER_CALL_TIMEOUT_S,
                 )
+                reply = await call
+                trailing = await call.trailing_metadata()
         interval_ms = reply.heartbeat_interval_ms or HEARTBEAT_MS_DEFAULT
         self.interval_s = min(max(interval_ms, HEARTBEAT_MS_MIN), HEARTBEAT_MS_MAX) / 1000
+        if self._from_the_master(reply, "register", trailing):
+            await self._take_authority(reply.signing_public_keys, None, None)
         self.registered = True
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
     def _from_the_master(
-        self, reply: master_pb2.StoreHeartbeatReply, trailing: Iterable[Any] | None
+        self,
+        reply: master_pb2.StoreHeartbeatReply | master_pb2.RegisterStoreReply,
+        kind: str,
+        trailing: Iterable[Any] | None,
     ) -> bool:
-        """Whether the master's certificate signed this delete list for this store (always
-        true over plaintext, which proves nothing either way)."""
+        """Whether the master's certificate signed this reply for this store (always true
+        over plaintext, which proves nothing either way): only then does the store take
+        its delete list, signing keys and revocations."""
         if self.master_identity is None:
             return True
-        audience = identity.delete_list_audience(self.identity.store_id, reply.delete_segments)
+        audience = identity.reply_audience(kind, self.identity.store_id, reply)
         try:
             signer = self.master_identity.principal(
                 identity.metadata_dict(trailing), _now_ms(), audience
@@ -152,11 +173,7 @@ class MasterLink:
         if signer.kind is auth.PrincipalKind.MASTER:
             return True
         metrics.HEARTBEAT_FAILURES.inc()
-        log.warning(
-            "ignoring a delete list of %d segments not from the master's certificate: %s",
-            len(reply.delete_segments),
-            reason,
-        )
+        log.warning("ignoring a %s reply not from the master's certificate: %s", kind, reason)
         return False
 
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
@@ -189,20 +206,23 @@ class MasterLink:
                 )
                 for s, m in sorted(metas.items())
             ],
+            revocations_version=self.authority.revocations.version,
             scrubbed=[scrub_report(s, result) for s, result in sorted(scrubbed.items())],
         )
         call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
         reply = await call
         if reply.register_again:
             self.registered = False
+            return
+        if not self._from_the_master(reply, "heartbeat", await call.trailing_metadata()):
+            return
         if self.scrubber is not None:
             for segment in reply.scrub_first:
                 if segment.stream_id and segment.epoch:
                     self.scrubber.check_first(SegmentKey(segment.stream_id, segment.epoch))
-        if reply.delete_segments and not self._from_the_master(
-            reply, await call.trailing_metadata()
-        ):
-            return
+        self.quota.bytes_per_s = reply.tenant_append_bytes_per_s
+        revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
+        await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:
@@ -219,6 +239,28 @@ class MasterLink:
                     key.epoch,
                     existed,
                 )
+
+    async def _take_authority(
+        self,
+        keys: Sequence[bytes],
+        revocations_version: int | None,
+        revoked: list[tuple[str, int]] | None,
+    ) -> None:
+        """What the master trusts, taken and kept before it is relied on after a restart
+        (a crash before it is kept loses nothing the master will not say again)."""
+        version = self.authority.revocations.version
+        if revocations_version is not None and revocations_version != version:
+            version = revocations_version
+        else:
+            revoked = None  # the same version: the list we hold is the master's
+        if self.authority.update(keys, version, revoked, wall_clock_ms()):
+            await self.keep_authority()
+            log.info(
+                "master authority taken: %d keys, %d revocations (version %d)",
+                len(self.authority.master_keys),
+                len(self.authority.revocations),
+                self.authority.revocations.version,
+            )
 
 
 def scrub_report(segment: SegmentKey, result: ScanResult) -> master_pb2.ScrubReport:

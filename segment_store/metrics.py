@@ -33,6 +33,14 @@ FENCE_REJECTIONS = Counter(
 )
 REFUSED_BUSY = Counter("streamengine_store_refused_busy_total", "Write batches refused: queue full")
 BAD_REQUESTS = Counter("streamengine_store_bad_requests_total", "Requests refused as malformed")
+REFUSED_QUOTA = Counter(
+    "streamengine_store_refused_quota_total",
+    "Write batches refused: their tenant over its append quota at this store",
+)
+DENIED = Counter(
+    "streamengine_store_denied_total",
+    "Calls refused: no valid grant, or a caller without the permission",
+)
 READ_ENTRIES = Counter(
     "streamengine_store_read_entries_total",
     "Entries sent to readers, by RPC (read, read_packed, subscribe)",

@@ -33,7 +33,9 @@ from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
+from streamengine.segment_store.authority import AuthorityRecord, StoreAuthority
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
     GroupCommitter,
@@ -116,6 +118,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="close a Write stream with nothing in flight after this long",
     )
     parser.add_argument(
+        "--trust-signing-key",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a file holding an Ed25519 public key (64 hex digits) whose grants and tokens "
+        "this store accepts besides its master's (a store run without a master, in tests "
+        "and tools); repeatable",
+    )
+    parser.add_argument(
         "--scrub-mb-per-s",
         type=float,
         default=SCRUB_MB_PER_S_DEFAULT,
@@ -152,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
         identity = StoreIdentity(
             store_id(args.data, args.store_id), args.listen, args.zone, args.data
         )
-        return asyncio.run(serve(args, identity))
+        pinned = [read_public_key(path) for path in args.trust_signing_key]
+        return asyncio.run(serve(args, identity, pinned))
     except (OSError, StartupError, transport.TransportError) as error:
         print(f"streamengine store: {error}", file=sys.stderr)
         return 1
@@ -160,6 +173,17 @@ def run(args: argparse.Namespace) -> int:
 
 class StartupError(Exception):
     """The store cannot start (its port or data dir is taken): one line, exit 1."""
+
+
+def read_public_key(path: Path) -> bytes:
+    """An Ed25519 public key written as 64 hex digits (surrounding blanks ignored)."""
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        raise StartupError(f"{path}: not a public key in hex") from None
+    if len(key) != PUBLIC_KEY_BYTES:
+        raise StartupError(f"{path}: a public key is {PUBLIC_KEY_BYTES} bytes, not {len(key)}")
+    return key
 
 
 def store_id(data_dir: Path, given: str | None) -> str:
@@ -186,7 +210,9 @@ def store_id(data_dir: Path, given: str | None) -> str:
     return new
 
 
-async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
+async def serve(
+    args: argparse.Namespace, identity: StoreIdentity, pinned_keys: list[bytes]
+) -> int:
     # Read before RocksDB opens: a certs dir that cannot serve fails the start cleanly.
     members = (
         transport.PLAINTEXT
@@ -198,6 +224,15 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
     except Exception as error:  # rocksdict raises bare Exceptions (a held LOCK, corruption)
         raise StartupError(f"cannot open {identity.data_dir / DB_DIR}: {error}") from None
     core = SegmentStoreCore(kv, args.entry_bytes_max)
+    kept = core.authority_record()
+    try:
+        record = AuthorityRecord.decode(kept) if kept is not None else None
+    except ValueError as error:
+        kv.close()
+        raise StartupError(
+            f"the master's authority kept in {args.data} is corrupt: {error}"
+        ) from None
+    authority = StoreAuthority(identity.store_id, record, pinned_keys)
     watch = SegmentWatch()
 
     def published(plan: Plan) -> None:
@@ -212,6 +247,7 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
         ServiceConfig(
             args.subscribe_buffer_batches, args.subscribe_stall_ms, args.write_stream_idle_ms
         ),
+        authority,
         members,
     )
     # Without SO_REUSEPORT a second store on a taken port fails instead of sharing it.
@@ -256,6 +292,9 @@ async def serve(args: argparse.Namespace, identity: StoreIdentity) -> int:
         identity,
         core,
         service.delete,
+        authority,
+        service.keep_authority,
+        service.quota,
         members,
         peer_identity.server_identity(),
         scrubber,

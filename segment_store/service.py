@@ -3,6 +3,11 @@
 Every mutation goes through the group committer; reads run in worker threads. One
 table (`_STATUS`) maps the core's errors to gRPC statuses; a refused request changes
 nothing.
+
+Every call first resolves its caller (`protocol.callers`) and is authorized
+(`protocol.auth.authorize`) with the tenant of the stream it touches: for Write and
+Seal the tenant of their grant, which must also list the segment and this store
+(`segment_store.authority`); for reads the tenant this store keeps for the stream.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from streamengine.protocol import codec, identity, transport
+from streamengine.protocol.auth import Denial, Principal, authorize
+from streamengine.protocol.callers import Callers
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.entry import (
     CorruptEntry,
@@ -34,18 +41,30 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_ENTRIES_MAX,
 )
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.signing import NoVerifyingKey
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.segment_store import metrics, tail
+from streamengine.segment_store.authority import (
+    AppendQuota,
+    CallerRefused,
+    CallerUnproven,
+    GrantRefused,
+    NoSigningKeyYet,
+    StoreAuthority,
+    WriteStreamGrants,
+)
 from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.keys import SegmentMeta, entry_index
 from streamengine.segment_store.store import (
+    AuthorityKept,
     BadRequest,
     BelowFence,
     CopyMismatch,
     CopyRefused,
     DeleteCommand,
     DeleteResult,
+    KeepAuthorityCommand,
     Outcome,
     SealCommand,
     SealResult,
@@ -57,6 +76,7 @@ from streamengine.segment_store.store import (
     StoreUnavailable,
     WriteCommand,
     WriteResult,
+    check_epoch,
     check_segment,
 )
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
@@ -122,6 +142,10 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CorruptEntry: grpc.StatusCode.DATA_LOSS,
     StoredCopyCorrupt: grpc.StatusCode.DATA_LOSS,
+    GrantRefused: grpc.StatusCode.PERMISSION_DENIED,
+    CallerRefused: grpc.StatusCode.PERMISSION_DENIED,
+    CallerUnproven: grpc.StatusCode.UNAUTHENTICATED,
+    NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -141,6 +165,9 @@ async def _abort(
     elif isinstance(error, BadRequest):
         metrics.BAD_REQUESTS.inc()
         log.info("bad request: %s", error, extra=fields)
+    elif isinstance(error, GrantRefused | CallerRefused):
+        metrics.DENIED.inc()
+        log.info("denied: %s", error, extra=fields)
     elif code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL):
         log.error("%s: %s", code.name, error, extra=fields)
     await context.abort(code, str(error), trailing_metadata=trailing)
@@ -174,15 +201,59 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         committer: GroupCommitter,
         watch: SegmentWatch,
         config: ServiceConfig,
+        authority: StoreAuthority,
         members: transport.Transport = transport.PLAINTEXT,
     ) -> None:
         self.core = core
         self.committer = committer
         self.watch = watch
         self.config = config
+        self.authority = authority
+        self.callers = Callers(authority.verifier, lambda: authority.revocations)
+        # The master tells the rate with every heartbeat reply (`MasterLink`).
+        self.quota = AppendQuota(0)
         # How this store reaches its peers (copies): its node certificate under TLS.
         self.members = members
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
+
+    # ---- who calls ----
+
+    def caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        """The call's principal; raises CallerRefused (a bad token), CallerUnproven (a
+        certificate proof that does not hold), NoSigningKeyYet."""
+        try:
+            principal = self.callers.principal(context)
+        except NoVerifyingKey as error:
+            raise NoSigningKeyYet(str(error)) from None
+        except identity.ProofRefused as refusal:
+            raise CallerUnproven(str(refusal)) from None
+        if isinstance(principal, Denial):
+            raise CallerRefused(principal.reason)
+        return principal
+
+    def require(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, tenant: str = ""
+    ) -> Principal:
+        """The caller, when it may call `method` on `tenant`'s data; else raises
+        CallerRefused."""
+        principal = self.caller(context)
+        denial = authorize(principal, f"SegmentStore/{method}", tenant)
+        if denial is not None:
+            raise CallerRefused(denial.reason)
+        return principal
+
+    def require_reader(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, segment: SegmentKey
+    ) -> None:
+        self.require(context, method, self.core.tenant_of(segment.stream_id))
+
+    async def keep_authority(self) -> None:
+        """Write what the store now trusts (`self.authority`) durably."""
+        record = self.authority.record().encode()
+        outcome = await self.committer.submit(KeepAuthorityCommand(record))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, AuthorityKept)
 
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)
@@ -226,12 +297,14 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
         ],
     ) -> None:
+        try:
+            grants = WriteStreamGrants(self.authority, self.caller(context))
+        except StoreError as error:
+            await _abort(context, error)
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
-        answers: asyncio.Queue[
-            tuple[_Ticket, asyncio.Future[Outcome] | Exception | WriteResult] | None
-        ] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[_Ticket, _Admitted] | None] = asyncio.Queue()
 
         idle_s = self.config.write_stream_idle_ms / 1000
         unanswered = 0  # requests read whose reply is not written yet
@@ -261,7 +334,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     last_activity = time.monotonic()
                     await inflight.acquire()
                     unanswered += 1
-                    answers.put_nowait((_Ticket.of(request), self._admit(request)))
+                    answers.put_nowait((_Ticket.of(request), self._admit(request, grants)))
                     next_request = asyncio.ensure_future(anext(requests))
             finally:
                 next_request.cancel()
@@ -273,8 +346,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 ticket, admitted = item
                 if isinstance(admitted, Exception):
                     await _abort(context, admitted, ticket.segment)
-                if isinstance(admitted, WriteResult):  # refused: the store is busy
-                    reply = ticket.reply(segment_store_pb2.REFUSED_BUSY, admitted)
+                if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
+                    status, held = admitted
+                    reply = ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
                 else:
                     outcome = await admitted
                     if isinstance(outcome, Exception):
@@ -292,27 +366,41 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 await reader
 
     def _admit(
-        self, request: segment_store_pb2.WriteRequest
-    ) -> asyncio.Future[Outcome] | Exception | WriteResult:
-        """The write's future, the error refusing it, or, when the store is too busy to
-        take it, what the segment holds (the batch itself is dropped at once: memory is
-        the committer's queue, not every refused batch waiting for its reply)."""
+        self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants
+    ) -> _Admitted:
+        """The write under way; or, for a batch refused for now (the store too busy, the
+        tenant over its quota: nothing written), its status and what the segment holds
+        (the batch itself is dropped at once: memory is the committer's queue, not every
+        refused batch waiting for its reply); or why it was refused (an Exception, which
+        ends the stream)."""
         try:
+            segment = segment_key(request.segment)
+            # Malformed before unauthorized: a bad request says what is wrong with it.
+            check_epoch(request.writer_epoch, "writer epoch")
+            entries = entries_from_pb(request.entries)
+            grant = grants.admit(request.grant, segment, request.writer_epoch)
             command = WriteCommand(
-                segment_key(request.segment),
-                request.writer_epoch,
-                request.acked_index,
-                entries_from_pb(request.entries),
+                segment, request.writer_epoch, request.acked_index, entries, grant.tenant
             )
-        except BadRequest as error:
+        except StoreError as error:
             return error
         if not command.entries:
             return self.committer.submit(command)
+        payload_bytes = sum(len(entry.payload) for entry in command.entries)
+        if not self.quota.admit(grant.tenant, payload_bytes, _now_ms()):
+            metrics.REFUSED_QUOTA.inc()
+            return self._held_back(segment_store_pb2.REFUSED_QUOTA, command)
         future = self.committer.try_submit(command)
         if future is None:
             metrics.REFUSED_BUSY.inc()
-            return self.core.refused_busy(command)  # below the fence: that error
+            return self._held_back(segment_store_pb2.REFUSED_BUSY, command)
         return future
+
+    def _held_back(self, status: int, command: WriteCommand) -> _Admitted:
+        """A batch refused for now: its status and what the segment holds, or, below the
+        fence, that error (as for any write)."""
+        held = self.core.refused_busy(command)
+        return held if isinstance(held, Exception) else (status, held)
 
     # ---- Seal, Delete, state ----
 
@@ -324,9 +412,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.SealReply:
         try:
-            command = SealCommand(segment_key(request.segment), request.new_epoch)
-        except BadRequest as error:
-            await _abort(context, error)
+            principal = self.caller(context)
+            segment = segment_key(request.segment)
+            check_epoch(request.new_epoch, "seal epoch")
+            grant = self.authority.grant_for(
+                principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch
+            )
+            command = SealCommand(segment, request.new_epoch, grant.tenant)
+        except StoreError as error:
+            await _abort(context, error, request.segment)
         outcome = await self.committer.submit(command)
         if isinstance(outcome, Exception):
             await _abort(context, outcome, request.segment)
@@ -354,11 +448,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.DeleteRequest, segment_store_pb2.DeleteReply
         ],
     ) -> segment_store_pb2.DeleteReply:
-        await identity.require_member(context, "SegmentStore/Delete")
         try:
+            self.require(context, "Delete")
             segment = segment_key(request.segment)
             existed = await self.delete(segment)
-        except StoreError as error:  # malformed, or the store cannot write now
+        except StoreError as error:  # refused, malformed, or the store cannot write now
             await _abort(context, error, request.segment)
         if existed:
             log.info("segment deleted", extra=segment_fields(request.segment.stream, segment.epoch))
@@ -379,7 +473,9 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         ],
     ) -> segment_store_pb2.SegmentStateReply:
         try:
-            state = self.core.state(segment_key(request.segment))
+            segment = segment_key(request.segment)
+            self.require_reader(context, "GetSegmentState", segment)
+            state = self.core.state(segment)
         except StoreError as error:
             await _abort(context, error)
         return segment_store_pb2.SegmentStateReply(
@@ -403,6 +499,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> AsyncIterator[segment_store_pb2.ReadReply]:
         try:
             segment = segment_key(request.segment)
+            self.require_reader(context, "Read", segment)
             meta = self.core.meta(segment)
             if meta is None:
                 raise SegmentNotFound(
@@ -511,6 +608,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> segment_store_pb2.DigestReply:
         try:
             segment = segment_key(request.segment)
+            self.require_reader(context, "Digest", segment)
             if request.up_to_index > INDEX_MAX:
                 raise BadRequest(f"up_to_index {request.up_to_index} is over {INDEX_MAX}")
             if request.certificate:
@@ -562,7 +660,10 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment_store_pb2.CopySegmentRequest, segment_store_pb2.CopySegmentReply
         ],
     ) -> segment_store_pb2.CopySegmentReply:
-        await identity.require_member(context, "SegmentStore/CopySegment")
+        try:
+            self.require(context, "CopySegment")
+        except StoreError as error:
+            await _abort(context, error, request.segment)
         try:
             certificate = (
                 codec.certificate_from_pb(request.certificate)
@@ -578,6 +679,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 request.source_address,
                 request.final_index,
                 request.fence,
+                request.tenant,
                 certificate,
             )
             report = await copy.run()
@@ -625,7 +727,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             if first.WhichOneof("message") != "start":
                 raise BadRequest("Subscribe must begin with a start message")
             segment = segment_key(first.start.segment)
-        except BadRequest as error:
+            self.require_reader(context, "Subscribe", segment)
+        except StoreError as error:
             await _abort(context, error)
         tail = _Tail(self, segment, first.start, requests, context)
         metrics.SUBSCRIBERS.inc()
@@ -635,6 +738,12 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
             await _abort(context, refusal)
+
+
+# What `_admit` makes of a Write request: the write under way; a batch refused for now
+# with its status (REFUSED_BUSY, REFUSED_QUOTA) and what the segment holds; or why the
+# stream ends.
+_Admitted = asyncio.Future[Outcome] | tuple[int, WriteResult] | Exception
 
 
 @dataclass(frozen=True, slots=True)

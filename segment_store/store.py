@@ -2,8 +2,9 @@
 acked indexes, reads and digests. No gRPC, no asyncio, no clock.
 
 Theory of operation. Every mutation is a command (`WriteCommand`, `SealCommand`,
-`DeleteCommand`, `ConfirmCopyCommand`). `plan(commands)` checks each against the
-published state plus what the earlier commands of the same plan did, and returns the KV
+`DeleteCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`). `plan(commands)` checks
+each against the published state plus what the earlier commands of the same plan did,
+and returns the KV
 ops of every command that succeeded, the resulting per-segment metadata, and one outcome
 per command (a result or the error that refused it, in which case the command
 contributed nothing). `write_plan` applies the ops as one atomic KV batch; `publish`
@@ -21,7 +22,12 @@ Rules (docs/design.md, "The segment store"):
 - acked index kept = max(kept, min(leader's acked index, matched index));
 - the fence only rises (seal), and a seal below it is refused;
 - a segment copy's acked index rises only once the copy is verified, and only while
-  it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`).
+  it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`);
+- a stream's tenant, once known (from the grant a write or seal came under, or the
+  master's copy request), is kept and never changes: a command naming another is
+  refused.
+Whether a write or seal may happen at all (its grant, its caller) is decided before it
+becomes a command (`segment_store.authority`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
 recovers every segment's fence, matched and acked index exactly.
 
@@ -59,6 +65,7 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_ENTRIES_MAX,
 )
 from streamengine.segment_store.keys import (
+    AUTHORITY_KEY,
     BRIDGES_PER_SEGMENT_MAX,
     SegmentMeta,
     entry_index,
@@ -68,6 +75,9 @@ from streamengine.segment_store.keys import (
     meta_range,
     meta_segment,
     segment_entries_range,
+    tenant_key,
+    tenant_range,
+    tenant_stream,
 )
 from streamengine.segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
 from streamengine.segment_store.scrub import ReplicaScan, ScanResult
@@ -150,6 +160,11 @@ class DeleteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthorityKept:
+    """A `KeepAuthorityCommand` is in the plan."""
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentStateInfo:
     fence: int
     acked_index: int
@@ -174,12 +189,22 @@ class WriteCommand:
     writer_epoch: int
     acked_index: int
     entries: Sequence[StoredEntry]
+    # The stream's tenant, as the write's grant says ("": not known by this command).
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class SealCommand:
     segment: SegmentKey
     new_epoch: int
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAuthorityCommand:
+    """Keep what the store trusts of its master (`authority.AuthorityRecord`, encoded)."""
+
+    record: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +224,8 @@ class ConfirmCopyCommand:
     final_index: int
 
 
-Command = WriteCommand | SealCommand | DeleteCommand | ConfirmCopyCommand
-Outcome = WriteResult | SealResult | DeleteResult | StoreError
+Command = WriteCommand | SealCommand | DeleteCommand | ConfirmCopyCommand | KeepAuthorityCommand
+Outcome = WriteResult | SealResult | DeleteResult | AuthorityKept | StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +238,8 @@ class Plan:
     payload_bytes: int
     # Segments a verified copy confirmed or a delete removed: no longer damaged.
     mended: frozenset[SegmentKey] = frozenset()
+    # Tenants of streams the plan makes known.
+    tenants: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
 
 # What a plan knows of a held copy: (epoch, kind, payload bytes). Plain tuples: the
@@ -231,6 +258,7 @@ class _Work:
     pending: dict[SegmentKey, dict[int, _Held]] = field(default_factory=dict)
     deleted: set[SegmentKey] = field(default_factory=set)
     ops: list[KVOp] = field(default_factory=list)
+    tenants: dict[int, str] = field(default_factory=dict)
 
     def meta(self, segment: SegmentKey) -> SegmentMeta | None:
         if segment in self.metas:
@@ -259,12 +287,17 @@ def check_segment(segment: SegmentKey) -> None:
         raise BadRequest(f"segment epoch {segment.epoch} is over {EPOCH_MAX}")
 
 
+def check_epoch(epoch: int, what: str) -> None:
+    """Raise BadRequest unless `epoch` is one the master can grant."""
+    if not 0 < epoch <= EPOCH_MAX:
+        raise BadRequest(f"{what} {epoch} is not in 1..{EPOCH_MAX}")
+
+
 def check_batch(
     writer_epoch: int, entries: Sequence[StoredEntry], entry_bytes_max: int = EVENT_BYTES_MAX
 ) -> None:
     """Raise BadRequest unless the batch is well formed; pure, checks every entry."""
-    if not 0 < writer_epoch <= EPOCH_MAX:
-        raise BadRequest(f"writer epoch {writer_epoch} is not in 1..{EPOCH_MAX}")
+    check_epoch(writer_epoch, "writer epoch")
     if len(entries) > WRITE_BATCH_ENTRIES_MAX:
         raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
     total = 0
@@ -305,6 +338,7 @@ class SegmentStoreCore:
         self.entry_bytes_max = entry_bytes_max
         self._metas = self._load_metas()
         self._damaged: set[SegmentKey] = set()
+        self._tenants = self._load_tenants()
 
     def _load_metas(self) -> dict[SegmentKey, SegmentMeta]:
         metas: dict[SegmentKey, SegmentMeta] = {}
@@ -314,12 +348,17 @@ class SegmentStoreCore:
             metas[SegmentKey(stream_id, epoch)] = SegmentMeta.decode(value)
         return metas
 
+    def _load_tenants(self) -> dict[int, str]:
+        start, end = tenant_range()
+        return {tenant_stream(k): v.decode() for k, v in self.kv.scan(start, end)}
+
     def recover(self) -> None:
         """After a refused write: have the KV take writes again and reload what it holds
         (a write reported as refused may have reached its log after all; whole, since
         entries and metadata share one batch). Raises while the KV cannot recover."""
         self.kv.recover()
         self._metas = self._load_metas()
+        self._tenants = self._load_tenants()
 
     # ---- mutations ----
 
@@ -341,12 +380,16 @@ class SegmentStoreCore:
                     outcome = self._plan_seal(command, work)
                 elif isinstance(command, ConfirmCopyCommand):
                     outcome = self._plan_confirm_copy(command, work)
+                elif isinstance(command, KeepAuthorityCommand):
+                    work.ops.append(Put(AUTHORITY_KEY, command.record))
+                    outcome = AuthorityKept()
                 else:
                     outcome = self._plan_delete(command, work)
             except StoreError as error:
                 outcome = error
             except CorruptEntry as error:
                 outcome = StoredCopyCorrupt(str(error))
+                assert not isinstance(command, KeepAuthorityCommand), "it reads no entry"
                 self.mark_damaged(command.segment)
             if isinstance(command, ConfirmCopyCommand | DeleteCommand) and not isinstance(
                 outcome, StoreError
@@ -363,6 +406,7 @@ class SegmentStoreCore:
             entries_written,
             payload_bytes,
             frozenset(mended),
+            work.tenants,
         )
 
     def write_plan(self, plan: Plan, sync: bool) -> None:
@@ -371,6 +415,7 @@ class SegmentStoreCore:
             self.kv.write(plan.ops, sync)
 
     def publish(self, plan: Plan) -> None:
+        self._tenants.update(plan.tenants)
         for segment, meta in plan.metas.items():
             if meta is None:
                 self._metas.pop(segment, None)
@@ -384,7 +429,7 @@ class SegmentStoreCore:
 
     def execute(
         self, command: Command, sync: bool = True
-    ) -> WriteResult | SealResult | DeleteResult:
+    ) -> WriteResult | SealResult | DeleteResult | AuthorityKept:
         plan = self.plan([command])
         self.apply(plan, sync)
         outcome = plan.outcomes[0]
@@ -398,13 +443,16 @@ class SegmentStoreCore:
         writer_epoch: int,
         acked_index: int,
         entries: Sequence[StoredEntry],
+        tenant: str = "",
     ) -> WriteResult:
-        result = self.execute(WriteCommand(segment, writer_epoch, acked_index, tuple(entries)))
+        result = self.execute(
+            WriteCommand(segment, writer_epoch, acked_index, tuple(entries), tenant)
+        )
         assert isinstance(result, WriteResult)
         return result
 
-    def seal(self, segment: SegmentKey, new_epoch: int) -> SealResult:
-        result = self.execute(SealCommand(segment, new_epoch))
+    def seal(self, segment: SegmentKey, new_epoch: int, tenant: str = "") -> SealResult:
+        result = self.execute(SealCommand(segment, new_epoch, tenant))
         assert isinstance(result, SealResult)
         return result
 
@@ -418,10 +466,25 @@ class SegmentStoreCore:
         assert isinstance(result, DeleteResult)
         return result.existed
 
+    def _check_tenant(self, stream_id: int, tenant: str, work: _Work) -> bool:
+        """Whether `tenant` is new for the stream (to be kept); raises BadRequest when
+        the stream is known to be another tenant's."""
+        if not tenant:
+            return False
+        known = work.tenants.get(stream_id) or self._tenants.get(stream_id)
+        if known is not None and known != tenant:
+            raise BadRequest(f"stream {stream_id} is of tenant {known!r}, not of {tenant!r}")
+        return known is None
+
+    def _keep_tenant(self, stream_id: int, tenant: str, work: _Work) -> None:
+        work.tenants[stream_id] = tenant
+        work.ops.append(Put(tenant_key(stream_id), tenant.encode()))
+
     def _plan_write(self, command: WriteCommand, work: _Work) -> WriteResult:
         segment = command.segment
         check_segment(segment)
         check_batch(command.writer_epoch, command.entries, self.entry_bytes_max)
+        new_tenant = self._check_tenant(segment.stream_id, command.tenant, work)
         old = work.meta(segment) or SegmentMeta()
         if command.writer_epoch < old.fence:
             raise BelowFence(
@@ -472,6 +535,8 @@ class SegmentStoreCore:
                 matched += 1
         work.ops.extend(ops)
         work.pending.setdefault(segment, {}).update(pending)
+        if new_tenant:
+            self._keep_tenant(segment.stream_id, command.tenant, work)
         acked = max(old.acked_index, min(command.acked_index, matched))
         new = SegmentMeta(
             fence=old.fence,
@@ -487,13 +552,15 @@ class SegmentStoreCore:
 
     def _plan_seal(self, command: SealCommand, work: _Work) -> SealResult:
         check_segment(command.segment)
-        if not 0 < command.new_epoch <= EPOCH_MAX:
-            raise BadRequest(f"seal epoch {command.new_epoch} is not in 1..{EPOCH_MAX}")
+        check_epoch(command.new_epoch, "seal epoch")
+        new_tenant = self._check_tenant(command.segment.stream_id, command.tenant, work)
         old = work.meta(command.segment) or SegmentMeta()
         if command.new_epoch < old.fence:
             raise BelowFence(
                 old.fence, f"fenced: seal epoch {command.new_epoch} < fence {old.fence}"
             )
+        if new_tenant:
+            self._keep_tenant(command.segment.stream_id, command.tenant, work)
         new = dataclasses.replace(old, fence=max(old.fence, command.new_epoch))
         work.metas[command.segment] = new
         return SealResult(new.fence, new.acked_index, new.matched_index, new.last_index)
@@ -533,6 +600,14 @@ class SegmentStoreCore:
 
     def meta(self, segment: SegmentKey) -> SegmentMeta | None:
         return self._metas.get(segment)
+
+    def tenant_of(self, stream_id: int) -> str:
+        """The stream's tenant as a grant or copy told this store; "" if never told."""
+        return self._tenants.get(stream_id, "")
+
+    def authority_record(self) -> bytes | None:
+        """What `KeepAuthorityCommand` last kept."""
+        return self.kv.get(AUTHORITY_KEY)
 
     def refused_busy(self, command: WriteCommand) -> WriteResult | BelowFence:
         """The answer to a write refused because the store is busy (nothing written):

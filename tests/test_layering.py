@@ -53,6 +53,10 @@ PURE_PROTOCOL = [
     "masters.py",
     "policy.py",
     "sequence.py",
+    "signing.py",
+    "grants.py",
+    "tokens.py",
+    "auth.py",
 ]
 PURE_MASTER = [
     "leadership.py",
@@ -61,10 +65,11 @@ PURE_MASTER = [
     "integrity.py",
     "model.py",
     "errors.py",
+    "authority.py",
 ]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
-# the live tail.
-PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "scrub.py"]
+# the live tail, the scrub, the grants and callers it takes.
+PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "scrub.py", "authority.py"]
 OLD_TOP_LEVEL = {"client", "master", "segment_store", "tools"}
 
 

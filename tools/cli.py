@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
@@ -218,6 +219,41 @@ def _add_admin_commands(commands: Subparsers) -> None:
         _add_master_option(parser)
 
 
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(value: str) -> int:
+    """`90s`, `30m`, `24h`, `7d` in milliseconds (a token's lifetime)."""
+    from streamengine.protocol.tokens import TOKEN_TTL_MS_MAX, TOKEN_TTL_MS_MIN
+
+    match = re.fullmatch(r"(\d+)([smhd])", value.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number then s, m, h or d (e.g. 24h)")
+    ms = int(match.group(1)) * _UNIT_MS[match.group(2)]
+    if not TOKEN_TTL_MS_MIN <= ms <= TOKEN_TTL_MS_MAX:
+        raise argparse.ArgumentTypeError(f"{value!r}: between 1s and 366d")
+    return ms
+
+
+def _add_token_commands(commands: Subparsers) -> None:
+    token = commands.add_parser("token", help="create and revoke tenant tokens (cluster admins)")
+    actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser(
+        "create", help="a token acting in one tenant with one role, printed on stdout"
+    )
+    create.add_argument("--tenant", required=True, help="the tenant it acts in (created if new)")
+    create.add_argument("--role", required=True, choices=["read", "write", "admin"])
+    create.add_argument(
+        "--ttl", type=_duration_ms, default=None, help="lifetime, e.g. 90m, 24h, 30d (default 24h)"
+    )
+    create.set_defaults(run=_lazy("streamengine.tools.tokens", "cmd_token_create"))
+    revoke = actions.add_parser("revoke", help="end a token before it expires")
+    revoke.add_argument("token_id", metavar="ID", help="the id `token create` printed")
+    revoke.set_defaults(run=_lazy("streamengine.tools.tokens", "cmd_token_revoke"))
+    for parser in (create, revoke):
+        _add_master_option(parser)
+
+
 def _sequence_or_end(value: str) -> int | str:
     if value == "end":
         return value
@@ -292,6 +328,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _add_stream_commands(commands)
     _add_data_commands(commands)
     _add_admin_commands(commands)
+    _add_token_commands(commands)
     _add_metadata_commands(commands)
     return parser, servers
 

@@ -73,6 +73,14 @@ drain). A leader holding an epoch with no segment and nothing unsealed always as
 for a roll, again `ROLL_RETRY_MS` after every failure, until it has a segment or
 loses the lease.
 
+Grants. Every answer that makes the writer LEADER of an epoch (a grant, a roll) carries
+the master's signed grant of that epoch, opaque here. The writer keeps the one of the
+epoch it leads and hands it to whatever acts under that epoch: the open segment's
+replicator (`BecameLeader`), each recovery (`RecoverSegment`: its seals, writes and the
+seal at the master), the roll (`AskRoll`) and the release (`ReleaseLease`). Stores and
+the master refuse those without it; an answer making it LEADER without one (a master
+too old) is a grant it cannot lead under.
+
 Recoveries that fail. A recovery that ends with a transient error (anything but a
 fence above this writer's epoch, which is `FencedByStore`) comes back as
 `RecoveryFailed`; the same `RecoverSegment` goes out again after
@@ -161,6 +169,10 @@ _NEVER_GRANTED = HeartbeatFailurePolicy(
 HEARTBEAT_FAILURES: dict[str, HeartbeatFailurePolicy] = {
     "NOT_FOUND": _NEVER_GRANTED,  # no such stream (or tenant)
     "INVALID_ARGUMENT": _NEVER_GRANTED,  # a malformed stream name or request
+    # The caller's token may not lead the stream (or is expired or revoked): a new
+    # token makes a new writer.
+    "PERMISSION_DENIED": _NEVER_GRANTED,
+    "UNAUTHENTICATED": _NEVER_GRANTED,
     "UNAVAILABLE": _RETRIED,  # unreachable, or restarted and not granting yet
     "DEADLINE_EXCEEDED": _RETRIED,
     "CANCELLED": _RETRIED,
@@ -218,6 +230,8 @@ class HeartbeatAnswered:
     roll_reason: str = ""
     segment_bytes_max: int = 0  # 0: no roll by size
     segment_age_ms_max: int = 0  # 0: no roll by age
+    # LEADER: the master's signed grant of `epoch` (opaque to the writer).
+    grant: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +327,7 @@ class BecameLeader:
     lease_ms: int
     segment: SegmentGrant
     policy: ReplicationPolicy
+    grant: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +339,7 @@ class RecoverSegment:
     segment: SegmentGrant
     new_epoch: int
     policy: ReplicationPolicy
+    grant: bytes = b""  # the signed grant of `new_epoch`
     known: ContentDigest | None = field(default=None, compare=False)
 
 
@@ -337,6 +353,7 @@ class AskRoll:
     exclude_stores: tuple[str, ...]
     reason: str
     timeout_ms: int
+    grant: bytes = b""  # the signed grant of `epoch`
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +390,7 @@ class SteppedDown:
 @dataclass(frozen=True, slots=True)
 class ReleaseLease:
     epoch: int
+    grant: bytes = b""  # the signed grant of `epoch`
 
 
 LeaderAction = (
@@ -421,6 +439,7 @@ class Leader:
         assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
+        self._grant = b""  # the signed grant of `epoch` while leading
         self.replicator: Replicator | None = None
         self.finish: SteppedDown | None = None
         self._limits = limits
@@ -559,7 +578,7 @@ class Leader:
         elif isinstance(event, Release):
             if self.role is Role.LEADING:
                 self._step_down(StepDownReason.RELEASED, "released", actions)
-                actions.append(ReleaseLease(self.epoch))
+                actions.append(ReleaseLease(self.epoch, self._grant))
             self.role = Role.FINISHED
             return actions
         elif isinstance(event, RollAnswered):
@@ -594,7 +613,7 @@ class Leader:
         if isinstance(event, RollAnswered):
             event = event.answer
         if isinstance(event, HeartbeatAnswered) and event.leader:
-            return [ReleaseLease(event.epoch)]
+            return [ReleaseLease(event.epoch, event.grant)]
         return []
 
     def _heartbeat_failure_ends(self, failure: HeartbeatFailed) -> bool:
@@ -634,6 +653,7 @@ class Leader:
                         self._unsealed[epoch],
                         self.epoch,
                         self._policy,
+                        self._grant,
                         self._known_content.get(epoch),
                     )
                 )
@@ -662,6 +682,7 @@ class Leader:
             return
         assert answer.epoch > self.epoch, f"granted epoch {answer.epoch} after {self.epoch}"
         self.epoch = answer.epoch
+        self._grant = answer.grant
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_until_ms = answer.sent_at_ms + answer.lease_ms
         self._next_heartbeat_ms = answer.sent_at_ms + self.heartbeat_interval_ms
@@ -669,14 +690,15 @@ class Leader:
         if problem:
             self.role = Role.LEADING  # so that stepping down reports the epoch
             self._step_down(StepDownReason.UNSUPPORTED, problem, actions)
-            actions.append(ReleaseLease(answer.epoch))
+            actions.append(ReleaseLease(answer.epoch, answer.grant))
             return
         assert answer.policy is not None
         self.role = Role.LEADING
         self._policy = answer.policy
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         actions.extend(
-            RecoverSegment(grant, answer.epoch, answer.policy) for grant in answer.unsealed
+            RecoverSegment(grant, answer.epoch, answer.policy, answer.grant)
+            for grant in answer.unsealed
         )
         if answer.segment is None:
             # Nothing to replicate until the roll after the recoveries (`_on_time`).
@@ -688,6 +710,8 @@ class Leader:
     def _cannot_lead(self, answer: HeartbeatAnswered) -> str:
         if answer.policy is None:
             return "the grant carries no replication policy"
+        if not answer.grant:
+            return "the answer carries no signed grant (a master older than its stores)"
         if answer.segment is not None and answer.segment.epoch != answer.epoch:
             return f"granted epoch {answer.epoch} with segment {answer.segment.epoch}"
         if answer.unsealed and not self._recovery_supported:
@@ -714,7 +738,7 @@ class Leader:
             if answer.leader:
                 # A new epoch granted to this writer (its old lease ran out on the master):
                 # it cannot continue the old segment in it, so it gives the lease back.
-                actions.append(ReleaseLease(answer.epoch))
+                actions.append(ReleaseLease(answer.epoch, answer.grant))
             return
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
@@ -739,6 +763,7 @@ class Leader:
             [replica.store_id for replica in answer.segment.copy_set],
             self._limits,
             acking=not self._unsealed,
+            grant=self._grant,
         )
         self._segment = answer.segment
         self._policy = answer.policy
@@ -751,7 +776,11 @@ class Leader:
         self._roll_asked = False
         self._detached = set()
         self._disconnected_since = {}
-        actions.append(BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy))
+        actions.append(
+            BecameLeader(
+                answer.epoch, answer.lease_ms, answer.segment, answer.policy, self._grant
+            )
+        )
 
     def _roll_wanted(self, now_ms: int) -> str:
         replication = self.replicator
@@ -813,7 +842,7 @@ class Leader:
         timeout_ms = self._lease_ms
         self._roll_asked = True
         self._roll_answer_by_ms = now_ms + timeout_ms + ROLL_ANSWER_GRACE_MS
-        actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms))
+        actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms, self._grant))
 
     def _roll_given_up(self, now_ms: int) -> None:
         self._rolling = ""
@@ -830,6 +859,7 @@ class Leader:
             or not answer.leader
             or answer.segment is None
             or answer.policy is None
+            or not answer.grant
             or answer.epoch <= self.epoch
             or answer.segment.epoch != answer.epoch
         ):
@@ -844,6 +874,7 @@ class Leader:
                 self._known_content[old.segment.epoch] = known
         assert answer.epoch > self.epoch
         self.epoch = answer.epoch
+        self._grant = answer.grant
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
@@ -852,7 +883,11 @@ class Leader:
         self._open(now_ms, answer, actions)
         actions.extend(
             RecoverSegment(
-                grant, answer.epoch, answer.policy, self._known_content.get(grant.epoch)
+                grant,
+                answer.epoch,
+                answer.policy,
+                answer.grant,
+                self._known_content.get(grant.epoch),
             )
             for grant in answer.unsealed
         )

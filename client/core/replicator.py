@@ -29,6 +29,10 @@ more writes in this segment (`StoreDetached`; the leader rolls to a new copy set
 Acking can be held back (`acking=False` until every earlier segment is sealed) and is
 stopped for good by `Stop` (lease lost): then nothing more is acked or sent.
 
+Grants: a store takes writes only under the master's signed grant of the writer's epoch,
+shown once per Write stream. The first request sent to a store after it (re)connects
+carries the grant (`SendWrite.grant`); the later ones on that stream do not.
+
 The content digest: every append also feeds the segment's certificate
 (`protocol/certificate.py`), computed from the events as the user gave them, before any
 store holds them. Once everything assigned is acked (a drained segment about to roll),
@@ -217,6 +221,8 @@ class SendWrite:
     request_id: int
     acked_index: int
     entries: tuple[StoredEntry, ...]
+    # The signed grant of `writer_epoch`: on the first request of a Write stream only.
+    grant: bytes = b""
 
     @property
     def first_index(self) -> int:
@@ -276,6 +282,8 @@ class _Store:
     busy_until_ms: int = 0
     sent_acked: int = 0
     last_send_ms: int = 0
+    # Whether the current Write stream has been sent the grant.
+    grant_sent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,9 +322,12 @@ class Replicator:
         copy_set: Iterable[str],
         limits: ReplicatorLimits | None = None,
         acking: bool = True,
+        grant: bytes = b"",
     ) -> None:
+        """`grant`: the master's signed grant of `writer_epoch` (see the module doc)."""
         self.segment = segment
         self.writer_epoch = writer_epoch
+        self.grant = grant
         self.limits = limits or ReplicatorLimits()
         self._quorum = QuorumTracker(policy, copy_set)
         self._stores: dict[str, _Store] = {store: _Store() for store in self._quorum.copy_set}
@@ -461,8 +472,10 @@ class Replicator:
             store.next_index = store.matched + 1
             store.reset_request_id = self._next_request_id
             store.busy_until_ms = 0
-            # A new stream knows nothing of what was broadcast on the old one.
+            # A new stream knows nothing of what was broadcast on the old one, nor of
+            # the grant.
             store.sent_acked = 0
+            store.grant_sent = False
         elif isinstance(event, StoreDisconnected):
             store = self._stores[event.store]
             store.connected = False
@@ -644,7 +657,11 @@ class Replicator:
         assert store.next_index <= self._last + 1 and self._acked <= self._last
         request_id = self._next_request_id
         self._next_request_id += 1
-        action = SendWrite(name, self.segment, self.writer_epoch, request_id, self._acked, entries)
+        grant = b"" if store.grant_sent else self.grant
+        store.grant_sent = True
+        action = SendWrite(
+            name, self.segment, self.writer_epoch, request_id, self._acked, entries, grant
+        )
         if entries:
             store.next_index = action.last_index + 1
             self._sent_through = max(self._sent_through, action.last_index)

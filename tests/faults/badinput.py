@@ -21,9 +21,11 @@ Before and after, a `digest` record: the master's metadata of the workload's nam
 segment of the workload it holds. They must be equal, and every server must still serve
 (a `serving` record). The checker's C15 reads these records.
 
-Security rows (issue #14: Write or Seal without a grant or with a forged one, plaintext
-and wrong-CA clients, a wrong token) are more `Row`s with a `client` of their own:
-`CLIENTS` maps a client name to how its channel is made.
+Security rows (issue #14): writes and seals without a grant, under a forged one, at the
+last epoch (which would wedge a segment), rolls and seals at the master without the
+grant of their epoch: PERMISSION_DENIED, nothing changed. Plaintext and wrong-CA
+clients and a wrong token would be more `Row`s with a `client` of their own: `CLIENTS`
+maps a client name to how its channel is made.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from google.protobuf.message import DecodeError, Message
 
 from streamengine.protocol import codec
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.limits import EPOCH_MAX, EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.signing import SigningKey
 from streamengine.tools.harness import is_serving
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -146,15 +150,16 @@ ROWS: list[Row] = [
     Row("heartbeat with an epoch never granted", "master", "WriterHeartbeat",
         lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
                                               epoch=FUZZ_EPOCH), Code.INVALID_ARGUMENT),
-    Row("roll by a stale leader", "master", "RollSegment",
+    # Only the holder of an epoch acts under it, proved by the master's grant of it.
+    Row("roll by a stale leader, without its grant", "master", "RollSegment",
         lambda live: m.RollSegmentRequest(stream=live.open.stream, client_id="bad",
                                           epoch=live.sealed.epoch),
-        Code.FAILED_PRECONDITION),
-    Row("seal with a stale epoch", "master", "SealSegment",
+        Code.PERMISSION_DENIED),
+    Row("seal with a stale epoch, without its grant", "master", "SealSegment",
         lambda live: m.SealSegmentRequest(stream=live.sealed.stream,
                                           segment_epoch=live.open.epoch,
                                           writer_epoch=live.sealed.epoch, final_index=1),
-        Code.FAILED_PRECONDITION),
+        Code.PERMISSION_DENIED),
     Row("drain an unknown store", "master", "DrainStore",
         lambda live: m.DrainStoreRequest(store_id=FUZZ_STORE), Code.NOT_FOUND),
     Row("register a store without an id", "master", "RegisterStore",
@@ -163,23 +168,39 @@ ROWS: list[Row] = [
         lambda live: m.RegisterStoreRequest(store_id=FUZZ_STORE, address="x"),
         Code.INVALID_ARGUMENT),
     # ---- the stores ----
-    Row("an event one byte over the limit", "store", "Write",
+    # A store takes writes and seals only under the master's grant of their epoch: one
+    # without a grant is refused before its content is looked at, unless its shape
+    # alone is wrong (an epoch no grant can have, too many entries).
+    Row("an event one byte over the limit, without a grant", "store", "Write",
         lambda live: [below_fence(live, [entry(live.sealed.final_index + 1,
                                                live.sealed.fence - 1,
                                                b"o" * (EVENT_BYTES_MAX + 1))])],
-        Code.INVALID_ARGUMENT),
+        Code.PERMISSION_DENIED),
     Row("a batch one entry over the limit", "store", "Write",
         lambda live: [below_fence(live, _past_bridge(live, WRITE_BATCH_ENTRIES_MAX + 1))],
         Code.INVALID_ARGUMENT),
-    Row("an entry whose crc does not match", "store", "Write",
+    Row("an entry whose crc does not match, without a grant", "store", "Write",
         lambda live: [below_fence(live, [_bad_crc(entry(live.sealed.final_index + 1,
                                                         live.sealed.fence - 1))])],
-        Code.INVALID_ARGUMENT),
-    Row("a write below the fence (stale epoch)", "store", "Write",
-        lambda live: [below_fence(live, _past_bridge(live))], Code.FAILED_PRECONDITION),
-    Row("a seal below the fence (stale epoch)", "store", "Seal",
+        Code.PERMISSION_DENIED),
+    Row("a write below the fence (stale epoch), without a grant", "store", "Write",
+        lambda live: [below_fence(live, _past_bridge(live))], Code.PERMISSION_DENIED),
+    Row("a seal below the fence (stale epoch), without a grant", "store", "Seal",
         lambda live: s.SealRequest(segment=live.sealed.pb, new_epoch=live.sealed.fence - 1),
-        Code.FAILED_PRECONDITION),
+        Code.PERMISSION_DENIED),
+    Row("a seal at the last epoch without a grant (it would wedge the segment)", "store",
+        "Seal", lambda live: s.SealRequest(segment=live.open.pb, new_epoch=EPOCH_MAX),
+        Code.PERMISSION_DENIED, segment="open"),
+    Row("a seal at the last epoch under a forged grant", "store", "Seal",
+        lambda live: s.SealRequest(segment=live.open.pb, new_epoch=EPOCH_MAX,
+                                   grant=_forged_grant(live.open, EPOCH_MAX)),
+        Code.PERMISSION_DENIED, segment="open"),
+    Row("a write under a forged grant", "store", "Write",
+        lambda live: [s.WriteRequest(segment=live.open.pb, writer_epoch=live.open.epoch,
+                                     entries=[entry(1, live.open.epoch, b"forged")],
+                                     request_id=1,
+                                     grant=_forged_grant(live.open, live.open.epoch))],
+        Code.PERMISSION_DENIED, segment="open"),
     Row("a seal at epoch 0", "store", "Seal",
         lambda live: s.SealRequest(segment=live.open.pb, new_epoch=0),
         Code.INVALID_ARGUMENT, segment="open"),
@@ -198,6 +219,13 @@ ROWS: list[Row] = [
         lambda live: [s.SubscribeRequest(keepalive=s.Keepalive(sent_at_ms=1))],
         Code.INVALID_ARGUMENT),
 ]
+
+
+def _forged_grant(segment: Segment, epoch: int) -> bytes:
+    """A grant of `epoch` listing `segment` on any store, signed by a key of no master."""
+    listed = (GrantSegment(segment.epoch, ("store0", "store1", "store2", "store3")),)
+    grant = Grant(segment.stream_id, epoch, segment.stream.split("/")[0], "forger", listed)
+    return GrantSigner(SigningKey.generate()).sign(grant)
 
 
 def _bad_crc(wire: entry_pb2.Entry) -> entry_pb2.Entry:
@@ -231,6 +259,7 @@ def _templates() -> dict[str, Message]:
         "RequestRoll": m.RequestRollRequest(stream=FUZZ_STREAM),
         "Write": s.WriteRequest(segment=fuzz, writer_epoch=1,
                                 entries=[entry(1, 1, b"fuzz")], request_id=1),
+        "Seal": s.SealRequest(segment=fuzz, new_epoch=FUZZ_EPOCH),
         "Read": s.ReadRequest(segment=fuzz, from_index=1),
         "Subscribe": s.SubscribeRequest(start=s.SubscribeStart(segment=fuzz, from_index=1)),
         "CopySegment": s.CopySegmentRequest(segment=fuzz, source_address="127.0.0.1:9",
@@ -243,8 +272,10 @@ def _templates() -> dict[str, Message]:
 # RPCs that get no mutated requests (random bytes only, and their rows): a request that
 # still parses after mutation could be a legitimate one that disturbs the run (a store
 # registered at a bogus address takes new segments; a forged heartbeat, rebalance or
-# delete moves or drops replicas). Refusing those from strangers is issue #14's grants.
-NOT_MUTATED = {"RegisterStore", "StoreHeartbeat", "Rebalance", "Delete", "Seal"}
+# delete moves or drops replicas). Refusing those from strangers takes TLS's member
+# certificates (a plaintext cluster serves loopback only).
+# A Seal is mutated: without the master's grant no bytes of one can fence anything.
+NOT_MUTATED = {"RegisterStore", "StoreHeartbeat", "Rebalance", "Delete"}
 
 
 def methods() -> list[tuple[str, Any]]:

@@ -100,7 +100,9 @@ def probe_fence(address: str, segment: entry_pb2.SegmentId, fence: int, index: i
                 if reply.status == segment_store_pb2.ACCEPTED:
                     return "accepted"
     except grpc.RpcError as error:
-        if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+        # The probe carries no grant of the master's, so a store refuses it before its
+        # fence is looked at (PERMISSION_DENIED): refused all the same, nothing written.
+        if error.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
             return "refused"
         return f"{error.code().name}: {error.details()}"
     return "no answer"

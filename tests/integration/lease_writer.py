@@ -26,6 +26,7 @@ def main(master: str, stream: str, client_id: str) -> int:
     channel = grpc.insecure_channel(master)
     stub = master_pb2_grpc.MasterStub(channel)
     epoch = 0
+    grant = b""  # the master's signed grant of `epoch`
     last: tuple[int, int] | None = None
     interval_s = 0.1
     while not stop.is_set():
@@ -40,6 +41,7 @@ def main(master: str, stream: str, client_id: str) -> int:
             stop.wait(interval_s)
             continue
         epoch = reply.epoch if reply.role == master_pb2.LEADER else 0
+        grant = reply.grant
         interval_s = reply.lease_ms / HEARTBEATS_PER_LEASE / 1000
         if (reply.role, epoch) != last:
             last = (reply.role, epoch)
@@ -49,7 +51,9 @@ def main(master: str, stream: str, client_id: str) -> int:
         stop.wait(interval_s)
     if epoch:
         stub.ReleaseLease(
-            master_pb2.ReleaseLeaseRequest(stream=stream, client_id=client_id, epoch=epoch),
+            master_pb2.ReleaseLeaseRequest(
+                stream=stream, client_id=client_id, epoch=epoch, grant=grant
+            ),
             timeout=2.0,
         )
     channel.close()

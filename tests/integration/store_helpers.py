@@ -1,4 +1,10 @@
-"""Talking to a real store process in tests: entries, write streams, subscriptions."""
+"""Talking to a real store process in tests: entries, write streams, subscriptions.
+
+A store run without a master (`lone_store`, `lone_store_process`) trusts `TEST_KEY`
+(`--trust-signing-key`): the tests sign the grants its writes and seals need
+(`granted`), as a master would. `write_all` shows each Write stream the grant of every
+(stream, epoch) it writes under once, and `seal_request` carries one.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +17,60 @@ import grpc
 
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.limits import REPLICAS_MAX
+from streamengine.protocol.signing import SigningKey
 from streamengine.tools.harness import ServerProcess, make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 # A master address nothing listens on: the store must serve without its master.
 NO_MASTER = "127.0.0.1:1"
 
+# Signs the grants of stores run without a master (fixed: a failure replays).
+TEST_KEY = SigningKey(bytes(range(7, 39)))
+TEST_SIGNER = GrantSigner(TEST_KEY)
+# Every store a test starts is `store<N>`: the grants list them all.
+TEST_COPY_SET = tuple(f"store{number}" for number in range(REPLICAS_MAX))
+TEST_TENANT = "t"
+
+
+def trust_args(root: Path) -> list[str]:
+    """Flags making a store trust `TEST_KEY`."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "test-signing-key.pub"
+    path.write_text(TEST_KEY.public_key.hex() + "\n")
+    return ["--trust-signing-key", str(path)]
+
+
+def lone_store_process(
+    root: Path, number: int = 0, extra_args: list[str] | None = None
+) -> ServerProcess:
+    """A store without a master that takes the tests' grants (not started)."""
+    return make_store(root, number, NO_MASTER, extra_args=[*trust_args(root), *(extra_args or [])])
+
 
 @contextmanager
 def lone_store(root: Path, extra_args: list[str] | None = None) -> Iterator[ServerProcess]:
-    store = make_store(root, 0, NO_MASTER, extra_args=extra_args)
+    store = lone_store_process(root, 0, extra_args)
     try:
         yield store.start()
     finally:
         store.kill()
+
+
+def granted(segment: entry_pb2.SegmentId, epoch: int) -> bytes:
+    """A grant of `epoch` for `segment`'s stream, listing the segment on every test store."""
+    listed = (GrantSegment(segment.epoch, TEST_COPY_SET),)
+    grant = Grant(segment.stream_id, epoch, TEST_TENANT, "test-writer", listed)
+    return TEST_SIGNER.sign(grant)
+
+
+def seal_request(segment: entry_pb2.SegmentId, new_epoch: int) -> segment_store_pb2.SealRequest:
+    """A seal under the grant of `new_epoch` (none when the request is malformed)."""
+    valid = segment.stream_id > 0 and 0 < segment.epoch <= new_epoch < 1 << 31
+    return segment_store_pb2.SealRequest(
+        segment=segment, new_epoch=new_epoch, grant=granted(segment, new_epoch) if valid else b""
+    )
 
 
 def seg(stream_id: int = 7, epoch: int = 3) -> entry_pb2.SegmentId:
@@ -60,6 +106,7 @@ def write_request(
     batch: Iterable[entry_pb2.Entry],
     request_id: int = 0,
     report_held: bool = False,
+    grant: bytes = b"",
 ) -> segment_store_pb2.WriteRequest:
     return segment_store_pb2.WriteRequest(
         segment=segment,
@@ -68,6 +115,7 @@ def write_request(
         entries=list(batch),
         request_id=request_id,
         report_held=report_held,
+        grant=grant,
     )
 
 
@@ -77,14 +125,29 @@ async def store_stub(address: str) -> AsyncIterator[segment_store_pb2_grpc.Segme
         yield segment_store_pb2_grpc.SegmentStoreStub(channel)
 
 
+def with_grants(
+    requests: Iterable[segment_store_pb2.WriteRequest],
+) -> Iterator[segment_store_pb2.WriteRequest]:
+    """The requests of one Write stream, the first of each (stream, writer epoch) with
+    its grant (as a leader sends them), unless it carries one already."""
+    shown: set[tuple[int, int]] = set()
+    for request in requests:
+        key = (request.segment.stream_id, request.writer_epoch)
+        valid = key[0] > 0 and 0 < request.segment.epoch <= key[1] < 1 << 31
+        if key not in shown and valid and not request.grant:
+            request.grant = granted(request.segment, request.writer_epoch)
+        shown.add(key)
+        yield request
+
+
 async def write_all(
     stub: segment_store_pb2_grpc.SegmentStoreAsyncStub,
     requests: list[segment_store_pb2.WriteRequest],
 ) -> list[segment_store_pb2.WriteReply]:
-    """Send every request on one Write stream; the replies, in order."""
+    """Send every request on one Write stream (`with_grants`); the replies, in order."""
 
     async def produce() -> AsyncIterator[segment_store_pb2.WriteRequest]:
-        for request in requests:
+        for request in with_grants(requests):
             yield request
 
     call = stub.Write(produce())

@@ -13,6 +13,9 @@ from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 STREAM = "acme/orders"
 Code = grpc.StatusCode
+# The grants the fixture's leader w1 got, by epoch: requests below name them as
+# `b"grant:EPOCH"`, and `with_grant` puts the real one in before sending.
+GRANTS: dict[int, bytes] = {}
 P = entry_pb2.ReplicationPolicy
 m = master_pb2
 
@@ -39,7 +42,13 @@ def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
                 reply = stub.WriterHeartbeat(
                     m.WriterHeartbeatRequest(stream=STREAM, client_id="w1")
                 )
-            stub.RollSegment(m.RollSegmentRequest(stream=STREAM, client_id="w1", epoch=reply.epoch))
+            GRANTS[reply.epoch] = reply.grant
+            rolled = stub.RollSegment(
+                m.RollSegmentRequest(
+                    stream=STREAM, client_id="w1", epoch=reply.epoch, grant=reply.grant
+                )
+            )
+            GRANTS[rolled.epoch] = rolled.grant
         yield process
     finally:
         process.kill()
@@ -129,34 +138,88 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
         Code.INVALID_ARGUMENT,
     ),
     (
-        "roll by a non-leader",
+        "roll by a non-leader, with the leader's grant",
         "RollSegment",
-        m.RollSegmentRequest(stream=STREAM, client_id="w9", epoch=2),
+        m.RollSegmentRequest(stream=STREAM, client_id="w9", epoch=2, grant=b"grant:2"),
+        Code.PERMISSION_DENIED,
+    ),
+    (
+        "roll by the leader of an old epoch",
+        "RollSegment",
+        m.RollSegmentRequest(stream=STREAM, client_id="w1", epoch=1, grant=b"grant:1"),
         Code.FAILED_PRECONDITION,
+    ),
+    (
+        "roll without a grant",
+        "RollSegment",
+        m.RollSegmentRequest(stream=STREAM, client_id="w1", epoch=2),
+        Code.PERMISSION_DENIED,
     ),
     (
         "seal with a stale epoch",
         "SealSegment",
-        m.SealSegmentRequest(stream=STREAM, segment_epoch=2, writer_epoch=2, final_index=3),
+        m.SealSegmentRequest(
+            stream=STREAM,
+            segment_epoch=2,
+            writer_epoch=2,
+            final_index=3,
+            client_id="w1",
+            grant=b"grant:2",
+        ),
         Code.FAILED_PRECONDITION,
     ),
     (
-        "seal with an epoch never granted",
+        "seal with an epoch never granted (so under no grant of it)",
         "SealSegment",
-        m.SealSegmentRequest(stream=STREAM, segment_epoch=1, writer_epoch=9, final_index=3),
-        Code.FAILED_PRECONDITION,
+        m.SealSegmentRequest(
+            stream=STREAM,
+            segment_epoch=1,
+            writer_epoch=9,
+            final_index=3,
+            client_id="w1",
+            grant=b"grant:2",
+        ),
+        Code.PERMISSION_DENIED,
     ),
     (
         "seal at index 0",
         "SealSegment",
-        m.SealSegmentRequest(stream=STREAM, segment_epoch=1, writer_epoch=2, final_index=0),
+        m.SealSegmentRequest(
+            stream=STREAM,
+            segment_epoch=1,
+            writer_epoch=2,
+            final_index=0,
+            client_id="w1",
+            grant=b"grant:2",
+        ),
         Code.INVALID_ARGUMENT,
     ),
     (
-        "seal an unknown segment",
+        "seal a segment the grant does not list",
         "SealSegment",
-        m.SealSegmentRequest(stream=STREAM, segment_epoch=7, writer_epoch=2, final_index=3),
-        Code.NOT_FOUND,
+        m.SealSegmentRequest(
+            stream=STREAM,
+            segment_epoch=7,
+            writer_epoch=2,
+            final_index=3,
+            client_id="w1",
+            grant=b"grant:2",
+        ),
+        Code.PERMISSION_DENIED,
+    ),
+    (
+        "seal without a grant, at the largest epoch",
+        "SealSegment",
+        m.SealSegmentRequest(
+            stream=STREAM, segment_epoch=1, writer_epoch=(1 << 31) - 1, final_index=3
+        ),
+        Code.PERMISSION_DENIED,
+    ),
+    (
+        "release with the leader's published id and no grant",
+        "ReleaseLease",
+        m.ReleaseLeaseRequest(stream=STREAM, client_id="w1", epoch=2),
+        Code.PERMISSION_DENIED,
     ),
     (
         "segments of an unknown stream",
@@ -180,13 +243,24 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
 ]
 
 
+def with_grant(request: Any) -> Any:
+    """`request` with the fixture's grant it names (`b"grant:EPOCH"`), if any."""
+    named = getattr(request, "grant", b"")
+    if not named.startswith(b"grant:"):
+        return request
+    filled = type(request)()
+    filled.CopyFrom(request)
+    filled.grant = GRANTS[int(named.removeprefix(b"grant:"))]
+    return filled
+
+
 @pytest.mark.parametrize(("case", "method", "request_", "code"), BAD, ids=[b[0] for b in BAD])
 def test_bad_input_changes_nothing(master: ServerProcess, case, method, request_, code) -> None:
     with grpc.insecure_channel(master.address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         before = snapshot(stub)
         with pytest.raises(grpc.RpcError) as raised:
-            getattr(stub, method)(request_, timeout=5)
+            getattr(stub, method)(with_grant(request_), timeout=5)
         assert raised.value.code() == code, f"{case}: {raised.value.details()}"
         assert raised.value.details(), "a clear message"
         assert snapshot(stub) == before, case
@@ -195,7 +269,14 @@ def test_bad_input_changes_nothing(master: ServerProcess, case, method, request_
 def test_seal_contradiction_is_aborted_and_repeat_is_idempotent(master: ServerProcess) -> None:
     with grpc.insecure_channel(master.address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
-        seal = m.SealSegmentRequest(stream=STREAM, segment_epoch=1, writer_epoch=2, final_index=4)
+        seal = m.SealSegmentRequest(
+            stream=STREAM,
+            segment_epoch=1,
+            writer_epoch=2,
+            final_index=4,
+            client_id="w1",
+            grant=GRANTS[2],
+        )
         first = stub.SealSegment(seal)
         assert first.state == entry_pb2.SEALED and first.final_index == 4
         assert stub.SealSegment(seal) == first

@@ -17,13 +17,14 @@ import pytest
 
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind
-from streamengine.tools.harness import make_store, wait_until
+from streamengine.tools.harness import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
-    NO_MASTER,
     entries,
     entry,
+    lone_store_process,
     read_all,
+    seal_request,
     seg,
     state,
     store_stub,
@@ -71,7 +72,7 @@ async def _sealed_source(stub: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> 
             write_request(segment, 4, FINAL, [entry(FINAL, 4, kind=EntryKind.BRIDGE)]),
         ],
     )
-    await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=SOURCE_FENCE))
+    await stub.Seal(seal_request(segment, SOURCE_FENCE))
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["refill-in-place", "new-store"])
@@ -79,8 +80,8 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
     tmp_path: Path, in_place: bool
 ) -> None:
     segment = seg(601, 3)
-    source = make_store(tmp_path, 1, NO_MASTER)
-    target = make_store(tmp_path, 2, NO_MASTER)
+    source = lone_store_process(tmp_path, 1)
+    target = lone_store_process(tmp_path, 2)
     relay_server = grpc.aio.server(options=CLIENT_OPTIONS)
     try:
         source.start(wait=False)
@@ -147,8 +148,8 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
     """The target keeps a higher-epoch copy the source lacks: the digests differ, the
     copy is refused, and its acked index is not raised over it."""
     segment = seg(602, 3)
-    source = make_store(tmp_path, 1, NO_MASTER)
-    target = make_store(tmp_path, 2, NO_MASTER)
+    source = lone_store_process(tmp_path, 1)
+    target = lone_store_process(tmp_path, 2)
     try:
         source.start(wait=False)
         target.start()
@@ -165,7 +166,7 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
                     write_request(segment, 4, 11, [bridge]),
                 ],
             )
-            await source_stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+            await source_stub.Seal(seal_request(segment, 4))
             await write_all(target_stub, [write_request(segment, 5, 0, [entry(5, 5, b"other")])])
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await target_stub.CopySegment(

@@ -16,6 +16,7 @@ from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     entry,
+    granted,
     lone_store,
     read_all,
     seg,
@@ -41,7 +42,12 @@ async def test_sigkill_mid_stream_keeps_every_answered_write_and_nothing_half_wr
                 for number in range(10_000):
                     first = number * BATCH + 1
                     yield write_request(
-                        segment, 3, first - 1, entries(first, first + BATCH - 1), number
+                        segment,
+                        3,
+                        first - 1,
+                        entries(first, first + BATCH - 1),
+                        number,
+                        grant=granted(segment, 3) if number == 0 else b"",
                     )
 
             call = stub.Write(requests())
@@ -112,6 +118,7 @@ async def test_back_pressure_keeps_memory_bounded_while_clients_flood(tmp_path: 
                         0,
                         [entry(i, 1, payload) for i in range(first, first + per_batch)],
                         number,
+                        grant=granted(segment, 1) if number == 0 else b"",
                     )
 
             async with store_stub(store.address) as stub:

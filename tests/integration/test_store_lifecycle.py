@@ -16,21 +16,22 @@ from streamengine.protocol.entry import EntryKind
 from streamengine.tools.harness import (
     ServerProcess,
     free_port,
-    make_store,
     running_cluster,
     wait_for,
     wait_until,
 )
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from tests.integration.store_helpers import (
-    NO_MASTER,
     entries,
     entry,
     lone_store,
+    lone_store_process,
     read_all,
+    seal_request,
     seg,
     state,
     store_stub,
+    trust_args,
     write_all,
     write_request,
 )
@@ -44,7 +45,7 @@ async def test_sigterm_stops_gracefully_and_a_restart_keeps_every_segments_state
         async with store_stub(store.address) as stub:
             await write_all(stub, [write_request(segment, 3, 3, entries(1, 4))])
             await write_all(stub, [write_request(segment, 3, 3, entries(6, 7))])
-            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+            await stub.Seal(seal_request(segment, 5))
             before = await state(stub, segment)
         assert store.terminate() == 0
         store.start()
@@ -55,7 +56,7 @@ async def test_sigterm_stops_gracefully_and_a_restart_keeps_every_segments_state
 
 
 def test_a_generated_store_id_is_kept_in_the_data_dir(tmp_path: Path) -> None:
-    store = make_store(tmp_path, 0, NO_MASTER)
+    store = lone_store_process(tmp_path, 0)
     at = store.args.index("--id")
     del store.args[at : at + 2]
     try:
@@ -119,8 +120,8 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
     tmp_path: Path,
 ) -> None:
     segment = seg(503, 3)
-    source = make_store(tmp_path, 1, NO_MASTER)
-    target = make_store(tmp_path, 2, NO_MASTER)
+    source = lone_store_process(tmp_path, 1)
+    target = lone_store_process(tmp_path, 2)
     try:
         source.start(wait=False)
         target.start()
@@ -136,14 +137,14 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
                     write_request(segment, 4, 301, entries(302, 303)),  # stale, past the bridge
                 ],
             )
-            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+            await stub.Seal(seal_request(segment, 4))
             expected = await stub.Digest(
                 segment_store_pb2.DigestRequest(segment=segment, up_to_index=301)
             )
             source_entries = await read_all(stub, segment, 1, 301)
         async with store_stub(target.address) as stub:
             # A partial copy of an older epoch on the target is overwritten in place.
-            await write_all(stub, [write_request(segment, 2, 0, [entry(5, 2, b"stale")])])
+            await write_all(stub, [write_request(segment, 3, 0, [entry(5, 2, b"stale")])])
             copied = await stub.CopySegment(
                 segment_store_pb2.CopySegmentRequest(
                     segment=segment, source_address=source.address, final_index=301, fence=4
@@ -228,7 +229,10 @@ async def _lead(master: master_pb2_grpc.MasterAsyncStub, name: str) -> entry_pb2
 async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
     tmp_path: Path,
 ) -> None:
-    with running_cluster(tmp_path, stores=1, master_args=["--lease-ms", "300"]) as cluster:
+    # The store also trusts the tests' key: they write a segment the master never gave out.
+    with running_cluster(
+        tmp_path, stores=1, master_args=["--lease-ms", "300"], store_args=trust_args(tmp_path)
+    ) as cluster:
         async with grpc.aio.insecure_channel(cluster.master_address) as channel:
             master = master_pb2_grpc.MasterStub(channel)
             await master.CreateStream(
@@ -268,9 +272,9 @@ def test_a_second_store_on_a_taken_port_or_data_dir_exits_1_with_one_line(
     tmp_path: Path,
 ) -> None:
     with lone_store(tmp_path) as first:
-        same_port = make_store(tmp_path, 1, NO_MASTER)
+        same_port = lone_store_process(tmp_path, 1)
         same_port.args[same_port.args.index("--listen") + 1] = first.address
-        same_data = make_store(tmp_path, 2, NO_MASTER)
+        same_data = lone_store_process(tmp_path, 2)
         same_data.args[same_data.args.index("--data") + 1] = str(tmp_path / "store0")
         for second, expected in ((same_port, "cannot listen"), (same_data, "cannot open")):
             second.start(wait=False)

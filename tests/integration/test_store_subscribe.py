@@ -20,6 +20,7 @@ from tests.integration.store_helpers import (
     entry,
     lone_store,
     next_reply,
+    seal_request,
     seg,
     store_stub,
     subscribe_start,
@@ -80,7 +81,7 @@ async def test_subscribe_sends_the_position_first_then_acked_entries_with_tokens
         assert seen == [3, 4, 5] and tokens[-1] == 5
         # Sealed with a bridge while no entries flow: a new position says so.
         await write_all(stub, [write_request(segment, 3, 6, [entry(6, kind=EntryKind.BRIDGE)])])
-        await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+        await stub.Seal(seal_request(segment, 4))
         while True:
             reply = await next_reply(call)
             if reply.WhichOneof("message") == "position" and reply.position.fence == 4:

@@ -24,6 +24,7 @@ from tests.integration.store_helpers import (
     entry,
     lone_store,
     read_all,
+    seal_request,
     seg,
     state,
     store_stub,
@@ -46,7 +47,7 @@ async def test_a_write_below_the_fence_fails_precondition_with_the_fence(
     segment = seg(101, 3)
     async with store_stub(store.address) as stub:
         await write_all(stub, [write_request(segment, 3, 0, entries(1, 2))])
-        sealed = await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+        sealed = await stub.Seal(seal_request(segment, 5))
         assert (sealed.fence, sealed.matched_index, sealed.last_index) == (5, 2, 2)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await write_all(stub, [write_request(segment, 4, 2, entries(3, 4, epoch=4))])
@@ -62,10 +63,10 @@ async def test_a_write_below_the_fence_fails_precondition_with_the_fence(
         )
         # A lower seal is refused too, and the fence stays.
         with pytest.raises(grpc.aio.AioRpcError) as lower:
-            await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+            await stub.Seal(seal_request(segment, 4))
         assert lower.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert fence_of(lower.value) == 5
-        again = await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=5))
+        again = await stub.Seal(seal_request(segment, 5))
         assert again.fence == 5
 
 
@@ -132,7 +133,7 @@ async def test_seal_read_digest_and_delete(store: ServerProcess) -> None:
         assert (current.acked_index, current.bridge_index) == (2, 0)
         await write_all(stub, [write_request(segment, 3, 4, [])])
         assert (await state(stub, segment)).bridge_index == 4
-        sealed = await stub.Seal(segment_store_pb2.SealRequest(segment=segment, new_epoch=4))
+        sealed = await stub.Seal(seal_request(segment, 4))
         assert (sealed.fence, sealed.acked_index, sealed.matched_index, sealed.last_index) == (
             4,
             4,
@@ -208,8 +209,8 @@ async def test_other_malformed_requests_get_clear_statuses(store: ServerProcess)
     async with store_stub(store.address) as stub:
         unknown = seg(106, 3)
         cases: list[tuple[Awaitable[object], str]] = [
-            (stub.Seal(segment_store_pb2.SealRequest(segment=unknown, new_epoch=0)), "INVALID"),
-            (stub.Seal(segment_store_pb2.SealRequest(segment=seg(0, 0), new_epoch=3)), "INVALID"),
+            (stub.Seal(seal_request(unknown, 0)), "INVALID"),
+            (stub.Seal(seal_request(seg(0, 0), 3)), "INVALID"),
             (
                 stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(segment=unknown)),
                 "NOT_FOUND",

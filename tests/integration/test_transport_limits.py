@@ -15,7 +15,15 @@ from streamengine.client.stream_client import StreamClient
 from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.tools.harness import free_port, metric_value, running_cluster, wait_until
 from streamengine.v1 import segment_store_pb2
-from tests.integration.store_helpers import entry, lone_store, seg, state, store_stub, write_request
+from tests.integration.store_helpers import (
+    entry,
+    granted,
+    lone_store,
+    seg,
+    state,
+    store_stub,
+    write_request,
+)
 
 IDLE_MS = 400
 IDLE_CLOSED = "streamengine_store_write_streams_idle_closed_total"
@@ -57,7 +65,7 @@ async def test_an_abandoned_write_stream_is_closed_after_the_idle_timeout(
             never = asyncio.Event()
 
             async def one_then_silence() -> AsyncIterator[segment_store_pb2.WriteRequest]:
-                yield write_request(seg(), 3, 0, [entry(1)])
+                yield write_request(seg(), 3, 0, [entry(1)], grant=granted(seg(), 3))
                 await never.wait()
 
             call = stub.Write(one_then_silence())

@@ -35,6 +35,7 @@ from streamengine.protocol.sequence import unpack_sequence
 from streamengine.tools.harness import Cluster, wait_until
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from tests.integration.authority_helpers import signed_grant
 
 COUNT = 20_000
 
@@ -298,7 +299,11 @@ async def test_a_store_fenced_above_the_writer_ends_its_leadership(cluster: Clus
         async with client.writer("acme/fence", leadership_timeout_s=10) as writer:
             await writer.append_batch([b"a", b"b"])
             # What a later leader's seal does: two stores of three, so no append of this
-            # writer can reach a quorum any more.
+            # writer can reach a quorum any more (under the grant the master would give).
+            stores = [store.name for store in cluster.stores]
+            later = signed_grant(
+                cluster, info.stream_id, writer.epoch + 1, {writer.epoch: stores}, "acme"
+            )
             for store in cluster.stores[:2]:
                 async with grpc.aio.insecure_channel(store.address, options=CLIENT_OPTIONS) as ch:
                     sealed = await store_grpc.SegmentStoreStub(ch).Seal(
@@ -307,6 +312,7 @@ async def test_a_store_fenced_above_the_writer_ends_its_leadership(cluster: Clus
                                 stream_id=info.stream_id, epoch=writer.epoch
                             ),
                             new_epoch=writer.epoch + 1,
+                            grant=later,
                         ),
                         timeout=5,
                     )

@@ -20,4 +20,19 @@ core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a
 business like any other. A recovery's retransmits, lost stores and probes are
 `SegmentRecovery`'s own decisions, on its `SIMULATED_TIMING` profile; `--no-probe` makes
 `RecoveryRun` drop the probes.
+
+Authority runs as it ships: the master signs every grant it answers with
+(`master.authority.grant_of`, `protocol.grants`) with a key drawn from the seed, the
+writers carry them as `Replicator`, `Leader` and `SegmentRecovery` hand them over, the
+stores check them with the real `segment_store.authority` (verifying Ed25519 signatures
+once per grant), and the master checks holders with `master.authority.check_holder`.
+The world injects seals at the last epoch without a grant, under a forged one and under
+a grant of another epoch, and unheld SealSegment, ReleaseLease and RollSegment calls;
+invariant 11 checks every store change against the grants the master gave.
+
+Certificates: the writers seal with them, the stores scrub their sealed replicas with
+the real `segment_store.scrub` schedule and scan and report with their heartbeats, the
+master judges the reports (`master.integrity`), and followers check what they read
+chunk by chunk; invariant 12 holds every recorded certificate to the replicas at the
+bridge. With `SimConfig.rot`, copies of sealed segments are forged at rest.
 """

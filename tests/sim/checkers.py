@@ -21,9 +21,15 @@ every step and a failure names the step that broke the rule:
    after its writer loses leadership, and, while its writer runs and leads, within the
    append timeout and that much: no append hangs, even for a
    leader that no master and too few stores answer.
-11. certificates: a sealed segment's certificate, once recorded (by its writer with the
-   seal, or by W agreeing replicas), never changes and is what every replica that
-   reached the bridge holds; a replica is condemned only when it differs from it.
+11. authority: a store writes or seals a segment only under a grant the master issued
+    (of the writer's epoch, listing the segment and the store), and never refuses a
+    writer the grant the master issued it (checked against the grants the master gave,
+    not by verifying signatures again). Numbered as in docs/design.md, whose 8 to 10
+    the simulator checks within the others.
+12. certificates: a sealed segment's certificate, once recorded (by its writer with the
+    seal, or by W agreeing replicas), never changes and is what every replica that
+    reached the bridge holds; a replica is condemned only when it differs from it, and
+    a reader reports only a replica that does.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from streamengine.master.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
@@ -47,7 +54,8 @@ INVARIANTS = {
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
     7: "every append ends within a bound (its timeout, or its writer losing leadership)",
-    11: "a sealed segment's certificate is what its replicas at the bridge hold",
+    11: "stores change segments only under the master's grants, and take every one",
+    12: "a sealed segment's certificate is what its replicas at the bridge hold",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -102,6 +110,9 @@ class Checker:
         # clock), oldest first.
         self.open_appends: dict[str, dict[bytes, int]] = {}
         self.leadership_ended_at: dict[str, int] = {}
+        # Invariant 11: every grant the master gave, by epoch (renewals may list fewer
+        # unsealed segments than the first answer of an epoch did).
+        self.grants: dict[int, list[Grant]] = {}
 
     # ---- invariant 2 (and 4) on stores ----
 
@@ -246,7 +257,7 @@ class Checker:
                 raise Violation(4, f"store {store}: a BRIDGE at {e.index} below {final}")
             self._agree(f"sealed replica {store}", segment.epoch, e.index, e.kind, e.payload)
 
-    # ---- invariant 11 ----
+    # ---- invariant 12 ----
 
     def certificate_recorded(
         self, segment: SegmentKey, certificate: Certificate, stores: dict[str, SegmentStoreCore]
@@ -256,7 +267,7 @@ class Checker:
         known = self.certificates.setdefault(segment, certificate)
         if known != certificate:
             raise Violation(
-                11,
+                12,
                 f"segment {segment.epoch}: certificate {certificate.describe()} replaced "
                 f"{known.describe()}",
             )
@@ -269,7 +280,7 @@ class Checker:
                 held = core.certify(segment, certificate.final_index).certificate
                 if held != certificate:
                     raise Violation(
-                        11,
+                        12,
                         f"store {name}: segment {segment.epoch} at its bridge differs "
                         f"from its certificate {certificate.describe()}",
                     )
@@ -289,7 +300,7 @@ class Checker:
         held = core.certify(segment, certificate.final_index).certificate
         if held == certificate:
             raise Violation(
-                11,
+                12,
                 f"store {store}: segment {segment.epoch} condemned though it holds its "
                 f"certificate {certificate.describe()}",
             )
@@ -299,7 +310,7 @@ class Checker:
         certificate: only a forged one may."""
         if (store, segment) not in self.rotted:
             raise Violation(
-                11, f"{reader}: {store} reported for segment {segment.epoch}: {problem}"
+                12, f"{reader}: {store} reported for segment {segment.epoch}: {problem}"
             )
 
     # ---- invariant 5 ----
@@ -316,6 +327,38 @@ class Checker:
         for record in state.streams.values():
             if record.epoch < self.epoch_seen:
                 raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+
+    # ---- invariant 11 ----
+
+    def grant_issued(self, grant: Grant) -> None:
+        issued = self.grants.setdefault(grant.epoch, [])
+        if grant not in issued:
+            issued.append(grant)
+
+    def _issued_for(self, store: str, segment: SegmentKey, epoch: int) -> bool:
+        return any(
+            grant.stream_id == segment.stream_id
+            and (listed := grant.segment(segment.epoch)) is not None
+            and store in listed.copy_set
+            for grant in self.grants.get(epoch, ())
+        )
+
+    def change_granted(self, store: str, segment: SegmentKey, epoch: int) -> None:
+        """`store` accepted a write or seal of `segment` under `epoch`."""
+        self.checks += 1
+        if not self._issued_for(store, segment, epoch):
+            raise Violation(
+                11,
+                f"store {store} changed segment {segment.epoch} under epoch {epoch}: the "
+                "master granted no such thing",
+            )
+
+    def grant_refused(self, store: str, segment: SegmentKey, epoch: int, why: str) -> None:
+        """`store` refused a writer's write or seal of `segment` under `epoch`."""
+        if self._issued_for(store, segment, epoch):
+            raise Violation(
+                11, f"store {store} refused the grant of epoch {epoch} for {segment}: {why}"
+            )
 
     # ---- invariant 7 ----
 

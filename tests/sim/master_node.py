@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -14,13 +15,14 @@ from streamengine.client.core.leader import (
 from streamengine.client.core.replicator import (
     SegmentRef,
 )
-from streamengine.master import integrity, repair
+from streamengine.master import authority, integrity, repair
 from streamengine.master.catalog import Catalog
 from streamengine.master.errors import MasterError, SealConflict
 from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.model import SegmentRecord
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.store import DigestInfo, SegmentKey, SegmentStateInfo
 from tests.sim import messages as m
 from tests.sim.network import Message
@@ -39,6 +41,12 @@ def grant_of(record: SegmentRecord) -> SegmentGrant:
         SegmentRef(record.stream_id, record.epoch, record.stream),
         tuple(Replica(store, f"{store}:1") for store in record.copy_set),
     )
+
+
+def sim_signing_key(seed: int) -> SigningKey:
+    """The master's key of a run: from the seed, so a run replays, and without drawing
+    from the run's random source (which would change every later draw)."""
+    return SigningKey(hashlib.sha256(b"simulated master key %d" % seed).digest())
 
 
 class MasterNode(Node):
@@ -64,7 +72,13 @@ class MasterNode(Node):
 
     def _load(self) -> MasterState:
         cfg = self.world.config
-        return MasterState(self.catalog, self.world.now, cfg.lease_ms, cfg.store_timeout_ms)
+        return MasterState(
+            self.catalog,
+            self.world.now,
+            cfg.lease_ms,
+            cfg.store_timeout_ms,
+            make_signing_key=lambda: sim_signing_key(cfg.seed),
+        )
 
     def restart(self) -> None:
         super().restart()
@@ -114,19 +128,43 @@ class MasterNode(Node):
             return self._view(view, before, request.client_id)
         if isinstance(request, m.RollSegment):
             # Ready for the leader's roll: a shell action for it maps here.
+            self._holder(request.stream, request.grant, request.epoch, request.client_id)
             before = state.leases[request.stream].epoch
             view = state.roll_segment(
                 request.stream, request.client_id, request.epoch, request.exclude, now
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.ReleaseLease):
+            self._holder(request.stream, request.grant, request.epoch, request.client_id)
             return state.release_lease(request.stream, request.client_id, request.epoch, now)
         if isinstance(request, m.SealSegment):
+            self._holder(
+                request.stream,
+                request.grant,
+                request.writer_epoch,
+                request.client_id,
+                request.segment_epoch,
+            )
             return self._seal(request)
         if isinstance(request, m.ListSegments):
             _, segments = state.list_segments(request.stream, 0)
             return tuple(segments)
         raise AssertionError(f"unknown request {request!r}")
+
+    def _holder(
+        self,
+        stream: str,
+        signed: bytes,
+        epoch: int,
+        client_id: str,
+        segment_epoch: int | None = None,
+    ) -> None:
+        """As the master's service: only the holder of the epoch, by its grant (the
+        simulated callers are never cluster admins)."""
+        record = self.state.stream(stream)
+        authority.check_holder(
+            self.state.verifier, signed, False, record, epoch, client_id, segment_epoch
+        )
 
     def _view(self, view: WriterView, before: int, client_id: str) -> HeartbeatAnswered:
         """The reply to a heartbeat or a roll, as the master's service builds it."""
@@ -137,6 +175,11 @@ class MasterNode(Node):
         if granted:
             self.world.note(f"master grants epoch {granted} to {client_id}")
         record = view.stream
+        signed = b""
+        if view.leads:
+            grant = view.grant()
+            self.world.checker.grant_issued(grant)
+            signed = self.state.grant_signer.sign(grant)
         return HeartbeatAnswered(
             sent_at_ms=0,
             leader=view.leads,
@@ -150,6 +193,7 @@ class MasterNode(Node):
             roll_reason=view.roll_reason,
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
+            grant=signed,
         )
 
     def _seal(self, request: m.SealSegment) -> object:
@@ -255,8 +299,14 @@ class _RepairRun:
         elif isinstance(action, repair.CopyToTarget):
             self.state.begin_copy(action.target, self.task.segment)
             self.copying = True
+            tenant = authority.stream_tenant(self.state.stream_name(self.segment.stream_id))
             request = m.CopySegment(
-                self.segment, action.source, action.final_index, action.fence, action.certificate
+                self.segment,
+                action.source,
+                action.final_index,
+                action.fence,
+                tenant,
+                action.certificate,
             )
             self._call(action.target, request, self._on_copied)
         elif isinstance(action, repair.AskDigests):

@@ -4,7 +4,7 @@ the wire protocol has one message pair per RPC. Short `__str__`s keep traces rea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamengine.master.model import Held
 from streamengine.protocol.certificate import Certificate
@@ -65,6 +65,8 @@ class ReleaseLease:
     stream: str
     client_id: str
     epoch: int
+    # The master's signed grant of `epoch` (as every message acting under an epoch).
+    grant: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class RollSegment:
     client_id: str
     epoch: int
     exclude: tuple[str, ...] = ()
+    grant: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ class SealSegment:
     segment_epoch: int
     writer_epoch: int
     final_index: int
+    client_id: str = ""
+    grant: bytes = field(default=b"", repr=False)
     certificate: Certificate | None = None
 
 
@@ -128,6 +133,7 @@ class StoreHeartbeatReply:
 class Seal:
     segment: SegmentKey
     new_epoch: int
+    grant: bytes = field(default=b"", repr=False)
 
     def __str__(self) -> str:
         return f"Seal({show_segment(self.segment)}, {self.new_epoch})"
@@ -160,6 +166,7 @@ class RecoveryWrite:
     writer_epoch: int
     acked_index: int
     entries: tuple[StoredEntry, ...]
+    grant: bytes = field(default=b"", repr=False)
 
     def __str__(self) -> str:
         return (
@@ -187,6 +194,7 @@ class CopySegment:
     source: str
     final_index: int
     fence: int
+    tenant: str = ""
     certificate: Certificate | None = None
 
     def __str__(self) -> str:
@@ -215,6 +223,14 @@ class Refused:
     fence: int
 
 
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """PERMISSION_DENIED: no valid grant for what was asked (or UNAVAILABLE: none can be
+    checked yet). Nothing changed."""
+
+    reason: str
+
+
 # ---- stores: the Write stream ----
 
 
@@ -225,11 +241,14 @@ class WriteRequest:
     request_id: int
     acked_index: int
     entries: tuple[StoredEntry, ...]
+    # On the first request of a stream only (`SendWrite.grant`).
+    grant: bytes = field(default=b"", repr=False)
 
     def __str__(self) -> str:
+        grant = ", granted" if self.grant else ""
         return (
             f"Write({show_segment(self.segment)}, e{self.writer_epoch}, req {self.request_id}, "
-            f"acked {self.acked_index}, {show_entries(self.entries)})"
+            f"acked {self.acked_index}, {show_entries(self.entries)}{grant})"
         )
 
 

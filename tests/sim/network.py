@@ -10,7 +10,9 @@ traffic, as gRPC does:
 - streams (a writer's bidirectional Write stream to one store): messages arrive in the
   order sent or not at all. A lost message breaks the stream (as a TCP reset or a
   deadline would): everything still in flight on it is dropped and both ends learn it
-  after a detection delay.
+  after a detection delay. What a stream carries reaches only the process it was sent
+  to: a receiver that crashed since (a new incarnation) never gets it, as a restarted
+  process gets nothing of its predecessor's connections.
 
 A partition cuts a pair of nodes both ways; it breaks the streams between them and drops
 what is in flight between them at delivery time.
@@ -81,6 +83,8 @@ class Message:
     dst: str
     body: object
     stream: int = 0  # 0: a unary message
+    # A stream message: the receiver's incarnation when it was sent (-1: any).
+    dst_incarnation: int = -1
 
     def __str__(self) -> str:
         via = f" [stream {self.stream}]" if self.stream else ""
@@ -108,8 +112,10 @@ class Network:
         rng: random.Random,
         faults: Faults,
         deliver: Callable[[Message], None],
+        incarnation_of: Callable[[str], int] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self._incarnation_of = incarnation_of
         self.rng = rng
         self.faults = faults
         self._deliver = deliver
@@ -134,6 +140,10 @@ class Network:
     def heal(self) -> None:
         self.cuts.clear()
 
+    def _incarnation(self, node: str) -> int:
+        """`node`'s incarnation, -1 when the network is not told (any matches)."""
+        return self._incarnation_of(node) if self._incarnation_of is not None else -1
+
     # ---- unary ----
 
     def _delay(self) -> int:
@@ -155,6 +165,8 @@ class Network:
                 return
             closed = message.stream and not self.stream_open(message.stream)
             if closed and self._draining.get(message.stream) != message.src:
+                return
+            if message.stream and message.dst_incarnation != self._incarnation(message.dst):
                 return
             self._deliver(message)
 
@@ -184,7 +196,7 @@ class Network:
         now = self.scheduler.now_ms
         at = max(stream.last_delivery_ms.get(src, now), now + self._delay())
         stream.last_delivery_ms[src] = at
-        self._schedule(Message(src, dst, body, number), at - now)
+        self._schedule(Message(src, dst, body, number, self._incarnation(dst)), at - now)
 
     def break_stream(self, number: int) -> None:
         stream = self._streams.pop(number, None)

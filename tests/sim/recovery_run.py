@@ -39,6 +39,7 @@ class RecoveryRun:
         grant = action.segment
         self.segment = SegmentKey(grant.segment.stream_id, grant.segment.epoch)
         self.epoch = action.new_epoch
+        self.grant = action.grant  # the signed grant of `epoch`
         self.op = sr.SegmentRecovery(
             action.policy,
             grant.epoch,
@@ -98,6 +99,8 @@ class RecoveryRun:
                 seg.epoch,
                 self.epoch,
                 action.final_index,
+                writer.client_id,
+                self.grant,
                 action.certificate,
             )
             writer.call(MASTER, request, self._master_answered, once=False)
@@ -105,16 +108,18 @@ class RecoveryRun:
         if isinstance(action, sr.SendSeal):
             if not writer.world.probe_lost and action.store in self.op.lost():
                 return  # `--no-probe`: a lost store is never asked again
-            request = m.Seal(seg, action.new_epoch)
+            request = m.Seal(seg, action.new_epoch, self.grant)
         elif isinstance(action, sr.SendRead):
             request = m.Read(seg, action.from_index, action.to_index)
         elif isinstance(action, sr.SendRewrite):
             if self._skip_by_matched(action):
                 return
-            request = m.RecoveryWrite(seg, self.epoch, action.acked_index, action.entries)
+            request = m.RecoveryWrite(
+                seg, self.epoch, action.acked_index, action.entries, self.grant
+            )
         else:
             assert isinstance(action, sr.SendAcked)
-            request = m.RecoveryWrite(seg, self.epoch, action.acked_index, ())
+            request = m.RecoveryWrite(seg, self.epoch, action.acked_index, (), self.grant)
         store = action.store
         writer.call(store, request, lambda r: self._answered(store, action, r), once=False)
 
@@ -160,8 +165,8 @@ class RecoveryRun:
     def _event(self, store: str, action: sr.Action, result: object) -> sr.Event | None:
         if isinstance(result, m.Refused):
             return sr.RecoveryFenced(store, result.fence)
-        if isinstance(result, StoreError):
-            return None
+        if isinstance(result, StoreError | m.Denied):
+            return None  # no answer: the recovery asks again when it decides to
         if isinstance(action, sr.SendSeal):
             assert isinstance(result, SealResult)
             self.matched[store] = result.matched_index

@@ -1,4 +1,5 @@
-"""A simulated segment store: the real `SegmentStoreCore` over an in-memory KV."""
+"""A simulated segment store: the real `SegmentStoreCore` over an in-memory KV, taking
+writes and seals only under the master's grants (the real `segment_store.authority`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.model import Held
+from streamengine.protocol.auth import INSECURE
 from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.grants import Grant
 from streamengine.segment_store import copy_rules
+from streamengine.segment_store.authority import (
+    AuthorityRecord,
+    StoreAuthority,
+    WriteStreamGrants,
+)
 from streamengine.segment_store.copy import CopySourceUnavailable
 from streamengine.segment_store.kv import KVOp, MemoryKV
 from streamengine.segment_store.scrub import ScrubSchedule
@@ -18,8 +26,10 @@ from streamengine.segment_store.store import (
     CopyRefused,
     DeleteResult,
     DigestInfo,
+    KeepAuthorityCommand,
     Outcome,
     SealCommand,
+    SealResult,
     SegmentKey,
     SegmentNotFound,
     SegmentStateInfo,
@@ -29,6 +39,7 @@ from streamengine.segment_store.store import (
     WriteResult,
 )
 from tests.sim import messages as m
+from tests.sim.master_node import sim_signing_key
 from tests.sim.network import Message
 from tests.sim.subscribe import TailServer
 
@@ -48,6 +59,8 @@ SCRUB_RECHECK_MS = 1500
 COPY_BATCH_ENTRIES = 16
 # A store with fsync never: how often the system writes its dirty pages back.
 UNSYNCED_FLUSH_MS = 500
+# Write streams whose grants a store keeps before it forgets those of closed streams.
+STREAM_GRANTS_KEPT = 64
 
 
 class SyncedMemoryKV(MemoryKV):
@@ -80,11 +93,25 @@ class StoreNode(Node):
         self.fsync_never = name in world.config.fsync_never
         self.kv: MemoryKV = UnsyncedMemoryKV() if self.fsync_never else SyncedMemoryKV()
         self.core = SegmentStoreCore(self.kv)
+        # The store registered once before the run: it keeps the master's key, as a
+        # real store keeps what its registration answered (written back at once).
+        record = AuthorityRecord((sim_signing_key(world.config.seed).public_key,))
+        self.core.execute(KeepAuthorityCommand(record.encode()))
+        if isinstance(self.kv, UnsyncedMemoryKV):
+            self.kv.flush()
+        self._load_authority()
         self.tails = TailServer(self)
         self.scrub = ScrubSchedule[SegmentKey](1 << 30, world.now, SCRUB_RECHECK_MS)
         self.heartbeat()
         if self.fsync_never:
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
+
+    def _load_authority(self) -> None:
+        kept = self.core.authority_record()
+        assert kept is not None, "the master's key is kept from the store's first start"
+        self.authority = StoreAuthority(self.name, AuthorityRecord.decode(kept))
+        # Write stream number -> the grants shown on it (a restart breaks every stream).
+        self.stream_grants: dict[int, WriteStreamGrants] = {}
 
     def write_back(self) -> None:
         assert isinstance(self.kv, UnsyncedMemoryKV)
@@ -125,6 +152,7 @@ class StoreNode(Node):
         super().restart()
         self.kv.crash()  # loses nothing unless the store runs with fsync never
         self.core = SegmentStoreCore(self.kv)
+        self._load_authority()
         self.tails = TailServer(self)
         self.scrub = ScrubSchedule[SegmentKey](1 << 30, self.world.now, SCRUB_RECHECK_MS)
         self.world.checker.store_restarted(self.name, self.core, self.fsync_never)
@@ -136,16 +164,72 @@ class StoreNode(Node):
         meta = self.core.meta(segment)
         return meta.fence if meta else 0
 
+    def granted(
+        self, check: Callable[[], Grant], segment: SegmentKey, epoch: int, from_writer: bool
+    ) -> str | m.Denied:
+        """The tenant of the grant a write or seal goes under (`check`: the real
+        `authority` check), or the refusal: as the real service, before anything else."""
+        if "ignore_grant" in self.world.config.flaws:
+            return ""  # the flaw: a store that takes writes and seals without a grant
+        try:
+            return check().tenant
+        except StoreError as error:
+            if from_writer:
+                self.world.checker.grant_refused(self.name, segment, epoch, str(error))
+            return m.Denied(str(error))
+
+    def stream_grants_of(self, stream: int) -> WriteStreamGrants:
+        grants = self.stream_grants.get(stream)
+        if grants is None:
+            if len(self.stream_grants) >= STREAM_GRANTS_KEPT:
+                net = self.world.net
+                self.stream_grants = {
+                    n: g for n, g in self.stream_grants.items() if net.stream_open(n)
+                }
+            grants = self.stream_grants[stream] = WriteStreamGrants(self.authority, INSECURE)
+        return grants
+
+    def seal(
+        self, segment: SegmentKey, new_epoch: int, signed: bytes, from_writer: bool
+    ) -> SealResult | m.Refused | m.Denied:
+        """A Seal, its grant checked first (invariants 3 and 8)."""
+        tenant = self.granted(
+            lambda: self.authority.grant_for(
+                INSECURE, "SegmentStore/Seal", signed, segment, new_epoch
+            ),
+            segment,
+            new_epoch,
+            from_writer,
+        )
+        if isinstance(tenant, m.Denied):
+            return tenant
+        fence = self.fence(segment)
+        try:
+            result = self.core.seal(segment, new_epoch, tenant)
+        except StoreRefused as refused:
+            return m.Refused(refused.fence)
+        checker = self.world.checker
+        checker.write_attempted(self.name, segment, new_epoch, fence, True)
+        checker.change_granted(self.name, segment, new_epoch)
+        checker.store_changed(self.name, self.core, segment, (1, 0))
+        return result
+
     def write(
-        self, segment: SegmentKey, epoch: int, acked: int, entries: tuple[StoredEntry, ...]
+        self,
+        segment: SegmentKey,
+        epoch: int,
+        acked: int,
+        entries: tuple[StoredEntry, ...],
+        tenant: str = "",
     ) -> WriteResult | m.Refused:
-        """The store's write rule, with the checks around it (invariants 2, 3, 4)."""
+        """The store's write rule, with the checks around it (invariants 2, 3, 4); the
+        grant, when the write has one, was checked before (`granted`)."""
         fence = self.fence(segment)
         applied = epoch
         if "ignore_fence" in self.world.config.flaws and epoch < fence:
             applied = fence  # the flaw: a store that lets a stale writer through
         try:
-            result = self.core.write(segment, applied, acked, entries)
+            result = self.core.write(segment, applied, acked, entries, tenant)
         except StoreRefused as refused:
             self.world.checker.write_attempted(self.name, segment, epoch, fence, False)
             return m.Refused(refused.fence)
@@ -175,10 +259,19 @@ class StoreNode(Node):
         if isinstance(body.request, m.CopySegment):
             _SegmentCopy(self, message, body.request).start()
             return
-        self.answer(message, self._serve(body.request))
+        self.answer(message, self._serve(body.request, message.src))
 
     def _stream_write(self, message: Message, request: m.WriteRequest) -> None:
         net = self.world.net
+        grants = self.stream_grants_of(message.stream)
+        segment, epoch = request.segment, request.writer_epoch
+        tenant = self.granted(
+            lambda: grants.admit(request.grant, segment, epoch), segment, epoch, True
+        )
+        if isinstance(tenant, m.Denied):
+            # PERMISSION_DENIED ends the stream: the status is its last message.
+            net.stream_send(message.stream, self.name, message.src, tenant)
+            return
         if request.entries and self.world.rng.random() < self.world.config.busy:
             command = WriteCommand(
                 request.segment, request.writer_epoch, request.acked_index, request.entries
@@ -197,13 +290,12 @@ class StoreNode(Node):
             )
             net.stream_send(message.stream, self.name, message.src, reply)
             return
-        result = self.write(
-            request.segment, request.writer_epoch, request.acked_index, request.entries
-        )
+        result = self.write(segment, epoch, request.acked_index, request.entries, tenant)
         if isinstance(result, m.Refused):
             # FAILED_PRECONDITION ends the stream: the status is its last message.
             net.stream_send(message.stream, self.name, message.src, result)
             return
+        self.world.checker.change_granted(self.name, segment, epoch)
         first = request.entries[0].index if request.entries else 0
         last = request.entries[-1].index if request.entries else 0
         reply = m.WriteReply(
@@ -211,26 +303,28 @@ class StoreNode(Node):
         )
         net.stream_send(message.stream, self.name, message.src, reply)
 
-    def _serve(self, request: object) -> object:
+    def _serve(self, request: object, src: str) -> object:
         core = self.core
-        checker = self.world.checker
+        from_writer = src in self.world.writer_names
         try:
             if isinstance(request, m.Seal):
-                fence = self.fence(request.segment)
-                try:
-                    result = core.seal(request.segment, request.new_epoch)
-                except StoreRefused as refused:
-                    return m.Refused(refused.fence)
-                checker.write_attempted(self.name, request.segment, request.new_epoch, fence, True)
-                checker.store_changed(self.name, core, request.segment, (1, 0))
-                return result
+                return self.seal(request.segment, request.new_epoch, request.grant, from_writer)
             if isinstance(request, m.Read):
                 entries = core.read(request.segment, request.from_index, request.to_index)
                 return m.ReadReply(tuple(entries), self.fence(request.segment))
             if isinstance(request, m.RecoveryWrite):
-                return self.write(
-                    request.segment, request.writer_epoch, request.acked_index, request.entries
+                # A one-request Write stream, as the real recovery sends.
+                grants = WriteStreamGrants(self.authority, INSECURE)
+                segment, epoch = request.segment, request.writer_epoch
+                tenant = self.granted(
+                    lambda: grants.admit(request.grant, segment, epoch), segment, epoch, from_writer
                 )
+                if isinstance(tenant, m.Denied):
+                    return tenant
+                result = self.write(segment, epoch, request.acked_index, request.entries, tenant)
+                if not isinstance(result, m.Refused):
+                    self.world.checker.change_granted(self.name, segment, epoch)
+                return result
             if isinstance(request, m.GetSegmentState):
                 return core.state(request.segment)
             if isinstance(request, m.Digest):
@@ -261,6 +355,7 @@ class _SegmentCopy:
                 self.request.source,
                 self.request.final_index,
                 self.request.fence,
+                self.request.tenant,
                 self.request.certificate,
             )
         except StoreError as error:

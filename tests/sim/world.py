@@ -24,11 +24,13 @@ from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentState
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
-from streamengine.protocol.limits import LEASE_MS_DEFAULT
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.keys import SegmentMeta, entry_key
 from streamengine.segment_store.kv import Put
-from streamengine.segment_store.store import BadRequest, StoreError
+from streamengine.segment_store.store import BadRequest, SegmentKey, StoreError
 from streamengine.segment_store.store import BelowFence as StoreRefused
 from tests.sim import messages as m
 from tests.sim.checkers import Checker, Violation
@@ -47,6 +49,7 @@ FLAWS = (
     "fail_in_doubt",
     "copy_unfenced",
     "forget_pending",
+    "ignore_grant",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -221,7 +224,9 @@ class World:
         self.rng = rng
         self.trace = trace
         self.sched = Scheduler()
-        self.net = Network(self.sched, rng, config.faults, self.deliver)
+        self.net = Network(
+            self.sched, rng, config.faults, self.deliver, lambda node: self.nodes[node].incarnation
+        )
         self.checker = Checker(stream_id=1, append_timeout_ms=config.append_timeout_ms)
         self.phase = "safety"
         self._ids = 0
@@ -234,6 +239,7 @@ class World:
         self.unsupported: list[str] = []
         self.clocks = self._draw_clocks(config)
         self.store_names = [f"s{i}" for i in range(1, config.stores + 1)]
+        self.writer_names = frozenset(f"w{i}" for i in range(1, config.writers + 1))
         self.stores: dict[str, StoreNode] = {}
         self.master = MasterNode(self)
         for name in self.store_names:
@@ -508,9 +514,11 @@ class World:
         before = (store.kv.scan(b"", b"\xff" * 32), store.core.metas())
         index = meta.last_index + 1
         epoch = max(meta.fence, 1)
-        kind = self.rng.randrange(6)
+        kind = self.rng.randrange(9)
         expected: type[StoreError] = BadRequest
-        if kind == 0 and meta.fence >= 2:
+        if kind >= 6:
+            what = self._ungranted_seal(store, segment, kind)
+        elif kind == 0 and meta.fence >= 2:
             stale = meta.fence - 1
             expected = StoreRefused
             what = f"a write at stale epoch {stale} (fence {meta.fence})"
@@ -531,6 +539,25 @@ class World:
         after = (store.kv.scan(b"", b"\xff" * 32), store.core.metas())
         if after != before:
             raise Violation(6, f"store {store.name} changed after refusing {what}")
+
+    def _ungranted_seal(self, store: StoreNode, segment: SegmentKey, kind: int) -> str:
+        """A seal that would wedge the segment for good (the last epoch there is), with no
+        grant, a forged one, or a real grant of another epoch: each refused."""
+        last = EPOCH_MAX
+        listed = (GrantSegment(segment.epoch, (store.name,)),)
+        forged = Grant(segment.stream_id, last, "sim", "intruder", listed)
+        signed, what = b"", f"a seal at epoch {last} without a grant"
+        if kind == 7:
+            signed = GrantSigner(SigningKey(bytes(32))).sign(forged)
+            what = f"a seal at epoch {last} under a grant signed by another key"
+        elif kind == 8 and self.checker.grants:
+            issued = self.checker.grants[max(self.checker.grants)][0]
+            signed = self.master.state.grant_signer.sign(issued)
+            what = f"a seal at epoch {last} under the master's grant of epoch {issued.epoch}"
+        result = store.seal(segment, last, signed, from_writer=False)
+        if not isinstance(result, m.Denied):
+            raise Violation(6, f"store {store.name} did not refuse {what}: {result}")
+        return what
 
     def _malformed(self, index: int, epoch: int, kind: int) -> tuple[list[StoredEntry], str]:
         good = StoredEntry.make(index, EntryKind.EVENT, epoch, b"x")
@@ -562,7 +589,6 @@ class World:
         stream = self.config.stream
         record = state.streams[stream]
         now = self.now
-        kind = self.rng.randrange(4)
         calls: list[tuple[str, Callable[[], object]]] = [
             (
                 "a heartbeat with an epoch never granted",
@@ -575,7 +601,26 @@ class World:
             ("an unknown stream", lambda: state.writer_heartbeat("sim/nope", "x", 0, 0, 0, now)),
             ("a malformed stream name", lambda: state.list_segments("no-tenant", 0)),
         ]
-        what, call = calls[kind]
+        holder = state.leases[stream].holder or "w1.1"
+        epoch = max(record.epoch, 1)
+        other_key = GrantSigner(SigningKey(bytes(32)))
+        forged = other_key.sign(Grant(record.stream_id, epoch, "sim", holder, ()))
+        unheld: list[tuple[str, Callable[[], object]]] = [
+            (
+                "a SealSegment with the leader's published id and no grant",
+                lambda: master._serve(m.SealSegment(stream, max(epoch - 1, 1), epoch, 3, holder)),
+            ),
+            (
+                "a ReleaseLease with the leader's published id and no grant",
+                lambda: master._serve(m.ReleaseLease(stream, holder, epoch)),
+            ),
+            (
+                "a RollSegment under a forged grant",
+                lambda: master._serve(m.RollSegment(stream, holder, epoch, (), forged)),
+            ),
+        ]
+        calls += unheld
+        what, call = calls[self.rng.randrange(len(calls))]
         try:
             call()
         except MasterError:

@@ -218,6 +218,7 @@ class WriterNode(Node):
                         action.request_id,
                         action.acked_index,
                         action.entries,
+                        action.grant,
                     )
                     self.world.net.stream_send(link, self.name, action.store, request)
             elif isinstance(action, Acked):
@@ -238,7 +239,9 @@ class WriterNode(Node):
                 self._report_failed(action.sent_through)
                 self._replace_later()
             elif isinstance(action, ReleaseLeaseAction):
-                release = m.ReleaseLease(self.world.config.stream, self.client_id, action.epoch)
+                release = m.ReleaseLease(
+                    self.world.config.stream, self.client_id, action.epoch, action.grant
+                )
                 self.call(MASTER, release, lambda _: None)
             elif isinstance(action, StoreDetached):
                 self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
@@ -320,7 +323,11 @@ class WriterNode(Node):
         self.world.stats["rolls asked"] += 1
         sent_at = self.clock_ms()
         request = m.RollSegment(
-            self.world.config.stream, self.client_id, action.epoch, action.exclude_stores
+            self.world.config.stream,
+            self.client_id,
+            action.epoch,
+            action.exclude_stores,
+            action.grant,
         )
 
         def answered(result: object) -> None:
@@ -428,6 +435,10 @@ class WriterNode(Node):
             self.world.net.break_stream(message.stream)
             self.step(StoreDisconnected(store))
             self.step(FencedByStore(store, body.fence))
+        elif isinstance(body, m.Denied):
+            # As a Write stream ended by any other status: opened again after a pause.
+            self.world.net.break_stream(message.stream)
+            self._disconnected(store, message.stream)
 
     # ---- recovery ----
 

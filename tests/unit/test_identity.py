@@ -17,7 +17,7 @@ from streamengine.protocol.identity import (
     CertificateProof,
     ProofRefused,
     ServerIdentity,
-    delete_list_audience,
+    reply_audience,
 )
 from streamengine.tools import certs
 
@@ -223,13 +223,14 @@ def test_a_client_uses_client_root_only_without_a_token(cluster: certs.LocalCert
     assert not transport.Transport.for_client(cluster.tenant_dir).cert_pem
 
 
-def test_a_delete_list_counts_only_as_the_master_signed_it_for_this_store(
+def test_a_reply_to_a_store_counts_only_as_the_master_signed_it_for_this_store(
     cluster: certs.LocalCerts,
 ) -> None:
-    from streamengine.v1 import entry_pb2
+    from streamengine.v1 import entry_pb2, master_pb2
 
     deletes = [entry_pb2.SegmentId(stream_id=7, epoch=3), entry_pb2.SegmentId(stream_id=7, epoch=4)]
-    audience = delete_list_audience("s1", deletes)
+    reply = master_pb2.StoreHeartbeatReply(delete_segments=deletes, signing_public_keys=[b"k"])
+    audience = reply_audience("heartbeat", "s1", reply)
     master = proof_of(cluster.node_dir("master"))
     store_side = server(cluster)
 
@@ -241,7 +242,15 @@ def test_a_delete_list_counts_only_as_the_master_signed_it_for_this_store(
     # Another store's certificate signs nothing that counts.
     assert signer(proof_of(cluster.node_dir("store1")), audience) is auth.PrincipalKind.STORE
     with pytest.raises(ProofRefused, match="made for"):  # signed for another store
-        signer(master, delete_list_audience("s2", deletes))
+        signer(master, reply_audience("heartbeat", "s2", reply))
     with pytest.raises(ProofRefused, match="made for"):  # a list with one segment less
-        signer(master, delete_list_audience("s1", deletes[:1]))
+        fewer = master_pb2.StoreHeartbeatReply(
+            delete_segments=deletes[:1], signing_public_keys=[b"k"]
+        )
+        signer(master, reply_audience("heartbeat", "s1", fewer))
+    with pytest.raises(ProofRefused, match="made for"):  # another signing key
+        other = master_pb2.StoreHeartbeatReply(delete_segments=deletes, signing_public_keys=[b"x"])
+        signer(master, reply_audience("heartbeat", "s1", other))
+    with pytest.raises(ProofRefused, match="made for"):  # another kind of reply
+        signer(master, reply_audience("register", "s1", reply))
     assert store_side.principal({}, NOW_MS, audience) == auth.ANONYMOUS

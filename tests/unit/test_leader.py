@@ -56,8 +56,13 @@ def grant(epoch: int) -> SegmentGrant:
     )
 
 
+def signed(epoch: int) -> bytes:
+    """Stands for the master's signed grant of `epoch`: opaque to the writer."""
+    return b"grant of epoch %d" % epoch
+
+
 def leader_answer(sent_at_ms: int, epoch: int = 5, **kwargs) -> HeartbeatAnswered:
-    fields = {"segment": grant(epoch), "policy": POLICY, "leader_id": "me"}
+    fields = {"segment": grant(epoch), "policy": POLICY, "leader_id": "me", "grant": signed(epoch)}
     fields.update(kwargs)
     return HeartbeatAnswered(sent_at_ms, True, epoch, LEASE_MS, **fields)  # type: ignore[arg-type]
 
@@ -236,7 +241,7 @@ def test_the_master_deposing_the_leader_steps_it_down(answer) -> None:
     [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.DEPOSED and down.epoch == 5
     # A new epoch granted to this very writer is given back, not left to run out.
-    assert of_type(actions, ReleaseLease) == ([ReleaseLease(6)] if answer.leader else [])
+    assert of_type(actions, ReleaseLease) == ([ReleaseLease(6, signed(6))] if answer.leader else [])
 
 
 def test_a_fence_above_the_epoch_steps_down_and_one_at_it_does_not() -> None:
@@ -250,13 +255,13 @@ def test_release_gives_the_lease_back_and_a_late_grant_too() -> None:
     leader = leading()
     actions = step(leader, 50, Release())
     assert of_type(actions, SteppedDown)[0].reason is StepDownReason.RELEASED
-    assert of_type(actions, ReleaseLease) == [ReleaseLease(5)]
-    assert step(leader, 60, leader_answer(40)) == [ReleaseLease(5)]
+    assert of_type(actions, ReleaseLease) == [ReleaseLease(5, signed(5))]
+    assert step(leader, 60, leader_answer(40)) == [ReleaseLease(5, signed(5))]
 
     follower = Leader(0)
     step(follower, 0, Tick())
     assert step(follower, 1, Release()) == []
-    assert step(follower, 2, leader_answer(0, epoch=8)) == [ReleaseLease(8)]
+    assert step(follower, 2, leader_answer(0, epoch=8)) == [ReleaseLease(8, signed(8))]
 
 
 def test_unsealed_earlier_segments_without_recovery_fail_clearly() -> None:
@@ -265,7 +270,7 @@ def test_unsealed_earlier_segments_without_recovery_fail_clearly() -> None:
     actions = step(leader, 5, leader_answer(0, unsealed=(grant(4),)))
     [down] = of_type(actions, SteppedDown)
     assert down.reason is StepDownReason.UNSUPPORTED and "4" in down.message
-    assert of_type(actions, ReleaseLease) == [ReleaseLease(5)]
+    assert of_type(actions, ReleaseLease) == [ReleaseLease(5, signed(5))]
     assert not of_type(actions, BecameLeader)
 
 
@@ -281,8 +286,8 @@ def test_the_gate_holds_acks_until_every_earlier_segment_is_sealed() -> None:
     step(leader, 0, Tick())
     actions = step(leader, 5, leader_answer(0, unsealed=(grant(3), grant(4))))
     assert of_type(actions, RecoverSegment) == [
-        RecoverSegment(grant(3), 5, POLICY),
-        RecoverSegment(grant(4), 5, POLICY),
+        RecoverSegment(grant(3), 5, POLICY, signed(5)),
+        RecoverSegment(grant(4), 5, POLICY, signed(5)),
     ]
     for store in STORES:
         step(leader, 5, StoreConnected(store))
@@ -330,3 +335,25 @@ def test_reconnect_pauses_double_up_to_the_cap() -> None:
     assert pauses[:4] == [RECONNECT_PAUSE_MS_MIN * 2**k for k in range(4)]
     assert pauses == sorted(pauses) and pauses[-1] == RECONNECT_PAUSE_MS_MAX
     assert reconnect_pause_ms(10_000) == RECONNECT_PAUSE_MS_MAX
+
+
+def test_whatever_acts_under_an_epoch_carries_its_grant() -> None:
+    leader = Leader(0, recovery_supported=True, rolling_supported=True)
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, unsealed=(grant(4),), roll_requested=True))
+    became = of_type(actions, BecameLeader)
+    assert [b.grant for b in became] == [signed(5)]
+    assert [r.grant for r in of_type(actions, RecoverSegment)] == [signed(5)]
+    assert leader.replicator is not None and leader.replicator.grant == signed(5)
+    actions = step(leader, 6, Release())
+    assert of_type(actions, ReleaseLease) == [ReleaseLease(5, signed(5))]
+
+
+def test_a_leader_answer_without_a_signed_grant_cannot_be_led() -> None:
+    leader = Leader(0, recovery_supported=True)
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, grant=b""))
+    down = of_type(actions, SteppedDown)
+    assert [d.reason for d in down] == [StepDownReason.UNSUPPORTED]
+    assert "signed grant" in down[0].message
+    assert of_type(actions, BecameLeader) == []

@@ -33,6 +33,7 @@ from tests.unit.test_leader import (
     grant,
     leader_answer,
     of_type,
+    signed,
     step,
 )
 
@@ -58,8 +59,8 @@ def keep_lease(leader: Leader, from_ms: int, to_ms: int) -> list[LeaderAction]:
 def test_a_grant_without_a_segment_recovers_both_then_asks_for_the_next_epoch() -> None:
     leader, actions = granted_without_segment()
     assert of_type(actions, RecoverSegment) == [
-        RecoverSegment(grant(3), 5, POLICY),
-        RecoverSegment(grant(4), 5, POLICY),
+        RecoverSegment(grant(3), 5, POLICY, signed(5)),
+        RecoverSegment(grant(4), 5, POLICY, signed(5)),
     ]
     assert not of_type(actions, BecameLeader) and not of_type(actions, AskRoll)
     assert leader.role is Role.LEADING and not leader.accepting_appends
@@ -113,7 +114,7 @@ def test_a_failed_recovery_starts_again_after_a_pause() -> None:
     assert step(leader, 11, RecoveryFailed(4, "UNAVAILABLE")) == []
     assert of_type(keep_lease(leader, 12, 11 + RECOVERY_RETRY_MS), RecoverSegment) == []
     again = of_type(step(leader, 11 + RECOVERY_RETRY_MS, Tick()), RecoverSegment)
-    assert again == [RecoverSegment(grant(4), 5, POLICY)]
+    assert again == [RecoverSegment(grant(4), 5, POLICY, signed(5))]
     assert of_type(step(leader, 12 + RECOVERY_RETRY_MS, SegmentSealed(4)), AskRoll)
 
 
@@ -124,7 +125,7 @@ def test_a_failed_recovery_behind_a_segment_starts_again_too() -> None:
     step(leader, 6, RecoveryFailed(4, "DEADLINE_EXCEEDED"))
     assert of_type(keep_lease(leader, 7, 6 + RECOVERY_RETRY_MS), RecoverSegment) == []
     assert of_type(step(leader, 6 + RECOVERY_RETRY_MS, Tick()), RecoverSegment) == [
-        RecoverSegment(grant(4), 5, POLICY)
+        RecoverSegment(grant(4), 5, POLICY, signed(5))
     ]
     # A failure reported for a segment already sealed changes nothing.
     step(leader, 7 + RECOVERY_RETRY_MS, SegmentSealed(4))

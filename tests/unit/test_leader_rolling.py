@@ -44,6 +44,7 @@ from tests.unit.test_leader import (
     grant,
     leader_answer,
     of_type,
+    signed,
     step,
 )
 
@@ -92,7 +93,7 @@ def test_the_new_segment_opens_at_once_and_acks_after_the_old_is_sealed() -> Non
     assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
     actions = step(leader, 70, roll_answer(65, 6, old=5, segment_bytes_max=10))
     assert of_type(actions, BecameLeader)[0].epoch == 6
-    assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(5), 6, POLICY)]
+    assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(5), 6, POLICY, signed(6))]
     # The recovery knows what the drained segment holds: the events as appended.
     [recover] = of_type(actions, RecoverSegment)
     assert recover.known is not None and recover.known.through_index == 1
@@ -182,7 +183,7 @@ def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
     assert of_type(step(leader, 5, leader_answer(0, roll_requested=True)), AskRoll)
     step(leader, 30, follower_answer(20, epoch=6))  # deposed meanwhile
     late = step(leader, 31, roll_answer(9, 6, old=5))
-    assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6}]
+    assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6, "grant": signed(6)}]
 
 
 def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:

@@ -319,6 +319,23 @@ def test_a_reconnected_store_is_caught_up_from_its_matched_index() -> None:
     assert r.statistics().stores["s1"].matched_index == 4
 
 
+def test_each_write_stream_carries_the_grant_on_its_first_request_only() -> None:
+    r = Replicator(SEGMENT, 3, W2, STORES, ReplicatorLimits(linger_ms=0), grant=b"signed")
+    for store in STORES:
+        r.step(0, StoreConnected(store))
+    first = sends(r.step(1, Append((b"a",))))
+    assert [(s.store, s.grant) for s in first] == [(store, b"signed") for store in STORES]
+    for send in first:
+        r.step(2, accept(send))
+    later = sends(r.step(3, Append((b"b",)))) + sends(r.step(30, Tick()))
+    assert later and all(s.grant == b"" for s in later)
+    # A new stream knows nothing of the old one's grant: its first request carries it.
+    r.step(40, StoreDisconnected("s2"))
+    again = sends(r.step(41, StoreConnected("s2")), "s2")
+    assert [s.grant for s in again][:1] == [b"signed"]
+    assert all(s.grant == b"" for s in again[1:])
+
+
 # ---- memory and back pressure ----
 
 

@@ -157,7 +157,7 @@ def test_a_copy_is_confirmed_only_when_it_makes_the_certificate() -> None:
     overwrite(core, 2, b"p9", valid_crc=True)
     with pytest.raises(CopyMismatch, match="differs from the segment's certificate"):
         copy_rules.verify_certificate(SEG, the_certificate(), core.certify(SEG, 11))
-    op = copy_rules.CopyOp(SEG, "source:1", 11, 4, the_certificate())
+    op = copy_rules.CopyOp(SEG, "source:1", 11, 4, certificate=the_certificate())
     op.start()
     op.source_state(fence=4, acked_index=11, local_fence=0)
     op.submitted(None)  # type: ignore[arg-type]  # the fence is written

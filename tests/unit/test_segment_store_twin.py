@@ -14,6 +14,7 @@ from streamengine.segment_store.store import (
     BelowFence,
     Command,
     DeleteCommand,
+    KeepAuthorityCommand,
     SealCommand,
     SegmentKey,
     SegmentStoreCore,
@@ -84,6 +85,7 @@ steps: st.SearchStrategy[tuple[str, list[Command]]] = st.one_of(
 
 
 def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
+    assert not isinstance(command, KeepAuthorityCommand), "the twin draws no authority"
     if isinstance(command, DeleteCommand):
         existed = command.segment in twins
         twins.pop(command.segment, None)

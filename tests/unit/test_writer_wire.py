@@ -36,3 +36,16 @@ def test_an_empty_request_carries_only_the_acked_index() -> None:
     send = SendWrite("s1", SEGMENT, 4, 1, 7, ())
     request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, BatchCache()))
     assert request.acked_index == 7 and not request.entries
+
+
+def test_the_grant_rides_on_the_request_that_carries_it_only() -> None:
+    entries = (StoredEntry.make(1, EntryKind.EVENT, 4, b"p"),)
+    cache = BatchCache()
+    with_grant = SendWrite("s1", SEGMENT, 4, 1, 0, entries, grant=b"signed grant")
+    without = SendWrite("s1", SEGMENT, 4, 2, 0, entries)
+    parsed = [
+        segment_store_pb2.WriteRequest.FromString(serialize_write(send, cache))
+        for send in (with_grant, without)
+    ]
+    assert [request.grant for request in parsed] == [b"signed grant", b""]
+    assert [len(request.entries) for request in parsed] == [1, 1]

@@ -102,6 +102,8 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/DrainStore": Need.CLUSTER_ADMIN,
     "Master/Rebalance": Need.CLUSTER_ADMIN,
     "Master/RequestRoll": Need.TENANT_WRITE,
+    "Master/CreateToken": Need.CLUSTER_ADMIN,
+    "Master/RevokeToken": Need.CLUSTER_ADMIN,
     # segment store
     "SegmentStore/Write": Need.TENANT_WRITE,
     "SegmentStore/Seal": Need.TENANT_WRITE,

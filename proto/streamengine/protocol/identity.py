@@ -21,9 +21,10 @@ token may say more: tenants), INSECURE over plaintext. A proof that fails is ref
 outright (`ProofRefused`, UNAUTHENTICATED with the reason), never read as anonymous:
 a member with a wrong clock or an expired certificate must hear why.
 
-Replies use the same proof where a store must know the master said it: a heartbeat
-reply's delete list carries the master's proof in its trailing metadata, whose audience
-names the store and the exact list (`delete_list_audience`).
+Replies use the same proof where a store must know the master said it: the master's
+registration and heartbeat replies (a delete list, the master's grant-signing keys, its
+token revocations) carry its proof in their trailing metadata, whose audience names the
+kind of reply, the store and the exact reply (`reply_audience`).
 
 Cost: a proof is signed per call by the caller (ECDSA P-256, tens of µs in grpc's
 plugin thread) and verified per call by a server that asks who called (about 100 µs);
@@ -229,14 +230,12 @@ class ServerIdentity:
         )
 
 
-def delete_list_audience(store_id: str, segments: Sequence[Any]) -> str:
-    """What the master's proof on a heartbeat reply names: the store it answers and the
-    exact delete list (`SegmentId` messages), so that neither can be swapped."""
-    digest = hashlib.sha256()
-    for segment in segments:
-        digest.update(segment.SerializeToString(deterministic=True))
-        digest.update(b"\n")
-    return f"deletes:{store_id}:{digest.hexdigest()}"
+def reply_audience(kind: str, store_id: str, reply: Any) -> str:
+    """What the master's proof on a reply to a store names: the kind of reply
+    ("register", "heartbeat"), the store it answers and the exact reply (a protobuf
+    message), so that none of them can be swapped."""
+    digest = hashlib.sha256(reply.SerializeToString(deterministic=True)).hexdigest()
+    return f"{kind}:{store_id}:{digest}"
 
 
 def metadata_dict(metadata: Iterable[Any] | None) -> dict[str, str]:
@@ -279,30 +278,3 @@ def principal_of_metadata(metadata: Sequence[Any]) -> auth.Principal:
 def server_identity() -> ServerIdentity | None:
     """This TLS server's identity (None: plaintext)."""
     return _server_identity
-
-
-async def require_member(context: Any, rpc: str, store_id: str | None = None) -> None:
-    """Refuse `rpc` unless the caller's certificate is the member it needs: the master's
-    (Delete, CopySegment), or a store's, and then the store named by `store_id`
-    (RegisterStore, StoreHeartbeat: a store speaks only for itself). No token can grant
-    these. A plaintext server has no identities and refuses nothing (it serves loopback
-    only, unless told --insecure)."""
-    try:
-        principal = caller_identity(context)
-    except ProofRefused as refusal:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{rpc}: {refusal}")
-        raise AssertionError("abort returns only by raising") from None
-    denial = auth.authorize(principal, rpc)
-    speaks_for_another = (
-        store_id is not None
-        and principal.kind is auth.PrincipalKind.STORE
-        and principal.name != store_id
-    )
-    if denial is None and speaks_for_another:
-        denial = auth.Denial(
-                f"{rpc} as store {store_id!r}: the caller's certificate is store "
-                f"{principal.name!r}"
-            )
-    if denial is not None:
-        log.warning("refused: %s", denial.reason)
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, denial.reason)

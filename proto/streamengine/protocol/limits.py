@@ -48,6 +48,18 @@ NAME_PART_CHARS_MAX = 64
 LEASE_MS_DEFAULT = 2000
 HEARTBEATS_PER_LEASE = 3
 
+# Client ids name a writer in grants and logs (a UUID-based id takes 39 characters).
+CLIENT_ID_CHARS_MAX = 128
+
+# Per-tenant quotas, defaults of the master's flags (0 there: no limit). Streams: far
+# more than one tenant's application needs, few enough that one tenant cannot fill the
+# master's memory and every listing with its own. Append bytes per second, per tenant
+# and per store: several times what one store writes (tens of MB/s), so that only a
+# tenant flooding a store is held back; the store refuses its batches (REFUSED_QUOTA)
+# and its leaders resend them later, as under back pressure.
+TENANT_STREAMS_MAX_DEFAULT = 1000
+TENANT_APPEND_BYTES_PER_S_DEFAULT = 256 << 20
+
 assert WRITE_BATCH_BYTES_MAX >= 2 * EVENT_BYTES_MAX, "a batch must hold the largest event"
 assert GRPC_MESSAGE_BYTES_MAX >= WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX, "a batch must fit"
 assert GRPC_MESSAGE_FRAMING_BYTES_MAX >= 64 * WRITE_BATCH_ENTRIES_MAX, "room for entry framing"

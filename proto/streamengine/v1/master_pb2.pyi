@@ -11,6 +11,11 @@ Errors (gRPC status):
 - ALREADY_EXISTS: creating a stream or tenant that exists (with another policy).
 - FAILED_PRECONDITION: a caller that does not hold the lease or whose epoch is
   stale; a roll while two segments are unsealed; not enough live stores.
+- PERMISSION_DENIED: the caller may not make this call (its certificate or token
+  does not allow it, or its token is invalid, expired or revoked), or a
+  SealSegment, ReleaseLease or RollSegment without a valid grant of the caller's
+  epoch. Nothing changed; the details say why.
+- RESOURCE_EXHAUSTED: the tenant holds as many streams as its quota allows.
 - ABORTED: a SealSegment that contradicts an earlier one.
 - UNAVAILABLE: the master is starting (no lease granted for one lease period after
   a restart) or shutting down; retry.
@@ -55,6 +60,35 @@ FOLLOWER: WriterRole.ValueType  # 2
 """Another client holds it (or none may be granted yet); keep heartbeating."""
 Global___WriterRole: _TypeAlias = WriterRole  # noqa: Y015
 
+class _TokenRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TokenRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TokenRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOKEN_ROLE_UNSPECIFIED: _TokenRole.ValueType  # 0
+    TOKEN_ROLE_READ: _TokenRole.ValueType  # 1
+    """Describe and list streams, read, subscribe, Spark."""
+    TOKEN_ROLE_WRITE: _TokenRole.ValueType  # 2
+    """And lead, append, seal the tenant's streams."""
+    TOKEN_ROLE_ADMIN: _TokenRole.ValueType  # 3
+    """And create and delete the tenant's streams."""
+
+class TokenRole(_TokenRole, metaclass=_TokenRoleEnumTypeWrapper):
+    """---- tokens ----
+
+    What a tenant token allows within its tenant; each role includes those before it.
+    """
+
+TOKEN_ROLE_UNSPECIFIED: TokenRole.ValueType  # 0
+TOKEN_ROLE_READ: TokenRole.ValueType  # 1
+"""Describe and list streams, read, subscribe, Spark."""
+TOKEN_ROLE_WRITE: TokenRole.ValueType  # 2
+"""And lead, append, seal the tenant's streams."""
+TOKEN_ROLE_ADMIN: TokenRole.ValueType  # 3
+"""And create and delete the tenant's streams."""
+Global___TokenRole: _TypeAlias = TokenRole  # noqa: Y015
+
 @_typing.final
 class RegisterStoreRequest(_message.Message):
     """---- stores ----"""
@@ -94,16 +128,22 @@ class RegisterStoreReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    SIGNING_PUBLIC_KEYS_FIELD_NUMBER: _builtins.int
     heartbeat_interval_ms: _builtins.int
     """How often the store must heartbeat."""
+    @_builtins.property
+    def signing_public_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """The master's Ed25519 public keys (32 raw bytes each), as in StoreHeartbeatReply."""
+
     def __init__(
         self,
         *,
         heartbeat_interval_ms: _builtins.int = ...,
+        signing_public_keys: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "signing_public_keys", b"signing_public_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -153,6 +193,7 @@ class StoreHeartbeatRequest(_message.Message):
     USED_BYTES_FIELD_NUMBER: _builtins.int
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     SCRUBBED_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     address: _builtins.str
@@ -161,6 +202,8 @@ class StoreHeartbeatRequest(_message.Message):
     """Bytes of entries held, all segments."""
     free_bytes: _builtins.int
     """Free bytes on the store's disk."""
+    revocations_version: _builtins.int
+    """The version of the token revocations the store holds (0 before any)."""
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegment]:
         """Every segment the store holds."""
@@ -178,15 +221,41 @@ class StoreHeartbeatRequest(_message.Message):
         used_bytes: _builtins.int = ...,
         free_bytes: _builtins.int = ...,
         segments: _abc.Iterable[Global___HeldSegment] | None = ...,
+        revocations_version: _builtins.int = ...,
         scrubbed: _abc.Iterable[Global___ScrubReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_bytes", b"free_bytes", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_bytes", b"free_bytes", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreHeartbeatRequest: _TypeAlias = StoreHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class RevokedToken(_message.Message):
+    """A token revoked before it expires."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.str
+    expires_at_ms: _builtins.int
+    """When the token expires anyway (wall-clock ms): the revocation is kept until then."""
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.str = ...,
+        expires_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at_ms", b"expires_at_ms", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokedToken: _TypeAlias = RevokedToken  # noqa: Y015
 
 @_typing.final
 class ScrubReport(_message.Message):
@@ -233,13 +302,36 @@ class StoreHeartbeatReply(_message.Message):
 
     DELETE_SEGMENTS_FIELD_NUMBER: _builtins.int
     REGISTER_AGAIN_FIELD_NUMBER: _builtins.int
+    SIGNING_PUBLIC_KEYS_FIELD_NUMBER: _builtins.int
+    REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
+    REVOKED_TOKENS_FIELD_NUMBER: _builtins.int
+    TENANT_APPEND_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     SCRUB_FIRST_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
+    revocations_version: _builtins.int
+    """The master's version of the token revocations. When it differs from the request's
+    `revocations_version`, `revoked_tokens` is the whole list, which replaces the
+    store's (it may be empty); when it is the same, `revoked_tokens` is empty.
+    """
+    tenant_append_bytes_per_s: _builtins.int
+    """Payload bytes per second a tenant may append through this store (each tenant its
+    own budget; 0: no limit). Above it, Write batches are refused with REFUSED_QUOTA.
+    """
     @_builtins.property
     def delete_segments(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
         """Segments the store may delete: of deleted streams, or moved off it by repair."""
 
+    @_builtins.property
+    def signing_public_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """The master's Ed25519 public keys (32 raw bytes each): the store accepts grants and
+        tokens signed by any of them, and by no other. Several while a key is rotated.
+        The store keeps them durably, so it verifies grants after a restart while the
+        master is away.
+        """
+
+    @_builtins.property
+    def revoked_tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedToken]: ...
     @_builtins.property
     def scrub_first(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
         """Replicas to scrub before any other: a reader or a repair found them suspect."""
@@ -249,11 +341,15 @@ class StoreHeartbeatReply(_message.Message):
         *,
         delete_segments: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
         register_again: _builtins.bool = ...,
+        signing_public_keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        revocations_version: _builtins.int = ...,
+        revoked_tokens: _abc.Iterable[Global___RevokedToken] | None = ...,
+        tenant_append_bytes_per_s: _builtins.int = ...,
         scrub_first: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "register_again", b"register_again", "scrub_first", b"scrub_first"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -579,6 +675,7 @@ class WriterHeartbeatReply(_message.Message):
     POLICY_FIELD_NUMBER: _builtins.int
     SEGMENT_BYTES_MAX_FIELD_NUMBER: _builtins.int
     SEGMENT_AGE_MS_MAX_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     role: Global___WriterRole.ValueType
     epoch: _builtins.int
     """The stream's latest epoch: the caller's when LEADER."""
@@ -592,6 +689,13 @@ class WriterHeartbeatReply(_message.Message):
     stream_id: _builtins.int
     segment_bytes_max: _builtins.int
     segment_age_ms_max: _builtins.int
+    grant: _builtins.bytes
+    """LEADER: the grant of `epoch`, signed by the master (streamengine.protocol.grants):
+    stream id, tenant, epoch, this client's id, and the copy set of `segment` and of
+    each of `unsealed`. Stores take Write and Seal only with it, and the master
+    ReleaseLease, RollSegment and SealSegment under this epoch. The same on every
+    answer for one epoch, but for segments sealed since, which it no longer lists.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.Segment:
         """LEADER: the segment of `epoch` with its copy set. Unset when two earlier segments
@@ -621,10 +725,11 @@ class WriterHeartbeatReply(_message.Message):
         policy: _entry_pb2.ReplicationPolicy | None = ...,
         segment_bytes_max: _builtins.int = ...,
         segment_age_ms_max: _builtins.int = ...,
+        grant: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "policy", b"policy", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "policy", b"policy", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -637,19 +742,23 @@ class ReleaseLeaseRequest(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
+    grant: _builtins.bytes
+    """The grant of `epoch` (WriterHeartbeatReply.grant): proves the caller holds it."""
     def __init__(
         self,
         *,
         stream: _builtins.str = ...,
         client_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        grant: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -683,10 +792,13 @@ class RollSegmentRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     EXCLUDE_STORES_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
     """The caller's current epoch; it must be the stream's latest and hold the lease."""
+    grant: _builtins.bytes
+    """The grant of `epoch`: proves the caller holds it."""
     @_builtins.property
     def exclude_stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stores to keep out of the new copy set (lost or too far behind)."""
@@ -698,10 +810,11 @@ class RollSegmentRequest(_message.Message):
         client_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         exclude_stores: _abc.Iterable[_builtins.str] | None = ...,
+        grant: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "exclude_stores", b"exclude_stores", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "exclude_stores", b"exclude_stores", "grant", b"grant", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -776,6 +889,7 @@ class SealSegmentRequest(_message.Message):
     WRITER_EPOCH_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     FINAL_INDEX_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     segment_epoch: _builtins.int
@@ -785,6 +899,10 @@ class SealSegmentRequest(_message.Message):
     client_id: _builtins.str
     final_index: _builtins.int
     """The segment's BRIDGE index."""
+    grant: _builtins.bytes
+    """The grant of `writer_epoch`, to `client_id`, listing the segment: proves the caller
+    leads that epoch and may seal the segment. A cluster admin may go without.
+    """
     @_builtins.property
     def certificate(self) -> _entry_pb2.SegmentCertificate:
         """The sealing leader's certificate of the content, chunks included, when it knows the
@@ -800,11 +918,12 @@ class SealSegmentRequest(_message.Message):
         writer_epoch: _builtins.int = ...,
         client_id: _builtins.str = ...,
         final_index: _builtins.int = ...,
+        grant: _builtins.bytes = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1239,3 +1358,99 @@ class RequestRollReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RequestRollReply: _TypeAlias = RequestRollReply  # noqa: Y015
+
+@_typing.final
+class CreateTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant the token acts in; created if it does not exist."""
+    role: Global___TokenRole.ValueType
+    ttl_ms: _builtins.int
+    """Lifetime in milliseconds: 0 for the default (24 h); at most 366 days."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        role: Global___TokenRole.ValueType = ...,
+        ttl_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "tenant", b"tenant", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateTokenRequest: _TypeAlias = CreateTokenRequest  # noqa: Y015
+
+@_typing.final
+class CreateTokenReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The token, to send as `authorization: Bearer <token>` metadata. Only this reply
+    carries it: the master keeps its id, tenant, role and lifetime, not the token.
+    """
+    token_id: _builtins.str
+    """Its id, to revoke it (not a secret)."""
+    expires_at_ms: _builtins.int
+    """Wall-clock milliseconds."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        token_id: _builtins.str = ...,
+        expires_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at_ms", b"expires_at_ms", "token", b"token", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateTokenReply: _TypeAlias = CreateTokenReply  # noqa: Y015
+
+@_typing.final
+class RevokeTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
+
+@_typing.final
+class RevokeTokenReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOKED_FIELD_NUMBER: _builtins.int
+    revoked: _builtins.bool
+    """False when no unexpired token has this id (never issued, expired, or revoked)."""
+    def __init__(
+        self,
+        *,
+        revoked: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeTokenReply: _TypeAlias = RevokeTokenReply  # noqa: Y015

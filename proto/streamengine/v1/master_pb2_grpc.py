@@ -125,6 +125,16 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RequestRollRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.RequestRollReply.FromString,
                 _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/streamengine.v1.Master/CreateToken',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.CreateTokenReply.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/streamengine.v1.Master/RevokeToken',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -249,6 +259,20 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateToken(self, request, context):
+        """Tenant tokens (cluster admins only). A token is signed by the master: stores
+        verify it without a call. A revocation reaches every store with its next heartbeat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -341,6 +365,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RequestRoll,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.RequestRollRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.RequestRollReply.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.CreateTokenRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.CreateTokenReply.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -829,6 +863,60 @@ class Master:
             '/streamengine.v1.Master/RequestRoll',
             streamengine_dot_v1_dot_master__pb2.RequestRollRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.RequestRollReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/CreateToken',
+            streamengine_dot_v1_dot_master__pb2.CreateTokenRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.CreateTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/RevokeToken',
+            streamengine_dot_v1_dot_master__pb2.RevokeTokenRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.RevokeTokenReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,6 +11,11 @@ Errors (gRPC status):
 - ALREADY_EXISTS: creating a stream or tenant that exists (with another policy).
 - FAILED_PRECONDITION: a caller that does not hold the lease or whose epoch is
   stale; a roll while two segments are unsealed; not enough live stores.
+- PERMISSION_DENIED: the caller may not make this call (its certificate or token
+  does not allow it, or its token is invalid, expired or revoked), or a
+  SealSegment, ReleaseLease or RollSegment without a valid grant of the caller's
+  epoch. Nothing changed; the details say why.
+- RESOURCE_EXHAUSTED: the tenant holds as many streams as its quota allows.
 - ABORTED: a SealSegment that contradicts an earlier one.
 - UNAVAILABLE: the master is starting (no lease granted for one lease period after
   a restart) or shutting down; retry.
@@ -76,6 +81,11 @@ class MasterStub:
     carries roll_requested. With no leader nothing is asked; the caller may lead
     and seal itself.
     """
+    CreateToken: _grpc.UnaryUnaryMultiCallable[_master_pb2.CreateTokenRequest, _master_pb2.CreateTokenReply]
+    """Tenant tokens (cluster admins only). A token is signed by the master: stores
+    verify it without a call. A revocation reaches every store with its next heartbeat.
+    """
+    RevokeToken: _grpc.UnaryUnaryMultiCallable[_master_pb2.RevokeTokenRequest, _master_pb2.RevokeTokenReply]
 
 @_typing.type_check_only
 class MasterAsyncStub(MasterStub):
@@ -111,6 +121,11 @@ class MasterAsyncStub(MasterStub):
     carries roll_requested. With no leader nothing is asked; the caller may lead
     and seal itself.
     """
+    CreateToken: _aio.UnaryUnaryMultiCallable[_master_pb2.CreateTokenRequest, _master_pb2.CreateTokenReply]  # type: ignore[assignment]
+    """Tenant tokens (cluster admins only). A token is signed by the master: stores
+    verify it without a call. A revocation reaches every store with its next heartbeat.
+    """
+    RevokeToken: _aio.UnaryUnaryMultiCallable[_master_pb2.RevokeTokenRequest, _master_pb2.RevokeTokenReply]  # type: ignore[assignment]
 
 class MasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -251,5 +266,22 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         carries roll_requested. With no leader nothing is asked; the caller may lead
         and seal itself.
         """
+
+    @_abc_1.abstractmethod
+    def CreateToken(
+        self,
+        request: _master_pb2.CreateTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.CreateTokenReply, _abc.Awaitable[_master_pb2.CreateTokenReply]]:
+        """Tenant tokens (cluster admins only). A token is signed by the master: stores
+        verify it without a call. A revocation reaches every store with its next heartbeat.
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeToken(
+        self,
+        request: _master_pb2.RevokeTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RevokeTokenReply, _abc.Awaitable[_master_pb2.RevokeTokenReply]]: ...
 
 def add_MasterServicer_to_server(servicer: MasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -11,7 +11,12 @@ Errors (gRPC status):
 - NOT_FOUND: Read / Digest / CopySegment of a segment the store does not hold.
 - OUT_OF_RANGE: a read past what the store holds when the caller asked for exact.
 - RESOURCE_EXHAUSTED: a subscriber too slow for the server's buffer, or a full disk.
-- UNAVAILABLE: the store is shutting down; retry elsewhere or later.
+- PERMISSION_DENIED: the caller may not make this call (its certificate or token does
+  not allow it, or its token is invalid, expired or revoked), or a Write or Seal
+  without a valid grant of its epoch listing the segment and this store. Nothing
+  was written; never retry with the same grant.
+- UNAVAILABLE: the store is shutting down, or has not yet heard the master's signing
+  key (so it cannot check a grant or a token); retry elsewhere or later.
 """
 
 from collections import abc as _abc
@@ -46,6 +51,11 @@ class _WriteStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WriteStat
     """The store's queue is full: nothing of the batch was written. Resend from
     `matched_index + 1` later.
     """
+    REFUSED_QUOTA: _WriteStatus.ValueType  # 3
+    """The segment's tenant is over its append quota at this store (bytes per second):
+    nothing of the batch was written. Resend from `matched_index + 1` later, as after
+    REFUSED_BUSY.
+    """
 
 class WriteStatus(_WriteStatus, metaclass=_WriteStatusEnumTypeWrapper): ...
 
@@ -57,6 +67,11 @@ either the copy sent or a copy of a higher epoch it already had.
 REFUSED_BUSY: WriteStatus.ValueType  # 2
 """The store's queue is full: nothing of the batch was written. Resend from
 `matched_index + 1` later.
+"""
+REFUSED_QUOTA: WriteStatus.ValueType  # 3
+"""The segment's tenant is over its append quota at this store (bytes per second):
+nothing of the batch was written. Resend from `matched_index + 1` later, as after
+REFUSED_BUSY.
 """
 Global___WriteStatus: _TypeAlias = WriteStatus  # noqa: Y015
 
@@ -70,6 +85,7 @@ class WriteRequest(_message.Message):
     ENTRIES_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REPORT_HELD_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     writer_epoch: _builtins.int
     """The epoch of the leader sending this; below the segment's fence the stream ends
     with FAILED_PRECONDITION.
@@ -83,6 +99,12 @@ class WriteRequest(_message.Message):
     report_held: _builtins.bool
     """Ask for `held_epochs` in the reply (recovery writes want to know what the store
     now holds at each index it wrote).
+    """
+    grant: _builtins.bytes
+    """The master's signed grant of `writer_epoch` (WriterHeartbeatReply.grant), listing
+    this segment and this store in its copy set. Required on the first request of each
+    (stream id, writer epoch) on a Write stream, and may be left out of the later ones
+    (the store verifies a grant once and keeps it for the stream's lifetime).
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
@@ -101,10 +123,11 @@ class WriteRequest(_message.Message):
         entries: _abc.Iterable[_entry_pb2.Entry] | None = ...,
         request_id: _builtins.int = ...,
         report_held: _builtins.bool = ...,
+        grant: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "entries", b"entries", "report_held", b"report_held", "request_id", b"request_id", "segment", b"segment", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "entries", b"entries", "grant", b"grant", "report_held", b"report_held", "request_id", b"request_id", "segment", b"segment", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -170,9 +193,14 @@ class SealRequest(_message.Message):
 
     SEGMENT_FIELD_NUMBER: _builtins.int
     NEW_EPOCH_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
     new_epoch: _builtins.int
     """The sealing leader's epoch; the fence becomes max(fence, new_epoch). A store that
     never heard of the segment creates it, empty, with this fence.
+    """
+    grant: _builtins.bytes
+    """The master's signed grant of `new_epoch`, listing this segment and this store in
+    its copy set (for an earlier segment: as the grant lists the unsealed ones).
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
@@ -181,10 +209,11 @@ class SealRequest(_message.Message):
         *,
         segment: _entry_pb2.SegmentId | None = ...,
         new_epoch: _builtins.int = ...,
+        grant: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["new_epoch", b"new_epoch", "segment", b"segment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grant", b"grant", "new_epoch", b"new_epoch", "segment", b"segment"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -497,6 +526,7 @@ class CopySegmentRequest(_message.Message):
     SOURCE_ADDRESS_FIELD_NUMBER: _builtins.int
     FINAL_INDEX_FIELD_NUMBER: _builtins.int
     FENCE_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     source_address: _builtins.str
     """The healthy replica to copy from."""
@@ -508,6 +538,10 @@ class CopySegmentRequest(_message.Message):
     source's and its own (never lowering it), so a delayed write of an old leader is
     refused. Copied entries raise no acked index: nothing copied is served until the
     digest matched.
+    """
+    tenant: _builtins.str
+    """The tenant of the segment's stream (the master's word): the copy remembers it,
+    so that the tenant's readers may read the copy.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId:
@@ -526,11 +560,12 @@ class CopySegmentRequest(_message.Message):
         source_address: _builtins.str = ...,
         final_index: _builtins.int = ...,
         fence: _builtins.int = ...,
+        tenant: _builtins.str = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "segment", b"segment", "source_address", b"source_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "segment", b"segment", "source_address", b"source_address", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

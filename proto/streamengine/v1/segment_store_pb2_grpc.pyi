@@ -11,7 +11,12 @@ Errors (gRPC status):
 - NOT_FOUND: Read / Digest / CopySegment of a segment the store does not hold.
 - OUT_OF_RANGE: a read past what the store holds when the caller asked for exact.
 - RESOURCE_EXHAUSTED: a subscriber too slow for the server's buffer, or a full disk.
-- UNAVAILABLE: the store is shutting down; retry elsewhere or later.
+- PERMISSION_DENIED: the caller may not make this call (its certificate or token does
+  not allow it, or its token is invalid, expired or revoked), or a Write or Seal
+  without a valid grant of its epoch listing the segment and this store. Nothing
+  was written; never retry with the same grant.
+- UNAVAILABLE: the store is shutting down, or has not yet heard the master's signing
+  key (so it cannot check a grant or a token); retry elsewhere or later.
 """
 
 from collections import abc as _abc

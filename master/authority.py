@@ -1,0 +1,94 @@
+"""The master's authority decisions, pure: what a grant says, and who holds an epoch.
+
+- `grant_of`: the grant of an epoch, built from what the master answers its holder:
+  the epoch's own segment (when it has one) and every earlier segment not yet sealed,
+  each with its copy set. The master's service signs it (`protocol.grants`); the
+  simulated master builds it here too.
+- `check_holder`: `SealSegment`, `ReleaseLease` and `RollSegment` are taken only from
+  the holder of the epoch they act under, proved by the master's own grant of that
+  epoch to that client (a client id alone proves nothing: it is published as the
+  stream's leader), or from a cluster admin. A `SealSegment` must also name a segment
+  the grant lists: the holder of an epoch may seal only what the master gave it to
+  seal.
+- `stream_tenant`: the tenant a request naming a stream touches, for authorization
+  before the name is validated (a malformed name is refused afterwards, as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from streamengine.master.errors import PermissionDenied
+from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.protocol.grants import Grant, GrantSegment, open_grant
+from streamengine.protocol.signing import SignatureRefused, Verifier
+
+
+def grant_of(
+    stream: StreamRecord,
+    epoch: int,
+    holder: str,
+    segment: SegmentRecord | None,
+    unsealed: Sequence[SegmentRecord],
+) -> Grant:
+    """The grant of `epoch` to `holder`: its segment, if any, and the earlier unsealed
+    ones (the `WriterView` of a LEADER answer)."""
+    assert holder and 0 < epoch <= stream.epoch, (stream, epoch, holder)
+    listed = [s for s in unsealed if s.epoch < epoch and s.state != SegmentState.SEALED]
+    assert len(listed) == len(unsealed), "a leader is given only unsealed earlier segments"
+    if segment is not None:
+        assert segment.epoch == epoch and segment.stream_id == stream.stream_id, segment
+        listed.append(segment)
+    return Grant(
+        stream_id=stream.stream_id,
+        epoch=epoch,
+        tenant=stream.tenant,
+        client_id=holder,
+        segments=tuple(GrantSegment(s.epoch, s.copy_set) for s in sorted(listed, key=_epoch)),
+    )
+
+
+def _epoch(segment: SegmentRecord) -> int:
+    return segment.epoch
+
+
+def check_holder(
+    verifier: Verifier,
+    signed: bytes,
+    admin: bool,
+    stream: StreamRecord,
+    epoch: int,
+    client_id: str,
+    segment_epoch: int | None = None,
+) -> None:
+    """Raise PermissionDenied unless the caller holds `epoch` of `stream` as `client_id`
+    by `signed`, the master's grant (verified with `verifier`), or is a cluster admin
+    (`admin`) showing none."""
+    if not signed:
+        if admin:
+            return
+        raise PermissionDenied(
+            f"{stream.name}: acting under epoch {epoch} needs the master's grant of it"
+        )
+    try:
+        grant = open_grant(verifier, signed)
+    except SignatureRefused as error:
+        raise PermissionDenied(f"{stream.name}: the grant shown: {error}") from None
+    if grant.stream_id != stream.stream_id or grant.epoch != epoch:
+        raise PermissionDenied(
+            f"{stream.name}: the grant shown is of stream {grant.stream_id} epoch "
+            f"{grant.epoch}, not of epoch {epoch}"
+        )
+    if grant.client_id != client_id:
+        raise PermissionDenied(
+            f"{stream.name}: epoch {epoch} was granted to another client than {client_id!r}"
+        )
+    if segment_epoch is not None and grant.segment(segment_epoch) is None:
+        raise PermissionDenied(
+            f"{stream.name}: the grant of epoch {epoch} does not list segment {segment_epoch}"
+        )
+
+
+def stream_tenant(name: str) -> str:
+    """The tenant part of `tenant/stream` (the whole name when it has no '/')."""
+    return name.split("/", 1)[0]

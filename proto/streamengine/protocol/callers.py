@@ -1,0 +1,72 @@
+"""Who a gRPC call comes from, for the master's and the stores' servicers alike.
+
+`Callers.principal(context)` turns a call into a `Principal` (or a `Denial`): the
+identity its certificate proves (`identity.caller_identity`: a member or an admin over
+TLS, ANONYMOUS over TLS without a proof, INSECURE over plaintext), with the token of its
+`authorization: Bearer` metadata, by `tokens.resolve_caller`. The servicer then asks
+`auth.authorize(principal, rpc, tenant)` and answers a denial with PERMISSION_DENIED,
+changing nothing; a certificate proof that does not hold is UNAUTHENTICATED
+(`identity.ProofRefused`, raised).
+
+Which calls must prove who they are is the transport's one decision: a TLS server never
+sees an INSECURE caller (a caller without a certificate proof is ANONYMOUS until a token
+says more), a plaintext one (loopback, or --insecure) sees every caller without a token
+as INSECURE, allowed everything as before security existed; a caller that shows a token
+is held to it either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from streamengine.protocol.auth import (
+    AUTHORIZATION_METADATA_KEY,
+    BEARER_PREFIX,
+    Denial,
+    Principal,
+)
+from streamengine.protocol.identity import caller_identity
+from streamengine.protocol.signing import Verifier
+from streamengine.protocol.tokens import Revocations, resolve_caller
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def wall_clock_ms() -> int:
+    """Tokens expire in wall-clock time: they outlive every process."""
+    return time.time_ns() // 1_000_000
+
+
+def bearer_token(context: Context) -> str | None:
+    """The token of the call's `authorization: Bearer <token>` metadata, if any (a
+    value without the Bearer prefix is a token too: nothing else goes there)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == AUTHORIZATION_METADATA_KEY:
+            text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+            return text.removeprefix(BEARER_PREFIX).strip()
+    return None
+
+
+@dataclass
+class Callers:
+    """Resolves the principal of each call: see the module doc."""
+
+    verifier: Verifier
+    revocations: Callable[[], Revocations]
+    clock_ms: Callable[[], int] = wall_clock_ms
+
+    def principal(self, context: Context) -> Principal | Denial:
+        """Raises identity.ProofRefused for a certificate proof that does not hold, and
+        NoVerifyingKey when the call's token cannot be checked yet."""
+        return resolve_caller(
+            caller_identity(context),
+            bearer_token(context),
+            self.verifier,
+            self.revocations(),
+            self.clock_ms(),
+        )

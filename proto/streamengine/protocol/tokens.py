@@ -1,0 +1,177 @@
+"""Tenant tokens, and who a call comes from.
+
+A token is the master's signed word (`protocol.signing`) that its bearer may act in
+one tenant with one role until a time: `TokenClaims`. A cluster admin creates one
+(`streamengine token create`); the master keeps a record of it so that it can be
+revoked, and stores verify tokens without asking anyone, with the master's public key.
+Revocations reach stores with their heartbeats (`Revocations`, versioned); a revoked
+token is refused until it would have expired anyway, after which it is refused as
+expired and the revocation is forgotten.
+
+Text form: `se1_` then the envelope in URL-safe base64 without padding, sent as
+`authorization: Bearer <token>` request metadata.
+
+Who calls (`resolve_caller`): a certificate naming a cluster member or a cluster admin
+proves more than a token, and wins. Otherwise a token, when the call carries one, must
+be valid, unexpired and unrevoked, and then names the caller; a call without one stays
+what its transport made it: ANONYMOUS over TLS, INSECURE over plaintext (loopback or
+--insecure: everything is allowed, as before security existed). A plaintext server
+still holds a caller who shows a token to it: a token only ever narrows what a call may
+do.
+
+Pure: time comes in as `now_ms` (wall-clock milliseconds: tokens outlive processes).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from streamengine.protocol.auth import (
+    Denial,
+    Principal,
+    PrincipalKind,
+    Role,
+)
+from streamengine.protocol.signing import (
+    ENVELOPE_BYTES_MAX,
+    MalformedPayload,
+    NoVerifyingKey,
+    PayloadReader,
+    PayloadWriter,
+    SignatureRefused,
+    SigningKey,
+    Verifier,
+)
+
+TOKEN_MAGIC = b"SET1"
+TOKEN_PREFIX = "se1_"
+TOKEN_CHARS_MAX = len(TOKEN_PREFIX) + (ENVELOPE_BYTES_MAX * 4 + 2) // 3
+TOKEN_ID_CHARS = 16  # 8 random bytes, hex
+
+# Lifetimes. A token always expires, so a revocation is kept only until then and the
+# list stores hold stays bounded.
+TOKEN_TTL_MS_DEFAULT = 24 * 3600 * 1000
+TOKEN_TTL_MS_MAX = 366 * 24 * 3600 * 1000
+TOKEN_TTL_MS_MIN = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TokenClaims:
+    token_id: str
+    tenant: str
+    role: Role
+    issued_at_ms: int
+    expires_at_ms: int
+
+    def __post_init__(self) -> None:
+        assert len(self.token_id) == TOKEN_ID_CHARS, self
+        assert self.tenant and self.issued_at_ms < self.expires_at_ms, self
+
+    def encode(self) -> bytes:
+        out = PayloadWriter().text(self.token_id).text(self.tenant).u8(int(self.role))
+        return out.u64(self.issued_at_ms).u64(self.expires_at_ms).bytes()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> TokenClaims:
+        reader = PayloadReader(payload)
+        token_id, tenant, role = reader.text(), reader.text(), reader.u8()
+        issued_at_ms, expires_at_ms = reader.u64(), reader.u64()
+        reader.finish()
+        if len(token_id) != TOKEN_ID_CHARS or not tenant or issued_at_ms >= expires_at_ms:
+            raise MalformedPayload("token claims without an id, a tenant or a lifetime")
+        if role not in {int(r) for r in Role}:
+            raise MalformedPayload(f"unknown role {role}")
+        return cls(token_id, tenant, Role(role), issued_at_ms, expires_at_ms)
+
+    def principal(self) -> Principal:
+        return Principal(
+            PrincipalKind.TENANT,
+            f"token {self.token_id}",
+            tenant=self.tenant,
+            role=self.role,
+            token_id=self.token_id,
+        )
+
+
+def mint_token(key: SigningKey, claims: TokenClaims) -> str:
+    envelope = key.sign(TOKEN_MAGIC, claims.encode())
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(envelope).rstrip(b"=").decode("ascii")
+
+
+def open_token(verifier: Verifier, token: str) -> TokenClaims:
+    """The claims of a token that verifies; raises SignatureRefused (NoVerifyingKey when
+    the verifier holds no key yet). Says nothing of expiry or revocation."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > TOKEN_CHARS_MAX:
+        raise SignatureRefused("not a token of this cluster's format")
+    text = token[len(TOKEN_PREFIX) :]
+    try:
+        envelope = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise SignatureRefused("a token that is not base64") from None
+    try:
+        return verifier.open(TOKEN_MAGIC, envelope, TokenClaims.decode)
+    except MalformedPayload as error:
+        raise SignatureRefused(f"malformed token claims: {error}") from None
+
+
+class Revocations:
+    """Tokens revoked before they expire: token id -> its expiry, and a version that
+    changes with every revocation (stores ask for the list when theirs differs)."""
+
+    def __init__(self, revoked: Mapping[str, int] | None = None, version: int = 0) -> None:
+        self._revoked = dict(revoked or {})
+        self.version = version
+
+    def __contains__(self, token_id: object) -> bool:
+        return token_id in self._revoked
+
+    def __len__(self) -> int:
+        return len(self._revoked)
+
+    def items(self) -> list[tuple[str, int]]:
+        return sorted(self._revoked.items())
+
+    def replace(self, revoked: Iterable[tuple[str, int]], version: int) -> None:
+        self._revoked = dict(revoked)
+        self.version = version
+
+    def prune(self, now_ms: int) -> None:
+        """Forget revocations of tokens expired by now (refused as expired anyway)."""
+        self._revoked = {t: e for t, e in self._revoked.items() if e > now_ms}
+
+
+def check_claims(claims: TokenClaims, now_ms: int, revocations: Revocations) -> Denial | None:
+    if now_ms >= claims.expires_at_ms:
+        return Denial(f"token {claims.token_id} expired")
+    if claims.token_id in revocations:
+        return Denial(f"token {claims.token_id} was revoked")
+    return None
+
+
+def resolve_caller(
+    identity: Principal,
+    bearer: str | None,
+    verifier: Verifier,
+    revocations: Revocations,
+    now_ms: int,
+) -> Principal | Denial:
+    """The principal of a call: `identity` from its certificate proof (ANONYMOUS over TLS
+    without one, INSECURE over plaintext), `bearer` the token it carries, if any. A
+    Denial when its token is invalid, expired or revoked. Raises NoVerifyingKey when a
+    token cannot be checked yet (a store that has not heard from the master)."""
+    if identity.kind not in (PrincipalKind.UNAUTHENTICATED_INSECURE, PrincipalKind.ANONYMOUS):
+        return identity
+    if bearer is None:
+        return identity
+    try:
+        claims = open_token(verifier, bearer)
+    except NoVerifyingKey:
+        raise  # nothing is known here yet: not a bad token
+    except SignatureRefused as error:
+        return Denial(f"the token is not valid here: {error}")
+    denial = check_claims(claims, now_ms, revocations)
+    return denial if denial is not None else claims.principal()
+

@@ -1,0 +1,598 @@
+"""Authority against real processes: grants fence nothing without the master's word,
+holders alone act under their epochs, tokens are confined to their tenant and role,
+expire and are revoked, quotas hold. The cluster runs plaintext: a caller without a
+token may do anything (as before security), and a caller with one is held to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from bench.segment_driver import Driver
+from streamengine.client import StreamClient
+from streamengine.protocol import codec
+from streamengine.protocol.auth import RPC_NEEDS
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.limits import EPOCH_MAX
+from streamengine.protocol.signing import SigningKey
+from streamengine.tools.harness import (
+    Cluster,
+    free_port,
+    metric_value,
+    running_cluster,
+    wait_for,
+)
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from tests.integration.authority_helpers import bearer, create_token
+
+Code = grpc.StatusCode
+m = master_pb2
+s = segment_store_pb2
+P = entry_pb2.ReplicationPolicy
+# Forges grants: a key of no cluster.
+FORGER = GrantSigner(SigningKey(bytes(range(200, 232))))
+TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three stores; tenants of the tests below each make their own streams."""
+    root = tmp_path_factory.mktemp("authority")
+    with running_cluster(root, stores=3, master_args=["--lease-ms", "1000"]) as running:
+        yield running
+
+
+def master_call(cluster: Cluster, method: str, request: Any, token: str | None = None) -> Any:
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+        metadata = bearer(token) if token else None
+        return getattr(stub, method)(request, timeout=TIMEOUT_S, metadata=metadata)
+
+
+def store_call(address: str, method: str, request: Any, token: str | None = None) -> Any:
+    """A unary or server-streaming store call; streamed replies as a list."""
+    with grpc.insecure_channel(address) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        metadata = bearer(token) if token else None
+        reply = getattr(stub, method)(request, timeout=TIMEOUT_S, metadata=metadata)
+        return list(reply) if method in ("Read",) else reply
+
+
+def store_write(
+    address: str, requests: list[segment_store_pb2.WriteRequest], token: str | None = None
+) -> list[segment_store_pb2.WriteReply]:
+    with grpc.insecure_channel(address) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        metadata = bearer(token) if token else None
+        return list(stub.Write(iter(requests), timeout=TIMEOUT_S, metadata=metadata))
+
+
+def refused(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as raised:
+        call()
+    return raised.value
+
+
+def make_stream(cluster: Cluster, name: str, replicas: int = 3, quorum: int = 2) -> int:
+    info = master_call(
+        cluster,
+        "CreateStream",
+        m.CreateStreamRequest(
+            name=name, policy=P(replicas=replicas, write_quorum=quorum), create_tenant=True
+        ),
+    )
+    return int(info.stream_id)
+
+
+def append_and_read(cluster: Cluster, name: str, payloads: list[bytes]) -> list[bytes]:
+    """Append through the SDK (a new writer) and read the whole stream back."""
+
+    async def run() -> list[bytes]:
+        async with StreamClient(cluster.master_address) as client:
+            async with client.writer(name, leadership_timeout_s=15) as writer:
+                await writer.append_batch(payloads)
+            return [event.payload async for event in client.read(name)]
+
+    return asyncio.run(run())
+
+
+def state_of(address: str, segment: entry_pb2.SegmentId) -> tuple[int, int, int] | None:
+    try:
+        reply = store_call(address, "GetSegmentState", s.GetSegmentStateRequest(segment=segment))
+    except grpc.RpcError as error:
+        assert error.code() == Code.NOT_FOUND, error
+        return None
+    return reply.fence, reply.acked_index, reply.last_index
+
+
+# ---- grants ----
+
+
+def test_a_seal_at_the_last_epoch_without_a_grant_or_forged_is_refused_and_nothing_changes(
+    cluster: Cluster,
+) -> None:
+    name = "fence/orders"
+    stream_id = make_stream(cluster, name)
+    assert append_and_read(cluster, name, [b"a", b"b"]) == [b"a", b"b"]
+    segments = master_call(cluster, "ListSegments", m.ListSegmentsRequest(stream=name)).segments
+    segment = segments[-1]
+    for replica in segment.copy_set:
+        listed = (GrantSegment(segment.id.epoch, (replica.store_id,)),)
+        forged = FORGER.sign(Grant(stream_id, EPOCH_MAX, "fence", "intruder", listed))
+        before = state_of(replica.address, segment.id)
+        for grant in (b"", forged, b"garbage"):
+            request = s.SealRequest(segment=segment.id, new_epoch=EPOCH_MAX, grant=grant)
+            error = refused(functools.partial(store_call, replica.address, "Seal", request))
+            assert error.code() == Code.PERMISSION_DENIED, error.details()
+            assert state_of(replica.address, segment.id) == before
+    # Every later leader still seals, recovers and appends: nothing was wedged.
+    assert append_and_read(cluster, name, [b"c"]) == [b"a", b"b", b"c"]
+    assert append_and_read(cluster, name, [b"d"]) == [b"a", b"b", b"c", b"d"]
+
+
+def test_writes_under_a_grant_that_does_not_fit_are_refused_and_change_nothing(
+    cluster: Cluster,
+) -> None:
+    make_stream(cluster, "fit/one", replicas=2, quorum=2)
+    other_id = make_stream(cluster, "fit/two", replicas=2, quorum=2)
+    driver = Driver(cluster.master_address, "fit/one", client_id="fit-driver")
+    driver.lead()
+    assert driver.segment is not None
+    segment, epoch, grant = driver.segment.id, driver.epoch, driver.grant
+    members = {r.store_id for r in driver.segment.copy_set}
+    outsider = next(p for p in cluster.stores if p.name not in members)
+    member = next(p for p in cluster.stores if p.name in members)
+    event = codec.entry_to_pb(StoredEntry.make(1, EntryKind.EVENT, epoch, b"x"))
+    other_segment = entry_pb2.SegmentId(stream_id=other_id, epoch=epoch)
+    listed = (GrantSegment(epoch, tuple(sorted(members))),)
+    forged = FORGER.sign(Grant(segment.stream_id, epoch, "fit", "fit-driver", listed))
+    cases = [
+        ("a store outside the copy set", outsider.address, segment, epoch, grant),
+        ("another epoch than the grant's", member.address, segment, epoch + 1, grant),
+        ("another stream than the grant's", member.address, other_segment, epoch, grant),
+        ("no grant at all", member.address, segment, epoch, b""),
+        ("a forged grant", member.address, segment, epoch, forged),
+    ]
+    for case, address, target, writer_epoch, shown in cases:
+        before = state_of(address, target)
+        write = s.WriteRequest(
+            segment=target, writer_epoch=writer_epoch, entries=[event], grant=shown
+        )
+        error = refused(functools.partial(store_write, address, [write]))
+        assert error.code() == Code.PERMISSION_DENIED, (case, error.details())
+        assert state_of(address, target) == before, case
+    # The grant fits its own segment on its own stores: the same write goes through.
+    write = s.WriteRequest(segment=segment, writer_epoch=epoch, entries=[event], grant=grant)
+    assert [r.status for r in store_write(member.address, [write])] == [s.ACCEPTED]
+
+
+def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: Cluster) -> None:
+    stream_id = make_stream(cluster, "holder/s")
+    make_stream(cluster, "holder/t")
+    holder = Driver(cluster.master_address, "holder/s", client_id="holder")
+    holder.lead()
+    elsewhere = Driver(cluster.master_address, "holder/t", client_id="other")
+    elsewhere.lead()
+    epoch = holder.epoch
+
+    def leader() -> tuple[str, int]:
+        info = master_call(cluster, "DescribeStream", m.DescribeStreamRequest(name="holder/s"))
+        return info.leader_id, info.epoch
+
+    assert leader() == ("holder", epoch)
+    published: dict[str, Any] = {"stream": "holder/s", "client_id": "holder", "epoch": epoch}
+    attempts = [
+        ("ReleaseLease", m.ReleaseLeaseRequest(**published)),
+        ("RollSegment", m.RollSegmentRequest(**published)),
+        ("ReleaseLease", m.ReleaseLeaseRequest(**published, grant=elsewhere.grant)),
+        (
+            "RollSegment",
+            m.RollSegmentRequest(
+                **published,
+                grant=FORGER.sign(Grant(stream_id, epoch, "holder", "holder", ())),
+            ),
+        ),
+        (
+            "SealSegment",
+            m.SealSegmentRequest(
+                stream="holder/s",
+                segment_epoch=epoch,
+                writer_epoch=epoch,
+                client_id="other",
+                final_index=1,
+                grant=holder.grant,
+            ),
+        ),
+    ]
+    for method, request in attempts:
+        error = refused(functools.partial(master_call, cluster, method, request))
+        assert error.code() == Code.PERMISSION_DENIED, (method, error.details())
+        assert leader() == ("holder", epoch), method
+    released = master_call(
+        cluster, "ReleaseLease", m.ReleaseLeaseRequest(**published, grant=holder.grant)
+    )
+    assert released.released and leader() == ("", epoch)
+
+
+# ---- tokens ----
+
+
+@pytest.fixture(scope="module")
+def victim(cluster: Cluster) -> dict[str, Any]:
+    """Tenant `victim`: a stream with data in sealed and open segments, and a leased
+    stream whose holder's grant the tests hold (to show it to stores and the master)."""
+    make_stream(cluster, "victim/data")
+    make_stream(cluster, "victim/lease")
+    append_and_read(cluster, "victim/data", [b"v1"])
+    assert append_and_read(cluster, "victim/data", [b"v2"]) == [b"v1", b"v2"]
+    driver = Driver(cluster.master_address, "victim/lease", client_id="victim-driver")
+    driver.lead()
+    segments = master_call(
+        cluster, "ListSegments", m.ListSegmentsRequest(stream="victim/data")
+    ).segments
+    sealed = next(seg for seg in segments if seg.state == entry_pb2.SEALED)
+    return {"driver": driver, "sealed": sealed}
+
+
+def victim_snapshot(cluster: Cluster, victim: dict[str, Any]) -> tuple[Any, ...]:
+    """What the victim's data is (as an unrestricted caller sees it)."""
+    streams = master_call(cluster, "ListStreams", m.ListStreamsRequest(tenant="victim")).streams
+    names = [(i.name, i.stream_id, i.epoch, i.unsealed_segments) for i in streams]
+    segments = [
+        (seg.id.epoch, seg.state, seg.final_index, tuple(r.store_id for r in seg.copy_set))
+        for name, *_ in names
+        for seg in master_call(cluster, "ListSegments", m.ListSegmentsRequest(stream=name)).segments
+    ]
+    sealed = victim["sealed"]
+    replicas = [state_of(r.address, sealed.id) for r in sealed.copy_set]
+    return tuple(names), tuple(segments), tuple(replicas)
+
+
+def every_rpc_as(
+    cluster: Cluster, victim: dict[str, Any], token: str
+) -> dict[str, Callable[[], object]]:
+    """One call per RPC of master and stores, each on the victim's data, with `token`."""
+    driver: Driver = victim["driver"]
+    sealed: entry_pb2.Segment = victim["sealed"]
+    assert driver.segment is not None
+    lease: dict[str, Any] = {
+        "stream": "victim/lease",
+        "client_id": "victim-driver",
+        "epoch": driver.epoch,
+    }
+    store = sealed.copy_set[0].address
+    own = driver.segment.copy_set[0].address
+    write = s.WriteRequest(segment=driver.segment.id, writer_epoch=driver.epoch, grant=driver.grant)
+
+    def master(method: str, request: Any) -> Callable[[], object]:
+        return lambda: master_call(cluster, method, request, token)
+
+    def on_store(address: str, method: str, request: Any) -> Callable[[], object]:
+        return lambda: store_call(address, method, request, token)
+
+    def subscribe() -> object:
+        start = s.SubscribeRequest(start=s.SubscribeStart(segment=sealed.id, from_index=1))
+        with grpc.insecure_channel(store) as channel:
+            replies = store_grpc.SegmentStoreStub(channel).Subscribe(
+                iter([start]), timeout=TIMEOUT_S, metadata=bearer(token)
+            )
+            return next(iter(replies))
+
+    return {
+        "Master/RegisterStore": master(
+            "RegisterStore", m.RegisterStoreRequest(store_id="store0", address=store)
+        ),
+        "Master/StoreHeartbeat": master(
+            "StoreHeartbeat", m.StoreHeartbeatRequest(store_id="store0")
+        ),
+        "Master/CreateTenant": master("CreateTenant", m.CreateTenantRequest(tenant="victim")),
+        "Master/ListTenants": master("ListTenants", m.ListTenantsRequest()),
+        "Master/CreateStream": master(
+            "CreateStream",
+            m.CreateStreamRequest(name="victim/more", policy=P(replicas=3, write_quorum=2)),
+        ),
+        "Master/ListStreams": master("ListStreams", m.ListStreamsRequest(tenant="victim")),
+        "Master/DescribeStream": master(
+            "DescribeStream", m.DescribeStreamRequest(name="victim/data")
+        ),
+        "Master/DeleteStream": master("DeleteStream", m.DeleteStreamRequest(name="victim/data")),
+        "Master/WriterHeartbeat": master(
+            "WriterHeartbeat", m.WriterHeartbeatRequest(stream="victim/data", client_id="x")
+        ),
+        "Master/ReleaseLease": master(
+            "ReleaseLease", m.ReleaseLeaseRequest(**lease, grant=driver.grant)
+        ),
+        "Master/RollSegment": master(
+            "RollSegment", m.RollSegmentRequest(**lease, grant=driver.grant)
+        ),
+        "Master/ListSegments": master("ListSegments", m.ListSegmentsRequest(stream="victim/data")),
+        "Master/SealSegment": master(
+            "SealSegment",
+            m.SealSegmentRequest(
+                stream="victim/lease",
+                segment_epoch=driver.epoch,
+                writer_epoch=driver.epoch,
+                client_id="victim-driver",
+                final_index=1,
+                grant=driver.grant,
+            ),
+        ),
+        "Master/GetClusterStatus": master("GetClusterStatus", m.GetClusterStatusRequest()),
+        "Master/DrainStore": master("DrainStore", m.DrainStoreRequest(store_id="store0")),
+        "Master/Rebalance": master("Rebalance", m.RebalanceRequest(dry_run=True)),
+        "Master/RequestRoll": master("RequestRoll", m.RequestRollRequest(stream="victim/data")),
+        "Master/CreateToken": master(
+            "CreateToken", m.CreateTokenRequest(tenant="victim", role=m.TOKEN_ROLE_ADMIN)
+        ),
+        "Master/RevokeToken": master("RevokeToken", m.RevokeTokenRequest(token_id="0" * 16)),
+        "SegmentStore/Write": lambda: store_write(own, [write], token),
+        "SegmentStore/Seal": on_store(
+            own,
+            "Seal",
+            s.SealRequest(segment=driver.segment.id, new_epoch=driver.epoch, grant=driver.grant),
+        ),
+        "SegmentStore/Read": on_store(store, "Read", s.ReadRequest(segment=sealed.id)),
+        "SegmentStore/Subscribe": subscribe,
+        "SegmentStore/CopySegment": on_store(
+            store,
+            "CopySegment",
+            s.CopySegmentRequest(
+                segment=sealed.id,
+                source_address=sealed.copy_set[1].address,
+                final_index=sealed.final_index,
+                fence=sealed.id.epoch + 1,
+            ),
+        ),
+        "SegmentStore/Digest": on_store(store, "Digest", s.DigestRequest(segment=sealed.id)),
+        "SegmentStore/Delete": on_store(store, "Delete", s.DeleteRequest(segment=sealed.id)),
+        "SegmentStore/GetSegmentState": on_store(
+            store, "GetSegmentState", s.GetSegmentStateRequest(segment=sealed.id)
+        ),
+    }
+
+
+# Listings answer another tenant's token, showing it nothing of the victim.
+FILTERED = {"Master/ListTenants", "Master/ListStreams", "Master/GetClusterStatus"}
+
+
+def test_a_token_of_another_tenant_touches_and_sees_nothing_on_any_rpc(
+    cluster: Cluster, victim: dict[str, Any]
+) -> None:
+    token, _ = create_token(cluster.master_address, "evil", m.TOKEN_ROLE_ADMIN)
+    calls = every_rpc_as(cluster, victim, token)
+    assert set(calls) == set(RPC_NEEDS), "every RPC of both services is tried"
+    before = victim_snapshot(cluster, victim)
+    for rpc, call in sorted(calls.items()):
+        if rpc in FILTERED:
+            reply = call()
+            assert b"victim" not in reply.SerializeToString(), rpc  # type: ignore[attr-defined]
+            continue
+        error = refused(call)
+        assert error.code() == Code.PERMISSION_DENIED, (rpc, error.code(), error.details())
+        assert "victim" not in (error.details() or ""), (rpc, error.details())
+    assert victim_snapshot(cluster, victim) == before
+
+
+def test_a_read_token_reads_its_tenant_and_cannot_append_or_administer(
+    cluster: Cluster, victim: dict[str, Any]
+) -> None:
+    token, _ = create_token(cluster.master_address, "victim", m.TOKEN_ROLE_READ)
+    calls = every_rpc_as(cluster, victim, token)
+    before = victim_snapshot(cluster, victim)
+    reads = {
+        "Master/ListTenants",
+        "Master/ListStreams",
+        "Master/DescribeStream",
+        "Master/ListSegments",
+        "Master/GetClusterStatus",
+        "SegmentStore/Read",
+        "SegmentStore/Subscribe",
+        "SegmentStore/Digest",
+        "SegmentStore/GetSegmentState",
+    }
+    for rpc in sorted(reads):
+        assert calls[rpc]() is not None, rpc
+    listed = master_call(cluster, "ListStreams", m.ListStreamsRequest(), token).streams
+    assert {info.name for info in listed} == {"victim/data", "victim/lease"}
+    read = store_call(
+        victim["sealed"].copy_set[0].address,
+        "Read",
+        s.ReadRequest(segment=victim["sealed"].id),
+        token,
+    )
+    assert [e.payload for r in read for e in r.entries][:1] == [b"v1"]
+    for rpc, call in sorted(calls.items()):
+        if rpc in reads:
+            continue
+        error = refused(call)
+        assert error.code() == Code.PERMISSION_DENIED, (rpc, error.details())
+    assert victim_snapshot(cluster, victim) == before
+
+
+def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores(
+    cluster: Cluster, victim: dict[str, Any]
+) -> None:
+    sealed: entry_pb2.Segment = victim["sealed"]
+    stores = [r.address for r in sealed.copy_set]
+    describe = m.DescribeStreamRequest(name="victim/data")
+    state = s.GetSegmentStateRequest(segment=sealed.id)
+
+    def store_refuses(token: str, why: str) -> bool:
+        for address in stores:
+            try:
+                store_call(address, "GetSegmentState", state, token)
+                return False
+            except grpc.RpcError as error:
+                assert error.code() == Code.PERMISSION_DENIED, error.details()
+                assert why in (error.details() or ""), error.details()
+        return True
+
+    revoked, token_id = create_token(cluster.master_address, "victim", m.TOKEN_ROLE_READ)
+    assert master_call(cluster, "DescribeStream", describe, revoked).name == "victim/data"
+    for address in stores:
+        assert store_call(address, "GetSegmentState", state, revoked).acked_index > 0
+    assert master_call(cluster, "RevokeToken", m.RevokeTokenRequest(token_id=token_id)).revoked
+    error = refused(lambda: master_call(cluster, "DescribeStream", describe, revoked))
+    assert error.code() == Code.PERMISSION_DENIED and "revoked" in (error.details() or "")
+    # Stores hear of it with their next heartbeat (every store timeout / 4: 1.5 s).
+    wait_for(lambda: store_refuses(revoked, "revoked"), 5.0, message="stores refuse it")
+
+    expiring, _ = create_token(cluster.master_address, "victim", m.TOKEN_ROLE_READ, ttl_ms=2000)
+    assert master_call(cluster, "DescribeStream", describe, expiring).name == "victim/data"
+
+    def master_refuses() -> bool:
+        try:
+            master_call(cluster, "DescribeStream", describe, expiring)
+        except grpc.RpcError as error:
+            assert error.code() == Code.PERMISSION_DENIED and "expired" in (error.details() or "")
+            return True
+        return False
+
+    wait_for(master_refuses, 5.0, message="the master refuses the expired token")
+    assert store_refuses(expiring, "expired")
+    # A token of this cluster's format but of no master at all.
+    forged = "se1_" + "A" * 120
+    error = refused(lambda: master_call(cluster, "DescribeStream", describe, forged))
+    assert error.code() == Code.PERMISSION_DENIED
+    assert store_refuses(forged, "not valid")
+
+
+def test_the_token_cli_creates_a_token_on_stdout_and_revokes_it(cluster: Cluster) -> None:
+    from tests.integration.test_cli import run_cli
+
+    make_stream(cluster, "cli/s")
+    master = ["--master", cluster.master_address]
+    made = run_cli("token", "create", "--tenant", "cli", "--role", "read", "--ttl", "1h", *master)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert made.stdout == token + "\n" and token.startswith("se1_")
+    token_id = made.stderr.split()[1].rstrip(":")
+    listed = master_call(cluster, "ListStreams", m.ListStreamsRequest(), token).streams
+    assert [info.name for info in listed] == ["cli/s"]
+    assert run_cli("token", "revoke", token_id, *master).returncode == 0
+    again = run_cli("token", "revoke", token_id, *master)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
+    assert run_cli("token", "create", "--tenant", "cli", "--role", "root", *master).returncode == 2
+    bad_ttl = run_cli(
+        "token", "create", "--tenant", "cli", "--role", "read", "--ttl", "1y", *master
+    )
+    assert bad_ttl.returncode == 2
+
+
+# ---- quotas ----
+
+
+def test_quotas_refuse_streams_past_the_limit_and_hold_appends_to_the_rate(tmp_path: Path) -> None:
+    rate = 100_000
+    ports = {}
+
+    def metrics_port(number: int) -> list[str]:
+        ports[number] = free_port()
+        return ["--metrics-port", str(ports[number])]
+
+    master_args = [
+        "--lease-ms",
+        "1000",
+        "--tenant-streams-max",
+        "2",
+        "--tenant-append-bytes-per-s",
+        str(rate),
+    ]
+    with running_cluster(
+        tmp_path, stores=3, master_args=master_args, store_args_for=metrics_port
+    ) as quota_cluster:
+        make_stream(quota_cluster, "q/one")
+        make_stream(quota_cluster, "q/two")
+        error = refused(lambda: make_stream(quota_cluster, "q/three"))
+        assert error.code() == Code.RESOURCE_EXHAUSTED and "quota" in (error.details() or "")
+        listed = master_call(quota_cluster, "ListStreams", m.ListStreamsRequest(tenant="q"))
+        assert [info.name for info in listed.streams] == ["q/one", "q/two"]
+        make_stream(quota_cluster, "other/one")  # another tenant has its own count
+
+        # 500 KB in ten appends of 50 KB, one after the other: a second of burst,
+        # then the rate; at least 4 s at 100 KB/s.
+        batches = [[bytes([b]) * 1000 for _ in range(50)] for b in range(10)]
+
+        async def append() -> None:
+            async with (
+                StreamClient(quota_cluster.master_address) as client,
+                client.writer("q/one", leadership_timeout_s=15) as writer,
+            ):
+                for batch in batches:
+                    await writer.append_batch(batch)
+
+        started = time.monotonic()
+        asyncio.run(append())
+        elapsed = time.monotonic() - started
+        assert elapsed >= 3.5, elapsed
+        refusals = [
+            metric_value(port, "streamengine_store_refused_quota_total") for port in ports.values()
+        ]
+        assert sum(refusals) > 0, refusals
+
+
+# ---- over TLS: tokens through the SDK and the CLI ----
+
+
+def test_over_tls_a_tenant_is_its_token_through_the_sdk_and_the_cli(tmp_path: Path) -> None:
+    """A cluster admin (client.root) makes tokens with the CLI; a tenant holding ca.crt
+    and a write token leads and appends through the SDK, one with a read token reads but
+    cannot lead, and a caller with neither certificate nor token is refused."""
+    from streamengine.client import PermissionDenied
+    from tests.integration.test_cli import run_cli
+
+    with running_cluster(tmp_path, stores=3, master_args=["--lease-ms", "1000"], tls=True) as tls:
+        assert tls.certs is not None
+        admin = ["--master", tls.master_address, "--certs-dir", str(tls.certs.client_dir)]
+        assert run_cli("stream", "create", "acme/orders", *admin).returncode == 0
+        assert run_cli("stream", "create", "other/secret", *admin).returncode == 0
+        tokens = {}
+        for role in ("read", "write"):
+            made = run_cli("token", "create", "--tenant", "acme", "--role", role, *admin)
+            assert made.returncode == 0, made.stderr
+            tokens[role] = made.stdout.strip()
+        tenant_dir = tls.certs.tenant_dir
+
+        async def as_tenant(token: str | None) -> list[str]:
+            async with StreamClient(
+                tls.master_address, certs_dir=tenant_dir, token=token
+            ) as client:
+                if token == tokens["write"]:
+                    async with client.writer("acme/orders", leadership_timeout_s=15) as writer:
+                        await writer.append_batch([b"one", b"two"])
+                events = [e.payload async for e in client.read("acme/orders")]
+                info = await client.describe_stream("acme/orders")
+                return [info.name, *(p.decode() for p in events)]
+
+        assert asyncio.run(as_tenant(tokens["write"])) == ["acme/orders", "one", "two"]
+        assert asyncio.run(as_tenant(tokens["read"])) == ["acme/orders", "one", "two"]
+
+        async def lead_with_read_token() -> None:
+            async with (
+                StreamClient(
+                    tls.master_address, certs_dir=tenant_dir, token=tokens["read"]
+                ) as client,
+                client.writer("acme/orders", leadership_timeout_s=15),
+            ):
+                pass
+
+        with pytest.raises(PermissionDenied):
+            asyncio.run(lead_with_read_token())
+        with pytest.raises(PermissionDenied):
+            asyncio.run(as_tenant(None))  # ca.crt alone: anonymous
+        reader = ["--master", tls.master_address, "--certs-dir", str(tenant_dir)]
+        listed = run_cli("stream", "list", "--json", *reader, "--token", tokens["read"])
+        assert listed.returncode == 0, listed.stderr
+        assert "acme/orders" in listed.stdout and "other" not in listed.stdout
+        refused = run_cli("stream", "create", "acme/more", *reader, "--token", tokens["read"])
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr

@@ -1,0 +1,368 @@
+"""Mutated messages to every RPC of a real master and real stores: the servers keep
+serving, answer each with a status (never an unhandled error), and the data they hold
+is exactly what it was (its digests, replica by replica, and the master's metadata).
+
+Each RPC gets a seed message that means something (the victim tenant's stream names,
+segment ids, a real grant, a forged one) and hypothesis mutates its bytes: flips,
+cuts, insertions, or bytes of its own. Who sends them: calls that could change
+anything go with a read token of another tenant (so authorization is what stands in
+the way), and read-only calls also as an unauthenticated plaintext caller (who may read
+anything, and so reaches deeper: ranges, segments, subscriptions). Writes and seals
+also go unauthenticated under forged grants: no mutation of one verifies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.segment_driver import Driver
+from streamengine.client import StreamClient
+from streamengine.protocol.auth import RPC_NEEDS
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.signing import SigningKey
+from streamengine.tools.harness import Cluster, is_serving, running_cluster
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
+from tests.integration.authority_helpers import bearer, create_token
+
+m = master_pb2
+s = segment_store_pb2
+P = entry_pb2.ReplicationPolicy
+CALL_TIMEOUT_S = 3.0
+# Examples per RPC and caller: 27 RPCs, a few hundred calls in all, some seconds.
+EXAMPLES = 25
+FORGER = GrantSigner(SigningKey(bytes(range(50, 82))))
+READ_ONLY = {
+    "Master/ListTenants",
+    "Master/ListStreams",
+    "Master/DescribeStream",
+    "Master/ListSegments",
+    "Master/GetClusterStatus",
+    "SegmentStore/Read",
+    "SegmentStore/Subscribe",
+    "SegmentStore/Digest",
+    "SegmentStore/GetSegmentState",
+    # Refused without a grant of the master's, whoever calls.
+    "SegmentStore/Write",
+    "SegmentStore/Seal",
+}
+STREAMING = {"SegmentStore/Write": "stream", "SegmentStore/Subscribe": "stream"}
+SERVER_STREAMING = {"SegmentStore/Read"}
+
+
+class Victim:
+    """The data the fuzz must not change, and what it knows to aim at."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+        async def fill() -> None:
+            async with StreamClient(cluster.master_address) as client:
+                await client.create_stream("victim/data")
+                for round_ in range(2):  # two leaders: a sealed segment and an open one
+                    async with client.writer("victim/data", leadership_timeout_s=15) as writer:
+                        await writer.append_batch([b"%d-%d" % (round_, i) for i in range(20)])
+
+        asyncio.run(fill())
+        self.driver = Driver(cluster.master_address, "victim/data", client_id="victim-driver")
+        self.driver.lead()
+        assert self.driver.segment is not None
+        segments = self.call("Master/ListSegments", m.ListSegmentsRequest(stream="victim/data"))
+        self.segments = list(segments.segments)
+        self.sealed = next(x for x in self.segments if x.state == entry_pb2.SEALED)
+
+    def call(self, rpc: str, request: Any) -> Any:
+        service, method = rpc.split("/")
+        with grpc.insecure_channel(self.cluster.master_address) as channel:
+            stub = channel.unary_unary(
+                f"/streamengine.v1.{service}/{method}",
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=_REPLIES[rpc].FromString,
+            )
+            return stub(request, timeout=CALL_TIMEOUT_S)
+
+    def digests(self) -> tuple[Any, ...]:
+        """Everything the victim holds: the master's word and every replica's digest."""
+        info = self.call("Master/DescribeStream", m.DescribeStreamRequest(name="victim/data"))
+        segments = self.call("Master/ListSegments", m.ListSegmentsRequest(stream="victim/data"))
+        replicas = []
+        for segment in segments.segments:
+            for replica in segment.copy_set:
+                replicas.append((segment.id.epoch, replica.store_id, digest(replica, segment.id)))
+        # Not the leader: the driver's lease runs out meanwhile, which changes no data.
+        return (
+            (info.name, info.stream_id, info.epoch, info.unsealed_segments),
+            tuple((x.id.epoch, x.state, x.final_index) for x in segments.segments),
+            tuple(replicas),
+        )
+
+    def seeds(self) -> dict[str, list[Any]]:
+        """Meaningful requests of every RPC, to mutate."""
+        driver = self.driver
+        assert driver.segment is not None
+        open_id, sealed_id = driver.segment.id, self.sealed.id
+        forged = FORGER.sign(
+            Grant(
+                open_id.stream_id,
+                driver.epoch + 1,
+                "victim",
+                "intruder",
+                (GrantSegment(sealed_id.epoch, tuple(r.store_id for r in self.sealed.copy_set)),),
+            )
+        )
+        event = entry_pb2.Entry(index=1, kind=entry_pb2.EVENT, epoch=driver.epoch, payload=b"x")
+        lease: dict[str, Any] = {
+            "stream": "victim/data",
+            "client_id": "victim-driver",
+            "epoch": driver.epoch,
+        }
+        return {
+            "Master/RegisterStore": [m.RegisterStoreRequest(store_id="store0", address="h:1")],
+            "Master/StoreHeartbeat": [m.StoreHeartbeatRequest(store_id="store0")],
+            "Master/CreateTenant": [m.CreateTenantRequest(tenant="victim")],
+            "Master/ListTenants": [m.ListTenantsRequest()],
+            "Master/CreateStream": [
+                m.CreateStreamRequest(name="victim/x", policy=P(replicas=3, write_quorum=2))
+            ],
+            "Master/ListStreams": [m.ListStreamsRequest(tenant="victim")],
+            "Master/DescribeStream": [m.DescribeStreamRequest(name="victim/data")],
+            "Master/DeleteStream": [m.DeleteStreamRequest(name="victim/data")],
+            "Master/WriterHeartbeat": [
+                m.WriterHeartbeatRequest(stream="victim/data", client_id="victim-driver")
+            ],
+            "Master/ReleaseLease": [
+                m.ReleaseLeaseRequest(**lease, grant=driver.grant),
+                m.ReleaseLeaseRequest(**lease, grant=forged),
+            ],
+            "Master/RollSegment": [
+                m.RollSegmentRequest(**lease, grant=driver.grant),
+                m.RollSegmentRequest(**lease, grant=forged),
+            ],
+            "Master/ListSegments": [m.ListSegmentsRequest(stream="victim/data", from_epoch=1)],
+            "Master/SealSegment": [
+                m.SealSegmentRequest(
+                    stream="victim/data",
+                    segment_epoch=sealed_id.epoch,
+                    writer_epoch=driver.epoch,
+                    client_id="victim-driver",
+                    final_index=3,
+                    grant=grant,
+                )
+                for grant in (driver.grant, forged)
+            ],
+            "Master/GetClusterStatus": [m.GetClusterStatusRequest()],
+            "Master/DrainStore": [m.DrainStoreRequest(store_id="store0")],
+            "Master/Rebalance": [m.RebalanceRequest()],
+            "Master/RequestRoll": [m.RequestRollRequest(stream="victim/data")],
+            "Master/CreateToken": [
+                m.CreateTokenRequest(tenant="victim", role=m.TOKEN_ROLE_ADMIN, ttl_ms=60_000)
+            ],
+            "Master/RevokeToken": [m.RevokeTokenRequest(token_id="0123456789abcdef")],
+            "SegmentStore/Write": [
+                s.WriteRequest(
+                    segment=segment,
+                    writer_epoch=epoch,
+                    acked_index=1,
+                    entries=[event],
+                    request_id=1,
+                    grant=grant,
+                )
+                for segment, epoch, grant in (
+                    (open_id, driver.epoch, driver.grant),
+                    (sealed_id, driver.epoch + 1, forged),
+                )
+            ],
+            "SegmentStore/Seal": [
+                s.SealRequest(segment=sealed_id, new_epoch=driver.epoch + 1, grant=forged),
+                s.SealRequest(segment=open_id, new_epoch=driver.epoch, grant=driver.grant),
+            ],
+            "SegmentStore/Read": [
+                s.ReadRequest(segment=sealed_id, from_index=1, to_index=5),
+                s.ReadRequest(segment=sealed_id, packed=True),
+            ],
+            "SegmentStore/Subscribe": [
+                s.SubscribeRequest(start=s.SubscribeStart(segment=sealed_id, from_index=1))
+            ],
+            "SegmentStore/CopySegment": [
+                s.CopySegmentRequest(
+                    segment=sealed_id,
+                    source_address=self.sealed.copy_set[1].address,
+                    final_index=self.sealed.final_index,
+                    fence=driver.epoch,
+                )
+            ],
+            "SegmentStore/Digest": [s.DigestRequest(segment=sealed_id, up_to_index=3)],
+            "SegmentStore/Delete": [s.DeleteRequest(segment=sealed_id)],
+            "SegmentStore/GetSegmentState": [s.GetSegmentStateRequest(segment=sealed_id)],
+        }
+
+
+def digest(replica: entry_pb2.Replica, segment: entry_pb2.SegmentId) -> tuple[Any, ...]:
+    """A replica's digest of everything it holds of `segment`, with its fence and acked
+    index (None when it holds nothing of it: the open segment before any write)."""
+    with grpc.insecure_channel(replica.address) as channel:
+        try:
+            reply = channel.unary_unary(
+                "/streamengine.v1.SegmentStore/Digest",
+                request_serializer=s.DigestRequest.SerializeToString,
+                response_deserializer=s.DigestReply.FromString,
+            )(s.DigestRequest(segment=segment, up_to_index=1000), timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error
+            return (None,)
+    return reply.digest, reply.fence, reply.acked_index, reply.entries_held
+
+
+_REPLIES: dict[str, Any] = {
+    "Master/ListSegments": m.ListSegmentsReply,
+    "Master/DescribeStream": m.StreamInfo,
+}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Victim, str]]:
+    root = tmp_path_factory.mktemp("fuzz")
+    with running_cluster(root, stores=3, master_args=["--lease-ms", "1000"]) as cluster:
+        victim = Victim(cluster)
+        token, _ = create_token(cluster.master_address, "fuzz", m.TOKEN_ROLE_READ)
+        before = victim.digests()
+        yield cluster, victim, token
+        for server in [cluster.master, *cluster.stores]:
+            assert is_serving(server.address), f"{server.name} stopped serving"
+        assert victim.digests() == before, "the fuzz changed the victim's data"
+
+
+def mutated(seed: bytes) -> st.SearchStrategy[bytes]:
+    """Bytes near `seed`: a few flipped, cut, or inserted; or bytes of no seed at all."""
+
+    @st.composite
+    def near(draw: st.DrawFn) -> bytes:
+        data = bytearray(seed)
+        for _ in range(draw(st.integers(1, 4))):
+            how = draw(st.sampled_from(["flip", "cut", "insert", "set"]))
+            at = draw(st.integers(0, max(len(data) - 1, 0)))
+            if how == "flip" and data:
+                data[at] ^= 1 << draw(st.integers(0, 7))
+            elif how == "cut":
+                del data[at : at + draw(st.integers(1, 16))]
+            elif how == "insert":
+                data[at:at] = draw(st.binary(min_size=1, max_size=8))
+            elif data:
+                data[at] = draw(st.integers(0, 255))
+        return bytes(data)
+
+    return st.one_of(near(), st.binary(max_size=64))
+
+
+def send(address: str, rpc: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
+    """One call with raw request bytes; the status it ended with."""
+    service, method = rpc.split("/")
+    path = f"/streamengine.v1.{service}/{method}"
+    metadata = bearer(token) if token else None
+    with grpc.insecure_channel(address) as channel:
+        try:
+            if rpc in STREAMING:
+                streaming: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(
+                    path
+                )
+                call = streaming(iter(messages), timeout=CALL_TIMEOUT_S, metadata=metadata)
+                next(iter(call), None)  # the first answer (a live tail goes on: enough)
+                call.cancel()
+            elif rpc in SERVER_STREAMING:
+                reading: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path)
+                for _ in reading(messages[0], timeout=CALL_TIMEOUT_S, metadata=metadata):
+                    pass
+            else:
+                unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
+                unary(messages[0], timeout=CALL_TIMEOUT_S, metadata=metadata)
+        except grpc.RpcError as error:
+            return error.code()
+    return grpc.StatusCode.OK
+
+
+def address_of(cluster: Cluster, victim: Victim, rpc: str) -> str:
+    if rpc.startswith("Master/"):
+        return cluster.master_address
+    return victim.sealed.copy_set[0].address
+
+
+CASES = [
+    (rpc, caller)
+    for rpc in sorted(RPC_NEEDS)
+    for caller in ("token", "plaintext")
+    if caller == "token" or rpc in READ_ONLY
+]
+
+
+@pytest.mark.parametrize(("rpc", "caller"), CASES, ids=[f"{r}-{c}" for r, c in CASES])
+def test_mutated_messages_change_nothing_and_break_nothing(
+    target: tuple[Cluster, Victim, str], rpc: str, caller: str
+) -> None:
+    cluster, victim, token = target
+    seeds = [seed.SerializeToString() for seed in victim.seeds()[rpc]]
+    if caller == "plaintext":
+        # A plaintext caller may do anything the master's real grant allows: it gets
+        # only the forged ones.
+        seeds = [seed for seed in seeds if victim.driver.grant not in seed]
+    assert seeds, rpc
+    address = address_of(cluster, victim, rpc)
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(data=st.data())
+    def fuzz(data: st.DataObject) -> None:
+        seed = data.draw(st.sampled_from(seeds))
+        count = data.draw(st.integers(1, 3)) if rpc in STREAMING else 1
+        messages = [data.draw(mutated(seed)) for _ in range(count)]
+        code = send(address, rpc, messages, token if caller == "token" else None)
+        # UNKNOWN is what gRPC answers for an exception a handler did not turn into a
+        # status: the servers must have an answer for everything.
+        assert code != grpc.StatusCode.UNKNOWN, (rpc, messages)
+        if caller == "token" and rpc not in _ANSWERED_TO_OTHERS:
+            assert code in _REFUSALS, (rpc, code)
+
+    fuzz()
+    assert is_serving(address)
+
+
+# What another tenant's read token gets, unless the bytes do not even parse.
+_REFUSALS = {
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.INTERNAL,  # a request that does not parse (grpc-core's own answer)
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# Listings answer everyone (filtered); a stream of nothing but garbage may end cleanly.
+_ANSWERED_TO_OTHERS = {
+    "Master/ListTenants",
+    "Master/ListStreams",
+    "Master/GetClusterStatus",
+    "SegmentStore/Write",
+    "SegmentStore/Subscribe",
+}
+
+
+@pytest.mark.parametrize(
+    "rpc",
+    ["Master/CreateStream", "SegmentStore/Read", "SegmentStore/Write", "SegmentStore/Subscribe"],
+)
+def test_a_request_that_does_not_parse_is_invalid_argument(
+    target: tuple[Cluster, Victim, str], rpc: str
+) -> None:
+    """Field number 0 is no protobuf: every kind of RPC says so, as bad input."""
+    cluster, victim, _ = target
+    assert send(address_of(cluster, victim, rpc), rpc, [b"\x00"], None) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )

@@ -1,0 +1,189 @@
+"""The master's authority: the grants it gives, who holds an epoch, its signing key,
+tokens and quotas. Pure decisions as tables; the state over a real catalog."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamengine.master.authority import check_holder, grant_of, stream_tenant
+from streamengine.master.errors import InvalidArgument, PermissionDenied, QuotaExceeded
+from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.protocol.auth import Role
+from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner, open_grant
+from streamengine.protocol.signing import SigningKey, Verifier
+from streamengine.protocol.tokens import mint_token, open_token
+from tests.metadata_backends import MetadataPlace, RocksDBPlace
+from tests.unit.test_master_state import LEASE, Master, beat
+
+STREAM = StreamRecord("acme/orders", 7, 3, 2, 1 << 20, 60_000, 9, "w1", 0)
+
+
+def segment(epoch: int, copy_set: tuple[str, ...], state: SegmentState) -> SegmentRecord:
+    return SegmentRecord(7, "acme/orders", epoch, copy_set, state, 0, 0, 0, 0)
+
+
+def test_a_grant_lists_the_unsealed_segments_then_its_own_with_their_copy_sets() -> None:
+    own = segment(9, ("a", "b", "c"), SegmentState.OPEN)
+    earlier = [segment(5, ("d", "e", "f"), SegmentState.SEALING)]
+    assert grant_of(STREAM, 9, "w1", own, earlier) == Grant(
+        7,
+        9,
+        "acme",
+        "w1",
+        (GrantSegment(5, ("d", "e", "f")), GrantSegment(9, ("a", "b", "c"))),
+    )
+    without_segment = grant_of(STREAM, 9, "w1", None, earlier)
+    assert without_segment.segment(9) is None and without_segment.segment(5) is not None
+
+
+def test_a_sealed_segment_is_never_given_to_seal_again() -> None:
+    with pytest.raises(AssertionError):
+        grant_of(STREAM, 9, "w1", None, [segment(5, ("d",), SegmentState.SEALED)])
+
+
+KEY = SigningKey(bytes(range(32)))
+GRANT = GrantSigner(KEY).sign(
+    Grant(7, 9, "acme", "w1", (GrantSegment(5, ("d",)), GrantSegment(9, ("a",))))
+)
+FORGED = GrantSigner(SigningKey(bytes(32))).sign(Grant(7, 9, "acme", "w1", ()))
+
+
+@pytest.mark.parametrize(
+    ("signed", "admin", "epoch", "client", "segment_epoch", "refusal"),
+    [
+        (GRANT, False, 9, "w1", None, None),
+        (GRANT, False, 9, "w1", 5, None),
+        (b"", True, 9, "anyone", 5, None),  # a cluster admin goes without
+        (GRANT, True, 9, "w2", None, "another client"),  # but a grant shown must fit
+        (b"", False, 9, "w1", None, "needs the master's grant"),
+        (FORGED, False, 9, "w1", None, "a key this cluster does not hold"),
+        (GRANT[:-1], False, 9, "w1", None, "the grant shown"),
+        (GRANT, False, 9, "w2", None, "another client"),  # a published client id
+        (GRANT, False, 10, "w1", None, "not of epoch 10"),
+        (GRANT, False, 9, "w1", 7, "does not list segment 7"),
+        (
+            GrantSigner(KEY).sign(Grant(8, 9, "acme", "w1", ())),
+            False,
+            9,
+            "w1",
+            None,
+            "stream 8",
+        ),
+    ],
+)
+def test_check_holder(
+    signed: bytes,
+    admin: bool,
+    epoch: int,
+    client: str,
+    segment_epoch: int | None,
+    refusal: str | None,
+) -> None:
+    verifier = Verifier([KEY.public_key])
+    if refusal is None:
+        check_holder(verifier, signed, admin, STREAM, epoch, client, segment_epoch)
+        return
+    with pytest.raises(PermissionDenied, match=refusal):
+        check_holder(verifier, signed, admin, STREAM, epoch, client, segment_epoch)
+
+
+@pytest.mark.parametrize(
+    ("name", "tenant"), [("acme/orders", "acme"), ("acme", "acme"), ("", ""), ("a/b/c", "a")]
+)
+def test_stream_tenant(name: str, tenant: str) -> None:
+    assert stream_tenant(name) == tenant
+
+
+# ---- the state: key, grants, tokens, quotas ----
+
+
+@pytest.fixture
+def master(metadata_place: MetadataPlace) -> Iterator[Master]:
+    """Four stores and the stream t/s, past the start-up window, over each back end."""
+    started = Master(metadata_place)
+    started.stores("a", "b", "c", "d")
+    started.state.create_stream("t/s", 3, 2, 0, 0, True, started.now)
+    started.now += LEASE
+    yield started
+
+
+def test_the_signing_key_is_made_once_and_kept_across_restarts(
+    metadata_place: MetadataPlace, tmp_path: Path
+) -> None:
+    """A restart, or a standby becoming active on the same metadata, signs with the
+    same key; another cluster's metadata holds another one."""
+    first = Master(metadata_place)
+    key = first.state.signing_key.public_key
+    assert first.restart().signing_key.public_key == key
+    other = RocksDBPlace(tmp_path / "other")
+    try:
+        assert Master(other).state.signing_key.public_key != key
+    finally:
+        other.close()
+
+
+def test_a_leader_view_grants_its_epoch_with_what_it_must_seal(master: Master) -> None:
+    first = beat(master, "w1")
+    grant = first.grant()
+    assert (grant.epoch, grant.client_id, grant.tenant) == (1, "w1", "t")
+    assert [s.epoch for s in grant.segments] == [1]
+    master.now += LEASE + 1
+    second = beat(master, "w2")
+    grant = second.grant()
+    assert [s.epoch for s in grant.segments] == [1, 2]
+    assert grant.segments[0].copy_set == first.grant().segments[0].copy_set
+    signed = GrantSigner(master.state.signing_key).sign(grant)
+    assert open_grant(Verifier([master.state.signing_key.public_key]), signed) == grant
+
+
+def test_tokens_are_signed_kept_revoked_and_forgotten_once_expired(master: Master) -> None:
+    state = master.state
+    now = master.now
+    claims = state.create_token("0123456789abcdef", "fresh", int(Role.READ), 10_000, now)
+    assert "fresh" in state.tenants  # a token for a new tenant creates it
+    assert (claims.role, claims.expires_at_ms) == (Role.READ, now + 10_000)
+    assert state.revoke_token("0123456789abcdef", now + 1)
+    assert not state.revoke_token("0123456789abcdef", now + 2)  # once
+    assert not state.revoke_token("ffffffffffffffff", now + 2)  # never issued
+    version = state.current_revocations(now + 2).version
+    assert version == 1 and "0123456789abcdef" in state.current_revocations(now + 2)
+    restarted = master.restart()
+    assert "0123456789abcdef" in restarted.current_revocations(now + 2)
+    assert restarted.current_revocations(now + 2).version == version
+    # Expired: refused as expired anyway; the revocation and the record go.
+    assert "0123456789abcdef" not in restarted.current_revocations(now + 10_000)
+    restarted.create_token("fedcba9876543210", "fresh", int(Role.WRITE), 0, now + 10_001)
+    assert "0123456789abcdef" not in master.restart().tokens
+
+
+def test_a_token_the_master_mints_verifies_with_its_key(master: Master) -> None:
+    claims = master.state.create_token("0123456789abcdef", "t", int(Role.ADMIN), 0, master.now)
+    token = mint_token(master.state.signing_key, claims)
+    assert open_token(Verifier([master.state.signing_key.public_key]), token) == claims
+
+
+@pytest.mark.parametrize(
+    ("role", "ttl_ms"), [(0, 1000), (4, 1000), (1, 10), (1, 400 * 24 * 3600 * 1000)]
+)
+def test_tokens_with_an_unknown_role_or_lifetime_are_refused(
+    master: Master, role: int, ttl_ms: int
+) -> None:
+    with pytest.raises(InvalidArgument):
+        master.state.create_token("0123456789abcdef", "t", role, ttl_ms, master.now)
+    assert "0123456789abcdef" not in master.state.tokens
+
+
+def test_a_tenant_at_its_stream_quota_creates_no_more(master: Master) -> None:
+    state = master.state
+    state.tenant_streams_max = 2
+    for name in ("a/one", "a/two", "b/one"):
+        state.create_stream(name, 1, 1, 0, 0, True, master.now)
+    with pytest.raises(QuotaExceeded, match="tenant 'a' holds 2 streams"):
+        state.create_stream("a/three", 1, 1, 0, 0, True, master.now)
+    assert "a/three" not in state.streams
+    # The same stream again is no new stream.
+    assert state.create_stream("a/one", 1, 1, 0, 0, True, master.now).name == "a/one"
+
