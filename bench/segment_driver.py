@@ -5,8 +5,10 @@ client SDK. It plays one leader doing exactly what docs/design.md's leader does 
 with no failures: heartbeat for the lease and copy set, write events to every store of
 the copy set and raise their acked index, RollSegment for the next epoch, Seal the old
 segment on its stores with the new epoch, write the BRIDGE and raise the acked index
-over it, then SealSegment at the master. Every write, seal and master call under an
-epoch carries the master's grant of it, from the answer that granted it.
+over it, then SealSegment at the master with the segment's certificate (or without one,
+as a segment sealed before certificates existed: `certify=False`). Every write, seal and
+master call under an epoch carries the master's grant of it, from the answer that
+granted it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 
 from streamengine.protocol import codec
+from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -82,6 +85,8 @@ class Driver:
     segment: entry_pb2.Segment | None = None
     # The master's signed grant of `epoch`.
     grant: bytes = b""
+    # Seal with the certificate of what was written, as a leader's roll does.
+    certify: bool = True
 
     def _stub(self) -> tuple[grpc.Channel, master_pb2_grpc.MasterStub]:
         channel = grpc.insecure_channel(self.master)
@@ -153,17 +158,18 @@ class Driver:
                 assert sealed.fence == self.epoch and sealed.acked_index == events
                 if bridge_on is None or number < bridge_on:
                     write(replica.address, old.id, self.epoch, [bridge], events + 1, self.grant)
-            result: entry_pb2.Segment = stub.SealSegment(
-                master_pb2.SealSegmentRequest(
-                    stream=self.stream,
-                    segment_epoch=old_epoch,
-                    writer_epoch=self.epoch,
-                    client_id=self.client_id,
-                    final_index=events + 1,
-                    grant=self.grant,
-                ),
-                timeout=CALL_TIMEOUT_S,
+            request = master_pb2.SealSegmentRequest(
+                stream=self.stream,
+                segment_epoch=old_epoch,
+                writer_epoch=self.epoch,
+                client_id=self.client_id,
+                final_index=events + 1,
+                grant=self.grant,
             )
+            if self.certify:
+                content = [(e.index, int(e.kind), e.payload) for e in [*entries, bridge]]
+                request.certificate.CopyFrom(codec.certificate_to_pb(certificate_of(content)))
+            result: entry_pb2.Segment = stub.SealSegment(request, timeout=CALL_TIMEOUT_S)
         return result
 
 

@@ -32,6 +32,7 @@ from streamengine.client.core.leader import RecoverSegment
 from streamengine.client.core.replicator import Tick
 from streamengine.client.errors import Fenced, fence_of
 from streamengine.protocol import codec
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -75,6 +76,7 @@ class SegmentSealer:
             action.new_epoch,
             [replica.store_id for replica in grant.copy_set],
             timing=sr.TIMING,
+            known=action.known,
         )
         self._master = master
         self._client_id = client_id
@@ -177,7 +179,7 @@ class SegmentSealer:
     async def _attempt(self, action: sr.Request) -> sr.Event | None:
         """One attempt of a request: its answer as an event, or None (no answer)."""
         if isinstance(action, sr.SealAtMaster):
-            return await self._seal_at_master(action.final_index)
+            return await self._seal_at_master(action.final_index, action.certificate)
         store = action.store
         call: Callable[[], Coroutine[Any, Any, sr.Event]]
         if isinstance(action, sr.SendSeal):
@@ -272,7 +274,9 @@ class SegmentSealer:
 
         return write
 
-    async def _seal_at_master(self, final_index: int) -> sr.Event | None:
+    async def _seal_at_master(
+        self, final_index: int, certificate: Certificate | None
+    ) -> sr.Event | None:
         request = master_pb2.SealSegmentRequest(
             stream=self.segment.stream,
             segment_epoch=self.segment.epoch,
@@ -281,6 +285,8 @@ class SegmentSealer:
             final_index=final_index,
             grant=self.grant,
         )
+        if certificate is not None:
+            request.certificate.CopyFrom(codec.certificate_to_pb(certificate))
 
         try:
             await self._master.SealSegment(request, timeout=RPC_TIMEOUT_S)

@@ -18,13 +18,19 @@ Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, re
 driver; the credentials travel to the executors inside the partitions) and `token`.
 
 Planning (driver side) asks the master for the segments; one input partition per
-segment range. Each partition is read in an executor from a replica whose acked index
-covers it, over its own gRPC channel, failing over to the next replica, and checked to
-hold exactly the indexes it planned: a short read is an error, never silently fewer
-rows. Which replica next, how long to back off a failed one, and when a range is lost
-follow the followers' rules (`client/core/replicas.py`): a replica that fails may be
-restarting and is retried; only replicas answering that they hold less (on a copy set
-the master still lists) make a `DataLossError`. Rows leave as Arrow record batches.
+segment range, each with the segment's certificate when it has one. Each partition is
+read in an executor from a replica whose acked index covers it, over its own gRPC
+channel, failing over to the next replica, and checked to hold exactly the indexes it
+planned: a short read is an error, never silently fewer rows. Under a certificate a
+partition reads the whole chunks that cover its range, and every chunk is checked
+against it before any of its rows leave (`protocol/certificate.py`, over the packed
+columns: no object per row); a replica that differs, or fails a read with DATA_LOSS, is
+damaged for the partition, reported to the master, and the next replica is read from
+that chunk on. Which replica next, how long to back off a failed one, and when a range
+is lost follow the followers' rules (`client/core/replicas.py`): a replica that fails
+may be restarting and is retried; only replicas answering that they hold less or are
+damaged (on a copy set the master still lists) make a `DataLossError`. Rows leave as
+Arrow record batches.
 
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
@@ -33,7 +39,9 @@ checkpoint re-reads the same rows for the same offsets.
 
 from __future__ import annotations
 
+import array
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,6 +61,13 @@ from pyspark.sql.types import StructType
 
 from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, WaitUntil
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
+from streamengine.protocol import codec
+from streamengine.protocol.certificate import (
+    Certificate,
+    CertificateMismatch,
+    ChunkCheck,
+    MalformedCertificate,
+)
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
 from streamengine.protocol.master_calls import sync_masters
@@ -80,6 +95,7 @@ PARTITION_ENTRIES_DEFAULT = 250_000
 # Rows per Arrow batch handed to Spark: large batches amortise the per-batch cost.
 ARROW_BATCH_ROWS = 65_536
 RPC_TIMEOUT_S = 30.0
+REPORT_TIMEOUT_S = 5.0
 # A partition whose replicas all keep failing (none answering what it holds) for this
 # long fails its task as Unavailable, for Spark to retry: never as data loss.
 PARTITION_UNREADABLE_S_MAX = 300.0
@@ -101,6 +117,10 @@ class SegmentRange(InputPartition):
     master: str = ""
     # How the executor reaches the stores (TLS credentials and token, as bytes).
     transport: Transport = PLAINTEXT
+    # The segment's certificate, encoded (`Certificate.encode`); empty when it has none.
+    certificate: bytes = b""
+    # Replicas the master knows to differ from the certificate: never read.
+    bad: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,8 @@ class _SegmentInfo:
     sealed: bool
     final_index: int
     replicas: tuple[str, ...]
+    certificate: Certificate | None = None
+    bad: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,34 +167,53 @@ def _transport(options: dict[str, str]) -> Transport:
 
 
 def fetch_layout(
-    master_address: str, stream: str, with_open_acked: bool, transport: Transport = PLAINTEXT
+    master_address: str,
+    stream: str,
+    with_open_acked: bool,
+    transport: Transport = PLAINTEXT,
+    from_epoch: int = 0,
+    to_epoch: int = 0,
 ) -> _StreamLayout:
-    """The stream's segments, and for open ones the acked index their replicas serve."""
+    """The stream's segments (from `from_epoch` to `to_epoch`, 0: no bound), sealed ones
+    with their certificates, and for open ones the acked index their replicas serve."""
     with sync_masters(master_address, transport) as masters:
         try:
             reply = masters.stub.ListSegments(
-                master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
+                master_pb2.ListSegmentsRequest(
+                    stream=stream, from_epoch=from_epoch, to_epoch=to_epoch, certificates=True
+                ),
+                timeout=RPC_TIMEOUT_S,
             )
         except grpc.RpcError as error:
             problem = tls_problem(error.details() or "", transport.tls)
             if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
                 raise Unavailable(f"master at {master_address}: {problem}") from error
             raise from_rpc_error(error) from error
-    segments = tuple(
-        _SegmentInfo(
-            epoch=segment.id.epoch,
-            sealed=segment.state == entry_pb2.SEALED,
-            final_index=segment.final_index,
-            replicas=tuple(replica.address for replica in segment.copy_set),
-        )
-        for segment in reply.segments
-    )
+    segments = tuple(segment_info(segment) for segment in reply.segments)
     open_acked: dict[int, int] = {}
     if with_open_acked:
         for segment in segments:
             if not segment.sealed:
                 open_acked[segment.epoch] = _replica_acked(reply.stream_id, segment, transport)
     return _StreamLayout(reply.stream_id, segments, open_acked)
+
+
+def segment_info(segment: entry_pb2.Segment) -> _SegmentInfo:
+    certificate = None
+    if segment.certificate.chunks:
+        try:
+            certificate = codec.certificate_from_pb(segment.certificate)
+        except MalformedCertificate:
+            log.warning("segment %d: the master listed a malformed certificate", segment.id.epoch)
+    bad = set(segment.bad_stores)
+    return _SegmentInfo(
+        epoch=segment.id.epoch,
+        sealed=segment.state == entry_pb2.SEALED,
+        final_index=segment.final_index,
+        replicas=tuple(replica.address for replica in segment.copy_set),
+        certificate=certificate,
+        bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
+    )
 
 
 def _replica_acked(stream_id: int, segment: _SegmentInfo, transport: Transport) -> int:
@@ -229,11 +270,11 @@ def plan_ranges(
         entries = last_readable - first + 1
         if entries <= 0:
             continue
-        # Equal parts (sizes differ by at most one): no short straggler task.
-        parts = -(-entries // partition_entries)
-        for part in range(parts):
-            low = first + part * entries // parts
-            high = first + (part + 1) * entries // parts - 1
+        certificate = segment.certificate if segment.sealed else None
+        if certificate is not None and certificate.final_index != segment.final_index:
+            certificate = None
+        encoded = certificate.encode() if certificate is not None else b""
+        for low, high in _parts(first, last_readable, partition_entries):
             replicas = _least_loaded_first(segment.replicas, load)
             if replicas:
                 load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
@@ -247,9 +288,22 @@ def plan_ranges(
                     replicas,
                     master,
                     transport,
+                    encoded,
+                    segment.bad,
                 )
             )
     return ranges
+
+
+def _parts(first: int, last: int, partition_entries: int) -> list[tuple[int, int]]:
+    """`first..last` in equal parts of at most `partition_entries` (sizes differ by at
+    most one: no short straggler task)."""
+    entries = last - first + 1
+    count = -(-entries // partition_entries)
+    return [
+        (first + part * entries // count, first + (part + 1) * entries // count - 1)
+        for part in range(count)
+    ]
 
 
 def _least_loaded_first(replicas: tuple[str, ...], load: dict[str, int]) -> tuple[str, ...]:
@@ -274,6 +328,9 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     errors: list[str] = []
     replicas = ReplicaSet()
     replicas.segment_sealed()
+    for bad in part.bad:  # the master knows them to differ from the certificate
+        replicas.damaged(bad, 1)
+    certificate = Certificate.decode(part.certificate) if part.certificate else None
     copy_set = part.replicas
     deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
     while next_index <= part.last_index:
@@ -295,9 +352,14 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
             continue
         assert isinstance(choice, Ask)
         start = next_index
-        for batch, after in _read_replica(part, choice.replica, start, replicas, errors):
+        if certificate is not None:
+            read = _read_certified(part, certificate, choice.replica, start, replicas, errors)
+        else:
+            read = _read_replica(part, choice.replica, start, replicas, errors)
+        for batch, after in read:
             next_index = after
-            yield batch
+            if batch.num_rows:
+                yield batch
         if next_index > start:
             deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
 
@@ -328,17 +390,201 @@ def _read_replica(
             # The read ended: the replica serves no more (its acked index).
             replicas.answered(address, next_index - 1)
         except grpc.RpcError as error:
-            errors.append(f"{address}: {error.code().name}")
-            if error.code() == grpc.StatusCode.NOT_FOUND:
-                replicas.answered(address, 0)
-            else:
-                log.info("%s: replica %s failed: %s", part.stream, address, error.code().name)
-                replicas.failed(address, _now_ms())
+            _read_failed(part, address, next_index, error, replicas, errors)
         except _ShortRead as short:
             errors.append(f"{address}: {short}")
             replicas.answered(address, next_index - 1)
         if pending:  # rows verified so far: the next replica resumes after them
             yield _one_batch(pending), next_index
+
+
+def _read_failed(
+    part: SegmentRange,
+    address: str,
+    next_index: int,
+    error: grpc.RpcError,
+    replicas: ReplicaSet,
+    errors: list[str],
+) -> None:
+    """A read that ended with an error: NOT_FOUND and DATA_LOSS are answers (it holds
+    nothing, or what it holds from `next_index` is damaged: C14), the rest failures."""
+    code = error.code()
+    errors.append(f"{address}: {code.name}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        replicas.answered(address, 0)
+    elif code == grpc.StatusCode.DATA_LOSS:
+        replicas.damaged(address, next_index)
+        _report(part, address, f"DATA_LOSS from index {next_index}: {error.details()}")
+    else:
+        log.info("%s: replica %s failed: %s", part.stream, address, code.name)
+        replicas.failed(address, _now_ms())
+
+
+def _read_certified(
+    part: SegmentRange,
+    certificate: Certificate,
+    address: str,
+    next_index: int,
+    replicas: ReplicaSet,
+    errors: list[str],
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """`_read_replica` under a certificate: the read covers whole chunks (from the one
+    holding `next_index` to the one holding the partition's last index), each chunk is
+    checked over the packed columns, and only rows of verified chunks leave, each batch
+    with the index after it. A chunk that differs makes the replica damaged from there
+    for this partition, and the master hears of it."""
+    check = ChunkCheck(certificate, next_index)
+    read_last = certificate.chunk_of(part.last_index)[1]
+    held: list[_Packed] = []
+    with part.transport.channel(address) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        request = segment_store_pb2.ReadRequest(
+            segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
+            from_index=check.next_index,
+            to_index=read_last,
+            acked_only=True,
+            packed=True,
+        )
+        try:
+            for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
+                packed = _Packed.of(reply)
+                if packed is None:
+                    continue
+                if packed.first_index != check.next_index:
+                    raise _ShortRead(
+                        f"expected index {check.next_index}, replica sent {packed.first_index}"
+                    )
+                verified = packed.check(check)
+                held.append(packed)
+                ready, held = _verified_rows(part, held, verified, next_index)
+                if ready is not None:
+                    next_index = min(verified, part.last_index) + 1
+                    yield ready, next_index
+            replicas.answered(address, check.next_index - 1)
+        except CertificateMismatch as mismatch:
+            errors.append(f"{address}: {mismatch}")
+            replicas.damaged(address, mismatch.first_index)
+            _report(part, address, str(mismatch))
+        except grpc.RpcError as error:
+            _read_failed(part, address, next_index, error, replicas, errors)
+        except _ShortRead as short:
+            errors.append(f"{address}: {short}")
+            replicas.answered(address, check.next_index - 1)
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """One packed Read reply as Arrow columns: kinds and payloads, one row per index."""
+
+    first_index: int
+    kinds: pa.BinaryArray
+    payloads: pa.BinaryArray
+    lengths: pa.UInt32Array
+
+    @classmethod
+    def of(cls, reply: segment_store_pb2.ReadReply) -> _Packed | None:
+        count = len(reply.value_lengths)
+        if count == 0:
+            return None
+        offsets = pc.cumulative_sum(pa.array([0, *reply.value_lengths], pa.int32()))
+        values = pa.BinaryArray.from_buffers(
+            pa.binary(), count, [None, offsets.buffers()[1], pa.py_buffer(reply.packed_values)]
+        )
+        kinds = pc.binary_slice(values, 0, 1)
+        payloads = pc.binary_slice(values, VALUE_HEADER_BYTES, VALUE_HEADER_BYTES + EVENT_BYTES_MAX)
+        lengths = pc.binary_length(payloads).cast(pa.uint32())
+        return cls(reply.first_index, kinds, payloads, lengths)
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.kinds) - 1
+
+    def check(self, check: ChunkCheck) -> int:
+        """Feed the certificate check the whole reply, as columns; `verified_through`."""
+        kinds_data = self.kinds.buffers()[2]
+        payload_data = self.payloads.buffers()[2]
+        offsets = memoryview(self.payloads.buffers()[1]).cast("i")
+        assert self.kinds.offset == 0 and self.payloads.offset == 0, "fresh arrays"
+        assert sys.byteorder == "little", "Arrow buffers are little-endian"
+        lengths = array.array("I")  # native u32, as the Arrow buffer holds them
+        lengths.frombytes(memoryview(self.lengths.buffers()[1])[: 4 * len(self.lengths)])
+        return check.feed_packed(
+            self.first_index,
+            kinds_data.to_pybytes() if kinds_data is not None else b"",
+            lengths,
+            memoryview(payload_data) if payload_data is not None else b"",
+            offsets,
+        )
+
+    def rows(self, part: SegmentRange, low: int, high: int) -> pa.RecordBatch:
+        """The EVENT rows of indexes `low..high` (within this reply)."""
+        start, count = low - self.first_index, high - low + 1
+        kinds = self.kinds.slice(start, count)
+        payloads = self.payloads.slice(start, count)
+        indexes = pc.cumulative_sum(pa.repeat(_ONE, count), start=low - 1)
+        events = pc.equal(kinds, _EVENT)
+        if not pc.all(events).as_py():
+            indexes = pc.filter(indexes, events)
+            payloads = pc.filter(payloads, events)
+        return _record_batch(part, indexes, payloads)
+
+
+def _verified_rows(
+    part: SegmentRange, held: list[_Packed], verified: int, next_index: int
+) -> tuple[pa.RecordBatch | None, list[_Packed]]:
+    """Rows of the held replies up to `verified` and within the partition from
+    `next_index` on; the replies (or their parts) still to verify."""
+    low = max(next_index, part.first_index)
+    high = min(verified, part.last_index)
+    batches = []
+    keep = []
+    for packed in held:
+        first, last = max(low, packed.first_index), min(high, packed.last_index)
+        if first <= last:
+            batches.append(packed.rows(part, first, last))
+        if packed.last_index > verified:
+            keep.append(packed)
+    if verified < next_index or not batches:
+        return (None if verified < next_index else _empty(part)), keep
+    return _one_batch(batches), keep
+
+
+def _empty(part: SegmentRange) -> pa.RecordBatch:
+    return _record_batch(part, pa.array([], pa.int64()), pa.array([], pa.binary()))
+
+
+def _record_batch(part: SegmentRange, indexes: pa.Array, payloads: pa.Array) -> pa.RecordBatch:
+    rows = len(indexes)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(part.stream, pa.string()), rows),
+            pa.repeat(pa.scalar(part.epoch, pa.int32()), rows),
+            indexes,
+            pc.add(indexes, pack_sequence(part.epoch, 0)),
+            payloads,
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def _report(part: SegmentRange, address: str, problem: str) -> None:
+    """Tell the master a replica served what it must not (best effort: a hint)."""
+    log.warning("%s: segment %d: replica %s: %s", part.stream, part.epoch, address, problem)
+    if not part.master:
+        return
+    with sync_masters(part.master, part.transport) as masters:
+        try:
+            masters.stub.ReportReplica(
+                master_pb2.ReportReplicaRequest(
+                    stream=part.stream,
+                    segment_epoch=part.epoch,
+                    store_address=address,
+                    problem=problem[:500],
+                ),
+                timeout=REPORT_TIMEOUT_S,
+            )
+        except grpc.RpcError as error:
+            log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
 
 def _now_ms() -> int:

@@ -33,6 +33,8 @@ from streamengine.client.core.cursor import (
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.errors import DataLossError, Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary
+from streamengine.protocol import codec
+from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.entry import first_corrupt
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -42,21 +44,37 @@ log = logging.getLogger(__name__)
 
 Start = int | Literal["end"]
 
+# A refresh lists the segments from the cursor's on, this many ahead, each sealed one
+# with its certificate's chunks (kilobytes per segment): a reader far behind hops
+# segments faster than it refreshes anyway.
+LISTED_AHEAD_SEGMENTS = 16
+REPORT_TIMEOUT_S = 2.0
+
 
 def now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
 def segment_views(reply: master_pb2.ListSegmentsReply) -> list[SegmentView]:
-    return [
-        SegmentView(
-            epoch=segment.id.epoch,
-            replicas=tuple(replica.address for replica in segment.copy_set),
-            sealed=segment.state == entry_pb2.SEALED,
-            final_index=segment.final_index,
-        )
-        for segment in reply.segments
-    ]
+    return [segment_view(segment) for segment in reply.segments]
+
+
+def segment_view(segment: entry_pb2.Segment) -> SegmentView:
+    """A listed segment as the cursor sees it; its certificate when listed with chunks
+    (a malformed one counts as none: crc32c still guards every entry)."""
+    certificate = None
+    if segment.certificate.chunks:
+        with contextlib.suppress(MalformedCertificate):
+            certificate = codec.certificate_from_pb(segment.certificate)
+    bad = set(segment.bad_stores)
+    return SegmentView(
+        epoch=segment.id.epoch,
+        replicas=tuple(replica.address for replica in segment.copy_set),
+        sealed=segment.state == entry_pb2.SEALED,
+        final_index=segment.final_index,
+        certificate=certificate,
+        bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
+    )
 
 
 @dataclass
@@ -97,6 +115,7 @@ class Follower:
         start = await self._acked_end(segments) if self._start == "end" else self._start
         cursor = Cursor(start, end, self._timing)
         cursor.on_segments(segments, now_ms())
+        await self._refresh(cursor)  # the segments from the start on, with certificates
         while True:
             decision = cursor.next(now_ms())
             if isinstance(decision, Finished):
@@ -150,12 +169,21 @@ class Follower:
                         cursor.on_delivered(now_ms())
                 if cursor.refresh_due(now_ms()):
                     await self._refresh(cursor)
+                await self._report(cursor)
                 decision = cursor.next(now_ms())
-                if decision != ReadFrom(read.epoch, read.replica, cursor.next_index):
+                if not Cursor.continues(decision, read):
                     log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
                     return
         except grpc.aio.AioRpcError as error:
             code = error.code().name
+            if error.code() == grpc.StatusCode.DATA_LOSS:
+                # The store found what it holds damaged: an answer, not a failure.
+                log.warning(
+                    "%s: replica %s: DATA_LOSS: %s", self._stream, read.replica, error.details()
+                )
+                cursor.on_replica_damaged(read.epoch, read.replica, f"DATA_LOSS: {error.details()}")
+                await self._report(cursor)
+                return
             if cursor.position != start_position:
                 # Disconnected after serving (a consumer too slow for the store's buffer,
                 # or a restart): resume from the position, on the same replica.
@@ -193,32 +221,65 @@ class Follower:
         corrupt = first_corrupt(
             indexes, kinds, [e.epoch for e in entries], payloads, [e.crc32c for e in entries]
         )
-        if corrupt is not None or indexes[-1] - indexes[0] != len(indexes) - 1:
+        if corrupt is not None:
+            # What the store holds there fails its crc32c: it is damaged, not away.
+            problem = f"index {indexes[corrupt]} fails its crc32c"
+            log.warning("%s: replica %s: %s", self._stream, read.replica, problem)
+            cursor.on_replica_damaged(read.epoch, read.replica, problem)
+            return []
+        if indexes[-1] - indexes[0] != len(indexes) - 1:
             log.warning(
-                "%s: replica %s sent a corrupt or non-consecutive batch at index %d",
+                "%s: replica %s sent a non-consecutive batch at index %d",
                 self._stream,
                 read.replica,
-                indexes[corrupt or 0],
+                indexes[0],
             )
             cursor.on_replica_failed(read.epoch, read.replica, now_ms())
             return []
         return cursor.on_batch(read.epoch, indexes[0], kinds, payloads, now_ms())
 
+    async def _report(self, cursor: Cursor) -> None:
+        """Tell the master of replicas found serving what they must not (its store then
+        checks them first); a master that does not answer misses a hint, nothing more."""
+        for report in cursor.take_reports():
+            log.warning("%s: replica %s reported: %s", self._stream, report.replica, report.problem)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._master.ReportReplica(
+                    master_pb2.ReportReplicaRequest(
+                        stream=self._stream,
+                        segment_epoch=report.epoch,
+                        store_address=report.replica,
+                        problem=report.problem,
+                    ),
+                    timeout=REPORT_TIMEOUT_S,
+                )
+
     async def _refresh(self, cursor: Cursor) -> None:
         """Give the cursor the master's list; a master that does not answer now is
         asked again later (an unknown stream still ends the subscription)."""
+        epoch = cursor.epoch
         try:
-            segments = await self._list_segments()
+            segments = await self._list_segments(epoch, epoch + LISTED_AHEAD_SEGMENTS)
         except Unavailable as error:
             log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
             cursor.on_list_failed(now_ms())
             return
         cursor.on_segments(segments, now_ms())
 
-    async def _list_segments(self, retry: bool = False) -> list[SegmentView]:
+    async def _list_segments(
+        self, from_epoch: int = 0, to_epoch: int = 0, retry: bool = False
+    ) -> list[SegmentView]:
+        """The master's list, from `from_epoch` to `to_epoch` (0: no bound), sealed
+        segments with their certificates when bounded; `retry` like a control call."""
+
         async def ask() -> master_pb2.ListSegmentsReply:
             return await self._master.ListSegments(
-                master_pb2.ListSegmentsRequest(stream=self._stream),
+                master_pb2.ListSegmentsRequest(
+                    stream=self._stream,
+                    from_epoch=from_epoch,
+                    to_epoch=to_epoch,
+                    certificates=bool(to_epoch),
+                ),
                 timeout=self._timing.list_timeout_ms / 1000,
             )
 

@@ -24,6 +24,7 @@ every grant and token issued before stays valid.
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from dataclasses import asdict, dataclass, field, replace
@@ -39,6 +40,7 @@ from streamengine.master.model import (
     StreamRecord,
     TokenRecord,
 )
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import EPOCH_MAX
 
 _U64 = struct.Struct(">Q")
@@ -71,13 +73,22 @@ def encode_segment(record: SegmentRecord) -> bytes:
     value = asdict(record)
     value["copy_set"] = list(record.copy_set)
     value["state"] = int(record.state)
+    value["bad"] = list(record.bad)
+    certificate = record.certificate
+    value["certificate"] = (
+        base64.b64encode(certificate.encode()).decode() if certificate is not None else ""
+    )
     return _json(value)
 
 
 def decode_segment(raw: bytes) -> SegmentRecord:
+    """A segment record; one written before certificates existed has none."""
     value = json.loads(raw)
     value["copy_set"] = tuple(value["copy_set"])
     value["state"] = SegmentState(value["state"])
+    value["bad"] = tuple(value.get("bad", ()))
+    encoded = value.get("certificate", "")
+    value["certificate"] = Certificate.decode(base64.b64decode(encoded)) if encoded else None
     return SegmentRecord(**value)
 
 

@@ -25,6 +25,10 @@ class Metrics:
     bytes_below_n: Gauge
     bytes_below_w: Gauge
     active: Gauge
+    certificates: Counter
+    replica_checks: Counter
+    replicas_bad: Counter
+    reader_reports: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -80,6 +84,28 @@ class Metrics:
             active=Gauge(
                 "streamengine_master_active",
                 "1 while this master is the active one, 0 while a standby",
+                registry=r,
+            ),
+            certificates=Counter(
+                "streamengine_master_certificates",
+                "Certificates recorded, by who made them (writer, replicas)",
+                ["by"],
+                registry=r,
+            ),
+            replica_checks=Counter(
+                "streamengine_master_replica_checks",
+                "Scrub reports of sealed replicas, by outcome (verified, bad, damaged, other)",
+                ["outcome"],
+                registry=r,
+            ),
+            replicas_bad=Counter(
+                "streamengine_master_replicas_bad",
+                "Replicas found differing from their segment's certificate",
+                registry=r,
+            ),
+            reader_reports=Counter(
+                "streamengine_master_reader_reports",
+                "Replicas readers reported suspect (each checked first by its store)",
                 registry=r,
             ),
         )

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from streamengine.master.errors import InvalidArgument
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import NAME_PART_CHARS_MAX
 
 # A segment is named by (stream id, epoch) everywhere inside the master.
@@ -63,6 +64,12 @@ class SegmentRecord:
     # When the copy set or the seal last changed: reports older than this say nothing
     # about whether a replica reached the bridge.
     settled_at_ms: int
+    # SEALED: what the segment must contain, None while nobody knows (`integrity.py`),
+    # and who made it (`integrity.WRITER` or `integrity.REPLICAS`).
+    certificate: Certificate | None = None
+    certified_by: str = ""
+    # Members whose replica differs from the certificate: never a copy source, replaced.
+    bad: tuple[str, ...] = ()
 
     @property
     def key(self) -> SegmentKey:

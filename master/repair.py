@@ -2,10 +2,14 @@
 
 Pure functions of a snapshot and `now_ms`.
 
-A replica of a sealed segment is *good* when its store is alive, not draining, and
-reported an acked index at or past the bridge (`final_index`). A member is *bad* when:
+A replica of a sealed segment is *good* when its store is alive, not draining, it
+reported an acked index at or past the bridge (`final_index`), and the master does not
+know it differs from the segment's certificate. A member is *bad* when:
 - its store is dead (silent for the store timeout): reason "store-dead";
 - its store is draining: reason "drain" (it still serves as a copy source);
+- its replica differs from the certificate (`SegmentRecord.bad`, `integrity.py`): reason
+  "bad-copy"; never a copy source, and replaced on another store only (refilling it in
+  place would keep whatever copies of a higher epoch it holds);
 - its store is alive but its latest report, sent at least `bridge_grace_ms` after the
   segment settled (sealed, or its copy set last changed), shows the acked index below
   the bridge or no copy at all: reason "missed-bridge". The grace lets a leader finish
@@ -14,7 +18,10 @@ A member neither good nor bad is *pending*: not judged yet, neither repaired nor
 counted as good.
 
 Each bad member becomes one task: copy the segment from a good (or draining) replica to
-a target chosen by placement, then swap target for the bad member. `RepairOp` carries
+a target chosen by placement, then swap target for the bad member. The source is a
+replica verified against the certificate when there is one, else any good one, never
+one whose copy failed lately when another can serve (a failed copy rotates the
+source); the copy is verified against the certificate, never against the source. `RepairOp` carries
 one task out step by step (the shells, real and simulated, only do the calls it asks
 for); `RepairQueue` says which tasks run next. Open and sealing
 segments are never copied; the leader of a stream whose open segment has a bad member
@@ -28,10 +35,12 @@ from dataclasses import dataclass, replace
 
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StoreView
 from streamengine.master.placement import choose_target
+from streamengine.protocol.certificate import Certificate
 
 STORE_DEAD = "store-dead"
 DRAIN = "drain"
 MISSED_BRIDGE = "missed-bridge"
+BAD_COPY = "bad-copy"
 REBALANCE = "rebalance"
 
 
@@ -79,6 +88,8 @@ def judge(
         copy = held.get(member)
         if store is None or not store.alive:
             bad.append((member, STORE_DEAD))
+        elif member in segment.bad:
+            bad.append((member, BAD_COPY))
         elif store.draining:
             bad.append((member, DRAIN))
             if _reached_bridge(copy, segment):
@@ -93,11 +104,15 @@ def judge(
 def good_members(
     segment: SegmentRecord, stores: Mapping[str, StoreView], held: Mapping[str, Held]
 ) -> list[str]:
-    """Live, non-draining members whose acked index reached the bridge."""
+    """Live, non-draining members whose acked index reached the bridge, and not known
+    to differ from the certificate."""
     return [
         m
         for m in segment.copy_set
-        if m in stores and stores[m].usable and _reached_bridge(held.get(m), segment)
+        if m in stores
+        and stores[m].usable
+        and m not in segment.bad
+        and _reached_bridge(held.get(m), segment)
     ]
 
 
@@ -117,10 +132,14 @@ def plan_tasks(
     busy: Iterable[SegmentKey],
     slots: int,
     avoid: Mapping[SegmentKey, Iterable[str]] | None = None,
+    verified: Mapping[SegmentKey, Iterable[str]] | None = None,
+    failed_sources: Mapping[SegmentKey, Iterable[str]] | None = None,
 ) -> list[Task]:
     """At most `slots` new tasks, one per segment, none for a segment in `busy`
     (a task running or backing off). Segments are taken oldest first. `avoid` names,
-    per segment, stores that must not receive it (told to delete it, not yet done)."""
+    per segment, stores that must not receive it (told to delete it, not yet done);
+    `verified`, members whose replica matched the certificate (preferred sources);
+    `failed_sources`, sources of copies that failed lately (`choose_source`)."""
     taken = set(busy)
     targets_used: dict[str, int] = {}
     sources_used: dict[str, int] = {}
@@ -135,7 +154,12 @@ def plan_tasks(
         if not verdict.bad or not verdict.sources:
             continue
         replaced, reason = verdict.bad[0]
-        source = _least_busy(verdict.sources, sources_used)
+        source = choose_source(
+            verdict.sources,
+            set((verified or {}).get(segment.key, ())),
+            set((failed_sources or {}).get(segment.key, ())),
+            sources_used,
+        )
         keep = [m for m in segment.copy_set if m != replaced]
         target = choose_target(
             _with_pending(stores, targets_used),
@@ -153,8 +177,19 @@ def plan_tasks(
     return tasks
 
 
-def _least_busy(sources: Sequence[str], load: Mapping[str, int]) -> str:
-    return min(sources, key=lambda s: (load.get(s, 0), sources.index(s)))
+def choose_source(
+    sources: Sequence[str],
+    verified: set[str],
+    failed: set[str],
+    load: Mapping[str, int],
+) -> str:
+    """The replica to copy from: among those whose copy did not fail lately (all of
+    them when every one did: start the rotation over), the verified ones if any, the
+    least busy in this round, then the earliest in `sources` (good before draining)."""
+    assert sources, "a copy needs a source"
+    fresh = [s for s in sources if s not in failed] or list(sources)
+    preferred = [s for s in fresh if s in verified] or fresh
+    return min(preferred, key=lambda s: (load.get(s, 0), sources.index(s)))
 
 
 def _with_pending(stores: Mapping[str, StoreView], pending: Mapping[str, int]) -> list[StoreView]:
@@ -216,12 +251,14 @@ class AskSourceState:
 
 @dataclass(frozen=True, slots=True)
 class CopyToTarget:
-    """CopySegment on the target, pulling from the source: answered with `Copied`."""
+    """CopySegment on the target, pulling from the source, verified against the
+    certificate when there is one: answered with `Copied`."""
 
     target: str
     source: str
     final_index: int
     fence: int
+    certificate: Certificate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +337,17 @@ def task_still_valid(task: Task, segment: SegmentRecord | None) -> str:
 
 class RepairOp:
     """One task, with no I/O: ask the source's state (it must hold the bridge), have the
-    target copy (the store verifies and confirms the copy itself), compare both digests
-    up to the final index, swap the copy set, and only then delete the replaced copy;
-    a member refilled in place is never deleted. `start` and `step` return the next
-    action, None once the task is over (`error` says whether it failed)."""
+    target copy (the store verifies the copy against the certificate and confirms it
+    itself; the root it reports must be the certificate's), swap the copy set, and only
+    then delete the replaced copy; a member refilled in place is never deleted. Without
+    a certificate (a segment sealed before certificates, not yet certified by its
+    replicas) both digests up to the final index are compared instead. `start` and
+    `step` return the next action, None once the task is over (`error` says whether it
+    failed)."""
 
     def __init__(self, task: Task) -> None:
         self.task = task
+        self.certificate: Certificate | None = None
         self.final_index = 0
         self.fence = 0
         self.bytes = 0
@@ -321,6 +362,7 @@ class RepairOp:
             return self._fail(invalid)
         assert segment is not None and segment.final_index > 0
         self.final_index = segment.final_index
+        self.certificate = segment.certificate
         return self._wait(SourceState, AskSourceState(self.task.source))
 
     def step(self, event: RepairEvent) -> RepairAction | None:
@@ -334,10 +376,15 @@ class RepairOp:
                     f"source acked index {event.acked_index} below the bridge {final}"
                 )
             self.fence, self.bytes = event.fence, event.bytes
-            return self._wait(Copied, CopyToTarget(task.target, task.source, final, event.fence))
+            copy = CopyToTarget(task.target, task.source, final, event.fence, self.certificate)
+            return self._wait(Copied, copy)
         if isinstance(event, Copied):
             self.copied_digest = event.digest
-            return self._wait(Digests, AskDigests(task.source, task.target, final))
+            if self.certificate is None:
+                return self._wait(Digests, AskDigests(task.source, task.target, final))
+            if event.digest != self.certificate.root():
+                return self._fail("the copy reported another root than the certificate's")
+            return self._swap()
         if isinstance(event, Digests):
             if event.source != event.target:
                 return self._fail("digest of the copy differs from the source's")
@@ -345,13 +392,16 @@ class RepairOp:
                 return self._fail("CopySegment reported a digest differing from the source's")
             if event.target_entries_held < final:
                 return self._fail(f"copy holds {event.target_entries_held} of {final} indexes")
-            held = Held(self.fence, final, final, self.bytes)
-            return self._wait(Swapped, SwapReplica(task.replaced, task.target, held))
+            return self._swap()
         assert isinstance(event, Swapped)
         self._waiting = None
         if task.replaced == task.target:
             return None  # refilled in place: the member keeps its (now complete) copy
         return DeleteReplaced(task.replaced)
+
+    def _swap(self) -> RepairAction:
+        held = Held(self.fence, self.final_index, self.final_index, self.bytes)
+        return self._wait(Swapped, SwapReplica(self.task.replaced, self.task.target, held))
 
     def _wait(self, event: type[RepairEvent], action: RepairAction) -> RepairAction:
         self._waiting = event
@@ -375,6 +425,9 @@ class RepairQueue:
         self.queued: list[Task] = []
         self.running: dict[SegmentKey, Task] = {}
         self.retry_after: dict[SegmentKey, int] = {}
+        # Per segment, the sources of its copies that failed since the last success:
+        # the next attempt copies from another replica (`choose_source`).
+        self.failed_sources: dict[SegmentKey, set[str]] = {}
 
     def plan_moves(self, tasks: Sequence[Task]) -> None:
         """An operator's plan replaces any earlier one not yet started: a plan is
@@ -411,5 +464,7 @@ class RepairQueue:
         del self.running[task.segment]
         if failed:
             self.retry_after[task.segment] = now_ms + self.retry_ms
+            self.failed_sources.setdefault(task.segment, set()).add(task.source)
         else:
             self.retry_after.pop(task.segment, None)
+            self.failed_sources.pop(task.segment, None)

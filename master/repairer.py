@@ -25,7 +25,7 @@ from streamengine.master import authority, repair
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentKey
 from streamengine.master.state import MasterState
-from streamengine.protocol import transport
+from streamengine.protocol import codec, transport
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -101,7 +101,10 @@ class Repairer:
     def _next_tasks(self) -> list[repair.Task]:
         now_ms = self.clock_ms()
         return self.queue.next_tasks(
-            now_ms, lambda busy, slots: self.state.plan_repairs(now_ms, busy, slots)
+            now_ms,
+            lambda busy, slots: self.state.plan_repairs(
+                now_ms, busy, slots, self.queue.failed_sources
+            ),
         )
 
     def _fields(self, task: repair.Task) -> dict[str, object]:
@@ -122,6 +125,10 @@ class Repairer:
             message = _describe(error)
             log.warning("repair failed: %s", message, extra=self._fields(task))
             self.queue.finished(task, True, self.clock_ms())
+            # The source may be what failed (a damaged copy, or content that differs
+            # from the certificate): its store checks it first, and the next attempt
+            # copies from another replica.
+            self.state.ask_scrub_first(task.source, task.segment)
             self.finished.append(TaskStatus(task, "FAILED", message))
             self.failed_count += 1
         else:
@@ -179,15 +186,17 @@ class Repairer:
                 )
                 return repair.SourceState(state.fence, state.acked_index, state.bytes)
             if isinstance(action, repair.CopyToTarget):
+                copy = segment_store_pb2.CopySegmentRequest(
+                    segment=segment_id,
+                    source_address=self.state.address(action.source),
+                    final_index=action.final_index,
+                    fence=action.fence,
+                    tenant=authority.stream_tenant(segment_id.stream),
+                )
+                if action.certificate is not None:
+                    copy.certificate.CopyFrom(codec.certificate_to_pb(action.certificate))
                 copied = await self._stub(self.state.address(action.target)).CopySegment(
-                    segment_store_pb2.CopySegmentRequest(
-                        segment=segment_id,
-                        source_address=self.state.address(action.source),
-                        final_index=action.final_index,
-                        fence=action.fence,
-                        tenant=authority.stream_tenant(segment_id.stream),
-                    ),
-                    timeout=repair.COPY_TIMEOUT_MS / 1000,
+                    copy, timeout=repair.COPY_TIMEOUT_MS / 1000
                 )
                 return repair.Copied(copied.digest)
             if isinstance(action, repair.AskDigests):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from streamengine.master import authority, errors, repair
+from streamengine.master import authority, errors, integrity, repair
 from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
@@ -32,7 +32,7 @@ from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentSt
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
-from streamengine.protocol import identity
+from streamengine.protocol import codec, identity
 from streamengine.protocol.auth import (
     INSECURE,
     Denial,
@@ -42,6 +42,7 @@ from streamengine.protocol.auth import (
     visible_tenant,
 )
 from streamengine.protocol.callers import Callers
+from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
@@ -189,9 +190,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
 
     # ---- conversions ----
 
-    def _segment(self, record: SegmentRecord) -> entry_pb2.Segment:
+    def _segment(self, record: SegmentRecord, details: bool = False) -> entry_pb2.Segment:
+        """The segment as listed; `details`: its certificate's chunks and the members
+        verified against it."""
         stores = self.state.stores
-        return entry_pb2.Segment(
+        segment = entry_pb2.Segment(
             id=entry_pb2.SegmentId(
                 stream_id=record.stream_id, epoch=record.epoch, stream=record.stream
             ),
@@ -209,7 +212,19 @@ class MasterService(master_pb2_grpc.MasterServicer):
             sealed_at_ms=record.sealed_at_ms,
             bytes=self.state.segment_bytes(record.key),
             acked_index=self.state.segment_acked_index(record),
+            bad_stores=record.bad,
         )
+        if record.certificate is not None:
+            segment.certificate.CopyFrom(codec.certificate_to_pb(record.certificate, details))
+            segment.certificate.certified_by = record.certified_by
+        checks = self.state.checks.get(record.key)
+        if details and checks is not None:
+            segment.verified.extend(
+                entry_pb2.ReplicaVerified(store_id=store, verified_at_ms=at)
+                for store, at in sorted(checks.verified.items())
+                if store in record.copy_set
+            )
+        return segment
 
     def _stream_info(self, record: StreamRecord, now_ms: int) -> master_pb2.StreamInfo:
         lease = self.state.leases.get(record.name)
@@ -318,6 +333,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         deletes = await self._call(context, "StoreHeartbeat", beat)
         if deletes is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
+        for scrubbed in request.scrubbed:
+            self._replica_reported(request.store_id, scrubbed)
         revocations = self.state.current_revocations(self.clock_ms())
         reply = master_pb2.StoreHeartbeatReply(
             delete_segments=[
@@ -327,6 +344,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
             signing_public_keys=[self.state.signing_key.public_key],
             revocations_version=revocations.version,
             tenant_append_bytes_per_s=self.tenant_append_bytes_per_s,
+            scrub_first=[
+                entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
+                for s, e in self.state.take_scrub_first(request.store_id)
+            ],
         )
         if request.revocations_version != revocations.version:
             reply.revoked_tokens.extend(
@@ -335,6 +356,46 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
         self._sign_reply(context, "heartbeat", request.store_id, reply)
         return reply
+
+    def _replica_reported(self, store_id: str, scrubbed: master_pb2.ScrubReport) -> None:
+        """One replica a store's scrub read back: judged against the certificate."""
+        key = (scrubbed.segment.stream_id, scrubbed.segment.epoch)
+        stream = self.state.stream_name(key[0])
+        fields = segment_fields(stream, key[1], store=store_id)
+        report: integrity.Report
+        if scrubbed.damaged:
+            report = integrity.Damaged(scrubbed.detail)
+        else:
+            try:
+                report = integrity.Clean(codec.certificate_from_pb(scrubbed.certificate))
+            except MalformedCertificate as error:
+                log.warning("malformed scrub report: %s", error, extra=fields)
+                return
+        had = self.state.segments.get(key)
+        judgement = self.state.replica_reported(store_id, key, report, self.clock_ms())
+        checks = self.state.checks.get(key)
+        if judgement.certificate is not None:
+            self.metrics.certificates.labels(integrity.REPLICAS).inc()
+            contradicted = had is not None and had.certificate is not None
+            (log.error if contradicted else log.info)(judgement.note, extra=fields)
+        if judgement.bad:
+            self.metrics.replicas_bad.inc(len(judgement.bad))
+            log.warning(
+                "replicas %s differ from the certificate: %s",
+                ", ".join(judgement.bad),
+                judgement.note,
+                extra=fields,
+            )
+        if isinstance(report, integrity.Damaged):
+            outcome = "damaged"
+            log.warning(judgement.note, extra=fields)
+        elif store_id in judgement.bad:
+            outcome = "bad"
+        elif checks is not None and store_id in checks.verified:
+            outcome = "verified"
+        else:
+            outcome = "other"
+        self.metrics.replica_checks.labels(outcome).inc()
 
     def _sign_reply(
         self,
@@ -525,11 +586,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ListSegmentsReply:
         def list_segments(now: int) -> tuple[StreamRecord, list[SegmentRecord]]:
             self._require(context, "ListSegments", authority.stream_tenant(request.stream))
-            return self.state.list_segments(request.stream, request.from_epoch)
+            return self.state.list_segments(request.stream, request.from_epoch, request.to_epoch)
 
         record, segments = await self._call(context, "ListSegments", list_segments)
         return master_pb2.ListSegmentsReply(
-            stream_id=record.stream_id, segments=[self._segment(s) for s in segments]
+            stream_id=record.stream_id,
+            segments=[self._segment(s, request.certificates) for s in segments],
         )
 
     async def SealSegment(
@@ -548,13 +610,24 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 request.client_id,
                 request.segment_epoch,
             )
-            return self.state.seal_segment(
+            certificate = None
+            if request.HasField("certificate"):
+                try:
+                    certificate = codec.certificate_from_pb(request.certificate)
+                except MalformedCertificate as error:
+                    raise errors.InvalidArgument(f"certificate: {error}") from None
+            was = self.state.segments.get((record.stream_id, request.segment_epoch))
+            sealed = self.state.seal_segment(
                 request.stream,
                 request.segment_epoch,
                 request.writer_epoch,
                 request.final_index,
                 now,
+                certificate,
             )
+            if certificate is not None and (was is None or was.certificate is None):
+                self.metrics.certificates.labels(integrity.WRITER).inc()
+            return sealed
 
         sealed = await self._call(context, "SealSegment", seal)
         log.info(
@@ -564,9 +637,33 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 request.segment_epoch,
                 final_index=request.final_index,
                 writer_epoch=request.writer_epoch,
+                reason=(
+                    "certified by its writer"
+                    if sealed.certificate is not None
+                    else "no certificate: W replicas will certify it"
+                ),
             ),
         )
         return self._segment(sealed)
+
+    async def ReportReplica(
+        self, request: master_pb2.ReportReplicaRequest, context: Context
+    ) -> master_pb2.ReportReplicaReply:
+        def report(now: int) -> str:
+            self._require(context, "ReportReplica", authority.stream_tenant(request.stream))
+            return self.state.report_replica(
+                request.stream, request.segment_epoch, request.store_address
+            )
+
+        store = await self._call(context, "ReportReplica", report)
+        if store:
+            self.metrics.reader_reports.inc()
+            log.warning(
+                "a reader reports a replica: %s; its store checks it first",
+                request.problem[:200],
+                extra=segment_fields(request.stream, request.segment_epoch, store=store),
+            )
+        return master_pb2.ReportReplicaReply(accepted=bool(store))
 
     # ---- administration ----
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from streamengine.master import authority, leadership, placement, repair
+from streamengine.master import authority, integrity, leadership, placement, repair
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.durability import DurabilityLedger, Exposure
 from streamengine.master.errors import (
@@ -40,6 +40,7 @@ from streamengine.master.model import (
     validate_stream_name,
 )
 from streamengine.protocol.auth import Role
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.grants import Grant, GrantSigner
 from streamengine.protocol.limits import (
     INDEX_MAX,
@@ -68,6 +69,8 @@ STORE_HEARTBEAT_MS_MAX = 1000
 STORE_HEARTBEAT_MS_MIN = 50
 
 ADDRESS_CHARS_MAX = 255
+# Replicas a store is asked to scrub first, per store, awaiting its next heartbeat.
+SCRUB_FIRST_PER_STORE_MAX = 64
 # Expired token records dropped with each token created or revoked: enough to keep up
 # with any rate of creation, few enough for one metadata transaction.
 EXPIRED_TOKENS_DROPPED_PER_COMMIT = 64
@@ -180,6 +183,10 @@ class MasterState:
         self.copying: set[tuple[str, SegmentKey]] = set()
         # Where the last repair window ended (`plan_repairs`).
         self._repair_cursor: SegmentKey = (0, 0)
+        # What stores reported of their sealed replicas since the start (`integrity`),
+        # and the replicas each store is to check first at its next heartbeat.
+        self.checks: dict[SegmentKey, integrity.SegmentChecks] = {}
+        self.scrub_first: dict[str, list[SegmentKey]] = {}
 
     # ---- queries ----
 
@@ -210,6 +217,7 @@ class MasterState:
             unsealed.add(record.epoch)
 
     def _drop_segment(self, key: SegmentKey) -> None:
+        self.checks.pop(key, None)
         record = self.segments.pop(key)
         for member in record.copy_set:
             self.members[member].discard(key)
@@ -570,24 +578,52 @@ class MasterState:
 
     # ---- segments ----
 
-    def list_segments(self, name: str, from_epoch: int) -> tuple[StreamRecord, list[SegmentRecord]]:
+    def list_segments(
+        self, name: str, from_epoch: int, to_epoch: int = 0
+    ) -> tuple[StreamRecord, list[SegmentRecord]]:
         record = self.stream(name)
-        return record, [s for s in self.stream_segments(record.stream_id) if s.epoch >= from_epoch]
+        return record, [
+            s
+            for s in self.stream_segments(record.stream_id)
+            if s.epoch >= from_epoch and (to_epoch == 0 or s.epoch <= to_epoch)
+        ]
 
     def seal_segment(
-        self, name: str, segment_epoch: int, writer_epoch: int, final_index: int, now_ms: int
+        self,
+        name: str,
+        segment_epoch: int,
+        writer_epoch: int,
+        final_index: int,
+        now_ms: int,
+        certificate: Certificate | None = None,
     ) -> SegmentRecord:
+        """Seal at `final_index`, recording the sealing leader's certificate (if it
+        knew the whole content) in the same catalog write."""
         record = self.stream(name)
         segment = self.segments.get((record.stream_id, segment_epoch))
         if segment is None:
             raise NotFound(f"{name}: no segment of epoch {segment_epoch}")
         if not 1 <= final_index <= INDEX_MAX:
             raise InvalidArgument(f"final index {final_index} outside 1..{INDEX_MAX}")
+        if certificate is not None and certificate.final_index != final_index:
+            raise InvalidArgument(
+                f"the certificate ends at {certificate.final_index}, not at {final_index}"
+            )
         if segment.state == SegmentState.SEALED:
             if segment.final_index != final_index:
                 raise SealConflict(
                     f"{name}: segment {segment_epoch} is sealed at {segment.final_index},"
                     f" not {final_index}"
+                )
+            # A retried seal carries the same certificate; another one is a contradiction
+            # (the first seal alone records one).
+            if (
+                certificate is not None
+                and segment.certified_by == integrity.WRITER
+                and certificate != segment.certificate
+            ):
+                raise SealConflict(
+                    f"{name}: segment {segment_epoch} was sealed with another certificate"
                 )
             return segment
         if writer_epoch <= segment_epoch:
@@ -602,10 +638,80 @@ class MasterState:
             final_index=final_index,
             sealed_at_ms=now_ms,
             settled_at_ms=now_ms,
+            certificate=certificate,
+            certified_by=integrity.WRITER if certificate is not None else "",
         )
         self.catalog.commit(Batch().segment(sealed))
         self._put_segment(sealed)
         return sealed
+
+    # ---- integrity ----
+
+    def checks_of(self, key: SegmentKey) -> integrity.SegmentChecks:
+        return self.checks.setdefault(key, integrity.SegmentChecks())
+
+    def replica_reported(
+        self, store_id: str, key: SegmentKey, report: integrity.Report, now_ms: int
+    ) -> integrity.Judgement:
+        """A store's scrub read its replica of `key` back: judge it against the
+        certificate (`integrity.judge`) and record the outcome durably."""
+        segment = self.segments.get(key)
+        if segment is None or segment.state != SegmentState.SEALED:
+            return integrity.Judgement(note="not a sealed segment")
+        if isinstance(report, integrity.Clean) and (
+            report.certificate.final_index != segment.final_index
+        ):
+            return integrity.Judgement(note=f"{store_id} read to another final index")
+        stream = self.streams.get(self.names.get(segment.stream_id, ""))
+        if stream is None:
+            return integrity.Judgement(note="the stream is gone")
+        judgement = integrity.judge(
+            segment.certificate,
+            segment.certified_by,
+            self.checks_of(key),
+            segment.copy_set,
+            stream.write_quorum,
+            store_id,
+            report,
+            now_ms,
+        )
+        self._record_judgement(segment, judgement)
+        return judgement
+
+    def _record_judgement(self, segment: SegmentRecord, judgement: integrity.Judgement) -> None:
+        bad = tuple(sorted(set(segment.bad) | set(judgement.bad)))
+        updated = segment
+        if judgement.certificate is not None:
+            updated = replace(
+                updated, certificate=judgement.certificate, certified_by=integrity.REPLICAS
+            )
+        if bad != segment.bad:
+            updated = replace(updated, bad=bad)
+        if updated is not segment:
+            self.catalog.commit(Batch().segment(updated))
+            self._put_segment(updated)
+
+    def report_replica(self, name: str, segment_epoch: int, address: str) -> str:
+        """A reader found the replica at `address` suspect: its store checks it first.
+        Returns the store id, "" when the address names no member of the sealed
+        segment's copy set (the report is ignored)."""
+        record = self.stream(name)
+        segment = self.segments.get((record.stream_id, segment_epoch))
+        if segment is None or segment.state != SegmentState.SEALED:
+            return ""
+        member = next((m for m in segment.copy_set if self.address(m) == address), "")
+        if member:
+            self.ask_scrub_first(member, segment.key)
+        return member
+
+    def ask_scrub_first(self, store_id: str, key: SegmentKey) -> None:
+        queued = self.scrub_first.setdefault(store_id, [])
+        if key not in queued and len(queued) < SCRUB_FIRST_PER_STORE_MAX:
+            queued.append(key)
+
+    def take_scrub_first(self, store_id: str) -> list[SegmentKey]:
+        """The replicas `store_id` is to check first, handed out once."""
+        return self.scrub_first.pop(store_id, [])
 
     # ---- stores ----
 
@@ -720,7 +826,15 @@ class MasterState:
         if target != replaced and target in segment.copy_set:
             raise AlreadyExists(f"store {target} already holds segment {key}")
         copy_set = tuple(target if m == replaced else m for m in segment.copy_set)
-        swapped = replace(segment, copy_set=copy_set, settled_at_ms=now_ms)
+        # The target's copy was verified (against the certificate when there is one).
+        bad = tuple(m for m in segment.bad if m in copy_set and m != target)
+        checks = self.checks_of(key)
+        if target != replaced:
+            checks.forget(replaced)
+        if segment.certificate is not None:
+            condemned = integrity.copy_verified(checks, copy_set, target, now_ms)
+            bad = tuple(sorted(set(bad) | set(condemned)))
+        swapped = replace(segment, copy_set=copy_set, settled_at_ms=now_ms, bad=bad)
         batch = Batch().segment(swapped)
         if target != replaced:
             batch.delete_replica(replaced, key)
@@ -732,9 +846,17 @@ class MasterState:
             self.live[target].held[key] = held
         return swapped
 
-    def plan_repairs(self, now_ms: int, busy: set[SegmentKey], slots: int) -> list[repair.Task]:
+    def plan_repairs(
+        self,
+        now_ms: int,
+        busy: set[SegmentKey],
+        slots: int,
+        failed_sources: dict[SegmentKey, set[str]] | None = None,
+    ) -> list[repair.Task]:
         """Repairs for the segments that may need one; segments seen with every member
-        good are confirmed and left alone until something about them changes."""
+        good are confirmed and left alone until something about them changes.
+        `failed_sources`: per segment, sources whose copies failed lately (the repair
+        queue's): the next copy is made from another replica."""
         views = self.store_views(now_ms)
         candidates = self._repair_window(self.repair_candidates(views))
         held = self.held_for(candidates)
@@ -751,6 +873,8 @@ class MasterState:
             busy,
             slots,
             self.pending_deletes(),
+            {key: checks.verified.keys() for key, checks in self.checks.items()},
+            failed_sources,
         )
 
     def _repair_window(self, candidates: list[SegmentRecord]) -> list[SegmentRecord]:

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from streamengine.protocol import codec, transport
+from streamengine.protocol.certificate import Certificate
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.group_commit import GroupCommitter
 from streamengine.segment_store.store import (
@@ -68,9 +69,10 @@ class SegmentCopy:
         final_index: int,
         requested_fence: int,
         tenant: str = "",
+        certificate: Certificate | None = None,
     ) -> None:
         self.op = copy_rules.CopyOp(
-            segment, source_address, final_index, requested_fence, tenant
+            segment, source_address, final_index, requested_fence, tenant, certificate
         )
         self.core = core
         self.committer = committer
@@ -124,6 +126,11 @@ class SegmentCopy:
                     assert isinstance(write, copy_rules.Submit)
                     assert op.submitted(await self._submit(write.command)) is None
             return op.source_read_ended()
+        if isinstance(action, copy_rules.ReadBack):
+            copied = await self.in_thread(
+                functools.partial(self.core.certify, self.segment, action.final_index)
+            )
+            return op.read_back(copied)
         assert isinstance(action, copy_rules.AskDigests), action
         expected = await source.Digest(
             segment_store_pb2.DigestRequest(

@@ -13,9 +13,12 @@ so nothing the copy writes is served before the whole copy is verified:
 3. `write_command`, per batch read from the source: written at the copy fence with
    acked index 0, which raises nothing (the target keeps the acked index it had: below
    it its copies were final already).
-4. `verify`: the target's digest up to the final index must equal the source's, else
-   `CopyMismatch`, and the copy stays unconfirmed (a copy of a higher epoch the
-   overwrite rule kept, or a store gone wrong): nothing new is served from it.
+4. `verify`: the copy must hold what the segment's certificate says (the target reads
+   it back and computes its certificate, `verify_certificate`), else `CopyMismatch`, and
+   the copy stays unconfirmed (a source whose content differs though every crc is
+   valid, a copy of a higher epoch the overwrite rule kept, a store gone wrong): nothing
+   new is served from it. A segment sealed before certificates existed has none yet:
+   its copy is compared with the source's digest instead (`verify`).
 5. `confirm_command`: one last write raising the acked index to the final index,
    refused if the copy lost its fence or an index meanwhile (a delete in between).
 """
@@ -25,8 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.limits import INDEX_MAX
+from streamengine.segment_store.scrub import ScanResult
 from streamengine.segment_store.store import (
     BadRequest,
     Command,
@@ -111,6 +116,27 @@ def verify(segment: SegmentKey, final_index: int, local: DigestInfo, source_dige
         )
 
 
+def verify_certificate(segment: SegmentKey, expected: Certificate, local: ScanResult) -> None:
+    """Raise CopyMismatch unless the copy, read back, makes the segment's certificate."""
+    name = f"{segment.stream_id}/{segment.epoch}"
+    if local.certificate is None:
+        raise CopyMismatch(f"copy of {name} read back damaged: {local.detail}")
+    if local.certificate == expected:
+        return
+    differing = next(
+        (
+            (mine.last_index, theirs.last_index)
+            for mine, theirs in zip(local.certificate.chunks, expected.chunks, strict=False)
+            if mine != theirs
+        ),
+        None,
+    )
+    where = f"first differing chunk ends at {differing}" if differing else "chunking differs"
+    raise CopyMismatch(
+        f"copy of {name} differs from the segment's certificate ({where}): left unconfirmed"
+    )
+
+
 def confirm_command(segment: SegmentKey, fence: int, final_index: int) -> ConfirmCopyCommand:
     return ConfirmCopyCommand(segment, fence, final_index)
 
@@ -148,13 +174,21 @@ class AskDigests:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadBack:
+    """Read the copy back up to `final_index` and compute its certificate (the store
+    core's `certify`): answer `read_back`."""
+
+    final_index: int
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     entries_copied: int
     digest: bytes
     acked_index: int
 
 
-CopyAction = AskSourceState | Submit | ReadSource | AskDigests | Finished
+CopyAction = AskSourceState | Submit | ReadSource | AskDigests | ReadBack | Finished
 
 
 class CopyOp:
@@ -169,13 +203,21 @@ class CopyOp:
         final_index: int,
         requested_fence: int,
         tenant: str = "",
+        certificate: Certificate | None = None,
     ) -> None:
-        """`tenant`: the stream's, as the master said, kept with the copy ("": unknown)."""
+        """`tenant`: the stream's, as the master said, kept with the copy ("": unknown);
+        `certificate`: the segment's, which the copy must make (None: compare with the
+        source's digest, for a segment certified by nobody yet)."""
         check_request(final_index, source_address)
+        if certificate is not None and certificate.final_index != final_index:
+            raise BadRequest(
+                f"the certificate ends at {certificate.final_index}, not at {final_index}"
+            )
         self.segment = segment
         self.tenant = tenant
         self.final_index = final_index
         self.requested_fence = requested_fence
+        self.certificate = certificate
         self.fence = 0
         self.entries_copied = 0
         self._local_digest = b""
@@ -206,7 +248,17 @@ class CopyOp:
     def source_read_ended(self) -> CopyAction:
         assert self._step == "copying"
         self._step = "digests"
+        if self.certificate is not None:
+            return ReadBack(self.final_index)
         return AskDigests(self.final_index)
+
+    def read_back(self, local: ScanResult) -> CopyAction:
+        """Step 4 against the certificate, then 5."""
+        assert self._step == "digests" and self.certificate is not None
+        verify_certificate(self.segment, self.certificate, local)
+        self._local_digest = self.certificate.root()
+        self._step = "confirming"
+        return Submit(confirm_command(self.segment, self.fence, self.final_index))
 
     def digests(self, local: DigestInfo, source_digest: bytes) -> CopyAction:
         """Step 4, then 5: confirmed only once the copy equals the source."""

@@ -10,6 +10,9 @@ file without fsync: after a power loss it may be empty, and an open that relied 
 would silently fall back to the pickling mode. `MemoryKV` has the same semantics for
 unit tests and the deterministic simulator.
 
+A write-ahead log damaged in its middle is an error too: the store refuses to open it
+(`_open`) rather than replay a prefix and forget acknowledged writes and fences.
+
 Damage is an error, never an end: RocksDB reports a block that fails its checksum only
 through the iterator's `status()`, while rocksdict's own loops (`items()`, `values()`)
 just stop there, as at the end of the range. `RocksKV` iterates itself and checks the
@@ -251,10 +254,16 @@ class RocksKV:
         self._synced.sync = True
 
     def _open(self) -> Rdict:
-        from rocksdict import Options, Rdict
+        from rocksdict import DBRecoveryMode, Options, Rdict
 
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        # A record damaged in the middle of the write-ahead log fails the open: RocksDB's
+        # default (point in time) would drop it and every later record without a word,
+        # and the store would come back without writes it had acknowledged, fences
+        # included. Only an incomplete last record (a write cut by a crash, never
+        # acknowledged) is dropped.
+        options.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
         return Rdict(str(self.path), options)
 
     @contextmanager

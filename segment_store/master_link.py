@@ -27,11 +27,13 @@ from typing import Any
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from streamengine.protocol import auth, identity, transport
+from streamengine.protocol import auth, codec, identity, transport
 from streamengine.protocol.callers import wall_clock_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
 from streamengine.segment_store.authority import AppendQuota, StoreAuthority
+from streamengine.segment_store.scrub import ScanResult
+from streamengine.segment_store.scrubber import Scrubber
 from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -74,6 +76,7 @@ class MasterLink:
         quota: AppendQuota,
         members: transport.Transport = transport.PLAINTEXT,
         master_identity: identity.ServerIdentity | None = None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -90,6 +93,8 @@ class MasterLink:
         self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         self.registered = False
+        # What the scrub read back goes with the heartbeats; the master asks for checks.
+        self.scrubber = scrubber
 
     async def run(self) -> None:
         channels: dict[str, grpc.aio.Channel] = {}
@@ -172,6 +177,17 @@ class MasterLink:
         return False
 
     async def _heartbeat(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
+        scrubbed = self.scrubber.take_reports() if self.scrubber is not None else {}
+        try:
+            await self._send_heartbeat(stub, scrubbed)
+        except BaseException:
+            if self.scrubber is not None:
+                self.scrubber.give_back(scrubbed)
+            raise
+
+    async def _send_heartbeat(
+        self, stub: master_pb2_grpc.MasterAsyncStub, scrubbed: dict[SegmentKey, ScanResult]
+    ) -> None:
         # A damaged segment is reported with acked index 0: the master repairs it.
         metas = self.core.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
@@ -191,6 +207,7 @@ class MasterLink:
                 for s, m in sorted(metas.items())
             ],
             revocations_version=self.authority.revocations.version,
+            scrubbed=[scrub_report(s, result) for s, result in sorted(scrubbed.items())],
         )
         call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
         reply = await call
@@ -199,6 +216,10 @@ class MasterLink:
             return
         if not self._from_the_master(reply, "heartbeat", await call.trailing_metadata()):
             return
+        if self.scrubber is not None:
+            for segment in reply.scrub_first:
+                if segment.stream_id and segment.epoch:
+                    self.scrubber.check_first(SegmentKey(segment.stream_id, segment.epoch))
         self.quota.bytes_per_s = reply.tenant_append_bytes_per_s
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
@@ -240,3 +261,15 @@ class MasterLink:
                 len(self.authority.revocations),
                 self.authority.revocations.version,
             )
+
+
+def scrub_report(segment: SegmentKey, result: ScanResult) -> master_pb2.ScrubReport:
+    report = master_pb2.ScrubReport(
+        segment=entry_pb2.SegmentId(stream_id=segment.stream_id, epoch=segment.epoch),
+        final_index=result.final_index,
+        damaged=result.damaged,
+        detail=result.detail,
+    )
+    if result.certificate is not None:
+        report.certificate.CopyFrom(codec.certificate_to_pb(result.certificate))
+    return report

@@ -58,3 +58,21 @@ WRITE_STREAMS_IDLE_CLOSED = Counter(
     "streamengine_store_write_streams_idle_closed_total",
     "Write streams closed after WRITE_STREAM_IDLE_MS with nothing in flight",
 )
+SCRUB_BYTES = Counter(
+    "streamengine_store_scrub_bytes_total", "Bytes of sealed replicas read back by the scrub"
+)
+SCRUB_REPLICAS = Counter(
+    "streamengine_store_scrub_replicas_total",
+    "Sealed replicas the scrub read back, by outcome (read: its certificate went to the "
+    "master, which compares it; damaged: a checksum failed or an index is missing)",
+    ["outcome"],
+)
+SCRUB_OLDEST_CHECK_SECONDS = Gauge(
+    "streamengine_store_scrub_oldest_check_seconds",
+    "Time since the least recently checked sealed replica was read back (since the "
+    "store started, for one never read)",
+)
+SCRUB_UNCHECKED = Gauge(
+    "streamengine_store_scrub_unchecked_replicas",
+    "Sealed replicas not read back since the store started",
+)

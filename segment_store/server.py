@@ -43,6 +43,8 @@ from streamengine.segment_store.group_commit import (
 )
 from streamengine.segment_store.kv import RocksKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity
+from streamengine.segment_store.scrub import SCRUB_MB_PER_S_DEFAULT
+from streamengine.segment_store.scrubber import Scrubber
 from streamengine.segment_store.service import (
     SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
     SUBSCRIBE_STALL_MS_DEFAULT,
@@ -125,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "this store accepts besides its master's (a store run without a master, in tests "
         "and tools); repeatable",
     )
+    parser.add_argument(
+        "--scrub-mb-per-s",
+        type=float,
+        default=SCRUB_MB_PER_S_DEFAULT,
+        help="read sealed replicas back at this rate to find damage at rest (0: never)",
+    )
     transport.add_server_arguments(parser)
 
 
@@ -137,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
         args.write_stream_idle_ms <= 0
     ):
         print("streamengine store: queue and buffer sizes and the idle timeout must be positive")
+        return 2
+    if args.scrub_mb_per_s < 0:
+        print("streamengine store: --scrub-mb-per-s must be 0 (no scrub) or positive")
         return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
@@ -273,6 +284,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    scrubber = (
+        Scrubber(core, service.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
+    )
     link = MasterLink(
         args.master,
         identity,
@@ -283,15 +297,19 @@ async def serve(
         service.quota,
         members,
         peer_identity.server_identity(),
+        scrubber,
     )
     try:
         async with asyncio.TaskGroup() as tasks:
             committing = tasks.create_task(committer.run())
             linking = tasks.create_task(link.run())
+            scrubbing = tasks.create_task(scrubber.run()) if scrubber is not None else None
             await stop.wait()
             log.info("stopping")
             await health_servicer.enter_graceful_shutdown()
             linking.cancel()
+            if scrubbing is not None:
+                scrubbing.cancel()
             await server.stop(SHUTDOWN_GRACE_S)
             committer.close()
             await committing

@@ -27,6 +27,7 @@ import grpc
 from streamengine.protocol import codec, identity, transport
 from streamengine.protocol.auth import Denial, Principal, authorize
 from streamengine.protocol.callers import Callers
+from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.entry import (
     CorruptEntry,
     StoredEntry,
@@ -610,6 +611,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             self.require_reader(context, "Digest", segment)
             if request.up_to_index > INDEX_MAX:
                 raise BadRequest(f"up_to_index {request.up_to_index} is over {INDEX_MAX}")
+            if request.certificate:
+                return await self._certificate_reply(segment, request.up_to_index)
             info = await self.in_thread(
                 functools.partial(self.core.digest, segment, request.up_to_index)
             )
@@ -622,6 +625,31 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             acked_index=info.acked_index,
             fence=info.fence,
         )
+
+    async def _certificate_reply(
+        self, segment: SegmentKey, up_to: int
+    ) -> segment_store_pb2.DigestReply:
+        """The replica's certificate up to `up_to` (0: its acked index); none when it
+        lacks an index; a damaged copy raises CorruptEntry (DATA_LOSS)."""
+        meta = self.core.meta(segment)
+        if meta is None:
+            raise SegmentNotFound(f"segment {segment.stream_id}/{segment.epoch} is not held here")
+        final = up_to or meta.acked_index
+        if final == 0:
+            raise BadRequest("nothing acked to certify: give up_to_index")
+        result = await self.in_thread(functools.partial(self.core.certify, segment, final))
+        if result.damaged and not result.missing:
+            self.core.mark_damaged(segment)
+            raise CorruptEntry(result.detail)
+        reply = segment_store_pb2.DigestReply(
+            up_to_index=final,
+            entries_held=final if result.certificate else result.damaged_index - 1,
+            acked_index=meta.acked_index,
+            fence=meta.fence,
+        )
+        if result.certificate is not None:
+            reply.certificate.CopyFrom(codec.certificate_to_pb(result.certificate))
+        return reply
 
     # ---- CopySegment ----
 
@@ -637,6 +665,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         except StoreError as error:
             await _abort(context, error, request.segment)
         try:
+            certificate = (
+                codec.certificate_from_pb(request.certificate)
+                if request.HasField("certificate")
+                else None
+            )
             copy = SegmentCopy(
                 self.core,
                 self.committer,
@@ -647,8 +680,11 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 request.final_index,
                 request.fence,
                 request.tenant,
+                certificate,
             )
             report = await copy.run()
+        except MalformedCertificate as error:
+            await _abort(context, BadRequest(f"certificate: {error}"), request.segment)
         except (StoreError, CorruptEntry) as error:
             log.warning(
                 "segment copy failed: %s",

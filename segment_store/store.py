@@ -80,6 +80,7 @@ from streamengine.segment_store.keys import (
     tenant_stream,
 )
 from streamengine.segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
+from streamengine.segment_store.scrub import ReplicaScan, ScanResult
 
 # Entries decoded per KV scan while reading or hashing a segment: bounds the memory of
 # one scan whatever the segment's size.
@@ -759,6 +760,31 @@ class SegmentStoreCore:
                     sha.update(_DIGEST_ABSENT.pack(0, next_index, up_to_index))
                 break
         return DigestInfo(sha.digest(), up_to_index, held, meta.acked_index, meta.fence)
+
+    def certify(self, segment: SegmentKey, final_index: int) -> ScanResult:
+        """Read the replica from index 1 to `final_index` at once (no rate), checking
+        every copy: the certificate of what it holds, or where it is damaged. Raises
+        SegmentNotFound."""
+        scan = ReplicaScan(final_index, SCAN_ENTRIES_MAX, 0)
+        while (step := scan.next_read()) is not None:
+            first, upper, limit, _ = step
+            try:
+                values = self.read_run(segment, first, upper, limit, 0)
+            except CorruptEntry as error:
+                scan.damaged(first, str(error))
+                break
+            scan.feed(values)
+        assert scan.result is not None
+        return scan.result
+
+    def scrub_targets(self) -> dict[SegmentKey, int]:
+        """Sealed replicas to keep checked, each with its final index: sealed here
+        (fenced above their epoch), acked up to their bridge, not known damaged."""
+        return {
+            segment: meta.bridge_index
+            for segment, meta in self._metas.items()
+            if meta.fence > segment.epoch and meta.bridge_index > 0 and segment not in self._damaged
+        }
 
     def _require(self, segment: SegmentKey) -> SegmentMeta:
         check_segment(segment)

@@ -47,6 +47,7 @@ ALLOWED = {
     "segment_store": ("streamengine.segment_store", "streamengine.protocol", "streamengine.v1"),
 }
 PURE_PROTOCOL = [
+    "certificate.py",
     "entry.py",
     "limits.py",
     "masters.py",
@@ -61,13 +62,14 @@ PURE_MASTER = [
     "leadership.py",
     "placement.py",
     "repair.py",
+    "integrity.py",
     "model.py",
     "errors.py",
     "authority.py",
 ]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
-# the live tail, the grants and callers it takes.
-PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "authority.py"]
+# the live tail, the scrub, the grants and callers it takes.
+PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "scrub.py", "authority.py"]
 OLD_TOP_LEVEL = {"client", "master", "segment_store", "tools"}
 
 

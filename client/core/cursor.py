@@ -16,6 +16,19 @@ replica for it, or every listed replica answered that it serves less than the po
 and a list fetched after those answers still names only them. Until then the cursor
 answers `Wait(until_ms)`: re-read the master's list at `until_ms` and ask again.
 
+Certificates. A segment the master lists sealed with a certificate
+(`protocol/certificate.py`) is read chunk by chunk: a read starts at the first index of
+the chunk holding the position (`read_from_index`), what arrives is held back until its
+chunk is complete and matches the certificate (`ChunkCheck`), and only then handed out
+(entries before the position are dropped). Every entry's crc32c is checked as it arrives
+(by the shell), so a flipped bit stops a replica at once; the chunk digest catches what
+a valid crc cannot (a stale copy, an index missing or extra, a crc collision) before any
+of that chunk leaves the cursor. A replica whose chunk differs is damaged for this
+reader (`ReplicaSet.damaged`): another replica is read from that chunk's first index,
+and the replica is reported to the master (`take_reports`), which has its store check
+it. A live tail of a segment still open has no certificate yet: crc32c alone guards
+it, as the acked entries it serves come straight from the leader's quorum.
+
 Time is an input. While tailing, the cursor also decides when the tailed replica is
 silent (`FollowerTiming.silent_replica_ms` without entries, a position or a keepalive:
 a failure) and when to re-read the master's list (`refresh_due`); `wake_at_ms` says
@@ -30,7 +43,7 @@ the cursor answers what to read next.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamengine.client.core.replicas import (
     Ask,
@@ -40,6 +53,7 @@ from streamengine.client.core.replicas import (
     ReplicaSet,
     WaitUntil,
 )
+from streamengine.protocol.certificate import Certificate, CertificateMismatch, ChunkCheck
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
@@ -57,6 +71,19 @@ class SegmentView:
     replicas: tuple[str, ...]
     sealed: bool
     final_index: int  # the BRIDGE once sealed, else 0
+    # Sealed: what it must contain (None while none is known, or not listed with chunks).
+    certificate: Certificate | None = None
+    # Replicas the master knows to differ from the certificate.
+    bad: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """Tell the master that `replica` served segment `epoch` wrong (`problem`)."""
+
+    epoch: int
+    replica: str
+    problem: str
 
 
 @dataclass(slots=True)
@@ -72,11 +99,13 @@ class StreamEvent:
 
 @dataclass(frozen=True, slots=True)
 class ReadFrom:
-    """Tail `epoch` on `replica` from `from_index` on."""
+    """Tail `epoch` on `replica` from `from_index` on. `attempt` numbers the reads the
+    cursor started: a shell goes on with its read while `Cursor.continues` says so."""
 
     epoch: int
     replica: str
     from_index: int
+    attempt: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +166,15 @@ class Cursor:
         self._list_failures = 0
         self._list_retry_at_ms = 0
         self._last_yielded: int | None = None
+        # The certificate check of what the current replica sends (sealed, certified
+        # segments), and what arrived but is not verified yet: consecutive from
+        # `_held_first`, as columns.
+        self._check: ChunkCheck | None = None
+        self._held_first = 0
+        self._held_kinds: list[int] = []
+        self._held_payloads: list[bytes] = []
+        self._reports: list[ReplicaReport] = []
+        self._attempts = 0  # reads started (`ReadFrom.attempt`)
 
     # ---- inputs ----
 
@@ -153,6 +191,12 @@ class Cursor:
                 if segment.sealed:
                     replicas.segment_sealed()
         current = self._current_segment()
+        if (
+            current is not None
+            and self._check is not None
+            and self._check.certificate != current.certificate
+        ):
+            self._leave_replica()  # another certificate: read the chunk again under it
         if current is None:
             later = [s for s in self._segments if s.epoch > self._epoch]
             if later:
@@ -211,15 +255,49 @@ class Cursor:
         now_ms: int,
     ) -> list[StreamEvent]:
         """A batch the current replica served for `epoch`: consecutive indexes from
-        `first_index`, as columns. Returns the events to yield; entries at or below the
-        position (a resend) are ignored, a HOLE is skipped, a BRIDGE hops to the next
-        segment."""
+        `first_index`, as columns, each entry's crc32c checked by the shell. Returns the
+        events to yield; entries at or below the position (a resend) are ignored, a HOLE
+        is skipped, a BRIDGE hops to the next segment. Under a certificate, entries are
+        held back until their chunk verified (module docstring)."""
         if epoch != self._epoch or not kinds:
             return []
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
         self._last_heard_ms = max(self._last_heard_ms, now_ms)
         if self._replica is not None:
             self._replicas_of(epoch).served(self._replica, first_index + len(kinds) - 1)
+        if self._check is not None:
+            return self._checked(epoch, first_index, kinds, payloads)
+        return self._release(epoch, first_index, kinds, payloads)
+
+    def _checked(
+        self, epoch: int, first_index: int, kinds: Sequence[int], payloads: Sequence[bytes]
+    ) -> list[StreamEvent]:
+        """Feed the certificate check; hand on what it verified."""
+        check = self._check
+        assert check is not None
+        fresh = max(0, check.next_index - first_index)
+        try:
+            verified = check.feed(first_index, kinds, payloads)
+        except CertificateMismatch as mismatch:
+            self._damaged(mismatch.first_index, f"segment {epoch}: {mismatch}")
+            return []
+        self._held_kinds.extend(kinds[fresh:])
+        self._held_payloads.extend(payloads[fresh:])
+        count = verified - self._held_first + 1
+        if count <= 0:
+            return []
+        first = self._held_first
+        ready_kinds, ready_payloads = self._held_kinds[:count], self._held_payloads[:count]
+        del self._held_kinds[:count], self._held_payloads[:count]
+        self._held_first = verified + 1
+        if check.done:
+            self._check = None
+        return self._release(epoch, first, ready_kinds, ready_payloads)
+
+    def _release(
+        self, epoch: int, first_index: int, kinds: Sequence[int], payloads: Sequence[bytes]
+    ) -> list[StreamEvent]:
+        """Hand out the events of consecutive entries known good."""
         skip = self._next_index - first_index
         if skip < 0:
             raise ValueError(
@@ -250,12 +328,24 @@ class Cursor:
         return events
 
     def on_replica_failed(self, epoch: int, replica: str, now_ms: int) -> None:
-        """The replica could not be asked (unreachable, silent, disconnected, a corrupt
-        batch): it is retried after a backoff; this says nothing of what it holds."""
+        """The replica could not be asked (unreachable, silent, disconnected): it is
+        retried after a backoff; this says nothing of what it holds."""
         if epoch == self._epoch:
             self._replicas_of(epoch).failed(replica, now_ms)
             if self._replica == replica:
-                self._replica = None
+                self._leave_replica()
+
+    def on_replica_damaged(self, epoch: int, replica: str, problem: str) -> None:
+        """The replica cannot serve the range being read: it failed the read with
+        DATA_LOSS, or sent an entry whose crc32c does not verify. Damage is an answer
+        (`ReplicaSet.damaged`), and the master hears of it."""
+        if epoch == self._epoch and replica == self._replica:
+            self._damaged(self.read_from_index, f"segment {epoch}: {problem}")
+
+    def take_reports(self) -> list[ReplicaReport]:
+        """Replicas to report to the master, once each."""
+        reports, self._reports = self._reports, []
+        return reports
 
     # ---- decisions ----
 
@@ -266,6 +356,19 @@ class Cursor:
 
     @property
     def next_index(self) -> int:
+        return self._next_index
+
+    @property
+    def epoch(self) -> int:
+        """The segment the position is in."""
+        return self._epoch
+
+    @property
+    def read_from_index(self) -> int:
+        """Where the current read starts: the position, or under a certificate the first
+        index of its chunk."""
+        if self._check is not None:
+            return self._held_first
         return self._next_index
 
     @property
@@ -296,15 +399,17 @@ class Cursor:
         if segment is None:
             return self._wait(now_ms + self.timing.idle_refresh_ms)
         replicas = self._replicas_of(segment.epoch)
+        for bad in segment.bad:  # the master knows them to differ from the certificate
+            replicas.damaged(bad, 1)
         if self._replica is not None and self._silent(now_ms):
             replicas.failed(self._replica, now_ms)
-            self._replica = None
+            self._leave_replica()
         if self._replica is not None and segment.sealed:
             if self._stalled_on_sealed(segment, now_ms):
                 replicas.failed(self._replica, now_ms)
-                self._replica = None
+                self._leave_replica()
             elif replicas.below(self._replica, self._next_index):
-                self._replica = None  # it said it holds less: another replica may not
+                self._leave_replica()  # it said it holds less: another replica may not
         if self._replica is None:
             choice = replicas.choose(segment.replicas, segment.sealed, self._next_index, now_ms)
             if isinstance(choice, Lost):
@@ -316,7 +421,21 @@ class Cursor:
             assert isinstance(choice, Ask)
             self._replica = choice.replica
             self._last_progress_ms = self._last_heard_ms = now_ms
-        return ReadFrom(segment.epoch, self._replica, self._next_index)
+            self._attempts += 1
+            self._start_check(segment)
+        return ReadFrom(segment.epoch, self._replica, self.read_from_index, self._attempts)
+
+    @staticmethod
+    def continues(decision: Next, read: ReadFrom) -> bool:
+        """Whether `decision` (the latest `next`) is to go on with the read `read`
+        started: the same replica of the same segment, not a read started since."""
+        if not isinstance(decision, ReadFrom):
+            return False
+        return (decision.epoch, decision.replica, decision.attempt) == (
+            read.epoch,
+            read.replica,
+            read.attempt,
+        )
 
     # ---- internals ----
 
@@ -338,7 +457,33 @@ class Cursor:
     def _enter(self, epoch: int) -> None:
         self._epoch = epoch
         self._next_index = 1
+        self._leave_replica()
+
+    def _leave_replica(self) -> None:
+        """Stop reading the current replica; what it sent unverified is dropped."""
         self._replica = None
+        self._check = None
+        self._held_kinds = []
+        self._held_payloads = []
+
+    def _start_check(self, segment: SegmentView) -> None:
+        """A new read of a sealed, certified segment starts at its position's chunk."""
+        certificate = segment.certificate
+        if not segment.sealed or certificate is None:
+            return
+        if not 1 <= self._next_index <= certificate.final_index:
+            return
+        if certificate.final_index != segment.final_index:
+            return  # not this seal's certificate: nothing to check against
+        self._check = ChunkCheck(certificate, self._next_index)
+        self._held_first = self._check.next_index
+
+    def _damaged(self, index: int, problem: str) -> None:
+        replica = self._replica
+        assert replica is not None
+        self._replicas_of(self._epoch).damaged(replica, index)
+        self._reports.append(ReplicaReport(self._epoch, replica, problem))
+        self._leave_replica()
 
     def _hop(self) -> None:
         later = [s for s in self._segments if s.epoch > self._epoch]

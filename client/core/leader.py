@@ -91,7 +91,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamengine.client.core.replicator import (
     Acked,
@@ -111,6 +111,7 @@ from streamengine.client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.certificate import ContentDigest
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 
@@ -331,12 +332,15 @@ class BecameLeader:
 
 @dataclass(frozen=True, slots=True)
 class RecoverSegment:
-    """Seal and recover an earlier segment under `new_epoch`; then `SegmentSealed`."""
+    """Seal and recover an earlier segment under `new_epoch`; then `SegmentSealed`.
+    `known`: the digest of the segment's content up to its last index, when this writer
+    wrote all of it (a roll after a drain): its recovery seals it with a certificate."""
 
     segment: SegmentGrant
     new_epoch: int
     policy: ReplicationPolicy
     grant: bytes = b""  # the signed grant of `new_epoch`
+    known: ContentDigest | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +454,9 @@ class Leader:
         self._unsealed: dict[int, SegmentGrant] = {}
         # Recoveries that failed, by epoch: when they start again.
         self._recovery_retry_ms: dict[int, int] = {}
+        # Digests of the content of segments this writer drained and rolled away from,
+        # by epoch, until they are sealed (`RecoverSegment.known`).
+        self._known_content: dict[int, ContentDigest] = {}
         self._roll_requested = False
         self._roll_reason_master = ""
         self._rolling_supported = rolling_supported
@@ -642,7 +649,13 @@ class Leader:
             if now_ms >= retry_ms:
                 del self._recovery_retry_ms[epoch]
                 actions.append(
-                    RecoverSegment(self._unsealed[epoch], self.epoch, self._policy, self._grant)
+                    RecoverSegment(
+                        self._unsealed[epoch],
+                        self.epoch,
+                        self._policy,
+                        self._grant,
+                        self._known_content.get(epoch),
+                    )
                 )
         if self._roll_asked and now_ms >= self._roll_answer_by_ms:
             self._roll_given_up(now_ms)  # the answer was lost: ask again later
@@ -855,6 +868,10 @@ class Leader:
         old = self.replicator
         if old is not None:
             old.step(now_ms, Stop())
+            # Drained: every index of the old segment is this writer's and acked.
+            known = old.content_digest()
+            if known is not None:
+                self._known_content[old.segment.epoch] = known
         assert answer.epoch > self.epoch
         self.epoch = answer.epoch
         self._grant = answer.grant
@@ -865,7 +882,13 @@ class Leader:
         self._recovery_retry_ms = {}
         self._open(now_ms, answer, actions)
         actions.extend(
-            RecoverSegment(grant, answer.epoch, answer.policy, answer.grant)
+            RecoverSegment(
+                grant,
+                answer.epoch,
+                answer.policy,
+                answer.grant,
+                self._known_content.get(grant.epoch),
+            )
             for grant in answer.unsealed
         )
 
@@ -874,6 +897,7 @@ class Leader:
             return
         del self._unsealed[epoch]
         self._recovery_retry_ms.pop(epoch, None)
+        self._known_content.pop(epoch, None)
         if not self._unsealed and self.replicator is not None:
             actions.extend(self.replicator.step(now_ms, AllowAcking()))
 

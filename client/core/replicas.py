@@ -11,6 +11,13 @@ two kinds:
 - a *failure*: the replica could not be asked (unreachable, timed out, silent, the
   stream broke). A failure says nothing about what the store holds: a store that is
   restarting, paused or cut off fails and then comes back with everything it had.
+- *damage*: the replica answered, but what it holds from some index on cannot be served:
+  the store failed the read with DATA_LOSS (a copy or a block failed its checksum), an
+  entry it sent failed its crc32c, or a chunk it sent differs from the segment's
+  certificate (`protocol/certificate.py`), or the master lists it as differing from the
+  certificate. Damage is an answer, and it sticks: nothing the replica says later makes
+  it a source of that range again for this reader (C14: a reader whose every replica is
+  damaged raises `DataLossError` instead of waiting for ever).
 
 A failed replica is retried after a backoff that doubles with each consecutive failure
 (`FollowerTiming.replica_retry_ms_first` .. `replica_retry_ms_max`); any answer resets it.
@@ -26,8 +33,9 @@ hold the range:
    to other stores meanwhile, and the old ones may have dropped it.
 A store's acked index covers only entries it holds final, and once the master lists a
 segment sealed at least W stores held it to the bridge; a repair copies only from a
-replica that reached the bridge. So when every listed replica says it holds less, no
-store of the cluster can serve the range. A failure never counts toward data loss, and
+replica that reached the bridge, and verifies the copy against the certificate. So when
+every listed replica says it holds less, or is damaged there, no store of the cluster
+can serve the range. A failure never counts toward data loss, and
 neither does an open segment: its replicas' acked indexes may still grow.
 """
 
@@ -125,6 +133,7 @@ class _Replica:
     answered_in: int = -1  # the list generation its latest answer came in
     failures: int = 0  # consecutive failures since its latest answer
     retry_at_ms: int = 0
+    damaged_from: int | None = None  # it cannot serve from this index on (sticky)
 
 
 @dataclass
@@ -148,8 +157,9 @@ class ReplicaSet:
         if not self._sealed:
             self._sealed = True
             for state in self._replicas.values():
-                state.acked = None
-                state.answered_in = -1
+                if state.damaged_from is None:  # damage is about the disk: it stays
+                    state.acked = None
+                    state.answered_in = -1
 
     def answered(self, replica: str, acked_index: int) -> None:
         """`replica` says it serves up to `acked_index` (0: it does not hold the segment)."""
@@ -173,6 +183,17 @@ class ReplicaSet:
         if state.acked is not None and state.acked < last_index:
             state.acked = last_index
 
+    def damaged(self, replica: str, index: int) -> None:
+        """`replica` cannot serve `index` and what follows (module docstring)."""
+        assert index >= 1
+        state = self._of(replica)
+        if state.damaged_from is not None and state.damaged_from <= index:
+            return  # known already: no newer answer than the one that said so
+        state.damaged_from = index
+        state.answered_in = self._list_generation
+        state.failures = 0
+        state.retry_at_ms = 0
+
     def failed(self, replica: str, now_ms: int) -> None:
         """`replica` could not be asked; it may be back later."""
         state = self._of(replica)
@@ -184,7 +205,11 @@ class ReplicaSet:
     def below(self, replica: str, next_index: int) -> bool:
         """Its latest answer says it cannot serve `next_index`."""
         state = self._replicas.get(replica)
-        return state is not None and state.acked is not None and state.acked < next_index
+        if state is None:
+            return False
+        if state.damaged_from is not None and state.damaged_from <= next_index:
+            return True
+        return state.acked is not None and state.acked < next_index
 
     def choose(
         self, replicas: tuple[str, ...], sealed: bool, next_index: int, now_ms: int

@@ -32,6 +32,12 @@ stopped for good by `Stop` (lease lost): then nothing more is acked or sent.
 Grants: a store takes writes only under the master's signed grant of the writer's epoch,
 shown once per Write stream. The first request sent to a store after it (re)connects
 carries the grant (`SendWrite.grant`); the later ones on that stream do not.
+
+The content digest: every append also feeds the segment's certificate
+(`protocol/certificate.py`), computed from the events as the user gave them, before any
+store holds them. Once everything assigned is acked (a drained segment about to roll),
+`content_digest` hands it to the segment's recovery, which adds the bridge and sends
+the certificate with the seal.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from streamengine.client.core.quorum import QuorumTracker
+from streamengine.protocol.certificate import ContentDigest
 from streamengine.protocol.entry import EntryKind, StoredEntry, entry_crc
 from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
@@ -341,6 +348,7 @@ class Replicator:
         self._stopped = False
         self._next_request_id = 1
         self._sent_through = 0
+        self._content = ContentDigest()
 
     # ---- queries ----
 
@@ -380,6 +388,14 @@ class Replicator:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    def content_digest(self) -> ContentDigest | None:
+        """A snapshot of the digest of indexes 1..last, once every one is acked (the
+        segment's whole content, bar the bridge its recovery adds); None before."""
+        if self._acked != self._last:
+            return None
+        assert self._content.through_index == self._last
+        return self._content.copy()
 
     def room_for(self, nbytes: int) -> bool:
         """May events of `nbytes` (as `entry_bytes` counts them) be appended now? An
@@ -502,6 +518,7 @@ class Replicator:
             total += len(payload) + ENTRY_OVERHEAD_BYTES
             cum_bytes.append(total)
         self._appended_ms.extend([now_ms] * len(payloads))
+        self._content.add_events(first, payloads)
         self._total_bytes = total
         self._last = first + len(payloads) - 1
         return Assigned(first, self._last, self.segment.epoch)

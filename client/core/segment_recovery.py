@@ -23,8 +23,11 @@ out of order, and is handled idempotently.
    acked index `final_index`; a store that completes later gets it when it does, never
    before (a store whose acked index covered a run a later leader redoes differently
    would have served readers something that changes).
-5. Once W stores answer with an acked index at the bridge, `SealAtMaster`; when the
-   master confirms (`MasterSealed`), `Done`. Stores still catching up keep being
+5. Once W stores answer with an acked index at the bridge, `SealAtMaster`, with the
+   segment's certificate when this leader knows the whole content (`certificate`):
+   the digest of what it wrote itself (`known`, a roll after a drain: the plan then only
+   adds the bridge), or a plan that holds every index from 1; when the master confirms
+   (`MasterSealed`), `Done`. Stores still catching up keep being
    bridged for `late_stores_ms` afterwards; then the operation is over (`finished`).
 
 Time (`RecoveryTiming`). Silence is decided here, never by a driver:
@@ -70,6 +73,7 @@ from streamengine.client.core.recovery import (
     read_from_index,
 )
 from streamengine.client.core.replicator import Tick
+from streamengine.protocol.certificate import Certificate, ContentDigest
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, StoredEntry
 from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.policy import ReplicationPolicy
@@ -214,6 +218,8 @@ class SendAcked:
 @dataclass(frozen=True, slots=True)
 class SealAtMaster:
     final_index: int
+    # The certificate of the content (`protocol/certificate.py`), when known.
+    certificate: Certificate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,9 +322,12 @@ class SegmentRecovery:
         copy_set: Sequence[str],
         batch_entries_max: int = WRITE_BATCH_ENTRIES_MAX,
         timing: RecoveryTiming = TIMING,
+        known: ContentDigest | None = None,
     ) -> None:
         """`batch_entries_max` below the store's limit lets tests and the simulator lose
-        or reorder single indexes of a rewrite, as RECOVERY-CASES.md's traces do."""
+        or reorder single indexes of a rewrite, as RECOVERY-CASES.md's traces do.
+        `known`: the digest of the segment's indexes 1..k as its writer appended them
+        (never changed here)."""
         if not 1 <= batch_entries_max <= WRITE_BATCH_ENTRIES_MAX:
             raise ValueError(
                 f"batch_entries_max {batch_entries_max} not in 1..{WRITE_BATCH_ENTRIES_MAX}"
@@ -333,6 +342,7 @@ class SegmentRecovery:
         self.copy_set = tuple(copy_set)
         self.batch_entries_max = batch_entries_max
         self.timing = timing
+        self.known = known
         self._sealed: dict[str, SealAnswer] = {}  # in answer order
         self._lost: set[str] = set()
         self._deciders: list[str] = []
@@ -343,6 +353,7 @@ class SegmentRecovery:
         self._bridging: dict[str, _Bridging] = {}
         self._raising = False
         self._seal_at_master_sent = False
+        self._sealed_with: Certificate | None = None
         self._done = False
         self._deposed_by = 0
         # Time: when each unanswered request goes out again, since when each store has
@@ -423,7 +434,7 @@ class SegmentRecovery:
             if b.acked_sent and not b.acked_confirmed:
                 out.append(SendAcked(store, self.final_index))
         if self._seal_at_master_sent and not self._done:
-            out.append(SealAtMaster(self.final_index))
+            out.append(SealAtMaster(self.final_index, self._sealed_with))
         return out
 
     # ---- events ----
@@ -749,7 +760,31 @@ class SegmentRecovery:
         if self._seal_at_master_sent or confirmed < self.policy.write_quorum:
             return []
         self._seal_at_master_sent = True
-        return [SealAtMaster(self.final_index)]
+        self._sealed_with = self.certificate()
+        return [SealAtMaster(self.final_index, self._sealed_with)]
+
+    def certificate(self) -> Certificate | None:
+        """The certificate of the decided content, when this leader knows all of it:
+        what it appended itself (`known`) then the plan's bridge right after, or a plan
+        holding every index from 1 (no store had acked anything)."""
+        plan = self._plan
+        if plan is None:
+            return None
+        if self.known is not None:
+            through = self.known.through_index
+            # A drained segment: recovery found exactly what was appended, and bridged it.
+            if plan.existing_bridge or plan.holes or plan.final_index != through + 1:
+                return None
+            digest = self.known.copy()
+            bridge = plan.copy_at(plan.final_index)
+            digest.add(bridge.index, bridge.kind, bridge.payload)
+            return digest.finish()
+        if plan.copies_from != 1:
+            return None
+        digest = ContentDigest()
+        for copy in plan.copies:
+            digest.add(copy.index, copy.kind, copy.payload)
+        return digest.finish()
 
     def _master_sealed(self, now_ms: int, e: MasterSealed) -> list[Action]:
         if not self._seal_at_master_sent or self._done or e.final_index != self.final_index:

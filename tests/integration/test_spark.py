@@ -261,3 +261,37 @@ def test_a_scan_of_a_secured_cluster_with_the_certs_dir(spark: Any, tmp_path: Pa
         assert [row[3] for row in rows_of(frame)] == [payload_of(n) for n in range(1, 121)]
         with pytest.raises(Exception, match="serves TLS"):
             load(spark, secured, "spark/tls").collect()
+
+
+def test_a_scan_never_returns_a_copy_that_differs_from_the_certificate(
+    spark: Any, cluster: Cluster
+) -> None:
+    """store0 (in every copy set of three stores) holds, behind its back, a forged copy
+    under a valid crc32c in the first segment and a flipped payload bit under the old
+    crc in the second. Partitions that start there leave it (the chunk differs from the
+    certificate; the store answers DATA_LOSS), read the rest elsewhere, and report it:
+    the scan returns exactly what was written."""
+    import grpc
+
+    from streamengine.v1 import master_pb2, master_pb2_grpc
+    from tests.integration import damage
+
+    create_stream(cluster, "spark/forged")
+    made = fill(Driver(cluster.master_address, "spark/forged"), [300, 200])
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        listing = master_pb2_grpc.MasterStub(channel).ListSegments(
+            master_pb2.ListSegmentsRequest(stream="spark/forged"), timeout=10
+        )
+    store0 = cluster.stores[0]
+    assert store0.terminate() == 0
+    (first, _), (second, _) = made
+    root = cluster.root / store0.name
+    damage.rewrite_copy(root, listing.stream_id, first, 150, b"forged", valid_crc=True)
+    damage.rewrite_copy(root, listing.stream_id, second, 10, payload_of(11), valid_crc=False)
+    store0.args += ["--scrub-mb-per-s", "0"]  # its own scrub must not give it away first
+    store0.start()
+    assert rows_of(load(spark, cluster, "spark/forged", partitionEntries="100")) == (
+        expected_rows(made)
+    )
+    log = cluster.master.log()
+    assert "a reader reports a replica" in log and "differ from the certificate" in log, log

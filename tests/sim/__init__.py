@@ -29,4 +29,10 @@ once per grant), and the master checks holders with `master.authority.check_hold
 The world injects seals at the last epoch without a grant, under a forged one and under
 a grant of another epoch, and unheld SealSegment, ReleaseLease and RollSegment calls;
 invariant 11 checks every store change against the grants the master gave.
+
+Certificates: the writers seal with them, the stores scrub their sealed replicas with
+the real `segment_store.scrub` schedule and scan and report with their heartbeats, the
+master judges the reports (`master.integrity`), and followers check what they read
+chunk by chunk; invariant 12 holds every recorded certificate to the replicas at the
+bridge. With `SimConfig.rot`, copies of sealed segments are forged at rest.
 """

@@ -26,6 +26,10 @@ every step and a failure names the step that broke the rule:
     writer the grant the master issued it (checked against the grants the master gave,
     not by verifying signatures again). Numbered as in docs/design.md, whose 8 to 10
     the simulator checks within the others.
+12. certificates: a sealed segment's certificate, once recorded (by its writer with the
+    seal, or by W agreeing replicas), never changes and is what every replica that
+    reached the bridge holds; a replica is condemned only when it differs from it, and
+    a reader reports only a replica that does.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 
 from streamengine.master.model import SegmentState
 from streamengine.master.state import MasterState
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
@@ -50,6 +55,7 @@ INVARIANTS = {
     6: "bad input is refused and changes nothing",
     7: "every append ends within a bound (its timeout, or its writer losing leadership)",
     11: "stores change segments only under the master's grants, and take every one",
+    12: "a sealed segment's certificate is what its replicas at the bridge hold",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -87,6 +93,11 @@ class Checker:
         self.acked_sequences: list[int] = []  # sorted
         self.followers: dict[str, FollowerRecord] = {}
         self.finals: dict[SegmentKey, int] = {}
+        self.certificates: dict[SegmentKey, Certificate] = {}
+        # (store, segment) replicas the world forged behind their store's back (damage
+        # at rest, `SimConfig.rot`): what they hold is not what they served, and no
+        # reader may ever get it.
+        self.rotted: set[tuple[str, SegmentKey]] = set()
         self.failed: set[bytes] = set()  # appends users were told definitely failed
         self.served_payloads: set[bytes] = set()
         self.epoch_seen = 0
@@ -134,6 +145,8 @@ class Checker:
         meta = core.meta(segment)
         if meta is None:
             return
+        if (store, segment) in self.rotted:
+            return  # damaged at rest: its store serves what a reader must refuse
         before = self.store_acked.get((store, segment), 0)
         acked = meta.acked_index
         if acked < before:
@@ -160,6 +173,8 @@ class Checker:
         unsealed count. Catches a change the incremental checks were not told of."""
         for name, core in sorted(stores.items()):
             for segment in core.segments():
+                if (name, segment) in self.rotted:
+                    continue  # damaged at rest on purpose
                 meta = core.meta(segment)
                 assert meta is not None
                 if not meta.acked_index <= meta.matched_index <= meta.last_index:
@@ -179,6 +194,7 @@ class Checker:
         or it was never a member): what it served stays true; a later copy starts anew."""
         self.checks += 1
         self.store_acked.pop((store, segment), None)
+        self.rotted.discard((store, segment))
 
     def store_restarted(self, store: str, core: SegmentStoreCore, fsync_never: bool) -> None:
         """A store restarts with exactly what it had acked, unless it runs with fsync
@@ -220,7 +236,11 @@ class Checker:
             meta = core.meta(segment)
             if meta is not None and meta.acked_index > final:
                 raise Violation(4, f"store {name}: acked {meta.acked_index} passes bridge {final}")
-            if meta is not None and meta.acked_index == final:
+            if (
+                meta is not None
+                and meta.acked_index == final
+                and (name, segment) not in self.rotted
+            ):
                 self.replica_complete(name, core, segment, final)
 
     def seal_conflict(self, segment: SegmentKey, message: str) -> None:
@@ -236,6 +256,62 @@ class Checker:
             if e.kind == EntryKind.BRIDGE and e.index != final:
                 raise Violation(4, f"store {store}: a BRIDGE at {e.index} below {final}")
             self._agree(f"sealed replica {store}", segment.epoch, e.index, e.kind, e.payload)
+
+    # ---- invariant 12 ----
+
+    def certificate_recorded(
+        self, segment: SegmentKey, certificate: Certificate, stores: dict[str, SegmentStoreCore]
+    ) -> None:
+        """The master recorded `certificate` for `segment`: it never changes, and every
+        replica sealed and acked up to its bridge holds exactly that content."""
+        known = self.certificates.setdefault(segment, certificate)
+        if known != certificate:
+            raise Violation(
+                12,
+                f"segment {segment.epoch}: certificate {certificate.describe()} replaced "
+                f"{known.describe()}",
+            )
+        for name, core in sorted(stores.items()):
+            if (name, segment) in self.rotted:
+                continue  # it differs, on purpose: the scrub condemns it
+            meta = core.meta(segment)
+            reached = meta is not None and meta.acked_index >= certificate.final_index
+            if reached and meta is not None and meta.fence > segment.epoch:
+                held = core.certify(segment, certificate.final_index).certificate
+                if held != certificate:
+                    raise Violation(
+                        12,
+                        f"store {name}: segment {segment.epoch} at its bridge differs "
+                        f"from its certificate {certificate.describe()}",
+                    )
+
+    def replica_condemned(
+        self,
+        store: str,
+        core: SegmentStoreCore | None,
+        segment: SegmentKey,
+        certificate: Certificate,
+    ) -> None:
+        """The master judged `store`'s replica bad: it must differ from the certificate."""
+        if core is None or core.meta(segment) is None:
+            return  # nothing held any more: nothing was condemned wrongly
+        if (store, segment) in self.rotted:
+            return  # rightly: it was forged
+        held = core.certify(segment, certificate.final_index).certificate
+        if held == certificate:
+            raise Violation(
+                12,
+                f"store {store}: segment {segment.epoch} condemned though it holds its "
+                f"certificate {certificate.describe()}",
+            )
+
+    def reader_reported(self, reader: str, store: str, segment: SegmentKey, problem: str) -> None:
+        """A reader found `store`'s replica of `segment` serving what differs from the
+        certificate: only a forged one may."""
+        if (store, segment) not in self.rotted:
+            raise Violation(
+                12, f"{reader}: {store} reported for segment {segment.epoch}: {problem}"
+            )
 
     # ---- invariant 5 ----
 
@@ -325,7 +401,8 @@ class Checker:
         payload, started_ms = next(iter(started.items()))
         if clock_ms > started_ms + self.append_timeout_ms + APPEND_END_MS_MAX:
             raise Violation(
-                7, f"{writer}: an append started at {started_ms} is still open at {clock_ms}: "
+                7,
+                f"{writer}: an append started at {started_ms} is still open at {clock_ms}: "
                 f"{payload!r}",
             )
 

@@ -80,7 +80,11 @@ class FollowerNode(Node):
                     assert isinstance(s, SegmentRecord)
                     self.segments[s.epoch] = SegmentKey(s.stream_id, s.epoch)
                     sealed = s.state == SegmentState.SEALED
-                    views.append(SegmentView(s.epoch, s.copy_set, sealed, s.final_index))
+                    views.append(
+                        SegmentView(
+                            s.epoch, s.copy_set, sealed, s.final_index, s.certificate, s.bad
+                        )
+                    )
                 self.cursor.on_segments(views, self.world.now)
             self.pump()
 
@@ -100,8 +104,7 @@ class FollowerNode(Node):
         if self.subscription is not None:
             if self.cursor.refresh_due(now):
                 self.list_segments()
-            read = self.subscription.read
-            if self.cursor.next(now) == ReadFrom(read.epoch, read.replica, self.cursor.next_index):
+            if Cursor.continues(self.cursor.next(now), self.subscription.read):
                 self._wake_at(self.cursor.wake_at_ms(self.listing))
                 return
             self._end_subscription()
@@ -187,6 +190,12 @@ class FollowerNode(Node):
             for event in self.cursor.on_entries(read.epoch, body.entries, now):
                 self.world.checker.follower_event(self.name, event.sequence, event.payload)
                 self.resume_at = event.sequence + 1
+            # Only a replica the world forged may differ from its certificate.
+            for report in self.cursor.take_reports():
+                segment = self.segments[report.epoch]
+                self.world.checker.reader_reported(
+                    self.name, report.replica, segment, report.problem
+                )
         elif isinstance(body, sub.PushedPosition):
             acked = body.position.acked_index
             self.cursor.on_position(read.epoch, read.replica, acked, now)

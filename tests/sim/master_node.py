@@ -15,7 +15,7 @@ from streamengine.client.core.leader import (
 from streamengine.client.core.replicator import (
     SegmentRef,
 )
-from streamengine.master import authority, repair
+from streamengine.master import authority, integrity, repair
 from streamengine.master.catalog import Catalog
 from streamengine.master.errors import MasterError, SealConflict
 from streamengine.master.metadata import MemoryMetadata
@@ -97,8 +97,13 @@ class MasterNode(Node):
             deletes = self.state.store_heartbeat(body.store, 0, 1 << 40, held, now)
             if deletes is None:
                 self.state.register_store(body.store, f"{body.store}:1", "", 1 << 40, now)
-            elif deletes:
-                self.world.net.send(self.name, body.store, m.StoreHeartbeatReply(tuple(deletes)))
+                return
+            for scrubbed in body.scrubbed:
+                self._replica_reported(body.store, scrubbed)
+            first = tuple(self.state.take_scrub_first(body.store))
+            if deletes or first:
+                reply = m.StoreHeartbeatReply(tuple(deletes), first)
+                self.world.net.send(self.name, body.store, reply)
             return
         assert isinstance(body, m.Call)
         try:
@@ -200,6 +205,7 @@ class MasterNode(Node):
                 request.writer_epoch,
                 request.final_index,
                 self.world.now,
+                request.certificate,
             )
         except SealConflict as conflict:
             self.world.checker.seal_conflict(key, str(conflict))
@@ -207,7 +213,30 @@ class MasterNode(Node):
         self.world.checker.master_changed(self.state)
         cores = {n: s.core for n, s in self.world.stores.items()}
         self.world.checker.sealed_at_master(key, sealed.final_index, cores)
+        if sealed.certificate is not None:
+            self.world.stats["certified by writers"] += request.certificate is not None
+            self.world.checker.certificate_recorded(key, sealed.certificate, cores)
         return sealed
+
+    def _replica_reported(self, store: str, scrubbed: m.ScrubReport) -> None:
+        """A store's scrub report, judged as the real master does (`integrity.judge`)."""
+        report: integrity.Report = (
+            integrity.Clean(scrubbed.certificate)
+            if scrubbed.certificate is not None
+            else integrity.Damaged(scrubbed.detail)
+        )
+        key = SegmentKey(*scrubbed.segment)
+        judgement = self.state.replica_reported(store, scrubbed.segment, report, self.world.now)
+        cores = {n: s.core for n, s in self.world.stores.items()}
+        checker = self.world.checker
+        if judgement.certificate is not None:
+            self.world.stats["certified by replicas"] += 1
+            checker.certificate_recorded(key, judgement.certificate, cores)
+        for bad in judgement.bad:
+            self.world.stats["replicas found bad"] += 1
+            certificate = self.state.segments[scrubbed.segment].certificate
+            assert certificate is not None
+            checker.replica_condemned(bad, cores.get(bad), key, certificate)
 
     # ---- repair: the real planning, queue and task steps (master.repair) ----
 
@@ -215,7 +244,8 @@ class MasterNode(Node):
         now = self.world.now
         state = self.state
         for task in self.repairs.next_tasks(
-            now, lambda busy, slots: state.plan_repairs(now, busy, slots)
+            now,
+            lambda busy, slots: state.plan_repairs(now, busy, slots, self.repairs.failed_sources),
         ):
             self.world.note(
                 f"repair {task.reason}: seg{task.segment[1]} {task.replaced} -> {task.target}"
@@ -271,7 +301,12 @@ class _RepairRun:
             self.copying = True
             tenant = authority.stream_tenant(self.state.stream_name(self.segment.stream_id))
             request = m.CopySegment(
-                self.segment, action.source, action.final_index, action.fence, tenant
+                self.segment,
+                action.source,
+                action.final_index,
+                action.fence,
+                tenant,
+                action.certificate,
             )
             self._call(action.target, request, self._on_copied)
         elif isinstance(action, repair.AskDigests):
@@ -331,6 +366,8 @@ class _RepairRun:
             self.state.end_copy(self.task.target, self.task.segment)
         failed = bool(self.op.error)
         self.master.repairs.finished(self.task, failed, self.now)
+        if failed:
+            self.state.ask_scrub_first(self.task.source, self.task.segment)
         outcome = f"failed: {self.op.error}" if failed else "done"
         self.master.world.stats[f"repairs {'failed' if failed else 'done'}"] += 1
         self.master.world.note(f"repair of seg{self.segment.epoch} -> {self.task.target} {outcome}")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from streamengine.master.model import Held
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.store import SegmentKey
 
@@ -87,6 +88,7 @@ class SealSegment:
     final_index: int
     client_id: str = ""
     grant: bytes = field(default=b"", repr=False)
+    certificate: Certificate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +97,21 @@ class ListSegments:
 
 
 @dataclass(frozen=True, slots=True)
+class ScrubReport:
+    """A sealed replica the store's scrub read back: its certificate, or damage."""
+
+    segment: tuple[int, int]
+    final_index: int
+    certificate: Certificate | None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StoreHeartbeat:
     store: str
     # What the store holds: (stream id, epoch) -> (fence, acked, last index, bytes).
     held: tuple[tuple[tuple[int, int], Held], ...] = ()
+    scrubbed: tuple[ScrubReport, ...] = ()
 
     def __str__(self) -> str:
         return f"StoreHeartbeat({self.store}, {len(self.held)} segments)"
@@ -107,9 +120,10 @@ class StoreHeartbeat:
 @dataclass(frozen=True, slots=True)
 class StoreHeartbeatReply:
     """The segments the master wants the store to delete (not a copy-set member of a
-    sealed segment, or of a deleted stream)."""
+    sealed segment, or of a deleted stream), and the replicas to scrub first."""
 
     deletes: tuple[tuple[int, int], ...]
+    scrub_first: tuple[tuple[int, int], ...] = ()
 
 
 # ---- stores: unary ----
@@ -181,6 +195,7 @@ class CopySegment:
     final_index: int
     fence: int
     tenant: str = ""
+    certificate: Certificate | None = None
 
     def __str__(self) -> str:
         return (

@@ -47,6 +47,7 @@ class RecoveryRun:
             [r.store_id for r in grant.copy_set],
             writer.world.config.recovery_batch,
             sr.SIMULATED_TIMING,
+            action.known,
         )
         self.matched: dict[str, int] = {}  # from seal answers, for the flaw only
         self.counted = False
@@ -100,6 +101,7 @@ class RecoveryRun:
                 action.final_index,
                 writer.client_id,
                 self.grant,
+                action.certificate,
             )
             writer.call(MASTER, request, self._master_answered, once=False)
             return

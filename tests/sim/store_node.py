@@ -19,6 +19,7 @@ from streamengine.segment_store.authority import (
 )
 from streamengine.segment_store.copy import CopySourceUnavailable
 from streamengine.segment_store.kv import KVOp, MemoryKV
+from streamengine.segment_store.scrub import ScrubSchedule
 from streamengine.segment_store.store import BelowFence as StoreRefused
 from streamengine.segment_store.store import (
     Command,
@@ -46,6 +47,10 @@ if TYPE_CHECKING:
     from tests.sim.world import World
 
 from tests.sim.nodes import MASTER, STORE_HEARTBEAT_MS, Node
+
+# The scrub in virtual time: a replica read again at most this often; one replica per
+# heartbeat (the real scrub's rate bounds bytes per second; here a read is instant).
+SCRUB_RECHECK_MS = 1500
 
 # ---- stores ----
 
@@ -96,6 +101,7 @@ class StoreNode(Node):
             self.kv.flush()
         self._load_authority()
         self.tails = TailServer(self)
+        self.scrub = ScrubSchedule[SegmentKey](1 << 30, world.now, SCRUB_RECHECK_MS)
         self.heartbeat()
         if self.fsync_never:
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
@@ -120,8 +126,22 @@ class StoreNode(Node):
             )
             for segment, meta in sorted(self.core.metas().items())
         )
-        self.world.net.send(self.name, MASTER, m.StoreHeartbeat(self.name, held))
+        scrubbed = self.scrub_one()
+        self.world.net.send(self.name, MASTER, m.StoreHeartbeat(self.name, held, scrubbed))
         self.timer(STORE_HEARTBEAT_MS, "heartbeat", self.heartbeat)
+
+    def scrub_one(self) -> tuple[m.ScrubReport, ...]:
+        """Read the next due sealed replica back (the real scrub's schedule and scan)."""
+        now = self.world.now
+        targets = self.core.scrub_targets()
+        replica = self.scrub.next_replica(now, targets)
+        if replica is None:
+            return ()
+        result = self.core.certify(replica, targets[replica])
+        self.scrub.checked(replica, now)
+        self.world.stats["replicas scrubbed"] += 1
+        key = (replica.stream_id, replica.epoch)
+        return (m.ScrubReport(key, result.final_index, result.certificate, result.detail),)
 
     def delete(self, segment: SegmentKey) -> bool:
         existed = self.core.delete(segment)
@@ -134,6 +154,7 @@ class StoreNode(Node):
         self.core = SegmentStoreCore(self.kv)
         self._load_authority()
         self.tails = TailServer(self)
+        self.scrub = ScrubSchedule[SegmentKey](1 << 30, self.world.now, SCRUB_RECHECK_MS)
         self.world.checker.store_restarted(self.name, self.core, self.fsync_never)
         self.heartbeat()
         if self.fsync_never:
@@ -231,6 +252,8 @@ class StoreNode(Node):
         if isinstance(body, m.StoreHeartbeatReply):
             for stream_id, epoch in body.deletes:
                 self.delete(SegmentKey(stream_id, epoch))
+            for stream_id, epoch in body.scrub_first:
+                self.scrub.check_first(SegmentKey(stream_id, epoch))
             return
         assert isinstance(body, m.Call)
         if isinstance(body.request, m.CopySegment):
@@ -312,6 +335,7 @@ class StoreNode(Node):
             return error
         raise AssertionError(f"unknown request {request!r}")
 
+
 class _SegmentCopy:
     """CopySegment on a simulated store: the real `copy_rules.CopyOp`, with calls to the
     source over the simulated network; a batch per timer tick, so other writes
@@ -332,6 +356,7 @@ class _SegmentCopy:
                 self.request.final_index,
                 self.request.fence,
                 self.request.tenant,
+                self.request.certificate,
             )
         except StoreError as error:
             self._end(error)
@@ -355,6 +380,11 @@ class _SegmentCopy:
                 if isinstance(action, copy_rules.AskDigests):
                     self._ask(m.Digest(self.segment, action.up_to_index), self._on_digest)
                     return
+                if isinstance(action, copy_rules.ReadBack):
+                    action = self.op.read_back(
+                        self.store.core.certify(self.segment, action.final_index)
+                    )
+                    continue
                 assert isinstance(action, copy_rules.Submit), action
                 action = self.op.submitted(self._apply(action.command))
         except StoreError as error:

@@ -23,11 +23,13 @@ from typing import Any, cast
 from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.master.errors import MasterError
 from streamengine.master.model import SegmentState
-from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
+from streamengine.segment_store.keys import SegmentMeta, entry_key
+from streamengine.segment_store.kv import Put
 from streamengine.segment_store.store import BadRequest, SegmentKey, StoreError
 from streamengine.segment_store.store import BelowFence as StoreRefused
 from tests.sim import messages as m
@@ -58,6 +60,8 @@ UNSUPPORTED_GRANT = "a writer refused a grant it cannot lead"
 # Every change is checked as it happens; a full audit of every store also runs this
 # often (and at the end), in case a change escaped the incremental checks.
 AUDIT_EVERY_STEPS = 250
+# With `SimConfig.rot`, the chance that a chaos tick forges a copy.
+ROT_CHANCE = 0.2
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -104,6 +108,10 @@ class SimConfig:
     stream: str = "sim/stream"
     # Stores running with `--fsync never` (DESIGN: unsafe); at most W - 1 of them.
     fsync_never: tuple[str, ...] = ()
+    # Damage at rest: now and then one replica of a sealed segment gets a copy forged
+    # under a valid crc32c (what only the certificate tells). Off unless asked for: it
+    # draws from the seed's randomness.
+    rot: bool = False
 
     @property
     def append_timeout_ms(self) -> int:
@@ -355,7 +363,56 @@ class World:
             self._inject_bad_input()
         elif roll < 0.68:
             self._operator_moves()
+        if self.config.rot and self.rng.random() < ROT_CHANCE:
+            self._rot()
         self.sched.after(self.config.chaos_every_ms, "chaos", self._chaos)
+
+    def _rot(self) -> None:
+        """Forge one copy of a sealed segment on one store, behind its back: the same
+        epoch, another payload, a valid crc32c. Only on a segment whose other replicas
+        (two at least) hold it at the bridge, so the data survives the damage, and that
+        has a certificate: without one a repair compares its copy with the source's
+        (docs/design.md, "Known gaps")."""
+        checker = self.checker
+        rotten = {segment for _, segment in checker.rotted}
+        certified = {
+            (record.stream_id, record.epoch)
+            for record in self.master.state.segments.values()
+            if record.certificate is not None
+        }
+        chances = []
+        for name, store in sorted(self.stores.items()):
+            if not store.up:
+                continue
+            for segment, final in sorted(store.core.scrub_targets().items()):
+                healthy = [
+                    other
+                    for other_name, other in sorted(self.stores.items())
+                    if other_name != name
+                    and (other.core.meta(segment) or SegmentMeta()).acked_index >= final
+                ]
+                if (
+                    segment in checker.finals
+                    and (segment.stream_id, segment.epoch) in certified
+                    and segment not in rotten
+                    and len(healthy) >= 2
+                ):
+                    chances.append((name, segment, final))
+        if not chances:
+            return
+        name, segment, final = self.rng.choice(chances)
+        store = self.stores[name]
+        events = [e for e in store.core.read(segment, 1, final) if e.kind == EntryKind.EVENT]
+        if not events:
+            return
+        victim = self.rng.choice(events)
+        forged = StoredEntry.make(victim.index, victim.kind, victim.epoch, b"rot:" + victim.payload)
+        key = entry_key(segment.stream_id, segment.epoch, victim.index)
+        value = encode_value(forged.kind, forged.epoch, forged.crc32c, forged.payload)
+        store.kv.write([Put(key, value)], sync=True)
+        checker.rotted.add((name, segment))
+        self.stats["copies rotted"] += 1
+        self.note(f"rot: {name} seg{segment.epoch} index {victim.index} forged")
 
     def _pick_writer(self) -> WriterNode:
         leading = [w for w in self.writers if w.up and w.leading]

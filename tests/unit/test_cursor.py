@@ -14,6 +14,8 @@ from streamengine.client.core.cursor import (
     Wait,
 )
 from streamengine.client.core.replicas import Ask, FollowerTiming, ReplicaSet
+from streamengine.protocol import certificate
+from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
 
@@ -314,3 +316,90 @@ def test_entries_served_are_a_lower_bound_never_an_answer_about_the_end() -> Non
     replicas.answered("s1", 200)
     replicas.served("s1", 220)
     assert replicas.below("s1", 221) and not replicas.below("s1", 220)
+
+
+# ---- certificates: nothing of a chunk leaves before it verified (docs/design.md) ----
+
+
+def certified(
+    epoch: int, entries: list[StoredEntry], replicas: tuple[str, ...] = (A, B, C), bad=()
+) -> SegmentView:
+    made = certificate_of([(e.index, int(e.kind), e.payload) for e in entries])
+    return SegmentView(epoch, replicas, True, made.final_index, made, tuple(bad))
+
+
+TEN = [event(i) for i in range(1, 10)] + [bridge(10)]
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of at most 4 entries: indexes 1-4, 5-8, 9-10."""
+    monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_a_certified_segment_is_handed_out_a_verified_chunk_at_a_time() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([certified(1, TEN)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert cursor.on_entries(1, TEN[:3], 0) == []  # chunk 1-4 incomplete: held back
+    assert [e.index for e in cursor.on_entries(1, TEN[3:6], 0)] == [1, 2, 3, 4]
+    assert [e.index for e in cursor.on_entries(1, TEN[6:], 0)] == [5, 6, 7, 8, 9]
+    assert cursor.take_reports() == []
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_a_chunk_differing_from_the_certificate_is_never_handed_out() -> None:
+    """A stale copy with a valid crc at index 6: the replica is damaged for this reader
+    and reported; the next replica is read from that chunk's first index."""
+    cursor = Cursor(0)
+    cursor.on_segments([certified(1, TEN)], 0)
+    served = list(TEN)
+    served[5] = event(6, b"stale but crc-valid")
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert [e.index for e in cursor.on_entries(1, served[:5], 0)] == [1, 2, 3, 4]
+    assert cursor.on_entries(1, served[5:8], 0) == []
+    [report] = cursor.take_reports()
+    assert (report.epoch, report.replica) == (1, A) and "5..8" in report.problem
+    decision = cursor.next(1)
+    assert decision == ReadFrom(1, B, 5)
+    assert [e.payload for e in cursor.on_entries(1, TEN[4:8], 1)] == [b"e5", b"e6", b"e7", b"e8"]
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_resuming_mid_chunk_reads_from_the_chunk_start_and_yields_from_the_position() -> None:
+    cursor = Cursor(pack_sequence(1, 6))
+    cursor.on_segments([certified(1, TEN)], 0)
+    read = cursor.next(0)
+    assert read == ReadFrom(1, A, 5)
+    assert [e.index for e in cursor.on_entries(1, TEN[4:8], 0)] == [6, 7, 8]
+    # The read goes on: the same attempt on the same replica.
+    assert Cursor.continues(cursor.next(0), read)
+
+
+def test_every_replica_damaged_is_data_loss_not_a_wait() -> None:
+    """C14 for damage: DATA_LOSS from every replica of a sealed range is an answer; once
+    a list fetched after those answers names only them, the range is lost."""
+    cursor = Cursor(0)
+    cursor.on_segments([sealed(1, 5)], 0)
+    for replica in (A, B, C):
+        assert cursor.next(0) == ReadFrom(1, replica, 1)
+        cursor.on_replica_damaged(1, replica, "DATA_LOSS: block checksum mismatch")
+    assert len(cursor.take_reports()) == 3
+    assert cursor.next(0) == Wait(0)  # re-read the master's list before calling it lost
+    cursor.on_segments([sealed(1, 5)], 1)
+    assert cursor.next(1) == DataLoss(1, 1, 5)
+
+
+def test_a_replica_the_master_lists_as_bad_is_never_read() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([certified(1, TEN, bad=(A,))], 0)
+    assert cursor.next(0) == ReadFrom(1, B, 1)
+
+
+def test_a_segment_whose_every_replica_the_master_lists_as_bad_is_lost() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([certified(1, TEN, bad=(A, B, C))], 0)
+    assert cursor.next(0) == Wait(0)
+    cursor.on_segments([certified(1, TEN, bad=(A, B, C))], 1)
+    assert cursor.next(1) == DataLoss(1, 1, 10)

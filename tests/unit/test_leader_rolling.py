@@ -32,6 +32,8 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     Tick,
 )
+from streamengine.protocol.certificate import certificate_of
+from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from tests.unit.test_leader import (
     LEASE_MS,
@@ -92,6 +94,13 @@ def test_the_new_segment_opens_at_once_and_acks_after_the_old_is_sealed() -> Non
     actions = step(leader, 70, roll_answer(65, 6, old=5, segment_bytes_max=10))
     assert of_type(actions, BecameLeader)[0].epoch == 6
     assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(5), 6, POLICY, signed(6))]
+    # The recovery knows what the drained segment holds: the events as appended.
+    [recover] = of_type(actions, RecoverSegment)
+    assert recover.known is not None and recover.known.through_index == 1
+    recover.known.add(2, EntryKind.BRIDGE, b"")
+    assert recover.known.finish() == certificate_of(
+        [(1, int(EntryKind.EVENT), b"x" * 20), (2, int(EntryKind.BRIDGE), b"")]
+    )
     assert leader.epoch == 6 and leader.accepting_appends
     for store in STORES:
         step(leader, 71, StoreConnected(store))

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from streamengine.master import repair
 from streamengine.master.model import Held, SegmentRecord, SegmentState, StoreView
+from streamengine.protocol.certificate import Certificate, certificate_of
+from streamengine.protocol.entry import EntryKind
 
 GRACE = 1000
 NOW = 10_000
@@ -280,3 +284,62 @@ def test_the_queue_runs_operator_moves_first_and_backs_off_a_failed_segment() ->
     assert queue.next_tasks(
         100, lambda busy, slots: [t for t in [move] if t.segment not in busy]
     ) == [move]
+
+
+# ---- certificates: a good source, a copy verified against the certificate ----
+
+
+def _certificate(final: int = 5) -> Certificate:
+    rows = [(i, int(EntryKind.EVENT), bytes([i])) for i in range(1, final)]
+    return certificate_of([*rows, (final, int(EntryKind.BRIDGE), b"")])
+
+
+@pytest.mark.parametrize(
+    ("rule", "sources", "verified", "failed", "load", "chosen"),
+    [
+        ("the first good source by default", ("a", "b", "c"), set(), set(), {}, "a"),
+        ("a verified replica first", ("a", "b", "c"), {"c"}, set(), {}, "c"),
+        ("the least busy among verified ones", ("a", "b", "c"), {"b", "c"}, set(), {"b": 1}, "c"),
+        ("never one whose copy failed while another can serve", ("a", "b"), {"a"}, {"a"}, {}, "b"),
+        ("every one failed: the rotation starts over", ("a", "b"), set(), {"a", "b"}, {}, "a"),
+    ],
+)
+def test_choosing_a_copy_source(rule, sources, verified, failed, load, chosen) -> None:
+    assert repair.choose_source(sources, verified, failed, load) == chosen, rule
+
+
+def test_a_failed_copy_rotates_the_next_attempt_to_another_source() -> None:
+    queue = repair.RepairQueue(concurrency=1, retry_ms=100)
+    segment = seg(1)
+    cluster = stores(view("a"), view("b"), view("c", alive=False), view("d"))
+    copies = {(1, 1): {"a": held(5), "b": held(5)}}
+
+    def plan(busy, slots):
+        return repair.plan_tasks(
+            [segment], cluster, copies, NOW, GRACE, busy, slots, failed_sources=queue.failed_sources
+        )
+
+    [first] = queue.next_tasks(0, plan)
+    queue.finished(first, failed=True, now_ms=0)
+    [second] = queue.next_tasks(100, plan)
+    assert {first.source, second.source} == {"a", "b"}
+    queue.finished(second, failed=False, now_ms=100)
+    assert queue.failed_sources == {}
+
+
+def test_a_certified_copy_is_verified_by_the_target_against_the_certificate() -> None:
+    certificate = _certificate()
+    segment = dataclasses.replace(seg(1), certificate=certificate, certified_by="writer")
+    op = repair.RepairOp(_move())
+    assert op.start(segment) == repair.AskSourceState("a")
+    copy = op.step(repair.SourceState(fence=2, acked_index=5, bytes=100))
+    assert copy == repair.CopyToTarget("d", "a", 5, 2, certificate)
+    # The target reports the root it verified: no digest of the source is asked.
+    assert op.step(repair.Copied(certificate.root())) == repair.SwapReplica(
+        "c", "d", Held(2, 5, 5, 100)
+    )
+    other = repair.RepairOp(_move())
+    other.start(segment)
+    other.step(repair.SourceState(fence=2, acked_index=5, bytes=100))
+    assert other.step(repair.Copied(b"another root")) is None
+    assert "root" in other.error

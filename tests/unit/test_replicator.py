@@ -26,6 +26,8 @@ from streamengine.client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.certificate import certificate_of
+from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.policy import ReplicationPolicy
 
 SEGMENT = SegmentRef(stream_id=7, epoch=3, stream="acme/orders")
@@ -130,6 +132,20 @@ def test_an_idle_store_gets_an_append_at_once_and_w_answers_ack_it() -> None:
     assert acked(r.step(12, accept(out[2]))) == [3]
     assert acked(r.step(13, accept(out[0]))) == []  # already acked
     assert r.acked_index == 3 and r.unacked_bytes == 0
+
+
+def test_the_content_digest_is_handed_out_only_once_everything_is_acked() -> None:
+    r = make()
+    out = sends(r.step(10, Append((b"a", b"b"))))
+    assert r.content_digest() is None  # assigned, not acked: the content is not final
+    r.step(11, accept(out[0]))
+    r.step(12, accept(out[1]))
+    digest = r.content_digest()
+    assert digest is not None and digest.through_index == 2
+    digest.add(3, EntryKind.BRIDGE, b"")
+    assert digest.finish() == certificate_of(
+        [(1, EntryKind.EVENT, b"a"), (2, EntryKind.EVENT, b"b"), (3, EntryKind.BRIDGE, b"")]
+    )
 
 
 def test_out_of_order_replies_across_stores_ack_only_the_common_prefix() -> None:

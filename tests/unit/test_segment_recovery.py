@@ -30,9 +30,14 @@ from streamengine.client.core.segment_recovery import (
     StoreBusy,
     WriteAnswered,
 )
+from streamengine.protocol.certificate import ContentDigest, certificate_of
+from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import CopySetWorld, RecoveringLeader, this
+
+# The certificate of a segment that holds its bridge alone.
+BRIDGE_ONLY = certificate_of([(1, int(EntryKind.BRIDGE), b"")])
 
 N3W2 = ReplicationPolicy(3, 2)
 N3W3 = ReplicationPolicy(3, 3)
@@ -104,7 +109,8 @@ def test_raises_acked_only_after_w_stores_hold_and_only_on_those() -> None:
     assert op.step(0, WriteAnswered("A", 0, 0, (), 1)) == []
     assert op.step(0, WriteAnswered("A", 0, 0, (), 1)) == []  # a duplicate counts once
     assert op.step(0, WriteAnswered("D", 0, 0, (), 1)) == []
-    assert op.step(0, WriteAnswered("E", 0, 0, (), 1)) == [SealAtMaster(1)]
+    # Nothing was acked anywhere: the plan holds the whole content, the bridge alone.
+    assert op.step(0, WriteAnswered("E", 0, 0, (), 1)) == [SealAtMaster(1, BRIDGE_ONLY)]
     assert op.step(0, WriteAnswered("B", 0, 0, (), 1)) == []
     assert op.step(0, MasterSealed(7)) == []  # not ours
     assert op.step(0, MasterSealed(1)) == [Done(1)]
@@ -360,7 +366,7 @@ def test_late_stores_are_bridged_for_a_while_after_done_then_it_finishes() -> No
     op.step(0, held(a))
     op.step(0, held(b))
     op.step(0, WriteAnswered("A", 0, 0, (), 1))
-    assert op.step(0, WriteAnswered("B", 0, 0, (), 1)) == [SealAtMaster(1)]
+    assert op.step(0, WriteAnswered("B", 0, 0, (), 1)) == [SealAtMaster(1, BRIDGE_ONLY)]
     assert op.step(100, MasterSealed(1)) == [Done(1)]
     # C has not answered its seal: it is still asked, then probed, until the window ends.
     assert op.step(3000, Tick()) == [SendSeal("C", 3)]
@@ -393,3 +399,49 @@ def test_timing_relations_are_checked() -> None:
         with pytest.raises(ValueError):
             RecoveryTiming(**bad)
     assert SIMULATED_TIMING.store_lost_ms < TIMING.store_lost_ms
+
+
+# ---- the certificate sent with the seal ----
+
+
+def _seal_at_master(op: SegmentRecovery, reads: dict[str, tuple[int, tuple[StoredEntry, ...]]]):
+    """Seal A and B (A acked 3, B acked 2 of events 1..3), answer their reads and
+    writes; the SealAtMaster the recovery sends."""
+    op.start(0)
+    op.step(0, sealed("A", 3, 3, 3, fence=2))
+    out = op.step(0, sealed("B", 2, 3, 3, fence=2))
+    for store, (first, held_entries) in reads.items():
+        out += op.step(0, ReadAnswered(store, first, 0, held_entries, 2))
+    for write in writes(out):
+        out += op.step(0, held(write))
+    for acked in [a for a in out if isinstance(a, SendAcked)]:
+        out += op.step(0, WriteAnswered(acked.store, 0, 0, (), acked.acked_index))
+    [seal] = [a for a in out if isinstance(a, SealAtMaster)]
+    return seal
+
+
+EVENTS = tuple(StoredEntry.make(i, EntryKind.EVENT, 1, b"event %d" % i) for i in (1, 2, 3))
+
+
+def test_a_drained_segment_is_sealed_with_the_certificate_of_what_its_writer_appended() -> None:
+    known = ContentDigest()
+    known.add_events(1, [e.payload for e in EVENTS])
+    op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"], known=known)
+    seal = _seal_at_master(op, {"A": (3, EVENTS[2:]), "B": (3, EVENTS[2:])})
+    rows = [(e.index, int(e.kind), e.payload) for e in EVENTS]
+    assert seal == SealAtMaster(4, certificate_of([*rows, (4, int(EntryKind.BRIDGE), b"")]))
+    assert known.through_index == 3, "the writer's digest is never changed"
+
+
+def test_a_takeover_that_never_read_below_the_acked_indexes_seals_without_one() -> None:
+    op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"])
+    seal = _seal_at_master(op, {"A": (3, EVENTS[2:]), "B": (3, EVENTS[2:])})
+    assert seal == SealAtMaster(4, None)  # W replicas certify it at the master
+
+
+def test_a_writer_digest_that_does_not_fit_the_plan_is_not_sent() -> None:
+    known = ContentDigest()
+    known.add_events(1, [e.payload for e in EVENTS[:2]])  # says 2 events; stores hold 3
+    op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"], known=known)
+    seal = _seal_at_master(op, {"A": (3, EVENTS[2:]), "B": (3, EVENTS[2:])})
+    assert seal == SealAtMaster(4, None)

@@ -97,6 +97,7 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/RollSegment": Need.TENANT_WRITE,
     "Master/ListSegments": Need.TENANT_READ,
     "Master/SealSegment": Need.TENANT_WRITE,
+    "Master/ReportReplica": Need.TENANT_READ,
     "Master/GetClusterStatus": Need.ANY_FILTERED,
     "Master/DrainStore": Need.CLUSTER_ADMIN,
     "Master/Rebalance": Need.CLUSTER_ADMIN,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from streamengine.protocol.certificate import Certificate, Chunk, MalformedCertificate
 from streamengine.protocol.entry import EntryKind, StoredEntry, unpack_values
 from streamengine.v1 import entry_pb2
 
@@ -72,3 +73,28 @@ def entries_from_values(
         entry(index=i, kind=k, epoch=e, payload=p, crc32c=c)  # type: ignore[arg-type]
         for i, k, e, p, c in zip(indexes, kinds, epochs, payloads, crcs, strict=True)
     ]
+
+
+def certificate_to_pb(
+    certificate: Certificate, with_chunks: bool = True
+) -> entry_pb2.SegmentCertificate:
+    return entry_pb2.SegmentCertificate(
+        final_index=certificate.final_index,
+        root=certificate.root(),
+        chunks=[
+            entry_pb2.CertificateChunk(last_index=c.last_index, digest=c.digest)
+            for c in (certificate.chunks if with_chunks else ())
+        ],
+    )
+
+
+def certificate_from_pb(message: entry_pb2.SegmentCertificate) -> Certificate:
+    """A certificate with its chunks; raises MalformedCertificate when the message
+    holds none, or a root that its chunks do not make."""
+    certificate = Certificate(
+        message.final_index,
+        tuple(Chunk(c.last_index, c.digest) for c in message.chunks),
+    )
+    if message.root and message.root != certificate.root():
+        raise MalformedCertificate("the root does not match the chunks")
+    return certificate

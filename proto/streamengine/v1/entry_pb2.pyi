@@ -193,6 +193,9 @@ class Segment(_message.Message):
     SEALED_AT_MS_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    BAD_STORES_FIELD_NUMBER: _builtins.int
+    VERIFIED_FIELD_NUMBER: _builtins.int
     state: Global___SegmentState.ValueType
     final_index: _builtins.int
     """Index of the BRIDGE once SEALED, else 0."""
@@ -215,6 +218,25 @@ class Segment(_message.Message):
         sealed segment's copy set; an open segment's copy set never changes.
         """
 
+    @_builtins.property
+    def certificate(self) -> Global___SegmentCertificate:
+        """SEALED: what the segment must contain (root only, unless the listing asked for the
+        chunks). Unset while none is known: sealed before certificates existed, or by a
+        leader that did not know the whole content, until W replicas agree on one.
+        """
+
+    @_builtins.property
+    def bad_stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Members whose replica differs from the certificate: never read, never a copy
+        source; repair replaces them.
+        """
+
+    @_builtins.property
+    def verified(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaVerified]:
+        """Members whose replica was seen matching the certificate since the master started,
+        and when (the master's wall clock); only when the listing asked for certificates.
+        """
+
     def __init__(
         self,
         *,
@@ -226,14 +248,103 @@ class Segment(_message.Message):
         sealed_at_ms: _builtins.int = ...,
         bytes: _builtins.int = ...,
         acked_index: _builtins.int = ...,
+        certificate: Global___SegmentCertificate | None = ...,
+        bad_stores: _abc.Iterable[_builtins.str] | None = ...,
+        verified: _abc.Iterable[Global___ReplicaVerified] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bytes", b"bytes", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "sealed_at_ms", b"sealed_at_ms", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bad_stores", b"bad_stores", "bytes", b"bytes", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "sealed_at_ms", b"sealed_at_ms", "state", b"state", "verified", b"verified"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Segment: _TypeAlias = Segment  # noqa: Y015
+
+@_typing.final
+class SegmentCertificate(_message.Message):
+    """What a sealed segment must contain: its final index and a SHA-256 digest of each chunk
+    of its content (kind and payload of every index up to the bridge; docs/design.md,
+    "Certificates", and `streamengine.protocol.certificate`).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINAL_INDEX_FIELD_NUMBER: _builtins.int
+    ROOT_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    CERTIFIED_BY_FIELD_NUMBER: _builtins.int
+    final_index: _builtins.int
+    """The index of the BRIDGE."""
+    root: _builtins.bytes
+    """SHA-256 over the final index and every chunk: what two certificates compare by."""
+    certified_by: _builtins.str
+    """Who made it, as the master recorded it: "writer" (the sealing leader, from what it
+    wrote) or "replicas" (W replicas agreeing); empty elsewhere.
+    """
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___CertificateChunk]:
+        """The chunks in index order; left out where only the root was asked for."""
+
+    def __init__(
+        self,
+        *,
+        final_index: _builtins.int = ...,
+        root: _builtins.bytes = ...,
+        chunks: _abc.Iterable[Global___CertificateChunk] | None = ...,
+        certified_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certified_by", b"certified_by", "chunks", b"chunks", "final_index", b"final_index", "root", b"root"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SegmentCertificate: _TypeAlias = SegmentCertificate  # noqa: Y015
+
+@_typing.final
+class CertificateChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_INDEX_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    last_index: _builtins.int
+    """The chunk holds the indexes after the previous chunk's last, up to this one."""
+    digest: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        last_index: _builtins.int = ...,
+        digest: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "last_index", b"last_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CertificateChunk: _TypeAlias = CertificateChunk  # noqa: Y015
+
+@_typing.final
+class ReplicaVerified(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_ID_FIELD_NUMBER: _builtins.int
+    VERIFIED_AT_MS_FIELD_NUMBER: _builtins.int
+    store_id: _builtins.str
+    verified_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        store_id: _builtins.str = ...,
+        verified_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["store_id", b"store_id", "verified_at_ms", b"verified_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaVerified: _TypeAlias = ReplicaVerified  # noqa: Y015
 
 @_typing.final
 class ReplicationPolicy(_message.Message):

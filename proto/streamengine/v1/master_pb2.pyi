@@ -194,6 +194,7 @@ class StoreHeartbeatRequest(_message.Message):
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
     REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
+    SCRUBBED_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     address: _builtins.str
     zone: _builtins.str
@@ -207,6 +208,10 @@ class StoreHeartbeatRequest(_message.Message):
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegment]:
         """Every segment the store holds."""
 
+    @_builtins.property
+    def scrubbed(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScrubReport]:
+        """Sealed replicas the store re-read since its last heartbeat the master answered."""
+
     def __init__(
         self,
         *,
@@ -217,10 +222,11 @@ class StoreHeartbeatRequest(_message.Message):
         free_bytes: _builtins.int = ...,
         segments: _abc.Iterable[Global___HeldSegment] | None = ...,
         revocations_version: _builtins.int = ...,
+        scrubbed: _abc.Iterable[Global___ScrubReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_bytes", b"free_bytes", "revocations_version", b"revocations_version", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_bytes", b"free_bytes", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -252,6 +258,45 @@ class RevokedToken(_message.Message):
 Global___RevokedToken: _TypeAlias = RevokedToken  # noqa: Y015
 
 @_typing.final
+class ScrubReport(_message.Message):
+    """One sealed replica as the store's scrub read it back."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    FINAL_INDEX_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    DAMAGED_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    final_index: _builtins.int
+    """The bridge the replica was read up to."""
+    damaged: _builtins.bool
+    """A copy failed its crc32c or the engine's checksum, or an index is missing."""
+    detail: _builtins.str
+    @_builtins.property
+    def segment(self) -> _entry_pb2.SegmentId: ...
+    @_builtins.property
+    def certificate(self) -> _entry_pb2.SegmentCertificate:
+        """What the replica holds, chunks included; unset when it is damaged."""
+
+    def __init__(
+        self,
+        *,
+        segment: _entry_pb2.SegmentId | None = ...,
+        final_index: _builtins.int = ...,
+        certificate: _entry_pb2.SegmentCertificate | None = ...,
+        damaged: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "damaged", b"damaged", "detail", b"detail", "final_index", b"final_index", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScrubReport: _TypeAlias = ScrubReport  # noqa: Y015
+
+@_typing.final
 class StoreHeartbeatReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -261,6 +306,7 @@ class StoreHeartbeatReply(_message.Message):
     REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     REVOKED_TOKENS_FIELD_NUMBER: _builtins.int
     TENANT_APPEND_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    SCRUB_FIRST_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -286,6 +332,10 @@ class StoreHeartbeatReply(_message.Message):
 
     @_builtins.property
     def revoked_tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedToken]: ...
+    @_builtins.property
+    def scrub_first(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
+        """Replicas to scrub before any other: a reader or a repair found them suspect."""
+
     def __init__(
         self,
         *,
@@ -295,10 +345,11 @@ class StoreHeartbeatReply(_message.Message):
         revocations_version: _builtins.int = ...,
         revoked_tokens: _abc.Iterable[Global___RevokedToken] | None = ...,
         tenant_append_bytes_per_s: _builtins.int = ...,
+        scrub_first: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -777,18 +828,28 @@ class ListSegmentsRequest(_message.Message):
 
     STREAM_FIELD_NUMBER: _builtins.int
     FROM_EPOCH_FIELD_NUMBER: _builtins.int
+    CERTIFICATES_FIELD_NUMBER: _builtins.int
+    TO_EPOCH_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     from_epoch: _builtins.int
     """Only segments of this epoch or later; 0 for all."""
+    certificates: _builtins.bool
+    """With each sealed segment's certificate chunks and verified members (kilobytes per
+    segment: bound the listing with the epochs).
+    """
+    to_epoch: _builtins.int
+    """Only segments of this epoch or earlier; 0 for no bound."""
     def __init__(
         self,
         *,
         stream: _builtins.str = ...,
         from_epoch: _builtins.int = ...,
+        certificates: _builtins.bool = ...,
+        to_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_epoch", b"from_epoch", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "from_epoch", b"from_epoch", "stream", b"stream", "to_epoch", b"to_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -829,6 +890,7 @@ class SealSegmentRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     FINAL_INDEX_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     segment_epoch: _builtins.int
     """The segment's epoch."""
@@ -841,6 +903,13 @@ class SealSegmentRequest(_message.Message):
     """The grant of `writer_epoch`, to `client_id`, listing the segment: proves the caller
     leads that epoch and may seal the segment. A cluster admin may go without.
     """
+    @_builtins.property
+    def certificate(self) -> _entry_pb2.SegmentCertificate:
+        """The sealing leader's certificate of the content, chunks included, when it knows the
+        whole content (a roll: it wrote every event itself). Recorded in the same step as
+        the seal. Unset otherwise: the master then certifies from W agreeing replicas.
+        """
+
     def __init__(
         self,
         *,
@@ -850,14 +919,65 @@ class SealSegmentRequest(_message.Message):
         client_id: _builtins.str = ...,
         final_index: _builtins.int = ...,
         grant: _builtins.bytes = ...,
+        certificate: _entry_pb2.SegmentCertificate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SealSegmentRequest: _TypeAlias = SealSegmentRequest  # noqa: Y015
+
+@_typing.final
+class ReportReplicaRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    SEGMENT_EPOCH_FIELD_NUMBER: _builtins.int
+    STORE_ADDRESS_FIELD_NUMBER: _builtins.int
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    segment_epoch: _builtins.int
+    store_address: _builtins.str
+    """The replica as the reader reached it (the master's listing gives the address)."""
+    problem: _builtins.str
+    """What the reader saw, for the log."""
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        segment_epoch: _builtins.int = ...,
+        store_address: _builtins.str = ...,
+        problem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["problem", b"problem", "segment_epoch", b"segment_epoch", "store_address", b"store_address", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportReplicaRequest: _TypeAlias = ReportReplicaRequest  # noqa: Y015
+
+@_typing.final
+class ReportReplicaReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.bool
+    """False when the address names no member of the sealed segment's copy set."""
+    def __init__(
+        self,
+        *,
+        accepted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportReplicaReply: _TypeAlias = ReportReplicaReply  # noqa: Y015
 
 @_typing.final
 class GetClusterStatusRequest(_message.Message):

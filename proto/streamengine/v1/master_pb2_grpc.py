@@ -100,6 +100,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_entry__pb2.Segment.FromString,
                 _registered_method=True)
+        self.ReportReplica = channel.unary_unary(
+                '/streamengine.v1.Master/ReportReplica',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.ReportReplicaRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.ReportReplicaReply.FromString,
+                _registered_method=True)
         self.GetClusterStatus = channel.unary_unary(
                 '/streamengine.v1.Master/GetClusterStatus',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.GetClusterStatusRequest.SerializeToString,
@@ -217,6 +222,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportReplica(self, request, context):
+        """A reader found a replica of a sealed segment differing from its certificate (or
+        failing with DATA_LOSS): the master has that store check it first. The report is
+        a hint, never a verdict: only the store's own check condemns a replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterStatus(self, request, context):
         """Administration.
         """
@@ -326,6 +340,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.SealSegment,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_entry__pb2.Segment.SerializeToString,
+            ),
+            'ReportReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReplica,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.ReportReplicaRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.ReportReplicaReply.SerializeToString,
             ),
             'GetClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterStatus,
@@ -709,6 +728,33 @@ class Master:
             '/streamengine.v1.Master/SealSegment',
             streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.SerializeToString,
             streamengine_dot_v1_dot_entry__pb2.Segment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/ReportReplica',
+            streamengine_dot_v1_dot_master__pb2.ReportReplicaRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.ReportReplicaReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,6 +67,11 @@ class MasterStub:
     ListSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]
     """Segments."""
     SealSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]
+    ReportReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.ReportReplicaRequest, _master_pb2.ReportReplicaReply]
+    """A reader found a replica of a sealed segment differing from its certificate (or
+    failing with DATA_LOSS): the master has that store check it first. The report is
+    a hint, never a verdict: only the store's own check condemns a replica.
+    """
     GetClusterStatus: _grpc.UnaryUnaryMultiCallable[_master_pb2.GetClusterStatusRequest, _master_pb2.ClusterStatus]
     """Administration."""
     DrainStore: _grpc.UnaryUnaryMultiCallable[_master_pb2.DrainStoreRequest, _master_pb2.RepairPlan]
@@ -102,6 +107,11 @@ class MasterAsyncStub(MasterStub):
     ListSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]  # type: ignore[assignment]
     """Segments."""
     SealSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]  # type: ignore[assignment]
+    ReportReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.ReportReplicaRequest, _master_pb2.ReportReplicaReply]  # type: ignore[assignment]
+    """A reader found a replica of a sealed segment differing from its certificate (or
+    failing with DATA_LOSS): the master has that store check it first. The report is
+    a hint, never a verdict: only the store's own check condemns a replica.
+    """
     GetClusterStatus: _aio.UnaryUnaryMultiCallable[_master_pb2.GetClusterStatusRequest, _master_pb2.ClusterStatus]  # type: ignore[assignment]
     """Administration."""
     DrainStore: _aio.UnaryUnaryMultiCallable[_master_pb2.DrainStoreRequest, _master_pb2.RepairPlan]  # type: ignore[assignment]
@@ -212,6 +222,17 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.SealSegmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_entry_pb2.Segment, _abc.Awaitable[_entry_pb2.Segment]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportReplica(
+        self,
+        request: _master_pb2.ReportReplicaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.ReportReplicaReply, _abc.Awaitable[_master_pb2.ReportReplicaReply]]:
+        """A reader found a replica of a sealed segment differing from its certificate (or
+        failing with DATA_LOSS): the master has that store check it first. The report is
+        a hint, never a verdict: only the store's own check condemns a replica.
+        """
 
     @_abc_1.abstractmethod
     def GetClusterStatus(

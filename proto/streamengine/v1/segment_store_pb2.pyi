@@ -527,6 +527,7 @@ class CopySegmentRequest(_message.Message):
     FINAL_INDEX_FIELD_NUMBER: _builtins.int
     FENCE_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
     source_address: _builtins.str
     """The healthy replica to copy from."""
     final_index: _builtins.int
@@ -546,6 +547,12 @@ class CopySegmentRequest(_message.Message):
     def segment(self) -> _entry_pb2.SegmentId:
         """The segment to copy; it must be sealed on the source."""
 
+    @_builtins.property
+    def certificate(self) -> _entry_pb2.SegmentCertificate:
+        """The segment's certificate, chunks included: when set, the copy is verified against
+        it (DATA_LOSS when it differs), never against the source's digest.
+        """
+
     def __init__(
         self,
         *,
@@ -554,10 +561,11 @@ class CopySegmentRequest(_message.Message):
         final_index: _builtins.int = ...,
         fence: _builtins.int = ...,
         tenant: _builtins.str = ...,
+        certificate: _entry_pb2.SegmentCertificate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "final_index", b"final_index", "segment", b"segment", "source_address", b"source_address", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "segment", b"segment", "source_address", b"source_address", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -599,8 +607,13 @@ class DigestRequest(_message.Message):
 
     SEGMENT_FIELD_NUMBER: _builtins.int
     UP_TO_INDEX_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
     up_to_index: _builtins.int
     """Hash indexes 1..up_to_index; 0 means up to the store's acked index."""
+    certificate: _builtins.bool
+    """Answer the replica's certificate up to `up_to_index` (the final index) instead of
+    `digest`: unset in the reply when the replica lacks an index of the range.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     def __init__(
@@ -608,10 +621,11 @@ class DigestRequest(_message.Message):
         *,
         segment: _entry_pb2.SegmentId | None = ...,
         up_to_index: _builtins.int = ...,
+        certificate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment", "up_to_index", b"up_to_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "segment", b"segment", "up_to_index", b"up_to_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -626,6 +640,7 @@ class DigestReply(_message.Message):
     ENTRIES_HELD_FIELD_NUMBER: _builtins.int
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
     FENCE_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
     digest: _builtins.bytes
     """SHA-256 over (index, kind, payload) of every index in the range, in order; a
     missing index hashes as absent, so replicas differing anywhere differ here.
@@ -635,6 +650,10 @@ class DigestReply(_message.Message):
     entries_held: _builtins.int
     acked_index: _builtins.int
     fence: _builtins.int
+    @_builtins.property
+    def certificate(self) -> _entry_pb2.SegmentCertificate:
+        """With `certificate` asked: what the replica holds, chunks included."""
+
     def __init__(
         self,
         *,
@@ -643,10 +662,11 @@ class DigestReply(_message.Message):
         entries_held: _builtins.int = ...,
         acked_index: _builtins.int = ...,
         fence: _builtins.int = ...,
+        certificate: _entry_pb2.SegmentCertificate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "digest", b"digest", "entries_held", b"entries_held", "fence", b"fence", "up_to_index", b"up_to_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "certificate", b"certificate", "digest", b"digest", "entries_held", b"entries_held", "fence", b"fence", "up_to_index", b"up_to_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

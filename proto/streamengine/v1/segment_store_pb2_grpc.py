@@ -120,7 +120,8 @@ class SegmentStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Digest(self, request, context):
-        """Hash kind and payload of every index up to `up_to_index`.
+        """Hash kind and payload of every index up to `up_to_index`, or compute the replica's
+        certificate up to it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -66,7 +66,9 @@ class SegmentStoreStub:
     held already (a member refilled in place) is overwritten, never deleted.
     """
     Digest: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.DigestRequest, _segment_store_pb2.DigestReply]
-    """Hash kind and payload of every index up to `up_to_index`."""
+    """Hash kind and payload of every index up to `up_to_index`, or compute the replica's
+    certificate up to it.
+    """
     Delete: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.DeleteRequest, _segment_store_pb2.DeleteReply]
     """Remove a segment and its metadata."""
     GetSegmentState: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.GetSegmentStateRequest, _segment_store_pb2.SegmentStateReply]
@@ -94,7 +96,9 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     held already (a member refilled in place) is overwritten, never deleted.
     """
     Digest: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.DigestRequest, _segment_store_pb2.DigestReply]  # type: ignore[assignment]
-    """Hash kind and payload of every index up to `up_to_index`."""
+    """Hash kind and payload of every index up to `up_to_index`, or compute the replica's
+    certificate up to it.
+    """
     Delete: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.DeleteRequest, _segment_store_pb2.DeleteReply]  # type: ignore[assignment]
     """Remove a segment and its metadata."""
     GetSegmentState: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.GetSegmentStateRequest, _segment_store_pb2.SegmentStateReply]  # type: ignore[assignment]
@@ -155,7 +159,9 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _segment_store_pb2.DigestRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_segment_store_pb2.DigestReply, _abc.Awaitable[_segment_store_pb2.DigestReply]]:
-        """Hash kind and payload of every index up to `up_to_index`."""
+        """Hash kind and payload of every index up to `up_to_index`, or compute the replica's
+        certificate up to it.
+        """
 
     @_abc_1.abstractmethod
     def Delete(

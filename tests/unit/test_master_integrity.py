@@ -1,0 +1,270 @@
+"""Certificates at the master (`master/integrity.py`, docs/design.md, "Certificates"):
+who may make one, when a replica is verified or bad, and how the state records it."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamengine.master import integrity, repair
+from streamengine.master.errors import InvalidArgument, SealConflict
+from streamengine.master.integrity import Clean, Damaged, SegmentChecks, judge
+from streamengine.master.model import Held, SegmentState
+from streamengine.master.state import MasterState
+from streamengine.protocol.certificate import Certificate, certificate_of
+from streamengine.protocol.entry import EntryKind
+from tests.metadata_backends import MetadataPlace
+
+COPY_SET = ("a", "b", "c")
+W = 2
+
+
+def cert(*payloads: bytes) -> Certificate:
+    rows = [(i, int(EntryKind.EVENT), p) for i, p in enumerate(payloads, 1)]
+    return certificate_of([*rows, (len(payloads) + 1, int(EntryKind.BRIDGE), b"")])
+
+
+RIGHT = cert(b"x", b"y")
+WRONG = cert(b"x", b"z")
+OTHER = cert(b"q", b"y")
+
+
+def run(certificate, by, reports):
+    """Feed reports in order; the certificate and bad members after each."""
+    checks = SegmentChecks()
+    bad: set[str] = set()
+    trail = []
+    for now, (store, report) in enumerate(reports):
+        judged = judge(certificate, by, checks, COPY_SET, W, store, report, now)
+        if judged.certificate is not None:
+            certificate, by = judged.certificate, integrity.REPLICAS
+        bad |= set(judged.bad)
+        trail.append((certificate, by, tuple(sorted(bad))))
+    return trail, checks
+
+
+@pytest.mark.parametrize(
+    ("rule", "certificate", "by", "reports", "final_certificate", "final_bad"),
+    [
+        (
+            "a replica matching the writer's certificate is verified",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(RIGHT))],
+            RIGHT,
+            (),
+        ),
+        (
+            "a replica differing from an unconfirmed writer's certificate waits",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(WRONG))],
+            RIGHT,
+            (),
+        ),
+        (
+            "it is condemned once another replica confirms the certificate",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(WRONG)), ("b", Clean(RIGHT))],
+            RIGHT,
+            ("a",),
+        ),
+        (
+            "after a confirmation a differing replica is bad at once",
+            RIGHT,
+            integrity.WRITER,
+            [("b", Clean(RIGHT)), ("c", Clean(WRONG))],
+            RIGHT,
+            ("c",),
+        ),
+        (
+            "W replicas agreeing against an unconfirmed writer's certificate replace it",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(WRONG)), ("b", Clean(WRONG))],
+            WRONG,
+            (),
+        ),
+        (
+            "... and a third that matched neither is then bad",
+            RIGHT,
+            integrity.WRITER,
+            [("c", Clean(OTHER)), ("a", Clean(WRONG)), ("b", Clean(WRONG))],
+            WRONG,
+            ("c",),
+        ),
+        (
+            "without a certificate W agreeing replicas make one",
+            None,
+            "",
+            [("a", Clean(RIGHT)), ("c", Clean(WRONG)), ("b", Clean(RIGHT))],
+            RIGHT,
+            ("c",),
+        ),
+        (
+            "one replica alone makes no certificate when W is 2",
+            None,
+            "",
+            [("a", Clean(RIGHT))],
+            None,
+            (),
+        ),
+        (
+            "a replica that changes its mind counts once",
+            None,
+            "",
+            [("a", Clean(RIGHT)), ("a", Clean(WRONG)), ("b", Clean(RIGHT))],
+            None,
+            (),
+        ),
+        (
+            "a replicas' certificate condemns a differing replica at once",
+            RIGHT,
+            integrity.REPLICAS,
+            [("c", Clean(WRONG))],
+            RIGHT,
+            ("c",),
+        ),
+        (
+            "damage is the store's to report: noted, nobody condemned here",
+            RIGHT,
+            integrity.REPLICAS,
+            [("a", Damaged("index 2 fails its crc32c"))],
+            RIGHT,
+            (),
+        ),
+        (
+            "a store outside the copy set says nothing",
+            RIGHT,
+            integrity.REPLICAS,
+            [("x", Clean(WRONG))],
+            RIGHT,
+            (),
+        ),
+        (
+            "a report up to another final index says nothing",
+            RIGHT,
+            integrity.REPLICAS,
+            [("a", Clean(cert(b"x")))],
+            RIGHT,
+            (),
+        ),
+    ],
+)
+def test_judging_reports(rule, certificate, by, reports, final_certificate, final_bad) -> None:
+    trail, _ = run(certificate, by, reports)
+    assert trail[-1][0] == final_certificate, rule
+    assert trail[-1][2] == final_bad, rule
+
+
+def test_a_verified_copy_confirms_the_writers_certificate_and_condemns_disputers() -> None:
+    checks = SegmentChecks()
+    judge(RIGHT, integrity.WRITER, checks, COPY_SET, W, "a", Clean(WRONG), 0)
+    assert integrity.copy_verified(checks, ("d", "a", "b"), "d", 1) == ("a",)
+    assert integrity.confirmed(integrity.WRITER, checks)
+
+
+# ---- the state: recorded durably with the seal, judged, persisted ----
+
+LEASE = 1000
+
+
+class Master:
+    def __init__(self, place: MetadataPlace) -> None:
+        self.place = place
+        self.now = 1_000_000
+        self.state = MasterState(self.place.open(), self.now, LEASE, 3000)
+
+    def restart(self) -> MasterState:
+        self.state = MasterState(self.place.open(), self.now, LEASE, 3000)
+        return self.state
+
+
+@pytest.fixture
+def master(metadata_place: MetadataPlace):
+    """Over each metadata back end (the embedded RocksDB, etcd)."""
+    m = Master(metadata_place)
+    for sid in "abcd":
+        m.state.register_store(sid, f"127.0.0.1:{1000 + ord(sid)}", "", 0, m.now)
+        m.state.store_heartbeat(sid, 0, 0, {}, m.now)
+    m.state.create_stream("t/s", 3, 2, 0, 0, True, m.now)
+    m.now += LEASE
+    m.state.writer_heartbeat("t/s", "w", 0, 0, 0, m.now)  # epoch 1
+    m.state.roll_segment("t/s", "w", 1, (), m.now)  # epoch 2: segment 1 to seal
+    yield m
+
+
+def key(m: Master):
+    return (m.state.streams["t/s"].stream_id, 1)
+
+
+def test_the_writers_certificate_is_recorded_with_the_seal_and_survives_a_restart(master) -> None:
+    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    assert (sealed.certificate, sealed.certified_by) == (RIGHT, integrity.WRITER)
+    record = master.restart().segments[key(master)]
+    assert record.state == SegmentState.SEALED
+    assert (record.certificate, record.certified_by) == (RIGHT, integrity.WRITER)
+    # A retried seal carries the same certificate; another one is a contradiction.
+    master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    with pytest.raises(SealConflict):
+        master.state.seal_segment("t/s", 1, 2, 3, master.now, WRONG)
+
+
+def test_a_certificate_ending_elsewhere_than_the_final_index_is_refused(master) -> None:
+    with pytest.raises(InvalidArgument):
+        master.state.seal_segment("t/s", 1, 2, 4, master.now, RIGHT)
+    assert master.state.segments[key(master)].state != SegmentState.SEALED
+
+
+def test_replicas_certify_a_segment_sealed_without_one_and_bad_members_persist(master) -> None:
+    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now)
+    assert sealed.certificate is None
+    members = sealed.copy_set
+    state = master.state
+    state.replica_reported(members[0], key(master), Clean(RIGHT), master.now)
+    state.replica_reported(members[1], key(master), Clean(WRONG), master.now)
+    assert state.segments[key(master)].certificate is None
+    state.replica_reported(members[2], key(master), Clean(RIGHT), master.now)
+    record = master.restart().segments[key(master)]
+    assert (record.certificate, record.certified_by) == (RIGHT, integrity.REPLICAS)
+    assert record.bad == (members[1],)
+    # Repair replaces the bad member elsewhere and never copies from it.
+    views = master.state.store_views(master.now)
+    at_bridge = {m: Held(2, 3, 3, 10) for m in members}
+    verdict = repair.judge(record, views, at_bridge, master.now, 0)
+    assert verdict.bad == ((members[1], repair.BAD_COPY),)
+    assert members[1] not in verdict.sources
+
+
+def test_a_swap_clears_the_replaced_bad_member_and_verifies_the_target(master) -> None:
+    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    good, bad_one = sealed.copy_set[0], sealed.copy_set[1]
+    target = next(s for s in "abcd" if s not in sealed.copy_set)
+    master.state.replica_reported(good, key(master), Clean(RIGHT), master.now)
+    master.state.replica_reported(bad_one, key(master), Clean(WRONG), master.now)
+    assert master.state.segments[key(master)].bad == (bad_one,)
+    swapped = master.state.swap_replica(key(master), bad_one, target, Held(2, 3, 3, 10), 1)
+    assert swapped.bad == () and target in swapped.copy_set
+    assert set(master.state.checks[key(master)].verified) == {good, target}
+
+
+def test_a_readers_report_only_asks_the_store_to_check_first(master) -> None:
+    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    member = sealed.copy_set[0]
+    address = master.state.address(member)
+    assert master.state.report_replica("t/s", 1, address) == member
+    assert master.state.report_replica("t/s", 1, "127.0.0.1:1") == ""
+    assert master.state.segments[key(master)].bad == ()
+    assert master.state.take_scrub_first(member) == [key(master)]
+    assert master.state.take_scrub_first(member) == []
+
+
+def test_a_segment_record_written_before_certificates_loads_without_one() -> None:
+    from streamengine.master.catalog import decode_segment
+
+    old = (
+        b'{"copy_set":["a","b","c"],"created_at_ms":1,"epoch":1,"final_index":3,'
+        b'"sealed_at_ms":2,"settled_at_ms":2,"state":3,"stream":"t/s","stream_id":1}'
+    )
+    record = decode_segment(old)
+    assert (record.certificate, record.certified_by, record.bad) == (None, "", ())
