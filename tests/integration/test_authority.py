@@ -316,6 +316,12 @@ def every_rpc_as(
             "RollSegment", m.RollSegmentRequest(**lease, grant=driver.grant)
         ),
         "Master/ListSegments": master("ListSegments", m.ListSegmentsRequest(stream="victim/data")),
+        "Master/ReportReplica": master(
+            "ReportReplica",
+            m.ReportReplicaRequest(
+                stream="victim/data", segment_epoch=1, store_address="x", problem="probe"
+            ),
+        ),
         "Master/SealSegment": master(
             "SealSegment",
             m.SealSegmentRequest(
