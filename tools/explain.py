@@ -127,6 +127,8 @@ class SegmentExplanation:
     probes: list[StoreProbe] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     problem: str = ""
+    # The answers did not fit together (a store's state moved while it was probed).
+    answers_disagree: bool = False
 
     @property
     def quorum_reachable(self) -> bool:
@@ -193,12 +195,9 @@ def explain_segment(
 ) -> SegmentExplanation:
     for _ in range(PROBE_ATTEMPTS):
         explanation = _probe_segment(transport, stream_id, name, segment, policy, next_epoch)
-        if not explanation.problem.startswith(CANNOT_PLAN):
+        if not explanation.answers_disagree:
             break
     return explanation
-
-
-CANNOT_PLAN = "the answers cannot be planned from"
 
 
 def _probe_segment(
@@ -255,7 +254,10 @@ def _probe_segment(
             f"{a.store} {a.entries[0].index}..{a.entries[-1].index}" if a.entries else a.store
             for a in answers
         )
-        explanation.problem = f"{CANNOT_PLAN}: {error} (read from {from_index}: {read})"
+        explanation.answers_disagree = True
+        explanation.problem = (
+            f"the answers cannot be planned from: {error} (read from {from_index}: {read})"
+        )
     return explanation
 
 
