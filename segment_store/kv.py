@@ -237,6 +237,13 @@ class _Gate:
                 self._changed.notify_all()
 
 
+# RocksDB holds writes in memtables until they are flushed: at most this many of this
+# size, one filling while the others flush. A named part of the store's memory bound
+# (besides the write queue and the transport's buffers).
+MEMTABLE_BYTES = 32 << 20
+MEMTABLES_MAX = 2
+
+
 class RocksKV:
     """RocksDB through rocksdict, raw mode, one column family."""
 
@@ -258,6 +265,8 @@ class RocksKV:
 
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        options.set_write_buffer_size(MEMTABLE_BYTES)
+        options.set_max_write_buffer_number(MEMTABLES_MAX)
         # A record damaged in the middle of the write-ahead log fails the open: RocksDB's
         # default (point in time) would drop it and every later record without a word,
         # and the store would come back without writes it had acknowledged, fences

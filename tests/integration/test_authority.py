@@ -401,6 +401,7 @@ def test_a_read_token_reads_its_tenant_and_cannot_append_or_administer(
         "Master/DescribeStream",
         "Master/ListSegments",
         "Master/GetClusterStatus",
+        "Master/ReportReplica",  # a reader's report: the store checks the replica first
         "SegmentStore/Read",
         "SegmentStore/Subscribe",
         "SegmentStore/Digest",

@@ -44,6 +44,8 @@ READ_ONLY = {
     "Master/DescribeStream",
     "Master/ListSegments",
     "Master/GetClusterStatus",
+    # A reader's report only moves a replica up the store's scrub queue.
+    "Master/ReportReplica",
     "SegmentStore/Read",
     "SegmentStore/Subscribe",
     "SegmentStore/Digest",
@@ -145,6 +147,14 @@ class Victim:
                 m.RollSegmentRequest(**lease, grant=forged),
             ],
             "Master/ListSegments": [m.ListSegmentsRequest(stream="victim/data", from_epoch=1)],
+            "Master/ReportReplica": [
+                m.ReportReplicaRequest(
+                    stream="victim/data",
+                    segment_epoch=sealed_id.epoch,
+                    store_address=self.sealed.copy_set[0].address,
+                    problem="a chunk's checksum did not match",
+                )
+            ],
             "Master/SealSegment": [
                 m.SealSegmentRequest(
                     stream="victim/data",

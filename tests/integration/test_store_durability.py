@@ -12,6 +12,8 @@ from pathlib import Path
 import grpc
 import psutil
 
+from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX
+from streamengine.segment_store.kv import MEMTABLE_BYTES, MEMTABLES_MAX
 from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
@@ -91,8 +93,9 @@ async def test_sigkill_mid_stream_keeps_every_answered_write_and_nothing_half_wr
 
 
 async def test_back_pressure_keeps_memory_bounded_while_clients_flood(tmp_path: Path) -> None:
-    streams, batches, entry_bytes, per_batch = 4, 50, 64 << 10, 16  # 1 MiB batches, 200 MiB
-    with lone_store(tmp_path, ["--queue-bytes-max", str(2 << 20)]) as store:
+    streams, batches, entry_bytes, per_batch = 4, 150, 64 << 10, 16  # 1 MiB batches, 600 MiB
+    queue_bytes_max = 2 << 20
+    with lone_store(tmp_path, ["--queue-bytes-max", str(queue_bytes_max)]) as store:
         process = psutil.Process(store.pid)
         baseline = process.memory_info().rss
         peak = baseline
@@ -137,10 +140,15 @@ async def test_back_pressure_keeps_memory_bounded_while_clients_flood(tmp_path: 
         assert busy > 0, "the flood never filled the queue"
         assert accepted > 0
         growth_mib = (peak - baseline) / (1 << 20)
-        # 200 MiB were sent; the store held at most its queue, one message per stream
-        # and transport buffers.
+        # 600 MiB were sent. The store holds at most its queue, RocksDB's memtables, a
+        # message per stream in the transport, and what the allocator keeps of freed
+        # blocks (the slack: glibc returns little of it at once).
+        slack_bytes = 96 << 20
+        bound_mib = (
+            queue_bytes_max + MEMTABLE_BYTES * MEMTABLES_MAX + streams * GRPC_MESSAGE_BYTES_MAX
+        ) / (1 << 20) + slack_bytes / (1 << 20)
         print(f"flood: {busy} busy, {accepted} accepted, RSS +{growth_mib:.0f} MiB, {elapsed:.1f}s")
-        assert growth_mib < 160, f"RSS grew {growth_mib:.0f} MiB in {elapsed:.1f}s"
+        assert growth_mib < bound_mib, f"RSS grew {growth_mib:.0f} MiB in {elapsed:.1f}s"
         async with store_stub(store.address) as stub:
             for stream_id in range(streams):
                 held = await state(stub, seg(300 + stream_id, 1))
