@@ -20,6 +20,8 @@ Rules (docs/design.md, "The segment store"):
   a higher-epoch copy is still success, and the answer says what is held;
 - matched index = largest m with every index 1..m held; entries above a gap are kept;
 - acked index kept = max(kept, min(leader's acked index, matched index));
+- once the acked index reaches a bridge, the copies past the first such bridge are
+  dropped in the same batch (the bridge is the segment's final index);
 - the fence only rises (seal), and a seal below it is refused;
 - a segment copy's acked index rises only once the copy is verified, and only while
   it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`);
@@ -547,8 +549,45 @@ class SegmentStoreCore:
             entries=entries_held,
             bridges=tuple(sorted(bridges)),
         )
+        new = self._drop_past_final_bridge(segment, new, work)
         work.metas[segment] = new
-        return WriteResult(matched, acked, new.fence, tuple(held_epochs))
+        return WriteResult(new.matched_index, new.acked_index, new.fence, tuple(held_epochs))
+
+    def _drop_past_final_bridge(
+        self, segment: SegmentKey, meta: SegmentMeta, work: _Work
+    ) -> SegmentMeta:
+        """The metadata once the copies past the segment's final bridge are gone.
+
+        Copies at or below the acked index are final, and the first bridge among them
+        ends the segment (recovery's "first chosen BRIDGE" rule): whatever lies past it
+        is a stale write that no recovery rewrites, no reader is served and no repair
+        copies (a paused leader's, bridged over late). It goes in the same KV batch.
+        """
+        final = next((b for b in meta.bridges if b <= meta.acked_index), 0)
+        if final == 0 or meta.last_index == final:
+            return meta
+        start = entry_key(segment.stream_id, segment.epoch, final + 1)
+        end = segment_entries_range(segment.stream_id, segment.epoch)[1]
+        sizes: dict[int, int] = {}
+        if segment not in work.deleted:
+            for key, value in work.kv.scan(start, end):
+                sizes[entry_index(key)] = len(value) - VALUE_HEADER_BYTES
+        pending = work.pending.get(segment, {})
+        for index in [i for i in pending if i > final]:
+            sizes[index] = pending.pop(index)[2]
+        work.ops.append(DeleteRange(start, end))
+        dropped = dataclasses.replace(
+            meta,
+            # Nothing past the bridge is the segment's, whatever a leader called acked.
+            acked_index=final,
+            matched_index=final,
+            last_index=final,
+            payload_bytes=meta.payload_bytes - sum(sizes.values()),
+            entries=meta.entries - len(sizes),
+            bridges=tuple(b for b in meta.bridges if b <= final),
+        )
+        assert dropped.payload_bytes >= 0 and dropped.entries >= 0, (meta, sizes)
+        return dropped
 
     def _plan_seal(self, command: SealCommand, work: _Work) -> SealResult:
         check_segment(command.segment)
@@ -583,6 +622,7 @@ class SegmentStoreCore:
             )
         new = dataclasses.replace(old, acked_index=max(old.acked_index, command.final_index))
         assert new.fence >= command.fence and new.acked_index >= command.final_index
+        new = self._drop_past_final_bridge(segment, new, work)
         work.metas[segment] = new
         return WriteResult(new.matched_index, new.acked_index, new.fence, ())
 

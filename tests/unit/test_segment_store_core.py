@@ -180,6 +180,37 @@ def test_a_bridge_replaced_by_a_higher_epoch_copy_is_forgotten(core: SegmentStor
     assert core.state(SEG).bridge_index == 2
 
 
+def test_a_stale_copy_past_the_bridge_goes_once_the_acked_index_reaches_it(
+    core: SegmentStoreCore,
+) -> None:
+    """S3 seed 1 of the fault suite: a paused leader (epoch 3) wrote 70-71 here alone;
+    the recovery at epoch 4, decided elsewhere, bridges this store late at 70."""
+    core.write(SEG, 3, 69, events(1, 71))
+    core.seal(SEG, 4)
+    late = core.write(SEG, 4, 69, [StoredEntry.make(70, BRIDGE, 4)])
+    assert (late.matched_index, late.acked_index) == (71, 69)
+    assert core.meta(SEG).last_index == 71  # type: ignore[union-attr]
+    kept_bytes = sum(len(e.payload) for e in events(1, 69))
+    raised = core.write(SEG, 4, 70, [])
+    assert (raised.matched_index, raised.acked_index) == (70, 70)
+    state = core.state(SEG)
+    assert (state.last_index, state.bridge_index, state.bytes) == (70, 70, kept_bytes)
+    assert [e.index for e in core.read(SEG, 1)] == list(range(1, 71))
+    # A copy that arrives past the final bridge later goes in the batch that wrote it.
+    again = core.write(SEG, 4, 70, [ev(71, 4)])
+    assert (again.matched_index, again.acked_index) == (70, 70)
+    assert core.state(SEG).last_index == 70
+    assert [e.index for e in core.read(SEG, 60)] == list(range(60, 71))
+
+
+def test_copies_past_a_bridge_the_acked_index_has_not_reached_stay(
+    core: SegmentStoreCore,
+) -> None:
+    """An unacked bridge may still be replaced by a later recovery's choice."""
+    core.write(SEG, 4, 1, [ev(1, 4), StoredEntry.make(2, BRIDGE, 4), ev(3, 3)])
+    assert core.state(SEG).last_index == 3
+
+
 # ---- matched index: gaps and retransmission ----
 
 

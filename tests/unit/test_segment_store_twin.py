@@ -49,6 +49,13 @@ class Twin:
                 self.copies[entry.index] = entry
             held.append(self.copies[entry.index].epoch)
         self.acked = max(self.acked, min(command.acked_index, self.matched()))
+        final = min(
+            (i for i, e in self.copies.items() if e.kind == EntryKind.BRIDGE and i <= self.acked),
+            default=0,
+        )
+        if final:
+            self.copies = {i: e for i, e in self.copies.items() if i <= final}
+            self.acked = final
         return WriteResult(self.matched(), self.acked, self.fence, tuple(held))
 
     def seal(self, epoch: int) -> int | BelowFence:
