@@ -12,6 +12,9 @@
   seal.
 - `stream_tenant`: the tenant a request naming a stream touches, for authorization
   before the name is validated (a malformed name is refused afterwards, as before).
+- `visible_status`: the cluster status a caller may see, for GetClusterStatus and the
+  console alike: other tenants' streams, segments, repairs and debts left out, and the
+  cluster-wide sums zero for a tenant (every tenant's bytes are in them).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from collections.abc import Sequence
 
 from streamengine.master.errors import PermissionDenied
 from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.protocol.auth import Principal, PrincipalKind, visible_tenant
 from streamengine.protocol.grants import Grant, GrantSegment, open_grant
 from streamengine.protocol.signing import SignatureRefused, Verifier
+from streamengine.v1 import master_pb2
 
 
 def grant_of(
@@ -92,3 +97,29 @@ def check_holder(
 def stream_tenant(name: str) -> str:
     """The tenant part of `tenant/stream` (the whole name when it has no '/')."""
     return name.split("/", 1)[0]
+
+
+def visible_status(
+    status: master_pb2.ClusterStatus, principal: Principal
+) -> master_pb2.ClusterStatus:
+    """`status` as `principal` may see it (see the module doc). Stores are everyone's."""
+
+    def shown(stream: str) -> bool:
+        return bool(stream) and visible_tenant(principal, stream_tenant(stream))
+
+    # The sums hold every tenant's bytes: only a caller who sees every tenant sees them.
+    partial = principal.kind in (PrincipalKind.TENANT, PrincipalKind.ANONYMOUS)
+    return master_pb2.ClusterStatus(
+        stores=status.stores,
+        streams=[s for s in status.streams if visible_tenant(principal, stream_tenant(s.name))],
+        under_replicated=[s for s in status.under_replicated if shown(s.id.stream)],
+        tasks=[t for t in status.tasks if shown(t.segment.stream)],
+        granting_leases=status.granting_leases,
+        durability_debt=[
+            d
+            for d in status.durability_debt
+            if visible_tenant(principal, stream_tenant(d.segment.stream))
+        ],
+        bytes_below_n=0 if partial else status.bytes_below_n,
+        bytes_below_w=0 if partial else status.bytes_below_w,
+    )

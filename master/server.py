@@ -122,7 +122,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="copies at a time",
     )
     parser.add_argument(
-        "--metrics-port", type=int, default=None, help="Prometheus on 127.0.0.1:PORT"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the web console and Prometheus metrics on this port (HTTPS with "
+        "--certs-dir)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="the console's host; beyond loopback it needs --certs-dir or --insecure",
     )
     parser.add_argument("--log-level", default="INFO")
     transport.add_server_arguments(parser)
@@ -178,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+        if args.metrics_port is not None:
+            console = f"{args.metrics_host}:{args.metrics_port}"
+            transport.check_protected_mode(console, args.certs_dir, args.insecure)
     except transport.ProtectedMode as refusal:
         print(f"streamengine master: {refusal}", file=sys.stderr)
         return 2
@@ -235,7 +247,14 @@ async def _serve(args: argparse.Namespace) -> int:
     snapshot = None
     if args.metrics_port is not None:
         snapshot = ConsoleSnapshot()
-        serve_console(args.metrics_port, snapshot, metrics.registry)
+        try:
+            serve_console(
+                args.metrics_port, snapshot, metrics.registry, args.metrics_host, args.certs_dir
+            )
+        except OSError as error:
+            console = f"{args.metrics_host}:{args.metrics_port}"
+            print(f"streamengine master: console on {console}: {error}", file=sys.stderr)
+            return 1
     # The process serves; `MASTER_SERVICE` is SERVING only while this master is active.
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info(
@@ -339,11 +358,10 @@ async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | Non
         metrics.active.set(1 if active else 0)
         if state is None or repairer is None:
             if snapshot is not None:
-                standby = {"starting": True, "standby": True, "active_master": role.active_address}
-                snapshot.publish(standby)
+                snapshot.publish_standby(role.active_address)
         else:
             if snapshot is not None:
-                snapshot.publish(service.console_status())
+                snapshot.publish(service.console_view())
             views = state.store_views(now)
             metrics.stores_registered.set(len(views))
             metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import grpc
 
 from streamengine.master import authority, errors, integrity, repair
+from streamengine.master.console import ConsoleView
 from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
@@ -34,7 +35,6 @@ from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol import codec, identity
 from streamengine.protocol.auth import (
-    INSECURE,
     Denial,
     Principal,
     PrincipalKind,
@@ -46,7 +46,7 @@ from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
-from streamengine.protocol.status_view import segment_dict, status_dict
+from streamengine.protocol.status_view import segment_dict
 from streamengine.protocol.tokens import TOKEN_ID_CHARS, mint_token
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -153,10 +153,6 @@ class MasterService(master_pb2_grpc.MasterServicer):
         authority.check_holder(
             self.state.verifier, signed_grant, admin, stream, epoch, client_id, segment_epoch
         )
-
-    def _visible(self, principal: Principal, stream_id: int) -> bool:
-        name = self.state.stream_name(stream_id)
-        return bool(name) and visible_tenant(principal, authority.stream_tenant(name))
 
     @property
     def state(self) -> MasterState:
@@ -676,23 +672,31 @@ class MasterService(master_pb2_grpc.MasterServicer):
             lambda now: self.cluster_status(now, self._require(context, "GetClusterStatus")),
         )
 
-    def console_status(self) -> dict[str, Any]:
-        """What the console shows: the cluster status, and each stream's segments. Only
-        while this master is the active one (the caller checks `role.state`). The
-        console is the operator's page on the metrics port: it shows every tenant."""
-        status = status_dict(self.cluster_status(self.clock_ms(), INSECURE))
-        status["segments"] = {
-            record.name: [
-                segment_dict(self._segment(segment))
-                for segment in self.state.stream_segments(record.stream_id)
-            ]
-            for record in self.state.list_streams("")
-        }
-        return status
+    def console_view(self) -> ConsoleView:
+        """What the console serves, filtered per caller there: the whole status, each
+        stream's segments, and what checks the callers' tokens. Only while this master
+        is the active one (the caller checks `role.state`)."""
+        now = self.clock_ms()
+        state = self.state
+        return ConsoleView(
+            status=self.full_status(now),
+            segments={
+                record.name: [
+                    segment_dict(self._segment(segment))
+                    for segment in state.stream_segments(record.stream_id)
+                ]
+                for record in state.list_streams("")
+            },
+            verifier=state.verifier,
+            revocations=state.current_revocations(now),
+        )
 
     def cluster_status(self, now: int, principal: Principal) -> master_pb2.ClusterStatus:
-        """The status `principal` may see (filtered to the tenants it may see)."""
-        tenant_only = principal.kind is PrincipalKind.TENANT
+        """The status `principal` may see (`authority.visible_status`)."""
+        return authority.visible_status(self.full_status(now), principal)
+
+    def full_status(self, now: int) -> master_pb2.ClusterStatus:
+        """The whole cluster's status, every tenant's: filter it before it leaves."""
         st = self.state
         views = st.store_views(now)
         stores = [
@@ -711,21 +715,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
         ]
         return master_pb2.ClusterStatus(
             stores=stores,
-            streams=[
-                self._stream_info(r, now)
-                for r in st.list_streams("")
-                if visible_tenant(principal, r.tenant)
-            ],
-            under_replicated=[
-                self._segment(s)
-                for s in st.under_replicated(now)
-                if self._visible(principal, s.stream_id)
-            ],
-            tasks=[
-                self._task(t)
-                for t in self.repairer.statuses()
-                if self._visible(principal, t.task.segment[0])
-            ],
+            streams=[self._stream_info(r, now) for r in st.list_streams("")],
+            under_replicated=[self._segment(s) for s in st.under_replicated(now)],
+            tasks=[self._task(t) for t in self.repairer.statuses()],
             granting_leases=st.granting_leases(now),
             durability_debt=[
                 master_pb2.SegmentDebt(
@@ -740,11 +732,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     exposed=debt.exposed,
                 )
                 for debt in st.durability.worst(DURABILITY_WORST_MAX)
-                if visible_tenant(principal, authority.stream_tenant(debt.stream))
             ],
-            # Cluster-wide sums: every tenant's bytes are in them, so a tenant sees none.
-            bytes_below_n=0 if tenant_only else st.durability.bytes_below_n,
-            bytes_below_w=0 if tenant_only else st.durability.bytes_below_w,
+            bytes_below_n=st.durability.bytes_below_n,
+            bytes_below_w=st.durability.bytes_below_w,
         )
 
     async def DrainStore(

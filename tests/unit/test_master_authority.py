@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master.authority import check_holder, grant_of, stream_tenant
+from streamengine.master.authority import check_holder, grant_of, stream_tenant, visible_status
 from streamengine.master.errors import InvalidArgument, PermissionDenied, QuotaExceeded
 from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
-from streamengine.protocol.auth import Role
+from streamengine.protocol.auth import ANONYMOUS, INSECURE, Principal, PrincipalKind, Role
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner, open_grant
 from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.protocol.tokens import mint_token, open_token
+from streamengine.v1 import entry_pb2, master_pb2
 from tests.metadata_backends import MetadataPlace, RocksDBPlace
 from tests.unit.test_master_state import LEASE, Master, beat
 
@@ -187,3 +188,46 @@ def test_a_tenant_at_its_stream_quota_creates_no_more(master: Master) -> None:
     # The same stream again is no new stream.
     assert state.create_stream("a/one", 1, 1, 0, 0, True, master.now).name == "a/one"
 
+
+# ---- what a caller sees of the cluster's status (GetClusterStatus and the console) ----
+
+
+def _full_status() -> master_pb2.ClusterStatus:
+    def segment(stream: str) -> entry_pb2.SegmentId:
+        return entry_pb2.SegmentId(stream_id=1, epoch=1, stream=stream)
+
+    return master_pb2.ClusterStatus(
+        stores=[master_pb2.StoreStatus(store_id="store0")],
+        streams=[master_pb2.StreamInfo(name=n) for n in ("acme/a", "globex/b")],
+        under_replicated=[entry_pb2.Segment(id=segment(n)) for n in ("acme/a", "globex/b")],
+        tasks=[master_pb2.RepairTask(segment=segment(n)) for n in ("acme/a", "globex/b", "")],
+        granting_leases=True,
+        durability_debt=[
+            master_pb2.SegmentDebt(segment=segment(n)) for n in ("acme/a", "globex/b")
+        ],
+        bytes_below_n=7,
+        bytes_below_w=3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("principal", "streams", "sums"),
+    [
+        (Principal(PrincipalKind.CLUSTER_ADMIN, "root"), {"acme/a", "globex/b"}, (7, 3)),
+        (INSECURE, {"acme/a", "globex/b"}, (7, 3)),
+        (Principal(PrincipalKind.STORE, "store0"), {"acme/a", "globex/b"}, (7, 3)),
+        (Principal(PrincipalKind.TENANT, "t", "acme", Role.READ), {"acme/a"}, (0, 0)),
+        (ANONYMOUS, set(), (0, 0)),  # refused before it sees anything (authorize)
+    ],
+)
+def test_a_caller_sees_the_status_of_its_tenants_only(
+    principal: Principal, streams: set[str], sums: tuple[int, int]
+) -> None:
+    seen = visible_status(_full_status(), principal)
+    assert [s.store_id for s in seen.stores] == ["store0"]  # stores are everyone's
+    assert {s.name for s in seen.streams} == streams
+    assert {s.id.stream for s in seen.under_replicated} == streams
+    assert {t.segment.stream for t in seen.tasks} == streams  # a task of no stream: nobody's
+    assert {d.segment.stream for d in seen.durability_debt} == streams
+    assert seen.granting_leases
+    assert (seen.bytes_below_n, seen.bytes_below_w) == sums

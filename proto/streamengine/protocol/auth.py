@@ -115,6 +115,13 @@ RPC_NEEDS: dict[str, Need] = {
     "SegmentStore/GetSegmentState": Need.TENANT_READ,
 }
 
+# The master's console (HTTP, on its metrics port): the status page's data is what
+# GetClusterStatus answers, filtered alike; the metrics are cluster-wide sums.
+CONSOLE_NEEDS: dict[str, Need] = {
+    "/api/status": Need.ANY_FILTERED,
+    "/metrics": Need.CLUSTER_ADMIN,
+}
+
 _ROLE_OF_NEED = {
     Need.TENANT_READ: Role.READ,
     Need.TENANT_WRITE: Role.WRITE,
@@ -135,7 +142,11 @@ def authorize(principal: Principal, rpc: str, tenant: str = "") -> Denial | None
     for Write and Seal, the store id of RegisterStore) are checked by the servers beside
     this one.
     """
-    need = RPC_NEEDS[rpc]
+    return authorize_need(principal, RPC_NEEDS[rpc], rpc, tenant)
+
+
+def authorize_need(principal: Principal, need: Need, rpc: str, tenant: str = "") -> Denial | None:
+    """`authorize` for a call that needs `need`; `rpc` names it in a denial."""
     kind = principal.kind
     if kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
         return None

@@ -148,13 +148,7 @@ class ServerIdentity:
             raise ProofRefused("certificate proof too long")
         verified = self._verified_cert(cert_b64, now_ms)
         self._check_proof(verified, proof, now_ms, audience)
-        return auth.identity_from_auth_context(
-            {
-                "transport_security_type": [b"ssl"],
-                "x509_common_name": [verified.common_name.encode()],
-                "peer_uri": [uri.encode() for uri in verified.uris],
-            }
-        )
+        return auth.identity_from_auth_context(_auth_context(verified.uris, verified.common_name))
 
     def _check_proof(
         self, verified: _Verified, proof: str, now_ms: int, expected: str | None
@@ -219,15 +213,40 @@ class ServerIdentity:
         key = certificate.public_key()
         if not isinstance(key, ec.EllipticCurvePublicKey):
             raise ProofRefused("the caller's certificate does not hold an EC key")
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-        uris = names.value.get_values_for_type(x509.UniformResourceIdentifier)
-        common = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        uris, common_name = _names(certificate)
         return _Verified(
-            tuple(uris),
-            str(common[0].value) if common else "",
-            int(certificate.not_valid_after_utc.timestamp() * 1000),
-            key,
+            uris, common_name, int(certificate.not_valid_after_utc.timestamp() * 1000), key
         )
+
+
+def _names(certificate: x509.Certificate) -> tuple[tuple[str, ...], str]:
+    """A certificate's URI SANs (where identities live) and common name."""
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        uris = tuple(names.value.get_values_for_type(x509.UniformResourceIdentifier))
+    except x509.ExtensionNotFound:
+        uris = ()
+    common = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return uris, str(common[0].value) if common else ""
+
+
+def _auth_context(uris: Sequence[str], common_name: str) -> dict[str, list[bytes]]:
+    """What grpc's auth context says of a TLS peer with these names."""
+    return {
+        "transport_security_type": [b"ssl"],
+        "x509_common_name": [common_name.encode()],
+        "peer_uri": [uri.encode() for uri in uris],
+    }
+
+
+def principal_of_peer_certificate(der: bytes | None) -> auth.Principal:
+    """The caller of a TLS connection whose handshake verified its certificate chain
+    against the cluster's CA (an HTTPS server asking for an optional client
+    certificate): ANONYMOUS without one."""
+    if not der:
+        return auth.ANONYMOUS
+    uris, common_name = _names(x509.load_der_x509_certificate(der))
+    return auth.identity_from_auth_context(_auth_context(uris, common_name))
 
 
 def reply_audience(kind: str, store_id: str, reply: Any) -> str:
