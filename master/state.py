@@ -547,7 +547,7 @@ class MasterState:
     def apply_retention(self, now_ms: int) -> list[Trimmed]:
         """One retention pass over every stream with a limit: what it trimmed."""
         out = []
-        for name, record in sorted(self.streams.items()):
+        for _, record in sorted(self.streams.items()):
             if record.deleted_until_ms or not (record.retention_age_ms or record.retention_bytes):
                 continue
             epochs = retention.retention_trims(

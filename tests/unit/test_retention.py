@@ -158,7 +158,7 @@ def roll_sealed(m: Master, count: int, size: int = 100) -> list[int]:
     view = beat(m, "w1")
     assert view.segment is not None
     epochs = []
-    held: dict[str, dict] = {}
+    held: dict[str, dict[tuple[int, int], Held]] = {}
     for _ in range(count):
         segment = view.segment
         assert segment is not None
@@ -179,7 +179,7 @@ def test_a_trim_hides_segments_at_once_and_removes_them_after_the_grace(master: 
     assert trimmed.entries == 20 and trimmed.bytes == 200
     assert trimmed.first_retained_sequence == pack_sequence(epochs[2], 1)
     record, listed = master.state.list_segments("t/s", 0)
-    assert [s.epoch for s in listed][0] == epochs[2]
+    assert listed[0].epoch == epochs[2]
     assert record.trimmed_through_epoch == epochs[1]
     # Survives a restart; the data stays until the grace has passed.
     state = master.restart()
