@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -269,11 +269,16 @@ class StreamClient:
         return False
 
     def subscribe(self, name: str, start: subscription.Start = 0) -> AsyncIterator[StreamEvent]:
-        """Every acked event of `name` from `start` (a sequence, or "end"), forever."""
+        """Every acked event of `name` from `start` (a sequence, "end", or "earliest": the
+        first event retained), forever. A start (or a position reached) that a trim took
+        away raises `Trimmed`, naming the first retained sequence."""
         return subscription.subscribe(self.master, self._channels, name, start)
 
-    def read(self, name: str, start: int = 0, end: int | None = None) -> AsyncIterator[StreamEvent]:
-        """Acked events in `[start, end)`; `end=None` stops at the acked end now."""
+    def read(
+        self, name: str, start: int | Literal["earliest"] = 0, end: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """Acked events in `[start, end)`; `end=None` stops at the acked end now.
+        `start="earliest"`: the first event retained; a trimmed start raises `Trimmed`."""
         return subscription.read(self.master, self._channels, name, start, end)
 
     async def _control(self, call: Callable[[], Awaitable[T]]) -> T:

@@ -503,9 +503,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
 
         count, until = await self._call(context, "DeleteStream", delete)
         log.info(
-            "stream deleted: its data goes at %d unless undeleted",
-            until,
-            extra={"stream": request.name, "index": count},
+            "stream deleted",
+            extra={
+                "stream": request.name,
+                "index": count,
+                "reason": f"its data goes at {until} unless undeleted",
+            },
         )
         return master_pb2.DeleteStreamReply(segments=count, deleted_until_ms=until)
 
