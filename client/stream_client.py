@@ -148,16 +148,22 @@ class StreamClient:
         write_quorum: int = 2,
         segment_bytes: int = 0,
         segment_age_ms: int = 0,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
     ) -> master_pb2.StreamInfo:
         """Create `tenant/stream` (and the tenant on first use). `segment_bytes` and
-        `segment_age_ms` are the roll thresholds; 0 takes the master's defaults. Creating
-        a stream that exists with the same policy returns it."""
+        `segment_age_ms` are the roll thresholds; 0 takes the master's defaults. The
+        master trims whole sealed segments older than `retention_age_ms`, or while the
+        rest holds more than `retention_bytes` (0: no limit). Creating a stream that
+        exists with the same policy returns it."""
         request = master_pb2.CreateStreamRequest(
             name=name,
             policy=entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=write_quorum),
             segment_bytes=segment_bytes,
             segment_age_ms=segment_age_ms,
             create_tenant=True,
+            retention_age_ms=retention_age_ms,
+            retention_bytes=retention_bytes,
         )
 
         async def create() -> master_pb2.StreamInfo:
