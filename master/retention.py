@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamengine.master.errors import InvalidArgument, NotTrimmable
-from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.protocol.sequence import unpack_sequence
 
 # Deleted streams and trimmed segments stay on the stores this long by default: time
@@ -37,10 +36,10 @@ DELETE_GRACE_MS_DEFAULT = 60 * 60 * 1000
 RETENTION_AGE_MS_MAX = 100 * 366 * 24 * 3600 * 1000
 RETENTION_BYTES_MAX = 1 << 60
 # Segments trimmed (or dropped after their grace) in one catalog transaction: one put
-# each plus the stream record. Longer trims take several transactions, each leaving a
-# trimmed prefix behind.
-TRIMS_PER_COMMIT_MAX = OPS_PER_TRANSACTION_MAX - 8
-assert 0 < TRIMS_PER_COMMIT_MAX < OPS_PER_TRANSACTION_MAX
+# each plus the stream record, within `metadata.OPS_PER_TRANSACTION_MAX` (etcd's limit;
+# asserted where both are known, `master/state.py`). Longer trims take several
+# transactions, each leaving a trimmed prefix behind.
+TRIMS_PER_COMMIT_MAX = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,8 @@ SCRUB_FIRST_PER_STORE_MAX = 64
 # Expired token records dropped with each token created or revoked: enough to keep up
 # with any rate of creation, few enough for one metadata transaction.
 EXPIRED_TOKENS_DROPPED_PER_COMMIT = 64
+# A trim's transaction: its segments and the stream record.
+assert retention.TRIMS_PER_COMMIT_MAX + 1 <= OPS_PER_TRANSACTION_MAX
 
 
 @dataclass
