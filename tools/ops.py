@@ -176,10 +176,11 @@ def cmd_stream_list(args: argparse.Namespace) -> int:
             str(s.epoch),
             s.leader_id or "-",
             str(s.acked_index),
+            f"deleted, removed at {wall_time(s.deleted_until_ms)}" if s.deleted_until_ms else "",
         ]
         for s in reply.streams
     ]
-    print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED"])
+    print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED", ""])
     return 0
 
 

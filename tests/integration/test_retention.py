@@ -263,6 +263,7 @@ def test_delete_asks_for_yes_then_undelete_restores_every_event(slow_cluster: Cl
     assert [(p["stream"], p["kind"]) for p in status["pending_deletes"]] == [(NAME, "stream")]
     assert status["pending_deletes"][0]["removed_at_ms"] == refused.value.deleted_until_ms
     assert "PENDING DELETES: 1" in run_cli("status", *master).stdout
+    assert "deleted, removed at" in run_cli("stream", "list", *master).stdout
 
     # The intent survives a master restart.
     cluster.master.kill()
