@@ -357,6 +357,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in self.state.take_scrub_first(request.store_id)
             ],
+            deleted_streams=[
+                master_pb2.DeletedStream(stream_id=r.stream_id, deleted_until_ms=r.deleted_until_ms)
+                for r in self.state.streams.values()
+                if r.deleted_until_ms
+            ],
         )
         if request.revocations_version != revocations.version:
             reply.revoked_tokens.extend(

@@ -15,7 +15,7 @@ import pytest
 
 from streamengine.client import StreamClient, StreamDeleted, StreamEngineError, Trimmed
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.tools.harness import Cluster, running_cluster, wait_for
+from streamengine.tools.harness import Cluster, running_cluster, wait_for, wait_until
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.test_cli import run_cli
@@ -311,3 +311,55 @@ def test_a_deleted_stream_leaves_every_store_after_the_grace(cluster: Cluster) -
     with pytest.raises(grpc.RpcError) as late:
         master_call(cluster, "UndeleteStream", m.UndeleteStreamRequest(name=NAME))
     assert late.value.code() == Code.NOT_FOUND
+
+
+def test_a_running_writer_and_subscriber_of_a_deleted_stream_are_refused(
+    slow_cluster: Cluster,
+) -> None:
+    """The master refuses at once; the stores refuse the leader's next writes once a
+    heartbeat reply lists the stream; a live tail ends at its next refresh."""
+    cluster = slow_cluster
+
+    async def run() -> tuple[list[bytes], BaseException, BaseException]:
+        async with StreamClient(cluster.master_address) as client:
+            await client.create_stream(NAME)
+            seen: list[bytes] = []
+
+            async def follow() -> None:
+                async for event in client.subscribe(NAME, start=0):
+                    seen.append(event.payload)
+
+            async with client.writer(NAME, leadership_timeout_s=15) as writer:
+                await writer.append_batch([b"x%d" % i for i in range(5)])
+                follower = asyncio.create_task(follow())
+                await wait_until(lambda: len(seen) == 5, 15, "the subscriber read what is acked")
+                deleted = master_call(cluster, "DeleteStream", m.DeleteStreamRequest(name=NAME))
+                assert isinstance(deleted, m.DeleteStreamReply)
+                deadline = time.monotonic() + 15
+                refused: BaseException | None = None
+                while refused is None and time.monotonic() < deadline:
+                    try:
+                        await writer.append(b"late")
+                    except StreamEngineError as error:
+                        refused = error
+                    await asyncio.sleep(0.05)
+                assert refused is not None, "the leader kept appending to a deleted stream"
+                try:
+                    await asyncio.wait_for(follower, 15)
+                except StreamDeleted as error:
+                    ended: BaseException = error
+                else:
+                    raise AssertionError("the subscription ended without an error")
+            return seen, refused, ended
+
+    try:
+        seen, refused, ended = asyncio.run(run())
+    except BaseExceptionGroup as group:  # the writer's tasks end with its refusal
+        raise group.exceptions[0] from group
+    assert seen[:5] == [b"x%d" % i for i in range(5)]
+    assert isinstance(ended, StreamDeleted) and ended.deleted_until_ms > 0
+    assert refused is not None
+    # Undeleted, a new writer leads and everything acked before is there.
+    assert run_cli("stream", "undelete", NAME, "--master", cluster.master_address).returncode == 0
+    events = read_all(cluster, 0)
+    assert events[:5] == [b"x%d" % i for i in range(5)]

@@ -310,6 +310,7 @@ class StoreHeartbeatReply(_message.Message):
     REVOKED_TOKENS_FIELD_NUMBER: _builtins.int
     TENANT_APPEND_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     SCRUB_FIRST_FIELD_NUMBER: _builtins.int
+    DELETED_STREAMS_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -339,6 +340,13 @@ class StoreHeartbeatReply(_message.Message):
     def scrub_first(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
         """Replicas to scrub before any other: a reader or a repair found them suspect."""
 
+    @_builtins.property
+    def deleted_streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeletedStream]:
+        """Streams deleted and pending removal (all of them, every reply): the store refuses
+        their Write and Subscribe calls (FAILED_PRECONDITION, `se-deleted-until`) until a
+        reply no longer lists them. Reads (copies, Spark partitions) go on.
+        """
+
     def __init__(
         self,
         *,
@@ -349,14 +357,38 @@ class StoreHeartbeatReply(_message.Message):
         revoked_tokens: _abc.Iterable[Global___RevokedToken] | None = ...,
         tenant_append_bytes_per_s: _builtins.int = ...,
         scrub_first: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
+        deleted_streams: _abc.Iterable[Global___DeletedStream] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreHeartbeatReply: _TypeAlias = StoreHeartbeatReply  # noqa: Y015
+
+@_typing.final
+class DeletedStream(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    deleted_until_ms: _builtins.int
+    """Wall-clock ms when its data goes, unless undeleted."""
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        deleted_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeletedStream: _TypeAlias = DeletedStream  # noqa: Y015
 
 @_typing.final
 class CreateTenantRequest(_message.Message):
