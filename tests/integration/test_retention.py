@@ -15,7 +15,14 @@ import pytest
 
 from streamengine.client import StreamClient, StreamDeleted, StreamEngineError, Trimmed
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.tools.harness import Cluster, running_cluster, wait_for, wait_until
+from streamengine.tools.harness import (
+    Cluster,
+    free_port,
+    metric_value,
+    running_cluster,
+    wait_for,
+    wait_until,
+)
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.test_cli import run_cli
@@ -26,6 +33,8 @@ Code = grpc.StatusCode
 m = master_pb2
 
 
+# Long enough to see a pending trim in the metrics before it goes.
+METERED_GRACE_S = 6
 # Long enough for what a test does between a delete and its undelete.
 UNDELETE_GRACE_S = 12
 
@@ -35,6 +44,15 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     args = ["--lease-ms", "1000", "--delete-grace-s", str(GRACE_S)]
     with running_cluster(tmp_path, stores=3, master_args=args) as running:
         yield running
+
+
+@pytest.fixture
+def metered_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, int]]:
+    port = free_port()
+    args = ["--lease-ms", "1000", "--delete-grace-s", str(METERED_GRACE_S)]
+    args += ["--metrics-port", str(port)]
+    with running_cluster(tmp_path, stores=3, master_args=args) as running:
+        yield running, port
 
 
 @pytest.fixture
@@ -191,7 +209,10 @@ def test_retention_by_bytes_keeps_at_least_the_limit(cluster: Cluster) -> None:
     assert read_all(cluster, "earliest")[:1] == [b"c0".ljust(100, b".")]
 
 
-def test_trim_by_hand_takes_whole_sealed_segments_before_a_sequence(cluster: Cluster) -> None:
+def test_trim_by_hand_takes_whole_sealed_segments_before_a_sequence(
+    metered_cluster: tuple[Cluster, int],
+) -> None:
+    cluster, port = metered_cluster
     sealed = fill(cluster, rounds_of("a", "b", "c"))
     before = listing(cluster)
     master = ["--master", cluster.master_address]
@@ -200,6 +221,19 @@ def test_trim_by_hand_takes_whole_sealed_segments_before_a_sequence(cluster: Clu
     assert trimmed.returncode == 0, trimmed.stderr
     assert f"segments {sealed[0]} (10 entries" in trimmed.stdout, trimmed.stdout
     assert f"first retained sequence is {pack_sequence(sealed[1], 1)}" in trimmed.stdout
+    assert metric_value(port, "streamengine_master_trimmed_segments_total", 'by="hand"') == 1
+    wait_for(
+        lambda: metric_value(port, "streamengine_master_pending_deletes", 'kind="segment"') == 1,
+        5,
+        0.1,
+        "the pending trim in the metrics",
+    )
+    due_s = metric_value(
+        port,
+        "streamengine_master_pending_delete_timestamp_seconds",
+        f'kind="trim",stream="{NAME}"',
+    )
+    assert time.time() < due_s <= time.time() + METERED_GRACE_S
     again = run_cli("stream", "trim", NAME, "--before", str(pack_sequence(sealed[1], 4)), *master)
     assert again.returncode == 0 and "nothing to trim" in again.stdout, again.stdout
     # Past the open segment: refused whole, nothing changes.
@@ -214,7 +248,15 @@ def test_trim_by_hand_takes_whole_sealed_segments_before_a_sequence(cluster: Clu
         assert bad.returncode in (1, 2) and "Traceback" not in bad.stderr, bad.stderr
     assert metadata(cluster) == info
     assert read_all(cluster, "earliest")[0] == b"b0"
-    wait_for(lambda: every_replica_gone(before[:1]), GRACE_S + 15, 0.2, "trimmed replicas gone")
+    wait_for(
+        lambda: every_replica_gone(before[:1]), METERED_GRACE_S + 15, 0.2, "trimmed replicas gone"
+    )
+    wait_for(
+        lambda: metric_value(port, "streamengine_master_removed_total", 'kind="segment"') == 1,
+        5,
+        0.1,
+        "the removal counted",
+    )
 
 
 def test_negative_retention_is_refused_and_changes_nothing(cluster: Cluster) -> None:
