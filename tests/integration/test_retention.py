@@ -294,8 +294,8 @@ def test_delete_asks_for_yes_then_undelete_restores_every_event(slow_cluster: Cl
 
     async def append_refused() -> None:
         async with StreamClient(cluster.master_address) as client:
-            with pytest.raises(StreamEngineError):  # no lease: leadership times out
-                async with client.writer(NAME, leadership_timeout_s=1):
+            with pytest.raises(StreamDeleted):  # the master's refusal ends the writer
+                async with client.writer(NAME, leadership_timeout_s=10):
                     pass
 
     asyncio.run(append_refused())
