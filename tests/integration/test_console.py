@@ -86,6 +86,18 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
                 return bool(rows) and " down" in rows[0]
 
             shows("store1 down", store1_down)
+            import grpc
+
+            from streamengine.v1 import master_pb2, master_pb2_grpc
+
+            with grpc.insecure_channel(cluster.master_address) as channel:
+                master_pb2_grpc.MasterStub(channel).DeleteStream(
+                    master_pb2.DeleteStreamRequest(name="console/orders"), timeout=5
+                )
+            shows(
+                "the deleted stream pending",
+                lambda: "console/orders the whole stream" in table("pending"),
+            )
             driver.save_screenshot(str(ARTIFACTS / "console.png"))
         finally:
             driver.quit()
