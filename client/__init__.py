@@ -12,7 +12,9 @@ from streamengine.client.errors import (
     LeadershipLost,
     NotFound,
     PermissionDenied,
+    StreamDeleted,
     StreamEngineError,
+    Trimmed,
     Unavailable,
 )
 from streamengine.client.stream_client import StreamClient
@@ -30,6 +32,8 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "StreamClient",
+    "StreamDeleted",
     "StreamEngineError",
+    "Trimmed",
     "Unavailable",
 ]

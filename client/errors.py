@@ -6,7 +6,10 @@
   acknowledged in time while its writer goes on leading;
 - leadership: `LeadershipLost` (the writer is finished; open a new one), and for an
   append whose fate the writer cannot know, `AppendInDoubt`;
-- data: `DataLossError`, naming the segment and index range no replica can serve.
+- data: `DataLossError`, naming the segment and index range no replica can serve;
+  `Trimmed`, a position the stream's retention (or a trim) took away, naming the first
+  sequence still retained;
+- `StreamDeleted`: the stream is deleted and refused until it is undeleted or removed.
 
 `from_rpc_error` is the one table mapping gRPC statuses back to these.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import grpc
 
-from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY, FENCE_METADATA_KEY
 
 
 class StreamEngineError(Exception):
@@ -88,6 +91,30 @@ class DataLossError(StreamEngineError):
         )
 
 
+class Trimmed(StreamEngineError):
+    """A reader's position was trimmed away (by retention or by hand): whole sealed
+    segments before `first_retained_sequence` are gone. Start again there (or with
+    `start="earliest"`)."""
+
+    def __init__(self, stream: str, position: int, first_retained_sequence: int):
+        self.stream = stream
+        self.position = position
+        self.first_retained_sequence = first_retained_sequence
+        super().__init__(
+            f"{stream}: sequence {position} was trimmed; the first retained sequence is "
+            f"{first_retained_sequence}"
+        )
+
+
+class StreamDeleted(StreamEngineError):
+    """The stream is deleted: appends and reads are refused. Its data goes at
+    `deleted_until_ms` (wall-clock ms) unless it is undeleted before."""
+
+    def __init__(self, message: str, deleted_until_ms: int):
+        self.deleted_until_ms = deleted_until_ms
+        super().__init__(message)
+
+
 class Fenced(LeadershipLost):
     """A store refused a write or seal: its fence is above this writer's epoch."""
 
@@ -123,10 +150,22 @@ def fence_of(error: grpc.aio.AioRpcError | grpc.RpcError) -> int | None:
     return None
 
 
+def deleted_until_of(error: grpc.aio.AioRpcError | grpc.RpcError) -> int | None:
+    """When a deleted stream's data goes, from the master's FAILED_PRECONDITION."""
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailing or ():  # type: ignore[misc]  # pairs at run time
+        if key == DELETED_UNTIL_METADATA_KEY:
+            return int(value)
+    return None
+
+
 def from_rpc_error(error: grpc.RpcError) -> StreamEngineError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
+        deleted_until = deleted_until_of(error)
+        if deleted_until is not None:
+            return StreamDeleted(details or "stream deleted", deleted_until)
         fence = fence_of(error)
         if fence is not None:
             return Fenced(details or "fenced", fence)

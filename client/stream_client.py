@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -148,16 +148,22 @@ class StreamClient:
         write_quorum: int = 2,
         segment_bytes: int = 0,
         segment_age_ms: int = 0,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
     ) -> master_pb2.StreamInfo:
         """Create `tenant/stream` (and the tenant on first use). `segment_bytes` and
-        `segment_age_ms` are the roll thresholds; 0 takes the master's defaults. Creating
-        a stream that exists with the same policy returns it."""
+        `segment_age_ms` are the roll thresholds; 0 takes the master's defaults. The
+        master trims whole sealed segments older than `retention_age_ms`, or while the
+        rest holds more than `retention_bytes` (0: no limit). Creating a stream that
+        exists with the same policy returns it."""
         request = master_pb2.CreateStreamRequest(
             name=name,
             policy=entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=write_quorum),
             segment_bytes=segment_bytes,
             segment_age_ms=segment_age_ms,
             create_tenant=True,
+            retention_age_ms=retention_age_ms,
+            retention_bytes=retention_bytes,
         )
 
         async def create() -> master_pb2.StreamInfo:
@@ -269,11 +275,16 @@ class StreamClient:
         return False
 
     def subscribe(self, name: str, start: subscription.Start = 0) -> AsyncIterator[StreamEvent]:
-        """Every acked event of `name` from `start` (a sequence, or "end"), forever."""
+        """Every acked event of `name` from `start` (a sequence, "end", or "earliest": the
+        first event retained), forever. A start (or a position reached) that a trim took
+        away raises `Trimmed`, naming the first retained sequence."""
         return subscription.subscribe(self.master, self._channels, name, start)
 
-    def read(self, name: str, start: int = 0, end: int | None = None) -> AsyncIterator[StreamEvent]:
-        """Acked events in `[start, end)`; `end=None` stops at the acked end now."""
+    def read(
+        self, name: str, start: int | Literal["earliest"] = 0, end: int | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """Acked events in `[start, end)`; `end=None` stops at the acked end now.
+        `start="earliest"`: the first event retained; a trimmed start raises `Trimmed`."""
         return subscription.read(self.master, self._channels, name, start, end)
 
     async def _control(self, call: Callable[[], Awaitable[T]]) -> T:

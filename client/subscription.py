@@ -31,18 +31,20 @@ from streamengine.client.core.cursor import (
     Wait,
 )
 from streamengine.client.core.replicas import FollowerTiming
-from streamengine.client.errors import DataLossError, Unavailable, from_rpc_error
+from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.entry import first_corrupt
+from streamengine.protocol.retention import position_trimmed
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 log = logging.getLogger(__name__)
 
-Start = int | Literal["end"]
+# A sequence; "end": what is appended from now on; "earliest": the first event retained.
+Start = int | Literal["end", "earliest"]
 
 # A refresh lists the segments from the cursor's on, this many ahead, each sealed one
 # with its certificate's chunks (kilobytes per segment): a reader far behind hops
@@ -103,6 +105,9 @@ class Follower:
         self._until_acked_end = until_acked_end
         self._ref: _StreamRef | None = None
         self._timing = FollowerTiming()
+        # What the master's latest list said was trimmed (`protocol.retention`).
+        self._trimmed_through_epoch = 0
+        self._first_retained = 0
 
     async def batches(self) -> AsyncIterator[list[StreamEvent]]:
         """Lists of events in sequence order (one list per batch a replica sent)."""
@@ -112,8 +117,14 @@ class Follower:
         end = self._end
         if self._until_acked_end and end is None:
             end = await self._acked_end(segments)
-        start = await self._acked_end(segments) if self._start == "end" else self._start
+        if self._start == "end":
+            start = await self._acked_end(segments)
+        elif self._start == "earliest":
+            start = self._first_retained
+        else:
+            start = self._start
         cursor = Cursor(start, end, self._timing)
+        self._check_trimmed(cursor)
         cursor.on_segments(segments, now_ms())
         await self._refresh(cursor)  # the segments from the start on, with certificates
         while True:
@@ -264,7 +275,14 @@ class Follower:
             log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
             cursor.on_list_failed(now_ms())
             return
+        self._check_trimmed(cursor)
         cursor.on_segments(segments, now_ms())
+
+    def _check_trimmed(self, cursor: Cursor) -> None:
+        """A position a trim took away ends the read: what it would read next is gone
+        (the list no longer names its segment, which the cursor would skip)."""
+        if position_trimmed(cursor.position, self._trimmed_through_epoch):
+            raise Trimmed(self._stream, cursor.position, self._first_retained)
 
     async def _list_segments(
         self, from_epoch: int = 0, to_epoch: int = 0, retry: bool = False
@@ -288,12 +306,14 @@ class Follower:
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from error
         self._ref = _StreamRef(self._stream, reply.stream_id)
+        self._trimmed_through_epoch = reply.trimmed_through_epoch
+        self._first_retained = reply.first_retained_sequence
         return segment_views(reply)
 
     async def _acked_end(self, segments: list[SegmentView]) -> int:
         """The sequence just past the last acked event now."""
         if not segments:
-            return 0
+            return self._first_retained
         last = segments[-1]
         if last.sealed:
             return pack_sequence(last.epoch + 1, 0)
@@ -335,11 +355,11 @@ async def read(
     master: master_pb2_grpc.MasterAsyncStub,
     channels: ChannelPool,
     stream: str,
-    start: int = 0,
+    start: int | Literal["earliest"] = 0,
     end: int | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
-    if end is not None and end <= start:
+    if end is not None and start != "earliest" and end <= start:
         return
     follower = Follower(master, channels, stream, start, end, until_acked_end=end is None)
     async for batch in follower.batches():

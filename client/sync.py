@@ -78,9 +78,19 @@ class SyncStreamClient:
         write_quorum: int = 2,
         segment_bytes: int = 0,
         segment_age_ms: int = 0,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
     ) -> master_pb2.StreamInfo:
         return self.run(
-            self._client.create_stream(name, replicas, write_quorum, segment_bytes, segment_age_ms)
+            self._client.create_stream(
+                name,
+                replicas,
+                write_quorum,
+                segment_bytes,
+                segment_age_ms,
+                retention_age_ms,
+                retention_bytes,
+            )
         )
 
     def describe_stream(self, name: str) -> master_pb2.StreamInfo:

@@ -50,6 +50,7 @@ import grpc
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.leader import (
     APPEND_TIMEOUT_MS,
+    STREAM_DELETED,
     AppendsTimedOut,
     AskRoll,
     BecameLeader,
@@ -89,6 +90,7 @@ from streamengine.client.errors import (
     Fenced,
     InvalidArgument,
     LeadershipLost,
+    StreamDeleted,
     StreamEngineError,
     Unavailable,
     from_rpc_error,
@@ -569,7 +571,12 @@ class Writer:
         except grpc.aio.AioRpcError as error:
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
             self._heartbeat_error = from_rpc_error(error)
-            self.step(HeartbeatFailed(sent_at, error.code().name, error.details() or ""))
+            failure = (
+                STREAM_DELETED
+                if isinstance(self._heartbeat_error, StreamDeleted)
+                else error.code().name
+            )
+            self.step(HeartbeatFailed(sent_at, failure, error.details() or ""))
             return
         self.step(heartbeat_answer(sent_at, reply))
 

@@ -122,4 +122,9 @@ def visible_status(
         ],
         bytes_below_n=0 if partial else status.bytes_below_n,
         bytes_below_w=0 if partial else status.bytes_below_w,
+        pending_deletes=[
+            p
+            for p in status.pending_deletes
+            if visible_tenant(principal, stream_tenant(p.stream))
+        ],
     )

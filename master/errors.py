@@ -52,3 +52,15 @@ class QuotaExceeded(MasterError):
 
 class Unauthenticated(MasterError):
     """The caller's certificate proof does not hold (it must hear why)."""
+
+
+class NotTrimmable(MasterError):
+    """A trim that would take a segment not yet sealed: nothing was trimmed."""
+
+
+class StreamDeleted(MasterError):
+    """The stream is deleted, pending removal: refused until undeleted."""
+
+    def __init__(self, message: str, deleted_until_ms: int):
+        self.deleted_until_ms = deleted_until_ms
+        super().__init__(message)

@@ -29,6 +29,11 @@ class Metrics:
     replica_checks: Counter
     replicas_bad: Counter
     reader_reports: Counter
+    trimmed_segments: Counter
+    removed: Counter
+    pending_deletes: Gauge
+    pending_delete_bytes: Gauge
+    pending_delete_at: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -106,6 +111,38 @@ class Metrics:
             reader_reports=Counter(
                 "streamengine_master_reader_reports",
                 "Replicas readers reported suspect (each checked first by its store)",
+                registry=r,
+            ),
+            trimmed_segments=Counter(
+                "streamengine_master_trimmed_segments",
+                "Sealed segments trimmed, by what trimmed them (retention, hand)",
+                ["by"],
+                registry=r,
+            ),
+            removed=Counter(
+                "streamengine_master_removed",
+                "Deleted streams and trimmed segments removed after their grace, by kind "
+                "(stream, segment)",
+                ["kind"],
+                registry=r,
+            ),
+            pending_deletes=Gauge(
+                "streamengine_master_pending_deletes",
+                "Deleted streams and trimmed segments whose data the stores still hold, by "
+                "kind (stream, segment)",
+                ["kind"],
+                registry=r,
+            ),
+            pending_delete_bytes=Gauge(
+                "streamengine_master_pending_delete_bytes",
+                "Bytes the stores still hold of deleted streams and trimmed segments",
+                registry=r,
+            ),
+            pending_delete_at=Gauge(
+                "streamengine_master_pending_delete_timestamp_seconds",
+                "When a stream's pending delete takes effect (Unix seconds): the soonest of "
+                "its own deletion (kind stream) or of its trimmed segments (kind trim)",
+                ["stream", "kind"],
                 registry=r,
             ),
         )

@@ -43,6 +43,15 @@ class StreamRecord:
     epoch: int
     leader_id: str
     created_at_ms: int
+    # Retention limits (0: none): the master trims whole sealed segments from the head.
+    retention_age_ms: int = 0
+    retention_bytes: int = 0
+    # Segments of this epoch and earlier are trimmed (0: none ever was); their records
+    # stay until their `removal_at_ms`.
+    trimmed_through_epoch: int = 0
+    # Deleted, pending removal: refused until undeleted; its data goes at this time
+    # (wall-clock ms; 0: not deleted).
+    deleted_until_ms: int = 0
 
     @property
     def tenant(self) -> str:
@@ -70,6 +79,8 @@ class SegmentRecord:
     certified_by: str = ""
     # Members whose replica differs from the certificate: never a copy source, replaced.
     bad: tuple[str, ...] = ()
+    # Trimmed: when its record is dropped and its replicas become garbage (0: kept).
+    removal_at_ms: int = 0
 
     @property
     def key(self) -> SegmentKey:

@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamengine.master import repair
+from streamengine.master import repair, retention
 from streamengine.master.catalog import Catalog
 from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
@@ -122,6 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="copies at a time",
     )
     parser.add_argument(
+        "--delete-grace-s",
+        type=float,
+        default=retention.DELETE_GRACE_MS_DEFAULT / 1000,
+        help="deleted streams and trimmed segments stay on the stores this long (an "
+        "undelete within it brings a stream back whole) (default %(default)s)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -163,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
     if args.lease_ms < LEASE_MS_MIN:
         print(f"streamengine master: --lease-ms must be at least {LEASE_MS_MIN}", file=sys.stderr)
+        return 2
+    if args.delete_grace_s < 0:
+        print("streamengine master: --delete-grace-s is not negative", file=sys.stderr)
         return 2
     if args.tenant_streams_max < 0 or args.tenant_append_bytes_per_s < 0:
         print("streamengine master: quotas are not negative (0: no limit)", file=sys.stderr)
@@ -291,6 +301,7 @@ def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
         args.store_timeout_ms,
         args.bridge_grace_ms,
         tenant_streams_max=args.tenant_streams_max,
+        delete_grace_ms=round(args.delete_grace_s * 1000),
     )
 
 
@@ -347,6 +358,20 @@ async def _etcd_master(
         await client.aclose()
 
 
+def _pending_delete_gauges(metrics: Metrics, state: MasterState) -> None:
+    pending = state.pending_removals()
+    metrics.pending_deletes.labels("stream").set(sum(1 for p in pending if not p.segment_epoch))
+    metrics.pending_deletes.labels("segment").set(sum(1 for p in pending if p.segment_epoch))
+    metrics.pending_delete_bytes.set(sum(p.bytes for p in pending))
+    metrics.pending_delete_at.clear()
+    soonest: dict[tuple[str, str], int] = {}
+    for p in pending:
+        key = (p.stream, "trim" if p.segment_epoch else "stream")
+        soonest[key] = min(soonest.get(key, p.removal_at_ms), p.removal_at_ms)
+    for (stream, kind), at_ms in sorted(soonest.items()):
+        metrics.pending_delete_at.labels(stream, kind).set(at_ms / 1000)
+
+
 async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | None) -> None:
     """Refresh the gauges, and the console's snapshot when it is served, on the master's
     loop; a standby publishes only that it stands by, and which master is active."""
@@ -376,5 +401,8 @@ async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | Non
             metrics.repairs_done.set(repairer.done_count)
             metrics.repairs_failed.set(repairer.failed_count)
             metrics.repairs_running.set(len(repairer.running))
+            if active:
+                service.enforce_retention()
+            _pending_delete_gauges(metrics, state)
         with contextlib.suppress(TimeoutError):
             await asyncio.sleep(GAUGES_INTERVAL_S)

@@ -32,7 +32,7 @@ from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
-from streamengine.master.state import MasterState, WriterView
+from streamengine.master.state import MasterState, Trimmed, WriterView
 from streamengine.protocol import codec, identity
 from streamengine.protocol.auth import (
     Denial,
@@ -45,7 +45,7 @@ from streamengine.protocol.callers import Callers
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.logs import segment_fields
-from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
+from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY, DELETED_UNTIL_METADATA_KEY
 from streamengine.protocol.status_view import segment_dict
 from streamengine.protocol.tokens import TOKEN_ID_CHARS, mint_token
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
@@ -67,6 +67,8 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.NotTrimmable: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
     # A standby, a deposed master, or etcd not answering: another master (or a retry)
     # will.
     MetadataError: grpc.StatusCode.UNAVAILABLE,
@@ -179,6 +181,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 active = self.role.active_address or error.active_address
                 if active and active != self.role.address:
                     trailing = ((ACTIVE_MASTER_METADATA_KEY, active),)
+            if isinstance(error, errors.StreamDeleted):
+                trailing = ((DELETED_UNTIL_METADATA_KEY, str(error.deleted_until_ms)),)
             await context.abort(code, str(error), trailing_metadata=trailing)
             raise AssertionError("abort returns only by raising") from None
         self.metrics.requests.labels(method, "OK").inc()
@@ -241,6 +245,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
             open_segment_epoch=open_epochs[-1] if open_epochs else 0,
             unsealed_segments=len(unsealed),
             created_at_ms=record.created_at_ms,
+            retention_age_ms=record.retention_age_ms,
+            retention_bytes=record.retention_bytes,
+            trimmed_through_epoch=record.trimmed_through_epoch,
+            first_retained_sequence=self.state.first_retained(record),
+            deleted_until_ms=record.deleted_until_ms,
         )
 
     def _writer_reply(self, view: WriterView) -> master_pb2.WriterHeartbeatReply:
@@ -344,6 +353,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in self.state.take_scrub_first(request.store_id)
             ],
+            deleted_streams=[
+                master_pb2.DeletedStream(stream_id=r.stream_id, deleted_until_ms=r.deleted_until_ms)
+                for r in self.state.streams.values()
+                if r.deleted_until_ms
+            ],
         )
         if request.revocations_version != revocations.version:
             reply.revoked_tokens.extend(
@@ -441,6 +455,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 request.segment_age_ms,
                 request.create_tenant,
                 now,
+                retention_age_ms=request.retention_age_ms,
+                retention_bytes=request.retention_bytes,
             )
             return self._stream_info(record, now)
 
@@ -482,13 +498,101 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def DeleteStream(
         self, request: master_pb2.DeleteStreamRequest, context: Context
     ) -> master_pb2.DeleteStreamReply:
-        def delete(now: int) -> int:
+        def delete(now: int) -> tuple[int, int]:
             self._require(context, "DeleteStream", authority.stream_tenant(request.name))
-            return self.state.delete_stream(request.name)
+            return self.state.delete_stream(request.name, now)
 
-        count = await self._call(context, "DeleteStream", delete)
-        log.info("stream deleted", extra={"stream": request.name, "index": count})
-        return master_pb2.DeleteStreamReply(segments=count)
+        count, until = await self._call(context, "DeleteStream", delete)
+        log.info(
+            "stream deleted",
+            extra={
+                "stream": request.name,
+                "index": count,
+                "reason": f"its data goes at {until} unless undeleted",
+            },
+        )
+        return master_pb2.DeleteStreamReply(segments=count, deleted_until_ms=until)
+
+    async def UndeleteStream(
+        self, request: master_pb2.UndeleteStreamRequest, context: Context
+    ) -> master_pb2.StreamInfo:
+        def undelete(now: int) -> master_pb2.StreamInfo:
+            self._require(context, "UndeleteStream", authority.stream_tenant(request.name))
+            return self._stream_info(self.state.undelete_stream(request.name), now)
+
+        info = await self._call(context, "UndeleteStream", undelete)
+        log.info("stream undeleted", extra={"stream": request.name})
+        return info
+
+    async def UpdateStream(
+        self, request: master_pb2.UpdateStreamRequest, context: Context
+    ) -> master_pb2.StreamInfo:
+        def update(now: int) -> master_pb2.StreamInfo:
+            self._require(context, "UpdateStream", authority.stream_tenant(request.name))
+            record = self.state.update_stream(
+                request.name,
+                request.retention_age_ms if request.HasField("retention_age_ms") else None,
+                request.retention_bytes if request.HasField("retention_bytes") else None,
+            )
+            return self._stream_info(record, now)
+
+        info = await self._call(context, "UpdateStream", update)
+        log.info(
+            "stream updated",
+            extra={
+                "stream": info.name,
+                "reason": f"retention {info.retention_age_ms} ms, {info.retention_bytes} bytes",
+            },
+        )
+        return info
+
+    async def TrimStream(
+        self, request: master_pb2.TrimStreamRequest, context: Context
+    ) -> master_pb2.TrimStreamReply:
+        def trim(now: int) -> Trimmed:
+            self._require(context, "TrimStream", authority.stream_tenant(request.name))
+            return self.state.trim_stream(request.name, request.before_sequence, now)
+
+        trimmed = await self._call(context, "TrimStream", trim)
+        self._trimmed(trimmed, "hand")
+        return master_pb2.TrimStreamReply(
+            trimmed_epochs=trimmed.epochs,
+            trimmed_entries=trimmed.entries,
+            trimmed_bytes=trimmed.bytes,
+            first_retained_sequence=trimmed.first_retained_sequence,
+            removed_at_ms=trimmed.removal_at_ms,
+        )
+
+    def _trimmed(self, trimmed: Trimmed, by: str) -> None:
+        if trimmed.epochs:
+            self.metrics.trimmed_segments.labels(by).inc(len(trimmed.epochs))
+            log.info(
+                "segments %s trimmed (by %s): their data goes at %d",
+                ",".join(map(str, trimmed.epochs)),
+                by,
+                trimmed.removal_at_ms,
+                extra={"stream": trimmed.stream},
+            )
+
+    def enforce_retention(self) -> None:
+        """One pass of the master's loop: trim what the streams' limits say, and remove
+        what waited out its grace. Only while active; a commit that fails is tried
+        again on the next pass."""
+        now = self.clock_ms()
+        try:
+            self.role.serving(now)
+            for trimmed in self.state.apply_retention(now):
+                self._trimmed(trimmed, "retention")
+            streams, segments = self.state.remove_due(now)
+        except errors.MasterError as error:  # MetadataError, NotActive among them
+            log.warning("retention pass failed: %s", error)
+            return
+        for name in streams:
+            log.info("deleted stream removed: stores drop its replicas", extra={"stream": name})
+        if streams:
+            self.metrics.removed.labels("stream").inc(len(streams))
+        if segments:
+            self.metrics.removed.labels("segment").inc(len(segments))
 
     # ---- writers ----
 
@@ -588,6 +692,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         return master_pb2.ListSegmentsReply(
             stream_id=record.stream_id,
             segments=[self._segment(s, request.certificates) for s in segments],
+            trimmed_through_epoch=record.trimmed_through_epoch,
+            first_retained_sequence=self.state.first_retained(record),
         )
 
     async def SealSegment(
@@ -735,6 +841,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
             ],
             bytes_below_n=st.durability.bytes_below_n,
             bytes_below_w=st.durability.bytes_below_w,
+            pending_deletes=[
+                master_pb2.PendingDelete(
+                    stream=p.stream,
+                    segment_epoch=p.segment_epoch,
+                    removed_at_ms=p.removal_at_ms,
+                    bytes=p.bytes,
+                )
+                for p in st.pending_removals()
+            ],
         )
 
     async def DrainStore(

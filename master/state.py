@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from streamengine.master import authority, integrity, leadership, placement, repair
+from streamengine.master import authority, integrity, leadership, placement, repair, retention
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.durability import DurabilityLedger, Exposure
 from streamengine.master.errors import (
@@ -23,6 +23,7 @@ from streamengine.master.errors import (
     NotLeader,
     QuotaExceeded,
     SealConflict,
+    StreamDeleted,
     TooManyUnsealed,
 )
 from streamengine.master.leadership import Lease, Outcome
@@ -48,6 +49,7 @@ from streamengine.protocol.limits import (
     UNSEALED_SEGMENTS_MAX,
 )
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.protocol.retention import first_retained_sequence
 from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.protocol.tokens import (
     TOKEN_ID_CHARS,
@@ -74,6 +76,8 @@ SCRUB_FIRST_PER_STORE_MAX = 64
 # Expired token records dropped with each token created or revoked: enough to keep up
 # with any rate of creation, few enough for one metadata transaction.
 EXPIRED_TOKENS_DROPPED_PER_COMMIT = 64
+# A trim's transaction: its segments and the stream record.
+assert retention.TRIMS_PER_COMMIT_MAX + 1 <= OPS_PER_TRANSACTION_MAX
 
 
 @dataclass
@@ -107,6 +111,29 @@ class WriterView:
 
 
 @dataclass(frozen=True, slots=True)
+class Trimmed:
+    """Segments a trim took now (by hand or by retention)."""
+
+    stream: str
+    epochs: tuple[int, ...]
+    entries: int  # up to each bridge
+    bytes: int  # as the stores last reported
+    first_retained_sequence: int
+    removal_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRemoval:
+    """Data the stores still hold that goes at `removal_at_ms`: a deleted stream
+    (`segment_epoch` 0) or one trimmed segment."""
+
+    stream: str
+    segment_epoch: int
+    removal_at_ms: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class LeaderReport:
     """What a stream's leader last said of its open segment (the segment of `epoch`).
     Kept after the lease ends: it stays true of that segment."""
@@ -126,10 +153,14 @@ class MasterState:
         bridge_grace_ms: int | None = None,
         make_signing_key: Callable[[], SigningKey] = SigningKey.generate,
         tenant_streams_max: int = TENANT_STREAMS_MAX_DEFAULT,
+        delete_grace_ms: int = retention.DELETE_GRACE_MS_DEFAULT,
     ):
         """`make_signing_key` makes the master's key at its first start (when the
-        catalog holds none); `tenant_streams_max` 0 means no limit."""
+        catalog holds none); `tenant_streams_max` 0 means no limit; `delete_grace_ms`:
+        how long deleted streams and trimmed segments stay on the stores."""
+        assert delete_grace_ms >= 0
         self.catalog = catalog
+        self.delete_grace_ms = delete_grace_ms
         self.tenant_streams_max = tenant_streams_max
         self.lease_ms = lease_ms
         self.store_timeout_ms = store_timeout_ms
@@ -200,6 +231,26 @@ class MasterState:
             raise NotFound(f"stream {name!r} does not exist")
         return record
 
+    def usable_stream(self, name: str) -> StreamRecord:
+        """The stream, unless it is deleted pending removal (StreamDeleted)."""
+        record = self.stream(name)
+        if record.deleted_until_ms:
+            raise StreamDeleted(
+                f"stream {name!r} is deleted: its data goes at {record.deleted_until_ms} "
+                "(wall-clock ms) unless it is undeleted before",
+                record.deleted_until_ms,
+            )
+        return record
+
+    def retained_segments(self, stream_id: int) -> list[SegmentRecord]:
+        """The stream's segments readers may see (none trimmed), oldest first."""
+        return [s for s in self.stream_segments(stream_id) if not s.removal_at_ms]
+
+    def first_retained(self, record: StreamRecord) -> int:
+        """Where a reader asking for the earliest event starts (0: nothing trimmed)."""
+        epochs = [s.epoch for s in self.retained_segments(record.stream_id)]
+        return first_retained_sequence(record.trimmed_through_epoch, epochs)
+
     def _put_segment(self, record: SegmentRecord) -> None:
         key = record.key
         old = self.segments.get(key)
@@ -256,7 +307,8 @@ class MasterState:
             if view is None or not view.usable:
                 keys |= segment_keys
         segments = (self.segments[k] for k in sorted(keys))
-        return [s for s in segments if s.state == SegmentState.SEALED]
+        # A trimmed segment's data is going: not worth a copy.
+        return [s for s in segments if s.state == SegmentState.SEALED and not s.removal_at_ms]
 
     def confirm(self, key: SegmentKey) -> None:
         """Every member of this sealed segment was judged good."""
@@ -331,12 +383,15 @@ class MasterState:
         segment_age_ms: int,
         create_tenant: bool,
         now_ms: int,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
     ) -> StreamRecord:
         tenant, _ = validate_stream_name(name)
         try:
             ReplicationPolicy(replicas, write_quorum)
         except InvalidPolicy as error:
             raise InvalidArgument(f"impossible policy: {error}") from None
+        retention.validate_retention(retention_age_ms, retention_bytes)
         segment_bytes = segment_bytes or SEGMENT_BYTES_DEFAULT
         segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
         existing = self.streams.get(name)
@@ -348,13 +403,28 @@ class MasterState:
                     f"(--tenant-streams-max {self.tenant_streams_max})"
                 )
         if existing is not None:
+            if existing.deleted_until_ms:
+                raise AlreadyExists(
+                    f"stream {name!r} is deleted, pending removal at "
+                    f"{existing.deleted_until_ms}: undelete it, or create it after"
+                )
             same = (
                 existing.replicas,
                 existing.write_quorum,
                 existing.segment_bytes,
                 existing.segment_age_ms,
+                existing.retention_age_ms,
+                existing.retention_bytes,
             )
-            if same != (replicas, write_quorum, segment_bytes, segment_age_ms):
+            asked = (
+                replicas,
+                write_quorum,
+                segment_bytes,
+                segment_age_ms,
+                retention_age_ms,
+                retention_bytes,
+            )
+            if same != asked:
                 raise AlreadyExists(f"stream {name!r} exists with another policy")
             return existing
         batch = Batch()
@@ -372,6 +442,8 @@ class MasterState:
             epoch=0,
             leader_id="",
             created_at_ms=now_ms,
+            retention_age_ms=retention_age_ms,
+            retention_bytes=retention_bytes,
         )
         self.catalog.commit(batch.stream(record).next_stream_id(record.stream_id + 1))
         self.tenants.setdefault(tenant, now_ms)
@@ -387,12 +459,60 @@ class MasterState:
             validate_name_part("tenant", tenant)
         return [s for name, s in sorted(self.streams.items()) if not tenant or s.tenant == tenant]
 
-    def delete_stream(self, name: str) -> int:
+    def update_stream(
+        self, name: str, retention_age_ms: int | None, retention_bytes: int | None
+    ) -> StreamRecord:
+        """Change a stream's retention limits (None: unchanged); the next retention
+        pass applies them."""
+        record = self.usable_stream(name)
+        updated = replace(
+            record,
+            retention_age_ms=record.retention_age_ms
+            if retention_age_ms is None
+            else retention_age_ms,
+            retention_bytes=record.retention_bytes if retention_bytes is None else retention_bytes,
+        )
+        retention.validate_retention(updated.retention_age_ms, updated.retention_bytes)
+        if updated != record:
+            self.catalog.commit(Batch().stream(updated))
+            self.streams[name] = updated
+        return updated
+
+    def delete_stream(self, name: str, now_ms: int) -> tuple[int, int]:
+        """Record the intent to delete: the stream is refused from now on, and its
+        records and data go once the grace has passed (`remove_due`), unless it is
+        undeleted before. Returns (segments, when they go). Deleting a stream already
+        deleted changes nothing."""
+        record = self.stream(name)
+        segments = len(self.stream_segments(record.stream_id))
+        if record.deleted_until_ms:
+            return segments, record.deleted_until_ms
+        deleted = replace(
+            record, deleted_until_ms=retention.removal_at_ms(now_ms, self.delete_grace_ms)
+        )
+        self.catalog.commit(Batch().stream(deleted))
+        self.streams[name] = deleted
+        self.roll_requests.pop(record.stream_id, None)
+        return segments, deleted.deleted_until_ms
+
+    def undelete_stream(self, name: str) -> StreamRecord:
+        """Bring a deleted stream back within its grace: same id, segments and epochs.
+        The lease starts afresh (its holder, if alive, renews it)."""
+        record = self.stream(name)
+        if not record.deleted_until_ms:
+            raise InvalidArgument(f"stream {name!r} is not deleted")
+        restored = replace(record, deleted_until_ms=0)
+        self.catalog.commit(Batch().stream(restored))
+        self.streams[name] = restored
+        return restored
+
+    def _remove_stream(self, name: str) -> int:
         """Drop the stream and its segments. Stores are not told one replica at a time:
         a stream id below the next one that no stream has is garbage wherever it is
-        reported (`_garbage`), so the deletion is one small transaction however long
+        reported (`_garbage`), so the removal is one small transaction however long
         the stream."""
         record = self.stream(name)
+        assert record.deleted_until_ms, "only a deleted stream is removed"
         segments = self.stream_segments(record.stream_id)
         self.catalog.commit(Batch().drop_stream(name).drop_segments_of(record.stream_id))
         for segment in segments:
@@ -404,6 +524,120 @@ class MasterState:
         self.leader_reports.pop(name, None)
         self.durability.forget(s.key for s in segments)
         return len(segments)
+
+    # ---- retention and trims ----
+
+    def _facts(self, stream_id: int) -> list[retention.SegmentFacts]:
+        return [
+            retention.SegmentFacts(
+                epoch=s.epoch,
+                sealed=s.state == SegmentState.SEALED,
+                sealed_at_ms=s.sealed_at_ms,
+                final_index=s.final_index,
+                bytes=self.segment_bytes(s.key),
+            )
+            for s in self.retained_segments(stream_id)
+        ]
+
+    def trim_stream(self, name: str, before_sequence: int, now_ms: int) -> Trimmed:
+        """Trim by hand every segment whose events all sort before `before_sequence`
+        (each must be sealed: NotTrimmable otherwise, nothing trimmed)."""
+        record = self.usable_stream(name)
+        epochs = retention.trims_before(self._facts(record.stream_id), before_sequence)
+        return self._trim(record, epochs, now_ms)
+
+    def apply_retention(self, now_ms: int) -> list[Trimmed]:
+        """One retention pass over every stream with a limit: what it trimmed."""
+        out = []
+        for _, record in sorted(self.streams.items()):
+            if record.deleted_until_ms or not (record.retention_age_ms or record.retention_bytes):
+                continue
+            epochs = retention.retention_trims(
+                self._facts(record.stream_id),
+                record.retention_age_ms,
+                record.retention_bytes,
+                now_ms,
+            )
+            if epochs:
+                out.append(self._trim(record, epochs, now_ms))
+        return out
+
+    def _trim(self, record: StreamRecord, epochs: list[int], now_ms: int) -> Trimmed:
+        """Mark `epochs` (the oldest retained segments, sealed) trimmed, durably, in
+        transactions of at most TRIMS_PER_COMMIT_MAX segments, each leaving a trimmed
+        prefix behind."""
+        removal = retention.removal_at_ms(now_ms, self.delete_grace_ms)
+        entries = size = 0
+        for start in range(0, len(epochs), retention.TRIMS_PER_COMMIT_MAX):
+            chunk = epochs[start : start + retention.TRIMS_PER_COMMIT_MAX]
+            trimmed = [
+                replace(self.segments[(record.stream_id, e)], removal_at_ms=removal) for e in chunk
+            ]
+            assert all(
+                t.state == SegmentState.SEALED and not self.segments[t.key].removal_at_ms
+                for t in trimmed
+            )
+            assert record.trimmed_through_epoch < chunk[0]
+            record = replace(record, trimmed_through_epoch=chunk[-1])
+            batch = Batch().stream(record)
+            for segment in trimmed:
+                batch.segment(segment)
+            self.catalog.commit(batch)
+            self.streams[record.name] = record
+            for segment in trimmed:
+                self._put_segment(segment)
+                self.unconfirmed.discard(segment.key)
+                entries += max(segment.final_index - 1, 0)
+                size += self.segment_bytes(segment.key)
+        return Trimmed(
+            record.name, tuple(epochs), entries, size, self.first_retained(record), removal
+        )
+
+    def remove_due(self, now_ms: int) -> tuple[list[str], list[SegmentKey]]:
+        """The second phase: drop deleted streams and trimmed segments whose grace has
+        passed; their replicas are garbage from now on (`_garbage`). Returns the streams
+        and segments removed."""
+        streams = sorted(
+            name
+            for name, r in self.streams.items()
+            if r.deleted_until_ms and retention.due(r.deleted_until_ms, now_ms)
+        )
+        for name in streams:
+            self._remove_stream(name)
+        due = sorted(
+            key
+            for key, s in self.segments.items()
+            if s.removal_at_ms and retention.due(s.removal_at_ms, now_ms)
+        )
+        due = due[: retention.TRIMS_PER_COMMIT_MAX]
+        if due:
+            batch = Batch()
+            for key in due:
+                batch.drop_segment(key)
+            self.catalog.commit(batch)
+            for key in due:
+                self._drop_segment(key)
+            self.durability.forget(due)
+        return streams, due
+
+    def pending_removals(self) -> list[PendingRemoval]:
+        """Deleted streams and trimmed segments the stores still hold, soonest first."""
+        out = [
+            PendingRemoval(
+                name,
+                0,
+                r.deleted_until_ms,
+                sum(self.segment_bytes(s.key) for s in self.stream_segments(r.stream_id)),
+            )
+            for name, r in self.streams.items()
+            if r.deleted_until_ms
+        ]
+        out += [
+            PendingRemoval(s.stream, s.epoch, s.removal_at_ms, self.segment_bytes(key))
+            for key, s in self.segments.items()
+            if s.removal_at_ms
+        ]
+        return sorted(out, key=lambda p: (p.removal_at_ms, p.stream, p.segment_epoch))
 
     # ---- tokens ----
 
@@ -477,7 +711,7 @@ class MasterState:
         segment_bytes: int,
         now_ms: int,
     ) -> WriterView:
-        record = self.stream(name)
+        record = self.usable_stream(name)
         decision = leadership.heartbeat(self.leases[name], client_id, epoch, now_ms, self.lease_ms)
         if decision.outcome is Outcome.GRANTED:
             record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
@@ -489,7 +723,7 @@ class MasterState:
     def roll_segment(
         self, name: str, client_id: str, epoch: int, exclude: Iterable[str], now_ms: int
     ) -> WriterView:
-        record = self.stream(name)
+        record = self.usable_stream(name)
         lease = leadership.roll(self.leases[name], client_id, epoch, now_ms, self.lease_ms)
         if len(self.unsealed(record.stream_id)) >= UNSEALED_SEGMENTS_MAX:
             raise TooManyUnsealed(
@@ -564,7 +798,7 @@ class MasterState:
     def request_roll(self, name: str, now_ms: int) -> tuple[str, int]:
         """Ask the leader of `name` to roll its open segment; returns (leader, epoch of
         that segment). With no running lease nothing is asked: ("", open epoch)."""
-        record = self.stream(name)
+        record = self.usable_stream(name)
         open_epochs = [
             s.epoch for s in self.unsealed(record.stream_id) if s.state == SegmentState.OPEN
         ]
@@ -581,10 +815,12 @@ class MasterState:
     def list_segments(
         self, name: str, from_epoch: int, to_epoch: int = 0
     ) -> tuple[StreamRecord, list[SegmentRecord]]:
-        record = self.stream(name)
+        """The retained segments (never a trimmed one) from `from_epoch` to
+        `to_epoch` (0: no bound)."""
+        record = self.usable_stream(name)
         return record, [
             s
-            for s in self.stream_segments(record.stream_id)
+            for s in self.retained_segments(record.stream_id)
             if s.epoch >= from_epoch and (to_epoch == 0 or s.epoch <= to_epoch)
         ]
 
@@ -599,7 +835,7 @@ class MasterState:
     ) -> SegmentRecord:
         """Seal at `final_index`, recording the sealing leader's certificate (if it
         knew the whole content) in the same catalog write."""
-        record = self.stream(name)
+        record = self.usable_stream(name)
         segment = self.segments.get((record.stream_id, segment_epoch))
         if segment is None:
             raise NotFound(f"{name}: no segment of epoch {segment_epoch}")
@@ -786,11 +1022,12 @@ class MasterState:
             # Ids are never reused: one below the next id that no stream has was deleted.
             return stream_id < self.next_stream_id
         segment = self.segments.get(key)
-        return (
-            segment is not None
-            and segment.state == SegmentState.SEALED
-            and store_id not in segment.copy_set
-        )
+        if segment is None:
+            # Trims take whole segments from the head: a segment of a trimmed epoch
+            # whose record is gone was removed after its grace.
+            stream = self.streams[self.names[stream_id]]
+            return key[1] <= stream.trimmed_through_epoch
+        return segment.state == SegmentState.SEALED and store_id not in segment.copy_set
 
     def set_draining(self, store_id: str) -> StoreRecord:
         record = self.stores.get(store_id)

@@ -68,6 +68,14 @@ class NoSigningKeyYet(StoreError):
     """The store knows no key of its master yet: it cannot check grants or tokens."""
 
 
+class StreamDeleted(StoreError):
+    """The master deleted the stream (pending removal): no writes, no live tails."""
+
+    def __init__(self, message: str, deleted_until_ms: int):
+        self.deleted_until_ms = deleted_until_ms
+        super().__init__(message)
+
+
 def check_grant(grant: Grant, store_id: str, segment: SegmentKey, epoch: int) -> None:
     """Raise GrantRefused unless `grant` lets its holder write or seal `segment` on
     `store_id` under `epoch`."""
@@ -136,6 +144,9 @@ class StoreAuthority:
         self.master_keys = kept.master_keys
         self.verifier = Verifier(self._keys())
         self.revocations = Revocations(dict(kept.revoked), kept.revocations_version)
+        # Streams the master deleted, pending removal: stream id -> when their data goes.
+        # Memory only: each heartbeat reply carries the whole list again.
+        self.deleted_streams: dict[int, int] = {}
 
     def _keys(self) -> list[bytes]:
         keys = list(dict.fromkeys([*self.master_keys, *self.pinned_keys]))
@@ -167,6 +178,16 @@ class StoreAuthority:
         before = len(self.revocations)
         self.revocations.prune(now_ms)
         return changed or len(self.revocations) != before
+
+    def check_not_deleted(self, stream_id: int) -> None:
+        """Refuse a write or a live tail of a stream the master deleted."""
+        until = self.deleted_streams.get(stream_id)
+        if until is not None:
+            raise StreamDeleted(
+                f"stream {stream_id} is deleted: its data goes at {until} (wall-clock ms) "
+                "unless it is undeleted before",
+                until,
+            )
 
     def open_grant(self, signed: bytes) -> Grant:
         try:

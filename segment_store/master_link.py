@@ -221,6 +221,9 @@ class MasterLink:
                 if segment.stream_id and segment.epoch:
                     self.scrubber.check_first(SegmentKey(segment.stream_id, segment.epoch))
         self.quota.bytes_per_s = reply.tenant_append_bytes_per_s
+        self.authority.deleted_streams = {
+            d.stream_id: d.deleted_until_ms for d in reply.deleted_streams
+        }
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
         for segment in reply.delete_segments:

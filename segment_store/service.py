@@ -42,7 +42,7 @@ from streamengine.protocol.limits import (
 )
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.signing import NoVerifyingKey
-from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY, FENCE_METADATA_KEY
 from streamengine.segment_store import metrics, tail
 from streamengine.segment_store.authority import (
     AppendQuota,
@@ -51,6 +51,7 @@ from streamengine.segment_store.authority import (
     GrantRefused,
     NoSigningKeyYet,
     StoreAuthority,
+    StreamDeleted,
     WriteStreamGrants,
 )
 from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
@@ -146,6 +147,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     CallerRefused: grpc.StatusCode.PERMISSION_DENIED,
     CallerUnproven: grpc.StatusCode.UNAUTHENTICATED,
     NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
+    StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -159,7 +161,10 @@ async def _abort(
     code = next((c for t, c in _STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
     trailing: tuple[tuple[str, str], ...] = ()
     fields = segment_fields(segment.stream, segment.epoch) if segment is not None else {}
-    if isinstance(error, BelowFence):
+    if isinstance(error, StreamDeleted):
+        trailing = ((DELETED_UNTIL_METADATA_KEY, str(error.deleted_until_ms)),)
+        log.info("refused: %s", error, extra=fields)
+    elif isinstance(error, BelowFence):
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
         log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
     elif isinstance(error, BadRequest):
@@ -379,6 +384,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             check_epoch(request.writer_epoch, "writer epoch")
             entries = entries_from_pb(request.entries)
             grant = grants.admit(request.grant, segment, request.writer_epoch)
+            self.authority.check_not_deleted(segment.stream_id)
             command = WriteCommand(
                 segment, request.writer_epoch, request.acked_index, entries, grant.tenant
             )
@@ -728,6 +734,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 raise BadRequest("Subscribe must begin with a start message")
             segment = segment_key(first.start.segment)
             self.require_reader(context, "Subscribe", segment)
+            self.authority.check_not_deleted(segment.stream_id)
         except StoreError as error:
             await _abort(context, error)
         tail = _Tail(self, segment, first.start, requests, context)

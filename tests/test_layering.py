@@ -57,6 +57,7 @@ PURE_PROTOCOL = [
     "grants.py",
     "tokens.py",
     "auth.py",
+    "retention.py",
 ]
 PURE_MASTER = [
     "leadership.py",
@@ -66,6 +67,7 @@ PURE_MASTER = [
     "model.py",
     "errors.py",
     "authority.py",
+    "retention.py",
 ]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
 # the live tail, the scrub, the grants and callers it takes.

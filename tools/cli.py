@@ -154,7 +154,35 @@ def _add_stream_commands(commands: Subparsers) -> None:
     create.add_argument("--write-quorum", type=int, default=2, help="W (default %(default)s)")
     create.add_argument("--segment-bytes", type=int, default=0, help="roll threshold in bytes")
     create.add_argument("--segment-age-ms", type=int, default=0, help="roll threshold in ms")
+    update = actions.add_parser("update", help="change a stream's retention limits")
+    update.add_argument("name", help="tenant/stream")
+    for parser, default in ((create, 0), (update, None)):
+        parser.add_argument(
+            "--retention-age",
+            type=_retention_age_ms,
+            default=default,
+            metavar="AGE",
+            help="trim whole sealed segments sealed longer ago than this: 500ms, 90s, 30m, "
+            "24h, 7d (0: no limit)",
+        )
+        parser.add_argument(
+            "--retention-bytes",
+            type=_byte_count,
+            default=default,
+            metavar="BYTES",
+            help="trim whole sealed segments from the head while the rest still holds more "
+            "than this: 1000, 64KiB, 10MiB, 1GiB (0: no limit)",
+        )
     create.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_create"))
+    update.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_update"))
+    trim = actions.add_parser(
+        "trim", help="trim whole sealed segments whose events all sort before a sequence"
+    )
+    trim.add_argument("name", help="tenant/stream")
+    trim.add_argument(
+        "--before", type=_sequence, required=True, metavar="SEQUENCE", help="epoch << 32 | index"
+    )
+    trim.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_trim"))
     listing = actions.add_parser("list", help="list streams")
     listing.add_argument("--tenant", default="", help="only this tenant's streams")
     listing.add_argument("--json", action="store_true")
@@ -163,9 +191,20 @@ def _add_stream_commands(commands: Subparsers) -> None:
     describe.add_argument("name")
     describe.add_argument("--json", action="store_true")
     describe.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_describe"))
-    delete = actions.add_parser("delete", help="delete a stream and its data")
+    delete = actions.add_parser(
+        "delete",
+        help="delete a stream: refused at once, its data removed after the master's grace",
+    )
     delete.add_argument("name")
+    delete.add_argument(
+        "--yes", action="store_true", help="delete (without it: say what would go, exit 1)"
+    )
     delete.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_delete"))
+    undelete = actions.add_parser(
+        "undelete", help="bring a deleted stream back whole, within the grace"
+    )
+    undelete.add_argument("name")
+    undelete.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_undelete"))
     explain = actions.add_parser(
         "explain",
         help="what a recovery of each unsealed segment would find and do now (writes nothing)",
@@ -173,8 +212,39 @@ def _add_stream_commands(commands: Subparsers) -> None:
     explain.add_argument("name")
     explain.add_argument("--json", action="store_true")
     explain.set_defaults(run=_lazy("streamengine.tools.explain", "cmd_stream_explain"))
-    for parser in (create, listing, describe, delete, explain):
+    for parser in (create, update, trim, listing, describe, delete, undelete, explain):
         _add_master_option(parser)
+
+
+_AGE_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_BYTE_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def _retention_age_ms(value: str) -> int:
+    """`0`, `500ms`, `90s`, `30m`, `24h`, `7d` in milliseconds."""
+    match = re.fullmatch(r"(\d+)(ms|s|m|h|d)?", value.strip())
+    if match is None or (match.group(2) is None and match.group(1) != "0"):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: a number then ms, s, m, h or d (e.g. 7d), or 0 for no limit"
+        )
+    return int(match.group(1)) * _AGE_UNIT_MS[match.group(2) or "ms"]
+
+
+def _byte_count(value: str) -> int:
+    """`1000`, `64KiB`, `10MiB`, `1GiB`."""
+    match = re.fullmatch(r"(\d+)\s*([KMGT]iB)?", value.strip(), re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: a number of bytes, optionally with KiB, MiB, GiB or TiB (0: no limit)"
+        )
+    return int(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
+
+
+def _sequence(value: str) -> int:
+    sequence = _sequence_or_end(value)
+    if isinstance(sequence, str):
+        raise argparse.ArgumentTypeError("a sequence is a number")
+    return sequence
 
 
 def _benchmark_names(value: str) -> list[str]:
@@ -255,12 +325,14 @@ def _add_token_commands(commands: Subparsers) -> None:
 
 
 def _sequence_or_end(value: str) -> int | str:
-    if value == "end":
+    if value in ("end", "earliest"):
         return value
     try:
         sequence = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is neither a sequence nor 'end'") from None
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a sequence nor 'end' or 'earliest'"
+        ) from None
     if sequence < 0:
         raise argparse.ArgumentTypeError("a sequence is not negative")
     return sequence
@@ -281,7 +353,7 @@ def _add_data_commands(commands: Subparsers) -> None:
         dest="start",
         type=_sequence_or_end,
         default=0,
-        help="sequence to start at, or 'end' (default 0)",
+        help="sequence to start at, 'earliest' (the first event retained) or 'end' (default 0)",
     )
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
     tail.add_argument("--format", choices=["text", "json"], default="text")

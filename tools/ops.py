@@ -99,11 +99,65 @@ def cmd_stream_create(args: argparse.Namespace) -> int:
                 segment_bytes=args.segment_bytes,
                 segment_age_ms=args.segment_age_ms,
                 create_tenant=True,
+                retention_age_ms=args.retention_age,
+                retention_bytes=args.retention_bytes,
             ),
             timeout=RPC_TIMEOUT_S,
         )
     policy = info.policy
-    print(f"created {info.name} (replicas {policy.replicas}, write quorum {policy.write_quorum})")
+    print(
+        f"created {info.name} (replicas {policy.replicas}, write quorum {policy.write_quorum}"
+        f", retention {_retention_text(info)})"
+    )
+    return 0
+
+
+def _retention_text(info: master_pb2.StreamInfo) -> str:
+    limits = []
+    if info.retention_age_ms:
+        limits.append(f"age {info.retention_age_ms / 1000:g} s")
+    if info.retention_bytes:
+        limits.append(f"{info.retention_bytes} bytes")
+    return " or ".join(limits) if limits else "unlimited"
+
+
+def wall_time(ms: int) -> str:
+    """Wall-clock milliseconds as UTC, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def cmd_stream_update(args: argparse.Namespace) -> int:
+    if args.retention_age is None and args.retention_bytes is None:
+        raise InvalidArgument("stream update: give --retention-age and/or --retention-bytes")
+    request = master_pb2.UpdateStreamRequest(name=args.name)
+    if args.retention_age is not None:
+        request.retention_age_ms = args.retention_age
+    if args.retention_bytes is not None:
+        request.retention_bytes = args.retention_bytes
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.UpdateStream(request, timeout=RPC_TIMEOUT_S)
+    print(f"updated {info.name}: retention {_retention_text(info)}")
+    return 0
+
+
+def cmd_stream_trim(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        reply = master.TrimStream(
+            master_pb2.TrimStreamRequest(name=args.name, before_sequence=args.before),
+            timeout=RPC_TIMEOUT_S,
+        )
+    if not reply.trimmed_epochs:
+        print(
+            f"nothing to trim in {args.name} before {args.before}: no whole segment lies "
+            f"before it (first retained sequence {reply.first_retained_sequence})"
+        )
+        return 0
+    print(
+        f"trimmed {args.name}: segments {', '.join(map(str, reply.trimmed_epochs))} "
+        f"({reply.trimmed_entries} entries, {human_bytes(reply.trimmed_bytes)}); the first "
+        f"retained sequence is {reply.first_retained_sequence}; their data leaves the stores "
+        f"at {wall_time(reply.removed_at_ms)}"
+    )
     return 0
 
 
@@ -122,10 +176,11 @@ def cmd_stream_list(args: argparse.Namespace) -> int:
             str(s.epoch),
             s.leader_id or "-",
             str(s.acked_index),
+            f"deleted, removed at {wall_time(s.deleted_until_ms)}" if s.deleted_until_ms else "",
         ]
         for s in reply.streams
     ]
-    print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED"])
+    print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED", ""])
     return 0
 
 
@@ -134,9 +189,12 @@ def cmd_stream_describe(args: argparse.Namespace) -> int:
         info = master.DescribeStream(
             master_pb2.DescribeStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
         )
-        segments = master.ListSegments(
-            master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
-        )
+        if info.deleted_until_ms:  # its segments are refused to readers
+            segments = master_pb2.ListSegmentsReply(stream_id=info.stream_id)
+        else:
+            segments = master.ListSegments(
+                master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+            )
     described = stream_dict(info) | {"segments": [segment_dict(s) for s in segments.segments]}
     if args.json:
         print(json.dumps(described, indent=2))
@@ -159,11 +217,48 @@ def cmd_stream_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_stream_delete(args: argparse.Namespace) -> int:
+    """Without --yes, say what would be deleted and exit 1; with it, delete (the data
+    leaves the stores after the master's grace, unless undeleted before)."""
     with master_stub(args.master, client_transport(args)) as master:
+        info = master.DescribeStream(
+            master_pb2.DescribeStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+        if info.deleted_until_ms:
+            print(
+                f"{args.name} is already deleted: its data leaves the stores at "
+                f"{wall_time(info.deleted_until_ms)} unless undeleted before"
+            )
+            return 0 if args.yes else 1
+        if not args.yes:
+            segments = master.ListSegments(
+                master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+            ).segments
+            events = sum(max(s.acked_index - (s.state == entry_pb2.SEALED), 0) for s in segments)
+            size = sum(s.bytes for s in segments)
+            print(
+                f"would delete {args.name} (stream id {info.stream_id}): {len(segments)} "
+                f"segments, about {events} events, {human_bytes(size)} per replica "
+                "(as the stores last reported)"
+            )
+            print("nothing changed; add --yes to delete")
+            return 1
         reply = master.DeleteStream(
             master_pb2.DeleteStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
         )
-    print(f"deleted {args.name} ({reply.segments} segments to remove from stores)")
+    print(
+        f"deleted {args.name} ({reply.segments} segments): refused from now on, its data "
+        f"leaves the stores at {wall_time(reply.deleted_until_ms)}; until then "
+        f"`streamengine stream undelete {args.name}` brings it back"
+    )
+    return 0
+
+
+def cmd_stream_undelete(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.UndeleteStream(
+            master_pb2.UndeleteStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+    print(f"undeleted {info.name} (stream id {info.stream_id}, epoch {info.epoch})")
     return 0
 
 
@@ -215,6 +310,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
         f"{human_bytes(status.bytes_below_w)} below W"
     )
+    pending = status.pending_deletes
+    print(f"\nPENDING DELETES: {len(pending) or 'none'}")
+    if pending:
+        print_table(
+            [
+                [
+                    p.stream,
+                    str(p.segment_epoch) if p.segment_epoch else "(stream)",
+                    wall_time(p.removed_at_ms),
+                    human_bytes(p.bytes),
+                ]
+                for p in pending
+            ],
+            ["STREAM", "SEGMENT", "REMOVED AT", "BYTES"],
+        )
     if status.durability_debt:
         print_table(
             [

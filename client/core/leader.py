@@ -148,6 +148,10 @@ RECOVERY_RETRY_MS = 1_000
 APPEND_TIMEOUT_MS = 10_000
 
 
+# The failure name of a heartbeat the master refused because the stream is deleted.
+STREAM_DELETED = "STREAM_DELETED"
+
+
 @dataclass(frozen=True, slots=True)
 class HeartbeatFailurePolicy:
     """What a failed heartbeat (by its gRPC status code name) does to the writer."""
@@ -164,6 +168,12 @@ _NEVER_GRANTED = HeartbeatFailurePolicy(
     "the master will never grant this request; a leader keeps its open segment until its "
     "lease runs out (its heartbeats renew nothing), which steps it down anyway",
 )
+_DELETED = HeartbeatFailurePolicy(
+    True,
+    True,
+    "the stream is deleted: nothing more is appended until it is undeleted (the stores "
+    "refuse its writes too), so a leader steps down at once and its appends end honestly",
+)
 # Which heartbeat failures end the writer and which are retried on schedule. A code not
 # listed is retried: only an answer that can never change ends anything.
 HEARTBEAT_FAILURES: dict[str, HeartbeatFailurePolicy] = {
@@ -173,6 +183,9 @@ HEARTBEAT_FAILURES: dict[str, HeartbeatFailurePolicy] = {
     # token makes a new writer.
     "PERMISSION_DENIED": _NEVER_GRANTED,
     "UNAUTHENTICATED": _NEVER_GRANTED,
+    # Not a gRPC code: the shell's name for a FAILED_PRECONDITION that says the stream
+    # is deleted (`se-deleted-until`); other FAILED_PRECONDITIONs are retried.
+    STREAM_DELETED: _DELETED,
     "UNAVAILABLE": _RETRIED,  # unreachable, or restarted and not granting yet
     "DEADLINE_EXCEEDED": _RETRIED,
     "CANCELLED": _RETRIED,

@@ -306,6 +306,15 @@ def every_rpc_as(
             "DescribeStream", m.DescribeStreamRequest(name="victim/data")
         ),
         "Master/DeleteStream": master("DeleteStream", m.DeleteStreamRequest(name="victim/data")),
+        "Master/UndeleteStream": master(
+            "UndeleteStream", m.UndeleteStreamRequest(name="victim/data")
+        ),
+        "Master/UpdateStream": master(
+            "UpdateStream", m.UpdateStreamRequest(name="victim/data", retention_bytes=1)
+        ),
+        "Master/TrimStream": master(
+            "TrimStream", m.TrimStreamRequest(name="victim/data", before_sequence=1 << 62)
+        ),
         "Master/WriterHeartbeat": master(
             "WriterHeartbeat", m.WriterHeartbeatRequest(stream="victim/data", client_id="x")
         ),

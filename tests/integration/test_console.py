@@ -44,7 +44,9 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
     master_args = ["--metrics-port", str(port), "--store-timeout-ms", "1500"]
     with running_cluster(tmp_path, stores=3, master_args=master_args) as cluster:
         with SyncStreamClient(cluster.master_address) as client:
-            client.create_stream("console/orders", replicas=3, write_quorum=2)
+            client.create_stream(
+                "console/orders", replicas=3, write_quorum=2, retention_age_ms=3_600_000
+            )
             with client.writer("console/orders", leadership_timeout_s=10) as writer:
                 writer.append_batch([b"event-%d" % n for n in range(100)])
         base = f"http://127.0.0.1:{port}"
@@ -78,6 +80,7 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
                 )
 
             shows("the stream", lambda: "console/orders" in table("streams"))
+            assert "1 h" in table("streams"), table("streams")  # its retention
             shows("three stores up", lambda: table("stores").count(" up") == 3)
             cluster.stores[1].kill()
 
@@ -86,6 +89,18 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
                 return bool(rows) and " down" in rows[0]
 
             shows("store1 down", store1_down)
+            import grpc
+
+            from streamengine.v1 import master_pb2, master_pb2_grpc
+
+            with grpc.insecure_channel(cluster.master_address) as channel:
+                master_pb2_grpc.MasterStub(channel).DeleteStream(
+                    master_pb2.DeleteStreamRequest(name="console/orders"), timeout=5
+                )
+            shows(
+                "the deleted stream pending",
+                lambda: "console/orders the whole stream" in table("pending"),
+            )
             driver.save_screenshot(str(ARTIFACTS / "console.png"))
         finally:
             driver.quit()

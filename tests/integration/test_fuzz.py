@@ -35,7 +35,7 @@ m = master_pb2
 s = segment_store_pb2
 P = entry_pb2.ReplicationPolicy
 CALL_TIMEOUT_S = 3.0
-# Examples per RPC and caller: 27 RPCs, a few hundred calls in all, some seconds.
+# Examples per RPC and caller: 31 RPCs, a few hundred calls in all, some seconds.
 EXAMPLES = 25
 FORGER = GrantSigner(SigningKey(bytes(range(50, 82))))
 READ_ONLY = {
@@ -135,6 +135,13 @@ class Victim:
             "Master/ListStreams": [m.ListStreamsRequest(tenant="victim")],
             "Master/DescribeStream": [m.DescribeStreamRequest(name="victim/data")],
             "Master/DeleteStream": [m.DeleteStreamRequest(name="victim/data")],
+            "Master/UndeleteStream": [m.UndeleteStreamRequest(name="victim/data")],
+            "Master/UpdateStream": [
+                m.UpdateStreamRequest(name="victim/data", retention_age_ms=1, retention_bytes=1)
+            ],
+            "Master/TrimStream": [
+                m.TrimStreamRequest(name="victim/data", before_sequence=(sealed_id.epoch + 1) << 32)
+            ],
             "Master/WriterHeartbeat": [
                 m.WriterHeartbeatRequest(stream="victim/data", client_id="victim-driver")
             ],

@@ -120,6 +120,50 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
     ("unknown stream", "DescribeStream", m.DescribeStreamRequest(name="acme/none"), Code.NOT_FOUND),
     ("delete unknown", "DeleteStream", m.DeleteStreamRequest(name="acme/none"), Code.NOT_FOUND),
     (
+        "undelete unknown",
+        "UndeleteStream",
+        m.UndeleteStreamRequest(name="acme/none"),
+        Code.NOT_FOUND,
+    ),
+    (
+        "undelete a stream not deleted",
+        "UndeleteStream",
+        m.UndeleteStreamRequest(name=STREAM),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "negative retention age",
+        "CreateStream",
+        m.CreateStreamRequest(
+            name="acme/y", policy=P(replicas=3, write_quorum=2), retention_age_ms=-1
+        ),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "negative retention bytes",
+        "UpdateStream",
+        m.UpdateStreamRequest(name=STREAM, retention_bytes=-5),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "update unknown",
+        "UpdateStream",
+        m.UpdateStreamRequest(name="acme/none", retention_bytes=5),
+        Code.NOT_FOUND,
+    ),
+    (
+        "trim unknown",
+        "TrimStream",
+        m.TrimStreamRequest(name="acme/none", before_sequence=1 << 32),
+        Code.NOT_FOUND,
+    ),
+    (
+        "trim over a segment not sealed (segment 1 is sealing, 2 open)",
+        "TrimStream",
+        m.TrimStreamRequest(name=STREAM, before_sequence=3 << 32),
+        Code.FAILED_PRECONDITION,
+    ),
+    (
         "heartbeat unknown stream",
         "WriterHeartbeat",
         m.WriterHeartbeatRequest(stream="acme/none", client_id="w"),

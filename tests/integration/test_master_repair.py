@@ -22,7 +22,15 @@ from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_stor
 STREAM = "acme/orders"
 REPLICAS = 3
 STORE_TIMEOUT_MS = 1500
-MASTER_ARGS = ["--lease-ms", "2000", "--store-timeout-ms", str(STORE_TIMEOUT_MS)]
+# Deleted streams leave at the master's next pass (about a second).
+MASTER_ARGS = [
+    "--lease-ms",
+    "2000",
+    "--store-timeout-ms",
+    str(STORE_TIMEOUT_MS),
+    "--delete-grace-s",
+    "0",
+]
 EVENTS = 20
 PAYLOAD_BYTES = 500
 
@@ -278,9 +286,16 @@ def test_deleted_stream_replicas_are_deleted_from_the_stores(cluster3: Cluster) 
         assert driver.segment is not None and len(segments) == 3, "two sealed and the open one"
         reply = stub.DeleteStream(master_pb2.DeleteStreamRequest(name=STREAM), timeout=5)
         assert reply.segments == 3
-        with pytest.raises(grpc.RpcError) as raised:
-            stub.DescribeStream(master_pb2.DescribeStreamRequest(name=STREAM), timeout=5)
-        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+        def removed() -> bool:
+            try:
+                stub.DescribeStream(master_pb2.DescribeStreamRequest(name=STREAM), timeout=5)
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.NOT_FOUND, error
+                return True
+            return False
+
+        wait_for(removed, 10, 0.1, "the deleted stream removed after its grace (0 s)")
 
     def all_deleted() -> bool:
         return not any(holds(r.address, s) for s in segments for r in s.copy_set)

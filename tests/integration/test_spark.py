@@ -86,6 +86,25 @@ def test_a_scan_returns_every_event_of_every_sealed_segment(spark: Any, cluster:
     assert {row["stream"] for row in frame.select("stream").distinct().collect()} == {"spark/scan"}
 
 
+def test_a_scan_reads_only_what_is_retained(spark: Any, cluster: Cluster) -> None:
+    import grpc
+
+    from streamengine.v1 import master_pb2, master_pb2_grpc
+
+    create_stream(cluster, "spark/trimmed")
+    made = fill(Driver(cluster.master_address, "spark/trimmed"), [30, 20, 10])
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        trimmed = master_pb2_grpc.MasterStub(channel).TrimStream(
+            master_pb2.TrimStreamRequest(
+                name="spark/trimmed", before_sequence=pack_sequence(made[2][0], 1)
+            ),
+            timeout=10,
+        )
+    assert list(trimmed.trimmed_epochs) == [made[0][0], made[1][0]]
+    # The trimmed segments are still on the stores (the grace): the scan skips them.
+    assert rows_of(load(spark, cluster, "spark/trimmed")) == expected_rows(made[2:])
+
+
 def test_a_sequence_range_reads_exactly_that_range(spark: Any, cluster: Cluster) -> None:
     create_stream(cluster, "spark/range")
     made = fill(Driver(cluster.master_address, "spark/range"), [50, 50, 50])

@@ -231,7 +231,10 @@ async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
 ) -> None:
     # The store also trusts the tests' key: they write a segment the master never gave out.
     with running_cluster(
-        tmp_path, stores=1, master_args=["--lease-ms", "300"], store_args=trust_args(tmp_path)
+        tmp_path,
+        stores=1,
+        master_args=["--lease-ms", "300", "--delete-grace-s", "0"],
+        store_args=trust_args(tmp_path),
     ) as cluster:
         async with grpc.aio.insecure_channel(cluster.master_address) as channel:
             master = master_pb2_grpc.MasterStub(channel)

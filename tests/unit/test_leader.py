@@ -12,6 +12,7 @@ import pytest
 from streamengine.client.core.leader import (
     RECONNECT_PAUSE_MS_MAX,
     RECONNECT_PAUSE_MS_MIN,
+    STREAM_DELETED,
     AppendsTimedOut,
     AskRoll,
     BecameLeader,
@@ -328,6 +329,21 @@ def test_the_core_decides_which_heartbeat_failures_end_the_writer(
     step(leader, LEASE_MS // 3, Tick())
     assert of_type(step(leader, LEASE_MS // 3 + 1, HeartbeatFailed(300, code)), SteppedDown) == []
     assert leader.role is Role.LEADING
+
+
+def test_a_deleted_stream_ends_a_follower_and_steps_a_leader_down_at_once() -> None:
+    follower = Leader(0)
+    step(follower, 0, Tick())
+    downs = of_type(step(follower, 5, HeartbeatFailed(0, STREAM_DELETED, "deleted")), SteppedDown)
+    assert [d.reason for d in downs] == [StepDownReason.REFUSED]
+    assert follower.role is Role.FINISHED
+    leader = leading()
+    step(leader, LEASE_MS // 3, Tick())
+    downs = of_type(
+        step(leader, LEASE_MS // 3 + 1, HeartbeatFailed(300, STREAM_DELETED)), SteppedDown
+    )
+    assert [d.reason for d in downs] == [StepDownReason.REFUSED]
+    assert leader.role is not Role.LEADING
 
 
 def test_reconnect_pauses_double_up_to_the_cap() -> None:

@@ -207,6 +207,7 @@ def _full_status() -> master_pb2.ClusterStatus:
         ],
         bytes_below_n=7,
         bytes_below_w=3,
+        pending_deletes=[master_pb2.PendingDelete(stream=n) for n in ("acme/a", "globex/b")],
     )
 
 
@@ -229,5 +230,18 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
     assert {s.id.stream for s in seen.under_replicated} == streams
     assert {t.segment.stream for t in seen.tasks} == streams  # a task of no stream: nobody's
     assert {d.segment.stream for d in seen.durability_debt} == streams
+    assert {p.stream for p in seen.pending_deletes} == streams
     assert seen.granting_leases
+    # A field added to the status is shown to nobody until it is filtered here.
+    assert [f.name for f in master_pb2.ClusterStatus.DESCRIPTOR.fields] == [
+        "stores",
+        "streams",
+        "under_replicated",
+        "tasks",
+        "granting_leases",
+        "durability_debt",
+        "bytes_below_n",
+        "bytes_below_w",
+        "pending_deletes",
+    ]
     assert (seen.bytes_below_n, seen.bytes_below_w) == sums

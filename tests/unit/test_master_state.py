@@ -60,6 +60,14 @@ def beat(m: Master, client: str, epoch: int = 0):
     return m.state.writer_heartbeat("t/s", client, epoch, 0, 0, m.now)
 
 
+def delete_and_remove(m: Master, name: str) -> int:
+    """Delete `name` and let its grace pass: its records go, its replicas are garbage."""
+    segments, until = m.state.delete_stream(name, m.now)
+    m.now = until
+    assert m.state.remove_due(m.now)[0] == [name]
+    return segments
+
+
 def snapshot(m: Master):
     s = m.state
     return (dict(s.streams), dict(s.segments), dict(s.tenants), dict(s.stores), set(s.deletes))
@@ -246,7 +254,7 @@ def test_create_stream_refused_changes_nothing(
 def test_create_stream_is_idempotent_and_ids_are_never_reused(master: Master) -> None:
     same = master.state.create_stream("t/s", 3, 2, 0, 0, False, master.now)
     assert same.stream_id == 1
-    master.state.delete_stream("t/s")
+    delete_and_remove(master, "t/s")
     again = master.state.create_stream("t/s", 3, 2, 0, 0, False, master.now)
     assert again.stream_id == 2
     assert master.restart().next_stream_id == 3
@@ -255,7 +263,7 @@ def test_create_stream_is_idempotent_and_ids_are_never_reused(master: Master) ->
 def test_delete_stream_has_stores_delete_its_replicas(master: Master) -> None:
     segment = beat(master, "w1").segment
     assert segment is not None
-    assert master.state.delete_stream("t/s") == 1
+    assert delete_and_remove(master, "t/s") == 1
     held = {segment.key: Held(1, 0, 3, 10)}
     for member in segment.copy_set:
         assert master.state.store_heartbeat(member, 10, 0, held, master.now) == [segment.key]
@@ -271,7 +279,7 @@ def test_replicas_of_a_deleted_stream_outside_its_copy_sets_are_garbage(master: 
     segment = beat(master, "w1").segment
     assert segment is not None
     outsider = next(s for s in ("a", "b", "c", "d") if s not in segment.copy_set)
-    master.state.delete_stream("t/s")
+    delete_and_remove(master, "t/s")
     held = {segment.key: Held(1, 0, 3, 10)}
     assert master.state.store_heartbeat(outsider, 10, 0, held, master.now) == [segment.key]
 

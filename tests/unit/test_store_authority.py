@@ -17,6 +17,7 @@ from streamengine.segment_store.authority import (
     GrantRefused,
     NoSigningKeyYet,
     StoreAuthority,
+    StreamDeleted,
     WriteStreamGrants,
     check_grant,
 )
@@ -233,3 +234,15 @@ def test_the_core_keeps_the_authority_record() -> None:
     record = AuthorityRecord((KEY.public_key,), 2, (("a" * 16, 10),)).encode()
     SegmentStoreCore(kv).execute(KeepAuthorityCommand(record))
     assert SegmentStoreCore(kv).authority_record() == record
+
+
+def test_a_stream_the_master_lists_as_deleted_is_refused_until_it_is_listed_no_more() -> None:
+    checks = StoreAuthority("s1")
+    checks.check_not_deleted(7)
+    checks.deleted_streams = {7: 123_000}
+    with pytest.raises(StreamDeleted) as refused:
+        checks.check_not_deleted(7)
+    assert refused.value.deleted_until_ms == 123_000
+    checks.check_not_deleted(8)
+    checks.deleted_streams = {}
+    checks.check_not_deleted(7)

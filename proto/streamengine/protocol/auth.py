@@ -34,7 +34,7 @@ class Role(enum.IntEnum):
 
     READ = 1  # describe, list, read, subscribe, Spark
     WRITE = 2  # + lead, append, seal the tenant's streams
-    ADMIN = 3  # + create and delete the tenant's streams
+    ADMIN = 3  # + create, update, trim, delete and undelete the tenant's streams
 
 
 class PrincipalKind(enum.Enum):
@@ -92,6 +92,9 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/ListStreams": Need.ANY_FILTERED,
     "Master/DescribeStream": Need.TENANT_READ,
     "Master/DeleteStream": Need.TENANT_ADMIN,
+    "Master/UndeleteStream": Need.TENANT_ADMIN,
+    "Master/UpdateStream": Need.TENANT_ADMIN,
+    "Master/TrimStream": Need.TENANT_ADMIN,
     "Master/WriterHeartbeat": Need.TENANT_WRITE,
     "Master/ReleaseLease": Need.TENANT_WRITE,
     "Master/RollSegment": Need.TENANT_WRITE,

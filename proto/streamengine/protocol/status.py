@@ -16,3 +16,7 @@ FENCE_UNKNOWN = 1 << 63
 # Trailing metadata of the UNAVAILABLE a standby master answers: the address of the
 # active master, when the standby knows it (`masters.next_master` follows it).
 ACTIVE_MASTER_METADATA_KEY = "se-active-master"
+
+# Trailing metadata of the FAILED_PRECONDITION the master answers for a stream deleted and
+# pending removal: when its data goes (wall-clock ms), so the SDK raises StreamDeleted.
+DELETED_UNTIL_METADATA_KEY = "se-deleted-until"

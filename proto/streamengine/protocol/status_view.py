@@ -25,6 +25,11 @@ def stream_dict(info: master_pb2.StreamInfo) -> dict[str, Any]:
         "acked_index": info.acked_index,
         "open_segment": info.open_segment_epoch,
         "unsealed_segments": info.unsealed_segments,
+        "retention_age_ms": info.retention_age_ms,
+        "retention_bytes": info.retention_bytes,
+        "trimmed_through_epoch": info.trimmed_through_epoch,
+        "first_retained_sequence": info.first_retained_sequence,
+        "deleted_until_ms": info.deleted_until_ms,
     }
 
 
@@ -77,6 +82,19 @@ def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
                 for d in status.durability_debt
             ],
         },
+        "pending_deletes": [pending_dict(p) for p in status.pending_deletes],
+    }
+
+
+def pending_dict(pending: master_pb2.PendingDelete) -> dict[str, Any]:
+    """Data the stores still hold of a deleted stream (segment 0) or a trimmed segment,
+    and when it goes (wall-clock ms)."""
+    return {
+        "stream": pending.stream,
+        "segment": pending.segment_epoch,
+        "kind": "trim" if pending.segment_epoch else "stream",
+        "removed_at_ms": pending.removed_at_ms,
+        "bytes": pending.bytes,
     }
 
 

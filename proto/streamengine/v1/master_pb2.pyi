@@ -10,7 +10,10 @@ Errors (gRPC status):
 - NOT_FOUND: unknown tenant, stream, segment or store.
 - ALREADY_EXISTS: creating a stream or tenant that exists (with another policy).
 - FAILED_PRECONDITION: a caller that does not hold the lease or whose epoch is
-  stale; a roll while two segments are unsealed; not enough live stores.
+  stale; a roll while two segments are unsealed; not enough live stores; a trim
+  that would take a segment not yet sealed; a stream deleted and pending removal
+  (trailing metadata `se-deleted-until`: when its data goes; UndeleteStream before
+  then brings it back).
 - PERMISSION_DENIED: the caller may not make this call (its certificate or token
   does not allow it, or its token is invalid, expired or revoked), or a
   SealSegment, ReleaseLease or RollSegment without a valid grant of the caller's
@@ -307,6 +310,7 @@ class StoreHeartbeatReply(_message.Message):
     REVOKED_TOKENS_FIELD_NUMBER: _builtins.int
     TENANT_APPEND_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     SCRUB_FIRST_FIELD_NUMBER: _builtins.int
+    DELETED_STREAMS_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -336,6 +340,13 @@ class StoreHeartbeatReply(_message.Message):
     def scrub_first(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
         """Replicas to scrub before any other: a reader or a repair found them suspect."""
 
+    @_builtins.property
+    def deleted_streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeletedStream]:
+        """Streams deleted and pending removal (all of them, every reply): the store refuses
+        their Write and Subscribe calls (FAILED_PRECONDITION, `se-deleted-until`) until a
+        reply no longer lists them. Reads (copies, Spark partitions) go on.
+        """
+
     def __init__(
         self,
         *,
@@ -346,14 +357,38 @@ class StoreHeartbeatReply(_message.Message):
         revoked_tokens: _abc.Iterable[Global___RevokedToken] | None = ...,
         tenant_append_bytes_per_s: _builtins.int = ...,
         scrub_first: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
+        deleted_streams: _abc.Iterable[Global___DeletedStream] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreHeartbeatReply: _TypeAlias = StoreHeartbeatReply  # noqa: Y015
+
+@_typing.final
+class DeletedStream(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    deleted_until_ms: _builtins.int
+    """Wall-clock ms when its data goes, unless undeleted."""
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        deleted_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeletedStream: _TypeAlias = DeletedStream  # noqa: Y015
 
 @_typing.final
 class CreateTenantRequest(_message.Message):
@@ -443,6 +478,8 @@ class CreateStreamRequest(_message.Message):
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
     SEGMENT_AGE_MS_FIELD_NUMBER: _builtins.int
     CREATE_TENANT_FIELD_NUMBER: _builtins.int
+    RETENTION_AGE_MS_FIELD_NUMBER: _builtins.int
+    RETENTION_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """`tenant/stream`: each part 1 to 64 of [A-Za-z0-9._-], not starting with '.'."""
     segment_bytes: _builtins.int
@@ -451,6 +488,12 @@ class CreateStreamRequest(_message.Message):
     """Roll the open segment once it is this old (0: default)."""
     create_tenant: _builtins.bool
     """Create the tenant if it does not exist."""
+    retention_age_ms: _builtins.int
+    """Retention: the master trims whole sealed segments from the head of the stream
+    once their seal is older than this (0: no limit; negative: INVALID_ARGUMENT).
+    """
+    retention_bytes: _builtins.int
+    """... or while the bytes retained without the oldest segment exceed this (0: none)."""
     @_builtins.property
     def policy(self) -> _entry_pb2.ReplicationPolicy: ...
     def __init__(
@@ -461,10 +504,12 @@ class CreateStreamRequest(_message.Message):
         segment_bytes: _builtins.int = ...,
         segment_age_ms: _builtins.int = ...,
         create_tenant: _builtins.bool = ...,
+        retention_age_ms: _builtins.int = ...,
+        retention_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_tenant", b"create_tenant", "name", b"name", "policy", b"policy", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_tenant", b"create_tenant", "name", b"name", "policy", b"policy", "retention_age_ms", b"retention_age_ms", "retention_bytes", b"retention_bytes", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -485,6 +530,11 @@ class StreamInfo(_message.Message):
     OPEN_SEGMENT_EPOCH_FIELD_NUMBER: _builtins.int
     UNSEALED_SEGMENTS_FIELD_NUMBER: _builtins.int
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    RETENTION_AGE_MS_FIELD_NUMBER: _builtins.int
+    RETENTION_BYTES_FIELD_NUMBER: _builtins.int
+    TRIMMED_THROUGH_EPOCH_FIELD_NUMBER: _builtins.int
+    FIRST_RETAINED_SEQUENCE_FIELD_NUMBER: _builtins.int
+    DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     stream_id: _builtins.int
     segment_bytes: _builtins.int
@@ -502,6 +552,15 @@ class StreamInfo(_message.Message):
     unsealed_segments: _builtins.int
     """Segments not yet sealed (at most 2)."""
     created_at_ms: _builtins.int
+    retention_age_ms: _builtins.int
+    """Retention limits (0: none)."""
+    retention_bytes: _builtins.int
+    trimmed_through_epoch: _builtins.int
+    """Segments of this epoch and earlier are trimmed (0: none ever was)."""
+    first_retained_sequence: _builtins.int
+    """The first sequence readers may ask for (0 while nothing is trimmed)."""
+    deleted_until_ms: _builtins.int
+    """Wall-clock ms when a deleted stream's data goes (0: not deleted)."""
     @_builtins.property
     def policy(self) -> _entry_pb2.ReplicationPolicy: ...
     def __init__(
@@ -518,10 +577,15 @@ class StreamInfo(_message.Message):
         open_segment_epoch: _builtins.int = ...,
         unsealed_segments: _builtins.int = ...,
         created_at_ms: _builtins.int = ...,
+        retention_age_ms: _builtins.int = ...,
+        retention_bytes: _builtins.int = ...,
+        trimmed_through_epoch: _builtins.int = ...,
+        first_retained_sequence: _builtins.int = ...,
+        deleted_until_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "created_at_ms", b"created_at_ms", "epoch", b"epoch", "leader_id", b"leader_id", "name", b"name", "open_segment_epoch", b"open_segment_epoch", "policy", b"policy", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "stream_id", b"stream_id", "unsealed_segments", b"unsealed_segments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "created_at_ms", b"created_at_ms", "deleted_until_ms", b"deleted_until_ms", "epoch", b"epoch", "first_retained_sequence", b"first_retained_sequence", "leader_id", b"leader_id", "name", b"name", "open_segment_epoch", b"open_segment_epoch", "policy", b"policy", "retention_age_ms", b"retention_age_ms", "retention_bytes", b"retention_bytes", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "stream_id", b"stream_id", "trimmed_through_epoch", b"trimmed_through_epoch", "unsealed_segments", b"unsealed_segments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -610,20 +674,137 @@ class DeleteStreamReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
     segments: _builtins.int
     """Segments whose replicas will be deleted from their stores."""
+    deleted_until_ms: _builtins.int
+    """Wall-clock ms when they are, unless the stream is undeleted before."""
     def __init__(
         self,
         *,
         segments: _builtins.int = ...,
+        deleted_until_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["segments", b"segments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "segments", b"segments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteStreamReply: _TypeAlias = DeleteStreamReply  # noqa: Y015
+
+@_typing.final
+class UndeleteStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndeleteStreamRequest: _TypeAlias = UndeleteStreamRequest  # noqa: Y015
+
+@_typing.final
+class UpdateStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    RETENTION_AGE_MS_FIELD_NUMBER: _builtins.int
+    RETENTION_BYTES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    retention_age_ms: _builtins.int
+    """Set: the new limit (0: none; negative: INVALID_ARGUMENT). Unset: unchanged."""
+    retention_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        retention_age_ms: _builtins.int | None = ...,
+        retention_bytes: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_retention_age_ms", b"_retention_age_ms", "_retention_bytes", b"_retention_bytes", "retention_age_ms", b"retention_age_ms", "retention_bytes", b"retention_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_retention_age_ms", b"_retention_age_ms", "_retention_bytes", b"_retention_bytes", "name", b"name", "retention_age_ms", b"retention_age_ms", "retention_bytes", b"retention_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__retention_age_ms: _TypeAlias = _typing.Literal["retention_age_ms"]  # noqa: Y015
+    _WhichOneofArgType__retention_age_ms: _TypeAlias = _typing.Literal["_retention_age_ms", b"_retention_age_ms"]  # noqa: Y015
+    _WhichOneofReturnType__retention_bytes: _TypeAlias = _typing.Literal["retention_bytes"]  # noqa: Y015
+    _WhichOneofArgType__retention_bytes: _TypeAlias = _typing.Literal["_retention_bytes", b"_retention_bytes"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retention_age_ms) -> _WhichOneofReturnType__retention_age_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__retention_bytes) -> _WhichOneofReturnType__retention_bytes | None: ...
+
+Global___UpdateStreamRequest: _TypeAlias = UpdateStreamRequest  # noqa: Y015
+
+@_typing.final
+class TrimStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BEFORE_SEQUENCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    before_sequence: _builtins.int
+    """Trim every segment whose events all sort before this sequence (epoch << 32 |
+    index). Each must be sealed (else FAILED_PRECONDITION, nothing trimmed).
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        before_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["before_sequence", b"before_sequence", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrimStreamRequest: _TypeAlias = TrimStreamRequest  # noqa: Y015
+
+@_typing.final
+class TrimStreamReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIMMED_EPOCHS_FIELD_NUMBER: _builtins.int
+    TRIMMED_ENTRIES_FIELD_NUMBER: _builtins.int
+    TRIMMED_BYTES_FIELD_NUMBER: _builtins.int
+    FIRST_RETAINED_SEQUENCE_FIELD_NUMBER: _builtins.int
+    REMOVED_AT_MS_FIELD_NUMBER: _builtins.int
+    trimmed_entries: _builtins.int
+    """Events (entries up to each bridge) and bytes they held, as last reported."""
+    trimmed_bytes: _builtins.int
+    first_retained_sequence: _builtins.int
+    removed_at_ms: _builtins.int
+    """Wall-clock ms when their data goes from the stores."""
+    @_builtins.property
+    def trimmed_epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Epochs of the segments trimmed now, oldest first (empty: nothing to trim)."""
+
+    def __init__(
+        self,
+        *,
+        trimmed_epochs: _abc.Iterable[_builtins.int] | None = ...,
+        trimmed_entries: _builtins.int = ...,
+        trimmed_bytes: _builtins.int = ...,
+        first_retained_sequence: _builtins.int = ...,
+        removed_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_retained_sequence", b"first_retained_sequence", "removed_at_ms", b"removed_at_ms", "trimmed_bytes", b"trimmed_bytes", "trimmed_entries", b"trimmed_entries", "trimmed_epochs", b"trimmed_epochs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrimStreamReply: _TypeAlias = TrimStreamReply  # noqa: Y015
 
 @_typing.final
 class WriterHeartbeatRequest(_message.Message):
@@ -861,20 +1042,30 @@ class ListSegmentsReply(_message.Message):
 
     STREAM_ID_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    TRIMMED_THROUGH_EPOCH_FIELD_NUMBER: _builtins.int
+    FIRST_RETAINED_SEQUENCE_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
+    trimmed_through_epoch: _builtins.int
+    """Segments of this epoch and earlier are trimmed: a reader at a position of such an
+    epoch is told `Trimmed` (0: nothing was ever trimmed).
+    """
+    first_retained_sequence: _builtins.int
+    """Where a reader asking for "earliest" starts (0 while nothing is trimmed)."""
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Segment]:
-        """Oldest first."""
+        """Oldest first; trimmed segments are never listed."""
 
     def __init__(
         self,
         *,
         stream_id: _builtins.int = ...,
         segments: _abc.Iterable[_entry_pb2.Segment] | None = ...,
+        trimmed_through_epoch: _builtins.int = ...,
+        first_retained_sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["segments", b"segments", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_retained_sequence", b"first_retained_sequence", "segments", b"segments", "stream_id", b"stream_id", "trimmed_through_epoch", b"trimmed_through_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1118,6 +1309,7 @@ class ClusterStatus(_message.Message):
     DURABILITY_DEBT_FIELD_NUMBER: _builtins.int
     BYTES_BELOW_N_FIELD_NUMBER: _builtins.int
     BYTES_BELOW_W_FIELD_NUMBER: _builtins.int
+    PENDING_DELETES_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
     bytes_below_n: _builtins.int
@@ -1142,6 +1334,12 @@ class ClusterStatus(_message.Message):
         most DURABILITY_WORST_MAX of them.
         """
 
+    @_builtins.property
+    def pending_deletes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PendingDelete]:
+        """Deleted streams and trimmed segments whose data the stores still hold, and when
+        it goes.
+        """
+
     def __init__(
         self,
         *,
@@ -1153,14 +1351,45 @@ class ClusterStatus(_message.Message):
         durability_debt: _abc.Iterable[Global___SegmentDebt] | None = ...,
         bytes_below_n: _builtins.int = ...,
         bytes_below_w: _builtins.int = ...,
+        pending_deletes: _abc.Iterable[Global___PendingDelete] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStatus: _TypeAlias = ClusterStatus  # noqa: Y015
+
+@_typing.final
+class PendingDelete(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    SEGMENT_EPOCH_FIELD_NUMBER: _builtins.int
+    REMOVED_AT_MS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    segment_epoch: _builtins.int
+    """0: the whole stream; else one trimmed segment."""
+    removed_at_ms: _builtins.int
+    """Wall-clock ms."""
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        segment_epoch: _builtins.int = ...,
+        removed_at_ms: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "removed_at_ms", b"removed_at_ms", "segment_epoch", b"segment_epoch", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PendingDelete: _TypeAlias = PendingDelete  # noqa: Y015
 
 @_typing.final
 class SegmentDebt(_message.Message):

@@ -75,6 +75,21 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.DeleteStreamRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.DeleteStreamReply.FromString,
                 _registered_method=True)
+        self.UndeleteStream = channel.unary_unary(
+                '/streamengine.v1.Master/UndeleteStream',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.UndeleteStreamRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.StreamInfo.FromString,
+                _registered_method=True)
+        self.UpdateStream = channel.unary_unary(
+                '/streamengine.v1.Master/UpdateStream',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.UpdateStreamRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.StreamInfo.FromString,
+                _registered_method=True)
+        self.TrimStream = channel.unary_unary(
+                '/streamengine.v1.Master/TrimStream',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.TrimStreamRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.TrimStreamReply.FromString,
+                _registered_method=True)
         self.WriterHeartbeat = channel.unary_unary(
                 '/streamengine.v1.Master/WriterHeartbeat',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatRequest.SerializeToString,
@@ -185,7 +200,31 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteStream(self, request, context):
+        """Deletes in two phases: the stream is refused at once and its data is removed
+        from the stores only after the master's grace period (`--delete-grace-s`);
+        UndeleteStream within the grace brings it back whole.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndeleteStream(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateStream(self, request, context):
+        """Retention limits of a stream (only the fields set change).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrimStream(self, request, context):
+        """Trim whole sealed segments entirely before a sequence; their data goes from the
+        stores after the grace period, readers are refused them at once.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -315,6 +354,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.DeleteStream,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.DeleteStreamRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.DeleteStreamReply.SerializeToString,
+            ),
+            'UndeleteStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndeleteStream,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.UndeleteStreamRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.StreamInfo.SerializeToString,
+            ),
+            'UpdateStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateStream,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.UpdateStreamRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.StreamInfo.SerializeToString,
+            ),
+            'TrimStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrimStream,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.TrimStreamRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.TrimStreamReply.SerializeToString,
             ),
             'WriterHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.WriterHeartbeat,
@@ -593,6 +647,87 @@ class Master:
             '/streamengine.v1.Master/DeleteStream',
             streamengine_dot_v1_dot_master__pb2.DeleteStreamRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.DeleteStreamReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndeleteStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/UndeleteStream',
+            streamengine_dot_v1_dot_master__pb2.UndeleteStreamRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.StreamInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/UpdateStream',
+            streamengine_dot_v1_dot_master__pb2.UpdateStreamRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.StreamInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrimStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/TrimStream',
+            streamengine_dot_v1_dot_master__pb2.TrimStreamRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.TrimStreamReply.FromString,
             options,
             channel_credentials,
             insecure,

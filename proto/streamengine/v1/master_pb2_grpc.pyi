@@ -10,7 +10,10 @@ Errors (gRPC status):
 - NOT_FOUND: unknown tenant, stream, segment or store.
 - ALREADY_EXISTS: creating a stream or tenant that exists (with another policy).
 - FAILED_PRECONDITION: a caller that does not hold the lease or whose epoch is
-  stale; a roll while two segments are unsealed; not enough live stores.
+  stale; a roll while two segments are unsealed; not enough live stores; a trim
+  that would take a segment not yet sealed; a stream deleted and pending removal
+  (trailing metadata `se-deleted-until`: when its data goes; UndeleteStream before
+  then brings it back).
 - PERMISSION_DENIED: the caller may not make this call (its certificate or token
   does not allow it, or its token is invalid, expired or revoked), or a
   SealSegment, ReleaseLease or RollSegment without a valid grant of the caller's
@@ -60,6 +63,17 @@ class MasterStub:
     ListStreams: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListStreamsRequest, _master_pb2.ListStreamsReply]
     DescribeStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.DescribeStreamRequest, _master_pb2.StreamInfo]
     DeleteStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.DeleteStreamRequest, _master_pb2.DeleteStreamReply]
+    """Deletes in two phases: the stream is refused at once and its data is removed
+    from the stores only after the master's grace period (`--delete-grace-s`);
+    UndeleteStream within the grace brings it back whole.
+    """
+    UndeleteStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.UndeleteStreamRequest, _master_pb2.StreamInfo]
+    UpdateStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.UpdateStreamRequest, _master_pb2.StreamInfo]
+    """Retention limits of a stream (only the fields set change)."""
+    TrimStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.TrimStreamRequest, _master_pb2.TrimStreamReply]
+    """Trim whole sealed segments entirely before a sequence; their data goes from the
+    stores after the grace period, readers are refused them at once.
+    """
     WriterHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.WriterHeartbeatRequest, _master_pb2.WriterHeartbeatReply]
     """Writers: leases and epochs."""
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_master_pb2.ReleaseLeaseRequest, _master_pb2.ReleaseLeaseReply]
@@ -100,6 +114,17 @@ class MasterAsyncStub(MasterStub):
     ListStreams: _aio.UnaryUnaryMultiCallable[_master_pb2.ListStreamsRequest, _master_pb2.ListStreamsReply]  # type: ignore[assignment]
     DescribeStream: _aio.UnaryUnaryMultiCallable[_master_pb2.DescribeStreamRequest, _master_pb2.StreamInfo]  # type: ignore[assignment]
     DeleteStream: _aio.UnaryUnaryMultiCallable[_master_pb2.DeleteStreamRequest, _master_pb2.DeleteStreamReply]  # type: ignore[assignment]
+    """Deletes in two phases: the stream is refused at once and its data is removed
+    from the stores only after the master's grace period (`--delete-grace-s`);
+    UndeleteStream within the grace brings it back whole.
+    """
+    UndeleteStream: _aio.UnaryUnaryMultiCallable[_master_pb2.UndeleteStreamRequest, _master_pb2.StreamInfo]  # type: ignore[assignment]
+    UpdateStream: _aio.UnaryUnaryMultiCallable[_master_pb2.UpdateStreamRequest, _master_pb2.StreamInfo]  # type: ignore[assignment]
+    """Retention limits of a stream (only the fields set change)."""
+    TrimStream: _aio.UnaryUnaryMultiCallable[_master_pb2.TrimStreamRequest, _master_pb2.TrimStreamReply]  # type: ignore[assignment]
+    """Trim whole sealed segments entirely before a sequence; their data goes from the
+    stores after the grace period, readers are refused them at once.
+    """
     WriterHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.WriterHeartbeatRequest, _master_pb2.WriterHeartbeatReply]  # type: ignore[assignment]
     """Writers: leases and epochs."""
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_master_pb2.ReleaseLeaseRequest, _master_pb2.ReleaseLeaseReply]  # type: ignore[assignment]
@@ -184,7 +209,36 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _master_pb2.DeleteStreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_master_pb2.DeleteStreamReply, _abc.Awaitable[_master_pb2.DeleteStreamReply]]: ...
+    ) -> _typing.Union[_master_pb2.DeleteStreamReply, _abc.Awaitable[_master_pb2.DeleteStreamReply]]:
+        """Deletes in two phases: the stream is refused at once and its data is removed
+        from the stores only after the master's grace period (`--delete-grace-s`);
+        UndeleteStream within the grace brings it back whole.
+        """
+
+    @_abc_1.abstractmethod
+    def UndeleteStream(
+        self,
+        request: _master_pb2.UndeleteStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.StreamInfo, _abc.Awaitable[_master_pb2.StreamInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateStream(
+        self,
+        request: _master_pb2.UpdateStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.StreamInfo, _abc.Awaitable[_master_pb2.StreamInfo]]:
+        """Retention limits of a stream (only the fields set change)."""
+
+    @_abc_1.abstractmethod
+    def TrimStream(
+        self,
+        request: _master_pb2.TrimStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.TrimStreamReply, _abc.Awaitable[_master_pb2.TrimStreamReply]]:
+        """Trim whole sealed segments entirely before a sequence; their data goes from the
+        stores after the grace period, readers are refused them at once.
+        """
 
     @_abc_1.abstractmethod
     def WriterHeartbeat(
