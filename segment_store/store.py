@@ -259,6 +259,9 @@ class _Work:
     # Copies written by the plan so far, per segment then index.
     pending: dict[SegmentKey, dict[int, _Held]] = field(default_factory=dict)
     deleted: set[SegmentKey] = field(default_factory=set)
+    # Segments whose copies past an index the plan dropped: the KV still holds them
+    # until the plan is written.
+    dropped_past: dict[SegmentKey, int] = field(default_factory=dict)
     ops: list[KVOp] = field(default_factory=list)
     tenants: dict[int, str] = field(default_factory=dict)
 
@@ -273,6 +276,8 @@ class _Work:
         found = self.pending.get(segment, {}).get(index)
         if found is not None or segment in self.deleted:
             return found
+        if index > self.dropped_past.get(segment, INDEX_MAX):
+            return None
         value = self.kv.get(entry_key(segment.stream_id, segment.epoch, index))
         if value is None:
             return None
@@ -570,12 +575,18 @@ class SegmentStoreCore:
         end = segment_entries_range(segment.stream_id, segment.epoch)[1]
         sizes: dict[int, int] = {}
         if segment not in work.deleted:
-            for key, value in work.kv.scan(start, end):
-                sizes[entry_index(key)] = len(value) - VALUE_HEADER_BYTES
+            # What an earlier command of the plan dropped is still in the KV.
+            kv_end = end
+            if segment in work.dropped_past:
+                kv_end = entry_key(segment.stream_id, segment.epoch, work.dropped_past[segment] + 1)
+            if start < kv_end:
+                for key, value in work.kv.scan(start, kv_end):
+                    sizes[entry_index(key)] = len(value) - VALUE_HEADER_BYTES
         pending = work.pending.get(segment, {})
         for index in [i for i in pending if i > final]:
             sizes[index] = pending.pop(index)[2]
         work.ops.append(DeleteRange(start, end))
+        work.dropped_past[segment] = min(final, work.dropped_past.get(segment, INDEX_MAX))
         dropped = dataclasses.replace(
             meta,
             # Nothing past the bridge is the segment's, whatever a leader called acked.

@@ -203,6 +203,24 @@ def test_a_stale_copy_past_the_bridge_goes_once_the_acked_index_reaches_it(
     assert [e.index for e in core.read(SEG, 60)] == list(range(60, 71))
 
 
+def test_a_plan_counts_what_an_earlier_command_dropped_past_the_bridge_as_gone(
+    core: SegmentStoreCore,
+) -> None:
+    core.write(SEG, 3, 0, events(1, 5))
+    plan = core.plan(
+        [
+            WriteCommand(SEG, 4, 2, (ev(1, 4), StoredEntry.make(2, BRIDGE, 4))),
+            WriteCommand(SEG, 4, 2, (ev(3, 4),)),  # past the final bridge: dropped too
+        ]
+    )
+    core.apply(plan)
+    state = core.state(SEG)
+    assert (state.last_index, state.matched_index, state.acked_index) == (2, 2, 2)
+    assert state.bytes == len(ev(1, 4).payload)
+    assert [e.index for e in core.read(SEG, 1)] == [1, 2]
+    assert SegmentStoreCore(core.kv).state(SEG) == state  # what a restart finds
+
+
 def test_copies_past_a_bridge_the_acked_index_has_not_reached_stay(
     core: SegmentStoreCore,
 ) -> None:

@@ -125,7 +125,7 @@ def _check(core: SegmentStoreCore, twins: dict[SegmentKey, Twin]) -> None:
         ]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(steps, max_size=12))
 def test_the_store_agrees_with_a_naive_twin_through_groups_and_restarts(
     schedule: list[tuple[str, list[Command]]],
