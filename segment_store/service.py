@@ -41,6 +41,7 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_ENTRIES_MAX,
 )
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.segment_records import RECORD_BYTES_MAX
 from streamengine.protocol.signing import NoVerifyingKey
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.segment_store import metrics, tail
@@ -65,7 +66,9 @@ from streamengine.segment_store.store import (
     DeleteCommand,
     DeleteResult,
     KeepAuthorityCommand,
+    KeepRecordsCommand,
     Outcome,
+    RecordsKept,
     SealCommand,
     SealResult,
     SegmentKey,
@@ -173,6 +176,12 @@ async def _abort(
     await context.abort(code, str(error), trailing_metadata=trailing)
 
 
+# Segments per ListSegmentRecords reply: each at most `RECORD_BYTES_MAX` bytes, a reply
+# stays well under the gRPC message limit.
+SEGMENT_RECORDS_PER_PAGE = 128
+assert SEGMENT_RECORDS_PER_PAGE * (RECORD_BYTES_MAX + 1024) < GRPC_MESSAGE_BYTES_MAX
+
+
 def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
     key = SegmentKey(segment.stream_id, segment.epoch)
     check_segment(key)
@@ -254,6 +263,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         if isinstance(outcome, Exception):
             raise outcome
         assert isinstance(outcome, AuthorityKept)
+
+    async def keep_records(self, records: Sequence[tuple[SegmentKey, bytes]]) -> int:
+        """Keep the master's records of segments this store holds, durably; returns how
+        many were kept (a record of a segment not held is dropped)."""
+        outcome = await self.committer.submit(KeepRecordsCommand(tuple(records)))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, RecordsKept)
+        return len(outcome.kept)
 
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)
@@ -487,6 +505,40 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             bytes=state.bytes,
             bridge_index=state.bridge_index,
         )
+
+    async def ListSegmentRecords(
+        self,
+        request: segment_store_pb2.ListSegmentRecordsRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.ListSegmentRecordsRequest,
+            segment_store_pb2.ListSegmentRecordsReply,
+        ],
+    ) -> segment_store_pb2.ListSegmentRecordsReply:
+        try:
+            self.require(context, "ListSegmentRecords")
+        except StoreError as error:
+            await _abort(context, error)
+        after = SegmentKey(request.after_stream_id, request.after_epoch)
+        segments = [s for s in self.core.segments() if s > after]
+        page = segments[:SEGMENT_RECORDS_PER_PAGE]
+        records = await self.in_thread(lambda: [self.core.segment_record(s) for s in page])
+        reply = segment_store_pb2.ListSegmentRecordsReply(more=len(segments) > len(page))
+        for segment, record in zip(page, records, strict=True):
+            meta = self.core.meta(segment)
+            if meta is None:
+                continue  # deleted meanwhile
+            reply.segments.append(
+                segment_store_pb2.HeldSegmentRecord(
+                    segment=_segment_pb(segment),
+                    fence=meta.fence,
+                    acked_index=meta.acked_index,
+                    last_index=meta.last_index,
+                    bridge_index=meta.bridge_index,
+                    tenant=self.core.tenant_of(segment.stream_id),
+                    record=record,
+                )
+            )
+        return reply
 
     # ---- Read, Digest ----
 
