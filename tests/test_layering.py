@@ -57,6 +57,7 @@ PURE_PROTOCOL = [
     "grants.py",
     "tokens.py",
     "auth.py",
+    "segment_records.py",
 ]
 PURE_MASTER = [
     "leadership.py",
@@ -66,6 +67,7 @@ PURE_MASTER = [
     "model.py",
     "errors.py",
     "authority.py",
+    "rebuild.py",
 ]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
 # the live tail, the scrub, the grants and callers it takes.
