@@ -30,6 +30,7 @@ from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.records import RecordEncodings
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, WriterView
@@ -72,6 +73,10 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     MetadataError: grpc.StatusCode.UNAVAILABLE,
 }
 
+# What a master rebuilding its metadata serves: the stores (they register and report),
+# and the cluster's status.
+SERVED_WHILE_REBUILDING = frozenset({"RegisterStore", "StoreHeartbeat", "GetClusterStatus"})
+
 _TASK_STATE = {
     "PENDING": master_pb2.RepairTask.PENDING,
     "RUNNING": master_pb2.RepairTask.RUNNING,
@@ -107,6 +112,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
         # lists, signing keys, revocations), which take them from its certificate only.
         self.signer = signer
         self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
+        # Segment records as sent to the stores (`master.records`).
+        self.records = RecordEncodings()
+        # While the metadata is rebuilt from the stores (`master --rebuild`), only the
+        # stores' calls and the status are served; every other call is UNAVAILABLE.
+        self.rebuilding = False
 
     # ---- who calls ----
 
@@ -169,6 +179,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
         now_ms = self.clock_ms()
         try:
             self.role.serving(now_ms)
+            if self.rebuilding and method not in SERVED_WHILE_REBUILDING:
+                raise errors.NotReady(
+                    f"{method}: the master is rebuilding its metadata from the stores"
+                )
             result = action(now_ms)
         except errors.MasterError as error:
             code = status_of(error)
@@ -319,6 +333,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             for h in request.segments
         }
+        versions = {
+            (h.segment.stream_id, h.segment.epoch): h.record_version for h in request.segments
+        }
 
         def beat(now: int) -> list[SegmentKey] | None:
             self._require_store(context, "StoreHeartbeat", request.store_id)
@@ -344,6 +361,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in self.state.take_scrub_first(request.store_id)
             ],
+            segment_records=self.records.to_send(
+                request.store_id,
+                versions,
+                self.state.segments,
+                lambda stream_id: self.state.streams.get(self.state.stream_name(stream_id)),
+            ),
         )
         if request.revocations_version != revocations.version:
             reply.revoked_tokens.extend(
