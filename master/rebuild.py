@@ -8,7 +8,9 @@ own fence, acked index and acked bridge of it. From those:
 - a stream is named by its records (the record of its highest epoch wins; a record
   that names it otherwise is a conflict, logged). Two stream ids under one name: the
   higher id is the stream (ids grow; the lower one was deleted and created again), the
-  lower one's replicas are garbage. A stream id no record names (its records never
+  lower one is not rebuilt (its replicas stay on the stores: no unknown id up to the
+  highest rebuilt is garbage, since a store that missed the rebuild may hold the only
+  copies of a stream). A stream id no record names (its records never
   reached a store) is kept under `<tenant>/stream-<id>` with the tenant its grants told
   the stores, rather than deleted;
 - a segment is the record its stores agree on, the sealed one first: two sealed
@@ -34,6 +36,12 @@ from dataclasses import dataclass, field, replace
 
 from streamengine.master.model import SegmentKey, SegmentRecord, SegmentState, StreamRecord
 from streamengine.protocol.limits import REPLICAS_MAX
+
+# Stores register again within this long of a master's start: a heartbeat (at most a
+# second apart) finds the master does not know them, and a registration retried with
+# backoff (at most 2 s apart, `segment_store.master_link`) gets through. The rebuild
+# waits at least this long, so that a store no record names is asked too.
+REGISTRATION_GRACE_MS = 3_000
 
 # Roll thresholds of a stream rebuilt without any record (as `state` defaults them).
 _SEGMENT_BYTES = 256 << 20
@@ -78,12 +86,16 @@ def ready(
     named: Iterable[str],
     now_ms: int,
     deadline_ms: int,
+    earliest_ms: int = 0,
 ) -> bool:
     """Whether to rebuild now: every store registered so far and every store a record
-    names has answered (at least one did), or the deadline passed."""
+    names has answered (at least one did), and stores had `earliest_ms` to register;
+    or the deadline passed."""
     done = set(answered)
     if now_ms >= deadline_ms:
         return True
+    if now_ms < earliest_ms:
+        return False
     return bool(done) and set(registered) <= done and set(named) <= done
 
 
@@ -110,8 +122,8 @@ def rebuild(holdings: Iterable[Holding], now_ms: int) -> Rebuilt:
         earlier = named.get(stream.name)
         if earlier is not None:
             out.notes.append(
-                f"{stream.name}: stream id {earlier.stream_id} is garbage (the name has id "
-                f"{stream_id}: deleted and created again)"
+                f"{stream.name}: stream id {earlier.stream_id} not rebuilt (the name has id "
+                f"{stream_id}: deleted and created again); its replicas stay on the stores"
             )
         named[stream.name] = stream
     for stream in named.values():

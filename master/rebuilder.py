@@ -50,7 +50,9 @@ class Rebuilder:
 
     async def run(self) -> rebuild.Rebuilt:
         """Ask the stores until `rebuild.ready`; the catalog they make."""
-        deadline_ms = self.clock_ms() + int(self.wait_s * 1000)
+        started_ms = self.clock_ms()
+        deadline_ms = started_ms + int(self.wait_s * 1000)
+        earliest_ms = min(started_ms + rebuild.REGISTRATION_GRACE_MS, deadline_ms)
         log.info("rebuilding the metadata from the stores (waiting up to %.0f s)", self.wait_s)
         channels: dict[str, grpc.aio.Channel] = {}
         try:
@@ -71,7 +73,10 @@ class Rebuilder:
                 holdings = [h for answer in self.answers.values() for h in answer]
                 named = rebuild.named_stores(holdings)
                 registered = set(self.state.stores)
-                if rebuild.ready(registered, self.answers, named, self.clock_ms(), deadline_ms):
+                now_ms = self.clock_ms()
+                if rebuild.ready(
+                    registered, self.answers, named, now_ms, deadline_ms, earliest_ms
+                ):
                     break
                 await asyncio.sleep(POLL_S)
         finally:
@@ -155,4 +160,8 @@ def commit(catalog: Catalog, rebuilt: rebuild.Rebuilt) -> None:
         if batch.ops() >= OPS_PER_TRANSACTION_MAX:
             batch = flush()
     flush()
-    catalog.commit(Batch().next_stream_id(rebuilt.next_stream_id))
+    catalog.commit(
+        Batch()
+        .rebuilt_through(rebuilt.next_stream_id - 1)
+        .next_stream_id(rebuilt.next_stream_id)
+    )

@@ -147,7 +147,7 @@ def test_a_name_with_two_ids_is_the_higher_and_ids_never_collide() -> None:
     assert out.streams["acme/orders"].stream_id == 5
     assert list(out.segments) == [(5, 1)]
     assert out.next_stream_id == 6
-    assert any("garbage" in note for note in out.notes)
+    assert any("not rebuilt" in note for note in out.notes)
 
 
 @pytest.mark.parametrize(
@@ -158,6 +158,7 @@ def test_a_name_with_two_ids_is_the_higher_and_ids_never_collide() -> None:
         ("a store a record names is awaited", ["s1"], ["s1"], ["s1", "s2"], 0, False, ["s2"]),
         ("a registered store is awaited", ["s1", "s2"], ["s1"], [], 0, False, ["s2"]),
         ("the deadline ends the wait", ["s1", "s2"], ["s1"], ["s3"], 10, True, ["s2", "s3"]),
+        ("stores had no time to register yet", ["s1"], ["s1"], ["s1"], -1, False, []),
     ],
 )
 def test_the_rebuild_waits_for_the_stores(
@@ -169,7 +170,7 @@ def test_the_rebuild_waits_for_the_stores(
     ready: bool,
     missing: list[str],
 ) -> None:
-    assert rebuild.ready(registered, answered, named, now, 10) == ready, case
+    assert rebuild.ready(registered, answered, named, now, 10, earliest_ms=0) == ready, case
     assert rebuild.missing(registered, answered, named) == missing, case
 
 
