@@ -13,10 +13,12 @@ import subprocess
 from pathlib import Path
 
 import grpc
+import pytest
 
 from streamengine.client import StreamClient
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.sequence import unpack_sequence
+from streamengine.protocol.transport import PLAINTEXT, Transport
 from streamengine.tools.harness import (
     STREAMENGINE,
     Cluster,
@@ -37,9 +39,19 @@ def payload(stream: str, writer: int, n: int) -> bytes:
     return f"{stream}:{writer}:{n}".encode()
 
 
-async def records_of(address: str) -> dict[tuple[int, int], entry_pb2.SegmentRecord]:
+def master_transport(cluster: Cluster) -> Transport:
+    """The master's own (its node certificate under TLS): ListSegmentRecords is its call."""
+    args = cluster.master.args
+    if "--certs-dir" not in args:
+        return PLAINTEXT
+    return Transport.for_node(Path(args[args.index("--certs-dir") + 1]))
+
+
+async def records_of(
+    address: str, transport: Transport
+) -> dict[tuple[int, int], entry_pb2.SegmentRecord]:
     """The segment records a store keeps (those it holds without one are left out)."""
-    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+    async with transport.aio_channel(address, CLIENT_OPTIONS) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         reply = await stub.ListSegmentRecords(
             segment_store_pb2.ListSegmentRecordsRequest(), timeout=5
@@ -55,7 +67,8 @@ async def records_of(address: str) -> dict[tuple[int, int], entry_pb2.SegmentRec
 
 async def stores_know_every_segment(cluster: Cluster, client: StreamClient) -> bool:
     """Every member of every segment keeps the master's record of it as it is now."""
-    kept = {s.name: await records_of(s.address) for s in cluster.stores}
+    transport = master_transport(cluster)
+    kept = {s.name: await records_of(s.address, transport) for s in cluster.stores}
     for name in STREAMS:
         listing = await client.list_segments(name)
         for segment in listing.segments:
@@ -87,9 +100,10 @@ async def write_history(client: StreamClient) -> tuple[dict[str, list[bytes]], i
     return acked, epoch_max
 
 
-async def rebuilt(address: str) -> bool:
+async def rebuilt(cluster: Cluster) -> bool:
     """The master lists every stream (while it rebuilds it answers UNAVAILABLE)."""
-    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+    address = cluster.master.address
+    async with cluster.client_transport.aio_channel(address, CLIENT_OPTIONS) as channel:
         stub = master_grpc.MasterStub(channel)
         try:
             reply = await stub.ListStreams(master_pb2.ListStreamsRequest(), timeout=2)
@@ -114,11 +128,15 @@ def restart_rebuilding(cluster: Cluster) -> None:
     master.start()
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
 async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_rising(
-    tmp_path: Path,
+    tmp_path: Path, tls: bool
 ) -> None:
-    with running_cluster(tmp_path, stores=4, master_args=MASTER_ARGS) as cluster:
-        async with StreamClient(cluster.master.address) as client:
+    """Under TLS the master asks the stores with its node certificate, and the stores
+    take the rebuilt master's new signing key from its signed replies."""
+    with running_cluster(tmp_path, stores=4, master_args=MASTER_ARGS, tls=tls) as cluster:
+        certs = cluster.admin_certs_dir
+        async with StreamClient(cluster.master.address, certs_dir=certs) as client:
             acked, epoch_before = await write_history(client)
             info_before = {n: await client.describe_stream(n) for n in STREAMS}
             sealed = await client.list_segments(STREAMS[0])
@@ -128,8 +146,8 @@ async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_
                 lambda: stores_know_every_segment(cluster, client), 20, "records kept", 0.2
             )
         restart_rebuilding(cluster)
-        await wait_until(lambda: rebuilt(cluster.master.address), 30, "rebuilt", 0.1)
-        async with StreamClient(cluster.master.address) as client:
+        await wait_until(lambda: rebuilt(cluster), 30, "rebuilt", 0.1)
+        async with StreamClient(cluster.master.address, certs_dir=certs) as client:
             assert "rebuilt 3 streams" in cluster.master.log()
             for name in STREAMS:
                 info = await client.describe_stream(name)
