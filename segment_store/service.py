@@ -13,6 +13,7 @@ Seal the tenant of their grant, which must also list the segment and this store
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import logging
@@ -519,10 +520,13 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         except StoreError as error:
             await _abort(context, error)
         after = SegmentKey(request.after_stream_id, request.after_epoch)
-        segments = [s for s in self.core.segments() if s > after]
-        page = segments[:SEGMENT_RECORDS_PER_PAGE]
+        segments = self.core.segments()
+        start = bisect.bisect_right(segments, after)
+        page = segments[start : start + SEGMENT_RECORDS_PER_PAGE]
         records = await self.in_thread(lambda: [self.core.segment_record(s) for s in page])
-        reply = segment_store_pb2.ListSegmentRecordsReply(more=len(segments) > len(page))
+        reply = segment_store_pb2.ListSegmentRecordsReply(
+            more=start + len(page) < len(segments)
+        )
         for segment, record in zip(page, records, strict=True):
             meta = self.core.meta(segment)
             if meta is None:

@@ -17,6 +17,7 @@ from streamengine.master.records import (
 )
 from streamengine.protocol.certificate import Certificate, Chunk
 from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX
+from streamengine.v1 import entry_pb2
 
 NOW = 1_000_000
 ORDERS = StreamRecord("acme/orders", 5, 3, 2, 1 << 20, 60_000, 0, "", 10)
@@ -179,6 +180,10 @@ def test_a_record_goes_to_the_stores_and_comes_back_whole() -> None:
     segment = replace(seg(4), certificate=certificate, certified_by="writer", bad=("s2",))
     encoded = record_pb(ORDERS, segment).SerializeToString(deterministic=True)
     assert record_from_bytes(encoded) == (ORDERS, segment)
+    # The store keeps the bytes of the record it parsed from the reply: the same bytes,
+    # so the version it reports is the master's and the record is not sent again.
+    parsed = entry_pb2.SegmentRecord.FromString(encoded)
+    assert parsed.SerializeToString(deterministic=True) == encoded
     with pytest.raises(MalformedRecord):
         record_from_bytes(b"\xff\xff")
 
