@@ -237,7 +237,12 @@ class MasterLink:
                 (SegmentKey(r.id.stream_id, r.id.epoch), r.SerializeToString(deterministic=True))
                 for r in reply.segment_records
             ]
-            await self.keep_records(records)
+            try:
+                await self.keep_records(records)
+            except StoreUnavailable as error:
+                # A full or read-only disk: the versions reported stay old, and the
+                # master sends the records again.
+                log.info("cannot keep %d segment records now: %s", len(records), error)
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:
