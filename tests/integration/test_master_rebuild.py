@@ -48,14 +48,17 @@ def master_transport(cluster: Cluster) -> Transport:
 
 
 async def records_of(
-    address: str, transport: Transport
+    address: str, transport: Transport, after: entry_pb2.SegmentId | None = None
 ) -> dict[tuple[int, int], entry_pb2.SegmentRecord]:
-    """The segment records a store keeps (those it holds without one are left out)."""
+    """The segment records a store keeps (those it holds without one are left out), in
+    one page (after the segment `after`)."""
+    request = segment_store_pb2.ListSegmentRecordsRequest()
+    if after is not None:
+        request.after_stream_id, request.after_epoch = after.stream_id, after.epoch
     async with transport.aio_channel(address, CLIENT_OPTIONS) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
-        reply = await stub.ListSegmentRecords(
-            segment_store_pb2.ListSegmentRecordsRequest(), timeout=5
-        )
+        reply = await stub.ListSegmentRecords(request, timeout=5)
+        assert not reply.more
     out = {}
     for held in reply.segments:
         if held.record:
@@ -145,6 +148,12 @@ async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_
             await wait_until(
                 lambda: stores_know_every_segment(cluster, client), 20, "records kept", 0.2
             )
+            # A page starts after the segment named.
+            first = sealed.segments[0].id
+            after = await records_of(
+                sealed.segments[0].copy_set[0].address, master_transport(cluster), first
+            )
+            assert after and min(after) > (first.stream_id, first.epoch)
         restart_rebuilding(cluster)
         await wait_until(lambda: rebuilt(cluster), 30, "rebuilt", 0.1)
         async with StreamClient(cluster.master.address, certs_dir=certs) as client:
