@@ -10,6 +10,8 @@ Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   m/next_stream_id                 -> u64
   m/signing_key                    -> the master's Ed25519 private key (32 raw bytes)
   m/revocations_version            -> u64 (bumped by every token revocation)
+  m/rebuilt_through                -> u64 (the highest stream id when the metadata was
+                                      rebuilt from the stores: unknown ids up to it are kept)
   t/<tenant>                       -> JSON {created_at_ms}
   s/<tenant/stream>                -> JSON StreamRecord
   g/<stream_id u64><epoch u64>     -> JSON SegmentRecord
@@ -49,6 +51,7 @@ _KEY = struct.Struct(">QQ")
 _NEXT_STREAM_ID = b"m/next_stream_id"
 _SIGNING_KEY = b"m/signing_key"
 _REVOCATIONS_VERSION = b"m/revocations_version"
+_REBUILT_THROUGH = b"m/rebuilt_through"
 _TOKEN = b"k/"
 _TENANT = b"t/"
 _STREAM = b"s/"
@@ -152,6 +155,10 @@ class Batch(Transaction):
         self.puts.append((_REVOCATIONS_VERSION, _U64.pack(value)))
         return self
 
+    def rebuilt_through(self, stream_id: int) -> Batch:
+        self.puts.append((_REBUILT_THROUGH, _U64.pack(stream_id)))
+        return self
+
 
 @dataclass
 class Loaded:
@@ -164,6 +171,7 @@ class Loaded:
     signing_key: bytes | None = None
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
     revocations_version: int = 0
+    rebuilt_through: int = 0
 
 
 class Catalog:
@@ -223,6 +231,8 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             loaded.signing_key = value
         elif key == _REVOCATIONS_VERSION:
             loaded.revocations_version = _U64.unpack(value)[0]
+        elif key == _REBUILT_THROUGH:
+            loaded.rebuilt_through = _U64.unpack(value)[0]
         elif key.startswith(_TOKEN):
             loaded.tokens[key[len(_TOKEN) :].decode()] = TokenRecord(**json.loads(value))
     return loaded

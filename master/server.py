@@ -37,6 +37,8 @@ from streamengine.master.etcd import EtcdClient, is_etcd_url, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata
 from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
 from streamengine.master.metrics import Metrics
+from streamengine.master.rebuilder import Rebuilder
+from streamengine.master.rebuilder import commit as commit_rebuilt
 from streamengine.master.repairer import Repairer
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.role import FOREVER_MS, MasterRole
@@ -64,6 +66,9 @@ GAUGES_INTERVAL_S = 1.0
 # a cluster of hundreds of stores and a few thousand writers stays well below it.
 CONCURRENT_RPCS_MAX = 4096
 SHUTDOWN_GRACE_S = 1.0
+# Stores register again within a few heartbeats of the master's start; a store missing
+# past this is rebuilt without (its segments' other replicas still name it).
+REBUILD_WAIT_S_DEFAULT = 30.0
 # A commit to etcd blocks the master's event loop (its state is synchronous), which also
 # runs the election keepalive: a commit may take at most half a TTL, so that with one
 # keepalive interval before it the lease is still renewed in time.
@@ -140,6 +145,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1",
         help="the console's host; beyond loopback it needs --certs-dir or --insecure",
     )
+    parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild the metadata from the stores' segment records (empty --data only; "
+        "deploy/README.md says when)",
+    )
+    parser.add_argument(
+        "--rebuild-wait-s",
+        type=float,
+        default=REBUILD_WAIT_S_DEFAULT,
+        help="with --rebuild: how long to wait for stores to register and answer",
+    )
     parser.add_argument("--log-level", default="INFO")
     transport.add_server_arguments(parser)
     add_quota_arguments(parser)
@@ -194,6 +211,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
     elif args.data is None:
         print("streamengine master: --data is required without --metadata", file=sys.stderr)
+        return 2
+    if args.rebuild and (args.metadata or args.rebuild_wait_s <= 0):
+        print(
+            "streamengine master: --rebuild needs the embedded metadata (--data) and "
+            "--rebuild-wait-s > 0",
+            file=sys.stderr,
+        )
         return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
@@ -251,7 +275,15 @@ async def _serve(args: argparse.Namespace) -> int:
         except Exception as error:
             print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
             return 1
-        run_role = _embedded_master(args, role, catalog, health_servicer, members)
+        if args.rebuild and catalog.metadata.read_all():
+            catalog.close()
+            print(
+                f"streamengine master: --rebuild refused: the metadata under {args.data} is "
+                "not empty",
+                file=sys.stderr,
+            )
+            return 2
+        run_role = _embedded_master(args, role, catalog, health_servicer, members, service)
 
     await server.start()
     snapshot = None
@@ -317,13 +349,26 @@ async def _embedded_master(
     catalog: Catalog,
     health_servicer: health.aio.HealthServicer,
     members: transport.Transport,
+    service: MasterService,
 ) -> None:
-    """The only master: active from the moment its catalog is loaded."""
+    """The only master: active from the moment its catalog is loaded (with --rebuild,
+    serving the stores only until the catalog is rebuilt from them)."""
     try:
         state = _load_state(args, catalog)
         repairer = _new_repairer(args, state, members)
+        service.rebuilding = bool(args.rebuild)
         role.activate(state, repairer, until_ms=FOREVER_MS)
         await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        if args.rebuild:
+            rebuilt = await Rebuilder(state, members, args.rebuild_wait_s, _clock_ms).run()
+            # From here to `rebuilding = False`, one synchronous step: no request sees
+            # the catalog half loaded.
+            commit_rebuilt(catalog, rebuilt)
+            state = _load_state(args, catalog)
+            repairer = _new_repairer(args, state, members)
+            role.activate(state, repairer, until_ms=FOREVER_MS)
+            service.rebuilding = False
+            log.info("metadata rebuilt: serving (no lease for one lease period)")
         await repairer.run()
     finally:
         role.step_down()

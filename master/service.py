@@ -30,6 +30,7 @@ from streamengine.master.durability import DURABILITY_WORST_MAX
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.records import RecordEncodings
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState, Trimmed, WriterView
@@ -74,6 +75,10 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     MetadataError: grpc.StatusCode.UNAVAILABLE,
 }
 
+# What a master rebuilding its metadata serves: the stores (they register and report),
+# and the cluster's status.
+SERVED_WHILE_REBUILDING = frozenset({"RegisterStore", "StoreHeartbeat", "GetClusterStatus"})
+
 _TASK_STATE = {
     "PENDING": master_pb2.RepairTask.PENDING,
     "RUNNING": master_pb2.RepairTask.RUNNING,
@@ -109,6 +114,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
         # lists, signing keys, revocations), which take them from its certificate only.
         self.signer = signer
         self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
+        # Segment records as sent to the stores (`master.records`).
+        self.records = RecordEncodings()
+        # While the metadata is rebuilt from the stores (`master --rebuild`), only the
+        # stores' calls and the status are served; every other call is UNAVAILABLE.
+        self.rebuilding = False
 
     # ---- who calls ----
 
@@ -171,6 +181,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
         now_ms = self.clock_ms()
         try:
             self.role.serving(now_ms)
+            if self.rebuilding and method not in SERVED_WHILE_REBUILDING:
+                raise errors.NotReady(
+                    f"{method}: the master is rebuilding its metadata from the stores"
+                )
             result = action(now_ms)
         except errors.MasterError as error:
             code = status_of(error)
@@ -328,6 +342,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             for h in request.segments
         }
+        versions = {
+            (h.segment.stream_id, h.segment.epoch): h.record_version for h in request.segments
+        }
 
         def beat(now: int) -> list[SegmentKey] | None:
             self._require_store(context, "StoreHeartbeat", request.store_id)
@@ -358,6 +375,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 for r in self.state.streams.values()
                 if r.deleted_until_ms
             ],
+            segment_records=self.records.to_send(
+                request.store_id,
+                versions,
+                self.state.segments,
+                lambda stream_id: self.state.streams.get(self.state.stream_name(stream_id)),
+            ),
         )
         if request.revocations_version != revocations.version:
             reply.revoked_tokens.extend(

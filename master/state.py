@@ -200,6 +200,9 @@ class MasterState:
         self.stores = loaded.stores
         self.deletes = loaded.deletes
         self.names = {s.stream_id: s.name for s in self.streams.values()}
+        # Rebuilt from the stores (`master.rebuild`): an unknown stream id up to this one
+        # may be a stream only stores that missed the rebuild hold, so it is no garbage.
+        self.rebuilt_through = loaded.rebuilt_through
         # No lease for one lease period after a start: the last holder may still lead.
         self.leases = {
             name: leadership.recovered_lease(s.epoch, s.leader_id, now_ms, lease_ms)
@@ -1020,7 +1023,7 @@ class MasterState:
         stream_id, _ = key
         if stream_id not in self.names:
             # Ids are never reused: one below the next id that no stream has was deleted.
-            return stream_id < self.next_stream_id
+            return self.rebuilt_through < stream_id < self.next_stream_id
         segment = self.segments.get(key)
         if segment is None:
             # Trims take whole segments from the head: a segment of a trimmed epoch

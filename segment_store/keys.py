@@ -13,6 +13,12 @@ Tenants: `b"t" | stream_id u64` -> the tenant of the stream, as the grants (or t
 master's copy requests) that brought its data here said, so that the store knows whose
 data it serves to readers. Written in the batch of the first write or seal under it.
 
+Segment records: `b"g" | stream_id u64 | segment epoch u64` -> the master's record of
+the segment (`v1.SegmentRecord`, serialized, as the master sent it: stream name,
+policy, copy set, seal state, final index, certificate), so that a master that lost its
+metadata rebuilds it from the stores (`master --rebuild`). Kept only while the segment
+is held, and deleted in the batch that deletes the segment.
+
 Authority: `b"a"` -> what the store trusts of its master (`authority.AuthorityRecord`:
 its public keys and token revocations), so that it checks grants and tokens after a
 restart before the master answers.
@@ -27,6 +33,7 @@ ENTRY_PREFIX = b"e"
 META_PREFIX = b"m"
 TENANT_PREFIX = b"t"
 AUTHORITY_KEY = b"a"
+RECORD_PREFIX = b"g"
 
 _SEGMENT = struct.Struct(">QQ")
 _ENTRY = struct.Struct(">QQQ")
@@ -69,6 +76,14 @@ def meta_segment(key: bytes) -> tuple[int, int]:
 
 def meta_range() -> tuple[bytes, bytes]:
     return META_PREFIX, bytes([META_PREFIX[0] + 1])
+
+
+def record_key(stream_id: int, epoch: int) -> bytes:
+    return RECORD_PREFIX + _SEGMENT.pack(stream_id, epoch)
+
+
+def record_range() -> tuple[bytes, bytes]:
+    return RECORD_PREFIX, bytes([RECORD_PREFIX[0] + 1])
 
 
 def tenant_key(stream_id: int) -> bytes:

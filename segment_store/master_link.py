@@ -10,7 +10,13 @@ is needed after a failover.
 
 The master's replies also carry its authority: its signing keys and its token
 revocations (the store's `StoreAuthority` takes them, and keeps them durably when they
-change, before the next heartbeat), and the tenants' append quota.
+change, before the next heartbeat), and the tenants' append quota. A new master (one
+rebuilt from the stores) brings a new key: the store takes it as any key change.
+
+Segment records: each heartbeat says which version of the master's record of each
+segment the store keeps; the reply carries the records that differ, which the store
+keeps beside their segments (`keep_records`) for a master that must rebuild its
+metadata from the stores.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ class MasterLink:
         members: transport.Transport = transport.PLAINTEXT,
         master_identity: identity.ServerIdentity | None = None,
         scrubber: Scrubber | None = None,
+        keep_records: Callable[[list[tuple[SegmentKey, bytes]]], Awaitable[int]] | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -95,6 +102,7 @@ class MasterLink:
         self.registered = False
         # What the scrub read back goes with the heartbeats; the master asks for checks.
         self.scrubber = scrubber
+        self.keep_records = keep_records
 
     async def run(self) -> None:
         channels: dict[str, grpc.aio.Channel] = {}
@@ -203,6 +211,7 @@ class MasterLink:
                     acked_index=m.acked_index,
                     last_index=m.last_index,
                     bytes=m.payload_bytes,
+                    record_version=self.core.record_version(s),
                 )
                 for s, m in sorted(metas.items())
             ],
@@ -226,6 +235,17 @@ class MasterLink:
         }
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
+        if reply.segment_records and self.keep_records is not None:
+            records = [
+                (SegmentKey(r.id.stream_id, r.id.epoch), r.SerializeToString(deterministic=True))
+                for r in reply.segment_records
+            ]
+            try:
+                await self.keep_records(records)
+            except StoreUnavailable as error:
+                # A full or read-only disk: the versions reported stay old, and the
+                # master sends the records again.
+                log.info("cannot keep %d segment records now: %s", len(records), error)
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:

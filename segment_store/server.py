@@ -298,6 +298,7 @@ async def serve(
         members,
         peer_identity.server_identity(),
         scrubber,
+        keep_records=service.keep_records,
     )
     try:
         async with asyncio.TaskGroup() as tasks:

@@ -13,6 +13,7 @@ Seal the tenant of their grant, which must also list the segment and this store
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import logging
@@ -41,6 +42,7 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_ENTRIES_MAX,
 )
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.segment_records import RECORD_BYTES_MAX
 from streamengine.protocol.signing import NoVerifyingKey
 from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY, FENCE_METADATA_KEY
 from streamengine.segment_store import metrics, tail
@@ -66,7 +68,9 @@ from streamengine.segment_store.store import (
     DeleteCommand,
     DeleteResult,
     KeepAuthorityCommand,
+    KeepRecordsCommand,
     Outcome,
+    RecordsKept,
     SealCommand,
     SealResult,
     SegmentKey,
@@ -178,6 +182,12 @@ async def _abort(
     await context.abort(code, str(error), trailing_metadata=trailing)
 
 
+# Segments per ListSegmentRecords reply: each at most `RECORD_BYTES_MAX` bytes, a reply
+# stays well under the gRPC message limit.
+SEGMENT_RECORDS_PER_PAGE = 128
+assert SEGMENT_RECORDS_PER_PAGE * (RECORD_BYTES_MAX + 1024) < GRPC_MESSAGE_BYTES_MAX
+
+
 def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
     key = SegmentKey(segment.stream_id, segment.epoch)
     check_segment(key)
@@ -259,6 +269,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         if isinstance(outcome, Exception):
             raise outcome
         assert isinstance(outcome, AuthorityKept)
+
+    async def keep_records(self, records: Sequence[tuple[SegmentKey, bytes]]) -> int:
+        """Keep the master's records of segments this store holds, durably; returns how
+        many were kept (a record of a segment not held is dropped)."""
+        outcome = await self.committer.submit(KeepRecordsCommand(tuple(records)))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, RecordsKept)
+        return len(outcome.kept)
 
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)
@@ -493,6 +512,43 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             bytes=state.bytes,
             bridge_index=state.bridge_index,
         )
+
+    async def ListSegmentRecords(
+        self,
+        request: segment_store_pb2.ListSegmentRecordsRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.ListSegmentRecordsRequest,
+            segment_store_pb2.ListSegmentRecordsReply,
+        ],
+    ) -> segment_store_pb2.ListSegmentRecordsReply:
+        try:
+            self.require(context, "ListSegmentRecords")
+        except StoreError as error:
+            await _abort(context, error)
+        after = SegmentKey(request.after_stream_id, request.after_epoch)
+        segments = self.core.segments()
+        start = bisect.bisect_right(segments, after)
+        page = segments[start : start + SEGMENT_RECORDS_PER_PAGE]
+        records = await self.in_thread(lambda: [self.core.segment_record(s) for s in page])
+        reply = segment_store_pb2.ListSegmentRecordsReply(
+            more=start + len(page) < len(segments)
+        )
+        for segment, record in zip(page, records, strict=True):
+            meta = self.core.meta(segment)
+            if meta is None:
+                continue  # deleted meanwhile
+            reply.segments.append(
+                segment_store_pb2.HeldSegmentRecord(
+                    segment=_segment_pb(segment),
+                    fence=meta.fence,
+                    acked_index=meta.acked_index,
+                    last_index=meta.last_index,
+                    bridge_index=meta.bridge_index,
+                    tenant=self.core.tenant_of(segment.stream_id),
+                    record=record,
+                )
+            )
+        return reply
 
     # ---- Read, Digest ----
 

@@ -2,7 +2,8 @@
 acked indexes, reads and digests. No gRPC, no asyncio, no clock.
 
 Theory of operation. Every mutation is a command (`WriteCommand`, `SealCommand`,
-`DeleteCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`). `plan(commands)` checks
+`DeleteCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`,
+`KeepRecordsCommand`). `plan(commands)` checks
 each against the published state plus what the earlier commands of the same plan did,
 and returns the KV
 ops of every command that succeeded, the resulting per-segment metadata, and one outcome
@@ -27,7 +28,9 @@ Rules (docs/design.md, "The segment store"):
   it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`);
 - a stream's tenant, once known (from the grant a write or seal came under, or the
   master's copy request), is kept and never changes: a command naming another is
-  refused.
+  refused;
+- the master's record of a segment (`KeepRecordsCommand`) is kept only while the
+  segment is held, and goes with it.
 Whether a write or seal may happen at all (its grant, its caller) is decided before it
 becomes a command (`segment_store.authority`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
@@ -66,6 +69,7 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_BYTES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
 )
+from streamengine.protocol.segment_records import RECORD_BYTES_MAX, record_version
 from streamengine.segment_store.keys import (
     AUTHORITY_KEY,
     BRIDGES_PER_SEGMENT_MAX,
@@ -76,6 +80,8 @@ from streamengine.segment_store.keys import (
     meta_key,
     meta_range,
     meta_segment,
+    record_key,
+    record_range,
     segment_entries_range,
     tenant_key,
     tenant_range,
@@ -210,6 +216,21 @@ class KeepAuthorityCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepRecordsCommand:
+    """Keep the master's records of segments (serialized `v1.SegmentRecord`s), each
+    beside its segment; a record of a segment the store does not hold is dropped."""
+
+    records: tuple[tuple[SegmentKey, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsKept:
+    """The segments whose records a `KeepRecordsCommand` kept."""
+
+    kept: tuple[SegmentKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteCommand:
     segment: SegmentKey
 
@@ -226,8 +247,15 @@ class ConfirmCopyCommand:
     final_index: int
 
 
-Command = WriteCommand | SealCommand | DeleteCommand | ConfirmCopyCommand | KeepAuthorityCommand
-Outcome = WriteResult | SealResult | DeleteResult | AuthorityKept | StoreError
+Command = (
+    WriteCommand
+    | SealCommand
+    | DeleteCommand
+    | ConfirmCopyCommand
+    | KeepAuthorityCommand
+    | KeepRecordsCommand
+)
+Outcome = WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept | StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +270,8 @@ class Plan:
     mended: frozenset[SegmentKey] = frozenset()
     # Tenants of streams the plan makes known.
     tenants: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    # Versions of the segment records the plan keeps; 0 when it deletes one.
+    records: Mapping[SegmentKey, int] = dataclasses.field(default_factory=dict)
 
 
 # What a plan knows of a held copy: (epoch, kind, payload bytes). Plain tuples: the
@@ -264,6 +294,7 @@ class _Work:
     dropped_past: dict[SegmentKey, int] = field(default_factory=dict)
     ops: list[KVOp] = field(default_factory=list)
     tenants: dict[int, str] = field(default_factory=dict)
+    records: dict[SegmentKey, int] = field(default_factory=dict)
 
     def meta(self, segment: SegmentKey) -> SegmentMeta | None:
         if segment in self.metas:
@@ -346,6 +377,7 @@ class SegmentStoreCore:
         self._metas = self._load_metas()
         self._damaged: set[SegmentKey] = set()
         self._tenants = self._load_tenants()
+        self._records = self._load_records()
 
     def _load_metas(self) -> dict[SegmentKey, SegmentMeta]:
         metas: dict[SegmentKey, SegmentMeta] = {}
@@ -359,6 +391,13 @@ class SegmentStoreCore:
         start, end = tenant_range()
         return {tenant_stream(k): v.decode() for k, v in self.kv.scan(start, end)}
 
+    def _load_records(self) -> dict[SegmentKey, int]:
+        start, end = record_range()
+        return {
+            SegmentKey(*meta_segment(key)): record_version(value)
+            for key, value in self.kv.scan(start, end)
+        }
+
     def recover(self) -> None:
         """After a refused write: have the KV take writes again and reload what it holds
         (a write reported as refused may have reached its log after all; whole, since
@@ -366,6 +405,7 @@ class SegmentStoreCore:
         self.kv.recover()
         self._metas = self._load_metas()
         self._tenants = self._load_tenants()
+        self._records = self._load_records()
 
     # ---- mutations ----
 
@@ -390,13 +430,17 @@ class SegmentStoreCore:
                 elif isinstance(command, KeepAuthorityCommand):
                     work.ops.append(Put(AUTHORITY_KEY, command.record))
                     outcome = AuthorityKept()
+                elif isinstance(command, KeepRecordsCommand):
+                    outcome = self._plan_keep_records(command, work)
                 else:
                     outcome = self._plan_delete(command, work)
             except StoreError as error:
                 outcome = error
             except CorruptEntry as error:
                 outcome = StoredCopyCorrupt(str(error))
-                assert not isinstance(command, KeepAuthorityCommand), "it reads no entry"
+                assert not isinstance(command, KeepAuthorityCommand | KeepRecordsCommand), (
+                    "it reads no entry"
+                )
                 self.mark_damaged(command.segment)
             if isinstance(command, ConfirmCopyCommand | DeleteCommand) and not isinstance(
                 outcome, StoreError
@@ -414,6 +458,7 @@ class SegmentStoreCore:
             payload_bytes,
             frozenset(mended),
             work.tenants,
+            work.records,
         )
 
     def write_plan(self, plan: Plan, sync: bool) -> None:
@@ -429,6 +474,11 @@ class SegmentStoreCore:
             else:
                 self._metas[segment] = meta
         self._damaged -= plan.mended
+        for segment, version in plan.records.items():
+            if version:
+                self._records[segment] = version
+            else:
+                self._records.pop(segment, None)
 
     def apply(self, plan: Plan, sync: bool = True) -> None:
         self.write_plan(plan, sync)
@@ -436,7 +486,7 @@ class SegmentStoreCore:
 
     def execute(
         self, command: Command, sync: bool = True
-    ) -> WriteResult | SealResult | DeleteResult | AuthorityKept:
+    ) -> WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept:
         plan = self.plan([command])
         self.apply(plan, sync)
         outcome = plan.outcomes[0]
@@ -645,7 +695,24 @@ class SegmentStoreCore:
         work.deleted.add(segment)
         work.pending.pop(segment, None)
         work.metas[segment] = None
+        if segment in self._records or work.records.get(segment):
+            work.ops.append(Delete(record_key(segment.stream_id, segment.epoch)))
+            work.records[segment] = 0
         return DeleteResult(existed)
+
+    def _plan_keep_records(self, command: KeepRecordsCommand, work: _Work) -> RecordsKept:
+        kept = []
+        for segment, raw in command.records:
+            check_segment(segment)
+            if not raw or len(raw) > RECORD_BYTES_MAX:
+                raise BadRequest(f"a segment record of {len(raw)} bytes")
+        for segment, raw in command.records:
+            if work.meta(segment) is None:
+                continue  # not held (deleted meanwhile): its record would outlive it
+            work.ops.append(Put(record_key(segment.stream_id, segment.epoch), raw))
+            work.records[segment] = record_version(raw)
+            kept.append(segment)
+        return RecordsKept(tuple(kept))
 
     # ---- queries (published state only) ----
 
@@ -655,6 +722,14 @@ class SegmentStoreCore:
     def tenant_of(self, stream_id: int) -> str:
         """The stream's tenant as a grant or copy told this store; "" if never told."""
         return self._tenants.get(stream_id, "")
+
+    def record_version(self, segment: SegmentKey) -> int:
+        """The version of the master's record of `segment` kept here (0: none)."""
+        return self._records.get(segment, 0)
+
+    def segment_record(self, segment: SegmentKey) -> bytes:
+        """The master's record of `segment` as kept (b"": none)."""
+        return self.kv.get(record_key(segment.stream_id, segment.epoch)) or b""
 
     def authority_record(self) -> bytes | None:
         """What `KeepAuthorityCommand` last kept."""

@@ -58,6 +58,7 @@ PURE_PROTOCOL = [
     "tokens.py",
     "auth.py",
     "retention.py",
+    "segment_records.py",
 ]
 PURE_MASTER = [
     "leadership.py",
@@ -68,6 +69,7 @@ PURE_MASTER = [
     "errors.py",
     "authority.py",
     "retention.py",
+    "rebuild.py",
 ]
 # The store's decisions: applying a batch over the narrow KV interface, the copy steps,
 # the live tail, the scrub, the grants and callers it takes.

@@ -373,6 +373,9 @@ def every_rpc_as(
         "SegmentStore/GetSegmentState": on_store(
             store, "GetSegmentState", s.GetSegmentStateRequest(segment=sealed.id)
         ),
+        "SegmentStore/ListSegmentRecords": on_store(
+            store, "ListSegmentRecords", s.ListSegmentRecordsRequest()
+        ),
     }
 
 

@@ -35,7 +35,7 @@ m = master_pb2
 s = segment_store_pb2
 P = entry_pb2.ReplicationPolicy
 CALL_TIMEOUT_S = 3.0
-# Examples per RPC and caller: 31 RPCs, a few hundred calls in all, some seconds.
+# Examples per RPC and caller: 32 RPCs, a few hundred calls in all, some seconds.
 EXAMPLES = 25
 FORGER = GrantSigner(SigningKey(bytes(range(50, 82))))
 READ_ONLY = {
@@ -50,6 +50,7 @@ READ_ONLY = {
     "SegmentStore/Subscribe",
     "SegmentStore/Digest",
     "SegmentStore/GetSegmentState",
+    "SegmentStore/ListSegmentRecords",
     # Refused without a grant of the master's, whoever calls.
     "SegmentStore/Write",
     "SegmentStore/Seal",
@@ -217,6 +218,9 @@ class Victim:
             "SegmentStore/Digest": [s.DigestRequest(segment=sealed_id, up_to_index=3)],
             "SegmentStore/Delete": [s.DeleteRequest(segment=sealed_id)],
             "SegmentStore/GetSegmentState": [s.GetSegmentStateRequest(segment=sealed_id)],
+            "SegmentStore/ListSegmentRecords": [
+                s.ListSegmentRecordsRequest(after_stream_id=sealed_id.stream_id)
+            ],
         }
 
 

@@ -840,3 +840,63 @@ def test_a_damaged_segment_is_reported_with_acked_zero_until_mended() -> None:
     assert core.damaged() == {SEG}
     core.delete(SEG)
     assert core.damaged() == set()
+
+
+# ---- the master's segment records ----
+
+
+def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: Path) -> None:
+    from streamengine.protocol.segment_records import record_version
+    from streamengine.segment_store.keys import record_key
+    from streamengine.segment_store.store import KeepRecordsCommand, RecordsKept
+
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    held, other = SegmentKey(7, 2), SegmentKey(7, 3)
+    store.write(held, 3, 0, [ev(1)])
+    outcome = store.execute(KeepRecordsCommand(((held, b"record-a"), (other, b"record-b"))))
+    # A record of a segment the store does not hold would outlive it: dropped.
+    assert outcome == RecordsKept((held,))
+    assert store.record_version(held) == record_version(b"record-a")
+    assert store.record_version(other) == 0 and store.segment_record(other) == b""
+    kv.close()
+    # A restart knows the version of every record kept.
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    assert store.segment_record(held) == b"record-a"
+    assert store.record_version(held) == record_version(b"record-a")
+    store.delete(held)
+    assert store.record_version(held) == 0
+    assert kv.get(record_key(7, 2)) is None
+    kv.close()
+
+
+def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
+    core: SegmentStoreCore,
+) -> None:
+    from streamengine.segment_store.keys import record_key
+    from streamengine.segment_store.store import Command, DeleteCommand, KeepRecordsCommand
+
+    store = core
+    segment = SegmentKey(4, 1)
+    store.write(segment, 3, 0, [ev(1)])
+    keep: Command = KeepRecordsCommand(((segment, b"r"),))
+    delete: Command = DeleteCommand(segment)
+    for commands in ([keep, delete], [delete, keep]):
+        store.write(segment, 3, 0, [ev(1)])
+        store.apply(store.plan(commands))
+        assert store.record_version(segment) == 0
+        assert store.kv.get(record_key(4, 1)) is None
+
+
+def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore) -> None:
+    from streamengine.protocol.segment_records import RECORD_BYTES_MAX
+    from streamengine.segment_store.store import KeepRecordsCommand
+
+    store = core
+    segment = SegmentKey(4, 1)
+    store.write(segment, 3, 0, [ev(1)])
+    for raw in (b"", b"x" * (RECORD_BYTES_MAX + 1)):
+        with pytest.raises(BadRequest):
+            store.execute(KeepRecordsCommand(((segment, b"ok"), (segment, raw))))
+        assert store.record_version(segment) == 0

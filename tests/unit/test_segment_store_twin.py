@@ -15,6 +15,7 @@ from streamengine.segment_store.store import (
     Command,
     DeleteCommand,
     KeepAuthorityCommand,
+    KeepRecordsCommand,
     SealCommand,
     SegmentKey,
     SegmentStoreCore,
@@ -92,7 +93,9 @@ steps: st.SearchStrategy[tuple[str, list[Command]]] = st.one_of(
 
 
 def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
-    assert not isinstance(command, KeepAuthorityCommand), "the twin draws no authority"
+    assert not isinstance(command, KeepAuthorityCommand | KeepRecordsCommand), (
+        "the twin draws no authority nor records"
+    )
     if isinstance(command, DeleteCommand):
         existed = command.segment in twins
         twins.pop(command.segment, None)

@@ -116,6 +116,7 @@ RPC_NEEDS: dict[str, Need] = {
     "SegmentStore/Digest": Need.TENANT_READ,
     "SegmentStore/Delete": Need.MEMBER_MASTER,
     "SegmentStore/GetSegmentState": Need.TENANT_READ,
+    "SegmentStore/ListSegmentRecords": Need.MEMBER_MASTER,
 }
 
 # The master's console (HTTP, on its metrics port): the status page's data is what

@@ -371,3 +371,77 @@ class ReplicationPolicy(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicationPolicy: _TypeAlias = ReplicationPolicy  # noqa: Y015
+
+@_typing.final
+class SegmentRecord(_message.Message):
+    """What a master needs to rebuild one segment and its stream from the stores
+    (`streamengine master --rebuild`). The master sends it to the copy-set stores with its
+    heartbeat replies whenever it changes (opened, sealed, copy set or certificate
+    changed); each keeps the latest beside the segment and deletes it with the segment.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    SEGMENT_AGE_MS_FIELD_NUMBER: _builtins.int
+    STREAM_CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    COPY_SET_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    FINAL_INDEX_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    SEALED_AT_MS_FIELD_NUMBER: _builtins.int
+    SETTLED_AT_MS_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    BAD_STORES_FIELD_NUMBER: _builtins.int
+    segment_bytes: _builtins.int
+    segment_age_ms: _builtins.int
+    stream_created_at_ms: _builtins.int
+    state: Global___SegmentState.ValueType
+    final_index: _builtins.int
+    created_at_ms: _builtins.int
+    sealed_at_ms: _builtins.int
+    settled_at_ms: _builtins.int
+    @_builtins.property
+    def id(self) -> Global___SegmentId:
+        """stream_id, epoch and the stream's name (`tenant/stream`)."""
+
+    @_builtins.property
+    def policy(self) -> Global___ReplicationPolicy:
+        """The stream's policy and roll thresholds."""
+
+    @_builtins.property
+    def copy_set(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Store ids."""
+
+    @_builtins.property
+    def certificate(self) -> Global___SegmentCertificate:
+        """SEALED and certified: with its chunks and who made it."""
+
+    @_builtins.property
+    def bad_stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        id: Global___SegmentId | None = ...,
+        policy: Global___ReplicationPolicy | None = ...,
+        segment_bytes: _builtins.int = ...,
+        segment_age_ms: _builtins.int = ...,
+        stream_created_at_ms: _builtins.int = ...,
+        copy_set: _abc.Iterable[_builtins.str] | None = ...,
+        state: Global___SegmentState.ValueType = ...,
+        final_index: _builtins.int = ...,
+        created_at_ms: _builtins.int = ...,
+        sealed_at_ms: _builtins.int = ...,
+        settled_at_ms: _builtins.int = ...,
+        certificate: Global___SegmentCertificate | None = ...,
+        bad_stores: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SegmentRecord: _TypeAlias = SegmentRecord  # noqa: Y015

@@ -163,10 +163,15 @@ class HeldSegment(_message.Message):
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
     LAST_INDEX_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
+    RECORD_VERSION_FIELD_NUMBER: _builtins.int
     fence: _builtins.int
     acked_index: _builtins.int
     last_index: _builtins.int
     bytes: _builtins.int
+    record_version: _builtins.int
+    """The version of the master's record of the segment the store keeps (0: none):
+    `protocol.segment_records.record_version` of its bytes.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     def __init__(
@@ -177,10 +182,11 @@ class HeldSegment(_message.Message):
         acked_index: _builtins.int = ...,
         last_index: _builtins.int = ...,
         bytes: _builtins.int = ...,
+        record_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bytes", b"bytes", "fence", b"fence", "last_index", b"last_index", "segment", b"segment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bytes", b"bytes", "fence", b"fence", "last_index", b"last_index", "record_version", b"record_version", "segment", b"segment"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -311,6 +317,7 @@ class StoreHeartbeatReply(_message.Message):
     TENANT_APPEND_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     SCRUB_FIRST_FIELD_NUMBER: _builtins.int
     DELETED_STREAMS_FIELD_NUMBER: _builtins.int
+    SEGMENT_RECORDS_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -347,6 +354,13 @@ class StoreHeartbeatReply(_message.Message):
         reply no longer lists them. Reads (copies, Spark partitions) go on.
         """
 
+    @_builtins.property
+    def segment_records(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentRecord]:
+        """Records of segments the store holds as a member of their copy set, where the
+        store's `record_version` differs from the master's (a bounded number per reply):
+        the store keeps each beside its segment (`master --rebuild` reads them back).
+        """
+
     def __init__(
         self,
         *,
@@ -358,10 +372,11 @@ class StoreHeartbeatReply(_message.Message):
         tenant_append_bytes_per_s: _builtins.int = ...,
         scrub_first: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
         deleted_streams: _abc.Iterable[Global___DeletedStream] | None = ...,
+        segment_records: _abc.Iterable[_entry_pb2.SegmentRecord] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

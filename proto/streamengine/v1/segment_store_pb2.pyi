@@ -773,3 +773,91 @@ class SegmentStateReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SegmentStateReply: _TypeAlias = SegmentStateReply  # noqa: Y015
+
+@_typing.final
+class ListSegmentRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_STREAM_ID_FIELD_NUMBER: _builtins.int
+    AFTER_EPOCH_FIELD_NUMBER: _builtins.int
+    after_stream_id: _builtins.int
+    """The page starts after this segment ((0, 0): from the first)."""
+    after_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        after_stream_id: _builtins.int = ...,
+        after_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_epoch", b"after_epoch", "after_stream_id", b"after_stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSegmentRecordsRequest: _TypeAlias = ListSegmentRecordsRequest  # noqa: Y015
+
+@_typing.final
+class HeldSegmentRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
+    ACKED_INDEX_FIELD_NUMBER: _builtins.int
+    LAST_INDEX_FIELD_NUMBER: _builtins.int
+    BRIDGE_INDEX_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    fence: _builtins.int
+    acked_index: _builtins.int
+    last_index: _builtins.int
+    bridge_index: _builtins.int
+    """The first BRIDGE at or below the acked index (0: none): the segment is sealed there."""
+    tenant: _builtins.str
+    """The stream's tenant as its grants said ("" when never told)."""
+    record: _builtins.bytes
+    """The serialized `SegmentRecord` the master last sent; empty when none came."""
+    @_builtins.property
+    def segment(self) -> _entry_pb2.SegmentId: ...
+    def __init__(
+        self,
+        *,
+        segment: _entry_pb2.SegmentId | None = ...,
+        fence: _builtins.int = ...,
+        acked_index: _builtins.int = ...,
+        last_index: _builtins.int = ...,
+        bridge_index: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+        record: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bridge_index", b"bridge_index", "fence", b"fence", "last_index", b"last_index", "record", b"record", "segment", b"segment", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldSegmentRecord: _TypeAlias = HeldSegmentRecord  # noqa: Y015
+
+@_typing.final
+class ListSegmentRecordsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENTS_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    more: _builtins.bool
+    """More segments follow the last one listed."""
+    @_builtins.property
+    def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegmentRecord]: ...
+    def __init__(
+        self,
+        *,
+        segments: _abc.Iterable[Global___HeldSegmentRecord] | None = ...,
+        more: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["more", b"more", "segments", b"segments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSegmentRecordsReply: _TypeAlias = ListSegmentRecordsReply  # noqa: Y015

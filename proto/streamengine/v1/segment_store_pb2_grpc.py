@@ -74,6 +74,11 @@ class SegmentStoreStub:
                 request_serializer=streamengine_dot_v1_dot_segment__store__pb2.GetSegmentStateRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.SegmentStateReply.FromString,
                 _registered_method=True)
+        self.ListSegmentRecords = channel.unary_unary(
+                '/streamengine.v1.SegmentStore/ListSegmentRecords',
+                request_serializer=streamengine_dot_v1_dot_segment__store__pb2.ListSegmentRecordsRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.ListSegmentRecordsReply.FromString,
+                _registered_method=True)
 
 
 class SegmentStoreServicer:
@@ -141,6 +146,14 @@ class SegmentStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSegmentRecords(self, request, context):
+        """Every segment the store holds, in key order, a page at a time, with the master's
+        record of it (master only: `streamengine master --rebuild` reads them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SegmentStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +196,11 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     servicer.GetSegmentState,
                     request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.GetSegmentStateRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_segment__store__pb2.SegmentStateReply.SerializeToString,
+            ),
+            'ListSegmentRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSegmentRecords,
+                    request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.ListSegmentRecordsRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_segment__store__pb2.ListSegmentRecordsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +419,33 @@ class SegmentStore:
             '/streamengine.v1.SegmentStore/GetSegmentState',
             streamengine_dot_v1_dot_segment__store__pb2.GetSegmentStateRequest.SerializeToString,
             streamengine_dot_v1_dot_segment__store__pb2.SegmentStateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSegmentRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.SegmentStore/ListSegmentRecords',
+            streamengine_dot_v1_dot_segment__store__pb2.ListSegmentRecordsRequest.SerializeToString,
+            streamengine_dot_v1_dot_segment__store__pb2.ListSegmentRecordsReply.FromString,
             options,
             channel_credentials,
             insecure,

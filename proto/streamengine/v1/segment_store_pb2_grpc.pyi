@@ -73,6 +73,10 @@ class SegmentStoreStub:
     """Remove a segment and its metadata."""
     GetSegmentState: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.GetSegmentStateRequest, _segment_store_pb2.SegmentStateReply]
     """Fence, acked, matched and last index of one segment, changing nothing."""
+    ListSegmentRecords: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.ListSegmentRecordsRequest, _segment_store_pb2.ListSegmentRecordsReply]
+    """Every segment the store holds, in key order, a page at a time, with the master's
+    record of it (master only: `streamengine master --rebuild` reads them).
+    """
 
 @_typing.type_check_only
 class SegmentStoreAsyncStub(SegmentStoreStub):
@@ -103,6 +107,10 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """Remove a segment and its metadata."""
     GetSegmentState: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.GetSegmentStateRequest, _segment_store_pb2.SegmentStateReply]  # type: ignore[assignment]
     """Fence, acked, matched and last index of one segment, changing nothing."""
+    ListSegmentRecords: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.ListSegmentRecordsRequest, _segment_store_pb2.ListSegmentRecordsReply]  # type: ignore[assignment]
+    """Every segment the store holds, in key order, a page at a time, with the master's
+    record of it (master only: `streamengine master --rebuild` reads them).
+    """
 
 class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -178,5 +186,15 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_segment_store_pb2.SegmentStateReply, _abc.Awaitable[_segment_store_pb2.SegmentStateReply]]:
         """Fence, acked, matched and last index of one segment, changing nothing."""
+
+    @_abc_1.abstractmethod
+    def ListSegmentRecords(
+        self,
+        request: _segment_store_pb2.ListSegmentRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_segment_store_pb2.ListSegmentRecordsReply, _abc.Awaitable[_segment_store_pb2.ListSegmentRecordsReply]]:
+        """Every segment the store holds, in key order, a page at a time, with the master's
+        record of it (master only: `streamengine master --rebuild` reads them).
+        """
 
 def add_SegmentStoreServicer_to_server(servicer: SegmentStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,208 @@
+"""The master's metadata rebuilt from the stores' records (`master/rebuild.py`), one
+rule per test, with tables of what the stores answered."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from streamengine.master import rebuild
+from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.records import (
+    MalformedRecord,
+    RecordEncodings,
+    record_from_bytes,
+    record_pb,
+)
+from streamengine.protocol.certificate import Certificate, Chunk
+from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX
+from streamengine.v1 import entry_pb2
+
+NOW = 1_000_000
+ORDERS = StreamRecord("acme/orders", 5, 3, 2, 1 << 20, 60_000, 0, "", 10)
+OPEN, SEALING, SEALED = SegmentState.OPEN, SegmentState.SEALING, SegmentState.SEALED
+
+
+def seg(
+    epoch: int,
+    state: SegmentState = SEALED,
+    final: int = 0,
+    copy_set: tuple[str, ...] = ("s1", "s2", "s3"),
+    settled: int = 100,
+    stream: StreamRecord = ORDERS,
+) -> SegmentRecord:
+    final = final or (10 if state == SEALED else 0)
+    return SegmentRecord(
+        stream.stream_id, stream.name, epoch, copy_set, state, final, 1, 2 if final else 0, settled
+    )
+
+
+def held(
+    store: str,
+    segment: SegmentRecord | None,
+    epoch: int = 0,
+    fence: int = 0,
+    bridge: int = 0,
+    stream: StreamRecord = ORDERS,
+    tenant: str = "acme",
+) -> rebuild.Holding:
+    epoch = segment.epoch if segment is not None else epoch
+    record = (stream, segment) if segment is not None else None
+    return rebuild.Holding(
+        store, stream.stream_id, epoch, fence or epoch, 5, bridge, tenant, record
+    )
+
+
+def test_streams_segments_and_tenants_come_back_as_recorded() -> None:
+    one, two = seg(1), seg(2, OPEN)
+    out = rebuild.rebuild(
+        [held(s, one) for s in ("s1", "s2", "s3")] + [held(s, two) for s in ("s1", "s2")], NOW
+    )
+    assert out.streams == {"acme/orders": replace(ORDERS, epoch=2)}
+    assert out.segments == {(5, 1): one, (5, 2): two}
+    assert out.tenants == {"acme": NOW}
+    assert out.next_stream_id == 6
+    assert out.notes == []
+
+
+@pytest.mark.parametrize(
+    ("case", "fences", "epoch"),
+    [
+        ("the segments' epochs", [0, 0], 3),
+        ("a fence above every segment (a leader sealed it)", [7, 0], 7),
+        ("the highest fence of any store", [4, 6], 6),
+    ],
+)
+def test_the_streams_epoch_is_the_highest_any_store_knows(
+    case: str, fences: list[int], epoch: int
+) -> None:
+    three = seg(3, OPEN)
+    out = rebuild.rebuild(
+        [held("s1", three, fence=fences[0]), held("s2", three, fence=fences[1])], NOW
+    )
+    assert out.streams["acme/orders"].epoch == epoch, case
+    # The open segment below the stream's epoch waits for a leader to seal it.
+    assert out.segments[(5, 3)].state == (OPEN if epoch == 3 else SEALING), case
+
+
+@pytest.mark.parametrize(
+    ("case", "records", "state", "final"),
+    [
+        ("the sealed record wins over an open one", [seg(1, OPEN), seg(1)], SEALED, 10),
+        ("a sealing record over an open one", [seg(1, OPEN), seg(1, SEALING)], SEALING, 0),
+        (
+            "sealed records that disagree: the latest settled (logged)",
+            [seg(1, final=9, settled=50), seg(1, final=12, settled=80)],
+            SEALED,
+            12,
+        ),
+    ],
+)
+def test_the_records_of_one_segment_agree_on_the_sealed_one(
+    case: str, records: list[SegmentRecord], state: SegmentState, final: int
+) -> None:
+    holdings = [held(f"s{i + 1}", r, fence=2) for i, r in enumerate(records)]
+    out = rebuild.rebuild(holdings, NOW)
+    segment = out.segments[(5, 1)]
+    assert (segment.state, segment.final_index) == (state, final), case
+    assert bool(out.notes) == ("disagree" in case), (case, out.notes)
+
+
+def test_a_copy_set_changed_by_repair_is_the_latest_settled() -> None:
+    before = seg(1, copy_set=("s1", "s2", "s3"), settled=100)
+    after = seg(1, copy_set=("s1", "s2", "s4"), settled=200)
+    out = rebuild.rebuild([held("s3", before), held("s1", after), held("s4", after)], NOW)
+    assert out.segments[(5, 1)].copy_set == ("s1", "s2", "s4")
+
+
+def test_an_acked_bridge_seals_a_segment_whose_seal_record_did_not_arrive() -> None:
+    out = rebuild.rebuild([held("s1", seg(1, OPEN), bridge=8), held("s2", seg(1, OPEN))], NOW)
+    segment = out.segments[(5, 1)]
+    assert (segment.state, segment.final_index) == (SEALED, 8)
+    assert any("sealed at 8" in note for note in out.notes)
+
+
+def test_a_segment_without_a_record_gets_its_holders_as_copy_set() -> None:
+    out = rebuild.rebuild(
+        [held("s1", seg(1)), held("s2", None, epoch=2), held("s3", None, epoch=2)], NOW
+    )
+    segment = out.segments[(5, 2)]
+    assert (segment.copy_set, segment.state) == (("s2", "s3"), OPEN)
+    assert out.streams["acme/orders"].epoch == 2
+
+
+def test_a_stream_without_any_record_is_kept_under_its_tenant_not_deleted() -> None:
+    nameless = replace(ORDERS, stream_id=9)
+    out = rebuild.rebuild(
+        [held(s, None, epoch=1, stream=nameless, tenant="acme") for s in ("s1", "s2")], NOW
+    )
+    stream = out.streams["acme/stream-9"]
+    assert (stream.stream_id, stream.replicas, stream.write_quorum) == (9, 2, 2)
+    assert out.next_stream_id == 10
+
+
+def test_a_name_with_two_ids_is_the_higher_and_ids_never_collide() -> None:
+    old = replace(ORDERS, stream_id=3)
+    out = rebuild.rebuild([held("s1", seg(1, stream=old), stream=old), held("s1", seg(1))], NOW)
+    assert out.streams["acme/orders"].stream_id == 5
+    assert list(out.segments) == [(5, 1)]
+    assert out.next_stream_id == 6
+    assert any("not rebuilt" in note for note in out.notes)
+
+
+@pytest.mark.parametrize(
+    ("case", "registered", "answered", "named", "now", "ready", "missing"),
+    [
+        ("nobody answered yet", ["s1"], [], [], 0, False, ["s1"]),
+        ("every registered and named store answered", ["s1"], ["s1"], ["s1"], 0, True, []),
+        ("a store a record names is awaited", ["s1"], ["s1"], ["s1", "s2"], 0, False, ["s2"]),
+        ("a registered store is awaited", ["s1", "s2"], ["s1"], [], 0, False, ["s2"]),
+        ("the deadline ends the wait", ["s1", "s2"], ["s1"], ["s3"], 10, True, ["s2", "s3"]),
+        ("stores had no time to register yet", ["s1"], ["s1"], ["s1"], -1, False, []),
+    ],
+)
+def test_the_rebuild_waits_for_the_stores(
+    case: str,
+    registered: list[str],
+    answered: list[str],
+    named: list[str],
+    now: int,
+    ready: bool,
+    missing: list[str],
+) -> None:
+    assert rebuild.ready(registered, answered, named, now, 10, earliest_ms=0) == ready, case
+    assert rebuild.missing(registered, answered, named) == missing, case
+
+
+def test_a_record_goes_to_the_stores_and_comes_back_whole() -> None:
+    certificate = Certificate(10, (Chunk(10, b"\x01" * 32),))
+    segment = replace(seg(4), certificate=certificate, certified_by="writer", bad=("s2",))
+    encoded = record_pb(ORDERS, segment).SerializeToString(deterministic=True)
+    assert record_from_bytes(encoded) == (ORDERS, segment)
+    # The store keeps the bytes of the record it parsed from the reply: the same bytes,
+    # so the version it reports is the master's and the record is not sent again.
+    parsed = entry_pb2.SegmentRecord.FromString(encoded)
+    assert parsed.SerializeToString(deterministic=True) == encoded
+    with pytest.raises(MalformedRecord):
+        record_from_bytes(b"\xff\xff")
+
+
+def test_records_are_sent_only_to_members_whose_version_differs() -> None:
+    encodings = RecordEncodings()
+    one, two = seg(1), seg(2, copy_set=("s2", "s3", "s4"))
+    segments = {one.key: one, two.key: two}
+    versions = {one.key: 0, two.key: 0}
+    sent = encodings.to_send("s1", versions, segments, lambda _: ORDERS)
+    assert [r.id.epoch for r in sent] == [1]  # s1 is no member of segment 2
+    kept = encodings.encoded(ORDERS, one).version
+    assert encodings.to_send("s1", {one.key: kept}, segments, lambda _: ORDERS) == []
+    sealed_again = replace(one, copy_set=("s1", "s2", "s4"))
+    segments[one.key] = sealed_again
+    assert len(encodings.to_send("s1", {one.key: kept}, segments, lambda _: ORDERS)) == 1
+
+
+def test_a_heartbeat_carries_a_bounded_number_of_records() -> None:
+    segments = {(5, e): seg(e) for e in range(1, 2 * RECORDS_PER_HEARTBEAT_MAX)}
+    sent = RecordEncodings().to_send("s1", dict.fromkeys(segments, 0), segments, lambda _: ORDERS)
+    assert len(sent) == RECORDS_PER_HEARTBEAT_MAX
