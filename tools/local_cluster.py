@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamengine.protocol.transport import (
     CERTS_DIR_ENV,
+    MASTER_ENV,
     PLAINTEXT,
     TOKEN_ENV,
     Transport,
@@ -226,9 +227,18 @@ def run_cluster_up(
         for child in cluster.children[1:]:
             print(f"{child.name:7} {child.address}  data {data_dir / child.name}", flush=True)
         print("cluster up; Ctrl-C or SIGTERM stops it", flush=True)
-        if cluster.admin_certs_dir is not None:
+        if cluster.admin_certs_dir is None:
+            print("to use it from another shell (plaintext, loopback only):")
+            print(f"export {MASTER_ENV}={cluster.master_address}", flush=True)
+        else:
             print("to use it from another shell (TLS, as cluster admin client.root):")
-            print(f"export {CERTS_DIR_ENV}={cluster.admin_certs_dir.resolve()}", flush=True)
+            print(f"export {MASTER_ENV}={cluster.master_address}")
+            print(f"export {CERTS_DIR_ENV}={cluster.admin_certs_dir.resolve()}")
+            print(
+                "a tenant's token (a tenant then needs only ca.crt): streamengine token "
+                "create --tenant TENANT --role read|write|admin",
+                flush=True,
+            )
         while True:
             dead = cluster.first_exited()
             if dead is not None:

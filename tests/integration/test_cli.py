@@ -198,6 +198,7 @@ def test_cluster_up_serves_and_leaves_no_orphan_after_sigterm(tmp_path: Path) ->
         output = process.stdout.read()
         assert f"127.0.0.1:{port}" in output and "stopping (SIGTERM)" in output
         assert f"export STREAMENGINE_CERTS_DIR={certs['STREAMENGINE_CERTS_DIR']}" in output
+        assert f"export STREAMENGINE_MASTER=127.0.0.1:{port}" in output
     finally:
         if process.poll() is None:
             process.kill()

@@ -33,6 +33,7 @@ NODE_CERT = "node.crt"
 NODE_KEY = "node.key"
 ROOT_CLIENT = "root"
 CERTS_DIR_ENV = "STREAMENGINE_CERTS_DIR"
+MASTER_ENV = "STREAMENGINE_MASTER"
 TOKEN_ENV = "STREAMENGINE_TOKEN"
 
 Options = list[tuple[str, int | str]]
