@@ -31,6 +31,7 @@ def payload(prefix: str, number: int) -> bytes:
 
 async def run(master: str, stream: str, prefix: str, batches: int) -> int:
     async with StreamClient(master) as client:
+        say(started=True)
         try:
             async with client.writer(stream) as writer:
                 say(leading=writer.epoch)

@@ -6,9 +6,10 @@
 Per run, on a fresh stream: a writer process (`bench.append_writer`)
 appends batches; a standby writer process waits for leadership beside it (it
 heartbeats as a follower); the first is SIGKILLed mid-stream. The figure is the wall
-time from the kill to the standby's first acked append: the old lease running out on
-the master, the standby's next heartbeat winning it, sealing and recovering the old
-segment, and one append acked in the new one. Target: at most the lease + 1 s.
+time from the kill to the standby's first acked append: the master ending the dead
+holder's lease when its HoldLease call breaks, the standby's next heartbeat winning it,
+sealing and recovering the old segment, and one append acked in the new one. Goal: a
+median of 0.3 s, whatever the lease.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ ACKED_BEFORE_KILL = 20
 STANDBY_WARMUP_S = 0.5
 RUN_TIMEOUT_S = 30.0
 WRITER = [sys.executable, "-m", "bench.append_writer"]
+
+# Issue #19: a writer's crash to the standby's first ack.
+CRASH_TAKEOVER_GOAL_S = 0.3
 
 
 class WriterProcess:
@@ -154,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         f"failover over {len(results)} runs, lease {lease_s:.1f} s: kill -> first ack "
         f"median {statistics.median(acks):.3f} s, max {max(acks):.3f} s "
         f"(kill -> leading median {statistics.median(leads):.3f} s); "
-        f"target <= {lease_s + 1:.1f} s: {'met' if max(acks) <= lease_s + 1 else 'MISSED'}"
+        # The holder's death ends its lease at once (HoldLease): the wait no longer
+        # depends on the lease.
+        f"goal: median <= {CRASH_TAKEOVER_GOAL_S} s: "
+        f"{'met' if statistics.median(acks) <= CRASH_TAKEOVER_GOAL_S else 'MISSED'}"
     )
     return 0
 

@@ -206,6 +206,7 @@ class StreamClient:
             self.master,
             self._channels,
             name,
+            holding_master=self._masters.held_open,
             limits=limits,
             leadership_timeout_s=leadership_timeout_s,
             client_id=client_id,

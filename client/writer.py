@@ -40,7 +40,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -50,6 +50,7 @@ import grpc
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.leader import (
     APPEND_TIMEOUT_MS,
+    HOLD_LEASE_REOPEN_MS,
     STREAM_DELETED,
     AppendsTimedOut,
     AskRoll,
@@ -166,6 +167,7 @@ class Writer:
         channels: ChannelPool,
         stream: str,
         *,
+        holding_master: Callable[[], master_pb2_grpc.MasterAsyncStub] | None = None,
         limits: ReplicatorLimits | None = None,
         leadership_timeout_s: float | None = None,
         client_id: str | None = None,
@@ -176,6 +178,10 @@ class Writer:
         self.stream = stream
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
         self._master = master
+        # The master last seen active, for the call held open while leading (None: no
+        # such call; the lease then runs out when the writer dies).
+        self._holding_master = holding_master
+        self._hold: tuple[int, asyncio.Task[None]] | None = None  # epoch, call
         self._channels = channels
         self._leadership_timeout_s = leadership_timeout_s
         self._core = Leader(
@@ -262,6 +268,7 @@ class Writer:
         for release in self._releases:
             await self._release(release)
         released = len(self._releases)
+        self._end_hold()
         for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
         try:
@@ -465,7 +472,36 @@ class Writer:
             self._links[replica.store_id] = link
             self._link_tasks.append(self._group.create_task(link.run()))
         log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
+        self._hold_lease(action.epoch, action.grant)
         self._decided.set()
+
+    def _hold_lease(self, epoch: int, grant: bytes) -> None:
+        """Hold the lease of `epoch` open at the master (ending the call of an earlier
+        epoch, which the master then ignores: the lease is the new epoch's)."""
+        if self._holding_master is None or (self._hold is not None and self._hold[0] == epoch):
+            return
+        self._end_hold()
+        request = master_pb2.HoldLeaseRequest(
+            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=grant
+        )
+        self._hold = (epoch, self._spawn(self._holding(request)))
+
+    def _end_hold(self) -> None:
+        if self._hold is not None:
+            self._hold[1].cancel()
+            self._hold = None
+
+    async def _holding(self, request: master_pb2.HoldLeaseRequest) -> None:
+        assert self._holding_master is not None
+        while True:
+            try:
+                async for _ in self._holding_master().HoldLease(request):
+                    pass
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # a master from before the call existed: the lease runs out
+                log.debug("%s: lease call ended: %s", self.stream, error.code().name)
+            await asyncio.sleep(HOLD_LEASE_REOPEN_MS / 1000)
 
     def _assigned(self, assigned: Assigned) -> None:
         # Pending from this moment: a step-down from here on must answer it.
@@ -511,6 +547,7 @@ class Writer:
         self._waiting.clear()
 
     def _stepped_down(self, down: SteppedDown) -> None:
+        self._end_hold()
         message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
         if down.reason is StepDownReason.REFUSED and self._heartbeat_error is not None:
             self._error = self._heartbeat_error

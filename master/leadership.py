@@ -13,6 +13,12 @@ released), `expires_ms` when the holder's lease ends on the master's clock.
 - At or after `expires_ms`, the first heartbeat wins: the epoch goes up by one and the
   lease is the caller's (GRANT). The caller persists the new epoch before answering.
 - A roll is a grant to the current holder, asked for while its lease runs.
+- The holder keeps a call open while it leads (`HoldLease`); when that call ends
+  because the holder's process died (its connection reset), the lease ends at once
+  (`holder_gone`): a standby takes over without waiting it out. The holder stays the
+  holder, so if it lives after all (a connection lost, not a process), its next
+  heartbeat naming its epoch renews the lease as above, unless someone was granted
+  meanwhile. A paused or cut-off holder keeps its connection, and its lease runs out.
 - After a master restart every stream starts with `recovered_lease`: the last holder
   (persisted with its epoch) keeps leading if it heartbeats, nobody else is granted
   anything for one lease period. A holder from before the restart believes its lease
@@ -124,3 +130,15 @@ def release(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lea
     if not lease.still_holds(client_id, caller_epoch):
         return None
     return Lease(lease.epoch, "", now_ms)
+
+
+def holder_gone(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lease | None:
+    """The call the holder of `caller_epoch` held open ended (its process died, as far
+    as the master can tell): the lease ends now, the holder kept. None when the caller
+    does not hold the latest epoch (a call of an earlier epoch, after a roll or a new
+    grant), which changes nothing."""
+    if not lease.still_holds(client_id, caller_epoch):
+        return None
+    ended = replace(lease, expires_ms=min(lease.expires_ms, now_ms))
+    assert not ended.running(now_ms) and ended.still_holds(client_id, caller_epoch)
+    return ended

@@ -17,9 +17,10 @@ master in the trailing metadata when it knows it (`ACTIVE_MASTER_METADATA_KEY`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -653,13 +654,37 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 context, "ReleaseLease", authority.stream_tenant(request.stream)
             )
             record = self.state.stream(request.stream)
-            self._require_holder(
-                principal, request.grant, record, request.epoch, request.client_id
-            )
+            self._require_holder(principal, request.grant, record, request.epoch, request.client_id)
             return self.state.release_lease(request.stream, request.client_id, request.epoch, now)
 
         released = await self._call(context, "ReleaseLease", release)
         return master_pb2.ReleaseLeaseReply(released=released)
+
+    async def HoldLease(
+        self, request: master_pb2.HoldLeaseRequest, context: Context
+    ) -> AsyncIterator[master_pb2.HoldLeaseReply]:
+        def hold(now: int) -> None:
+            principal = self._require(context, "HoldLease", authority.stream_tenant(request.stream))
+            record = self.state.stream(request.stream)
+            self._require_holder(principal, request.grant, record, request.epoch, request.client_id)
+
+        await self._call(context, "HoldLease", hold)
+        try:
+            yield master_pb2.HoldLeaseReply(held=True)
+            await asyncio.Event().wait()  # until the call ends: the holder went
+        finally:
+            # A master that stops ends every call: its leases (memory only) go with it.
+            # One that is no longer active leaves the lease to the active one.
+            state = self.role.state
+            if state is not None:
+                now = self.clock_ms()
+                if state.holder_gone(request.stream, request.client_id, request.epoch, now):
+                    log.info(
+                        "the holder's call ended: its lease ends now",
+                        extra=segment_fields(
+                            request.stream, request.epoch, holder=request.client_id
+                        ),
+                    )
 
     async def RollSegment(
         self, request: master_pb2.RollSegmentRequest, context: Context
@@ -669,9 +694,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 context, "RollSegment", authority.stream_tenant(request.stream)
             )
             record = self.state.stream(request.stream)
-            self._require_holder(
-                principal, request.grant, record, request.epoch, request.client_id
-            )
+            self._require_holder(principal, request.grant, record, request.epoch, request.client_id)
             return self.state.roll_segment(
                 request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
             )

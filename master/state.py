@@ -744,6 +744,16 @@ class MasterState:
         self.leases[name] = released
         return True
 
+    def holder_gone(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
+        """The call the holder of `epoch` held open ended: whether its lease ended now
+        (`leadership.holder_gone`)."""
+        lease = self.leases.get(name)
+        ended = None if lease is None else leadership.holder_gone(lease, client_id, epoch, now_ms)
+        if ended is None:
+            return False
+        self.leases[name] = ended
+        return True
+
     def _open_epoch(
         self,
         record: StreamRecord,

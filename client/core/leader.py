@@ -142,6 +142,12 @@ ROLL_RETRY_MS = 1_000
 ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
 # After a recovery failed with a transient error, it starts again after this long.
 RECOVERY_RETRY_MS = 1_000
+# While leading, the writer holds a `HoldLease` call open at the master, so that its
+# death ends the lease at once (master/leadership.py, `holder_gone`). A call that ends
+# with the writer alive (a master restarted, a connection lost) is opened again after
+# this long, on the master then known active. It only shortens a takeover; safety and
+# the lease itself never depend on it.
+HOLD_LEASE_REOPEN_MS = 1_000
 # An append not acked this long after the core took it is answered in doubt
 # (`AppendsTimedOut`): long enough to ride out a store restart and a roll; short enough
 # that a user waiting on a stalled copy set hears about it.

@@ -253,6 +253,7 @@ def _templates() -> dict[str, Message]:
         "TrimStream": m.TrimStreamRequest(name=FUZZ_STREAM, before_sequence=1 << 32),
         "WriterHeartbeat": m.WriterHeartbeatRequest(stream=FUZZ_STREAM, client_id="fuzz"),
         "ReleaseLease": m.ReleaseLeaseRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
+        "HoldLease": m.HoldLeaseRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
         "RollSegment": m.RollSegmentRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
         "ListSegments": m.ListSegmentsRequest(stream=FUZZ_STREAM),
         "SealSegment": m.SealSegmentRequest(stream=FUZZ_STREAM, segment_epoch=2,

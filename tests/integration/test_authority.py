@@ -280,6 +280,16 @@ def every_rpc_as(
     def on_store(address: str, method: str, request: Any) -> Callable[[], object]:
         return lambda: store_call(address, method, request, token)
 
+    def hold() -> object:
+        request = m.HoldLeaseRequest(**lease, grant=driver.grant)
+        with grpc.insecure_channel(cluster.master_address) as channel:
+            replies = master_pb2_grpc.MasterStub(channel).HoldLease(
+                request, timeout=TIMEOUT_S, metadata=bearer(token)
+            )
+            first = next(iter(replies))
+            replies.cancel()
+            return first
+
     def subscribe() -> object:
         start = s.SubscribeRequest(start=s.SubscribeStart(segment=sealed.id, from_index=1))
         with grpc.insecure_channel(store) as channel:
@@ -321,6 +331,7 @@ def every_rpc_as(
         "Master/ReleaseLease": master(
             "ReleaseLease", m.ReleaseLeaseRequest(**lease, grant=driver.grant)
         ),
+        "Master/HoldLease": hold,
         "Master/RollSegment": master(
             "RollSegment", m.RollSegmentRequest(**lease, grant=driver.grant)
         ),

@@ -35,7 +35,7 @@ m = master_pb2
 s = segment_store_pb2
 P = entry_pb2.ReplicationPolicy
 CALL_TIMEOUT_S = 3.0
-# Examples per RPC and caller: 32 RPCs, a few hundred calls in all, some seconds.
+# Examples per RPC and caller: 33 RPCs, a few hundred calls in all, some seconds.
 EXAMPLES = 25
 FORGER = GrantSigner(SigningKey(bytes(range(50, 82))))
 READ_ONLY = {
@@ -56,7 +56,8 @@ READ_ONLY = {
     "SegmentStore/Seal",
 }
 STREAMING = {"SegmentStore/Write": "stream", "SegmentStore/Subscribe": "stream"}
-SERVER_STREAMING = {"SegmentStore/Read"}
+SERVER_STREAMING = {"SegmentStore/Read", "Master/HoldLease"}
+HELD_OPEN = {"Master/HoldLease"}
 
 
 class Victim:
@@ -149,6 +150,10 @@ class Victim:
             "Master/ReleaseLease": [
                 m.ReleaseLeaseRequest(**lease, grant=driver.grant),
                 m.ReleaseLeaseRequest(**lease, grant=forged),
+            ],
+            "Master/HoldLease": [
+                m.HoldLeaseRequest(**lease, grant=driver.grant),
+                m.HoldLeaseRequest(**lease, grant=forged),
             ],
             "Master/RollSegment": [
                 m.RollSegmentRequest(**lease, grant=driver.grant),
@@ -297,8 +302,13 @@ def send(address: str, rpc: str, messages: list[bytes], token: str | None) -> gr
                 call.cancel()
             elif rpc in SERVER_STREAMING:
                 reading: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path)
-                for _ in reading(messages[0], timeout=CALL_TIMEOUT_S, metadata=metadata):
-                    pass
+                replies = reading(messages[0], timeout=CALL_TIMEOUT_S, metadata=metadata)
+                if rpc in HELD_OPEN:
+                    next(iter(replies), None)  # the first answer: it stays open after
+                    replies.cancel()
+                else:
+                    for _ in replies:
+                        pass
             else:
                 unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
                 unary(messages[0], timeout=CALL_TIMEOUT_S, metadata=metadata)

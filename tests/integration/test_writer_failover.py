@@ -68,6 +68,49 @@ async def test_a_killed_writer_is_taken_over_and_every_acked_append_survives_onc
         assert by_epoch[first_epoch].state == entry_pb2.SEALED
 
 
+async def test_a_killed_leaders_lease_ends_at_once_and_a_paused_ones_runs_out(
+    tmp_path: Path, writers: list[WriterProcess]
+) -> None:
+    """The leader holds a call open at the master; its death (the kernel resets the
+    connection) ends the lease at once. A paused leader keeps its connection: the
+    standby waits the lease out, as before."""
+    lease_s = 8.0
+    name = "failover/held"
+    args = ["--lease-ms", str(int(lease_s * 1000))]
+    with running_cluster(tmp_path, stores=3, master_args=args) as cluster:
+        async with StreamClient(cluster.master_address) as client:
+            await client.create_stream(name, replicas=3, write_quorum=2)
+
+        def started(prefix: str) -> WriterProcess:
+            writer = WriterProcess(cluster.master_address, name, prefix)
+            writers.append(writer)
+            return writer
+
+        first = started("a")
+        await wait_until(lambda: first.last_acked() >= 50, 30, "the first writer leads")
+        second = started("b")
+        await wait_until(lambda: second.first("started") is not None, 30, "a standby")
+        first.signal(signal.SIGKILL)
+        killed_at = time.time()
+        await wait_until(lambda: second.first("leading") is not None, 2 * lease_s, "takeover")
+        leading = second.first("leading")
+        assert leading is not None
+        # Without the held call the standby waits out what is left of the lease: at
+        # least two thirds of it (renewed every third).
+        assert leading["t"] - killed_at < lease_s / 2, leading["t"] - killed_at
+
+        await wait_until(lambda: second.last_acked() >= 50, 30, "the second writer appends")
+        third = started("c")
+        await wait_until(lambda: third.first("started") is not None, 30, "a standby")
+        second.signal(signal.SIGSTOP)
+        paused_at = time.time()
+        await wait_until(lambda: third.first("leading") is not None, 3 * lease_s, "takeover")
+        leading = third.first("leading")
+        assert leading is not None
+        assert leading["t"] - paused_at > lease_s / 2, leading["t"] - paused_at
+        second.signal(signal.SIGKILL)
+
+
 async def test_a_paused_leader_gets_nothing_acked_after_a_takeover(
     cluster: Cluster, writers: list[WriterProcess]
 ) -> None:

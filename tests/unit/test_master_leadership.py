@@ -186,6 +186,30 @@ def test_release(rule, client, epoch, now, result) -> None:
     assert leadership.release(Lease(3, "a", 900), client, epoch, now) == result, rule
 
 
+@pytest.mark.parametrize(
+    ("rule", "client", "epoch", "now", "result"),
+    [
+        ("the holder's call ends: the lease ends now, held", "a", 3, 10, Lease(3, "a", 10)),
+        ("after it ran out: unchanged", "a", 3, 950, Lease(3, "a", 900)),
+        ("another client's call changes nothing", "b", 3, 10, None),
+        ("a call of an earlier epoch (before a roll) changes nothing", "a", 2, 10, None),
+    ],
+)
+def test_holder_gone(rule, client, epoch, now, result) -> None:
+    assert leadership.holder_gone(Lease(3, "a", 900), client, epoch, now) == result, rule
+
+
+def test_a_holder_whose_call_ended_but_lives_renews_unless_someone_took_over() -> None:
+    gone = leadership.holder_gone(Lease(3, "a", 900), "a", 3, 10)
+    assert gone is not None
+    renewed = leadership.heartbeat(gone, "a", 3, 20, LEASE)
+    assert (renewed.outcome, renewed.lease) == (Outcome.RENEWED, Lease(3, "a", 20 + LEASE))
+    taken = leadership.heartbeat(gone, "b", 0, 20, LEASE)
+    assert (taken.outcome, taken.lease) == (Outcome.GRANTED, Lease(4, "b", 20 + LEASE))
+    late = leadership.heartbeat(taken.lease, "a", 3, 30, LEASE)
+    assert late.outcome is Outcome.FOLLOW
+
+
 def test_epochs_strictly_increase_over_any_sequence_of_grants() -> None:
     lease = Lease(0, "", 0)
     epochs = []

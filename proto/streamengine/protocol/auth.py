@@ -97,6 +97,7 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/TrimStream": Need.TENANT_ADMIN,
     "Master/WriterHeartbeat": Need.TENANT_WRITE,
     "Master/ReleaseLease": Need.TENANT_WRITE,
+    "Master/HoldLease": Need.TENANT_WRITE,
     "Master/RollSegment": Need.TENANT_WRITE,
     "Master/ListSegments": Need.TENANT_READ,
     "Master/SealSegment": Need.TENANT_WRITE,

@@ -74,6 +74,11 @@ class AsyncMasters(_Masters):
     def stub(self) -> master_pb2_grpc.MasterAsyncStub:
         return cast("master_pb2_grpc.MasterAsyncStub", _AsyncStub(self))
 
+    def held_open(self) -> master_pb2_grpc.MasterAsyncStub:
+        """A plain stub on the master last seen active, for a call held open: it does
+        not follow another master (its caller opens it again, here, when it ends)."""
+        return master_pb2_grpc.MasterStub(self._channel(self.current))
+
     async def call(
         self, method: str, request: Any, timeout_s: float | None, **kwargs: Any
     ) -> tuple[Any, grpc.aio.UnaryUnaryCall[Any, Any]]:

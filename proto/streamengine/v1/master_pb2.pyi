@@ -932,6 +932,54 @@ class WriterHeartbeatReply(_message.Message):
 Global___WriterHeartbeatReply: _TypeAlias = WriterHeartbeatReply  # noqa: Y015
 
 @_typing.final
+class HoldLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    GRANT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    client_id: _builtins.str
+    epoch: _builtins.int
+    grant: _builtins.bytes
+    """The master's grant of `epoch` to `client_id` (as ReleaseLease)."""
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        grant: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldLeaseRequest: _TypeAlias = HoldLeaseRequest  # noqa: Y015
+
+@_typing.final
+class HoldLeaseReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELD_FIELD_NUMBER: _builtins.int
+    held: _builtins.bool
+    def __init__(
+        self,
+        *,
+        held: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held", b"held"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldLeaseReply: _TypeAlias = HoldLeaseReply  # noqa: Y015
+
+@_typing.final
 class ReleaseLeaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -100,6 +100,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.ReleaseLeaseRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.ReleaseLeaseReply.FromString,
                 _registered_method=True)
+        self.HoldLease = channel.unary_stream(
+                '/streamengine.v1.Master/HoldLease',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseReply.FromString,
+                _registered_method=True)
         self.RollSegment = channel.unary_unary(
                 '/streamengine.v1.Master/RollSegment',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.SerializeToString,
@@ -242,6 +247,17 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HoldLease(self, request, context):
+        """The leader of a stream holds this call open while it leads `epoch` (one reply:
+        held). When the call ends because the leader's process died (the kernel resets its
+        connection), the master ends the lease at once, so a standby need not wait it out;
+        the holder stays the holder, and renews by heartbeat if it lives after all. A
+        paused or cut-off leader keeps its connection, and its lease runs its course.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RollSegment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -379,6 +395,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReleaseLease,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.ReleaseLeaseRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.ReleaseLeaseReply.SerializeToString,
+            ),
+            'HoldLease': grpc.unary_stream_rpc_method_handler(
+                    servicer.HoldLease,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseReply.SerializeToString,
             ),
             'RollSegment': grpc.unary_unary_rpc_method_handler(
                     servicer.RollSegment,
@@ -782,6 +803,33 @@ class Master:
             '/streamengine.v1.Master/ReleaseLease',
             streamengine_dot_v1_dot_master__pb2.ReleaseLeaseRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.ReleaseLeaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/streamengine.v1.Master/HoldLease',
+            streamengine_dot_v1_dot_master__pb2.HoldLeaseRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.HoldLeaseReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,6 +77,13 @@ class MasterStub:
     WriterHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.WriterHeartbeatRequest, _master_pb2.WriterHeartbeatReply]
     """Writers: leases and epochs."""
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_master_pb2.ReleaseLeaseRequest, _master_pb2.ReleaseLeaseReply]
+    HoldLease: _grpc.UnaryStreamMultiCallable[_master_pb2.HoldLeaseRequest, _master_pb2.HoldLeaseReply]
+    """The leader of a stream holds this call open while it leads `epoch` (one reply:
+    held). When the call ends because the leader's process died (the kernel resets its
+    connection), the master ends the lease at once, so a standby need not wait it out;
+    the holder stays the holder, and renews by heartbeat if it lives after all. A
+    paused or cut-off leader keeps its connection, and its lease runs its course.
+    """
     RollSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]
     ListSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]
     """Segments."""
@@ -128,6 +135,13 @@ class MasterAsyncStub(MasterStub):
     WriterHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.WriterHeartbeatRequest, _master_pb2.WriterHeartbeatReply]  # type: ignore[assignment]
     """Writers: leases and epochs."""
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_master_pb2.ReleaseLeaseRequest, _master_pb2.ReleaseLeaseReply]  # type: ignore[assignment]
+    HoldLease: _aio.UnaryStreamMultiCallable[_master_pb2.HoldLeaseRequest, _master_pb2.HoldLeaseReply]  # type: ignore[assignment]
+    """The leader of a stream holds this call open while it leads `epoch` (one reply:
+    held). When the call ends because the leader's process died (the kernel resets its
+    connection), the master ends the lease at once, so a standby need not wait it out;
+    the holder stays the holder, and renews by heartbeat if it lives after all. A
+    paused or cut-off leader keeps its connection, and its lease runs its course.
+    """
     RollSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]  # type: ignore[assignment]
     ListSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]  # type: ignore[assignment]
     """Segments."""
@@ -254,6 +268,19 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.ReleaseLeaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.ReleaseLeaseReply, _abc.Awaitable[_master_pb2.ReleaseLeaseReply]]: ...
+
+    @_abc_1.abstractmethod
+    def HoldLease(
+        self,
+        request: _master_pb2.HoldLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_master_pb2.HoldLeaseReply], _abc.AsyncIterator[_master_pb2.HoldLeaseReply]]:
+        """The leader of a stream holds this call open while it leads `epoch` (one reply:
+        held). When the call ends because the leader's process died (the kernel resets its
+        connection), the master ends the lease at once, so a standby need not wait it out;
+        the holder stays the holder, and renews by heartbeat if it lives after all. A
+        paused or cut-off leader keeps its connection, and its lease runs its course.
+        """
 
     @_abc_1.abstractmethod
     def RollSegment(
