@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
 
 from streamengine.etcd import rpc_pb2_grpc
 from streamengine.master.errors import InvalidArgument
+from streamengine.protocol import transport
 from streamengine.protocol.channels import CLIENT_OPTIONS
 
 T = TypeVar("T")
@@ -82,14 +84,45 @@ def parse_etcd_url(url: str) -> EtcdConfig:
     return EtcdConfig(endpoints, prefix.encode())
 
 
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS to etcd with a client certificate (etcd's `--client-cert-auth`): the
+    cluster's CA checks etcd's certificate, and etcd checks ours against it."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes = field(repr=False)
+
+    @classmethod
+    def from_certs_dir(cls, certs_dir: Path) -> EtcdTLS:
+        """A master's node certificate, or else a cluster admin's `client.root`
+        (`metadata backup` and `restore`). Raises TransportError when neither is there."""
+        cert, key = certs_dir / transport.NODE_CERT, certs_dir / transport.NODE_KEY
+        if not cert.exists():
+            cert, key = transport.client_cert_paths(certs_dir, transport.ROOT_CLIENT)
+        try:
+            return cls(
+                (certs_dir / transport.CA_CERT).read_bytes(), cert.read_bytes(), key.read_bytes()
+            )
+        except OSError as error:
+            raise transport.TransportError(
+                f"etcd over TLS needs ca.crt and node.crt/key (or client.root.crt/key) in "
+                f"{certs_dir}: {error.strerror or error}"
+            ) from None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca_pem, self.key_pem, self.cert_pem)
+
+
 class EtcdClient:
     """Channels to every member, blocking and asyncio, and the member to try first.
 
     Blocking calls serve the metadata store (the master's state commits synchronously,
     see `master.etcd_metadata`); asyncio calls serve the election and its keepalive."""
 
-    def __init__(self, config: EtcdConfig) -> None:
+    def __init__(self, config: EtcdConfig, tls: EtcdTLS | None = None) -> None:
         self.config = config
+        self._tls = tls
         self._current = 0
         self._sync: dict[str, grpc.Channel] = {}
         self._aio: dict[str, grpc.aio.Channel] = {}
@@ -106,13 +139,21 @@ class EtcdClient:
     def _sync_channel(self, member: str) -> grpc.Channel:
         channel = self._sync.get(member)
         if channel is None:
-            channel = self._sync[member] = grpc.insecure_channel(member, options=CLIENT_OPTIONS)
+            if self._tls is None:
+                channel = grpc.insecure_channel(member, options=CLIENT_OPTIONS)
+            else:
+                channel = grpc.secure_channel(member, self._tls.credentials(), CLIENT_OPTIONS)
+            self._sync[member] = channel
         return channel
 
     def aio_channel(self, member: str) -> grpc.aio.Channel:
         channel = self._aio.get(member)
         if channel is None:
-            channel = self._aio[member] = grpc.aio.insecure_channel(member, options=CLIENT_OPTIONS)
+            if self._tls is None:
+                channel = grpc.aio.insecure_channel(member, options=CLIENT_OPTIONS)
+            else:
+                channel = grpc.aio.secure_channel(member, self._tls.credentials(), CLIENT_OPTIONS)
+            self._aio[member] = channel
         return channel
 
     def kv(self, member: str) -> rpc_pb2_grpc.KVStub:

@@ -33,7 +33,7 @@ from streamengine.master.catalog import Catalog
 from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
 from streamengine.master.errors import InvalidArgument
-from streamengine.master.etcd import EtcdClient, is_etcd_url, parse_etcd_url
+from streamengine.master.etcd import EtcdClient, EtcdTLS, is_etcd_url, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata
 from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
 from streamengine.master.metrics import Metrics
@@ -384,7 +384,10 @@ async def _etcd_master(
     """Stand by or serve as the election says (`master.ha`); on a clean stop give the
     election lease back so that a standby takes over at once."""
     config = parse_etcd_url(args.metadata)
-    client = EtcdClient(config)
+    # etcd follows the master's transport: TLS with its node certificate when it has one.
+    client = EtcdClient(
+        config, None if args.certs_dir is None else EtcdTLS.from_certs_dir(args.certs_dir)
+    )
     election = Election(client, role.address, args.election_ttl_s, _clock_ms)
     metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
     elected = ElectedMaster(

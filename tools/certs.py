@@ -228,23 +228,28 @@ def create_node(
     *,
     master: bool = False,
     store_id: str = "",
+    etcd: bool = False,
     ca_key_path: Path | None = None,
     lifetime_days: int = NODE_LIFETIME_DAYS_DEFAULT,
 ) -> Path:
     """`node.crt` + `node.key`: a server's certificate for `hosts` (DNS names or IPs),
     naming it the master or store `store_id`. Members use it both to serve and to call
-    each other, so it is good for server and client authentication."""
-    if master == bool(store_id):
-        raise CertError("a node is either the master (--master) or a store (--store-id ID)")
+    each other, so it is good for server and client authentication. An etcd member's
+    (`etcd`) names no identity: it proves nothing to the masters and stores, and etcd
+    uses it to serve the masters and to reach its peers."""
+    if [master, bool(store_id), etcd].count(True) != 1:
+        raise CertError(
+            "a node is the master (--master), a store (--store-id ID) or an etcd member (--etcd)"
+        )
     if not hosts:
         raise CertError("name at least one host or IP the node is reached by")
     if any(host.startswith(auth.URI_PREFIX) or not host for host in hosts):
         raise CertError("a host is a DNS name or an IP address")
-    identity = auth.MEMBER_URI_MASTER if master else auth.store_uri(store_id)
+    identity = auth.MEMBER_URI_MASTER if master else "" if etcd else auth.store_uri(store_id)
     authority = load_authority(certs_dir, ca_key_path)
     certificate, key = _sign(
         authority,
-        "master" if master else f"store {store_id}",
+        "master" if master else "etcd" if etcd else f"store {store_id}",
         _san_entries(hosts, identity),
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
         lifetime_days,
@@ -291,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
                 args.hosts,
                 master=args.master,
                 store_id=args.store_id,
+                etcd=args.etcd,
                 ca_key_path=args.ca_key,
                 lifetime_days=args.lifetime_days,
             )
@@ -340,7 +346,9 @@ class LocalCerts:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / transport.CA_CERT).write_bytes((self.ca_dir / transport.CA_CERT).read_bytes())
 
-    def add_node(self, name: str, *, master: bool = False, store_id: str = "") -> Path:
+    def add_node(
+        self, name: str, *, master: bool = False, store_id: str = "", etcd: bool = False
+    ) -> Path:
         """`node_dir(name)`, made on first use; kept when it holds a certificate."""
         directory = self.node_dir(name)
         if not (directory / transport.NODE_CERT).exists():
@@ -350,6 +358,7 @@ class LocalCerts:
                 LOCAL_HOSTS,
                 master=master,
                 store_id=store_id,
+                etcd=etcd,
                 ca_key_path=self.ca_dir / CA_KEY,
             )
         return directory

@@ -92,11 +92,18 @@ def _add_cert_commands(commands: Subparsers) -> None:
     actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
     ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
     ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
-    node = actions.add_parser("create-node", help="node.crt + node.key for a master or store")
+    node = actions.add_parser(
+        "create-node", help="node.crt + node.key for a master, a store or an etcd member"
+    )
     node.add_argument("hosts", nargs="+", metavar="HOST", help="DNS names and IPs it serves on")
     role = node.add_mutually_exclusive_group(required=True)
     role.add_argument("--master", action="store_true", help="the master's certificate")
     role.add_argument("--store-id", default="", help="a store's certificate, for this store id")
+    role.add_argument(
+        "--etcd",
+        action="store_true",
+        help="an etcd member's certificate (server and peer): no Stream Engine identity",
+    )
     client = actions.add_parser("create-client", help="client.NAME.crt + client.NAME.key")
     client.add_argument("name", help="client name (root is always a cluster admin)")
     client.add_argument("--admin", action="store_true", help="a cluster admin's certificate")
@@ -388,6 +395,13 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         where.add_argument("--data", type=Path, help="a master's --data (embedded RocksDB)")
         where.add_argument(
             "--metadata", metavar="etcd://HOST:PORT[,...][/PREFIX]", help="the masters' etcd"
+        )
+        parser.add_argument(
+            "--certs-dir",
+            type=Path,
+            default=os.environ.get(f"{ENV_PREFIX}CERTS_DIR") or None,
+            help="reach etcd over TLS with ca.crt and node.crt or client.root.crt of this "
+            "directory, as the masters do (default: $STREAMENGINE_CERTS_DIR; none: plaintext)",
         )
 
 

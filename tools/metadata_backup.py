@@ -25,10 +25,11 @@ from pathlib import Path
 from streamengine.client.errors import InvalidArgument, StreamEngineError, Unavailable
 from streamengine.master.catalog import raise_epochs
 from streamengine.master.errors import MasterError
-from streamengine.master.etcd import EtcdClient, parse_etcd_url
+from streamengine.master.etcd import EtcdClient, EtcdTLS, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata, NoMasterGuard
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX, Metadata, Transaction
 from streamengine.master.rocksdb_metadata import RocksDBMetadata, snapshot_records
+from streamengine.protocol.transport import TransportError
 
 FORMAT = "streamengine-metadata"
 VERSION = 1
@@ -80,11 +81,14 @@ def read_backup(path: Path) -> list[tuple[bytes, bytes]]:
     return records
 
 
-def _etcd(url: str) -> EtcdMetadata:
+def _etcd(url: str, certs_dir: Path | None) -> EtcdMetadata:
     try:
-        return EtcdMetadata(EtcdClient(parse_etcd_url(url)))
+        tls = None if certs_dir is None else EtcdTLS.from_certs_dir(certs_dir)
+        return EtcdMetadata(EtcdClient(parse_etcd_url(url), tls))
     except MasterError as error:
         raise InvalidArgument(f"--metadata: {error}") from None
+    except TransportError as error:
+        raise InvalidArgument(str(error)) from None
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -92,7 +96,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         if args.data is not None:
             records = snapshot_records(args.data)
         else:
-            metadata = _etcd(args.metadata)
+            metadata = _etcd(args.metadata, args.certs_dir)
             try:
                 records = metadata.read_all()
             finally:
@@ -137,7 +141,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             finally:
                 embedded.close()
         else:
-            metadata = _etcd(args.metadata)
+            metadata = _etcd(args.metadata, args.certs_dir)
             # Every transaction compares that no master is in the election.
             metadata.guard = NoMasterGuard()
             try:

@@ -28,7 +28,7 @@ async def test_explain_says_what_the_next_leaders_recovery_does(
         await wait_until(lambda: old.last_acked() >= 200, 30, "200 acked appends")
         old.signal(signal.SIGKILL)
         old.kill()
-        old_epoch = old.lines[0]["leading"]
+        old_epoch = old.leading_epoch()
 
         explanation = await asyncio.to_thread(explain_stream, cluster.master_address, name)
         [segment] = [s for s in explanation.segments if s.epoch == old_epoch]

@@ -26,12 +26,14 @@ import pytest
 
 from streamengine.client import StreamClient
 from streamengine.etcd import rpc_pb2, rpc_pb2_grpc
-from streamengine.master.etcd import parse_etcd_url
+from streamengine.master.etcd import EtcdTLS, parse_etcd_url
 from streamengine.master.metadata import prefix_end
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
+from streamengine.tools.certs import create_local_certs
 from streamengine.tools.harness import (
     Cluster,
     EtcdCluster,
+    etcd_answers,
     etcd_binary,
     is_active_master,
     running_etcd,
@@ -159,7 +161,7 @@ async def test_sigkill_of_the_active_master_under_a_writer_fails_over_within_2_s
             await client.create_stream(stream, replicas=3, write_quorum=2)
             load = Load(cluster, stream, writers)
             await load.wait_acked(300, 30, "300 acked appends")
-            first_epoch = load.current.lines[0]["leading"]
+            first_epoch = load.current.leading_epoch()
 
             old = cluster.master
             old.kill()
@@ -179,7 +181,7 @@ async def test_sigkill_of_the_active_master_under_a_writer_fails_over_within_2_s
             load.prefixes.append("takeover")
             await wait_until(lambda: second.process.poll() is not None, 30, "takeover")
             assert second.first("done"), second.lines
-            takeover_epoch = second.lines[0]["leading"]
+            takeover_epoch = second.leading_epoch()
             assert takeover_epoch > first_epoch
             load.stop()
 
@@ -375,3 +377,50 @@ async def test_clients_stores_and_tools_given_a_standby_first_reach_the_active_m
             assert (await client.describe_stream("ha/listed")).epoch == 1
         bad = run_cli("status", "--master", "nowhere")
         assert bad.returncode == 1 and "HOST:PORT" in bad.stderr and "Traceback" not in bad.stderr
+
+
+async def test_masters_on_a_tls_etcd_fail_over_and_etcd_refuses_other_clients(
+    tmp_path: Path,
+) -> None:
+    """etcd with TLS and client certificates (its own member certificate from the
+    cluster's CA): the masters reach it with their node certificates and fail over as on
+    a plaintext one; a plaintext client, and one with another CA's certificate, get
+    nothing from etcd; `metadata backup` reaches it with the admin's certs dir."""
+    certs = create_local_certs(tmp_path / "certs")
+    with (
+        running_etcd(tmp_path / "etcd", certs=certs) as etcd,
+        running_ha_cluster(tmp_path, etcd, masters=2, certs=certs) as cluster,
+    ):
+        assert etcd.tls is not None
+        endpoint = etcd.endpoints[0]
+        assert etcd_answers(endpoint, tls=etcd.tls)
+        assert not etcd_answers(endpoint)  # plaintext
+        other = create_local_certs(tmp_path / "other-ca")
+        assert not etcd_answers(endpoint, tls=EtcdTLS.from_certs_dir(other.client_dir))
+
+        stream = "ha/tls"
+        admin = cluster.admin_certs_dir
+        async with StreamClient(cluster.master_address, certs_dir=admin) as client:
+            await client.create_stream(stream, replicas=3, write_quorum=2)
+            async with client.writer(stream, leadership_timeout_s=15) as writer:
+                await writer.append_batch([b"before-%d" % n for n in range(100)])
+            old = cluster.master
+            old.kill()
+            await wait_failover(cluster, old.address)
+            async with client.writer(stream, leadership_timeout_s=30) as writer:
+                await writer.append_batch([b"after-%d" % n for n in range(100)])
+            await client.seal(stream)
+            events = await read_all(client, stream)
+        payloads = [payload for _, payload in events]
+        expected = [b"before-%d" % n for n in range(100)] + [b"after-%d" % n for n in range(100)]
+        assert payloads == expected
+
+        backup = tmp_path / "metadata.backup"
+        url = etcd.url()
+        refused = run_cli("metadata", "backup", "--metadata", url, "--to", str(backup))
+        assert refused.returncode != 0 and not backup.exists()
+        saved = run_cli(
+            "metadata", "backup", "--metadata", url, "--to", str(backup), "--certs-dir", str(admin)
+        )
+        assert saved.returncode == 0, saved.stdout + saved.stderr
+        assert backup.stat().st_size > 0

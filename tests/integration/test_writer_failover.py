@@ -47,7 +47,7 @@ async def test_a_killed_writer_is_taken_over_and_every_acked_append_survives_onc
         first.signal(signal.SIGKILL)
         first.kill()
         acked_before_kill = first.last_acked()
-        first_epoch = first.lines[0]["leading"]
+        first_epoch = first.leading_epoch()
 
         second = WriterProcess(cluster.master_address, name, "b", batches=5)
         writers.append(second)
@@ -123,7 +123,7 @@ async def test_a_paused_leader_gets_nothing_acked_after_a_takeover(
         old.signal(signal.SIGSTOP)
         try:
             async with client.writer(name, leadership_timeout_s=15) as new:
-                assert new.epoch > old.lines[0]["leading"]
+                assert new.epoch > old.leading_epoch()
                 await new.append_batch([b"b-%06d" % i for i in range(20)])
                 old.signal(signal.SIGCONT)
                 await wait_until(lambda: old.first("error") is not None, 15, "old leader fails")

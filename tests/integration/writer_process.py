@@ -52,6 +52,13 @@ class WriterProcess:
         acked = self.acked()
         return acked[-1]["acked"] if acked else -1
 
+    def leading_epoch(self) -> int:
+        """The epoch it led first (it printed `leading`)."""
+        line = self.first("leading")
+        assert line is not None, f"{self.prefix} never led: {self.lines}"
+        epoch: int = line["leading"]
+        return epoch
+
     def first(self, key: str) -> dict[str, Any] | None:
         return next((line for line in list(self.lines) if key in line), None)
 
