@@ -59,6 +59,35 @@ def choose_copy_set(
     return tuple(s.store_id for s in _pick(usable, replicas, ()))
 
 
+def drain_refusal(
+    stores: Iterable[StoreView], store_id: str, replicas_by_stream: Mapping[str, int]
+) -> str:
+    """Why draining `store_id` would leave some stream short of stores for a copy set
+    ("" when it would not): the stores left usable must hold N replicas of every stream,
+    in as many distinct zones as the usable stores span now (up to N) where zones are
+    used (rule 3 spreads them, and a drain must not take that away)."""
+    views = list(stores)
+    before = [s for s in views if s.usable or s.store_id == store_id]
+    after = [s for s in before if s.store_id != store_id]
+    zones_before = {s.zone for s in before}
+    zones_after = {s.zone for s in after}
+    zoned = any(s.zone for s in views)
+    for stream, replicas in sorted(replicas_by_stream.items(), key=lambda i: (-i[1], i[0])):
+        if len(after) < replicas:
+            return (
+                f"{stream} keeps {replicas} replicas: {len(after)} usable stores would be "
+                f"left without {store_id}"
+            )
+        wanted = min(replicas, len(zones_before))
+        if zoned and len(zones_after) < wanted:
+            return (
+                f"{stream} keeps {replicas} replicas in distinct zones: without {store_id} "
+                f"the usable stores span {len(zones_after)} zones "
+                f"({', '.join(sorted(zones_after)) or 'none'}), not {wanted}"
+            )
+    return ""
+
+
 def choose_target(
     stores: Iterable[StoreView], keep: Iterable[str], avoid: Iterable[str] = ()
 ) -> str | None:

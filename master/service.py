@@ -903,7 +903,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RepairPlan:
         def drain(now: int) -> master_pb2.RepairPlan:
             self._require(context, "DrainStore")
-            self.state.set_draining(request.store_id)
+            if request.cancel:
+                self.state.set_draining(request.store_id, now, draining=False)
+                return master_pb2.RepairPlan()
+            if request.dry_run:
+                refusal = self.state.drain_refusal(request.store_id, now)
+                if refusal:
+                    raise errors.NotEnoughStores(f"drain of {request.store_id} refused: {refusal}")
+            else:
+                self.state.set_draining(request.store_id, now)
             tasks, before, after = self.state.drain_preview(request.store_id, now)
             return self._plan(tasks, before, after)
 

@@ -19,6 +19,7 @@ from streamengine.master.durability import DurabilityLedger, Exposure
 from streamengine.master.errors import (
     AlreadyExists,
     InvalidArgument,
+    NotEnoughStores,
     NotFound,
     NotLeader,
     QuotaExceeded,
@@ -1042,12 +1043,26 @@ class MasterState:
             return key[1] <= stream.trimmed_through_epoch
         return segment.state == SegmentState.SEALED and store_id not in segment.copy_set
 
-    def set_draining(self, store_id: str) -> StoreRecord:
+    def drain_refusal(self, store_id: str, now_ms: int) -> str:
+        """Why draining `store_id` would leave a stream without stores for N replicas
+        (`placement.drain_refusal`), "" when it would not."""
+        if store_id not in self.stores:
+            raise NotFound(f"store {store_id!r} is not registered")
+        replicas = {r.name: r.replicas for r in self.streams.values() if not r.deleted_until_ms}
+        return placement.drain_refusal(self.store_views(now_ms).values(), store_id, replicas)
+
+    def set_draining(self, store_id: str, now_ms: int, draining: bool = True) -> StoreRecord:
+        """Drain `store_id` (refused with NotEnoughStores when that would leave a stream
+        without stores for its replicas), or end its drain (`draining` False)."""
         record = self.stores.get(store_id)
         if record is None:
             raise NotFound(f"store {store_id!r} is not registered")
-        if not record.draining:
-            record = replace(record, draining=True)
+        if draining and not record.draining:
+            refusal = self.drain_refusal(store_id, now_ms)
+            if refusal:
+                raise NotEnoughStores(f"drain of {store_id} refused: {refusal}")
+        if record.draining != draining:
+            record = replace(record, draining=draining)
             self.catalog.commit(Batch().store(record))
             self.stores[store_id] = record
         return record

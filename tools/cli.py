@@ -269,9 +269,21 @@ def _add_admin_commands(commands: Subparsers) -> None:
     status = commands.add_parser("status", help="stores, streams, under-replicated segments")
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_status"))
-    drain = commands.add_parser("drain", help="move every replica off a store")
+    drain = commands.add_parser(
+        "drain",
+        help="move every replica off a store (refused when the stores left could not hold "
+        "every stream's replicas)",
+    )
     drain.add_argument("store", help="store id")
+    what = drain.add_mutually_exclusive_group()
+    what.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+    what.add_argument("--cancel", action="store_true", help="end the store's drain")
     drain.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_drain"))
+    undrain = commands.add_parser("undrain", help="end a store's drain (drain --cancel)")
+    undrain.add_argument("store", help="store id")
+    undrain.set_defaults(
+        run=_lazy("streamengine.tools.ops", "cmd_drain"), dry_run=False, cancel=True
+    )
     rebalance = commands.add_parser("rebalance", help="even out bytes per store")
     rebalance.add_argument("--dry-run", action="store_true", help="print the plan only")
     rebalance.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_rebalance"))
@@ -292,7 +304,7 @@ def _add_admin_commands(commands: Subparsers) -> None:
         "extra", nargs="*", metavar="-- ARGS", help="arguments for each benchmark, after --"
     )
     bench.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_bench"))
-    for parser in (status, drain, rebalance, verify, seal, bench):
+    for parser in (status, drain, undrain, rebalance, verify, seal, bench):
         _add_master_option(parser)
 
 

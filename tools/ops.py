@@ -411,13 +411,22 @@ def print_plan(plan: master_pb2.RepairPlan) -> None:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
+    """Drain a store (refused, with the reason, when the stores left could not hold
+    every stream's replicas), plan one (`--dry-run`), or end a drain (`--cancel`)."""
+    request = master_pb2.DrainStoreRequest(
+        store_id=args.store, dry_run=args.dry_run, cancel=args.cancel
+    )
     with master_stub(args.master, client_transport(args)) as master:
-        plan = master.DrainStore(
-            master_pb2.DrainStoreRequest(store_id=args.store), timeout=RPC_TIMEOUT_S
-        )
-        print(f"draining {args.store}: {len(plan.tasks)} replicas to move")
+        plan = master.DrainStore(request, timeout=RPC_TIMEOUT_S)
+        if args.cancel:
+            print(f"{args.store} is not draining: it takes new replicas again")
+            return 0
+        verb = "plan to drain" if args.dry_run else "draining"
+        print(f"{verb} {args.store}: {len(plan.tasks)} replicas to move")
         print_plan(plan)
-        return wait_for_tasks(master, plan, "drain") if plan.tasks else 0
+        if args.dry_run or not plan.tasks:
+            return 0
+        return wait_for_tasks(master, plan, "drain")
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
@@ -482,9 +491,7 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_stream(
-    master_address: str, name: str, transport: Transport = PLAINTEXT
-) -> VerifyReport:
+def verify_stream(master_address: str, name: str, transport: Transport = PLAINTEXT) -> VerifyReport:
     """Read every replica of every sealed segment of `name` back up to its bridge and
     compare it with the segment's certificate (with the other replicas for a segment
     the master holds no certificate of yet)."""

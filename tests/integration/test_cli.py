@@ -486,3 +486,38 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
         assert "4 sealed segments checked, OK" in verified.stdout
         again = run_cli("rebalance", "--dry-run", *master)
         assert "nothing to move" in again.stdout, again.stdout
+
+
+def test_drain_refuses_to_break_a_stream_plans_and_is_cancelled(tmp_path: Path) -> None:
+    from streamengine.tools.harness import running_cluster
+
+    def draining(master: list[str]) -> dict[str, bool]:
+        status = json.loads(run_cli("status", "--json", *master).stdout)
+        return {s["id"]: s["draining"] for s in status["stores"]}
+
+    with running_cluster(tmp_path, stores=3) as cluster:
+        master = ["--master", cluster.master_address]
+        assert run_cli("stream", "create", "ops/three", "--replicas", "3", *master).returncode == 0
+        refused = run_cli("drain", "store0", *master)
+        assert refused.returncode != 0
+        assert "refused" in refused.stderr and "ops/three" in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        planned = run_cli("drain", "store0", "--dry-run", *master)
+        assert planned.returncode != 0 and "ops/three" in planned.stderr
+        assert draining(master) == {"store0": False, "store1": False, "store2": False}
+
+        cluster.add_store()
+        wait_for(lambda: "store3" in draining(master), timeout_s=30, message="store3 known")
+        planned = run_cli("drain", "store0", "--dry-run", *master)
+        assert planned.returncode == 0, planned.stderr
+        assert "plan to drain store0" in planned.stdout
+        assert not draining(master)["store0"]  # a plan changes nothing
+        started = run_cli("drain", "store0", *master, timeout_s=60)
+        assert started.returncode == 0, started.stderr
+        assert draining(master)["store0"]
+        # With store0 draining, store1 may not go too: two stores would be left.
+        assert run_cli("drain", "store1", *master).returncode != 0
+        cancelled = run_cli("undrain", "store0", *master)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert "takes new replicas again" in cancelled.stdout
+        assert not draining(master)["store0"]

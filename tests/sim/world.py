@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from streamengine.client.core.leader import APPEND_TIMEOUT_MS
-from streamengine.master.errors import MasterError
+from streamengine.master.errors import MasterError, NotEnoughStores
 from streamengine.master.model import SegmentState
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
@@ -483,10 +483,15 @@ class World:
         state = master.state
         if self.rng.random() < 0.5:
             usable = [sid for sid, record in sorted(state.stores.items()) if not record.draining]
-            if len(usable) <= self.config.policy.replicas:
+            if not usable:
                 return
             store = self.rng.choice(usable)
-            state.set_draining(store)
+            try:
+                state.set_draining(store, self.now)
+            except NotEnoughStores as refusal:
+                self.stats["drains_refused"] += 1
+                self.note(f"operator's drain refused: {refusal}")
+                return
             self.stats["drains"] += 1
             self.note(f"operator drains {store}")
             return

@@ -169,3 +169,47 @@ def test_rebalance_ignores_dead_and_draining_stores() -> None:
     replicas = [MovableSegment((1, e), ("a", "b", "c"), 100) for e in range(1, 4)]
     moves, before, _ = placement.plan_rebalance(stores, replicas)
     assert moves == [] and set(before) == {"a", "b", "c"}
+
+
+@pytest.mark.parametrize(
+    ("rule", "stores", "replicas", "refused"),
+    [
+        ("four stores, N=3: one may go", ["a", "b", "c", "d"], {"t/s": 3}, ""),
+        ("three stores, N=3: none may go", ["a", "b", "c"], {"t/s": 3}, "2 usable stores"),
+        ("the largest N decides", ["a", "b", "c", "d"], {"t/s": 2, "t/big": 4}, "t/big"),
+        ("a dead store does not count", ["a", "b", "c", "d!"], {"t/s": 3}, "2 usable"),
+        ("a draining one neither", ["a", "b", "c", "d~"], {"t/s": 3}, "2 usable"),
+        ("no stream: anything goes", ["a"], {}, ""),
+        (
+            "zones: a zone's last store may not go when N needs it",
+            ["c@2", "a@1", "b@1", "d@3"],
+            {"t/s": 3},
+            "distinct zones",
+        ),
+        ("zones: another store of its zone may", ["a@1", "b@1", "c@2", "d@3"], {"t/s": 3}, ""),
+        (
+            "zones: fewer zones than N before: no worse",
+            ["a@1", "b@1", "c@1", "d@2"],
+            {"t/s": 3},
+            "",
+        ),
+    ],
+)
+def test_drain_refusal(
+    rule: str, stores: list[str], replicas: dict[str, int], refused: str
+) -> None:
+    """`stores`: id[@zone], `!` dead, `~` draining; the first one is drained."""
+    views = [
+        store(
+            s.rstrip("!~").split("@")[0],
+            zone=s.rstrip("!~").split("@")[1] if "@" in s else "",
+            alive=not s.endswith("!"),
+            draining=s.endswith("~"),
+        )
+        for s in stores
+    ]
+    reason = placement.drain_refusal(views, views[0].store_id, replicas)
+    if refused:
+        assert refused in reason, (rule, reason)
+    else:
+        assert reason == "", (rule, reason)

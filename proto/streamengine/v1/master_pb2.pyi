@@ -1504,15 +1504,23 @@ class DrainStoreRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STORE_ID_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
+    dry_run: _builtins.bool
+    """Only plan (or say why the drain would be refused); change nothing."""
+    cancel: _builtins.bool
+    """End the store's drain: it takes new replicas again; moves under way finish."""
     def __init__(
         self,
         *,
         store_id: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        cancel: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["store_id", b"store_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "dry_run", b"dry_run", "store_id", b"store_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
