@@ -208,10 +208,11 @@ def test_b2_fixed_ends_safe() -> None:
     l3.deliver(write("C", 1))  # 24
     assert states(w) == {"A": "BR@2 acked=1", "B": "BR@2 acked=1", "C": "BR@2 e2@1 acked=0"}
     assert fences(w) == {"A": 2, "B": 3, "C": 3}
-    # 25. W stores hold the bridge; C is raised to it (its stale e2 stays unserved).
+    # 25. W stores hold the bridge; C is raised to it, and its stale e2 past the bridge
+    # goes in the same batch.
     l3.deliver(acked("C"))
     l3.deliver(at_master())
-    assert w.show("C") == "BR@2 e2@1 acked=1"
+    assert w.show("C") == "BR@2 acked=1"
     assert w.master_final == 1 and l3.finished == [Done(1)]
 
 
@@ -400,13 +401,14 @@ PREFILLS = [
         {"A": "e1@1 BR@2 acked=2", "B": "e1@1 BR@2 acked=2", "C": "e1@1 BR@2 acked=2"},
     ),
     Prefill(
-        "already bridged: a stale copy past the bridge is never rewritten",
+        "already bridged: a stale copy past the bridge is never rewritten (and goes)",
         N3W2,
         {"A": ("e1@1 BR@2", 2), "B": ("e1@1 . e3@1", 1), "C": ("-", 0)},
         3,
         2,
         (),
-        {"A": "e1@1 BR@2 acked=2", "B": "e1@1 BR@2 e3@1 acked=2", "C": "e1@1 BR@2 acked=2"},
+        # B's stale e3 past the bridge is dropped once its acked index reaches the bridge.
+        {"A": "e1@1 BR@2 acked=2", "B": "e1@1 BR@2 acked=2", "C": "e1@1 BR@2 acked=2"},
     ),
     Prefill(
         "conflicting epochs: an interrupted recovery's bridge beats an older event",
@@ -416,7 +418,7 @@ PREFILLS = [
         2,
         (),
         {
-            "A": "e1@3 BR@3 e3@1 acked=2",
+            "A": "e1@3 BR@3 acked=2",  # its e3 past the bridge goes with the acked index
             "B": "e1@3 BR@3 acked=2",
             "C": "e1@3 BR@3 acked=2",
         },
