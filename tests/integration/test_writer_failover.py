@@ -184,6 +184,10 @@ async def test_a_segment_older_than_its_age_rolls(cluster: Cluster) -> None:
             number += 1
         sealed = [s for s in await segments(client, name) if s.state == entry_pb2.SEALED]
         assert len(sealed) >= 2
+        # A writer that closes while a roll's recovery runs leaves that segment unsealed
+        # for the next leader (docs/design.md, "Known gaps"), and a read to the end
+        # waits for it: seal first, as the next leader would.
+        await client.seal(name)
         events = await read_all(client, name)
         assert [p for _, p in events] == [b"age-%06d" % i for i in range(number)]
 
