@@ -171,8 +171,8 @@ _RETRIED = HeartbeatFailurePolicy(False, False, "the master is down, slow or res
 _NEVER_GRANTED = HeartbeatFailurePolicy(
     True,
     False,
-    "the master will never grant this request; a leader keeps its open segment until its "
-    "lease runs out (its heartbeats renew nothing), which steps it down anyway",
+    "the master will never grant this request; a leader keeps its open segment (its "
+    "heartbeats renew nothing) until the stores refuse it or a new leader fences it",
 )
 _DELETED = HeartbeatFailurePolicy(
     True,
