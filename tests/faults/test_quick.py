@@ -63,7 +63,15 @@ BUSY_LOAD = 2.0 * (os.cpu_count() or 2) + 2.0
 
 # Liveness bounds (C13) a scenario is known to miss, with the finding; any other miss
 # fails its quick pass.
-KNOWN_BOUND_MISSES: dict[str, dict[str, str]] = {}
+_S11_READER = (
+    "S11 quick (one clean-clone run of three): reader r2 never caught up after a master "
+    "crash/pause, on either stream; every safety check held. Not yet diagnosed (a reader "
+    "waiting on a segment left SEALING by a writer that closed mid-recovery is one "
+    "candidate, docs/design.md Known gaps)"
+)
+KNOWN_BOUND_MISSES: dict[str, dict[str, str]] = {
+    "S11": {"reader_catch_up_after_heal_s": _S11_READER, "reader_catch_up_s": _S11_READER},
+}
 
 
 def quick_scenarios() -> list[Any]:
