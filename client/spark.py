@@ -645,18 +645,7 @@ def _packed_batch(
     if not pc.all(events).as_py():  # holes: keep the events only
         indexes = pc.filter(indexes, events)
         payloads = pc.filter(payloads, events)
-    rows = len(indexes)
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(part.stream, pa.string()), rows),
-            pa.repeat(pa.scalar(part.epoch, pa.int32()), rows),
-            indexes,
-            pc.add(indexes, pack_sequence(part.epoch, 0)),
-            payloads,
-        ],
-        schema=ARROW_SCHEMA,
-    )
-    return batch, next_index + count
+    return _record_batch(part, indexes, payloads), next_index + count
 
 
 class StreamEngineBatchReader(DataSourceReader):

@@ -39,7 +39,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from streamengine.master.authority import stream_tenant, visible_status
 from streamengine.protocol import identity, transport
 from streamengine.protocol.auth import (
-    BEARER_PREFIX,
     CONSOLE_NEEDS,
     INSECURE,
     Denial,
@@ -48,7 +47,7 @@ from streamengine.protocol.auth import (
     authorize_need,
     visible_tenant,
 )
-from streamengine.protocol.callers import wall_clock_ms
+from streamengine.protocol.callers import token_of_authorization, wall_clock_ms
 from streamengine.protocol.signing import NoVerifyingKey, Verifier
 from streamengine.protocol.status_view import status_dict
 from streamengine.protocol.tokens import Revocations, resolve_caller
@@ -103,10 +102,6 @@ def status_for(view: ConsoleView, principal: Principal) -> dict[str, Any]:
         if visible_tenant(principal, stream_tenant(name))
     }
     return status
-
-
-def _bearer(header: str | None) -> str | None:
-    return None if header is None else header.removeprefix(BEARER_PREFIX).strip()
 
 
 def console_tls(certs_dir: Path) -> ssl.SSLContext:
@@ -181,10 +176,11 @@ def serve_console(
                 identified = identity.principal_of_peer_certificate(
                     self.connection.getpeercert(binary_form=True)
                 )
+            header = self.headers.get("Authorization")
             try:
                 return resolve_caller(
                     identified,
-                    _bearer(self.headers.get("Authorization")),
+                    None if header is None else token_of_authorization(header),
                     view.verifier,
                     view.revocations,
                     wall_clock_ms(),

@@ -54,17 +54,24 @@ def _add_master_option(parser: argparse.ArgumentParser) -> None:
         help="the masters; calls follow the active one (default: $STREAMENGINE_MASTER or "
         "%(default)s)",
     )
-    parser.add_argument(
-        "--certs-dir",
-        type=Path,
-        default=os.environ.get(f"{ENV_PREFIX}CERTS_DIR") or None,
-        help="TLS: the certs dir with the cluster's ca.crt (and client.root.crt, used when "
-        "no token is given) (default: $STREAMENGINE_CERTS_DIR; none: plaintext)",
+    _add_certs_dir_option(
+        parser,
+        "TLS: the certs dir with the cluster's ca.crt (and client.root.crt, used when no "
+        "token is given)",
     )
     parser.add_argument(
         "--token",
         default=os.environ.get(f"{ENV_PREFIX}TOKEN", ""),
         help="a tenant token, sent over TLS (default: $STREAMENGINE_TOKEN)",
+    )
+
+
+def _add_certs_dir_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--certs-dir",
+        type=Path,
+        default=os.environ.get(f"{ENV_PREFIX}CERTS_DIR") or None,
+        help=f"{what} (default: $STREAMENGINE_CERTS_DIR; none: plaintext)",
     )
 
 
@@ -408,12 +415,10 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         where.add_argument(
             "--metadata", metavar="etcd://HOST:PORT[,...][/PREFIX]", help="the masters' etcd"
         )
-        parser.add_argument(
-            "--certs-dir",
-            type=Path,
-            default=os.environ.get(f"{ENV_PREFIX}CERTS_DIR") or None,
-            help="reach etcd over TLS with ca.crt and node.crt or client.root.crt of this "
-            "directory, as the masters do (default: $STREAMENGINE_CERTS_DIR; none: plaintext)",
+        _add_certs_dir_option(
+            parser,
+            "reach etcd over TLS with ca.crt and node.crt or client.root.crt of this "
+            "directory, as the masters do",
         )
 
 

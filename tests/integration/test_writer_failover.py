@@ -86,28 +86,27 @@ async def test_a_killed_leaders_lease_ends_at_once_and_a_paused_ones_runs_out(
             writers.append(writer)
             return writer
 
+        async def takeover_s(leader: WriterProcess, prefix: str, number: int) -> float:
+            """Seconds from sending `leader` signal `number` to a new standby leading."""
+            await wait_until(lambda: leader.last_acked() >= 50, 30, f"{leader.prefix} appends")
+            standby = started(prefix)
+            await wait_until(lambda: standby.first("started") is not None, 30, "a standby")
+            leader.signal(number)
+            signalled_at = time.time()
+            await wait_until(lambda: standby.first("leading") is not None, 3 * lease_s, "takeover")
+            leading = standby.first("leading")
+            assert leading is not None
+            taken: float = leading["t"] - signalled_at
+            return taken
+
         first = started("a")
-        await wait_until(lambda: first.last_acked() >= 50, 30, "the first writer leads")
-        second = started("b")
-        await wait_until(lambda: second.first("started") is not None, 30, "a standby")
-        first.signal(signal.SIGKILL)
-        killed_at = time.time()
-        await wait_until(lambda: second.first("leading") is not None, 2 * lease_s, "takeover")
-        leading = second.first("leading")
-        assert leading is not None
         # Without the held call the standby waits out what is left of the lease: at
         # least two thirds of it (renewed every third).
-        assert leading["t"] - killed_at < lease_s / 2, leading["t"] - killed_at
-
-        await wait_until(lambda: second.last_acked() >= 50, 30, "the second writer appends")
-        third = started("c")
-        await wait_until(lambda: third.first("started") is not None, 30, "a standby")
-        second.signal(signal.SIGSTOP)
-        paused_at = time.time()
-        await wait_until(lambda: third.first("leading") is not None, 3 * lease_s, "takeover")
-        leading = third.first("leading")
-        assert leading is not None
-        assert leading["t"] - paused_at > lease_s / 2, leading["t"] - paused_at
+        killed = await takeover_s(first, "b", signal.SIGKILL)
+        assert killed < lease_s / 2, killed
+        second = writers[-1]
+        paused = await takeover_s(second, "c", signal.SIGSTOP)
+        assert paused > lease_s / 2, paused
         second.signal(signal.SIGKILL)
 
 

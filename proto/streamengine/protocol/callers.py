@@ -48,8 +48,13 @@ def bearer_token(context: Context) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == AUTHORIZATION_METADATA_KEY:
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-            return text.removeprefix(BEARER_PREFIX).strip()
+            return token_of_authorization(text)
     return None
+
+
+def token_of_authorization(value: str) -> str:
+    """The token of an `authorization` value (gRPC metadata or an HTTP header)."""
+    return value.removeprefix(BEARER_PREFIX).strip()
 
 
 @dataclass
