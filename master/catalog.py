@@ -12,6 +12,8 @@ Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   m/revocations_version            -> u64 (bumped by every token revocation)
   m/rebuilt_through                -> u64 (the highest stream id when the metadata was
                                       rebuilt from the stores: unknown ids up to it are kept)
+  m/cluster_id                     -> the cluster's id (utf-8), made at the first start or
+                                      adopted from the stores by a rebuild
   t/<tenant>                       -> JSON {created_at_ms}
   s/<tenant/stream>                -> JSON StreamRecord
   g/<stream_id u64><epoch u64>     -> JSON SegmentRecord
@@ -52,6 +54,7 @@ _NEXT_STREAM_ID = b"m/next_stream_id"
 _SIGNING_KEY = b"m/signing_key"
 _REVOCATIONS_VERSION = b"m/revocations_version"
 _REBUILT_THROUGH = b"m/rebuilt_through"
+_CLUSTER_ID = b"m/cluster_id"
 _TOKEN = b"k/"
 _TENANT = b"t/"
 _STREAM = b"s/"
@@ -159,6 +162,10 @@ class Batch(Transaction):
         self.puts.append((_REBUILT_THROUGH, _U64.pack(stream_id)))
         return self
 
+    def cluster_id(self, value: str) -> Batch:
+        self.puts.append((_CLUSTER_ID, value.encode()))
+        return self
+
 
 @dataclass
 class Loaded:
@@ -172,6 +179,7 @@ class Loaded:
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
     revocations_version: int = 0
     rebuilt_through: int = 0
+    cluster_id: str = ""
 
 
 class Catalog:
@@ -233,6 +241,8 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             loaded.revocations_version = _U64.unpack(value)[0]
         elif key == _REBUILT_THROUGH:
             loaded.rebuilt_through = _U64.unpack(value)[0]
+        elif key == _CLUSTER_ID:
+            loaded.cluster_id = value.decode()
         elif key.startswith(_TOKEN):
             loaded.tokens[key[len(_TOKEN) :].decode()] = TokenRecord(**json.loads(value))
     return loaded

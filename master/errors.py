@@ -64,3 +64,7 @@ class StreamDeleted(MasterError):
     def __init__(self, message: str, deleted_until_ms: int):
         self.deleted_until_ms = deleted_until_ms
         super().__init__(message)
+
+
+class WrongCluster(MasterError):
+    """A store keeps another cluster's id: it stops rather than join this one."""

@@ -93,6 +93,9 @@ class StoreRecord:
     address: str
     zone: str
     draining: bool
+    # Of the store's database, as it last registered (0: not known); a new one holds
+    # none of the replicas of the one before.
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,27 @@ class Rebuilt:
     next_stream_id: int = 1
     # Conflicts and guesses, one line each, for the log.
     notes: list[str] = field(default_factory=list)
+    # The id the stores keep ("": none keeps one; the master makes a new one).
+    cluster_id: str = ""
+
+
+def adopted_cluster_id(kept: dict[str, str]) -> tuple[str, list[str]]:
+    """The cluster id to adopt from what each store keeps ("": none), and a note per
+    store that keeps another (it will refuse to join and stop: the operator decides).
+    The id most stores keep wins; ties go to the first in order."""
+    counts: dict[str, int] = {}
+    for cluster_id in kept.values():
+        if cluster_id:
+            counts[cluster_id] = counts.get(cluster_id, 0) + 1
+    if not counts:
+        return "", []
+    chosen = min(counts, key=lambda c: (-counts[c], c))
+    notes = [
+        f"store {store} keeps cluster id {cluster_id}, not {chosen}: it will not join"
+        for store, cluster_id in sorted(kept.items())
+        if cluster_id and cluster_id != chosen
+    ]
+    return chosen, notes
 
 
 def ready(

@@ -47,6 +47,7 @@ class Rebuilder:
         self.wait_s = wait_s
         self.clock_ms = clock_ms
         self.answers: dict[str, list[rebuild.Holding]] = {}
+        self.cluster_ids: dict[str, str] = {}
 
     async def run(self) -> rebuild.Rebuilt:
         """Ask the stores until `rebuild.ready`; the catalog they make."""
@@ -86,6 +87,10 @@ class Rebuilder:
         if absent:
             log.warning("rebuilding without stores %s: they did not answer", ", ".join(absent))
         rebuilt = rebuild.rebuild(holdings, self.clock_ms())
+        rebuilt.cluster_id, notes = rebuild.adopted_cluster_id(
+            {**self.state.store_cluster_ids, **self.cluster_ids}
+        )
+        rebuilt.notes.extend(notes)
         for note in rebuilt.notes:
             log.warning("rebuild: %s", note)
         log.info(
@@ -108,6 +113,8 @@ class Rebuilder:
                 ),
                 timeout=CALL_TIMEOUT_S,
             )
+            if reply.cluster_id:
+                self.cluster_ids[store_id] = reply.cluster_id
             for held in reply.segments:
                 holdings.append(_holding(store_id, held))
                 after = (held.segment.stream_id, held.segment.epoch)
@@ -160,8 +167,7 @@ def commit(catalog: Catalog, rebuilt: rebuild.Rebuilt) -> None:
         if batch.ops() >= OPS_PER_TRANSACTION_MAX:
             batch = flush()
     flush()
-    catalog.commit(
-        Batch()
-        .rebuilt_through(rebuilt.next_stream_id - 1)
-        .next_stream_id(rebuilt.next_stream_id)
-    )
+    last = Batch().rebuilt_through(rebuilt.next_stream_id - 1)
+    if rebuilt.cluster_id:
+        last.cluster_id(rebuilt.cluster_id)
+    catalog.commit(last.next_stream_id(rebuilt.next_stream_id))

@@ -43,7 +43,7 @@ from streamengine.master.repairer import Repairer
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.role import FOREVER_MS, MasterRole
 from streamengine.master.service import MasterService
-from streamengine.master.state import MasterState
+from streamengine.master.state import MasterState, new_cluster_id
 from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import (
@@ -325,7 +325,11 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
+def _load_state(
+    args: argparse.Namespace, catalog: Catalog, rebuilding: bool = False
+) -> MasterState:
+    """The master's state over `catalog`; while `rebuilding`, without a cluster id
+    (the rebuild adopts the stores')."""
     return MasterState(
         catalog,
         _clock_ms(),
@@ -334,6 +338,7 @@ def _load_state(args: argparse.Namespace, catalog: Catalog) -> MasterState:
         args.bridge_grace_ms,
         tenant_streams_max=args.tenant_streams_max,
         delete_grace_ms=round(args.delete_grace_s * 1000),
+        make_cluster_id=None if rebuilding else new_cluster_id,
     )
 
 
@@ -354,7 +359,7 @@ async def _embedded_master(
     """The only master: active from the moment its catalog is loaded (with --rebuild,
     serving the stores only until the catalog is rebuilt from them)."""
     try:
-        state = _load_state(args, catalog)
+        state = _load_state(args, catalog, rebuilding=bool(args.rebuild))
         repairer = _new_repairer(args, state, members)
         service.rebuilding = bool(args.rebuild)
         role.activate(state, repairer, until_ms=FOREVER_MS)

@@ -34,7 +34,7 @@ from streamengine.master.model import Held, SegmentKey, SegmentRecord, SegmentSt
 from streamengine.master.records import RecordEncodings
 from streamengine.master.repairer import Repairer, TaskStatus
 from streamengine.master.role import MasterRole
-from streamengine.master.state import MasterState, Trimmed, WriterView
+from streamengine.master.state import MasterState, Registered, Trimmed, WriterView
 from streamengine.protocol import codec, identity
 from streamengine.protocol.auth import (
     Denial,
@@ -71,6 +71,7 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotTrimmable: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.WrongCluster: grpc.StatusCode.FAILED_PRECONDITION,
     # A standby, a deposed master, or etcd not answering: another master (or a retry)
     # will.
     MetadataError: grpc.StatusCode.UNAVAILABLE,
@@ -320,16 +321,33 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
     ) -> master_pb2.RegisterStoreReply:
-        def register(now: int) -> int:
+        def register(now: int) -> Registered:
             self._require_store(context, "RegisterStore", request.store_id)
             return self.state.register_store(
-                request.store_id, request.address, request.zone, request.free_bytes, now
+                request.store_id,
+                request.address,
+                request.zone,
+                request.free_bytes,
+                now,
+                request.incarnation,
+                request.cluster_id,
             )
 
-        interval = await self._call(context, "RegisterStore", register)
+        registered = await self._call(context, "RegisterStore", register)
+        if registered.lost:
+            log.warning(
+                "store %s registered as a new incarnation: its %d replicas are lost",
+                request.store_id,
+                len(registered.lost),
+            )
         reply = master_pb2.RegisterStoreReply(
-            heartbeat_interval_ms=interval,
+            heartbeat_interval_ms=registered.heartbeat_ms,
             signing_public_keys=[self.state.signing_key.public_key],
+            cluster_id=registered.cluster_id,
+            lost_segments=[
+                entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch)
+                for stream_id, epoch in registered.lost
+            ],
         )
         self._sign_reply(context, "register", request.store_id, reply)
         return reply

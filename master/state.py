@@ -10,6 +10,7 @@ memory. Time comes in as `now_ms`; decisions come from the pure cores (`leadersh
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -26,6 +27,7 @@ from streamengine.master.errors import (
     SealConflict,
     StreamDeleted,
     TooManyUnsealed,
+    WrongCluster,
 )
 from streamengine.master.leadership import Lease, Outcome
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
@@ -112,6 +114,20 @@ class WriterView:
 
 
 @dataclass(frozen=True, slots=True)
+class Registered:
+    """A store's registration: its heartbeat interval, the cluster id to keep ("" while
+    a rebuild has not adopted one), and the replicas its earlier incarnation held."""
+
+    heartbeat_ms: int
+    cluster_id: str
+    lost: tuple[SegmentKey, ...]
+
+
+def new_cluster_id() -> str:
+    return f"cluster-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True, slots=True)
 class Trimmed:
     """Segments a trim took now (by hand or by retention)."""
 
@@ -155,10 +171,13 @@ class MasterState:
         make_signing_key: Callable[[], SigningKey] = SigningKey.generate,
         tenant_streams_max: int = TENANT_STREAMS_MAX_DEFAULT,
         delete_grace_ms: int = retention.DELETE_GRACE_MS_DEFAULT,
+        make_cluster_id: Callable[[], str] | None = new_cluster_id,
     ):
         """`make_signing_key` makes the master's key at its first start (when the
-        catalog holds none); `tenant_streams_max` 0 means no limit; `delete_grace_ms`:
-        how long deleted streams and trimmed segments stay on the stores."""
+        catalog holds none), `make_cluster_id` its cluster id (None: a rebuild adopts
+        the stores' id instead, `adopt_cluster_id`); `tenant_streams_max` 0 means no
+        limit; `delete_grace_ms`: how long deleted streams and trimmed segments stay on
+        the stores."""
         assert delete_grace_ms >= 0
         self.catalog = catalog
         self.delete_grace_ms = delete_grace_ms
@@ -174,6 +193,11 @@ class MasterState:
             self.catalog.commit(Batch().signing_key(self.signing_key.private_bytes))
         else:
             self.signing_key = SigningKey(loaded.signing_key)
+        self.cluster_id = loaded.cluster_id
+        if not self.cluster_id and make_cluster_id is not None:
+            self.adopt_cluster_id(make_cluster_id())
+        # While the id is not known yet (a rebuild): the ids registering stores keep.
+        self.store_cluster_ids: dict[str, str] = {}
         # Signs each distinct grant once; verifies the grants callers show it.
         self.grant_signer = GrantSigner(self.signing_key)
         self.verifier = Verifier([self.signing_key.public_key])
@@ -193,6 +217,10 @@ class MasterState:
         # Sealed segments not (or no longer) seen with every member good: the only ones,
         # with those on a dead or draining store, the repairer looks at.
         self.unconfirmed: set[SegmentKey] = set()
+        # Members whose store came back as a new incarnation, of segments not sealed
+        # yet: their leaders are asked to roll (memory only: after a master restart the
+        # segment just runs on without that replica until it rolls).
+        self.lost_members: dict[SegmentKey, set[str]] = {}
         # Time and bytes sealed segments spent below N good replicas (durability.py),
         # observed by the server's loop.
         self.durability = DurabilityLedger()
@@ -268,6 +296,7 @@ class MasterState:
         if record.state == SegmentState.SEALED:
             unsealed.discard(record.epoch)
             self.unconfirmed.add(key)
+            self.lost_members.pop(key, None)
         else:
             unsealed.add(record.epoch)
 
@@ -279,6 +308,7 @@ class MasterState:
         self.epochs[record.stream_id].discard(record.epoch)
         self.unsealed_epochs[record.stream_id].discard(record.epoch)
         self.unconfirmed.discard(key)
+        self.lost_members.pop(key, None)
 
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
         return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
@@ -807,6 +837,9 @@ class MasterState:
             reason = repair.roll_reason(segment.copy_set, self.store_views(now_ms))
             if not reason and self.roll_requests.get(record.stream_id) == segment.epoch:
                 reason = "an operator asked for a roll"
+            lost = sorted(self.lost_members.get(segment.key, ()))
+            if not reason and lost:
+                reason = f"{', '.join(lost)} lost its replica (a new incarnation)"
         return WriterView(record, True, lease, segment, unsealed, reason)
 
     def request_roll(self, name: str, now_ms: int) -> tuple[str, int]:
@@ -966,23 +999,62 @@ class MasterState:
     # ---- stores ----
 
     def register_store(
-        self, store_id: str, address: str, zone: str, free_bytes: int, now_ms: int
-    ) -> int:
+        self,
+        store_id: str,
+        address: str,
+        zone: str,
+        free_bytes: int,
+        now_ms: int,
+        incarnation: int = 0,
+        cluster_id: str = "",
+    ) -> Registered:
+        """Register a store (again). Refused (WrongCluster) when it keeps another
+        cluster's id. A new incarnation of a known store holds none of its earlier
+        replicas: those are `Registered.lost`, the store is told so and refuses to seal
+        or write them, the open ones roll, and repair refills the sealed ones."""
         validate_name_part("store id", store_id)
         if not address or len(address) > ADDRESS_CHARS_MAX or ":" not in address:
             raise InvalidArgument(f"store address {address!r} must be host:port")
         if zone and len(zone) > ADDRESS_CHARS_MAX:
             raise InvalidArgument("zone label too long")
+        if len(cluster_id) > ADDRESS_CHARS_MAX:
+            raise InvalidArgument("cluster id too long")
+        if cluster_id and self.cluster_id and cluster_id != self.cluster_id:
+            raise WrongCluster(
+                f"store {store_id} belongs to cluster {cluster_id}, this master's cluster "
+                f"is {self.cluster_id}"
+            )
+        if not self.cluster_id:
+            self.store_cluster_ids[store_id] = cluster_id
         existing = self.stores.get(store_id)
         draining = existing.draining if existing else False
-        record = StoreRecord(store_id, address, zone, draining)
+        known = existing.incarnation if existing else 0
+        lost: list[SegmentKey] = []
+        if known and incarnation and incarnation != known:
+            lost = sorted(self.members.get(store_id, ()))
+            for key in lost:
+                if self.segments[key].state != SegmentState.SEALED:
+                    self.lost_members.setdefault(key, set()).add(store_id)
+        record = StoreRecord(store_id, address, zone, draining, incarnation or known)
         if record != existing:
             self.catalog.commit(Batch().store(record))
             self.stores[store_id] = record
         live = self.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
         live.last_seen_ms = now_ms
         live.free_bytes = free_bytes
-        return self.store_heartbeat_ms()
+        if lost:
+            # What it reported of them was its old incarnation's.
+            gone = set(lost)
+            live.held = {k: v for k, v in live.held.items() if k not in gone}
+            sealed = (k for k in gone if self.segments[k].state == SegmentState.SEALED)
+            self.unconfirmed.update(sealed)
+        return Registered(self.store_heartbeat_ms(), self.cluster_id, tuple(lost))
+
+    def adopt_cluster_id(self, cluster_id: str) -> None:
+        """Keep `cluster_id` as the cluster's (once: it never changes after)."""
+        assert cluster_id and not self.cluster_id, "a cluster id is adopted once"
+        self.catalog.commit(Batch().cluster_id(cluster_id))
+        self.cluster_id = cluster_id
 
     def store_heartbeat_ms(self) -> int:
         every = self.store_timeout_ms // STORE_HEARTBEATS_PER_TIMEOUT

@@ -19,6 +19,13 @@ policy, copy set, seal state, final index, certificate), so that a master that l
 metadata rebuilds it from the stores (`master --rebuild`). Kept only while the segment
 is held, and deleted in the batch that deletes the segment.
 
+Identity: `b"i"` -> the store's incarnation (u64, made when the database is created:
+an empty or replaced database is a new incarnation); `b"c"` -> the id of the cluster
+whose master it first registered with. Lost replicas: `b"x" | stream_id u64 | segment
+epoch u64` -> b"", a segment of the copy set the store was in under an earlier
+incarnation: it holds none of it and refuses to seal or write it (a master's copy may
+still bring it here); deleted with the segment.
+
 Authority: `b"a"` -> what the store trusts of its master (`authority.AuthorityRecord`:
 its public keys and token revocations), so that it checks grants and tokens after a
 restart before the master answers.
@@ -34,6 +41,9 @@ META_PREFIX = b"m"
 TENANT_PREFIX = b"t"
 AUTHORITY_KEY = b"a"
 RECORD_PREFIX = b"g"
+INCARNATION_KEY = b"i"
+CLUSTER_ID_KEY = b"c"
+LOST_PREFIX = b"x"
 
 _SEGMENT = struct.Struct(">QQ")
 _ENTRY = struct.Struct(">QQQ")
@@ -84,6 +94,23 @@ def record_key(stream_id: int, epoch: int) -> bytes:
 
 def record_range() -> tuple[bytes, bytes]:
     return RECORD_PREFIX, bytes([RECORD_PREFIX[0] + 1])
+
+
+def lost_key(stream_id: int, epoch: int) -> bytes:
+    return LOST_PREFIX + _SEGMENT.pack(stream_id, epoch)
+
+
+def lost_range() -> tuple[bytes, bytes]:
+    return LOST_PREFIX, bytes([LOST_PREFIX[0] + 1])
+
+
+def encode_u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def decode_u64(raw: bytes) -> int:
+    value: int = _U64.unpack(raw)[0]
+    return value
 
 
 def tenant_key(stream_id: int) -> bytes:

@@ -13,6 +13,13 @@ revocations (the store's `StoreAuthority` takes them, and keeps them durably whe
 change, before the next heartbeat), and the tenants' append quota. A new master (one
 rebuilt from the stores) brings a new key: the store takes it as any key change.
 
+Identity: the store registers with its incarnation and the cluster id it keeps. A
+master of another cluster refuses it: the store stops (`WrongCluster`). The first
+registration's answer gives the cluster id to keep, and each registration's answer the
+replicas an earlier incarnation of the store lost (`join`): until the store joined, it
+takes no writes or seals (`SegmentStoreCore.check_takes_part`). A master rebuilding its
+metadata answers without an id until it adopted the stores'; the store registers again.
+
 Segment records: each heartbeat says which version of the master's record of each
 segment the store keeps; the reply carries the records that differ, which the store
 keeps beside their segments (`keep_records`) for a master that must rebuild its
@@ -40,7 +47,12 @@ from streamengine.segment_store import metrics
 from streamengine.segment_store.authority import AppendQuota, StoreAuthority
 from streamengine.segment_store.scrub import ScanResult
 from streamengine.segment_store.scrubber import Scrubber
-from streamengine.segment_store.store import SegmentKey, SegmentStoreCore, StoreUnavailable
+from streamengine.segment_store.store import (
+    Joined,
+    SegmentKey,
+    SegmentStoreCore,
+    StoreUnavailable,
+)
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
@@ -52,6 +64,10 @@ HEARTBEAT_MS_MIN = 50
 HEARTBEAT_MS_MAX = 30_000
 MASTER_CALL_TIMEOUT_S = 2.0
 REGISTER_BACKOFF_MAX_S = 2.0
+
+
+class WrongCluster(Exception):
+    """The master belongs to another cluster than the one this store's data is of."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,7 @@ class MasterLink:
         master_identity: identity.ServerIdentity | None = None,
         scrubber: Scrubber | None = None,
         keep_records: Callable[[list[tuple[SegmentKey, bytes]]], Awaitable[int]] | None = None,
+        join: Callable[[str, Sequence[SegmentKey]], Awaitable[Joined]] | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -103,6 +120,7 @@ class MasterLink:
         # What the scrub read back goes with the heartbeats; the master asks for checks.
         self.scrubber = scrubber
         self.keep_records = keep_records
+        self.join = join
 
     async def run(self) -> None:
         channels: dict[str, grpc.aio.Channel] = {}
@@ -146,15 +164,34 @@ class MasterLink:
                         address=self.identity.address,
                         zone=self.identity.zone,
                         free_bytes=_free_bytes(self.identity.data_dir),
+                        incarnation=self.core.incarnation(),
+                        cluster_id=self.core.cluster_id(),
                     ),
                     timeout=MASTER_CALL_TIMEOUT_S,
                 )
-                reply = await call
+                try:
+                    reply = await call
+                except grpc.aio.AioRpcError as error:
+                    if _refused_for_good(error):
+                        raise WrongCluster(error.details() or "refused by the master") from None
+                    raise
                 trailing = await call.trailing_metadata()
         interval_ms = reply.heartbeat_interval_ms or HEARTBEAT_MS_DEFAULT
         self.interval_s = min(max(interval_ms, HEARTBEAT_MS_MIN), HEARTBEAT_MS_MAX) / 1000
-        if self._from_the_master(reply, "register", trailing):
-            await self._take_authority(reply.signing_public_keys, None, None)
+        if not self._from_the_master(reply, "register", trailing):
+            return
+        await self._take_authority(reply.signing_public_keys, None, None)
+        if not reply.cluster_id:
+            log.info("master %s has no cluster id yet (rebuilding)", self.master_address)
+            return
+        if self.join is not None:
+            lost = [SegmentKey(s.stream_id, s.epoch) for s in reply.lost_segments]
+            joined = await self.join(reply.cluster_id, lost)
+            if joined.lost:
+                log.warning(
+                    "%d replicas were lost with an earlier incarnation of this store",
+                    len(joined.lost),
+                )
         self.registered = True
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
@@ -284,6 +321,14 @@ class MasterLink:
                 len(self.authority.revocations),
                 self.authority.revocations.version,
             )
+
+
+def _refused_for_good(error: BaseException) -> bool:
+    """The master refused the registration for a reason retrying does not change."""
+    return (
+        isinstance(error, grpc.aio.AioRpcError)
+        and error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    )
 
 
 def scrub_report(segment: SegmentKey, result: ScanResult) -> master_pb2.ScrubReport:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
 import uuid
@@ -41,8 +42,9 @@ from streamengine.segment_store.group_commit import (
     GroupCommitter,
     SegmentWatch,
 )
+from streamengine.segment_store.keys import U64_MAX
 from streamengine.segment_store.kv import RocksKV
-from streamengine.segment_store.master_link import MasterLink, StoreIdentity
+from streamengine.segment_store.master_link import MasterLink, StoreIdentity, WrongCluster
 from streamengine.segment_store.scrub import SCRUB_MB_PER_S_DEFAULT
 from streamengine.segment_store.scrubber import Scrubber
 from streamengine.segment_store.service import (
@@ -125,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a file holding an Ed25519 public key (64 hex digits) whose grants and tokens "
         "this store accepts besides its master's (a store run without a master, in tests "
-        "and tools); repeatable",
+        "and tools: it takes writes before it ever registered); repeatable",
     )
     parser.add_argument(
         "--scrub-mb-per-s",
@@ -223,7 +225,10 @@ async def serve(
         kv = RocksKV(identity.data_dir / DB_DIR)
     except Exception as error:  # rocksdict raises bare Exceptions (a held LOCK, corruption)
         raise StartupError(f"cannot open {identity.data_dir / DB_DIR}: {error}") from None
-    core = SegmentStoreCore(kv, args.entry_bytes_max)
+    # A store given keys to trust runs without a master: nobody would tell it of lost
+    # replicas, so it does not wait for that.
+    core = SegmentStoreCore(kv, args.entry_bytes_max, joins_cluster=not pinned_keys)
+    core.keep_incarnation(secrets.randbelow(U64_MAX) + 1)
     kept = core.authority_record()
     try:
         record = AuthorityRecord.decode(kept) if kept is not None else None
@@ -299,11 +304,21 @@ async def serve(
         peer_identity.server_identity(),
         scrubber,
         keep_records=service.keep_records,
+        join=service.join,
     )
+    refusal: list[str] = []
+
+    async def link_to_master() -> None:
+        try:
+            await link.run()
+        except WrongCluster as error:
+            refusal.append(str(error))
+            stop.set()
+
     try:
         async with asyncio.TaskGroup() as tasks:
             committing = tasks.create_task(committer.run())
-            linking = tasks.create_task(link.run())
+            linking = tasks.create_task(link_to_master())
             scrubbing = tasks.create_task(scrubber.run()) if scrubber is not None else None
             await stop.wait()
             log.info("stopping")
@@ -320,4 +335,7 @@ async def serve(
         with contextlib.suppress(Exception):
             kv.close()
     log.info("stopped")
+    if refusal:
+        print(f"streamengine store: {refusal[0]}", file=sys.stderr)
+        return 2
     return 0

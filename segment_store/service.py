@@ -67,10 +67,14 @@ from streamengine.segment_store.store import (
     CopyRefused,
     DeleteCommand,
     DeleteResult,
+    JoinCommand,
+    Joined,
     KeepAuthorityCommand,
     KeepRecordsCommand,
+    NotJoined,
     Outcome,
     RecordsKept,
+    ReplicaLost,
     SealCommand,
     SealResult,
     SegmentKey,
@@ -152,6 +156,10 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     CallerUnproven: grpc.StatusCode.UNAUTHENTICATED,
     NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
     StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
+    # No answer about the segment, as from a store that is down: a recovery decides
+    # from the others, a writer goes on with them.
+    NotJoined: grpc.StatusCode.UNAVAILABLE,
+    ReplicaLost: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -269,6 +277,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         if isinstance(outcome, Exception):
             raise outcome
         assert isinstance(outcome, AuthorityKept)
+
+    async def join(self, cluster_id: str, lost: Sequence[SegmentKey]) -> Joined:
+        """Keep the cluster id the master answered a registration with, and mark the
+        replicas the store's earlier incarnation lost (`JoinCommand`)."""
+        outcome = await self.committer.submit(JoinCommand(cluster_id, tuple(lost)))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, Joined)
+        return outcome
 
     async def keep_records(self, records: Sequence[tuple[SegmentKey, bytes]]) -> int:
         """Keep the master's records of segments this store holds, durably; returns how
@@ -404,6 +421,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             entries = entries_from_pb(request.entries)
             grant = grants.admit(request.grant, segment, request.writer_epoch)
             self.authority.check_not_deleted(segment.stream_id)
+            self.core.check_takes_part(segment)
             command = WriteCommand(
                 segment, request.writer_epoch, request.acked_index, entries, grant.tenant
             )
@@ -443,6 +461,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             grant = self.authority.grant_for(
                 principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch
             )
+            self.core.check_takes_part(segment)
             command = SealCommand(segment, request.new_epoch, grant.tenant)
         except StoreError as error:
             await _abort(context, error, request.segment)
@@ -531,7 +550,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         page = segments[start : start + SEGMENT_RECORDS_PER_PAGE]
         records = await self.in_thread(lambda: [self.core.segment_record(s) for s in page])
         reply = segment_store_pb2.ListSegmentRecordsReply(
-            more=start + len(page) < len(segments)
+            more=start + len(page) < len(segments), cluster_id=self.core.cluster_id()
         )
         for segment, record in zip(page, records, strict=True):
             meta = self.core.meta(segment)

@@ -3,7 +3,7 @@ acked indexes, reads and digests. No gRPC, no asyncio, no clock.
 
 Theory of operation. Every mutation is a command (`WriteCommand`, `SealCommand`,
 `DeleteCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`,
-`KeepRecordsCommand`). `plan(commands)` checks
+`KeepRecordsCommand`, `JoinCommand`). `plan(commands)` checks
 each against the published state plus what the earlier commands of the same plan did,
 and returns the KV
 ops of every command that succeeded, the resulting per-segment metadata, and one outcome
@@ -30,7 +30,11 @@ Rules (docs/design.md, "The segment store"):
   master's copy request), is kept and never changes: a command naming another is
   refused;
 - the master's record of a segment (`KeepRecordsCommand`) is kept only while the
-  segment is held, and goes with it.
+  segment is held, and goes with it;
+- a store takes part in writes and seals only once it joined its cluster (its first
+  registration: `JoinCommand`), and never in those of a segment its earlier incarnation
+  held (`check_takes_part`): an empty answer from a wiped store would count, in a
+  recovery, for the replica it lost.
 Whether a write or seal may happen at all (its grant, its caller) is decided before it
 becomes a command (`segment_store.authority`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
@@ -73,10 +77,16 @@ from streamengine.protocol.segment_records import RECORD_BYTES_MAX, record_versi
 from streamengine.segment_store.keys import (
     AUTHORITY_KEY,
     BRIDGES_PER_SEGMENT_MAX,
+    CLUSTER_ID_KEY,
+    INCARNATION_KEY,
     SegmentMeta,
+    decode_u64,
+    encode_u64,
     entry_index,
     entry_key,
     entry_key_prefix,
+    lost_key,
+    lost_range,
     meta_key,
     meta_range,
     meta_segment,
@@ -89,6 +99,9 @@ from streamengine.segment_store.keys import (
 )
 from streamengine.segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
 from streamengine.segment_store.scrub import ReplicaScan, ScanResult
+
+# A cluster id, as the master makes them (`cluster-` and 16 hex digits) with room to spare.
+CLUSTER_ID_CHARS_MAX = 256
 
 # Entries decoded per KV scan while reading or hashing a segment: bounds the memory of
 # one scan whatever the segment's size.
@@ -143,6 +156,16 @@ class CopyRefused(StoreError):
 
 class CopyMismatch(StoreError):
     """A segment copy whose digest differs from its source's: it stays unconfirmed."""
+
+
+class NotJoined(StoreError):
+    """The store has not registered with its master yet (or joined another cluster):
+    it takes no writes or seals, since it may be a wiped store whose lost replicas the
+    master has not told it of."""
+
+
+class ReplicaLost(StoreError):
+    """The segment's replica here was lost with an earlier incarnation of the store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +254,21 @@ class RecordsKept:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinCommand:
+    """Keep the cluster's id (at the first registration; the same id again is a no-op)
+    and mark the segments of the earlier incarnation's copy sets as lost here (those
+    the store holds are not: a copy brought them since)."""
+
+    cluster_id: str
+    lost: tuple[SegmentKey, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    lost: tuple[SegmentKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteCommand:
     segment: SegmentKey
 
@@ -254,8 +292,11 @@ Command = (
     | ConfirmCopyCommand
     | KeepAuthorityCommand
     | KeepRecordsCommand
+    | JoinCommand
 )
-Outcome = WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept | StoreError
+Outcome = (
+    WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept | Joined | StoreError
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +313,9 @@ class Plan:
     tenants: Mapping[int, str] = dataclasses.field(default_factory=dict)
     # Versions of the segment records the plan keeps; 0 when it deletes one.
     records: Mapping[SegmentKey, int] = dataclasses.field(default_factory=dict)
+    # Lost-replica marks the plan sets (True) or clears (False); the cluster id it keeps.
+    lost: Mapping[SegmentKey, bool] = dataclasses.field(default_factory=dict)
+    cluster_id: str = ""
 
 
 # What a plan knows of a held copy: (epoch, kind, payload bytes). Plain tuples: the
@@ -295,6 +339,8 @@ class _Work:
     ops: list[KVOp] = field(default_factory=list)
     tenants: dict[int, str] = field(default_factory=dict)
     records: dict[SegmentKey, int] = field(default_factory=dict)
+    lost: dict[SegmentKey, bool] = field(default_factory=dict)
+    cluster_id: str = ""
 
     def meta(self, segment: SegmentKey) -> SegmentMeta | None:
         if segment in self.metas:
@@ -370,14 +416,27 @@ def check_batch(
 class SegmentStoreCore:
     """Segments over a KV; see the module doc for the rules and the plan/publish split."""
 
-    def __init__(self, kv: KV, entry_bytes_max: int = EVENT_BYTES_MAX):
+    def __init__(
+        self, kv: KV, entry_bytes_max: int = EVENT_BYTES_MAX, joins_cluster: bool = False
+    ):
+        """`joins_cluster`: take no writes or seals before `JoinCommand` (a store with a
+        master; the core alone, in tests and the simulator, takes them at once)."""
         assert 0 < entry_bytes_max <= EVENT_BYTES_MAX, "the writer's limit bounds the store's"
         self.kv = kv
+        self.joins_cluster = joins_cluster
         self.entry_bytes_max = entry_bytes_max
         self._metas = self._load_metas()
         self._damaged: set[SegmentKey] = set()
         self._tenants = self._load_tenants()
         self._records = self._load_records()
+        self._load_identity()
+
+    def _load_identity(self) -> None:
+        raw = self.kv.get(INCARNATION_KEY)
+        self._incarnation = decode_u64(raw) if raw else 0
+        self._cluster_id = (self.kv.get(CLUSTER_ID_KEY) or b"").decode()
+        start, end = lost_range()
+        self._lost = {SegmentKey(*meta_segment(key)) for key, _ in self.kv.scan(start, end)}
 
     def _load_metas(self) -> dict[SegmentKey, SegmentMeta]:
         metas: dict[SegmentKey, SegmentMeta] = {}
@@ -406,6 +465,16 @@ class SegmentStoreCore:
         self._metas = self._load_metas()
         self._tenants = self._load_tenants()
         self._records = self._load_records()
+        self._load_identity()
+
+    def keep_incarnation(self, incarnation: int) -> int:
+        """The store's incarnation: the one its database keeps, else `incarnation`,
+        kept durably (called once, before the store serves)."""
+        assert 0 < incarnation < 1 << 64
+        if not self._incarnation:
+            self.kv.write([Put(INCARNATION_KEY, encode_u64(incarnation))], sync=True)
+            self._incarnation = incarnation
+        return self._incarnation
 
     # ---- mutations ----
 
@@ -432,15 +501,17 @@ class SegmentStoreCore:
                     outcome = AuthorityKept()
                 elif isinstance(command, KeepRecordsCommand):
                     outcome = self._plan_keep_records(command, work)
+                elif isinstance(command, JoinCommand):
+                    outcome = self._plan_join(command, work)
                 else:
                     outcome = self._plan_delete(command, work)
             except StoreError as error:
                 outcome = error
             except CorruptEntry as error:
                 outcome = StoredCopyCorrupt(str(error))
-                assert not isinstance(command, KeepAuthorityCommand | KeepRecordsCommand), (
-                    "it reads no entry"
-                )
+                assert not isinstance(
+                    command, KeepAuthorityCommand | KeepRecordsCommand | JoinCommand
+                ), "it reads no entry"
                 self.mark_damaged(command.segment)
             if isinstance(command, ConfirmCopyCommand | DeleteCommand) and not isinstance(
                 outcome, StoreError
@@ -459,6 +530,8 @@ class SegmentStoreCore:
             frozenset(mended),
             work.tenants,
             work.records,
+            work.lost,
+            work.cluster_id,
         )
 
     def write_plan(self, plan: Plan, sync: bool) -> None:
@@ -479,6 +552,13 @@ class SegmentStoreCore:
                 self._records[segment] = version
             else:
                 self._records.pop(segment, None)
+        for segment, lost in plan.lost.items():
+            if lost:
+                self._lost.add(segment)
+            else:
+                self._lost.discard(segment)
+        if plan.cluster_id:
+            self._cluster_id = plan.cluster_id
 
     def apply(self, plan: Plan, sync: bool = True) -> None:
         self.write_plan(plan, sync)
@@ -486,7 +566,7 @@ class SegmentStoreCore:
 
     def execute(
         self, command: Command, sync: bool = True
-    ) -> WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept:
+    ) -> WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept | Joined:
         plan = self.plan([command])
         self.apply(plan, sync)
         outcome = plan.outcomes[0]
@@ -698,7 +778,30 @@ class SegmentStoreCore:
         if segment in self._records or work.records.get(segment):
             work.ops.append(Delete(record_key(segment.stream_id, segment.epoch)))
             work.records[segment] = 0
+        if segment in self._lost or work.lost.get(segment):
+            work.ops.append(Delete(lost_key(segment.stream_id, segment.epoch)))
+            work.lost[segment] = False
         return DeleteResult(existed)
+
+    def _plan_join(self, command: JoinCommand, work: _Work) -> Joined:
+        if not command.cluster_id or len(command.cluster_id) > CLUSTER_ID_CHARS_MAX:
+            raise BadRequest(f"cluster id {command.cluster_id!r}")
+        kept = work.cluster_id or self._cluster_id
+        if kept and kept != command.cluster_id:
+            raise NotJoined(f"this store belongs to cluster {kept}, not {command.cluster_id}")
+        for segment in command.lost:
+            check_segment(segment)
+        if not kept:
+            work.ops.append(Put(CLUSTER_ID_KEY, command.cluster_id.encode()))
+            work.cluster_id = command.cluster_id
+        marked = []
+        for segment in command.lost:
+            if work.meta(segment) is not None or segment in self._lost or work.lost.get(segment):
+                continue
+            work.ops.append(Put(lost_key(segment.stream_id, segment.epoch), b""))
+            work.lost[segment] = True
+            marked.append(segment)
+        return Joined(tuple(marked))
 
     def _plan_keep_records(self, command: KeepRecordsCommand, work: _Work) -> RecordsKept:
         kept = []
@@ -715,6 +818,23 @@ class SegmentStoreCore:
         return RecordsKept(tuple(kept))
 
     # ---- queries (published state only) ----
+
+    def incarnation(self) -> int:
+        return self._incarnation
+
+    def cluster_id(self) -> str:
+        return self._cluster_id
+
+    def check_takes_part(self, segment: SegmentKey) -> None:
+        """Refuse (NotJoined, ReplicaLost) a writer's write or seal of `segment` that
+        this store must not take part in."""
+        if self.joins_cluster and not self._cluster_id:
+            raise NotJoined("this store has not registered with its master yet")
+        if segment in self._lost and segment not in self._metas:
+            raise ReplicaLost(
+                f"the replica of {segment.stream_id}/{segment.epoch} here was lost with an "
+                "earlier incarnation of this store"
+            )
 
     def meta(self, segment: SegmentKey) -> SegmentMeta | None:
         return self._metas.get(segment)

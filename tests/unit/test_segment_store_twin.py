@@ -14,6 +14,7 @@ from streamengine.segment_store.store import (
     BelowFence,
     Command,
     DeleteCommand,
+    JoinCommand,
     KeepAuthorityCommand,
     KeepRecordsCommand,
     SealCommand,
@@ -93,8 +94,8 @@ steps: st.SearchStrategy[tuple[str, list[Command]]] = st.one_of(
 
 
 def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
-    assert not isinstance(command, KeepAuthorityCommand | KeepRecordsCommand), (
-        "the twin draws no authority nor records"
+    assert not isinstance(command, KeepAuthorityCommand | KeepRecordsCommand | JoinCommand), (
+        "the twin draws no authority, records nor identity"
     )
     if isinstance(command, DeleteCommand):
         existed = command.segment in twins

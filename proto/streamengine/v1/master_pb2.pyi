@@ -102,6 +102,8 @@ class RegisterStoreRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     ZONE_FIELD_NUMBER: _builtins.int
     FREE_BYTES_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     """Stable id kept in the store's data dir."""
     address: _builtins.str
@@ -110,6 +112,16 @@ class RegisterStoreRequest(_message.Message):
     """Failure-domain label; placement spreads copy sets over zones when it can."""
     free_bytes: _builtins.int
     """Free bytes on the store's disk."""
+    incarnation: _builtins.int
+    """Made when the store's database was created, kept in it: a store that comes back
+    with an empty or replaced database registers with a new one, and holds none of the
+    replicas its earlier incarnation held (0: a store that predates incarnations).
+    """
+    cluster_id: _builtins.str
+    """The cluster whose master the store first registered with, kept in its database
+    ("": none yet). A master of another cluster refuses it (FAILED_PRECONDITION) and
+    the store stops.
+    """
     def __init__(
         self,
         *,
@@ -117,10 +129,12 @@ class RegisterStoreRequest(_message.Message):
         address: _builtins.str = ...,
         zone: _builtins.str = ...,
         free_bytes: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        cluster_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_bytes", b"free_bytes", "store_id", b"store_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cluster_id", b"cluster_id", "free_bytes", b"free_bytes", "incarnation", b"incarnation", "store_id", b"store_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,21 +146,37 @@ class RegisterStoreReply(_message.Message):
 
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     SIGNING_PUBLIC_KEYS_FIELD_NUMBER: _builtins.int
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    LOST_SEGMENTS_FIELD_NUMBER: _builtins.int
     heartbeat_interval_ms: _builtins.int
     """How often the store must heartbeat."""
+    cluster_id: _builtins.str
+    """The master's cluster id; the store keeps it at its first registration and takes
+    writes and seals only from then on. "" while a master rebuilding its metadata has
+    not adopted the stores' id yet: the store registers again.
+    """
     @_builtins.property
     def signing_public_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """The master's Ed25519 public keys (32 raw bytes each), as in StoreHeartbeatReply."""
+
+    @_builtins.property
+    def lost_segments(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
+        """Segments whose copy set names this store from before its current incarnation: it
+        holds none of them and refuses to seal or write them (UNAVAILABLE), so that no
+        recovery counts an empty answer for the replica that was lost.
+        """
 
     def __init__(
         self,
         *,
         heartbeat_interval_ms: _builtins.int = ...,
         signing_public_keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        cluster_id: _builtins.str = ...,
+        lost_segments: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "signing_public_keys", b"signing_public_keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "lost_segments", b"lost_segments", "signing_public_keys", b"signing_public_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -844,8 +844,13 @@ class ListSegmentRecordsReply(_message.Message):
 
     SEGMENTS_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
     more: _builtins.bool
     """More segments follow the last one listed."""
+    cluster_id: _builtins.str
+    """The cluster id kept in the store's database ("": never registered): a master
+    rebuilding its metadata adopts it.
+    """
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegmentRecord]: ...
     def __init__(
@@ -853,10 +858,11 @@ class ListSegmentRecordsReply(_message.Message):
         *,
         segments: _abc.Iterable[Global___HeldSegmentRecord] | None = ...,
         more: _builtins.bool = ...,
+        cluster_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["more", b"more", "segments", b"segments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "more", b"more", "segments", b"segments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
