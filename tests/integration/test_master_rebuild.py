@@ -68,6 +68,18 @@ async def records_of(
     return out
 
 
+async def cluster_ids(cluster: Cluster) -> set[str]:
+    """The cluster ids the stores keep."""
+    ids = set()
+    for store in cluster.stores:
+        async with master_transport(cluster).aio_channel(store.address, CLIENT_OPTIONS) as channel:
+            reply = await store_grpc.SegmentStoreStub(channel).ListSegmentRecords(
+                segment_store_pb2.ListSegmentRecordsRequest(), timeout=5
+            )
+        ids.add(reply.cluster_id)
+    return ids
+
+
 async def stores_know_every_segment(cluster: Cluster, client: StreamClient) -> bool:
     """Every member of every segment keeps the master's record of it as it is now."""
     transport = master_transport(cluster)
@@ -154,6 +166,8 @@ async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_
                 sealed.segments[0].copy_set[0].address, master_transport(cluster), first
             )
             assert after and min(after) > (first.stream_id, first.epoch)
+            kept_ids = await cluster_ids(cluster)
+            assert len(kept_ids) == 1 and "" not in kept_ids, kept_ids
         restart_rebuilding(cluster)
         await wait_until(lambda: rebuilt(cluster), 30, "rebuilt", 0.1)
         async with StreamClient(cluster.master.address, certs_dir=certs) as client:
@@ -177,6 +191,9 @@ async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_
                     acked[name] += events
                 assert min(unpack_sequence(s)[0] for s in sequences) > epoch_before
                 assert await read_all(client, name) == acked[name], name
+        # The rebuilt master adopted the stores' cluster id: every store joined it.
+        assert all(store.alive() for store in cluster.stores)
+        assert await cluster_ids(cluster) == kept_ids
 
 
 def test_rebuild_refuses_metadata_that_is_not_empty(tmp_path: Path) -> None:

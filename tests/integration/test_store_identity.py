@@ -1,0 +1,137 @@
+"""Stores know who they are: the cluster they belong to, and their incarnation.
+
+Real processes. A store's database keeps the id of the cluster whose master it first
+registered with: started against another cluster's master it stops (exit 2, one line).
+A store whose database was wiped comes back as a new incarnation under the same id:
+it refuses to seal or write the segments it held before (a recovery must not count its
+empty answer), the open segment rolls, and repair refills the sealed ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from bench.segment_driver import Driver, fully_replicated, seal, sealed_segments, write
+from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.segment_store.server import DB_DIR
+from streamengine.tools.harness import (
+    STREAMENGINE,
+    Cluster,
+    running_cluster,
+    server_env,
+    wait_for,
+)
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+STREAM = "acme/orders"
+MASTER_ARGS = ["--lease-ms", "2000", "--store-timeout-ms", "1500"]
+EVENTS = 20
+
+
+def cluster_id_of(address: str) -> str:
+    with grpc.insecure_channel(address) as channel:
+        reply = store_grpc.SegmentStoreStub(channel).ListSegmentRecords(
+            segment_store_pb2.ListSegmentRecordsRequest(), timeout=5
+        )
+    return reply.cluster_id
+
+
+def registered(cluster: Cluster) -> bool:
+    return all(cluster_id_of(store.address) for store in cluster.stores)
+
+
+def test_a_store_on_another_clusters_data_dir_refuses_to_start(tmp_path: Path) -> None:
+    with running_cluster(tmp_path / "a", stores=1) as first:
+        wait_for(lambda: registered(first), 15, 0.1, "the store joined its cluster")
+        kept = cluster_id_of(first.stores[0].address)
+        assert kept.startswith("cluster-")
+        store_args = first.stores[0].args
+        assert first.stores[0].terminate() == 0
+    with running_cluster(tmp_path / "b", stores=0) as second:
+        args = list(store_args)
+        args[args.index("--master") + 1] = second.master_address
+        done = subprocess.run(
+            [STREAMENGINE, *args], capture_output=True, text=True, timeout=60, env=server_env()
+        )
+    assert done.returncode == 2, done
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("streamengine store: ") and kept in last, done.stderr
+
+
+def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_replicas(
+    tmp_path: Path,
+) -> None:
+    with running_cluster(tmp_path, stores=3, master_args=MASTER_ARGS) as cluster:
+        wait_for(lambda: registered(cluster), 15, 0.1, "the stores joined their cluster")
+        with grpc.insecure_channel(cluster.master_address) as channel:
+            master_pb2_grpc.MasterStub(channel).CreateStream(
+                master_pb2.CreateStreamRequest(
+                    name=STREAM,
+                    policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2),
+                    create_tenant=True,
+                ),
+                timeout=5,
+            )
+        driver = Driver(cluster.master_address, STREAM)
+        for _ in range(2):
+            driver.fill_and_roll(EVENTS, 100)
+        every_store = {s.name for s in cluster.stores}
+        wait_for(
+            lambda: all(
+                fully_replicated(s, 3, every_store)
+                for s in sealed_segments(cluster.master_address, STREAM)
+            ),
+            20,
+            0.2,
+            "sealed segments at 3 replicas",
+        )
+        driver.lead()
+        assert driver.segment is not None
+        open_segment = driver.segment
+        events = [
+            StoredEntry.make(i, EntryKind.EVENT, driver.epoch, b"x" * 100) for i in range(1, 6)
+        ]
+        for replica in open_segment.copy_set:
+            write(replica.address, open_segment.id, driver.epoch, events, 5, driver.grant)
+
+        wiped = cluster.stores[2]
+        wiped.kill()
+        shutil.rmtree(tmp_path / wiped.name / DB_DIR)
+        wiped.start()
+        wait_for(lambda: registered(cluster), 15, 0.1, "the wiped store joined again")
+
+        # It holds nothing of the open segment and says so by not answering for it.
+        for attempt in (
+            lambda: write(wiped.address, open_segment.id, driver.epoch, events, 5, driver.grant),
+            lambda: seal(wiped.address, open_segment.id, driver.epoch, driver.grant),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                attempt()
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "earlier incarnation" in (refused.value.details() or "")
+        # The others still take it.
+        seal(cluster.stores[0].address, open_segment.id, driver.epoch, driver.grant)
+
+        def asked_to_roll() -> bool:
+            beat = driver.lead()
+            return beat.roll_requested and "new incarnation" in beat.roll_reason
+
+        wait_for(asked_to_roll, 10, 0.2, "the leader asked to roll away from the lost replica")
+        # Repair refills its sealed replicas from the good ones, verified.
+        wait_for(
+            lambda: all(
+                fully_replicated(s, 3, every_store)
+                for s in sealed_segments(cluster.master_address, STREAM)
+            ),
+            30,
+            0.2,
+            "the wiped store's sealed replicas refilled",
+        )
+        for segment in sealed_segments(cluster.master_address, STREAM):
+            assert wiped.name in {r.store_id for r in segment.copy_set}

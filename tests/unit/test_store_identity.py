@@ -1,0 +1,173 @@
+"""Who a store is, decided without I/O: the cluster it joined and its incarnation.
+
+The store core takes part in writes and seals only once it joined its cluster, and
+never in those of a segment its earlier incarnation held; the master tells a new
+incarnation which replicas it lost, asks their open segments to roll and refills the
+sealed ones; a rebuild adopts the id most stores keep.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from streamengine.master.errors import WrongCluster
+from streamengine.master.model import Held, SegmentState
+from streamengine.master.rebuild import adopted_cluster_id
+from streamengine.master.state import MasterState
+from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.store import (
+    JoinCommand,
+    Joined,
+    NotJoined,
+    ReplicaLost,
+    SegmentKey,
+    SegmentStoreCore,
+)
+from tests.metadata_backends import MetadataPlace
+
+LEASE = 1000
+TIMEOUT = 3000
+NOW = 1_000_000
+SEGMENT = SegmentKey(7, 2)
+OTHER = SegmentKey(7, 3)
+
+
+# ---- the store core ----
+
+
+def joining_core(kv: MemoryKV | None = None) -> SegmentStoreCore:
+    return SegmentStoreCore(kv or MemoryKV(), joins_cluster=True)
+
+
+def test_a_store_takes_no_write_or_seal_before_it_joined_its_cluster() -> None:
+    core = joining_core()
+    with pytest.raises(NotJoined):
+        core.check_takes_part(SEGMENT)
+    assert core.execute(JoinCommand("cluster-a")) == Joined(())
+    core.check_takes_part(SEGMENT)
+    assert core.cluster_id() == "cluster-a"
+
+
+def test_a_core_without_a_cluster_takes_writes_at_once() -> None:
+    SegmentStoreCore(MemoryKV()).check_takes_part(SEGMENT)
+
+
+def test_a_store_never_joins_another_cluster() -> None:
+    core = joining_core()
+    core.execute(JoinCommand("cluster-a"))
+    with pytest.raises(NotJoined):
+        core.execute(JoinCommand("cluster-b"))
+    assert core.cluster_id() == "cluster-a"
+    assert core.execute(JoinCommand("cluster-a")) == Joined(())
+
+
+def test_lost_replicas_are_refused_kept_across_a_restart_and_go_with_a_delete() -> None:
+    kv = MemoryKV()
+    core = joining_core(kv)
+    core.seal(OTHER, 4)  # held: a copy brought it since, so it is not lost
+    assert core.execute(JoinCommand("cluster-a", (SEGMENT, OTHER))) == Joined((SEGMENT,))
+    with pytest.raises(ReplicaLost):
+        core.check_takes_part(SEGMENT)
+    core.check_takes_part(OTHER)
+    restarted = joining_core(kv)
+    with pytest.raises(ReplicaLost):
+        restarted.check_takes_part(SEGMENT)
+    restarted.delete(SEGMENT)
+    restarted.check_takes_part(SEGMENT)
+    assert joining_core(kv).incarnation() == 0
+
+
+def test_the_incarnation_is_made_once_and_kept_with_the_database() -> None:
+    kv = MemoryKV()
+    assert joining_core(kv).keep_incarnation(11) == 11
+    assert joining_core(kv).keep_incarnation(12) == 11
+    assert joining_core(MemoryKV()).keep_incarnation(12) == 12
+
+
+# ---- the master ----
+
+
+def master_with_a_stream(place: MetadataPlace) -> MasterState:
+    state = MasterState(place.open(), NOW, LEASE, TIMEOUT)
+    for number, sid in enumerate("abc"):
+        state.register_store(sid, f"127.0.0.1:{number + 1}", "", 0, NOW, incarnation=number + 1)
+        state.store_heartbeat(sid, 0, 0, {}, NOW)
+    state.create_stream("t/s", 3, 2, 0, 0, True, NOW)
+    return state
+
+
+def test_a_master_makes_its_cluster_id_once_and_keeps_it(metadata_place: MetadataPlace) -> None:
+    first = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    assert first.cluster_id.startswith("cluster-")
+    again = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    assert again.cluster_id == first.cluster_id
+
+
+def test_a_store_of_another_cluster_is_refused(metadata_place: MetadataPlace) -> None:
+    state = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    with pytest.raises(WrongCluster, match="cluster-other"):
+        state.register_store("a", "127.0.0.1:1", "", 0, NOW, 5, "cluster-other")
+    assert "a" not in state.stores
+    registered = state.register_store("a", "127.0.0.1:1", "", 0, NOW, 5, state.cluster_id)
+    assert registered.cluster_id == state.cluster_id and registered.lost == ()
+
+
+def test_a_new_incarnation_loses_every_replica_its_store_held(
+    metadata_place: MetadataPlace,
+) -> None:
+    state = master_with_a_stream(metadata_place)
+    now = NOW + LEASE
+    view = state.writer_heartbeat("t/s", "w1", 0, 0, 0, now)
+    assert view.segment is not None and "c" in view.segment.copy_set
+    key = view.segment.key
+    state.store_heartbeat("c", 0, 0, {key: Held(1, 3, 3, 300)}, now)
+    assert state.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason == ""
+
+    same = state.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=3)
+    assert same.lost == ()
+    wiped = state.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=33)
+    assert wiped.lost == (key,)
+    assert state.stores["c"].incarnation == 33
+    assert key not in state.live["c"].held, "what it reported was its old incarnation's"
+    reason = state.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason
+    assert "new incarnation" in reason and "c" in reason
+    # A restarted master knows the incarnation: the same one again loses nothing.
+    restarted = MasterState(metadata_place.open(), now, LEASE, TIMEOUT)
+    assert restarted.stores["c"].incarnation == 33
+    assert restarted.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=33).lost == ()
+    assert restarted.segments[key].state == SegmentState.OPEN
+
+
+def test_a_store_that_predates_incarnations_loses_nothing(metadata_place: MetadataPlace) -> None:
+    state = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    state.register_store("a", "127.0.0.1:1", "", 0, NOW)
+    assert state.register_store("a", "127.0.0.1:1", "", 0, NOW, incarnation=9).lost == ()
+    assert state.stores["a"].incarnation == 9
+
+
+@pytest.mark.parametrize(
+    ("kept", "chosen", "refused"),
+    [
+        ({}, "", []),
+        ({"a": "", "b": ""}, "", []),
+        ({"a": "x", "b": "", "c": "x"}, "x", []),
+        ({"a": "x", "b": "y", "c": "x"}, "x", ["b"]),
+        ({"a": "y", "b": "x"}, "x", ["a"]),  # a tie: the first in order
+    ],
+)
+def test_a_rebuild_adopts_the_id_most_stores_keep(
+    kept: dict[str, str], chosen: str, refused: list[str]
+) -> None:
+    adopted, notes = adopted_cluster_id(kept)
+    assert adopted == chosen
+    assert [note.split()[1] for note in notes] == refused
+
+
+def test_a_rebuilding_master_has_no_id_until_it_adopts_one(metadata_place: MetadataPlace) -> None:
+    state = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT, make_cluster_id=None)
+    assert state.cluster_id == ""
+    registered = state.register_store("a", "127.0.0.1:1", "", 0, NOW, 5, "cluster-x")
+    assert registered.cluster_id == "" and state.store_cluster_ids == {"a": "cluster-x"}
+    state.adopt_cluster_id("cluster-x")
+    again = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    assert again.cluster_id == "cluster-x"
