@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import grpc
 
+from streamengine.protocol.sequence import pack_sequence
 from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY, FENCE_METADATA_KEY
 
 
@@ -78,16 +79,34 @@ class AppendInDoubt(LeadershipLost):
 
 
 class DataLossError(StreamEngineError):
-    """A range of a stream that no replica can serve."""
+    """A range of a stream that no replica can serve: `first_index..last_index` of
+    segment `segment_epoch`; `accepted`: an operator sealed it accepting the loss
+    (`streamengine seal NAME --accept-loss`), and what was acknowledged there may be
+    gone for good. A reader goes on past it from `resume_sequence`."""
 
-    def __init__(self, stream: str, segment_epoch: int, first_index: int, last_index: int):
+    def __init__(
+        self,
+        stream: str,
+        segment_epoch: int,
+        first_index: int,
+        last_index: int,
+        accepted: bool = False,
+    ):
         self.stream = stream
         self.segment_epoch = segment_epoch
         self.first_index = first_index
         self.last_index = last_index
+        self.accepted = accepted
+        # Past the range: the position after the segment's last index.
+        self.resume_sequence = pack_sequence(segment_epoch, last_index + 1)
+        what = (
+            "were lost: the segment was sealed accepting the loss"
+            if accepted
+            else "are unreadable on every replica"
+        )
         super().__init__(
-            f"{stream}: segment {segment_epoch} indexes {first_index}..{last_index} "
-            "are unreadable on every replica"
+            f"{stream}: segment {segment_epoch} indexes {first_index}..{last_index} {what} "
+            f"(resume from sequence {self.resume_sequence})"
         )
 
 

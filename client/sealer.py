@@ -32,7 +32,6 @@ from streamengine.client.core.leader import RecoverSegment
 from streamengine.client.core.replicator import Tick
 from streamengine.client.errors import Fenced, fence_of
 from streamengine.protocol import codec
-from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -63,7 +62,10 @@ class SegmentSealer:
         channels: ChannelPool,
         client_id: str,
         action: RecoverSegment,
+        accept_loss: bool = False,
     ) -> None:
+        """`accept_loss`: an operator's seal that decides from the stores that answer
+        when fewer than R can (`SegmentRecovery`)."""
         grant = action.segment
         self.segment = grant.segment
         self.new_epoch = action.new_epoch
@@ -77,6 +79,7 @@ class SegmentSealer:
             [replica.store_id for replica in grant.copy_set],
             timing=sr.TIMING,
             known=action.known,
+            accept_loss=accept_loss,
         )
         self._master = master
         self._client_id = client_id
@@ -179,7 +182,7 @@ class SegmentSealer:
     async def _attempt(self, action: sr.Request) -> sr.Event | None:
         """One attempt of a request: its answer as an event, or None (no answer)."""
         if isinstance(action, sr.SealAtMaster):
-            return await self._seal_at_master(action.final_index, action.certificate)
+            return await self._seal_at_master(action)
         store = action.store
         call: Callable[[], Coroutine[Any, Any, sr.Event]]
         if isinstance(action, sr.SendSeal):
@@ -274,10 +277,20 @@ class SegmentSealer:
 
         return write
 
-    async def _seal_at_master(
-        self, final_index: int, certificate: Certificate | None
-    ) -> sr.Event | None:
+    async def _seal_at_master(self, action: sr.SealAtMaster) -> sr.Event | None:
+        final_index, certificate = action.final_index, action.certificate
+        if action.lost_from_index:
+            log.warning(
+                "%s: sealing segment %d at %d accepting loss: indexes %d..%d may have held "
+                "acknowledged events that are lost",
+                self.segment.stream,
+                self.segment.epoch,
+                final_index,
+                action.lost_from_index,
+                final_index,
+            )
         request = master_pb2.SealSegmentRequest(
+            lost_from_index=action.lost_from_index,
             stream=self.segment.stream,
             segment_epoch=self.segment.epoch,
             writer_epoch=self.new_epoch,

@@ -12,7 +12,9 @@ One row per EVENT (holes and bridges never appear), schema
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
 `partitionEntries` (default 250000) splits large segments into equal index ranges of at
-most that many entries.
+most that many entries; `skipLostRanges` (default false): a range an operator sealed
+accepting loss (`streamengine seal --accept-loss`) is read around instead of failing
+the query with `DataLossError`.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
 Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
 driver; the credentials travel to the executors inside the partitions) and `token`.
@@ -131,6 +133,9 @@ class _SegmentInfo:
     replicas: tuple[str, ...]
     certificate: Certificate | None = None
     bad: tuple[str, ...] = ()
+    # Sealed accepting loss: acked events from this index through the bridge may be
+    # lost (0: none).
+    lost_from_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,7 @@ def segment_info(segment: entry_pb2.Segment) -> _SegmentInfo:
         replicas=tuple(replica.address for replica in segment.copy_set),
         certificate=certificate,
         bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
+        lost_from_index=segment.lost_from_index,
     )
 
 
@@ -242,8 +248,11 @@ def plan_ranges(
     partition_entries: int,
     master: str = "",
     transport: Transport = PLAINTEXT,
+    skip_lost: bool = False,
 ) -> list[SegmentRange]:
-    """Input partitions covering `[start_sequence, end_sequence)` of readable events."""
+    """Input partitions covering `[start_sequence, end_sequence)` of readable events.
+    A range a segment was sealed without (`--accept-loss`) raises `DataLossError`, as
+    for every reader, unless `skip_lost`: then it is read around."""
     ranges: list[SegmentRange] = []
     # Entries each store is asked to serve so far: every range starts at its least
     # loaded replica (the rest are its fail-over order), so a scan spreads evenly.
@@ -267,6 +276,13 @@ def plan_ranges(
                 break
             if segment.epoch == end_epoch:
                 last_readable = min(last_readable, end_index - 1)
+        lost_from = segment.lost_from_index if segment.sealed else 0
+        # The scan reaches the lost range when it reads past `lost_from - 1` (to the
+        # end of the segment, or into the range).
+        if lost_from and last_readable >= min(lost_from, segment.final_index - 1):
+            if not skip_lost:
+                raise DataLossError(stream, segment.epoch, lost_from, segment.final_index, True)
+            last_readable = min(last_readable, lost_from - 1)
         entries = last_readable - first + 1
         if entries <= 0:
             continue
@@ -661,6 +677,7 @@ class StreamEngineBatchReader(DataSourceReader):
         self.partition_entries = max(1, entries or PARTITION_ENTRIES_DEFAULT)
         if self.end_sequence is not None and self.end_sequence < self.start_sequence:
             raise InvalidArgument("toSequence is below fromSequence")
+        self.skip_lost = options.get("skiplostranges", "false").lower() == "true"
 
     def partitions(self) -> list[SegmentRange]:
         layout = fetch_layout(self.master, self.stream, self.include_open, self.transport)
@@ -673,6 +690,7 @@ class StreamEngineBatchReader(DataSourceReader):
             self.partition_entries,
             self.master,
             self.transport,
+            self.skip_lost,
         )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

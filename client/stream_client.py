@@ -36,7 +36,12 @@ from streamengine.client.channels import ChannelPool
 from streamengine.client.core.cursor import StreamEvent
 from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.client.core.replicator import ReplicatorLimits
-from streamengine.client.errors import InvalidArgument, Unavailable, from_rpc_error
+from streamengine.client.errors import (
+    InvalidArgument,
+    LeadershipLost,
+    Unavailable,
+    from_rpc_error,
+)
 from streamengine.client.retrying import retry_unary
 from streamengine.client.writer import Writer
 from streamengine.protocol import transport
@@ -196,6 +201,7 @@ class StreamClient:
         client_id: str | None = None,
         rolling: bool = True,
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
+        accept_loss: bool = False,
     ) -> Writer:
         """`async with client.writer(name) as w:` waits for leadership of `name`.
         The writer rolls its segment by the stream's size and age thresholds, when a
@@ -212,9 +218,12 @@ class StreamClient:
             client_id=client_id,
             rolling=rolling,
             append_timeout_s=append_timeout_s,
+            accept_loss=accept_loss,
         )
 
-    async def seal(self, name: str, timeout_s: float = SEAL_TIMEOUT_S) -> int:
+    async def seal(
+        self, name: str, timeout_s: float = SEAL_TIMEOUT_S, accept_loss: bool = False
+    ) -> int:
         """Seal the open segment of `name`, so that everything acked so far is in sealed
         segments (what Spark reads). Returns that segment's epoch, 0 if none was open.
 
@@ -223,7 +232,16 @@ class StreamClient:
         leading (or a leader that neither rolls nor keeps its lease), this client leads
         for a moment: it seals and recovers every unsealed segment, then gives the lease
         back (leaving a new, empty segment open). Raises `Unavailable` when that does
-        not happen within `timeout_s`."""
+        not happen within `timeout_s`.
+
+        `accept_loss` is the way out of a stuck stream, and only ever an operator's
+        choice (role admin in the tenant): an unsealed segment that fewer than R of its
+        stores can answer for (more than N - W replicas lost for good) is sealed at what
+        the stores that answer hold, and the range whose acknowledged events may be lost
+        is recorded (readers of it get `DataLossError`). It leads itself, so a running
+        leader must be stopped first (`LeadershipLost` otherwise)."""
+        if accept_loss:
+            return await self._seal_accepting_loss(name, timeout_s)
         deadline = time.monotonic() + timeout_s
         epoch = 0
         leader = ""
@@ -258,12 +276,32 @@ class StreamClient:
 
         return await self._control(ask)
 
-    async def _seal_leading(self, name: str, deadline: float) -> None:
+    async def _seal_leading(self, name: str, deadline: float, accept_loss: bool = False) -> None:
         listing = await self.list_segments(name)
         if all(s.state == entry_pb2.SEALED for s in listing.segments):
             return
-        async with self.writer(name, rolling=False) as writer:
+        async with self.writer(name, rolling=False, accept_loss=accept_loss) as writer:
             await writer.wait_sealed(max(0.0, deadline - time.monotonic()))
+
+    async def _seal_accepting_loss(self, name: str, timeout_s: float) -> int:
+        info = await self.describe_stream(name)
+        if info.leader_id:
+            raise LeadershipLost(
+                f"{name} is led by {info.leader_id}: stop that writer before sealing "
+                "accepting loss (a running leader's own recovery cannot accept it)"
+            )
+        listing = await self.list_segments(name)
+        unsealed = [s.id.epoch for s in listing.segments if s.state != entry_pb2.SEALED]
+        deadline = time.monotonic() + timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._seal_leading(name, deadline, accept_loss=True)
+        except TimeoutError:
+            raise Unavailable(
+                f"{name}: not sealed within {timeout_s} s accepting loss (no store of an "
+                "unsealed segment answered, or no leadership)"
+            ) from None
+        return max(unsealed, default=0)
 
     async def _sealed_within(self, name: str, epoch: int, seconds: float) -> bool:
         until = time.monotonic() + seconds

@@ -76,6 +76,7 @@ def segment_view(segment: entry_pb2.Segment) -> SegmentView:
         final_index=segment.final_index,
         certificate=certificate,
         bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
+        lost_from_index=segment.lost_from_index,
     )
 
 
@@ -133,7 +134,11 @@ class Follower:
                 return
             if isinstance(decision, DataLoss):
                 raise DataLossError(
-                    self._stream, decision.epoch, decision.first_index, decision.last_index
+                    self._stream,
+                    decision.epoch,
+                    decision.first_index,
+                    decision.last_index,
+                    decision.accepted,
                 )
             if isinstance(decision, Wait):
                 delay_ms = decision.until_ms - now_ms()

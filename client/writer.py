@@ -173,9 +173,14 @@ class Writer:
         client_id: str | None = None,
         rolling: bool = True,
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
+        accept_loss: bool = False,
     ) -> None:
-        """`rolling=False` keeps one segment for as long as this writer leads."""
+        """`rolling=False` keeps one segment for as long as this writer leads.
+        `accept_loss` (`StreamClient.seal`'s, an operator's choice only): recoveries of
+        earlier segments decide from the stores that answer when fewer than R can, and
+        declare the range they cannot know lost."""
         self.stream = stream
+        self._accept_loss = accept_loss
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
         self._master = master
         # The master last seen active, for the call held open while leading (None: no
@@ -652,7 +657,9 @@ class Writer:
         """Seal and recover one earlier segment for the core's gate."""
         epoch = action.segment.epoch
         log.info("%s: sealing segment %d under epoch %d", self.stream, epoch, action.new_epoch)
-        sealer = SegmentSealer(self._master, self._channels, self.client_id, action)
+        sealer = SegmentSealer(
+            self._master, self._channels, self.client_id, action, self._accept_loss
+        )
         try:
             await sealer.run()
         except Fenced as error:

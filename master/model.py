@@ -81,6 +81,9 @@ class SegmentRecord:
     bad: tuple[str, ...] = ()
     # Trimmed: when its record is dropped and its replicas become garbage (0: kept).
     removal_at_ms: int = 0
+    # Sealed accepting loss: indexes from this one through the bridge may have held
+    # acked events that are lost (0: none).
+    lost_from_index: int = 0
 
     @property
     def key(self) -> SegmentKey:

@@ -38,9 +38,11 @@ from streamengine.master.state import MasterState, Registered, Trimmed, WriterVi
 from streamengine.protocol import codec, identity
 from streamengine.protocol.auth import (
     Denial,
+    Need,
     Principal,
     PrincipalKind,
     authorize,
+    authorize_need,
     visible_tenant,
 )
 from streamengine.protocol.callers import Callers
@@ -229,6 +231,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             bytes=self.state.segment_bytes(record.key),
             acked_index=self.state.segment_acked_index(record),
             bad_stores=record.bad,
+            lost_from_index=record.lost_from_index,
         )
         if record.certificate is not None:
             segment.certificate.CopyFrom(codec.certificate_to_pb(record.certificate, details))
@@ -764,9 +767,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self, request: master_pb2.SealSegmentRequest, context: Context
     ) -> entry_pb2.Segment:
         def seal(now: int) -> SegmentRecord:
-            principal = self._require(
-                context, "SealSegment", authority.stream_tenant(request.stream)
-            )
+            tenant = authority.stream_tenant(request.stream)
+            principal = self._require(context, "SealSegment", tenant)
+            if request.lost_from_index:
+                denial = authorize_need(
+                    principal, Need.TENANT_ADMIN, "SealSegment accepting loss", tenant
+                )
+                if denial is not None:
+                    raise errors.PermissionDenied(denial.reason)
             record = self.state.stream(request.stream)
             self._require_holder(
                 principal,
@@ -790,6 +798,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 request.final_index,
                 now,
                 certificate,
+                request.lost_from_index,
             )
             if certificate is not None and (was is None or was.certificate is None):
                 self.metrics.certificates.labels(integrity.WRITER).inc()

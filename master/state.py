@@ -879,9 +879,11 @@ class MasterState:
         final_index: int,
         now_ms: int,
         certificate: Certificate | None = None,
+        lost_from_index: int = 0,
     ) -> SegmentRecord:
         """Seal at `final_index`, recording the sealing leader's certificate (if it
-        knew the whole content) in the same catalog write."""
+        knew the whole content) in the same catalog write, and the range a recovery that
+        accepted loss declares lost (`lost_from_index`..`final_index`)."""
         record = self.usable_stream(name)
         segment = self.segments.get((record.stream_id, segment_epoch))
         if segment is None:
@@ -891,6 +893,10 @@ class MasterState:
         if certificate is not None and certificate.final_index != final_index:
             raise InvalidArgument(
                 f"the certificate ends at {certificate.final_index}, not at {final_index}"
+            )
+        if lost_from_index > final_index:
+            raise InvalidArgument(
+                f"lost range from {lost_from_index} starts past the bridge at {final_index}"
             )
         if segment.state == SegmentState.SEALED:
             if segment.final_index != final_index:
@@ -923,6 +929,7 @@ class MasterState:
             settled_at_ms=now_ms,
             certificate=certificate,
             certified_by=integrity.WRITER if certificate is not None else "",
+            lost_from_index=lost_from_index,
         )
         self.catalog.commit(Batch().segment(sealed))
         self._put_segment(sealed)

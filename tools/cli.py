@@ -302,6 +302,14 @@ def _add_admin_commands(commands: Subparsers) -> None:
     seal.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the seal (default 30)"
     )
+    seal.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="a stuck stream's way out (more than N - W replicas of an unsealed segment lost "
+        "for good): seal it at what the surviving replicas hold and record the range whose "
+        "acknowledged events may be lost; stop its writers first; asks for --yes",
+    )
+    seal.add_argument("--yes", action="store_true", help="with --accept-loss: do it")
     seal.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_seal"))
     bench = commands.add_parser("bench", help="run the benchmarks of bench/ against a cluster")
     bench.add_argument(

@@ -446,16 +446,36 @@ def cmd_seal(args: argparse.Namespace) -> int:
     """Seal the open segment: the leader rolls, or this command leads for a moment."""
     import asyncio
 
-    async def seal() -> int:
+    if args.accept_loss and not args.yes:
+        print(
+            f"would seal the unsealed segments of {args.name} at what the replicas that "
+            "still answer hold, recording as lost what may have been acknowledged past "
+            "them (readers of that range get DataLossError); irreversible"
+        )
+        print("nothing changed; stop the stream's writers and add --yes to do it")
+        return 1
+
+    async def seal() -> tuple[int, list[str]]:
         async with stream_client(args) as client:
             await client.describe_stream(args.name)  # an unknown stream fails fast
-            return await client.seal(args.name, timeout_s=args.timeout)
+            epoch = await client.seal(
+                args.name, timeout_s=args.timeout, accept_loss=args.accept_loss
+            )
+            listing = await client.list_segments(args.name)
+            lost = [
+                f"segment {s.id.epoch} indexes {s.lost_from_index}..{s.final_index}"
+                for s in listing.segments
+                if s.lost_from_index
+            ]
+            return epoch, lost
 
-    epoch = asyncio.run(seal())
+    epoch, lost = asyncio.run(seal())
     if epoch:
         print(f"sealed {args.name}: segment {epoch}")
     else:
         print(f"sealed {args.name}: no open segment")
+    for line in lost:
+        print(f"lost (sealed accepting loss): {line}")
     return 0
 
 

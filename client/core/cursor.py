@@ -75,6 +75,10 @@ class SegmentView:
     certificate: Certificate | None = None
     # Replicas the master knows to differ from the certificate.
     bad: tuple[str, ...] = ()
+    # Sealed accepting loss: from this index through the bridge, acked events may be
+    # lost (0: none). Nothing of that range is handed out; a reader reaching it gets
+    # `DataLoss(accepted=True)`.
+    lost_from_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +128,13 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class DataLoss:
-    """No replica can serve `first_index..last_index` of segment `epoch`."""
+    """No replica can serve `first_index..last_index` of segment `epoch`; `accepted`:
+    an operator sealed the segment accepting that loss (`SegmentView.lost_from_index`)."""
 
     epoch: int
     first_index: int
     last_index: int
+    accepted: bool = False
 
 
 Next = ReadFrom | Wait | Finished | DataLoss
@@ -304,6 +310,9 @@ class Cursor:
                 f"segment {epoch}: replica skipped from {self._next_index} to {first_index}"
             )
         stop = len(kinds)
+        lost_from = self._lost_from_index(epoch)
+        if lost_from:
+            stop = min(stop, max(skip, lost_from - first_index))
         if self._end is not None:
             end_epoch, end_index = unpack_sequence(self._end)
             if epoch == end_epoch:
@@ -398,6 +407,8 @@ class Cursor:
         segment = self._current_segment()
         if segment is None:
             return self._wait(now_ms + self.timing.idle_refresh_ms)
+        if segment.sealed and 0 < segment.lost_from_index <= self._next_index:
+            return DataLoss(segment.epoch, segment.lost_from_index, segment.final_index, True)
         replicas = self._replicas_of(segment.epoch)
         for bad in segment.bad:  # the master knows them to differ from the certificate
             replicas.damaged(bad, 1)
@@ -438,6 +449,12 @@ class Cursor:
         )
 
     # ---- internals ----
+
+    def _lost_from_index(self, epoch: int) -> int:
+        segment = self._current_segment()
+        if segment is None or segment.epoch != epoch or not segment.sealed:
+            return 0
+        return segment.lost_from_index
 
     def _current_segment(self) -> SegmentView | None:
         for segment in self._segments:

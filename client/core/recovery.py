@@ -191,15 +191,20 @@ def read_from_index(answers: Sequence[SealAnswer]) -> int:
 
 
 def plan_recovery(
-    policy: ReplicationPolicy, leader_epoch: int, answers: Sequence[StoreAnswer]
+    policy: ReplicationPolicy,
+    leader_epoch: int,
+    answers: Sequence[StoreAnswer],
+    accept_loss: bool = False,
 ) -> RecoveryPlan:
     """Decide the recovery of one segment from the stores this leader sealed.
 
-    Every answer must have been read from `read_from_index` (or lower) to its end."""
+    Every answer must have been read from `read_from_index` (or lower) to its end. Fewer
+    than R answers (at least one) only when `accept_loss`: an operator's choice, and
+    what was acked past the answers' acked index may then be lost."""
     stores = [x.store for x in answers]
     if len(set(stores)) != len(stores):
         raise ValueError(f"a store answers twice: {stores}")
-    if len(answers) < policy.read_quorum:
+    if not answers or (len(answers) < policy.read_quorum and not accept_loss):
         raise TooFewAnswers(f"{len(answers)} sealed stores, need R = {policy.read_quorum}")
     for x in answers:
         if x.seal.fence > leader_epoch or any(e.epoch > leader_epoch for e in x.entries):

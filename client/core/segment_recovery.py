@@ -49,6 +49,17 @@ correct store can hold.
 A store's range is empty when its own acked index already covers the bridge: it holds
 the run as final, so it counts among the W holders without a write.
 
+Accepting loss (`accept_loss`, only ever an operator's choice: `streamengine seal NAME
+--accept-loss`). A segment that lost more than N - W replicas for good can never gather
+R seal answers, and its stream is stuck. With `accept_loss`, once every store of the
+copy set has either answered the seal or been lost (`store_lost_ms`), recovery decides
+from the stores that answered (at least one), bridges them, and finishes once all of
+them hold the bridge (W, if that many answered). If fewer than R stores decided, the
+plan cannot know what was acked past the largest acked index `a` they reported: indexes
+`a + 1 .. final index` are declared lost (`SealAtMaster.lost_from_index`), and readers
+of that range get `DataLossError` instead of a guess. With R answers, nothing is lost
+and the recovery is the ordinary one.
+
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
 carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
 `op.deadline_ms()` call `op.step(now, Tick())`; carry out what they return (`SendSeal`
@@ -220,6 +231,9 @@ class SealAtMaster:
     final_index: int
     # The certificate of the content (`protocol/certificate.py`), when known.
     certificate: Certificate | None = None
+    # Accepting loss with fewer than R deciders: the first index whose acked event may
+    # be lost (through the bridge); 0: nothing is lost.
+    lost_from_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,11 +337,13 @@ class SegmentRecovery:
         batch_entries_max: int = WRITE_BATCH_ENTRIES_MAX,
         timing: RecoveryTiming = TIMING,
         known: ContentDigest | None = None,
+        accept_loss: bool = False,
     ) -> None:
         """`batch_entries_max` below the store's limit lets tests and the simulator lose
         or reorder single indexes of a rewrite, as RECOVERY-CASES.md's traces do.
         `known`: the digest of the segment's indexes 1..k as its writer appended them
-        (never changed here)."""
+        (never changed here). `accept_loss`: decide from fewer than R stores once the
+        others are lost (module docstring)."""
         if not 1 <= batch_entries_max <= WRITE_BATCH_ENTRIES_MAX:
             raise ValueError(
                 f"batch_entries_max {batch_entries_max} not in 1..{WRITE_BATCH_ENTRIES_MAX}"
@@ -343,6 +359,7 @@ class SegmentRecovery:
         self.batch_entries_max = batch_entries_max
         self.timing = timing
         self.known = known
+        self.accept_loss = accept_loss
         self._sealed: dict[str, SealAnswer] = {}  # in answer order
         self._lost: set[str] = set()
         self._deciders: list[str] = []
@@ -584,11 +601,16 @@ class SegmentRecovery:
             # only once W stores do.
             complete = [s for s, b in self._bridging.items() if b.complete]
             assert request.store in complete, request
-            assert len(complete) >= self.policy.write_quorum, request
+            assert len(complete) >= self._holders_needed(), request
             assert request.acked_index == self.final_index, request
         elif isinstance(request, SealAtMaster):
             confirmed = [s for s, b in self._bridging.items() if b.acked_confirmed]
-            assert len(confirmed) >= self.policy.write_quorum, request
+            assert len(confirmed) >= self._holders_needed(), request
+            # Loss is declared only by an operator's recovery that decided from fewer
+            # than R stores.
+            assert not request.lost_from_index or (
+                self.accept_loss and len(self._deciders) < self.policy.read_quorum
+            ), request
 
     def _fenced(self, fence: int) -> list[Action]:
         if fence <= self.leader_epoch:
@@ -607,11 +629,30 @@ class SegmentRecovery:
             return self._start_bridging(seal)
         return self._refill_deciders()
 
+    def _deciders_needed(self) -> int:
+        """R; accepting loss, as many as answered the seal once every other store of
+        the copy set is lost (at least one)."""
+        if not self.accept_loss:
+            return self.policy.read_quorum
+        undecided = [s for s in self.copy_set if s not in self._sealed and s not in self._lost]
+        if undecided:
+            return self.policy.read_quorum
+        answered = sum(1 for s in self._sealed if s not in self._lost)
+        return max(1, min(self.policy.read_quorum, answered))
+
+    def _holders_needed(self) -> int:
+        """W; accepting loss, every store that answered the seal, if fewer."""
+        if not self.accept_loss:
+            return self.policy.write_quorum
+        answered = sum(1 for s in self._sealed if s not in self._lost)
+        return max(1, min(self.policy.write_quorum, answered))
+
     def _refill_deciders(self) -> list[Action]:
         """Up to R sealed stores to decide from, in the order they answered, skipping
         lost ones; then the reads they still need, or the decision."""
+        needed = self._deciders_needed()
         for s in self._sealed:
-            if len(self._deciders) >= self.policy.read_quorum:
+            if len(self._deciders) >= needed:
                 break
             if s not in self._deciders and s not in self._lost:
                 self._deciders.append(s)
@@ -622,7 +663,7 @@ class SegmentRecovery:
         return read_from_index([self._sealed[s] for s in self._deciders])
 
     def _reads_needed(self) -> list[SendRead]:
-        if len(self._deciders) < self.policy.read_quorum:
+        if len(self._deciders) < self._deciders_needed():
             return []
         lo = self._read_from()
         return [
@@ -653,12 +694,12 @@ class SegmentRecovery:
         return self._maybe_decide()
 
     def _maybe_decide(self) -> list[Action]:
-        if self._plan is not None or len(self._deciders) < self.policy.read_quorum:
+        if self._plan is not None or len(self._deciders) < self._deciders_needed():
             return []
         if self._reads_needed():
             return []
         answers = [StoreAnswer(self._sealed[s], self._full_reads[s][1]) for s in self._deciders]
-        self._plan = plan_recovery(self.policy, self.leader_epoch, answers)
+        self._plan = plan_recovery(self.policy, self.leader_epoch, answers, self.accept_loss)
         out: list[Action] = []
         for seal in self._sealed.values():
             out += self._start_bridging(seal)
@@ -736,7 +777,7 @@ class SegmentRecovery:
 
     def _after_complete(self, store: str) -> list[Action]:
         complete = [s for s, b in self._bridging.items() if b.complete]
-        if not self._raising and len(complete) < self.policy.write_quorum:
+        if not self._raising and len(complete) < self._holders_needed():
             return []
         self._raising = True
         out: list[Action] = []
@@ -757,11 +798,21 @@ class SegmentRecovery:
 
     def _maybe_seal_at_master(self) -> list[Action]:
         confirmed = sum(1 for b in self._bridging.values() if b.acked_confirmed)
-        if self._seal_at_master_sent or confirmed < self.policy.write_quorum:
+        if self._seal_at_master_sent or confirmed < self._holders_needed():
             return []
         self._seal_at_master_sent = True
         self._sealed_with = self.certificate()
-        return [SealAtMaster(self.final_index, self._sealed_with)]
+        return [SealAtMaster(self.final_index, self._sealed_with, self.lost_from_index())]
+
+    def lost_from_index(self) -> int:
+        """Accepting loss with fewer than R deciders: the first index past what they
+        knew acked (what came after may have been acked and lost); else 0."""
+        plan = self._plan
+        if plan is None or len(self._deciders) >= self.policy.read_quorum:
+            return 0
+        if plan.existing_bridge:
+            return 0  # an earlier recovery sealed it: nothing more was ever acked
+        return plan.acked_index + 1
 
     def certificate(self) -> Certificate | None:
         """The certificate of the decided content, when this leader knows all of it:
@@ -795,6 +846,11 @@ class SegmentRecovery:
 
     def _store_lost(self, store: str) -> list[Action]:
         self._lost.add(store)
+        if self.accept_loss and self._plan is None and store not in self._deciders:
+            return self._refill_deciders()  # fewer may now be enough
+        if self.accept_loss and self._plan is not None:
+            out = self._after_complete("") if self._bridging else []
+            return out or self._maybe_seal_at_master()
         if self._plan is not None or store not in self._deciders or store in self._full_reads:
             return []
         # Decide from another sealed store instead of waiting on this one.

@@ -4,7 +4,9 @@ Real processes. A store's database keeps the id of the cluster whose master it f
 registered with: started against another cluster's master it stops (exit 2, one line).
 A store whose database was wiped comes back as a new incarnation under the same id:
 it refuses to seal or write the segments it held before (a recovery must not count its
-empty answer), the open segment rolls, and repair refills the sealed ones.
+empty answer), the open segment rolls, and repair refills the sealed ones. A stream that
+lost more than N - W replicas of its open segment that way is stuck until an operator
+seals it accepting the loss.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import grpc
 import pytest
 
 from bench.segment_driver import Driver, fully_replicated, seal, sealed_segments, write
+from streamengine.client import DataLossError, StreamClient, Unavailable
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.server import DB_DIR
 from streamengine.tools.harness import (
@@ -28,6 +31,7 @@ from streamengine.tools.harness import (
 )
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from tests.integration.test_cli import run_cli
 
 STREAM = "acme/orders"
 MASTER_ARGS = ["--lease-ms", "2000", "--store-timeout-ms", "1500"]
@@ -135,3 +139,64 @@ def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_repli
         )
         for segment in sealed_segments(cluster.master_address, STREAM):
             assert wiped.name in {r.store_id for r in segment.copy_set}
+
+
+async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_loss(
+    tmp_path: Path,
+) -> None:
+    """Two of three stores of the open segment come back wiped: no recovery can gather
+    R = 2 answers (the wiped stores do not stand for what they lost), so the stream is
+    stuck; `seal --accept-loss --yes` seals it at what the survivor holds, records the
+    range whose acknowledged events may be lost, and the stream takes appends again.
+    Readers get every event before the range, then `DataLossError` naming it, and go on
+    past it."""
+    with running_cluster(tmp_path, stores=3, master_args=MASTER_ARGS) as cluster:
+        wait_for(lambda: registered(cluster), 15, 0.1, "the stores joined their cluster")
+        async with StreamClient(cluster.master_address) as client:
+            await client.create_stream(STREAM, replicas=3, write_quorum=2)
+            before = [f"before-{n}".encode() for n in range(EVENTS)]
+            async with client.writer(STREAM, leadership_timeout_s=15) as writer:
+                await writer.append_batch(before)
+                stuck_epoch = writer.epoch
+            for wiped in cluster.stores[1:]:
+                wiped.kill()
+                shutil.rmtree(tmp_path / wiped.name / DB_DIR)
+                wiped.start()
+            wait_for(lambda: registered(cluster), 15, 0.1, "the wiped stores joined again")
+
+            with pytest.raises(Unavailable):
+                await client.seal(STREAM, timeout_s=6)
+            listing = await client.list_segments(STREAM)
+            assert [s.state for s in listing.segments if s.id.epoch == stuck_epoch] != [
+                entry_pb2.SEALED
+            ]
+
+            asked = run_cli("seal", STREAM, "--accept-loss", "--master", cluster.master_address)
+            assert asked.returncode == 1 and "add --yes" in asked.stdout, asked
+            done = run_cli(
+                "seal", STREAM, "--accept-loss", "--yes", "--master", cluster.master_address
+            )
+            assert done.returncode == 0, done
+            assert f"lost (sealed accepting loss): segment {stuck_epoch} indexes" in done.stdout
+            [lossy] = [
+                s for s in (await client.list_segments(STREAM)).segments
+                if s.id.epoch == stuck_epoch
+            ]
+            assert lossy.state == entry_pb2.SEALED and lossy.lost_from_index > 0
+
+            after = [f"after-{n}".encode() for n in range(EVENTS)]
+            async with client.writer(STREAM, leadership_timeout_s=15) as writer:
+                await writer.append_batch(after)
+
+            read: list[bytes] = []
+            with pytest.raises(DataLossError) as lost:
+                async for event in client.read(STREAM):
+                    read.append(event.payload)
+            assert lost.value.accepted and lost.value.segment_epoch == stuck_epoch
+            assert (lost.value.first_index, lost.value.last_index) == (
+                lossy.lost_from_index,
+                lossy.final_index,
+            )
+            assert read == before[: lossy.lost_from_index - 1]
+            rest = [e.payload async for e in client.read(STREAM, lost.value.resume_sequence)]
+            assert rest == after

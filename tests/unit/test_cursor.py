@@ -403,3 +403,20 @@ def test_a_segment_whose_every_replica_the_master_lists_as_bad_is_lost() -> None
     assert cursor.next(0) == Wait(0)
     cursor.on_segments([certified(1, TEN, bad=(A, B, C))], 1)
     assert cursor.next(1) == DataLoss(1, 1, 10)
+
+
+def test_a_range_sealed_accepting_loss_is_never_read_and_is_data_loss_then_resumable() -> None:
+    lossy = SegmentView(1, (A, B, C), True, 5, lost_from_index=3)
+    cursor = Cursor(0)
+    cursor.on_segments([lossy, open_segment(3)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    events = cursor.on_entries(1, [event(1), event(2), event(3), hole(4), bridge(5)], 0)
+    assert [e.index for e in events] == [1, 2], "nothing of the lost range is handed out"
+    assert cursor.next(0) == DataLoss(1, 3, 5, accepted=True)
+    # Starting inside the range is the same loss; past it, the next segment.
+    inside = Cursor(pack_sequence(1, 4))
+    inside.on_segments([lossy, open_segment(3)], 0)
+    assert inside.next(0) == DataLoss(1, 3, 5, accepted=True)
+    after = Cursor(pack_sequence(1, 6))
+    after.on_segments([lossy, open_segment(3)], 0)
+    assert after.next(0) == ReadFrom(3, A, 1)

@@ -445,3 +445,53 @@ def test_a_writer_digest_that_does_not_fit_the_plan_is_not_sent() -> None:
     op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"], known=known)
     seal = _seal_at_master(op, {"A": (3, EVENTS[2:]), "B": (3, EVENTS[2:])})
     assert seal == SealAtMaster(4, None)
+
+
+# ---- accepting loss (an operator's `seal --accept-loss`) ----
+
+
+def _lone_survivor(accept_loss: bool) -> tuple[SegmentRecovery, list[Action]]:
+    """A answers the seal (acked 2, holding events 1..3); B and C never do (wiped)."""
+    op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"], accept_loss=accept_loss)
+    out = op.start(0)
+    out += op.step(10, sealed("A", 2, 3, 3, fence=2))
+    out += op.step(20, ReadAnswered("A", 1, 0, EVENTS, 2))
+    now = 0
+    while now < 3 * LOST:
+        now = op.deadline_ms() or now + RETRANSMIT
+        out += op.step(now, Tick())
+    return op, out
+
+
+def test_without_accepting_loss_fewer_than_r_stores_never_decide() -> None:
+    op, out = _lone_survivor(accept_loss=False)
+    assert op.plan is None and not writes(out)
+    assert set(op.lost()) == {"B", "C"}
+
+
+def test_accepting_loss_decides_from_the_survivors_and_declares_the_rest_lost() -> None:
+    op, out = _lone_survivor(accept_loss=True)
+    assert op.plan is not None and op.final_index == 4  # events 1..3, then the bridge
+    rewrites = set(writes(out))  # sent again while unanswered
+    [rewrite] = rewrites
+    assert rewrite.store == "A" and [e.index for e in rewrite.entries] == [3, 4]
+    out = op.step(3 * LOST, held(rewrite))
+    [acked] = [a for a in out if isinstance(a, SendAcked)]
+    out = op.step(3 * LOST, WriteAnswered("A", 0, 0, (), acked.acked_index))
+    [seal] = [a for a in out if isinstance(a, SealAtMaster)]
+    # Event 3 was held but not known acked; what the old leader acked past 2 may be gone.
+    assert seal.final_index == 4 and seal.lost_from_index == 3
+    assert op.step(3 * LOST + 1, MasterSealed(4)) == [Done(4)]
+
+
+def test_accepting_loss_with_r_answers_is_the_ordinary_recovery() -> None:
+    op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"], accept_loss=True)
+    assert _seal_at_master(op, {"A": (1, EVENTS), "B": (1, EVENTS)}).lost_from_index == 0
+
+
+def test_accepting_loss_waits_for_every_store_to_answer_or_be_lost() -> None:
+    op = SegmentRecovery(N3W2, 1, 2, ["A", "B", "C"], accept_loss=True)
+    op.start(0)
+    op.step(10, sealed("A", 2, 3, 3, fence=2))
+    op.step(20, ReadAnswered("A", 1, 0, EVENTS, 2))
+    assert op.plan is None, "B and C may still answer: no decision before they are lost"

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstreamengine/v1/entry.proto\x12\x0fstreamengine.v1\"=\n\tSegmentId\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06stream\x18\x03 \x01(\t\"p\n\x05\x45ntry\x12\r\n\x05index\x18\x01 \x01(\x04\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.streamengine.v1.EntryKind\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\":\n\x07Replica\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\"\xf3\x02\n\x07Segment\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12*\n\x08\x63opy_set\x18\x02 \x03(\x0b\x32\x18.streamengine.v1.Replica\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x04 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\x06 \x01(\x04\x12\r\n\x05\x62ytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x08 \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\t \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\n \x03(\t\x12\x32\n\x08verified\x18\x0b \x03(\x0b\x32 .streamengine.v1.ReplicaVerified\"\x80\x01\n\x12SegmentCertificate\x12\x13\n\x0b\x66inal_index\x18\x01 \x01(\x04\x12\x0c\n\x04root\x18\x02 \x01(\x0c\x12\x31\n\x06\x63hunks\x18\x03 \x03(\x0b\x32!.streamengine.v1.CertificateChunk\x12\x14\n\x0c\x63\x65rtified_by\x18\x04 \x01(\t\"6\n\x10\x43\x65rtificateChunk\x12\x12\n\nlast_index\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\";\n\x0fReplicaVerified\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x16\n\x0everified_at_ms\x18\x02 \x01(\x04\";\n\x11ReplicationPolicy\x12\x10\n\x08replicas\x18\x01 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\r\"\x9f\x03\n\rSegmentRecord\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x32\n\x06policy\x18\x02 \x01(\x0b\x32\".streamengine.v1.ReplicationPolicy\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x04\x12\x16\n\x0esegment_age_ms\x18\x04 \x01(\x04\x12\x1c\n\x14stream_created_at_ms\x18\x05 \x01(\x04\x12\x10\n\x08\x63opy_set\x18\x06 \x03(\t\x12,\n\x05state\x18\x07 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x08 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\t \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\n \x01(\x04\x12\x15\n\rsettled_at_ms\x18\x0b \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\x0c \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\r \x03(\t*H\n\tEntryKind\x12\x1a\n\x16\x45NTRY_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05\x45VENT\x10\x01\x12\x08\n\x04HOLE\x10\x02\x12\n\n\x06\x42RIDGE\x10\x03*P\n\x0cSegmentState\x12\x1d\n\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0b\n\x07SEALING\x10\x02\x12\n\n\x06SEALED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstreamengine/v1/entry.proto\x12\x0fstreamengine.v1\"=\n\tSegmentId\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06stream\x18\x03 \x01(\t\"p\n\x05\x45ntry\x12\r\n\x05index\x18\x01 \x01(\x04\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.streamengine.v1.EntryKind\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\":\n\x07Replica\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\"\x8c\x03\n\x07Segment\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12*\n\x08\x63opy_set\x18\x02 \x03(\x0b\x32\x18.streamengine.v1.Replica\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x04 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\x06 \x01(\x04\x12\r\n\x05\x62ytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x08 \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\t \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\n \x03(\t\x12\x32\n\x08verified\x18\x0b \x03(\x0b\x32 .streamengine.v1.ReplicaVerified\x12\x17\n\x0flost_from_index\x18\x0c \x01(\x04\"\x80\x01\n\x12SegmentCertificate\x12\x13\n\x0b\x66inal_index\x18\x01 \x01(\x04\x12\x0c\n\x04root\x18\x02 \x01(\x0c\x12\x31\n\x06\x63hunks\x18\x03 \x03(\x0b\x32!.streamengine.v1.CertificateChunk\x12\x14\n\x0c\x63\x65rtified_by\x18\x04 \x01(\t\"6\n\x10\x43\x65rtificateChunk\x12\x12\n\nlast_index\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\";\n\x0fReplicaVerified\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x16\n\x0everified_at_ms\x18\x02 \x01(\x04\";\n\x11ReplicationPolicy\x12\x10\n\x08replicas\x18\x01 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\r\"\xb8\x03\n\rSegmentRecord\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x32\n\x06policy\x18\x02 \x01(\x0b\x32\".streamengine.v1.ReplicationPolicy\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x04\x12\x16\n\x0esegment_age_ms\x18\x04 \x01(\x04\x12\x1c\n\x14stream_created_at_ms\x18\x05 \x01(\x04\x12\x10\n\x08\x63opy_set\x18\x06 \x03(\t\x12,\n\x05state\x18\x07 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x08 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\t \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\n \x01(\x04\x12\x15\n\rsettled_at_ms\x18\x0b \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\x0c \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\r \x03(\t\x12\x17\n\x0flost_from_index\x18\x0e \x01(\x04*H\n\tEntryKind\x12\x1a\n\x16\x45NTRY_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05\x45VENT\x10\x01\x12\x08\n\x04HOLE\x10\x02\x12\n\n\x06\x42RIDGE\x10\x03*P\n\x0cSegmentState\x12\x1d\n\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0b\n\x07SEALING\x10\x02\x12\n\n\x06SEALED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamengine.v1.entry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENTRYKIND']._serialized_start=1386
-  _globals['_ENTRYKIND']._serialized_end=1458
-  _globals['_SEGMENTSTATE']._serialized_start=1460
-  _globals['_SEGMENTSTATE']._serialized_end=1540
+  _globals['_ENTRYKIND']._serialized_start=1436
+  _globals['_ENTRYKIND']._serialized_end=1508
+  _globals['_SEGMENTSTATE']._serialized_start=1510
+  _globals['_SEGMENTSTATE']._serialized_end=1590
   _globals['_SEGMENTID']._serialized_start=48
   _globals['_SEGMENTID']._serialized_end=109
   _globals['_ENTRY']._serialized_start=111
@@ -42,15 +42,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLICA']._serialized_start=225
   _globals['_REPLICA']._serialized_end=283
   _globals['_SEGMENT']._serialized_start=286
-  _globals['_SEGMENT']._serialized_end=657
-  _globals['_SEGMENTCERTIFICATE']._serialized_start=660
-  _globals['_SEGMENTCERTIFICATE']._serialized_end=788
-  _globals['_CERTIFICATECHUNK']._serialized_start=790
-  _globals['_CERTIFICATECHUNK']._serialized_end=844
-  _globals['_REPLICAVERIFIED']._serialized_start=846
-  _globals['_REPLICAVERIFIED']._serialized_end=905
-  _globals['_REPLICATIONPOLICY']._serialized_start=907
-  _globals['_REPLICATIONPOLICY']._serialized_end=966
-  _globals['_SEGMENTRECORD']._serialized_start=969
-  _globals['_SEGMENTRECORD']._serialized_end=1384
+  _globals['_SEGMENT']._serialized_end=682
+  _globals['_SEGMENTCERTIFICATE']._serialized_start=685
+  _globals['_SEGMENTCERTIFICATE']._serialized_end=813
+  _globals['_CERTIFICATECHUNK']._serialized_start=815
+  _globals['_CERTIFICATECHUNK']._serialized_end=869
+  _globals['_REPLICAVERIFIED']._serialized_start=871
+  _globals['_REPLICAVERIFIED']._serialized_end=930
+  _globals['_REPLICATIONPOLICY']._serialized_start=932
+  _globals['_REPLICATIONPOLICY']._serialized_end=991
+  _globals['_SEGMENTRECORD']._serialized_start=994
+  _globals['_SEGMENTRECORD']._serialized_end=1434
 # @@protoc_insertion_point(module_scope)

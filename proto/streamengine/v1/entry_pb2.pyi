@@ -196,6 +196,7 @@ class Segment(_message.Message):
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     BAD_STORES_FIELD_NUMBER: _builtins.int
     VERIFIED_FIELD_NUMBER: _builtins.int
+    LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
     state: Global___SegmentState.ValueType
     final_index: _builtins.int
     """Index of the BRIDGE once SEALED, else 0."""
@@ -209,6 +210,11 @@ class Segment(_message.Message):
     """The largest acked index the master knows for the segment (status only): what its
     leader last reported with its lease renewal while open, or the highest a copy-set
     store reported in its heartbeat, whichever is higher.
+    """
+    lost_from_index: _builtins.int
+    """SEALED with loss accepted: indexes `lost_from_index` .. `final_index` may have held
+    acknowledged events that are lost; readers get DataLossError naming the range
+    instead of reading it. 0: nothing lost.
     """
     @_builtins.property
     def id(self) -> Global___SegmentId: ...
@@ -251,10 +257,11 @@ class Segment(_message.Message):
         certificate: Global___SegmentCertificate | None = ...,
         bad_stores: _abc.Iterable[_builtins.str] | None = ...,
         verified: _abc.Iterable[Global___ReplicaVerified] | None = ...,
+        lost_from_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bad_stores", b"bad_stores", "bytes", b"bytes", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "sealed_at_ms", b"sealed_at_ms", "state", b"state", "verified", b"verified"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bad_stores", b"bad_stores", "bytes", b"bytes", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "sealed_at_ms", b"sealed_at_ms", "state", b"state", "verified", b"verified"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -395,6 +402,7 @@ class SegmentRecord(_message.Message):
     SETTLED_AT_MS_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     BAD_STORES_FIELD_NUMBER: _builtins.int
+    LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
     segment_bytes: _builtins.int
     segment_age_ms: _builtins.int
     stream_created_at_ms: _builtins.int
@@ -403,6 +411,7 @@ class SegmentRecord(_message.Message):
     created_at_ms: _builtins.int
     sealed_at_ms: _builtins.int
     settled_at_ms: _builtins.int
+    lost_from_index: _builtins.int
     @_builtins.property
     def id(self) -> Global___SegmentId:
         """stream_id, epoch and the stream's name (`tenant/stream`)."""
@@ -437,10 +446,11 @@ class SegmentRecord(_message.Message):
         settled_at_ms: _builtins.int = ...,
         certificate: Global___SegmentCertificate | None = ...,
         bad_stores: _abc.Iterable[_builtins.str] | None = ...,
+        lost_from_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

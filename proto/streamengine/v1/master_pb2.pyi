@@ -1175,6 +1175,7 @@ class SealSegmentRequest(_message.Message):
     FINAL_INDEX_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
+    LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     segment_epoch: _builtins.int
     """The segment's epoch."""
@@ -1186,6 +1187,12 @@ class SealSegmentRequest(_message.Message):
     grant: _builtins.bytes
     """The grant of `writer_epoch`, to `client_id`, listing the segment: proves the caller
     leads that epoch and may seal the segment. A cluster admin may go without.
+    """
+    lost_from_index: _builtins.int
+    """A recovery that accepted loss (`streamengine seal NAME --accept-loss`: fewer than R
+    stores could answer): indexes from this one through the bridge may have held
+    acknowledged events that are lost. 0: nothing is lost. Needs role admin in the
+    tenant (or a cluster admin); at most `final_index`.
     """
     @_builtins.property
     def certificate(self) -> _entry_pb2.SegmentCertificate:
@@ -1204,10 +1211,11 @@ class SealSegmentRequest(_message.Message):
         final_index: _builtins.int = ...,
         grant: _builtins.bytes = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
+        lost_from_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "lost_from_index", b"lost_from_index", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
