@@ -14,6 +14,8 @@ Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
                                       rebuilt from the stores: unknown ids up to it are kept)
   m/cluster_id                     -> the cluster's id (utf-8), made at the first start or
                                       adopted from the stores by a rebuild
+  m/rebuilding                     -> b"" while a rebuild from the stores is being written:
+                                      metadata holding it is unfinished, never served
   t/<tenant>                       -> JSON {created_at_ms}
   s/<tenant/stream>                -> JSON StreamRecord
   g/<stream_id u64><epoch u64>     -> JSON SegmentRecord
@@ -55,6 +57,7 @@ _SIGNING_KEY = b"m/signing_key"
 _REVOCATIONS_VERSION = b"m/revocations_version"
 _REBUILT_THROUGH = b"m/rebuilt_through"
 _CLUSTER_ID = b"m/cluster_id"
+_REBUILDING = b"m/rebuilding"
 _TOKEN = b"k/"
 _TENANT = b"t/"
 _STREAM = b"s/"
@@ -166,6 +169,13 @@ class Batch(Transaction):
         self.puts.append((_CLUSTER_ID, value.encode()))
         return self
 
+    def rebuilding(self, unfinished: bool) -> Batch:
+        if unfinished:
+            self.puts.append((_REBUILDING, b""))
+        else:
+            self.deletes.append(_REBUILDING)
+        return self
+
 
 @dataclass
 class Loaded:
@@ -180,6 +190,7 @@ class Loaded:
     revocations_version: int = 0
     rebuilt_through: int = 0
     cluster_id: str = ""
+    rebuilding: bool = False
 
 
 class Catalog:
@@ -243,6 +254,8 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             loaded.rebuilt_through = _U64.unpack(value)[0]
         elif key == _CLUSTER_ID:
             loaded.cluster_id = value.decode()
+        elif key == _REBUILDING:
+            loaded.rebuilding = True
         elif key.startswith(_TOKEN):
             loaded.tokens[key[len(_TOKEN) :].decode()] = TokenRecord(**json.loads(value))
     return loaded

@@ -66,5 +66,10 @@ class StreamDeleted(MasterError):
         super().__init__(message)
 
 
+class RebuildUnfinished(MasterError):
+    """The metadata holds a rebuild from the stores that stopped halfway: serving it
+    would serve a partial catalog."""
+
+
 class WrongCluster(MasterError):
     """A store keeps another cluster's id: it stops rather than join this one."""

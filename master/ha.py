@@ -7,7 +7,10 @@
           └── etcd says the lease is gone (we were paused or cut off past its TTL)
 
 Serving is `role.activate` with a `MasterState` loaded from etcd (the restart rule
-applies: no grant for one lease period) and a repairer. It ends when the election shows
+applies: no grant for one lease period) and a repairer. A master started with
+`--rebuild` that finds the metadata empty when it first serves rebuilds it from the
+stores first (`RebuildFromStores`), serving only them meanwhile; metadata a rebuild left
+unfinished is never served (`RebuildUnfinished` ends the process). It ends when the election shows
 another master as the oldest, when a commit finds the key gone (`NotActive`) or the
 records changed (`MetadataChanged`: loaded again while the key is still the oldest), or
 when the lease is lost. A deposed master is a standby; it never exits for it.
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 from grpc_health.v1 import health, health_pb2
@@ -35,8 +38,14 @@ log = logging.getLogger("streamengine.master")
 
 MASTER_SERVICE = "streamengine.v1.Master"
 
-LoadState = Callable[[Catalog], MasterState]
+# The catalog and whether it is to be rebuilt (empty, and this master rebuilds).
+LoadState = Callable[[Catalog, bool], MasterState]
 NewRepairer = Callable[[MasterState], Repairer]
+# Rebuild the (empty) catalog from the stores, serving them with `state` meanwhile, and
+# hand the rebuilt state to the activation given.
+RebuildFromStores = Callable[
+    [Catalog, MasterState, Callable[[MasterState], None]], Awaitable[None]
+]
 
 
 class ElectedMaster:
@@ -48,6 +57,7 @@ class ElectedMaster:
         health_servicer: health.aio.HealthServicer,
         load_state: LoadState,
         new_repairer: NewRepairer,
+        rebuild: RebuildFromStores | None = None,
     ) -> None:
         self.role = role
         self.election = election
@@ -55,6 +65,7 @@ class ElectedMaster:
         self.health = health_servicer
         self.load_state = load_state
         self.new_repairer = new_repairer
+        self.rebuild = rebuild
         # Set when a commit says this master must stop serving (or reload): the poll
         # loop wakes at once instead of at its next tick.
         self.commit_failed = asyncio.Event()
@@ -117,26 +128,47 @@ class ElectedMaster:
         self.role.active_address = address
         self.metadata.active_address = address
 
-    def _load(self, term: Term) -> MasterState:
+    def _load(self, term: Term) -> tuple[Catalog, MasterState, bool]:
         self.metadata.activate(term.key, term.revision)
-        return self.load_state(Catalog(self.metadata))
+        catalog = Catalog(self.metadata)
+        rebuilding = self.rebuild is not None and not self.metadata.read_all()
+        return catalog, self.load_state(catalog, rebuilding), rebuilding
 
     async def _start_serving(self, term: Term, group: asyncio.TaskGroup) -> None:
         try:
             # In a worker thread: a large catalog takes a while to read and decode, and
             # the keepalive of the election lease runs on this loop meanwhile. Nothing
             # else touches the metadata or the state until `role.activate`.
-            state = await asyncio.to_thread(self._load, term)
+            catalog, state, rebuilding = await asyncio.to_thread(self._load, term)
         except MetadataError as error:
             log.warning("cannot load the metadata from etcd: %s", error)
             self.metadata.deactivate()
             await asyncio.sleep(RETRY_S)
             return
+        if not rebuilding:
+            self._activate(state, group)
+            await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+            return
+        assert self.rebuild is not None
+        # The stores register and answer while the catalog is rebuilt; nothing repairs.
+        self.role.activate(state, self.new_repairer(state))
+        await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        try:
+            await self.rebuild(catalog, state, lambda rebuilt: self._activate(rebuilt, group))
+        except MetadataError as error:
+            # Deposed or cut off midway: the next master to load it refuses the
+            # unfinished rebuild.
+            log.error("the rebuild from the stores stopped: %s", error)
+            await self._stop_serving()
+            self.role.step_down()
+            return
+        self.rebuild = None  # once: a later term serves what was rebuilt
+
+    def _activate(self, state: MasterState, group: asyncio.TaskGroup) -> None:
         repairer = self.new_repairer(state)
         self.role.activate(state, repairer)
         self.repairs = group.create_task(repairer.run())
         log.info("active master (%d streams, %d stores)", len(state.streams), len(state.stores))
-        await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
     async def _stop_serving(self) -> None:
         # Memory first, synchronously: no request is answered from it after this line.

@@ -147,7 +147,10 @@ def _holding(store_id: str, held: segment_store_pb2.HeldSegmentRecord) -> rebuil
 
 
 def commit(catalog: Catalog, rebuilt: rebuild.Rebuilt) -> None:
-    """The rebuilt records, a transaction at a time; the next stream id last."""
+    """The rebuilt records, a transaction at a time, between a first transaction that
+    marks the metadata unfinished and a last one that clears the mark (with the next
+    stream id and the cluster id): a rebuild cut short is never served."""
+    catalog.commit(Batch().rebuilding(True))
     batch = Batch()
 
     def flush() -> Batch:
@@ -167,7 +170,7 @@ def commit(catalog: Catalog, rebuilt: rebuild.Rebuilt) -> None:
         if batch.ops() >= OPS_PER_TRANSACTION_MAX:
             batch = flush()
     flush()
-    last = Batch().rebuilt_through(rebuilt.next_stream_id - 1)
+    last = Batch().rebuilt_through(rebuilt.next_stream_id - 1).rebuilding(False)
     if rebuilt.cluster_id:
         last.cluster_id(rebuilt.cluster_id)
     catalog.commit(last.next_stream_id(rebuilt.next_stream_id))

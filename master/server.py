@@ -23,6 +23,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -32,7 +33,7 @@ from streamengine.master import repair, retention
 from streamengine.master.catalog import Catalog
 from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
-from streamengine.master.errors import InvalidArgument
+from streamengine.master.errors import InvalidArgument, RebuildUnfinished
 from streamengine.master.etcd import EtcdClient, EtcdTLS, is_etcd_url, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata
 from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
@@ -148,8 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rebuild",
         action="store_true",
-        help="rebuild the metadata from the stores' segment records (empty --data only; "
-        "deploy/README.md says when)",
+        help="rebuild the metadata from the stores' segment records: refused on a --data "
+        "that is not empty; with etcd, done when this master first serves empty metadata "
+        "(deploy/README.md says when)",
     )
     parser.add_argument(
         "--rebuild-wait-s",
@@ -212,12 +214,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.data is None:
         print("streamengine master: --data is required without --metadata", file=sys.stderr)
         return 2
-    if args.rebuild and (args.metadata or args.rebuild_wait_s <= 0):
-        print(
-            "streamengine master: --rebuild needs the embedded metadata (--data) and "
-            "--rebuild-wait-s > 0",
-            file=sys.stderr,
-        )
+    if args.rebuild and args.rebuild_wait_s <= 0:
+        print("streamengine master: --rebuild needs --rebuild-wait-s > 0", file=sys.stderr)
         return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
@@ -268,7 +266,7 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"streamengine master: cannot listen on {args.listen}: {error}", file=sys.stderr)
         return 1
     if is_etcd_url(args.metadata):
-        run_role = _etcd_master(args, role, health_servicer, members)
+        run_role = _etcd_master(args, role, health_servicer, members, service)
     else:
         try:
             catalog = Catalog(RocksDBMetadata(Path(args.data)))
@@ -311,9 +309,18 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    refusals: list[str] = []
+
+    async def serve_role() -> None:
+        try:
+            await run_role
+        except RebuildUnfinished as refusal:
+            refusals.append(str(refusal))
+            stop.set()
+
     async with asyncio.TaskGroup() as group:
         background = [
-            group.create_task(run_role),
+            group.create_task(serve_role()),
             group.create_task(_update_gauges(service, snapshot)),
         ]
         await stop.wait()
@@ -322,6 +329,9 @@ async def _serve(args: argparse.Namespace) -> int:
         await server.stop(SHUTDOWN_GRACE_S)
         for task in background:
             task.cancel()
+    if refusals:
+        print(f"streamengine master: {refusals[0]}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -365,11 +375,7 @@ async def _embedded_master(
         role.activate(state, repairer, until_ms=FOREVER_MS)
         await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         if args.rebuild:
-            rebuilt = await Rebuilder(state, members, args.rebuild_wait_s, _clock_ms).run()
-            # From here to `rebuilding = False`, one synchronous step: no request sees
-            # the catalog half loaded.
-            commit_rebuilt(catalog, rebuilt)
-            state = _load_state(args, catalog)
+            state = await _rebuild(args, catalog, state, service, members)
             repairer = _new_repairer(args, state, members)
             role.activate(state, repairer, until_ms=FOREVER_MS)
             service.rebuilding = False
@@ -380,14 +386,32 @@ async def _embedded_master(
         catalog.close()
 
 
+async def _rebuild(
+    args: argparse.Namespace,
+    catalog: Catalog,
+    state: MasterState,
+    service: MasterService,
+    members: transport.Transport,
+) -> MasterState:
+    """Serve the stores only, ask them, write the catalog they make; the state loaded
+    from it. The caller activates it and ends `service.rebuilding`, with no await in
+    between: no request sees the catalog half loaded."""
+    service.rebuilding = True
+    rebuilt = await Rebuilder(state, members, args.rebuild_wait_s, _clock_ms).run()
+    commit_rebuilt(catalog, rebuilt)
+    return _load_state(args, catalog)
+
+
 async def _etcd_master(
     args: argparse.Namespace,
     role: MasterRole,
     health_servicer: health.aio.HealthServicer,
     members: transport.Transport,
+    service: MasterService,
 ) -> None:
     """Stand by or serve as the election says (`master.ha`); on a clean stop give the
-    election lease back so that a standby takes over at once."""
+    election lease back so that a standby takes over at once. With `--rebuild`, the
+    first time this master serves empty metadata it rebuilds it from the stores."""
     config = parse_etcd_url(args.metadata)
     # etcd follows the master's transport: TLS with its node certificate when it has one.
     client = EtcdClient(
@@ -395,13 +419,22 @@ async def _etcd_master(
     )
     election = Election(client, role.address, args.election_ttl_s, _clock_ms)
     metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
+
+    async def rebuild(
+        catalog: Catalog, state: MasterState, activate: Callable[[MasterState], None]
+    ) -> None:
+        try:
+            activate(await _rebuild(args, catalog, state, service, members))
+        finally:
+            service.rebuilding = False
     elected = ElectedMaster(
         role,
         election,
         metadata,
         health_servicer,
-        lambda catalog: _load_state(args, catalog),
+        lambda catalog, rebuilding: _load_state(args, catalog, rebuilding),
         lambda state: _new_repairer(args, state, members),
+        rebuild if args.rebuild else None,
     )
     try:
         await elected.run()

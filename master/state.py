@@ -24,6 +24,7 @@ from streamengine.master.errors import (
     NotFound,
     NotLeader,
     QuotaExceeded,
+    RebuildUnfinished,
     SealConflict,
     StreamDeleted,
     TooManyUnsealed,
@@ -187,6 +188,11 @@ class MasterState:
         self.bridge_grace_ms = store_timeout_ms if bridge_grace_ms is None else bridge_grace_ms
         self.started_ms = now_ms
         loaded = catalog.load()
+        if loaded.rebuilding:
+            raise RebuildUnfinished(
+                "the metadata holds a rebuild from the stores that stopped halfway: empty "
+                "it and run `master --rebuild` again"
+            )
         self.next_stream_id = loaded.next_stream_id
         if loaded.signing_key is None:
             self.signing_key = make_signing_key()

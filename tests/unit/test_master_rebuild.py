@@ -4,20 +4,26 @@ rule per test, with tables of what the stores answered."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from streamengine.master import rebuild
+from streamengine.master.catalog import Batch
+from streamengine.master.errors import RebuildUnfinished
 from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.rebuilder import commit as commit_rebuilt
 from streamengine.master.records import (
     MalformedRecord,
     RecordEncodings,
     record_from_bytes,
     record_pb,
 )
+from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, Chunk
 from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX
 from streamengine.v1 import entry_pb2
+from tests.metadata_backends import RocksDBPlace
 
 NOW = 1_000_000
 ORDERS = StreamRecord("acme/orders", 5, 3, 2, 1 << 20, 60_000, 0, "", 10)
@@ -206,3 +212,38 @@ def test_a_heartbeat_carries_a_bounded_number_of_records() -> None:
     segments = {(5, e): seg(e) for e in range(1, 2 * RECORDS_PER_HEARTBEAT_MAX)}
     sent = RecordEncodings().to_send("s1", dict.fromkeys(segments, 0), segments, lambda _: ORDERS)
     assert len(sent) == RECORDS_PER_HEARTBEAT_MAX
+
+
+class _CutShort(Exception):
+    pass
+
+
+def test_a_rebuild_cut_short_is_never_served_and_a_whole_one_is(tmp_path: Path) -> None:
+    """The rebuild's first transaction marks the metadata unfinished and its last one
+    clears the mark: a master loading a rebuild cut short in between refuses it."""
+    rebuilt = rebuild.rebuild([held("s1", seg(1)), held("s2", seg(1))], NOW)
+    rebuilt.cluster_id = "cluster-kept"
+    cut = RocksDBPlace(tmp_path / "cut")
+    catalog = cut.open()
+    real_commit = catalog.commit
+    commits = 0
+
+    def failing_second_commit(batch: Batch) -> None:
+        nonlocal commits
+        commits += 1
+        if commits == 2:
+            raise _CutShort()
+        real_commit(batch)
+
+    catalog.commit = failing_second_commit  # type: ignore[method-assign]
+    with pytest.raises(_CutShort):
+        commit_rebuilt(catalog, rebuilt)
+    with pytest.raises(RebuildUnfinished, match="stopped halfway"):
+        MasterState(cut.open(), NOW, 1_000, 3_000)
+    cut.close()
+
+    whole = RocksDBPlace(tmp_path / "whole")
+    commit_rebuilt(whole.open(), rebuilt)
+    state = MasterState(whole.open(), NOW, 1_000, 3_000)
+    assert state.cluster_id == "cluster-kept" and list(state.streams) == ["acme/orders"]
+    whole.close()
