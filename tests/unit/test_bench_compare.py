@@ -1,0 +1,161 @@
+"""`streamengine bench --compare`: reading a peer's summary line, the ratios, the goals
+and the table (no peer needs to be installed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from bench import compare
+from bench.compare import PEERS, Figures, PeerError
+from streamengine.tools import cli
+
+
+def redis_summary(**overrides: Any) -> dict[str, Any]:
+    """The shape of bench/peers/redis_streams.py's last line (figures trimmed)."""
+    summary: dict[str, Any] = {
+        "bench": "redis_streams_appendfsync_always",
+        "server": "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64",
+        "ok": True,
+        "a_pipelined_100B": {"events_per_s": 60000.0, "batch": 1000},
+        "b_sync_latency_100B": {"n": 2000, "p50_ms": 0.8, "p90_ms": 1.1, "p99_ms": 1.8},
+        "c_consume_xread": {"mode": "XREAD", "events_per_s": 480000.0},
+        "d_pipelined_1KiB": {"events_per_s": 30000.0},
+    }
+    summary.update(overrides)
+    return summary
+
+
+def test_the_summary_is_the_last_line_after_any_progress() -> None:
+    stdout = "starting 3 servers\nphase a...\n" + json.dumps(redis_summary()) + "\n\n"
+    figures = compare.peer_figures(compare.peer_summary(stdout), PEERS["redis"])
+    assert figures == Figures(60000.0, 0.8, 1.8, 480000.0, 30000.0)
+
+
+def test_nats_catch_up_is_its_ordered_push_consumer() -> None:
+    summary = redis_summary(
+        c_consume_pull={"events_per_s": 90000.0},
+        c_consume_ordered_push={"events_per_s": 120000.0},
+    )
+    del summary["c_consume_xread"]
+    assert compare.peer_figures(summary, PEERS["nats"]).catch_up == 120000.0
+    with pytest.raises(PeerError, match="lacks a figure"):
+        compare.peer_figures(summary, PEERS["redis"])
+
+
+@pytest.mark.parametrize(
+    ("stdout", "says"),
+    [
+        ("", "printed nothing"),
+        ("Traceback (most recent call last):\n  boom\n", "not JSON"),
+        ("[1, 2]\n", "not a JSON object"),
+        (json.dumps({"ok": False, "error": "RuntimeError('replicas')"}), "replicas"),
+    ],
+)
+def test_a_failed_or_garbled_peer_run_is_an_error_saying_why(stdout: str, says: str) -> None:
+    with pytest.raises(PeerError, match=says):
+        compare.peer_summary(stdout)
+
+
+def test_medians_and_the_median_of_the_rounds_ratios() -> None:
+    ours = [
+        Figures(120_000, 1.0, 2.0, 600_000, 40_000),
+        Figures(90_000, 1.4, 3.0, 450_000, 20_000),
+        Figures(150_000, 1.1, 2.4, 520_000, 30_000),
+    ]
+    # A slow spell in round 2 falls on both sides: the ratio sees through it.
+    theirs = [
+        Figures(60_000, 0.8, 1.6, 500_000, 30_000),
+        Figures(30_000, 1.0, 2.0, 250_000, 10_000),
+        Figures(50_000, 0.9, 1.8, 480_000, 30_000),
+    ]
+    results = {r.figure.key: r for r in compare.compare("redis", ours, theirs)}
+    batched = results["batched_100b"]
+    assert batched.ours_median == 120_000 and batched.peer_median == 50_000
+    assert batched.ratio == pytest.approx(3.0)  # rounds: 2.0, 3.0, 3.0
+    assert batched.met is True  # >= 2x Redis
+    assert results["p50_ms"].ours_median == 1.1 and results["p50_ms"].met is True
+    assert results["p99_ms"].ours_median == 2.4 and results["p99_ms"].met is True
+    assert results["catch_up"].ours_median == 520_000 and results["catch_up"].met is True
+    assert results["batched_1kib"].met is None  # no goal
+
+
+def test_goals_not_met_say_so_and_the_redis_goal_is_not_judged_against_nats() -> None:
+    ours = [Figures(100_000, 1.3, 2.6, 499_000, 1.0)]
+    theirs = [Figures(60_000, 0.5, 1.0, 100_000, 1.0)]
+    against_redis = {r.figure.key: r.met for r in compare.compare("redis", ours, theirs)}
+    assert against_redis == {
+        "batched_100b": False,  # 1.67x < 2x
+        "p50_ms": False,
+        "p99_ms": False,
+        "catch_up": False,
+        "batched_1kib": None,
+    }
+    against_nats = {r.figure.key: r.met for r in compare.compare("nats", ours, theirs)}
+    assert against_nats["batched_100b"] is None
+
+
+def test_rounds_must_pair_up() -> None:
+    with pytest.raises(ValueError):
+        compare.compare("redis", [Figures(1, 1, 1, 1, 1)], [])
+    with pytest.raises(ValueError):
+        compare.compare("redis", [], [])
+
+
+def test_the_table_has_a_row_per_figure_with_both_sides_the_ratio_and_the_goal() -> None:
+    ours = [Figures(130_000, 0.9, 3.1, 700_000, 45_000)]
+    theirs = [Figures(52_000, 0.8, 1.8, 480_000, 30_000)]
+    text = compare.table(PEERS["redis"], compare.compare("redis", ours, theirs))
+    lines = text.splitlines()
+    assert lines[0].startswith("| figure | ours | Redis | ours ÷ Redis |")
+    assert len(lines) == 2 + len(compare.FIGURES)
+    assert "| 130,000 | 52,000 | 2.50x | ≥ 2x Redis | yes |" in lines[2]
+    assert "| 0.90 | 0.80 | 1.12x | ≤ 1.2 ms | yes |" in lines[3]
+    assert "| 3.10 | 1.80 | 1.72x | ≤ 2.5 ms | **no** |" in lines[4]
+    assert "| 700,000 | 480,000 | 1.46x | ≥ 500 k/s | yes |" in lines[5]
+    assert lines[6].endswith("| 45,000 | 30,000 | 1.50x | — | — |")
+    nats = compare.table(PEERS["nats"], compare.compare("nats", ours, theirs))
+    assert "≥ 2x Redis (not judged here) | — |" in nats
+
+
+def test_the_json_carries_every_round_and_the_verdicts() -> None:
+    ours = [Figures(130_000, 0.9, 3.1, 700_000, 45_000)] * 2
+    theirs = [Figures(52_000, 0.8, 1.8, 480_000, 30_000)] * 2
+    results = compare.compare("redis", ours, theirs)
+    out = json.loads(json.dumps(compare.as_json(PEERS["redis"], results, {"rounds": 2})))
+    assert out["peer"] == "redis" and out["rounds"] == 2
+    batched = out["figures"][0]
+    assert batched["ours"] == [130_000, 130_000] and batched["peer"] == [52_000, 52_000]
+    assert batched["ratio_median"] == pytest.approx(2.5) and batched["met"] is True
+    assert batched["goal"]["kind"] == "ratio_min"
+
+
+def test_a_missing_peer_exits_2_in_one_line_naming_make_bench_peers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(compare.shutil, "which", lambda name: None)
+
+    def no_cluster(*args: object, **kwargs: object) -> None:
+        raise AssertionError("started a cluster although the peer is missing")
+
+    monkeypatch.setattr(compare, "local_cluster", no_cluster)
+    assert compare.main(["--peer", "nats"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "nats-server is not installed" in err and "`make bench-peers`" in err
+
+
+def test_the_cli_hands_compare_to_the_bench_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 2)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert cli.main(["bench", "--compare", "redis", "--rounds", "5", "--json"]) == 2
+    [command] = ran
+    assert command[1:] == ["-m", "bench.compare", "--peer", "redis", "--rounds", "5", "--json"]
