@@ -4,6 +4,7 @@ and the table (no peer needs to be installed)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from typing import Any
 
@@ -136,7 +137,7 @@ def test_the_json_carries_every_round_and_the_verdicts() -> None:
 def test_a_missing_peer_exits_2_in_one_line_naming_make_bench_peers(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(compare.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
 
     def no_cluster(*args: object, **kwargs: object) -> None:
         raise AssertionError("started a cluster although the peer is missing")
