@@ -11,7 +11,9 @@ spells of the machine fall on both.
 Our side: a local cluster this run starts (3 stores, fsync always), streams with N=3,
 W=2, one writer:
 - batched appends of 100 B events: `append_batch` of 1000, 8 batches in flight;
-- single appends at light load: one at a time, 100 per second, p50 and p99;
+- single appends one at a time, back to back (as the peers measure theirs), p50 and p99;
+- single appends at light load, ours only (as `bench/append.py`, and issue #19's goal):
+  one at a time, 100 per second, p50 and p99;
 - follower catch-up: one reader reads the batched run's events from the start with
   `client.read` (event by event);
 - batched appends of 1 KiB events.
@@ -88,10 +90,13 @@ class Figures:
     """One round's figures of one side."""
 
     batched_100b: float  # events/s
-    p50_ms: float  # one append at a time
+    p50_ms: float  # one append at a time, back to back
     p99_ms: float
     catch_up: float  # events/s, read from the start
     batched_1kib: float  # events/s
+    # One at a time, paced at light load: measured on our side only (None for a peer).
+    light_p50_ms: float | None = None
+    light_p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class Figure:
     unit: str
     higher_is_better: bool
     goal: Goal | None
+    ours_only: bool = False  # the peers' scripts have no such figure
 
 
 FIGURES = (
@@ -122,8 +128,24 @@ FIGURES = (
         True,
         Goal("ratio_min", 2.0, "≥ 2x Redis", peer="redis"),
     ),
-    Figure("p50_ms", "single append p50, light load", "ms", False, Goal("max", 1.2, "≤ 1.2 ms")),
-    Figure("p99_ms", "single append p99, light load", "ms", False, Goal("max", 2.5, "≤ 2.5 ms")),
+    Figure("p50_ms", "single append p50, back to back", "ms", False, None),
+    Figure("p99_ms", "single append p99, back to back", "ms", False, None),
+    Figure(
+        "light_p50_ms",
+        "single append p50, light load (100/s)",
+        "ms",
+        False,
+        Goal("max", 1.2, "≤ 1.2 ms"),
+        ours_only=True,
+    ),
+    Figure(
+        "light_p99_ms",
+        "single append p99, light load (100/s)",
+        "ms",
+        False,
+        Goal("max", 2.5, "≤ 2.5 ms"),
+        ours_only=True,
+    ),
     Figure(
         "catch_up",
         "follower catch-up, per event",
@@ -177,18 +199,20 @@ class Compared:
 
     figure: Figure
     ours: list[float]
-    peer: list[float]
+    peer: list[float]  # empty for a figure of ours only
     ours_median: float
-    peer_median: float
-    ratio: float
+    peer_median: float | None
+    ratio: float | None
     met: bool | None
 
 
-def goal_met(goal: Goal | None, ours: float, ratio: float, peer: str) -> bool | None:
+def goal_met(goal: Goal | None, ours: float, ratio: float | None, peer: str) -> bool | None:
     if goal is None:
         return None
     if goal.kind == "ratio_min":
-        return ratio >= goal.value if goal.peer in (None, peer) else None
+        if ratio is None or goal.peer not in (None, peer):
+            return None
+        return ratio >= goal.value
     if goal.kind == "max":
         return ours <= goal.value
     if goal.kind == "min":
@@ -201,18 +225,18 @@ def compare(peer: str, ours: Sequence[Figures], theirs: Sequence[Figures]) -> li
         raise ValueError("one round of ours for each of the peer's")
     results = []
     for figure in FIGURES:
-        mine = [float(getattr(f, figure.key)) for f in ours]
-        peers = [float(getattr(f, figure.key)) for f in theirs]
-        ratios = [m / p if p > 0 else float("inf") for m, p in zip(mine, peers, strict=True)]
+        mine = [_number(f, figure.key) for f in ours]
+        peers = [] if figure.ours_only else [_number(f, figure.key) for f in theirs]
+        ratios = [m / p if p > 0 else float("inf") for m, p in zip(mine, peers, strict=False)]
         ours_median = statistics.median(mine)
-        ratio = statistics.median(ratios)
+        ratio = statistics.median(ratios) if ratios else None
         results.append(
             Compared(
                 figure,
                 mine,
                 peers,
                 ours_median,
-                statistics.median(peers),
+                statistics.median(peers) if peers else None,
                 ratio,
                 goal_met(figure.goal, ours_median, ratio, peer),
             )
@@ -220,7 +244,16 @@ def compare(peer: str, ours: Sequence[Figures], theirs: Sequence[Figures]) -> li
     return results
 
 
-def _value(value: float, unit: str) -> str:
+def _number(figures: Figures, key: str) -> float:
+    value = getattr(figures, key)
+    if value is None:
+        raise ValueError(f"no {key} in {figures}")
+    return float(value)
+
+
+def _value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
     return f"{value:.2f}" if unit == "ms" else f"{value:,.0f}"
 
 
@@ -244,7 +277,7 @@ def table(peer: Peer, results: Sequence[Compared]) -> str:
             f"| {r.figure.label} ({r.figure.unit}, {better} is better)"
             f" | {_value(r.ours_median, r.figure.unit)}"
             f" | {_value(r.peer_median, r.figure.unit)}"
-            f" | {r.ratio:.2f}x | {goal_text} | {_met(r.met)} |"
+            f" | {'—' if r.ratio is None else f'{r.ratio:.2f}x'} | {goal_text} | {_met(r.met)} |"
         )
     return "\n".join(rows)
 
@@ -328,8 +361,9 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
             batched = await peak_batched(
                 writer, 100, args.batch, args.batches_in_flight, args.seconds
             )
+            back_to_back = await light_load(writer, 100, float("inf"), args.sync_count)
             light = await light_load(writer, 100, args.light_rate, args.light_count)
-        written = warm.events + batched.events + len(light)
+        written = warm.events + batched.events + len(back_to_back) + len(light)
         read_seconds = await catch_up(client, stream, written)
         stream_1k = f"{stream}-1k"
         await client.create_stream(stream_1k, replicas=3, write_quorum=2)
@@ -338,13 +372,16 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
             batched_1k = await peak_batched(
                 writer, 1024, args.batch, args.batches_in_flight, args.seconds
             )
-    ms = sorted(v * 1000 for v in light)
+    ms = [v * 1000 for v in back_to_back]
+    light_ms = [v * 1000 for v in light]
     return Figures(
         batched_100b=batched.events_per_s,
         p50_ms=percentile(ms, 0.50),
         p99_ms=percentile(ms, 0.99),
         catch_up=written / read_seconds,
         batched_1kib=batched_1k.events_per_s,
+        light_p50_ms=percentile(light_ms, 0.50),
+        light_p99_ms=percentile(light_ms, 0.99),
     )
 
 
@@ -353,8 +390,11 @@ def progress(text: str) -> None:
 
 
 def _short(f: Figures) -> str:
+    light = ""
+    if f.light_p50_ms is not None and f.light_p99_ms is not None:
+        light = f" (at 100/s {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f})"
     return (
-        f"batched {f.batched_100b:,.0f}/s, p50 {f.p50_ms:.2f} ms, p99 {f.p99_ms:.2f} ms,"
+        f"batched {f.batched_100b:,.0f}/s, p50/p99 {f.p50_ms:.2f}/{f.p99_ms:.2f} ms{light},"
         f" catch-up {f.catch_up:,.0f}/s, 1 KiB {f.batched_1kib:,.0f}/s"
     )
 
@@ -369,9 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches-in-flight", type=int, default=8)
     parser.add_argument("--light-rate", type=float, default=100.0, help="single appends/s")
     parser.add_argument("--light-count", type=int, default=500)
+    parser.add_argument(
+        "--sync-count", type=int, default=2000, help="ours: single appends back to back"
+    )
     parser.add_argument("--segment-mb", type=int, default=32, help="ours: roll threshold")
     parser.add_argument("--peer-events", type=int, default=200_000, help="peer: --events")
-    parser.add_argument("--peer-sync-events", type=int, default=2000, help="peer: --sync-events")
+    parser.add_argument(
+        "--peer-sync-events", type=int, default=2000, help="peer: --sync-events (back to back)"
+    )
     parser.add_argument("--peer-max-seconds", type=float, default=60.0, help="peer: per phase")
     args = parser.parse_args(argv)
     if args.rounds < 1:

@@ -63,9 +63,9 @@ def test_a_failed_or_garbled_peer_run_is_an_error_saying_why(stdout: str, says: 
 
 def test_medians_and_the_median_of_the_rounds_ratios() -> None:
     ours = [
-        Figures(120_000, 1.0, 2.0, 600_000, 40_000),
-        Figures(90_000, 1.4, 3.0, 450_000, 20_000),
-        Figures(150_000, 1.1, 2.4, 520_000, 30_000),
+        Figures(120_000, 0.7, 1.5, 600_000, 40_000, light_p50_ms=1.0, light_p99_ms=2.0),
+        Figures(90_000, 0.9, 2.5, 450_000, 20_000, light_p50_ms=1.4, light_p99_ms=3.0),
+        Figures(150_000, 0.8, 1.9, 520_000, 30_000, light_p50_ms=1.1, light_p99_ms=2.4),
     ]
     # A slow spell in round 2 falls on both sides: the ratio sees through it.
     theirs = [
@@ -78,20 +78,29 @@ def test_medians_and_the_median_of_the_rounds_ratios() -> None:
     assert batched.ours_median == 120_000 and batched.peer_median == 50_000
     assert batched.ratio == pytest.approx(3.0)  # rounds: 2.0, 3.0, 3.0
     assert batched.met is True  # >= 2x Redis
-    assert results["p50_ms"].ours_median == 1.1 and results["p50_ms"].met is True
-    assert results["p99_ms"].ours_median == 2.4 and results["p99_ms"].met is True
+    # Back to back, beside the peer's (lower is better): rounds 0.875, 0.9, 0.889.
+    assert results["p50_ms"].ours_median == 0.8 and results["p50_ms"].peer_median == 0.9
+    assert results["p50_ms"].ratio == pytest.approx(0.8 / 0.9)
+    assert results["p50_ms"].met is None  # the goal is on the light-load figure
+    # At light load: ours only, judged by the goal.
+    light = results["light_p50_ms"]
+    assert light.ours_median == 1.1 and light.peer == [] and light.peer_median is None
+    assert light.ratio is None and light.met is True
+    assert results["light_p99_ms"].ours_median == 2.4 and results["light_p99_ms"].met is True
     assert results["catch_up"].ours_median == 520_000 and results["catch_up"].met is True
     assert results["batched_1kib"].met is None  # no goal
 
 
 def test_goals_not_met_say_so_and_the_redis_goal_is_not_judged_against_nats() -> None:
-    ours = [Figures(100_000, 1.3, 2.6, 499_000, 1.0)]
+    ours = [Figures(100_000, 1.0, 2.0, 499_000, 1.0, light_p50_ms=1.3, light_p99_ms=2.6)]
     theirs = [Figures(60_000, 0.5, 1.0, 100_000, 1.0)]
     against_redis = {r.figure.key: r.met for r in compare.compare("redis", ours, theirs)}
     assert against_redis == {
         "batched_100b": False,  # 1.67x < 2x
-        "p50_ms": False,
-        "p99_ms": False,
+        "p50_ms": None,
+        "p99_ms": None,
+        "light_p50_ms": False,
+        "light_p99_ms": False,
         "catch_up": False,
         "batched_1kib": None,
     }
@@ -99,31 +108,36 @@ def test_goals_not_met_say_so_and_the_redis_goal_is_not_judged_against_nats() ->
     assert against_nats["batched_100b"] is None
 
 
-def test_rounds_must_pair_up() -> None:
+def test_rounds_must_pair_up_and_ours_carry_the_light_load_figures() -> None:
+    ours = Figures(1, 1, 1, 1, 1, light_p50_ms=1, light_p99_ms=1)
     with pytest.raises(ValueError):
-        compare.compare("redis", [Figures(1, 1, 1, 1, 1)], [])
+        compare.compare("redis", [ours], [])
     with pytest.raises(ValueError):
         compare.compare("redis", [], [])
+    with pytest.raises(ValueError, match="light_p50_ms"):
+        compare.compare("redis", [Figures(1, 1, 1, 1, 1)], [Figures(1, 1, 1, 1, 1)])
 
 
 def test_the_table_has_a_row_per_figure_with_both_sides_the_ratio_and_the_goal() -> None:
-    ours = [Figures(130_000, 0.9, 3.1, 700_000, 45_000)]
+    ours = [Figures(130_000, 0.9, 1.6, 700_000, 45_000, light_p50_ms=1.1, light_p99_ms=3.1)]
     theirs = [Figures(52_000, 0.8, 1.8, 480_000, 30_000)]
     text = compare.table(PEERS["redis"], compare.compare("redis", ours, theirs))
     lines = text.splitlines()
     assert lines[0].startswith("| figure | ours | Redis | ours ÷ Redis |")
-    assert len(lines) == 2 + len(compare.FIGURES)
+    assert len(lines) == 2 + len(compare.FIGURES) == 9
     assert "| 130,000 | 52,000 | 2.50x | ≥ 2x Redis | yes |" in lines[2]
-    assert "| 0.90 | 0.80 | 1.12x | ≤ 1.2 ms | yes |" in lines[3]
-    assert "| 3.10 | 1.80 | 1.72x | ≤ 2.5 ms | **no** |" in lines[4]
-    assert "| 700,000 | 480,000 | 1.46x | ≥ 500 k/s | yes |" in lines[5]
-    assert lines[6].endswith("| 45,000 | 30,000 | 1.50x | — | — |")
+    assert "back to back (ms, lower is better) | 0.90 | 0.80 | 1.12x | — | — |" in lines[3]
+    assert "back to back (ms, lower is better) | 1.60 | 1.80 | 0.89x | — | — |" in lines[4]
+    assert "light load (100/s) (ms, lower is better) | 1.10 | — | — | ≤ 1.2 ms | yes |" in lines[5]
+    assert "| 3.10 | — | — | ≤ 2.5 ms | **no** |" in lines[6]
+    assert "| 700,000 | 480,000 | 1.46x | ≥ 500 k/s | yes |" in lines[7]
+    assert lines[8].endswith("| 45,000 | 30,000 | 1.50x | — | — |")
     nats = compare.table(PEERS["nats"], compare.compare("nats", ours, theirs))
     assert "≥ 2x Redis (not judged here) | — |" in nats
 
 
 def test_the_json_carries_every_round_and_the_verdicts() -> None:
-    ours = [Figures(130_000, 0.9, 3.1, 700_000, 45_000)] * 2
+    ours = [Figures(130_000, 0.9, 3.1, 700_000, 45_000, light_p50_ms=1.0, light_p99_ms=2.0)] * 2
     theirs = [Figures(52_000, 0.8, 1.8, 480_000, 30_000)] * 2
     results = compare.compare("redis", ours, theirs)
     out = json.loads(json.dumps(compare.as_json(PEERS["redis"], results, {"rounds": 2})))
@@ -132,6 +146,8 @@ def test_the_json_carries_every_round_and_the_verdicts() -> None:
     assert batched["ours"] == [130_000, 130_000] and batched["peer"] == [52_000, 52_000]
     assert batched["ratio_median"] == pytest.approx(2.5) and batched["met"] is True
     assert batched["goal"]["kind"] == "ratio_min"
+    light = next(f for f in out["figures"] if f["key"] == "light_p99_ms")
+    assert light["peer"] == [] and light["peer_median"] is None and light["ratio_median"] is None
 
 
 def test_a_missing_peer_exits_2_in_one_line_naming_make_bench_peers(
