@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -284,10 +285,13 @@ def table(peer: Peer, results: Sequence[Compared]) -> str:
 
 def heading(peer: Peer, about: dict[str, Any]) -> str:
     server = " ".join(str(about.get("peer_server") or peer.server).split()[:3])
+    pressure = about.get("cpu_pressure_avg60") or {}
     return (
         f"Stream Engine (3 stores, N=3 W=2, fsync always) vs {peer.label} ({server};"
-        f" {about.get('peer_durability')}), started {about.get('started')}; rounds of each:"
-        f" {about.get('rounds')}, alternating; medians, and the median of the rounds' ratios"
+        f" {about.get('peer_durability')}), started {about.get('started')} on"
+        f" {about.get('cpus')} CPUs (CPU pressure {pressure.get('start')}% at the start,"
+        f" {pressure.get('end')}% at the end); rounds of each: {about.get('rounds')},"
+        " alternating; medians, and the median of the rounds' ratios"
     )
 
 
@@ -385,6 +389,18 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
     )
 
 
+def cpu_pressure_avg60() -> float | None:
+    """Linux PSI: % of the last minute in which some task waited for a CPU."""
+    try:
+        with open("/proc/pressure/cpu") as pressure:
+            for line in pressure:
+                if line.startswith("some"):
+                    return float(line.split()[2].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
 def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -435,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     theirs: list[Figures] = []
     summary: dict[str, Any] = {}
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    pressure_at_start = cpu_pressure_avg60()
     with local_cluster("always", tls=False) as target:
         for number in range(1, args.rounds + 1):
             ours.append(asyncio.run(our_round(target, args)))
@@ -454,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
         "peer_server": summary.get("server"),
         "peer_durability": summary.get("durability"),
         "peer_args": list(peer.args),
-        "cpus": summary.get("host", {}).get("cpus"),
+        "cpus": os.cpu_count(),
+        # Other work on the machine: % of the time some task waited for a CPU (Linux PSI).
+        "cpu_pressure_avg60": {"start": pressure_at_start, "end": cpu_pressure_avg60()},
     }
     if args.json:
         print(json.dumps(as_json(peer, results, about), sort_keys=True))
