@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test lint proto etcd-protos demo bench clean faults faults-quick
+.PHONY: setup system-deps test lint proto etcd-protos demo bench bench-peers clean faults faults-quick
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -29,6 +29,11 @@ test: lint system-deps
 
 demo: $(STAMP)
 	$(PYTHON) -m deploy.demo
+
+# Optional: the peers `streamengine bench --compare redis|nats` runs beside us (Debian's
+# redis-server and nats-server, their Python clients in the venv). Tests never need them.
+bench-peers:
+	bash deploy/install-bench-peers.sh $(PYTHON)
 
 # The fault suite against real processes: every implemented scenario with seeds 1..5, or
 # one run to replay: `make faults SCENARIO=S7 SEED=3`. The report lands in $(FAULTS_OUT).

@@ -316,6 +316,16 @@ def _add_admin_commands(commands: Subparsers) -> None:
         "--only", type=_benchmark_names, help="comma-separated: append,subscribe,spark_scan"
     )
     bench.add_argument(
+        "--compare",
+        choices=("redis", "nats"),
+        help="our figures beside the peer's, measured in the same run on a local cluster the "
+        "bench starts (bench/compare.py; `make bench-peers` installs the peers)",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="--compare: measurements of each side (default 3)"
+    )
+    bench.add_argument("--json", action="store_true", help="--compare: one JSON object")
+    bench.add_argument(
         "extra", nargs="*", metavar="-- ARGS", help="arguments for each benchmark, after --"
     )
     bench.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_bench"))

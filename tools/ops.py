@@ -724,7 +724,8 @@ CLUSTER_BENCHMARKS = ("append", "subscribe", "spark_scan")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Run the benchmarks of `bench/` against the cluster at `--master`."""
+    """Run the benchmarks of `bench/` against the cluster at `--master`; or, with
+    `--compare PEER`, ours beside a peer's in the same run (`bench/compare.py`)."""
     import subprocess
     from pathlib import Path
 
@@ -733,6 +734,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise StreamEngineError(
             "the benchmarks live in the source checkout (bench/); run from a clone"
         )
+    if args.compare:
+        # Ours on a local cluster it starts, the peer on servers its script starts: no
+        # `--master`. Exit 2 when the peer is not installed.
+        command = [sys.executable, "-m", "bench.compare", "--peer", args.compare]
+        command += ["--rounds", str(args.rounds), *(["--json"] if args.json else [])]
+        return subprocess.run([*command, *args.extra], cwd=checkout).returncode
     names: list[str] = args.only or list(CLUSTER_BENCHMARKS)
     # Fail early, in one line, without a cluster.
     with master_stub(args.master, client_transport(args)) as master:
