@@ -209,6 +209,11 @@ def heartbeat_failure_policy(code: str) -> HeartbeatFailurePolicy:
 # so a slow master is not waited out: the next heartbeat goes on schedule, up to one
 # lease worth of them.
 HEARTBEATS_IN_FLIGHT_MAX = HEARTBEATS_PER_LEASE
+# A writer waiting to lead asks at least this often, whatever the lease: a leader whose
+# process died ends its lease at once (`HoldLease`), and the standby's next question is
+# then all a takeover waits for. Ten questions a second per waiting writer is little
+# for the master.
+FOLLOWER_HEARTBEAT_MS_MAX = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +522,10 @@ class Leader:
 
     @property
     def heartbeat_interval_ms(self) -> int:
-        return max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
+        every = max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
+        if self.role is Role.FOLLOWING:
+            return min(every, FOLLOWER_HEARTBEAT_MS_MAX)
+        return every
 
     def deadline_ms(self, now_ms: int) -> int | None:
         if self.role is Role.FINISHED:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from streamengine.client.core.leader import (
+    FOLLOWER_HEARTBEAT_MS_MAX,
     RECONNECT_PAUSE_MS_MAX,
     RECONNECT_PAUSE_MS_MIN,
     STREAM_DELETED,
@@ -106,15 +107,18 @@ def answer_all(
     return out
 
 
-def test_a_follower_heartbeats_every_third_of_the_lease_even_if_one_hangs() -> None:
+def test_a_follower_heartbeats_often_whatever_the_lease_even_if_one_hangs() -> None:
+    """A waiting writer asks every FOLLOWER_HEARTBEAT_MS_MAX (a third of the lease if
+    shorter): a dead leader's lease ends at once, and the next question takes over."""
+    interval = min(LEASE_MS // 3, FOLLOWER_HEARTBEAT_MS_MAX)
+    assert interval < LEASE_MS // 3, "the test's lease is long enough to tell them apart"
     leader = Leader(0)
     [beat] = of_type(step(leader, 0, Tick()), SendHeartbeat)
     assert beat.epoch == 0
-    assert step(leader, 100, Tick()) == []
+    assert step(leader, interval - 1, Tick()) == []
     step(leader, 10, follower_answer(0))
     assert leader.role is Role.FOLLOWING
-    assert leader.deadline_ms(10) == LEASE_MS // 3
-    interval = LEASE_MS // 3
+    assert leader.deadline_ms(10) == interval
     # Nobody answers: the heartbeats go on schedule, up to a lease worth in flight.
     for n in (1, 2, 3):
         [beat] = of_type(step(leader, n * interval, Tick()), SendHeartbeat)
@@ -123,6 +127,14 @@ def test_a_follower_heartbeats_every_third_of_the_lease_even_if_one_hangs() -> N
     assert leader.deadline_ms(4 * interval) is None
     # One gives up: the overdue heartbeat goes at once.
     assert of_type(step(leader, 4 * interval + 1, HeartbeatFailed(interval, "x")), SendHeartbeat)
+
+
+def test_a_leader_heartbeats_every_third_of_the_lease() -> None:
+    leader = Leader(0)
+    step(leader, 0, Tick())
+    step(leader, 10, leader_answer(0))
+    assert leader.role is Role.LEADING
+    assert leader.heartbeat_interval_ms == LEASE_MS // 3
 
 
 def test_an_answer_sent_before_the_grant_does_not_depose() -> None:
