@@ -110,6 +110,7 @@ def visible_status(
     # The sums hold every tenant's bytes: only a caller who sees every tenant sees them.
     partial = principal.kind in (PrincipalKind.TENANT, PrincipalKind.ANONYMOUS)
     return master_pb2.ClusterStatus(
+        cluster_id=status.cluster_id,
         stores=status.stores,
         streams=[s for s in status.streams if visible_tenant(principal, stream_tenant(s.name))],
         under_replicated=[s for s in status.under_replicated if shown(s.id.stream)],

@@ -889,10 +889,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 free_bytes=st.live[sid].free_bytes,
                 segments=view.segments,
                 silent_ms=max(0, now - st.live[sid].last_seen_ms),
+                incarnation=st.stores[sid].incarnation,
             )
             for sid, view in views.items()
         ]
         return master_pb2.ClusterStatus(
+            cluster_id=st.cluster_id,
             stores=stores,
             streams=[self._stream_info(r, now) for r in st.list_streams("")],
             under_replicated=[self._segment(s) for s in st.under_replicated(now)],

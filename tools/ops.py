@@ -273,6 +273,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status_dict(status), indent=2))
         return 0
+    print(f"CLUSTER {status.cluster_id or '(rebuilding)'}\n")
     print("STORES")
     print_table(
         [

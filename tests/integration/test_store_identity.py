@@ -50,6 +50,15 @@ def registered(cluster: Cluster) -> bool:
     return all(cluster_id_of(store.address) for store in cluster.stores)
 
 
+def incarnations(cluster: Cluster) -> dict[str, int]:
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=5
+        )
+    assert status.cluster_id == cluster_id_of(cluster.stores[0].address)
+    return {s.store_id: s.incarnation for s in status.stores}
+
+
 def test_a_store_on_another_clusters_data_dir_refuses_to_start(tmp_path: Path) -> None:
     with running_cluster(tmp_path / "a", stores=1) as first:
         wait_for(lambda: registered(first), 15, 0.1, "the store joined its cluster")
@@ -105,10 +114,16 @@ def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_repli
             write(replica.address, open_segment.id, driver.epoch, events, 5, driver.grant)
 
         wiped = cluster.stores[2]
+        before = incarnations(cluster)
         wiped.kill()
         shutil.rmtree(tmp_path / wiped.name / DB_DIR)
         wiped.start()
         wait_for(lambda: registered(cluster), 15, 0.1, "the wiped store joined again")
+        after = incarnations(cluster)
+        assert after[wiped.name] not in (0, before[wiped.name])
+        assert {k: v for k, v in after.items() if k != wiped.name} == {
+            k: v for k, v in before.items() if k != wiped.name
+        }
 
         # It holds nothing of the open segment and says so by not answering for it.
         for attempt in (

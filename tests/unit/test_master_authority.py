@@ -197,6 +197,7 @@ def _full_status() -> master_pb2.ClusterStatus:
         return entry_pb2.SegmentId(stream_id=1, epoch=1, stream=stream)
 
     return master_pb2.ClusterStatus(
+        cluster_id="cluster-test",
         stores=[master_pb2.StoreStatus(store_id="store0")],
         streams=[master_pb2.StreamInfo(name=n) for n in ("acme/a", "globex/b")],
         under_replicated=[entry_pb2.Segment(id=segment(n)) for n in ("acme/a", "globex/b")],
@@ -232,6 +233,7 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
     assert {d.segment.stream for d in seen.durability_debt} == streams
     assert {p.stream for p in seen.pending_deletes} == streams
     assert seen.granting_leases
+    assert seen.cluster_id == "cluster-test"  # everyone's, as the stores are
     # A field added to the status is shown to nobody until it is filtered here.
     assert [f.name for f in master_pb2.ClusterStatus.DESCRIPTOR.fields] == [
         "stores",
@@ -243,5 +245,6 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
         "bytes_below_n",
         "bytes_below_w",
         "pending_deletes",
+        "cluster_id",
     ]
     assert (seen.bytes_below_n, seen.bytes_below_w) == sums

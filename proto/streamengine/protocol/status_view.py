@@ -47,6 +47,7 @@ def segment_dict(segment: entry_pb2.Segment) -> dict[str, Any]:
 
 def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
     return {
+        "cluster_id": status.cluster_id,
         "stores": [
             {
                 "id": s.store_id,
@@ -58,6 +59,7 @@ def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
                 "free_bytes": s.free_bytes,
                 "segments": s.segments,
                 "silent_ms": s.silent_ms,
+                "incarnation": s.incarnation,
             }
             for s in status.stores
         ],

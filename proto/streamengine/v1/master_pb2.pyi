@@ -1301,6 +1301,7 @@ class StoreStatus(_message.Message):
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
     SILENT_MS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     address: _builtins.str
     zone: _builtins.str
@@ -1312,6 +1313,8 @@ class StoreStatus(_message.Message):
     """Replicas of segments whose copy set holds this store."""
     silent_ms: _builtins.int
     """Milliseconds since its last heartbeat."""
+    incarnation: _builtins.int
+    """The incarnation of its database as it last registered (0: not known)."""
     def __init__(
         self,
         *,
@@ -1324,10 +1327,11 @@ class StoreStatus(_message.Message):
         free_bytes: _builtins.int = ...,
         segments: _builtins.int = ...,
         silent_ms: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alive", b"alive", "draining", b"draining", "free_bytes", b"free_bytes", "segments", b"segments", "silent_ms", b"silent_ms", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alive", b"alive", "draining", b"draining", "free_bytes", b"free_bytes", "incarnation", b"incarnation", "segments", b"segments", "silent_ms", b"silent_ms", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1411,11 +1415,14 @@ class ClusterStatus(_message.Message):
     BYTES_BELOW_N_FIELD_NUMBER: _builtins.int
     BYTES_BELOW_W_FIELD_NUMBER: _builtins.int
     PENDING_DELETES_FIELD_NUMBER: _builtins.int
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
     bytes_below_n: _builtins.int
     """Bytes of the sealed segments with fewer than N good replicas now, and fewer than W."""
     bytes_below_w: _builtins.int
+    cluster_id: _builtins.str
+    """The cluster's id, which every store keeps ("" while a rebuild has not adopted it)."""
     @_builtins.property
     def stores(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoreStatus]: ...
     @_builtins.property
@@ -1453,10 +1460,11 @@ class ClusterStatus(_message.Message):
         bytes_below_n: _builtins.int = ...,
         bytes_below_w: _builtins.int = ...,
         pending_deletes: _abc.Iterable[Global___PendingDelete] | None = ...,
+        cluster_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
