@@ -32,8 +32,8 @@ from streamengine.tools.harness import (
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.test_cli import run_cli
+from tests.integration.test_master_repair import STREAM, create_stream
 
-STREAM = "acme/orders"
 MASTER_ARGS = ["--lease-ms", "2000", "--store-timeout-ms", "1500"]
 EVENTS = 20
 
@@ -82,28 +82,19 @@ def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_repli
 ) -> None:
     with running_cluster(tmp_path, stores=3, master_args=MASTER_ARGS) as cluster:
         wait_for(lambda: registered(cluster), 15, 0.1, "the stores joined their cluster")
-        with grpc.insecure_channel(cluster.master_address) as channel:
-            master_pb2_grpc.MasterStub(channel).CreateStream(
-                master_pb2.CreateStreamRequest(
-                    name=STREAM,
-                    policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2),
-                    create_tenant=True,
-                ),
-                timeout=5,
-            )
+        create_stream(cluster)
         driver = Driver(cluster.master_address, STREAM)
         for _ in range(2):
             driver.fill_and_roll(EVENTS, 100)
         every_store = {s.name for s in cluster.stores}
-        wait_for(
-            lambda: all(
+
+        def sealed_on_every_store() -> bool:
+            return all(
                 fully_replicated(s, 3, every_store)
                 for s in sealed_segments(cluster.master_address, STREAM)
-            ),
-            20,
-            0.2,
-            "sealed segments at 3 replicas",
-        )
+            )
+
+        wait_for(sealed_on_every_store, 20, 0.2, "sealed segments at 3 replicas")
         driver.lead()
         assert driver.segment is not None
         open_segment = driver.segment
@@ -143,15 +134,7 @@ def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_repli
 
         wait_for(asked_to_roll, 10, 0.2, "the leader asked to roll away from the lost replica")
         # Repair refills its sealed replicas from the good ones, verified.
-        wait_for(
-            lambda: all(
-                fully_replicated(s, 3, every_store)
-                for s in sealed_segments(cluster.master_address, STREAM)
-            ),
-            30,
-            0.2,
-            "the wiped store's sealed replicas refilled",
-        )
+        wait_for(sealed_on_every_store, 30, 0.2, "the wiped store's sealed replicas refilled")
         for segment in sealed_segments(cluster.master_address, STREAM):
             assert wiped.name in {r.store_id for r in segment.copy_set}
 
