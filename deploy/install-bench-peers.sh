@@ -19,16 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "install-bench-peers: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
     exit 1
   fi
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  echo "install-bench-peers: installing ${missing[*]}"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-  # Debian's redis-server enables a system Redis on 127.0.0.1:6379 where systemd runs. The
-  # benchmark starts its own servers on free ports: do not leave an unasked-for one running.
-  if [[ " ${missing[*]} " == *" redis-server "* ]] && command -v systemctl >/dev/null 2>&1; then
-    $sudo_cmd systemctl disable --now redis-server >/dev/null 2>&1 || true
-  fi
+  # shellcheck source=deploy/apt.sh
+  source "$(dirname "$0")/apt.sh"
+  apt_install install-bench-peers "${missing[@]}"
+  # The benchmark starts its own servers on free ports.
+  if [[ " ${missing[*]} " == *" redis-server "* ]]; then disable_service redis-server; fi
 fi
 
 # Only the clients: bench/peers/requirements.txt records the versions first measured with

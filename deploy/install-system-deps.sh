@@ -34,14 +34,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
   [[ " ${missing[*]} " == *" openjdk-17-jre-headless "* ]] && exit 1
   exit 0
 fi
-sudo_cmd=""
-[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-echo "install-system-deps: installing ${missing[*]}"
-$sudo_cmd apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-# Debian's etcd-server enables a system etcd on 127.0.0.1:2379 where systemd runs. The
-# project starts its own members (tests, deploy/netns-cluster.sh, deploy/systemd): do not
-# leave an unasked-for one running.
-if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1; then
-  $sudo_cmd systemctl disable --now etcd >/dev/null 2>&1 || true
-fi
+# shellcheck source=deploy/apt.sh
+source "$(dirname "$0")/apt.sh"
+apt_install install-system-deps "${missing[@]}"
+# The project starts its own etcd members (tests, deploy/netns-cluster.sh, deploy/systemd).
+if [[ " ${missing[*]} " == *" etcd-server "* ]]; then disable_service etcd; fi
