@@ -27,7 +27,6 @@ from streamengine.client.core.recovery import (
     SealAnswer,
     StoreAnswer,
     plan_recovery,
-    read_from_index,
 )
 from streamengine.protocol.codec import entries_from_pb
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -200,6 +199,14 @@ def explain_segment(
     return explanation
 
 
+def first_index_to_read(answered: Sequence[SealAnswer]) -> int:
+    """Where to read every store from. Every set of R answers is planned, each from its
+    own `read_from_index`, never below the lowest acked index of all the answers: read
+    from there, every plan finds its final copies (from `read_from_index` of all the
+    answers, a set of the stores acked lowest would miss its own acked index)."""
+    return max(1, min((s.acked_index for s in answered), default=1))
+
+
 def _probe_segment(
     transport: Transport,
     stream_id: int,
@@ -224,7 +231,7 @@ def _probe_segment(
         for r in segment.copy_set
     }
     answered = [s for s in states.values() if isinstance(s, SealAnswer)]
-    from_index = read_from_index(answered) if answered else 1
+    from_index = first_index_to_read(answered)
     for replica in segment.copy_set:
         state = states[replica.store_id]
         if isinstance(state, str):

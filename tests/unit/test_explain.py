@@ -5,7 +5,7 @@ from __future__ import annotations
 from streamengine.client.core.recovery import SealAnswer, StoreAnswer
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.tools.explain import Run, explain_answers
+from streamengine.tools.explain import Run, explain_answers, first_index_to_read
 
 
 def holding(store: str, acked: int, last: int, epoch: int = 1) -> StoreAnswer:
@@ -34,3 +34,16 @@ def test_an_entry_on_one_store_depends_on_who_answers_first() -> None:
     outcomes = explain_answers(ReplicationPolicy(3, 2), 2, answers)
     finals = {o.decided_from: o.final_index for o in outcomes}
     assert finals == {("s1", "s2"): 6, ("s1", "s3"): 6, ("s2", "s3"): 5}
+
+
+def test_every_set_of_r_answers_finds_its_final_copies_in_what_was_read() -> None:
+    """Stores acked unevenly (a writer killed mid-stream): a set of R stores acked lowest
+    reads from its own acked index, below where the whole copy set would read from."""
+    full = [holding("s0", 280, 280), holding("s1", 260, 280), holding("s2", 260, 270)]
+    start = first_index_to_read([a.seal for a in full])
+    assert start == 260
+    read = [
+        StoreAnswer(a.seal, tuple(e for e in a.entries if e.index >= start)) for a in full
+    ]
+    outcomes = explain_answers(ReplicationPolicy(3, 2), 2, read)
+    assert len(outcomes) == 3  # {s1, s2} planned too: it needs index 260
