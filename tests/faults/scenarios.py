@@ -106,7 +106,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S12", "corruption at rest", 180, 14, nemesis.corruption_loop),
         Scenario("S13", "reader churn and slow consumers", 180, 12,
                  nemesis.reader_churn_loop, reader_churn_s=1.2),
-        Scenario("S14", "mixed soak", 900, 24, nemesis.soak, proxies=True),
+        Scenario("S14", "mixed soak", 900, 16, nemesis.soak, proxies=True),
         Scenario("S15", "bad input", 60, 12, nemesis.bad_input_loop),
         # Not in FAULTS.md's list: the scenario C14 asks for (more than N - W copies of
         # a range destroyed).

@@ -163,7 +163,7 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
             wait_for(lambda: registered(cluster), 15, 0.1, "the wiped stores joined again")
 
             with pytest.raises(Unavailable):
-                await client.seal(STREAM, timeout_s=6)
+                await client.seal(STREAM, timeout_s=3)
             listing = await client.list_segments(STREAM)
             assert [s.state for s in listing.segments if s.id.epoch == stuck_epoch] != [
                 entry_pb2.SEALED
