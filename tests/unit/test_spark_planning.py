@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
+from streamengine.client.packed import Packed
 from streamengine.client.spark import (
     SegmentRange,
     _limit_end,
-    _Packed,
     _SegmentInfo,
     _StreamLayout,
     _verified_rows,
@@ -153,20 +153,20 @@ def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
     made = certificate_of([(e.index, int(e.kind), e.payload) for e in entries])
     part = SegmentRange("t/s", 7, 1, 2, 9, R, certificate=made.encode())
     check = ChunkCheck(made, 2)
-    first = _Packed.of(_packed_reply(entries[:6]))  # indexes 1-6: chunk 1-4 complete
-    assert first is not None and first.check(check) == 4
+    first = Packed.of(_packed_reply(entries[:6]))  # indexes 1-6: chunk 1-4 complete
+    assert first is not None and first.feed(check) == 4
     ready, held = _verified_rows(part, [first], 4, 2)
     assert ready is not None and ready.column("index").to_pylist() == [2, 4]  # 3 a HOLE
     assert ready.column("payload").to_pylist() == [b"p2", b"p4"]
-    second = _Packed.of(_packed_reply(entries[6:]))
-    assert second is not None and second.check(check) == 10
+    second = Packed.of(_packed_reply(entries[6:]))
+    assert second is not None and second.feed(check) == 10
     ready, held = _verified_rows(part, [*held, second], 10, 5)
     assert ready is not None and ready.column("index").to_pylist() == [5, 6, 7, 8, 9]
     assert held == []
     # A payload changed with its crc made valid: the chunk holding it never leaves.
     tampered = list(entries)
     tampered[5] = StoredEntry.make(6, EntryKind.EVENT, 1, b"p6 changed")
-    packed = _Packed.of(_packed_reply(tampered[:8]))
+    packed = Packed.of(_packed_reply(tampered[:8]))
     assert packed is not None
     with pytest.raises(CertificateMismatch):
-        packed.check(ChunkCheck(made, 1))
+        packed.feed(ChunkCheck(made, 1))
