@@ -444,12 +444,20 @@ def _read_certified(
                     raise _ShortRead(
                         f"expected index {check.next_index}, replica sent {packed.first_index}"
                     )
-                verified = packed.feed(check)
+                mismatch: CertificateMismatch | None = None
+                try:
+                    verified = packed.feed(check)
+                except CertificateMismatch as error:
+                    # The chunks before the one that differs verified: they leave, so
+                    # that the next read starts at the chunk that differs.
+                    verified, mismatch = check.verified_through, error
                 held.append(packed)
                 ready, held = _verified_rows(part, held, verified, next_index)
                 if ready is not None:
                     next_index = min(verified, part.last_index) + 1
                     yield ready, next_index
+                if mismatch is not None:
+                    raise mismatch
             replicas.answered(address, check.next_index - 1)
         except CertificateMismatch as mismatch:
             errors.append(f"{address}: {mismatch}")

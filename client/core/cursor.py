@@ -349,14 +349,21 @@ class Cursor:
         """Feed the certificate check; hand on what it verified."""
         check = self._check
         assert check is not None
+        mismatch: CertificateMismatch | None = None
         try:
             verified = run.feed(check)
-        except CertificateMismatch as mismatch:
-            self._damaged(mismatch.first_index, f"segment {epoch}: {mismatch}")
-            return []
+        except CertificateMismatch as error:
+            # The chunks before the one that differs verified: they leave (else a run
+            # spanning both would be read again from the same replica, for ever).
+            verified, mismatch = check.verified_through, error
         self._held.append(run)
-        if verified < self._held_first:
-            return []
+        ready = self._verified(epoch, check, verified) if verified >= self._held_first else []
+        if mismatch is not None and self._check is check:
+            self._damaged(mismatch.first_index, f"segment {epoch}: {mismatch}")
+        return ready
+
+    def _verified(self, epoch: int, check: ChunkCheck, verified: int) -> list[Released]:
+        """Release the held runs through index `verified`."""
         ready: list[Released] = []
         keep: list[Run] = []
         for held in self._held:

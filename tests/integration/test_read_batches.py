@@ -56,6 +56,12 @@ async def take_rows(batches: AsyncIterator[pa.RecordBatch], count: int) -> list[
     return rows(taken)
 
 
+async def first_of(batches: AsyncIterator[pa.RecordBatch]) -> pa.RecordBatch:
+    async for batch in batches:
+        return batch
+    raise AssertionError("no batch")
+
+
 async def read_rows(client: StreamClient, stream: str, **bounds: int) -> list[Row]:
     return rows([batch async for batch in client.read_batches(stream, **bounds)])
 
@@ -107,7 +113,7 @@ async def test_read_batches_resumes_after_the_last_sequence_it_yielded(cluster: 
     async with StreamClient(cluster.master_address) as client:
         await several_segments(client, "batch/resume")
         everything = await read_rows(client, "batch/resume")
-        first = await anext(aiter(client.read_batches("batch/resume")))
+        first = await first_of(client.read_batches("batch/resume"))
         resume_at = first.column("sequence")[-1].as_py() + 1
         rest = await read_rows(client, "batch/resume", start=resume_at)
         assert rows([first]) + rest == everything
@@ -131,13 +137,13 @@ async def test_subscribe_batches_follows_new_appends(cluster: Cluster) -> None:
         # From "end": only what is appended after the subscription began.
         later = [b"after-%d" % i for i in range(100)]
         tail = client.subscribe_batches("batch/live", start="end")
-        first = asyncio.create_task(anext(aiter(tail)))
+        first = asyncio.create_task(first_of(tail))
         # The subscription resolves "end" first: append until its first batch arrives.
         async with client.writer("batch/live") as writer:
             while not first.done():
                 await writer.append_batch(later)
                 await asyncio.wait({first}, timeout=0.2)
-        assert first.result().column("payload").to_pylist()[0] == later[0]
+        assert set(first.result().column("payload").to_pylist()) <= set(later)
 
 
 async def test_read_batches_skip_a_copy_that_differs_and_one_failing_its_crc(
