@@ -1,10 +1,11 @@
-"""Followers: `subscribe` (forever) and `read` (a range), over the store's Subscribe.
+"""Followers: `subscribe` (forever) and `read` (a range), as events or as Arrow record
+batches (`subscribe_batches`, `read_batches`).
 
 A thin asyncio shell around `client.core.cursor.Cursor`: it fetches the master's
-segment list, tails one replica at a time, feeds the cursor what arrives (and what
-fails), and yields the cursor's events. Reconnection is transparent: the cursor's
-position is the resume point, so no sequence is yielded twice and none is skipped but
-holes.
+segment list, reads one replica at a time (what it acked, in packed `Read` replies; then
+a live tail with `Subscribe`), feeds the cursor what arrives (and what fails), and hands
+out what the cursor releases. Reconnection is transparent: the cursor's position is the
+resume point, so no sequence is yielded twice and none is skipped but holes.
 """
 
 from __future__ import annotations
