@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import grpc
 import pyarrow as pa
@@ -90,6 +90,50 @@ class _StreamRef:
     stream_id: int
 
 
+class _Replies(Protocol):
+    """What `_follow` reads replies from: a gRPC call, or a read-ahead."""
+
+    def read(self) -> Awaitable[Any]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class _ReadAhead:
+    """A packed Read started before the cursor asked for it (`Cursor.upcoming`): its
+    replies wait in a small queue (the store is held back by flow control beyond it),
+    until `_read` takes it as the call the cursor asked for, or cancels it."""
+
+    REPLIES_HELD = 2
+
+    def __init__(
+        self, read: ReadFrom, call: grpc.aio.UnaryStreamCall[Any, segment_store_pb2.ReadReply]
+    ) -> None:
+        self.wanted = read
+        self._call = call
+        self._replies: asyncio.Queue[object] = asyncio.Queue(self.REPLIES_HELD)
+        self._pump = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        try:
+            while True:
+                reply = await self._call.read()
+                await self._replies.put(reply)
+                if reply is grpc.aio.EOF:
+                    return
+        except grpc.aio.AioRpcError as error:
+            await self._replies.put(error)
+
+    async def read(self) -> object:
+        reply = await self._replies.get()
+        if isinstance(reply, grpc.aio.AioRpcError):
+            raise reply
+        return reply
+
+    def cancel(self) -> bool:
+        self._pump.cancel()
+        return self._call.cancel()
+
+
 @dataclass
 class _Outcome:
     """A call to a replica (`packed`: a packed Read, else a Subscribe), and how it
@@ -130,6 +174,7 @@ class Follower:
         # What the master's latest list said was trimmed (`protocol.retention`).
         self._trimmed_through_epoch = 0
         self._first_retained = 0
+        self._ahead: _ReadAhead | None = None
 
     async def released(self) -> AsyncIterator[list[Released]]:
         """What the cursor hands out, in sequence order: one list per reply a replica
@@ -164,25 +209,42 @@ class Follower:
                     await asyncio.sleep(delay_ms / 1000)
                 await self._refresh(cursor)
                 continue
-            async for parts in self._read(cursor, decision):
-                yield parts
+            try:
+                async for parts in self._read(cursor, decision):
+                    yield parts
+            finally:
+                if self._ahead is not None and cursor.epoch > self._ahead.wanted.epoch:
+                    self._ahead.cancel()  # passed by (a later segment listed first)
+                    self._ahead = None
+
+    def close(self) -> None:
+        """Stop a read-ahead still running (the follower is done with)."""
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead = None
 
     async def batches(self) -> AsyncIterator[pa.RecordBatch]:
         """Record batches (`packed.EVENT_SCHEMA`) of the events in sequence order, one
         per reply a replica sent; none empty."""
-        async for parts in self.released():
-            batches = [batch for batch in map(released_batch, parts) if batch.num_rows]
-            if batches:
-                yield one_batch(batches)
+        try:
+            async for parts in self.released():
+                batches = [batch for batch in map(released_batch, parts) if batch.num_rows]
+                if batches:
+                    yield one_batch(batches)
+        finally:
+            self.close()
 
     async def events(self) -> AsyncIterator[list[StreamEvent]]:
         """Lists of events in sequence order (one list per reply a replica sent)."""
-        async for parts in self.released():
-            events: list[StreamEvent] = []
-            for part in parts:
-                events.extend(released_events(part))
-            if events:
-                yield events
+        try:
+            async for parts in self.released():
+                events: list[StreamEvent] = []
+                for part in parts:
+                    events.extend(released_events(part))
+                if events:
+                    yield events
+        finally:
+            self.close()
 
     async def _read(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[Released]]:
         """Read one replica until the cursor moves elsewhere, the replica fails, or the
@@ -190,14 +252,20 @@ class Follower:
         per entry), then, still wanted, a live tail of what it acks from there on."""
         assert self._ref is not None
         stub = store_grpc.SegmentStoreStub(self._channels.get(read.replica))
-        segment = entry_pb2.SegmentId(
-            stream_id=self._ref.stream_id, epoch=read.epoch, stream=self._stream
-        )
-        request = segment_store_pb2.ReadRequest(
-            segment=segment, from_index=read.from_index, acked_only=True, packed=True
-        )
+        segment = self._segment_id(read.epoch)
+        ahead = self._ahead
+        if ahead is not None and ahead.wanted.epoch <= read.epoch:
+            self._ahead = None
+            if ahead.wanted != read:
+                ahead.cancel()  # the cursor chose another read
+                ahead = None
+        else:
+            ahead = None
+        call: _Replies = ahead if ahead is not None else stub.Read(self._packed_read(read))
+        if self._ahead is None:
+            self._read_ahead(cursor)
         caught_up = _Outcome(packed=True)
-        async for parts in self._follow(cursor, read, stub.Read(request), caught_up):
+        async for parts in self._follow(cursor, read, call, caught_up):
             yield parts
         if not caught_up.clean or not Cursor.continues(cursor.next(now_ms()), read):
             return
@@ -213,11 +281,33 @@ class Follower:
         async for parts in self._follow(cursor, read, call, _Outcome(packed=False)):
             yield parts
 
+    def _segment_id(self, epoch: int) -> entry_pb2.SegmentId:
+        assert self._ref is not None
+        return entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch, stream=self._stream)
+
+    def _packed_read(self, read: ReadFrom) -> segment_store_pb2.ReadRequest:
+        return segment_store_pb2.ReadRequest(
+            segment=self._segment_id(read.epoch),
+            from_index=read.from_index,
+            acked_only=True,
+            packed=True,
+        )
+
+    def _read_ahead(self, cursor: Cursor) -> None:
+        """Start the read of the next sealed segment now (usually on another store), so
+        that it is read while this one is: a catch-up of sealed segments keeps two stores
+        busy, not one."""
+        upcoming = cursor.upcoming()
+        if upcoming is None:
+            return
+        stub = store_grpc.SegmentStoreStub(self._channels.get(upcoming.replica))
+        self._ahead = _ReadAhead(upcoming, stub.Read(self._packed_read(upcoming)))
+
     async def _follow(
         self,
         cursor: Cursor,
         read: ReadFrom,
-        call: grpc.aio.UnaryStreamCall[Any, Any] | grpc.aio.StreamStreamCall[Any, Any],
+        call: _Replies,
         outcome: _Outcome,
     ) -> AsyncIterator[list[Released]]:
         """Feed the cursor the replies of `call` (a packed Read or a Subscribe) while it

@@ -462,6 +462,22 @@ class Cursor:
     def last_yielded(self) -> int | None:
         return self._last_yielded
 
+    def upcoming(self) -> ReadFrom | None:
+        """The read the cursor will most likely ask for after the current segment, when
+        that one is sealed and the next is listed sealed too: its first replica the
+        master does not list as bad, from its first index. A shell may start it early
+        (a read-ahead); the cursor still decides, and reads nothing it did not ask."""
+        current = self._current_segment()
+        if current is None or not current.sealed:
+            return None
+        later = [s for s in self._segments if s.epoch > self._epoch]
+        if not later or not later[0].sealed:
+            return None
+        if self._end is not None and pack_sequence(later[0].epoch, 1) >= self._end:
+            return None
+        replicas = [r for r in later[0].replicas if r not in later[0].bad]
+        return ReadFrom(later[0].epoch, replicas[0], 1) if replicas else None
+
     def refresh_due(self, now_ms: int) -> bool:
         """While tailing: time to re-read the master's list."""
         due = now_ms - self._last_listed_ms >= self.timing.segment_refresh_ms

@@ -403,3 +403,18 @@ def test_a_segment_whose_every_replica_the_master_lists_as_bad_is_lost() -> None
     assert cursor.next(0) == Wait(0)
     cursor.on_segments([certified(1, TEN, bad=(A, B, C))], 1)
     assert cursor.next(1) == DataLoss(1, 1, 10)
+
+
+def test_the_upcoming_read_is_the_next_sealed_segment_from_its_first_good_replica() -> None:
+    cursor = Cursor(0, end_sequence=pack_sequence(3, 1))
+    cursor.on_segments([sealed(1, 5), sealed(2, 5, (B, C)), open_segment(3)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert cursor.upcoming() == ReadFrom(2, B, 1)
+    cursor.on_segments([sealed(1, 5), SegmentView(2, (B, C), True, 5, bad=(B,))], 0)
+    assert cursor.upcoming() == ReadFrom(2, C, 1)
+    cursor.on_entries(1, [event(1), event(2), event(3), event(4), bridge(5)], 0)
+    assert cursor.epoch == 2
+    assert cursor.upcoming() is None  # the next one is not listed sealed (nor wanted)
+    ends_before = Cursor(0, end_sequence=pack_sequence(2, 1))
+    ends_before.on_segments([sealed(1, 5), sealed(2, 5)], 0)
+    assert ends_before.upcoming() is None  # past the end of the range
