@@ -294,9 +294,8 @@ class Follower:
         )
 
     def _read_ahead(self, cursor: Cursor) -> None:
-        """Start the read of the next sealed segment now (usually on another store), so
-        that it is read while this one is: a catch-up of sealed segments keeps two stores
-        busy, not one."""
+        """Start the read of the next segment now (usually on another store), so that
+        it is read while this sealed one is: a catch-up keeps two stores busy, not one."""
         upcoming = cursor.upcoming()
         if upcoming is None:
             return

@@ -464,14 +464,15 @@ class Cursor:
 
     def upcoming(self) -> ReadFrom | None:
         """The read the cursor will most likely ask for after the current segment, when
-        that one is sealed and the next is listed sealed too: its first replica the
-        master does not list as bad, from its first index. A shell may start it early
-        (a read-ahead); the cursor still decides, and reads nothing it did not ask."""
+        that one is sealed and the next is listed: its first replica the master does not
+        list as bad, from its first index. A shell may start it early (a read-ahead of
+        what that replica acked); the cursor still decides, and takes nothing it did not
+        ask for."""
         current = self._current_segment()
         if current is None or not current.sealed:
             return None
         later = [s for s in self._segments if s.epoch > self._epoch]
-        if not later or not later[0].sealed:
+        if not later:
             return None
         if self._end is not None and pack_sequence(later[0].epoch, 1) >= self._end:
             return None

@@ -405,7 +405,7 @@ def test_a_segment_whose_every_replica_the_master_lists_as_bad_is_lost() -> None
     assert cursor.next(1) == DataLoss(1, 1, 10)
 
 
-def test_the_upcoming_read_is_the_next_sealed_segment_from_its_first_good_replica() -> None:
+def test_the_upcoming_read_is_the_next_segment_from_its_first_good_replica() -> None:
     cursor = Cursor(0, end_sequence=pack_sequence(3, 1))
     cursor.on_segments([sealed(1, 5), sealed(2, 5, (B, C)), open_segment(3)], 0)
     assert cursor.next(0) == ReadFrom(1, A, 1)
@@ -414,7 +414,12 @@ def test_the_upcoming_read_is_the_next_sealed_segment_from_its_first_good_replic
     assert cursor.upcoming() == ReadFrom(2, C, 1)
     cursor.on_entries(1, [event(1), event(2), event(3), event(4), bridge(5)], 0)
     assert cursor.epoch == 2
-    assert cursor.upcoming() is None  # the next one is not listed sealed (nor wanted)
+    assert cursor.upcoming() is None  # the next one is not listed (nor wanted)
+    following = Cursor(0)
+    following.on_segments([sealed(1, 5), open_segment(2)], 0)
+    assert following.upcoming() == ReadFrom(2, A, 1)  # an open one: what A acked
+    following.on_entries(1, [event(1), event(2), event(3), event(4), bridge(5)], 0)
+    assert following.upcoming() is None  # reading the open segment: nothing after it
     ends_before = Cursor(0, end_sequence=pack_sequence(2, 1))
     ends_before.on_segments([sealed(1, 5), sealed(2, 5)], 0)
     assert ends_before.upcoming() is None  # past the end of the range
