@@ -232,8 +232,8 @@ class Cursor:
         self._list_retry_at_ms = 0
         self._last_yielded: int | None = None
         # The certificate check of what the current replica sends (sealed, certified
-        # segments), and what arrived but is not verified yet: consecutive from
-        # `_held_first`, as columns.
+        # segments), and the runs that arrived but are not verified yet: what of them
+        # is at or after `_held_first`.
         self._check: ChunkCheck | None = None
         self._held_first = 0
         self._held: list[Run] = []
