@@ -6,7 +6,8 @@
 
 - catch-up: `--events` 100-byte events are appended first (the stream rolls every
   `--segment-mb`, so most of them sit in sealed segments), then one reader reads them
-  all from sequence 0 with `client.read`, twice: right after the fill, and again;
+  all from sequence 0 with `client.read` (an object per event) and with
+  `client.read_batches` (Arrow record batches), twice: right after the fill, and again;
 - live tail: a subscriber starts at "end" while a writer appends at full speed for
   `--seconds`; events/s the subscriber received, and how far it trailed the writer
   when the writer stopped.
@@ -67,6 +68,18 @@ async def catch_up(client: StreamClient, stream: str, expected: int) -> float:
     seconds = time.perf_counter() - started
     if count != expected:
         raise SystemExit(f"catch-up read {count} events, expected {expected}")
+    return seconds
+
+
+async def catch_up_batches(client: StreamClient, stream: str, expected: int) -> float:
+    """`catch_up` through `read_batches`: record batches, no object per event."""
+    started = time.perf_counter()
+    count = 0
+    async for batch in client.read_batches(stream):
+        count += batch.num_rows
+    seconds = time.perf_counter() - started
+    if count != expected:
+        raise SystemExit(f"catch-up read {count} events in batches, expected {expected}")
     return seconds
 
 
@@ -135,8 +148,12 @@ async def run(args: argparse.Namespace, target: Target) -> None:
         # second pass reads data at rest, as a reader catching up later would.
         for label in ("right after the fill", "data at rest"):
             seconds = await catch_up(client, stream, args.events)
-            rate = args.events / seconds
-            print(f"catch-up:   {rate:>10,.0f} events/s ({seconds:.1f}s, {label})")
+            batch_seconds = await catch_up_batches(client, stream, args.events)
+            print(
+                f"catch-up:   {args.events / seconds:>10,.0f} events/s per event "
+                f"({seconds:.1f}s), {args.events / batch_seconds:>10,.0f} events/s in "
+                f"batches ({batch_seconds:.1f}s; {label})"
+            )
         await client.create_stream(f"{stream}-live")
         await live_tail(client, f"{stream}-live", args.seconds, payload)
 

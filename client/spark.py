@@ -41,9 +41,7 @@ checkpoint re-reads the same rows for the same offsets.
 
 from __future__ import annotations
 
-import array
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +50,6 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -63,6 +60,7 @@ from pyspark.sql.types import StructType
 
 from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, WaitUntil
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
+from streamengine.client.packed import EVENT_FIELDS, Packed, event_columns, one_batch
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import (
     Certificate,
@@ -70,8 +68,8 @@ from streamengine.protocol.certificate import (
     ChunkCheck,
     MalformedCertificate,
 )
-from streamengine.protocol.entry import VALUE_HEADER_BYTES, EntryKind
-from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX
+from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
@@ -84,15 +82,7 @@ SCHEMA = (
     "stream string not null, epoch int not null, index long not null,"
     " sequence long not null, payload binary not null"
 )
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("stream", pa.string(), nullable=False),
-        pa.field("epoch", pa.int32(), nullable=False),
-        pa.field("index", pa.int64(), nullable=False),
-        pa.field("sequence", pa.int64(), nullable=False),
-        pa.field("payload", pa.binary(), nullable=False),
-    ]
-)
+ARROW_SCHEMA = pa.schema([pa.field("stream", pa.string(), nullable=False), *EVENT_FIELDS])
 PARTITION_ENTRIES_DEFAULT = 250_000
 # Rows per Arrow batch handed to Spark: large batches amortise the per-batch cost.
 ARROW_BATCH_ROWS = 65_536
@@ -401,7 +391,7 @@ def _read_replica(
                 if batch is not None:
                     pending.append(batch)
                 if sum(b.num_rows for b in pending) >= ARROW_BATCH_ROWS:
-                    yield _one_batch(pending), next_index
+                    yield one_batch(pending), next_index
                     pending = []
             # The read ended: the replica serves no more (its acked index).
             replicas.answered(address, next_index - 1)
@@ -411,7 +401,7 @@ def _read_replica(
             errors.append(f"{address}: {short}")
             replicas.answered(address, next_index - 1)
         if pending:  # rows verified so far: the next replica resumes after them
-            yield _one_batch(pending), next_index
+            yield one_batch(pending), next_index
 
 
 def _read_failed(
@@ -451,7 +441,7 @@ def _read_certified(
     for this partition, and the master hears of it."""
     check = ChunkCheck(certificate, next_index)
     read_last = certificate.chunk_of(part.last_index)[1]
-    held: list[_Packed] = []
+    held: list[Packed] = []
     with part.transport.channel(address) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         request = segment_store_pb2.ReadRequest(
@@ -463,19 +453,27 @@ def _read_certified(
         )
         try:
             for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
-                packed = _Packed.of(reply)
+                packed = Packed.of(reply)
                 if packed is None:
                     continue
                 if packed.first_index != check.next_index:
                     raise _ShortRead(
                         f"expected index {check.next_index}, replica sent {packed.first_index}"
                     )
-                verified = packed.check(check)
+                mismatch: CertificateMismatch | None = None
+                try:
+                    verified = packed.feed(check)
+                except CertificateMismatch as error:
+                    # The chunks before the one that differs verified: they leave, so
+                    # that the next read starts at the chunk that differs.
+                    verified, mismatch = check.verified_through, error
                 held.append(packed)
                 ready, held = _verified_rows(part, held, verified, next_index)
                 if ready is not None:
                     next_index = min(verified, part.last_index) + 1
                     yield ready, next_index
+                if mismatch is not None:
+                    raise mismatch
             replicas.answered(address, check.next_index - 1)
         except CertificateMismatch as mismatch:
             errors.append(f"{address}: {mismatch}")
@@ -488,66 +486,9 @@ def _read_certified(
             replicas.answered(address, check.next_index - 1)
 
 
-@dataclass(frozen=True)
-class _Packed:
-    """One packed Read reply as Arrow columns: kinds and payloads, one row per index."""
-
-    first_index: int
-    kinds: pa.BinaryArray
-    payloads: pa.BinaryArray
-    lengths: pa.UInt32Array
-
-    @classmethod
-    def of(cls, reply: segment_store_pb2.ReadReply) -> _Packed | None:
-        count = len(reply.value_lengths)
-        if count == 0:
-            return None
-        offsets = pc.cumulative_sum(pa.array([0, *reply.value_lengths], pa.int32()))
-        values = pa.BinaryArray.from_buffers(
-            pa.binary(), count, [None, offsets.buffers()[1], pa.py_buffer(reply.packed_values)]
-        )
-        kinds = pc.binary_slice(values, 0, 1)
-        payloads = pc.binary_slice(values, VALUE_HEADER_BYTES, VALUE_HEADER_BYTES + EVENT_BYTES_MAX)
-        lengths = pc.binary_length(payloads).cast(pa.uint32())
-        return cls(reply.first_index, kinds, payloads, lengths)
-
-    @property
-    def last_index(self) -> int:
-        return self.first_index + len(self.kinds) - 1
-
-    def check(self, check: ChunkCheck) -> int:
-        """Feed the certificate check the whole reply, as columns; `verified_through`."""
-        kinds_data = self.kinds.buffers()[2]
-        payload_data = self.payloads.buffers()[2]
-        offsets = memoryview(self.payloads.buffers()[1]).cast("i")
-        assert self.kinds.offset == 0 and self.payloads.offset == 0, "fresh arrays"
-        assert sys.byteorder == "little", "Arrow buffers are little-endian"
-        lengths = array.array("I")  # native u32, as the Arrow buffer holds them
-        lengths.frombytes(memoryview(self.lengths.buffers()[1])[: 4 * len(self.lengths)])
-        return check.feed_packed(
-            self.first_index,
-            kinds_data.to_pybytes() if kinds_data is not None else b"",
-            lengths,
-            memoryview(payload_data) if payload_data is not None else b"",
-            offsets,
-        )
-
-    def rows(self, part: SegmentRange, low: int, high: int) -> pa.RecordBatch:
-        """The EVENT rows of indexes `low..high` (within this reply)."""
-        start, count = low - self.first_index, high - low + 1
-        kinds = self.kinds.slice(start, count)
-        payloads = self.payloads.slice(start, count)
-        indexes = pc.cumulative_sum(pa.repeat(_ONE, count), start=low - 1)
-        events = pc.equal(kinds, _EVENT)
-        if not pc.all(events).as_py():
-            indexes = pc.filter(indexes, events)
-            payloads = pc.filter(payloads, events)
-        return _record_batch(part, indexes, payloads)
-
-
 def _verified_rows(
-    part: SegmentRange, held: list[_Packed], verified: int, next_index: int
-) -> tuple[pa.RecordBatch | None, list[_Packed]]:
+    part: SegmentRange, held: list[Packed], verified: int, next_index: int
+) -> tuple[pa.RecordBatch | None, list[Packed]]:
     """Rows of the held replies up to `verified` and within the partition from
     `next_index` on; the replies (or their parts) still to verify."""
     low = max(next_index, part.first_index)
@@ -557,12 +498,15 @@ def _verified_rows(
     for packed in held:
         first, last = max(low, packed.first_index), min(high, packed.last_index)
         if first <= last:
-            batches.append(packed.rows(part, first, last))
+            indexes, payloads = packed.columns(
+                first - packed.first_index, last - packed.first_index + 1
+            )
+            batches.append(_record_batch(part, indexes, payloads))
         if packed.last_index > verified:
             keep.append(packed)
     if verified < next_index or not batches:
         return (None if verified < next_index else _empty(part)), keep
-    return _one_batch(batches), keep
+    return one_batch(batches), keep
 
 
 def _empty(part: SegmentRange) -> pa.RecordBatch:
@@ -570,16 +514,9 @@ def _empty(part: SegmentRange) -> pa.RecordBatch:
 
 
 def _record_batch(part: SegmentRange, indexes: pa.Array, payloads: pa.Array) -> pa.RecordBatch:
-    rows = len(indexes)
+    stream = pa.repeat(pa.scalar(part.stream, pa.string()), len(indexes))
     return pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(part.stream, pa.string()), rows),
-            pa.repeat(pa.scalar(part.epoch, pa.int32()), rows),
-            indexes,
-            pc.add(indexes, pack_sequence(part.epoch, 0)),
-            payloads,
-        ],
-        schema=ARROW_SCHEMA,
+        [stream, *event_columns(part.epoch, indexes, payloads)], schema=ARROW_SCHEMA
     )
 
 
@@ -622,17 +559,8 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_range(partition)
 
 
-def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-
-
 class _ShortRead(Exception):
     pass
-
-
-_EVENT = pa.scalar(bytes([EntryKind.EVENT]), pa.binary())
-_BRIDGE = pa.scalar(bytes([EntryKind.BRIDGE]), pa.binary())
-_ONE = pa.scalar(1, pa.int64())
 
 
 def _packed_batch(
@@ -640,28 +568,15 @@ def _packed_batch(
 ) -> tuple[pa.RecordBatch | None, int]:
     """Check that the reply continues exactly at `next_index`; return its EVENT rows as
     one Arrow batch and the index expected next."""
-    count = len(reply.value_lengths)
-    if count == 0:
+    packed = Packed.of(reply)
+    if packed is None:
         return None, next_index
-    if reply.first_index != next_index:
-        raise _ShortRead(f"expected index {next_index}, replica sent {reply.first_index}")
-    offsets = pc.cumulative_sum(pa.array([0, *reply.value_lengths], pa.int32()))
-    values = pa.BinaryArray.from_buffers(
-        pa.binary(), count, [None, offsets.buffers()[1], pa.py_buffer(reply.packed_values)]
-    )
-    kinds = pc.binary_slice(values, 0, 1)
-    if pc.any(pc.equal(kinds, _BRIDGE)).as_py():
+    if packed.first_index != next_index:
+        raise _ShortRead(f"expected index {next_index}, replica sent {packed.first_index}")
+    if EntryKind.BRIDGE in packed.kinds:
         raise _ShortRead(f"segment {part.epoch} ends before index {part.last_index}")
-    # next_index, next_index + 1, ... built in Arrow: no Python int per row.
-    indexes = pc.cumulative_sum(pa.repeat(_ONE, count), start=next_index - 1)
-    # An explicit stop: pyarrow 26 miscomputes the output size of an open-ended slice
-    # ("Negative buffer resize"). No payload is longer than EVENT_BYTES_MAX.
-    payloads = pc.binary_slice(values, VALUE_HEADER_BYTES, VALUE_HEADER_BYTES + EVENT_BYTES_MAX)
-    events = pc.equal(kinds, _EVENT)
-    if not pc.all(events).as_py():  # holes: keep the events only
-        indexes = pc.filter(indexes, events)
-        payloads = pc.filter(payloads, events)
-    return _record_batch(part, indexes, payloads), next_index + count
+    indexes, payloads = packed.columns(0, len(packed.kinds))
+    return _record_batch(part, indexes, payloads), packed.last_index + 1
 
 
 class StreamEngineBatchReader(DataSourceReader):

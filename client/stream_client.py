@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Literal, TypeVar
 
 import grpc
+import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
 from streamengine.client import subscription
@@ -325,6 +326,21 @@ class StreamClient:
         """Acked events in `[start, end)`; `end=None` stops at the acked end now.
         `start="earliest"`: the first event retained; a trimmed start raises `Trimmed`."""
         return subscription.read(self.master, self._channels, name, start, end)
+
+    def subscribe_batches(
+        self, name: str, start: subscription.Start = 0
+    ) -> AsyncIterator[pa.RecordBatch]:
+        """`subscribe` as Arrow record batches: columns epoch (int32), index, sequence
+        (int64) and payload (binary), one row per event (holes and bridges never appear),
+        in sequence order, none empty. The last row's sequence + 1 resumes after it."""
+        return subscription.subscribe_batches(self.master, self._channels, name, start)
+
+    def read_batches(
+        self, name: str, start: int | Literal["earliest"] = 0, end: int | None = None
+    ) -> AsyncIterator[pa.RecordBatch]:
+        """`read` as Arrow record batches (columns as `subscribe_batches`): what a
+        catch-up reads in packed replies, with no Python object per event."""
+        return subscription.read_batches(self.master, self._channels, name, start, end)
 
     async def _control(self, call: Callable[[], Awaitable[T]]) -> T:
         try:

@@ -1,10 +1,11 @@
-"""Followers: `subscribe` (forever) and `read` (a range), over the store's Subscribe.
+"""Followers: `subscribe` (forever) and `read` (a range), as events or as Arrow record
+batches (`subscribe_batches`, `read_batches`).
 
 A thin asyncio shell around `client.core.cursor.Cursor`: it fetches the master's
-segment list, tails one replica at a time, feeds the cursor what arrives (and what
-fails), and yields the cursor's events. Reconnection is transparent: the cursor's
-position is the resume point, so no sequence is yielded twice and none is skipped but
-holes.
+segment list, reads one replica at a time (what it acked, in packed `Read` replies; then
+a live tail with `Subscribe`), feeds the cursor what arrives (and what fails), and hands
+out what the cursor releases. Reconnection is transparent: the cursor's position is the
+resume point, so no sequence is yielded twice and none is skipped but holes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import grpc
+import pyarrow as pa
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.cursor import (
@@ -25,13 +27,16 @@ from streamengine.client.core.cursor import (
     Cursor,
     DataLoss,
     Finished,
+    ListRun,
     ReadFrom,
+    Released,
     SegmentView,
     StreamEvent,
     Wait,
 )
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
+from streamengine.client.packed import Packed, one_batch, released_batch, released_events
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
@@ -86,6 +91,67 @@ class _StreamRef:
     stream_id: int
 
 
+class _Replies(Protocol):
+    """What `_follow` reads replies from: a gRPC call, or a read-ahead."""
+
+    def read(self) -> Awaitable[Any]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class _ReadAhead:
+    """A packed Read started before the cursor asked for it (`Cursor.upcoming`): its
+    replies wait in a small queue (the store is held back by flow control beyond it),
+    until `_read` takes it as the call the cursor asked for, or cancels it."""
+
+    REPLIES_HELD = 2
+
+    def __init__(
+        self, read: ReadFrom, call: grpc.aio.UnaryStreamCall[Any, segment_store_pb2.ReadReply]
+    ) -> None:
+        self.wanted = read
+        self._call = call
+        self._replies: asyncio.Queue[object] = asyncio.Queue(self.REPLIES_HELD)
+        self._pump = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        try:
+            while True:
+                reply = await self._call.read()
+                await self._replies.put(reply)
+                if reply is grpc.aio.EOF:
+                    return
+        except grpc.aio.AioRpcError as error:
+            await self._replies.put(error)
+
+    async def read(self) -> object:
+        reply = await self._replies.get()
+        if isinstance(reply, grpc.aio.AioRpcError):
+            raise reply
+        return reply
+
+    def cancel(self) -> bool:
+        self._pump.cancel()
+        return self._call.cancel()
+
+
+@dataclass
+class _Outcome:
+    """A call to a replica (`packed`: a packed Read, else a Subscribe), and how it
+    ended: `clean` when the replica ended it itself."""
+
+    packed: bool
+    clean: bool = False
+
+
+@dataclass
+class _Expected:
+    """The index a packed Read's next value must be of; `first` before any reply."""
+
+    index: int
+    first: bool
+
+
 class Follower:
     """Reads one stream from `start` (inclusive) to `end` (exclusive; None: forever)."""
 
@@ -109,9 +175,11 @@ class Follower:
         # What the master's latest list said was trimmed (`protocol.retention`).
         self._trimmed_through_epoch = 0
         self._first_retained = 0
+        self._ahead: _ReadAhead | None = None
 
-    async def batches(self) -> AsyncIterator[list[StreamEvent]]:
-        """Lists of events in sequence order (one list per batch a replica sent)."""
+    async def released(self) -> AsyncIterator[list[Released]]:
+        """What the cursor hands out, in sequence order: one list per reply a replica
+        sent (its verified parts; EVENT rows and the HOLEs between them)."""
         # The first list is retried like any control call: a read or subscription that
         # starts while the masters change over waits for the new one instead of failing.
         segments = await self._list_segments(retry=True)
@@ -146,26 +214,110 @@ class Follower:
                     await asyncio.sleep(delay_ms / 1000)
                 await self._refresh(cursor)
                 continue
-            async for batch in self._tail(cursor, decision):
-                yield batch
+            try:
+                async for parts in self._read(cursor, decision):
+                    yield parts
+            finally:
+                if self._ahead is not None and cursor.epoch > self._ahead.wanted.epoch:
+                    self._ahead.cancel()  # passed by (a later segment listed first)
+                    self._ahead = None
 
-    async def _tail(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[StreamEvent]]:
-        """Tail one replica until the cursor moves elsewhere, the replica fails, or the
-        range is done."""
+    def close(self) -> None:
+        """Stop a read-ahead still running (the follower is done with)."""
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead = None
+
+    async def batches(self) -> AsyncIterator[pa.RecordBatch]:
+        """Record batches (`packed.EVENT_SCHEMA`) of the events in sequence order, one
+        per reply a replica sent; none empty."""
+        try:
+            async for parts in self.released():
+                batches = [batch for batch in map(released_batch, parts) if batch.num_rows]
+                if batches:
+                    yield one_batch(batches)
+        finally:
+            self.close()
+
+    async def events(self) -> AsyncIterator[list[StreamEvent]]:
+        """Lists of events in sequence order (one list per reply a replica sent)."""
+        try:
+            async for parts in self.released():
+                events: list[StreamEvent] = []
+                for part in parts:
+                    events.extend(released_events(part))
+                if events:
+                    yield events
+        finally:
+            self.close()
+
+    async def _read(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[Released]]:
+        """Read one replica until the cursor moves elsewhere, the replica fails, or the
+        range is done: what it acked now in packed `Read` replies (a catch-up, no message
+        per entry), then, still wanted, a live tail of what it acks from there on."""
         assert self._ref is not None
         stub = store_grpc.SegmentStoreStub(self._channels.get(read.replica))
+        segment = self._segment_id(read.epoch)
+        ahead = self._ahead
+        if ahead is not None and ahead.wanted.epoch <= read.epoch:
+            self._ahead = None
+            if ahead.wanted != read:
+                ahead.cancel()  # the cursor chose another read
+                ahead = None
+        else:
+            ahead = None
+        call: _Replies = ahead if ahead is not None else stub.Read(self._packed_read(read))
+        if self._ahead is None:
+            self._read_ahead(cursor)
+        caught_up = _Outcome(packed=True)
+        async for parts in self._follow(cursor, read, call, caught_up):
+            yield parts
+        if not caught_up.clean or not Cursor.continues(cursor.next(now_ms()), read):
+            return
         start = segment_store_pb2.SubscribeRequest(
             start=segment_store_pb2.SubscribeStart(
-                segment=entry_pb2.SegmentId(
-                    stream_id=self._ref.stream_id, epoch=read.epoch, stream=self._stream
-                ),
-                from_index=read.from_index,
+                segment=segment,
+                from_index=cursor.read_from_index,
                 max_batch_entries=SUBSCRIBE_BATCH_ENTRIES,
                 keepalive_interval_ms=cursor.timing.keepalive_interval_ms,
             )
         )
         call = stub.Subscribe(_requests(start, cursor.timing.keepalive_interval_ms))
+        async for parts in self._follow(cursor, read, call, _Outcome(packed=False)):
+            yield parts
+
+    def _segment_id(self, epoch: int) -> entry_pb2.SegmentId:
+        assert self._ref is not None
+        return entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch, stream=self._stream)
+
+    def _packed_read(self, read: ReadFrom) -> segment_store_pb2.ReadRequest:
+        return segment_store_pb2.ReadRequest(
+            segment=self._segment_id(read.epoch),
+            from_index=read.from_index,
+            acked_only=True,
+            packed=True,
+        )
+
+    def _read_ahead(self, cursor: Cursor) -> None:
+        """Start the read of the next segment now (usually on another store), so that
+        it is read while this sealed one is: a catch-up keeps two stores busy, not one."""
+        upcoming = cursor.upcoming()
+        if upcoming is None:
+            return
+        stub = store_grpc.SegmentStoreStub(self._channels.get(upcoming.replica))
+        self._ahead = _ReadAhead(upcoming, stub.Read(self._packed_read(upcoming)))
+
+    async def _follow(
+        self,
+        cursor: Cursor,
+        read: ReadFrom,
+        call: _Replies,
+        outcome: _Outcome,
+    ) -> AsyncIterator[list[Released]]:
+        """Feed the cursor the replies of `call` (a packed Read or a Subscribe) while it
+        goes on with `read`; `outcome.clean` when the replica ended the call itself."""
         start_position = cursor.position
+        expected = _Expected(read.from_index, first=True)
         # One read stays pending across wake-ups: cancelling a read would cancel the RPC.
         pending: asyncio.Future[object] | None = None
         try:
@@ -177,11 +329,15 @@ class Follower:
                 if done:
                     reply, pending = pending.result(), None
                     if reply is grpc.aio.EOF:
+                        outcome.clean = True
                         return
-                    assert isinstance(reply, segment_store_pb2.SubscribeReply)
-                    events = self._on_reply(cursor, read, reply)
-                    if events:
-                        yield events
+                    if isinstance(reply, segment_store_pb2.ReadReply):
+                        parts = self._on_packed(cursor, read, reply, expected)
+                    else:
+                        assert isinstance(reply, segment_store_pb2.SubscribeReply)
+                        parts = self._on_reply(cursor, read, reply)
+                    if parts:
+                        yield parts
                         cursor.on_delivered(now_ms())
                 if cursor.refresh_due(now_ms()):
                     await self._refresh(cursor)
@@ -200,6 +356,10 @@ class Follower:
                 cursor.on_replica_damaged(read.epoch, read.replica, f"DATA_LOSS: {error.details()}")
                 await self._report(cursor)
                 return
+            if error.code() == grpc.StatusCode.NOT_FOUND and outcome.packed:
+                # A Read's answer that the replica holds nothing of the segment.
+                cursor.on_position(read.epoch, read.replica, 0, now_ms())
+                return
             if cursor.position != start_position:
                 # Disconnected after serving (a consumer too slow for the store's buffer,
                 # or a restart): resume from the position, on the same replica.
@@ -212,9 +372,39 @@ class Follower:
                 pending.cancel()
             call.cancel()
 
+    def _on_packed(
+        self,
+        cursor: Cursor,
+        read: ReadFrom,
+        reply: segment_store_pb2.ReadReply,
+        expected: _Expected,
+    ) -> list[Released]:
+        """A packed Read reply: what the replica acked when the read began (its answer,
+        once), then values of consecutive indexes, each verified by the store."""
+        now = now_ms()
+        if expected.first:
+            expected.first = False
+            cursor.on_position(read.epoch, read.replica, reply.acked_index, now)
+        packed = Packed.of(reply)
+        if packed is None:
+            cursor.on_keepalive(read.epoch, read.replica, now)
+            return []
+        if packed.first_index != expected.index:
+            log.warning(
+                "%s: replica %s sent index %d, expected %d",
+                self._stream,
+                read.replica,
+                packed.first_index,
+                expected.index,
+            )
+            cursor.on_replica_failed(read.epoch, read.replica, now)
+            return []
+        expected.index = packed.last_index + 1
+        return cursor.on_run(read.epoch, packed, now)
+
     def _on_reply(
         self, cursor: Cursor, read: ReadFrom, reply: segment_store_pb2.SubscribeReply
-    ) -> list[StreamEvent]:
+    ) -> list[Released]:
         now = now_ms()
         if reply.HasField("batch"):
             return self._entries(cursor, read, reply.batch)
@@ -226,7 +416,7 @@ class Follower:
 
     def _entries(
         self, cursor: Cursor, read: ReadFrom, batch: segment_store_pb2.EntryBatch
-    ) -> list[StreamEvent]:
+    ) -> list[Released]:
         entries = batch.entries
         if not entries:
             return []
@@ -252,7 +442,7 @@ class Follower:
             )
             cursor.on_replica_failed(read.epoch, read.replica, now_ms())
             return []
-        return cursor.on_batch(read.epoch, indexes[0], kinds, payloads, now_ms())
+        return cursor.on_run(read.epoch, ListRun(indexes[0], bytes(kinds), payloads), now_ms())
 
     async def _report(self, cursor: Cursor) -> None:
         """Tell the master of replicas found serving what they must not (its store then
@@ -346,13 +536,31 @@ async def _requests(
         )
 
 
+def _follower(
+    master: master_pb2_grpc.MasterAsyncStub,
+    channels: ChannelPool,
+    stream: str,
+    start: Start,
+    end: int | None,
+    forever: bool,
+) -> Follower | None:
+    """A follower of `[start, end)` (`forever`: from `start` on, for ever; else `end=None`
+    stops at the acked end at call time); None when the range is empty."""
+    if forever:
+        return Follower(master, channels, stream, start, None, until_acked_end=False)
+    if end is not None and isinstance(start, int) and end <= start:
+        return None
+    return Follower(master, channels, stream, start, end, until_acked_end=end is None)
+
+
 async def subscribe(
     master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
 ) -> AsyncIterator[StreamEvent]:
     """Every acked event from `start` on, forever."""
-    follower = Follower(master, channels, stream, start, None, until_acked_end=False)
-    async for batch in follower.batches():
-        for event in batch:
+    follower = _follower(master, channels, stream, start, None, forever=True)
+    assert follower is not None
+    async for events in follower.events():
+        for event in events:
             yield event
 
 
@@ -364,9 +572,34 @@ async def read(
     end: int | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
-    if end is not None and start != "earliest" and end <= start:
+    follower = _follower(master, channels, stream, start, end, forever=False)
+    if follower is None:
         return
-    follower = Follower(master, channels, stream, start, end, until_acked_end=end is None)
-    async for batch in follower.batches():
-        for event in batch:
+    async for events in follower.events():
+        for event in events:
             yield event
+
+
+async def subscribe_batches(
+    master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
+) -> AsyncIterator[pa.RecordBatch]:
+    """`subscribe`, as record batches (`packed.EVENT_SCHEMA`)."""
+    follower = _follower(master, channels, stream, start, None, forever=True)
+    assert follower is not None
+    async for batch in follower.batches():
+        yield batch
+
+
+async def read_batches(
+    master: master_pb2_grpc.MasterAsyncStub,
+    channels: ChannelPool,
+    stream: str,
+    start: int | Literal["earliest"] = 0,
+    end: int | None = None,
+) -> AsyncIterator[pa.RecordBatch]:
+    """`read`, as record batches (`packed.EVENT_SCHEMA`)."""
+    follower = _follower(master, channels, stream, start, end, forever=False)
+    if follower is None:
+        return
+    async for batch in follower.batches():
+        yield batch

@@ -643,30 +643,46 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         """Read's bulk form: values back to back, a reply per batch of consecutive
         indexes, ending before the first index the store lacks."""
         per_reply = PACKED_REPLY_ENTRIES_MAX
-        while True:
-            first, values = next_index, list[bytes]()
-            if next_index <= upper:
-                try:
-                    first, values = await self.in_thread(
-                        functools.partial(self.read_values, segment, next_index, upper, per_reply)
-                    )
-                except (StoreError, CorruptEntry) as error:
-                    await _abort(context, error, _segment_pb(segment))
-            metrics.READ_ENTRIES.labels("read_packed").inc(len(values))
-            yield segment_store_pb2.ReadReply(
-                acked_index=meta.acked_index,
-                matched_index=meta.matched_index,
-                last_index=meta.last_index,
-                fence=meta.fence,
-                packed_values=b"".join(values),
-                value_lengths=list(map(len, values)),
-                first_index=first if values else 0,
+
+        def read_ahead(index: int) -> asyncio.Future[tuple[int, list[bytes]]]:
+            return asyncio.ensure_future(
+                self.in_thread(
+                    functools.partial(self.read_values, segment, index, upper, per_reply)
+                )
             )
-            next_index = first + len(values)
-            # A reply may end early (the byte cap, a gap): only an empty one, or the
-            # end of the range, ends the read. A gap gives an empty one next round.
-            if not values or next_index > upper:
-                return
+
+        # The next run is read (and checked) while the reply before it goes out: the
+        # store's reading and the network's sending overlap.
+        ahead = read_ahead(next_index) if next_index <= upper else None
+        try:
+            while True:
+                first, values = next_index, list[bytes]()
+                if ahead is not None:
+                    try:
+                        first, values = await ahead
+                    except (StoreError, CorruptEntry) as error:
+                        await _abort(context, error, _segment_pb(segment))
+                    ahead = None
+                next_index = first + len(values)
+                if values and next_index <= upper:
+                    ahead = read_ahead(next_index)
+                metrics.READ_ENTRIES.labels("read_packed").inc(len(values))
+                yield segment_store_pb2.ReadReply(
+                    acked_index=meta.acked_index,
+                    matched_index=meta.matched_index,
+                    last_index=meta.last_index,
+                    fence=meta.fence,
+                    packed_values=b"".join(values),
+                    value_lengths=list(map(len, values)),
+                    first_index=first if values else 0,
+                )
+                # A reply may end early (the byte cap, a gap): only an empty one, or the
+                # end of the range, ends the read. A gap gives an empty one next round.
+                if not values or next_index > upper:
+                    return
+        finally:
+            if ahead is not None:
+                ahead.cancel()
 
     def read_values(
         self, segment: SegmentKey, first: int, upper: int, limit: int

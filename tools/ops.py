@@ -7,6 +7,7 @@ gRPC failures are raised as `client.errors` types and turned into one line by th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -681,31 +682,35 @@ def _tell_master_silence(statistics: Any, told: bool) -> bool:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    """Print acked events from `--from` on; with `--follow`, keep waiting for new ones."""
+    """Print acked events from `--from` on; with `--follow`, keep waiting for new ones.
+    Events come as record batches, printed a batch at a time."""
     import asyncio
     import base64
 
-    def render(event: Any) -> str:
+    def render(sequence: int, epoch: int, index: int, payload: bytes) -> str:
         if args.format == "json":
             try:
-                text: dict[str, str] = {"payload": event.payload.decode()}
+                text: dict[str, str] = {"payload": payload.decode()}
             except UnicodeDecodeError:
-                text = {"payload_base64": base64.b64encode(event.payload).decode()}
-            return json.dumps(
-                {"sequence": event.sequence, "epoch": event.epoch, "index": event.index} | text
-            )
-        return f"{event.sequence}\t{event.payload.decode(errors='backslashreplace')}"
+                text = {"payload_base64": base64.b64encode(payload).decode()}
+            return json.dumps({"sequence": sequence, "epoch": epoch, "index": index} | text)
+        return f"{sequence}\t{payload.decode(errors='backslashreplace')}"
 
     async def tail() -> None:
         async with stream_client(args) as client:
             if args.follow:
-                events = client.subscribe(args.name, start=args.start)
+                batches = client.subscribe_batches(args.name, start=args.start)
             elif args.start == "end":
                 return  # nothing is acked past the end yet
             else:
-                events = client.read(args.name, start=args.start)
-            async for event in events:
-                print(render(event), flush=args.follow)
+                batches = client.read_batches(args.name, start=args.start)
+            async for batch in batches:
+                columns = [
+                    batch.column(name).to_pylist()
+                    for name in ("sequence", "epoch", "index", "payload")
+                ]
+                lines = "\n".join(itertools.starmap(render, zip(*columns, strict=True)))
+                print(lines, flush=args.follow)
 
     try:
         asyncio.run(tail())

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from streamengine.client.core.replicas import (
     Ask,
@@ -140,11 +141,75 @@ class DataLoss:
 Next = ReadFrom | Wait | Finished | DataLoss
 
 
-def _find(kinds: Sequence[int], kind: int, start: int, stop: int) -> int | None:
-    try:
-        return kinds.index(kind, start, stop)
-    except ValueError:
-        return None
+class Run(Protocol):
+    """Consecutive entries from `first_index` as a replica served them, each entry's
+    crc32c verified (by the shell, or by the store for packed reads): a pushed batch's
+    columns (`ListRun`) or a packed reply (`client/packed.py`), never an object per
+    entry."""
+
+    @property
+    def first_index(self) -> int: ...
+
+    @property
+    def kinds(self) -> bytes:
+        """One byte per entry: its `EntryKind`."""
+        ...
+
+    def feed(self, check: ChunkCheck) -> int:
+        """Feed the certificate check the whole run; its `verified_through`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ListRun:
+    """A run as columns of Python values (a pushed batch, or the simulator's)."""
+
+    first_index: int
+    kinds: bytes
+    payloads: Sequence[bytes]
+
+    def feed(self, check: ChunkCheck) -> int:
+        return check.feed(self.first_index, self.kinds, self.payloads)
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """Entries `start..stop-1` (positions in `run`) of segment `epoch` are verified and
+    at the position: its EVENTs go to the reader, its HOLEs are skipped (`kinds`)."""
+
+    epoch: int
+    run: Run
+    start: int
+    stop: int
+
+    @property
+    def first_index(self) -> int:
+        return self.run.first_index + self.start
+
+    @property
+    def all_events(self) -> bool:
+        return self.run.kinds.count(_HOLE, self.start, self.stop) == 0
+
+    def events(self, payloads: Sequence[bytes]) -> list[StreamEvent]:
+        """The events, given the run's payloads `start..stop-1` (as Python bytes)."""
+        epoch, first = self.epoch, self.first_index
+        base = pack_sequence(epoch, first)
+        if self.all_events:
+            return [
+                StreamEvent(base + i, epoch, first + i, payload)
+                for i, payload in enumerate(payloads)
+            ]
+        kinds = self.run.kinds[self.start : self.stop]
+        return [
+            StreamEvent(base + i, epoch, first + i, payloads[i])
+            for i in range(len(kinds))
+            if kinds[i] == EntryKind.EVENT
+        ]
+
+
+_HOLE = bytes([EntryKind.HOLE])
+_EVENT = bytes([EntryKind.EVENT])
+_BRIDGE = bytes([EntryKind.BRIDGE])
 
 
 class Cursor:
@@ -173,12 +238,11 @@ class Cursor:
         self._list_retry_at_ms = 0
         self._last_yielded: int | None = None
         # The certificate check of what the current replica sends (sealed, certified
-        # segments), and what arrived but is not verified yet: consecutive from
-        # `_held_first`, as columns.
+        # segments), and the runs that arrived but are not verified yet: what of them
+        # is at or after `_held_first`.
         self._check: ChunkCheck | None = None
         self._held_first = 0
-        self._held_kinds: list[int] = []
-        self._held_payloads: list[bytes] = []
+        self._held: list[Run] = []
         self._reports: list[ReplicaReport] = []
         self._attempts = 0  # reads started (`ReadFrom.attempt`)
 
@@ -260,56 +324,80 @@ class Cursor:
         payloads: Sequence[bytes],
         now_ms: int,
     ) -> list[StreamEvent]:
-        """A batch the current replica served for `epoch`: consecutive indexes from
-        `first_index`, as columns, each entry's crc32c checked by the shell. Returns the
-        events to yield; entries at or below the position (a resend) are ignored, a HOLE
-        is skipped, a BRIDGE hops to the next segment. Under a certificate, entries are
-        held back until their chunk verified (module docstring)."""
-        if epoch != self._epoch or not kinds:
+        """`on_run` over columns of Python values, as events."""
+        run = ListRun(first_index, bytes(kinds), payloads)
+        events: list[StreamEvent] = []
+        for released in self.on_run(epoch, run, now_ms):
+            held = released.run
+            assert isinstance(held, ListRun)
+            events.extend(released.events(held.payloads[released.start : released.stop]))
+        return events
+
+    def on_run(self, epoch: int, run: Run, now_ms: int) -> list[Released]:
+        """A run the current replica served for `epoch`: consecutive indexes, each
+        entry's crc32c checked. Returns what to hand out, in order; entries at or below
+        the position (a resend) are ignored, a HOLE is skipped, a BRIDGE hops to the next
+        segment. Under a certificate, entries are held back until their chunk verified
+        (module docstring)."""
+        count = len(run.kinds)
+        if epoch != self._epoch or not count:
             return []
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
         self._last_heard_ms = max(self._last_heard_ms, now_ms)
         if self._replica is not None:
-            self._replicas_of(epoch).served(self._replica, first_index + len(kinds) - 1)
+            self._replicas_of(epoch).served(self._replica, run.first_index + count - 1)
         if self._check is not None:
-            return self._checked(epoch, first_index, kinds, payloads)
-        return self._release(epoch, first_index, kinds, payloads)
+            return self._checked(epoch, run)
+        released = self._release(epoch, run, 0, count)
+        return [released] if released is not None else []
 
-    def _checked(
-        self, epoch: int, first_index: int, kinds: Sequence[int], payloads: Sequence[bytes]
-    ) -> list[StreamEvent]:
+    def _checked(self, epoch: int, run: Run) -> list[Released]:
         """Feed the certificate check; hand on what it verified."""
         check = self._check
         assert check is not None
-        fresh = max(0, check.next_index - first_index)
+        mismatch: CertificateMismatch | None = None
         try:
-            verified = check.feed(first_index, kinds, payloads)
-        except CertificateMismatch as mismatch:
+            verified = run.feed(check)
+        except CertificateMismatch as error:
+            # The chunks before the one that differs verified: they leave (else a run
+            # spanning both would be read again from the same replica, for ever).
+            verified, mismatch = check.verified_through, error
+        self._held.append(run)
+        ready = self._verified(epoch, check, verified) if verified >= self._held_first else []
+        if mismatch is not None and self._check is check:
             self._damaged(mismatch.first_index, f"segment {epoch}: {mismatch}")
-            return []
-        self._held_kinds.extend(kinds[fresh:])
-        self._held_payloads.extend(payloads[fresh:])
-        count = verified - self._held_first + 1
-        if count <= 0:
-            return []
-        first = self._held_first
-        ready_kinds, ready_payloads = self._held_kinds[:count], self._held_payloads[:count]
-        del self._held_kinds[:count], self._held_payloads[:count]
-        self._held_first = verified + 1
-        if check.done:
-            self._check = None
-        return self._release(epoch, first, ready_kinds, ready_payloads)
+        return ready
 
-    def _release(
-        self, epoch: int, first_index: int, kinds: Sequence[int], payloads: Sequence[bytes]
-    ) -> list[StreamEvent]:
-        """Hand out the events of consecutive entries known good."""
+    def _verified(self, epoch: int, check: ChunkCheck, verified: int) -> list[Released]:
+        """Release the held runs through index `verified`."""
+        ready: list[Released] = []
+        keep: list[Run] = []
+        for held in self._held:
+            last = held.first_index + len(held.kinds) - 1
+            start = max(self._held_first, held.first_index) - held.first_index
+            stop = min(verified, last) - held.first_index + 1
+            if start < stop and self._epoch == epoch:  # not hopped past yet
+                released = self._release(epoch, held, start, stop)
+                if released is not None:
+                    ready.append(released)
+            if last > verified:
+                keep.append(held)
+        if self._check is check:  # still reading this replica's segment (no hop)
+            self._held = keep
+            self._held_first = verified + 1
+            if check.done:
+                self._check = None
+                self._held = []
+        return ready
+
+    def _release(self, epoch: int, run: Run, start: int, stop: int) -> Released | None:
+        """Positions `start..stop-1` of `run` are known good: what of them to hand out."""
+        first_index = run.first_index
         skip = self._next_index - first_index
-        if skip < 0:
+        if skip < start:
             raise ValueError(
-                f"segment {epoch}: replica skipped from {self._next_index} to {first_index}"
+                f"segment {epoch}: replica skipped from {self._next_index} to {first_index + start}"
             )
-        stop = len(kinds)
         lost_from = self._lost_from_index(epoch)
         if lost_from:
             stop = min(stop, max(skip, lost_from - first_index))
@@ -319,22 +407,21 @@ class Cursor:
                 stop = min(stop, max(skip, end_index - first_index))
             elif epoch > end_epoch:
                 stop = skip
-        bridge_at = _find(kinds, EntryKind.BRIDGE, skip, stop)
-        if bridge_at is not None:
+        if skip >= stop:
+            return None
+        bridge_at = run.kinds.find(_BRIDGE, skip, stop)
+        if bridge_at >= 0:
             stop = bridge_at
-        base = pack_sequence(epoch, 0)
-        events = [
-            StreamEvent(base + first_index + i, epoch, first_index + i, payloads[i])
-            for i in range(skip, stop)
-            if kinds[i] == EntryKind.EVENT
-        ]
+        released = None
         if stop > skip:
             self._next_index = first_index + stop
-        if events:
-            self._last_yielded = events[-1].sequence
-        if bridge_at is not None:
+            released = Released(epoch, run, skip, stop)
+            last_event = run.kinds.rfind(_EVENT, skip, stop)
+            if last_event >= 0:
+                self._last_yielded = pack_sequence(epoch, first_index + last_event)
+        if bridge_at >= 0:
             self._hop()
-        return events
+        return released
 
     def on_replica_failed(self, epoch: int, replica: str, now_ms: int) -> None:
         """The replica could not be asked (unreachable, silent, disconnected): it is
@@ -383,6 +470,23 @@ class Cursor:
     @property
     def last_yielded(self) -> int | None:
         return self._last_yielded
+
+    def upcoming(self) -> ReadFrom | None:
+        """The read the cursor will most likely ask for after the current segment, when
+        that one is sealed and the next is listed: its first replica the master does not
+        list as bad, from its first index. A shell may start it early (a read-ahead of
+        what that replica acked); the cursor still decides, and takes nothing it did not
+        ask for."""
+        current = self._current_segment()
+        if current is None or not current.sealed:
+            return None
+        later = [s for s in self._segments if s.epoch > self._epoch]
+        if not later:
+            return None
+        if self._end is not None and pack_sequence(later[0].epoch, 1) >= self._end:
+            return None
+        replicas = [r for r in later[0].replicas if r not in later[0].bad]
+        return ReadFrom(later[0].epoch, replicas[0], 1) if replicas else None
 
     def refresh_due(self, now_ms: int) -> bool:
         """While tailing: time to re-read the master's list."""
@@ -480,8 +584,7 @@ class Cursor:
         """Stop reading the current replica; what it sent unverified is dropped."""
         self._replica = None
         self._check = None
-        self._held_kinds = []
-        self._held_payloads = []
+        self._held = []
 
     def _start_check(self, segment: SegmentView) -> None:
         """A new read of a sealed, certified segment starts at its position's chunk."""

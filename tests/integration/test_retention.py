@@ -118,6 +118,18 @@ def read_all(cluster: Cluster, start: int | str) -> list[bytes]:
     return asyncio.run(run())
 
 
+def read_all_batches(cluster: Cluster, start: int | str) -> list[bytes]:
+    async def run() -> list[bytes]:
+        async with StreamClient(cluster.master_address) as client:
+            return [
+                payload
+                async for batch in client.read_batches(NAME, start=start)  # type: ignore[arg-type]
+                for payload in batch.column("payload").to_pylist()
+            ]
+
+    return asyncio.run(run())
+
+
 def first_subscribed(cluster: Cluster, start: int | str) -> bytes:
     async def run() -> bytes:
         async with StreamClient(cluster.master_address) as client:
@@ -172,8 +184,11 @@ def test_retention_by_age_trims_only_sealed_segments_and_readers_see_trimmed(
         with pytest.raises(Trimmed) as trimmed:
             read_all(cluster, start)
         assert trimmed.value.first_retained_sequence == first
+        with pytest.raises(Trimmed):
+            read_all_batches(cluster, start)
     c = [f"c{i}".encode() for i in range(10)]
     assert read_all(cluster, "earliest") == c
+    assert read_all_batches(cluster, "earliest") == c
     assert read_all(cluster, first) == c
     assert first_subscribed(cluster, "earliest") == b"c0"
     tail = run_cli("tail", NAME, "--from", "earliest", *master)

@@ -176,17 +176,20 @@ async def stall_then_catch_up(
         iterator = client.subscribe("sub/slow", start=0).__aiter__()
         async with client.writer("sub/slow") as writer:
             await writer.append(payload)
-            # Read one event, then stop reading while the rest is appended.
+            # The first event comes with the catch-up read; the second through the live
+            # tail that follows it. Then stop reading while the rest is appended.
+            await asyncio.wait_for(iterator.__anext__(), 30)
+            await writer.append(payload)
             await asyncio.wait_for(iterator.__anext__(), 30)
             peak_rss = 0
-            for _ in range(0, total - 1, 5000):
+            for _ in range(0, total - 2, 5000):
                 await writer.append_batch([payload] * 5000)
                 for store in cluster.stores:
                     peak_rss = max(peak_rss, psutil.Process(store.pid).memory_info().rss)
-            await writer.append_batch([payload] * ((total - 1) % 5000))
+            await writer.append_batch([payload] * ((total - 2) % 5000))
         # The store's bounded buffer stays full: it disconnects the stalled subscriber.
         await wait_until(lambda: dropped_as_slow(metrics_ports) >= 1, timeout_s=30)
-        count = 1
+        count = 2
         with contextlib.suppress(StopAsyncIteration):
             while count < total:
                 await asyncio.wait_for(iterator.__anext__(), 60)

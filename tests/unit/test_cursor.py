@@ -420,3 +420,23 @@ def test_a_range_sealed_accepting_loss_is_never_read_and_is_data_loss_then_resum
     after = Cursor(pack_sequence(1, 6))
     after.on_segments([lossy, open_segment(3)], 0)
     assert after.next(0) == ReadFrom(3, A, 1)
+
+
+def test_the_upcoming_read_is_the_next_segment_from_its_first_good_replica() -> None:
+    cursor = Cursor(0, end_sequence=pack_sequence(3, 1))
+    cursor.on_segments([sealed(1, 5), sealed(2, 5, (B, C)), open_segment(3)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert cursor.upcoming() == ReadFrom(2, B, 1)
+    cursor.on_segments([sealed(1, 5), SegmentView(2, (B, C), True, 5, bad=(B,))], 0)
+    assert cursor.upcoming() == ReadFrom(2, C, 1)
+    cursor.on_entries(1, [event(1), event(2), event(3), event(4), bridge(5)], 0)
+    assert cursor.epoch == 2
+    assert cursor.upcoming() is None  # the next one is not listed (nor wanted)
+    following = Cursor(0)
+    following.on_segments([sealed(1, 5), open_segment(2)], 0)
+    assert following.upcoming() == ReadFrom(2, A, 1)  # an open one: what A acked
+    following.on_entries(1, [event(1), event(2), event(3), event(4), bridge(5)], 0)
+    assert following.upcoming() is None  # reading the open segment: nothing after it
+    ends_before = Cursor(0, end_sequence=pack_sequence(2, 1))
+    ends_before.on_segments([sealed(1, 5), sealed(2, 5)], 0)
+    assert ends_before.upcoming() is None  # past the end of the range

@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
+from streamengine.client.packed import Packed
 from streamengine.client.spark import (
     SegmentRange,
     _limit_end,
-    _Packed,
     _SegmentInfo,
     _StreamLayout,
     _verified_rows,
@@ -23,9 +23,9 @@ from streamengine.protocol.certificate import (
     ChunkCheck,
     certificate_of,
 )
-from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
+from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.v1 import segment_store_pb2
+from tests.unit.test_packed import packed_reply
 
 R = ("a:1", "b:1", "c:1")
 
@@ -134,15 +134,6 @@ def test_a_certified_segment_carries_its_certificate_into_every_partition(
     assert all(Certificate.decode(p.certificate) == made for p in plan)
 
 
-def _packed_reply(entries: list[StoredEntry]) -> segment_store_pb2.ReadReply:
-    values = [encode_value(e.kind, e.epoch, e.crc32c, e.payload) for e in entries]
-    return segment_store_pb2.ReadReply(
-        packed_values=b"".join(values),
-        value_lengths=[len(v) for v in values],
-        first_index=entries[0].index,
-    )
-
-
 def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -153,20 +144,20 @@ def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
     made = certificate_of([(e.index, int(e.kind), e.payload) for e in entries])
     part = SegmentRange("t/s", 7, 1, 2, 9, R, certificate=made.encode())
     check = ChunkCheck(made, 2)
-    first = _Packed.of(_packed_reply(entries[:6]))  # indexes 1-6: chunk 1-4 complete
-    assert first is not None and first.check(check) == 4
+    first = Packed.of(packed_reply(entries[:6]))  # indexes 1-6: chunk 1-4 complete
+    assert first is not None and first.feed(check) == 4
     ready, held = _verified_rows(part, [first], 4, 2)
     assert ready is not None and ready.column("index").to_pylist() == [2, 4]  # 3 a HOLE
     assert ready.column("payload").to_pylist() == [b"p2", b"p4"]
-    second = _Packed.of(_packed_reply(entries[6:]))
-    assert second is not None and second.check(check) == 10
+    second = Packed.of(packed_reply(entries[6:]))
+    assert second is not None and second.feed(check) == 10
     ready, held = _verified_rows(part, [*held, second], 10, 5)
     assert ready is not None and ready.column("index").to_pylist() == [5, 6, 7, 8, 9]
     assert held == []
     # A payload changed with its crc made valid: the chunk holding it never leaves.
     tampered = list(entries)
     tampered[5] = StoredEntry.make(6, EntryKind.EVENT, 1, b"p6 changed")
-    packed = _Packed.of(_packed_reply(tampered[:8]))
+    packed = Packed.of(packed_reply(tampered[:8]))
     assert packed is not None
     with pytest.raises(CertificateMismatch):
-        packed.check(ChunkCheck(made, 1))
+        packed.feed(ChunkCheck(made, 1))
