@@ -105,6 +105,11 @@ class MasterNode(Node):
                 reply = m.StoreHeartbeatReply(tuple(deletes), first)
                 self.world.net.send(self.name, body.store, reply)
             return
+        if isinstance(body, m.HoldEnded):
+            if self.state.holder_gone(body.stream, body.client_id, body.epoch, self.world.now):
+                self.world.note(f"{body.client_id}'s call holding epoch {body.epoch} ended")
+                self.world.stats["leases ended by their holder's call"] += 1
+            return
         assert isinstance(body, m.Call)
         try:
             result = self._serve(body.request)

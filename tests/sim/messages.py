@@ -61,6 +61,17 @@ class WriterHeartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldEnded:
+    """The `HoldLease` call a writer held open at the master ended: its process died
+    (the kernel resets the connection) or the writer was closed. A message the network
+    may delay or lose, as it may a reset; a paused or cut-off writer sends none."""
+
+    stream: str
+    client_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseLease:
     stream: str
     client_id: str

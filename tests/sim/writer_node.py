@@ -99,10 +99,14 @@ class WriterNode(Node):
         self._replacing = False
         self._stepping = False
         self._submitted: list[tuple[bytes, ...]] = []  # stepped, `Assigned` not yet seen
+        # The epoch whose lease this writer holds open at the master (`HoldLease`, as
+        # `client/writer.py` does from `BecameLeader` on); 0: none.
+        self.holding_epoch = 0
         self.step(Tick())
 
     def crash(self) -> None:
         self.world.checker.writer_gone(self.client_id)
+        self._end_hold()  # the process died: its connection to the master is reset
         super().crash()
         self.world.note(f"{self.client_id} crashes (leading: {self.leading})")
 
@@ -110,13 +114,22 @@ class WriterNode(Node):
         super().restart()
         self.new_writer()
 
+    def _end_hold(self) -> None:
+        """The master sees the `HoldLease` call end (`master.leadership.holder_gone`)."""
+        if self.holding_epoch:
+            broken = m.HoldEnded(self.world.config.stream, self.client_id, self.holding_epoch)
+            self.world.net.send(self.name, MASTER, broken)
+            self.holding_epoch = 0
+
     def _replace_later(self) -> None:
         if self._replacing:
             return
         self._replacing = True
 
         def replace() -> None:
-            # The old writer object is gone: nothing addressed to it is handled.
+            # The old writer object is gone: nothing addressed to it is handled, and
+            # its call holding the lease ends with it.
+            self._end_hold()
             self.incarnation += 1
             self._calls.clear()
             self.deferred.clear()
@@ -344,6 +357,7 @@ class WriterNode(Node):
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")
+        self.holding_epoch = action.epoch
         self.segment = action.segment.segment
         # A new segment (a grant or a roll) gets new Write streams: replies on the old
         # ones belong to the old segment's replicator.
