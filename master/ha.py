@@ -160,7 +160,6 @@ class ElectedMaster:
             # unfinished rebuild.
             log.error("the rebuild from the stores stopped: %s", error)
             await self._stop_serving()
-            self.role.step_down()
             return
         self.rebuild = None  # once: a later term serves what was rebuilt
 

@@ -715,7 +715,7 @@ class SegmentRecovery:
         if rewrite.empty:
             # Its acked index covers the bridge: it holds the run as final already.
             b.complete = b.acked_confirmed = True
-            return self._after_complete(seal.store)
+            return self._after_complete()
         needed = plan.needs_final_copies(seal.acked_index)
         if needed is not None:
             b.waiting_final_copies = True
@@ -773,9 +773,9 @@ class SegmentRecovery:
         if len(b.held) < len(b.batches) or b.complete:
             return self._send_more(b)
         b.complete = True
-        return self._after_complete(e.store)
+        return self._after_complete()
 
-    def _after_complete(self, store: str) -> list[Action]:
+    def _after_complete(self) -> list[Action]:
         complete = [s for s, b in self._bridging.items() if b.complete]
         if not self._raising and len(complete) < self._holders_needed():
             return []
@@ -849,8 +849,7 @@ class SegmentRecovery:
         if self.accept_loss and self._plan is None and store not in self._deciders:
             return self._refill_deciders()  # fewer may now be enough
         if self.accept_loss and self._plan is not None:
-            out = self._after_complete("") if self._bridging else []
-            return out or self._maybe_seal_at_master()
+            return self._after_complete()  # fewer holders may now be enough
         if self._plan is not None or store not in self._deciders or store in self._full_reads:
             return []
         # Decide from another sealed store instead of waiting on this one.
