@@ -28,12 +28,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 import psutil
 
-from bench.append import local_cluster
+from bench.append import local_cluster, peak_batched
 from streamengine.client import StreamClient
 from streamengine.client.core.cursor import SUBSCRIBE_BATCH_ENTRIES
 from streamengine.client.core.replicator import (
@@ -74,22 +73,10 @@ async def sample(processes: dict[str, psutil.Process], peaks: Peaks, stop: async
 
 
 async def append_for(client: StreamClient, stream: str, seconds: float, size: int) -> int:
-    """Append as fast as the writer goes for `seconds`; the events acked."""
-    payload = b"m" * size
-    acked = 0
+    """Append as fast as the writer goes for `seconds` once it leads; the events acked."""
     async with client.writer(stream, leadership_timeout_s=15) as writer:
-        until = time.monotonic() + seconds  # from the moment it leads
-
-        async def worker() -> None:
-            nonlocal acked
-            while time.monotonic() < until:
-                await writer.append_batch([payload] * BATCH)
-                acked += BATCH
-
-        async with asyncio.TaskGroup() as group:
-            for _ in range(BATCHES_IN_FLIGHT):
-                group.create_task(worker())
-    return acked
+        rate = await peak_batched(writer, size, BATCH, BATCHES_IN_FLIGHT, seconds)
+    return rate.events
 
 
 def print_stores(processes: dict[str, psutil.Process], peaks: Peaks) -> None:
