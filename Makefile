@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test lint proto etcd-protos demo bench bench-peers clean faults faults-quick
+.PHONY: setup system-deps test lint proto etcd-protos demo bench bench-peers clean faults faults-long faults-quick
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -35,20 +35,24 @@ demo: $(STAMP)
 bench-peers:
 	bash deploy/install-bench-peers.sh $(PYTHON)
 
-# The fault suite against real processes: every implemented scenario with seeds 1..5, or
-# one run to replay: `make faults SCENARIO=S7 SEED=3`. The report lands in $(FAULTS_OUT).
+# The fault suite against real processes. `make faults`: every implemented scenario with
+# seeds 1..5, the quick pass's dense schedules with windows 3x as long (about 85 minutes
+# on two cores); `make faults SCENARIO=S7 SEED=3` replays one such run. `make faults-long`:
+# FAULTS.md's schedules and durations (about 75 minutes a seed; FAULTS_SEEDS=5 is the
+# release gate). `make faults-quick`: the CI pass. The report lands in $(FAULTS_OUT).
 FAULTS_OUT ?= faults-report/$(shell date +%Y%m%d-%H%M%S)
 FAULTS_SEEDS ?= 5
 # PYTHONPATH: this tree's code, in the harness and in every process it starts.
-FAULTS_RUN := PYTHONPATH=proto:.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m tests.faults
+FAULTS_RUN = PYTHONPATH=proto:.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m tests.faults \
+	--out $(FAULTS_OUT) $(if $(SCENARIO),--scenario $(SCENARIO))
 faults: $(STAMP)
-	$(FAULTS_RUN) --out $(FAULTS_OUT) \
-		$(if $(SCENARIO),--scenario $(SCENARIO)) \
-		$(if $(SEED),--seed $(SEED),--seeds $(FAULTS_SEEDS))
+	$(FAULTS_RUN) --standard $(if $(SEED),--seed $(SEED),--seeds $(FAULTS_SEEDS))
 
-# Every scenario once with short windows (CI: the suite never rots).
+faults-long: $(STAMP)
+	$(FAULTS_RUN) $(if $(SEED),--seed $(SEED),--seeds $(if $(filter command line environment,$(origin FAULTS_SEEDS)),$(FAULTS_SEEDS),1))
+
 faults-quick: $(STAMP)
-	$(FAULTS_RUN) --quick --out $(FAULTS_OUT)
+	$(FAULTS_RUN) --quick $(if $(SEED),--seed $(SEED))
 
 proto: $(STAMP)
 	$(PYTHON) proto/generate.py

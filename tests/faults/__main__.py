@@ -1,8 +1,9 @@
 """`python -m tests.faults`: run scenarios against real processes and write the report.
 
-    python -m tests.faults --scenario S2 --seed 3 --out DIR   # one run (replay)
-    python -m tests.faults --seeds 5 --out DIR                # every scenario, seeds 1..5
+    python -m tests.faults --standard --seeds 5 --out DIR     # `make faults`
+    python -m tests.faults --standard --scenario S2 --seed 3 --out DIR   # replay one run
     python -m tests.faults --quick --out DIR                  # every scenario, short windows
+    python -m tests.faults --seeds 5 --out DIR                # FAULTS.md's durations
     python -m tests.faults check RUN_DIR                      # re-check a recorded run
 
 Exit 0 when every run is valid and within its liveness bounds (C13), 1 on any anomaly or
@@ -20,7 +21,15 @@ from pathlib import Path
 from tests.faults import report
 from tests.faults.checker import check
 from tests.faults.history import read_file
-from tests.faults.scenarios import SCENARIOS, CannotRun, run, scenario_names, unavailable
+from tests.faults.scenarios import (
+    SCENARIOS,
+    STANDARD_WINDOWS,
+    CannotRun,
+    run,
+    scenario_names,
+    standard_duration,
+    unavailable,
+)
 
 
 def recheck(run_dir: Path) -> int:
@@ -40,7 +49,12 @@ def main(argv: list[str]) -> int:
                         help="a scenario (repeatable); default: all implemented")
     parser.add_argument("--seed", type=int, action="append", help="a seed (repeatable)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds 1..N when no --seed")
-    parser.add_argument("--quick", action="store_true", help="short fault windows")
+    windows = parser.add_mutually_exclusive_group()
+    windows.add_argument("--quick", action="store_true",
+                         help="dense schedules, short fault windows (the CI pass)")
+    windows.add_argument("--standard", action="store_true",
+                         help=f"dense schedules, windows {STANDARD_WINDOWS:g}x the quick ones "
+                              "(`make faults`); default: FAULTS.md's schedules and durations")
     parser.add_argument("--duration", type=float, help="fault seconds, overriding the scenario")
     parser.add_argument("--out", type=Path, default=Path("faults-report"))
     args = parser.parse_args(argv)
@@ -60,7 +74,11 @@ def main(argv: list[str]) -> int:
             continue
         for seed in seeds:
             try:
-                result = run(SCENARIOS[name], seed, args.out, args.quick, args.duration)
+                scenario = SCENARIOS[name]
+                duration = args.duration
+                if duration is None and args.standard:
+                    duration = standard_duration(scenario)
+                result = run(scenario, seed, args.out, args.quick or args.standard, duration)
             except CannotRun as error:
                 print(f"{name}: cannot run: {error}", file=sys.stderr)
                 return 2

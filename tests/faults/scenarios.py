@@ -49,6 +49,11 @@ STREAMS = ["t1/orders", "t2/clicks"]
 SEGMENT_BYTES = 256 * 1024
 QUIET_S = 1.0
 CATCH_UP_S = 15.0
+# `make faults`: the quick pass's dense schedules (fault rounds a third as far apart) with
+# fault windows this many times the quick ones, so that every scenario with 5 seeds fits
+# in 90 minutes on two cores. FAULTS.md's own durations and schedules (`make faults-long`)
+# add up to about an hour of faults per seed.
+STANDARD_WINDOWS = 3.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,24 @@ def unavailable(scenario: Scenario) -> str:
     return ""
 
 
+def standard_duration(scenario: Scenario) -> float:
+    """Fault seconds of a `make faults` run (dense schedules, `STANDARD_WINDOWS`)."""
+    return scenario.quick_s * STANDARD_WINDOWS
+
+
+def replay_command(scenario: Scenario, seed: int, quick: bool, fault_s: float) -> str:
+    """The command that runs `scenario` with `seed` again, schedule and windows alike."""
+    one = f"SCENARIO={scenario.name} SEED={seed}"
+    if quick and fault_s == scenario.quick_s:
+        return f"make faults-quick {one}"
+    if quick and fault_s == standard_duration(scenario):
+        return f"make faults {one}"
+    if not quick and fault_s == scenario.duration_s:
+        return f"make faults-long {one}"
+    return (f"python -m tests.faults --scenario {scenario.name} --seed {seed}"
+            f"{' --quick' if quick else ''} --duration {fault_s:g}")
+
+
 def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         duration_s: float | None = None) -> dict[str, Any]:
     reason = unavailable(scenario)
@@ -168,7 +191,7 @@ def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         "bounds": (checked := bounds(figures, LEASE_MS / 1000, len(STREAMS))),
         "bounds_missed": missed(checked),
         "documented_loss": unsynced_loss(records, final) if scenario.expect_loss else None,
-        "replay": f"make faults SCENARIO={scenario.name} SEED={seed}",
+        "replay": replay_command(scenario, seed, quick, fault_s),
     }
     (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
     result["picture"] = report.plot_run(run_dir, records, result)

@@ -507,3 +507,15 @@ def test_repair_rate_and_a_drain_that_left_a_replica_behind() -> None:
     assert figures["repair_s_per_100mb"]["max"] == pytest.approx(23.0)
     drained = bounds(figures, lease_s=1.0)["drained_empty_store2"]
     assert (drained["value"], drained["ok"]) == (1, False)
+
+
+def test_every_run_names_the_command_that_replays_its_schedule_and_windows() -> None:
+    from tests.faults.scenarios import SCENARIOS, replay_command, standard_duration
+
+    s7 = SCENARIOS["S7"]
+    assert replay_command(s7, 3, True, s7.quick_s) == "make faults-quick SCENARIO=S7 SEED=3"
+    assert replay_command(s7, 3, True, standard_duration(s7)) == "make faults SCENARIO=S7 SEED=3"
+    assert replay_command(s7, 3, False, s7.duration_s) == (
+        "make faults-long SCENARIO=S7 SEED=3")
+    assert replay_command(s7, 3, True, 50.0) == (
+        "python -m tests.faults --scenario S7 --seed 3 --quick --duration 50")
