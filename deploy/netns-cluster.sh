@@ -21,6 +21,8 @@
 #                                         a harness here reaches every host
 #   netns-cluster.sh partition HOST PEER...  HOST and each PEER drop each other's traffic
 #   netns-cluster.sh oneway HOST PEER...  HOST drops what comes from each PEER only
+#   netns-cluster.sh lossy HOST PERCENT PEER...  HOST drops PERCENT % of the packets it
+#                                         exchanges with each PEER, at random, each way
 #
 # Needs root, iproute2, (for cut/heal/partition) iptables, and (for up-ha) etcd.
 # SE_NETNS_PREFIX (default "se") names the namespaces so parallel runs do not collide;
@@ -177,6 +179,17 @@ cmd_oneway() {
   done
 }
 
+cmd_lossy() {
+  local host="$1" percent="$2" peer probability; shift 2
+  probability="$(awk -v p="$percent" 'BEGIN { printf "%.4f", p / 100 }')"
+  for peer in "$@"; do
+    ip netns exec "$(ns "$host")" iptables -A INPUT -s "$(addr "$peer")" \
+      -m statistic --mode random --probability "$probability" -j DROP
+    ip netns exec "$(ns "$host")" iptables -A OUTPUT -d "$(addr "$peer")" \
+      -m statistic --mode random --probability "$probability" -j DROP
+  done
+}
+
 cmd_down() {
   local data="${1:-}" pidfile name
   if [ -n "$data" ] && [ -d "$data" ]; then
@@ -228,5 +241,6 @@ case "$action" in
   hosts) cmd_hosts "$@" ;;
   partition) cmd_partition "$@" ;;
   oneway) cmd_oneway "$@" ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  lossy) cmd_lossy "$@" ;;
+  *) sed -n '2,26p' "$0"; exit 2 ;;
 esac

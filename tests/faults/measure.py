@@ -21,7 +21,7 @@ STALL_WINDOW_S = 10.0
 LEADING_RECENTLY_S = 1.0
 # Faults on a proxy link (S10): the store lives but is slow or silent, and the other
 # members of its copy set may be slowed too, so the stall has no §1 bound: reported.
-LINK_FAULTS = {"delay", "throttle", "narrow", "blackhole"}
+LINK_FAULTS = {"delay", "throttle", "narrow", "blackhole", "loss"}
 
 # A partition heals -> every reader caught up to the last ack.
 CATCH_UP_S = 5.0

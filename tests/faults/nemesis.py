@@ -610,7 +610,9 @@ def heal(ctx: RunContext) -> None:
     ctx.recorder.record("nemesis", phase="heal", fault="heal", target="all")
 
 
-# S10's link speeds: a thin pipe throughout, and windows of 256 kbit/s.
+# S10's link troubles: 10 % of packets lost (on namespaces), or else a thin pipe
+# throughout, and windows of 256 kbit/s.
+LOSSY_PERCENT = 10.0
 THIN_PIPE_BYTES_PER_S = 256 * 1024
 NARROW_WINDOW_BYTES_PER_S = 256_000 // 8
 
@@ -618,19 +620,25 @@ NARROW_WINDOW_BYTES_PER_S = 256_000 // 8
 def slow_network_loop(ctx: RunContext) -> None:
     """S10, through the fault proxy: three stores of a copy set, each with its own
     trouble, on every workload process's link to it. One is far away (delayed 50-200
-    ms ± 50 ms, a new delay every 10 s); one sits behind a thin pipe throughout (a
-    steady throttle: the stand-in for 10 % packet loss, which needs iptables and so
-    namespaces); one comes and goes: 30 s windows throttled to 256 kbit/s and
-    blackholed (a stalled peer: its connections hang), with clean periods between.
-    Reader r2 consumes slowly all along (the scenario's slow reader)."""
+    ms ± 50 ms, a new delay every 10 s); one loses 10 % of its packets to and from the
+    proxies throughout (iptables, at random, each way; TCP retransmits), or, run without
+    namespaces (S14's package), sits behind a thin pipe instead; one comes and goes: 30 s
+    windows throttled to 256 kbit/s and blackholed (a stalled peer: its connections
+    hang), with clean periods between. Reader r2 consumes slowly all along (the
+    scenario's slow reader)."""
     stores = open_copy_set(ctx.cluster, ctx.streams[0])
     if len(stores) < 3:
         stores = sorted(s.name for s in ctx.cluster.stores)
     far, thin, flaky = ctx.rng.sample(stores, 3)
-    with ctx.window("delay", far), ctx.window("throttle", thin,
-                                              bytes_per_s=THIN_PIPE_BYTES_PER_S):
-        for link in ctx.links(thin):
-            link.set(rate_bytes_per_s=THIN_PIPE_BYTES_PER_S)
+    hosts = ctx.hosts
+    thin_trouble = (ctx.window("loss", thin, percent=LOSSY_PERCENT) if hosts is not None
+                    else ctx.window("throttle", thin, bytes_per_s=THIN_PIPE_BYTES_PER_S))
+    with ctx.window("delay", far), thin_trouble:
+        if hosts is not None:
+            hosts.lossy(thin, LOSSY_PERCENT, "harness")
+        else:
+            for link in ctx.links(thin):
+                link.set(rate_bytes_per_s=THIN_PIPE_BYTES_PER_S)
         try:
             phases = ["narrow", "clean", "blackhole", "clean"]
             phase = 0
@@ -655,6 +663,8 @@ def slow_network_loop(ctx: RunContext) -> None:
         finally:
             for link in ctx.links(far) + ctx.links(thin):
                 link.heal()
+            if hosts is not None:
+                hosts.heal_host(thin)
 
 
 def _vary_delay(ctx: RunContext, store: str, until: float) -> None:

@@ -1,5 +1,5 @@
 """Hosts as network namespaces, through `deploy/netns-cluster.sh` (its `hosts`, `cut`,
-`partition`, `oneway` and `heal` commands): one namespace per process on a private
+`partition`, `oneway`, `lossy` and `heal` commands): one namespace per process on a private
 bridge, the harness in this namespace on the same bridge. Needs root and iptables;
 `unavailable()` says why not, for a clear skip."""
 
@@ -64,6 +64,13 @@ class Hosts:
     def oneway(self, host: str, *peers: str) -> None:
         self._run("oneway", host, *peers)
 
+    def lossy(self, host: str, percent: float, *peers: str) -> None:
+        """`host` drops `percent` % of its packets to and from each peer, at random."""
+        self._run("lossy", host, f"{percent:g}", *peers)
+
+    def heal_host(self, host: str) -> None:
+        self._run("heal", host)
+
     def heal(self) -> None:
         for host in self.hosts:
-            self._run("heal", host)
+            self.heal_host(host)

@@ -106,7 +106,7 @@ SCENARIOS: dict[str, Scenario] = {
         # stores run on the lazy fs, which turns read-only on command.
         Scenario("S9b", "read-only disk", 90, 15, nemesis.read_only_loop, lazy=True),
         Scenario("S10", "slow and lossy network", 180, 16, nemesis.slow_network_loop,
-                 proxies=True, rate=600.0, slow_reader_ms=4.0),
+                 proxies=True, netns=True, rate=600.0, slow_reader_ms=4.0),
         Scenario("S11", "master crash and pause", 180, 12, nemesis.master_crash_loop),
         Scenario("S12", "corruption at rest", 180, 14, nemesis.corruption_loop),
         Scenario("S13", "reader churn and slow consumers", 180, 12,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -205,3 +206,51 @@ def test_ha_workload_survives_the_active_master_host_cut_off_the_network(
         if workload.poll() is None:
             workload.kill()
         netns("heal", first, env=env)
+
+
+ECHO_SERVER = """
+import socket, sys
+echo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+echo.bind((sys.argv[1], 9999))
+print("ready", flush=True)
+while True:
+    data, peer = echo.recvfrom(100)
+    try:
+        echo.sendto(data, peer)
+    except PermissionError:  # dropped on the way out by the lossy rule
+        pass
+"""
+
+
+def test_a_lossy_host_drops_its_share_of_packets_each_way(tmp_path: Path) -> None:
+    """S10's 10 % loss: `lossy` drops packets to and from the peer at random, so about
+    0.9 x 0.9 of the round trips of a UDP echo come back."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(f"network namespaces cannot be used here: {reason}")
+    env = {**os.environ, "SE_NETNS_PREFIX": f"sl{os.getpid() % 10000}",
+           "SE_NETNS_SUBNET": "10.213.41"}
+    try:
+        assert netns("hosts", "store0", env=env).returncode == 0
+        assert netns("lossy", "store0", "10", "harness", env=env).returncode == 0
+        address = netns("addr", "store0", env=env).stdout.strip()
+        server = subprocess.Popen(
+            ["bash", str(SCRIPT), "exec", "store0", sys.executable, "-c", ECHO_SERVER, address],
+            env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+            client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            client.settimeout(0.02)
+            back = 0
+            for _ in range(1000):
+                client.sendto(b"x", (address, 9999))
+                try:
+                    client.recvfrom(100)
+                    back += 1
+                except TimeoutError:
+                    pass
+        finally:
+            server.kill()
+        assert 700 <= back <= 900, f"{back} of 1000 round trips came back, expected about 810"
+    finally:
+        netns("down", str(tmp_path), env=env)
