@@ -55,6 +55,7 @@ from streamengine.client.core.leader import (
     AppendsTimedOut,
     AskRoll,
     BecameLeader,
+    Closing,
     FencedByStore,
     HeartbeatFailed,
     Leader,
@@ -134,6 +135,9 @@ class WriterStatistics:
     # Seconds since a master last answered this writer (None: never). A leader no master
     # answers goes on appending to its open segment; it cannot roll meanwhile.
     master_silent_s: float | None
+    # Earlier segments this writer is still sealing and recovering: its own segment
+    # acks nothing until they are done.
+    unsealed_epochs: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -213,6 +217,7 @@ class Writer:
         self._decided = asyncio.Event()  # leading, or finished before leading
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
+        self._stepped = asyncio.Event()
         self._clock_deadline: int | None = None
         self._closing = False
         self._releases: list[ReleaseLease] = []
@@ -260,6 +265,7 @@ class Writer:
     ) -> bool | None:
         assert self._group is not None
         if self.leading and exc_type is None:
+            await self._finish_recoveries()
             await self._flush()
         self._closing = True
         # No heartbeat may reach the master after the release: the lease would then be
@@ -290,6 +296,14 @@ class Writer:
             for release in self._releases[released:]:
                 await self._release(release)
         return None
+
+    async def _finish_recoveries(self) -> None:
+        """Closing: the recoveries this writer started finish before it lets go (the
+        core says when, `Leader.ready_to_release`)."""
+        self.step(Closing())
+        while not self._core.ready_to_release(now_ms()):
+            self._stepped.clear()
+            await self._stepped.wait()
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Wait until every appended event is acked and every connected store holds it
@@ -411,6 +425,7 @@ class Writer:
             self._stepping = False
         # Every submitted append was assigned, or failed with the step-down.
         assert not self._submitted, self._submitted
+        self._stepped.set()
         deadline = self._core.deadline_ms(now_ms())
         if deadline is not None and (
             self._clock_deadline is None or deadline < self._clock_deadline
@@ -725,4 +740,5 @@ class Writer:
             master_silent_s=(
                 (now_ms() - core.master_answered_ms) / 1000 if core.master_answered_ms else None
             ),
+            unsealed_epochs=core.unsealed_epochs,
         )

@@ -85,6 +85,12 @@ Recoveries that fail. A recovery that ends with a transient error (anything but 
 fence above this writer's epoch, which is `FencedByStore`) comes back as
 `RecoveryFailed`; the same `RecoverSegment` goes out again after
 `RECOVERY_RETRY_MS`, for as long as the writer leads.
+
+Closing. A user who closes the writer cleanly (`Closing`) stops its appends and rolls
+(a drain not yet asked is given up), but the recoveries it started go on: it gives the
+lease back (`Release`) once `ready_to_release`, when none is left or after
+`CLOSE_SEALING_MS_MAX`. Otherwise a roll's previous segment would stay SEALING until
+the next leader came, and a read to the end of the stream would wait for it.
 """
 
 from __future__ import annotations
@@ -152,6 +158,10 @@ HOLD_LEASE_REOPEN_MS = 1_000
 # (`AppendsTimedOut`): long enough to ride out a store restart and a roll; short enough
 # that a user waiting on a stalled copy set hears about it.
 APPEND_TIMEOUT_MS = 10_000
+# A writer closed cleanly (`Closing`) first lets the recoveries it started finish, so it
+# leaves no earlier segment SEALING behind it (readers to the end of the stream would
+# wait for the next leader); it gives the lease back after this long at the latest.
+CLOSE_SEALING_MS_MAX = 5_000
 
 
 # The failure name of a heartbeat the master refused because the stream is deleted.
@@ -294,6 +304,12 @@ class RecoveryFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class Closing:
+    """The user closes the writer cleanly: take no more appends and start no roll, but
+    let the recoveries already started finish (`ready_to_release`), then `Release`."""
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
     """The user leaves the writer: give the lease back now."""
 
@@ -320,6 +336,7 @@ LeaderEvent = (
     | FencedByStore
     | SegmentSealed
     | RecoveryFailed
+    | Closing
     | Release
     | Append
     | WriteReplied
@@ -491,6 +508,8 @@ class Leader:
         self._age_ms_max = 0
         self._opened_ms = 0
         self._rolling = ""  # non-empty while draining for a roll: why
+        # Set by `Closing`: when the lease goes back even if recoveries still run.
+        self._closing_until_ms: int | None = None
         self._drain_started_ms = 0
         self._roll_asked = False
         self._roll_answer_by_ms = 0
@@ -512,8 +531,22 @@ class Leader:
     @property
     def accepting_appends(self) -> bool:
         """False while a roll drains the open segment, or the epoch has no segment yet:
-        appends wait."""
-        return self.role is Role.LEADING and self.replicator is not None and not self._rolling
+        appends wait. False for good once closing."""
+        return (
+            self.role is Role.LEADING
+            and self.replicator is not None
+            and not self._rolling
+            and self._closing_until_ms is None
+        )
+
+    def ready_to_release(self, now_ms: int) -> bool:
+        """After `Closing`: no recovery this writer started (nor a roll it asked for)
+        is left, or `CLOSE_SEALING_MS_MAX` has passed, or it no longer leads."""
+        if self.role is not Role.LEADING or self._closing_until_ms is None:
+            return True
+        if now_ms >= self._closing_until_ms:
+            return True
+        return not self._unsealed and not self._roll_asked
 
     @property
     def lease_until_ms(self) -> int:
@@ -535,6 +568,8 @@ class Leader:
             deadlines.append(self._next_heartbeat_ms)
         if self.role is Role.LEADING:
             deadlines.extend(self._recovery_retry_ms.values())
+            if self._closing_until_ms is not None:
+                deadlines.append(self._closing_until_ms)
             if self._unacked_appends:
                 deadlines.append(self._unacked_appends[0][1])
             if self._timed_out_through:
@@ -602,6 +637,11 @@ class Leader:
         elif isinstance(event, RecoveryFailed):
             if self.role is Role.LEADING and event.epoch in self._unsealed:
                 self._recovery_retry_ms[event.epoch] = now_ms + RECOVERY_RETRY_MS
+        elif isinstance(event, Closing):
+            if self.role is Role.LEADING and self._closing_until_ms is None:
+                self._closing_until_ms = now_ms + CLOSE_SEALING_MS_MAX
+                if self._rolling and not self._roll_asked:
+                    self._roll_given_up(now_ms)  # a drain not asked yet: the next leader rolls
         elif isinstance(event, Release):
             if self.role is Role.LEADING:
                 self._step_down(StepDownReason.RELEASED, "released", actions)
@@ -836,6 +876,8 @@ class Leader:
         return ""
 
     def _maybe_roll(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        if self._closing_until_ms is not None:
+            return
         if now_ms >= self._lease_until_ms and not self._roll_asked:
             # No master answers: no new epoch to roll to. Appends go on in the open
             # segment; a drain begun for a roll is given up until a master answers.
@@ -858,6 +900,8 @@ class Leader:
 
     def _maybe_roll_without_segment(self, now_ms: int, actions: list[LeaderAction]) -> None:
         """An epoch without a segment: once nothing earlier is unsealed, always ask."""
+        if self._closing_until_ms is not None:
+            return
         if self._unsealed or self._roll_asked or now_ms < self._roll_retry_ms:
             return
         self._ask_roll(now_ms, (), f"epoch {self.epoch} was granted without a segment", actions)

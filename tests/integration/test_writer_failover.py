@@ -181,14 +181,43 @@ async def test_a_segment_older_than_its_age_rolls(cluster: Cluster) -> None:
                 await asyncio.sleep(0.01)
             await writer.append(b"age-%06d" % number)  # acked once the last roll sealed
             number += 1
-        sealed = [s for s in await segments(client, name) if s.state == entry_pb2.SEALED]
-        assert len(sealed) >= 2
-        # A writer that closes while a roll's recovery runs leaves that segment unsealed
-        # for the next leader (docs/design.md, "Known gaps"), and a read to the end
-        # waits for it: seal first, as the next leader would.
-        await client.seal(name)
+        # A clean close lets the recovery of the last roll finish: every segment but the
+        # open one is sealed, and a read to the end needs no next leader.
+        states = [s.state for s in await segments(client, name)]
+        assert states[-1] == entry_pb2.OPEN and len(states) >= 3
+        assert set(states[:-1]) == {entry_pb2.SEALED}, states
         events = await read_all(client, name)
         assert [p for _, p in events] == [b"age-%06d" % i for i in range(number)]
+
+
+async def test_a_clean_close_lets_the_recovery_a_roll_started_finish(tmp_path: Path) -> None:
+    """Closed while the recovery of the segment it rolled away from waits for a second
+    store of its copy set (R = 2 of 3; two stopped), the writer waits for it, so the
+    segment is SEALED when the close returns, not left SEALING for a next leader."""
+    name = "failover/close"
+    with running_cluster(tmp_path, stores=4, master_args=["--lease-ms", str(LEASE_MS)]) as c:
+        async with StreamClient(c.master_address) as client:
+            await client.create_stream(name, replicas=3, write_quorum=2)
+            stopped = []
+            try:
+                async with client.writer(name) as writer:
+                    await writer.append_batch([b"one", b"two"])
+                    old_epoch = writer.epoch
+                    [segment] = await segments(client, name)
+                    stopped = [c.store_by_address(r.address) for r in segment.copy_set[:2]]
+                    for store in stopped:
+                        store.stop()
+                    sealing = asyncio.create_task(client.seal(name, timeout_s=30))
+                    await wait_until(lambda: writer.epoch > old_epoch, 15, "the roll")
+                    assert writer.statistics().unsealed_epochs == (old_epoch,)
+                    asyncio.get_running_loop().call_later(1.0, stopped[0].cont)
+                states = {s.id.epoch: s.state for s in await segments(client, name)}
+                assert states[old_epoch] == entry_pb2.SEALED, states
+                assert await sealing == old_epoch
+            finally:
+                for store in stopped:
+                    store.cont()
+            assert [p for _, p in await read_all(client, name)] == [b"one", b"two"]
 
 
 async def test_seal_with_a_leader_rolls_and_without_one_leads_for_a_moment(

@@ -8,15 +8,19 @@ import dataclasses
 from typing import Any
 
 from streamengine.client.core.leader import (
+    CLOSE_SEALING_MS_MAX,
     DRAIN_MS_MAX,
     ROLL_RETRY_MS,
     STORE_LOST_MS,
     AskRoll,
     BecameLeader,
+    Closing,
     HeartbeatAnswered,
     Leader,
     LeaderAction,
     RecoverSegment,
+    Release,
+    ReleaseLease,
     RollAnswered,
     RollFailed,
     SegmentSealed,
@@ -203,3 +207,45 @@ def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:
         out += sent + answer_all(leader, now, sent, stores=("s1", "s2"))
     asks = of_type(out, AskRoll)
     assert asks and asks[0].exclude_stores == ("s3",) and "s3 detached" in asks[0].reason
+
+
+def test_closing_waits_for_the_recovery_a_roll_started_then_releases() -> None:
+    leader = rolling_leader(segment_bytes_max=100)
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 120,)))), AskRoll)
+    step(leader, 70, roll_answer(65, 6, old=5))
+    assert of_type(step(leader, 71, Append((b"y",))), Acked) == []  # held by the gate
+    step(leader, 72, Closing())
+    assert not leader.accepting_appends and not leader.ready_to_release(72)
+    step(leader, 80, SegmentSealed(5))
+    assert leader.ready_to_release(80)
+    [release] = of_type(step(leader, 81, Release()), ReleaseLease)
+    assert release.epoch == 6
+
+
+def test_closing_gives_up_on_a_recovery_that_does_not_finish_in_time() -> None:
+    leader = rolling_leader(segment_bytes_max=100)
+    settle(leader, 11, step(leader, 10, Append((b"x" * 120,))))
+    step(leader, 70, roll_answer(65, 6, old=5))
+    step(leader, 100, Closing())
+    deadline = leader.deadline_ms(100)
+    assert deadline is not None and deadline <= 100 + CLOSE_SEALING_MS_MAX  # the clock wakes
+    assert not leader.ready_to_release(100 + CLOSE_SEALING_MS_MAX - 1)
+    assert leader.ready_to_release(100 + CLOSE_SEALING_MS_MAX)
+
+
+def test_closing_starts_no_roll_and_gives_up_a_drain_not_yet_asked() -> None:
+    leader = rolling_leader(segment_age_ms_max=200)
+    step(leader, 100, leader_answer(90, segment_age_ms_max=200))
+    answer_all(leader, 101, step(leader, 100, Append((b"a",))))  # old enough at 205
+    step(leader, 150, Closing())
+    assert leader.ready_to_release(150)  # nothing was being recovered
+    step(leader, 250, leader_answer(240, segment_age_ms_max=200))
+    assert of_type(step(leader, 251, Tick()), AskRoll) == []
+    assert not leader.statistics().rolling
+    draining = rolling_leader(segment_bytes_max=1)
+    step(draining, 10, Append((b"ab",)))  # never answered: the drain waits
+    assert draining.statistics().rolling
+    step(draining, 11, Closing())
+    assert not draining.statistics().rolling
+    assert of_type(settle(draining, 12, []), AskRoll) == []
+    assert draining.ready_to_release(60)
