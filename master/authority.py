@@ -123,6 +123,9 @@ def visible_status(
         ],
         bytes_below_n=0 if partial else status.bytes_below_n,
         bytes_below_w=0 if partial else status.bytes_below_w,
+        replica_verification=(
+            master_pb2.ReplicaVerification() if partial else status.replica_verification
+        ),
         pending_deletes=[
             p
             for p in status.pending_deletes

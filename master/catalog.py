@@ -83,6 +83,7 @@ def encode_segment(record: SegmentRecord) -> bytes:
     value["copy_set"] = list(record.copy_set)
     value["state"] = int(record.state)
     value["bad"] = list(record.bad)
+    value["verified"] = list(record.verified)
     certificate = record.certificate
     value["certificate"] = (
         base64.b64encode(certificate.encode()).decode() if certificate is not None else ""
@@ -96,6 +97,7 @@ def decode_segment(raw: bytes) -> SegmentRecord:
     value["copy_set"] = tuple(value["copy_set"])
     value["state"] = SegmentState(value["state"])
     value["bad"] = tuple(value.get("bad", ()))
+    value["verified"] = tuple(value.get("verified", ()))
     encoded = value.get("certificate", "")
     value["certificate"] = Certificate.decode(base64.b64decode(encoded)) if encoded else None
     return SegmentRecord(**value)

@@ -28,9 +28,11 @@ certificate of what they read back, or damage); `judge` decides what a report me
   "missed-bridge"); here it is only noted for status.
 
 Bad replicas are persisted in the segment's record (`SegmentRecord.bad`): repair never
-copies from them and replaces them (`repair.BAD_COPY`), readers skip them. What was
-verified, proposed or disputed is memory only: a restarted master learns it again from
-the next scrub reports.
+copies from them and replaces them (`repair.BAD_COPY`), readers skip them. Verified
+members are persisted too (`SegmentRecord.verified`, written when the set changes, not at
+every scrub), so a restarted master still knows which replicas matched and that a
+writer's certificate was confirmed; when they matched, and what was proposed or
+disputed, is memory only and learned again from the next scrub reports.
 """
 
 from __future__ import annotations

@@ -79,6 +79,8 @@ class SegmentRecord:
     certified_by: str = ""
     # Members whose replica differs from the certificate: never a copy source, replaced.
     bad: tuple[str, ...] = ()
+    # Members whose replica matched the certificate (`integrity.py`), sorted.
+    verified: tuple[str, ...] = ()
     # Trimmed: when its record is dropped and its replicas become garbage (0: kept).
     removal_at_ms: int = 0
     # Sealed accepting loss: indexes from this one through the bridge may have held

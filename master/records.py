@@ -54,6 +54,7 @@ def record_pb(stream: StreamRecord, segment: SegmentRecord) -> entry_pb2.Segment
         settled_at_ms=segment.settled_at_ms,
         bad_stores=list(segment.bad),
         lost_from_index=segment.lost_from_index,
+        verified_stores=list(segment.verified),
     )
     if segment.certificate is not None:
         message.certificate.CopyFrom(codec.certificate_to_pb(segment.certificate))
@@ -107,6 +108,7 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
         certified_by=message.certificate.certified_by if certificate is not None else "",
         bad=tuple(message.bad_stores),
         lost_from_index=message.lost_from_index,
+        verified=tuple(message.verified_stores),
     )
     return stream, segment
 

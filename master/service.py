@@ -893,8 +893,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             for sid, view in views.items()
         ]
+        matched, unmatched, bad = st.replica_verification()
         return master_pb2.ClusterStatus(
             cluster_id=st.cluster_id,
+            replica_verification=master_pb2.ReplicaVerification(
+                matched=matched, unmatched=unmatched, bad=bad
+            ),
             stores=stores,
             streams=[self._stream_info(r, now) for r in st.list_streams("")],
             under_replicated=[self._segment(s) for s in st.under_replicated(now)],

@@ -230,6 +230,9 @@ class MasterState:
         # Time and bytes sealed segments spent below N good replicas (durability.py),
         # observed by the server's loop.
         self.durability = DurabilityLedger()
+        # What stores reported of their sealed replicas (`integrity`): seeded with the
+        # members each record keeps as verified, the rest learned since the start.
+        self.checks: dict[SegmentKey, integrity.SegmentChecks] = {}
         for record in loaded.segments.values():
             self._put_segment(record)
         self.stores = loaded.stores
@@ -252,9 +255,7 @@ class MasterState:
         self.copying: set[tuple[str, SegmentKey]] = set()
         # Where the last repair window ended (`plan_repairs`).
         self._repair_cursor: SegmentKey = (0, 0)
-        # What stores reported of their sealed replicas since the start (`integrity`),
-        # and the replicas each store is to check first at its next heartbeat.
-        self.checks: dict[SegmentKey, integrity.SegmentChecks] = {}
+        # The replicas each store is to check first at its next heartbeat.
         self.scrub_first: dict[str, list[SegmentKey]] = {}
 
     # ---- queries ----
@@ -297,6 +298,9 @@ class MasterState:
         for member in record.copy_set:
             self.members.setdefault(member, set()).add(key)
         self.segments[key] = record
+        if record.verified and key not in self.checks:
+            # Loaded at start: matched before, when is not kept (0).
+            self.checks[key] = integrity.SegmentChecks(verified=dict.fromkeys(record.verified, 0))
         self.epochs.setdefault(record.stream_id, set()).add(record.epoch)
         unsealed = self.unsealed_epochs.setdefault(record.stream_id, set())
         if record.state == SegmentState.SEALED:
@@ -974,6 +978,13 @@ class MasterState:
         self._record_judgement(segment, judgement)
         return judgement
 
+    def _verified_members(self, segment: SegmentRecord) -> tuple[str, ...]:
+        """The members whose replica matched the certificate, as the record keeps them."""
+        checks = self.checks.get(segment.key)
+        if checks is None:
+            return ()
+        return tuple(sorted(m for m in checks.verified if m in segment.copy_set))
+
     def _record_judgement(self, segment: SegmentRecord, judgement: integrity.Judgement) -> None:
         bad = tuple(sorted(set(segment.bad) | set(judgement.bad)))
         updated = segment
@@ -983,6 +994,9 @@ class MasterState:
             )
         if bad != segment.bad:
             updated = replace(updated, bad=bad)
+        verified = self._verified_members(segment)
+        if verified != segment.verified:
+            updated = replace(updated, verified=verified)
         if updated is not segment:
             self.catalog.commit(Batch().segment(updated))
             self._put_segment(updated)
@@ -1056,11 +1070,24 @@ class MasterState:
         live.last_seen_ms = now_ms
         live.free_bytes = free_bytes
         if lost:
-            # What it reported of them was its old incarnation's.
+            # What it reported of them was its old incarnation's, and what it matched too.
             gone = set(lost)
             live.held = {k: v for k, v in live.held.items() if k not in gone}
-            sealed = (k for k in gone if self.segments[k].state == SegmentState.SEALED)
+            sealed = [k for k in lost if self.segments[k].state == SegmentState.SEALED]
             self.unconfirmed.update(sealed)
+            unverified = []
+            for key in sealed:
+                checks = self.checks.get(key)
+                if checks is not None and checks.verified.pop(store_id, None) is not None:
+                    segment = self.segments[key]
+                    unverified.append(replace(segment, verified=self._verified_members(segment)))
+            if unverified:
+                batch = Batch()
+                for segment in unverified:
+                    batch.segment(segment)
+                self.catalog.commit(batch)
+                for segment in unverified:
+                    self._put_segment(segment)
         return Registered(self.store_heartbeat_ms(), self.cluster_id, tuple(lost))
 
     def adopt_cluster_id(self, cluster_id: str) -> None:
@@ -1185,6 +1212,7 @@ class MasterState:
             condemned = integrity.copy_verified(checks, copy_set, target, now_ms)
             bad = tuple(sorted(set(bad) | set(condemned)))
         swapped = replace(segment, copy_set=copy_set, settled_at_ms=now_ms, bad=bad)
+        swapped = replace(swapped, verified=self._verified_members(swapped))
         batch = Batch().segment(swapped)
         if target != replaced:
             batch.delete_replica(replaced, key)
@@ -1264,6 +1292,23 @@ class MasterState:
                     )
                 )
         return out
+
+    def replica_verification(self) -> tuple[int, int, int]:
+        """Over the sealed segments' copy-set members: how many matched the certificate
+        (`integrity`), how many not yet, how many are bad."""
+        matched = unmatched = bad = 0
+        for key, segment in self.segments.items():
+            if segment.state != SegmentState.SEALED:
+                continue
+            checks = self.checks.get(key)
+            for member in segment.copy_set:
+                if member in segment.bad:
+                    bad += 1
+                elif checks is not None and member in checks.verified:
+                    matched += 1
+                else:
+                    unmatched += 1
+        return matched, unmatched, bad
 
     def replica_bytes(self) -> dict[str, int]:
         """Bytes of the replicas each registered store is assigned, by segment size."""

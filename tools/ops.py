@@ -312,6 +312,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
         f"{human_bytes(status.bytes_below_w)} below W"
     )
+    checked = status.replica_verification
+    print(
+        f"SEALED REPLICAS: {checked.matched} matched their certificate, "
+        f"{checked.unmatched} not yet, {checked.bad} bad"
+    )
     pending = status.pending_deletes
     print(f"\nPENDING DELETES: {len(pending) or 'none'}")
     if pending:
@@ -598,10 +603,12 @@ def _replica_state(reply: segment_store_pb2.DigestReply, final: int, root: bytes
 def _master_view(store: str, verified: dict[str, int], bad: set[str], now_ms: int) -> str:
     if store in bad:
         return "; the master lists it bad"
+    if store in verified and not verified[store]:
+        return "; matched before the master last started"
     if store in verified:
         ago = max(0, now_ms - verified[store]) / 1000
-        return f"; its scrub matched it {ago:.0f} s ago"
-    return "; not checked since the master started"
+        return f"; matched {ago:.0f} s ago"
+    return "; not matched yet"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

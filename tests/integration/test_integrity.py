@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -191,6 +192,16 @@ async def test_a_flipped_sst_block_is_found_by_the_scrub_and_the_replica_replace
     verified = run_cli("verify", STREAM, "--master", damaged.cluster.master_address)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.count("matches the certificate") == 3, verified.stdout
+    # What matched is kept across a master restart (the scrub checks a replica again
+    # only after 10 minutes): still three matched, none to check again.
+    master = damaged.cluster.master
+    assert master.terminate() == 0
+    master.start()
+    status = run_cli("status", "--json", "--master", damaged.cluster.master_address)
+    assert json.loads(status.stdout)["sealed_replicas"] == {
+        "matched": 3, "not_matched_yet": 0, "bad": 0}, status.stdout
+    verified = run_cli("verify", STREAM, "--master", damaged.cluster.master_address)
+    assert verified.stdout.count("; matched") == 3, verified.stdout
 
 
 async def test_a_wal_damaged_mid_log_keeps_the_store_down_and_its_replicas_move(

@@ -209,6 +209,7 @@ def _full_status() -> master_pb2.ClusterStatus:
         bytes_below_n=7,
         bytes_below_w=3,
         pending_deletes=[master_pb2.PendingDelete(stream=n) for n in ("acme/a", "globex/b")],
+        replica_verification=master_pb2.ReplicaVerification(matched=4, unmatched=2, bad=1),
     )
 
 
@@ -246,5 +247,10 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
         "bytes_below_w",
         "pending_deletes",
         "cluster_id",
+        "replica_verification",
     ]
     assert (seen.bytes_below_n, seen.bytes_below_w) == sums
+    checked = seen.replica_verification
+    assert (checked.matched, checked.unmatched, checked.bad) == (
+        (4, 2, 1) if sums != (0, 0) else (0, 0, 0)
+    )

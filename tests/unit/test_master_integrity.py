@@ -268,3 +268,33 @@ def test_a_segment_record_written_before_certificates_loads_without_one() -> Non
     )
     record = decode_segment(old)
     assert (record.certificate, record.certified_by, record.bad) == (None, "", ())
+
+
+def test_what_matched_the_certificate_survives_a_restart_and_keeps_it_confirmed(master) -> None:
+    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    first, second, _ = sealed.copy_set
+    master.state.replica_reported(first, key(master), Clean(RIGHT), master.now)
+    assert master.state.replica_verification() == (1, 2, 0)
+    state = master.restart()
+    assert state.segments[key(master)].verified == (first,)
+    assert state.checks[key(master)].verified == {first: 0}  # when: not kept
+    assert state.replica_verification() == (1, 2, 0)
+    # Still confirmed: a replica that differs is condemned at once, not just noted.
+    state.replica_reported(second, key(master), Clean(WRONG), master.now)
+    assert state.segments[key(master)].bad == (second,)
+    assert state.replica_verification() == (1, 1, 1)
+    # Damage found by its store unverifies a member, durably.
+    state.replica_reported(first, key(master), Damaged("crc32c at index 2"), master.now)
+    assert master.restart().segments[key(master)].verified == ()
+
+
+def test_a_new_incarnation_forgets_what_its_old_replicas_matched(master) -> None:
+    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    member = sealed.copy_set[0]
+    address = master.state.address(member)
+    master.state.register_store(member, address, "", 0, master.now, incarnation=7)
+    master.state.replica_reported(member, key(master), Clean(RIGHT), master.now)
+    assert master.state.segments[key(master)].verified == (member,)
+    registered = master.state.register_store(member, address, "", 0, master.now, incarnation=8)
+    assert key(master) in registered.lost
+    assert master.restart().segments[key(master)].verified == ()

@@ -84,6 +84,11 @@ def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
                 for d in status.durability_debt
             ],
         },
+        "sealed_replicas": {
+            "matched": status.replica_verification.matched,
+            "not_matched_yet": status.replica_verification.unmatched,
+            "bad": status.replica_verification.bad,
+        },
         "pending_deletes": [pending_dict(p) for p in status.pending_deletes],
     }
 

@@ -239,8 +239,8 @@ class Segment(_message.Message):
 
     @_builtins.property
     def verified(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaVerified]:
-        """Members whose replica was seen matching the certificate since the master started,
-        and when (the master's wall clock); only when the listing asked for certificates.
+        """Members whose replica matched the certificate, and when (the master's wall clock; 0:
+        before the master last started); only when the listing asked for certificates.
         """
 
     def __init__(
@@ -403,6 +403,7 @@ class SegmentRecord(_message.Message):
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     BAD_STORES_FIELD_NUMBER: _builtins.int
     LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
+    VERIFIED_STORES_FIELD_NUMBER: _builtins.int
     segment_bytes: _builtins.int
     segment_age_ms: _builtins.int
     stream_created_at_ms: _builtins.int
@@ -430,6 +431,12 @@ class SegmentRecord(_message.Message):
 
     @_builtins.property
     def bad_stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def verified_stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Members whose replica matched the certificate (a scrub's report or a repair's
+        verified copy), kept across master restarts; when, the master knows in memory only.
+        """
+
     def __init__(
         self,
         *,
@@ -447,10 +454,11 @@ class SegmentRecord(_message.Message):
         certificate: Global___SegmentCertificate | None = ...,
         bad_stores: _abc.Iterable[_builtins.str] | None = ...,
         lost_from_index: _builtins.int = ...,
+        verified_stores: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "verified_stores", b"verified_stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1416,6 +1416,7 @@ class ClusterStatus(_message.Message):
     BYTES_BELOW_W_FIELD_NUMBER: _builtins.int
     PENDING_DELETES_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    REPLICA_VERIFICATION_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
     bytes_below_n: _builtins.int
@@ -1448,6 +1449,13 @@ class ClusterStatus(_message.Message):
         it goes.
         """
 
+    @_builtins.property
+    def replica_verification(self) -> Global___ReplicaVerification:
+        """The replicas of sealed segments: how many matched their segment's certificate, how
+        many did not yet (not scrubbed since the seal, or no certificate yet), how many
+        differ from it (bad).
+        """
+
     def __init__(
         self,
         *,
@@ -1461,14 +1469,40 @@ class ClusterStatus(_message.Message):
         bytes_below_w: _builtins.int = ...,
         pending_deletes: _abc.Iterable[Global___PendingDelete] | None = ...,
         cluster_id: _builtins.str = ...,
+        replica_verification: Global___ReplicaVerification | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["replica_verification", b"replica_verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStatus: _TypeAlias = ClusterStatus  # noqa: Y015
+
+@_typing.final
+class ReplicaVerification(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    UNMATCHED_FIELD_NUMBER: _builtins.int
+    BAD_FIELD_NUMBER: _builtins.int
+    matched: _builtins.int
+    unmatched: _builtins.int
+    bad: _builtins.int
+    def __init__(
+        self,
+        *,
+        matched: _builtins.int = ...,
+        unmatched: _builtins.int = ...,
+        bad: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad", b"bad", "matched", b"matched", "unmatched", b"unmatched"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaVerification: _TypeAlias = ReplicaVerification  # noqa: Y015
 
 @_typing.final
 class PendingDelete(_message.Message):
