@@ -58,9 +58,15 @@ from streamengine.protocol.limits import (
 )
 from streamengine.protocol.policy import ReplicationPolicy
 
-# Bytes an entry costs beyond its payload on the wire and in the buffer (index, kind,
-# epoch, crc, framing): small events must count for something.
+# Bytes an entry costs beyond its payload on the wire (index, kind, epoch, crc,
+# framing): batches are cut by payload plus this, so small events count for something.
 ENTRY_OVERHEAD_BYTES = 32
+# Bytes an entry kept in this process costs beyond its payload: the bytes object's
+# header, the entry, its index and crc objects, its slots in the kept lists (measured
+# with tracemalloc on CPython 3.11; `tests/unit/test_replicator.py` measures it again).
+# The memory bounds (`unacked_bytes_max`, `retained_bytes_max`) count payload plus this.
+ENTRY_MEMORY_BYTES = 224
+_KEPT_EXTRA_BYTES = ENTRY_MEMORY_BYTES - ENTRY_OVERHEAD_BYTES
 
 # A batch big enough to amortise the ~0.3-0.5 ms per gRPC message (hundreds of small
 # events), small enough that a store writes it in about a millisecond.
@@ -124,7 +130,7 @@ class ReplicatorLimits:
             raise ValueError("window, linger and idle tick must be positive")
         if self.partial_in_flight_max < 1:
             raise ValueError("partial_in_flight_max must be positive")
-        if self.unacked_bytes_max < EVENT_BYTES_MAX + ENTRY_OVERHEAD_BYTES:
+        if self.unacked_bytes_max < EVENT_BYTES_MAX + ENTRY_MEMORY_BYTES:
             raise ValueError("unacked_bytes_max must hold the largest event")
         if self.retained_bytes_max < self.unacked_bytes_max:
             raise ValueError("retained_bytes_max must hold every unacked byte")
@@ -308,7 +314,8 @@ class ReplicatorStatistics:
 
 
 def entry_bytes(payload: bytes) -> int:
-    return len(payload) + ENTRY_OVERHEAD_BYTES
+    """What an event costs the memory bounds (`room_for`)."""
+    return len(payload) + ENTRY_MEMORY_BYTES
 
 
 class Replicator:
@@ -375,11 +382,14 @@ class Replicator:
 
     @property
     def unacked_bytes(self) -> int:
-        return self._total_bytes - self._acked_cum
+        """Memory of the entries above the acked index (`ENTRY_MEMORY_BYTES` each)."""
+        return self._total_bytes - self._acked_cum + (self._last - self._acked) * _KEPT_EXTRA_BYTES
 
     @property
     def retained_bytes(self) -> int:
-        return self._total_bytes - self._base_cum
+        """Memory of every entry kept (`ENTRY_MEMORY_BYTES` each)."""
+        kept = self._last - self._base + 1
+        return self._total_bytes - self._base_cum + kept * _KEPT_EXTRA_BYTES
 
     @property
     def payload_bytes(self) -> int:

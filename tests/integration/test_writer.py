@@ -26,7 +26,7 @@ from streamengine.client import (
     Unavailable,
 )
 from streamengine.client.core.leader import FencedByStore
-from streamengine.client.core.replicator import Append, ReplicatorLimits
+from streamengine.client.core.replicator import ENTRY_MEMORY_BYTES, Append, ReplicatorLimits
 from streamengine.client.sync import SyncStreamClient
 from streamengine.client.writer import Writer
 from streamengine.protocol.channels import CLIENT_OPTIONS
@@ -360,7 +360,7 @@ async def test_an_append_admitted_as_its_writer_is_fenced_still_ends(
     """Two appends wait for room; the first is admitted, then a store's fence above the
     writer arrives right as the second is admitted: the first must end (in doubt if it
     was sent, failed if it reached no store), not hang."""
-    limits = ReplicatorLimits(unacked_bytes_max=EVENT_BYTES_MAX + 64)
+    limits = ReplicatorLimits(unacked_bytes_max=EVENT_BYTES_MAX + ENTRY_MEMORY_BYTES + 32)
     async with StreamClient(cluster.master_address) as client:
         await client.create_stream("acme/admitted", replicas=3, write_quorum=2)
         async with client.writer("acme/admitted", limits=limits) as writer:

@@ -191,7 +191,7 @@ def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
 
 
 def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:
-    bound = EVENT_BYTES_MAX + 64
+    bound = EVENT_BYTES_MAX + 1024
     limits = ReplicatorLimits(unacked_bytes_max=bound, retained_bytes_max=bound)
     leader = Leader(0, limits, recovery_supported=True, rolling_supported=True)
     step(leader, 0, Tick())

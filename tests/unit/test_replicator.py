@@ -7,6 +7,7 @@ import pytest
 
 from streamengine.client.core.quorum import QuorumTracker, quorum_index
 from streamengine.client.core.replicator import (
+    ENTRY_MEMORY_BYTES,
     ENTRY_OVERHEAD_BYTES,
     Acked,
     AllowAcking,
@@ -340,27 +341,30 @@ def test_each_write_stream_carries_the_grant_on_its_first_request_only() -> None
 
 
 def test_appends_wait_once_unacked_bytes_reach_the_bound() -> None:
-    limits = ReplicatorLimits(unacked_bytes_max=(1 << 20) + 4096, retained_bytes_max=4 << 20)
+    limits = ReplicatorLimits(
+        unacked_bytes_max=(1 << 20) + ENTRY_MEMORY_BYTES + 4096, retained_bytes_max=4 << 20
+    )
     r = make(limits)
     big = b"x" * (1 << 20)
-    assert r.room_for(len(big) + ENTRY_OVERHEAD_BYTES)
+    assert r.room_for(len(big) + ENTRY_MEMORY_BYTES)
     out = sends(r.step(0, Append((big,))))
-    assert not r.room_for(4096)  # 1 MiB + overhead + 4096 would pass the bound
-    assert r.room_for(4096 - ENTRY_OVERHEAD_BYTES - 32)
+    assert r.unacked_bytes == len(big) + ENTRY_MEMORY_BYTES
+    assert not r.room_for(4097)  # 1 MiB + its entry + 4097 would pass the bound
+    assert r.room_for(4096)
     r.step(1, accept(out[0]))
     r.step(1, accept(out[1]))
     assert r.room_for(1 << 20)
 
 
 def test_an_empty_buffer_takes_any_single_event() -> None:
-    r = make(ReplicatorLimits(unacked_bytes_max=(1 << 20) + 64, retained_bytes_max=2 << 20))
+    r = make(ReplicatorLimits(unacked_bytes_max=(1 << 20) + 1024, retained_bytes_max=2 << 20))
     assert r.room_for(10 << 20)
 
 
 def test_a_store_left_behind_is_detached_and_memory_stays_bounded() -> None:
     limits = ReplicatorLimits(
-        unacked_bytes_max=(1 << 20) + 64,
-        retained_bytes_max=(1 << 20) + 64,
+        unacked_bytes_max=(1 << 20) + 1024,
+        retained_bytes_max=(1 << 20) + 1024,
         batch_entries_max=64,
         linger_ms=0,
     )
@@ -374,7 +378,7 @@ def test_a_store_left_behind_is_detached_and_memory_stays_bounded() -> None:
         for send in sends(actions):
             actions = r.step(round_, accept(send))
             detached += [a for a in actions if isinstance(a, StoreDetached)]
-        assert r.retained_bytes <= limits.retained_bytes_max + 100 * 1032
+        assert r.retained_bytes <= limits.retained_bytes_max + 100 * (1000 + ENTRY_MEMORY_BYTES)
     assert r.acked_index == 5000
     assert [(d.store, d.matched_index) for d in detached] == [("s3", 0)]
     assert r.statistics().stores["s3"].detached
@@ -388,7 +392,7 @@ def test_a_store_behind_but_within_the_bound_keeps_its_entries() -> None:
     out = sends(r.step(0, Append((b"a",) * 100)))
     for send in out:
         r.step(1, accept(send))
-    assert r.acked_index == 100 and r.retained_bytes == 100 * (1 + ENTRY_OVERHEAD_BYTES)
+    assert r.acked_index == 100 and r.retained_bytes == 100 * (1 + ENTRY_MEMORY_BYTES)
     back = sends(r.step(2, StoreConnected("s3")), "s3")
     assert indexes(back[0])[0] == 1
     for send in back:
@@ -436,3 +440,28 @@ def test_a_store_claiming_more_than_was_sent_is_a_broken_peer() -> None:
         r.step(11, accept(first, matched=2))
     # Nothing of the claim was taken in.
     assert r.acked_index == 0 and r.statistics().stores[first.store].matched_index == 0
+
+
+def test_the_memory_bound_counts_what_a_kept_entry_costs_this_process() -> None:
+    """`ENTRY_MEMORY_BYTES` is measured, not guessed: what 20,000 kept 100-byte events
+    cost the process beyond their payloads (the bytes objects are the writer's to keep:
+    its user dropped them) is within a quarter of what the bounds count."""
+    import gc
+    import os
+    import tracemalloc
+
+    count, size = 20_000, 100
+    r = make(ReplicatorLimits(unacked_bytes_max=1 << 30, retained_bytes_max=1 << 30))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(count // 100):
+            r.step(0, Append(tuple(os.urandom(size) for _ in range(100))))
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = r.unacked_bytes
+    assert counted == count * (size + ENTRY_MEMORY_BYTES)
+    assert 0.75 * used <= counted <= 1.25 * used, (used / count, counted / count)
