@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import threading
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -108,6 +110,21 @@ def probe_fence(address: str, segment: entry_pb2.SegmentId, fence: int, index: i
     return "no answer"
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_T = TypeVar("_T")
+
+
+def _run_async(work: Coroutine[Any, Any, _T]) -> _T:
+    """Run `work` on one event loop kept for the whole harness process: grpc.aio's
+    completion queue outlives an `asyncio.run`, and calls back into the loop it closed
+    ("Event loop is closed") when the next run starts."""
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = asyncio.new_event_loop()
+        threading.Thread(target=_LOOP.run_forever, name="final-reads", daemon=True).start()
+    return asyncio.run_coroutine_threadsafe(work, _LOOP).result()
+
+
 def segments_of(master: str, stream: str) -> master_pb2.ListSegmentsReply:
     with grpc.insecure_channel(master) as channel:
         return master_pb2_grpc.MasterStub(channel).ListSegments(
@@ -128,7 +145,7 @@ def final_state(master: str, streams: list[str], write_quorum: int) -> dict[str,
         for _ in range(FRESH_READERS):
             losses.append([])
             try:
-                reads.append(asyncio.run(fresh_read(master, stream, losses[-1])))
+                reads.append(_run_async(fresh_read(master, stream, losses[-1])))
             except Exception as error:
                 errors.append(f"read: {type(error).__name__}: {error}")
         listing = segments_of(master, stream)

@@ -55,6 +55,7 @@ class RunContext:
     proxies: ProxyHost | None = None  # links "w1>store2": workload process to store
     # Makes another reader process (not started), reading from 0: `r3`, ...
     new_reader: Callable[[str], ClientProcess] | None = None
+    disks: bool = False  # every store on its own small tmpfs (under its lazy fs, if any)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -215,12 +216,15 @@ def disk_loop(ctx: RunContext) -> None:
     if not ctx.pause(start + 30 * scale - time.monotonic()):
         return
     full = _copy_set_store(ctx)
+    # On the lazy fs, the tmpfs under it: the store's syncs then fail with ENOSPC.
+    mount = ctx.lazy.get(full.name)
+    where = mount.backing if mount is not None else ctx.cluster.root / full.name
     ctx.recorder.record("nemesis", phase="start", fault="disk-full", target=full.name)
     try:
-        disk.fill(ctx.cluster.root / full.name)
+        disk.fill(where)
         ctx.pause(start + 90 * scale - time.monotonic())
     finally:
-        disk.free(ctx.cluster.root / full.name)
+        disk.free(where)
         died = not full.alive()
         if died:
             full.start(wait=False)
@@ -491,8 +495,9 @@ def clock_loop(ctx: RunContext) -> None:
 
 def soak(ctx: RunContext) -> None:
     """S14: seeded packages of faults rotated every 60 s, about a quarter of the periods
-    quiet (Jepsen's package generator). Packages: the scenarios that need no namespace,
-    disk or lazy fs (S2, S3, S5, S10 through the proxy, S11, S12, S13, S15)."""
+    quiet (Jepsen's package generator). Packages: S2, S3, S5, S11, S12, S13, S15, and
+    what the run's topology allows: S10 through the proxy, S7 on namespaces, S8 and S9b
+    on the lazy fs, S9 on a tmpfs per store (S14 has them all)."""
     packages: dict[str, Nemesis] = {
         "S2": kill_leader_loop, "S3": pause_leader_loop, "S5": store_crash_loop,
         "S11": master_crash_loop, "S12": corruption_loop, "S13": reader_churn_loop,
@@ -500,6 +505,13 @@ def soak(ctx: RunContext) -> None:
     if ctx.proxies is not None:
         packages["S10"] = slow_network_loop
     packages["S15"] = bad_input_loop
+    if ctx.hosts is not None:
+        packages["S7"] = partition_loop
+    if ctx.lazy:
+        packages["S8"] = power_loss_loop
+        packages["S9b"] = read_only_loop
+    if ctx.disks:
+        packages["S9"] = disk_loop
     period = 8.0 if ctx.quick else 60.0
     while ctx.remaining() > 0 and not ctx.stop.is_set():
         end = min(ctx.deadline, time.monotonic() + period)
@@ -523,11 +535,27 @@ def partition_loop(ctx: RunContext) -> None:
     (iptables DROP, silent) only towards the standby writer, and the leader killed, so
     the standby takes over and seals with that store silent to it alone; (d) a bridge:
     one store sees only w1, another only w2, the rest both; (e) a store drops what the
-    leader sends it (one way); (f) the master isolated."""
+    leader sends it (one way); (f) the master isolated. Where the workload reaches the
+    stores through the fault proxy (S14), a writer and a store are cut apart on their
+    proxy links (blackholed), and (e), which the proxy cannot do one way, is left out."""
     hosts = ctx.hosts
     assert hosts is not None, "S7 runs on network namespaces"
-    kinds = ctx.rng.sample(["isolate-store", "leader-from-master", "seal-blackhole",
-                            "bridge", "oneway-store", "isolate-master"], 6)
+    kinds = ["isolate-store", "leader-from-master", "seal-blackhole", "bridge",
+             "oneway-store", "isolate-master"]
+    if ctx.proxies is not None:
+        kinds.remove("oneway-store")
+    kinds = ctx.rng.sample(kinds, len(kinds))
+    cut_links: list[Link] = []
+
+    def writer_apart(store: str, writer_host: str) -> None:
+        if ctx.proxies is None:
+            hosts.partition(store, writer_host)
+            return
+        links = ctx.links(store, ["w" + writer_host.removeprefix("writer")])
+        for link in links:
+            link.set(blackhole=True)
+        cut_links.extend(links)
+
     rotation = 0
     while ctx.pause(ctx.scaled(4, 8)):
         kind = kinds[rotation % len(kinds)]
@@ -545,14 +573,14 @@ def partition_loop(ctx: RunContext) -> None:
                 elif kind == "leader-from-master":
                     hosts.partition(leader_host, "master")
                 elif kind == "seal-blackhole":
-                    hosts.partition(store, standby_host)
+                    writer_apart(store, standby_host)
                     if leader is not None:
                         _seal_by_standby(ctx, leader)
                         continue
                 elif kind == "bridge":
                     one, two = ctx.rng.sample(sorted(s.name for s in ctx.cluster.stores), 2)
-                    hosts.partition(one, "writer2")
-                    hosts.partition(two, "writer1")
+                    writer_apart(one, "writer2")
+                    writer_apart(two, "writer1")
                 elif kind == "oneway-store":
                     hosts.oneway(store, leader_host)
                 else:
@@ -560,6 +588,9 @@ def partition_loop(ctx: RunContext) -> None:
                 ctx.pause(ctx.scaled(10, 10) if ctx.quick else 10.0)
             finally:
                 hosts.heal()
+                for link in cut_links:
+                    link.heal()
+                cut_links.clear()
 
 
 def _seal_by_standby(ctx: RunContext, leader: ClientProcess) -> None:
@@ -716,6 +747,10 @@ def bad_input_loop(ctx: RunContext) -> None:
 
     by_name = {(server, method.name): method for server, method in badinput.methods()}
     templates = badinput._templates()
+    # A server already down (a store an earlier package of S14 left damaged) is not
+    # sent anything: whether bad input stops a server is judged on those serving now.
+    serving_before = badinput.serving(addresses)
+    targets = [s for s in cluster.stores if serving_before.get(s.name)] or cluster.stores
     digest("before")
     try:
         with ctx.window("bad-input", "servers"):
@@ -740,7 +775,7 @@ def bad_input_loop(ctx: RunContext) -> None:
                     data = badinput.random_bytes(ctx.rng, method)
                 parses = badinput.parses(method, data)
                 address = (cluster.master_address if server[0] == "master"
-                           else ctx.rng.choice(cluster.stores).address)
+                           else ctx.rng.choice(targets).address)
                 got, details = badinput.call(channel("insecure", address), method, [data])
                 ctx.recorder.record(
                     "bad", kind="mutated" if mutated else "random", server=server[0],
@@ -751,7 +786,9 @@ def bad_input_loop(ctx: RunContext) -> None:
         for opened in channels.values():
             opened.close()
         digest("after")
-        ctx.recorder.record("serving", servers=badinput.serving(addresses))
+        serving_after = badinput.serving(addresses)
+        ctx.recorder.record("serving", servers={
+            name: up for name, up in serving_after.items() if serving_before.get(name, True)})
 
 
 def data_loss_loop(ctx: RunContext) -> None:

@@ -111,7 +111,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("S12", "corruption at rest", 180, 14, nemesis.corruption_loop),
         Scenario("S13", "reader churn and slow consumers", 180, 12,
                  nemesis.reader_churn_loop, reader_churn_s=1.2),
-        Scenario("S14", "mixed soak", 900, 16, nemesis.soak, proxies=True),
+        # Every package: namespaces (S7), the proxy (S10), the lazy fs over a tmpfs (S8,
+        # S9, S9b); the lazy fs's pace, as S8's.
+        Scenario("S14", "mixed soak", 900, 16, nemesis.soak, proxies=True, netns=True,
+                 lazy=True, disks=True, rate=150.0),
         Scenario("S15", "bad input", 60, 12, nemesis.bad_input_loop),
         # Not in FAULTS.md's list: the scenario C14 asks for (more than N - W copies of
         # a range destroyed).
@@ -122,15 +125,14 @@ SCENARIOS: dict[str, Scenario] = {
 
 def unavailable(scenario: Scenario) -> str:
     """Why `scenario` cannot run here ("" when it can)."""
-    if scenario.netns:
-        return netns.unavailable()
-    if scenario.disks:
-        return disk.unavailable(Path(tempfile.gettempdir()))
-    if scenario.lazy:
-        return disk.lazy_unavailable()
+    reasons = [
+        netns.unavailable() if scenario.netns else "",
+        disk.unavailable(Path(tempfile.gettempdir())) if scenario.disks else "",
+        disk.lazy_unavailable() if scenario.lazy else "",
+    ]
     if scenario.clocks and not (shutil.which("faketime") and Path(nemesis.FAKETIME_LIB).exists()):
-        return "needs libfaketime (Debian package faketime; deploy/install-system-deps.sh)"
-    return ""
+        reasons.append("needs libfaketime (Debian package faketime; deploy/install-system-deps.sh)")
+    return next((reason for reason in reasons if reason), "")
 
 
 def standard_duration(scenario: Scenario) -> float:
@@ -193,6 +195,9 @@ def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         "documented_loss": unsynced_loss(records, final) if scenario.expect_loss else None,
         "replay": replay_command(scenario, seed, quick, fault_s),
     }
+    stalled = _stalled_readers(figures)
+    if stalled:
+        result["stalled_readers"] = _reader_traces(records, logs, stalled)
     (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
     result["picture"] = report.plot_run(run_dir, records, result)
     (run_dir / "verdict.json").write_text(json.dumps(result, indent=2))
@@ -242,7 +247,8 @@ def _run_processes(
         ctx = nemesis.RunContext(cluster, writers, readers, STREAMS, recorder,
                                  random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts,
                                  lazy, proxies,
-                                 new_reader=lambda name: client(name, "reader", reader_options))
+                                 new_reader=lambda name: client(name, "reader", reader_options),
+                                 disks=scenario.disks)
         try:
             sampler.start()
             rss.start()
@@ -309,28 +315,46 @@ MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
 @contextlib.contextmanager
 def topology(scenario: Scenario, data: Path
              ) -> Iterator[tuple[Cluster, netns.Hosts | None, dict[str, disk.LazyMount]]]:
-    """The servers on 127.0.0.1 (store dirs on a tmpfs or the lazy fs each, if the
-    scenario says so), or each server on its own network namespace."""
-    if not scenario.netns:
-        mounted = []
-        lazy: dict[str, disk.LazyMount] = {}
-        try:
-            for number in range(STORES if scenario.disks else 0):
-                disk.mount(data / f"store{number}")
-                mounted.append(data / f"store{number}")
-            for number in range(STORES if scenario.lazy else 0):
-                name = f"store{number}"
-                lazy[name] = disk.LazyMount(data / name, data / "backing" / name)
-                lazy[name].mount(child_env(), data / f"lazyfs-{name}.log")
+    """The servers on 127.0.0.1, or each server on its own network namespace; store dirs
+    on a tmpfs each, or on the lazy fs each, or on the lazy fs over a tmpfs each, as the
+    scenario says."""
+    with store_disks(scenario, data) as lazy:
+        if scenario.netns:
+            with namespaced_cluster(scenario, data) as (cluster, hosts):
+                yield cluster, hosts, lazy
+        else:
             with running_cluster(data, stores=STORES, master_args=MASTER_ARGS,
                                  store_args=list(scenario.store_args)) as cluster:
                 yield cluster, None, lazy
-        finally:
-            for path in mounted:
-                disk.umount(path)
-            for mount in lazy.values():
-                mount.close()
-        return
+
+
+@contextlib.contextmanager
+def store_disks(scenario: Scenario, data: Path) -> Iterator[dict[str, disk.LazyMount]]:
+    """Mount what each store's directory lives on; unmount it after."""
+    mounted = []
+    lazy: dict[str, disk.LazyMount] = {}
+    try:
+        for number in range(STORES):
+            name = f"store{number}"
+            backing = data / "backing" / name
+            if scenario.disks:
+                where = backing if scenario.lazy else data / name
+                disk.mount(where)
+                mounted.append(where)
+            if scenario.lazy:
+                lazy[name] = disk.LazyMount(data / name, backing)
+                lazy[name].mount(child_env(), data / f"lazyfs-{name}.log")
+        yield lazy
+    finally:
+        for mount in lazy.values():
+            mount.close()
+        for path in mounted:
+            disk.umount(path)
+
+
+@contextlib.contextmanager
+def namespaced_cluster(scenario: Scenario, data: Path
+                       ) -> Iterator[tuple[Cluster, netns.Hosts]]:
     # Unique per run: namespace names and the private subnet (the harness joins it).
     hosts = netns.Hosts(f"sef{os.getpid() % 10000}", f"10.214.{os.getpid() % 250}", data)
     names = ["master", *(f"store{n}" for n in range(STORES)),
@@ -349,21 +373,50 @@ def topology(scenario: Scenario, data: Path
         for number in range(STORES):
             name = f"store{number}"
             address = f"{hosts.addr(name)}:{netns.STORE_PORT}"
-            (data / name).mkdir()
+            (data / name).mkdir(exist_ok=True)  # a mount point already, on a disk
             cluster.stores.append(ServerProcess(
                 name,
                 ["store", "--listen", address, "--data", str(data / name), "--master",
-                 master_address, "--id", name, "--insecure"],
+                 master_address, "--id", name, "--insecure", *scenario.store_args],
                 address, data / f"{name}.log", prefix=hosts.prefix(name)))
         cluster.master.start()
         for store in cluster.stores:
             store.start(wait=False)
         for store in cluster.stores:
             store.wait_serving()
-        yield cluster, hosts, {}
+        yield cluster, hosts
     finally:
         cluster.stop_all()
         hosts.close()
+
+
+def _stalled_readers(figures: dict[str, Any]) -> list[str]:
+    """Readers that never caught up (after the heal, or at the end), for their traces."""
+    never = (figures.get("reader_catch_up_after_heal_s") or {}).get("never", [])
+    names = {entry.split(" ", 1)[0] for entry in never}
+    if "reader_catch_up_s" in figures and figures["reader_catch_up_s"] is None:
+        names.update(("r1", "r2"))
+    return sorted(names)
+
+
+def _reader_traces(records: list[dict[str, Any]], logs: Path, readers: list[str],
+                   last: int = 8) -> dict[str, Any]:
+    """What a stalled reader did last: its last history records (deliveries cut to their
+    first and last event) and the end of its log, so a missed bound can be diagnosed
+    from the verdict alone."""
+    traces: dict[str, Any] = {}
+    for name in readers:
+        mine = [r for r in records if r.get("process") == name]
+        tail = []
+        for record in mine[-last:]:
+            if record["type"] == "deliver" and record.get("events"):
+                events = record["events"]
+                record = {**record, "events": [events[0], events[-1]], "count": len(events)}
+            tail.append(record)
+        log = logs / f"{name}.log"
+        lines = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+        traces[name] = {"records": tail, "log": lines}
+    return traces
 
 
 def _catch_up(final: dict[str, Any], readers: list[str], history: Path) -> float | None:

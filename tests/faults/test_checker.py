@@ -519,3 +519,20 @@ def test_every_run_names_the_command_that_replays_its_schedule_and_windows() -> 
         "make faults-long SCENARIO=S7 SEED=3")
     assert replay_command(s7, 3, True, 50.0) == (
         "python -m tests.faults --scenario S7 --seed 3 --quick --duration 50")
+
+
+def test_a_reader_that_never_caught_up_leaves_its_last_steps_in_the_verdict(tmp_path) -> None:
+    from tests.faults.scenarios import _reader_traces, _stalled_readers
+
+    figures = {"reader_catch_up_after_heal_s": {"never": ["r2 t/s"]}, "reader_catch_up_s": 1.0}
+    assert _stalled_readers(figures) == ["r2"]
+    assert _stalled_readers({"reader_catch_up_s": None}) == ["r1", "r2"]
+    records = [rec(1.0, "subscribe", "r2", **{"from": 0}),
+               rec(2.0, "deliver", "r2", events=[event(1, i, f"p{i}") for i in (1, 2, 3)]),
+               rec(3.0, "error", "r2", error="UNAVAILABLE"),
+               rec(3.5, "deliver", "r1", events=[event(1, 1, "p1")])]
+    (tmp_path / "r2.log").write_text("subscribing\nwaiting for segment 2\n")
+    trace = _reader_traces(records, tmp_path, ["r2"])["r2"]
+    assert [r["type"] for r in trace["records"]] == ["subscribe", "deliver", "error"]
+    assert trace["records"][1]["count"] == 3 and len(trace["records"][1]["events"]) == 2
+    assert trace["log"] == ["subscribing", "waiting for segment 2"]

@@ -110,7 +110,8 @@ def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
                       f"(load {load} > {BUSY_LOAD}), not failed: {json.dumps(missed)}",
                       stacklevel=1)
         return
-    assert not missed, f"liveness bounds missed (C13): {json.dumps(missed)}"
+    stalled = json.dumps(result.get("stalled_readers", {}), indent=1)
+    assert not missed, f"liveness bounds missed (C13): {json.dumps(missed)}; readers: {stalled}"
 
 
 def regressions() -> list[Any]:
