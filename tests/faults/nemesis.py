@@ -87,7 +87,7 @@ class RunContext:
 
     def links(self, store: str, processes: list[str] | None = None) -> list[Link]:
         """The proxy links from `processes` (default: every workload process) to
-        `store`."""
+        `store` (or "master")."""
         assert self.proxies is not None, "the scenario runs without proxies"
         names = processes if processes is not None else [*self.writers, *self.readers]
         return [self.proxies.links[f"{name}>{store}"] for name in names]
@@ -547,11 +547,13 @@ def partition_loop(ctx: RunContext) -> None:
     kinds = ctx.rng.sample(kinds, len(kinds))
     cut_links: list[Link] = []
 
-    def writer_apart(store: str, writer_host: str) -> None:
+    def writer_apart(server: str, writer_host: str) -> None:
+        """A store or the master and a writer cut apart: on the hosts, or on the proxy
+        link between them where the writer reaches it through the proxy."""
         if ctx.proxies is None:
-            hosts.partition(store, writer_host)
+            hosts.partition(server, writer_host)
             return
-        links = ctx.links(store, ["w" + writer_host.removeprefix("writer")])
+        links = ctx.links(server, ["w" + writer_host.removeprefix("writer")])
         for link in links:
             link.set(blackhole=True)
         cut_links.extend(links)
@@ -571,7 +573,7 @@ def partition_loop(ctx: RunContext) -> None:
                 if kind == "isolate-store":
                     hosts.cut(store)
                 elif kind == "leader-from-master":
-                    hosts.partition(leader_host, "master")
+                    writer_apart("master", leader_host)
                 elif kind == "seal-blackhole":
                     writer_apart(store, standby_host)
                     if leader is not None:
@@ -655,8 +657,9 @@ def slow_network_loop(ctx: RunContext) -> None:
     proxies throughout (iptables, at random, each way; TCP retransmits), or, run without
     namespaces (S14's package), sits behind a thin pipe instead; one comes and goes: 30 s
     windows throttled to 256 kbit/s and blackholed (a stalled peer: its connections
-    hang), with clean periods between. Reader r2 consumes slowly all along (the
-    scenario's slow reader)."""
+    hang), with clean periods between. The master is a little far from every workload
+    process throughout (20-80 ms ± 20 ms: heartbeats, rolls and seals answered late).
+    Reader r2 consumes slowly all along (the scenario's slow reader)."""
     stores = open_copy_set(ctx.cluster, ctx.streams[0])
     if len(stores) < 3:
         stores = sorted(s.name for s in ctx.cluster.stores)
@@ -664,7 +667,11 @@ def slow_network_loop(ctx: RunContext) -> None:
     hosts = ctx.hosts
     thin_trouble = (ctx.window("loss", thin, percent=LOSSY_PERCENT) if hosts is not None
                     else ctx.window("throttle", thin, bytes_per_s=THIN_PIPE_BYTES_PER_S))
-    with ctx.window("delay", far), thin_trouble:
+    master_delay_s = round(ctx.rng.uniform(0.02, 0.08), 3)
+    with ctx.window("delay", far), thin_trouble, ctx.window("delay", "master",
+                                                            delay_s=master_delay_s):
+        for link in ctx.links("master"):
+            link.set(delay_s=master_delay_s, jitter_s=0.02)
         if hosts is not None:
             hosts.lossy(thin, LOSSY_PERCENT, "harness")
         else:
@@ -692,7 +699,7 @@ def slow_network_loop(ctx: RunContext) -> None:
                         for link in ctx.links(flaky):
                             link.heal()
         finally:
-            for link in ctx.links(far) + ctx.links(thin):
+            for link in ctx.links(far) + ctx.links(thin) + ctx.links("master"):
                 link.heal()
             if hosts is not None:
                 hosts.heal_host(thin)

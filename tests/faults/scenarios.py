@@ -223,12 +223,14 @@ def _run_processes(
             env = {}
             if scenario.clocks and name == "w1":  # the old leader's clock runs slow
                 env = nemesis.faketime_env(data / "w1.faketime", "+0 x0.5")
+            master_address = cluster.master_address
             if proxies is not None:
                 listen = hosts.addr("harness") if hosts else "127.0.0.1"
                 for store in cluster.stores:
                     link = proxies.link(f"{name}>{store.name}", store.address, listen)
                     options = [*options, "--dial", f"{store.address}={link.address}"]
-            return ClientProcess(name, role, cluster.master_address, STREAMS, history, logs,
+                master_address = proxies.link(f"{name}>master", master_address, listen).address
+            return ClientProcess(name, role, master_address, STREAMS, history, logs,
                                  seed, options, prefix, env)
 
         writer_options = ["--rate", str(scenario.rate), "--batch-max", "20" if quick else "50",
