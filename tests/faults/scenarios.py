@@ -190,7 +190,7 @@ def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         **verdict.as_dict(),
         "nemesis_errors": [r["error"] for r in records if r["type"] == "nemesis_error"],
         "measurements": (figures := {**measure(records, scenario.name), **timing}),
-        "bounds": (checked := bounds(figures, LEASE_MS / 1000, len(STREAMS))),
+        "bounds": (checked := _bounds_of(scenario, figures)),
         "bounds_missed": missed(checked),
         "documented_loss": unsynced_loss(records, final) if scenario.expect_loss else None,
         "replay": replay_command(scenario, seed, quick, fault_s),
@@ -390,6 +390,18 @@ def namespaced_cluster(scenario: Scenario, data: Path
     finally:
         cluster.stop_all()
         hosts.close()
+
+
+def _bounds_of(scenario: Scenario, figures: dict[str, Any]) -> dict[str, Any]:
+    """C13 for this run. Where losing acked events is what the run shows (S8d), the last
+    events acked before the heal may be gone: a reader then "reaches" them only with
+    the first event of a later epoch, so the figure times the writers' return after
+    the last power loss, not a reader catching up. It is no bound there (catching up
+    to the final state still is)."""
+    checked = bounds(figures, LEASE_MS / 1000, len(STREAMS))
+    if scenario.expect_loss:
+        checked.pop("reader_catch_up_after_heal_s", None)
+    return checked
 
 
 def _stalled_readers(figures: dict[str, Any]) -> list[str]:
