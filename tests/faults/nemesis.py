@@ -56,6 +56,8 @@ class RunContext:
     # Makes another reader process (not started), reading from 0: `r3`, ...
     new_reader: Callable[[str], ClientProcess] | None = None
     disks: bool = False  # every store on its own small tmpfs (under its lazy fs, if any)
+    # Choices that hold for the whole run (S14's packages share it): S12's victim store.
+    chosen: dict[str, str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -404,9 +406,12 @@ def corruption_loop(ctx: RunContext) -> None:
     killed, one of its RocksDB files damaged at rest (2 bits flipped in a random 4 KiB
     chunk of an SST or WAL file, or the WAL's tail cut), and restarted. Readers must
     never get a bad payload."""
-    # One victim for the whole run: damage on two stores could together destroy more
-    # than N - W copies of a range, outside what the system promises to survive.
-    store = ctx.rng.choice(ctx.cluster.stores)
+    # One victim for the whole run, across S14's packages too: damage on two stores
+    # could together destroy more than N - W copies of a range, or leave too few stores
+    # to place a copy set, outside what the system promises to survive.
+    if "corruption" not in ctx.chosen:
+        ctx.chosen["corruption"] = ctx.rng.choice(ctx.cluster.stores).name
+    store = ctx.store(ctx.chosen["corruption"])
     for _ in range(6):
         if not ctx.pause(ctx.scaled(8, 14)):
             return
