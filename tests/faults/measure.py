@@ -223,7 +223,13 @@ def memory_figures(records: list[Record]) -> dict[str, Any]:
                 samples[name].append((record["t"], float(mib)))
     out: dict[str, Any] = {}
     for name, points in sorted(samples.items()):
-        early = [mib for t, mib in points if t <= start + RSS_BASELINE_S] or [points[0][1]]
+        since = start
+        if points[0][0] > start + RSS_BASELINE_S and len(points) > 1:
+            # First seen during the faults (a reader started late): its first sample may
+            # catch the interpreter still loading, so its baseline starts at the second.
+            since = points[1][0]
+        early = [mib for t, mib in points if since <= t <= since + RSS_BASELINE_S]
+        early = early or [points[0][1]]
         baseline, peak = min(early), max(mib for _, mib in points)
         role = out.setdefault(role_of(name), {"growth": -1.0})
         if peak - baseline > role["growth"]:

@@ -536,3 +536,11 @@ def test_a_reader_that_never_caught_up_leaves_its_last_steps_in_the_verdict(tmp_
     assert [r["type"] for r in trace["records"]] == ["subscribe", "deliver", "error"]
     assert trace["records"][1]["count"] == 3 and len(trace["records"][1]["events"]) == 2
     assert trace["log"] == ["subscribing", "waiting for segment 2"]
+
+
+def test_a_reader_started_late_is_measured_from_when_it_runs_not_while_it_loads() -> None:
+    records = rss_history([40.0] * 12)
+    for record, mib in zip(records[9:], [28.7, 112.1, 112.2, 112.5], strict=True):
+        record["mib"] = {**record["mib"], "r3": mib}  # first seen at 8 s, loading
+    figures = measure(records, "S")
+    assert figures["rss_mib"]["reader"]["growth"] == pytest.approx(0.4)
