@@ -1,10 +1,13 @@
 """Durability debt: how long, and with how many bytes, sealed segments were held by fewer
 than N good replicas (one failure closer to loss than the stream asked for), and by fewer
-than W (fewer copies than an acknowledgement ever promised).
+than W copies (fewer than an acknowledgement ever promised).
 
 Pure: the master's loop calls `observe(now_ms, exposures)` about once a second with the
 sealed segments that lack good replicas now (a *good* replica as repair judges it: on a
-live, non-draining store, acked up to the bridge); the ledger charges each segment the
+live, non-draining store, acked up to the bridge, and read back equal to the
+certificate). Below W counts the copies held, good or *unverified* (at the bridge, not
+read back yet): a segment sealed a moment ago is below N until its scrubs report, not
+below W, whose alarm is for copies missing. The ledger charges each segment the
 time since the previous observation at the level it had then. It counts from the
 master's start (it is not persisted): it tells operators how exposed their data has
 been lately, not its whole history.
@@ -33,9 +36,12 @@ class Exposure:
     replicas: int
     write_quorum: int
     bytes: int
+    # Copies at the bridge, not read back yet: not good, but held.
+    unverified: int = 0
 
     def __post_init__(self) -> None:
         assert 0 <= self.good < self.replicas, self
+        assert self.unverified >= 0, self
         assert 1 <= self.write_quorum <= self.replicas, self
 
 
@@ -47,9 +53,14 @@ class SegmentDebt:
     replicas: int
     write_quorum: int
     bytes: int
+    unverified: int = 0
     below_n_ms: int = 0
     below_w_ms: int = 0
     exposed: bool = True
+
+    @property
+    def below_w(self) -> bool:
+        return self.good + self.unverified < self.write_quorum
 
 
 class DurabilityLedger:
@@ -69,7 +80,7 @@ class DurabilityLedger:
             if debt.exposed:
                 debt.below_n_ms += elapsed
                 charged += elapsed
-                if debt.good < debt.write_quorum:
+                if debt.below_w:
                     debt.below_w_ms += elapsed
         self.debt_ms_total += charged
         for debt in self._debts.values():
@@ -84,9 +95,11 @@ class DurabilityLedger:
                     exposure.replicas,
                     exposure.write_quorum,
                     exposure.bytes,
+                    exposure.unverified,
                 )
             else:
                 known.good, known.bytes, known.exposed = exposure.good, exposure.bytes, True
+                known.unverified = exposure.unverified
         self._forget_healed()
         return charged
 
@@ -109,7 +122,7 @@ class DurabilityLedger:
 
     @property
     def bytes_below_w(self) -> int:
-        return sum(d.bytes for d in self._debts.values() if d.exposed and d.good < d.write_quorum)
+        return sum(d.bytes for d in self._debts.values() if d.exposed and d.below_w)
 
     def worst(self, count: int) -> list[SegmentDebt]:
         """The segments with the most time below N, exposed now or healed."""

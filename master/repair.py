@@ -3,8 +3,12 @@
 Pure functions of a snapshot and `now_ms`.
 
 A replica of a sealed segment is *good* when its store is alive, not draining, it
-reported an acked index at or past the bridge (`final_index`), and the master does not
-know it differs from the segment's certificate. A member is *bad* when:
+reported an acked index at or past the bridge (`final_index`), and its store read it
+back and found it equal to the segment's certificate (`SegmentRecord.verified`,
+`integrity.py`). One that reached the bridge but was not read back yet is *unverified*:
+a copy source (after the verified ones), never counted as good, so a segment sealed a
+moment ago is under-replicated until its stores' scrubs (which read never-checked
+replicas first) report it. A member is *bad* when:
 - its store is dead (silent for the store timeout): reason "store-dead";
 - its store is draining: reason "drain" (it still serves as a copy source);
 - its replica differs from the certificate (`SegmentRecord.bad`, `integrity.py`): reason
@@ -14,8 +18,8 @@ know it differs from the segment's certificate. A member is *bad* when:
   segment settled (sealed, or its copy set last changed), shows the acked index below
   the bridge or no copy at all: reason "missed-bridge". The grace lets a leader finish
   raising acked indexes on the slower members and lets heartbeats catch up.
-A member neither good nor bad is *pending*: not judged yet, neither repaired nor
-counted as good.
+A member neither good, unverified nor bad is *pending*: not judged yet, neither
+repaired nor counted as good.
 
 Each bad member becomes one task: copy the segment from a good (or draining) replica to
 a target chosen by placement, then swap target for the bad member. The source is a
@@ -49,8 +53,10 @@ class Verdict:
     good: tuple[str, ...]
     # (store id, reason), in copy-set order.
     bad: tuple[tuple[str, str], ...]
-    # Members able to serve a copy: good ones first, then draining ones holding the bridge.
+    # Members able to serve a copy: good ones first, then unverified ones, then draining
+    # ones holding the bridge.
     sources: tuple[str, ...]
+    unverified: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,7 @@ def judge(
     store last reported for this segment."""
     assert segment.state == SegmentState.SEALED, "only sealed segments are judged"
     good: list[str] = []
+    unverified: list[str] = []
     bad: list[tuple[str, str]] = []
     draining_sources: list[str] = []
     judged_after = segment.settled_at_ms + bridge_grace_ms
@@ -95,32 +102,12 @@ def judge(
             if _reached_bridge(copy, segment):
                 draining_sources.append(member)
         elif _reached_bridge(copy, segment):
-            good.append(member)
+            (good if member in segment.verified else unverified).append(member)
         elif store.reported_at_ms >= judged_after and now_ms >= judged_after:
             bad.append((member, MISSED_BRIDGE))
-    return Verdict(tuple(good), tuple(bad), (*good, *draining_sources))
-
-
-def good_members(
-    segment: SegmentRecord, stores: Mapping[str, StoreView], held: Mapping[str, Held]
-) -> list[str]:
-    """Live, non-draining members whose acked index reached the bridge, and not known
-    to differ from the certificate."""
-    return [
-        m
-        for m in segment.copy_set
-        if m in stores
-        and stores[m].usable
-        and m not in segment.bad
-        and _reached_bridge(held.get(m), segment)
-    ]
-
-
-def under_replicated(
-    segment: SegmentRecord, stores: Mapping[str, StoreView], held: Mapping[str, Held], replicas: int
-) -> bool:
-    """Fewer than N good members."""
-    return len(good_members(segment, stores, held)) < replicas
+    return Verdict(
+        tuple(good), tuple(bad), (*good, *unverified, *draining_sources), tuple(unverified)
+    )
 
 
 def plan_tasks(
@@ -132,13 +119,11 @@ def plan_tasks(
     busy: Iterable[SegmentKey],
     slots: int,
     avoid: Mapping[SegmentKey, Iterable[str]] | None = None,
-    verified: Mapping[SegmentKey, Iterable[str]] | None = None,
     failed_sources: Mapping[SegmentKey, Iterable[str]] | None = None,
 ) -> list[Task]:
     """At most `slots` new tasks, one per segment, none for a segment in `busy`
     (a task running or backing off). Segments are taken oldest first. `avoid` names,
     per segment, stores that must not receive it (told to delete it, not yet done);
-    `verified`, members whose replica matched the certificate (preferred sources);
     `failed_sources`, sources of copies that failed lately (`choose_source`)."""
     taken = set(busy)
     targets_used: dict[str, int] = {}
@@ -156,7 +141,7 @@ def plan_tasks(
         replaced, reason = verdict.bad[0]
         source = choose_source(
             verdict.sources,
-            set((verified or {}).get(segment.key, ())),
+            set(segment.verified),
             set((failed_sources or {}).get(segment.key, ())),
             sources_used,
         )

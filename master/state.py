@@ -1251,7 +1251,6 @@ class MasterState:
             busy,
             slots,
             self.pending_deletes(),
-            {key: checks.verified.keys() for key, checks in self.checks.items()},
             failed_sources,
         )
 
@@ -1279,7 +1278,10 @@ class MasterState:
         out = []
         for segment in candidates:
             stream = self.streams[self.names[segment.stream_id]]
-            good = len(repair.good_members(segment, views, held[segment.key]))
+            verdict = repair.judge(
+                segment, views, held[segment.key], now_ms, self.bridge_grace_ms
+            )
+            good = len(verdict.good)
             if good < stream.replicas:
                 out.append(
                     Exposure(
@@ -1289,6 +1291,7 @@ class MasterState:
                         stream.replicas,
                         stream.write_quorum,
                         self.segment_bytes(segment.key),
+                        len(verdict.unverified),
                     )
                 )
         return out

@@ -18,8 +18,11 @@ segment's certificate, and a replica that differs is bad there.
 
 Which replica next (`ScrubSchedule.next_replica`): first those the master asked for
 (`scrub_first`: a reader or a repair found them suspect), oldest request first; then
-replicas never read since the store started (after a restart damage may be anywhere:
-the in-memory record of what was checked is gone), in key order; then the replica
+replicas sealed since the store started, in the order they appeared (the master counts
+a replica as good only once a read of it matched the certificate, so a fresh seal's
+first check comes before re-checks); then replicas never read since the store started
+(after a restart damage may be anywhere: the in-memory record of what was checked is
+gone), in key order; then the replica
 checked longest ago, once `recheck_ms` has passed since its last check (a small store
 does not spin over the same replicas). The time a full pass takes is the store's sealed
 bytes divided by the rate: that is how long damage may stay unseen.
@@ -159,6 +162,11 @@ class ScrubSchedule(Generic[K]):
         self.started_ms = now_ms
         self._checked_ms: dict[K, int] = {}
         self._first: list[K] = []
+        # Replicas seen sealed so far; None until the first look (what is sealed then
+        # is the start's backlog, not fresh).
+        self._seen: set[K] | None = None
+        # Sealed since the first look and never checked, in the order they appeared.
+        self._fresh: dict[K, None] = {}
         self._read_at_ms = now_ms
 
     # ---- inputs ----
@@ -193,8 +201,11 @@ class ScrubSchedule(Generic[K]):
         final index), or None when none is due. Replicas no longer held are forgotten."""
         self._first = [r for r in self._first if r in sealed]
         self._checked_ms = {r: t for r, t in self._checked_ms.items() if r in sealed}
+        self._note_fresh(sealed)
         if self._first:
             return self._first[0]
+        if self._fresh:
+            return next(iter(self._fresh))
         never = [r for r in sealed if r not in self._checked_ms]
         if never:
             return min(never)
@@ -202,6 +213,19 @@ class ScrubSchedule(Generic[K]):
         if due:
             return min(due, key=lambda r: self._checked_ms[r])
         return None
+
+    def _note_fresh(self, sealed: Mapping[K, int]) -> None:
+        if self._seen is None:
+            self._seen = set(sealed)
+            return
+        self._fresh = {r: None for r in self._fresh if r in sealed and r not in self._checked_ms}
+        for replica in sealed:
+            if replica not in self._seen:
+                self._seen.add(replica)
+                if replica not in self._checked_ms:
+                    self._fresh[replica] = None
+        if len(self._seen) > len(sealed):
+            self._seen &= sealed.keys()
 
     def due_ms(self, sealed: Mapping[K, int]) -> int | None:
         """When `next_replica` would next return a replica, if nothing changes."""

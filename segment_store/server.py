@@ -133,7 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scrub-mb-per-s",
         type=float,
         default=SCRUB_MB_PER_S_DEFAULT,
-        help="read sealed replicas back at this rate to find damage at rest (0: never)",
+        help="read sealed replicas back at this rate to find damage at rest (0: never; the "
+        "master then never counts this store's replicas as good)",
     )
     transport.add_server_arguments(parser)
 
@@ -292,6 +293,11 @@ async def serve(
     scrubber = (
         Scrubber(core, service.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
     )
+    if scrubber is None:
+        log.warning(
+            "no scrub (--scrub-mb-per-s 0): damage at rest stays unseen here, and the master "
+            "never counts this store's sealed replicas as good, as none is read back"
+        )
     link = MasterLink(
         args.master,
         identity,

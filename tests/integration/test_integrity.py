@@ -303,3 +303,57 @@ async def test_a_copy_differing_only_from_the_certificate_is_never_served_nor_co
         assert await read_all(client) == payloads
     verified = run_cli("verify", STREAM, "--master", cluster.master_address)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def test_a_replica_counts_as_good_only_once_its_store_read_it_back(
+    damaged: Damaged,
+) -> None:
+    """A store that does not scrub never has its replicas counted: their segments stay
+    under-replicated (never below W, nothing re-replicated) until it reads them back."""
+    cluster = damaged.cluster
+    lazy = damaged.store("store0")
+    assert lazy.terminate() == 0
+    scrubbing = lazy.args.index("--scrub-mb-per-s")
+    lazy.args[scrubbing + 1] = "0"
+    lazy.start()
+    assert "never counts this store's sealed replicas as good" in lazy.log()
+    channel, stub = damaged.stub()
+
+    def status() -> master_pb2.ClusterStatus:
+        reply: master_pb2.ClusterStatus = stub.GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=5
+        )
+        return reply
+
+    def holding(store_id: str) -> set[int]:
+        return {
+            s.id.epoch for s in damaged.sealed() if store_id in {r.store_id for r in s.copy_set}
+        }
+
+    with channel:
+        async with StreamClient(cluster.master_address) as client:
+            await write_sealed(client, 4, 200)
+        unread = holding("store0")
+        assert unread, "placement spreads four segments over all four stores"
+
+        def only_unread_listed() -> bool:
+            now = status()
+            # Below W only until every member reported holding the bridge.
+            return (
+                {s.id.epoch for s in now.under_replicated} == unread
+                and now.bytes_below_w == 0
+                and all(fully_verified(s) or s.id.epoch in unread for s in damaged.sealed())
+            )
+
+        wait_for(only_unread_listed, 30, 0.2, "every replica but store0's matched")
+        now = status()
+        assert now.bytes_below_n > 0, now
+        assert now.replica_verification.unmatched == len(unread), now.replica_verification
+        assert not now.tasks, "a replica not read back is not replaced"
+
+        lazy.args[scrubbing + 1] = SCRUB_MB_PER_S
+        lazy.restart()
+        wait_for(lambda: not status().under_replicated, 30, 0.2, "store0's replicas matched")
+        assert all(map(fully_verified, damaged.sealed()))
+        assert status().replica_verification.unmatched == 0
+        assert holding("store0") == unread

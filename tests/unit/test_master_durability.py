@@ -5,8 +5,10 @@ from __future__ import annotations
 from streamengine.master.durability import HEALED_KEPT_MAX, DurabilityLedger, Exposure
 
 
-def exposed(epoch: int, good: int, replicas: int = 3, quorum: int = 2, size: int = 100) -> Exposure:
-    return Exposure((1, epoch), "t/s", good, replicas, quorum, size)
+def exposed(
+    epoch: int, good: int, replicas: int = 3, quorum: int = 2, size: int = 100, unverified: int = 0
+) -> Exposure:
+    return Exposure((1, epoch), "t/s", good, replicas, quorum, size, unverified)
 
 
 def test_time_is_charged_at_the_level_the_segment_had() -> None:
@@ -49,3 +51,14 @@ def test_healed_segments_kept_are_bounded_and_deleted_ones_forgotten() -> None:
     assert ledger.worst(1)[0].segment == (1, 1)  # the most indebted stays
     ledger.forget([(1, 1)])
     assert all(d.segment != (1, 1) for d in ledger.worst(10 * HEALED_KEPT_MAX))
+
+
+def test_copies_not_read_back_yet_are_below_n_but_not_below_w() -> None:
+    ledger = DurabilityLedger()
+    ledger.observe(0, [exposed(1, good=0, unverified=3), exposed(2, good=1, unverified=0)])
+    assert (ledger.bytes_below_n, ledger.bytes_below_w) == (200, 100)
+    ledger.observe(1000, [exposed(1, good=1, unverified=0)])
+    assert (ledger.bytes_below_n, ledger.bytes_below_w) == (100, 100)
+    ledger.observe(1500, [])
+    debts = {d.segment[1]: (d.below_n_ms, d.below_w_ms) for d in ledger.worst(5)}
+    assert debts == {1: (1500, 500), 2: (1000, 1000)}

@@ -17,9 +17,18 @@ NOW = 10_000
 
 
 def seg(
-    epoch: int, copy_set=("a", "b", "c"), state=SegmentState.SEALED, final=5, settled=0
+    epoch: int,
+    copy_set=("a", "b", "c"),
+    state=SegmentState.SEALED,
+    final=5,
+    settled=0,
+    verified=None,
 ) -> SegmentRecord:
-    return SegmentRecord(1, "t/s", epoch, tuple(copy_set), state, final, 0, settled, settled)
+    """A segment whose members all matched the certificate unless `verified` names them."""
+    record = SegmentRecord(1, "t/s", epoch, tuple(copy_set), state, final, 0, settled, settled)
+    return dataclasses.replace(
+        record, verified=tuple(copy_set if verified is None else verified)
+    )
 
 
 def view(sid: str, alive=True, draining=False, zone="", used=0, reported=NOW) -> StoreView:
@@ -105,6 +114,29 @@ def test_judge(rule, segment, cluster, copies, good, bad) -> None:
     assert (verdict.good, verdict.bad) == (good, bad), rule
 
 
+def test_a_replica_not_read_back_yet_is_a_source_but_not_good() -> None:
+    segment = seg(1, verified=("b",))
+    verdict = repair.judge(segment, ALL, AT_BRIDGE, NOW, GRACE)
+    assert verdict.good == ("b",) and verdict.bad == ()
+    assert verdict.unverified == ("a", "c")
+    assert verdict.sources == ("b", "a", "c"), "the verified replica is the first source"
+
+
+def test_a_copy_is_made_from_an_unverified_replica_when_no_other_can_serve() -> None:
+    cluster = stores(view("a"), view("b", alive=False), view("c", alive=False), view("d"))
+    segment = seg(1, verified=())
+    [task] = repair.plan_tasks([segment], cluster, {(1, 1): AT_BRIDGE}, NOW, GRACE, (), 3)
+    assert (task.source, task.replaced, task.target) == ("a", "b", "d")
+
+
+def test_a_verified_replica_is_the_source_before_a_less_busy_unverified_one() -> None:
+    cluster = stores(view("a"), view("b"), view("c", alive=False), view("d"), view("e"))
+    segments = [seg(1, verified=("b",)), seg(2, verified=("b",))]
+    copies = {(1, 1): AT_BRIDGE, (1, 2): AT_BRIDGE}
+    tasks = repair.plan_tasks(segments, cluster, copies, NOW, GRACE, (), 3)
+    assert [t.source for t in tasks] == ["b", "b"]
+
+
 def test_a_draining_replica_at_the_bridge_is_still_a_source() -> None:
     cluster = stores(view("a", draining=True), view("b", alive=False), view("c", alive=False))
     verdict = repair.judge(seg(1), cluster, AT_BRIDGE, NOW, GRACE)
@@ -115,12 +147,14 @@ def test_a_draining_replica_at_the_bridge_is_still_a_source() -> None:
     ("rule", "segment", "copies", "replicas", "expected"),
     [
         ("N good replicas", seg(1), AT_BRIDGE, 3, False),
+        ("a replica not read back yet", seg(1, verified=("a", "b")), AT_BRIDGE, 3, True),
         ("a replica below the bridge", seg(1), {**AT_BRIDGE, "c": held(4)}, 3, True),
         ("a missing report counts as missing", seg(1), {"a": held(5), "b": held(5)}, 3, True),
     ],
 )
 def test_under_replicated(rule, segment, copies, replicas, expected) -> None:
-    assert repair.under_replicated(segment, ALL, copies, replicas) == expected, rule
+    verdict = repair.judge(segment, ALL, copies, NOW, GRACE)
+    assert (len(verdict.good) < replicas) == expected, rule
 
 
 def test_a_dead_store_gives_one_task_per_segment_to_a_new_target() -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.master import repair
+from streamengine.master import integrity, repair
 from streamengine.master.catalog import Batch
 from streamengine.master.model import Held, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.state import MasterState
+from streamengine.protocol.certificate import certificate_of
+from streamengine.protocol.entry import EntryKind
 from tests.metadata_backends import MetadataPlace
 
 TIMEOUT = 3000
@@ -23,7 +25,11 @@ def state(metadata_place: MetadataPlace):
     batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 20, "", 0))
     for epoch in range(1, 21):
         members = tuple(f"s{(epoch + k) % 4}" for k in range(3))
-        batch.segment(SegmentRecord(1, "t/s", epoch, members, SegmentState.SEALED, 5, 0, 0, 0))
+        batch.segment(
+            SegmentRecord(
+                1, "t/s", epoch, members, SegmentState.SEALED, 5, 0, 0, 0, verified=members
+            )
+        )
     catalog.commit(batch)
     master = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=0)
     for number in range(4):
@@ -75,3 +81,33 @@ def test_a_tick_judges_a_bounded_rotating_window(state: MasterState, monkeypatch
         assert 0 < len(confirmed) <= 6
         seen += sorted(confirmed)
     assert sorted(seen) == sorted(state.segments)
+
+
+def test_a_segment_is_confirmed_only_once_every_replica_matched_the_certificate(
+    metadata_place: MetadataPlace,
+) -> None:
+    catalog = metadata_place.open()
+    batch = Batch().tenant("t", 0).next_stream_id(2)
+    batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 2, "", 0))
+    members = ("s0", "s1", "s2")
+    batch.segment(SegmentRecord(1, "t/s", 1, members, SegmentState.SEALED, 5, 0, 0, 0))
+    catalog.commit(batch)
+    state = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=0)
+    for number in range(3):
+        state.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
+    report_all(state, NOW)
+    content = certificate_of((i, EntryKind.EVENT, b"x") for i in range(1, 6))
+
+    def confirmed_with(good: int) -> bool:
+        state.plan_repairs(NOW, set(), 3)
+        exposed = {e.segment: e.good for e in state.exposures(NOW)}
+        return (1, 1) not in state.unconfirmed and exposed.get((1, 1), 3) == good
+
+    assert not confirmed_with(0), "no replica was read back: none counts as good"
+    for store in ("s0", "s1"):
+        state.replica_reported(store, (1, 1), integrity.Clean(content), NOW)
+    assert state.exposures(NOW)[0].good == 2, "W agreeing replicas certified it"
+    assert not confirmed_with(2)
+    assert state.plan_repairs(NOW, set(), 3) == [], "an unverified replica is not replaced"
+    state.replica_reported("s2", (1, 1), integrity.Clean(content), NOW)
+    assert confirmed_with(3) and state.exposures(NOW) == []

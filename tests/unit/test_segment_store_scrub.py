@@ -137,6 +137,24 @@ def test_the_master_s_requests_go_first_then_never_checked_then_the_oldest_check
     assert schedule.next_replica(1010, {a: 5}) == a
 
 
+def test_a_replica_sealed_since_the_start_is_checked_before_the_backlog() -> None:
+    a, b, c, d = SegmentKey(1, 1), SegmentKey(1, 2), SegmentKey(2, 1), SegmentKey(2, 2)
+    schedule: ScrubSchedule[SegmentKey] = ScrubSchedule(1_000_000, now_ms=0, recheck_ms=1000)
+    assert schedule.next_replica(0, {a: 5, b: 5}) == a  # the start's backlog, in key order
+    schedule.checked(a, 10)
+    # d then c are sealed while b waits: the master counts them only once checked.
+    assert schedule.next_replica(20, {a: 5, b: 5, d: 5}) == d
+    assert schedule.next_replica(30, {a: 5, b: 5, c: 5, d: 5}) == d
+    schedule.checked(d, 40)
+    assert schedule.next_replica(50, {a: 5, b: 5, c: 5, d: 5}) == c
+    schedule.check_first(b)
+    assert schedule.next_replica(60, {a: 5, b: 5, c: 5, d: 5}) == b  # the master's ask first
+    schedule.checked(b, 70)
+    assert schedule.next_replica(80, {a: 5, b: 5, c: 5, d: 5}) == c
+    # A fresh replica deleted before its check is forgotten.
+    assert schedule.next_replica(90, {a: 5, b: 5, d: 5}) is None
+
+
 def test_the_rate_spaces_the_steps() -> None:
     schedule: ScrubSchedule[SegmentKey] = ScrubSchedule(bytes_per_s=1_000_000, now_ms=0)
     assert schedule.read_at_ms() == 0
