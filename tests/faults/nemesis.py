@@ -36,6 +36,7 @@ from tests.faults.cluster import (
 from tests.faults.history import Recorder
 from tests.faults.netns import Hosts
 from tests.faults.proxy import Link, ProxyHost
+from tests.integration import damage
 from tests.tree import child_env
 
 
@@ -805,8 +806,11 @@ def bad_input_loop(ctx: RunContext) -> None:
 
 def data_loss_loop(ctx: RunContext) -> None:
     """S16 (C14): beyond what the system promises to survive. Twice (once per stream),
-    every copy of a sealed segment holding events is destroyed (each replica's Delete,
-    at once), so more than N - W copies of its range are really gone; a fresh reader
+    every copy of a sealed segment holding events is destroyed, so more than N - W
+    copies of its range are really gone: on the first stream by each replica's Delete
+    (at once), on the second by damage at rest (every replica's store killed, its first
+    copy's bytes changed under the old crc32c in the files, restarted: correlated
+    damage, as a bad batch of disks or a bug writing to all of them). A fresh reader
     (r3, r4) then starts from 0. Every reader that comes to the range must get a
     data-loss error naming it, and none may pass it silently."""
     for number, stream in enumerate(ctx.streams[:2]):
@@ -820,17 +824,38 @@ def data_loss_loop(ctx: RunContext) -> None:
         stream_id, epoch, final_index, replicas = victim
         segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch, stream=stream)
         events = _event_indexes(replicas[0][1], segment, final_index)
-        with ctx.window("destroy", f"{stream}/{epoch}", stores=[r[0] for r in replicas]):
-            for _store, address in replicas:
-                with grpc.insecure_channel(address) as channel:
-                    store_grpc.SegmentStoreStub(channel).Delete(
-                        segment_store_pb2.DeleteRequest(segment=segment), timeout=10)
+        stores = [r[0] for r in replicas]
+        how = "delete" if number == 0 else "damage"
+        with ctx.window("destroy", f"{stream}/{epoch}", stores=stores, how=how,
+                        quorum_lost=how == "damage"):
+            if how == "delete":
+                for _store, address in replicas:
+                    with grpc.insecure_channel(address) as channel:
+                        store_grpc.SegmentStoreStub(channel).Delete(
+                            segment_store_pb2.DeleteRequest(segment=segment), timeout=10)
+            else:
+                _damage_every_copy(ctx, stores, stream_id, epoch)
         ctx.recorder.record("lost", stream=stream, epoch=epoch, final_index=final_index,
-                            events=events, stores=[r[0] for r in replicas])
+                            events=events, stores=stores, how=how)
         if ctx.new_reader is not None:
             name = f"r{3 + number}"
             reader = ctx.readers[name] = ctx.new_reader(name)
             reader.start()
+
+
+def _damage_every_copy(ctx: RunContext, stores: list[str], stream_id: int, epoch: int) -> None:
+    """Kill every store in `stores`, change the payload of their copy of index 1 of the
+    segment under its old crc32c (what a flipped bit in a value does), restart them."""
+    processes = [ctx.store(name) for name in stores]
+    try:
+        for process in processes:
+            process.kill()
+        for process in processes:
+            damage.rewrite_copy(ctx.cluster.root / process.name, stream_id, epoch, 1,
+                                b"damaged at rest", valid_crc=False)
+    finally:
+        for process in processes:
+            process.start(wait=False)
 
 
 def _destroyable_segment(ctx: RunContext, stream: str
