@@ -173,6 +173,7 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
         check_writer_order(verdict, name, stream_ops)
         check_segments(verdict, name, state, set(gone))
         check_fences(verdict, name, state)
+        check_zombies(verdict, name, records, stream_ops, canonical)
         check_data_loss(verdict, name, state, gone, reads)
         lost_declared += sum(len(op.ids) for op in stream_ops if op.status == "ok"
                              and op.seqs and op.seqs[0] >> SEQUENCE_SHIFT in excused)
@@ -193,6 +194,7 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
         ),
         "readers": len({reader for reader, _ in reads}),
         "streams": len(streams),
+        **verdict.counts,
     }
     return verdict
 
@@ -513,6 +515,57 @@ def check_fences(verdict: Verdict, name: str, state: dict[str, Any]) -> None:
                 verdict.add("C10", stream=name, segment=segment["epoch"], store=store,
                             epoch=fence - 1 if fence else None, outcome=outcome,
                             problem="a write below the fence was not refused")
+
+
+def zombie_windows(records: list[Record]) -> list[tuple[str, int, float, float]]:
+    """(process, incarnation, SIGSTOP time, SIGCONT time) of every paused writer (S3's
+    `pause` windows carry the incarnation; a window still open at the end ends then)."""
+    opened: dict[str, tuple[int, float]] = {}
+    out = []
+    for record in records:
+        if record["type"] != "nemesis" or record.get("fault") != "pause":
+            continue
+        if record["phase"] == "start" and "inc" in record:
+            opened[record["target"]] = (int(record["inc"]), record["t"])
+        elif record["phase"] == "stop" and record["target"] in opened:
+            inc, started = opened.pop(record["target"])
+            out.append((record["target"], inc, started, record["t"]))
+    end = records[-1]["t"] if records else 0.0
+    out.extend((target, inc, started, end) for target, (inc, started) in opened.items())
+    return out
+
+
+def check_zombies(verdict: Verdict, name: str, records: list[Record], ops: list[Op],
+                  canonical: dict[str, Any]) -> None:
+    """C10, the zombie's half: the leader of `name` paused while another took it over (a
+    grant to another process inside the pause) is a zombie once resumed, until it leads
+    again; its appends in flight across the pause or made meanwhile may end failed or in
+    doubt, and ok only for events in F at the sequence returned (recovery kept them).
+    Counted in `zombie_*` counts."""
+    counts = verdict.counts
+    grants = [r for r in records if r["type"] == "grant" and r["stream"] == name]
+    for process, inc, stopped, resumed in zombie_windows(records):
+        before = [r for r in grants if r["t"] < stopped]
+        led = bool(before) and before[-1]["process"] == process
+        taken_over = any(r["process"] != process and stopped <= r["t"] <= resumed
+                         for r in grants)
+        if not (led and taken_over):
+            continue
+        # Until it leads again (a grant of its own), what it appends is a zombie's.
+        regained = min((r["t"] for r in grants if r["process"] == process and r["t"] > resumed
+                        and int(r.get("inc", inc)) == inc), default=float("inf"))
+        late = [op for op in ops if op.process == process and op.inc == inc
+                and op.invoke_t < regained and (op.end_t is None or op.end_t >= resumed)]
+        counts["zombie_windows"] = counts.get("zombie_windows", 0) + 1
+        for op in late:
+            counts[f"zombie_late_{op.status}"] = counts.get(f"zombie_late_{op.status}", 0) + 1
+            if op.status != "ok":
+                continue
+            for pid, returned in zip(op.ids, op.seqs, strict=False):
+                if returned not in canonical["where"].get(pid, []):
+                    verdict.add("C10", stream=name, op=op.key, payload=pid, returned=returned,
+                                paused=[round(stopped, 3), round(resumed, 3)],
+                                problem="a zombie's late acknowledgement is not in F")
 
 
 # ---- C11, C12: epochs and unsealed segments from the master's metadata ----

@@ -544,3 +544,50 @@ def test_a_reader_started_late_is_measured_from_when_it_runs_not_while_it_loads(
         record["mib"] = {**record["mib"], "r3": mib}  # first seen at 8 s, loading
     figures = measure(records, "S")
     assert figures["rss_mib"]["reader"]["growth"] == pytest.approx(0.4)
+
+
+def zombie_history(late_status: str, late_seqs: list[int]) -> tuple[list[Any], dict[str, Any]]:
+    """w1 leads epoch 1, is paused at 2.6 with op 2 in flight, w2 takes over at 3.2;
+    w1 resumes at 3.4 and op 2 ends `late_status`."""
+    records, final = clean()
+    records += [
+        rec(2.55, "invoke", "w1", op=2, ids=["z0"], session="s1"),
+        {"t": 2.6, "type": "nemesis", "process": "nemesis", "phase": "start", "fault": "pause",
+         "target": "w1", "inc": 1},
+        {"t": 3.4, "type": "nemesis", "process": "nemesis", "phase": "stop", "fault": "pause",
+         "target": "w1"},
+        rec(3.45, late_status, "w1", op=2, seqs=late_seqs, error="NotLeader: fenced"),
+        # Made after the resume, before it leads again: a zombie's too.
+        rec(3.5, "invoke", "w1", op=3, ids=["z1"], session="s1"),
+        rec(3.55, "info", "w1", op=3, error="AppendInDoubt: granted to another writer"),
+        # Leading again (epoch 3), its appends are its own.
+        rec(3.9, "grant", "w1", epoch=3, client="w1.1-2"),
+        rec(3.95, "invoke", "w1", op=4, ids=["y0"], session="s3"),
+        rec(3.99, "fail", "w1", op=4, error="AppendFailed: never sent"),
+    ]
+    return records, final
+
+
+def test_a_zombie_s_late_failure_is_counted_not_an_anomaly() -> None:
+    records, final = zombie_history("fail", [])
+    verdict = check(sorted(records, key=lambda r: r["t"]), final)
+    assert verdict.anomalies == []
+    counts = verdict.counts
+    assert counts["zombie_windows"] == 1
+    assert (counts["zombie_late_fail"], counts["zombie_late_info"]) == (1, 1)
+
+
+def test_a_zombie_s_late_ack_not_in_f_is_a_c10_witness() -> None:
+    records, final = zombie_history("ok", [pack(1, 4)])
+    anomalies = failed(records, final)
+    [witness] = anomalies["C10"]
+    assert witness["op"] == "w1.1 op 2" and witness["payload"] == "z0"
+    assert witness["paused"] == [2.6, 3.4]
+    assert "C1" in anomalies, "C1 reports the lost acknowledgement too"
+
+
+def test_a_pause_nobody_took_over_makes_no_zombie() -> None:
+    records, final = zombie_history("fail", [])
+    records = [r for r in records if not (r["type"] == "grant" and r["process"] == "w2")]
+    verdict = check(sorted(records, key=lambda r: r["t"]), final)
+    assert "zombie_windows" not in verdict.counts
