@@ -157,10 +157,11 @@ def serve_console(
                 else authorize_need(principal, need, f"console {path}")
             )
             if denial is not None:
-                anonymous = isinstance(principal, Principal) and (
+                # 401: nobody proven (no credentials, or a token that is not valid).
+                unproven = isinstance(principal, Denial) or (
                     principal.kind is PrincipalKind.ANONYMOUS
                 )
-                self._send_json(401 if anonymous else 403, {"error": denial.reason})
+                self._send_json(401 if unproven else 403, {"error": denial.reason})
                 return
             assert isinstance(principal, Principal)
             if path == "/metrics":

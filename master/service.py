@@ -129,16 +129,18 @@ class MasterService(master_pb2_grpc.MasterServicer):
     def _require(self, context: Context, method: str, tenant: str = "") -> Principal:
         """The caller, when it may call `method` on `tenant`'s data; else PermissionDenied
         (raised inside `_call`'s action, before anything changes); Unauthenticated for a
-        certificate proof that does not hold."""
+        certificate proof that does not hold or a token that is not valid (forged,
+        expired, revoked)."""
         state = self.state  # this activation's key and tokens
         callers = Callers(state.verifier, lambda: state.current_revocations(self.clock_ms()))
         try:
             principal = callers.principal(context)
         except identity.ProofRefused as refusal:
             raise errors.Unauthenticated(f"{method}: {refusal}") from None
-        denial = principal if isinstance(principal, Denial) else None
-        if isinstance(principal, Principal):
-            denial = authorize(principal, f"Master/{method}", tenant)
+        if isinstance(principal, Denial):
+            log.info("refused the token of a %s call: %s", method, principal.reason)
+            raise errors.Unauthenticated(f"{method}: {principal.reason}")
+        denial = authorize(principal, f"Master/{method}", tenant)
         if denial is not None:
             log.info("denied %s: %s", method, denial.reason)
             raise errors.PermissionDenied(denial.reason)

@@ -242,8 +242,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     # ---- who calls ----
 
     def caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-        """The call's principal; raises CallerRefused (a bad token), CallerUnproven (a
-        certificate proof that does not hold), NoSigningKeyYet."""
+        """The call's principal; raises CallerUnproven (a certificate proof that does not
+        hold, a token that is not valid: forged, expired, revoked), NoSigningKeyYet."""
         try:
             principal = self.callers.principal(context)
         except NoVerifyingKey as error:
@@ -251,7 +251,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         except identity.ProofRefused as refusal:
             raise CallerUnproven(str(refusal)) from None
         if isinstance(principal, Denial):
-            raise CallerRefused(principal.reason)
+            raise CallerUnproven(principal.reason)
         return principal
 
     def require(

@@ -23,29 +23,40 @@ segment of the workload it holds. They must be equal, and every server must stil
 
 Security rows (issue #14): writes and seals without a grant, under a forged one, at the
 last epoch (which would wedge a segment), rolls and seals at the master without the
-grant of their epoch: PERMISSION_DENIED, nothing changed. Plaintext and wrong-CA
-clients and a wrong token would be more `Row`s with a `client` of their own: `CLIENTS`
-maps a client name to how its channel is made.
+grant of their epoch: PERMISSION_DENIED, nothing changed. S15 runs on a TLS cluster,
+where rows and fuzz call as a tenant (a write token of the stream's tenant), and rows
+with a `client` of their own (`Callers`) check who may call at all: plaintext and
+wrong-CA clients get no connection, forged and revoked tokens are refused, another
+tenant's token reaches nothing of this tenant, a read token writes nothing, and no
+tenant may do what only an admin, the master or a store may (drain, rebalance, store
+heartbeats, tokens, replica deletes and copies). On a plaintext cluster (S14's S15
+package) those rows are skipped.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from streamengine.master.state import STORE_HEARTBEAT_MS_MAX
 from streamengine.protocol import codec
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.transport import Transport
+from streamengine.tools.certs import create_local_certs
 from streamengine.tools.harness import is_serving
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from tests.faults.channels import certs_dir, harness_transport, open_channel
 
 Code = grpc.StatusCode
 m, s = master_pb2, segment_store_pb2
@@ -92,15 +103,94 @@ class Row:
     method: str
     request: Callable[[Live], Message | list[Message]]  # a list: a client stream
     expected: Code
-    # How the call is made (`CLIENTS`): security rows bring their own.
-    client: str = "insecure"
+    # Who calls (`Callers`): security rows bring their own.
+    client: str = "harness"
     # The store row's target: the sealed or the open segment's replica.
     segment: str = "sealed"
+    # On a TLS cluster, where the harness calls as a cluster admin: what an admin gets
+    # when it is refused before its request is looked at (member-only RPCs).
+    expected_tls: Code | None = None
+    # A security row: only a TLS cluster checks who calls.
+    tls_only: bool = False
+
+    def expected_on(self, tls: bool) -> Code:
+        return self.expected_tls if tls and self.expected_tls is not None else self.expected
 
 
-CLIENTS: dict[str, Callable[[str], grpc.Channel]] = {
-    "insecure": grpc.insecure_channel,
-}
+# Who makes a row's calls, by name (`Row.client`). "harness": the harness's own transport
+# (plaintext, or the cluster's admin over TLS). The others exist on TLS clusters only.
+HARNESS = "harness"
+TENANT = "tenant"  # a write token of the tenant of the row's stream
+PLAINTEXT = "plaintext"  # no TLS at all
+WRONG_CA = "wrong-ca"  # TLS trusting another CA (and holding that CA's admin certificate)
+FORGED_TOKEN = "forged-token"
+REVOKED_TOKEN = "revoked-token"  # a write token of the stream's tenant, revoked
+OTHER_TENANT = "other-tenant"  # a write token of another tenant
+READ_TOKEN = "read-token"  # a read-only token of the stream's tenant
+
+
+@dataclass
+class Callers:
+    """How each client name makes its channels in this run (`callers`)."""
+
+    tls: bool
+    # (client name, tenant of the row's stream) -> transport (TLS clusters).
+    transports: dict[tuple[str, str], Transport]
+    # When the revoked tokens were revoked (monotonic seconds).
+    revoked_at: float = 0.0
+    opened: dict[tuple[str, str, str], grpc.Channel] = field(default_factory=dict)
+
+    def channel(self, client: str, tenant: str, address: str) -> grpc.Channel:
+        key = (client, tenant, address)
+        if key not in self.opened:
+            if client == HARNESS:
+                self.opened[key] = open_channel(address)
+            elif not self.tls:
+                raise AssertionError(f"{client} calls on TLS clusters only")
+            else:
+                self.opened[key] = self.transports[(client, tenant)].channel(address)
+        return self.opened[key]
+
+    def close(self) -> None:
+        for channel in self.opened.values():
+            channel.close()
+        self.opened.clear()
+
+
+def callers(master: str, tenants: list[str], scratch: Path) -> Callers:
+    """The run's callers: on a TLS cluster, tokens made by the harness (the cluster's
+    admin) for each tenant, one of them revoked at once, and another CA's admin."""
+    admin_dir = certs_dir()
+    if admin_dir is None:
+        return Callers(False, {})
+    other_ca = create_local_certs(scratch / "other-ca")
+    transports: dict[tuple[str, str], Transport] = {}
+    with open_channel(master) as channel:
+        stub = master_pb2_grpc.MasterStub(channel)
+
+        def token(tenant: str, role: m.TokenRole.ValueType) -> m.CreateTokenReply:
+            reply: m.CreateTokenReply = stub.CreateToken(
+                m.CreateTokenRequest(tenant=tenant, role=role), timeout=CALL_TIMEOUT_S)
+            return reply
+
+        writes = {tenant: token(tenant, m.TOKEN_ROLE_WRITE).token for tenant in tenants}
+        for tenant in tenants:
+            other = next(t for t in tenants if t != tenant)
+            revoked = token(tenant, m.TOKEN_ROLE_WRITE)
+            stub.RevokeToken(m.RevokeTokenRequest(token_id=revoked.token_id),
+                             timeout=CALL_TIMEOUT_S)
+            made = {
+                TENANT: writes[tenant],
+                OTHER_TENANT: writes[other],
+                READ_TOKEN: token(tenant, m.TOKEN_ROLE_READ).token,
+                REVOKED_TOKEN: revoked.token,
+                FORGED_TOKEN: "forged." + writes[tenant][::-1],
+            }
+            for name, value in made.items():
+                transports[(name, tenant)] = Transport.for_client(admin_dir, value)
+            transports[(PLAINTEXT, tenant)] = Transport()
+            transports[(WRONG_CA, tenant)] = Transport.for_client(other_ca.client_dir)
+    return Callers(True, transports, revoked_at=time.monotonic())
 
 
 def entry(index: int, epoch: int, payload: bytes = b"x",
@@ -150,23 +240,25 @@ ROWS: list[Row] = [
     Row("heartbeat with an epoch never granted", "master", "WriterHeartbeat",
         lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
                                               epoch=FUZZ_EPOCH), Code.INVALID_ARGUMENT),
-    # Only the holder of an epoch acts under it, proved by the master's grant of it.
+    # Only the holder of an epoch acts under it, proved by the master's grant of it (or
+    # a cluster admin, who is then refused the stale epoch itself).
     Row("roll by a stale leader, without its grant", "master", "RollSegment",
         lambda live: m.RollSegmentRequest(stream=live.open.stream, client_id="bad",
                                           epoch=live.sealed.epoch),
-        Code.PERMISSION_DENIED),
+        Code.PERMISSION_DENIED, expected_tls=Code.FAILED_PRECONDITION),
     Row("seal with a stale epoch, without its grant", "master", "SealSegment",
         lambda live: m.SealSegmentRequest(stream=live.sealed.stream,
                                           segment_epoch=live.open.epoch,
                                           writer_epoch=live.sealed.epoch, final_index=1),
-        Code.PERMISSION_DENIED),
+        Code.PERMISSION_DENIED, expected_tls=Code.FAILED_PRECONDITION),
     Row("drain an unknown store", "master", "DrainStore",
         lambda live: m.DrainStoreRequest(store_id=FUZZ_STORE), Code.NOT_FOUND),
     Row("register a store without an id", "master", "RegisterStore",
-        lambda live: m.RegisterStoreRequest(address="127.0.0.1:9"), Code.INVALID_ARGUMENT),
+        lambda live: m.RegisterStoreRequest(address="127.0.0.1:9"), Code.INVALID_ARGUMENT,
+        expected_tls=Code.PERMISSION_DENIED),
     Row("register a store without host:port", "master", "RegisterStore",
         lambda live: m.RegisterStoreRequest(store_id=FUZZ_STORE, address="x"),
-        Code.INVALID_ARGUMENT),
+        Code.INVALID_ARGUMENT, expected_tls=Code.PERMISSION_DENIED),
     # ---- the stores ----
     # A store takes writes and seals only under the master's grant of their epoch: one
     # without a grant is refused before its content is looked at, unless its shape
@@ -214,11 +306,90 @@ ROWS: list[Row] = [
         lambda live: s.DigestRequest(segment=_fuzz_segment()), Code.NOT_FOUND),
     Row("a copy without a source", "store", "CopySegment",
         lambda live: s.CopySegmentRequest(segment=_fuzz_segment(), final_index=3),
-        Code.INVALID_ARGUMENT),
+        Code.INVALID_ARGUMENT, expected_tls=Code.PERMISSION_DENIED),
     Row("a subscription without a start", "store", "Subscribe",
         lambda live: [s.SubscribeRequest(keepalive=s.Keepalive(sent_at_ms=1))],
         Code.INVALID_ARGUMENT),
+    # ---- who calls (TLS clusters) ----
+    # Nobody without the cluster's CA gets a connection; a token is checked before the
+    # request; a tenant reaches its own streams only, within its token's role, and
+    # never what only the master, a store or an admin may do. Rows that would change
+    # the workload's data or metadata if they were not refused are here on purpose:
+    # the digests before and after (C15) would show it.
+    *(Row(f"{who} calling the {server}", server, method, request, Code.UNAVAILABLE,
+          client=client, tls_only=True)
+      for who, client in (("a plaintext client", PLAINTEXT),
+                          ("a client trusting another CA", WRONG_CA))
+      for server, method, request in (
+          ("master", "ListStreams", lambda live: m.ListStreamsRequest()),
+          ("store", "Read", lambda live: s.ReadRequest(segment=live.sealed.pb,
+                                                        from_index=1)))),
+    *(Row(f"{who} at the {server}", server, method, request, Code.UNAUTHENTICATED,
+          client=client, tls_only=True)
+      for who, client in (("a forged token", FORGED_TOKEN), ("a revoked token", REVOKED_TOKEN))
+      for server, method, request in (
+          ("master", "DescribeStream",
+           lambda live: m.DescribeStreamRequest(name=live.sealed.stream)),
+          ("store", "Read", lambda live: s.ReadRequest(segment=live.sealed.pb,
+                                                        from_index=1)))),
+    Row("another tenant's token describing the stream", "master", "DescribeStream",
+        lambda live: m.DescribeStreamRequest(name=live.sealed.stream),
+        Code.PERMISSION_DENIED, client=OTHER_TENANT, tls_only=True),
+    Row("another tenant's token deleting the stream", "master", "DeleteStream",
+        lambda live: m.DeleteStreamRequest(name=live.sealed.stream),
+        Code.PERMISSION_DENIED, client=OTHER_TENANT, tls_only=True),
+    Row("another tenant's token reading a replica", "store", "Read",
+        lambda live: s.ReadRequest(segment=live.sealed.pb, from_index=1),
+        Code.PERMISSION_DENIED, client=OTHER_TENANT, tls_only=True),
+    Row("a read token creating a stream", "master", "CreateStream",
+        lambda live: m.CreateStreamRequest(name=live.sealed.stream.split("/")[0] + "/byreader",
+                                           policy=P(replicas=3, write_quorum=2)),
+        Code.PERMISSION_DENIED, client=READ_TOKEN, tls_only=True),
+    Row("a read token taking the lease", "master", "WriterHeartbeat",
+        lambda live: m.WriterHeartbeatRequest(stream=live.sealed.stream, client_id="reader"),
+        Code.PERMISSION_DENIED, client=READ_TOKEN, tls_only=True),
+    Row("a tenant draining a store", "master", "DrainStore",
+        lambda live: m.DrainStoreRequest(store_id="store0"), Code.PERMISSION_DENIED,
+        client=TENANT, tls_only=True),
+    Row("a tenant rebalancing", "master", "Rebalance", lambda live: m.RebalanceRequest(),
+        Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
+    Row("a tenant registering a store", "master", "RegisterStore",
+        lambda live: m.RegisterStoreRequest(store_id="store0", address="127.0.0.1:9"),
+        Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
+    Row("a tenant heartbeating as a store", "master", "StoreHeartbeat",
+        lambda live: m.StoreHeartbeatRequest(store_id="store0"), Code.PERMISSION_DENIED,
+        client=TENANT, tls_only=True),
+    Row("a tenant making a token", "master", "CreateToken",
+        lambda live: m.CreateTokenRequest(tenant=live.sealed.stream.split("/")[0],
+                                          role=m.TOKEN_ROLE_ADMIN),
+        Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
+    Row("a tenant rolling without the grant of the epoch", "master", "RollSegment",
+        lambda live: m.RollSegmentRequest(stream=live.open.stream, client_id="bad",
+                                          epoch=live.open.epoch),
+        Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
+    Row("a tenant sealing without the grant of the epoch", "master", "SealSegment",
+        lambda live: m.SealSegmentRequest(stream=live.sealed.stream,
+                                          segment_epoch=live.sealed.epoch,
+                                          writer_epoch=live.open.epoch,
+                                          final_index=live.sealed.final_index),
+        Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
+    Row("a tenant writing without a grant", "store", "Write",
+        lambda live: [s.WriteRequest(segment=live.open.pb, writer_epoch=live.open.epoch,
+                                     entries=[entry(1, live.open.epoch, b"tenant")],
+                                     request_id=1)],
+        Code.PERMISSION_DENIED, client=TENANT, segment="open", tls_only=True),
+    Row("a tenant deleting a replica", "store", "Delete",
+        lambda live: s.DeleteRequest(segment=live.sealed.pb), Code.PERMISSION_DENIED,
+        client=TENANT, tls_only=True),
+    Row("a tenant copying a segment onto a store", "store", "CopySegment",
+        lambda live: s.CopySegmentRequest(segment=live.sealed.pb,
+                                          source_address=live.sealed.address,
+                                          final_index=live.sealed.final_index),
+        Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
 ]
+
+# Stores hear of a revocation with their next heartbeat reply: within two heartbeats.
+REVOCATION_REACHES_STORES_S = 2 * STORE_HEARTBEAT_MS_MAX / 1000
 
 
 def _forged_grant(segment: Segment, epoch: int) -> bytes:
@@ -273,11 +444,12 @@ def _templates() -> dict[str, Message]:
     }
 
 
-# RPCs that get no mutated requests (random bytes only, and their rows): a request that
-# still parses after mutation could be a legitimate one that disturbs the run (a store
-# registered at a bogus address takes new segments; a forged heartbeat, rebalance or
-# delete moves or drops replicas). Refusing those from strangers takes TLS's member
-# certificates (a plaintext cluster serves loopback only).
+# RPCs that get no mutated requests on a plaintext cluster (random bytes only, and their
+# rows): a request that still parses after mutation could be a legitimate one that
+# disturbs the run (a store registered at a bogus address takes new segments; a forged
+# heartbeat, rebalance or delete moves or drops replicas). Refusing those from strangers
+# takes TLS's member certificates (a plaintext cluster serves loopback only): on a TLS
+# cluster, where the fuzz calls as a tenant, every RPC gets mutated requests.
 # A Seal is mutated: without the master's grant no bytes of one can fence anything.
 NOT_MUTATED = {"RegisterStore", "StoreHeartbeat", "Rebalance", "Delete"}
 
@@ -363,7 +535,7 @@ def serialized(request: Message | list[Message]) -> list[bytes]:
 def live_segments(master: str, streams: list[str]) -> Live | None:
     """A sealed and the open segment of the workload, each with a replica (None before
     the first roll)."""
-    with grpc.insecure_channel(master) as channel:
+    with open_channel(master) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         for stream in streams:
             listing = stub.ListSegments(m.ListSegmentsRequest(stream=stream),
@@ -373,7 +545,7 @@ def live_segments(master: str, streams: list[str]) -> Live | None:
                 continue
             last_sealed, last = sealed[-1], listing.segments[-1]
             replica = last_sealed.copy_set[0].address
-            with grpc.insecure_channel(replica) as store:
+            with open_channel(replica) as store:
                 state = store_grpc.SegmentStoreStub(store).GetSegmentState(
                     s.GetSegmentStateRequest(segment=entry_pb2.SegmentId(
                         stream_id=listing.stream_id, epoch=last_sealed.id.epoch)),
@@ -390,7 +562,7 @@ def live_segments(master: str, streams: list[str]) -> Live | None:
 def master_digest(master: str, streams: list[str], stores: list[str]) -> dict[str, Any]:
     """The master's metadata of the workload's namespace."""
     tenants = sorted({name.split("/")[0] for name in streams})
-    with grpc.insecure_channel(master) as channel:
+    with open_channel(master) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         listed = stub.ListTenants(m.ListTenantsRequest(), timeout=CALL_TIMEOUT_S).tenants
         infos = stub.ListStreams(m.ListStreamsRequest(), timeout=CALL_TIMEOUT_S).streams
@@ -412,7 +584,7 @@ def store_digests(master: str, streams: list[str]) -> dict[str, str]:
     """"store stream/epoch" -> the store's digest of every sealed workload segment it
     holds (up to its final index)."""
     out: dict[str, str] = {}
-    with grpc.insecure_channel(master) as channel:
+    with open_channel(master) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         for stream in streams:
             listing = stub.ListSegments(m.ListSegmentsRequest(stream=stream),
@@ -422,7 +594,7 @@ def store_digests(master: str, streams: list[str]) -> dict[str, str]:
                     continue
                 for replica in segment.copy_set:
                     key = f"{replica.store_id} {stream}/{segment.id.epoch}"
-                    with grpc.insecure_channel(replica.address) as store:
+                    with open_channel(replica.address) as store:
                         try:
                             reply = store_grpc.SegmentStoreStub(store).Digest(
                                 s.DigestRequest(segment=entry_pb2.SegmentId(
@@ -436,4 +608,5 @@ def store_digests(master: str, streams: list[str]) -> dict[str, str]:
 
 
 def serving(addresses: dict[str, str]) -> dict[str, bool]:
-    return {name: is_serving(address, 2.0) for name, address in addresses.items()}
+    transport = harness_transport()
+    return {name: is_serving(address, 2.0, transport) for name, address in addresses.items()}

@@ -19,6 +19,7 @@ import grpc
 
 from streamengine.tools.harness import ChildProcess, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+from tests.faults.channels import open_channel
 from tests.faults.history import Recorder
 from tests.tree import ROOT, child_env
 
@@ -116,7 +117,7 @@ class MetaSampler:
         self.recorder.close()
 
     def _run(self) -> None:
-        with grpc.insecure_channel(self.master) as channel:
+        with open_channel(self.master) as channel:
             stub = master_pb2_grpc.MasterStub(channel)
             while not self._stop.wait(SAMPLE_INTERVAL_S):
                 for stream in self.streams:
@@ -170,7 +171,7 @@ def running_pids(processes: list[ServerProcess | ClientProcess]) -> dict[str, in
 
 def leader_of(cluster: Cluster, stream: str) -> str:
     """The client id leading `stream` now, "" when none (or the master is down)."""
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    with open_channel(cluster.master_address) as channel:
         try:
             info = master_pb2_grpc.MasterStub(channel).DescribeStream(
                 master_pb2.DescribeStreamRequest(name=stream), timeout=RPC_TIMEOUT_S
@@ -182,7 +183,7 @@ def leader_of(cluster: Cluster, stream: str) -> str:
 
 def under_replicated(cluster: Cluster) -> int | None:
     """Sealed segments the master lists below N complete replicas (None: no answer)."""
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    with open_channel(cluster.master_address) as channel:
         try:
             status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
                 master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
@@ -194,7 +195,7 @@ def under_replicated(cluster: Cluster) -> int | None:
 
 def open_copy_set(cluster: Cluster, stream: str) -> list[str]:
     """Store ids of the copy set of `stream`'s newest segment ([] when unknown)."""
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    with open_channel(cluster.master_address) as channel:
         try:
             reply = master_pb2_grpc.MasterStub(channel).ListSegments(
                 master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
@@ -208,7 +209,7 @@ def open_copy_set(cluster: Cluster, stream: str) -> list[str]:
 
 def create_streams(address: str, streams: list[str], replicas: int, quorum: int,
                    segment_bytes: int) -> None:
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         for name in streams:
             stub.CreateStream(

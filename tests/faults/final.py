@@ -20,6 +20,7 @@ from streamengine.tools.harness import STREAMENGINE
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import payload
+from tests.faults.channels import certs_dir, open_channel
 from tests.tree import child_env
 
 SEAL_TIMEOUT_S = 60
@@ -43,7 +44,7 @@ async def fresh_read(master: str, stream: str, losses: list[list[int]]) -> list[
     just past it, as a reader that accepts the loss would."""
     events: list[list[Any]] = []
     start = 0
-    async with StreamClient(master) as client:
+    async with StreamClient(master, certs_dir=certs_dir()) as client:
         async with asyncio.timeout(READ_TIMEOUT_S):
             while True:
                 try:
@@ -67,7 +68,7 @@ def dump_replica(address: str, segment: entry_pb2.SegmentId) -> dict[str, Any]:
     entries: list[list[Any]] = []
     acked = fence = 0
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_channel(address) as channel:
             replies = store_grpc.SegmentStoreStub(channel).Read(
                 segment_store_pb2.ReadRequest(segment=segment, from_index=1, to_index=0),
                 timeout=DUMP_TIMEOUT_S,
@@ -95,7 +96,7 @@ def probe_fence(address: str, segment: entry_pb2.SegmentId, fence: int, index: i
         request_id=1,
     )
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_channel(address) as channel:
             replies = store_grpc.SegmentStoreStub(channel).Write(iter([request]),
                                                                  timeout=DUMP_TIMEOUT_S)
             for reply in replies:
@@ -126,7 +127,7 @@ def _run_async(work: Coroutine[Any, Any, _T]) -> _T:
 
 
 def segments_of(master: str, stream: str) -> master_pb2.ListSegmentsReply:
-    with grpc.insecure_channel(master) as channel:
+    with open_channel(master) as channel:
         return master_pb2_grpc.MasterStub(channel).ListSegments(
             master_pb2.ListSegmentsRequest(stream=stream), timeout=10.0
         )

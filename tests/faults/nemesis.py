@@ -26,6 +26,7 @@ from streamengine.tools.harness import STREAMENGINE, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import disk
+from tests.faults.channels import open_channel
 from tests.faults.cluster import (
     ClientProcess,
     leader_of,
@@ -352,7 +353,7 @@ def drain_one(ctx: RunContext, avoid: str) -> None:
 
 def _store_status(ctx: RunContext, store_id: str) -> dict[str, int]:
     """The master's view of a store: replicas placed on it, bytes it reports."""
-    with grpc.insecure_channel(ctx.cluster.master_address) as channel:
+    with open_channel(ctx.cluster.master_address) as channel:
         try:
             status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
                 master_pb2.GetClusterStatusRequest(), timeout=10)
@@ -367,8 +368,8 @@ def _store_status(ctx: RunContext, store_id: str) -> dict[str, int]:
 def _segments_held(ctx: RunContext, store: ServerProcess) -> list[str]:
     """The workload's segments `store` still holds (asked of the store itself)."""
     held = []
-    with grpc.insecure_channel(ctx.cluster.master_address) as channel, \
-            grpc.insecure_channel(store.address) as store_channel:
+    with open_channel(ctx.cluster.master_address) as channel, \
+            open_channel(store.address) as store_channel:
         master = master_pb2_grpc.MasterStub(channel)
         stub = store_grpc.SegmentStoreStub(store_channel)
         for stream in ctx.streams:
@@ -751,13 +752,10 @@ def bad_input_loop(ctx: RunContext) -> None:
             master=badinput.master_digest(cluster.master_address, ctx.streams, stores),
             stores=badinput.store_digests(cluster.master_address, ctx.streams))
 
-    channels: dict[tuple[str, str], grpc.Channel] = {}
-
-    def channel(client: str, address: str) -> grpc.Channel:
-        if (client, address) not in channels:
-            channels[(client, address)] = badinput.CLIENTS[client](address)
-        return channels[(client, address)]
-
+    tenants = sorted({stream.split("/")[0] for stream in ctx.streams})
+    callers = badinput.callers(cluster.master_address, tenants, cluster.root)
+    rows = [row for row in badinput.ROWS if callers.tls or not row.tls_only]
+    not_mutated = set() if callers.tls else badinput.NOT_MUTATED
     by_name = {(server, method.name): method for server, method in badinput.methods()}
     templates = badinput._templates()
     # A server already down (a store an earlier package of S14 left damaged) is not
@@ -767,21 +765,26 @@ def bad_input_loop(ctx: RunContext) -> None:
     digest("before")
     try:
         with ctx.window("bad-input", "servers"):
-            for row in ctx.rng.sample(badinput.ROWS, len(badinput.ROWS)):
+            for row in ctx.rng.sample(rows, len(rows)):
+                if row.client == badinput.REVOKED_TOKEN:
+                    ctx.pause(callers.revoked_at + badinput.REVOCATION_REACHES_STORES_S
+                              - time.monotonic())
                 live = badinput.live_segments(cluster.master_address, ctx.streams) or live
                 target = live.sealed if row.segment == "sealed" else live.open
                 address = cluster.master_address if row.server == "master" else target.address
-                got, details = badinput.call(channel(row.client, address),
+                tenant = live.sealed.stream.split("/")[0]
+                got, details = badinput.call(callers.channel(row.client, tenant, address),
                                              by_name[(row.server, row.method)],
                                              badinput.serialized(row.request(live)))
                 ctx.recorder.record("bad", kind="row", case=row.case, server=row.server,
                                     method=row.method, client=row.client,
-                                    expected=row.expected.name, got=got, details=details)
+                                    expected=row.expected_on(callers.tls).name, got=got,
+                                    details=details)
             while ctx.pause(1 / FUZZ_CALLS_PER_S):
                 server = ctx.rng.choice(sorted(by_name))
                 method = by_name[server]
-                mutated = (method.name in templates and method.name not in
-                           badinput.NOT_MUTATED and ctx.rng.random() < 0.5)
+                mutated = (method.name in templates and method.name not in not_mutated
+                           and ctx.rng.random() < 0.5)
                 if mutated:
                     data = badinput.mutate(ctx.rng, templates[method.name].SerializeToString())
                 else:
@@ -789,15 +792,17 @@ def bad_input_loop(ctx: RunContext) -> None:
                 parses = badinput.parses(method, data)
                 address = (cluster.master_address if server[0] == "master"
                            else ctx.rng.choice(targets).address)
-                got, details = badinput.call(channel("insecure", address), method, [data])
+                # On a TLS cluster as a tenant: every RPC is mutated, none may pass.
+                fuzzer = badinput.TENANT if callers.tls else badinput.HARNESS
+                caller = callers.channel(fuzzer, ctx.rng.choice(tenants), address)
+                got, details = badinput.call(caller, method, [data])
                 ctx.recorder.record(
                     "bad", kind="mutated" if mutated else "random", server=server[0],
                     method=method.name, case=data.hex(),
                     expected="INVALID_ARGUMENT" if not parses else "parsed",
                     streaming=method.server_streaming, got=got, details=details)
     finally:
-        for opened in channels.values():
-            opened.close()
+        callers.close()
         digest("after")
         serving_after = badinput.serving(addresses)
         ctx.recorder.record("serving", servers={
@@ -830,7 +835,7 @@ def data_loss_loop(ctx: RunContext) -> None:
                         quorum_lost=how == "damage"):
             if how == "delete":
                 for _store, address in replicas:
-                    with grpc.insecure_channel(address) as channel:
+                    with open_channel(address) as channel:
                         store_grpc.SegmentStoreStub(channel).Delete(
                             segment_store_pb2.DeleteRequest(segment=segment), timeout=10)
             else:
@@ -862,7 +867,7 @@ def _destroyable_segment(ctx: RunContext, stream: str
                          ) -> tuple[int, int, int, list[tuple[str, str]]] | None:
     """A sealed segment of `stream` with events, not the newest sealed one (readers
     that tail the stream have read it): stream id, epoch, final index, replicas."""
-    with grpc.insecure_channel(ctx.cluster.master_address) as channel:
+    with open_channel(ctx.cluster.master_address) as channel:
         listing = master_pb2_grpc.MasterStub(channel).ListSegments(
             master_pb2.ListSegmentsRequest(stream=stream), timeout=10)
     sealed = [s for s in listing.segments if s.state == entry_pb2.SEALED and s.final_index > 1]
@@ -876,7 +881,7 @@ def _destroyable_segment(ctx: RunContext, stream: str
 def _event_indexes(address: str, segment: entry_pb2.SegmentId, final_index: int) -> list[int]:
     """Indexes of the events a segment holds below its bridge (read from a replica)."""
     indexes: list[int] = []
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address) as channel:
         for reply in store_grpc.SegmentStoreStub(channel).Read(
                 segment_store_pb2.ReadRequest(segment=segment, from_index=1,
                                               to_index=final_index), timeout=30):

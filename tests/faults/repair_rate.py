@@ -22,11 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
 from bench.segment_driver import Driver
 from streamengine.tools.harness import running_cluster, wait_for
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
+from tests.faults.channels import open_channel
 
 STREAM = "repair/data"
 EVENT_BYTES = 4096
@@ -38,7 +37,7 @@ REPAIR_TIMEOUT_S = 600.0
 
 
 def status(master: str) -> master_pb2.ClusterStatus:
-    with grpc.insecure_channel(master) as channel:
+    with open_channel(master) as channel:
         return master_pb2_grpc.MasterStub(channel).GetClusterStatus(
             master_pb2.GetClusterStatusRequest(), timeout=10)
 
@@ -48,7 +47,7 @@ def measure(megabytes: float, root: Path) -> dict[str, float | int | str]:
     # heartbeats (the lease plays no part in repair).
     master_args = ["--lease-ms", "30000", "--store-timeout-ms", "3000"]
     with running_cluster(root, stores=STORES, master_args=master_args) as cluster:
-        with grpc.insecure_channel(cluster.master_address) as channel:
+        with open_channel(cluster.master_address) as channel:
             master_pb2_grpc.MasterStub(channel).CreateStream(master_pb2.CreateStreamRequest(
                 name=STREAM, policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2),
                 segment_bytes=1 << 40, create_tenant=True), timeout=10)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamengine.protocol.transport import CERTS_DIR_ENV
 from streamengine.tools.harness import Cluster, ServerProcess, running_cluster, wait_for
 from tests.faults import disk, nemesis, netns, report
 from tests.faults import final as final_state
@@ -77,6 +78,10 @@ class Scenario:
     # Losing acked writes is what the scenario demonstrates (fsync=never): the loss is
     # measured and reported (`documented_loss`), the run is not failed for it.
     expect_loss: bool = False
+    # Every server serves TLS with its own node certificate; the workload and the harness
+    # call as the cluster's admin (S15: the security rows need a cluster that checks
+    # who calls).
+    tls: bool = False
 
 
 class CannotRun(Exception):
@@ -115,7 +120,7 @@ SCENARIOS: dict[str, Scenario] = {
         # S9, S9b); the lazy fs's pace, as S8's.
         Scenario("S14", "mixed soak", 900, 16, nemesis.soak, proxies=True, netns=True,
                  lazy=True, disks=True, rate=150.0),
-        Scenario("S15", "bad input", 60, 12, nemesis.bad_input_loop),
+        Scenario("S15", "bad input", 60, 12, nemesis.bad_input_loop, tls=True),
         # Not in FAULTS.md's list: the scenario C14 asks for (more than N - W copies of
         # a range destroyed).
         Scenario("S16", "data loss beyond the promise", 60, 12, nemesis.data_loss_loop),
@@ -326,8 +331,28 @@ def topology(scenario: Scenario, data: Path
                 yield cluster, hosts, lazy
         else:
             with running_cluster(data, stores=STORES, master_args=MASTER_ARGS,
-                                 store_args=list(scenario.store_args)) as cluster:
+                                 store_args=list(scenario.store_args),
+                                 tls=scenario.tls) as cluster, exported_certs(cluster):
                 yield cluster, None, lazy
+
+
+@contextlib.contextmanager
+def exported_certs(cluster: Cluster) -> Iterator[None]:
+    """The admin's certs dir in this process's environment while the cluster runs (the
+    harness's calls and the workload processes it starts use it, `channels.py`)."""
+    certs = cluster.admin_certs_dir
+    if certs is None:
+        yield
+        return
+    before = os.environ.get(CERTS_DIR_ENV)
+    os.environ[CERTS_DIR_ENV] = str(certs)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CERTS_DIR_ENV, None)
+        else:
+            os.environ[CERTS_DIR_ENV] = before
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ from streamengine.client.errors import (
 )
 from streamengine.protocol.sequence import pack_sequence
 from tests.faults import payload
+from tests.faults.channels import certs_dir
 from tests.faults.history import Recorder, read_file
 
 # Errors the SDK documents as "not written": the append can never appear.
@@ -64,6 +65,12 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
+
+def connect(args: argparse.Namespace) -> StreamClient:
+    """A client of the run's cluster: through the proxy's links when `--dial` says so,
+    over TLS as the cluster's admin when the run exports its certs dir."""
+    return StreamClient(args.master, certs_dir=certs_dir(), dial=args.dial)
+
 class WriterWorkload:
     def __init__(self, args: argparse.Namespace, recorder: Recorder) -> None:
         self.args = args
@@ -75,7 +82,7 @@ class WriterWorkload:
         self.sessions = 0
 
     async def run(self) -> None:
-        async with StreamClient(self.args.master, dial=self.args.dial) as client, \
+        async with connect(self.args) as client, \
                 asyncio.TaskGroup() as group:
             for stream in self.args.streams.split(","):
                 group.create_task(self.stream_loop(client, stream))
@@ -205,7 +212,7 @@ class ReaderWorkload:
 
     async def stream_loop(self, stream: str) -> None:
         while not self.stopping.is_set():
-            async with StreamClient(self.args.master, dial=self.args.dial) as client:
+            async with connect(self.args) as client:
                 # A few subscriptions per client, then a fresh client.
                 for _ in range(self.rng.randint(1, 4)):
                     if self.stopping.is_set():

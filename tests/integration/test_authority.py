@@ -463,7 +463,7 @@ def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores
                 store_call(address, "GetSegmentState", state, token)
                 return False
             except grpc.RpcError as error:
-                assert error.code() == Code.PERMISSION_DENIED, error.details()
+                assert error.code() == Code.UNAUTHENTICATED, error.details()
                 assert why in (error.details() or ""), error.details()
         return True
 
@@ -473,7 +473,7 @@ def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores
         assert store_call(address, "GetSegmentState", state, revoked).acked_index > 0
     assert master_call(cluster, "RevokeToken", m.RevokeTokenRequest(token_id=token_id)).revoked
     error = refused(lambda: master_call(cluster, "DescribeStream", describe, revoked))
-    assert error.code() == Code.PERMISSION_DENIED and "revoked" in (error.details() or "")
+    assert error.code() == Code.UNAUTHENTICATED and "revoked" in (error.details() or "")
     # Stores hear of it with their next heartbeat (every store timeout / 4: 1.5 s).
     wait_for(lambda: store_refuses(revoked, "revoked"), 5.0, message="stores refuse it")
 
@@ -484,7 +484,7 @@ def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores
         try:
             master_call(cluster, "DescribeStream", describe, expiring)
         except grpc.RpcError as error:
-            assert error.code() == Code.PERMISSION_DENIED and "expired" in (error.details() or "")
+            assert error.code() == Code.UNAUTHENTICATED and "expired" in (error.details() or "")
             return True
         return False
 
@@ -493,7 +493,7 @@ def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores
     # A token of this cluster's format but of no master at all.
     forged = "se1_" + "A" * 120
     error = refused(lambda: master_call(cluster, "DescribeStream", describe, forged))
-    assert error.code() == Code.PERMISSION_DENIED
+    assert error.code() == Code.UNAUTHENTICATED
     assert store_refuses(forged, "not valid")
 
 

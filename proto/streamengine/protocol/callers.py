@@ -5,8 +5,9 @@ identity its certificate proves (`identity.caller_identity`: a member or an admi
 TLS, ANONYMOUS over TLS without a proof, INSECURE over plaintext), with the token of its
 `authorization: Bearer` metadata, by `tokens.resolve_caller`. The servicer then asks
 `auth.authorize(principal, rpc, tenant)` and answers a denial with PERMISSION_DENIED,
-changing nothing; a certificate proof that does not hold is UNAUTHENTICATED
-(`identity.ProofRefused`, raised).
+changing nothing; a certificate proof that does not hold (`identity.ProofRefused`,
+raised) and a token that is not valid (forged, expired, revoked: the `Denial` this
+returns) are UNAUTHENTICATED: the caller is nobody proven, not somebody refused.
 
 Which calls must prove who they are is the transport's one decision: a TLS server never
 sees an INSECURE caller (a caller without a certificate proof is ANONYMOUS until a token
