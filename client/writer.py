@@ -357,15 +357,21 @@ class Writer:
                 raise EventTooLarge(f"event of {len(payload)} bytes > {EVENT_BYTES_MAX}")
             nbytes += entry_bytes(payload)
         self._check_leading()
-        replicator = self._core.replicator
-        assert replicator is not None
-        if len(payloads) > 1 and nbytes > replicator.limits.unacked_bytes_max:
+        unacked_max = self._core.limits.unacked_bytes_max
+        if len(payloads) > 1 and nbytes > unacked_max:
             raise InvalidArgument(
                 f"a batch of {nbytes} bytes is more than the writer may have unacked "
-                f"({replicator.limits.unacked_bytes_max}): split it"
+                f"({unacked_max}): split it"
             )
         item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future())
-        if not self._waiting and self._core.accepting_appends and replicator.room_for(nbytes):
+        # No segment yet (an epoch granted without one): it waits for the roll.
+        replicator = self._core.replicator
+        if (
+            not self._waiting
+            and self._core.accepting_appends
+            and replicator is not None
+            and replicator.room_for(nbytes)
+        ):
             self._submitted.append(item)
             self.step(Append(payloads))
         else:
@@ -425,6 +431,10 @@ class Writer:
             self._stepping = False
         # Every submitted append was assigned, or failed with the step-down.
         assert not self._submitted, self._submitted
+        if self._core.role is Role.LEADING:
+            # Leading, with a segment or not yet (an epoch granted without one: its
+            # recoveries run, appends wait for the roll that gives it one).
+            self._decided.set()
         self._stepped.set()
         deadline = self._core.deadline_ms(now_ms())
         if deadline is not None and (

@@ -803,14 +803,24 @@ class MasterState:
         now_ms: int,
         allow_no_segment: bool,
     ) -> StreamRecord:
-        """Persist the new epoch (and its segment when fewer than two are unsealed)."""
+        """Persist the new epoch and its segment: none when two are unsealed already,
+        nor when too few stores are usable to place one while something is left to
+        seal (the new leader seals and recovers it, which needs only R stores of its own
+        copy set, and asks for a segment once stores allow: a stream whose stores are
+        too few to place a copy set still gets its last segment sealed and read)."""
         assert lease.epoch == record.epoch + 1
         unsealed = self.unsealed(record.stream_id)
         segment = None
+        copy_set: tuple[str, ...] | None = None
         if len(unsealed) < UNSEALED_SEGMENTS_MAX or not allow_no_segment:
-            copy_set = placement.choose_copy_set(
-                self.store_views(now_ms).values(), record.replicas, exclude
-            )
+            try:
+                copy_set = placement.choose_copy_set(
+                    self.store_views(now_ms).values(), record.replicas, exclude
+                )
+            except NotEnoughStores:
+                if not (allow_no_segment and unsealed):
+                    raise
+        if copy_set is not None:
             segment = SegmentRecord(
                 stream_id=record.stream_id,
                 stream=record.name,

@@ -65,13 +65,15 @@ or a drain not done within `DRAIN_MS_MAX`, resumes appends and tries again after
 refused, so a lost answer never leaves the writer waiting for nothing.
 
 A grant without a segment. When two earlier segments are unsealed (a leader died
-while recovering), the master grants the epoch without a segment. The writer leads
-it all the same: it recovers both earlier segments under the granted epoch, then asks
-for the next epoch (`AskRoll`), whose segment it leads as after any roll. While the
-granted epoch has no segment the writer takes no appends (they wait, as during a
-drain). A leader holding an epoch with no segment and nothing unsealed always asks
-for a roll, again `ROLL_RETRY_MS` after every failure, until it has a segment or
-loses the lease.
+while recovering), or too few stores are usable to place a copy set while a segment
+is left to seal, the master grants the epoch without a segment. The writer leads it
+all the same: it recovers the earlier segments under the granted epoch (R stores of
+each one's own copy set suffice), then asks for the next epoch (`AskRoll`), whose
+segment it leads as after any roll. While the granted epoch has no segment the writer
+takes no appends (they wait, as during a drain). A leader holding an epoch with no
+segment and nothing unsealed always asks for a roll, again after every failure
+(`ROLL_RETRY_NO_SEGMENT_MS_MIN`, doubling up to `ROLL_RETRY_MS`), until it has a
+segment or loses the lease.
 
 Grants. Every answer that makes the writer LEADER of an epoch (a grant, a roll) carries
 the master's signed grant of that epoch, opaque here. The writer keeps the one of the
@@ -143,6 +145,11 @@ def reconnect_pause_ms(failures: int) -> int:
 
 # After a roll refused or given up, the next attempt waits this long.
 ROLL_RETRY_MS = 1_000
+# A leader of an epoch without a segment takes no appends until a roll gives it one:
+# its retries start this soon and double up to ROLL_RETRY_MS (a master that saw too
+# few stores for a moment, a clock jump, is asked again before appends stall long;
+# stores down for good cost a roll a second).
+ROLL_RETRY_NO_SEGMENT_MS_MIN = 100
 # A roll not answered this long after its own timeout counts as refused: the shell
 # answers every `AskRoll`, and this keeps a lost answer from stalling the writer if not.
 ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
@@ -514,6 +521,8 @@ class Leader:
         self._roll_asked = False
         self._roll_answer_by_ms = 0
         self._roll_retry_ms = 0
+        # Rolls refused in a row while the epoch has no segment (their backoff).
+        self._segmentless_roll_failures = 0
         self._detached: set[str] = set()
         self._disconnected_since: dict[str, int] = {}
         self._outbox: list[LeaderAction] = []
@@ -527,6 +536,11 @@ class Leader:
         self._timed_out_again_ms = 0
 
     # ---- queries ----
+
+    @property
+    def limits(self) -> ReplicatorLimits:
+        """The bounds of every segment this writer leads (before it leads one, too)."""
+        return self._limits or ReplicatorLimits()
 
     @property
     def accepting_appends(self) -> bool:
@@ -771,6 +785,7 @@ class Leader:
             # Nothing to replicate until the roll after the recoveries (`_on_time`).
             self._segment = None
             self._roll_retry_ms = now_ms
+            self._segmentless_roll_failures = 0
             return
         self._open(now_ms, answer, actions)
 
@@ -918,7 +933,14 @@ class Leader:
     def _roll_given_up(self, now_ms: int) -> None:
         self._rolling = ""
         self._roll_asked = False
-        self._roll_retry_ms = now_ms + ROLL_RETRY_MS
+        self._roll_retry_ms = now_ms + self._roll_retry_delay_ms()
+
+    def _roll_retry_delay_ms(self) -> int:
+        if self._segment is not None:
+            return ROLL_RETRY_MS
+        self._segmentless_roll_failures += 1
+        delay = ROLL_RETRY_NO_SEGMENT_MS_MIN << min(self._segmentless_roll_failures - 1, 16)
+        return min(ROLL_RETRY_MS, delay)
 
     def _roll_answered(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]

@@ -24,7 +24,7 @@ from streamengine.client.errors import Unavailable
 from streamengine.client.sealer import SegmentSealer
 from streamengine.tools.harness import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
-from streamengine.v1 import entry_pb2
+from streamengine.v1 import entry_pb2, master_pb2
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -379,3 +379,47 @@ async def test_a_recovery_failing_once_is_started_again(
         listing = await segments(client, name)
         assert [s.state for s in listing if s.id.epoch < epoch - 1] == [entry_pb2.SEALED] * 2
         assert [p for _, p in await read_all(client, name)] == [b"after the gap"]
+
+
+async def test_with_too_few_stores_for_a_new_segment_the_open_one_is_still_sealed(
+    tmp_path: Path,
+) -> None:
+    """Two of four stores down, N = 3: no new copy set can be placed, but the open
+    segment needs only R = 2 of its own stores to be sealed. `seal` gets an epoch without
+    a segment and seals it, readers get every event; once a store is back, a writer
+    rolls to a new segment and appends."""
+    name = "failover/few"
+    master_args = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "2000"]
+    with running_cluster(tmp_path, stores=4, master_args=master_args) as c:
+        async with StreamClient(c.master_address) as client:
+            await client.create_stream(name, replicas=3, write_quorum=2)
+            async with client.writer(name) as writer:
+                await writer.append_batch([b"f-%03d" % i for i in range(50)])
+                epoch = writer.epoch
+            [open_segment] = [s for s in await segments(client, name) if s.id.epoch == epoch]
+            members = {r.store_id for r in open_segment.copy_set}
+            outsider = next(s for s in c.stores if s.name not in members)
+            member = next(s for s in c.stores if s.name in members)
+            outsider.kill()
+            member.kill()
+
+            async def too_few_usable() -> bool:
+                status = await client.master.GetClusterStatus(
+                    master_pb2.GetClusterStatusRequest(), timeout=5
+                )
+                return sum(store.alive for store in status.stores) == 2
+
+            await wait_until(too_few_usable, 30, "the master sees two stores down")
+            assert await client.seal(name, timeout_s=20) == epoch
+            by_epoch = {s.id.epoch: s for s in await segments(client, name)}
+            assert by_epoch[epoch].state == entry_pb2.SEALED
+            assert [p for _, p in await read_all(client, name)] == [
+                b"f-%03d" % i for i in range(50)
+            ]
+
+            member.start()
+            async with client.writer(name, leadership_timeout_s=30) as writer:
+                await writer.append(b"after")
+                assert writer.epoch > epoch
+            events = [p for _, p in await read_all(client, name)]
+            assert events == [b"f-%03d" % i for i in range(50)] + [b"after"]

@@ -1,4 +1,5 @@
-"""A grant without a segment (two earlier segments unsealed) and recoveries that fail:
+"""A grant without a segment (two earlier segments unsealed, or too few stores to place
+one) and recoveries that fail:
 the leader core recovers both earlier segments under the granted epoch, then asks for
 the next epoch, again after every failure, until it leads a segment or loses the lease
 (issue 22: a lost roll answer or a failed recovery used to leave the writer waiting for
@@ -10,6 +11,7 @@ from streamengine.client.core.leader import (
     RECOVERY_RETRY_MS,
     ROLL_ANSWER_GRACE_MS,
     ROLL_RETRY_MS,
+    ROLL_RETRY_NO_SEGMENT_MS_MIN,
     AskRoll,
     BecameLeader,
     Leader,
@@ -78,17 +80,26 @@ def test_a_grant_without_a_segment_recovers_both_then_asks_for_the_next_epoch() 
     assert [a.acked_index for a in acked] == [1]
 
 
-def test_a_refused_roll_is_asked_again_after_every_failure() -> None:
+def test_a_refused_roll_is_asked_again_after_every_failure_soon_then_each_second() -> None:
+    """No segment, no appends: the first retries come fast (a master that saw too few
+    stores for a moment), then one a second."""
     leader, actions = granted_without_segment(unsealed=())
     now = 5
-    for attempt in range(3):
+    waits = []
+    for attempt in range(6):
         [ask] = of_type(actions, AskRoll)
         assert ask.epoch == 5, attempt
-        assert of_type(step(leader, now + 1, RollFailed("TooManyUnsealed")), AskRoll) == []
-        assert of_type(keep_lease(leader, now + 2, now + ROLL_RETRY_MS), AskRoll) == []
-        now += ROLL_RETRY_MS + 1
+        assert of_type(step(leader, now + 1, RollFailed("NotEnoughStores")), AskRoll) == []
+        wait = min(ROLL_RETRY_MS, ROLL_RETRY_NO_SEGMENT_MS_MIN << attempt)
+        assert of_type(step(leader, now + wait, Tick()), AskRoll) == [], attempt
+        waits.append(wait)
+        now += wait + 1
         actions = step(leader, now, Tick())
+    assert waits == [100, 200, 400, 800, 1000, 1000]
     assert leader.role is Role.LEADING
+    # A segment at last: it leads it and takes appends.
+    step(leader, now + 1, RollAnswered(leader_answer(now, epoch=6)))
+    assert leader.epoch == 6 and leader.accepting_appends
 
 
 def test_a_roll_answer_that_never_comes_is_asked_again() -> None:
@@ -97,8 +108,9 @@ def test_a_roll_answer_that_never_comes_is_asked_again() -> None:
     given_up = 5 + ask.timeout_ms + ROLL_ANSWER_GRACE_MS
     assert of_type(keep_lease(leader, 10, given_up), AskRoll) == []
     step(leader, given_up, Tick())
-    assert of_type(keep_lease(leader, given_up + 1, given_up + ROLL_RETRY_MS), AskRoll) == []
-    assert of_type(step(leader, given_up + ROLL_RETRY_MS, Tick()), AskRoll)
+    retry = given_up + ROLL_RETRY_NO_SEGMENT_MS_MIN
+    assert of_type(step(leader, retry - 1, Tick()), AskRoll) == []
+    assert of_type(step(leader, retry, Tick()), AskRoll)
 
 
 def test_a_renewal_seen_as_a_grant_with_nothing_unsealed_asks_at_once() -> None:

@@ -416,3 +416,22 @@ def test_catalog_keys_are_big_endian_so_segments_sort_by_epoch(master: Master) -
     master.state.roll_segment("t/s", "w1", 1, [], master.now)
     keys = [k for k, _ in master.catalog.metadata.read_all() if k[:2] == b"g/"]
     assert keys == sorted(keys) and len(keys) == 2, "segments sort by (stream id, epoch)"
+
+
+def test_too_few_stores_for_a_new_segment_still_grant_an_epoch_that_seals_the_open_one(
+    master: Master,
+) -> None:
+    """Two stores of four left for N = 3: no copy set can be placed, but the open
+    segment only needs R of its own stores to be sealed. The next writer leads an epoch
+    without a segment (as with two unsealed), seals it, and its roll waits for stores."""
+    open_segment = beat(master, "w1").segment
+    assert open_segment is not None
+    master.now += TIMEOUT + 1
+    master.stores("a", "b")  # c and d fall silent
+    view = beat(master, "w2")
+    assert view.leads and view.lease.epoch == 2 and view.segment is None
+    assert [s.epoch for s in view.unsealed] == [1]
+    assert master.state.segments[(1, 1)].state == SegmentState.SEALING
+    master.state.seal_segment("t/s", 1, 2, 10, master.now)
+    with pytest.raises(NotEnoughStores):
+        master.state.roll_segment("t/s", "w2", 2, [], master.now)
