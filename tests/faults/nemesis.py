@@ -780,6 +780,8 @@ def bad_input_loop(ctx: RunContext) -> None:
                                     method=row.method, client=row.client,
                                     expected=row.expected_on(callers.tls).name, got=got,
                                     details=details)
+            # The rows' channels go (a plaintext or wrong-CA one would keep reconnecting).
+            callers.close()
             while ctx.pause(1 / FUZZ_CALLS_PER_S):
                 server = ctx.rng.choice(sorted(by_name))
                 method = by_name[server]

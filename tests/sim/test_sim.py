@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from streamengine.protocol.policy import ReplicationPolicy
 from tests.sim.world import RunResult, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,3 +263,19 @@ def test_copies_forged_at_rest_are_never_read_and_are_replaced() -> None:
     assert stats["copies rotted"] > 0, stats
     assert stats["replicas found bad"] > 0, stats
     assert stats["repair bad-copy"] > 0, stats
+
+
+# Seeds with as many stores as replicas: a crashed store leaves too few to place a copy
+# set, and a takeover then is granted an epoch without a segment (it seals the open one
+# with R of its own stores, then rolls once the store is back).
+FEW_STORES = {"policy": ReplicationPolicy(3, 2), "stores": 3}
+FEW_STORES_SEEDS = range(20_000, 20_060)
+FEW_STORES_REACHING_MIN = 3
+
+
+def test_too_few_stores_for_a_copy_set_still_seal_and_converge() -> None:
+    runs = [run_seed(seed, LONG_STEPS, overrides=FEW_STORES) for seed in FEW_STORES_SEEDS]
+    reached = [r for r in runs if r.stats["grants without a segment, too few stores"]]
+    assert len(reached) >= FEW_STORES_REACHING_MIN, len(reached)
+    failures = _failures(runs, LONG_STEPS)
+    assert not failures, "\n".join(failures)

@@ -319,6 +319,8 @@ class WriterNode(Node):
             if isinstance(result, HeartbeatAnswered):
                 if result.leader and result.segment is None and not self.leading:
                     self.world.stats["grants without a segment"] += 1
+                    if len(result.unsealed) < 2:  # not two unsealed: too few stores
+                        self.world.stats["grants without a segment, too few stores"] += 1
                 self.step(dataclasses.replace(result, sent_at_ms=sent_at))
             elif isinstance(result, MasterError):
                 self.step(HeartbeatFailed(sent_at, status_of(result).name, str(result)))
