@@ -64,14 +64,39 @@ SEAL_ASK_AGAIN_S = 2.0
 # The first call to the master: long enough for a TLS handshake on a loaded host, short
 # enough that a wrong certs dir is reported at once.
 FIRST_CONTACT_TIMEOUT_S = 5.0
+# A TLS disagreement answers the same way every time; a master that went away while the
+# first call was under way (killed after reading the request: the connection closes as a
+# TLS server closes a plaintext client's) does not. So a first call that looks like one
+# is asked again on fresh connections (a channel keeps its last failure for a while)
+# before it is reported.
+FIRST_CONTACT_ATTEMPTS = 3
+FIRST_CONTACT_PAUSE_S = 0.1
 
 
 async def first_contact(
     channel: grpc.aio.Channel, address: str, chosen: transport.Transport
 ) -> None:
     """Fail at once, naming TLS, when the master and this client disagree on TLS or on
-    the CA; any other failure (a master restarting) is left to the calls' retries.
-    Without wait_for_ready: waiting would hide the handshake's error until a deadline."""
+    the CA (every one of `FIRST_CONTACT_ATTEMPTS` calls says so); any other failure (a
+    master restarting) is left to the calls' retries. Without wait_for_ready: waiting
+    would hide the handshake's error until a deadline."""
+    problem = await _tls_problem_of(channel, chosen)
+    for _ in range(FIRST_CONTACT_ATTEMPTS - 1):
+        if not problem:
+            return
+        await asyncio.sleep(FIRST_CONTACT_PAUSE_S)
+        fresh = chosen.aio_channel(address)
+        try:
+            problem = await _tls_problem_of(fresh, chosen)
+        finally:
+            await fresh.close()
+    if problem:
+        raise Unavailable(f"master at {address}: {problem}")
+
+
+async def _tls_problem_of(channel: grpc.aio.Channel, chosen: transport.Transport) -> str:
+    """What a health check on `channel` says of TLS ("" when it answered, or failed for
+    another reason)."""
     check = channel.unary_unary(
         "/grpc.health.v1.Health/Check",
         request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -80,9 +105,9 @@ async def first_contact(
     try:
         await check(health_pb2.HealthCheckRequest(), timeout=FIRST_CONTACT_TIMEOUT_S)
     except grpc.aio.AioRpcError as error:
-        problem = transport.tls_problem(error.details() or "", chosen.tls)
-        if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
-            raise Unavailable(f"master at {address}: {problem}") from None
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            return transport.tls_problem(error.details() or "", chosen.tls)
+    return ""
 
 
 class StreamClient:

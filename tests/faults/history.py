@@ -23,6 +23,8 @@ loses at most a torn last line (dropped on load). Times are the machine's monoto
   `final_index` and the indexes of its `events`.
 - `bad`, `digest`, `serving` (S15): a bad request and its status; the workload's
   metadata and sealed replicas before and after; the servers' health after.
+- `client_error`: a workload process's client did not start (its first call to the
+  master failed); it is started again.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from streamengine.client import StreamClient
@@ -55,6 +56,8 @@ DELIVER_FLUSH_S = 0.05
 DELIVER_FLUSH_EVENTS = 128
 # A slow consumer (`--consume-ms`) pauses once per this many events.
 SLOW_CONSUMER_STEP = 64
+# A client whose first call to the master failed is started again after this long.
+CLIENT_RETRY_S = 0.5
 
 
 def classify(error: BaseException) -> str:
@@ -71,6 +74,29 @@ def connect(args: argparse.Namespace) -> StreamClient:
     over TLS as the cluster's admin when the run exports its certs dir."""
     return StreamClient(args.master, certs_dir=certs_dir(), dial=args.dial)
 
+
+@contextlib.asynccontextmanager
+async def connected(
+    args: argparse.Namespace, recorder: Recorder, stopping: asyncio.Event
+) -> AsyncIterator[StreamClient]:
+    """A started client (`connect`). A start that fails (its first call to the master)
+    is recorded (`client_error`) and tried again, as an application would, until it
+    succeeds or the process stops: a workload process never dies of it."""
+    while True:
+        client = connect(args)
+        try:
+            await client.__aenter__()
+            break
+        except StreamEngineError as error:
+            recorder.record("client_error", error=describe(error))
+            if stopping.is_set():
+                raise
+            await asyncio.sleep(CLIENT_RETRY_S)
+    try:
+        yield client
+    finally:
+        await client.close()
+
 class WriterWorkload:
     def __init__(self, args: argparse.Namespace, recorder: Recorder) -> None:
         self.args = args
@@ -82,7 +108,7 @@ class WriterWorkload:
         self.sessions = 0
 
     async def run(self) -> None:
-        async with connect(self.args) as client, \
+        async with connected(self.args, self.recorder, self.stopping) as client, \
                 asyncio.TaskGroup() as group:
             for stream in self.args.streams.split(","):
                 group.create_task(self.stream_loop(client, stream))
@@ -212,7 +238,7 @@ class ReaderWorkload:
 
     async def stream_loop(self, stream: str) -> None:
         while not self.stopping.is_set():
-            async with connect(self.args) as client:
+            async with connected(self.args, self.recorder, self.stopping) as client:
                 # A few subscriptions per client, then a fresh client.
                 for _ in range(self.rng.randint(1, 4)):
                     if self.stopping.is_set():
