@@ -29,6 +29,9 @@ CATCH_UP_S = 5.0
 MIB = 1 << 20
 # A process's baseline memory: its smallest sample in the first seconds of the faults.
 RSS_BASELINE_S = 5.0
+# A process first sampled this long after the run's first sample started during the
+# faults (a reader started late): two sampling intervals.
+RSS_LATE_START_S = 2.0
 # Headroom beyond what the configuration lets a process hold (the interpreter, gRPC's
 # buffers, the allocator's slack).
 RSS_SLACK_MIB = 64
@@ -222,11 +225,13 @@ def memory_figures(records: list[Record]) -> dict[str, Any]:
             for name, mib in record["mib"].items():
                 samples[name].append((record["t"], float(mib)))
     out: dict[str, Any] = {}
+    first_sampled = min((points[0][0] for points in samples.values()), default=start)
     for name, points in sorted(samples.items()):
         since = start
-        if points[0][0] > start + RSS_BASELINE_S and len(points) > 1:
-            # First seen during the faults (a reader started late): its first sample may
-            # catch the interpreter still loading, so its baseline starts at the second.
+        if points[0][0] > first_sampled + RSS_LATE_START_S and len(points) > 1:
+            # Started during the faults (a reader started late, however early): its first
+            # sample may catch the interpreter still loading, so its baseline starts at
+            # the second.
             since = points[1][0]
         early = [mib for t, mib in points if since <= t <= since + RSS_BASELINE_S]
         early = early or [points[0][1]]

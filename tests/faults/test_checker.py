@@ -591,3 +591,12 @@ def test_a_pause_nobody_took_over_makes_no_zombie() -> None:
     records = [r for r in records if not (r["type"] == "grant" and r["process"] == "w2")]
     verdict = check(sorted(records, key=lambda r: r["t"]), final)
     assert "zombie_windows" not in verdict.counts
+
+
+def test_a_reader_started_early_in_the_faults_is_measured_from_its_second_sample() -> None:
+    """S16's quick pass starts a reader 4 s into the faults: still a late start."""
+    records = rss_history([40.0] * 12)
+    for record, mib in zip(records[5:9], [8.8, 152.0, 152.1, 154.3], strict=True):
+        record["mib"] = {**record["mib"], "r3": mib}  # first seen at 4 s, loading
+    figures = measure(records, "S")
+    assert figures["rss_mib"]["reader"]["growth"] == pytest.approx(2.3)
