@@ -12,6 +12,7 @@ from typing import Any
 
 from streamengine.client import StreamClient
 from streamengine.tools.harness import free_port, running_cluster, wait_until
+from streamengine.v1 import master_pb2
 from tests.integration.test_cli import run_cli
 
 
@@ -40,13 +41,26 @@ async def test_a_segment_below_n_is_charged_shown_and_remembered(tmp_path: Path)
                 await writer.append_batch([b"x" * 1000] * 200)
             await client.seal(name)
 
+            async def every_replica_matched() -> bool:
+                status = await client.master.GetClusterStatus(
+                    master_pb2.GetClusterStatusRequest(), timeout=5
+                )
+                checked = status.replica_verification
+                return checked.matched >= 3 and checked.unmatched == 0
+
+            # A replica counts as good once its store read it back (the scrubs, first
+            # thing after a seal).
+            await wait_until(every_replica_matched, 30, "the scrubs matched every replica")
+
         def worst() -> list[dict[str, Any]]:
             debts: list[dict[str, Any]] = (
                 console_status(port).get("durability", {}).get("worst", [])
             )
             return [d for d in debts if d["stream"] == name]
 
-        assert worst() == []
+        await wait_until(
+            lambda: not any(d["exposed"] for d in worst()), 30, "nothing exposed once matched"
+        )
         cluster.stores[2].kill()
         await wait_until(
             lambda: any(d["exposed"] and d["below_n_s"] >= 1.0 for d in worst()),
