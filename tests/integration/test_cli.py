@@ -470,6 +470,13 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
         for _ in range(4):
             driver.fill_and_roll(200, 50)
 
+        def replicated() -> bool:
+            listed = json.loads(run_cli("status", "--json", *master).stdout)["under_replicated"]
+            return listed == []
+
+        # Only replicas read back equal to their certificate count as good, and only
+        # segments whose replicas are all good move.
+        wait_for(replicated, timeout_s=30, message="every sealed replica matched")
         cluster.add_store()
         wait_for(lambda: segments_on(master, "store3") == 0, timeout_s=30, message="store3 known")
         planned = run_cli("rebalance", "--dry-run", *master)
