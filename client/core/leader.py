@@ -933,14 +933,11 @@ class Leader:
     def _roll_given_up(self, now_ms: int) -> None:
         self._rolling = ""
         self._roll_asked = False
-        self._roll_retry_ms = now_ms + self._roll_retry_delay_ms()
-
-    def _roll_retry_delay_ms(self) -> int:
-        if self._segment is not None:
-            return ROLL_RETRY_MS
-        self._segmentless_roll_failures += 1
-        delay = ROLL_RETRY_NO_SEGMENT_MS_MIN << min(self._segmentless_roll_failures - 1, 16)
-        return min(ROLL_RETRY_MS, delay)
+        delay = ROLL_RETRY_MS
+        if self._segment is None:
+            failures = self._segmentless_roll_failures = self._segmentless_roll_failures + 1
+            delay = min(ROLL_RETRY_MS, ROLL_RETRY_NO_SEGMENT_MS_MIN << min(failures - 1, 16))
+        self._roll_retry_ms = now_ms + delay
 
     def _roll_answered(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]

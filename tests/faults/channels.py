@@ -5,11 +5,14 @@ workload processes, which inherit the environment, call as the harness does."""
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
 
+from streamengine.client import StreamClient
 from streamengine.protocol.transport import CERTS_DIR_ENV, Transport
 
 
@@ -20,8 +23,20 @@ def certs_dir() -> Path | None:
 
 
 def harness_transport() -> Transport:
-    return Transport.for_client(certs_dir())
+    return _transport_of(certs_dir())
+
+
+@functools.cache
+def _transport_of(certs: Path | None) -> Transport:
+    """Read a certs dir once per process, not at every channel the harness opens."""
+    return Transport.for_client(certs)
 
 
 def open_channel(address: str) -> grpc.Channel:
     return harness_transport().channel(address)
+
+
+def stream_client(master: str, dial: Mapping[str, str] | None = None) -> StreamClient:
+    """An SDK client of the run's cluster, as the harness calls it (`dial`: addresses to
+    reach through the fault proxy's links)."""
+    return StreamClient(master, certs_dir=certs_dir(), dial=dial)

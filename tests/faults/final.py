@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from streamengine.client import DataLossError, StreamClient
+from streamengine.client import DataLossError
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.tools.harness import STREAMENGINE
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import payload
-from tests.faults.channels import certs_dir, open_channel
+from tests.faults.channels import open_channel, stream_client
 from tests.tree import child_env
 
 SEAL_TIMEOUT_S = 60
@@ -44,7 +44,7 @@ async def fresh_read(master: str, stream: str, losses: list[list[int]]) -> list[
     just past it, as a reader that accepts the loss would."""
     events: list[list[Any]] = []
     start = 0
-    async with StreamClient(master, certs_dir=certs_dir()) as client:
+    async with stream_client(master) as client:
         async with asyncio.timeout(READ_TIMEOUT_S):
             while True:
                 try:

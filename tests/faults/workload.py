@@ -39,7 +39,7 @@ from streamengine.client.errors import (
 )
 from streamengine.protocol.sequence import pack_sequence
 from tests.faults import payload
-from tests.faults.channels import certs_dir
+from tests.faults.channels import stream_client
 from tests.faults.history import Recorder, read_file
 
 # Errors the SDK documents as "not written": the append can never appear.
@@ -72,7 +72,7 @@ def describe(error: BaseException) -> str:
 def connect(args: argparse.Namespace) -> StreamClient:
     """A client of the run's cluster: through the proxy's links when `--dial` says so,
     over TLS as the cluster's admin when the run exports its certs dir."""
-    return StreamClient(args.master, certs_dir=certs_dir(), dial=args.dial)
+    return stream_client(args.master, args.dial)
 
 
 @contextlib.asynccontextmanager
