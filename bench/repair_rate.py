@@ -1,7 +1,7 @@
 """Repair time for a store's worth of data (FAULTS.md §1: "store declared dead -> its
 sealed segments back at N replicas"), measured on real processes.
 
-    python -m tests.faults.repair_rate [--mb 100] [--out FILE.json]
+    python -m bench.repair_rate [--mb 100] [--out FILE.json]
 
 A master and 4 stores (N=3, W=2; the master's store timeout 3 s, as in the scenarios) on
 127.0.0.1; sealed segments of 4 KiB events written until the store holding the most has
@@ -22,10 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+
 from bench.segment_driver import Driver
 from streamengine.tools.harness import running_cluster, wait_for
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
-from tests.faults.channels import open_channel
 
 STREAM = "repair/data"
 EVENT_BYTES = 4096
@@ -37,7 +38,7 @@ REPAIR_TIMEOUT_S = 600.0
 
 
 def status(master: str) -> master_pb2.ClusterStatus:
-    with open_channel(master) as channel:
+    with grpc.insecure_channel(master) as channel:
         return master_pb2_grpc.MasterStub(channel).GetClusterStatus(
             master_pb2.GetClusterStatusRequest(), timeout=10)
 
@@ -47,7 +48,7 @@ def measure(megabytes: float, root: Path) -> dict[str, float | int | str]:
     # heartbeats (the lease plays no part in repair).
     master_args = ["--lease-ms", "30000", "--store-timeout-ms", "3000"]
     with running_cluster(root, stores=STORES, master_args=master_args) as cluster:
-        with open_channel(cluster.master_address) as channel:
+        with grpc.insecure_channel(cluster.master_address) as channel:
             master_pb2_grpc.MasterStub(channel).CreateStream(master_pb2.CreateStreamRequest(
                 name=STREAM, policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2),
                 segment_bytes=1 << 40, create_tenant=True), timeout=10)
@@ -101,7 +102,7 @@ def measure(megabytes: float, root: Path) -> dict[str, float | int | str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.faults.repair_rate",
+    parser = argparse.ArgumentParser(prog="python -m bench.repair_rate",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=100.0, help="MB on the lost store")
