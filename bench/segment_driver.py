@@ -43,11 +43,11 @@ def write(
     """Write `entries` to one store under `grant` (of `writer_epoch`), then raise its
     acked index to `acked`."""
     requests = [
-        segment_store_pb2.WriteRequest(
+        codec.write_request(
+            entries,
             segment=segment,
             writer_epoch=writer_epoch,
             acked_index=0,
-            entries=[codec.entry_to_pb(e) for e in entries],
             request_id=1,
             grant=grant,
         ),

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.peers.common import proc_cpu_seconds
 from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
@@ -51,6 +52,8 @@ class Figure:
     writers: int
     store_rate: float
     raw_rate: float
+    # CPU time of the store process (user + system) per entry written.
+    store_cpu_us: float
 
     @property
     def ratio(self) -> float:
@@ -117,12 +120,12 @@ def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteReque
         first = number * BATCH_ENTRIES + 1
         stored = [_stored(i) for i in range(first, first + BATCH_ENTRIES)]
         requests.append(
-            segment_store_pb2.WriteRequest(
+            codec.write_request(
+                stored,
                 segment=segment,
                 writer_epoch=1,
                 acked_index=max(first - 1, 0),
                 request_id=number,
-                entries=codec.entries_to_pb(stored),
                 grant=signed if number == 0 else b"",
             )
         )
@@ -148,12 +151,17 @@ async def _writer(address: str, requests: list[segment_store_pb2.WriteRequest], 
     return accepted
 
 
-async def store_rate(address: str, writers: int, batches: int, window: int, base: int) -> float:
+async def store_rate(
+    address: str, pid: int, writers: int, batches: int, window: int, base: int
+) -> tuple[float, float]:
+    """(entries/s, the store's CPU microseconds per entry)."""
     prepared = [_requests(base + w, batches) for w in range(writers)]
+    cpu_before = proc_cpu_seconds(pid)
     started = time.perf_counter()
     done = await asyncio.gather(*(_writer(address, r, window) for r in prepared))
     elapsed = time.perf_counter() - started
-    return sum(done) / elapsed
+    cpu = proc_cpu_seconds(pid) - cpu_before
+    return sum(done) / elapsed, cpu * 1e6 / max(1, sum(done))
 
 
 def measure(seconds: float, window: int, fsyncs: tuple[str, ...]) -> list[Figure]:
@@ -172,11 +180,18 @@ def measure(seconds: float, window: int, fsyncs: tuple[str, ...]) -> list[Figure
             try:
                 for number, writers in enumerate((1, 4)):
                     per_writer = max(20, batches // writers)
-                    rate = asyncio.run(
-                        store_rate(store.address, writers, per_writer, window, 100 * (number + 1))
+                    rate, cpu_us = asyncio.run(
+                        store_rate(
+                            store.address,
+                            store.pid,
+                            writers,
+                            per_writer,
+                            window,
+                            100 * (number + 1),
+                        )
                     )
                     raw = raw_rate(root, fsync == "always", writers, per_writer)
-                    figures.append(Figure(fsync, writers, rate, raw))
+                    figures.append(Figure(fsync, writers, rate, raw, cpu_us))
             finally:
                 store.kill()
     finally:
@@ -193,10 +208,14 @@ def main() -> None:
     fsyncs = ("always", "never") if args.fsync == "both" else (args.fsync,)
     figures = measure(args.seconds, args.window, fsyncs)
     print(f"{ENTRY_BYTES}-byte entries, batches of {BATCH_ENTRIES}, window {args.window}")
-    print(f"{'fsync':<8}{'writers':>8}{'store entries/s':>18}{'raw entries/s':>16}{'ratio':>8}")
+    print(
+        f"{'fsync':<8}{'writers':>8}{'store entries/s':>18}{'raw entries/s':>16}{'ratio':>8}"
+        f"{'store CPU us/entry':>20}"
+    )
     for f in figures:
         print(
             f"{f.fsync:<8}{f.writers:>8}{f.store_rate:>18,.0f}{f.raw_rate:>16,.0f}{f.ratio:>8.0%}"
+            f"{f.store_cpu_us:>20.2f}"
         )
 
 

@@ -243,13 +243,13 @@ class SegmentSealer:
     def _write_call(
         self, store: str, entries: tuple[StoredEntry, ...], acked_index: int
     ) -> Callable[[], Coroutine[Any, Any, sr.Event]]:
-        request = segment_store_pb2.WriteRequest(
+        request = codec.write_request(
+            entries,
             segment=self._segment_id,
             writer_epoch=self.new_epoch,
             acked_index=acked_index,
             request_id=1,
             report_held=True,
-            entries=codec.entries_to_pb(entries),
             grant=self.grant,
         )
 

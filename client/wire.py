@@ -53,8 +53,8 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
 
 class BatchCache:
     """Each batch serialized once, not once per store: a `WriteRequest` holding only the
-    entries, to which each store's request prepends its own other fields (protobuf
-    merges concatenated messages, and a repeated field's parts append)."""
+    packed entries, to which each store's request prepends its own other fields
+    (protobuf merges concatenated messages)."""
 
     def __init__(self) -> None:
         self._batches: dict[tuple[int, int, int], bytes] = {}
@@ -63,9 +63,7 @@ class BatchCache:
         key = (send.segment.epoch, send.first_index, send.last_index)
         found = self._batches.get(key)
         if found is None:
-            found = segment_store_pb2.WriteRequest(
-                entries=codec.entries_to_pb(send.entries)
-            ).SerializeToString()
+            found = codec.write_request(send.entries).SerializeToString()
             if len(self._batches) >= ENTRY_CACHE_BATCHES:
                 del self._batches[next(iter(self._batches))]
             self._batches[key] = found
@@ -84,5 +82,3 @@ def serialize_write(send: SendWrite, cache: BatchCache) -> bytes:
         grant=send.grant,
     ).SerializeToString()
     return head + cache.entries(send) if send.entries else head
-
-

@@ -14,8 +14,9 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from streamengine.protocol import codec, transport
+from streamengine.protocol import transport
 from streamengine.protocol.certificate import Certificate
+from streamengine.protocol.entry import CorruptEntry, PackedEntries
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.group_commit import GroupCommitter
 from streamengine.segment_store.store import (
@@ -112,16 +113,22 @@ class SegmentCopy:
         if isinstance(action, copy_rules.ReadSource):
             reads = source.Read(
                 segment_store_pb2.ReadRequest(
-                    segment=self.segment_pb, from_index=action.from_index, to_index=action.to_index
+                    segment=self.segment_pb,
+                    from_index=action.from_index,
+                    to_index=action.to_index,
+                    packed=True,
                 ),
                 timeout=COPY_READ_TIMEOUT_S,
             )
             async for reply in reads:
                 try:
-                    entries = codec.entries_from_pb(reply.entries)
-                except codec.MalformedEntry as error:
-                    raise CopyRefused(f"the source sent a malformed entry: {error}") from None
-                write = op.source_entries(entries)
+                    write = op.source_entries(
+                        PackedEntries.from_wire(
+                            reply.first_index, reply.packed_values, reply.value_lengths
+                        )
+                    )
+                except CorruptEntry as error:
+                    raise CopyRefused(f"the source sent a malformed batch: {error}") from None
                 if write is not None:
                     assert isinstance(write, copy_rules.Submit)
                     assert op.submitted(await self._submit(write.command)) is None

@@ -25,11 +25,10 @@ so nothing the copy writes is served before the whole copy is verified:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamengine.protocol.certificate import Certificate
-from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.entry import PackedEntries
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.segment_store.scrub import ScanResult
 from streamengine.segment_store.store import (
@@ -98,12 +97,13 @@ def fence_command(segment: SegmentKey, fence: int, tenant: str = "") -> SealComm
 
 
 def write_command(
-    segment: SegmentKey, fence: int, entries: Sequence[StoredEntry], tenant: str = ""
+    segment: SegmentKey, fence: int, batch: PackedEntries, tenant: str = ""
 ) -> WriteCommand:
-    """A batch copied from the source: at the copy fence, raising no acked index."""
-    assert entries, "an empty batch copies nothing"
-    writer_epoch = max(fence, max(e.epoch for e in entries))
-    return WriteCommand(segment, writer_epoch, 0, tuple(entries), tenant)
+    """A batch copied from the source: at the copy fence, raising no acked index. Raises
+    CorruptEntry for a value too short to hold its header (the store checks the rest)."""
+    assert len(batch), "an empty batch copies nothing"
+    writer_epoch = max(fence, max(batch.heads()[1]))
+    return WriteCommand(segment, writer_epoch, 0, batch, tenant)
 
 
 def verify(segment: SegmentKey, final_index: int, local: DigestInfo, source_digest: bytes) -> None:
@@ -237,13 +237,14 @@ class CopyOp:
         self._step = "fencing"
         return Submit(fence_command(self.segment, self.fence, self.tenant))
 
-    def source_entries(self, entries: Sequence[StoredEntry]) -> CopyAction | None:
-        """Step 3, per batch the source sent."""
+    def source_entries(self, batch: PackedEntries) -> CopyAction | None:
+        """Step 3, per batch the source sent; raises CorruptEntry as `write_command`."""
         assert self._step == "copying"
-        if not entries:
+        if not len(batch):
             return None
-        self.entries_copied += len(entries)
-        return Submit(write_command(self.segment, self.fence, entries, self.tenant))
+        command = write_command(self.segment, self.fence, batch, self.tenant)
+        self.entries_copied += len(batch)
+        return Submit(command)
 
     def source_read_ended(self) -> CopyAction:
         assert self._step == "copying"

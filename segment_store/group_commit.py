@@ -99,13 +99,13 @@ class GroupCommitter:
 
     def try_submit(self, command: WriteCommand) -> asyncio.Future[Outcome] | None:
         """Queue a write batch, or None when the queue is full (REFUSED_BUSY)."""
-        size = sum(len(e.payload) for e in command.entries)
-        if command.entries and (
+        size = command.batch.payload_bytes()
+        if len(command.batch) and (
             self._queued_batches >= self._queue_batches_max
             or (self._queued_bytes + size > self._queue_bytes_max and self._queued_batches > 0)
         ):
             return None
-        return self._enqueue(command, size, len(command.entries))
+        return self._enqueue(command, size, len(command.batch))
 
     def submit(self, command: Command) -> asyncio.Future[Outcome]:
         """Queue a command that is never refused (seal, delete, acked-only write)."""

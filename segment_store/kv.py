@@ -63,6 +63,13 @@ class Put(NamedTuple):
     value: bytes
 
 
+class PutMany(NamedTuple):
+    """Puts of many keys in one op: the entries of a write, with no object per entry."""
+
+    keys: Sequence[bytes]
+    values: Sequence[bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class Delete:
     key: bytes
@@ -76,7 +83,7 @@ class DeleteRange:
     end: bytes
 
 
-KVOp = Put | Delete | DeleteRange
+KVOp = Put | PutMany | Delete | DeleteRange
 
 
 class KV(Protocol):
@@ -164,10 +171,12 @@ class MemoryKV:
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
         with self._lock:
             for op in ops:
-                if isinstance(op, Put):
-                    if op.key not in self._values:
-                        bisect.insort(self._keys, op.key)
-                    self._values[op.key] = op.value
+                if isinstance(op, Put | PutMany):
+                    pairs = [op] if isinstance(op, Put) else zip(op.keys, op.values, strict=True)
+                    for key, value in pairs:
+                        if key not in self._values:
+                            bisect.insort(self._keys, key)
+                        self._values[key] = value
                 elif isinstance(op, Delete):
                     if self._values.pop(op.key, None) is not None:
                         self._keys.remove(op.key)
@@ -372,7 +381,11 @@ class RocksKV:
 
         batch = WriteBatch(raw_mode=True)
         for op in ops:
-            if isinstance(op, Put):
+            if isinstance(op, PutMany):
+                put = batch.put
+                for key, value in zip(op.keys, op.values, strict=True):
+                    put(key, value)
+            elif isinstance(op, Put):
                 batch.put(op.key, op.value)
             elif isinstance(op, Delete):
                 batch.delete(op.key)

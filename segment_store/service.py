@@ -31,7 +31,7 @@ from streamengine.protocol.callers import Callers
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.entry import (
     CorruptEntry,
-    StoredEntry,
+    PackedEntries,
     first_corrupt_value,
 )
 from streamengine.protocol.limits import (
@@ -202,14 +202,18 @@ def segment_key(segment: entry_pb2.SegmentId) -> SegmentKey:
     return key
 
 
-def entries_from_pb(entries: Sequence[entry_pb2.Entry]) -> list[StoredEntry]:
-    """Entries of a request; one of a kind this version does not know is bad input.
-    The count is checked before any entry is built: an oversized batch costs nothing."""
-    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
-        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
+def batch_of(request: segment_store_pb2.WriteRequest) -> PackedEntries:
+    """The entries of a Write; values whose lengths do not add up are bad input. The
+    count is checked before any value is cut out: an oversized batch costs nothing."""
+    if len(request.value_lengths) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(
+            f"batch of {len(request.value_lengths)} entries is over {WRITE_BATCH_ENTRIES_MAX}"
+        )
     try:
-        return codec.entries_from_pb(entries)
-    except codec.MalformedEntry as error:
+        return PackedEntries.from_wire(
+            request.first_index, request.packed_values, request.value_lengths
+        )
+    except CorruptEntry as error:
         raise BadRequest(str(error)) from None
 
 
@@ -317,9 +321,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 upper = min(upper, meta.acked_index) if meta is not None else upper
                 # Every acked index is held (acked <= matched): a run, read by value alone.
                 values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
-                return codec.entries_from_values(
-                    range(first, first + len(values)), values, verify
-                )
+                return codec.entries_from_values(range(first, first + len(values)), values, verify)
             rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
             indexes = [entry_index(key) for key, _ in rows]
             return codec.entries_from_values(indexes, [value for _, value in rows], verify)
@@ -418,18 +420,18 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             segment = segment_key(request.segment)
             # Malformed before unauthorized: a bad request says what is wrong with it.
             check_epoch(request.writer_epoch, "writer epoch")
-            entries = entries_from_pb(request.entries)
+            batch = batch_of(request)
             grant = grants.admit(request.grant, segment, request.writer_epoch)
             self.authority.check_not_deleted(segment.stream_id)
             self.core.check_takes_part(segment)
             command = WriteCommand(
-                segment, request.writer_epoch, request.acked_index, entries, grant.tenant
+                segment, request.writer_epoch, request.acked_index, batch, grant.tenant
             )
         except StoreError as error:
             return error
-        if not command.entries:
+        if not len(batch):
             return self.committer.submit(command)
-        payload_bytes = sum(len(entry.payload) for entry in command.entries)
+        payload_bytes = batch.payload_bytes()
         if not self.quota.admit(grant.tenant, payload_bytes, _now_ms()):
             metrics.REFUSED_QUOTA.inc()
             return self._held_back(segment_store_pb2.REFUSED_QUOTA, command)
@@ -863,8 +865,8 @@ class _Ticket:
             segment,
             SegmentKey(segment.stream_id, segment.epoch),
             request.request_id,
-            request.entries[0].index if request.entries else 0,
-            request.entries[-1].index if request.entries else 0,
+            request.first_index if request.value_lengths else 0,
+            request.first_index + len(request.value_lengths) - 1 if request.value_lengths else 0,
             request.report_held,
         )
 
@@ -935,8 +937,11 @@ class _Tail:
             if isinstance(error, _Refused):
                 return error
             if isinstance(error, CorruptEntry):
-                log.error("DATA_LOSS serving a subscriber: %s", error,
-                          extra=segment_fields(self.start.segment.stream, self.segment.epoch))
+                log.error(
+                    "DATA_LOSS serving a subscriber: %s",
+                    error,
+                    extra=segment_fields(self.start.segment.stream, self.segment.epoch),
+                )
                 return _Refused(grpc.StatusCode.DATA_LOSS, str(error))
             if error is not None and task is tasks[0]:
                 log.error("tail of %s failed", self.segment, exc_info=error)

@@ -62,9 +62,9 @@ from streamengine.protocol.entry import (
     VALUE_HEADER_BYTES,
     CorruptEntry,
     EntryKind,
+    PackedEntries,
     StoredEntry,
     decode_value,
-    encode_value,
 )
 from streamengine.protocol.limits import (
     EPOCH_MAX,
@@ -97,7 +97,7 @@ from streamengine.segment_store.keys import (
     tenant_range,
     tenant_stream,
 )
-from streamengine.segment_store.kv import KV, Delete, DeleteRange, KVOp, Put
+from streamengine.segment_store.kv import KV, Delete, DeleteRange, KVOp, Put, PutMany
 from streamengine.segment_store.scrub import ReplicaScan, ScanResult
 
 # A cluster id, as the master makes them (`cluster-` and 16 hex digits) with room to spare.
@@ -219,9 +219,21 @@ class WriteCommand:
     segment: SegmentKey
     writer_epoch: int
     acked_index: int
-    entries: Sequence[StoredEntry]
+    batch: PackedEntries
     # The stream's tenant, as the write's grant says ("": not known by this command).
     tenant: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        segment: SegmentKey,
+        writer_epoch: int,
+        acked_index: int,
+        entries: Sequence[StoredEntry],
+        tenant: str = "",
+    ) -> WriteCommand:
+        """A write of entries of consecutive indexes, packed as a Write carries them."""
+        return cls(segment, writer_epoch, acked_index, PackedEntries.of(entries), tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,47 +390,61 @@ def check_epoch(epoch: int, what: str) -> None:
 
 
 def check_batch(
-    writer_epoch: int, entries: Sequence[StoredEntry], entry_bytes_max: int = EVENT_BYTES_MAX
-) -> None:
-    """Raise BadRequest unless the batch is well formed; pure, checks every entry."""
+    writer_epoch: int, batch: PackedEntries, entry_bytes_max: int = EVENT_BYTES_MAX
+) -> tuple[list[int], list[int]]:
+    """Raise BadRequest unless the batch is well formed, else its (kinds, epochs); pure.
+    Every crc32c is checked in one pass over the values, no object built per entry."""
     check_epoch(writer_epoch, "writer epoch")
-    if len(entries) > WRITE_BATCH_ENTRIES_MAX:
-        raise BadRequest(f"batch of {len(entries)} entries is over {WRITE_BATCH_ENTRIES_MAX}")
-    total = 0
-    previous = 0
-    for entry in entries:
-        if not 1 <= entry.index <= INDEX_MAX:
-            raise BadRequest(f"index {entry.index} is not in 1..{INDEX_MAX}")
-        if previous and entry.index != previous + 1:
-            raise BadRequest(f"index {entry.index} follows {previous}: indexes must be consecutive")
-        previous = entry.index
-        if len(entry.payload) > entry_bytes_max:
-            raise BadRequest(
-                f"entry {entry.index} too large: {len(entry.payload)} bytes, max {entry_bytes_max}"
-            )
-        total += len(entry.payload)
-        if total > WRITE_BATCH_BYTES_MAX:
-            raise BadRequest(f"batch too large: over {WRITE_BATCH_BYTES_MAX} payload bytes")
-        if not 0 < entry.epoch <= writer_epoch:
-            raise BadRequest(
-                f"entry {entry.index}: copy epoch {entry.epoch} is not in 1..{writer_epoch} "
-                "(the writer's epoch)"
-            )
-        # The kind is checked (by verify) before it is named in a message.
-        try:
-            entry.verify()
-        except CorruptEntry as error:
-            raise BadRequest(str(error)) from None
-        if entry.kind != EntryKind.EVENT and entry.payload:
-            raise BadRequest(f"entry {entry.index}: a {entry.kind.name} carries no payload")
+    count = len(batch)
+    if count > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"batch of {count} entries is over {WRITE_BATCH_ENTRIES_MAX}")
+    if not count:
+        return [], []
+    if not 1 <= batch.first_index <= batch.last_index <= INDEX_MAX:
+        raise BadRequest(
+            f"indexes {batch.first_index}..{batch.last_index} are not in 1..{INDEX_MAX}"
+        )
+    values = batch.values
+    longest = max(map(len, values)) - VALUE_HEADER_BYTES
+    if longest > entry_bytes_max:
+        position = next(n for n, v in enumerate(values) if len(v) - VALUE_HEADER_BYTES == longest)
+        raise BadRequest(
+            f"entry {batch.first_index + position} too large: {longest} bytes, "
+            f"max {entry_bytes_max}"
+        )
+    if batch.payload_bytes() > WRITE_BATCH_BYTES_MAX:
+        raise BadRequest(f"batch too large: over {WRITE_BATCH_BYTES_MAX} payload bytes")
+    try:
+        kinds, epochs, bad = batch.check()
+    except CorruptEntry as error:
+        raise BadRequest(str(error)) from None
+    if bad is not None:
+        kind = kinds[bad]
+        reason = "crc32c mismatch" if kind in _KIND_NAMES else f"unknown kind {kind}"
+        raise BadRequest(f"index {batch.first_index + bad}: {reason}")
+    if not 0 < min(epochs) <= max(epochs) <= writer_epoch:
+        position = next(n for n, e in enumerate(epochs) if not 0 < e <= writer_epoch)
+        raise BadRequest(
+            f"entry {batch.first_index + position}: copy epoch {epochs[position]} is not in "
+            f"1..{writer_epoch} (the writer's epoch)"
+        )
+    if min(kinds) != EntryKind.EVENT or max(kinds) != EntryKind.EVENT:
+        for position, kind in enumerate(kinds):
+            if kind != EntryKind.EVENT and len(values[position]) > VALUE_HEADER_BYTES:
+                raise BadRequest(
+                    f"entry {batch.first_index + position}: a {EntryKind(kind).name} "
+                    "carries no payload"
+                )
+    return kinds, epochs
+
+
+_KIND_NAMES = {int(kind): kind.name for kind in EntryKind}
 
 
 class SegmentStoreCore:
     """Segments over a KV; see the module doc for the rules and the plan/publish split."""
 
-    def __init__(
-        self, kv: KV, entry_bytes_max: int = EVENT_BYTES_MAX, joins_cluster: bool = False
-    ):
+    def __init__(self, kv: KV, entry_bytes_max: int = EVENT_BYTES_MAX, joins_cluster: bool = False):
         """`joins_cluster`: take no writes or seals before `JoinCommand` (a store with a
         master; the core alone, in tests and the simulator, takes them at once)."""
         assert 0 < entry_bytes_max <= EVENT_BYTES_MAX, "the writer's limit bounds the store's"
@@ -490,8 +516,8 @@ class SegmentStoreCore:
             try:
                 if isinstance(command, WriteCommand):
                     outcome: Outcome = self._plan_write(command, work)
-                    entries_written += len(command.entries)
-                    payload_bytes += sum(len(e.payload) for e in command.entries)
+                    entries_written += len(command.batch)
+                    payload_bytes += command.batch.payload_bytes()
                 elif isinstance(command, SealCommand):
                     outcome = self._plan_seal(command, work)
                 elif isinstance(command, ConfirmCopyCommand):
@@ -579,12 +605,15 @@ class SegmentStoreCore:
         segment: SegmentKey,
         writer_epoch: int,
         acked_index: int,
-        entries: Sequence[StoredEntry],
+        entries: Sequence[StoredEntry] | PackedEntries,
         tenant: str = "",
     ) -> WriteResult:
-        result = self.execute(
-            WriteCommand(segment, writer_epoch, acked_index, tuple(entries), tenant)
+        command = (
+            WriteCommand(segment, writer_epoch, acked_index, entries, tenant)
+            if isinstance(entries, PackedEntries)
+            else WriteCommand.of(segment, writer_epoch, acked_index, entries, tenant)
         )
+        result = self.execute(command)
         assert isinstance(result, WriteResult)
         return result
 
@@ -619,28 +648,33 @@ class SegmentStoreCore:
 
     def _plan_write(self, command: WriteCommand, work: _Work) -> WriteResult:
         segment = command.segment
+        batch = command.batch
         check_segment(segment)
-        check_batch(command.writer_epoch, command.entries, self.entry_bytes_max)
+        kinds, epochs = check_batch(command.writer_epoch, batch, self.entry_bytes_max)
         new_tenant = self._check_tenant(segment.stream_id, command.tenant, work)
         old = work.meta(segment) or SegmentMeta()
         if command.writer_epoch < old.fence:
             raise BelowFence(
                 old.fence, f"fenced: writer epoch {command.writer_epoch} < fence {old.fence}"
             )
-        payload_bytes = old.payload_bytes
-        entries_held = old.entries
+        first, last = batch.first_index, batch.last_index
+        values = batch.values
+        sizes = [len(v) - VALUE_HEADER_BYTES for v in values]
+        prefix = entry_key_prefix(segment.stream_id, segment.epoch)
+        # Above the last index nothing is held, in the KV or in the plan: appends, the
+        # common case, put every value as it came, with no lookup.
+        fresh_from = min(len(values), max(0, old.last_index + 1 - first))
+        payload_bytes = old.payload_bytes + sum(sizes[fresh_from:])
+        entries_held = old.entries + len(values) - fresh_from
         bridges = set(old.bridges)
         held_epochs: list[int] = []
         ops: list[KVOp] = []
-        pending: dict[int, _Held] = {}
-        prefix = entry_key_prefix(segment.stream_id, segment.epoch)
-        for entry in command.entries:
-            index = entry.index
-            # Above the last index nothing is held, in the KV or in the plan: appends, the
-            # common case, skip the lookup.
-            held = work.held(segment, index, old.last_index) if index <= old.last_index else None
+        written: list[int] = []  # positions in the batch written
+        for position in range(fresh_from):
+            index = first + position
+            held = work.held(segment, index, old.last_index)
             if held is not None:
-                if entry.epoch < held[0]:
+                if epochs[position] < held[0]:
                     held_epochs.append(held[0])
                     continue
                 payload_bytes -= held[2]
@@ -648,30 +682,48 @@ class SegmentStoreCore:
                     bridges.discard(index)
             else:
                 entries_held += 1
-            size = len(entry.payload)
-            payload_bytes += size
-            if entry.kind == EntryKind.BRIDGE:
-                bridges.add(index)
+            payload_bytes += sizes[position]
+            written.append(position)
+            held_epochs.append(epochs[position])
+        pack = _INDEX.pack
+        if written:
+            ops.extend(Put(prefix + pack(first + n), values[n]) for n in written)
+        if fresh_from < len(values):
+            # The appended run: its keys built in one pass, its values put as they came.
+            held_epochs.extend(epochs[fresh_from:])
             ops.append(
-                Put(
-                    prefix + _INDEX.pack(index),
-                    encode_value(entry.kind, entry.epoch, entry.crc32c, entry.payload),
+                PutMany(
+                    [prefix + pack(i) for i in range(first + fresh_from, last + 1)],
+                    values[fresh_from:] if fresh_from else values,
                 )
             )
-            pending[index] = (entry.epoch, entry.kind, size)
-            held_epochs.append(entry.epoch)
+        if max(kinds, default=EntryKind.EVENT) == EntryKind.BRIDGE:
+            bridges.update(
+                first + n
+                for n in [*written, *range(fresh_from, len(values))]
+                if kinds[n] == EntryKind.BRIDGE
+            )
         if len(bridges) > BRIDGES_PER_SEGMENT_MAX:
             raise BadRequest(f"segment holds more than {BRIDGES_PER_SEGMENT_MAX} bridges")
-        last_index = max(old.last_index, command.entries[-1].index if command.entries else 0)
+        last_index = max(old.last_index, last)
         matched = old.matched_index
-        if command.entries and command.entries[0].index <= matched + 1 <= command.entries[-1].index:
+        if values and first <= matched + 1 <= last:
             # Past the batch only earlier copies count, so the scan may precede the overlay
             # update, which stays last: a refused command leaves the plan untouched.
-            matched = command.entries[-1].index
+            matched = last
             while work.held(segment, matched + 1, last_index) is not None:
                 matched += 1
         work.ops.extend(ops)
-        work.pending.setdefault(segment, {}).update(pending)
+        pending = work.pending.setdefault(segment, {})
+        pending.update((first + n, (epochs[n], kinds[n], sizes[n])) for n in written)
+        if fresh_from < len(values):
+            pending.update(
+                zip(
+                    range(first + fresh_from, last + 1),
+                    zip(epochs[fresh_from:], kinds[fresh_from:], sizes[fresh_from:], strict=True),
+                    strict=True,
+                )
+            )
         if new_tenant:
             self._keep_tenant(segment.stream_id, command.tenant, work)
         acked = max(old.acked_index, min(command.acked_index, matched))

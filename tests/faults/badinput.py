@@ -35,6 +35,7 @@ package) those rows are skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -194,18 +195,18 @@ def callers(master: str, tenants: list[str], scratch: Path) -> Callers:
 
 
 def entry(index: int, epoch: int, payload: bytes = b"x",
-          kind: EntryKind = EntryKind.EVENT) -> entry_pb2.Entry:
-    return codec.entry_to_pb(StoredEntry.make(index, kind, epoch, payload))
+          kind: EntryKind = EntryKind.EVENT) -> StoredEntry:
+    return StoredEntry.make(index, kind, epoch, payload)
 
 
-def below_fence(live: Live, entries: list[entry_pb2.Entry]) -> s.WriteRequest:
+def below_fence(live: Live, entries: list[StoredEntry]) -> s.WriteRequest:
     """A write one epoch below a sealed replica's fence, past its bridge."""
     sealed = live.sealed
-    return s.WriteRequest(segment=sealed.pb, writer_epoch=sealed.fence - 1,
-                          entries=entries, request_id=1)
+    return codec.write_request(entries, segment=sealed.pb, writer_epoch=sealed.fence - 1,
+                               request_id=1)
 
 
-def _past_bridge(live: Live, count: int = 1, size: int = 1) -> list[entry_pb2.Entry]:
+def _past_bridge(live: Live, count: int = 1, size: int = 1) -> list[StoredEntry]:
     first = live.sealed.final_index + 1
     return [entry(first + n, live.sealed.fence - 1, b"b" * size) for n in range(count)]
 
@@ -275,6 +276,9 @@ ROWS: list[Row] = [
         lambda live: [below_fence(live, [_bad_crc(entry(live.sealed.final_index + 1,
                                                         live.sealed.fence - 1))])],
         Code.PERMISSION_DENIED),
+    Row("value lengths that do not add up to the packed values", "store", "Write",
+        lambda live: [_lengths_off(below_fence(live, _past_bridge(live, 2)))],
+        Code.INVALID_ARGUMENT),
     Row("a write below the fence (stale epoch), without a grant", "store", "Write",
         lambda live: [below_fence(live, _past_bridge(live))], Code.PERMISSION_DENIED),
     Row("a seal below the fence (stale epoch), without a grant", "store", "Seal",
@@ -288,10 +292,10 @@ ROWS: list[Row] = [
                                    grant=_forged_grant(live.open, EPOCH_MAX)),
         Code.PERMISSION_DENIED, segment="open"),
     Row("a write under a forged grant", "store", "Write",
-        lambda live: [s.WriteRequest(segment=live.open.pb, writer_epoch=live.open.epoch,
-                                     entries=[entry(1, live.open.epoch, b"forged")],
-                                     request_id=1,
-                                     grant=_forged_grant(live.open, live.open.epoch))],
+        lambda live: [codec.write_request([entry(1, live.open.epoch, b"forged")],
+                                          segment=live.open.pb, writer_epoch=live.open.epoch,
+                                          request_id=1,
+                                          grant=_forged_grant(live.open, live.open.epoch))],
         Code.PERMISSION_DENIED, segment="open"),
     Row("a seal at epoch 0", "store", "Seal",
         lambda live: s.SealRequest(segment=live.open.pb, new_epoch=0),
@@ -374,9 +378,9 @@ ROWS: list[Row] = [
                                           final_index=live.sealed.final_index),
         Code.PERMISSION_DENIED, client=TENANT, tls_only=True),
     Row("a tenant writing without a grant", "store", "Write",
-        lambda live: [s.WriteRequest(segment=live.open.pb, writer_epoch=live.open.epoch,
-                                     entries=[entry(1, live.open.epoch, b"tenant")],
-                                     request_id=1)],
+        lambda live: [codec.write_request([entry(1, live.open.epoch, b"tenant")],
+                                          segment=live.open.pb, writer_epoch=live.open.epoch,
+                                          request_id=1)],
         Code.PERMISSION_DENIED, client=TENANT, segment="open", tls_only=True),
     Row("a tenant deleting a replica", "store", "Delete",
         lambda live: s.DeleteRequest(segment=live.sealed.pb), Code.PERMISSION_DENIED,
@@ -399,9 +403,13 @@ def _forged_grant(segment: Segment, epoch: int) -> bytes:
     return GrantSigner(SigningKey.generate()).sign(grant)
 
 
-def _bad_crc(wire: entry_pb2.Entry) -> entry_pb2.Entry:
-    wire.crc32c ^= 1
-    return wire
+def _bad_crc(stored: StoredEntry) -> StoredEntry:
+    return dataclasses.replace(stored, crc32c=stored.crc32c ^ 1)
+
+
+def _lengths_off(request: s.WriteRequest) -> s.WriteRequest:
+    request.value_lengths[-1] += 1
+    return request
 
 
 def _fuzz_segment() -> entry_pb2.SegmentId:
@@ -432,8 +440,8 @@ def _templates() -> dict[str, Message]:
         "GetClusterStatus": m.GetClusterStatusRequest(),
         "DrainStore": m.DrainStoreRequest(store_id=FUZZ_STORE),
         "RequestRoll": m.RequestRollRequest(stream=FUZZ_STREAM),
-        "Write": s.WriteRequest(segment=fuzz, writer_epoch=1,
-                                entries=[entry(1, 1, b"fuzz")], request_id=1),
+        "Write": codec.write_request([entry(1, 1, b"fuzz")], segment=fuzz, writer_epoch=1,
+                                     request_id=1),
         "Seal": s.SealRequest(segment=fuzz, new_epoch=FUZZ_EPOCH),
         "Read": s.ReadRequest(segment=fuzz, from_index=1),
         "Subscribe": s.SubscribeRequest(start=s.SubscribeStart(segment=fuzz, from_index=1)),

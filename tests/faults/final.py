@@ -91,10 +91,8 @@ def probe_fence(address: str, segment: entry_pb2.SegmentId, fence: int, index: i
     from streamengine.protocol.entry import EntryKind, StoredEntry
 
     entry = StoredEntry.make(index, EntryKind.EVENT, fence - 1, b"fence-probe")
-    request = segment_store_pb2.WriteRequest(
-        segment=segment, writer_epoch=fence - 1, entries=[codec.entry_to_pb(entry)],
-        request_id=1,
-    )
+    request = codec.write_request([entry], segment=segment, writer_epoch=fence - 1,
+                                  request_id=1)
     try:
         with open_channel(address) as channel:
             replies = store_grpc.SegmentStoreStub(channel).Write(iter([request]),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
@@ -108,11 +109,11 @@ def write_request(
     report_held: bool = False,
     grant: bytes = b"",
 ) -> segment_store_pb2.WriteRequest:
-    return segment_store_pb2.WriteRequest(
+    return codec.write_request(
+        codec.entries_from_pb(batch),
         segment=segment,
         writer_epoch=writer_epoch,
         acked_index=acked,
-        entries=list(batch),
         request_id=request_id,
         report_held=report_held,
         grant=grant,

@@ -152,7 +152,7 @@ def test_writes_under_a_grant_that_does_not_fit_are_refused_and_change_nothing(
     members = {r.store_id for r in driver.segment.copy_set}
     outsider = next(p for p in cluster.stores if p.name not in members)
     member = next(p for p in cluster.stores if p.name in members)
-    event = codec.entry_to_pb(StoredEntry.make(1, EntryKind.EVENT, epoch, b"x"))
+    event = StoredEntry.make(1, EntryKind.EVENT, epoch, b"x")
     other_segment = entry_pb2.SegmentId(stream_id=other_id, epoch=epoch)
     listed = (GrantSegment(epoch, tuple(sorted(members))),)
     forged = FORGER.sign(Grant(segment.stream_id, epoch, "fit", "fit-driver", listed))
@@ -165,14 +165,12 @@ def test_writes_under_a_grant_that_does_not_fit_are_refused_and_change_nothing(
     ]
     for case, address, target, writer_epoch, shown in cases:
         before = state_of(address, target)
-        write = s.WriteRequest(
-            segment=target, writer_epoch=writer_epoch, entries=[event], grant=shown
-        )
+        write = codec.write_request([event], segment=target, writer_epoch=writer_epoch, grant=shown)
         error = refused(functools.partial(store_write, address, [write]))
         assert error.code() == Code.PERMISSION_DENIED, (case, error.details())
         assert state_of(address, target) == before, case
     # The grant fits its own segment on its own stores: the same write goes through.
-    write = s.WriteRequest(segment=segment, writer_epoch=epoch, entries=[event], grant=grant)
+    write = codec.write_request([event], segment=segment, writer_epoch=epoch, grant=grant)
     assert [r.status for r in store_write(member.address, [write])] == [s.ACCEPTED]
 
 

@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 
 from bench.segment_driver import Driver
 from streamengine.client import StreamClient
+from streamengine.protocol import codec
 from streamengine.protocol.auth import RPC_NEEDS
+from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
 from streamengine.tools.harness import Cluster, is_serving, running_cluster
@@ -120,7 +122,7 @@ class Victim:
                 (GrantSegment(sealed_id.epoch, tuple(r.store_id for r in self.sealed.copy_set)),),
             )
         )
-        event = entry_pb2.Entry(index=1, kind=entry_pb2.EVENT, epoch=driver.epoch, payload=b"x")
+        event = StoredEntry.make(1, EntryKind.EVENT, driver.epoch, b"x")
         lease: dict[str, Any] = {
             "stream": "victim/data",
             "client_id": "victim-driver",
@@ -188,11 +190,11 @@ class Victim:
             ],
             "Master/RevokeToken": [m.RevokeTokenRequest(token_id="0123456789abcdef")],
             "SegmentStore/Write": [
-                s.WriteRequest(
+                codec.write_request(
+                    [event],
                     segment=segment,
                     writer_epoch=epoch,
                     acked_index=1,
-                    entries=[event],
                     request_id=1,
                     grant=grant,
                 )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from streamengine.master.model import Held
 from streamengine.protocol.auth import INSECURE
-from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.entry import PackedEntries, StoredEntry
 from streamengine.protocol.grants import Grant
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.authority import (
@@ -274,7 +274,10 @@ class StoreNode(Node):
             return
         if request.entries and self.world.rng.random() < self.world.config.busy:
             command = WriteCommand(
-                request.segment, request.writer_epoch, request.acked_index, request.entries
+                request.segment,
+                request.writer_epoch,
+                request.acked_index,
+                PackedEntries.of(request.entries),
             )
             busy = self.core.refused_busy(command)
             if isinstance(busy, StoreRefused):
@@ -424,7 +427,7 @@ class _SegmentCopy:
         store.world.checker.write_attempted(store.name, self.segment, epoch, fence, True)
         touched = (1, 0)
         if isinstance(command, WriteCommand):
-            touched = (command.entries[0].index, command.entries[-1].index)
+            touched = (command.batch.first_index, command.batch.last_index)
         store.world.checker.store_changed(store.name, store.core, self.segment, touched)
         if isinstance(outcome, StoreError):
             raise outcome
@@ -457,7 +460,7 @@ class _SegmentCopy:
         if not batches:
             self._carry_out(self.op.source_read_ended())
             return
-        write = self.op.source_entries(batches[0])
+        write = self.op.source_entries(PackedEntries.of(batches[0]))
         try:
             if write is not None:
                 assert isinstance(write, copy_rules.Submit)

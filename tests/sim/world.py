@@ -23,7 +23,7 @@ from typing import Any, cast
 from streamengine.client.core.leader import APPEND_TIMEOUT_MS
 from streamengine.master.errors import MasterError, NotEnoughStores
 from streamengine.master.model import SegmentState
-from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
+from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
@@ -564,17 +564,18 @@ class World:
             raise Violation(6, f"store {store.name} did not refuse {what}: {result}")
         return what
 
-    def _malformed(self, index: int, epoch: int, kind: int) -> tuple[list[StoredEntry], str]:
+    def _malformed(self, index: int, epoch: int, kind: int) -> tuple[PackedEntries, str]:
         good = StoredEntry.make(index, EntryKind.EVENT, epoch, b"x")
         if kind == 2:
-            return [StoredEntry(index, EntryKind.EVENT, epoch, b"x", good.crc32c ^ 1)], "a bad crc"
+            bad_crc = StoredEntry(index, EntryKind.EVENT, epoch, b"x", good.crc32c ^ 1)
+            return PackedEntries.of([bad_crc]), "a bad crc"
         if kind == 3:
-            later = StoredEntry.make(index + 2, EntryKind.EVENT, epoch, b"y")
-            return [good, later], "indexes with a gap"
+            return PackedEntries(index, [b"\x01"]), "a value shorter than its header"
         if kind == 4:
-            return [StoredEntry(index, cast(EntryKind, 9), epoch, b"", 0)], "an unknown kind"
+            unknown = StoredEntry(index, cast(EntryKind, 9), epoch, b"", 0)
+            return PackedEntries.of([unknown]), "an unknown kind"
         above = StoredEntry.make(index, EntryKind.EVENT, epoch + 1, b"x")
-        return [above], "a copy epoch above the writer's"
+        return PackedEntries.of([above]), "a copy epoch above the writer's"
 
     def _expect(
         self, store: StoreNode, what: str, error: type[StoreError], call: Callable[[], object]

@@ -1,15 +1,21 @@
 """One codec between wire and stored entries: both directions agree, and an unknown kind
-is refused the same way wherever an entry is parsed."""
+or a packed batch that does not add up is refused wherever it is parsed."""
 
 from __future__ import annotations
 
 import pytest
 
 from streamengine.protocol import codec
-from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
-from streamengine.segment_store.service import entries_from_pb as store_entries_from_pb
-from streamengine.segment_store.store import BadRequest
-from streamengine.v1 import entry_pb2
+from streamengine.protocol.entry import (
+    CorruptEntry,
+    EntryKind,
+    PackedEntries,
+    StoredEntry,
+    encode_value,
+)
+from streamengine.segment_store.service import batch_of
+from streamengine.segment_store.store import BadRequest, check_batch
+from streamengine.v1 import entry_pb2, segment_store_pb2
 
 ENTRIES = [
     StoredEntry.make(1, EntryKind.EVENT, 3, b"payload"),
@@ -19,7 +25,38 @@ ENTRIES = [
 
 
 def test_round_trip_keeps_every_field() -> None:
-    assert codec.entries_from_pb(codec.entries_to_pb(ENTRIES)) == ENTRIES
+    assert codec.entries_from_pb([codec.entry_to_pb(e) for e in ENTRIES]) == ENTRIES
+
+
+def test_a_packed_write_round_trips_its_entries() -> None:
+    request = segment_store_pb2.WriteRequest.FromString(
+        codec.write_request(ENTRIES, writer_epoch=4).SerializeToString()
+    )
+    assert request.first_index == 1 and list(request.value_lengths) == [20, 13, 13]
+    assert batch_of(request).entries() == ENTRIES
+    assert batch_of(request).heads() == ([1, 2, 3], [3, 4, 4])
+    assert batch_of(segment_store_pb2.WriteRequest(acked_index=3)) == PackedEntries(0, ())
+
+
+@pytest.mark.parametrize(
+    ("case", "first_index", "packed", "lengths"),
+    [
+        ("lengths over the bytes", 1, b"x" * 20, [21]),
+        ("lengths under the bytes", 1, b"x" * 20, [19]),
+        ("bytes without lengths", 1, b"x" * 20, []),
+        ("values without a first index", 0, b"x" * 20, [20]),
+    ],
+)
+def test_a_packed_batch_that_does_not_add_up_is_bad_input(
+    case: str, first_index: int, packed: bytes, lengths: list[int]
+) -> None:
+    with pytest.raises(CorruptEntry):
+        PackedEntries.from_wire(first_index, packed, lengths)
+    request = segment_store_pb2.WriteRequest(
+        first_index=first_index, packed_values=packed, value_lengths=lengths
+    )
+    with pytest.raises(BadRequest):
+        batch_of(request)
 
 
 def test_wire_entries_from_stored_values_match_the_stored_entries() -> None:
@@ -32,5 +69,5 @@ def test_an_unknown_kind_is_malformed_for_every_reader() -> None:
     unknown = entry_pb2.Entry(index=7, kind=9, epoch=1)  # type: ignore[arg-type]
     with pytest.raises(codec.MalformedEntry, match="entry 7: unknown kind 9"):
         codec.entry_from_pb(unknown)
-    with pytest.raises(BadRequest, match="entry 7: unknown kind 9"):
-        store_entries_from_pb([unknown])
+    with pytest.raises(BadRequest, match="index 7: unknown kind 9"):
+        check_batch(9, PackedEntries.of([StoredEntry(7, 9, 1, b"", 0)]))  # type: ignore[arg-type]

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.protocol.entry import CorruptEntry, EntryKind, StoredEntry, encode_value
-from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.entry import (
+    CorruptEntry,
+    EntryKind,
+    PackedEntries,
+    StoredEntry,
+    encode_value,
+)
+from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.keys import entry_key, segment_entries_range
 from streamengine.segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
@@ -73,11 +79,11 @@ def test_a_busy_refusal_below_the_fence_is_the_fence_not_a_matched_index(
     core.write(SEG, 3, 0, events(1, 2))
     core.seal(SEG, 5)
     core.write(SEG, 5, 0, events(3, 4, epoch=5))
-    refused = core.refused_busy(WriteCommand(SEG, 3, 0, events(3, 3)))
+    refused = core.refused_busy(WriteCommand.of(SEG, 3, 0, events(3, 3)))
     assert isinstance(refused, BelowFence) and refused.fence == 5
     # At or above the fence it says what the segment holds, and writes nothing.
     before = snapshot(core.kv)
-    held = core.refused_busy(WriteCommand(SEG, 5, 0, events(5, 5, epoch=5)))
+    held = core.refused_busy(WriteCommand.of(SEG, 5, 0, events(5, 5, epoch=5)))
     assert isinstance(held, WriteResult) and (held.matched_index, held.fence) == (4, 5)
     assert snapshot(core.kv) == before
 
@@ -209,8 +215,8 @@ def test_a_plan_counts_what_an_earlier_command_dropped_past_the_bridge_as_gone(
     core.write(SEG, 3, 0, events(1, 5))
     plan = core.plan(
         [
-            WriteCommand(SEG, 4, 2, (ev(1, 4), StoredEntry.make(2, BRIDGE, 4))),
-            WriteCommand(SEG, 4, 2, (ev(3, 4),)),  # past the final bridge: dropped too
+            WriteCommand.of(SEG, 4, 2, (ev(1, 4), StoredEntry.make(2, BRIDGE, 4))),
+            WriteCommand.of(SEG, 4, 2, (ev(3, 4),)),  # past the final bridge: dropped too
         ]
     )
     core.apply(plan)
@@ -310,31 +316,43 @@ def _unknown_kind() -> StoredEntry:
 
 
 BAD_WRITES: list[tuple[str, Callable[[], WriteCommand]]] = [
-    ("non-consecutive indexes", lambda: WriteCommand(SEG, 3, 0, [ev(1), ev(3)])),
-    ("descending indexes", lambda: WriteCommand(SEG, 3, 0, [ev(2), ev(1)])),
-    ("index zero", lambda: WriteCommand(SEG, 3, 0, [StoredEntry.make(0, EVENT, 3, b"x")])),
-    ("bad crc", lambda: WriteCommand(SEG, 3, 0, [_bad_crc()])),
-    ("unknown kind", lambda: WriteCommand(SEG, 3, 0, [_unknown_kind()])),
+    (
+        "a value shorter than its header",
+        lambda: WriteCommand(SEG, 3, 0, PackedEntries(1, [b"\x01"])),
+    ),
+    (
+        "a value with a header only and a bad crc",
+        lambda: WriteCommand(SEG, 3, 0, PackedEntries(1, [encode_value(EVENT, 3, 0, b"")])),
+    ),
+    ("index zero", lambda: WriteCommand.of(SEG, 3, 0, [StoredEntry.make(0, EVENT, 3, b"x")])),
+    (
+        "an index past the last",
+        lambda: WriteCommand.of(SEG, 3, 0, [StoredEntry.make(INDEX_MAX + 1, EVENT, 3, b"x")]),
+    ),
+    ("bad crc", lambda: WriteCommand.of(SEG, 3, 0, [_bad_crc()])),
+    ("unknown kind", lambda: WriteCommand.of(SEG, 3, 0, [_unknown_kind()])),
     (
         "payload on a hole",
-        lambda: WriteCommand(SEG, 3, 0, [StoredEntry(1, HOLE, 3, b"x", 0)]),
+        lambda: WriteCommand.of(SEG, 3, 0, [StoredEntry(1, HOLE, 3, b"x", 0)]),
     ),
     (
         "entry over the size limit",
-        lambda: WriteCommand(SEG, 3, 0, [ev(1, 3, b"x" * (EVENT_BYTES_MAX + 1))]),
+        lambda: WriteCommand.of(SEG, 3, 0, [ev(1, 3, b"x" * (EVENT_BYTES_MAX + 1))]),
     ),
     (
         "too many entries",
-        lambda: WriteCommand(SEG, 3, 0, [ev(i) for i in range(1, WRITE_BATCH_ENTRIES_MAX + 2)]),
+        lambda: WriteCommand.of(SEG, 3, 0, [ev(i) for i in range(1, WRITE_BATCH_ENTRIES_MAX + 2)]),
     ),
     (
         "batch over the byte limit",
-        lambda: WriteCommand(SEG, 3, 0, [ev(i, 3, b"y" * EVENT_BYTES_MAX) for i in range(1, 10)]),
+        lambda: WriteCommand.of(
+            SEG, 3, 0, [ev(i, 3, b"y" * EVENT_BYTES_MAX) for i in range(1, 10)]
+        ),
     ),
-    ("copy epoch above the writer epoch", lambda: WriteCommand(SEG, 3, 0, [ev(1, 4)])),
-    ("writer epoch zero", lambda: WriteCommand(SEG, 0, 0, [])),
-    ("missing stream id", lambda: WriteCommand(SegmentKey(0, 3), 3, 0, [ev(1)])),
-    ("missing segment epoch", lambda: WriteCommand(SegmentKey(7, 0), 3, 0, [ev(1)])),
+    ("copy epoch above the writer epoch", lambda: WriteCommand.of(SEG, 3, 0, [ev(1, 4)])),
+    ("writer epoch zero", lambda: WriteCommand.of(SEG, 0, 0, [])),
+    ("missing stream id", lambda: WriteCommand.of(SegmentKey(0, 3), 3, 0, [ev(1)])),
+    ("missing segment epoch", lambda: WriteCommand.of(SegmentKey(7, 0), 3, 0, [ev(1)])),
 ]
 
 
@@ -364,12 +382,12 @@ def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore)
     other = SegmentKey(8, 1)
     plan = core.plan(
         [
-            WriteCommand(SEG, 3, 0, events(1, 2)),
-            WriteCommand(other, 1, 0, events(1, 1, epoch=1)),
-            WriteCommand(SEG, 3, 0, [ev(2, 2)]),  # below the copy the plan just wrote
-            WriteCommand(SEG, 3, 3, events(3, 4)),
+            WriteCommand.of(SEG, 3, 0, events(1, 2)),
+            WriteCommand.of(other, 1, 0, events(1, 1, epoch=1)),
+            WriteCommand.of(SEG, 3, 0, [ev(2, 2)]),  # below the copy the plan just wrote
+            WriteCommand.of(SEG, 3, 3, events(3, 4)),
             SealCommand(SEG, 4),
-            WriteCommand(SEG, 3, 0, events(5, 5)),  # fenced by the seal above
+            WriteCommand.of(SEG, 3, 0, events(5, 5)),  # fenced by the seal above
         ]
     )
     core.apply(plan)
@@ -382,7 +400,7 @@ def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore)
 
 
 def test_a_plan_is_invisible_until_published(core: SegmentStoreCore) -> None:
-    plan = core.plan([WriteCommand(SEG, 3, 1, events(1, 2))])
+    plan = core.plan([WriteCommand.of(SEG, 3, 1, events(1, 2))])
     core.write_plan(plan, sync=True)
     with pytest.raises(SegmentNotFound):
         core.state(SEG)
@@ -394,12 +412,12 @@ def test_delete_then_write_in_one_plan_starts_the_segment_afresh(core: SegmentSt
     core.write(SEG, 3, 0, events(1, 5))
     plan = core.plan(
         [
-            WriteCommand(SEG, 3, 0, events(6, 6)),
+            WriteCommand.of(SEG, 3, 0, events(6, 6)),
             SealCommand(SEG, 4),
         ]
     )
     core.apply(plan)
-    plan = core.plan([DeleteCommand(SEG), WriteCommand(SEG, 1, 0, [ev(2, 1)])])
+    plan = core.plan([DeleteCommand(SEG), WriteCommand.of(SEG, 1, 0, [ev(2, 1)])])
     core.apply(plan)
     assert core.state(SEG).matched_index == 0 and core.state(SEG).fence == 0
     assert [e.index for e in core.read(SEG, 1)] == [2]
@@ -506,7 +524,7 @@ def _run_copy(source: SegmentStoreCore, target: SegmentStoreCore) -> int:
         SEG, 6, info.fence, info.acked_index, 4, local.fence if local else 0
     )
     target.execute(copy_rules.fence_command(SEG, fence))
-    target.execute(copy_rules.write_command(SEG, fence, source.read(SEG, 1, 6)))
+    target.execute(copy_rules.write_command(SEG, fence, PackedEntries.of(source.read(SEG, 1, 6))))
     copy_rules.verify(SEG, 6, target.digest(SEG, 6), source.digest(SEG, 6).digest)
     return fence
 
@@ -556,7 +574,7 @@ def test_the_copy_op_fences_copies_verifies_then_confirms(core: SegmentStoreCore
     read = op.submitted(core.execute(fence_action.command))
     assert read == copy_rules.ReadSource(1, 6)
     for batch in (source.read(SEG, 1, 3), source.read(SEG, 4, 6)):
-        write = op.source_entries(batch)
+        write = op.source_entries(PackedEntries.of(batch))
         assert isinstance(write, copy_rules.Submit)
         assert op.submitted(core.execute(write.command)) is None
         assert core.state(SEG).acked_index == 2, "nothing new served before confirmation"
@@ -577,7 +595,8 @@ def test_the_copy_op_leaves_a_copy_that_differs_unconfirmed(core: SegmentStoreCo
     fence_action = op.source_state(info.fence, info.acked_index, 0)
     assert isinstance(fence_action, copy_rules.Submit)
     op.submitted(core.execute(fence_action.command))
-    write = op.source_entries(source.read(SEG, 1, 5))  # the reply lost its last entry
+    # The reply lost its last entry.
+    write = op.source_entries(PackedEntries.of(source.read(SEG, 1, 5)))
     assert isinstance(write, copy_rules.Submit)
     op.submitted(core.execute(write.command))
     op.source_read_ended()
@@ -672,7 +691,7 @@ def test_a_crash_loses_unsynced_plans_whole_never_half(core: SegmentStoreCore) -
     kv = core.kv
     assert isinstance(kv, MemoryKV)
     core.write(SEG, 3, 2, events(1, 3))
-    plan = core.plan([WriteCommand(SEG, 3, 3, events(4, 6)), SealCommand(SEG, 4)])
+    plan = core.plan([WriteCommand.of(SEG, 3, 3, events(4, 6)), SealCommand(SEG, 4)])
     core.apply(plan, sync=False)
     kv.crash()
     after = SegmentStoreCore(kv)
@@ -723,7 +742,10 @@ def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: SegmentStoreC
     core.kv.write([Put(entry_key(SEG.stream_id, SEG.epoch, 2), b"\x01")], sync=True)
     held_before = core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch))
     plan = core.plan(
-        [WriteCommand(SEG, 3, 0, events(2, 3)), WriteCommand(other, 1, 0, events(1, 1, epoch=1))]
+        [
+            WriteCommand.of(SEG, 3, 0, events(2, 3)),
+            WriteCommand.of(other, 1, 0, events(1, 1, epoch=1)),
+        ]
     )
     core.apply(plan)
     assert isinstance(plan.outcomes[0], StoredCopyCorrupt)

@@ -44,7 +44,7 @@ def batch(first: int, count: int, size: int = 10) -> WriteCommand:
     entries = [
         StoredEntry.make(i, EntryKind.EVENT, 1, b"x" * size) for i in range(first, first + count)
     ]
-    return WriteCommand(SEG, 1, first - 1, entries)
+    return WriteCommand.of(SEG, 1, first - 1, entries)
 
 
 async def test_commands_queued_together_share_one_write_and_one_sync() -> None:

@@ -45,7 +45,7 @@ class Twin:
         if command.writer_epoch < self.fence:
             return BelowFence(self.fence)
         held = []
-        for entry in command.entries:
+        for entry in command.batch.entries():
             old = self.copies.get(entry.index)
             if old is None or entry.epoch >= old.epoch:
                 self.copies[entry.index] = entry
@@ -81,7 +81,7 @@ def write_commands(draw: st.DrawFn) -> WriteCommand:
         kind = draw(kinds)
         payload = draw(st.binary(max_size=3)) if kind == EntryKind.EVENT else b""
         batch.append(StoredEntry.make(index, kind, draw(st.integers(1, writer)), payload))
-    return WriteCommand(segment, writer, draw(st.integers(0, 14)), tuple(batch))
+    return WriteCommand.of(segment, writer, draw(st.integers(0, 14)), tuple(batch))
 
 
 seal_commands = st.builds(SealCommand, st.sampled_from(SEGMENTS), st.integers(1, 6))

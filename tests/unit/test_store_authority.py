@@ -213,7 +213,7 @@ def test_the_core_keeps_the_tenant_of_a_stream_across_restarts() -> None:
     kv = MemoryKV()
     core = SegmentStoreCore(kv)
     assert core.tenant_of(7) == ""
-    core.execute(WriteCommand(SegmentKey(7, 9), 9, 0, (event(1),), "acme"))
+    core.execute(WriteCommand.of(SegmentKey(7, 9), 9, 0, (event(1),), "acme"))
     assert core.tenant_of(7) == "acme"
     core.seal(SegmentKey(7, 8), 9)  # a command that names no tenant changes none
     assert SegmentStoreCore(kv).tenant_of(7) == "acme"
@@ -222,9 +222,9 @@ def test_the_core_keeps_the_tenant_of_a_stream_across_restarts() -> None:
 def test_a_command_naming_another_tenant_for_a_stream_is_refused_whole() -> None:
     kv = MemoryKV()
     core = SegmentStoreCore(kv)
-    core.execute(WriteCommand(SegmentKey(7, 9), 9, 0, (event(1),), "acme"))
+    core.execute(WriteCommand.of(SegmentKey(7, 9), 9, 0, (event(1),), "acme"))
     with pytest.raises(BadRequest, match="tenant"):
-        core.execute(WriteCommand(SegmentKey(7, 9), 9, 0, (event(2),), "evil"))
+        core.execute(WriteCommand.of(SegmentKey(7, 9), 9, 0, (event(2),), "evil"))
     meta = core.meta(SegmentKey(7, 9))
     assert meta is not None and meta.last_index == 1 and core.tenant_of(7) == "acme"
 

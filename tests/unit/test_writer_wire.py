@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamengine.client.core.replicator import SegmentRef, SendWrite
 from streamengine.client.wire import BatchCache, serialize_write
-from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry
 from streamengine.v1 import segment_store_pb2
 
 SEGMENT = SegmentRef(stream_id=9, epoch=4, stream="acme/orders")
@@ -26,16 +26,16 @@ def test_a_batch_serialized_once_parses_per_store_with_its_own_fields() -> None:
             acked,
             request_id,
         )
-        assert [
-            StoredEntry(e.index, EntryKind(e.kind), e.epoch, e.payload, e.crc32c)
-            for e in request.entries
-        ] == list(entries)
+        batch = PackedEntries.from_wire(
+            request.first_index, request.packed_values, request.value_lengths
+        )
+        assert batch.entries() == list(entries)
 
 
 def test_an_empty_request_carries_only_the_acked_index() -> None:
     send = SendWrite("s1", SEGMENT, 4, 1, 7, ())
     request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, BatchCache()))
-    assert request.acked_index == 7 and not request.entries
+    assert request.acked_index == 7 and not request.value_lengths and not request.first_index
 
 
 def test_the_grant_rides_on_the_request_that_carries_it_only() -> None:
@@ -48,4 +48,4 @@ def test_the_grant_rides_on_the_request_that_carries_it_only() -> None:
         for send in (with_grant, without)
     ]
     assert [request.grant for request in parsed] == [b"signed grant", b""]
-    assert [len(request.entries) for request in parsed] == [1, 1]
+    assert [len(request.value_lengths) for request in parsed] == [1, 1]

@@ -8,10 +8,11 @@ request) and an entry is built from the same fields in the same order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from streamengine.protocol.certificate import Certificate, Chunk, MalformedCertificate
-from streamengine.protocol.entry import EntryKind, StoredEntry, unpack_values
-from streamengine.v1 import entry_pb2
+from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, unpack_values
+from streamengine.v1 import entry_pb2, segment_store_pb2
 
 
 class MalformedEntry(ValueError):
@@ -31,14 +32,17 @@ def entry_to_pb(entry: StoredEntry) -> entry_pb2.Entry:
     )
 
 
-def entries_to_pb(entries: Iterable[StoredEntry]) -> list[entry_pb2.Entry]:
-    """`entry_to_pb` of each, inlined: every appended event passes here once. An
-    `EntryKind` is an int, which the protobuf enum field takes as it is."""
-    entry = entry_pb2.Entry
-    return [
-        entry(index=e.index, kind=e.kind, epoch=e.epoch, payload=e.payload, crc32c=e.crc32c)  # type: ignore[arg-type]
-        for e in entries
-    ]
+def write_request(entries: Sequence[StoredEntry], **fields: Any) -> segment_store_pb2.WriteRequest:
+    """A Write carrying `entries` (consecutive indexes) packed, with `fields` as its other
+    fields: the one place a Write's entries are packed."""
+    batch = PackedEntries.of(entries)
+    packed_values, value_lengths = batch.to_wire()
+    return segment_store_pb2.WriteRequest(
+        first_index=batch.first_index,
+        packed_values=packed_values,
+        value_lengths=value_lengths,
+        **fields,
+    )
 
 
 def entry_from_pb(entry: entry_pb2.Entry) -> StoredEntry:

@@ -149,3 +149,99 @@ def first_corrupt_value(first_index: int, values: Sequence[bytes]) -> int | None
         ):
             return position
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class PackedEntries:
+    """Entries of consecutive indexes from `first_index`, each as its stored value (the
+    layout above): what a Write carries and a store puts as it is. A batch of any size
+    is two columns, not an object per entry."""
+
+    first_index: int
+    values: Sequence[bytes]
+
+    @classmethod
+    def of(cls, entries: Sequence[StoredEntry]) -> PackedEntries:
+        """Entries of consecutive indexes, packed (the writer's and recovery's side)."""
+        if not entries:
+            return EMPTY_BATCH
+        pack = _VALUE_HEADER.pack
+        first = entries[0].index
+        assert all(e.index == first + n for n, e in enumerate(entries)), "not consecutive"
+        return cls(first, [pack(e.kind, e.epoch, e.crc32c) + e.payload for e in entries])
+
+    @classmethod
+    def from_wire(cls, first_index: int, packed: bytes, lengths: Sequence[int]) -> PackedEntries:
+        """The values of a packed message; raises CorruptEntry when the lengths do not
+        add up to the bytes, or values come without a first index."""
+        if sum(lengths) != len(packed):
+            raise CorruptEntry(
+                f"value lengths add up to {sum(lengths)} bytes, the packed values are {len(packed)}"
+            )
+        if not lengths:
+            return EMPTY_BATCH
+        if first_index <= 0:
+            raise CorruptEntry("packed values without a first index")
+        values = []
+        start = 0
+        for length in lengths:
+            end = start + length
+            values.append(packed[start:end])
+            start = end
+        return cls(first_index, values)
+
+    def to_wire(self) -> tuple[bytes, list[int]]:
+        """(packed values, value lengths), the fields of a packed message."""
+        return b"".join(self.values), [len(v) for v in self.values]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def last_index(self) -> int:
+        """The last index, or 0 for an empty batch."""
+        return self.first_index + len(self.values) - 1 if self.values else 0
+
+    def payload_bytes(self) -> int:
+        return sum(map(len, self.values)) - VALUE_HEADER_BYTES * len(self.values)
+
+    def heads(self) -> tuple[list[int], list[int]]:
+        """(kinds, epochs) of the values, unchecked; raises CorruptEntry for a value
+        shorter than its header."""
+        if self.values and min(map(len, self.values)) < VALUE_HEADER_BYTES:
+            raise CorruptEntry("a packed value is shorter than its header")
+        heads = list(map(_KIND_EPOCH.unpack_from, self.values))
+        return [h[0] for h in heads], [h[1] for h in heads]
+
+    def check(self) -> tuple[list[int], list[int], int | None]:
+        """(kinds, epochs, the position of the first value that does not verify or
+        None) in one pass: a store checks a whole Write so. Raises CorruptEntry for a
+        value shorter than its header."""
+        values = self.values
+        if values and min(map(len, values)) < VALUE_HEADER_BYTES:
+            raise CorruptEntry("a packed value is shorter than its header")
+        unpack, pack, header = _VALUE_HEADER.unpack_from, _CRC_HEADER.pack, VALUE_HEADER_BYTES
+        value_crc, extend, known = google_crc32c.value, google_crc32c.extend, _KINDS
+        kinds: list[int] = []
+        epochs: list[int] = []
+        add_kind, add_epoch = kinds.append, epochs.append
+        bad = None
+        for index, value in enumerate(values, self.first_index):
+            kind, epoch, crc = unpack(value)
+            add_kind(kind)
+            add_epoch(epoch)
+            if bad is None and (
+                extend(value_crc(pack(kind, epoch, index)), value[header:]) != crc
+                or kind not in known
+            ):
+                bad = index - self.first_index
+        return kinds, epochs, bad
+
+    def entries(self) -> list[StoredEntry]:
+        """Each value decoded and verified (CorruptEntry): for the paths that look at
+        entries one by one (recovery's reads, tests), not the store's write path."""
+        return [decode_value(self.first_index + n, v) for n, v in enumerate(self.values)]
+
+
+_KIND_EPOCH = struct.Struct(">BQ")  # the prefix of a stored value
+EMPTY_BATCH = PackedEntries(0, ())

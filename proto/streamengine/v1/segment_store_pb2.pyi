@@ -82,7 +82,9 @@ class WriteRequest(_message.Message):
     SEGMENT_FIELD_NUMBER: _builtins.int
     WRITER_EPOCH_FIELD_NUMBER: _builtins.int
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
-    ENTRIES_FIELD_NUMBER: _builtins.int
+    PACKED_VALUES_FIELD_NUMBER: _builtins.int
+    VALUE_LENGTHS_FIELD_NUMBER: _builtins.int
+    FIRST_INDEX_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REPORT_HELD_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
@@ -94,6 +96,15 @@ class WriteRequest(_message.Message):
     """The leader's acked index for this segment. The store keeps
     min(acked_index, its matched index), never lowering what it kept before.
     """
+    packed_values: _builtins.bytes
+    """The entries of the batch, indexes first_index, first_index+1, ...: their values back
+    to back in the stored layout, kind u8 | epoch u64 | crc32c u32 | payload
+    (big-endian), as packed `Read` replies carry them, so a store checks every crc32c
+    in one pass and builds no message per entry. May be empty, to carry only the acked
+    index (the leader's idle tick).
+    """
+    first_index: _builtins.int
+    """The index of the first value (0 when there is none)."""
     request_id: _builtins.int
     """Chosen by the leader and echoed in the reply."""
     report_held: _builtins.bool
@@ -109,9 +120,9 @@ class WriteRequest(_message.Message):
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     @_builtins.property
-    def entries(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Entry]:
-        """Consecutive indexes (each one more than the previous); may be empty, to carry
-        only the acked index (the leader's idle tick).
+    def value_lengths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The length in bytes of each value in `packed_values`, in order; they add up to its
+        length.
         """
 
     def __init__(
@@ -120,14 +131,16 @@ class WriteRequest(_message.Message):
         segment: _entry_pb2.SegmentId | None = ...,
         writer_epoch: _builtins.int = ...,
         acked_index: _builtins.int = ...,
-        entries: _abc.Iterable[_entry_pb2.Entry] | None = ...,
+        packed_values: _builtins.bytes = ...,
+        value_lengths: _abc.Iterable[_builtins.int] | None = ...,
+        first_index: _builtins.int = ...,
         request_id: _builtins.int = ...,
         report_held: _builtins.bool = ...,
         grant: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "entries", b"entries", "grant", b"grant", "report_held", b"report_held", "request_id", b"request_id", "segment", b"segment", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "first_index", b"first_index", "grant", b"grant", "packed_values", b"packed_values", "report_held", b"report_held", "request_id", b"request_id", "segment", b"segment", "value_lengths", b"value_lengths", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
