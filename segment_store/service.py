@@ -355,35 +355,30 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
 
         async def read_requests() -> None:
             nonlocal unanswered, last_activity
-            requests = aiter(request_iterator)
-            # One read outstanding at a time, never cancelled midway to look at the
-            # clock: a stream is idle when nothing is unanswered and nothing arrived
-            # (nor was answered) for `idle_s`.
-            next_request = asyncio.ensure_future(anext(requests))
             try:
-                while True:
-                    quiet_s = time.monotonic() - last_activity
-                    wait_s = idle_s if unanswered else max(0.0, idle_s - quiet_s)
-                    done, _ = await asyncio.wait({next_request}, timeout=wait_s)
-                    if not done:
-                        if not unanswered and time.monotonic() - last_activity >= idle_s:
-                            metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
-                            return
-                        continue
-                    try:
-                        request = next_request.result()
-                    except StopAsyncIteration:
-                        return
+                # No timer per request: `close_when_idle` watches the clock apart.
+                async for request in request_iterator:
                     last_activity = time.monotonic()
                     await inflight.acquire()
                     unanswered += 1
                     answers.put_nowait((_Ticket.of(request), self._admit(request, grants)))
-                    next_request = asyncio.ensure_future(anext(requests))
             finally:
-                next_request.cancel()
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(read_requests())
+
+        async def close_when_idle() -> None:
+            """Ends the stream once nothing is unanswered and nothing arrived (nor was
+            answered) for `idle_s`."""
+            while True:
+                quiet_s = time.monotonic() - last_activity
+                if not unanswered and quiet_s >= idle_s:
+                    metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                    reader.cancel()
+                    return
+                await asyncio.sleep(idle_s - quiet_s if quiet_s < idle_s else idle_s)
+
+        watchdog = asyncio.create_task(close_when_idle())
         try:
             while (item := await answers.get()) is not None:
                 ticket, admitted = item
@@ -402,11 +397,16 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                 unanswered -= 1
                 last_activity = time.monotonic()
                 inflight.release()
-            await reader
+            # The reader ended: the client closed its side, or the watchdog the stream.
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.result()
         finally:
+            watchdog.cancel()
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            for task in (watchdog, reader):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     def _admit(
         self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants

@@ -22,10 +22,18 @@ CLIENT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
 ]
 
+# The receive window of each stream a server reads (see SERVER_OPTIONS).
+SERVER_STREAM_WINDOW_BYTES = 1 << 20
+
 SERVER_OPTIONS: list[tuple[str, int | str]] = [
     # grpc sets SO_REUSEPORT by default: a second server on a taken port would silently
     # share it instead of failing to start.
     ("grpc.so_reuseport", 0),
+    # What a client may push ahead of the server's reading, per stream: a fixed window.
+    # With BDP probing grpc grows it without a bound we set, and a store flooded by
+    # writers it refuses grew by hundreds of MiB of buffered requests.
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", SERVER_STREAM_WINDOW_BYTES),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.keepalive_permit_without_calls", 1),
