@@ -16,6 +16,7 @@ from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX, WRITE_BATCH_ENT
 from streamengine.tools.harness import free_port, metric_value, running_cluster, wait_until
 from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
+    entries,
     entry,
     granted,
     lone_store,
@@ -49,7 +50,7 @@ async def test_a_batch_of_too_many_entries_is_refused_before_it_is_built(
 ) -> None:
     with lone_store(tmp_path) as store:
         async with store_stub(store.address) as stub:
-            many = [entry(1)] * (WRITE_BATCH_ENTRIES_MAX + 1)
+            many = entries(1, WRITE_BATCH_ENTRIES_MAX + 1)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 async for _ in stub.Write(_one(write_request(seg(), 3, 0, many))):
                     pass
