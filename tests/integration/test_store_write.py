@@ -164,16 +164,29 @@ def _bad_crc() -> list:  # type: ignore[type-arg]
     return [bad]
 
 
-def _unknown_kind() -> list:  # type: ignore[type-arg]
-    bad = entry(1)
-    bad.kind = 7  # type: ignore[assignment]
-    return [bad]
+def _unknown_kind(segment: entry_pb2.SegmentId) -> segment_store_pb2.WriteRequest:
+    request = write_request(segment, 3, 0, [entry(1)])
+    request.packed_values = b"\x07" + request.packed_values[1:]
+    return request
+
+
+def _lengths_off(segment: entry_pb2.SegmentId) -> segment_store_pb2.WriteRequest:
+    request = write_request(segment, 3, 0, entries(1, 2))
+    request.value_lengths[0] += 1
+    return request
+
+
+def _shorter_than_its_header(segment: entry_pb2.SegmentId) -> segment_store_pb2.WriteRequest:
+    return segment_store_pb2.WriteRequest(
+        segment=segment, writer_epoch=3, first_index=1, packed_values=b"\x01", value_lengths=[1]
+    )
 
 
 BAD_WRITES = [
-    ("non-consecutive", lambda s: write_request(s, 3, 0, [entry(1), entry(3)])),
+    ("value lengths that do not add up", _lengths_off),
+    ("a value shorter than its header", _shorter_than_its_header),
     ("bad crc", lambda s: write_request(s, 3, 0, _bad_crc())),
-    ("unknown kind", lambda s: write_request(s, 3, 0, _unknown_kind())),
+    ("unknown kind", _unknown_kind),
     (
         "oversized entry",
         lambda s: write_request(s, 3, 0, [entry(1, 3, b"x" * (EVENT_BYTES_MAX + 1))]),
