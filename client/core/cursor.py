@@ -230,6 +230,8 @@ class Cursor:
         self._replicas: dict[int, ReplicaSet] = {}
         self._replica: str | None = None
         self._last_progress_ms = 0
+        # When the current replica last served entries (a position is not an advance).
+        self._last_served_ms = 0
         self._last_heard_ms = 0
         self._last_listed_ms = 0
         # The master did not answer the list `_list_failures` times in a row: the next
@@ -296,6 +298,7 @@ class Cursor:
         replica meanwhile, so that time is the consumer's, not the replica's silence (a
         stalled consumer is dropped by the store and resumes on the same replica)."""
         self._last_heard_ms = max(self._last_heard_ms, now_ms)
+        self._last_served_ms = max(self._last_served_ms, now_ms)
 
     def on_keepalive(self, epoch: int, replica: str, now_ms: int) -> None:
         """The tailed replica is alive, with nothing new to send."""
@@ -343,6 +346,7 @@ class Cursor:
         if epoch != self._epoch or not count:
             return []
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
+        self._last_served_ms = max(self._last_served_ms, now_ms)
         self._last_heard_ms = max(self._last_heard_ms, now_ms)
         if self._replica is not None:
             self._replicas_of(epoch).served(self._replica, run.first_index + count - 1)
@@ -525,6 +529,13 @@ class Cursor:
                 self._leave_replica()
             elif replicas.below(self._replica, self._next_index):
                 self._leave_replica()  # it said it holds less: another replica may not
+        if self._replica is not None and not segment.sealed and self._stalled_on_open(now_ms):
+            # A replica the leader stopped writing (detached as too far behind, the roll
+            # refused) lives on, answering with the same position, while the segment
+            # grows on the others: after a while with nothing served, read the next
+            # replica. On an idle stream this only rotates among them.
+            replicas.passed_over(self._replica, now_ms)
+            self._leave_replica()
         if self._replica is None:
             choice = replicas.choose(segment.replicas, segment.sealed, self._next_index, now_ms)
             if isinstance(choice, Lost):
@@ -535,7 +546,7 @@ class Cursor:
                 return self._wait(now_ms)
             assert isinstance(choice, Ask)
             self._replica = choice.replica
-            self._last_progress_ms = self._last_heard_ms = now_ms
+            self._last_progress_ms = self._last_heard_ms = self._last_served_ms = now_ms
             self._attempts += 1
             self._start_check(segment)
         return ReadFrom(segment.epoch, self._replica, self.read_from_index, self._attempts)
@@ -619,6 +630,9 @@ class Cursor:
 
     def _silent(self, now_ms: int) -> bool:
         return now_ms - self._last_heard_ms >= self.timing.silent_replica_ms
+
+    def _stalled_on_open(self, now_ms: int) -> bool:
+        return now_ms - self._last_served_ms >= self.timing.open_replica_stall_ms
 
     def _stalled_on_sealed(self, segment: SegmentView, now_ms: int) -> bool:
         if self._next_index > segment.final_index:

@@ -55,6 +55,10 @@ class FollowerTiming:
     # A replica that serves nothing new for this long while the master says its segment
     # is sealed beyond what it served has missed the bridge: try another one.
     sealed_replica_stall_ms: int = 2000
+    # A replica that serves nothing for this long while its segment is open may have
+    # been left behind by the leader (detached): read the next one (an idle stream's
+    # reader only rotates).
+    open_replica_stall_ms: int = 5000
     # With nothing listed at the position, re-read the master's list this often.
     idle_refresh_ms: int = 200
     # While tailing, re-read the master's list this often: the segment may have been
@@ -71,6 +75,7 @@ class FollowerTiming:
     def __post_init__(self) -> None:
         assert 0 < self.replica_retry_ms_first <= self.replica_retry_ms_max
         assert self.sealed_replica_stall_ms > 0 and self.idle_refresh_ms > 0
+        assert self.open_replica_stall_ms > self.segment_refresh_ms
         assert self.segment_refresh_ms > 0 and self.keepalive_interval_ms > 0
         assert self.silent_replica_ms > 2 * self.keepalive_interval_ms
         assert self.list_timeout_ms > 0
@@ -83,6 +88,7 @@ class FollowerTiming:
             replica_retry_ms_first=20,
             replica_retry_ms_max=400,
             sealed_replica_stall_ms=300,
+            open_replica_stall_ms=600,
             idle_refresh_ms=50,
             segment_refresh_ms=150,
             keepalive_interval_ms=50,
@@ -134,6 +140,7 @@ class _Replica:
     failures: int = 0  # consecutive failures since its latest answer
     retry_at_ms: int = 0
     damaged_from: int | None = None  # it cannot serve from this index on (sticky)
+    passed_over_ms: int = 0  # when a reader last left it for serving nothing (0: never)
 
 
 @dataclass
@@ -200,6 +207,11 @@ class ReplicaSet:
         state.failures += 1
         state.retry_at_ms = now_ms + self.timing.retry_delay_ms(state.failures)
 
+    def passed_over(self, replica: str, now_ms: int) -> None:
+        """`replica` served nothing for a while on an open segment: not a failure (it
+        answers), but the others come first now, the longest passed over next."""
+        self._of(replica).passed_over_ms = now_ms
+
     # ---- decisions ----
 
     def below(self, replica: str, next_index: int) -> bool:
@@ -228,6 +240,7 @@ class ReplicaSet:
         ready = [r for r in hopeful if self._of(r).retry_at_ms <= now_ms]
         if not ready:
             return WaitUntil(min(self._replicas[r].retry_at_ms for r in hopeful))
+        ready.sort(key=lambda r: self._of(r).passed_over_ms)  # stable: the master's order
         serving = [r for r in ready if (self._of(r).acked or 0) >= next_index]
         return Ask((serving or ready)[0])
 

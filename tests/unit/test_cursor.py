@@ -217,6 +217,32 @@ def test_a_replica_stalled_below_the_bridge_of_a_sealed_segment_is_abandoned() -
     assert cursor.next(10 + stall_ms) == ReadFrom(1, B, 2)
 
 
+def test_a_replica_left_behind_on_an_open_segment_is_passed_over_for_the_next() -> None:
+    """A store the leader detached (too far behind, its roll refused for want of
+    stores) answers on with the same position while the open segment grows on the
+    others; a follower tailing it once never got past it (bench.subscribe's live tail)."""
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    cursor.on_entries(1, [event(1)], 10)
+    stall_ms = TIMING.open_replica_stall_ms
+    # Positions and keepalives are answers, not entries served: A stays stalled.
+    cursor.on_position(1, A, 1, stall_ms)
+    cursor.on_keepalive(1, A, stall_ms)
+    assert cursor.next(10 + stall_ms - 1) == ReadFrom(1, A, 2)
+    now = 10 + stall_ms
+    # B serves nothing either (an idle stream), alive all along: the reader rotates on,
+    # to C, not back to A; then, every replica passed over once, to the one passed over
+    # longest ago.
+    for expected in (B, C, A, B):
+        read = cursor.next(now)
+        assert isinstance(read, ReadFrom) and (read.replica, read.from_index) == (expected, 2)
+        for beat in range(now, now + stall_ms, TIMING.keepalive_interval_ms):
+            cursor.on_keepalive(1, expected, beat)
+            assert cursor.next(beat) == read
+        now += stall_ms
+
+
 def test_a_replica_of_a_sealed_segment_that_says_it_stops_short_is_left_at_once() -> None:
     cursor = Cursor(0)
     cursor.on_segments([sealed(1, 4)], 0)
