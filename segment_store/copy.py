@@ -17,6 +17,7 @@ import grpc
 from streamengine.protocol import transport
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import CorruptEntry, PackedEntries
+from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.group_commit import GroupCommitter
 from streamengine.segment_store.store import (
@@ -122,16 +123,20 @@ class SegmentCopy:
             )
             async for reply in reads:
                 try:
-                    write = op.source_entries(
-                        PackedEntries.from_wire(
-                            reply.first_index, reply.packed_values, reply.value_lengths
-                        )
+                    batch = PackedEntries.from_wire(
+                        reply.first_index, reply.packed_values, reply.value_lengths
                     )
                 except CorruptEntry as error:
                     raise CopyRefused(f"the source sent a malformed batch: {error}") from None
-                if write is not None:
-                    assert isinstance(write, copy_rules.Submit)
-                    assert op.submitted(await self._submit(write.command)) is None
+                # A packed reply may hold more than one Write may carry.
+                for piece in batch.pieces(WRITE_BATCH_ENTRIES_MAX, WRITE_BATCH_BYTES_MAX):
+                    try:
+                        write = op.source_entries(piece)
+                    except CorruptEntry as error:
+                        raise CopyRefused(f"the source sent a malformed batch: {error}") from None
+                    if write is not None:
+                        assert isinstance(write, copy_rules.Submit)
+                        assert op.submitted(await self._submit(write.command)) is None
             return op.source_read_ended()
         if isinstance(action, copy_rules.ReadBack):
             copied = await self.in_thread(

@@ -17,6 +17,7 @@ import pytest
 
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.tools.harness import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
@@ -32,7 +33,7 @@ from tests.integration.store_helpers import (
     write_request,
 )
 
-FINAL = 301  # the bridge; Read replies carry 256 entries, so the copy takes two batches
+FINAL = 301  # the bridge; one packed Read reply carries the whole segment
 SOURCE_FENCE = 4
 
 
@@ -121,7 +122,8 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
                 await write_all(target_stub, [write_request(segment, 3, 0, stale)])
             assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
-            # The first copied batch is in, the second held back.
+            # The copied entries are in; the source's stream is held before it ends, so
+            # the copy has not compared its digest yet.
             async def first_batch_in() -> bool:
                 return (await state(target_stub, segment)).matched_index >= 256
 
@@ -178,6 +180,52 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
             after = await state(target_stub, segment)
             assert after.acked_index == 0 and after.fence == 4
             assert await read_all(target_stub, segment, acked_only=True) == []
+    finally:
+        source.kill()
+        target.kill()
+
+
+async def test_a_segment_larger_than_one_write_is_copied_in_pieces(tmp_path: Path) -> None:
+    """A packed Read reply may hold more entries than a Write may carry: the copy writes
+    it in pieces (the demo's repair once failed every try: a batch of 52,501 entries is
+    over 4096)."""
+    segment = seg(603, 3)
+    final = 2 * WRITE_BATCH_ENTRIES_MAX + 11
+    source = lone_store_process(tmp_path, 1)
+    target = lone_store_process(tmp_path, 2)
+    try:
+        source.start(wait=False)
+        target.start()
+        source.wait_serving()
+        async with (
+            store_stub(source.address) as source_stub,
+            store_stub(target.address) as target_stub,
+        ):
+            events = final - 1
+            step = WRITE_BATCH_ENTRIES_MAX // 2
+            writes = [
+                write_request(segment, 3, 0, entries(first, min(first + step - 1, events)))
+                for first in range(1, events + 1, step)
+            ]
+            bridge = entry(final, 4, kind=EntryKind.BRIDGE)
+            await write_all(
+                source_stub,
+                [
+                    *writes,
+                    write_request(segment, 3, events, []),
+                    write_request(segment, 4, final, [bridge]),
+                ],
+            )
+            await source_stub.Seal(seal_request(segment, 4))
+            copied = await target_stub.CopySegment(
+                segment_store_pb2.CopySegmentRequest(
+                    segment=segment, source_address=source.address, final_index=final, fence=4
+                ),
+                timeout=60,
+            )
+            assert copied.acked_index == final and copied.entries_copied == final
+            wanted = await read_all(source_stub, segment, 1, final)
+            assert await read_all(target_stub, segment, 1, final) == wanted
     finally:
         source.kill()
         target.kill()

@@ -71,3 +71,20 @@ def test_an_unknown_kind_is_malformed_for_every_reader() -> None:
         codec.entry_from_pb(unknown)
     with pytest.raises(BadRequest, match="index 7: unknown kind 9"):
         check_batch(9, PackedEntries.of([StoredEntry(7, 9, 1, b"", 0)]))  # type: ignore[arg-type]
+
+
+def test_a_packed_batch_is_cut_into_pieces_a_write_may_carry() -> None:
+    sizes = [10, 10, 30, 5, 50, 1]
+    batch = PackedEntries.of(
+        [StoredEntry.make(7 + n, EntryKind.EVENT, 2, b"p" * size) for n, size in enumerate(sizes)]
+    )
+    pieces = batch.pieces(entries_max=3, bytes_max=40)
+    assert [(p.first_index, [len(v) - 13 for v in p.values]) for p in pieces] == [
+        (7, [10, 10]),  # 10 + 10 + 30 is over 40 bytes
+        (9, [30, 5]),
+        (11, [50]),  # alone over the bytes: a piece holds one value at least
+        (12, [1]),
+    ]
+    assert [e for p in pieces for e in p.entries()] == batch.entries()
+    assert batch.pieces(entries_max=2, bytes_max=1000)[0].last_index == 8
+    assert PackedEntries(0, ()).pieces(3, 40) == []

@@ -202,6 +202,26 @@ class PackedEntries:
         """The last index, or 0 for an empty batch."""
         return self.first_index + len(self.values) - 1 if self.values else 0
 
+    def pieces(self, entries_max: int, bytes_max: int) -> list[PackedEntries]:
+        """The batch cut into consecutive pieces of at most `entries_max` values and
+        `bytes_max` payload bytes each (a piece holds one value at least): a packed
+        Read reply, which may be larger, written as Writes."""
+        pieces = []
+        start = 0
+        values = self.values
+        while start < len(values):
+            stop = start
+            payload = 0
+            while stop < len(values) and stop - start < entries_max:
+                size = len(values[stop]) - VALUE_HEADER_BYTES
+                if stop > start and payload + size > bytes_max:
+                    break
+                payload += size
+                stop += 1
+            pieces.append(PackedEntries(self.first_index + start, values[start:stop]))
+            start = stop
+        return pieces
+
     def payload_bytes(self) -> int:
         return sum(map(len, self.values)) - VALUE_HEADER_BYTES * len(self.values)
 
