@@ -51,6 +51,21 @@ def lone_store_process(
 
 
 @contextmanager
+def copy_pair(root: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Two lone stores, serving: a copy's source (store1) and its target (store2)."""
+    source = lone_store_process(root, 1)
+    target = lone_store_process(root, 2)
+    try:
+        source.start(wait=False)
+        target.start()
+        source.wait_serving()
+        yield source, target
+    finally:
+        source.kill()
+        target.kill()
+
+
+@contextmanager
 def lone_store(root: Path, extra_args: list[str] | None = None) -> Iterator[ServerProcess]:
     store = lone_store_process(root, 0, extra_args)
     try:

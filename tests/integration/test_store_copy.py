@@ -21,6 +21,7 @@ from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.tools.harness import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
+    copy_pair,
     entries,
     entry,
     lone_store_process,
@@ -150,12 +151,7 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
     """The target keeps a higher-epoch copy the source lacks: the digests differ, the
     copy is refused, and its acked index is not raised over it."""
     segment = seg(602, 3)
-    source = lone_store_process(tmp_path, 1)
-    target = lone_store_process(tmp_path, 2)
-    try:
-        source.start(wait=False)
-        target.start()
-        source.wait_serving()
+    with copy_pair(tmp_path) as (source, target):
         async with (
             store_stub(source.address) as source_stub,
             store_stub(target.address) as target_stub,
@@ -180,9 +176,6 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
             after = await state(target_stub, segment)
             assert after.acked_index == 0 and after.fence == 4
             assert await read_all(target_stub, segment, acked_only=True) == []
-    finally:
-        source.kill()
-        target.kill()
 
 
 async def test_a_segment_larger_than_one_write_is_copied_in_pieces(tmp_path: Path) -> None:
@@ -191,12 +184,7 @@ async def test_a_segment_larger_than_one_write_is_copied_in_pieces(tmp_path: Pat
     over 4096)."""
     segment = seg(603, 3)
     final = 2 * WRITE_BATCH_ENTRIES_MAX + 11
-    source = lone_store_process(tmp_path, 1)
-    target = lone_store_process(tmp_path, 2)
-    try:
-        source.start(wait=False)
-        target.start()
-        source.wait_serving()
+    with copy_pair(tmp_path) as (source, target):
         async with (
             store_stub(source.address) as source_stub,
             store_stub(target.address) as target_stub,
@@ -226,6 +214,3 @@ async def test_a_segment_larger_than_one_write_is_copied_in_pieces(tmp_path: Pat
             assert copied.acked_index == final and copied.entries_copied == final
             wanted = await read_all(source_stub, segment, 1, final)
             assert await read_all(target_stub, segment, 1, final) == wanted
-    finally:
-        source.kill()
-        target.kill()

@@ -22,6 +22,7 @@ from streamengine.tools.harness import (
 )
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from tests.integration.store_helpers import (
+    copy_pair,
     entries,
     entry,
     lone_store,
@@ -120,12 +121,7 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
     tmp_path: Path,
 ) -> None:
     segment = seg(503, 3)
-    source = lone_store_process(tmp_path, 1)
-    target = lone_store_process(tmp_path, 2)
-    try:
-        source.start(wait=False)
-        target.start()
-        source.wait_serving()
+    with copy_pair(tmp_path) as (source, target):
         bridge = entry(301, 4, kind=EntryKind.BRIDGE)
         async with store_stub(source.address) as stub:
             await write_all(
@@ -184,9 +180,6 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
                 assert failed.value.code() == code, failed.value
             # None of the failures touched the good copy made before.
             assert await read_all(stub, segment) == source_entries
-    finally:
-        source.kill()
-        target.kill()
 
 
 def _stores_seen(master: ServerProcess) -> list[master_pb2.StoreStatus]:
