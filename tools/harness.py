@@ -43,11 +43,27 @@ STREAMENGINE = str(Path(sys.executable).with_name("streamengine"))
 MASTER_SERVICE = "streamengine.v1.Master"
 
 
+# Ports `free_port` handed out; forgotten past this many (the ephemeral range is far
+# larger), so that a long test session still finds ports.
+_HANDED_OUT_MAX = 8192
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port free on 127.0.0.1 now, and not handed out before by this process. Servers
+    are given their ports before any of them binds, and the kernel may name the same free
+    port twice: once two stores got the same one, the second could not listen, and the
+    first answering at that address passed for it (a CI run hung for 300 s)."""
+    if len(_handed_out) >= _HANDED_OUT_MAX:
+        _handed_out.clear()
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no port free on 127.0.0.1 that was not handed out already")
 
 
 def wait_for(
