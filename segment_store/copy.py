@@ -126,14 +126,14 @@ class SegmentCopy:
                     batch = PackedEntries.from_wire(
                         reply.first_index, reply.packed_values, reply.value_lengths
                     )
+                    # A packed reply may hold more than one Write may carry.
+                    writes = [
+                        op.source_entries(piece)
+                        for piece in batch.pieces(WRITE_BATCH_ENTRIES_MAX, WRITE_BATCH_BYTES_MAX)
+                    ]
                 except CorruptEntry as error:
                     raise CopyRefused(f"the source sent a malformed batch: {error}") from None
-                # A packed reply may hold more than one Write may carry.
-                for piece in batch.pieces(WRITE_BATCH_ENTRIES_MAX, WRITE_BATCH_BYTES_MAX):
-                    try:
-                        write = op.source_entries(piece)
-                    except CorruptEntry as error:
-                        raise CopyRefused(f"the source sent a malformed batch: {error}") from None
+                for write in writes:
                     if write is not None:
                         assert isinstance(write, copy_rules.Submit)
                         assert op.submitted(await self._submit(write.command)) is None

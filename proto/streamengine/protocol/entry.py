@@ -136,19 +136,10 @@ def unpack_values(
 def first_corrupt_value(first_index: int, values: Sequence[bytes]) -> int | None:
     """Position of the first stored value (of consecutive indexes from `first_index`)
     that does not verify, else None."""
-    unpack, pack, header = _VALUE_HEADER.unpack_from, _CRC_HEADER.pack, VALUE_HEADER_BYTES
-    value_crc, extend = google_crc32c.value, google_crc32c.extend
-    for position, stored in enumerate(values):
-        if len(stored) < header:
-            return position
-        kind, epoch, crc = unpack(stored)
-        payload = stored[header:]  # google_crc32c takes bytes only
-        if (
-            kind not in _KINDS
-            or extend(value_crc(pack(kind, epoch, first_index + position)), payload) != crc
-        ):
-            return position
-    return None
+    short = next((n for n, value in enumerate(values) if len(value) < VALUE_HEADER_BYTES), None)
+    checked = values if short is None else values[:short]
+    bad = PackedEntries(first_index, checked).check()[2]
+    return bad if bad is not None else short
 
 
 @dataclass(frozen=True, slots=True)
