@@ -450,6 +450,7 @@ def _read_certified(
             to_index=read_last,
             acked_only=True,
             packed=True,
+            reader_verifies=True,
         )
         try:
             for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):

@@ -296,6 +296,7 @@ class Follower:
             from_index=read.from_index,
             acked_only=True,
             packed=True,
+            reader_verifies=read.checked,
         )
 
     def _read_ahead(self, cursor: Cursor) -> None:

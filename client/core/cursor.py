@@ -111,6 +111,9 @@ class ReadFrom:
     replica: str
     from_index: int
     attempt: int = field(default=0, compare=False)
+    # The cursor checks what this read brings against the segment's certificate, so
+    # the store need not check each copy's crc32c first (`ReadRequest.reader_verifies`).
+    checked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +493,10 @@ class Cursor:
         if self._end is not None and pack_sequence(later[0].epoch, 1) >= self._end:
             return None
         replicas = [r for r in later[0].replicas if r not in later[0].bad]
-        return ReadFrom(later[0].epoch, replicas[0], 1) if replicas else None
+        if not replicas:
+            return None
+        checked = self._certificate_of(later[0], 1) is not None
+        return ReadFrom(later[0].epoch, replicas[0], 1, checked=checked)
 
     def refresh_due(self, now_ms: int) -> bool:
         """While tailing: time to re-read the master's list."""
@@ -549,7 +555,13 @@ class Cursor:
             self._last_progress_ms = self._last_heard_ms = self._last_served_ms = now_ms
             self._attempts += 1
             self._start_check(segment)
-        return ReadFrom(segment.epoch, self._replica, self.read_from_index, self._attempts)
+        return ReadFrom(
+            segment.epoch,
+            self._replica,
+            self.read_from_index,
+            self._attempts,
+            checked=self._check is not None,
+        )
 
     @staticmethod
     def continues(decision: Next, read: ReadFrom) -> bool:
@@ -599,15 +611,22 @@ class Cursor:
 
     def _start_check(self, segment: SegmentView) -> None:
         """A new read of a sealed, certified segment starts at its position's chunk."""
+        certificate = self._certificate_of(segment, self._next_index)
+        if certificate is not None:
+            self._check = ChunkCheck(certificate, self._next_index)
+            self._held_first = self._check.next_index
+
+    @staticmethod
+    def _certificate_of(segment: SegmentView, index: int) -> Certificate | None:
+        """The certificate a read of `segment` from `index` is checked against, if any."""
         certificate = segment.certificate
         if not segment.sealed or certificate is None:
-            return
-        if not 1 <= self._next_index <= certificate.final_index:
-            return
+            return None
+        if not 1 <= index <= certificate.final_index:
+            return None
         if certificate.final_index != segment.final_index:
-            return  # not this seal's certificate: nothing to check against
-        self._check = ChunkCheck(certificate, self._next_index)
-        self._held_first = self._check.next_index
+            return None  # not this seal's certificate: nothing to check against
+        return certificate
 
     def _damaged(self, index: int, problem: str) -> None:
         replica = self._replica

@@ -305,6 +305,35 @@ async def test_a_copy_differing_only_from_the_certificate_is_never_served_nor_co
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+async def test_a_bit_flipped_under_its_crc_never_reaches_a_reader_of_a_certified_segment(
+    damaged: Damaged,
+) -> None:
+    """A reader of a certified segment asks its stores to send copies unchecked
+    (`reader_verifies`: it checks each chunk against the certificate). A copy flipped at
+    rest under its old crc32c thus reaches the reader, which never hands it out, reads
+    that chunk from another replica, and reports the first."""
+    cluster = damaged.cluster
+    async with StreamClient(cluster.master_address) as client:
+        payloads = await write_sealed(client, 1, 1000)
+        wait_for(lambda: all(map(fully_verified, damaged.sealed())), 30, 0.2, "verified")
+        segment = damaged.sealed()[0]
+        first = segment.copy_set[0].store_id
+        bad = damaged.store(first)
+        assert bad.terminate() == 0
+        index = 700
+        flipped = bytes([payloads[index - 1][0] ^ 0x01]) + payloads[index - 1][1:]
+        damage.rewrite_copy(
+            damaged.root(first), segment.id.stream_id, segment.id.epoch, index, flipped,
+            valid_crc=False,
+        )
+        bad.args[bad.args.index("--scrub-mb-per-s") + 1] = "0"  # not found by its scrub
+        bad.start()
+        assert await read_all(client) == payloads
+        batches = [batch async for batch in client.read_batches(STREAM)]
+        assert [p for batch in batches for p in batch.column("payload").to_pylist()] == payloads
+        assert damaged.master_count("streamengine_master_reader_reports_total") >= 1
+
+
 async def test_a_replica_counts_as_good_only_once_its_store_read_it_back(
     damaged: Damaged,
 ) -> None:

@@ -367,7 +367,8 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_certified_segment_is_handed_out_a_verified_chunk_at_a_time() -> None:
     cursor = Cursor(0)
     cursor.on_segments([certified(1, TEN)], 0)
-    assert cursor.next(0) == ReadFrom(1, A, 1)
+    # Checked against the certificate here: the store need not check each crc32c.
+    assert cursor.next(0) == ReadFrom(1, A, 1, checked=True)
     assert cursor.on_entries(1, TEN[:3], 0) == []  # chunk 1-4 incomplete: held back
     assert [e.index for e in cursor.on_entries(1, TEN[3:6], 0)] == [1, 2, 3, 4]
     assert [e.index for e in cursor.on_entries(1, TEN[6:], 0)] == [5, 6, 7, 8, 9]
@@ -382,13 +383,13 @@ def test_a_chunk_differing_from_the_certificate_is_never_handed_out() -> None:
     cursor.on_segments([certified(1, TEN)], 0)
     served = list(TEN)
     served[5] = event(6, b"stale but crc-valid")
-    assert cursor.next(0) == ReadFrom(1, A, 1)
+    assert cursor.next(0) == ReadFrom(1, A, 1, checked=True)
     assert [e.index for e in cursor.on_entries(1, served[:5], 0)] == [1, 2, 3, 4]
     assert cursor.on_entries(1, served[5:8], 0) == []
     [report] = cursor.take_reports()
     assert (report.epoch, report.replica) == (1, A) and "5..8" in report.problem
     decision = cursor.next(1)
-    assert decision == ReadFrom(1, B, 5)
+    assert decision == ReadFrom(1, B, 5, checked=True)
     assert [e.payload for e in cursor.on_entries(1, TEN[4:8], 1)] == [b"e5", b"e6", b"e7", b"e8"]
 
 
@@ -397,7 +398,7 @@ def test_resuming_mid_chunk_reads_from_the_chunk_start_and_yields_from_the_posit
     cursor = Cursor(pack_sequence(1, 6))
     cursor.on_segments([certified(1, TEN)], 0)
     read = cursor.next(0)
-    assert read == ReadFrom(1, A, 5)
+    assert read == ReadFrom(1, A, 5, checked=True)
     assert [e.index for e in cursor.on_entries(1, TEN[4:8], 0)] == [6, 7, 8]
     # The read goes on: the same attempt on the same replica.
     assert Cursor.continues(cursor.next(0), read)
@@ -420,7 +421,7 @@ def test_every_replica_damaged_is_data_loss_not_a_wait() -> None:
 def test_a_replica_the_master_lists_as_bad_is_never_read() -> None:
     cursor = Cursor(0)
     cursor.on_segments([certified(1, TEN, bad=(A,))], 0)
-    assert cursor.next(0) == ReadFrom(1, B, 1)
+    assert cursor.next(0) == ReadFrom(1, B, 1, checked=True)
 
 
 def test_a_segment_whose_every_replica_the_master_lists_as_bad_is_lost() -> None:
@@ -461,6 +462,10 @@ def test_the_upcoming_read_is_the_next_segment_from_its_first_good_replica() -> 
     following = Cursor(0)
     following.on_segments([sealed(1, 5), open_segment(2)], 0)
     assert following.upcoming() == ReadFrom(2, A, 1)  # an open one: what A acked
+    # A certified one is read ahead as the cursor will read it: checked by the reader.
+    ahead = Cursor(0)
+    ahead.on_segments([sealed(1, 5), certified(2, TEN)], 0)
+    assert ahead.upcoming() == ReadFrom(2, A, 1, checked=True)
     following.on_entries(1, [event(1), event(2), event(3), event(4), bridge(5)], 0)
     assert following.upcoming() is None  # reading the open segment: nothing after it
     ends_before = Cursor(0, end_sequence=pack_sequence(2, 1))

@@ -58,7 +58,10 @@ def test_a_run_hands_out_the_events_from_the_position_to_the_bridge(
     for cursor in (as_batches, as_events):
         cursor.on_segments([segment, SegmentView(5, REPLICAS, False, 0)], 0)
         # Under the certificate, the read starts at the chunk holding the position.
-        assert cursor.next(0) == ReadFrom(4, REPLICAS[0], 1 if with_certificate else 2)
+        expected = ReadFrom(4, REPLICAS[0], 1, checked=True) if with_certificate else (
+            ReadFrom(4, REPLICAS[0], 2)
+        )
+        assert cursor.next(0) == expected
     start = 0 if with_certificate else 1
     for low, high in ((start, 5), (5, 10)):  # two replies: 1-5 (or 2-5), 6-10
         run = make_run(ENTRIES[low:high])
@@ -76,21 +79,33 @@ def test_a_run_hands_out_the_events_from_the_position_to_the_bridge(
     assert as_batches.last_yielded == pack_sequence(4, 9)
 
 
-def test_a_packed_chunk_that_differs_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "copy",
+    [
+        StoredEntry.make(6, EntryKind.EVENT, 1, b"forged, crc valid"),
+        # A bit flipped at rest under the old crc32c: a store asked with
+        # `reader_verifies` sends it unchecked, and the certificate stops it.
+        StoredEntry(6, EntryKind.EVENT, 1, b"e6 flipped", ENTRIES[5].crc32c),
+    ],
+    ids=["forged", "flipped"],
+)
+def test_a_packed_chunk_that_differs_is_never_handed_out(
+    monkeypatch: pytest.MonkeyPatch, copy: StoredEntry
+) -> None:
     monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)
     made = certificate_of([(e.index, int(e.kind), e.payload) for e in ENTRIES])
     cursor = Cursor(0)
     cursor.on_segments([SegmentView(4, REPLICAS, True, 10, made)], 0)
-    assert cursor.next(0) == ReadFrom(4, REPLICAS[0], 1)
+    assert cursor.next(0) == ReadFrom(4, REPLICAS[0], 1, checked=True)
     forged = list(ENTRIES)
-    forged[5] = StoredEntry.make(6, EntryKind.EVENT, 1, b"forged, crc valid")
+    forged[5] = copy
     # One reply holds chunk 1-4 and the forged chunk 5-8: 1-4 leave, nothing of 5-8,
     # and the next replica is read from 5 (the forged one never again from there).
     released = cursor.on_run(4, packed_run(forged[:8]), 0)
     assert [released_batch(r).column("index").to_pylist() for r in released] == [[1, 2, 4]]
     [report] = cursor.take_reports()
     assert report.replica == REPLICAS[0] and "5..8" in report.problem
-    assert cursor.next(1) == ReadFrom(4, REPLICAS[1], 5)
+    assert cursor.next(1) == ReadFrom(4, REPLICAS[1], 5, checked=True)
     released = cursor.on_run(4, packed_run(ENTRIES[4:]), 1)
     indexes = [released_batch(r).column("index").to_pylist() for r in released]
     assert indexes == [[5, 6, 7, 8, 9]]

@@ -274,6 +274,7 @@ class ReadRequest(_message.Message):
     ACKED_ONLY_FIELD_NUMBER: _builtins.int
     MAX_ENTRIES_PER_REPLY_FIELD_NUMBER: _builtins.int
     PACKED_FIELD_NUMBER: _builtins.int
+    READER_VERIFIES_FIELD_NUMBER: _builtins.int
     from_index: _builtins.int
     """First index to return (from 1)."""
     to_index: _builtins.int
@@ -285,7 +286,15 @@ class ReadRequest(_message.Message):
     packed: _builtins.bool
     """Answer in `packed_values` rather than `entries` (bulk scans, e.g. Spark): no
     message per entry. Consecutive indexes only: a reply ends before an index the
-    store lacks, and the store verifies every copy's crc32c before sending it.
+    store lacks, and the store verifies every copy's crc32c before sending it, unless
+    `reader_verifies`.
+    """
+    reader_verifies: _builtins.bool
+    """With `packed`: the reader checks every value it hands out against the segment's
+    certificate (whole chunks, kind and payload), so the store sends its copies without
+    checking each crc32c first. A copy damaged at rest then reaches the reader, which
+    drops its chunk and reports the replica, rather than failing the read with
+    DATA_LOSS.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
@@ -298,10 +307,11 @@ class ReadRequest(_message.Message):
         acked_only: _builtins.bool = ...,
         max_entries_per_reply: _builtins.int = ...,
         packed: _builtins.bool = ...,
+        reader_verifies: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_only", b"acked_only", "from_index", b"from_index", "max_entries_per_reply", b"max_entries_per_reply", "packed", b"packed", "segment", b"segment", "to_index", b"to_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_only", b"acked_only", "from_index", b"from_index", "max_entries_per_reply", b"max_entries_per_reply", "packed", b"packed", "reader_verifies", b"reader_verifies", "segment", b"segment", "to_index", b"to_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
