@@ -1025,8 +1025,8 @@ class SegmentStoreCore:
                 # Every index up to the matched one is held, so the values alone say
                 # which index each is. A run shorter than asked without reaching the
                 # byte cap means the segment changed under the scan: then read it with
-                # keys.
-                values = self.kv.scan_values(start, end, limit, max_bytes)
+                # keys. The limit is what the range holds, as `scan_values` wants it.
+                values = self.kv.scan_values(start, end, last - first + 1, max_bytes)
                 if len(values) == last - first + 1 or sum(map(len, values)) >= max_bytes > 0:
                     return values
             values = []

@@ -715,6 +715,8 @@ def test_kv_scans_in_bytewise_order_within_bounds(any_kv: KV) -> None:
     assert any_kv.scan_values(b"b", b"c") == [b"1", b"2"]
     assert any_kv.scan_values(b"a", b"z", limit=3) == [b"0", b"1", b"2"]
     assert any_kv.scan_values(b"a", b"z", max_bytes=2) == [b"0", b"1"]
+    assert any_kv.scan_values(b"a", b"z", limit=4, max_bytes=3) == [b"0", b"1", b"2"]
+    assert any_kv.scan_values(b"b", b"c", limit=5) == [b"1", b"2"]  # the range holds less
     assert any_kv.last_before(b"b", b"c") == (b"b2", b"2")
     assert any_kv.last_before(b"d", b"e") is None
     any_kv.write([DeleteRange(b"b", b"c"), Delete(b"a"), Put(b"d", b"4")], True)
@@ -788,6 +790,10 @@ def test_rocks_kv_raises_at_a_damaged_block_instead_of_ending_the_scan(tmp_path:
             kv.scan(start, end)
         with pytest.raises(KVCorruption):
             kv.scan_values(start, end)
+        # With a limit of what the range holds (the store's reads), rocksdict's own
+        # loop ends short at the damage, and the scan with keys that follows raises.
+        with pytest.raises(KVCorruption):
+            kv.scan_values(start, end, limit=20_000)
         damaged = next(index for index in range(20_000) if _get_raises(kv, index))
         assert 0 < damaged < 20_000
         with pytest.raises(KVCorruption):
@@ -797,6 +803,9 @@ def test_rocks_kv_raises_at_a_damaged_block_instead_of_ending_the_scan(tmp_path:
         # Short of the damage, and by limit, scans work as ever.
         assert len(kv.scan(start, end, limit=10)) == 10
         assert len(kv.scan_values(start, (damaged - 1).to_bytes(8, "big"))) == damaged - 1
+        assert kv.scan_values(start, end, limit=damaged // 2) == [
+            value for _, value in kv.scan(start, end, limit=damaged // 2)
+        ]
     finally:
         kv.close()
 
