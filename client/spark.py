@@ -12,7 +12,8 @@ One row per EVENT (holes and bridges never appear), schema
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
 `partitionEntries` (default 250000) splits large segments into equal index ranges of at
-most that many entries; `skipLostRanges` (default false): a range an operator sealed
+most that many entries (in a certified segment, cut at the nearest chunk ends);
+`skipLostRanges` (default false): a range an operator sealed
 accepting loss (`streamengine seal --accept-loss`) is read around instead of failing
 the query with `DataLossError`.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
@@ -280,7 +281,7 @@ def plan_ranges(
         if certificate is not None and certificate.final_index != segment.final_index:
             certificate = None
         encoded = certificate.encode() if certificate is not None else b""
-        for low, high in _parts(first, last_readable, partition_entries):
+        for low, high in _parts(first, last_readable, partition_entries, certificate):
             replicas = _least_loaded_first(segment.replicas, load)
             if replicas:
                 load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
@@ -301,15 +302,26 @@ def plan_ranges(
     return ranges
 
 
-def _parts(first: int, last: int, partition_entries: int) -> list[tuple[int, int]]:
+def _parts(
+    first: int, last: int, partition_entries: int, certificate: Certificate | None = None
+) -> list[tuple[int, int]]:
     """`first..last` in equal parts of at most `partition_entries` (sizes differ by at
-    most one: no short straggler task)."""
+    most one: no short straggler task). Under a certificate each cut moves to the
+    nearest end of a chunk: a partition reads the whole chunks around its range, so a
+    chunk cut in two would be read (and checked) twice."""
     entries = last - first + 1
     count = -(-entries // partition_entries)
-    return [
-        (first + part * entries // count, first + (part + 1) * entries // count - 1)
-        for part in range(count)
-    ]
+    cuts = [first + part * entries // count - 1 for part in range(1, count)]
+    if certificate is not None:
+        snapped: list[int] = []
+        for cut in cuts:
+            chunk_first, chunk_last = certificate.chunk_of(cut)
+            cut = chunk_last if chunk_last - cut <= cut - chunk_first + 1 else chunk_first - 1
+            if first <= cut < last and (not snapped or cut > snapped[-1]):
+                snapped.append(cut)
+        cuts = snapped
+    ends = [first - 1, *cuts, last]
+    return [(ends[n] + 1, ends[n + 1]) for n in range(len(ends) - 1)]
 
 
 def _least_loaded_first(replicas: tuple[str, ...], load: dict[str, int]) -> tuple[str, ...]:

@@ -123,15 +123,20 @@ def test_max_events_per_trigger_limits_the_end_across_segments() -> None:
 def test_a_certified_segment_carries_its_certificate_into_every_partition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Partitions split as always (a partition reads the whole chunks around its range
-    and checks them); each carries the certificate to its executor."""
-    monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)
+    """Partitions split at the chunk ends nearest to equal cuts (a partition reads the
+    whole chunks around its range and checks them: no chunk is read twice); each
+    carries the certificate to its executor."""
+    monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)  # chunks 1-4, 5-8, 9-11
     rows = [(i, int(EntryKind.EVENT), b"x") for i in range(1, 11)]
     made = certificate_of([*rows, (11, int(EntryKind.BRIDGE), b"")])
     segment = _SegmentInfo(1, True, 11, R, made)
+    # Equal cuts would be after 2, 5 and 7: they move to 4, 4 (dropped) and 8.
     plan = plan_ranges("t/s", layout(segment), 0, None, False, 3)
-    assert spans(plan) == [(1, 1, 2), (1, 3, 5), (1, 6, 7), (1, 8, 10)]
+    assert spans(plan) == [(1, 1, 4), (1, 5, 8), (1, 9, 10)]
     assert all(Certificate.decode(p.certificate) == made for p in plan)
+    # A range that starts mid-chunk keeps its start; only the cuts move.
+    late = plan_ranges("t/s", layout(segment), pack_sequence(1, 3), None, False, 3)
+    assert spans(late) == [(1, 3, 4), (1, 5, 8), (1, 9, 10)]
 
 
 def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
