@@ -63,7 +63,7 @@ class BatchCache:
         key = (send.segment.epoch, send.first_index, send.last_index)
         found = self._batches.get(key)
         if found is None:
-            found = codec.write_request(send.entries).SerializeToString()
+            found = codec.write_request(send.batch()).SerializeToString()
             if len(self._batches) >= ENTRY_CACHE_BATCHES:
                 del self._batches[next(iter(self._batches))]
             self._batches[key] = found
@@ -81,4 +81,4 @@ def serialize_write(send: SendWrite, cache: BatchCache) -> bytes:
         request_id=send.request_id,
         grant=send.grant,
     ).SerializeToString()
-    return head + cache.entries(send) if send.entries else head
+    return head + cache.entries(send) if send.payloads else head

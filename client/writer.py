@@ -82,7 +82,7 @@ from streamengine.client.core.replicator import (
     SendWrite,
     StoreDetached,
     Tick,
-    entry_bytes,
+    events_bytes,
 )
 from streamengine.client.errors import (
     AppendFailed,
@@ -347,15 +347,18 @@ class Writer:
         """Append events in order (consecutive indexes); their sequences once acked."""
         if not payloads:
             return []
-        first, last = await self._append(tuple(_as_bytes(p) for p in payloads))
+        if all(type(payload) is bytes for payload in payloads):
+            events = tuple(payloads)
+        else:
+            events = tuple(map(_as_bytes, payloads))
+        first, last = await self._append(events)
         return list(range(first, last + 1))
 
     async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
-        nbytes = 0
-        for payload in payloads:
-            if len(payload) > EVENT_BYTES_MAX:
-                raise EventTooLarge(f"event of {len(payload)} bytes > {EVENT_BYTES_MAX}")
-            nbytes += entry_bytes(payload)
+        largest = max(map(len, payloads))
+        if largest > EVENT_BYTES_MAX:
+            raise EventTooLarge(f"event of {largest} bytes > {EVENT_BYTES_MAX}")
+        nbytes = events_bytes(payloads)
         self._check_leading()
         unacked_max = self._core.limits.unacked_bytes_max
         if len(payloads) > 1 and nbytes > unacked_max:

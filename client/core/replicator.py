@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from streamengine.client.core.quorum import QuorumTracker
 from streamengine.protocol.certificate import ContentDigest
-from streamengine.protocol.entry import EntryKind, StoredEntry, entry_crc
+from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, event_crcs
 from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
     INDEX_MAX,
@@ -62,10 +62,10 @@ from streamengine.protocol.policy import ReplicationPolicy
 # framing): batches are cut by payload plus this, so small events count for something.
 ENTRY_OVERHEAD_BYTES = 32
 # Bytes an entry kept in this process costs beyond its payload: the bytes object's
-# header, the entry, its index and crc objects, its slots in the kept lists (measured
-# with tracemalloc on CPython 3.11; `tests/unit/test_replicator.py` measures it again).
-# The memory bounds (`unacked_bytes_max`, `retained_bytes_max`) count payload plus this.
-ENTRY_MEMORY_BYTES = 224
+# header, its crc object, its slots in the kept lists (131 measured with tracemalloc on
+# CPython 3.11; `tests/unit/test_replicator.py` measures it again). The memory bounds
+# (`unacked_bytes_max`, `retained_bytes_max`) count payload plus this.
+ENTRY_MEMORY_BYTES = 136
 _KEPT_EXTRA_BYTES = ENTRY_MEMORY_BYTES - ENTRY_OVERHEAD_BYTES
 
 # A batch big enough to amortise the ~0.3-0.5 ms per gRPC message (hundreds of small
@@ -226,17 +226,30 @@ class SendWrite:
     writer_epoch: int
     request_id: int
     acked_index: int
-    entries: tuple[StoredEntry, ...]
+    # EVENTs of copy epoch `writer_epoch` from `first_index` on: their payloads and
+    # crc32cs, packed by the shell once for every store it sends them to (`batch`).
+    first_index: int
+    payloads: Sequence[bytes]
+    crcs: Sequence[int]
     # The signed grant of `writer_epoch`: on the first request of a Write stream only.
     grant: bytes = b""
 
     @property
-    def first_index(self) -> int:
-        return self.entries[0].index if self.entries else 0
+    def last_index(self) -> int:
+        return self.first_index + len(self.payloads) - 1 if self.payloads else 0
+
+    def batch(self) -> PackedEntries:
+        """The entries as the stored values a Write carries (`codec.write_request`)."""
+        return PackedEntries.events(self.writer_epoch, self.first_index, self.payloads, self.crcs)
 
     @property
-    def last_index(self) -> int:
-        return self.entries[-1].index if self.entries else 0
+    def entries(self) -> tuple[StoredEntry, ...]:
+        """The entries as objects (the simulator's messages, tests)."""
+        pairs = zip(self.payloads, self.crcs, strict=True)
+        return tuple(
+            StoredEntry(index, EntryKind.EVENT, self.writer_epoch, payload, crc)
+            for index, (payload, crc) in enumerate(pairs, self.first_index)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,9 +326,9 @@ class ReplicatorStatistics:
     stores: dict[str, StoreStatistics]
 
 
-def entry_bytes(payload: bytes) -> int:
-    """What an event costs the memory bounds (`room_for`)."""
-    return len(payload) + ENTRY_MEMORY_BYTES
+def events_bytes(payloads: Sequence[bytes]) -> int:
+    """What events cost the memory bounds (`room_for`)."""
+    return sum(map(len, payloads)) + len(payloads) * ENTRY_MEMORY_BYTES
 
 
 class Replicator:
@@ -340,11 +353,12 @@ class Replicator:
         self._stores: dict[str, _Store] = {store: _Store() for store in self._quorum.copy_set}
         # Kept entries base..last as parallel lists from `_head` on (a list with a moving
         # head slices in C; a deque does not).
-        self._entries: list[StoredEntry] = []
+        self._payloads: list[bytes] = []
+        self._crcs: list[int] = []
         self._cum_bytes: list[int] = []  # bytes of indexes 1..i, for each kept i
         self._appended_ms: list[int] = []
         self._head = 0
-        self._base = 1  # index of self._entries[self._head]
+        self._base = 1  # index of self._payloads[self._head]
         self._last = 0
         self._total_bytes = 0  # bytes of 1..last
         self._payload_bytes = 0
@@ -408,7 +422,7 @@ class Replicator:
         return self._content.copy()
 
     def room_for(self, nbytes: int) -> bool:
-        """May events of `nbytes` (as `entry_bytes` counts them) be appended now? An
+        """May events of `nbytes` (as `events_bytes` counts them) be appended now? An
         empty buffer always takes one append, however large, so nothing waits forever."""
         unacked = self.unacked_bytes
         return unacked == 0 or unacked + nbytes <= self.limits.unacked_bytes_max
@@ -519,12 +533,10 @@ class Replicator:
         first = self._last + 1
         total = self._total_bytes
         self._payload_bytes += sum(map(len, payloads))
-        epoch = self.writer_epoch
-        entries, cum_bytes = self._entries, self._cum_bytes
-        event = EntryKind.EVENT
-        for index, payload in enumerate(payloads, first):
-            crc = entry_crc(event, epoch, index, payload)
-            entries.append(StoredEntry(index, event, epoch, payload, crc))
+        self._payloads += payloads
+        self._crcs += event_crcs(self.writer_epoch, first, payloads)
+        cum_bytes = self._cum_bytes
+        for payload in payloads:
             total += len(payload) + ENTRY_OVERHEAD_BYTES
             cum_bytes.append(total)
         self._appended_ms.extend([now_ms] * len(payloads))
@@ -549,8 +561,7 @@ class Replicator:
         store.matched = reply.matched_index
         self._quorum.update(reply.store, reply.matched_index)
         assert store.matched <= self._sent_through, (
-            f"{reply.store} holds {store.matched} of a segment sent only to "
-            f"{self._sent_through}"
+            f"{reply.store} holds {store.matched} of a segment sent only to {self._sent_through}"
         )
         fresh = reply.request_id >= store.reset_request_id
         gap = reply.last_index > 0 and reply.matched_index < reply.last_index
@@ -605,8 +616,9 @@ class Replicator:
         self._base_cum = self._cum_bytes[self._head + drop - 1]
         self._head += drop
         self._base = index + 1
-        if self._head > 4096 and self._head * 2 > len(self._entries):
-            del self._entries[: self._head]
+        if self._head > 4096 and self._head * 2 > len(self._payloads):
+            del self._payloads[: self._head]
+            del self._crcs[: self._head]
             del self._cum_bytes[: self._head]
             del self._appended_ms[: self._head]
             self._head = 0
@@ -643,13 +655,21 @@ class Replicator:
                 in_flight = len(store.in_flight)
                 if in_flight >= limits.partial_in_flight_max or waited_ms < limits.linger_ms:
                     break
-            self._send(now_ms, name, store, tuple(self._entries[start:end]), actions)
+            self._send(
+                now_ms,
+                name,
+                store,
+                first,
+                self._payloads[start:end],
+                self._crcs[start:end],
+                actions,
+            )
         if (
             len(store.in_flight) < limits.window_batches
             and store.sent_acked < self._acked
             and (force_ack or now_ms - store.last_send_ms >= limits.idle_ack_ms)
         ):
-            self._send(now_ms, name, store, (), actions)
+            self._send(now_ms, name, store, 0, (), (), actions)
 
     def _entry_size(self, position: int) -> int:
         before = self._base_cum if position == self._head else self._cum_bytes[position - 1]
@@ -660,7 +680,9 @@ class Replicator:
         now_ms: int,
         name: str,
         store: _Store,
-        entries: tuple[StoredEntry, ...],
+        first_index: int,
+        payloads: Sequence[bytes],
+        crcs: Sequence[int],
         actions: list[ReplicatorAction],
     ) -> None:
         assert not self._stopped, "a stopped replicator sends nothing"
@@ -670,9 +692,17 @@ class Replicator:
         grant = b"" if store.grant_sent else self.grant
         store.grant_sent = True
         action = SendWrite(
-            name, self.segment, self.writer_epoch, request_id, self._acked, entries, grant
+            name,
+            self.segment,
+            self.writer_epoch,
+            request_id,
+            self._acked,
+            first_index,
+            payloads,
+            crcs,
+            grant,
         )
-        if entries:
+        if payloads:
             store.next_index = action.last_index + 1
             self._sent_through = max(self._sent_through, action.last_index)
         store.in_flight.append(_InFlight(request_id, action.first_index, action.last_index))

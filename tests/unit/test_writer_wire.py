@@ -4,17 +4,31 @@ from __future__ import annotations
 
 from streamengine.client.core.replicator import SegmentRef, SendWrite
 from streamengine.client.wire import BatchCache, serialize_write
-from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry
+from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, event_crcs
 from streamengine.v1 import segment_store_pb2
 
 SEGMENT = SegmentRef(stream_id=9, epoch=4, stream="acme/orders")
+
+
+def send_write(
+    store: str,
+    request_id: int,
+    acked: int,
+    payloads: tuple[bytes, ...],
+    first: int,
+    grant: bytes = b"",
+) -> SendWrite:
+    """A replicator's SendWrite of EVENTs of epoch 4 from index `first`."""
+    crcs = event_crcs(4, first, payloads)
+    return SendWrite(store, SEGMENT, 4, request_id, acked, first, payloads, crcs, grant)
 
 
 def test_a_batch_serialized_once_parses_per_store_with_its_own_fields() -> None:
     entries = tuple(StoredEntry.make(i, EntryKind.EVENT, 4, b"p%d" % i) for i in range(5, 9))
     cache = BatchCache()
     for store, request_id, acked in (("s1", 11, 3), ("s2", 12, 4)):
-        send = SendWrite(store, SEGMENT, 4, request_id, acked, entries)
+        send = send_write(store, request_id, acked, tuple(e.payload for e in entries), 5)
+        assert send.entries == entries
         request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, cache))
         assert (request.segment.stream_id, request.segment.epoch, request.segment.stream) == (
             9,
@@ -33,16 +47,15 @@ def test_a_batch_serialized_once_parses_per_store_with_its_own_fields() -> None:
 
 
 def test_an_empty_request_carries_only_the_acked_index() -> None:
-    send = SendWrite("s1", SEGMENT, 4, 1, 7, ())
+    send = send_write("s1", 1, 7, (), 0)
     request = segment_store_pb2.WriteRequest.FromString(serialize_write(send, BatchCache()))
     assert request.acked_index == 7 and not request.value_lengths and not request.first_index
 
 
 def test_the_grant_rides_on_the_request_that_carries_it_only() -> None:
-    entries = (StoredEntry.make(1, EntryKind.EVENT, 4, b"p"),)
     cache = BatchCache()
-    with_grant = SendWrite("s1", SEGMENT, 4, 1, 0, entries, grant=b"signed grant")
-    without = SendWrite("s1", SEGMENT, 4, 2, 0, entries)
+    with_grant = send_write("s1", 1, 0, (b"p",), 1, grant=b"signed grant")
+    without = send_write("s1", 2, 0, (b"p",), 1)
     parsed = [
         segment_store_pb2.WriteRequest.FromString(serialize_write(send, cache))
         for send in (with_grant, without)

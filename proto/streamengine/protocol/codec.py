@@ -32,10 +32,12 @@ def entry_to_pb(entry: StoredEntry) -> entry_pb2.Entry:
     )
 
 
-def write_request(entries: Sequence[StoredEntry], **fields: Any) -> segment_store_pb2.WriteRequest:
+def write_request(
+    entries: Sequence[StoredEntry] | PackedEntries, **fields: Any
+) -> segment_store_pb2.WriteRequest:
     """A Write carrying `entries` (consecutive indexes) packed, with `fields` as its other
     fields: the one place a Write's entries are packed."""
-    batch = PackedEntries.of(entries)
+    batch = entries if isinstance(entries, PackedEntries) else PackedEntries.of(entries)
     packed_values, value_lengths = batch.to_wire()
     return segment_store_pb2.WriteRequest(
         first_index=batch.first_index,

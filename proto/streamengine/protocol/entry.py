@@ -40,6 +40,17 @@ def entry_crc(kind: int, epoch: int, index: int, payload: bytes) -> int:
     return crc
 
 
+def event_crcs(epoch: int, first_index: int, payloads: Sequence[bytes]) -> list[int]:
+    """The crc32c of each EVENT of copy epoch `epoch` at consecutive indexes from
+    `first_index` (a writer's append), in one tight loop."""
+    header, value, extend = _CRC_HEADER.pack, google_crc32c.value, google_crc32c.extend
+    event = EntryKind.EVENT.value
+    return [
+        extend(value(header(event, epoch, index)), payload)
+        for index, payload in enumerate(payloads, first_index)
+    ]
+
+
 def first_corrupt(
     indexes: Sequence[int],
     kinds: Sequence[int],
@@ -160,6 +171,16 @@ class PackedEntries:
         first = entries[0].index
         assert all(e.index == first + n for n, e in enumerate(entries)), "not consecutive"
         return cls(first, [pack(e.kind, e.epoch, e.crc32c) + e.payload for e in entries])
+
+    @classmethod
+    def events(
+        cls, epoch: int, first_index: int, payloads: Sequence[bytes], crcs: Sequence[int]
+    ) -> PackedEntries:
+        """EVENTs of copy epoch `epoch` at consecutive indexes, from their payloads and
+        crcs (`event_crcs`), packed: a writer's batch."""
+        pack, event = _VALUE_HEADER.pack, EntryKind.EVENT.value
+        values = [pack(event, epoch, crc) + p for crc, p in zip(crcs, payloads, strict=True)]
+        return cls(first_index, values) if values else EMPTY_BATCH
 
     @classmethod
     def from_wire(cls, first_index: int, packed: bytes, lengths: Sequence[int]) -> PackedEntries:
