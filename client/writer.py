@@ -347,11 +347,7 @@ class Writer:
         """Append events in order (consecutive indexes); their sequences once acked."""
         if not payloads:
             return []
-        if all(type(payload) is bytes for payload in payloads):
-            events = tuple(payloads)
-        else:
-            events = tuple(map(_as_bytes, payloads))
-        first, last = await self._append(events)
+        first, last = await self._append(tuple(map(_as_bytes, payloads)))
         return list(range(first, last + 1))
 
     async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
