@@ -68,17 +68,22 @@ ENTRY_OVERHEAD_BYTES = 32
 ENTRY_MEMORY_BYTES = 136
 _KEPT_EXTRA_BYTES = ENTRY_MEMORY_BYTES - ENTRY_OVERHEAD_BYTES
 
-# A batch big enough to amortise the ~0.3-0.5 ms per gRPC message (hundreds of small
-# events), small enough that a store writes it in about a millisecond.
-BATCH_BYTES_MAX = 256 << 10
-BATCH_ENTRIES_MAX = 1024
+# A batch big enough to amortise the ~0.3-0.5 ms per gRPC message each end spends
+# (thousands of small events), small enough that a store writes it in a few
+# milliseconds. Batches this large form only under load: what waits while the window
+# is full goes out together.
+BATCH_BYTES_MAX = 1 << 20
+BATCH_ENTRIES_MAX = WRITE_BATCH_ENTRIES_MAX
 
 # How long an entry may wait for a fuller batch while its store is busy anyway.
 LINGER_MS = 2
 
 # In-flight Write requests per store: enough to keep the pipe full at a few ms of
-# round trip, few enough that a reset after a gap wastes little.
-WINDOW_BATCHES = 8
+# round trip, few enough that a reset after a gap wastes little, and that appends
+# arriving meanwhile wait to go out as one larger batch (1000-event appends, 8 in
+# flight: 4 requests of about 2000 events rather than 8 of 1000, 11 % more events/s
+# on two cores, `bench.append`).
+WINDOW_BATCHES = 4
 
 # In-flight requests per store beyond which a small batch (under `SMALL_BATCH_BYTES`,
 # not cut by a bound) waits for a reply rather than the linger: under moderate load

@@ -271,7 +271,7 @@ def test_the_window_bounds_requests_in_flight_per_store() -> None:
 
 
 def test_a_gap_resends_from_the_matched_index_once() -> None:
-    limits = ReplicatorLimits(batch_entries_max=2, linger_ms=0)
+    limits = ReplicatorLimits(batch_entries_max=2, linger_ms=0, window_batches=8)
     r = make(limits)
     out = sends(r.step(0, Append(tuple(b"%d" % i for i in range(6)))), "s1")
     assert [indexes(s) for s in out] == [[1, 2], [3, 4], [5, 6]]
