@@ -43,7 +43,7 @@ from streamengine.protocol.entry import VALUE_HEADER_BYTES, first_corrupt_value
 SCRUB_STEP_ENTRIES = 256
 SCRUB_STEP_BYTES = 64 << 10
 # The default rate: a replica of the default segment size (256 MiB) is read in about a
-# minute, a terabyte in three days, for about 1 % of a core (1 KB events; 4 % for 100 B
+# minute, a terabyte in three days, for about 1 % of a core (1 KB events; 4-8 % for 100 B
 # ones). No effect on append latency could be measured at this rate (docs/design.md,
 # "Certificates and the scrub", has the figures).
 SCRUB_MB_PER_S_DEFAULT = 4.0
