@@ -12,7 +12,8 @@ One row per EVENT (holes and bridges never appear), schema
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
 `partitionEntries` (default 250000) splits large segments into equal index ranges of at
-most that many entries (in a certified segment, cut at the nearest chunk ends);
+most that many entries (in a certified segment, cut at the nearest chunk ends where that
+keeps them within it);
 `skipLostRanges` (default false): a range an operator sealed
 accepting loss (`streamengine seal --accept-loss`) is read around instead of failing
 the query with `DataLossError`.
@@ -307,20 +308,27 @@ def _parts(
 ) -> list[tuple[int, int]]:
     """`first..last` in equal parts of at most `partition_entries` (sizes differ by at
     most one: no short straggler task). Under a certificate each cut moves to the
-    nearest end of a chunk: a partition reads the whole chunks around its range, so a
-    chunk cut in two would be read (and checked) twice."""
+    nearest end of a chunk where no part then holds more than `partition_entries`: a
+    partition reads the whole chunks around its range, so a chunk cut in two is read
+    (and checked) twice."""
     entries = last - first + 1
     count = -(-entries // partition_entries)
     cuts = [first + part * entries // count - 1 for part in range(1, count)]
-    if certificate is not None:
-        snapped: list[int] = []
-        for cut in cuts:
+    ends = [first - 1]
+    for position, cut in enumerate(cuts):
+        following = cuts[position + 1] if position + 1 < len(cuts) else last
+        if certificate is not None:
             chunk_first, chunk_last = certificate.chunk_of(cut)
-            cut = chunk_last if chunk_last - cut <= cut - chunk_first + 1 else chunk_first - 1
-            if first <= cut < last and (not snapped or cut > snapped[-1]):
-                snapped.append(cut)
-        cuts = snapped
-    ends = [first - 1, *cuts, last]
+            for end in sorted((chunk_last, chunk_first - 1), key=lambda end: abs(end - cut)):
+                if (
+                    ends[-1] < end < following
+                    and end - ends[-1] <= partition_entries
+                    and following - end <= partition_entries
+                ):
+                    cut = end
+                    break
+        ends.append(cut)
+    ends.append(last)
     return [(ends[n] + 1, ends[n + 1]) for n in range(len(ends) - 1)]
 
 

@@ -123,20 +123,25 @@ def test_max_events_per_trigger_limits_the_end_across_segments() -> None:
 def test_a_certified_segment_carries_its_certificate_into_every_partition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Partitions split at the chunk ends nearest to equal cuts (a partition reads the
-    whole chunks around its range and checks them: no chunk is read twice); each
-    carries the certificate to its executor."""
+    """Partitions split at the chunk end nearest to each equal cut, where no partition
+    then holds more than the size asked for (a partition reads the whole chunks around
+    its range and checks them: a chunk cut in two is read twice); each carries the
+    certificate to its executor."""
     monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)  # chunks 1-4, 5-8, 9-11
     rows = [(i, int(EntryKind.EVENT), b"x") for i in range(1, 11)]
     made = certificate_of([*rows, (11, int(EntryKind.BRIDGE), b"")])
     segment = _SegmentInfo(1, True, 11, R, made)
-    # Equal cuts would be after 2, 5 and 7: they move to 4, 4 (dropped) and 8.
-    plan = plan_ranges("t/s", layout(segment), 0, None, False, 3)
-    assert spans(plan) == [(1, 1, 4), (1, 5, 8), (1, 9, 10)]
+    # The equal cut after 5 moves to the chunk end after 4.
+    plan = plan_ranges("t/s", layout(segment), 0, None, False, 6)
+    assert spans(plan) == [(1, 1, 4), (1, 5, 10)]
     assert all(Certificate.decode(p.certificate) == made for p in plan)
+    # Cuts after 2, 5 and 7: only the one after 5 can move (to 4) and keep every
+    # partition within 3 entries.
+    small = plan_ranges("t/s", layout(segment), 0, None, False, 3)
+    assert spans(small) == [(1, 1, 2), (1, 3, 4), (1, 5, 7), (1, 8, 10)]
     # A range that starts mid-chunk keeps its start; only the cuts move.
-    late = plan_ranges("t/s", layout(segment), pack_sequence(1, 3), None, False, 3)
-    assert spans(late) == [(1, 3, 4), (1, 5, 8), (1, 9, 10)]
+    late = plan_ranges("t/s", layout(segment), pack_sequence(1, 3), None, False, 6)
+    assert spans(late) == [(1, 3, 8), (1, 9, 10)]  # the cut after 6: 8 and 4 are as near
 
 
 def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
