@@ -212,7 +212,14 @@ async def _lead(master: master_pb2_grpc.MasterAsyncStub, name: str) -> entry_pb2
     replies: list[master_pb2.WriterHeartbeatReply] = []
 
     async def leader() -> bool:
-        replies.append(await master.WriterHeartbeat(request))
+        try:
+            replies.append(await master.WriterHeartbeat(request))
+        except grpc.aio.AioRpcError as error:
+            # No store usable yet: the master has not heard the new store's first
+            # heartbeat (a clean-clone run on a loaded machine got there first).
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            return False
         return replies[-1].role == master_pb2.LEADER
 
     await wait_until(leader, 15, "leadership")
