@@ -5,10 +5,18 @@ only after the sync."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Sequence
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
+from streamengine.segment_store.group_commit import (
+    INLINE_GROUP_BYTES_MAX,
+    INLINE_GROUP_ENTRIES_MAX,
+    INLINE_SYNC_S_MAX,
+    GroupCommitter,
+    SegmentWatch,
+)
 from streamengine.segment_store.kv import KVOp, MemoryKV
 from streamengine.segment_store.store import (
     Outcome,
@@ -172,3 +180,46 @@ async def test_after_a_refused_write_recovery_is_tried_at_most_once_per_interval
     committer.close()
     await runner
     committer.shutdown_executor()
+
+
+class ThreadNotingKV(MemoryKV):
+    """Notes the thread of every write; its syncs take `sync_s`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+        self.sync_s = 0.0
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        self.threads.append(threading.get_ident())
+        super().write(ops, sync)
+
+    def sync(self) -> None:
+        time.sleep(self.sync_s)
+        super().sync()
+
+
+async def test_small_groups_commit_on_the_loop_while_syncs_are_quick() -> None:
+    kv = ThreadNotingKV()
+    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: None)
+    runner = asyncio.create_task(committer.run())
+    loop_thread = threading.get_ident()
+
+    async def commit(command: WriteCommand) -> None:
+        future = committer.try_submit(command)
+        assert future is not None
+        assert isinstance(await future, WriteResult)
+
+    await commit(batch(1, 1))  # a lone append: on the loop
+    await commit(batch(2, INLINE_GROUP_ENTRIES_MAX + 1))  # too many entries: the thread
+    await commit(batch(67, 1, size=INLINE_GROUP_BYTES_MAX + 1))  # too many bytes: the thread
+    kv.sync_s = 2 * INLINE_SYNC_S_MAX
+    await commit(batch(68, 1))  # on the loop, and its sync is slow...
+    kv.sync_s = 0.0
+    await commit(batch(69, 1))  # ...so the next goes to the thread, whose sync is quick...
+    await commit(batch(70, 1))  # ...and the one after is back on the loop.
+    committer.close()
+    await runner
+    committer.shutdown_executor()
+    on_loop = [thread == loop_thread for thread in kv.threads]
+    assert on_loop == [True, False, False, True, False, True]
