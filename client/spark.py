@@ -492,7 +492,8 @@ def _read_certified(
                 ready, held = _verified_rows(part, held, verified, next_index)
                 if ready is not None:
                     next_index = min(verified, part.last_index) + 1
-                    yield ready, next_index
+                    for batch in ready:
+                        yield batch, next_index
                 if mismatch is not None:
                     raise mismatch
             replicas.answered(address, check.next_index - 1)
@@ -509,9 +510,11 @@ def _read_certified(
 
 def _verified_rows(
     part: SegmentRange, held: list[Packed], verified: int, next_index: int
-) -> tuple[pa.RecordBatch | None, list[Packed]]:
+) -> tuple[list[pa.RecordBatch] | None, list[Packed]]:
     """Rows of the held replies up to `verified` and within the partition from
-    `next_index` on; the replies (or their parts) still to verify."""
+    `next_index` on, a batch per reply (not concatenated: a chunk of 100-byte events
+    ends inside a reply, and joining its two parts copied every row once more, 0.07 us
+    a row); the replies (or their parts) still to verify."""
     low = max(next_index, part.first_index)
     high = min(verified, part.last_index)
     batches = []
@@ -525,9 +528,9 @@ def _verified_rows(
             batches.append(_record_batch(part, indexes, payloads))
         if packed.last_index > verified:
             keep.append(packed)
-    if verified < next_index or not batches:
-        return (None if verified < next_index else _empty(part)), keep
-    return one_batch(batches), keep
+    if verified < next_index:
+        return None, keep
+    return (batches or [_empty(part)]), keep
 
 
 def _empty(part: SegmentRange) -> pa.RecordBatch:

@@ -36,7 +36,7 @@ from streamengine.client.core.cursor import (
 )
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
-from streamengine.client.packed import Packed, one_batch, released_batch, released_events
+from streamengine.client.packed import Packed, released_batch, released_events
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
@@ -230,12 +230,13 @@ class Follower:
 
     async def batches(self) -> AsyncIterator[pa.RecordBatch]:
         """Record batches (`packed.EVENT_SCHEMA`) of the events in sequence order, one
-        per reply a replica sent; none empty."""
+        per part of a reply the cursor released (a reply, or the part of it a verified
+        chunk ends in: not joined, which would copy every row once more); none empty."""
         try:
             async for parts in self.released():
-                batches = [batch for batch in map(released_batch, parts) if batch.num_rows]
-                if batches:
-                    yield one_batch(batches)
+                for batch in map(released_batch, parts):
+                    if batch.num_rows:
+                        yield batch
         finally:
             self.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
@@ -157,12 +158,15 @@ def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
     first = Packed.of(packed_reply(entries[:6]))  # indexes 1-6: chunk 1-4 complete
     assert first is not None and first.feed(check) == 4
     ready, held = _verified_rows(part, [first], 4, 2)
-    assert ready is not None and ready.column("index").to_pylist() == [2, 4]  # 3 a HOLE
-    assert ready.column("payload").to_pylist() == [b"p2", b"p4"]
+    assert ready is not None and len(ready) == 1
+    assert ready[0].column("index").to_pylist() == [2, 4]  # 3 a HOLE
+    assert ready[0].column("payload").to_pylist() == [b"p2", b"p4"]
     second = Packed.of(packed_reply(entries[6:]))
     assert second is not None and second.feed(check) == 10
     ready, held = _verified_rows(part, [*held, second], 10, 5)
-    assert ready is not None and ready.column("index").to_pylist() == [5, 6, 7, 8, 9]
+    assert ready is not None and len(ready) == 2  # a batch from each reply, not joined
+    rows = pa.Table.from_batches(ready)
+    assert rows.column("index").to_pylist() == [5, 6, 7, 8, 9]
     assert held == []
     # A payload changed with its crc made valid: the chunk holding it never leaves.
     tampered = list(entries)
