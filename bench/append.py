@@ -7,7 +7,8 @@
 For each event size (100 B and 1 KiB by default), on a fresh stream:
 - peak with batching: `append_batch` of `--batch` events, `--batches-in-flight` at once;
 - peak of single appends: `--singles-in-flight` outstanding `append` calls;
-- latency of single appends at light load: one at a time, `--light-rate` per second;
+- latency of single appends at light load: one at a time, `--light-rate` per second,
+  once the servers are idle (`servers_idle`: what the peaks left them done);
 - latency of single appends (at `--light-rate`) while batches load the cluster at 50%
   of the batched peak;
 - latency of single appends alone at 50% of the single-append peak, open loop
@@ -27,12 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +213,9 @@ async def under_load(
     return latencies, loaded / (time.perf_counter() - started)
 
 
-async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) -> None:
+async def bench_size(
+    target: Target, client: StreamClient, args: argparse.Namespace, size: int
+) -> None:
     name = f"bench/append-{size}-{int(time.time() * 1000)}"
     await client.create_stream(name, replicas=3, write_quorum=2)
     async with client.writer(name) as writer:
@@ -227,8 +231,10 @@ async def bench_size(client: StreamClient, args: argparse.Namespace, size: int) 
             f"  peak, single appends x{args.singles_in_flight} in flight:"
             f"     {single.events_per_s:>10,.0f} events/s  {single.mb_per_s:7.1f} MB/s"
         )
+        idle_after = await servers_idle(target)
         light = await light_load(writer, size, args.light_rate, args.light_count)
         print(latency_line(f"single append, light load ({args.light_rate:.0f}/s)", light))
+        print(f"    (timed once the servers were idle: {_idle_words(idle_after)})")
         half = batched.events_per_s / 2
         probed, reached = await under_load(writer, size, half, args.light_rate, args.seconds)
         print(latency_line(f"single append, load at 50% of peak ({reached:,.0f}/s)", probed))
@@ -282,13 +288,41 @@ class Target:
     def cpu_s(self) -> float:
         """CPU seconds (user + system) used so far by the servers and this process (the
         client): a cost that other load on the machine disturbs far less than rates."""
-        import psutil
+        return _cpu_s([os.getpid(), *self.pids])
 
-        total = 0.0
-        for process in [psutil.Process(), *(psutil.Process(pid) for pid in self.pids)]:
-            times = process.cpu_times()
-            total += times.user + times.system
-        return total
+    def servers_cpu_s(self) -> float:
+        """CPU seconds used so far by the servers this run started (0 without them)."""
+        return _cpu_s(self.pids)
+
+
+def _cpu_s(pids: Sequence[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+# Before the single-append phases the servers finish what the batched phase left them
+# (memtable flushes, compactions, the scrub of the segments it sealed): an append "at
+# light load" is timed on an otherwise idle cluster, as the peers' appends are.
+IDLE_CPU_FRACTION = 0.05  # of one core, over IDLE_WINDOW_S
+IDLE_WINDOW_S = 0.5
+IDLE_WAIT_S_MAX = 60.0
+
+
+async def servers_idle(target: Target, timeout_s: float = IDLE_WAIT_S_MAX) -> float | None:
+    """Wait until the servers this run started use under IDLE_CPU_FRACTION of a core;
+    the seconds that took, or None if they did not within `timeout_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = target.servers_cpu_s()
+        await asyncio.sleep(IDLE_WINDOW_S)
+        if target.servers_cpu_s() - before < IDLE_CPU_FRACTION * IDLE_WINDOW_S:
+            return time.monotonic() - started
+    return None
 
 
 @dataclass(frozen=True)
@@ -329,10 +363,16 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fsync", choices=["always", "never"], default="always")
 
 
+def _idle_words(waited_s: float | None) -> str:
+    if waited_s is None:
+        return f"they were not within {IDLE_WAIT_S_MAX:.0f} s, timed anyway"
+    return f"after {waited_s:.1f} s"
+
+
 async def main_async(args: argparse.Namespace, target: Target) -> None:
     async with target.client() as client:
         for size in args.sizes:
-            await bench_size(client, args, size)
+            await bench_size(target, client, args, size)
 
 
 def cost_lines(label: str, plaintext: list[Cost], tls: list[Cost]) -> list[str]:

@@ -11,7 +11,9 @@ spells of the machine fall on both.
 Our side: a local cluster this run starts (3 stores, fsync always), streams with N=3,
 W=2, one writer:
 - batched appends of 100 B events: `append_batch` of 1000, 8 batches in flight;
-- single appends one at a time, back to back (as the peers measure theirs), p50 and p99;
+- single appends one at a time, back to back (as the peers measure theirs), p50 and p99,
+  once the servers are idle again (the batched run leaves them memtable flushes,
+  compactions and the scrub of the segments it sealed: up to a minute is waited);
 - single appends at light load, ours only (as `bench/append.py`, and issue #19's goal):
   one at a time, 100 per second, p50 and p99;
 - follower catch-up: one reader reads the batched run's events from the start with
@@ -47,7 +49,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.append import Target, light_load, local_cluster, peak_batched, percentile
+from bench.append import (
+    Target,
+    light_load,
+    local_cluster,
+    peak_batched,
+    percentile,
+    servers_idle,
+)
 from bench.subscribe import catch_up
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
@@ -98,6 +107,9 @@ class Figures:
     # One at a time, paced at light load: measured on our side only (None for a peer).
     light_p50_ms: float | None = None
     light_p99_ms: float | None = None
+    # Ours: how long the servers took to become idle before the single appends (what
+    # the batched run left them: flushes, compactions, scrubs); None if they did not.
+    idle_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +377,7 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
             batched = await peak_batched(
                 writer, 100, args.batch, args.batches_in_flight, args.seconds
             )
+            idle_wait_s = await servers_idle(target)
             back_to_back = await light_load(writer, 100, float("inf"), args.sync_count)
             light = await light_load(writer, 100, args.light_rate, args.light_count)
         written = warm.events + batched.events + len(back_to_back) + len(light)
@@ -386,6 +399,7 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
         batched_1kib=batched_1k.events_per_s,
         light_p50_ms=percentile(light_ms, 0.50),
         light_p99_ms=percentile(light_ms, 0.99),
+        idle_wait_s=idle_wait_s,
     )
 
 
@@ -408,7 +422,8 @@ def progress(text: str) -> None:
 def _short(f: Figures) -> str:
     light = ""
     if f.light_p50_ms is not None and f.light_p99_ms is not None:
-        light = f" (at 100/s {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f})"
+        idle = "servers not idle" if f.idle_wait_s is None else f"idle after {f.idle_wait_s:.1f}s"
+        light = f" (at 100/s {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f}; {idle})"
     return (
         f"batched {f.batched_100b:,.0f}/s, p50/p99 {f.p50_ms:.2f}/{f.p99_ms:.2f} ms{light},"
         f" catch-up {f.catch_up:,.0f}/s, 1 KiB {f.batched_1kib:,.0f}/s"

@@ -3,14 +3,17 @@ and the table (no peer needs to be installed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from bench import compare
+from bench.append import Target, servers_idle
 from bench.compare import PEERS, Figures, PeerError
 from streamengine.tools import cli
 
@@ -176,3 +179,27 @@ def test_the_cli_hands_compare_to_the_bench_script(monkeypatch: pytest.MonkeyPat
     assert cli.main(["bench", "--compare", "redis", "--rounds", "5", "--json"]) == 2
     [command] = ran
     assert command[1:] == ["-m", "bench.compare", "--peer", "redis", "--rounds", "5", "--json"]
+
+
+SPIN_THEN_SLEEP = """
+import time
+end = time.time() + 1.0
+while time.time() < end:
+    pass
+time.sleep(30)
+"""
+
+
+async def test_the_light_load_waits_for_busy_servers_to_go_idle() -> None:
+    """`servers_idle` watches the CPU of the processes the run started: one spinning
+    for a second holds it back about that long; a quiet one not at all."""
+    spinning = await asyncio.create_subprocess_exec(sys.executable, "-c", SPIN_THEN_SLEEP)
+    try:
+        waited = await servers_idle(Target("127.0.0.1:1", pids=(spinning.pid,)), timeout_s=10.0)
+        assert waited is not None and 0.5 <= waited < 5.0
+        again = await servers_idle(Target("127.0.0.1:1", pids=(spinning.pid,)), timeout_s=10.0)
+        assert again is not None and again < 1.5  # one window of quiet
+        assert await servers_idle(Target("127.0.0.1:1", pids=(spinning.pid,)), 0.0) is None
+    finally:
+        spinning.kill()
+        await spinning.wait()
