@@ -8,15 +8,16 @@ beside the same figure of a peer measured in the same run, and judged by their r
 rounds alternate: ours, the peer's, ours, the peer's... (`--rounds` of each), so slow
 spells of the machine fall on both.
 
-Our side: a local cluster this run starts (3 stores, fsync always), streams with N=3,
-W=2, one writer:
-- batched appends of 100 B events: `append_batch` of 1000, 8 batches in flight;
+Our side: a local cluster started for each round and stopped before the peer's turn, as
+the peer's script starts its servers (3 stores, fsync always), streams with N=3, W=2,
+one writer; in this order:
 - single appends one at a time, back to back (as the peers measure theirs), p50 and p99,
-  once the servers are idle again (the batched run leaves them memtable flushes,
-  compactions and the scrub of the segments it sealed: up to a minute is waited);
+  on the idle cluster (after the batched run its stores spend half a minute and more of
+  a core between them on flushes, compactions and the first scrub of what it sealed);
 - single appends at light load, ours only (as `bench/append.py`, and issue #19's goal):
   one at a time, 100 per second, p50 and p99;
-- follower catch-up: one reader reads the batched run's events from the start with
+- batched appends of 100 B events: `append_batch` of 1000, 8 batches in flight;
+- follower catch-up: one reader reads all of the stream's events from the start with
   `client.read` (event by event);
 - batched appends of 1 KiB events.
 
@@ -49,17 +50,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.append import (
-    Target,
-    light_load,
-    local_cluster,
-    peak_batched,
-    percentile,
-    servers_idle,
-)
+from bench.append import Target, light_load, local_cluster, peak_batched, percentile
 from bench.subscribe import catch_up
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
+# Single appends made before the timed ones (connections, the first segment's streams).
+SINGLES_WARM_UP = 200
 
 
 @dataclass(frozen=True)
@@ -107,9 +103,6 @@ class Figures:
     # One at a time, paced at light load: measured on our side only (None for a peer).
     light_p50_ms: float | None = None
     light_p99_ms: float | None = None
-    # Ours: how long the servers took to become idle before the single appends (what
-    # the batched run left them: flushes, compactions, scrubs); None if they did not.
-    idle_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -367,20 +360,24 @@ def run_peer(peer: Peer, args: argparse.Namespace) -> tuple[Figures, dict[str, A
 
 
 async def our_round(target: Target, args: argparse.Namespace) -> Figures:
+    """One round on a cluster started for it (as the peer's script starts its servers):
+    single appends first, while the cluster is idle, then what loads it."""
     async with target.client() as client:
         stream = f"bench/compare-{time.time_ns()}"
         await client.create_stream(
             stream, replicas=3, write_quorum=2, segment_bytes=args.segment_mb << 20
         )
         async with client.writer(stream) as writer:
+            warm_singles = await light_load(writer, 100, float("inf"), SINGLES_WARM_UP)
+            back_to_back = await light_load(writer, 100, float("inf"), args.sync_count)
+            light = await light_load(writer, 100, args.light_rate, args.light_count)
             warm = await peak_batched(writer, 100, args.batch, args.batches_in_flight, 1.0)
             batched = await peak_batched(
                 writer, 100, args.batch, args.batches_in_flight, args.seconds
             )
-            idle_wait_s = await servers_idle(target)
-            back_to_back = await light_load(writer, 100, float("inf"), args.sync_count)
-            light = await light_load(writer, 100, args.light_rate, args.light_count)
-        written = warm.events + batched.events + len(back_to_back) + len(light)
+        written = (
+            len(warm_singles) + len(back_to_back) + len(light) + warm.events + batched.events
+        )
         read_seconds = await catch_up(client, stream, written)
         stream_1k = f"{stream}-1k"
         await client.create_stream(stream_1k, replicas=3, write_quorum=2)
@@ -399,7 +396,6 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
         batched_1kib=batched_1k.events_per_s,
         light_p50_ms=percentile(light_ms, 0.50),
         light_p99_ms=percentile(light_ms, 0.99),
-        idle_wait_s=idle_wait_s,
     )
 
 
@@ -422,8 +418,7 @@ def progress(text: str) -> None:
 def _short(f: Figures) -> str:
     light = ""
     if f.light_p50_ms is not None and f.light_p99_ms is not None:
-        idle = "servers not idle" if f.idle_wait_s is None else f"idle after {f.idle_wait_s:.1f}s"
-        light = f" (at 100/s {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f}; {idle})"
+        light = f" (at 100/s {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f})"
     return (
         f"batched {f.batched_100b:,.0f}/s, p50/p99 {f.p50_ms:.2f}/{f.p99_ms:.2f} ms{light},"
         f" catch-up {f.catch_up:,.0f}/s, 1 KiB {f.batched_1kib:,.0f}/s"
@@ -467,17 +462,19 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {}
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     pressure_at_start = cpu_pressure_avg60()
-    with local_cluster("always", tls=False) as target:
-        for number in range(1, args.rounds + 1):
+    for number in range(1, args.rounds + 1):
+        # A cluster per round, stopped before the peer runs: neither side's servers
+        # work in the background (flushes, compactions, scrubs) while the other is timed.
+        with local_cluster("always", tls=False) as target:
             ours.append(asyncio.run(our_round(target, args)))
-            progress(f"round {number}/{args.rounds} ours:  {_short(ours[-1])}")
-            try:
-                figures, summary = run_peer(peer, args)
-            except (PeerError, subprocess.TimeoutExpired) as error:
-                print(f"bench --compare {peer.name}: {error}", file=sys.stderr)
-                return 1
-            theirs.append(figures)
-            progress(f"round {number}/{args.rounds} {peer.name}: {_short(theirs[-1])}")
+        progress(f"round {number}/{args.rounds} ours:  {_short(ours[-1])}")
+        try:
+            figures, summary = run_peer(peer, args)
+        except (PeerError, subprocess.TimeoutExpired) as error:
+            print(f"bench --compare {peer.name}: {error}", file=sys.stderr)
+            return 1
+        theirs.append(figures)
+        progress(f"round {number}/{args.rounds} {peer.name}: {_short(theirs[-1])}")
     results = compare(peer.name, ours, theirs)
     about = {
         "started": started,
