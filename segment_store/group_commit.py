@@ -80,6 +80,8 @@ class _Pending:
     future: asyncio.Future[Outcome]
     payload_bytes: int
     entries: int
+    # Counted against the queue's bounds: a leader's write batch (`try_submit`).
+    bounded: bool
 
 
 class GroupCommitter:
@@ -121,18 +123,24 @@ class GroupCommitter:
             or (self._queued_bytes + size > self._queue_bytes_max and self._queued_batches > 0)
         ):
             return None
-        return self._enqueue(command, size, len(command.batch))
+        return self._enqueue(command, size, len(command.batch), bounded=bool(command.batch))
 
     def submit(self, command: Command) -> asyncio.Future[Outcome]:
-        """Queue a command that is never refused (seal, delete, acked-only write)."""
-        return self._enqueue(command, 0, 0)
+        """Queue a command that is never refused (seal, delete, acked-only write, a
+        repair's copy: one at a time per copy)."""
+        if isinstance(command, WriteCommand):
+            batch = command.batch
+            return self._enqueue(command, batch.payload_bytes(), len(batch), bounded=False)
+        return self._enqueue(command, 0, 0, bounded=False)
 
-    def _enqueue(self, command: Command, size: int, entries: int) -> asyncio.Future[Outcome]:
+    def _enqueue(
+        self, command: Command, size: int, entries: int, bounded: bool
+    ) -> asyncio.Future[Outcome]:
         if self._closed:
             raise RuntimeError("the store is shutting down")
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(command, future, size, entries))
-        if entries:
+        self._queue.append(_Pending(command, future, size, entries, bounded))
+        if bounded:
             self._queued_bytes += size
             self._queued_batches += 1
         metrics.QUEUE_BYTES.set(self._queued_bytes)
@@ -213,7 +221,7 @@ class GroupCommitter:
 
     def _release(self, group: Sequence[_Pending]) -> None:
         for pending in group:
-            if pending.entries:
+            if pending.bounded:
                 self._queued_bytes -= pending.payload_bytes
                 self._queued_batches -= 1
         metrics.QUEUE_BYTES.set(self._queued_bytes)

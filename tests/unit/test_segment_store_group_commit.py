@@ -218,8 +218,12 @@ async def test_small_groups_commit_on_the_loop_while_syncs_are_quick() -> None:
     kv.sync_s = 0.0
     await commit(batch(69, 1))  # ...so the next goes to the thread, whose sync is quick...
     await commit(batch(70, 1))  # ...and the one after is back on the loop.
+    # A repair's copy comes through `submit` (never refused): its size counts all the same.
+    copied = await committer.submit(batch(71, INLINE_GROUP_ENTRIES_MAX + 1))
+    assert isinstance(copied, WriteResult)
     committer.close()
     await runner
     committer.shutdown_executor()
     on_loop = [thread == loop_thread for thread in kv.threads]
-    assert on_loop == [True, False, False, True, False, True]
+    assert on_loop == [True, False, False, True, False, True, False]
+    assert committer.queued_bytes == 0
