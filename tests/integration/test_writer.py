@@ -152,9 +152,14 @@ async def append_continuously(writer: Writer, payloads: list[bytes], stop: async
 async def test_appends_go_on_while_a_store_is_killed_and_it_is_caught_up(
     cluster: Cluster,
 ) -> None:
+    # All the store misses while down (its restart takes seconds on a loaded machine,
+    # with appends at full speed) must fit the resend buffer: past it the store is
+    # detached instead (a clean-clone run did so at the default 64 MiB), which the next
+    # test covers.
+    limits = ReplicatorLimits(retained_bytes_max=1 << 30)
     async with StreamClient(cluster.master_address) as client:
         info = await client.create_stream("acme/kill")
-        async with client.writer("acme/kill", leadership_timeout_s=10) as writer:
+        async with client.writer("acme/kill", leadership_timeout_s=10, limits=limits) as writer:
             epoch = writer.epoch
             payloads: list[bytes] = []
             stop = asyncio.Event()
