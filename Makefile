@@ -24,8 +24,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Two workers: the fault suite's quick pass (one worker, its scenarios in turn) runs beside
+# the rest (tests/conftest.py says what runs together). `.venv/bin/pytest` alone runs everything in one process.
 test: lint system-deps
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2
 
 demo: $(STAMP)
 	$(PYTHON) -m deploy.demo

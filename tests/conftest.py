@@ -4,10 +4,12 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamengine.tools.harness import (
+    PORT_SHARD_ENV,
     Cluster,
     EtcdCluster,
     etcd_binary,
@@ -22,6 +24,40 @@ ETCD_MISSING = "etcd is not installed (deploy/install-system-deps.sh installs De
 # Every process a test starts (servers, the CLI, writers, Spark workers) imports the code
 # of this working tree, wherever the installed copy points.
 os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
+
+# `make test` runs two workers (pytest-xdist): each picks its ports from its own share
+# (`harness.port_share`), so servers of two tests never get the same one, and the
+# processes it starts inherit the share.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER:
+    os.environ[PORT_SHARD_ENV] = (
+        f"{int(_WORKER.removeprefix('gw'))}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
+    )
+
+# What `make test`'s workers take as one unit, in order, on one worker: a test file, as
+# `--dist loadfile` would (a file's module fixtures are set up once), except that the
+# fault suite and the netns tests are a single unit (they share namespace names, bridges
+# and iptables), first in collection order, so the longest unit starts early. (xdist's
+# `loadgroup` says this with marks, but loses its groups under pytest 9, whose node ids
+# it cannot rename.)
+SYSTEM_WIDE = ("tests/faults/", "tests/integration/test_netns.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of `nodeid`: its file, or "system-wide"."""
+    if nodeid.startswith(SYSTEM_WIDE):
+        return "system-wide"
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 @pytest.fixture

@@ -474,13 +474,19 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
         for _ in range(4):
             driver.fill_and_roll(200, 50)
 
+        listed: list[object] = []
+
         def replicated() -> bool:
-            listed = json.loads(run_cli("status", "--json", *master).stdout)["under_replicated"]
+            status = json.loads(run_cli("status", "--json", *master).stdout)
+            listed[:] = status["under_replicated"]
             return listed == []
 
         # Only replicas read back equal to their certificate count as good, and only
         # segments whose replicas are all good move.
-        wait_for(replicated, timeout_s=30, message="every sealed replica matched")
+        try:
+            wait_for(replicated, timeout_s=60, message="every sealed replica matched")
+        except TimeoutError as error:
+            raise AssertionError(f"still under-replicated: {listed}") from error
         cluster.add_store()
         wait_for(lambda: segments_on(master, "store3") == 0, timeout_s=30, message="store3 known")
         planned = run_cli("rebalance", "--dry-run", *master)

@@ -38,6 +38,27 @@ def test_a_port_the_kernel_names_twice_is_handed_out_once(
 ) -> None:
     monkeypatch.setattr(harness, "_handed_out", set())
     monkeypatch.setattr(socket, "socket", _ScriptedSocket)
+    monkeypatch.delenv(harness.PORT_SHARD_ENV, raising=False)
     _ScriptedSocket.script = [41000, 41000, 41000, 41001, 41000, 41002]
     assert [harness.free_port() for _ in range(3)] == [41000, 41001, 41002]
     assert _ScriptedSocket.script == []
+
+
+def test_a_port_shard_takes_only_its_residue_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "_handed_out", set())
+    monkeypatch.setattr(socket, "socket", _ScriptedSocket)
+    monkeypatch.setenv(harness.PORT_SHARD_ENV, "1/2")
+    ours = [port for port in range(41001, 41101, 2) if harness.port_share(port, 2) == 1]
+    theirs = [port for port in range(41001, 41101, 2) if harness.port_share(port, 2) == 0]
+    # bind(0) names ports of one parity: a share by parity would take all or none.
+    assert len(ours) > 10 and len(theirs) > 10
+    _ScriptedSocket.script = [theirs[0], ours[0], theirs[1], ours[0], ours[1]]
+    assert [harness.free_port() for _ in range(2)] == [ours[0], ours[1]]
+    assert _ScriptedSocket.script == []
+
+
+@pytest.mark.parametrize("raw", ["2/2", "x/2", "1", "-1/2"])
+def test_a_malformed_port_shard_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(harness.PORT_SHARD_ENV, raw)
+    with pytest.raises(ValueError, match="want K/N"):
+        harness.free_port()

@@ -85,6 +85,8 @@ def test_no_proof_is_anonymous(cluster: certs.LocalCerts) -> None:
         (f"127.0.0.1:{PORT}", NOW_MS - PROOF_WINDOW_MS - 1, "clock"),
         (f"127.0.0.1:{PORT}", NOW_MS + PROOF_WINDOW_MS + 1, "clock"),
     ],
+    # Named without the time: every worker of a parallel run must collect the same ids.
+    ids=["another port", "another host", "too old", "too new"],
 )
 def test_a_proof_for_another_server_or_time_is_refused(
     cluster: certs.LocalCerts, audience: str, issued_ms: int, reason: str
