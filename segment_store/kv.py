@@ -253,6 +253,13 @@ class _Gate:
 # (besides the write queue and the transport's buffers).
 MEMTABLE_BYTES = 32 << 20
 MEMTABLES_MAX = 2
+# RocksDB's data blocks: 16 KiB rather than its default 4 KiB. Bulk reads (catch-up,
+# Spark, a replica's copy, the scrub) pass over whole segments, and a scan costs less per
+# entry with larger blocks (100-byte events: 0.19 us at 4 KiB, 0.157 at 16 KiB, 0.15 at
+# 64 KiB; in a Spark scan the three stores' CPU per row went from 0.42-0.45 us to
+# 0.39-0.40); a point lookup (a rewrite's check of what is held) reads one block either
+# way. Files written before keep their blocks until a compaction rewrites them.
+BLOCK_BYTES = 16 << 10
 # `scan_values` takes rows from rocksdict's loop this many at a time (its byte cap is
 # checked per piece).
 SCAN_PIECE_ROWS = 4096
@@ -275,10 +282,13 @@ class RocksKV:
         self._synced.sync = True
 
     def _open(self) -> Rdict:
-        from rocksdict import DBRecoveryMode, Options, Rdict
+        from rocksdict import BlockBasedOptions, DBRecoveryMode, Options, Rdict
 
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        table = BlockBasedOptions()
+        table.set_block_size(BLOCK_BYTES)
+        options.set_block_based_table_factory(table)
         options.set_write_buffer_size(MEMTABLE_BYTES)
         options.set_max_write_buffer_number(MEMTABLES_MAX)
         # A record damaged in the middle of the write-ahead log fails the open: RocksDB's

@@ -18,7 +18,15 @@ from streamengine.protocol.entry import (
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store import copy_rules
 from streamengine.segment_store.keys import entry_key, segment_entries_range
-from streamengine.segment_store.kv import KV, Delete, DeleteRange, MemoryKV, Put, RocksKV
+from streamengine.segment_store.kv import (
+    BLOCK_BYTES,
+    KV,
+    Delete,
+    DeleteRange,
+    MemoryKV,
+    Put,
+    RocksKV,
+)
 from streamengine.segment_store.store import (
     BadRequest,
     BelowFence,
@@ -674,6 +682,15 @@ def test_rocks_kv_reopens_on_recover_and_keeps_everything(tmp_path: Path) -> Non
     core.write(SEG, 3, 3, events(4, 4))
     assert core.state(SEG).acked_index == 3 and core.state(SEG).matched_index == 4
     kv.close()
+
+
+def test_rocks_kv_writes_tables_of_its_block_size(tmp_path: Path) -> None:
+    kv = RocksKV(tmp_path / "db")
+    kv.write([Put(b"k", b"v")], sync=True)
+    kv.close()
+    # RocksDB writes the options a database was opened with next to its files.
+    options = max((tmp_path / "db").glob("OPTIONS-*")).read_text()
+    assert f"block_size={BLOCK_BYTES}\n" in options and BLOCK_BYTES == 16 << 10
 
 
 def test_rocks_kv_does_not_reopen_without_free_space(tmp_path: Path) -> None:
