@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     add_target_arguments(parser)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--segment-mb", type=int, default=32, help="roll threshold")
-    parser.add_argument("--warm-up", type=int, default=2, help="untimed scans first")
+    # The JVM's JIT settles after about ten scans of a million rows: in 24 scans in a row,
+    # the 2nd-9th ran 1.0-1.4 M rows/s, the 11th on 1.45-1.6 M; during the 3rd-6th its
+    # compiler threads took 22 % of the machine's CPU, 11 % after the 12th. A job reading
+    # a long stream spends nearly all of its time past that point.
+    parser.add_argument("--warm-up", type=int, default=10, help="untimed scans first")
     parser.add_argument("--scans", type=int, default=5, help="timed scans")
     parser.add_argument(
         "--partition-entries",
