@@ -11,8 +11,9 @@ One row per EVENT (holes and bridges never appear), schema
 
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
-`partitionEntries` (default 500000) splits large segments into equal index ranges of at
-most that many entries (in a certified segment, cut at the nearest chunk ends where that
+`partitionEntries` (default 500000): the scan is cut into as few partitions of at most
+that many entries as it fits in, of about equal size, spanning segments (cut at a
+segment's end, or in a certified segment at a chunk's end, where that is nearest and
 keeps them within it);
 `skipLostRanges` (default false): a range an operator sealed
 accepting loss (`streamengine seal --accept-loss`) is read around instead of failing
@@ -21,12 +22,12 @@ Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (defaul
 Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
 driver; the credentials travel to the executors inside the partitions) and `token`.
 
-Planning (driver side) asks the master for the segments; one input partition per
-segment range, each with the segment's certificate when it has one. Each partition is
-read in an executor from a replica whose acked index covers it, over its own gRPC
-channel, failing over to the next replica, and checked to hold exactly the indexes it
-planned: a short read is an error, never silently fewer rows. Under a certificate a
-partition reads the whole chunks that cover its range, and every chunk is checked
+Planning (driver side) asks the master for the segments; an input partition holds
+ranges of consecutive segments, each with the segment's certificate when it has one.
+Each range is read in an executor from a replica whose acked index covers it, over its
+own gRPC channel, failing over to the next replica, and checked to hold exactly the
+indexes it planned: a short read is an error, never silently fewer rows. Under a
+certificate a range is read in the whole chunks that cover it, and every chunk is checked
 against it before any of its rows leave (`protocol/certificate.py`, over the packed
 columns: no object per row); a replica that differs, or fails a read with DATA_LOSS, is
 damaged for the partition, reported to the master, and the next replica is read from
@@ -43,6 +44,9 @@ checkpoint re-reads the same rows for the same offsets.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -119,6 +123,17 @@ class SegmentRange(InputPartition):
     certificate: bytes = b""
     # Replicas the master knows to differ from the certificate: never read.
     bad: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScanPartition(InputPartition):
+    """One Spark task's share of a scan: ranges of consecutive segments, read in turn."""
+
+    ranges: tuple[SegmentRange, ...]
+
+    @property
+    def entries(self) -> int:
+        return sum(r.last_index - r.first_index + 1 for r in self.ranges)
 
 
 @dataclass(frozen=True)
@@ -246,9 +261,10 @@ def plan_ranges(
     transport: Transport = PLAINTEXT,
     skip_lost: bool = False,
 ) -> list[SegmentRange]:
-    """Input partitions covering `[start_sequence, end_sequence)` of readable events.
-    A range a segment was sealed without (`--accept-loss`) raises `DataLossError`, as
-    for every reader, unless `skip_lost`: then it is read around."""
+    """Ranges covering `[start_sequence, end_sequence)` of readable events, each of at
+    most `partition_entries` within one segment. A range a segment was sealed without
+    (`--accept-loss`) raises `DataLossError`, as for every reader, unless `skip_lost`:
+    then it is read around."""
     ranges: list[SegmentRange] = []
     # Entries each store is asked to serve so far: every range starts at its least
     # loaded replica (the rest are its fail-over order), so a scan spreads evenly.
@@ -305,6 +321,99 @@ def plan_ranges(
                 )
             )
     return ranges
+
+
+def plan_partitions(
+    stream: str,
+    layout: _StreamLayout,
+    start_sequence: int,
+    end_sequence: int | None,
+    include_open: bool,
+    partition_entries: int,
+    master: str = "",
+    transport: Transport = PLAINTEXT,
+    skip_lost: bool = False,
+) -> list[ScanPartition]:
+    """Spark's input partitions for `[start_sequence, end_sequence)`: the readable
+    ranges (`plan_ranges`, one per segment) in as few partitions of at most
+    `partition_entries` as they fit, of about equal size (`balance`)."""
+    whole = plan_ranges(
+        stream, layout, start_sequence, end_sequence, include_open, INDEX_MAX,
+        master, transport, skip_lost,
+    )  # fmt: skip
+    return balance(whole, partition_entries)
+
+
+def balance(ranges: list[SegmentRange], partition_entries: int) -> list[ScanPartition]:
+    """`ranges` (in stream order) cut into ceil(total / partition_entries) partitions of
+    about equal size; a partition may span segments. Spark's cost per task is tens of
+    ms, so fewer tasks scan faster, and equal ones leave no core idle at the end (three
+    segments of a third each, on two cores, kept one core idle a third of the scan).
+
+    Each cut goes to the nearest segment end, or under a certificate to the nearest end
+    of a chunk (a range reads the whole chunks around it: a chunk cut in two is read
+    and checked twice), as long as no partition then holds more than
+    `partition_entries`; otherwise it stays where equal sizes put it."""
+    assert partition_entries > 0
+    sizes = [r.last_index - r.first_index + 1 for r in ranges]
+    assert all(size > 0 for size in sizes), sizes
+    total = sum(sizes)
+    if total == 0:
+        return []
+    count = -(-total // partition_entries)
+    offsets = list(itertools.accumulate(sizes, initial=0))  # entries before each range
+    cuts = [0]  # entries before each partition, then the total
+    for part in range(1, count):
+        ideal = part * total // count
+        following = (part + 1) * total // count if part + 1 < count else total
+        candidates = sorted(_cut_candidates(ranges, offsets, ideal), key=lambda c: abs(c - ideal))
+        cut = next(
+            (
+                c
+                for c in candidates
+                if cuts[-1] < c < following
+                and c - cuts[-1] <= partition_entries
+                and following - c <= partition_entries
+            ),
+            ideal,
+        )
+        cuts.append(cut)
+    cuts.append(total)
+    partitions: list[ScanPartition] = []
+    for low, high in itertools.pairwise(cuts):  # entries [low, high) of the scan
+        pieces: list[SegmentRange] = []
+        for r, offset, size in zip(ranges, offsets[:-1], sizes, strict=True):
+            begin, end = max(low, offset), min(high, offset + size)
+            if begin < end:
+                pieces.append(
+                    dataclasses.replace(
+                        r,
+                        first_index=r.first_index + begin - offset,
+                        last_index=r.first_index + end - offset - 1,
+                    )
+                )
+        partitions.append(ScanPartition(tuple(pieces)))
+    assert sum(p.entries for p in partitions) == total
+    return partitions
+
+
+def _cut_candidates(ranges: list[SegmentRange], offsets: list[int], ideal: int) -> list[int]:
+    """Where a cut near `ideal` (entries from the scan's start) costs nothing: the ends
+    of the range holding it, and under a certificate the ends of its chunk there."""
+    position = bisect.bisect_right(offsets, ideal) - 1
+    if position >= len(ranges):
+        return [offsets[-1]]
+    r, offset = ranges[position], offsets[position]
+    found = [offset, offsets[position + 1]]
+    if r.certificate:
+        index = r.first_index + ideal - offset
+        chunk_first, chunk_last = Certificate.decode(r.certificate).chunk_of(index)
+        found += [
+            offset + end - r.first_index + 1
+            for end in (chunk_first - 1, chunk_last)
+            if r.first_index - 1 < end < r.last_index
+        ]
+    return found
 
 
 def _parts(
@@ -583,7 +692,10 @@ def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """What a reader's `read` yields. With no partitions planned (an empty range),
     PySpark still reads one placeholder InputPartition: it holds no rows."""
-    if isinstance(partition, SegmentRange):
+    if isinstance(partition, ScanPartition):
+        for part in partition.ranges:
+            yield from read_range(part)
+    elif isinstance(partition, SegmentRange):
         yield from read_range(partition)
 
 
@@ -622,9 +734,9 @@ class StreamEngineBatchReader(DataSourceReader):
             raise InvalidArgument("toSequence is below fromSequence")
         self.skip_lost = options.get("skiplostranges", "false").lower() == "true"
 
-    def partitions(self) -> list[SegmentRange]:
+    def partitions(self) -> list[ScanPartition]:
         layout = fetch_layout(self.master, self.stream, self.include_open, self.transport)
-        return plan_ranges(
+        return plan_partitions(
             self.stream,
             layout,
             self.start_sequence,
@@ -660,12 +772,12 @@ class StreamEngineStreamReader(DataSourceStreamReader):
             end = _limit_end(layout, begin, end, self.max_events)
         return {"sequence": max(begin, end)}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[SegmentRange]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ScanPartition]:
         begin, finish = int(start["sequence"]), int(end["sequence"])
         if finish <= begin:
             return []
         layout = fetch_layout(self.master, self.stream, True, self.transport)
-        return plan_ranges(
+        return plan_partitions(
             self.stream,
             layout,
             begin,

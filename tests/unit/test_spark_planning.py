@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pytest
 
@@ -9,12 +11,14 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from streamengine.client.packed import Packed
 from streamengine.client.spark import (
+    ScanPartition,
     SegmentRange,
     _limit_end,
     _SegmentInfo,
     _StreamLayout,
     _verified_rows,
     acked_end,
+    plan_partitions,
     plan_ranges,
 )
 from streamengine.protocol import certificate
@@ -143,6 +147,77 @@ def test_a_certified_segment_carries_its_certificate_into_every_partition(
     # A range that starts mid-chunk keeps its start; only the cuts move.
     late = plan_ranges("t/s", layout(segment), pack_sequence(1, 3), None, False, 6)
     assert spans(late) == [(1, 3, 8), (1, 9, 10)]  # the cut after 6: 8 and 4 are as near
+
+
+def parts(partitions: list[ScanPartition]) -> list[list[tuple[int, int, int]]]:
+    return [spans(list(p.ranges)) for p in partitions]
+
+
+def test_a_scan_takes_as_few_partitions_as_fit_and_they_span_segments() -> None:
+    """Three segments of 333 events, at most 500 a partition: two partitions of about
+    500, not three of 333 (on two cores the third would run alone)."""
+    segments = layout(sealed(1, 334), sealed(2, 334), sealed(3, 334))
+    plan = plan_partitions("t/s", segments, 0, None, False, 500)
+    assert parts(plan) == [[(1, 1, 333), (2, 1, 166)], [(2, 167, 333), (3, 1, 333)]]
+    assert [p.entries for p in plan] == [499, 500]
+    assert plan[0].ranges[1].replicas == plan[1].ranges[0].replicas  # one segment's plan
+
+
+@pytest.mark.parametrize(
+    ("finals", "most", "expected"),
+    [
+        # The segment end is the nearest cut and keeps both within 600: it moves there.
+        ((501, 500), 600, [[(1, 1, 500)], [(2, 1, 499)]]),
+        # Within 500 only the equal cut fits.
+        ((501, 500), 500, [[(1, 1, 500)], [(2, 1, 499)]]),
+        ((401, 600), 500, [[(1, 1, 400), (2, 1, 99)], [(2, 100, 599)]]),
+        # Everything fits one partition.
+        ((11, 3, 5), 100, [[(1, 1, 10), (2, 1, 2), (3, 1, 4)]]),
+        # Four of 250 out of four segments of 250.
+        ((251,) * 4, 250, [[(1, 1, 250)], [(2, 1, 250)], [(3, 1, 250)], [(4, 1, 250)]]),
+    ],
+)
+def test_partitions_cut_at_equal_shares_or_the_nearest_segment_end(
+    finals: tuple[int, ...], most: int, expected: list[list[tuple[int, int, int]]]
+) -> None:
+    segments = layout(*(sealed(epoch, final) for epoch, final in enumerate(finals, 1)))
+    plan = plan_partitions("t/s", segments, 0, None, False, most)
+    assert parts(plan) == expected
+    assert all(p.entries <= most for p in plan)
+
+
+def test_partition_cuts_inside_a_certified_segment_move_to_a_chunk_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(certificate, "CHUNK_ENTRIES_MAX", 4)  # chunks 1-4, 5-8, 9-11
+    rows = [(i, int(EntryKind.EVENT), b"x") for i in range(1, 11)]
+    made = certificate_of([*rows, (11, int(EntryKind.BRIDGE), b"")])
+    segments = layout(sealed(1, 4), _SegmentInfo(2, True, 11, R, made))
+    # 13 events, at most 7 a partition: the equal cut after 6 (index 3 of segment 2)
+    # moves to the end of its chunk 1-4 there, keeping both within 7.
+    plan = plan_partitions("t/s", segments, 0, None, False, 7)
+    assert parts(plan) == [[(1, 1, 3), (2, 1, 4)], [(2, 5, 10)]]
+    assert Certificate.decode(plan[1].ranges[0].certificate) == made
+
+
+def test_every_index_is_planned_once_in_order() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        finals = [rng.randint(1, 60) for _ in range(rng.randint(1, 6))]
+        most = rng.randint(1, 80)
+        segments = layout(*(sealed(epoch, final) for epoch, final in enumerate(finals, 1)))
+        plan = plan_partitions("t/s", segments, 0, None, False, most)
+        indexes = [
+            (r.epoch, index)
+            for p in plan
+            for r in p.ranges
+            for index in range(r.first_index, r.last_index + 1)
+        ]
+        wanted = [(e, i) for e, f in enumerate(finals, 1) for i in range(1, f)]
+        assert indexes == wanted, (finals, most)
+        total = len(wanted)
+        assert len(plan) == (-(-total // most) if total else 0), (finals, most)
+        assert all(0 < p.entries <= most for p in plan), (finals, most)
 
 
 def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
