@@ -4,8 +4,9 @@ bound (C13) missed other than a known finding (KNOWN_BOUND_MISSES).
 
 By default every implemented scenario (the pass `make test` and CI run, also
 `make faults-quick`; about seven and a half minutes on two cores shared with other
-work); `FAULTS_QUICK=smoke` runs the smoke subset of FAULTS.md (S1, S2, S3, S5, S8: about
-two and a half minutes). Select with
+work; under `make test` on one worker, scenario after scenario, while the other worker
+runs the rest of the suite: tests/conftest.py); `FAULTS_QUICK=smoke` runs the smoke
+subset of FAULTS.md (S1, S2, S3, S5, S8: about two and a half minutes). Select with
 `pytest -m faults`; the full suite is `make faults`.
 
 S4 seed 1 also guards the harness: a writer killed through the `faketime` wrapper
