@@ -323,32 +323,12 @@ def plan_ranges(
     return ranges
 
 
-def plan_partitions(
-    stream: str,
-    layout: _StreamLayout,
-    start_sequence: int,
-    end_sequence: int | None,
-    include_open: bool,
-    partition_entries: int,
-    master: str = "",
-    transport: Transport = PLAINTEXT,
-    skip_lost: bool = False,
-) -> list[ScanPartition]:
-    """Spark's input partitions for `[start_sequence, end_sequence)`: the readable
-    ranges (`plan_ranges`, one per segment) in as few partitions of at most
-    `partition_entries` as they fit, of about equal size (`balance`)."""
-    whole = plan_ranges(
-        stream, layout, start_sequence, end_sequence, include_open, INDEX_MAX,
-        master, transport, skip_lost,
-    )  # fmt: skip
-    return balance(whole, partition_entries)
-
-
 def balance(ranges: list[SegmentRange], partition_entries: int) -> list[ScanPartition]:
-    """`ranges` (in stream order) cut into ceil(total / partition_entries) partitions of
-    about equal size; a partition may span segments. Spark's cost per task is tens of
-    ms, so fewer tasks scan faster, and equal ones leave no core idle at the end (three
-    segments of a third each, on two cores, kept one core idle a third of the scan).
+    """Spark's input partitions: `ranges` (in stream order, one per segment) cut into
+    ceil(total / partition_entries) partitions of about equal size; a partition may
+    span segments. Spark's cost per task is tens of ms, so fewer tasks scan faster, and
+    equal ones leave no core idle at the end (three segments of a third each, on two
+    cores, kept one core idle a third of the scan).
 
     Each cut goes to the nearest segment end, or under a certificate to the nearest end
     of a chunk (a range reads the whole chunks around it: a chunk cut in two is read
@@ -736,17 +716,18 @@ class StreamEngineBatchReader(DataSourceReader):
 
     def partitions(self) -> list[ScanPartition]:
         layout = fetch_layout(self.master, self.stream, self.include_open, self.transport)
-        return plan_partitions(
+        whole = plan_ranges(  # one range per segment
             self.stream,
             layout,
             self.start_sequence,
             self.end_sequence,
             self.include_open,
-            self.partition_entries,
+            INDEX_MAX,
             self.master,
             self.transport,
             self.skip_lost,
         )
+        return balance(whole, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)
@@ -777,16 +758,10 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         if finish <= begin:
             return []
         layout = fetch_layout(self.master, self.stream, True, self.transport)
-        return plan_partitions(
-            self.stream,
-            layout,
-            begin,
-            finish,
-            True,
-            self.partition_entries,
-            self.master,
-            self.transport,
+        whole = plan_ranges(  # one range per segment
+            self.stream, layout, begin, finish, True, INDEX_MAX, self.master, self.transport
         )
+        return balance(whole, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)

@@ -18,7 +18,7 @@ from streamengine.client.spark import (
     _StreamLayout,
     _verified_rows,
     acked_end,
-    plan_partitions,
+    balance,
     plan_ranges,
 )
 from streamengine.protocol import certificate
@@ -29,6 +29,7 @@ from streamengine.protocol.certificate import (
     certificate_of,
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.sequence import pack_sequence
 from tests.unit.test_packed import packed_reply
 
@@ -153,11 +154,16 @@ def parts(partitions: list[ScanPartition]) -> list[list[tuple[int, int, int]]]:
     return [spans(list(p.ranges)) for p in partitions]
 
 
+def plan_partitions(segments: _StreamLayout, most: int) -> list[ScanPartition]:
+    """What a Spark reader plans: a range per segment, balanced."""
+    return balance(plan_ranges("t/s", segments, 0, None, False, INDEX_MAX), most)
+
+
 def test_a_scan_takes_as_few_partitions_as_fit_and_they_span_segments() -> None:
     """Three segments of 333 events, at most 500 a partition: two partitions of about
     500, not three of 333 (on two cores the third would run alone)."""
     segments = layout(sealed(1, 334), sealed(2, 334), sealed(3, 334))
-    plan = plan_partitions("t/s", segments, 0, None, False, 500)
+    plan = plan_partitions(segments, 500)
     assert parts(plan) == [[(1, 1, 333), (2, 1, 166)], [(2, 167, 333), (3, 1, 333)]]
     assert [p.entries for p in plan] == [499, 500]
     assert plan[0].ranges[1].replicas == plan[1].ranges[0].replicas  # one segment's plan
@@ -181,7 +187,7 @@ def test_partitions_cut_at_equal_shares_or_the_nearest_segment_end(
     finals: tuple[int, ...], most: int, expected: list[list[tuple[int, int, int]]]
 ) -> None:
     segments = layout(*(sealed(epoch, final) for epoch, final in enumerate(finals, 1)))
-    plan = plan_partitions("t/s", segments, 0, None, False, most)
+    plan = plan_partitions(segments, most)
     assert parts(plan) == expected
     assert all(p.entries <= most for p in plan)
 
@@ -195,7 +201,7 @@ def test_partition_cuts_inside_a_certified_segment_move_to_a_chunk_end(
     segments = layout(sealed(1, 4), _SegmentInfo(2, True, 11, R, made))
     # 13 events, at most 7 a partition: the equal cut after 6 (index 3 of segment 2)
     # moves to the end of its chunk 1-4 there, keeping both within 7.
-    plan = plan_partitions("t/s", segments, 0, None, False, 7)
+    plan = plan_partitions(segments, 7)
     assert parts(plan) == [[(1, 1, 3), (2, 1, 4)], [(2, 5, 10)]]
     assert Certificate.decode(plan[1].ranges[0].certificate) == made
 
@@ -206,7 +212,7 @@ def test_every_index_is_planned_once_in_order() -> None:
         finals = [rng.randint(1, 60) for _ in range(rng.randint(1, 6))]
         most = rng.randint(1, 80)
         segments = layout(*(sealed(epoch, final) for epoch, final in enumerate(finals, 1)))
-        plan = plan_partitions("t/s", segments, 0, None, False, most)
+        plan = plan_partitions(segments, most)
         indexes = [
             (r.epoch, index)
             for p in plan
