@@ -77,6 +77,9 @@ STORE_HEARTBEAT_MS_MIN = 50
 ADDRESS_CHARS_MAX = 255
 # Replicas a store is asked to scrub first, per store, awaiting its next heartbeat.
 SCRUB_FIRST_PER_STORE_MAX = 64
+# Scrub reports of replicas whose segment the master has not sealed yet, kept for its
+# seal (`replica_reported`); beyond this many the oldest go.
+EARLY_REPORTS_MAX = 4096
 # Expired token records dropped with each token created or revoked: enough to keep up
 # with any rate of creation, few enough for one metadata transaction.
 EXPIRED_TOKENS_DROPPED_PER_COMMIT = 64
@@ -257,6 +260,9 @@ class MasterState:
         self._repair_cursor: SegmentKey = (0, 0)
         # The replicas each store is to check first at its next heartbeat.
         self.scrub_first: dict[str, list[SegmentKey]] = {}
+        # Scrub reports that came before the segment's seal, judged at the seal:
+        # (segment, store) -> report. Memory only, as the checks are.
+        self.early_reports: dict[tuple[SegmentKey, str], integrity.Report] = {}
 
     # ---- queries ----
 
@@ -312,6 +318,8 @@ class MasterState:
 
     def _drop_segment(self, key: SegmentKey) -> None:
         self.checks.pop(key, None)
+        for early in [k for k in self.early_reports if k[0] == key]:
+            del self.early_reports[early]
         record = self.segments.pop(key)
         for member in record.copy_set:
             self.members[member].discard(key)
@@ -953,7 +961,11 @@ class MasterState:
         )
         self.catalog.commit(Batch().segment(sealed))
         self._put_segment(sealed)
-        return sealed
+        for member in sealed.copy_set:
+            early = self.early_reports.pop((sealed.key, member), None)
+            if early is not None:
+                self.replica_reported(member, sealed.key, early, now_ms)
+        return self.segments[sealed.key]
 
     # ---- integrity ----
 
@@ -966,8 +978,20 @@ class MasterState:
         """A store's scrub read its replica of `key` back: judge it against the
         certificate (`integrity.judge`) and record the outcome durably."""
         segment = self.segments.get(key)
-        if segment is None or segment.state != SegmentState.SEALED:
-            return integrity.Judgement(note="not a sealed segment")
+        if segment is None:
+            return integrity.Judgement(note="not a segment")
+        if segment.state != SegmentState.SEALED:
+            # A store scrubs a replica once it is sealed there and acked up to its
+            # bridge, which its leader does before it seals the segment here: the report
+            # may come first. Dropped, it would not come again before the store's
+            # re-check (10 minutes), and the segment would count as under-replicated
+            # until then (repair, drain and rebalance wait for it).
+            if store_id in segment.copy_set:
+                self.early_reports.pop((key, store_id), None)
+                self.early_reports[(key, store_id)] = report
+                while len(self.early_reports) > EARLY_REPORTS_MAX:
+                    del self.early_reports[next(iter(self.early_reports))]
+            return integrity.Judgement(note="kept until the segment is sealed")
         if isinstance(report, integrity.Clean) and (
             report.certificate.final_index != segment.final_index
         ):

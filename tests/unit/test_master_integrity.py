@@ -298,3 +298,34 @@ def test_a_new_incarnation_forgets_what_its_old_replicas_matched(master) -> None
     registered = master.state.register_store(member, address, "", 0, master.now, incarnation=8)
     assert key(master) in registered.lost
     assert master.restart().segments[key(master)].verified == ()
+
+
+def test_reports_that_come_before_the_seal_are_judged_at_the_seal(master) -> None:
+    """A store scrubs a replica once it is sealed there and acked up to its bridge; the
+    leader seals at the master after that, so a report may come first."""
+    members = master.state.segments[key(master)].copy_set
+    outsider = next(s for s in "abcd" if s not in members)
+    state = master.state
+    state.replica_reported(members[0], key(master), Clean(RIGHT), master.now)
+    state.replica_reported(members[1], key(master), Clean(WRONG), master.now)
+    state.replica_reported(outsider, key(master), Clean(RIGHT), master.now)
+    assert state.segments[key(master)].verified == ()
+    sealed = state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    assert sealed.verified == (members[0],) and sealed.bad == (members[1],)
+    assert state.early_reports == {}
+    record = master.restart().segments[key(master)]
+    assert record.verified == (members[0],) and record.bad == (members[1],)
+
+
+def test_early_reports_are_bounded_and_go_with_their_segment(
+    master, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamengine.master import state as state_module
+
+    monkeypatch.setattr(state_module, "EARLY_REPORTS_MAX", 2)
+    members = master.state.segments[key(master)].copy_set
+    for member in members:
+        master.state.replica_reported(member, key(master), Clean(RIGHT), master.now)
+    assert list(master.state.early_reports) == [(key(master), m) for m in members[1:]]
+    master.state._drop_segment(key(master))
+    assert master.state.early_reports == {}
