@@ -24,10 +24,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Two workers: the fault suite's quick pass (one worker, its scenarios in turn) runs beside
-# the rest (tests/conftest.py says what runs together). `.venv/bin/pytest` alone runs everything in one process.
+# Everything but the fault suite's quick pass and the netns tests on two workers
+# (tests/conftest.py says what runs together), then those alone: their liveness bounds
+# are for a box of their own. `.venv/bin/pytest` alone runs everything in one process.
 test: lint system-deps
-	$(VENV)/bin/pytest -n 2
+	$(VENV)/bin/pytest -n 2 -m "not faults and not netns"
+	$(VENV)/bin/pytest -m "faults or netns"
 
 demo: $(STAMP)
 	$(PYTHON) -m deploy.demo
