@@ -675,8 +675,6 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, ScanPartition):
         for part in partition.ranges:
             yield from read_range(part)
-    elif isinstance(partition, SegmentRange):
-        yield from read_range(partition)
 
 
 class _ShortRead(Exception):
