@@ -288,14 +288,14 @@ class Target:
     def cpu_s(self) -> float:
         """CPU seconds (user + system) used so far by the servers and this process (the
         client): a cost that other load on the machine disturbs far less than rates."""
-        return _cpu_s([os.getpid(), *self.pids])
+        return cpu_seconds([os.getpid(), *self.pids])
 
     def servers_cpu_s(self) -> float:
         """CPU seconds used so far by the servers this run started (0 without them)."""
-        return _cpu_s(self.pids)
+        return cpu_seconds(self.pids)
 
 
-def _cpu_s(pids: Sequence[int]) -> float:
+def cpu_seconds(pids: Sequence[int]) -> float:
     import psutil
 
     total = 0.0
