@@ -38,6 +38,16 @@ def test_a_packed_write_round_trips_its_entries() -> None:
     assert batch_of(segment_store_pb2.WriteRequest(acked_index=3)) == PackedEntries(0, ())
 
 
+def test_a_batch_counts_its_payload_bytes_the_same_however_it_was_made() -> None:
+    payloads = sum(len(e.payload) for e in ENTRIES)
+    packed, lengths = PackedEntries.of(ENTRIES).to_wire()
+    from_wire = PackedEntries.from_wire(1, packed, lengths)
+    built = PackedEntries.of(ENTRIES)
+    assert from_wire.payload_bytes() == built.payload_bytes() == payloads == 7
+    assert built.payload_bytes() == payloads  # asked again: the count it keeps
+    assert from_wire == built and PackedEntries(0, ()).payload_bytes() == 0
+
+
 @pytest.mark.parametrize(
     ("case", "first_index", "packed", "lengths"),
     [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import google_crc32c
 
@@ -161,6 +161,9 @@ class PackedEntries:
 
     first_index: int
     values: Sequence[bytes]
+    # The payloads' bytes, once known: a store checks and bounds a batch by them in
+    # several places, and summing 4096 lengths costs 40 us each time.
+    _payload_bytes: int | None = field(default=None, init=False, compare=False, repr=False)
 
     @classmethod
     def of(cls, entries: Sequence[StoredEntry]) -> PackedEntries:
@@ -200,7 +203,9 @@ class PackedEntries:
             end = start + length
             values.append(packed[start:end])
             start = end
-        return cls(first_index, values)
+        batch = cls(first_index, values)
+        object.__setattr__(batch, "_payload_bytes", len(packed) - VALUE_HEADER_BYTES * len(values))
+        return batch
 
     def to_wire(self) -> tuple[bytes, list[int]]:
         """(packed values, value lengths), the fields of a packed message."""
@@ -235,7 +240,11 @@ class PackedEntries:
         return pieces
 
     def payload_bytes(self) -> int:
-        return sum(map(len, self.values)) - VALUE_HEADER_BYTES * len(self.values)
+        known = self._payload_bytes
+        if known is None:
+            known = sum(map(len, self.values)) - VALUE_HEADER_BYTES * len(self.values)
+            object.__setattr__(self, "_payload_bytes", known)
+        return known
 
     def heads(self) -> tuple[list[int], list[int]]:
         """(kinds, epochs) of the values, unchecked; raises CorruptEntry for a value
