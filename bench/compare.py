@@ -14,8 +14,8 @@ one writer; in this order:
 - single appends one at a time, back to back (as the peers measure theirs), p50 and p99,
   on the idle cluster (after the batched run its stores spend half a minute and more of
   a core between them on flushes, compactions and the first scrub of what it sealed);
-- single appends at light load, ours only (as `bench/append.py`, and issue #19's goal):
-  one at a time, 100 per second, p50 and p99;
+- single appends at light load (as `bench/append.py`, and issue #19's goal): one at a
+  time, 100 per second, p50 and p99;
 - batched appends of 100 B events: `append_batch` of 1000, 8 batches in flight;
 - follower catch-up: one reader reads all of the stream's events from the start with
   `client.read` (event by event);
@@ -25,7 +25,11 @@ The peer's side: its script in `bench/peers/` (it starts its own servers on free
 ends with one JSON line): pipelines of 1000 appends each waiting for a replica (Redis:
 XADD + WAIT 1 with appendfsync always; NATS JetStream: R3 file stream, 1000 acks in
 flight), one append at a time (back to back), a consumer reading all of the first run
-(Redis: XREAD of 1000; NATS: an ordered push consumer), and the 1 KiB run.
+(Redis: XREAD of 1000; NATS: an ordered push consumer), and the 1 KiB run. The scripts
+time single appends back to back only; for Redis, appends at light load are timed here
+after its script, the same way as ours (`--light-rate`, `--light-count`), on three
+servers started as its script starts them (`redis_light_load`). NATS has no light-load
+figure.
 
 Printed: a Markdown table with each figure's median over the rounds, ours and the peer's,
 the median of the rounds' ratios (ours ÷ peer), and the goal of issue #19 with whether it
@@ -44,9 +48,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,54 @@ class Peer:
     client_module: str  # the Python client its script imports
     args: tuple[str, ...]  # the script's options for a like-for-like run
     consume: str  # which of its `c_consume_*` figures is the catch-up read
+    # Times single appends at light load (rate/s, count) on servers it starts, or None.
+    light_load: Callable[[float, int], list[float]] | None = None
+
+
+def redis_light_load(rate: float, count: int) -> list[float]:
+    """Redis's single appends at light load, as `light_load` times ours: XADD + WAIT 1
+    one at a time, `rate` per second after SINGLES_WARM_UP untimed ones, on a primary and
+    two replicas started by its script's own `start_node` (appendfsync always)."""
+    import redis
+
+    from bench.peers import redis_streams as script
+    from bench.peers.common import free_ports, stop_process, wait_port
+
+    payload = os.urandom(100)
+    with tempfile.TemporaryDirectory(prefix="bench-redis-light-") as data:
+        ports = free_ports(3)
+        nodes = [script.start_node(data, "primary", ports[0], "always")]
+        try:
+            for number, port in enumerate(ports[1:], 1):
+                nodes.append(script.start_node(data, f"replica{number}", port, "always", ports[0]))
+            for port in ports:
+                if not wait_port(port):
+                    raise PeerError(f"redis-server on port {port} did not start")
+            primary = redis.Redis(host="127.0.0.1", port=ports[0], socket_timeout=30)
+            script.wait_replicas(primary, 2)
+
+            def append() -> None:
+                pipeline = primary.pipeline(transaction=False)
+                pipeline.xadd("light", {"d": payload})
+                pipeline.execute_command("WAIT", 1, 1000)
+                pipeline.execute()
+
+            for _ in range(SINGLES_WARM_UP):
+                append()
+            latencies = []
+            for _ in range(count):
+                started = time.perf_counter()
+                append()
+                latencies.append(time.perf_counter() - started)
+                time.sleep(max(0.0, 1 / rate - latencies[-1]))
+            primary.close()
+            return latencies
+        except (redis.RedisError, RuntimeError) as error:  # RuntimeError: no replicas
+            raise PeerError(f"Redis at light load: {error!r}") from error
+        finally:
+            for process, log in nodes:
+                stop_process(process)
+                log.close()
 
 
 PEERS = {
@@ -78,6 +131,7 @@ PEERS = {
         "redis",
         ("--appendfsync", "always"),
         "c_consume_xread",
+        redis_light_load,
     ),
     "nats": Peer(
         "nats",
@@ -100,7 +154,7 @@ class Figures:
     p99_ms: float
     catch_up: float  # events/s, read from the start
     batched_1kib: float  # events/s
-    # One at a time, paced at light load: measured on our side only (None for a peer).
+    # One at a time, paced at light load (None for a peer that has no such figure).
     light_p50_ms: float | None = None
     light_p99_ms: float | None = None
 
@@ -123,7 +177,6 @@ class Figure:
     unit: str
     higher_is_better: bool
     goal: Goal | None
-    ours_only: bool = False  # the peers' scripts have no such figure
 
 
 FIGURES = (
@@ -142,7 +195,6 @@ FIGURES = (
         "ms",
         False,
         Goal("max", 1.2, "≤ 1.2 ms"),
-        ours_only=True,
     ),
     Figure(
         "light_p99_ms",
@@ -150,7 +202,6 @@ FIGURES = (
         "ms",
         False,
         Goal("max", 2.5, "≤ 2.5 ms"),
-        ours_only=True,
     ),
     Figure(
         "catch_up",
@@ -205,7 +256,7 @@ class Compared:
 
     figure: Figure
     ours: list[float]
-    peer: list[float]  # empty for a figure of ours only
+    peer: list[float]  # empty for a figure the peer lacks
     ours_median: float
     peer_median: float | None
     ratio: float | None
@@ -232,7 +283,9 @@ def compare(peer: str, ours: Sequence[Figures], theirs: Sequence[Figures]) -> li
     results = []
     for figure in FIGURES:
         mine = [_number(f, figure.key) for f in ours]
-        peers = [] if figure.ours_only else [_number(f, figure.key) for f in theirs]
+        # A figure the peer lacks in any round (NATS at light load) is ours only.
+        theirs_known = [getattr(f, figure.key) for f in theirs]
+        peers = [] if None in theirs_known else [float(v) for v in theirs_known]
         ratios = [m / p if p > 0 else float("inf") for m, p in zip(mine, peers, strict=False)]
         ours_median = statistics.median(mine)
         ratio = statistics.median(ratios) if ratios else None
@@ -375,9 +428,7 @@ async def our_round(target: Target, args: argparse.Namespace) -> Figures:
             batched = await peak_batched(
                 writer, 100, args.batch, args.batches_in_flight, args.seconds
             )
-        written = (
-            len(warm_singles) + len(back_to_back) + len(light) + warm.events + batched.events
-        )
+        written = len(warm_singles) + len(back_to_back) + len(light) + warm.events + batched.events
         read_seconds = await catch_up(client, stream, written)
         stream_1k = f"{stream}-1k"
         await client.create_stream(stream_1k, replicas=3, write_quorum=2)
@@ -415,10 +466,16 @@ def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def with_light_load(figures: Figures, latencies_s: Sequence[float]) -> Figures:
+    """`figures` with the light-load p50 and p99 of these latencies."""
+    ms = [v * 1000 for v in latencies_s]
+    return replace(figures, light_p50_ms=percentile(ms, 0.50), light_p99_ms=percentile(ms, 0.99))
+
+
 def _short(f: Figures) -> str:
     light = ""
     if f.light_p50_ms is not None and f.light_p99_ms is not None:
-        light = f" (at 100/s {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f})"
+        light = f" (paced {f.light_p50_ms:.2f}/{f.light_p99_ms:.2f})"
     return (
         f"batched {f.batched_100b:,.0f}/s, p50/p99 {f.p50_ms:.2f}/{f.p99_ms:.2f} ms{light},"
         f" catch-up {f.catch_up:,.0f}/s, 1 KiB {f.batched_1kib:,.0f}/s"
@@ -470,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"round {number}/{args.rounds} ours:  {_short(ours[-1])}")
         try:
             figures, summary = run_peer(peer, args)
+            if peer.light_load is not None:
+                figures = with_light_load(
+                    figures, peer.light_load(args.light_rate, args.light_count)
+                )
         except (PeerError, subprocess.TimeoutExpired) as error:
             print(f"bench --compare {peer.name}: {error}", file=sys.stderr)
             return 1

@@ -4,6 +4,7 @@ and the table (no peer needs to be installed)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -92,6 +93,37 @@ def test_medians_and_the_median_of_the_rounds_ratios() -> None:
     assert results["light_p99_ms"].ours_median == 2.4 and results["light_p99_ms"].met is True
     assert results["catch_up"].ours_median == 520_000 and results["catch_up"].met is True
     assert results["batched_1kib"].met is None  # no goal
+
+
+def test_a_peer_timed_at_light_load_gets_a_ratio_there_too() -> None:
+    ours = [
+        Figures(1, 1, 1, 1, 1, light_p50_ms=1.5, light_p99_ms=2.4),
+        Figures(1, 1, 1, 1, 1, light_p50_ms=2.0, light_p99_ms=3.0),
+    ]
+    redis = [
+        compare.with_light_load(Figures(1, 1, 1, 1, 1), [0.0008] * 98 + [0.0015] * 2),
+        compare.with_light_load(Figures(1, 1, 1, 1, 1), [0.0010] * 100),
+    ]
+    assert redis[0].light_p50_ms == pytest.approx(0.8)
+    assert redis[0].light_p99_ms == pytest.approx(1.5)
+    light = {r.figure.key: r for r in compare.compare("redis", ours, redis)}["light_p50_ms"]
+    assert light.peer == pytest.approx([0.8, 1.0])
+    assert light.ratio == pytest.approx((1.5 / 0.8 + 2.0 / 1.0) / 2)
+    assert light.met is False  # the goal stays ours at <= 1.2 ms
+    # A peer without the figure in one round has none to compare.
+    mixed = {
+        r.figure.key: r for r in compare.compare("redis", ours, [redis[0], Figures(1, 1, 1, 1, 1)])
+    }
+    assert mixed["light_p50_ms"].peer == [] and mixed["light_p50_ms"].ratio is None
+
+
+@pytest.mark.skipif(
+    shutil.which("redis-server") is None or importlib.util.find_spec("redis") is None,
+    reason="the peer Redis is not installed (`make bench-peers`)",
+)
+def test_redis_at_light_load_runs_on_servers_it_starts_and_stops() -> None:
+    latencies = compare.redis_light_load(1000.0, 20)
+    assert len(latencies) == 20 and all(0 < v < 1 for v in latencies)
 
 
 def test_goals_not_met_say_so_and_the_redis_goal_is_not_judged_against_nats() -> None:
