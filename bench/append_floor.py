@@ -53,6 +53,8 @@ EVENT_BYTES = 100
 # Appends made before each timed run (connections, the writer's segment and streams).
 WARM_UP = 100
 SERVER_START_S_MAX = 30.0
+# An exchange not acked by then means a server is gone: the run stops and says so.
+EXCHANGE_TIMEOUT_S = 10.0
 
 _FRAME = struct.Struct("<I")
 _ANSWER = b"ok"
@@ -135,7 +137,14 @@ class ExchangeQuorum:
         self.sent += 1
         self.acked = asyncio.get_running_loop().create_future()
         send(payload)
-        await self.acked
+        try:
+            async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
+                await self.acked
+        except TimeoutError:
+            raise RuntimeError(
+                f"exchange {self.sent} not acked by {QUORUM} servers within"
+                f" {EXCHANGE_TIMEOUT_S:.0f} s (answers: {self.answered})"
+            ) from None
 
 
 async def timed_exchanges(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import append_floor
 from bench.append_floor import (
     QUORUM,
     SERVERS,
@@ -73,6 +74,22 @@ def test_the_late_answer_of_the_last_exchange_does_not_ack_the_next() -> None:
         await asyncio.wait_for(second, 1)
 
     asyncio.run(run())
+
+
+def test_an_exchange_no_quorum_answers_stops_the_run_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(append_floor, "EXCHANGE_TIMEOUT_S", 0.05)
+
+    async def run() -> None:
+        quorum = ExchangeQuorum()
+        exchange = asyncio.ensure_future(quorum.exchange(lambda _: None, b"x"))
+        await asyncio.sleep(0)
+        quorum.answer(1)  # one of three: no quorum
+        await exchange
+
+    with pytest.raises(RuntimeError, match=r"exchange 1 not acked by 2 servers.*\[0, 1, 0\]"):
+        asyncio.run(run())
 
 
 @pytest.mark.parametrize("transport", ["tcp", "grpc"])
