@@ -67,6 +67,21 @@ def fault_starts(records: list[Record]) -> list[Record]:
     return [r for r in records if r["type"] == "nemesis" and r.get("phase") == "start"]
 
 
+def fault_stop_t(records: list[Record], start: Record) -> float | None:
+    """When the fault begun by `start` ended (the first stop of its kind and target
+    after it), or None."""
+    stops = [
+        float(record["t"])
+        for record in records
+        if record["type"] == "nemesis"
+        and record.get("phase") == "stop"
+        and record["t"] >= start["t"]
+        and record.get("fault") == start.get("fault")
+        and record.get("target") == start.get("target")
+    ]
+    return min(stops, default=None)
+
+
 def measure(records: list[Record], scenario: str) -> dict[str, Any]:
     ops = operations(records)
     acked = [op for op in ops if op.status == "ok" and op.end_t is not None]
@@ -96,7 +111,13 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         elif target.startswith("store") and not fault.get("quorum_lost"):
             store_stalls.extend(stalls(by_stream, t, next_t))
         elif target == "master":
-            master_stalls.extend(stalls(by_stream, t, next_t))
+            # FAULTS.md bounds "master restart -> writers appending again": counted from
+            # the moment the master is back (restarted, continued, healed). While it is
+            # away a writer that needs it (a roll, a new epoch) waits whatever the fault
+            # lasts; a fault without its stop record counts from its start.
+            back_t = fault_stop_t(records, fault) or t
+            cut_t = next_t if next_t is not None and next_t > back_t else None
+            master_stalls.extend(stalls(by_stream, back_t, cut_t))
     details = [r for r in records if r["type"] == "nemesis" and r.get("phase") == "detail"]
     repairs = [r for r in details if r.get("repair_s") is not None]
     if repairs:

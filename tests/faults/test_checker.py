@@ -313,6 +313,26 @@ def test_measure_reads_failover_and_stalls(fault: str) -> None:
         assert stall["max"] == pytest.approx(1.0)  # acks at 3.0 and 4.0
 
 
+def test_a_master_fault_stalls_count_from_the_master_back() -> None:
+    """FAULTS.md: "master restart -> writers appending again". w1 needed the master
+    (say, for a roll) all through its 3 s isolation and appended 0.5 s after the heal:
+    that is the stall measured, not the 3.5 s since the isolation began."""
+    records, _ = clean()
+    records.append({"t": 3.05, "type": "nemesis", "phase": "start", "fault": "partition",
+                    "target": "master", "process": "nemesis"})
+    records.append({"t": 6.05, "type": "nemesis", "phase": "stop", "fault": "partition",
+                    "target": "master", "process": "nemesis"})
+    records.append(rec(6.4, "invoke", "w1", op=9, ids=["z0"], session="s1"))
+    records.append(rec(6.55, "ok", "w1", op=9, seqs=[pack(3, 1)]))
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["append_stall_after_master_fault_s"]["max"] == pytest.approx(0.5)
+    # Appending again 2.5 s after the heal is past 2 L + 2 at a lease of 0.2 s.
+    records[-1] = rec(8.55, "ok", "w1", op=9, seqs=[pack(3, 1)])
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["append_stall_after_master_fault_s"]["max"] == pytest.approx(2.5)
+    assert bounds(figures, lease_s=0.2)["append_stall_after_master_fault_s"]["ok"] is False
+
+
 def test_bounds_flag_what_exceeds_the_liveness_table() -> None:
     figures = {
         "writer_failover_s": {"p99": 3.5},
