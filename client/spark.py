@@ -256,13 +256,12 @@ def plan_ranges(
     start_sequence: int,
     end_sequence: int | None,
     include_open: bool,
-    partition_entries: int,
     master: str = "",
     transport: Transport = PLAINTEXT,
     skip_lost: bool = False,
 ) -> list[SegmentRange]:
-    """Ranges covering `[start_sequence, end_sequence)` of readable events, each of at
-    most `partition_entries` within one segment. A range a segment was sealed without
+    """Ranges covering `[start_sequence, end_sequence)` of readable events, one per
+    segment (`balance` cuts them into Spark's partitions). A range a segment was sealed without
     (`--accept-loss`) raises `DataLossError`, as for every reader, unless `skip_lost`:
     then it is read around."""
     ranges: list[SegmentRange] = []
@@ -302,24 +301,23 @@ def plan_ranges(
         if certificate is not None and certificate.final_index != segment.final_index:
             certificate = None
         encoded = certificate.encode() if certificate is not None else b""
-        for low, high in _parts(first, last_readable, partition_entries, certificate):
-            replicas = _least_loaded_first(segment.replicas, load)
-            if replicas:
-                load[replicas[0]] = load.get(replicas[0], 0) + high - low + 1
-            ranges.append(
-                SegmentRange(
-                    stream,
-                    layout.stream_id,
-                    segment.epoch,
-                    low,
-                    high,
-                    replicas,
-                    master,
-                    transport,
-                    encoded,
-                    segment.bad,
-                )
+        replicas = _least_loaded_first(segment.replicas, load)
+        if replicas:
+            load[replicas[0]] = load.get(replicas[0], 0) + entries
+        ranges.append(
+            SegmentRange(
+                stream,
+                layout.stream_id,
+                segment.epoch,
+                first,
+                last_readable,
+                replicas,
+                master,
+                transport,
+                encoded,
+                segment.bad,
             )
+        )
     return ranges
 
 
@@ -384,45 +382,16 @@ def _cut_candidates(ranges: list[SegmentRange], offsets: list[int], ideal: int) 
     if position >= len(ranges):
         return [offsets[-1]]
     r, offset = ranges[position], offsets[position]
-    found = [offset, offsets[position + 1]]
+    found = []
     if r.certificate:
         index = r.first_index + ideal - offset
         chunk_first, chunk_last = Certificate.decode(r.certificate).chunk_of(index)
-        found += [
+        found += [  # the chunk's own end first: it wins a tie
             offset + end - r.first_index + 1
-            for end in (chunk_first - 1, chunk_last)
+            for end in (chunk_last, chunk_first - 1)
             if r.first_index - 1 < end < r.last_index
         ]
-    return found
-
-
-def _parts(
-    first: int, last: int, partition_entries: int, certificate: Certificate | None = None
-) -> list[tuple[int, int]]:
-    """`first..last` in equal parts of at most `partition_entries` (sizes differ by at
-    most one: no short straggler task). Under a certificate each cut moves to the
-    nearest end of a chunk where no part then holds more than `partition_entries`: a
-    partition reads the whole chunks around its range, so a chunk cut in two is read
-    (and checked) twice."""
-    entries = last - first + 1
-    count = -(-entries // partition_entries)
-    cuts = [first + part * entries // count - 1 for part in range(1, count)]
-    ends = [first - 1]
-    for position, cut in enumerate(cuts):
-        following = cuts[position + 1] if position + 1 < len(cuts) else last
-        if certificate is not None:
-            chunk_first, chunk_last = certificate.chunk_of(cut)
-            for end in sorted((chunk_last, chunk_first - 1), key=lambda end: abs(end - cut)):
-                if (
-                    ends[-1] < end < following
-                    and end - ends[-1] <= partition_entries
-                    and following - end <= partition_entries
-                ):
-                    cut = end
-                    break
-        ends.append(cut)
-    ends.append(last)
-    return [(ends[n] + 1, ends[n + 1]) for n in range(len(ends) - 1)]
+    return [*found, offset, offsets[position + 1]]
 
 
 def _least_loaded_first(replicas: tuple[str, ...], load: dict[str, int]) -> tuple[str, ...]:
@@ -714,13 +683,12 @@ class StreamEngineBatchReader(DataSourceReader):
 
     def partitions(self) -> list[ScanPartition]:
         layout = fetch_layout(self.master, self.stream, self.include_open, self.transport)
-        whole = plan_ranges(  # one range per segment
+        whole = plan_ranges(
             self.stream,
             layout,
             self.start_sequence,
             self.end_sequence,
             self.include_open,
-            INDEX_MAX,
             self.master,
             self.transport,
             self.skip_lost,
@@ -756,9 +724,7 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         if finish <= begin:
             return []
         layout = fetch_layout(self.master, self.stream, True, self.transport)
-        whole = plan_ranges(  # one range per segment
-            self.stream, layout, begin, finish, True, INDEX_MAX, self.master, self.transport
-        )
+        whole = plan_ranges(self.stream, layout, begin, finish, True, self.master, self.transport)
         return balance(whole, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -339,7 +339,7 @@ async def test_a_spark_partition_read_while_every_replica_restarts_is_not_data_l
         name = "sub/spark-restarting"
         payloads = await _sealed_stream(client, name, 2000)
         layout = fetch_layout(cluster.master_address, name, with_open_acked=False)
-        (part,) = plan_ranges(name, layout, 0, None, False, 1_000_000, cluster.master_address)
+        (part,) = plan_ranges(name, layout, 0, None, False, cluster.master_address)
         for store in cluster.stores:
             store.kill()
         reader = asyncio.create_task(asyncio.to_thread(lambda: list(read_range(part))))

@@ -29,7 +29,6 @@ from streamengine.protocol.certificate import (
     certificate_of,
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.sequence import pack_sequence
 from tests.unit.test_packed import packed_reply
 
@@ -53,13 +52,13 @@ def spans(ranges: list) -> list[tuple[int, int, int]]:  # type: ignore[type-arg]
 
 
 def test_one_partition_per_sealed_segment_bridge_excluded_open_skipped() -> None:
-    plan = plan_ranges("t/s", layout(sealed(1, 5), sealed(3, 2), opened(4)), 0, None, False, 100)
+    plan = plan_ranges("t/s", layout(sealed(1, 5), sealed(3, 2), opened(4)), 0, None, False)
     assert spans(plan) == [(1, 1, 4), (3, 1, 1)]
     assert plan[0].replicas == R and plan[0].stream_id == 7
 
 
 def test_an_empty_sealed_segment_has_no_partition() -> None:
-    assert plan_ranges("t/s", layout(sealed(1, 1)), 0, None, False, 100) == []
+    assert plan_ranges("t/s", layout(sealed(1, 1)), 0, None, False) == []
 
 
 @pytest.mark.parametrize(
@@ -74,19 +73,8 @@ def test_an_empty_sealed_segment_has_no_partition() -> None:
 def test_large_segments_split_into_equal_index_ranges_of_at_most_the_size(
     final: int, most: int, expected: list[tuple[int, int, int]]
 ) -> None:
-    plan = plan_ranges("t/s", layout(sealed(1, final)), 0, None, False, most)
-    assert spans(plan) == expected
-
-
-def test_partitions_start_at_the_least_loaded_replica_then_fail_over_to_the_rest() -> None:
-    plan = plan_ranges("t/s", layout(sealed(1, 11), sealed(2, 3)), 0, None, False, 4)
-    # Ranges of 3, 3 and 4 entries: "a:1" is among the least loaded again first.
-    assert [p.replicas for p in plan] == [
-        ("a:1", "b:1", "c:1"),
-        ("b:1", "c:1", "a:1"),
-        ("c:1", "a:1", "b:1"),
-        ("a:1", "b:1", "c:1"),
-    ]
+    plan = plan_partitions(layout(sealed(1, final)), most)
+    assert [piece for pieces in parts(plan) for piece in pieces] == expected
 
 
 def test_partitions_balance_stores_whose_copy_sets_differ() -> None:
@@ -96,19 +84,19 @@ def test_partitions_balance_stores_whose_copy_sets_differ() -> None:
         _SegmentInfo(3, True, 101, ("a:1", "c:1")),
         _SegmentInfo(4, True, 101, ("b:1", "c:1")),
     ]
-    plan = plan_ranges("t/s", layout(*segments), 0, None, False, 1000)
+    plan = plan_ranges("t/s", layout(*segments), 0, None, False)
     assert [p.replicas[0] for p in plan] == ["a:1", "b:1", "c:1", "b:1"]
 
 
 def test_include_open_reads_up_to_the_acked_index() -> None:
     segments = layout(sealed(1, 3), opened(2), open_acked={2: 6})
-    plan = plan_ranges("t/s", segments, 0, None, True, 100)
+    plan = plan_ranges("t/s", segments, 0, None, True)
     assert spans(plan) == [(1, 1, 2), (2, 1, 6)]
 
 
 def test_a_sequence_range_clips_both_ends() -> None:
     segments = layout(sealed(1, 10), sealed(2, 10), sealed(3, 10))
-    plan = plan_ranges("t/s", segments, pack_sequence(1, 5), pack_sequence(3, 4), False, 100)
+    plan = plan_ranges("t/s", segments, pack_sequence(1, 5), pack_sequence(3, 4), False)
     assert spans(plan) == [(1, 5, 9), (2, 1, 9), (3, 1, 3)]
 
 
@@ -138,15 +126,16 @@ def test_a_certified_segment_carries_its_certificate_into_every_partition(
     made = certificate_of([*rows, (11, int(EntryKind.BRIDGE), b"")])
     segment = _SegmentInfo(1, True, 11, R, made)
     # The equal cut after 5 moves to the chunk end after 4.
-    plan = plan_ranges("t/s", layout(segment), 0, None, False, 6)
+    plan = [piece for p in plan_partitions(layout(segment), 6) for piece in p.ranges]
     assert spans(plan) == [(1, 1, 4), (1, 5, 10)]
     assert all(Certificate.decode(p.certificate) == made for p in plan)
     # Cuts after 2, 5 and 7: only the one after 5 can move (to 4) and keep every
     # partition within 3 entries.
-    small = plan_ranges("t/s", layout(segment), 0, None, False, 3)
+    small = [piece for p in plan_partitions(layout(segment), 3) for piece in p.ranges]
     assert spans(small) == [(1, 1, 2), (1, 3, 4), (1, 5, 7), (1, 8, 10)]
     # A range that starts mid-chunk keeps its start; only the cuts move.
-    late = plan_ranges("t/s", layout(segment), pack_sequence(1, 3), None, False, 6)
+    late_plan = plan_ranges("t/s", layout(segment), pack_sequence(1, 3), None, False)
+    late = [piece for p in balance(late_plan, 6) for piece in p.ranges]
     assert spans(late) == [(1, 3, 8), (1, 9, 10)]  # the cut after 6: 8 and 4 are as near
 
 
@@ -156,7 +145,7 @@ def parts(partitions: list[ScanPartition]) -> list[list[tuple[int, int, int]]]:
 
 def plan_partitions(segments: _StreamLayout, most: int) -> list[ScanPartition]:
     """What a Spark reader plans: a range per segment, balanced."""
-    return balance(plan_ranges("t/s", segments, 0, None, False, INDEX_MAX), most)
+    return balance(plan_ranges("t/s", segments, 0, None, False), most)
 
 
 def test_a_scan_takes_as_few_partitions_as_fit_and_they_span_segments() -> None:
