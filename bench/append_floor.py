@@ -282,10 +282,6 @@ LABELS = {
 }
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -362,14 +358,15 @@ def main(argv: list[str] | None = None) -> int:
         line = f"{LABELS[what]:<30}"
         for pace in paces:
             runs = results[(what, pace)]
-            p50 = _median([r.p50_ms for r in runs])
-            p99 = _median([r.p99_ms for r in runs])
-            line += f" | {p50:6.2f} / {p99:5.2f}  {_median([r.cpu_us for r in runs]):14.0f}"
+            p50 = statistics.median([r.p50_ms for r in runs])
+            p99 = statistics.median([r.p99_ms for r in runs])
+            cpu_us = statistics.median([r.cpu_us for r in runs])
+            line += f" | {p50:6.2f} / {p99:5.2f}  {cpu_us:14.0f}"
         print(line)
     for pace in paces:
-        ours = _median([r.p50_ms for r in results[("ours", pace)]])
-        grpc_floor = _median([r.p50_ms for r in results[("grpc", pace)]])
-        tcp_floor = _median([r.p50_ms for r in results[("tcp", pace)]])
+        ours = statistics.median([r.p50_ms for r in results[("ours", pace)]])
+        grpc_floor = statistics.median([r.p50_ms for r in results[("grpc", pace)]])
+        tcp_floor = statistics.median([r.p50_ms for r in results[("tcp", pace)]])
         print(
             f"{pace}: ours {ours:.2f} ms p50 = the grpc.aio floor {grpc_floor:.2f}"
             f" + {ours - grpc_floor:.2f}; the bare TCP floor is {tcp_floor:.2f}"

@@ -127,4 +127,3 @@ def test_regression(name: str, seed: int, tmp_path: Path) -> None:
     """A run that once found an anomaly, replayed with its seed (REGRESSIONS says
     what it found)."""
     test_quick_pass(name, tmp_path, seed)
-
