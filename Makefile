@@ -46,8 +46,8 @@ bench-peers:
 # release gate). `make faults-quick`: the CI pass. The report lands in $(FAULTS_OUT).
 FAULTS_OUT ?= faults-report/$(shell date +%Y%m%d-%H%M%S)
 FAULTS_SEEDS ?= 5
-# PYTHONPATH: this tree's code, in the harness and in every process it starts.
-FAULTS_RUN = PYTHONPATH=proto:.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m tests.faults \
+# PYTHONPATH: this tree's code (tests/tree.py), in the harness and every process it starts.
+FAULTS_RUN = PYTHONPATH=client:master:segment_store:protocol:tools:testing:proto:.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON) -m tests.faults \
 	--out $(FAULTS_OUT) $(if $(SCENARIO),--scenario $(SCENARIO))
 faults: $(STAMP)
 	$(FAULTS_RUN) --standard $(if $(SEED),--seed $(SEED),--seeds $(FAULTS_SEEDS))

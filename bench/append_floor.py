@@ -44,8 +44,9 @@ import grpc
 from bench.append import Target, cpu_seconds, light_load, local_cluster, percentile
 from bench.compare import cpu_pressure_avg60
 from streamengine.protocol.channels import CLIENT_OPTIONS, SERVER_OPTIONS
-from streamengine.segment_store.kv import Put, RocksKV
-from streamengine.tools.harness import free_port
+from streamengine.segment_store.core.kv import Put
+from streamengine.segment_store.kv import RocksKV
+from streamengine.testing import free_port
 
 SERVERS = 3
 QUORUM = 2

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             master = args.master
             results = [one_run(master, n) for n in range(args.runs)]
         else:
-            from streamengine.tools.harness import running_cluster
+            from streamengine.testing import running_cluster
 
             master_args = ["--lease-ms", str(args.lease_ms)]
             with running_cluster(Path(root), stores=3, master_args=master_args) as cluster:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import failover
-from streamengine.tools.harness import (
+from streamengine.testing import (
     Cluster,
     running_etcd,
     running_ha_cluster,

@@ -31,7 +31,7 @@ from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.segment_driver import Driver, fully_replicated, sealed_segments
-from streamengine.tools.harness import running_cluster, wait_for
+from streamengine.testing import running_cluster, wait_for
 
 POLICY = entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2)
 

@@ -34,12 +34,12 @@ import psutil
 
 from bench.append import local_cluster, peak_batched
 from streamengine.client import StreamClient
-from streamengine.client.core.cursor import SUBSCRIBE_BATCH_ENTRIES
 from streamengine.client.core.replicator import (
     ENTRY_OVERHEAD_BYTES,
     RETAINED_BYTES_MAX,
     UNACKED_BYTES_MAX,
 )
+from streamengine.client.core.subscription import SUBSCRIBE_BATCH_ENTRIES
 from streamengine.segment_store.group_commit import STORE_QUEUE_BYTES_MAX
 from streamengine.segment_store.kv import MEMTABLE_BYTES, MEMTABLES_MAX
 from streamengine.segment_store.service import SUBSCRIBE_BUFFER_BATCHES_DEFAULT

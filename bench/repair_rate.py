@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 
 from bench.segment_driver import Driver
-from streamengine.tools.harness import running_cluster, wait_for
+from streamengine.testing import running_cluster, wait_for
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 STREAM = "repair/data"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.append import latency_line, light_load
 from streamengine.client import StreamClient
-from streamengine.tools.harness import Cluster, free_port, metric_value, running_cluster
+from streamengine.testing import Cluster, free_port, metric_value, running_cluster
 
 FILL_STREAM = "bench/sealed"
 PROBE_STREAM = "bench/probe"

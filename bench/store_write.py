@@ -35,8 +35,8 @@ from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
-from streamengine.segment_store.keys import entry_key
-from streamengine.tools.harness import make_store
+from streamengine.segment_store.core.keys import entry_key
+from streamengine.testing import make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 ENTRY_BYTES = 100

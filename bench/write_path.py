@@ -38,7 +38,7 @@ from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
-from streamengine.tools.harness import free_port, make_store
+from streamengine.testing import free_port, make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

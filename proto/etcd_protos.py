@@ -10,7 +10,7 @@ and the imports between the files are rewritten to live under `streamengine/etcd
 protobuf packages `etcdserverpb`, `mvccpb` and `authpb` stay, since they name the gRPC
 services on the wire). Only the KV, Lease, Watch, Cluster, Maintenance and Auth API
 (`rpc.proto` and what it imports) is taken: the masters' election is a lease and a
-transaction (`master/election.py`).
+transaction (`streamengine.master.election`).
 
 The protos are read from an installed golang-etcd-server-dev, or else from the package
 fetched with `apt-get download` into a temporary directory (nothing is installed).

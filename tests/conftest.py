@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streamengine.tools.harness import (
+from streamengine.testing import (
     PORT_SHARD_ENV,
     Cluster,
     EtcdCluster,

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from streamengine.client.core.replicator import Tick
-from streamengine.client.core.segment_recovery import (
+from streamengine.client.core.recovery import (
     TIMING,
     Action,
     Deposed,
@@ -31,11 +30,12 @@ from streamengine.client.core.segment_recovery import (
     SendSeal,
     WriteAnswered,
 )
+from streamengine.client.core.replicator import Tick
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.segment_store.core.store import BelowFence as StoreRefused
+from streamengine.segment_store.core.store import SegmentKey, SegmentNotFound, SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
-from streamengine.segment_store.store import BelowFence as StoreRefused
-from streamengine.segment_store.store import SegmentKey, SegmentNotFound, SegmentStoreCore
 from tests.recovery_notation import entries, notation
 
 

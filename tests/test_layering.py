@@ -1,24 +1,31 @@
-"""Packages depend one way, and the decision cores do no I/O.
+"""The package's layout, and the one way its parts depend on each other.
 
     streamengine.protocol  <-  client.core  <-  client (the SDK shell)
-    streamengine.protocol  <-  master  ->  streamengine.etcd (etcd's API, for metadata)
-    streamengine.protocol  <-  segment_store
-    tools (CLI, local cluster), bench, deploy: on top of everything
+    streamengine.protocol  <-  master.core  <-  master  ->  streamengine.etcd (metadata)
+    streamengine.protocol  <-  segment_store.core  <-  segment_store
+    tools (CLI, local cluster), testing, bench, deploy: on top of everything
 
-The cores (`client/core`, the master's leadership/placement/repair, the store's core and
-live tail) are driven by the asyncio shells and by the deterministic simulator alike, so
-they never reach for the network, the event loop, the clock or a random source themselves.
+`streamengine.X.Y` lives at `X/streamengine/X/Y.py`: each part in the top-level folder of
+its name, laid out as it is imported (docs/design.md, "Parts and boundaries"). Every
+part with decisions to make keeps them in its `core/` folder: those modules are driven by
+the asyncio shells and by the deterministic simulator alike, so they never reach for the
+network, the event loop, the clock or a random source themselves. Which modules are pure
+is a folder, not a list.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PROTOCOL = ROOT / "proto" / "streamengine" / "protocol"
+from tests.tree import PACKAGE_FOLDERS, ROOT
+
+PARTS = ("protocol", "client", "master", "segment_store", "tools", "testing")
+PARTS_WITH_CORES = ("client", "master", "segment_store")
 
 IO_MODULES = {
     "asyncio",
@@ -33,10 +40,13 @@ IO_MODULES = {
     "uuid",
 }
 
-# What each part may import of the namespace, by prefix.
+# What a core may import besides its own core and the pure protocol modules: the servers'
+# cores build and read wire messages (data, no I/O); the client's core knows none.
+CORE_EXTRAS = {"client": (), "master": ("streamengine.v1",), "segment_store": ("streamengine.v1",)}
+
+# What each part may import of the package, by prefix.
 ALLOWED = {
     "protocol": ("streamengine.protocol", "streamengine.v1"),
-    "client/core": ("streamengine.client.core", "streamengine.protocol"),
     "client": ("streamengine.client", "streamengine.protocol", "streamengine.v1"),
     "master": (
         "streamengine.master",
@@ -46,35 +56,14 @@ ALLOWED = {
     ),
     "segment_store": ("streamengine.segment_store", "streamengine.protocol", "streamengine.v1"),
 }
-PURE_PROTOCOL = [
-    "certificate.py",
-    "entry.py",
-    "limits.py",
-    "masters.py",
-    "policy.py",
-    "sequence.py",
-    "signing.py",
-    "grants.py",
-    "tokens.py",
-    "auth.py",
-    "retention.py",
-    "segment_records.py",
-]
-PURE_MASTER = [
-    "leadership.py",
-    "placement.py",
-    "repair.py",
-    "integrity.py",
-    "model.py",
-    "errors.py",
-    "authority.py",
-    "retention.py",
-    "rebuild.py",
-]
-# The store's decisions: applying a batch over the narrow KV interface, the copy steps,
-# the live tail, the scrub, the grants and callers it takes.
-PURE_STORE = ["store.py", "keys.py", "copy_rules.py", "tail.py", "scrub.py", "authority.py"]
-OLD_TOP_LEVEL = {"client", "master", "segment_store", "tools"}
+
+
+def package_folder(part: str) -> Path:
+    return ROOT / part / "streamengine" / part
+
+
+def core_folder(part: str) -> Path:
+    return package_folder(part) / "core"
 
 
 def imports_of(path: Path) -> list[str]:
@@ -85,69 +74,127 @@ def imports_of(path: Path) -> list[str]:
             found.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append(node.module)
-            if node.module == "streamengine":
-                found.extend(f"streamengine.{alias.name}" for alias in node.names)
+            if node.module.startswith("streamengine"):
+                found.extend(f"{node.module}.{alias.name}" for alias in node.names)
     return found
-
-
-def part_files(part: str) -> list[Path]:
-    folder = PROTOCOL if part == "protocol" else ROOT / part
-    files = sorted(folder.rglob("*.py"))
-    if part == "client":
-        files = [path for path in files if "core" not in path.relative_to(folder).parts]
-    return files
 
 
 def namespace_imports(path: Path) -> list[str]:
     return [name for name in imports_of(path) if name.startswith("streamengine.")]
 
 
+def does_io(path: Path) -> bool:
+    return bool({name.split(".")[0] for name in imports_of(path)} & IO_MODULES)
+
+
+def pure_protocol_modules() -> set[str]:
+    """Protocol modules that import no I/O module, themselves or through the protocol."""
+    folder = package_folder("protocol")
+    modules = {
+        "streamengine.protocol" + ("" if p.stem == "__init__" else f".{p.stem}"): p
+        for p in folder.glob("*.py")
+    }
+    impure = {name for name, path in modules.items() if does_io(path)}
+    changed = True
+    while changed:
+        changed = False
+        for name, path in modules.items():
+            if name not in impure and any(dep in impure for dep in namespace_imports(path)):
+                impure.add(name)
+                changed = True
+    return set(modules) - impure
+
+
+def test_the_package_has_no_symbolic_links() -> None:
+    listing = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    links = [line.split("\t", 1)[1] for line in listing.splitlines() if line.startswith("120000")]
+    assert not links, f"symbolic links in the tree: {links}"
+
+
+def test_each_part_is_in_the_folder_of_its_name_as_it_is_imported() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    package_dir = config["tool"]["setuptools"]["package-dir"]
+    expected = {f"streamengine.{part}": f"{part}/streamengine/{part}" for part in PARTS}
+    expected |= {
+        "streamengine": "client/streamengine",
+        "streamengine.v1": "proto/streamengine/v1",
+        "streamengine.etcd": "proto/streamengine/etcd",
+    }
+    assert package_dir == expected
+    for folder in package_dir.values():
+        assert (ROOT / folder / "__init__.py").is_file(), folder
+    assert config["tool"]["mypy"]["mypy_path"] == list(PACKAGE_FOLDERS)
+    assert config["tool"]["pytest"]["ini_options"]["pythonpath"] == [".", *PACKAGE_FOLDERS]
+    assert set(PACKAGE_FOLDERS) == {*PARTS, "proto"}
+
+
+def test_proto_holds_only_proto_files_generated_code_and_its_generators() -> None:
+    for path in sorted((ROOT / "proto").rglob("*")):
+        if path.is_dir() or "__pycache__" in path.parts:
+            continue
+        relative = path.relative_to(ROOT / "proto")
+        if relative.parts[0] in {"generate.py", "etcd_protos.py"}:
+            continue
+        assert relative.parts[:2] in {("streamengine", "v1"), ("streamengine", "etcd")}, relative
+        assert path.suffix == ".proto" or path.stem.endswith(("_pb2", "_pb2_grpc", "__init__")), (
+            relative
+        )
+
+
 @pytest.mark.parametrize("part", sorted(ALLOWED))
 def test_each_part_imports_only_what_is_below_it(part: str) -> None:
-    files = part_files(part)
+    files = sorted(package_folder(part).rglob("*.py"))
     assert files, part
     for path in files:
         for name in namespace_imports(path):
             assert name.startswith(ALLOWED[part]), f"{path.relative_to(ROOT)} imports {name}"
 
 
-CORE_FILES = (
-    sorted((ROOT / "client" / "core").glob("*.py"))
-    + [PROTOCOL / name for name in PURE_PROTOCOL]
-    + [ROOT / "master" / name for name in PURE_MASTER]
-    + [ROOT / "segment_store" / name for name in PURE_STORE]
+@pytest.mark.parametrize("part", PARTS_WITH_CORES)
+def test_every_part_keeps_its_decisions_in_a_core_folder(part: str) -> None:
+    modules = [p for p in core_folder(part).glob("*.py") if p.stem != "__init__"]
+    assert modules, f"{part} has no core"
+
+
+CORE_FILES = sorted(
+    path
+    for part in PARTS_WITH_CORES
+    for path in core_folder(part).glob("*.py")
 )
 
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_cores_do_no_io(path: Path) -> None:
-    top_level = {name.split(".")[0] for name in imports_of(path)}
-    assert not top_level & IO_MODULES, f"{path.name} imports {sorted(top_level & IO_MODULES)}"
-    if path.parent == ROOT / "master":
-        shells = [
-            name
-            for name in namespace_imports(path)
-            if name.startswith("streamengine.master.")
-            and f"{name.split('.')[2]}.py" not in PURE_MASTER
-        ]
-        assert not shells, f"{path.name} depends on the master's shell: {shells}"
-    if path.parent == ROOT / "client" / "core":
-        for name in namespace_imports(path):
-            if name.startswith("streamengine.protocol."):
-                assert f"{name.split('.')[2]}.py" in PURE_PROTOCOL, f"{path.name} imports {name}"
+    io = {name.split(".")[0] for name in imports_of(path)} & IO_MODULES
+    assert not io, f"{path.name} imports {sorted(io)}"
+    part = path.parent.parent.name
+    own_core = f"streamengine.{part}.core"
+    pure_protocol = pure_protocol_modules()
+    for name in namespace_imports(path):
+        if name.startswith((own_core, *CORE_EXTRAS[part])) or name in pure_protocol:
+            continue
+        # `from streamengine.protocol.entry import X` lists `...entry.X` too.
+        assert name.rsplit(".", 1)[0] in pure_protocol, f"{path.name} imports {name}"
+
+
+def test_the_choice_of_master_and_the_wire_vocabulary_are_pure() -> None:
+    pure = pure_protocol_modules()
+    for name in ("masters", "entry", "certificate", "grants", "tokens", "signing", "policy"):
+        assert f"streamengine.protocol.{name}" in pure, name
 
 
 def all_project_files() -> list[Path]:
-    folders = ["client", "master", "segment_store", "tools", "tests", "bench", "deploy"]
-    return [path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))] + sorted(
-        PROTOCOL.glob("*.py")
-    )
+    folders = [*PARTS, "tests", "bench", "deploy"]
+    return [path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))]
 
 
 def test_nothing_imports_the_folders_as_top_level_packages() -> None:
+    top_level = {*PARTS, "proto"}
     for path in all_project_files():
         for name in imports_of(path):
-            assert name.split(".")[0] not in OLD_TOP_LEVEL, f"{path.relative_to(ROOT)}: {name}"
+            assert name.split(".")[0] not in top_level, f"{path.relative_to(ROOT)}: {name}"
 
 
 def test_benchmarks_do_not_import_the_tests() -> None:
@@ -156,8 +203,8 @@ def test_benchmarks_do_not_import_the_tests() -> None:
             assert name.split(".")[0] != "tests", f"{path.relative_to(ROOT)} imports {name}"
 
 
-def test_the_namespace_root_loads_the_sdk_lazily() -> None:
-    init = ROOT / "proto" / "streamengine" / "__init__.py"
+def test_the_package_root_loads_the_sdk_lazily() -> None:
+    init = ROOT / "client" / "streamengine" / "__init__.py"
     tree = ast.parse(init.read_text())
     eager = [
         node

@@ -53,8 +53,8 @@ from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.signing import SigningKey
 from streamengine.protocol.transport import Transport
+from streamengine.testing import is_serving
 from streamengine.tools.certs import create_local_certs
-from streamengine.tools.harness import is_serving
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults.channels import certs_dir, harness_transport, open_channel

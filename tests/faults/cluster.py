@@ -1,4 +1,4 @@
-"""The processes of a fault run: master and stores (`streamengine.tools.harness`),
+"""The processes of a fault run: master and stores (`streamengine.testing`),
 writer and reader processes (`tests.faults.workload`), a sampler of the master's
 metadata and one of every process's memory. Every process can be killed (SIGKILL),
 paused (SIGSTOP) and restarted.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from streamengine.tools.harness import ChildProcess, Cluster, ServerProcess
+from streamengine.testing import ChildProcess, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 from tests.faults.channels import open_channel
 from tests.faults.history import Recorder

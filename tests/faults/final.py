@@ -16,7 +16,7 @@ import grpc
 
 from streamengine.client import DataLossError
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.tools.harness import STREAMENGINE
+from streamengine.testing import STREAMENGINE
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import payload

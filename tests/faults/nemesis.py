@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from streamengine.tools.harness import STREAMENGINE, Cluster, ServerProcess
+from streamengine.testing import STREAMENGINE, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import disk

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from streamengine.protocol.transport import CERTS_DIR_ENV
-from streamengine.tools.harness import Cluster, ServerProcess, running_cluster, wait_for
+from streamengine.testing import Cluster, ServerProcess, running_cluster, wait_for
 from tests.faults import disk, nemesis, netns, report
 from tests.faults import final as final_state
 from tests.faults.checker import check

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.tools.harness import Cluster
+from streamengine.testing import Cluster
 from tests.faults.proxy import Link, ProxyHost
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from streamengine.master.rocksdb_metadata import CATALOG_DIR
 from streamengine.protocol.auth import AUTHORIZATION_METADATA_KEY, BEARER_PREFIX
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
-from streamengine.tools.harness import Cluster
+from streamengine.testing import Cluster
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
 # The catalog's key of the master's private key (`master.catalog`).

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, StoredEntry, decode_value, encode_value
-from streamengine.segment_store.keys import entry_key
+from streamengine.segment_store.core.keys import entry_key
 from streamengine.segment_store.server import DB_DIR
 
 

@@ -21,7 +21,7 @@ from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import REPLICAS_MAX
 from streamengine.protocol.signing import SigningKey
-from streamengine.tools.harness import ServerProcess, make_store
+from streamengine.testing import ServerProcess, make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 # A master address nothing listens on: the store must serve without its master.

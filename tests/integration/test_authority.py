@@ -24,7 +24,7 @@ from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX
 from streamengine.protocol.signing import SigningKey
-from streamengine.tools.harness import (
+from streamengine.testing import (
     Cluster,
     free_port,
     metric_value,

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.tools.harness import STREAMENGINE, Cluster, free_port, wait_for, wait_until
+from streamengine.testing import STREAMENGINE, Cluster, free_port, wait_for, wait_until
 
 
 def run_cli(
@@ -422,7 +422,7 @@ def segments_on(master: list[str], store_id: str) -> int:
 
 def test_drain_and_verify_with_data(tmp_path: Path) -> None:
     from bench.segment_driver import Driver
-    from streamengine.tools.harness import running_cluster
+    from streamengine.testing import running_cluster
 
     with running_cluster(tmp_path, stores=4, master_args=["--lease-ms", "1000"]) as cluster:
         master = ["--master", cluster.master_address]
@@ -465,7 +465,7 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
     tmp_path: Path,
 ) -> None:
     from bench.segment_driver import Driver
-    from streamengine.tools.harness import running_cluster
+    from streamengine.testing import running_cluster
 
     with running_cluster(tmp_path, stores=3, master_args=["--lease-ms", "1000"]) as cluster:
         master = ["--master", cluster.master_address]
@@ -506,7 +506,7 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
 
 
 def test_drain_refuses_to_break_a_stream_plans_and_is_cancelled(tmp_path: Path) -> None:
-    from streamengine.tools.harness import running_cluster
+    from streamengine.testing import running_cluster
 
     def draining(master: list[str]) -> dict[str, bool]:
         status = json.loads(run_cli("status", "--json", *master).stdout)

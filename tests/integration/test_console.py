@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from streamengine.client.sync import SyncStreamClient
-from streamengine.tools.harness import free_port, running_cluster, wait_for
+from streamengine.testing import free_port, running_cluster, wait_for
 from tests.tree import ROOT
 
 CHROMIUM = shutil.which("chromium")

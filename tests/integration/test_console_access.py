@@ -17,8 +17,7 @@ import pytest
 
 from streamengine.client.sync import SyncStreamClient
 from streamengine.protocol import transport
-from streamengine.tools import certs
-from streamengine.tools.harness import (
+from streamengine.testing import (
     STREAMENGINE,
     Cluster,
     free_port,
@@ -26,6 +25,7 @@ from streamengine.tools.harness import (
     server_env,
     wait_for,
 )
+from streamengine.tools import certs
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
 STREAMS = ["acme/orders", "globex/invoices"]

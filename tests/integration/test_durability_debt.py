@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from streamengine.client import StreamClient
-from streamengine.tools.harness import free_port, running_cluster, wait_until
+from streamengine.testing import free_port, running_cluster, wait_until
 from streamengine.v1 import master_pb2
 from tests.integration.test_cli import run_cli
 

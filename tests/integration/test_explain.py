@@ -9,8 +9,8 @@ import json
 import signal
 
 from streamengine.client import StreamClient
+from streamengine.testing import Cluster, wait_until
 from streamengine.tools.explain import explain_stream
-from streamengine.tools.harness import Cluster, wait_until
 from streamengine.v1 import entry_pb2
 from tests.integration.test_cli import run_cli
 from tests.integration.test_writer_failover import segments

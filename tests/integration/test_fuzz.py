@@ -29,7 +29,7 @@ from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
-from streamengine.tools.harness import Cluster, is_serving, running_cluster
+from streamengine.testing import Cluster, is_serving, running_cluster
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from tests.integration.authority_helpers import bearer, create_token
 

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.tools.harness import (
+from streamengine.testing import (
     Cluster,
     ServerProcess,
     free_port,

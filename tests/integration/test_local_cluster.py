@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.tools.harness import free_port, wait_for
+from streamengine.testing import free_port, wait_for
 from streamengine.tools.local_cluster import LocalCluster, serving
 
 pytestmark = pytest.mark.timeout(180)

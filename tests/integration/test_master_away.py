@@ -8,7 +8,7 @@ from pathlib import Path
 
 from streamengine.client import StreamClient
 from streamengine.protocol.sequence import unpack_sequence
-from streamengine.tools.harness import running_cluster, wait_until
+from streamengine.testing import running_cluster, wait_until
 
 PAUSE_S = 12.0
 LEASE_MS = 1000

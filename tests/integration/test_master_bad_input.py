@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from streamengine.tools.harness import ServerProcess, make_master
+from streamengine.testing import ServerProcess, make_master
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 STREAM = "acme/orders"

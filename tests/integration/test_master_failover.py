@@ -29,8 +29,7 @@ from streamengine.etcd import rpc_pb2, rpc_pb2_grpc
 from streamengine.master.etcd import EtcdTLS, parse_etcd_url
 from streamengine.master.metadata import prefix_end
 from streamengine.protocol.status import ACTIVE_MASTER_METADATA_KEY
-from streamengine.tools.certs import create_local_certs
-from streamengine.tools.harness import (
+from streamengine.testing import (
     Cluster,
     EtcdCluster,
     etcd_answers,
@@ -40,6 +39,7 @@ from streamengine.tools.harness import (
     running_ha_cluster,
     wait_until,
 )
+from streamengine.tools.certs import create_local_certs
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 from tests.integration.test_cli import run_cli
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from streamengine.tools.harness import ServerProcess, free_port, make_master, wait_for
+from streamengine.testing import ServerProcess, free_port, make_master, wait_for
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 LEASE_MS = 1000

@@ -19,7 +19,7 @@ from streamengine.client import StreamClient
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.transport import PLAINTEXT, Transport
-from streamengine.tools.harness import (
+from streamengine.testing import (
     STREAMENGINE,
     Cluster,
     etcd_binary,

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from bench.segment_driver import Driver, fully_replicated, sealed_segments, store_stub
-from streamengine.tools.harness import Cluster, running_cluster, wait_for
+from streamengine.testing import Cluster, running_cluster, wait_for
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 
 STREAM = "acme/orders"

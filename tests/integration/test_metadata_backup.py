@@ -10,7 +10,7 @@ import pytest
 
 from streamengine.client import StreamClient
 from streamengine.master.catalog import decode_records
-from streamengine.tools.harness import (
+from streamengine.testing import (
     ServerProcess,
     etcd_binary,
     running_cluster,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.tools.harness import etcd_binary, wait_for
+from streamengine.testing import etcd_binary, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 

@@ -15,7 +15,7 @@ import pytest
 from streamengine.client import StreamClient
 from streamengine.client.packed import EVENT_SCHEMA
 from streamengine.protocol.sequence import unpack_sequence
-from streamengine.tools.harness import Cluster, free_port, metric_value, running_cluster, wait_until
+from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
 from streamengine.v1 import entry_pb2, master_pb2
 from tests.integration import damage
 

@@ -15,7 +15,7 @@ import pytest
 
 from streamengine.client import StreamClient, StreamDeleted, StreamEngineError, Trimmed
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.tools.harness import (
+from streamengine.testing import (
     Cluster,
     free_port,
     metric_value,

@@ -13,7 +13,7 @@ import pytest
 from bench.segment_driver import Driver, write
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.tools.harness import Cluster
+from streamengine.testing import Cluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -271,7 +271,7 @@ def test_a_scan_of_a_secured_cluster_with_the_certs_dir(spark: Any, tmp_path: Pa
     partitions carry. Without it, the scan fails on TLS."""
     import asyncio
 
-    from streamengine.tools.harness import running_cluster
+    from streamengine.testing import running_cluster
 
     with running_cluster(tmp_path, stores=3, tls=True) as secured:
         asyncio.run(_written_over_tls(secured, "spark/tls", 120))

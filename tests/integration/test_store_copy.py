@@ -18,7 +18,7 @@ import pytest
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
-from streamengine.tools.harness import wait_until
+from streamengine.testing import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
     copy_pair,

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from streamengine.tools.harness import wait_until
+from streamengine.testing import wait_until
 from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,

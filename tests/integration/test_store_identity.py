@@ -22,7 +22,7 @@ from bench.segment_driver import Driver, fully_replicated, seal, sealed_segments
 from streamengine.client import DataLossError, StreamClient, Unavailable
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.server import DB_DIR
-from streamengine.tools.harness import (
+from streamengine.testing import (
     STREAMENGINE,
     Cluster,
     running_cluster,

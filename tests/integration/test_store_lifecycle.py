@@ -13,7 +13,7 @@ import pytest
 
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind
-from streamengine.tools.harness import (
+from streamengine.testing import (
     ServerProcess,
     free_port,
     running_cluster,

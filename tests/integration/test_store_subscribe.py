@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from streamengine.protocol.entry import EntryKind
-from streamengine.tools.harness import ServerProcess
+from streamengine.testing import ServerProcess
 from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,

@@ -17,7 +17,7 @@ from streamengine.client.errors import fence_of
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.status import FENCE_METADATA_KEY
-from streamengine.tools.harness import ServerProcess
+from streamengine.testing import ServerProcess
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
     entries,

@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from streamengine.client import DataLossError, NotFound, StreamClient
-from streamengine.client.core.cursor import StreamEvent
+from streamengine.client.core.subscription import StreamEvent
 from streamengine.protocol.sequence import unpack_sequence
-from streamengine.tools.harness import Cluster, free_port, metric_value, running_cluster, wait_until
+from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,8 +20,7 @@ import pytest
 from streamengine.client.errors import Unavailable
 from streamengine.client.stream_client import StreamClient
 from streamengine.protocol.transport import PLAINTEXT, Transport
-from streamengine.tools import certs
-from streamengine.tools.harness import (
+from streamengine.testing import (
     STREAMENGINE,
     Cluster,
     free_port,
@@ -29,6 +28,7 @@ from streamengine.tools.harness import (
     server_env,
     wait_for,
 )
+from streamengine.tools import certs
 from streamengine.tools.ops import verify_stream
 from streamengine.v1 import (
     entry_pb2,
@@ -362,7 +362,7 @@ def test_the_cli_with_a_certs_dir(secured: Cluster, tmp_path: Path) -> None:
 def test_health_checks_need_no_certificate(secured: Cluster) -> None:
     """Load balancers and `is_serving` probe with the CA alone."""
     assert secured.certs is not None
-    from streamengine.tools.harness import is_serving
+    from streamengine.testing import is_serving
 
     tenant = Transport.for_client(secured.certs.tenant_dir)
     assert all(is_serving(p.address, transport=tenant) for p in [secured.master, *secured.stores])

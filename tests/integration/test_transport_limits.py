@@ -13,7 +13,7 @@ import pytest
 
 from streamengine.client.stream_client import StreamClient
 from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
-from streamengine.tools.harness import free_port, metric_value, running_cluster, wait_until
+from streamengine.testing import free_port, metric_value, running_cluster, wait_until
 from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     entries,

@@ -8,7 +8,7 @@ import random
 
 import grpc
 
-from streamengine.tools.harness import Cluster, is_serving
+from streamengine.testing import Cluster, is_serving
 from tests.faults import badinput
 
 

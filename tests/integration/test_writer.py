@@ -25,14 +25,14 @@ from streamengine.client import (
     StreamClient,
     Unavailable,
 )
-from streamengine.client.core.leader import FencedByStore
 from streamengine.client.core.replicator import ENTRY_MEMORY_BYTES, Append, ReplicatorLimits
+from streamengine.client.core.writer import FencedByStore
 from streamengine.client.sync import SyncStreamClient
 from streamengine.client.writer import Writer
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import unpack_sequence
-from streamengine.tools.harness import Cluster, wait_until
+from streamengine.testing import Cluster, wait_until
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import signed_grant

@@ -21,8 +21,8 @@ import pytest
 from streamengine.client import StreamClient
 from streamengine.client import writer as writer_module
 from streamengine.client.errors import Unavailable
-from streamengine.client.sealer import SegmentSealer
-from streamengine.tools.harness import Cluster, running_cluster, wait_until
+from streamengine.client.recovery import SegmentSealer
+from streamengine.testing import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
 from streamengine.v1 import entry_pb2, master_pb2
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from streamengine.client.core.segment_recovery import Done, SendAcked, SendRewrite
+from streamengine.client.core.recovery import Done, SendAcked, SendRewrite
 from streamengine.protocol.policy import ReplicationPolicy
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import (

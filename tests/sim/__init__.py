@@ -14,7 +14,7 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     --soak N         N long seeds, liveness and safety failures counted apart
     --no-probe       never ask a recovery's given-up store again (recovery can hang)
 
-The writer shell does what `client/writer.py` does around the core: it carries out the
+The writer shell does what `streamengine.client.writer` does around the core: it carries out the
 core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a
 `RecoveryRun`) and feeds the answers back; a grant without a segment is the core's
 business like any other. A recovery's retransmits, lost stores and probes are

@@ -37,14 +37,14 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from streamengine.master.model import SegmentState
+from streamengine.master.core.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
-from streamengine.segment_store.store import SegmentKey, SegmentStoreCore
+from streamengine.segment_store.core.store import SegmentKey, SegmentStoreCore
 
 INVARIANTS = {
     1: "every acked append is read by every follower exactly once, in order",

@@ -1,6 +1,6 @@
 """A simulated subscriber: the real `Cursor` over the Subscribe push protocol.
 
-The shell does what `client/subscription.py` does: it lists the segments at the master,
+The shell does what `streamengine.client.subscription` does: it lists the segments at the master,
 subscribes to the replica the cursor names (a stream: the store pushes the position,
 batches and keepalives; this end sends keepalives), feeds the cursor what arrives, and
 asks it after every message and at `Cursor.wake_at_ms` whether to go on; a broken or
@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamengine.client.core.cursor import (
+from streamengine.client.core.replicas import FollowerTiming
+from streamengine.client.core.subscription import (
     SUBSCRIBE_BATCH_ENTRIES,
     Cursor,
     DataLoss,
@@ -21,9 +22,8 @@ from streamengine.client.core.cursor import (
     SegmentView,
     Wait,
 )
-from streamengine.client.core.replicas import FollowerTiming
-from streamengine.master.model import SegmentRecord, SegmentState
-from streamengine.segment_store.store import SegmentKey
+from streamengine.master.core.model import SegmentRecord, SegmentState
+from streamengine.segment_store.core.store import SegmentKey
 from tests.sim import messages as m
 from tests.sim import subscribe as sub
 from tests.sim.checkers import Violation

@@ -7,23 +7,23 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from streamengine.client.core.leader import (
+from streamengine.client.core.replicator import (
+    SegmentRef,
+)
+from streamengine.client.core.writer import (
     HeartbeatAnswered,
     Replica,
     SegmentGrant,
 )
-from streamengine.client.core.replicator import (
-    SegmentRef,
-)
-from streamengine.master import authority, integrity, repair
 from streamengine.master.catalog import Catalog
-from streamengine.master.errors import MasterError, SealConflict
+from streamengine.master.core import authority, integrity, repair
+from streamengine.master.core.errors import MasterError, SealConflict
+from streamengine.master.core.model import SegmentRecord
 from streamengine.master.metadata import MemoryMetadata
-from streamengine.master.model import SegmentRecord
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
-from streamengine.segment_store.store import DigestInfo, SegmentKey, SegmentStateInfo
+from streamengine.segment_store.core.store import DigestInfo, SegmentKey, SegmentStateInfo
 from tests.sim import messages as m
 from tests.sim.network import Message
 

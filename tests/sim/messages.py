@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from streamengine.master.model import Held
+from streamengine.master.core.model import Held
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.store import SegmentKey
+from streamengine.segment_store.core.store import SegmentKey
 
 
 def show_entries(entries: Sequence[StoredEntry]) -> str:

@@ -3,8 +3,8 @@
 Each node is the thin shell the real process is, around the real core: `MasterState`
 (over an in-memory catalog), `SegmentStoreCore` (over `MemoryKV`), `Leader` with its
 `SegmentRecovery` operations, and `Cursor`. Shells carry actions out as messages over
-the simulated network and feed answers back as events, as `client/writer.py`,
-`segment_store/service.py` and `master/service.py` do over gRPC.
+the simulated network and feed answers back as events, as `streamengine.client.writer`,
+`streamengine.segment_store.service` and `streamengine.master.service` do over gRPC.
 
 A node has an incarnation: a crash bumps it, and every timer or message meant for an
 earlier incarnation is dropped. A paused node (SIGSTOP) keeps what arrives and runs it,

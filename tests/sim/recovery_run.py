@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamengine.client.core import segment_recovery as sr
-from streamengine.client.core.leader import (
+from streamengine.client.core import recovery as sr
+from streamengine.client.core.replicator import Tick
+from streamengine.client.core.writer import (
     FencedByStore,
     RecoverSegment,
     SegmentSealed,
 )
-from streamengine.client.core.replicator import Tick
-from streamengine.master.model import SegmentRecord, SegmentState
-from streamengine.segment_store.store import (
+from streamengine.master.core.model import SegmentRecord, SegmentState
+from streamengine.segment_store.core.store import (
     SealResult,
     SegmentKey,
     StoreError,

@@ -7,21 +7,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from streamengine.master.model import Held
+from streamengine.master.core.model import Held
 from streamengine.protocol.auth import INSECURE
 from streamengine.protocol.entry import PackedEntries, StoredEntry
 from streamengine.protocol.grants import Grant
-from streamengine.segment_store import copy_rules
-from streamengine.segment_store.authority import (
+from streamengine.segment_store.copy import CopySourceUnavailable
+from streamengine.segment_store.core import copy as copy_rules
+from streamengine.segment_store.core.authority import (
     AuthorityRecord,
     StoreAuthority,
     WriteStreamGrants,
 )
-from streamengine.segment_store.copy import CopySourceUnavailable
-from streamengine.segment_store.kv import KVOp, MemoryKV
-from streamengine.segment_store.scrub import ScrubSchedule
-from streamengine.segment_store.store import BelowFence as StoreRefused
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core.kv import KVOp
+from streamengine.segment_store.core.scrub import ScrubSchedule
+from streamengine.segment_store.core.store import BelowFence as StoreRefused
+from streamengine.segment_store.core.store import (
     Command,
     CopyRefused,
     DeleteResult,
@@ -38,6 +38,7 @@ from streamengine.segment_store.store import (
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.kv import MemoryKV
 from tests.sim import messages as m
 from tests.sim.master_node import sim_signing_key
 from tests.sim.network import Message

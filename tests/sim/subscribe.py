@@ -1,6 +1,6 @@
 """The Subscribe push protocol over the simulated network: its messages, and the store
 node's side, which drives the real `segment_store.tail.TailStream` as the servicer's
-pump does (`segment_store/service.py`, `_Tail`).
+pump does (`streamengine.segment_store.service`, `_Tail`).
 
 A subscriber opens a stream to a store and sends `SubscribeStart`, then a
 `SubscriberKeepalive` every interval; the store pushes `PushedPosition` first, then
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
-from streamengine.segment_store import tail
-from streamengine.segment_store.store import SegmentKey
+from streamengine.segment_store.core import tail
+from streamengine.segment_store.core.store import SegmentKey
 from tests.sim.messages import show_entries, show_segment
 from tests.sim.network import Message
 

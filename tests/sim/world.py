@@ -20,18 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from streamengine.client.core.leader import APPEND_TIMEOUT_MS
-from streamengine.master.errors import MasterError, NotEnoughStores
-from streamengine.master.model import SegmentState
+from streamengine.client.core.writer import APPEND_TIMEOUT_MS
+from streamengine.master.core.errors import MasterError, NotEnoughStores
+from streamengine.master.core.model import SegmentState
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
-from streamengine.segment_store.keys import SegmentMeta, entry_key
-from streamengine.segment_store.kv import Put
-from streamengine.segment_store.store import BadRequest, SegmentKey, StoreError
-from streamengine.segment_store.store import BelowFence as StoreRefused
+from streamengine.segment_store.core.keys import SegmentMeta, entry_key
+from streamengine.segment_store.core.kv import Put
+from streamengine.segment_store.core.store import BadRequest, SegmentKey, StoreError
+from streamengine.segment_store.core.store import BelowFence as StoreRefused
 from tests.sim import messages as m
 from tests.sim.checkers import Checker, Violation
 from tests.sim.follower_node import FollowerNode

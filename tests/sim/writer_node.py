@@ -6,7 +6,20 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from streamengine.client.core.leader import (
+from streamengine.client.core.replicator import (
+    Acked,
+    Append,
+    Assigned,
+    ReplicatorLimits,
+    SegmentRef,
+    SendWrite,
+    StoreConnected,
+    StoreDetached,
+    StoreDisconnected,
+    Tick,
+    WriteReplied,
+)
+from streamengine.client.core.writer import (
     AppendsTimedOut,
     AskRoll,
     BecameLeader,
@@ -26,23 +39,10 @@ from streamengine.client.core.leader import (
     SteppedDown,
     reconnect_pause_ms,
 )
-from streamengine.client.core.leader import ReleaseLease as ReleaseLeaseAction
-from streamengine.client.core.replicator import (
-    Acked,
-    Append,
-    Assigned,
-    ReplicatorLimits,
-    SegmentRef,
-    SendWrite,
-    StoreConnected,
-    StoreDetached,
-    StoreDisconnected,
-    Tick,
-    WriteReplied,
-)
-from streamengine.master.errors import MasterError
+from streamengine.client.core.writer import ReleaseLease as ReleaseLeaseAction
+from streamengine.master.core.errors import MasterError
 from streamengine.master.service import status_of
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core.store import (
     SegmentKey,
 )
 from tests.sim import messages as m
@@ -100,7 +100,7 @@ class WriterNode(Node):
         self._stepping = False
         self._submitted: list[tuple[bytes, ...]] = []  # stepped, `Assigned` not yet seen
         # The epoch whose lease this writer holds open at the master (`HoldLease`, as
-        # `client/writer.py` does from `BecameLeader` on); 0: none.
+        # `streamengine.client.writer` does from `BecameLeader` on); 0: none.
         self.holding_epoch = 0
         self.step(Tick())
 
@@ -167,7 +167,7 @@ class WriterNode(Node):
 
     def step(self, event: LeaderEvent) -> None:
         """Feed one event and carry out what follows, draining the core's outbox in
-        one loop (as `client/writer.py`); nothing steps from inside a step."""
+        one loop (as `streamengine.client.writer`); nothing steps from inside a step."""
         assert not self._stepping, f"a step inside a step: {event!r}"
         self._stepping = True
         try:

@@ -19,7 +19,7 @@ from bench.append_floor import (
     timed_exchanges,
 )
 from streamengine.segment_store.kv import RocksKV
-from streamengine.tools.harness import free_port
+from streamengine.testing import free_port
 
 SERVER_START_S = 30.0
 

@@ -1,4 +1,4 @@
-"""Certificates of sealed segments (`protocol/certificate.py`): the chunk rule, the
+"""Certificates of sealed segments (`streamengine.protocol.certificate`): the chunk rule, the
 digests, and a reader's chunk-by-chunk check."""
 
 from __future__ import annotations

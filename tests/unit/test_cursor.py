@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.client.core.cursor import (
+from streamengine.client.core.replicas import Ask, FollowerTiming, ReplicaSet
+from streamengine.client.core.subscription import (
     Cursor,
     DataLoss,
     Finished,
@@ -13,7 +14,6 @@ from streamengine.client.core.cursor import (
     SegmentView,
     Wait,
 )
-from streamengine.client.core.replicas import Ask, FollowerTiming, ReplicaSet
 from streamengine.protocol import certificate
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry

@@ -9,12 +9,12 @@ import time
 import pytest
 
 from streamengine.etcd import rpc_pb2
+from streamengine.master.core.leadership import master_active_until
 from streamengine.master.election import Election, LeaseLost
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
-from streamengine.master.leadership import master_active_until
 from streamengine.master.metadata import NotActive
 from streamengine.master.role import MasterRole
-from streamengine.tools.harness import EtcdCluster, wait_until
+from streamengine.testing import EtcdCluster, wait_until
 
 _prefixes = itertools.count(1)
 

@@ -7,12 +7,12 @@ import pytest
 
 from streamengine.master import etcd_metadata
 from streamengine.master.catalog import Batch, Catalog
-from streamengine.master.errors import InvalidArgument
+from streamengine.master.core.errors import InvalidArgument
 from streamengine.master.etcd import EtcdClient, EtcdConfig, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata, MetadataChanged, NoMasterGuard
 from streamengine.master.metadata import NotActive, Transaction, prefix_end
 from streamengine.master.state import MasterState
-from streamengine.tools.harness import EtcdCluster
+from streamengine.testing import EtcdCluster
 from tests.metadata_backends import EtcdPlace, join_election
 
 LEASE = 1000

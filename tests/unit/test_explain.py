@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamengine.client.core.recovery import SealAnswer, StoreAnswer
+from streamengine.client.core.recovery_plan import SealAnswer, StoreAnswer
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.tools.explain import Run, explain_answers, first_index_to_read

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from streamengine.tools import harness
+from streamengine import testing as harness
 
 
 class _ScriptedSocket:

@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from streamengine.client.core.leader import (
+from streamengine.client.core.replicator import (
+    Acked,
+    Append,
+    SegmentRef,
+    SendWrite,
+    StoreConnected,
+    Tick,
+    WriteReplied,
+)
+from streamengine.client.core.writer import (
     FOLLOWER_HEARTBEAT_MS_MAX,
     RECONNECT_PAUSE_MS_MAX,
     RECONNECT_PAUSE_MS_MIN,
@@ -34,15 +43,6 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
     reconnect_pause_ms,
-)
-from streamengine.client.core.replicator import (
-    Acked,
-    Append,
-    SegmentRef,
-    SendWrite,
-    StoreConnected,
-    Tick,
-    WriteReplied,
 )
 from streamengine.protocol.policy import ReplicationPolicy
 

@@ -7,7 +7,8 @@ nothing while the master renewed its lease forever)."""
 
 from __future__ import annotations
 
-from streamengine.client.core.leader import (
+from streamengine.client.core.replicator import Acked, Append, StoreConnected, Tick
+from streamengine.client.core.writer import (
     RECOVERY_RETRY_MS,
     ROLL_ANSWER_GRACE_MS,
     ROLL_RETRY_MS,
@@ -25,7 +26,6 @@ from streamengine.client.core.leader import (
     StepDownReason,
     SteppedDown,
 )
-from streamengine.client.core.replicator import Acked, Append, StoreConnected, Tick
 from tests.unit.test_leader import (
     LEASE_MS,
     POLICY,

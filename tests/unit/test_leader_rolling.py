@@ -7,7 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from streamengine.client.core.leader import (
+from streamengine.client.core.replicator import (
+    Acked,
+    Append,
+    ReplicatorLimits,
+    StoreConnected,
+    StoreDisconnected,
+    Tick,
+)
+from streamengine.client.core.writer import (
     CLOSE_SEALING_MS_MAX,
     DRAIN_MS_MAX,
     ROLL_RETRY_MS,
@@ -27,14 +35,6 @@ from streamengine.client.core.leader import (
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-)
-from streamengine.client.core.replicator import (
-    Acked,
-    Append,
-    ReplicatorLimits,
-    StoreConnected,
-    StoreDisconnected,
-    Tick,
 )
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind

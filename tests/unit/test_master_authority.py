@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master.authority import check_holder, grant_of, stream_tenant, visible_status
-from streamengine.master.errors import InvalidArgument, PermissionDenied, QuotaExceeded
-from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core.authority import check_holder, grant_of, stream_tenant, visible_status
+from streamengine.master.core.errors import InvalidArgument, PermissionDenied, QuotaExceeded
+from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
 from streamengine.protocol.auth import ANONYMOUS, INSECURE, Principal, PrincipalKind, Role
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner, open_grant
 from streamengine.protocol.signing import SigningKey, Verifier

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamengine.master.durability import HEALED_KEPT_MAX, DurabilityLedger, Exposure
+from streamengine.master.core.durability import HEALED_KEPT_MAX, DurabilityLedger, Exposure
 
 
 def exposed(

@@ -1,14 +1,15 @@
-"""Certificates at the master (`master/integrity.py`, docs/design.md, "Certificates"):
-who may make one, when a replica is verified or bad, and how the state records it."""
+"""Certificates at the master (`streamengine.master.core.integrity`; docs/design.md,
+"Certificates"): who may make one, when a replica is verified or bad, and how the state
+records it."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamengine.master import integrity, repair
-from streamengine.master.errors import InvalidArgument, SealConflict
-from streamengine.master.integrity import Clean, Damaged, SegmentChecks, judge
-from streamengine.master.model import Held, SegmentState
+from streamengine.master.core import integrity, repair
+from streamengine.master.core.errors import InvalidArgument, SealConflict
+from streamengine.master.core.integrity import Clean, Damaged, SegmentChecks, judge
+from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, certificate_of
 from streamengine.protocol.entry import EntryKind

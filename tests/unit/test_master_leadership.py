@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.master import leadership
-from streamengine.master.errors import InvalidArgument, NotLeader
-from streamengine.master.leadership import Lease, Outcome
+from streamengine.master.core import leadership
+from streamengine.master.core.errors import InvalidArgument, NotLeader
+from streamengine.master.core.leadership import Lease, Outcome
 
 LEASE = 1000
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.master import placement
-from streamengine.master.errors import NotEnoughStores
-from streamengine.master.model import StoreView
-from streamengine.master.placement import MovableSegment
+from streamengine.master.core import placement
+from streamengine.master.core.errors import NotEnoughStores
+from streamengine.master.core.model import StoreView
+from streamengine.master.core.placement import MovableSegment
 
 
 def store(

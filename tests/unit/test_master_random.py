@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from streamengine.master.errors import MasterError
-from streamengine.master.model import SegmentState
+from streamengine.master.core.errors import MasterError
+from streamengine.master.core.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from tests.metadata_backends import MetadataPlace

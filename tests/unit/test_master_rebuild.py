@@ -1,4 +1,4 @@
-"""The master's metadata rebuilt from the stores' records (`master/rebuild.py`), one
+"""The master's metadata rebuilt from the stores' records (`streamengine.master.core.rebuild`), one
 rule per test, with tables of what the stores answered."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master import rebuild
 from streamengine.master.catalog import Batch
-from streamengine.master.errors import RebuildUnfinished
-from streamengine.master.model import SegmentRecord, SegmentState, StreamRecord
-from streamengine.master.rebuilder import commit as commit_rebuilt
+from streamengine.master.core import rebuild
+from streamengine.master.core.errors import RebuildUnfinished
+from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.rebuild import commit as commit_rebuilt
 from streamengine.master.records import (
     MalformedRecord,
     RecordEncodings,

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from streamengine.master import repair
-from streamengine.master.model import Held, SegmentRecord, SegmentState, StoreView
+from streamengine.master.core import repair
+from streamengine.master.core.model import Held, SegmentRecord, SegmentState, StoreView
 from streamengine.protocol.certificate import Certificate, certificate_of
 from streamengine.protocol.entry import EntryKind
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.master import integrity, repair
 from streamengine.master.catalog import Batch
-from streamengine.master.model import Held, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core import integrity, repair
+from streamengine.master.core.model import Held, SegmentRecord, SegmentState, StreamRecord
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind

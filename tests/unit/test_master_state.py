@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master.errors import (
+from streamengine.master.core.errors import (
     AlreadyExists,
     InvalidArgument,
     NotEnoughStores,
@@ -19,7 +19,7 @@ from streamengine.master.errors import (
     SealConflict,
     TooManyUnsealed,
 )
-from streamengine.master.model import Held, SegmentState
+from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.state import MasterState
 from tests.metadata_backends import MetadataPlace, RocksDBPlace
 

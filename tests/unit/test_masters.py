@@ -1,4 +1,4 @@
-"""Which master a client, store or tool calls next (`protocol/masters.py`)."""
+"""Which master a client, store or tool calls next (`streamengine.protocol.masters`)."""
 
 from __future__ import annotations
 

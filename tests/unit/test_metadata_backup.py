@@ -61,7 +61,7 @@ def test_a_restore_can_raise_every_streams_epoch_past_those_granted_since_the_ba
     from dataclasses import replace
 
     from streamengine.master.catalog import Batch, decode_records
-    from streamengine.master.model import StreamRecord
+    from streamengine.master.core.model import StreamRecord
 
     record = StreamRecord("t/s", 1, 3, 2, 1 << 20, 60_000, 7, "w1", 0)
     batch = Batch().tenant("t", 0).stream(record).next_stream_id(2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.client.core.cursor import Cursor, ListRun, ReadFrom, SegmentView
+from streamengine.client.core.subscription import Cursor, ListRun, ReadFrom, SegmentView
 from streamengine.client.packed import EVENT_SCHEMA, Packed, released_batch, released_events
 from streamengine.protocol import certificate
 from streamengine.protocol.certificate import certificate_of

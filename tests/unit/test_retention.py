@@ -1,20 +1,21 @@
-"""Retention, trims and deletes in two phases: the pure decisions (`master/retention.py`,
-`protocol/retention.py`) as tables, then `MasterState` applying them over a real
-metadata store (restarts included). Each test names the rule it checks."""
+"""Retention, trims and deletes in two phases: the pure decisions
+(`streamengine.master.core.retention`, `streamengine.protocol.retention`) as tables, then
+`MasterState` applying them over a real metadata store (restarts included). Each test names
+the rule it checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamengine.master import retention
-from streamengine.master.errors import (
+from streamengine.master.core import retention
+from streamengine.master.core.errors import (
     AlreadyExists,
     InvalidArgument,
     NotTrimmable,
     StreamDeleted,
 )
-from streamengine.master.model import Held, SegmentState
-from streamengine.master.retention import SegmentFacts, retention_trims, trims_before
+from streamengine.master.core.model import Held, SegmentState
+from streamengine.master.core.retention import SegmentFacts, retention_trims, trims_before
 from streamengine.protocol.retention import first_retained_sequence, position_trimmed
 from streamengine.protocol.sequence import pack_sequence
 from tests.unit.test_master_state import LEASE, Master, beat

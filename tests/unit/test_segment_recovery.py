@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from streamengine.client.core.replicator import Tick
-from streamengine.client.core.segment_recovery import (
+from streamengine.client.core.recovery import (
     SIMULATED_TIMING,
     TIMING,
     Action,
@@ -30,6 +29,7 @@ from streamengine.client.core.segment_recovery import (
     StoreBusy,
     WriteAnswered,
 )
+from streamengine.client.core.replicator import Tick
 from streamengine.protocol.certificate import ContentDigest, certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy

@@ -16,18 +16,10 @@ from streamengine.protocol.entry import (
     encode_value,
 )
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX, WRITE_BATCH_ENTRIES_MAX
-from streamengine.segment_store import copy_rules
-from streamengine.segment_store.keys import entry_key, segment_entries_range
-from streamengine.segment_store.kv import (
-    BLOCK_BYTES,
-    KV,
-    Delete,
-    DeleteRange,
-    MemoryKV,
-    Put,
-    RocksKV,
-)
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core import copy as copy_rules
+from streamengine.segment_store.core.keys import entry_key, segment_entries_range
+from streamengine.segment_store.core.kv import KV, Delete, DeleteRange, Put
+from streamengine.segment_store.core.store import (
     BadRequest,
     BelowFence,
     CopyMismatch,
@@ -41,6 +33,7 @@ from streamengine.segment_store.store import (
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.kv import BLOCK_BYTES, MemoryKV, RocksKV
 
 SEG = SegmentKey(7, 3)
 EVENT, HOLE, BRIDGE = EntryKind.EVENT, EntryKind.HOLE, EntryKind.BRIDGE
@@ -797,7 +790,7 @@ def _damaged_rocks(path: Path, rows: int) -> None:
 def test_rocks_kv_raises_at_a_damaged_block_instead_of_ending_the_scan(tmp_path: Path) -> None:
     """rocksdict's own loops stop silently at a block that fails its checksum (S12 seed
     1: a store served a truncated sealed segment); RocksKV raises instead."""
-    from streamengine.segment_store.kv import KVCorruption
+    from streamengine.segment_store.core.kv import KVCorruption
 
     _damaged_rocks(tmp_path / "db", 20_000)
     kv = RocksKV(tmp_path / "db")
@@ -843,7 +836,7 @@ class _DamagedKV(MemoryKV):
         self.damaged_from: bytes | None = None
 
     def _check(self, end: bytes) -> None:
-        from streamengine.segment_store.kv import KVCorruption
+        from streamengine.segment_store.core.kv import KVCorruption
 
         if self.damaged_from is not None and end > self.damaged_from:
             raise KVCorruption("Corruption: block checksum mismatch (test)")
@@ -895,8 +888,8 @@ def test_a_damaged_segment_is_reported_with_acked_zero_until_mended() -> None:
 
 def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: Path) -> None:
     from streamengine.protocol.segment_records import record_version
-    from streamengine.segment_store.keys import record_key
-    from streamengine.segment_store.store import KeepRecordsCommand, RecordsKept
+    from streamengine.segment_store.core.keys import record_key
+    from streamengine.segment_store.core.store import KeepRecordsCommand, RecordsKept
 
     kv = RocksKV(tmp_path / "db")
     store = SegmentStoreCore(kv)
@@ -922,8 +915,8 @@ def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: 
 def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
     core: SegmentStoreCore,
 ) -> None:
-    from streamengine.segment_store.keys import record_key
-    from streamengine.segment_store.store import Command, DeleteCommand, KeepRecordsCommand
+    from streamengine.segment_store.core.keys import record_key
+    from streamengine.segment_store.core.store import Command, DeleteCommand, KeepRecordsCommand
 
     store = core
     segment = SegmentKey(4, 1)
@@ -939,7 +932,7 @@ def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
 
 def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore) -> None:
     from streamengine.protocol.segment_records import RECORD_BYTES_MAX
-    from streamengine.segment_store.store import KeepRecordsCommand
+    from streamengine.segment_store.core.store import KeepRecordsCommand
 
     store = core
     segment = SegmentKey(4, 1)

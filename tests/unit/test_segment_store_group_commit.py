@@ -10,15 +10,8 @@ import time
 from collections.abc import Sequence
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.group_commit import (
-    INLINE_GROUP_BYTES_MAX,
-    INLINE_GROUP_ENTRIES_MAX,
-    INLINE_SYNC_S_MAX,
-    GroupCommitter,
-    SegmentWatch,
-)
-from streamengine.segment_store.kv import KVOp, MemoryKV
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core.kv import KVOp
+from streamengine.segment_store.core.store import (
     Outcome,
     SealCommand,
     SealResult,
@@ -28,6 +21,14 @@ from streamengine.segment_store.store import (
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.group_commit import (
+    INLINE_GROUP_BYTES_MAX,
+    INLINE_GROUP_ENTRIES_MAX,
+    INLINE_SYNC_S_MAX,
+    GroupCommitter,
+    SegmentWatch,
+)
+from streamengine.segment_store.kv import MemoryKV
 
 SEG = SegmentKey(1, 1)
 

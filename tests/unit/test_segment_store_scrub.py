@@ -1,4 +1,4 @@
-"""A store reading its sealed replicas back (`segment_store/scrub.py`): one replica's
+"""A store reading its sealed replicas back (`streamengine.segment_store.core.scrub`): one replica's
 scan, the schedule (which next, how fast), the certificate of what a replica holds, and
 a copy verified against the segment's certificate (`copy_rules`)."""
 
@@ -8,11 +8,12 @@ import pytest
 
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
-from streamengine.segment_store import copy_rules
-from streamengine.segment_store.keys import entry_key
-from streamengine.segment_store.kv import MemoryKV, Put
-from streamengine.segment_store.scrub import ReplicaScan, ScrubSchedule
-from streamengine.segment_store.store import CopyMismatch, SegmentKey, SegmentStoreCore
+from streamengine.segment_store.core import copy as copy_rules
+from streamengine.segment_store.core.keys import entry_key
+from streamengine.segment_store.core.kv import Put
+from streamengine.segment_store.core.scrub import ReplicaScan, ScrubSchedule
+from streamengine.segment_store.core.store import CopyMismatch, SegmentKey, SegmentStoreCore
+from streamengine.segment_store.kv import MemoryKV
 from tests.unit.test_segment_store_core import _DamagedKV
 
 SEG = SegmentKey(7, 3)

@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.kv import MemoryKV
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core.store import (
     BelowFence,
     Command,
     DeleteCommand,
@@ -23,6 +22,7 @@ from streamengine.segment_store.store import (
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.kv import MemoryKV
 
 SEGMENTS = [SegmentKey(1, 1), SegmentKey(1, 2)]
 

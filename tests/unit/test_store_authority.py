@@ -10,7 +10,7 @@ from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX
 from streamengine.protocol.signing import SigningKey
-from streamengine.segment_store.authority import (
+from streamengine.segment_store.core.authority import (
     AppendQuota,
     AuthorityRecord,
     CallerRefused,
@@ -21,14 +21,14 @@ from streamengine.segment_store.authority import (
     WriteStreamGrants,
     check_grant,
 )
-from streamengine.segment_store.kv import MemoryKV
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core.store import (
     BadRequest,
     KeepAuthorityCommand,
     SegmentKey,
     SegmentStoreCore,
     WriteCommand,
 )
+from streamengine.segment_store.kv import MemoryKV
 
 KEY = SigningKey(bytes(range(32)))
 FORGER = SigningKey(bytes(range(100, 132)))

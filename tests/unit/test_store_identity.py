@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.master.errors import WrongCluster
-from streamengine.master.model import Held, SegmentState
-from streamengine.master.rebuild import adopted_cluster_id
+from streamengine.master.core.errors import WrongCluster
+from streamengine.master.core.model import Held, SegmentState
+from streamengine.master.core.rebuild import adopted_cluster_id
 from streamengine.master.state import MasterState
-from streamengine.segment_store.kv import MemoryKV
-from streamengine.segment_store.store import (
+from streamengine.segment_store.core.store import (
     JoinCommand,
     Joined,
     NotJoined,
@@ -23,6 +22,7 @@ from streamengine.segment_store.store import (
     SegmentKey,
     SegmentStoreCore,
 )
+from streamengine.segment_store.kv import MemoryKV
 from tests.metadata_backends import MetadataPlace
 
 LEASE = 1000

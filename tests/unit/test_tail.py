@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from streamengine.segment_store import tail
-from streamengine.segment_store.tail import (
+from streamengine.segment_store.core import tail
+from streamengine.segment_store.core.tail import (
     SILENT_INTERVALS_MAX,
     Drop,
     Position,

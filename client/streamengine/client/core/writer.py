@@ -1,0 +1,1034 @@
+"""A writer's election loop and the open segment it leads, as one state machine.
+
+Driving it (etcd-io/raft's Ready): `step(now_ms, event)` queues the actions the event
+leads to in an outbox; `take_actions()` hands them over. The shell drains the outbox
+in one loop, carries each action out, and feeds what comes back with `step` once that
+loop is done, never from inside a step.
+
+Theory of operation. A writer starts FOLLOWING: it heartbeats the master every
+lease/3 (`SendHeartbeat`, on schedule even while earlier ones are unanswered, up to a
+lease worth in flight; the shell answers each with `HeartbeatAnswered` carrying the
+time the request was *sent*, or `HeartbeatFailed` with the status code name, and the
+table `HEARTBEAT_FAILURES` decides which failures end the writer and which are
+retried). When an answer makes it LEADER for an epoch, it counts its lease from that
+send time, so it always believes the lease ends before the master does, and it starts
+replicating the new segment (`BecameLeader` opens the Write streams; the `Replicator`
+does the rest).
+
+Leading, every answer for the same epoch renews the lease from its send time. The
+writer steps down, for good, when the master answers FOLLOWER or another epoch, or when
+a store reports a fence above its epoch. A lease that runs out unrenewed (no master
+answers) does not step it down: safety rests on epochs and fencing, not on the lease
+(docs/design.md, "Why safety never rests on the lease"). A newer epoch can only come
+from a master; if one is granted through a master this writer cannot reach, the new
+leader's seal fences this one at its next write. So the writer goes on appending to its
+open segment, and renews as soon as a master answers (the master renews a holder that
+names its epoch while nobody else was granted). What it cannot do meanwhile is roll
+(no new epoch, no new copy set): a roll starts only while the lease runs.
+
+Appends that wait. An append not acked `append_timeout_ms` after the core took it (too
+few stores of the copy set answer, and no roll away from them is possible) is answered
+`AppendsTimedOut`, in doubt: it stays in the segment and is written if the stores come
+back, so the writer cannot say it failed. While such appends stay unacked the answer is
+repeated every `append_timeout_ms`, so that appends the shell holds back for room end
+too. The writer goes on leading.
+Stepping down stops the replicator at once: nothing more is acked or sent, and
+`SteppedDown` tells the shell how far any store may hold entries (`sent_through`):
+pending appends at or below it are in doubt (they may be durable and then appear
+after the next leader's recovery), those above it definitely failed (no store ever
+received them). `Release` (the user leaves) steps down the same way and
+gives the lease back.
+
+The gate. The grant lists every earlier segment not yet sealed; each must be sealed
+and recovered (`RecoverSegment`, carried out by a `SegmentRecovery` operation
+in the shell) before anything of the new segment is acked, because recovery may add
+in-doubt events of an earlier segment that sort before the new ones. The new segment
+takes and replicates appends meanwhile, but its acked index is neither told to users
+nor broadcast to stores until `SegmentSealed` has arrived for each of them. A leader
+built without recovery support gives the lease back and fails clearly instead.
+
+Rolling (built with `rolling_supported`). The open segment is rolled when its payload
+passes the grant's `segment_bytes_max`, when it is older than `segment_age_ms_max` and
+holds something, when the master asks (`roll_requested`: a copy-set store died or is
+draining, or an operator wants the segment sealed), when the replicator detached a
+store, or when a store stayed disconnected for `STORE_LOST_MS`. Drain, then roll: the
+writer stops taking appends (`accepting_appends` turns false; the shell makes them
+wait), waits until everything assigned is acked, then asks the master for the next
+epoch (`AskRoll`, excluding lost and detached stores). Every append to the old
+segment is then acked and in it exactly once, and its recovery (the same
+`RecoverSegment` as after a takeover, under the new epoch) only adds the bridge. The
+answer (`RollAnswered`) opens the new segment at once, held back from acking by the
+gate until the old one is sealed. Only one earlier segment may be unsealed: no roll
+starts before the previous one is sealed. A roll the master refuses (`RollFailed`),
+or a drain not done within `DRAIN_MS_MAX`, resumes appends and tries again after
+`ROLL_RETRY_MS`. A roll unanswered past its `timeout_ms` (and a grace) counts as
+refused, so a lost answer never leaves the writer waiting for nothing.
+
+A grant without a segment. When two earlier segments are unsealed (a leader died
+while recovering), or too few stores are usable to place a copy set while a segment
+is left to seal, the master grants the epoch without a segment. The writer leads it
+all the same: it recovers the earlier segments under the granted epoch (R stores of
+each one's own copy set suffice), then asks for the next epoch (`AskRoll`), whose
+segment it leads as after any roll. While the granted epoch has no segment the writer
+takes no appends (they wait, as during a drain). A leader holding an epoch with no
+segment and nothing unsealed always asks for a roll, again after every failure
+(`ROLL_RETRY_NO_SEGMENT_MS_MIN`, doubling up to `ROLL_RETRY_MS`), until it has a
+segment or loses the lease.
+
+Grants. Every answer that makes the writer LEADER of an epoch (a grant, a roll) carries
+the master's signed grant of that epoch, opaque here. The writer keeps the one of the
+epoch it leads and hands it to whatever acts under that epoch: the open segment's
+replicator (`BecameLeader`), each recovery (`RecoverSegment`: its seals, writes and the
+seal at the master), the roll (`AskRoll`) and the release (`ReleaseLease`). Stores and
+the master refuse those without it; an answer making it LEADER without one (a master
+too old) is a grant it cannot lead under.
+
+Recoveries that fail. A recovery that ends with a transient error (anything but a
+fence above this writer's epoch, which is `FencedByStore`) comes back as
+`RecoveryFailed`; the same `RecoverSegment` goes out again after
+`RECOVERY_RETRY_MS`, for as long as the writer leads.
+
+Closing. A user who closes the writer cleanly (`Closing`) stops its appends and rolls
+(a drain not yet asked is given up), but the recoveries it started go on: it gives the
+lease back (`Release`) once `ready_to_release`, when none is left or after
+`CLOSE_SEALING_MS_MAX`. Otherwise a roll's previous segment would stay SEALING until
+the next leader came, and a read to the end of the stream would wait for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from dataclasses import dataclass, field
+
+from streamengine.client.core.replicator import (
+    Acked,
+    AllowAcking,
+    Append,
+    Assigned,
+    Flush,
+    Replicator,
+    ReplicatorAction,
+    ReplicatorLimits,
+    ReplicatorStatistics,
+    SegmentRef,
+    Stop,
+    StoreConnected,
+    StoreDetached,
+    StoreDisconnected,
+    Tick,
+    WriteReplied,
+)
+from streamengine.protocol.certificate import ContentDigest
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.policy import ReplicationPolicy
+
+# A copy-set store disconnected this long is lost for the open segment: roll without it
+# (the master also asks for a roll once it declares the store dead, later).
+STORE_LOST_MS = 3_000
+# Appends wait while a roll drains the old segment; a drain not done in this long (a
+# quorum of the copy set is not answering) gives the roll up for now.
+DRAIN_MS_MAX = 5_000
+# A store's Write stream that failed is reopened after a pause doubling from the first
+# to the last: quick after a blip, gentle on a store that is down for a while (it is
+# rolled away from after STORE_LOST_MS anyway).
+RECONNECT_PAUSE_MS_MIN = 50
+RECONNECT_PAUSE_MS_MAX = 1_000
+assert RECONNECT_PAUSE_MS_MAX < STORE_LOST_MS, "a lost store gets more than one attempt"
+
+
+def reconnect_pause_ms(failures: int) -> int:
+    """The pause before reopening a store's stream after `failures` (>= 1) in a row."""
+    assert failures >= 1
+    return min(RECONNECT_PAUSE_MS_MAX, RECONNECT_PAUSE_MS_MIN << min(failures - 1, 16))
+
+
+# After a roll refused or given up, the next attempt waits this long.
+ROLL_RETRY_MS = 1_000
+# A leader of an epoch without a segment takes no appends until a roll gives it one:
+# its retries start this soon and double up to ROLL_RETRY_MS (a master that saw too
+# few stores for a moment, a clock jump, is asked again before appends stall long;
+# stores down for good cost a roll a second).
+ROLL_RETRY_NO_SEGMENT_MS_MIN = 100
+# A roll not answered this long after its own timeout counts as refused: the shell
+# answers every `AskRoll`, and this keeps a lost answer from stalling the writer if not.
+ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
+# After a recovery failed with a transient error, it starts again after this long.
+RECOVERY_RETRY_MS = 1_000
+# While leading, the writer holds a `HoldLease` call open at the master, so that its
+# death ends the lease at once (`streamengine.master.core.leadership.holder_gone`). A
+# call that ends with the writer alive (a master restarted, a connection lost) is opened again after
+# this long, on the master then known active. It only shortens a takeover; safety and
+# the lease itself never depend on it.
+HOLD_LEASE_REOPEN_MS = 1_000
+# An append not acked this long after the core took it is answered in doubt
+# (`AppendsTimedOut`): long enough to ride out a store restart and a roll; short enough
+# that a user waiting on a stalled copy set hears about it.
+APPEND_TIMEOUT_MS = 10_000
+# A writer closed cleanly (`Closing`) first lets the recoveries it started finish, so it
+# leaves no earlier segment SEALING behind it (readers to the end of the stream would
+# wait for the next leader); it gives the lease back after this long at the latest.
+CLOSE_SEALING_MS_MAX = 5_000
+
+
+# The failure name of a heartbeat the master refused because the stream is deleted.
+STREAM_DELETED = "STREAM_DELETED"
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatFailurePolicy:
+    """What a failed heartbeat (by its gRPC status code name) does to the writer."""
+
+    ends_following: bool  # a writer not leading gives up: the request can never succeed
+    ends_leading: bool  # a leader steps down at once rather than when its lease runs out
+    why: str
+
+
+_RETRIED = HeartbeatFailurePolicy(False, False, "the master is down, slow or restarting")
+_NEVER_GRANTED = HeartbeatFailurePolicy(
+    True,
+    False,
+    "the master will never grant this request; a leader keeps its open segment (its "
+    "heartbeats renew nothing) until the stores refuse it or a new leader fences it",
+)
+_DELETED = HeartbeatFailurePolicy(
+    True,
+    True,
+    "the stream is deleted: nothing more is appended until it is undeleted (the stores "
+    "refuse its writes too), so a leader steps down at once and its appends end honestly",
+)
+# Which heartbeat failures end the writer and which are retried on schedule. A code not
+# listed is retried: only an answer that can never change ends anything.
+HEARTBEAT_FAILURES: dict[str, HeartbeatFailurePolicy] = {
+    "NOT_FOUND": _NEVER_GRANTED,  # no such stream (or tenant)
+    "INVALID_ARGUMENT": _NEVER_GRANTED,  # a malformed stream name or request
+    # The caller's token may not lead the stream (or is expired or revoked): a new
+    # token makes a new writer.
+    "PERMISSION_DENIED": _NEVER_GRANTED,
+    "UNAUTHENTICATED": _NEVER_GRANTED,
+    # Not a gRPC code: the shell's name for a FAILED_PRECONDITION that says the stream
+    # is deleted (`se-deleted-until`); other FAILED_PRECONDITIONs are retried.
+    STREAM_DELETED: _DELETED,
+    "UNAVAILABLE": _RETRIED,  # unreachable, or restarted and not granting yet
+    "DEADLINE_EXCEEDED": _RETRIED,
+    "CANCELLED": _RETRIED,
+    "RESOURCE_EXHAUSTED": _RETRIED,
+    "INTERNAL": _RETRIED,
+    "UNKNOWN": _RETRIED,
+}
+
+
+def heartbeat_failure_policy(code: str) -> HeartbeatFailurePolicy:
+    return HEARTBEAT_FAILURES.get(code, _RETRIED)
+
+
+# Heartbeats in flight at once. A slow answer still renews the lease from its send time,
+# so a slow master is not waited out: the next heartbeat goes on schedule, up to one
+# lease worth of them.
+HEARTBEATS_IN_FLIGHT_MAX = HEARTBEATS_PER_LEASE
+# A writer waiting to lead asks at least this often, whatever the lease: a leader whose
+# process died ends its lease at once (`HoldLease`), and the standby's next question is
+# then all a takeover waits for. Ten questions a second per waiting writer is little
+# for the master.
+FOLLOWER_HEARTBEAT_MS_MAX = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    store_id: str
+    address: str
+    zone: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentGrant:
+    """A segment as the master grants or lists it, with its copy set."""
+
+    segment: SegmentRef
+    copy_set: tuple[Replica, ...]
+
+    @property
+    def epoch(self) -> int:
+        return self.segment.epoch
+
+
+# ---- events ----
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAnswered:
+    """The master's `WriterHeartbeatReply` to the heartbeat sent at `sent_at_ms`."""
+
+    sent_at_ms: int
+    leader: bool
+    epoch: int
+    lease_ms: int
+    leader_id: str = ""
+    segment: SegmentGrant | None = None
+    unsealed: tuple[SegmentGrant, ...] = ()
+    policy: ReplicationPolicy | None = None
+    roll_requested: bool = False
+    roll_reason: str = ""
+    segment_bytes_max: int = 0  # 0: no roll by size
+    segment_age_ms_max: int = 0  # 0: no roll by age
+    # LEADER: the master's signed grant of `epoch` (opaque to the writer).
+    grant: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatFailed:
+    """The heartbeat sent at `sent_at_ms` got no answer (timeout, master down) or an
+    error: `code` is the gRPC status code name (`HEARTBEAT_FAILURES` says what it
+    does), "" when no status came back."""
+
+    sent_at_ms: int
+    code: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FencedByStore:
+    """A store ended a Write stream with FAILED_PRECONDITION: its fence is `fence`."""
+
+    store: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSealed:
+    """An earlier segment listed in the grant is sealed and recovered."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFailed:
+    """Sealing and recovering the earlier segment `epoch` ended with a transient error
+    (a store or the master unreachable, a broken answer; not a later fence)."""
+
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """The user closes the writer cleanly: take no more appends and start no roll, but
+    let the recoveries already started finish (`ready_to_release`), then `Release`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The user leaves the writer: give the lease back now."""
+
+
+@dataclass(frozen=True, slots=True)
+class RollAnswered:
+    """The master's `RollSegment` answer to `AskRoll` (sent at `answer.sent_at_ms`)."""
+
+    answer: HeartbeatAnswered
+
+
+@dataclass(frozen=True, slots=True)
+class RollFailed:
+    """`RollSegment` failed or was refused (no stores to place a new copy set, ...)."""
+
+    message: str
+
+
+LeaderEvent = (
+    HeartbeatAnswered
+    | HeartbeatFailed
+    | RollAnswered
+    | RollFailed
+    | FencedByStore
+    | SegmentSealed
+    | RecoveryFailed
+    | Closing
+    | Release
+    | Append
+    | WriteReplied
+    | StoreConnected
+    | StoreDisconnected
+    | Tick
+    | Flush
+)
+
+# ---- actions ----
+
+
+@dataclass(frozen=True, slots=True)
+class SendHeartbeat:
+    """Send `WriterHeartbeatRequest` now; give up on it after `timeout_ms` (a lease:
+    later than that the answer renews nothing)."""
+
+    epoch: int
+    acked_index: int
+    segment_bytes: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BecameLeader:
+    """Leading `segment` under `epoch`: open a Write stream to each copy-set store."""
+
+    epoch: int
+    lease_ms: int
+    segment: SegmentGrant
+    policy: ReplicationPolicy
+    grant: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverSegment:
+    """Seal and recover an earlier segment under `new_epoch`; then `SegmentSealed`.
+    `known`: the digest of the segment's content up to its last index, when this writer
+    wrote all of it (a roll after a drain): its recovery seals it with a certificate."""
+
+    segment: SegmentGrant
+    new_epoch: int
+    policy: ReplicationPolicy
+    grant: bytes = b""  # the signed grant of `new_epoch`
+    known: ContentDigest | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AskRoll:
+    """Ask the master for the next epoch and segment (`RollSegment`); the old segment
+    is drained (everything assigned is acked), or the epoch has none. Give up on the
+    call after `timeout_ms` (then `RollFailed`)."""
+
+    epoch: int
+    exclude_stores: tuple[str, ...]
+    reason: str
+    timeout_ms: int
+    grant: bytes = b""  # the signed grant of `epoch`
+
+
+@dataclass(frozen=True, slots=True)
+class AppendsTimedOut:
+    """Appends to the segment of `segment_epoch` up to `last_index` were not acked within
+    `append_timeout_ms`: answer them in doubt (they stay in the segment and are written
+    if its stores come back), and fail the appends held back for room, which were never
+    sent. The writer still leads."""
+
+    segment_epoch: int
+    last_index: int
+
+
+class StepDownReason(enum.Enum):
+    DEPOSED = "the master granted the lease to another writer or epoch"
+    FENCED = "a store holds a fence above this writer's epoch"
+    RELEASED = "the writer was closed"
+    REFUSED = "the master refused the heartbeat for good"
+    UNSUPPORTED = "the grant needs work this writer cannot do"
+
+
+@dataclass(frozen=True, slots=True)
+class SteppedDown:
+    """This writer leads no more. Pending appends at or below `sent_through` are in
+    doubt, those above it failed; nothing above `acked_index` will be acked."""
+
+    reason: StepDownReason
+    message: str
+    epoch: int
+    sent_through: int
+    acked_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease:
+    epoch: int
+    grant: bytes = b""  # the signed grant of `epoch`
+
+
+LeaderAction = (
+    SendHeartbeat
+    | BecameLeader
+    | RecoverSegment
+    | AskRoll
+    | SteppedDown
+    | ReleaseLease
+    | AppendsTimedOut
+    | ReplicatorAction
+)
+
+
+class Role(enum.Enum):
+    FOLLOWING = "following"
+    LEADING = "leading"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderStatistics:
+    role: Role
+    epoch: int
+    lease_until_ms: int
+    # When a master last answered this writer (its clock; 0: never).
+    master_answered_ms: int
+    leader_id: str
+    unsealed_epochs: tuple[int, ...]
+    roll_requested: bool
+    replication: ReplicatorStatistics | None
+    rolling: str = ""  # why the open segment is being drained for a roll
+
+
+class Leader:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        now_ms: int,
+        limits: ReplicatorLimits | None = None,
+        recovery_supported: bool = False,
+        rolling_supported: bool = False,
+        append_timeout_ms: int = APPEND_TIMEOUT_MS,
+    ) -> None:
+        assert append_timeout_ms > 0
+        self.role = Role.FOLLOWING
+        self.epoch = 0
+        self._grant = b""  # the signed grant of `epoch` while leading
+        self.replicator: Replicator | None = None
+        self.finish: SteppedDown | None = None
+        self._limits = limits
+        self._recovery_supported = recovery_supported
+        self._lease_ms = LEASE_MS_DEFAULT
+        self._lease_until_ms = 0
+        self._leader_id = ""
+        self._heartbeats_in_flight = 0
+        self._grant_sent_at_ms = 0
+        self._next_heartbeat_ms = now_ms
+        # Earlier segments not yet sealed and recovered, by epoch.
+        self._unsealed: dict[int, SegmentGrant] = {}
+        # Recoveries that failed, by epoch: when they start again.
+        self._recovery_retry_ms: dict[int, int] = {}
+        # Digests of the content of segments this writer drained and rolled away from,
+        # by epoch, until they are sealed (`RecoverSegment.known`).
+        self._known_content: dict[int, ContentDigest] = {}
+        self._roll_requested = False
+        self._roll_reason_master = ""
+        self._rolling_supported = rolling_supported
+        # The open segment; None while leading an epoch granted without one.
+        self._segment: SegmentGrant | None = None
+        self._policy: ReplicationPolicy | None = None
+        self._bytes_max = 0
+        self._age_ms_max = 0
+        self._opened_ms = 0
+        self._rolling = ""  # non-empty while draining for a roll: why
+        # Set by `Closing`: when the lease goes back even if recoveries still run.
+        self._closing_until_ms: int | None = None
+        self._drain_started_ms = 0
+        self._roll_asked = False
+        self._roll_answer_by_ms = 0
+        self._roll_retry_ms = 0
+        # Rolls refused in a row while the epoch has no segment (their backoff).
+        self._segmentless_roll_failures = 0
+        self._detached: set[str] = set()
+        self._disconnected_since: dict[str, int] = {}
+        self._outbox: list[LeaderAction] = []
+        self._master_answered_ms = 0
+        self._append_timeout_ms = append_timeout_ms
+        # Appends taken and not yet acked, oldest first: (last index, answer-by time).
+        self._unacked_appends: collections.deque[tuple[int, int]] = collections.deque()
+        # The last index answered `AppendsTimedOut` while it stays unacked, and when
+        # that answer is repeated.
+        self._timed_out_through = 0
+        self._timed_out_again_ms = 0
+
+    # ---- queries ----
+
+    @property
+    def limits(self) -> ReplicatorLimits:
+        """The bounds of every segment this writer leads (before it leads one, too)."""
+        return self._limits or ReplicatorLimits()
+
+    @property
+    def accepting_appends(self) -> bool:
+        """False while a roll drains the open segment, or the epoch has no segment yet:
+        appends wait. False for good once closing."""
+        return (
+            self.role is Role.LEADING
+            and self.replicator is not None
+            and not self._rolling
+            and self._closing_until_ms is None
+        )
+
+    def ready_to_release(self, now_ms: int) -> bool:
+        """After `Closing`: no recovery this writer started (nor a roll it asked for)
+        is left, or `CLOSE_SEALING_MS_MAX` has passed, or it no longer leads."""
+        if self.role is not Role.LEADING or self._closing_until_ms is None:
+            return True
+        if now_ms >= self._closing_until_ms:
+            return True
+        return not self._unsealed and not self._roll_asked
+
+    @property
+    def lease_until_ms(self) -> int:
+        """When this writer's lease ends by its own count (leading only)."""
+        return self._lease_until_ms
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        every = max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
+        if self.role is Role.FOLLOWING:
+            return min(every, FOLLOWER_HEARTBEAT_MS_MAX)
+        return every
+
+    def deadline_ms(self, now_ms: int) -> int | None:
+        if self.role is Role.FINISHED:
+            return None
+        deadlines = []
+        if self._heartbeats_in_flight < HEARTBEATS_IN_FLIGHT_MAX:
+            deadlines.append(self._next_heartbeat_ms)
+        if self.role is Role.LEADING:
+            deadlines.extend(self._recovery_retry_ms.values())
+            if self._closing_until_ms is not None:
+                deadlines.append(self._closing_until_ms)
+            if self._unacked_appends:
+                deadlines.append(self._unacked_appends[0][1])
+            if self._timed_out_through:
+                deadlines.append(self._timed_out_again_ms)
+            if self._roll_asked:
+                deadlines.append(self._roll_answer_by_ms)
+            elif self._segment is None and not self._unsealed:
+                deadlines.append(self._roll_retry_ms)
+            if self.replicator is not None:
+                replicating = self.replicator.deadline_ms(now_ms)
+                if replicating is not None:
+                    deadlines.append(replicating)
+        return min(deadlines) if deadlines else None
+
+    def statistics(self) -> LeaderStatistics:
+        return LeaderStatistics(
+            role=self.role,
+            epoch=self.epoch,
+            lease_until_ms=self._lease_until_ms,
+            master_answered_ms=self._master_answered_ms,
+            leader_id=self._leader_id,
+            unsealed_epochs=tuple(sorted(self._unsealed)),
+            roll_requested=self._roll_requested,
+            replication=self.replicator.statistics() if self.replicator else None,
+            rolling=self._rolling,
+        )
+
+    # ---- the step function and the outbox ----
+
+    def step(self, now_ms: int, event: LeaderEvent) -> None:
+        """Take one event; the actions it leads to wait in the outbox (`take_actions`).
+        The shell drains the outbox and carries the actions out before it steps again
+        for what they bring back, so no step ever runs inside another."""
+        self._outbox.extend(self._step(now_ms, event))
+
+    def take_actions(self) -> list[LeaderAction]:
+        """Everything queued since the last call, in order; the outbox is then empty."""
+        actions, self._outbox = self._outbox, []
+        return actions
+
+    def _step(self, now_ms: int, event: LeaderEvent) -> list[LeaderAction]:
+        if self.role is Role.FINISHED:
+            return self._step_finished(event)
+        actions: list[LeaderAction] = []
+        stepped_replicator = False
+        if isinstance(event, HeartbeatAnswered):
+            self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
+            self._master_answered_ms = max(self._master_answered_ms, now_ms)
+            if self.role is Role.FOLLOWING:
+                self._answered_following(now_ms, event, actions)
+            else:
+                self._answered_leading(event, actions)
+        elif isinstance(event, HeartbeatFailed):
+            self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
+            if self._heartbeat_failure_ends(event):
+                self._step_down(StepDownReason.REFUSED, f"{event.code}: {event.message}", actions)
+                return actions
+        elif isinstance(event, FencedByStore):
+            if self.role is Role.LEADING and event.fence > self.epoch:
+                self._step_down(
+                    StepDownReason.FENCED, f"{event.store} is fenced at {event.fence}", actions
+                )
+        elif isinstance(event, SegmentSealed):
+            self._sealed(now_ms, event.epoch, actions)
+        elif isinstance(event, RecoveryFailed):
+            if self.role is Role.LEADING and event.epoch in self._unsealed:
+                self._recovery_retry_ms[event.epoch] = now_ms + RECOVERY_RETRY_MS
+        elif isinstance(event, Closing):
+            if self.role is Role.LEADING and self._closing_until_ms is None:
+                self._closing_until_ms = now_ms + CLOSE_SEALING_MS_MAX
+                if self._rolling and not self._roll_asked:
+                    self._roll_given_up(now_ms)  # a drain not asked yet: the next leader rolls
+        elif isinstance(event, Release):
+            if self.role is Role.LEADING:
+                self._step_down(StepDownReason.RELEASED, "released", actions)
+                actions.append(ReleaseLease(self.epoch, self._grant))
+            self.role = Role.FINISHED
+            return actions
+        elif isinstance(event, RollAnswered):
+            self._master_answered_ms = max(self._master_answered_ms, now_ms)
+            self._roll_answered(now_ms, event.answer, actions)
+        elif isinstance(event, RollFailed):
+            if self._roll_asked:
+                self._roll_given_up(now_ms)
+        elif isinstance(event, Append):
+            assert self.accepting_appends, "an append while not accepting appends"
+            assert self.replicator is not None
+            actions.extend(self.replicator.step(now_ms, event))
+            stepped_replicator = True
+        elif isinstance(event, WriteReplied | StoreConnected | StoreDisconnected | Flush):
+            if self.replicator is not None and self.role is Role.LEADING:
+                actions.extend(self.replicator.step(now_ms, event))
+                stepped_replicator = True
+                if isinstance(event, StoreDisconnected):
+                    self._disconnected_since.setdefault(event.store, now_ms)
+                elif isinstance(event, StoreConnected):
+                    self._disconnected_since.pop(event.store, None)
+        elif not isinstance(event, Tick):
+            raise TypeError(f"unknown event {event!r}")
+        self._on_time(now_ms, actions, stepped_replicator)
+        return actions
+
+    # ---- internals ----
+
+    def _step_finished(self, event: LeaderEvent) -> list[LeaderAction]:
+        # A grant that arrives after the writer finished is given straight back, so the
+        # next writer does not wait out a lease nobody uses.
+        if isinstance(event, RollAnswered):
+            event = event.answer
+        if isinstance(event, HeartbeatAnswered) and event.leader:
+            return [ReleaseLease(event.epoch, event.grant)]
+        return []
+
+    def _heartbeat_failure_ends(self, failure: HeartbeatFailed) -> bool:
+        policy = heartbeat_failure_policy(failure.code)
+        if self.role is Role.LEADING:
+            return policy.ends_leading
+        return policy.ends_following
+
+    def _on_time(self, now_ms: int, actions: list[LeaderAction], stepped_replicator: bool) -> None:
+        if self.role is Role.LEADING:
+            self._on_time_leading(now_ms, actions, stepped_replicator)
+            self._track_appends(now_ms, actions)
+        in_flight = self._heartbeats_in_flight
+        if in_flight < HEARTBEATS_IN_FLIGHT_MAX and now_ms >= self._next_heartbeat_ms:
+            interval = self.heartbeat_interval_ms
+            self._heartbeats_in_flight += 1
+            self._next_heartbeat_ms = now_ms + interval
+            replication = self.replicator
+            actions.append(
+                SendHeartbeat(
+                    epoch=self.epoch if self.role is Role.LEADING else 0,
+                    acked_index=replication.acked_index if replication else 0,
+                    segment_bytes=replication.payload_bytes if replication else 0,
+                    timeout_ms=self._lease_ms,
+                )
+            )
+
+    def _on_time_leading(
+        self, now_ms: int, actions: list[LeaderAction], stepped_replicator: bool
+    ) -> None:
+        assert self._policy is not None
+        for epoch, retry_ms in sorted(self._recovery_retry_ms.items()):
+            if now_ms >= retry_ms:
+                del self._recovery_retry_ms[epoch]
+                actions.append(
+                    RecoverSegment(
+                        self._unsealed[epoch],
+                        self.epoch,
+                        self._policy,
+                        self._grant,
+                        self._known_content.get(epoch),
+                    )
+                )
+        if self._roll_asked and now_ms >= self._roll_answer_by_ms:
+            self._roll_given_up(now_ms)  # the answer was lost: ask again later
+        if self.replicator is None:
+            self._maybe_roll_without_segment(now_ms, actions)
+            return
+        if not stepped_replicator:
+            actions.extend(self.replicator.step(now_ms, Tick()))
+        if self._rolling_supported:
+            for action in actions:
+                if isinstance(action, StoreDetached):
+                    self._detached.add(action.store)
+            self._maybe_roll(now_ms, actions)
+
+    def _answered_following(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> None:
+        self._lease_ms = answer.lease_ms or self._lease_ms
+        self._leader_id = answer.leader_id
+        self._next_heartbeat_ms = min(
+            self._next_heartbeat_ms, answer.sent_at_ms + self.heartbeat_interval_ms
+        )
+        if not answer.leader:
+            return
+        assert answer.epoch > self.epoch, f"granted epoch {answer.epoch} after {self.epoch}"
+        self.epoch = answer.epoch
+        self._grant = answer.grant
+        self._grant_sent_at_ms = answer.sent_at_ms
+        self._lease_until_ms = answer.sent_at_ms + answer.lease_ms
+        self._next_heartbeat_ms = answer.sent_at_ms + self.heartbeat_interval_ms
+        problem = self._cannot_lead(answer)
+        if problem:
+            self.role = Role.LEADING  # so that stepping down reports the epoch
+            self._step_down(StepDownReason.UNSUPPORTED, problem, actions)
+            actions.append(ReleaseLease(answer.epoch, answer.grant))
+            return
+        assert answer.policy is not None
+        self.role = Role.LEADING
+        self._policy = answer.policy
+        self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
+        actions.extend(
+            RecoverSegment(grant, answer.epoch, answer.policy, answer.grant)
+            for grant in answer.unsealed
+        )
+        if answer.segment is None:
+            # Nothing to replicate until the roll after the recoveries (`_on_time`).
+            self._segment = None
+            self._roll_retry_ms = now_ms
+            self._segmentless_roll_failures = 0
+            return
+        self._open(now_ms, answer, actions)
+
+    def _cannot_lead(self, answer: HeartbeatAnswered) -> str:
+        if answer.policy is None:
+            return "the grant carries no replication policy"
+        if not answer.grant:
+            return "the answer carries no signed grant (a master older than its stores)"
+        if answer.segment is not None and answer.segment.epoch != answer.epoch:
+            return f"granted epoch {answer.epoch} with segment {answer.segment.epoch}"
+        if answer.unsealed and not self._recovery_supported:
+            epochs = ", ".join(str(grant.epoch) for grant in answer.unsealed)
+            return (
+                f"earlier segment(s) {epochs} are unsealed and this writer cannot seal and "
+                "recover them; nothing of the new segment may be acked before they are"
+            )
+        return ""
+
+    def _answered_leading(self, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+        if answer.sent_at_ms < self._grant_sent_at_ms:
+            return  # sent before the grant: it says nothing about this epoch
+        if answer.leader and answer.epoch < self.epoch:
+            return  # answered before a roll the master granted this writer since
+        if not answer.leader or answer.epoch != self.epoch:
+            self._leader_id = answer.leader_id
+            self._step_down(
+                StepDownReason.DEPOSED,
+                f"the master answered {'LEADER' if answer.leader else 'FOLLOWER'} "
+                f"for epoch {answer.epoch} while this writer leads epoch {self.epoch}",
+                actions,
+            )
+            if answer.leader:
+                # A new epoch granted to this writer (its old lease ran out on the master):
+                # it cannot continue the old segment in it, so it gives the lease back.
+                actions.append(ReleaseLease(answer.epoch, answer.grant))
+            return
+        self._lease_ms = answer.lease_ms or self._lease_ms
+        self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
+        self._roll_requested = self._roll_requested or answer.roll_requested
+        if answer.roll_requested:
+            self._roll_reason_master = answer.roll_reason
+        self._bytes_max = answer.segment_bytes_max
+        self._age_ms_max = answer.segment_age_ms_max
+
+    # ---- rolling ----
+
+    def _open(self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+        """Lead the granted segment of `answer` (a grant, or a roll's answer)."""
+        assert answer.segment is not None and answer.policy is not None
+        # A roll drains first: nothing of the old segment is left waiting for its ack.
+        assert not self._unacked_appends, self._unacked_appends
+        self._timed_out_through = 0
+        self.replicator = Replicator(
+            answer.segment.segment,
+            answer.epoch,
+            answer.policy,
+            [replica.store_id for replica in answer.segment.copy_set],
+            self._limits,
+            acking=not self._unsealed,
+            grant=self._grant,
+        )
+        self._segment = answer.segment
+        self._policy = answer.policy
+        self._roll_requested = answer.roll_requested
+        self._roll_reason_master = answer.roll_reason
+        self._bytes_max = answer.segment_bytes_max
+        self._age_ms_max = answer.segment_age_ms_max
+        self._opened_ms = now_ms
+        self._rolling = ""
+        self._roll_asked = False
+        self._detached = set()
+        self._disconnected_since = {}
+        actions.append(
+            BecameLeader(
+                answer.epoch, answer.lease_ms, answer.segment, answer.policy, self._grant
+            )
+        )
+
+    def _roll_wanted(self, now_ms: int) -> str:
+        replication = self.replicator
+        assert replication is not None
+        if self._unsealed or now_ms < self._roll_retry_ms:
+            return ""  # at most one earlier segment unsealed; or a pause after a failure
+        if self._roll_requested:
+            return f"the master asked: {self._roll_reason_master or 'roll requested'}"
+        if self._bytes_max and replication.payload_bytes >= self._bytes_max:
+            return f"{replication.payload_bytes} bytes >= {self._bytes_max}"
+        if (
+            self._age_ms_max
+            and replication.last_index > 0
+            and now_ms - self._opened_ms >= self._age_ms_max
+        ):
+            return f"older than {self._age_ms_max} ms"
+        if self._detached:
+            return f"store(s) {', '.join(sorted(self._detached))} detached"
+        lost = sorted(
+            store
+            for store, since in self._disconnected_since.items()
+            if now_ms - since >= STORE_LOST_MS
+        )
+        if lost:
+            return f"store(s) {', '.join(lost)} lost"
+        return ""
+
+    def _maybe_roll(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        if self._closing_until_ms is not None:
+            return
+        if now_ms >= self._lease_until_ms and not self._roll_asked:
+            # No master answers: no new epoch to roll to. Appends go on in the open
+            # segment; a drain begun for a roll is given up until a master answers.
+            if self._rolling:
+                self._roll_given_up(now_ms)
+            return
+        if not self._rolling:
+            self._rolling = self._roll_wanted(now_ms)
+            self._drain_started_ms = now_ms
+        if not self._rolling or self._roll_asked:
+            return
+        replication = self.replicator
+        assert replication is not None
+        if replication.acked_index < replication.last_index:
+            if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
+                self._roll_given_up(now_ms)
+            return
+        exclude = self._detached | set(self._disconnected_since)
+        self._ask_roll(now_ms, tuple(sorted(exclude)), self._rolling, actions)
+
+    def _maybe_roll_without_segment(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        """An epoch without a segment: once nothing earlier is unsealed, always ask."""
+        if self._closing_until_ms is not None:
+            return
+        if self._unsealed or self._roll_asked or now_ms < self._roll_retry_ms:
+            return
+        self._ask_roll(now_ms, (), f"epoch {self.epoch} was granted without a segment", actions)
+
+    def _ask_roll(
+        self, now_ms: int, exclude: tuple[str, ...], reason: str, actions: list[LeaderAction]
+    ) -> None:
+        assert not self._roll_asked and not self._unsealed
+        timeout_ms = self._lease_ms
+        self._roll_asked = True
+        self._roll_answer_by_ms = now_ms + timeout_ms + ROLL_ANSWER_GRACE_MS
+        actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms, self._grant))
+
+    def _roll_given_up(self, now_ms: int) -> None:
+        self._rolling = ""
+        self._roll_asked = False
+        delay = ROLL_RETRY_MS
+        if self._segment is None:
+            failures = self._segmentless_roll_failures = self._segmentless_roll_failures + 1
+            delay = min(ROLL_RETRY_MS, ROLL_RETRY_NO_SEGMENT_MS_MIN << min(failures - 1, 16))
+        self._roll_retry_ms = now_ms + delay
+
+    def _roll_answered(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> None:
+        if not self._roll_asked:
+            return  # an answer given up on (late): the next ask is already planned
+        if (
+            self.role is not Role.LEADING
+            or not answer.leader
+            or answer.segment is None
+            or answer.policy is None
+            or not answer.grant
+            or answer.epoch <= self.epoch
+            or answer.segment.epoch != answer.epoch
+        ):
+            self._roll_given_up(now_ms)
+            return
+        old = self.replicator
+        if old is not None:
+            old.step(now_ms, Stop())
+            # Drained: every index of the old segment is this writer's and acked.
+            known = old.content_digest()
+            if known is not None:
+                self._known_content[old.segment.epoch] = known
+        assert answer.epoch > self.epoch
+        self.epoch = answer.epoch
+        self._grant = answer.grant
+        self._grant_sent_at_ms = answer.sent_at_ms
+        self._lease_ms = answer.lease_ms or self._lease_ms
+        self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
+        self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
+        self._recovery_retry_ms = {}
+        self._open(now_ms, answer, actions)
+        actions.extend(
+            RecoverSegment(
+                grant,
+                answer.epoch,
+                answer.policy,
+                answer.grant,
+                self._known_content.get(grant.epoch),
+            )
+            for grant in answer.unsealed
+        )
+
+    def _sealed(self, now_ms: int, epoch: int, actions: list[LeaderAction]) -> None:
+        if self.role is not Role.LEADING or epoch not in self._unsealed:
+            return
+        del self._unsealed[epoch]
+        self._recovery_retry_ms.pop(epoch, None)
+        self._known_content.pop(epoch, None)
+        if not self._unsealed and self.replicator is not None:
+            actions.extend(self.replicator.step(now_ms, AllowAcking()))
+
+    # ---- appends that wait ----
+
+    def _track_appends(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        """Follow the appends taken and acked in this step, and answer those not acked
+        within the append timeout."""
+        unacked = self._unacked_appends
+        for action in actions:
+            if isinstance(action, Assigned):
+                unacked.append((action.last_index, now_ms + self._append_timeout_ms))
+            elif isinstance(action, Acked):
+                while unacked and unacked[0][0] <= action.acked_index:
+                    unacked.popleft()
+                if action.acked_index >= self._timed_out_through:
+                    self._timed_out_through = 0
+        replication = self.replicator
+        if replication is None:
+            return
+        through = 0
+        while unacked and unacked[0][1] <= now_ms:
+            through = unacked.popleft()[0]
+        if through:
+            self._timed_out_through = through
+        elif self._timed_out_through and now_ms >= self._timed_out_again_ms:
+            through = self._timed_out_through
+        if through:
+            self._timed_out_again_ms = now_ms + self._append_timeout_ms
+            actions.append(AppendsTimedOut(replication.segment.epoch, through))
+
+    def _step_down(self, reason: StepDownReason, message: str, actions: list[LeaderAction]) -> None:
+        replication = self.replicator
+        if replication is not None:
+            replication.step(0, Stop())
+        self.finish = SteppedDown(
+            reason,
+            message,
+            self.epoch,
+            sent_through=replication.sent_through if replication else 0,
+            acked_index=replication.acked_index if replication else 0,
+        )
+        self.role = Role.FINISHED
+        actions.append(self.finish)

@@ -1,0 +1,151 @@
+"""One store's bidirectional Write stream for the writer: reopened while it leads, each
+request serialized once (`client.wire`), each answer a core event."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from streamengine.client.core.replicator import (
+    SendWrite,
+    StoreConnected,
+    StoreDisconnected,
+    WriteReplied,
+)
+from streamengine.client.core.writer import (
+    RECONNECT_PAUSE_MS_MAX,
+    RECONNECT_PAUSE_MS_MIN,
+    FencedByStore,
+    Replica,
+    reconnect_pause_ms,
+)
+from streamengine.client.errors import fence_of
+from streamengine.client.wire import serialize_write
+from streamengine.protocol.status import FENCE_UNKNOWN
+from streamengine.v1 import segment_store_pb2
+
+if TYPE_CHECKING:
+    from streamengine.client.writer import Writer
+
+log = logging.getLogger(__name__)
+
+# A store's Write stream that fails is reopened after the core's pause (doubling).
+RECONNECT_PAUSE_S_MIN = RECONNECT_PAUSE_MS_MIN / 1000
+RECONNECT_PAUSE_S_MAX = RECONNECT_PAUSE_MS_MAX / 1000
+# Waiting for a channel to connect, per attempt.
+CONNECT_TIMEOUT_S = 2.0
+
+_WriteReply = segment_store_pb2.WriteReply
+_REFUSED_FOR_NOW = (segment_store_pb2.REFUSED_BUSY, segment_store_pb2.REFUSED_QUOTA)
+
+
+class StoreLink:
+    """One store's bidirectional Write stream, reopened while the writer leads."""
+
+    def __init__(self, writer: Writer, replica: Replica, channel: grpc.aio.Channel) -> None:
+        self.writer = writer
+        self.replica = replica
+        # Write with requests already serialized (see `BatchCache`).
+        self.write_method: grpc.aio.StreamStreamMultiCallable[bytes, _WriteReply] = (
+            channel.stream_stream(
+                "/streamengine.v1.SegmentStore/Write",
+                request_serializer=None,
+                response_deserializer=segment_store_pb2.WriteReply.FromString,
+            )
+        )
+        self.channel = channel
+        self.queue: asyncio.Queue[SendWrite] = asyncio.Queue()
+        self.connected = False
+
+    def send(self, action: SendWrite) -> None:
+        self.queue.put_nowait(action)
+
+    async def run(self) -> None:
+        failures = 0
+        store = self.replica.store_id
+        fenced: int | None = None
+        while self.writer.leading and fenced is None:
+            call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
+            try:
+                await self._connect()
+                failures = 0
+                call = self.write_method()
+                self.connected = True
+                self.writer.step(StoreConnected(store))
+                async with asyncio.TaskGroup() as streams:
+                    streams.create_task(self._send_loop(call))
+                    await self._receive_loop(call)
+                    raise _StreamEnded()
+            except* _StreamEnded:
+                log.info("store %s ended its Write stream", store)
+            except* grpc.aio.AioRpcError as group:
+                error = group.exceptions[0]
+                assert isinstance(error, grpc.aio.AioRpcError)
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    fence = fence_of(error)
+                    fenced = fence if fence is not None else FENCE_UNKNOWN
+                log.info("store %s Write stream failed: %s", store, error.code().name)
+            except* (TimeoutError, grpc.aio.UsageError, asyncio.InvalidStateError) as group:
+                log.info("store %s unreachable: %r", store, group.exceptions[0])
+            finally:
+                if call is not None:
+                    call.cancel()
+            self._disconnected()
+            if fenced is not None:
+                self.writer.step(FencedByStore(store, fenced))
+                return
+            failures += 1
+            await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
+
+    def _disconnected(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        if self.connected:
+            self.connected = False
+            self.writer.step(StoreDisconnected(self.replica.store_id))
+
+    async def _connect(self) -> None:
+        """Wait for the channel to connect, retrying with backoff for as long as the
+        writer leads (stepping down cancels this)."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TimeoutError),
+            wait=wait_exponential_jitter(
+                multiplier=RECONNECT_PAUSE_S_MIN, max=RECONNECT_PAUSE_S_MAX, jitter=0.05
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    await self.channel.channel_ready()
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+        cache = self.writer.batch_cache
+        while True:
+            send = await self.queue.get()
+            await call.write(serialize_write(send, cache))
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+        store = self.replica.store_id
+        async for reply in call:
+            self.writer.step(
+                WriteReplied(
+                    store,
+                    reply.request_id,
+                    # Over its tenant's quota: held back the same way.
+                    busy=reply.status in _REFUSED_FOR_NOW,
+                    matched_index=reply.matched_index,
+                    acked_index=reply.acked_index,
+                    first_index=reply.first_index,
+                    last_index=reply.last_index,
+                )
+            )
+
+
+class _StreamEnded(Exception):
+    """The store closed its side of the Write stream."""
+
+

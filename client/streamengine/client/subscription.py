@@ -1,0 +1,607 @@
+"""Followers: `subscribe` (forever) and `read` (a range), as events or as Arrow record
+batches (`subscribe_batches`, `read_batches`).
+
+A thin asyncio shell around `client.core.cursor.Cursor`: it fetches the master's
+segment list, reads one replica at a time (what it acked, in packed `Read` replies; then
+a live tail with `Subscribe`), feeds the cursor what arrives (and what fails), and hands
+out what the cursor releases. Reconnection is transparent: the cursor's position is the
+resume point, so no sequence is yielded twice and none is skipped but holes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import grpc
+import pyarrow as pa
+
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core.replicas import FollowerTiming
+from streamengine.client.core.subscription import (
+    SUBSCRIBE_BATCH_ENTRIES,
+    Cursor,
+    DataLoss,
+    Finished,
+    ListRun,
+    ReadFrom,
+    Released,
+    SegmentView,
+    StreamEvent,
+    Wait,
+)
+from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
+from streamengine.client.packed import Packed, released_batch, released_events
+from streamengine.client.retrying import retry_unary
+from streamengine.protocol import codec
+from streamengine.protocol.certificate import MalformedCertificate
+from streamengine.protocol.entry import first_corrupt
+from streamengine.protocol.retention import position_trimmed
+from streamengine.protocol.sequence import pack_sequence
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+log = logging.getLogger(__name__)
+
+# A sequence; "end": what is appended from now on; "earliest": the first event retained.
+Start = int | Literal["end", "earliest"]
+
+# A refresh lists the segments from the cursor's on, this many ahead, each sealed one
+# with its certificate's chunks (kilobytes per segment): a reader far behind hops
+# segments faster than it refreshes anyway.
+LISTED_AHEAD_SEGMENTS = 16
+REPORT_TIMEOUT_S = 2.0
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def segment_views(reply: master_pb2.ListSegmentsReply) -> list[SegmentView]:
+    return [segment_view(segment) for segment in reply.segments]
+
+
+def segment_view(segment: entry_pb2.Segment) -> SegmentView:
+    """A listed segment as the cursor sees it; its certificate when listed with chunks
+    (a malformed one counts as none: crc32c still guards every entry)."""
+    certificate = None
+    if segment.certificate.chunks:
+        with contextlib.suppress(MalformedCertificate):
+            certificate = codec.certificate_from_pb(segment.certificate)
+    bad = set(segment.bad_stores)
+    return SegmentView(
+        epoch=segment.id.epoch,
+        replicas=tuple(replica.address for replica in segment.copy_set),
+        sealed=segment.state == entry_pb2.SEALED,
+        final_index=segment.final_index,
+        certificate=certificate,
+        bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
+        lost_from_index=segment.lost_from_index,
+    )
+
+
+@dataclass
+class _StreamRef:
+    name: str
+    stream_id: int
+
+
+class _Replies(Protocol):
+    """What `_follow` reads replies from: a gRPC call, or a read-ahead."""
+
+    def read(self) -> Awaitable[Any]: ...
+
+    def cancel(self) -> bool: ...
+
+
+class _ReadAhead:
+    """A packed Read started before the cursor asked for it (`Cursor.upcoming`): its
+    replies wait in a small queue (the store is held back by flow control beyond it),
+    until `_read` takes it as the call the cursor asked for, or cancels it."""
+
+    REPLIES_HELD = 2
+
+    def __init__(
+        self, read: ReadFrom, call: grpc.aio.UnaryStreamCall[Any, segment_store_pb2.ReadReply]
+    ) -> None:
+        self.wanted = read
+        self._call = call
+        self._replies: asyncio.Queue[object] = asyncio.Queue(self.REPLIES_HELD)
+        self._pump = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        try:
+            while True:
+                reply = await self._call.read()
+                await self._replies.put(reply)
+                if reply is grpc.aio.EOF:
+                    return
+        except grpc.aio.AioRpcError as error:
+            await self._replies.put(error)
+
+    async def read(self) -> object:
+        reply = await self._replies.get()
+        if isinstance(reply, grpc.aio.AioRpcError):
+            raise reply
+        return reply
+
+    def cancel(self) -> bool:
+        self._pump.cancel()
+        return self._call.cancel()
+
+
+@dataclass
+class _Outcome:
+    """A call to a replica (`packed`: a packed Read, else a Subscribe), and how it
+    ended: `clean` when the replica ended it itself."""
+
+    packed: bool
+    clean: bool = False
+
+
+@dataclass
+class _Expected:
+    """The index a packed Read's next value must be of; `first` before any reply."""
+
+    index: int
+    first: bool
+
+
+class Follower:
+    """Reads one stream from `start` (inclusive) to `end` (exclusive; None: forever)."""
+
+    def __init__(
+        self,
+        master: master_pb2_grpc.MasterAsyncStub,
+        channels: ChannelPool,
+        stream: str,
+        start: Start,
+        end: int | None,
+        until_acked_end: bool,
+    ) -> None:
+        self._master = master
+        self._channels = channels
+        self._stream = stream
+        self._start = start
+        self._end = end
+        self._until_acked_end = until_acked_end
+        self._ref: _StreamRef | None = None
+        self._timing = FollowerTiming()
+        # What the master's latest list said was trimmed (`protocol.retention`).
+        self._trimmed_through_epoch = 0
+        self._first_retained = 0
+        self._ahead: _ReadAhead | None = None
+
+    async def released(self) -> AsyncIterator[list[Released]]:
+        """What the cursor hands out, in sequence order: one list per reply a replica
+        sent (its verified parts; EVENT rows and the HOLEs between them)."""
+        # The first list is retried like any control call: a read or subscription that
+        # starts while the masters change over waits for the new one instead of failing.
+        segments = await self._list_segments(retry=True)
+        end = self._end
+        if self._until_acked_end and end is None:
+            end = await self._acked_end(segments)
+        if self._start == "end":
+            start = await self._acked_end(segments)
+        elif self._start == "earliest":
+            start = self._first_retained
+        else:
+            start = self._start
+        cursor = Cursor(start, end, self._timing)
+        self._check_trimmed(cursor)
+        cursor.on_segments(segments, now_ms())
+        await self._refresh(cursor)  # the segments from the start on, with certificates
+        while True:
+            decision = cursor.next(now_ms())
+            if isinstance(decision, Finished):
+                return
+            if isinstance(decision, DataLoss):
+                raise DataLossError(
+                    self._stream,
+                    decision.epoch,
+                    decision.first_index,
+                    decision.last_index,
+                    decision.accepted,
+                )
+            if isinstance(decision, Wait):
+                delay_ms = decision.until_ms - now_ms()
+                if delay_ms > 0:
+                    await asyncio.sleep(delay_ms / 1000)
+                await self._refresh(cursor)
+                continue
+            try:
+                async for parts in self._read(cursor, decision):
+                    yield parts
+            finally:
+                if self._ahead is not None and cursor.epoch > self._ahead.wanted.epoch:
+                    self._ahead.cancel()  # passed by (a later segment listed first)
+                    self._ahead = None
+
+    def close(self) -> None:
+        """Stop a read-ahead still running (the follower is done with)."""
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead = None
+
+    async def batches(self) -> AsyncIterator[pa.RecordBatch]:
+        """Record batches (`packed.EVENT_SCHEMA`) of the events in sequence order, one
+        per part of a reply the cursor released (a reply, or the part of it a verified
+        chunk ends in: not joined, which would copy every row once more); none empty."""
+        try:
+            async for parts in self.released():
+                for batch in map(released_batch, parts):
+                    if batch.num_rows:
+                        yield batch
+        finally:
+            self.close()
+
+    async def events(self) -> AsyncIterator[list[StreamEvent]]:
+        """Lists of events in sequence order (one list per reply a replica sent)."""
+        try:
+            async for parts in self.released():
+                events: list[StreamEvent] = []
+                for part in parts:
+                    events.extend(released_events(part))
+                if events:
+                    yield events
+        finally:
+            self.close()
+
+    async def _read(self, cursor: Cursor, read: ReadFrom) -> AsyncIterator[list[Released]]:
+        """Read one replica until the cursor moves elsewhere, the replica fails, or the
+        range is done: what it acked now in packed `Read` replies (a catch-up, no message
+        per entry), then, still wanted, a live tail of what it acks from there on."""
+        assert self._ref is not None
+        stub = store_grpc.SegmentStoreStub(self._channels.get(read.replica))
+        segment = self._segment_id(read.epoch)
+        ahead = self._ahead
+        if ahead is not None and ahead.wanted.epoch <= read.epoch:
+            self._ahead = None
+            if ahead.wanted != read:
+                ahead.cancel()  # the cursor chose another read
+                ahead = None
+        else:
+            ahead = None
+        call: _Replies = ahead if ahead is not None else stub.Read(self._packed_read(read))
+        if self._ahead is None:
+            self._read_ahead(cursor)
+        caught_up = _Outcome(packed=True)
+        async for parts in self._follow(cursor, read, call, caught_up):
+            yield parts
+        if not caught_up.clean or not Cursor.continues(cursor.next(now_ms()), read):
+            return
+        start = segment_store_pb2.SubscribeRequest(
+            start=segment_store_pb2.SubscribeStart(
+                segment=segment,
+                from_index=cursor.read_from_index,
+                max_batch_entries=SUBSCRIBE_BATCH_ENTRIES,
+                keepalive_interval_ms=cursor.timing.keepalive_interval_ms,
+            )
+        )
+        call = stub.Subscribe(_requests(start, cursor.timing.keepalive_interval_ms))
+        async for parts in self._follow(cursor, read, call, _Outcome(packed=False)):
+            yield parts
+
+    def _segment_id(self, epoch: int) -> entry_pb2.SegmentId:
+        assert self._ref is not None
+        return entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch, stream=self._stream)
+
+    def _packed_read(self, read: ReadFrom) -> segment_store_pb2.ReadRequest:
+        return segment_store_pb2.ReadRequest(
+            segment=self._segment_id(read.epoch),
+            from_index=read.from_index,
+            acked_only=True,
+            packed=True,
+            reader_verifies=read.checked,
+        )
+
+    def _read_ahead(self, cursor: Cursor) -> None:
+        """Start the read of the next segment now (usually on another store), so that
+        it is read while this sealed one is: a catch-up keeps two stores busy, not one."""
+        upcoming = cursor.upcoming()
+        if upcoming is None:
+            return
+        stub = store_grpc.SegmentStoreStub(self._channels.get(upcoming.replica))
+        self._ahead = _ReadAhead(upcoming, stub.Read(self._packed_read(upcoming)))
+
+    async def _follow(
+        self,
+        cursor: Cursor,
+        read: ReadFrom,
+        call: _Replies,
+        outcome: _Outcome,
+    ) -> AsyncIterator[list[Released]]:
+        """Feed the cursor the replies of `call` (a packed Read or a Subscribe) while it
+        goes on with `read`; `outcome.clean` when the replica ended the call itself."""
+        start_position = cursor.position
+        expected = _Expected(read.from_index, first=True)
+        # One read stays pending across wake-ups: cancelling a read would cancel the RPC.
+        pending: asyncio.Future[object] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(call.read())
+                timeout_s = max(cursor.wake_at_ms() - now_ms(), 0) / 1000
+                done, _ = await asyncio.wait({pending}, timeout=timeout_s)
+                if done:
+                    reply, pending = pending.result(), None
+                    if reply is grpc.aio.EOF:
+                        outcome.clean = True
+                        return
+                    if isinstance(reply, segment_store_pb2.ReadReply):
+                        parts = self._on_packed(cursor, read, reply, expected)
+                    else:
+                        assert isinstance(reply, segment_store_pb2.SubscribeReply)
+                        parts = self._on_reply(cursor, read, reply)
+                    if parts:
+                        yield parts
+                        cursor.on_delivered(now_ms())
+                if cursor.refresh_due(now_ms()):
+                    await self._refresh(cursor)
+                await self._report(cursor)
+                decision = cursor.next(now_ms())
+                if not Cursor.continues(decision, read):
+                    log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
+                    return
+        except grpc.aio.AioRpcError as error:
+            code = error.code().name
+            if error.code() == grpc.StatusCode.DATA_LOSS:
+                # The store found what it holds damaged: an answer, not a failure.
+                log.warning(
+                    "%s: replica %s: DATA_LOSS: %s", self._stream, read.replica, error.details()
+                )
+                cursor.on_replica_damaged(read.epoch, read.replica, f"DATA_LOSS: {error.details()}")
+                await self._report(cursor)
+                return
+            if error.code() == grpc.StatusCode.NOT_FOUND and outcome.packed:
+                # A Read's answer that the replica holds nothing of the segment.
+                cursor.on_position(read.epoch, read.replica, 0, now_ms())
+                return
+            if cursor.position != start_position:
+                # Disconnected after serving (a consumer too slow for the store's buffer,
+                # or a restart): resume from the position, on the same replica.
+                log.info("%s: disconnected by %s (%s), resuming", self._stream, read.replica, code)
+                return
+            log.info("%s: replica %s failed: %s, retrying later", self._stream, read.replica, code)
+            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
+        finally:
+            if pending is not None:
+                pending.cancel()
+            call.cancel()
+
+    def _on_packed(
+        self,
+        cursor: Cursor,
+        read: ReadFrom,
+        reply: segment_store_pb2.ReadReply,
+        expected: _Expected,
+    ) -> list[Released]:
+        """A packed Read reply: what the replica acked when the read began (its answer,
+        once), then values of consecutive indexes, each verified by the store."""
+        now = now_ms()
+        if expected.first:
+            expected.first = False
+            cursor.on_position(read.epoch, read.replica, reply.acked_index, now)
+        packed = Packed.of(reply)
+        if packed is None:
+            cursor.on_keepalive(read.epoch, read.replica, now)
+            return []
+        if packed.first_index != expected.index:
+            log.warning(
+                "%s: replica %s sent index %d, expected %d",
+                self._stream,
+                read.replica,
+                packed.first_index,
+                expected.index,
+            )
+            cursor.on_replica_failed(read.epoch, read.replica, now)
+            return []
+        expected.index = packed.last_index + 1
+        return cursor.on_run(read.epoch, packed, now)
+
+    def _on_reply(
+        self, cursor: Cursor, read: ReadFrom, reply: segment_store_pb2.SubscribeReply
+    ) -> list[Released]:
+        now = now_ms()
+        if reply.HasField("batch"):
+            return self._entries(cursor, read, reply.batch)
+        if reply.HasField("position"):
+            cursor.on_position(read.epoch, read.replica, reply.position.acked_index, now)
+        else:
+            cursor.on_keepalive(read.epoch, read.replica, now)
+        return []
+
+    def _entries(
+        self, cursor: Cursor, read: ReadFrom, batch: segment_store_pb2.EntryBatch
+    ) -> list[Released]:
+        entries = batch.entries
+        if not entries:
+            return []
+        # Columns, each field read once: the hot path of every follower.
+        indexes = [e.index for e in entries]
+        kinds = [e.kind for e in entries]
+        payloads = [e.payload for e in entries]
+        corrupt = first_corrupt(
+            indexes, kinds, [e.epoch for e in entries], payloads, [e.crc32c for e in entries]
+        )
+        if corrupt is not None:
+            # What the store holds there fails its crc32c: it is damaged, not away.
+            problem = f"index {indexes[corrupt]} fails its crc32c"
+            log.warning("%s: replica %s: %s", self._stream, read.replica, problem)
+            cursor.on_replica_damaged(read.epoch, read.replica, problem)
+            return []
+        if indexes[-1] - indexes[0] != len(indexes) - 1:
+            log.warning(
+                "%s: replica %s sent a non-consecutive batch at index %d",
+                self._stream,
+                read.replica,
+                indexes[0],
+            )
+            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
+            return []
+        return cursor.on_run(read.epoch, ListRun(indexes[0], bytes(kinds), payloads), now_ms())
+
+    async def _report(self, cursor: Cursor) -> None:
+        """Tell the master of replicas found serving what they must not (its store then
+        checks them first); a master that does not answer misses a hint, nothing more."""
+        for report in cursor.take_reports():
+            log.warning("%s: replica %s reported: %s", self._stream, report.replica, report.problem)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._master.ReportReplica(
+                    master_pb2.ReportReplicaRequest(
+                        stream=self._stream,
+                        segment_epoch=report.epoch,
+                        store_address=report.replica,
+                        problem=report.problem,
+                    ),
+                    timeout=REPORT_TIMEOUT_S,
+                )
+
+    async def _refresh(self, cursor: Cursor) -> None:
+        """Give the cursor the master's list; a master that does not answer now is
+        asked again later (an unknown stream still ends the subscription)."""
+        epoch = cursor.epoch
+        try:
+            segments = await self._list_segments(epoch, epoch + LISTED_AHEAD_SEGMENTS)
+        except Unavailable as error:
+            log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
+            cursor.on_list_failed(now_ms())
+            return
+        self._check_trimmed(cursor)
+        cursor.on_segments(segments, now_ms())
+
+    def _check_trimmed(self, cursor: Cursor) -> None:
+        """A position a trim took away ends the read: what it would read next is gone
+        (the list no longer names its segment, which the cursor would skip)."""
+        if position_trimmed(cursor.position, self._trimmed_through_epoch):
+            raise Trimmed(self._stream, cursor.position, self._first_retained)
+
+    async def _list_segments(
+        self, from_epoch: int = 0, to_epoch: int = 0, retry: bool = False
+    ) -> list[SegmentView]:
+        """The master's list, from `from_epoch` to `to_epoch` (0: no bound), sealed
+        segments with their certificates when bounded; `retry` like a control call."""
+
+        async def ask() -> master_pb2.ListSegmentsReply:
+            return await self._master.ListSegments(
+                master_pb2.ListSegmentsRequest(
+                    stream=self._stream,
+                    from_epoch=from_epoch,
+                    to_epoch=to_epoch,
+                    certificates=bool(to_epoch),
+                ),
+                timeout=self._timing.list_timeout_ms / 1000,
+            )
+
+        try:
+            reply = await (retry_unary(ask) if retry else ask())
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error) from error
+        self._ref = _StreamRef(self._stream, reply.stream_id)
+        self._trimmed_through_epoch = reply.trimmed_through_epoch
+        self._first_retained = reply.first_retained_sequence
+        return segment_views(reply)
+
+    async def _acked_end(self, segments: list[SegmentView]) -> int:
+        """The sequence just past the last acked event now."""
+        if not segments:
+            return self._first_retained
+        last = segments[-1]
+        if last.sealed:
+            return pack_sequence(last.epoch + 1, 0)
+        acked = 0
+        assert self._ref is not None
+        for replica in last.replicas:
+            stub = store_grpc.SegmentStoreStub(self._channels.get(replica))
+            segment = entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=last.epoch)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                state = await stub.GetSegmentState(
+                    segment_store_pb2.GetSegmentStateRequest(segment=segment), timeout=2
+                )
+                acked = max(acked, state.acked_index)
+        return pack_sequence(last.epoch, acked + 1)
+
+
+async def _requests(
+    start: segment_store_pb2.SubscribeRequest, keepalive_interval_ms: int
+) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+    yield start
+    while True:
+        await asyncio.sleep(keepalive_interval_ms / 1000)
+        yield segment_store_pb2.SubscribeRequest(
+            keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+        )
+
+
+def _follower(
+    master: master_pb2_grpc.MasterAsyncStub,
+    channels: ChannelPool,
+    stream: str,
+    start: Start,
+    end: int | None,
+    forever: bool,
+) -> Follower | None:
+    """A follower of `[start, end)` (`forever`: from `start` on, for ever; else `end=None`
+    stops at the acked end at call time); None when the range is empty."""
+    if forever:
+        return Follower(master, channels, stream, start, None, until_acked_end=False)
+    if end is not None and isinstance(start, int) and end <= start:
+        return None
+    return Follower(master, channels, stream, start, end, until_acked_end=end is None)
+
+
+async def subscribe(
+    master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
+) -> AsyncIterator[StreamEvent]:
+    """Every acked event from `start` on, forever."""
+    follower = _follower(master, channels, stream, start, None, forever=True)
+    assert follower is not None
+    async for events in follower.events():
+        for event in events:
+            yield event
+
+
+async def read(
+    master: master_pb2_grpc.MasterAsyncStub,
+    channels: ChannelPool,
+    stream: str,
+    start: int | Literal["earliest"] = 0,
+    end: int | None = None,
+) -> AsyncIterator[StreamEvent]:
+    """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
+    follower = _follower(master, channels, stream, start, end, forever=False)
+    if follower is None:
+        return
+    async for events in follower.events():
+        for event in events:
+            yield event
+
+
+async def subscribe_batches(
+    master: master_pb2_grpc.MasterAsyncStub, channels: ChannelPool, stream: str, start: Start
+) -> AsyncIterator[pa.RecordBatch]:
+    """`subscribe`, as record batches (`packed.EVENT_SCHEMA`)."""
+    follower = _follower(master, channels, stream, start, None, forever=True)
+    assert follower is not None
+    async for batch in follower.batches():
+        yield batch
+
+
+async def read_batches(
+    master: master_pb2_grpc.MasterAsyncStub,
+    channels: ChannelPool,
+    stream: str,
+    start: int | Literal["earliest"] = 0,
+    end: int | None = None,
+) -> AsyncIterator[pa.RecordBatch]:
+    """`read`, as record batches (`packed.EVENT_SCHEMA`)."""
+    follower = _follower(master, channels, stream, start, end, forever=False)
+    if follower is None:
+        return
+    async for batch in follower.batches():
+        yield batch

@@ -1,0 +1,84 @@
+"""Wire conversion of the writer: master replies into core events, Write requests
+serialized once per batch for every store."""
+
+from __future__ import annotations
+
+import contextlib
+
+from streamengine.client.core.replicator import (
+    SegmentRef,
+    SendWrite,
+)
+from streamengine.client.core.writer import (
+    HeartbeatAnswered,
+    Replica,
+    SegmentGrant,
+)
+from streamengine.protocol import codec
+from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
+
+# Converted entries kept for reuse: every store is usually sent the same batch.
+ENTRY_CACHE_BATCHES = 64
+
+
+def grant_from_pb(segment: entry_pb2.Segment) -> SegmentGrant:
+    return SegmentGrant(
+        SegmentRef(segment.id.stream_id, segment.id.epoch, segment.id.stream),
+        tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
+    )
+
+
+def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) -> HeartbeatAnswered:
+    policy: ReplicationPolicy | None = None
+    if reply.HasField("policy"):
+        with contextlib.suppress(InvalidPolicy):
+            policy = ReplicationPolicy(reply.policy.replicas, reply.policy.write_quorum)
+    return HeartbeatAnswered(
+        sent_at_ms=sent_at_ms,
+        leader=reply.role == master_pb2.LEADER,
+        epoch=reply.epoch,
+        lease_ms=reply.lease_ms,
+        leader_id=reply.leader_id,
+        segment=grant_from_pb(reply.segment) if reply.HasField("segment") else None,
+        unsealed=tuple(grant_from_pb(segment) for segment in reply.unsealed),
+        policy=policy,
+        roll_requested=reply.roll_requested,
+        roll_reason=reply.roll_reason,
+        segment_bytes_max=reply.segment_bytes_max,
+        segment_age_ms_max=reply.segment_age_ms_max,
+        grant=reply.grant,
+    )
+
+
+class BatchCache:
+    """Each batch serialized once, not once per store: a `WriteRequest` holding only the
+    packed entries, to which each store's request prepends its own other fields
+    (protobuf merges concatenated messages)."""
+
+    def __init__(self) -> None:
+        self._batches: dict[tuple[int, int, int], bytes] = {}
+
+    def entries(self, send: SendWrite) -> bytes:
+        key = (send.segment.epoch, send.first_index, send.last_index)
+        found = self._batches.get(key)
+        if found is None:
+            found = codec.write_request(send.batch()).SerializeToString()
+            if len(self._batches) >= ENTRY_CACHE_BATCHES:
+                del self._batches[next(iter(self._batches))]
+            self._batches[key] = found
+        return found
+
+
+def serialize_write(send: SendWrite, cache: BatchCache) -> bytes:
+    """The `WriteRequest` of `send`, as bytes."""
+    head = segment_store_pb2.WriteRequest(
+        segment=entry_pb2.SegmentId(
+            stream_id=send.segment.stream_id, epoch=send.segment.epoch, stream=send.segment.stream
+        ),
+        writer_epoch=send.writer_epoch,
+        acked_index=send.acked_index,
+        request_id=send.request_id,
+        grant=send.grant,
+    ).SerializeToString()
+    return head + cache.entries(send) if send.payloads else head

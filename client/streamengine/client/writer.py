@@ -1,0 +1,753 @@
+"""The writer: leadership of one stream and pipelined appends, as an async context.
+
+A thin asyncio shell around `client.core.leader.Leader`: every input (a heartbeat
+answer, a store's reply, a broken stream, the clock) becomes one `step`, which drains
+the core's outbox in one loop and carries the actions out (send this, resolve those
+appends); appends waiting for room are given to the core in that same loop, after the
+actions already queued, never by a step inside a step. All steps happen on the event
+loop thread without an `await` in between, so the core needs no lock.
+
+An append is answered whatever happens: it waits (no room, or a roll drains the
+segment), is submitted to the core, and is pending from the moment the core assigns
+its indexes; a step-down fails the waiting and submitted ones (never sent) and tells
+each pending one whether it is in doubt or definitely failed.
+
+Every background loop (the clock, heartbeats, one Write stream per store, in
+`client.store_link`; requests are serialized by `client.wire`) is a task
+of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
+
+Earlier segments. Each `RecoverSegment` gets one `client.sealer.SegmentSealer` task;
+its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls out of
+an epoch granted without a segment), its `Deposed` a `FencedByStore` (the core steps
+down), any other failure `RecoveryFailed` (the core starts it again later).
+
+Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
+`RollSegment` and feeds the answer back (`RollAnswered`, or `RollFailed`). Appends
+wait while the core does not accept them (`accepting_appends`) and go on in the new
+segment, whose Write streams replace the old ones.
+
+```python
+async with client.writer("acme/orders") as w:    # waits for leadership
+    seq = await w.append(b"...")                  # resolves once W stores hold it
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core.replicator import (
+    Acked,
+    Append,
+    Assigned,
+    Flush,
+    ReplicatorLimits,
+    SendWrite,
+    StoreDetached,
+    Tick,
+    events_bytes,
+)
+from streamengine.client.core.writer import (
+    APPEND_TIMEOUT_MS,
+    HOLD_LEASE_REOPEN_MS,
+    STREAM_DELETED,
+    AppendsTimedOut,
+    AskRoll,
+    BecameLeader,
+    Closing,
+    FencedByStore,
+    HeartbeatFailed,
+    Leader,
+    LeaderAction,
+    LeaderEvent,
+    RecoverSegment,
+    RecoveryFailed,
+    Release,
+    ReleaseLease,
+    Role,
+    RollAnswered,
+    RollFailed,
+    SegmentSealed,
+    SendHeartbeat,
+    StepDownReason,
+    SteppedDown,
+)
+from streamengine.client.errors import (
+    AppendFailed,
+    AppendInDoubt,
+    AppendTimedOut,
+    EventTooLarge,
+    Fenced,
+    InvalidArgument,
+    LeadershipLost,
+    StreamDeleted,
+    StreamEngineError,
+    Unavailable,
+    from_rpc_error,
+)
+from streamengine.client.recovery import SegmentSealer
+from streamengine.client.replicator import StoreLink
+from streamengine.client.retrying import retry_unary
+from streamengine.client.wire import BatchCache, heartbeat_answer
+from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.sequence import pack_sequence
+from streamengine.v1 import master_pb2, master_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# How long leaving the block waits for stores to confirm the final acked index (so
+# readers see the tail without waiting for the next leader).
+FLUSH_TIMEOUT_S = 1.0
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStatistics:
+    """A snapshot; changes nothing."""
+
+    stream: str
+    role: str
+    epoch: int
+    last_index: int
+    acked_index: int
+    in_flight_bytes: int  # appended, not yet acked
+    retained_bytes: int  # kept for resending to stores behind
+    matched_index: dict[str, int]  # per store id
+    connected: dict[str, bool]
+    detached: tuple[str, ...]
+    pending_appends: int
+    waiting_appends: int  # held back by back pressure
+    # Seconds since a master last answered this writer (None: never). A leader no master
+    # answers goes on appending to its open segment; it cannot roll meanwhile.
+    master_silent_s: float | None
+    # Earlier segments this writer is still sealing and recovering: its own segment
+    # acks nothing until they are done.
+    unsealed_epochs: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class _Append:
+    """One `append`/`append_batch` call: its future resolves to the first and last
+    sequence once acked, or fails. It waits (not yet given to the core), is submitted
+    (stepped, its `Assigned` not yet seen), then is pending (assigned, maybe sent)."""
+
+    payloads: tuple[bytes, ...]
+    nbytes: int
+    future: asyncio.Future[tuple[int, int]]
+    first_index: int = 0
+    last_index: int = 0
+    segment_epoch: int = 0
+
+
+def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    raise InvalidArgument(f"an event is bytes, not {type(payload).__name__}")
+
+
+class Writer:
+    """Leadership of one stream; see the module docstring. Made by `StreamClient.writer`."""
+
+    def __init__(
+        self,
+        master: master_pb2_grpc.MasterAsyncStub,
+        channels: ChannelPool,
+        stream: str,
+        *,
+        holding_master: Callable[[], master_pb2_grpc.MasterAsyncStub] | None = None,
+        limits: ReplicatorLimits | None = None,
+        leadership_timeout_s: float | None = None,
+        client_id: str | None = None,
+        rolling: bool = True,
+        append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
+        accept_loss: bool = False,
+    ) -> None:
+        """`rolling=False` keeps one segment for as long as this writer leads.
+        `accept_loss` (`StreamClient.seal`'s, an operator's choice only): recoveries of
+        earlier segments decide from the stores that answer when fewer than R can, and
+        declare the range they cannot know lost."""
+        self.stream = stream
+        self._accept_loss = accept_loss
+        self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
+        self._master = master
+        # The master last seen active, for the call held open while leading (None: no
+        # such call; the lease then runs out when the writer dies).
+        self._holding_master = holding_master
+        self._hold: tuple[int, asyncio.Task[None]] | None = None  # epoch, call
+        self._channels = channels
+        self._leadership_timeout_s = leadership_timeout_s
+        self._core = Leader(
+            now_ms(),
+            limits,
+            recovery_supported=True,
+            rolling_supported=rolling,
+            append_timeout_ms=max(1, round(append_timeout_s * 1000)),
+        )
+        self._group: asyncio.TaskGroup | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._link_tasks: list[asyncio.Task[None]] = []
+        # Heartbeats in flight: cancelled on close (their answers no longer matter).
+        self._heartbeats: set[asyncio.Task[None]] = set()
+        self._links: dict[str, StoreLink] = {}
+        # Sealing earlier segments: cancelled when this writer stops leading.
+        self._recoveries: set[asyncio.Task[None]] = set()
+        self._sealed_changed = asyncio.Event()
+        self._waiting: deque[_Append] = deque()  # held back: no room, or a roll drains
+        self._submitted: deque[_Append] = deque()  # stepped, `Assigned` not yet seen
+        self._pending: deque[_Append] = deque()  # assigned: resolved when acked
+        self._room_freed = False
+        self._stepping = False
+        self._decided = asyncio.Event()  # leading, or finished before leading
+        self._wake = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._stepped = asyncio.Event()
+        self._clock_deadline: int | None = None
+        self._closing = False
+        self._releases: list[ReleaseLease] = []
+        self._error: StreamEngineError | None = None
+        # The last heartbeat error, told to the user if the core ends the writer on it.
+        self._heartbeat_error: StreamEngineError | None = None
+        self.batch_cache = BatchCache()
+
+    # ---- the context ----
+
+    async def __aenter__(self) -> Writer:
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        try:
+            self._loops.append(self._group.create_task(self._clock()))
+            try:
+                async with asyncio.timeout(self._leadership_timeout_s):
+                    await self._decided.wait()
+            except TimeoutError:
+                leader = self._core.statistics().leader_id or "nobody (the master is silent)"
+                raise Unavailable(
+                    f"{self.stream}: no leadership within {self._leadership_timeout_s} s; "
+                    f"leading: {leader}"
+                ) from None
+            if self._error is not None:
+                raise self._error
+        except BaseException as error:
+            await self._close(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._close(exc_type, exc, tb)
+
+    async def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._group is not None
+        if self.leading and exc_type is None:
+            await self._finish_recoveries()
+            await self._flush()
+        self._closing = True
+        # No heartbeat may reach the master after the release: the lease would then be
+        # free and granted again, to this writer, opening an epoch nobody uses (and
+        # leaving the segment just written unsealed until the next leader).
+        heartbeats = list(self._heartbeats)
+        for task in heartbeats:
+            task.cancel()
+        await asyncio.gather(*heartbeats, return_exceptions=True)
+        self.step(Release())
+        for release in self._releases:
+            await self._release(release)
+        released = len(self._releases)
+        self._end_hold()
+        for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
+            task.cancel()
+        try:
+            if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
+                # The caller's own error goes on as it is; a TaskGroup would wrap it in an
+                # ExceptionGroup. Only a background loop's failure (which cancels the
+                # caller, so it arrives here as CancelledError) comes back as a group.
+                await self._group.__aexit__(None, None, None)
+            else:
+                await self._group.__aexit__(exc_type, exc, tb)
+        finally:
+            # A roll answered while closing granted an epoch: give it back too, or the
+            # next writer (or `seal`) waits out a lease nobody uses.
+            for release in self._releases[released:]:
+                await self._release(release)
+        return None
+
+    async def _finish_recoveries(self) -> None:
+        """Closing: the recoveries this writer started finish before it lets go (the
+        core says when, `Leader.ready_to_release`)."""
+        self.step(Closing())
+        while not self._core.ready_to_release(now_ms()):
+            self._stepped.clear()
+            await self._stepped.wait()
+
+    async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until every appended event is acked and every connected store holds it
+        and knows the acked index, so a reader starting at the end now starts after
+        it. False if that did not happen within `timeout_s` (a store is slow or down)."""
+        self._check_leading()
+        await self._flush(timeout_s)
+        return self._is_flushed()
+
+    async def _flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        self._flushed.clear()
+        self.step(Flush())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.leading and not self._is_flushed():
+                    self._flushed.clear()
+                    await self._flushed.wait()
+
+    def _is_flushed(self) -> bool:
+        replicator = self._core.replicator
+        return replicator is None or (
+            replicator.acked_index == replicator.last_index and replicator.flushed()
+        )
+
+    # ---- appending ----
+
+    @property
+    def leading(self) -> bool:
+        return self._core.role is Role.LEADING
+
+    @property
+    def epoch(self) -> int:
+        return self._core.epoch
+
+    async def append(self, payload: bytes | bytearray | memoryview) -> int:
+        """Append one event; returns its sequence once W stores hold it."""
+        first, _ = await self._append((_as_bytes(payload),))
+        return first
+
+    async def append_batch(self, payloads: Sequence[bytes | bytearray | memoryview]) -> list[int]:
+        """Append events in order (consecutive indexes); their sequences once acked."""
+        if not payloads:
+            return []
+        first, last = await self._append(tuple(map(_as_bytes, payloads)))
+        return list(range(first, last + 1))
+
+    async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
+        largest = max(map(len, payloads))
+        if largest > EVENT_BYTES_MAX:
+            raise EventTooLarge(f"event of {largest} bytes > {EVENT_BYTES_MAX}")
+        nbytes = events_bytes(payloads)
+        self._check_leading()
+        unacked_max = self._core.limits.unacked_bytes_max
+        if len(payloads) > 1 and nbytes > unacked_max:
+            raise InvalidArgument(
+                f"a batch of {nbytes} bytes is more than the writer may have unacked "
+                f"({unacked_max}): split it"
+            )
+        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future())
+        # No segment yet (an epoch granted without one): it waits for the roll.
+        replicator = self._core.replicator
+        if (
+            not self._waiting
+            and self._core.accepting_appends
+            and replicator is not None
+            and replicator.room_for(nbytes)
+        ):
+            self._submitted.append(item)
+            self.step(Append(payloads))
+        else:
+            self._waiting.append(item)
+        return await item.future
+
+    def _check_leading(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if not self.leading:
+            raise LeadershipLost(f"{self.stream}: this writer does not lead")
+
+    def _admit_next(self, now: int) -> bool:
+        """Give the first waiting append to the core if it may go now (inside the drain
+        loop of `step`, so its writes queue after the actions just carried out)."""
+        if not self._room_freed:
+            return False
+        replicator = self._core.replicator
+        while self._waiting and self._waiting[0].future.done():
+            self._waiting.popleft()  # cancelled by its caller
+        if (
+            not self._waiting
+            or replicator is None
+            or not self._core.accepting_appends
+            or not replicator.room_for(self._waiting[0].nbytes)
+        ):
+            self._room_freed = False
+            return False
+        item = self._waiting.popleft()
+        self._submitted.append(item)
+        self._core.step(now, Append(item.payloads))
+        return True
+
+    # ---- the core ----
+
+    def step(self, event: LeaderEvent) -> None:
+        """Feed one event to the core and carry out everything that follows, in one
+        loop: the actions it queued, then waiting appends the room freed lets go (each
+        one more step, drained in turn). Nothing here steps from inside a step."""
+        assert not self._stepping, f"a step inside a step: {event!r}"
+        self._stepping = True
+        try:
+            now = now_ms()
+            accepting = self._core.accepting_appends
+            self._core.step(now, event)
+            while True:
+                actions = self._core.take_actions()
+                if actions:
+                    self._apply(actions)
+                    continue
+                if not accepting and self._core.accepting_appends:
+                    accepting = True
+                    self._room_freed = True  # a roll's drain ended (rolled or given up)
+                if not (self._waiting and self._admit_next(now)):
+                    break
+        finally:
+            self._stepping = False
+        # Every submitted append was assigned, or failed with the step-down.
+        assert not self._submitted, self._submitted
+        if self._core.role is Role.LEADING:
+            # Leading, with a segment or not yet (an epoch granted without one: its
+            # recoveries run, appends wait for the roll that gives it one).
+            self._decided.set()
+        self._stepped.set()
+        deadline = self._core.deadline_ms(now_ms())
+        if deadline is not None and (
+            self._clock_deadline is None or deadline < self._clock_deadline
+        ):
+            self._wake.set()
+
+    def _apply(self, actions: Iterable[LeaderAction]) -> None:
+        for action in actions:
+            if isinstance(action, SendWrite):
+                link = self._links.get(action.store)
+                if link is not None:
+                    link.send(action)
+            elif isinstance(action, Assigned):
+                self._assigned(action)
+            elif isinstance(action, Acked):
+                self._acked(action.acked_index)
+            elif isinstance(action, SendHeartbeat):
+                if self._closing:
+                    continue  # see `_close`
+                task = self._spawn(self._heartbeat(action))
+                self._heartbeats.add(task)
+                task.add_done_callback(self._heartbeats.discard)
+            elif isinstance(action, BecameLeader):
+                self._became_leader(action)
+            elif isinstance(action, SteppedDown):
+                self._stepped_down(action)
+            elif isinstance(action, AppendsTimedOut):
+                self._timed_out(action)
+            elif isinstance(action, ReleaseLease):
+                if self._closing:
+                    self._releases.append(action)
+                else:
+                    self._spawn(self._release(action))
+            elif isinstance(action, StoreDetached):
+                log.warning(
+                    "%s: store %s detached at matched %d: %s",
+                    self.stream,
+                    action.store,
+                    action.matched_index,
+                    action.reason,
+                )
+            elif isinstance(action, RecoverSegment):
+                self._start_recovery(action)
+            elif isinstance(action, AskRoll):
+                self._spawn(self._roll(action))
+        if self._core.replicator is not None and self._is_flushed():
+            self._flushed.set()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        assert self._group is not None
+        return self._group.create_task(coroutine)
+
+    def _became_leader(self, action: BecameLeader) -> None:
+        assert self._group is not None
+        # After a roll: the old segment's streams go (all of it is acked; its recovery
+        # uses its own requests), and appends held back by the drain may go on.
+        for task in self._link_tasks:
+            task.cancel()
+        self._link_tasks.clear()
+        self._links.clear()
+        self._room_freed = True
+        for replica in action.segment.copy_set:
+            link = StoreLink(self, replica, self._channels.get(replica.address))
+            self._links[replica.store_id] = link
+            self._link_tasks.append(self._group.create_task(link.run()))
+        log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
+        self._hold_lease(action.epoch, action.grant)
+        self._decided.set()
+
+    def _hold_lease(self, epoch: int, grant: bytes) -> None:
+        """Hold the lease of `epoch` open at the master (ending the call of an earlier
+        epoch, which the master then ignores: the lease is the new epoch's)."""
+        if self._holding_master is None or (self._hold is not None and self._hold[0] == epoch):
+            return
+        self._end_hold()
+        request = master_pb2.HoldLeaseRequest(
+            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=grant
+        )
+        self._hold = (epoch, self._spawn(self._holding(request)))
+
+    def _end_hold(self) -> None:
+        if self._hold is not None:
+            self._hold[1].cancel()
+            self._hold = None
+
+    async def _holding(self, request: master_pb2.HoldLeaseRequest) -> None:
+        assert self._holding_master is not None
+        while True:
+            try:
+                async for _ in self._holding_master().HoldLease(request):
+                    pass
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # a master from before the call existed: the lease runs out
+                log.debug("%s: lease call ended: %s", self.stream, error.code().name)
+            await asyncio.sleep(HOLD_LEASE_REOPEN_MS / 1000)
+
+    def _assigned(self, assigned: Assigned) -> None:
+        # Pending from this moment: a step-down from here on must answer it.
+        item = self._submitted.popleft()
+        item.first_index = assigned.first_index
+        item.last_index = assigned.last_index
+        item.segment_epoch = assigned.segment_epoch
+        self._pending.append(item)
+
+    def _acked(self, acked_index: int) -> None:
+        pending = self._pending
+        while pending and pending[0].last_index <= acked_index:
+            item = pending.popleft()
+            if not item.future.done():
+                epoch = item.segment_epoch
+                item.future.set_result(
+                    (pack_sequence(epoch, item.first_index), pack_sequence(epoch, item.last_index))
+                )
+        self._room_freed = True
+
+    def _timed_out(self, late: AppendsTimedOut) -> None:
+        waited = f"{self.stream}: not acknowledged within the append timeout"
+        for item in self._pending:
+            if item.segment_epoch != late.segment_epoch or item.last_index > late.last_index:
+                break
+            if not item.future.done():
+                item.future.set_exception(
+                    AppendTimedOut(
+                        f"{waited}; the append may still be written (in doubt): too few "
+                        "stores of the copy set answer and no master answers to roll away "
+                        "from them",
+                        in_doubt=True,
+                    )
+                )
+        for waiting in self._waiting:
+            if not waiting.future.done():
+                waiting.future.set_exception(
+                    AppendTimedOut(
+                        f"{waited}; the append waited for room and was never sent",
+                        in_doubt=False,
+                    )
+                )
+        self._waiting.clear()
+
+    def _stepped_down(self, down: SteppedDown) -> None:
+        self._end_hold()
+        message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
+        if down.reason is StepDownReason.REFUSED and self._heartbeat_error is not None:
+            self._error = self._heartbeat_error
+        elif down.reason is StepDownReason.FENCED:
+            self._error = Fenced(message, down.epoch + 1)
+        else:
+            self._error = LeadershipLost(message)
+        if down.reason is not StepDownReason.RELEASED:
+            log.warning("%s", message)
+        for item in self._pending:
+            if item.future.done():
+                continue
+            if item.first_index > down.sent_through:
+                item.future.set_exception(AppendFailed(f"{message}; the append reached no store"))
+            else:
+                item.future.set_exception(
+                    AppendInDoubt(
+                        f"{message}; the append may be durable and then appears after recovery"
+                    )
+                )
+        self._pending.clear()
+        for waiting in [*self._submitted, *self._waiting]:
+            if not waiting.future.done():
+                waiting.future.set_exception(AppendFailed(f"{message}; the append was never sent"))
+        self._submitted.clear()
+        self._waiting.clear()
+        for task in [*self._link_tasks, *self._recoveries]:
+            task.cancel()
+        self._sealed_changed.set()
+        self._decided.set()
+
+    # ---- background loops ----
+
+    async def _clock(self) -> None:
+        while True:
+            now = now_ms()
+            deadline = self._core.deadline_ms(now)
+            self._clock_deadline = deadline
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                delay = None if deadline is None else max(0, deadline - now) / 1000
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            self._clock_deadline = None
+            self.step(Tick())
+
+    async def _heartbeat(self, action: SendHeartbeat) -> None:
+        request = master_pb2.WriterHeartbeatRequest(
+            stream=self.stream,
+            client_id=self.client_id,
+            epoch=action.epoch,
+            acked_index=action.acked_index,
+            segment_bytes=action.segment_bytes,
+        )
+        sent_at = now_ms()
+        try:
+            reply = await self._master.WriterHeartbeat(request, timeout=action.timeout_ms / 1000)
+        except grpc.aio.AioRpcError as error:
+            log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
+            self._heartbeat_error = from_rpc_error(error)
+            failure = (
+                STREAM_DELETED
+                if isinstance(self._heartbeat_error, StreamDeleted)
+                else error.code().name
+            )
+            self.step(HeartbeatFailed(sent_at, failure, error.details() or ""))
+            return
+        self.step(heartbeat_answer(sent_at, reply))
+
+    # ---- sealing earlier segments ----
+
+    async def _roll(self, action: AskRoll) -> None:
+        log.info(
+            "%s: rolling epoch %d (%s), excluding %s",
+            self.stream,
+            action.epoch,
+            action.reason,
+            list(action.exclude_stores),
+        )
+        request = master_pb2.RollSegmentRequest(
+            stream=self.stream,
+            client_id=self.client_id,
+            epoch=action.epoch,
+            exclude_stores=action.exclude_stores,
+            grant=action.grant,
+        )
+        sent_at = now_ms()
+        try:
+            reply = await self._master.RollSegment(request, timeout=action.timeout_ms / 1000)
+        except grpc.aio.AioRpcError as error:
+            log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
+            self.step(RollFailed(f"{error.code().name}: {error.details()}"))
+            return
+        self.step(RollAnswered(heartbeat_answer(sent_at, reply)))
+
+    def _start_recovery(self, action: RecoverSegment) -> None:
+        task = self._spawn(self._recover(action))
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def _recover(self, action: RecoverSegment) -> None:
+        """Seal and recover one earlier segment for the core's gate."""
+        epoch = action.segment.epoch
+        log.info("%s: sealing segment %d under epoch %d", self.stream, epoch, action.new_epoch)
+        sealer = SegmentSealer(
+            self._master, self._channels, self.client_id, action, self._accept_loss
+        )
+        try:
+            await sealer.run()
+        except Fenced as error:
+            await sealer.close()
+            self.step(FencedByStore(f"recovery of segment {epoch}", error.fence))
+            return
+        except Exception as error:  # any other failure: the core tries again
+            await sealer.close()
+            log.warning("%s: recovery of segment %d failed: %r", self.stream, epoch, error)
+            self.step(RecoveryFailed(epoch, repr(error)))
+            return
+        except BaseException:
+            await sealer.close()
+            raise
+        self.step(SegmentSealed(epoch))
+        self._sealed_changed.set()
+        await sealer.finish()
+
+    async def wait_sealed(self, timeout_s: float) -> None:
+        """Wait until every segment before this writer's own is sealed and recovered
+        (until then nothing of its own segment is acked)."""
+        self._check_leading()
+        async with asyncio.timeout(timeout_s):
+            while self._core.statistics().unsealed_epochs:
+                self._sealed_changed.clear()
+                await self._sealed_changed.wait()
+                self._check_leading()
+
+    async def _release(self, action: ReleaseLease) -> None:
+        epoch = action.epoch
+        request = master_pb2.ReleaseLeaseRequest(
+            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=action.grant
+        )
+
+        async def release() -> master_pb2.ReleaseLeaseReply:
+            return await self._master.ReleaseLease(request, timeout=1.0)
+
+        try:
+            await retry_unary(release, deadline_s=2.0, attempts=4)
+        except grpc.aio.AioRpcError as error:
+            # The lease then runs out by itself.
+            log.info("%s: release of epoch %d failed: %s", self.stream, epoch, error.code().name)
+
+    # ---- statistics ----
+
+    def statistics(self) -> WriterStatistics:
+        core = self._core.statistics()
+        replication = core.replication
+        stores = replication.stores if replication else {}
+        return WriterStatistics(
+            stream=self.stream,
+            role=core.role.value,
+            epoch=core.epoch,
+            last_index=replication.last_index if replication else 0,
+            acked_index=replication.acked_index if replication else 0,
+            in_flight_bytes=replication.unacked_bytes if replication else 0,
+            retained_bytes=replication.retained_bytes if replication else 0,
+            matched_index={name: s.matched_index for name, s in stores.items()},
+            connected={name: s.connected for name, s in stores.items()},
+            detached=tuple(name for name, s in stores.items() if s.detached),
+            pending_appends=len(self._pending),
+            waiting_appends=len(self._waiting),
+            master_silent_s=(
+                (now_ms() - core.master_answered_ms) / 1000 if core.master_answered_ms else None
+            ),
+            unsealed_epochs=core.unsealed_epochs,
+        )

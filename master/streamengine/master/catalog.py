@@ -1,0 +1,263 @@
+"""The master's records and how they are kept as key/value records.
+
+Every mutation of the master's state is one `Batch` (a `metadata.Transaction` built
+record by record) committed before the request that caused it is answered, so an
+epoch, a seal or a copy-set swap the master has told anyone about survives a crash of
+the master, its host, or a change of active master. Where the records live is the
+metadata back end's business (`master.metadata`): the embedded RocksDB or etcd.
+
+Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
+  m/next_stream_id                 -> u64
+  m/signing_key                    -> the master's Ed25519 private key (32 raw bytes)
+  m/revocations_version            -> u64 (bumped by every token revocation)
+  m/rebuilt_through                -> u64 (the highest stream id when the metadata was
+                                      rebuilt from the stores: unknown ids up to it are kept)
+  m/cluster_id                     -> the cluster's id (utf-8), made at the first start or
+                                      adopted from the stores by a rebuild
+  m/rebuilding                     -> b"" while a rebuild from the stores is being written:
+                                      metadata holding it is unfinished, never served
+  t/<tenant>                       -> JSON {created_at_ms}
+  s/<tenant/stream>                -> JSON StreamRecord
+  g/<stream_id u64><epoch u64>     -> JSON SegmentRecord
+  r/<store_id>                     -> JSON StoreRecord
+  d/<store_id>\\0<stream_id u64><epoch u64> -> b"" (a replica the store must delete)
+  k/<token_id>                     -> JSON TokenRecord (tokens issued, until they expire)
+
+The signing key sits with the rest of the metadata so that a master started on the
+same metadata (a restart, or a standby on shared storage) signs with the same key, and
+every grant and token issued before stays valid.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from streamengine.master.core.errors import InvalidArgument
+from streamengine.master.core.model import (
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    StoreRecord,
+    StreamRecord,
+    TokenRecord,
+)
+from streamengine.master.metadata import Metadata, Transaction
+from streamengine.protocol.certificate import Certificate
+from streamengine.protocol.limits import EPOCH_MAX
+
+_U64 = struct.Struct(">Q")
+_KEY = struct.Struct(">QQ")
+
+_NEXT_STREAM_ID = b"m/next_stream_id"
+_SIGNING_KEY = b"m/signing_key"
+_REVOCATIONS_VERSION = b"m/revocations_version"
+_REBUILT_THROUGH = b"m/rebuilt_through"
+_CLUSTER_ID = b"m/cluster_id"
+_REBUILDING = b"m/rebuilding"
+_TOKEN = b"k/"
+_TENANT = b"t/"
+_STREAM = b"s/"
+_SEGMENT = b"g/"
+_STORE = b"r/"
+_DELETE = b"d/"
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _segment_key(key: SegmentKey) -> bytes:
+    return _SEGMENT + _KEY.pack(*key)
+
+
+def _delete_key(store_id: str, key: SegmentKey) -> bytes:
+    return _DELETE + store_id.encode() + b"\0" + _KEY.pack(*key)
+
+
+def encode_segment(record: SegmentRecord) -> bytes:
+    value = asdict(record)
+    value["copy_set"] = list(record.copy_set)
+    value["state"] = int(record.state)
+    value["bad"] = list(record.bad)
+    value["verified"] = list(record.verified)
+    certificate = record.certificate
+    value["certificate"] = (
+        base64.b64encode(certificate.encode()).decode() if certificate is not None else ""
+    )
+    return _json(value)
+
+
+def decode_segment(raw: bytes) -> SegmentRecord:
+    """A segment record; one written before certificates existed has none."""
+    value = json.loads(raw)
+    value["copy_set"] = tuple(value["copy_set"])
+    value["state"] = SegmentState(value["state"])
+    value["bad"] = tuple(value.get("bad", ()))
+    value["verified"] = tuple(value.get("verified", ()))
+    encoded = value.get("certificate", "")
+    value["certificate"] = Certificate.decode(base64.b64decode(encoded)) if encoded else None
+    return SegmentRecord(**value)
+
+
+class Batch(Transaction):
+    """A transaction built record by record, committed by `Catalog.commit`."""
+
+    def next_stream_id(self, value: int) -> Batch:
+        self.puts.append((_NEXT_STREAM_ID, _U64.pack(value)))
+        return self
+
+    def tenant(self, name: str, created_at_ms: int) -> Batch:
+        self.puts.append((_TENANT + name.encode(), _json({"created_at_ms": created_at_ms})))
+        return self
+
+    def stream(self, record: StreamRecord) -> Batch:
+        self.puts.append((_STREAM + record.name.encode(), _json(asdict(record))))
+        return self
+
+    def drop_stream(self, name: str) -> Batch:
+        self.deletes.append(_STREAM + name.encode())
+        return self
+
+    def segment(self, record: SegmentRecord) -> Batch:
+        self.puts.append((_segment_key(record.key), encode_segment(record)))
+        return self
+
+    def drop_segment(self, key: SegmentKey) -> Batch:
+        self.deletes.append(_segment_key(key))
+        return self
+
+    def drop_segments_of(self, stream_id: int) -> Batch:
+        """Every segment of a stream, in one operation however many there are."""
+        self.delete_prefixes.append(_SEGMENT + _U64.pack(stream_id))
+        return self
+
+    def store(self, record: StoreRecord) -> Batch:
+        self.puts.append((_STORE + record.store_id.encode(), _json(asdict(record))))
+        return self
+
+    def delete_replica(self, store_id: str, key: SegmentKey) -> Batch:
+        self.puts.append((_delete_key(store_id, key), b""))
+        return self
+
+    def replica_deleted(self, store_id: str, key: SegmentKey) -> Batch:
+        self.deletes.append(_delete_key(store_id, key))
+        return self
+
+    def signing_key(self, private_bytes: bytes) -> Batch:
+        self.puts.append((_SIGNING_KEY, private_bytes))
+        return self
+
+    def token(self, record: TokenRecord) -> Batch:
+        self.puts.append((_TOKEN + record.token_id.encode(), _json(asdict(record))))
+        return self
+
+    def drop_token(self, token_id: str) -> Batch:
+        self.deletes.append(_TOKEN + token_id.encode())
+        return self
+
+    def revocations_version(self, value: int) -> Batch:
+        self.puts.append((_REVOCATIONS_VERSION, _U64.pack(value)))
+        return self
+
+    def rebuilt_through(self, stream_id: int) -> Batch:
+        self.puts.append((_REBUILT_THROUGH, _U64.pack(stream_id)))
+        return self
+
+    def cluster_id(self, value: str) -> Batch:
+        self.puts.append((_CLUSTER_ID, value.encode()))
+        return self
+
+    def rebuilding(self, unfinished: bool) -> Batch:
+        if unfinished:
+            self.puts.append((_REBUILDING, b""))
+        else:
+            self.deletes.append(_REBUILDING)
+        return self
+
+
+@dataclass
+class Loaded:
+    next_stream_id: int
+    tenants: dict[str, int]
+    streams: dict[str, StreamRecord]
+    segments: dict[SegmentKey, SegmentRecord]
+    stores: dict[str, StoreRecord]
+    deletes: set[tuple[str, SegmentKey]]
+    signing_key: bytes | None = None
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    revocations_version: int = 0
+    rebuilt_through: int = 0
+    cluster_id: str = ""
+    rebuilding: bool = False
+
+
+class Catalog:
+    """The master's records over one metadata store."""
+
+    def __init__(self, metadata: Metadata):
+        self.metadata = metadata
+
+    def close(self) -> None:
+        self.metadata.close()
+
+    def commit(self, batch: Batch) -> None:
+        if batch.ops():
+            self.metadata.commit(batch)
+
+    def load(self) -> Loaded:
+        return decode_records(self.metadata.read_all())
+
+
+def raise_epochs(records: list[tuple[bytes, bytes]], by: int) -> list[tuple[bytes, bytes]]:
+    """The records with every stream's latest epoch raised by `by`, so that none of the
+    epochs granted after these records were written is granted again (a restore of an
+    old backup)."""
+    assert by >= 0
+    raised = []
+    for key, value in records:
+        if key.startswith(_STREAM) and by:
+            record = StreamRecord(**json.loads(value))
+            if record.epoch + by > EPOCH_MAX:
+                raise InvalidArgument(f"{record.name}: epoch {record.epoch} + {by} is too high")
+            value = _json(asdict(replace(record, epoch=record.epoch + by)))
+        raised.append((key, value))
+    return raised
+
+
+def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
+    """The catalog from every record of the metadata store. Records under prefixes the
+    master does not know are left alone (another part of the master owns them)."""
+    loaded = Loaded(1, {}, {}, {}, {}, set())
+    for key, value in records:
+        if key == _NEXT_STREAM_ID:
+            loaded.next_stream_id = _U64.unpack(value)[0]
+        elif key.startswith(_TENANT):
+            loaded.tenants[key[len(_TENANT) :].decode()] = json.loads(value)["created_at_ms"]
+        elif key.startswith(_STREAM):
+            loaded.streams[key[len(_STREAM) :].decode()] = StreamRecord(**json.loads(value))
+        elif key.startswith(_SEGMENT):
+            record = decode_segment(value)
+            loaded.segments[record.key] = record
+        elif key.startswith(_STORE):
+            loaded.stores[key[len(_STORE) :].decode()] = StoreRecord(**json.loads(value))
+        elif key.startswith(_DELETE):
+            packed = key[len(_DELETE) :]
+            store_id, segment = packed[: -_KEY.size - 1], packed[-_KEY.size :]
+            loaded.deletes.add((store_id.decode(), _KEY.unpack(segment)))
+        elif key == _SIGNING_KEY:
+            loaded.signing_key = value
+        elif key == _REVOCATIONS_VERSION:
+            loaded.revocations_version = _U64.unpack(value)[0]
+        elif key == _REBUILT_THROUGH:
+            loaded.rebuilt_through = _U64.unpack(value)[0]
+        elif key == _CLUSTER_ID:
+            loaded.cluster_id = value.decode()
+        elif key == _REBUILDING:
+            loaded.rebuilding = True
+        elif key.startswith(_TOKEN):
+            loaded.tokens[key[len(_TOKEN) :].decode()] = TokenRecord(**json.loads(value))
+    return loaded

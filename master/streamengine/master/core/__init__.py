@@ -1,0 +1,1 @@
+"""Pure decisions: no I/O, no clock, no randomness (tests/test_layering.py)."""

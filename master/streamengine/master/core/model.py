@@ -1,0 +1,162 @@
+"""The master's records: what it persists and what its pure cores decide over.
+
+Plain frozen dataclasses, no I/O. Stores are named by their stable id everywhere; an
+address is looked up from the store's latest registration when a reply is built, so a
+store that moves to another port keeps its replicas.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from streamengine.master.core.errors import InvalidArgument
+from streamengine.protocol.certificate import Certificate
+from streamengine.protocol.limits import NAME_PART_CHARS_MAX
+
+# A segment is named by (stream id, epoch) everywhere inside the master.
+SegmentKey = tuple[int, int]
+
+_NAME_PART = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{NAME_PART_CHARS_MAX - 1}}}")
+
+
+class SegmentState(enum.IntEnum):
+    """Numbers match `streamengine.v1.SegmentState`."""
+
+    OPEN = 1
+    SEALING = 2
+    SEALED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    name: str
+    stream_id: int
+    replicas: int
+    write_quorum: int
+    segment_bytes: int
+    segment_age_ms: int
+    # The latest epoch granted, and to whom: persisted together before either is
+    # returned, so epochs never repeat and the last holder can keep its lease across a
+    # master restart.
+    epoch: int
+    leader_id: str
+    created_at_ms: int
+    # Retention limits (0: none): the master trims whole sealed segments from the head.
+    retention_age_ms: int = 0
+    retention_bytes: int = 0
+    # Segments of this epoch and earlier are trimmed (0: none ever was); their records
+    # stay until their `removal_at_ms`.
+    trimmed_through_epoch: int = 0
+    # Deleted, pending removal: refused until undeleted; its data goes at this time
+    # (wall-clock ms; 0: not deleted).
+    deleted_until_ms: int = 0
+
+    @property
+    def tenant(self) -> str:
+        return self.name.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    stream_id: int
+    stream: str
+    epoch: int
+    # Store ids; an open segment's copy set never changes, a sealed one's is swapped by
+    # repair one member at a time.
+    copy_set: tuple[str, ...]
+    state: SegmentState
+    final_index: int
+    created_at_ms: int
+    sealed_at_ms: int
+    # When the copy set or the seal last changed: reports older than this say nothing
+    # about whether a replica reached the bridge.
+    settled_at_ms: int
+    # SEALED: what the segment must contain, None while nobody knows (`integrity.py`),
+    # and who made it (`integrity.WRITER` or `integrity.REPLICAS`).
+    certificate: Certificate | None = None
+    certified_by: str = ""
+    # Members whose replica differs from the certificate: never a copy source, replaced.
+    bad: tuple[str, ...] = ()
+    # Members whose replica matched the certificate (`integrity.py`), sorted.
+    verified: tuple[str, ...] = ()
+    # Trimmed: when its record is dropped and its replicas become garbage (0: kept).
+    removal_at_ms: int = 0
+    # Sealed accepting loss: indexes from this one through the bridge may have held
+    # acked events that are lost (0: none).
+    lost_from_index: int = 0
+
+    @property
+    def key(self) -> SegmentKey:
+        return (self.stream_id, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRecord:
+    store_id: str
+    address: str
+    zone: str
+    draining: bool
+    # Of the store's database, as it last registered (0: not known); a new one holds
+    # none of the replicas of the one before.
+    incarnation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A tenant token the master issued: what it allows and until when. The token
+    itself (its signature) is not kept: only its bearer has it."""
+
+    token_id: str
+    tenant: str
+    role: int  # `protocol.auth.Role`
+    issued_at_ms: int
+    expires_at_ms: int
+    revoked_at_ms: int = 0  # 0: not revoked
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One segment as a store last reported it."""
+
+    fence: int
+    acked_index: int
+    last_index: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """What placement and repair need to know about one store, now."""
+
+    store_id: str
+    zone: str
+    used_bytes: int
+    alive: bool
+    draining: bool
+    # Replicas assigned to the store: a tie-breaker, so copy sets handed out between two
+    # heartbeats (before bytes move) still spread.
+    segments: int = 0
+    # When its latest heartbeat arrived (0: none since the master started).
+    reported_at_ms: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.alive and not self.draining
+
+
+def validate_name_part(what: str, part: str) -> str:
+    if not _NAME_PART.fullmatch(part) or part.startswith("."):
+        raise InvalidArgument(
+            f"{what} {part!r}: 1 to {NAME_PART_CHARS_MAX} of [A-Za-z0-9._-], not starting with '.'"
+        )
+    return part
+
+
+def validate_stream_name(name: str) -> tuple[str, str]:
+    """`tenant/stream` → (tenant, stream); raises InvalidArgument."""
+    parts = name.split("/")
+    if len(parts) != 2:
+        raise InvalidArgument(f"stream name {name!r} must be `tenant/stream`")
+    return validate_name_part("tenant", parts[0]), validate_name_part("stream", parts[1])

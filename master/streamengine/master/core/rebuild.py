@@ -1,0 +1,241 @@
+"""Rebuilding the master's metadata from the stores (`streamengine master --rebuild`).
+
+Pure: what the stores answered in, the catalog out. Each store keeps, beside every
+segment it holds, the master's last record of it (`master.records`: stream name and
+id, policy, epoch, copy set, seal state, final index, certificate), and reports its
+own fence, acked index and acked bridge of it. From those:
+
+- a stream is named by its records (the record of its highest epoch wins; a record
+  that names it otherwise is a conflict, logged). Two stream ids under one name: the
+  higher id is the stream (ids grow; the lower one was deleted and created again), the
+  lower one is not rebuilt (its replicas stay on the stores: no unknown id up to the
+  highest rebuilt is garbage, since a store that missed the rebuild may hold the only
+  copies of a stream). A stream id no record names (its records never
+  reached a store) is kept under `<tenant>/stream-<id>` with the tenant its grants told
+  the stores, rather than deleted;
+- a segment is the record its stores agree on, the sealed one first: two sealed
+  records disagreeing on the final index are a conflict (the latest settled is taken,
+  logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
+  sealed there (a seal whose record had not reached the stores yet). A segment without
+  any record gets the stores that hold it as its copy set;
+- a stream's epoch is the highest epoch any store knows of it, as a segment or as a
+  fence: every epoch granted before that a leader used is at or below it, so the next
+  grant is above every epoch ever used (an epoch granted and never shown to any store is
+  refused by every store that took the rebuilt master's new signing key);
+- unsealed segments below the stream's epoch are SEALING (a later epoch exists);
+- the next stream id is above every id any store holds, so no new stream collides.
+
+Tenants are recreated from stream names; tokens are not in the stores and are lost
+(the operator issues new ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from streamengine.master.core.model import SegmentKey, SegmentRecord, SegmentState, StreamRecord
+from streamengine.protocol.limits import REPLICAS_MAX
+
+# Stores register again within this long of a master's start: a heartbeat (at most a
+# second apart) finds the master does not know them, and a registration retried with
+# backoff (at most 2 s apart, `segment_store.master_link`) gets through. The rebuild
+# waits at least this long, so that a store no record names is asked too.
+REGISTRATION_GRACE_MS = 3_000
+
+# Roll thresholds of a stream rebuilt without any record (as `state` defaults them).
+_SEGMENT_BYTES = 256 << 20
+_SEGMENT_AGE_MS = 60 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One segment as one store holds it, with the master's record it keeps (None: no
+    record reached it, or it did not decode)."""
+
+    store_id: str
+    stream_id: int
+    epoch: int
+    fence: int
+    acked_index: int
+    bridge_index: int
+    tenant: str
+    record: tuple[StreamRecord, SegmentRecord] | None = None
+
+    def __post_init__(self) -> None:
+        assert self.stream_id > 0 and self.epoch > 0, self
+        if self.record is not None:
+            stream, segment = self.record
+            assert segment.key == (self.stream_id, self.epoch), (self, segment.key)
+            assert stream.stream_id == self.stream_id and stream.name == segment.stream
+
+
+@dataclass
+class Rebuilt:
+    tenants: dict[str, int] = field(default_factory=dict)
+    streams: dict[str, StreamRecord] = field(default_factory=dict)
+    segments: dict[SegmentKey, SegmentRecord] = field(default_factory=dict)
+    next_stream_id: int = 1
+    # Conflicts and guesses, one line each, for the log.
+    notes: list[str] = field(default_factory=list)
+    # The id the stores keep ("": none keeps one; the master makes a new one).
+    cluster_id: str = ""
+
+
+def adopted_cluster_id(kept: dict[str, str]) -> tuple[str, list[str]]:
+    """The cluster id to adopt from what each store keeps ("": none), and a note per
+    store that keeps another (it will refuse to join and stop: the operator decides).
+    The id most stores keep wins; ties go to the first in order."""
+    counts: dict[str, int] = {}
+    for cluster_id in kept.values():
+        if cluster_id:
+            counts[cluster_id] = counts.get(cluster_id, 0) + 1
+    if not counts:
+        return "", []
+    chosen = min(counts, key=lambda c: (-counts[c], c))
+    notes = [
+        f"store {store} keeps cluster id {cluster_id}, not {chosen}: it will not join"
+        for store, cluster_id in sorted(kept.items())
+        if cluster_id and cluster_id != chosen
+    ]
+    return chosen, notes
+
+
+def ready(
+    registered: Iterable[str],
+    answered: Iterable[str],
+    named: Iterable[str],
+    now_ms: int,
+    deadline_ms: int,
+    earliest_ms: int = 0,
+) -> bool:
+    """Whether to rebuild now: every store registered so far and every store a record
+    names has answered (at least one did), and stores had `earliest_ms` to register;
+    or the deadline passed."""
+    done = set(answered)
+    if now_ms >= deadline_ms:
+        return True
+    if now_ms < earliest_ms:
+        return False
+    return bool(done) and set(registered) <= done and set(named) <= done
+
+
+def missing(registered: Iterable[str], answered: Iterable[str], named: Iterable[str]) -> list[str]:
+    """Stores registered or named by a record that did not answer."""
+    return sorted((set(registered) | set(named)) - set(answered))
+
+
+def named_stores(holdings: Iterable[Holding]) -> set[str]:
+    return {m for h in holdings if h.record is not None for m in h.record[1].copy_set}
+
+
+def rebuild(holdings: Iterable[Holding], now_ms: int) -> Rebuilt:
+    by_stream: dict[int, list[Holding]] = {}
+    for holding in holdings:
+        by_stream.setdefault(holding.stream_id, []).append(holding)
+    out = Rebuilt()
+    if not by_stream:
+        return out
+    out.next_stream_id = max(by_stream) + 1
+    named: dict[str, StreamRecord] = {}
+    for stream_id in sorted(by_stream):
+        stream = _stream(stream_id, by_stream[stream_id], out.notes)
+        earlier = named.get(stream.name)
+        if earlier is not None:
+            out.notes.append(
+                f"{stream.name}: stream id {earlier.stream_id} not rebuilt (the name has id "
+                f"{stream_id}: deleted and created again); its replicas stay on the stores"
+            )
+        named[stream.name] = stream
+    for stream in named.values():
+        group = by_stream[stream.stream_id]
+        epoch = max(max(h.epoch, h.fence) for h in group)
+        stream = replace(stream, epoch=epoch, leader_id="")
+        out.streams[stream.name] = stream
+        out.tenants.setdefault(stream.tenant, now_ms)
+        for segment_epoch in sorted({h.epoch for h in group}):
+            held = [h for h in group if h.epoch == segment_epoch]
+            segment = _segment(stream, held, now_ms, out.notes)
+            out.segments[segment.key] = segment
+        _check_stream(stream, [s for k, s in out.segments.items() if k[0] == stream.stream_id])
+    assert all(s.stream_id < out.next_stream_id for s in out.streams.values())
+    return out
+
+
+def _stream(stream_id: int, group: list[Holding], notes: list[str]) -> StreamRecord:
+    """The stream a stream id's records name (that of its highest epoch)."""
+    records = sorted((h.record for h in group if h.record is not None), key=lambda r: r[1].epoch)
+    if not records:
+        tenants = sorted({h.tenant for h in group if h.tenant})
+        tenant = tenants[0] if tenants else "recovered"
+        epochs = {h.epoch for h in group}
+        holders = max(len({h.store_id for h in group if h.epoch == e}) for e in epochs)
+        replicas = min(max(holders, 1), REPLICAS_MAX)
+        name = f"{tenant}/stream-{stream_id}"
+        notes.append(
+            f"stream id {stream_id}: no store holds a record of it; kept as {name} "
+            f"({replicas} replicas, write quorum {replicas // 2 + 1})"
+        )
+        return StreamRecord(
+            name, stream_id, replicas, replicas // 2 + 1, _SEGMENT_BYTES, _SEGMENT_AGE_MS, 0, "", 0
+        )
+    stream = records[-1][0]
+    others = sorted({r[0].name for r in records} - {stream.name})
+    if others:
+        notes.append(f"stream id {stream_id}: records name it {stream.name} and {others}")
+    return stream
+
+
+def _segment(
+    stream: StreamRecord, held: list[Holding], now_ms: int, notes: list[str]
+) -> SegmentRecord:
+    key = (stream.stream_id, held[0].epoch)
+    records = [h.record[1] for h in held if h.record is not None]
+    sealed = [r for r in records if r.state == SegmentState.SEALED]
+    if sealed:
+        finals = sorted({r.final_index for r in sealed})
+        chosen = max(sealed, key=lambda r: (r.settled_at_ms, sum(x == r for x in sealed)))
+        if len(finals) > 1:
+            notes.append(
+                f"{stream.name} segment {key[1]}: sealed records disagree on the final "
+                f"index {finals}; took {chosen.final_index} (settled last)"
+            )
+        return replace(chosen, stream=stream.name)
+    if records:
+        chosen = max(records, key=lambda r: (int(r.state), r.settled_at_ms))
+    else:
+        holders = tuple(sorted({h.store_id for h in held}))
+        chosen = SegmentRecord(
+            stream.stream_id, stream.name, key[1], holders, SegmentState.OPEN, 0, now_ms, 0, now_ms
+        )
+        notes.append(
+            f"{stream.name} segment {key[1]}: no record; its copy set is the stores that "
+            f"hold it ({', '.join(holders)})"
+        )
+    chosen = replace(chosen, stream=stream.name)
+    bridges = sorted({h.bridge_index for h in held if h.bridge_index})
+    if bridges:
+        if len(bridges) > 1:
+            notes.append(f"{stream.name} segment {key[1]}: stores hold bridges at {bridges}")
+        notes.append(
+            f"{stream.name} segment {key[1]}: sealed at {bridges[0]} (its stores' bridge; "
+            "the seal's record had not reached them)"
+        )
+        return replace(
+            chosen,
+            state=SegmentState.SEALED,
+            final_index=bridges[0],
+            sealed_at_ms=now_ms,
+            settled_at_ms=now_ms,
+        )
+    if chosen.state == SegmentState.OPEN and key[1] < stream.epoch:
+        chosen = replace(chosen, state=SegmentState.SEALING)
+    return chosen
+
+
+def _check_stream(stream: StreamRecord, segments: list[SegmentRecord]) -> None:
+    for segment in segments:
+        assert segment.copy_set, segment
+        assert segment.epoch <= stream.epoch, (stream, segment)
+        assert segment.stream == stream.name and segment.stream_id == stream.stream_id
+        assert (segment.state == SegmentState.SEALED) == (segment.final_index > 0), segment

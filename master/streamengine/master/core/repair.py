@@ -1,0 +1,455 @@
+"""Repair: which sealed segments lack good replicas, and which copies to run next.
+
+Pure functions of a snapshot and `now_ms`.
+
+A replica of a sealed segment is *good* when its store is alive, not draining, it
+reported an acked index at or past the bridge (`final_index`), and its store read it
+back and found it equal to the segment's certificate (`SegmentRecord.verified`,
+`integrity.py`). One that reached the bridge but was not read back yet is *unverified*:
+a copy source (after the verified ones), never counted as good, so a segment sealed a
+moment ago is under-replicated until its stores' scrubs (which read never-checked
+replicas first) report it. A member is *bad* when:
+- its store is dead (silent for the store timeout): reason "store-dead";
+- its store is draining: reason "drain" (it still serves as a copy source);
+- its replica differs from the certificate (`SegmentRecord.bad`, `integrity.py`): reason
+  "bad-copy"; never a copy source, and replaced on another store only (refilling it in
+  place would keep whatever copies of a higher epoch it holds);
+- its store is alive but its latest report, sent at least `bridge_grace_ms` after the
+  segment settled (sealed, or its copy set last changed), shows the acked index below
+  the bridge or no copy at all: reason "missed-bridge". The grace lets a leader finish
+  raising acked indexes on the slower members and lets heartbeats catch up.
+A member neither good, unverified nor bad is *pending*: not judged yet, neither
+repaired nor counted as good.
+
+Each bad member becomes one task: copy the segment from a good (or draining) replica to
+a target chosen by placement, then swap target for the bad member. The source is a
+replica verified against the certificate when there is one, else any good one, never
+one whose copy failed lately when another can serve (a failed copy rotates the
+source); the copy is verified against the certificate, never against the source. `RepairOp` carries
+one task out step by step (the shells, real and simulated, only do the calls it asks
+for); `RepairQueue` says which tasks run next. Open and sealing
+segments are never copied; the leader of a stream whose open segment has a bad member
+is asked to roll instead (`roll_reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from streamengine.master.core.model import Held, SegmentKey, SegmentRecord, SegmentState, StoreView
+from streamengine.master.core.placement import choose_target
+from streamengine.protocol.certificate import Certificate
+
+STORE_DEAD = "store-dead"
+DRAIN = "drain"
+MISSED_BRIDGE = "missed-bridge"
+BAD_COPY = "bad-copy"
+REBALANCE = "rebalance"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    good: tuple[str, ...]
+    # (store id, reason), in copy-set order.
+    bad: tuple[tuple[str, str], ...]
+    # Members able to serve a copy: good ones first, then unverified ones, then draining
+    # ones holding the bridge.
+    sources: tuple[str, ...]
+    unverified: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    segment: SegmentKey
+    source: str
+    target: str
+    # The member the target replaces; equal to `target` when a member that missed the
+    # bridge is refilled in place (no other store can take it).
+    replaced: str
+    reason: str
+    bytes: int
+
+
+def _reached_bridge(held: Held | None, segment: SegmentRecord) -> bool:
+    return held is not None and held.acked_index >= segment.final_index > 0
+
+
+def judge(
+    segment: SegmentRecord,
+    stores: Mapping[str, StoreView],
+    held: Mapping[str, Held],
+    now_ms: int,
+    bridge_grace_ms: int,
+) -> Verdict:
+    """Classify every member of a sealed segment. `held` maps store id to what that
+    store last reported for this segment."""
+    assert segment.state == SegmentState.SEALED, "only sealed segments are judged"
+    good: list[str] = []
+    unverified: list[str] = []
+    bad: list[tuple[str, str]] = []
+    draining_sources: list[str] = []
+    judged_after = segment.settled_at_ms + bridge_grace_ms
+    for member in segment.copy_set:
+        store = stores.get(member)
+        copy = held.get(member)
+        if store is None or not store.alive:
+            bad.append((member, STORE_DEAD))
+        elif member in segment.bad:
+            bad.append((member, BAD_COPY))
+        elif store.draining:
+            bad.append((member, DRAIN))
+            if _reached_bridge(copy, segment):
+                draining_sources.append(member)
+        elif _reached_bridge(copy, segment):
+            (good if member in segment.verified else unverified).append(member)
+        elif store.reported_at_ms >= judged_after and now_ms >= judged_after:
+            bad.append((member, MISSED_BRIDGE))
+    return Verdict(
+        tuple(good), tuple(bad), (*good, *unverified, *draining_sources), tuple(unverified)
+    )
+
+
+def plan_tasks(
+    segments: Sequence[SegmentRecord],
+    stores: Mapping[str, StoreView],
+    held: Mapping[SegmentKey, Mapping[str, Held]],
+    now_ms: int,
+    bridge_grace_ms: int,
+    busy: Iterable[SegmentKey],
+    slots: int,
+    avoid: Mapping[SegmentKey, Iterable[str]] | None = None,
+    failed_sources: Mapping[SegmentKey, Iterable[str]] | None = None,
+) -> list[Task]:
+    """At most `slots` new tasks, one per segment, none for a segment in `busy`
+    (a task running or backing off). Segments are taken oldest first. `avoid` names,
+    per segment, stores that must not receive it (told to delete it, not yet done);
+    `failed_sources`, sources of copies that failed lately (`choose_source`)."""
+    taken = set(busy)
+    targets_used: dict[str, int] = {}
+    sources_used: dict[str, int] = {}
+    tasks: list[Task] = []
+    for segment in sorted(segments, key=lambda s: s.key):
+        if len(tasks) >= slots:
+            break
+        if segment.state != SegmentState.SEALED or segment.key in taken:
+            continue
+        copies = held.get(segment.key, {})
+        verdict = judge(segment, stores, copies, now_ms, bridge_grace_ms)
+        if not verdict.bad or not verdict.sources:
+            continue
+        replaced, reason = verdict.bad[0]
+        source = choose_source(
+            verdict.sources,
+            set(segment.verified),
+            set((failed_sources or {}).get(segment.key, ())),
+            sources_used,
+        )
+        keep = [m for m in segment.copy_set if m != replaced]
+        target = choose_target(
+            _with_pending(stores, targets_used),
+            keep,
+            avoid=[replaced, *(avoid or {}).get(segment.key, ())],
+        )
+        if target is None and reason == MISSED_BRIDGE:
+            target = replaced
+        if target is None:
+            continue
+        size = max((c.bytes for c in copies.values()), default=0)
+        tasks.append(Task(segment.key, source, target, replaced, reason, size))
+        targets_used[target] = targets_used.get(target, 0) + 1
+        sources_used[source] = sources_used.get(source, 0) + 1
+    return tasks
+
+
+def choose_source(
+    sources: Sequence[str],
+    verified: set[str],
+    failed: set[str],
+    load: Mapping[str, int],
+) -> str:
+    """The replica to copy from: among those whose copy did not fail lately (all of
+    them when every one did: start the rotation over), the verified ones if any, the
+    least busy in this round, then the earliest in `sources` (good before draining)."""
+    assert sources, "a copy needs a source"
+    fresh = [s for s in sources if s not in failed] or list(sources)
+    preferred = [s for s in fresh if s in verified] or fresh
+    return min(preferred, key=lambda s: (load.get(s, 0), sources.index(s)))
+
+
+def _with_pending(stores: Mapping[str, StoreView], pending: Mapping[str, int]) -> list[StoreView]:
+    """Count targets chosen in this round as replicas, so one round spreads them."""
+    return [replace(s, segments=s.segments + pending.get(sid, 0)) for sid, s in stores.items()]
+
+
+def roll_reason(copy_set: Iterable[str], stores: Mapping[str, StoreView]) -> str:
+    """Why the leader of an open segment with this copy set should roll, or ""."""
+    for member in copy_set:
+        store = stores.get(member)
+        if store is None or not store.alive:
+            return f"{STORE_DEAD}: {member}"
+        if store.draining:
+            return f"{DRAIN}: {member}"
+    return ""
+
+
+# ---- carrying a task out ----
+
+# How often the repairer looks for work.
+REPAIR_TICK_MS = 200
+# Segments judged per tick: about 50 ms of work, so heartbeats are never held up long
+# (a master just started judges all its sealed segments once).
+JUDGED_PER_TICK = 1000
+# A failed task's segment waits this long before another attempt, so a broken store is
+# not hammered and the rest of the queue moves on.
+REPAIR_RETRY_MS = 2000
+# Tasks carried out at once (the master's `--repair-concurrency` default).
+REPAIR_CONCURRENCY_DEFAULT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RepairTimeouts:
+    """How long a task's calls may take before the task fails (and is retried later)."""
+
+    # A copy of a whole sealed segment may take a while; a stuck one must end.
+    copy_ms: int = 120_000
+    # Every other call of a task (state, digest, delete).
+    control_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        assert 0 < self.control_ms <= self.copy_ms, "a copy is the longest call of a task"
+
+
+TIMEOUTS = RepairTimeouts()
+# The simulator's virtual-time runs last seconds: the same calls, scaled to them.
+SIMULATED_TIMEOUTS = RepairTimeouts(copy_ms=2000, control_ms=500)
+COPY_TIMEOUT_MS = TIMEOUTS.copy_ms
+CONTROL_TIMEOUT_MS = TIMEOUTS.control_ms
+
+
+@dataclass(frozen=True, slots=True)
+class AskSourceState:
+    """Ask the source for the segment's state: answered with `SourceState`."""
+
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class CopyToTarget:
+    """CopySegment on the target, pulling from the source, verified against the
+    certificate when there is one: answered with `Copied`."""
+
+    target: str
+    source: str
+    final_index: int
+    fence: int
+    certificate: Certificate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AskDigests:
+    """Digest up to the final index on source and target: answered with `Digests`."""
+
+    source: str
+    target: str
+    final_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapReplica:
+    """Put the target in the replaced member's place, durably: answered with `Swapped`."""
+
+    replaced: str
+    target: str
+    held: Held
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteReplaced:
+    """Ask the replaced store to delete its copy, best effort (heartbeat replies keep
+    asking until it is gone); nothing answers it: the task is done."""
+
+    store: str
+
+
+RepairAction = AskSourceState | CopyToTarget | AskDigests | SwapReplica | DeleteReplaced
+
+
+@dataclass(frozen=True, slots=True)
+class SourceState:
+    fence: int
+    acked_index: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    digest: bytes  # as the target reported it; empty if it reported none
+
+
+@dataclass(frozen=True, slots=True)
+class Digests:
+    source: bytes
+    target: bytes
+    target_entries_held: int
+
+
+@dataclass(frozen=True, slots=True)
+class Swapped:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed:
+    """A call failed, timed out, or the master refused the swap."""
+
+    error: str
+
+
+RepairEvent = SourceState | Copied | Digests | Swapped | StepFailed
+
+
+def task_still_valid(task: Task, segment: SegmentRecord | None) -> str:
+    """Why a planned task no longer applies to the segment as it is now, or ""."""
+    if segment is None or segment.state != SegmentState.SEALED:
+        return "segment is gone or not sealed"
+    if task.replaced not in segment.copy_set:
+        return f"{task.replaced} is no longer in the copy set"
+    if task.target != task.replaced and task.target in segment.copy_set:
+        return f"{task.target} is already in the copy set"
+    return ""
+
+
+class RepairOp:
+    """One task, with no I/O: ask the source's state (it must hold the bridge), have the
+    target copy (the store verifies the copy against the certificate and confirms it
+    itself; the root it reports must be the certificate's), swap the copy set, and only
+    then delete the replaced copy; a member refilled in place is never deleted. Without
+    a certificate (a segment sealed before certificates, not yet certified by its
+    replicas) both digests up to the final index are compared instead. `start` and
+    `step` return the next action, None once the task is over (`error` says whether it
+    failed)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.certificate: Certificate | None = None
+        self.final_index = 0
+        self.fence = 0
+        self.bytes = 0
+        self.copied_digest = b""
+        self.error = ""
+        self._waiting: type[RepairEvent] | None = None
+
+    def start(self, segment: SegmentRecord | None) -> RepairAction | None:
+        assert self._waiting is None, "started twice"
+        invalid = task_still_valid(self.task, segment)
+        if invalid:
+            return self._fail(invalid)
+        assert segment is not None and segment.final_index > 0
+        self.final_index = segment.final_index
+        self.certificate = segment.certificate
+        return self._wait(SourceState, AskSourceState(self.task.source))
+
+    def step(self, event: RepairEvent) -> RepairAction | None:
+        if isinstance(event, StepFailed):
+            return self._fail(event.error)
+        assert self._waiting is not None and isinstance(event, self._waiting), (event, self)
+        task, final = self.task, self.final_index
+        if isinstance(event, SourceState):
+            if event.acked_index < final:
+                return self._fail(
+                    f"source acked index {event.acked_index} below the bridge {final}"
+                )
+            self.fence, self.bytes = event.fence, event.bytes
+            copy = CopyToTarget(task.target, task.source, final, event.fence, self.certificate)
+            return self._wait(Copied, copy)
+        if isinstance(event, Copied):
+            self.copied_digest = event.digest
+            if self.certificate is None:
+                return self._wait(Digests, AskDigests(task.source, task.target, final))
+            if event.digest != self.certificate.root():
+                return self._fail("the copy reported another root than the certificate's")
+            return self._swap()
+        if isinstance(event, Digests):
+            if event.source != event.target:
+                return self._fail("digest of the copy differs from the source's")
+            if self.copied_digest and self.copied_digest != event.source:
+                return self._fail("CopySegment reported a digest differing from the source's")
+            if event.target_entries_held < final:
+                return self._fail(f"copy holds {event.target_entries_held} of {final} indexes")
+            return self._swap()
+        assert isinstance(event, Swapped)
+        self._waiting = None
+        if task.replaced == task.target:
+            return None  # refilled in place: the member keeps its (now complete) copy
+        return DeleteReplaced(task.replaced)
+
+    def _swap(self) -> RepairAction:
+        held = Held(self.fence, self.final_index, self.final_index, self.bytes)
+        return self._wait(Swapped, SwapReplica(self.task.replaced, self.task.target, held))
+
+    def _wait(self, event: type[RepairEvent], action: RepairAction) -> RepairAction:
+        self._waiting = event
+        return action
+
+    def _fail(self, error: str) -> RepairAction | None:
+        self.error = error or "failed"
+        self._waiting = None
+        return None
+
+
+class RepairQueue:
+    """Which tasks run next: operator moves (rebalance) first, in order, then repairs
+    planned from the state; at most `concurrency` at once, one per segment, none for a
+    segment whose last attempt failed less than `retry_ms` ago."""
+
+    def __init__(self, concurrency: int, retry_ms: int = REPAIR_RETRY_MS) -> None:
+        assert concurrency >= 1 and retry_ms > 0
+        self.concurrency = concurrency
+        self.retry_ms = retry_ms
+        self.queued: list[Task] = []
+        self.running: dict[SegmentKey, Task] = {}
+        self.retry_after: dict[SegmentKey, int] = {}
+        # Per segment, the sources of its copies that failed since the last success:
+        # the next attempt copies from another replica (`choose_source`).
+        self.failed_sources: dict[SegmentKey, set[str]] = {}
+
+    def plan_moves(self, tasks: Sequence[Task]) -> None:
+        """An operator's plan replaces any earlier one not yet started: a plan is
+        computed from the copy sets as they are, so two plans queued together would
+        move the same bytes twice."""
+        self.queued = list(tasks)
+
+    def next_tasks(
+        self, now_ms: int, plan: Callable[[set[SegmentKey], int], list[Task]]
+    ) -> list[Task]:
+        """The tasks to start now (marked running); `plan(busy, slots)` plans repairs."""
+        slots = self.concurrency - len(self.running)
+        self.retry_after = {k: t for k, t in self.retry_after.items() if t > now_ms}
+        busy = set(self.running) | set(self.retry_after)
+        chosen: list[Task] = []
+        for task in list(self.queued):
+            if len(chosen) >= slots:
+                break
+            if task.segment in busy:
+                continue
+            self.queued.remove(task)
+            chosen.append(task)
+            busy.add(task.segment)
+        if len(chosen) < slots:
+            chosen += plan(busy, slots - len(chosen))
+        for task in chosen:
+            assert task.segment not in self.running
+            self.running[task.segment] = task
+        assert len(self.running) <= self.concurrency
+        return chosen
+
+    def finished(self, task: Task, failed: bool, now_ms: int) -> None:
+        assert self.running.get(task.segment) == task
+        del self.running[task.segment]
+        if failed:
+            self.retry_after[task.segment] = now_ms + self.retry_ms
+            self.failed_sources.setdefault(task.segment, set()).add(task.source)
+        else:
+            self.retry_after.pop(task.segment, None)
+            self.failed_sources.pop(task.segment, None)

@@ -1,0 +1,166 @@
+"""The master's record of a segment as the stores keep it (`v1.SegmentRecord`).
+
+The master sends each copy-set store its record of a segment with a heartbeat reply
+whenever the record changed (the store reports the version it keeps; `record_version`
+of the bytes), so that a master that lost its metadata rebuilds it from the stores
+(`master.rebuild`). This module converts between the catalog's records and the wire's,
+and remembers each record's encoding until the record changes, so a heartbeat costs a
+lookup per segment held, not an encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from streamengine.master.core.errors import InvalidArgument
+from streamengine.master.core.model import (
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    StreamRecord,
+    validate_stream_name,
+)
+from streamengine.protocol import codec
+from streamengine.protocol.certificate import MalformedCertificate
+from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX, record_version
+from streamengine.v1 import entry_pb2
+
+
+class MalformedRecord(ValueError):
+    """A store's record that does not decode."""
+
+
+def record_pb(stream: StreamRecord, segment: SegmentRecord) -> entry_pb2.SegmentRecord:
+    assert stream.stream_id == segment.stream_id and stream.name == segment.stream
+    message = entry_pb2.SegmentRecord(
+        id=entry_pb2.SegmentId(
+            stream_id=segment.stream_id, epoch=segment.epoch, stream=stream.name
+        ),
+        policy=entry_pb2.ReplicationPolicy(
+            replicas=stream.replicas, write_quorum=stream.write_quorum
+        ),
+        segment_bytes=stream.segment_bytes,
+        segment_age_ms=stream.segment_age_ms,
+        stream_created_at_ms=stream.created_at_ms,
+        copy_set=list(segment.copy_set),
+        state=int(segment.state),  # type: ignore[arg-type]
+        final_index=segment.final_index,
+        created_at_ms=segment.created_at_ms,
+        sealed_at_ms=segment.sealed_at_ms,
+        settled_at_ms=segment.settled_at_ms,
+        bad_stores=list(segment.bad),
+        lost_from_index=segment.lost_from_index,
+        verified_stores=list(segment.verified),
+    )
+    if segment.certificate is not None:
+        message.certificate.CopyFrom(codec.certificate_to_pb(segment.certificate))
+        message.certificate.certified_by = segment.certified_by
+    return message
+
+
+def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
+    """The stream (epoch 0, no holder: the record does not know them) and the segment
+    a store's record describes; raises MalformedRecord."""
+    message = entry_pb2.SegmentRecord()
+    try:
+        message.ParseFromString(raw)
+        state = SegmentState(message.state)
+        certificate = (
+            codec.certificate_from_pb(message.certificate)
+            if message.HasField("certificate")
+            else None
+        )
+    except (DecodeError, ValueError, MalformedCertificate) as error:
+        raise MalformedRecord(f"a segment record that does not decode: {error}") from None
+    if not message.id.stream_id or not message.id.epoch:
+        raise MalformedRecord("a segment record without its segment")
+    try:
+        validate_stream_name(message.id.stream)
+        ReplicationPolicy(message.policy.replicas, message.policy.write_quorum)
+    except (InvalidArgument, InvalidPolicy) as error:
+        raise MalformedRecord(f"a segment record of a stream that cannot be: {error}") from None
+    stream = StreamRecord(
+        name=message.id.stream,
+        stream_id=message.id.stream_id,
+        replicas=message.policy.replicas,
+        write_quorum=message.policy.write_quorum,
+        segment_bytes=message.segment_bytes,
+        segment_age_ms=message.segment_age_ms,
+        epoch=0,
+        leader_id="",
+        created_at_ms=message.stream_created_at_ms,
+    )
+    segment = SegmentRecord(
+        stream_id=message.id.stream_id,
+        stream=message.id.stream,
+        epoch=message.id.epoch,
+        copy_set=tuple(message.copy_set),
+        state=state,
+        final_index=message.final_index,
+        created_at_ms=message.created_at_ms,
+        sealed_at_ms=message.sealed_at_ms,
+        settled_at_ms=message.settled_at_ms,
+        certificate=certificate,
+        certified_by=message.certificate.certified_by if certificate is not None else "",
+        bad=tuple(message.bad_stores),
+        lost_from_index=message.lost_from_index,
+        verified=tuple(message.verified_stores),
+    )
+    return stream, segment
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    stream: StreamRecord
+    segment: SegmentRecord
+    message: entry_pb2.SegmentRecord
+    version: int
+
+
+class RecordEncodings:
+    """Each segment's record as sent, with its version, until the records it was made
+    of change (they are frozen: a change is a new object)."""
+
+    def __init__(self) -> None:
+        self._encoded: dict[SegmentKey, _Encoded] = {}
+
+    def encoded(self, stream: StreamRecord, segment: SegmentRecord) -> _Encoded:
+        known = self._encoded.get(segment.key)
+        if known is not None and known.segment is segment and known.stream is stream:
+            return known
+        message = record_pb(stream, segment)
+        version = record_version(message.SerializeToString(deterministic=True))
+        fresh = _Encoded(stream, segment, message, version)
+        self._encoded[segment.key] = fresh
+        return fresh
+
+    def to_send(
+        self,
+        store_id: str,
+        versions: dict[SegmentKey, int],
+        segments: dict[SegmentKey, SegmentRecord],
+        stream_of: Callable[[int], StreamRecord | None],
+    ) -> list[entry_pb2.SegmentRecord]:
+        """The records `store_id` should keep and does not (`versions`: what it keeps of
+        each segment it holds), for segments whose copy set names it; at most
+        `RECORDS_PER_HEARTBEAT_MAX`."""
+        out: list[entry_pb2.SegmentRecord] = []
+        for key, version in sorted(versions.items()):
+            segment = segments.get(key)
+            stream = stream_of(key[0])
+            if segment is None or stream is None or store_id not in segment.copy_set:
+                continue
+            encoded = self.encoded(stream, segment)
+            if encoded.version != version:
+                out.append(encoded.message)
+                if len(out) >= RECORDS_PER_HEARTBEAT_MAX:
+                    break
+        if len(self._encoded) > 2 * len(segments) + RECORDS_PER_HEARTBEAT_MAX:
+            # Deleted segments' encodings, dropped now and then (each drop costs a pass).
+            for key in [k for k in self._encoded if k not in segments]:
+                del self._encoded[key]
+        return out

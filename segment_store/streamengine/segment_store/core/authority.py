@@ -1,0 +1,270 @@
+"""The store's authority rules, pure: which grants it takes, what it trusts, quotas.
+
+Grants (`protocol.grants`). A store takes a `Write` or a `Seal` only under a grant of
+the master that verifies with one of the master's keys and that says: this stream,
+this epoch (the writer's, or the sealer's new one), and this segment with this store in
+its copy set (`check_grant`; an earlier segment as the grant lists the unsealed ones,
+with their own copy sets). Anything else is refused, before anything is written:
+`GrantRefused` (PERMISSION_DENIED). A store that has no key of its master yet cannot
+tell: `NoSigningKeyYet` (UNAVAILABLE, retried). Grants are required whether or not the
+cluster runs TLS: they fence stale and buggy writers as well as hostile ones.
+
+A Write stream shows each grant once (`WriteStreamGrants`): its first request of a
+(stream, writer epoch) carries it, later ones may not; the verified grant is kept for
+the stream's lifetime. Verifying costs ~120 µs, so the `Verifier` also caches across
+streams and seals: one verification per grant per store.
+
+What it trusts (`StoreAuthority`): the master's public keys and its token revocations,
+both from the master's replies (`update`), kept durably (`AuthorityRecord`, written by
+the core) so that after a restart the store checks grants and tokens before the master
+answers; and keys pinned by the operator (`--trust-signing-key`), kept beside them.
+
+Quotas (`AppendQuota`): a token bucket of payload bytes per tenant, refilled at the
+master's `tenant_append_bytes_per_s`: a batch over it is refused (REFUSED_QUOTA) and
+resent later by its leader, as under back pressure.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from streamengine.protocol.auth import Principal, authorize
+from streamengine.protocol.grants import Grant, open_grant
+from streamengine.protocol.signing import (
+    PUBLIC_KEY_BYTES,
+    VERIFYING_KEYS_MAX,
+    MalformedPayload,
+    NoVerifyingKey,
+    PayloadReader,
+    PayloadWriter,
+    SignatureRefused,
+    Verifier,
+)
+from streamengine.protocol.tokens import Revocations
+from streamengine.segment_store.core.store import SegmentKey, StoreError
+
+# Grants one Write stream keeps: a leader's stream carries one epoch at a time, a
+# recovery's a few; beyond it the oldest is forgotten (and must be shown again).
+GRANTS_PER_WRITE_STREAM_MAX = 16
+# Revocations a store keeps: tokens revoked before they expire, at most a year ahead.
+REVOCATIONS_MAX = 1 << 16
+
+
+class GrantRefused(StoreError):
+    """A Write or Seal without a valid grant of its epoch for this segment and store."""
+
+
+class CallerRefused(StoreError):
+    """The caller may not make this call (its certificate or token)."""
+
+
+class CallerUnproven(StoreError):
+    """The caller's certificate proof does not hold (UNAUTHENTICATED: it must hear why)."""
+
+
+class NoSigningKeyYet(StoreError):
+    """The store knows no key of its master yet: it cannot check grants or tokens."""
+
+
+class StreamDeleted(StoreError):
+    """The master deleted the stream (pending removal): no writes, no live tails."""
+
+    def __init__(self, message: str, deleted_until_ms: int):
+        self.deleted_until_ms = deleted_until_ms
+        super().__init__(message)
+
+
+def check_grant(grant: Grant, store_id: str, segment: SegmentKey, epoch: int) -> None:
+    """Raise GrantRefused unless `grant` lets its holder write or seal `segment` on
+    `store_id` under `epoch`."""
+    if grant.stream_id != segment.stream_id:
+        raise GrantRefused(
+            f"the grant is of stream {grant.stream_id}, not of stream {segment.stream_id}"
+        )
+    if grant.epoch != epoch:
+        raise GrantRefused(f"the grant is of epoch {grant.epoch}, not of epoch {epoch}")
+    listed = grant.segment(segment.epoch)
+    if listed is None:
+        raise GrantRefused(f"the grant of epoch {epoch} does not list segment {segment.epoch}")
+    if store_id not in listed.copy_set:
+        raise GrantRefused(
+            f"store {store_id} is not in the copy set of segment {segment.epoch} "
+            f"({', '.join(listed.copy_set)})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorityRecord:
+    """What a store keeps of its master's authority: its keys and its revocations."""
+
+    master_keys: tuple[bytes, ...] = ()
+    revocations_version: int = 0
+    revoked: tuple[tuple[str, int], ...] = ()
+
+    def encode(self) -> bytes:
+        out = PayloadWriter().u8(len(self.master_keys))
+        for key in self.master_keys:
+            assert len(key) == PUBLIC_KEY_BYTES
+            out.text(key.hex())
+        out.u64(self.revocations_version).u64(len(self.revoked))
+        for token_id, expires_at_ms in self.revoked:
+            out.text(token_id).u64(expires_at_ms)
+        return out.bytes()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> AuthorityRecord:
+        reader = PayloadReader(raw)
+        try:
+            keys = tuple(bytes.fromhex(reader.text()) for _ in range(reader.u8()))
+        except ValueError:
+            raise MalformedPayload("a kept key is not hex") from None
+        version, count = reader.u64(), reader.u64()
+        if count > REVOCATIONS_MAX or any(len(k) != PUBLIC_KEY_BYTES for k in keys):
+            raise MalformedPayload("kept authority out of bounds")
+        revoked = tuple((reader.text(), reader.u64()) for _ in range(count))
+        reader.finish()
+        return cls(keys, version, revoked)
+
+
+class StoreAuthority:
+    """The keys and revocations a store trusts, and its checks of grants and callers."""
+
+    def __init__(
+        self,
+        store_id: str,
+        kept: AuthorityRecord | None = None,
+        pinned_keys: Sequence[bytes] = (),
+    ) -> None:
+        assert store_id
+        self.store_id = store_id
+        self.pinned_keys = tuple(pinned_keys)
+        kept = kept or AuthorityRecord()
+        self.master_keys = kept.master_keys
+        self.verifier = Verifier(self._keys())
+        self.revocations = Revocations(dict(kept.revoked), kept.revocations_version)
+        # Streams the master deleted, pending removal: stream id -> when their data goes.
+        # Memory only: each heartbeat reply carries the whole list again.
+        self.deleted_streams: dict[int, int] = {}
+
+    def _keys(self) -> list[bytes]:
+        keys = list(dict.fromkeys([*self.master_keys, *self.pinned_keys]))
+        return keys[:VERIFYING_KEYS_MAX]
+
+    def record(self) -> AuthorityRecord:
+        return AuthorityRecord(
+            self.master_keys, self.revocations.version, tuple(self.revocations.items())
+        )
+
+    def update(
+        self,
+        master_keys: Sequence[bytes],
+        revocations_version: int,
+        revoked: Iterable[tuple[str, int]] | None,
+        now_ms: int,
+    ) -> bool:
+        """Take what the master said; `revoked` is None when its revocations are those
+        of our version. True when something changed that must be kept durably."""
+        changed = False
+        keys = tuple(k for k in master_keys if len(k) == PUBLIC_KEY_BYTES)
+        if keys and keys != self.master_keys:
+            self.master_keys = keys
+            self.verifier.set_keys(self._keys())
+            changed = True
+        if revoked is not None and revocations_version != self.revocations.version:
+            self.revocations.replace(list(revoked)[:REVOCATIONS_MAX], revocations_version)
+            changed = True
+        before = len(self.revocations)
+        self.revocations.prune(now_ms)
+        return changed or len(self.revocations) != before
+
+    def check_not_deleted(self, stream_id: int) -> None:
+        """Refuse a write or a live tail of a stream the master deleted."""
+        until = self.deleted_streams.get(stream_id)
+        if until is not None:
+            raise StreamDeleted(
+                f"stream {stream_id} is deleted: its data goes at {until} (wall-clock ms) "
+                "unless it is undeleted before",
+                until,
+            )
+
+    def open_grant(self, signed: bytes) -> Grant:
+        try:
+            return open_grant(self.verifier, signed)
+        except NoVerifyingKey as error:
+            raise NoSigningKeyYet(str(error)) from None
+        except SignatureRefused as error:
+            raise GrantRefused(f"the grant does not verify: {error}") from None
+
+    def grant_for(
+        self, principal: Principal, rpc: str, signed: bytes, segment: SegmentKey, epoch: int
+    ) -> Grant:
+        """The grant of a Seal (or a Write stream's first request of an epoch), checked
+        against the segment, this store and the caller."""
+        if not signed:
+            raise GrantRefused(f"{rpc} of segment {segment.epoch} at epoch {epoch} needs a grant")
+        grant = self.open_grant(signed)
+        check_grant(grant, self.store_id, segment, epoch)
+        denial = authorize(principal, rpc, grant.tenant)
+        if denial is not None:
+            raise CallerRefused(denial.reason)
+        return grant
+
+
+class WriteStreamGrants:
+    """The grants one Write stream has shown, by (stream id, epoch)."""
+
+    def __init__(self, authority: StoreAuthority, principal: Principal) -> None:
+        self.authority = authority
+        self.principal = principal
+        self._grants: OrderedDict[tuple[int, int], Grant] = OrderedDict()
+
+    def admit(self, signed: bytes, segment: SegmentKey, writer_epoch: int) -> Grant:
+        """The grant a write to `segment` at `writer_epoch` goes under: the one it
+        carries, or the one shown earlier on this stream. Raises GrantRefused,
+        CallerRefused or NoSigningKeyYet."""
+        key = (segment.stream_id, writer_epoch)
+        if signed:
+            grant = self.authority.grant_for(
+                self.principal, "SegmentStore/Write", signed, segment, writer_epoch
+            )
+            self._grants[key] = grant
+            self._grants.move_to_end(key)
+            if len(self._grants) > GRANTS_PER_WRITE_STREAM_MAX:
+                self._grants.popitem(last=False)
+            return grant
+        shown = self._grants.get(key)
+        if shown is None:
+            raise GrantRefused(
+                f"no grant of epoch {writer_epoch} for stream {segment.stream_id} was shown "
+                "on this Write stream"
+            )
+        # Already verified and authorized; this segment may be another one it lists.
+        check_grant(shown, self.authority.store_id, segment, writer_epoch)
+        return shown
+
+
+@dataclass
+class AppendQuota:
+    """Payload bytes per second each tenant may append through this store."""
+
+    bytes_per_s: int
+    # tenant -> (bytes it may still append, when that was computed)
+    _buckets: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def admit(self, tenant: str, payload_bytes: int, now_ms: int) -> bool:
+        """Whether a batch of `payload_bytes` may be written now; if so, it is counted.
+        A bucket holds one second of the rate and may go into debt by one batch (a
+        batch larger than the bucket passes once it is full): the next one waits until
+        the debt is paid back."""
+        if self.bytes_per_s <= 0 or payload_bytes == 0:
+            return True
+        capacity = float(self.bytes_per_s)
+        tokens, at_ms = self._buckets.get(tenant, (capacity, now_ms))
+        tokens = min(capacity, tokens + max(0, now_ms - at_ms) * self.bytes_per_s / 1000)
+        if tokens <= 0:
+            self._buckets[tenant] = (tokens, now_ms)
+            return False
+        self._buckets[tenant] = (tokens - payload_bytes, now_ms)
+        return True

@@ -1,0 +1,1 @@
+"""The `streamengine` command: the ops CLI, the local cluster, certificates and tokens."""

@@ -1,0 +1,771 @@
+"""Operator commands over the master's and stores' admin RPCs (synchronous gRPC).
+
+Each `cmd_*` takes the parsed arguments, prints its result, and returns an exit code;
+gRPC failures are raised as `client.errors` types and turned into one line by the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from streamengine.client.errors import (
+    InvalidArgument,
+    StreamEngineError,
+    Unavailable,
+    from_rpc_error,
+)
+from streamengine.protocol.master_calls import sync_masters
+from streamengine.protocol.masters import BadMasterList
+from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
+from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+if TYPE_CHECKING:
+    from streamengine.client.stream_client import StreamClient
+
+RPC_TIMEOUT_S = 10.0
+PROGRESS_POLL_S = 0.25
+REPAIR_WAIT_S = 600.0
+
+
+def client_transport(args: argparse.Namespace) -> Transport:
+    """The command's TLS credentials and token (`--certs-dir`, `--token`)."""
+    try:
+        return Transport.for_client(getattr(args, "certs_dir", None), getattr(args, "token", ""))
+    except TransportError as error:
+        raise StreamEngineError(str(error)) from None
+
+
+def stream_client(args: argparse.Namespace) -> StreamClient:
+    from streamengine.client.stream_client import StreamClient
+
+    return StreamClient(args.master, certs_dir=args.certs_dir, token=args.token or None)
+
+
+@contextmanager
+def master_stub(
+    address: str, transport: Transport = PLAINTEXT
+) -> Iterator[master_pb2_grpc.MasterStub]:
+    """The masters at `address` (one, or several separated by commas: calls follow the
+    active one)."""
+    try:
+        masters = sync_masters(address, transport)
+        with masters as following:
+            yield following.stub
+    except BadMasterList as error:
+        raise InvalidArgument(f"--master: {error}") from error
+    except grpc.RpcError as error:
+        if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            problem = tls_problem(error.details() or "", transport.tls)
+            raise Unavailable(
+                f"master at {address}: {problem}"
+                if problem
+                else f"no active master answering at {address} (is the cluster up?)"
+            ) from error
+        raise from_rpc_error(error) from error
+
+
+def print_table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    for row in [header, *rows]:
+        print(
+            "  ".join(
+                str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)
+            ).rstrip()
+        )
+
+
+# ---- streams ----
+
+
+def cmd_stream_create(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.CreateStream(
+            master_pb2.CreateStreamRequest(
+                name=args.name,
+                policy=entry_pb2.ReplicationPolicy(
+                    replicas=args.replicas, write_quorum=args.write_quorum
+                ),
+                segment_bytes=args.segment_bytes,
+                segment_age_ms=args.segment_age_ms,
+                create_tenant=True,
+                retention_age_ms=args.retention_age,
+                retention_bytes=args.retention_bytes,
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+    policy = info.policy
+    print(
+        f"created {info.name} (replicas {policy.replicas}, write quorum {policy.write_quorum}"
+        f", retention {_retention_text(info)})"
+    )
+    return 0
+
+
+def _retention_text(info: master_pb2.StreamInfo) -> str:
+    limits = []
+    if info.retention_age_ms:
+        limits.append(f"age {info.retention_age_ms / 1000:g} s")
+    if info.retention_bytes:
+        limits.append(f"{info.retention_bytes} bytes")
+    return " or ".join(limits) if limits else "unlimited"
+
+
+def wall_time(ms: int) -> str:
+    """Wall-clock milliseconds as UTC, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def cmd_stream_update(args: argparse.Namespace) -> int:
+    if args.retention_age is None and args.retention_bytes is None:
+        raise InvalidArgument("stream update: give --retention-age and/or --retention-bytes")
+    request = master_pb2.UpdateStreamRequest(name=args.name)
+    if args.retention_age is not None:
+        request.retention_age_ms = args.retention_age
+    if args.retention_bytes is not None:
+        request.retention_bytes = args.retention_bytes
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.UpdateStream(request, timeout=RPC_TIMEOUT_S)
+    print(f"updated {info.name}: retention {_retention_text(info)}")
+    return 0
+
+
+def cmd_stream_trim(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        reply = master.TrimStream(
+            master_pb2.TrimStreamRequest(name=args.name, before_sequence=args.before),
+            timeout=RPC_TIMEOUT_S,
+        )
+    if not reply.trimmed_epochs:
+        print(
+            f"nothing to trim in {args.name} before {args.before}: no whole segment lies "
+            f"before it (first retained sequence {reply.first_retained_sequence})"
+        )
+        return 0
+    print(
+        f"trimmed {args.name}: segments {', '.join(map(str, reply.trimmed_epochs))} "
+        f"({reply.trimmed_entries} entries, {human_bytes(reply.trimmed_bytes)}); the first "
+        f"retained sequence is {reply.first_retained_sequence}; their data leaves the stores "
+        f"at {wall_time(reply.removed_at_ms)}"
+    )
+    return 0
+
+
+def cmd_stream_list(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        reply = master.ListStreams(
+            master_pb2.ListStreamsRequest(tenant=args.tenant), timeout=RPC_TIMEOUT_S
+        )
+    if args.json:
+        print(json.dumps([stream_dict(s) for s in reply.streams], indent=2))
+        return 0
+    rows = [
+        [
+            s.name,
+            f"{s.policy.replicas}/{s.policy.write_quorum}",
+            str(s.epoch),
+            s.leader_id or "-",
+            str(s.acked_index),
+            f"deleted, removed at {wall_time(s.deleted_until_ms)}" if s.deleted_until_ms else "",
+        ]
+        for s in reply.streams
+    ]
+    print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED", ""])
+    return 0
+
+
+def cmd_stream_describe(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.DescribeStream(
+            master_pb2.DescribeStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+        if info.deleted_until_ms:  # its segments are refused to readers
+            segments = master_pb2.ListSegmentsReply(stream_id=info.stream_id)
+        else:
+            segments = master.ListSegments(
+                master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+            )
+    described = stream_dict(info) | {"segments": [segment_dict(s) for s in segments.segments]}
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return 0
+    for key, value in stream_dict(info).items():
+        print(f"{key:18} {value}")
+    rows = [
+        [
+            str(s.id.epoch),
+            state_name(s.state),
+            str(s.final_index or "-"),
+            str(s.acked_index),
+            ",".join(r.store_id for r in s.copy_set),
+        ]
+        for s in segments.segments
+    ]
+    print()
+    print_table(rows, ["SEGMENT", "STATE", "FINAL", "ACKED", "COPY SET"])
+    return 0
+
+
+def cmd_stream_delete(args: argparse.Namespace) -> int:
+    """Without --yes, say what would be deleted and exit 1; with it, delete (the data
+    leaves the stores after the master's grace, unless undeleted before)."""
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.DescribeStream(
+            master_pb2.DescribeStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+        if info.deleted_until_ms:
+            print(
+                f"{args.name} is already deleted: its data leaves the stores at "
+                f"{wall_time(info.deleted_until_ms)} unless undeleted before"
+            )
+            return 0 if args.yes else 1
+        if not args.yes:
+            segments = master.ListSegments(
+                master_pb2.ListSegmentsRequest(stream=args.name), timeout=RPC_TIMEOUT_S
+            ).segments
+            events = sum(max(s.acked_index - (s.state == entry_pb2.SEALED), 0) for s in segments)
+            size = sum(s.bytes for s in segments)
+            print(
+                f"would delete {args.name} (stream id {info.stream_id}): {len(segments)} "
+                f"segments, about {events} events, {human_bytes(size)} per replica "
+                "(as the stores last reported)"
+            )
+            print("nothing changed; add --yes to delete")
+            return 1
+        reply = master.DeleteStream(
+            master_pb2.DeleteStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+    print(
+        f"deleted {args.name} ({reply.segments} segments): refused from now on, its data "
+        f"leaves the stores at {wall_time(reply.deleted_until_ms)}; until then "
+        f"`streamengine stream undelete {args.name}` brings it back"
+    )
+    return 0
+
+
+def cmd_stream_undelete(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        info = master.UndeleteStream(
+            master_pb2.UndeleteStreamRequest(name=args.name), timeout=RPC_TIMEOUT_S
+        )
+    print(f"undeleted {info.name} (stream id {info.stream_id}, epoch {info.epoch})")
+    return 0
+
+
+# ---- cluster status ----
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        status = master.GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
+        )
+    if args.json:
+        print(json.dumps(status_dict(status), indent=2))
+        return 0
+    print(f"CLUSTER {status.cluster_id or '(rebuilding)'}\n")
+    print("STORES")
+    print_table(
+        [
+            [
+                s.store_id,
+                s.address,
+                s.zone or "-",
+                ("up" if s.alive else "DOWN") + (" draining" if s.draining else ""),
+                human_bytes(s.used_bytes),
+                str(s.segments),
+            ]
+            for s in status.stores
+        ],
+        ["ID", "ADDRESS", "ZONE", "STATE", "BYTES", "SEGMENTS"],
+    )
+    print("\nSTREAMS")
+    print_table(
+        [
+            [
+                s.name,
+                s.leader_id or "-",
+                str(s.epoch),
+                str(s.open_segment_epoch or "-"),
+                str(s.acked_index),
+            ]
+            for s in status.streams
+        ],
+        ["NAME", "LEADER", "EPOCH", "OPEN SEGMENT", "ACKED"],
+    )
+    under = status.under_replicated
+    print(f"\nUNDER-REPLICATED SEGMENTS: {len(under) or 'none'}")
+    for segment in under:
+        print(f"  {segment.id.stream} segment {segment.id.epoch}")
+    print(
+        f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
+        f"{human_bytes(status.bytes_below_w)} below W"
+    )
+    checked = status.replica_verification
+    print(
+        f"SEALED REPLICAS: {checked.matched} matched their certificate, "
+        f"{checked.unmatched} not yet, {checked.bad} bad"
+    )
+    pending = status.pending_deletes
+    print(f"\nPENDING DELETES: {len(pending) or 'none'}")
+    if pending:
+        print_table(
+            [
+                [
+                    p.stream,
+                    str(p.segment_epoch) if p.segment_epoch else "(stream)",
+                    wall_time(p.removed_at_ms),
+                    human_bytes(p.bytes),
+                ]
+                for p in pending
+            ],
+            ["STREAM", "SEGMENT", "REMOVED AT", "BYTES"],
+        )
+    if status.durability_debt:
+        print_table(
+            [
+                [
+                    d.segment.stream,
+                    str(d.segment.epoch),
+                    f"{d.good_replicas}/{d.replicas}" + (" now" if d.exposed else " healed"),
+                    f"{d.below_n_ms / 1000:.1f}",
+                    f"{d.below_w_ms / 1000:.1f}",
+                    human_bytes(d.bytes),
+                ]
+                for d in status.durability_debt
+            ],
+            ["STREAM", "SEGMENT", "GOOD", "BELOW N (S)", "BELOW W (S)", "BYTES"],
+        )
+    return 0
+
+
+def human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+# ---- repair: drain and rebalance ----
+
+
+def _progress_line(done: int, total: int, label: str) -> str:
+    width = 30
+    filled = width * done // total if total else width
+    return f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def wait_for_tasks(
+    master: master_pb2_grpc.MasterStub, plan: master_pb2.RepairPlan, label: str
+) -> int:
+    """Show a progress bar until every task of the plan is done or failed."""
+    wanted = {(t.segment.stream_id, t.segment.epoch, t.target_store) for t in plan.tasks}
+    total = len(wanted)
+    deadline = time.monotonic() + REPAIR_WAIT_S
+    failed: list[master_pb2.RepairTask] = []
+    while True:
+        status = master.GetClusterStatus(
+            master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S
+        )
+        finished = [
+            t
+            for t in status.tasks
+            if (t.segment.stream_id, t.segment.epoch, t.target_store) in wanted
+            and t.state in (master_pb2.RepairTask.DONE, master_pb2.RepairTask.FAILED)
+        ]
+        failed = [t for t in finished if t.state == master_pb2.RepairTask.FAILED]
+        print(_progress_line(len(finished), total, label), end="", file=sys.stderr, flush=True)
+        if len(finished) >= total:
+            break
+        if time.monotonic() > deadline:
+            print(file=sys.stderr)
+            raise StreamEngineError(
+                f"{label}: {total - len(finished)} moves still pending after {REPAIR_WAIT_S:.0f}s"
+            )
+        time.sleep(PROGRESS_POLL_S)
+    print(file=sys.stderr)
+    for task in failed:
+        segment = task.segment
+        target = task.target_store
+        print(f"failed: {segment.stream} segment {segment.epoch} -> {target}: {task.error}")
+    return 1 if failed else 0
+
+
+def print_plan(plan: master_pb2.RepairPlan) -> None:
+    for task in plan.tasks:
+        print(
+            f"move {task.segment.stream} segment {task.segment.epoch}: "
+            f"{task.replaced_store or task.source_store} -> {task.target_store} "
+            f"({human_bytes(task.bytes)})"
+        )
+    for store_id in sorted(plan.bytes_before):
+        before = human_bytes(plan.bytes_before[store_id])
+        after = human_bytes(plan.bytes_after.get(store_id, 0))
+        print(f"  {store_id}: {before} -> {after}")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Drain a store (refused, with the reason, when the stores left could not hold
+    every stream's replicas), plan one (`--dry-run`), or end a drain (`--cancel`)."""
+    request = master_pb2.DrainStoreRequest(
+        store_id=args.store, dry_run=args.dry_run, cancel=args.cancel
+    )
+    with master_stub(args.master, client_transport(args)) as master:
+        plan = master.DrainStore(request, timeout=RPC_TIMEOUT_S)
+        if args.cancel:
+            print(f"{args.store} is not draining: it takes new replicas again")
+            return 0
+        verb = "plan to drain" if args.dry_run else "draining"
+        print(f"{verb} {args.store}: {len(plan.tasks)} replicas to move")
+        print_plan(plan)
+        if args.dry_run or not plan.tasks:
+            return 0
+        return wait_for_tasks(master, plan, "drain")
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        plan = master.Rebalance(
+            master_pb2.RebalanceRequest(dry_run=args.dry_run), timeout=RPC_TIMEOUT_S
+        )
+        if not plan.tasks:
+            print("balanced: nothing to move")
+            return 0
+        print(f"{'plan' if args.dry_run else 'moving'}: {len(plan.tasks)} replicas")
+        print_plan(plan)
+        return 0 if args.dry_run else wait_for_tasks(master, plan, "rebalance")
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    """Seal the open segment: the leader rolls, or this command leads for a moment."""
+    import asyncio
+
+    if args.accept_loss and not args.yes:
+        print(
+            f"would seal the unsealed segments of {args.name} at what the replicas that "
+            "still answer hold, recording as lost what may have been acknowledged past "
+            "them (readers of that range get DataLossError); irreversible"
+        )
+        print("nothing changed; stop the stream's writers and add --yes to do it")
+        return 1
+
+    async def seal() -> tuple[int, list[str]]:
+        async with stream_client(args) as client:
+            await client.describe_stream(args.name)  # an unknown stream fails fast
+            epoch = await client.seal(
+                args.name, timeout_s=args.timeout, accept_loss=args.accept_loss
+            )
+            listing = await client.list_segments(args.name)
+            lost = [
+                f"segment {s.id.epoch} indexes {s.lost_from_index}..{s.final_index}"
+                for s in listing.segments
+                if s.lost_from_index
+            ]
+            return epoch, lost
+
+    epoch, lost = asyncio.run(seal())
+    if epoch:
+        print(f"sealed {args.name}: segment {epoch}")
+    else:
+        print(f"sealed {args.name}: no open segment")
+    for line in lost:
+        print(f"lost (sealed accepting loss): {line}")
+    return 0
+
+
+# ---- verify ----
+
+
+def digest_of(
+    address: str,
+    segment: entry_pb2.SegmentId,
+    up_to: int,
+    transport: Transport = PLAINTEXT,
+    certificate: bool = False,
+) -> segment_store_pb2.DigestReply:
+    with transport.channel(address) as channel:
+        return store_grpc.SegmentStoreStub(channel).Digest(
+            segment_store_pb2.DigestRequest(
+                segment=segment, up_to_index=up_to, certificate=certificate
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    sealed_segments: int
+    problems: list[str]
+    # What was found, a line per segment and per replica (the certificate and each
+    # replica's state), for the operator.
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_stream(master_address: str, name: str, transport: Transport = PLAINTEXT) -> VerifyReport:
+    """Read every replica of every sealed segment of `name` back up to its bridge and
+    compare it with the segment's certificate (with the other replicas for a segment
+    the master holds no certificate of yet)."""
+    with master_stub(master_address, transport) as master:
+        listing = master.ListSegments(
+            master_pb2.ListSegmentsRequest(stream=name, certificates=True),
+            timeout=RPC_TIMEOUT_S,
+        )
+    problems: list[str] = []
+    lines: list[str] = []
+    checked = 0
+    now_ms = int(time.time() * 1000)
+    for segment in listing.segments:
+        if segment.state != entry_pb2.SEALED:
+            continue
+        checked += 1
+        segment_id = entry_pb2.SegmentId(
+            stream_id=listing.stream_id, epoch=segment.id.epoch, stream=name
+        )
+        _verify_segment(segment, segment_id, transport, now_ms, problems, lines)
+    return VerifyReport(checked, problems, lines)
+
+
+def _verify_segment(
+    segment: entry_pb2.Segment,
+    segment_id: entry_pb2.SegmentId,
+    transport: Transport,
+    now_ms: int,
+    problems: list[str],
+    lines: list[str],
+) -> None:
+    epoch, final = segment.id.epoch, segment.final_index
+    certified = segment.HasField("certificate")
+    root = segment.certificate.root
+    if certified:
+        chunks = len(segment.certificate.chunks)
+        lines.append(
+            f"segment {epoch}: final {final}, certificate {root.hex()[:16]} "
+            f"({segment.certificate.certified_by or '?'}, {chunks} chunk(s))"
+        )
+    else:
+        lines.append(f"segment {epoch}: final {final}, no certificate yet (replicas compared)")
+    verified = {v.store_id: v.verified_at_ms for v in segment.verified}
+    bad = set(segment.bad_stores)
+    roots: dict[str, bytes] = {}
+    for replica in segment.copy_set:
+        store = replica.store_id
+        master_view = _master_view(store, verified, bad, now_ms)
+        try:
+            reply = digest_of(replica.address, segment_id, final, transport, certificate=True)
+        except grpc.RpcError as error:
+            code = error.code().name
+            problems.append(f"segment {epoch}: replica {store} missing ({code})")
+            lines.append(f"  {store}: {code} {error.details() or ''}{master_view}")
+            continue
+        state = _replica_state(reply, final, root if certified else b"")
+        lines.append(f"  {store}: {state}{master_view}")
+        if reply.acked_index < final:
+            problems.append(
+                f"segment {epoch}: replica {store} acked only to "
+                f"{reply.acked_index} of {final} (missed the bridge)"
+            )
+        elif not reply.HasField("certificate"):
+            problems.append(f"segment {epoch}: replica {store} {state}")
+        elif certified and reply.certificate.root != root:
+            problems.append(f"segment {epoch}: replica {store} differs from the certificate")
+        roots[store] = reply.certificate.root
+    if not certified and len(set(roots.values())) > 1:
+        detail = ", ".join(f"{s}={d.hex()[:12]}" for s, d in sorted(roots.items()))
+        problems.append(f"segment {epoch}: replicas differ: {detail}")
+
+
+def _replica_state(reply: segment_store_pb2.DigestReply, final: int, root: bytes) -> str:
+    if not reply.HasField("certificate"):
+        return f"lacks index {reply.entries_held + 1} (holds {reply.entries_held} of {final})"
+    mine = reply.certificate.root
+    if not root:
+        return f"holds {mine.hex()[:16]}"
+    return "matches the certificate" if mine == root else f"DIFFERS: holds {mine.hex()[:16]}"
+
+
+def _master_view(store: str, verified: dict[str, int], bad: set[str], now_ms: int) -> str:
+    if store in bad:
+        return "; the master lists it bad"
+    if store in verified and not verified[store]:
+        return "; matched before the master last started"
+    if store in verified:
+        ago = max(0, now_ms - verified[store]) / 1000
+        return f"; matched {ago:.0f} s ago"
+    return "; not matched yet"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Read every replica of every sealed segment back against its certificate; exit 1
+    on a difference or a missing replica."""
+    report = verify_stream(args.master, args.name, client_transport(args))
+    for line in report.lines:
+        print(line)
+    for problem in report.problems:
+        print(problem)
+    verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"verify {args.name}: {report.sealed_segments} sealed segments checked, {verdict}")
+    return 0 if report.ok else 1
+
+
+# ---- data: append and tail ----
+
+APPEND_BATCH_DEFAULT = 500
+
+
+def _read_lines(path: str | None) -> Iterator[bytes]:
+    source = sys.stdin.buffer if path in (None, "-") else open(path, "rb")  # noqa: SIM115
+    try:
+        for line in source:
+            yield line.rstrip(b"\r\n")
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    """Append one event per input line, `--batch` lines per append."""
+    import asyncio
+
+    async def append() -> tuple[int, int]:
+        count, last = 0, 0
+        silent_told = False
+        async with stream_client(args) as client, client.writer(args.name) as writer:
+            batch: list[bytes] = []
+            for line in _read_lines(args.file):
+                batch.append(line)
+                if len(batch) >= args.batch:
+                    last = (await writer.append_batch(batch))[-1]
+                    count += len(batch)
+                    batch = []
+                    silent_told = _tell_master_silence(writer.statistics(), silent_told)
+            if batch:
+                last = (await writer.append_batch(batch))[-1]
+                count += len(batch)
+        return count, last
+
+    if args.batch < 1:
+        raise SystemExit("streamengine: error: --batch must be at least 1")
+    count, last = asyncio.run(append())
+    print(f"appended {count} events to {args.name}" + (f", last sequence {last}" if count else ""))
+    return 0
+
+
+# A writer appends on while no master answers (it cannot roll meanwhile); `append`
+# says so on stderr once the silence lasts this long, and again when it ends.
+MASTER_SILENCE_TOLD_S = 5.0
+
+
+def _tell_master_silence(statistics: Any, told: bool) -> bool:
+    """Whether the user now knows the master is silent."""
+    silent_s = statistics.master_silent_s
+    if silent_s is not None and silent_s >= MASTER_SILENCE_TOLD_S and not told:
+        print(
+            f"streamengine: no master has answered for {silent_s:.0f} s; appending on to "
+            "the open segment (no roll until one answers)",
+            file=sys.stderr,
+        )
+        return True
+    if told and silent_s is not None and silent_s < MASTER_SILENCE_TOLD_S:
+        print("streamengine: the master answers again", file=sys.stderr)
+        return False
+    return told
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print acked events from `--from` on; with `--follow`, keep waiting for new ones.
+    Events come as record batches, printed a batch at a time."""
+    import asyncio
+    import base64
+
+    def render(sequence: int, epoch: int, index: int, payload: bytes) -> str:
+        if args.format == "json":
+            try:
+                text: dict[str, str] = {"payload": payload.decode()}
+            except UnicodeDecodeError:
+                text = {"payload_base64": base64.b64encode(payload).decode()}
+            return json.dumps({"sequence": sequence, "epoch": epoch, "index": index} | text)
+        return f"{sequence}\t{payload.decode(errors='backslashreplace')}"
+
+    async def tail() -> None:
+        async with stream_client(args) as client:
+            if args.follow:
+                batches = client.subscribe_batches(args.name, start=args.start)
+            elif args.start == "end":
+                return  # nothing is acked past the end yet
+            else:
+                batches = client.read_batches(args.name, start=args.start)
+            async for batch in batches:
+                columns = [
+                    batch.column(name).to_pylist()
+                    for name in ("sequence", "epoch", "index", "payload")
+                ]
+                lines = "\n".join(itertools.starmap(render, zip(*columns, strict=True)))
+                print(lines, flush=args.follow)
+
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+# ---- bench ----
+
+# Benchmarks that run against an existing cluster (`--master`), in this order. The store
+# write benchmark measures one store on its own and the failover one kills writer
+# processes it starts itself: `bench/` runs those directly.
+CLUSTER_BENCHMARKS = ("append", "subscribe", "spark_scan")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmarks of `bench/` against the cluster at `--master`; or, with
+    `--compare PEER`, ours beside a peer's in the same run (`bench/compare.py`)."""
+    import subprocess
+    from pathlib import Path
+
+    # This file is `tools/streamengine/tools/ops.py` in a checkout.
+    checkout = Path(__file__).resolve().parents[3]
+    if not (checkout / "bench" / "append.py").exists():
+        raise StreamEngineError(
+            "the benchmarks live in the source checkout (bench/); run from a clone"
+        )
+    if args.compare:
+        # Ours on a local cluster it starts, the peer on servers its script starts: no
+        # `--master`. Exit 2 when the peer is not installed.
+        command = [sys.executable, "-m", "bench.compare", "--peer", args.compare]
+        command += ["--rounds", str(args.rounds), *(["--json"] if args.json else [])]
+        return subprocess.run([*command, *args.extra], cwd=checkout).returncode
+    names: list[str] = args.only or list(CLUSTER_BENCHMARKS)
+    # Fail early, in one line, without a cluster.
+    with master_stub(args.master, client_transport(args)) as master:
+        master.GetClusterStatus(master_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
+    failed = []
+    for name in names:
+        print(f"== bench/{name}.py against {args.master}", flush=True)
+        tls = ["--certs-dir", str(args.certs_dir)] if args.certs_dir else []
+        command = [sys.executable, "-m", f"bench.{name}", "--master", args.master, *tls]
+        command += args.extra
+        if subprocess.run(command, cwd=checkout).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
