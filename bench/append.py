@@ -41,6 +41,7 @@ from pathlib import Path
 
 from streamengine.client import StreamClient
 from streamengine.client.writer import Writer
+from streamengine.protocol.clock import wall_ms
 from streamengine.tools.local_cluster import LocalCluster
 
 
@@ -216,7 +217,7 @@ async def under_load(
 async def bench_size(
     target: Target, client: StreamClient, args: argparse.Namespace, size: int
 ) -> None:
-    name = f"bench/append-{size}-{int(time.time() * 1000)}"
+    name = f"bench/append-{size}-{wall_ms()}"
     await client.create_stream(name, replicas=3, write_quorum=2)
     async with client.writer(name) as writer:
         print(f"{size}-byte events (stream {name}, epoch {writer.epoch}):")

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.entry import EntryKind
 from streamengine.testing import ServerProcess
 from streamengine.v1 import segment_store_pb2
@@ -40,7 +41,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 def _keepalive() -> segment_store_pb2.SubscribeRequest:
     return segment_store_pb2.SubscribeRequest(
-        keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+        keepalive=segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
     )
 
 

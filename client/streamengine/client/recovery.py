@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -32,6 +31,7 @@ from streamengine.client.core.replicator import Tick
 from streamengine.client.core.writer import RecoverSegment
 from streamengine.client.errors import Fenced, fence_of
 from streamengine.protocol import codec
+from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 # batch is at most a few MB.
 RPC_TIMEOUT_S = 5.0
 
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class _NoAnswer(Exception):
@@ -98,7 +95,7 @@ class SegmentSealer:
         the segment as sealed. Raises `Fenced` when a later leader took over. Requests
         to slower stores may still be out: `finish` lets them complete, `close` ends
         them."""
-        result = self._carry_out(self.op.start(now_ms()))
+        result = self._carry_out(self.op.start(monotonic_ms()))
         while result is None:
             result = await self._next()
         return result
@@ -127,12 +124,12 @@ class SegmentSealer:
         deadline = self.op.deadline_ms()
         event: sr.Event
         try:
-            timeout_s = None if deadline is None else max(0, deadline - now_ms()) / 1000
+            timeout_s = None if deadline is None else max(0, deadline - monotonic_ms()) / 1000
             async with asyncio.timeout(timeout_s):
                 event = await self._events.get()
         except TimeoutError:
             event = Tick()
-        return self._carry_out(self.op.step(now_ms(), event))
+        return self._carry_out(self.op.step(monotonic_ms(), event))
 
     # ---- carrying actions out ----
 

@@ -74,6 +74,7 @@ from streamengine.protocol.certificate import (
     ChunkCheck,
     MalformedCertificate,
 )
+from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import sync_masters
@@ -422,7 +423,7 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     copy_set = part.replicas
     deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
     while next_index <= part.last_index:
-        choice = replicas.choose(copy_set, True, next_index, _now_ms())
+        choice = replicas.choose(copy_set, True, next_index, monotonic_ms())
         if isinstance(choice, Relist):
             # Without the master's address (a partition planned by an older driver) the
             # planned copy set is the only list there is.
@@ -436,7 +437,7 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
         if isinstance(choice, WaitUntil):
             if time.monotonic() > deadline:
                 raise Unavailable(f"{part.stream}: segment {part.epoch}: " + "; ".join(errors))
-            time.sleep(max(choice.until_ms - _now_ms(), 0) / 1000)
+            time.sleep(max(choice.until_ms - monotonic_ms(), 0) / 1000)
             continue
         assert isinstance(choice, Ask)
         start = next_index
@@ -505,7 +506,7 @@ def _read_failed(
         _report(part, address, f"DATA_LOSS from index {next_index}: {error.details()}")
     else:
         log.info("%s: replica %s failed: %s", part.stream, address, code.name)
-        replicas.failed(address, _now_ms())
+        replicas.failed(address, monotonic_ms())
 
 
 def _read_certified(
@@ -625,9 +626,6 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
         except grpc.RpcError as error:
             log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -40,6 +39,7 @@ from streamengine.client.packed import Packed, released_batch, released_events
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
+from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import first_corrupt
 from streamengine.protocol.retention import position_trimmed
 from streamengine.protocol.sequence import pack_sequence
@@ -57,9 +57,6 @@ Start = int | Literal["end", "earliest"]
 LISTED_AHEAD_SEGMENTS = 16
 REPORT_TIMEOUT_S = 2.0
 
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def segment_views(reply: master_pb2.ListSegmentsReply) -> list[SegmentView]:
@@ -194,10 +191,10 @@ class Follower:
             start = self._start
         cursor = Cursor(start, end, self._timing)
         self._check_trimmed(cursor)
-        cursor.on_segments(segments, now_ms())
+        cursor.on_segments(segments, monotonic_ms())
         await self._refresh(cursor)  # the segments from the start on, with certificates
         while True:
-            decision = cursor.next(now_ms())
+            decision = cursor.next(monotonic_ms())
             if isinstance(decision, Finished):
                 return
             if isinstance(decision, DataLoss):
@@ -209,7 +206,7 @@ class Follower:
                     decision.accepted,
                 )
             if isinstance(decision, Wait):
-                delay_ms = decision.until_ms - now_ms()
+                delay_ms = decision.until_ms - monotonic_ms()
                 if delay_ms > 0:
                     await asyncio.sleep(delay_ms / 1000)
                 await self._refresh(cursor)
@@ -273,7 +270,7 @@ class Follower:
         caught_up = _Outcome(packed=True)
         async for parts in self._follow(cursor, read, call, caught_up):
             yield parts
-        if not caught_up.clean or not Cursor.continues(cursor.next(now_ms()), read):
+        if not caught_up.clean or not Cursor.continues(cursor.next(monotonic_ms()), read):
             return
         start = segment_store_pb2.SubscribeRequest(
             start=segment_store_pb2.SubscribeStart(
@@ -326,7 +323,7 @@ class Follower:
             while True:
                 if pending is None:
                     pending = asyncio.ensure_future(call.read())
-                timeout_s = max(cursor.wake_at_ms() - now_ms(), 0) / 1000
+                timeout_s = max(cursor.wake_at_ms() - monotonic_ms(), 0) / 1000
                 done, _ = await asyncio.wait({pending}, timeout=timeout_s)
                 if done:
                     reply, pending = pending.result(), None
@@ -340,11 +337,11 @@ class Follower:
                         parts = self._on_reply(cursor, read, reply)
                     if parts:
                         yield parts
-                        cursor.on_delivered(now_ms())
-                if cursor.refresh_due(now_ms()):
+                        cursor.on_delivered(monotonic_ms())
+                if cursor.refresh_due(monotonic_ms()):
                     await self._refresh(cursor)
                 await self._report(cursor)
-                decision = cursor.next(now_ms())
+                decision = cursor.next(monotonic_ms())
                 if not Cursor.continues(decision, read):
                     log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
                     return
@@ -360,7 +357,7 @@ class Follower:
                 return
             if error.code() == grpc.StatusCode.NOT_FOUND and outcome.packed:
                 # A Read's answer that the replica holds nothing of the segment.
-                cursor.on_position(read.epoch, read.replica, 0, now_ms())
+                cursor.on_position(read.epoch, read.replica, 0, monotonic_ms())
                 return
             if cursor.position != start_position:
                 # Disconnected after serving (a consumer too slow for the store's buffer,
@@ -368,7 +365,7 @@ class Follower:
                 log.info("%s: disconnected by %s (%s), resuming", self._stream, read.replica, code)
                 return
             log.info("%s: replica %s failed: %s, retrying later", self._stream, read.replica, code)
-            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
+            cursor.on_replica_failed(read.epoch, read.replica, monotonic_ms())
         finally:
             if pending is not None:
                 pending.cancel()
@@ -383,7 +380,7 @@ class Follower:
     ) -> list[Released]:
         """A packed Read reply: what the replica acked when the read began (its answer,
         once), then values of consecutive indexes, each verified by the store."""
-        now = now_ms()
+        now = monotonic_ms()
         if expected.first:
             expected.first = False
             cursor.on_position(read.epoch, read.replica, reply.acked_index, now)
@@ -407,7 +404,7 @@ class Follower:
     def _on_reply(
         self, cursor: Cursor, read: ReadFrom, reply: segment_store_pb2.SubscribeReply
     ) -> list[Released]:
-        now = now_ms()
+        now = monotonic_ms()
         if reply.HasField("batch"):
             return self._entries(cursor, read, reply.batch)
         if reply.HasField("position"):
@@ -442,9 +439,10 @@ class Follower:
                 read.replica,
                 indexes[0],
             )
-            cursor.on_replica_failed(read.epoch, read.replica, now_ms())
+            cursor.on_replica_failed(read.epoch, read.replica, monotonic_ms())
             return []
-        return cursor.on_run(read.epoch, ListRun(indexes[0], bytes(kinds), payloads), now_ms())
+        run = ListRun(indexes[0], bytes(kinds), payloads)
+        return cursor.on_run(read.epoch, run, monotonic_ms())
 
     async def _report(self, cursor: Cursor) -> None:
         """Tell the master of replicas found serving what they must not (its store then
@@ -470,10 +468,10 @@ class Follower:
             segments = await self._list_segments(epoch, epoch + LISTED_AHEAD_SEGMENTS)
         except Unavailable as error:
             log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
-            cursor.on_list_failed(now_ms())
+            cursor.on_list_failed(monotonic_ms())
             return
         self._check_trimmed(cursor)
-        cursor.on_segments(segments, now_ms())
+        cursor.on_segments(segments, monotonic_ms())
 
     def _check_trimmed(self, cursor: Cursor) -> None:
         """A position a trim took away ends the read: what it would read next is gone
@@ -534,7 +532,7 @@ async def _requests(
     while True:
         await asyncio.sleep(keepalive_interval_ms / 1000)
         yield segment_store_pb2.SubscribeRequest(
-            keepalive=segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+            keepalive=segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
         )
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -101,6 +100,7 @@ from streamengine.client.recovery import SegmentSealer
 from streamengine.client.replicator import StoreLink
 from streamengine.client.retrying import retry_unary
 from streamengine.client.wire import BatchCache, heartbeat_answer
+from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import master_pb2, master_pb2_grpc
@@ -111,9 +111,6 @@ log = logging.getLogger(__name__)
 # readers see the tail without waiting for the next leader).
 FLUSH_TIMEOUT_S = 1.0
 
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +191,7 @@ class Writer:
         self._channels = channels
         self._leadership_timeout_s = leadership_timeout_s
         self._core = Leader(
-            now_ms(),
+            monotonic_ms(),
             limits,
             recovery_supported=True,
             rolling_supported=rolling,
@@ -301,7 +298,7 @@ class Writer:
         """Closing: the recoveries this writer started finish before it lets go (the
         core says when, `Leader.ready_to_release`)."""
         self.step(Closing())
-        while not self._core.ready_to_release(now_ms()):
+        while not self._core.ready_to_release(monotonic_ms()):
             self._stepped.clear()
             await self._stepped.wait()
 
@@ -413,7 +410,7 @@ class Writer:
         assert not self._stepping, f"a step inside a step: {event!r}"
         self._stepping = True
         try:
-            now = now_ms()
+            now = monotonic_ms()
             accepting = self._core.accepting_appends
             self._core.step(now, event)
             while True:
@@ -435,7 +432,7 @@ class Writer:
             # recoveries run, appends wait for the roll that gives it one).
             self._decided.set()
         self._stepped.set()
-        deadline = self._core.deadline_ms(now_ms())
+        deadline = self._core.deadline_ms(monotonic_ms())
         if deadline is not None and (
             self._clock_deadline is None or deadline < self._clock_deadline
         ):
@@ -612,7 +609,7 @@ class Writer:
 
     async def _clock(self) -> None:
         while True:
-            now = now_ms()
+            now = monotonic_ms()
             deadline = self._core.deadline_ms(now)
             self._clock_deadline = deadline
             self._wake.clear()
@@ -631,7 +628,7 @@ class Writer:
             acked_index=action.acked_index,
             segment_bytes=action.segment_bytes,
         )
-        sent_at = now_ms()
+        sent_at = monotonic_ms()
         try:
             reply = await self._master.WriterHeartbeat(request, timeout=action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
@@ -663,7 +660,7 @@ class Writer:
             exclude_stores=action.exclude_stores,
             grant=action.grant,
         )
-        sent_at = now_ms()
+        sent_at = monotonic_ms()
         try:
             reply = await self._master.RollSegment(request, timeout=action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
@@ -747,7 +744,9 @@ class Writer:
             pending_appends=len(self._pending),
             waiting_appends=len(self._waiting),
             master_silent_s=(
-                (now_ms() - core.master_answered_ms) / 1000 if core.master_answered_ms else None
+                (monotonic_ms() - core.master_answered_ms) / 1000
+                if core.master_answered_ms
+                else None
             ),
             unsealed_epochs=core.unsealed_epochs,
         )

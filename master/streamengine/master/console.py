@@ -47,7 +47,8 @@ from streamengine.protocol.auth import (
     authorize_need,
     visible_tenant,
 )
-from streamengine.protocol.callers import token_of_authorization, wall_clock_ms
+from streamengine.protocol.callers import token_of_authorization
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.signing import NoVerifyingKey, Verifier
 from streamengine.protocol.status_view import status_dict
 from streamengine.protocol.tokens import Revocations, resolve_caller
@@ -184,7 +185,7 @@ def serve_console(
                     None if header is None else token_of_authorization(header),
                     view.verifier,
                     view.revocations,
-                    wall_clock_ms(),
+                    wall_ms(),
                 )
             except NoVerifyingKey:
                 return Denial("the master cannot check tokens yet")

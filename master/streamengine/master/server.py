@@ -22,7 +22,6 @@ import contextlib
 import logging
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState, new_cluster_id
 from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import (
     HEARTBEATS_PER_LEASE,
     LEASE_MS_DEFAULT,
@@ -181,9 +181,6 @@ def add_quota_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
-def _clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
 
 def run(args: argparse.Namespace) -> int:
     logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
@@ -252,7 +249,7 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     service = MasterService(
         role,
-        _clock_ms,
+        wall_ms,
         metrics,
         signer,
         tenant_append_bytes_per_s=args.tenant_append_bytes_per_s,
@@ -342,7 +339,7 @@ def _load_state(
     (the rebuild adopts the stores')."""
     return MasterState(
         catalog,
-        _clock_ms(),
+        wall_ms(),
         args.lease_ms,
         args.store_timeout_ms,
         args.bridge_grace_ms,
@@ -355,7 +352,7 @@ def _load_state(
 def _new_repairer(
     args: argparse.Namespace, state: MasterState, members: transport.Transport
 ) -> Repairer:
-    return Repairer(state, args.repair_concurrency, _clock_ms, members)
+    return Repairer(state, args.repair_concurrency, wall_ms, members)
 
 
 async def _embedded_master(
@@ -397,7 +394,7 @@ async def _rebuild(
     from it. The caller activates it and ends `service.rebuilding`, with no await in
     between: no request sees the catalog half loaded."""
     service.rebuilding = True
-    rebuilt = await Rebuilder(state, members, args.rebuild_wait_s, _clock_ms).run()
+    rebuilt = await Rebuilder(state, members, args.rebuild_wait_s, wall_ms).run()
     commit_rebuilt(catalog, rebuilt)
     return _load_state(args, catalog)
 
@@ -417,7 +414,7 @@ async def _etcd_master(
     client = EtcdClient(
         config, None if args.certs_dir is None else EtcdTLS.from_certs_dir(args.certs_dir)
     )
-    election = Election(client, role.address, args.election_ttl_s, _clock_ms)
+    election = Election(client, role.address, args.election_ttl_s, wall_ms)
     metadata = EtcdMetadata(client, commit_timeout_s=args.election_ttl_s * COMMIT_SHARE_OF_TTL)
 
     async def rebuild(
@@ -463,7 +460,7 @@ async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | Non
     loop; a standby publishes only that it stands by, and which master is active."""
     role, metrics = service.role, service.metrics
     while True:
-        now = _clock_ms()
+        now = wall_ms()
         state, repairer = role.state, role.repairer
         active = state is not None and repairer is not None and now < role.active_until_ms
         metrics.active.set(1 if active else 0)

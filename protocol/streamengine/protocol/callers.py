@@ -18,7 +18,6 @@ is held to it either way.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from streamengine.protocol.auth import (
     Denial,
     Principal,
 )
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.identity import caller_identity
 from streamengine.protocol.signing import Verifier
 from streamengine.protocol.tokens import Revocations, resolve_caller
@@ -38,9 +38,6 @@ from streamengine.protocol.tokens import Revocations, resolve_caller
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-def wall_clock_ms() -> int:
-    """Tokens expire in wall-clock time: they outlive every process."""
-    return time.time_ns() // 1_000_000
 
 
 def bearer_token(context: Context) -> str | None:
@@ -64,7 +61,7 @@ class Callers:
 
     verifier: Verifier
     revocations: Callable[[], Revocations]
-    clock_ms: Callable[[], int] = wall_clock_ms
+    clock_ms: Callable[[], int] = wall_ms
 
     def principal(self, context: Context) -> Principal | Denial:
         """Raises identity.ProofRefused for a certificate proof that does not hold, and

@@ -40,7 +40,6 @@ import hashlib
 import ipaddress
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from streamengine.protocol import auth
+from streamengine.protocol.clock import wall_ms
 
 log = logging.getLogger("streamengine.identity")
 
@@ -73,9 +73,6 @@ CERT_CHARS_MAX = 8192
 class ProofRefused(Exception):
     """The caller sent a certificate proof that does not hold."""
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _signed_bytes(audience: str, issued_ms: int) -> bytes:
@@ -107,7 +104,7 @@ class CertificateProof(grpc.AuthMetadataPlugin):
         self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback
     ) -> None:
         try:
-            callback(self.metadata(audience_of(context.service_url), _now_ms()), None)
+            callback(self.metadata(audience_of(context.service_url), wall_ms()), None)
         except Exception as error:  # grpc fails the call with it
             callback((), error)
 
@@ -291,7 +288,7 @@ def caller_identity(context: Any) -> auth.Principal:
 
 def principal_of_metadata(metadata: Sequence[Any]) -> auth.Principal:
     assert _server_identity is not None
-    return _server_identity.principal(metadata_dict(metadata), _now_ms())
+    return _server_identity.principal(metadata_dict(metadata), wall_ms())
 
 
 def server_identity() -> ServerIdentity | None:

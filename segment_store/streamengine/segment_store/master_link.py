@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from streamengine.protocol import auth, codec, identity, transport
-from streamengine.protocol.callers import wall_clock_ms
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AppendQuota, StoreAuthority
@@ -77,9 +76,6 @@ class StoreIdentity:
     zone: str
     data_dir: Path
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _free_bytes(path: Path) -> int:
@@ -209,7 +205,7 @@ class MasterLink:
         audience = identity.reply_audience(kind, self.identity.store_id, reply)
         try:
             signer = self.master_identity.principal(
-                identity.metadata_dict(trailing), _now_ms(), audience
+                identity.metadata_dict(trailing), wall_ms(), audience
             )
         except identity.ProofRefused as refusal:
             signer, reason = auth.ANONYMOUS, str(refusal)
@@ -313,7 +309,7 @@ class MasterLink:
             version = revocations_version
         else:
             revoked = None  # the same version: the list we hold is the master's
-        if self.authority.update(keys, version, revoked, wall_clock_ms()):
+        if self.authority.update(keys, version, revoked, wall_ms()):
             await self.keep_authority()
             log.info(
                 "master authority taken: %d keys, %d revocations (version %d)",

@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
+from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import CorruptEntry
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.scrub import ReplicaScan, ScanResult, ScrubSchedule
@@ -35,16 +35,15 @@ class InThread(Protocol):
     def __call__(self, function: Callable[[], T], /) -> Awaitable[T]: ...
 
 
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
-
 
 class Scrubber:
     def __init__(self, core: SegmentStoreCore, in_thread: InThread, mb_per_s: float) -> None:
         assert mb_per_s > 0
         self.core = core
         self.in_thread = in_thread
-        self.schedule: ScrubSchedule[SegmentKey] = ScrubSchedule(mb_per_s * 1_000_000, _now_ms())
+        self.schedule: ScrubSchedule[SegmentKey] = ScrubSchedule(
+            mb_per_s * 1_000_000, monotonic_ms()
+        )
         self._reports: dict[SegmentKey, ScanResult] = {}
         self._wake = asyncio.Event()
 
@@ -74,14 +73,14 @@ class Scrubber:
         while True:
             targets = self.core.scrub_targets()
             self._update_gauges(targets)
-            replica = self.schedule.next_replica(_now_ms(), targets)
+            replica = self.schedule.next_replica(monotonic_ms(), targets)
             if replica is None:
                 due = self.schedule.due_ms(targets)
-                wait_s = IDLE_WAKE_S if due is None else max(0, due - _now_ms()) / 1000
+                wait_s = IDLE_WAKE_S if due is None else max(0, due - monotonic_ms()) / 1000
                 await self._sleep(min(wait_s, IDLE_WAKE_S))
                 continue
             result = await self._scan(replica, targets[replica])
-            self.schedule.checked(replica, _now_ms())
+            self.schedule.checked(replica, monotonic_ms())
             if result is not None:
                 self._done(replica, result)
 
@@ -96,7 +95,7 @@ class Scrubber:
         scan = ReplicaScan(final_index)
         while (step := scan.next_read()) is not None:
             first, upper, limit, max_bytes = step
-            wait_ms = self.schedule.read_at_ms() - _now_ms()
+            wait_ms = self.schedule.read_at_ms() - monotonic_ms()
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)  # the rate, not a wait for a condition
             read = functools.partial(self.core.read_run, replica, first, upper, limit, max_bytes)
@@ -108,7 +107,7 @@ class Scrubber:
                 scan.damaged(first, str(error))
                 break
             nbytes = sum(map(len, values))
-            self.schedule.read_done(_now_ms(), nbytes)
+            self.schedule.read_done(monotonic_ms(), nbytes)
             metrics.SCRUB_BYTES.inc(nbytes)
             scan.feed(values)
         assert scan.result is not None
@@ -136,7 +135,7 @@ class Scrubber:
             del self._reports[next(iter(self._reports))]
 
     def _update_gauges(self, targets: dict[SegmentKey, int]) -> None:
-        now = _now_ms()
+        now = monotonic_ms()
         metrics.SCRUB_OLDEST_CHECK_SECONDS.set(
             self.schedule.oldest_check_age_ms(now, targets) / 1000
         )

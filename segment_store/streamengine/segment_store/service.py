@@ -29,6 +29,7 @@ from streamengine.protocol import codec, identity, transport
 from streamengine.protocol.auth import Denial, Principal, authorize
 from streamengine.protocol.callers import Callers
 from streamengine.protocol.certificate import MalformedCertificate
+from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import (
     CorruptEntry,
     PackedEntries,
@@ -433,7 +434,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         if not len(batch):
             return self.committer.submit(command)
         payload_bytes = batch.payload_bytes()
-        if not self.quota.admit(grant.tenant, payload_bytes, _now_ms()):
+        if not self.quota.admit(grant.tenant, payload_bytes, monotonic_ms()):
             metrics.REFUSED_QUOTA.inc()
             return self._held_back(segment_store_pb2.REFUSED_QUOTA, command)
         future = self.committer.try_submit(command)
@@ -917,7 +918,7 @@ class _Tail:
             service.config.subscribe_buffer_batches,
             service.config.subscribe_stall_ms,
         )
-        self.stream = tail.TailStream(start.from_index, settings, _now_ms())
+        self.stream = tail.TailStream(start.from_index, settings, monotonic_ms())
         self.requests = requests
         self.context = context
         # Bounded by the core, which never asks for more than `buffer_messages`.
@@ -968,13 +969,13 @@ class _Tail:
             changed = watch.event(self.segment)
             meta = self.service.core.meta(self.segment) or SegmentMeta()
             position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
-            action = stream.step(position, self.buffer.qsize(), _now_ms())
+            action = stream.step(position, self.buffer.qsize(), monotonic_ms())
             if isinstance(action, tail.ReadBatch):
                 await self._read(action)
             elif isinstance(action, tail.SendPosition):
                 self.buffer.put_nowait(_position_reply(action.position))
             elif isinstance(action, tail.SendKeepalive):
-                keepalive = segment_store_pb2.Keepalive(sent_at_ms=int(time.time() * 1000))
+                keepalive = segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
                 self.buffer.put_nowait(segment_store_pb2.SubscribeReply(keepalive=keepalive))
             elif isinstance(action, tail.Drop):
                 metrics.SUBSCRIBERS_DROPPED.labels(action.reason).inc()
@@ -1000,14 +1001,14 @@ class _Tail:
             batch = segment_store_pb2.EntryBatch(entries=entries, token=entries[-1].index)
             self.buffer.put_nowait(segment_store_pb2.SubscribeReply(batch=batch))
         last = entries[-1].index if entries else read.from_index - 1
-        self.stream.on_read(read, last, _now_ms())
+        self.stream.on_read(read, last, monotonic_ms())
 
     async def _wait(self, changed: asyncio.Event, until_ms: int) -> None:
         """Until the segment changes, the sender makes room, or `until_ms`."""
         self.room.clear()
         waiters = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self.room.wait())]
         try:
-            timeout_s = max(until_ms - _now_ms(), 0) / 1000
+            timeout_s = max(until_ms - monotonic_ms(), 0) / 1000
             await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiter in waiters:
@@ -1021,7 +1022,7 @@ class _Tail:
 
     async def _receive(self) -> Exception | None:
         async for _request in self.requests:
-            self.stream.on_heard(_now_ms())
+            self.stream.on_heard(monotonic_ms())
         return None  # the client closed its side: the stream ends
 
 
@@ -1030,9 +1031,6 @@ _TAIL_DROP_STATUS = {
     "slow": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _position_reply(position: tail.Position) -> segment_store_pb2.SubscribeReply:

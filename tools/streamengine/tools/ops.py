@@ -24,6 +24,7 @@ from streamengine.client.errors import (
     Unavailable,
     from_rpc_error,
 )
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.masters import BadMasterList
 from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
@@ -530,7 +531,7 @@ def verify_stream(master_address: str, name: str, transport: Transport = PLAINTE
     problems: list[str] = []
     lines: list[str] = []
     checked = 0
-    now_ms = int(time.time() * 1000)
+    now_ms = wall_ms()
     for segment in listing.segments:
         if segment.state != entry_pb2.SEALED:
             continue
