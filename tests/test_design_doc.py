@@ -2,13 +2,16 @@
 
 Every numbered invariant of `docs/design.md` names at least one guard, every guard it
 names exists (a test function, or a checker method or function), the simulator's
-invariant numbers are all documented, and the README links the document.
+invariant numbers are all documented, and the README links the document. The commit
+rule of CONTRIBUTING.md is checked on the history since it was made.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,9 @@ from tests.sim.checkers import INVARIANTS
 from tests.tree import ROOT
 
 DESIGN = ROOT / "docs" / "design.md"
+# The first commit made under CONTRIBUTING.md's rule for commit subjects.
+FIRST_COMMIT_UNDER_THE_RULE = "16b7844"
+SUBJECT_CHARS_MAX = 72
 GUARD = re.compile(r"`(tests/[\w/]+\.py)::([\w.]+)`")
 INVARIANT_START = re.compile(r"^(\d+)\. \*\*", re.MULTILINE)
 
@@ -74,3 +80,27 @@ def test_every_guard_named_anywhere_in_the_document_exists() -> None:
 
 def test_the_readme_links_the_design_document() -> None:
     assert "docs/design.md" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_links_the_contributing_rules() -> None:
+    assert "CONTRIBUTING.md" in (ROOT / "README.md").read_text()
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_commit_subjects_are_short_and_single() -> None:
+    """CONTRIBUTING.md: a subject of at most 72 characters, one change (no `;`)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    if git("cat-file", "-e", f"{FIRST_COMMIT_UNDER_THE_RULE}^{{commit}}").returncode != 0:
+        pytest.skip(f"no history back to {FIRST_COMMIT_UNDER_THE_RULE} (not a git clone)")
+    log = git("log", "--format=%h %s", f"{FIRST_COMMIT_UNDER_THE_RULE}..HEAD")
+    assert log.returncode == 0, log.stderr
+    broken = []
+    for line in log.stdout.splitlines():
+        commit, _, subject = line.partition(" ")
+        if len(subject) > SUBJECT_CHARS_MAX or ";" in subject:
+            broken.append(f"{commit} ({len(subject)} characters): {subject}")
+    assert not broken, "subjects against CONTRIBUTING.md:\n" + "\n".join(broken)
