@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.sim.checkers import INVARIANTS
-from tests.tree import ROOT
+from tests.tree import PACKAGE_FOLDERS, ROOT
 
 DESIGN = ROOT / "docs" / "design.md"
 # The first commit made under CONTRIBUTING.md's rule for commit subjects.
@@ -25,17 +25,24 @@ FIRST_COMMIT_UNDER_THE_RULE = "16b7844"
 SUBJECT_CHARS_MAX = 72
 GUARD = re.compile(r"`(tests/[\w/]+\.py)::([\w.]+)`")
 INVARIANT_START = re.compile(r"^(\d+)\. \*\*", re.MULTILINE)
+MODULE_NAME = re.compile(r"`(streamengine(?:\.[a-z0-9_]+)*)`")
+MODULE_PATH = re.compile(rf"`((?:{'|'.join(PACKAGE_FOLDERS)})/streamengine/[\w/]+\.py)`")
+
+
+def section(title: str) -> str:
+    """The text of the design document's `## title` section, up to the next one."""
+    text = DESIGN.read_text()
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def invariants() -> dict[int, str]:
-    text = DESIGN.read_text()
-    section = text.split("\n## Invariants\n", 1)[1].split("\n## ", 1)[0]
-    starts = list(INVARIANT_START.finditer(section))
+    text = section("Invariants")
+    starts = list(INVARIANT_START.finditer(text))
     assert starts, "the Invariants section lists no numbered invariant"
     bodies: dict[int, str] = {}
     for here, following in zip(starts, [*starts[1:], None], strict=True):
-        end = following.start() if following else len(section)
-        bodies[int(here.group(1))] = section[here.start() : end]
+        end = following.start() if following else len(text)
+        bodies[int(here.group(1))] = text[here.start() : end]
     return bodies
 
 
@@ -50,6 +57,50 @@ def defined_names(path: Path) -> set[str]:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                     names.add(f"{node.name}.{item.name}")
     return names
+
+
+def module_file(name: str) -> Path | None:
+    """The file of module `streamengine.X.Y` (`X/streamengine/X/Y.py`, a package's
+    `__init__.py`; the generated `streamengine.v1` and `.etcd` under `proto/`)."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return ROOT / "client" / "streamengine" / "__init__.py"
+    folder = parts[1] if parts[1] in PACKAGE_FOLDERS else "proto"
+    path = ROOT / folder / Path(*parts)
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def core_modules_on_disk() -> dict[str, Path]:
+    return {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts[1:]): path
+        for path in sorted(ROOT.glob("*/streamengine/*/core/*.py"))
+        if path.stem != "__init__"
+    }
+
+
+def test_parts_and_boundaries_names_every_core_module_on_disk() -> None:
+    text = section("Parts and boundaries")
+    named = set(MODULE_NAME.findall(text))
+    cores = core_modules_on_disk()
+    assert cores, "no core module found on disk"
+    missing = [
+        name
+        for name, path in cores.items()
+        if name not in named and f"`{path.relative_to(ROOT)}`" not in text
+    ]
+    assert not missing, f'"Parts and boundaries" does not name {missing}'
+
+
+def test_every_module_parts_and_boundaries_names_exists() -> None:
+    text = section("Parts and boundaries")
+    names = MODULE_NAME.findall(text)
+    assert names, '"Parts and boundaries" names no module'
+    absent = [name for name in names if module_file(name) is None]
+    absent += [path for path in MODULE_PATH.findall(text) if not (ROOT / path).is_file()]
+    assert not absent, f'"Parts and boundaries" names modules that do not exist: {absent}'
 
 
 def test_the_invariants_are_numbered_one_to_n() -> None:
