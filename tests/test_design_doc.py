@@ -133,8 +133,11 @@ def test_the_readme_links_the_design_document() -> None:
     assert "docs/design.md" in (ROOT / "README.md").read_text()
 
 
-def test_the_readme_links_the_contributing_rules() -> None:
-    assert "CONTRIBUTING.md" in (ROOT / "README.md").read_text()
+def test_the_readme_links_the_contributing_rules_and_the_performance_document() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "CONTRIBUTING.md" in readme
+    assert "docs/performance.md" in readme
+    assert (ROOT / "docs" / "performance.md").is_file()
 
 
 def git(*args: str) -> subprocess.CompletedProcess[str]:
