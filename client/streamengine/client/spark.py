@@ -92,8 +92,7 @@ SCHEMA = (
 ARROW_SCHEMA = pa.schema([pa.field("stream", pa.string(), nullable=False), *EVENT_FIELDS])
 # Each partition is a Spark task, and a task costs Spark's JVM tens of milliseconds of
 # CPU beyond its rows: 500 k entries (50 MB of 100-byte events, Spark's own split for
-# files being 128 MB) scan 1.39 M rows/s here where 250 k scanned 1.18 M
-# (`python -m bench.spark_scan --partition-entries 250000,500000`).
+# files being 128 MB) scan faster than 250 k (docs/performance.md, "Spark scan").
 PARTITION_ENTRIES_DEFAULT = 500_000
 # Rows per Arrow batch handed to Spark: large batches amortise the per-batch cost.
 ARROW_BATCH_ROWS = 65_536
@@ -576,8 +575,8 @@ def _verified_rows(
 ) -> tuple[list[pa.RecordBatch] | None, list[Packed]]:
     """Rows of the held replies up to `verified` and within the partition from
     `next_index` on, a batch per reply (not concatenated: a chunk of 100-byte events
-    ends inside a reply, and joining its two parts copied every row once more, 0.07 us
-    a row); the replies (or their parts) still to verify."""
+    ends inside a reply, and joining its two parts copied every row once more); the
+    replies (or their parts) still to verify."""
     low = max(next_index, part.first_index)
     high = min(verified, part.last_index)
     batches = []

@@ -162,7 +162,8 @@ class PackedEntries:
     first_index: int
     values: Sequence[bytes]
     # The payloads' bytes, once known: a store checks and bounds a batch by them in
-    # several places, and summing 4096 lengths costs 40 us each time.
+    # several places, and summing thousands of lengths each time shows in its CPU per
+    # entry (docs/performance.md).
     _payload_bytes: int | None = field(default=None, init=False, compare=False, repr=False)
 
     @classmethod

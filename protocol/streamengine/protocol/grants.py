@@ -39,8 +39,9 @@ from streamengine.protocol.signing import (
 GRANT_MAGIC = b"SEG1"
 # The segment of the epoch and every earlier one unsealed when it was granted.
 GRANT_SEGMENTS_MAX = UNSEALED_SEGMENTS_MAX + 1
-# Distinct grants the master keeps signed (one per leading stream; signing costs 35 µs
-# and leaders are answered a few times a second each).
+# Distinct grants the master keeps signed (one per leading stream; signing costs more
+# than the rest of an answer, docs/performance.md, and leaders are answered a few times
+# a second each).
 SIGNED_GRANTS_CACHED_MAX = 4096
 
 

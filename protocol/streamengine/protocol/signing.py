@@ -16,8 +16,8 @@ without trying each. Encodings are canonical (one byte string per value: big-end
 fixed-width integers, length-prefixed UTF-8, no optional parts), so equal values sign
 to equal bytes and a decoder refuses anything else, trailing bytes included.
 
-Cost: signing takes about 35 µs and verifying about 120 µs on our cores, more than the
-rest of a small write's handling. So a `Verifier` keeps what it verified (the decoded
+Cost: signing and, more, verifying take longer than the rest of a small write's
+handling (docs/performance.md, "Signatures"). So a `Verifier` keeps what it verified (the decoded
 value, by the envelope's bytes; bounded, the oldest dropped first): a store verifies a
 grant once per (stream, epoch), however many writes and seals carry it.
 

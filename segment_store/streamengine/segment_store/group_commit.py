@@ -8,8 +8,8 @@ releases the GIL, so the loop keeps serving while it runs. A small group (at mos
 `INLINE_GROUP_ENTRIES_MAX` entries and `INLINE_GROUP_BYTES_MAX` bytes: a lone append,
 an acked-index tick, a seal) is written and synced on the loop itself while syncs are
 quick (the last one took at most `INLINE_SYNC_S_MAX`): the two thread hops there and
-back cost a lone write more than its sync does (0.2 of its 1.4 ms on two cores,
-`bench.append`), and requests that arrive meanwhile wait in the transport and form the
+back cost a lone write more than its sync does (docs/performance.md, "Writes"), and
+requests that arrive meanwhile wait in the transport and form the
 next, larger group, which goes to the thread again. A slow disk thus blocks the loop
 for one sync at most, then groups go to the thread until a sync is quick again.
 

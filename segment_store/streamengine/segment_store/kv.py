@@ -185,10 +185,10 @@ MEMTABLE_BYTES = 32 << 20
 MEMTABLES_MAX = 2
 # RocksDB's data blocks: 16 KiB rather than its default 4 KiB. Bulk reads (catch-up,
 # Spark, a replica's copy, the scrub) pass over whole segments, and a scan costs less per
-# entry with larger blocks (100-byte events: 0.19 us at 4 KiB, 0.157 at 16 KiB, 0.15 at
-# 64 KiB; in a Spark scan the three stores' CPU per row went from 0.42-0.45 us to
-# 0.39-0.40); a point lookup (a rewrite's check of what is held) reads one block either
-# way. Files written before keep their blocks until a compaction rewrites them.
+# entry with larger blocks, little less again beyond 16 KiB (docs/performance.md,
+# "RocksDB block size"); a point lookup (a rewrite's check of what is held) reads one
+# block either way. Files written before keep their blocks until a compaction rewrites
+# them.
 BLOCK_BYTES = 16 << 10
 # `scan_values` takes rows from rocksdict's loop this many at a time (its byte cap is
 # checked per piece).
@@ -298,7 +298,7 @@ class RocksKV:
         read.set_iterate_upper_bound(end)
         # A bulk read (catch-up, Spark, a replica's copy) passes once over blocks that
         # would only push hotter ones out of the block cache; filling it costs the scan
-        # 15 % more CPU per entry too (0.21 against 0.18 us, 100-byte values).
+        # more CPU per entry too (docs/performance.md, "Reads").
         read.fill_cache(False)  # type: ignore[call-arg]  # the stub omits its argument
         wanted = limit or sys.maxsize
         found: list[bytes] = []

@@ -62,14 +62,14 @@ from streamengine.protocol.policy import ReplicationPolicy
 # framing): batches are cut by payload plus this, so small events count for something.
 ENTRY_OVERHEAD_BYTES = 32
 # Bytes an entry kept in this process costs beyond its payload: the bytes object's
-# header, its crc object, its slots in the kept lists (131 measured with tracemalloc on
-# CPython 3.11; `tests/unit/test_replicator.py` measures it again). The memory bounds
+# header, its crc object, its slots in the kept lists (`tests/unit/test_replicator.py`
+# measures it with tracemalloc; docs/performance.md has the figure). The memory bounds
 # (`unacked_bytes_max`, `retained_bytes_max`) count payload plus this.
 ENTRY_MEMORY_BYTES = 136
 _KEPT_EXTRA_BYTES = ENTRY_MEMORY_BYTES - ENTRY_OVERHEAD_BYTES
 
-# A batch big enough to amortise the ~0.3-0.5 ms per gRPC message each end spends
-# (thousands of small events), small enough that a store writes it in a few
+# A batch big enough to amortise the CPU each end spends per gRPC message (thousands of
+# small events; docs/performance.md, "Writes"), small enough that a store writes it in a few
 # milliseconds. Batches this large form only under load: what waits while the window
 # is full goes out together.
 BATCH_BYTES_MAX = 1 << 20
@@ -80,9 +80,9 @@ LINGER_MS = 2
 
 # In-flight Write requests per store: enough to keep the pipe full at a few ms of
 # round trip, few enough that a reset after a gap wastes little, and that appends
-# arriving meanwhile wait to go out as one larger batch (1000-event appends, 8 in
-# flight: 4 requests of about 2000 events rather than 8 of 1000, 11 % more events/s
-# on two cores, `bench.append`).
+# arriving meanwhile wait to go out as one larger batch (under 8 appends in flight, 4
+# requests of about 2000 events carry more than 8 of 1000; docs/performance.md,
+# "Writes").
 WINDOW_BATCHES = 4
 
 # In-flight requests per store beyond which a small batch (under `SMALL_BATCH_BYTES`,

@@ -11,8 +11,9 @@ cluster runs TLS: they fence stale and buggy writers as well as hostile ones.
 
 A Write stream shows each grant once (`WriteStreamGrants`): its first request of a
 (stream, writer epoch) carries it, later ones may not; the verified grant is kept for
-the stream's lifetime. Verifying costs ~120 µs, so the `Verifier` also caches across
-streams and seals: one verification per grant per store.
+the stream's lifetime. Verifying costs more than the rest of a small write's handling
+(docs/performance.md, "Signatures"), so the `Verifier` also caches across streams and
+seals: one verification per grant per store.
 
 What it trusts (`StoreAuthority`): the master's public keys and its token revocations,
 both from the master's replies (`update`), kept durably (`AuthorityRecord`, written by

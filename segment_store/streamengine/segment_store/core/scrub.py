@@ -37,15 +37,14 @@ from typing import Any, Generic, Protocol, TypeVar
 from streamengine.protocol.certificate import Certificate, ContentDigest
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, first_corrupt_value
 
-# One step of a scrub: well under a millisecond of the interpreter's lock (reading,
-# crc and SHA-256 cost about 2.5 us per 1 KB entry, 1.2 us per 100 B one), so the
-# store's event loop never waits long behind it.
+# One step of a scrub: well under a millisecond of the interpreter's lock (reading, crc
+# and SHA-256 of each entry: docs/performance.md, "The scrub"), so the store's event
+# loop never waits long behind it.
 SCRUB_STEP_ENTRIES = 256
 SCRUB_STEP_BYTES = 64 << 10
 # The default rate: a replica of the default segment size (256 MiB) is read in about a
-# minute, a terabyte in three days, for about 1 % of a core (1 KB events; 4-8 % for 100 B
-# ones). No effect on append latency could be measured at this rate (docs/design.md,
-# "Certificates and the scrub", has the figures).
+# minute, a terabyte in three days, for a few percent of a core, with no effect on append
+# latency that the machine's noise lets one see (docs/performance.md, "The scrub").
 SCRUB_MB_PER_S_DEFAULT = 4.0
 # A replica is read again at most this often, however little the store holds.
 SCRUB_RECHECK_MS_DEFAULT = 10 * 60 * 1000
