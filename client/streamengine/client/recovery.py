@@ -1,6 +1,6 @@
 """Sealing and recovering one earlier segment over gRPC: the shell of `SegmentRecovery`.
 
-The core (`client.core.segment_recovery`) decides, timing included; this carries its
+The core (`client.core.recovery`) decides, timing included; this carries its
 actions out: `Seal` and `Read` as unary / server-streaming calls, every recovery write
 (and the acked index raise) as a one-request `Write` stream with `report_held`, written
 at the new leader's epoch, and `SealSegment` at the master. Each request is one attempt

@@ -1,7 +1,7 @@
 """Followers: `subscribe` (forever) and `read` (a range), as events or as Arrow record
 batches (`subscribe_batches`, `read_batches`).
 
-A thin asyncio shell around `client.core.cursor.Cursor`: it fetches the master's
+A thin asyncio shell around `client.core.subscription.Cursor`: it fetches the master's
 segment list, reads one replica at a time (what it acked, in packed `Read` replies; then
 a live tail with `Subscribe`), feeds the cursor what arrives (and what fails), and hands
 out what the cursor releases. Reconnection is transparent: the cursor's position is the

@@ -1,6 +1,6 @@
 """The writer: leadership of one stream and pipelined appends, as an async context.
 
-A thin asyncio shell around `client.core.leader.Leader`: every input (a heartbeat
+A thin asyncio shell around `client.core.writer.Leader`: every input (a heartbeat
 answer, a store's reply, a broken stream, the clock) becomes one `step`, which drains
 the core's outbox in one loop and carries the actions out (send this, resolve those
 appends); appends waiting for room are given to the core in that same loop, after the
@@ -13,10 +13,10 @@ its indexes; a step-down fails the waiting and submitted ones (never sent) and t
 each pending one whether it is in doubt or definitely failed.
 
 Every background loop (the clock, heartbeats, one Write stream per store, in
-`client.store_link`; requests are serialized by `client.wire`) is a task
+`client.replicator`; requests are serialized by `client.wire`) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
 
-Earlier segments. Each `RecoverSegment` gets one `client.sealer.SegmentSealer` task;
+Earlier segments. Each `RecoverSegment` gets one `client.recovery.SegmentSealer` task;
 its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls out of
 an epoch granted without a segment), its `Deposed` a `FencedByStore` (the core steps
 down), any other failure `RecoveryFailed` (the core starts it again later).

@@ -2,9 +2,11 @@
 liveness, placement and repair.
 
 Where things live:
-- pure decisions, time passed in as `now_ms`, table-tested: `leadership` (the lease
-  state machine), `placement` (copy sets, repair targets, rebalance plans), `repair`
-  (which sealed replicas are bad and which copies to run), over the records of `model`;
+- pure decisions in `core/`, time passed in as `now_ms`, table-tested:
+  `core.leadership` (the lease state machine), `core.placement` (copy sets, repair
+  targets, rebalance plans), `core.repair` (which sealed replicas are bad and which
+  copies to run), and the others docs/design.md lists, over the records of
+  `core.model`;
 - `catalog`: the records and their key layout, over `metadata`, the narrow interface of
   the metadata store, with two back ends: `rocksdb_metadata` (embedded, under --data)
   and `etcd_metadata` (etcd v3, every commit guarded by the master's election key);
@@ -12,8 +14,8 @@ Where things live:
 - `etcd`, `election`, `ha`, `role`: with etcd, several masters and one active: the
   lease election, the life of a master (stand by, serve, deposed), and the role every
   request checks first;
-- `repairer`: carries repair tasks out against the stores (copy, digest, swap, delete);
-- `service`: the gRPC servicer, with the one table from `errors` to gRPC statuses;
+- `repair`: carries repair tasks out against the stores (copy, digest, swap, delete);
+- `service`: the gRPC servicer, with the one table from `core.errors` to gRPC statuses;
 - `server`: `streamengine master` (flags, health, metrics, signals).
 
 After a start (or on becoming the active master) the master grants no lease for one

@@ -1,6 +1,6 @@
 """CopySegment on the target store: the client that pulls a sealed segment from a peer
 store over gRPC and applies it through the group committer, step by step as
-`copy_rules` says (fence first, copied batches raising no acked index, digest, then
+`core.copy` says (fence first, copied batches raising no acked index, digest, then
 one confirming write). A failed copy is left as it is, unconfirmed: never deleted,
 nor is its fence.
 """

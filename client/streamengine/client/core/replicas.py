@@ -1,5 +1,5 @@
 """Which replica a reader asks next for one segment, when it waits, and when a range is
-lost: one rule for followers (`cursor.py`) and Spark partitions (`streamengine.client.spark`).
+lost: one rule for followers (`core.subscription`) and Spark partitions (`client.spark`).
 
 Theory of operation. A reader needs the indexes from `next_index` on, from any replica
 of the segment's copy set (the master's list). What it learns about a replica is one of
