@@ -20,11 +20,10 @@ from streamengine.client.core.replicator import (
 from streamengine.client.core.writer import (
     FencedByStore,
     Replica,
-    reconnect_pause_ms,
 )
 from streamengine.client.errors import fence_of
 from streamengine.client.wire import serialize_write
-from streamengine.protocol.backoff import TRANSIENT_CALL, tenacity_wait
+from streamengine.protocol.backoff import STORE_STREAM_REOPEN, TRANSIENT_CALL, tenacity_wait
 from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import segment_store_pb2
 
@@ -96,7 +95,7 @@ class StoreLink:
                 self.writer.step(FencedByStore(store, fenced))
                 return
             failures += 1
-            await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
+            await asyncio.sleep(STORE_STREAM_REOPEN.delay_ms(failures) / 1000)
 
     def _disconnected(self) -> None:
         while not self.queue.empty():
