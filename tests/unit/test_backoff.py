@@ -8,6 +8,7 @@ import pytest
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from streamengine.protocol.backoff import (
+    ETCD_CALL,
     REPLICA_READ,
     ROLL_WITHOUT_SEGMENT,
     STORE_REGISTER,
@@ -49,6 +50,7 @@ def test_a_backoff_delay(rule, backoff, attempt, draw, expected_ms) -> None:
         (ROLL_WITHOUT_SEGMENT, [100, 200, 400, 800, 1_000, 1_000, 1_000]),
         (REPLICA_READ, [100, 200, 400, 800, 1_600, 3_000, 3_000]),
         (STORE_REGISTER, [50, 100, 200, 400, 800, 1_600, 2_000]),
+        (ETCD_CALL, [100, 200, 400, 800, 1_000, 1_000, 1_000]),
     ],
 )
 def test_the_named_policies_without_jitter(policy: Backoff, expected_ms: list[int]) -> None:

@@ -82,6 +82,11 @@ ROLL_WITHOUT_SEGMENT = Backoff(first_ms=100, max_ms=1_000)
 # meanwhile, so it backs off further than a writer, which has none.
 REPLICA_READ = Backoff(first_ms=100, max_ms=3_000)
 
+# A master's etcd call that failed is tried again (on the next member; `master.election`):
+# quick after a blip, quiet (one attempt, and one log line, a second) while etcd is away.
+# No jitter: only the few masters of a cluster call.
+ETCD_CALL = Backoff(first_ms=100, max_ms=1_000)
+
 # A store registers with the master for as long as it takes (`segment_store.master_link`):
 # the whole cluster's stores register with a restarted master at once, so its jitter is
 # twice TRANSIENT_CALL's, and a master down for long is asked every two seconds.
