@@ -65,10 +65,11 @@ def tenacity_wait(backoff: Backoff, draw: Callable[[], float]) -> Callable[[Retr
 # retries at once.
 TRANSIENT_CALL = Backoff(first_ms=50, max_ms=1_000, jitter_ms=50)
 
-# A store's Write stream that failed is reopened after this pause (the writer core's
-# `reconnect_pause_ms`, also run by the simulator): quick after a blip, gentle on a store
-# down for a while (it is rolled away from after the core's STORE_LOST_MS anyway). No
-# jitter of its own: the channel connect that follows it is jittered (TRANSIENT_CALL).
+# A store's Write stream that failed is reopened after this pause (`client.replicator`,
+# and the simulator's writer): quick after a blip, gentle on a store down for a while
+# (it is rolled away from after the writer core's STORE_LOST_MS anyway). No jitter: each
+# writer reopens only its own streams, and gRPC reconnects the channel underneath with
+# jitter of its own.
 STORE_STREAM_REOPEN = Backoff(first_ms=50, max_ms=1_000)
 
 # A writer leading an epoch granted without a segment asks for a roll again after each
@@ -79,7 +80,7 @@ ROLL_WITHOUT_SEGMENT = Backoff(first_ms=100, max_ms=1_000)
 
 # A reader's replica that failed, or the master's segment list it could not read, is
 # asked again after this (`FollowerTiming`): a reader has other replicas to read
-# meanwhile, so it backs off further than a writer, which has none.
+# meanwhile, where a writer needs its copy set's stores back, so it backs off further.
 REPLICA_READ = Backoff(first_ms=100, max_ms=3_000)
 
 # A master's etcd call that failed is tried again (on the next member; `master.election`):
