@@ -37,11 +37,11 @@ from streamengine.client.core.writer import (
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-    reconnect_pause_ms,
 )
 from streamengine.client.core.writer import ReleaseLease as ReleaseLeaseAction
 from streamengine.master.core.errors import MasterError
 from streamengine.master.service import status_of
+from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.segment_store.core.store import (
     SegmentKey,
 )
@@ -425,7 +425,7 @@ class WriterNode(Node):
     def _reconnect_later(self, store: str, attempt: Callable[[], None]) -> None:
         failures = self.link_failures.get(store, 0) + 1
         self.link_failures[store] = failures
-        pause = self.world_delay_ms(reconnect_pause_ms(failures))
+        pause = self.world_delay_ms(STORE_STREAM_REOPEN.delay_ms(failures))
         self.timer(pause, f"reconnect {store}", attempt)
 
     def handle(self, message: Message) -> None:

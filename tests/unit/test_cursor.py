@@ -21,7 +21,7 @@ from streamengine.protocol.sequence import pack_sequence
 
 A, B, C = "a:1", "b:1", "c:1"
 TIMING = FollowerTiming()
-FIRST_RETRY_MS = TIMING.replica_retry_ms_first
+FIRST_RETRY_MS = TIMING.replica_backoff.first_ms
 
 
 def event(index: int, payload: bytes = b"", epoch: int = 1) -> StoredEntry:
@@ -127,7 +127,7 @@ def test_the_backoff_of_a_failing_replica_doubles_up_to_its_max_and_an_answer_re
         delays.append(wait.until_ms - now)
         now = wait.until_ms
     assert delays == [100, 200, 400, 800, 1600, 3000, 3000, 3000]
-    assert delays[-1] == TIMING.replica_retry_ms_max
+    assert delays[-1] == TIMING.replica_backoff.max_ms
     assert cursor.next(now) == ReadFrom(1, A, 1)
     cursor.on_position(1, A, 0, now)
     cursor.on_replica_failed(1, A, now)

@@ -20,8 +20,6 @@ from streamengine.client.core.replicator import (
 )
 from streamengine.client.core.writer import (
     FOLLOWER_HEARTBEAT_MS_MAX,
-    RECONNECT_PAUSE_MS_MAX,
-    RECONNECT_PAUSE_MS_MIN,
     STREAM_DELETED,
     AppendsTimedOut,
     AskRoll,
@@ -42,7 +40,6 @@ from streamengine.client.core.writer import (
     SendHeartbeat,
     StepDownReason,
     SteppedDown,
-    reconnect_pause_ms,
 )
 from streamengine.protocol.policy import ReplicationPolicy
 
@@ -356,13 +353,6 @@ def test_a_deleted_stream_ends_a_follower_and_steps_a_leader_down_at_once() -> N
     )
     assert [d.reason for d in downs] == [StepDownReason.REFUSED]
     assert leader.role is not Role.LEADING
-
-
-def test_reconnect_pauses_double_up_to_the_cap() -> None:
-    pauses = [reconnect_pause_ms(n) for n in range(1, 10)]
-    assert pauses[:4] == [RECONNECT_PAUSE_MS_MIN * 2**k for k in range(4)]
-    assert pauses == sorted(pauses) and pauses[-1] == RECONNECT_PAUSE_MS_MAX
-    assert reconnect_pause_ms(10_000) == RECONNECT_PAUSE_MS_MAX
 
 
 def test_whatever_acts_under_an_epoch_carries_its_grant() -> None:

@@ -11,8 +11,6 @@ from streamengine.client.core.replicator import Acked, Append, StoreConnected, T
 from streamengine.client.core.writer import (
     RECOVERY_RETRY_MS,
     ROLL_ANSWER_GRACE_MS,
-    ROLL_RETRY_MS,
-    ROLL_RETRY_NO_SEGMENT_MS_MIN,
     AskRoll,
     BecameLeader,
     Leader,
@@ -26,6 +24,7 @@ from streamengine.client.core.writer import (
     StepDownReason,
     SteppedDown,
 )
+from streamengine.protocol.backoff import ROLL_WITHOUT_SEGMENT
 from tests.unit.test_leader import (
     LEASE_MS,
     POLICY,
@@ -90,7 +89,7 @@ def test_a_refused_roll_is_asked_again_after_every_failure_soon_then_each_second
         [ask] = of_type(actions, AskRoll)
         assert ask.epoch == 5, attempt
         assert of_type(step(leader, now + 1, RollFailed("NotEnoughStores")), AskRoll) == []
-        wait = min(ROLL_RETRY_MS, ROLL_RETRY_NO_SEGMENT_MS_MIN << attempt)
+        wait = ROLL_WITHOUT_SEGMENT.delay_ms(attempt + 1)
         assert of_type(step(leader, now + wait, Tick()), AskRoll) == [], attempt
         waits.append(wait)
         now += wait + 1
@@ -108,7 +107,7 @@ def test_a_roll_answer_that_never_comes_is_asked_again() -> None:
     given_up = 5 + ask.timeout_ms + ROLL_ANSWER_GRACE_MS
     assert of_type(keep_lease(leader, 10, given_up), AskRoll) == []
     step(leader, given_up, Tick())
-    retry = given_up + ROLL_RETRY_NO_SEGMENT_MS_MIN
+    retry = given_up + ROLL_WITHOUT_SEGMENT.first_ms
     assert of_type(step(leader, retry - 1, Tick()), AskRoll) == []
     assert of_type(step(leader, retry, Tick()), AskRoll)
 

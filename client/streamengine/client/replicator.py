@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from typing import TYPE_CHECKING
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from streamengine.client.core.replicator import (
     SendWrite,
@@ -17,14 +18,12 @@ from streamengine.client.core.replicator import (
     WriteReplied,
 )
 from streamengine.client.core.writer import (
-    RECONNECT_PAUSE_MS_MAX,
-    RECONNECT_PAUSE_MS_MIN,
     FencedByStore,
     Replica,
-    reconnect_pause_ms,
 )
 from streamengine.client.errors import fence_of
 from streamengine.client.wire import serialize_write
+from streamengine.protocol.backoff import STORE_STREAM_REOPEN, TRANSIENT_CALL, tenacity_wait
 from streamengine.protocol.status import FENCE_UNKNOWN
 from streamengine.v1 import segment_store_pb2
 
@@ -33,9 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A store's Write stream that fails is reopened after the core's pause (doubling).
-RECONNECT_PAUSE_S_MIN = RECONNECT_PAUSE_MS_MIN / 1000
-RECONNECT_PAUSE_S_MAX = RECONNECT_PAUSE_MS_MAX / 1000
 # Waiting for a channel to connect, per attempt.
 CONNECT_TIMEOUT_S = 2.0
 
@@ -99,7 +95,7 @@ class StoreLink:
                 self.writer.step(FencedByStore(store, fenced))
                 return
             failures += 1
-            await asyncio.sleep(reconnect_pause_ms(failures) / 1000)
+            await asyncio.sleep(STORE_STREAM_REOPEN.delay_ms(failures) / 1000)
 
     def _disconnected(self) -> None:
         while not self.queue.empty():
@@ -113,9 +109,7 @@ class StoreLink:
         writer leads (stepping down cancels this)."""
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TimeoutError),
-            wait=wait_exponential_jitter(
-                multiplier=RECONNECT_PAUSE_S_MIN, max=RECONNECT_PAUSE_S_MAX, jitter=0.05
-            ),
+            wait=tenacity_wait(TRANSIENT_CALL, random.random),
             reraise=True,
         ):
             with attempt:

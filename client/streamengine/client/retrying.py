@@ -8,6 +8,7 @@ FAILED_PRECONDITION (fenced, not the leader) is never retried: the state must ch
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,8 +19,9 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
 )
+
+from streamengine.protocol.backoff import TRANSIENT_CALL, tenacity_wait
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ async def retry_unary(
     error is raised as it is."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(is_retryable),
-        wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
+        wait=tenacity_wait(TRANSIENT_CALL, random.random),
         stop=stop_after_delay(deadline_s) | stop_after_attempt(attempts),
         before_sleep=before_sleep_log(log, logging.INFO),
         reraise=True,

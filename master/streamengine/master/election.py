@@ -37,6 +37,7 @@ from streamengine.etcd import rpc_pb2
 from streamengine.master.core.leadership import master_active_until
 from streamengine.master.etcd import EtcdClient
 from streamengine.master.metadata import prefix_end
+from streamengine.protocol.backoff import ETCD_CALL
 
 log = logging.getLogger("streamengine.master.election")
 
@@ -54,11 +55,6 @@ KEEPALIVES_PER_TTL = 3
 POLL_S = 0.1
 # One etcd call; a member slower than this is left for the next.
 CALL_TIMEOUT_S = 0.5
-# Pause before an etcd call that failed is tried again (on the next member), doubled
-# after each further failure up to the maximum: quick after a blip, quiet (one attempt,
-# and one log line, a second) while etcd is away.
-RETRY_S = 0.1
-RETRY_S_MAX = 1.0
 
 
 class LeaseLost(Exception):
@@ -120,7 +116,7 @@ class Election:
         when it now surely runs; raises LeaseLost when etcd says it is gone."""
         interval_s = self.ttl_ms / KEEPALIVES_PER_TTL / 1000
         request = rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)
-        pause_s = RETRY_S
+        failures = 0
         while True:
             member = self.client.member
             call = self.client.aio_lease(member).LeaseKeepAlive()
@@ -133,7 +129,7 @@ class Election:
                     if reply.TTL <= 0:
                         raise LeaseLost(f"etcd no longer knows lease {lease_id:x}")
                     confirmed(master_active_until(sent_ms, reply.TTL * 1000))
-                    pause_s = RETRY_S
+                    failures = 0
                     spent_s = (self.clock_ms() - sent_ms) / 1000
                     await asyncio.sleep(max(0.0, interval_s - spent_s))
             except (
@@ -147,8 +143,8 @@ class Election:
             finally:
                 call.cancel()
             # Never longer than an interval: the lease is only as alive as its keepalives.
-            await asyncio.sleep(pause_s)
-            pause_s = min(2 * pause_s, interval_s)
+            failures += 1
+            await asyncio.sleep(min(ETCD_CALL.delay_ms(failures) / 1000, interval_s))
 
     @staticmethod
     async def _renew(
@@ -216,15 +212,15 @@ class Election:
 
     async def _call(self, what: str, attempt: Callable[[str], Awaitable[T]]) -> T:
         """`attempt(member)` until a member answers, moving on after each failure."""
-        pause_s = RETRY_S
+        failures = 0
         while True:
             member = self.client.member
             try:
                 return await attempt(member)
             except grpc.aio.AioRpcError as error:
                 self._failed(member, what, error)
-            await asyncio.sleep(pause_s)
-            pause_s = min(2 * pause_s, RETRY_S_MAX)
+            failures += 1
+            await asyncio.sleep(ETCD_CALL.delay_ms(failures) / 1000)
 
     def _failed(self, member: str, what: str, error: BaseException) -> None:
         code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None

@@ -27,12 +27,13 @@ from typing import NoReturn
 from grpc_health.v1 import health, health_pb2
 
 from streamengine.master.catalog import Catalog
-from streamengine.master.election import POLL_S, RETRY_S, Election, LeaseLost, Member, Term
+from streamengine.master.election import POLL_S, Election, LeaseLost, Member, Term
 from streamengine.master.etcd_metadata import EtcdMetadata, MetadataChanged
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.repair import Repairer
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState
+from streamengine.protocol.backoff import ETCD_CALL
 
 log = logging.getLogger("streamengine.master")
 
@@ -143,7 +144,7 @@ class ElectedMaster:
         except MetadataError as error:
             log.warning("cannot load the metadata from etcd: %s", error)
             self.metadata.deactivate()
-            await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(ETCD_CALL.first_ms / 1000)
             return
         if not rebuilding:
             self._activate(state, group)

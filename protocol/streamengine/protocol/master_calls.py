@@ -6,7 +6,7 @@ Each call goes to the master that answered last. When that one answers UNAVAILAB
 (a standby, naming the active master or not; a master that is down), the call goes on
 at once to the master `masters.next_master` picks, within the call's own timeout and
 at most `masters.attempts_per_call` masters; the last error is raised as it is, so the
-caller's own retry policy (heartbeat schedule, control-call backoff) applies as before.
+caller's own retry policy (heartbeat schedule, `protocol.backoff`) applies as before.
 A master that does not answer in time is left for the next call.
 """
 

@@ -1,7 +1,7 @@
 """Registration and heartbeats to the master.
 
 The store serves whether or not the master answers: registration retries forever with
-backoff (tenacity), a failed heartbeat is logged and retried at the next tick, and a
+backoff (`STORE_REGISTER`), a failed heartbeat is logged and retried at the next tick, and a
 master that forgot the store (`register_again`) gets a new registration. Segments the
 master lists in a heartbeat reply are deleted. Given several masters (`--master
 a:7070,b:7070`), calls follow the active one (`protocol.master_calls`); a master that
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -37,9 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from streamengine.protocol import auth, codec, identity, transport
+from streamengine.protocol.backoff import STORE_REGISTER, tenacity_wait
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
@@ -62,7 +64,6 @@ HEARTBEAT_MS_DEFAULT = 1000
 HEARTBEAT_MS_MIN = 50
 HEARTBEAT_MS_MAX = 30_000
 MASTER_CALL_TIMEOUT_S = 2.0
-REGISTER_BACKOFF_MAX_S = 2.0
 
 
 class WrongCluster(Exception):
@@ -149,7 +150,7 @@ class MasterLink:
     async def _register(self, stub: master_pb2_grpc.MasterAsyncStub) -> None:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(grpc.aio.AioRpcError),
-            wait=wait_exponential_jitter(multiplier=0.05, max=REGISTER_BACKOFF_MAX_S, jitter=0.1),
+            wait=tenacity_wait(STORE_REGISTER, random.random),
             before_sleep=lambda state: metrics.HEARTBEAT_FAILURES.inc(),
             reraise=True,
         ):

@@ -19,8 +19,8 @@ two kinds:
   it a source of that range again for this reader (C14: a reader whose every replica is
   damaged raises `DataLossError` instead of waiting for ever).
 
-A failed replica is retried after a backoff that doubles with each consecutive failure
-(`FollowerTiming.replica_retry_ms_first` .. `replica_retry_ms_max`); any answer resets it.
+A failed replica is retried after a backoff that grows with each consecutive failure
+(`FollowerTiming.replica_backoff`); any answer resets it.
 
 Data loss (`Lost`) is declared for a *sealed* segment only, and only when no replica can
 hold the range:
@@ -43,15 +43,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from streamengine.protocol.backoff import REPLICA_READ, Backoff
+
 
 @dataclass(frozen=True, slots=True)
 class FollowerTiming:
     """Every wait of a reader, in one place: the SDK uses the defaults; the simulator
     passes `FollowerTiming.simulated()` so that a run stays short in virtual time."""
 
-    # Backoff of a failed replica: doubled per consecutive failure, up to the max.
-    replica_retry_ms_first: int = 100
-    replica_retry_ms_max: int = 3000
+    # Backoff of a failed replica, and of the master's list that could not be read.
+    replica_backoff: Backoff = REPLICA_READ
     # A replica that serves nothing new for this long while the master says its segment
     # is sealed beyond what it served has missed the bridge: try another one.
     sealed_replica_stall_ms: int = 2000
@@ -73,7 +74,6 @@ class FollowerTiming:
     list_timeout_ms: int = 5000
 
     def __post_init__(self) -> None:
-        assert 0 < self.replica_retry_ms_first <= self.replica_retry_ms_max
         assert self.sealed_replica_stall_ms > 0 and self.idle_refresh_ms > 0
         assert self.open_replica_stall_ms > self.segment_refresh_ms
         assert self.segment_refresh_ms > 0 and self.keepalive_interval_ms > 0
@@ -85,8 +85,7 @@ class FollowerTiming:
         """For a cluster in virtual time (the simulator): the same protocol with waits
         a run of a few seconds goes through many times."""
         return FollowerTiming(
-            replica_retry_ms_first=20,
-            replica_retry_ms_max=400,
+            replica_backoff=Backoff(first_ms=20, max_ms=400),
             sealed_replica_stall_ms=300,
             open_replica_stall_ms=600,
             idle_refresh_ms=50,
@@ -99,9 +98,7 @@ class FollowerTiming:
     def retry_delay_ms(self, failures: int) -> int:
         """The backoff after `failures` consecutive failures (1 for the first), of a
         replica or of the master's list."""
-        assert failures >= 1
-        doublings = min(failures - 1, 30)
-        return min(self.replica_retry_ms_first << doublings, self.replica_retry_ms_max)
+        return self.replica_backoff.delay_ms(failures)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ each one's own copy set suffice), then asks for the next epoch (`AskRoll`), whos
 segment it leads as after any roll. While the granted epoch has no segment the writer
 takes no appends (they wait, as during a drain). A leader holding an epoch with no
 segment and nothing unsealed always asks for a roll, again after every failure
-(`ROLL_RETRY_NO_SEGMENT_MS_MIN`, doubling up to `ROLL_RETRY_MS`), until it has a
+(`protocol.backoff.ROLL_WITHOUT_SEGMENT`, up to `ROLL_RETRY_MS`), until it has a
 segment or loses the lease.
 
 Grants. Every answer that makes the writer LEADER of an epoch (a grant, a roll) carries
@@ -119,6 +119,7 @@ from streamengine.client.core.replicator import (
     Tick,
     WriteReplied,
 )
+from streamengine.protocol.backoff import ROLL_WITHOUT_SEGMENT, STORE_STREAM_REOPEN
 from streamengine.protocol.certificate import ContentDigest
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
@@ -129,27 +130,14 @@ STORE_LOST_MS = 3_000
 # Appends wait while a roll drains the old segment; a drain not done in this long (a
 # quorum of the copy set is not answering) gives the roll up for now.
 DRAIN_MS_MAX = 5_000
-# A store's Write stream that failed is reopened after a pause doubling from the first
-# to the last: quick after a blip, gentle on a store that is down for a while (it is
-# rolled away from after STORE_LOST_MS anyway).
-RECONNECT_PAUSE_MS_MIN = 50
-RECONNECT_PAUSE_MS_MAX = 1_000
-assert RECONNECT_PAUSE_MS_MAX < STORE_LOST_MS, "a lost store gets more than one attempt"
-
-
-def reconnect_pause_ms(failures: int) -> int:
-    """The pause before reopening a store's stream after `failures` (>= 1) in a row."""
-    assert failures >= 1
-    return min(RECONNECT_PAUSE_MS_MAX, RECONNECT_PAUSE_MS_MIN << min(failures - 1, 16))
-
+# A store's Write stream that failed is reopened after `STORE_STREAM_REOPEN`'s pause.
+assert STORE_STREAM_REOPEN.max_ms < STORE_LOST_MS, "a lost store gets more than one attempt"
 
 # After a roll refused or given up, the next attempt waits this long.
 ROLL_RETRY_MS = 1_000
-# A leader of an epoch without a segment takes no appends until a roll gives it one:
-# its retries start this soon and double up to ROLL_RETRY_MS (a master that saw too
-# few stores for a moment, a clock jump, is asked again before appends stall long;
-# stores down for good cost a roll a second).
-ROLL_RETRY_NO_SEGMENT_MS_MIN = 100
+# A leader of an epoch without a segment retries its roll sooner (`ROLL_WITHOUT_SEGMENT`),
+# then as any roll.
+assert ROLL_WITHOUT_SEGMENT.max_ms == ROLL_RETRY_MS
 # A roll not answered this long after its own timeout counts as refused: the shell
 # answers every `AskRoll`, and this keeps a lost answer from stalling the writer if not.
 ROLL_ANSWER_GRACE_MS = ROLL_RETRY_MS
@@ -936,7 +924,7 @@ class Leader:
         delay = ROLL_RETRY_MS
         if self._segment is None:
             failures = self._segmentless_roll_failures = self._segmentless_roll_failures + 1
-            delay = min(ROLL_RETRY_MS, ROLL_RETRY_NO_SEGMENT_MS_MIN << min(failures - 1, 16))
+            delay = ROLL_WITHOUT_SEGMENT.delay_ms(failures)
         self._roll_retry_ms = now_ms + delay
 
     def _roll_answered(
