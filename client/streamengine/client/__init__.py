@@ -18,6 +18,7 @@ from streamengine.client.errors import (
     Unavailable,
 )
 from streamengine.client.stream_client import StreamClient
+from streamengine.client.types import Replica, SegmentInfo, SegmentState, StreamInfo
 
 __all__ = [
     "AlreadyExists",
@@ -31,9 +32,13 @@ __all__ = [
     "LeadershipLost",
     "NotFound",
     "PermissionDenied",
+    "Replica",
+    "SegmentInfo",
+    "SegmentState",
     "StreamClient",
     "StreamDeleted",
     "StreamEngineError",
+    "StreamInfo",
     "Trimmed",
     "Unavailable",
 ]
