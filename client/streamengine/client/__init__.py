@@ -1,5 +1,11 @@
-"""Stream Engine SDK."""
+"""Stream Engine SDK: the client, what it answers with, and its errors.
 
+These names are the SDK's public edge, exactly as README.md ("## SDK") lists them
+(tests/unit/test_public_api.py holds both to it); the package root `streamengine`
+exports the same ones.
+"""
+
+from streamengine.client.core.subscription import StreamEvent
 from streamengine.client.errors import (
     AlreadyExists,
     AppendFailed,
@@ -19,6 +25,7 @@ from streamengine.client.errors import (
 )
 from streamengine.client.stream_client import StreamClient
 from streamengine.client.types import Replica, SegmentInfo, SegmentState, StreamInfo
+from streamengine.client.writer import Writer, WriterStatistics
 
 __all__ = [
     "AlreadyExists",
@@ -38,7 +45,10 @@ __all__ = [
     "StreamClient",
     "StreamDeleted",
     "StreamEngineError",
+    "StreamEvent",
     "StreamInfo",
     "Trimmed",
     "Unavailable",
+    "Writer",
+    "WriterStatistics",
 ]
