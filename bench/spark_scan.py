@@ -35,8 +35,7 @@ async def prepare(target: Target, stream: str, events: int, segment_mb: int) -> 
         async with client.writer(stream) as writer:
             seconds = await fill(writer, events, b"p" * 100)
         await client.seal(stream)
-        listing = await client.list_segments(stream)
-        sealed = [s for s in listing.segments if s.state == entry_pb2.SEALED]
+        sealed = [s for s in await client.list_segments(stream) if s.sealed]
         print(
             f"filled {events:,} events in {seconds:.1f}s; {len(sealed)} sealed segments", flush=True
         )

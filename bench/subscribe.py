@@ -36,7 +36,6 @@ from bench.append import (
 )
 from streamengine.client import StreamClient
 from streamengine.client.writer import Writer
-from streamengine.v1 import entry_pb2
 
 BATCH = 1000
 BATCHES_IN_FLIGHT = 8
@@ -139,10 +138,10 @@ async def run(args: argparse.Namespace, target: Target) -> None:
         async with client.writer(stream) as writer:
             fill_seconds = await fill(writer, args.events, payload)
         segments = await client.list_segments(stream)
-        sealed = sum(1 for s in segments.segments if s.state == entry_pb2.SEALED)
+        sealed = sum(1 for s in segments if s.sealed)
         print(
             f"filled {args.events:,} events in {fill_seconds:.1f}s "
-            f"({len(segments.segments)} segments, {sealed} sealed)"
+            f"({len(segments)} segments, {sealed} sealed)"
         )
         # Right after the fill the stores still flush and compact what was written; the
         # second pass reads data at rest, as a reader catching up later would.

@@ -22,7 +22,6 @@ from streamengine import StreamClient
 from streamengine.protocol.transport import Transport
 from streamengine.tools.local_cluster import LocalCluster
 from streamengine.tools.ops import VerifyReport, verify_stream
-from streamengine.v1 import entry_pb2
 
 STREAM = "demo/orders"
 KILLED_STORE = "store1"
@@ -61,8 +60,7 @@ async def produce(cluster: LocalCluster, events: int) -> tuple[WorkloadResult, i
         result = await run_workload(client, STREAM, events, crash_and_restart_a_store, progress_bar)
         print("  sealing the stream", file=sys.stderr)
         await client.seal(STREAM)
-        listing = await client.list_segments(STREAM)
-        sealed = sum(1 for s in listing.segments if s.state == entry_pb2.SEALED)
+        sealed = sum(1 for s in await client.list_segments(STREAM) if s.sealed)
     return result, sealed
 
 

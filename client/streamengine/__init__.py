@@ -2,9 +2,10 @@
 
     from streamengine import StreamClient, AppendInDoubt
 
-The SDK's names are loaded on first use, so that the servers (`streamengine.master`,
-`streamengine.segment_store`), which share this namespace and the protocol package
-(`streamengine.protocol`, `streamengine.v1`), never import the SDK.
+The same names as `streamengine.client` (README.md, "## SDK", lists them), loaded on
+first use, so that the servers (`streamengine.master`, `streamengine.segment_store`),
+which share this namespace and the protocol package (`streamengine.protocol`,
+`streamengine.v1`), never import the SDK.
 
 Each part of the package lives in the repository's top-level folder of its name
 (`master/streamengine/master/...`); in a checkout with those folders on `sys.path` this
@@ -31,9 +32,19 @@ if TYPE_CHECKING:
         InvalidArgument,
         LeadershipLost,
         NotFound,
+        PermissionDenied,
+        Replica,
+        SegmentInfo,
+        SegmentState,
         StreamClient,
+        StreamDeleted,
         StreamEngineError,
+        StreamEvent,
+        StreamInfo,
+        Trimmed,
         Unavailable,
+        Writer,
+        WriterStatistics,
     )
 
 __all__ = [
@@ -47,9 +58,19 @@ __all__ = [
     "InvalidArgument",
     "LeadershipLost",
     "NotFound",
+    "PermissionDenied",
+    "Replica",
+    "SegmentInfo",
+    "SegmentState",
     "StreamClient",
+    "StreamDeleted",
     "StreamEngineError",
+    "StreamEvent",
+    "StreamInfo",
+    "Trimmed",
     "Unavailable",
+    "Writer",
+    "WriterStatistics",
 ]
 
 

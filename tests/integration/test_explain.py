@@ -11,9 +11,7 @@ import signal
 from streamengine.client import StreamClient
 from streamengine.testing import Cluster, wait_until
 from streamengine.tools.explain import explain_stream
-from streamengine.v1 import entry_pb2
 from tests.integration.test_cli import run_cli
-from tests.integration.test_writer_failover import segments
 from tests.integration.writer_process import WriterProcess, read_all
 
 
@@ -45,8 +43,8 @@ async def test_explain_says_what_the_next_leaders_recovery_does(
         async with client.writer(name, leadership_timeout_s=15) as new:
             assert new.epoch == segment.next_epoch
             await new.wait_sealed(15)
-        [sealed] = [s for s in await segments(client, name) if s.id.epoch == old_epoch]
-        assert sealed.state == entry_pb2.SEALED
+        [sealed] = [s for s in await client.list_segments(name) if s.epoch == old_epoch]
+        assert sealed.sealed
         predicted = {outcome.final_index for outcome in segment.outcomes}
         assert sealed.final_index in predicted, (sealed.final_index, segment.outcomes)
         if segment.decided:

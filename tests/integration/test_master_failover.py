@@ -131,8 +131,7 @@ async def check_every_acked_append_once(client: StreamClient, load: Load) -> lis
         numbers = numbers_of(events, writer.prefix)
         assert numbers == list(range(len(numbers))), f"{writer.prefix}: order, gap or repeat"
         assert len(numbers) >= writer.last_acked() + 1, f"{writer.prefix}: an acked append lost"
-    listing = await client.list_segments(load.stream)
-    epochs = [segment.id.epoch for segment in listing.segments]
+    epochs = [segment.epoch for segment in await client.list_segments(load.stream)]
     assert epochs == sorted(set(epochs)), "epochs strictly increase"
     return epochs
 

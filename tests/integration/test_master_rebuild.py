@@ -15,7 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from streamengine.client import StreamClient
+from streamengine.client import SegmentState, StreamClient, StreamInfo
+from streamengine.client.wire import SEGMENT_STATES
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.transport import PLAINTEXT, Transport
@@ -88,12 +89,11 @@ async def stores_know_every_segment(cluster: Cluster, client: StreamClient) -> b
     transport = master_transport(cluster)
     kept = {s.name: await records_of(s.address, transport) for s in cluster.stores}
     for name in STREAMS:
-        listing = await client.list_segments(name)
-        for segment in listing.segments:
-            key = (segment.id.stream_id, segment.id.epoch)
+        for segment in await client.list_segments(name):
+            key = (segment.stream_id, segment.epoch)
             for replica in segment.copy_set:
                 record = kept[replica.store_id].get(key)
-                if record is None or (record.state, record.final_index) != (
+                if record is None or (SEGMENT_STATES[record.state], record.final_index) != (
                     segment.state,
                     segment.final_index,
                 ):
@@ -158,15 +158,15 @@ async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_
             acked, epoch_before = await write_history(client)
             info_before = {n: await client.describe_stream(n) for n in STREAMS}
             sealed = await client.list_segments(STREAMS[0])
-            assert [s.state for s in sealed.segments] == [entry_pb2.SEALED, entry_pb2.OPEN]
+            assert [s.state for s in sealed] == [SegmentState.SEALED, SegmentState.OPEN]
             # The records reach the stores with their heartbeats (a second or so).
             await wait_until(
                 lambda: stores_know_every_segment(cluster, client), 20, "records kept", 0.2
             )
             # A page starts after the segment named.
-            first = sealed.segments[0].id
+            first = entry_pb2.SegmentId(stream_id=sealed[0].stream_id, epoch=sealed[0].epoch)
             after = await records_of(
-                sealed.segments[0].copy_set[0].address, master_transport(cluster), first
+                sealed[0].copy_set[0].address, master_transport(cluster), first
             )
             assert after and min(after) > (first.stream_id, first.epoch)
             kept_ids = await cluster_ids(cluster)
@@ -179,7 +179,7 @@ async def check_rebuilt(
     cluster: Cluster,
     acked: dict[str, list[bytes]],
     epoch_before: int,
-    info_before: dict[str, master_pb2.StreamInfo],
+    info_before: dict[str, StreamInfo],
     kept_ids: set[str],
 ) -> None:
     """Every stream as it was, every acked event read back, every stream writable
@@ -191,9 +191,10 @@ async def check_rebuilt(
         for name in STREAMS:
             info = await client.describe_stream(name)
             before = info_before[name]
-            assert (info.stream_id, info.policy, info.epoch) == (
+            assert (info.stream_id, info.replicas, info.write_quorum, info.epoch) == (
                 before.stream_id,
-                before.policy,
+                before.replicas,
+                before.write_quorum,
                 before.epoch,
             ), name
             assert await read_all(client, name) == acked[name], name

@@ -16,7 +16,7 @@ from streamengine.client import StreamClient
 from streamengine.client.packed import EVENT_SCHEMA
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
-from streamengine.v1 import entry_pb2, master_pb2
+from streamengine.v1 import master_pb2
 from tests.integration import damage
 
 pytestmark = pytest.mark.timeout(240)
@@ -87,9 +87,9 @@ async def test_read_batches_returns_exactly_what_read_returns(cluster: Cluster) 
     async with StreamClient(cluster.master_address) as client:
         payloads = await several_segments(client, "batch/exact")
         listing = await client.list_segments("batch/exact")
-        sealed = [s for s in listing.segments if s.state == entry_pb2.SEALED]
+        sealed = [s for s in listing if s.sealed]
         assert len(sealed) >= 3, "the stream should have rolled into several segments"
-        assert listing.segments[-1].state != entry_pb2.SEALED
+        assert not listing[-1].sealed
 
         everything = await read_rows(client, "batch/exact")
         assert everything == await event_rows(client, "batch/exact")
@@ -97,7 +97,7 @@ async def test_read_batches_returns_exactly_what_read_returns(cluster: Cluster) 
         for sequence, epoch, index, _ in everything:
             assert unpack_sequence(sequence) == (epoch, index)
         assert len({row[1] for row in everything}) >= 3, "events of several segments"
-        assert everything[-1][1] == listing.segments[-1].id.epoch, "and of the open one"
+        assert everything[-1][1] == listing[-1].epoch, "and of the open one"
 
         # A range from the middle of one sealed segment to the middle of a later one,
         # and from a sealed segment into the open one.
@@ -168,18 +168,14 @@ async def test_read_batches_skip_a_copy_that_differs_and_one_failing_its_crc(
                     await writer.append_batch(payloads[chunk : chunk + 500])
                 await client.seal("batch/damaged")  # by its writer's roll: certified
             listing = await client.list_segments("batch/damaged")
-            segment = next(
-                s
-                for s in listing.segments
-                if s.state == entry_pb2.SEALED and s.final_index > len(payloads)
-            )
+            segment = next(s for s in listing if s.sealed and s.final_index > len(payloads))
             certified = await client.master.ListSegments(
                 master_pb2.ListSegmentsRequest(stream="batch/damaged", certificates=True)
             )
             assert any(s.certificate.chunks for s in certified.segments), "no certificate"
             assert len(segment.copy_set) == 3
             forged, flipped = (r.store_id for r in segment.copy_set[:2])
-            stream_id, epoch = segment.id.stream_id, segment.id.epoch
+            stream_id, epoch = segment.stream_id, segment.epoch
             for store_id, index, valid_crc in ((forged, 700, True), (flipped, 1500, False)):
                 store = next(s for s in cluster.stores if s.name == store_id)
                 assert store.terminate() == 0

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from bench.segment_driver import Driver, fully_replicated, seal, sealed_segments, write
-from streamengine.client import DataLossError, StreamClient, Unavailable
+from streamengine.client import DataLossError, SegmentState, StreamClient, Unavailable
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.segment_store.server import DB_DIR
 from streamengine.testing import (
@@ -29,7 +29,7 @@ from streamengine.testing import (
     server_env,
     wait_for,
 )
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.test_cli import run_cli
 from tests.integration.test_master_repair import STREAM, create_stream
@@ -165,9 +165,7 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
             with pytest.raises(Unavailable):
                 await client.seal(STREAM, timeout_s=3)
             listing = await client.list_segments(STREAM)
-            assert [s.state for s in listing.segments if s.id.epoch == stuck_epoch] != [
-                entry_pb2.SEALED
-            ]
+            assert [s.state for s in listing if s.epoch == stuck_epoch] != [SegmentState.SEALED]
 
             asked = run_cli("seal", STREAM, "--accept-loss", "--master", cluster.master_address)
             assert asked.returncode == 1 and "add --yes" in asked.stdout, asked
@@ -176,11 +174,8 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
             )
             assert done.returncode == 0, done
             assert f"lost (sealed accepting loss): segment {stuck_epoch} indexes" in done.stdout
-            [lossy] = [
-                s for s in (await client.list_segments(STREAM)).segments
-                if s.id.epoch == stuck_epoch
-            ]
-            assert lossy.state == entry_pb2.SEALED and lossy.lost_from_index > 0
+            [lossy] = [s for s in await client.list_segments(STREAM) if s.epoch == stuck_epoch]
+            assert lossy.sealed and lossy.lost_from_index > 0
 
             after = [f"after-{n}".encode() for n in range(EVENTS)]
             async with client.writer(STREAM, leadership_timeout_s=15) as writer:

@@ -136,7 +136,7 @@ async def test_the_subscribers_store_killed_it_continues_on_another_replica(
             await wait_until(lambda: len(seen) >= len(first_batch))
             # The subscriber tails the first replica of the copy set: kill that store.
             segments = await client.list_segments("sub/failover")
-            first_replica = segments.segments[-1].copy_set[0].address
+            first_replica = segments[-1].copy_set[0].address
             cluster.store_by_address(first_replica).kill()
             await writer.append_batch(second_batch)
             await asyncio.wait_for(follower, 60)
@@ -284,7 +284,7 @@ async def test_a_sealed_segment_read_while_every_replica_restarts_is_not_data_lo
     async with StreamClient(cluster.master_address) as client:
         name = "sub/restarting"
         payloads = await _sealed_stream(client, name, 3000)
-        addresses = [r.address for r in (await client.list_segments(name)).segments[-1].copy_set]
+        addresses = [r.address for r in (await client.list_segments(name))[-1].copy_set]
         for store in cluster.stores:
             store.kill()
         reader = asyncio.create_task(take(client.read(name), len(payloads)))
@@ -309,7 +309,7 @@ async def test_a_subscriber_outlives_every_replica_pausing(
     async with StreamClient(cluster.master_address) as client:
         name = "sub/paused"
         payloads = await _sealed_stream(client, name, 1000)
-        addresses = [r.address for r in (await client.list_segments(name)).segments[-1].copy_set]
+        addresses = [r.address for r in (await client.list_segments(name))[-1].copy_set]
         for store in cluster.stores:
             store.stop()
         try:

@@ -18,21 +18,17 @@ from typing import Any
 import grpc
 import pytest
 
-from streamengine.client import StreamClient
+from streamengine.client import SegmentState, StreamClient
 from streamengine.client import writer as writer_module
 from streamengine.client.errors import Unavailable
 from streamengine.client.recovery import SegmentSealer
 from streamengine.testing import Cluster, running_cluster, wait_until
 from streamengine.tools.ops import verify_stream
-from streamengine.v1 import entry_pb2, master_pb2
+from streamengine.v1 import master_pb2
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_MS = 1000
-
-
-async def segments(client: StreamClient, name: str) -> list[entry_pb2.Segment]:
-    return list((await client.list_segments(name)).segments)
 
 
 async def test_a_killed_writer_is_taken_over_and_every_acked_append_survives_once(
@@ -64,8 +60,8 @@ async def test_a_killed_writer_is_taken_over_and_every_acked_append_survives_onc
         assert a == list(range(len(a))), "a-events out of order, duplicated or missing"
         assert len(a) >= acked_before_kill + 1
         assert numbers_of(events, "b") == list(range(50))
-        by_epoch = {s.id.epoch: s for s in await segments(client, name)}
-        assert by_epoch[first_epoch].state == entry_pb2.SEALED
+        by_epoch = {s.epoch: s for s in await client.list_segments(name)}
+        assert by_epoch[first_epoch].state == SegmentState.SEALED
 
 
 async def test_a_killed_leaders_lease_ends_at_once_and_a_paused_ones_runs_out(
@@ -157,10 +153,10 @@ async def test_rolling_by_size_gives_sealed_segments_read_back_whole(cluster: Cl
             for start in range(0, len(payloads), 100):
                 await writer.append_batch(payloads[start : start + 100])
         sealed_epoch = await client.seal(name)
-        listing = await segments(client, name)
-        sealed = [s for s in listing if s.state == entry_pb2.SEALED]
-        assert len(sealed) >= 4, [(s.id.epoch, s.state) for s in listing]
-        assert sealed_epoch in {s.id.epoch for s in sealed}
+        listing = await client.list_segments(name)
+        sealed = [s for s in listing if s.state == SegmentState.SEALED]
+        assert len(sealed) >= 4, [(s.epoch, s.state) for s in listing]
+        assert sealed_epoch in {s.epoch for s in sealed}
         assert [p for _, p in await read_all(client, name)] == payloads
     report = await asyncio.to_thread(verify_stream, cluster.master_address, name)
     assert report.ok, report
@@ -183,9 +179,9 @@ async def test_a_segment_older_than_its_age_rolls(cluster: Cluster) -> None:
             number += 1
         # A clean close lets the recovery of the last roll finish: every segment but the
         # open one is sealed, and a read to the end needs no next leader.
-        states = [s.state for s in await segments(client, name)]
-        assert states[-1] == entry_pb2.OPEN and len(states) >= 3
-        assert set(states[:-1]) == {entry_pb2.SEALED}, states
+        states = [s.state for s in await client.list_segments(name)]
+        assert states[-1] == SegmentState.OPEN and len(states) >= 3
+        assert set(states[:-1]) == {SegmentState.SEALED}, states
         events = await read_all(client, name)
         assert [p for _, p in events] == [b"age-%06d" % i for i in range(number)]
 
@@ -203,7 +199,7 @@ async def test_a_clean_close_lets_the_recovery_a_roll_started_finish(tmp_path: P
                 async with client.writer(name) as writer:
                     await writer.append_batch([b"one", b"two"])
                     old_epoch = writer.epoch
-                    [segment] = await segments(client, name)
+                    [segment] = await client.list_segments(name)
                     stopped = [c.store_by_address(r.address) for r in segment.copy_set[:2]]
                     for store in stopped:
                         store.stop()
@@ -211,8 +207,8 @@ async def test_a_clean_close_lets_the_recovery_a_roll_started_finish(tmp_path: P
                     await wait_until(lambda: writer.epoch > old_epoch, 15, "the roll")
                     assert writer.statistics().unsealed_epochs == (old_epoch,)
                     asyncio.get_running_loop().call_later(1.0, stopped[0].cont)
-                states = {s.id.epoch: s.state for s in await segments(client, name)}
-                assert states[old_epoch] == entry_pb2.SEALED, states
+                states = {s.epoch: s.state for s in await client.list_segments(name)}
+                assert states[old_epoch] == SegmentState.SEALED, states
                 assert await sealing == old_epoch
             finally:
                 for store in stopped:
@@ -234,12 +230,12 @@ async def test_seal_with_a_leader_rolls_and_without_one_leads_for_a_moment(
             await writer.append(b"three")  # in the next segment
             assert writer.epoch > epoch
             open_epoch = writer.epoch
-        by_epoch = {s.id.epoch: s for s in await segments(client, name)}
-        assert by_epoch[epoch].state == entry_pb2.SEALED
-        assert by_epoch[open_epoch].state == entry_pb2.OPEN
+        by_epoch = {s.epoch: s for s in await client.list_segments(name)}
+        assert by_epoch[epoch].state == SegmentState.SEALED
+        assert by_epoch[open_epoch].state == SegmentState.OPEN
         assert await client.seal(name, timeout_s=15) == open_epoch  # nobody leads
-        listing = await segments(client, name)
-        assert [s.state for s in listing if s.id.epoch <= open_epoch] == [entry_pb2.SEALED] * 2
+        listing = await client.list_segments(name)
+        assert [s.state for s in listing if s.epoch <= open_epoch] == [SegmentState.SEALED] * 2
         assert [p for _, p in await read_all(client, name)] == [b"one", b"two", b"three"]
 
 
@@ -259,7 +255,7 @@ async def test_losing_a_copy_set_store_rolls_to_live_stores(tmp_path: Path) -> N
 
                 await append_some(50)
                 first_epoch = writer.epoch
-                listing = await segments(client, name)
+                listing = await client.list_segments(name)
                 copy_set = [r.address for r in listing[-1].copy_set]
                 victim = c.store_by_address(copy_set[0])
                 victim.kill()
@@ -269,9 +265,9 @@ async def test_losing_a_copy_set_store_rolls_to_live_stores(tmp_path: Path) -> N
                     await append_some(10)
                 await append_some(50)
                 rolled_to = writer.epoch
-            listing = await segments(client, name)
-            by_epoch = {s.id.epoch: s for s in listing}
-            assert by_epoch[first_epoch].state == entry_pb2.SEALED
+            listing = await client.list_segments(name)
+            by_epoch = {s.epoch: s for s in listing}
+            assert by_epoch[first_epoch].state == SegmentState.SEALED
             live = [r.address for r in by_epoch[rolled_to].copy_set]
             assert victim.address not in live, (victim.address, listing)
             events = await read_all(client, name)
@@ -306,13 +302,13 @@ async def test_a_grant_without_a_segment_seals_both_earlier_ones_then_rolls(
         await client.create_stream(name, replicas=3, write_quorum=2)
         for number in range(2):
             await asyncio.to_thread(lead_and_die, cluster.master_address, name, f"holder-{number}")
-        unsealed = [s for s in await segments(client, name) if s.state != entry_pb2.SEALED]
+        unsealed = [s for s in await client.list_segments(name) if not s.sealed]
         assert len(unsealed) == 2
         async with client.writer(name, leadership_timeout_s=20) as writer:
             await writer.append(b"after the gap")
             epoch = writer.epoch
-        listing = await segments(client, name)
-        assert [s.state for s in listing if s.id.epoch < epoch - 1] == [entry_pb2.SEALED] * 2
+        listing = await client.list_segments(name)
+        assert [s.state for s in listing if s.epoch < epoch - 1] == [SegmentState.SEALED] * 2
         assert [p for _, p in await read_all(client, name)] == [b"after the gap"]
 
 
@@ -336,7 +332,7 @@ async def _two_unsealed(client: StreamClient, master: str, name: str) -> None:
     await client.create_stream(name, replicas=3, write_quorum=2)
     for number in range(2):
         await asyncio.to_thread(lead_and_die, master, name, f"holder-{number}")
-    unsealed = [s for s in await segments(client, name) if s.state != entry_pb2.SEALED]
+    unsealed = [s for s in await client.list_segments(name) if not s.sealed]
     assert len(unsealed) == 2
 
 
@@ -376,8 +372,8 @@ async def test_a_recovery_failing_once_is_started_again(
             await writer.append(b"after the gap")
             epoch = writer.epoch
         assert failures, "the injected failure never happened"
-        listing = await segments(client, name)
-        assert [s.state for s in listing if s.id.epoch < epoch - 1] == [entry_pb2.SEALED] * 2
+        listing = await client.list_segments(name)
+        assert [s.state for s in listing if s.epoch < epoch - 1] == [SegmentState.SEALED] * 2
         assert [p for _, p in await read_all(client, name)] == [b"after the gap"]
 
 
@@ -396,7 +392,7 @@ async def test_with_too_few_stores_for_a_new_segment_the_open_one_is_still_seale
             async with client.writer(name) as writer:
                 await writer.append_batch([b"f-%03d" % i for i in range(50)])
                 epoch = writer.epoch
-            [open_segment] = [s for s in await segments(client, name) if s.id.epoch == epoch]
+            [open_segment] = [s for s in await client.list_segments(name) if s.epoch == epoch]
             members = {r.store_id for r in open_segment.copy_set}
             outsider = next(s for s in c.stores if s.name not in members)
             member = next(s for s in c.stores if s.name in members)
@@ -411,8 +407,8 @@ async def test_with_too_few_stores_for_a_new_segment_the_open_one_is_still_seale
 
             await wait_until(too_few_usable, 30, "the master sees two stores down")
             assert await client.seal(name, timeout_s=20) == epoch
-            by_epoch = {s.id.epoch: s for s in await segments(client, name)}
-            assert by_epoch[epoch].state == entry_pb2.SEALED
+            by_epoch = {s.epoch: s for s in await client.list_segments(name)}
+            assert by_epoch[epoch].state == SegmentState.SEALED
             assert [p for _, p in await read_all(client, name)] == [
                 b"f-%03d" % i for i in range(50)
             ]

@@ -44,6 +44,8 @@ from streamengine.client.errors import (
     from_rpc_error,
 )
 from streamengine.client.retrying import retry_unary
+from streamengine.client.types import SegmentInfo, StreamInfo
+from streamengine.client.wire import segment_info, stream_info
 from streamengine.client.writer import Writer
 from streamengine.protocol import transport
 from streamengine.protocol.master_calls import AsyncMasters
@@ -181,7 +183,7 @@ class StreamClient:
         segment_age_ms: int = 0,
         retention_age_ms: int = 0,
         retention_bytes: int = 0,
-    ) -> master_pb2.StreamInfo:
+    ) -> StreamInfo:
         """Create `tenant/stream` (and the tenant on first use). `segment_bytes` and
         `segment_age_ms` are the roll thresholds; 0 takes the master's defaults. The
         master trims whole sealed segments older than `retention_age_ms`, or while the
@@ -200,23 +202,25 @@ class StreamClient:
         async def create() -> master_pb2.StreamInfo:
             return await self.master.CreateStream(request, timeout=5.0)
 
-        return await self._control(create)
+        return stream_info(await self._control(create))
 
-    async def describe_stream(self, name: str) -> master_pb2.StreamInfo:
+    async def describe_stream(self, name: str) -> StreamInfo:
         async def describe() -> master_pb2.StreamInfo:
             return await self.master.DescribeStream(
                 master_pb2.DescribeStreamRequest(name=name), timeout=5.0
             )
 
-        return await self._control(describe)
+        return stream_info(await self._control(describe))
 
-    async def list_segments(self, name: str, from_epoch: int = 0) -> master_pb2.ListSegmentsReply:
+    async def list_segments(self, name: str, from_epoch: int = 0) -> list[SegmentInfo]:
+        """The segments of `name` not trimmed, oldest first, from epoch `from_epoch` on."""
+
         async def list_() -> master_pb2.ListSegmentsReply:
             return await self.master.ListSegments(
                 master_pb2.ListSegmentsRequest(stream=name, from_epoch=from_epoch), timeout=5.0
             )
 
-        return await self._control(list_)
+        return [segment_info(segment) for segment in (await self._control(list_)).segments]
 
     def writer(
         self,
@@ -303,8 +307,7 @@ class StreamClient:
         return await self._control(ask)
 
     async def _seal_leading(self, name: str, deadline: float, accept_loss: bool = False) -> None:
-        listing = await self.list_segments(name)
-        if all(s.state == entry_pb2.SEALED for s in listing.segments):
+        if all(segment.sealed for segment in await self.list_segments(name)):
             return
         async with self.writer(name, rolling=False, accept_loss=accept_loss) as writer:
             await writer.wait_sealed(max(0.0, deadline - time.monotonic()))
@@ -316,8 +319,7 @@ class StreamClient:
                 f"{name} is led by {info.leader_id}: stop that writer before sealing "
                 "accepting loss (a running leader's own recovery cannot accept it)"
             )
-        listing = await self.list_segments(name)
-        unsealed = [s.id.epoch for s in listing.segments if s.state != entry_pb2.SEALED]
+        unsealed = [s.epoch for s in await self.list_segments(name) if not s.sealed]
         deadline = time.monotonic() + timeout_s
         try:
             async with asyncio.timeout(timeout_s):
@@ -332,9 +334,8 @@ class StreamClient:
     async def _sealed_within(self, name: str, epoch: int, seconds: float) -> bool:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
-            listing = await self.list_segments(name, from_epoch=epoch)
-            for segment in listing.segments:
-                if segment.id.epoch == epoch and segment.state == entry_pb2.SEALED:
+            for segment in await self.list_segments(name, from_epoch=epoch):
+                if segment.epoch == epoch and segment.sealed:
                     return True
             await asyncio.sleep(SEAL_POLL_S)
         return False

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.stream_client import StreamClient
+from streamengine.client.types import SegmentInfo, StreamInfo
 from streamengine.client.writer import Writer, WriterStatistics
-from streamengine.v1 import master_pb2
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class SyncStreamClient:
         segment_age_ms: int = 0,
         retention_age_ms: int = 0,
         retention_bytes: int = 0,
-    ) -> master_pb2.StreamInfo:
+    ) -> StreamInfo:
         return self.run(
             self._client.create_stream(
                 name,
@@ -93,8 +93,11 @@ class SyncStreamClient:
             )
         )
 
-    def describe_stream(self, name: str) -> master_pb2.StreamInfo:
+    def describe_stream(self, name: str) -> StreamInfo:
         return self.run(self._client.describe_stream(name))
+
+    def list_segments(self, name: str, from_epoch: int = 0) -> list[SegmentInfo]:
+        return self.run(self._client.list_segments(name, from_epoch))
 
     def writer(
         self,

@@ -1,5 +1,5 @@
-"""Wire conversion of the writer: master replies into core events, Write requests
-serialized once per batch for every store."""
+"""Wire conversion: master replies into the writer's core events and into the SDK's
+answers (`client.types`), Write requests serialized once per batch for every store."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from streamengine.client.core.writer import (
     Replica,
     SegmentGrant,
 )
+from streamengine.client.types import SegmentInfo, SegmentState, StreamInfo
 from streamengine.protocol import codec
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
@@ -26,6 +27,53 @@ def grant_from_pb(segment: entry_pb2.Segment) -> SegmentGrant:
     return SegmentGrant(
         SegmentRef(segment.id.stream_id, segment.id.epoch, segment.id.stream),
         tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
+    )
+
+
+SEGMENT_STATES = {
+    entry_pb2.OPEN: SegmentState.OPEN,
+    entry_pb2.SEALING: SegmentState.SEALING,
+    entry_pb2.SEALED: SegmentState.SEALED,
+}
+
+
+def stream_info(info: master_pb2.StreamInfo) -> StreamInfo:
+    return StreamInfo(
+        name=info.name,
+        stream_id=info.stream_id,
+        replicas=info.policy.replicas,
+        write_quorum=info.policy.write_quorum,
+        segment_bytes=info.segment_bytes,
+        segment_age_ms=info.segment_age_ms,
+        epoch=info.epoch,
+        leader_id=info.leader_id,
+        acked_index=info.acked_index,
+        open_segment_epoch=info.open_segment_epoch,
+        unsealed_segments=info.unsealed_segments,
+        created_at_ms=info.created_at_ms,
+        retention_age_ms=info.retention_age_ms,
+        retention_bytes=info.retention_bytes,
+        trimmed_through_epoch=info.trimmed_through_epoch,
+        first_retained_sequence=info.first_retained_sequence,
+        deleted_until_ms=info.deleted_until_ms,
+    )
+
+
+def segment_info(segment: entry_pb2.Segment) -> SegmentInfo:
+    return SegmentInfo(
+        stream=segment.id.stream,
+        stream_id=segment.id.stream_id,
+        epoch=segment.id.epoch,
+        state=SEGMENT_STATES[segment.state],
+        copy_set=tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
+        final_index=segment.final_index,
+        acked_index=segment.acked_index,
+        created_at_ms=segment.created_at_ms,
+        sealed_at_ms=segment.sealed_at_ms,
+        bytes=segment.bytes,
+        bad_stores=tuple(segment.bad_stores),
+        lost_from_index=segment.lost_from_index,
+        certified_by=segment.certificate.certified_by,
     )
 
 

@@ -469,10 +469,9 @@ def cmd_seal(args: argparse.Namespace) -> int:
             epoch = await client.seal(
                 args.name, timeout_s=args.timeout, accept_loss=args.accept_loss
             )
-            listing = await client.list_segments(args.name)
             lost = [
-                f"segment {s.id.epoch} indexes {s.lost_from_index}..{s.final_index}"
-                for s in listing.segments
+                f"segment {s.epoch} indexes {s.lost_from_index}..{s.final_index}"
+                for s in await client.list_segments(args.name)
                 if s.lost_from_index
             ]
             return epoch, lost
