@@ -45,7 +45,11 @@ from streamengine.protocol.limits import (
 from streamengine.protocol.logs import segment_fields
 from streamengine.protocol.segment_records import RECORD_BYTES_MAX
 from streamengine.protocol.signing import NoVerifyingKey
-from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY, FENCE_METADATA_KEY
+from streamengine.protocol.status import (
+    DELETED_UNTIL_METADATA_KEY,
+    FENCE_METADATA_KEY,
+    TOO_LARGE_METADATA_KEY,
+)
 from streamengine.segment_store import metrics
 from streamengine.segment_store.copy import CopySourceUnavailable, SegmentCopy
 from streamengine.segment_store.core import tail
@@ -84,6 +88,7 @@ from streamengine.segment_store.core.store import (
     StoredCopyCorrupt,
     StoreError,
     StoreUnavailable,
+    TooLarge,
     WriteCommand,
     WriteResult,
     check_epoch,
@@ -182,6 +187,8 @@ async def _abort(
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
         log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
     elif isinstance(error, BadRequest):
+        if isinstance(error, TooLarge):
+            trailing = ((TOO_LARGE_METADATA_KEY, str(error.bytes_max)),)
         metrics.BAD_REQUESTS.inc()
         log.info("bad request: %s", error, extra=fields)
     elif isinstance(error, GrantRefused | CallerRefused):

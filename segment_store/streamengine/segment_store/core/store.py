@@ -137,6 +137,14 @@ class BadRequest(StoreError, ValueError):
     """Malformed input: bad crc, unknown kind, non-consecutive indexes, over a limit."""
 
 
+class TooLarge(BadRequest):
+    """An entry or a batch over a size bound (`bytes_max`, in bytes)."""
+
+    def __init__(self, bytes_max: int, message: str):
+        self.bytes_max = bytes_max
+        super().__init__(message)
+
+
 class StoreUnavailable(StoreError):
     """The store could not write (a full disk, a failing device); nothing was written."""
 
@@ -408,12 +416,15 @@ def check_batch(
     longest = max(map(len, values)) - VALUE_HEADER_BYTES
     if longest > entry_bytes_max:
         position = next(n for n, v in enumerate(values) if len(v) - VALUE_HEADER_BYTES == longest)
-        raise BadRequest(
+        raise TooLarge(
+            entry_bytes_max,
             f"entry {batch.first_index + position} too large: {longest} bytes, "
-            f"max {entry_bytes_max}"
+            f"max {entry_bytes_max}",
         )
     if batch.payload_bytes() > WRITE_BATCH_BYTES_MAX:
-        raise BadRequest(f"batch too large: over {WRITE_BATCH_BYTES_MAX} payload bytes")
+        raise TooLarge(
+            WRITE_BATCH_BYTES_MAX, f"batch too large: over {WRITE_BATCH_BYTES_MAX} payload bytes"
+        )
     try:
         kinds, epochs, bad = batch.check()
     except CorruptEntry as error:
