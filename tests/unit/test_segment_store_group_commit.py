@@ -10,17 +10,17 @@ import time
 from collections.abc import Sequence
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.core.kv import KVOp
-from streamengine.segment_store.core.store import (
+from streamengine.segment_store.core.commands import (
     Outcome,
     SealCommand,
     SealResult,
     SegmentKey,
-    SegmentStoreCore,
-    StoreUnavailable,
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.core.errors import StoreUnavailable
+from streamengine.segment_store.core.kv import KVOp
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import (
     INLINE_GROUP_BYTES_MAX,
     INLINE_GROUP_ENTRIES_MAX,
@@ -95,7 +95,7 @@ async def test_a_full_queue_refuses_write_batches_but_not_seals() -> None:
     committer.close()
     await runner
     committer.shutdown_executor()
-    assert core.state(SEG).matched_index == 30
+    assert core.catalog.state(SEG).matched_index == 30
 
 
 async def test_one_batch_larger_than_the_queue_is_still_taken_when_the_queue_is_empty() -> None:
@@ -154,13 +154,13 @@ async def test_a_refused_kv_write_answers_unavailable_changes_nothing_then_recov
     kv.full = True
     refused = await write(6)
     assert isinstance(refused, StoreUnavailable) and "No space" in str(refused)
-    assert core.state(SEG).matched_index == 5 and committer.queued_bytes == 0
+    assert core.catalog.state(SEG).matched_index == 5 and committer.queued_bytes == 0
     still = await write(6)  # a recovery is tried, and fails while the disk is full
     assert isinstance(still, StoreUnavailable) and "still full" in str(still)
     assert kv.recoveries == 1
     kv.full = False
     assert isinstance(await write(6), WriteResult)
-    assert kv.recoveries == 2 and core.state(SEG).matched_index == 10
+    assert kv.recoveries == 2 and core.catalog.state(SEG).matched_index == 10
     assert isinstance(await write(11), WriteResult) and kv.recoveries == 2
     committer.close()
     await runner
@@ -177,7 +177,7 @@ async def test_after_a_refused_write_recovery_is_tried_at_most_once_per_interval
         future = committer.try_submit(batch(1, 5))
         assert future is not None and isinstance(await future, StoreUnavailable)
         kv.full = False  # space is back, but the interval has not passed
-    assert kv.recoveries == 0 and core.meta(SEG) is None
+    assert kv.recoveries == 0 and core.catalog.meta(SEG) is None
     committer.close()
     await runner
     committer.shutdown_executor()

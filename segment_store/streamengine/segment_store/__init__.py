@@ -1,8 +1,10 @@
 """The segment store (`streamengine store`): durable entries per segment in RocksDB.
 
-- `store.py`: the rules (fencing, overwrite rule, matched and acked index) over a KV,
-  pure and synchronous; `kv.py`: the KV interface, RocksDB and in-memory; `keys.py`:
-  the key and metadata layout.
+- `core/`: the rules, pure and synchronous, over a KV: `store.py` (the core and its
+  plan/write/publish cycle), `writes.py` (fencing, overwrite rule, matched and acked
+  index), `reads.py` (reads, digests), `catalog.py` (what is held, identity, damage),
+  `commands.py` and `errors.py` (the vocabulary); `core/kv.py`: the KV interface
+  (`kv.py`: RocksDB and in-memory); `core/keys.py`: the key and metadata layout.
 - `group_commit.py`: one committer batches concurrent mutations into one KV write and
   one sync; `service.py`: the gRPC servicer; `master_link.py`: registration and
   heartbeats; `server.py`: the process; `metrics.py`: Prometheus metrics.

@@ -31,16 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from streamengine.segment_store import metrics
-from streamengine.segment_store.core.store import (
-    BelowFence,
+from streamengine.segment_store.core.commands import (
     Command,
     Outcome,
     Plan,
     SegmentKey,
-    SegmentStoreCore,
-    StoreUnavailable,
     WriteCommand,
 )
+from streamengine.segment_store.core.errors import BelowFence, StoreUnavailable
+from streamengine.segment_store.core.store import SegmentStoreCore
 
 log = logging.getLogger("streamengine.store")
 

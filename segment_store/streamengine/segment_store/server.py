@@ -37,9 +37,10 @@ from streamengine.protocol.parsing import RequestParsing
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AuthorityRecord, StoreAuthority
+from streamengine.segment_store.core.commands import Plan
 from streamengine.segment_store.core.keys import U64_MAX
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT
-from streamengine.segment_store.core.store import Plan, SegmentStoreCore
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
     GroupCommitter,
@@ -229,8 +230,8 @@ async def serve(
     # A store given keys to trust runs without a master: nobody would tell it of lost
     # replicas, so it does not wait for that.
     core = SegmentStoreCore(kv, args.entry_bytes_max, joins_cluster=not pinned_keys)
-    core.keep_incarnation(secrets.randbelow(U64_MAX) + 1)
-    kept = core.authority_record()
+    core.catalog.keep_incarnation(secrets.randbelow(U64_MAX) + 1)
+    kept = core.catalog.authority_record()
     try:
         record = AuthorityRecord.decode(kept) if kept is not None else None
     except ValueError as error:
@@ -243,7 +244,7 @@ async def serve(
 
     def published(plan: Plan) -> None:
         watch.changed(list(plan.metas))
-        metrics.SEGMENTS.set(core.segment_count())
+        metrics.SEGMENTS.set(core.catalog.segment_count())
 
     committer = GroupCommitter(core, args.fsync == "always", published, args.queue_bytes_max)
     service = SegmentStoreService(
@@ -284,7 +285,7 @@ async def serve(
         args.listen,
         identity.zone,
         args.fsync,
-        len(core.segments()),
+        len(core.catalog.segments()),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

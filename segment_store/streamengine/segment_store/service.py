@@ -63,37 +63,39 @@ from streamengine.segment_store.core.authority import (
     StreamDeleted,
     WriteStreamGrants,
 )
-from streamengine.segment_store.core.keys import SegmentMeta, entry_index
-from streamengine.segment_store.core.store import (
+from streamengine.segment_store.core.commands import (
     AuthorityKept,
-    BadRequest,
-    BelowFence,
-    CopyMismatch,
-    CopyRefused,
     DeleteCommand,
     DeleteResult,
     JoinCommand,
     Joined,
     KeepAuthorityCommand,
     KeepRecordsCommand,
-    NotJoined,
     Outcome,
     RecordsKept,
-    ReplicaLost,
     SealCommand,
     SealResult,
     SegmentKey,
-    SegmentNotFound,
-    SegmentStoreCore,
-    StoredCopyCorrupt,
-    StoreError,
-    StoreUnavailable,
-    TooLarge,
     WriteCommand,
     WriteResult,
     check_epoch,
     check_segment,
 )
+from streamengine.segment_store.core.errors import (
+    BadRequest,
+    BelowFence,
+    CopyMismatch,
+    CopyRefused,
+    NotJoined,
+    ReplicaLost,
+    SegmentNotFound,
+    StoredCopyCorrupt,
+    StoreError,
+    StoreUnavailable,
+    TooLarge,
+)
+from streamengine.segment_store.core.keys import SegmentMeta, entry_index
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -281,7 +283,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     def require_reader(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, segment: SegmentKey
     ) -> None:
-        self.require(context, method, self.core.tenant_of(segment.stream_id))
+        self.require(context, method, self.core.catalog.tenant_of(segment.stream_id))
 
     async def keep_authority(self) -> None:
         """Write what the store now trusts (`self.authority`) durably."""
@@ -324,14 +326,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         """One reply's worth of wire entries (off the event loop: it reads RocksDB).
         `verify=False` where the receiver checks every crc itself (followers do; RocksDB's
         block checksums still guard the disk)."""
-        with self.core.reading(segment):
+        reader = self.core.reader
+        with reader.reading(segment):
             if acked_only:
-                meta = self.core.meta(segment)
+                meta = self.core.catalog.meta(segment)
                 upper = min(upper, meta.acked_index) if meta is not None else upper
                 # Every acked index is held (acked <= matched): a run, read by value alone.
-                values = self.core.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+                values = reader.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
                 return codec.entries_from_values(range(first, first + len(values)), values, verify)
-            rows = self.core.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+            rows = reader.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
             indexes = [entry_index(key) for key, _ in rows]
             return codec.entries_from_values(indexes, [value for _, value in rows], verify)
 
@@ -530,7 +533,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         try:
             segment = segment_key(request.segment)
             self.require_reader(context, "GetSegmentState", segment)
-            state = self.core.state(segment)
+            state = self.core.catalog.state(segment)
         except StoreError as error:
             await _abort(context, error)
         return segment_store_pb2.SegmentStateReply(
@@ -556,15 +559,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         except StoreError as error:
             await _abort(context, error)
         after = SegmentKey(request.after_stream_id, request.after_epoch)
-        segments = self.core.segments()
+        segments = self.core.catalog.segments()
         start = bisect.bisect_right(segments, after)
         page = segments[start : start + SEGMENT_RECORDS_PER_PAGE]
-        records = await self.in_thread(lambda: [self.core.segment_record(s) for s in page])
+        records = await self.in_thread(lambda: [self.core.catalog.segment_record(s) for s in page])
         reply = segment_store_pb2.ListSegmentRecordsReply(
-            more=start + len(page) < len(segments), cluster_id=self.core.cluster_id()
+            more=start + len(page) < len(segments), cluster_id=self.core.catalog.cluster_id()
         )
         for segment, record in zip(page, records, strict=True):
-            meta = self.core.meta(segment)
+            meta = self.core.catalog.meta(segment)
             if meta is None:
                 continue  # deleted meanwhile
             reply.segments.append(
@@ -574,7 +577,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
                     acked_index=meta.acked_index,
                     last_index=meta.last_index,
                     bridge_index=meta.bridge_index,
-                    tenant=self.core.tenant_of(segment.stream_id),
+                    tenant=self.core.catalog.tenant_of(segment.stream_id),
                     record=record,
                 )
             )
@@ -592,7 +595,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
         try:
             segment = segment_key(request.segment)
             self.require_reader(context, "Read", segment)
-            meta = self.core.meta(segment)
+            meta = self.core.catalog.meta(segment)
             if meta is None:
                 raise SegmentNotFound(
                     f"segment {segment.stream_id}/{segment.epoch} is not held here"
@@ -705,8 +708,8 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> tuple[int, list[bytes]]:
         """Stored values of consecutive indexes from `first` (cut before a gap), each
         verified unless not `verify`; raises CorruptEntry."""
-        with self.core.reading(segment):
-            values = self.core.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
+        with self.core.reader.reading(segment):
+            values = self.core.reader.read_run(segment, first, upper, limit, PACKED_REPLY_BYTES_MAX)
             bad = first_corrupt_value(first, values) if verify else None
             if bad is not None:
                 raise CorruptEntry(f"index {first + bad}: stored copy fails its crc32c")
@@ -727,7 +730,7 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
             if request.certificate:
                 return await self._certificate_reply(segment, request.up_to_index)
             info = await self.in_thread(
-                functools.partial(self.core.digest, segment, request.up_to_index)
+                functools.partial(self.core.reader.digest, segment, request.up_to_index)
             )
         except (StoreError, CorruptEntry) as error:
             await _abort(context, error)
@@ -744,15 +747,15 @@ class SegmentStoreService(segment_store_pb2_grpc.SegmentStoreServicer):
     ) -> segment_store_pb2.DigestReply:
         """The replica's certificate up to `up_to` (0: its acked index); none when it
         lacks an index; a damaged copy raises CorruptEntry (DATA_LOSS)."""
-        meta = self.core.meta(segment)
+        meta = self.core.catalog.meta(segment)
         if meta is None:
             raise SegmentNotFound(f"segment {segment.stream_id}/{segment.epoch} is not held here")
         final = up_to or meta.acked_index
         if final == 0:
             raise BadRequest("nothing acked to certify: give up_to_index")
-        result = await self.in_thread(functools.partial(self.core.certify, segment, final))
+        result = await self.in_thread(functools.partial(self.core.reader.certify, segment, final))
         if result.damaged and not result.missing:
-            self.core.mark_damaged(segment)
+            self.core.catalog.mark_damaged(segment)
             raise CorruptEntry(result.detail)
         reply = segment_store_pb2.DigestReply(
             up_to_index=final,
@@ -974,7 +977,7 @@ class _Tail:
         stream = self.stream
         while True:
             changed = watch.event(self.segment)
-            meta = self.service.core.meta(self.segment) or SegmentMeta()
+            meta = self.service.core.catalog.meta(self.segment) or SegmentMeta()
             position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
             action = stream.step(position, self.buffer.qsize(), monotonic_ms())
             if isinstance(action, tail.ReadBatch):
