@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Sequence
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -184,25 +183,31 @@ async def test_after_a_refused_write_recovery_is_tried_at_most_once_per_interval
 
 
 class ThreadNotingKV(MemoryKV):
-    """Notes the thread of every write; its syncs take `sync_s`."""
+    """Notes the thread of every write; each sync advances its clock (`now_s`) by
+    `sync_s`. A real clock would not do: under load a thread's sync may wait longer
+    than INLINE_SYNC_S_MAX for the interpreter's lock alone."""
 
     def __init__(self) -> None:
         super().__init__()
         self.threads: list[int] = []
         self.sync_s = 0.0
+        self.clock_s = 0.0
+
+    def now_s(self) -> float:
+        return self.clock_s
 
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
         self.threads.append(threading.get_ident())
         super().write(ops, sync)
 
     def sync(self) -> None:
-        time.sleep(self.sync_s)
+        self.clock_s += self.sync_s
         super().sync()
 
 
 async def test_small_groups_commit_on_the_loop_while_syncs_are_quick() -> None:
     kv = ThreadNotingKV()
-    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: None)
+    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: None, sync_clock_s=kv.now_s)
     runner = asyncio.create_task(committer.run())
     loop_thread = threading.get_ident()
 
