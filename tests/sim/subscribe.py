@@ -1,6 +1,6 @@
 """The Subscribe push protocol over the simulated network: its messages, and the store
-node's side, which drives the real `segment_store.tail.TailStream` as the servicer's
-pump does (`streamengine.segment_store.service`, `_Tail`).
+node's side, which drives the real `segment_store.core.tail.TailStream` as the
+servicer's pump does (`streamengine.segment_store.tail`, `_Tail`).
 
 A subscriber opens a stream to a store and sends `SubscribeStart`, then a
 `SubscriberKeepalive` every interval; the store pushes `PushedPosition` first, then

@@ -6,6 +6,9 @@
   `commands.py` and `errors.py` (the vocabulary); `core/kv.py`: the KV interface
   (`kv.py`: RocksDB and in-memory); `core/keys.py`: the key and metadata layout.
 - `group_commit.py`: one committer batches concurrent mutations into one KV write and
-  one sync; `service.py`: the gRPC servicer; `master_link.py`: registration and
-  heartbeats; `server.py`: the process; `metrics.py`: Prometheus metrics.
+  one sync; `service.py`: the gRPC service, composed of the calls in `writes.py`,
+  `reads.py`, `tail.py` and `catalog.py` over `store_context.py`, refused by
+  `refusals.py`; `copy.py`: a segment copy; `scrub.py`: the scrub;
+  `master_link.py`: registration and heartbeats; `server.py`: the process;
+  `metrics.py`: Prometheus metrics.
 """

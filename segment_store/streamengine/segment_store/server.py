@@ -49,14 +49,14 @@ from streamengine.segment_store.group_commit import (
 from streamengine.segment_store.kv import RocksKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity, WrongCluster
 from streamengine.segment_store.scrub import Scrubber
-from streamengine.segment_store.service import (
+from streamengine.segment_store.service import add_to_server
+from streamengine.segment_store.store_context import (
     SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
     SUBSCRIBE_STALL_MS_DEFAULT,
     WRITE_STREAM_IDLE_MS_DEFAULT,
-    SegmentStoreService,
     ServiceConfig,
+    StoreContext,
 )
-from streamengine.v1 import segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
 
@@ -247,7 +247,7 @@ async def serve(
         metrics.SEGMENTS.set(core.catalog.segment_count())
 
     committer = GroupCommitter(core, args.fsync == "always", published, args.queue_bytes_max)
-    service = SegmentStoreService(
+    store = StoreContext(
         core,
         committer,
         watch,
@@ -263,7 +263,7 @@ async def serve(
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
         interceptors=[RequestParsing()],
     )
-    segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
+    add_to_server(store, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -292,7 +292,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     scrubber = (
-        Scrubber(core, service.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
+        Scrubber(core, store.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
     )
     if scrubber is None:
         log.warning(
@@ -303,15 +303,15 @@ async def serve(
         args.master,
         identity,
         core,
-        service.delete,
+        store.delete,
         authority,
-        service.keep_authority,
-        service.quota,
+        store.keep_authority,
+        store.quota,
         members,
         peer_identity.server_identity(),
         scrubber,
-        keep_records=service.keep_records,
-        join=service.join,
+        keep_records=store.keep_records,
+        join=store.join,
     )
     refusal: list[str] = []
 
@@ -337,7 +337,7 @@ async def serve(
             committer.close()
             await committing
     finally:
-        service.close()
+        store.close()
         committer.shutdown_executor()
         with contextlib.suppress(Exception):
             kv.close()

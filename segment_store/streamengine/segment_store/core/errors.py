@@ -1,6 +1,6 @@
 """The errors a segment store's command or query is refused with; each changed nothing.
 
-The service maps each to one gRPC status (`segment_store.service`, `STATUS`).
+The service maps each to one gRPC status (`segment_store.refusals.STATUS`).
 """
 
 from __future__ import annotations
