@@ -26,10 +26,10 @@ Rules (docs/design.md, "The segment store"):
   segment is held, and goes with it;
 - a store takes part in writes and seals only once it joined its cluster (its first
   registration: `JoinCommand`), and never in those of a segment its earlier incarnation
-  held (`check_takes_part`): an empty answer from a wiped store would count, in a
-  recovery, for the replica it lost.
+  held (`SegmentStoreCore.check_takes_part`): an empty answer from a wiped store would
+  count, in a recovery, for the replica it lost.
 Whether a write or seal may happen at all (its grant, its caller) is decided before it
-becomes a command (`segment_store.authority`).
+becomes a command (`core.authority`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
 recovers every segment's fence, matched and acked index exactly.
 """
