@@ -42,7 +42,7 @@ from streamengine.client.core.replicator import (
 from streamengine.client.core.subscription import SUBSCRIBE_BATCH_ENTRIES
 from streamengine.segment_store.group_commit import STORE_QUEUE_BYTES_MAX
 from streamengine.segment_store.kv import MEMTABLE_BYTES, MEMTABLES_MAX
-from streamengine.segment_store.service import SUBSCRIBE_BUFFER_BATCHES_DEFAULT
+from streamengine.segment_store.store_context import SUBSCRIBE_BUFFER_BATCHES_DEFAULT
 
 BATCH = 1000
 BATCHES_IN_FLIGHT = 4

@@ -33,8 +33,10 @@ from streamengine.client.core.recovery import (
 from streamengine.client.core.replicator import Tick
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.segment_store.core.store import BelowFence as StoreRefused
-from streamengine.segment_store.core.store import SegmentKey, SegmentNotFound, SegmentStoreCore
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.errors import BelowFence as StoreRefused
+from streamengine.segment_store.core.errors import SegmentNotFound
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.recovery_notation import entries, notation
 
@@ -57,16 +59,16 @@ class CopySetWorld:
 
     def held(self, store: str) -> list[StoredEntry]:
         try:
-            return self.stores[store].read(self.segment, 1)
+            return self.stores[store].reader.read(self.segment, 1)
         except SegmentNotFound:
             return []
 
     def acked(self, store: str) -> int:
-        meta = self.stores[store].meta(self.segment)
+        meta = self.stores[store].catalog.meta(self.segment)
         return meta.acked_index if meta else 0
 
     def fence(self, store: str) -> int:
-        meta = self.stores[store].meta(self.segment)
+        meta = self.stores[store].catalog.meta(self.segment)
         return meta.fence if meta else 0
 
     def show(self, store: str) -> str:
@@ -109,7 +111,7 @@ class CopySetWorld:
                     action.store, r.fence, r.acked_index, r.matched_index, r.last_index
                 )
             if isinstance(action, SendRead):
-                got = self.stores[action.store].read(seg, action.from_index, action.to_index)
+                got = self.stores[action.store].reader.read(seg, action.from_index, action.to_index)
                 fence = self.fence(action.store)
                 return ReadAnswered(
                     action.store, action.from_index, action.to_index, tuple(got), fence

@@ -13,10 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from streamengine.client.errors import fence_of
+from streamengine.client.errors import EventTooLarge, fence_of, from_rpc_error
 from streamengine.protocol.entry import EntryKind
-from streamengine.protocol.limits import EVENT_BYTES_MAX
-from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_BYTES_MAX
+from streamengine.protocol.status import FENCE_METADATA_KEY, TOO_LARGE_METADATA_KEY
 from streamengine.testing import ServerProcess
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
@@ -216,6 +216,36 @@ async def test_a_malformed_write_gets_invalid_argument_and_changes_nothing(
         assert (after.fence, after.acked_index) == (before.fence, before.acked_index)
         assert [e.index for e in await read_all(stub, segment)] == [1, 2]
         await stub.Delete(segment_store_pb2.DeleteRequest(segment=segment))  # next case
+
+
+TOO_LARGE_WRITES = [
+    ("an entry", [b"x" * (EVENT_BYTES_MAX + 1)], EVENT_BYTES_MAX),
+    (
+        "a batch",
+        [b"x" * EVENT_BYTES_MAX] * (WRITE_BATCH_BYTES_MAX // EVENT_BYTES_MAX + 1),
+        WRITE_BATCH_BYTES_MAX,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "payloads", "bound"), TOO_LARGE_WRITES, ids=[c for c, _, _ in TOO_LARGE_WRITES]
+)
+async def test_a_too_large_write_names_its_bound_and_ends_event_too_large(
+    store: ServerProcess, case: str, payloads: list[bytes], bound: int
+) -> None:
+    """The SDK knows EventTooLarge by the bound the store attaches, not by its words."""
+    segment = seg(107, 3)
+    batch = [entry(index, 3, payload) for index, payload in enumerate(payloads, start=1)]
+    async with store_stub(store.address) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await write_all(stub, [write_request(segment, 3, 0, batch)])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
+        assert dict(refused.value.trailing_metadata() or ())[TOO_LARGE_METADATA_KEY] == str(bound)
+        assert isinstance(from_rpc_error(refused.value), EventTooLarge)
+        with pytest.raises(grpc.aio.AioRpcError) as not_held:
+            await state(stub, segment)
+        assert not_held.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_other_malformed_requests_get_clear_statuses(store: ServerProcess) -> None:

@@ -302,7 +302,7 @@ def test_naive_fixed_ends_safe() -> None:
 
 def test_naive_matched_index_is_not_trusted_below_a() -> None:
     w, l3 = naive_until_leader3_decides()
-    meta = w.stores["A"].meta(w.segment)
+    meta = w.stores["A"].catalog.meta(w.segment)
     assert meta is not None and meta.matched_index == 1  # A "matches" index 1 ...
     assert l3.in_flight(write("A", 1))  # ... yet it is rewritten,
     assert not l3.ever_sent(acked("A"))  # and not raised before it answers
@@ -356,7 +356,7 @@ def test_matched_fixed_ends_safe() -> None:
 def test_matched_index_never_confirms_a_rewrite() -> None:
     w, l2 = matched_until_writes_lost()
     for store in ("A", "B"):
-        meta = w.stores[store].meta(w.segment)
+        meta = w.stores[store].catalog.meta(w.segment)
         assert meta is not None and meta.matched_index == 3  # "holds" 1..3 by matched
     assert l2.op.holding() == ("C",)  # only C answered for its whole range
     assert not any(isinstance(a, SendAcked) for a in l2.emitted)

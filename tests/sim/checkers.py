@@ -44,7 +44,8 @@ from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
-from streamengine.segment_store.core.store import SegmentKey, SegmentStoreCore
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.store import SegmentStoreCore
 
 INVARIANTS = {
     1: "every acked append is read by every follower exactly once, in order",
@@ -142,7 +143,7 @@ class Checker:
     ) -> None:
         """After any mutation of `segment` on `store` (`touched`: indexes it wrote)."""
         self.checks += 1
-        meta = core.meta(segment)
+        meta = core.catalog.meta(segment)
         if meta is None:
             return
         if (store, segment) in self.rotted:
@@ -159,7 +160,7 @@ class Checker:
         for lo, hi in ranges:
             if lo > hi:
                 continue
-            held = core.read(segment, lo, hi)
+            held = core.reader.read(segment, lo, hi)
             if [e.index for e in held] != list(range(lo, hi + 1)):
                 raise Violation(2, f"store {store} serves {lo}..{hi} of {segment} but lacks some")
             for e in held:
@@ -172,16 +173,16 @@ class Checker:
         against what was served before, sealed replicas against each other, the master's
         unsealed count. Catches a change the incremental checks were not told of."""
         for name, core in sorted(stores.items()):
-            for segment in core.segments():
+            for segment in core.catalog.segments():
                 if (name, segment) in self.rotted:
                     continue  # damaged at rest on purpose
-                meta = core.meta(segment)
+                meta = core.catalog.meta(segment)
                 assert meta is not None
                 if not meta.acked_index <= meta.matched_index <= meta.last_index:
                     raise Violation(2, f"store {name} {segment}: {meta}")
                 if meta.acked_index < self.store_acked.get((name, segment), 0):
                     raise Violation(2, f"store {name} {segment}: acked went back")
-                served = core.read(segment, 1, meta.acked_index) if meta.acked_index else []
+                served = core.reader.read(segment, 1, meta.acked_index) if meta.acked_index else []
                 for e in served:
                     self._agree(f"store {name} (audit)", segment.epoch, e.index, e.kind, e.payload)
                 final = self.finals.get(segment)
@@ -201,7 +202,7 @@ class Checker:
         never: then losing unsynced writes is the documented loss (DESIGN: unsafe),
         counted, and what it holds now is what it serves from here on."""
         for (name, segment), acked in sorted(self.store_acked.items()):
-            meta = core.meta(segment) if name == store else None
+            meta = core.catalog.meta(segment) if name == store else None
             if name == store and (meta is None or meta.acked_index != acked):
                 if not fsync_never:
                     raise Violation(
@@ -233,7 +234,7 @@ class Checker:
             raise Violation(4, f"segment {segment.epoch} sealed at {known}, then at {final}")
         self.finals[segment] = final
         for name, core in sorted(stores.items()):
-            meta = core.meta(segment)
+            meta = core.catalog.meta(segment)
             if meta is not None and meta.acked_index > final:
                 raise Violation(4, f"store {name}: acked {meta.acked_index} passes bridge {final}")
             if (
@@ -249,7 +250,7 @@ class Checker:
     def replica_complete(
         self, store: str, core: SegmentStoreCore, segment: SegmentKey, final: int
     ) -> None:
-        held = core.read(segment, 1, final)
+        held = core.reader.read(segment, 1, final)
         if len(held) != final or held[-1].kind != EntryKind.BRIDGE:
             raise Violation(4, f"store {store}: segment {segment.epoch} lacks its bridge {final}")
         for e in held:
@@ -274,10 +275,10 @@ class Checker:
         for name, core in sorted(stores.items()):
             if (name, segment) in self.rotted:
                 continue  # it differs, on purpose: the scrub condemns it
-            meta = core.meta(segment)
+            meta = core.catalog.meta(segment)
             reached = meta is not None and meta.acked_index >= certificate.final_index
             if reached and meta is not None and meta.fence > segment.epoch:
-                held = core.certify(segment, certificate.final_index).certificate
+                held = core.reader.certify(segment, certificate.final_index).certificate
                 if held != certificate:
                     raise Violation(
                         12,
@@ -293,11 +294,11 @@ class Checker:
         certificate: Certificate,
     ) -> None:
         """The master judged `store`'s replica bad: it must differ from the certificate."""
-        if core is None or core.meta(segment) is None:
+        if core is None or core.catalog.meta(segment) is None:
             return  # nothing held any more: nothing was condemned wrongly
         if (store, segment) in self.rotted:
             return  # rightly: it was forged
-        held = core.certify(segment, certificate.final_index).certificate
+        held = core.reader.certify(segment, certificate.final_index).certificate
         if held == certificate:
             raise Violation(
                 12,

@@ -23,7 +23,7 @@ from streamengine.client.core.subscription import (
     Wait,
 )
 from streamengine.master.core.model import SegmentRecord, SegmentState
-from streamengine.segment_store.core.store import SegmentKey
+from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim import messages as m
 from tests.sim import subscribe as sub
 from tests.sim.checkers import Violation

@@ -23,7 +23,9 @@ from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.state import MasterState, WriterView
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
-from streamengine.segment_store.core.store import DigestInfo, SegmentKey, SegmentStateInfo
+from streamengine.segment_store.core.catalog import SegmentStateInfo
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.reads import DigestInfo
 from tests.sim import messages as m
 from tests.sim.network import Message
 

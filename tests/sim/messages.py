@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from streamengine.master.core.model import Held
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.core.store import SegmentKey
+from streamengine.segment_store.core.commands import SegmentKey
 
 
 def show_entries(entries: Sequence[StoredEntry]) -> str:

@@ -17,12 +17,8 @@ from streamengine.client.core.writer import (
     SegmentSealed,
 )
 from streamengine.master.core.model import SegmentRecord, SegmentState
-from streamengine.segment_store.core.store import (
-    SealResult,
-    SegmentKey,
-    StoreError,
-    WriteResult,
-)
+from streamengine.segment_store.core.commands import SealResult, SegmentKey, WriteResult
+from streamengine.segment_store.core.errors import StoreError
 from tests.sim import messages as m
 
 if TYPE_CHECKING:

@@ -18,26 +18,24 @@ from streamengine.segment_store.core.authority import (
     StoreAuthority,
     WriteStreamGrants,
 )
-from streamengine.segment_store.core.kv import KVOp
-from streamengine.segment_store.core.scrub import ScrubSchedule
-from streamengine.segment_store.core.store import BelowFence as StoreRefused
-from streamengine.segment_store.core.store import (
+from streamengine.segment_store.core.catalog import SegmentStateInfo
+from streamengine.segment_store.core.commands import (
     Command,
-    CopyRefused,
     DeleteResult,
-    DigestInfo,
     KeepAuthorityCommand,
     Outcome,
     SealCommand,
     SealResult,
     SegmentKey,
-    SegmentNotFound,
-    SegmentStateInfo,
-    SegmentStoreCore,
-    StoreError,
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.core.errors import BelowFence as StoreRefused
+from streamengine.segment_store.core.errors import CopyRefused, SegmentNotFound, StoreError
+from streamengine.segment_store.core.kv import KVOp
+from streamengine.segment_store.core.reads import DigestInfo
+from streamengine.segment_store.core.scrub import ScrubSchedule
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.sim import messages as m
 from tests.sim.master_node import sim_signing_key
@@ -108,7 +106,7 @@ class StoreNode(Node):
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
 
     def _load_authority(self) -> None:
-        kept = self.core.authority_record()
+        kept = self.core.catalog.authority_record()
         assert kept is not None, "the master's key is kept from the store's first start"
         self.authority = StoreAuthority(self.name, AuthorityRecord.decode(kept))
         # Write stream number -> the grants shown on it (a restart breaks every stream).
@@ -125,7 +123,7 @@ class StoreNode(Node):
                 (segment.stream_id, segment.epoch),
                 Held(meta.fence, meta.acked_index, meta.last_index, meta.payload_bytes),
             )
-            for segment, meta in sorted(self.core.metas().items())
+            for segment, meta in sorted(self.core.catalog.metas().items())
         )
         scrubbed = self.scrub_one()
         self.world.net.send(self.name, MASTER, m.StoreHeartbeat(self.name, held, scrubbed))
@@ -134,11 +132,11 @@ class StoreNode(Node):
     def scrub_one(self) -> tuple[m.ScrubReport, ...]:
         """Read the next due sealed replica back (the real scrub's schedule and scan)."""
         now = self.world.now
-        targets = self.core.scrub_targets()
+        targets = self.core.catalog.scrub_targets()
         replica = self.scrub.next_replica(now, targets)
         if replica is None:
             return ()
-        result = self.core.certify(replica, targets[replica])
+        result = self.core.reader.certify(replica, targets[replica])
         self.scrub.checked(replica, now)
         self.world.stats["replicas scrubbed"] += 1
         key = (replica.stream_id, replica.epoch)
@@ -162,7 +160,7 @@ class StoreNode(Node):
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
 
     def fence(self, segment: SegmentKey) -> int:
-        meta = self.core.meta(segment)
+        meta = self.core.catalog.meta(segment)
         return meta.fence if meta else 0
 
     def granted(
@@ -314,7 +312,7 @@ class StoreNode(Node):
             if isinstance(request, m.Seal):
                 return self.seal(request.segment, request.new_epoch, request.grant, from_writer)
             if isinstance(request, m.Read):
-                entries = core.read(request.segment, request.from_index, request.to_index)
+                entries = core.reader.read(request.segment, request.from_index, request.to_index)
                 return m.ReadReply(tuple(entries), self.fence(request.segment))
             if isinstance(request, m.RecoveryWrite):
                 # A one-request Write stream, as the real recovery sends.
@@ -330,9 +328,9 @@ class StoreNode(Node):
                     self.world.checker.change_granted(self.name, segment, epoch)
                 return result
             if isinstance(request, m.GetSegmentState):
-                return core.state(request.segment)
+                return core.catalog.state(request.segment)
             if isinstance(request, m.Digest):
-                return core.digest(request.segment, request.up_to_index)
+                return core.reader.digest(request.segment, request.up_to_index)
             if isinstance(request, m.Delete):
                 return self.delete(request.segment)
         except SegmentNotFound as error:
@@ -386,7 +384,7 @@ class _SegmentCopy:
                     return
                 if isinstance(action, copy_rules.ReadBack):
                     action = self.op.read_back(
-                        self.store.core.certify(self.segment, action.final_index)
+                        self.store.core.reader.certify(self.segment, action.final_index)
                     )
                     continue
                 assert isinstance(action, copy_rules.Submit), action
@@ -438,7 +436,7 @@ class _SegmentCopy:
         if not isinstance(answer, SegmentStateInfo):
             self._refused(answer)
             return
-        local = self.store.core.meta(self.segment)
+        local = self.store.core.catalog.meta(self.segment)
         local_fence = local.fence if local is not None else 0
         try:
             action = self.op.source_state(answer.fence, answer.acked_index, local_fence)
@@ -477,7 +475,7 @@ class _SegmentCopy:
             self._refused(answer)
             return
         try:
-            local = self.store.core.digest(self.segment, self.request.final_index)
+            local = self.store.core.reader.digest(self.segment, self.request.final_index)
             action = self.op.digests(local, answer.digest)
         except StoreError as error:
             self._end(error)

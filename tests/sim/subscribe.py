@@ -1,6 +1,6 @@
 """The Subscribe push protocol over the simulated network: its messages, and the store
-node's side, which drives the real `segment_store.tail.TailStream` as the servicer's
-pump does (`streamengine.segment_store.service`, `_Tail`).
+node's side, which drives the real `segment_store.core.tail.TailStream` as the
+servicer's pump does (`streamengine.segment_store.tail`, `_Tail`).
 
 A subscriber opens a stream to a store and sends `SubscribeStart`, then a
 `SubscriberKeepalive` every interval; the store pushes `PushedPosition` first, then
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store.core import tail
-from streamengine.segment_store.core.store import SegmentKey
+from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim.messages import show_entries, show_segment
 from tests.sim.network import Message
 
@@ -132,7 +132,7 @@ class TailServer:
             return PushedKeepalive()
         assert isinstance(action, tail.ReadBatch)
         entries = tuple(
-            self.store.core.read(
+            self.store.core.reader.read(
                 found.segment, action.from_index, action.to_index, limit=action.entries_max
             )
         )
@@ -141,7 +141,7 @@ class TailServer:
         return PushedBatch(entries)
 
     def _position(self, segment: SegmentKey) -> tail.Position:
-        meta = self.store.core.meta(segment)
+        meta = self.store.core.catalog.meta(segment)
         if meta is None:
             return tail.Position(0, 0, 0)
         served = meta.acked_index

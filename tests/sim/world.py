@@ -28,10 +28,11 @@ from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.errors import BadRequest, StoreError
+from streamengine.segment_store.core.errors import BelowFence as StoreRefused
 from streamengine.segment_store.core.keys import SegmentMeta, entry_key
 from streamengine.segment_store.core.kv import Put
-from streamengine.segment_store.core.store import BadRequest, SegmentKey, StoreError
-from streamengine.segment_store.core.store import BelowFence as StoreRefused
 from tests.sim import messages as m
 from tests.sim.checkers import Checker, Violation
 from tests.sim.follower_node import FollowerNode
@@ -384,12 +385,12 @@ class World:
         for name, store in sorted(self.stores.items()):
             if not store.up:
                 continue
-            for segment, final in sorted(store.core.scrub_targets().items()):
+            for segment, final in sorted(store.core.catalog.scrub_targets().items()):
                 healthy = [
                     other
                     for other_name, other in sorted(self.stores.items())
                     if other_name != name
-                    and (other.core.meta(segment) or SegmentMeta()).acked_index >= final
+                    and (other.core.catalog.meta(segment) or SegmentMeta()).acked_index >= final
                 ]
                 if (
                     segment in checker.finals
@@ -402,7 +403,7 @@ class World:
             return
         name, segment, final = self.rng.choice(chances)
         store = self.stores[name]
-        events = [e for e in store.core.read(segment, 1, final) if e.kind == EntryKind.EVENT]
+        events = [e for e in store.core.reader.read(segment, 1, final) if e.kind == EntryKind.EVENT]
         if not events:
             return
         victim = self.rng.choice(events)
@@ -510,13 +511,13 @@ class World:
 
     def _bad_store_input(self) -> None:
         store = self.rng.choice(list(self.stores.values()))
-        segments = store.core.segments()
+        segments = store.core.catalog.segments()
         if not store.up or not segments:
             return
         segment = self.rng.choice(segments)
-        meta = store.core.meta(segment)
+        meta = store.core.catalog.meta(segment)
         assert meta is not None
-        before = (store.kv.scan(b"", b"\xff" * 32), store.core.metas())
+        before = (store.kv.scan(b"", b"\xff" * 32), store.core.catalog.metas())
         index = meta.last_index + 1
         epoch = max(meta.fence, 1)
         kind = self.rng.randrange(9)
@@ -541,7 +542,7 @@ class World:
                 store, what, expected, lambda: store.core.write(segment, epoch, 0, entries)
             )
         self.note(f"bad input to {store.name}: {what}")
-        after = (store.kv.scan(b"", b"\xff" * 32), store.core.metas())
+        after = (store.kv.scan(b"", b"\xff" * 32), store.core.catalog.metas())
         if after != before:
             raise Violation(6, f"store {store.name} changed after refusing {what}")
 

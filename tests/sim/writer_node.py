@@ -42,9 +42,7 @@ from streamengine.client.core.writer import ReleaseLease as ReleaseLeaseAction
 from streamengine.master.core.errors import MasterError
 from streamengine.master.service import status_of
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
-from streamengine.segment_store.core.store import (
-    SegmentKey,
-)
+from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim import messages as m
 from tests.sim.network import Message
 

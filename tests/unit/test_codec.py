@@ -13,8 +13,9 @@ from streamengine.protocol.entry import (
     StoredEntry,
     encode_value,
 )
-from streamengine.segment_store.core.store import BadRequest, check_batch
-from streamengine.segment_store.service import batch_of
+from streamengine.segment_store.core.errors import BadRequest
+from streamengine.segment_store.core.writes import check_batch
+from streamengine.segment_store.writes import batch_of
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
 ENTRIES = [

@@ -22,7 +22,7 @@ from streamengine.client.core.recovery_plan import (
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
-from streamengine.segment_store.core.store import BelowFence as StoreRefused
+from streamengine.segment_store.core.errors import BelowFence as StoreRefused
 from tests.recovery_notation import entries, notation
 from tests.recovery_world import CopySetWorld, RecoveringLeader
 

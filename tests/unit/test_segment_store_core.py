@@ -17,22 +17,24 @@ from streamengine.protocol.entry import (
 )
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store.core import copy as copy_rules
-from streamengine.segment_store.core.keys import entry_key, segment_entries_range
-from streamengine.segment_store.core.kv import KV, Delete, DeleteRange, Put
-from streamengine.segment_store.core.store import (
+from streamengine.segment_store.core.commands import (
+    DeleteCommand,
+    SealCommand,
+    SegmentKey,
+    WriteCommand,
+    WriteResult,
+)
+from streamengine.segment_store.core.errors import (
     BadRequest,
     BelowFence,
     CopyMismatch,
     CopyRefused,
-    DeleteCommand,
-    SealCommand,
-    SegmentKey,
     SegmentNotFound,
-    SegmentStoreCore,
     StoredCopyCorrupt,
-    WriteCommand,
-    WriteResult,
 )
+from streamengine.segment_store.core.keys import entry_key, segment_entries_range
+from streamengine.segment_store.core.kv import KV, Delete, DeleteRange, Put
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import BLOCK_BYTES, MemoryKV, RocksKV
 
 SEG = SegmentKey(7, 3)
@@ -69,7 +71,7 @@ def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
         core.write(SEG, 4, 2, events(3, 4, epoch=4))
     assert refused.value.fence == 5
     assert snapshot(core.kv) == before
-    assert core.state(SEG).matched_index == 2 and core.state(SEG).acked_index == 0
+    assert core.catalog.state(SEG).matched_index == 2 and core.catalog.state(SEG).acked_index == 0
 
 
 def test_a_busy_refusal_below_the_fence_is_the_fence_not_a_matched_index(
@@ -104,7 +106,7 @@ def test_seal_raises_the_fence_and_equal_is_idempotent(
     for epoch in seals:
         result = core.seal(SEG, epoch)
     assert result.fence == expected_fence
-    assert core.state(SEG).fence == expected_fence
+    assert core.catalog.state(SEG).fence == expected_fence
 
 
 def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: SegmentStoreCore) -> None:
@@ -112,7 +114,7 @@ def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: SegmentStoreC
     with pytest.raises(BelowFence) as refused:
         core.seal(SEG, 5)
     assert refused.value.fence == 6
-    assert core.state(SEG).fence == 6
+    assert core.catalog.state(SEG).fence == 6
 
 
 def test_seal_answers_acked_matched_and_last_index(core: SegmentStoreCore) -> None:
@@ -137,12 +139,12 @@ def test_seal_of_an_unknown_segment_creates_it_empty_with_that_fence(
         0,
         0,
     )
-    assert core.segments() == [SEG]
+    assert core.catalog.segments() == [SEG]
 
 
 def test_write_to_an_unknown_segment_creates_it_with_fence_zero(core: SegmentStoreCore) -> None:
     result = core.write(SEG, 3, 0, events(1, 1))
-    assert result.fence == 0 and core.state(SEG).fence == 0
+    assert result.fence == 0 and core.catalog.state(SEG).fence == 0
 
 
 # ---- the overwrite rule ----
@@ -163,7 +165,7 @@ def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
     core.write(SEG, stored_epoch, 0, [ev(1, stored_epoch, b"old")])
     result = core.write(SEG, 9, 0, [ev(1, sent_epoch, b"new")])
     assert result.held_epochs == (held_epoch,)
-    (held,) = core.read(SEG, 1, 1)
+    (held,) = core.reader.read(SEG, 1, 1)
     assert held.epoch == held_epoch
     assert held.payload == (b"new" if sent_epoch >= stored_epoch else b"old")
 
@@ -175,16 +177,16 @@ def test_keeping_a_higher_epoch_copy_is_success_saying_what_is_held(
     result = core.write(SEG, 6, 0, [ev(1, 4), ev(2, 4), ev(3, 6)])
     assert result.held_epochs == (4, 5, 6)
     assert result.matched_index == 3
-    assert [e.kind for e in core.read(SEG, 1)] == [EVENT, HOLE, EVENT]
+    assert [e.kind for e in core.reader.read(SEG, 1)] == [EVENT, HOLE, EVENT]
 
 
 def test_a_bridge_replaced_by_a_higher_epoch_copy_is_forgotten(core: SegmentStoreCore) -> None:
     core.write(SEG, 4, 0, [StoredEntry.make(1, BRIDGE, 4)])
     core.write(SEG, 5, 1, [ev(1, 5), StoredEntry.make(2, BRIDGE, 5)])
-    assert core.meta(SEG) is not None and core.meta(SEG).bridges == (2,)  # type: ignore[union-attr]
-    assert core.state(SEG).bridge_index == 0  # acked 1 does not cover the bridge
+    assert core.catalog.meta(SEG) is not None and core.catalog.meta(SEG).bridges == (2,)  # type: ignore[union-attr]
+    assert core.catalog.state(SEG).bridge_index == 0  # acked 1 does not cover the bridge
     core.write(SEG, 5, 2, [])
-    assert core.state(SEG).bridge_index == 2
+    assert core.catalog.state(SEG).bridge_index == 2
 
 
 def test_a_stale_copy_past_the_bridge_goes_once_the_acked_index_reaches_it(
@@ -196,18 +198,18 @@ def test_a_stale_copy_past_the_bridge_goes_once_the_acked_index_reaches_it(
     core.seal(SEG, 4)
     late = core.write(SEG, 4, 69, [StoredEntry.make(70, BRIDGE, 4)])
     assert (late.matched_index, late.acked_index) == (71, 69)
-    assert core.meta(SEG).last_index == 71  # type: ignore[union-attr]
+    assert core.catalog.meta(SEG).last_index == 71  # type: ignore[union-attr]
     kept_bytes = sum(len(e.payload) for e in events(1, 69))
     raised = core.write(SEG, 4, 70, [])
     assert (raised.matched_index, raised.acked_index) == (70, 70)
-    state = core.state(SEG)
+    state = core.catalog.state(SEG)
     assert (state.last_index, state.bridge_index, state.bytes) == (70, 70, kept_bytes)
-    assert [e.index for e in core.read(SEG, 1)] == list(range(1, 71))
+    assert [e.index for e in core.reader.read(SEG, 1)] == list(range(1, 71))
     # A copy that arrives past the final bridge later goes in the batch that wrote it.
     again = core.write(SEG, 4, 70, [ev(71, 4)])
     assert (again.matched_index, again.acked_index) == (70, 70)
-    assert core.state(SEG).last_index == 70
-    assert [e.index for e in core.read(SEG, 60)] == list(range(60, 71))
+    assert core.catalog.state(SEG).last_index == 70
+    assert [e.index for e in core.reader.read(SEG, 60)] == list(range(60, 71))
 
 
 def test_a_plan_counts_what_an_earlier_command_dropped_past_the_bridge_as_gone(
@@ -221,11 +223,11 @@ def test_a_plan_counts_what_an_earlier_command_dropped_past_the_bridge_as_gone(
         ]
     )
     core.apply(plan)
-    state = core.state(SEG)
+    state = core.catalog.state(SEG)
     assert (state.last_index, state.matched_index, state.acked_index) == (2, 2, 2)
     assert state.bytes == len(ev(1, 4).payload)
-    assert [e.index for e in core.read(SEG, 1)] == [1, 2]
-    assert SegmentStoreCore(core.kv).state(SEG) == state  # what a restart finds
+    assert [e.index for e in core.reader.read(SEG, 1)] == [1, 2]
+    assert SegmentStoreCore(core.kv).catalog.state(SEG) == state  # what a restart finds
 
 
 def test_copies_past_a_bridge_the_acked_index_has_not_reached_stay(
@@ -233,7 +235,7 @@ def test_copies_past_a_bridge_the_acked_index_has_not_reached_stay(
 ) -> None:
     """An unacked bridge may still be replaced by a later recovery's choice."""
     core.write(SEG, 4, 1, [ev(1, 4), StoredEntry.make(2, BRIDGE, 4), ev(3, 3)])
-    assert core.state(SEG).last_index == 3
+    assert core.catalog.state(SEG).last_index == 3
 
 
 # ---- matched index: gaps and retransmission ----
@@ -256,15 +258,15 @@ def test_matched_index_is_the_largest_m_with_every_index_up_to_m_held(
 ) -> None:
     seen = [core.write(SEG, 3, 0, events(first, last)).matched_index for first, last in batches]
     assert seen == matched_after_each
-    assert core.state(SEG).matched_index == matched_after_each[-1]
+    assert core.catalog.state(SEG).matched_index == matched_after_each[-1]
 
 
 def test_retransmission_counts_bytes_and_entries_once(core: SegmentStoreCore) -> None:
     core.write(SEG, 3, 0, events(1, 4))
-    once = core.meta(SEG)
+    once = core.catalog.meta(SEG)
     core.write(SEG, 3, 0, events(1, 4))
-    assert core.meta(SEG) == once
-    assert core.state(SEG).bytes == sum(len(e.payload) for e in events(1, 4))
+    assert core.catalog.meta(SEG) == once
+    assert core.catalog.state(SEG).bytes == sum(len(e.payload) for e in events(1, 4))
 
 
 def test_a_hole_filled_by_recovery_after_a_stale_copy_above_matches_through(
@@ -362,18 +364,18 @@ def test_a_malformed_write_is_refused_and_changes_nothing(
     core: SegmentStoreCore, case: str, make: Callable[[], WriteCommand]
 ) -> None:
     core.write(SEG, 3, 1, events(1, 1))
-    before, meta = snapshot(core.kv), core.meta(SEG)
+    before, meta = snapshot(core.kv), core.catalog.meta(SEG)
     plan = core.plan([make()])
     assert isinstance(plan.outcomes[0], BadRequest), case
     core.apply(plan)
-    assert snapshot(core.kv) == before and core.meta(SEG) == meta
+    assert snapshot(core.kv) == before and core.catalog.meta(SEG) == meta
 
 
 @pytest.mark.parametrize("epoch", [0, 1 << 31])
 def test_a_malformed_seal_is_refused(core: SegmentStoreCore, epoch: int) -> None:
     with pytest.raises(BadRequest):
         core.seal(SEG, epoch)
-    assert core.segments() == []
+    assert core.catalog.segments() == []
 
 
 # ---- plans: group commit of several commands ----
@@ -396,17 +398,17 @@ def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore)
     assert outcomes[2].held_epochs == (3,)  # type: ignore[union-attr]
     assert outcomes[3].matched_index == 4 and outcomes[3].acked_index == 3  # type: ignore[union-attr]
     assert isinstance(outcomes[5], BelowFence)
-    assert core.state(SEG).fence == 4 and core.state(SEG).last_index == 4
-    assert core.state(other).matched_index == 1
+    assert core.catalog.state(SEG).fence == 4 and core.catalog.state(SEG).last_index == 4
+    assert core.catalog.state(other).matched_index == 1
 
 
 def test_a_plan_is_invisible_until_published(core: SegmentStoreCore) -> None:
     plan = core.plan([WriteCommand.of(SEG, 3, 1, events(1, 2))])
     core.write_plan(plan, sync=True)
     with pytest.raises(SegmentNotFound):
-        core.state(SEG)
+        core.catalog.state(SEG)
     core.publish(plan)
-    assert core.state(SEG).acked_index == 1
+    assert core.catalog.state(SEG).acked_index == 1
 
 
 def test_delete_then_write_in_one_plan_starts_the_segment_afresh(core: SegmentStoreCore) -> None:
@@ -420,8 +422,8 @@ def test_delete_then_write_in_one_plan_starts_the_segment_afresh(core: SegmentSt
     core.apply(plan)
     plan = core.plan([DeleteCommand(SEG), WriteCommand.of(SEG, 1, 0, [ev(2, 1)])])
     core.apply(plan)
-    assert core.state(SEG).matched_index == 0 and core.state(SEG).fence == 0
-    assert [e.index for e in core.read(SEG, 1)] == [2]
+    assert core.catalog.state(SEG).matched_index == 0 and core.catalog.state(SEG).fence == 0
+    assert [e.index for e in core.reader.read(SEG, 1)] == [2]
 
 
 # ---- reads, digest, delete ----
@@ -432,12 +434,12 @@ def test_read_returns_held_entries_in_order_and_acked_only_stops_at_acked(
 ) -> None:
     core.write(SEG, 3, 0, events(1, 3))
     core.write(SEG, 3, 2, events(5, 6))
-    assert [e.index for e in core.read(SEG, 1)] == [1, 2, 3, 5, 6]
-    assert [e.index for e in core.read(SEG, 2, 5)] == [2, 3, 5]
-    assert [e.index for e in core.read(SEG, 1, 0, acked_only=True)] == [1, 2]
-    assert [e.index for e in core.read(SEG, 1, limit=2)] == [1, 2]
-    assert core.read(SEG, 7) == []
-    assert core.read(SEG, 1)[0] == ev(1)
+    assert [e.index for e in core.reader.read(SEG, 1)] == [1, 2, 3, 5, 6]
+    assert [e.index for e in core.reader.read(SEG, 2, 5)] == [2, 3, 5]
+    assert [e.index for e in core.reader.read(SEG, 1, 0, acked_only=True)] == [1, 2]
+    assert [e.index for e in core.reader.read(SEG, 1, limit=2)] == [1, 2]
+    assert core.reader.read(SEG, 7) == []
+    assert core.reader.read(SEG, 1)[0] == ev(1)
 
 
 def stored(entries: list[StoredEntry]) -> list[bytes]:
@@ -449,16 +451,16 @@ def test_read_run_serves_consecutive_values_cut_by_limit_bytes_and_the_first_gap
 ) -> None:
     core.write(SEG, 3, 0, events(1, 6))
     core.write(SEG, 3, 0, events(8, 9))
-    assert core.state(SEG).matched_index == 6
-    assert core.read_run(SEG, 1, 9, 100, 0) == stored(events(1, 6))
-    assert core.read_run(SEG, 2, 4, 100, 0) == stored(events(2, 4))
-    assert core.read_run(SEG, 1, 9, 2, 0) == stored(events(1, 2))
+    assert core.catalog.state(SEG).matched_index == 6
+    assert core.reader.read_run(SEG, 1, 9, 100, 0) == stored(events(1, 6))
+    assert core.reader.read_run(SEG, 2, 4, 100, 0) == stored(events(2, 4))
+    assert core.reader.read_run(SEG, 1, 9, 2, 0) == stored(events(1, 2))
     one_value = len(stored([ev(1)])[0])
-    assert core.read_run(SEG, 1, 9, 100, one_value + 1) == stored(events(1, 2))
-    assert core.read_run(SEG, 5, 9, 100, 0) == stored(events(5, 6))
-    assert core.read_run(SEG, 7, 9, 100, 0) == []
-    assert core.read_run(SEG, 8, 20, 100, 0) == stored(events(8, 9))
-    assert core.read_run(SEG, 10, 20, 100, 0) == []
+    assert core.reader.read_run(SEG, 1, 9, 100, one_value + 1) == stored(events(1, 2))
+    assert core.reader.read_run(SEG, 5, 9, 100, 0) == stored(events(5, 6))
+    assert core.reader.read_run(SEG, 7, 9, 100, 0) == []
+    assert core.reader.read_run(SEG, 8, 20, 100, 0) == stored(events(8, 9))
+    assert core.reader.read_run(SEG, 10, 20, 100, 0) == []
 
 
 def test_read_run_never_shifts_values_when_an_entry_below_matched_is_gone(
@@ -466,34 +468,34 @@ def test_read_run_never_shifts_values_when_an_entry_below_matched_is_gone(
 ) -> None:
     core.write(SEG, 3, 0, events(1, 6))
     core.kv.write([Delete(entry_key(SEG.stream_id, SEG.epoch, 3))], sync=True)
-    assert core.read_run(SEG, 1, 6, 100, 0) == stored(events(1, 2))
-    assert core.read_run(SEG, 4, 6, 100, 0) == stored(events(4, 6))
+    assert core.reader.read_run(SEG, 1, 6, 100, 0) == stored(events(1, 2))
+    assert core.reader.read_run(SEG, 4, 6, 100, 0) == stored(events(4, 6))
 
 
 def test_read_of_a_segment_not_held_is_not_found(core: SegmentStoreCore) -> None:
     with pytest.raises(SegmentNotFound):
-        core.read(SEG, 1)
+        core.reader.read(SEG, 1)
 
 
 def test_digest_differs_when_replicas_differ_anywhere(core: SegmentStoreCore) -> None:
     twin = SegmentStoreCore(MemoryKV())
     for store in (core, twin):
         store.write(SEG, 3, 3, events(1, 3))
-    assert core.digest(SEG, 3) == twin.digest(SEG, 3)
-    assert core.digest(SEG).up_to_index == 3  # 0: up to the acked index
+    assert core.reader.digest(SEG, 3) == twin.reader.digest(SEG, 3)
+    assert core.reader.digest(SEG).up_to_index == 3  # 0: up to the acked index
     twin.write(SEG, 4, 3, [StoredEntry.make(2, HOLE, 4)])
-    assert core.digest(SEG, 3).digest != twin.digest(SEG, 3).digest
+    assert core.reader.digest(SEG, 3).digest != twin.reader.digest(SEG, 3).digest
     gap = SegmentStoreCore(MemoryKV())
     gap.write(SEG, 3, 0, [ev(1), ev(2)])
     gap.write(SEG, 3, 0, [ev(4)])
     full = SegmentStoreCore(MemoryKV())
     full.write(SEG, 3, 0, events(1, 4))
-    assert gap.digest(SEG, 4).entries_held == 3
-    assert gap.digest(SEG, 4).digest != full.digest(SEG, 4).digest
+    assert gap.reader.digest(SEG, 4).entries_held == 3
+    assert gap.reader.digest(SEG, 4).digest != full.reader.digest(SEG, 4).digest
     # The copy's epoch is not content: a recovery rewrite keeps the digest.
     rewritten = SegmentStoreCore(MemoryKV())
     rewritten.write(SEG, 5, 0, [e.with_epoch(5) for e in events(1, 4)])
-    assert rewritten.digest(SEG, 4).digest == full.digest(SEG, 4).digest
+    assert rewritten.reader.digest(SEG, 4).digest == full.reader.digest(SEG, 4).digest
 
 
 def test_delete_removes_entries_and_metadata(core: SegmentStoreCore) -> None:
@@ -501,7 +503,7 @@ def test_delete_removes_entries_and_metadata(core: SegmentStoreCore) -> None:
     core.write(SegmentKey(7, 4), 4, 0, events(1, 1, epoch=4))
     assert core.delete(SEG) is True
     assert core.delete(SEG) is False
-    assert core.segments() == [SegmentKey(7, 4)]
+    assert core.catalog.segments() == [SegmentKey(7, 4)]
     assert core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch)) == []
 
 
@@ -519,14 +521,15 @@ def _copy_source() -> SegmentStoreCore:
 
 def _run_copy(source: SegmentStoreCore, target: SegmentStoreCore) -> int:
     """The copy's steps up to, not including, the confirmation; returns its fence."""
-    info = source.state(SEG)
-    local = target.meta(SEG)
+    info = source.catalog.state(SEG)
+    local = target.catalog.meta(SEG)
     fence = copy_rules.copy_fence(
         SEG, 6, info.fence, info.acked_index, 4, local.fence if local else 0
     )
     target.execute(copy_rules.fence_command(SEG, fence))
-    target.execute(copy_rules.write_command(SEG, fence, PackedEntries.of(source.read(SEG, 1, 6))))
-    copy_rules.verify(SEG, 6, target.digest(SEG, 6), source.digest(SEG, 6).digest)
+    copied = PackedEntries.of(source.reader.read(SEG, 1, 6))
+    target.execute(copy_rules.write_command(SEG, fence, copied))
+    copy_rules.verify(SEG, 6, target.reader.digest(SEG, 6), source.reader.digest(SEG, 6).digest)
     return fence
 
 
@@ -537,13 +540,13 @@ def test_a_copy_is_fenced_first_and_raises_no_acked_index_before_it_is_confirmed
     core.write(SEG, 3, 2, events(1, 3))  # missed the bridge
     core.write(SEG, 3, 2, [ev(5, payload=b"stale")])
     fence = _run_copy(source, core)
-    assert fence == 4 and core.state(SEG).fence == 4
-    assert core.state(SEG).acked_index == 2, "verified is not yet confirmed"
+    assert fence == 4 and core.catalog.state(SEG).fence == 4
+    assert core.catalog.state(SEG).acked_index == 2, "verified is not yet confirmed"
     with pytest.raises(BelowFence):  # the old leader, delayed
         core.write(SEG, 3, 6, [ev(5, payload=b"late")])
     confirmed = core.confirm_copy(SEG, fence, 6)
-    assert (confirmed.acked_index, core.state(SEG).bridge_index) == (6, 6)
-    assert core.read(SEG, 1, acked_only=True) == source.read(SEG, 1, 6)
+    assert (confirmed.acked_index, core.catalog.state(SEG).bridge_index) == (6, 6)
+    assert core.reader.read(SEG, 1, acked_only=True) == source.reader.read(SEG, 1, 6)
 
 
 def test_a_copy_is_confirmed_only_while_it_holds_its_fence_and_every_index(
@@ -558,7 +561,7 @@ def test_a_copy_is_confirmed_only_while_it_holds_its_fence_and_every_index(
     core.seal(SEG, 4)
     with pytest.raises(CopyRefused):  # fenced again, but short of the final index
         core.confirm_copy(SEG, fence, 6)
-    assert core.state(SEG).acked_index == 0
+    assert core.catalog.state(SEG).acked_index == 0
 
 
 def test_the_copy_op_fences_copies_verifies_then_confirms(core: SegmentStoreCore) -> None:
@@ -568,42 +571,42 @@ def test_the_copy_op_fences_copies_verifies_then_confirms(core: SegmentStoreCore
     core.write(SEG, 3, 2, events(1, 3))  # missed the bridge
     op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4)
     assert op.start() == copy_rules.AskSourceState()
-    info = source.state(SEG)
-    fence_action = op.source_state(info.fence, info.acked_index, core.state(SEG).fence)
+    info = source.catalog.state(SEG)
+    fence_action = op.source_state(info.fence, info.acked_index, core.catalog.state(SEG).fence)
     assert fence_action == copy_rules.Submit(copy_rules.fence_command(SEG, 4))
     assert isinstance(fence_action, copy_rules.Submit)
     read = op.submitted(core.execute(fence_action.command))
     assert read == copy_rules.ReadSource(1, 6)
-    for batch in (source.read(SEG, 1, 3), source.read(SEG, 4, 6)):
+    for batch in (source.reader.read(SEG, 1, 3), source.reader.read(SEG, 4, 6)):
         write = op.source_entries(PackedEntries.of(batch))
         assert isinstance(write, copy_rules.Submit)
         assert op.submitted(core.execute(write.command)) is None
-        assert core.state(SEG).acked_index == 2, "nothing new served before confirmation"
+        assert core.catalog.state(SEG).acked_index == 2, "nothing new served before confirmation"
     assert op.source_read_ended() == copy_rules.AskDigests(6)
-    confirm = op.digests(core.digest(SEG, 6), source.digest(SEG, 6).digest)
+    confirm = op.digests(core.reader.digest(SEG, 6), source.reader.digest(SEG, 6).digest)
     assert isinstance(confirm, copy_rules.Submit)
     finished = op.submitted(core.execute(confirm.command))
     assert isinstance(finished, copy_rules.Finished)
     assert (finished.entries_copied, finished.acked_index) == (6, 6)
-    assert core.read(SEG, 1, acked_only=True) == source.read(SEG, 1, 6)
+    assert core.reader.read(SEG, 1, acked_only=True) == source.reader.read(SEG, 1, 6)
 
 
 def test_the_copy_op_leaves_a_copy_that_differs_unconfirmed(core: SegmentStoreCore) -> None:
     source = _copy_source()
     op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4)
     op.start()
-    info = source.state(SEG)
+    info = source.catalog.state(SEG)
     fence_action = op.source_state(info.fence, info.acked_index, 0)
     assert isinstance(fence_action, copy_rules.Submit)
     op.submitted(core.execute(fence_action.command))
     # The reply lost its last entry.
-    write = op.source_entries(PackedEntries.of(source.read(SEG, 1, 5)))
+    write = op.source_entries(PackedEntries.of(source.reader.read(SEG, 1, 5)))
     assert isinstance(write, copy_rules.Submit)
     op.submitted(core.execute(write.command))
     op.source_read_ended()
     with pytest.raises(CopyMismatch):
-        op.digests(core.digest(SEG, 6), source.digest(SEG, 6).digest)
-    assert core.state(SEG).acked_index == 0
+        op.digests(core.reader.digest(SEG, 6), source.reader.digest(SEG, 6).digest)
+    assert core.catalog.state(SEG).acked_index == 0
 
 
 def test_a_copy_never_lowers_the_fence_and_needs_a_sealed_source_acked_to_the_end(
@@ -624,7 +627,7 @@ def test_a_copy_differing_from_its_source_is_a_mismatch_and_stays_unconfirmed(
     core.write(SEG, 5, 0, [ev(2, epoch=5, payload=b"higher")])  # kept by the overwrite rule
     with pytest.raises(CopyMismatch):
         _run_copy(source, core)
-    assert core.state(SEG).acked_index == 0
+    assert core.catalog.state(SEG).acked_index == 0
 
 
 # ---- restart ----
@@ -646,24 +649,25 @@ def test_restart_recovers_every_segments_matched_fence_and_acked_exactly(
     kv = RocksKV(tmp_path / "db")
     core = SegmentStoreCore(kv)
     _fill(core)
-    states = {segment: core.state(segment) for segment in core.segments()}
-    entries = core.read(SEG, 1)
+    states = {segment: core.catalog.state(segment) for segment in core.catalog.segments()}
+    entries = core.reader.read(SEG, 1)
     kv.close()
     del core
     reopened = SegmentStoreCore(RocksKV(tmp_path / "db"))
-    assert {segment: reopened.state(segment) for segment in reopened.segments()} == states
-    assert reopened.read(SEG, 1) == entries
-    assert reopened.state(SEG).matched_index == 9 and reopened.state(SEG).fence == 5
-    assert reopened.state(SegmentKey(1, 1)).bridge_index == 1
+    catalog = reopened.catalog
+    assert {segment: catalog.state(segment) for segment in catalog.segments()} == states
+    assert reopened.reader.read(SEG, 1) == entries
+    assert reopened.catalog.state(SEG).matched_index == 9 and reopened.catalog.state(SEG).fence == 5
+    assert reopened.catalog.state(SegmentKey(1, 1)).bridge_index == 1
 
 
 def test_recover_reloads_what_the_kv_holds(core: SegmentStoreCore) -> None:
     core.write(SEG, 3, 0, events(1, 2))
     # A write reported as refused that reached the KV's log after all.
     SegmentStoreCore(core.kv).write(SEG, 3, 0, events(3, 4))
-    assert core.state(SEG).matched_index == 2
+    assert core.catalog.state(SEG).matched_index == 2
     core.recover()
-    assert core.state(SEG).matched_index == 4
+    assert core.catalog.state(SEG).matched_index == 4
 
 
 def test_rocks_kv_reopens_on_recover_and_keeps_everything(tmp_path: Path) -> None:
@@ -671,9 +675,9 @@ def test_rocks_kv_reopens_on_recover_and_keeps_everything(tmp_path: Path) -> Non
     core = SegmentStoreCore(kv)
     core.write(SEG, 3, 2, events(1, 3))
     core.recover()
-    assert [e.index for e in core.read(SEG, 1)] == [1, 2, 3]
+    assert [e.index for e in core.reader.read(SEG, 1)] == [1, 2, 3]
     core.write(SEG, 3, 3, events(4, 4))
-    assert core.state(SEG).acked_index == 3 and core.state(SEG).matched_index == 4
+    assert core.catalog.state(SEG).acked_index == 3 and core.catalog.state(SEG).matched_index == 4
     kv.close()
 
 
@@ -705,8 +709,8 @@ def test_a_crash_loses_unsynced_plans_whole_never_half(core: SegmentStoreCore) -
     core.apply(plan, sync=False)
     kv.crash()
     after = SegmentStoreCore(kv)
-    assert after.state(SEG).matched_index == 3 and after.state(SEG).fence == 0
-    assert [e.index for e in after.read(SEG, 1)] == [1, 2, 3]
+    assert after.catalog.state(SEG).matched_index == 3 and after.catalog.state(SEG).fence == 0
+    assert [e.index for e in after.reader.read(SEG, 1)] == [1, 2, 3]
 
 
 # ---- the KV contract, both implementations ----
@@ -741,11 +745,11 @@ def test_a_copy_corrupted_on_disk_is_reported_never_served(core: SegmentStoreCor
     value = bytearray(core.kv.get(key) or b"")
     value[-1] ^= 0x01
     core.kv.write([Put(key, bytes(value))], sync=True)
-    assert core.read(SEG, 1, 1) == [ev(1)]
+    assert core.reader.read(SEG, 1, 1) == [ev(1)]
     with pytest.raises(CorruptEntry):
-        core.read(SEG, 1)
+        core.reader.read(SEG, 1)
     with pytest.raises(CorruptEntry):
-        core.digest(SEG)
+        core.reader.digest(SEG)
 
 
 def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: SegmentStoreCore) -> None:
@@ -763,7 +767,7 @@ def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: SegmentStoreC
     assert isinstance(plan.outcomes[0], StoredCopyCorrupt)
     assert isinstance(plan.outcomes[1], WriteResult)
     assert core.kv.scan(*segment_entries_range(SEG.stream_id, SEG.epoch)) == held_before
-    assert core.state(SEG).last_index == 2 and core.state(other).matched_index == 1
+    assert core.catalog.state(SEG).last_index == 2 and core.catalog.state(other).matched_index == 1
 
 
 # ---- damage found by reads ----
@@ -863,24 +867,24 @@ def test_a_damaged_segment_is_reported_with_acked_zero_until_mended() -> None:
     core.write(SEG, 3, 6, events(1, 6))
     core.write(other, 1, 1, events(1, 1, epoch=1))
     kv.damaged_from = entry_key(SEG.stream_id, SEG.epoch, 4)
-    assert core.read_run(SEG, 1, 3, 100, 0) == stored(events(1, 3))
-    assert core.damaged() == set()
+    assert core.reader.read_run(SEG, 1, 3, 100, 0) == stored(events(1, 3))
+    assert core.catalog.damaged() == set()
     with pytest.raises(CorruptEntry):
-        core.read_run(SEG, 1, 6, 100, 0)
-    assert core.damaged() == {SEG}
-    reported = core.reported_metas()
+        core.reader.read_run(SEG, 1, 6, 100, 0)
+    assert core.catalog.damaged() == {SEG}
+    reported = core.catalog.reported_metas()
     assert reported[SEG].acked_index == 0 and reported[other].acked_index == 1
-    assert core.metas()[SEG].acked_index == 6, "the store's own state is unchanged"
+    assert core.catalog.metas()[SEG].acked_index == 6, "the store's own state is unchanged"
     kv.damaged_from = None
-    fence = core.state(SEG).fence
+    fence = core.catalog.state(SEG).fence
     core.confirm_copy(SEG, fence, 6)
-    assert core.damaged() == set()
+    assert core.catalog.damaged() == set()
     kv.damaged_from = entry_key(SEG.stream_id, SEG.epoch, 1)
     with pytest.raises(CorruptEntry):
-        core.digest(SEG)
-    assert core.damaged() == {SEG}
+        core.reader.digest(SEG)
+    assert core.catalog.damaged() == {SEG}
     core.delete(SEG)
-    assert core.damaged() == set()
+    assert core.catalog.damaged() == set()
 
 
 # ---- the master's segment records ----
@@ -888,8 +892,8 @@ def test_a_damaged_segment_is_reported_with_acked_zero_until_mended() -> None:
 
 def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: Path) -> None:
     from streamengine.protocol.segment_records import record_version
+    from streamengine.segment_store.core.commands import KeepRecordsCommand, RecordsKept
     from streamengine.segment_store.core.keys import record_key
-    from streamengine.segment_store.core.store import KeepRecordsCommand, RecordsKept
 
     kv = RocksKV(tmp_path / "db")
     store = SegmentStoreCore(kv)
@@ -898,16 +902,16 @@ def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: 
     outcome = store.execute(KeepRecordsCommand(((held, b"record-a"), (other, b"record-b"))))
     # A record of a segment the store does not hold would outlive it: dropped.
     assert outcome == RecordsKept((held,))
-    assert store.record_version(held) == record_version(b"record-a")
-    assert store.record_version(other) == 0 and store.segment_record(other) == b""
+    assert store.catalog.record_version(held) == record_version(b"record-a")
+    assert store.catalog.record_version(other) == 0 and store.catalog.segment_record(other) == b""
     kv.close()
     # A restart knows the version of every record kept.
     kv = RocksKV(tmp_path / "db")
     store = SegmentStoreCore(kv)
-    assert store.segment_record(held) == b"record-a"
-    assert store.record_version(held) == record_version(b"record-a")
+    assert store.catalog.segment_record(held) == b"record-a"
+    assert store.catalog.record_version(held) == record_version(b"record-a")
     store.delete(held)
-    assert store.record_version(held) == 0
+    assert store.catalog.record_version(held) == 0
     assert kv.get(record_key(7, 2)) is None
     kv.close()
 
@@ -915,8 +919,8 @@ def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: 
 def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
     core: SegmentStoreCore,
 ) -> None:
+    from streamengine.segment_store.core.commands import Command, DeleteCommand, KeepRecordsCommand
     from streamengine.segment_store.core.keys import record_key
-    from streamengine.segment_store.core.store import Command, DeleteCommand, KeepRecordsCommand
 
     store = core
     segment = SegmentKey(4, 1)
@@ -926,13 +930,13 @@ def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
     for commands in ([keep, delete], [delete, keep]):
         store.write(segment, 3, 0, [ev(1)])
         store.apply(store.plan(commands))
-        assert store.record_version(segment) == 0
+        assert store.catalog.record_version(segment) == 0
         assert store.kv.get(record_key(4, 1)) is None
 
 
 def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore) -> None:
     from streamengine.protocol.segment_records import RECORD_BYTES_MAX
-    from streamengine.segment_store.core.store import KeepRecordsCommand
+    from streamengine.segment_store.core.commands import KeepRecordsCommand
 
     store = core
     segment = SegmentKey(4, 1)
@@ -940,4 +944,4 @@ def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore)
     for raw in (b"", b"x" * (RECORD_BYTES_MAX + 1)):
         with pytest.raises(BadRequest):
             store.execute(KeepRecordsCommand(((segment, b"ok"), (segment, raw))))
-        assert store.record_version(segment) == 0
+        assert store.catalog.record_version(segment) == 0

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Sequence
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.core.kv import KVOp
-from streamengine.segment_store.core.store import (
+from streamengine.segment_store.core.commands import (
     Outcome,
     SealCommand,
     SealResult,
     SegmentKey,
-    SegmentStoreCore,
-    StoreUnavailable,
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.core.errors import StoreUnavailable
+from streamengine.segment_store.core.kv import KVOp
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import (
     INLINE_GROUP_BYTES_MAX,
     INLINE_GROUP_ENTRIES_MAX,
@@ -95,7 +94,7 @@ async def test_a_full_queue_refuses_write_batches_but_not_seals() -> None:
     committer.close()
     await runner
     committer.shutdown_executor()
-    assert core.state(SEG).matched_index == 30
+    assert core.catalog.state(SEG).matched_index == 30
 
 
 async def test_one_batch_larger_than_the_queue_is_still_taken_when_the_queue_is_empty() -> None:
@@ -154,13 +153,13 @@ async def test_a_refused_kv_write_answers_unavailable_changes_nothing_then_recov
     kv.full = True
     refused = await write(6)
     assert isinstance(refused, StoreUnavailable) and "No space" in str(refused)
-    assert core.state(SEG).matched_index == 5 and committer.queued_bytes == 0
+    assert core.catalog.state(SEG).matched_index == 5 and committer.queued_bytes == 0
     still = await write(6)  # a recovery is tried, and fails while the disk is full
     assert isinstance(still, StoreUnavailable) and "still full" in str(still)
     assert kv.recoveries == 1
     kv.full = False
     assert isinstance(await write(6), WriteResult)
-    assert kv.recoveries == 2 and core.state(SEG).matched_index == 10
+    assert kv.recoveries == 2 and core.catalog.state(SEG).matched_index == 10
     assert isinstance(await write(11), WriteResult) and kv.recoveries == 2
     committer.close()
     await runner
@@ -177,32 +176,38 @@ async def test_after_a_refused_write_recovery_is_tried_at_most_once_per_interval
         future = committer.try_submit(batch(1, 5))
         assert future is not None and isinstance(await future, StoreUnavailable)
         kv.full = False  # space is back, but the interval has not passed
-    assert kv.recoveries == 0 and core.meta(SEG) is None
+    assert kv.recoveries == 0 and core.catalog.meta(SEG) is None
     committer.close()
     await runner
     committer.shutdown_executor()
 
 
 class ThreadNotingKV(MemoryKV):
-    """Notes the thread of every write; its syncs take `sync_s`."""
+    """Notes the thread of every write; each sync advances its clock (`now_s`) by
+    `sync_s`. A real clock would not do: under load a thread's sync may wait longer
+    than INLINE_SYNC_S_MAX for the interpreter's lock alone."""
 
     def __init__(self) -> None:
         super().__init__()
         self.threads: list[int] = []
         self.sync_s = 0.0
+        self.clock_s = 0.0
+
+    def now_s(self) -> float:
+        return self.clock_s
 
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
         self.threads.append(threading.get_ident())
         super().write(ops, sync)
 
     def sync(self) -> None:
-        time.sleep(self.sync_s)
+        self.clock_s += self.sync_s
         super().sync()
 
 
 async def test_small_groups_commit_on_the_loop_while_syncs_are_quick() -> None:
     kv = ThreadNotingKV()
-    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: None)
+    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: None, sync_clock_s=kv.now_s)
     runner = asyncio.create_task(committer.run())
     loop_thread = threading.get_ident()
 

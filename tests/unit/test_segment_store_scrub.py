@@ -9,10 +9,12 @@ import pytest
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
 from streamengine.segment_store.core import copy as copy_rules
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.errors import CopyMismatch
 from streamengine.segment_store.core.keys import entry_key
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ReplicaScan, ScrubSchedule
-from streamengine.segment_store.core.store import CopyMismatch, SegmentKey, SegmentStoreCore
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.unit.test_segment_store_core import _DamagedKV
 
@@ -48,12 +50,12 @@ def overwrite(core: SegmentStoreCore, index: int, payload: bytes, valid_crc: boo
 
 def test_a_clean_replica_makes_the_segments_certificate_whatever_its_copy_epochs() -> None:
     core = sealed_replica()
-    assert core.certify(SEG, 11).certificate == the_certificate()
+    assert core.reader.certify(SEG, 11).certificate == the_certificate()
     # The same content under another copy epoch (a recovery rewrote it) certifies alike.
     other = SegmentStoreCore(MemoryKV())
     other.write(SEG, 5, 0, [StoredEntry.make(i, EVENT, 5, b"p%d" % i) for i in range(1, 11)])
     other.write(SEG, 5, 0, [StoredEntry.make(11, BRIDGE, 5)])
-    assert other.certify(SEG, 11).certificate == the_certificate()
+    assert other.reader.certify(SEG, 11).certificate == the_certificate()
 
 
 @pytest.mark.parametrize(
@@ -66,7 +68,7 @@ def test_a_clean_replica_makes_the_segments_certificate_whatever_its_copy_epochs
 def test_a_changed_copy(rule: str, valid_crc: bool, damaged_index: int) -> None:
     core = sealed_replica()
     overwrite(core, 4, b"p5", valid_crc)
-    result = core.certify(SEG, 11)
+    result = core.reader.certify(SEG, 11)
     assert result.damaged_index == damaged_index, rule
     if damaged_index:
         assert result.certificate is None and "crc32c" in result.detail
@@ -78,17 +80,17 @@ def test_a_block_the_engine_cannot_read_is_damage_and_the_segment_is_marked() ->
     kv = _DamagedKV()
     core = sealed_replica(kv)
     kv.damaged_from = entry_key(SEG.stream_id, SEG.epoch, 6)
-    result = core.certify(SEG, 11)
+    result = core.reader.certify(SEG, 11)
     assert result.damaged and not result.missing and "Corruption" in result.detail
-    assert core.damaged() == {SEG}
-    assert SEG not in core.scrub_targets(), "a replica known damaged is not scrubbed again"
+    assert core.catalog.damaged() == {SEG}
+    assert SEG not in core.catalog.scrub_targets(), "a replica known damaged is not scrubbed again"
 
 
 def test_an_index_missing_below_the_bridge_is_named() -> None:
     core = SegmentStoreCore(MemoryKV())
     core.write(SEG, 3, 0, [StoredEntry.make(i, EVENT, 3, b"p%d" % i) for i in (1, 2)])
     core.write(SEG, 3, 0, [StoredEntry.make(4, EVENT, 3, b"p4")])
-    result = core.certify(SEG, 4)
+    result = core.reader.certify(SEG, 4)
     assert result.missing and result.damaged_index == 3
 
 
@@ -96,7 +98,7 @@ def test_only_sealed_replicas_acked_to_their_bridge_are_scrubbed() -> None:
     core = sealed_replica()
     open_one = SegmentKey(7, 5)
     core.write(open_one, 5, 2, [StoredEntry.make(i, EVENT, 5, b"x") for i in (1, 2)])
-    assert core.scrub_targets() == {SEG: 11}
+    assert core.catalog.scrub_targets() == {SEG: 11}
 
 
 # ---- one replica in steps ----
@@ -109,7 +111,7 @@ def test_a_scan_reads_in_bounded_steps_and_ends_with_the_certificate() -> None:
     while (step := scan.next_read()) is not None:
         first, upper, limit, max_bytes = step
         steps.append((first, limit))
-        scan.feed(core.read_run(SEG, first, upper, limit, max_bytes))
+        scan.feed(core.reader.read_run(SEG, first, upper, limit, max_bytes))
     assert steps == [(1, 4), (5, 4), (9, 4)]
     assert scan.result is not None and scan.result.certificate == the_certificate()
     assert scan.result.bytes_read > 0
@@ -172,14 +174,14 @@ def test_the_rate_spaces_the_steps() -> None:
 
 def test_a_copy_is_confirmed_only_when_it_makes_the_certificate() -> None:
     core = sealed_replica()
-    copy_rules.verify_certificate(SEG, the_certificate(), core.certify(SEG, 11))
+    copy_rules.verify_certificate(SEG, the_certificate(), core.reader.certify(SEG, 11))
     overwrite(core, 2, b"p9", valid_crc=True)
     with pytest.raises(CopyMismatch, match="differs from the segment's certificate"):
-        copy_rules.verify_certificate(SEG, the_certificate(), core.certify(SEG, 11))
+        copy_rules.verify_certificate(SEG, the_certificate(), core.reader.certify(SEG, 11))
     op = copy_rules.CopyOp(SEG, "source:1", 11, 4, certificate=the_certificate())
     op.start()
     op.source_state(fence=4, acked_index=11, local_fence=0)
     op.submitted(None)  # type: ignore[arg-type]  # the fence is written
     assert op.source_read_ended() == copy_rules.ReadBack(11)
     with pytest.raises(CopyMismatch):
-        op.read_back(core.certify(SEG, 11))
+        op.read_back(core.reader.certify(SEG, 11))

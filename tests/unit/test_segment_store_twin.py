@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.segment_store.core.store import (
-    BelowFence,
+from streamengine.segment_store.core.commands import (
     Command,
     DeleteCommand,
     JoinCommand,
@@ -18,10 +17,11 @@ from streamengine.segment_store.core.store import (
     KeepRecordsCommand,
     SealCommand,
     SegmentKey,
-    SegmentStoreCore,
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.core.errors import BelowFence
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 
 SEGMENTS = [SegmentKey(1, 1), SegmentKey(1, 2)]
@@ -109,9 +109,9 @@ def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
 
 
 def _check(core: SegmentStoreCore, twins: dict[SegmentKey, Twin]) -> None:
-    assert core.segments() == sorted(twins)
+    assert core.catalog.segments() == sorted(twins)
     for segment, twin in twins.items():
-        got = core.state(segment)
+        got = core.catalog.state(segment)
         held = [twin.copies[i] for i in sorted(twin.copies)]
         bridges = [e.index for e in held if e.kind == EntryKind.BRIDGE]
         first_bridge = bridges[0] if bridges and bridges[0] <= twin.acked else 0
@@ -123,8 +123,8 @@ def _check(core: SegmentStoreCore, twins: dict[SegmentKey, Twin]) -> None:
         assert got.last_index == max(twin.copies, default=0)
         assert got.bytes == sum(len(e.payload) for e in held)
         assert got.bridge_index == first_bridge
-        assert core.read(segment, 1) == held
-        assert core.read(segment, 1, 0, acked_only=True) == [
+        assert core.reader.read(segment, 1) == held
+        assert core.reader.read(segment, 1, 0, acked_only=True) == [
             e for e in held if e.index <= twin.acked
         ]
 

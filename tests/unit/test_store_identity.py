@@ -14,14 +14,9 @@ from streamengine.master.core.errors import WrongCluster
 from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.core.rebuild import adopted_cluster_id
 from streamengine.master.state import MasterState
-from streamengine.segment_store.core.store import (
-    JoinCommand,
-    Joined,
-    NotJoined,
-    ReplicaLost,
-    SegmentKey,
-    SegmentStoreCore,
-)
+from streamengine.segment_store.core.commands import JoinCommand, Joined, SegmentKey
+from streamengine.segment_store.core.errors import NotJoined, ReplicaLost
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.metadata_backends import MetadataPlace
 
@@ -45,7 +40,7 @@ def test_a_store_takes_no_write_or_seal_before_it_joined_its_cluster() -> None:
         core.check_takes_part(SEGMENT)
     assert core.execute(JoinCommand("cluster-a")) == Joined(())
     core.check_takes_part(SEGMENT)
-    assert core.cluster_id() == "cluster-a"
+    assert core.catalog.cluster_id() == "cluster-a"
 
 
 def test_a_core_without_a_cluster_takes_writes_at_once() -> None:
@@ -57,7 +52,7 @@ def test_a_store_never_joins_another_cluster() -> None:
     core.execute(JoinCommand("cluster-a"))
     with pytest.raises(NotJoined):
         core.execute(JoinCommand("cluster-b"))
-    assert core.cluster_id() == "cluster-a"
+    assert core.catalog.cluster_id() == "cluster-a"
     assert core.execute(JoinCommand("cluster-a")) == Joined(())
 
 
@@ -74,14 +69,14 @@ def test_lost_replicas_are_refused_kept_across_a_restart_and_go_with_a_delete() 
         restarted.check_takes_part(SEGMENT)
     restarted.delete(SEGMENT)
     restarted.check_takes_part(SEGMENT)
-    assert joining_core(kv).incarnation() == 0
+    assert joining_core(kv).catalog.incarnation() == 0
 
 
 def test_the_incarnation_is_made_once_and_kept_with_the_database() -> None:
     kv = MemoryKV()
-    assert joining_core(kv).keep_incarnation(11) == 11
-    assert joining_core(kv).keep_incarnation(12) == 11
-    assert joining_core(MemoryKV()).keep_incarnation(12) == 12
+    assert joining_core(kv).catalog.keep_incarnation(11) == 11
+    assert joining_core(kv).catalog.keep_incarnation(12) == 11
+    assert joining_core(MemoryKV()).catalog.keep_incarnation(12) == 12
 
 
 # ---- the master ----

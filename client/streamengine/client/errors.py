@@ -19,7 +19,11 @@ from __future__ import annotations
 import grpc
 
 from streamengine.protocol.sequence import pack_sequence
-from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY, FENCE_METADATA_KEY
+from streamengine.protocol.status import (
+    DELETED_UNTIL_METADATA_KEY,
+    FENCE_METADATA_KEY,
+    TOO_LARGE_METADATA_KEY,
+)
 
 
 class StreamEngineError(Exception):
@@ -189,7 +193,10 @@ def from_rpc_error(error: grpc.RpcError) -> StreamEngineError:
         if fence is not None:
             return Fenced(details or "fenced", fence)
         return LeadershipLost(details or "failed precondition")
-    if code == grpc.StatusCode.INVALID_ARGUMENT and details and "too large" in details:
-        return EventTooLarge(details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+        # Pairs at run time, sync or aio: (key, value).
+        if any(pair[0] == TOO_LARGE_METADATA_KEY for pair in trailing or ()):  # type: ignore[index]
+            return EventTooLarge(details or "too large")
     error_type = _STATUS_TO_ERROR.get(code, StreamEngineError)
     return error_type(details or code.name)

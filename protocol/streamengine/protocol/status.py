@@ -9,6 +9,11 @@ from __future__ import annotations
 # fence: the fence itself, so a writer learns which epoch superseded it.
 FENCE_METADATA_KEY = "se-fence"
 
+# Trailing metadata of the INVALID_ARGUMENT a store answers to an entry or a batch over
+# its size bound: the bound exceeded, in bytes, so the SDK raises EventTooLarge without
+# reading the status text.
+TOO_LARGE_METADATA_KEY = "se-too-large"
+
 # The fence to assume when a store refuses below its fence without saying which: above
 # every epoch (epochs fit 31 bits), so the writer steps down rather than retry.
 FENCE_UNKNOWN = 1 << 63

@@ -19,15 +19,9 @@ from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import CorruptEntry, PackedEntries
 from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store.core import copy as copy_rules
-from streamengine.segment_store.core.store import (
-    Command,
-    CopyRefused,
-    Outcome,
-    SegmentKey,
-    SegmentNotFound,
-    SegmentStoreCore,
-    StoreError,
-)
+from streamengine.segment_store.core.commands import Command, Outcome, SegmentKey
+from streamengine.segment_store.core.errors import CopyRefused, SegmentNotFound, StoreError
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import GroupCommitter
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -106,7 +100,7 @@ class SegmentCopy:
                 segment_store_pb2.GetSegmentStateRequest(segment=self.segment_pb),
                 timeout=COPY_CALL_TIMEOUT_S,
             )
-            local = self.core.meta(self.segment)
+            local = self.core.catalog.meta(self.segment)
             local_fence = local.fence if local is not None else 0
             return op.source_state(state.fence, state.acked_index, local_fence)
         if isinstance(action, copy_rules.Submit):
@@ -140,7 +134,7 @@ class SegmentCopy:
             return op.source_read_ended()
         if isinstance(action, copy_rules.ReadBack):
             copied = await self.in_thread(
-                functools.partial(self.core.certify, self.segment, action.final_index)
+                functools.partial(self.core.reader.certify, self.segment, action.final_index)
             )
             return op.read_back(copied)
         assert isinstance(action, copy_rules.AskDigests), action
@@ -151,7 +145,7 @@ class SegmentCopy:
             timeout=COPY_CALL_TIMEOUT_S,
         )
         local_digest = await self.in_thread(
-            functools.partial(self.core.digest, self.segment, action.up_to_index)
+            functools.partial(self.core.reader.digest, self.segment, action.up_to_index)
         )
         return op.digests(local_digest, expected.digest)
 

@@ -18,8 +18,10 @@ from typing import Protocol, TypeVar
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import CorruptEntry
 from streamengine.segment_store import metrics
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.errors import SegmentNotFound
 from streamengine.segment_store.core.scrub import ReplicaScan, ScanResult, ScrubSchedule
-from streamengine.segment_store.core.store import SegmentKey, SegmentNotFound, SegmentStoreCore
+from streamengine.segment_store.core.store import SegmentStoreCore
 
 log = logging.getLogger("streamengine.store.scrub")
 T = TypeVar("T")
@@ -71,7 +73,7 @@ class Scrubber:
 
     async def run(self) -> None:
         while True:
-            targets = self.core.scrub_targets()
+            targets = self.core.catalog.scrub_targets()
             self._update_gauges(targets)
             replica = self.schedule.next_replica(monotonic_ms(), targets)
             if replica is None:
@@ -98,7 +100,9 @@ class Scrubber:
             wait_ms = self.schedule.read_at_ms() - monotonic_ms()
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)  # the rate, not a wait for a condition
-            read = functools.partial(self.core.read_run, replica, first, upper, limit, max_bytes)
+            read = functools.partial(
+                self.core.reader.read_run, replica, first, upper, limit, max_bytes
+            )
             try:
                 values = await self.in_thread(read)
             except SegmentNotFound:
@@ -116,7 +120,7 @@ class Scrubber:
     def _done(self, replica: SegmentKey, result: ScanResult) -> None:
         fields = {"stream": "?", "epoch": replica.epoch, "index": result.damaged_index}
         if result.damaged:
-            self.core.mark_damaged(replica)
+            self.core.catalog.mark_damaged(replica)
             metrics.SCRUB_REPLICAS.labels("damaged").inc()
             log.error(
                 "scrub: replica of %s/%s is damaged: %s",

@@ -37,9 +37,10 @@ from streamengine.protocol.parsing import RequestParsing
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AuthorityRecord, StoreAuthority
+from streamengine.segment_store.core.commands import Plan
 from streamengine.segment_store.core.keys import U64_MAX
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT
-from streamengine.segment_store.core.store import Plan, SegmentStoreCore
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
     GroupCommitter,
@@ -48,14 +49,14 @@ from streamengine.segment_store.group_commit import (
 from streamengine.segment_store.kv import RocksKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity, WrongCluster
 from streamengine.segment_store.scrub import Scrubber
-from streamengine.segment_store.service import (
+from streamengine.segment_store.service import add_to_server
+from streamengine.segment_store.store_context import (
     SUBSCRIBE_BUFFER_BATCHES_DEFAULT,
     SUBSCRIBE_STALL_MS_DEFAULT,
     WRITE_STREAM_IDLE_MS_DEFAULT,
-    SegmentStoreService,
     ServiceConfig,
+    StoreContext,
 )
-from streamengine.v1 import segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.store")
 
@@ -229,8 +230,8 @@ async def serve(
     # A store given keys to trust runs without a master: nobody would tell it of lost
     # replicas, so it does not wait for that.
     core = SegmentStoreCore(kv, args.entry_bytes_max, joins_cluster=not pinned_keys)
-    core.keep_incarnation(secrets.randbelow(U64_MAX) + 1)
-    kept = core.authority_record()
+    core.catalog.keep_incarnation(secrets.randbelow(U64_MAX) + 1)
+    kept = core.catalog.authority_record()
     try:
         record = AuthorityRecord.decode(kept) if kept is not None else None
     except ValueError as error:
@@ -243,10 +244,10 @@ async def serve(
 
     def published(plan: Plan) -> None:
         watch.changed(list(plan.metas))
-        metrics.SEGMENTS.set(core.segment_count())
+        metrics.SEGMENTS.set(core.catalog.segment_count())
 
     committer = GroupCommitter(core, args.fsync == "always", published, args.queue_bytes_max)
-    service = SegmentStoreService(
+    store = StoreContext(
         core,
         committer,
         watch,
@@ -262,7 +263,7 @@ async def serve(
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
         interceptors=[RequestParsing()],
     )
-    segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(service, server)
+    add_to_server(store, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -284,14 +285,14 @@ async def serve(
         args.listen,
         identity.zone,
         args.fsync,
-        len(core.segments()),
+        len(core.catalog.segments()),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     scrubber = (
-        Scrubber(core, service.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
+        Scrubber(core, store.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
     )
     if scrubber is None:
         log.warning(
@@ -302,15 +303,15 @@ async def serve(
         args.master,
         identity,
         core,
-        service.delete,
+        store.delete,
         authority,
-        service.keep_authority,
-        service.quota,
+        store.keep_authority,
+        store.quota,
         members,
         peer_identity.server_identity(),
         scrubber,
-        keep_records=service.keep_records,
-        join=service.join,
+        keep_records=store.keep_records,
+        join=store.join,
     )
     refusal: list[str] = []
 
@@ -336,7 +337,7 @@ async def serve(
             committer.close()
             await committing
     finally:
-        service.close()
+        store.close()
         committer.shutdown_executor()
         with contextlib.suppress(Exception):
             kv.close()

@@ -44,7 +44,8 @@ from streamengine.protocol.signing import (
     Verifier,
 )
 from streamengine.protocol.tokens import Revocations
-from streamengine.segment_store.core.store import SegmentKey, StoreError
+from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.errors import StoreError
 
 # Grants one Write stream keeps: a leader's stream carries one epoch at a time, a
 # recovery's a few; beyond it the oldest is forgotten (and must be shown again).

@@ -30,20 +30,18 @@ from dataclasses import dataclass
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import PackedEntries
 from streamengine.protocol.limits import INDEX_MAX
-from streamengine.segment_store.core.scrub import ScanResult
-from streamengine.segment_store.core.store import (
-    BadRequest,
+from streamengine.segment_store.core.commands import (
     Command,
     ConfirmCopyCommand,
-    CopyMismatch,
-    CopyRefused,
-    DigestInfo,
     Outcome,
     SealCommand,
     SegmentKey,
     WriteCommand,
     WriteResult,
 )
+from streamengine.segment_store.core.errors import BadRequest, CopyMismatch, CopyRefused
+from streamengine.segment_store.core.reads import DigestInfo
+from streamengine.segment_store.core.scrub import ScanResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ Theory of operation (docs/design.md, "Readers"; the line protocol of
   disconnected ("slow"): it resumes from its last token on a new stream.
 
 `TailStream.step(position, buffered, now_ms)` answers the one thing to do next; the
-shell (`streamengine.segment_store.service`, the simulator's store node) carries it out: it
+shell (`streamengine.segment_store.tail`, the simulator's store node) carries it out: it
 reads the entries a `ReadBatch` asks for and reports them with `on_read`, queues what
 it sends, reports what the subscriber sends with `on_heard`, and waits for a change of
 the segment, room in the buffer, or `WaitUntil.until_ms`. No I/O, no clock.

@@ -1,0 +1,112 @@
+"""How the SegmentStore service refuses a call: the one table from the store's domain
+errors to gRPC statuses (`STATUS`), the statuses a dropped subscriber ends with, and
+`abort`, which ends a call with the status of its error, the structured facts beside it
+(trailing metadata: the fence, the bound exceeded, when a deleted stream goes) and one
+log line. A refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn
+
+import grpc
+
+from streamengine.protocol.entry import CorruptEntry
+from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.status import (
+    DELETED_UNTIL_METADATA_KEY,
+    FENCE_METADATA_KEY,
+    TOO_LARGE_METADATA_KEY,
+)
+from streamengine.segment_store import metrics
+from streamengine.segment_store.copy import CopySourceUnavailable
+from streamengine.segment_store.core.authority import (
+    CallerRefused,
+    CallerUnproven,
+    GrantRefused,
+    NoSigningKeyYet,
+    StreamDeleted,
+)
+from streamengine.segment_store.core.errors import (
+    BadRequest,
+    BelowFence,
+    CopyMismatch,
+    CopyRefused,
+    NotJoined,
+    ReplicaLost,
+    SegmentNotFound,
+    StoredCopyCorrupt,
+    StoreUnavailable,
+    TooLarge,
+)
+from streamengine.v1 import entry_pb2
+
+log = logging.getLogger("streamengine.store")
+
+
+class Refused(Exception):
+    """A request refused with a status (the service's own, beyond the core's errors)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self.code = code
+        self.details = details
+        super().__init__(details)
+
+
+STATUS: dict[type[Exception], grpc.StatusCode] = {
+    BelowFence: grpc.StatusCode.FAILED_PRECONDITION,
+    CopyRefused: grpc.StatusCode.FAILED_PRECONDITION,
+    CopyMismatch: grpc.StatusCode.DATA_LOSS,
+    CopySourceUnavailable: grpc.StatusCode.UNAVAILABLE,
+    BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    SegmentNotFound: grpc.StatusCode.NOT_FOUND,
+    StoreUnavailable: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    CorruptEntry: grpc.StatusCode.DATA_LOSS,
+    StoredCopyCorrupt: grpc.StatusCode.DATA_LOSS,
+    GrantRefused: grpc.StatusCode.PERMISSION_DENIED,
+    CallerRefused: grpc.StatusCode.PERMISSION_DENIED,
+    CallerUnproven: grpc.StatusCode.UNAUTHENTICATED,
+    NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
+    StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
+    # No answer about the segment, as from a store that is down: a recovery decides
+    # from the others, a writer goes on with them.
+    NotJoined: grpc.StatusCode.UNAVAILABLE,
+    ReplicaLost: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any],
+    error: Exception,
+    segment: entry_pb2.SegmentId | None = None,
+) -> NoReturn:
+    if isinstance(error, Refused):
+        await context.abort(error.code, error.details)
+    code = next((c for t, c in STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
+    trailing: tuple[tuple[str, str], ...] = ()
+    fields = segment_fields(segment.stream, segment.epoch) if segment is not None else {}
+    if isinstance(error, StreamDeleted):
+        trailing = ((DELETED_UNTIL_METADATA_KEY, str(error.deleted_until_ms)),)
+        log.info("refused: %s", error, extra=fields)
+    elif isinstance(error, BelowFence):
+        trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
+        log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
+    elif isinstance(error, BadRequest):
+        if isinstance(error, TooLarge):
+            trailing = ((TOO_LARGE_METADATA_KEY, str(error.bytes_max)),)
+        metrics.BAD_REQUESTS.inc()
+        log.info("bad request: %s", error, extra=fields)
+    elif isinstance(error, GrantRefused | CallerRefused):
+        metrics.DENIED.inc()
+        log.info("denied: %s", error, extra=fields)
+    elif code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL):
+        log.error("%s: %s", code.name, error, extra=fields)
+    await context.abort(code, str(error), trailing_metadata=trailing)
+
+
+# Why the live tail dropped a subscriber (`core.tail.Drop.reason`) -> its status.
+TAIL_DROP_STATUS = {
+    "silent": grpc.StatusCode.UNAVAILABLE,
+    "slow": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}

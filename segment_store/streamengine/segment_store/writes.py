@@ -1,0 +1,266 @@
+"""The writer's calls: Write (a stream of batches, answered in order) and Seal. The shell
+of `core.writes`: it admits each request (its grant, the quota, the committer's room)
+and hands the command to the group committer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from streamengine.protocol.clock import monotonic_ms
+from streamengine.protocol.entry import CorruptEntry, PackedEntries
+from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.logs import segment_fields
+from streamengine.segment_store import metrics
+from streamengine.segment_store.core.authority import WriteStreamGrants
+from streamengine.segment_store.core.commands import (
+    Outcome,
+    SealCommand,
+    SealResult,
+    SegmentKey,
+    WriteCommand,
+    WriteResult,
+    check_epoch,
+)
+from streamengine.segment_store.core.errors import BadRequest, StoreError
+from streamengine.segment_store.refusals import abort
+from streamengine.segment_store.store_context import StoreContext, segment_key
+from streamengine.v1 import entry_pb2, segment_store_pb2
+
+# Replies a Write stream may have in flight: past it the store stops reading that
+# stream, and HTTP/2 flow control holds the leader back.
+WRITE_STREAM_INFLIGHT_MAX = 64
+
+log = logging.getLogger("streamengine.store")
+
+
+def batch_of(request: segment_store_pb2.WriteRequest) -> PackedEntries:
+    """The entries of a Write; values whose lengths do not add up are bad input. The
+    count is checked before any value is cut out: an oversized batch costs nothing."""
+    if len(request.value_lengths) > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(
+            f"batch of {len(request.value_lengths)} entries is over {WRITE_BATCH_ENTRIES_MAX}"
+        )
+    try:
+        return PackedEntries.from_wire(
+            request.first_index, request.packed_values, request.value_lengths
+        )
+    except CorruptEntry as error:
+        raise BadRequest(str(error)) from None
+
+
+class WriteCalls:
+    """Write and Seal."""
+
+    def __init__(self, store: StoreContext) -> None:
+        self.store = store
+
+    def methods(self) -> dict[str, Callable[..., Any]]:
+        return {"Write": self.write, "Seal": self.seal}
+
+    # Replies go out through `context.write` (grpc.aio allows it for streaming handlers).
+    async def write(
+        self,
+        request_iterator: AsyncIterator[segment_store_pb2.WriteRequest],
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
+        ],
+    ) -> None:
+        try:
+            grants = WriteStreamGrants(self.store.authority, self.store.caller(context))
+        except StoreError as error:
+            await abort(context, error)
+        inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
+        # Tickets, not requests, wait for their replies: a refused batch's entries are
+        # freed at once, so memory is the committer's queue plus one message per stream.
+        answers: asyncio.Queue[tuple[_Ticket, _Admitted] | None] = asyncio.Queue()
+
+        idle_s = self.store.config.write_stream_idle_ms / 1000
+        unanswered = 0  # requests read whose reply is not written yet
+        last_activity = time.monotonic()
+
+        async def read_requests() -> None:
+            nonlocal unanswered, last_activity
+            try:
+                # No timer per request: `close_when_idle` watches the clock apart.
+                async for request in request_iterator:
+                    last_activity = time.monotonic()
+                    await inflight.acquire()
+                    unanswered += 1
+                    answers.put_nowait((_Ticket.of(request), self._admit(request, grants)))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read_requests())
+
+        async def close_when_idle() -> None:
+            """Ends the stream once nothing is unanswered and nothing arrived (nor was
+            answered) for `idle_s`."""
+            while True:
+                quiet_s = time.monotonic() - last_activity
+                if not unanswered and quiet_s >= idle_s:
+                    metrics.WRITE_STREAMS_IDLE_CLOSED.inc()
+                    reader.cancel()
+                    return
+                await asyncio.sleep(idle_s - quiet_s if quiet_s < idle_s else idle_s)
+
+        watchdog = asyncio.create_task(close_when_idle())
+        try:
+            while (item := await answers.get()) is not None:
+                ticket, admitted = item
+                if isinstance(admitted, Exception):
+                    await abort(context, admitted, ticket.segment)
+                if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
+                    status, held = admitted
+                    reply = ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
+                else:
+                    outcome = await admitted
+                    if isinstance(outcome, Exception):
+                        await abort(context, outcome, ticket.segment)
+                    assert isinstance(outcome, WriteResult)
+                    reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
+                await context.write(reply)
+                unanswered -= 1
+                last_activity = time.monotonic()
+                inflight.release()
+            # The reader ended: the client closed its side, or the watchdog the stream.
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.result()
+        finally:
+            watchdog.cancel()
+            reader.cancel()
+            for task in (watchdog, reader):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def _admit(
+        self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants
+    ) -> _Admitted:
+        """The write under way; or, for a batch refused for now (the store too busy, the
+        tenant over its quota: nothing written), its status and what the segment holds
+        (the batch itself is dropped at once: memory is the committer's queue, not every
+        refused batch waiting for its reply); or why it was refused (an Exception, which
+        ends the stream)."""
+        try:
+            segment = segment_key(request.segment)
+            # Malformed before unauthorized: a bad request says what is wrong with it.
+            check_epoch(request.writer_epoch, "writer epoch")
+            batch = batch_of(request)
+            grant = grants.admit(request.grant, segment, request.writer_epoch)
+            self.store.authority.check_not_deleted(segment.stream_id)
+            self.store.core.check_takes_part(segment)
+            command = WriteCommand(
+                segment, request.writer_epoch, request.acked_index, batch, grant.tenant
+            )
+        except StoreError as error:
+            return error
+        if not len(batch):
+            return self.store.committer.submit(command)
+        payload_bytes = batch.payload_bytes()
+        if not self.store.quota.admit(grant.tenant, payload_bytes, monotonic_ms()):
+            metrics.REFUSED_QUOTA.inc()
+            return self._held_back(segment_store_pb2.REFUSED_QUOTA, command)
+        future = self.store.committer.try_submit(command)
+        if future is None:
+            metrics.REFUSED_BUSY.inc()
+            return self._held_back(segment_store_pb2.REFUSED_BUSY, command)
+        return future
+
+    def _held_back(self, status: int, command: WriteCommand) -> _Admitted:
+        """A batch refused for now: its status and what the segment holds, or, below the
+        fence, that error (as for any write)."""
+        held = self.store.core.refused_busy(command)
+        return held if isinstance(held, Exception) else (status, held)
+
+    async def seal(
+        self,
+        request: segment_store_pb2.SealRequest,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.SealRequest, segment_store_pb2.SealReply
+        ],
+    ) -> segment_store_pb2.SealReply:
+        try:
+            principal = self.store.caller(context)
+            segment = segment_key(request.segment)
+            check_epoch(request.new_epoch, "seal epoch")
+            grant = self.store.authority.grant_for(
+                principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch
+            )
+            self.store.core.check_takes_part(segment)
+            command = SealCommand(segment, request.new_epoch, grant.tenant)
+        except StoreError as error:
+            await abort(context, error, request.segment)
+        outcome = await self.store.committer.submit(command)
+        if isinstance(outcome, Exception):
+            await abort(context, outcome, request.segment)
+        assert isinstance(outcome, SealResult)
+        log.info(
+            "segment sealed",
+            extra=segment_fields(
+                request.segment.stream,
+                request.segment.epoch,
+                fence=outcome.fence,
+                index=outcome.acked_index,
+            ),
+        )
+        return segment_store_pb2.SealReply(
+            fence=outcome.fence,
+            acked_index=outcome.acked_index,
+            matched_index=outcome.matched_index,
+            last_index=outcome.last_index,
+        )
+
+
+# What `_admit` makes of a Write request: the write under way; a batch refused for now
+# with its status (REFUSED_BUSY, REFUSED_QUOTA) and what the segment holds; or why the
+# stream ends.
+_Admitted = asyncio.Future[Outcome] | tuple[int, WriteResult] | Exception
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """What a Write reply needs of its request."""
+
+    segment: entry_pb2.SegmentId
+    key: SegmentKey
+    request_id: int
+    first_index: int
+    last_index: int
+    report_held: bool
+
+    @classmethod
+    def of(cls, request: segment_store_pb2.WriteRequest) -> _Ticket:
+        segment = entry_pb2.SegmentId()
+        segment.CopyFrom(request.segment)
+        return cls(
+            segment,
+            SegmentKey(segment.stream_id, segment.epoch),
+            request.request_id,
+            request.first_index if request.value_lengths else 0,
+            request.first_index + len(request.value_lengths) - 1 if request.value_lengths else 0,
+            request.report_held,
+        )
+
+    def reply(
+        self, status: segment_store_pb2.WriteStatus.ValueType, result: WriteResult
+    ) -> segment_store_pb2.WriteReply:
+        return segment_store_pb2.WriteReply(
+            segment=self.segment,
+            request_id=self.request_id,
+            status=status,
+            matched_index=result.matched_index,
+            acked_index=result.acked_index,
+            fence=result.fence,
+            first_index=self.first_index,
+            last_index=self.last_index,
+            held_epochs=result.held_epochs if self.report_held else (),
+        )
