@@ -46,13 +46,10 @@ from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AppendQuota, StoreAuthority
+from streamengine.segment_store.core.commands import Joined, SegmentKey
+from streamengine.segment_store.core.errors import StoreUnavailable
 from streamengine.segment_store.core.scrub import ScanResult
-from streamengine.segment_store.core.store import (
-    Joined,
-    SegmentKey,
-    SegmentStoreCore,
-    StoreUnavailable,
-)
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -161,8 +158,8 @@ class MasterLink:
                         address=self.identity.address,
                         zone=self.identity.zone,
                         free_bytes=_free_bytes(self.identity.data_dir),
-                        incarnation=self.core.incarnation(),
-                        cluster_id=self.core.cluster_id(),
+                        incarnation=self.core.catalog.incarnation(),
+                        cluster_id=self.core.catalog.cluster_id(),
                     ),
                     timeout=MASTER_CALL_TIMEOUT_S,
                 )
@@ -231,7 +228,7 @@ class MasterLink:
         self, stub: master_pb2_grpc.MasterAsyncStub, scrubbed: dict[SegmentKey, ScanResult]
     ) -> None:
         # A damaged segment is reported with acked index 0: the master repairs it.
-        metas = self.core.reported_metas()
+        metas = self.core.catalog.reported_metas()
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,
@@ -245,7 +242,7 @@ class MasterLink:
                     acked_index=m.acked_index,
                     last_index=m.last_index,
                     bytes=m.payload_bytes,
-                    record_version=self.core.record_version(s),
+                    record_version=self.core.catalog.record_version(s),
                 )
                 for s, m in sorted(metas.items())
             ],

@@ -46,14 +46,10 @@ from streamengine.segment_store.core.errors import (
     NotJoined,
     ReplicaLost,
     StoreError,
-    StoreUnavailable,
 )
 from streamengine.segment_store.core.keys import SegmentMeta
 from streamengine.segment_store.core.kv import KV
 from streamengine.segment_store.core.reads import SegmentReader
-
-# The master link imports these from here, beside the core.
-__all__ = ["Joined", "SegmentKey", "SegmentStoreCore", "StoreUnavailable"]
 
 
 class SegmentStoreCore:
@@ -159,17 +155,3 @@ class SegmentStoreCore:
         if command.writer_epoch < meta.fence:
             return BelowFence(meta.fence)
         return WriteResult(meta.matched_index, meta.acked_index, meta.fence, ())
-
-    # ---- what the master link reports (its calls name the core) ----
-
-    def incarnation(self) -> int:
-        return self.catalog.incarnation()
-
-    def cluster_id(self) -> str:
-        return self.catalog.cluster_id()
-
-    def reported_metas(self) -> dict[SegmentKey, SegmentMeta]:
-        return self.catalog.reported_metas()
-
-    def record_version(self, segment: SegmentKey) -> int:
-        return self.catalog.record_version(segment)
