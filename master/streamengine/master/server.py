@@ -442,7 +442,7 @@ async def _etcd_master(
 
 
 def _pending_delete_gauges(metrics: Metrics, state: MasterState) -> None:
-    pending = state.pending_removals()
+    pending = state.retention.pending_removals()
     metrics.pending_deletes.labels("stream").set(sum(1 for p in pending if not p.segment_epoch))
     metrics.pending_deletes.labels("segment").set(sum(1 for p in pending if p.segment_epoch))
     metrics.pending_delete_bytes.set(sum(p.bytes for p in pending))
@@ -475,7 +475,7 @@ async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | Non
             metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
             metrics.streams.set(len(state.streams))
             metrics.segments.set(len(state.segments))
-            exposures = state.exposures(now)
+            exposures = state.replicas.exposures(now)
             metrics.under_replicated.set(len(exposures))
             debt_ms = state.durability.observe(now, exposures)
             metrics.durability_debt_seconds.inc(debt_ms / 1000)

@@ -35,12 +35,15 @@ from streamengine.master.core.model import (
     SegmentState,
     StreamRecord,
 )
+from streamengine.master.leadership import WriterView
 from streamengine.master.metadata import MetadataError, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.records import RecordEncodings
 from streamengine.master.repair import Repairer, TaskStatus
+from streamengine.master.retention import Trimmed
 from streamengine.master.role import MasterRole
-from streamengine.master.state import MasterState, Registered, Trimmed, WriterView
+from streamengine.master.state import MasterState
+from streamengine.master.stores import Registered
 from streamengine.protocol import codec, identity
 from streamengine.protocol.auth import (
     Denial,
@@ -138,7 +141,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         certificate proof that does not hold or a token that is not valid (forged,
         expired, revoked)."""
         state = self.state  # this activation's key and tokens
-        callers = Callers(state.verifier, lambda: state.current_revocations(self.clock_ms()))
+        callers = Callers(state.verifier, lambda: state.issuer.current_revocations(self.clock_ms()))
         try:
             principal = callers.principal(context)
         except identity.ProofRefused as refusal:
@@ -334,7 +337,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RegisterStoreReply:
         def register(now: int) -> Registered:
             self._require_store(context, "RegisterStore", request.store_id)
-            return self.state.register_store(
+            return self.state.registry.register_store(
                 request.store_id,
                 request.address,
                 request.zone,
@@ -378,7 +381,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
 
         def beat(now: int) -> list[SegmentKey] | None:
             self._require_store(context, "StoreHeartbeat", request.store_id)
-            return self.state.store_heartbeat(
+            return self.state.registry.store_heartbeat(
                 request.store_id, request.used_bytes, request.free_bytes, held, now
             )
 
@@ -387,7 +390,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return master_pb2.StoreHeartbeatReply(register_again=True)
         for scrubbed in request.scrubbed:
             self._replica_reported(request.store_id, scrubbed)
-        revocations = self.state.current_revocations(self.clock_ms())
+        revocations = self.state.issuer.current_revocations(self.clock_ms())
         reply = master_pb2.StoreHeartbeatReply(
             delete_segments=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
@@ -398,7 +401,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             tenant_append_bytes_per_s=self.tenant_append_bytes_per_s,
             scrub_first=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
-                for s, e in self.state.take_scrub_first(request.store_id)
+                for s, e in self.state.integrity.take_scrub_first(request.store_id)
             ],
             deleted_streams=[
                 master_pb2.DeletedStream(stream_id=r.stream_id, deleted_until_ms=r.deleted_until_ms)
@@ -435,7 +438,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 log.warning("malformed scrub report: %s", error, extra=fields)
                 return
         had = self.state.segments.get(key)
-        judgement = self.state.replica_reported(store_id, key, report, self.clock_ms())
+        judgement = self.state.integrity.replica_reported(store_id, key, report, self.clock_ms())
         checks = self.state.checks.get(key)
         if judgement.certificate is not None:
             self.metrics.certificates.labels(integrity.REPLICAS).inc()
@@ -480,7 +483,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.CreateTenantReply:
         def create(now: int) -> bool:
             self._require(context, "CreateTenant", request.tenant)
-            return self.state.create_tenant(request.tenant, now)
+            return self.state.tenancy.create_tenant(request.tenant, now)
 
         created = await self._call(context, "CreateTenant", create)
         return master_pb2.CreateTenantReply(tenant=request.tenant, created=created)
@@ -500,7 +503,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.StreamInfo:
         def create(now: int) -> master_pb2.StreamInfo:
             self._require(context, "CreateStream", authority.stream_tenant(request.name))
-            record = self.state.create_stream(
+            record = self.state.tenancy.create_stream(
                 request.name,
                 request.policy.replicas,
                 request.policy.write_quorum,
@@ -528,7 +531,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ListStreamsReply:
         def list_streams(now: int) -> master_pb2.ListStreamsReply:
             principal = self._require(context, "ListStreams")
-            records = self.state.list_streams(request.tenant)
+            records = self.state.tenancy.list_streams(request.tenant)
             return master_pb2.ListStreamsReply(
                 streams=[
                     self._stream_info(r, now)
@@ -553,7 +556,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.DeleteStreamReply:
         def delete(now: int) -> tuple[int, int]:
             self._require(context, "DeleteStream", authority.stream_tenant(request.name))
-            return self.state.delete_stream(request.name, now)
+            return self.state.tenancy.delete_stream(request.name, now)
 
         count, until = await self._call(context, "DeleteStream", delete)
         log.info(
@@ -571,7 +574,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.StreamInfo:
         def undelete(now: int) -> master_pb2.StreamInfo:
             self._require(context, "UndeleteStream", authority.stream_tenant(request.name))
-            return self._stream_info(self.state.undelete_stream(request.name), now)
+            return self._stream_info(self.state.tenancy.undelete_stream(request.name), now)
 
         info = await self._call(context, "UndeleteStream", undelete)
         log.info("stream undeleted", extra={"stream": request.name})
@@ -582,7 +585,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.StreamInfo:
         def update(now: int) -> master_pb2.StreamInfo:
             self._require(context, "UpdateStream", authority.stream_tenant(request.name))
-            record = self.state.update_stream(
+            record = self.state.tenancy.update_stream(
                 request.name,
                 request.retention_age_ms if request.HasField("retention_age_ms") else None,
                 request.retention_bytes if request.HasField("retention_bytes") else None,
@@ -604,7 +607,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.TrimStreamReply:
         def trim(now: int) -> Trimmed:
             self._require(context, "TrimStream", authority.stream_tenant(request.name))
-            return self.state.trim_stream(request.name, request.before_sequence, now)
+            return self.state.retention.trim_stream(request.name, request.before_sequence, now)
 
         trimmed = await self._call(context, "TrimStream", trim)
         self._trimmed(trimmed, "hand")
@@ -634,9 +637,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
         now = self.clock_ms()
         try:
             self.role.serving(now)
-            for trimmed in self.state.apply_retention(now):
+            for trimmed in self.state.retention.apply_retention(now):
                 self._trimmed(trimmed, "retention")
-            streams, segments = self.state.remove_due(now)
+            streams, segments = self.state.retention.remove_due(now)
         except errors.MasterError as error:  # MetadataError, NotActive among them
             log.warning("retention pass failed: %s", error)
             return
@@ -655,7 +658,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         def beat(now: int) -> WriterView:
             self._require(context, "WriterHeartbeat", authority.stream_tenant(request.stream))
             before = self.state.leases.get(request.stream)
-            view = self.state.writer_heartbeat(
+            view = self.state.leadership.writer_heartbeat(
                 request.stream,
                 request.client_id,
                 request.epoch,
@@ -684,7 +687,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             record = self.state.stream(request.stream)
             self._require_holder(principal, request.grant, record, request.epoch, request.client_id)
-            return self.state.release_lease(request.stream, request.client_id, request.epoch, now)
+            return self.state.leadership.release_lease(
+                request.stream, request.client_id, request.epoch, now
+            )
 
         released = await self._call(context, "ReleaseLease", release)
         return master_pb2.ReleaseLeaseReply(released=released)
@@ -707,7 +712,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
             state = self.role.state
             if state is not None:
                 now = self.clock_ms()
-                if state.holder_gone(request.stream, request.client_id, request.epoch, now):
+                if state.leadership.holder_gone(
+                    request.stream, request.client_id, request.epoch, now
+                ):
                     log.info(
                         "the holder's call ended: its lease ends now",
                         extra=segment_fields(
@@ -724,7 +731,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             record = self.state.stream(request.stream)
             self._require_holder(principal, request.grant, record, request.epoch, request.client_id)
-            return self.state.roll_segment(
+            return self.state.leadership.roll_segment(
                 request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
             )
 
@@ -745,7 +752,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RequestRollReply:
         def ask(now: int) -> tuple[str, int]:
             self._require(context, "RequestRoll", authority.stream_tenant(request.stream))
-            return self.state.request_roll(request.stream, now)
+            return self.state.leadership.request_roll(request.stream, now)
 
         leader, open_epoch = await self._call(context, "RequestRoll", ask)
         log.info(
@@ -799,7 +806,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 except MalformedCertificate as error:
                     raise errors.InvalidArgument(f"certificate: {error}") from None
             was = self.state.segments.get((record.stream_id, request.segment_epoch))
-            sealed = self.state.seal_segment(
+            sealed = self.state.integrity.seal_segment(
                 request.stream,
                 request.segment_epoch,
                 request.writer_epoch,
@@ -834,7 +841,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.ReportReplicaReply:
         def report(now: int) -> str:
             self._require(context, "ReportReplica", authority.stream_tenant(request.stream))
-            return self.state.report_replica(
+            return self.state.integrity.report_replica(
                 request.stream, request.segment_epoch, request.store_address
             )
 
@@ -872,10 +879,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     segment_dict(self._segment(segment))
                     for segment in state.stream_segments(record.stream_id)
                 ]
-                for record in state.list_streams("")
+                for record in state.tenancy.list_streams("")
             },
             verifier=state.verifier,
-            revocations=state.current_revocations(now),
+            revocations=state.issuer.current_revocations(now),
         )
 
     def cluster_status(self, now: int, principal: Principal) -> master_pb2.ClusterStatus:
@@ -901,15 +908,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             for sid, view in views.items()
         ]
-        matched, unmatched, bad = st.replica_verification()
+        matched, unmatched, bad = st.integrity.replica_verification()
         return master_pb2.ClusterStatus(
             cluster_id=st.cluster_id,
             replica_verification=master_pb2.ReplicaVerification(
                 matched=matched, unmatched=unmatched, bad=bad
             ),
             stores=stores,
-            streams=[self._stream_info(r, now) for r in st.list_streams("")],
-            under_replicated=[self._segment(s) for s in st.under_replicated(now)],
+            streams=[self._stream_info(r, now) for r in st.tenancy.list_streams("")],
+            under_replicated=[self._segment(s) for s in st.replicas.under_replicated(now)],
             tasks=[self._task(t) for t in self.repairer.statuses()],
             granting_leases=st.granting_leases(now),
             durability_debt=[
@@ -935,7 +942,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     removed_at_ms=p.removal_at_ms,
                     bytes=p.bytes,
                 )
-                for p in st.pending_removals()
+                for p in st.retention.pending_removals()
             ],
         )
 
@@ -945,15 +952,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
         def drain(now: int) -> master_pb2.RepairPlan:
             self._require(context, "DrainStore")
             if request.cancel:
-                self.state.set_draining(request.store_id, now, draining=False)
+                self.state.registry.set_draining(request.store_id, now, draining=False)
                 return master_pb2.RepairPlan()
             if request.dry_run:
-                refusal = self.state.drain_refusal(request.store_id, now)
+                refusal = self.state.registry.drain_refusal(request.store_id, now)
                 if refusal:
                     raise errors.NotEnoughStores(f"drain of {request.store_id} refused: {refusal}")
             else:
-                self.state.set_draining(request.store_id, now)
-            tasks, before, after = self.state.drain_preview(request.store_id, now)
+                self.state.registry.set_draining(request.store_id, now)
+            tasks, before, after = self.state.replicas.drain_preview(request.store_id, now)
             return self._plan(tasks, before, after)
 
         plan = await self._call(context, "DrainStore", drain)
@@ -965,7 +972,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RepairPlan:
         def plan(now: int) -> tuple[list[repair.Task], dict[str, int], dict[str, int]]:
             self._require(context, "Rebalance")
-            return self.state.rebalance_plan(now, self.repairer.running)
+            return self.state.replicas.rebalance_plan(now, self.repairer.running)
 
         tasks, before, after = await self._call(context, "Rebalance", plan)
         if not request.dry_run:
@@ -982,7 +989,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
             while token_id in self.state.tokens:
                 token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
-            claims = self.state.create_token(
+            claims = self.state.issuer.create_token(
                 token_id, request.tenant, int(request.role), request.ttl_ms, now
             )
             return master_pb2.CreateTokenReply(
@@ -1003,7 +1010,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     ) -> master_pb2.RevokeTokenReply:
         def revoke(now: int) -> bool:
             self._require(context, "RevokeToken")
-            return self.state.revoke_token(request.token_id, now)
+            return self.state.issuer.revoke_token(request.token_id, now)
 
         revoked = await self._call(context, "RevokeToken", revoke)
         log.info("token revoked", extra={"reason": f"id {request.token_id}: {revoked}"})
