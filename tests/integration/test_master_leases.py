@@ -48,8 +48,11 @@ class Writer:
         return events[-1] if events and events[-1]["role"] == "LEADER" else None
 
     def first_leader_event(self, after: float = 0.0) -> dict[str, Any] | None:
+        """The first reply making this writer leader that came at or after `after`. By
+        the reply's time: a heartbeat sent before a leader left may still be the one
+        its release lets through."""
         for event in self.events():
-            if event.get("role") == "LEADER" and float(event["t"]) >= after:
+            if event.get("role") == "LEADER" and float(event["rt"]) >= after:
                 return event
         return None
 

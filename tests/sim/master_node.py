@@ -19,8 +19,9 @@ from streamengine.master.catalog import Catalog
 from streamengine.master.core import authority, integrity, repair
 from streamengine.master.core.errors import MasterError, SealConflict
 from streamengine.master.core.model import SegmentRecord
+from streamengine.master.leadership import WriterView
 from streamengine.master.metadata import MemoryMetadata
-from streamengine.master.state import MasterState, WriterView
+from streamengine.master.state import MasterState
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.core.catalog import SegmentStateInfo
@@ -58,7 +59,7 @@ class MasterNode(Node):
         self.catalog = Catalog(self.metadata)
         self.state = self._load()
         cfg = world.config
-        self.stream = self.state.create_stream(
+        self.stream = self.state.tenancy.create_stream(
             cfg.stream,
             cfg.policy.replicas,
             cfg.policy.write_quorum,
@@ -68,7 +69,7 @@ class MasterNode(Node):
             0,
         )
         for store in world.store_names:
-            self.state.register_store(store, f"{store}:1", "", 1 << 40, 0)
+            self.state.registry.register_store(store, f"{store}:1", "", 1 << 40, 0)
         self.repairs = repair.RepairQueue(repair.REPAIR_CONCURRENCY_DEFAULT)
         self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
 
@@ -96,19 +97,20 @@ class MasterNode(Node):
         if isinstance(body, m.StoreHeartbeat):
             now = self.world.now
             held = dict(body.held)
-            deletes = self.state.store_heartbeat(body.store, 0, 1 << 40, held, now)
+            deletes = self.state.registry.store_heartbeat(body.store, 0, 1 << 40, held, now)
             if deletes is None:
-                self.state.register_store(body.store, f"{body.store}:1", "", 1 << 40, now)
+                self.state.registry.register_store(body.store, f"{body.store}:1", "", 1 << 40, now)
                 return
             for scrubbed in body.scrubbed:
                 self._replica_reported(body.store, scrubbed)
-            first = tuple(self.state.take_scrub_first(body.store))
+            first = tuple(self.state.integrity.take_scrub_first(body.store))
             if deletes or first:
                 reply = m.StoreHeartbeatReply(tuple(deletes), first)
                 self.world.net.send(self.name, body.store, reply)
             return
         if isinstance(body, m.HoldEnded):
-            if self.state.holder_gone(body.stream, body.client_id, body.epoch, self.world.now):
+            leadership = self.state.leadership
+            if leadership.holder_gone(body.stream, body.client_id, body.epoch, self.world.now):
                 self.world.note(f"{body.client_id}'s call holding epoch {body.epoch} ended")
                 self.world.stats["leases ended by their holder's call"] += 1
             return
@@ -124,7 +126,7 @@ class MasterNode(Node):
         state = self.state
         if isinstance(request, m.WriterHeartbeat):
             before = state.leases[request.stream].epoch
-            view = state.writer_heartbeat(
+            view = state.leadership.writer_heartbeat(
                 request.stream,
                 request.client_id,
                 request.epoch,
@@ -137,13 +139,15 @@ class MasterNode(Node):
             # Ready for the leader's roll: a shell action for it maps here.
             self._holder(request.stream, request.grant, request.epoch, request.client_id)
             before = state.leases[request.stream].epoch
-            view = state.roll_segment(
+            view = state.leadership.roll_segment(
                 request.stream, request.client_id, request.epoch, request.exclude, now
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.ReleaseLease):
             self._holder(request.stream, request.grant, request.epoch, request.client_id)
-            return state.release_lease(request.stream, request.client_id, request.epoch, now)
+            return state.leadership.release_lease(
+                request.stream, request.client_id, request.epoch, now
+            )
         if isinstance(request, m.SealSegment):
             self._holder(
                 request.stream,
@@ -206,7 +210,7 @@ class MasterNode(Node):
     def _seal(self, request: m.SealSegment) -> object:
         key = SegmentKey(self.stream.stream_id, request.segment_epoch)
         try:
-            sealed = self.state.seal_segment(
+            sealed = self.state.integrity.seal_segment(
                 request.stream,
                 request.segment_epoch,
                 request.writer_epoch,
@@ -233,7 +237,9 @@ class MasterNode(Node):
             else integrity.Damaged(scrubbed.detail)
         )
         key = SegmentKey(*scrubbed.segment)
-        judgement = self.state.replica_reported(store, scrubbed.segment, report, self.world.now)
+        judgement = self.state.integrity.replica_reported(
+            store, scrubbed.segment, report, self.world.now
+        )
         cores = {n: s.core for n, s in self.world.stores.items()}
         checker = self.world.checker
         if judgement.certificate is not None:
@@ -252,7 +258,9 @@ class MasterNode(Node):
         state = self.state
         for task in self.repairs.next_tasks(
             now,
-            lambda busy, slots: state.plan_repairs(now, busy, slots, self.repairs.failed_sources),
+            lambda busy, slots: state.replicas.plan_repairs(
+                now, busy, slots, self.repairs.failed_sources
+            ),
         ):
             self.world.note(
                 f"repair {task.reason}: seg{task.segment[1]} {task.replaced} -> {task.target}"
@@ -304,7 +312,7 @@ class _RepairRun:
         elif isinstance(action, repair.AskSourceState):
             self._call(action.source, m.GetSegmentState(self.segment), self._on_state)
         elif isinstance(action, repair.CopyToTarget):
-            self.state.begin_copy(action.target, self.task.segment)
+            self.state.replicas.begin_copy(action.target, self.task.segment)
             self.copying = True
             tenant = authority.stream_tenant(self.state.stream_name(self.segment.stream_id))
             request = m.CopySegment(
@@ -325,7 +333,7 @@ class _RepairRun:
                 )
         elif isinstance(action, repair.SwapReplica):
             try:
-                self.state.swap_replica(
+                self.state.replicas.swap_replica(
                     self.task.segment, action.replaced, action.target, action.held, self.now
                 )
             except MasterError as error:
@@ -370,11 +378,11 @@ class _RepairRun:
             return  # a late answer after the task failed
         self.over = True
         if self.copying:
-            self.state.end_copy(self.task.target, self.task.segment)
+            self.state.replicas.end_copy(self.task.target, self.task.segment)
         failed = bool(self.op.error)
         self.master.repairs.finished(self.task, failed, self.now)
         if failed:
-            self.state.ask_scrub_first(self.task.source, self.task.segment)
+            self.state.integrity.ask_scrub_first(self.task.source, self.task.segment)
         outcome = f"failed: {self.op.error}" if failed else "done"
         self.master.world.stats[f"repairs {'failed' if failed else 'done'}"] += 1
         self.master.world.note(f"repair of seg{self.segment.epoch} -> {self.task.target} {outcome}")

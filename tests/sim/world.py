@@ -488,7 +488,7 @@ class World:
                 return
             store = self.rng.choice(usable)
             try:
-                state.set_draining(store, self.now)
+                state.registry.set_draining(store, self.now)
             except NotEnoughStores as refusal:
                 self.stats["drains_refused"] += 1
                 self.note(f"operator's drain refused: {refusal}")
@@ -496,7 +496,7 @@ class World:
             self.stats["drains"] += 1
             self.note(f"operator drains {store}")
             return
-        tasks, _, _ = state.rebalance_plan(self.now, master.repairs.running)
+        tasks, _, _ = state.replicas.rebalance_plan(self.now, master.repairs.running)
         master.plan_moves(tasks)
         self.stats["rebalances"] += 1
         self.note(f"operator rebalances: {len(tasks)} moves")
@@ -599,13 +599,20 @@ class World:
         calls: list[tuple[str, Callable[[], object]]] = [
             (
                 "a heartbeat with an epoch never granted",
-                lambda: state.writer_heartbeat(stream, "intruder", record.epoch + 1, 0, 0, now),
+                lambda: state.leadership.writer_heartbeat(
+                    stream, "intruder", record.epoch + 1, 0, 0, now
+                ),
             ),
             (
                 "a seal at final index 0",
-                lambda: state.seal_segment(stream, max(record.epoch, 1), record.epoch + 1, 0, now),
+                lambda: state.integrity.seal_segment(
+                    stream, max(record.epoch, 1), record.epoch + 1, 0, now
+                ),
             ),
-            ("an unknown stream", lambda: state.writer_heartbeat("sim/nope", "x", 0, 0, 0, now)),
+            (
+                "an unknown stream",
+                lambda: state.leadership.writer_heartbeat("sim/nope", "x", 0, 0, 0, now),
+            ),
             ("a malformed stream name", lambda: state.list_segments("no-tenant", 0)),
         ]
         holder = state.leases[stream].holder or "w1.1"

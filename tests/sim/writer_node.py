@@ -40,7 +40,7 @@ from streamengine.client.core.writer import (
 )
 from streamengine.client.core.writer import ReleaseLease as ReleaseLeaseAction
 from streamengine.master.core.errors import MasterError
-from streamengine.master.service import status_of
+from streamengine.master.service_calls import status_of
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim import messages as m

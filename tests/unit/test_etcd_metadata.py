@@ -72,17 +72,17 @@ def records(place: EtcdPlace) -> list[tuple[bytes, bytes]]:
 def test_a_deposed_master_writes_nothing_and_its_memory_does_not_move(place: EtcdPlace) -> None:
     state = MasterState(place.open(), NOW, LEASE, TIMEOUT)
     for store in ("a", "b", "c"):
-        state.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
-    state.create_stream("t/s", 3, 2, 0, 0, True, NOW)
+        state.registry.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
+    state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, NOW)
     before = records(place)
     place.step_down()  # its election key is gone, as after a lease expiry
 
     with pytest.raises(NotActive):
-        state.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW + LEASE)
+        state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW + LEASE)
     assert state.streams["t/s"].epoch == 0, "no epoch in memory either"
     assert state.leases["t/s"].epoch == 0
     with pytest.raises(NotActive):
-        state.create_stream("t/other", 3, 2, 0, 0, True, NOW)
+        state.tenancy.create_stream("t/other", 3, 2, 0, 0, True, NOW)
     assert records(place) == before
 
 
@@ -108,9 +108,9 @@ def test_a_standby_loads_what_the_active_master_wrote_and_only_it_writes(
 ) -> None:
     first = MasterState(place.open(), NOW, LEASE, TIMEOUT)
     for store in ("a", "b", "c"):
-        first.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
-    first.create_stream("t/s", 3, 2, 0, 0, True, NOW)
-    granted = first.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW)
+        first.registry.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
+    first.tenancy.create_stream("t/s", 3, 2, 0, 0, True, NOW)
+    granted = first.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW)
     assert granted.lease.epoch == 1
 
     # A second master on the same prefix, once the first stepped down.
@@ -120,11 +120,11 @@ def test_a_standby_loads_what_the_active_master_wrote_and_only_it_writes(
         second = MasterState(second_place.open(), NOW + 10, LEASE, TIMEOUT)
         assert second.streams["t/s"].epoch == 1 and second.streams["t/s"].leader_id == "w1"
         assert not second.granting_leases(NOW + 10), "the restart rule holds after a failover"
-        taken = second.writer_heartbeat("t/s", "w2", 0, 0, 0, NOW + 10 + LEASE)
+        taken = second.leadership.writer_heartbeat("t/s", "w2", 0, 0, 0, NOW + 10 + LEASE)
         assert taken.lease.epoch == 2
         with pytest.raises(NotActive):
             # A grant of the deposed master's own (its memory says the lease ran out).
-            first.writer_heartbeat("t/s", "w3", 0, 0, 0, NOW + 2 * LEASE)
+            first.leadership.writer_heartbeat("t/s", "w3", 0, 0, 0, NOW + 2 * LEASE)
         assert second.streams["t/s"].epoch == 2
     finally:
         second_place.close()

@@ -106,7 +106,7 @@ def master(metadata_place: MetadataPlace) -> Iterator[Master]:
     """Four stores and the stream t/s, past the start-up window, over each back end."""
     started = Master(metadata_place)
     started.stores("a", "b", "c", "d")
-    started.state.create_stream("t/s", 3, 2, 0, 0, True, started.now)
+    started.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, started.now)
     started.now += LEASE
     yield started
 
@@ -143,25 +143,27 @@ def test_a_leader_view_grants_its_epoch_with_what_it_must_seal(master: Master) -
 def test_tokens_are_signed_kept_revoked_and_forgotten_once_expired(master: Master) -> None:
     state = master.state
     now = master.now
-    claims = state.create_token("0123456789abcdef", "fresh", int(Role.READ), 10_000, now)
+    claims = state.issuer.create_token("0123456789abcdef", "fresh", int(Role.READ), 10_000, now)
     assert "fresh" in state.tenants  # a token for a new tenant creates it
     assert (claims.role, claims.expires_at_ms) == (Role.READ, now + 10_000)
-    assert state.revoke_token("0123456789abcdef", now + 1)
-    assert not state.revoke_token("0123456789abcdef", now + 2)  # once
-    assert not state.revoke_token("ffffffffffffffff", now + 2)  # never issued
-    version = state.current_revocations(now + 2).version
-    assert version == 1 and "0123456789abcdef" in state.current_revocations(now + 2)
+    assert state.issuer.revoke_token("0123456789abcdef", now + 1)
+    assert not state.issuer.revoke_token("0123456789abcdef", now + 2)  # once
+    assert not state.issuer.revoke_token("ffffffffffffffff", now + 2)  # never issued
+    version = state.issuer.current_revocations(now + 2).version
+    assert version == 1 and "0123456789abcdef" in state.issuer.current_revocations(now + 2)
     restarted = master.restart()
-    assert "0123456789abcdef" in restarted.current_revocations(now + 2)
-    assert restarted.current_revocations(now + 2).version == version
+    assert "0123456789abcdef" in restarted.issuer.current_revocations(now + 2)
+    assert restarted.issuer.current_revocations(now + 2).version == version
     # Expired: refused as expired anyway; the revocation and the record go.
-    assert "0123456789abcdef" not in restarted.current_revocations(now + 10_000)
-    restarted.create_token("fedcba9876543210", "fresh", int(Role.WRITE), 0, now + 10_001)
+    assert "0123456789abcdef" not in restarted.issuer.current_revocations(now + 10_000)
+    restarted.issuer.create_token("fedcba9876543210", "fresh", int(Role.WRITE), 0, now + 10_001)
     assert "0123456789abcdef" not in master.restart().tokens
 
 
 def test_a_token_the_master_mints_verifies_with_its_key(master: Master) -> None:
-    claims = master.state.create_token("0123456789abcdef", "t", int(Role.ADMIN), 0, master.now)
+    claims = master.state.issuer.create_token(
+        "0123456789abcdef", "t", int(Role.ADMIN), 0, master.now
+    )
     token = mint_token(master.state.signing_key, claims)
     assert open_token(Verifier([master.state.signing_key.public_key]), token) == claims
 
@@ -173,7 +175,7 @@ def test_tokens_with_an_unknown_role_or_lifetime_are_refused(
     master: Master, role: int, ttl_ms: int
 ) -> None:
     with pytest.raises(InvalidArgument):
-        master.state.create_token("0123456789abcdef", "t", role, ttl_ms, master.now)
+        master.state.issuer.create_token("0123456789abcdef", "t", role, ttl_ms, master.now)
     assert "0123456789abcdef" not in master.state.tokens
 
 
@@ -181,12 +183,12 @@ def test_a_tenant_at_its_stream_quota_creates_no_more(master: Master) -> None:
     state = master.state
     state.tenant_streams_max = 2
     for name in ("a/one", "a/two", "b/one"):
-        state.create_stream(name, 1, 1, 0, 0, True, master.now)
+        state.tenancy.create_stream(name, 1, 1, 0, 0, True, master.now)
     with pytest.raises(QuotaExceeded, match="tenant 'a' holds 2 streams"):
-        state.create_stream("a/three", 1, 1, 0, 0, True, master.now)
+        state.tenancy.create_stream("a/three", 1, 1, 0, 0, True, master.now)
     assert "a/three" not in state.streams
     # The same stream again is no new stream.
-    assert state.create_stream("a/one", 1, 1, 0, 0, True, master.now).name == "a/one"
+    assert state.tenancy.create_stream("a/one", 1, 1, 0, 0, True, master.now).name == "a/one"
 
 
 # ---- what a caller sees of the cluster's status (GetClusterStatus and the console) ----

@@ -186,12 +186,12 @@ def master(metadata_place: MetadataPlace):
     """Over each metadata back end (the embedded RocksDB, etcd)."""
     m = Master(metadata_place)
     for sid in "abcd":
-        m.state.register_store(sid, f"127.0.0.1:{1000 + ord(sid)}", "", 0, m.now)
-        m.state.store_heartbeat(sid, 0, 0, {}, m.now)
-    m.state.create_stream("t/s", 3, 2, 0, 0, True, m.now)
+        m.state.registry.register_store(sid, f"127.0.0.1:{1000 + ord(sid)}", "", 0, m.now)
+        m.state.registry.store_heartbeat(sid, 0, 0, {}, m.now)
+    m.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, m.now)
     m.now += LEASE
-    m.state.writer_heartbeat("t/s", "w", 0, 0, 0, m.now)  # epoch 1
-    m.state.roll_segment("t/s", "w", 1, (), m.now)  # epoch 2: segment 1 to seal
+    m.state.leadership.writer_heartbeat("t/s", "w", 0, 0, 0, m.now)  # epoch 1
+    m.state.leadership.roll_segment("t/s", "w", 1, (), m.now)  # epoch 2: segment 1 to seal
     yield m
 
 
@@ -200,32 +200,32 @@ def key(m: Master):
 
 
 def test_the_writers_certificate_is_recorded_with_the_seal_and_survives_a_restart(master) -> None:
-    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     assert (sealed.certificate, sealed.certified_by) == (RIGHT, integrity.WRITER)
     record = master.restart().segments[key(master)]
     assert record.state == SegmentState.SEALED
     assert (record.certificate, record.certified_by) == (RIGHT, integrity.WRITER)
     # A retried seal carries the same certificate; another one is a contradiction.
-    master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     with pytest.raises(SealConflict):
-        master.state.seal_segment("t/s", 1, 2, 3, master.now, WRONG)
+        master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, WRONG)
 
 
 def test_a_certificate_ending_elsewhere_than_the_final_index_is_refused(master) -> None:
     with pytest.raises(InvalidArgument):
-        master.state.seal_segment("t/s", 1, 2, 4, master.now, RIGHT)
+        master.state.integrity.seal_segment("t/s", 1, 2, 4, master.now, RIGHT)
     assert master.state.segments[key(master)].state != SegmentState.SEALED
 
 
 def test_replicas_certify_a_segment_sealed_without_one_and_bad_members_persist(master) -> None:
-    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now)
     assert sealed.certificate is None
     members = sealed.copy_set
     state = master.state
-    state.replica_reported(members[0], key(master), Clean(RIGHT), master.now)
-    state.replica_reported(members[1], key(master), Clean(WRONG), master.now)
+    state.integrity.replica_reported(members[0], key(master), Clean(RIGHT), master.now)
+    state.integrity.replica_reported(members[1], key(master), Clean(WRONG), master.now)
     assert state.segments[key(master)].certificate is None
-    state.replica_reported(members[2], key(master), Clean(RIGHT), master.now)
+    state.integrity.replica_reported(members[2], key(master), Clean(RIGHT), master.now)
     record = master.restart().segments[key(master)]
     assert (record.certificate, record.certified_by) == (RIGHT, integrity.REPLICAS)
     assert record.bad == (members[1],)
@@ -238,26 +238,26 @@ def test_replicas_certify_a_segment_sealed_without_one_and_bad_members_persist(m
 
 
 def test_a_swap_clears_the_replaced_bad_member_and_verifies_the_target(master) -> None:
-    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     good, bad_one = sealed.copy_set[0], sealed.copy_set[1]
     target = next(s for s in "abcd" if s not in sealed.copy_set)
-    master.state.replica_reported(good, key(master), Clean(RIGHT), master.now)
-    master.state.replica_reported(bad_one, key(master), Clean(WRONG), master.now)
+    master.state.integrity.replica_reported(good, key(master), Clean(RIGHT), master.now)
+    master.state.integrity.replica_reported(bad_one, key(master), Clean(WRONG), master.now)
     assert master.state.segments[key(master)].bad == (bad_one,)
-    swapped = master.state.swap_replica(key(master), bad_one, target, Held(2, 3, 3, 10), 1)
+    swapped = master.state.replicas.swap_replica(key(master), bad_one, target, Held(2, 3, 3, 10), 1)
     assert swapped.bad == () and target in swapped.copy_set
     assert set(master.state.checks[key(master)].verified) == {good, target}
 
 
 def test_a_readers_report_only_asks_the_store_to_check_first(master) -> None:
-    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     member = sealed.copy_set[0]
     address = master.state.address(member)
-    assert master.state.report_replica("t/s", 1, address) == member
-    assert master.state.report_replica("t/s", 1, "127.0.0.1:1") == ""
+    assert master.state.integrity.report_replica("t/s", 1, address) == member
+    assert master.state.integrity.report_replica("t/s", 1, "127.0.0.1:1") == ""
     assert master.state.segments[key(master)].bad == ()
-    assert master.state.take_scrub_first(member) == [key(master)]
-    assert master.state.take_scrub_first(member) == []
+    assert master.state.integrity.take_scrub_first(member) == [key(master)]
+    assert master.state.integrity.take_scrub_first(member) == []
 
 
 def test_a_segment_record_written_before_certificates_loads_without_one() -> None:
@@ -272,31 +272,33 @@ def test_a_segment_record_written_before_certificates_loads_without_one() -> Non
 
 
 def test_what_matched_the_certificate_survives_a_restart_and_keeps_it_confirmed(master) -> None:
-    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     first, second, _ = sealed.copy_set
-    master.state.replica_reported(first, key(master), Clean(RIGHT), master.now)
-    assert master.state.replica_verification() == (1, 2, 0)
+    master.state.integrity.replica_reported(first, key(master), Clean(RIGHT), master.now)
+    assert master.state.integrity.replica_verification() == (1, 2, 0)
     state = master.restart()
     assert state.segments[key(master)].verified == (first,)
     assert state.checks[key(master)].verified == {first: 0}  # when: not kept
-    assert state.replica_verification() == (1, 2, 0)
+    assert state.integrity.replica_verification() == (1, 2, 0)
     # Still confirmed: a replica that differs is condemned at once, not just noted.
-    state.replica_reported(second, key(master), Clean(WRONG), master.now)
+    state.integrity.replica_reported(second, key(master), Clean(WRONG), master.now)
     assert state.segments[key(master)].bad == (second,)
-    assert state.replica_verification() == (1, 1, 1)
+    assert state.integrity.replica_verification() == (1, 1, 1)
     # Damage found by its store unverifies a member, durably.
-    state.replica_reported(first, key(master), Damaged("crc32c at index 2"), master.now)
+    state.integrity.replica_reported(first, key(master), Damaged("crc32c at index 2"), master.now)
     assert master.restart().segments[key(master)].verified == ()
 
 
 def test_a_new_incarnation_forgets_what_its_old_replicas_matched(master) -> None:
-    sealed = master.state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     member = sealed.copy_set[0]
     address = master.state.address(member)
-    master.state.register_store(member, address, "", 0, master.now, incarnation=7)
-    master.state.replica_reported(member, key(master), Clean(RIGHT), master.now)
+    master.state.registry.register_store(member, address, "", 0, master.now, incarnation=7)
+    master.state.integrity.replica_reported(member, key(master), Clean(RIGHT), master.now)
     assert master.state.segments[key(master)].verified == (member,)
-    registered = master.state.register_store(member, address, "", 0, master.now, incarnation=8)
+    registered = master.state.registry.register_store(
+        member, address, "", 0, master.now, incarnation=8
+    )
     assert key(master) in registered.lost
     assert master.restart().segments[key(master)].verified == ()
 
@@ -307,11 +309,11 @@ def test_reports_that_come_before_the_seal_are_judged_at_the_seal(master) -> Non
     members = master.state.segments[key(master)].copy_set
     outsider = next(s for s in "abcd" if s not in members)
     state = master.state
-    state.replica_reported(members[0], key(master), Clean(RIGHT), master.now)
-    state.replica_reported(members[1], key(master), Clean(WRONG), master.now)
-    state.replica_reported(outsider, key(master), Clean(RIGHT), master.now)
+    state.integrity.replica_reported(members[0], key(master), Clean(RIGHT), master.now)
+    state.integrity.replica_reported(members[1], key(master), Clean(WRONG), master.now)
+    state.integrity.replica_reported(outsider, key(master), Clean(RIGHT), master.now)
     assert state.segments[key(master)].verified == ()
-    sealed = state.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
+    sealed = state.integrity.seal_segment("t/s", 1, 2, 3, master.now, RIGHT)
     assert sealed.verified == (members[0],) and sealed.bad == (members[1],)
     assert state.early_reports == {}
     record = master.restart().segments[key(master)]
@@ -321,12 +323,12 @@ def test_reports_that_come_before_the_seal_are_judged_at_the_seal(master) -> Non
 def test_early_reports_are_bounded_and_go_with_their_segment(
     master, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from streamengine.master import state as state_module
+    from streamengine.master import integrity as integrity_module
 
-    monkeypatch.setattr(state_module, "EARLY_REPORTS_MAX", 2)
+    monkeypatch.setattr(integrity_module, "EARLY_REPORTS_MAX", 2)
     members = master.state.segments[key(master)].copy_set
     for member in members:
-        master.state.replica_reported(member, key(master), Clean(RIGHT), master.now)
+        master.state.integrity.replica_reported(member, key(master), Clean(RIGHT), master.now)
     assert list(master.state.early_reports) == [(key(master), m) for m in members[1:]]
-    master.state._drop_segment(key(master))
+    master.state.drop_segment(key(master))
     assert master.state.early_reports == {}

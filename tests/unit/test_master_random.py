@@ -43,13 +43,15 @@ class World:
         self.leases: list[tuple[str, int, int, int]] = []
         self.known_epoch = dict.fromkeys(CLIENTS, 0)
         for sid in STORES:
-            self.state.register_store(sid, f"127.0.0.1:{STORES.index(sid) + 1}", "", 0, self.now)
-        self.state.create_stream("t/s", 3, 2, 0, 0, True, self.now)
+            self.state.registry.register_store(
+                sid, f"127.0.0.1:{STORES.index(sid) + 1}", "", 0, self.now
+            )
+        self.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, self.now)
 
     def stores_beat(self) -> None:
         for sid in STORES:
             if sid not in self.dead:
-                self.state.store_heartbeat(sid, 0, 0, {}, self.now)
+                self.state.registry.store_heartbeat(sid, 0, 0, {}, self.now)
 
     def step(self) -> None:
         self.now += self.rng.choice([1, 50, 200, 400, LEASE])
@@ -69,26 +71,30 @@ class World:
         self.known_epoch[client] = epoch
 
     def beat(self, client: str) -> None:
-        view = self.state.writer_heartbeat("t/s", client, self.known_epoch[client], 0, 0, self.now)
+        view = self.state.leadership.writer_heartbeat(
+            "t/s", client, self.known_epoch[client], 0, 0, self.now
+        )
         if view.leads:
             self._record(client, view.lease.epoch)
         else:
             self.known_epoch[client] = 0
 
     def roll(self, client: str) -> None:
-        view = self.state.roll_segment("t/s", client, self.known_epoch[client], [], self.now)
+        view = self.state.leadership.roll_segment(
+            "t/s", client, self.known_epoch[client], [], self.now
+        )
         self._record(client, view.lease.epoch)
 
     def seal(self, client: str) -> None:
         epoch = self.known_epoch[client]
         unsealed = [s for s in self.state.unsealed(1) if s.epoch < epoch]
         if unsealed:
-            self.state.seal_segment(
+            self.state.integrity.seal_segment(
                 "t/s", unsealed[0].epoch, epoch, self.rng.randint(1, 9), self.now
             )
 
     def release(self, client: str) -> None:
-        if self.state.release_lease("t/s", client, self.known_epoch[client], self.now):
+        if self.state.leadership.release_lease("t/s", client, self.known_epoch[client], self.now):
             # The lease ends now: cut the recorded one short.
             c, e, start, _ = self.leases[-1]
             self.leases[-1] = (c, e, start, self.now)

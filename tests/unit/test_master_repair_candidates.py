@@ -33,7 +33,7 @@ def state(metadata_place: MetadataPlace):
     catalog.commit(batch)
     master = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=0)
     for number in range(4):
-        master.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
+        master.registry.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
     yield master
 
 
@@ -46,18 +46,18 @@ def report_all(state: MasterState, now: int, skip: str = "", acked: int = 5) -> 
             for key in state.members.get(sid, ())
             if key in state.segments
         }
-        state.store_heartbeat(sid, 0, 0, held, now)
+        state.registry.store_heartbeat(sid, 0, 0, held, now)
 
 
 def test_confirmed_segments_are_skipped_until_something_changes(state: MasterState) -> None:
     report_all(state, NOW)
     assert len(state.repair_candidates(state.store_views(NOW))) == 20, "unconfirmed after a start"
-    assert state.plan_repairs(NOW, set(), 3) == []
+    assert state.replicas.plan_repairs(NOW, set(), 3) == []
     assert state.repair_candidates(state.store_views(NOW)) == [], "all confirmed"
 
     # s1 stops holding the bridge of its segments: only those are looked at again.
     held = {k: Held(2, 4, 4, 100) for k in state.members["s1"]}
-    state.store_heartbeat("s1", 0, 0, held, NOW + 1)
+    state.registry.store_heartbeat("s1", 0, 0, held, NOW + 1)
     suspects = {s.key for s in state.repair_candidates(state.store_views(NOW + 1))}
     assert suspects == state.members["s1"]
 
@@ -66,7 +66,7 @@ def test_confirmed_segments_are_skipped_until_something_changes(state: MasterSta
     report_all(state, later, skip="s2")
     suspects = {s.key for s in state.repair_candidates(state.store_views(later))}
     assert state.members["s2"] <= suspects
-    tasks = state.plan_repairs(later, set(), 3)
+    tasks = state.replicas.plan_repairs(later, set(), 3)
     assert len(tasks) == 3 and all(t.replaced == "s2" for t in tasks)
 
 
@@ -76,7 +76,7 @@ def test_a_tick_judges_a_bounded_rotating_window(state: MasterState, monkeypatch
     seen = []
     while state.unconfirmed:
         before = set(state.unconfirmed)
-        state.plan_repairs(NOW, set(), 3)
+        state.replicas.plan_repairs(NOW, set(), 3)
         confirmed = before - state.unconfirmed
         assert 0 < len(confirmed) <= 6
         seen += sorted(confirmed)
@@ -94,20 +94,20 @@ def test_a_segment_is_confirmed_only_once_every_replica_matched_the_certificate(
     catalog.commit(batch)
     state = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=0)
     for number in range(3):
-        state.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
+        state.registry.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
     report_all(state, NOW)
     content = certificate_of((i, EntryKind.EVENT, b"x") for i in range(1, 6))
 
     def confirmed_with(good: int) -> bool:
-        state.plan_repairs(NOW, set(), 3)
-        exposed = {e.segment: e.good for e in state.exposures(NOW)}
+        state.replicas.plan_repairs(NOW, set(), 3)
+        exposed = {e.segment: e.good for e in state.replicas.exposures(NOW)}
         return (1, 1) not in state.unconfirmed and exposed.get((1, 1), 3) == good
 
     assert not confirmed_with(0), "no replica was read back: none counts as good"
     for store in ("s0", "s1"):
-        state.replica_reported(store, (1, 1), integrity.Clean(content), NOW)
-    assert state.exposures(NOW)[0].good == 2, "W agreeing replicas certified it"
+        state.integrity.replica_reported(store, (1, 1), integrity.Clean(content), NOW)
+    assert state.replicas.exposures(NOW)[0].good == 2, "W agreeing replicas certified it"
     assert not confirmed_with(2)
-    assert state.plan_repairs(NOW, set(), 3) == [], "an unverified replica is not replaced"
-    state.replica_reported("s2", (1, 1), integrity.Clean(content), NOW)
-    assert confirmed_with(3) and state.exposures(NOW) == []
+    assert state.replicas.plan_repairs(NOW, set(), 3) == [], "an unverified replica is not replaced"
+    state.integrity.replica_reported("s2", (1, 1), integrity.Clean(content), NOW)
+    assert confirmed_with(3) and state.replicas.exposures(NOW) == []

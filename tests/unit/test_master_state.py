@@ -43,28 +43,30 @@ class Master:
 
     def stores(self, *ids: str, zone: str = "") -> None:
         for sid in ids:
-            self.state.register_store(sid, f"127.0.0.1:{1000 + len(sid)}", zone, 0, self.now)
-            self.state.store_heartbeat(sid, 0, 0, {}, self.now)
+            self.state.registry.register_store(
+                sid, f"127.0.0.1:{1000 + len(sid)}", zone, 0, self.now
+            )
+            self.state.registry.store_heartbeat(sid, 0, 0, {}, self.now)
 
 
 @pytest.fixture
 def master(metadata_place: MetadataPlace):
     m = Master(metadata_place)
     m.stores("a", "b", "c", "d")
-    m.state.create_stream("t/s", 3, 2, 0, 0, True, m.now)
+    m.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, m.now)
     m.now += LEASE  # past the start-up window
     yield m
 
 
 def beat(m: Master, client: str, epoch: int = 0):
-    return m.state.writer_heartbeat("t/s", client, epoch, 0, 0, m.now)
+    return m.state.leadership.writer_heartbeat("t/s", client, epoch, 0, 0, m.now)
 
 
 def delete_and_remove(m: Master, name: str) -> int:
     """Delete `name` and let its grace pass: its records go, its replicas are garbage."""
-    segments, until = m.state.delete_stream(name, m.now)
+    segments, until = m.state.tenancy.delete_stream(name, m.now)
     m.now = until
-    assert m.state.remove_due(m.now)[0] == [name]
+    assert m.state.retention.remove_due(m.now)[0] == [name]
     return segments
 
 
@@ -130,10 +132,10 @@ def test_third_epoch_with_two_unsealed_gets_no_segment_then_rolls(master: Master
     assert view.leads and view.lease.epoch == 3 and view.segment is None
     assert [s.epoch for s in view.unsealed] == [1, 2]
     with pytest.raises(TooManyUnsealed):
-        master.state.roll_segment("t/s", "w3", 3, [], master.now)
+        master.state.leadership.roll_segment("t/s", "w3", 3, [], master.now)
     for epoch in (1, 2):
-        master.state.seal_segment("t/s", epoch, 3, 10, master.now)
-    rolled = master.state.roll_segment("t/s", "w3", 3, [], master.now)
+        master.state.integrity.seal_segment("t/s", epoch, 3, 10, master.now)
+    rolled = master.state.leadership.roll_segment("t/s", "w3", 3, [], master.now)
     assert rolled.lease.epoch == 4 and rolled.segment is not None and rolled.unsealed == ()
     assert len(master.state.unsealed(1)) == 1
 
@@ -149,7 +151,7 @@ def test_roll_gives_next_epoch_new_copy_set_and_respects_exclusions(master: Mast
     first = beat(master, "w1").segment
     assert first is not None
     excluded = first.copy_set[0]
-    rolled = master.state.roll_segment("t/s", "w1", 1, [excluded], master.now)
+    rolled = master.state.leadership.roll_segment("t/s", "w1", 1, [excluded], master.now)
     assert rolled.lease.epoch == 2 and rolled.segment is not None
     assert excluded not in rolled.segment.copy_set
     assert [s.epoch for s in rolled.unsealed] == [1]
@@ -166,7 +168,7 @@ def test_roll_refused(master: Master, rule, client, epoch, error) -> None:
     beat(master, "w1")
     before = snapshot(master)
     with pytest.raises(error):
-        master.state.roll_segment("t/s", client, epoch, [], master.now)
+        master.state.leadership.roll_segment("t/s", client, epoch, [], master.now)
     assert snapshot(master) == before, rule
 
 
@@ -174,7 +176,7 @@ def test_roll_with_too_few_stores_changes_nothing(master: Master) -> None:
     beat(master, "w1")
     before = snapshot(master)
     with pytest.raises(NotEnoughStores):
-        master.state.roll_segment("t/s", "w1", 1, ["a", "b"], master.now)
+        master.state.leadership.roll_segment("t/s", "w1", 1, ["a", "b"], master.now)
     assert snapshot(master) == before
     assert master.state.leases["t/s"].epoch == 1
 
@@ -201,28 +203,28 @@ def test_seal_refused_changes_nothing(
     master: Master, rule, segment_epoch, writer_epoch, final, error
 ) -> None:
     beat(master, "w1")
-    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
     before = snapshot(master)
     with pytest.raises(error):
-        master.state.seal_segment("t/s", segment_epoch, writer_epoch, final, master.now)
+        master.state.integrity.seal_segment("t/s", segment_epoch, writer_epoch, final, master.now)
     assert snapshot(master) == before, rule
 
 
 def test_seal_is_idempotent_and_refuses_a_contradiction(master: Master) -> None:
     beat(master, "w1")
-    master.state.roll_segment("t/s", "w1", 1, [], master.now)
-    sealed = master.state.seal_segment("t/s", 1, 2, 7, master.now)
+    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 7, master.now)
     assert sealed.state == SegmentState.SEALED and sealed.final_index == 7
-    assert master.state.seal_segment("t/s", 1, 2, 7, master.now + 5) == sealed
+    assert master.state.integrity.seal_segment("t/s", 1, 2, 7, master.now + 5) == sealed
     with pytest.raises(SealConflict):
-        master.state.seal_segment("t/s", 1, 2, 8, master.now)
+        master.state.integrity.seal_segment("t/s", 1, 2, 8, master.now)
     assert master.restart().segments[(1, 1)].final_index == 7
 
 
 def test_release_lets_another_writer_lead_at_once(master: Master) -> None:
     beat(master, "w1")
-    assert not master.state.release_lease("t/s", "w2", 1, master.now)
-    assert master.state.release_lease("t/s", "w1", 1, master.now)
+    assert not master.state.leadership.release_lease("t/s", "w2", 1, master.now)
+    assert master.state.leadership.release_lease("t/s", "w1", 1, master.now)
     view = beat(master, "w2")
     assert view.leads and view.lease.epoch == 2
 
@@ -247,15 +249,15 @@ def test_create_stream_refused_changes_nothing(
 ) -> None:
     before = snapshot(master)
     with pytest.raises(error):
-        master.state.create_stream(name, replicas, quorum, 0, 0, create_tenant, master.now)
+        master.state.tenancy.create_stream(name, replicas, quorum, 0, 0, create_tenant, master.now)
     assert snapshot(master) == before, rule
 
 
 def test_create_stream_is_idempotent_and_ids_are_never_reused(master: Master) -> None:
-    same = master.state.create_stream("t/s", 3, 2, 0, 0, False, master.now)
+    same = master.state.tenancy.create_stream("t/s", 3, 2, 0, 0, False, master.now)
     assert same.stream_id == 1
     delete_and_remove(master, "t/s")
-    again = master.state.create_stream("t/s", 3, 2, 0, 0, False, master.now)
+    again = master.state.tenancy.create_stream("t/s", 3, 2, 0, 0, False, master.now)
     assert again.stream_id == 2
     assert master.restart().next_stream_id == 3
 
@@ -266,10 +268,12 @@ def test_delete_stream_has_stores_delete_its_replicas(master: Master) -> None:
     assert delete_and_remove(master, "t/s") == 1
     held = {segment.key: Held(1, 0, 3, 10)}
     for member in segment.copy_set:
-        assert master.state.store_heartbeat(member, 10, 0, held, master.now) == [segment.key]
+        assert master.state.registry.store_heartbeat(member, 10, 0, held, master.now) == [
+            segment.key
+        ]
     # Once a store stops reporting it, the pending delete is done.
     member = segment.copy_set[0]
-    assert master.state.store_heartbeat(member, 0, 0, {}, master.now) == []
+    assert master.state.registry.store_heartbeat(member, 0, 0, {}, master.now) == []
     assert (member, segment.key) not in master.restart().deletes
     with pytest.raises(NotFound):
         master.state.stream("t/s")
@@ -281,7 +285,7 @@ def test_replicas_of_a_deleted_stream_outside_its_copy_sets_are_garbage(master: 
     outsider = next(s for s in ("a", "b", "c", "d") if s not in segment.copy_set)
     delete_and_remove(master, "t/s")
     held = {segment.key: Held(1, 0, 3, 10)}
-    assert master.state.store_heartbeat(outsider, 10, 0, held, master.now) == [segment.key]
+    assert master.state.registry.store_heartbeat(outsider, 10, 0, held, master.now) == [segment.key]
 
 
 def test_unknown_stream_ids_up_to_a_rebuild_are_kept_not_deleted(master: Master) -> None:
@@ -290,7 +294,7 @@ def test_unknown_stream_ids_up_to_a_rebuild_are_kept_not_deleted(master: Master)
     from streamengine.master.catalog import Batch
 
     stream_id = master.state.stream("t/s").stream_id
-    master.state.create_stream("t/later", 3, 2, 0, 0, True, master.now)
+    master.state.tenancy.create_stream("t/later", 3, 2, 0, 0, True, master.now)
     master.state.catalog.commit(Batch().rebuilt_through(stream_id))
     state = master.restart()
     later_unknown = (state.stream("t/later").stream_id, 1)
@@ -299,11 +303,11 @@ def test_unknown_stream_ids_up_to_a_rebuild_are_kept_not_deleted(master: Master)
     delete_and_remove(master, "t/s")
     delete_and_remove(master, "t/later")
     held = {(stream_id, 1): Held(1, 0, 3, 10), later_unknown: Held(1, 0, 3, 10)}
-    assert state.store_heartbeat("a", 10, 0, held, master.now) == [later_unknown]
+    assert state.registry.store_heartbeat("a", 10, 0, held, master.now) == [later_unknown]
 
 
 def test_unknown_store_heartbeat_is_asked_to_register(master: Master) -> None:
-    assert master.state.store_heartbeat("zz", 0, 0, {}, master.now) is None
+    assert master.state.registry.store_heartbeat("zz", 0, 0, {}, master.now) is None
 
 
 @pytest.mark.parametrize(
@@ -316,17 +320,17 @@ def test_unknown_store_heartbeat_is_asked_to_register(master: Master) -> None:
 def test_bad_registration_changes_nothing(master: Master, rule, store_id, address) -> None:
     before = snapshot(master)
     with pytest.raises(InvalidArgument):
-        master.state.register_store(store_id, address, "", 0, master.now)
+        master.state.registry.register_store(store_id, address, "", 0, master.now)
     assert snapshot(master) == before, rule
 
 
 def test_swap_replica_is_durable_and_the_replaced_store_deletes(master: Master) -> None:
     beat(master, "w1")
-    master.state.roll_segment("t/s", "w1", 1, [], master.now)
-    old = master.state.seal_segment("t/s", 1, 2, 4, master.now)
+    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    old = master.state.integrity.seal_segment("t/s", 1, 2, 4, master.now)
     spare = next(s for s in "abcd" if s not in old.copy_set)
     replaced = old.copy_set[1]
-    master.state.swap_replica(old.key, replaced, spare, Held(2, 4, 4, 10), master.now)
+    master.state.replicas.swap_replica(old.key, replaced, spare, Held(2, 4, 4, 10), master.now)
     state = master.restart()
     assert state.segments[old.key].copy_set == tuple(
         spare if m == replaced else m for m in old.copy_set
@@ -336,13 +340,13 @@ def test_swap_replica_is_durable_and_the_replaced_store_deletes(master: Master) 
 
 def test_a_sealed_replica_outside_the_copy_set_is_garbage(master: Master) -> None:
     beat(master, "w1")
-    master.state.roll_segment("t/s", "w1", 1, [], master.now)
-    sealed = master.state.seal_segment("t/s", 1, 2, 4, master.now)
+    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    sealed = master.state.integrity.seal_segment("t/s", 1, 2, 4, master.now)
     outsider = next(s for s in "abcd" if s not in sealed.copy_set)
     held = {sealed.key: Held(2, 4, 4, 10)}
-    assert master.state.store_heartbeat(outsider, 0, 0, held, master.now) == [sealed.key]
-    master.state.begin_copy(outsider, sealed.key)
-    assert master.state.store_heartbeat(outsider, 0, 0, held, master.now) == [], (
+    assert master.state.registry.store_heartbeat(outsider, 0, 0, held, master.now) == [sealed.key]
+    master.state.replicas.begin_copy(outsider, sealed.key)
+    assert master.state.registry.store_heartbeat(outsider, 0, 0, held, master.now) == [], (
         "a copy in progress"
     )
 
@@ -353,23 +357,25 @@ def test_acked_index_shown_is_the_leaders_report_while_open_then_the_stores(
     st = master.state
     first = beat(master, "w1").segment
     assert first is not None and st.segment_acked_index(first) == 0
-    st.writer_heartbeat("t/s", "w1", 1, 1500, 9000, master.now)
+    st.leadership.writer_heartbeat("t/s", "w1", 1, 1500, 9000, master.now)
     assert st.segment_acked_index(first) == 1500
     assert st.stream_acked_index(first.stream_id) == (1, 1500)
-    assert st.release_lease("t/s", "w1", 1, master.now)
+    assert st.leadership.release_lease("t/s", "w1", 1, master.now)
     assert st.stream_acked_index(first.stream_id) == (1, 1500), "kept after the writer left"
     # A store that reports more (an idle tick the master did not hear of) wins.
     member = first.copy_set[0]
-    st.store_heartbeat(member, 0, 0, {first.key: Held(1, 1600, 1600, 9000)}, master.now)
+    st.registry.store_heartbeat(member, 0, 0, {first.key: Held(1, 1600, 1600, 9000)}, master.now)
     assert st.segment_acked_index(first) == 1600
     # The next leader's segment starts from nothing: the old report is not about it.
     second = beat(master, "w2").segment
     assert second is not None and second.epoch == 2
     assert st.segment_acked_index(second) == 0
     assert st.stream_acked_index(first.stream_id) == (2, 0)
-    sealed = st.seal_segment("t/s", 1, 2, 1601, master.now)
+    sealed = st.integrity.seal_segment("t/s", 1, 2, 1601, master.now)
     for store in sealed.copy_set:
-        st.store_heartbeat(store, 0, 0, {sealed.key: Held(2, 1601, 1601, 9000)}, master.now)
+        st.registry.store_heartbeat(
+            store, 0, 0, {sealed.key: Held(2, 1601, 1601, 9000)}, master.now
+        )
     assert st.segment_acked_index(sealed) == 1601
 
 
@@ -381,26 +387,26 @@ def test_dead_member_of_open_segment_asks_leader_to_roll(master: Master) -> None
         master.now += LEASE // 2
         for sid in "abcd":
             if sid != dead:
-                master.state.store_heartbeat(sid, 0, 0, {}, master.now)
+                master.state.registry.store_heartbeat(sid, 0, 0, {}, master.now)
         view = beat(master, "w1", 1)
         assert view.leads and view.lease.epoch == 1
     assert view.roll_reason == f"store-dead: {segment.copy_set[0]}"
 
 
 def test_operator_roll_request_reaches_the_leader_until_it_rolls(master: Master) -> None:
-    assert master.state.request_roll("t/s", master.now) == ("", 0)  # nobody leads: no-op
+    assert master.state.leadership.request_roll("t/s", master.now) == ("", 0)  # nobody leads: no-op
     granted = beat(master, "w1")
     assert not granted.roll_reason
-    assert master.state.request_roll("t/s", master.now) == ("w1", 1)
+    assert master.state.leadership.request_roll("t/s", master.now) == ("w1", 1)
     assert beat(master, "w1", 1).roll_reason == "an operator asked for a roll"
-    rolled = master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    rolled = master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
     assert rolled.lease.epoch == 2 and not rolled.roll_reason
     assert not beat(master, "w1", 2).roll_reason
 
 
 def test_roll_request_for_an_unknown_stream_is_not_found(master: Master) -> None:
     with pytest.raises(NotFound):
-        master.state.request_roll("t/missing", master.now)
+        master.state.leadership.request_roll("t/missing", master.now)
 
 
 def test_embedded_catalog_is_raw_rocksdb(tmp_path: Path) -> None:
@@ -413,7 +419,7 @@ def test_embedded_catalog_is_raw_rocksdb(tmp_path: Path) -> None:
 
 def test_catalog_keys_are_big_endian_so_segments_sort_by_epoch(master: Master) -> None:
     beat(master, "w1")
-    master.state.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
     keys = [k for k, _ in master.catalog.metadata.read_all() if k[:2] == b"g/"]
     assert keys == sorted(keys) and len(keys) == 2, "segments sort by (stream id, epoch)"
 
@@ -432,6 +438,6 @@ def test_too_few_stores_for_a_new_segment_still_grant_an_epoch_that_seals_the_op
     assert view.leads and view.lease.epoch == 2 and view.segment is None
     assert [s.epoch for s in view.unsealed] == [1]
     assert master.state.segments[(1, 1)].state == SegmentState.SEALING
-    master.state.seal_segment("t/s", 1, 2, 10, master.now)
+    master.state.integrity.seal_segment("t/s", 1, 2, 10, master.now)
     with pytest.raises(NotEnoughStores):
-        master.state.roll_segment("t/s", "w2", 2, [], master.now)
+        master.state.leadership.roll_segment("t/s", "w2", 2, [], master.now)

@@ -149,7 +149,7 @@ def master(metadata_place) -> Master:
     m = Master(metadata_place)
     m.state.delete_grace_ms = GRACE
     m.stores("a", "b", "c", "d")
-    m.state.create_stream("t/s", 3, 2, 0, 0, True, m.now)
+    m.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, m.now)
     m.now += LEASE
     return m
 
@@ -163,11 +163,11 @@ def roll_sealed(m: Master, count: int, size: int = 100) -> list[int]:
     for _ in range(count):
         segment = view.segment
         assert segment is not None
-        view = m.state.roll_segment("t/s", "w1", view.lease.epoch, [], m.now)
-        m.state.seal_segment("t/s", segment.epoch, view.lease.epoch, 11, m.now)
+        view = m.state.leadership.roll_segment("t/s", "w1", view.lease.epoch, [], m.now)
+        m.state.integrity.seal_segment("t/s", segment.epoch, view.lease.epoch, 11, m.now)
         for member in segment.copy_set:
             held.setdefault(member, {})[segment.key] = Held(view.lease.epoch, 11, 11, size)
-            m.state.store_heartbeat(member, size, 0, held[member], m.now)
+            m.state.registry.store_heartbeat(member, size, 0, held[member], m.now)
         epochs.append(segment.epoch)
         m.now += 1000
     return epochs
@@ -175,7 +175,7 @@ def roll_sealed(m: Master, count: int, size: int = 100) -> list[int]:
 
 def test_a_trim_hides_segments_at_once_and_removes_them_after_the_grace(master: Master) -> None:
     epochs = roll_sealed(master, 3)
-    trimmed = master.state.trim_stream("t/s", pack_sequence(epochs[2], 1), master.now)
+    trimmed = master.state.retention.trim_stream("t/s", pack_sequence(epochs[2], 1), master.now)
     assert trimmed.epochs == (epochs[0], epochs[1])
     assert trimmed.entries == 20 and trimmed.bytes == 200
     assert trimmed.first_retained_sequence == pack_sequence(epochs[2], 1)
@@ -188,33 +188,33 @@ def test_a_trim_hides_segments_at_once_and_removes_them_after_the_grace(master: 
     key = (record.stream_id, epochs[0])
     member = state.segments[key].copy_set[0]
     held = {key: Held(3, 11, 11, 100)}
-    assert state.store_heartbeat(member, 100, 0, held, master.now) == []
-    assert state.remove_due(trimmed.removal_at_ms - 1) == ([], [])
-    _, removed = state.remove_due(trimmed.removal_at_ms)
+    assert state.registry.store_heartbeat(member, 100, 0, held, master.now) == []
+    assert state.retention.remove_due(trimmed.removal_at_ms - 1) == ([], [])
+    _, removed = state.retention.remove_due(trimmed.removal_at_ms)
     assert removed == [(record.stream_id, epochs[0]), (record.stream_id, epochs[1])]
-    assert state.store_heartbeat(member, 100, 0, held, master.now) == [key]
+    assert state.registry.store_heartbeat(member, 100, 0, held, master.now) == [key]
     assert key not in master.restart().segments
 
 
 def test_retention_trims_by_age_and_by_bytes_only_sealed_segments(master: Master) -> None:
     epochs = roll_sealed(master, 3)  # sealed 1 s apart; the open segment follows
-    master.state.update_stream("t/s", 2500, None)
-    assert [t.epochs for t in master.state.apply_retention(master.now)] == [(epochs[0],)]
-    master.state.update_stream("t/s", 0, 99)
-    assert [t.epochs for t in master.state.apply_retention(master.now)] == [(epochs[1],)]
-    master.state.update_stream("t/s", 1, 0)
+    master.state.tenancy.update_stream("t/s", 2500, None)
+    assert [t.epochs for t in master.state.retention.apply_retention(master.now)] == [(epochs[0],)]
+    master.state.tenancy.update_stream("t/s", 0, 99)
+    assert [t.epochs for t in master.state.retention.apply_retention(master.now)] == [(epochs[1],)]
+    master.state.tenancy.update_stream("t/s", 1, 0)
     master.now += 10
-    assert [t.epochs for t in master.state.apply_retention(master.now)] == [(epochs[2],)]
+    assert [t.epochs for t in master.state.retention.apply_retention(master.now)] == [(epochs[2],)]
     _, listed = master.state.list_segments("t/s", 0)
     assert [s.state for s in listed] == [SegmentState.OPEN]
-    assert master.state.apply_retention(master.now + 10**9) == []
+    assert master.state.retention.apply_retention(master.now + 10**9) == []
 
 
 def test_a_trim_over_an_open_segment_changes_nothing(master: Master) -> None:
     roll_sealed(master, 1)
     before = (dict(master.state.streams), dict(master.state.segments))
     with pytest.raises(NotTrimmable):
-        master.state.trim_stream("t/s", pack_sequence(100, 1), master.now)
+        master.state.retention.trim_stream("t/s", pack_sequence(100, 1), master.now)
     assert (dict(master.state.streams), dict(master.state.segments)) == before
 
 
@@ -222,30 +222,30 @@ def test_a_deleted_stream_is_refused_and_undeleted_whole_within_the_grace(master
     epochs = roll_sealed(master, 2)
     record = master.state.stream("t/s")
     segments = dict(master.state.segments)
-    count, until = master.state.delete_stream("t/s", master.now)
+    count, until = master.state.tenancy.delete_stream("t/s", master.now)
     assert count == 3 and until == master.now + GRACE
     for refused in (
         lambda: beat(master, "w2"),
         lambda: master.state.list_segments("t/s", 0),
-        lambda: master.state.trim_stream("t/s", pack_sequence(epochs[1], 1), master.now),
-        lambda: master.state.update_stream("t/s", 1, None),
+        lambda: master.state.retention.trim_stream("t/s", pack_sequence(epochs[1], 1), master.now),
+        lambda: master.state.tenancy.update_stream("t/s", 1, None),
     ):
         with pytest.raises(StreamDeleted):
             refused()
     with pytest.raises(AlreadyExists):
-        master.state.create_stream("t/s", 3, 2, 0, 0, True, master.now)
+        master.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, master.now)
     # Its replicas are not garbage meanwhile, after a restart too.
     state = master.restart()
     key = (record.stream_id, epochs[0])
     member = state.segments[key].copy_set[0]
-    assert state.store_heartbeat(member, 1, 0, {key: Held(2, 11, 11, 1)}, master.now) == []
-    assert state.remove_due(until - 1) == ([], [])
-    restored = state.undelete_stream("t/s")
+    assert state.registry.store_heartbeat(member, 1, 0, {key: Held(2, 11, 11, 1)}, master.now) == []
+    assert state.retention.remove_due(until - 1) == ([], [])
+    restored = state.tenancy.undelete_stream("t/s")
     assert restored == record and dict(state.segments) == segments
-    assert state.remove_due(until + 1) == ([], [])
+    assert state.retention.remove_due(until + 1) == ([], [])
     assert state.list_segments("t/s", 0)[1]
     with pytest.raises(InvalidArgument):
-        state.undelete_stream("t/s")
+        state.tenancy.undelete_stream("t/s")
 
 
 def test_a_deleted_stream_goes_after_its_grace_and_its_replicas_are_garbage(
@@ -253,9 +253,10 @@ def test_a_deleted_stream_goes_after_its_grace_and_its_replicas_are_garbage(
 ) -> None:
     epochs = roll_sealed(master, 1)
     record = master.state.stream("t/s")
-    _, until = master.state.delete_stream("t/s", master.now)
-    assert [p.segment_epoch for p in master.state.pending_removals()] == [0]
-    assert master.state.remove_due(until) == (["t/s"], [])
+    _, until = master.state.tenancy.delete_stream("t/s", master.now)
+    assert [p.segment_epoch for p in master.state.retention.pending_removals()] == [0]
+    assert master.state.retention.remove_due(until) == (["t/s"], [])
     key = (record.stream_id, epochs[0])
-    assert master.state.store_heartbeat("a", 1, 0, {key: Held(2, 11, 11, 1)}, until) == [key]
+    held = {key: Held(2, 11, 11, 1)}
+    assert master.state.registry.store_heartbeat("a", 1, 0, held, until) == [key]
     assert "t/s" not in master.restart().streams

@@ -1,4 +1,4 @@
-"""The master's records and how they are kept as key/value records.
+"""How the master's records are laid out as keys and values in the metadata store.
 
 Every mutation of the master's state is one `Batch` (a `metadata.Transaction` built
 record by record) committed before the request that caused it is answered, so an

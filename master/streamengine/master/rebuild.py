@@ -1,7 +1,7 @@
 """`streamengine master --rebuild`: the metadata rebuilt from the stores' records.
 
 The master starts on empty metadata, serves the stores (they register again on their
-own) and nothing else (`MasterService.rebuilding`), and asks each registered store for
+own) and nothing else (`MasterCalls.rebuilding`), and asks each registered store for
 every segment it holds with the master's record of it (`ListSegmentRecords`, with the
 master's node certificate on a secured cluster). Once every registered store, and every
 store a record names, has answered, or the deadline passed (the stores still missing

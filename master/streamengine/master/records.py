@@ -1,11 +1,11 @@
-"""The master's record of a segment as the stores keep it (`v1.SegmentRecord`).
+"""The segment record each copy-set store keeps, from which a master rebuilds.
 
-The master sends each copy-set store its record of a segment with a heartbeat reply
-whenever the record changed (the store reports the version it keeps; `record_version`
-of the bytes), so that a master that lost its metadata rebuilds it from the stores
-(`master.rebuild`). This module converts between the catalog's records and the wire's,
-and remembers each record's encoding until the record changes, so a heartbeat costs a
-lookup per segment held, not an encoding.
+The master sends each copy-set store its record of a segment (`v1.SegmentRecord`) with
+a heartbeat reply whenever the record changed (the store reports the version it keeps;
+`record_version` of the bytes), so that a master that lost its metadata rebuilds it
+from the stores (`master.rebuild`). This module converts between the catalog's records
+and the wire's, and remembers each record's encoding until the record changes, so a
+heartbeat costs a lookup per segment held, not an encoding.
 """
 
 from __future__ import annotations

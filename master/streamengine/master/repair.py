@@ -2,7 +2,7 @@
 inside one TaskGroup owned by `run()`.
 
 The decisions live in pure code: what is under-replicated and which target
-(`master.repair`, `master.placement`, `MasterState.plan_repairs`), which task runs
+(`master.repair`, `master.placement`, `Replicas.plan_repairs`), which task runs
 next and when a failed one is retried (`repair.RepairQueue`), and the steps of one
 task, in order (`repair.RepairOp`: source state, CopySegment on the target, digests
 of both, swap, delete of the replaced copy). This module only does the calls those
@@ -102,7 +102,7 @@ class Repairer:
         now_ms = self.clock_ms()
         return self.queue.next_tasks(
             now_ms,
-            lambda busy, slots: self.state.plan_repairs(
+            lambda busy, slots: self.state.replicas.plan_repairs(
                 now_ms, busy, slots, self.queue.failed_sources
             ),
         )
@@ -128,7 +128,7 @@ class Repairer:
             # The source may be what failed (a damaged copy, or content that differs
             # from the certificate): its store checks it first, and the next attempt
             # copies from another replica.
-            self.state.ask_scrub_first(task.source, task.segment)
+            self.state.integrity.ask_scrub_first(task.source, task.segment)
             self.finished.append(TaskStatus(task, "FAILED", message))
             self.failed_count += 1
         else:
@@ -160,7 +160,7 @@ class Repairer:
         try:
             while action is not None:
                 if isinstance(action, repair.CopyToTarget) and not copying:
-                    st.begin_copy(task.target, task.segment)
+                    st.replicas.begin_copy(task.target, task.segment)
                     copying = True
                 assert segment is not None
                 segment_id = entry_pb2.SegmentId(
@@ -170,7 +170,7 @@ class Repairer:
                 action = None if event is None else op.step(event)
         finally:
             if copying:
-                st.end_copy(task.target, task.segment)
+                st.replicas.end_copy(task.target, task.segment)
         if op.error:
             raise RepairFailed(op.error)
 
@@ -211,7 +211,7 @@ class Repairer:
                 return repair.Digests(source.digest, target.digest, target.entries_held)
             if isinstance(action, repair.SwapReplica):
                 key = (segment_id.stream_id, segment_id.epoch)
-                self.state.swap_replica(
+                self.state.replicas.swap_replica(
                     key, action.replaced, action.target, action.held, self.clock_ms()
                 )
                 return repair.Swapped()

@@ -54,7 +54,6 @@ from streamengine.protocol.limits import (
     TENANT_STREAMS_MAX_DEFAULT,
 )
 from streamengine.protocol.parsing import RequestParsing
-from streamengine.v1 import master_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
 
@@ -254,7 +253,7 @@ async def _serve(args: argparse.Namespace) -> int:
         signer,
         tenant_append_bytes_per_s=args.tenant_append_bytes_per_s,
     )
-    master_pb2_grpc.add_MasterServicer_to_server(service, server)
+    service.add_to_server(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -368,14 +367,14 @@ async def _embedded_master(
     try:
         state = _load_state(args, catalog, rebuilding=bool(args.rebuild))
         repairer = _new_repairer(args, state, members)
-        service.rebuilding = bool(args.rebuild)
+        service.calls.rebuilding = bool(args.rebuild)
         role.activate(state, repairer, until_ms=FOREVER_MS)
         await health_servicer.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         if args.rebuild:
             state = await _rebuild(args, catalog, state, service, members)
             repairer = _new_repairer(args, state, members)
             role.activate(state, repairer, until_ms=FOREVER_MS)
-            service.rebuilding = False
+            service.calls.rebuilding = False
             log.info("metadata rebuilt: serving (no lease for one lease period)")
         await repairer.run()
     finally:
@@ -391,9 +390,9 @@ async def _rebuild(
     members: transport.Transport,
 ) -> MasterState:
     """Serve the stores only, ask them, write the catalog they make; the state loaded
-    from it. The caller activates it and ends `service.rebuilding`, with no await in
+    from it. The caller activates it and ends `service.calls.rebuilding`, with no await in
     between: no request sees the catalog half loaded."""
-    service.rebuilding = True
+    service.calls.rebuilding = True
     rebuilt = await Rebuilder(state, members, args.rebuild_wait_s, wall_ms).run()
     commit_rebuilt(catalog, rebuilt)
     return _load_state(args, catalog)
@@ -423,7 +422,7 @@ async def _etcd_master(
         try:
             activate(await _rebuild(args, catalog, state, service, members))
         finally:
-            service.rebuilding = False
+            service.calls.rebuilding = False
     elected = ElectedMaster(
         role,
         election,
@@ -442,7 +441,7 @@ async def _etcd_master(
 
 
 def _pending_delete_gauges(metrics: Metrics, state: MasterState) -> None:
-    pending = state.pending_removals()
+    pending = state.retention.pending_removals()
     metrics.pending_deletes.labels("stream").set(sum(1 for p in pending if not p.segment_epoch))
     metrics.pending_deletes.labels("segment").set(sum(1 for p in pending if p.segment_epoch))
     metrics.pending_delete_bytes.set(sum(p.bytes for p in pending))
@@ -458,7 +457,7 @@ def _pending_delete_gauges(metrics: Metrics, state: MasterState) -> None:
 async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | None) -> None:
     """Refresh the gauges, and the console's snapshot when it is served, on the master's
     loop; a standby publishes only that it stands by, and which master is active."""
-    role, metrics = service.role, service.metrics
+    role, metrics = service.calls.role, service.calls.metrics
     while True:
         now = wall_ms()
         state, repairer = role.state, role.repairer
@@ -469,13 +468,13 @@ async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | Non
                 snapshot.publish_standby(role.active_address)
         else:
             if snapshot is not None:
-                snapshot.publish(service.console_view())
+                snapshot.publish(service.admin.console_view())
             views = state.store_views(now)
             metrics.stores_registered.set(len(views))
             metrics.stores_alive.set(sum(1 for v in views.values() if v.alive))
             metrics.streams.set(len(state.streams))
             metrics.segments.set(len(state.segments))
-            exposures = state.exposures(now)
+            exposures = state.replicas.exposures(now)
             metrics.under_replicated.set(len(exposures))
             debt_ms = state.durability.observe(now, exposures)
             metrics.durability_debt_seconds.inc(debt_ms / 1000)
@@ -485,7 +484,7 @@ async def _update_gauges(service: MasterService, snapshot: ConsoleSnapshot | Non
             metrics.repairs_failed.set(repairer.failed_count)
             metrics.repairs_running.set(len(repairer.running))
             if active:
-                service.enforce_retention()
+                service.streams.enforce_retention()
             _pending_delete_gauges(metrics, state)
         with contextlib.suppress(TimeoutError):
             await asyncio.sleep(GAUGES_INTERVAL_S)

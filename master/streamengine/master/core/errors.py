@@ -1,4 +1,4 @@
-"""Domain errors of the master, by who is at fault. `master.service` maps each to one
+"""Domain errors of the master, by who is at fault. `master.service_calls` maps each to one
 gRPC status in a single table; nothing else in the master knows about gRPC."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The master's records: what it persists and what its pure cores decide over.
+"""Types of the records (stream, segment, store, token) and store views the cores read.
 
-Plain frozen dataclasses, no I/O. Stores are named by their stable id everywhere; an
-address is looked up from the store's latest registration when a reply is built, so a
-store that moves to another port keeps its replicas.
+What the catalog persists and the pure cores decide over: plain frozen dataclasses, no
+I/O. Stores are named by their stable id everywhere; an address is looked up from the
+store's latest registration when a reply is built, so a store that moves to another
+port keeps its replicas.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ RETENTION_AGE_MS_MAX = 100 * 366 * 24 * 3600 * 1000
 RETENTION_BYTES_MAX = 1 << 60
 # Segments trimmed (or dropped after their grace) in one catalog transaction: one put
 # each plus the stream record, within `metadata.OPS_PER_TRANSACTION_MAX` (etcd's limit;
-# asserted where both are known, `streamengine.master.state`). Longer trims take several
+# asserted where both are known, `streamengine.master.retention`). Longer trims take several
 # transactions, each leaving a trimmed prefix behind.
 TRIMS_PER_COMMIT_MAX = 100
 

@@ -1,0 +1,194 @@
+"""Leases and epochs: the shell of `core/leadership.py` over the master's records.
+
+A writer's heartbeat, roll, release and end of call go through the pure lease rules;
+a new epoch is persisted with its segment (placed by `core/placement.py`) before it is
+answered. A section of the master's state (`master.state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from streamengine.master.catalog import Batch
+from streamengine.master.core import authority, leadership, placement, repair
+from streamengine.master.core.errors import NotEnoughStores, TooManyUnsealed
+from streamengine.master.core.leadership import Lease, Outcome
+from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.protocol.grants import Grant
+from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+
+if TYPE_CHECKING:
+    from streamengine.master.state import MasterState
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderReport:
+    """What a stream's leader last said of its open segment (the segment of `epoch`).
+    Kept after the lease ends: it stays true of that segment."""
+
+    epoch: int
+    acked_index: int
+    segment_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriterView:
+    """The answer to a writer heartbeat or a roll."""
+
+    stream: StreamRecord
+    leads: bool
+    lease: Lease
+    segment: SegmentRecord | None
+    unsealed: tuple[SegmentRecord, ...]
+    roll_reason: str
+
+    def grant(self) -> Grant:
+        """The grant of the epoch this view makes its holder lead (LEADER only)."""
+        assert self.leads
+        return authority.grant_of(
+            self.stream, self.lease.epoch, self.lease.holder, self.segment, self.unsealed
+        )
+
+
+class Leadership:
+    """Writers' leases, the epochs they open and the rolls operators ask for."""
+
+    def __init__(self, state: MasterState) -> None:
+        self.state = state
+
+    def writer_heartbeat(
+        self,
+        name: str,
+        client_id: str,
+        epoch: int,
+        acked_index: int,
+        segment_bytes: int,
+        now_ms: int,
+    ) -> WriterView:
+        record = self.state.usable_stream(name)
+        decision = leadership.heartbeat(
+            self.state.leases[name], client_id, epoch, now_ms, self.state.lease_ms
+        )
+        if decision.outcome is Outcome.GRANTED:
+            record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
+        self.state.leases[name] = decision.lease
+        if decision.leads and epoch == decision.lease.epoch:
+            self.state.leader_reports[name] = LeaderReport(epoch, acked_index, segment_bytes)
+        return self._writer_view(record, decision.leads, decision.lease, now_ms)
+
+    def roll_segment(
+        self, name: str, client_id: str, epoch: int, exclude: Iterable[str], now_ms: int
+    ) -> WriterView:
+        record = self.state.usable_stream(name)
+        lease = leadership.roll(
+            self.state.leases[name], client_id, epoch, now_ms, self.state.lease_ms
+        )
+        if len(self.state.unsealed(record.stream_id)) >= UNSEALED_SEGMENTS_MAX:
+            raise TooManyUnsealed(
+                f"{name}: {UNSEALED_SEGMENTS_MAX} segments unsealed; seal them before rolling"
+            )
+        record = self._open_epoch(record, lease, tuple(exclude), now_ms, allow_no_segment=False)
+        self.state.leases[name] = lease
+        return self._writer_view(record, True, lease, now_ms)
+
+    def release_lease(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
+        self.state.stream(name)
+        released = leadership.release(self.state.leases[name], client_id, epoch, now_ms)
+        if released is None:
+            return False
+        self.state.leases[name] = released
+        return True
+
+    def holder_gone(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
+        """The call the holder of `epoch` held open ended: whether its lease ended now
+        (`leadership.holder_gone`)."""
+        lease = self.state.leases.get(name)
+        ended = None if lease is None else leadership.holder_gone(lease, client_id, epoch, now_ms)
+        if ended is None:
+            return False
+        self.state.leases[name] = ended
+        return True
+
+    def request_roll(self, name: str, now_ms: int) -> tuple[str, int]:
+        """Ask the leader of `name` to roll its open segment; returns (leader, epoch of
+        that segment). With no running lease nothing is asked: ("", open epoch)."""
+        record = self.state.usable_stream(name)
+        open_epochs = [
+            s.epoch for s in self.state.unsealed(record.stream_id) if s.state == SegmentState.OPEN
+        ]
+        open_epoch = max(open_epochs, default=0)
+        lease = self.state.leases.get(name)
+        if lease is None or not lease.holder or not lease.running(now_ms):
+            return "", open_epoch
+        if open_epoch:
+            self.state.roll_requests[record.stream_id] = open_epoch
+        return lease.holder, open_epoch
+
+    def _open_epoch(
+        self,
+        record: StreamRecord,
+        lease: Lease,
+        exclude: tuple[str, ...],
+        now_ms: int,
+        allow_no_segment: bool,
+    ) -> StreamRecord:
+        """Persist the new epoch and its segment: none when two are unsealed already,
+        nor when too few stores are usable to place one while something is left to
+        seal (the new leader seals and recovers it, which needs only R stores of its own
+        copy set, and asks for a segment once stores allow: a stream whose stores are
+        too few to place a copy set still gets its last segment sealed and read)."""
+        assert lease.epoch == record.epoch + 1
+        unsealed = self.state.unsealed(record.stream_id)
+        segment = None
+        copy_set: tuple[str, ...] | None = None
+        if len(unsealed) < UNSEALED_SEGMENTS_MAX or not allow_no_segment:
+            try:
+                copy_set = placement.choose_copy_set(
+                    self.state.store_views(now_ms).values(), record.replicas, exclude
+                )
+            except NotEnoughStores:
+                if not (allow_no_segment and unsealed):
+                    raise
+        if copy_set is not None:
+            segment = SegmentRecord(
+                stream_id=record.stream_id,
+                stream=record.name,
+                epoch=lease.epoch,
+                copy_set=copy_set,
+                state=SegmentState.OPEN,
+                final_index=0,
+                created_at_ms=now_ms,
+                sealed_at_ms=0,
+                settled_at_ms=now_ms,
+            )
+        updated = replace(record, epoch=lease.epoch, leader_id=lease.holder)
+        sealing = [
+            replace(s, state=SegmentState.SEALING) for s in unsealed if s.state == SegmentState.OPEN
+        ]
+        batch = Batch().stream(updated)
+        for s in [*sealing, *([segment] if segment else [])]:
+            batch.segment(s)
+        self.state.catalog.commit(batch)
+        self.state.streams[record.name] = updated
+        for s in [*sealing, *([segment] if segment else [])]:
+            self.state.put_segment(s)
+        return updated
+
+    def _writer_view(
+        self, record: StreamRecord, leads: bool, lease: Lease, now_ms: int
+    ) -> WriterView:
+        if not leads:
+            return WriterView(record, False, lease, None, (), "")
+        segment = self.state.segments.get((record.stream_id, lease.epoch))
+        unsealed = tuple(s for s in self.state.unsealed(record.stream_id) if s.epoch < lease.epoch)
+        reason = ""
+        if segment is not None and segment.state == SegmentState.OPEN:
+            reason = repair.roll_reason(segment.copy_set, self.state.store_views(now_ms))
+            if not reason and self.state.roll_requests.get(record.stream_id) == segment.epoch:
+                reason = "an operator asked for a roll"
+            lost = sorted(self.state.lost_members.get(segment.key, ()))
+            if not reason and lost:
+                reason = f"{', '.join(lost)} lost its replica (a new incarnation)"
+        return WriterView(record, True, lease, segment, unsealed, reason)

@@ -1,0 +1,169 @@
+"""The Master service's RPCs for writers: leases, epochs and rolls.
+
+`ReleaseLease`, `HoldLease` and `RollSegment` also need the master's grant of the
+caller's epoch (`MasterCalls.require_holder`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from streamengine.master import replies
+from streamengine.master.core import authority
+from streamengine.master.leadership import WriterView
+from streamengine.master.service_calls import Context, Handlers, log
+from streamengine.protocol.logs import segment_fields
+from streamengine.v1 import entry_pb2, master_pb2
+
+
+class LeaseHandlers(Handlers):
+    """Writer heartbeats, lease release and hold, rolls."""
+
+    RPCS = (
+        "WriterHeartbeat",
+        "ReleaseLease",
+        "HoldLease",
+        "RollSegment",
+        "RequestRoll",
+    )
+
+    async def WriterHeartbeat(
+        self, request: master_pb2.WriterHeartbeatRequest, context: Context
+    ) -> master_pb2.WriterHeartbeatReply:
+        def beat(now: int) -> WriterView:
+            self.calls.require(context, "WriterHeartbeat", authority.stream_tenant(request.stream))
+            before = self.state.leases.get(request.stream)
+            view = self.state.leadership.writer_heartbeat(
+                request.stream,
+                request.client_id,
+                request.epoch,
+                request.acked_index,
+                request.segment_bytes,
+                now,
+            )
+            if before is not None and view.lease.epoch != before.epoch:
+                self.calls.metrics.leases_granted.inc()
+                log.info(
+                    "lease granted",
+                    extra=segment_fields(
+                        request.stream, view.lease.epoch, client=request.client_id
+                    ),
+                )
+            return view
+
+        return self._writer_reply(await self.calls.call(context, "WriterHeartbeat", beat))
+
+    async def ReleaseLease(
+        self, request: master_pb2.ReleaseLeaseRequest, context: Context
+    ) -> master_pb2.ReleaseLeaseReply:
+        def release(now: int) -> bool:
+            principal = self.calls.require(
+                context, "ReleaseLease", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self.calls.require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+            return self.state.leadership.release_lease(
+                request.stream, request.client_id, request.epoch, now
+            )
+
+        released = await self.calls.call(context, "ReleaseLease", release)
+        return master_pb2.ReleaseLeaseReply(released=released)
+
+    async def HoldLease(
+        self, request: master_pb2.HoldLeaseRequest, context: Context
+    ) -> AsyncIterator[master_pb2.HoldLeaseReply]:
+        def hold(now: int) -> None:
+            principal = self.calls.require(
+                context, "HoldLease", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self.calls.require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+
+        await self.calls.call(context, "HoldLease", hold)
+        try:
+            yield master_pb2.HoldLeaseReply(held=True)
+            await asyncio.Event().wait()  # until the call ends: the holder went
+        finally:
+            # A master that stops ends every call: its leases (memory only) go with it.
+            # One that is no longer active leaves the lease to the active one.
+            state = self.calls.role.state
+            if state is not None:
+                now = self.calls.clock_ms()
+                if state.leadership.holder_gone(
+                    request.stream, request.client_id, request.epoch, now
+                ):
+                    log.info(
+                        "the holder's call ended: its lease ends now",
+                        extra=segment_fields(
+                            request.stream, request.epoch, holder=request.client_id
+                        ),
+                    )
+
+    async def RollSegment(
+        self, request: master_pb2.RollSegmentRequest, context: Context
+    ) -> master_pb2.WriterHeartbeatReply:
+        def roll(now: int) -> WriterView:
+            principal = self.calls.require(
+                context, "RollSegment", authority.stream_tenant(request.stream)
+            )
+            record = self.state.stream(request.stream)
+            self.calls.require_holder(
+                principal, request.grant, record, request.epoch, request.client_id
+            )
+            return self.state.leadership.roll_segment(
+                request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
+            )
+
+        view = await self.calls.call(context, "RollSegment", roll)
+        log.info(
+            "segment rolled",
+            extra=segment_fields(
+                request.stream,
+                view.lease.epoch,
+                client=request.client_id,
+                reason=f"from epoch {request.epoch}",
+            ),
+        )
+        return self._writer_reply(view)
+
+    async def RequestRoll(
+        self, request: master_pb2.RequestRollRequest, context: Context
+    ) -> master_pb2.RequestRollReply:
+        def ask(now: int) -> tuple[str, int]:
+            self.calls.require(context, "RequestRoll", authority.stream_tenant(request.stream))
+            return self.state.leadership.request_roll(request.stream, now)
+
+        leader, open_epoch = await self.calls.call(context, "RequestRoll", ask)
+        log.info(
+            "roll requested",
+            extra=segment_fields(request.stream, open_epoch, client=leader or "(no leader)"),
+        )
+        return master_pb2.RequestRollReply(leader_id=leader, open_segment_epoch=open_epoch)
+
+    def _writer_reply(self, view: WriterView) -> master_pb2.WriterHeartbeatReply:
+        record = view.stream
+        reply = master_pb2.WriterHeartbeatReply(
+            role=master_pb2.LEADER if view.leads else master_pb2.FOLLOWER,
+            epoch=view.lease.epoch,
+            lease_ms=self.state.lease_ms,
+            leader_id=view.lease.holder if view.lease.running(self.calls.clock_ms()) else "",
+            stream_id=record.stream_id,
+            policy=entry_pb2.ReplicationPolicy(
+                replicas=record.replicas, write_quorum=record.write_quorum
+            ),
+            segment_bytes_max=record.segment_bytes,
+            segment_age_ms_max=record.segment_age_ms,
+        )
+        if view.leads:
+            if view.segment is not None:
+                reply.segment.CopyFrom(replies.segment_pb(self.state, view.segment))
+            reply.unsealed.extend(replies.segment_pb(self.state, s) for s in view.unsealed)
+            reply.roll_requested = bool(view.roll_reason)
+            reply.roll_reason = view.roll_reason
+            reply.grant = self.state.grant_signer.sign(view.grant())
+        return reply

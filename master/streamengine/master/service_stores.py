@@ -1,0 +1,179 @@
+"""The Master service's RPCs for the stores: registration and heartbeats.
+
+A heartbeat's reply carries what the store must do (deletes, replicas to check first,
+segment records, revocations); under TLS the master signs it (`_sign_reply`).
+"""
+
+from __future__ import annotations
+
+from streamengine.master.core import integrity
+from streamengine.master.core.model import Held, SegmentKey
+from streamengine.master.records import RecordEncodings
+from streamengine.master.service_calls import Context, Handlers, MasterCalls, log
+from streamengine.master.stores import Registered
+from streamengine.protocol import codec, identity
+from streamengine.protocol.certificate import MalformedCertificate
+from streamengine.protocol.logs import segment_fields
+from streamengine.v1 import entry_pb2, master_pb2
+
+
+class StoreHandlers(Handlers):
+    """RegisterStore and StoreHeartbeat."""
+
+    RPCS = (
+        "RegisterStore",
+        "StoreHeartbeat",
+    )
+
+    def __init__(self, calls: MasterCalls) -> None:
+        super().__init__(calls)
+        # Segment records as sent to the stores (`master.records`).
+        self.records = RecordEncodings()
+
+    async def RegisterStore(
+        self, request: master_pb2.RegisterStoreRequest, context: Context
+    ) -> master_pb2.RegisterStoreReply:
+        def register(now: int) -> Registered:
+            self.calls.require_store(context, "RegisterStore", request.store_id)
+            return self.state.registry.register_store(
+                request.store_id,
+                request.address,
+                request.zone,
+                request.free_bytes,
+                now,
+                request.incarnation,
+                request.cluster_id,
+            )
+
+        registered = await self.calls.call(context, "RegisterStore", register)
+        if registered.lost:
+            log.warning(
+                "store %s registered as a new incarnation: its %d replicas are lost",
+                request.store_id,
+                len(registered.lost),
+            )
+        reply = master_pb2.RegisterStoreReply(
+            heartbeat_interval_ms=registered.heartbeat_ms,
+            signing_public_keys=[self.state.signing_key.public_key],
+            cluster_id=registered.cluster_id,
+            lost_segments=[
+                entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch)
+                for stream_id, epoch in registered.lost
+            ],
+        )
+        self._sign_reply(context, "register", request.store_id, reply)
+        return reply
+
+    async def StoreHeartbeat(
+        self, request: master_pb2.StoreHeartbeatRequest, context: Context
+    ) -> master_pb2.StoreHeartbeatReply:
+        held: dict[SegmentKey, Held] = {
+            (h.segment.stream_id, h.segment.epoch): Held(
+                h.fence, h.acked_index, h.last_index, h.bytes
+            )
+            for h in request.segments
+        }
+        versions = {
+            (h.segment.stream_id, h.segment.epoch): h.record_version for h in request.segments
+        }
+
+        def beat(now: int) -> list[SegmentKey] | None:
+            self.calls.require_store(context, "StoreHeartbeat", request.store_id)
+            return self.state.registry.store_heartbeat(
+                request.store_id, request.used_bytes, request.free_bytes, held, now
+            )
+
+        deletes = await self.calls.call(context, "StoreHeartbeat", beat)
+        if deletes is None:
+            return master_pb2.StoreHeartbeatReply(register_again=True)
+        for scrubbed in request.scrubbed:
+            self._replica_reported(request.store_id, scrubbed)
+        revocations = self.state.issuer.current_revocations(self.calls.clock_ms())
+        reply = master_pb2.StoreHeartbeatReply(
+            delete_segments=[
+                entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
+                for s, e in deletes
+            ],
+            signing_public_keys=[self.state.signing_key.public_key],
+            revocations_version=revocations.version,
+            tenant_append_bytes_per_s=self.calls.tenant_append_bytes_per_s,
+            scrub_first=[
+                entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
+                for s, e in self.state.integrity.take_scrub_first(request.store_id)
+            ],
+            deleted_streams=[
+                master_pb2.DeletedStream(stream_id=r.stream_id, deleted_until_ms=r.deleted_until_ms)
+                for r in self.state.streams.values()
+                if r.deleted_until_ms
+            ],
+            segment_records=self.records.to_send(
+                request.store_id,
+                versions,
+                self.state.segments,
+                lambda stream_id: self.state.streams.get(self.state.stream_name(stream_id)),
+            ),
+        )
+        if request.revocations_version != revocations.version:
+            reply.revoked_tokens.extend(
+                master_pb2.RevokedToken(token_id=token_id, expires_at_ms=expires_at_ms)
+                for token_id, expires_at_ms in revocations.items()
+            )
+        self._sign_reply(context, "heartbeat", request.store_id, reply)
+        return reply
+
+    def _replica_reported(self, store_id: str, scrubbed: master_pb2.ScrubReport) -> None:
+        """One replica a store's scrub read back: judged against the certificate."""
+        key = (scrubbed.segment.stream_id, scrubbed.segment.epoch)
+        stream = self.state.stream_name(key[0])
+        fields = segment_fields(stream, key[1], store=store_id)
+        report: integrity.Report
+        if scrubbed.damaged:
+            report = integrity.Damaged(scrubbed.detail)
+        else:
+            try:
+                report = integrity.Clean(codec.certificate_from_pb(scrubbed.certificate))
+            except MalformedCertificate as error:
+                log.warning("malformed scrub report: %s", error, extra=fields)
+                return
+        had = self.state.segments.get(key)
+        judgement = self.state.integrity.replica_reported(
+            store_id, key, report, self.calls.clock_ms()
+        )
+        checks = self.state.checks.get(key)
+        if judgement.certificate is not None:
+            self.calls.metrics.certificates.labels(integrity.REPLICAS).inc()
+            contradicted = had is not None and had.certificate is not None
+            (log.error if contradicted else log.info)(judgement.note, extra=fields)
+        if judgement.bad:
+            self.calls.metrics.replicas_bad.inc(len(judgement.bad))
+            log.warning(
+                "replicas %s differ from the certificate: %s",
+                ", ".join(judgement.bad),
+                judgement.note,
+                extra=fields,
+            )
+        if isinstance(report, integrity.Damaged):
+            outcome = "damaged"
+            log.warning(judgement.note, extra=fields)
+        elif store_id in judgement.bad:
+            outcome = "bad"
+        elif checks is not None and store_id in checks.verified:
+            outcome = "verified"
+        else:
+            outcome = "other"
+        self.calls.metrics.replica_checks.labels(outcome).inc()
+
+    def _sign_reply(
+        self,
+        context: Context,
+        kind: str,
+        store_id: str,
+        reply: master_pb2.RegisterStoreReply | master_pb2.StoreHeartbeatReply,
+    ) -> None:
+        """Under TLS, the master's certificate proof on a reply to a store: the store
+        takes its delete list, signing keys and revocations only from the master."""
+        if self.calls.signer is not None:
+            audience = identity.reply_audience(kind, store_id, reply)
+            context.set_trailing_metadata(
+                self.calls.signer.metadata(audience, self.calls.clock_ms())
+            )

@@ -1,0 +1,193 @@
+"""Tenants and streams: created, listed, their retention changed, deleted (in two
+phases, with `retention.remove_due`), undeleted and at last removed.
+
+A section of the master's state (`master.state`): it changes the shared records
+through their one commit path, commit first, memory after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from streamengine.master.catalog import Batch
+from streamengine.master.core import retention
+from streamengine.master.core.errors import AlreadyExists, InvalidArgument, NotFound, QuotaExceeded
+from streamengine.master.core.leadership import Lease
+from streamengine.master.core.model import StreamRecord, validate_name_part, validate_stream_name
+from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+
+if TYPE_CHECKING:
+    from streamengine.master.state import MasterState
+
+# Roll thresholds when a stream is created without its own.
+SEGMENT_BYTES_DEFAULT = 256 << 20
+SEGMENT_AGE_MS_DEFAULT = 60 * 60 * 1000
+
+
+class Tenancy:
+    """Tenants and their streams."""
+
+    def __init__(self, state: MasterState) -> None:
+        self.state = state
+
+    def create_tenant(self, tenant: str, now_ms: int) -> bool:
+        validate_name_part("tenant", tenant)
+        if tenant in self.state.tenants:
+            return False
+        self.state.catalog.commit(Batch().tenant(tenant, now_ms))
+        self.state.tenants[tenant] = now_ms
+        return True
+
+    def create_stream(
+        self,
+        name: str,
+        replicas: int,
+        write_quorum: int,
+        segment_bytes: int,
+        segment_age_ms: int,
+        create_tenant: bool,
+        now_ms: int,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
+    ) -> StreamRecord:
+        tenant, _ = validate_stream_name(name)
+        try:
+            ReplicationPolicy(replicas, write_quorum)
+        except InvalidPolicy as error:
+            raise InvalidArgument(f"impossible policy: {error}") from None
+        retention.validate_retention(retention_age_ms, retention_bytes)
+        segment_bytes = segment_bytes or SEGMENT_BYTES_DEFAULT
+        segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
+        existing = self.state.streams.get(name)
+        if existing is None and self.state.tenant_streams_max:
+            count = sum(1 for s in self.state.streams.values() if s.tenant == tenant)
+            if count >= self.state.tenant_streams_max:
+                raise QuotaExceeded(
+                    f"tenant {tenant!r} holds {count} streams, its quota "
+                    f"(--tenant-streams-max {self.state.tenant_streams_max})"
+                )
+        if existing is not None:
+            if existing.deleted_until_ms:
+                raise AlreadyExists(
+                    f"stream {name!r} is deleted, pending removal at "
+                    f"{existing.deleted_until_ms}: undelete it, or create it after"
+                )
+            same = (
+                existing.replicas,
+                existing.write_quorum,
+                existing.segment_bytes,
+                existing.segment_age_ms,
+                existing.retention_age_ms,
+                existing.retention_bytes,
+            )
+            asked = (
+                replicas,
+                write_quorum,
+                segment_bytes,
+                segment_age_ms,
+                retention_age_ms,
+                retention_bytes,
+            )
+            if same != asked:
+                raise AlreadyExists(f"stream {name!r} exists with another policy")
+            return existing
+        batch = Batch()
+        if tenant not in self.state.tenants:
+            if not create_tenant:
+                raise NotFound(f"tenant {tenant!r} does not exist (set create_tenant)")
+            batch.tenant(tenant, now_ms)
+        record = StreamRecord(
+            name=name,
+            stream_id=self.state.next_stream_id,
+            replicas=replicas,
+            write_quorum=write_quorum,
+            segment_bytes=segment_bytes,
+            segment_age_ms=segment_age_ms,
+            epoch=0,
+            leader_id="",
+            created_at_ms=now_ms,
+            retention_age_ms=retention_age_ms,
+            retention_bytes=retention_bytes,
+        )
+        self.state.catalog.commit(batch.stream(record).next_stream_id(record.stream_id + 1))
+        self.state.tenants.setdefault(tenant, now_ms)
+        self.state.next_stream_id = record.stream_id + 1
+        self.state.streams[name] = record
+        self.state.names[record.stream_id] = name
+        # A new stream never had a leader: nothing to wait for, even right after a start.
+        self.state.leases[name] = Lease(0, "", 0)
+        return record
+
+    def list_streams(self, tenant: str) -> list[StreamRecord]:
+        if tenant:
+            validate_name_part("tenant", tenant)
+        return [
+            s for name, s in sorted(self.state.streams.items()) if not tenant or s.tenant == tenant
+        ]
+
+    def update_stream(
+        self, name: str, retention_age_ms: int | None, retention_bytes: int | None
+    ) -> StreamRecord:
+        """Change a stream's retention limits (None: unchanged); the next retention
+        pass applies them."""
+        record = self.state.usable_stream(name)
+        updated = replace(
+            record,
+            retention_age_ms=record.retention_age_ms
+            if retention_age_ms is None
+            else retention_age_ms,
+            retention_bytes=record.retention_bytes if retention_bytes is None else retention_bytes,
+        )
+        retention.validate_retention(updated.retention_age_ms, updated.retention_bytes)
+        if updated != record:
+            self.state.catalog.commit(Batch().stream(updated))
+            self.state.streams[name] = updated
+        return updated
+
+    def delete_stream(self, name: str, now_ms: int) -> tuple[int, int]:
+        """Record the intent to delete: the stream is refused from now on, and its
+        records and data go once the grace has passed (`Retention.remove_due`), unless
+        it is undeleted before. Returns (segments, when they go). Deleting a stream
+        already deleted changes nothing."""
+        record = self.state.stream(name)
+        segments = len(self.state.stream_segments(record.stream_id))
+        if record.deleted_until_ms:
+            return segments, record.deleted_until_ms
+        deleted = replace(
+            record, deleted_until_ms=retention.removal_at_ms(now_ms, self.state.delete_grace_ms)
+        )
+        self.state.catalog.commit(Batch().stream(deleted))
+        self.state.streams[name] = deleted
+        self.state.roll_requests.pop(record.stream_id, None)
+        return segments, deleted.deleted_until_ms
+
+    def undelete_stream(self, name: str) -> StreamRecord:
+        """Bring a deleted stream back within its grace: same id, segments and epochs.
+        The lease starts afresh (its holder, if alive, renews it)."""
+        record = self.state.stream(name)
+        if not record.deleted_until_ms:
+            raise InvalidArgument(f"stream {name!r} is not deleted")
+        restored = replace(record, deleted_until_ms=0)
+        self.state.catalog.commit(Batch().stream(restored))
+        self.state.streams[name] = restored
+        return restored
+
+    def remove_stream(self, name: str) -> int:
+        """Drop the stream and its segments. Stores are not told one replica at a time:
+        a stream id below the next one that no stream has is garbage wherever it is
+        reported (`StoreRegistry._garbage`), so the removal is one small transaction
+        however long the stream."""
+        record = self.state.stream(name)
+        assert record.deleted_until_ms, "only a deleted stream is removed"
+        segments = self.state.stream_segments(record.stream_id)
+        self.state.catalog.commit(Batch().drop_stream(name).drop_segments_of(record.stream_id))
+        for segment in segments:
+            self.state.drop_segment(segment.key)
+        del self.state.streams[name]
+        # Replicas of an unknown stream id are garbage to every store that reports them.
+        self.state.names.pop(record.stream_id, None)
+        self.state.leases.pop(name, None)
+        self.state.leader_reports.pop(name, None)
+        self.state.durability.forget(s.key for s in segments)
+        return len(segments)
