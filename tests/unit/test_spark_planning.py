@@ -155,7 +155,18 @@ def test_a_scan_takes_as_few_partitions_as_fit_and_they_span_segments() -> None:
     plan = plan_partitions(segments, 500)
     assert parts(plan) == [[(1, 1, 333), (2, 1, 166)], [(2, 167, 333), (3, 1, 333)]]
     assert [p.entries for p in plan] == [499, 500]
-    assert plan[0].ranges[1].replicas == plan[1].ranges[0].replicas  # one segment's plan
+    # Segment 2 starts at its least loaded replica, its second piece at the next one.
+    assert plan[0].ranges[1].replicas == ("b:1", "c:1", "a:1")
+    assert plan[1].ranges[0].replicas == ("c:1", "a:1", "b:1")
+
+
+def test_the_pieces_of_a_split_segment_start_at_its_replicas_in_turn() -> None:
+    """Issue #36 (7): one large segment cut into pieces spreads them over its stores,
+    each piece starting at the next replica, not all at the planned first one."""
+    plan = plan_partitions(layout(sealed(1, 41)), 10)
+    starts = [p.ranges[0].replicas for p in plan]
+    assert starts == [R, ("b:1", "c:1", "a:1"), ("c:1", "a:1", "b:1"), R]
+    assert all(sorted(replicas) == sorted(R) for replicas in starts)
 
 
 @pytest.mark.parametrize(

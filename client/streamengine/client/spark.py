@@ -359,16 +359,22 @@ def balance(ranges: list[SegmentRange], partition_entries: int) -> list[ScanPart
         cuts.append(cut)
     cuts.append(total)
     partitions: list[ScanPartition] = []
+    pieces_cut = [0] * len(ranges)  # pieces of each range so far
     for low, high in itertools.pairwise(cuts):  # entries [low, high) of the scan
         pieces: list[SegmentRange] = []
-        for r, offset, size in zip(ranges, offsets[:-1], sizes, strict=True):
+        for position, (r, offset, size) in enumerate(zip(ranges, offsets[:-1], sizes, strict=True)):
             begin, end = max(low, offset), min(high, offset + size)
             if begin < end:
+                # Each piece of a split segment starts at the next replica in turn, so
+                # that the tasks reading one large segment spread over its stores.
+                turn = pieces_cut[position] % max(len(r.replicas), 1)
+                pieces_cut[position] += 1
                 pieces.append(
                     dataclasses.replace(
                         r,
                         first_index=r.first_index + begin - offset,
                         last_index=r.first_index + end - offset - 1,
+                        replicas=r.replicas[turn:] + r.replicas[:turn],
                     )
                 )
         partitions.append(ScanPartition(tuple(pieces)))
