@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
+from streamengine.client import spark
+from streamengine.client.errors import Unavailable
 from streamengine.client.packed import Packed
 from streamengine.client.spark import (
     ScanPartition,
@@ -30,6 +32,7 @@ from streamengine.protocol.certificate import (
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
+from streamengine.protocol.transport import PLAINTEXT
 from tests.unit.test_packed import packed_reply
 
 R = ("a:1", "b:1", "c:1")
@@ -92,6 +95,28 @@ def test_include_open_reads_up_to_the_acked_index() -> None:
     segments = layout(sealed(1, 3), opened(2), open_acked={2: 6})
     plan = plan_ranges("t/s", segments, 0, None, True)
     assert spans(plan) == [(1, 1, 2), (2, 1, 6)]
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"), [((None, 40, None), 100), ((None, 120, 0), 120), ((0, 0, 0), 100)]
+)
+def test_an_open_segment_is_planned_to_the_most_any_replica_or_the_master_knows(
+    monkeypatch: pytest.MonkeyPatch, answers: tuple[int | None, ...], expected: int
+) -> None:
+    told = dict(zip(R, answers, strict=True))
+    monkeypatch.setattr(spark, "_replica_acked", lambda _id, _epoch, address, _t: told[address])
+    segment = _SegmentInfo(2, False, 0, R, acked_index=100)
+    assert spark._open_acked("t/s", 7, segment, PLAINTEXT) == expected
+
+
+def test_an_open_segment_none_of_whose_replicas_answers_fails_the_plan_naming_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #36 (0): the plan once took it as acked 0 and scanned nothing of it."""
+    monkeypatch.setattr(spark, "_replica_acked", lambda *_: None)
+    segment = _SegmentInfo(2, False, 0, R, acked_index=100)
+    with pytest.raises(Unavailable, match=r"segment 2 .*\(a:1, b:1, c:1\)"):
+        spark._open_acked("t/s", 7, segment, PLAINTEXT)
 
 
 def test_a_sequence_range_clips_both_ends() -> None:
