@@ -167,7 +167,7 @@ class Unreachable:
             return f"{stream}: no replica of segment {self.epoch} told its acked index ({stores})"
         return (
             f"{stream}: no replica of segment {self.epoch} could be read for "
-            f"{self.waited_ms / 1000:g} s ({stores})"
+            f"{self.waited_ms / 1000:.0f} s ({stores})"
         )
 
 
