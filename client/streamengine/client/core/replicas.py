@@ -102,7 +102,7 @@ class FollowerTiming:
             keepalive_interval_ms=50,
             silent_replica_ms=200,
             list_timeout_ms=200,
-            unreachable_read_ms=1500,
+            unreachable_read_ms=800,
         )
 
     def retry_delay_ms(self, failures: int) -> int:
