@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from streamengine.client import StreamClient
 from streamengine.testing import Cluster
 
-# A bounded read of paused stores must raise within this: the open segment's end is
-# asked of its replicas at once (2 s), and a read given its end leaves each hanging
-# replica after 4 s of silence, then gives up 10 s after its last progress.
+# A bounded read of paused stores must raise within this: it gives up on its replicas
+# 10 s after its start (`FollowerTiming.unreachable_read_ms`), once it has asked every
+# one: for the open segment's acked end, again each second (each ask 2 s at most);
+# for its events, leaving each hanging replica after 4 s of silence.
 READ_RAISES_S_MAX = 30.0
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.core.subscription import (
+    Asked,
     Cursor,
     Next,
     ReadFrom,
@@ -130,26 +131,36 @@ def test_with_every_replica_silent_each_is_tried_before_giving_up() -> None:
     assert GIVE_UP_MS <= now < GIVE_UP_MS + TIMING.silent_replica_ms
 
 
+NO_ANSWER = [None, None, None]
+REFRESH_MS = TIMING.segment_refresh_ms
+
+
 @pytest.mark.parametrize(
-    ("sealed", "master_acked", "answers", "expected"),
+    ("sealed", "master_acked", "answers", "asked_for_ms", "expected"),
     [
-        (True, 100, [], pack_sequence(2, 0)),
-        (False, 100, [None, 40, None], pack_sequence(1, 101)),  # the master knows more
-        (False, 0, [50, 40, None], pack_sequence(1, 51)),
-        (False, 0, [0, 0, 0], pack_sequence(1, 1)),  # nothing acked: an empty read
-        # No replica answered: the master's 100 may trail the leader's acked index.
-        (False, 100, [None, None, None], Unreachable(1, (A, B, C))),
+        (True, 100, [], 0, pack_sequence(2, 0)),
+        (False, 100, [None, 40, None], 0, pack_sequence(1, 101)),  # the master knows more
+        (False, 0, [50, 40, None], 0, pack_sequence(1, 51)),
+        (False, 0, [0, 0, 0], 0, pack_sequence(1, 1)),  # nothing acked: an empty read
+        # No replica answered: the master's 100 may trail the leader's acked index. Ask
+        # again (the stores may be restarting), until a read gives up on its replicas.
+        (False, 100, NO_ANSWER, 0, Wait(1000 + REFRESH_MS)),
+        (False, 100, NO_ANSWER, GIVE_UP_MS - 1, Wait(1000 + GIVE_UP_MS - 1 + REFRESH_MS)),
+        (False, 100, NO_ANSWER, GIVE_UP_MS, Unreachable(1, (A, B, C), GIVE_UP_MS)),
+        (False, 0, [None, 0, None], GIVE_UP_MS, pack_sequence(1, 1)),  # one answered
     ],
 )
 def test_where_a_read_to_the_acked_end_ends(
-    sealed: bool, master_acked: int, answers: list[int | None], expected: object
+    sealed: bool,
+    master_acked: int,
+    answers: list[int | None],
+    asked_for_ms: int,
+    expected: object,
 ) -> None:
     last = SegmentView(1, (A, B, C), sealed, 102 if sealed else 0, acked_index=master_acked)
-    assert acked_end(last, answers) == expected
+    assert acked_end(last, Asked(answers, 1000, 1000 + asked_for_ms), TIMING) == expected
 
 
 def test_the_error_names_the_stores_and_the_wait() -> None:
     text = Unreachable(4, (A, B), 10_000).describe("t/s")
-    assert text == "t/s: no replica of segment 4 could be read for 10 s (a:1, b:1)"
-    text = Unreachable(4, (A, B)).describe("t/s")
-    assert text == "t/s: no replica of segment 4 told its acked index (a:1, b:1)"
+    assert text == "t/s: no replica of segment 4 answered for 10 s (a:1, b:1)"

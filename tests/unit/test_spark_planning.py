@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from streamengine.client import spark
+from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.errors import Unavailable
 from streamengine.client.packed import Packed
 from streamengine.client.spark import (
@@ -113,10 +114,17 @@ def test_an_open_segment_none_of_whose_replicas_answers_fails_the_plan_naming_th
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue #36 (0): the plan once took it as acked 0 and scanned nothing of it."""
-    monkeypatch.setattr(spark, "_replica_acked", lambda *_: None)
+    asked: list[str] = []
+
+    def no_answer(_id: int, _epoch: int, address: str, _transport: object) -> None:
+        asked.append(address)
+
+    monkeypatch.setattr(spark, "_replica_acked", no_answer)
+    monkeypatch.setattr(spark, "FollowerTiming", FollowerTiming.fast)  # asks again soon
     segment = _SegmentInfo(2, False, 0, R, acked_index=100)
     with pytest.raises(Unavailable, match=r"segment 2 .*\(a:1, b:1, c:1\)"):
         spark._open_acked("t/s", 7, segment, PLAINTEXT)
+    assert len(asked) > len(R)  # asked again before giving up
 
 
 def test_a_sequence_range_clips_both_ends() -> None:

@@ -64,8 +64,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, WaitUntil
-from streamengine.client.core.subscription import Unreachable, open_acked_index
+from streamengine.client.core.replicas import (
+    Ask,
+    FollowerTiming,
+    Lost,
+    Relist,
+    ReplicaSet,
+    WaitUntil,
+)
+from streamengine.client.core.subscription import Asked, Unreachable, open_acked_index
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.client.packed import EVENT_FIELDS, Packed, event_columns, one_batch
 from streamengine.protocol import codec
@@ -241,11 +248,19 @@ def segment_info(segment: entry_pb2.Segment) -> _SegmentInfo:
 def _open_acked(stream: str, stream_id: int, segment: _SegmentInfo, transport: Transport) -> int:
     """The acked index of open `segment` (`core.subscription.open_acked_index`): a scan
     to it must not end short because its stores did not answer."""
-    answers = [_replica_acked(stream_id, segment.epoch, a, transport) for a in segment.replicas]
-    acked = open_acked_index(segment.epoch, segment.replicas, segment.acked_index, answers)
-    if isinstance(acked, Unreachable):
-        raise Unavailable(acked.describe(stream))
-    return acked
+    first_ms = monotonic_ms()
+    timing = FollowerTiming()
+    while True:
+        answers = [_replica_acked(stream_id, segment.epoch, a, transport) for a in segment.replicas]
+        asked = Asked(answers, first_ms, monotonic_ms())
+        acked = open_acked_index(
+            segment.epoch, segment.replicas, segment.acked_index, asked, timing
+        )
+        if isinstance(acked, Unreachable):
+            raise Unavailable(acked.describe(stream))
+        if isinstance(acked, int):
+            return acked
+        time.sleep(max(acked.until_ms - monotonic_ms(), 0) / 1000)
 
 
 def _replica_acked(stream_id: int, epoch: int, address: str, transport: Transport) -> int | None:

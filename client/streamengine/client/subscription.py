@@ -24,6 +24,7 @@ from streamengine.client.channels import ChannelPool
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.core.subscription import (
     SUBSCRIBE_BATCH_ENTRIES,
+    Asked,
     Cursor,
     DataLoss,
     Finished,
@@ -513,18 +514,23 @@ class Follower:
 
     async def _acked_end(self, segments: list[SegmentView]) -> int:
         """The sequence just past the last acked event now (`core.subscription.acked_end`),
-        asking the open segment's replicas at once."""
-        if not segments:
-            return self._first_retained
-        last = segments[-1]
-        answers: list[int | None] = []
-        if not last.sealed:
-            asks = (self._replica_acked(replica, last.epoch) for replica in last.replicas)
-            answers = list(await asyncio.gather(*asks))
-        end = acked_end(last, answers)
-        if isinstance(end, Unreachable):
-            raise Unavailable(end.describe(self._stream))
-        return end
+        asking the open segment's replicas at once, again while none answers."""
+        first_ms = monotonic_ms()
+        while True:
+            if not segments:
+                return self._first_retained
+            last = segments[-1]
+            answers: list[int | None] = []
+            if not last.sealed:
+                asks = (self._replica_acked(replica, last.epoch) for replica in last.replicas)
+                answers = list(await asyncio.gather(*asks))
+            end = acked_end(last, Asked(answers, first_ms, monotonic_ms()), self._timing)
+            if isinstance(end, Unreachable):
+                raise Unavailable(end.describe(self._stream))
+            if isinstance(end, int):
+                return end
+            await asyncio.sleep(max(end.until_ms - monotonic_ms(), 0) / 1000)
+            segments = await self._list_segments(retry=True)
 
     async def _replica_acked(self, replica: str, epoch: int) -> int | None:
         """What `replica` says it acked of segment `epoch` (0: it holds none of it), or

@@ -21,7 +21,8 @@ short answer: when its position has not moved for `FollowerTiming.unreachable_re
 and every replica that may serve it failed since its latest answer, the cursor answers
 `Unreachable`, naming them (the shell raises Unavailable); a subscription waits on. The
 end of a read "to the acked end" is decided here too (`acked_end`): from what the open
-segment's replicas answer, never from the master's figure alone.
+segment's replicas answer, never from the master's figure alone; while none answers,
+they are asked again, for as long as a read waits for its replicas.
 
 Certificates. A segment the master lists sealed with a certificate
 (`streamengine.protocol.certificate`) is read chunk by chunk: a read starts at the first index of
@@ -154,19 +155,16 @@ class DataLoss:
 @dataclass(frozen=True, slots=True)
 class Unreachable:
     """A bounded read cannot go on: no replica of segment `epoch` it tried (`stores`)
-    could be read for `waited_ms`; or, with `waited_ms=0`, none answered where the read
-    ends (`acked_end`)."""
+    could be read, or told its acked index (`acked_end`), for `waited_ms`."""
 
     epoch: int
     stores: tuple[str, ...]
-    waited_ms: int = 0
+    waited_ms: int
 
     def describe(self, stream: str) -> str:
         stores = ", ".join(self.stores) or "none listed"
-        if not self.waited_ms:
-            return f"{stream}: no replica of segment {self.epoch} told its acked index ({stores})"
         return (
-            f"{stream}: no replica of segment {self.epoch} could be read for "
+            f"{stream}: no replica of segment {self.epoch} answered for "
             f"{self.waited_ms / 1000:.0f} s ({stores})"
         )
 
@@ -174,29 +172,47 @@ class Unreachable:
 Next = ReadFrom | Wait | Finished | DataLoss | Unreachable
 
 
-def acked_end(last: SegmentView, answers: Sequence[int | None]) -> int | Unreachable:
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the replicas of an open segment answered for its acked index (in copy-set
+    order; None: no answer), at `now_ms`, asked first at `first_ms`."""
+
+    answers: Sequence[int | None]
+    first_ms: int
+    now_ms: int
+
+
+def acked_end(
+    last: SegmentView, asked: Asked, timing: FollowerTiming
+) -> int | Wait | Unreachable:
     """The sequence just past the last acked event of a stream whose latest listed
-    segment is `last`, given what each of its replicas answered for its acked index
-    (`open_acked_index`; none asked once it is sealed)."""
+    segment is `last` (`open_acked_index`; none asked once it is sealed)."""
     if last.sealed:
         return pack_sequence(last.epoch + 1, 0)
-    acked = open_acked_index(last.epoch, last.replicas, last.acked_index, answers)
-    return acked if isinstance(acked, Unreachable) else pack_sequence(last.epoch, acked + 1)
+    acked = open_acked_index(last.epoch, last.replicas, last.acked_index, asked, timing)
+    return acked if not isinstance(acked, int) else pack_sequence(last.epoch, acked + 1)
 
 
 def open_acked_index(
-    epoch: int, replicas: tuple[str, ...], master_acked: int, answers: Sequence[int | None]
-) -> int | Unreachable:
-    """The acked index of open segment `epoch`, from what each of its `replicas`
-    answered (in their order; None: it did not answer): the largest of the answers and
-    the master's figure. With no answer at all it is unknown (the master's figure trails
-    the leader's, so a read ending there could end short without a word): `Unreachable`,
-    naming the replicas asked."""
-    assert len(answers) == len(replicas)
-    known = [acked for acked in answers if acked is not None]
-    if not known:
-        return Unreachable(epoch, replicas)
-    return max(master_acked, *known)
+    epoch: int,
+    replicas: tuple[str, ...],
+    master_acked: int,
+    asked: Asked,
+    timing: FollowerTiming,
+) -> int | Wait | Unreachable:
+    """The acked index of open segment `epoch`: the largest of its replicas' answers
+    and the master's figure. With no answer at all it is unknown (the master's figure
+    trails the leader's, so a read ending there could end short without a word): ask
+    again at `Wait.until_ms` (the stores may be restarting) until a read gives up on
+    its replicas (`FollowerTiming.unreachable_read_ms`), then `Unreachable`."""
+    assert len(asked.answers) == len(replicas)
+    known = [acked for acked in asked.answers if acked is not None]
+    if known:
+        return max(master_acked, *known)
+    waited_ms = asked.now_ms - asked.first_ms
+    if waited_ms >= timing.unreachable_read_ms:
+        return Unreachable(epoch, replicas, waited_ms)
+    return Wait(asked.now_ms + timing.segment_refresh_ms)
 
 
 class Run(Protocol):
