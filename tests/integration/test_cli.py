@@ -17,6 +17,7 @@ import pytest
 
 from streamengine.client import StreamClient
 from streamengine.testing import STREAMENGINE, Cluster, free_port, wait_for, wait_until
+from tests.integration.paused_stores import READ_RAISES_S_MAX, acked_then_paused
 
 
 def run_cli(
@@ -282,6 +283,24 @@ def test_append_and_tail(cluster: Cluster) -> None:
 
     missing = run_cli("tail", "cli/missing", *master)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+async def test_tail_of_paused_stores_fails_naming_them(cluster: Cluster) -> None:
+    """Issue #36 (0): `tail` without --follow of acked events no store can serve exits
+    non-zero with the stores on stderr, never zero with nothing printed."""
+    async with (
+        StreamClient(cluster.master_address) as client,
+        acked_then_paused(cluster, client, "cli/paused") as paused,
+    ):
+        tail = await asyncio.to_thread(
+            run_cli, "tail", paused.name, "--master", cluster.master_address,
+            timeout_s=READ_RAISES_S_MAX,
+        )  # fmt: skip
+    assert tail.returncode == 1, (tail.stdout, tail.stderr)
+    assert tail.stdout == ""
+    assert tail.stderr.startswith("streamengine: error: "), tail.stderr
+    assert "Traceback" not in tail.stderr
+    assert all(store in tail.stderr for store in paused.stores), tail.stderr
 
 
 async def test_status_and_describe_show_the_open_segment_move(cluster: Cluster) -> None:

@@ -12,12 +12,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from streamengine.client import StreamClient
+from streamengine.client import StreamClient, Unavailable
 from streamengine.client.packed import EVENT_SCHEMA
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
 from streamengine.v1 import master_pb2
 from tests.integration import damage
+from tests.integration.paused_stores import READ_RAISES_S_MAX, acked_then_paused
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -190,3 +191,25 @@ async def test_read_batches_skip_a_copy_that_differs_and_one_failing_its_crc(
                 30,
                 "the reader's reports",
             )
+
+
+@pytest.mark.parametrize("bounded_by", ["the acked end", "an end sequence"])
+async def test_read_batches_of_paused_stores_raises_unavailable_naming_them(
+    cluster: Cluster, bounded_by: str
+) -> None:
+    """Issue #36 (0), as for `read`: never an empty answer for acked events."""
+    async with (
+        StreamClient(cluster.master_address) as client,
+        acked_then_paused(cluster, client, "batch/paused") as paused,
+    ):
+        end = None if bounded_by == "the acked end" else paused.last_sequence + 1
+        batches: list[pa.RecordBatch] = []
+
+        async def read_all() -> None:
+            async for batch in client.read_batches(paused.name, start=0, end=end):
+                batches.append(batch)
+
+        with pytest.raises(Unavailable) as raised:
+            await asyncio.wait_for(read_all(), READ_RAISES_S_MAX)
+        assert all(store in str(raised.value) for store in paused.stores), raised.value
+        assert batches == []

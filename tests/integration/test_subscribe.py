@@ -6,16 +6,18 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from streamengine.client import DataLossError, NotFound, StreamClient
+from streamengine.client import DataLossError, NotFound, StreamClient, Unavailable
 from streamengine.client.core.subscription import StreamEvent
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
+from tests.integration.paused_stores import READ_RAISES_S_MAX, acked_then_paused
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -402,3 +404,30 @@ async def test_a_subscriber_outlives_a_master_restart(
             await writer.append_batch(second)
         await asyncio.wait_for(follower, 60)
         assert_exactly(seen, first + second)
+
+
+@pytest.mark.parametrize("bounded_by", ["the acked end", "an end sequence"])
+async def test_a_read_of_paused_stores_raises_unavailable_naming_them(
+    cluster: Cluster, bounded_by: str
+) -> None:
+    """Issue #36 (0): 100 events acked, every store SIGSTOPped. A read to the acked end
+    once ended after 6 s with no event and no error; it raises Unavailable naming the
+    stores, whether its end is asked of them (the acked end) or given (the cursor
+    leaves each silent replica, then gives up)."""
+    async with (
+        StreamClient(cluster.master_address) as client,
+        acked_then_paused(cluster, client, "sub/paused-read") as paused,
+    ):
+        end = None if bounded_by == "the acked end" else paused.last_sequence + 1
+        events: list[StreamEvent] = []
+
+        async def read_all() -> None:
+            async for event in client.read(paused.name, start=0, end=end):
+                events.append(event)
+
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as raised:
+            await asyncio.wait_for(read_all(), READ_RAISES_S_MAX)
+        logging.info("raised after %.1f s: %s", time.monotonic() - started, raised.value)
+        assert all(store in str(raised.value) for store in paused.stores), raised.value
+        assert events == []

@@ -35,4 +35,9 @@ the real `segment_store.scrub` schedule and scan and report with their heartbeat
 master judges the reports (`master.integrity`), and followers check what they read
 chunk by chunk; invariant 12 holds every recorded certificate to the replicas at the
 bridge. With `SimConfig.rot`, copies of sealed segments are forged at rest.
+
+Bounded reads: with `SimConfig.bounded_reads`, a reader of `[0, end)` (`read` to what
+users saw acked) starts now and then and as a store crashes, on the real cursor; one
+that ends normally must have read every acked event of its range (invariant 1), one
+whose replicas stay away gives up (`Unreachable`, Unavailable in the SDK).
 """

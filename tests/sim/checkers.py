@@ -5,7 +5,8 @@ every step and a failure names the step that broke the rule:
 
 1. acked appends: a follower yields strictly increasing sequences, each payload once,
    and never passes an acked sequence it did not yield (prefix consistency while
-   faults run; `check_complete` after the liveness phase: everything acked was read);
+   faults run; `check_complete` after the liveness phase: everything acked was read;
+   a bounded read that ends normally has returned every acked event of its range);
    an append is acked only once every earlier segment is sealed at the master.
 2. one content per position: the first thing any store served or any follower saw at
    `(epoch, index)` is what everyone sees there forever; a store's acked index never
@@ -450,6 +451,20 @@ class Checker:
     def missing(self, follower: str) -> list[int]:
         record = self.followers.setdefault(follower, FollowerRecord())
         return [s for s in self.acked_sequences if s not in record.seen]
+
+    def bounded_read_finished(self, reader: str, end: int) -> None:
+        """`reader` read `[0, end)` and ended normally: never a short answer, every
+        acked event of the range is among what it yielded (issue #36)."""
+        self.checks += 1
+        seen = self.followers.setdefault(reader, FollowerRecord()).seen
+        in_range = self.acked_sequences[: bisect.bisect_left(self.acked_sequences, end)]
+        missed = [sequence for sequence in in_range if sequence not in seen]
+        if missed:
+            raise Violation(
+                1,
+                f"bounded read {reader} ended without {len(missed)} acked events of its "
+                f"range, the first {unpack_sequence(missed[0])}",
+            )
 
     def check_complete(self, followers: list[str]) -> None:
         for name in followers:

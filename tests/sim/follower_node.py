@@ -6,6 +6,11 @@ batches and keepalives; this end sends keepalives), feeds the cursor what arrive
 asks it after every message and at `Cursor.wake_at_ms` whether to go on; a broken or
 dropped stream is a failure of that replica unless it served something (then it
 resumes from the position). Every wait comes from the cursor's `FollowerTiming.fast()`.
+
+A bounded reader (`end`) is `read`: it ends when the cursor says `Finished`, having read
+every acked event of its range (the checker holds it to that), or when it says
+`Unreachable`, as the shell raises Unavailable. With the flaw `short_read` it takes
+giving up for the end of its range, as reads once did (issue #36).
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from streamengine.client.core.subscription import (
     SUBSCRIBE_BATCH_ENTRIES,
     Cursor,
     DataLoss,
+    Finished,
     ReadFrom,
     SegmentView,
+    Unreachable,
     Wait,
 )
 from streamengine.master.core.model import SegmentRecord, SegmentState
@@ -44,11 +51,13 @@ class _Subscription:
 
 
 class FollowerNode(Node):
-    """A subscriber from the start of the stream."""
+    """A subscriber from the start of the stream, or a reader of `[0, end)`."""
 
-    def __init__(self, name: str, world: World) -> None:
+    def __init__(self, name: str, world: World, end: int | None = None) -> None:
         super().__init__(name, world)
-        self.cursor = Cursor(0, timing=TIMING)
+        self.end = end
+        self.ended = False  # a bounded read finished or gave up
+        self.cursor = Cursor(0, end, TIMING)
         self.resume_at = 0
         self.segments: dict[int, SegmentKey] = {}
         self.subscription: _Subscription | None = None
@@ -59,7 +68,7 @@ class FollowerNode(Node):
     def restart(self) -> None:
         super().restart()
         # A restarted subscriber resumes after the last sequence it yielded (its token).
-        self.cursor = Cursor(self.resume_at, timing=TIMING)
+        self.cursor = Cursor(self.resume_at, self.end, TIMING)
         self.subscription = None
         self.listing = False
         self.waking = None
@@ -101,6 +110,8 @@ class FollowerNode(Node):
     def pump(self) -> None:
         """Ask the cursor what to do: go on with the subscription, or start another."""
         now = self.world.now
+        if self.ended:
+            return
         if self.subscription is not None:
             if self.cursor.refresh_due(now):
                 self.list_segments()
@@ -115,10 +126,22 @@ class FollowerNode(Node):
             # Every store syncs every write it answers: nothing is ever lost here, so a
             # reader that gives up on a range gave up on readable data.
             raise Violation(1, f"{self.name}: spurious data loss {decision}")
+        elif isinstance(decision, Finished | Unreachable):
+            self._read_ended(decision)
         elif isinstance(decision, Wait) and decision.until_ms > now:
             self._wake_at(decision.until_ms, relist=True)
         elif isinstance(decision, Wait):
             self.list_segments()
+
+    def _read_ended(self, decision: Finished | Unreachable) -> None:
+        assert self.end is not None, f"{self.name}: a subscription ended: {decision}"
+        self.ended = True
+        if isinstance(decision, Unreachable) and "short_read" not in self.world.config.flaws:
+            self.world.stats["bounded reads gave up"] += 1
+            self.world.note(f"{self.name} gives up: {decision.describe(self.world.config.stream)}")
+            return
+        self.world.stats["bounded reads finished"] += 1
+        self.world.checker.bounded_read_finished(self.name, self.end)
 
     def _wake_at(self, at_ms: int, relist: bool = False) -> None:
         if self.waking is not None and self.world.now < self.waking <= at_ms:

@@ -279,3 +279,38 @@ def test_too_few_stores_for_a_copy_set_still_seal_and_converge() -> None:
     assert len(reached) >= FEW_STORES_REACHING_MIN, len(reached)
     failures = _failures(runs, LONG_STEPS)
     assert not failures, "\n".join(failures)
+
+
+# Issue 36: a bounded read ends having read every acked event of its range, or gives up
+# (Unavailable), never short. With one store holding every segment its crashes leave
+# bounded reads nothing to read, so some give up.
+BOUNDED_SEEDS = 40
+ONE_STORE = {"policy": ReplicationPolicy(1, 1), "stores": 1, "lease_ms": 600}
+
+
+def test_bounded_reads_return_every_acked_event_of_their_range_or_give_up() -> None:
+    runs = [
+        run_seed(seed, STEPS, overrides={**drawn, "bounded_reads": True})
+        for drawn in ({}, ONE_STORE)
+        for seed in range(BOUNDED_SEEDS)
+    ]
+    failures = _failures(runs)
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for run in runs:
+        stats.update(run.stats)
+    assert stats["bounded reads finished"] > 0, stats
+    assert stats["bounded reads gave up"] > 0, stats
+
+
+def test_a_bounded_read_taking_giving_up_for_its_end_is_caught() -> None:
+    """The flaw `short_read`: a bounded reader that gives up ends as if its range were
+    read, as reads did before issue 36; the checker must catch it as invariant 1."""
+    for seed in range(FLAW_SEEDS_SPAN):
+        result = run_seed(seed, STEPS, frozenset({"short_read"}), overrides=ONE_STORE)
+        assert not result.error, result.error
+        violation = result.violation
+        if violation is not None and "bounded read" in violation.message:
+            assert violation.invariant == 1
+            return
+    pytest.fail(f"no seed in 0..{FLAW_SEEDS_SPAN - 1} caught short_read")

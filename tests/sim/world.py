@@ -27,6 +27,7 @@ from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, e
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import BadRequest, StoreError
@@ -51,6 +52,7 @@ FLAWS = (
     "copy_unfenced",
     "forget_pending",
     "ignore_grant",
+    "short_read",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -63,6 +65,11 @@ UNSUPPORTED_GRANT = "a writer refused a grant it cannot lead"
 AUDIT_EVERY_STEPS = 250
 # With `SimConfig.rot`, the chance that a chaos tick forges a copy.
 ROT_CHANCE = 0.2
+# With `SimConfig.bounded_reads`, a bounded read starts this often in the safety
+# phase, and as a store crashes; at most this many per run (each reads from the start:
+# a few seconds of virtual time hold a few hundred events).
+BOUNDED_READ_EVERY_MS = 700
+BOUNDED_READS_MAX = 12
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -113,6 +120,11 @@ class SimConfig:
     # under a valid crc32c (what only the certificate tells). Off unless asked for: it
     # draws from the seed's randomness.
     rot: bool = False
+    # Bounded readers (`read` to the acked end): now and then one reads from sequence 0
+    # to just past the last event users saw acked, and gives up (Unreachable) or ends,
+    # having read every acked event of its range. Off unless asked for (or the flaw
+    # `short_read`): their messages draw from the seed's randomness.
+    bounded_reads: bool = False
 
     @property
     def append_timeout_ms(self) -> int:
@@ -247,6 +259,7 @@ class World:
             self.stores[name] = StoreNode(name, self)
         self.writers = [WriterNode(f"w{i}", self) for i in range(1, config.writers + 1)]
         self.followers = [FollowerNode(f"r{i}", self) for i in range(1, config.followers + 1)]
+        self.bounded: list[FollowerNode] = []
         self.nodes: dict[str, Node] = {MASTER: self.master}
         self.nodes.update(self.stores)
         self.nodes.update((w.name, w) for w in self.writers)
@@ -255,6 +268,8 @@ class World:
         self.note(f"writer clocks: {clocks}")
         self.sched.after(config.append_every_ms, "user appends", self._user_appends)
         self.sched.after(config.chaos_every_ms, "chaos", self._chaos)
+        if config.bounded_reads or "short_read" in config.flaws:
+            self.sched.after(BOUNDED_READ_EVERY_MS, "bounded read", self._bounded_read)
 
     @staticmethod
     def _draw_clocks(config: SimConfig) -> dict[str, tuple[int, int]]:
@@ -342,6 +357,23 @@ class World:
         jitter = self.rng.randint(1, self.config.append_every_ms)
         self.sched.after(jitter, "user appends", self._user_appends)
 
+    def _bounded_read(self) -> None:
+        """Now and then a user reads to what it saw acked (`read`, `end` given)."""
+        if self.phase != "safety":
+            return
+        self._start_bounded_read()
+        self.sched.after(BOUNDED_READ_EVERY_MS, "bounded read", self._bounded_read)
+
+    def _start_bounded_read(self) -> None:
+        """A read from the start to just past the last event users saw acked."""
+        if len(self.bounded) >= BOUNDED_READS_MAX or not self.checker.acked_sequences:
+            return
+        end = self.checker.acked_sequences[-1] + 1
+        reader = FollowerNode(f"b{len(self.bounded) + 1}", self, end)
+        self.note(f"{reader.name} reads to {unpack_sequence(end)}")
+        self.bounded.append(reader)
+        self.nodes[reader.name] = reader
+
     # ---- faults ----
 
     def _chaos(self) -> None:
@@ -350,6 +382,8 @@ class World:
         roll = self.rng.random()
         if roll < 0.12:
             self._crash(self.rng.choice(list(self.stores.values())), 3 * self.config.lease_ms)
+            if self.bounded:  # bounded reads are on: one starts as a store goes away
+                self._start_bounded_read()
         elif roll < 0.30:
             self._crash(self._pick_writer(), self.config.lease_ms)
         elif roll < 0.40:
@@ -689,6 +723,8 @@ class World:
         for segment in state.stream_segments(self.checker.stream_id):
             if segment.epoch < leader.leader.epoch and segment.state != SegmentState.SEALED:
                 return False
+        if not all(reader.ended for reader in self.bounded):
+            return False
         return all(not self.checker.missing(f.name) for f in self.followers)
 
     def stuck(self) -> str:
@@ -704,6 +740,7 @@ class World:
             for w in self.writers
         ]
         missing = {f.name: len(self.checker.missing(f.name)) for f in self.followers}
+        missing.update((b.name, -1) for b in self.bounded if not b.ended)  # not ended
         lease = state.leases[self.config.stream]
         return (
             f"no convergence within {LIVENESS_MS} ms: segments {segments}; writers {writers}; "

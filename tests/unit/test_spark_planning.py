@@ -9,6 +9,9 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
+from streamengine.client import spark
+from streamengine.client.core.replicas import FollowerTiming
+from streamengine.client.errors import Unavailable
 from streamengine.client.packed import Packed
 from streamengine.client.spark import (
     ScanPartition,
@@ -30,6 +33,7 @@ from streamengine.protocol.certificate import (
 )
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
+from streamengine.protocol.transport import PLAINTEXT
 from tests.unit.test_packed import packed_reply
 
 R = ("a:1", "b:1", "c:1")
@@ -94,6 +98,35 @@ def test_include_open_reads_up_to_the_acked_index() -> None:
     assert spans(plan) == [(1, 1, 2), (2, 1, 6)]
 
 
+@pytest.mark.parametrize(
+    ("answers", "expected"), [((None, 40, None), 100), ((None, 120, 0), 120), ((0, 0, 0), 100)]
+)
+def test_an_open_segment_is_planned_to_the_most_any_replica_or_the_master_knows(
+    monkeypatch: pytest.MonkeyPatch, answers: tuple[int | None, ...], expected: int
+) -> None:
+    told = dict(zip(R, answers, strict=True))
+    monkeypatch.setattr(spark, "_replica_acked", lambda _id, _epoch, address, _t: told[address])
+    segment = _SegmentInfo(2, False, 0, R, acked_index=100)
+    assert spark._open_acked("t/s", 7, segment, PLAINTEXT) == expected
+
+
+def test_an_open_segment_none_of_whose_replicas_answers_fails_the_plan_naming_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #36 (0): the plan once took it as acked 0 and scanned nothing of it."""
+    asked: list[str] = []
+
+    def no_answer(_id: int, _epoch: int, address: str, _transport: object) -> None:
+        asked.append(address)
+
+    monkeypatch.setattr(spark, "_replica_acked", no_answer)
+    monkeypatch.setattr(spark, "FollowerTiming", FollowerTiming.fast)  # asks again soon
+    segment = _SegmentInfo(2, False, 0, R, acked_index=100)
+    with pytest.raises(Unavailable, match=r"segment 2 .*\(a:1, b:1, c:1\)"):
+        spark._open_acked("t/s", 7, segment, PLAINTEXT)
+    assert len(asked) > len(R)  # asked again before giving up
+
+
 def test_a_sequence_range_clips_both_ends() -> None:
     segments = layout(sealed(1, 10), sealed(2, 10), sealed(3, 10))
     plan = plan_ranges("t/s", segments, pack_sequence(1, 5), pack_sequence(3, 4), False)
@@ -155,7 +188,18 @@ def test_a_scan_takes_as_few_partitions_as_fit_and_they_span_segments() -> None:
     plan = plan_partitions(segments, 500)
     assert parts(plan) == [[(1, 1, 333), (2, 1, 166)], [(2, 167, 333), (3, 1, 333)]]
     assert [p.entries for p in plan] == [499, 500]
-    assert plan[0].ranges[1].replicas == plan[1].ranges[0].replicas  # one segment's plan
+    # Segment 2 starts at its least loaded replica, its second piece at the next one.
+    assert plan[0].ranges[1].replicas == ("b:1", "c:1", "a:1")
+    assert plan[1].ranges[0].replicas == ("c:1", "a:1", "b:1")
+
+
+def test_the_pieces_of_a_split_segment_start_at_its_replicas_in_turn() -> None:
+    """Issue #36 (7): one large segment cut into pieces spreads them over its stores,
+    each piece starting at the next replica, not all at the planned first one."""
+    plan = plan_partitions(layout(sealed(1, 41)), 10)
+    starts = [p.ranges[0].replicas for p in plan]
+    assert starts == [R, ("b:1", "c:1", "a:1"), ("c:1", "a:1", "b:1"), R]
+    assert all(sorted(replicas) == sorted(R) for replicas in starts)
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,15 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streamengine.client.core.replicas import Ask, Lost, Relist, ReplicaSet, WaitUntil
+from streamengine.client.core.replicas import (
+    Ask,
+    FollowerTiming,
+    Lost,
+    Relist,
+    ReplicaSet,
+    WaitUntil,
+)
+from streamengine.client.core.subscription import Asked, Unreachable, open_acked_index
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.client.packed import EVENT_FIELDS, Packed, event_columns, one_batch
 from streamengine.protocol import codec
@@ -147,6 +155,8 @@ class _SegmentInfo:
     # Sealed accepting loss: acked events from this index through the bridge may be
     # lost (0: none).
     lost_from_index: int = 0
+    # The largest acked index the master knows (it trails the stores' answers).
+    acked_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -210,7 +220,7 @@ def fetch_layout(
     if with_open_acked:
         for segment in segments:
             if not segment.sealed:
-                open_acked[segment.epoch] = _replica_acked(reply.stream_id, segment, transport)
+                open_acked[segment.epoch] = _open_acked(stream, reply.stream_id, segment, transport)
     return _StreamLayout(reply.stream_id, segments, open_acked)
 
 
@@ -230,24 +240,42 @@ def segment_info(segment: entry_pb2.Segment) -> _SegmentInfo:
         certificate=certificate,
         bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
         lost_from_index=segment.lost_from_index,
+        acked_index=segment.acked_index,
     )
 
 
-def _replica_acked(stream_id: int, segment: _SegmentInfo, transport: Transport) -> int:
-    best = 0
-    for address in segment.replicas:
-        with transport.channel(address) as channel:
-            try:
-                state = store_grpc.SegmentStoreStub(channel).GetSegmentState(
-                    segment_store_pb2.GetSegmentStateRequest(
-                        segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=segment.epoch)
-                    ),
-                    timeout=5,
-                )
-            except grpc.RpcError:
-                continue
-            best = max(best, state.acked_index)
-    return best
+def _open_acked(stream: str, stream_id: int, segment: _SegmentInfo, transport: Transport) -> int:
+    """The acked index of open `segment` (`core.subscription.open_acked_index`): a scan
+    to it must not end short because its stores did not answer."""
+    first_ms = monotonic_ms()
+    timing = FollowerTiming()
+    while True:
+        answers = [_replica_acked(stream_id, segment.epoch, a, transport) for a in segment.replicas]
+        asked = Asked(answers, first_ms, monotonic_ms())
+        acked = open_acked_index(
+            segment.epoch, segment.replicas, segment.acked_index, asked, timing
+        )
+        if isinstance(acked, Unreachable):
+            raise Unavailable(acked.describe(stream))
+        if isinstance(acked, int):
+            return acked
+        time.sleep(max(acked.until_ms - monotonic_ms(), 0) / 1000)
+
+
+def _replica_acked(stream_id: int, epoch: int, address: str, transport: Transport) -> int | None:
+    """What the replica at `address` says it acked of segment `epoch` (0: it holds none
+    of it), or None when it does not answer."""
+    with transport.channel(address) as channel:
+        try:
+            state = store_grpc.SegmentStoreStub(channel).GetSegmentState(
+                segment_store_pb2.GetSegmentStateRequest(
+                    segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch)
+                ),
+                timeout=5,
+            )
+        except grpc.RpcError as error:
+            return 0 if error.code() == grpc.StatusCode.NOT_FOUND else None
+    return int(state.acked_index)
 
 
 def plan_ranges(
@@ -358,16 +386,22 @@ def balance(ranges: list[SegmentRange], partition_entries: int) -> list[ScanPart
         cuts.append(cut)
     cuts.append(total)
     partitions: list[ScanPartition] = []
+    pieces_cut = [0] * len(ranges)  # pieces of each range so far
     for low, high in itertools.pairwise(cuts):  # entries [low, high) of the scan
         pieces: list[SegmentRange] = []
-        for r, offset, size in zip(ranges, offsets[:-1], sizes, strict=True):
+        for position, (r, offset, size) in enumerate(zip(ranges, offsets[:-1], sizes, strict=True)):
             begin, end = max(low, offset), min(high, offset + size)
             if begin < end:
+                # Each piece of a split segment starts at the next replica in turn, so
+                # that the tasks reading one large segment spread over its stores.
+                turn = pieces_cut[position] % max(len(r.replicas), 1)
+                pieces_cut[position] += 1
                 pieces.append(
                     dataclasses.replace(
                         r,
                         first_index=r.first_index + begin - offset,
                         last_index=r.first_index + end - offset - 1,
+                        replicas=r.replicas[turn:] + r.replicas[:turn],
                     )
                 )
         partitions.append(ScanPartition(tuple(pieces)))

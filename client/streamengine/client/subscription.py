@@ -24,6 +24,7 @@ from streamengine.client.channels import ChannelPool
 from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.core.subscription import (
     SUBSCRIBE_BATCH_ENTRIES,
+    Asked,
     Cursor,
     DataLoss,
     Finished,
@@ -32,7 +33,9 @@ from streamengine.client.core.subscription import (
     Released,
     SegmentView,
     StreamEvent,
+    Unreachable,
     Wait,
+    acked_end,
 )
 from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
 from streamengine.client.packed import Packed, released_batch, released_events
@@ -42,7 +45,6 @@ from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import first_corrupt
 from streamengine.protocol.retention import position_trimmed
-from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -56,7 +58,9 @@ Start = int | Literal["end", "earliest"]
 # segments faster than it refreshes anyway.
 LISTED_AHEAD_SEGMENTS = 16
 REPORT_TIMEOUT_S = 2.0
-
+# How long a replica may take to tell its acked index (the replicas are asked at once):
+# a store that answers at all answers this at once.
+SEGMENT_STATE_TIMEOUT_S = 2.0
 
 
 def segment_views(reply: master_pb2.ListSegmentsReply) -> list[SegmentView]:
@@ -79,6 +83,7 @@ def segment_view(segment: entry_pb2.Segment) -> SegmentView:
         certificate=certificate,
         bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
         lost_from_index=segment.lost_from_index,
+        acked_index=segment.acked_index,
     )
 
 
@@ -205,6 +210,8 @@ class Follower:
                     decision.last_index,
                     decision.accepted,
                 )
+            if isinstance(decision, Unreachable):
+                raise Unavailable(decision.describe(self._stream))
             if isinstance(decision, Wait):
                 delay_ms = decision.until_ms - monotonic_ms()
                 if delay_ms > 0:
@@ -506,23 +513,43 @@ class Follower:
         return segment_views(reply)
 
     async def _acked_end(self, segments: list[SegmentView]) -> int:
-        """The sequence just past the last acked event now."""
-        if not segments:
-            return self._first_retained
-        last = segments[-1]
-        if last.sealed:
-            return pack_sequence(last.epoch + 1, 0)
-        acked = 0
+        """The sequence just past the last acked event now (`core.subscription.acked_end`),
+        asking the open segment's replicas at once, again while none answers."""
+        first_ms = monotonic_ms()
+        while True:
+            if not segments:
+                return self._first_retained
+            last = segments[-1]
+            answers: list[int | None] = []
+            if not last.sealed:
+                asks = (self._replica_acked(replica, last.epoch) for replica in last.replicas)
+                answers = list(await asyncio.gather(*asks))
+            end = acked_end(last, Asked(answers, first_ms, monotonic_ms()), self._timing)
+            if isinstance(end, Unreachable):
+                raise Unavailable(end.describe(self._stream))
+            if isinstance(end, int):
+                return end
+            await asyncio.sleep(max(end.until_ms - monotonic_ms(), 0) / 1000)
+            segments = await self._list_segments(retry=True)
+
+    async def _replica_acked(self, replica: str, epoch: int) -> int | None:
+        """What `replica` says it acked of segment `epoch` (0: it holds none of it), or
+        None when it does not answer."""
         assert self._ref is not None
-        for replica in last.replicas:
-            stub = store_grpc.SegmentStoreStub(self._channels.get(replica))
-            segment = entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=last.epoch)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                state = await stub.GetSegmentState(
-                    segment_store_pb2.GetSegmentStateRequest(segment=segment), timeout=2
-                )
-                acked = max(acked, state.acked_index)
-        return pack_sequence(last.epoch, acked + 1)
+        stub = store_grpc.SegmentStoreStub(self._channels.get(replica))
+        segment = entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch)
+        try:
+            state = await stub.GetSegmentState(
+                segment_store_pb2.GetSegmentStateRequest(segment=segment),
+                timeout=SEGMENT_STATE_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return 0
+            code = error.code().name
+            log.info("%s: replica %s did not tell its acked index: %s", self._stream, replica, code)
+            return None
+        return int(state.acked_index)
 
 
 async def _requests(

@@ -72,6 +72,13 @@ class FollowerTiming:
     silent_replica_ms: int = 4000
     # How long an answer from the master (the segment list) may take.
     list_timeout_ms: int = 5000
+    # A bounded read (`read`, `read_batches`, `tail` without --follow, a Spark
+    # partition) whose position has not moved for this long while every replica that
+    # may serve it keeps failing raises Unavailable naming them: it promises every
+    # acked event of its range or an error, and cannot wait for ever. Longer than a
+    # store's restart (a few seconds) and than the longest backoff, so a store coming
+    # back is read; a subscription never gives up.
+    unreachable_read_ms: int = 10_000
 
     def __post_init__(self) -> None:
         assert self.sealed_replica_stall_ms > 0 and self.idle_refresh_ms > 0
@@ -79,6 +86,7 @@ class FollowerTiming:
         assert self.segment_refresh_ms > 0 and self.keepalive_interval_ms > 0
         assert self.silent_replica_ms > 2 * self.keepalive_interval_ms
         assert self.list_timeout_ms > 0
+        assert self.unreachable_read_ms > max(self.replica_retry_ms_max, self.silent_replica_ms)
 
     @staticmethod
     def fast() -> FollowerTiming:
@@ -93,6 +101,7 @@ class FollowerTiming:
             keepalive_interval_ms=50,
             silent_replica_ms=200,
             list_timeout_ms=200,
+            unreachable_read_ms=800,
         )
 
     def retry_delay_ms(self, failures: int) -> int:
@@ -220,6 +229,12 @@ class ReplicaSet:
             return True
         return state.acked is not None and state.acked < next_index
 
+    def unreachable(self, replicas: tuple[str, ...], sealed: bool, next_index: int) -> bool:
+        """Every replica that may serve `next_index` failed since its latest answer."""
+        hopeful = [r for r in replicas if not (sealed and self.below(r, next_index))]
+        failing = [r for r in hopeful if r in self._replicas and self._replicas[r].failures]
+        return bool(hopeful) and failing == hopeful
+
     def choose(
         self, replicas: tuple[str, ...], sealed: bool, next_index: int, now_ms: int
     ) -> Choice:
@@ -237,7 +252,10 @@ class ReplicaSet:
         ready = [r for r in hopeful if self._of(r).retry_at_ms <= now_ms]
         if not ready:
             return WaitUntil(min(self._replicas[r].retry_at_ms for r in hopeful))
-        ready.sort(key=lambda r: self._of(r).passed_over_ms)  # stable: the master's order
+        # The fewest failures first (else, with every replica failing, the first two
+        # could take turns for ever and the third never be asked); then the one passed
+        # over longest ago; stable: the master's order.
+        ready.sort(key=lambda r: (self._of(r).failures, self._of(r).passed_over_ms))
         serving = [r for r in ready if (self._of(r).acked or 0) >= next_index]
         return Ask((serving or ready)[0])
 

@@ -16,6 +16,14 @@ replica for it, or every listed replica answered that it serves less than the po
 and a list fetched after those answers still names only them. Until then the cursor
 answers `Wait(until_ms)`: re-read the master's list at `until_ms` and ask again.
 
+A bounded read (an `end`) promises every acked event of its range, or an error, never a
+short answer: when its position has not moved for `FollowerTiming.unreachable_read_ms`
+and every replica that may serve it failed since its latest answer, the cursor answers
+`Unreachable`, naming them (the shell raises Unavailable); a subscription waits on. The
+end of a read "to the acked end" is decided here too (`acked_end`): from what the open
+segment's replicas answer, never from the master's figure alone; while none answers,
+they are asked again, for as long as a read waits for its replicas.
+
 Certificates. A segment the master lists sealed with a certificate
 (`streamengine.protocol.certificate`) is read chunk by chunk: a read starts at the first index of
 the chunk holding the position (`read_from_index`), what arrives is held back until its
@@ -80,6 +88,9 @@ class SegmentView:
     # lost (0: none). Nothing of that range is handed out; a reader reaching it gets
     # `DataLoss(accepted=True)`.
     lost_from_index: int = 0
+    # The largest acked index the master knows for the segment: its leader's latest
+    # report, or the highest its stores gave in their heartbeats (status: it trails).
+    acked_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +152,67 @@ class DataLoss:
     accepted: bool = False
 
 
-Next = ReadFrom | Wait | Finished | DataLoss
+@dataclass(frozen=True, slots=True)
+class Unreachable:
+    """A bounded read cannot go on: no replica of segment `epoch` it tried (`stores`)
+    could be read, or told its acked index (`acked_end`), for `waited_ms`."""
+
+    epoch: int
+    stores: tuple[str, ...]
+    waited_ms: int
+
+    def describe(self, stream: str) -> str:
+        stores = ", ".join(self.stores) or "none listed"
+        return (
+            f"{stream}: no replica of segment {self.epoch} answered for "
+            f"{self.waited_ms / 1000:.0f} s ({stores})"
+        )
+
+
+Next = ReadFrom | Wait | Finished | DataLoss | Unreachable
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the replicas of an open segment answered for its acked index (in copy-set
+    order; None: no answer), at `now_ms`, asked first at `first_ms`."""
+
+    answers: Sequence[int | None]
+    first_ms: int
+    now_ms: int
+
+
+def acked_end(
+    last: SegmentView, asked: Asked, timing: FollowerTiming
+) -> int | Wait | Unreachable:
+    """The sequence just past the last acked event of a stream whose latest listed
+    segment is `last` (`open_acked_index`; none asked once it is sealed)."""
+    if last.sealed:
+        return pack_sequence(last.epoch + 1, 0)
+    acked = open_acked_index(last.epoch, last.replicas, last.acked_index, asked, timing)
+    return acked if not isinstance(acked, int) else pack_sequence(last.epoch, acked + 1)
+
+
+def open_acked_index(
+    epoch: int,
+    replicas: tuple[str, ...],
+    master_acked: int,
+    asked: Asked,
+    timing: FollowerTiming,
+) -> int | Wait | Unreachable:
+    """The acked index of open segment `epoch`: the largest of its replicas' answers
+    and the master's figure. With no answer at all it is unknown (the master's figure
+    trails the leader's, so a read ending there could end short without a word): ask
+    again at `Wait.until_ms` (the stores may be restarting) until a read gives up on
+    its replicas (`FollowerTiming.unreachable_read_ms`), then `Unreachable`."""
+    assert len(asked.answers) == len(replicas)
+    known = [acked for acked in asked.answers if acked is not None]
+    if known:
+        return max(master_acked, *known)
+    waited_ms = asked.now_ms - asked.first_ms
+    if waited_ms >= timing.unreachable_read_ms:
+        return Unreachable(epoch, replicas, waited_ms)
+    return Wait(asked.now_ms + timing.segment_refresh_ms)
 
 
 class Run(Protocol):
@@ -250,6 +321,9 @@ class Cursor:
         self._held: list[Run] = []
         self._reports: list[ReplicaReport] = []
         self._attempts = 0  # reads started (`ReadFrom.attempt`)
+        # When the position last moved (or the first `next`): a bounded read gives up
+        # `timing.unreachable_read_ms` after it while no replica can be read.
+        self._advanced_ms: int | None = None
 
     # ---- inputs ----
 
@@ -278,6 +352,7 @@ class Cursor:
                 self._enter(later[0].epoch)
         elif current.sealed and self._next_index > current.final_index:
             self._hop()
+            self._advanced_ms = now_ms
 
     def on_position(self, epoch: int, replica: str, acked_index: int, now_ms: int) -> None:
         """`replica` answered that it serves `epoch` up to `acked_index` (a Subscribe
@@ -353,10 +428,15 @@ class Cursor:
         self._last_heard_ms = max(self._last_heard_ms, now_ms)
         if self._replica is not None:
             self._replicas_of(epoch).served(self._replica, run.first_index + count - 1)
+        position = self.position
         if self._check is not None:
-            return self._checked(epoch, run)
-        released = self._release(epoch, run, 0, count)
-        return [released] if released is not None else []
+            ready = self._checked(epoch, run)
+        else:
+            released = self._release(epoch, run, 0, count)
+            ready = [released] if released is not None else []
+        if self.position != position:
+            self._advanced_ms = now_ms
+        return ready
 
     def _checked(self, epoch: int, run: Run) -> list[Released]:
         """Feed the certificate check; hand on what it verified."""
@@ -516,6 +596,7 @@ class Cursor:
         return min(refresh_at, silent_at)
 
     def next(self, now_ms: int) -> Next:
+        self._advanced(now_ms)  # the first call starts the count
         if self._end is not None and self.position >= self._end:
             return Finished()
         segment = self._current_segment()
@@ -543,11 +624,15 @@ class Cursor:
             replicas.passed_over(self._replica, now_ms)
             self._leave_replica()
         if self._replica is None:
+            give_up_at = self._give_up_at_ms(segment, replicas, now_ms)
+            if give_up_at is not None and now_ms >= give_up_at:
+                return Unreachable(segment.epoch, segment.replicas, now_ms - self._advanced(now_ms))
             choice = replicas.choose(segment.replicas, segment.sealed, self._next_index, now_ms)
             if isinstance(choice, Lost):
                 return DataLoss(segment.epoch, self._next_index, segment.final_index)
             if isinstance(choice, WaitUntil):
-                return self._wait(choice.until_ms)
+                until_ms = choice.until_ms
+                return self._wait(until_ms if give_up_at is None else min(until_ms, give_up_at))
             if isinstance(choice, Relist):
                 return self._wait(now_ms)
             assert isinstance(choice, Ask)
@@ -576,6 +661,22 @@ class Cursor:
         )
 
     # ---- internals ----
+
+    def _advanced(self, now_ms: int) -> int:
+        """When the position last moved; the first call starts the count."""
+        if self._advanced_ms is None:
+            self._advanced_ms = now_ms
+        return self._advanced_ms
+
+    def _give_up_at_ms(self, segment: SegmentView, replicas: ReplicaSet, now_ms: int) -> int | None:
+        """A bounded read whose every hopeful replica is failing gives up at this time
+        (module docstring); None while one may serve, and for a subscription."""
+        advanced = self._advanced(now_ms)
+        if self._end is None:
+            return None
+        if not replicas.unreachable(segment.replicas, segment.sealed, self._next_index):
+            return None
+        return advanced + self.timing.unreachable_read_ms
 
     def _lost_from_index(self, epoch: int) -> int:
         segment = self._current_segment()
