@@ -33,7 +33,7 @@ async def acked_then_paused(
     async with client.writer(name) as writer:
         sequences = await writer.append_batch([f"{name}-{i}".encode() for i in range(events)])
     listed = await client.list_segments(name)
-    stores = tuple(replica.address for replica in listed.segments[-1].copy_set)
+    stores = tuple(replica.address for replica in listed[-1].copy_set)
     for store in cluster.stores:
         store.stop()
     try:

@@ -86,7 +86,7 @@ class FollowerTiming:
         assert self.segment_refresh_ms > 0 and self.keepalive_interval_ms > 0
         assert self.silent_replica_ms > 2 * self.keepalive_interval_ms
         assert self.list_timeout_ms > 0
-        assert self.unreachable_read_ms > max(self.replica_retry_ms_max, self.silent_replica_ms)
+        assert self.unreachable_read_ms > max(self.replica_backoff.max_ms, self.silent_replica_ms)
 
     @staticmethod
     def fast() -> FollowerTiming:
