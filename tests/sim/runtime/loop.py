@@ -15,8 +15,9 @@ futures, cancellation, `run_until_complete`) with the one step that waits replac
 - While the loop runs, the process's clocks follow it: `time.monotonic[_ns]` is the
   virtual clock and `time.time[_ns]` a virtual wall clock (`WALL_START_S` plus the
   virtual time elapsed), which is what `streamengine.protocol.clock` reads too; the
-  module `random` draws from a state seeded by the loop. Both are put back when
-  `run_forever` returns, so the test runner around a simulation keeps its own.
+  module `random`, and `uuid.uuid4` through it, draw from a state seeded by the loop.
+  All are put back when `run_forever` returns, so the test runner around a simulation
+  keeps its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import heapq
 import random
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator, Iterator
 from contextvars import Context
@@ -183,17 +185,18 @@ class SimLoop(asyncio.BaseEventLoop):
 
     @contextlib.contextmanager
     def _process_clocks(self) -> Iterator[None]:
-        saved = (time.monotonic, time.monotonic_ns, time.time, time.time_ns)
+        saved = (time.monotonic, time.monotonic_ns, time.time, time.time_ns, uuid.uuid4)
         outer_random = random.getstate()
         random.setstate(self._process_random)
         time.monotonic = self.time
         time.monotonic_ns = lambda: round(self._now_s * 1e9)
         time.time = self.wall_time
         time.time_ns = lambda: round(self.wall_time() * 1e9)
+        uuid.uuid4 = lambda: uuid.UUID(int=random.getrandbits(128), version=4)
         try:
             yield
         finally:
-            time.monotonic, time.monotonic_ns, time.time, time.time_ns = saved
+            time.monotonic, time.monotonic_ns, time.time, time.time_ns, uuid.uuid4 = saved
             self._process_random = random.getstate()
             random.setstate(outer_random)
 
