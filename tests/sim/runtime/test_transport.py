@@ -98,6 +98,24 @@ def test_a_unary_call_and_a_write_stream_reach_the_store_service() -> None:
     assert simulate(1, scenario) == [[(1, accepted, 3), (2, accepted, 5)], (4, 5), (4, 5)]
 
 
+def test_a_read_streams_its_replies_through_the_executor_path() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[list[int]]:
+        stub = stub_of(stores[0])
+        segment = seg(7, 3)
+        call = stub.Write()
+        await call.write(write_request(segment, 3, 9, entries(1, 9), grant=granted(segment, 3)))
+        await call.read()
+        await call.done_writing()
+        read = stub.Read(
+            segment_store_pb2.ReadRequest(
+                segment=segment, from_index=1, to_index=9, max_entries_per_reply=4
+            )
+        )
+        return [[entry.index for entry in reply.entries] async for reply in read]
+
+    assert simulate(1, scenario) == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+
+
 def test_an_abort_reaches_the_caller_as_a_real_channel_gives_it() -> None:
     async def scenario(network: SimNetwork, stores: list[SimStore]) -> grpc.aio.AioRpcError:
         stub = stub_of(stores[0])
@@ -191,6 +209,24 @@ def test_a_server_that_stops_breaks_its_calls_and_refuses_new_ones() -> None:
         "UNAVAILABLE: Connection reset: store0 stopped",
         "UNAVAILABLE: failed to connect to store0:1: connection refused",
     ]
+
+
+def test_a_connection_reset_breaks_the_calls_under_way_only() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+        store = stores[0]
+        stub = stub_of(store)
+        call = stub.Write()
+        await wait_until(lambda: bool(store.server and store.server.handlings))
+        network.reset(WRITER, store.store_id)
+        with pytest.raises(grpc.aio.AioRpcError) as reset:
+            await call.read()
+        state = stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(segment=seg(7, 3)))
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await state
+        return [reset.value.code().name, unknown.value.code().name]
+
+    # The next call goes through (the store answers that it knows no such segment).
+    assert simulate(1, scenario) == ["UNAVAILABLE", "NOT_FOUND"]
 
 
 async def _writers(network: SimNetwork, stores: list[SimStore]) -> list[str]:
