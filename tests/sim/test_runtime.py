@@ -1,12 +1,15 @@
 """The shipped writer end to end on the simulator's runtime (tests/sim/runtime): the SDK's
 `StreamClient` and `client/writer.py` leading a stream and appending through the real
-store service on three stores and the real master service, unmodified, on one thread in
+store service on three stores and the real master service, and a second writer sealing
+what a lost leader left through `client/recovery.py`, unmodified, on one thread in
 virtual time; a seed replays the run."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from streamengine import StreamClient
 from streamengine.protocol.clock import wall_ms
@@ -24,9 +27,13 @@ EVENTS = 40
 MILD = Faults(loss=0.002, duplicate=0.01, delay_ms_max=8, slow=0.01, slow_delay_ms_max=200)
 
 
-def _appended(seed: int, data_dir: Path, faults: Faults | None = None) -> list[str]:
-    """Three stores and a master; the writer appends `EVENTS` events in batches, closes,
-    and the trace tells what each store holds of the segment and what the master says."""
+Scenario = Callable[[SimNetwork, SimMaster, list[SimStore]], Coroutine[Any, Any, list[str]]]
+
+
+def _simulate(
+    seed: int, data_dir: Path, scenario: Scenario, faults: Faults | None = None
+) -> list[str]:
+    """Three stores and a master; once the stores joined, `scenario` runs as node `w1`."""
 
     async def main() -> list[str]:
         network = SimNetwork(asyncio.get_running_loop(), faults)
@@ -43,7 +50,9 @@ def _appended(seed: int, data_dir: Path, faults: Faults | None = None) -> list[s
                     for store in stores
                 ]
                 await wait_until(lambda: _joined(master, stores), timeout_s=30)
-                trace = await group.create_task(_write(master, stores), context=node_context("w"))
+                trace = await group.create_task(
+                    scenario(network, master, stores), context=node_context("w1")
+                )
                 for node in nodes:
                     node.cancel()
         return trace
@@ -60,7 +69,9 @@ def _joined(master: SimMaster, stores: list[SimStore]) -> bool:
     )
 
 
-async def _write(master: SimMaster, stores: list[SimStore]) -> list[str]:
+async def _append(network: SimNetwork, master: SimMaster, stores: list[SimStore]) -> list[str]:
+    """The writer appends `EVENTS` events in batches and closes; the trace tells what the
+    master says of the segments and what each store holds of them."""
     loop = asyncio.get_running_loop()
     trace = []
     async with StreamClient(master.address) as client:
@@ -71,9 +82,18 @@ async def _write(master: SimMaster, stores: list[SimStore]) -> list[str]:
                 batch = [b"event %d" % n for n in range(first, first + 8)]
                 sequences = await writer.append_batch(batch)
                 trace.append(f"{loop.time() - 1000:.3f} appended {sequences[0]}..{sequences[-1]}")
+    return trace + await _segments(master, stores)
+
+
+async def _segments(master: SimMaster, stores: list[SimStore]) -> list[str]:
+    trace = []
+    async with StreamClient(master.address) as client:
         segments = await client.list_segments(STREAM)
     for segment in segments:
-        trace.append(f"segment {segment.epoch} {segment.state.name} acked {segment.acked_index}")
+        trace.append(
+            f"segment {segment.epoch} {segment.state.name} acked {segment.acked_index} "
+            f"final {segment.final_index}"
+        )
         for store in stores:
             assert store.core is not None
             meta = store.core.catalog.meta(SegmentKey(segment.stream_id, segment.epoch))
@@ -83,7 +103,7 @@ async def _write(master: SimMaster, stores: list[SimStore]) -> list[str]:
 
 
 def test_the_shipped_writer_appends_through_the_shipped_services(tmp_path: Path) -> None:
-    trace = _appended(1, tmp_path)
+    trace = _simulate(1, tmp_path, _append)
     assert trace[: EVENTS // 8] == [
         line for line in trace if " appended " in line
     ], "every batch was appended, in order"
@@ -94,6 +114,60 @@ def test_the_shipped_writer_appends_through_the_shipped_services(tmp_path: Path)
 
 
 def test_a_seed_replays_the_shipped_writer_under_faults(tmp_path: Path) -> None:
-    first = _appended(5, tmp_path, MILD)
-    assert first == _appended(5, tmp_path, MILD)
-    assert first != _appended(6, tmp_path, MILD)
+    first = _simulate(5, tmp_path, _append, MILD)
+    assert first == _simulate(5, tmp_path, _append, MILD)
+    assert first != _simulate(6, tmp_path, _append, MILD)
+
+
+async def _take_over(
+    network: SimNetwork, master: SimMaster, stores: list[SimStore]
+) -> list[str]:
+    """A leader appends, then its node is cut off from everyone (as a crash looks to
+    them); a second writer waits out its lease, seals its segment through the real
+    recovery (`client/recovery.py`) and appends in the next epoch."""
+    loop = asyncio.get_running_loop()
+    trace = []
+    cut_off = asyncio.Event()
+
+    async def first_leader() -> None:
+        async with StreamClient(master.address) as client:
+            await client.create_stream(STREAM, replicas=3, write_quorum=2)
+            async with client.writer(STREAM) as writer:
+                await writer.append_batch([b"first %d" % n for n in range(16)])
+                for node in [master.name, *(store.store_id for store in stores)]:
+                    network.cut("w1", node)
+                cut_off.set()
+                await asyncio.Event().wait()  # gone, as far as anyone can tell
+
+    async def second_leader() -> None:
+        await cut_off.wait()
+        started = loop.time()
+        async with StreamClient(master.address) as client, client.writer(STREAM) as writer:
+            trace.append(f"leads epoch {writer.epoch} after {loop.time() - started:.3f} s")
+            sequences = await writer.append_batch([b"second %d" % n for n in range(8)])
+            trace.append(f"appended {sequences[0]}..{sequences[-1]}")
+
+    async with asyncio.TaskGroup() as group:
+        first = group.create_task(first_leader())
+        await group.create_task(second_leader(), context=node_context("w2"))
+        first.cancel()
+    network.heal()
+    return trace + await _segments(master, stores)
+
+
+def test_a_second_writer_recovers_what_a_lost_leader_left_unsealed(tmp_path: Path) -> None:
+    trace = _simulate(2, tmp_path, _take_over)
+    # The lost leader's call holding its lease broke with the cut: no lease to wait out.
+    assert trace[0].startswith("leads epoch 2 after 0."), trace
+    # Its 16 events sealed on every store (and the bridge after them), then the 8 new.
+    assert trace[1:] == [
+        f"appended {2 << 32 | 1}..{2 << 32 | 8}",
+        "segment 1 SEALED acked 0 final 17",
+        "  store0 holds 17 acked 17",
+        "  store1 holds 17 acked 17",
+        "  store2 holds 17 acked 17",
+        "segment 2 OPEN acked 8 final 0",
+        "  store0 holds 8 acked 8",
+        "  store1 holds 8 acked 8",
+        "  store2 holds 8 acked 8",
+    ], trace
