@@ -7,11 +7,12 @@ virtual time; a seed replays the run."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from streamengine import StreamClient
+from streamengine import StreamClient, StreamEvent
 from streamengine.protocol.clock import wall_ms
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.testing import wait_until
@@ -27,6 +28,7 @@ EVENTS = 40
 MILD = Faults(loss=0.002, duplicate=0.01, delay_ms_max=8, slow=0.01, slow_delay_ms_max=200)
 
 
+Subscription = AsyncGenerator[StreamEvent, None]
 Scenario = Callable[[SimNetwork, SimMaster, list[SimStore]], Coroutine[Any, Any, list[str]]]
 
 
@@ -70,19 +72,40 @@ def _joined(master: SimMaster, stores: list[SimStore]) -> bool:
 
 
 async def _append(network: SimNetwork, master: SimMaster, stores: list[SimStore]) -> list[str]:
-    """The writer appends `EVENTS` events in batches and closes; the trace tells what the
-    master says of the segments and what each store holds of them."""
+    """The writer appends `EVENTS` events in batches and closes while a follower (node
+    `r1`) subscribes from the start; the trace tells what each saw, what the master says
+    of the segments and what each store holds of them."""
     loop = asyncio.get_running_loop()
     trace = []
     async with StreamClient(master.address) as client:
         await client.create_stream(STREAM, replicas=3, write_quorum=2)
-        # The SDK names the writer itself (`uuid4`, drawn from the seed): it replays too.
-        async with client.writer(STREAM) as writer:
-            for first in range(0, EVENTS, 8):
-                batch = [b"event %d" % n for n in range(first, first + 8)]
-                sequences = await writer.append_batch(batch)
-                trace.append(f"{loop.time() - 1000:.3f} appended {sequences[0]}..{sequences[-1]}")
+        async with asyncio.TaskGroup() as group:
+            following = group.create_task(_follow(master), context=node_context("r1"))
+            # The SDK names the writer itself (`uuid4`, drawn from the seed): it replays too.
+            async with client.writer(STREAM) as writer:
+                for first in range(0, EVENTS, 8):
+                    batch = [b"event %d" % n for n in range(first, first + 8)]
+                    sequences = await writer.append_batch(batch)
+                    at = f"{loop.time() - 1000:.3f}"
+                    trace.append(f"{at} appended {sequences[0]}..{sequences[-1]}")
+    trace.append(following.result())
     return trace + await _segments(master, stores)
+
+
+async def _follow(master: SimMaster) -> str:
+    """Every event from the start, live, through `client/subscription.py`."""
+    payloads = []
+    async with (
+        StreamClient(master.address) as client,
+        # Closed on leaving, not when collected: its tasks end at a known step.
+        contextlib.aclosing(cast(Subscription, client.subscribe(STREAM, start=0))) as events,
+    ):
+        async for event in events:
+            payloads.append(event.payload)
+            if len(payloads) == EVENTS:
+                break
+    in_order = payloads == [b"event %d" % n for n in range(EVENTS)]
+    return f"followed {len(payloads)} events{' in order' if in_order else ' OUT OF ORDER'}"
 
 
 async def _segments(master: SimMaster, stores: list[SimStore]) -> list[str]:
@@ -107,6 +130,7 @@ def test_the_shipped_writer_appends_through_the_shipped_services(tmp_path: Path)
     assert trace[: EVENTS // 8] == [
         line for line in trace if " appended " in line
     ], "every batch was appended, in order"
+    assert trace[EVENTS // 8] == f"followed {EVENTS} events in order"
     holds = [line for line in trace if " holds " in line]
     assert len(holds) == 3
     # Every event on a write quorum at least, and the acked index known to the stores.
@@ -142,10 +166,14 @@ async def _take_over(
     async def second_leader() -> None:
         await cut_off.wait()
         started = loop.time()
-        async with StreamClient(master.address) as client, client.writer(STREAM) as writer:
-            trace.append(f"leads epoch {writer.epoch} after {loop.time() - started:.3f} s")
-            sequences = await writer.append_batch([b"second %d" % n for n in range(8)])
-            trace.append(f"appended {sequences[0]}..{sequences[-1]}")
+        async with StreamClient(master.address) as client:
+            async with client.writer(STREAM) as writer:
+                trace.append(f"leads epoch {writer.epoch} after {loop.time() - started:.3f} s")
+                sequences = await writer.append_batch([b"second %d" % n for n in range(8)])
+                trace.append(f"appended {sequences[0]}..{sequences[-1]}")
+            # Both segments read back through `client/subscription.py`, the bridge skipped.
+            read = [event.payload.decode() async for event in client.read(STREAM)]
+            trace.append(f"read {len(read)}: {read[0]} .. {read[15]}, {read[16]} .. {read[-1]}")
 
     async with asyncio.TaskGroup() as group:
         first = group.create_task(first_leader())
@@ -162,6 +190,7 @@ def test_a_second_writer_recovers_what_a_lost_leader_left_unsealed(tmp_path: Pat
     # Its 16 events sealed on every store (and the bridge after them), then the 8 new.
     assert trace[1:] == [
         f"appended {2 << 32 | 1}..{2 << 32 | 8}",
+        "read 24: first 0 .. first 15, second 0 .. second 7",
         "segment 1 SEALED acked 0 final 17",
         "  store0 holds 17 acked 17",
         "  store1 holds 17 acked 17",
