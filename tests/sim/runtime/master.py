@@ -9,7 +9,6 @@ election and HA over an in-memory etcd are the next steps (README.md).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -26,13 +25,8 @@ from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
-from streamengine.protocol.signing import SigningKey
+from tests.sim.master_node import sim_signing_key
 from tests.sim.runtime.transport import SimNetwork, SimServer
-
-
-def signing_key_of(seed: int) -> SigningKey:
-    """The master's key in a run: from the seed, so that signed grants replay."""
-    return SigningKey(hashlib.sha256(b"simulated master key %d" % seed).digest())
 
 
 class SimMaster:
@@ -62,7 +56,8 @@ class SimMaster:
             wall_ms(),
             self.lease_ms,
             self.store_timeout_ms,
-            make_signing_key=lambda: signing_key_of(seed),
+            # The seed's key, as the world's master has it (it moves here when that goes).
+            make_signing_key=lambda: sim_signing_key(seed),
             make_cluster_id=lambda: f"sim-cluster-{seed}",
         )
         self.state = state

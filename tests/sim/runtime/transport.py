@@ -633,10 +633,6 @@ class SimChannel(grpc.aio.Channel):
 # ---- the server side ----
 
 
-class _Aborted(Exception):
-    pass
-
-
 class SimServicerContext:
     """What a servicer's handler is given: grpc.aio.ServicerContext's surface."""
 
