@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,11 +30,39 @@ MILD = Faults(loss=0.002, duplicate=0.01, delay_ms_max=8, slow=0.01, slow_delay_
 
 
 Subscription = AsyncGenerator[StreamEvent, None]
-Scenario = Callable[[SimNetwork, SimMaster, list[SimStore]], Coroutine[Any, Any, list[str]]]
+
+
+@dataclass
+class Cluster:
+    """A master and three stores, each node a task of `group` running as that node."""
+
+    network: SimNetwork
+    master: SimMaster
+    stores: list[SimStore]
+    group: asyncio.TaskGroup
+    nodes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def start(self, name: str, serve: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.nodes[name] = self.group.create_task(serve(), context=node_context(name))
+
+    async def crash(self, store: SimStore, power_loss: bool) -> None:
+        """The store's process dies (and its machine loses power)."""
+        node = self.nodes.pop(store.store_id)
+        node.cancel()
+        await asyncio.wait([node])
+        if power_loss:
+            store.power_loss()
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.cancel()
+
+
+Scenario = Callable[[Cluster], Coroutine[Any, Any, list[str]]]
 
 
 def _simulate(
-    seed: int, data_dir: Path, scenario: Scenario, faults: Faults | None = None
+    seed: int, data_dir: Path, scenario: Scenario, faults: Faults | None = None, fsync: bool = True
 ) -> list[str]:
     """Three stores and a master; once the stores joined, `scenario` runs as node `w1`."""
 
@@ -41,22 +70,20 @@ def _simulate(
         network = SimNetwork(asyncio.get_running_loop(), faults)
         master = SimMaster(network)
         stores = [
-            SimStore(network, f"store{n}", master_address=master.address, data_dir=data_dir)
+            SimStore(
+                network, f"store{n}", master_address=master.address, data_dir=data_dir, fsync=fsync
+            )
             for n in range(3)
         ]
         with network.installed():
             async with asyncio.TaskGroup() as group:
-                nodes = [group.create_task(master.serve(), context=node_context(master.name))]
-                nodes += [
-                    group.create_task(store.serve(), context=node_context(store.store_id))
-                    for store in stores
-                ]
+                cluster = Cluster(network, master, stores, group)
+                cluster.start(master.name, master.serve)
+                for store in stores:
+                    cluster.start(store.store_id, store.serve)
                 await wait_until(lambda: _joined(master, stores), timeout_s=30)
-                trace = await group.create_task(
-                    scenario(network, master, stores), context=node_context("w1")
-                )
-                for node in nodes:
-                    node.cancel()
+                trace = await group.create_task(scenario(cluster), context=node_context("w1"))
+                cluster.stop()
         return trace
 
     return run(main(), seed)
@@ -71,11 +98,12 @@ def _joined(master: SimMaster, stores: list[SimStore]) -> bool:
     )
 
 
-async def _append(network: SimNetwork, master: SimMaster, stores: list[SimStore]) -> list[str]:
+async def _append(cluster: Cluster) -> list[str]:
     """The writer appends `EVENTS` events in batches and closes while a follower (node
     `r1`) subscribes from the start; the trace tells what each saw, what the master says
     of the segments and what each store holds of them."""
     loop = asyncio.get_running_loop()
+    master = cluster.master
     trace = []
     async with StreamClient(master.address) as client:
         await client.create_stream(STREAM, replicas=3, write_quorum=2)
@@ -89,7 +117,7 @@ async def _append(network: SimNetwork, master: SimMaster, stores: list[SimStore]
                     at = f"{loop.time() - 1000:.3f}"
                     trace.append(f"{at} appended {sequences[0]}..{sequences[-1]}")
     trace.append(following.result())
-    return trace + await _segments(master, stores)
+    return trace + await _segments(cluster)
 
 
 async def _follow(master: SimMaster) -> str:
@@ -108,16 +136,16 @@ async def _follow(master: SimMaster) -> str:
     return f"followed {len(payloads)} events{' in order' if in_order else ' OUT OF ORDER'}"
 
 
-async def _segments(master: SimMaster, stores: list[SimStore]) -> list[str]:
+async def _segments(cluster: Cluster) -> list[str]:
     trace = []
-    async with StreamClient(master.address) as client:
+    async with StreamClient(cluster.master.address) as client:
         segments = await client.list_segments(STREAM)
     for segment in segments:
         trace.append(
             f"segment {segment.epoch} {segment.state.name} acked {segment.acked_index} "
             f"final {segment.final_index}"
         )
-        for store in stores:
+        for store in cluster.stores:
             assert store.core is not None
             meta = store.core.catalog.meta(SegmentKey(segment.stream_id, segment.epoch))
             held = "nothing" if meta is None else f"{meta.last_index} acked {meta.acked_index}"
@@ -127,9 +155,9 @@ async def _segments(master: SimMaster, stores: list[SimStore]) -> list[str]:
 
 def test_the_shipped_writer_appends_through_the_shipped_services(tmp_path: Path) -> None:
     trace = _simulate(1, tmp_path, _append)
-    assert trace[: EVENTS // 8] == [
-        line for line in trace if " appended " in line
-    ], "every batch was appended, in order"
+    assert trace[: EVENTS // 8] == [line for line in trace if " appended " in line], (
+        "every batch was appended, in order"
+    )
     assert trace[EVENTS // 8] == f"followed {EVENTS} events in order"
     holds = [line for line in trace if " holds " in line]
     assert len(holds) == 3
@@ -143,13 +171,12 @@ def test_a_seed_replays_the_shipped_writer_under_faults(tmp_path: Path) -> None:
     assert first != _simulate(6, tmp_path, _append, MILD)
 
 
-async def _take_over(
-    network: SimNetwork, master: SimMaster, stores: list[SimStore]
-) -> list[str]:
+async def _take_over(cluster: Cluster) -> list[str]:
     """A leader appends, then its node is cut off from everyone (as a crash looks to
     them); a second writer waits out its lease, seals its segment through the real
     recovery (`client/recovery.py`) and appends in the next epoch."""
     loop = asyncio.get_running_loop()
+    network, master = cluster.network, cluster.master
     trace = []
     cut_off = asyncio.Event()
 
@@ -158,7 +185,7 @@ async def _take_over(
             await client.create_stream(STREAM, replicas=3, write_quorum=2)
             async with client.writer(STREAM) as writer:
                 await writer.append_batch([b"first %d" % n for n in range(16)])
-                for node in [master.name, *(store.store_id for store in stores)]:
+                for node in [master.name, *(store.store_id for store in cluster.stores)]:
                     network.cut("w1", node)
                 cut_off.set()
                 await asyncio.Event().wait()  # gone, as far as anyone can tell
@@ -180,7 +207,7 @@ async def _take_over(
         await group.create_task(second_leader(), context=node_context("w2"))
         first.cancel()
     network.heal()
-    return trace + await _segments(master, stores)
+    return trace + await _segments(cluster)
 
 
 def test_a_second_writer_recovers_what_a_lost_leader_left_unsealed(tmp_path: Path) -> None:
@@ -200,3 +227,64 @@ def test_a_second_writer_recovers_what_a_lost_leader_left_unsealed(tmp_path: Pat
         "  store1 holds 8 acked 8",
         "  store2 holds 8 acked 8",
     ], trace
+
+
+# How long a crashed store stays down: a scenario's step, not a wait for a condition.
+STORE_DOWN_S = 1.0
+
+
+async def _store_crash(cluster: Cluster) -> list[str]:
+    """A store's process dies in the middle of the appends, its machine losing power,
+    and comes back `STORE_DOWN_S` later; the writer goes on with the other two."""
+    loop = asyncio.get_running_loop()
+    store = cluster.stores[1]
+    trace = []
+    async with StreamClient(cluster.master.address) as client:
+        await client.create_stream(STREAM, replicas=3, write_quorum=2)
+        async with client.writer(STREAM) as writer:
+            for first in range(0, EVENTS, 8):
+                if first == 16:  # after two batches of the five
+                    trace.append(f"{store.store_id} dies holding {_held(store)}")
+                    await cluster.crash(store, power_loss=True)
+                    await asyncio.sleep(STORE_DOWN_S)
+                    cluster.start(store.store_id, store.serve)
+                    await store.serving.wait()
+                    trace.append(f"{store.store_id} back holding {_held(store)}")
+                batch = [b"event %d" % n for n in range(first, first + 8)]
+                sequences = await writer.append_batch(batch)
+                at = f"{loop.time() - 1000:.3f}"
+                trace.append(f"{at} appended {sequences[0]}..{sequences[-1]}")
+            try:
+                await wait_until(lambda: _held(store).endswith(f": {EVENTS}"), timeout_s=10)
+            except TimeoutError:
+                trace.append("not caught up")
+            trace.append(f"{loop.time() - 1000:.3f} {store.store_id} holds {_held(store)}")
+    return trace + await _segments(cluster)
+
+
+def _held(store: SimStore) -> str:
+    assert store.core is not None
+    metas = store.core.catalog.metas()
+    return ", ".join(f"{key.epoch}: {meta.last_index}" for key, meta in sorted(metas.items()))
+
+
+def test_a_store_back_from_a_power_loss_keeps_what_it_synced_and_catches_up(
+    tmp_path: Path,
+) -> None:
+    trace = _simulate(3, tmp_path, _store_crash)
+    assert trace[2:4] == ["store1 dies holding 1: 16", "store1 back holding 1: 16"], trace
+    assert sum(" appended " in line for line in trace) == EVENTS // 8, trace
+    # The writer's Write stream to it reopens and resends what it missed.
+    assert trace[-5].endswith(f"store1 holds 1: {EVENTS}"), trace
+    assert trace[-3:] == [f"  store{n} holds {EVENTS} acked {EVENTS}" for n in range(3)], trace
+
+
+def test_a_store_without_fsync_loses_its_unsynced_writes_in_a_power_loss(
+    tmp_path: Path,
+) -> None:
+    trace = _simulate(3, tmp_path, _store_crash, fsync=False)
+    assert trace[2:4] == ["store1 dies holding 1: 16", "store1 back holding "], trace
+    # The writer goes on with the other two, which hold and ack everything.
+    assert sum(" appended " in line for line in trace) == EVENTS // 8, trace
+    assert trace[-3] == f"  store0 holds {EVENTS} acked {EVENTS}", trace
+    assert trace[-1] == f"  store2 holds {EVENTS} acked {EVENTS}", trace

@@ -5,7 +5,13 @@ interceptors, the same `add_to_server`), and, given a master, its `MasterLink`.
 
 A store given a master joins its cluster and takes the master's keys from it, as a
 real one does; a store without trusts the keys it is given (`--trust-signing-key`).
-What is not here yet (README.md): the scrubber, and restarts from the KV after a crash.
+
+Crashes: each `serve()` is one incarnation of the process, over the same KV. Cancelling
+it is the process dying (its calls break, nothing is flushed); `power_loss()` then takes
+from the KV what was written without a sync (`MemoryKV.crash`), which with
+`fsync=False` is every write since the last sync (`--fsync never`), with `fsync=True`
+nothing that was answered. The next `serve()` starts from what the KV kept, with a new
+incarnation, as a restarted store does. The scrubber is not here yet (README.md).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class SimStore:
         config: ServiceConfig | None = None,
         master_address: str | None = None,
         data_dir: Path | None = None,
+        fsync: bool = True,
     ) -> None:
         assert master_address is None or data_dir is not None, "a master link needs a dir"
         self.network = network
@@ -48,6 +55,7 @@ class SimStore:
         self.config = config or ServiceConfig()
         self.master_address = master_address
         self.data_dir = data_dir
+        self.fsync = fsync
         self.kv = MemoryKV()
         self.serving = asyncio.Event()
         self.server: SimServer | None = None
@@ -62,7 +70,7 @@ class SimStore:
         def published(plan: Plan) -> None:
             watch.changed(list(plan.metas))
 
-        committer = GroupCommitter(core, True, published)
+        committer = GroupCommitter(core, self.fsync, published)
         authority = StoreAuthority(self.store_id, None, self.trusted_keys)
         self.core = core
         self.context = context = StoreContext(core, committer, watch, self.config, authority)
@@ -80,6 +88,11 @@ class SimStore:
             self.serving.clear()
             await self.server.stop(None)
             context.close()
+
+    def power_loss(self) -> None:
+        """The machine lost power while the store was down: unsynced writes are gone."""
+        assert not self.serving.is_set(), "cancel `serve()` first: the process died"
+        self.kv.crash()
 
     def _link(self, core: SegmentStoreCore, context: StoreContext) -> MasterLink:
         assert self.master_address is not None and self.data_dir is not None
