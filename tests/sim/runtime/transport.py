@@ -543,7 +543,11 @@ class _MultiCallable:
         if self.channel.closed:
             raise grpc.aio.UsageError("Channel is closed.")
         call = _ClientCall(
-            self.channel, self.method, self.serialize, self.deserialize, timeout,
+            self.channel,
+            self.method,
+            self.serialize,
+            self.deserialize,
+            timeout,
             _metadata(metadata),
         )
         call.start(request if self.unary_request else None)
@@ -566,31 +570,41 @@ class SimChannel(grpc.aio.Channel):
         # Calls in progress, in the order they started (a dict: an ordered set).
         self.calls: dict[_ClientCall, None] = {}
 
-    def _callable(
-        self, method: str, serialize: Any, deserialize: Any, unary_request: bool
-    ) -> Any:
+    def _callable(self, method: str, serialize: Any, deserialize: Any, unary_request: bool) -> Any:
         return _MultiCallable(self, method, serialize, deserialize, unary_request)
 
     def unary_unary(
-        self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
         _registered_method: bool | None = False,
     ) -> Any:
         return self._callable(method, request_serializer, response_deserializer, True)
 
     def unary_stream(
-        self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
         _registered_method: bool | None = False,
     ) -> Any:
         return self._callable(method, request_serializer, response_deserializer, True)
 
     def stream_unary(
-        self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
         _registered_method: bool | None = False,
     ) -> Any:
         return self._callable(method, request_serializer, response_deserializer, False)
 
     def stream_stream(
-        self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
         _registered_method: bool | None = False,
     ) -> Any:
         return self._callable(method, request_serializer, response_deserializer, False)
@@ -822,7 +836,9 @@ class _Handling:
         else:
             request = self.requests()
         behaviour = (
-            handler.unary_unary or handler.unary_stream or handler.stream_unary
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
             or handler.stream_stream
         )
         assert behaviour is not None
