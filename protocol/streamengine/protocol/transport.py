@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +115,8 @@ class Transport:
 
     def aio_channel(self, address: str, options: Options | None = None) -> grpc.aio.Channel:
         chosen = CLIENT_OPTIONS if options is None else options
+        if aio_channel_factory is not None:
+            return aio_channel_factory(self, address, chosen)
         if not self.tls:
             return grpc.aio.insecure_channel(address, options=chosen)
         return grpc.aio.secure_channel(address, self._credentials(), options=chosen)
@@ -126,6 +129,10 @@ class Transport:
 
 
 PLAINTEXT = Transport()
+
+# Where `Transport.aio_channel` gets its channels when set: the deterministic simulator
+# (tests/sim/runtime) puts its in-process network here. None, as shipped: grpc's own.
+aio_channel_factory: Callable[[Transport, str, Options], grpc.aio.Channel] | None = None
 
 # What grpc-core says when a handshake fails (the client's side of it).
 _HANDSHAKE_FAILURES = ("Tls handshake failed", "CERTIFICATE_VERIFY_FAILED", "SSL_ERROR")

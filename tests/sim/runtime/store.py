@@ -1,0 +1,110 @@
+"""The shipped segment store on the runtime: its service (`StoreContext` and the call
+groups of `segment_store.service`) and core over a `MemoryKV`, with its group committer,
+served by a `SimServer` built as `server.serve` builds the real one (the same
+interceptors, the same `add_to_server`), and, given a master, its `MasterLink`.
+
+A store given a master joins its cluster and takes the master's keys from it, as a
+real one does; a store without trusts the keys it is given (`--trust-signing-key`).
+
+Crashes: each `serve()` is one incarnation of the process, over the same KV. Cancelling
+it is the process dying (its calls break, nothing is flushed); `power_loss()` then takes
+from the KV what was written without a sync (`MemoryKV.crash`), which with
+`fsync=False` is every write since the last sync (`--fsync never`), with `fsync=True`
+nothing that was answered. The next `serve()` starts from what the KV kept, with a new
+incarnation, as a restarted store does. The scrubber is not here yet (README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from streamengine.protocol.parsing import RequestParsing
+from streamengine.segment_store.core.authority import StoreAuthority
+from streamengine.segment_store.core.commands import Plan
+from streamengine.segment_store.core.store import SegmentStoreCore
+from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
+from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.master_link import MasterLink, StoreIdentity
+from streamengine.segment_store.service import add_to_server
+from streamengine.segment_store.store_context import ServiceConfig, StoreContext
+from tests.sim.runtime.transport import SimNetwork, SimServer
+
+
+class SimStore:
+    """One store node: `serve()` runs it (in a task of its node's context, see
+    `transport.node_context`) until cancelled; its KV outlives it. `data_dir` is where
+    the master link measures free space (the KV itself is in memory)."""
+
+    def __init__(
+        self,
+        network: SimNetwork,
+        store_id: str,
+        trusted_keys: Sequence[bytes] = (),
+        config: ServiceConfig | None = None,
+        master_address: str | None = None,
+        data_dir: Path | None = None,
+        fsync: bool = True,
+    ) -> None:
+        assert master_address is None or data_dir is not None, "a master link needs a dir"
+        self.network = network
+        self.store_id = store_id
+        self.address = f"{store_id}:1"
+        self.trusted_keys = tuple(trusted_keys)
+        self.config = config or ServiceConfig()
+        self.master_address = master_address
+        self.data_dir = data_dir
+        self.fsync = fsync
+        self.kv = MemoryKV()
+        self.serving = asyncio.Event()
+        self.server: SimServer | None = None
+        self.core: SegmentStoreCore | None = None
+        self.context: StoreContext | None = None
+
+    async def serve(self) -> None:
+        core = SegmentStoreCore(self.kv, joins_cluster=self.master_address is not None)
+        core.catalog.keep_incarnation(self.network.rng.getrandbits(63) + 1)
+        watch = SegmentWatch()
+
+        def published(plan: Plan) -> None:
+            watch.changed(list(plan.metas))
+
+        committer = GroupCommitter(core, self.fsync, published)
+        authority = StoreAuthority(self.store_id, None, self.trusted_keys)
+        self.core = core
+        self.context = context = StoreContext(core, committer, watch, self.config, authority)
+        self.server = SimServer(self.network, self.store_id, [RequestParsing()])
+        add_to_server(context, self.server)
+        self.server.add_insecure_port(self.address)
+        await self.server.start()
+        self.serving.set()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(committer.run())
+                if self.master_address is not None:
+                    tasks.create_task(self._link(core, context).run())
+        finally:
+            self.serving.clear()
+            await self.server.stop(None)
+            context.close()
+
+    def power_loss(self) -> None:
+        """The machine lost power while the store was down: unsynced writes are gone."""
+        assert not self.serving.is_set(), "cancel `serve()` first: the process died"
+        self.kv.crash()
+
+    def _link(self, core: SegmentStoreCore, context: StoreContext) -> MasterLink:
+        assert self.master_address is not None and self.data_dir is not None
+        identity = StoreIdentity(self.store_id, self.address, "", self.data_dir)
+        return MasterLink(
+            self.master_address,
+            identity,
+            core,
+            context.delete,
+            context.authority,
+            context.keep_authority,
+            context.quota,
+            keep_records=context.keep_records,
+            join=context.join,
+        )

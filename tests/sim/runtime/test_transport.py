@@ -1,0 +1,279 @@
+"""The in-process transport: the real store service, called through the generated stub
+over `Transport.aio_channel`, on the deterministic loop, with the network's faults."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from streamengine.client.errors import fence_of
+from streamengine.protocol import transport
+from streamengine.protocol.transport import PLAINTEXT
+from streamengine.testing import wait_until
+from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
+from tests.integration.store_helpers import (
+    TEST_KEY,
+    entries,
+    granted,
+    seal_request,
+    seg,
+    write_request,
+)
+from tests.sim.network import Faults
+from tests.sim.runtime.loop import run
+from tests.sim.runtime.store import SimStore
+from tests.sim.runtime.transport import SimNetwork, node_context
+
+T = TypeVar("T")
+Scenario = Callable[[SimNetwork, list[SimStore]], Coroutine[Any, Any, T]]
+
+WRITER = "writer"
+# A fault profile far harsher than a real network, so that a short run meets every fault.
+HARSH = Faults(loss=0.05, duplicate=0.2, delay_ms_max=20, slow=0.05, slow_delay_ms_max=400)
+
+
+def simulate(seed: int, scenario: Scenario[T], faults: Faults | None = None, stores: int = 1) -> T:
+    """`scenario` run as the node `writer` beside `stores` serving stores."""
+
+    async def main() -> T:
+        network = SimNetwork(asyncio.get_running_loop(), faults)
+        served = [SimStore(network, f"store{n}", [TEST_KEY.public_key]) for n in range(stores)]
+        with network.installed():
+            async with asyncio.TaskGroup() as group:
+                serving = [
+                    group.create_task(store.serve(), context=node_context(store.store_id))
+                    for store in served
+                ]
+                for store in served:
+                    await store.serving.wait()
+                result: T = await group.create_task(
+                    scenario(network, served), context=node_context(WRITER)
+                )
+                for task in serving:
+                    task.cancel()
+        return result
+
+    return run(main(), seed)
+
+
+def stub_of(store: SimStore) -> Any:
+    """The generated stub on a channel of the shipped `Transport` (typed as grpc.aio's)."""
+    return segment_store_pb2_grpc.SegmentStoreStub(PLAINTEXT.aio_channel(store.address))
+
+
+def test_the_seam_is_set_only_while_a_network_is_installed() -> None:
+    async def inside(network: SimNetwork, stores: list[SimStore]) -> str:
+        return type(PLAINTEXT.aio_channel(stores[0].address)).__name__
+
+    assert simulate(1, inside) == "SimChannel"
+    assert transport.aio_channel_factory is None
+
+
+def test_a_unary_call_and_a_write_stream_reach_the_store_service() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[Any]:
+        stub = stub_of(stores[0])
+        segment = seg(7, 3)
+        call = stub.Write()
+        replies = []
+        for request_id, (first, last) in enumerate([(1, 3), (4, 5)], start=1):
+            grant = granted(segment, 3) if request_id == 1 else b""
+            batch = entries(first, last)
+            await call.write(write_request(segment, 3, first - 1, batch, request_id, grant=grant))
+            reply = await call.read()
+            replies.append((reply.request_id, reply.status, reply.matched_index))
+        await call.done_writing()
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+        sealed = await stub.Seal(seal_request(segment, 4))
+        state = await stub.GetSegmentState(
+            segment_store_pb2.GetSegmentStateRequest(segment=segment)
+        )
+        return [replies, (sealed.fence, sealed.matched_index), (state.fence, state.last_index)]
+
+    accepted = segment_store_pb2.ACCEPTED
+    assert simulate(1, scenario) == [[(1, accepted, 3), (2, accepted, 5)], (4, 5), (4, 5)]
+
+
+def test_a_read_streams_its_replies_through_the_executor_path() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[list[int]]:
+        stub = stub_of(stores[0])
+        segment = seg(7, 3)
+        call = stub.Write()
+        await call.write(write_request(segment, 3, 9, entries(1, 9), grant=granted(segment, 3)))
+        await call.read()
+        await call.done_writing()
+        read = stub.Read(
+            segment_store_pb2.ReadRequest(
+                segment=segment, from_index=1, to_index=9, max_entries_per_reply=4
+            )
+        )
+        return [[entry.index for entry in reply.entries] async for reply in read]
+
+    assert simulate(1, scenario) == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+
+
+def test_an_abort_reaches_the_caller_as_a_real_channel_gives_it() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> grpc.aio.AioRpcError:
+        stub = stub_of(stores[0])
+        segment = seg(7, 3)
+        await stub.Seal(seal_request(segment, 4))
+        call = stub.Write()
+        await call.write(write_request(segment, 3, 0, entries(1, 1), grant=granted(segment, 3)))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call.read()
+        assert await call.code() == grpc.StatusCode.FAILED_PRECONDITION
+        return refused.value
+
+    error = simulate(1, scenario)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.details() == "fenced: writer epoch 3 < fence 4"
+    assert error.trailing_metadata() == grpc.aio.Metadata(("se-fence", "4"))
+    assert fence_of(error) == 4  # the SDK's own reading of it
+
+
+def test_a_request_that_does_not_parse_meets_the_real_interceptor() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> grpc.aio.AioRpcError:
+        channel = PLAINTEXT.aio_channel(stores[0].address)
+        seal: Any = channel.unary_unary("/streamengine.v1.SegmentStore/Seal")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await seal(b"\xff\xff\xff")
+        return refused.value
+
+    error = simulate(1, scenario)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "SegmentStore/Seal: the request does not parse" in (error.details() or "")
+
+
+def test_a_deadline_ends_the_call_and_cancels_its_handler() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> tuple[float, str]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        call = stub_of(stores[0]).Write(timeout=0.5)
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await call.read()
+        waited_s = loop.time() - started
+        server = stores[0].server
+        assert server is not None
+        await wait_until(lambda: not server.handlings)
+        return round(waited_s, 6), late.value.code().name
+
+    assert simulate(1, scenario) == (0.5, "DEADLINE_EXCEEDED")
+
+
+def test_a_partition_breaks_streams_and_calls_until_healed() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+        store = stores[0]
+        stub = stub_of(store)
+        segment = seg(7, 3)
+        call = stub.Write()
+        await call.write(write_request(segment, 3, 0, entries(1, 1), grant=granted(segment, 3)))
+        await call.read()
+        network.cut(WRITER, store.store_id)
+        seen = []
+        for attempt in (call.read(), stub.Seal(seal_request(segment, 4))):
+            with pytest.raises(grpc.aio.AioRpcError) as cut_off:
+                await attempt
+            seen.append(cut_off.value.code().name)
+        network.heal()
+        channel = PLAINTEXT.aio_channel(store.address)
+        await channel.channel_ready()
+        sealed = await segment_store_pb2_grpc.SegmentStoreStub(channel).Seal(
+            seal_request(segment, 4)
+        )
+        seen.append(f"sealed at {sealed.matched_index}")
+        return seen
+
+    assert simulate(1, scenario) == ["UNAVAILABLE", "UNAVAILABLE", "sealed at 1"]
+
+
+def test_a_server_that_stops_breaks_its_calls_and_refuses_new_ones() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+        store = stores[0]
+        stub = stub_of(store)
+        call = stub.Write()
+        assert store.server is not None
+        await wait_until(lambda: bool(store.server and store.server.handlings))
+        await store.server.stop()
+        seen = []
+        for attempt in (call.read(), stub.Seal(seal_request(seg(7, 3), 4))):
+            with pytest.raises(grpc.aio.AioRpcError) as gone:
+                await attempt
+            seen.append(f"{gone.value.code().name}: {gone.value.details()}")
+        return seen
+
+    assert simulate(1, scenario) == [
+        "UNAVAILABLE: Connection reset: store0 stopped",
+        "UNAVAILABLE: failed to connect to store0:1: connection refused",
+    ]
+
+
+def test_a_connection_reset_breaks_the_calls_under_way_only() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+        store = stores[0]
+        stub = stub_of(store)
+        call = stub.Write()
+        await wait_until(lambda: bool(store.server and store.server.handlings))
+        network.reset(WRITER, store.store_id)
+        with pytest.raises(grpc.aio.AioRpcError) as reset:
+            await call.read()
+        state = stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(segment=seg(7, 3)))
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await state
+        return [reset.value.code().name, unknown.value.code().name]
+
+    # The next call goes through (the store answers that it knows no such segment).
+    assert simulate(1, scenario) == ["UNAVAILABLE", "NOT_FOUND"]
+
+
+async def _writers(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+    """Writers of several streams on every store, each appending and then sealing,
+    recording what each call answered and when: the trace of a run."""
+    loop = asyncio.get_running_loop()
+    trace: list[str] = []
+
+    def seen(what: str) -> None:
+        trace.append(f"{loop.time() - 1000:.3f} {what}")
+
+    async def writer(store: SimStore, stream_id: int) -> None:
+        stub = stub_of(store)
+        segment = seg(stream_id, 3)
+        call = stub.Write()
+        try:
+            for first in range(1, 10, 3):
+                grant = granted(segment, 3) if first == 1 else b""
+                batch = entries(first, first + 2)
+                await call.write(write_request(segment, 3, first - 1, batch, first, grant=grant))
+                reply = await call.read()
+                seen(f"{store.store_id}/{stream_id} matched {reply.matched_index}")
+            await call.done_writing()
+        except grpc.aio.AioRpcError as error:
+            seen(f"{store.store_id}/{stream_id} write {error.code().name}")
+        try:
+            sealed = await stub.Seal(seal_request(segment, 4), timeout=1.0)
+            seen(f"{store.store_id}/{stream_id} sealed at {sealed.matched_index}")
+        except grpc.aio.AioRpcError as error:
+            seen(f"{store.store_id}/{stream_id} seal {error.code().name}")
+
+    async with asyncio.TaskGroup() as group:
+        for store in stores:
+            for stream_id in range(1, 6):
+                group.create_task(writer(store, stream_id))
+    seen(" ".join(f"{key}={value}" for key, value in sorted(network.stats.items())))
+    return trace
+
+
+def test_a_seed_replays_the_same_calls_under_faults() -> None:
+    first = simulate(11, _writers, HARSH, stores=3)
+    assert first == simulate(11, _writers, HARSH, stores=3)
+    # The run met the faults it is meant to replay.
+    assert any(" write UNAVAILABLE" in line for line in first)
+    assert "duplicated=0" not in first[-1] and "lost=0" not in first[-1]
+
+
+def test_seeds_draw_different_faults_and_orders() -> None:
+    traces = {tuple(simulate(seed, _writers, HARSH, stores=3)) for seed in range(3)}
+    assert len(traces) == 3
