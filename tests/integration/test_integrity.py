@@ -78,6 +78,12 @@ class Damaged:
     def master_count(self, name: str, labels: str = "") -> float:
         return metric_value(self.metrics_port, name, labels)
 
+    def alive(self, store_id: str) -> bool:
+        channel, stub = self.stub()
+        with channel:
+            status = stub.GetClusterStatus(master_pb2.GetClusterStatusRequest(), timeout=5)
+        return any(s.store_id == store_id and s.alive for s in status.stores)
+
     def tasks(self) -> list[master_pb2.RepairTask]:
         channel, stub = self.stub()
         with channel:
@@ -111,6 +117,21 @@ def damaged(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Damaged]
             "--metrics-port",
             str(port),
         ],
+        store_args=["--scrub-mb-per-s", SCRUB_MB_PER_S],
+    ) as cluster:
+        yield Damaged(cluster, port)
+
+
+@pytest.fixture
+def exactly_n(tmp_path: Path) -> Iterator[Damaged]:
+    """Three stores for segments of N=3: no store outside a copy set can take a
+    replica, so a damaged one can only be repaired in place."""
+    port = free_port()
+    with running_cluster(
+        tmp_path,
+        stores=3,
+        # The damaged store is stopped and restarted: not dead meanwhile (see below).
+        master_args=[*MASTER_ARGS, "--store-timeout-ms=10000", "--metrics-port", str(port)],
         store_args=["--scrub-mb-per-s", SCRUB_MB_PER_S],
     ) as cluster:
         yield Damaged(cluster, port)
@@ -215,6 +236,55 @@ async def test_a_flipped_sst_block_is_found_by_the_scrub_and_the_replica_replace
     assert verified.stdout.count("; matched") == 3, verified.stdout
 
 
+async def test_a_flipped_sst_block_with_no_spare_store_is_repaired_in_place(
+    exactly_n: Damaged,
+) -> None:
+    """Issue #36, item 2: with exactly N stores the damaged replica has nowhere to go.
+    Its store drops its copy and copies the segment back from a replica that matches
+    the certificate; `verify` passes again, and readers never see a wrong payload."""
+    cluster = exactly_n.cluster
+    async with StreamClient(cluster.master_address) as client:
+        payloads = await write_sealed(client, 1, 3000)
+        wait_for(lambda: all(map(fully_verified, exactly_n.sealed())), 30, 0.2, "verified")
+        [segment] = exactly_n.sealed()
+        members = [r.store_id for r in segment.copy_set]
+        victim_id = members[0]
+        victim = exactly_n.store(victim_id)
+        assert victim.terminate() == 0  # a clean stop flushes the memtable to an SST
+        sst = damage.flip_in_sst(exactly_n.root(victim_id))
+        victim.start()
+
+        done = asyncio.Event()
+        reading = asyncio.create_task(read_until(client, payloads, done))
+
+        def heard() -> bool:
+            counted = 'outcome="damaged"'
+            return exactly_n.master_count("streamengine_master_replica_checks_total", counted) > 0
+
+        def verify_passes() -> bool:
+            verified = run_cli("verify", STREAM, "--master", cluster.master_address)
+            return verified.returncode == 0
+
+        try:
+            detected_s = await watch(heard, 30, "the scrub's damage report")
+            repaired_s = await watch(verify_passes, 60, "verify passing again")
+        finally:
+            done.set()
+        reads = await reading
+        print(
+            f"\nSST {sst.name}: damage reported {detected_s} s after the restart, "
+            f"verify passed {detected_s + repaired_s} s after it; {reads} full reads"
+        )
+        now = exactly_n.segment(segment.id.epoch)
+        assert [r.store_id for r in now.copy_set] == members, "repaired in place"
+        assert fully_verified(now)
+        assert await read_all(client) == payloads
+        in_place = [t for t in exactly_n.tasks() if t.state == master_pb2.RepairTask.DONE]
+        assert [(t.source_store, t.target_store) for t in in_place if t.target_store == victim_id]
+    verified = run_cli("verify", STREAM, "--master", cluster.master_address)
+    assert verified.stdout.count("matches the certificate") == 3, verified.stdout
+
+
 async def test_a_wal_damaged_mid_log_keeps_the_store_down_and_its_replicas_move(
     damaged: Damaged,
 ) -> None:
@@ -258,7 +328,8 @@ async def test_a_copy_differing_only_from_the_certificate_is_never_served_nor_co
     """One replica's copy is replaced behind its store's back by another payload under
     a valid crc32c: only the certificate tells. Readers skip it and report it; a repair
     that copies from it fails its verification and the next attempt copies from another
-    replica; `verify` names it; its own scrub condemns it and it is replaced."""
+    replica; `verify` names it; its own scrub condemns it and, a spare store being up,
+    it is replaced there."""
     cluster = damaged.cluster
     async with StreamClient(cluster.master_address) as client:
         payloads = await write_sealed(client, 2, 1000)
@@ -304,13 +375,20 @@ async def test_a_copy_differing_only_from_the_certificate_is_never_served_nor_co
         assert "certificate" in failed[0].error, failed[0].error
         assert [t.source_store for t in done] == [second], tasks
 
-        # Its own scrub condemns it; once a store can take its place, it is replaced.
+        # Its own scrub condemns it; a store outside the copy set is up to take its
+        # place, so it is replaced there (with none, it would be refilled in place:
+        # `test_a_flipped_sst_block_with_no_spare_store_is_repaired_in_place`).
+        damaged.store(third).start()
+        wait_for(lambda: damaged.alive(third), 30, 0.2, "the spare store back")
         bad.args[scrubbing + 1] = SCRUB_MB_PER_S
         bad.restart()
-        wait_for(lambda: first in damaged.segment(epoch).bad_stores, 30, 0.2, "the forged copy bad")
-        damaged.store(third).start()
-        wait_for(lambda: fully_verified(damaged.segment(epoch)), 60, 0.2, "N verified replicas")
-        assert first not in {r.store_id for r in damaged.segment(epoch).copy_set}
+
+        def replaced() -> bool:
+            now = damaged.segment(epoch)
+            return fully_verified(now) and first not in {r.store_id for r in now.copy_set}
+
+        wait_for(replaced, 60, 0.2, "the forged copy replaced")
+        assert third in {r.store_id for r in damaged.segment(epoch).copy_set}
         assert await read_all(client) == payloads
     verified = run_cli("verify", STREAM, "--master", cluster.master_address)
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -322,6 +322,7 @@ class _RepairRun:
                 action.fence,
                 tenant,
                 action.certificate,
+                action.replace_held,
             )
             self._call(action.target, request, self._on_copied)
         elif isinstance(action, repair.AskDigests):

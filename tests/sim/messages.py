@@ -207,11 +207,13 @@ class CopySegment:
     fence: int
     tenant: str = ""
     certificate: Certificate | None = None
+    replace_held: bool = False
 
     def __str__(self) -> str:
         return (
             f"CopySegment({show_segment(self.segment)} from {self.source}, "
-            f"final {self.final_index}, fence {self.fence})"
+            f"final {self.final_index}, fence {self.fence}"
+            f"{', replacing what it holds' if self.replace_held else ''})"
         )
 
 

@@ -22,6 +22,7 @@ from streamengine.segment_store.core.catalog import SegmentStateInfo
 from streamengine.segment_store.core.commands import (
     Command,
     DeleteResult,
+    DropCopiesCommand,
     KeepAuthorityCommand,
     Outcome,
     SealCommand,
@@ -359,6 +360,7 @@ class _SegmentCopy:
                 self.request.fence,
                 self.request.tenant,
                 self.request.certificate,
+                self.request.replace_held,
             )
         except StoreError as error:
             self._end(error)
@@ -419,6 +421,9 @@ class _SegmentCopy:
             command = replace(command, acked_index=self.request.final_index)
         store = self.store
         fence = store.fence(self.segment)
+        if isinstance(command, DropCopiesCommand):
+            # As a delete: what the replica served stays true, its refill starts anew.
+            store.world.checker.store_deleted(store.name, self.segment)
         outcome = store.core.execute(command)
         epoch = command.writer_epoch if isinstance(command, WriteCommand) else fence
         if isinstance(command, SealCommand):

@@ -265,6 +265,29 @@ def test_copies_forged_at_rest_are_never_read_and_are_replaced() -> None:
     assert stats["repair bad-copy"] > 0, stats
 
 
+ROT_IN_PLACE_SEEDS = range(30_000, 30_020)
+
+
+def test_copies_forged_at_rest_with_no_spare_store_are_refilled_in_place() -> None:
+    """Damage at rest on a cluster of exactly N stores (issue #36): no store outside the
+    copy set can take a condemned replica, so its own store drops its copies and copies
+    the segment again from a replica that matches the certificate, under the usual
+    faults and with every invariant kept (a refill in place never serves what it
+    dropped, nor a forged copy)."""
+    overrides = {"rot": True, "policy": ReplicationPolicy(3, 2), "stores": 3}
+    results = [run_seed(seed, REPAIR_STEPS, overrides=overrides) for seed in ROT_IN_PLACE_SEEDS]
+    failures = [
+        f.replace(f"--steps {STEPS}", f"--steps {REPAIR_STEPS}") for f in _failures(results)
+    ]
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for result in results:
+        stats.update(result.stats)
+    assert stats["copies rotted"] > 0, stats
+    assert stats["repair bad-copy"] > 0, stats
+    assert stats["repairs in place"] > 0, stats
+
+
 # Seeds with as many stores as replicas: a crashed store leaves too few to place a copy
 # set, and a takeover then is granted an epoch without a segment (it seals the open one
 # with R of its own stores, then rolls once the store is back).

@@ -201,11 +201,65 @@ def test_no_source_no_task() -> None:
     assert repair.plan_tasks([seg(1)], cluster, {(1, 1): AT_BRIDGE}, NOW, GRACE, (), 3) == []
 
 
-def test_missed_bridge_with_no_spare_store_refills_in_place() -> None:
-    cluster = stores(view("a"), view("b"), view("c"))
-    copies = {(1, 1): {**AT_BRIDGE, "c": held(3)}}
-    [task] = repair.plan_tasks([seg(1)], cluster, copies, NOW, GRACE, (), 3)
-    assert (task.target, task.replaced, task.reason) == ("c", "c", repair.MISSED_BRIDGE)
+EXACTLY_N = stores(view("a"), view("b"), view("c"))
+# The store found its replica damaged: it reports acked index 0.
+C_DAMAGED = {**AT_BRIDGE, "c": held(0)}
+C_BAD = dataclasses.replace(seg(1, verified=("a", "b")), bad=("c",))
+
+
+@pytest.mark.parametrize(
+    ("rule", "cluster", "segment", "copies", "write_quorum", "expected"),
+    [
+        (
+            "missed the bridge, no spare store: refilled in place",
+            EXACTLY_N, seg(1), {**AT_BRIDGE, "c": held(3)}, 2, ("a", "c", repair.MISSED_BRIDGE),
+        ),
+        (
+            "found damaged by its store, no spare store: refilled in place",
+            EXACTLY_N, seg(1), C_DAMAGED, 2, ("a", "c", repair.MISSED_BRIDGE),
+        ),
+        (
+            "differs from the certificate, no spare store: refilled in place",
+            EXACTLY_N, C_BAD, AT_BRIDGE, 2, ("a", "c", repair.BAD_COPY),
+        ),
+        (
+            "damaged, a spare store can take it: moved there, never in place",
+            ALL, seg(1), C_DAMAGED, 2, ("a", "d", repair.MISSED_BRIDGE),
+        ),
+        (
+            "differs, a spare store can take it: moved there",
+            ALL, C_BAD, AT_BRIDGE, 2, ("a", "d", repair.BAD_COPY),
+        ),
+        (
+            "the others hold fewer than W good replicas: waits",
+            EXACTLY_N, seg(1), C_DAMAGED, 3, None,
+        ),
+        (
+            "the other good one is not read back yet: waits",
+            EXACTLY_N, seg(1, verified=("a",)), C_DAMAGED, 2, None,
+        ),
+        ("W unknown: waits", EXACTLY_N, seg(1), C_DAMAGED, 0, None),
+        (
+            "a dead member is never refilled in place",
+            stores(view("a"), view("b"), view("c", alive=False)), seg(1), AT_BRIDGE, 2, None,
+        ),
+        (
+            "a draining member is never refilled in place",
+            stores(view("a"), view("b"), view("c", draining=True)), seg(1), AT_BRIDGE, 2, None,
+        ),
+    ],
+)
+def test_in_place_refill(rule, cluster, segment, copies, write_quorum, expected) -> None:
+    quorums = {segment.stream_id: write_quorum} if write_quorum else {}
+    tasks = repair.plan_tasks(
+        [segment], cluster, {segment.key: copies}, NOW, GRACE, (), 3, write_quorums=quorums
+    )
+    if expected is None:
+        assert tasks == [], rule
+        return
+    [task] = tasks
+    assert (task.source, task.target, task.reason) == expected, rule
+    assert task.replaced == "c" and task.in_place == (task.target == "c"), rule
 
 
 def test_dead_store_with_no_spare_store_waits() -> None:
@@ -264,9 +318,13 @@ def test_a_replaced_copy_is_deleted_only_after_the_verified_copy_is_swapped_in()
     assert not op.error
 
 
-def test_a_member_refilled_in_place_is_never_deleted() -> None:
+def test_a_member_refilled_in_place_drops_its_copies_and_is_never_deleted() -> None:
     op = repair.RepairOp(_move(replaced="c", target="c"))
-    assert isinstance(_through_digests(op), repair.SwapReplica)
+    assert op.start(seg(1)) == repair.AskSourceState("a")
+    copy = op.step(repair.SourceState(fence=2, acked_index=5, bytes=100))
+    assert copy == repair.CopyToTarget("c", "a", 5, 2, replace_held=True)
+    assert op.step(repair.Copied(b"D")) == repair.AskDigests("a", "c", 5)
+    assert isinstance(op.step(repair.Digests(b"D", b"D", 5)), repair.SwapReplica)
     assert op.step(repair.Swapped()) is None and not op.error
 
 

@@ -17,9 +17,12 @@ from streamengine.protocol.entry import (
 )
 from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.segment_store.core import copy as copy_rules
+from streamengine.segment_store.core.catalog import SegmentStateInfo
 from streamengine.segment_store.core.commands import (
     DeleteCommand,
+    DropCopiesCommand,
     SealCommand,
+    SealResult,
     SegmentKey,
     WriteCommand,
     WriteResult,
@@ -628,6 +631,116 @@ def test_a_copy_differing_from_its_source_is_a_mismatch_and_stays_unconfirmed(
     with pytest.raises(CopyMismatch):
         _run_copy(source, core)
     assert core.catalog.state(SEG).acked_index == 0
+
+
+def _refill_in_place(source: SegmentStoreCore, target: SegmentStoreCore) -> list[object]:
+    """A copy with `replace_held` through `CopyOp`, against real cores; its actions."""
+    op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4, replace_held=True)
+    actions: list[object] = [op.start()]
+    info = source.catalog.state(SEG)
+    local = target.catalog.meta(SEG)
+    action: copy_rules.CopyAction | None = op.source_state(
+        info.fence, info.acked_index, local.fence if local else 0
+    )
+    while isinstance(action, copy_rules.Submit):
+        actions.append(action)
+        action = op.submitted(target.execute(action.command))
+    assert action == copy_rules.ReadSource(1, 6)
+    write = op.source_entries(PackedEntries.of(source.reader.read(SEG, 1, 6)))
+    assert isinstance(write, copy_rules.Submit)
+    assert op.submitted(target.execute(write.command)) is None
+    assert op.source_read_ended() == copy_rules.AskDigests(6)
+    confirm = op.digests(target.reader.digest(SEG, 6), source.reader.digest(SEG, 6).digest)
+    assert isinstance(confirm, copy_rules.Submit)
+    actions.append(op.submitted(target.execute(confirm.command)))
+    return actions
+
+
+def test_a_refill_in_place_drops_every_old_copy_after_the_fence_and_before_the_copy(
+    core: SegmentStoreCore,
+) -> None:
+    """A copy of a higher epoch is kept by the overwrite rule (the refill would differ
+    from its source: see the test above); a refill in place drops it first, keeping
+    the fence, and then equals the source."""
+    source = _copy_source()
+    core.write(SEG, 5, 0, [ev(2, epoch=5, payload=b"higher")])
+    core.seal(SEG, 5)
+    actions = _refill_in_place(source, core)
+    assert actions[1:3] == [
+        copy_rules.Submit(copy_rules.fence_command(SEG, 5)),
+        copy_rules.Submit(copy_rules.drop_command(SEG, 5)),
+    ]
+    assert isinstance(actions[-1], copy_rules.Finished)
+    assert core.catalog.state(SEG).fence == 5, "the fence is never dropped"
+    assert core.reader.read(SEG, 1, acked_only=True) == source.reader.read(SEG, 1, 6)
+
+
+def test_dropping_copies_keeps_the_fence_and_leaves_nothing_served(
+    core: SegmentStoreCore,
+) -> None:
+    core.write(SEG, 3, 4, events(1, 6))
+    core.seal(SEG, 4)
+    result = core.execute(DropCopiesCommand(SEG, 4))
+    assert result == SealResult(4, 0, 0, 0)
+    assert core.catalog.state(SEG) == SegmentStateInfo(4, 0, 0, 0, 0, 0)
+    assert core.reader.read(SEG, 1, 6) == []
+    with pytest.raises(BelowFence):  # the old leader, delayed, is still refused
+        core.write(SEG, 3, 6, [ev(5, payload=b"late")])
+
+
+def test_dropping_copies_is_refused_once_the_copy_lost_its_fence(core: SegmentStoreCore) -> None:
+    core.write(SEG, 3, 4, events(1, 6))
+    core.seal(SEG, 4)
+    before = snapshot(core.kv)
+    with pytest.raises(CopyRefused):
+        core.execute(DropCopiesCommand(SEG, 5))
+    core.delete(SEG)
+    with pytest.raises(CopyRefused):
+        core.execute(DropCopiesCommand(SEG, 4))
+    assert before and core.catalog.meta(SEG) is None
+
+
+def _flip_in_tables(path: Path) -> None:
+    """Two bits in the data blocks of the largest table (a third and half way in), as
+    bit rot at rest would."""
+    table = max(path.glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(table.read_bytes())
+    for offset in (len(data) // 3, len(data) // 2):
+        data[offset] ^= 0x10
+    table.write_bytes(bytes(data))
+
+
+def test_a_refill_in_place_reads_back_clean_over_a_damaged_block(tmp_path: Path) -> None:
+    """Copies written over a damaged block are refused: the overwrite rule reads what
+    is held at each index, and RocksDB fails the read of that block (reads of the range
+    would pass over it too). Dropped first (a range deletion, which RocksDB skips on
+    reads without touching the blocks it covers), the old copies are never read again
+    and the refill reads back clean."""
+    final = 3000
+    payloads = [bytes([i % 251]) * 300 for i in range(1, final + 1)]
+    entries = [ev(i, payload=p) for i, p in zip(range(1, final + 1), payloads, strict=True)]
+    kv = RocksKV(tmp_path / "db")
+    core = SegmentStoreCore(kv)
+    for start in range(0, final, 500):
+        core.write(SEG, 3, 0, entries[start : start + 500])
+    core.seal(SEG, 4)
+    kv.close()  # the memtable goes to a table
+    _flip_in_tables(tmp_path / "db")
+    kv = RocksKV(tmp_path / "db")
+    core = SegmentStoreCore(kv)
+    try:
+        assert core.reader.certify(SEG, final).damaged
+        with pytest.raises(StoredCopyCorrupt):  # the overwrite rule reads the old copies
+            core.execute(copy_rules.write_command(SEG, 4, PackedEntries.of(entries)))
+        core.execute(copy_rules.drop_command(SEG, 4))
+        for start in range(0, final, 500):
+            batch = PackedEntries.of(entries[start : start + 500])
+            core.execute(copy_rules.write_command(SEG, 4, batch))
+        copied = core.reader.certify(SEG, final)
+        assert not copied.damaged, copied.detail
+        assert [e.payload for e in core.reader.read(SEG, 1, final)] == payloads
+    finally:
+        kv.close()
 
 
 # ---- restart ----

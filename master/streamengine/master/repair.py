@@ -192,6 +192,7 @@ class Repairer:
                     final_index=action.final_index,
                     fence=action.fence,
                     tenant=authority.stream_tenant(segment_id.stream),
+                    replace_held=action.replace_held,
                 )
                 if action.certificate is not None:
                     copy.certificate.CopyFrom(codec.certificate_to_pb(action.certificate))

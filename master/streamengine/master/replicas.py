@@ -101,7 +101,17 @@ class Replicas:
             slots,
             self.state.pending_deletes(),
             failed_sources,
+            self._write_quorums(candidates),
         )
+
+    def _write_quorums(self, segments: list[SegmentRecord]) -> dict[int, int]:
+        """W of each stream of `segments`, by stream id (a refill in place needs it)."""
+        quorums: dict[int, int] = {}
+        for segment in segments:
+            stream = self.state.streams.get(self.state.names.get(segment.stream_id, ""))
+            if stream is not None:
+                quorums[segment.stream_id] = stream.write_quorum
+        return quorums
 
     def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
         """Sealed segments with fewer than N good replicas."""

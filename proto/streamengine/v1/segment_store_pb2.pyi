@@ -551,6 +551,7 @@ class CopySegmentRequest(_message.Message):
     FENCE_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
+    REPLACE_HELD_FIELD_NUMBER: _builtins.int
     source_address: _builtins.str
     """The healthy replica to copy from."""
     final_index: _builtins.int
@@ -565,6 +566,12 @@ class CopySegmentRequest(_message.Message):
     tenant: _builtins.str
     """The tenant of the segment's stream (the master's word): the copy remembers it,
     so that the tenant's readers may read the copy.
+    """
+    replace_held: _builtins.bool
+    """A refill in place of the target's own replica (damaged, or differing from the
+    certificate): once fenced, the target drops every copy it holds of the segment
+    (its fence, tenant and record kept) before the first copied entry, so none of its
+    old copies outlives the copy.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId:
@@ -585,10 +592,11 @@ class CopySegmentRequest(_message.Message):
         fence: _builtins.int = ...,
         tenant: _builtins.str = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
+        replace_held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "segment", b"segment", "source_address", b"source_address", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "replace_held", b"replace_held", "segment", b"segment", "source_address", b"source_address", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -153,6 +153,7 @@ class CatalogCalls:
                 request.fence,
                 request.tenant,
                 certificate,
+                request.replace_held,
             )
             report = await copy.run()
         except MalformedCertificate as error:

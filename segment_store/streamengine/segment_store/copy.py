@@ -1,8 +1,8 @@
 """CopySegment on the target store: the client that pulls a sealed segment from a peer
 store over gRPC and applies it through the group committer, step by step as
-`core.copy` says (fence first, copied batches raising no acked index, digest, then
-one confirming write). A failed copy is left as it is, unconfirmed: never deleted,
-nor is its fence.
+`core.copy` says (fence first, the old copies dropped for a refill in place, copied
+batches raising no acked index, digest, then one confirming write). A failed copy is
+left as it is, unconfirmed: never deleted, nor is its fence.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ class SegmentCopy:
         requested_fence: int,
         tenant: str = "",
         certificate: Certificate | None = None,
+        replace_held: bool = False,
     ) -> None:
         self.op = copy_rules.CopyOp(
-            segment, source_address, final_index, requested_fence, tenant, certificate
+            segment, source_address, final_index, requested_fence, tenant, certificate,
+            replace_held,
         )
         self.core = core
         self.committer = committer

@@ -12,8 +12,7 @@ replicas first) report it. A member is *bad* when:
 - its store is dead (silent for the store timeout): reason "store-dead";
 - its store is draining: reason "drain" (it still serves as a copy source);
 - its replica differs from the certificate (`SegmentRecord.bad`, `integrity.py`): reason
-  "bad-copy"; never a copy source, and replaced on another store only (refilling it in
-  place would keep whatever copies of a higher epoch it holds);
+  "bad-copy"; never a copy source;
 - its store is alive but its latest report, sent at least `bridge_grace_ms` after the
   segment settled (sealed, or its copy set last changed), shows the acked index below
   the bridge or no copy at all: reason "missed-bridge". The grace lets a leader finish
@@ -22,7 +21,15 @@ A member neither good, unverified nor bad is *pending*: not judged yet, neither
 repaired nor counted as good.
 
 Each bad member becomes one task: copy the segment from a good (or draining) replica to
-a target chosen by placement, then swap target for the bad member. The source is a
+a target chosen by placement, then swap target for the bad member. A member whose
+replica missed the bridge (its store found it damaged, or it never got there) or differs
+from the certificate is refilled *in place* when no store outside the copy set can take
+it (a cluster of exactly N stores): its own store drops every copy it holds of the
+segment, then copies it again (`CopyToTarget.replace_held`), so neither a damaged block
+nor a copy of a higher epoch outlives the refill. Only while the other members hold at
+least W good replicas (`in_place_allowed`): the refill erases what the member held, and
+the segment must stay readable and copyable meanwhile; below that the task waits. A
+dead or draining member is never refilled in place. The source is a
 replica verified against the certificate when there is one, else any good one, never
 one whose copy failed lately when another can serve (a failed copy rotates the
 source); the copy is verified against the certificate, never against the source. `RepairOp` carries
@@ -46,6 +53,9 @@ DRAIN = "drain"
 MISSED_BRIDGE = "missed-bridge"
 BAD_COPY = "bad-copy"
 REBALANCE = "rebalance"
+# Reasons whose member may be refilled in place when no other store can take it: its
+# store is up and stays in the copy set.
+IN_PLACE_REASONS = (MISSED_BRIDGE, BAD_COPY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +74,15 @@ class Task:
     segment: SegmentKey
     source: str
     target: str
-    # The member the target replaces; equal to `target` when a member that missed the
-    # bridge is refilled in place (no other store can take it).
+    # The member the target replaces; equal to `target` when the member is refilled in
+    # place (no other store can take it).
     replaced: str
     reason: str
     bytes: int
+
+    @property
+    def in_place(self) -> bool:
+        return self.target == self.replaced
 
 
 def _reached_bridge(held: Held | None, segment: SegmentRecord) -> bool:
@@ -120,11 +134,14 @@ def plan_tasks(
     slots: int,
     avoid: Mapping[SegmentKey, Iterable[str]] | None = None,
     failed_sources: Mapping[SegmentKey, Iterable[str]] | None = None,
+    write_quorums: Mapping[int, int] | None = None,
 ) -> list[Task]:
     """At most `slots` new tasks, one per segment, none for a segment in `busy`
     (a task running or backing off). Segments are taken oldest first. `avoid` names,
     per segment, stores that must not receive it (told to delete it, not yet done);
-    `failed_sources`, sources of copies that failed lately (`choose_source`)."""
+    `failed_sources`, sources of copies that failed lately (`choose_source`);
+    `write_quorums`, each stream's W by stream id (a stream not named is never refilled
+    in place)."""
     taken = set(busy)
     targets_used: dict[str, int] = {}
     sources_used: dict[str, int] = {}
@@ -151,15 +168,25 @@ def plan_tasks(
             keep,
             avoid=[replaced, *(avoid or {}).get(segment.key, ())],
         )
-        if target is None and reason == MISSED_BRIDGE:
+        if target is None and in_place_allowed(
+            reason, verdict, (write_quorums or {}).get(segment.stream_id, 0)
+        ):
             target = replaced
         if target is None:
             continue
+        assert source != target, "a member is never refilled from itself"
         size = max((c.bytes for c in copies.values()), default=0)
         tasks.append(Task(segment.key, source, target, replaced, reason, size))
         targets_used[target] = targets_used.get(target, 0) + 1
         sources_used[source] = sources_used.get(source, 0) + 1
     return tasks
+
+
+def in_place_allowed(reason: str, verdict: Verdict, write_quorum: int) -> bool:
+    """Whether a member bad for `reason` may be refilled in place: its store is up and
+    the other members hold W good replicas, so erasing what it held leaves the segment
+    readable and copyable (`write_quorum` 0: unknown, never)."""
+    return reason in IN_PLACE_REASONS and write_quorum > 0 and len(verdict.good) >= write_quorum
 
 
 def choose_source(
@@ -237,13 +264,15 @@ class AskSourceState:
 @dataclass(frozen=True, slots=True)
 class CopyToTarget:
     """CopySegment on the target, pulling from the source, verified against the
-    certificate when there is one: answered with `Copied`."""
+    certificate when there is one: answered with `Copied`. `replace_held`: a refill in
+    place, the target drops what it holds of the segment first."""
 
     target: str
     source: str
     final_index: int
     fence: int
     certificate: Certificate | None = None
+    replace_held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +353,8 @@ class RepairOp:
     """One task, with no I/O: ask the source's state (it must hold the bridge), have the
     target copy (the store verifies the copy against the certificate and confirms it
     itself; the root it reports must be the certificate's), swap the copy set, and only
-    then delete the replaced copy; a member refilled in place is never deleted. Without
+    then delete the replaced copy; a member refilled in place drops its own copies
+    before the copy (`CopyToTarget.replace_held`) and is never deleted. Without
     a certificate (a segment sealed before certificates, not yet certified by its
     replicas) both digests up to the final index are compared instead. `start` and
     `step` return the next action, None once the task is over (`error` says whether it
@@ -361,7 +391,9 @@ class RepairOp:
                     f"source acked index {event.acked_index} below the bridge {final}"
                 )
             self.fence, self.bytes = event.fence, event.bytes
-            copy = CopyToTarget(task.target, task.source, final, event.fence, self.certificate)
+            copy = CopyToTarget(
+                task.target, task.source, final, event.fence, self.certificate, task.in_place
+            )
             return self._wait(Copied, copy)
         if isinstance(event, Copied):
             self.copied_digest = event.digest
@@ -380,7 +412,7 @@ class RepairOp:
             return self._swap()
         assert isinstance(event, Swapped)
         self._waiting = None
-        if task.replaced == task.target:
+        if task.in_place:
             return None  # refilled in place: the member keeps its (now complete) copy
         return DeleteReplaced(task.replaced)
 

@@ -1,10 +1,10 @@
 """The store's commands, their outcomes and the plan that carries them out.
 
 Every mutation of a segment store is a command (`WriteCommand`, `SealCommand`,
-`DeleteCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`, `KeepRecordsCommand`,
-`JoinCommand`); `writes.plan` turns commands into one `Plan`: the KV ops of every command
-that succeeded, the metadata they leave, and one outcome per command (its result, or the
-`StoreError` that refused it).
+`DeleteCommand`, `DropCopiesCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`,
+`KeepRecordsCommand`, `JoinCommand`); `writes.plan` turns commands into one `Plan`: the
+KV ops of every command that succeeded, the metadata they leave, and one outcome per
+command (its result, or the `StoreError` that refused it).
 """
 
 from __future__ import annotations
@@ -125,6 +125,18 @@ class DeleteCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class DropCopiesCommand:
+    """The first step of a refill in place (a copy asked to replace what its target
+    holds): drop every copy of the segment, keeping its fence, tenant and record, so
+    none of the old copies (a damaged block, content that differs from the certificate,
+    a copy of a higher epoch the overwrite rule would keep) outlives the copy."""
+
+    segment: SegmentKey
+    # The fence the copy is made under: the drop is refused if the segment lost it.
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConfirmCopyCommand:
     """The last step of a segment copy, once its digest matched the source's: raise the
     acked index to the final index. Refused unless the copy is still fenced at least at
@@ -140,6 +152,7 @@ Command = (
     WriteCommand
     | SealCommand
     | DeleteCommand
+    | DropCopiesCommand
     | ConfirmCopyCommand
     | KeepAuthorityCommand
     | KeepRecordsCommand

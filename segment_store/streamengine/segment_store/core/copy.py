@@ -8,8 +8,13 @@ so nothing the copy writes is served before the whole copy is verified:
    epoch) and acked up to the final index. The copy is made under the highest of the
    source's fence, the fence the master asked for and the target's own: never lower.
 2. `fence_command`: a seal at that fence, before the first copied batch. From then on
-   a delayed write of an old leader is refused. The target's copy and its fence are
-   never deleted: an in-place refill overwrites stale copies by the overwrite rule.
+   a delayed write of an old leader is refused. The target's fence is never deleted.
+   A refill in place that the master asks to replace what the target holds
+   (`replace_held`: its replica is damaged or differs from the certificate) then drops
+   every copy the target holds of the segment (`drop_command`), so that reads of the
+   refilled copy never pass over an old one (RocksDB would read a damaged block under
+   the new copies, and the overwrite rule would keep a copy of a higher epoch);
+   otherwise stale copies are overwritten by the overwrite rule.
 3. `write_command`, per batch read from the source: written at the copy fence with
    acked index 0, which raises nothing (the target keeps the acked index it had: below
    it its copies were final already).
@@ -33,6 +38,7 @@ from streamengine.protocol.limits import INDEX_MAX
 from streamengine.segment_store.core.commands import (
     Command,
     ConfirmCopyCommand,
+    DropCopiesCommand,
     Outcome,
     SealCommand,
     SegmentKey,
@@ -92,6 +98,10 @@ def copy_fence(
 
 def fence_command(segment: SegmentKey, fence: int, tenant: str = "") -> SealCommand:
     return SealCommand(segment, fence, tenant)
+
+
+def drop_command(segment: SegmentKey, fence: int) -> DropCopiesCommand:
+    return DropCopiesCommand(segment, fence)
 
 
 def write_command(
@@ -202,10 +212,12 @@ class CopyOp:
         requested_fence: int,
         tenant: str = "",
         certificate: Certificate | None = None,
+        replace_held: bool = False,
     ) -> None:
         """`tenant`: the stream's, as the master said, kept with the copy ("": unknown);
         `certificate`: the segment's, which the copy must make (None: compare with the
-        source's digest, for a segment certified by nobody yet)."""
+        source's digest, for a segment certified by nobody yet); `replace_held`: drop
+        what the target holds of the segment before copying (a refill in place)."""
         check_request(final_index, source_address)
         if certificate is not None and certificate.final_index != final_index:
             raise BadRequest(
@@ -216,6 +228,7 @@ class CopyOp:
         self.final_index = final_index
         self.requested_fence = requested_fence
         self.certificate = certificate
+        self.replace_held = replace_held
         self.fence = 0
         self.entries_copied = 0
         self._local_digest = b""
@@ -227,7 +240,8 @@ class CopyOp:
         return AskSourceState()
 
     def source_state(self, fence: int, acked_index: int, local_fence: int) -> CopyAction:
-        """Step 1, then 2: the copy fence, raised locally before anything is copied."""
+        """Step 1, then 2: the copy fence, raised locally before anything is copied (and
+        the old copies dropped, with `replace_held`)."""
         assert self._step == "source-state"
         self.fence = copy_fence(
             self.segment, self.final_index, fence, acked_index, self.requested_fence, local_fence
@@ -269,7 +283,10 @@ class CopyOp:
 
     def submitted(self, outcome: Outcome) -> CopyAction | None:
         """A command was carried out (a refused one is raised by the shell)."""
-        if self._step == "fencing":
+        if self._step == "fencing" and self.replace_held:
+            self._step = "dropping"
+            return Submit(drop_command(self.segment, self.fence))
+        if self._step in ("fencing", "dropping"):
             self._step = "copying"
             return ReadSource(1, self.final_index)
         if self._step == "confirming":

@@ -19,6 +19,8 @@ Rules (docs/design.md, "The segment store"):
 - the fence only rises (seal), and a seal below it is refused;
 - a segment copy's acked index rises only once the copy is verified, and only while
   it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`);
+- a refill in place drops every copy of the segment first, never its fence
+  (`DropCopiesCommand`): the segment then holds nothing, acked nothing;
 - a stream's tenant, once known (from the grant a write or seal came under, or the
   master's copy request), is kept and never changes: a command naming another is
   refused;
@@ -61,6 +63,7 @@ from streamengine.segment_store.core.commands import (
     ConfirmCopyCommand,
     DeleteCommand,
     DeleteResult,
+    DropCopiesCommand,
     JoinCommand,
     Joined,
     KeepAuthorityCommand,
@@ -228,6 +231,8 @@ def plan(kv: KV, catalog: StoreCatalog, commands: Iterable[Command], entry_bytes
                 outcome = _plan_seal(command, work)
             elif isinstance(command, ConfirmCopyCommand):
                 outcome = _plan_confirm_copy(command, work)
+            elif isinstance(command, DropCopiesCommand):
+                outcome = _plan_drop_copies(command, work)
             elif isinstance(command, KeepAuthorityCommand):
                 work.ops.append(Put(AUTHORITY_KEY, command.record))
                 outcome = AuthorityKept()
@@ -454,6 +459,23 @@ def _plan_confirm_copy(command: ConfirmCopyCommand, work: _Work) -> WriteResult:
     new = _drop_past_final_bridge(segment, new, work)
     work.metas[segment] = new
     return WriteResult(new.matched_index, new.acked_index, new.fence, ())
+
+
+def _plan_drop_copies(command: DropCopiesCommand, work: _Work) -> SealResult:
+    segment = command.segment
+    check_segment(segment)
+    old = work.meta(segment)
+    if old is None or old.fence < command.fence:
+        raise CopyRefused(
+            f"copy of {segment.stream_id}/{segment.epoch} lost its fence {command.fence} "
+            f"(now {old.fence if old else 'deleted'}) before its old copies were dropped"
+        )
+    work.ops.append(DeleteRange(*segment_entries_range(segment.stream_id, segment.epoch)))
+    work.deleted.add(segment)
+    work.pending.pop(segment, None)
+    work.dropped_past.pop(segment, None)
+    work.metas[segment] = SegmentMeta(fence=old.fence)
+    return SealResult(old.fence, 0, 0, 0)
 
 
 def _plan_delete(command: DeleteCommand, work: _Work) -> DeleteResult:
