@@ -6,6 +6,10 @@ segment list, reads one replica at a time (what it acked, in packed `Read` repli
 a live tail with `Subscribe`), feeds the cursor what arrives (and what fails), and hands
 out what the cursor releases. Reconnection is transparent: the cursor's position is the
 resume point, so no sequence is yielded twice and none is skipped but holes.
+
+Why one long module: `Follower`'s loop, its read-ahead and the reply streams it opens
+share one replica connection's lifecycle (open, read, tail, fail over); the decisions
+are in the core, and what is left here is that lifecycle.
 """
 
 from __future__ import annotations

@@ -69,6 +69,11 @@ acked index; `SealAtMaster` -> SealSegment at the master; `Done` / `Deposed` -> 
 leader's business). A refused request becomes `RecoveryFenced`, a busy refusal
 `StoreBusy`; a request that fails in transport needs no event (it is retransmitted). A
 driver may keep one call per `request_key` in flight and drop a repeat meanwhile.
+
+Why one long module: the events and actions above and the one state machine that maps
+them are read together (each transition names the messages it takes and gives, as h11
+keeps its state table in one file); split, a reader would go back and forth between
+the vocabulary and the rules.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ The content digest: every append also feeds the segment's certificate
 store holds them. Once everything assigned is acked (a drained segment about to roll),
 `content_digest` hands it to the segment's recovery, which adds the bridge and sends
 the certificate with the seal.
+
+Why one long module: one state machine (the buffer, each store's cursor and window,
+the acked index) with its events, actions and statistics; every transition names the
+messages it takes and gives, so they are read together.
 """
 
 from __future__ import annotations

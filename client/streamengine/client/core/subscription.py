@@ -46,6 +46,10 @@ the SDK and the simulator (`FollowerTiming.fast()`) run the same decisions.
 The shell (`streamengine.client.subscription`; `tests/sim/follower_node.py` in the simulator)
 feeds it the master's segment list, what replicas answer, and failures, with the time;
 the cursor answers what to read next.
+
+Why one long module: the cursor, its decisions (`ReadFrom`, `Wait`, `Finished`,
+`DataLoss`, `Unreachable`) and the runs it takes are one state machine, read together;
+the replica rules it shares with Spark are apart, in `client.core.replicas`.
 """
 
 from __future__ import annotations
