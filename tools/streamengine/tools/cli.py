@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from streamengine.client.errors import StreamEngineError
-from streamengine.tools.lifetime import die_with_parent_if_asked
+from streamengine.tools.lifetime import (
+    die_with_parent_if_asked,
+    exit_at_once,
+    stop_on_sigterm_as_on_sigint,
+)
 
 Runner = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
@@ -89,7 +93,7 @@ def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentPar
         parser.add_argument(
             "--config", type=Path, help="TOML file of flag values (keys as the long flags)"
         )
-        parser.set_defaults(run=module.run)
+        parser.set_defaults(run=module.run, until_stopped=True)
         servers[name] = parser
     return servers
 
@@ -148,7 +152,7 @@ def _add_cluster_commands(commands: Subparsers) -> None:
         action="store_true",
         help="plaintext, no certificates (default: TLS, certificates under DATA/certs)",
     )
-    up.set_defaults(run=_run_cluster_up)
+    up.set_defaults(run=_run_cluster_up, until_stopped=True)
 
 
 def _run_cluster_up(args: argparse.Namespace) -> int:
@@ -401,7 +405,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     )
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
     tail.add_argument("--format", choices=["text", "json"], default="text")
-    tail.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_tail"))
+    tail.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_tail"), until_stopped=True)
     for parser in (append, tail):
         _add_master_option(parser)
 
@@ -510,6 +514,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     die_with_parent_if_asked()
     args = parse(argv)
+    # Commands that run until stopped (servers, `cluster up`, `tail --follow`) stop on
+    # SIGTERM as on Ctrl-C, and end within a bound once done.
+    # Only as the process's entry point (no `argv`): a caller in-process keeps its own.
+    until_stopped: bool = getattr(args, "until_stopped", False)
+    if until_stopped:
+        stop_on_sigterm_as_on_sigint()
+    code = _run(args)
+    if until_stopped and argv is None:
+        exit_at_once(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     run: Runner = args.run
     try:
         return run(args)

@@ -34,7 +34,11 @@ from streamengine.protocol.transport import (
 from streamengine.tools.certs import create_local_certs
 from streamengine.tools.lifetime import PARENT_PID_ENV
 
-STOP_GRACE_S = 10.0
+# How long a stop waits for the servers' own graceful stop before it kills them: `cluster
+# up` ends within a second of Ctrl-C or SIGTERM. A server stops in tens of milliseconds
+# (`cli.main` ends it without the interpreter's teardown), but a store waits out its
+# gRPC grace for subscriptions still open; killing it then is a crash it recovers from.
+STOP_GRACE_S = 0.7
 READY_TIMEOUT_S = 30.0
 
 
