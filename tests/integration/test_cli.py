@@ -6,8 +6,10 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import psutil
 import pytest
 
 from streamengine.client import StreamClient
+from streamengine.protocol import transport
 from streamengine.testing import (
     STREAMENGINE,
     Cluster,
@@ -198,6 +201,19 @@ def test_cluster_up_serves_and_leaves_no_orphan_once_stopped(tmp_path: Path, sig
             return sum(s["alive"] for s in json.loads(result.stdout)["stores"]) == 3
 
         wait_for(three_stores_alive, timeout_s=60, interval_s=0.3, message="cluster up")
+        # The web console, by default on the port after the last store's, shows the
+        # cluster to its admin (HTTPS, client.root's certificate).
+        client_dir = Path(certs["STREAMENGINE_CERTS_DIR"])
+        tls = ssl.create_default_context(cafile=client_dir / transport.CA_CERT)
+        tls.load_cert_chain(*transport.client_cert_paths(client_dir, "root"))
+        console = f"https://127.0.0.1:{port + 4}/"
+
+        def console_shows_three_stores() -> bool:
+            with urllib.request.urlopen(console + "api/status", timeout=10, context=tls) as reply:
+                return len(json.loads(reply.read())["stores"]) == 3
+
+        # The master publishes the console's view once a second.
+        wait_for(console_shows_three_stores, timeout_s=10, interval_s=0.2, message="console")
         children = _children(process.pid)
         assert len(children) >= 4
         assert stop_within_a_second(process, signum) == 0
@@ -209,6 +225,7 @@ def test_cluster_up_serves_and_leaves_no_orphan_once_stopped(tmp_path: Path, sig
         assert f"stopping ({signal.Signals(signum).name})" in output
         assert f"export STREAMENGINE_CERTS_DIR={certs['STREAMENGINE_CERTS_DIR']}" in output
         assert f"export STREAMENGINE_MASTER=127.0.0.1:{port}" in output
+        assert f"web console: {console}" in output
     finally:
         if process.poll() is None:
             process.kill()

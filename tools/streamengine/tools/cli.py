@@ -146,6 +146,11 @@ def _add_cluster_commands(commands: Subparsers) -> None:
         "--data", type=Path, default=Path("data"), help="data dir (default ./%(default)s)"
     )
     up.add_argument("--port", type=int, default=7070, help="master port; stores take the next ones")
+    up.add_argument(
+        "--console-port",
+        type=int,
+        help="the master's web console and metrics (default: the port after the last store's)",
+    )
     up.add_argument("--fsync", choices=["always", "never"], default="always")
     up.add_argument(
         "--insecure",
@@ -160,7 +165,10 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
 
     if args.stores < 1:
         raise SystemExit("streamengine: error: --stores must be at least 1")
-    return run_cluster_up(args.data, args.stores, args.port, args.fsync, args.insecure)
+    console_port = args.port + args.stores + 1 if args.console_port is None else args.console_port
+    return run_cluster_up(
+        args.data, args.stores, args.port, args.fsync, args.insecure, console_port
+    )
 
 
 def _add_stream_commands(commands: Subparsers) -> None:
