@@ -398,3 +398,42 @@ def test_spark_starts_in_a_driver_already_inside_grpc_every_time(
         outcome = json.loads(result.stdout.splitlines()[-1])
         assert outcome == {"forks": 0, "sdk": 200, "spark": 200}, (start, outcome)
 
+
+def test_the_readme_spark_example_runs_as_written(cluster: Cluster) -> None:
+    """The README's line, run as a shell runs it after the set-up (the virtual
+    environment not activated: its bin not on PATH)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.tree import ROOT, child_env
+
+    (line,) = [
+        found
+        for found in re.findall(
+            r"`([^`]*deploy/examples/analytics\.py[^`]*)`", (ROOT / "README.md").read_text()
+        )
+        if "--stream" in found
+    ]
+    create_stream(cluster, "acme/orders")
+    fill(Driver(cluster.master_address, "acme/orders"), [30])
+    venv_bin = str(Path(sys.executable).parent)
+    env = child_env()
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
+    env["STREAMENGINE_MASTER"] = cluster.master_address
+    for inherited in (
+        "PYSPARK_PYTHON",
+        "PYSPARK_DRIVER_PYTHON",
+        "PYSPARK_GATEWAY_PORT",
+        "PYSPARK_GATEWAY_SECRET",
+        "VIRTUAL_ENV",
+    ):
+        env.pop(inherited, None)
+    # The set-up's virtual environment is `.venv` of the checkout; this one's may be elsewhere.
+    command = line.replace(".venv/bin/", venv_bin + "/")
+    result = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, cwd=ROOT, env=env, timeout=240
+    )
+    assert result.returncode == 0, (line, result.stderr[-3000:])
+    assert '"events": 30' in result.stdout
