@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from streamengine.client import StreamClient
+from streamengine.client import StreamClient, StreamEngineError
 from streamengine.protocol import transport
 from streamengine.testing import (
     STREAMENGINE,
@@ -462,6 +462,44 @@ def test_a_master_and_a_store_stop_within_a_second(tmp_path: Path, signum: int) 
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+async def test_closing_a_client_ends_its_busy_writer_and_reader_at_once(
+    cluster: Cluster,
+) -> None:
+    """What a stopped command's close relies on: closing a `StreamClient` is bounded in
+    time whatever its writers and readers are doing, and they end with its error (not
+    appending on into closed channels until the append timeout, nor their tasks
+    looking cancelled)."""
+    client = StreamClient(cluster.master_address)
+    await client.__aenter__()
+    await client.create_stream("cli/closing", replicas=3, write_quorum=2)
+    appended = 0
+
+    async def write() -> None:
+        nonlocal appended
+        async with client.writer("cli/closing") as writer:
+            for _ in range(100_000):  # ended by the close long before
+                await writer.append_batch([b"x" * 100] * 100)
+                appended += 100
+
+    async def read() -> None:
+        async for _ in client.subscribe_batches("cli/closing"):
+            pass
+
+    tasks = [asyncio.create_task(write()), asyncio.create_task(read())]
+    await wait_until(lambda: appended >= 2_000, timeout_s=30, message="appending")
+    closed = time.monotonic()
+    await asyncio.wait_for(client.close(), timeout=STOP_S_MAX)
+    done, _ = await asyncio.wait(tasks, timeout=STOP_S_MAX)
+    assert time.monotonic() - closed < STOP_S_MAX + 0.1
+    assert done == set(tasks), "a writer or reader went on after its client closed"
+    for task in tasks:
+        assert not task.cancelled()
+        error = task.exception()
+        while isinstance(error, BaseExceptionGroup):  # the writer's background tasks
+            error = error.exceptions[0]
+        assert isinstance(error, StreamEngineError) and "closed" in str(error), error
 
 
 def test_a_second_server_on_a_taken_port_fails_with_one_line(
