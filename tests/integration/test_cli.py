@@ -188,7 +188,6 @@ def test_cluster_up_serves_and_leaves_no_orphan_once_stopped(tmp_path: Path, sig
         text=True,
     )
     try:
-
         # TLS by default: the CLI uses the client certs dir the cluster printed.
         certs = {"STREAMENGINE_CERTS_DIR": str((tmp_path / "data" / "certs" / "client").resolve())}
 
@@ -435,7 +434,9 @@ def test_tail_follow_stops_within_a_second_while_another_process_appends(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_master_and_a_store_stop_within_a_second(tmp_path: Path, signum: int) -> None:
+def test_servers_and_an_append_waiting_for_input_stop_within_a_second(
+    tmp_path: Path, signum: int
+) -> None:
     master_address, store_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     started: dict[str, subprocess.Popen[bytes]] = {}
     logs = tmp_path / "logs"
@@ -443,7 +444,9 @@ def test_a_master_and_a_store_stop_within_a_second(tmp_path: Path, signum: int) 
 
     def start(name: str, *args: str) -> None:
         with (logs / name).open("wb") as log:
-            started[name] = subprocess.Popen([STREAMENGINE, *args], stdout=log, stderr=log)
+            started[name] = subprocess.Popen(
+                [STREAMENGINE, *args], stdin=subprocess.PIPE, stdout=log, stderr=log
+            )
 
     try:
         start("master", "master", "--listen", master_address, "--data", str(tmp_path / "m"))
@@ -454,9 +457,31 @@ def test_a_master_and_a_store_stop_within_a_second(tmp_path: Path, signum: int) 
             *("--master", master_address, "--id", "s0"),
         )
         wait_for(lambda: is_serving(store_address), timeout_s=30, message="store serving")
-        for name in ("store", "master"):
-            code = stop_within_a_second(started[name], signum)
-            assert code == 0, (name, (logs / name).read_text())
+        master = ["--master", master_address]
+        created = run_cli(
+            "stream", "create", "cli/typed", "--replicas", "1", "--write-quorum", "1", *master
+        )
+        assert created.returncode == 0, created.stderr
+        # As from a terminal: a line typed, then nothing, the input left open.
+        start("append", "append", "cli/typed", "--batch", "1", *master)
+        append_input = started["append"].stdin
+        assert append_input is not None
+        append_input.write(b"typed\n")
+        append_input.flush()
+
+        def typed_line_acked() -> bool:
+            described = run_cli("stream", "describe", "cli/typed", "--json", *master)
+            return described.returncode == 0 and any(
+                segment["acked_index"] >= 1 for segment in json.loads(described.stdout)["segments"]
+            )
+
+        wait_for(typed_line_acked, timeout_s=30, interval_s=0.2, message="the typed line acked")
+        # Interrupted, `append` says so in its exit code; the servers stop cleanly.
+        for name, code in (("append", 130), ("store", 0), ("master", 0)):
+            assert stop_within_a_second(started[name], signum) == code, (
+                name,
+                (logs / name).read_text(),
+            )
     finally:
         for process in started.values():
             if process.poll() is None:
@@ -601,9 +626,7 @@ def test_drain_and_verify_with_data(tmp_path: Path) -> None:
             driver.fill_and_roll(200, 50)
         # A segment sealed just before the drain may be planned only once its replicas
         # have reported it (the repairer keeps draining the store): wait for it.
-        wait_for(
-            lambda: segments_on(master, busiest) == 0, timeout_s=90, message="store drained"
-        )
+        wait_for(lambda: segments_on(master, busiest) == 0, timeout_s=90, message="store drained")
         assert run_cli("verify", "ops/data", *master).returncode == 0
 
         victim = next(s for s in stores if s != busiest)

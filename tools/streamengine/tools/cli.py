@@ -401,7 +401,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     append.add_argument(
         "--batch", type=int, default=500, help="events per append (default %(default)s)"
     )
-    append.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_append"))
+    append.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_append"), until_stopped=True)
     tail = commands.add_parser("tail", help="print acked events")
     tail.add_argument("name", help="tenant/stream")
     tail.add_argument(
@@ -522,8 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     die_with_parent_if_asked()
     args = parse(argv)
-    # Commands that run until stopped (servers, `cluster up`, `tail --follow`) stop on
-    # SIGTERM as on Ctrl-C, and end within a bound once done.
+    # Commands that run until stopped (servers, `cluster up`, `tail --follow`, `append`
+    # from a terminal) stop on SIGTERM as on Ctrl-C, and end within a bound once done.
     # Only as the process's entry point (no `argv`): a caller in-process keeps its own.
     until_stopped: bool = getattr(args, "until_stopped", False)
     if until_stopped:
