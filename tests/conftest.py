@@ -97,6 +97,9 @@ def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from streamengine.client.spark_jvm import start_jvm
+
+    start_jvm()  # earlier tests left gRPC's threads running: no fork of this process
     session = (
         SparkSession.builder.master("local[2]")
         .appName("streamengine-tests")

@@ -41,6 +41,9 @@ def session() -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from streamengine.client.spark_jvm import start_jvm
+
+    start_jvm()  # the driver may already talk gRPC: no fork of it (spark_jvm)
     spark = (
         SparkSession.builder.appName("streamengine-analytics")
         .master(os.environ.get("SPARK_MASTER", "local[2]"))

@@ -314,3 +314,126 @@ def test_a_scan_never_returns_a_copy_that_differs_from_the_certificate(
     )
     log = cluster.master.log()
     assert "a reader reports a replica" in log and "differ from the certificate" in log, log
+
+
+# A driver that talks gRPC to the cluster (threads inside gRPC calls, an asyncio read
+# through the SDK), then starts Spark the way the example and the benchmarks do, and
+# scans. Forks of the driver are counted: a fork of a process with gRPC's threads running
+# once left Spark's JVM unanswered (JAVA_GATEWAY_EXITED).
+GRPC_THEN_SPARK_DRIVER = """
+import asyncio, json, os, sys, threading
+
+forks = []
+os.register_at_fork(before=lambda: forks.append(1))
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from streamengine.client import StreamClient
+
+master, stream = sys.argv[1], sys.argv[2]
+channel = grpc.insecure_channel(master)
+# A thread inside a gRPC call all along: a Watch answers once, then waits for changes.
+watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+
+def watch_the_master():
+    try:
+        for _ in watch:
+            pass
+    except grpc.RpcError:
+        pass
+
+watcher = threading.Thread(target=watch_the_master)
+watcher.start()
+
+async def read_through_the_sdk():
+    async with StreamClient(master) as client:
+        return sum([1 async for _ in client.read(stream)])
+
+try:
+    through_the_sdk = asyncio.run(read_through_the_sdk())
+    from deploy.examples.analytics import analyse, session
+
+    spark = session()
+    try:
+        report = analyse(spark, master, stream, "kind")
+    finally:
+        spark.stop()
+finally:
+    watch.cancel()
+    watcher.join()
+    channel.close()
+print(json.dumps({"forks": len(forks), "sdk": through_the_sdk, "spark": report.events}))
+"""
+
+
+def test_spark_starts_in_a_driver_already_inside_grpc_every_time(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from tests.tree import ROOT, child_env
+
+    create_stream(cluster, "spark/grpc-first")
+    fill(Driver(cluster.master_address, "spark/grpc-first"), [120, 80])
+    script = tmp_path / "driver.py"
+    script.write_text(GRPC_THEN_SPARK_DRIVER)
+    env = child_env()
+    env.pop("PYSPARK_GATEWAY_PORT", None)  # this process's JVM: each driver starts its own
+    env.pop("PYSPARK_GATEWAY_SECRET", None)
+    deadline = time.monotonic() + 240
+    for start in range(3):
+        result = subprocess.run(
+            [sys.executable, str(script), cluster.master_address, "spark/grpc-first"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=max(1.0, deadline - time.monotonic()),
+        )
+        assert result.returncode == 0, (start, result.stderr[-3000:])
+        outcome = json.loads(result.stdout.splitlines()[-1])
+        assert outcome == {"forks": 0, "sdk": 200, "spark": 200}, (start, outcome)
+
+
+def test_the_readme_spark_example_runs_as_written(cluster: Cluster) -> None:
+    """The README's line, run as a shell runs it after the set-up (the virtual
+    environment not activated: its bin not on PATH)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.tree import ROOT, child_env
+
+    (line,) = [
+        found
+        for found in re.findall(
+            r"`([^`]*deploy/examples/analytics\.py[^`]*)`", (ROOT / "README.md").read_text()
+        )
+        if "--stream" in found
+    ]
+    create_stream(cluster, "acme/orders")
+    fill(Driver(cluster.master_address, "acme/orders"), [30])
+    venv_bin = str(Path(sys.executable).parent)
+    env = child_env()
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
+    env["STREAMENGINE_MASTER"] = cluster.master_address
+    for inherited in (
+        "PYSPARK_PYTHON",
+        "PYSPARK_DRIVER_PYTHON",
+        "PYSPARK_GATEWAY_PORT",
+        "PYSPARK_GATEWAY_SECRET",
+        "VIRTUAL_ENV",
+    ):
+        env.pop(inherited, None)
+    # The set-up's virtual environment is `.venv` of the checkout; this one's may be elsewhere.
+    command = line.replace(".venv/bin/", venv_bin + "/")
+    result = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, cwd=ROOT, env=env, timeout=240
+    )
+    assert result.returncode == 0, (line, result.stderr[-3000:])
+    assert '"events": 30' in result.stdout

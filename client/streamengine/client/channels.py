@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import grpc
 
+from streamengine.client.errors import StreamEngineError
 from streamengine.protocol.transport import PLAINTEXT, Transport
 
 
@@ -24,15 +25,24 @@ class ChannelPool:
         self.transport = transport
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._dial = dict(dial or {})
+        self.closed = False
 
     def get(self, address: str) -> grpc.aio.Channel:
+        self.check_open()
         channel = self._channels.get(address)
         if channel is None:
             channel = self.transport.aio_channel(self._dial.get(address, address))
             self._channels[address] = channel
         return channel
 
+    def check_open(self) -> None:
+        """Raise `StreamEngineError` once closed: what a writer's or reader's call meets
+        after its client closed."""
+        if self.closed:
+            raise StreamEngineError("the StreamClient is closed")
+
     async def close(self) -> None:
+        self.closed = True
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -139,6 +140,8 @@ class StreamClient:
         # Parsed now: a malformed list fails here, not at the first call.
         self._masters = AsyncMasters(master_address, self._channels.get)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
+        # Writers still open when the client closes stop leading at once (`close`).
+        self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 
     async def __aenter__(self) -> StreamClient:
         # The first master listed: a TLS disagreement is the same with every master, and
@@ -161,7 +164,11 @@ class StreamClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close every channel; writers still open stop leading first, and readers end
+        with `StreamEngineError` (not their task cancelled), both at once."""
         self._master = None
+        for writer in list(self._writers):
+            writer.client_closed()
         await self._channels.close()
 
     @property
@@ -238,7 +245,7 @@ class StreamClient:
         store is lost, and when the master asks; `rolling=False` keeps one segment.
         An append not acknowledged within `append_timeout_s` raises `AppendTimedOut`
         (the writer goes on leading)."""
-        return Writer(
+        writer = Writer(
             self.master,
             self._channels,
             name,
@@ -250,6 +257,8 @@ class StreamClient:
             append_timeout_s=append_timeout_s,
             accept_loss=accept_loss,
         )
+        self._writers.add(writer)
+        return writer
 
     async def seal(
         self, name: str, timeout_s: float = SEAL_TIMEOUT_S, accept_loss: bool = False

@@ -356,6 +356,13 @@ class Follower:
                 if not Cursor.continues(decision, read):
                     log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
                     return
+        except asyncio.CancelledError:
+            # gRPC cancels the calls of a channel that closes: unless this task itself is
+            # being cancelled, the client closed under the reader.
+            current = asyncio.current_task()
+            if current is not None and not current.cancelling():
+                self._channels.check_open()
+            raise
         except grpc.aio.AioRpcError as error:
             code = error.code().name
             if error.code() == grpc.StatusCode.DATA_LOSS:

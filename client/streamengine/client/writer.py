@@ -294,6 +294,15 @@ class Writer:
                 await self._release(release)
         return None
 
+    def client_closed(self) -> None:
+        """Its `StreamClient` closes the channels under it: stop leading now, as a close
+        does (appends in flight fail, in doubt where they may be durable; the lease goes
+        back, or runs out), instead of appending on into closed channels until the
+        append timeout."""
+        if self._group is not None and not self._closing:
+            self.step(Release())
+        self._decided.set()
+
     async def _finish_recoveries(self) -> None:
         """Closing: the recoveries this writer started finish before it lets go (the
         core says when, `Leader.ready_to_release`)."""

@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from streamengine.client.errors import StreamEngineError
-from streamengine.tools.lifetime import die_with_parent_if_asked
+from streamengine.tools.lifetime import (
+    die_with_parent_if_asked,
+    exit_at_once,
+    stop_on_sigterm_as_on_sigint,
+)
 
 Runner = Callable[[argparse.Namespace], int]
 if TYPE_CHECKING:
@@ -89,7 +93,7 @@ def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentPar
         parser.add_argument(
             "--config", type=Path, help="TOML file of flag values (keys as the long flags)"
         )
-        parser.set_defaults(run=module.run)
+        parser.set_defaults(run=module.run, until_stopped=True)
         servers[name] = parser
     return servers
 
@@ -142,13 +146,18 @@ def _add_cluster_commands(commands: Subparsers) -> None:
         "--data", type=Path, default=Path("data"), help="data dir (default ./%(default)s)"
     )
     up.add_argument("--port", type=int, default=7070, help="master port; stores take the next ones")
+    up.add_argument(
+        "--console-port",
+        type=int,
+        help="the master's web console and metrics (default: the port after the last store's)",
+    )
     up.add_argument("--fsync", choices=["always", "never"], default="always")
     up.add_argument(
         "--insecure",
         action="store_true",
         help="plaintext, no certificates (default: TLS, certificates under DATA/certs)",
     )
-    up.set_defaults(run=_run_cluster_up)
+    up.set_defaults(run=_run_cluster_up, until_stopped=True)
 
 
 def _run_cluster_up(args: argparse.Namespace) -> int:
@@ -156,7 +165,10 @@ def _run_cluster_up(args: argparse.Namespace) -> int:
 
     if args.stores < 1:
         raise SystemExit("streamengine: error: --stores must be at least 1")
-    return run_cluster_up(args.data, args.stores, args.port, args.fsync, args.insecure)
+    console_port = args.port + args.stores + 1 if args.console_port is None else args.console_port
+    return run_cluster_up(
+        args.data, args.stores, args.port, args.fsync, args.insecure, console_port
+    )
 
 
 def _add_stream_commands(commands: Subparsers) -> None:
@@ -389,7 +401,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     append.add_argument(
         "--batch", type=int, default=500, help="events per append (default %(default)s)"
     )
-    append.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_append"))
+    append.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_append"), until_stopped=True)
     tail = commands.add_parser("tail", help="print acked events")
     tail.add_argument("name", help="tenant/stream")
     tail.add_argument(
@@ -401,7 +413,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     )
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
     tail.add_argument("--format", choices=["text", "json"], default="text")
-    tail.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_tail"))
+    tail.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_tail"), until_stopped=True)
     for parser in (append, tail):
         _add_master_option(parser)
 
@@ -510,6 +522,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     die_with_parent_if_asked()
     args = parse(argv)
+    # Commands that run until stopped (servers, `cluster up`, `tail --follow`, `append`
+    # from a terminal) stop on SIGTERM as on Ctrl-C, and end within a bound once done.
+    # Only as the process's entry point (no `argv`): a caller in-process keeps its own.
+    until_stopped: bool = getattr(args, "until_stopped", False)
+    if until_stopped:
+        stop_on_sigterm_as_on_sigint()
+    code = _run(args)
+    if until_stopped and argv is None:
+        exit_at_once(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     run: Runner = args.run
     try:
         return run(args)

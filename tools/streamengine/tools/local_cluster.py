@@ -1,6 +1,7 @@
 """`streamengine cluster up`: a master and N stores as child processes on 127.0.0.1.
 
-Each server has its own RocksDB dir under the data dir. With TLS (the default) the
+Each server has its own RocksDB dir under the data dir; the master serves its web console
+on `console_port` when given (`cluster up` always gives one). With TLS (the default) the
 certificates live under `DATA/certs` (`tools.certs.LocalCerts`: the CA, a node dir per
 process, and `DATA/certs/client` with `client.root` for the CLI), made on the first
 start and kept after. A child that exits on its own
@@ -34,7 +35,11 @@ from streamengine.protocol.transport import (
 from streamengine.tools.certs import create_local_certs
 from streamengine.tools.lifetime import PARENT_PID_ENV
 
-STOP_GRACE_S = 10.0
+# How long a stop waits for the servers' own graceful stop before it kills them: `cluster
+# up` ends within a second of Ctrl-C or SIGTERM. A server stops in tens of milliseconds
+# (`cli.main` ends it without the interpreter's teardown), but a store waits out its
+# gRPC grace for subscriptions still open; killing it then is a crash it recovers from.
+STOP_GRACE_S = 0.7
 READY_TIMEOUT_S = 30.0
 
 
@@ -79,10 +84,17 @@ CERTS_SUBDIR = "certs"
 
 class LocalCluster:
     def __init__(
-        self, data_dir: Path, stores: int, port: int, fsync: str = "always", tls: bool = True
+        self,
+        data_dir: Path,
+        stores: int,
+        port: int,
+        fsync: str = "always",
+        tls: bool = True,
+        console_port: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.master_address = f"127.0.0.1:{port}"
+        self.console_port = console_port
         self.children: list[Child] = []
         data_dir.mkdir(parents=True, exist_ok=True)
         self.certs = create_local_certs(data_dir / CERTS_SUBDIR) if tls else None
@@ -101,6 +113,7 @@ class LocalCluster:
                     self.master_address,
                     "--data",
                     str(master_dir),
+                    *([] if console_port is None else ["--metrics-port", str(console_port)]),
                     *self._tls_args("master", master=True),
                 ],
                 data_dir / "master.log",
@@ -137,6 +150,14 @@ class LocalCluster:
     def admin_certs_dir(self) -> Path | None:
         """What the CLI exports as $STREAMENGINE_CERTS_DIR (None: plaintext)."""
         return None if self.certs is None else self.certs.client_dir
+
+    @property
+    def console_url(self) -> str | None:
+        """The master's web console (HTTPS with TLS), None when not served."""
+        if self.console_port is None:
+            return None
+        scheme = "http" if self.certs is None else "https"
+        return f"{scheme}://127.0.0.1:{self.console_port}/"
 
     def _tls_args(self, name: str, **role: Any) -> list[str]:
         if self.certs is None:
@@ -213,9 +234,16 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def run_cluster_up(
-    data_dir: Path, stores: int, port: int, fsync: str, insecure: bool = False
+    data_dir: Path,
+    stores: int,
+    port: int,
+    fsync: str,
+    insecure: bool = False,
+    console_port: int | None = None,
 ) -> int:
-    cluster = LocalCluster(data_dir, stores, port, fsync, tls=not insecure)
+    cluster = LocalCluster(
+        data_dir, stores, port, fsync, tls=not insecure, console_port=console_port
+    )
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
@@ -229,11 +257,19 @@ def run_cluster_up(
         print("cluster up; Ctrl-C or SIGTERM stops it", flush=True)
         if cluster.admin_certs_dir is None:
             print("to use it from another shell (plaintext, loopback only):")
-            print(f"export {MASTER_ENV}={cluster.master_address}", flush=True)
+            print(f"export {MASTER_ENV}={cluster.master_address}")
+            if cluster.console_url is not None:
+                print(f"web console: {cluster.console_url}", flush=True)
         else:
             print("to use it from another shell (TLS, as cluster admin client.root):")
             print(f"export {MASTER_ENV}={cluster.master_address}")
             print(f"export {CERTS_DIR_ENV}={cluster.admin_certs_dir.resolve()}")
+            if cluster.console_url is not None:
+                print(
+                    f"web console: {cluster.console_url} (a tenant's token typed into the "
+                    f"page, or {cluster.admin_certs_dir.resolve()}/client.root.crt in the "
+                    "browser for everything)"
+                )
             print(
                 "a tenant's token (a tenant then needs only ca.crt): streamengine token "
                 "create --tenant TENANT --role read|write|admin",

@@ -11,7 +11,7 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -639,6 +639,46 @@ def _read_lines(path: str | None) -> Iterator[bytes]:
             source.close()
 
 
+# Batches read ahead of the writer: the reading thread waits beyond this many.
+INPUT_BATCHES_AHEAD = 2
+
+
+async def _input_batches(path: str | None, size: int) -> AsyncIterator[list[bytes]]:
+    """The input's lines (`_read_lines`) in batches of `size`, read in a thread of their
+    own: a terminal's input blocks, and blocking the loop would stop the writer's
+    heartbeats and leave Ctrl-C unanswered (asyncio's SIGINT handler cancels the main
+    task, which a blocked loop never runs). A daemon thread: the process may end while
+    it waits for input."""
+    import asyncio
+    import threading
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[list[bytes] | BaseException | None] = asyncio.Queue(INPUT_BATCHES_AHEAD)
+
+    def hand_over(item: list[bytes] | BaseException | None) -> None:
+        asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+    def read() -> None:
+        try:
+            batch: list[bytes] = []
+            for line in _read_lines(path):
+                batch.append(line)
+                if len(batch) >= size:
+                    hand_over(batch)
+                    batch = []
+            if batch:
+                hand_over(batch)
+            hand_over(None)
+        except Exception as error:
+            hand_over(error)
+
+    threading.Thread(target=read, name="append-input", daemon=True).start()
+    while (item := await queue.get()) is not None:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
 def cmd_append(args: argparse.Namespace) -> int:
     """Append one event per input line, `--batch` lines per append."""
     import asyncio
@@ -647,17 +687,10 @@ def cmd_append(args: argparse.Namespace) -> int:
         count, last = 0, 0
         silent_told = False
         async with stream_client(args) as client, client.writer(args.name) as writer:
-            batch: list[bytes] = []
-            for line in _read_lines(args.file):
-                batch.append(line)
-                if len(batch) >= args.batch:
-                    last = (await writer.append_batch(batch))[-1]
-                    count += len(batch)
-                    batch = []
-                    silent_told = _tell_master_silence(writer.statistics(), silent_told)
-            if batch:
+            async for batch in _input_batches(args.file, args.batch):
                 last = (await writer.append_batch(batch))[-1]
                 count += len(batch)
+                silent_told = _tell_master_silence(writer.statistics(), silent_told)
         return count, last
 
     if args.batch < 1:
