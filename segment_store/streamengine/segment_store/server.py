@@ -66,7 +66,11 @@ DB_DIR = "db"
 # Concurrent RPCs (write streams, tails, reads): bounds the memory of requests being
 # parsed, at most one gRPC message each.
 CONCURRENT_RPCS_MAX = 512
-SHUTDOWN_GRACE_S = 2.0
+# A stop lets calls in flight finish for this long, then cuts the rest: a group commit
+# takes milliseconds, and tails and Write streams never end by themselves (their clients
+# reconnect elsewhere), so a longer grace only delays the stop (`cluster up` ends within
+# a second, `tools.local_cluster.STOP_GRACE_S`).
+SHUTDOWN_GRACE_S = 0.3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

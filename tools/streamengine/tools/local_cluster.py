@@ -37,9 +37,10 @@ from streamengine.tools.lifetime import PARENT_PID_ENV
 
 # How long a stop waits for the servers' own graceful stop before it kills them: `cluster
 # up` ends within a second of Ctrl-C or SIGTERM. A server stops in tens of milliseconds
-# (`cli.main` ends it without the interpreter's teardown), but a store waits out its
-# gRPC grace for subscriptions still open; killing it then is a crash it recovers from.
-STOP_GRACE_S = 0.7
+# (`cli.main` ends it without the interpreter's teardown) after at most its gRPC grace
+# for calls in flight (a store's `SHUTDOWN_GRACE_S`, 0.3 s); a kill is for a server that
+# hangs, and it recovers from it as from a crash.
+STOP_GRACE_S = 0.8
 READY_TIMEOUT_S = 30.0
 
 
