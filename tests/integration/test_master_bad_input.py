@@ -164,6 +164,18 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
         Code.FAILED_PRECONDITION,
     ),
     (
+        "trim before a sequence past the last epoch",
+        "TrimStream",
+        m.TrimStreamRequest(name=STREAM, before_sequence=1 << 63),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "trim before the largest uint64",
+        "TrimStream",
+        m.TrimStreamRequest(name=STREAM, before_sequence=(1 << 64) - 1),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
         "heartbeat unknown stream",
         "WriterHeartbeat",
         m.WriterHeartbeatRequest(stream="acme/none", client_id="w"),
