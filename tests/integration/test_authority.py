@@ -24,6 +24,7 @@ from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX
 from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.tokens import token_envelope, token_text
 from streamengine.testing import (
     Cluster,
     free_port,
@@ -220,6 +221,81 @@ def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: 
         cluster, "ReleaseLease", m.ReleaseLeaseRequest(**published, grant=holder.grant)
     )
     assert released.released and leader() == ("", epoch)
+
+
+def test_a_token_shown_as_a_grant_and_a_grant_as_a_token_are_refused(cluster: Cluster) -> None:
+    """Each server has verified both the token and the grant once (they sit in its
+    cache of verified envelopes), so the swap reaches the cache, where a token once came
+    back as a grant (UNKNOWN: an AttributeError)."""
+    make_stream(cluster, "swap/s")
+    driver = Driver(cluster.master_address, "swap/s", client_id="swap-driver")
+    sealed = driver.fill_and_roll(3, 8)  # the master and the stores verify its grants
+    assert driver.segment is not None
+    grant, epoch, member = driver.grant, driver.epoch, sealed.copy_set[0].address
+    token, _ = create_token(cluster.master_address, "swap", m.TOKEN_ROLE_WRITE)
+    master_call(cluster, "ListStreams", m.ListStreamsRequest(tenant="swap"), token)
+    store_call(member, "GetSegmentState", s.GetSegmentStateRequest(segment=sealed.id), token)
+    as_grant = token_envelope(token)
+    published: dict[str, Any] = {"stream": "swap/s", "client_id": "swap-driver", "epoch": epoch}
+    event = StoredEntry.make(1, EntryKind.EVENT, epoch, b"x")
+    write = codec.write_request(
+        [event], segment=driver.segment.id, writer_epoch=epoch, grant=as_grant
+    )
+    attempts: list[tuple[str, Callable[[], object], grpc.StatusCode]] = [
+        (
+            "roll under a token",
+            functools.partial(
+                master_call,
+                cluster,
+                "RollSegment",
+                m.RollSegmentRequest(**published, grant=as_grant),
+            ),
+            Code.PERMISSION_DENIED,
+        ),
+        (
+            "seal under a token",
+            functools.partial(
+                store_call,
+                member,
+                "Seal",
+                s.SealRequest(segment=sealed.id, new_epoch=epoch + 1, grant=as_grant),
+            ),
+            Code.PERMISSION_DENIED,
+        ),
+        (
+            "write under a token",
+            functools.partial(store_write, member, [write]),
+            Code.PERMISSION_DENIED,
+        ),
+    ]
+    for bearer_text in (token_text(grant), "garbage", token_text(b"garbage")):
+        attempts += [
+            (
+                f"master called with {bearer_text[:12]}",
+                functools.partial(
+                    master_call, cluster, "ListStreams", m.ListStreamsRequest(), bearer_text
+                ),
+                Code.UNAUTHENTICATED,
+            ),
+            (
+                f"store called with {bearer_text[:12]}",
+                functools.partial(
+                    store_call,
+                    member,
+                    "GetSegmentState",
+                    s.GetSegmentStateRequest(segment=sealed.id),
+                    bearer_text,
+                ),
+                Code.UNAUTHENTICATED,
+            ),
+        ]
+    before = state_of(member, sealed.id), state_of(member, driver.segment.id)
+    for case, call, code in attempts:
+        error = refused(call)
+        assert error.code() == code, (case, error.code(), error.details())
+    assert (state_of(member, sealed.id), state_of(member, driver.segment.id)) == before
+    info = master_call(cluster, "DescribeStream", m.DescribeStreamRequest(name="swap/s"))
+    assert (info.leader_id, info.epoch) == ("swap-driver", epoch)
 
 
 # ---- tokens ----
