@@ -34,6 +34,7 @@ from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.private_files import private_dir, tightened_message
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AuthorityRecord, StoreAuthority
@@ -164,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"streamengine store: --master: {error}", file=sys.stderr)
         return 2
     try:
-        args.data.mkdir(parents=True, exist_ok=True)
+        tightened = private_dir(args.data)
+        if tightened:
+            log.warning(tightened_message("data dir", args.data, tightened))
         identity = StoreIdentity(
             store_id(args.data, args.store_id), args.listen, args.zone, args.data
         )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from streamengine.client.errors import StreamEngineError
+from streamengine.protocol.private_files import keep_private
 from streamengine.tools.lifetime import die_with_parent_if_asked
 
 Runner = Callable[[argparse.Namespace], int]
@@ -509,6 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("streamengine: refusing to run under python -O (assertions guard invariants)")
         return 2
     die_with_parent_if_asked()
+    keep_private()
     args = parse(argv)
     run: Runner = args.run
     try:
