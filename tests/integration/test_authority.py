@@ -695,8 +695,14 @@ def test_over_tls_a_tenant_is_its_token_through_the_sdk_and_the_cli(tmp_path: Pa
         with pytest.raises(PermissionDenied):
             asyncio.run(as_tenant(None))  # ca.crt alone: anonymous
         reader = ["--master", tls.master_address, "--certs-dir", str(tenant_dir)]
-        listed = run_cli("stream", "list", "--json", *reader, "--token", tokens["read"])
-        assert listed.returncode == 0, listed.stderr
+        token_file = tmp_path / "read.token"
+        token_file.write_text(tokens["read"] + "\n")
+        listed = run_cli("stream", "list", "--json", *reader, "--token-file", str(token_file))
+        assert listed.returncode == 0 and listed.stderr == "", listed.stderr
         assert "acme/orders" in listed.stdout and "other" not in listed.stdout
-        refused = run_cli("stream", "create", "acme/more", *reader, "--token", tokens["read"])
+        as_env = {"STREAMENGINE_TOKEN": tokens["read"]}
+        refused = run_cli("stream", "create", "acme/more", *reader, env=as_env)
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        typed = run_cli("stream", "list", "--json", *reader, "--token", tokens["read"])
+        assert typed.returncode == 0 and "acme/orders" in typed.stdout
+        assert "visible to other users" in typed.stderr
