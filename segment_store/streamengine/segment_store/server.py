@@ -89,8 +89,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="always",
         help="always: answer writes once synced (group commit); never: unsafe",
     )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (HTTPS for cluster admins with --certs-dir)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="metrics bind address (loopback only without --certs-dir, unless --insecure)",
+    )
     parser.add_argument(
         "--queue-bytes-max",
         type=int,
@@ -156,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+        if args.metrics_port is not None:
+            metrics_at = f"{args.metrics_host}:{args.metrics_port}"
+            transport.check_protected_mode(metrics_at, args.certs_dir, args.insecure)
     except transport.ProtectedMode as refusal:
         print(f"streamengine store: {refusal}", file=sys.stderr)
         return 2
@@ -275,9 +286,7 @@ async def serve(
         kv.close()
         raise StartupError(f"cannot listen on {args.listen}: in use or not available") from None
     if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, addr=args.metrics_host)
+        metrics.serve_metrics(args.metrics_host, args.metrics_port, args.certs_dir)
     await server.start()
     for name in ("", STORE_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
