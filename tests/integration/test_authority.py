@@ -36,6 +36,8 @@ from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_stor
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import bearer, create_token
 
+pytestmark = pytest.mark.security
+
 Code = grpc.StatusCode
 m = master_pb2
 s = segment_store_pb2

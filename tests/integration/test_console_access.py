@@ -29,6 +29,8 @@ from streamengine.testing import (
 from streamengine.tools import certs
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
+pytestmark = pytest.mark.security
+
 STREAMS = ["acme/orders", "globex/invoices"]
 
 

@@ -11,6 +11,8 @@ import pytest
 from streamengine.testing import ServerProcess, make_master
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
+pytestmark = pytest.mark.security
+
 STREAM = "acme/orders"
 Code = grpc.StatusCode
 # The grants the fixture's leader w1 got, by epoch: requests below name them as

@@ -10,11 +10,15 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from streamengine.client import StreamClient
 from streamengine.protocol.private_files import PRIVATE_UMASK
 from streamengine.testing import STREAMENGINE, make_master, make_store, server_env
 from streamengine.tools.certs import create_local_certs
 from streamengine.tools.local_cluster import Child
+
+pytestmark = pytest.mark.security
 
 
 def open_to_others(root: Path) -> list[str]:
