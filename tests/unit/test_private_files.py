@@ -32,11 +32,16 @@ def test_a_dir_open_to_others_is_tightened_and_reported(tmp_path: Path, open_uma
     (data / "sub").mkdir(parents=True, mode=0o777)
     (data / "sub" / "file").write_text("x")
     (data / "sub" / "file").chmod(0o664)
-    (data / "link").symlink_to("/etc/passwd")
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    (outside / "theirs").write_text("x")
+    (outside / "theirs").chmod(0o644)
+    (data / "link").symlink_to(outside)
     data.chmod(0o755)
     changed = private_dir(data)
     assert changed == [data, data / "sub", data / "sub" / "file"]
     assert (mode(data), mode(data / "sub"), mode(data / "sub" / "file")) == (0o700, 0o700, 0o600)
+    assert (mode(outside), mode(outside / "theirs")) == (0o755, 0o644), "links not followed"
     assert private_dir(data) == [], "nothing left to tighten"
 
 

@@ -32,16 +32,20 @@ def keep_private() -> None:
 
 
 def tighten(root: Path) -> list[Path]:
-    """Take group and other bits off `root` and everything under it (symbolic links are
-    left alone: their own mode means nothing, and their targets are not ours); returns
-    what changed."""
+    """Take group and other bits off `root` and everything under it; returns what
+    changed. Symbolic links are neither changed nor followed: their own mode means
+    nothing, and what they point to is not ours to change."""
     changed = []
-    for path in [root, *sorted(root.rglob("*"))]:
-        mode = path.lstat().st_mode
-        if stat.S_ISLNK(mode) or not mode & PRIVATE_UMASK:
-            continue
-        path.chmod(stat.S_IMODE(mode) & ~PRIVATE_UMASK)
-        changed.append(path)
+    for directory, subdirectories, files in os.walk(root):
+        here = Path(directory)
+        entries = [here] if here == root else []
+        entries += [here / name for name in sorted(subdirectories) + sorted(files)]
+        for path in entries:
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode) or not mode & PRIVATE_UMASK:
+                continue
+            path.chmod(stat.S_IMODE(mode) & ~PRIVATE_UMASK)
+            changed.append(path)
     return changed
 
 
