@@ -24,6 +24,7 @@ from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX
 from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.tokens import token_envelope, token_text
 from streamengine.testing import (
     Cluster,
     free_port,
@@ -34,6 +35,8 @@ from streamengine.testing import (
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import bearer, create_token
+
+pytestmark = pytest.mark.security
 
 Code = grpc.StatusCode
 m = master_pb2
@@ -220,6 +223,81 @@ def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: 
         cluster, "ReleaseLease", m.ReleaseLeaseRequest(**published, grant=holder.grant)
     )
     assert released.released and leader() == ("", epoch)
+
+
+def test_a_token_shown_as_a_grant_and_a_grant_as_a_token_are_refused(cluster: Cluster) -> None:
+    """Each server has verified both the token and the grant once (they sit in its
+    cache of verified envelopes), so the swap reaches the cache, where a token once came
+    back as a grant (UNKNOWN: an AttributeError)."""
+    make_stream(cluster, "swap/s")
+    driver = Driver(cluster.master_address, "swap/s", client_id="swap-driver")
+    sealed = driver.fill_and_roll(3, 8)  # the master and the stores verify its grants
+    assert driver.segment is not None
+    grant, epoch, member = driver.grant, driver.epoch, sealed.copy_set[0].address
+    token, _ = create_token(cluster.master_address, "swap", m.TOKEN_ROLE_WRITE)
+    master_call(cluster, "ListStreams", m.ListStreamsRequest(tenant="swap"), token)
+    store_call(member, "GetSegmentState", s.GetSegmentStateRequest(segment=sealed.id), token)
+    as_grant = token_envelope(token)
+    published: dict[str, Any] = {"stream": "swap/s", "client_id": "swap-driver", "epoch": epoch}
+    event = StoredEntry.make(1, EntryKind.EVENT, epoch, b"x")
+    write = codec.write_request(
+        [event], segment=driver.segment.id, writer_epoch=epoch, grant=as_grant
+    )
+    attempts: list[tuple[str, Callable[[], object], grpc.StatusCode]] = [
+        (
+            "roll under a token",
+            functools.partial(
+                master_call,
+                cluster,
+                "RollSegment",
+                m.RollSegmentRequest(**published, grant=as_grant),
+            ),
+            Code.PERMISSION_DENIED,
+        ),
+        (
+            "seal under a token",
+            functools.partial(
+                store_call,
+                member,
+                "Seal",
+                s.SealRequest(segment=sealed.id, new_epoch=epoch + 1, grant=as_grant),
+            ),
+            Code.PERMISSION_DENIED,
+        ),
+        (
+            "write under a token",
+            functools.partial(store_write, member, [write]),
+            Code.PERMISSION_DENIED,
+        ),
+    ]
+    for bearer_text in (token_text(grant), "garbage", token_text(b"garbage")):
+        attempts += [
+            (
+                f"master called with {bearer_text[:12]}",
+                functools.partial(
+                    master_call, cluster, "ListStreams", m.ListStreamsRequest(), bearer_text
+                ),
+                Code.UNAUTHENTICATED,
+            ),
+            (
+                f"store called with {bearer_text[:12]}",
+                functools.partial(
+                    store_call,
+                    member,
+                    "GetSegmentState",
+                    s.GetSegmentStateRequest(segment=sealed.id),
+                    bearer_text,
+                ),
+                Code.UNAUTHENTICATED,
+            ),
+        ]
+    before = state_of(member, sealed.id), state_of(member, driver.segment.id)
+    for case, call, code in attempts:
+        error = refused(call)
+        assert error.code() == code, (case, error.code(), error.details())
+    assert (state_of(member, sealed.id), state_of(member, driver.segment.id)) == before
+    info = master_call(cluster, "DescribeStream", m.DescribeStreamRequest(name="swap/s"))
+    assert (info.leader_id, info.epoch) == ("swap-driver", epoch)
 
 
 # ---- tokens ----
@@ -619,8 +697,14 @@ def test_over_tls_a_tenant_is_its_token_through_the_sdk_and_the_cli(tmp_path: Pa
         with pytest.raises(PermissionDenied):
             asyncio.run(as_tenant(None))  # ca.crt alone: anonymous
         reader = ["--master", tls.master_address, "--certs-dir", str(tenant_dir)]
-        listed = run_cli("stream", "list", "--json", *reader, "--token", tokens["read"])
-        assert listed.returncode == 0, listed.stderr
+        token_file = tmp_path / "read.token"
+        token_file.write_text(tokens["read"] + "\n")
+        listed = run_cli("stream", "list", "--json", *reader, "--token-file", str(token_file))
+        assert listed.returncode == 0 and listed.stderr == "", listed.stderr
         assert "acme/orders" in listed.stdout and "other" not in listed.stdout
-        refused = run_cli("stream", "create", "acme/more", *reader, "--token", tokens["read"])
+        as_env = {"STREAMENGINE_TOKEN": tokens["read"]}
+        refused = run_cli("stream", "create", "acme/more", *reader, env=as_env)
         assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        typed = run_cli("stream", "list", "--json", *reader, "--token", tokens["read"])
+        assert typed.returncode == 0 and "acme/orders" in typed.stdout
+        assert "visible to other users" in typed.stderr

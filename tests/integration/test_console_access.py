@@ -1,9 +1,11 @@
 """The console obeys the gRPC API's access rules: on a secured cluster it serves HTTPS,
 an admin's client certificate sees everything, a tenant's token only its own streams,
-and a caller with neither nothing but the (data-free) page."""
+and a caller with neither nothing but the (data-free) page. A store's metrics port
+follows the same rules, and neither listens in plaintext beyond loopback."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import subprocess
@@ -27,6 +29,8 @@ from streamengine.testing import (
 )
 from streamengine.tools import certs
 from streamengine.v1 import master_pb2, master_pb2_grpc
+
+pytestmark = pytest.mark.security
 
 STREAMS = ["acme/orders", "globex/invoices"]
 
@@ -143,6 +147,69 @@ def test_a_plaintext_console_beyond_loopback_is_refused(tmp_path: Path) -> None:
             f"127.0.0.1:{free_port()}",
             "--data",
             str(tmp_path / "d"),
+            "--metrics-port",
+            str(free_port()),
+            "--metrics-host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server_env(),
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "0.0.0.0" in refused.stderr and "--certs-dir" in refused.stderr
+
+
+# ---- a store's metrics port: the same rules ----
+
+
+@pytest.fixture(scope="module")
+def store_metrics(secured: tuple[Cluster, int]) -> int:
+    """The port of a store of the secured cluster serving its metrics."""
+    cluster, _ = secured
+    port = free_port()
+    cluster.add_store(extra_args=["--metrics-port", str(port)])
+    return port
+
+
+def test_a_secured_stores_metrics_are_https_for_cluster_admins_only(
+    secured: tuple[Cluster, int], store_metrics: int
+) -> None:
+    cluster, _ = secured
+    assert cluster.admin_certs_dir is not None and cluster.certs is not None
+    admin = context(cluster, transport.client_cert_paths(cluster.admin_certs_dir, "root"))
+    code, metrics = get(store_metrics, "/metrics", admin)
+    assert code == 200 and b"streamengine_store_" in metrics
+    code, body = get(store_metrics, "/metrics", context(cluster))
+    assert code == 401 and "no certificate or token" in json.loads(body)["error"]
+    # A member of the cluster, not an admin.
+    node = cluster.certs.node_dir("store0")
+    member = context(cluster, (node / transport.NODE_CERT, node / transport.NODE_KEY))
+    code, body = get(store_metrics, "/metrics", member)
+    assert code == 403 and "cluster admin" in json.loads(body)["error"]
+    # A certificate of the cluster's CA that names no role proves nobody.
+    certs.create_client(cluster.certs.ca_dir, "viewer")
+    viewer = context(cluster, transport.client_cert_paths(cluster.certs.ca_dir, "viewer"))
+    assert get(store_metrics, "/metrics", viewer)[0] == 401
+    # Plaintext gets no metrics: the connection ends in the failed handshake (whether
+    # the client reads a TLS alert as a bad status line or sees the close first).
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://127.0.0.1:{store_metrics}/metrics", timeout=10)
+
+
+def test_a_plaintext_stores_metrics_beyond_loopback_are_refused(tmp_path: Path) -> None:
+    refused = subprocess.run(
+        [
+            STREAMENGINE,
+            "store",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--data",
+            str(tmp_path / "d"),
+            "--master",
+            "127.0.0.1:1",
             "--metrics-port",
             str(free_port()),
             "--metrics-host",

@@ -11,6 +11,8 @@ import pytest
 from streamengine.testing import ServerProcess, make_master
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
+pytestmark = pytest.mark.security
+
 STREAM = "acme/orders"
 Code = grpc.StatusCode
 # The grants the fixture's leader w1 got, by epoch: requests below name them as
@@ -162,6 +164,18 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
         "TrimStream",
         m.TrimStreamRequest(name=STREAM, before_sequence=3 << 32),
         Code.FAILED_PRECONDITION,
+    ),
+    (
+        "trim before a sequence past the last epoch",
+        "TrimStream",
+        m.TrimStreamRequest(name=STREAM, before_sequence=1 << 63),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "trim before the largest uint64",
+        "TrimStream",
+        m.TrimStreamRequest(name=STREAM, before_sequence=(1 << 64) - 1),
+        Code.INVALID_ARGUMENT,
     ),
     (
         "heartbeat unknown stream",

@@ -38,6 +38,8 @@ from streamengine.v1 import (
     segment_store_pb2_grpc,
 )
 
+pytestmark = pytest.mark.security
+
 STREAM = "acme/orders"
 STORE_TIMEOUT_MS = 1500
 MASTER_ARGS = ["--lease-ms", "1000", "--store-timeout-ms", str(STORE_TIMEOUT_MS)]

@@ -17,7 +17,7 @@ from streamengine.master.core.errors import (
 from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.core.retention import SegmentFacts, retention_trims, trims_before
 from streamengine.protocol.retention import first_retained_sequence, position_trimmed
-from streamengine.protocol.sequence import pack_sequence
+from streamengine.protocol.sequence import SEQUENCE_MAX, pack_sequence
 from tests.unit.test_master_state import LEASE, Master, beat
 
 NOW = 10_000_000
@@ -112,6 +112,12 @@ def test_trims_before_take_segments_whose_every_event_sorts_before(
 def test_a_trim_by_hand_over_an_unsealed_segment_is_refused_whole() -> None:
     with pytest.raises(NotTrimmable, match="segment 2"):
         trims_before([sealed(1), unsealed(2), sealed(3)], pack_sequence(4, 1))
+
+
+@pytest.mark.parametrize("before", [SEQUENCE_MAX + 1, 1 << 63, (1 << 64) - 1, -1])
+def test_a_trim_before_a_sequence_that_cannot_exist_is_invalid(before: int) -> None:
+    with pytest.raises(InvalidArgument, match="before_sequence"):
+        trims_before([sealed(1), sealed(2)], before)
 
 
 @pytest.mark.parametrize(("age_ms", "bytes_max"), [(-1, 0), (0, -1), (1 << 62, 0), (0, 1 << 61)])

@@ -31,6 +31,8 @@ from streamengine.protocol.tokens import (
     mint_token,
     open_token,
     resolve_caller,
+    token_envelope,
+    token_text,
 )
 
 # Fixed keys: a test that fails names the same bytes every run.
@@ -120,6 +122,24 @@ def test_a_grant_changed_anywhere_is_refused(at: int) -> None:
 def test_forged_or_foreign_grants_are_refused(case: str, signed: bytes) -> None:
     with pytest.raises(SignatureRefused):
         open_grant(Verifier([KEY.public_key]), signed)
+
+
+def test_a_token_already_verified_is_still_no_grant() -> None:
+    """The cache holds what a verifier opened, whatever its kind: a token's envelope it
+    verified once, shown again as a grant, must be refused, not returned as claims."""
+    verifier = Verifier([KEY.public_key])
+    token = mint_token(KEY, CLAIMS)
+    assert open_token(verifier, token) == CLAIMS
+    with pytest.raises(SignatureRefused, match="another purpose"):
+        open_grant(verifier, token_envelope(token))
+
+
+def test_a_grant_already_verified_is_still_no_token() -> None:
+    verifier = Verifier([KEY.public_key])
+    signed = GrantSigner(KEY).sign(GRANT)
+    assert open_grant(verifier, signed) == GRANT
+    with pytest.raises(SignatureRefused, match="another purpose"):
+        open_token(verifier, token_text(signed))
 
 
 def test_a_verifier_without_keys_refuses_as_not_knowing_yet() -> None:

@@ -18,32 +18,28 @@ A caller with neither gets 401. A plaintext master serves loopback only (or beyo
 with `--insecure`), and shows everything to a caller without a token, as its gRPC port
 does; a token is held to what it allows either way.
 
-The HTTP server runs in its own thread and never touches the master's state: the
-master's loop publishes a `ConsoleView` (`ConsoleSnapshot.publish`) and the server
-filters the latest one per caller.
+The HTTP server (`protocol.http_server`, as a store's metrics port) runs in its own
+thread and never touches the master's state: the master's loop publishes a
+`ConsoleView` (`ConsoleSnapshot.publish`) and the server filters the latest one per
+caller.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import ssl
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from streamengine.master.core.authority import stream_tenant, visible_status
-from streamengine.protocol import identity, transport
+from streamengine.protocol import http_server
 from streamengine.protocol.auth import (
     CONSOLE_NEEDS,
-    INSECURE,
     Denial,
     Principal,
-    PrincipalKind,
     authorize_need,
     visible_tenant,
 )
@@ -54,11 +50,7 @@ from streamengine.protocol.status_view import status_dict
 from streamengine.protocol.tokens import Revocations, resolve_caller
 from streamengine.v1 import master_pb2
 
-log = logging.getLogger("streamengine.master.console")
-
 PAGE = Path(__file__).with_name("console.html")
-# A client that opens a connection and sends nothing holds a thread no longer than this.
-REQUEST_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -105,17 +97,6 @@ def status_for(view: ConsoleView, principal: Principal) -> dict[str, Any]:
     return status
 
 
-def console_tls(certs_dir: Path) -> ssl.SSLContext:
-    """HTTPS with the node certificate, asking for an optional client certificate
-    signed by the cluster's CA."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certs_dir / transport.NODE_CERT, certs_dir / transport.NODE_KEY)
-    context.load_verify_locations(certs_dir / transport.CA_CERT)
-    context.verify_mode = ssl.CERT_OPTIONAL
-    return context
-
-
 def serve_console(
     port: int,
     snapshot: ConsoleSnapshot,
@@ -126,30 +107,22 @@ def serve_console(
     """Serve the console on `host:port` from a daemon thread (HTTPS with `certs_dir`);
     returns the server."""
     page = PAGE.read_bytes()
-    tls = console_tls(certs_dir) if certs_dir is not None else None
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_S
-
-        def setup(self) -> None:
-            if tls is not None:
-                self.request.do_handshake()
-            super().setup()
-
+    class Handler(http_server.Handler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path in ("/", "/index.html"):
-                self._send(200, "text/html; charset=utf-8", page)
+                self.send_body(200, "text/html; charset=utf-8", page)
                 return
             need = CONSOLE_NEEDS.get(path)
             if need is None:
-                self._send(404, "text/plain; charset=utf-8", b"not found\n")
+                self.send_body(404, "text/plain; charset=utf-8", b"not found\n")
                 return
             latest = snapshot.latest()
             if not isinstance(latest, ConsoleView):
                 # Starting, or a standby: only which master is active, as its gRPC
                 # port answers anyone.
-                self._send_json(200, latest)
+                self.send_json(200, latest)
                 return
             principal = self._principal(latest)
             denial = (
@@ -158,30 +131,19 @@ def serve_console(
                 else authorize_need(principal, need, f"console {path}")
             )
             if denial is not None:
-                # 401: nobody proven (no credentials, or a token that is not valid).
-                unproven = isinstance(principal, Denial) or (
-                    principal.kind is PrincipalKind.ANONYMOUS
-                )
-                self._send_json(401 if unproven else 403, {"error": denial.reason})
+                self.send_refusal(principal, denial)
                 return
             assert isinstance(principal, Principal)
             if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+                self.send_body(200, CONTENT_TYPE_LATEST, generate_latest(registry))
             else:
-                self._send_json(200, status_for(latest, principal))
+                self.send_json(200, status_for(latest, principal))
 
         def _principal(self, view: ConsoleView) -> Principal | Denial:
-            if tls is None:
-                identified = INSECURE
-            else:
-                assert isinstance(self.connection, ssl.SSLSocket)
-                identified = identity.principal_of_peer_certificate(
-                    self.connection.getpeercert(binary_form=True)
-                )
             header = self.headers.get("Authorization")
             try:
                 return resolve_caller(
-                    identified,
+                    self.certified_principal(),
                     None if header is None else token_of_authorization(header),
                     view.verifier,
                     view.revocations,
@@ -190,39 +152,4 @@ def serve_console(
             except NoVerifyingKey:
                 return Denial("the master cannot check tokens yet")
 
-        def _send_json(self, code: int, body: dict[str, Any]) -> None:
-            encoded = json.dumps(body, separators=(",", ":")).encode()
-            self._send(code, "application/json", encoded)
-
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            if code == 401:
-                self.send_header("WWW-Authenticate", 'Bearer realm="streamengine"')
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Requests are not worth a log line each."""
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-
-        def get_request(self) -> tuple[Any, Any]:
-            connection, address = super().get_request()
-            if tls is None:
-                return connection, address
-            # The handshake runs in the request's thread (`Handler.setup`), not here:
-            # a slow client never stalls the accept loop.
-            connection.settimeout(REQUEST_TIMEOUT_S)
-            wrapped = tls.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
-            return wrapped, address
-
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            log.debug("console request from %s failed", client_address, exc_info=True)
-
-    server = Server((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="console", daemon=True).start()
-    return server
+    return http_server.serve("console", host, port, Handler, certs_dir)

@@ -54,6 +54,7 @@ from streamengine.protocol.limits import (
     TENANT_STREAMS_MAX_DEFAULT,
 )
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.private_files import private_dir, tightened_message
 
 log = logging.getLogger("streamengine.master")
 
@@ -265,6 +266,7 @@ async def _serve(args: argparse.Namespace) -> int:
         run_role = _etcd_master(args, role, health_servicer, members, service)
     else:
         try:
+            _private_data_dir(Path(args.data))
             catalog = Catalog(RocksDBMetadata(Path(args.data)))
         except Exception as error:
             print(f"streamengine master: cannot open {args.data}: {error}", file=sys.stderr)
@@ -352,6 +354,12 @@ def _new_repairer(
     args: argparse.Namespace, state: MasterState, members: transport.Transport
 ) -> Repairer:
     return Repairer(state, args.repair_concurrency, wall_ms, members)
+
+
+def _private_data_dir(data: Path) -> None:
+    tightened = private_dir(data)
+    if tightened:
+        log.warning(tightened_message("data dir", data, tightened))
 
 
 async def _embedded_master(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from streamengine.protocol.limits import EPOCH_MAX, INDEX_MAX
 
 INDEX_BITS = 32
+# The last position there can be: wire fields that carry a sequence are uint64, wider.
+SEQUENCE_MAX = (EPOCH_MAX << INDEX_BITS) | INDEX_MAX
 
 
 def pack_sequence(epoch: int, index: int) -> int:
@@ -21,6 +23,6 @@ def pack_sequence(epoch: int, index: int) -> int:
 
 def unpack_sequence(sequence: int) -> tuple[int, int]:
     """Return (epoch, index)."""
-    if not 0 <= sequence <= pack_sequence(EPOCH_MAX, INDEX_MAX):
+    if not 0 <= sequence <= SEQUENCE_MAX:
         raise ValueError(f"sequence {sequence} is not a valid position")
     return sequence >> INDEX_BITS, sequence & INDEX_MAX

@@ -140,10 +140,14 @@ class Verifier:
     def open(self, magic: bytes, envelope: bytes, decode: Callable[[bytes], T]) -> T:
         """`decode(payload)` of an envelope of kind `magic` that verifies; raises
         SignatureRefused (or NoVerifyingKey), or MalformedPayload from `decode`."""
+        # The cache holds values of every kind this verifier opened, keyed by their
+        # bytes: an envelope of another kind must be refused before it is looked up,
+        # or a token verified once would come back as a grant.
+        if envelope[:MAGIC_BYTES] != magic:
+            raise SignatureRefused("signed for another purpose (or another format version)")
         cached = self._cache.get(envelope)
         if cached is not None:
             self._cache.move_to_end(envelope)
-            # The magic is part of the cached bytes: a hit is of the same kind.
             return cached  # type: ignore[return-value]
         payload = self._verify(magic, envelope)
         value = decode(payload)
@@ -157,8 +161,7 @@ class Verifier:
             raise NoVerifyingKey("no signing key of the master is known here yet")
         if not _HEAD + SIGNATURE_BYTES < len(envelope) <= ENVELOPE_BYTES_MAX:
             raise SignatureRefused(f"a signed envelope of {len(envelope)} bytes is malformed")
-        if envelope[:MAGIC_BYTES] != magic:
-            raise SignatureRefused("signed for another purpose (or another format version)")
+        assert envelope[:MAGIC_BYTES] == magic  # `open` checked it
         key = self._keys.get(envelope[MAGIC_BYTES:_HEAD])
         if key is None:
             raise SignatureRefused("signed by a key this cluster does not hold")

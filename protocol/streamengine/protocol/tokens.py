@@ -97,20 +97,30 @@ class TokenClaims:
 
 
 def mint_token(key: SigningKey, claims: TokenClaims) -> str:
-    envelope = key.sign(TOKEN_MAGIC, claims.encode())
+    return token_text(key.sign(TOKEN_MAGIC, claims.encode()))
+
+
+def token_text(envelope: bytes) -> str:
+    """The text a bearer carries for `envelope`: the prefix, then unpadded base64."""
     return TOKEN_PREFIX + base64.urlsafe_b64encode(envelope).rstrip(b"=").decode("ascii")
+
+
+def token_envelope(token: str) -> bytes:
+    """The signed envelope inside a token's text (not yet verified); raises
+    SignatureRefused for text of no token's format."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > TOKEN_CHARS_MAX:
+        raise SignatureRefused("not a token of this cluster's format")
+    text = token[len(TOKEN_PREFIX) :]
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise SignatureRefused("a token that is not base64") from None
 
 
 def open_token(verifier: Verifier, token: str) -> TokenClaims:
     """The claims of a token that verifies; raises SignatureRefused (NoVerifyingKey when
     the verifier holds no key yet). Says nothing of expiry or revocation."""
-    if not token.startswith(TOKEN_PREFIX) or len(token) > TOKEN_CHARS_MAX:
-        raise SignatureRefused("not a token of this cluster's format")
-    text = token[len(TOKEN_PREFIX) :]
-    try:
-        envelope = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise SignatureRefused("a token that is not base64") from None
+    envelope = token_envelope(token)
     try:
         return verifier.open(TOKEN_MAGIC, envelope, TokenClaims.decode)
     except MalformedPayload as error:
@@ -174,4 +184,3 @@ def resolve_caller(
         return Denial(f"the token is not valid here: {error}")
     denial = check_claims(claims, now_ms, revocations)
     return denial if denial is not None else claims.principal()
-

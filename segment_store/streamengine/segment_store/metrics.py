@@ -1,8 +1,25 @@
-"""Prometheus metrics of a store process (served on `--metrics-port` when given)."""
+"""Prometheus metrics of a store process, served on `--metrics-port` when given
+(`serve_metrics`): HTTPS for cluster admins on a store with `--certs-dir`, as the
+master's console serves its own (`protocol.http_server`)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from streamengine.protocol import http_server
+from streamengine.protocol.auth import CONSOLE_NEEDS, authorize_need
+
+METRICS_PATH = "/metrics"
 
 WRITE_BATCHES = Counter("streamengine_store_write_batches_total", "Write batches accepted")
 WRITE_ENTRIES = Counter(
@@ -76,3 +93,23 @@ SCRUB_UNCHECKED = Gauge(
     "streamengine_store_scrub_unchecked_replicas",
     "Sealed replicas not read back since the store started",
 )
+
+
+class MetricsHandler(http_server.Handler):
+    """`/metrics`, to whom the master's console shows its own."""
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] != METRICS_PATH:
+            self.send_body(404, "text/plain; charset=utf-8", b"not found\n")
+            return
+        principal = self.certified_principal()
+        denial = authorize_need(principal, CONSOLE_NEEDS[METRICS_PATH], f"store {METRICS_PATH}")
+        if denial is not None:
+            self.send_refusal(principal, denial)
+            return
+        self.send_body(200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY))
+
+
+def serve_metrics(host: str, port: int, certs_dir: Path | None) -> ThreadingHTTPServer:
+    """Serve this process's metrics on `host:port` (HTTPS with `certs_dir`)."""
+    return http_server.serve("metrics", host, port, MetricsHandler, certs_dir)

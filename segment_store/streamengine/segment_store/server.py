@@ -34,6 +34,7 @@ from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.private_files import private_dir, tightened_message
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AuthorityRecord, StoreAuthority
@@ -92,8 +93,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="always",
         help="always: answer writes once synced (group commit); never: unsafe",
     )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (HTTPS for cluster admins with --certs-dir)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="metrics bind address (loopback only without --certs-dir, unless --insecure)",
+    )
     parser.add_argument(
         "--queue-bytes-max",
         type=int,
@@ -159,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+        if args.metrics_port is not None:
+            metrics_at = f"{args.metrics_host}:{args.metrics_port}"
+            transport.check_protected_mode(metrics_at, args.certs_dir, args.insecure)
     except transport.ProtectedMode as refusal:
         print(f"streamengine store: {refusal}", file=sys.stderr)
         return 2
@@ -168,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"streamengine store: --master: {error}", file=sys.stderr)
         return 2
     try:
-        args.data.mkdir(parents=True, exist_ok=True)
+        tightened = private_dir(args.data)
+        if tightened:
+            log.warning(tightened_message("data dir", args.data, tightened))
         identity = StoreIdentity(
             store_id(args.data, args.store_id), args.listen, args.zone, args.data
         )
@@ -276,9 +290,7 @@ async def serve(
         kv.close()
         raise StartupError(f"cannot listen on {args.listen}: in use or not available") from None
     if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, addr=args.metrics_host)
+        metrics.serve_metrics(args.metrics_host, args.metrics_port, args.certs_dir)
     await server.start()
     for name in ("", STORE_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -182,6 +182,37 @@ class ChildProcess:
         self.stopped = False
 
 
+# Every server this process started, oldest first (`servers_started`): what a suite's
+# check of its servers' logs walks. Forgotten past this many, oldest first.
+_STARTED_MAX = 4096
+_started: list[ServerProcess] = []
+
+
+def servers_started() -> list[ServerProcess]:
+    """The servers this process started so far, each once, oldest first."""
+    return list(_started)
+
+
+# What a server's log says when a handler failed unexpectedly: grpcio's line for an
+# exception that escaped a servicer method (its caller got UNKNOWN), a traceback of any
+# kind, or an UNKNOWN status named outright. (Not "UNKNOWN" alone: grpc-core opens the
+# debug string of every error it reports with it.)
+LOG_FAULTS = (
+    "Traceback (most recent call last)",
+    "raised by servicer method",
+    "StatusCode.UNKNOWN",
+)
+
+
+def log_faults(server: ServerProcess) -> list[str]:
+    """The lines of `server`'s whole log that say a handler failed (`LOG_FAULTS`)."""
+    try:
+        text = server.log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines() if any(f in line for f in LOG_FAULTS)]
+
+
 @dataclass
 class ServerProcess(ChildProcess):
     """One server process; restartable with the same arguments and data dir."""
@@ -209,6 +240,10 @@ class ServerProcess(ChildProcess):
         )
         log.close()
         self.stopped = False
+        if not any(server is self for server in _started):
+            if len(_started) >= _STARTED_MAX:
+                del _started[0]
+            _started.append(self)
         if wait:
             self.wait_serving()
         return self

@@ -6,7 +6,8 @@ puts it elsewhere), `node.crt` + `node.key` for a server, `client.NAME.crt` +
 URI SAN (`protocol.auth`): `urn:streamengine:master`, `urn:streamengine:store:<id>` or
 `urn:streamengine:admin`; a client certificate without `--admin` names
 `urn:streamengine:client:<name>`, which grants nothing (a name for logs). Keys are
-ECDSA P-256 (small, fast handshakes) and written 0600.
+ECDSA P-256 (small, fast handshakes); every file is written 0600 in 0700 directories
+(`protocol.private_files`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from streamengine.protocol import auth, transport
+from streamengine.protocol.private_files import private_dir, tightened_message, write_private
 
 CA_KEY = "ca.key"
 ROOT_CLIENT = transport.ROOT_CLIENT
@@ -37,7 +38,6 @@ CLIENT_LIFETIME_DAYS_DEFAULT = 5 * 365
 LIFETIME_DAYS_MIN = 1
 # A certificate is valid from a little before it is made: clocks of hosts differ.
 BACKDATE = datetime.timedelta(hours=1)
-KEY_MODE = 0o600
 ORGANIZATION = "Stream Engine"
 
 
@@ -60,29 +60,16 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    """Write a private key readable by its owner only, from its first byte on."""
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, KEY_MODE)
-        with os.fdopen(descriptor, "wb") as file:
-            os.fchmod(file.fileno(), KEY_MODE)  # O_CREAT's mode is masked by the umask
-            file.write(pem)
-        temporary.replace(path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    write_private(path, pem)
 
 
 def _write_cert(path: Path, certificate: x509.Certificate) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    temporary.replace(path)
+    write_private(path, certificate.public_bytes(serialization.Encoding.PEM))
 
 
 def create_ca(certs_dir: Path, ca_key_path: Path | None = None, overwrite: bool = False) -> Path:
@@ -287,6 +274,12 @@ def create_client(
 
 
 def run(args: argparse.Namespace) -> int:
+    tightened = private_dir(args.certs_dir)
+    if tightened:
+        print(
+            f"streamengine: {tightened_message('certs dir', args.certs_dir, tightened)}",
+            file=sys.stderr,
+        )
     try:
         if args.action == "create-ca":
             path = create_ca(args.certs_dir, args.ca_key, args.overwrite)
@@ -343,8 +336,7 @@ class LocalCerts:
         return self.root / name
 
     def _copy_ca(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / transport.CA_CERT).write_bytes((self.ca_dir / transport.CA_CERT).read_bytes())
+        write_private(directory / transport.CA_CERT, (self.ca_dir / transport.CA_CERT).read_bytes())
 
     def add_node(
         self, name: str, *, master: bool = False, store_id: str = "", etcd: bool = False
@@ -368,6 +360,7 @@ def create_local_certs(root: Path) -> LocalCerts:
     """A CA (kept if `root` has one), the client dir with `client.root`, and the tenant
     dir; node dirs come with `LocalCerts.add_node`."""
     local = LocalCerts(root)
+    private_dir(root)
     if not (local.ca_dir / transport.CA_CERT).exists():
         create_ca(local.ca_dir)
     for directory in (local.client_dir, local.tenant_dir):

@@ -3,8 +3,9 @@
 Exit codes: 0 ok, 1 failure, 2 usage. Expected failures print one line, never a
 traceback. Client commands find the masters from `--master HOST:PORT[,HOST:PORT...]`,
 else $STREAMENGINE_MASTER, else 127.0.0.1:7070, and follow the active one; TLS from
-`--certs-dir` / $STREAMENGINE_CERTS_DIR, a tenant token from `--token` /
-$STREAMENGINE_TOKEN. Servers (`master`, `store`) also read a TOML file (`--config`) and
+`--certs-dir` / $STREAMENGINE_CERTS_DIR, a tenant token from `--token-file` or
+$STREAMENGINE_TOKEN (`--token` too, with a warning: other local users see command
+lines). Servers (`master`, `store`) also read a TOML file (`--config`) and
 STREAMENGINE_<FLAG> variables; flags win over variables, which win over the file.
 """
 
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from streamengine.client.errors import StreamEngineError
+from streamengine.protocol.private_files import keep_private
 from streamengine.tools.lifetime import (
     die_with_parent_if_asked,
     exit_at_once,
@@ -63,11 +65,39 @@ def _add_master_option(parser: argparse.ArgumentParser) -> None:
         "TLS: the certs dir with the cluster's ca.crt (and client.root.crt, used when no "
         "token is given)",
     )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get(f"{ENV_PREFIX}TOKEN", ""),
-        help="a tenant token, sent over TLS (default: $STREAMENGINE_TOKEN)",
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument(
+        "--token-file",
+        type=Path,
+        help="a file holding a tenant token, sent over TLS (default: $STREAMENGINE_TOKEN)",
     )
+    given.add_argument(
+        "--token",
+        help="a tenant token on the command line, where other local users see it (ps): "
+        "prefer $STREAMENGINE_TOKEN or --token-file",
+    )
+
+
+def _command_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The token a client command sends: `--token-file`, else `--token` (with a warning:
+    a command line is public on its host), else $STREAMENGINE_TOKEN, else none."""
+    if args.token_file is not None:
+        try:
+            token: str = args.token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            parser.error(f"--token-file: cannot read {args.token_file}: {error}")
+        if not token:
+            parser.error(f"--token-file: {args.token_file} is empty")
+        return token
+    if args.token is not None:
+        print(
+            "streamengine: warning: --token is visible to other users of this host (ps); "
+            f"use ${ENV_PREFIX}TOKEN or --token-file",
+            file=sys.stderr,
+        )
+        given: str = args.token
+        return given
+    return os.environ.get(f"{ENV_PREFIX}TOKEN", "")
 
 
 def _add_certs_dir_option(parser: argparse.ArgumentParser, what: str) -> None:
@@ -503,7 +533,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     server = servers.get(argv[0]) if argv else None
     if server is None:
-        return parser.parse_args(argv)
+        args = parser.parse_args(argv)
+        if hasattr(args, "token"):
+            args.token = _command_token(parser, args)
+        return args
     required = [a for a in server._actions if a.required]
     for action in required:
         action.required = False
@@ -521,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("streamengine: refusing to run under python -O (assertions guard invariants)")
         return 2
     die_with_parent_if_asked()
+    keep_private()
     args = parse(argv)
     # Commands that run until stopped (servers, `cluster up`, `tail --follow`, `append`
     # from a terminal) stop on SIGTERM as on Ctrl-C, and end within a bound once done.

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from streamengine.protocol.private_files import FILE_MODE, private_dir, tightened_message
 from streamengine.protocol.transport import (
     CERTS_DIR_ENV,
     MASTER_ENV,
@@ -56,7 +57,9 @@ class Child:
         # Without the client's TLS variables: servers read STREAMENGINE_<FLAG> too, and a
         # server's certs dir is its own flag's.
         env = {k: v for k, v in os.environ.items() if k not in (CERTS_DIR_ENV, TOKEN_ENV)}
-        with self.log_path.open("ab") as log:
+        # 0600 whatever the umask: a server's log names its tenants and streams.
+        descriptor = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        with os.fdopen(descriptor, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streamengine.tools.cli", *self.args],
                 stdout=log,
@@ -97,7 +100,10 @@ class LocalCluster:
         self.master_address = f"127.0.0.1:{port}"
         self.console_port = console_port
         self.children: list[Child] = []
-        data_dir.mkdir(parents=True, exist_ok=True)
+        tightened = private_dir(data_dir)
+        if tightened:
+            message = tightened_message("data dir", data_dir, tightened)
+            print(f"streamengine: {message}", file=sys.stderr)
         self.certs = create_local_certs(data_dir / CERTS_SUBDIR) if tls else None
         # Health checks need no certificate of their own: the CA is enough.
         self.health_transport = (

@@ -29,6 +29,7 @@ from streamengine.master.etcd import EtcdClient, EtcdTLS, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata, NoMasterGuard
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX, Metadata, Transaction
 from streamengine.master.rocksdb_metadata import RocksDBMetadata, snapshot_records
+from streamengine.protocol.private_files import write_private
 from streamengine.protocol.transport import TransportError
 
 FORMAT = "streamengine-metadata"
@@ -40,19 +41,17 @@ def _record_line(key: bytes, value: bytes) -> str:
 
 
 def write_backup(records: list[tuple[bytes, bytes]], path: Path) -> str:
-    """Write `records` to `path` (through a temporary file, renamed when complete);
-    returns the checksum."""
+    """Write `records` to `path`, readable by its owner only (it holds the master's
+    signing key), through a temporary file renamed when complete; returns the
+    checksum."""
     digest = hashlib.sha256()
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("w") as out:
-        out.write(json.dumps({"format": FORMAT, "version": VERSION, "records": len(records)}))
-        out.write("\n")
-        for key, value in records:
-            line = _record_line(key, value) + "\n"
-            digest.update(line.encode())
-            out.write(line)
-        out.write(json.dumps({"end": len(records), "sha256": digest.hexdigest()}) + "\n")
-    partial.replace(path)
+    lines = [json.dumps({"format": FORMAT, "version": VERSION, "records": len(records)}) + "\n"]
+    for key, value in records:
+        line = _record_line(key, value) + "\n"
+        digest.update(line.encode())
+        lines.append(line)
+    lines.append(json.dumps({"end": len(records), "sha256": digest.hexdigest()}) + "\n")
+    write_private(path, "".join(lines).encode())
     return digest.hexdigest()
 
 

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamengine.master.core.errors import InvalidArgument, NotTrimmable
-from streamengine.protocol.sequence import unpack_sequence
+from streamengine.protocol.limits import EPOCH_MAX, INDEX_MAX
+from streamengine.protocol.sequence import SEQUENCE_MAX, unpack_sequence
 
 # Deleted streams and trimmed segments stay on the stores this long by default: time
 # to notice a mistake and undelete.
@@ -99,7 +100,13 @@ def entirely_before(segment: SegmentFacts, before_sequence: int) -> bool:
 
 def trims_before(segments: Sequence[SegmentFacts], before_sequence: int) -> list[int]:
     """Epochs of the retained segments entirely before `before_sequence`, oldest first.
-    Raises NotTrimmable (nothing trimmed) when one of them is not sealed."""
+    Raises NotTrimmable (nothing trimmed) when one of them is not sealed, and
+    InvalidArgument for a sequence no stream can reach."""
+    if not 0 <= before_sequence <= SEQUENCE_MAX:
+        raise InvalidArgument(
+            f"before_sequence {before_sequence} is outside 0..{SEQUENCE_MAX}, the "
+            f"sequences there can be (epoch at most {EPOCH_MAX}, index at most {INDEX_MAX})"
+        )
     _check_order(segments)
     trims: list[int] = []
     for segment in segments:
