@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from streamengine import testing as harness
+from streamengine.testing import ports as harness
 
 
 class _ScriptedSocket:
