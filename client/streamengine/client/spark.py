@@ -40,6 +40,11 @@ Arrow record batches.
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
 checkpoint re-reads the same rows for the same offsets.
+
+Why one long module: it is the data source Spark loads by name on the driver and on every
+executor; the driver's planning and the executors' reads share the partition types Spark
+pickles between them. The rules it shares with followers are in `client.core.replicas`
+and `client.packed`.
 """
 
 from __future__ import annotations
