@@ -380,8 +380,9 @@ class StoreHeartbeatReply(_message.Message):
     @_builtins.property
     def deleted_streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeletedStream]:
         """Streams deleted and pending removal (all of them, every reply): the store refuses
-        their Write and Subscribe calls (FAILED_PRECONDITION, `se-deleted-until`) until a
-        reply no longer lists them. Reads (copies, Spark partitions) go on.
+        their Subscribe calls, and their Writes under an epoch granted before the delete
+        (FAILED_PRECONDITION, `se-deleted-until`), until a reply no longer lists them.
+        Reads (copies, Spark partitions) go on.
         """
 
     @_builtins.property
@@ -418,18 +419,26 @@ class DeletedStream(_message.Message):
 
     STREAM_ID_FIELD_NUMBER: _builtins.int
     DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    FENCED_THROUGH_EPOCH_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     deleted_until_ms: _builtins.int
     """Wall-clock ms when its data goes, unless undeleted."""
+    fenced_through_epoch: _builtins.int
+    """The stream's latest epoch when it was deleted. The master grants no epoch while a
+    stream is deleted, so a grant of a later epoch was made after an undelete: the
+    store takes its writes before a reply stops listing the stream. 0 (a master that
+    does not send it): writes under every epoch are refused.
+    """
     def __init__(
         self,
         *,
         stream_id: _builtins.int = ...,
         deleted_until_ms: _builtins.int = ...,
+        fenced_through_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "fenced_through_epoch", b"fenced_through_epoch", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
