@@ -1426,6 +1426,7 @@ class ClusterStatus(_message.Message):
     PENDING_DELETES_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     REPLICA_VERIFICATION_FIELD_NUMBER: _builtins.int
+    VERIFYING_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
     bytes_below_n: _builtins.int
@@ -1439,7 +1440,9 @@ class ClusterStatus(_message.Message):
     def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]: ...
     @_builtins.property
     def under_replicated(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Segment]:
-        """Sealed segments with fewer than N replicas whose acked index reached the bridge."""
+        """Sealed segments with fewer than N good replicas where a member is lacking: its
+        store dead or draining, its copy bad, or short of the bridge.
+        """
 
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RepairTask]:
@@ -1465,6 +1468,13 @@ class ClusterStatus(_message.Message):
         differ from it (bad).
         """
 
+    @_builtins.property
+    def verifying(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Segment]:
+        """Sealed segments with fewer than N good replicas where none is lacking: every
+        member live, some not yet reported at the bridge or read back against the
+        certificate (a segment sealed a moment ago, until its stores scrub it).
+        """
+
     def __init__(
         self,
         *,
@@ -1479,10 +1489,11 @@ class ClusterStatus(_message.Message):
         pending_deletes: _abc.Iterable[Global___PendingDelete] | None = ...,
         cluster_id: _builtins.str = ...,
         replica_verification: Global___ReplicaVerification | None = ...,
+        verifying: _abc.Iterable[_entry_pb2.Segment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["replica_verification", b"replica_verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated", "verifying", b"verifying"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
