@@ -672,7 +672,7 @@ def test_rebalance_with_data_fills_a_new_store_and_keeps_every_replica_identical
 
         def replicated() -> bool:
             status = json.loads(run_cli("status", "--json", *master).stdout)
-            listed[:] = status["under_replicated"]
+            listed[:] = status["under_replicated"] + status["verifying"]
             return listed == []
 
         # Only replicas read back equal to their certificate count as good, and only

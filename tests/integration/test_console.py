@@ -14,6 +14,7 @@ import pytest
 
 from streamengine.client.sync import SyncStreamClient
 from streamengine.testing import free_port, running_cluster, wait_for
+from tests.integration.test_cli import run_cli
 from tests.tree import ROOT
 
 CHROMIUM = shutil.which("chromium")
@@ -49,6 +50,8 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
             )
             with client.writer("console/orders", leadership_timeout_s=10) as writer:
                 writer.append_batch([b"event-%d" % n for n in range(100)])
+        sealed = run_cli("seal", "console/orders", "--master", cluster.master_address)
+        assert sealed.returncode == 0, sealed.stderr
         base = f"http://127.0.0.1:{port}"
 
         def status() -> dict[str, Any]:
@@ -59,6 +62,15 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
         wait_for(lambda: "console/orders" in status().get("segments", {}), 10, 0.1, "stream")
         assert {s["id"] for s in status()["stores"]} == {"store0", "store1", "store2"}
         assert b"streamengine_master_streams" in fetch(base + "/metrics")
+
+        def sealed_published() -> bool:
+            segments = status()["segments"]["console/orders"]
+            return any(s["state"] == "sealed" for s in segments)
+
+        # Sealed a moment ago on three live stores: being verified (or verified
+        # already), never under-replicated.
+        wait_for(sealed_published, 10, 0.1, "the sealed segment published")
+        assert status()["under_replicated"] == [], status()
 
         options = Options()
         options.binary_location = CHROMIUM or ""
@@ -82,6 +94,8 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
             shows("the stream", lambda: "console/orders" in table("streams"))
             assert "1 h" in table("streams"), table("streams")  # its retention
             shows("three stores up", lambda: table("stores").count(" up") == 3)
+            assert "console/orders" not in table("under"), table("under")
+            assert "Being verified" in driver.page_source
             cluster.stores[1].kill()
 
             def store1_down(_: WebDriver | None = None) -> bool:
@@ -89,6 +103,8 @@ def test_the_console_shows_a_stream_and_a_store_going_down(tmp_path: Path) -> No
                 return bool(rows) and " down" in rows[0]
 
             shows("store1 down", store1_down)
+            # Three replicas asked for and two stores left: nothing can refill it.
+            shows("the segment under-replicated", lambda: "console/orders" in table("under"))
             import grpc
 
             from streamengine.v1 import master_pb2, master_pb2_grpc

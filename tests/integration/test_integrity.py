@@ -427,7 +427,8 @@ async def test_a_replica_counts_as_good_only_once_its_store_read_it_back(
     damaged: Damaged,
 ) -> None:
     """A store that does not scrub never has its replicas counted: their segments stay
-    under-replicated (never below W, nothing re-replicated) until it reads them back."""
+    below N good replicas (never below W, nothing re-replicated) until it reads them
+    back, shown as being verified, not as under-replicated: no replica is missing."""
     cluster = damaged.cluster
     lazy = damaged.store("store0")
     assert lazy.terminate() == 0
@@ -459,7 +460,8 @@ async def test_a_replica_counts_as_good_only_once_its_store_read_it_back(
             # Below W only until every member reported holding the bridge; every replica
             # but store0's read back by its store (store0 may hold every segment).
             return (
-                {s.id.epoch for s in now.under_replicated} == unread
+                {s.id.epoch for s in now.verifying} == unread
+                and not now.under_replicated
                 and now.bytes_below_w == 0
                 and now.replica_verification.unmatched == len(unread)
                 and all(fully_verified(s) or s.id.epoch in unread for s in damaged.sealed())
@@ -469,10 +471,17 @@ async def test_a_replica_counts_as_good_only_once_its_store_read_it_back(
         now = status()
         assert now.bytes_below_n > 0, now
         assert not now.tasks, "a replica not read back is not replaced"
+        master = ["--master", cluster.master_address]
+        shown = json.loads(run_cli("status", "--json", *master).stdout)
+        assert {s["epoch"] for s in shown["verifying"]} == unread
+        assert shown["under_replicated"] == []
+        table = run_cli("status", *master).stdout
+        assert "UNDER-REPLICATED SEGMENTS: none" in table
+        assert f"BEING VERIFIED: {len(unread)}" in table
 
         lazy.args[scrubbing + 1] = SCRUB_MB_PER_S
         lazy.restart()
-        wait_for(lambda: not status().under_replicated, 30, 0.2, "store0's replicas matched")
+        wait_for(lambda: not status().verifying, 30, 0.2, "store0's replicas matched")
         assert all(map(fully_verified, damaged.sealed()))
         assert status().replica_verification.unmatched == 0
         assert holding("store0") == unread

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from streamengine.client import StreamClient, StreamDeleted, StreamEngineError, Trimmed
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.testing import (
+    STREAMENGINE,
     Cluster,
     free_port,
     metric_value,
@@ -420,3 +422,62 @@ def test_a_running_writer_and_subscriber_of_a_deleted_stream_are_refused(
     assert run_cli("stream", "undelete", NAME, "--master", cluster.master_address).returncode == 0
     events = read_all(cluster, 0)
     assert events[:5] == [b"x%d" % i for i in range(5)]
+
+
+def refuses_subscribe(address: str, segment: entry_pb2.SegmentId) -> bool:
+    """Whether the store refuses a live tail of `segment` as of a deleted stream: it has
+    heard of the delete."""
+    start = segment_store_pb2.SubscribeStart(segment=segment, from_index=1)
+    with grpc.insecure_channel(address) as channel:
+        call = store_grpc.SegmentStoreStub(channel).Subscribe(
+            iter([segment_store_pb2.SubscribeRequest(start=start)]), timeout=2
+        )
+        try:
+            next(call)
+        except grpc.RpcError as error:
+            return error.code() == Code.FAILED_PRECONDITION
+        finally:
+            call.cancel()
+    return False
+
+
+def delete_until_every_store_refuses(cluster: Cluster) -> None:
+    segments = listing(cluster)
+    master_call(cluster, "DeleteStream", m.DeleteStreamRequest(name=NAME))
+    wait_for(
+        lambda: all(refuses_subscribe(r.address, s.id) for s in segments for r in s.copy_set),
+        10,
+        0.05,
+        "every store of the copy sets refusing the deleted stream",
+    )
+
+
+def test_a_writer_right_after_an_undelete_is_acked_at_once(slow_cluster: Cluster) -> None:
+    """Issue #36: the stores still fence the deleted stream until their next heartbeat
+    reply; a writer granted after the undelete appends before then, via the SDK and via
+    the CLI."""
+    cluster = slow_cluster
+    master = ["--master", cluster.master_address]
+    fill(cluster, rounds_of("a"))
+    delete_until_every_store_refuses(cluster)
+
+    async def undelete_then_append() -> None:
+        async with StreamClient(cluster.master_address) as client:
+            master_call(cluster, "UndeleteStream", m.UndeleteStreamRequest(name=NAME))
+            async with client.writer(NAME, leadership_timeout_s=15) as writer:
+                await writer.append(b"sdk")
+
+    asyncio.run(undelete_then_append())
+
+    delete_until_every_store_refuses(cluster)
+    undeleted = run_cli("stream", "undelete", NAME, *master)
+    assert undeleted.returncode == 0, undeleted.stderr
+    appended = subprocess.run(
+        [STREAMENGINE, "append", NAME, *master],
+        input="cli\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert appended.returncode == 0, appended.stderr
+    assert read_all(cluster, 0) == [*rounds_of("a")[0], b"sdk", b"cli"]

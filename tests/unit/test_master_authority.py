@@ -203,6 +203,7 @@ def _full_status() -> master_pb2.ClusterStatus:
         stores=[master_pb2.StoreStatus(store_id="store0")],
         streams=[master_pb2.StreamInfo(name=n) for n in ("acme/a", "globex/b")],
         under_replicated=[entry_pb2.Segment(id=segment(n)) for n in ("acme/a", "globex/b")],
+        verifying=[entry_pb2.Segment(id=segment(n)) for n in ("acme/a", "globex/b")],
         tasks=[master_pb2.RepairTask(segment=segment(n)) for n in ("acme/a", "globex/b", "")],
         granting_leases=True,
         durability_debt=[
@@ -232,6 +233,7 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
     assert [s.store_id for s in seen.stores] == ["store0"]  # stores are everyone's
     assert {s.name for s in seen.streams} == streams
     assert {s.id.stream for s in seen.under_replicated} == streams
+    assert {s.id.stream for s in seen.verifying} == streams
     assert {t.segment.stream for t in seen.tasks} == streams  # a task of no stream: nobody's
     assert {d.segment.stream for d in seen.durability_debt} == streams
     assert {p.stream for p in seen.pending_deletes} == streams
@@ -250,6 +252,7 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
         "pending_deletes",
         "cluster_id",
         "replica_verification",
+        "verifying",
     ]
     assert (seen.bytes_below_n, seen.bytes_below_w) == sums
     checked = seen.replica_verification

@@ -157,6 +157,50 @@ def test_under_replicated(rule, segment, copies, replicas, expected) -> None:
     assert (len(verdict.good) < replicas) == expected, rule
 
 
+@pytest.mark.parametrize(
+    ("rule", "cluster", "segment", "copies", "verifying"),
+    [
+        ("sealed a moment ago: none read back yet", ALL, seg(1, verified=()), AT_BRIDGE, True),
+        ("one replica not read back yet", ALL, seg(1, verified=("a", "b")), AT_BRIDGE, True),
+        (
+            "a member not reported at the bridge within the grace is not judged yet",
+            stores(view("a"), view("b"), view("c", reported=NOW - GRACE - 1)),
+            seg(1, settled=NOW - 2 * GRACE, verified=()),
+            {"a": held(5), "b": held(5)},
+            True,
+        ),
+        ("N good replicas: not below N at all", ALL, seg(1), AT_BRIDGE, False),
+        (
+            "a store gone lacks a replica",
+            stores(view("a"), view("b"), view("c", alive=False)),
+            seg(1, verified=()),
+            AT_BRIDGE,
+            False,
+        ),
+        (
+            "a draining store lacks a replica",
+            stores(view("a"), view("b"), view("c", draining=True)),
+            seg(1),
+            AT_BRIDGE,
+            False,
+        ),
+        (
+            "a bad copy lacks a replica",
+            ALL,
+            dataclasses.replace(seg(1, verified=()), bad=("c",)),
+            AT_BRIDGE,
+            False,
+        ),
+        ("a missed bridge lacks a replica", ALL, seg(1), {**AT_BRIDGE, "c": held(4)}, False),
+    ],
+)
+def test_a_segment_lacking_no_replica_is_being_verified(
+    rule, cluster, segment, copies, verifying
+) -> None:
+    verdict = repair.judge(segment, cluster, copies, NOW, GRACE)
+    assert repair.being_verified(segment, verdict, 3) == verifying, rule
+
+
 def test_a_dead_store_gives_one_task_per_segment_to_a_new_target() -> None:
     cluster = stores(view("a"), view("b", alive=False), view("c"), view("d"))
     segments = [seg(e) for e in (1, 2)]

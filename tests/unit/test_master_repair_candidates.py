@@ -111,3 +111,32 @@ def test_a_segment_is_confirmed_only_once_every_replica_matched_the_certificate(
     assert state.replicas.plan_repairs(NOW, set(), 3) == [], "an unverified replica is not replaced"
     state.integrity.replica_reported("s2", (1, 1), integrity.Clean(content), NOW)
     assert confirmed_with(3) and state.replicas.exposures(NOW) == []
+
+
+def test_a_healthy_segment_just_sealed_is_being_verified_and_one_whose_store_is_gone_lacks(
+    metadata_place: MetadataPlace,
+) -> None:
+    """Status counts a sealed segment under-replicated only when a member lacks its
+    replica; one whose members are all live but not yet read back is being verified."""
+    catalog = metadata_place.open()
+    batch = Batch().tenant("t", 0).next_stream_id(2)
+    batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 2, "", 0))
+    members = ("s0", "s1", "s2")
+    batch.segment(SegmentRecord(1, "t/s", 1, members, SegmentState.SEALED, 5, 0, NOW, NOW))
+    catalog.commit(batch)
+    state = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=500)
+    for number in range(3):
+        state.registry.register_store(f"s{number}", f"127.0.0.1:{number + 1}", "", 0, NOW)
+    sealed = state.segments[(1, 1)]
+
+    # Before any store reported it at the bridge, and after, until its scrubs report.
+    assert state.replicas.below_n(NOW) == ([], [sealed])
+    report_all(state, NOW + 1)
+    assert state.replicas.below_n(NOW + 1) == ([], [sealed])
+    [exposure] = state.replicas.exposures(NOW + 1)
+    assert exposure.verifying and exposure.unverified == 3 and exposure.good == 0
+
+    # s2 goes silent past the store timeout: its replica is lacking.
+    later = NOW + TIMEOUT + 10
+    report_all(state, later, skip="s2")
+    assert state.replicas.below_n(later) == ([sealed], [])

@@ -5,6 +5,8 @@ the rule it checks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from streamengine.master.core import retention
@@ -247,11 +249,36 @@ def test_a_deleted_stream_is_refused_and_undeleted_whole_within_the_grace(master
     assert state.registry.store_heartbeat(member, 1, 0, {key: Held(2, 11, 11, 1)}, master.now) == []
     assert state.retention.remove_due(until - 1) == ([], [])
     restored = state.tenancy.undelete_stream("t/s")
-    assert restored == record and dict(state.segments) == segments
+    assert restored == replace(record, leader_id="") and dict(state.segments) == segments
     assert state.retention.remove_due(until + 1) == ([], [])
     assert state.list_segments("t/s", 0)[1]
     with pytest.raises(InvalidArgument):
         state.tenancy.undelete_stream("t/s")
+
+
+def test_an_undeleted_stream_grants_its_next_writer_an_epoch_above_the_deleted_one(
+    master: Master,
+) -> None:
+    """The stores fence the deleted stream's epochs until they hear of the undelete; a
+    writer granted after it must lead a later epoch, even the old holder's client."""
+    roll_sealed(master, 1)
+    held = beat(master, "w1", master.state.stream("t/s").epoch)
+    assert held.leads
+    master.state.tenancy.delete_stream("t/s", master.now)
+    fenced = master.state.stream("t/s").epoch
+    restored = master.state.tenancy.undelete_stream("t/s")
+    assert restored.epoch == fenced and restored.leader_id == ""
+    # Within the old lease nobody renews the fenced epoch, its holder neither.
+    assert not beat(master, "w1", fenced).leads
+    assert not beat(master, "w1").leads
+    master.now = held.lease.expires_ms
+    granted = beat(master, "w1")
+    assert granted.leads and granted.lease.epoch == fenced + 1
+    # After a master restart too: the record names no holder to wait for.
+    master.state.tenancy.delete_stream("t/s", master.now)
+    master.state.tenancy.undelete_stream("t/s")
+    state = master.restart()
+    assert state.leases["t/s"].holder == ""
 
 
 def test_a_deleted_stream_goes_after_its_grace_and_its_replicas_are_garbage(

@@ -14,6 +14,7 @@ from streamengine.segment_store.core.authority import (
     AppendQuota,
     AuthorityRecord,
     CallerRefused,
+    Deletion,
     GrantRefused,
     NoSigningKeyYet,
     StoreAuthority,
@@ -235,10 +236,33 @@ def test_the_core_keeps_the_authority_record() -> None:
 def test_a_stream_the_master_lists_as_deleted_is_refused_until_it_is_listed_no_more() -> None:
     checks = StoreAuthority("s1")
     checks.check_not_deleted(7)
-    checks.deleted_streams = {7: 123_000}
+    checks.deleted_streams = {7: Deletion(123_000, fenced_through_epoch=4)}
     with pytest.raises(StreamDeleted) as refused:
         checks.check_not_deleted(7)
     assert refused.value.deleted_until_ms == 123_000
     checks.check_not_deleted(8)
     checks.deleted_streams = {}
     checks.check_not_deleted(7)
+
+
+@pytest.mark.parametrize(
+    ("rule", "fenced_through_epoch", "writer_epoch", "admitted"),
+    [
+        ("an epoch granted before the delete is refused", 4, 4, False),
+        ("an earlier epoch is refused", 4, 2, False),
+        ("an epoch granted after an undelete writes at once", 4, 5, True),
+        ("a master that does not name the epoch: every epoch refused", 0, 5, False),
+    ],
+)
+def test_a_write_to_a_stream_listed_as_deleted_goes_on_only_under_a_later_epoch(
+    rule: str, fenced_through_epoch: int, writer_epoch: int, admitted: bool
+) -> None:
+    checks = StoreAuthority("s1")
+    checks.deleted_streams = {7: Deletion(123_000, fenced_through_epoch)}
+    if admitted:
+        checks.check_not_deleted(7, writer_epoch)
+    else:
+        with pytest.raises(StreamDeleted):
+            checks.check_not_deleted(7, writer_epoch)
+    with pytest.raises(StreamDeleted):  # a live tail has no epoch: refused until listed no more
+        checks.check_not_deleted(7)

@@ -18,6 +18,7 @@ class Metrics:
     streams: Gauge
     segments: Gauge
     under_replicated: Gauge
+    verifying: Gauge
     repairs_done: Gauge
     repairs_failed: Gauge
     repairs_running: Gauge
@@ -59,7 +60,13 @@ class Metrics:
             segments=Gauge("streamengine_master_segments", "Segments, all states", registry=r),
             under_replicated=Gauge(
                 "streamengine_master_under_replicated_segments",
-                "Sealed segments with fewer than N replicas at the bridge",
+                "Sealed segments with fewer than N good replicas, a member lacking",
+                registry=r,
+            ),
+            verifying=Gauge(
+                "streamengine_master_verifying_segments",
+                "Sealed segments with fewer than N good replicas, none lacking: some not "
+                "yet reported at the bridge or read back",
                 registry=r,
             ),
             repairs_done=Gauge(

@@ -113,13 +113,18 @@ class Replicas:
                 quorums[segment.stream_id] = stream.write_quorum
         return quorums
 
-    def under_replicated(self, now_ms: int) -> list[SegmentRecord]:
-        """Sealed segments with fewer than N good replicas."""
-        return [self.state.segments[exposure.segment] for exposure in self.exposures(now_ms)]
+    def below_n(self, now_ms: int) -> tuple[list[SegmentRecord], list[SegmentRecord]]:
+        """Sealed segments with fewer than N good replicas: those under-replicated (a
+        member lacking), and those being verified (`repair.being_verified`)."""
+        exposures = self.exposures(now_ms)
+        return (
+            [self.state.segments[e.segment] for e in exposures if not e.verifying],
+            [self.state.segments[e.segment] for e in exposures if e.verifying],
+        )
 
     def exposures(self, now_ms: int) -> list[Exposure]:
         """Sealed segments with fewer than N good replicas now, for the durability
-        ledger (the segments `under_replicated` lists, with how many are good)."""
+        ledger and status (with how many are good, and whether any is lacking)."""
         views = self.state.store_views(now_ms)
         candidates = self.state.repair_candidates(views)
         held = self.state.held_for(candidates)
@@ -140,6 +145,7 @@ class Replicas:
                         stream.write_quorum,
                         self.state.segment_bytes(segment.key),
                         len(verdict.unverified),
+                        repair.being_verified(segment, verdict, stream.replicas),
                     )
                 )
         return out

@@ -118,6 +118,7 @@ class AdminHandlers(Handlers):
             for sid, view in views.items()
         ]
         matched, unmatched, bad = st.integrity.replica_verification()
+        under_replicated, verifying = st.replicas.below_n(now)
         return master_pb2.ClusterStatus(
             cluster_id=st.cluster_id,
             replica_verification=master_pb2.ReplicaVerification(
@@ -127,9 +128,8 @@ class AdminHandlers(Handlers):
             streams=[
                 replies.stream_info_pb(self.state, r, now) for r in st.tenancy.list_streams("")
             ],
-            under_replicated=[
-                replies.segment_pb(self.state, s) for s in st.replicas.under_replicated(now)
-            ],
+            under_replicated=[replies.segment_pb(self.state, s) for s in under_replicated],
+            verifying=[replies.segment_pb(self.state, s) for s in verifying],
             tasks=[self._task(t) for t in self.calls.repairer.statuses()],
             granting_leases=st.granting_leases(now),
             durability_debt=[

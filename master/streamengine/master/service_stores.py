@@ -102,7 +102,11 @@ class StoreHandlers(Handlers):
                 for s, e in self.state.integrity.take_scrub_first(request.store_id)
             ],
             deleted_streams=[
-                master_pb2.DeletedStream(stream_id=r.stream_id, deleted_until_ms=r.deleted_until_ms)
+                master_pb2.DeletedStream(
+                    stream_id=r.stream_id,
+                    deleted_until_ms=r.deleted_until_ms,
+                    fenced_through_epoch=r.epoch,
+                )
                 for r in self.state.streams.values()
                 if r.deleted_until_ms
             ],

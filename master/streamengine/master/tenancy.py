@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
-from streamengine.master.core import retention
+from streamengine.master.core import leadership, retention
 from streamengine.master.core.errors import AlreadyExists, InvalidArgument, NotFound, QuotaExceeded
 from streamengine.master.core.leadership import Lease
 from streamengine.master.core.model import StreamRecord, validate_name_part, validate_stream_name
@@ -164,13 +164,17 @@ class Tenancy:
 
     def undelete_stream(self, name: str) -> StreamRecord:
         """Bring a deleted stream back within its grace: same id, segments and epochs.
-        The lease starts afresh (its holder, if alive, renews it)."""
+        The lease starts afresh without a holder (`leadership.undeleted`), so the next
+        writer is granted an epoch above the one the stores fence as deleted
+        (`DeletedStream.fenced_through_epoch`): it writes at once, before their next
+        heartbeat reply stops listing the stream."""
         record = self.state.stream(name)
         if not record.deleted_until_ms:
             raise InvalidArgument(f"stream {name!r} is not deleted")
-        restored = replace(record, deleted_until_ms=0)
+        restored = replace(record, deleted_until_ms=0, leader_id="")
         self.state.catalog.commit(Batch().stream(restored))
         self.state.streams[name] = restored
+        self.state.leases[name] = leadership.undeleted(self.state.leases[name])
         return restored
 
     def remove_stream(self, name: str) -> int:

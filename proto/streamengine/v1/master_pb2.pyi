@@ -380,8 +380,9 @@ class StoreHeartbeatReply(_message.Message):
     @_builtins.property
     def deleted_streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeletedStream]:
         """Streams deleted and pending removal (all of them, every reply): the store refuses
-        their Write and Subscribe calls (FAILED_PRECONDITION, `se-deleted-until`) until a
-        reply no longer lists them. Reads (copies, Spark partitions) go on.
+        their Subscribe calls, and their Writes under an epoch granted before the delete
+        (FAILED_PRECONDITION, `se-deleted-until`), until a reply no longer lists them.
+        Reads (copies, Spark partitions) go on.
         """
 
     @_builtins.property
@@ -418,18 +419,26 @@ class DeletedStream(_message.Message):
 
     STREAM_ID_FIELD_NUMBER: _builtins.int
     DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    FENCED_THROUGH_EPOCH_FIELD_NUMBER: _builtins.int
     stream_id: _builtins.int
     deleted_until_ms: _builtins.int
     """Wall-clock ms when its data goes, unless undeleted."""
+    fenced_through_epoch: _builtins.int
+    """The stream's latest epoch when it was deleted. The master grants no epoch while a
+    stream is deleted, so a grant of a later epoch was made after an undelete: the
+    store takes its writes before a reply stops listing the stream. 0 (a master that
+    does not send it): writes under every epoch are refused.
+    """
     def __init__(
         self,
         *,
         stream_id: _builtins.int = ...,
         deleted_until_ms: _builtins.int = ...,
+        fenced_through_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_until_ms", b"deleted_until_ms", "fenced_through_epoch", b"fenced_through_epoch", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1417,6 +1426,7 @@ class ClusterStatus(_message.Message):
     PENDING_DELETES_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     REPLICA_VERIFICATION_FIELD_NUMBER: _builtins.int
+    VERIFYING_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
     bytes_below_n: _builtins.int
@@ -1430,7 +1440,9 @@ class ClusterStatus(_message.Message):
     def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]: ...
     @_builtins.property
     def under_replicated(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Segment]:
-        """Sealed segments with fewer than N replicas whose acked index reached the bridge."""
+        """Sealed segments with fewer than N good replicas where a member is lacking: its
+        store dead or draining, its copy bad, or short of the bridge.
+        """
 
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RepairTask]:
@@ -1456,6 +1468,13 @@ class ClusterStatus(_message.Message):
         differ from it (bad).
         """
 
+    @_builtins.property
+    def verifying(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Segment]:
+        """Sealed segments with fewer than N good replicas where none is lacking: every
+        member live, some not yet reported at the bridge or read back against the
+        certificate (a segment sealed a moment ago, until its stores scrub it).
+        """
+
     def __init__(
         self,
         *,
@@ -1470,10 +1489,11 @@ class ClusterStatus(_message.Message):
         pending_deletes: _abc.Iterable[Global___PendingDelete] | None = ...,
         cluster_id: _builtins.str = ...,
         replica_verification: Global___ReplicaVerification | None = ...,
+        verifying: _abc.Iterable[_entry_pb2.Segment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["replica_verification", b"replica_verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated", "verifying", b"verifying"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

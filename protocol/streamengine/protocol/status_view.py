@@ -65,6 +65,7 @@ def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
         ],
         "streams": [stream_dict(s) for s in status.streams],
         "under_replicated": [segment_dict(s) for s in status.under_replicated],
+        "verifying": [segment_dict(s) for s in status.verifying],
         "tasks": [task_dict(t) for t in status.tasks],
         "granting_leases": status.granting_leases,
         "durability": {

@@ -45,7 +45,7 @@ from streamengine.protocol.backoff import STORE_REGISTER, tenacity_wait
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
-from streamengine.segment_store.core.authority import AppendQuota, StoreAuthority
+from streamengine.segment_store.core.authority import AppendQuota, Deletion, StoreAuthority
 from streamengine.segment_store.core.commands import Joined, SegmentKey
 from streamengine.segment_store.core.errors import StoreUnavailable
 from streamengine.segment_store.core.scrub import ScanResult
@@ -262,7 +262,8 @@ class MasterLink:
                     self.scrubber.check_first(SegmentKey(segment.stream_id, segment.epoch))
         self.quota.bytes_per_s = reply.tenant_append_bytes_per_s
         self.authority.deleted_streams = {
-            d.stream_id: d.deleted_until_ms for d in reply.deleted_streams
+            d.stream_id: Deletion(d.deleted_until_ms, d.fenced_through_epoch)
+            for d in reply.deleted_streams
         }
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)

@@ -156,7 +156,7 @@ class WriteCalls:
             check_epoch(request.writer_epoch, "writer epoch")
             batch = batch_of(request)
             grant = grants.admit(request.grant, segment, request.writer_epoch)
-            self.store.authority.check_not_deleted(segment.stream_id)
+            self.store.authority.check_not_deleted(segment.stream_id, request.writer_epoch)
             self.store.core.check_takes_part(segment)
             command = WriteCommand(
                 segment, request.writer_epoch, request.acked_index, batch, grant.tenant

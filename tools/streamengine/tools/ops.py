@@ -309,6 +309,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"\nUNDER-REPLICATED SEGMENTS: {len(under) or 'none'}")
     for segment in under:
         print(f"  {segment.id.stream} segment {segment.id.epoch}")
+    if status.verifying:
+        print(
+            f"BEING VERIFIED: {len(status.verifying)} (every replica held, "
+            "not all read back yet)"
+        )
+        for segment in status.verifying:
+            print(f"  {segment.id.stream} segment {segment.id.epoch}")
     print(
         f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
         f"{human_bytes(status.bytes_below_w)} below W"

@@ -114,6 +114,7 @@ def visible_status(
         stores=status.stores,
         streams=[s for s in status.streams if visible_tenant(principal, stream_tenant(s.name))],
         under_replicated=[s for s in status.under_replicated if shown(s.id.stream)],
+        verifying=[s for s in status.verifying if shown(s.id.stream)],
         tasks=[t for t in status.tasks if shown(t.segment.stream)],
         granting_leases=status.granting_leases,
         durability_debt=[

@@ -38,6 +38,9 @@ class Exposure:
     bytes: int
     # Copies at the bridge, not read back yet: not good, but held.
     unverified: int = 0
+    # No member lacking, only some not judged or read back yet (`repair.being_verified`):
+    # status shows it apart from the under-replicated ones; its debt counts all the same.
+    verifying: bool = False
 
     def __post_init__(self) -> None:
         assert 0 <= self.good < self.replicas, self

@@ -132,6 +132,14 @@ def release(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lea
     return Lease(lease.epoch, "", now_ms)
 
 
+def undeleted(lease: Lease) -> Lease:
+    """The lease of a stream just undeleted: no holder, so the next heartbeat that may
+    be granted anything is granted a new epoch, above the one the stores still fence
+    as deleted until they hear of the undelete. Its expiry stays (after a master start
+    nobody is granted anything for one lease period)."""
+    return replace(lease, holder="")
+
+
 def holder_gone(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lease | None:
     """The call the holder of `caller_epoch` held open ended (its process died, as far
     as the master can tell): the lease ends now, the holder kept. None when the caller

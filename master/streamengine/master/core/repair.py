@@ -124,6 +124,15 @@ def judge(
     )
 
 
+def being_verified(segment: SegmentRecord, verdict: Verdict, replicas: int) -> bool:
+    """Whether a sealed segment short of N good replicas lacks none: its copy set is
+    whole and no member is bad (every store live and not draining, no copy differs or
+    missed the bridge), only some not judged or not read back yet. A segment sealed a
+    moment ago is such, until its stores report and scrub it: status shows it as being
+    verified, apart from the under-replicated ones, and repair copies nothing for it."""
+    return len(segment.copy_set) >= replicas and not verdict.bad and len(verdict.good) < replicas
+
+
 def plan_tasks(
     segments: Sequence[SegmentRecord],
     stores: Mapping[str, StoreView],

@@ -78,6 +78,21 @@ class StreamDeleted(StoreError):
         super().__init__(message)
 
 
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """A stream the master lists as deleted: when its data goes, and its latest epoch
+    when it was deleted (0: unknown)."""
+
+    deleted_until_ms: int
+    fenced_through_epoch: int = 0
+
+    def admits(self, writer_epoch: int) -> bool:
+        """Whether a write under `writer_epoch` goes on: the master grants no epoch
+        while a stream is deleted, so a later one was granted after an undelete that
+        this store has not heard of yet."""
+        return bool(self.fenced_through_epoch) and writer_epoch > self.fenced_through_epoch
+
+
 def check_grant(grant: Grant, store_id: str, segment: SegmentKey, epoch: int) -> None:
     """Raise GrantRefused unless `grant` lets its holder write or seal `segment` on
     `store_id` under `epoch`."""
@@ -146,9 +161,9 @@ class StoreAuthority:
         self.master_keys = kept.master_keys
         self.verifier = Verifier(self._keys())
         self.revocations = Revocations(dict(kept.revoked), kept.revocations_version)
-        # Streams the master deleted, pending removal: stream id -> when their data goes.
+        # Streams the master deleted, pending removal, by stream id.
         # Memory only: each heartbeat reply carries the whole list again.
-        self.deleted_streams: dict[int, int] = {}
+        self.deleted_streams: dict[int, Deletion] = {}
 
     def _keys(self) -> list[bytes]:
         keys = list(dict.fromkeys([*self.master_keys, *self.pinned_keys]))
@@ -181,15 +196,18 @@ class StoreAuthority:
         self.revocations.prune(now_ms)
         return changed or len(self.revocations) != before
 
-    def check_not_deleted(self, stream_id: int) -> None:
-        """Refuse a write or a live tail of a stream the master deleted."""
-        until = self.deleted_streams.get(stream_id)
-        if until is not None:
-            raise StreamDeleted(
-                f"stream {stream_id} is deleted: its data goes at {until} (wall-clock ms) "
-                "unless it is undeleted before",
-                until,
-            )
+    def check_not_deleted(self, stream_id: int, writer_epoch: int | None = None) -> None:
+        """Refuse a live tail (`writer_epoch` None) of a stream the master deleted, or a
+        write under an epoch granted before its delete."""
+        deletion = self.deleted_streams.get(stream_id)
+        if deletion is None or (writer_epoch is not None and deletion.admits(writer_epoch)):
+            return
+        until = deletion.deleted_until_ms
+        raise StreamDeleted(
+            f"stream {stream_id} is deleted: its data goes at {until} (wall-clock ms) "
+            "unless it is undeleted before",
+            until,
+        )
 
     def open_grant(self, signed: bytes) -> Grant:
         try:
