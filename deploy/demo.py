@@ -21,7 +21,7 @@ from deploy.workload import WorkloadResult, run_workload
 from streamengine import StreamClient
 from streamengine.protocol.transport import Transport
 from streamengine.tools.local_cluster import LocalCluster
-from streamengine.tools.ops import VerifyReport, verify_stream
+from streamengine.tools.verify import VerifyReport, verify_stream
 
 STREAM = "demo/orders"
 KILLED_STORE = "store1"

@@ -29,7 +29,7 @@ from streamengine.testing import (
     wait_for,
 )
 from streamengine.tools import certs
-from streamengine.tools.ops import verify_stream
+from streamengine.tools.verify import verify_stream
 from streamengine.v1 import (
     entry_pb2,
     master_pb2,

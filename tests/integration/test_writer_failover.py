@@ -23,7 +23,7 @@ from streamengine.client import writer as writer_module
 from streamengine.client.errors import Unavailable
 from streamengine.client.recovery import SegmentSealer
 from streamengine.testing import Cluster, running_cluster, wait_until
-from streamengine.tools.ops import verify_stream
+from streamengine.tools.verify import verify_stream
 from streamengine.v1 import master_pb2
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 

@@ -10,7 +10,7 @@ import pytest
 
 from streamengine.protocol.transport import TOKEN_ENV
 from streamengine.tools.cli import parse
-from streamengine.tools.ops import MASTER_SILENCE_TOLD_S, _tell_master_silence
+from streamengine.tools.events import MASTER_SILENCE_TOLD_S, _tell_master_silence
 
 
 def test_append_says_once_that_the_master_is_silent_and_when_it_answers_again(

@@ -338,7 +338,7 @@ def _add_admin_commands(commands: Subparsers) -> None:
     rebalance.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_rebalance"))
     verify = commands.add_parser("verify", help="digest every replica of every sealed segment")
     verify.add_argument("name", help="tenant/stream")
-    verify.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_verify"))
+    verify.set_defaults(run=_lazy("streamengine.tools.verify", "cmd_verify"))
     seal = commands.add_parser("seal", help="seal a stream's open segment (for Spark)")
     seal.add_argument("name", help="tenant/stream")
     seal.add_argument(
@@ -431,7 +431,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     append.add_argument(
         "--batch", type=int, default=500, help="events per append (default %(default)s)"
     )
-    append.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_append"), until_stopped=True)
+    append.set_defaults(run=_lazy("streamengine.tools.events", "cmd_append"), until_stopped=True)
     tail = commands.add_parser("tail", help="print acked events")
     tail.add_argument("name", help="tenant/stream")
     tail.add_argument(
@@ -443,7 +443,7 @@ def _add_data_commands(commands: Subparsers) -> None:
     )
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
     tail.add_argument("--format", choices=["text", "json"], default="text")
-    tail.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_tail"), until_stopped=True)
+    tail.set_defaults(run=_lazy("streamengine.tools.events", "cmd_tail"), until_stopped=True)
     for parser in (append, tail):
         _add_master_option(parser)
 

@@ -7,14 +7,12 @@ gRPC failures are raised as `client.errors` types and turned into one line by th
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -24,13 +22,11 @@ from streamengine.client.errors import (
     Unavailable,
     from_rpc_error,
 )
-from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.masters import BadMasterList
 from streamengine.protocol.status_view import segment_dict, state_name, status_dict, stream_dict
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
-from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 if TYPE_CHECKING:
     from streamengine.client.stream_client import StreamClient
@@ -495,280 +491,6 @@ def cmd_seal(args: argparse.Namespace) -> int:
 
 # ---- verify ----
 
-
-def digest_of(
-    address: str,
-    segment: entry_pb2.SegmentId,
-    up_to: int,
-    transport: Transport = PLAINTEXT,
-    certificate: bool = False,
-) -> segment_store_pb2.DigestReply:
-    with transport.channel(address) as channel:
-        return store_grpc.SegmentStoreStub(channel).Digest(
-            segment_store_pb2.DigestRequest(
-                segment=segment, up_to_index=up_to, certificate=certificate
-            ),
-            timeout=RPC_TIMEOUT_S,
-        )
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    sealed_segments: int
-    problems: list[str]
-    # What was found, a line per segment and per replica (the certificate and each
-    # replica's state), for the operator.
-    lines: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def verify_stream(master_address: str, name: str, transport: Transport = PLAINTEXT) -> VerifyReport:
-    """Read every replica of every sealed segment of `name` back up to its bridge and
-    compare it with the segment's certificate (with the other replicas for a segment
-    the master holds no certificate of yet)."""
-    with master_stub(master_address, transport) as master:
-        listing = master.ListSegments(
-            master_pb2.ListSegmentsRequest(stream=name, certificates=True),
-            timeout=RPC_TIMEOUT_S,
-        )
-    problems: list[str] = []
-    lines: list[str] = []
-    checked = 0
-    now_ms = wall_ms()
-    for segment in listing.segments:
-        if segment.state != entry_pb2.SEALED:
-            continue
-        checked += 1
-        segment_id = entry_pb2.SegmentId(
-            stream_id=listing.stream_id, epoch=segment.id.epoch, stream=name
-        )
-        _verify_segment(segment, segment_id, transport, now_ms, problems, lines)
-    return VerifyReport(checked, problems, lines)
-
-
-def _verify_segment(
-    segment: entry_pb2.Segment,
-    segment_id: entry_pb2.SegmentId,
-    transport: Transport,
-    now_ms: int,
-    problems: list[str],
-    lines: list[str],
-) -> None:
-    epoch, final = segment.id.epoch, segment.final_index
-    certified = segment.HasField("certificate")
-    root = segment.certificate.root
-    if certified:
-        chunks = len(segment.certificate.chunks)
-        lines.append(
-            f"segment {epoch}: final {final}, certificate {root.hex()[:16]} "
-            f"({segment.certificate.certified_by or '?'}, {chunks} chunk(s))"
-        )
-    else:
-        lines.append(f"segment {epoch}: final {final}, no certificate yet (replicas compared)")
-    verified = {v.store_id: v.verified_at_ms for v in segment.verified}
-    bad = set(segment.bad_stores)
-    roots: dict[str, bytes] = {}
-    for replica in segment.copy_set:
-        store = replica.store_id
-        master_view = _master_view(store, verified, bad, now_ms)
-        try:
-            reply = digest_of(replica.address, segment_id, final, transport, certificate=True)
-        except grpc.RpcError as error:
-            code = error.code().name
-            problems.append(f"segment {epoch}: replica {store} missing ({code})")
-            lines.append(f"  {store}: {code} {error.details() or ''}{master_view}")
-            continue
-        state = _replica_state(reply, final, root if certified else b"")
-        lines.append(f"  {store}: {state}{master_view}")
-        if reply.acked_index < final:
-            problems.append(
-                f"segment {epoch}: replica {store} acked only to "
-                f"{reply.acked_index} of {final} (missed the bridge)"
-            )
-        elif not reply.HasField("certificate"):
-            problems.append(f"segment {epoch}: replica {store} {state}")
-        elif certified and reply.certificate.root != root:
-            problems.append(f"segment {epoch}: replica {store} differs from the certificate")
-        roots[store] = reply.certificate.root
-    if not certified and len(set(roots.values())) > 1:
-        detail = ", ".join(f"{s}={d.hex()[:12]}" for s, d in sorted(roots.items()))
-        problems.append(f"segment {epoch}: replicas differ: {detail}")
-
-
-def _replica_state(reply: segment_store_pb2.DigestReply, final: int, root: bytes) -> str:
-    if not reply.HasField("certificate"):
-        return f"lacks index {reply.entries_held + 1} (holds {reply.entries_held} of {final})"
-    mine = reply.certificate.root
-    if not root:
-        return f"holds {mine.hex()[:16]}"
-    return "matches the certificate" if mine == root else f"DIFFERS: holds {mine.hex()[:16]}"
-
-
-def _master_view(store: str, verified: dict[str, int], bad: set[str], now_ms: int) -> str:
-    if store in bad:
-        return "; the master lists it bad"
-    if store in verified and not verified[store]:
-        return "; matched before the master last started"
-    if store in verified:
-        ago = max(0, now_ms - verified[store]) / 1000
-        return f"; matched {ago:.0f} s ago"
-    return "; not matched yet"
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    """Read every replica of every sealed segment back against its certificate; exit 1
-    on a difference or a missing replica."""
-    report = verify_stream(args.master, args.name, client_transport(args))
-    for line in report.lines:
-        print(line)
-    for problem in report.problems:
-        print(problem)
-    verdict = "OK" if report.ok else f"{len(report.problems)} problem(s)"
-    print(f"verify {args.name}: {report.sealed_segments} sealed segments checked, {verdict}")
-    return 0 if report.ok else 1
-
-
-# ---- data: append and tail ----
-
-APPEND_BATCH_DEFAULT = 500
-
-
-def _read_lines(path: str | None) -> Iterator[bytes]:
-    source = sys.stdin.buffer if path in (None, "-") else open(path, "rb")  # noqa: SIM115
-    try:
-        for line in source:
-            yield line.rstrip(b"\r\n")
-    finally:
-        if source is not sys.stdin.buffer:
-            source.close()
-
-
-# Batches read ahead of the writer: the reading thread waits beyond this many.
-INPUT_BATCHES_AHEAD = 2
-
-
-async def _input_batches(path: str | None, size: int) -> AsyncIterator[list[bytes]]:
-    """The input's lines (`_read_lines`) in batches of `size`, read in a thread of their
-    own: a terminal's input blocks, and blocking the loop would stop the writer's
-    heartbeats and leave Ctrl-C unanswered (asyncio's SIGINT handler cancels the main
-    task, which a blocked loop never runs). A daemon thread: the process may end while
-    it waits for input."""
-    import asyncio
-    import threading
-
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[list[bytes] | BaseException | None] = asyncio.Queue(INPUT_BATCHES_AHEAD)
-
-    def hand_over(item: list[bytes] | BaseException | None) -> None:
-        asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-
-    def read() -> None:
-        try:
-            batch: list[bytes] = []
-            for line in _read_lines(path):
-                batch.append(line)
-                if len(batch) >= size:
-                    hand_over(batch)
-                    batch = []
-            if batch:
-                hand_over(batch)
-            hand_over(None)
-        except Exception as error:
-            hand_over(error)
-
-    threading.Thread(target=read, name="append-input", daemon=True).start()
-    while (item := await queue.get()) is not None:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-def cmd_append(args: argparse.Namespace) -> int:
-    """Append one event per input line, `--batch` lines per append."""
-    import asyncio
-
-    async def append() -> tuple[int, int]:
-        count, last = 0, 0
-        silent_told = False
-        async with stream_client(args) as client, client.writer(args.name) as writer:
-            async for batch in _input_batches(args.file, args.batch):
-                last = (await writer.append_batch(batch))[-1]
-                count += len(batch)
-                silent_told = _tell_master_silence(writer.statistics(), silent_told)
-        return count, last
-
-    if args.batch < 1:
-        raise SystemExit("streamengine: error: --batch must be at least 1")
-    count, last = asyncio.run(append())
-    print(f"appended {count} events to {args.name}" + (f", last sequence {last}" if count else ""))
-    return 0
-
-
-# A writer appends on while no master answers (it cannot roll meanwhile); `append`
-# says so on stderr once the silence lasts this long, and again when it ends.
-MASTER_SILENCE_TOLD_S = 5.0
-
-
-def _tell_master_silence(statistics: Any, told: bool) -> bool:
-    """Whether the user now knows the master is silent."""
-    silent_s = statistics.master_silent_s
-    if silent_s is not None and silent_s >= MASTER_SILENCE_TOLD_S and not told:
-        print(
-            f"streamengine: no master has answered for {silent_s:.0f} s; appending on to "
-            "the open segment (no roll until one answers)",
-            file=sys.stderr,
-        )
-        return True
-    if told and silent_s is not None and silent_s < MASTER_SILENCE_TOLD_S:
-        print("streamengine: the master answers again", file=sys.stderr)
-        return False
-    return told
-
-
-def cmd_tail(args: argparse.Namespace) -> int:
-    """Print acked events from `--from` on; with `--follow`, keep waiting for new ones.
-    Events come as record batches, printed a batch at a time."""
-    import asyncio
-    import base64
-
-    def render(sequence: int, epoch: int, index: int, payload: bytes) -> str:
-        if args.format == "json":
-            try:
-                text: dict[str, str] = {"payload": payload.decode()}
-            except UnicodeDecodeError:
-                text = {"payload_base64": base64.b64encode(payload).decode()}
-            return json.dumps({"sequence": sequence, "epoch": epoch, "index": index} | text)
-        return f"{sequence}\t{payload.decode(errors='backslashreplace')}"
-
-    async def tail() -> None:
-        async with stream_client(args) as client:
-            if args.follow:
-                batches = client.subscribe_batches(args.name, start=args.start)
-            elif args.start == "end":
-                return  # nothing is acked past the end yet
-            else:
-                batches = client.read_batches(args.name, start=args.start)
-            async for batch in batches:
-                columns = [
-                    batch.column(name).to_pylist()
-                    for name in ("sequence", "epoch", "index", "payload")
-                ]
-                lines = "\n".join(itertools.starmap(render, zip(*columns, strict=True)))
-                print(lines, flush=args.follow)
-
-    try:
-        asyncio.run(tail())
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:
-        return 0
-    return 0
-
-
-# ---- bench ----
 
 # Benchmarks that run against an existing cluster (`--master`), in this order. The store
 # write benchmark measures one store on its own and the failover one kills writer
