@@ -21,6 +21,7 @@ from streamengine.client.core.replicator import (
 )
 from streamengine.client.core.writer import (
     APPEND_TIMEOUT_MS,
+    ROLL_RETRY_MS,
     STORE_LOST_MS,
     AppendsLeftUnacked,
     AppendsTimedOut,
@@ -30,6 +31,7 @@ from streamengine.client.core.writer import (
     LeaderAction,
     RecoverSegment,
     RollAnswered,
+    RollFailed,
 )
 from streamengine.protocol.policy import ReplicationPolicy
 from tests.unit.test_leader import (
@@ -89,11 +91,13 @@ def test_a_roll_asks_with_the_tail_unacked_only_when_too_few_stores_can_ack_it(
     assert not leader.accepting_appends
 
 
-def detached_leader() -> tuple[Leader, list[LeaderAction]]:
-    """Seed 23's shape: N = W = 3; s2 restarts without the entries it held (a power
-    loss) below what the writer still keeps, so the replicator detaches it, and the
-    second event can never be acked."""
-    leader = leader_of(EVERY_STORE)
+def detached_leader(
+    policy: ReplicationPolicy = EVERY_STORE,
+) -> tuple[Leader, list[LeaderAction]]:
+    """Seed 23's shape: s2 restarts without the entries it held (a power loss) below
+    what the writer still keeps, so the replicator detaches it; with N = W the second
+    event can never be acked."""
+    leader = leader_of(policy)
     answer_all(leader, 11, step(leader, 10, Append((b"first",))))  # acked and dropped
     sent = step(leader, 20, Append((b"second",)))
     out = answer_all(leader, 21, sent, stores=("s1", "s3"))
@@ -109,6 +113,32 @@ def test_a_store_detached_under_n_equals_w_rolls_at_once_with_the_tail_unacked()
     assert ask.exclude_stores == ("s2",)
     assert "s2 detached" in ask.reason and "undrained: 2 store(s)" in ask.reason
     assert leader.replicator is not None and leader.replicator.acked_index == 1
+
+
+def test_a_refused_undrained_roll_is_asked_again_without_the_detached_store() -> None:
+    """With no spare store (N stores for N replicas) the master cannot place a copy set
+    without the detached one: the next attempt lets it in (it is reachable)."""
+    leader, _ = detached_leader()
+    step(leader, 30, RollFailed("3 replicas need 3 live stores, 2 usable"))
+    assert leader.accepting_appends  # appends go on meanwhile (they wait for the ack)
+    renew(leader, 40, 30 + ROLL_RETRY_MS - 100, EVERY_STORE)
+    assert of_type(step(leader, 30 + ROLL_RETRY_MS - 1, Tick()), AskRoll) == []
+    [ask] = of_type(step(leader, 30 + ROLL_RETRY_MS, Tick()), AskRoll)
+    assert ask.exclude_stores == () and "undrained" in ask.reason
+
+
+def test_a_refused_roll_the_writer_can_do_without_keeps_excluding_the_detached_store() -> None:
+    """W = 2: s1 and s3 still ack, so the writer stays on its copy set rather than take
+    back a store that fell behind (or lost entries) into the next one."""
+    leader, actions = detached_leader(TWO_OF_THREE)
+    [ask] = of_type(actions, AskRoll)
+    assert ask.exclude_stores == ("s2",) and "undrained" not in ask.reason
+    for attempt in range(1, 4):
+        refused_ms = 30 + (attempt - 1) * ROLL_RETRY_MS
+        step(leader, refused_ms, RollFailed("3 replicas need 3 live stores, 2 usable"))
+        renew(leader, refused_ms + 1, refused_ms + ROLL_RETRY_MS - 100, TWO_OF_THREE)
+        [ask] = of_type(step(leader, refused_ms + ROLL_RETRY_MS, Tick()), AskRoll)
+        assert ask.exclude_stores == ("s2",), attempt
 
 
 def test_the_answer_ends_the_unacked_tail_and_recovers_the_old_segment_as_a_takeover() -> None:

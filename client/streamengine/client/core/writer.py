@@ -71,8 +71,12 @@ old segment is then sealed and recovered as after a takeover (no known content: 
 recovery decides from R stores, and the unacked tail may or may not survive), and the
 answer ends the old segment's unacked appends for good (`AppendsLeftUnacked`): those
 some store may hold are in doubt, the others failed. Nothing of the old segment is
-acked after the answer, so none is both answered and acked. A refused undrained roll
-is asked again like any other.
+acked after the answer, so none is both answered and acked. Once such a roll is
+refused, the next attempts exclude only the stores this writer cannot reach, not the
+detached ones: with no spare store (N stores for N replicas) the master can never place
+a copy set without them, and the writer cannot go on without a new one. A roll the
+writer can do without keeps excluding them (it stays on a copy set that still acks
+rather than take back a store that fell behind).
 
 A grant without a segment. When two earlier segments are unsealed (a leader died
 while recovering), or too few stores are usable to place a copy set while a segment
@@ -538,6 +542,9 @@ class Leader:
         self._roll_asked = False
         # The roll asked leaves the old segment's tail unacked (`_drain_blocked`).
         self._roll_undrained = False
+        # Rolls of the open segment refused (or unanswered): once one is, a roll the
+        # writer cannot do without lets its detached stores back in.
+        self._roll_refusals = 0
         self._roll_answer_by_ms = 0
         self._roll_retry_ms = 0
         # Rolls refused in a row while the epoch has no segment (their backoff).
@@ -877,6 +884,7 @@ class Leader:
         self._rolling = ""
         self._roll_asked = False
         self._roll_undrained = False
+        self._roll_refusals = 0
         self._detached = set()
         self._disconnected_since = {}
         actions.append(
@@ -946,14 +954,16 @@ class Leader:
         assert replication is not None
         reason = self._rolling
         undrained = replication.acked_index < replication.last_index
+        blocked = self._drain_blocked(now_ms)
         if undrained:
-            blocked = self._drain_blocked(now_ms)
             if not blocked:
                 if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
                     self._roll_given_up(now_ms)
                 return
             reason = f"{reason}; {blocked}"
-        exclude = self._detached | set(self._disconnected_since)
+        exclude = set(self._disconnected_since)
+        if not (blocked and self._roll_refusals):
+            exclude |= self._detached
         self._ask_roll(now_ms, tuple(sorted(exclude)), reason, actions)
         self._roll_undrained = undrained
 
@@ -975,6 +985,8 @@ class Leader:
         actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms, self._grant))
 
     def _roll_given_up(self, now_ms: int) -> None:
+        if self._roll_asked:
+            self._roll_refusals += 1
         self._rolling = ""
         self._roll_asked = False
         self._roll_undrained = False
