@@ -125,6 +125,20 @@ def test_seed_23_a_copy_set_that_cannot_drain_is_rolled_away_from() -> None:
     assert result.violation is None or result.violation.invariant != 0, result.summary()
 
 
+# Seeds whose writer rolls with the tail unacked (N = W, a store with fsync never
+# detached after a restart) and whose old segment's recovery keeps every acked event:
+# the cluster converges. 238 has a spare store (the first roll is granted); 257 has
+# none (the first roll, excluding the detached store, is refused; the next is not).
+UNDRAINED_ROLL_SEEDS = (238, 257)
+
+
+@pytest.mark.parametrize("seed", UNDRAINED_ROLL_SEEDS)
+def test_a_roll_with_the_tail_unacked_converges(seed: int) -> None:
+    result = run_seed(seed, LONG_STEPS)
+    assert result.stats["undrained rolls"] > 0, result.summary()
+    assert result.violation is None and not result.error, result.summary()
+
+
 def test_an_fsync_never_store_losing_acked_entries_is_the_documented_loss() -> None:
     """A store with fsync never (DESIGN: unsafe) restarts without writes it had acked:
     the checker reports the loss as such, and what it breaks afterwards is classified
