@@ -36,6 +36,7 @@ every step and a failure names the step that broke the rule:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from streamengine.master.core.model import SegmentState
@@ -106,6 +107,11 @@ class Checker:
         self.checks = 0
         # Acked entries lost by stores running with fsync never, as they restarted.
         self.unsynced_losses: list[str] = []
+        # Indexes a store with fsync never held (its matched prefix) and lost as it
+        # restarted, by (store, segment): (first, last), until written to it again. A
+        # user ack of one, before or after the restart, counted the store's answer to a
+        # write it never synced: an acked entry lost.
+        self.unsynced_gaps: dict[tuple[str, SegmentKey], tuple[int, int]] = {}
         # Invariant 7: appends not yet ended, per writer (client id), and when each
         # writer's leadership ended.
         # Per writer, appends not ended yet: payload -> when it started (the writer's
@@ -154,6 +160,7 @@ class Checker:
         if acked < before:
             raise Violation(2, f"store {store} segment {segment.epoch}: acked {before} -> {acked}")
         self.store_acked[(store, segment)] = acked
+        self._refill_gap(store, segment, meta.matched_index)
         final = self.finals.get(segment)
         if final is not None and acked > final:
             raise Violation(4, f"store {store}: acked {acked} passes the bridge {final}")
@@ -197,11 +204,22 @@ class Checker:
         self.checks += 1
         self.store_acked.pop((store, segment), None)
         self.rotted.discard((store, segment))
+        self.unsynced_gaps.pop((store, segment), None)
 
-    def store_restarted(self, store: str, core: SegmentStoreCore, fsync_never: bool) -> None:
+    def store_restarted(
+        self,
+        store: str,
+        core: SegmentStoreCore,
+        fsync_never: bool,
+        matched_before: Mapping[SegmentKey, int],
+    ) -> None:
         """A store restarts with exactly what it had acked, unless it runs with fsync
         never: then losing unsynced writes is the documented loss (DESIGN: unsafe),
-        counted, and what it holds now is what it serves from here on."""
+        counted, and what it holds now is what it serves from here on. That loss counts
+        also when the store's own acked index survived but entries a writer acked on its
+        answers did not (`matched_before`: its matched index per segment at the crash)."""
+        if fsync_never:
+            self._record_unsynced_gaps(store, core, matched_before)
         for (name, segment), acked in sorted(self.store_acked.items()):
             meta = core.catalog.meta(segment) if name == store else None
             if name == store and (meta is None or meta.acked_index != acked):
@@ -214,6 +232,37 @@ class Checker:
                     f"{meta.acked_index if meta else 'nothing'} (fsync never)"
                 )
                 self.store_acked[(name, segment)] = meta.acked_index if meta else 0
+
+    def _record_unsynced_gaps(
+        self, store: str, core: SegmentStoreCore, matched_before: Mapping[SegmentKey, int]
+    ) -> None:
+        for segment, before in sorted(matched_before.items()):
+            meta = core.catalog.meta(segment)
+            after = meta.matched_index if meta else 0
+            if after >= before or segment.stream_id != self.stream_id:
+                continue
+            _, last = self.unsynced_gaps.get((store, segment), (0, 0))
+            self.unsynced_gaps[(store, segment)] = (after + 1, max(before, last))
+            lo = bisect.bisect_left(self.acked_sequences, pack_sequence(segment.epoch, after + 1))
+            hi = bisect.bisect_right(self.acked_sequences, pack_sequence(segment.epoch, before))
+            if lo < hi:
+                _, index = unpack_sequence(self.acked_sequences[lo])
+                self._unsynced_ack(store, segment.epoch, index)
+
+    def _refill_gap(self, store: str, segment: SegmentKey, matched: int) -> None:
+        gap = self.unsynced_gaps.get((store, segment))
+        if gap is None or matched < gap[0]:
+            return
+        if matched >= gap[1]:
+            del self.unsynced_gaps[(store, segment)]
+        else:
+            self.unsynced_gaps[(store, segment)] = (matched + 1, gap[1])
+
+    def _unsynced_ack(self, store: str, epoch: int, index: int) -> None:
+        self.unsynced_losses.append(
+            f"store {store} lost {epoch}/{index}, acked on its answer to a write it never "
+            "synced (fsync never)"
+        )
 
     # ---- invariant 3 ----
 
@@ -425,6 +474,9 @@ class Checker:
         self._agree("a user ack", epoch, index, EntryKind.EVENT, payload)
         self.acked[sequence] = payload
         bisect.insort(self.acked_sequences, sequence)
+        for (store, segment), (first, last) in sorted(self.unsynced_gaps.items()):
+            if segment.epoch == epoch and first <= index <= last:
+                self._unsynced_ack(store, epoch, index)
         for name, follower in sorted(self.followers.items()):
             if follower.last > sequence and sequence not in follower.seen:
                 raise Violation(1, f"follower {name} passed acked {epoch}/{index} without it")

@@ -150,12 +150,14 @@ class StoreNode(Node):
 
     def restart(self) -> None:
         super().restart()
+        metas = self.core.catalog.metas()
+        matched = {segment: meta.matched_index for segment, meta in metas.items()}
         self.kv.crash()  # loses nothing unless the store runs with fsync never
         self.core = SegmentStoreCore(self.kv)
         self._load_authority()
         self.tails = TailServer(self)
         self.scrub = ScrubSchedule[SegmentKey](1 << 30, self.world.now, SCRUB_RECHECK_MS)
-        self.world.checker.store_restarted(self.name, self.core, self.fsync_never)
+        self.world.checker.store_restarted(self.name, self.core, self.fsync_never, matched)
         self.heartbeat()
         if self.fsync_never:
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)

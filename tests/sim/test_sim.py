@@ -107,6 +107,38 @@ def test_seed_532_a_roll_lost_after_closing_a_gap_is_asked_again() -> None:
     assert result.ok, result.summary()
 
 
+def test_seed_23_a_copy_set_that_cannot_drain_is_rolled_away_from() -> None:
+    """Found with `rot` on (N = W = 3, three stores, s1 and s2 with fsync never): the
+    leader decided to roll by size, then s2 restarted without entries the writer no
+    longer kept and was detached, so with W = 3 nothing more could be acked. The drain
+    before the roll never ended, and the writer never rolled away (appends stalled for
+    good). It now asks for the roll with the tail unacked, again without the detached
+    store once refused (there is no spare store), and the new epoch recovers the old
+    segment as after a takeover. That recovery decides from s2 alone (R = 1), which had
+    lost events the writer acked on its answers: fsync never's documented loss, which
+    the checker must name as such."""
+    result = run_seed(23, REPAIR_STEPS, overrides={"rot": True})
+    assert result.stats["undrained rolls"] > 0, result.summary()
+    assert result.leaders >= 5, result.summary()  # the roll was granted
+    assert result.ok and result.unsynced_losses, result.summary()
+    # The loss excuses what it breaks, never a writer stuck on its copy set.
+    assert result.violation is None or result.violation.invariant != 0, result.summary()
+
+
+# Seeds whose writer rolls with the tail unacked (N = W, a store with fsync never
+# detached after a restart) and whose old segment's recovery keeps every acked event:
+# the cluster converges. 238 has a spare store (the first roll is granted); 257 has
+# none (the first roll, excluding the detached store, is refused; the next is not).
+UNDRAINED_ROLL_SEEDS = (238, 257)
+
+
+@pytest.mark.parametrize("seed", UNDRAINED_ROLL_SEEDS)
+def test_a_roll_with_the_tail_unacked_converges(seed: int) -> None:
+    result = run_seed(seed, LONG_STEPS)
+    assert result.stats["undrained rolls"] > 0, result.summary()
+    assert result.violation is None and not result.error, result.summary()
+
+
 def test_an_fsync_never_store_losing_acked_entries_is_the_documented_loss() -> None:
     """A store with fsync never (DESIGN: unsafe) restarts without writes it had acked:
     the checker reports the loss as such, and what it breaks afterwards is classified

@@ -20,6 +20,7 @@ from streamengine.client.core.replicator import (
     WriteReplied,
 )
 from streamengine.client.core.writer import (
+    AppendsLeftUnacked,
     AppendsTimedOut,
     AskRoll,
     BecameLeader,
@@ -258,6 +259,8 @@ class WriterNode(Node):
                 self.world.note(f"{self.client_id} detached {action.store}: {action.reason}")
             elif isinstance(action, AppendsTimedOut):
                 self._timed_out(action.last_index)
+            elif isinstance(action, AppendsLeftUnacked):
+                self._left_unacked(action)
             elif isinstance(action, Assigned):
                 # Pending from this moment: a step-down from here on must answer it.
                 payloads = self._submitted.pop(0)
@@ -273,6 +276,27 @@ class WriterNode(Node):
             # The flaw: a shell that loses an append on stepping down (one admitted but
             # not yet recorded as pending): its user waits forever.
             del self.pending[0]
+        never_sent = [payload for payloads in self._submitted for payload in payloads]
+        self._submitted = []  # stepped as the lease ran out: never sent
+        self._end_pending(sent_through, never_sent)
+
+    def _left_unacked(self, left: AppendsLeftUnacked) -> None:
+        """A roll away from a segment that could not drain: every append still pending
+        is of that segment (the new one has taken none yet), above its acked index."""
+        assert all(item.first_index > left.acked_index for item in self.pending), left
+        assert all(
+            item.first_index + len(item.payloads) - 1 <= left.last_index for item in self.pending
+        ), left
+        self.world.note(
+            f"{self.client_id}: segment {left.segment_epoch} left unacked above "
+            f"{left.acked_index} (sent through {left.sent_through})"
+        )
+        self.world.stats["undrained rolls"] += 1
+        self._end_pending(left.sent_through)
+
+    def _end_pending(self, sent_through: int, never_sent: list[bytes] | None = None) -> None:
+        """Every pending append ends: those above `sent_through` failed, the others are
+        in doubt; `never_sent` (given to the core, never assigned) failed too."""
         failed = []
         for item in self.pending:
             failed += [
@@ -281,10 +305,8 @@ class WriterNode(Node):
                 if item.first_index + offset > sent_through
             ]
         in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
-        for payloads in self._submitted:  # stepped as the lease ran out: never sent
-            failed += payloads
+        failed += never_sent or []
         ended = [payload for item in self.pending for payload in item.payloads] + failed
-        self._submitted = []
         self.pending = []
         self.world.stats["appends reported failed"] += len(failed)
         self.world.stats["appends in doubt"] += in_doubt

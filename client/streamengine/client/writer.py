@@ -24,7 +24,9 @@ down), any other failure `RecoveryFailed` (the core starts it again later).
 Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
 `RollSegment` and feeds the answer back (`RollAnswered`, or `RollFailed`). Appends
 wait while the core does not accept them (`accepting_appends`) and go on in the new
-segment, whose Write streams replace the old ones.
+segment, whose Write streams replace the old ones. A roll that could not drain (too few
+stores of the copy set left to ack) ends the old segment's unacked appends
+(`AppendsLeftUnacked`): in doubt if some store may hold them, failed if none does.
 
 ```python
 async with client.writer("acme/orders") as w:    # waits for leadership
@@ -62,6 +64,7 @@ from streamengine.client.core.writer import (
     APPEND_TIMEOUT_MS,
     HOLD_LEASE_REOPEN_MS,
     STREAM_DELETED,
+    AppendsLeftUnacked,
     AppendsTimedOut,
     AskRoll,
     BecameLeader,
@@ -469,6 +472,8 @@ class Writer:
                 self._stepped_down(action)
             elif isinstance(action, AppendsTimedOut):
                 self._timed_out(action)
+            elif isinstance(action, AppendsLeftUnacked):
+                self._left_unacked(action)
             elif isinstance(action, ReleaseLease):
                 if self._closing:
                     self._releases.append(action)
@@ -495,8 +500,9 @@ class Writer:
 
     def _became_leader(self, action: BecameLeader) -> None:
         assert self._group is not None
-        # After a roll: the old segment's streams go (all of it is acked; its recovery
-        # uses its own requests), and appends held back by the drain may go on.
+        # After a roll: the old segment's streams go (all of it is acked, or its unacked
+        # appends were ended; its recovery uses its own requests), and appends held back
+        # by the drain may go on.
         for task in self._link_tasks:
             task.cancel()
         self._link_tasks.clear()
@@ -580,6 +586,23 @@ class Writer:
                     )
                 )
         self._waiting.clear()
+
+    def _left_unacked(self, left: AppendsLeftUnacked) -> None:
+        message = (
+            f"{self.stream}: segment {left.segment_epoch} was rolled away from before the "
+            "append was acknowledged (too few stores of its copy set could ack)"
+        )
+        pending = self._pending
+        while pending and pending[0].segment_epoch == left.segment_epoch:
+            item = pending.popleft()
+            if item.future.done():
+                continue  # answered already (timed out, or cancelled by its caller)
+            if item.first_index > left.sent_through:
+                item.future.set_exception(AppendFailed(f"{message}; it reached no store"))
+            else:
+                item.future.set_exception(
+                    AppendInDoubt(f"{message}; it may be durable and then appears after recovery")
+                )
 
     def _stepped_down(self, down: SteppedDown) -> None:
         self._end_hold()

@@ -64,6 +64,20 @@ or a drain not done within `DRAIN_MS_MAX`, resumes appends and tries again after
 `ROLL_RETRY_MS`. A roll unanswered past its `timeout_ms` (and a grace) counts as
 refused, so a lost answer never leaves the writer waiting for nothing.
 
+A roll that cannot drain. When fewer than W stores of the copy set can still ack the
+tail (the others detached, or lost), the drain would never end and the writer would
+never roll away from them: it asks for the roll at once, with the tail unacked. The
+old segment is then sealed and recovered as after a takeover (no known content: the
+recovery decides from R stores, and the unacked tail may or may not survive), and the
+answer ends the old segment's unacked appends for good (`AppendsLeftUnacked`): those
+some store may hold are in doubt, the others failed. Nothing of the old segment is
+acked after the answer, so none is both answered and acked. Once such a roll is
+refused, the next attempts exclude only the stores this writer cannot reach, not the
+detached ones: with no spare store (N stores for N replicas) the master can never place
+a copy set without them, and the writer cannot go on without a new one. A roll the
+writer can do without keeps excluding them (it stays on a copy set that still acks
+rather than take back a store that fell behind).
+
 A grant without a segment. When two earlier segments are unsealed (a leader died
 while recovering), or too few stores are usable to place a copy set while a segment
 is left to seal, the master grants the epoch without a segment. The writer leads it
@@ -382,14 +396,32 @@ class RecoverSegment:
 @dataclass(frozen=True, slots=True)
 class AskRoll:
     """Ask the master for the next epoch and segment (`RollSegment`); the old segment
-    is drained (everything assigned is acked), or the epoch has none. Give up on the
-    call after `timeout_ms` (then `RollFailed`)."""
+    is drained (everything assigned is acked), or cannot be (fewer than W stores of its
+    copy set can ack), or the epoch has none. Give up on the call after `timeout_ms`
+    (then `RollFailed`)."""
 
     epoch: int
     exclude_stores: tuple[str, ...]
     reason: str
     timeout_ms: int
     grant: bytes = b""  # the signed grant of `epoch`
+
+
+@dataclass(frozen=True, slots=True)
+class AppendsLeftUnacked:
+    """A roll that could not drain was answered: the appends to the segment of
+    `segment_epoch` above `acked_index` (through `last_index`) will never be acked.
+    Those at or below `sent_through` are in doubt (a store may hold them, and the
+    segment's recovery may keep them); those above it failed (no store ever got them)."""
+
+    segment_epoch: int
+    acked_index: int
+    sent_through: int
+    last_index: int
+
+    def __post_init__(self) -> None:
+        assert self.acked_index < self.last_index, self
+        assert self.acked_index <= self.sent_through <= self.last_index, self
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +469,7 @@ LeaderAction = (
     | SteppedDown
     | ReleaseLease
     | AppendsTimedOut
+    | AppendsLeftUnacked
     | ReplicatorAction
 )
 
@@ -507,6 +540,11 @@ class Leader:
         self._closing_until_ms: int | None = None
         self._drain_started_ms = 0
         self._roll_asked = False
+        # The roll asked leaves the old segment's tail unacked (`_drain_blocked`).
+        self._roll_undrained = False
+        # Rolls of the open segment refused (or unanswered): once one is, a roll the
+        # writer cannot do without lets its detached stores back in.
+        self._roll_refusals = 0
         self._roll_answer_by_ms = 0
         self._roll_retry_ms = 0
         # Rolls refused in a row while the epoch has no segment (their backoff).
@@ -823,7 +861,8 @@ class Leader:
     def _open(self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
         """Lead the granted segment of `answer` (a grant, or a roll's answer)."""
         assert answer.segment is not None and answer.policy is not None
-        # A roll drains first: nothing of the old segment is left waiting for its ack.
+        # A roll drains first, or ends what it left unacked (`_leave_segment`): nothing
+        # of the old segment is left waiting for its ack.
         assert not self._unacked_appends, self._unacked_appends
         self._timed_out_through = 0
         self.replicator = Replicator(
@@ -844,6 +883,8 @@ class Leader:
         self._opened_ms = now_ms
         self._rolling = ""
         self._roll_asked = False
+        self._roll_undrained = False
+        self._roll_refusals = 0
         self._detached = set()
         self._disconnected_since = {}
         actions.append(
@@ -869,14 +910,31 @@ class Leader:
             return f"older than {self._age_ms_max} ms"
         if self._detached:
             return f"store(s) {', '.join(sorted(self._detached))} detached"
-        lost = sorted(
+        lost = self._lost_stores(now_ms)
+        if lost:
+            return f"store(s) {', '.join(lost)} lost"
+        return ""
+
+    def _lost_stores(self, now_ms: int) -> list[str]:
+        return sorted(
             store
             for store, since in self._disconnected_since.items()
             if now_ms - since >= STORE_LOST_MS
         )
-        if lost:
-            return f"store(s) {', '.join(lost)} lost"
-        return ""
+
+    def _drain_blocked(self, now_ms: int) -> str:
+        """Why the open segment's tail can never be acked ("" if it still may be):
+        fewer than W stores of the copy set are attached and not lost."""
+        replication = self.replicator
+        assert replication is not None and self._policy is not None
+        unable = self._detached.union(self._lost_stores(now_ms))
+        able = [store for store in replication.copy_set if store not in unable]
+        if len(able) >= self._policy.write_quorum:
+            return ""
+        return (
+            f"undrained: {len(able)} store(s) of the copy set can ack, "
+            f"{self._policy.write_quorum} needed"
+        )
 
     def _maybe_roll(self, now_ms: int, actions: list[LeaderAction]) -> None:
         if self._closing_until_ms is not None:
@@ -894,12 +952,20 @@ class Leader:
             return
         replication = self.replicator
         assert replication is not None
-        if replication.acked_index < replication.last_index:
-            if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
-                self._roll_given_up(now_ms)
-            return
-        exclude = self._detached | set(self._disconnected_since)
-        self._ask_roll(now_ms, tuple(sorted(exclude)), self._rolling, actions)
+        reason = self._rolling
+        undrained = replication.acked_index < replication.last_index
+        blocked = self._drain_blocked(now_ms)
+        if undrained:
+            if not blocked:
+                if now_ms - self._drain_started_ms >= DRAIN_MS_MAX:
+                    self._roll_given_up(now_ms)
+                return
+            reason = f"{reason}; {blocked}"
+        exclude = set(self._disconnected_since)
+        if not (blocked and self._roll_refusals):
+            exclude |= self._detached
+        self._ask_roll(now_ms, tuple(sorted(exclude)), reason, actions)
+        self._roll_undrained = undrained
 
     def _maybe_roll_without_segment(self, now_ms: int, actions: list[LeaderAction]) -> None:
         """An epoch without a segment: once nothing earlier is unsealed, always ask."""
@@ -919,8 +985,11 @@ class Leader:
         actions.append(AskRoll(self.epoch, exclude, reason, timeout_ms, self._grant))
 
     def _roll_given_up(self, now_ms: int) -> None:
+        if self._roll_asked:
+            self._roll_refusals += 1
         self._rolling = ""
         self._roll_asked = False
+        self._roll_undrained = False
         delay = ROLL_RETRY_MS
         if self._segment is None:
             failures = self._segmentless_roll_failures = self._segmentless_roll_failures + 1
@@ -946,10 +1015,7 @@ class Leader:
         old = self.replicator
         if old is not None:
             old.step(now_ms, Stop())
-            # Drained: every index of the old segment is this writer's and acked.
-            known = old.content_digest()
-            if known is not None:
-                self._known_content[old.segment.epoch] = known
+            self._leave_segment(old, actions)
         assert answer.epoch > self.epoch
         self.epoch = answer.epoch
         self._grant = answer.grant
@@ -968,6 +1034,24 @@ class Leader:
                 self._known_content.get(grant.epoch),
             )
             for grant in answer.unsealed
+        )
+
+    def _leave_segment(self, old: Replicator, actions: list[LeaderAction]) -> None:
+        """The roll away from `old` (stopped) was answered: a drained segment hands its
+        content to its recovery; an undrained one ends its unacked appends."""
+        known = old.content_digest()
+        if known is not None:
+            # Drained: every index of the old segment is this writer's and acked.
+            self._known_content[old.segment.epoch] = known
+            assert not self._unacked_appends, self._unacked_appends
+            return
+        assert self._roll_undrained, "a roll asked drained left appends unacked"
+        # Recovered as after a takeover: from R stores, the tail in doubt.
+        unacked = [last for last, _ in self._unacked_appends]
+        assert all(old.acked_index < last <= old.last_index for last in unacked), unacked
+        self._unacked_appends.clear()
+        actions.append(
+            AppendsLeftUnacked(old.segment.epoch, old.acked_index, old.sent_through, old.last_index)
         )
 
     def _sealed(self, now_ms: int, epoch: int, actions: list[LeaderAction]) -> None:
