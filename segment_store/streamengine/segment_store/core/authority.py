@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from streamengine.protocol.auth import Principal, PrincipalKind, authorize, describe
 from streamengine.protocol.grants import Grant, open_grant
+from streamengine.protocol.open_calls import OpenCalls
 from streamengine.protocol.signing import (
     PUBLIC_KEY_BYTES,
     VERIFYING_KEYS_MAX,
@@ -325,42 +326,31 @@ class CallerShares:
     """
 
     def __init__(self, queue_bytes_max: int, streams_max: int = STREAMS_PER_PRINCIPAL_MAX) -> None:
-        assert queue_bytes_max > 0 and streams_max > 0
-        self.streams_max = streams_max
+        assert queue_bytes_max > 0
         self.queue_bytes_max = int(queue_bytes_max * QUEUE_SHARE_PER_PRINCIPAL)
-        self._streams: dict[Principal, int] = {}
+        self._streams = OpenCalls(streams_max)
         self._queued_bytes: dict[Principal, int] = {}
 
     def open_stream(self, principal: Principal) -> None:
         """Count a streaming call as it opens, before anything is read of it; raises
         CallerUnproven for an anonymous caller, OverCallerLimit past the limit."""
-        if principal.kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
-            return
         if principal.kind is PrincipalKind.ANONYMOUS:
             raise CallerUnproven(
                 "a streaming call must show a certificate proof or a token when it opens"
             )
-        held = self._streams.get(principal, 0)
-        if held >= self.streams_max:
+        if not self._streams.open(principal):
             raise OverCallerLimit(
-                f"{describe(principal)} holds {held} streaming calls on this store, the "
-                f"most one caller may (STREAMS_PER_PRINCIPAL_MAX {self.streams_max})"
+                f"{describe(principal)} holds {self._streams.held(principal)} streaming "
+                "calls on this store, the most one caller may (STREAMS_PER_PRINCIPAL_MAX "
+                f"{self._streams.calls_max})"
             )
-        self._streams[principal] = held + 1
 
     def close_stream(self, principal: Principal) -> None:
         """The end of a call `open_stream` counted."""
-        if principal.kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
-            return
-        held = self._streams[principal]
-        assert held > 0
-        if held == 1:
-            del self._streams[principal]
-        else:
-            self._streams[principal] = held - 1
+        self._streams.close(principal)
 
     def streams(self, principal: Principal) -> int:
-        return self._streams.get(principal, 0)
+        return self._streams.held(principal)
 
     def take_queue_bytes(self, principal: Principal, payload_bytes: int) -> bool:
         """Whether a batch of `payload_bytes` fits the principal's share of the write
