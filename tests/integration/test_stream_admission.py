@@ -189,3 +189,14 @@ def hog_admitted(hog: Transport, store: str) -> bool:
             assert error.code() == Code.PERMISSION_DENIED, error
             return True
     raise AssertionError("a write without a grant was taken")
+
+
+async def test_an_anonymous_lease_hold_is_refused_at_open(secured: Cluster) -> None:
+    """The master's call held open (HoldLease) proves who calls before its first reply:
+    with ca.crt alone it ends UNAUTHENTICATED at once."""
+    request = master_pb2.HoldLeaseRequest(stream=STREAM, client_id="nobody", epoch=1)
+    async with anonymous(secured).aio_channel(secured.master.address) as channel:
+        call = master_pb2_grpc.MasterStub(channel).HoldLease(request, timeout=CALL_TIMEOUT_S)
+        code = await asyncio.wait_for(call.code(), REFUSED_AT_OPEN_S)
+        assert code == Code.UNAUTHENTICATED, await call.details()
+        assert "certificate proof or a token" in await call.details()
