@@ -177,7 +177,8 @@ class WriteCalls:
             shares.give_queue_bytes(caller, payload_bytes)
             metrics.REFUSED_BUSY.inc()
             return self._held_back(segment_store_pb2.REFUSED_BUSY, command)
-        future.add_done_callback(lambda _: shares.give_queue_bytes(caller, payload_bytes))
+        if shares.counts(caller):  # else nothing to give back: schedule nothing
+            future.add_done_callback(lambda _: shares.give_queue_bytes(caller, payload_bytes))
         return future
 
     def _held_back(self, status: int, command: WriteCommand) -> _Admitted:

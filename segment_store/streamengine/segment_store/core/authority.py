@@ -352,11 +352,17 @@ class CallerShares:
     def streams(self, principal: Principal) -> int:
         return self._streams.held(principal)
 
+    @staticmethod
+    def counts(principal: Principal) -> bool:
+        """Whether the principal's streams and bytes are counted: an INSECURE one's
+        are not (class doc)."""
+        return principal.kind is not PrincipalKind.UNAUTHENTICATED_INSECURE
+
     def take_queue_bytes(self, principal: Principal, payload_bytes: int) -> bool:
         """Whether a batch of `payload_bytes` fits the principal's share of the write
         queue; if so it is counted until `give_queue_bytes`. A batch larger than the
         share passes when the principal has nothing queued, as in the queue itself."""
-        if principal.kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
+        if not self.counts(principal):
             return True
         queued = self._queued_bytes.get(principal, 0)
         if queued and queued + payload_bytes > self.queue_bytes_max:
@@ -366,7 +372,7 @@ class CallerShares:
 
     def give_queue_bytes(self, principal: Principal, payload_bytes: int) -> None:
         """A batch `take_queue_bytes` counted was answered."""
-        if principal.kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
+        if not self.counts(principal):
             return
         left = self._queued_bytes[principal] - payload_bytes
         assert left >= 0
