@@ -1,5 +1,6 @@
 """The Master servicer is composed of its RPC groups: every RPC the .proto declares is
-served, by exactly one group."""
+served, by exactly one group; a call held open is admitted per caller before its group
+sees it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ def test_every_rpc_of_the_proto_is_served_by_one_group() -> None:
     served = [name for group in service.groups() for name in group.RPCS]
     assert sorted(served) == sorted(declared)
     handlers = service.handlers()
+    held = {
+        m.name
+        for m in master_pb2.DESCRIPTOR.services_by_name["Master"].methods
+        if m.server_streaming
+    }
+    assert held == {"HoldLease"}
     assert all(
-        handlers[name] == getattr(group, name) for group in service.groups() for name in group.RPCS
+        (handlers[name] == getattr(group, name)) == (name not in held)
+        for group in service.groups()
+        for name in group.RPCS
     )

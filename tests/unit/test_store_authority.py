@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.protocol.auth import INSECURE, Principal, PrincipalKind, Role
+from streamengine.protocol.auth import ANONYMOUS, INSECURE, Principal, PrincipalKind, Role
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX
@@ -14,9 +14,12 @@ from streamengine.segment_store.core.authority import (
     AppendQuota,
     AuthorityRecord,
     CallerRefused,
+    CallerShares,
+    CallerUnproven,
     Deletion,
     GrantRefused,
     NoSigningKeyYet,
+    OverCallerLimit,
     StoreAuthority,
     StreamDeleted,
     WriteStreamGrants,
@@ -266,3 +269,61 @@ def test_a_write_to_a_stream_listed_as_deleted_goes_on_only_under_a_later_epoch(
             checks.check_not_deleted(7, writer_epoch)
     with pytest.raises(StreamDeleted):  # a live tail has no epoch: refused until listed no more
         checks.check_not_deleted(7)
+
+
+# ---- each caller's share of the store ----
+
+READER = Principal(PrincipalKind.TENANT, "r", "acme", Role.READ, "t-read")
+WRITER = Principal(PrincipalKind.TENANT, "w", "acme", Role.WRITE, "t-write")
+
+
+def test_an_anonymous_stream_is_refused_at_open_and_holds_nothing() -> None:
+    shares = CallerShares(1000)
+    with pytest.raises(CallerUnproven, match="certificate proof or a token"):
+        shares.open_stream(ANONYMOUS)
+    assert shares.streams(ANONYMOUS) == 0
+
+
+def test_each_principal_holds_at_most_its_streams_while_others_still_open() -> None:
+    shares = CallerShares(1000, streams_max=3)
+    for _ in range(3):
+        shares.open_stream(READER)
+    with pytest.raises(OverCallerLimit, match="STREAMS_PER_PRINCIPAL_MAX 3"):
+        shares.open_stream(READER)
+    shares.open_stream(WRITER)  # another token of the same tenant is another principal
+    shares.close_stream(READER)
+    shares.open_stream(READER)
+    assert (shares.streams(READER), shares.streams(WRITER)) == (3, 1)
+    for _ in range(3):
+        shares.close_stream(READER)
+    assert shares.streams(READER) == 0
+
+
+def test_a_store_without_certificates_counts_and_refuses_no_one() -> None:
+    shares = CallerShares(1000, streams_max=1)
+    for _ in range(5):
+        shares.open_stream(INSECURE)
+        assert shares.take_queue_bytes(INSECURE, 10_000)
+    shares.close_stream(INSECURE)
+    shares.give_queue_bytes(INSECURE, 10_000)
+    assert shares.streams(INSECURE) == 0
+
+
+def test_one_principal_fills_at_most_its_share_of_the_write_queue() -> None:
+    shares = CallerShares(4000)  # a quarter each: 1000 bytes
+    assert shares.queue_bytes_max == 1000
+    assert shares.take_queue_bytes(WRITER, 600)
+    assert shares.take_queue_bytes(WRITER, 400)
+    assert not shares.take_queue_bytes(WRITER, 1)
+    assert shares.take_queue_bytes(READER, 1000)  # another principal's own share
+    shares.give_queue_bytes(WRITER, 600)
+    assert shares.take_queue_bytes(WRITER, 600)
+    assert shares.queued_bytes(WRITER) == 1000
+
+
+def test_a_batch_larger_than_the_share_passes_alone() -> None:
+    shares = CallerShares(4000)
+    assert shares.take_queue_bytes(WRITER, 5000)
+    assert not shares.take_queue_bytes(WRITER, 1)
+    shares.give_queue_bytes(WRITER, 5000)
+    assert shares.queued_bytes(WRITER) == 0

@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.master.catalog import Catalog
 from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.core import repair, retention
+from streamengine.master.core.authority import LEASE_HOLDS_PER_PRINCIPAL_MAX
 from streamengine.master.core.errors import InvalidArgument, RebuildUnfinished
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
 from streamengine.master.etcd import EtcdClient, EtcdTLS, is_etcd_url, parse_etcd_url
@@ -66,6 +67,7 @@ GAUGES_INTERVAL_S = 1.0
 # queueing without bound. Stores heartbeat once a second and writers once per lease/3:
 # a cluster of hundreds of stores and a few thousand writers stays well below it.
 CONCURRENT_RPCS_MAX = 4096
+assert CONCURRENT_RPCS_MAX >= 4 * LEASE_HOLDS_PER_PRINCIPAL_MAX
 SHUTDOWN_GRACE_S = 1.0
 # Stores register again within a few heartbeats of the master's start; a store missing
 # past this is rebuilt without (its segments' other replicas still name it).

@@ -8,16 +8,24 @@ rolls), `service_segments` (list, seal, report), `service_admin` (cluster status
 drains, rebalances, the console's view) and `service_tokens`. gRPC wants one servicer
 per service: `add_to_server` hands the generated registration each RPC from the group
 that serves it, and refuses to start unless every RPC of the .proto is served once.
+
+A call held open (the reply-streaming HoldLease) is admitted before its group sees it
+(`_held_per_caller`): its caller proven from the call's metadata, an anonymous one
+refused UNAUTHENTICATED, and counted against `LEASE_HOLDS_PER_PRINCIPAL_MAX` (beyond:
+RESOURCE_EXHAUSTED naming it), so that no one caller takes all the master's calls. The
+group then authorizes the request as every call's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
 import grpc
 
+from streamengine.master.core import errors
+from streamengine.master.core.authority import LEASE_HOLDS_PER_PRINCIPAL_MAX
 from streamengine.master.metrics import Metrics
 from streamengine.master.role import MasterRole
 from streamengine.master.service_admin import AdminHandlers
@@ -28,8 +36,12 @@ from streamengine.master.service_stores import StoreHandlers
 from streamengine.master.service_streams import StreamHandlers
 from streamengine.master.service_tokens import TokenHandlers
 from streamengine.protocol import identity
+from streamengine.protocol.auth import Principal, PrincipalKind, describe
 from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
+from streamengine.protocol.open_calls import OpenCalls
 from streamengine.v1 import master_pb2, master_pb2_grpc
+
+SERVICE = master_pb2.DESCRIPTOR.services_by_name["Master"]
 
 
 class MasterService:
@@ -54,6 +66,7 @@ class MasterService:
         self.segments = SegmentHandlers(self.calls)
         self.admin = AdminHandlers(self.calls)
         self.tokens = TokenHandlers(self.calls)
+        self.holds = OpenCalls(LEASE_HOLDS_PER_PRINCIPAL_MAX)
 
     def groups(self) -> tuple[Handlers, ...]:
         return (self.stores, self.streams, self.leases, self.segments, self.admin, self.tokens)
@@ -65,9 +78,42 @@ class MasterService:
             for name in group.RPCS:
                 assert name not in out, f"{name} is served by two groups"
                 out[name] = getattr(group, name)
-        declared = {m.name for m in master_pb2.DESCRIPTOR.services_by_name["Master"].methods}
+                if SERVICE.methods_by_name[name].server_streaming:
+                    out[name] = self._held_per_caller(name, out[name])
+        declared = set(SERVICE.methods_by_name)
         assert set(out) == declared, f"RPCs not served: {sorted(declared - set(out))}"
         return out
+
+    def _held_per_caller(
+        self, method: str, behaviour: Callable[..., AsyncIterator[Any]]
+    ) -> Callable[..., AsyncIterator[Any]]:
+        """`behaviour`, a reply-streaming RPC, admitted at open (module doc)."""
+        calls, holds = self.calls, self.holds
+
+        async def held(request: Any, context: Any) -> AsyncIterator[Any]:
+            def admit(now_ms: int) -> Principal:
+                principal = calls.caller(context, method)
+                if principal.kind is PrincipalKind.ANONYMOUS:
+                    raise errors.Unauthenticated(
+                        f"{method}: a held call must show a certificate proof or a token"
+                    )
+                if not holds.open(principal):
+                    raise errors.ResourceExhausted(
+                        f"{method}: {describe(principal)} holds {holds.held(principal)} "
+                        "calls here, the most one caller may (LEASE_HOLDS_PER_PRINCIPAL_MAX "
+                        f"{holds.calls_max})"
+                    )
+                return principal
+
+            # Its own name in the request metrics: the call's outcome is counted apart.
+            principal = await calls.call(context, f"{method}/open", admit)
+            try:
+                async for reply in behaviour(request, context):
+                    yield reply
+            finally:
+                holds.close(principal)
+
+        return held
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         # The generated registration reads one attribute per RPC off its servicer.

@@ -53,6 +53,7 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.QuotaExceeded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.NotTrimmable: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
     errors.WrongCluster: grpc.StatusCode.FAILED_PRECONDITION,
@@ -105,6 +106,16 @@ class MasterCalls:
         (raised inside `call`'s action, before anything changes); Unauthenticated for a
         certificate proof that does not hold or a token that is not valid (forged,
         expired, revoked)."""
+        principal = self.caller(context, method)
+        denial = authorize(principal, f"Master/{method}", tenant)
+        if denial is not None:
+            log.info("denied %s: %s", method, denial.reason)
+            raise errors.PermissionDenied(denial.reason)
+        return principal
+
+    def caller(self, context: Context, method: str) -> Principal:
+        """Who calls, as its certificate proof and token prove it; Unauthenticated when
+        either does not hold."""
         state = self.state  # this activation's key and tokens
         callers = Callers(state.verifier, lambda: state.issuer.current_revocations(self.clock_ms()))
         try:
@@ -114,11 +125,6 @@ class MasterCalls:
         if isinstance(principal, Denial):
             log.info("refused the token of a %s call: %s", method, principal.reason)
             raise errors.Unauthenticated(f"{method}: {principal.reason}")
-        denial = authorize(principal, f"Master/{method}", tenant)
-        if denial is not None:
-            log.info("denied %s: %s", method, denial.reason)
-            raise errors.PermissionDenied(denial.reason)
-        assert isinstance(principal, Principal)
         return principal
 
     def require_store(self, context: Context, method: str, store_id: str) -> None:

@@ -214,9 +214,14 @@ def visible_tenant(principal: Principal, tenant: str) -> bool:
     return principal.kind is not PrincipalKind.ANONYMOUS
 
 
-def _denied(principal: Principal, rpc: str, need: Need) -> Denial:
-    who = principal.kind.value + (f" {principal.name}" if principal.name else "")
+def describe(principal: Principal) -> str:
+    """The principal in words, for refusals and logs ("tenant acme with role write")."""
     if principal.kind is PrincipalKind.TENANT:
         assert principal.role is not None
-        who = f"tenant {principal.tenant} with role {principal.role.name.lower()}"
-    return Denial(f"{rpc} needs {need.value}; the caller is {who}")
+        return f"tenant {principal.tenant} with role {principal.role.name.lower()}"
+    kind: str = principal.kind.value
+    return kind + (f" {principal.name}" if principal.name else "")
+
+
+def _denied(principal: Principal, rpc: str, need: Need) -> Denial:
+    return Denial(f"{rpc} needs {need.value}; the caller is {describe(principal)}")

@@ -118,6 +118,10 @@ class GroupCommitter:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    @property
+    def queue_bytes_max(self) -> int:
+        return self._queue_bytes_max
+
     def try_submit(self, command: WriteCommand) -> asyncio.Future[Outcome] | None:
         """Queue a write batch, or None when the queue is full (REFUSED_BUSY)."""
         size = command.batch.payload_bytes()

@@ -58,6 +58,12 @@ DENIED = Counter(
     "streamengine_store_denied_total",
     "Calls refused: no valid grant, or a caller without the permission",
 )
+REFUSED_CALLERS = Counter(
+    "streamengine_store_refused_callers_total",
+    "Calls refused for who called: unproven (no valid certificate proof or token, or "
+    "anonymous at a stream's open), or over a limit of one caller's share",
+    ["reason"],
+)
 READ_ENTRIES = Counter(
     "streamengine_store_read_entries_total",
     "Entries sent to readers, by RPC (read, read_packed, subscribe)",

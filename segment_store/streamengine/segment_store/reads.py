@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from streamengine.protocol import codec
+from streamengine.protocol.auth import Principal
 from streamengine.protocol.entry import CorruptEntry, first_corrupt_value
 from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
@@ -87,10 +88,11 @@ class ReadCalls:
         context: grpc.aio.ServicerContext[
             segment_store_pb2.ReadRequest, segment_store_pb2.ReadReply
         ],
+        caller: Principal,
     ) -> AsyncIterator[segment_store_pb2.ReadReply]:
         try:
             segment = segment_key(request.segment)
-            self.store.require_reader(context, "Read", segment)
+            self.store.check_reader(caller, "Read", segment)
             meta = self.store.core.catalog.meta(segment)
             if meta is None:
                 raise SegmentNotFound(

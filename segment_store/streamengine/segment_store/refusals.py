@@ -26,6 +26,7 @@ from streamengine.segment_store.core.authority import (
     CallerUnproven,
     GrantRefused,
     NoSigningKeyYet,
+    OverCallerLimit,
     StreamDeleted,
 )
 from streamengine.segment_store.core.errors import (
@@ -68,6 +69,7 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
     CallerRefused: grpc.StatusCode.PERMISSION_DENIED,
     CallerUnproven: grpc.StatusCode.UNAUTHENTICATED,
     NoSigningKeyYet: grpc.StatusCode.UNAVAILABLE,
+    OverCallerLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
     # No answer about the segment, as from a store that is down: a recovery decides
     # from the others, a writer goes on with them.
@@ -100,6 +102,10 @@ async def abort(
     elif isinstance(error, GrantRefused | CallerRefused):
         metrics.DENIED.inc()
         log.info("denied: %s", error, extra=fields)
+    elif isinstance(error, CallerUnproven | OverCallerLimit):
+        # No log line: anyone reaching the port could flood the log with these.
+        reason = "unproven" if isinstance(error, CallerUnproven) else "over_limit"
+        metrics.REFUSED_CALLERS.labels(reason).inc()
     elif code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL):
         log.error("%s: %s", code.name, error, extra=fields)
     await context.abort(code, str(error), trailing_metadata=trailing)

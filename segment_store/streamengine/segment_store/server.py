@@ -37,7 +37,11 @@ from streamengine.protocol.parsing import RequestParsing
 from streamengine.protocol.private_files import private_dir, tightened_message
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
-from streamengine.segment_store.core.authority import AuthorityRecord, StoreAuthority
+from streamengine.segment_store.core.authority import (
+    STREAMS_PER_PRINCIPAL_MAX,
+    AuthorityRecord,
+    StoreAuthority,
+)
 from streamengine.segment_store.core.commands import Plan
 from streamengine.segment_store.core.keys import U64_MAX
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT
@@ -67,6 +71,8 @@ DB_DIR = "db"
 # Concurrent RPCs (write streams, tails, reads): bounds the memory of requests being
 # parsed, at most one gRPC message each.
 CONCURRENT_RPCS_MAX = 512
+# One principal holding all the streams it may leaves most of the calls to the others.
+assert CONCURRENT_RPCS_MAX >= 4 * STREAMS_PER_PRINCIPAL_MAX
 # A stop lets calls in flight finish for this long, then cuts the rest: a group commit
 # takes milliseconds, and tails and Write streams never end by themselves (their clients
 # reconnect elsewhere), so a longer grace only delays the stop (`cluster up` ends within

@@ -7,7 +7,10 @@ keeping its authority, joining, keeping segment records) and Delete's.
 Every call first resolves its caller (`protocol.callers`) and is authorized
 (`protocol.auth.authorize`) with the tenant of the stream it touches: for Write and
 Seal the tenant of their grant, which must also list the segment and this store
-(`core.authority`); for reads the tenant this store keeps for the stream.
+(`core.authority`); for reads the tenant this store keeps for the stream. A streaming
+call resolves its caller once, when it opens (`open_stream`): an anonymous one is
+refused before anything of it is read, and each principal holds a bounded share of the
+store (`core.authority.CallerShares`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from streamengine.segment_store.core import tail
 from streamengine.segment_store.core.authority import (
     AppendQuota,
     CallerRefused,
+    CallerShares,
     CallerUnproven,
     NoSigningKeyYet,
     StoreAuthority,
@@ -98,6 +102,7 @@ class StoreContext:
         self.callers = Callers(authority.verifier, lambda: authority.revocations)
         # The master tells the rate with every heartbeat reply (`MasterLink`).
         self.quota = AppendQuota(0)
+        self.shares = CallerShares(committer.queue_bytes_max)
         # How this store reaches its peers (copies): its node certificate under TLS.
         self.members = members
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="store-read")
@@ -117,21 +122,39 @@ class StoreContext:
             raise CallerUnproven(principal.reason)
         return principal
 
+    def open_stream(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        """The caller of a streaming call as it opens, counted against its share until
+        `close_stream`; raises as `caller` does, CallerUnproven for an anonymous caller
+        of a secured store, OverCallerLimit for one holding all it may."""
+        principal = self.caller(context)
+        self.shares.open_stream(principal)
+        return principal
+
+    def close_stream(self, principal: Principal) -> None:
+        self.shares.close_stream(principal)
+
     def require(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, tenant: str = ""
     ) -> Principal:
         """The caller, when it may call `method` on `tenant`'s data; else raises
         CallerRefused."""
         principal = self.caller(context)
+        self.check_allowed(principal, method, tenant)
+        return principal
+
+    def check_allowed(self, principal: Principal, method: str, tenant: str = "") -> None:
         denial = authorize(principal, f"SegmentStore/{method}", tenant)
         if denial is not None:
             raise CallerRefused(denial.reason)
-        return principal
+
+    def check_reader(self, principal: Principal, method: str, segment: SegmentKey) -> None:
+        """Raises CallerRefused unless `principal` may read `segment`'s stream."""
+        self.check_allowed(principal, method, self.core.catalog.tenant_of(segment.stream_id))
 
     def require_reader(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, segment: SegmentKey
     ) -> None:
-        self.require(context, method, self.core.catalog.tenant_of(segment.stream_id))
+        self.check_reader(self.caller(context), method, segment)
 
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from streamengine.protocol.auth import Principal
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import CorruptEntry
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
@@ -27,8 +28,8 @@ from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refused, abort
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import segment_store_pb2
 
-# Subscribe: how long the first message may take; the live tail's own limits and
-# decisions are in `core.tail`.
+# Subscribe: how long the first message may take (its caller was proven and counted
+# when the stream opened); the live tail's own limits and decisions are in `core.tail`.
 SUBSCRIBE_START_TIMEOUT_S = 10.0
 
 log = logging.getLogger("streamengine.store")
@@ -49,6 +50,7 @@ class TailCalls:
         context: grpc.aio.ServicerContext[
             segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
         ],
+        caller: Principal,
     ) -> None:
         requests = aiter(request_iterator)
         try:
@@ -59,7 +61,7 @@ class TailCalls:
             if first.WhichOneof("message") != "start":
                 raise BadRequest("Subscribe must begin with a start message")
             segment = segment_key(first.start.segment)
-            self.store.require_reader(context, "Subscribe", segment)
+            self.store.check_reader(caller, "Subscribe", segment)
             self.store.authority.check_not_deleted(segment.stream_id)
         except StoreError as error:
             await abort(context, error)

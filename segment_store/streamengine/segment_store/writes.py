@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from streamengine.protocol.auth import Principal
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import CorruptEntry, PackedEntries
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
@@ -73,11 +74,9 @@ class WriteCalls:
         context: grpc.aio.ServicerContext[
             segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
         ],
+        caller: Principal,
     ) -> None:
-        try:
-            grants = WriteStreamGrants(self.store.authority, self.store.caller(context))
-        except StoreError as error:
-            await abort(context, error)
+        grants = WriteStreamGrants(self.store.authority, caller)
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
@@ -169,10 +168,17 @@ class WriteCalls:
         if not self.store.quota.admit(grant.tenant, payload_bytes, monotonic_ms()):
             metrics.REFUSED_QUOTA.inc()
             return self._held_back(segment_store_pb2.REFUSED_QUOTA, command)
-        future = self.store.committer.try_submit(command)
-        if future is None:
+        shares, caller = self.store.shares, grants.principal
+        if not shares.take_queue_bytes(caller, payload_bytes):
             metrics.REFUSED_BUSY.inc()
             return self._held_back(segment_store_pb2.REFUSED_BUSY, command)
+        future = self.store.committer.try_submit(command)
+        if future is None:
+            shares.give_queue_bytes(caller, payload_bytes)
+            metrics.REFUSED_BUSY.inc()
+            return self._held_back(segment_store_pb2.REFUSED_BUSY, command)
+        if shares.counts(caller):  # else nothing to give back: schedule nothing
+            future.add_done_callback(lambda _: shares.give_queue_bytes(caller, payload_bytes))
         return future
 
     def _held_back(self, status: int, command: WriteCommand) -> _Admitted:

@@ -28,6 +28,13 @@ from streamengine.protocol.grants import Grant, GrantSegment, open_grant
 from streamengine.protocol.signing import SignatureRefused, Verifier
 from streamengine.v1 import master_pb2
 
+# Lease holds (HoldLease, open for as long as a lease) one principal may keep open at
+# once: a writer holds one per stream it leads, and a tenant has at most
+# TENANT_STREAMS_MAX_DEFAULT (1000) streams. At most a quarter of the master's calls
+# (`server.CONCURRENT_RPCS_MAX` asserts it), so that one caller holding all it may
+# leaves the rest to the other writers, the stores and the admins.
+LEASE_HOLDS_PER_PRINCIPAL_MAX = 1024
+
 
 def grant_of(
     stream: StreamRecord,

@@ -50,6 +50,10 @@ class QuotaExceeded(MasterError):
     """The tenant is at one of its quotas (streams)."""
 
 
+class ResourceExhausted(MasterError):
+    """The caller holds all the master gives one caller (calls held open)."""
+
+
 class Unauthenticated(MasterError):
     """The caller's certificate proof does not hold (it must hear why)."""
 

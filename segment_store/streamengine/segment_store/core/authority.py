@@ -23,6 +23,16 @@ answers; and keys pinned by the operator (`--trust-signing-key`), kept beside th
 Quotas (`AppendQuota`): a token bucket of payload bytes per tenant, refilled at the
 master's `tenant_append_bytes_per_s`: a batch over it is refused (REFUSED_QUOTA) and
 resent later by its leader, as under back pressure.
+
+No resource before authentication (`CallerShares`): a streaming call (Write, Subscribe,
+Read) proves who calls when it opens, from its metadata, before any message is read; a
+caller anonymous on a secured store is refused at once (UNAUTHENTICATED), so it never
+holds one of the store's concurrent calls. Each principal then holds at most
+`STREAMS_PER_PRINCIPAL_MAX` open streaming calls (beyond: RESOURCE_EXHAUSTED naming the
+limit) and a share of the write queue (`QUEUE_SHARE_PER_PRINCIPAL`; beyond: its batches
+are held back, REFUSED_BUSY, while others' still go in), so no one caller can take the
+whole store from the others. The grants and the tenant of each request are still
+checked per request, as above.
 """
 
 from __future__ import annotations
@@ -31,8 +41,9 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from streamengine.protocol.auth import Principal, authorize
+from streamengine.protocol.auth import Principal, PrincipalKind, authorize, describe
 from streamengine.protocol.grants import Grant, open_grant
+from streamengine.protocol.open_calls import OpenCalls
 from streamengine.protocol.signing import (
     PUBLIC_KEY_BYTES,
     VERIFYING_KEYS_MAX,
@@ -52,6 +63,17 @@ from streamengine.segment_store.core.errors import StoreError
 GRANTS_PER_WRITE_STREAM_MAX = 16
 # Revocations a store keeps: tokens revoked before they expire, at most a year ahead.
 REVOCATIONS_MAX = 1 << 16
+# Streaming calls one principal may hold open on a store at once. A leader holds one
+# Write stream per stream it leads, a follower one Subscribe per segment it tails: far
+# more than one process of a tenant's application needs on one store. At most a quarter
+# of the store's concurrent calls (`server.CONCURRENT_RPCS_MAX` asserts it), so that a
+# principal opening and idling all it may leaves the rest to leaders, recoveries,
+# repairs and readers.
+STREAMS_PER_PRINCIPAL_MAX = 128
+# One principal's unanswered write batches fill at most this fraction of the store's
+# write queue (`--queue-bytes-max`): a tenant flooding a store is held back
+# (REFUSED_BUSY) while the others' batches still find room.
+QUEUE_SHARE_PER_PRINCIPAL = 0.25
 
 
 class GrantRefused(StoreError):
@@ -64,6 +86,11 @@ class CallerRefused(StoreError):
 
 class CallerUnproven(StoreError):
     """The caller's certificate proof does not hold (UNAUTHENTICATED: it must hear why)."""
+
+
+class OverCallerLimit(StoreError):
+    """The caller holds all a store gives one principal (RESOURCE_EXHAUSTED); others
+    keep the rest."""
 
 
 class NoSigningKeyYet(StoreError):
@@ -288,3 +315,71 @@ class AppendQuota:
             return False
         self._buckets[tenant] = (tokens - payload_bytes, now_ms)
         return True
+
+
+class CallerShares:
+    """What each principal holds of a store: its open streaming calls and the payload
+    bytes of its write batches queued and unanswered (module doc).
+
+    A store without certificates authenticates nobody: its callers (INSECURE) are one
+    crowd, not principals, and are neither refused nor counted, as before security.
+    """
+
+    def __init__(self, queue_bytes_max: int, streams_max: int = STREAMS_PER_PRINCIPAL_MAX) -> None:
+        assert queue_bytes_max > 0
+        self.queue_bytes_max = int(queue_bytes_max * QUEUE_SHARE_PER_PRINCIPAL)
+        self._streams = OpenCalls(streams_max)
+        self._queued_bytes: dict[Principal, int] = {}
+
+    def open_stream(self, principal: Principal) -> None:
+        """Count a streaming call as it opens, before anything is read of it; raises
+        CallerUnproven for an anonymous caller, OverCallerLimit past the limit."""
+        if principal.kind is PrincipalKind.ANONYMOUS:
+            raise CallerUnproven(
+                "a streaming call must show a certificate proof or a token when it opens"
+            )
+        if not self._streams.open(principal):
+            raise OverCallerLimit(
+                f"{describe(principal)} holds {self._streams.held(principal)} streaming "
+                "calls on this store, the most one caller may (STREAMS_PER_PRINCIPAL_MAX "
+                f"{self._streams.calls_max})"
+            )
+
+    def close_stream(self, principal: Principal) -> None:
+        """The end of a call `open_stream` counted."""
+        self._streams.close(principal)
+
+    def streams(self, principal: Principal) -> int:
+        return self._streams.held(principal)
+
+    @staticmethod
+    def counts(principal: Principal) -> bool:
+        """Whether the principal's streams and bytes are counted: an INSECURE one's
+        are not (class doc)."""
+        return principal.kind is not PrincipalKind.UNAUTHENTICATED_INSECURE
+
+    def take_queue_bytes(self, principal: Principal, payload_bytes: int) -> bool:
+        """Whether a batch of `payload_bytes` fits the principal's share of the write
+        queue; if so it is counted until `give_queue_bytes`. A batch larger than the
+        share passes when the principal has nothing queued, as in the queue itself."""
+        if not self.counts(principal):
+            return True
+        queued = self._queued_bytes.get(principal, 0)
+        if queued and queued + payload_bytes > self.queue_bytes_max:
+            return False
+        self._queued_bytes[principal] = queued + payload_bytes
+        return True
+
+    def give_queue_bytes(self, principal: Principal, payload_bytes: int) -> None:
+        """A batch `take_queue_bytes` counted was answered."""
+        if not self.counts(principal):
+            return
+        left = self._queued_bytes[principal] - payload_bytes
+        assert left >= 0
+        if left:
+            self._queued_bytes[principal] = left
+        else:
+            del self._queued_bytes[principal]
+
+    def queued_bytes(self, principal: Principal) -> int:
+        return self._queued_bytes.get(principal, 0)

@@ -1,0 +1,202 @@
+"""No resource before authentication, on a secured cluster of real processes: a
+streaming call proves who calls when it opens, from its metadata, and each principal
+holds a bounded share of a store, so that nobody reaching a store's port locks it.
+
+Before, 520 Write streams opened with only `ca.crt` and sending nothing took all of a
+store's 512 concurrent calls: a reader's GetSegmentState then failed
+RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from streamengine.client import StreamClient
+from streamengine.protocol.transport import Transport
+from streamengine.segment_store.core.authority import STREAMS_PER_PRINCIPAL_MAX
+from streamengine.testing import Cluster, running_cluster, wait_for, wait_until
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+
+Code = grpc.StatusCode
+STREAM = "acme/orders"
+HOG = "hog/idle"
+ANONYMOUS_STREAMS = 600
+# Streams a principal opens beyond its limit: each must be refused, the others held.
+EXCESS_STREAMS = 8
+# A refusal at open takes milliseconds; seconds would mean the store waited for
+# something (Subscribe waited 10 s for its first message before it authorized).
+REFUSED_AT_OPEN_S = 5.0
+# What a tenant's read of a few events and a leader's appends take on this cluster when
+# idle is well under a second; this leaves room for a loaded test machine.
+USUAL_S = 5.0
+CALL_TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("admission")
+    with running_cluster(root, stores=3, master_args=["--lease-ms", "1000"], tls=True) as cluster:
+        admin = cluster.client_transport
+        with admin.channel(cluster.master_address) as channel:
+            master = master_pb2_grpc.MasterStub(channel)
+            policy = entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2)
+            for name in (STREAM, HOG):
+                master.CreateStream(
+                    master_pb2.CreateStreamRequest(name=name, policy=policy, create_tenant=True),
+                    timeout=CALL_TIMEOUT_S,
+                )
+        yield cluster
+
+
+def tenant(cluster: Cluster, name: str, role: master_pb2.TokenRole.ValueType) -> Transport:
+    """What a tenant's application holds: `ca.crt` and a token the cluster admin made."""
+    with cluster.client_transport.channel(cluster.master_address) as channel:
+        reply = master_pb2_grpc.MasterStub(channel).CreateToken(
+            master_pb2.CreateTokenRequest(tenant=name, role=role), timeout=CALL_TIMEOUT_S
+        )
+    assert cluster.certs is not None
+    return Transport.for_client(cluster.certs.tenant_dir, reply.token)
+
+
+def anonymous(cluster: Cluster) -> Transport:
+    """`ca.crt` alone: neither a certificate nor a token."""
+    assert cluster.certs is not None
+    return Transport.for_client(cluster.certs.tenant_dir)
+
+
+async def silent() -> AsyncIterator[Any]:
+    """A request stream that sends nothing until the call ends."""
+    await asyncio.Event().wait()
+    yield None  # never reached
+
+
+async def lead_append_and_read(cluster: Cluster, writer: Transport, reader: Transport) -> float:
+    """A new leader of STREAM appends, a reader reads it all back and asks a store of
+    its state; how long it all took, in seconds."""
+    assert cluster.certs is not None
+    started = time.monotonic()
+    payloads = [f"event at {started}".encode()]
+    async with (
+        StreamClient(
+            cluster.master_address, certs_dir=cluster.certs.tenant_dir, token=writer.token
+        ) as client,
+        client.writer(STREAM, leadership_timeout_s=USUAL_S) as leader,
+    ):
+        await leader.append_batch(payloads)
+    async with StreamClient(
+        cluster.master_address, certs_dir=cluster.certs.tenant_dir, token=reader.token
+    ) as client:
+        events = [event.payload async for event in client.read(STREAM)]
+    assert events[-1:] == payloads
+    with reader.channel(cluster.master_address) as channel:
+        listing = master_pb2_grpc.MasterStub(channel).ListSegments(
+            master_pb2.ListSegmentsRequest(stream=STREAM), timeout=CALL_TIMEOUT_S
+        )
+    segment = entry_pb2.SegmentId(stream_id=listing.stream_id, epoch=listing.segments[-1].id.epoch)
+    for store in cluster.stores:
+        with reader.channel(store.address) as channel:
+            state = store_grpc.SegmentStoreStub(channel).GetSegmentState(
+                segment_store_pb2.GetSegmentStateRequest(segment=segment), timeout=USUAL_S
+            )
+        assert state.last_index >= 0
+    return time.monotonic() - started
+
+
+async def test_anonymous_streams_are_refused_at_open_and_lock_nothing(secured: Cluster) -> None:
+    """600 Write streams with only ca.crt, sending nothing, each end UNAUTHENTICATED at
+    once; while they are opened and held, a tenant's reads and a leader's appends go on
+    as usual. An anonymous Subscribe and Read are refused at open alike."""
+    writer = tenant(secured, "acme", master_pb2.TOKEN_ROLE_WRITE)
+    reader = tenant(secured, "acme", master_pb2.TOKEN_ROLE_READ)
+    store = secured.stores[0].address
+    async with anonymous(secured).aio_channel(store) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        calls: list[Any] = [
+            *(stub.Write(silent(), timeout=CALL_TIMEOUT_S) for _ in range(ANONYMOUS_STREAMS)),
+            stub.Subscribe(silent(), timeout=CALL_TIMEOUT_S),
+            stub.Read(segment_store_pb2.ReadRequest(), timeout=CALL_TIMEOUT_S),
+        ]
+        try:
+            codes, took_s = await asyncio.gather(
+                asyncio.wait_for(
+                    asyncio.gather(*(call.code() for call in calls)), REFUSED_AT_OPEN_S
+                ),
+                lead_append_and_read(secured, writer, reader),
+            )
+        finally:
+            for call in calls:
+                call.cancel()
+    assert set(codes) == {Code.UNAUTHENTICATED}, sorted({c.name for c in codes})
+    assert took_s < USUAL_S
+    assert "certificate proof or a token" in await calls[0].details()
+
+
+async def test_a_principal_holding_all_its_streams_leaves_the_store_to_others(
+    secured: Cluster,
+) -> None:
+    """A tenant's token opens STREAMS_PER_PRINCIPAL_MAX Write streams and a few more
+    and leaves them idle: the excess is refused RESOURCE_EXHAUSTED naming the limit,
+    the rest stay held, and another tenant's leader and reader go on as usual. Once
+    they close, the same token opens streams again."""
+    hog = tenant(secured, "hog", master_pb2.TOKEN_ROLE_WRITE)
+    writer = tenant(secured, "acme", master_pb2.TOKEN_ROLE_WRITE)
+    reader = tenant(secured, "acme", master_pb2.TOKEN_ROLE_READ)
+    store = secured.stores[0].address
+    opened = STREAMS_PER_PRINCIPAL_MAX + EXCESS_STREAMS
+    async with hog.aio_channel(store) as channel:
+        stub = store_grpc.SegmentStoreStub(channel)
+        calls = [stub.Write(silent(), timeout=60.0) for _ in range(opened)]
+        try:
+            await wait_until(
+                lambda: sum(call.done() for call in calls) >= EXCESS_STREAMS,
+                REFUSED_AT_OPEN_S,
+                "the streams past the limit refused",
+            )
+            refused = [call for call in calls if call.done()]
+            assert len(refused) == EXCESS_STREAMS
+            for call in refused:
+                assert await call.code() == Code.RESOURCE_EXHAUSTED
+                assert "STREAMS_PER_PRINCIPAL_MAX" in await call.details()
+            took_s = await lead_append_and_read(secured, writer, reader)
+            assert took_s < USUAL_S
+            assert sum(call.done() for call in calls) == EXCESS_STREAMS, "the rest are held"
+        finally:
+            for call in calls:
+                call.cancel()
+    # The store counts the streams no more once it sees them end.
+    wait_for(lambda: hog_admitted(hog, store), REFUSED_AT_OPEN_S, 0.05, "a stream admitted")
+
+
+def hog_admitted(hog: Transport, store: str) -> bool:
+    """Whether a Write stream of `hog` gets past its open: a write without a grant is
+    then refused for the grant (PERMISSION_DENIED), not for the caller's limit."""
+    request = segment_store_pb2.WriteRequest(
+        segment=entry_pb2.SegmentId(stream_id=1, epoch=1), writer_epoch=1, request_id=1
+    )
+    with hog.channel(store) as channel:
+        try:
+            list(store_grpc.SegmentStoreStub(channel).Write(iter([request]), timeout=5.0))
+        except grpc.RpcError as error:
+            if error.code() == Code.RESOURCE_EXHAUSTED:
+                return False
+            assert error.code() == Code.PERMISSION_DENIED, error
+            return True
+    raise AssertionError("a write without a grant was taken")
+
+
+async def test_an_anonymous_lease_hold_is_refused_at_open(secured: Cluster) -> None:
+    """The master's call held open (HoldLease) proves who calls before its first reply:
+    with ca.crt alone it ends UNAUTHENTICATED at once."""
+    request = master_pb2.HoldLeaseRequest(stream=STREAM, client_id="nobody", epoch=1)
+    async with anonymous(secured).aio_channel(secured.master.address) as channel:
+        call = master_pb2_grpc.MasterStub(channel).HoldLease(request, timeout=CALL_TIMEOUT_S)
+        code = await asyncio.wait_for(call.code(), REFUSED_AT_OPEN_S)
+        assert code == Code.UNAUTHENTICATED, await call.details()
+        assert "certificate proof or a token" in await call.details()
