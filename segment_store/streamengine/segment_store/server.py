@@ -38,6 +38,7 @@ from streamengine.protocol.private_files import private_dir, tightened_message
 from streamengine.protocol.signing import PUBLIC_KEY_BYTES
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import (
+    CALLS_LEFT_TO_OTHERS_MIN,
     STREAMS_PER_PRINCIPAL_MAX,
     AuthorityRecord,
     StoreAuthority,
@@ -71,8 +72,8 @@ DB_DIR = "db"
 # Concurrent RPCs (write streams, tails, reads): bounds the memory of requests being
 # parsed, at most one gRPC message each.
 CONCURRENT_RPCS_MAX = 512
-# One principal holding all the streams it may leaves most of the calls to the others.
-assert CONCURRENT_RPCS_MAX >= 4 * STREAMS_PER_PRINCIPAL_MAX
+# One principal holding all the streams it may leaves room to the others.
+assert CONCURRENT_RPCS_MAX >= STREAMS_PER_PRINCIPAL_MAX + CALLS_LEFT_TO_OTHERS_MIN
 # A stop lets calls in flight finish for this long, then cuts the rest: a group commit
 # takes milliseconds, and tails and Write streams never end by themselves (their clients
 # reconnect elsewhere), so a longer grace only delays the stop (`cluster up` ends within

@@ -64,12 +64,13 @@ GRANTS_PER_WRITE_STREAM_MAX = 16
 # Revocations a store keeps: tokens revoked before they expire, at most a year ahead.
 REVOCATIONS_MAX = 1 << 16
 # Streaming calls one principal may hold open on a store at once. A leader holds one
-# Write stream per stream it leads, a follower one Subscribe per segment it tails: far
-# more than one process of a tenant's application needs on one store. At most a quarter
-# of the store's concurrent calls (`server.CONCURRENT_RPCS_MAX` asserts it), so that a
-# principal opening and idling all it may leaves the rest to leaders, recoveries,
-# repairs and readers.
-STREAMS_PER_PRINCIPAL_MAX = 128
+# Write stream per stream it leads on the store, a follower one Subscribe per segment it
+# tails, so an application leading hundreds of streams under one token needs hundreds.
+# The store's concurrent calls (`server.CONCURRENT_RPCS_MAX`) keep
+# `CALLS_LEFT_TO_OTHERS_MIN` beyond it, so that a principal opening and idling all it
+# may leaves room for leaders, recoveries, repairs and readers of others.
+STREAMS_PER_PRINCIPAL_MAX = 384
+CALLS_LEFT_TO_OTHERS_MIN = 128
 # One principal's unanswered write batches fill at most this fraction of the store's
 # write queue (`--queue-bytes-max`): a tenant flooding a store is held back
 # (REFUSED_BUSY) while the others' batches still find room.
