@@ -212,3 +212,43 @@ def test_the_package_root_loads_the_sdk_lazily() -> None:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("streamengine.")
     ]
     assert not eager, "streamengine/__init__.py must not import the SDK at load time"
+
+
+MODULE_LINES_MAX = 600
+CLASS_PUBLIC_METHODS_MAX = 25
+LONG_MODULE_REASON = "Why one long module:"
+
+
+def package_modules() -> list[Path]:
+    return [
+        path
+        for part in PARTS
+        for path in sorted(package_folder(part).rglob("*.py"))
+    ]
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_long_module_says_at_its_top_why_it_stays_one(path: Path) -> None:
+    text = path.read_text()
+    if text.count("\n") <= MODULE_LINES_MAX:
+        return
+    docstring = ast.get_docstring(ast.parse(text)) or ""
+    assert LONG_MODULE_REASON in docstring, (
+        f"{path.relative_to(ROOT)} has {text.count(chr(10))} lines: split it, or say at its"
+        f" top why it stays one ({LONG_MODULE_REASON!r})"
+    )
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_class_has_more_than_25_public_methods(path: Path) -> None:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            public = [
+                item.name
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                and not item.name.startswith("_")
+            ]
+            assert len(public) <= CLASS_PUBLIC_METHODS_MAX, (
+                f"{path.relative_to(ROOT)}: {node.name} has {len(public)} public methods"
+            )

@@ -32,6 +32,11 @@ stores of the copy set left to ack) ends the old segment's unacked appends
 async with client.writer("acme/orders") as w:    # waits for leadership
     seq = await w.append(b"...")                  # resolves once W stores hold it
 ```
+
+Why one long module: `Writer` carries out every action of the core's one state machine
+(calls to the master, a Write stream per store, recoveries, the lease hold) and feeds
+back their answers; one store's stream is apart (`client.replicator`), as is a
+recovery's (`client.recovery`).
 """
 
 from __future__ import annotations

@@ -107,6 +107,12 @@ Closing. A user who closes the writer cleanly (`Closing`) stops its appends and 
 lease back (`Release`) once `ready_to_release`, when none is left or after
 `CLOSE_SEALING_MS_MAX`. Otherwise a roll's previous segment would stay SEALING until
 the next leader came, and a read to the end of the stream would wait for it.
+
+Why one long module: the writer's life (following, granted, the gate, rolling, closing,
+stepping down) is one state machine over one set of fields; each stage above reads and
+changes the same lease, epoch, segment and pending appends, so its rules are read
+together. The replication it drives is apart (`client.core.replicator`), as is each
+recovery (`client.core.recovery`).
 """
 
 from __future__ import annotations
