@@ -127,15 +127,6 @@ class EtcdMember(ChildProcess):
         self.stopped = False
         return self
 
-    def restart(self) -> EtcdMember:
-        self.kill()
-        return self.start()
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-20000:]
-        except FileNotFoundError:
-            return ""
 
 
 @dataclass

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -41,12 +41,26 @@ def is_serving(address: str, timeout_s: float = 0.5, transport: Transport = PLAI
 
 
 class ChildProcess:
-    """Signals for a child process started by a subclass (`self.process`): kill, pause
-    (SIGSTOP, sockets left open) and resume. Calls on a process that is not running do
-    nothing."""
+    """Signals for a child process started by a subclass (`self.process`, `start`): kill,
+    pause (SIGSTOP, sockets left open), resume and restart. Calls on a process that is not
+    running do nothing."""
 
     process: subprocess.Popen[bytes] | None
     stopped: bool
+    log_path: Path
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def restart(self) -> Self:
+        self.kill()
+        return self.start()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except FileNotFoundError:
+            return ""
 
     @property
     def pid(self) -> int:
@@ -162,15 +176,6 @@ class ServerProcess(ChildProcess):
         self.process.terminate()
         return self.process.wait(timeout=timeout_s)
 
-    def restart(self) -> ServerProcess:
-        self.kill()
-        return self.start()
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-20000:]
-        except FileNotFoundError:
-            return ""
 
 
 def server_env() -> dict[str, str]:
