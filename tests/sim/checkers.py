@@ -198,6 +198,15 @@ class Checker:
         self.store_acked.pop((store, segment), None)
         self.rotted.discard((store, segment))
 
+    def store_wiped(self, store: str) -> None:
+        """`store` restarted with an empty disk (a new incarnation): it serves nothing
+        of what it served before; what it served stays true for everyone else."""
+        self.checks += 1
+        for name, segment in sorted(self.store_acked):
+            if name == store:
+                del self.store_acked[(name, segment)]
+        self.rotted = {(name, segment) for name, segment in self.rotted if name != store}
+
     def store_restarted(self, store: str, core: SegmentStoreCore, fsync_never: bool) -> None:
         """A store restarts with exactly what it had acked, unless it runs with fsync
         never: then losing unsynced writes is the documented loss (DESIGN: unsafe),
