@@ -359,3 +359,32 @@ def test_a_retried_registration_answered_without_lost_replicas_is_caught() -> No
             return
     last = FORGET_LOST_FIRST + FLAW_SEEDS_SPAN - 1
     pytest.fail(f"no seed in {FORGET_LOST_FIRST}..{last} caught forget_lost")
+
+
+def test_seed_122_a_wiped_store_hears_what_it_lost_however_often_it_registers() -> None:
+    """The seed that caught `forget_lost`: the master now answers the replicas an
+    incarnation lost to each of its registrations, so the store joins with them."""
+    result = run_seed(FORGET_LOST_FIRST, REPAIR_STEPS, overrides=WIPES)
+    assert result.ok, result.summary()
+    assert result.stats["stores wiped"] and result.stats["lost replicas marked"], result.stats
+
+
+WIPE_SEEDS = 40
+
+
+def test_wiped_stores_rejoin_and_every_seed_keeps_invariants_and_converges() -> None:
+    """Stores come back as new incarnations, registrations are retried after lost
+    answers, a store crashing before it joined and a master dying after its commit,
+    and the stores mark what they lost: every invariant holds, every seed converges."""
+    results = [run_seed(seed, REPAIR_STEPS, overrides=WIPES) for seed in range(WIPE_SEEDS)]
+    failures = [
+        f.replace(f"--steps {STEPS}", f"--steps {REPAIR_STEPS} --wipes")
+        for f in _failures(results)
+    ]
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for result in results:
+        stats.update(result.stats)
+    for seen in ("stores wiped", "lost replicas marked", "registrations retried"):
+        assert stats[seen] > 0, (seen, stats)
+    assert stats["crashes before joining"] and stats["crashes after registering"], stats
