@@ -36,6 +36,14 @@ master judges the reports (`master.integrity`), and followers check what they re
 chunk by chunk; invariant 12 holds every recorded certificate to the replicas at the
 bridge. With `SimConfig.rot`, copies of sealed segments are forged at rest.
 
+Wiped disks: with `SimConfig.wipes` (`--wipes`), a store's crash now and then loses its
+whole database; it comes back as a new incarnation that registers at every start until
+it joined (`JoinCommand` with the replicas the master answered lost), takes no write or
+seal before (`check_takes_part`), and may crash between the answer and its join while
+the master may die between committing a registration and answering it. At most
+min(N - W, W - 1) stores are ever wiped in a run, so every segment keeps the quorums
+its recovery needs.
+
 Bounded reads: with `SimConfig.bounded_reads`, a reader of `[0, end)` (`read` to what
 users saw acked) starts now and then and as a store crashes, on the real cursor; one
 that ends normally must have read every acked event of its range (invariant 1), one

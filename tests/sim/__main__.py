@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from tests.sim.world import FLAWS, RunResult, run_seed
+from tests.sim.world import FLAWS, WIPES, RunResult, run_seed
 
 # Where `--soak` starts unless told: above the seeds CI runs at the short length.
 SOAK_FIRST_SEED = 10_000
 
 
 def _run_range(
-    first: int, last: int, steps: int, flaws: frozenset[str], probe: bool, quiet: bool
+    first: int,
+    last: int,
+    steps: int,
+    flaws: frozenset[str],
+    probe: bool,
+    quiet: bool,
+    overrides: dict[str, Any] | None,
 ) -> list[RunResult]:
     results = []
     for seed in range(first, last):
-        result = run_seed(seed, steps, flaws, None, probe)
+        result = run_seed(seed, steps, flaws, None, probe, overrides)
         if not quiet or not result.ok:
             print(result.summary(), flush=True)
         results.append(result)
@@ -60,26 +67,36 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="never ask a recovery's lost store again (shows recovery hanging, e.g. seed 272)",
     )
+    parser.add_argument(
+        "--wipes",
+        action="store_true",
+        help="wiped disks, on three stores for N=3 W=2 (the band `world.WIPES`)",
+    )
     args = parser.parse_args(argv)
     probe = not args.no_probe
     flaws = frozenset(args.flaw)
+    overrides = WIPES if args.wipes else None
     if args.soak:
-        results = _run_range(args.first, args.first + args.soak, args.steps, flaws, probe, True)
+        first, last = args.first, args.first + args.soak
+        results = _run_range(first, last, args.steps, flaws, probe, True, overrides)
         return _report(results, args.steps)
     if args.seeds:
         first, _, last = args.seeds.partition(":")
-        results = _run_range(int(first), int(last), args.steps, flaws, probe, args.quiet)
+        results = _run_range(
+            int(first), int(last), args.steps, flaws, probe, args.quiet, overrides
+        )
         return _report(results, args.steps)
     if args.seed is None:
         parser.error("give a SEED, --seeds A:B or --soak N")
     trace = None if args.quiet else print
-    result = run_seed(args.seed, args.steps, flaws, trace, probe)
+    result = run_seed(args.seed, args.steps, flaws, trace, probe, overrides)
     print(result.config.describe())
     if result.error:
         print(result.error)
     print(result.summary())
     if not result.ok:
         switches = [f"--flaw {f}" for f in sorted(flaws)] + ["--no-probe"] * args.no_probe
+        switches += ["--wipes"] * args.wipes
         print(f"reproduce: python -m tests.sim {args.seed} --steps {args.steps}", *switches)
     return 0 if result.ok else 1
 

@@ -206,6 +206,18 @@ class Checker:
         self.rotted.discard((store, segment))
         self.unsynced_gaps.pop((store, segment), None)
 
+    def store_wiped(self, store: str) -> None:
+        """`store` restarted with an empty disk (a new incarnation): it serves nothing
+        of what it served before; what it served stays true for everyone else."""
+        self.checks += 1
+        for name, segment in sorted(self.store_acked):
+            if name == store:
+                del self.store_acked[(name, segment)]
+        self.rotted = {(name, segment) for name, segment in self.rotted if name != store}
+        for name, segment in sorted(self.unsynced_gaps):
+            if name == store:
+                del self.unsynced_gaps[(name, segment)]
+
     def store_restarted(
         self,
         store: str,

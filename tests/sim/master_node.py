@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from streamengine.master.core.model import SegmentRecord
 from streamengine.master.leadership import WriterView
 from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.state import MasterState
+from streamengine.master.stores import Registered
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.core.catalog import SegmentStateInfo
@@ -69,7 +71,8 @@ class MasterNode(Node):
             0,
         )
         for store in world.store_names:
-            self.state.registry.register_store(store, f"{store}:1", "", 1 << 40, 0)
+            # Each store's first incarnation; a wiped store comes back as a later one.
+            self.state.registry.register_store(store, f"{store}:1", "", 1 << 40, 0, 1)
         self.repairs = repair.RepairQueue(repair.REPAIR_CONCURRENCY_DEFAULT)
         self.timer(repair.REPAIR_TICK_MS, "repair tick", self.repair_tick)
 
@@ -81,6 +84,7 @@ class MasterNode(Node):
             cfg.lease_ms,
             cfg.store_timeout_ms,
             make_signing_key=lambda: sim_signing_key(cfg.seed),
+            make_cluster_id=lambda: f"sim-{cfg.seed}",
         )
 
     def restart(self) -> None:
@@ -119,6 +123,8 @@ class MasterNode(Node):
             result = self._serve(body.request)
         except MasterError as error:
             result = error
+        if isinstance(body.request, m.RegisterStore) and self.world.crash_after_registering():
+            return  # killed after its commit: the answer is never sent
         self.answer(message, result)
 
     def _serve(self, request: object) -> object:
@@ -157,10 +163,31 @@ class MasterNode(Node):
                 request.segment_epoch,
             )
             return self._seal(request)
+        if isinstance(request, m.RegisterStore):
+            return self._register(request)
         if isinstance(request, m.ListSegments):
             _, segments = state.list_segments(request.stream, 0)
             return tuple(segments)
         raise AssertionError(f"unknown request {request!r}")
+
+    def _register(self, request: m.RegisterStore) -> Registered:
+        """A store's registration, as the master's service answers it."""
+        known = self.state.stores[request.store].incarnation
+        registered = self.state.registry.register_store(
+            request.store,
+            f"{request.store}:1",
+            "",
+            1 << 40,
+            self.world.now,
+            request.incarnation,
+            request.cluster_id,
+        )
+        self.world.checker.master_changed(self.state)
+        if "forget_lost" in self.world.config.flaws and known == request.incarnation:
+            # The flaw (registration as it was): the replicas a new incarnation lost are
+            # answered only to the registration that found it new; a retry gets none.
+            registered = dataclasses.replace(registered, lost=())
+        return registered
 
     def _holder(
         self,

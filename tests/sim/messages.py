@@ -118,6 +118,16 @@ class ScrubReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RegisterStore:
+    """A store's registration, sent by a store whose disk was wiped (a new incarnation)
+    at every start until it joined; the answer is the master's `Registered`."""
+
+    store: str
+    incarnation: int
+    cluster_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StoreHeartbeat:
     store: str
     # What the store holds: (stream id, epoch) -> (fence, acked, last index, bytes).

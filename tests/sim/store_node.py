@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.core.model import Held
+from streamengine.master.stores import Registered
 from streamengine.protocol.auth import INSECURE
 from streamengine.protocol.entry import PackedEntries, StoredEntry
 from streamengine.protocol.grants import Grant
@@ -23,6 +24,8 @@ from streamengine.segment_store.core.commands import (
     Command,
     DeleteResult,
     DropCopiesCommand,
+    JoinCommand,
+    Joined,
     KeepAuthorityCommand,
     Outcome,
     SealCommand,
@@ -32,7 +35,13 @@ from streamengine.segment_store.core.commands import (
     WriteResult,
 )
 from streamengine.segment_store.core.errors import BelowFence as StoreRefused
-from streamengine.segment_store.core.errors import CopyRefused, SegmentNotFound, StoreError
+from streamengine.segment_store.core.errors import (
+    CopyRefused,
+    NotJoined,
+    ReplicaLost,
+    SegmentNotFound,
+    StoreError,
+)
 from streamengine.segment_store.core.kv import KVOp
 from streamengine.segment_store.core.reads import DigestInfo
 from streamengine.segment_store.core.scrub import ScrubSchedule
@@ -61,6 +70,9 @@ COPY_BATCH_ENTRIES = 16
 UNSYNCED_FLUSH_MS = 500
 # Write streams whose grants a store keeps before it forgets those of closed streams.
 STREAM_GRANTS_KEPT = 64
+# A registration unanswered this long is sent again (the real store's call timeout,
+# scaled to virtual time as the lease is).
+REGISTER_TIMEOUT_MS = 300
 
 
 class SyncedMemoryKV(MemoryKV):
@@ -91,20 +103,34 @@ class StoreNode(Node):
     def __init__(self, name: str, world: World) -> None:
         super().__init__(name, world)
         self.fsync_never = name in world.config.fsync_never
-        self.kv: MemoryKV = UnsyncedMemoryKV() if self.fsync_never else SyncedMemoryKV()
-        self.core = SegmentStoreCore(self.kv)
+        # Disks wiped so far; one wiped at the next start (`SimConfig.wipes`).
+        self.wipes = 0
+        self.wipe_at_restart = False
+        self.kv: MemoryKV
+        self.core: SegmentStoreCore
         # The store registered once before the run: it keeps the master's key, as a
-        # real store keeps what its registration answered (written back at once).
-        record = AuthorityRecord((sim_signing_key(world.config.seed).public_key,))
-        self.core.execute(KeepAuthorityCommand(record.encode()))
-        if isinstance(self.kv, UnsyncedMemoryKV):
-            self.kv.flush()
+        # real store keeps what its registration answered.
+        self._fresh_disk()
         self._load_authority()
         self.tails = TailServer(self)
         self.scrub = ScrubSchedule[SegmentKey](1 << 30, world.now, SCRUB_RECHECK_MS)
         self.heartbeat()
         if self.fsync_never:
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
+
+    def _fresh_disk(self, joins_cluster: bool = False) -> None:
+        """An empty database holding the master's key; written back at once. A store
+        whose disk was wiped is a new incarnation: it takes part in no write or seal
+        before it joined with its registration's answer (the real store takes the key
+        from that answer too; it takes no write before it joined either way)."""
+        self.kv = UnsyncedMemoryKV() if self.fsync_never else SyncedMemoryKV()
+        self.core = SegmentStoreCore(self.kv, joins_cluster=joins_cluster)
+        if joins_cluster:
+            self.core.catalog.keep_incarnation(self.wipes + 1)
+        record = AuthorityRecord((sim_signing_key(self.world.config.seed).public_key,))
+        self.core.execute(KeepAuthorityCommand(record.encode()))
+        if isinstance(self.kv, UnsyncedMemoryKV):
+            self.kv.flush()
 
     def _load_authority(self) -> None:
         kept = self.core.catalog.authority_record()
@@ -150,17 +176,70 @@ class StoreNode(Node):
 
     def restart(self) -> None:
         super().restart()
-        metas = self.core.catalog.metas()
-        matched = {segment: meta.matched_index for segment, meta in metas.items()}
-        self.kv.crash()  # loses nothing unless the store runs with fsync never
-        self.core = SegmentStoreCore(self.kv)
+        if self.wipe_at_restart:
+            self.wipe_at_restart = False
+            self.wipes += 1
+            self._fresh_disk(joins_cluster=True)
+            self.world.checker.store_wiped(self.name)
+            self.world.stats["stores wiped"] += 1
+        else:
+            metas = self.core.catalog.metas()
+            matched = {segment: meta.matched_index for segment, meta in metas.items()}
+            self.kv.crash()  # loses nothing unless the store runs with fsync never
+            self.core = SegmentStoreCore(self.kv, joins_cluster=self.wipes > 0)
+            self.world.checker.store_restarted(self.name, self.core, self.fsync_never, matched)
         self._load_authority()
         self.tails = TailServer(self)
         self.scrub = ScrubSchedule[SegmentKey](1 << 30, self.world.now, SCRUB_RECHECK_MS)
-        self.world.checker.store_restarted(self.name, self.core, self.fsync_never, matched)
-        self.heartbeat()
+        if self.core.joins_cluster:
+            self.register()
+        else:
+            self.heartbeat()
         if self.fsync_never:
             self.timer(UNSYNCED_FLUSH_MS, "write-back", self.write_back)
+
+    # ---- registration: stores whose disk was wiped ----
+
+    def register(self) -> None:
+        """As the real store at every start: register with its incarnation, join with
+        the answer (marking the replicas it lost), then heartbeat. Unanswered, it asks
+        again."""
+        catalog = self.core.catalog
+        request = m.RegisterStore(self.name, catalog.incarnation(), catalog.cluster_id())
+        self.call(
+            MASTER,
+            request,
+            self._registered,
+            timeout_ms=REGISTER_TIMEOUT_MS,
+            on_timeout=self._register_again,
+        )
+
+    def _register_again(self) -> None:
+        self.world.stats["registrations retried"] += 1
+        self.register()
+
+    def _registered(self, answer: object) -> None:
+        if not isinstance(answer, Registered) or not answer.cluster_id:
+            self.timer(REGISTER_TIMEOUT_MS, "register again", self._register_again)
+            return
+        if self.world.crash_before_join(self):
+            return
+        lost = tuple(SegmentKey(*key) for key in answer.lost)
+        joined = self.core.execute(JoinCommand(answer.cluster_id, lost))
+        assert isinstance(joined, Joined), joined
+        self.world.stats["lost replicas marked"] += len(joined.lost)
+        self.world.note(f"{self.name} joined, {len(joined.lost)} replicas marked lost")
+        self.heartbeat()
+
+    def takes_part(self, segment: SegmentKey) -> StoreError | None:
+        """Why this store takes no part in a writer's write or seal of `segment` (not
+        joined yet, or its replica lost with a wiped disk): UNAVAILABLE, as the real
+        service answers."""
+        try:
+            self.core.check_takes_part(segment)
+        except (NotJoined, ReplicaLost) as refusal:
+            return refusal
+        return None
 
     def fence(self, segment: SegmentKey) -> int:
         meta = self.core.catalog.meta(segment)
@@ -193,7 +272,7 @@ class StoreNode(Node):
 
     def seal(
         self, segment: SegmentKey, new_epoch: int, signed: bytes, from_writer: bool
-    ) -> SealResult | m.Refused | m.Denied:
+    ) -> SealResult | m.Refused | m.Denied | StoreError:
         """A Seal, its grant checked first (invariants 3 and 8)."""
         tenant = self.granted(
             lambda: self.authority.grant_for(
@@ -205,6 +284,9 @@ class StoreNode(Node):
         )
         if isinstance(tenant, m.Denied):
             return tenant
+        refusal = self.takes_part(segment)
+        if refusal is not None:
+            return refusal
         fence = self.fence(segment)
         try:
             result = self.core.seal(segment, new_epoch, tenant)
@@ -274,6 +356,9 @@ class StoreNode(Node):
             # PERMISSION_DENIED ends the stream: the status is its last message.
             net.stream_send(message.stream, self.name, message.src, tenant)
             return
+        if self.takes_part(segment) is not None:
+            net.break_stream(message.stream)  # UNAVAILABLE ends the stream
+            return
         if request.entries and self.world.rng.random() < self.world.config.busy:
             command = WriteCommand(
                 request.segment,
@@ -326,6 +411,9 @@ class StoreNode(Node):
                 )
                 if isinstance(tenant, m.Denied):
                     return tenant
+                refusal = self.takes_part(segment)
+                if refusal is not None:
+                    return refusal
                 result = self.write(segment, epoch, request.acked_index, request.entries, tenant)
                 if not isinstance(result, m.Refused):
                     self.world.checker.change_granted(self.name, segment, epoch)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from streamengine.protocol.policy import ReplicationPolicy
-from tests.sim.world import RunResult, run_seed
+from tests.sim.world import WIPES, RunResult, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = 500
@@ -369,3 +369,54 @@ def test_a_bounded_read_taking_giving_up_for_its_end_is_caught() -> None:
             assert violation.invariant == 1
             return
     pytest.fail(f"no seed in 0..{FLAW_SEEDS_SPAN - 1} caught short_read")
+
+
+# Issue 35: wiped disks (`SimConfig.wipes`), in the band `WIPES`.
+# The first seed of the band that catches `forget_lost` (within FLAW_SEEDS_SPAN).
+FORGET_LOST_FIRST = 122
+
+
+def test_a_retried_registration_answered_without_lost_replicas_is_caught() -> None:
+    """The flaw `forget_lost` (registration as it was): only the registration that
+    found a new incarnation was answered the replicas it lost; when that answer never
+    reached the store (lost, the master killed after its commit, the store crashing
+    before it joined), the retry got none, the store joined with no lost marks, and a
+    recovery counted its empty replica among the R it decided from: an acked event
+    vanished (invariant 1, or 2 where a bridge took its place)."""
+    for seed in range(FORGET_LOST_FIRST, FORGET_LOST_FIRST + FLAW_SEEDS_SPAN):
+        result = run_seed(seed, REPAIR_STEPS, frozenset({"forget_lost"}), overrides=WIPES)
+        assert not result.error, result.error
+        violation = result.violation
+        if violation is not None and violation.invariant in (1, 2):
+            return
+    last = FORGET_LOST_FIRST + FLAW_SEEDS_SPAN - 1
+    pytest.fail(f"no seed in {FORGET_LOST_FIRST}..{last} caught forget_lost")
+
+
+def test_seed_122_a_wiped_store_hears_what_it_lost_however_often_it_registers() -> None:
+    """The seed that caught `forget_lost`: the master now answers the replicas an
+    incarnation lost to each of its registrations, so the store joins with them."""
+    result = run_seed(FORGET_LOST_FIRST, REPAIR_STEPS, overrides=WIPES)
+    assert result.ok, result.summary()
+    assert result.stats["stores wiped"] and result.stats["lost replicas marked"], result.stats
+
+
+WIPE_SEEDS = 40
+
+
+def test_wiped_stores_rejoin_and_every_seed_keeps_invariants_and_converges() -> None:
+    """Stores come back as new incarnations, registrations are retried after lost
+    answers, a store crashing before it joined and a master dying after its commit,
+    and the stores mark what they lost: every invariant holds, every seed converges."""
+    results = [run_seed(seed, REPAIR_STEPS, overrides=WIPES) for seed in range(WIPE_SEEDS)]
+    failures = [
+        f.replace(f"--steps {STEPS}", f"--steps {REPAIR_STEPS} --wipes")
+        for f in _failures(results)
+    ]
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for result in results:
+        stats.update(result.stats)
+    for seen in ("stores wiped", "lost replicas marked", "registrations retried"):
+        assert stats[seen] > 0, (seen, stats)
+    assert stats["crashes before joining"] and stats["crashes after registering"], stats

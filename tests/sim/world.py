@@ -53,6 +53,7 @@ FLAWS = (
     "forget_pending",
     "ignore_grant",
     "short_read",
+    "forget_lost",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -70,6 +71,18 @@ ROT_CHANCE = 0.2
 # a few seconds of virtual time hold a few hundred events).
 BOUNDED_READ_EVERY_MS = 700
 BOUNDED_READS_MAX = 12
+# With `SimConfig.wipes`, the chance that a store's crash wipes its disk (when it may: no
+# segment may lose more replicas than its quorums can spare),
+# and the chance that a wiped store crashes again between its registration's answer
+# and its join, or the master crashes between committing a registration and answering it
+# (either way the master committed the new incarnation and the store never joined).
+WIPE_CHANCE = 0.5
+CRASH_BEFORE_JOIN_CHANCE = 0.3
+CRASH_AFTER_REGISTERING_CHANCE = 0.3
+# The band wiped disks are hunted in (`python -m tests.sim SEED --wipes`): three stores
+# for N = 3, W = 2, so a wiped store is in every copy set and, back as a new
+# incarnation, often among the R stores a recovery decides from.
+WIPES: dict[str, Any] = {"wipes": True, "policy": ReplicationPolicy(3, 2), "stores": 3}
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -125,6 +138,11 @@ class SimConfig:
     # having read every acked event of its range. Off unless asked for (or the flaw
     # `short_read`): their messages draw from the seed's randomness.
     bounded_reads: bool = False
+    # Wiped disks: now and then a store's crash loses its whole database, and it comes
+    # back as a new incarnation that registers, joins with the replicas it lost, and
+    # may crash before it joins. Off unless asked for (or the flaw `forget_lost`): it
+    # draws from the seed's randomness.
+    wipes: bool = False
 
     @property
     def append_timeout_ms(self) -> int:
@@ -177,6 +195,7 @@ class SimConfig:
             f"roll at {self.segment_bytes or '-'}B/{self.segment_age_ms or '-'}ms"
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
+            + (" wipes" if self.wipes else "")
         )
 
 
@@ -381,7 +400,16 @@ class World:
             return
         roll = self.rng.random()
         if roll < 0.12:
-            self._crash(self.rng.choice(list(self.stores.values())), 3 * self.config.lease_ms)
+            store = self.rng.choice(list(self.stores.values()))
+            if (
+                self._wipes_on
+                and store.up
+                and self._may_wipe(store)
+                and self.rng.random() < WIPE_CHANCE
+            ):
+                self.note(f"{store.name}'s disk will be wiped")
+                store.wipe_at_restart = True
+            self._crash(store, 3 * self.config.lease_ms)
             if self.bounded:  # bounded reads are on: one starts as a store goes away
                 self._start_bounded_read()
         elif roll < 0.30:
@@ -401,6 +429,38 @@ class World:
         if self.config.rot and self.rng.random() < ROT_CHANCE:
             self._rot()
         self.sched.after(self.config.chaos_every_ms, "chaos", self._chaos)
+
+    @property
+    def _wipes_on(self) -> bool:
+        return self.config.wipes or "forget_lost" in self.config.flaws
+
+    def _may_wipe(self, store: StoreNode) -> bool:
+        """Whether `store`'s disk may be wiped: the disks of at most min(N - W, W - 1)
+        stores in a run (each as often as it comes), so that no segment loses more
+        replicas for good than its quorums can spare (a recovery still finds R = N - W
+        + 1 stores to decide from and W to bridge on)."""
+        policy = self.config.policy
+        wiped = [s for s in self.stores.values() if s.wipes or s.wipe_at_restart]
+        most = min(policy.replicas - policy.write_quorum, policy.write_quorum - 1)
+        return store in wiped or len(wiped) < most
+
+    def crash_before_join(self, store: StoreNode) -> bool:
+        """Whether a wiped store crashes between its registration's answer and its
+        join (in the safety phase, now and then)."""
+        if self.phase != "safety" or self.rng.random() >= CRASH_BEFORE_JOIN_CHANCE:
+            return False
+        self.stats["crashes before joining"] += 1
+        self._crash(store, self.config.lease_ms)
+        return True
+
+    def crash_after_registering(self) -> bool:
+        """Whether the master crashes between committing a registration and answering
+        it (in the safety phase, now and then)."""
+        if self.phase != "safety" or self.rng.random() >= CRASH_AFTER_REGISTERING_CHANCE:
+            return False
+        self.stats["crashes after registering"] += 1
+        self._crash(self.master, 2 * self.config.lease_ms)
+        return True
 
     def _rot(self) -> None:
         """Forge one copy of a sealed segment on one store, behind its back: the same

@@ -128,13 +128,71 @@ def test_a_new_incarnation_loses_every_replica_its_store_held(
     assert key not in state.live["c"].held, "what it reported was its old incarnation's"
     reason = state.leadership.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason
     assert "new incarnation" in reason and "c" in reason
-    # A restarted master knows the incarnation: the same one again loses nothing.
+    # A restarted master knows the incarnation and what it lost: the same answer again.
     restarted = MasterState(metadata_place.open(), now, LEASE, TIMEOUT)
     assert restarted.stores["c"].incarnation == 33
-    assert (
-        restarted.registry.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=33).lost == ()
-    )
+    again = restarted.registry.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=33)
+    assert again.lost == (key,)
     assert restarted.segments[key].state == SegmentState.OPEN
+
+
+RESTART = 0  # in a registration sequence: the master restarts from its metadata
+
+
+@pytest.mark.parametrize(
+    ("incarnations", "answered_lost"),
+    [
+        ((3,), (False,)),  # the incarnation it had
+        ((3, 3), (False, False)),  # a restart of the same database
+        ((33,), (True,)),  # wiped: a new incarnation
+        ((33, 33), (True, True)),  # the answer was lost: the retry hears it too
+        ((33, RESTART, 33), (True, True)),  # the master died after its commit
+        ((33, 33, 33), (True, True, True)),  # every start until it joined, and after
+        ((33, 34), (True, True)),  # wiped again before it joined
+        ((33, RESTART, 34), (True, True)),
+    ],
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v[0], int) else None,
+)
+def test_every_registration_of_a_new_incarnation_answers_what_it_lost(
+    metadata_place: MetadataPlace, incarnations: tuple[int, ...], answered_lost: tuple[bool, ...]
+) -> None:
+    """Issue 35: a registration's answer may never reach its store (the reply lost, the
+    master killed after its commit, the store crashing before it joins); a store that
+    joins with no lost marks answers a recovery's seal as an empty replica. So the
+    master answers the replicas an incarnation lost to each of its registrations."""
+    state = master_with_a_stream(metadata_place)
+    now = NOW + LEASE
+    view = state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, now)
+    assert view.segment is not None and "c" in view.segment.copy_set
+    key = view.segment.key
+    answers = []
+    for incarnation in incarnations:
+        if incarnation == RESTART:
+            state = MasterState(metadata_place.open(), now, LEASE, TIMEOUT)
+            continue
+        registered = state.registry.register_store(
+            "c", "127.0.0.1:3", "", 0, now, incarnation=incarnation
+        )
+        answers.append(registered.lost == (key,))
+        assert registered.lost in ((), (key,))
+        assert state.stores["c"].incarnation == incarnation
+    assert tuple(answers) == answered_lost
+    if any(answered_lost):
+        reason = state.leadership.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason
+        assert "new incarnation" in reason, "its open segment rolls, after a restart too"
+
+
+def test_a_lost_replica_whose_segment_was_dropped_is_answered_no_more(
+    metadata_place: MetadataPlace,
+) -> None:
+    state = master_with_a_stream(metadata_place)
+    now = NOW + LEASE
+    view = state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, now)
+    assert view.segment is not None
+    key = view.segment.key
+    assert state.registry.register_store("c", "127.0.0.1:3", "", 0, now, 33).lost == (key,)
+    state.drop_segment(key)
+    assert state.registry.register_store("c", "127.0.0.1:3", "", 0, now, 33).lost == ()
 
 
 def test_a_store_that_predates_incarnations_loses_nothing(metadata_place: MetadataPlace) -> None:

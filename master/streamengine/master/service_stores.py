@@ -48,7 +48,7 @@ class StoreHandlers(Handlers):
         registered = await self.calls.call(context, "RegisterStore", register)
         if registered.lost:
             log.warning(
-                "store %s registered as a new incarnation: its %d replicas are lost",
+                "store %s registered: %d replicas lost with an earlier incarnation",
                 request.store_id,
                 len(registered.lost),
             )

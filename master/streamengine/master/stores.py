@@ -67,7 +67,13 @@ class StoreRegistry:
         """Register a store (again). Refused (WrongCluster) when it keeps another
         cluster's id. A new incarnation of a known store holds none of its earlier
         replicas: those are `Registered.lost`, the store is told so and refuses to seal
-        or write them, the open ones roll, and repair refills the sealed ones."""
+        or write them, the open ones roll, and repair refills the sealed ones.
+
+        Every registration of that incarnation answers the same `lost` (those segments
+        the master still knows): the answer that first named them may never have reached
+        the store (a lost reply, a master killed after its commit, a store crashing
+        before it joined), and a store that joined without them would answer a
+        recovery's seal as an empty replica, and count for the one it lost."""
         validate_name_part("store id", store_id)
         if not address or len(address) > ADDRESS_CHARS_MAX or ":" not in address:
             raise InvalidArgument(f"store address {address!r} must be host:port")
@@ -86,12 +92,16 @@ class StoreRegistry:
         draining = existing.draining if existing else False
         known = existing.incarnation if existing else 0
         lost: list[SegmentKey] = []
+        kept_lost: tuple[SegmentKey, ...] = existing.lost if existing else ()
         if known and incarnation and incarnation != known:
             lost = sorted(self.state.members.get(store_id, ()))
-            for key in lost:
-                if self.state.segments[key].state != SegmentState.SEALED:
-                    self.state.lost_members.setdefault(key, set()).add(store_id)
-        record = StoreRecord(store_id, address, zone, draining, incarnation or known)
+            kept_lost = tuple(lost)
+        # A segment dropped since (deleted or trimmed) needs no mark any more.
+        answered = tuple(key for key in kept_lost if key in self.state.segments)
+        for key in answered:
+            if self.state.segments[key].state != SegmentState.SEALED:
+                self.state.lost_members.setdefault(key, set()).add(store_id)
+        record = StoreRecord(store_id, address, zone, draining, incarnation or known, kept_lost)
         if record != existing:
             self.state.catalog.commit(Batch().store(record))
             self.state.stores[store_id] = record
@@ -119,7 +129,7 @@ class StoreRegistry:
                 self.state.catalog.commit(batch)
                 for segment in unverified:
                     self.state.put_segment(segment)
-        return Registered(self.state.store_heartbeat_ms(), self.state.cluster_id, tuple(lost))
+        return Registered(self.state.store_heartbeat_ms(), self.state.cluster_id, answered)
 
     def adopt_cluster_id(self, cluster_id: str) -> None:
         """Keep `cluster_id` as the cluster's (once: it never changes after)."""

@@ -102,6 +102,13 @@ class StoreRecord:
     # Of the store's database, as it last registered (0: not known); a new one holds
     # none of the replicas of the one before.
     incarnation: int = 0
+    # The replicas this incarnation lost with the one before: every registration of it
+    # answers them, since the store may never have joined with an earlier answer.
+    lost: tuple[SegmentKey, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Loaded from JSON, the keys come back as lists.
+        object.__setattr__(self, "lost", tuple((int(s), int(e)) for s, e in self.lost))
 
 
 @dataclass(frozen=True, slots=True)
