@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from bench.segment_driver import Driver
+from bench.segment_driver import write as write_acked
 from streamengine.client import StreamClient
 from streamengine.protocol import codec
 from streamengine.protocol.auth import RPC_NEEDS
@@ -45,10 +46,23 @@ TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three stores; tenants of the tests below each make their own streams."""
+def store_metrics_ports() -> list[int]:
+    return [free_port() for _ in range(3)]
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, store_metrics_ports: list[int]
+) -> Iterator[Cluster]:
+    """Three stores (each with its metrics port); tenants of the tests below each make
+    their own streams."""
     root = tmp_path_factory.mktemp("authority")
-    with running_cluster(root, stores=3, master_args=["--lease-ms", "1000"]) as running:
+    with running_cluster(
+        root,
+        stores=3,
+        master_args=["--lease-ms", "1000"],
+        store_args_for=lambda number: ["--metrics-port", str(store_metrics_ports[number])],
+    ) as running:
         yield running
 
 
@@ -172,6 +186,36 @@ def test_writes_under_a_grant_that_does_not_fit_are_refused_and_change_nothing(
     # The grant fits its own segment on its own stores: the same write goes through.
     write = codec.write_request([event], segment=segment, writer_epoch=epoch, grant=grant)
     assert [r.status for r in store_write(member.address, [write])] == [s.ACCEPTED]
+
+
+def test_a_second_write_at_the_epoch_with_other_bytes_is_refused_and_readers_keep_the_original(
+    cluster: Cluster, store_metrics_ports: list[int]
+) -> None:
+    """Issue #37, item 3, at the stores: even under the epoch's own grant, an acked
+    index held at that epoch is never rewritten with other bytes."""
+    make_stream(cluster, "tamper/s")
+    driver = Driver(cluster.master_address, "tamper/s", client_id="honest")
+    driver.lead()
+    assert driver.segment is not None
+    segment, epoch, grant = driver.segment.id, driver.epoch, driver.grant
+    original = [StoredEntry.make(i, EntryKind.EVENT, epoch, b"event %d" % i) for i in (1, 2)]
+    tampered = StoredEntry.make(1, EntryKind.EVENT, epoch, b"TAMPERED")
+    conflicts = "streamengine_store_conflicting_copies_total"
+    counted_before = sum(metric_value(port, conflicts) for port in store_metrics_ports)
+    for replica in driver.segment.copy_set:
+        write_acked(replica.address, segment, epoch, original, acked=2, grant=grant)
+        # A retransmission (identical bytes) is accepted as before.
+        write_acked(replica.address, segment, epoch, original[:1], acked=2, grant=grant)
+        attack = codec.write_request([tampered], segment=segment, writer_epoch=epoch, grant=grant)
+        error = refused(functools.partial(store_write, replica.address, [attack]))
+        assert error.code() == Code.ALREADY_EXISTS, error.details()
+        assert "index 1 is held at epoch" in (error.details() or "")
+        assert state_of(replica.address, segment) == (0, 2, 2)
+        read = store_call(replica.address, "Read", s.ReadRequest(segment=segment, from_index=1))
+        payloads = [e.payload for reply in read for e in reply.entries]
+        assert payloads == [b"event 1", b"event 2"], replica.store_id
+    counted = sum(metric_value(port, conflicts) for port in store_metrics_ports)
+    assert counted == counted_before + len(driver.segment.copy_set)
 
 
 def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: Cluster) -> None:
