@@ -260,10 +260,113 @@ def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: 
         error = refused(functools.partial(master_call, cluster, method, request))
         assert error.code() == Code.PERMISSION_DENIED, (method, error.details())
         assert leader() == ("holder", epoch), method
-    released = master_call(
+    # The grant without the lease secret handed with it releases nothing.
+    unproven = master_call(
         cluster, "ReleaseLease", m.ReleaseLeaseRequest(**published, grant=holder.grant)
     )
+    assert not unproven.released and leader() == ("holder", epoch)
+    released = master_call(
+        cluster,
+        "ReleaseLease",
+        m.ReleaseLeaseRequest(**published, grant=holder.grant, lease_secret=holder.lease_secret),
+    )
     assert released.released and leader() == ("", epoch)
+
+
+LEASE_S = 1.0  # the module cluster's --lease-ms
+
+
+def test_a_second_write_token_naming_the_leaders_id_gets_no_grant_and_the_leader_appends_on(
+    cluster: Cluster,
+) -> None:
+    """Issue #37, item 3, at the master: the leader's client id is published, the lease
+    secret handed with its grant is not. Another write token of the tenant naming that
+    id is a follower: no grant, no secret, no renewal."""
+    make_stream(cluster, "usurp/s")
+    attacker, _ = create_token(cluster.master_address, "usurp", m.TOKEN_ROLE_WRITE)
+
+    async def attack_while_the_leader_appends() -> list[bytes]:
+        appended = []
+        async with StreamClient(cluster.master_address) as client:
+            async with client.writer("usurp/s", leadership_timeout_s=15) as writer:
+                await writer.append_batch([b"before"])
+                appended.append(b"before")
+                epoch = writer.epoch
+                async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+                    stub = master_pb2_grpc.MasterStub(channel)
+                    info = await stub.DescribeStream(
+                        m.DescribeStreamRequest(name="usurp/s"),
+                        metadata=bearer(attacker),
+                        timeout=TIMEOUT_S,
+                    )
+                    assert info.leader_id and info.epoch == epoch
+                    usurp = m.WriterHeartbeatRequest(
+                        stream="usurp/s", client_id=info.leader_id, epoch=epoch
+                    )
+                    deadline = time.monotonic() + 2 * LEASE_S
+                    while time.monotonic() < deadline:
+                        reply = await stub.WriterHeartbeat(
+                            usurp, metadata=bearer(attacker), timeout=TIMEOUT_S
+                        )
+                        assert reply.role == m.FOLLOWER, reply
+                        assert not reply.grant and not reply.lease_secret
+                        payload = b"during %d" % len(appended)
+                        await writer.append_batch([payload])
+                        appended.append(payload)
+                        await asyncio.sleep(0.05)
+                await writer.append_batch([b"after"])
+                appended.append(b"after")
+                assert writer.epoch == epoch, "the honest writer led throughout"
+            assert [e.payload async for e in client.read("usurp/s")] == appended
+        return appended
+
+    assert len(asyncio.run(attack_while_the_leader_appends())) > 3
+
+
+def test_a_stolen_lease_secret_under_another_token_proves_nothing_and_renews_nothing(
+    cluster: Cluster,
+) -> None:
+    make_stream(cluster, "usurp/raw")
+    holder, _ = create_token(cluster.master_address, "usurp", m.TOKEN_ROLE_WRITE)
+    other, _ = create_token(cluster.master_address, "usurp", m.TOKEN_ROLE_WRITE)
+    heartbeat = functools.partial(master_call, cluster, "WriterHeartbeat")
+    first = heartbeat(m.WriterHeartbeatRequest(stream="usurp/raw", client_id="raw"), holder)
+    assert first.role == m.LEADER and len(first.lease_secret) >= 16
+    epoch, secret, grant = first.epoch, first.lease_secret, first.grant
+    published: dict[str, Any] = {"stream": "usurp/raw", "client_id": "raw", "epoch": epoch}
+
+    stolen = heartbeat(m.WriterHeartbeatRequest(**published, lease_secret=secret), other)
+    assert stolen.role == m.FOLLOWER and not stolen.grant and not stolen.lease_secret
+    renewed_at = time.monotonic()
+    renewed = heartbeat(m.WriterHeartbeatRequest(**published, lease_secret=secret), holder)
+    assert (renewed.role, renewed.epoch) == (m.LEADER, epoch) and renewed.grant
+    assert not renewed.lease_secret, "the secret is handed only with the grant"
+
+    # Even the epoch's grant moves nothing without the secret.
+    release = m.ReleaseLeaseRequest(**published, grant=grant)
+    assert not master_call(cluster, "ReleaseLease", release, other).released
+    roll = m.RollSegmentRequest(**published, grant=grant)
+    error = refused(functools.partial(master_call, cluster, "RollSegment", roll, other))
+    assert error.code() == Code.FAILED_PRECONDITION, error.details()
+    hold = m.HoldLeaseRequest(**published, grant=grant)
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        calls = master_pb2_grpc.MasterStub(channel).HoldLease(
+            hold, timeout=TIMEOUT_S, metadata=bearer(other)
+        )
+        error = refused(lambda: list(calls))
+    assert error.code() == Code.PERMISSION_DENIED, error.details()
+
+    # The other token's heartbeats renew nothing: the lease runs out on the holder's
+    # last renewal, and what the other token then wins is a new epoch of its own.
+    while True:
+        reply = heartbeat(m.WriterHeartbeatRequest(**published), other)
+        if reply.role == m.LEADER:
+            break
+        assert not reply.grant and not reply.lease_secret
+        assert time.monotonic() < renewed_at + 10 * LEASE_S, "the lease never ran out"
+        time.sleep(0.05)
+    assert time.monotonic() - renewed_at >= LEASE_S
+    assert reply.epoch == epoch + 1 and reply.lease_secret not in (b"", secret)
 
 
 # ---- tokens ----

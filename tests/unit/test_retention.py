@@ -18,6 +18,7 @@ from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.core.retention import SegmentFacts, retention_trims, trims_before
 from streamengine.protocol.retention import first_retained_sequence, position_trimmed
 from streamengine.protocol.sequence import pack_sequence
+from tests.unit.lease_helpers import writer
 from tests.unit.test_master_state import LEASE, Master, beat
 
 NOW = 10_000_000
@@ -163,7 +164,7 @@ def roll_sealed(m: Master, count: int, size: int = 100) -> list[int]:
     for _ in range(count):
         segment = view.segment
         assert segment is not None
-        view = m.state.leadership.roll_segment("t/s", "w1", view.lease.epoch, [], m.now)
+        view = m.state.leadership.roll_segment("t/s", writer("w1"), view.lease.epoch, [], m.now)
         m.state.integrity.seal_segment("t/s", segment.epoch, view.lease.epoch, 11, m.now)
         for member in segment.copy_set:
             held.setdefault(member, {})[segment.key] = Held(view.lease.epoch, 11, 11, size)
