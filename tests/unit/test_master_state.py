@@ -19,6 +19,7 @@ from streamengine.master.core.errors import (
     SealConflict,
     TooManyUnsealed,
 )
+from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.state import MasterState
 from tests.metadata_backends import MetadataPlace, RocksDBPlace
@@ -120,8 +121,12 @@ def test_after_restart_the_previous_holder_keeps_its_lease(master: Master) -> No
     beat(master, "w1")
     master.restart()
     master.now += LEASE // 2
+    # The lease secret's digest was persisted with the epoch: only the holder proves it.
+    usurper = master.state.leadership.writer_heartbeat("t/s", Claim("w1"), 1, 0, 0, master.now)
+    assert not usurper.leads and not usurper.secret
     view = beat(master, "w1", 1)
     assert view.leads and view.lease.epoch == 1, "renewed, not re-granted"
+    assert not view.secret, "the secret is handed only with the grant"
 
 
 def test_third_epoch_with_two_unsealed_gets_no_segment_then_rolls(master: Master) -> None:
