@@ -40,6 +40,7 @@ async def renewals(address: str, renewers: int, seconds: float) -> float:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         epochs = {}
+        secrets = {}
         for n in range(renewers):
             name = f"bench/renew{n}"
             await stub.CreateStream(
@@ -48,7 +49,7 @@ async def renewals(address: str, renewers: int, seconds: float) -> float:
             reply = await stub.WriterHeartbeat(
                 master_pb2.WriterHeartbeatRequest(stream=name, client_id=f"c{n}")
             )
-            epochs[name] = reply.epoch
+            epochs[name], secrets[name] = reply.epoch, reply.lease_secret
         count = 0
         deadline = time.monotonic() + seconds
 
@@ -56,7 +57,7 @@ async def renewals(address: str, renewers: int, seconds: float) -> float:
             nonlocal count
             name = f"bench/renew{n}"
             request = master_pb2.WriterHeartbeatRequest(
-                stream=name, client_id=f"c{n}", epoch=epochs[name]
+                stream=name, client_id=f"c{n}", epoch=epochs[name], lease_secret=secrets[name]
             )
             while time.monotonic() < deadline:
                 reply = await stub.WriterHeartbeat(request)

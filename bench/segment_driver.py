@@ -83,8 +83,9 @@ class Driver:
     client_id: str = "driver"
     epoch: int = 0
     segment: entry_pb2.Segment | None = None
-    # The master's signed grant of `epoch`.
+    # The master's signed grant of `epoch`, and the lease secret handed with it.
     grant: bytes = b""
+    lease_secret: bytes = b""
     # Seal with the certificate of what was written, as a leader's roll does.
     certify: bool = True
 
@@ -101,7 +102,10 @@ class Driver:
                 try:
                     reply = stub.WriterHeartbeat(
                         master_pb2.WriterHeartbeatRequest(
-                            stream=self.stream, client_id=self.client_id, epoch=self.epoch
+                            stream=self.stream,
+                            client_id=self.client_id,
+                            epoch=self.epoch,
+                            lease_secret=self.lease_secret,
                         ),
                         timeout=CALL_TIMEOUT_S,
                     )
@@ -115,6 +119,7 @@ class Driver:
                     continue
                 if reply.role == master_pb2.LEADER:
                     self.epoch, self.grant = reply.epoch, reply.grant
+                    self.lease_secret = reply.lease_secret or self.lease_secret
                     if reply.HasField("segment"):
                         self.segment = reply.segment
                     return reply
@@ -147,7 +152,11 @@ class Driver:
         with channel:
             rolled = stub.RollSegment(
                 master_pb2.RollSegmentRequest(
-                    stream=self.stream, client_id=self.client_id, epoch=old_epoch, grant=old_grant
+                    stream=self.stream,
+                    client_id=self.client_id,
+                    epoch=old_epoch,
+                    grant=old_grant,
+                    lease_secret=self.lease_secret,
                 ),
                 timeout=CALL_TIMEOUT_S,
             )

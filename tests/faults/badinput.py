@@ -241,6 +241,10 @@ ROWS: list[Row] = [
     Row("heartbeat with an epoch never granted", "master", "WriterHeartbeat",
         lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
                                               epoch=FUZZ_EPOCH), Code.INVALID_ARGUMENT),
+    Row("heartbeat with a lease secret longer than any the master hands", "master",
+        "WriterHeartbeat",
+        lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
+                                              lease_secret=b"x" * 65), Code.INVALID_ARGUMENT),
     # Only the holder of an epoch acts under it, proved by the master's grant of it (or
     # a cluster admin, who is then refused the stale epoch itself).
     Row("roll by a stale leader, without its grant", "master", "RollSegment",

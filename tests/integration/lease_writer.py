@@ -27,13 +27,16 @@ def main(master: str, stream: str, client_id: str) -> int:
     stub = master_pb2_grpc.MasterStub(channel)
     epoch = 0
     grant = b""  # the master's signed grant of `epoch`
+    secret = b""  # the lease secret handed with it
     last: tuple[int, int] | None = None
     interval_s = 0.1
     while not stop.is_set():
         sent = time.time()
         try:
             reply = stub.WriterHeartbeat(
-                master_pb2.WriterHeartbeatRequest(stream=stream, client_id=client_id, epoch=epoch),
+                master_pb2.WriterHeartbeatRequest(
+                    stream=stream, client_id=client_id, epoch=epoch, lease_secret=secret
+                ),
                 timeout=1.0,
             )
         except grpc.RpcError as error:
@@ -42,6 +45,7 @@ def main(master: str, stream: str, client_id: str) -> int:
             continue
         epoch = reply.epoch if reply.role == master_pb2.LEADER else 0
         grant = reply.grant
+        secret = reply.lease_secret or (secret if epoch else b"")
         interval_s = reply.lease_ms / HEARTBEATS_PER_LEASE / 1000
         if (reply.role, epoch) != last:
             last = (reply.role, epoch)
@@ -52,7 +56,7 @@ def main(master: str, stream: str, client_id: str) -> int:
     if epoch:
         stub.ReleaseLease(
             master_pb2.ReleaseLeaseRequest(
-                stream=stream, client_id=client_id, epoch=epoch, grant=grant
+                stream=stream, client_id=client_id, epoch=epoch, grant=grant, lease_secret=secret
             ),
             timeout=2.0,
         )

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from bench.segment_driver import Driver
+from bench.segment_driver import write as write_acked
 from streamengine.client import StreamClient
 from streamengine.protocol import codec
 from streamengine.protocol.auth import RPC_NEEDS
@@ -48,10 +49,23 @@ TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three stores; tenants of the tests below each make their own streams."""
+def store_metrics_ports() -> list[int]:
+    return [free_port() for _ in range(3)]
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, store_metrics_ports: list[int]
+) -> Iterator[Cluster]:
+    """Three stores (each with its metrics port); tenants of the tests below each make
+    their own streams."""
     root = tmp_path_factory.mktemp("authority")
-    with running_cluster(root, stores=3, master_args=["--lease-ms", "1000"]) as running:
+    with running_cluster(
+        root,
+        stores=3,
+        master_args=["--lease-ms", "1000"],
+        store_args_for=lambda number: ["--metrics-port", str(store_metrics_ports[number])],
+    ) as running:
         yield running
 
 
@@ -177,6 +191,36 @@ def test_writes_under_a_grant_that_does_not_fit_are_refused_and_change_nothing(
     assert [r.status for r in store_write(member.address, [write])] == [s.ACCEPTED]
 
 
+def test_a_second_write_at_the_epoch_with_other_bytes_is_refused_and_readers_keep_the_original(
+    cluster: Cluster, store_metrics_ports: list[int]
+) -> None:
+    """Issue #37, item 3, at the stores: even under the epoch's own grant, an acked
+    index held at that epoch is never rewritten with other bytes."""
+    make_stream(cluster, "tamper/s")
+    driver = Driver(cluster.master_address, "tamper/s", client_id="honest")
+    driver.lead()
+    assert driver.segment is not None
+    segment, epoch, grant = driver.segment.id, driver.epoch, driver.grant
+    original = [StoredEntry.make(i, EntryKind.EVENT, epoch, b"event %d" % i) for i in (1, 2)]
+    tampered = StoredEntry.make(1, EntryKind.EVENT, epoch, b"TAMPERED")
+    conflicts = "streamengine_store_conflicting_copies_total"
+    counted_before = sum(metric_value(port, conflicts) for port in store_metrics_ports)
+    for replica in driver.segment.copy_set:
+        write_acked(replica.address, segment, epoch, original, acked=2, grant=grant)
+        # A retransmission (identical bytes) is accepted as before.
+        write_acked(replica.address, segment, epoch, original[:1], acked=2, grant=grant)
+        attack = codec.write_request([tampered], segment=segment, writer_epoch=epoch, grant=grant)
+        error = refused(functools.partial(store_write, replica.address, [attack]))
+        assert error.code() == Code.ALREADY_EXISTS, error.details()
+        assert "index 1 is held at epoch" in (error.details() or "")
+        assert state_of(replica.address, segment) == (0, 2, 2)
+        read = store_call(replica.address, "Read", s.ReadRequest(segment=segment, from_index=1))
+        payloads = [e.payload for reply in read for e in reply.entries]
+        assert payloads == [b"event 1", b"event 2"], replica.store_id
+    counted = sum(metric_value(port, conflicts) for port in store_metrics_ports)
+    assert counted == counted_before + len(driver.segment.copy_set)
+
+
 def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: Cluster) -> None:
     stream_id = make_stream(cluster, "holder/s")
     make_stream(cluster, "holder/t")
@@ -219,8 +263,15 @@ def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: 
         error = refused(functools.partial(master_call, cluster, method, request))
         assert error.code() == Code.PERMISSION_DENIED, (method, error.details())
         assert leader() == ("holder", epoch), method
-    released = master_call(
+    # The grant without the lease secret handed with it releases nothing.
+    unproven = master_call(
         cluster, "ReleaseLease", m.ReleaseLeaseRequest(**published, grant=holder.grant)
+    )
+    assert not unproven.released and leader() == ("holder", epoch)
+    released = master_call(
+        cluster,
+        "ReleaseLease",
+        m.ReleaseLeaseRequest(**published, grant=holder.grant, lease_secret=holder.lease_secret),
     )
     assert released.released and leader() == ("", epoch)
 
@@ -298,6 +349,100 @@ def test_a_token_shown_as_a_grant_and_a_grant_as_a_token_are_refused(cluster: Cl
     assert (state_of(member, sealed.id), state_of(member, driver.segment.id)) == before
     info = master_call(cluster, "DescribeStream", m.DescribeStreamRequest(name="swap/s"))
     assert (info.leader_id, info.epoch) == ("swap-driver", epoch)
+LEASE_S = 1.0  # the module cluster's --lease-ms
+
+
+def test_a_second_write_token_naming_the_leaders_id_gets_no_grant_and_the_leader_appends_on(
+    cluster: Cluster,
+) -> None:
+    """Issue #37, item 3, at the master: the leader's client id is published, the lease
+    secret handed with its grant is not. Another write token of the tenant naming that
+    id is a follower: no grant, no secret, no renewal."""
+    make_stream(cluster, "usurp/s")
+    attacker, _ = create_token(cluster.master_address, "usurp", m.TOKEN_ROLE_WRITE)
+
+    async def attack_while_the_leader_appends() -> list[bytes]:
+        appended = []
+        async with StreamClient(cluster.master_address) as client:
+            async with client.writer("usurp/s", leadership_timeout_s=15) as writer:
+                await writer.append_batch([b"before"])
+                appended.append(b"before")
+                epoch = writer.epoch
+                async with grpc.aio.insecure_channel(cluster.master_address) as channel:
+                    stub = master_pb2_grpc.MasterStub(channel)
+                    info = await stub.DescribeStream(
+                        m.DescribeStreamRequest(name="usurp/s"),
+                        metadata=bearer(attacker),
+                        timeout=TIMEOUT_S,
+                    )
+                    assert info.leader_id and info.epoch == epoch
+                    usurp = m.WriterHeartbeatRequest(
+                        stream="usurp/s", client_id=info.leader_id, epoch=epoch
+                    )
+                    deadline = time.monotonic() + 2 * LEASE_S
+                    while time.monotonic() < deadline:
+                        reply = await stub.WriterHeartbeat(
+                            usurp, metadata=bearer(attacker), timeout=TIMEOUT_S
+                        )
+                        assert reply.role == m.FOLLOWER, reply
+                        assert not reply.grant and not reply.lease_secret
+                        payload = b"during %d" % len(appended)
+                        await writer.append_batch([payload])
+                        appended.append(payload)
+                        await asyncio.sleep(0.05)
+                await writer.append_batch([b"after"])
+                appended.append(b"after")
+                assert writer.epoch == epoch, "the honest writer led throughout"
+            assert [e.payload async for e in client.read("usurp/s")] == appended
+        return appended
+
+    assert len(asyncio.run(attack_while_the_leader_appends())) > 3
+
+
+def test_a_stolen_lease_secret_under_another_token_proves_nothing_and_renews_nothing(
+    cluster: Cluster,
+) -> None:
+    make_stream(cluster, "usurp/raw")
+    holder, _ = create_token(cluster.master_address, "usurp", m.TOKEN_ROLE_WRITE)
+    other, _ = create_token(cluster.master_address, "usurp", m.TOKEN_ROLE_WRITE)
+    heartbeat = functools.partial(master_call, cluster, "WriterHeartbeat")
+    first = heartbeat(m.WriterHeartbeatRequest(stream="usurp/raw", client_id="raw"), holder)
+    assert first.role == m.LEADER and len(first.lease_secret) >= 16
+    epoch, secret, grant = first.epoch, first.lease_secret, first.grant
+    published: dict[str, Any] = {"stream": "usurp/raw", "client_id": "raw", "epoch": epoch}
+
+    stolen = heartbeat(m.WriterHeartbeatRequest(**published, lease_secret=secret), other)
+    assert stolen.role == m.FOLLOWER and not stolen.grant and not stolen.lease_secret
+    renewed_at = time.monotonic()
+    renewed = heartbeat(m.WriterHeartbeatRequest(**published, lease_secret=secret), holder)
+    assert (renewed.role, renewed.epoch) == (m.LEADER, epoch) and renewed.grant
+    assert not renewed.lease_secret, "the secret is handed only with the grant"
+
+    # Even the epoch's grant moves nothing without the secret.
+    release = m.ReleaseLeaseRequest(**published, grant=grant)
+    assert not master_call(cluster, "ReleaseLease", release, other).released
+    roll = m.RollSegmentRequest(**published, grant=grant)
+    error = refused(functools.partial(master_call, cluster, "RollSegment", roll, other))
+    assert error.code() == Code.FAILED_PRECONDITION, error.details()
+    hold = m.HoldLeaseRequest(**published, grant=grant)
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        calls = master_pb2_grpc.MasterStub(channel).HoldLease(
+            hold, timeout=TIMEOUT_S, metadata=bearer(other)
+        )
+        error = refused(lambda: list(calls))
+    assert error.code() == Code.PERMISSION_DENIED, error.details()
+
+    # The other token's heartbeats renew nothing: the lease runs out on the holder's
+    # last renewal, and what the other token then wins is a new epoch of its own.
+    while True:
+        reply = heartbeat(m.WriterHeartbeatRequest(**published), other)
+        if reply.role == m.LEADER:
+            break
+        assert not reply.grant and not reply.lease_secret
+        assert time.monotonic() < renewed_at + 10 * LEASE_S, "the lease never ran out"
+        time.sleep(0.05)
+    assert time.monotonic() - renewed_at >= LEASE_S
+    assert reply.epoch == epoch + 1 and reply.lease_secret not in (b"", secret)
 
 
 # ---- tokens ----

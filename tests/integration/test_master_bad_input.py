@@ -47,7 +47,11 @@ def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             GRANTS[reply.epoch] = reply.grant
             rolled = stub.RollSegment(
                 m.RollSegmentRequest(
-                    stream=STREAM, client_id="w1", epoch=reply.epoch, grant=reply.grant
+                    stream=STREAM,
+                    client_id="w1",
+                    epoch=reply.epoch,
+                    grant=reply.grant,
+                    lease_secret=reply.lease_secret,
                 )
             )
             GRANTS[rolled.epoch] = rolled.grant

@@ -161,7 +161,11 @@ def test_holes_left_by_a_recovery_never_appear_as_rows(spark: Any, cluster: Clus
     with grpc.insecure_channel(cluster.master_address) as channel:
         master_pb2_grpc.MasterStub(channel).ReleaseLease(
             master_pb2.ReleaseLeaseRequest(
-                stream="spark/holes", client_id="driver", epoch=epoch, grant=driver.grant
+                stream="spark/holes",
+                client_id="driver",
+                epoch=epoch,
+                grant=driver.grant,
+                lease_secret=driver.lease_secret,
             ),
             timeout=10,
         )

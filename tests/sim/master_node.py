@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from streamengine.client.core.writer import (
 from streamengine.master.catalog import Catalog
 from streamengine.master.core import authority, integrity, repair
 from streamengine.master.core.errors import MasterError, SealConflict
+from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim
 from streamengine.master.core.model import SegmentRecord
 from streamengine.master.leadership import WriterView
 from streamengine.master.metadata import MemoryMetadata
@@ -40,7 +42,6 @@ from tests.sim.nodes import MASTER, Node
 # ---- master ----
 
 
-
 def grant_of(record: SegmentRecord) -> SegmentGrant:
     return SegmentGrant(
         SegmentRef(record.stream_id, record.epoch, record.stream),
@@ -54,9 +55,22 @@ def sim_signing_key(seed: int) -> SigningKey:
     return SigningKey(hashlib.sha256(b"simulated master key %d" % seed).digest())
 
 
+def sim_lease_secrets(seed: int) -> Callable[[], bytes]:
+    """Each grant's lease secret: from the seed and a count (never repeated across
+    master restarts), not from the run's random source (see `sim_signing_key`)."""
+    count = itertools.count()
+
+    def draw() -> bytes:
+        secret = hashlib.sha256(b"simulated lease secret %d/%d" % (seed, next(count))).digest()
+        return secret[:LEASE_SECRET_BYTES]
+
+    return draw
+
+
 class MasterNode(Node):
     def __init__(self, world: World) -> None:
         super().__init__(MASTER, world)
+        self.draw_secret = sim_lease_secrets(world.config.seed)
         self.metadata = MemoryMetadata()
         self.catalog = Catalog(self.metadata)
         self.state = self._load()
@@ -78,7 +92,7 @@ class MasterNode(Node):
 
     def _load(self) -> MasterState:
         cfg = self.world.config
-        return MasterState(
+        state = MasterState(
             self.catalog,
             self.world.now,
             cfg.lease_ms,
@@ -86,6 +100,8 @@ class MasterNode(Node):
             make_signing_key=lambda: sim_signing_key(cfg.seed),
             make_cluster_id=lambda: f"sim-{cfg.seed}",
         )
+        state.leadership.draw_secret = self.draw_secret
+        return state
 
     def restart(self) -> None:
         super().restart()
@@ -114,7 +130,8 @@ class MasterNode(Node):
             return
         if isinstance(body, m.HoldEnded):
             leadership = self.state.leadership
-            if leadership.holder_gone(body.stream, body.client_id, body.epoch, self.world.now):
+            claim = Claim(body.client_id, body.lease_secret)
+            if leadership.holder_gone(body.stream, claim, body.epoch, self.world.now):
                 self.world.note(f"{body.client_id}'s call holding epoch {body.epoch} ended")
                 self.world.stats["leases ended by their holder's call"] += 1
             return
@@ -134,7 +151,7 @@ class MasterNode(Node):
             before = state.leases[request.stream].epoch
             view = state.leadership.writer_heartbeat(
                 request.stream,
-                request.client_id,
+                Claim(request.client_id, request.lease_secret),
                 request.epoch,
                 request.acked_index,
                 request.segment_bytes,
@@ -146,13 +163,17 @@ class MasterNode(Node):
             self._holder(request.stream, request.grant, request.epoch, request.client_id)
             before = state.leases[request.stream].epoch
             view = state.leadership.roll_segment(
-                request.stream, request.client_id, request.epoch, request.exclude, now
+                request.stream,
+                Claim(request.client_id, request.lease_secret),
+                request.epoch,
+                request.exclude,
+                now,
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.ReleaseLease):
             self._holder(request.stream, request.grant, request.epoch, request.client_id)
             return state.leadership.release_lease(
-                request.stream, request.client_id, request.epoch, now
+                request.stream, Claim(request.client_id, request.lease_secret), request.epoch, now
             )
         if isinstance(request, m.SealSegment):
             self._holder(
@@ -204,7 +225,7 @@ class MasterNode(Node):
             self.state.verifier, signed, False, record, epoch, client_id, segment_epoch
         )
 
-    def _view(self, view: WriterView, before: int, client_id: str) -> HeartbeatAnswered:
+    def _view(self, view: WriterView, before: int, client_id: str) -> m.LeaderReply:
         """The reply to a heartbeat or a roll, as the master's service builds it."""
         state = self.state
         now = self.world.now
@@ -218,7 +239,7 @@ class MasterNode(Node):
             grant = view.grant()
             self.world.checker.grant_issued(grant)
             signed = self.state.grant_signer.sign(grant)
-        return HeartbeatAnswered(
+        answer = HeartbeatAnswered(
             sent_at_ms=0,
             leader=view.leads,
             epoch=view.lease.epoch,
@@ -233,6 +254,7 @@ class MasterNode(Node):
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
         )
+        return m.LeaderReply(answer, view.secret)
 
     def _seal(self, request: m.SealSegment) -> object:
         key = SegmentKey(self.stream.stream_id, request.segment_epoch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from streamengine.client.core.writer import HeartbeatAnswered
 from streamengine.master.core.model import Held
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -58,6 +59,17 @@ class WriterHeartbeat:
     epoch: int
     acked_index: int
     segment_bytes: int
+    # The lease secret handed with the lease (`LeaderReply`).
+    lease_secret: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderReply:
+    """The master's answer to a heartbeat or a roll, with the lease secret when this
+    answer is the one that granted the lease (as `WriterHeartbeatReply.lease_secret`)."""
+
+    answer: HeartbeatAnswered
+    lease_secret: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +81,7 @@ class HoldEnded:
     stream: str
     client_id: str
     epoch: int
+    lease_secret: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +91,7 @@ class ReleaseLease:
     epoch: int
     # The master's signed grant of `epoch` (as every message acting under an epoch).
     grant: bytes = field(default=b"", repr=False)
+    lease_secret: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,7 @@ class RollSegment:
     epoch: int
     exclude: tuple[str, ...] = ()
     grant: bytes = field(default=b"", repr=False)
+    lease_secret: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

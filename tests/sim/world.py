@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from streamengine.client.core.writer import APPEND_TIMEOUT_MS
 from streamengine.master.core.errors import MasterError, NotEnoughStores
+from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import SegmentState
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
@@ -694,7 +695,7 @@ class World:
             (
                 "a heartbeat with an epoch never granted",
                 lambda: state.leadership.writer_heartbeat(
-                    stream, "intruder", record.epoch + 1, 0, 0, now
+                    stream, Claim("intruder"), record.epoch + 1, 0, 0, now
                 ),
             ),
             (
@@ -705,7 +706,7 @@ class World:
             ),
             (
                 "an unknown stream",
-                lambda: state.leadership.writer_heartbeat("sim/nope", "x", 0, 0, 0, now),
+                lambda: state.leadership.writer_heartbeat("sim/nope", Claim("x"), 0, 0, 0, now),
             ),
             ("a malformed stream name", lambda: state.list_segments("no-tenant", 0)),
         ]

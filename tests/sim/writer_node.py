@@ -40,6 +40,7 @@ from streamengine.client.core.writer import (
     SteppedDown,
 )
 from streamengine.client.core.writer import ReleaseLease as ReleaseLeaseAction
+from streamengine.client.wire import LeaseSecret
 from streamengine.master.core.errors import MasterError
 from streamengine.master.service_calls import status_of
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
@@ -101,6 +102,8 @@ class WriterNode(Node):
         # The epoch whose lease this writer holds open at the master (`HoldLease`, as
         # `streamengine.client.writer` does from `BecameLeader` on); 0: none.
         self.holding_epoch = 0
+        # The lease secret handed with this writer's lease (the client's own).
+        self.lease_secret = LeaseSecret()
         self.step(Tick())
 
     def crash(self) -> None:
@@ -116,7 +119,12 @@ class WriterNode(Node):
     def _end_hold(self) -> None:
         """The master sees the `HoldLease` call end (`master.leadership.holder_gone`)."""
         if self.holding_epoch:
-            broken = m.HoldEnded(self.world.config.stream, self.client_id, self.holding_epoch)
+            broken = m.HoldEnded(
+                self.world.config.stream,
+                self.client_id,
+                self.holding_epoch,
+                self.lease_secret.shown(),
+            )
             self.world.net.send(self.name, MASTER, broken)
             self.holding_epoch = 0
 
@@ -252,7 +260,11 @@ class WriterNode(Node):
                 self._replace_later()
             elif isinstance(action, ReleaseLeaseAction):
                 release = m.ReleaseLease(
-                    self.world.config.stream, self.client_id, action.epoch, action.grant
+                    self.world.config.stream,
+                    self.client_id,
+                    action.epoch,
+                    action.grant,
+                    self.lease_secret.shown(),
                 )
                 self.call(MASTER, release, lambda _: None)
             elif isinstance(action, StoreDetached):
@@ -333,10 +345,16 @@ class WriterNode(Node):
             action.epoch,
             action.acked_index,
             action.segment_bytes,
+            self.lease_secret.shown(),
         )
 
         def answered(result: object) -> None:
-            if isinstance(result, HeartbeatAnswered):
+            result = self._learn_secret(result)
+            if isinstance(result, HeartbeatAnswered) and self.lease_secret.answered_without_it(
+                request.lease_secret, result.leader
+            ):
+                self.step(HeartbeatFailed(sent_at, "", "answered before the lease secret came"))
+            elif isinstance(result, HeartbeatAnswered):
                 if result.leader and result.segment is None and not self.leading:
                     self.world.stats["grants without a segment"] += 1
                     if len(result.unsealed) < 2:  # not two unsealed: too few stores
@@ -363,9 +381,11 @@ class WriterNode(Node):
             action.epoch,
             action.exclude_stores,
             action.grant,
+            self.lease_secret.shown(),
         )
 
         def answered(result: object) -> None:
+            result = self._learn_secret(result)
             if isinstance(result, HeartbeatAnswered):
                 self.step(RollAnswered(dataclasses.replace(result, sent_at_ms=sent_at)))
             else:
@@ -376,6 +396,14 @@ class WriterNode(Node):
 
         timeout = self.world_delay_ms(action.timeout_ms)
         self.call(MASTER, request, answered, True, timeout, timed_out)
+
+    def _learn_secret(self, result: object) -> object:
+        """The answer inside a `LeaderReply`, its lease secret kept (as the client's
+        shell does before it steps the answer)."""
+        if not isinstance(result, m.LeaderReply):
+            return result
+        self.lease_secret.learn(result.lease_secret)
+        return result.answer
 
     def _became_leader(self, action: BecameLeader) -> None:
         self.world.note(f"{self.client_id} leads epoch {action.epoch}")

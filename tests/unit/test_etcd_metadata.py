@@ -14,6 +14,7 @@ from streamengine.master.metadata import NotActive, Transaction, prefix_end
 from streamengine.master.state import MasterState
 from streamengine.testing import EtcdCluster
 from tests.metadata_backends import EtcdPlace, join_election
+from tests.unit.lease_helpers import fixed_secrets, writer
 
 LEASE = 1000
 TIMEOUT = 3000
@@ -70,7 +71,7 @@ def records(place: EtcdPlace) -> list[tuple[bytes, bytes]]:
 
 
 def test_a_deposed_master_writes_nothing_and_its_memory_does_not_move(place: EtcdPlace) -> None:
-    state = MasterState(place.open(), NOW, LEASE, TIMEOUT)
+    state = fixed_secrets(MasterState(place.open(), NOW, LEASE, TIMEOUT))
     for store in ("a", "b", "c"):
         state.registry.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
     state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, NOW)
@@ -78,7 +79,7 @@ def test_a_deposed_master_writes_nothing_and_its_memory_does_not_move(place: Etc
     place.step_down()  # its election key is gone, as after a lease expiry
 
     with pytest.raises(NotActive):
-        state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW + LEASE)
+        state.leadership.writer_heartbeat("t/s", writer("w1"), 0, 0, 0, NOW + LEASE)
     assert state.streams["t/s"].epoch == 0, "no epoch in memory either"
     assert state.leases["t/s"].epoch == 0
     with pytest.raises(NotActive):
@@ -106,25 +107,25 @@ def test_a_late_transaction_of_the_same_master_fails_instead_of_overwriting(
 def test_a_standby_loads_what_the_active_master_wrote_and_only_it_writes(
     place: EtcdPlace,
 ) -> None:
-    first = MasterState(place.open(), NOW, LEASE, TIMEOUT)
+    first = fixed_secrets(MasterState(place.open(), NOW, LEASE, TIMEOUT))
     for store in ("a", "b", "c"):
         first.registry.register_store(store, f"127.0.0.1:{ord(store)}", "", 0, NOW)
     first.tenancy.create_stream("t/s", 3, 2, 0, 0, True, NOW)
-    granted = first.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, NOW)
+    granted = first.leadership.writer_heartbeat("t/s", writer("w1"), 0, 0, 0, NOW)
     assert granted.lease.epoch == 1
 
     # A second master on the same prefix, once the first stepped down.
     place.step_down()
     second_place = EtcdPlace(url=place.url)
     try:
-        second = MasterState(second_place.open(), NOW + 10, LEASE, TIMEOUT)
+        second = fixed_secrets(MasterState(second_place.open(), NOW + 10, LEASE, TIMEOUT))
         assert second.streams["t/s"].epoch == 1 and second.streams["t/s"].leader_id == "w1"
         assert not second.granting_leases(NOW + 10), "the restart rule holds after a failover"
-        taken = second.leadership.writer_heartbeat("t/s", "w2", 0, 0, 0, NOW + 10 + LEASE)
+        taken = second.leadership.writer_heartbeat("t/s", writer("w2"), 0, 0, 0, NOW + 10 + LEASE)
         assert taken.lease.epoch == 2
         with pytest.raises(NotActive):
             # A grant of the deposed master's own (its memory says the lease ran out).
-            first.leadership.writer_heartbeat("t/s", "w3", 0, 0, 0, NOW + 2 * LEASE)
+            first.leadership.writer_heartbeat("t/s", writer("w3"), 0, 0, 0, NOW + 2 * LEASE)
         assert second.streams["t/s"].epoch == 2
     finally:
         second_place.close()

@@ -14,6 +14,7 @@ from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, certificate_of
 from streamengine.protocol.entry import EntryKind
 from tests.metadata_backends import MetadataPlace
+from tests.unit.lease_helpers import fixed_secrets, writer
 
 COPY_SET = ("a", "b", "c")
 W = 2
@@ -174,10 +175,10 @@ class Master:
     def __init__(self, place: MetadataPlace) -> None:
         self.place = place
         self.now = 1_000_000
-        self.state = MasterState(self.place.open(), self.now, LEASE, 3000)
+        self.state = fixed_secrets(MasterState(self.place.open(), self.now, LEASE, 3000))
 
     def restart(self) -> MasterState:
-        self.state = MasterState(self.place.open(), self.now, LEASE, 3000)
+        self.state = fixed_secrets(MasterState(self.place.open(), self.now, LEASE, 3000))
         return self.state
 
 
@@ -190,8 +191,8 @@ def master(metadata_place: MetadataPlace):
         m.state.registry.store_heartbeat(sid, 0, 0, {}, m.now)
     m.state.tenancy.create_stream("t/s", 3, 2, 0, 0, True, m.now)
     m.now += LEASE
-    m.state.leadership.writer_heartbeat("t/s", "w", 0, 0, 0, m.now)  # epoch 1
-    m.state.leadership.roll_segment("t/s", "w", 1, (), m.now)  # epoch 2: segment 1 to seal
+    m.state.leadership.writer_heartbeat("t/s", writer("w"), 0, 0, 0, m.now)  # epoch 1
+    m.state.leadership.roll_segment("t/s", writer("w"), 1, (), m.now)  # epoch 2: segment 1 to seal
     yield m
 
 

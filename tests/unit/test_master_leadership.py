@@ -6,90 +6,154 @@ import pytest
 
 from streamengine.master.core import leadership
 from streamengine.master.core.errors import InvalidArgument, NotLeader
-from streamengine.master.core.leadership import Lease, Outcome
+from streamengine.master.core.leadership import (
+    LEASE_SECRET_BYTES,
+    LEASE_SECRET_BYTES_MAX,
+    Claim,
+    Lease,
+    Outcome,
+    secret_digest,
+)
 
 LEASE = 1000
+# The secret each client was handed with its grant, the one the next grant hands.
+SECRETS = {"a": b"a" * LEASE_SECRET_BYTES, "b": b"b" * LEASE_SECRET_BYTES}
+FRESH = bytes(range(LEASE_SECRET_BYTES))
+PRINCIPAL = "tenant:token-1"
+
+
+def claim(client: str, secret: bytes | None = None, principal: str = PRINCIPAL) -> Claim:
+    """`client` as its holder calls: its own secret unless told otherwise."""
+    return Claim(client, SECRETS.get(client, b"") if secret is None else secret, principal)
+
+
+def held(epoch: int, holder: str, expires_ms: int, secret: bytes | None = None) -> Lease:
+    """A lease `holder` was granted (with its own secret, unless told otherwise)."""
+    if not holder:
+        return Lease(epoch, "", expires_ms)
+    shown = SECRETS[holder] if secret is None else secret
+    return Lease(epoch, holder, expires_ms, secret_digest(shown), PRINCIPAL)
+
+
+def granted(epoch: int, holder: str, expires_ms: int) -> Lease:
+    return held(epoch, holder, expires_ms, FRESH)
 
 
 @pytest.mark.parametrize(
-    ("rule", "lease", "client", "epoch", "now", "outcome", "after"),
+    ("rule", "lease", "caller", "epoch", "now", "outcome", "after"),
     [
         (
-            "no leader yet: the first heartbeat is granted epoch 1",
+            "no leader yet: the first heartbeat is granted epoch 1, with a fresh secret",
             Lease(0, "", 0),
-            "a",
+            claim("a", b""),
             0,
             5,
             Outcome.GRANTED,
-            Lease(1, "a", 5 + LEASE),
+            granted(1, "a", 5 + LEASE),
         ),
         (
             "the holder's heartbeat renews its lease, same epoch",
-            Lease(3, "a", 900),
-            "a",
+            held(3, "a", 900),
+            claim("a"),
             3,
             500,
             Outcome.RENEWED,
-            Lease(3, "a", 500 + LEASE),
-        ),
-        (
-            "the holder renews even when it does not know its epoch yet (lost reply)",
-            Lease(3, "a", 900),
-            "a",
-            0,
-            500,
-            Outcome.RENEWED,
-            Lease(3, "a", 500 + LEASE),
+            held(3, "a", 500 + LEASE),
         ),
         (
             "another client learns who leads and changes nothing",
-            Lease(3, "a", 900),
-            "b",
+            held(3, "a", 900),
+            claim("b"),
             0,
             899,
             Outcome.FOLLOW,
-            Lease(3, "a", 900),
+            held(3, "a", 900),
+        ),
+        (
+            "the holder's client id without its secret is a follower's heartbeat",
+            held(3, "a", 900),
+            claim("a", b""),
+            3,
+            500,
+            Outcome.FOLLOW,
+            held(3, "a", 900),
+        ),
+        (
+            "the holder's client id with another secret is a follower's heartbeat",
+            held(3, "a", 900),
+            claim("a", SECRETS["b"]),
+            3,
+            500,
+            Outcome.FOLLOW,
+            held(3, "a", 900),
+        ),
+        (
+            "the holder's id and secret from another principal is a follower's heartbeat",
+            held(3, "a", 900),
+            claim("a", principal="tenant:token-2"),
+            3,
+            500,
+            Outcome.FOLLOW,
+            held(3, "a", 900),
+        ),
+        (
+            "the holder's id without its secret renews nothing once the lease ran out",
+            held(3, "a", 900),
+            claim("a", b""),
+            3,
+            5000,
+            Outcome.GRANTED,
+            granted(4, "a", 5000 + LEASE),
         ),
         (
             "an expired lease goes to the next caller with a higher epoch",
-            Lease(3, "a", 900),
-            "b",
+            held(3, "a", 900),
+            claim("b"),
             0,
             900,
             Outcome.GRANTED,
-            Lease(4, "b", 900 + LEASE),
+            granted(4, "b", 900 + LEASE),
         ),
         (
             "an expired holder naming its epoch renews it while nobody else was granted",
-            Lease(3, "a", 900),
-            "a",
+            held(3, "a", 900),
+            claim("a"),
             3,
             5000,
             Outcome.RENEWED,
-            Lease(3, "a", 5000 + LEASE),
+            held(3, "a", 5000 + LEASE),
+        ),
+        (
+            "the holder renews before expiry even when it does not name its epoch",
+            held(3, "a", 900),
+            claim("a"),
+            0,
+            500,
+            Outcome.RENEWED,
+            held(3, "a", 500 + LEASE),
         ),
         (
             "an expired holder that does not name its epoch gets a new one",
-            Lease(3, "a", 900),
-            "a",
+            held(3, "a", 900),
+            claim("a"),
             0,
             901,
             Outcome.GRANTED,
-            Lease(4, "a", 901 + LEASE),
+            granted(4, "a", 901 + LEASE),
         ),
         (
             "a holder that gave its lease back renews nothing",
             Lease(3, "", 900),
-            "a",
+            claim("a"),
             3,
             901,
             Outcome.GRANTED,
-            Lease(4, "a", 901 + LEASE),
+            granted(4, "a", 901 + LEASE),
         ),
         (
             "after a restart nobody is granted anything for one lease period",
-            leadership.recovered_lease(7, "", 100, LEASE),
-            "b",
+            leadership.recovered_lease(7, "", b"", "", 100, LEASE),
+            claim("b"),
             0,
             100 + LEASE - 1,
             Outcome.FOLLOW,
@@ -97,35 +161,44 @@ LEASE = 1000
         ),
         (
             "after a restart the previous holder keeps leading if it heartbeats",
-            leadership.recovered_lease(7, "a", 100, LEASE),
-            "a",
+            leadership.recovered_lease(7, "a", secret_digest(SECRETS["a"]), PRINCIPAL, 100, LEASE),
+            claim("a"),
             7,
             600,
             Outcome.RENEWED,
-            Lease(7, "a", 600 + LEASE),
+            held(7, "a", 600 + LEASE),
+        ),
+        (
+            "after a restart the previous holder's id without its secret follows",
+            leadership.recovered_lease(7, "a", secret_digest(SECRETS["a"]), PRINCIPAL, 100, LEASE),
+            claim("a", b""),
+            7,
+            600,
+            Outcome.FOLLOW,
+            held(7, "a", 100 + LEASE),
         ),
         (
             "after a restart and one lease period, a new caller is granted the next epoch",
-            leadership.recovered_lease(7, "a", 100, LEASE),
-            "b",
+            leadership.recovered_lease(7, "a", secret_digest(SECRETS["a"]), PRINCIPAL, 100, LEASE),
+            claim("b"),
             0,
             100 + LEASE,
             Outcome.GRANTED,
-            Lease(8, "b", 100 + 2 * LEASE),
+            granted(8, "b", 100 + 2 * LEASE),
         ),
         (
             "a released lease is granted at once",
             Lease(5, "", 300),
-            "b",
+            claim("b"),
             0,
             300,
             Outcome.GRANTED,
-            Lease(6, "b", 300 + LEASE),
+            granted(6, "b", 300 + LEASE),
         ),
     ],
 )
-def test_heartbeat(rule, lease, client, epoch, now, outcome, after) -> None:
-    decision = leadership.heartbeat(lease, client, epoch, now, LEASE)
+def test_heartbeat(rule, lease, caller, epoch, now, outcome, after) -> None:
+    decision = leadership.heartbeat(lease, caller, epoch, now, LEASE, FRESH)
     assert (decision.outcome, decision.lease) == (outcome, after), rule
 
 
@@ -138,75 +211,90 @@ def test_heartbeat(rule, lease, client, epoch, now, outcome, after) -> None:
 )
 def test_heartbeat_refuses(rule, client, epoch) -> None:
     with pytest.raises(InvalidArgument):
-        leadership.heartbeat(Lease(3, "a", 900), client, epoch, 0, LEASE)
+        leadership.heartbeat(held(3, "a", 900), claim(client), epoch, 0, LEASE, FRESH)
+
+
+def test_a_lease_secret_longer_than_any_the_master_hands_is_malformed() -> None:
+    with pytest.raises(InvalidArgument):
+        Claim("a", b"x" * (LEASE_SECRET_BYTES_MAX + 1), PRINCIPAL)
 
 
 @pytest.mark.parametrize(
-    ("rule", "lease", "client", "epoch", "now", "result"),
+    ("rule", "lease", "caller", "epoch", "now", "result"),
     [
         (
-            "the holder rolls to the next epoch",
-            Lease(3, "a", 900),
-            "a",
+            "the holder rolls to the next epoch, which it holds with the same secret",
+            held(3, "a", 900),
+            claim("a"),
             3,
             10,
-            Lease(4, "a", 10 + LEASE),
+            held(4, "a", 10 + LEASE),
         ),
-        ("a follower cannot roll", Lease(3, "a", 900), "b", 3, 10, NotLeader),
-        ("a stale epoch cannot roll", Lease(3, "a", 900), "a", 2, 10, NotLeader),
+        ("a follower cannot roll", held(3, "a", 900), claim("b"), 3, 10, NotLeader),
+        (
+            "the holder's client id without its secret cannot roll",
+            held(3, "a", 900),
+            claim("a", b""),
+            3,
+            10,
+            NotLeader,
+        ),
+        ("a stale epoch cannot roll", held(3, "a", 900), claim("a"), 2, 10, NotLeader),
         (
             "an expired holder rolls while nobody else was granted",
-            Lease(3, "a", 900),
-            "a",
+            held(3, "a", 900),
+            claim("a"),
             3,
             2000,
-            Lease(4, "a", 2000 + LEASE),
+            held(4, "a", 2000 + LEASE),
         ),
-        ("a released lease cannot roll", Lease(3, "", 900), "a", 3, 10, NotLeader),
+        ("a released lease cannot roll", Lease(3, "", 900), claim("a"), 3, 10, NotLeader),
     ],
 )
-def test_roll(rule, lease, client, epoch, now, result) -> None:
+def test_roll(rule, lease, caller, epoch, now, result) -> None:
     if isinstance(result, Lease):
-        assert leadership.roll(lease, client, epoch, now, LEASE) == result, rule
+        assert leadership.roll(lease, caller, epoch, now, LEASE) == result, rule
     else:
         with pytest.raises(result):
-            leadership.roll(lease, client, epoch, now, LEASE)
+            leadership.roll(lease, caller, epoch, now, LEASE)
 
 
 @pytest.mark.parametrize(
-    ("rule", "client", "epoch", "now", "result"),
+    ("rule", "caller", "epoch", "now", "result"),
     [
-        ("the holder releases: the lease ends now", "a", 3, 10, Lease(3, "", 10)),
-        ("another client cannot release it", "b", 3, 10, None),
-        ("a stale epoch cannot release it", "a", 2, 10, None),
-        ("an expired lease nobody took is released", "a", 3, 900, Lease(3, "", 900)),
+        ("the holder releases: the lease ends now", claim("a"), 3, 10, Lease(3, "", 10)),
+        ("another client cannot release it", claim("b"), 3, 10, None),
+        ("the holder's client id without its secret cannot", claim("a", b""), 3, 10, None),
+        ("a stale epoch cannot release it", claim("a"), 2, 10, None),
+        ("an expired lease nobody took is released", claim("a"), 3, 900, Lease(3, "", 900)),
     ],
 )
-def test_release(rule, client, epoch, now, result) -> None:
-    assert leadership.release(Lease(3, "a", 900), client, epoch, now) == result, rule
+def test_release(rule, caller, epoch, now, result) -> None:
+    assert leadership.release(held(3, "a", 900), caller, epoch, now) == result, rule
 
 
 @pytest.mark.parametrize(
-    ("rule", "client", "epoch", "now", "result"),
+    ("rule", "caller", "epoch", "now", "result"),
     [
-        ("the holder's call ends: the lease ends now, held", "a", 3, 10, Lease(3, "a", 10)),
-        ("after it ran out: unchanged", "a", 3, 950, Lease(3, "a", 900)),
-        ("another client's call changes nothing", "b", 3, 10, None),
-        ("a call of an earlier epoch (before a roll) changes nothing", "a", 2, 10, None),
+        ("the holder's call ends: the lease ends now, held", claim("a"), 3, 10, held(3, "a", 10)),
+        ("after it ran out: unchanged", claim("a"), 3, 950, held(3, "a", 900)),
+        ("another client's call changes nothing", claim("b"), 3, 10, None),
+        ("a call without the holder's secret changes nothing", claim("a", b""), 3, 10, None),
+        ("a call of an earlier epoch (before a roll) changes nothing", claim("a"), 2, 10, None),
     ],
 )
-def test_holder_gone(rule, client, epoch, now, result) -> None:
-    assert leadership.holder_gone(Lease(3, "a", 900), client, epoch, now) == result, rule
+def test_holder_gone(rule, caller, epoch, now, result) -> None:
+    assert leadership.holder_gone(held(3, "a", 900), caller, epoch, now) == result, rule
 
 
 def test_a_holder_whose_call_ended_but_lives_renews_unless_someone_took_over() -> None:
-    gone = leadership.holder_gone(Lease(3, "a", 900), "a", 3, 10)
+    gone = leadership.holder_gone(held(3, "a", 900), claim("a"), 3, 10)
     assert gone is not None
-    renewed = leadership.heartbeat(gone, "a", 3, 20, LEASE)
-    assert (renewed.outcome, renewed.lease) == (Outcome.RENEWED, Lease(3, "a", 20 + LEASE))
-    taken = leadership.heartbeat(gone, "b", 0, 20, LEASE)
-    assert (taken.outcome, taken.lease) == (Outcome.GRANTED, Lease(4, "b", 20 + LEASE))
-    late = leadership.heartbeat(taken.lease, "a", 3, 30, LEASE)
+    renewed = leadership.heartbeat(gone, claim("a"), 3, 20, LEASE, FRESH)
+    assert (renewed.outcome, renewed.lease) == (Outcome.RENEWED, held(3, "a", 20 + LEASE))
+    taken = leadership.heartbeat(gone, claim("b"), 0, 20, LEASE, FRESH)
+    assert (taken.outcome, taken.lease) == (Outcome.GRANTED, granted(4, "b", 20 + LEASE))
+    late = leadership.heartbeat(taken.lease, claim("a"), 3, 30, LEASE, FRESH)
     assert late.outcome is Outcome.FOLLOW
 
 
@@ -217,8 +305,14 @@ def test_epochs_strictly_increase_over_any_sequence_of_grants() -> None:
     for step in range(50):
         client = "abc"[step % 3]
         now += LEASE if step % 4 == 0 else LEASE // 3
-        decision = leadership.heartbeat(lease, client, 0, now, LEASE)
+        decision = leadership.heartbeat(lease, Claim(client, FRESH), 0, now, LEASE, FRESH)
         lease = decision.lease
         if decision.outcome is Outcome.GRANTED:
             epochs.append(lease.epoch)
     assert epochs == sorted(set(epochs)) and len(epochs) > 5
+
+
+def test_a_heartbeat_sent_before_a_roll_and_answered_after_it_still_renews() -> None:
+    rolled = leadership.roll(held(3, "a", 900), claim("a"), 3, 10, LEASE)
+    late = leadership.heartbeat(rolled, claim("a"), 3, 20, LEASE, FRESH)
+    assert (late.outcome, late.lease) == (Outcome.RENEWED, held(4, "a", 20 + LEASE))

@@ -22,6 +22,7 @@ from streamengine.master.core.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from tests.metadata_backends import MetadataPlace
+from tests.unit.lease_helpers import fixed_secrets, writer
 
 LEASE = 1000
 TIMEOUT = 3000
@@ -36,7 +37,7 @@ class World:
         self.rng = random.Random(seed)
         self.now = 1_000_000
         self.catalog = place.open()
-        self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
+        self.state = fixed_secrets(MasterState(self.catalog, self.now, LEASE, TIMEOUT))
         self.dead: set[str] = set()
         self.epochs_seen: list[int] = []
         # Leases as granted or renewed: (client, epoch, from_ms, until_ms).
@@ -72,7 +73,7 @@ class World:
 
     def beat(self, client: str) -> None:
         view = self.state.leadership.writer_heartbeat(
-            "t/s", client, self.known_epoch[client], 0, 0, self.now
+            "t/s", writer(client), self.known_epoch[client], 0, 0, self.now
         )
         if view.leads:
             self._record(client, view.lease.epoch)
@@ -81,7 +82,7 @@ class World:
 
     def roll(self, client: str) -> None:
         view = self.state.leadership.roll_segment(
-            "t/s", client, self.known_epoch[client], [], self.now
+            "t/s", writer(client), self.known_epoch[client], [], self.now
         )
         self._record(client, view.lease.epoch)
 
@@ -94,7 +95,9 @@ class World:
             )
 
     def release(self, client: str) -> None:
-        if self.state.leadership.release_lease("t/s", client, self.known_epoch[client], self.now):
+        if self.state.leadership.release_lease(
+            "t/s", writer(client), self.known_epoch[client], self.now
+        ):
             # The lease ends now: cut the recorded one short.
             c, e, start, _ = self.leases[-1]
             self.leases[-1] = (c, e, start, self.now)
@@ -110,7 +113,7 @@ class World:
     def restart(self, _: str) -> None:
         before = (dict(self.state.streams), dict(self.state.segments), dict(self.state.stores))
         self.catalog = self.place.open()
-        self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
+        self.state = fixed_secrets(MasterState(self.catalog, self.now, LEASE, TIMEOUT))
         after = (dict(self.state.streams), dict(self.state.segments), dict(self.state.stores))
         assert after == before, "a restart loads exactly what was answered"
 

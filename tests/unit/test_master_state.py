@@ -19,9 +19,11 @@ from streamengine.master.core.errors import (
     SealConflict,
     TooManyUnsealed,
 )
+from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.state import MasterState
 from tests.metadata_backends import MetadataPlace, RocksDBPlace
+from tests.unit.lease_helpers import fixed_secrets, writer
 
 LEASE = 1000
 TIMEOUT = 3000
@@ -34,11 +36,11 @@ class Master:
         self.place = place
         self.now = 1_000_000
         self.catalog = place.open()
-        self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
+        self.state = fixed_secrets(MasterState(self.catalog, self.now, LEASE, TIMEOUT))
 
     def restart(self) -> MasterState:
         self.catalog = self.place.open()
-        self.state = MasterState(self.catalog, self.now, LEASE, TIMEOUT)
+        self.state = fixed_secrets(MasterState(self.catalog, self.now, LEASE, TIMEOUT))
         return self.state
 
     def stores(self, *ids: str, zone: str = "") -> None:
@@ -59,7 +61,7 @@ def master(metadata_place: MetadataPlace):
 
 
 def beat(m: Master, client: str, epoch: int = 0):
-    return m.state.leadership.writer_heartbeat("t/s", client, epoch, 0, 0, m.now)
+    return m.state.leadership.writer_heartbeat("t/s", writer(client), epoch, 0, 0, m.now)
 
 
 def delete_and_remove(m: Master, name: str) -> int:
@@ -119,8 +121,12 @@ def test_after_restart_the_previous_holder_keeps_its_lease(master: Master) -> No
     beat(master, "w1")
     master.restart()
     master.now += LEASE // 2
+    # The lease secret's digest was persisted with the epoch: only the holder proves it.
+    usurper = master.state.leadership.writer_heartbeat("t/s", Claim("w1"), 1, 0, 0, master.now)
+    assert not usurper.leads and not usurper.secret
     view = beat(master, "w1", 1)
     assert view.leads and view.lease.epoch == 1, "renewed, not re-granted"
+    assert not view.secret, "the secret is handed only with the grant"
 
 
 def test_third_epoch_with_two_unsealed_gets_no_segment_then_rolls(master: Master) -> None:
@@ -132,10 +138,10 @@ def test_third_epoch_with_two_unsealed_gets_no_segment_then_rolls(master: Master
     assert view.leads and view.lease.epoch == 3 and view.segment is None
     assert [s.epoch for s in view.unsealed] == [1, 2]
     with pytest.raises(TooManyUnsealed):
-        master.state.leadership.roll_segment("t/s", "w3", 3, [], master.now)
+        master.state.leadership.roll_segment("t/s", writer("w3"), 3, [], master.now)
     for epoch in (1, 2):
         master.state.integrity.seal_segment("t/s", epoch, 3, 10, master.now)
-    rolled = master.state.leadership.roll_segment("t/s", "w3", 3, [], master.now)
+    rolled = master.state.leadership.roll_segment("t/s", writer("w3"), 3, [], master.now)
     assert rolled.lease.epoch == 4 and rolled.segment is not None and rolled.unsealed == ()
     assert len(master.state.unsealed(1)) == 1
 
@@ -151,7 +157,7 @@ def test_roll_gives_next_epoch_new_copy_set_and_respects_exclusions(master: Mast
     first = beat(master, "w1").segment
     assert first is not None
     excluded = first.copy_set[0]
-    rolled = master.state.leadership.roll_segment("t/s", "w1", 1, [excluded], master.now)
+    rolled = master.state.leadership.roll_segment("t/s", writer("w1"), 1, [excluded], master.now)
     assert rolled.lease.epoch == 2 and rolled.segment is not None
     assert excluded not in rolled.segment.copy_set
     assert [s.epoch for s in rolled.unsealed] == [1]
@@ -168,7 +174,7 @@ def test_roll_refused(master: Master, rule, client, epoch, error) -> None:
     beat(master, "w1")
     before = snapshot(master)
     with pytest.raises(error):
-        master.state.leadership.roll_segment("t/s", client, epoch, [], master.now)
+        master.state.leadership.roll_segment("t/s", writer(client), epoch, [], master.now)
     assert snapshot(master) == before, rule
 
 
@@ -176,7 +182,7 @@ def test_roll_with_too_few_stores_changes_nothing(master: Master) -> None:
     beat(master, "w1")
     before = snapshot(master)
     with pytest.raises(NotEnoughStores):
-        master.state.leadership.roll_segment("t/s", "w1", 1, ["a", "b"], master.now)
+        master.state.leadership.roll_segment("t/s", writer("w1"), 1, ["a", "b"], master.now)
     assert snapshot(master) == before
     assert master.state.leases["t/s"].epoch == 1
 
@@ -203,7 +209,7 @@ def test_seal_refused_changes_nothing(
     master: Master, rule, segment_epoch, writer_epoch, final, error
 ) -> None:
     beat(master, "w1")
-    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
     before = snapshot(master)
     with pytest.raises(error):
         master.state.integrity.seal_segment("t/s", segment_epoch, writer_epoch, final, master.now)
@@ -212,7 +218,7 @@ def test_seal_refused_changes_nothing(
 
 def test_seal_is_idempotent_and_refuses_a_contradiction(master: Master) -> None:
     beat(master, "w1")
-    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
     sealed = master.state.integrity.seal_segment("t/s", 1, 2, 7, master.now)
     assert sealed.state == SegmentState.SEALED and sealed.final_index == 7
     assert master.state.integrity.seal_segment("t/s", 1, 2, 7, master.now + 5) == sealed
@@ -223,8 +229,8 @@ def test_seal_is_idempotent_and_refuses_a_contradiction(master: Master) -> None:
 
 def test_release_lets_another_writer_lead_at_once(master: Master) -> None:
     beat(master, "w1")
-    assert not master.state.leadership.release_lease("t/s", "w2", 1, master.now)
-    assert master.state.leadership.release_lease("t/s", "w1", 1, master.now)
+    assert not master.state.leadership.release_lease("t/s", writer("w2"), 1, master.now)
+    assert master.state.leadership.release_lease("t/s", writer("w1"), 1, master.now)
     view = beat(master, "w2")
     assert view.leads and view.lease.epoch == 2
 
@@ -326,7 +332,7 @@ def test_bad_registration_changes_nothing(master: Master, rule, store_id, addres
 
 def test_swap_replica_is_durable_and_the_replaced_store_deletes(master: Master) -> None:
     beat(master, "w1")
-    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
     old = master.state.integrity.seal_segment("t/s", 1, 2, 4, master.now)
     spare = next(s for s in "abcd" if s not in old.copy_set)
     replaced = old.copy_set[1]
@@ -340,7 +346,7 @@ def test_swap_replica_is_durable_and_the_replaced_store_deletes(master: Master) 
 
 def test_a_sealed_replica_outside_the_copy_set_is_garbage(master: Master) -> None:
     beat(master, "w1")
-    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
     sealed = master.state.integrity.seal_segment("t/s", 1, 2, 4, master.now)
     outsider = next(s for s in "abcd" if s not in sealed.copy_set)
     held = {sealed.key: Held(2, 4, 4, 10)}
@@ -357,10 +363,10 @@ def test_acked_index_shown_is_the_leaders_report_while_open_then_the_stores(
     st = master.state
     first = beat(master, "w1").segment
     assert first is not None and st.segment_acked_index(first) == 0
-    st.leadership.writer_heartbeat("t/s", "w1", 1, 1500, 9000, master.now)
+    st.leadership.writer_heartbeat("t/s", writer("w1"), 1, 1500, 9000, master.now)
     assert st.segment_acked_index(first) == 1500
     assert st.stream_acked_index(first.stream_id) == (1, 1500)
-    assert st.leadership.release_lease("t/s", "w1", 1, master.now)
+    assert st.leadership.release_lease("t/s", writer("w1"), 1, master.now)
     assert st.stream_acked_index(first.stream_id) == (1, 1500), "kept after the writer left"
     # A store that reports more (an idle tick the master did not hear of) wins.
     member = first.copy_set[0]
@@ -399,7 +405,7 @@ def test_operator_roll_request_reaches_the_leader_until_it_rolls(master: Master)
     assert not granted.roll_reason
     assert master.state.leadership.request_roll("t/s", master.now) == ("w1", 1)
     assert beat(master, "w1", 1).roll_reason == "an operator asked for a roll"
-    rolled = master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    rolled = master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
     assert rolled.lease.epoch == 2 and not rolled.roll_reason
     assert not beat(master, "w1", 2).roll_reason
 
@@ -419,7 +425,7 @@ def test_embedded_catalog_is_raw_rocksdb(tmp_path: Path) -> None:
 
 def test_catalog_keys_are_big_endian_so_segments_sort_by_epoch(master: Master) -> None:
     beat(master, "w1")
-    master.state.leadership.roll_segment("t/s", "w1", 1, [], master.now)
+    master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
     keys = [k for k, _ in master.catalog.metadata.read_all() if k[:2] == b"g/"]
     assert keys == sorted(keys) and len(keys) == 2, "segments sort by (stream id, epoch)"
 
@@ -440,4 +446,4 @@ def test_too_few_stores_for_a_new_segment_still_grant_an_epoch_that_seals_the_op
     assert master.state.segments[(1, 1)].state == SegmentState.SEALING
     master.state.integrity.seal_segment("t/s", 1, 2, 10, master.now)
     with pytest.raises(NotEnoughStores):
-        master.state.leadership.roll_segment("t/s", "w2", 2, [], master.now)
+        master.state.leadership.roll_segment("t/s", writer("w2"), 2, [], master.now)

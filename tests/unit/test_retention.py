@@ -20,6 +20,7 @@ from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.core.retention import SegmentFacts, retention_trims, trims_before
 from streamengine.protocol.retention import first_retained_sequence, position_trimmed
 from streamengine.protocol.sequence import SEQUENCE_MAX, pack_sequence
+from tests.unit.lease_helpers import writer
 from tests.unit.test_master_state import LEASE, Master, beat
 
 NOW = 10_000_000
@@ -171,7 +172,7 @@ def roll_sealed(m: Master, count: int, size: int = 100) -> list[int]:
     for _ in range(count):
         segment = view.segment
         assert segment is not None
-        view = m.state.leadership.roll_segment("t/s", "w1", view.lease.epoch, [], m.now)
+        view = m.state.leadership.roll_segment("t/s", writer("w1"), view.lease.epoch, [], m.now)
         m.state.integrity.seal_segment("t/s", segment.epoch, view.lease.epoch, 11, m.now)
         for member in segment.copy_set:
             held.setdefault(member, {})[segment.key] = Held(view.lease.epoch, 11, 11, size)
@@ -249,7 +250,8 @@ def test_a_deleted_stream_is_refused_and_undeleted_whole_within_the_grace(master
     assert state.registry.store_heartbeat(member, 1, 0, {key: Held(2, 11, 11, 1)}, master.now) == []
     assert state.retention.remove_due(until - 1) == ([], [])
     restored = state.tenancy.undelete_stream("t/s")
-    assert restored == replace(record, leader_id="") and dict(state.segments) == segments
+    unheld = replace(record, leader_id="", leader_secret_sha256="", leader_principal="")
+    assert restored == unheld and dict(state.segments) == segments
     assert state.retention.remove_due(until + 1) == ([], [])
     assert state.list_segments("t/s", 0)[1]
     with pytest.raises(InvalidArgument):

@@ -30,6 +30,7 @@ from streamengine.segment_store.core.commands import (
 from streamengine.segment_store.core.errors import (
     BadRequest,
     BelowFence,
+    ConflictingCopy,
     CopyMismatch,
     CopyRefused,
     SegmentNotFound,
@@ -157,7 +158,6 @@ def test_write_to_an_unknown_segment_creates_it_with_fence_zero(core: SegmentSto
     ("stored_epoch", "sent_epoch", "held_epoch"),
     [
         (3, 4, 4),  # a recovery copy replaces an older one
-        (3, 3, 3),  # equal epoch: the resend replaces (same copy)
         (5, 4, 5),  # a lower-epoch copy never replaces a higher one
         (2, 9, 9),
     ],
@@ -171,6 +171,68 @@ def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
     (held,) = core.reader.read(SEG, 1, 1)
     assert held.epoch == held_epoch
     assert held.payload == (b"new" if sent_epoch >= stored_epoch else b"old")
+
+
+# Held: 1..2 at epoch 3, acked through 2 ("e1", "e2").
+@pytest.mark.parametrize(
+    ("rule", "writer_epoch", "batch", "refused"),
+    [
+        ("a retransmission carries identical bytes: accepted", 3, [ev(1), ev(2)], False),
+        (
+            "other bytes at the writer's epoch, at an acked index: refused",
+            3,
+            [ev(1, 3, b"TAMPERED")],
+            True,
+        ),
+        (
+            "one conflicting entry refuses the whole batch, appends included",
+            3,
+            [ev(1), ev(2, 3, b"TAMPERED"), ev(3)],
+            True,
+        ),
+        (
+            "other bytes under a copy epoch below the writer's: refused as well",
+            4,
+            [ev(1, 3, b"TAMPERED")],
+            True,
+        ),
+        ("a recovery copy of a higher epoch replaces it", 4, [ev(1, 4, b"recovered")], False),
+    ],
+)
+def test_a_copy_held_at_its_epoch_is_never_replaced_by_other_bytes(
+    core: SegmentStoreCore, rule: str, writer_epoch: int, batch: list[StoredEntry], refused: bool
+) -> None:
+    core.write(SEG, 3, 2, events(1, 2))
+    before = snapshot(core.kv)
+    meta = core.catalog.meta(SEG)
+    if refused:
+        with pytest.raises(ConflictingCopy) as error:
+            core.write(SEG, writer_epoch, 2, batch)
+        assert (error.value.epoch, snapshot(core.kv), core.catalog.meta(SEG)) == (
+            3,
+            before,
+            meta,
+        ), rule
+        assert [e.payload for e in core.reader.read(SEG, 1)] == [b"e1", b"e2"], rule
+    else:
+        core.write(SEG, writer_epoch, 2, batch)
+        assert [e.payload for e in core.reader.read(SEG, 1, 1)] == [batch[0].payload], rule
+
+
+def test_a_plan_refuses_other_bytes_for_a_copy_an_earlier_command_wrote(
+    core: SegmentStoreCore,
+) -> None:
+    plan = core.plan(
+        [
+            WriteCommand.of(SEG, 3, 0, events(1, 2)),
+            WriteCommand.of(SEG, 3, 0, [ev(2)]),
+            WriteCommand.of(SEG, 3, 0, [ev(2, 3, b"other")]),
+        ]
+    )
+    core.apply(plan)
+    assert isinstance(plan.outcomes[1], WriteResult)
+    assert isinstance(plan.outcomes[2], ConflictingCopy)
+    assert [e.payload for e in core.reader.read(SEG, 1)] == [b"e1", b"e2"]
 
 
 def test_keeping_a_higher_epoch_copy_is_success_saying_what_is_held(

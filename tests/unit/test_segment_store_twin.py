@@ -20,7 +20,7 @@ from streamengine.segment_store.core.commands import (
     WriteCommand,
     WriteResult,
 )
-from streamengine.segment_store.core.errors import BelowFence
+from streamengine.segment_store.core.errors import BelowFence, ConflictingCopy
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 
@@ -41,9 +41,13 @@ class Twin:
             m += 1
         return m
 
-    def write(self, command: WriteCommand) -> WriteResult | BelowFence:
+    def write(self, command: WriteCommand) -> WriteResult | BelowFence | ConflictingCopy:
         if command.writer_epoch < self.fence:
             return BelowFence(self.fence)
+        for entry in command.batch.entries():
+            old = self.copies.get(entry.index)
+            if old is not None and entry.epoch == old.epoch and entry != old:
+                return ConflictingCopy(entry.index, old.epoch, "other bytes")
         held = []
         for entry in command.batch.entries():
             old = self.copies.get(entry.index)
@@ -147,6 +151,9 @@ def test_the_store_agrees_with_a_naive_twin_through_groups_and_restarts(
                 expected = _apply_to_twins(twins, command)
                 if isinstance(expected, BelowFence):
                     assert isinstance(outcome, BelowFence) and outcome.fence == expected.fence
+                elif isinstance(expected, ConflictingCopy):
+                    assert isinstance(outcome, ConflictingCopy)
+                    assert (outcome.index, outcome.epoch) == (expected.index, expected.epoch)
                 elif isinstance(expected, WriteResult):
                     assert outcome == expected
                 elif isinstance(command, SealCommand):

@@ -19,6 +19,7 @@ from streamengine.segment_store.core.errors import NotJoined, ReplicaLost
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.metadata_backends import MetadataPlace
+from tests.unit.lease_helpers import fixed_secrets, writer
 
 LEASE = 1000
 TIMEOUT = 3000
@@ -83,7 +84,7 @@ def test_the_incarnation_is_made_once_and_kept_with_the_database() -> None:
 
 
 def master_with_a_stream(place: MetadataPlace) -> MasterState:
-    state = MasterState(place.open(), NOW, LEASE, TIMEOUT)
+    state = fixed_secrets(MasterState(place.open(), NOW, LEASE, TIMEOUT))
     for number, sid in enumerate("abc"):
         state.registry.register_store(
             sid, f"127.0.0.1:{number + 1}", "", 0, NOW, incarnation=number + 1
@@ -94,14 +95,14 @@ def master_with_a_stream(place: MetadataPlace) -> MasterState:
 
 
 def test_a_master_makes_its_cluster_id_once_and_keeps_it(metadata_place: MetadataPlace) -> None:
-    first = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    first = fixed_secrets(MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT))
     assert first.cluster_id.startswith("cluster-")
-    again = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    again = fixed_secrets(MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT))
     assert again.cluster_id == first.cluster_id
 
 
 def test_a_store_of_another_cluster_is_refused(metadata_place: MetadataPlace) -> None:
-    state = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    state = fixed_secrets(MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT))
     with pytest.raises(WrongCluster, match="cluster-other"):
         state.registry.register_store("a", "127.0.0.1:1", "", 0, NOW, 5, "cluster-other")
     assert "a" not in state.stores
@@ -114,11 +115,11 @@ def test_a_new_incarnation_loses_every_replica_its_store_held(
 ) -> None:
     state = master_with_a_stream(metadata_place)
     now = NOW + LEASE
-    view = state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, now)
+    view = state.leadership.writer_heartbeat("t/s", writer("w1"), 0, 0, 0, now)
     assert view.segment is not None and "c" in view.segment.copy_set
     key = view.segment.key
     state.registry.store_heartbeat("c", 0, 0, {key: Held(1, 3, 3, 300)}, now)
-    assert state.leadership.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason == ""
+    assert state.leadership.writer_heartbeat("t/s", writer("w1"), 1, 0, 0, now).roll_reason == ""
 
     same = state.registry.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=3)
     assert same.lost == ()
@@ -126,10 +127,10 @@ def test_a_new_incarnation_loses_every_replica_its_store_held(
     assert wiped.lost == (key,)
     assert state.stores["c"].incarnation == 33
     assert key not in state.live["c"].held, "what it reported was its old incarnation's"
-    reason = state.leadership.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason
+    reason = state.leadership.writer_heartbeat("t/s", writer("w1"), 1, 0, 0, now).roll_reason
     assert "new incarnation" in reason and "c" in reason
     # A restarted master knows the incarnation and what it lost: the same answer again.
-    restarted = MasterState(metadata_place.open(), now, LEASE, TIMEOUT)
+    restarted = fixed_secrets(MasterState(metadata_place.open(), now, LEASE, TIMEOUT))
     assert restarted.stores["c"].incarnation == 33
     again = restarted.registry.register_store("c", "127.0.0.1:3", "", 0, now, incarnation=33)
     assert again.lost == (key,)
@@ -162,13 +163,13 @@ def test_every_registration_of_a_new_incarnation_answers_what_it_lost(
     master answers the replicas an incarnation lost to each of its registrations."""
     state = master_with_a_stream(metadata_place)
     now = NOW + LEASE
-    view = state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, now)
+    view = state.leadership.writer_heartbeat("t/s", writer("w1"), 0, 0, 0, now)
     assert view.segment is not None and "c" in view.segment.copy_set
     key = view.segment.key
     answers = []
     for incarnation in incarnations:
         if incarnation == RESTART:
-            state = MasterState(metadata_place.open(), now, LEASE, TIMEOUT)
+            state = fixed_secrets(MasterState(metadata_place.open(), now, LEASE, TIMEOUT))
             continue
         registered = state.registry.register_store(
             "c", "127.0.0.1:3", "", 0, now, incarnation=incarnation
@@ -178,7 +179,7 @@ def test_every_registration_of_a_new_incarnation_answers_what_it_lost(
         assert state.stores["c"].incarnation == incarnation
     assert tuple(answers) == answered_lost
     if any(answered_lost):
-        reason = state.leadership.writer_heartbeat("t/s", "w1", 1, 0, 0, now).roll_reason
+        reason = state.leadership.writer_heartbeat("t/s", writer("w1"), 1, 0, 0, now).roll_reason
         assert "new incarnation" in reason, "its open segment rolls, after a restart too"
 
 
@@ -187,7 +188,7 @@ def test_a_lost_replica_whose_segment_was_dropped_is_answered_no_more(
 ) -> None:
     state = master_with_a_stream(metadata_place)
     now = NOW + LEASE
-    view = state.leadership.writer_heartbeat("t/s", "w1", 0, 0, 0, now)
+    view = state.leadership.writer_heartbeat("t/s", writer("w1"), 0, 0, 0, now)
     assert view.segment is not None
     key = view.segment.key
     assert state.registry.register_store("c", "127.0.0.1:3", "", 0, now, 33).lost == (key,)
@@ -196,7 +197,7 @@ def test_a_lost_replica_whose_segment_was_dropped_is_answered_no_more(
 
 
 def test_a_store_that_predates_incarnations_loses_nothing(metadata_place: MetadataPlace) -> None:
-    state = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    state = fixed_secrets(MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT))
     state.registry.register_store("a", "127.0.0.1:1", "", 0, NOW)
     assert state.registry.register_store("a", "127.0.0.1:1", "", 0, NOW, incarnation=9).lost == ()
     assert state.stores["a"].incarnation == 9
@@ -221,10 +222,12 @@ def test_a_rebuild_adopts_the_id_most_stores_keep(
 
 
 def test_a_rebuilding_master_has_no_id_until_it_adopts_one(metadata_place: MetadataPlace) -> None:
-    state = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT, make_cluster_id=None)
+    state = fixed_secrets(
+        MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT, make_cluster_id=None)
+    )
     assert state.cluster_id == ""
     registered = state.registry.register_store("a", "127.0.0.1:1", "", 0, NOW, 5, "cluster-x")
     assert registered.cluster_id == "" and state.store_cluster_ids == {"a": "cluster-x"}
     state.registry.adopt_cluster_id("cluster-x")
-    again = MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT)
+    again = fixed_secrets(MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT))
     assert again.cluster_id == "cluster-x"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamengine.client.core.replicator import SegmentRef, SendWrite
-from streamengine.client.wire import BatchCache, serialize_write
+from streamengine.client.wire import BatchCache, LeaseSecret, serialize_write
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, event_crcs
 from streamengine.v1 import segment_store_pb2
 
@@ -62,3 +62,13 @@ def test_the_grant_rides_on_the_request_that_carries_it_only() -> None:
     ]
     assert [request.grant for request in parsed] == [b"signed grant", b""]
     assert [len(request.value_lengths) for request in parsed] == [1, 1]
+
+
+def test_the_lease_secret_is_kept_from_the_grant_until_the_next_one() -> None:
+    secret = LeaseSecret()
+    assert secret.shown() == b"", "nothing handed yet"
+    secret.learn(b"k" * 32)
+    secret.learn(b"")  # a renewal or a roll hands nothing: the secret holds
+    assert secret.shown() == b"k" * 32
+    secret.learn(b"n" * 32)  # the lease won again, after it was lost
+    assert secret.shown() == b"n" * 32

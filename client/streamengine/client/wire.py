@@ -99,6 +99,33 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
     )
 
 
+class LeaseSecret:
+    """The lease secret the master handed this writer with its lease. It comes only in
+    the answer to the heartbeat that won the lease, holds across the lease's rolls, and
+    goes with every later call (heartbeat, hold, release, roll): the client id alone is
+    published, and proves nothing. Shown whatever epoch the call names: a heartbeat the
+    core asked for before it learned of its grant names none, and must still renew.
+    Kept beside the grant, in the shell: the core never needs it."""
+
+    def __init__(self) -> None:
+        self._secret = b""
+
+    def learn(self, secret: bytes) -> None:
+        """Keep the secret of an answer that granted the lease (empty: nothing new)."""
+        if secret:
+            self._secret = secret
+
+    def shown(self) -> bytes:
+        """What a call shows (empty until a grant handed one)."""
+        return self._secret
+
+    def answered_without_it(self, shown: bytes, leader: bool) -> bool:
+        """A FOLLOWER answer to a heartbeat that showed another secret than the one held
+        now (none, sent while the answer handing it was on its way): the master could
+        not tell this writer from a follower, so the answer says nothing of its lease."""
+        return not leader and shown != self._secret
+
+
 class BatchCache:
     """Each batch serialized once, not once per store: a `WriteRequest` holding only the
     packed entries, to which each store's request prepends its own other fields

@@ -107,7 +107,7 @@ from streamengine.client.errors import (
 from streamengine.client.recovery import SegmentSealer
 from streamengine.client.replicator import StoreLink
 from streamengine.client.retrying import retry_unary
-from streamengine.client.wire import BatchCache, heartbeat_answer
+from streamengine.client.wire import BatchCache, LeaseSecret, heartbeat_answer
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import pack_sequence
@@ -118,7 +118,6 @@ log = logging.getLogger(__name__)
 # How long leaving the block waits for stores to confirm the final acked index (so
 # readers see the tail without waiting for the next leader).
 FLUSH_TIMEOUT_S = 1.0
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +228,7 @@ class Writer:
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
         self._heartbeat_error: StreamEngineError | None = None
+        self._lease_secret = LeaseSecret()
         self.batch_cache = BatchCache()
 
     # ---- the context ----
@@ -528,7 +528,11 @@ class Writer:
             return
         self._end_hold()
         request = master_pb2.HoldLeaseRequest(
-            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=grant
+            stream=self.stream,
+            client_id=self.client_id,
+            epoch=epoch,
+            grant=grant,
+            lease_secret=self._lease_secret.shown(),
         )
         self._hold = (epoch, self._spawn(self._holding(request)))
 
@@ -664,6 +668,7 @@ class Writer:
             epoch=action.epoch,
             acked_index=action.acked_index,
             segment_bytes=action.segment_bytes,
+            lease_secret=self._lease_secret.shown(),
         )
         sent_at = monotonic_ms()
         try:
@@ -677,6 +682,11 @@ class Writer:
                 else error.code().name
             )
             self.step(HeartbeatFailed(sent_at, failure, error.details() or ""))
+            return
+        self._lease_secret.learn(reply.lease_secret)
+        leader = reply.role == master_pb2.LEADER
+        if self._lease_secret.answered_without_it(request.lease_secret, leader):
+            self.step(HeartbeatFailed(sent_at, "", "answered before the lease secret came"))
             return
         self.step(heartbeat_answer(sent_at, reply))
 
@@ -696,6 +706,7 @@ class Writer:
             epoch=action.epoch,
             exclude_stores=action.exclude_stores,
             grant=action.grant,
+            lease_secret=self._lease_secret.shown(),
         )
         sent_at = monotonic_ms()
         try:
@@ -704,6 +715,7 @@ class Writer:
             log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
             self.step(RollFailed(f"{error.code().name}: {error.details()}"))
             return
+        self._lease_secret.learn(reply.lease_secret)
         self.step(RollAnswered(heartbeat_answer(sent_at, reply)))
 
     def _start_recovery(self, action: RecoverSegment) -> None:
@@ -749,7 +761,11 @@ class Writer:
     async def _release(self, action: ReleaseLease) -> None:
         epoch = action.epoch
         request = master_pb2.ReleaseLeaseRequest(
-            stream=self.stream, client_id=self.client_id, epoch=epoch, grant=action.grant
+            stream=self.stream,
+            client_id=self.client_id,
+            epoch=epoch,
+            grant=action.grant,
+            lease_secret=self._lease_secret.shown(),
         )
 
         async def release() -> master_pb2.ReleaseLeaseReply:

@@ -1,20 +1,25 @@
 """Leases and epochs: the shell of `core/leadership.py` over the master's records.
 
 A writer's heartbeat, roll, release and end of call go through the pure lease rules;
-a new epoch is persisted with its segment (placed by `core/placement.py`) before it is
-answered. A section of the master's state (`master.state`).
+a new epoch is persisted with its segment (placed by `core/placement.py`) and the
+digest of its lease secret before it is answered. The secret itself is drawn here, for
+each heartbeat that wins the lease, and leaves the master only in that answer
+(`WriterView.secret`); a roll keeps it.
+A section of the master's state (`master.state`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+import functools
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
 from streamengine.master.core import authority, leadership, placement, repair
-from streamengine.master.core.errors import NotEnoughStores, TooManyUnsealed
-from streamengine.master.core.leadership import Lease, Outcome
+from streamengine.master.core.errors import NotEnoughStores, PermissionDenied, TooManyUnsealed
+from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim, Lease, Outcome
 from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
@@ -43,6 +48,9 @@ class WriterView:
     segment: SegmentRecord | None
     unsealed: tuple[SegmentRecord, ...]
     roll_reason: str
+    # The lease secret, when this very answer is the heartbeat that won the lease; empty
+    # on a renewal, a roll or to a follower. Handed to the caller, kept nowhere.
+    secret: bytes = field(default=b"", repr=False)
 
     def grant(self) -> Grant:
         """The grant of the epoch this view makes its holder lead (LEADER only)."""
@@ -57,34 +65,40 @@ class Leadership:
 
     def __init__(self, state: MasterState) -> None:
         self.state = state
+        # Where each lease's secret comes from (the simulator draws from its seed).
+        self.draw_secret: Callable[[], bytes] = functools.partial(
+            secrets.token_bytes, LEASE_SECRET_BYTES
+        )
 
     def writer_heartbeat(
         self,
         name: str,
-        client_id: str,
+        claim: Claim,
         epoch: int,
         acked_index: int,
         segment_bytes: int,
         now_ms: int,
     ) -> WriterView:
         record = self.state.usable_stream(name)
+        secret = self.draw_secret()
         decision = leadership.heartbeat(
-            self.state.leases[name], client_id, epoch, now_ms, self.state.lease_ms
+            self.state.leases[name], claim, epoch, now_ms, self.state.lease_ms, secret
         )
         if decision.outcome is Outcome.GRANTED:
             record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
+        else:
+            secret = b""
         self.state.leases[name] = decision.lease
         if decision.leads and epoch == decision.lease.epoch:
             self.state.leader_reports[name] = LeaderReport(epoch, acked_index, segment_bytes)
-        return self._writer_view(record, decision.leads, decision.lease, now_ms)
+        view = self._writer_view(record, decision.leads, decision.lease, now_ms)
+        return replace(view, secret=secret)
 
     def roll_segment(
-        self, name: str, client_id: str, epoch: int, exclude: Iterable[str], now_ms: int
+        self, name: str, claim: Claim, epoch: int, exclude: Iterable[str], now_ms: int
     ) -> WriterView:
         record = self.state.usable_stream(name)
-        lease = leadership.roll(
-            self.state.leases[name], client_id, epoch, now_ms, self.state.lease_ms
-        )
+        lease = leadership.roll(self.state.leases[name], claim, epoch, now_ms, self.state.lease_ms)
         if len(self.state.unsealed(record.stream_id)) >= UNSEALED_SEGMENTS_MAX:
             raise TooManyUnsealed(
                 f"{name}: {UNSEALED_SEGMENTS_MAX} segments unsealed; seal them before rolling"
@@ -93,19 +107,28 @@ class Leadership:
         self.state.leases[name] = lease
         return self._writer_view(record, True, lease, now_ms)
 
-    def release_lease(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
+    def check_holds(self, name: str, claim: Claim, epoch: int) -> None:
+        """Raise PermissionDenied unless `claim` holds the lease of `epoch` (`HoldLease`)."""
+        lease = self.state.leases.get(name)
+        if lease is None or not lease.still_holds(claim, epoch):
+            raise PermissionDenied(
+                f"{name}: {claim.client_id!r} does not hold the lease of epoch {epoch} "
+                "(its holder shows the secret it was granted with)"
+            )
+
+    def release_lease(self, name: str, claim: Claim, epoch: int, now_ms: int) -> bool:
         self.state.stream(name)
-        released = leadership.release(self.state.leases[name], client_id, epoch, now_ms)
+        released = leadership.release(self.state.leases[name], claim, epoch, now_ms)
         if released is None:
             return False
         self.state.leases[name] = released
         return True
 
-    def holder_gone(self, name: str, client_id: str, epoch: int, now_ms: int) -> bool:
+    def holder_gone(self, name: str, claim: Claim, epoch: int, now_ms: int) -> bool:
         """The call the holder of `epoch` held open ended: whether its lease ended now
         (`leadership.holder_gone`)."""
         lease = self.state.leases.get(name)
-        ended = None if lease is None else leadership.holder_gone(lease, client_id, epoch, now_ms)
+        ended = None if lease is None else leadership.holder_gone(lease, claim, epoch, now_ms)
         if ended is None:
             return False
         self.state.leases[name] = ended
@@ -163,7 +186,13 @@ class Leadership:
                 sealed_at_ms=0,
                 settled_at_ms=now_ms,
             )
-        updated = replace(record, epoch=lease.epoch, leader_id=lease.holder)
+        updated = replace(
+            record,
+            epoch=lease.epoch,
+            leader_id=lease.holder,
+            leader_secret_sha256=lease.secret_sha256.hex(),
+            leader_principal=lease.principal,
+        )
         sealing = [
             replace(s, state=SegmentState.SEALING) for s in unsealed if s.state == SegmentState.OPEN
         ]

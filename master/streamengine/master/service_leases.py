@@ -1,7 +1,10 @@
 """The Master service's RPCs for writers: leases, epochs and rolls.
 
 `ReleaseLease`, `HoldLease` and `RollSegment` also need the master's grant of the
-caller's epoch (`MasterCalls.require_holder`).
+caller's epoch (`MasterCalls.require_holder`). Every call that renews, holds, releases or
+rolls a lease, or answers with its grant, holds the caller to its `Claim`: the client id
+it names, the lease secret it shows and the principal it calls as
+(`core.leadership`, "Who is the holder").
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from collections.abc import AsyncIterator
 
 from streamengine.master import replies
 from streamengine.master.core import authority
+from streamengine.master.core.leadership import Claim
 from streamengine.master.leadership import WriterView
 from streamengine.master.service_calls import Context, Handlers, log
+from streamengine.protocol.auth import Principal
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
 
@@ -32,11 +37,13 @@ class LeaseHandlers(Handlers):
         self, request: master_pb2.WriterHeartbeatRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
         def beat(now: int) -> WriterView:
-            self.calls.require(context, "WriterHeartbeat", authority.stream_tenant(request.stream))
+            principal = self.calls.require(
+                context, "WriterHeartbeat", authority.stream_tenant(request.stream)
+            )
             before = self.state.leases.get(request.stream)
             view = self.state.leadership.writer_heartbeat(
                 request.stream,
-                request.client_id,
+                _claim(request, principal),
                 request.epoch,
                 request.acked_index,
                 request.segment_bytes,
@@ -66,7 +73,7 @@ class LeaseHandlers(Handlers):
                 principal, request.grant, record, request.epoch, request.client_id
             )
             return self.state.leadership.release_lease(
-                request.stream, request.client_id, request.epoch, now
+                request.stream, _claim(request, principal), request.epoch, now
             )
 
         released = await self.calls.call(context, "ReleaseLease", release)
@@ -75,7 +82,7 @@ class LeaseHandlers(Handlers):
     async def HoldLease(
         self, request: master_pb2.HoldLeaseRequest, context: Context
     ) -> AsyncIterator[master_pb2.HoldLeaseReply]:
-        def hold(now: int) -> None:
+        def hold(now: int) -> Claim:
             principal = self.calls.require(
                 context, "HoldLease", authority.stream_tenant(request.stream)
             )
@@ -83,8 +90,11 @@ class LeaseHandlers(Handlers):
             self.calls.require_holder(
                 principal, request.grant, record, request.epoch, request.client_id
             )
+            claim = _claim(request, principal)
+            self.state.leadership.check_holds(request.stream, claim, request.epoch)
+            return claim
 
-        await self.calls.call(context, "HoldLease", hold)
+        claim = await self.calls.call(context, "HoldLease", hold)
         try:
             yield master_pb2.HoldLeaseReply(held=True)
             await asyncio.Event().wait()  # until the call ends: the holder went
@@ -94,9 +104,7 @@ class LeaseHandlers(Handlers):
             state = self.calls.role.state
             if state is not None:
                 now = self.calls.clock_ms()
-                if state.leadership.holder_gone(
-                    request.stream, request.client_id, request.epoch, now
-                ):
+                if state.leadership.holder_gone(request.stream, claim, request.epoch, now):
                     log.info(
                         "the holder's call ended: its lease ends now",
                         extra=segment_fields(
@@ -116,7 +124,11 @@ class LeaseHandlers(Handlers):
                 principal, request.grant, record, request.epoch, request.client_id
             )
             return self.state.leadership.roll_segment(
-                request.stream, request.client_id, request.epoch, list(request.exclude_stores), now
+                request.stream,
+                _claim(request, principal),
+                request.epoch,
+                list(request.exclude_stores),
+                now,
             )
 
         view = await self.calls.call(context, "RollSegment", roll)
@@ -166,4 +178,16 @@ class LeaseHandlers(Handlers):
             reply.roll_requested = bool(view.roll_reason)
             reply.roll_reason = view.roll_reason
             reply.grant = self.state.grant_signer.sign(view.grant())
+            reply.lease_secret = view.secret
         return reply
+
+
+def _claim(
+    request: master_pb2.WriterHeartbeatRequest
+    | master_pb2.HoldLeaseRequest
+    | master_pb2.ReleaseLeaseRequest
+    | master_pb2.RollSegmentRequest,
+    principal: Principal,
+) -> Claim:
+    """Who the caller says it is (raises InvalidArgument for a malformed secret)."""
+    return Claim(request.client_id, request.lease_secret, authority.principal_key(principal))

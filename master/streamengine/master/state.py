@@ -141,7 +141,14 @@ class MasterState:
         self.rebuilt_through = loaded.rebuilt_through
         # No lease for one lease period after a start: the last holder may still lead.
         self.leases = {
-            name: leadership.recovered_lease(s.epoch, s.leader_id, now_ms, lease_ms)
+            name: leadership.recovered_lease(
+                s.epoch,
+                s.leader_id,
+                bytes.fromhex(s.leader_secret_sha256),
+                s.leader_principal,
+                now_ms,
+                lease_ms,
+            )
             for name, s in self.streams.items()
         }
         self.live = {sid: StoreLive(last_seen_ms=now_ms) for sid in self.stores}

@@ -171,7 +171,9 @@ class Tenancy:
         record = self.state.stream(name)
         if not record.deleted_until_ms:
             raise InvalidArgument(f"stream {name!r} is not deleted")
-        restored = replace(record, deleted_until_ms=0, leader_id="")
+        restored = replace(
+            record, deleted_until_ms=0, leader_id="", leader_secret_sha256="", leader_principal=""
+        )
         self.state.catalog.commit(Batch().stream(restored))
         self.state.streams[name] = restored
         self.state.leases[name] = leadership.undeleted(self.state.leases[name])

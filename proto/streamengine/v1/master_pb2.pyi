@@ -869,6 +869,7 @@ class WriterHeartbeatRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    LEASE_SECRET_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     """Unique per writer instance (a new one per `writer()` block)."""
@@ -877,6 +878,11 @@ class WriterHeartbeatRequest(_message.Message):
     acked_index: _builtins.int
     """The leader's acked index and payload bytes in its open segment (status only)."""
     segment_bytes: _builtins.int
+    lease_secret: _builtins.bytes
+    """The lease secret (WriterHeartbeatReply.lease_secret of the answer that granted the
+    lease). Without it, or from another principal than the one granted, the caller is
+    a follower whatever client id it names: no renewal, no grant.
+    """
     def __init__(
         self,
         *,
@@ -885,10 +891,11 @@ class WriterHeartbeatRequest(_message.Message):
         epoch: _builtins.int = ...,
         acked_index: _builtins.int = ...,
         segment_bytes: _builtins.int = ...,
+        lease_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -911,6 +918,7 @@ class WriterHeartbeatReply(_message.Message):
     SEGMENT_BYTES_MAX_FIELD_NUMBER: _builtins.int
     SEGMENT_AGE_MS_MAX_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    LEASE_SECRET_FIELD_NUMBER: _builtins.int
     role: Global___WriterRole.ValueType
     epoch: _builtins.int
     """The stream's latest epoch: the caller's when LEADER."""
@@ -930,6 +938,11 @@ class WriterHeartbeatReply(_message.Message):
     each of `unsealed`. Stores take Write and Seal only with it, and the master
     ReleaseLease, RollSegment and SealSegment under this epoch. The same on every
     answer for one epoch, but for segments sealed since, which it no longer lists.
+    """
+    lease_secret: _builtins.bytes
+    """Only in the answer to the heartbeat that won the lease: a random secret, sent by the
+    holder with every later call as the holder (heartbeat, hold, release, roll), kept
+    across its rolls. Never sent again, never shown to anyone else.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.Segment:
@@ -961,10 +974,11 @@ class WriterHeartbeatReply(_message.Message):
         segment_bytes_max: _builtins.int = ...,
         segment_age_ms_max: _builtins.int = ...,
         grant: _builtins.bytes = ...,
+        lease_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "policy", b"policy", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -978,11 +992,14 @@ class HoldLeaseRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    LEASE_SECRET_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
     grant: _builtins.bytes
     """The master's grant of `epoch` to `client_id` (as ReleaseLease)."""
+    lease_secret: _builtins.bytes
+    """The lease secret (as WriterHeartbeatRequest)."""
     def __init__(
         self,
         *,
@@ -990,10 +1007,11 @@ class HoldLeaseRequest(_message.Message):
         client_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         grant: _builtins.bytes = ...,
+        lease_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "lease_secret", b"lease_secret", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1026,11 +1044,14 @@ class ReleaseLeaseRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    LEASE_SECRET_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
     grant: _builtins.bytes
     """The grant of `epoch` (WriterHeartbeatReply.grant): proves the caller holds it."""
+    lease_secret: _builtins.bytes
+    """The lease secret (as WriterHeartbeatRequest)."""
     def __init__(
         self,
         *,
@@ -1038,10 +1059,11 @@ class ReleaseLeaseRequest(_message.Message):
         client_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         grant: _builtins.bytes = ...,
+        lease_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "lease_secret", b"lease_secret", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1076,12 +1098,15 @@ class RollSegmentRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     EXCLUDE_STORES_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
+    LEASE_SECRET_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
     """The caller's current epoch; it must be the stream's latest and hold the lease."""
     grant: _builtins.bytes
     """The grant of `epoch`: proves the caller holds it."""
+    lease_secret: _builtins.bytes
+    """The lease secret (as WriterHeartbeatRequest); the next epoch keeps it."""
     @_builtins.property
     def exclude_stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stores to keep out of the new copy set (lost or too far behind)."""
@@ -1094,10 +1119,11 @@ class RollSegmentRequest(_message.Message):
         epoch: _builtins.int = ...,
         exclude_stores: _abc.Iterable[_builtins.str] | None = ...,
         grant: _builtins.bytes = ...,
+        lease_secret: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "exclude_stores", b"exclude_stores", "grant", b"grant", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "exclude_stores", b"exclude_stores", "grant", b"grant", "lease_secret", b"lease_secret", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

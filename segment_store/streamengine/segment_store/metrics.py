@@ -48,6 +48,10 @@ QUEUE_BATCHES = Gauge("streamengine_store_queue_batches", "Write batches queued"
 FENCE_REJECTIONS = Counter(
     "streamengine_store_fence_rejections_total", "Writes and seals below the fence"
 )
+CONFLICTING_COPIES = Counter(
+    "streamengine_store_conflicting_copies_total",
+    "Write batches refused: an index held at the same epoch sent with other bytes",
+)
 REFUSED_BUSY = Counter("streamengine_store_refused_busy_total", "Write batches refused: queue full")
 BAD_REQUESTS = Counter("streamengine_store_bad_requests_total", "Requests refused as malformed")
 REFUSED_QUOTA = Counter(

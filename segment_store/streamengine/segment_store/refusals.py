@@ -32,6 +32,7 @@ from streamengine.segment_store.core.authority import (
 from streamengine.segment_store.core.errors import (
     BadRequest,
     BelowFence,
+    ConflictingCopy,
     CopyMismatch,
     CopyRefused,
     NotJoined,
@@ -57,6 +58,8 @@ class Refused(Exception):
 
 STATUS: dict[type[Exception], grpc.StatusCode] = {
     BelowFence: grpc.StatusCode.FAILED_PRECONDITION,
+    # The index is held at that epoch already, with other bytes: nothing to retry.
+    ConflictingCopy: grpc.StatusCode.ALREADY_EXISTS,
     CopyRefused: grpc.StatusCode.FAILED_PRECONDITION,
     CopyMismatch: grpc.StatusCode.DATA_LOSS,
     CopySourceUnavailable: grpc.StatusCode.UNAVAILABLE,
@@ -94,6 +97,13 @@ async def abort(
     elif isinstance(error, BelowFence):
         trailing = ((FENCE_METADATA_KEY, str(error.fence)),)
         log.info("refused below the fence: %s", error, extra=fields | {"fence": error.fence})
+    elif isinstance(error, ConflictingCopy):
+        metrics.CONFLICTING_COPIES.inc()
+        log.warning(
+            "refused a copy that differs from the one held at its epoch: %s",
+            error,
+            extra=fields | {"index": error.index, "epoch_held": error.epoch},
+        )
     elif isinstance(error, BadRequest):
         if isinstance(error, TooLarge):
             trailing = ((TOO_LARGE_METADATA_KEY, str(error.bytes_max)),)

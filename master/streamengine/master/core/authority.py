@@ -10,6 +10,8 @@
   stream's leader), or from a cluster admin. A `SealSegment` must also name a segment
   the grant lists: the holder of an epoch may seal only what the master gave it to
   seal.
+- `principal_key`: the principal a lease was acquired as, kept with it: its holder
+  must call as the same one (`core.leadership.Claim`).
 - `stream_tenant`: the tenant a request naming a stream touches, for authorization
   before the name is validated (a malformed name is refused afterwards, as before).
 - `visible_status`: the cluster status a caller may see, for GetClusterStatus and the
@@ -101,6 +103,11 @@ def check_holder(
         )
 
 
+def principal_key(principal: Principal) -> str:
+    """One string per caller identity: a token by its id, a certificate by its name."""
+    return f"{principal.kind.value}:{principal.token_id or principal.name}"
+
+
 def stream_tenant(name: str) -> str:
     """The tenant part of `tenant/stream` (the whole name when it has no '/')."""
     return name.split("/", 1)[0]
@@ -135,8 +142,6 @@ def visible_status(
             master_pb2.ReplicaVerification() if partial else status.replica_verification
         ),
         pending_deletes=[
-            p
-            for p in status.pending_deletes
-            if visible_tenant(principal, stream_tenant(p.stream))
+            p for p in status.pending_deletes if visible_tenant(principal, stream_tenant(p.stream))
         ],
     )

@@ -4,6 +4,15 @@ Theory of operation. Per stream the master keeps `Lease(epoch, holder, expires_m
 `epoch` is the latest epoch granted, `holder` the client it was granted to (empty when
 released), `expires_ms` when the holder's lease ends on the master's clock.
 
+Who is the holder. A client id names the holder but proves nothing: it is published as
+the stream's leader to every reader. A heartbeat that wins the lease comes with a fresh
+random lease secret, handed in that answer alone; the lease keeps its SHA-256 and the
+principal (token, certificate) the holder called as, across its rolls (a heartbeat sent
+just before a roll and answered after it still proves the holder). A caller is the
+holder (`Claim`) only when it names the holder's client id, shows that secret and calls
+as that principal: only then does it renew, roll, release, hold or end the lease, or get
+the epoch's grant. Anyone else, whatever client id it names, is a follower.
+
 - A heartbeat from the holder before `expires_ms` renews the lease (same epoch).
 - So does the holder's heartbeat after `expires_ms` while nobody else was granted, when
   it names the epoch it holds: a leader no master answered for a while goes on leading
@@ -39,10 +48,39 @@ new active master keeps the restart rule above.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 from dataclasses import dataclass, replace
 
 from streamengine.master.core.errors import InvalidArgument, NotLeader
 from streamengine.protocol.limits import CLIENT_ID_CHARS_MAX, EPOCH_MAX
+
+# Bytes of the secret drawn for each lease won: 256 random bits, never guessed.
+LEASE_SECRET_BYTES = 32
+# A lease secret longer than this is malformed (the master never hands one).
+LEASE_SECRET_BYTES_MAX = 64
+assert 16 <= LEASE_SECRET_BYTES <= LEASE_SECRET_BYTES_MAX
+
+
+def secret_digest(secret: bytes) -> bytes:
+    """What a lease keeps of its secret (and what the master persists of it)."""
+    return hashlib.sha256(secret).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Who a writer's request says it is: its client id, the lease secret it shows
+    (empty when it has none) and the principal it calls as (`authority.principal_key`)."""
+
+    client_id: str
+    secret: bytes = b""
+    principal: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.secret) > LEASE_SECRET_BYTES_MAX:
+            raise InvalidArgument(
+                f"lease_secret of {len(self.secret)} bytes (the master hands {LEASE_SECRET_BYTES})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,17 +88,32 @@ class Lease:
     epoch: int
     holder: str
     expires_ms: int
+    # SHA-256 of the secret handed with the grant, and the principal that acquired it:
+    # together with `holder` they prove a caller holds the lease. Empty: nobody can.
+    secret_sha256: bytes = b""
+    principal: str = ""
 
-    def held_by(self, client_id: str, now_ms: int) -> bool:
-        return bool(self.holder) and self.holder == client_id and now_ms < self.expires_ms
+    def proven_by(self, claim: Claim) -> bool:
+        """The caller is the holder: its client id, its secret and its principal."""
+        return (
+            bool(self.holder)
+            and self.holder == claim.client_id
+            and bool(self.secret_sha256)
+            and bool(claim.secret)
+            and hmac.compare_digest(secret_digest(claim.secret), self.secret_sha256)
+            and self.principal == claim.principal
+        )
+
+    def held_by(self, claim: Claim, now_ms: int) -> bool:
+        return now_ms < self.expires_ms and self.proven_by(claim)
 
     def running(self, now_ms: int) -> bool:
         return now_ms < self.expires_ms
 
-    def still_holds(self, client_id: str, caller_epoch: int) -> bool:
+    def still_holds(self, claim: Claim, caller_epoch: int) -> bool:
         """The caller leads the latest epoch and nobody was granted anything since, even
         if its lease ran out: it may renew, roll or release it."""
-        return bool(self.holder) and self.holder == client_id and caller_epoch == self.epoch
+        return caller_epoch == self.epoch and self.proven_by(claim)
 
 
 class Outcome(enum.Enum):
@@ -79,9 +132,19 @@ class Decision:
         return self.outcome is not Outcome.FOLLOW
 
 
-def recovered_lease(epoch: int, holder: str, now_ms: int, lease_ms: int) -> Lease:
-    """The lease of a stream when the master (re)starts: no grant for one lease period."""
-    return Lease(epoch, holder, now_ms + lease_ms)
+def recovered_lease(
+    epoch: int, holder: str, secret_sha256: bytes, principal: str, now_ms: int, lease_ms: int
+) -> Lease:
+    """The lease of a stream when the master (re)starts: no grant for one lease period;
+    the holder proves itself with the secret it was handed (persisted as its digest)."""
+    return Lease(epoch, holder, now_ms + lease_ms, secret_sha256, principal)
+
+
+def _granted(epoch: int, claim: Claim, now_ms: int, lease_ms: int, fresh_secret: bytes) -> Lease:
+    assert len(fresh_secret) == LEASE_SECRET_BYTES, "the shell draws a whole secret"
+    return Lease(
+        epoch, claim.client_id, now_ms + lease_ms, secret_digest(fresh_secret), claim.principal
+    )
 
 
 def master_active_until(keepalive_sent_ms: int, ttl_ms: int) -> int:
@@ -98,9 +161,16 @@ def _next_epoch(epoch: int) -> int:
 
 
 def heartbeat(
-    lease: Lease, client_id: str, caller_epoch: int, now_ms: int, lease_ms: int
+    lease: Lease,
+    claim: Claim,
+    caller_epoch: int,
+    now_ms: int,
+    lease_ms: int,
+    fresh_secret: bytes,
 ) -> Decision:
-    """A writer's heartbeat: renew, follow, or grant the next epoch."""
+    """A writer's heartbeat: renew, follow, or grant the next epoch (with
+    `fresh_secret`, which the shell hands to the caller only then)."""
+    client_id = claim.client_id
     if not client_id:
         raise InvalidArgument("client_id is required")
     if len(client_id.encode()) > CLIENT_ID_CHARS_MAX:
@@ -108,26 +178,29 @@ def heartbeat(
         raise InvalidArgument(f"client_id longer than {CLIENT_ID_CHARS_MAX} bytes")
     if caller_epoch > lease.epoch:
         raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
-    if lease.held_by(client_id, now_ms) or lease.still_holds(client_id, caller_epoch):
+    if lease.held_by(claim, now_ms) or lease.still_holds(claim, caller_epoch):
         return Decision(Outcome.RENEWED, replace(lease, expires_ms=now_ms + lease_ms))
     if lease.running(now_ms):
         return Decision(Outcome.FOLLOW, lease)
-    granted = Lease(_next_epoch(lease.epoch), client_id, now_ms + lease_ms)
+    granted = _granted(_next_epoch(lease.epoch), claim, now_ms, lease_ms, fresh_secret)
     return Decision(Outcome.GRANTED, granted)
 
 
-def roll(lease: Lease, client_id: str, caller_epoch: int, now_ms: int, lease_ms: int) -> Lease:
-    """The leader asks for the next epoch; raises NotLeader unless it holds the latest."""
+def roll(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int, lease_ms: int) -> Lease:
+    """The leader asks for the next epoch, which it holds with the same secret; raises
+    NotLeader unless it holds the latest."""
     if caller_epoch != lease.epoch:
         raise NotLeader(f"epoch {caller_epoch} is not the latest ({lease.epoch})")
-    if not lease.still_holds(client_id, caller_epoch):
-        raise NotLeader(f"{client_id!r} does not hold the lease")
-    return Lease(_next_epoch(lease.epoch), client_id, now_ms + lease_ms)
+    if not lease.still_holds(claim, caller_epoch):
+        raise NotLeader(f"{claim.client_id!r} does not hold the lease (or not its secret)")
+    rolled = replace(lease, epoch=_next_epoch(lease.epoch), expires_ms=now_ms + lease_ms)
+    assert rolled.still_holds(claim, rolled.epoch)
+    return rolled
 
 
-def release(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lease | None:
+def release(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int) -> Lease | None:
     """The holder leaves: the lease ends now. None when the caller did not hold it."""
-    if not lease.still_holds(client_id, caller_epoch):
+    if not lease.still_holds(claim, caller_epoch):
         return None
     return Lease(lease.epoch, "", now_ms)
 
@@ -137,16 +210,16 @@ def undeleted(lease: Lease) -> Lease:
     be granted anything is granted a new epoch, above the one the stores still fence
     as deleted until they hear of the undelete. Its expiry stays (after a master start
     nobody is granted anything for one lease period)."""
-    return replace(lease, holder="")
+    return replace(lease, holder="", secret_sha256=b"", principal="")
 
 
-def holder_gone(lease: Lease, client_id: str, caller_epoch: int, now_ms: int) -> Lease | None:
+def holder_gone(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int) -> Lease | None:
     """The call the holder of `caller_epoch` held open ended (its process died, as far
     as the master can tell): the lease ends now, the holder kept. None when the caller
     does not hold the latest epoch (a call of an earlier epoch, after a roll or a new
     grant), which changes nothing."""
-    if not lease.still_holds(client_id, caller_epoch):
+    if not lease.still_holds(claim, caller_epoch):
         return None
     ended = replace(lease, expires_ms=min(lease.expires_ms, now_ms))
-    assert not ended.running(now_ms) and ended.still_holds(client_id, caller_epoch)
+    assert not ended.running(now_ms) and ended.still_holds(claim, caller_epoch)
     return ended

@@ -53,6 +53,11 @@ class StreamRecord:
     # Deleted, pending removal: refused until undeleted; its data goes at this time
     # (wall-clock ms; 0: not deleted).
     deleted_until_ms: int = 0
+    # What proves the holder of `epoch` (`core.leadership.Lease`), persisted with it so
+    # that it keeps its lease across a master restart: the hex SHA-256 of the lease
+    # secret it was handed, never the secret, and the principal it acquired as.
+    leader_secret_sha256: str = ""
+    leader_principal: str = ""
 
     @property
     def tenant(self) -> str:

@@ -30,6 +30,18 @@ class TooLarge(BadRequest):
         super().__init__(message)
 
 
+class ConflictingCopy(StoreError):
+    """A write of an index the store holds at the same copy epoch, with other bytes. One
+    epoch's copy of an index is written once: a retransmission carries identical bytes,
+    anything else is a second writer under the epoch's grant (or a bug), never a copy
+    to keep. The whole batch is refused."""
+
+    def __init__(self, index: int, epoch: int, message: str):
+        self.index = index
+        self.epoch = epoch
+        super().__init__(message)
+
+
 class StoreUnavailable(StoreError):
     """The store could not write (a full disk, a failing device); nothing was written."""
 

@@ -12,6 +12,9 @@ Rules (docs/design.md, "The segment store"):
 - a write whose writer epoch is below the segment's fence is refused, nothing written;
 - a copy replaces a stored one only if its epoch is >= the stored copy's epoch; keeping
   a higher-epoch copy is still success, and the answer says what is held;
+- a copy of the same epoch as the stored one must carry identical bytes (a
+  retransmission); other bytes refuse the whole batch (`ConflictingCopy`): one epoch
+  has one writer, and what it wrote at an index never changes under that epoch;
 - matched index = largest m with every index 1..m held; entries above a gap are kept;
 - acked index kept = max(kept, min(leader's acked index, matched index));
 - once the acked index reaches a bridge, the copies past the first such bridge are
@@ -82,6 +85,7 @@ from streamengine.segment_store.core.commands import (
 from streamengine.segment_store.core.errors import (
     BadRequest,
     BelowFence,
+    ConflictingCopy,
     CopyRefused,
     NotJoined,
     StoredCopyCorrupt,
@@ -110,9 +114,9 @@ CLUSTER_ID_CHARS_MAX = 256
 _INDEX = struct.Struct(">Q")
 _VALUE_HEAD = struct.Struct(">BQ")  # kind, epoch: the prefix of a stored value
 
-# What a plan knows of a held copy: (epoch, kind, payload bytes). Plain tuples: the
-# hot path builds one per entry written.
-_Held = tuple[int, int, int]
+# What a plan knows of a held copy: (epoch, kind, payload bytes, stored value). Plain
+# tuples: the hot path builds one per entry written.
+_Held = tuple[int, int, int, bytes]
 
 
 @dataclass
@@ -154,7 +158,7 @@ class _Work:
         if len(value) < VALUE_HEADER_BYTES:
             raise CorruptEntry(f"index {index}: stored value of {len(value)} bytes")
         kind, epoch = _VALUE_HEAD.unpack_from(value)
-        return (epoch, kind, len(value) - VALUE_HEADER_BYTES)
+        return (epoch, kind, len(value) - VALUE_HEADER_BYTES, value)
 
 
 def check_batch(
@@ -319,6 +323,13 @@ def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
             if epochs[position] < held[0]:
                 held_epochs.append(held[0])
                 continue
+            if epochs[position] == held[0] and held[3] != values[position]:
+                raise ConflictingCopy(
+                    index,
+                    held[0],
+                    f"index {index} is held at epoch {held[0]} with other bytes: a copy of "
+                    "one epoch is never replaced (a retransmission carries the same bytes)",
+                )
             payload_bytes -= held[2]
             if held[1] == EntryKind.BRIDGE:
                 bridges.discard(index)
@@ -357,12 +368,18 @@ def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
             matched += 1
     work.ops.extend(ops)
     pending = work.pending.setdefault(segment, {})
-    pending.update((first + n, (epochs[n], kinds[n], sizes[n])) for n in written)
+    pending.update((first + n, (epochs[n], kinds[n], sizes[n], values[n])) for n in written)
     if fresh_from < len(values):
         pending.update(
             zip(
                 range(first + fresh_from, last + 1),
-                zip(epochs[fresh_from:], kinds[fresh_from:], sizes[fresh_from:], strict=True),
+                zip(
+                    epochs[fresh_from:],
+                    kinds[fresh_from:],
+                    sizes[fresh_from:],
+                    values[fresh_from:],
+                    strict=True,
+                ),
                 strict=True,
             )
         )
