@@ -43,6 +43,11 @@ def status(master: str) -> master_pb2.ClusterStatus:
             master_pb2.GetClusterStatusRequest(), timeout=10)
 
 
+def below_n(reported: master_pb2.ClusterStatus) -> int:
+    """Sealed segments below N complete replicas: lacking one, or being verified."""
+    return len(reported.under_replicated) + len(reported.verifying)
+
+
 def measure(megabytes: float, root: Path) -> dict[str, float | int | str]:
     # A long lease: the driver writes a 6 MB segment to three stores between two
     # heartbeats (the lease plays no part in repair).
@@ -61,7 +66,7 @@ def measure(megabytes: float, root: Path) -> dict[str, float | int | str]:
         while max(held().values(), default=0) < megabytes * MB:
             driver.fill_and_roll(EVENTS_PER_SEGMENT, EVENT_BYTES)
         fill_s = time.monotonic() - started
-        wait_for(lambda: not status(cluster.master_address).under_replicated, 60, 0.2,
+        wait_for(lambda: not below_n(status(cluster.master_address)), 60, 0.2,
                  "nothing under-replicated before the loss")
         # Every store has reported what it holds once two heartbeats agree.
         reports: list[dict[str, int]] = []
@@ -79,7 +84,7 @@ def measure(megabytes: float, root: Path) -> dict[str, float | int | str]:
         lost_at = time.monotonic()
         detected = repaired = None
         while time.monotonic() - lost_at < REPAIR_TIMEOUT_S:
-            under = len(status(cluster.master_address).under_replicated)
+            under = below_n(status(cluster.master_address))
             now = time.monotonic() - lost_at
             if under and detected is None:
                 detected = now

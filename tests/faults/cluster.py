@@ -182,7 +182,8 @@ def leader_of(cluster: Cluster, stream: str) -> str:
 
 
 def under_replicated(cluster: Cluster) -> int | None:
-    """Sealed segments the master lists below N complete replicas (None: no answer)."""
+    """Sealed segments the master lists below N complete replicas, lacking one or being
+    verified (None: no answer)."""
     with open_channel(cluster.master_address) as channel:
         try:
             status = master_pb2_grpc.MasterStub(channel).GetClusterStatus(
@@ -190,7 +191,7 @@ def under_replicated(cluster: Cluster) -> int | None:
             )
         except grpc.RpcError:
             return None
-    return len(status.under_replicated)
+    return len(status.under_replicated) + len(status.verifying)
 
 
 def open_copy_set(cluster: Cluster, stream: str) -> list[str]:

@@ -79,10 +79,10 @@ def wait_replicated(cluster: Cluster, live: set[str], timeout_s: float = 40.0) -
         "every sealed segment at N matching replicas",
     )
     wait_for(
-        lambda: not status(cluster).under_replicated,
+        lambda: not (reported := status(cluster)).under_replicated and not reported.verifying,
         10,
         0.1,
-        "no under-replicated segment reported",
+        "no segment reported under-replicated or being verified",
     )
 
 
