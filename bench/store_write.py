@@ -113,7 +113,7 @@ def raw_rate(root: Path, fsync: bool, writers: int, batches: int) -> float:
 
 def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteRequest]:
     segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=1)
-    grant = Grant(stream_id, 1, "bench", "bench-writer", (GrantSegment(1, STORE_IDS),))
+    grant = Grant(stream_id, 1, "bench", "bench-writer", (GrantSegment(1, STORE_IDS),), 1 << 62)
     signed = GrantSigner(BENCH_KEY).sign(grant)
     requests = []
     for number in range(batches):

@@ -81,7 +81,7 @@ def _serve_echo(address: str) -> None:
 
 
 def _requests(count: int) -> list[segment_store_pb2.WriteRequest]:
-    grant = Grant(7, 1, "bench", "bench-writer", (GrantSegment(1, STORE_IDS),))
+    grant = Grant(7, 1, "bench", "bench-writer", (GrantSegment(1, STORE_IDS),), 1 << 62)
     signed = GrantSigner(BENCH_KEY).sign(grant)
     return [
         codec.write_request(

@@ -15,6 +15,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from streamengine.master.rocksdb_metadata import CATALOG_DIR
 from streamengine.protocol.auth import AUTHORIZATION_METADATA_KEY, BEARER_PREFIX
+from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
 from streamengine.testing import Cluster
@@ -46,9 +47,9 @@ def signed_grant(
     tenant: str,
     client_id: str = "a-later-leader",
 ) -> bytes:
-    """A grant of `epoch` as the cluster's master would sign it."""
+    """A grant of `epoch` as the cluster's master would sign it (good for an hour)."""
     listed = tuple(GrantSegment(e, tuple(stores)) for e, stores in sorted(segments.items()))
-    grant = Grant(stream_id, epoch, tenant, client_id, listed)
+    grant = Grant(stream_id, epoch, tenant, client_id, listed, wall_ms() + 3600_000)
     return GrantSigner(master_signing_key(cluster)).sign(grant)
 
 

@@ -77,7 +77,7 @@ def lone_store(root: Path, extra_args: list[str] | None = None) -> Iterator[Serv
 def granted(segment: entry_pb2.SegmentId, epoch: int) -> bytes:
     """A grant of `epoch` for `segment`'s stream, listing the segment on every test store."""
     listed = (GrantSegment(segment.epoch, TEST_COPY_SET),)
-    grant = Grant(segment.stream_id, epoch, TEST_TENANT, "test-writer", listed)
+    grant = Grant(segment.stream_id, epoch, TEST_TENANT, "test-writer", listed, 1 << 62)
     return TEST_SIGNER.sign(grant)
 
 

@@ -24,7 +24,7 @@ from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX
-from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.signing import KEY_ID_BYTES, MAGIC_BYTES, SIGNATURE_BYTES, SigningKey
 from streamengine.protocol.tokens import token_envelope, token_text
 from streamengine.testing import (
     Cluster,
@@ -46,6 +46,9 @@ P = entry_pb2.ReplicationPolicy
 # Forges grants: a key of no cluster.
 FORGER = GrantSigner(SigningKey(bytes(range(200, 232))))
 TIMEOUT_S = 10.0
+# Grants as short as leases of 1 s allow, so that one dies within a test.
+GRANT_MS = 4000
+ENVELOPE_HEAD = MAGIC_BYTES + KEY_ID_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def cluster(
     with running_cluster(
         root,
         stores=3,
-        master_args=["--lease-ms", "1000"],
+        master_args=["--lease-ms", "1000", "--grant-ms", str(GRANT_MS)],
         store_args_for=lambda number: ["--metrics-port", str(store_metrics_ports[number])],
     ) as running:
         yield running
@@ -135,6 +138,51 @@ def state_of(address: str, segment: entry_pb2.SegmentId) -> tuple[int, int, int]
 # ---- grants ----
 
 
+def test_a_stolen_grant_dies_after_its_bound_while_the_leader_appends_on(
+    cluster: Cluster,
+) -> None:
+    """A copy of the leader's grant (as a thief with the host's token has it) writes
+    at first; once its expiry passes every store refuses it, naming the expiry, while
+    the leader, renewing its grant with its lease, appends on."""
+    name = "steal/orders"
+    make_stream(cluster, name)
+    store = cluster.stores[0].address
+
+    def thief_writes(grant: bytes, segment: entry_pb2.SegmentId, epoch: int) -> None:
+        # An empty write: the store checks the grant and changes nothing.
+        write = codec.write_request([], segment=segment, writer_epoch=epoch, grant=grant)
+        store_write(store, [write])
+
+    async def run() -> tuple[list[bytes], int, grpc.RpcError]:
+        async with StreamClient(cluster.master_address) as client:
+            async with client.writer(name, leadership_timeout_s=15) as writer:
+                await writer.append_batch([b"before"])
+                leader = writer._core
+                assert leader.replicator is not None
+                stolen, epoch = leader._grant, leader.epoch
+                ref = leader.replicator.segment
+                segment = entry_pb2.SegmentId(stream_id=ref.stream_id, epoch=ref.epoch)
+                expires_at_ms = Grant.decode(stolen[ENVELOPE_HEAD:-SIGNATURE_BYTES]).expires_at_ms
+                await asyncio.to_thread(thief_writes, stolen, segment, epoch)
+                appended = 1
+                deadline = time.monotonic() + 3 * GRANT_MS / 1000
+                while time.time() * 1000 < expires_at_ms + 100 and time.monotonic() < deadline:
+                    await writer.append_batch([b"%d" % appended])
+                    appended += 1
+                assert time.monotonic() < deadline, "the grant never expired"
+                refusal = await asyncio.to_thread(
+                    refused, lambda: thief_writes(stolen, segment, epoch)
+                )
+                assert leader._grant != stolen, "the leader's grant was renewed"
+                await writer.append_batch([b"after"])
+            return [event.payload async for event in client.read(name)], appended, refusal
+
+    events, appended, refusal = asyncio.run(run())
+    assert refusal.code() == Code.PERMISSION_DENIED
+    assert "expired at" in (refusal.details() or "")
+    assert events == [b"before", *(b"%d" % i for i in range(1, appended)), b"after"]
+
+
 def test_a_seal_at_the_last_epoch_without_a_grant_or_forged_is_refused_and_nothing_changes(
     cluster: Cluster,
 ) -> None:
@@ -145,7 +193,7 @@ def test_a_seal_at_the_last_epoch_without_a_grant_or_forged_is_refused_and_nothi
     segment = segments[-1]
     for replica in segment.copy_set:
         listed = (GrantSegment(segment.id.epoch, (replica.store_id,)),)
-        forged = FORGER.sign(Grant(stream_id, EPOCH_MAX, "fence", "intruder", listed))
+        forged = FORGER.sign(Grant(stream_id, EPOCH_MAX, "fence", "intruder", listed, 1 << 62))
         before = state_of(replica.address, segment.id)
         for grant in (b"", forged, b"garbage"):
             request = s.SealRequest(segment=segment.id, new_epoch=EPOCH_MAX, grant=grant)
@@ -172,7 +220,7 @@ def test_writes_under_a_grant_that_does_not_fit_are_refused_and_change_nothing(
     event = StoredEntry.make(1, EntryKind.EVENT, epoch, b"x")
     other_segment = entry_pb2.SegmentId(stream_id=other_id, epoch=epoch)
     listed = (GrantSegment(epoch, tuple(sorted(members))),)
-    forged = FORGER.sign(Grant(segment.stream_id, epoch, "fit", "fit-driver", listed))
+    forged = FORGER.sign(Grant(segment.stream_id, epoch, "fit", "fit-driver", listed, 1 << 62))
     cases = [
         ("a store outside the copy set", outsider.address, segment, epoch, grant),
         ("another epoch than the grant's", member.address, segment, epoch + 1, grant),
@@ -244,7 +292,7 @@ def test_only_the_holder_of_an_epoch_releases_rolls_and_seals_under_it(cluster: 
             "RollSegment",
             m.RollSegmentRequest(
                 **published,
-                grant=FORGER.sign(Grant(stream_id, epoch, "holder", "holder", ())),
+                grant=FORGER.sign(Grant(stream_id, epoch, "holder", "holder", (), 1 << 62)),
             ),
         ),
         (

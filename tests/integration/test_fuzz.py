@@ -120,6 +120,7 @@ class Victim:
                 "victim",
                 "intruder",
                 (GrantSegment(sealed_id.epoch, tuple(r.store_id for r in self.sealed.copy_set)),),
+                expires_at_ms=1 << 62,
             )
         )
         event = StoredEntry.make(1, EntryKind.EVENT, driver.epoch, b"x")

@@ -276,7 +276,7 @@ class StoreNode(Node):
         """A Seal, its grant checked first (invariants 3 and 8)."""
         tenant = self.granted(
             lambda: self.authority.grant_for(
-                INSECURE, "SegmentStore/Seal", signed, segment, new_epoch
+                INSECURE, "SegmentStore/Seal", signed, segment, new_epoch, self.world.now
             ),
             segment,
             new_epoch,
@@ -350,7 +350,10 @@ class StoreNode(Node):
         grants = self.stream_grants_of(message.stream)
         segment, epoch = request.segment, request.writer_epoch
         tenant = self.granted(
-            lambda: grants.admit(request.grant, segment, epoch), segment, epoch, True
+            lambda: grants.admit(request.grant, segment, epoch, self.world.now),
+            segment,
+            epoch,
+            True,
         )
         if isinstance(tenant, m.Denied):
             # PERMISSION_DENIED ends the stream: the status is its last message.
@@ -407,7 +410,10 @@ class StoreNode(Node):
                 grants = WriteStreamGrants(self.authority, INSECURE)
                 segment, epoch = request.segment, request.writer_epoch
                 tenant = self.granted(
-                    lambda: grants.admit(request.grant, segment, epoch), segment, epoch, from_writer
+                    lambda: grants.admit(request.grant, segment, epoch, self.world.now),
+                    segment,
+                    epoch,
+                    from_writer,
                 )
                 if isinstance(tenant, m.Denied):
                     return tenant

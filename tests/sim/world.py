@@ -646,7 +646,7 @@ class World:
         grant, a forged one, or a real grant of another epoch: each refused."""
         last = EPOCH_MAX
         listed = (GrantSegment(segment.epoch, (store.name,)),)
-        forged = Grant(segment.stream_id, last, "sim", "intruder", listed)
+        forged = Grant(segment.stream_id, last, "sim", "intruder", listed, 1 << 62)
         signed, what = b"", f"a seal at epoch {last} without a grant"
         if kind == 7:
             signed = GrantSigner(SigningKey(bytes(32))).sign(forged)
@@ -713,7 +713,7 @@ class World:
         holder = state.leases[stream].holder or "w1.1"
         epoch = max(record.epoch, 1)
         other_key = GrantSigner(SigningKey(bytes(32)))
-        forged = other_key.sign(Grant(record.stream_id, epoch, "sim", holder, ()))
+        forged = other_key.sign(Grant(record.stream_id, epoch, "sim", holder, (), 1 << 62))
         unheld: list[tuple[str, Callable[[], object]]] = [
             (
                 "a SealSegment with the leader's published id and no grant",

@@ -367,6 +367,22 @@ def test_whatever_acts_under_an_epoch_carries_its_grant() -> None:
     assert of_type(actions, ReleaseLease) == [ReleaseLease(5, signed(5))]
 
 
+def test_a_renewed_grant_is_shown_to_every_store_and_an_older_one_never_comes_back() -> None:
+    leader = leading()
+    actions = step(leader, 10, Append((b"a",)))
+    assert {w.grant for w in of_type(actions, SendWrite)} == {signed(5)}  # first requests
+    answer_all(leader, 11, actions)
+    renewed = b"grant of epoch 5, renewed"
+    actions = step(leader, 20, leader_answer(15, grant=renewed))
+    actions += step(leader, 21, leader_answer(12))  # sent before: its grant is older
+    assert leader.replicator is not None and leader.replicator.grant == renewed
+    actions += step(leader, 22, Append((b"b",)))
+    sends = of_type(actions, SendWrite)  # the acked index broadcast, then the append
+    assert {w.grant for w in sends if w.grant} == {renewed}
+    assert sorted(w.store for w in sends if w.grant) == sorted(STORES)
+    assert of_type(step(leader, 24, Release()), ReleaseLease) == [ReleaseLease(5, renewed)]
+
+
 def test_a_leader_answer_without_a_signed_grant_cannot_be_led() -> None:
     leader = Leader(0, recovery_supported=True)
     step(leader, 0, Tick())

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from streamengine.master.core.authority import check_holder, grant_of, stream_tenant, visible_status
+from streamengine.master.core.authority import (
+    check_grant_ms,
+    check_holder,
+    grant_expiry,
+    grant_of,
+    stream_tenant,
+    visible_status,
+)
 from streamengine.master.core.errors import InvalidArgument, PermissionDenied, QuotaExceeded
 from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
 from streamengine.protocol.auth import ANONYMOUS, INSECURE, Principal, PrincipalKind, Role
@@ -29,27 +36,63 @@ def segment(epoch: int, copy_set: tuple[str, ...], state: SegmentState) -> Segme
 def test_a_grant_lists_the_unsealed_segments_then_its_own_with_their_copy_sets() -> None:
     own = segment(9, ("a", "b", "c"), SegmentState.OPEN)
     earlier = [segment(5, ("d", "e", "f"), SegmentState.SEALING)]
-    assert grant_of(STREAM, 9, "w1", own, earlier) == Grant(
+    assert grant_of(STREAM, 9, "w1", own, earlier, 5000) == Grant(
         7,
         9,
         "acme",
         "w1",
         (GrantSegment(5, ("d", "e", "f")), GrantSegment(9, ("a", "b", "c"))),
+        5000,
     )
-    without_segment = grant_of(STREAM, 9, "w1", None, earlier)
+    without_segment = grant_of(STREAM, 9, "w1", None, earlier, 5000)
     assert without_segment.segment(9) is None and without_segment.segment(5) is not None
+
+
+@pytest.mark.parametrize(
+    ("case", "now", "handed", "expires"),
+    [
+        ("the first grant of a stream", 1000, None, 11_000),
+        ("more than half left: the same expiry", 1000, (9, 6001), 6001),
+        ("half left: renewed", 1000, (9, 6000), 11_000),
+        ("expired already: renewed", 7000, (9, 6001), 17_000),
+        ("another epoch's grant: a fresh one", 1000, (8, 9000), 11_000),
+    ],
+)
+def test_a_grant_is_renewed_once_half_of_it_is_left(
+    case: str, now: int, handed: tuple[int, int] | None, expires: int
+) -> None:
+    assert grant_expiry(now, 9, handed, 10_000) == expires, case
+
+
+def test_a_grant_must_outlast_leases_between_its_renewals() -> None:
+    check_grant_ms(8000, 2000)
+    with pytest.raises(InvalidArgument, match="at least 8000 ms"):
+        check_grant_ms(7999, 2000)
+
+
+def test_a_leader_renewing_its_lease_gets_a_grant_renewed_before_it_expires(
+    master: Master,
+) -> None:
+    grant_ms = master.state.grant_ms
+    first = beat(master, "w1").grant()
+    assert first.expires_at_ms == master.now + grant_ms
+    master.now += grant_ms // 2 - 1
+    assert beat(master, "w1", first.epoch).grant() == first  # nothing new to sign
+    master.now += 1
+    renewed = beat(master, "w1", first.epoch).grant()
+    assert renewed.expires_at_ms == master.now + grant_ms and renewed.epoch == first.epoch
 
 
 def test_a_sealed_segment_is_never_given_to_seal_again() -> None:
     with pytest.raises(AssertionError):
-        grant_of(STREAM, 9, "w1", None, [segment(5, ("d",), SegmentState.SEALED)])
+        grant_of(STREAM, 9, "w1", None, [segment(5, ("d",), SegmentState.SEALED)], 5000)
 
 
 KEY = SigningKey(bytes(range(32)))
 GRANT = GrantSigner(KEY).sign(
-    Grant(7, 9, "acme", "w1", (GrantSegment(5, ("d",)), GrantSegment(9, ("a",))))
+    Grant(7, 9, "acme", "w1", (GrantSegment(5, ("d",)), GrantSegment(9, ("a",))), 5000)
 )
-FORGED = GrantSigner(SigningKey(bytes(32))).sign(Grant(7, 9, "acme", "w1", ()))
+FORGED = GrantSigner(SigningKey(bytes(32))).sign(Grant(7, 9, "acme", "w1", (), 5000))
 
 
 @pytest.mark.parametrize(
@@ -66,7 +109,7 @@ FORGED = GrantSigner(SigningKey(bytes(32))).sign(Grant(7, 9, "acme", "w1", ()))
         (GRANT, False, 10, "w1", None, "not of epoch 10"),
         (GRANT, False, 9, "w1", 7, "does not list segment 7"),
         (
-            GrantSigner(KEY).sign(Grant(8, 9, "acme", "w1", ())),
+            GrantSigner(KEY).sign(Grant(8, 9, "acme", "w1", (), 5000)),
             False,
             9,
             "w1",

@@ -49,6 +49,7 @@ GRANT = Grant(
         GrantSegment(4, ("s2", "s3", "s4")),
         GrantSegment(5, ("s4", "s5", "s1")),
     ),
+    expires_at_ms=1_700_000_600_000,
 )
 CLAIMS = TokenClaims("0123456789abcdef", "acme", Role.WRITE, 1_000, 61_000)
 
@@ -116,7 +117,7 @@ def test_a_grant_changed_anywhere_is_refused(at: int) -> None:
         ("truncated", GrantSigner(KEY).sign(GRANT)[:-1]),
         ("a token's envelope", KEY.sign(b"SET1", CLAIMS.encode())),
         ("a grant's bytes under the token magic", KEY.sign(b"SET1", GRANT.encode())),
-        ("oversized", b"SEG1" + b"\0" * 9000),
+        ("oversized", b"SEG2" + b"\0" * 9000),
     ],
 )
 def test_forged_or_foreign_grants_are_refused(case: str, signed: bytes) -> None:

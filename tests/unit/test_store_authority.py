@@ -3,6 +3,8 @@ tenants its core keeps: table tests of the pure parts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from streamengine.protocol.auth import ANONYMOUS, INSECURE, Principal, PrincipalKind, Role
@@ -17,6 +19,7 @@ from streamengine.segment_store.core.authority import (
     CallerShares,
     CallerUnproven,
     Deletion,
+    GrantExpired,
     GrantRefused,
     NoSigningKeyYet,
     OverCallerLimit,
@@ -33,6 +36,7 @@ from streamengine.segment_store.kv import MemoryKV
 KEY = SigningKey(bytes(range(32)))
 FORGER = SigningKey(bytes(range(100, 132)))
 SIGNER = GrantSigner(KEY)
+NOW = 1_700_000_000_000  # wall-clock ms
 
 # Epoch 9 of stream 7: its own segment on s1..s3, and two earlier segments still to seal
 # on other copy sets (a new leader seals segments whose copy sets differ from its own).
@@ -46,6 +50,7 @@ GRANT = Grant(
         GrantSegment(8, ("s3", "s4", "s5")),
         GrantSegment(9, ("s1", "s2", "s3")),
     ),
+    expires_at_ms=NOW + 60_000,
 )
 
 
@@ -66,10 +71,10 @@ GRANT = Grant(
 )
 def test_check_grant(store: str, segment: SegmentKey, epoch: int, refusal: str | None) -> None:
     if refusal is None:
-        check_grant(GRANT, store, segment, epoch)
+        check_grant(GRANT, store, segment, epoch, NOW)
         return
     with pytest.raises(GrantRefused, match=refusal):
-        check_grant(GRANT, store, segment, epoch)
+        check_grant(GRANT, store, segment, epoch, NOW)
 
 
 WRITER = Principal(PrincipalKind.TENANT, "tok", tenant="acme", role=Role.WRITE, token_id="a" * 16)
@@ -102,10 +107,10 @@ def test_a_seal_needs_a_valid_grant_and_a_caller_allowed_to_use_it(
 ) -> None:
     checks = authority("s3")  # in the copy set of segment 8, the one sealed
     if error is None:
-        assert checks.grant_for(principal, "SegmentStore/Seal", signed, SegmentKey(7, 8), 9)
+        assert checks.grant_for(principal, "SegmentStore/Seal", signed, SegmentKey(7, 8), 9, NOW)
         return
     with pytest.raises(error):
-        checks.grant_for(principal, "SegmentStore/Seal", signed, SegmentKey(7, 8), 9)
+        checks.grant_for(principal, "SegmentStore/Seal", signed, SegmentKey(7, 8), 9, NOW)
 
 
 def test_a_store_without_its_masters_key_cannot_tell_yet() -> None:
@@ -116,25 +121,42 @@ def test_a_store_without_its_masters_key_cannot_tell_yet() -> None:
 def test_a_write_stream_shows_a_grant_once_and_only_for_what_it_lists() -> None:
     grants = WriteStreamGrants(authority("s3"), INSECURE)
     with pytest.raises(GrantRefused, match="no grant of epoch 9"):
-        grants.admit(b"", SegmentKey(7, 9), 9)
-    assert grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9) == GRANT
-    assert grants.admit(b"", SegmentKey(7, 9), 9) == GRANT  # later requests go without
-    assert grants.admit(b"", SegmentKey(7, 8), 9) == GRANT  # a recovery write it lists
+        grants.admit(b"", SegmentKey(7, 9), 9, NOW)
+    assert grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, NOW) == GRANT
+    assert grants.admit(b"", SegmentKey(7, 9), 9, NOW) == GRANT  # later requests go without
+    assert grants.admit(b"", SegmentKey(7, 8), 9, NOW) == GRANT  # a recovery write it lists
     with pytest.raises(GrantRefused):
-        grants.admit(b"", SegmentKey(7, 5), 9)  # s3 is not in segment 5's copy set
+        grants.admit(b"", SegmentKey(7, 5), 9, NOW)  # s3 is not in segment 5's copy set
     with pytest.raises(GrantRefused, match="no grant of epoch 10"):
-        grants.admit(b"", SegmentKey(7, 10), 10)
+        grants.admit(b"", SegmentKey(7, 10), 10, NOW)
     # Another stream of the same store knows nothing of this one's grants.
     with pytest.raises(GrantRefused):
-        WriteStreamGrants(authority("s3"), INSECURE).admit(b"", SegmentKey(7, 9), 9)
+        WriteStreamGrants(authority("s3"), INSECURE).admit(b"", SegmentKey(7, 9), 9, NOW)
+
+
+def test_an_expired_grant_is_refused_shown_fresh_or_kept_from_earlier() -> None:
+    grants = WriteStreamGrants(authority("s1"), INSECURE)
+    expires = GRANT.expires_at_ms
+    assert grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, expires - 1) == GRANT
+    with pytest.raises(GrantExpired, match=f"expired at {expires} .* renews it with its lease"):
+        grants.admit(b"", SegmentKey(7, 9), 9, expires)
+    with pytest.raises(GrantExpired):
+        grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, expires)
+    with pytest.raises(GrantExpired):
+        authority("s1").grant_for(INSECURE, "SegmentStore/Seal", SIGNER.sign(GRANT),
+                                  SegmentKey(7, 9), 9, expires + 1)
+    # A renewed grant shown on the same stream takes over from the expired one.
+    renewed = dataclasses.replace(GRANT, expires_at_ms=expires + 60_000)
+    assert grants.admit(SIGNER.sign(renewed), SegmentKey(7, 9), 9, expires) == renewed
+    assert grants.admit(b"", SegmentKey(7, 9), 9, expires + 1) == renewed
 
 
 def test_a_write_stream_of_a_read_token_is_refused_at_its_first_grant() -> None:
     grants = WriteStreamGrants(authority(), READER)
     with pytest.raises(CallerRefused):
-        grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9)
+        grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, NOW)
     with pytest.raises(GrantRefused):
-        grants.admit(b"", SegmentKey(7, 9), 9)  # nothing was kept of the refused grant
+        grants.admit(b"", SegmentKey(7, 9), 9, NOW)  # nothing was kept of the refused grant
 
 
 def test_what_the_master_says_replaces_what_was_kept_and_survives_encoding() -> None:

@@ -51,12 +51,19 @@ class WriterView:
     # The lease secret, when this very answer is the heartbeat that won the lease; empty
     # on a renewal, a roll or to a follower. Handed to the caller, kept nowhere.
     secret: bytes = field(default=b"", repr=False)
+    # When the grant of a LEADER answer expires (`core.authority.grant_expiry`).
+    grant_expires_at_ms: int = 0
 
     def grant(self) -> Grant:
         """The grant of the epoch this view makes its holder lead (LEADER only)."""
-        assert self.leads
+        assert self.leads and self.grant_expires_at_ms
         return authority.grant_of(
-            self.stream, self.lease.epoch, self.lease.holder, self.segment, self.unsealed
+            self.stream,
+            self.lease.epoch,
+            self.lease.holder,
+            self.segment,
+            self.unsealed,
+            self.grant_expires_at_ms,
         )
 
 
@@ -69,6 +76,9 @@ class Leadership:
         self.draw_secret: Callable[[], bytes] = functools.partial(
             secrets.token_bytes, LEASE_SECRET_BYTES
         )
+        # stream -> (epoch, expiry) of the grant last handed to its leader. Memory only:
+        # a master that restarts hands fresh ones.
+        self.grants_handed: dict[str, tuple[int, int]] = {}
 
     def writer_heartbeat(
         self,
@@ -220,4 +230,10 @@ class Leadership:
             lost = sorted(self.state.lost_members.get(segment.key, ()))
             if not reason and lost:
                 reason = f"{', '.join(lost)} lost its replica (a new incarnation)"
-        return WriterView(record, True, lease, segment, unsealed, reason)
+        expires_at_ms = authority.grant_expiry(
+            now_ms, lease.epoch, self.grants_handed.get(record.name), self.state.grant_ms
+        )
+        self.grants_handed[record.name] = (lease.epoch, expires_at_ms)
+        return WriterView(
+            record, True, lease, segment, unsealed, reason, grant_expires_at_ms=expires_at_ms
+        )

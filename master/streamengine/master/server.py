@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.master.catalog import Catalog
 from streamengine.master.console import ConsoleSnapshot, serve_console
 from streamengine.master.core import repair, retention
-from streamengine.master.core.authority import LEASE_HOLDS_PER_PRINCIPAL_MAX
+from streamengine.master.core.authority import LEASE_HOLDS_PER_PRINCIPAL_MAX, check_grant_ms
 from streamengine.master.core.errors import InvalidArgument, RebuildUnfinished
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, Election
 from streamengine.master.etcd import EtcdClient, EtcdTLS, is_etcd_url, parse_etcd_url
@@ -48,6 +48,7 @@ from streamengine.master.state import MasterState, new_cluster_id
 from streamengine.protocol import identity, logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
 from streamengine.protocol.clock import wall_ms
+from streamengine.protocol.grants import GRANT_MS_DEFAULT
 from streamengine.protocol.limits import (
     HEARTBEATS_PER_LEASE,
     LEASE_MS_DEFAULT,
@@ -109,6 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-ms", type=int, default=LEASE_MS_DEFAULT, help="writer lease length"
+    )
+    parser.add_argument(
+        "--grant-ms",
+        type=int,
+        default=GRANT_MS_DEFAULT,
+        help="how long a leader's grant is good for: stores refuse it after that, and "
+        "the master renews it with the lease (at least 4 leases; default %(default)s)",
     )
     parser.add_argument(
         "--store-timeout-ms",
@@ -191,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.delete_grace_s < 0:
         print("streamengine master: --delete-grace-s is not negative", file=sys.stderr)
+        return 2
+    try:
+        check_grant_ms(args.grant_ms, args.lease_ms)
+    except InvalidArgument as error:
+        print(f"streamengine master: --grant-ms: {error}", file=sys.stderr)
         return 2
     if args.tenant_streams_max < 0 or args.tenant_append_bytes_per_s < 0:
         print("streamengine master: quotas are not negative (0: no limit)", file=sys.stderr)
@@ -349,6 +362,7 @@ def _load_state(
         tenant_streams_max=args.tenant_streams_max,
         delete_grace_ms=round(args.delete_grace_s * 1000),
         make_cluster_id=None if rebuilding else new_cluster_id,
+        grant_ms=args.grant_ms,
     )
 
 

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from streamengine.master.catalog import Batch, Catalog
-from streamengine.master.core import integrity, leadership, retention
+from streamengine.master.core import authority, integrity, leadership, retention
 from streamengine.master.core.durability import DurabilityLedger
 from streamengine.master.core.errors import NotFound, RebuildUnfinished, StreamDeleted
 from streamengine.master.core.model import (
@@ -42,7 +42,7 @@ from streamengine.master.retention import Retention
 from streamengine.master.stores import StoreLive, StoreRegistry
 from streamengine.master.tenancy import Tenancy
 from streamengine.master.tokens import TokenIssuer
-from streamengine.protocol.grants import GrantSigner
+from streamengine.protocol.grants import GRANT_MS_DEFAULT, GrantSigner
 from streamengine.protocol.limits import TENANT_STREAMS_MAX_DEFAULT
 from streamengine.protocol.retention import first_retained_sequence
 from streamengine.protocol.signing import SigningKey, Verifier
@@ -73,13 +73,17 @@ class MasterState:
         tenant_streams_max: int = TENANT_STREAMS_MAX_DEFAULT,
         delete_grace_ms: int = retention.DELETE_GRACE_MS_DEFAULT,
         make_cluster_id: Callable[[], str] | None = new_cluster_id,
+        grant_ms: int = GRANT_MS_DEFAULT,
     ):
         """`make_signing_key` makes the master's key at its first start (when the
         catalog holds none), `make_cluster_id` its cluster id (None: a rebuild adopts
         the stores' id instead, `StoreRegistry.adopt_cluster_id`); `tenant_streams_max`
         0 means no limit; `delete_grace_ms`: how long deleted streams and trimmed
-        segments stay on the stores."""
+        segments stay on the stores; `grant_ms`: how long a grant is good for
+        (`protocol.grants`)."""
         assert delete_grace_ms >= 0
+        authority.check_grant_ms(grant_ms, lease_ms)
+        self.grant_ms = grant_ms
         self.catalog = catalog
         self.delete_grace_ms = delete_grace_ms
         self.tenant_streams_max = tenant_streams_max

@@ -13,12 +13,20 @@ caller's epoch (`master.authority`). So fencing a stream, or ending a lease, tak
 grant from the master, not just a route to a server: a stale or buggy writer holds only
 grants of old epochs, and a forged grant does not verify.
 
-A grant never expires: it is as good as its epoch, which stores fence. The copy sets in
-it never go stale either: an open or sealing segment's copy set never changes (repair
-swaps members only of sealed segments, which no leader seals again).
+A grant expires (`expires_at_ms`, wall-clock): stores refuse it after that
+(`Grant.expired`), so a grant copied off a leader's host dies within one bound
+(`GRANT_MS_DEFAULT`) even while its epoch is still the latest. The honest leader never
+sees the refusal: every answer to its lease renewals carries its grant, renewed by the
+master once less than half of its life is left (`master.core.authority.grant_expiry`),
+and the leader shows the renewed one to its stores. Beside expiry a grant is as good as
+its epoch, which stores fence. The copy sets in it never go stale: an open or sealing
+segment's copy set never changes (repair swaps members only of sealed segments, which
+no leader seals again).
 
-Encoding (canonical, `PayloadWriter`): stream id u64 | epoch u64 | tenant | client id |
-segment count u8 | per segment, oldest first: epoch u64 | member count u8 | store ids.
+Encoding (canonical, `PayloadWriter`): stream id u64 | epoch u64 | expires at u64 |
+tenant | client id | segment count u8 | per segment, oldest first: epoch u64 | member
+count u8 | store ids. The magic `SEG2` names this format; `SEG1` grants (which carried no
+expiry) are refused as of another format version.
 """
 
 from __future__ import annotations
@@ -36,7 +44,14 @@ from streamengine.protocol.signing import (
     Verifier,
 )
 
-GRANT_MAGIC = b"SEG1"
+GRANT_MAGIC = b"SEG2"
+# How long a grant is good for. Stores compare it with their own wall clock, so it must
+# dwarf the skew between hosts; the shorter it is, the sooner a stolen grant dies. The
+# master renews a leader's grant when half of it is left (`grant_expiry`), and that
+# half must outlast a lease (`GRANT_MS_MIN_LEASES`): a leader that hears nothing from
+# the master for a lease stops leading before its grant can expire.
+GRANT_MS_DEFAULT = 10 * 60 * 1000
+GRANT_MS_MIN_LEASES = 4
 # The segment of the epoch and every earlier one unsealed when it was granted.
 GRANT_SEGMENTS_MAX = UNSEALED_SEGMENTS_MAX + 1
 # Distinct grants the master keeps signed (one per leading stream; signing costs more
@@ -68,9 +83,12 @@ class Grant:
     # Oldest first: every earlier segment unsealed at the grant, then (when the epoch
     # was granted with one) the epoch's own segment.
     segments: tuple[GrantSegment, ...]
+    # Wall-clock ms from which stores refuse it.
+    expires_at_ms: int
 
     def __post_init__(self) -> None:
         assert self.stream_id > 0 and 0 < self.epoch <= EPOCH_MAX, self
+        assert 0 < self.expires_at_ms < 1 << 64, self
         assert self.tenant and self.client_id, self
         assert len(self.segments) <= GRANT_SEGMENTS_MAX, self
         epochs = [segment.epoch for segment in self.segments]
@@ -83,7 +101,7 @@ class Grant:
         return None
 
     def encode(self) -> bytes:
-        out = PayloadWriter().u64(self.stream_id).u64(self.epoch)
+        out = PayloadWriter().u64(self.stream_id).u64(self.epoch).u64(self.expires_at_ms)
         out.text(self.tenant).text(self.client_id).u8(len(self.segments))
         for segment in self.segments:
             out.u64(segment.epoch).u8(len(segment.copy_set))
@@ -95,10 +113,12 @@ class Grant:
     def decode(cls, payload: bytes) -> Grant:
         """Raises MalformedPayload unless `payload` is a grant's canonical encoding."""
         reader = PayloadReader(payload)
-        stream_id, epoch = reader.u64(), reader.u64()
+        stream_id, epoch, expires_at_ms = reader.u64(), reader.u64(), reader.u64()
         tenant, client_id = reader.text(), reader.text()
         if not (stream_id > 0 and 0 < epoch <= EPOCH_MAX and tenant and client_id):
             raise MalformedPayload("a grant needs a stream, an epoch, a tenant and a client")
+        if not expires_at_ms:
+            raise MalformedPayload("a grant without an expiry")
         count = reader.u8()
         if count > GRANT_SEGMENTS_MAX:
             raise MalformedPayload(f"a grant of {count} segments")
@@ -113,7 +133,18 @@ class Grant:
                 raise MalformedPayload("a grant's copy set names a store twice, or none")
             segments.append(GrantSegment(segment_epoch, copy_set))
         reader.finish()
-        return cls(stream_id, epoch, tenant, client_id, tuple(segments))
+        return cls(stream_id, epoch, tenant, client_id, tuple(segments), expires_at_ms)
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms >= self.expires_at_ms
+
+    def expiry_note(self, now_ms: int) -> str:
+        """Why an expired grant is refused, in words a log reader can act on."""
+        return (
+            f"the grant of epoch {self.epoch} of stream {self.stream_id} expired at "
+            f"{self.expires_at_ms} (wall-clock ms; now {now_ms}): its holder renews it "
+            "with its lease"
+        )
 
 
 class GrantSigner:

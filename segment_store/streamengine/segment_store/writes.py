@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from streamengine.protocol.auth import Principal
-from streamengine.protocol.clock import monotonic_ms
+from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import CorruptEntry, PackedEntries
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
@@ -154,7 +154,7 @@ class WriteCalls:
             # Malformed before unauthorized: a bad request says what is wrong with it.
             check_epoch(request.writer_epoch, "writer epoch")
             batch = batch_of(request)
-            grant = grants.admit(request.grant, segment, request.writer_epoch)
+            grant = grants.admit(request.grant, segment, request.writer_epoch, wall_ms())
             self.store.authority.check_not_deleted(segment.stream_id, request.writer_epoch)
             self.store.core.check_takes_part(segment)
             command = WriteCommand(
@@ -199,7 +199,7 @@ class WriteCalls:
             segment = segment_key(request.segment)
             check_epoch(request.new_epoch, "seal epoch")
             grant = self.store.authority.grant_for(
-                principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch
+                principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch, wall_ms()
             )
             self.store.core.check_takes_part(segment)
             command = SealCommand(segment, request.new_epoch, grant.tenant)

@@ -31,7 +31,9 @@ stopped for good by `Stop` (lease lost): then nothing more is acked or sent.
 
 Grants: a store takes writes only under the master's signed grant of the writer's epoch,
 shown once per Write stream. The first request sent to a store after it (re)connects
-carries the grant (`SendWrite.grant`); the later ones on that stream do not.
+carries the grant (`SendWrite.grant`); the later ones on that stream do not. A grant
+expires: when the master renews it (`renew_grant`), the next request to each store
+carries the renewed one.
 
 The content digest: every append also feeds the segment's certificate
 (`streamengine.protocol.certificate`), computed from the events as the user gave them, before any
@@ -492,6 +494,15 @@ class Replicator:
         )
 
     # ---- the step function ----
+
+    def renew_grant(self, grant: bytes) -> None:
+        """The master renewed the grant of `writer_epoch`: every store is shown the
+        renewed one with its next request, before the one it holds expires."""
+        assert grant
+        if grant != self.grant:
+            self.grant = grant
+            for store in self._stores.values():
+                store.grant_sent = False
 
     def step(self, now_ms: int, event: ReplicatorEvent) -> list[ReplicatorAction]:
         actions: list[ReplicatorAction] = []

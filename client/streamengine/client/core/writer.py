@@ -90,8 +90,9 @@ segment and nothing unsealed always asks for a roll, again after every failure
 segment or loses the lease.
 
 Grants. Every answer that makes the writer LEADER of an epoch (a grant, a roll) carries
-the master's signed grant of that epoch, opaque here. The writer keeps the one of the
-epoch it leads and hands it to whatever acts under that epoch: the open segment's
+the master's signed grant of that epoch, opaque here; so does every renewal of the lease,
+the grant renewed before it expires. The writer keeps the latest one of the epoch it
+leads and hands it to whatever acts under that epoch: the open segment's
 replicator (`BecameLeader`), each recovery (`RecoverSegment`: its seals, writes and the
 seal at the master), the roll (`AskRoll`) and the release (`ReleaseLease`). Stores and
 the master refuse those without it; an answer making it LEADER without one (a master
@@ -856,6 +857,13 @@ class Leader:
             return
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
+        if answer.grant and answer.grant != self._grant:
+            # Renewed before it expires (`protocol.grants`); answers sent earlier carry
+            # older ones and were ignored above.
+            self._grant = answer.grant
+            self._grant_sent_at_ms = answer.sent_at_ms
+            if self.replicator is not None:
+                self.replicator.renew_grant(answer.grant)
         self._roll_requested = self._roll_requested or answer.roll_requested
         if answer.roll_requested:
             self._roll_reason_master = answer.roll_reason

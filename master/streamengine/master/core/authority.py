@@ -4,6 +4,10 @@
   the epoch's own segment (when it has one) and every earlier segment not yet sealed,
   each with its copy set. The master's service signs it (`protocol.grants`); the
   simulated master builds it here too.
+- `grant_expiry`: when the grant handed with an answer expires, the one rule of grant
+  renewal: the expiry handed before while more than half of it is left (so renewals
+  sign nothing new), else `grant_ms` from now (so the leader, which heartbeats several
+  times a lease, holds a renewed grant long before the old one expires).
 - `check_holder`: `SealSegment`, `ReleaseLease` and `RollSegment` are taken only from
   the holder of the epoch they act under, proved by the master's own grant of that
   epoch to that client (a client id alone proves nothing: it is published as the
@@ -23,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from streamengine.master.core.errors import PermissionDenied
+from streamengine.master.core.errors import InvalidArgument, PermissionDenied
 from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
 from streamengine.protocol.auth import Principal, PrincipalKind, visible_tenant
-from streamengine.protocol.grants import Grant, GrantSegment, open_grant
+from streamengine.protocol.grants import GRANT_MS_MIN_LEASES, Grant, GrantSegment, open_grant
 from streamengine.protocol.signing import SignatureRefused, Verifier
 from streamengine.v1 import master_pb2
 
@@ -38,15 +42,36 @@ from streamengine.v1 import master_pb2
 LEASE_HOLDS_PER_PRINCIPAL_MAX = 1024
 
 
+def check_grant_ms(grant_ms: int, lease_ms: int) -> None:
+    """Raise InvalidArgument unless grants of `grant_ms` are renewed in time for leases
+    of `lease_ms` (`protocol.grants.GRANT_MS_MIN_LEASES`)."""
+    if grant_ms < GRANT_MS_MIN_LEASES * lease_ms:
+        raise InvalidArgument(
+            f"a grant of {grant_ms} ms is renewed with half of it left, which must outlast "
+            f"{GRANT_MS_MIN_LEASES // 2} leases of {lease_ms} ms: at least "
+            f"{GRANT_MS_MIN_LEASES * lease_ms} ms"
+        )
+
+
+def grant_expiry(now_ms: int, epoch: int, handed: tuple[int, int] | None, grant_ms: int) -> int:
+    """When the grant of `epoch` answered now expires; `handed` is (epoch, expiry) of
+    the grant last handed for the stream (see the module doc)."""
+    assert grant_ms > 0
+    if handed is not None and handed[0] == epoch and handed[1] - now_ms > grant_ms // 2:
+        return handed[1]
+    return now_ms + grant_ms
+
+
 def grant_of(
     stream: StreamRecord,
     epoch: int,
     holder: str,
     segment: SegmentRecord | None,
     unsealed: Sequence[SegmentRecord],
+    expires_at_ms: int,
 ) -> Grant:
-    """The grant of `epoch` to `holder`: its segment, if any, and the earlier unsealed
-    ones (the `WriterView` of a LEADER answer)."""
+    """The grant of `epoch` to `holder` until `expires_at_ms`: its segment, if any, and
+    the earlier unsealed ones (the `WriterView` of a LEADER answer)."""
     assert holder and 0 < epoch <= stream.epoch, (stream, epoch, holder)
     listed = [s for s in unsealed if s.epoch < epoch and s.state != SegmentState.SEALED]
     assert len(listed) == len(unsealed), "a leader is given only unsealed earlier segments"
@@ -59,6 +84,7 @@ def grant_of(
         tenant=stream.tenant,
         client_id=holder,
         segments=tuple(GrantSegment(s.epoch, s.copy_set) for s in sorted(listed, key=_epoch)),
+        expires_at_ms=expires_at_ms,
     )
 
 

@@ -4,14 +4,16 @@ Grants (`protocol.grants`). A store takes a `Write` or a `Seal` only under a gra
 the master that verifies with one of the master's keys and that says: this stream,
 this epoch (the writer's, or the sealer's new one), and this segment with this store in
 its copy set (`check_grant`; an earlier segment as the grant lists the unsealed ones,
-with their own copy sets). Anything else is refused, before anything is written:
-`GrantRefused` (PERMISSION_DENIED). A store that has no key of its master yet cannot
+with their own copy sets), and that has not expired by the store's wall clock. Anything
+else is refused, before anything is written: `GrantRefused` (PERMISSION_DENIED), its
+`GrantExpired` naming the expiry. A store that has no key of its master yet cannot
 tell: `NoSigningKeyYet` (UNAVAILABLE, retried). Grants are required whether or not the
 cluster runs TLS: they fence stale and buggy writers as well as hostile ones.
 
 A Write stream shows each grant once (`WriteStreamGrants`): its first request of a
 (stream, writer epoch) carries it, later ones may not; the verified grant is kept for
-the stream's lifetime. Verifying costs more than the rest of a small write's handling
+the stream's lifetime, and checked for expiry at every write (a leader shows its
+renewed grant on its next request). Verifying costs more than the rest of a small write's handling
 (docs/performance.md, "Signatures"), so the `Verifier` also caches across streams and
 seals: one verification per grant per store.
 
@@ -81,6 +83,10 @@ class GrantRefused(StoreError):
     """A Write or Seal without a valid grant of its epoch for this segment and store."""
 
 
+class GrantExpired(GrantRefused):
+    """A grant past its expiry: stolen, or held by a leader that stopped renewing."""
+
+
 class CallerRefused(StoreError):
     """The caller may not make this call (its certificate or token)."""
 
@@ -121,9 +127,12 @@ class Deletion:
         return bool(self.fenced_through_epoch) and writer_epoch > self.fenced_through_epoch
 
 
-def check_grant(grant: Grant, store_id: str, segment: SegmentKey, epoch: int) -> None:
+def check_grant(
+    grant: Grant, store_id: str, segment: SegmentKey, epoch: int, now_ms: int
+) -> None:
     """Raise GrantRefused unless `grant` lets its holder write or seal `segment` on
-    `store_id` under `epoch`."""
+    `store_id` under `epoch` at `now_ms` (wall-clock), GrantExpired when it would but
+    has expired."""
     if grant.stream_id != segment.stream_id:
         raise GrantRefused(
             f"the grant is of stream {grant.stream_id}, not of stream {segment.stream_id}"
@@ -138,6 +147,8 @@ def check_grant(grant: Grant, store_id: str, segment: SegmentKey, epoch: int) ->
             f"store {store_id} is not in the copy set of segment {segment.epoch} "
             f"({', '.join(listed.copy_set)})"
         )
+    if grant.expired(now_ms):
+        raise GrantExpired(grant.expiry_note(now_ms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,14 +257,20 @@ class StoreAuthority:
             raise GrantRefused(f"the grant does not verify: {error}") from None
 
     def grant_for(
-        self, principal: Principal, rpc: str, signed: bytes, segment: SegmentKey, epoch: int
+        self,
+        principal: Principal,
+        rpc: str,
+        signed: bytes,
+        segment: SegmentKey,
+        epoch: int,
+        now_ms: int,
     ) -> Grant:
         """The grant of a Seal (or a Write stream's first request of an epoch), checked
-        against the segment, this store and the caller."""
+        against the segment, this store, the time (wall-clock) and the caller."""
         if not signed:
             raise GrantRefused(f"{rpc} of segment {segment.epoch} at epoch {epoch} needs a grant")
         grant = self.open_grant(signed)
-        check_grant(grant, self.store_id, segment, epoch)
+        check_grant(grant, self.store_id, segment, epoch, now_ms)
         denial = authorize(principal, rpc, grant.tenant)
         if denial is not None:
             raise CallerRefused(denial.reason)
@@ -268,14 +285,16 @@ class WriteStreamGrants:
         self.principal = principal
         self._grants: OrderedDict[tuple[int, int], Grant] = OrderedDict()
 
-    def admit(self, signed: bytes, segment: SegmentKey, writer_epoch: int) -> Grant:
-        """The grant a write to `segment` at `writer_epoch` goes under: the one it
-        carries, or the one shown earlier on this stream. Raises GrantRefused,
-        CallerRefused or NoSigningKeyYet."""
+    def admit(
+        self, signed: bytes, segment: SegmentKey, writer_epoch: int, now_ms: int
+    ) -> Grant:
+        """The grant a write to `segment` at `writer_epoch` goes under at `now_ms`
+        (wall-clock): the one it carries, or the one shown earlier on this stream.
+        Raises GrantRefused (GrantExpired), CallerRefused or NoSigningKeyYet."""
         key = (segment.stream_id, writer_epoch)
         if signed:
             grant = self.authority.grant_for(
-                self.principal, "SegmentStore/Write", signed, segment, writer_epoch
+                self.principal, "SegmentStore/Write", signed, segment, writer_epoch, now_ms
             )
             self._grants[key] = grant
             self._grants.move_to_end(key)
@@ -289,7 +308,7 @@ class WriteStreamGrants:
                 "on this Write stream"
             )
         # Already verified and authorized; this segment may be another one it lists.
-        check_grant(shown, self.authority.store_id, segment, writer_epoch)
+        check_grant(shown, self.authority.store_id, segment, writer_epoch, now_ms)
         return shown
 
 
