@@ -1,7 +1,7 @@
 """Authority in real-process tests: the master's key as the master keeps it, tokens,
 and calls carrying a token.
 
-`master_signing_key` reads the key a running master keeps in its metadata (a RocksDB
+`master_signing_key` reads the key a running master signs with now, from its metadata (a RocksDB
 secondary instance beside the master's own): a test that must play a later leader, or
 forge nothing but the master's own word, signs with it. Nothing else in a test has it.
 """
@@ -13,6 +13,8 @@ import tempfile
 import grpc
 from rocksdict import AccessType, Options, Rdict
 
+from streamengine.master.catalog import decode_records
+from streamengine.master.core import keys
 from streamengine.master.rocksdb_metadata import CATALOG_DIR
 from streamengine.protocol.auth import AUTHORIZATION_METADATA_KEY, BEARER_PREFIX
 from streamengine.protocol.clock import wall_ms
@@ -20,9 +22,6 @@ from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
 from streamengine.testing import Cluster
 from streamengine.v1 import master_pb2, master_pb2_grpc
-
-# The catalog's key of the master's private key (`master.catalog`).
-SIGNING_KEY = b"m/signing_key"
 
 
 def master_signing_key(cluster: Cluster) -> SigningKey:
@@ -32,11 +31,13 @@ def master_signing_key(cluster: Cluster) -> SigningKey:
         db = Rdict(str(catalog), options, access_type=AccessType.secondary(secondary))
         try:
             db.try_catch_up_with_primary()
-            raw = db.get(SIGNING_KEY)
+            records = [(k, v) for k, v in db.items() if isinstance(k, bytes)]
+            loaded = decode_records([(k, v) for k, v in records if isinstance(v, bytes)])
         finally:
             db.close()
-    assert isinstance(raw, bytes), "the master keeps its key from its first start"
-    return SigningKey(raw)
+    assert loaded.signing_keys, "the master keeps its keys from its first start"
+    signing = keys.signing_key([record for record, _ in loaded.signing_keys.values()], wall_ms())
+    return SigningKey(loaded.signing_keys[signing.key_id][1])
 
 
 def signed_grant(

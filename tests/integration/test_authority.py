@@ -493,6 +493,47 @@ def test_a_stolen_lease_secret_under_another_token_proves_nothing_and_renews_not
     assert reply.epoch == epoch + 1 and reply.lease_secret not in (b"", secret)
 
 
+# ---- signing keys ----
+
+
+def test_a_rotated_key_verifies_what_it_signed_while_the_new_one_signs_once_published(
+    cluster: Cluster,
+) -> None:
+    """`key rotate` adds a key that signs once stores can know it; a token the old key
+    signed keeps working at the master and the stores, grants of the new key are taken
+    by every store, and new tokens name the new key. (Retirement is table-tested in
+    tests/unit/test_master_keys.py: here tokens of a day pin the module's first key.)"""
+    from tests.integration.test_cli import run_cli
+
+    name = "rotate/orders"
+    make_stream(cluster, name)
+    old_token, _ = create_token(cluster.master_address, "rotate", m.TOKEN_ROLE_WRITE)
+    rotated = run_cli("key", "rotate", "--master", cluster.master_address)
+    assert rotated.returncode == 0, rotated.stderr
+    header, new_line, *older = rotated.stdout.splitlines()
+    assert header.split() == ["KEY", "CREATED", "STATE"] and older
+    new_key_id = new_line.split()[0]
+    assert "signs from" in new_line and all("retiring at" in line for line in older)
+    assert master_call(cluster, "DescribeStream", m.DescribeStreamRequest(name=name), old_token)
+
+    def new_key_signs() -> bool:
+        keys = master_call(cluster, "ListSigningKeys", m.ListSigningKeysRequest()).keys
+        return keys[0].key_id == new_key_id and keys[0].signing
+
+    wait_for(new_key_signs, timeout_s=10, message="the new key signs")
+    # Every store takes grants of the new key, and the old key's token.
+    assert append_and_read(cluster, name, [b"one", b"two"]) == [b"one", b"two"]
+    segment = master_call(cluster, "ListSegments", m.ListSegmentsRequest(stream=name)).segments[0]
+    for replica in segment.copy_set:
+        request = s.GetSegmentStateRequest(segment=segment.id)
+        assert store_call(replica.address, "GetSegmentState", request, old_token).acked_index
+    new_token, _ = create_token(cluster.master_address, "rotate", m.TOKEN_ROLE_READ)
+    assert token_envelope(new_token)[4:12].hex() == new_key_id
+    listed = run_cli("key", "list", "--master", cluster.master_address)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1].split()[0] == new_key_id
+    assert listed.stdout.splitlines()[1].endswith("signing")
+
+
 # ---- tokens ----
 
 
@@ -630,6 +671,8 @@ def every_rpc_as(
             "CreateToken", m.CreateTokenRequest(tenant="victim", role=m.TOKEN_ROLE_ADMIN)
         ),
         "Master/RevokeToken": master("RevokeToken", m.RevokeTokenRequest(token_id="0" * 16)),
+        "Master/RotateSigningKey": master("RotateSigningKey", m.RotateSigningKeyRequest()),
+        "Master/ListSigningKeys": master("ListSigningKeys", m.ListSigningKeysRequest()),
         "SegmentStore/Write": lambda: store_write(own, [write], token),
         "SegmentStore/Seal": on_store(
             own,

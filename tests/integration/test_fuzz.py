@@ -190,6 +190,8 @@ class Victim:
                 m.CreateTokenRequest(tenant="victim", role=m.TOKEN_ROLE_ADMIN, ttl_ms=60_000)
             ],
             "Master/RevokeToken": [m.RevokeTokenRequest(token_id="0123456789abcdef")],
+            "Master/RotateSigningKey": [m.RotateSigningKeyRequest()],
+            "Master/ListSigningKeys": [m.ListSigningKeysRequest()],
             "SegmentStore/Write": [
                 codec.write_request(
                     [event],

@@ -238,7 +238,7 @@ class MasterNode(Node):
         if view.leads:
             grant = view.grant()
             self.world.checker.grant_issued(grant)
-            signed = self.state.grant_signer.sign(grant)
+            signed = self.state.keys.grant_signer(self.world.now).sign(grant)
         answer = HeartbeatAnswered(
             sent_at_ms=0,
             leader=view.leads,

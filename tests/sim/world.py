@@ -653,7 +653,7 @@ class World:
             what = f"a seal at epoch {last} under a grant signed by another key"
         elif kind == 8 and self.checker.grants:
             issued = self.checker.grants[max(self.checker.grants)][0]
-            signed = self.master.state.grant_signer.sign(issued)
+            signed = self.master.state.keys.grant_signer(self.now).sign(issued)
             what = f"a seal at epoch {last} under the master's grant of epoch {issued.epoch}"
         result = store.seal(segment, last, signed, from_writer=False)
         if not isinstance(result, m.Denied):

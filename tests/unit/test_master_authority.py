@@ -160,11 +160,11 @@ def test_the_signing_key_is_made_once_and_kept_across_restarts(
     """A restart, or a standby becoming active on the same metadata, signs with the
     same key; another cluster's metadata holds another one."""
     first = Master(metadata_place)
-    key = first.state.signing_key.public_key
-    assert first.restart().signing_key.public_key == key
+    key = first.state.keys.signing(first.now).public_key
+    assert first.restart().keys.signing(first.now).public_key == key
     other = RocksDBPlace(tmp_path / "other")
     try:
-        assert Master(other).state.signing_key.public_key != key
+        assert Master(other).state.keys.signing(0).public_key != key
     finally:
         other.close()
 
@@ -179,8 +179,9 @@ def test_a_leader_view_grants_its_epoch_with_what_it_must_seal(master: Master) -
     grant = second.grant()
     assert [s.epoch for s in grant.segments] == [1, 2]
     assert grant.segments[0].copy_set == first.grant().segments[0].copy_set
-    signed = GrantSigner(master.state.signing_key).sign(grant)
-    assert open_grant(Verifier([master.state.signing_key.public_key]), signed) == grant
+    key = master.state.keys.signing(master.now)
+    signed = GrantSigner(key).sign(grant)
+    assert open_grant(Verifier([key.public_key]), signed) == grant
 
 
 def test_tokens_are_signed_kept_revoked_and_forgotten_once_expired(master: Master) -> None:
@@ -207,8 +208,9 @@ def test_a_token_the_master_mints_verifies_with_its_key(master: Master) -> None:
     claims = master.state.issuer.create_token(
         "0123456789abcdef", "t", int(Role.ADMIN), 0, master.now
     )
-    token = mint_token(master.state.signing_key, claims)
-    assert open_token(Verifier([master.state.signing_key.public_key]), token) == claims
+    key = master.state.keys.signing(master.now)
+    token = mint_token(key, claims)
+    assert open_token(Verifier([key.public_key]), token) == claims
 
 
 @pytest.mark.parametrize(

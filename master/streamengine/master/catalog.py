@@ -8,7 +8,11 @@ metadata back end's business (`master.metadata`): the embedded RocksDB or etcd.
 
 Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   m/next_stream_id                 -> u64
-  m/signing_key                    -> the master's Ed25519 private key (32 raw bytes)
+  m/signing_key                    -> the master's Ed25519 private key (32 raw bytes), as
+                                      written before keys rotated: read once, then moved
+                                      to the first y/ record
+  y/<key id hex>                   -> JSON KeyRecord with its private key in hex (the
+                                      master's signing keys, `core.keys`)
   m/revocations_version            -> u64 (bumped by every token revocation)
   m/rebuilt_through                -> u64 (the highest stream id when the metadata was
                                       rebuilt from the stores: unknown ids up to it are kept)
@@ -23,9 +27,9 @@ Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   d/<store_id>\\0<stream_id u64><epoch u64> -> b"" (a replica the store must delete)
   k/<token_id>                     -> JSON TokenRecord (tokens issued, until they expire)
 
-The signing key sits with the rest of the metadata so that a master started on the
-same metadata (a restart, or a standby on shared storage) signs with the same key, and
-every grant and token issued before stays valid.
+The signing keys sit with the rest of the metadata so that a master started on the
+same metadata (a restart, or a standby on shared storage) signs and verifies with the
+same keys, and every grant and token issued before stays valid.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from streamengine.master.core.errors import InvalidArgument
+from streamengine.master.core.keys import KeyRecord
 from streamengine.master.core.model import (
     SegmentKey,
     SegmentRecord,
@@ -59,6 +64,7 @@ _REBUILT_THROUGH = b"m/rebuilt_through"
 _CLUSTER_ID = b"m/cluster_id"
 _REBUILDING = b"m/rebuilding"
 _TOKEN = b"k/"
+_SIGNING_KEYS = b"y/"
 _TENANT = b"t/"
 _STREAM = b"s/"
 _SEGMENT = b"g/"
@@ -147,8 +153,18 @@ class Batch(Transaction):
         self.deletes.append(_delete_key(store_id, key))
         return self
 
-    def signing_key(self, private_bytes: bytes) -> Batch:
-        self.puts.append((_SIGNING_KEY, private_bytes))
+    def signing_key(self, record: KeyRecord, private_bytes: bytes) -> Batch:
+        value = asdict(record) | {"private": private_bytes.hex()}
+        self.puts.append((_SIGNING_KEYS + record.key_id.encode(), _json(value)))
+        return self
+
+    def drop_signing_key(self, key_id: str) -> Batch:
+        self.deletes.append(_SIGNING_KEYS + key_id.encode())
+        return self
+
+    def drop_unrotated_signing_key(self) -> Batch:
+        """The key as written before keys rotated (moved to a y/ record)."""
+        self.deletes.append(_SIGNING_KEY)
         return self
 
     def token(self, record: TokenRecord) -> Batch:
@@ -187,7 +203,10 @@ class Loaded:
     segments: dict[SegmentKey, SegmentRecord]
     stores: dict[str, StoreRecord]
     deletes: set[tuple[str, SegmentKey]]
-    signing_key: bytes | None = None
+    # The private key as written before keys rotated, if it is still there.
+    unrotated_signing_key: bytes | None = None
+    # key id -> (record, private key)
+    signing_keys: dict[str, tuple[KeyRecord, bytes]] = field(default_factory=dict)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
     revocations_version: int = 0
     rebuilt_through: int = 0
@@ -249,7 +268,11 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             store_id, segment = packed[: -_KEY.size - 1], packed[-_KEY.size :]
             loaded.deletes.add((store_id.decode(), _KEY.unpack(segment)))
         elif key == _SIGNING_KEY:
-            loaded.signing_key = value
+            loaded.unrotated_signing_key = value
+        elif key.startswith(_SIGNING_KEYS):
+            fields = json.loads(value)
+            private = bytes.fromhex(fields.pop("private"))
+            loaded.signing_keys[fields["key_id"]] = (KeyRecord(**fields), private)
         elif key == _REVOCATIONS_VERSION:
             loaded.revocations_version = _U64.unpack(value)[0]
         elif key == _REBUILT_THROUGH:

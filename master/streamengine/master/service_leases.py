@@ -177,7 +177,7 @@ class LeaseHandlers(Handlers):
             reply.unsealed.extend(replies.segment_pb(self.state, s) for s in view.unsealed)
             reply.roll_requested = bool(view.roll_reason)
             reply.roll_reason = view.roll_reason
-            reply.grant = self.state.grant_signer.sign(view.grant())
+            reply.grant = self.state.keys.grant_signer(self.calls.clock_ms()).sign(view.grant())
             reply.lease_secret = view.secret
         return reply
 

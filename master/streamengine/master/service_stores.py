@@ -35,6 +35,7 @@ class StoreHandlers(Handlers):
     ) -> master_pb2.RegisterStoreReply:
         def register(now: int) -> Registered:
             self.calls.require_store(context, "RegisterStore", request.store_id)
+            self.state.keys.retire_due(now)
             return self.state.registry.register_store(
                 request.store_id,
                 request.address,
@@ -54,7 +55,7 @@ class StoreHandlers(Handlers):
             )
         reply = master_pb2.RegisterStoreReply(
             heartbeat_interval_ms=registered.heartbeat_ms,
-            signing_public_keys=[self.state.signing_key.public_key],
+            signing_public_keys=self.state.keys.public_keys(),
             cluster_id=registered.cluster_id,
             lost_segments=[
                 entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch)
@@ -79,6 +80,8 @@ class StoreHandlers(Handlers):
 
         def beat(now: int) -> list[SegmentKey] | None:
             self.calls.require_store(context, "StoreHeartbeat", request.store_id)
+            # Stores heartbeat every second: keys are retired within one of their time.
+            self.state.keys.retire_due(now)
             return self.state.registry.store_heartbeat(
                 request.store_id, request.used_bytes, request.free_bytes, held, now
             )
@@ -94,7 +97,7 @@ class StoreHandlers(Handlers):
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in deletes
             ],
-            signing_public_keys=[self.state.signing_key.public_key],
+            signing_public_keys=self.state.keys.public_keys(),
             revocations_version=revocations.version,
             tenant_append_bytes_per_s=self.calls.tenant_append_bytes_per_s,
             scrub_first=[

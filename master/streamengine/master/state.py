@@ -3,11 +3,11 @@ every part of the master reads.
 
 What changes the records sits in one section each, every section sharing this state and
 its one commit path (`catalog`): `tenancy` (tenants and streams), `retention` (trims and
-removals), `tokens` (tokens issued), `leadership` (leases and epochs), `integrity` (seals
-and scrub reports), `stores` (registrations, heartbeats, drains) and `replicas` (copies,
-swaps, repair and rebalance plans). `MasterState` builds them: `state.tenancy`,
-`state.retention`, `state.issuer`, `state.leadership`, `state.integrity`,
-`state.registry`, `state.replicas`.
+removals), `tokens` (tokens issued), `keys` (signing keys), `leadership` (leases and
+epochs), `integrity` (seals and scrub reports), `stores` (registrations, heartbeats,
+drains) and `replicas` (copies, swaps, repair and rebalance plans). `MasterState` builds
+them: `state.tenancy`, `state.retention`, `state.issuer`, `state.keys`,
+`state.leadership`, `state.integrity`, `state.registry`, `state.replicas`.
 
 Every method is synchronous and runs on the server's event loop, so each one is atomic
 with respect to the others. A mutation is built as a `Batch`, committed durably, and
@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 
-from streamengine.master.catalog import Batch, Catalog
+from streamengine.master.catalog import Catalog
 from streamengine.master.core import authority, integrity, leadership, retention
 from streamengine.master.core.durability import DurabilityLedger
 from streamengine.master.core.errors import NotFound, RebuildUnfinished, StreamDeleted
@@ -36,13 +36,14 @@ from streamengine.master.core.model import (
     validate_stream_name,
 )
 from streamengine.master.integrity import Integrity
+from streamengine.master.keys import SigningKeys
 from streamengine.master.leadership import LeaderReport, Leadership
 from streamengine.master.replicas import Replicas
 from streamengine.master.retention import Retention
 from streamengine.master.stores import StoreLive, StoreRegistry
 from streamengine.master.tenancy import Tenancy
 from streamengine.master.tokens import TokenIssuer
-from streamengine.protocol.grants import GRANT_MS_DEFAULT, GrantSigner
+from streamengine.protocol.grants import GRANT_MS_DEFAULT
 from streamengine.protocol.limits import TENANT_STREAMS_MAX_DEFAULT
 from streamengine.protocol.retention import first_retained_sequence
 from streamengine.protocol.signing import SigningKey, Verifier
@@ -75,9 +76,10 @@ class MasterState:
         make_cluster_id: Callable[[], str] | None = new_cluster_id,
         grant_ms: int = GRANT_MS_DEFAULT,
     ):
-        """`make_signing_key` makes the master's key at its first start (when the
-        catalog holds none), `make_cluster_id` its cluster id (None: a rebuild adopts
-        the stores' id instead, `StoreRegistry.adopt_cluster_id`); `tenant_streams_max`
+        """`make_signing_key` makes the master's keys (at its first start, when the
+        catalog holds none, and at each rotation), `make_cluster_id` its cluster id
+        (None: a rebuild adopts the stores' id instead, `StoreRegistry.adopt_cluster_id`);
+        `tenant_streams_max`
         0 means no limit; `delete_grace_ms`: how long deleted streams and trimmed
         segments stay on the stores; `grant_ms`: how long a grant is good for
         (`protocol.grants`)."""
@@ -98,17 +100,11 @@ class MasterState:
                 "it and run `master --rebuild` again"
             )
         self.next_stream_id = loaded.next_stream_id
-        if loaded.signing_key is None:
-            self.signing_key = make_signing_key()
-            self.catalog.commit(Batch().signing_key(self.signing_key.private_bytes))
-        else:
-            self.signing_key = SigningKey(loaded.signing_key)
         self.cluster_id = loaded.cluster_id
         # While the id is not known yet (a rebuild): the ids registering stores keep.
         self.store_cluster_ids: dict[str, str] = {}
-        # Signs each distinct grant once; verifies the grants callers show it.
-        self.grant_signer = GrantSigner(self.signing_key)
-        self.verifier = Verifier([self.signing_key.public_key])
+        # The keys that sign and verify grants and tokens.
+        self.keys = SigningKeys(self, loaded, make_signing_key, now_ms)
         self.tokens = loaded.tokens
         self.revocations = Revocations(
             {t.token_id: t.expires_at_ms for t in self.tokens.values() if t.revoked_at_ms},
@@ -175,6 +171,11 @@ class MasterState:
         self.replicas = Replicas(self)
         if not self.cluster_id and make_cluster_id is not None:
             self.registry.adopt_cluster_id(make_cluster_id())
+
+    @property
+    def verifier(self) -> Verifier:
+        """Verifies grants and tokens callers show, with every key not retired."""
+        return self.keys.verifier
 
     def granting_leases(self, now_ms: int) -> bool:
         return now_ms >= self.started_ms + self.lease_ms

@@ -39,7 +39,8 @@ class TokenIssuer:
         self, token_id: str, tenant: str, role: int, ttl_ms: int, now_ms: int
     ) -> TokenClaims:
         """Record a new token (the tenant created if it does not exist); returns its
-        claims, for the caller to sign. `token_id` is random, made by the caller."""
+        claims, for the caller to sign with `state.keys.signing(now_ms)` at once. `token_id` is
+        random, made by the caller."""
         validate_name_part("tenant", tenant)
         if role not in {int(r) for r in Role}:
             raise InvalidArgument(f"unknown token role {role}")
@@ -52,11 +53,14 @@ class TokenIssuer:
         record = TokenRecord(token_id, tenant, role, now_ms, now_ms + ttl_ms)
         expired = self._expired_tokens(now_ms)
         batch = Batch().token(record)
+        # The signing key verifies until its tokens expire (`core.keys`).
+        key = self.state.keys.token_signed(batch, now_ms, record.expires_at_ms)
         for old in expired:
             batch.drop_token(old)
         if tenant not in self.state.tenants:
             batch.tenant(tenant, now_ms)
         self.state.catalog.commit(batch)
+        self.state.keys.kept(key)
         for old in expired:
             del self.state.tokens[old]
         self.state.tenants.setdefault(tenant, now_ms)

@@ -1880,3 +1880,103 @@ class RevokeTokenReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeTokenReply: _TypeAlias = RevokeTokenReply  # noqa: Y015
+
+@_typing.final
+class RotateSigningKeyRequest(_message.Message):
+    """---- signing keys ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateSigningKeyRequest: _TypeAlias = RotateSigningKeyRequest  # noqa: Y015
+
+@_typing.final
+class ListSigningKeysRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSigningKeysRequest: _TypeAlias = ListSigningKeysRequest  # noqa: Y015
+
+@_typing.final
+class SigningKeyInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    SIGNING_FIELD_NUMBER: _builtins.int
+    RETIRING_AT_MS_FIELD_NUMBER: _builtins.int
+    SIGNS_FROM_MS_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """16 hex digits: the first 8 bytes of SHA-256 of the public key, as signed
+    envelopes name it.
+    """
+    public_key: _builtins.bytes
+    """Ed25519, 32 raw bytes."""
+    created_at_ms: _builtins.int
+    """Wall-clock ms."""
+    signing: _builtins.bool
+    """The key new grants and tokens are signed with now (exactly one)."""
+    retiring_at_ms: _builtins.int
+    """Wall-clock ms when a key that stopped signing is retired: the last expiry of what
+    it signed. 0 for the latest key.
+    """
+    signs_from_ms: _builtins.int
+    """Wall-clock ms from which it signs: a few seconds after its rotation, once every
+    store has heard of it (0: the cluster's first key).
+    """
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        public_key: _builtins.bytes = ...,
+        created_at_ms: _builtins.int = ...,
+        signing: _builtins.bool = ...,
+        retiring_at_ms: _builtins.int = ...,
+        signs_from_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "key_id", b"key_id", "public_key", b"public_key", "retiring_at_ms", b"retiring_at_ms", "signing", b"signing", "signs_from_ms", b"signs_from_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningKeyInfo: _TypeAlias = SigningKeyInfo  # noqa: Y015
+
+@_typing.final
+class SigningKeys(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___SigningKeyInfo]:
+        """Newest first."""
+
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[Global___SigningKeyInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningKeys: _TypeAlias = SigningKeys  # noqa: Y015

@@ -155,6 +155,16 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenReply.FromString,
                 _registered_method=True)
+        self.RotateSigningKey = channel.unary_unary(
+                '/streamengine.v1.Master/RotateSigningKey',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.RotateSigningKeyRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.SigningKeys.FromString,
+                _registered_method=True)
+        self.ListSigningKeys = channel.unary_unary(
+                '/streamengine.v1.Master/ListSigningKeys',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.ListSigningKeysRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.SigningKeys.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -328,6 +338,22 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RotateSigningKey(self, request, context):
+        """The master's signing keys (cluster admins only). Every grant and token names the
+        key that signed it. A rotation adds a key that signs from then on; the others
+        verify until what they signed has expired, and are then retired. Stores learn the
+        keys with their heartbeats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSigningKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -450,6 +476,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RevokeToken,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.RevokeTokenReply.SerializeToString,
+            ),
+            'RotateSigningKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateSigningKey,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.RotateSigningKeyRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.SigningKeys.SerializeToString,
+            ),
+            'ListSigningKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSigningKeys,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.ListSigningKeysRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.SigningKeys.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1100,6 +1136,60 @@ class Master:
             '/streamengine.v1.Master/RevokeToken',
             streamengine_dot_v1_dot_master__pb2.RevokeTokenRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.RevokeTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateSigningKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/RotateSigningKey',
+            streamengine_dot_v1_dot_master__pb2.RotateSigningKeyRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.SigningKeys.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSigningKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/ListSigningKeys',
+            streamengine_dot_v1_dot_master__pb2.ListSigningKeysRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.SigningKeys.FromString,
             options,
             channel_credentials,
             insecure,

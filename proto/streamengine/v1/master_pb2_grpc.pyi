@@ -107,6 +107,13 @@ class MasterStub:
     verify it without a call. A revocation reaches every store with its next heartbeat.
     """
     RevokeToken: _grpc.UnaryUnaryMultiCallable[_master_pb2.RevokeTokenRequest, _master_pb2.RevokeTokenReply]
+    RotateSigningKey: _grpc.UnaryUnaryMultiCallable[_master_pb2.RotateSigningKeyRequest, _master_pb2.SigningKeys]
+    """The master's signing keys (cluster admins only). Every grant and token names the
+    key that signed it. A rotation adds a key that signs from then on; the others
+    verify until what they signed has expired, and are then retired. Stores learn the
+    keys with their heartbeats.
+    """
+    ListSigningKeys: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSigningKeysRequest, _master_pb2.SigningKeys]
 
 @_typing.type_check_only
 class MasterAsyncStub(MasterStub):
@@ -165,6 +172,13 @@ class MasterAsyncStub(MasterStub):
     verify it without a call. A revocation reaches every store with its next heartbeat.
     """
     RevokeToken: _aio.UnaryUnaryMultiCallable[_master_pb2.RevokeTokenRequest, _master_pb2.RevokeTokenReply]  # type: ignore[assignment]
+    RotateSigningKey: _aio.UnaryUnaryMultiCallable[_master_pb2.RotateSigningKeyRequest, _master_pb2.SigningKeys]  # type: ignore[assignment]
+    """The master's signing keys (cluster admins only). Every grant and token names the
+    key that signed it. A rotation adds a key that signs from then on; the others
+    verify until what they signed has expired, and are then retired. Stores learn the
+    keys with their heartbeats.
+    """
+    ListSigningKeys: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSigningKeysRequest, _master_pb2.SigningKeys]  # type: ignore[assignment]
 
 class MasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -364,5 +378,24 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.RevokeTokenRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.RevokeTokenReply, _abc.Awaitable[_master_pb2.RevokeTokenReply]]: ...
+
+    @_abc_1.abstractmethod
+    def RotateSigningKey(
+        self,
+        request: _master_pb2.RotateSigningKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SigningKeys, _abc.Awaitable[_master_pb2.SigningKeys]]:
+        """The master's signing keys (cluster admins only). Every grant and token names the
+        key that signed it. A rotation adds a key that signs from then on; the others
+        verify until what they signed has expired, and are then retired. Stores learn the
+        keys with their heartbeats.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSigningKeys(
+        self,
+        request: _master_pb2.ListSigningKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SigningKeys, _abc.Awaitable[_master_pb2.SigningKeys]]: ...
 
 def add_MasterServicer_to_server(servicer: MasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -7,6 +7,10 @@ else $STREAMENGINE_MASTER, else 127.0.0.1:7070, and follow the active one; TLS f
 $STREAMENGINE_TOKEN (`--token` too, with a warning: other local users see command
 lines). Servers (`master`, `store`) also read a TOML file (`--config`) and
 STREAMENGINE_<FLAG> variables; flags win over variables, which win over the file.
+
+Why one long module: it is the table of every command and its flags, and little else
+(each command runs from the module `_lazy` names, imported only when it runs): one
+table reads as the CLI's manual, and adding a command adds a few lines to it.
 """
 
 from __future__ import annotations
@@ -410,6 +414,18 @@ def _add_token_commands(commands: Subparsers) -> None:
         _add_master_option(parser)
 
 
+def _add_key_commands(commands: Subparsers) -> None:
+    key = commands.add_parser("key", help="rotate and list the master's signing keys (admins)")
+    actions = key.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("rotate", "add a key that signs from now on; old ones verify what they signed"),
+        ("list", "the keys: id, created, signing, signing from or retiring at"),
+    ):
+        parser = actions.add_parser(action, help=text)
+        parser.set_defaults(run=_lazy("streamengine.tools.tokens", f"cmd_key_{action}"))
+        _add_master_option(parser)
+
+
 def _sequence_or_end(value: str) -> int | str:
     if value in ("end", "earliest"):
         return value
@@ -492,6 +508,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _add_data_commands(commands)
     _add_admin_commands(commands)
     _add_token_commands(commands)
+    _add_key_commands(commands)
     _add_metadata_commands(commands)
     return parser, servers
 

@@ -1,8 +1,14 @@
-"""`streamengine token create|revoke`: tenant tokens, for cluster admins.
+"""`streamengine token create|revoke` and `streamengine key rotate|list`: tenant
+tokens and the master's signing keys, for cluster admins.
 
 `create` prints the token alone on stdout (so `export STREAMENGINE_TOKEN=$(streamengine
 token create ...)` works) and what it is on stderr: its id (to revoke it), tenant, role
 and expiry. The master keeps no copy of the token: lose it and create another.
+
+`key rotate` adds a key that signs from then on and lists the keys as `key list` does:
+one line each, newest first: its id, when it was made, and whether it signs, when it
+will (a new key signs once every store can have heard of it) or when it is retired
+(once all it signed has expired).
 """
 
 from __future__ import annotations
@@ -30,13 +36,48 @@ def cmd_token_create(args: argparse.Namespace) -> int:
             ),
             timeout=RPC_TIMEOUT_S,
         )
-    expires = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(reply.expires_at_ms / 1000))
+    expires = _utc(reply.expires_at_ms)
     print(reply.token)
     print(
         f"token {reply.token_id}: tenant {args.tenant}, role {args.role}, expires {expires}",
         file=sys.stderr,
     )
     return 0
+
+
+def cmd_key_rotate(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        reply = master.RotateSigningKey(
+            master_pb2.RotateSigningKeyRequest(), timeout=RPC_TIMEOUT_S
+        )
+    _print_keys(reply)
+    return 0
+
+
+def cmd_key_list(args: argparse.Namespace) -> int:
+    with master_stub(args.master, client_transport(args)) as master:
+        reply = master.ListSigningKeys(master_pb2.ListSigningKeysRequest(), timeout=RPC_TIMEOUT_S)
+    _print_keys(reply)
+    return 0
+
+
+def _print_keys(reply: master_pb2.SigningKeys) -> None:
+    print(f"{'KEY':<16}  {'CREATED':<23}  STATE")
+    for key in reply.keys:
+        states = []
+        if key.signing:
+            states.append("signing")
+        elif not key.retiring_at_ms:
+            states.append(f"signs from {_utc(key.signs_from_ms)}")
+        if key.retiring_at_ms:
+            states.append(f"retiring at {_utc(key.retiring_at_ms)}")
+        state = ", ".join(states)
+        created = _utc(key.created_at_ms) if key.created_at_ms else "before rotation"
+        print(f"{key.key_id:<16}  {created:<23}  {state}")
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:

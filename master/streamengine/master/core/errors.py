@@ -51,7 +51,8 @@ class QuotaExceeded(MasterError):
 
 
 class ResourceExhausted(MasterError):
-    """The caller holds all the master gives one caller (calls held open)."""
+    """The caller holds all the master gives one caller (calls held open), or a bound
+    of the cluster is reached (keys verifying at once)."""
 
 
 class Unauthenticated(MasterError):
