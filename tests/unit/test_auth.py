@@ -127,3 +127,30 @@ def test_identity_from_auth_context(
     auth_context: dict[str, list[bytes]], expected: Principal
 ) -> None:
     assert identity_from_auth_context(auth_context) == expected
+
+
+LIMITED = Principal(
+    PrincipalKind.TENANT, "tok", tenant="t1", role=Role.READ, token_id="id2", stream_ids=(5, 9)
+)
+
+
+@pytest.mark.parametrize(
+    ("rpc", "stream_id", "refusal"),
+    [
+        ("SegmentStore/Read", 5, None),
+        ("Master/ListSegments", 9, None),
+        ("SegmentStore/Read", 6, "limited to streams 5, 9; this call touches stream 6"),
+        ("Master/DescribeStream", 0, "this call touches no one stream"),
+        ("Master/ListStreams", 0, "limited to streams"),  # a listing shows the others
+        ("Master/GetClusterStatus", 0, "limited to streams"),
+        ("SegmentStore/Write", 5, "needs role write"),  # its role still holds
+    ],
+)
+def test_a_token_limited_to_streams_touches_them_alone(
+    rpc: str, stream_id: int, refusal: str | None
+) -> None:
+    denial = authorize(LIMITED, rpc, "t1", stream_id)
+    if refusal is None:
+        assert denial is None
+    else:
+        assert denial is not None and refusal in denial.reason

@@ -224,6 +224,29 @@ def test_tokens_with_an_unknown_role_or_lifetime_are_refused(
     assert "0123456789abcdef" not in master.state.tokens
 
 
+def test_a_token_limited_to_streams_reads_only_those_of_its_tenant_and_is_kept(
+    master: Master,
+) -> None:
+    state = master.state
+    own = state.streams["t/s"].stream_id
+    state.tenancy.create_stream("u/other", 1, 1, 0, 0, True, master.now)
+    other = state.streams["u/other"].stream_id
+    refusals = [
+        (int(Role.WRITE), [own], "only a read token"),
+        (int(Role.READ), [own, other], f"no stream {other} in tenant t"),
+        (int(Role.READ), list(range(1, 66)), "at most 64 streams"),
+    ]
+    for role, streams, refusal in refusals:
+        with pytest.raises(InvalidArgument, match=refusal):
+            state.issuer.create_token("0123456789abcdef", "t", role, 0, master.now, streams)
+        assert "0123456789abcdef" not in state.tokens
+    claims = state.issuer.create_token(
+        "0123456789abcdef", "t", int(Role.READ), 0, master.now, [own, own]
+    )
+    assert claims.stream_ids == (own,)
+    assert master.restart().tokens["0123456789abcdef"].stream_ids == (own,)
+
+
 def test_a_tenant_at_its_stream_quota_creates_no_more(master: Master) -> None:
     state = master.state
     state.tenant_streams_max = 2

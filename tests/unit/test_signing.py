@@ -4,6 +4,7 @@ they are and only with the cluster's keys, and are verified once."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import pytest
 
@@ -315,3 +316,24 @@ def test_a_revoked_token_resolves_to_a_denial() -> None:
 def test_a_token_that_cannot_be_checked_yet_is_not_a_bad_token() -> None:
     with pytest.raises(NoVerifyingKey):
         resolve_caller(INSECURE, VALID, Verifier(), Revocations(), 2_000)
+
+
+def test_a_token_limited_to_streams_round_trips_and_one_made_before_still_opens() -> None:
+    limited = dataclasses.replace(CLAIMS, role=Role.READ, stream_ids=(3, 7))
+    verifier = Verifier([KEY.public_key])
+    opened = open_token(verifier, mint_token(KEY, limited))
+    assert opened == limited and opened.principal().stream_ids == (3, 7)
+    # A token of the format before tokens named streams: every stream of its tenant.
+    before = KEY.sign(b"SET1", CLAIMS.encode()[:-1])  # without the stream count
+    assert open_token(verifier, token_text(before)) == CLAIMS
+
+
+@pytest.mark.parametrize(
+    ("case", "streams"),
+    [("out of order", (7, 3)), ("twice", (3, 3)), ("stream 0", (0,)), ("too many", range(1, 66))],
+)
+def test_a_token_naming_streams_badly_is_refused(case: str, streams: Iterable[int]) -> None:
+    ids = list(streams)
+    payload = CLAIMS.encode()[:-1] + bytes([len(ids)]) + b"".join(i.to_bytes(8, "big") for i in ids)
+    with pytest.raises(SignatureRefused, match="malformed token claims"):
+        open_token(Verifier([KEY.public_key]), token_text(KEY.sign(b"SET2", payload)))

@@ -101,13 +101,20 @@ class MasterCalls:
         # stores' calls and the status are served; every other call is UNAVAILABLE.
         self.rebuilding = False
 
-    def require(self, context: Context, method: str, tenant: str = "") -> Principal:
-        """The caller, when it may call `method` on `tenant`'s data; else PermissionDenied
-        (raised inside `call`'s action, before anything changes); Unauthenticated for a
-        certificate proof that does not hold or a token that is not valid (forged,
-        expired, revoked)."""
+    def require(
+        self, context: Context, method: str, tenant: str = "", stream: str = ""
+    ) -> Principal:
+        """The caller, when it may call `method` on `tenant`'s data (`stream`'s, when
+        the call names one: a token limited to streams is held to them); else
+        PermissionDenied (raised inside `call`'s action, before anything changes);
+        Unauthenticated for a certificate proof that does not hold or a token that is
+        not valid (forged, expired, revoked)."""
         principal = self.caller(context, method)
-        denial = authorize(principal, f"Master/{method}", tenant)
+        stream_id = 0
+        if principal.stream_ids and stream:
+            record = self.state.streams.get(stream)
+            stream_id = record.stream_id if record is not None else 0
+        denial = authorize(principal, f"Master/{method}", tenant, stream_id)
         if denial is not None:
             log.info("denied %s: %s", method, denial.reason)
             raise errors.PermissionDenied(denial.reason)

@@ -28,7 +28,9 @@ class SegmentHandlers(Handlers):
         self, request: master_pb2.ListSegmentsRequest, context: Context
     ) -> master_pb2.ListSegmentsReply:
         def list_segments(now: int) -> tuple[StreamRecord, list[SegmentRecord]]:
-            self.calls.require(context, "ListSegments", authority.stream_tenant(request.stream))
+            self.calls.require(
+                context, "ListSegments", authority.stream_tenant(request.stream), request.stream
+            )
             return self.state.list_segments(request.stream, request.from_epoch, request.to_epoch)
 
         record, segments = await self.calls.call(context, "ListSegments", list_segments)
@@ -101,7 +103,9 @@ class SegmentHandlers(Handlers):
         self, request: master_pb2.ReportReplicaRequest, context: Context
     ) -> master_pb2.ReportReplicaReply:
         def report(now: int) -> str:
-            self.calls.require(context, "ReportReplica", authority.stream_tenant(request.stream))
+            self.calls.require(
+                context, "ReportReplica", authority.stream_tenant(request.stream), request.stream
+            )
             return self.state.integrity.report_replica(
                 request.stream, request.segment_epoch, request.store_address
             )

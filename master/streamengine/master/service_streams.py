@@ -95,7 +95,9 @@ class StreamHandlers(Handlers):
         self, request: master_pb2.DescribeStreamRequest, context: Context
     ) -> master_pb2.StreamInfo:
         def describe(now: int) -> master_pb2.StreamInfo:
-            self.calls.require(context, "DescribeStream", authority.stream_tenant(request.name))
+            self.calls.require(
+                context, "DescribeStream", authority.stream_tenant(request.name), request.name
+            )
             return replies.stream_info_pb(self.state, self.state.stream(request.name), now)
 
         return await self.calls.call(context, "DescribeStream", describe)

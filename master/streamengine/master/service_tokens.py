@@ -30,7 +30,12 @@ class TokenHandlers(Handlers):
             while token_id in self.state.tokens:
                 token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
             claims = self.state.issuer.create_token(
-                token_id, request.tenant, int(request.role), request.ttl_ms, now
+                token_id,
+                request.tenant,
+                int(request.role),
+                request.ttl_ms,
+                now,
+                request.stream_ids,
             )
             return master_pb2.CreateTokenReply(
                 token=mint_token(self.state.keys.signing(now), claims),

@@ -5,6 +5,7 @@ A section of the master's state (`master.state`); signing them is the service's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from streamengine.master.core.model import TokenRecord, validate_name_part
 from streamengine.protocol.auth import Role
 from streamengine.protocol.tokens import (
     TOKEN_ID_CHARS,
+    TOKEN_STREAMS_MAX,
     TOKEN_TTL_MS_DEFAULT,
     TOKEN_TTL_MS_MAX,
     TOKEN_TTL_MS_MIN,
@@ -36,21 +38,28 @@ class TokenIssuer:
         self.state = state
 
     def create_token(
-        self, token_id: str, tenant: str, role: int, ttl_ms: int, now_ms: int
+        self,
+        token_id: str,
+        tenant: str,
+        role: int,
+        ttl_ms: int,
+        now_ms: int,
+        stream_ids: Iterable[int] = (),
     ) -> TokenClaims:
-        """Record a new token (the tenant created if it does not exist); returns its
-        claims, for the caller to sign with `state.keys.signing(now_ms)` at once. `token_id` is
-        random, made by the caller."""
+        """Record a new token (the tenant created if it does not exist), limited to
+        `stream_ids` when it names any; returns its claims, for the caller to sign with
+        `state.keys.signing(now_ms)` at once. `token_id` is random, made by the caller."""
         validate_name_part("tenant", tenant)
         if role not in {int(r) for r in Role}:
             raise InvalidArgument(f"unknown token role {role}")
+        limited = self._limited_to(tenant, role, stream_ids)
         ttl_ms = ttl_ms or TOKEN_TTL_MS_DEFAULT
         if not TOKEN_TTL_MS_MIN <= ttl_ms <= TOKEN_TTL_MS_MAX:
             raise InvalidArgument(
                 f"token lifetime {ttl_ms} ms outside {TOKEN_TTL_MS_MIN}..{TOKEN_TTL_MS_MAX}"
             )
         assert len(token_id) == TOKEN_ID_CHARS and token_id not in self.state.tokens, token_id
-        record = TokenRecord(token_id, tenant, role, now_ms, now_ms + ttl_ms)
+        record = TokenRecord(token_id, tenant, role, now_ms, now_ms + ttl_ms, 0, limited)
         expired = self._expired_tokens(now_ms)
         batch = Batch().token(record)
         # The signing key verifies until its tokens expire (`core.keys`).
@@ -65,7 +74,25 @@ class TokenIssuer:
             del self.state.tokens[old]
         self.state.tenants.setdefault(tenant, now_ms)
         self.state.tokens[token_id] = record
-        return TokenClaims(token_id, tenant, Role(role), now_ms, record.expires_at_ms)
+        return TokenClaims(token_id, tenant, Role(role), now_ms, record.expires_at_ms, limited)
+
+    def _limited_to(self, tenant: str, role: int, stream_ids: Iterable[int]) -> tuple[int, ...]:
+        """The streams a new token is limited to, ascending; raises InvalidArgument
+        unless each is a stream of `tenant` and the token only reads."""
+        limited = tuple(sorted(set(stream_ids)))
+        if not limited:
+            return ()
+        if role != Role.READ:
+            raise InvalidArgument("only a read token is limited to streams")
+        if len(limited) > TOKEN_STREAMS_MAX:
+            raise InvalidArgument(f"a token is limited to at most {TOKEN_STREAMS_MAX} streams")
+        tenant_streams = {
+            s.stream_id for s in self.state.streams.values() if s.tenant == tenant
+        }
+        unknown = [str(stream_id) for stream_id in limited if stream_id not in tenant_streams]
+        if unknown:
+            raise InvalidArgument(f"no stream {', '.join(unknown)} in tenant {tenant}")
+        return limited
 
     def revoke_token(self, token_id: str, now_ms: int) -> bool:
         """Revoke an unexpired token; False when none has this id (or it is revoked)."""

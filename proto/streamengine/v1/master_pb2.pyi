@@ -1792,21 +1792,30 @@ class CreateTokenRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    STREAM_IDS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant the token acts in; created if it does not exist."""
     role: Global___TokenRole.ValueType
     ttl_ms: _builtins.int
     """Lifetime in milliseconds: 0 for the default (24 h); at most 366 days."""
+    @_builtins.property
+    def stream_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Limit the token to these streams of the tenant (by id, at most 64; empty: every
+        stream). Only a read token is limited: it describes, lists the segments of and
+        reads those streams alone, and lists nothing (a Spark job's executors).
+        """
+
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         role: Global___TokenRole.ValueType = ...,
         ttl_ms: _builtins.int = ...,
+        stream_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "tenant", b"tenant", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "stream_ids", b"stream_ids", "tenant", b"tenant", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -56,9 +56,12 @@ class Principal:
     tenant: str = ""  # TENANT only
     role: Role | None = None  # TENANT only
     token_id: str = ""  # TENANT only
+    # TENANT only: the streams its token is limited to (empty: all of its tenant's).
+    stream_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert (self.kind is PrincipalKind.TENANT) == bool(self.tenant), self
+        assert self.kind is PrincipalKind.TENANT or not self.stream_ids, self
         assert (self.kind is PrincipalKind.TENANT) == (self.role is not None), self
         assert self.kind is not PrincipalKind.STORE or self.name, self
 
@@ -141,18 +144,24 @@ class Denial:
     reason: str
 
 
-def authorize(principal: Principal, rpc: str, tenant: str = "") -> Denial | None:
+def authorize(
+    principal: Principal, rpc: str, tenant: str = "", stream_id: int = 0
+) -> Denial | None:
     """None when `principal` may call `rpc` ("Service/Method") on `tenant`'s data.
 
-    `tenant` is the tenant the request touches (empty when it names none). The rules
+    `tenant` is the tenant the request touches (empty when it names none), `stream_id`
+    the stream (0 when the server does not tell it: a principal limited to streams is
+    then refused, `limited_to`). The rules
     that depend on more than identity (the epoch holder for SealSegment, a valid grant
     for Write and Seal, the store id of RegisterStore) are checked by the servers beside
     this one.
     """
-    return authorize_need(principal, RPC_NEEDS[rpc], rpc, tenant)
+    return authorize_need(principal, RPC_NEEDS[rpc], rpc, tenant, stream_id)
 
 
-def authorize_need(principal: Principal, need: Need, rpc: str, tenant: str = "") -> Denial | None:
+def authorize_need(
+    principal: Principal, need: Need, rpc: str, tenant: str = "", stream_id: int = 0
+) -> Denial | None:
     """`authorize` for a call that needs `need`; `rpc` names it in a denial."""
     kind = principal.kind
     if kind is PrincipalKind.UNAUTHENTICATED_INSECURE:
@@ -167,6 +176,10 @@ def authorize_need(principal: Principal, need: Need, rpc: str, tenant: str = "")
         return None
     if need is Need.CLUSTER_ADMIN:
         return _denied(principal, rpc, need)
+    if principal.stream_ids:
+        denial = limited_to(principal, rpc, stream_id)
+        if denial is not None:
+            return denial
     if need is Need.ANY_FILTERED:
         return None
     if kind in (PrincipalKind.MASTER, PrincipalKind.STORE):
@@ -180,6 +193,16 @@ def authorize_need(principal: Principal, need: Need, rpc: str, tenant: str = "")
     if principal.role < _ROLE_OF_NEED[need]:
         return _denied(principal, rpc, need)
     return None
+
+
+def limited_to(principal: Principal, rpc: str, stream_id: int) -> Denial | None:
+    """A principal limited to streams calls only on one of them, by a call that names it
+    (never a listing, which would show the tenant's other streams)."""
+    if stream_id in principal.stream_ids:
+        return None
+    streams = ", ".join(str(s) for s in principal.stream_ids)
+    touched = f"stream {stream_id}" if stream_id else "no one stream"
+    return Denial(f"{rpc}: the token is limited to streams {streams}; this call touches {touched}")
 
 
 def identity_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) -> Principal:

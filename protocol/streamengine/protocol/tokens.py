@@ -1,15 +1,21 @@
 """Tenant tokens, and who a call comes from.
 
 A token is the master's signed word (`protocol.signing`) that its bearer may act in
-one tenant with one role until a time: `TokenClaims`. A cluster admin creates one
-(`streamengine token create`); the master keeps a record of it so that it can be
-revoked, and stores verify tokens without asking anyone, with the master's public key.
+one tenant with one role until a time, on all the tenant's streams or only on some
+(`stream_ids`, by id: a stream deleted and made again under its name is another
+stream): `TokenClaims`. A token limited to streams only reads them (the master makes
+no other), for a job's executors that need nothing more (`client.spark`). A cluster
+admin creates one (`streamengine token create`); the master keeps a record of it so
+that it can be revoked, and stores verify tokens without asking anyone, with the
+master's public key.
 Revocations reach stores with their heartbeats (`Revocations`, versioned); a revoked
 token is refused until it would have expired anyway, after which it is refused as
 expired and the revocation is forgotten.
 
 Text form: `se1_` then the envelope in URL-safe base64 without padding, sent as
-`authorization: Bearer <token>` request metadata.
+`authorization: Bearer <token>` request metadata. Envelopes of magic `SET2` carry the
+stream ids after the claims; `SET1` ones (made before tokens could be limited) carry
+none and still verify, for the tenant's every stream.
 
 Who calls (`resolve_caller`): a certificate naming a cluster member or a cluster admin
 proves more than a token, and wins. Otherwise a token, when the call carries one, must
@@ -46,7 +52,11 @@ from streamengine.protocol.signing import (
     Verifier,
 )
 
-TOKEN_MAGIC = b"SET1"
+TOKEN_MAGIC = b"SET2"
+TOKEN_MAGIC_UNLIMITED = b"SET1"  # tokens made before a token could name streams
+# Streams one token may be limited to: a job reads a few; the envelope stays small
+# (`signing.ENVELOPE_BYTES_MAX`).
+TOKEN_STREAMS_MAX = 64
 TOKEN_PREFIX = "se1_"
 TOKEN_CHARS_MAX = len(TOKEN_PREFIX) + (ENVELOPE_BYTES_MAX * 4 + 2) // 3
 TOKEN_ID_CHARS = 16  # 8 random bytes, hex
@@ -65,26 +75,51 @@ class TokenClaims:
     role: Role
     issued_at_ms: int
     expires_at_ms: int
+    # The streams it is limited to, ascending; empty: every stream of the tenant.
+    stream_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert len(self.token_id) == TOKEN_ID_CHARS, self
         assert self.tenant and self.issued_at_ms < self.expires_at_ms, self
+        assert len(self.stream_ids) <= TOKEN_STREAMS_MAX, self
+        assert list(self.stream_ids) == sorted(set(self.stream_ids)) and 0 not in self.stream_ids
 
     def encode(self) -> bytes:
         out = PayloadWriter().text(self.token_id).text(self.tenant).u8(int(self.role))
-        return out.u64(self.issued_at_ms).u64(self.expires_at_ms).bytes()
+        out.u64(self.issued_at_ms).u64(self.expires_at_ms).u8(len(self.stream_ids))
+        for stream_id in self.stream_ids:
+            out.u64(stream_id)
+        return out.bytes()
 
     @classmethod
     def decode(cls, payload: bytes) -> TokenClaims:
+        """The claims of a `TOKEN_MAGIC` envelope; raises MalformedPayload."""
+        return cls._decode(payload, limited=True)
+
+    @classmethod
+    def decode_unlimited(cls, payload: bytes) -> TokenClaims:
+        """The claims of a `TOKEN_MAGIC_UNLIMITED` envelope; raises MalformedPayload."""
+        return cls._decode(payload, limited=False)
+
+    @classmethod
+    def _decode(cls, payload: bytes, limited: bool) -> TokenClaims:
         reader = PayloadReader(payload)
         token_id, tenant, role = reader.text(), reader.text(), reader.u8()
         issued_at_ms, expires_at_ms = reader.u64(), reader.u64()
+        stream_ids: tuple[int, ...] = ()
+        if limited:
+            count = reader.u8()
+            if count > TOKEN_STREAMS_MAX:
+                raise MalformedPayload(f"a token limited to {count} streams")
+            stream_ids = tuple(reader.u64() for _ in range(count))
         reader.finish()
         if len(token_id) != TOKEN_ID_CHARS or not tenant or issued_at_ms >= expires_at_ms:
             raise MalformedPayload("token claims without an id, a tenant or a lifetime")
         if role not in {int(r) for r in Role}:
             raise MalformedPayload(f"unknown role {role}")
-        return cls(token_id, tenant, Role(role), issued_at_ms, expires_at_ms)
+        if list(stream_ids) != sorted(set(stream_ids)) or 0 in stream_ids:
+            raise MalformedPayload("a token's streams out of order, twice, or 0")
+        return cls(token_id, tenant, Role(role), issued_at_ms, expires_at_ms, stream_ids)
 
     def principal(self) -> Principal:
         return Principal(
@@ -93,6 +128,7 @@ class TokenClaims:
             tenant=self.tenant,
             role=self.role,
             token_id=self.token_id,
+            stream_ids=self.stream_ids,
         )
 
 
@@ -122,6 +158,8 @@ def open_token(verifier: Verifier, token: str) -> TokenClaims:
     the verifier holds no key yet). Says nothing of expiry or revocation."""
     envelope = token_envelope(token)
     try:
+        if envelope[: len(TOKEN_MAGIC_UNLIMITED)] == TOKEN_MAGIC_UNLIMITED:
+            return verifier.open(TOKEN_MAGIC_UNLIMITED, envelope, TokenClaims.decode_unlimited)
         return verifier.open(TOKEN_MAGIC, envelope, TokenClaims.decode)
     except MalformedPayload as error:
         raise SignatureRefused(f"malformed token claims: {error}") from None

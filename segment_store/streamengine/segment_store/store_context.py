@@ -142,14 +142,17 @@ class StoreContext:
         self.check_allowed(principal, method, tenant)
         return principal
 
-    def check_allowed(self, principal: Principal, method: str, tenant: str = "") -> None:
-        denial = authorize(principal, f"SegmentStore/{method}", tenant)
+    def check_allowed(
+        self, principal: Principal, method: str, tenant: str = "", stream_id: int = 0
+    ) -> None:
+        denial = authorize(principal, f"SegmentStore/{method}", tenant, stream_id)
         if denial is not None:
             raise CallerRefused(denial.reason)
 
     def check_reader(self, principal: Principal, method: str, segment: SegmentKey) -> None:
         """Raises CallerRefused unless `principal` may read `segment`'s stream."""
-        self.check_allowed(principal, method, self.core.catalog.tenant_of(segment.stream_id))
+        tenant = self.core.catalog.tenant_of(segment.stream_id)
+        self.check_allowed(principal, method, tenant, segment.stream_id)
 
     def require_reader(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, segment: SegmentKey

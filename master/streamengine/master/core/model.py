@@ -127,6 +127,12 @@ class TokenRecord:
     issued_at_ms: int
     expires_at_ms: int
     revoked_at_ms: int = 0  # 0: not revoked
+    # The streams it is limited to (empty: every stream of the tenant).
+    stream_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Read back from JSON as a list.
+        object.__setattr__(self, "stream_ids", tuple(self.stream_ids))
 
 
 @dataclass(frozen=True, slots=True)

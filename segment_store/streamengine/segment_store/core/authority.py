@@ -271,7 +271,7 @@ class StoreAuthority:
             raise GrantRefused(f"{rpc} of segment {segment.epoch} at epoch {epoch} needs a grant")
         grant = self.open_grant(signed)
         check_grant(grant, self.store_id, segment, epoch, now_ms)
-        denial = authorize(principal, rpc, grant.tenant)
+        denial = authorize(principal, rpc, grant.tenant, grant.stream_id)
         if denial is not None:
             raise CallerRefused(denial.reason)
         return grant
