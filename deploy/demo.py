@@ -67,13 +67,14 @@ async def produce(cluster: LocalCluster, events: int) -> tuple[WorkloadResult, i
 def analyse(
     master_address: str, certs_dir: Path | None
 ) -> tuple[int, list[tuple[int, int]], list[tuple[str, int, float]]]:
+    from deploy.examples.analytics import Access, session
     from deploy.examples.analytics import analyse as spark_analyse
-    from deploy.examples.analytics import session
 
     print("  running the Spark job over the sealed segments", file=sys.stderr)
     spark = session()
     try:
-        report = spark_analyse(spark, master_address, STREAM, "kind", str(certs_dir or ""))
+        access = Access(str(certs_dir or ""))
+        report = spark_analyse(spark, master_address, STREAM, "kind", access)
     finally:
         spark.stop()
     return report.events, report.per_epoch, report.per_field_value

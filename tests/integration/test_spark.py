@@ -284,6 +284,41 @@ def test_a_scan_of_a_secured_cluster_with_the_certs_dir(spark: Any, tmp_path: Pa
         assert [row[3] for row in rows_of(frame)] == [payload_of(n) for n in range(1, 121)]
         with pytest.raises(Exception, match="serves TLS"):
             load(spark, secured, "spark/tls").collect()
+        _executors_get_no_key_and_a_read_token_of_the_stream(secured, "spark/tls", certs_dir)
+
+
+def _executors_get_no_key_and_a_read_token_of_the_stream(
+    cluster: Cluster, stream: str, certs_dir: str
+) -> None:
+    """What PySpark pickles for executors (the data source, its reader, the partitions)
+    holds nothing of the driver's cluster-admin key: only the CA and a read token the
+    driver minted, limited to the job's stream."""
+    from pyspark import cloudpickle
+    from pyspark.sql.types import StructType
+
+    from streamengine.client.spark import StreamEngineDataSource
+    from streamengine.protocol.auth import Role
+    from streamengine.protocol.signing import KEY_ID_BYTES, MAGIC_BYTES, SIGNATURE_BYTES
+    from streamengine.protocol.tokens import TokenClaims, token_envelope
+
+    options = {"master": cluster.master_address, "stream": stream, "certsdir": certs_dir}
+    source = StreamEngineDataSource(options)
+    reader = source.reader(StructType())
+    shipped = cloudpickle.dumps((source, reader))  # as PySpark does, before planning
+    partitions = reader.partitions()
+    shipped += cloudpickle.dumps(partitions)
+    key = (Path(certs_dir) / "client.root.key").read_bytes()
+    key_body = b"".join(key.splitlines()[1:-1])
+    assert b"PRIVATE KEY" not in shipped and key_body[:40] not in shipped
+    assert b"client.root" not in shipped
+    transports = {r.transport for partition in partitions for r in partition.ranges}
+    assert len(transports) == 1
+    (transport,) = transports
+    assert transport.tls and not transport.cert_pem and not transport.key_pem
+    envelope = token_envelope(transport.token)
+    claims = TokenClaims.decode(envelope[MAGIC_BYTES + KEY_ID_BYTES : -SIGNATURE_BYTES])
+    stream_id = partitions[0].ranges[0].stream_id
+    assert (claims.role, claims.stream_ids, claims.tenant) == (Role.READ, (stream_id,), "spark")
 
 
 def test_a_scan_never_returns_a_copy_that_differs_from_the_certificate(

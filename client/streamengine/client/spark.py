@@ -20,7 +20,14 @@ accepting loss (`streamengine seal --accept-loss`) is read around instead of fai
 the query with `DataLossError`.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
 Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
-driver; the credentials travel to the executors inside the partitions) and `token`.
+driver) and `token`, the driver's credentials. Executors get none of them: only the CA
+and a read token limited to the job's stream, in the partitions. A driver that is a
+cluster admin (`client.root` in `certsDir`, no `token`) mints that token for
+`executorTokenTtlMs` (default an hour; a streaming query mints another when half of it
+is left); `executorToken` gives one instead (`streamengine token create` ... limited by
+`CreateToken.stream_ids`); a driver holding a tenant token, and neither, hands its own
+token on. The `token` option is dropped from the data source once its reader holds it,
+and the readers leave the driver's credentials out of their pickled form.
 
 Planning (driver side) asks the master for the segments; an input partition holds
 ranges of consecutive segments, each with the segment's certificate when it has one.
@@ -92,6 +99,7 @@ from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
+from streamengine.protocol.tokens import TOKEN_TTL_MS_MAX, TOKEN_TTL_MS_MIN
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -114,6 +122,13 @@ REPORT_TIMEOUT_S = 5.0
 # A partition whose replicas all keep failing (none answering what it holds) for this
 # long fails its task as Unavailable, for Spark to retry: never as data loss.
 PARTITION_UNREADABLE_S_MAX = 300.0
+
+# Executors' tokens live an hour by default: long enough for most scans, short enough
+# that one taken off an executor dies soon.
+EXECUTOR_TOKEN_TTL_MS_DEFAULT = 3600 * 1000
+# Options holding the driver's credentials (keys as PySpark's case-insensitive options
+# give them): the data source drops them once its reader holds them.
+DRIVER_CREDENTIAL_OPTIONS = ("token", "executortoken")
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +204,78 @@ def _required(options: dict[str, str], name: str) -> str:
     return value
 
 
-def _transport(options: dict[str, str]) -> Transport:
-    certs_dir, token = options.get("certsdir", ""), options.get("token", "")
-    try:
-        return Transport.for_client(Path(certs_dir) if certs_dir else None, token)
-    except TransportError as error:
-        raise InvalidArgument(str(error)) from None
+class _Credentials:
+    """The driver's credentials (never pickled: `_DriverSide`) and the transport it
+    hands its executors (module doc)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.certs_dir = options.get("certsdir", "")
+        self.token = options.get("token", "")
+        self.executor_token = options.get("executortoken", "")
+        ttl = _option_int(options, "executorTokenTtlMs", EXECUTOR_TOKEN_TTL_MS_DEFAULT)
+        self.executor_ttl_ms = ttl or EXECUTOR_TOKEN_TTL_MS_DEFAULT
+        if not TOKEN_TTL_MS_MIN <= self.executor_ttl_ms <= TOKEN_TTL_MS_MAX:
+            raise InvalidArgument(f"executorTokenTtlMs {self.executor_ttl_ms} out of range")
+        self._minted: tuple[Transport, int, int] | None = None  # (transport, stream, until)
+        self.driver()  # a certs dir that cannot serve fails at once
+
+    def driver(self) -> Transport:
+        """How the driver calls, read from the certs dir now."""
+        try:
+            return Transport.for_client(
+                Path(self.certs_dir) if self.certs_dir else None, self.token
+            )
+        except TransportError as error:
+            raise InvalidArgument(str(error)) from None
+
+    def executors(self, master: str, stream: str, stream_id: int) -> Transport:
+        """How executors call: the CA and a token, never a private key."""
+        driver = self.driver()
+        if not driver.tls:
+            return PLAINTEXT
+        if self.executor_token:
+            return Transport(driver.ca_pem, token=self.executor_token)
+        if not driver.cert_pem:
+            return Transport(driver.ca_pem, token=driver.token)
+        minted, ttl_ms = self._minted, self.executor_ttl_ms
+        left_ms = minted[2] - int(time.time() * 1000) if minted is not None else 0
+        if minted is None or minted[1] != stream_id or left_ms < ttl_ms // 2:
+            token, until_ms = _mint_read_token(master, driver, stream, stream_id, ttl_ms)
+            minted = self._minted = (Transport(driver.ca_pem, token=token), stream_id, until_ms)
+        return minted[0]
+
+
+def _mint_read_token(
+    master: str, driver: Transport, stream: str, stream_id: int, ttl_ms: int
+) -> tuple[str, int]:
+    """(token, expiry) of a read token limited to `stream`, made by the driver as a
+    cluster admin."""
+    with sync_masters(master, driver) as masters:
+        try:
+            reply = masters.stub.CreateToken(
+                master_pb2.CreateTokenRequest(
+                    tenant=stream.split("/", 1)[0],
+                    role=master_pb2.TOKEN_ROLE_READ,
+                    ttl_ms=ttl_ms,
+                    stream_ids=[stream_id],
+                ),
+                timeout=RPC_TIMEOUT_S,
+            )
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+    log.info("%s: minted read token %s for the executors", stream, reply.token_id)
+    return reply.token, reply.expires_at_ms
+
+
+class _DriverSide:
+    """A reader whose pickled form (what executors get) leaves out `_credentials`."""
+
+    _credentials: _Credentials
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_credentials", None)
+        return state
 
 
 def fetch_layout(
@@ -702,12 +783,12 @@ def _packed_batch(
     return _record_batch(part, indexes, payloads), packed.last_index + 1
 
 
-class StreamEngineBatchReader(DataSourceReader):
+class StreamEngineBatchReader(_DriverSide, DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        # Plain data only: the reader is pickled to the executors.
+        # Plain data only: the reader is pickled to the executors (without credentials).
         self.master = _required(options, "master")
         self.stream = _required(options, "stream")
-        self.transport = _transport(options)
+        self._credentials = _Credentials(options)
         self.start_sequence = _option_int(options, "fromSequence", 0) or 0
         self.end_sequence = _option_int(options, "toSequence", None)
         self.include_open = options.get("includeopen", "false").lower() == "true"
@@ -718,7 +799,8 @@ class StreamEngineBatchReader(DataSourceReader):
         self.skip_lost = options.get("skiplostranges", "false").lower() == "true"
 
     def partitions(self) -> list[ScanPartition]:
-        layout = fetch_layout(self.master, self.stream, self.include_open, self.transport)
+        credentials = self._credentials
+        layout = fetch_layout(self.master, self.stream, self.include_open, credentials.driver())
         whole = plan_ranges(
             self.stream,
             layout,
@@ -726,7 +808,7 @@ class StreamEngineBatchReader(DataSourceReader):
             self.end_sequence,
             self.include_open,
             self.master,
-            self.transport,
+            credentials.executors(self.master, self.stream, layout.stream_id),
             self.skip_lost,
         )
         return balance(whole, self.partition_entries)
@@ -735,11 +817,11 @@ class StreamEngineBatchReader(DataSourceReader):
         return read_partition(partition)
 
 
-class StreamEngineStreamReader(DataSourceStreamReader):
+class StreamEngineStreamReader(_DriverSide, DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.master = _required(options, "master")
         self.stream = _required(options, "stream")
-        self.transport = _transport(options)
+        self._credentials = _Credentials(options)
         self.starting_sequence = _option_int(options, "startingSequence", 0) or 0
         self.max_events = _option_int(options, "maxEventsPerTrigger", None)
         self.partition_entries = PARTITION_ENTRIES_DEFAULT
@@ -748,7 +830,7 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         return {"sequence": self.starting_sequence}
 
     def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
-        layout = fetch_layout(self.master, self.stream, True, self.transport)
+        layout = fetch_layout(self.master, self.stream, True, self._credentials.driver())
         end = acked_end(layout)
         begin = int(start["sequence"]) if start else self.starting_sequence
         if self.max_events is not None:
@@ -759,8 +841,10 @@ class StreamEngineStreamReader(DataSourceStreamReader):
         begin, finish = int(start["sequence"]), int(end["sequence"])
         if finish <= begin:
             return []
-        layout = fetch_layout(self.master, self.stream, True, self.transport)
-        whole = plan_ranges(self.stream, layout, begin, finish, True, self.master, self.transport)
+        credentials = self._credentials
+        layout = fetch_layout(self.master, self.stream, True, credentials.driver())
+        executors = credentials.executors(self.master, self.stream, layout.stream_id)
+        whole = plan_ranges(self.stream, layout, begin, finish, True, self.master, executors)
         return balance(whole, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -813,10 +897,20 @@ class StreamEngineDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> StreamEngineBatchReader:
-        return StreamEngineBatchReader(dict(self.options))
+        reader = StreamEngineBatchReader(dict(self.options))
+        self._forget_credentials()
+        return reader
 
     def streamReader(self, schema: StructType) -> StreamEngineStreamReader:
-        return StreamEngineStreamReader(dict(self.options))
+        reader = StreamEngineStreamReader(dict(self.options))
+        self._forget_credentials()
+        return reader
+
+    def _forget_credentials(self) -> None:
+        """PySpark pickles the data source with the read function it sends executors:
+        the driver's token goes once the reader (kept on the driver) holds it."""
+        for name in DRIVER_CREDENTIAL_OPTIONS:
+            self.options.pop(name, None)
 
 
 def register(spark: Any) -> None:
