@@ -20,6 +20,7 @@ from streamengine.protocol.auth import AUTHORIZATION_METADATA_KEY, BEARER_PREFIX
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.transport import Transport
 from streamengine.testing import Cluster
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
@@ -69,3 +70,17 @@ def create_token(
         )
     return reply.token, reply.token_id
 
+
+
+def create_token_as(
+    transport: Transport,
+    master_address: str,
+    tenant: str,
+    role: master_pb2.TokenRole.ValueType,
+) -> str:
+    """A token of `tenant`, made by a cluster admin over TLS (`transport`)."""
+    with transport.channel(master_address) as channel:
+        reply = master_pb2_grpc.MasterStub(channel).CreateToken(
+            master_pb2.CreateTokenRequest(tenant=tenant, role=role), timeout=10
+        )
+    return str(reply.token)
