@@ -11,7 +11,7 @@ Secured clusters: `--certs-dir` (with `ca.crt`), and the driver's token from
 `--token-file` or $STREAMENGINE_TOKEN (none: the certs dir's `client.root`, a cluster
 admin). Executors never get the driver's credentials: a cluster-admin driver mints them
 a read token limited to the stream for `--executor-token-ttl-s`; `--executor-token-file`
-gives one instead (`streamengine token create --role read` limited to the stream).
+gives one instead (`streamengine token create --role read --stream NAME`).
 """
 
 from __future__ import annotations

@@ -537,6 +537,44 @@ def test_a_rotated_key_verifies_what_it_signed_while_the_new_one_signs_once_publ
 # ---- tokens ----
 
 
+def test_a_token_limited_to_a_stream_reads_it_and_nothing_else(cluster: Cluster) -> None:
+    """`token create --stream` makes a read token of one stream (as a Spark driver
+    gives its executors): it reads that stream at the master and the stores, and is
+    refused another stream of its tenant and every listing."""
+    from tests.integration.test_cli import run_cli
+
+    name, other = "limited/orders", "limited/secret"
+    stream_id = make_stream(cluster, name)
+    make_stream(cluster, other)
+    assert append_and_read(cluster, name, [b"one"]) == [b"one"]
+    assert append_and_read(cluster, other, [b"two"]) == [b"two"]
+    made = run_cli(
+        "token", "create", "--tenant", "limited", "--role", "read", "--stream", name,
+        "--master", cluster.master_address,
+    )  # fmt: skip
+    assert made.returncode == 0 and "streams limited/orders" in made.stderr, made.stderr
+    token = made.stdout.strip()
+    for stream, allowed in ((name, True), (other, False)):
+        listing = m.ListSegmentsRequest(stream=stream)
+        segment = master_call(cluster, "ListSegments", listing).segments[0]
+        request = s.GetSegmentStateRequest(segment=segment.id)
+        calls = [
+            functools.partial(master_call, cluster, "ListSegments", listing, token),
+            functools.partial(
+                store_call, segment.copy_set[0].address, "GetSegmentState", request, token
+            ),
+        ]
+        for call in calls:
+            if allowed:
+                call()
+            else:
+                error = refused(call)
+                assert error.code() == Code.PERMISSION_DENIED
+                assert f"limited to streams {stream_id}" in (error.details() or "")
+    error = refused(lambda: master_call(cluster, "ListStreams", m.ListStreamsRequest(), token))
+    assert error.code() == Code.PERMISSION_DENIED
+
+
 @pytest.fixture(scope="module")
 def victim(cluster: Cluster) -> dict[str, Any]:
     """Tenant `victim`: a stream with data in sealed and open segments, and a leased

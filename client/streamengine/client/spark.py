@@ -24,10 +24,10 @@ driver) and `token`, the driver's credentials. Executors get none of them: only 
 and a read token limited to the job's stream, in the partitions. A driver that is a
 cluster admin (`client.root` in `certsDir`, no `token`) mints that token for
 `executorTokenTtlMs` (default an hour; a streaming query mints another when half of it
-is left); `executorToken` gives one instead (`streamengine token create` ... limited by
-`CreateToken.stream_ids`); a driver holding a tenant token, and neither, hands its own
-token on. The `token` option is dropped from the data source once its reader holds it,
-and the readers leave the driver's credentials out of their pickled form.
+is left); `executorToken` gives one instead (`streamengine token create --role read
+--stream NAME`); a driver holding a tenant token, and neither, hands its own token on.
+The `token` option is dropped from the data source once its reader holds it, and the
+readers leave the driver's credentials out of their pickled form.
 
 Planning (driver side) asks the master for the segments; an input partition holds
 ranges of consecutive segments, each with the segment's certificate when it has one.

@@ -406,6 +406,9 @@ def _add_token_commands(commands: Subparsers) -> None:
     create.add_argument(
         "--ttl", type=_duration_ms, default=None, help="lifetime, e.g. 90m, 24h, 30d (default 24h)"
     )
+    create.add_argument(
+        "--stream", action="append", default=[], help="limit a read token to it (repeatable)"
+    )
     create.set_defaults(run=_lazy("streamengine.tools.tokens", "cmd_token_create"))
     revoke = actions.add_parser("revoke", help="end a token before it expires")
     revoke.add_argument("token_id", metavar="ID", help="the id `token create` printed")

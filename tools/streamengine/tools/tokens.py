@@ -3,7 +3,9 @@ tokens and the master's signing keys, for cluster admins.
 
 `create` prints the token alone on stdout (so `export STREAMENGINE_TOKEN=$(streamengine
 token create ...)` works) and what it is on stderr: its id (to revoke it), tenant, role
-and expiry. The master keeps no copy of the token: lose it and create another.
+and expiry. The master keeps no copy of the token: lose it and create another. With
+`--stream NAME` (repeated) a read token is limited to those streams (by their ids now:
+a stream deleted and made again under the name is not one of them).
 
 `key rotate` adds a key that signs from then on and lists the keys as `key list` does:
 one line each, newest first: its id, when it was made, and whether it signs, when it
@@ -30,16 +32,26 @@ ROLES = {
 
 def cmd_token_create(args: argparse.Namespace) -> int:
     with master_stub(args.master, client_transport(args)) as master:
+        stream_ids = [
+            master.DescribeStream(
+                master_pb2.DescribeStreamRequest(name=name), timeout=RPC_TIMEOUT_S
+            ).stream_id
+            for name in args.stream
+        ]
         reply = master.CreateToken(
             master_pb2.CreateTokenRequest(
-                tenant=args.tenant, role=ROLES[args.role], ttl_ms=args.ttl or 0
+                tenant=args.tenant,
+                role=ROLES[args.role],
+                ttl_ms=args.ttl or 0,
+                stream_ids=stream_ids,
             ),
             timeout=RPC_TIMEOUT_S,
         )
     expires = _utc(reply.expires_at_ms)
     print(reply.token)
     print(
-        f"token {reply.token_id}: tenant {args.tenant}, role {args.role}, expires {expires}",
+        f"token {reply.token_id}: tenant {args.tenant}, role {args.role}, expires {expires}"
+        + (f", streams {', '.join(args.stream)}" if args.stream else ""),
         file=sys.stderr,
     )
     return 0
