@@ -170,7 +170,10 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
 
 def catch_up_after_heal(records: list[Record], acked: list[Op]) -> dict[str, float | None]:
     """Per "reader stream": from the heal until the reader delivered the last event
-    acked before it (0 when it already had; None: never). Slow consumers on purpose
+    acked before it (0 when it already had; None: never). A reader whose first
+    subscription came after the heal (S16 starts fresh readers as it ends; on a loaded
+    box their process took 5 s to start) counts from that subscription: how long its
+    process took to start is not the system's catch-up. Slow consumers on purpose
     (`consume_ms` in their start record) are left out: they are not meant to keep up."""
     phases = {r["name"]: r["t"] for r in records if r["type"] == "phase"}
     heal_t = phases.get("heal")
@@ -183,6 +186,10 @@ def catch_up_after_heal(records: list[Record], acked: list[Op]) -> dict[str, flo
     slow = {r["process"] for r in records if r["type"] == "start" and r.get("consume_ms")}
     readers = {r["process"] for r in records
                if r["type"] == "subscribe" and r["process"] not in slow}
+    since: dict[str, float] = {}
+    for record in records:
+        if record["type"] == "subscribe" and record["process"] not in since:
+            since[record["process"]] = max(heal_t, float(record["t"]))
     reached: dict[tuple[str, str], float] = {}
     for record in records:
         if record["type"] != "deliver" or record["process"] not in readers:
@@ -191,7 +198,7 @@ def catch_up_after_heal(records: list[Record], acked: list[Op]) -> dict[str, flo
         goal = last_acked.get(record["stream"])
         if key not in reached and goal is not None and any(
                 event[0] >= goal for event in record["events"]):
-            reached[key] = max(0.0, record["t"] - heal_t)
+            reached[key] = max(0.0, record["t"] - since[record["process"]])
     return {f"{reader} {stream}": reached.get((reader, stream))
             for reader in sorted(readers) for stream in sorted(last_acked)}
 

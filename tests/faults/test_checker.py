@@ -439,6 +439,21 @@ def test_catch_up_after_heal_per_reader() -> None:
     assert bounds(figures, lease_s=1.0)["reader_catch_up_after_heal_s"]["ok"] is False
 
 
+def test_a_reader_started_after_the_heal_counts_from_its_first_subscription() -> None:
+    """S16 starts a fresh reader as its schedule ends; on a loaded box its process
+    subscribed 5.3 s after the heal. Its catch-up is from then, not from the heal."""
+    records, _ = clean()
+    records += [
+        {"t": 3.8, "type": "phase", "process": "nemesis", "name": "heal"},
+        rec(9.1, "subscribe", "r4", **{"from": 0}),
+        rec(9.6, "deliver", "r4", events=[event(1, 1, "a0"), event(1, 2, "a1"),
+                                          event(1, 3, "b0"), event(2, 1, "c0")]),
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    catch_up = figures["reader_catch_up_after_heal_s"]
+    assert catch_up["max"] == pytest.approx(0.5) and catch_up["never"] == []
+
+
 def bad_history() -> list[dict[str, Any]]:
     digest = {"master": {"tenants": ["t"], "streams": [["t/s", 1, 3, 2, 0]],
                          "stores": [["s0", "a:1", "", False]], "others": []},
