@@ -5,7 +5,14 @@ puts it elsewhere), `node.crt` + `node.key` for a server, `client.NAME.crt` +
 `client.NAME.key` for a client. Every certificate the CA signs names what it is in one
 URI SAN (`protocol.auth`): `urn:streamengine:master`, `urn:streamengine:store:<id>` or
 `urn:streamengine:admin`; a client certificate without `--admin` names
-`urn:streamengine:client:<name>`, which grants nothing (a name for logs). Keys are
+`urn:streamengine:client:<name>`, which grants nothing (a name for logs).
+
+etcd (with `--client-cert-auth` and its auth enabled by `metadata secure`) takes a
+certificate's common name as its user, so common names are kept apart: a master's is
+`master` (`MASTER_COMMON_NAME`, etcd's user for the masters), a store's `store <id>`,
+an etcd member's `etcd`, a client's `client <name>`, and `etcd-root.crt` alone is `root`
+(etcd's root user). No client certificate can thus pass for a master or for root in
+etcd, whatever its name. Keys are
 ECDSA P-256 (small, fast handshakes); every file is written 0600 in 0700 directories
 (`protocol.private_files`).
 """
@@ -39,6 +46,8 @@ LIFETIME_DAYS_MIN = 1
 # A certificate is valid from a little before it is made: clocks of hosts differ.
 BACKDATE = datetime.timedelta(hours=1)
 ORGANIZATION = "Stream Engine"
+MASTER_COMMON_NAME = "master"
+ETCD_ROOT_USER = "root"
 
 
 class CertError(Exception):
@@ -236,7 +245,7 @@ def create_node(
     authority = load_authority(certs_dir, ca_key_path)
     certificate, key = _sign(
         authority,
-        "master" if master else "etcd" if etcd else f"store {store_id}",
+        MASTER_COMMON_NAME if master else "etcd" if etcd else f"store {store_id}",
         _san_entries(hosts, identity),
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
         lifetime_days,
@@ -261,7 +270,7 @@ def create_client(
     is_admin = admin or name == ROOT_CLIENT
     certificate, key = _sign(
         authority,
-        name,
+        client_common_name(name),
         # A name for logs either way; only the admin URI grants anything.
         _san_entries([], auth.ADMIN_URI if is_admin else auth.URI_PREFIX + "client:" + name),
         [ExtendedKeyUsageOID.CLIENT_AUTH],
@@ -271,6 +280,65 @@ def create_client(
     _write_key(key_path, key)
     _write_cert(cert_path, certificate)
     return cert_path
+
+
+def client_common_name(name: str) -> str:
+    """A client certificate's common name: never an etcd user's (module doc)."""
+    return f"client {name}"
+
+
+def create_etcd_root(certs_dir: Path, ca_key_path: Path | None = None) -> Path:
+    """`etcd-root.crt` + `.key`, etcd's `root` user (`metadata secure`), kept when there.
+    No URI SAN: on the cluster's own servers it is nobody."""
+    cert_path = certs_dir / transport.ETCD_ROOT_CERT
+    if cert_path.exists() and (certs_dir / transport.ETCD_ROOT_KEY).exists():
+        return cert_path
+    certificate, key = _sign(
+        load_authority(certs_dir, ca_key_path),
+        ETCD_ROOT_USER,
+        [],
+        [ExtendedKeyUsageOID.CLIENT_AUTH],
+        CLIENT_LIFETIME_DAYS_DEFAULT,
+    )
+    _write_key(certs_dir / transport.ETCD_ROOT_KEY, key)
+    _write_cert(cert_path, certificate)
+    return cert_path
+
+
+def add_arguments(cert: argparse.ArgumentParser) -> None:
+    """The `cert` command's actions and their flags."""
+    actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
+    ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
+    node = actions.add_parser(
+        "create-node", help="node.crt + node.key for a master, a store or an etcd member"
+    )
+    node.add_argument("hosts", nargs="+", metavar="HOST", help="DNS names and IPs it serves on")
+    role = node.add_mutually_exclusive_group(required=True)
+    role.add_argument("--master", action="store_true", help="the master's certificate")
+    role.add_argument("--store-id", default="", help="a store's certificate, for this store id")
+    role.add_argument(
+        "--etcd",
+        action="store_true",
+        help="an etcd member's certificate (server and peer): no Stream Engine identity",
+    )
+    client = actions.add_parser("create-client", help="client.NAME.crt + client.NAME.key")
+    client.add_argument("name", help="client name (root is always a cluster admin)")
+    client.add_argument("--admin", action="store_true", help="a cluster admin's certificate")
+    for parser in (ca, node, client):
+        parser.add_argument(
+            "--certs-dir", type=Path, required=True, help="ca.crt, node.*, client.* live here"
+        )
+        parser.add_argument(
+            "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
+        )
+    for parser in (node, client):
+        parser.add_argument(
+            "--lifetime-days",
+            type=int,
+            default=NODE_LIFETIME_DAYS_DEFAULT,
+            help="days the certificate is valid (default %(default)s; never past the CA's)",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -314,7 +382,8 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost")
 @dataclass(frozen=True)
 class LocalCerts:
     """Certs dirs for a cluster on one host (`cluster up`, tests): the CA apart, one dir
-    per process holding `ca.crt` + its `node.*`, and a client dir with `client.root`."""
+    per process holding `ca.crt` + its `node.*`, and a client dir with `client.root`
+    (and `etcd-root.*` once `add_etcd_root` made them)."""
 
     root: Path
 
@@ -354,6 +423,10 @@ class LocalCerts:
                 ca_key_path=self.ca_dir / CA_KEY,
             )
         return directory
+
+    def add_etcd_root(self) -> Path:
+        """The operator's etcd root certificate, in the client dir."""
+        return create_etcd_root(self.client_dir, self.ca_dir / CA_KEY)
 
 
 def create_local_certs(root: Path) -> LocalCerts:

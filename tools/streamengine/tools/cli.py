@@ -129,39 +129,10 @@ def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentPar
 
 
 def _add_cert_commands(commands: Subparsers) -> None:
+    from streamengine.tools import certs
+
     cert = commands.add_parser("cert", help="the cluster's CA and the certificates it signs")
-    actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
-    ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
-    node = actions.add_parser(
-        "create-node", help="node.crt + node.key for a master, a store or an etcd member"
-    )
-    node.add_argument("hosts", nargs="+", metavar="HOST", help="DNS names and IPs it serves on")
-    role = node.add_mutually_exclusive_group(required=True)
-    role.add_argument("--master", action="store_true", help="the master's certificate")
-    role.add_argument("--store-id", default="", help="a store's certificate, for this store id")
-    role.add_argument(
-        "--etcd",
-        action="store_true",
-        help="an etcd member's certificate (server and peer): no Stream Engine identity",
-    )
-    client = actions.add_parser("create-client", help="client.NAME.crt + client.NAME.key")
-    client.add_argument("name", help="client name (root is always a cluster admin)")
-    client.add_argument("--admin", action="store_true", help="a cluster admin's certificate")
-    for parser in (ca, node, client):
-        parser.add_argument(
-            "--certs-dir", type=Path, required=True, help="ca.crt, node.*, client.* live here"
-        )
-        parser.add_argument(
-            "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
-        )
-    for parser in (node, client):
-        parser.add_argument(
-            "--lifetime-days",
-            type=int,
-            default=5 * 365,
-            help="days the certificate is valid (default %(default)s; never past the CA's)",
-        )
+    certs.add_arguments(cert)
     cert.set_defaults(run=_lazy("streamengine.tools.certs", "run"))
 
 
