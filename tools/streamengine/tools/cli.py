@@ -420,7 +420,9 @@ def _add_data_commands(commands: Subparsers) -> None:
 
 
 def _add_metadata_commands(commands: Subparsers) -> None:
-    metadata = commands.add_parser("metadata", help="back up and restore the master's metadata")
+    metadata = commands.add_parser(
+        "metadata", help="back up, restore and secure the master's metadata"
+    )
     actions = metadata.add_subparsers(dest="action", required=True, metavar="ACTION")
     backup = actions.add_parser(
         "backup", help="copy every record to a file (masters may keep running)"
@@ -440,6 +442,33 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         "grant, N above the epochs granted since (default 0)",
     )
     restore.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_restore"))
+    secure = actions.add_parser(
+        "secure",
+        help="enable etcd's auth: only the masters' certificates reach the cluster's keys",
+    )
+    secure.add_argument(
+        "--metadata",
+        required=True,
+        metavar="etcd://HOST:PORT[,...][/PREFIX]",
+        help="the masters' etcd and key prefix",
+    )
+    secure.add_argument(
+        "--certs-dir",
+        type=Path,
+        required=True,
+        help="ca.crt and the CA's key; etcd-root.crt/key are made here if missing",
+    )
+    secure.add_argument(
+        "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
+    )
+    secure.add_argument(
+        "--master-name",
+        action="append",
+        metavar="CN",
+        help="the common name of a master's certificate; repeat for several "
+        "(default: master, what `cert create-node --master` writes)",
+    )
+    secure.set_defaults(run=_lazy("streamengine.tools.metadata_secure", "cmd_secure"))
     for parser in (backup, restore):
         where = parser.add_mutually_exclusive_group(required=True)
         where.add_argument("--data", type=Path, help="a master's --data (embedded RocksDB)")
@@ -448,8 +477,8 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         )
         _add_certs_dir_option(
             parser,
-            "reach etcd over TLS with ca.crt and node.crt or client.root.crt of this "
-            "directory, as the masters do",
+            "reach etcd over TLS with ca.crt and node.crt or etcd-root.crt of this "
+            "directory (`metadata secure` makes etcd-root.crt)",
         )
 
 
