@@ -11,7 +11,11 @@ is needed after a failover.
 The master's replies also carry its authority: its signing keys and its token
 revocations (the store's `StoreAuthority` takes them, and keeps them durably when they
 change, before the next heartbeat), and the tenants' append quota. A new master (one
-rebuilt from the stores) brings a new key: the store takes it as any key change.
+rebuilt from the stores) brings a new key: the store takes it as any key change. They
+carry the certificates revoked too (`protocol.cert_revocations`: the whole list with
+the registration, and with a heartbeat whose version differs from the store's), which
+the store's server identity refuses from then on; kept in memory only, as the store
+registers again at every start.
 
 Identity: the store registers with its incarnation and the cluster id it keeps. A
 master of another cluster refuses it: the store stops (`WrongCluster`). The first
@@ -42,6 +46,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 
 from streamengine.protocol import auth, codec, identity, transport
 from streamengine.protocol.backoff import STORE_REGISTER, tenacity_wait
+from streamengine.protocol.cert_revocations import REVOKED_CERTS_MAX, CertRevocations
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.segment_store import metrics
@@ -110,6 +115,8 @@ class MasterLink:
         # keys, revocations) only signed by the master's certificate.
         self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
+        # As the master last said; refused by this server's identity (`take_revocations`).
+        self.cert_revocations = CertRevocations()
         self.registered = False
         # What the scrub read back goes with the heartbeats; the master asks for checks.
         self.scrubber = scrubber
@@ -175,6 +182,7 @@ class MasterLink:
         if not self._from_the_master(reply, "register", trailing):
             return
         await self._take_authority(reply.signing_public_keys, None, None)
+        self._take_cert_revocations(reply.revoked_certificates)
         if not reply.cluster_id:
             log.info("master %s has no cluster id yet (rebuilding)", self.master_address)
             return
@@ -247,6 +255,7 @@ class MasterLink:
                 for s, m in sorted(metas.items())
             ],
             revocations_version=self.authority.revocations.version,
+            certificate_revocations_version=self.cert_revocations.version,
             scrubbed=[scrub_report(s, result) for s, result in sorted(scrubbed.items())],
         )
         call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
@@ -267,6 +276,8 @@ class MasterLink:
         }
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
+        if reply.certificate_revocations_version != self.cert_revocations.version:
+            self._take_cert_revocations(reply.revoked_certificates)
         if reply.segment_records and self.keep_records is not None:
             records = [
                 (SegmentKey(r.id.stream_id, r.id.epoch), r.SerializeToString(deterministic=True))
@@ -316,6 +327,22 @@ class MasterLink:
                 len(self.authority.revocations),
                 self.authority.revocations.version,
             )
+
+
+    def _take_cert_revocations(self, revoked: Iterable[master_pb2.RevokedCertificate]) -> None:
+        """The master's whole list of revoked certificates, refused from now on (an entry
+        no certificate can have is left out, with a warning)."""
+        entries = []
+        for message in revoked:
+            try:
+                entries.append(codec.revoked_cert_from_pb(message))
+            except ValueError as error:
+                log.warning("ignoring a revoked certificate the master sent: %s", error)
+        taken = CertRevocations.of(entries[:REVOKED_CERTS_MAX])
+        if taken != self.cert_revocations:
+            log.info("certificates revoked: %d", len(taken.revoked))
+        self.cert_revocations = taken
+        identity.take_revocations(taken)
 
 
 def _refused_for_good(error: BaseException) -> bool:

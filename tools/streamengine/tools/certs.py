@@ -12,8 +12,12 @@ certificate's common name as its user, so common names are kept apart: a master'
 `master` (`MASTER_COMMON_NAME`, etcd's user for the masters), a store's `store <id>`,
 an etcd member's `etcd`, a client's `client <name>`, and `etcd-root.crt` alone is `root`
 (etcd's root user). No client certificate can thus pass for a master or for root in
-etcd, whatever its name. Keys are
-ECDSA P-256 (small, fast handshakes); every file is written 0600 in 0700 directories
+etcd, whatever its name.
+
+Every certificate signed is listed in `ca.issued` beside the CA's key (JSON lines:
+serial, common name, expiry), OpenSSL's `index.txt` in spirit: `cert revoke SERIAL`
+finds there what it revokes, and refuses a serial the CA never issued. Keys are ECDSA
+P-256 (small, fast handshakes); every file is written 0600 in 0700 directories
 (`protocol.private_files`).
 """
 
@@ -22,20 +26,29 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from streamengine.protocol import auth, transport
+from streamengine.protocol.cert_revocations import (
+    COMMON_NAME_CHARS_MAX,
+    RevokedCert,
+    parse_serial,
+    serial_text,
+)
 from streamengine.protocol.private_files import private_dir, tightened_message, write_private
 
 CA_KEY = "ca.key"
+ISSUED = "ca.issued"
 ROOT_CLIENT = transport.ROOT_CLIENT
 # Long enough that a CA outlives many node rotations; nodes and clients expire sooner,
 # so a leaked key stops working on its own.
@@ -58,6 +71,32 @@ class CertError(Exception):
 class Authority:
     certificate: x509.Certificate
     key: ec.EllipticCurvePrivateKey
+    issued: Path  # the list of what it signed, beside its key
+
+
+def issued_path(certs_dir: Path, ca_key_path: Path | None = None) -> Path:
+    return (ca_key_path or certs_dir / CA_KEY).with_name(ISSUED)
+
+
+def _ms(moment: datetime.datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _record_issued(authority: Authority, certificate: x509.Certificate) -> None:
+    line = json.dumps(
+        {
+            "serial": serial_text(certificate.serial_number),
+            "common_name": _common_name(certificate),
+            "not_after_ms": _ms(certificate.not_valid_after_utc),
+        }
+    )
+    kept = authority.issued.read_bytes() if authority.issued.exists() else b""
+    write_private(authority.issued, kept + line.encode() + b"\n")
+
+
+def _common_name(certificate: x509.Certificate) -> str:
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""
 
 
 def _now() -> datetime.datetime:
@@ -145,7 +184,7 @@ def load_authority(certs_dir: Path, ca_key_path: Path | None = None) -> Authorit
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         if held == wanted:
-            return Authority(certificate, key)
+            return Authority(certificate, key, key_path.with_name(ISSUED))
     raise CertError(f"no certificate in {certs_dir / transport.CA_CERT} matches {key_path}")
 
 
@@ -215,7 +254,9 @@ def _sign(
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    return builder.sign(authority.key, hashes.SHA256()), key
+    certificate = builder.sign(authority.key, hashes.SHA256())
+    _record_issued(authority, certificate)
+    return certificate, key
 
 
 def create_node(
@@ -305,8 +346,64 @@ def create_etcd_root(certs_dir: Path, ca_key_path: Path | None = None) -> Path:
     return cert_path
 
 
-def add_arguments(cert: argparse.ArgumentParser) -> None:
-    """The `cert` command's actions and their flags."""
+def revocation_target(what: str, certs_dir: Path, ca_key_path: Path | None) -> RevokedCert:
+    """What `cert revoke WHAT` revokes: a certificate file (PEM or DER) the cluster's CA
+    (`ca.crt` of `certs_dir`) signed, or a serial the CA's `ca.issued` lists. Raises
+    CertError saying which it is not."""
+    path = Path(what)
+    if not path.is_file():
+        try:
+            serial = parse_serial(what)
+        except ValueError:
+            raise CertError(f"{what!r} is neither a certificate file nor a serial number") from None
+        return _issued_serial(serial, issued_path(certs_dir, ca_key_path))
+    data = path.read_bytes()
+    try:
+        certificate = (
+            x509.load_pem_x509_certificate(data)
+            if data.lstrip().startswith(b"-----BEGIN")
+            else x509.load_der_x509_certificate(data)
+        )
+    except ValueError:
+        raise CertError(f"{path} is not a certificate (PEM or DER)") from None
+    try:
+        authorities = x509.load_pem_x509_certificates((certs_dir / transport.CA_CERT).read_bytes())
+    except (OSError, ValueError) as error:
+        raise CertError(f"cannot read the CA of {certs_dir}: {error}") from None
+    for authority in authorities:
+        try:
+            certificate.verify_directly_issued_by(authority)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return RevokedCert(
+            certificate.serial_number,
+            _ms(certificate.not_valid_after_utc),
+            _common_name(certificate)[:COMMON_NAME_CHARS_MAX],
+        )
+    raise CertError(f"{path} was not signed by the cluster's CA ({certs_dir / transport.CA_CERT})")
+
+
+def _issued_serial(serial: int, issued: Path) -> RevokedCert:
+    try:
+        lines = issued.read_text().splitlines()
+    except OSError as error:
+        raise CertError(
+            f"cannot read the CA's list of what it issued ({issued}): {error.strerror}; "
+            "revoke by the certificate's file, or give --ca-key"
+        ) from None
+    for line in lines:
+        entry = json.loads(line)
+        if entry["serial"] == serial_text(serial):
+            return RevokedCert(serial, entry["not_after_ms"], entry["common_name"])
+    raise CertError(
+        f"the CA never issued serial {serial_text(serial)} (not in {issued}); "
+        "revoke a certificate made elsewhere by its file"
+    )
+
+
+def add_arguments(cert: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The `cert` command's actions and their flags; returns those of the actions that
+    call the masters (they take the client's options)."""
     actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
     ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
     ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
@@ -339,6 +436,33 @@ def add_arguments(cert: argparse.ArgumentParser) -> None:
             default=NODE_LIFETIME_DAYS_DEFAULT,
             help="days the certificate is valid (default %(default)s; never past the CA's)",
         )
+    revoke = actions.add_parser(
+        "revoke", help="refuse a certificate on every server from the next heartbeat on"
+    )
+    revoke.add_argument(
+        "certificate", metavar="SERIAL|FILE", help="its serial (hex) or its .crt file"
+    )
+    revoke.add_argument(
+        "--ca-key",
+        type=Path,
+        help="where the CA's key is kept: ca.issued beside it lists the serials "
+        "(default: CERTS_DIR/ca.key)",
+    )
+    revoke.add_argument("--yes", action="store_true", help="revoke (without it: say what, exit 1)")
+    revoke.set_defaults(run=_lazy_run("cmd_revoke"))
+    listing = actions.add_parser("list-revoked", help="the certificates revoked")
+    listing.set_defaults(run=_lazy_run("cmd_list_revoked"))
+    return [revoke, listing]
+
+
+def _lazy_run(function: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from streamengine.tools import revocations
+
+        result: int = getattr(revocations, function)(args)
+        return result
+
+    return run
 
 
 def run(args: argparse.Namespace) -> int:

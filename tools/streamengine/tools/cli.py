@@ -132,8 +132,9 @@ def _add_cert_commands(commands: Subparsers) -> None:
     from streamengine.tools import certs
 
     cert = commands.add_parser("cert", help="the cluster's CA and the certificates it signs")
-    certs.add_arguments(cert)
     cert.set_defaults(run=_lazy("streamengine.tools.certs", "run"))
+    for calling_masters in certs.add_arguments(cert):
+        _add_master_option(calling_masters)
 
 
 def _add_cluster_commands(commands: Subparsers) -> None:
