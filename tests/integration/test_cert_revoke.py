@@ -1,5 +1,6 @@
 """`cert revoke`: a revoked certificate is refused by the master at once and by a store
-within a heartbeat, UNAUTHENTICATED naming the revocation; other certificates are not.
+within a heartbeat, UNAUTHENTICATED naming the revocation, and after a restart while the
+master is away; other certificates are not.
 (The list surviving a restart or a failover: test_cert_revocations.)"""
 
 from __future__ import annotations
@@ -115,5 +116,13 @@ def test_a_revoked_certificate_is_refused_everywhere_within_a_heartbeat(
         assert revocations.cmd_list_revoked(_args(master, certs.client_dir)) == 0
         listed = capsys.readouterr().out
         assert f"serial {serial} (client ops)" in listed, listed
+
+        # A store restarted while the master is away refuses it from what it kept.
+        cluster.master.stop()
+        try:
+            cluster.stores[0].restart()
+            assert _store_call(store, ops) == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            cluster.master.cont()
     print(f"store refused the revoked certificate {took_s:.2f} s after the revocation")
 

@@ -23,6 +23,11 @@ from streamengine.protocol.cert_revocations import (
     serial_text,
 )
 from streamengine.protocol.identity import CertificateProof, ProofRefused, ServerIdentity
+from streamengine.segment_store.master_link import (
+    RevokedCertsDamaged,
+    read_revoked_certs,
+    write_revoked_certs,
+)
 from streamengine.tools import certs
 from tests.metadata_backends import MetadataPlace
 from tests.unit.test_master_state import Master
@@ -180,3 +185,17 @@ def test_revocations_survive_a_restart_and_the_active_master_refuses_them(
         assert server.revocations.refusal(0xABC) is not None
     finally:
         identity.install(None)
+
+
+def test_a_store_keeps_the_list_privately_and_refuses_to_start_on_a_damaged_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "revoked-certs.json"
+    assert read_revoked_certs(path) == CertRevocations()
+    kept = CertRevocations.of([RevokedCert(0xABC, NOW_MS + DAY_MS, "client ops", NOW_MS)])
+    write_revoked_certs(path, kept)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_revoked_certs(path) == kept
+    path.write_text('[{"serial": "not hex"}]')
+    with pytest.raises(RevokedCertsDamaged, match="remove it"):
+        read_revoked_certs(path)

@@ -14,8 +14,8 @@ change, before the next heartbeat), and the tenants' append quota. A new master 
 rebuilt from the stores) brings a new key: the store takes it as any key change. They
 carry the certificates revoked too (`protocol.cert_revocations`: the whole list with
 the registration, and with a heartbeat whose version differs from the store's), which
-the store's server identity refuses from then on; kept in memory only, as the store
-registers again at every start.
+the store's server identity refuses from then on; kept in `revoked-certs.json` of its
+data dir, so that a store restarted while the master is away still refuses them.
 
 Identity: the store registers with its incarnation and the cluster id it keeps. A
 master of another cluster refuses it: the store stops (`WrongCluster`). The first
@@ -33,6 +33,7 @@ metadata from the stores.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import shutil
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from streamengine.protocol import auth, codec, identity, transport
@@ -49,6 +51,7 @@ from streamengine.protocol.backoff import STORE_REGISTER, tenacity_wait
 from streamengine.protocol.cert_revocations import REVOKED_CERTS_MAX, CertRevocations
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
+from streamengine.protocol.private_files import write_private
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AppendQuota, Deletion, StoreAuthority
 from streamengine.segment_store.core.commands import Joined, SegmentKey
@@ -117,6 +120,7 @@ class MasterLink:
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
         # As the master last said; refused by this server's identity (`take_revocations`).
         self.cert_revocations = CertRevocations()
+        self._adopt_cert_revocations(read_revoked_certs(identity.data_dir / REVOKED_CERTS_FILE))
         self.registered = False
         # What the scrub read back goes with the heartbeats; the master asks for checks.
         self.scrubber = scrubber
@@ -341,8 +345,44 @@ class MasterLink:
         taken = CertRevocations.of(entries[:REVOKED_CERTS_MAX])
         if taken != self.cert_revocations:
             log.info("certificates revoked: %d", len(taken.revoked))
-        self.cert_revocations = taken
-        identity.take_revocations(taken)
+            write_revoked_certs(self.identity.data_dir / REVOKED_CERTS_FILE, taken)
+        self._adopt_cert_revocations(taken)
+
+    def _adopt_cert_revocations(self, revocations: CertRevocations) -> None:
+        self.cert_revocations = revocations
+        identity.take_revocations(revocations)
+
+
+REVOKED_CERTS_FILE = "revoked-certs.json"
+
+
+class RevokedCertsDamaged(Exception):
+    """The kept list of revoked certificates does not parse: the store does not start
+    (it cannot tell whom to refuse)."""
+
+
+def write_revoked_certs(path: Path, revocations: CertRevocations) -> None:
+    entries = [json_format.MessageToDict(codec.revoked_cert_to_pb(r)) for r in revocations.revoked]
+    write_private(path, json.dumps(entries).encode())
+
+
+def read_revoked_certs(path: Path) -> CertRevocations:
+    """What `write_revoked_certs` kept; none when there is no such file. A file that
+    does not parse is refused at start (the store cannot tell whom to refuse)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return CertRevocations()
+    try:
+        entries = [
+            codec.revoked_cert_from_pb(json_format.ParseDict(e, master_pb2.RevokedCertificate()))
+            for e in json.loads(raw)
+        ]
+    except (ValueError, TypeError, json_format.ParseError) as error:
+        raise RevokedCertsDamaged(
+            f"{path} is damaged ({error}): remove it, the master sends the list again"
+        ) from None
+    return CertRevocations.of(entries[:REVOKED_CERTS_MAX])
 
 
 def _refused_for_good(error: BaseException) -> bool:
