@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from streamengine.master.catalog import Batch, decode_records
 from streamengine.master.core.errors import InvalidArgument
 from streamengine.master.role import MasterRole
-from streamengine.protocol import codec, identity
+from streamengine.protocol import auth, codec, identity
 from streamengine.protocol.cert_revocations import (
     REVOKED_CERTS_MAX,
     CertRevocations,
@@ -115,6 +116,14 @@ def test_a_server_refuses_a_revoked_certificate_and_no_other(cluster: certs.Loca
     with pytest.raises(ProofRefused, match="revoked"):
         server.principal(dict(ops.metadata(audience, NOW_MS)), NOW_MS)
     assert server.principal(dict(root.metadata(audience, NOW_MS)), NOW_MS).name == "client root"
+    # HTTPS (metrics, console): the handshake's certificate, revoked, proves nobody.
+    der = x509.load_pem_x509_certificate(ops_cert.read_bytes()).public_bytes(Encoding.DER)
+    identity.install(server)
+    try:
+        assert identity.principal_of_peer_certificate(der) == auth.ANONYMOUS
+    finally:
+        identity.install(None)
+    assert identity.principal_of_peer_certificate(der).kind is auth.PrincipalKind.CLUSTER_ADMIN
 
 
 def test_the_ca_lists_what_it_issued_privately(cluster: certs.LocalCerts) -> None:

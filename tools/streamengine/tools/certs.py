@@ -90,8 +90,15 @@ def _record_issued(authority: Authority, certificate: x509.Certificate) -> None:
             "not_after_ms": _ms(certificate.not_valid_after_utc),
         }
     )
-    kept = authority.issued.read_bytes() if authority.issued.exists() else b""
-    write_private(authority.issued, kept + line.encode() + b"\n")
+    try:
+        kept = authority.issued.read_bytes() if authority.issued.exists() else b""
+        write_private(authority.issued, kept + line.encode() + b"\n")
+    except OSError as error:
+        # Before the certificate is written: one the list misses could not be revoked
+        # by serial.
+        raise CertError(
+            f"cannot list the certificate in {authority.issued}: {error.strerror or error}"
+        ) from None
 
 
 def _common_name(certificate: x509.Certificate) -> str:
