@@ -215,8 +215,10 @@ def running_ha_cluster(
     """`masters` masters on `etcd` (keys under `prefix`), the first one started becoming
     the active one, and `stores` stores given every master; kill everything on exit.
     With `certs` (those of a TLS `etcd`), every process serves TLS and the masters reach
-    etcd with their node certificates."""
+    etcd with their node certificates (their user given `prefix` too)."""
     metadata = ["--metadata", etcd.url(prefix), *(master_args or [])]
+    if etcd.tls is not None and prefix:
+        secure_etcd(parse_etcd_url(etcd.url(prefix)), etcd.tls, [MASTER_COMMON_NAME])
     processes = [make_master(root, metadata, certs, name=f"master{n}") for n in range(masters)]
     cluster = Cluster(root, processes[0], [], certs, standbys=processes[1:])
     try:

@@ -32,7 +32,7 @@ from streamengine.etcd import auth_pb2, rpc_pb2, rpc_pb2_grpc
 from streamengine.master.core.errors import MasterError
 from streamengine.master.etcd import EtcdConfig, EtcdTLS, parse_etcd_url
 from streamengine.master.metadata import prefix_end
-from streamengine.protocol.transport import TransportError
+from streamengine.protocol.transport import ETCD_ROOT_CERT, TransportError
 from streamengine.tools.certs import (
     ETCD_ROOT_USER,
     MASTER_COMMON_NAME,
@@ -58,13 +58,39 @@ def _tolerating_existing(call: grpc.UnaryUnaryMultiCallable[Any, Any], request: 
             raise
 
 
+class NoClientCertAuth(Exception):
+    """etcd does not ask its clients for a certificate: with its auth on, it would take
+    none of the masters' certificates as a user, and lock them out."""
+
+
+def _asks_for_certificates(member: str, ca_pem: bytes) -> bool:
+    """Whether `member` refuses a TLS client without a certificate (or cannot be reached:
+    the calls that follow say so)."""
+    with grpc.secure_channel(member, grpc.ssl_channel_credentials(ca_pem)) as channel:
+        try:
+            rpc_pb2_grpc.MaintenanceStub(channel).Status(
+                rpc_pb2.StatusRequest(), timeout=CALL_TIMEOUT_S
+            )
+        except grpc.RpcError as error:
+            return bool(error.code() == grpc.StatusCode.UNAVAILABLE)
+    return False
+
+
 def secure_etcd(config: EtcdConfig, root: EtcdTLS, master_users: Sequence[str]) -> None:
     """Make `config`'s etcd as the module doc says, reached as `root`. Raises
-    grpc.RpcError when etcd refuses or cannot be reached."""
+    NoClientCertAuth (before changing anything) when a member answers a client without
+    a certificate, grpc.RpcError when etcd refuses or cannot be reached."""
     assert master_users, "at least one master identity"
     no_password = auth_pb2.UserAddOptions(no_password=True)
     role = masters_role(config)
     last: grpc.RpcError | None = None
+    for member in config.endpoints:
+        if not _asks_for_certificates(member, root.ca_pem):
+            raise NoClientCertAuth(
+                f"etcd member {member} answers clients without a certificate: start it with "
+                "--client-cert-auth (ETCD_CLIENT_CERT_AUTH=true) first, or its auth would "
+                "lock the masters out"
+            )
     for member in config.endpoints:
         # etcd forwards auth changes to its raft leader: any member that answers will do.
         with grpc.secure_channel(member, root.credentials()) as channel:
@@ -120,12 +146,19 @@ def cmd_secure(args: argparse.Namespace) -> int:
     users = args.master_name or [MASTER_COMMON_NAME]
     try:
         secure_etcd(config, root, users)
+    except NoClientCertAuth as error:
+        raise InvalidArgument(str(error)) from None
     except grpc.RpcError as error:
+        hint = (
+            " (is every member up, serving TLS with a certificate of this CA?)"
+            if error.code() == grpc.StatusCode.UNAVAILABLE
+            else ""
+        )
         raise Unavailable(
-            f"etcd refused or did not answer: {error.code().name}: {error.details()}"
+            f"etcd refused or did not answer: {error.code().name}: {error.details()}{hint}"
         ) from None
     print(
-        f"etcd auth enabled: root with {args.certs_dir / 'etcd-root.crt'}; "
+        f"etcd auth enabled: root with {args.certs_dir / ETCD_ROOT_CERT}; "
         f"{', '.join(users)} read and write {config.prefix.decode()}/ only"
     )
     return 0
