@@ -5,7 +5,7 @@ electing, failing over and serving on such an etcd: test_master_failover.)"""
 
 from __future__ import annotations
 
-import subprocess
+import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from streamengine.etcd import rpc_pb2, rpc_pb2_grpc
 from streamengine.master.etcd import EtcdTLS
 from streamengine.protocol import transport
 from streamengine.testing import EtcdCluster, etcd_binary, running_etcd
+from streamengine.tools import metadata_secure
 from streamengine.tools.certs import LocalCerts, create_client, create_local_certs
 from tests.conftest import ETCD_MISSING
 from tests.integration.test_cli import run_cli
@@ -93,21 +94,21 @@ def test_only_master_certificates_reach_the_clusters_keys(secured: SecuredEtcd) 
     }
 
 
-def test_secure_again_changes_nothing_and_bad_input_is_one_line(secured: SecuredEtcd) -> None:
+def test_secure_again_changes_nothing_and_bad_input_is_one_line(
+    secured: SecuredEtcd, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Run on an etcd the helper secured already (idempotent), then with what cannot
-    work: each a one-line error, nothing changed."""
-
-    def secure(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("metadata", "secure", *args)
-
+    work: a one-line error, nothing changed."""
     url = secured.etcd.url("/streamengine")
-    again = secure("--metadata", url, "--certs-dir", str(secured.certs.client_dir))
-    assert again.returncode == 0, again.stderr
-    assert "etcd auth enabled" in again.stdout
+    again = argparse.Namespace(
+        metadata=url, certs_dir=secured.certs.client_dir, ca_key=None, master_name=None
+    )
+    assert metadata_secure.cmd_secure(again) == 0
+    assert "etcd auth enabled" in capsys.readouterr().out
     # A certs dir without the CA cannot make etcd's root certificate.
     empty = secured.certs.root / "empty"
     empty.mkdir()
-    no_ca = secure("--metadata", url, "--certs-dir", str(empty))
+    no_ca = run_cli("metadata", "secure", "--metadata", url, "--certs-dir", str(empty))
     assert no_ca.returncode == 1 and "cannot load the CA" in no_ca.stderr, no_ca.stderr
     assert "Traceback" not in no_ca.stderr
     assert not (empty / transport.ETCD_ROOT_CERT).exists()
