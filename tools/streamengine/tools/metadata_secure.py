@@ -16,7 +16,9 @@ state whatever the previous one did or did not finish:
 
 etcd takes the certificate's common name as the user and asks no password, so any other
 certificate of the CA (common names `store <id>`, `client <name>`, `etcd`) is a user
-etcd does not know and gets nothing.
+etcd does not know and gets nothing. That holds only where etcd asks every client for
+a certificate: on a member that answers without one, nothing is changed and the
+command says so (`NoClientCertAuth`), as auth there would lock the masters out.
 """
 
 from __future__ import annotations
