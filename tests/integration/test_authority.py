@@ -582,6 +582,15 @@ def every_rpc_as(
             "CreateToken", m.CreateTokenRequest(tenant="victim", role=m.TOKEN_ROLE_ADMIN)
         ),
         "Master/RevokeToken": master("RevokeToken", m.RevokeTokenRequest(token_id="0" * 16)),
+        "Master/RevokeCertificate": master(
+            "RevokeCertificate",
+            m.RevokeCertificateRequest(
+                certificate=m.RevokedCertificate(serial="abc", not_after_ms=1 << 62)
+            ),
+        ),
+        "Master/ListRevokedCertificates": master(
+            "ListRevokedCertificates", m.ListRevokedCertificatesRequest()
+        ),
         "SegmentStore/Write": lambda: store_write(own, [write], token),
         "SegmentStore/Seal": on_store(
             own,

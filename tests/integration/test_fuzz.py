@@ -189,6 +189,14 @@ class Victim:
                 m.CreateTokenRequest(tenant="victim", role=m.TOKEN_ROLE_ADMIN, ttl_ms=60_000)
             ],
             "Master/RevokeToken": [m.RevokeTokenRequest(token_id="0123456789abcdef")],
+            "Master/RevokeCertificate": [
+                m.RevokeCertificateRequest(
+                    certificate=m.RevokedCertificate(
+                        serial="abc", not_after_ms=1 << 62, common_name="client x"
+                    )
+                )
+            ],
+            "Master/ListRevokedCertificates": [m.ListRevokedCertificatesRequest()],
             "SegmentStore/Write": [
                 codec.write_request(
                     [event],

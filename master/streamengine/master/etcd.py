@@ -95,18 +95,19 @@ class EtcdTLS:
 
     @classmethod
     def from_certs_dir(cls, certs_dir: Path) -> EtcdTLS:
-        """A master's node certificate, or else a cluster admin's `client.root`
-        (`metadata backup` and `restore`). Raises TransportError when neither is there."""
+        """A master's node certificate, or else the operator's `etcd-root.crt` (`metadata
+        secure` makes it; `backup` and `restore` use it). Raises TransportError when
+        neither is there."""
         cert, key = certs_dir / transport.NODE_CERT, certs_dir / transport.NODE_KEY
         if not cert.exists():
-            cert, key = transport.client_cert_paths(certs_dir, transport.ROOT_CLIENT)
+            cert, key = certs_dir / transport.ETCD_ROOT_CERT, certs_dir / transport.ETCD_ROOT_KEY
         try:
             return cls(
                 (certs_dir / transport.CA_CERT).read_bytes(), cert.read_bytes(), key.read_bytes()
             )
         except OSError as error:
             raise transport.TransportError(
-                f"etcd over TLS needs ca.crt and node.crt/key (or client.root.crt/key) in "
+                f"etcd over TLS needs ca.crt and node.crt/key (or etcd-root.crt/key) in "
                 f"{certs_dir}: {error.strerror or error}"
             ) from None
 

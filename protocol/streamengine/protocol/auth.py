@@ -108,6 +108,8 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/RequestRoll": Need.TENANT_WRITE,
     "Master/CreateToken": Need.CLUSTER_ADMIN,
     "Master/RevokeToken": Need.CLUSTER_ADMIN,
+    "Master/RevokeCertificate": Need.CLUSTER_ADMIN,
+    "Master/ListRevokedCertificates": Need.CLUSTER_ADMIN,
     # segment store
     "SegmentStore/Write": Need.TENANT_WRITE,
     "SegmentStore/Seal": Need.TENANT_WRITE,
