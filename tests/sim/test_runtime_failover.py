@@ -1,0 +1,271 @@
+"""Three masters on the in-memory etcd (tests/sim/runtime/etcd.py), running the shipped
+election and HA (`master.election`, `master.ha`, `master.etcd_metadata`), three stores
+and the SDK's writer, on one thread in virtual time: the active master is killed or cut
+off from etcd and the stores while the writer appends; a standby takes over within the
+design's bound, the writer's every batch lands, never two masters serve at once and
+the stream's epochs only grow; a seed replays the run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamengine import StreamClient
+from streamengine.master.core.leadership import Lease
+from streamengine.master.election import ELECTION_TTL_S_DEFAULT, POLL_S
+from streamengine.protocol.clock import wall_ms
+from streamengine.testing import wait_until
+from tests.sim.network import Faults
+from tests.sim.runtime.etcd import LEASE_CHECK_MS, SimEtcd
+from tests.sim.runtime.loop import run
+from tests.sim.runtime.master import SimElectedMaster
+from tests.sim.runtime.store import SimStore
+from tests.sim.runtime.transport import SimNetwork, node_context
+
+STREAM = "t/orders"
+BATCHES = 24
+EVENTS_PER_BATCH = 4
+FAIL_AT_BATCH = 4
+BATCH_INTERVAL_S = 0.1
+# How often the checker looks at every master (virtual time: costs little).
+CHECK_INTERVAL_S = 0.005
+# The design's bound ("Masters", and `--election-ttl-s`): the dead master's last lease
+# runs out a TTL after its last keepalive, etcd's lessor notices within one check, a
+# standby within one poll; plus a few message delays for the poll and the load.
+TAKEOVER_S_MAX = ELECTION_TTL_S_DEFAULT + LEASE_CHECK_MS / 1000 + POLL_S + 0.05
+# Delays, reordering and duplicated unary calls (loss breaks streams: another test).
+FAULTS = Faults(loss=0.0, duplicate=0.02, delay_ms_max=5, slow=0.0, slow_delay_ms_max=5)
+
+
+@dataclass
+class LeaseChecker:
+    """What the masters serving say of the stream's lease, looked at every few ms:
+    never two masters serving at once, never an epoch going back, never a lease granted
+    to another writer while one of an earlier epoch still ran."""
+
+    masters: list[SimElectedMaster]
+    samples: int = 0
+    latest_epoch: int = 0
+    # The latest expiry seen of each (epoch, holder) granted.
+    leases: dict[tuple[int, str], int] = field(default_factory=dict)
+    serving: list[str] = field(default_factory=list)
+
+    def look(self) -> None:
+        now = wall_ms()
+        active = [m for m in self.masters if m.active(now)]
+        assert len(active) <= 1, f"two masters serve at {now}: {[m.name for m in active]}"
+        self.samples += 1
+        if not active:
+            return
+        master = active[0]
+        if not self.serving or self.serving[-1] != master.name:
+            self.serving.append(master.name)
+        assert master.state is not None
+        lease = master.state.leases.get(STREAM)
+        # A lease without a holder was released: nobody holds it.
+        if lease is not None and lease.epoch and lease.holder:
+            self._saw(lease, master.lease_ms)
+
+    def _saw(self, lease: Lease, lease_ms: int) -> None:
+        assert lease.epoch >= self.latest_epoch, f"epoch {lease.epoch} after {self.latest_epoch}"
+        self.latest_epoch = lease.epoch
+        key = (lease.epoch, lease.holder)
+        if key not in self.leases:
+            granted_ms = lease.expires_ms - lease_ms
+            for (epoch, holder), expires_ms in self.leases.items():
+                assert holder == lease.holder or expires_ms <= granted_ms, (
+                    f"epoch {lease.epoch} granted to {lease.holder} while epoch {epoch} of "
+                    f"{holder} ran until {expires_ms}"
+                )
+        self.leases[key] = max(self.leases.get(key, 0), lease.expires_ms)
+
+    async def run(self) -> None:
+        while True:
+            self.look()
+            await asyncio.sleep(CHECK_INTERVAL_S)
+
+
+@dataclass
+class HaCluster:
+    network: SimNetwork
+    etcd: SimEtcd
+    masters: list[SimElectedMaster]
+    stores: list[SimStore]
+    checker: LeaseChecker
+
+    @property
+    def addresses(self) -> str:
+        return ",".join(m.address for m in self.masters)
+
+    def active(self) -> SimElectedMaster | None:
+        now = wall_ms()
+        return next((m for m in self.masters if m.active(now)), None)
+
+
+Act = Callable[[HaCluster, SimElectedMaster], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What happens to the active master, and what later undoes it."""
+
+    fail: Act
+    recover: Act
+
+
+def _simulate(seed: int, data_dir: Path, failure: Failure) -> list[str]:
+    async def main() -> list[str]:
+        network = SimNetwork(asyncio.get_running_loop(), FAULTS)
+        etcd = SimEtcd(network)
+        masters = [SimElectedMaster(network, f"m{n}", etcd.url()) for n in (1, 2, 3)]
+        addresses = ",".join(m.address for m in masters)
+        stores = [
+            SimStore(network, f"store{n}", master_address=addresses, data_dir=data_dir)
+            for n in range(3)
+        ]
+        cluster = HaCluster(network, etcd, masters, stores, LeaseChecker(masters))
+        with network.installed():
+            async with asyncio.TaskGroup() as group:
+                nodes = [group.create_task(etcd.serve(), context=node_context(etcd.name))]
+                await etcd.serving.wait()
+                # The first started is the first active: its key is the oldest.
+                for master in masters:
+                    master.start(group)
+                    await wait_until(lambda: cluster.active() is not None, 10, "a master active")
+                for store in stores:
+                    nodes.append(
+                        group.create_task(store.serve(), context=node_context(store.store_id))
+                    )
+                await wait_until(lambda: _joined(cluster), 30, "the stores joined")
+                nodes.append(group.create_task(cluster.checker.run()))
+                scenario = _write_across(cluster, failure)
+                trace = await group.create_task(scenario, context=node_context("w1"))
+                for node in nodes:
+                    node.cancel()
+                for master in masters:
+                    if master.task is not None:
+                        await master.crash()
+        return trace
+
+    return run(main(), seed)
+
+
+def _joined(cluster: HaCluster) -> bool:
+    active = cluster.active()
+    if active is None or active.state is None:
+        return False
+    views = active.state.store_views(wall_ms()).values()
+    return sum(view.alive for view in views) == len(cluster.stores) and all(
+        store.core is not None and store.core.catalog.cluster_id() for store in cluster.stores
+    )
+
+
+async def _write_across(cluster: HaCluster, failure: Failure) -> list[str]:
+    """The writer appends batch after batch; before batch `FAIL_AT_BATCH` the active
+    master fails (`failure`), the time until another serves is measured, and the failed
+    one comes back as a standby."""
+    loop = asyncio.get_running_loop()
+    trace = []
+    taking_over: asyncio.Task[str] | None = None
+    async with StreamClient(cluster.addresses) as client:
+        await client.create_stream(STREAM, replicas=3, write_quorum=2)
+        async with client.writer(STREAM) as writer:
+            for batch in range(BATCHES):
+                if batch == FAIL_AT_BATCH:
+                    old = cluster.active()
+                    assert old is not None
+                    await failure.fail(cluster, old)
+                    taking_over = asyncio.create_task(_take_over(cluster, old, failure))
+                first = batch * EVENTS_PER_BATCH
+                events = [b"event %d" % n for n in range(first, first + EVENTS_PER_BATCH)]
+                sequences = await writer.append_batch(events)
+                trace.append(
+                    f"{loop.time() - 1000:.3f} appended {sequences[0]}..{sequences[-1]} "
+                    f"epoch {writer.epoch}"
+                )
+                await asyncio.sleep(BATCH_INTERVAL_S)
+    assert taking_over is not None
+    trace.append(await taking_over)
+    checker = cluster.checker
+    trace.append(f"masters serving in turn: {' '.join(checker.serving)}")
+    trace.append(f"epochs granted: {sorted(epoch for epoch, _ in checker.leases)}")
+    return trace
+
+
+async def _take_over(cluster: HaCluster, old: SimElectedMaster, failure: Failure) -> str:
+    loop = asyncio.get_running_loop()
+    failed_s = loop.time()
+
+    def new_active() -> bool:
+        active = cluster.active()
+        return active is not None and active is not old
+
+    await wait_until(new_active, 10, "a standby serving", interval_s=CHECK_INTERVAL_S)
+    took_s = loop.time() - failed_s
+    assert took_s <= TAKEOVER_S_MAX, f"took over after {took_s:.3f} s"
+    new = cluster.active()
+    assert new is not None
+    await failure.recover(cluster, old)
+    await wait_until(lambda: _stands_by_for(old, new), 10, f"{old.name} standing by")
+    return f"{new.name} took over from {old.name} after {took_s:.3f} s; {old.name} stands by"
+
+
+def _stands_by_for(master: SimElectedMaster, active: SimElectedMaster) -> bool:
+    role = master.role
+    return role is not None and role.state is None and role.active_address == active.address
+
+
+async def _crash(cluster: HaCluster, master: SimElectedMaster) -> None:
+    await master.crash()
+
+
+async def _restart(cluster: HaCluster, master: SimElectedMaster) -> None:
+    master.restart()
+
+
+async def _cut_off(cluster: HaCluster, master: SimElectedMaster) -> None:
+    """Partitioned from etcd and every store; the writer still reaches it."""
+    for node in [cluster.etcd.name, *(store.store_id for store in cluster.stores)]:
+        cluster.network.cut(master.name, node)
+
+
+async def _heal(cluster: HaCluster, master: SimElectedMaster) -> None:
+    cluster.network.heal()
+
+
+KILL = Failure(_crash, _restart)
+CUT_OFF = Failure(_cut_off, _heal)
+
+
+def _check(trace: list[str]) -> None:
+    appended = [line for line in trace if " appended " in line]
+    assert len(appended) == BATCHES, trace
+    ranges = [line.split(" appended ")[1].split(" ")[0].split("..") for line in appended]
+    sequences = [int(n) for pair in ranges for n in pair]
+    assert sequences == sorted(set(sequences)), "every batch, in order"
+    epochs = [int(line.rpartition(" epoch ")[2]) for line in appended]
+    assert epochs == sorted(epochs), "the writer's epoch never goes back"
+
+
+def test_a_killed_active_master_is_replaced_within_the_bound(tmp_path: Path) -> None:
+    trace = _simulate(1, tmp_path, KILL)
+    _check(trace)
+    assert "took over from m1" in trace[-3] and "m1 stands by" in trace[-3], trace
+    assert trace[-2].startswith("masters serving in turn: m1 m"), trace
+
+
+def test_an_active_master_cut_off_from_etcd_and_the_stores_is_replaced(
+    tmp_path: Path,
+) -> None:
+    trace = _simulate(2, tmp_path, CUT_OFF)
+    _check(trace)
+    assert "took over from m1" in trace[-3] and "m1 stands by" in trace[-3], trace
+
+
+def test_a_seed_replays_the_failover(tmp_path: Path) -> None:
+    first = _simulate(3, tmp_path, KILL)
+    assert first == _simulate(3, tmp_path, KILL)
+    assert first != _simulate(4, tmp_path, KILL)
