@@ -35,14 +35,16 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
 from streamengine.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from tests.sim.runtime.transport import SimNetwork, SimServer
+
+T = TypeVar("T")
 
 # etcd's lessor revokes expired leases this often (`lease.lessor`'s runLoop).
 LEASE_CHECK_MS = 500
@@ -461,9 +463,13 @@ class MemoryEtcd:
 # ---- the member on the network ----
 
 
-async def _refuse(context: grpc.aio.ServicerContext[Any, Any], error: EtcdError) -> NoReturn:
-    await context.abort(error.code, error.details)
-    raise AssertionError("abort raises")
+async def _answer(context: Any, answer: Callable[[], T]) -> T:
+    """`answer()`, or the status etcd refuses the request with."""
+    try:
+        return answer()
+    except EtcdError as error:
+        await context.abort(error.code, error.details)
+        raise AssertionError("abort raises") from error
 
 
 class _KVService(rpc_pb2_grpc.KVServicer):
@@ -471,35 +477,19 @@ class _KVService(rpc_pb2_grpc.KVServicer):
         self.member = member
 
     async def Range(self, request: Any, context: Any) -> rpc_pb2.RangeResponse:
-        etcd = self.member.now()
-        try:
-            return etcd.range(request)
-        except EtcdError as error:
-            await _refuse(context, error)
+        return await _answer(context, lambda: self.member.now().range(request))
 
     async def Put(self, request: Any, context: Any) -> rpc_pb2.PutResponse:
-        etcd = self.member.now()
-        try:
-            return etcd.put(request)
-        except EtcdError as error:
-            await _refuse(context, error)
+        return await _answer(context, lambda: self.member.now().put(request))
 
     async def DeleteRange(self, request: Any, context: Any) -> rpc_pb2.DeleteRangeResponse:
-        etcd = self.member.now()
-        try:
-            return etcd.delete_range(request)
-        except EtcdError as error:
-            await _refuse(context, error)
+        return await _answer(context, lambda: self.member.now().delete_range(request))
 
     async def Txn(self, request: Any, context: Any) -> rpc_pb2.TxnResponse:
-        etcd = self.member.now()
-        try:
-            return etcd.txn(request)
-        except EtcdError as error:
-            await _refuse(context, error)
+        return await _answer(context, lambda: self.member.now().txn(request))
 
     async def Compact(self, request: Any, context: Any) -> rpc_pb2.CompactionResponse:
-        await _refuse(context, _unimplemented("Compact"))
+        return await _answer(context, _refused(_unimplemented("Compact")))
 
 
 class _LeaseService(rpc_pb2_grpc.LeaseServicer):
@@ -507,18 +497,11 @@ class _LeaseService(rpc_pb2_grpc.LeaseServicer):
         self.member = member
 
     async def LeaseGrant(self, request: Any, context: Any) -> rpc_pb2.LeaseGrantResponse:
-        etcd = self.member.now()
-        try:
-            return etcd.grant(request, self.member.now_ms())
-        except EtcdError as error:
-            await _refuse(context, error)
+        member = self.member
+        return await _answer(context, lambda: member.now().grant(request, member.now_ms()))
 
     async def LeaseRevoke(self, request: Any, context: Any) -> rpc_pb2.LeaseRevokeResponse:
-        etcd = self.member.now()
-        try:
-            return etcd.revoke(request.ID)
-        except EtcdError as error:
-            await _refuse(context, error)
+        return await _answer(context, lambda: self.member.now().revoke(request.ID))
 
     async def LeaseKeepAlive(
         self, request_iterator: Any, context: Any
@@ -530,7 +513,14 @@ class _LeaseService(rpc_pb2_grpc.LeaseServicer):
         return self.member.now().time_to_live(request, self.member.now_ms())
 
     async def LeaseLeases(self, request: Any, context: Any) -> rpc_pb2.LeaseLeasesResponse:
-        await _refuse(context, _unimplemented("LeaseLeases"))
+        return await _answer(context, _refused(_unimplemented("LeaseLeases")))
+
+
+def _refused(error: EtcdError) -> Callable[[], NoReturn]:
+    def refuse() -> NoReturn:
+        raise error
+
+    return refuse
 
 
 class SimEtcd:
