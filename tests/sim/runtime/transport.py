@@ -33,13 +33,13 @@ Channels land here through the seam `streamengine.protocol.transport.aio_channel
 master's etcd client has its own seams (`streamengine.master.etcd`), set there too.
 
 Blocking calls (`SimBlockingChannel`: the master's etcd commits and reads, a
-`grpc.Channel`'s unary calls) are answered at once, in the caller's step: the server's
-handler runs to its end right there (it must answer without waiting: nothing else can
-run while the caller's thread blocks), with the same partitions, loss (of the request:
-nothing done; of the answer: done, the caller told UNAVAILABLE) and duplication. No
-virtual time passes meanwhile: a real blocking call stalls its caller's loop for the
-round trip, or until its deadline when the server is cut off, and that stall is not
-simulated (README.md).
+`grpc.Channel`'s unary calls) are handled at once, in the caller's step: the server's
+handler runs to its end right there (it must answer without waiting), with the same
+partitions, loss (of the request: nothing done; of the answer: done, the caller told
+UNAVAILABLE), duplication and deadlines. The caller's thread then blocks for as long as
+the call took, the message delays or the deadline (`SimLoop.block`): a node's event
+loop runs nothing else meanwhile, as the real one does while it waits on a blocking
+call, and everyone else runs on.
 """
 
 from __future__ import annotations
@@ -159,6 +159,8 @@ class SimNetwork:
         self._exchanges: dict[int, _Exchange] = {}
         self._next_exchange = 0
         self.stats: dict[str, int] = {"calls": 0, "lost": 0, "duplicated": 0, "resets": 0}
+        # A blocking call blocks the caller's node: the loop tells nodes apart by this.
+        loop.node_var = CURRENT_NODE
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[SimNetwork]:
@@ -240,25 +242,57 @@ class SimNetwork:
         exchange.to_server.send(start)
 
     def blocking_call(self, client_node: str, address: str, start: _Start) -> bytes:
-        """One blocking unary call, answered at once (see the module doc): the answer's
-        bytes, or the status raised as `grpc.aio.AioRpcError` (a `grpc.RpcError`)."""
+        """One blocking unary call (see the module doc): the server handles it now, and
+        the caller's thread blocks for as long as the call takes (`SimLoop.block`). The
+        answer's bytes, or the status raised as `grpc.aio.AioRpcError` (a
+        `grpc.RpcError`)."""
         self.stats["calls"] += 1
+        loop = self.loop
+        timeout_s = None if start.deadline_s is None else start.deadline_s - loop.time()
+
+        def failed(code: grpc.StatusCode, details: str, after_s: float) -> grpc.aio.AioRpcError:
+            if timeout_s is not None and after_s >= timeout_s:
+                code, details, after_s = (
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "Deadline Exceeded",
+                    timeout_s,
+                )
+            loop.block(after_s)
+            return _status_error(code, details)
+
         server = self.servers.get(address)
         if server is None or not server.serving or self.partitioned(client_node, server.node):
             why = "connection refused" if server is None else "no route to host"
-            raise _status_error(
-                grpc.StatusCode.UNAVAILABLE, f"failed to connect to {address}: {why}"
+            raise failed(
+                grpc.StatusCode.UNAVAILABLE,
+                f"failed to connect to {address}: {why}",
+                self.delay_s(),
             )
+        request_s = self.delay_s()
         if self._lost():
-            raise _status_error(grpc.StatusCode.UNAVAILABLE, "Connection reset: request lost")
+            raise failed(
+                grpc.StatusCode.UNAVAILABLE,
+                "Connection reset: request lost",
+                request_s + self.detection_s(),
+            )
+        if timeout_s is not None and request_s >= timeout_s:
+            raise failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", timeout_s)
         status, raw = server.answer_at_once(client_node, start)
         if self.rng.random() < self.faults.duplicate:
             self.stats["duplicated"] += 1
             server.answer_at_once(client_node, start)
+        answer_s = self.delay_s()
         if self._lost():
-            raise _status_error(grpc.StatusCode.UNAVAILABLE, "Connection reset: answer lost")
+            raise failed(
+                grpc.StatusCode.UNAVAILABLE,
+                "Connection reset: answer lost",
+                request_s + self.detection_s(),
+            )
         if status.code != grpc.StatusCode.OK:
-            raise _status_error(status.code, status.details, status.trailing)
+            raise failed(status.code, status.details, request_s + answer_s)
+        if timeout_s is not None and request_s + answer_s >= timeout_s:
+            raise failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", timeout_s)
+        loop.block(request_s + answer_s)
         assert raw is not None
         return raw
 
