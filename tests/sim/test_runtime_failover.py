@@ -15,7 +15,7 @@ from typing import Any
 
 from streamengine import StreamClient
 from streamengine.master.core.leadership import Lease
-from streamengine.master.election import ELECTION_TTL_S_DEFAULT, POLL_S
+from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, POLL_S
 from streamengine.protocol.clock import wall_ms
 from streamengine.testing import wait_until
 from tests.sim.network import Faults
@@ -36,6 +36,7 @@ CHECK_INTERVAL_S = 0.005
 # runs out a TTL after its last keepalive, etcd's lessor notices within one check, a
 # standby within one poll; plus a few message delays for the poll and the load.
 TAKEOVER_S_MAX = ELECTION_TTL_S_DEFAULT + LEASE_CHECK_MS / 1000 + POLL_S + 0.05
+ETCD_DOWN_S = 2.0
 # Delays, reordering and duplicated unary calls (loss breaks streams: another test).
 FAULTS = Faults(loss=0.0, duplicate=0.02, delay_ms_max=5, slow=0.0, slow_delay_ms_max=5)
 
@@ -115,6 +116,8 @@ class Failure:
     fail: Act
     recover: Act
     takeover_s_max: float = TAKEOVER_S_MAX
+    # Whether a standby takes over (else the cluster serves again once recovered).
+    handed_over: bool = True
 
 
 def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -> list[str]:
@@ -130,25 +133,25 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
         cluster = HaCluster(network, etcd, masters, stores, LeaseChecker(masters))
         with network.installed():
             async with asyncio.TaskGroup() as group:
-                nodes = [group.create_task(etcd.serve(), context=node_context(etcd.name))]
+                etcd.start(group)
                 await etcd.serving.wait()
                 # The first started is the first active: its key is the oldest.
                 for master in masters:
                     master.start(group)
                     await wait_until(lambda: cluster.active() is not None, 10, "a master active")
-                for store in stores:
-                    nodes.append(
-                        group.create_task(store.serve(), context=node_context(store.store_id))
-                    )
+                nodes = [
+                    group.create_task(store.serve(), context=node_context(store.store_id))
+                    for store in stores
+                ]
                 await wait_until(lambda: _joined(cluster), 30, "the stores joined")
                 nodes.append(group.create_task(cluster.checker.run()))
                 scenario = _write_across(cluster, failure)
                 trace = await group.create_task(scenario, context=node_context("w1"))
                 for node in nodes:
                     node.cancel()
-                for master in masters:
-                    if master.task is not None:
-                        await master.crash()
+                for process in [*masters, etcd]:
+                    if process.running:
+                        await process.crash()
         return trace
 
     return run(main(), seed)
@@ -199,14 +202,15 @@ async def _write_across(cluster: HaCluster, failure: Failure) -> list[str]:
 async def _take_over(cluster: HaCluster, old: SimElectedMaster, failure: Failure) -> str:
     loop = asyncio.get_running_loop()
     failed_s = loop.time()
-    alone = len(cluster.masters) == 1
-    if alone:
-        # Nobody else can serve: it comes back at once, and waits for its old key to go.
+    # Alone, nobody else can serve: it comes back at once, and waits for its old key
+    # to go.
+    comes_back = len(cluster.masters) == 1 or not failure.handed_over
+    if comes_back:
         await failure.recover(cluster, old)
 
     def new_active() -> bool:
         active = cluster.active()
-        return active is not None and (alone or active is not old)
+        return active is not None and (comes_back or active is not old)
 
     await wait_until(new_active, 10, "a standby serving", interval_s=CHECK_INTERVAL_S)
     took_s = loop.time() - failed_s
@@ -214,7 +218,7 @@ async def _take_over(cluster: HaCluster, old: SimElectedMaster, failure: Failure
     new = cluster.active()
     assert new is not None
     taken = f"{new.name} took over from {old.name} after {took_s:.3f} s"
-    if alone:
+    if comes_back:
         return taken
     await failure.recover(cluster, old)
     await wait_until(lambda: _stands_by_for(old, new), 10, f"{old.name} standing by")
@@ -248,10 +252,27 @@ async def _heal(cluster: HaCluster, master: SimElectedMaster) -> None:
     cluster.network.heal()
 
 
+async def _crash_etcd(cluster: HaCluster, master: SimElectedMaster) -> None:
+    await cluster.etcd.crash()
+
+
+async def _restart_etcd_later(cluster: HaCluster, master: SimElectedMaster) -> None:
+    await asyncio.sleep(ETCD_DOWN_S)
+    cluster.etcd.restart()
+
+
 KILL = Failure(_crash, _restart)
 CUT_OFF = Failure(_cut_off, _heal)
 # A clean stop gives the lease back: the next standby wins at its next poll.
 STOP = Failure(_stop, _restart, takeover_s_max=POLL_S + 0.05)
+# etcd down and back with its data: its leases refreshed, the active master's next
+# keepalive (within a third of a TTL) confirms it again.
+ETCD_RESTART = Failure(
+    _crash_etcd,
+    _restart_etcd_later,
+    takeover_s_max=ETCD_DOWN_S + ELECTION_TTL_S_DEFAULT / KEEPALIVES_PER_TTL + 0.05,
+    handed_over=False,
+)
 
 
 def _check(trace: list[str]) -> None:
@@ -283,6 +304,13 @@ def test_a_stopped_active_master_hands_over_at_the_next_poll(tmp_path: Path) -> 
     trace = _simulate(6, tmp_path, STOP)
     _check(trace)
     assert "took over from m1" in trace[-3] and "m1 stands by" in trace[-3], trace
+
+
+def test_etcd_restarted_under_the_writer_leaves_the_same_master_serving(tmp_path: Path) -> None:
+    trace = _simulate(7, tmp_path, ETCD_RESTART)
+    _check(trace)
+    assert trace[-3].startswith("m1 took over from m1 after"), trace
+    assert trace[-2] == "masters serving in turn: m1", trace
 
 
 def test_a_lone_master_killed_and_restarted_serves_again_within_the_bound(

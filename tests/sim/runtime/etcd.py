@@ -42,6 +42,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from streamengine.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from tests.sim.runtime.process import SimProcess
 from tests.sim.runtime.transport import SimNetwork, SimServer
 
 T = TypeVar("T")
@@ -523,9 +524,10 @@ def _refused(error: EtcdError) -> Callable[[], NoReturn]:
     return refuse
 
 
-class SimEtcd:
+class SimEtcd(SimProcess):
     """One etcd member as a node of the network: `serve()` runs it (in a task of its
-    node's context) until cancelled; its data outlives it."""
+    node's context, or `start(group)`) until cancelled (`crash()`); its data outlives
+    it, and a `restart()` serves it again."""
 
     def __init__(
         self,
@@ -533,6 +535,7 @@ class SimEtcd:
         name: str = "etcd",
         lease_ttl_s_min: int = LEASE_TTL_S_MIN_DEFAULT,
     ) -> None:
+        super().__init__()
         self.network = network
         self.name = name
         self.address = f"{name}:{PORT}"

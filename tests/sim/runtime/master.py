@@ -36,7 +36,8 @@ from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
 from tests.sim.master_node import sim_signing_key
-from tests.sim.runtime.transport import SimNetwork, SimServer, node_context
+from tests.sim.runtime.process import SimProcess
+from tests.sim.runtime.transport import SimNetwork, SimServer
 
 
 class SimMaster:
@@ -97,7 +98,7 @@ def _served(network: SimNetwork, name: str, address: str, role: MasterRole) -> S
     return server
 
 
-class SimElectedMaster:
+class SimElectedMaster(SimProcess):
     """One master of several on an etcd (see the module doc)."""
 
     def __init__(
@@ -109,6 +110,7 @@ class SimElectedMaster:
         store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
         election_ttl_s: int = ELECTION_TTL_S_DEFAULT,
     ) -> None:
+        super().__init__()
         self.network = network
         self.name = name
         self.address = f"{name}:1"
@@ -118,8 +120,6 @@ class SimElectedMaster:
         self.election_ttl_s = election_ttl_s
         # The running process's role (None before the first start).
         self.role: MasterRole | None = None
-        self.task: asyncio.Task[None] | None = None
-        self._group: asyncio.TaskGroup | None = None
         self._clean_stop = False
 
     @property
@@ -129,7 +129,7 @@ class SimElectedMaster:
 
     def active(self, now_ms: int) -> bool:
         """Whether it would answer a request now as the active master."""
-        if self.role is None or self.task is None:
+        if self.role is None or not self.running:
             return False
         try:
             self.role.serving(now_ms)
@@ -179,27 +179,11 @@ class SimElectedMaster:
             await server.stop(None)
 
     def start(self, group: asyncio.TaskGroup) -> None:
-        """Run `serve()` as this master's node, in `group`."""
-        assert self.task is None or self.task.done(), f"{self.name} runs already"
-        self._group, self._clean_stop = group, False
-        self.task = group.create_task(self.serve(), context=node_context(self.name))
-
-    async def crash(self) -> None:
-        """The process dies: its election lease is left to expire."""
-        await self._end()
+        self._clean_stop = False
+        super().start(group)
 
     async def stop(self) -> None:
-        """A clean stop: the election lease given back, so a standby wins at once."""
+        """A clean stop: the election lease given back, so a standby wins at once (a
+        `crash()` leaves it to expire)."""
         self._clean_stop = True
-        await self._end()
-
-    def restart(self) -> None:
-        assert self._group is not None, "start it first"
-        self.start(self._group)
-
-    async def _end(self) -> None:
-        task = self.task
-        assert task is not None, f"{self.name} was never started"
-        task.cancel()
-        await asyncio.wait([task])
-        self.task = None
+        await self.crash()

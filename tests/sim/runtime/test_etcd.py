@@ -38,12 +38,12 @@ def _on_sim_etcd(
         etcd = SimEtcd(network)
         with network.installed():
             async with asyncio.TaskGroup() as group:
-                member = group.create_task(etcd.serve(), context=node_context(etcd.name))
+                etcd.start(group)
                 await etcd.serving.wait()
                 try:
                     return await group.create_task(body(network, etcd), context=node_context("m1"))
                 finally:
-                    member.cancel()
+                    await etcd.crash()
 
     return run(main(), seed)
 
