@@ -66,13 +66,18 @@ class LeaseChecker:
             self.serving.append(master.name)
         assert master.state is not None
         lease = master.state.leases.get(STREAM)
-        # A lease without a holder was released: nobody holds it.
-        if lease is not None and lease.epoch and lease.holder:
+        if lease is not None and lease.epoch:
             self._saw(lease, master.lease_ms)
 
     def _saw(self, lease: Lease, lease_ms: int) -> None:
         assert lease.epoch >= self.latest_epoch, f"epoch {lease.epoch} after {self.latest_epoch}"
         self.latest_epoch = lease.epoch
+        if not lease.holder:
+            # Released: the holder of that epoch holds it no longer.
+            for epoch, holder in self.leases:
+                if epoch == lease.epoch:
+                    self.leases[epoch, holder] = min(self.leases[epoch, holder], lease.expires_ms)
+            return
         key = (lease.epoch, lease.holder)
         if key not in self.leases:
             granted_ms = lease.expires_ms - lease_ms
@@ -81,6 +86,7 @@ class LeaseChecker:
                     f"epoch {lease.epoch} granted to {lease.holder} while epoch {epoch} of "
                     f"{holder} ran until {expires_ms}"
                 )
+        # The longest any master let it run: a master taking over must honour it.
         self.leases[key] = max(self.leases.get(key, 0), lease.expires_ms)
 
     async def run(self) -> None:
@@ -170,13 +176,17 @@ def _joined(cluster: HaCluster) -> bool:
 async def _write_across(cluster: HaCluster, failure: Failure) -> list[str]:
     """The writer appends batch after batch; before batch `FAIL_AT_BATCH` the active
     master fails (`failure`), the time until another serves is measured, and the failed
-    one comes back as a standby."""
+    one comes back as a standby. A second writer (node `w2`) asks for the lease all along
+    and leads once the first left."""
     loop = asyncio.get_running_loop()
     trace = []
     taking_over: asyncio.Task[str] | None = None
     async with StreamClient(cluster.addresses) as client:
         await client.create_stream(STREAM, replicas=3, write_quorum=2)
         async with client.writer(STREAM) as writer:
+            contending = asyncio.create_task(
+                _contend(cluster.addresses), context=node_context("w2")
+            )
             for batch in range(BATCHES):
                 if batch == FAIL_AT_BATCH:
                     old = cluster.active()
@@ -191,12 +201,19 @@ async def _write_across(cluster: HaCluster, failure: Failure) -> list[str]:
                     f"epoch {writer.epoch}"
                 )
                 await asyncio.sleep(BATCH_INTERVAL_S)
+        trace.append(await contending)
     assert taking_over is not None
     trace.append(await taking_over)
     checker = cluster.checker
     trace.append(f"masters serving in turn: {' '.join(checker.serving)}")
     trace.append(f"epochs granted: {sorted(epoch for epoch, _ in checker.leases)}")
     return trace
+
+
+async def _contend(addresses: str) -> str:
+    async with StreamClient(addresses) as client, client.writer(STREAM) as writer:
+        sequence = (await writer.append_batch([b"second writer"]))[0]
+        return f"w2 leads epoch {writer.epoch} once w1 left: wrote {sequence}"
 
 
 async def _take_over(cluster: HaCluster, old: SimElectedMaster, failure: Failure) -> str:
@@ -283,6 +300,8 @@ def _check(trace: list[str]) -> None:
     assert sequences == sorted(set(sequences)), "every batch, in order"
     epochs = [int(line.rpartition(" epoch ")[2]) for line in appended]
     assert epochs == sorted(epochs), "the writer's epoch never goes back"
+    second = next(line for line in trace if line.startswith("w2 leads epoch "))
+    assert int(second.split()[3]) > epochs[-1], "the second writer leads a later epoch"
 
 
 def test_a_killed_active_master_is_replaced_within_the_bound(tmp_path: Path) -> None:
