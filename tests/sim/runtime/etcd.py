@@ -140,14 +140,17 @@ _COMPARE_FIELDS = {
     rpc_pb2.Compare.LEASE: ("lease", lambda e: e.lease),
 }
 
-_ABSENT = _Entry(0, 0, 0, b"", 0)
-
 
 class MemoryEtcd:
     """One etcd member's keys and leases (see the module doc); `now_ms` is the caller's
     virtual clock, `started_ms` when the member's lessor started counting."""
 
-    def __init__(self, started_ms: int, lease_ids: Iterable[int], lease_ttl_s_min: int = 1) -> None:
+    def __init__(
+        self,
+        started_ms: int,
+        lease_ids: Iterable[int],
+        lease_ttl_s_min: int = LEASE_TTL_S_MIN_DEFAULT,
+    ) -> None:
         self.revision = 1
         self.lease_ttl_s_min = lease_ttl_s_min
         self._started_ms = started_ms
@@ -186,8 +189,11 @@ class MemoryEtcd:
     def _at(self, key: bytes, revision: int) -> _Entry | None:
         """`key` as of `revision`, None when absent then."""
         changes = self._history.get(key, [])
-        index = bisect.bisect_right([e.mod_revision for e in changes], revision)
-        entry = changes[index - 1] if index else None
+        if changes and changes[-1].mod_revision <= revision:
+            entry: _Entry | None = changes[-1]  # the usual read: the latest
+        else:
+            index = bisect.bisect_right([e.mod_revision for e in changes], revision)
+            entry = changes[index - 1] if index else None
         return None if entry is None or entry.deleted else entry
 
     def _current(self, key: bytes) -> _Entry | None:
