@@ -757,8 +757,8 @@ class _BlockingCallable:
 
 
 class SimBlockingChannel(grpc.Channel):
-    """A blocking channel from one node to one address: unary calls (see the module
-    doc), answered at once."""
+    """A blocking channel from one node to one address: unary calls, handled at once,
+    the caller's thread blocked for as long as they take (see the module doc)."""
 
     def __init__(self, network: SimNetwork, client_node: str, address: str) -> None:
         self.network = network
