@@ -73,9 +73,7 @@ class SimMaster:
         )
         self.state = state
         role = MasterRole(self.address)
-        server = _served(self.network, self.name, self.address, role)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        server, health_servicer = _served(self.network, self.name, self.address, role)
         await server.start()
         repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
         role.activate(state, repairer, until_ms=FOREVER_MS)
@@ -90,12 +88,16 @@ class SimMaster:
             await server.stop(None)
 
 
-def _served(network: SimNetwork, name: str, address: str, role: MasterRole) -> SimServer:
-    """The master's server as `server._serve` builds it, its health service beside."""
+def _served(
+    network: SimNetwork, name: str, address: str, role: MasterRole
+) -> tuple[SimServer, health.aio.HealthServicer]:
+    """The master's server as `server._serve` builds it, and its health service."""
     server = SimServer(network, name, [RequestParsing()])
     MasterService(role, wall_ms, Metrics.create()).add_to_server(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(address)
-    return server
+    return server, health_servicer
 
 
 class SimElectedMaster(SimProcess):
@@ -152,9 +154,7 @@ class SimElectedMaster(SimProcess):
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_etcd_master`."""
         self.role = role = MasterRole(self.address)
-        server = _served(self.network, self.name, self.address, role)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        server, health_servicer = _served(self.network, self.name, self.address, role)
         client = EtcdClient(parse_etcd_url(self.etcd_url))
         election = Election(client, role.address, self.election_ttl_s, wall_ms)
         metadata = EtcdMetadata(client, commit_timeout_s=self.election_ttl_s * COMMIT_SHARE_OF_TTL)
