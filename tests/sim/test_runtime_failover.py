@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from streamengine import StreamClient
+from streamengine.etcd import rpc_pb2
 from streamengine.master.core.leadership import Lease
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, POLL_S
+from streamengine.master.etcd import EtcdConfig, parse_etcd_url
+from streamengine.master.etcd_metadata import WRITER_KEY
+from streamengine.master.metadata import prefix_end
 from streamengine.protocol.clock import wall_ms
 from streamengine.testing import wait_until
 from tests.sim.network import Faults
-from tests.sim.runtime.etcd import LEASE_CHECK_MS, SimEtcd
+from tests.sim.runtime.etcd import LEASE_CHECK_MS, MemoryEtcd, SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster
 from tests.sim.runtime.store import SimStore
@@ -97,6 +101,38 @@ class LeaseChecker:
 
 
 @dataclass
+class CommitChecker:
+    """Every commit etcd applies comes from the active master: the writer key it puts
+    (`etcd_metadata`: the committer's election key) names the oldest election key."""
+
+    config: EtcdConfig
+    commits: int = 0
+
+    def __call__(
+        self, data: MemoryEtcd, request: rpc_pb2.TxnRequest, reply: rpc_pb2.TxnResponse
+    ) -> None:
+        puts = [op.request_put for op in request.success if op.HasField("request_put")]
+        writer_key = self.config.prefix + WRITER_KEY
+        committer = [put.value for put in puts if put.key == writer_key]
+        if not reply.succeeded or not committer:
+            return
+        election = self.config.election_name + b"/"
+        oldest = data.range(
+            rpc_pb2.RangeRequest(
+                key=election,
+                range_end=prefix_end(election),
+                sort_target=rpc_pb2.RangeRequest.CREATE,
+                limit=1,
+            )
+        ).kvs
+        assert oldest and committer[0] == oldest[0].key, (
+            f"a commit of {committer[0]!r} landed while "
+            f"{oldest[0].key if oldest else 'no key'!r} was the oldest"
+        )
+        self.commits += 1
+
+
+@dataclass
 class HaCluster:
     network: SimNetwork
     etcd: SimEtcd
@@ -138,6 +174,8 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
             for n in range(3)
         ]
         cluster = HaCluster(network, etcd, masters, stores, LeaseChecker(masters))
+        commits = CommitChecker(parse_etcd_url(etcd.url()))
+        etcd.txn_observers.append(commits)
         with network.installed():
             async with asyncio.TaskGroup() as group:
                 etcd.start(group)
@@ -159,6 +197,7 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
                 for process in [*masters, etcd]:
                     if process.running:
                         await process.crash()
+        assert commits.commits > 0, "the checker saw commits"
         return trace
 
     return run(main(), seed)

@@ -493,7 +493,10 @@ class _KVService(rpc_pb2_grpc.KVServicer):
         return await _answer(context, lambda: self.member.now().delete_range(request))
 
     async def Txn(self, request: Any, context: Any) -> rpc_pb2.TxnResponse:
-        return await _answer(context, lambda: self.member.now().txn(request))
+        reply = await _answer(context, lambda: self.member.now().txn(request))
+        for observe in self.member.txn_observers:
+            observe(self.member.data, request, reply)
+        return reply
 
     async def Compact(self, request: Any, context: Any) -> rpc_pb2.CompactionResponse:
         return await _answer(context, _refused(_unimplemented("Compact")))
@@ -530,6 +533,9 @@ def _refused(error: EtcdError) -> Callable[[], NoReturn]:
     return refuse
 
 
+TxnObserver = Callable[[MemoryEtcd, rpc_pb2.TxnRequest, rpc_pb2.TxnResponse], None]
+
+
 class SimEtcd(SimProcess):
     """One etcd member as a node of the network: `serve()` runs it (in a task of its
     node's context, or `start(group)`) until cancelled (`crash()`); its data outlives
@@ -551,6 +557,8 @@ class SimEtcd(SimProcess):
         self.data = MemoryEtcd(self.now_ms(), lease_ids, lease_ttl_s_min)
         self.serving = asyncio.Event()
         self._served = False
+        # Told of every transaction applied, with the data just after it (checkers).
+        self.txn_observers: list[TxnObserver] = []
 
     def url(self, prefix: str = "") -> str:
         """A master's `--metadata` for this member, keys under `prefix`."""
