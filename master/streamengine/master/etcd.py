@@ -43,6 +43,12 @@ ELECTION_DIR = b"/master"
 # raft leader (etcd answers those with UNAVAILABLE too).
 _NEXT_MEMBER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
+# Where `EtcdClient` gets its channels to a member when set: the deterministic simulator
+# (tests/sim/runtime) serves an in-memory etcd on its network there. None, as shipped:
+# grpc's own, with the client's TLS.
+channel_factory: Callable[[str], grpc.Channel] | None = None
+aio_channel_factory: Callable[[str], grpc.aio.Channel] | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class EtcdConfig:
@@ -140,7 +146,9 @@ class EtcdClient:
     def _sync_channel(self, member: str) -> grpc.Channel:
         channel = self._sync.get(member)
         if channel is None:
-            if self._tls is None:
+            if channel_factory is not None:
+                channel = channel_factory(member)
+            elif self._tls is None:
                 channel = grpc.insecure_channel(member, options=CLIENT_OPTIONS)
             else:
                 channel = grpc.secure_channel(member, self._tls.credentials(), CLIENT_OPTIONS)
@@ -150,7 +158,9 @@ class EtcdClient:
     def aio_channel(self, member: str) -> grpc.aio.Channel:
         channel = self._aio.get(member)
         if channel is None:
-            if self._tls is None:
+            if aio_channel_factory is not None:
+                channel = aio_channel_factory(member)
+            elif self._tls is None:
                 channel = grpc.aio.insecure_channel(member, options=CLIENT_OPTIONS)
             else:
                 channel = grpc.aio.secure_channel(member, self._tls.credentials(), CLIENT_OPTIONS)
