@@ -88,8 +88,9 @@ class SegmentView:
     certificate: Certificate | None = None
     # Replicas the master knows to differ from the certificate.
     bad: tuple[str, ...] = ()
-    # Sealed accepting loss: from this index through the bridge, acked events may be
-    # lost (0: none). Nothing of that range is handed out; a reader reaching it gets
+    # Sealed accepting loss: from this index to the segment's end, acked events may be
+    # lost (0: none); past the bridge too, since the lost replicas may have held acked
+    # events there. Nothing of that range is handed out; a reader reaching it gets
     # `DataLoss(accepted=True)`.
     lost_from_index: int = 0
     # The largest acked index the master knows for the segment: its leader's latest
@@ -148,12 +149,20 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class DataLoss:
     """No replica can serve `first_index..last_index` of segment `epoch`; `accepted`:
-    an operator sealed the segment accepting that loss (`SegmentView.lost_from_index`)."""
+    an operator sealed the segment accepting that loss (`SegmentView.lost_from_index`),
+    and the loss runs from `first_index` to the segment's end, past its bridge
+    (`last_index`) too: what the lost replicas held there is gone as well."""
 
     epoch: int
     first_index: int
     last_index: int
     accepted: bool = False
+
+    def covers(self, epoch: int, index: int) -> bool:
+        """Whether an event at `index` of segment `epoch` falls in the lost range."""
+        if epoch != self.epoch or index < self.first_index:
+            return False
+        return self.accepted or index <= self.last_index
 
 
 @dataclass(frozen=True, slots=True)
