@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import grpc
 
-from streamengine.protocol.sequence import pack_sequence
+from streamengine.client.core.subscription import resume_past_loss
 from streamengine.protocol.status import (
     DELETED_UNTIL_METADATA_KEY,
     FENCE_METADATA_KEY,
@@ -102,8 +102,8 @@ class DataLossError(StreamEngineError):
         self.first_index = first_index
         self.last_index = last_index
         self.accepted = accepted
-        # Past the range: the position after the segment's last index.
-        self.resume_sequence = pack_sequence(segment_epoch, last_index + 1)
+        # Past the range: the position after it, or after the whole segment.
+        self.resume_sequence = resume_past_loss(segment_epoch, last_index, accepted)
         if accepted:
             # The lost replicas may have held acked events past the bridge too.
             what = (

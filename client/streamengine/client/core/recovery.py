@@ -65,9 +65,14 @@ the recovery is the ordinary one. Decided from fewer than R, three rules hold
   have held acked events above it, which no reader can be served either;
 - the master records the loss (`SealAtMaster`) before any store's acked index is
   raised: a raised acked index is what a later recovery and every reader take as
-  "nothing lost up to here", so an interruption between the two would hide the loss.
-  The raise follows the master's confirmation; `Done` then, as ever, once the master
-  holds the segment sealed. Readers of the lost range get `DataLossError`.
+  "nothing lost up to here", so an interruption between the two would hide the loss;
+- no acked index ever rises into the loss: the holders are raised to `a` only
+  (`raised_to`), never to the bridge. A reader tailing the segment from a survivor
+  before it learns of the seal would otherwise be handed the lost range, hop the
+  bridge and pass what the lost replicas held past it, told nothing. No replica ever
+  serves the bridge, so repair has nothing to copy and no certificate is sent.
+The raise follows the master's confirmation; `Done` then, as ever, once the master
+holds the segment sealed. Readers reaching the lost range get `DataLossError`.
 
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
 carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
@@ -464,7 +469,7 @@ class SegmentRecovery:
                 w for w in list(b.batches.values())[: b.sent] if w.entries[0].index not in b.held
             ]
             if b.acked_sent and not b.acked_confirmed:
-                out.append(SendAcked(store, self.final_index))
+                out.append(SendAcked(store, self.raised_to()))
         if self._seal_request is not None and not self._done:
             out.append(self._seal_request)  # as first sent: its declared loss included
         return out
@@ -617,9 +622,11 @@ class SegmentRecovery:
             complete = [s for s, b in self._bridging.items() if b.complete]
             assert request.store in complete, request
             assert len(complete) >= self._holders_needed(), request
-            assert request.acked_index == self.final_index, request
-            # A declared loss is recorded at the master before any acked index rises.
-            assert self._done or not self.declares_loss(), request
+            assert request.acked_index == self.raised_to(), request
+            # A declared loss is recorded at the master before any acked index rises,
+            # and no acked index ever rises into it.
+            lost_from = self.lost_from_index()
+            assert not lost_from or (self._done and request.acked_index < lost_from), request
         elif isinstance(request, SealAtMaster):
             self._check_seal(request)
 
@@ -818,14 +825,14 @@ class SegmentRecovery:
             b = self._bridging[s]
             if not b.acked_sent and not b.acked_confirmed:
                 b.acked_sent = True
-                out.append(SendAcked(s, self.final_index))
+                out.append(SendAcked(s, self.raised_to()))
         return out + self._maybe_seal_at_master()
 
     def _acked_answered(self, b: _Bridging, e: WriteAnswered) -> list[Action]:
         if not b.acked_sent or b.acked_confirmed:
             return []
-        if e.acked_index < self.final_index:
-            return [SendAcked(e.store, self.final_index)]
+        if e.acked_index < self.raised_to():
+            return [SendAcked(e.store, self.raised_to())]
         b.acked_confirmed = True
         return self._maybe_seal_at_master()
 
@@ -843,6 +850,15 @@ class SegmentRecovery:
             self.final_index, self._sealed_with, self.lost_from_index()
         )
         return [self._seal_request]
+
+    def raised_to(self) -> int:
+        """The acked index the holders are raised to: the bridge, or, declaring a loss,
+        the acked index the plan knew (`lost_from_index` - 1). A store serves what its
+        acked index covers, and a reader tailing the segment before it learns of the
+        seal would be handed the lost range, then hop its bridge and pass the acked
+        events the lost replicas held past it, told nothing."""
+        lost_from = self.lost_from_index()
+        return lost_from - 1 if lost_from else self.final_index
 
     def _decided_from_fewer_than_r(self) -> bool:
         return self._plan is not None and len(self._deciders) < self.policy.read_quorum
@@ -868,9 +884,11 @@ class SegmentRecovery:
     def certificate(self) -> Certificate | None:
         """The certificate of the decided content, when this leader knows all of it:
         what it appended itself (`known`) then the plan's bridge right after, or a plan
-        holding every index from 1 (no store had acked anything)."""
+        holding every index from 1 (no store had acked anything). None declaring a loss:
+        no replica's acked index reaches the bridge, so no chunk past the acked index
+        could ever be read whole and checked."""
         plan = self._plan
-        if plan is None:
+        if plan is None or self.declares_loss():
             return None
         if self.known is not None:
             through = self.known.through_index
