@@ -149,7 +149,7 @@ class FollowerNode(Node):
             # Every store syncs every write it answers and keeps at least one replica of
             # every sealed segment: a reader that gives up on a range that no operator
             # declared lost gave up on readable data.
-            raise Violation(1, f"{self.name}: spurious data loss {loss}")
+            raise Violation(1, f"{self.name}: told a loss no operator declared: {loss}")
         through_end = "loss_ends_at_final" not in self.world.config.flaws
         self.world.checker.loss_told(
             self.name, SegmentKey(self.world.checker.stream_id, loss.epoch), loss, through_end
