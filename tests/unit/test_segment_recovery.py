@@ -544,6 +544,23 @@ def test_accepting_loss_records_the_loss_at_the_master_before_any_acked_index_ri
     assert op.outstanding() == [SendSeal("B", 3), SendSeal("C", 3)]  # the lost, probed
 
 
+def test_a_store_answering_after_the_lossy_decision_is_bridged_and_raised_below_the_loss() -> None:
+    """B, counted lost, answers once the seal declaring the loss went out: the seal goes
+    on unchanged (no second decision), and B is bridged; with two answering, the raise
+    (below the loss) waits for both to hold, as W = 2 asks."""
+    op, out = _lone_survivor(accept_loss=True)
+    [rewrite] = set(writes(out))
+    now = 3 * LOST
+    [seal] = [a for a in op.step(now, held(rewrite)) if isinstance(a, SealAtMaster)]
+    late = op.step(now + 1, sealed("B", 1, 3, 3, fence=3))
+    [late_rewrite] = writes(late)
+    assert late_rewrite.store == "B" and [e.index for e in late_rewrite.entries] == [2, 3, 4]
+    assert seal in op.step(now + RETRANSMIT + 1, Tick())  # resent as it was
+    assert op.step(now + RETRANSMIT + 2, MasterSealed(4)) == [Done(4)]
+    raised = op.step(now + RETRANSMIT + 3, held(late_rewrite))
+    assert raised == [SendAcked("A", 2), SendAcked("B", 2)]
+
+
 def test_accepting_loss_declares_it_once_the_late_survivors_hold_too() -> None:
     """The master records the loss once every survivor that answered holds the bridge
     (W of them at most); a survivor bridged after the master's answer is raised then."""
