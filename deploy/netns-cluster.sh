@@ -7,7 +7,11 @@
 #   netns-cluster.sh up STORES DATA_DIR   create hosts, start master + stores
 #   netns-cluster.sh up-ha STORES DATA_DIR  the same with three master hosts (master0..2),
 #                                         each running an etcd member and a master on
-#                                         that 3-member etcd: one active, two standbys
+#                                         that 3-member etcd: one active, two standbys.
+#                                         Everything speaks TLS with certificates under
+#                                         DATA_DIR/certs (client/: the CLI's certs dir),
+#                                         and etcd's auth lets the masters alone in
+#                                         (`streamengine metadata secure`)
 #   netns-cluster.sh masters DATA_DIR     the masters' list (HOST:PORT,...) of a cluster
 #   netns-cluster.sh down DATA_DIR        stop processes, delete every namespace
 #   netns-cluster.sh exec HOST CMD...     run CMD on HOST (master, store0.., client)
@@ -36,6 +40,7 @@ master_port=7070
 store_port=7071
 here="$(cd "$(dirname "$0")" && pwd)"
 streamengine="${STREAMENGINE:-$here/../.venv/bin/streamengine}"
+python="$(dirname "$streamengine")/python"
 etcd="${ETCD:-etcd}"
 etcd_client_port=2379
 etcd_peer_port=2380
@@ -78,17 +83,32 @@ start() {
   echo $! >"$data/$host.pid"
 }
 
-# An etcd member on HOST (logs and pid as etcd-HOST), one of the cluster INITIAL.
+# up-ha's certificates under DATA/certs: the CA (ca/), a dir per master, etcd member and
+# store, each naming its host's address, and client/ with client.root for the CLI.
+make_certs() {
+  local data="$1" stores="$2" nodes=() i
+  for i in 0 1 2; do
+    nodes+=("master$i:master:$(addr "master$i")" "etcd$i:etcd:$(addr "master$i")")
+  done
+  for ((i = 0; i < stores; i++)); do nodes+=("store$i:store:$(addr "store$i")"); done
+  "$python" "$here/netns_certs.py" "$data/certs" "${nodes[@]}"
+}
+
+# An etcd member on HOST (logs and pid as etcd-HOST), one of the cluster INITIAL, with
+# TLS for clients and peers and a certificate of the cluster's CA asked of both.
 start_etcd() {
-  local host="$1" data="$2" initial="$3" address
+  local host="$1" data="$2" initial="$3" address pki="$2/certs/etcd${1#master}"
   address="$(addr "$host")"
   mkdir -p "$data/etcd-$host-db"
   chmod 700 "$data/etcd-$host-db"
   ip netns exec "$(ns "$host")" setsid "$etcd" --name "$host" --data-dir "$data/etcd-$host-db" \
-    --listen-client-urls "http://$address:$etcd_client_port" \
-    --advertise-client-urls "http://$address:$etcd_client_port" \
-    --listen-peer-urls "http://$address:$etcd_peer_port" \
-    --initial-advertise-peer-urls "http://$address:$etcd_peer_port" \
+    --cert-file "$pki/node.crt" --key-file "$pki/node.key" --trusted-ca-file "$pki/ca.crt" \
+    --client-cert-auth --peer-cert-file "$pki/node.crt" --peer-key-file "$pki/node.key" \
+    --peer-trusted-ca-file "$pki/ca.crt" --peer-client-cert-auth \
+    --listen-client-urls "https://$address:$etcd_client_port" \
+    --advertise-client-urls "https://$address:$etcd_client_port" \
+    --listen-peer-urls "https://$address:$etcd_peer_port" \
+    --initial-advertise-peer-urls "https://$address:$etcd_peer_port" \
     --initial-cluster "$initial" --initial-cluster-state new \
     --heartbeat-interval 50 --election-timeout 500 --logger zap --log-outputs stderr \
     >"$data/etcd-$host.log" 2>&1 < /dev/null &
@@ -123,7 +143,7 @@ cmd_up_ha() {
   ip -n "$hub" link set br0 up
   for i in 0 1 2; do
     add_host "master$i"
-    initial+="${initial:+,}master$i=http://$(addr "master$i"):$etcd_peer_port"
+    initial+="${initial:+,}master$i=https://$(addr "master$i"):$etcd_peer_port"
     endpoints+="${endpoints:+,}$(addr "master$i"):$etcd_client_port"
     masters+="${masters:+,}$(addr "master$i"):$master_port"
   done
@@ -131,18 +151,35 @@ cmd_up_ha() {
   for ((i = 0; i < stores; i++)); do add_host "store$i"; done
   echo "$stores" >"$data/stores"
   echo "$masters" >"$data/masters"
+  make_certs "$data" "$stores"
   for i in 0 1 2; do start_etcd "master$i" "$data" "$initial"; done
+  secure_etcd "$data" "etcd://$endpoints/streamengine"
   for i in 0 1 2; do
-    # Plaintext (--insecure) on the namespaces' own private bridge: test hosts only.
     start "master$i" "$data" master --listen "$(addr "master$i"):$master_port" \
       --metadata "etcd://$endpoints/streamengine" --data "$data/master$i-files" \
-      --lease-ms 1000 --store-timeout-ms 3000 --insecure
+      --lease-ms 1000 --store-timeout-ms 3000 --certs-dir "$data/certs/master$i"
   done
   for ((i = 0; i < stores; i++)); do
     start "store$i" "$data" store --listen "$(addr "store$i"):$store_port" --data "$data/store$i-db" \
-      --master "$masters" --id "store$i" --zone "zone$i" --insecure
+      --master "$masters" --id "store$i" --zone "zone$i" --certs-dir "$data/certs/store$i"
   done
   echo "masters $masters"
+}
+
+# etcd's auth on, from master0's host, once the new etcd answers (a bounded wait):
+# only the masters' certificates reach the cluster's keys.
+secure_etcd() {
+  local data="$1" url="$2" attempt
+  for attempt in $(seq 1 30); do
+    if ip netns exec "$(ns master0)" "$streamengine" metadata secure --metadata "$url" \
+      --certs-dir "$data/certs/client" --ca-key "$data/certs/ca/ca.key" \
+      >>"$data/secure.log" 2>&1; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "etcd did not answer metadata secure: $data/secure.log" >&2
+  return 1
 }
 
 cmd_masters() {
@@ -242,5 +279,5 @@ case "$action" in
   partition) cmd_partition "$@" ;;
   oneway) cmd_oneway "$@" ;;
   lossy) cmd_lossy "$@" ;;
-  *) sed -n '2,26p' "$0"; exit 2 ;;
+  *) sed -n '2,29p' "$0"; exit 2 ;;
 esac

@@ -22,6 +22,9 @@ LEADING_RECENTLY_S = 1.0
 # Faults on a proxy link (S10): the store lives but is slow or silent, and the other
 # members of its copy set may be slowed too, so the stall has no §1 bound: reported.
 LINK_FAULTS = {"delay", "throttle", "narrow", "blackhole", "loss"}
+# S4's jumps of a process's clock: FAULTS.md bounds the unavailability after each by
+# 2 L, whichever process jumped (a master's jump ends every lease at once).
+CLOCK_FAULTS = {"clock-jump"}
 
 # A partition heals -> every reader caught up to the last ack.
 CATCH_UP_S = 5.0
@@ -97,6 +100,7 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
     for ops_of in by_stream.values():
         ops_of.sort(key=lambda op: op.end_t or 0.0)
     failovers, store_stalls, master_stalls, link_stalls, drain_stalls = [], [], [], [], []
+    jump_stalls: list[float] = []
     starts = fault_starts(records)
     for number, fault in enumerate(starts):
         target, t = str(fault["target"]), float(fault["t"])
@@ -106,6 +110,8 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
             failovers.extend(failover_times(by_stream, target, t))
         elif fault.get("fault") in LINK_FAULTS:
             link_stalls.extend(stalls(by_stream, t, next_t))
+        elif fault.get("fault") in CLOCK_FAULTS:
+            jump_stalls.extend(stalls(by_stream, t, next_t))
         elif fault.get("fault") == "drain":  # an operator's move, not a failure
             drain_stalls.extend(stalls(by_stream, t, next_t))
         elif target.startswith("store") and not fault.get("quorum_lost"):
@@ -144,6 +150,8 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
         figures["append_stall_after_master_fault_s"] = summary(master_stalls)
     if link_stalls:
         figures["append_stall_after_link_fault_s"] = summary(link_stalls)
+    if jump_stalls:
+        figures["append_stall_after_clock_jump_s"] = summary(jump_stalls)
     if drain_stalls:
         figures["append_stall_during_drain_s"] = summary(drain_stalls)
     memory = memory_figures(records)
@@ -162,7 +170,10 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
 
 def catch_up_after_heal(records: list[Record], acked: list[Op]) -> dict[str, float | None]:
     """Per "reader stream": from the heal until the reader delivered the last event
-    acked before it (0 when it already had; None: never). Slow consumers on purpose
+    acked before it (0 when it already had; None: never). A reader whose first
+    subscription came after the heal (S16 starts fresh readers as it ends; on a loaded
+    box their process took 5 s to start) counts from that subscription: how long its
+    process took to start is not the system's catch-up. Slow consumers on purpose
     (`consume_ms` in their start record) are left out: they are not meant to keep up."""
     phases = {r["name"]: r["t"] for r in records if r["type"] == "phase"}
     heal_t = phases.get("heal")
@@ -175,6 +186,10 @@ def catch_up_after_heal(records: list[Record], acked: list[Op]) -> dict[str, flo
     slow = {r["process"] for r in records if r["type"] == "start" and r.get("consume_ms")}
     readers = {r["process"] for r in records
                if r["type"] == "subscribe" and r["process"] not in slow}
+    since: dict[str, float] = {}
+    for record in records:
+        if record["type"] == "subscribe" and record["process"] not in since:
+            since[record["process"]] = max(heal_t, float(record["t"]))
     reached: dict[tuple[str, str], float] = {}
     for record in records:
         if record["type"] != "deliver" or record["process"] not in readers:
@@ -183,7 +198,7 @@ def catch_up_after_heal(records: list[Record], acked: list[Op]) -> dict[str, flo
         goal = last_acked.get(record["stream"])
         if key not in reached and goal is not None and any(
                 event[0] >= goal for event in record["events"]):
-            reached[key] = max(0.0, record["t"] - heal_t)
+            reached[key] = max(0.0, record["t"] - since[record["process"]])
     return {f"{reader} {stream}": reached.get((reader, stream))
             for reader in sorted(readers) for stream in sorted(last_acked)}
 
@@ -300,6 +315,7 @@ def bounds(figures: dict[str, Any], lease_s: float, streams: int = 2) -> dict[st
         "writer_failover_s": lease_s + 2.0,  # writer dies -> a standby's first ack
         "append_stall_after_store_fault_s": 1.0,  # one copy-set store dies, W still live
         "append_stall_after_master_fault_s": 2 * lease_s + 2.0,  # master restart
+        "append_stall_after_clock_jump_s": 2 * lease_s,  # S4: after each jump
     }
     out: dict[str, Any] = {}
     for key, limit in table.items():

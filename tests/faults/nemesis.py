@@ -473,7 +473,11 @@ def faketime_env(spec_file: Path, spec: str) -> dict[str, str]:
 def clock_loop(ctx: RunContext) -> None:
     """S4: the master runs 1.5x fast, writer w1 0.5x slow, store0 on a file clock (set
     up by the scenario); a lease contest (the leader killed) every 20 s; halfway, the
-    master's clock jumps forward an hour and store0's back 30 s."""
+    master's clock jumps forward an hour and, 2 L + 1 s later, store0's back 30 s.
+
+    The gap lets the master's jump (every lease ends at once, the writers contest
+    again) settle within its own window: with store0's jump right after it, a quick
+    pass counted that contest as store0's stall."""
     half = time.monotonic() + ctx.remaining() / 2
     jumped = False
     while True:
@@ -486,6 +490,8 @@ def clock_loop(ctx: RunContext) -> None:
             with ctx.window("clock-jump", "master", to="+3600 x1.5"):
                 (ctx.cluster.root / "master.faketime").write_text("+3600 x1.5\n")
                 ctx.pause(1.0)
+            if not ctx.pause(2 * ctx.lease_s + 1.0):
+                return
             with ctx.window("clock-jump", "store0", to="-30"):
                 (ctx.cluster.root / "store0.faketime").write_text("-30\n")
                 ctx.pause(1.0)

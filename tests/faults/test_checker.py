@@ -375,6 +375,26 @@ def test_link_faults_are_their_own_figure() -> None:
     assert figures["append_stall_after_link_fault_s"]["count"] == 1
 
 
+def test_a_clock_jump_is_its_own_figure_bounded_by_two_leases() -> None:
+    """S4 seed 1's quick pass in a clean-clone CI: the master's clock jumped an hour
+    (every lease ended, the writers contested again) and store0's jumped 1 s later; the
+    contest's 1.38 s without an ack was counted as store0's stall against the 1 s of a
+    copy-set store's death. FAULTS.md bounds S4 by 2 L after each jump, whoever jumped."""
+    records, _ = clean()
+    for t, target in ((2.9, "master"), (3.05, "store0")):
+        records.append({"t": t, "type": "nemesis", "phase": "start", "fault": "clock-jump",
+                        "target": target, "process": "nemesis"})
+    records.append(rec(4.3, "invoke", "w1", op=9, ids=["z0"], session="s1"))
+    records.append(rec(4.4, "ok", "w1", op=9, seqs=[pack(3, 1)]))
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert "append_stall_after_store_fault_s" not in figures
+    assert "append_stall_after_master_fault_s" not in figures
+    jumps = figures["append_stall_after_clock_jump_s"]
+    assert jumps["max"] == pytest.approx(4.4 - 3.05)
+    assert bounds(figures, lease_s=1.0)["append_stall_after_clock_jump_s"]["ok"] is True
+    assert bounds(figures, lease_s=0.5)["append_stall_after_clock_jump_s"]["ok"] is False
+
+
 def rss_history(writer_mib: list[float], seconds: float = 1.0) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = [{"t": 0.0, "type": "phase", "process": "nemesis",
                                       "name": "faults"}]
@@ -417,6 +437,21 @@ def test_catch_up_after_heal_per_reader() -> None:
     catch_up = figures["reader_catch_up_after_heal_s"]
     assert catch_up["max"] == pytest.approx(0.2) and catch_up["never"] == ["r2 t/s"]
     assert bounds(figures, lease_s=1.0)["reader_catch_up_after_heal_s"]["ok"] is False
+
+
+def test_a_reader_started_after_the_heal_counts_from_its_first_subscription() -> None:
+    """S16 starts a fresh reader as its schedule ends; on a loaded box its process
+    subscribed 5.3 s after the heal. Its catch-up is from then, not from the heal."""
+    records, _ = clean()
+    records += [
+        {"t": 3.8, "type": "phase", "process": "nemesis", "name": "heal"},
+        rec(9.1, "subscribe", "r4", **{"from": 0}),
+        rec(9.6, "deliver", "r4", events=[event(1, 1, "a0"), event(1, 2, "a1"),
+                                          event(1, 3, "b0"), event(2, 1, "c0")]),
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    catch_up = figures["reader_catch_up_after_heal_s"]
+    assert catch_up["max"] == pytest.approx(0.5) and catch_up["never"] == []
 
 
 def bad_history() -> list[dict[str, Any]]:

@@ -91,7 +91,8 @@ def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
     if reason:
         pytest.skip(reason)
     out = Path(os.environ.get("FAULTS_QUICK_OUT", tmp_path))
-    result = run(SCENARIOS[name], seed=seed, out=out, quick=True)
+    result = run(SCENARIOS[name], seed=seed, out=out, quick=True,
+                 picture_on_failure_only=True)
     assert result["counts"]["appends_ok"] > 0, "the workload acked nothing"
     assert not result["nemesis_errors"], "the faults were not injected as scheduled"
     if SCENARIOS[name].expect_loss:

@@ -711,6 +711,15 @@ def every_rpc_as(
         "Master/RevokeToken": master("RevokeToken", m.RevokeTokenRequest(token_id="0" * 16)),
         "Master/RotateSigningKey": master("RotateSigningKey", m.RotateSigningKeyRequest()),
         "Master/ListSigningKeys": master("ListSigningKeys", m.ListSigningKeysRequest()),
+        "Master/RevokeCertificate": master(
+            "RevokeCertificate",
+            m.RevokeCertificateRequest(
+                certificate=m.RevokedCertificate(serial="abc", not_after_ms=1 << 62)
+            ),
+        ),
+        "Master/ListRevokedCertificates": master(
+            "ListRevokedCertificates", m.ListRevokedCertificatesRequest()
+        ),
         "SegmentStore/Write": lambda: store_write(own, [write], token),
         "SegmentStore/Seal": on_store(
             own,

@@ -84,6 +84,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "Master/RevokeToken":             (P, P, P, P, P, P, OK, P, P, P),
     "Master/RotateSigningKey":        (P, P, P, P, P, P, OK, P, P, P),
     "Master/ListSigningKeys":         (P, P, P, P, P, P, OK, P, P, P),
+    "Master/RevokeCertificate":       (P, P, P, P, P, P, B, P, P, P),
+    "Master/ListRevokedCertificates": (P, P, P, P, P, P, OK, P, P, P),
     # Without a grant of the master's, nobody writes or seals (a cluster admin neither).
     "SegmentStore/Write":             (U, P, P, P, P, P, P, U, P, P),
     "SegmentStore/Seal":              (P, P, P, P, P, P, P, P, P, P),
@@ -234,6 +236,13 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         # A cluster admin rotates once per run: harmless (the old key verifies on).
         "Master/RotateSigningKey": master("RotateSigningKey", m.RotateSigningKeyRequest()),
         "Master/ListSigningKeys": master("ListSigningKeys", m.ListSigningKeysRequest()),
+        # No serial: bad input once the caller may revoke.
+        "Master/RevokeCertificate": master(
+            "RevokeCertificate", m.RevokeCertificateRequest(certificate=m.RevokedCertificate())
+        ),
+        "Master/ListRevokedCertificates": master(
+            "ListRevokedCertificates", m.ListRevokedCertificatesRequest()
+        ),
         "SegmentStore/Write": store("Write", write),
         "SegmentStore/Seal": store(
             "Seal", s.SealRequest(segment=segment, new_epoch=segment.epoch + 1)

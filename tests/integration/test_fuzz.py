@@ -192,6 +192,14 @@ class Victim:
             "Master/RevokeToken": [m.RevokeTokenRequest(token_id="0123456789abcdef")],
             "Master/RotateSigningKey": [m.RotateSigningKeyRequest()],
             "Master/ListSigningKeys": [m.ListSigningKeysRequest()],
+            "Master/RevokeCertificate": [
+                m.RevokeCertificateRequest(
+                    certificate=m.RevokedCertificate(
+                        serial="abc", not_after_ms=1 << 62, common_name="client x"
+                    )
+                )
+            ],
+            "Master/ListRevokedCertificates": [m.ListRevokedCertificatesRequest()],
             "SegmentStore/Write": [
                 codec.write_request(
                     [event],

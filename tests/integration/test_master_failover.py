@@ -381,10 +381,11 @@ async def test_clients_stores_and_tools_given_a_standby_first_reach_the_active_m
 async def test_masters_on_a_tls_etcd_fail_over_and_etcd_refuses_other_clients(
     tmp_path: Path,
 ) -> None:
-    """etcd with TLS and client certificates (its own member certificate from the
-    cluster's CA): the masters reach it with their node certificates and fail over as on
-    a plaintext one; a plaintext client, and one with another CA's certificate, get
-    nothing from etcd; `metadata backup` reaches it with the admin's certs dir."""
+    """etcd with TLS, client certificates (its own member certificate from the cluster's
+    CA) and its auth enabled as `metadata secure` does: the masters reach it with their
+    node certificates and elect, fail over and serve as on a plaintext one; a plaintext
+    client, and one with another CA's certificate, get nothing from etcd; `metadata
+    backup` reaches it with etcd's root certificate in the admin's certs dir."""
     certs = create_local_certs(tmp_path / "certs")
     with (
         running_etcd(tmp_path / "etcd", certs=certs) as etcd,
@@ -395,6 +396,7 @@ async def test_masters_on_a_tls_etcd_fail_over_and_etcd_refuses_other_clients(
         assert etcd_answers(endpoint, tls=etcd.tls)
         assert not etcd_answers(endpoint)  # plaintext
         other = create_local_certs(tmp_path / "other-ca")
+        other.add_etcd_root()
         assert not etcd_answers(endpoint, tls=EtcdTLS.from_certs_dir(other.client_dir))
 
         stream = "ha/tls"

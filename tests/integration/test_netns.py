@@ -154,15 +154,18 @@ def active_master_host(data: Path) -> str | None:
 def test_ha_workload_survives_the_active_master_host_cut_off_the_network(
     netns_ha_cluster: tuple[dict[str, str], Path], tmp_path: Path
 ) -> None:
-    """Three hosts each run an etcd member and a master (`netns-cluster.sh up-ha`); the
-    active master's host, etcd member included, drops off the network halfway."""
+    """Three hosts each run an etcd member and a master (`netns-cluster.sh up-ha`: TLS
+    everywhere, etcd's auth on); the active master's host, etcd member included, drops
+    off the network halfway."""
     env, data = netns_ha_cluster
     masters = netns("masters", str(data), env=env).stdout.strip()
     assert masters.count(",") == 2, masters
+    admin = ["--certs-dir", str(data / "certs" / "client")]  # everything speaks TLS
 
     def stores_alive() -> int:
         status = netns(
-            "exec", "client", STREAMENGINE, "status", "--json", "--master", masters, env=env
+            "exec", "client", STREAMENGINE, "status", "--json", "--master", masters, *admin,
+            env=env,
         )
         if status.returncode != 0:
             return 0
@@ -173,7 +176,7 @@ def test_ha_workload_survives_the_active_master_host_cut_off_the_network(
     assert first is not None
 
     pause_file = tmp_path / "resume"
-    command = [sys.executable, "-m", "deploy.workload", "--master", masters]
+    command = [sys.executable, "-m", "deploy.workload", "--master", masters, *admin]
     command += ["--stream", "netns/ha", "--events", "6000", "--pause-file", str(pause_file)]
     workload = subprocess.Popen(
         ["bash", str(SCRIPT), "exec", "client", *command],

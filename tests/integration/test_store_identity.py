@@ -21,6 +21,7 @@ import pytest
 from bench.segment_driver import Driver, fully_replicated, seal, sealed_segments, write
 from streamengine.client import DataLossError, SegmentState, StreamClient, Unavailable
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.sequence import pack_sequence
 from streamengine.segment_store.server import DB_DIR
 from streamengine.testing import (
     STREAMENGINE,
@@ -29,7 +30,7 @@ from streamengine.testing import (
     server_env,
     wait_for,
 )
-from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.test_cli import run_cli
 from tests.integration.test_master_repair import STREAM, create_stream
@@ -44,6 +45,14 @@ def cluster_id_of(address: str) -> str:
             segment_store_pb2.ListSegmentRecordsRequest(), timeout=5
         )
     return reply.cluster_id
+
+
+def segment_state(address: str, stream_id: int, epoch: int) -> segment_store_pb2.SegmentStateReply:
+    segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch, stream=STREAM)
+    with grpc.insecure_channel(address) as channel:
+        return store_grpc.SegmentStoreStub(channel).GetSegmentState(
+            segment_store_pb2.GetSegmentStateRequest(segment=segment), timeout=5
+        )
 
 
 def registered(cluster: Cluster) -> bool:
@@ -145,9 +154,11 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
     """Two of three stores of the open segment come back wiped: no recovery can gather
     R = 2 answers (the wiped stores do not stand for what they lost), so the stream is
     stuck; `seal --accept-loss --yes` seals it at what the survivor holds, records the
-    range whose acknowledged events may be lost, and the stream takes appends again.
-    Readers get every event before the range, then `DataLossError` naming it, and go on
-    past it."""
+    range whose acknowledged events may be lost (from the first index past the
+    survivor's acked index to the segment's end), and the stream takes appends again.
+    The survivor's acked index never rises into the range. Readers get every event
+    before the range, then `DataLossError` naming it, and go on past it at the next
+    segment."""
     with running_cluster(tmp_path, stores=3, master_args=MASTER_ARGS) as cluster:
         wait_for(lambda: registered(cluster), 15, 0.1, "the stores joined their cluster")
         async with StreamClient(cluster.master_address) as client:
@@ -166,6 +177,9 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
                 await client.seal(STREAM, timeout_s=3)
             listing = await client.list_segments(STREAM)
             assert [s.state for s in listing if s.epoch == stuck_epoch] != [SegmentState.SEALED]
+            [stuck] = [s for s in listing if s.epoch == stuck_epoch]
+            survivor = cluster.stores[0].address
+            known_acked = segment_state(survivor, stuck.stream_id, stuck_epoch).acked_index
 
             asked = run_cli("seal", STREAM, "--accept-loss", "--master", cluster.master_address)
             assert asked.returncode == 1 and "add --yes" in asked.stdout, asked
@@ -175,7 +189,9 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
             assert done.returncode == 0, done
             assert f"lost (sealed accepting loss): segment {stuck_epoch} indexes" in done.stdout
             [lossy] = [s for s in await client.list_segments(STREAM) if s.epoch == stuck_epoch]
-            assert lossy.sealed and lossy.lost_from_index > 0
+            assert lossy.sealed and lossy.lost_from_index == known_acked + 1
+            held = segment_state(survivor, stuck.stream_id, stuck_epoch)
+            assert held.acked_index == known_acked < lossy.final_index == held.last_index
 
             after = [f"after-{n}".encode() for n in range(EVENTS)]
             async with client.writer(STREAM, leadership_timeout_s=15) as writer:
@@ -191,5 +207,7 @@ async def test_a_stream_whose_stores_were_wiped_is_stuck_until_sealed_accepting_
                 lossy.final_index,
             )
             assert read == before[: lossy.lost_from_index - 1]
+            assert "to its end" in str(lost.value)
+            assert lost.value.resume_sequence == pack_sequence(stuck_epoch + 1, 0)
             rest = [e.payload async for e in client.read(STREAM, lost.value.resume_sequence)]
             assert rest == after

@@ -13,6 +13,7 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     --flaw NAME      a deliberately broken shell or store (`world.FLAWS`): must fail
     --soak N         N long seeds, liveness and safety failures counted apart
     --no-probe       never ask a recovery's given-up store again (recovery can hang)
+    --accept-loss    replicas destroyed for good and sealed accepting loss
 
 The writer shell does what `streamengine.client.writer` does around the core: it carries out the
 core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a
@@ -48,4 +49,15 @@ Bounded reads: with `SimConfig.bounded_reads`, a reader of `[0, end)` (`read` to
 users saw acked) starts now and then and as a store crashes, on the real cursor; one
 that ends normally must have read every acked event of its range (invariant 1), one
 whose replicas stay away gives up (`Unreachable`, Unavailable in the SDK).
+
+Accepting loss: with `SimConfig.accept_loss` (`--accept-loss`, the band
+`world.ACCEPT_LOSS`), a chaos tick now and then destroys one replica of the open
+segment for good (deleted and marked lost, as a wiped store's new incarnation marks
+it), keeping one. Once fewer than R replicas of a segment are left, the operator stops
+the writers and every later recovery of it runs with `accept_loss`, as `streamengine
+seal --accept-loss` leads it; half of them are interrupted once decided. Followers told
+`DataLossError` go on from its resume sequence. The checker excuses an acked event a
+follower never read only where a loss it was told covers it, and holds every loss told
+to what the master declared. The flaws `trust_any_bridge`, `ack_before_loss` and
+`loss_ends_at_final` bring back the three faces of issue #35's defect 2.
 """

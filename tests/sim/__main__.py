@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from tests.sim.world import FLAWS, WIPES, RunResult, run_seed
+from tests.sim.world import ACCEPT_LOSS, FLAWS, WIPES, RunResult, run_seed
 
 # Where `--soak` starts unless told: above the seeds CI runs at the short length.
 SOAK_FIRST_SEED = 10_000
@@ -72,10 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="wiped disks, on three stores for N=3 W=2 (the band `world.WIPES`)",
     )
+    parser.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="destroyed replicas sealed accepting loss, on three stores for N=3 W=2 (the "
+        "band `world.ACCEPT_LOSS`)",
+    )
     args = parser.parse_args(argv)
     probe = not args.no_probe
     flaws = frozenset(args.flaw)
-    overrides = WIPES if args.wipes else None
+    overrides = WIPES if args.wipes else ACCEPT_LOSS if args.accept_loss else None
     if args.soak:
         first, last = args.first, args.first + args.soak
         results = _run_range(first, last, args.steps, flaws, probe, True, overrides)
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print(result.summary())
     if not result.ok:
         switches = [f"--flaw {f}" for f in sorted(flaws)] + ["--no-probe"] * args.no_probe
-        switches += ["--wipes"] * args.wipes
+        switches += ["--wipes"] * args.wipes + ["--accept-loss"] * args.accept_loss
         print(f"reproduce: python -m tests.sim {args.seed} --steps {args.steps}", *switches)
     return 0 if result.ok else 1
 

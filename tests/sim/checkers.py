@@ -8,6 +8,11 @@ every step and a failure names the step that broke the rule:
    faults run; `check_complete` after the liveness phase: everything acked was read;
    a bounded read that ends normally has returned every acked event of its range);
    an append is acked only once every earlier segment is sealed at the master.
+   Accepted loss (`seal --accept-loss`): an acked event a follower never yields is
+   excused only by a `DataLossError` that follower was told and that covers it (loss is
+   always told), and a follower is told one only where the master records a declared
+   loss (never where nothing was declared lost). Within a declared range stores may
+   serve what differs from what was served before (no reader is handed it).
 2. one content per position: the first thing any store served or any follower saw at
    `(epoch, index)` is what everyone sees there forever; a store's acked index never
    goes back (what it served never changes).
@@ -39,6 +44,7 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from streamengine.client.core.subscription import DataLoss
 from streamengine.master.core.model import SegmentState
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
@@ -83,6 +89,17 @@ class FollowerRecord:
     seen: dict[int, bytes] = field(default_factory=dict)  # sequence -> payload
     by_payload: dict[bytes, int] = field(default_factory=dict)
     last: int = -1
+    # Accepted losses it was told, each with whether it runs to the segment's end.
+    told_lost: list[tuple[DataLoss, bool]] = field(default_factory=list)
+
+    def told_lost_at(self, sequence: int) -> bool:
+        epoch, index = unpack_sequence(sequence)
+        for loss, through_end in self.told_lost:
+            if through_end and loss.covers(epoch, index):
+                return True
+            if loss.epoch == epoch and loss.first_index <= index <= loss.last_index:
+                return True
+        return False
 
 
 class Checker:
@@ -121,10 +138,16 @@ class Checker:
         # Invariant 11: every grant the master gave, by epoch (renewals may list fewer
         # unsealed segments than the first answer of an epoch did).
         self.grants: dict[int, list[Grant]] = {}
+        # Segments sealed accepting loss: the first index the master records as lost.
+        self.declared_lost: dict[SegmentKey, int] = {}
 
     # ---- invariant 2 (and 4) on stores ----
 
-    def _agree(self, where: str, epoch: int, index: int, kind: int, payload: bytes) -> None:
+    def _agree(
+        self, where: str, epoch: int, index: int, kind: int, payload: bytes, reader: bool = False
+    ) -> None:
+        if not reader and self._in_declared_loss(epoch, index):
+            return  # declared lost: no reader is handed what a store holds there
         first = self.truth.setdefault((epoch, index), (kind, payload))
         if first != (kind, payload):
             raise Violation(
@@ -490,7 +513,11 @@ class Checker:
             if segment.epoch == epoch and first <= index <= last:
                 self._unsynced_ack(store, epoch, index)
         for name, follower in sorted(self.followers.items()):
-            if follower.last > sequence and sequence not in follower.seen:
+            if (
+                follower.last > sequence
+                and sequence not in follower.seen
+                and not follower.told_lost_at(sequence)
+            ):
                 raise Violation(1, f"follower {name} passed acked {epoch}/{index} without it")
 
     def follower_event(self, follower: str, sequence: int, payload: bytes) -> None:
@@ -502,33 +529,69 @@ class Checker:
         if payload in record.by_payload:
             again = unpack_sequence(record.by_payload[payload])
             raise Violation(1, f"follower {follower}: {payload!r} at {again} and {epoch}/{index}")
-        self._agree(f"follower {follower}", epoch, index, EntryKind.EVENT, payload)
+        self._agree(f"follower {follower}", epoch, index, EntryKind.EVENT, payload, reader=True)
         lo = bisect.bisect_right(self.acked_sequences, record.last)
         hi = bisect.bisect_left(self.acked_sequences, sequence)
-        if lo < hi:
-            missed = unpack_sequence(self.acked_sequences[lo])
-            raise Violation(1, f"follower {follower} skipped acked {missed}")
+        for skipped in self.acked_sequences[lo:hi]:
+            if not record.told_lost_at(skipped):
+                missed = unpack_sequence(skipped)
+                raise Violation(1, f"follower {follower} skipped acked {missed}, told no loss")
         record.seen[sequence] = payload
         record.by_payload[payload] = sequence
         record.last = sequence
 
     def missing(self, follower: str) -> list[int]:
+        """Acked events `follower` has not read and was told no loss of."""
         record = self.followers.setdefault(follower, FollowerRecord())
-        return [s for s in self.acked_sequences if s not in record.seen]
+        return [
+            s for s in self.acked_sequences if s not in record.seen and not record.told_lost_at(s)
+        ]
 
     def bounded_read_finished(self, reader: str, end: int) -> None:
         """`reader` read `[0, end)` and ended normally: never a short answer, every
         acked event of the range is among what it yielded (issue #36)."""
         self.checks += 1
-        seen = self.followers.setdefault(reader, FollowerRecord()).seen
+        record = self.followers.setdefault(reader, FollowerRecord())
         in_range = self.acked_sequences[: bisect.bisect_left(self.acked_sequences, end)]
-        missed = [sequence for sequence in in_range if sequence not in seen]
+        missed = [s for s in in_range if s not in record.seen and not record.told_lost_at(s)]
         if missed:
             raise Violation(
                 1,
                 f"bounded read {reader} ended without {len(missed)} acked events of its "
                 f"range, the first {unpack_sequence(missed[0])}",
             )
+
+    # ---- accepted loss (invariant 1's converse: loss is always told) ----
+
+    def loss_declared(self, segment: SegmentKey, lost_from: int) -> None:
+        """The master sealed `segment` recording `lost_from..` as lost."""
+        self.checks += 1
+        known = self.declared_lost.setdefault(segment, lost_from)
+        if known != lost_from:
+            raise Violation(
+                4, f"segment {segment.epoch}: loss declared from {known}, then {lost_from}"
+            )
+
+    def _in_declared_loss(self, epoch: int, index: int) -> bool:
+        lost_from = self.declared_lost.get(SegmentKey(self.stream_id, epoch))
+        return lost_from is not None and index >= lost_from
+
+    def loss_told(
+        self, follower: str, segment: SegmentKey, loss: DataLoss, through_end: bool
+    ) -> None:
+        """`follower` was told `DataLossError` for `loss` (accepted): only where the
+        master declared it; the acked events it covers are excused from then on."""
+        self.checks += 1
+        declared = self.declared_lost.get(segment)
+        if declared is None or loss.first_index < declared:
+            raise Violation(
+                1,
+                f"follower {follower} told {loss}, where the master declared "
+                + (f"loss from {declared}" if declared else "nothing lost"),
+            )
+        self.followers.setdefault(follower, FollowerRecord()).told_lost.append(
+            (loss, through_end)
+        )
 
     def check_complete(self, followers: list[str]) -> None:
         for name in followers:

@@ -11,6 +11,12 @@ A bounded reader (`end`) is `read`: it ends when the cursor says `Finished`, hav
 every acked event of its range (the checker holds it to that), or when it says
 `Unreachable`, as the shell raises Unavailable. With the flaw `short_read` it takes
 giving up for the end of its range, as reads once did (issue #36).
+
+A range sealed accepting loss is `DataLoss` to the cursor: the reader is told (the
+checker holds what it is told against what the master declared, and excuses the acked
+events it covers), then goes on from the loss's resume sequence with a new cursor, as
+a user goes on from `DataLossError.resume_sequence`. With the flaw `loss_ends_at_final`
+the loss told ends at the segment's bridge, as `DataLossError` once said.
 """
 
 from __future__ import annotations
@@ -91,7 +97,13 @@ class FollowerNode(Node):
                     sealed = s.state == SegmentState.SEALED
                     views.append(
                         SegmentView(
-                            s.epoch, s.copy_set, sealed, s.final_index, s.certificate, s.bad
+                            s.epoch,
+                            s.copy_set,
+                            sealed,
+                            s.final_index,
+                            s.certificate,
+                            s.bad,
+                            lost_from_index=s.lost_from_index,
                         )
                     )
                 self.cursor.on_segments(views, self.world.now)
@@ -123,15 +135,30 @@ class FollowerNode(Node):
         if isinstance(decision, ReadFrom):
             self._subscribe(decision)
         elif isinstance(decision, DataLoss):
-            # Every store syncs every write it answers: nothing is ever lost here, so a
-            # reader that gives up on a range gave up on readable data.
-            raise Violation(1, f"{self.name}: spurious data loss {decision}")
+            self._data_loss(decision)
         elif isinstance(decision, Finished | Unreachable):
             self._read_ended(decision)
         elif isinstance(decision, Wait) and decision.until_ms > now:
             self._wake_at(decision.until_ms, relist=True)
         elif isinstance(decision, Wait):
             self.list_segments()
+
+    def _data_loss(self, loss: DataLoss) -> None:
+        """Told `DataLossError`: go on past the range, as a user does."""
+        if not loss.accepted:
+            # Every store syncs every write it answers and keeps at least one replica of
+            # every sealed segment: a reader that gives up on a range that no operator
+            # declared lost gave up on readable data.
+            raise Violation(1, f"{self.name}: told a loss no operator declared: {loss}")
+        through_end = "loss_ends_at_final" not in self.world.config.flaws
+        self.world.checker.loss_told(
+            self.name, SegmentKey(self.world.checker.stream_id, loss.epoch), loss, through_end
+        )
+        self.world.stats["losses told"] += 1
+        self.world.note(f"{self.name} told {loss}")
+        self.resume_at = loss.resume_sequence
+        self.cursor = Cursor(self.resume_at, self.end, TIMING)
+        self.list_segments()
 
     def _read_ended(self, decision: Finished | Unreachable) -> None:
         assert self.end is not None, f"{self.name}: a subscription ended: {decision}"

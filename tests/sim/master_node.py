@@ -266,11 +266,14 @@ class MasterNode(Node):
                 request.final_index,
                 self.world.now,
                 request.certificate,
+                request.lost_from_index,
             )
         except SealConflict as conflict:
             self.world.checker.seal_conflict(key, str(conflict))
             raise
         self.world.checker.master_changed(self.state)
+        if sealed.lost_from_index:
+            self.world.checker.loss_declared(key, sealed.lost_from_index)
         cores = {n: s.core for n, s in self.world.stores.items()}
         self.world.checker.sealed_at_master(key, sealed.final_index, cores)
         if sealed.certificate is not None:

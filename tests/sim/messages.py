@@ -115,6 +115,7 @@ class SealSegment:
     client_id: str = ""
     grant: bytes = field(default=b"", repr=False)
     certificate: Certificate | None = None
+    lost_from_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)

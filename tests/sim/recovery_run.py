@@ -3,6 +3,13 @@
 The shell feeds the virtual time and the stores' answers in, wakes the core at its
 `deadline_ms()`, and carries its actions out as messages. Retransmits, stores counted
 as lost and their probes are the core's decisions, on `SIMULATED_TIMING`.
+
+A segment the operator seals accepting loss (`World.accepts_loss`: more of its
+replicas were destroyed than its quorums can spare) is recovered with `accept_loss`,
+as `streamengine seal --accept-loss` leads it. Two flaws bring back how that went
+wrong (issue #35, defect 2): `trust_any_bridge` declares nothing lost whenever the plan
+found a bridge, wherever it was; `ack_before_loss` raises the holders' acked index to
+the bridge before the master records the loss.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ class RecoveryRun:
             writer.world.config.recovery_batch,
             sr.SIMULATED_TIMING,
             action.known,
+            accept_loss=writer.world.accepts_loss(self.segment),
         )
         self.matched: dict[str, int] = {}  # from seal answers, for the flaw only
+        self.raised: set[str] = set()  # raised before the master knew: `ack_before_loss`
         self.counted = False
         self._wake_at: int | None = None  # when the pending wake-up timer fires
 
@@ -90,17 +99,9 @@ class RecoveryRun:
             writer.step(FencedByStore(f"recovery of {seg.epoch}", action.fence))
             return
         if isinstance(action, sr.SealAtMaster):
-            request: object = m.SealSegment(
-                writer.world.config.stream,
-                seg.epoch,
-                self.epoch,
-                action.final_index,
-                writer.client_id,
-                self.grant,
-                action.certificate,
-            )
-            writer.call(MASTER, request, self._master_answered, once=False)
+            self._seal_at_master(action)
             return
+        request: object
         if isinstance(action, sr.SendSeal):
             if not writer.world.probe_lost and action.store in self.op.lost():
                 return  # `--no-probe`: a lost store is never asked again
@@ -118,6 +119,46 @@ class RecoveryRun:
             request = m.RecoveryWrite(seg, self.epoch, action.acked_index, (), self.grant)
         store = action.store
         writer.call(store, request, lambda r: self._answered(store, action, r), once=False)
+
+    def _seal_at_master(self, action: sr.SealAtMaster) -> None:
+        writer = self.writer
+        flaws = writer.world.config.flaws
+        lost_from = action.lost_from_index
+        plan = self.op.plan
+        if "trust_any_bridge" in flaws and plan is not None and plan.existing_bridge:
+            lost_from = 0  # the flaw: any bridge found taken as proof that nothing was lost
+        if lost_from and self._raise_before_the_master(action):
+            return
+        if lost_from:
+            writer.world.stats["seals declaring loss"] += 1
+        request = m.SealSegment(
+            writer.world.config.stream,
+            self.segment.epoch,
+            self.epoch,
+            action.final_index,
+            writer.client_id,
+            self.grant,
+            action.certificate,
+            lost_from,
+        )
+        writer.call(MASTER, request, self._master_answered, once=False)
+
+    def _raise_before_the_master(self, action: sr.SealAtMaster) -> bool:
+        """The flaw `ack_before_loss` (the order a recovery accepting loss once had):
+        raise the acked index of every store holding the bridge, and seal at the master
+        only once they all answered raised. True while that is under way."""
+        if "ack_before_loss" not in self.writer.world.config.flaws:
+            return False
+        holders = [s for s in self.op.holding() if s not in self.raised]
+        for store in holders:
+            request = m.RecoveryWrite(self.segment, self.epoch, action.final_index, (), self.grant)
+
+            def raised(result: object, store: str = store) -> None:
+                if isinstance(result, WriteResult) and result.acked_index >= action.final_index:
+                    self.raised.add(store)
+
+            self.writer.call(store, request, raised, once=False)
+        return bool(holders)
 
     def _skip_by_matched(self, action: sr.SendRewrite) -> bool:
         """The flaw `skip_by_matched`: a shell that trusts a store's matched index and
@@ -144,6 +185,8 @@ class RecoveryRun:
         stats["indexes chosen above a"] += plan.final_index - 1 - plan.acked_index
         stats["holes"] += len(plan.holes)
         stats["already bridged"] += plan.existing_bridge
+        if self.op.accept_loss:
+            self.writer.world.interrupt_recovery(self.writer)
 
     def _feed(self, event: sr.Event) -> None:
         if self.active():

@@ -174,6 +174,17 @@ class StoreNode(Node):
         self.world.checker.store_deleted(self.name, segment)
         return existed
 
+    def destroy(self, segment: SegmentKey, cluster_id: str) -> None:
+        """Lose this replica of `segment` for good, as a lost disk loses it: gone, and
+        marked lost as a new incarnation marks what its earlier one held, so the store
+        never stands for it again (UNAVAILABLE to its writer and recoveries)."""
+        self.delete(segment)
+        joined = self.core.execute(JoinCommand(cluster_id, (segment,)))
+        assert isinstance(joined, Joined) and joined.lost == (segment,), joined
+        if isinstance(self.kv, UnsyncedMemoryKV):
+            self.kv.flush()
+        self.tails.pump_all()
+
     def restart(self) -> None:
         super().restart()
         if self.wipe_at_restart:

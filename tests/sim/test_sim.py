@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from streamengine.protocol.policy import ReplicationPolicy
-from tests.sim.world import WIPES, RunResult, run_seed
+from tests.sim.world import ACCEPT_LOSS, WIPES, RunResult, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = 500
@@ -423,3 +423,79 @@ def test_wiped_stores_rejoin_and_every_seed_keeps_invariants_and_converges() -> 
     for seen in ("stores wiped", "lost replicas marked", "registrations retried"):
         assert stats[seen] > 0, (seen, stats)
     assert stats["crashes before joining"] and stats["crashes after registering"], stats
+
+
+# Issue 35, defect 2: accepting loss (`SimConfig.accept_loss`, in the band `ACCEPT_LOSS`).
+# The nemesis destroys replicas of the open segment for good until fewer than R are
+# left; the operator then stops the writers and every later recovery of the segment
+# accepts loss, half of them interrupted once decided. The checker holds followers to
+# invariant 1 and its converse: an acked event is missing only where a DataLossError
+# the follower was told covers it, and one is told only where the master declared it.
+ACCEPT_LOSS_SEEDS = range(15)
+
+
+def test_replicas_destroyed_for_good_are_sealed_accepting_loss_and_every_loss_is_told() -> None:
+    results = [run_seed(seed, LONG_STEPS, overrides=ACCEPT_LOSS) for seed in ACCEPT_LOSS_SEEDS]
+    failures = [
+        f.replace(f"--steps {STEPS}", f"--steps {LONG_STEPS} --accept-loss")
+        for f in _failures(results, STEPS)
+    ]
+    assert not failures, "\n".join(failures)
+    stats: Counter[str] = Counter()
+    for result in results:
+        stats.update(result.stats)
+    reached = [r for r in results if r.stats["seals declaring loss"]]
+    assert len(reached) >= len(ACCEPT_LOSS_SEEDS) // 5, stats
+    for seen in ("losses told", "recoveries accepting loss interrupted"):
+        assert stats[seen] > 0, (seen, stats)
+
+
+# Each face of the hole, brought back by its flaw, and the seed of the band that first
+# caught it: the hunt starts there (and goes on if edits move the schedules).
+ACCEPT_LOSS_FLAWED = [
+    # A bridge found above the acked index (an interrupted recovery's) taken as proof
+    # that nothing was lost: the seal declares nothing, readers hit ranges no replica
+    # serves, or skip acked events.
+    ("trust_any_bridge", 6),
+    # The holders' acked index raised to the bridge before the master records the loss:
+    # stores serve a BRIDGE or HOLE where an acked event was served.
+    ("ack_before_loss", 34),
+    # The loss told ends at the bridge: a reader that had read past it on a replica
+    # since destroyed hops on, leaving acked events above the bridge untold.
+    ("loss_ends_at_final", 34),
+]
+ACCEPT_LOSS_HUNT_SPAN = 60
+
+
+@pytest.mark.parametrize(
+    ("flaw", "found"), ACCEPT_LOSS_FLAWED, ids=[f[0] for f in ACCEPT_LOSS_FLAWED]
+)
+def test_an_accepted_loss_left_untold_is_caught(flaw: str, found: int) -> None:
+    for seed in range(found, found + ACCEPT_LOSS_HUNT_SPAN):
+        result = run_seed(seed, LONG_STEPS, frozenset({flaw}), overrides=ACCEPT_LOSS)
+        assert not result.error, result.error
+        violation = result.violation
+        if violation is not None and violation.invariant in (1, 2):
+            return
+    last = found + ACCEPT_LOSS_HUNT_SPAN - 1
+    pytest.fail(f"no seed in {found}..{last} caught {flaw}")
+
+
+def test_seed_6_a_bridge_above_the_acked_index_is_no_proof_that_nothing_was_lost() -> None:
+    """The seed that caught `trust_any_bridge`: a recovery accepting loss, interrupted
+    after bridging the lone survivor above its acked index, left a bridge the next one
+    found. That one now declares the loss from the acked index + 1."""
+    result = run_seed(6, LONG_STEPS, overrides=ACCEPT_LOSS)
+    assert result.ok, result.summary()
+    assert result.stats["recoveries accepting loss interrupted"], result.stats
+    assert result.stats["seals declaring loss"], result.stats
+
+
+def test_seed_34_a_loss_is_recorded_before_acked_indexes_rise_and_runs_past_the_bridge() -> None:
+    """The seed that caught `ack_before_loss` and `loss_ends_at_final`: the master now
+    records the loss before the survivor's acked index rises, and never to the bridge,
+    and the loss told runs to the segment's end, so the reader that had read past the
+    bridge on a destroyed replica is told it and goes on at the next segment."""
+    result = run_seed(34, LONG_STEPS, overrides=ACCEPT_LOSS)
+    assert result.ok, result.summary()
+    assert result.stats["losses told"], result.stats

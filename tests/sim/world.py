@@ -55,6 +55,9 @@ FLAWS = (
     "ignore_grant",
     "short_read",
     "forget_lost",
+    "trust_any_bridge",
+    "ack_before_loss",
+    "loss_ends_at_final",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -84,6 +87,32 @@ CRASH_AFTER_REGISTERING_CHANCE = 0.3
 # for N = 3, W = 2, so a wiped store is in every copy set and, back as a new
 # incarnation, often among the R stores a recovery decides from.
 WIPES: dict[str, Any] = {"wipes": True, "policy": ReplicationPolicy(3, 2), "stores": 3}
+# With `SimConfig.accept_loss`, the chance that a chaos tick destroys one replica of
+# the stream's open segment for good (as a lost disk does, the store marking it lost).
+# Once more replicas of a segment are destroyed than its quorums can spare (fewer than
+# R left), the operator stops the writers and seals it accepting loss: from then on
+# every recovery of it accepts loss, and may be interrupted as any recovery is. One
+# replica of every segment is always kept ("Known gaps": a segment that lost every
+# replica cannot be sealed).
+DESTROY_CHANCE = 0.15
+# The chance that the replica destroyed is the one holding most (the others may then
+# lack acked events: a loss to declare), not one drawn at random.
+DESTROY_AHEAD_CHANCE = 0.5
+# The chance that a recovery accepting loss is interrupted (its writer killed) within
+# `INTERRUPT_MS_MAX` of its decision: it leaves bridges above the acked index, or
+# stores raised, for the next one to find.
+INTERRUPT_CHANCE = 0.5
+INTERRUPT_MS_MAX = 30
+# The band accepting loss is hunted in (`python -m tests.sim SEED --accept-loss`): N = 3,
+# W = 2 on three stores, so two destroyed replicas leave a segment stuck with one.
+ACCEPT_LOSS: dict[str, Any] = {
+    "accept_loss": True,
+    "policy": ReplicationPolicy(3, 2),
+    "stores": 3,
+    "fsync_never": (),
+}
+# The flaws of issue #35's defect 2, each found in the band `ACCEPT_LOSS`.
+ACCEPT_LOSS_FLAWS = frozenset({"trust_any_bridge", "ack_before_loss", "loss_ends_at_final"})
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -144,6 +173,10 @@ class SimConfig:
     # may crash before it joins. Off unless asked for (or the flaw `forget_lost`): it
     # draws from the seed's randomness.
     wipes: bool = False
+    # Destroyed replicas and the operator's `seal --accept-loss` (`DESTROY_CHANCE`).
+    # Off unless asked for (or one of the flaws it hunts): it draws from the seed's
+    # randomness.
+    accept_loss: bool = False
 
     @property
     def append_timeout_ms(self) -> int:
@@ -197,6 +230,7 @@ class SimConfig:
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
             + (" wipes" if self.wipes else "")
+            + (" accept-loss" if self.accept_loss else "")
         )
 
 
@@ -280,6 +314,9 @@ class World:
         self.writers = [WriterNode(f"w{i}", self) for i in range(1, config.writers + 1)]
         self.followers = [FollowerNode(f"r{i}", self) for i in range(1, config.followers + 1)]
         self.bounded: list[FollowerNode] = []
+        # Replicas destroyed for good, by segment; segments sealed accepting loss.
+        self.destroyed: dict[SegmentKey, set[str]] = {}
+        self.loss_accepted: set[SegmentKey] = set()
         self.nodes: dict[str, Node] = {MASTER: self.master}
         self.nodes.update(self.stores)
         self.nodes.update((w.name, w) for w in self.writers)
@@ -429,7 +466,68 @@ class World:
             self._operator_moves()
         if self.config.rot and self.rng.random() < ROT_CHANCE:
             self._rot()
+        if self._destroys_replicas and self.rng.random() < DESTROY_CHANCE:
+            self._destroy_replica()
         self.sched.after(self.config.chaos_every_ms, "chaos", self._chaos)
+
+    # ---- destroyed replicas, and sealing accepting loss ----
+
+    @property
+    def _destroys_replicas(self) -> bool:
+        return self.config.accept_loss or bool(self.config.flaws & ACCEPT_LOSS_FLAWS)
+
+    def accepts_loss(self, segment: SegmentKey) -> bool:
+        """Whether recoveries of `segment` accept loss (the operator sealing it)."""
+        return segment in self.loss_accepted
+
+    def _matched(self, store: str, segment: SegmentKey) -> int:
+        meta = self.stores[store].core.catalog.meta(segment)
+        return meta.matched_index if meta is not None else 0
+
+    def interrupt_recovery(self, writer: WriterNode) -> None:
+        """Now and then, kill the writer of a recovery accepting loss that just decided,
+        as an operator's interrupted `seal --accept-loss`."""
+        if self.phase != "safety" or self.rng.random() >= INTERRUPT_CHANCE:
+            return
+        incarnation = writer.incarnation
+
+        def interrupt() -> None:
+            if writer.incarnation == incarnation and writer.up:
+                self.stats["recoveries accepting loss interrupted"] += 1
+                self._crash(writer, self.config.lease_ms)
+
+        self.sched.after(self.rng.randint(1, INTERRUPT_MS_MAX), "interrupt", interrupt)
+
+    def _destroy_replica(self) -> None:
+        """Destroy one replica of the stream's open segment for good, keeping one; once
+        fewer than R are left, the operator stops the writers and seals accepting loss."""
+        unsealed = [
+            s
+            for s in self.master.state.stream_segments(self.checker.stream_id)
+            if s.state != SegmentState.SEALED
+        ]
+        if not unsealed:
+            return
+        record = unsealed[-1]
+        segment = SegmentKey(record.stream_id, record.epoch)
+        destroyed = self.destroyed.setdefault(segment, set())
+        standing = [s for s in record.copy_set if s not in destroyed and self.stores[s].up]
+        if len(record.copy_set) - len(destroyed) <= 1 or not standing:
+            return
+        victim = self.rng.choice(standing)
+        if self.rng.random() < DESTROY_AHEAD_CHANCE:
+            victim = max(standing, key=lambda s: self._matched(s, segment))
+        self.stores[victim].destroy(segment, self.master.state.cluster_id)
+        destroyed.add(victim)
+        self.stats["replicas destroyed"] += 1
+        self.note(f"{victim}'s replica of segment {segment.epoch} destroyed")
+        left = len(record.copy_set) - len(destroyed)
+        if left < self.config.policy.read_quorum and segment not in self.loss_accepted:
+            self.loss_accepted.add(segment)
+            self.stats["segments sealed accepting loss"] += 1
+            self.note(f"operator stops the writers, seals {segment.epoch} accepting loss")
+            for writer in self.writers:
+                self._crash(writer, self.config.lease_ms)
 
     @property
     def _wipes_on(self) -> bool:

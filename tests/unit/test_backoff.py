@@ -48,7 +48,7 @@ def test_a_backoff_delay(rule, backoff, attempt, draw, expected_ms) -> None:
         (TRANSIENT_CALL, [50, 100, 200, 400, 800, 1_000, 1_000]),
         (STORE_STREAM_REOPEN, [50, 100, 200, 400, 800, 1_000, 1_000]),
         (ROLL_WITHOUT_SEGMENT, [100, 200, 400, 800, 1_000, 1_000, 1_000]),
-        (REPLICA_READ, [100, 200, 400, 800, 1_600, 3_000, 3_000]),
+        (REPLICA_READ, [100, 200, 400, 800, 1_000, 1_000, 1_000]),
         (STORE_REGISTER, [50, 100, 200, 400, 800, 1_600, 2_000]),
         (ETCD_CALL, [100, 200, 400, 800, 1_000, 1_000, 1_000]),
     ],

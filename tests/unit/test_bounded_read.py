@@ -95,7 +95,7 @@ def test_a_bounded_read_waits_no_later_than_when_it_gives_up() -> None:
     cursor = Cursor(0, END, TIMING)
     cursor.on_segments([segment(False)], 0)
     now = 0
-    for _ in range(8):  # backoffs grow to their max, 3 s
+    for _ in range(30):  # backoffs grow to their max (1 s), then one ends past the bound
         for replica in (A, B, C):
             cursor.on_replica_failed(1, replica, now)
         decision = cursor.next(now)

@@ -62,7 +62,7 @@ def test_members_and_admins_are_who_their_certificates_name(cluster: certs.Local
     master = principal(cluster, proof_of(cluster.node_dir("master")), f"localhost:{PORT}")
     assert master.kind is auth.PrincipalKind.MASTER
     admin = principal(cluster, proof_of(cluster.client_dir, "client.root"))
-    assert admin == auth.Principal(auth.PrincipalKind.CLUSTER_ADMIN, "root")
+    assert admin == auth.Principal(auth.PrincipalKind.CLUSTER_ADMIN, "client root")
 
 
 def test_a_client_certificate_without_admin_proves_nothing(

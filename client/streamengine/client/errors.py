@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import grpc
 
-from streamengine.protocol.sequence import pack_sequence
+from streamengine.client.core.subscription import resume_past_loss
 from streamengine.protocol.status import (
     DELETED_UNTIL_METADATA_KEY,
     FENCE_METADATA_KEY,
@@ -85,8 +85,9 @@ class AppendInDoubt(LeadershipLost):
 class DataLossError(StreamEngineError):
     """A range of a stream that no replica can serve: `first_index..last_index` of
     segment `segment_epoch`; `accepted`: an operator sealed it accepting the loss
-    (`streamengine seal NAME --accept-loss`), and what was acknowledged there may be
-    gone for good. A reader goes on past it from `resume_sequence`."""
+    (`streamengine seal NAME --accept-loss`), and what was acknowledged from
+    `first_index` to the segment's end (past its bridge `last_index` too) may be gone
+    for good. A reader goes on past it from `resume_sequence`."""
 
     def __init__(
         self,
@@ -101,15 +102,18 @@ class DataLossError(StreamEngineError):
         self.first_index = first_index
         self.last_index = last_index
         self.accepted = accepted
-        # Past the range: the position after the segment's last index.
-        self.resume_sequence = pack_sequence(segment_epoch, last_index + 1)
-        what = (
-            "were lost: the segment was sealed accepting the loss"
-            if accepted
-            else "are unreadable on every replica"
-        )
+        # Past the range: the position after it, or after the whole segment.
+        self.resume_sequence = resume_past_loss(segment_epoch, last_index, accepted)
+        if accepted:
+            # The lost replicas may have held acked events past the bridge too.
+            what = (
+                f"indexes {first_index}.. to its end (bridge at {last_index}) were lost: "
+                "the segment was sealed accepting the loss"
+            )
+        else:
+            what = f"indexes {first_index}..{last_index} are unreadable on every replica"
         super().__init__(
-            f"{stream}: segment {segment_epoch} indexes {first_index}..{last_index} {what} "
+            f"{stream}: segment {segment_epoch} {what} "
             f"(resume from sequence {self.resume_sequence})"
         )
 

@@ -26,6 +26,9 @@ Key layout (raw bytes; ids big-endian so a stream's segments sort by epoch):
   r/<store_id>                     -> JSON StoreRecord
   d/<store_id>\\0<stream_id u64><epoch u64> -> b"" (a replica the store must delete)
   k/<token_id>                     -> JSON TokenRecord (tokens issued, until they expire)
+  c/<serial, hex>                  -> JSON {not_after_ms, common_name, revoked_at_ms}: a
+                                      certificate revoked (`protocol.cert_revocations`),
+                                      until it expires
 
 The signing keys sit with the rest of the metadata so that a master started on the
 same metadata (a restart, or a standby on shared storage) signs and verifies with the
@@ -51,6 +54,7 @@ from streamengine.master.core.model import (
     TokenRecord,
 )
 from streamengine.master.metadata import Metadata, Transaction
+from streamengine.protocol.cert_revocations import RevokedCert, serial_text
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import EPOCH_MAX
 
@@ -65,6 +69,7 @@ _CLUSTER_ID = b"m/cluster_id"
 _REBUILDING = b"m/rebuilding"
 _TOKEN = b"k/"
 _SIGNING_KEYS = b"y/"
+_REVOKED_CERT = b"c/"
 _TENANT = b"t/"
 _STREAM = b"s/"
 _SEGMENT = b"g/"
@@ -175,6 +180,19 @@ class Batch(Transaction):
         self.deletes.append(_TOKEN + token_id.encode())
         return self
 
+    def revoked_cert(self, entry: RevokedCert) -> Batch:
+        value = {
+            "not_after_ms": entry.not_after_ms,
+            "common_name": entry.common_name,
+            "revoked_at_ms": entry.revoked_at_ms,
+        }
+        self.puts.append((_REVOKED_CERT + serial_text(entry.serial).encode(), _json(value)))
+        return self
+
+    def drop_revoked_cert(self, serial: int) -> Batch:
+        self.deletes.append(_REVOKED_CERT + serial_text(serial).encode())
+        return self
+
     def revocations_version(self, value: int) -> Batch:
         self.puts.append((_REVOCATIONS_VERSION, _U64.pack(value)))
         return self
@@ -209,6 +227,7 @@ class Loaded:
     signing_keys: dict[str, tuple[KeyRecord, bytes]] = field(default_factory=dict)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
     revocations_version: int = 0
+    revoked_certs: list[RevokedCert] = field(default_factory=list)
     rebuilt_through: int = 0
     cluster_id: str = ""
     rebuilding: bool = False
@@ -283,4 +302,7 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             loaded.rebuilding = True
         elif key.startswith(_TOKEN):
             loaded.tokens[key[len(_TOKEN) :].decode()] = TokenRecord(**json.loads(value))
+        elif key.startswith(_REVOKED_CERT):
+            serial = int(key[len(_REVOKED_CERT) :], 16)
+            loaded.revoked_certs.append(RevokedCert(serial, **json.loads(value)))
     return loaded

@@ -43,6 +43,12 @@ ELECTION_DIR = b"/master"
 # raft leader (etcd answers those with UNAVAILABLE too).
 _NEXT_MEMBER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
+# Where `EtcdClient` gets its channels to a member when set: the deterministic simulator
+# (tests/sim/runtime) serves an in-memory etcd on its network there. None, as shipped:
+# grpc's own, with the client's TLS.
+channel_factory: Callable[[str], grpc.Channel] | None = None
+aio_channel_factory: Callable[[str], grpc.aio.Channel] | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class EtcdConfig:
@@ -95,18 +101,19 @@ class EtcdTLS:
 
     @classmethod
     def from_certs_dir(cls, certs_dir: Path) -> EtcdTLS:
-        """A master's node certificate, or else a cluster admin's `client.root`
-        (`metadata backup` and `restore`). Raises TransportError when neither is there."""
+        """A master's node certificate, or else the operator's `etcd-root.crt` (`metadata
+        secure` makes it; `backup` and `restore` use it). Raises TransportError when
+        neither is there."""
         cert, key = certs_dir / transport.NODE_CERT, certs_dir / transport.NODE_KEY
         if not cert.exists():
-            cert, key = transport.client_cert_paths(certs_dir, transport.ROOT_CLIENT)
+            cert, key = certs_dir / transport.ETCD_ROOT_CERT, certs_dir / transport.ETCD_ROOT_KEY
         try:
             return cls(
                 (certs_dir / transport.CA_CERT).read_bytes(), cert.read_bytes(), key.read_bytes()
             )
         except OSError as error:
             raise transport.TransportError(
-                f"etcd over TLS needs ca.crt and node.crt/key (or client.root.crt/key) in "
+                f"etcd over TLS needs ca.crt and node.crt/key (or etcd-root.crt/key) in "
                 f"{certs_dir}: {error.strerror or error}"
             ) from None
 
@@ -139,7 +146,9 @@ class EtcdClient:
     def _sync_channel(self, member: str) -> grpc.Channel:
         channel = self._sync.get(member)
         if channel is None:
-            if self._tls is None:
+            if channel_factory is not None:
+                channel = channel_factory(member)
+            elif self._tls is None:
                 channel = grpc.insecure_channel(member, options=CLIENT_OPTIONS)
             else:
                 channel = grpc.secure_channel(member, self._tls.credentials(), CLIENT_OPTIONS)
@@ -149,7 +158,9 @@ class EtcdClient:
     def aio_channel(self, member: str) -> grpc.aio.Channel:
         channel = self._aio.get(member)
         if channel is None:
-            if self._tls is None:
+            if aio_channel_factory is not None:
+                channel = aio_channel_factory(member)
+            elif self._tls is None:
                 channel = grpc.aio.insecure_channel(member, options=CLIENT_OPTIONS)
             else:
                 channel = grpc.aio.secure_channel(member, self._tls.credentials(), CLIENT_OPTIONS)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from streamengine.master.metadata import NotActive
 from streamengine.master.repair import Repairer
 from streamengine.master.state import MasterState
+from streamengine.protocol import identity
 
 # An active master whose lease never runs out (the embedded metadata: one master).
 FOREVER_MS = 1 << 62
@@ -32,6 +33,8 @@ class MasterRole:
 
     def activate(self, state: MasterState, repairer: Repairer, until_ms: int = 0) -> None:
         self.state, self.repairer = state, repairer
+        # The certificates this state's metadata revoked are refused from now on.
+        identity.take_revocations(state.cert_revocations)
         if until_ms:
             self.active_until_ms = until_ms
         self.active_address = self.address

@@ -31,6 +31,7 @@ from streamengine.master.role import MasterRole
 from streamengine.master.service_admin import AdminHandlers
 from streamengine.master.service_calls import Handlers, MasterCalls
 from streamengine.master.service_leases import LeaseHandlers
+from streamengine.master.service_revocations import RevocationHandlers
 from streamengine.master.service_segments import SegmentHandlers
 from streamengine.master.service_stores import StoreHandlers
 from streamengine.master.service_streams import StreamHandlers
@@ -66,10 +67,19 @@ class MasterService:
         self.segments = SegmentHandlers(self.calls)
         self.admin = AdminHandlers(self.calls)
         self.tokens = TokenHandlers(self.calls)
+        self.revocations = RevocationHandlers(self.calls)
         self.holds = OpenCalls(LEASE_HOLDS_PER_PRINCIPAL_MAX)
 
     def groups(self) -> tuple[Handlers, ...]:
-        return (self.stores, self.streams, self.leases, self.segments, self.admin, self.tokens)
+        return (
+            self.stores,
+            self.streams,
+            self.leases,
+            self.segments,
+            self.admin,
+            self.tokens,
+            self.revocations,
+        )
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
         """Each RPC of the Master service, by name, from the group that serves it."""

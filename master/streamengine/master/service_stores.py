@@ -1,7 +1,7 @@
 """The Master service's RPCs for the stores: registration and heartbeats.
 
 A heartbeat's reply carries what the store must do (deletes, replicas to check first,
-segment records, revocations); under TLS the master signs it (`_sign_reply`).
+segment records, token and certificate revocations); under TLS the master signs it (`_sign_reply`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,9 @@ class StoreHandlers(Handlers):
                 for stream_id, epoch in registered.lost
             ],
         )
+        certs = self.state.revoker.current(self.calls.clock_ms())
+        reply.certificate_revocations_version = certs.version
+        reply.revoked_certificates.extend(map(codec.revoked_cert_to_pb, certs.revoked))
         self._sign_reply(context, "register", request.store_id, reply)
         return reply
 
@@ -125,6 +128,10 @@ class StoreHandlers(Handlers):
                 master_pb2.RevokedToken(token_id=token_id, expires_at_ms=expires_at_ms)
                 for token_id, expires_at_ms in revocations.items()
             )
+        certs = self.state.revoker.current(self.calls.clock_ms())
+        reply.certificate_revocations_version = certs.version
+        if request.certificate_revocations_version != certs.version:
+            reply.revoked_certificates.extend(map(codec.revoked_cert_to_pb, certs.revoked))
         self._sign_reply(context, "heartbeat", request.store_id, reply)
         return reply
 

@@ -3,11 +3,12 @@ every part of the master reads.
 
 What changes the records sits in one section each, every section sharing this state and
 its one commit path (`catalog`): `tenancy` (tenants and streams), `retention` (trims and
-removals), `tokens` (tokens issued), `keys` (signing keys), `leadership` (leases and
-epochs), `integrity` (seals and scrub reports), `stores` (registrations, heartbeats,
-drains) and `replicas` (copies, swaps, repair and rebalance plans). `MasterState` builds
-them: `state.tenancy`, `state.retention`, `state.issuer`, `state.keys`,
-`state.leadership`, `state.integrity`, `state.registry`, `state.replicas`.
+removals), `tokens` (tokens issued), `keys` (signing keys), `cert_revocations`
+(certificates revoked), `leadership` (leases and epochs), `integrity` (seals and scrub
+reports), `stores` (registrations, heartbeats, drains) and `replicas` (copies, swaps,
+repair and rebalance plans). `MasterState` builds them: `state.tenancy`,
+`state.retention`, `state.issuer`, `state.keys`, `state.revoker`, `state.leadership`,
+`state.integrity`, `state.registry`, `state.replicas`.
 
 Every method is synchronous and runs on the server's event loop, so each one is atomic
 with respect to the others. A mutation is built as a `Batch`, committed durably, and
@@ -23,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from streamengine.master.catalog import Catalog
+from streamengine.master.cert_revocations import CertRevoker
 from streamengine.master.core import authority, integrity, leadership, retention
 from streamengine.master.core.durability import DurabilityLedger
 from streamengine.master.core.errors import NotFound, RebuildUnfinished, StreamDeleted
@@ -43,6 +45,7 @@ from streamengine.master.retention import Retention
 from streamengine.master.stores import StoreLive, StoreRegistry
 from streamengine.master.tenancy import Tenancy
 from streamengine.master.tokens import TokenIssuer
+from streamengine.protocol.cert_revocations import CertRevocations
 from streamengine.protocol.grants import GRANT_MS_DEFAULT
 from streamengine.protocol.limits import TENANT_STREAMS_MAX_DEFAULT
 from streamengine.protocol.retention import first_retained_sequence
@@ -110,6 +113,7 @@ class MasterState:
             {t.token_id: t.expires_at_ms for t in self.tokens.values() if t.revoked_at_ms},
             loaded.revocations_version,
         )
+        self.cert_revocations = CertRevocations.of(loaded.revoked_certs)
         self.tenants = loaded.tenants
         self.streams = loaded.streams
         self.segments: dict[SegmentKey, SegmentRecord] = {}
@@ -165,6 +169,7 @@ class MasterState:
         self.tenancy = Tenancy(self)
         self.retention = Retention(self)
         self.issuer = TokenIssuer(self)
+        self.revoker = CertRevoker(self)
         self.leadership = Leadership(self)
         self.integrity = Integrity(self)
         self.registry = StoreRegistry(self)

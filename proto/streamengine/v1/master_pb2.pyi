@@ -148,12 +148,18 @@ class RegisterStoreReply(_message.Message):
     SIGNING_PUBLIC_KEYS_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     LOST_SEGMENTS_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
+    REVOKED_CERTIFICATES_FIELD_NUMBER: _builtins.int
     heartbeat_interval_ms: _builtins.int
     """How often the store must heartbeat."""
     cluster_id: _builtins.str
     """The master's cluster id; the store keeps it at its first registration and takes
     writes and seals only from then on. "" while a master rebuilding its metadata has
     not adopted the stores' id yet: the store registers again.
+    """
+    certificate_revocations_version: _builtins.int
+    """Every certificate revoked (the whole list) and its version, as in
+    StoreHeartbeatReply: the store refuses their calls from now on.
     """
     @_builtins.property
     def signing_public_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
@@ -166,6 +172,8 @@ class RegisterStoreReply(_message.Message):
         recovery counts an empty answer for the replica that was lost.
         """
 
+    @_builtins.property
+    def revoked_certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedCertificate]: ...
     def __init__(
         self,
         *,
@@ -173,10 +181,12 @@ class RegisterStoreReply(_message.Message):
         signing_public_keys: _abc.Iterable[_builtins.bytes] | None = ...,
         cluster_id: _builtins.str = ...,
         lost_segments: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
+        certificate_revocations_version: _builtins.int = ...,
+        revoked_certificates: _abc.Iterable[Global___RevokedCertificate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "lost_segments", b"lost_segments", "signing_public_keys", b"signing_public_keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "cluster_id", b"cluster_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "lost_segments", b"lost_segments", "revoked_certificates", b"revoked_certificates", "signing_public_keys", b"signing_public_keys"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,6 +244,7 @@ class StoreHeartbeatRequest(_message.Message):
     SEGMENTS_FIELD_NUMBER: _builtins.int
     REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     SCRUBBED_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     address: _builtins.str
     zone: _builtins.str
@@ -243,6 +254,8 @@ class StoreHeartbeatRequest(_message.Message):
     """Free bytes on the store's disk."""
     revocations_version: _builtins.int
     """The version of the token revocations the store holds (0 before any)."""
+    certificate_revocations_version: _builtins.int
+    """The version of the certificate revocations the store holds (0: none)."""
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegment]:
         """Every segment the store holds."""
@@ -262,10 +275,11 @@ class StoreHeartbeatRequest(_message.Message):
         segments: _abc.Iterable[Global___HeldSegment] | None = ...,
         revocations_version: _builtins.int = ...,
         scrubbed: _abc.Iterable[Global___ScrubReport] | None = ...,
+        certificate_revocations_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "free_bytes", b"free_bytes", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "certificate_revocations_version", b"certificate_revocations_version", "free_bytes", b"free_bytes", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -348,6 +362,8 @@ class StoreHeartbeatReply(_message.Message):
     SCRUB_FIRST_FIELD_NUMBER: _builtins.int
     DELETED_STREAMS_FIELD_NUMBER: _builtins.int
     SEGMENT_RECORDS_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
+    REVOKED_CERTIFICATES_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -358,6 +374,11 @@ class StoreHeartbeatReply(_message.Message):
     tenant_append_bytes_per_s: _builtins.int
     """Payload bytes per second a tenant may append through this store (each tenant its
     own budget; 0: no limit). Above it, Write batches are refused with REFUSED_QUOTA.
+    """
+    certificate_revocations_version: _builtins.int
+    """The master's version of the certificate revocations: when it differs from the
+    request's, `revoked_certificates` is the whole list, which replaces the store's
+    (it may be empty); when it is the same, `revoked_certificates` is empty.
     """
     @_builtins.property
     def delete_segments(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
@@ -392,6 +413,8 @@ class StoreHeartbeatReply(_message.Message):
         the store keeps each beside its segment (`master --rebuild` reads them back).
         """
 
+    @_builtins.property
+    def revoked_certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedCertificate]: ...
     def __init__(
         self,
         *,
@@ -404,14 +427,50 @@ class StoreHeartbeatReply(_message.Message):
         scrub_first: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
         deleted_streams: _abc.Iterable[Global___DeletedStream] | None = ...,
         segment_records: _abc.Iterable[_entry_pb2.SegmentRecord] | None = ...,
+        certificate_revocations_version: _builtins.int = ...,
+        revoked_certificates: _abc.Iterable[Global___RevokedCertificate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreHeartbeatReply: _TypeAlias = StoreHeartbeatReply  # noqa: Y015
+
+@_typing.final
+class RevokedCertificate(_message.Message):
+    """A certificate of the cluster's CA revoked before it expires."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERIAL_FIELD_NUMBER: _builtins.int
+    NOT_AFTER_MS_FIELD_NUMBER: _builtins.int
+    COMMON_NAME_FIELD_NUMBER: _builtins.int
+    REVOKED_AT_MS_FIELD_NUMBER: _builtins.int
+    serial: _builtins.str
+    """Its serial number, lowercase hex without leading zeros."""
+    not_after_ms: _builtins.int
+    """When it expires anyway (wall-clock ms): the revocation is kept until then."""
+    common_name: _builtins.str
+    """Its subject's common name, for listings and logs."""
+    revoked_at_ms: _builtins.int
+    """When it was revoked (wall-clock ms; set by the master)."""
+    def __init__(
+        self,
+        *,
+        serial: _builtins.str = ...,
+        not_after_ms: _builtins.int = ...,
+        common_name: _builtins.str = ...,
+        revoked_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "not_after_ms", b"not_after_ms", "revoked_at_ms", b"revoked_at_ms", "serial", b"serial"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokedCertificate: _TypeAlias = RevokedCertificate  # noqa: Y015
 
 @_typing.final
 class DeletedStream(_message.Message):
@@ -1869,6 +1928,85 @@ class RevokeTokenRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
+
+@_typing.final
+class RevokeCertificateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def certificate(self) -> Global___RevokedCertificate:
+        """serial, not_after_ms and common_name of the certificate (`cert revoke` reads them
+        from the certificate or the CA's list of what it issued); revoked_at_ms is unset.
+        """
+
+    def __init__(
+        self,
+        *,
+        certificate: Global___RevokedCertificate | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeCertificateRequest: _TypeAlias = RevokeCertificateRequest  # noqa: Y015
+
+@_typing.final
+class RevokeCertificateReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOKED_FIELD_NUMBER: _builtins.int
+    revoked: _builtins.bool
+    """False when the serial was revoked already (nothing changed)."""
+    def __init__(
+        self,
+        *,
+        revoked: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeCertificateReply: _TypeAlias = RevokeCertificateReply  # noqa: Y015
+
+@_typing.final
+class ListRevokedCertificatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedCertificatesRequest: _TypeAlias = ListRevokedCertificatesRequest  # noqa: Y015
+
+@_typing.final
+class ListRevokedCertificatesReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERTIFICATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedCertificate]: ...
+    def __init__(
+        self,
+        *,
+        certificates: _abc.Iterable[Global___RevokedCertificate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedCertificatesReply: _TypeAlias = ListRevokedCertificatesReply  # noqa: Y015
 
 @_typing.final
 class RevokeTokenReply(_message.Message):

@@ -165,6 +165,16 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.ListSigningKeysRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.SigningKeys.FromString,
                 _registered_method=True)
+        self.RevokeCertificate = channel.unary_unary(
+                '/streamengine.v1.Master/RevokeCertificate',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.RevokeCertificateRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.RevokeCertificateReply.FromString,
+                _registered_method=True)
+        self.ListRevokedCertificates = channel.unary_unary(
+                '/streamengine.v1.Master/ListRevokedCertificates',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.ListRevokedCertificatesRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.ListRevokedCertificatesReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -354,6 +364,21 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeCertificate(self, request, context):
+        """Certificates of the cluster's CA revoked before they expire (cluster admins only),
+        kept in the metadata. Every server refuses a call proving a revoked certificate
+        (UNAUTHENTICATED); stores learn the list with their registration and heartbeats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRevokedCertificates(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -486,6 +511,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ListSigningKeys,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.ListSigningKeysRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.SigningKeys.SerializeToString,
+            ),
+            'RevokeCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCertificate,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.RevokeCertificateRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.RevokeCertificateReply.SerializeToString,
+            ),
+            'ListRevokedCertificates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevokedCertificates,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.ListRevokedCertificatesRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.ListRevokedCertificatesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1190,6 +1225,60 @@ class Master:
             '/streamengine.v1.Master/ListSigningKeys',
             streamengine_dot_v1_dot_master__pb2.ListSigningKeysRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.SigningKeys.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/RevokeCertificate',
+            streamengine_dot_v1_dot_master__pb2.RevokeCertificateRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.RevokeCertificateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevokedCertificates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/ListRevokedCertificates',
+            streamengine_dot_v1_dot_master__pb2.ListRevokedCertificatesRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.ListRevokedCertificatesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -114,6 +114,12 @@ class MasterStub:
     keys with their heartbeats.
     """
     ListSigningKeys: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSigningKeysRequest, _master_pb2.SigningKeys]
+    RevokeCertificate: _grpc.UnaryUnaryMultiCallable[_master_pb2.RevokeCertificateRequest, _master_pb2.RevokeCertificateReply]
+    """Certificates of the cluster's CA revoked before they expire (cluster admins only),
+    kept in the metadata. Every server refuses a call proving a revoked certificate
+    (UNAUTHENTICATED); stores learn the list with their registration and heartbeats.
+    """
+    ListRevokedCertificates: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListRevokedCertificatesRequest, _master_pb2.ListRevokedCertificatesReply]
 
 @_typing.type_check_only
 class MasterAsyncStub(MasterStub):
@@ -179,6 +185,12 @@ class MasterAsyncStub(MasterStub):
     keys with their heartbeats.
     """
     ListSigningKeys: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSigningKeysRequest, _master_pb2.SigningKeys]  # type: ignore[assignment]
+    RevokeCertificate: _aio.UnaryUnaryMultiCallable[_master_pb2.RevokeCertificateRequest, _master_pb2.RevokeCertificateReply]  # type: ignore[assignment]
+    """Certificates of the cluster's CA revoked before they expire (cluster admins only),
+    kept in the metadata. Every server refuses a call proving a revoked certificate
+    (UNAUTHENTICATED); stores learn the list with their registration and heartbeats.
+    """
+    ListRevokedCertificates: _aio.UnaryUnaryMultiCallable[_master_pb2.ListRevokedCertificatesRequest, _master_pb2.ListRevokedCertificatesReply]  # type: ignore[assignment]
 
 class MasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -397,5 +409,23 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.ListSigningKeysRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.SigningKeys, _abc.Awaitable[_master_pb2.SigningKeys]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeCertificate(
+        self,
+        request: _master_pb2.RevokeCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RevokeCertificateReply, _abc.Awaitable[_master_pb2.RevokeCertificateReply]]:
+        """Certificates of the cluster's CA revoked before they expire (cluster admins only),
+        kept in the metadata. Every server refuses a call proving a revoked certificate
+        (UNAUTHENTICATED); stores learn the list with their registration and heartbeats.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRevokedCertificates(
+        self,
+        request: _master_pb2.ListRevokedCertificatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.ListRevokedCertificatesReply, _abc.Awaitable[_master_pb2.ListRevokedCertificatesReply]]: ...
 
 def add_MasterServicer_to_server(servicer: MasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

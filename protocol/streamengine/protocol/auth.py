@@ -113,6 +113,8 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/RevokeToken": Need.CLUSTER_ADMIN,
     "Master/RotateSigningKey": Need.CLUSTER_ADMIN,
     "Master/ListSigningKeys": Need.CLUSTER_ADMIN,
+    "Master/RevokeCertificate": Need.CLUSTER_ADMIN,
+    "Master/ListRevokedCertificates": Need.CLUSTER_ADMIN,
     # segment store
     "SegmentStore/Write": Need.TENANT_WRITE,
     "SegmentStore/Seal": Need.TENANT_WRITE,

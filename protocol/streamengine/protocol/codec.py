@@ -1,4 +1,6 @@
-"""The one place where wire entries (`streamengine.v1.Entry`) and stored entries meet.
+"""The one place where wire entries (`streamengine.v1.Entry`) and stored entries meet,
+and where the other wire messages a master and its stores both read (certificates of
+segments, revoked TLS certificates) become their types.
 
 Writers, recovery, stores, repair and readers all convert through here, so an unknown
 kind is refused the same way everywhere (`MalformedEntry`, which a store answers as a bad
@@ -10,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from streamengine.protocol.cert_revocations import RevokedCert, parse_serial, serial_text
 from streamengine.protocol.certificate import Certificate, Chunk, MalformedCertificate
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, unpack_values
-from streamengine.v1 import entry_pb2, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 
 
 class MalformedEntry(ValueError):
@@ -104,3 +107,22 @@ def certificate_from_pb(message: entry_pb2.SegmentCertificate) -> Certificate:
     if message.root and message.root != certificate.root():
         raise MalformedCertificate("the root does not match the chunks")
     return certificate
+
+
+def revoked_cert_to_pb(entry: RevokedCert) -> master_pb2.RevokedCertificate:
+    return master_pb2.RevokedCertificate(
+        serial=serial_text(entry.serial),
+        not_after_ms=entry.not_after_ms,
+        common_name=entry.common_name,
+        revoked_at_ms=entry.revoked_at_ms,
+    )
+
+
+def revoked_cert_from_pb(message: master_pb2.RevokedCertificate) -> RevokedCert:
+    """Raises ValueError for a serial or a name no certificate has."""
+    return RevokedCert(
+        parse_serial(message.serial),
+        message.not_after_ms,
+        message.common_name,
+        message.revoked_at_ms,
+    )

@@ -14,12 +14,14 @@ connection, on every call (streams included), with two metadata entries:
   own certificate and its own port. A proof is valid for `PROOF_WINDOW_MS` either side
   of the server's clock (hosts' clocks differ), which bounds what a leaked one is worth.
 
-The server verifies the chain to its `ca.crt` (cached per certificate) and the
-signature (per call), then maps the certificate's URI SANs to a `Principal` with
-`auth.identity_from_auth_context`. A call without a proof is ANONYMOUS over TLS (a
-token may say more: tenants), INSECURE over plaintext. A proof that fails is refused
-outright (`ProofRefused`, UNAUTHENTICATED with the reason), never read as anonymous:
-a member with a wrong clock or an expired certificate must hear why.
+The server verifies the chain to its `ca.crt` (cached per certificate), that the
+certificate is not revoked (`cert_revocations`: the list the master keeps, which this
+server holds, `take_revocations`) and the signature (per call), then maps the
+certificate's URI SANs to a `Principal` with `auth.identity_from_auth_context`. A call
+without a proof is ANONYMOUS over TLS (a token may say more: tenants), INSECURE over
+plaintext. A proof that fails is refused outright (`ProofRefused`, UNAUTHENTICATED with
+the reason), never read as anonymous: a member with a wrong clock, an expired or a
+revoked certificate must hear why.
 
 Replies use the same proof where a store must know the master said it: the master's
 registration and heartbeat replies (a delete list, the master's grant-signing keys, its
@@ -54,6 +56,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from streamengine.protocol import auth
+from streamengine.protocol.cert_revocations import CertRevocations
 from streamengine.protocol.clock import wall_ms
 
 log = logging.getLogger("streamengine.identity")
@@ -115,6 +118,7 @@ class _Verified:
     common_name: str
     not_after_ms: int
     public_key: ec.EllipticCurvePublicKey
+    serial: int
 
 
 class ServerIdentity:
@@ -130,6 +134,8 @@ class ServerIdentity:
         self._port = listen_port
         self._verified: OrderedDict[bytes, _Verified] = OrderedDict()
         self._lock = threading.Lock()  # sync servers call from a pool of threads
+        # Replaced whole (one reference, read without the lock) as the master says.
+        self.revocations = CertRevocations()
 
     def principal(
         self, metadata: Mapping[str, str], now_ms: int, audience: str | None = None
@@ -144,6 +150,9 @@ class ServerIdentity:
         if len(cert_b64) > CERT_CHARS_MAX or len(proof) > PROOF_CHARS_MAX:
             raise ProofRefused("certificate proof too long")
         verified = self._verified_cert(cert_b64, now_ms)
+        refusal = self.revocations.refusal(verified.serial)
+        if refusal is not None:
+            raise ProofRefused(refusal)
         self._check_proof(verified, proof, now_ms, audience)
         return auth.identity_from_auth_context(_auth_context(verified.uris, verified.common_name))
 
@@ -212,7 +221,11 @@ class ServerIdentity:
             raise ProofRefused("the caller's certificate does not hold an EC key")
         uris, common_name = _names(certificate)
         return _Verified(
-            uris, common_name, int(certificate.not_valid_after_utc.timestamp() * 1000), key
+            uris,
+            common_name,
+            int(certificate.not_valid_after_utc.timestamp() * 1000),
+            key,
+            certificate.serial_number,
         )
 
 
@@ -239,10 +252,15 @@ def _auth_context(uris: Sequence[str], common_name: str) -> dict[str, list[bytes
 def principal_of_peer_certificate(der: bytes | None) -> auth.Principal:
     """The caller of a TLS connection whose handshake verified its certificate chain
     against the cluster's CA (an HTTPS server asking for an optional client
-    certificate): ANONYMOUS without one."""
+    certificate): ANONYMOUS without one, or with a revoked one."""
     if not der:
         return auth.ANONYMOUS
-    uris, common_name = _names(x509.load_der_x509_certificate(der))
+    certificate = x509.load_der_x509_certificate(der)
+    if _server_identity is not None and _server_identity.revocations.refusal(
+        certificate.serial_number
+    ):
+        return auth.ANONYMOUS
+    uris, common_name = _names(certificate)
     return auth.identity_from_auth_context(_auth_context(uris, common_name))
 
 
@@ -289,6 +307,13 @@ def caller_identity(context: Any) -> auth.Principal:
 def principal_of_metadata(metadata: Sequence[Any]) -> auth.Principal:
     assert _server_identity is not None
     return _server_identity.principal(metadata_dict(metadata), wall_ms())
+
+
+def take_revocations(revocations: CertRevocations) -> None:
+    """The certificates this server refuses from now on, as the master keeps them
+    (nothing to do on a plaintext server: it proves nobody)."""
+    if _server_identity is not None:
+        _server_identity.revocations = revocations
 
 
 def server_identity() -> ServerIdentity | None:

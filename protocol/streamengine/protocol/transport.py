@@ -33,6 +33,10 @@ CA_CERT = "ca.crt"
 NODE_CERT = "node.crt"
 NODE_KEY = "node.key"
 ROOT_CLIENT = "root"
+# The operator's certificate for etcd's `root` user (`metadata secure`): it names no
+# Stream Engine identity, so it grants nothing on the cluster's own servers.
+ETCD_ROOT_CERT = "etcd-root.crt"
+ETCD_ROOT_KEY = "etcd-root.key"
 CERTS_DIR_ENV = "STREAMENGINE_CERTS_DIR"
 MASTER_ENV = "STREAMENGINE_MASTER"
 TOKEN_ENV = "STREAMENGINE_TOKEN"

@@ -11,7 +11,11 @@ is needed after a failover.
 The master's replies also carry its authority: its signing keys and its token
 revocations (the store's `StoreAuthority` takes them, and keeps them durably when they
 change, before the next heartbeat), and the tenants' append quota. A new master (one
-rebuilt from the stores) brings a new key: the store takes it as any key change.
+rebuilt from the stores) brings a new key: the store takes it as any key change. They
+carry the certificates revoked too (`protocol.cert_revocations`: the whole list with
+the registration, and with a heartbeat whose version differs from the store's), which
+the store's server identity refuses from then on; kept in `revoked-certs.json` of its
+data dir, so that a store restarted while the master is away still refuses them.
 
 Identity: the store registers with its incarnation and the cluster id it keeps. A
 master of another cluster refuses it: the store stops (`WrongCluster`). The first
@@ -29,6 +33,7 @@ metadata from the stores.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import shutil
@@ -38,12 +43,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from streamengine.protocol import auth, codec, identity, transport
 from streamengine.protocol.backoff import STORE_REGISTER, tenacity_wait
+from streamengine.protocol.cert_revocations import REVOKED_CERTS_MAX, CertRevocations
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
+from streamengine.protocol.private_files import write_private
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AppendQuota, Deletion, StoreAuthority
 from streamengine.segment_store.core.commands import Joined, SegmentKey
@@ -110,6 +118,9 @@ class MasterLink:
         # keys, revocations) only signed by the master's certificate.
         self.master_identity = master_identity
         self.interval_s = HEARTBEAT_MS_DEFAULT / 1000
+        # As the master last said; refused by this server's identity (`take_revocations`).
+        self.cert_revocations = CertRevocations()
+        self._adopt_cert_revocations(read_revoked_certs(identity.data_dir / REVOKED_CERTS_FILE))
         self.registered = False
         # What the scrub read back goes with the heartbeats; the master asks for checks.
         self.scrubber = scrubber
@@ -175,6 +186,7 @@ class MasterLink:
         if not self._from_the_master(reply, "register", trailing):
             return
         await self._take_authority(reply.signing_public_keys, None, None)
+        self._take_cert_revocations(reply.revoked_certificates)
         if not reply.cluster_id:
             log.info("master %s has no cluster id yet (rebuilding)", self.master_address)
             return
@@ -247,6 +259,7 @@ class MasterLink:
                 for s, m in sorted(metas.items())
             ],
             revocations_version=self.authority.revocations.version,
+            certificate_revocations_version=self.cert_revocations.version,
             scrubbed=[scrub_report(s, result) for s, result in sorted(scrubbed.items())],
         )
         call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
@@ -267,6 +280,8 @@ class MasterLink:
         }
         revoked = [(t.token_id, t.expires_at_ms) for t in reply.revoked_tokens]
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
+        if reply.certificate_revocations_version != self.cert_revocations.version:
+            self._take_cert_revocations(reply.revoked_certificates)
         if reply.segment_records and self.keep_records is not None:
             records = [
                 (SegmentKey(r.id.stream_id, r.id.epoch), r.SerializeToString(deterministic=True))
@@ -316,6 +331,58 @@ class MasterLink:
                 len(self.authority.revocations),
                 self.authority.revocations.version,
             )
+
+
+    def _take_cert_revocations(self, revoked: Iterable[master_pb2.RevokedCertificate]) -> None:
+        """The master's whole list of revoked certificates, refused from now on (an entry
+        no certificate can have is left out, with a warning)."""
+        entries = []
+        for message in revoked:
+            try:
+                entries.append(codec.revoked_cert_from_pb(message))
+            except ValueError as error:
+                log.warning("ignoring a revoked certificate the master sent: %s", error)
+        taken = CertRevocations.of(entries[:REVOKED_CERTS_MAX])
+        if taken != self.cert_revocations:
+            log.info("certificates revoked: %d", len(taken.revoked))
+            write_revoked_certs(self.identity.data_dir / REVOKED_CERTS_FILE, taken)
+        self._adopt_cert_revocations(taken)
+
+    def _adopt_cert_revocations(self, revocations: CertRevocations) -> None:
+        self.cert_revocations = revocations
+        identity.take_revocations(revocations)
+
+
+REVOKED_CERTS_FILE = "revoked-certs.json"
+
+
+class RevokedCertsDamaged(Exception):
+    """The kept list of revoked certificates does not parse: the store does not start
+    (it cannot tell whom to refuse)."""
+
+
+def write_revoked_certs(path: Path, revocations: CertRevocations) -> None:
+    entries = [json_format.MessageToDict(codec.revoked_cert_to_pb(r)) for r in revocations.revoked]
+    write_private(path, json.dumps(entries).encode())
+
+
+def read_revoked_certs(path: Path) -> CertRevocations:
+    """What `write_revoked_certs` kept; none when there is no such file. A file that
+    does not parse is refused at start (the store cannot tell whom to refuse)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return CertRevocations()
+    try:
+        entries = [
+            codec.revoked_cert_from_pb(json_format.ParseDict(e, master_pb2.RevokedCertificate()))
+            for e in json.loads(raw)
+        ]
+    except (ValueError, TypeError, json_format.ParseError) as error:
+        raise RevokedCertsDamaged(
+            f"{path} is damaged ({error}): remove it, the master sends the list again"
+        ) from None
+    return CertRevocations.of(entries[:REVOKED_CERTS_MAX])
 
 
 def _refused_for_good(error: BaseException) -> bool:

@@ -53,7 +53,12 @@ from streamengine.segment_store.group_commit import (
     SegmentWatch,
 )
 from streamengine.segment_store.kv import RocksKV
-from streamengine.segment_store.master_link import MasterLink, StoreIdentity, WrongCluster
+from streamengine.segment_store.master_link import (
+    MasterLink,
+    RevokedCertsDamaged,
+    StoreIdentity,
+    WrongCluster,
+)
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.segment_store.service import add_to_server
 from streamengine.segment_store.store_context import (
@@ -322,20 +327,23 @@ async def serve(
             "no scrub (--scrub-mb-per-s 0): damage at rest stays unseen here, and the master "
             "never counts this store's sealed replicas as good, as none is read back"
         )
-    link = MasterLink(
-        args.master,
-        identity,
-        core,
-        store.delete,
-        authority,
-        store.keep_authority,
-        store.quota,
-        members,
-        peer_identity.server_identity(),
-        scrubber,
-        keep_records=store.keep_records,
-        join=store.join,
-    )
+    try:
+        link = MasterLink(
+            args.master,
+            identity,
+            core,
+            store.delete,
+            authority,
+            store.keep_authority,
+            store.quota,
+            members,
+            peer_identity.server_identity(),
+            scrubber,
+            keep_records=store.keep_records,
+            join=store.join,
+        )
+    except RevokedCertsDamaged as error:
+        raise StartupError(str(error)) from None
     refusal: list[str] = []
 
     async def link_to_master() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from streamengine.master.etcd import EtcdTLS
+from streamengine.master.etcd import PREFIX_DEFAULT, EtcdTLS, parse_etcd_url
 from streamengine.protocol.transport import (
     CA_CERT,
     NODE_CERT,
@@ -26,7 +26,8 @@ from streamengine.testing.processes import (
     make_store,
 )
 from streamengine.testing.waiting import wait_for
-from streamengine.tools.certs import LocalCerts
+from streamengine.tools.certs import MASTER_COMMON_NAME, LocalCerts
+from streamengine.tools.metadata_secure import secure_etcd
 
 ETCD_HEARTBEAT_MS = 50
 ETCD_ELECTION_TIMEOUT_MS = 500
@@ -132,7 +133,7 @@ class EtcdMember(ChildProcess):
 @dataclass
 class EtcdCluster:
     members: list[EtcdMember]
-    # The client certificate its members ask of the masters (None: plaintext).
+    # etcd's root user (`etcd-root.crt` of the certs' client dir), None: plaintext.
     tls: EtcdTLS | None = None
 
     @property
@@ -174,21 +175,27 @@ def make_etcd(root: Path, members: int = 1, certs: LocalCerts | None = None) -> 
         cluster.append(
             EtcdMember(name, client_port, peer_port, data, root / f"{name}.log", initial, certs_dir)
         )
-    tls = None if certs is None else EtcdTLS.from_certs_dir(certs.client_dir)
-    return EtcdCluster(cluster, tls)
+    if certs is None:
+        return EtcdCluster(cluster)
+    certs.add_etcd_root()
+    return EtcdCluster(cluster, EtcdTLS.from_certs_dir(certs.client_dir))
 
 
 @contextlib.contextmanager
 def running_etcd(
-    root: Path, members: int = 1, certs: LocalCerts | None = None
+    root: Path, members: int = 1, certs: LocalCerts | None = None, prefix: str = PREFIX_DEFAULT
 ) -> Iterator[EtcdCluster]:
     """Start an etcd of `members` members on free 127.0.0.1 ports; kill it on exit.
-    With `certs`: TLS for clients and peers, each member with its own certificate."""
+    With `certs`: TLS for clients and peers, each member with its own certificate, and
+    etcd's auth on as `metadata secure` leaves it: the masters alone reach the keys under
+    `prefix`, the cluster's `tls` (etcd's root) everything."""
     cluster = make_etcd(root, members, certs)
     try:
         for member in cluster.members:
             member.start()
         cluster.wait_ready()
+        if cluster.tls is not None:
+            secure_etcd(parse_etcd_url(cluster.url(prefix)), cluster.tls, [MASTER_COMMON_NAME])
         yield cluster
     finally:
         cluster.stop_all()
@@ -208,8 +215,10 @@ def running_ha_cluster(
     """`masters` masters on `etcd` (keys under `prefix`), the first one started becoming
     the active one, and `stores` stores given every master; kill everything on exit.
     With `certs` (those of a TLS `etcd`), every process serves TLS and the masters reach
-    etcd with their node certificates."""
+    etcd with their node certificates (their user given `prefix` too)."""
     metadata = ["--metadata", etcd.url(prefix), *(master_args or [])]
+    if etcd.tls is not None and prefix:
+        secure_etcd(parse_etcd_url(etcd.url(prefix)), etcd.tls, [MASTER_COMMON_NAME])
     processes = [make_master(root, metadata, certs, name=f"master{n}") for n in range(masters)]
     cluster = Cluster(root, processes[0], [], certs, standbys=processes[1:])
     try:

@@ -12,6 +12,10 @@ futures, cancellation, `run_until_complete`) with the one step that waits replac
   sets of them (`asyncio.wait`, `TaskGroup`) iterate the same way in every run.
 - `run_in_executor` (and so `asyncio.to_thread`) runs the function in this thread, as a
   ready callback: no threads, no selector, no real I/O.
+- A blocking call (`block(seconds)`, which the network's blocking channels call) blocks
+  the thread that made it, in virtual time: a node's event loop (its callbacks, which
+  `node_var` tells apart, are held until then while the rest of the world runs on), or
+  an executor's thread (its result reaches the awaiting task then).
 - While the loop runs, the process's clocks follow it: `time.monotonic[_ns]` is the
   virtual clock and `time.time[_ns]` a virtual wall clock (`WALL_START_S` plus the
   virtual time elapsed), which is what `streamengine.protocol.clock` reads too; the
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import heapq
 import random
 import time
@@ -87,6 +93,16 @@ class SimLoop(asyncio.BaseEventLoop):
         self._process_random = random.Random(self.rng.getrandbits(64)).getstate()
         self.steps = 0
         self.set_task_factory(self._ordered_task)
+        # Which node a callback runs as, read from its context (the network sets it).
+        self.node_var: contextvars.ContextVar[str] | None = None
+        # Threads blocked in a call (a node's loop, an executor thread), until when; the
+        # callbacks held meanwhile, by when they may run.
+        self._blocked_until: dict[str, float] = {}
+        self._held: list[tuple[float, int, asyncio.Handle]] = []
+        self._held_count = 0
+        self._executor_threads = 0
+        # The executor thread whose function runs now (`run_in_executor`), if any.
+        self._executor_thread: str | None = None
 
     # ---- virtual time ----
 
@@ -129,22 +145,69 @@ class SimLoop(asyncio.BaseEventLoop):
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
-        """`func(*args)` in this thread, as a ready callback (the executor is ignored)."""
+        """`func(*args)` in this thread, as a ready callback (the executor is ignored),
+        as an executor thread of its own: its result arrives once the blocking calls
+        it made are over."""
         self._check_closed()
         future: asyncio.Future[T] = self.create_future()
+        self._executor_threads += 1
+        thread = f"executor-{self._executor_threads}"
 
         def run() -> None:
             if future.cancelled():
                 return
+            self._executor_thread = thread
             try:
-                result = func(*args)
+                outcome: Callable[[], None] = functools.partial(future.set_result, func(*args))
             except Exception as error:
-                future.set_exception(error)
+                outcome = functools.partial(future.set_exception, error)
+            finally:
+                self._executor_thread = None
+
+            def settle() -> None:
+                if not future.done():
+                    outcome()
+
+            until = self._blocked_until.pop(thread, self._now_s)
+            if until > self._now_s:
+                self.call_at(until, settle)
             else:
-                future.set_result(result)
+                settle()
 
         self.call_soon(run)
         return future
+
+    # ---- blocking calls ----
+
+    def block(self, seconds: float) -> None:
+        """The thread running now blocks for `seconds` more (after any block it is in
+        already): a node's callbacks wait until then; the rest of the world runs on.
+        Outside any node (the test's own task) nothing waits."""
+        thread = self._executor_thread
+        if thread is None and self.node_var is not None:
+            thread = self.node_var.get(None)
+        if thread is None:
+            return
+        start = max(self._now_s, self._blocked_until.get(thread, self._now_s))
+        self._blocked_until[thread] = start + seconds
+
+    def _hold_blocked(self, batch: list[asyncio.Handle]) -> list[asyncio.Handle]:
+        """`batch` without the callbacks of nodes blocked now, which wait their turn."""
+        now = self._now_s
+        for thread in [t for t, until in self._blocked_until.items() if until <= now]:
+            del self._blocked_until[thread]
+        if not self._blocked_until or self.node_var is None:
+            return batch
+        kept = []
+        for handle in batch:
+            node = handle._context.get(self.node_var)  # type: ignore[attr-defined]
+            until = None if node is None else self._blocked_until.get(node)
+            if until is None:
+                kept.append(handle)
+            else:
+                self._held_count += 1
+                heapq.heappush(self._held, (until, self._held_count, handle))
+        return kept
 
     def _write_to_self(self) -> None:
         """Nothing to wake: `call_soon_threadsafe` comes from this thread too."""
@@ -162,21 +225,28 @@ class SimLoop(asyncio.BaseEventLoop):
         while scheduled and scheduled[0]._cancelled:
             self._timer_cancelled_count -= 1
             heapq.heappop(scheduled)._scheduled = False
+        held = self._held
         if not self._ready:
             if self._stopping:
                 return
-            if not scheduled:
+            if not scheduled and not held:
                 raise SimulationStalled(
                     f"seed {self.seed}: nothing ready and no timer at "
                     f"{self.elapsed_s():.3f} s of virtual time"
                 )
-            self._now_s = max(self._now_s, scheduled[0]._when)
+            due = [scheduled[0]._when] if scheduled else []
+            due += [held[0][0]] if held else []
+            self._now_s = max(self._now_s, min(due))
         while scheduled and scheduled[0]._when <= self._now_s:
             handle = heapq.heappop(scheduled)
             handle._scheduled = False
             self._ready.append(handle)
+        while held and held[0][0] <= self._now_s:
+            self._ready.append(heapq.heappop(held)[2])
         batch = list(self._ready)
         self._ready.clear()
+        if self._blocked_until:
+            batch = self._hold_blocked(batch)
         self.rng.shuffle(batch)
         self.steps += 1
         for handle in batch:

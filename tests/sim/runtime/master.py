@@ -1,9 +1,16 @@
 """The shipped master on the runtime: `MasterService` with its role activated over
-`MasterState` on in-memory metadata, and its repair loop, served by a `SimServer` built
-as `server._serve` builds the real one (the same interceptors, the health service).
+`MasterState`, and its repair loop, served by a `SimServer` built as `server._serve`
+builds the real one (the same interceptors, the health service).
 
-One master without an election (the embedded master of `server._embedded_master`);
-election and HA over an in-memory etcd are the next steps (README.md).
+- `SimMaster`: one master on in-memory metadata, without an election (the embedded
+  master of `server._embedded_master`).
+- `SimElectedMaster`: one of several masters on an etcd (`etcd.SimEtcd`), as
+  `server._etcd_master` runs it: the shipped `Election`, `EtcdMetadata` and
+  `ElectedMaster` (stand by, win, load, serve, be deposed), over `master.etcd`'s client
+  on the simulated network. `start(group)` runs it as its node, `crash()` kills the
+  process (no lease given back: etcd expires it), `stop()` stops it cleanly (the lease
+  revoked, a standby wins at once), `restart()` starts it again; a partition is
+  `SimNetwork.cut(master.name, other)`.
 """
 
 from __future__ import annotations
@@ -14,18 +21,22 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.master.catalog import Catalog
 from streamengine.master.core.repair import REPAIR_CONCURRENCY_DEFAULT
-from streamengine.master.ha import MASTER_SERVICE
-from streamengine.master.metadata import MemoryMetadata
+from streamengine.master.election import ELECTION_TTL_S_DEFAULT, Election
+from streamengine.master.etcd import EtcdClient, parse_etcd_url
+from streamengine.master.etcd_metadata import EtcdMetadata
+from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
+from streamengine.master.metadata import MemoryMetadata, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.repair import Repairer
 from streamengine.master.role import FOREVER_MS, MasterRole
-from streamengine.master.server import STORE_TIMEOUT_MS_DEFAULT
+from streamengine.master.server import COMMIT_SHARE_OF_TTL, STORE_TIMEOUT_MS_DEFAULT
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
 from tests.sim.master_node import sim_signing_key
+from tests.sim.runtime.process import SimProcess
 from tests.sim.runtime.transport import SimNetwork, SimServer
 
 
@@ -62,12 +73,7 @@ class SimMaster:
         )
         self.state = state
         role = MasterRole(self.address)
-        service = MasterService(role, wall_ms, Metrics.create())
-        server = SimServer(self.network, self.name, [RequestParsing()])
-        service.add_to_server(server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        server.add_insecure_port(self.address)
+        server, health_servicer = _served(self.network, self.name, self.address, role)
         await server.start()
         repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
         role.activate(state, repairer, until_ms=FOREVER_MS)
@@ -80,3 +86,104 @@ class SimMaster:
             self.serving.clear()
             role.step_down()
             await server.stop(None)
+
+
+def _served(
+    network: SimNetwork, name: str, address: str, role: MasterRole
+) -> tuple[SimServer, health.aio.HealthServicer]:
+    """The master's server as `server._serve` builds it, and its health service."""
+    server = SimServer(network, name, [RequestParsing()])
+    MasterService(role, wall_ms, Metrics.create()).add_to_server(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_insecure_port(address)
+    return server, health_servicer
+
+
+class SimElectedMaster(SimProcess):
+    """One master of several on an etcd (see the module doc)."""
+
+    def __init__(
+        self,
+        network: SimNetwork,
+        name: str,
+        etcd_url: str,
+        lease_ms: int = LEASE_MS_DEFAULT,
+        store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
+        election_ttl_s: int = ELECTION_TTL_S_DEFAULT,
+    ) -> None:
+        super().__init__()
+        self.network = network
+        self.name = name
+        self.address = f"{name}:1"
+        self.etcd_url = etcd_url
+        self.lease_ms = lease_ms
+        self.store_timeout_ms = store_timeout_ms
+        self.election_ttl_s = election_ttl_s
+        # The running process's role (None before the first start).
+        self.role: MasterRole | None = None
+        self._clean_stop = False
+
+    @property
+    def state(self) -> MasterState | None:
+        """The state it serves from (None while it stands by or is down)."""
+        return None if self.role is None else self.role.state
+
+    def active(self, now_ms: int) -> bool:
+        """Whether it would answer a request now as the active master."""
+        if self.role is None or not self.running:
+            return False
+        try:
+            self.role.serving(now_ms)
+        except NotActive:
+            return False
+        return True
+
+    def _load_state(self, catalog: Catalog, rebuilding: bool) -> MasterState:
+        assert not rebuilding, "no rebuild in the simulator yet"
+        seed = self.network.loop.seed
+        return MasterState(
+            catalog,
+            wall_ms(),
+            self.lease_ms,
+            self.store_timeout_ms,
+            make_signing_key=lambda: sim_signing_key(seed),
+            make_cluster_id=lambda: f"sim-cluster-{seed}",
+        )
+
+    async def serve(self) -> None:
+        """One incarnation of the process, as `server._serve` with `_etcd_master`."""
+        self.role = role = MasterRole(self.address)
+        server, health_servicer = _served(self.network, self.name, self.address, role)
+        client = EtcdClient(parse_etcd_url(self.etcd_url))
+        election = Election(client, role.address, self.election_ttl_s, wall_ms)
+        metadata = EtcdMetadata(client, commit_timeout_s=self.election_ttl_s * COMMIT_SHARE_OF_TTL)
+        elected = ElectedMaster(
+            role,
+            election,
+            metadata,
+            health_servicer,
+            self._load_state,
+            lambda state: Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms),
+        )
+        await server.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        try:
+            await elected.run()
+        finally:
+            role.lease_lost()
+            if self._clean_stop:
+                await election.revoke()
+            # Its connections end with it (a killed process's too).
+            await client.aclose()
+            await server.stop(None)
+
+    def start(self, group: asyncio.TaskGroup) -> None:
+        self._clean_stop = False
+        super().start(group)
+
+    async def stop(self) -> None:
+        """A clean stop: the election lease given back, so a standby wins at once (a
+        `crash()` leaves it to expire)."""
+        self._clean_stop = True
+        await self.crash()

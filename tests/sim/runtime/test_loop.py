@@ -4,6 +4,7 @@ asyncio's timeouts and cancellation behave as on the default loop."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import time
 import uuid
@@ -11,7 +12,13 @@ import uuid
 import pytest
 
 from streamengine.protocol import clock
-from tests.sim.runtime.loop import MONOTONIC_START_S, WALL_START_S, SimulationStalled, run
+from tests.sim.runtime.loop import (
+    MONOTONIC_START_S,
+    WALL_START_S,
+    SimLoop,
+    SimulationStalled,
+    run,
+)
 
 WORKERS = 5
 
@@ -176,3 +183,71 @@ def test_a_deadlock_is_reported_not_waited_out() -> None:
 
     with pytest.raises(SimulationStalled, match="seed 5: nothing ready and no timer"):
         run(stuck(), 5)
+
+
+NODE: contextvars.ContextVar[str] = contextvars.ContextVar("test_node")
+
+
+def test_a_blocked_node_waits_while_the_others_run_and_an_executor_blocks_alone() -> None:
+    """A node's loop blocked in a call runs nothing until the call is over; another node
+    ticks on meanwhile; a function run in an executor that blocks hands its result over
+    after its block, and its caller's loop is free meanwhile."""
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, SimLoop)
+        loop.node_var = NODE
+        trace: list[str] = []
+
+        def at() -> str:
+            return f"{loop.time() - MONOTONIC_START_S:.2f}"
+
+        async def ticker(name: str) -> None:
+            for _ in range(4):
+                trace.append(f"{at()} {name} ticks")
+                await asyncio.sleep(0.1)
+
+        async def blocker() -> None:
+            await asyncio.sleep(0.05)
+            loop.block(0.2)  # a blocking call of 200 ms at 0.05 s
+            trace.append(f"{at()} a blocked")
+            await asyncio.sleep(0)
+            trace.append(f"{at()} a runs again")
+
+        def slow_read() -> str:
+            loop.block(0.3)
+            return "read"
+
+        async def reader() -> None:
+            result = await asyncio.to_thread(slow_read)
+            trace.append(f"{at()} c got {result}")
+
+        def as_node(name: str) -> contextvars.Context:
+            context = contextvars.copy_context()
+            context.run(NODE.set, name)
+            return context
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(ticker("a"), context=as_node("a"))
+            group.create_task(blocker(), context=as_node("a"))
+            group.create_task(ticker("b"), context=as_node("b"))
+            group.create_task(reader(), context=as_node("c"))
+            group.create_task(ticker("c"), context=as_node("c"))
+        return sorted(trace, key=lambda line: float(line.split()[0]))
+
+    trace = run(main(), 1)
+    assert "0.05 a blocked" in trace and "0.25 a runs again" in trace
+    assert [line for line in trace if line.endswith("a ticks")] == [
+        "0.00 a ticks",
+        "0.25 a ticks",  # due at 0.10, held until the call is over
+        "0.35 a ticks",
+        "0.45 a ticks",
+    ]
+    assert [line for line in trace if line.endswith("b ticks")] == [
+        "0.00 b ticks",
+        "0.10 b ticks",
+        "0.20 b ticks",
+        "0.30 b ticks",
+    ]
+    assert "0.30 c got read" in trace
+    assert "0.10 c ticks" in trace and "0.20 c ticks" in trace

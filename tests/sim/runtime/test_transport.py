@@ -11,6 +11,8 @@ import grpc
 import pytest
 
 from streamengine.client.errors import fence_of
+from streamengine.master import etcd
+from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.protocol import transport
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import wait_until
@@ -66,11 +68,18 @@ def stub_of(store: SimStore) -> Any:
 
 
 def test_the_seam_is_set_only_while_a_network_is_installed() -> None:
-    async def inside(network: SimNetwork, stores: list[SimStore]) -> str:
-        return type(PLAINTEXT.aio_channel(stores[0].address)).__name__
+    async def inside(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+        client = EtcdClient(parse_etcd_url("etcd://etcd:2379"))
+        channels = [
+            PLAINTEXT.aio_channel(stores[0].address),
+            client.aio_channel(client.member),
+            client._sync_channel(client.member),
+        ]
+        return [type(channel).__name__ for channel in channels]
 
-    assert simulate(1, inside) == "SimChannel"
+    assert simulate(1, inside) == ["SimChannel", "SimChannel", "SimBlockingChannel"]
     assert transport.aio_channel_factory is None
+    assert etcd.aio_channel_factory is None and etcd.channel_factory is None
 
 
 def test_a_unary_call_and_a_write_stream_reach_the_store_service() -> None:

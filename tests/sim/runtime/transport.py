@@ -29,7 +29,17 @@ interceptors a real server is built with (`RequestParsing`). Its handlers get a
 `write`, `read`, metadata both ways, `peer()`, `auth_context()` (plaintext), deadlines.
 
 Channels land here through the seam `streamengine.protocol.transport.aio_channel_factory`
-(`SimNetwork.installed`), so `Transport.aio_channel` hands the shells a `SimChannel`.
+(`SimNetwork.installed`), so `Transport.aio_channel` hands the shells a `SimChannel`; the
+master's etcd client has its own seams (`streamengine.master.etcd`), set there too.
+
+Blocking calls (`SimBlockingChannel`: the master's etcd commits and reads, a
+`grpc.Channel`'s unary calls) are handled at once, in the caller's step: the server's
+handler runs to its end right there (it must answer without waiting), with the same
+partitions, loss (of the request: nothing done; of the answer: done, the caller told
+UNAVAILABLE), duplication and deadlines. The caller's thread then blocks for as long as
+the call took, the message delays or the deadline (`SimLoop.block`): a node's event
+loop runs nothing else meanwhile, as the real one does while it waits on a blocking
+call, and everyone else runs on.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from streamengine.master import etcd
 from streamengine.protocol import transport
 from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime.loop import SimLoop
@@ -148,16 +159,21 @@ class SimNetwork:
         self._exchanges: dict[int, _Exchange] = {}
         self._next_exchange = 0
         self.stats: dict[str, int] = {"calls": 0, "lost": 0, "duplicated": 0, "resets": 0}
+        # A blocking call blocks the caller's node: the loop tells nodes apart by this.
+        loop.node_var = CURRENT_NODE
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[SimNetwork]:
         """Every `Transport.aio_channel` opens a `SimChannel` on this network meanwhile."""
         assert transport.aio_channel_factory is None, "one simulated network at a time"
         transport.aio_channel_factory = self.channel_for
+        etcd.aio_channel_factory = self.etcd_channel_for
+        etcd.channel_factory = self.blocking_channel_for
         try:
             yield self
         finally:
             transport.aio_channel_factory = None
+            etcd.aio_channel_factory = etcd.channel_factory = None
 
     def channel_for(
         self, credentials: transport.Transport, address: str, options: transport.Options
@@ -167,6 +183,12 @@ class SimNetwork:
             # What `access_token_call_credentials` adds to every call.
             metadata = (("authorization", f"Bearer {credentials.token}"),)
         return SimChannel(self, CURRENT_NODE.get(), address, metadata)
+
+    def etcd_channel_for(self, address: str) -> grpc.aio.Channel:
+        return SimChannel(self, CURRENT_NODE.get(), address)
+
+    def blocking_channel_for(self, address: str) -> grpc.Channel:
+        return SimBlockingChannel(self, CURRENT_NODE.get(), address)
 
     # ---- faults ----
 
@@ -218,6 +240,61 @@ class SimNetwork:
         self._exchanges[exchange.number] = exchange
         call.exchange = exchange
         exchange.to_server.send(start)
+
+    def blocking_call(self, client_node: str, address: str, start: _Start) -> bytes:
+        """One blocking unary call (see the module doc): the server handles it now, and
+        the caller's thread blocks for as long as the call takes (`SimLoop.block`). The
+        answer's bytes, or the status raised as `grpc.aio.AioRpcError` (a
+        `grpc.RpcError`)."""
+        self.stats["calls"] += 1
+        loop = self.loop
+        timeout_s = None if start.deadline_s is None else start.deadline_s - loop.time()
+
+        def failed(code: grpc.StatusCode, details: str, after_s: float) -> grpc.aio.AioRpcError:
+            if timeout_s is not None and after_s >= timeout_s:
+                code, details, after_s = (
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "Deadline Exceeded",
+                    timeout_s,
+                )
+            loop.block(after_s)
+            return _status_error(code, details)
+
+        server = self.servers.get(address)
+        if server is None or not server.serving or self.partitioned(client_node, server.node):
+            why = "connection refused" if server is None else "no route to host"
+            raise failed(
+                grpc.StatusCode.UNAVAILABLE,
+                f"failed to connect to {address}: {why}",
+                self.delay_s(),
+            )
+        request_s = self.delay_s()
+        if self._lost():
+            raise failed(
+                grpc.StatusCode.UNAVAILABLE,
+                "Connection reset: request lost",
+                request_s + self.detection_s(),
+            )
+        if timeout_s is not None and request_s >= timeout_s:
+            raise failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", timeout_s)
+        status, raw = server.answer_at_once(client_node, start)
+        if self.rng.random() < self.faults.duplicate:
+            self.stats["duplicated"] += 1
+            server.answer_at_once(client_node, start)
+        answer_s = self.delay_s()
+        if self._lost():
+            raise failed(
+                grpc.StatusCode.UNAVAILABLE,
+                "Connection reset: answer lost",
+                request_s + self.detection_s(),
+            )
+        if status.code != grpc.StatusCode.OK:
+            raise failed(status.code, status.details, request_s + answer_s)
+        if timeout_s is not None and request_s + answer_s >= timeout_s:
+            raise failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", timeout_s)
+        loop.block(request_s + answer_s)
+        assert raw is not None
+        return raw
 
     def _closed(self, exchange: _Exchange) -> None:
         self._exchanges.pop(exchange.number, None)
@@ -644,6 +721,93 @@ class SimChannel(grpc.aio.Channel):
         await asyncio.sleep(2 * self.network.delay_s())
 
 
+class _BlockingCallable:
+    """`channel.unary_unary(...)` of a blocking channel: calling it makes the call."""
+
+    def __init__(
+        self,
+        channel: SimBlockingChannel,
+        method: str,
+        serialize: Callable[[Any], bytes] | None,
+        deserialize: Callable[[bytes], Any] | None,
+    ) -> None:
+        self.channel = channel
+        self.method = method
+        self.serialize = serialize
+        self.deserialize = deserialize
+
+    def __call__(
+        self,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Sequence[tuple[str, str | bytes]] | None = None,
+        credentials: Any = None,
+        wait_for_ready: bool | None = None,
+        compression: Any = None,
+    ) -> Any:
+        channel = self.channel
+        if channel.closed:
+            raise ValueError("Cannot invoke RPC: Channel closed!")
+        raw = request if self.serialize is None else self.serialize(request)
+        loop = channel.network.loop
+        deadline_s = None if timeout is None else loop.time() + timeout
+        start = _Start(self.method, _metadata(metadata), deadline_s, raw)
+        answer = channel.network.blocking_call(channel.client_node, channel.address, start)
+        return answer if self.deserialize is None else self.deserialize(answer)
+
+
+class SimBlockingChannel(grpc.Channel):
+    """A blocking channel from one node to one address: unary calls, handled at once,
+    the caller's thread blocked for as long as they take (see the module doc)."""
+
+    def __init__(self, network: SimNetwork, client_node: str, address: str) -> None:
+        self.network = network
+        self.client_node = client_node
+        self.address = address
+        self.closed = False
+
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
+        return _BlockingCallable(self, method, request_serializer, response_deserializer)
+
+    def _streaming(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("blocking streaming calls are not simulated")
+
+    unary_stream = stream_unary = stream_stream = _streaming
+
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
+        raise NotImplementedError("channel connectivity of a blocking channel")
+
+    def unsubscribe(self, callback: Any) -> None:
+        raise NotImplementedError("channel connectivity of a blocking channel")
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> SimBlockingChannel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _at_once(awaitable: Any) -> Any:
+    """The result of a coroutine that finishes without waiting (a handler a blocking
+    call reaches: in one thread nothing else could wake it)."""
+    coroutine = awaitable.__await__()
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError("a handler a blocking call reaches must answer without waiting")
+
+
 # ---- the server side ----
 
 
@@ -940,6 +1104,29 @@ class SimServer(grpc.aio.Server):
         if start.deadline_s is not None:
             loop.call_at(start.deadline_s, handling.cancel)
         return handling
+
+    def answer_at_once(self, client_node: str, start: _Start) -> tuple[_Status, bytes | None]:
+        """A blocking unary call's handling, to its end in this step (module doc)."""
+        assert start.request is not None
+        handling = _Handling(self, None, client_node, start)
+        context = SimServicerContext(handling, start)
+        handling.handler = handler = _at_once(self.lookup(start))
+        if handler is None or handler.unary_unary is None:
+            return _Status(grpc.StatusCode.UNIMPLEMENTED, "Method not found!"), None
+        try:
+            response = _at_once(handler.unary_unary(handling._parse(start.request), context))
+        except grpc.aio.AbortError:
+            assert handling.status is not None
+            return handling.status, None
+        except Exception as error:
+            log.exception("%s failed at %s", start.method, self.node)
+            return _Status(grpc.StatusCode.UNKNOWN, f"Unexpected {type(error)}: {error}"), None
+        if handling.status is not None:
+            return handling.status, None
+        serialize = handler.response_serializer
+        raw = response if serialize is None else serialize(response)
+        assert isinstance(raw, bytes), f"{start.method}: a response is bytes"
+        return _Status(context._code or grpc.StatusCode.OK, context._details), raw
 
     async def lookup(self, start: _Start) -> Handler | None:
         details = _HandlerCallDetails(start.method, start.metadata)

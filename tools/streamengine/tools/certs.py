@@ -5,8 +5,19 @@ puts it elsewhere), `node.crt` + `node.key` for a server, `client.NAME.crt` +
 `client.NAME.key` for a client. Every certificate the CA signs names what it is in one
 URI SAN (`protocol.auth`): `urn:streamengine:master`, `urn:streamengine:store:<id>` or
 `urn:streamengine:admin`; a client certificate without `--admin` names
-`urn:streamengine:client:<name>`, which grants nothing (a name for logs). Keys are
-ECDSA P-256 (small, fast handshakes); every file is written 0600 in 0700 directories
+`urn:streamengine:client:<name>`, which grants nothing (a name for logs).
+
+etcd (with `--client-cert-auth` and its auth enabled by `metadata secure`) takes a
+certificate's common name as its user, so common names are kept apart: a master's is
+`master` (`MASTER_COMMON_NAME`, etcd's user for the masters), a store's `store <id>`,
+an etcd member's `etcd`, a client's `client <name>`, and `etcd-root.crt` alone is `root`
+(etcd's root user). No client certificate can thus pass for a master or for root in
+etcd, whatever its name.
+
+Every certificate signed is listed in `ca.issued` beside the CA's key (JSON lines:
+serial, common name, expiry), OpenSSL's `index.txt` in spirit: `cert revoke SERIAL`
+finds there what it revokes, and refuses a serial the CA never issued. Keys are ECDSA
+P-256 (small, fast handshakes); every file is written 0600 in 0700 directories
 (`protocol.private_files`).
 """
 
@@ -15,20 +26,29 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from streamengine.protocol import auth, transport
+from streamengine.protocol.cert_revocations import (
+    COMMON_NAME_CHARS_MAX,
+    RevokedCert,
+    parse_serial,
+    serial_text,
+)
 from streamengine.protocol.private_files import private_dir, tightened_message, write_private
 
 CA_KEY = "ca.key"
+ISSUED = "ca.issued"
 ROOT_CLIENT = transport.ROOT_CLIENT
 # Long enough that a CA outlives many node rotations; nodes and clients expire sooner,
 # so a leaked key stops working on its own.
@@ -39,6 +59,8 @@ LIFETIME_DAYS_MIN = 1
 # A certificate is valid from a little before it is made: clocks of hosts differ.
 BACKDATE = datetime.timedelta(hours=1)
 ORGANIZATION = "Stream Engine"
+MASTER_COMMON_NAME = "master"
+ETCD_ROOT_USER = "root"
 
 
 class CertError(Exception):
@@ -49,6 +71,39 @@ class CertError(Exception):
 class Authority:
     certificate: x509.Certificate
     key: ec.EllipticCurvePrivateKey
+    issued: Path  # the list of what it signed, beside its key
+
+
+def issued_path(certs_dir: Path, ca_key_path: Path | None = None) -> Path:
+    return (ca_key_path or certs_dir / CA_KEY).with_name(ISSUED)
+
+
+def _ms(moment: datetime.datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _record_issued(authority: Authority, certificate: x509.Certificate) -> None:
+    line = json.dumps(
+        {
+            "serial": serial_text(certificate.serial_number),
+            "common_name": _common_name(certificate),
+            "not_after_ms": _ms(certificate.not_valid_after_utc),
+        }
+    )
+    try:
+        kept = authority.issued.read_bytes() if authority.issued.exists() else b""
+        write_private(authority.issued, kept + line.encode() + b"\n")
+    except OSError as error:
+        # Before the certificate is written: one the list misses could not be revoked
+        # by serial.
+        raise CertError(
+            f"cannot list the certificate in {authority.issued}: {error.strerror or error}"
+        ) from None
+
+
+def _common_name(certificate: x509.Certificate) -> str:
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""
 
 
 def _now() -> datetime.datetime:
@@ -136,7 +191,7 @@ def load_authority(certs_dir: Path, ca_key_path: Path | None = None) -> Authorit
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         if held == wanted:
-            return Authority(certificate, key)
+            return Authority(certificate, key, key_path.with_name(ISSUED))
     raise CertError(f"no certificate in {certs_dir / transport.CA_CERT} matches {key_path}")
 
 
@@ -206,7 +261,9 @@ def _sign(
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    return builder.sign(authority.key, hashes.SHA256()), key
+    certificate = builder.sign(authority.key, hashes.SHA256())
+    _record_issued(authority, certificate)
+    return certificate, key
 
 
 def create_node(
@@ -236,7 +293,7 @@ def create_node(
     authority = load_authority(certs_dir, ca_key_path)
     certificate, key = _sign(
         authority,
-        "master" if master else "etcd" if etcd else f"store {store_id}",
+        MASTER_COMMON_NAME if master else "etcd" if etcd else f"store {store_id}",
         _san_entries(hosts, identity),
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
         lifetime_days,
@@ -261,7 +318,7 @@ def create_client(
     is_admin = admin or name == ROOT_CLIENT
     certificate, key = _sign(
         authority,
-        name,
+        client_common_name(name),
         # A name for logs either way; only the admin URI grants anything.
         _san_entries([], auth.ADMIN_URI if is_admin else auth.URI_PREFIX + "client:" + name),
         [ExtendedKeyUsageOID.CLIENT_AUTH],
@@ -271,6 +328,148 @@ def create_client(
     _write_key(key_path, key)
     _write_cert(cert_path, certificate)
     return cert_path
+
+
+def client_common_name(name: str) -> str:
+    """A client certificate's common name: never an etcd user's (module doc)."""
+    return f"client {name}"
+
+
+def create_etcd_root(certs_dir: Path, ca_key_path: Path | None = None) -> Path:
+    """`etcd-root.crt` + `.key`, etcd's `root` user (`metadata secure`), kept when there.
+    No URI SAN: on the cluster's own servers it is nobody."""
+    cert_path = certs_dir / transport.ETCD_ROOT_CERT
+    if cert_path.exists() and (certs_dir / transport.ETCD_ROOT_KEY).exists():
+        return cert_path
+    certificate, key = _sign(
+        load_authority(certs_dir, ca_key_path),
+        ETCD_ROOT_USER,
+        [],
+        [ExtendedKeyUsageOID.CLIENT_AUTH],
+        CLIENT_LIFETIME_DAYS_DEFAULT,
+    )
+    _write_key(certs_dir / transport.ETCD_ROOT_KEY, key)
+    _write_cert(cert_path, certificate)
+    return cert_path
+
+
+def revocation_target(what: str, certs_dir: Path, ca_key_path: Path | None) -> RevokedCert:
+    """What `cert revoke WHAT` revokes: a certificate file (PEM or DER) the cluster's CA
+    (`ca.crt` of `certs_dir`) signed, or a serial the CA's `ca.issued` lists. Raises
+    CertError saying which it is not."""
+    path = Path(what)
+    if not path.is_file():
+        try:
+            serial = parse_serial(what)
+        except ValueError:
+            raise CertError(f"{what!r} is neither a certificate file nor a serial number") from None
+        return _issued_serial(serial, issued_path(certs_dir, ca_key_path))
+    data = path.read_bytes()
+    try:
+        certificate = (
+            x509.load_pem_x509_certificate(data)
+            if data.lstrip().startswith(b"-----BEGIN")
+            else x509.load_der_x509_certificate(data)
+        )
+    except ValueError:
+        raise CertError(f"{path} is not a certificate (PEM or DER)") from None
+    try:
+        authorities = x509.load_pem_x509_certificates((certs_dir / transport.CA_CERT).read_bytes())
+    except (OSError, ValueError) as error:
+        raise CertError(f"cannot read the CA of {certs_dir}: {error}") from None
+    for authority in authorities:
+        try:
+            certificate.verify_directly_issued_by(authority)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return RevokedCert(
+            certificate.serial_number,
+            _ms(certificate.not_valid_after_utc),
+            _common_name(certificate)[:COMMON_NAME_CHARS_MAX],
+        )
+    raise CertError(f"{path} was not signed by the cluster's CA ({certs_dir / transport.CA_CERT})")
+
+
+def _issued_serial(serial: int, issued: Path) -> RevokedCert:
+    try:
+        lines = issued.read_text().splitlines()
+    except OSError as error:
+        raise CertError(
+            f"cannot read the CA's list of what it issued ({issued}): {error.strerror}; "
+            "revoke by the certificate's file, or give --ca-key"
+        ) from None
+    for line in lines:
+        entry = json.loads(line)
+        if entry["serial"] == serial_text(serial):
+            return RevokedCert(serial, entry["not_after_ms"], entry["common_name"])
+    raise CertError(
+        f"the CA never issued serial {serial_text(serial)} (not in {issued}); "
+        "revoke a certificate made elsewhere by its file"
+    )
+
+
+def add_arguments(cert: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The `cert` command's actions and their flags; returns those of the actions that
+    call the masters (they take the client's options)."""
+    actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
+    ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
+    node = actions.add_parser(
+        "create-node", help="node.crt + node.key for a master, a store or an etcd member"
+    )
+    node.add_argument("hosts", nargs="+", metavar="HOST", help="DNS names and IPs it serves on")
+    role = node.add_mutually_exclusive_group(required=True)
+    role.add_argument("--master", action="store_true", help="the master's certificate")
+    role.add_argument("--store-id", default="", help="a store's certificate, for this store id")
+    role.add_argument(
+        "--etcd",
+        action="store_true",
+        help="an etcd member's certificate (server and peer): no Stream Engine identity",
+    )
+    client = actions.add_parser("create-client", help="client.NAME.crt + client.NAME.key")
+    client.add_argument("name", help="client name (root is always a cluster admin)")
+    client.add_argument("--admin", action="store_true", help="a cluster admin's certificate")
+    for parser in (ca, node, client):
+        parser.add_argument(
+            "--certs-dir", type=Path, required=True, help="ca.crt, node.*, client.* live here"
+        )
+        parser.add_argument(
+            "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
+        )
+    for parser in (node, client):
+        parser.add_argument(
+            "--lifetime-days",
+            type=int,
+            default=NODE_LIFETIME_DAYS_DEFAULT,
+            help="days the certificate is valid (default %(default)s; never past the CA's)",
+        )
+    revoke = actions.add_parser(
+        "revoke", help="refuse a certificate on every server from the next heartbeat on"
+    )
+    revoke.add_argument(
+        "certificate", metavar="SERIAL|FILE", help="its serial (hex) or its .crt file"
+    )
+    revoke.add_argument(
+        "--ca-key",
+        type=Path,
+        help="where the CA's key is kept: ca.issued beside it lists the serials "
+        "(default: CERTS_DIR/ca.key)",
+    )
+    revoke.add_argument("--yes", action="store_true", help="revoke (without it: say what, exit 1)")
+    revoke.set_defaults(run=_lazy_run("cmd_revoke"))
+    listing = actions.add_parser("list-revoked", help="the certificates revoked")
+    listing.set_defaults(run=_lazy_run("cmd_list_revoked"))
+    return [revoke, listing]
+
+
+def _lazy_run(function: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from streamengine.tools import revocations
+
+        result: int = getattr(revocations, function)(args)
+        return result
+
+    return run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -314,7 +513,8 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost")
 @dataclass(frozen=True)
 class LocalCerts:
     """Certs dirs for a cluster on one host (`cluster up`, tests): the CA apart, one dir
-    per process holding `ca.crt` + its `node.*`, and a client dir with `client.root`."""
+    per process holding `ca.crt` + its `node.*`, and a client dir with `client.root`
+    (and `etcd-root.*` once `add_etcd_root` made them)."""
 
     root: Path
 
@@ -354,6 +554,10 @@ class LocalCerts:
                 ca_key_path=self.ca_dir / CA_KEY,
             )
         return directory
+
+    def add_etcd_root(self) -> Path:
+        """The operator's etcd root certificate, in the client dir."""
+        return create_etcd_root(self.client_dir, self.ca_dir / CA_KEY)
 
 
 def create_local_certs(root: Path) -> LocalCerts:

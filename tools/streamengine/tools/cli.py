@@ -133,40 +133,12 @@ def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentPar
 
 
 def _add_cert_commands(commands: Subparsers) -> None:
+    from streamengine.tools import certs
+
     cert = commands.add_parser("cert", help="the cluster's CA and the certificates it signs")
-    actions = cert.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ca = actions.add_parser("create-ca", help="a new CA: ca.crt (+ ca.key), valid 10 years")
-    ca.add_argument("--overwrite", action="store_true", help="replace an existing CA")
-    node = actions.add_parser(
-        "create-node", help="node.crt + node.key for a master, a store or an etcd member"
-    )
-    node.add_argument("hosts", nargs="+", metavar="HOST", help="DNS names and IPs it serves on")
-    role = node.add_mutually_exclusive_group(required=True)
-    role.add_argument("--master", action="store_true", help="the master's certificate")
-    role.add_argument("--store-id", default="", help="a store's certificate, for this store id")
-    role.add_argument(
-        "--etcd",
-        action="store_true",
-        help="an etcd member's certificate (server and peer): no Stream Engine identity",
-    )
-    client = actions.add_parser("create-client", help="client.NAME.crt + client.NAME.key")
-    client.add_argument("name", help="client name (root is always a cluster admin)")
-    client.add_argument("--admin", action="store_true", help="a cluster admin's certificate")
-    for parser in (ca, node, client):
-        parser.add_argument(
-            "--certs-dir", type=Path, required=True, help="ca.crt, node.*, client.* live here"
-        )
-        parser.add_argument(
-            "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
-        )
-    for parser in (node, client):
-        parser.add_argument(
-            "--lifetime-days",
-            type=int,
-            default=5 * 365,
-            help="days the certificate is valid (default %(default)s; never past the CA's)",
-        )
     cert.set_defaults(run=_lazy("streamengine.tools.certs", "run"))
+    for calling_masters in certs.add_arguments(cert):
+        _add_master_option(calling_masters)
 
 
 def _add_cluster_commands(commands: Subparsers) -> None:
@@ -468,7 +440,9 @@ def _add_data_commands(commands: Subparsers) -> None:
 
 
 def _add_metadata_commands(commands: Subparsers) -> None:
-    metadata = commands.add_parser("metadata", help="back up and restore the master's metadata")
+    metadata = commands.add_parser(
+        "metadata", help="back up, restore and secure the master's metadata"
+    )
     actions = metadata.add_subparsers(dest="action", required=True, metavar="ACTION")
     backup = actions.add_parser(
         "backup", help="copy every record to a file (masters may keep running)"
@@ -488,6 +462,33 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         "grant, N above the epochs granted since (default 0)",
     )
     restore.set_defaults(run=_lazy("streamengine.tools.metadata_backup", "cmd_restore"))
+    secure = actions.add_parser(
+        "secure",
+        help="enable etcd's auth: only the masters' certificates reach the cluster's keys",
+    )
+    secure.add_argument(
+        "--metadata",
+        required=True,
+        metavar="etcd://HOST:PORT[,...][/PREFIX]",
+        help="the masters' etcd and key prefix",
+    )
+    secure.add_argument(
+        "--certs-dir",
+        type=Path,
+        required=True,
+        help="ca.crt and the CA's key; etcd-root.crt/key are made here if missing",
+    )
+    secure.add_argument(
+        "--ca-key", type=Path, help="the CA's key, kept apart (default: CERTS_DIR/ca.key)"
+    )
+    secure.add_argument(
+        "--master-name",
+        action="append",
+        metavar="CN",
+        help="the common name of a master's certificate; repeat for several "
+        "(default: master, what `cert create-node --master` writes)",
+    )
+    secure.set_defaults(run=_lazy("streamengine.tools.metadata_secure", "cmd_secure"))
     for parser in (backup, restore):
         where = parser.add_mutually_exclusive_group(required=True)
         where.add_argument("--data", type=Path, help="a master's --data (embedded RocksDB)")
@@ -496,8 +497,8 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         )
         _add_certs_dir_option(
             parser,
-            "reach etcd over TLS with ca.crt and node.crt or client.root.crt of this "
-            "directory, as the masters do",
+            "reach etcd over TLS with ca.crt and node.crt or etcd-root.crt of this "
+            "directory (`metadata secure` makes etcd-root.crt)",
         )
 
 

@@ -473,7 +473,8 @@ def cmd_seal(args: argparse.Namespace) -> int:
                 args.name, timeout_s=args.timeout, accept_loss=args.accept_loss
             )
             lost = [
-                f"segment {s.epoch} indexes {s.lost_from_index}..{s.final_index}"
+                f"segment {s.epoch} indexes {s.lost_from_index}.. to its end "
+                f"(bridge at {s.final_index})"
                 for s in await client.list_segments(args.name)
                 if s.lost_from_index
             ]

@@ -54,11 +54,25 @@ Accepting loss (`accept_loss`, only ever an operator's choice: `streamengine sea
 R seal answers, and its stream is stuck. With `accept_loss`, once every store of the
 copy set has either answered the seal or been lost (`store_lost_ms`), recovery decides
 from the stores that answered (at least one), bridges them, and finishes once all of
-them hold the bridge (W, if that many answered). If fewer than R stores decided, the
-plan cannot know what was acked past the largest acked index `a` they reported: indexes
-`a + 1 .. final index` are declared lost (`SealAtMaster.lost_from_index`), and readers
-of that range get `DataLossError` instead of a guess. With R answers, nothing is lost
-and the recovery is the ordinary one.
+them hold the bridge (W, if that many answered). With R answers, nothing is lost and
+the recovery is the ordinary one. Decided from fewer than R, three rules hold
+(`lost_from_index`, `_check_request`):
+- the plan cannot know what was acked past the largest acked index `a` the deciders
+  reported, so the loss runs from `a + 1`. A bridge the plan found is proof of nothing
+  unless the acked index reached it (final index = `a`): a bridge above `a` is what an
+  interrupted recovery (maybe as blind as this one) left behind;
+- the loss runs to the segment's end, past the final index too: the lost replicas may
+  have held acked events above it, which no reader can be served either;
+- the master records the loss (`SealAtMaster`) before any store's acked index is
+  raised: a raised acked index is what a later recovery and every reader take as
+  "nothing lost up to here", so an interruption between the two would hide the loss;
+- no acked index ever rises into the loss: the holders are raised to `a` only
+  (`raised_to`), never to the bridge. A reader tailing the segment from a survivor
+  before it learns of the seal would otherwise be handed the lost range, hop the
+  bridge and pass what the lost replicas held past it, told nothing. No replica ever
+  serves the bridge, so repair has nothing to copy and no certificate is sent.
+The raise follows the master's confirmation; `Done` then, as ever, once the master
+holds the segment sealed. Readers reaching the lost range get `DataLossError`.
 
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
 carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
@@ -376,6 +390,7 @@ class SegmentRecovery:
         self._raising = False
         self._seal_at_master_sent = False
         self._sealed_with: Certificate | None = None
+        self._seal_request: SealAtMaster | None = None
         self._done = False
         self._deposed_by = 0
         # Time: when each unanswered request goes out again, since when each store has
@@ -454,9 +469,9 @@ class SegmentRecovery:
                 w for w in list(b.batches.values())[: b.sent] if w.entries[0].index not in b.held
             ]
             if b.acked_sent and not b.acked_confirmed:
-                out.append(SendAcked(store, self.final_index))
-        if self._seal_at_master_sent and not self._done:
-            out.append(SealAtMaster(self.final_index, self._sealed_with))
+                out.append(SendAcked(store, self.raised_to()))
+        if self._seal_request is not None and not self._done:
+            out.append(self._seal_request)  # as first sent: its declared loss included
         return out
 
     # ---- events ----
@@ -607,15 +622,31 @@ class SegmentRecovery:
             complete = [s for s, b in self._bridging.items() if b.complete]
             assert request.store in complete, request
             assert len(complete) >= self._holders_needed(), request
-            assert request.acked_index == self.final_index, request
+            assert request.acked_index == self.raised_to(), request
+            # A declared loss is recorded at the master before any acked index rises,
+            # and no acked index ever rises into it.
+            lost_from = self.lost_from_index()
+            assert not lost_from or (self._done and request.acked_index < lost_from), request
         elif isinstance(request, SealAtMaster):
-            confirmed = [s for s, b in self._bridging.items() if b.acked_confirmed]
-            assert len(confirmed) >= self._holders_needed(), request
+            self._check_seal(request)
+
+    def _check_seal(self, request: SealAtMaster) -> None:
+        plan = self._plan
+        assert plan is not None and request.final_index == plan.final_index, request
+        if request.lost_from_index:
             # Loss is declared only by an operator's recovery that decided from fewer
-            # than R stores.
-            assert not request.lost_from_index or (
-                self.accept_loss and len(self._deciders) < self.policy.read_quorum
-            ), request
+            # than R stores, from the first index past the acked index it knows, and
+            # before any store's acked index was raised.
+            assert self.accept_loss and self._decided_from_fewer_than_r(), request
+            assert request.lost_from_index == plan.acked_index + 1, request
+            assert not any(b.acked_sent for b in self._bridging.values()), request
+            return
+        # Nothing lost: R stores decided, or a bridge the acked index reached.
+        assert not self._decided_from_fewer_than_r() or (
+            plan.existing_bridge and plan.final_index == plan.acked_index
+        ), request
+        confirmed = [s for s, b in self._bridging.items() if b.acked_confirmed]
+        assert len(confirmed) >= self._holders_needed(), request
 
     def _fenced(self, fence: int) -> list[Action]:
         if fence <= self.leader_epoch:
@@ -784,47 +815,78 @@ class SegmentRecovery:
         complete = [s for s, b in self._bridging.items() if b.complete]
         if not self._raising and len(complete) < self._holders_needed():
             return []
+        if self.declares_loss() and not self._done:
+            return self._maybe_seal_at_master()  # the master records the loss first
         self._raising = True
         out: list[Action] = []
         for s in complete:
             b = self._bridging[s]
             if not b.acked_sent and not b.acked_confirmed:
                 b.acked_sent = True
-                out.append(SendAcked(s, self.final_index))
+                out.append(SendAcked(s, self.raised_to()))
         return out + self._maybe_seal_at_master()
 
     def _acked_answered(self, b: _Bridging, e: WriteAnswered) -> list[Action]:
         if not b.acked_sent or b.acked_confirmed:
             return []
-        if e.acked_index < self.final_index:
-            return [SendAcked(e.store, self.final_index)]
+        if e.acked_index < self.raised_to():
+            return [SendAcked(e.store, self.raised_to())]
         b.acked_confirmed = True
         return self._maybe_seal_at_master()
 
     def _maybe_seal_at_master(self) -> list[Action]:
-        confirmed = sum(1 for b in self._bridging.values() if b.acked_confirmed)
-        if self._seal_at_master_sent or confirmed < self._holders_needed():
+        if self.declares_loss():
+            # Every holder needed holds its range and the bridge; none was raised yet.
+            ready = sum(1 for b in self._bridging.values() if b.complete)
+        else:
+            ready = sum(1 for b in self._bridging.values() if b.acked_confirmed)
+        if self._seal_at_master_sent or ready < self._holders_needed():
             return []
         self._seal_at_master_sent = True
         self._sealed_with = self.certificate()
-        return [SealAtMaster(self.final_index, self._sealed_with, self.lost_from_index())]
+        self._seal_request = SealAtMaster(
+            self.final_index, self._sealed_with, self.lost_from_index()
+        )
+        return [self._seal_request]
+
+    def raised_to(self) -> int:
+        """The acked index the holders are raised to: the bridge, or, declaring a loss,
+        the acked index the plan knew (`lost_from_index` - 1). A store serves what its
+        acked index covers, and a reader tailing the segment before it learns of the
+        seal would be handed the lost range, then hop its bridge and pass the acked
+        events the lost replicas held past it, told nothing."""
+        lost_from = self.lost_from_index()
+        return lost_from - 1 if lost_from else self.final_index
+
+    def _decided_from_fewer_than_r(self) -> bool:
+        return self._plan is not None and len(self._deciders) < self.policy.read_quorum
+
+    def declares_loss(self) -> bool:
+        """Whether this recovery seals declaring a range lost (`lost_from_index`)."""
+        return self.lost_from_index() > 0
 
     def lost_from_index(self) -> int:
         """Accepting loss with fewer than R deciders: the first index past what they
-        knew acked (what came after may have been acked and lost); else 0."""
+        knew acked; what came after, up to the segment's end whatever it was, may have
+        been acked and lost. 0: nothing is lost (R deciders, or the acked index reached
+        the bridge the plan found: a recovery sealed the segment, nothing was acked
+        past it)."""
         plan = self._plan
-        if plan is None or len(self._deciders) >= self.policy.read_quorum:
+        if plan is None or not self._decided_from_fewer_than_r():
             return 0
-        if plan.existing_bridge:
-            return 0  # an earlier recovery sealed it: nothing more was ever acked
+        if plan.existing_bridge and plan.final_index == plan.acked_index:
+            return 0
+        # A bridge above `a` proves nothing: an interrupted recovery left it there.
         return plan.acked_index + 1
 
     def certificate(self) -> Certificate | None:
         """The certificate of the decided content, when this leader knows all of it:
         what it appended itself (`known`) then the plan's bridge right after, or a plan
-        holding every index from 1 (no store had acked anything)."""
+        holding every index from 1 (no store had acked anything). None declaring a loss:
+        no replica's acked index reaches the bridge, so no chunk past the acked index
+        could ever be read whole and checked."""
         plan = self._plan
-        if plan is None:
+        if plan is None or self.declares_loss():
             return None
         if self.known is not None:
             through = self.known.through_index
@@ -847,6 +909,9 @@ class SegmentRecovery:
             return []
         self._done = True
         self._done_ms = now_ms
+        if self.declares_loss():
+            # The master holds the loss: the holders' acked index may now be raised.
+            return [Done(self.final_index), *self._after_complete()]
         return [Done(self.final_index)]
 
     def _store_lost(self, store: str) -> list[Action]:

@@ -68,8 +68,8 @@ from streamengine.client.core.replicas import (
 )
 from streamengine.protocol.certificate import Certificate, CertificateMismatch, ChunkCheck
 from streamengine.protocol.entry import EntryKind, StoredEntry
-from streamengine.protocol.limits import INDEX_MAX
-from streamengine.protocol.sequence import pack_sequence, unpack_sequence
+from streamengine.protocol.limits import EPOCH_MAX, INDEX_MAX
+from streamengine.protocol.sequence import SEQUENCE_MAX, pack_sequence, unpack_sequence
 
 # Entries a subscriber asks per pushed batch: large batches are the follower's hot path
 # (one message, one crc pass, one list of events per batch).
@@ -88,8 +88,9 @@ class SegmentView:
     certificate: Certificate | None = None
     # Replicas the master knows to differ from the certificate.
     bad: tuple[str, ...] = ()
-    # Sealed accepting loss: from this index through the bridge, acked events may be
-    # lost (0: none). Nothing of that range is handed out; a reader reaching it gets
+    # Sealed accepting loss: from this index to the segment's end, acked events may be
+    # lost (0: none); past the bridge too, since the lost replicas may have held acked
+    # events there. Nothing of that range is handed out; a reader reaching it gets
     # `DataLoss(accepted=True)`.
     lost_from_index: int = 0
     # The largest acked index the master knows for the segment: its leader's latest
@@ -148,12 +149,32 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class DataLoss:
     """No replica can serve `first_index..last_index` of segment `epoch`; `accepted`:
-    an operator sealed the segment accepting that loss (`SegmentView.lost_from_index`)."""
+    an operator sealed the segment accepting that loss (`SegmentView.lost_from_index`),
+    and the loss runs from `first_index` to the segment's end, past its bridge
+    (`last_index`) too: what the lost replicas held there is gone as well."""
 
     epoch: int
     first_index: int
     last_index: int
     accepted: bool = False
+
+    def covers(self, epoch: int, index: int) -> bool:
+        """Whether an event at `index` of segment `epoch` falls in the lost range."""
+        if epoch != self.epoch or index < self.first_index:
+            return False
+        return self.accepted or index <= self.last_index
+
+    @property
+    def resume_sequence(self) -> int:
+        return resume_past_loss(self.epoch, self.last_index, self.accepted)
+
+
+def resume_past_loss(epoch: int, last_index: int, accepted: bool) -> int:
+    """Where a reader goes on past a data loss: after its range, or, for an accepted
+    loss (which runs to the segment's end), at the first position of any later segment."""
+    if accepted:
+        return pack_sequence(epoch + 1, 0) if epoch < EPOCH_MAX else SEQUENCE_MAX
+    return pack_sequence(epoch, last_index + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +376,10 @@ class Cursor:
             if later:
                 self._enter(later[0].epoch)
         elif current.sealed and self._next_index > current.final_index:
+            if 0 < current.lost_from_index <= self._next_index:
+                # Read past the bridge on a replica since lost: what it held there may
+                # have been acked and is lost too, which `next` tells (`DataLoss`).
+                return
             self._hop()
             self._advanced_ms = now_ms
 

@@ -1,0 +1,48 @@
+"""A simulated process: `serve()` runs as its node's task, dies and starts again.
+
+What outlives an incarnation (a store's KV, etcd's data) is the subclass's; the task is
+one incarnation. Killing it cancels the task: its calls break, its `finally` blocks run
+(they close what a dead process's peers would see closed), nothing else is flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.sim.runtime.transport import node_context
+
+
+class SimProcess:
+    """One node's process; subclasses set `name` and define `serve()`."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self._group: asyncio.TaskGroup | None = None
+
+    async def serve(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Run `serve()` as this node, in `group`."""
+        assert not self.running, f"{self.name} runs already"
+        self._group = group
+        self.task = group.create_task(self.serve(), context=node_context(self.name))
+
+    async def crash(self) -> None:
+        """The process dies."""
+        task = self.task
+        assert task is not None, f"{self.name} was never started"
+        task.cancel()
+        await asyncio.wait([task])
+        self.task = None
+
+    def restart(self) -> None:
+        """A new incarnation, in the group of the first."""
+        assert self._group is not None, "start it first"
+        self.start(self._group)
