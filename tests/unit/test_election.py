@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from streamengine.master.election import Election, LeaseLost
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.metadata import NotActive
 from streamengine.master.role import MasterRole
+from streamengine.protocol.cert_revocations import CertRevocations
 from streamengine.testing import EtcdCluster, wait_until
 
 _prefixes = itertools.count(1)
@@ -102,7 +105,7 @@ def test_a_master_serves_only_while_active_and_its_lease_confirmed() -> None:
         role.serving(1000)
     assert standby.value.active_address == "m2:1", "a standby names the active master"
 
-    state = object()
+    state: Any = SimpleNamespace(cert_revocations=CertRevocations())
     role.activate(state, object())  # type: ignore[arg-type]
     role.confirmed(master_active_until(keepalive_sent_ms=1000, ttl_ms=1000))
     assert role.serving(1999) is state
