@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamengine.master.core import leadership
-from streamengine.master.core.errors import InvalidArgument, NotLeader
+from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
 from streamengine.master.core.leadership import (
     LEASE_SECRET_BYTES,
     LEASE_SECRET_BYTES_MAX,
@@ -212,6 +212,30 @@ def test_heartbeat(rule, lease, caller, epoch, now, outcome, after) -> None:
 def test_heartbeat_refuses(rule, client, epoch) -> None:
     with pytest.raises(InvalidArgument):
         leadership.heartbeat(held(3, "a", 900), claim(client), epoch, 0, LEASE, FRESH)
+
+
+@pytest.mark.parametrize(
+    ("rule", "lease", "caller", "epoch"),
+    [
+        (
+            "the holder's own heartbeat, sent as a follower before its grant came and "
+            "decided after its lease ran out, opens no epoch that would depose it",
+            held(3, "a", 900),
+            claim("a", b""),
+            0,
+        ),
+        ("nor does another writer's", held(3, "a", 900), claim("b", b""), 0),
+        ("nor does a renewal decide anything", held(3, "a", 900), claim("a"), 3),
+    ],
+)
+def test_a_heartbeat_decided_past_its_callers_deadline_decides_nothing(
+    rule, lease, caller, epoch
+) -> None:
+    for answer_by in (1000, 999):  # at the deadline, and after it
+        with pytest.raises(CallerGaveUp):
+            leadership.heartbeat(lease, caller, epoch, 1000, LEASE, FRESH, answer_by)
+    # Before its deadline the same heartbeat is decided: here each one leads.
+    assert leadership.heartbeat(lease, caller, epoch, 1000, LEASE, FRESH, 1001).leads, rule
 
 
 def test_a_lease_secret_longer_than_any_the_master_hands_is_malformed() -> None:
