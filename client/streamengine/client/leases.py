@@ -57,6 +57,7 @@ class _Waiting:
     request: master_pb2.WriterHeartbeatRequest
     answer: asyncio.Future[master_pb2.WriterHeartbeatReply]
     deadline: float  # loop time
+    late_grant: Callable[[master_pb2.WriterHeartbeatReply], None]
 
 
 def refusal(answer: master_pb2.LeaseHeartbeatAnswer) -> grpc.aio.AioRpcError:
@@ -111,11 +112,15 @@ class LeaseSession:
         await group.__aexit__(None, None, None)
 
     async def heartbeat(
-        self, request: master_pb2.WriterHeartbeatRequest, timeout_s: float
+        self,
+        request: master_pb2.WriterHeartbeatRequest,
+        timeout_s: float,
+        late_grant: Callable[[master_pb2.WriterHeartbeatReply], None],
     ) -> master_pb2.WriterHeartbeatReply:
         """The answer to one writer's heartbeat, sent with the next batch; raises the
         AioRpcError that `WriterHeartbeat` would have (DEADLINE_EXCEEDED after
-        `timeout_s`)."""
+        `timeout_s`). An answer that grants the lease and comes after that goes to
+        `late_grant`: it holds the only copy of the lease secret."""
         if self._group is None:
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.CANCELLED,
@@ -124,7 +129,7 @@ class LeaseSession:
                 "the client is closed",
             )
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(request, loop.create_future(), loop.time() + timeout_s)
+        waiting = _Waiting(request, loop.create_future(), loop.time() + timeout_s, late_grant)
         self._waiting.append(waiting)
         self._wake.set()
         try:
@@ -188,6 +193,8 @@ class LeaseSession:
             log.warning("a lease batch of %d answered %d", len(batch), len(reply.leases))
         for waiting, answer in zip(batch, reply.leases, strict=False):
             if waiting.answer.done():
+                if not answer.code and answer.reply.lease_secret:
+                    waiting.late_grant(answer.reply)
                 continue
             if answer.code:
                 waiting.answer.set_exception(refusal(answer))

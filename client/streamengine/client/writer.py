@@ -225,7 +225,6 @@ class Writer:
         self._stepped = asyncio.Event()
         self._clock_deadline: int | None = None
         self._closing = False
-        self._releases: list[ReleaseLease] = []
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
         self._heartbeat_error: StreamEngineError | None = None
@@ -281,25 +280,18 @@ class Writer:
         for task in heartbeats:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
+        # Its ReleaseLease goes to the lease session at once (as does that of a grant
+        # answered later, even after the close: `_step_finished` gives it back).
         self.step(Release())
-        for release in self._releases:
-            self._release(release)
-        released = len(self._releases)
         for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
-        try:
-            if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
-                # The caller's own error goes on as it is; a TaskGroup would wrap it in an
-                # ExceptionGroup. Only a background loop's failure (which cancels the
-                # caller, so it arrives here as CancelledError) comes back as a group.
-                await self._group.__aexit__(None, None, None)
-            else:
-                await self._group.__aexit__(exc_type, exc, tb)
-        finally:
-            # A roll answered while closing granted an epoch: give it back too, or the
-            # next writer (or `seal`) waits out a lease nobody uses.
-            for release in self._releases[released:]:
-                self._release(release)
+        if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
+            # The caller's own error goes on as it is; a TaskGroup would wrap it in an
+            # ExceptionGroup. Only a background loop's failure (which cancels the
+            # caller, so it arrives here as CancelledError) comes back as a group.
+            await self._group.__aexit__(None, None, None)
+        else:
+            await self._group.__aexit__(exc_type, exc, tb)
         return None
 
     def client_closed(self) -> None:
@@ -480,10 +472,7 @@ class Writer:
             elif isinstance(action, AppendsLeftUnacked):
                 self._left_unacked(action)
             elif isinstance(action, ReleaseLease):
-                if self._closing:
-                    self._releases.append(action)
-                else:
-                    self._release(action)
+                self._release(action)
             elif isinstance(action, StoreDetached):
                 log.warning(
                     "%s: store %s detached at matched %d: %s",
@@ -638,7 +627,9 @@ class Writer:
         )
         sent_at = monotonic_ms()
         try:
-            reply = await self._leases.heartbeat(request, action.timeout_ms / 1000)
+            reply = await self._leases.heartbeat(
+                request, action.timeout_ms / 1000, lambda late: self._late_grant(sent_at, late)
+            )
         except grpc.aio.AioRpcError as error:
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
             self._heartbeat_error = from_rpc_error(error)
@@ -654,6 +645,16 @@ class Writer:
         if self._lease_secret.answered_without_it(request.lease_secret, leader):
             self.step(HeartbeatFailed(sent_at, "", "answered before the lease secret came"))
             return
+        self.step(heartbeat_answer(sent_at, reply))
+
+    def _late_grant(self, sent_at: int, reply: master_pb2.WriterHeartbeatReply) -> None:
+        """A grant answered after its heartbeat was given up on: it carries the only
+        copy of the lease secret, so the core hears it all the same (it leads, or, once
+        finished, gives the lease back), rather than the lease being granted again
+        and again to a writer that never learns it."""
+        if self._stepping:
+            return  # never a step inside a step (the lease then runs out)
+        self._lease_secret.learn(reply.lease_secret)
         self.step(heartbeat_answer(sent_at, reply))
 
     # ---- sealing earlier segments ----

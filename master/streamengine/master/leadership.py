@@ -160,10 +160,10 @@ class Leadership:
                     answer_by_ms,
                 )
                 if decision.outcome is Outcome.GRANTED:
-                    earlier = granted.get(beat.stream)
-                    base = earlier.record if earlier else record
+                    # The lease it grants runs: nothing else in the batch is granted it.
+                    assert beat.stream not in granted, beat.stream
                     granted[beat.stream] = self._plan_epoch(
-                        base, decision.lease, (), now_ms, True, views
+                        record, decision.lease, (), now_ms, True, views
                     )
                     secrets_handed[number] = secret
             except MasterError as error:
