@@ -11,7 +11,12 @@ For each N, a fresh local cluster (a master, 3 stores, plaintext, fsync never) a
 - leads a writer on each (`lead all`: from the first `writer` entered to the last
   leading, all at once);
 - appends one 100-byte event to each stream in turn, one append at a time, `--appends`
-  in all (at least one a stream), and times each (round-robin latency p50 / p99);
+  in all (at least one a stream), and times each (round-robin latency p50 / p99). The
+  first append that fails, or waits past `APPEND_WAIT_S_MAX`, ends the phase and is
+  reported: beyond about 500 streams per store every writer holds one Write stream to
+  each store of its copy set, and a store serves at most `CONCURRENT_RPCS_MAX` (512)
+  calls at once (under TLS one principal at most `STREAMS_PER_PRINCIPAL_MAX`, 384), so
+  the writers past it never connect until writes are multiplexed per store;
 - holds every lease idle for `--idle-s`, and reads the CPU each process used meanwhile
   (% of one core) and its RSS at the end;
 - closes every writer (`close all`) and checks that no writer stepped down and no
@@ -46,6 +51,12 @@ TENANT_STREAMS = 1000
 # few enough that no call waits behind thousands of others.
 CONCURRENT_CALLS = 100
 STREAMS_DEFAULT = (100, 1000, 10_000)
+# An append not acked in this long ends the append phase (and is reported).
+APPEND_WAIT_S_MAX = 5.0
+
+
+class AppendStuck(Exception):
+    """An append waited past `APPEND_WAIT_S_MAX`."""
 
 
 @dataclass
@@ -129,7 +140,15 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
 
             async def append_one(writer: Writer, payload: bytes) -> None:
                 sent = time.monotonic()
-                await writer.append(payload)
+                try:
+                    async with asyncio.timeout(APPEND_WAIT_S_MAX):
+                        await writer.append(payload)
+                except TimeoutError:
+                    connected = writer.statistics().connected
+                    raise AppendStuck(
+                        f"{writer.stream}: not acked within {APPEND_WAIT_S_MAX} s; Write "
+                        f"streams open: {sum(connected.values())} of {len(connected)}"
+                    ) from None
                 latencies.append(time.monotonic() - sent)
 
             async def round_robin(count: int) -> None:
@@ -148,7 +167,7 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
             appends = max(args.appends, len(writers))
             try:
                 await bounded("round-robin appends", args.phase_timeout_s, round_robin(appends))
-            except StreamEngineError as error:
+            except (StreamEngineError, AppendStuck) as error:
                 # Measured on: the leases and the idle cost do not depend on it.
                 problems.append(f"append {len(latencies) + 1} failed: {error!r}")
             row.append_s = time.monotonic() - started
