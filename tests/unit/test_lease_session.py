@@ -58,6 +58,7 @@ async def test_heartbeats_go_in_one_batch_and_a_grant_answered_late_still_reache
     session = LeaseSession(master, lambda: master)
 
     async def no_hold() -> None:
+        session._held.set()  # as if held: batches go at once
         await asyncio.Event().wait()
 
     session._hold = no_hold  # type: ignore[method-assign]  # no hold call here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from streamengine.master.core import leadership
@@ -309,6 +311,20 @@ def test_release(rule, caller, epoch, now, result) -> None:
 )
 def test_holder_gone(rule, caller, epoch, now, result) -> None:
     assert leadership.holder_gone(held(3, "a", 900), caller, epoch, now) == result, rule
+
+
+@pytest.mark.parametrize(
+    ("rule", "now_lease", "ends"),
+    [
+        ("the grant bound to the session ends now", granted(1, "a", 900), True),
+        ("rolled since (the same secret): it ends too", granted(2, "a", 900), True),
+        ("granted since to another writer: unchanged", held(2, "b", 900), False),
+        ("released since: unchanged", Lease(1, "", 100), False),
+    ],
+)
+def test_session_gone(rule, now_lease, ends) -> None:
+    ended = leadership.session_gone(now_lease, granted(1, "a", 600), 500)
+    assert ended == (replace(now_lease, expires_ms=500) if ends else None), rule
 
 
 def test_a_holder_whose_call_ended_but_lives_renews_unless_someone_took_over() -> None:

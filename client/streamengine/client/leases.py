@@ -26,6 +26,7 @@ belongs to the session's TaskGroup, which the client's `async with` owns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Callable
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 LEASE_BATCH_WINDOW_MS = 20
 # Random bytes naming the session (the master takes 16 to 64).
 LEASE_SESSION_BYTES = 32
+# The first batch waits this long at most for the session's call to be held, so that
+# the leases it grants are bound to the session from the start (a leader cut off right
+# after its grant still has its lease ended at once).
+HOLD_OPEN_WAIT_S = 1.0
 # How long closing the client waits for the releases still under way (each gives up
 # after its own deadline sooner; a lease not released runs out by itself).
 RELEASES_WAIT_S = 3.0
@@ -82,6 +87,8 @@ class LeaseSession:
         self.session = secrets.token_bytes(LEASE_SESSION_BYTES)
         self._waiting: list[_Waiting] = []
         self._wake = asyncio.Event()
+        # Set once the session's call was held (or could not be): batches may go.
+        self._held = asyncio.Event()
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
@@ -160,6 +167,9 @@ class LeaseSession:
 
     async def _send_batches(self) -> None:
         assert self._group is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HOLD_OPEN_WAIT_S):
+                await self._held.wait()
         while True:
             await self._wake.wait()
             await asyncio.sleep(LEASE_BATCH_WINDOW_MS / 1000)  # let the window fill
@@ -206,8 +216,9 @@ class LeaseSession:
         while True:
             try:
                 async for _ in self._holding_master().HoldLeaseSession(request):
-                    pass
+                    self._held.set()
             except grpc.aio.AioRpcError as error:
+                self._held.set()  # batches go on without it: leases then run out
                 if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return  # a master from before the call existed: leases run out
                 log.debug("lease session call ended: %s", error.code().name)

@@ -64,10 +64,11 @@ class Beat:
 @dataclass(slots=True)
 class LeaseSession:
     """A client process's lease session: the principal that opened it, and each lease a
-    batch naming it renewed or granted, with the claim that proved it."""
+    batch naming it renewed or granted, as it was then (a grant's answer carries the
+    secret, the heartbeat that won it did not: the grant itself is what is bound)."""
 
     principal: str
-    leases: dict[str, Claim] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -195,7 +196,7 @@ class Leadership:
                     beat.epoch, beat.acked_index, beat.segment_bytes
                 )
             if decision.leads and bound is not None and bound.principal == beat.claim.principal:
-                bound.leases[beat.stream] = beat.claim
+                bound.leases[beat.stream] = lease
             record = self.state.streams[beat.stream]
             view = self._writer_view(record, decision.leads, lease, now_ms, views)
             answers.append(replace(view, secret=secrets_handed.get(number, b"")))
@@ -227,15 +228,16 @@ class Leadership:
         return True
 
     def session_gone(self, session: bytes, now_ms: int) -> list[tuple[str, int]]:
-        """The session's call ended: every lease bound to it ends now, as `holder_gone`
-        says for its latest epoch (a roll keeps the secret that bound it; a new grant, to
-        anyone, does not). Returns the (stream, epoch) ended."""
+        """The session's call ended: every lease bound to it ends now, unless granted to
+        anyone since (`leadership.session_gone`). Returns the (stream, epoch) ended."""
         held = self.sessions.pop(session, None)
         ended = []
-        for name, claim in sorted(held.leases.items()) if held else ():
+        for name, bound in sorted(held.leases.items()) if held else ():
             lease = self.state.leases.get(name)
-            if lease is not None and self.holder_gone(name, claim, lease.epoch, now_ms):
-                ended.append((name, lease.epoch))
+            gone = None if lease is None else leadership.session_gone(lease, bound, now_ms)
+            if gone is not None:
+                self.state.leases[name] = gone
+                ended.append((name, gone.epoch))
         return ended
 
     def roll_segment(

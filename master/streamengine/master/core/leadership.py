@@ -224,6 +224,23 @@ def undeleted(lease: Lease) -> Lease:
     return replace(lease, holder="", secret_sha256=b"", principal="")
 
 
+def session_gone(lease: Lease, bound: Lease, now_ms: int) -> Lease | None:
+    """The lease session that renewed or won `bound` (the lease as it was then) ended:
+    as `holder_gone`, the lease ends now, its holder kept, when it is still that grant
+    (the same holder, secret and principal; a roll keeps them). None otherwise: granted
+    since to anyone, or released."""
+    same_grant = (
+        bool(lease.holder)
+        and lease.holder == bound.holder
+        and bool(lease.secret_sha256)
+        and lease.secret_sha256 == bound.secret_sha256
+        and lease.principal == bound.principal
+    )
+    if not same_grant:
+        return None
+    return replace(lease, expires_ms=min(lease.expires_ms, now_ms))
+
+
 def holder_gone(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int) -> Lease | None:
     """The call the holder of `caller_epoch` held open ended (its process died, as far
     as the master can tell): the lease ends now, the holder kept. None when the caller
