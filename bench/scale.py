@@ -59,6 +59,10 @@ class AppendStuck(Exception):
     """An append waited past `APPEND_WAIT_S_MAX`."""
 
 
+class PhaseTimedOut(Exception):
+    """A phase took longer than `--phase-timeout-s`."""
+
+
 @dataclass
 class Row:
     streams: int
@@ -89,7 +93,7 @@ async def bounded(label: str, seconds: float, work: asyncio.Future[object] | obj
         async with asyncio.timeout(seconds):
             await work  # type: ignore[misc]
     except TimeoutError:
-        raise SystemExit(f"{label}: not done within {seconds} s") from None
+        raise PhaseTimedOut(f"{label}: not done within {seconds} s") from None
     print(f"  {label}: {time.monotonic() - started:.2f} s", file=sys.stderr, flush=True)
 
 
@@ -167,7 +171,7 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
             appends = max(args.appends, len(writers))
             try:
                 await bounded("round-robin appends", args.phase_timeout_s, round_robin(appends))
-            except (StreamEngineError, AppendStuck) as error:
+            except (StreamEngineError, AppendStuck, PhaseTimedOut) as error:
                 # Measured on: the leases and the idle cost do not depend on it.
                 problems.append(f"append {len(latencies) + 1} failed: {error!r}")
             row.append_s = time.monotonic() - started
@@ -247,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     failed = False
     for streams in args.streams:
-        with cluster_for(streams, args.keep) as cluster:
-            row = asyncio.run(measure(cluster, streams, args))
+        try:
+            with cluster_for(streams, args.keep) as cluster:
+                row = asyncio.run(measure(cluster, streams, args))
+        except PhaseTimedOut as error:
+            print(f"| {streams:,} | {error} |", flush=True)
+            failed = True
+            continue
         print_row(row)
         failed = failed or bool(row.problems)
     return 1 if failed else 0
