@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -638,6 +639,27 @@ def every_rpc_as(
             replies.cancel()
             return first
 
+    def lease_batch() -> object:
+        """A batch of one heartbeat; its entry's refusal raised as `WriterHeartbeat`'s."""
+        beat = m.WriterHeartbeatRequest(stream="victim/data", client_id="x")
+        request = m.LeaseHeartbeatRequest(leases=[beat])
+        (entry,) = master_call(cluster, "LeaseHeartbeat", request, token).leases
+        if entry.code:
+            code = next(c for c in Code if c.value[0] == entry.code)
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(code, empty, empty, entry.message)
+        return entry.reply
+
+    def lease_session() -> object:
+        request = m.HoldLeaseSessionRequest(session=secrets.token_bytes(16))
+        with grpc.insecure_channel(cluster.master_address) as channel:
+            replies = master_pb2_grpc.MasterStub(channel).HoldLeaseSession(
+                request, timeout=TIMEOUT_S, metadata=bearer(token)
+            )
+            first = next(iter(replies))
+            replies.cancel()
+            return first
+
     def subscribe() -> object:
         start = s.SubscribeRequest(start=s.SubscribeStart(segment=sealed.id, from_index=1))
         with grpc.insecure_channel(store) as channel:
@@ -680,6 +702,8 @@ def every_rpc_as(
             "ReleaseLease", m.ReleaseLeaseRequest(**lease, grant=driver.grant)
         ),
         "Master/HoldLease": hold,
+        "Master/LeaseHeartbeat": lease_batch,
+        "Master/HoldLeaseSession": lease_session,
         "Master/RollSegment": master(
             "RollSegment", m.RollSegmentRequest(**lease, grant=driver.grant)
         ),
@@ -750,7 +774,14 @@ def every_rpc_as(
 
 
 # Listings answer another tenant's token, showing it nothing of the victim.
-FILTERED = {"Master/ListTenants", "Master/ListStreams", "Master/GetClusterStatus"}
+# Answered to any authenticated caller: filtered to its own, or (a lease session) holding
+# nothing until heartbeats that prove their leases bind them to it.
+FILTERED = {
+    "Master/ListTenants",
+    "Master/ListStreams",
+    "Master/GetClusterStatus",
+    "Master/HoldLeaseSession",
+}
 
 
 def test_a_token_of_another_tenant_touches_and_sees_nothing_on_any_rpc(
@@ -784,6 +815,7 @@ def test_a_read_token_reads_its_tenant_and_cannot_append_or_administer(
         "Master/ListSegments",
         "Master/GetClusterStatus",
         "Master/ReportReplica",  # a reader's report: the store checks the replica first
+        "Master/HoldLeaseSession",  # holds nothing by itself
         "SegmentStore/Read",
         "SegmentStore/Subscribe",
         "SegmentStore/Digest",

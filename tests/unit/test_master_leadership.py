@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from streamengine.master.core import leadership
-from streamengine.master.core.errors import InvalidArgument, NotLeader
+from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
 from streamengine.master.core.leadership import (
     LEASE_SECRET_BYTES,
     LEASE_SECRET_BYTES_MAX,
@@ -214,6 +216,30 @@ def test_heartbeat_refuses(rule, client, epoch) -> None:
         leadership.heartbeat(held(3, "a", 900), claim(client), epoch, 0, LEASE, FRESH)
 
 
+@pytest.mark.parametrize(
+    ("rule", "lease", "caller", "epoch"),
+    [
+        (
+            "the holder's own heartbeat, sent as a follower before its grant came and "
+            "decided after its lease ran out, opens no epoch that would depose it",
+            held(3, "a", 900),
+            claim("a", b""),
+            0,
+        ),
+        ("nor does another writer's", held(3, "a", 900), claim("b", b""), 0),
+        ("nor does a renewal decide anything", held(3, "a", 900), claim("a"), 3),
+    ],
+)
+def test_a_heartbeat_decided_past_its_callers_deadline_decides_nothing(
+    rule, lease, caller, epoch
+) -> None:
+    for answer_by in (1000, 999):  # at the deadline, and after it
+        with pytest.raises(CallerGaveUp):
+            leadership.heartbeat(lease, caller, epoch, 1000, LEASE, FRESH, answer_by)
+    # Before its deadline the same heartbeat is decided: here each one leads.
+    assert leadership.heartbeat(lease, caller, epoch, 1000, LEASE, FRESH, 1001).leads, rule
+
+
 def test_a_lease_secret_longer_than_any_the_master_hands_is_malformed() -> None:
     with pytest.raises(InvalidArgument):
         Claim("a", b"x" * (LEASE_SECRET_BYTES_MAX + 1), PRINCIPAL)
@@ -285,6 +311,20 @@ def test_release(rule, caller, epoch, now, result) -> None:
 )
 def test_holder_gone(rule, caller, epoch, now, result) -> None:
     assert leadership.holder_gone(held(3, "a", 900), caller, epoch, now) == result, rule
+
+
+@pytest.mark.parametrize(
+    ("rule", "now_lease", "ends"),
+    [
+        ("the grant bound to the session ends now", granted(1, "a", 900), True),
+        ("rolled since (the same secret): it ends too", granted(2, "a", 900), True),
+        ("granted since to another writer: unchanged", held(2, "b", 900), False),
+        ("released since: unchanged", Lease(1, "", 100), False),
+    ],
+)
+def test_session_gone(rule, now_lease, ends) -> None:
+    ended = leadership.session_gone(now_lease, granted(1, "a", 600), 500)
+    assert ended == (replace(now_lease, expires_ms=500) if ends else None), rule
 
 
 def test_a_holder_whose_call_ended_but_lives_renews_unless_someone_took_over() -> None:

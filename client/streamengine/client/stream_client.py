@@ -15,7 +15,9 @@ used when it is there. The token travels as `authorization: Bearer <token>` on e
 call, over TLS only.
 
 It owns one pool of gRPC channels (options in `client.channels`) shared by writers
-and readers; control calls retry transient failures (`client.retrying`). Given several
+and readers, and one lease session (`client.leases`) that carries every writer's
+heartbeats to the master in one call per interval; control calls retry transient
+failures (`client.retrying`). Given several
 masters, every master call follows the active one (`protocol.master_calls`).
 """
 
@@ -44,6 +46,7 @@ from streamengine.client.errors import (
     Unavailable,
     from_rpc_error,
 )
+from streamengine.client.leases import LeaseSession
 from streamengine.client.retrying import retry_unary
 from streamengine.client.types import SegmentInfo, StreamInfo
 from streamengine.client.wire import segment_info, stream_info
@@ -140,6 +143,7 @@ class StreamClient:
         # Parsed now: a malformed list fails here, not at the first call.
         self._masters = AsyncMasters(master_address, self._channels.get)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
+        self._leases: LeaseSession | None = None
         # Writers still open when the client closes stop leading at once (`close`).
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 
@@ -153,6 +157,8 @@ class StreamClient:
             await self._channels.close()
             raise
         self._master = self._masters.stub
+        self._leases = LeaseSession(self._master, self._masters.held_open)
+        await self._leases.start()
         return self
 
     async def __aexit__(
@@ -169,7 +175,12 @@ class StreamClient:
         self._master = None
         for writer in list(self._writers):
             writer.client_closed()
-        await self._channels.close()
+        leases, self._leases = self._leases, None
+        try:
+            if leases is not None:
+                await leases.close()
+        finally:
+            await self._channels.close()
 
     @property
     def master(self) -> master_pb2_grpc.MasterAsyncStub:
@@ -245,11 +256,13 @@ class StreamClient:
         store is lost, and when the master asks; `rolling=False` keeps one segment.
         An append not acknowledged within `append_timeout_s` raises `AppendTimedOut`
         (the writer goes on leading)."""
+        if self._leases is None:
+            raise RuntimeError("use StreamClient as `async with StreamClient(...) as client`")
         writer = Writer(
             self.master,
             self._channels,
             name,
-            holding_master=self._masters.held_open,
+            self._leases,
             limits=limits,
             leadership_timeout_s=leadership_timeout_s,
             client_id=client_id,

@@ -15,6 +15,9 @@ each pending one whether it is in doubt or definitely failed.
 Every background loop (the clock, heartbeats, one Write stream per store, in
 `client.replicator`; requests are serialized by `client.wire`) is a task
 of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
+Heartbeats and releases go through the client's lease session (`client.leases`), which
+batches them with every other writer's and holds the leases at the master while the
+process lives; a writer's close hands its release over and does not wait for it.
 
 Earlier segments. Each `RecoverSegment` gets one `client.recovery.SegmentSealer` task;
 its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls out of
@@ -34,7 +37,7 @@ async with client.writer("acme/orders") as w:    # waits for leadership
 ```
 
 Why one long module: `Writer` carries out every action of the core's one state machine
-(calls to the master, a Write stream per store, recoveries, the lease hold) and feeds
+(calls to the master, a Write stream per store, recoveries) and feeds
 back their answers; one store's stream is apart (`client.replicator`), as is a
 recovery's (`client.recovery`).
 """
@@ -46,7 +49,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -67,7 +70,6 @@ from streamengine.client.core.replicator import (
 )
 from streamengine.client.core.writer import (
     APPEND_TIMEOUT_MS,
-    HOLD_LEASE_REOPEN_MS,
     STREAM_DELETED,
     AppendsLeftUnacked,
     AppendsTimedOut,
@@ -104,9 +106,9 @@ from streamengine.client.errors import (
     Unavailable,
     from_rpc_error,
 )
+from streamengine.client.leases import LeaseSession
 from streamengine.client.recovery import SegmentSealer
 from streamengine.client.replicator import StoreLink
-from streamengine.client.retrying import retry_unary
 from streamengine.client.wire import BatchCache, LeaseSecret, heartbeat_answer
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.limits import EVENT_BYTES_MAX
@@ -174,8 +176,8 @@ class Writer:
         master: master_pb2_grpc.MasterAsyncStub,
         channels: ChannelPool,
         stream: str,
+        leases: LeaseSession,
         *,
-        holding_master: Callable[[], master_pb2_grpc.MasterAsyncStub] | None = None,
         limits: ReplicatorLimits | None = None,
         leadership_timeout_s: float | None = None,
         client_id: str | None = None,
@@ -191,10 +193,9 @@ class Writer:
         self._accept_loss = accept_loss
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
         self._master = master
-        # The master last seen active, for the call held open while leading (None: no
-        # such call; the lease then runs out when the writer dies).
-        self._holding_master = holding_master
-        self._hold: tuple[int, asyncio.Task[None]] | None = None  # epoch, call
+        # The client's lease session carries this writer's heartbeats and releases,
+        # and holds its lease at the master while the process lives.
+        self._leases = leases
         self._channels = channels
         self._leadership_timeout_s = leadership_timeout_s
         self._core = Leader(
@@ -224,7 +225,6 @@ class Writer:
         self._stepped = asyncio.Event()
         self._clock_deadline: int | None = None
         self._closing = False
-        self._releases: list[ReleaseLease] = []
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
         self._heartbeat_error: StreamEngineError | None = None
@@ -280,26 +280,18 @@ class Writer:
         for task in heartbeats:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
+        # Its ReleaseLease goes to the lease session at once (as does that of a grant
+        # answered later, even after the close: `_step_finished` gives it back).
         self.step(Release())
-        for release in self._releases:
-            await self._release(release)
-        released = len(self._releases)
-        self._end_hold()
         for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
             task.cancel()
-        try:
-            if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
-                # The caller's own error goes on as it is; a TaskGroup would wrap it in an
-                # ExceptionGroup. Only a background loop's failure (which cancels the
-                # caller, so it arrives here as CancelledError) comes back as a group.
-                await self._group.__aexit__(None, None, None)
-            else:
-                await self._group.__aexit__(exc_type, exc, tb)
-        finally:
-            # A roll answered while closing granted an epoch: give it back too, or the
-            # next writer (or `seal`) waits out a lease nobody uses.
-            for release in self._releases[released:]:
-                await self._release(release)
+        if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
+            # The caller's own error goes on as it is; a TaskGroup would wrap it in an
+            # ExceptionGroup. Only a background loop's failure (which cancels the
+            # caller, so it arrives here as CancelledError) comes back as a group.
+            await self._group.__aexit__(None, None, None)
+        else:
+            await self._group.__aexit__(exc_type, exc, tb)
         return None
 
     def client_closed(self) -> None:
@@ -480,10 +472,7 @@ class Writer:
             elif isinstance(action, AppendsLeftUnacked):
                 self._left_unacked(action)
             elif isinstance(action, ReleaseLease):
-                if self._closing:
-                    self._releases.append(action)
-                else:
-                    self._spawn(self._release(action))
+                self._release(action)
             elif isinstance(action, StoreDetached):
                 log.warning(
                     "%s: store %s detached at matched %d: %s",
@@ -518,40 +507,7 @@ class Writer:
             self._links[replica.store_id] = link
             self._link_tasks.append(self._group.create_task(link.run()))
         log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
-        self._hold_lease(action.epoch, action.grant)
         self._decided.set()
-
-    def _hold_lease(self, epoch: int, grant: bytes) -> None:
-        """Hold the lease of `epoch` open at the master (ending the call of an earlier
-        epoch, which the master then ignores: the lease is the new epoch's)."""
-        if self._holding_master is None or (self._hold is not None and self._hold[0] == epoch):
-            return
-        self._end_hold()
-        request = master_pb2.HoldLeaseRequest(
-            stream=self.stream,
-            client_id=self.client_id,
-            epoch=epoch,
-            grant=grant,
-            lease_secret=self._lease_secret.shown(),
-        )
-        self._hold = (epoch, self._spawn(self._holding(request)))
-
-    def _end_hold(self) -> None:
-        if self._hold is not None:
-            self._hold[1].cancel()
-            self._hold = None
-
-    async def _holding(self, request: master_pb2.HoldLeaseRequest) -> None:
-        assert self._holding_master is not None
-        while True:
-            try:
-                async for _ in self._holding_master().HoldLease(request):
-                    pass
-            except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return  # a master from before the call existed: the lease runs out
-                log.debug("%s: lease call ended: %s", self.stream, error.code().name)
-            await asyncio.sleep(HOLD_LEASE_REOPEN_MS / 1000)
 
     def _assigned(self, assigned: Assigned) -> None:
         # Pending from this moment: a step-down from here on must answer it.
@@ -614,7 +570,6 @@ class Writer:
                 )
 
     def _stepped_down(self, down: SteppedDown) -> None:
-        self._end_hold()
         message = f"{self.stream}: epoch {down.epoch}: {down.reason.value}: {down.message}"
         if down.reason is StepDownReason.REFUSED and self._heartbeat_error is not None:
             self._error = self._heartbeat_error
@@ -672,7 +627,9 @@ class Writer:
         )
         sent_at = monotonic_ms()
         try:
-            reply = await self._master.WriterHeartbeat(request, timeout=action.timeout_ms / 1000)
+            reply = await self._leases.heartbeat(
+                request, action.timeout_ms / 1000, lambda late: self._late_grant(sent_at, late)
+            )
         except grpc.aio.AioRpcError as error:
             log.info("%s: heartbeat failed: %s", self.stream, error.code().name)
             self._heartbeat_error = from_rpc_error(error)
@@ -688,6 +645,16 @@ class Writer:
         if self._lease_secret.answered_without_it(request.lease_secret, leader):
             self.step(HeartbeatFailed(sent_at, "", "answered before the lease secret came"))
             return
+        self.step(heartbeat_answer(sent_at, reply))
+
+    def _late_grant(self, sent_at: int, reply: master_pb2.WriterHeartbeatReply) -> None:
+        """A grant answered after its heartbeat was given up on: it carries the only
+        copy of the lease secret, so the core hears it all the same (it leads, or, once
+        finished, gives the lease back), rather than the lease being granted again
+        and again to a writer that never learns it."""
+        if self._stepping:
+            return  # never a step inside a step (the lease then runs out)
+        self._lease_secret.learn(reply.lease_secret)
         self.step(heartbeat_answer(sent_at, reply))
 
     # ---- sealing earlier segments ----
@@ -758,24 +725,18 @@ class Writer:
                 await self._sealed_changed.wait()
                 self._check_leading()
 
-    async def _release(self, action: ReleaseLease) -> None:
-        epoch = action.epoch
-        request = master_pb2.ReleaseLeaseRequest(
-            stream=self.stream,
-            client_id=self.client_id,
-            epoch=epoch,
-            grant=action.grant,
-            lease_secret=self._lease_secret.shown(),
+    def _release(self, action: ReleaseLease) -> None:
+        """Give the lease of `action.epoch` back, through the session: closing many
+        writers one after the other waits for none of their releases."""
+        self._leases.release(
+            master_pb2.ReleaseLeaseRequest(
+                stream=self.stream,
+                client_id=self.client_id,
+                epoch=action.epoch,
+                grant=action.grant,
+                lease_secret=self._lease_secret.shown(),
+            )
         )
-
-        async def release() -> master_pb2.ReleaseLeaseReply:
-            return await self._master.ReleaseLease(request, timeout=1.0)
-
-        try:
-            await retry_unary(release, deadline_s=2.0, attempts=4)
-        except grpc.aio.AioRpcError as error:
-            # The lease then runs out by itself.
-            log.info("%s: release of epoch %d failed: %s", self.stream, epoch, error.code().name)
 
     # ---- statistics ----
 

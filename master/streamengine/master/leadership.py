@@ -2,7 +2,12 @@
 
 A writer's heartbeat, roll, release and end of call go through the pure lease rules;
 a new epoch is persisted with its segment (placed by `core/placement.py`) and the
-digest of its lease secret before it is answered. The secret itself is drawn here, for
+digest of its lease secret before it is answered. Heartbeats come in batches, one per
+client process and interval (`writer_heartbeats`; a lone `WriterHeartbeat` is the batch
+of one): each is decided on its own, and the epochs the batch grants are persisted in
+one commit, before any of it is answered. The leases a batch renews or grants are
+bound to the client's lease session when it holds one open (`open_session`): when
+that call ends, each of them ends as `holder_gone` says. The secret itself is drawn here, for
 each heartbeat that wins the lease, and leaves the master only in that answer
 (`WriterView.secret`); a roll keeps it.
 A section of the master's state (`master.state`).
@@ -12,15 +17,21 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
 from streamengine.master.core import authority, leadership, placement, repair
-from streamengine.master.core.errors import NotEnoughStores, PermissionDenied, TooManyUnsealed
+from streamengine.master.core.errors import (
+    MasterError,
+    NotEnoughStores,
+    PermissionDenied,
+    TooManyUnsealed,
+)
 from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim, Lease, Outcome
-from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core.model import SegmentRecord, SegmentState, StoreView, StreamRecord
+from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 
@@ -36,6 +47,36 @@ class LeaderReport:
     epoch: int
     acked_index: int
     segment_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """One writer's heartbeat in a batch: the stream, who it claims to be, the epoch it
+    leads (0: none) and what it reports of its open segment."""
+
+    stream: str
+    claim: Claim
+    epoch: int
+    acked_index: int = 0
+    segment_bytes: int = 0
+
+
+@dataclass(slots=True)
+class LeaseSession:
+    """A client process's lease session: the principal that opened it, and each lease a
+    batch naming it renewed or granted, as it was then (a grant's answer carries the
+    secret, the heartbeat that won it did not: the grant itself is what is bound)."""
+
+    principal: str
+    leases: dict[str, Lease] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Granted:
+    """An epoch a batch grants, persisted with the others before anything is applied."""
+
+    record: StreamRecord
+    segments: list[SegmentRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +108,21 @@ class WriterView:
         )
 
 
+def _transactions(plans: list[_Granted]) -> list[list[_Granted]]:
+    """`plans` in runs that each fit one metadata transaction (one for a batch of up to
+    `OPS_PER_TRANSACTION_MAX // 3` grants)."""
+    runs: list[list[_Granted]] = []
+    ops = OPS_PER_TRANSACTION_MAX
+    for plan in plans:
+        needed = 1 + len(plan.segments)
+        if ops + needed > OPS_PER_TRANSACTION_MAX:
+            runs.append([])
+            ops = 0
+        runs[-1].append(plan)
+        ops += needed
+    return runs
+
+
 class Leadership:
     """Writers' leases, the epochs they open and the rolls operators ask for."""
 
@@ -79,6 +135,82 @@ class Leadership:
         # stream -> (epoch, expiry) of the grant last handed to its leader. Memory only:
         # a master that restarts hands fresh ones.
         self.grants_handed: dict[str, tuple[int, int]] = {}
+        # Lease sessions held open, by the session bytes the client drew (memory only:
+        # a new active master starts with none, and the next batch binds again).
+        self.sessions: dict[bytes, LeaseSession] = {}
+
+    def writer_heartbeats(
+        self,
+        beats: Sequence[Beat | MasterError],
+        now_ms: int,
+        answer_by_ms: int | None = None,
+        session: bytes = b"",
+    ) -> list[WriterView | MasterError]:
+        """Decide each heartbeat of a batch in order (an error in the list stays that
+        entry's answer): renew, follow or grant. The epochs granted are persisted before
+        anything is answered, in one commit (as many as the metadata's bound on a
+        transaction needs: `OPS_PER_TRANSACTION_MAX`, each epoch whole in one). A commit
+        that fails fails the whole call: what earlier commits granted stands, as for a
+        winner whose answer is lost, and nothing else changes. `answer_by_ms`: the
+        caller's deadline (`core.leadership`)."""
+        decided: dict[str, Lease] = {}
+        granted: dict[str, _Granted] = {}
+        secrets_handed: dict[int, bytes] = {}
+        outcomes: list[tuple[Beat, leadership.Decision] | MasterError] = []
+        views = self.state.store_views(now_ms) if beats else {}
+        for number, beat in enumerate(beats):
+            if isinstance(beat, MasterError):
+                outcomes.append(beat)
+                continue
+            try:
+                record = self.state.usable_stream(beat.stream)
+                secret = self.draw_secret()
+                lease = decided.get(beat.stream) or self.state.leases[beat.stream]
+                decision = leadership.heartbeat(
+                    lease, beat.claim, beat.epoch, now_ms, self.state.lease_ms, secret,
+                    answer_by_ms,
+                )
+                if decision.outcome is Outcome.GRANTED:
+                    # The lease it grants runs: nothing else in the batch is granted it.
+                    assert beat.stream not in granted, beat.stream
+                    granted[beat.stream] = self._plan_epoch(
+                        record, decision.lease, (), now_ms, True, views
+                    )
+                    secrets_handed[number] = secret
+            except MasterError as error:
+                outcomes.append(error)
+                continue
+            decided[beat.stream] = decision.lease
+            outcomes.append((beat, decision))
+        for plans in _transactions(list(granted.values())):
+            batch = Batch()
+            for plan in plans:
+                batch.stream(plan.record)
+                for segment in plan.segments:
+                    batch.segment(segment)
+            self.state.catalog.commit(batch)
+            for plan in plans:
+                self._apply_epoch(plan)
+                self.state.leases[plan.record.name] = decided[plan.record.name]
+        self.state.leases.update(decided)
+        bound = self.sessions.get(session) if session else None
+        answers: list[WriterView | MasterError] = []
+        for number, outcome in enumerate(outcomes):
+            if isinstance(outcome, MasterError):
+                answers.append(outcome)
+                continue
+            beat, decision = outcome
+            lease = decision.lease
+            if decision.leads and beat.epoch == lease.epoch:
+                self.state.leader_reports[beat.stream] = LeaderReport(
+                    beat.epoch, beat.acked_index, beat.segment_bytes
+                )
+            if decision.leads and bound is not None and bound.principal == beat.claim.principal:
+                bound.leases[beat.stream] = lease
+            record = self.state.streams[beat.stream]
+            view = self._writer_view(record, decision.leads, lease, now_ms, views)
+            answers.append(replace(view, secret=secrets_handed.get(number, b"")))
+        return answers
 
     def writer_heartbeat(
         self,
@@ -88,21 +220,35 @@ class Leadership:
         acked_index: int,
         segment_bytes: int,
         now_ms: int,
+        answer_by_ms: int | None = None,
     ) -> WriterView:
-        record = self.state.usable_stream(name)
-        secret = self.draw_secret()
-        decision = leadership.heartbeat(
-            self.state.leases[name], claim, epoch, now_ms, self.state.lease_ms, secret
-        )
-        if decision.outcome is Outcome.GRANTED:
-            record = self._open_epoch(record, decision.lease, (), now_ms, allow_no_segment=True)
-        else:
-            secret = b""
-        self.state.leases[name] = decision.lease
-        if decision.leads and epoch == decision.lease.epoch:
-            self.state.leader_reports[name] = LeaderReport(epoch, acked_index, segment_bytes)
-        view = self._writer_view(record, decision.leads, decision.lease, now_ms)
-        return replace(view, secret=secret)
+        """One heartbeat: the batch of one (raises its error)."""
+        beat = Beat(name, claim, epoch, acked_index, segment_bytes)
+        (answer,) = self.writer_heartbeats([beat], now_ms, answer_by_ms)
+        if isinstance(answer, MasterError):
+            raise answer
+        return answer
+
+    def open_session(self, session: bytes, principal: str) -> bool:
+        """A client process holds its lease session open (`HoldLeaseSession`); False
+        when that session is open already (the caller must draw another)."""
+        if session in self.sessions:
+            return False
+        self.sessions[session] = LeaseSession(principal)
+        return True
+
+    def session_gone(self, session: bytes, now_ms: int) -> list[tuple[str, int]]:
+        """The session's call ended: every lease bound to it ends now, unless granted to
+        anyone since (`leadership.session_gone`). Returns the (stream, epoch) ended."""
+        held = self.sessions.pop(session, None)
+        ended = []
+        for name, bound in sorted(held.leases.items()) if held else ():
+            lease = self.state.leases.get(name)
+            gone = None if lease is None else leadership.session_gone(lease, bound, now_ms)
+            if gone is not None:
+                self.state.leases[name] = gone
+                ended.append((name, gone.epoch))
+        return ended
 
     def roll_segment(
         self, name: str, claim: Claim, epoch: int, exclude: Iterable[str], now_ms: int
@@ -113,9 +259,15 @@ class Leadership:
             raise TooManyUnsealed(
                 f"{name}: {UNSEALED_SEGMENTS_MAX} segments unsealed; seal them before rolling"
             )
-        record = self._open_epoch(record, lease, tuple(exclude), now_ms, allow_no_segment=False)
+        views = self.state.store_views(now_ms)
+        plan = self._plan_epoch(record, lease, tuple(exclude), now_ms, False, views)
+        batch = Batch().stream(plan.record)
+        for segment in plan.segments:
+            batch.segment(segment)
+        self.state.catalog.commit(batch)
+        self._apply_epoch(plan)
         self.state.leases[name] = lease
-        return self._writer_view(record, True, lease, now_ms)
+        return self._writer_view(plan.record, True, lease, now_ms, views)
 
     def check_holds(self, name: str, claim: Claim, epoch: int) -> None:
         """Raise PermissionDenied unless `claim` holds the lease of `epoch` (`HoldLease`)."""
@@ -159,18 +311,20 @@ class Leadership:
             self.state.roll_requests[record.stream_id] = open_epoch
         return lease.holder, open_epoch
 
-    def _open_epoch(
+    def _plan_epoch(
         self,
         record: StreamRecord,
         lease: Lease,
         exclude: tuple[str, ...],
         now_ms: int,
         allow_no_segment: bool,
-    ) -> StreamRecord:
-        """Persist the new epoch and its segment: none when two are unsealed already,
-        nor when too few stores are usable to place one while something is left to
-        seal (the new leader seals and recovers it, which needs only R stores of its own
-        copy set, and asks for a segment once stores allow: a stream whose stores are
+        views: dict[str, StoreView],
+    ) -> _Granted:
+        """The new epoch's stream record and the segments it writes (the new one, and
+        the open one turned SEALING), to persist: no segment when two are unsealed
+        already, nor when too few stores are usable to place one while something is left
+        to seal (the new leader seals and recovers it, which needs only R stores of its
+        own copy set, and asks for a segment once stores allow: a stream whose stores are
         too few to place a copy set still gets its last segment sealed and read)."""
         assert lease.epoch == record.epoch + 1
         unsealed = self.state.unsealed(record.stream_id)
@@ -178,9 +332,7 @@ class Leadership:
         copy_set: tuple[str, ...] | None = None
         if len(unsealed) < UNSEALED_SEGMENTS_MAX or not allow_no_segment:
             try:
-                copy_set = placement.choose_copy_set(
-                    self.state.store_views(now_ms).values(), record.replicas, exclude
-                )
+                copy_set = placement.choose_copy_set(views.values(), record.replicas, exclude)
             except NotEnoughStores:
                 if not (allow_no_segment and unsealed):
                     raise
@@ -206,17 +358,21 @@ class Leadership:
         sealing = [
             replace(s, state=SegmentState.SEALING) for s in unsealed if s.state == SegmentState.OPEN
         ]
-        batch = Batch().stream(updated)
-        for s in [*sealing, *([segment] if segment else [])]:
-            batch.segment(s)
-        self.state.catalog.commit(batch)
-        self.state.streams[record.name] = updated
-        for s in [*sealing, *([segment] if segment else [])]:
-            self.state.put_segment(s)
-        return updated
+        return _Granted(updated, [*sealing, *([segment] if segment else [])])
+
+    def _apply_epoch(self, plan: _Granted) -> None:
+        """What `_plan_epoch` planned, once persisted."""
+        self.state.streams[plan.record.name] = plan.record
+        for segment in plan.segments:
+            self.state.put_segment(segment)
 
     def _writer_view(
-        self, record: StreamRecord, leads: bool, lease: Lease, now_ms: int
+        self,
+        record: StreamRecord,
+        leads: bool,
+        lease: Lease,
+        now_ms: int,
+        views: dict[str, StoreView],
     ) -> WriterView:
         if not leads:
             return WriterView(record, False, lease, None, (), "")
@@ -224,7 +380,7 @@ class Leadership:
         unsealed = tuple(s for s in self.state.unsealed(record.stream_id) if s.epoch < lease.epoch)
         reason = ""
         if segment is not None and segment.state == SegmentState.OPEN:
-            reason = repair.roll_reason(segment.copy_set, self.state.store_views(now_ms))
+            reason = repair.roll_reason(segment.copy_set, views)
             if not reason and self.state.roll_requests.get(record.stream_id) == segment.epoch:
                 reason = "an operator asked for a roll"
             lost = sorted(self.state.lost_members.get(segment.key, ()))

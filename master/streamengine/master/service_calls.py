@@ -57,6 +57,7 @@ _STATUS: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NotTrimmable: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StreamDeleted: grpc.StatusCode.FAILED_PRECONDITION,
     errors.WrongCluster: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.CallerGaveUp: grpc.StatusCode.DEADLINE_EXCEEDED,
     # A standby, a deposed master, or etcd not answering: another master (or a retry)
     # will.
     MetadataError: grpc.StatusCode.UNAVAILABLE,

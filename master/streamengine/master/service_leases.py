@@ -10,16 +10,22 @@ it names, the lease secret it shows and the principal it calls as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from streamengine.master import replies
-from streamengine.master.core import authority
+from streamengine.master.core import authority, errors
 from streamengine.master.core.leadership import Claim
-from streamengine.master.leadership import WriterView
-from streamengine.master.service_calls import Context, Handlers, log
-from streamengine.protocol.auth import Principal
+from streamengine.master.leadership import Beat, WriterView
+from streamengine.master.service_calls import Context, Handlers, log, status_of
+from streamengine.protocol.auth import Principal, authorize
+from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
+
+# A lease session is random bytes the client draws: long enough never to be guessed,
+# short enough to keep in memory for every client.
+LEASE_SESSION_BYTES_MIN = 16
+LEASE_SESSION_BYTES_MAX = 64
 
 
 class LeaseHandlers(Handlers):
@@ -27,6 +33,8 @@ class LeaseHandlers(Handlers):
 
     RPCS = (
         "WriterHeartbeat",
+        "LeaseHeartbeat",
+        "HoldLeaseSession",
         "ReleaseLease",
         "HoldLease",
         "RollSegment",
@@ -37,29 +45,115 @@ class LeaseHandlers(Handlers):
         self, request: master_pb2.WriterHeartbeatRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
         def beat(now: int) -> WriterView:
-            principal = self.calls.require(
-                context, "WriterHeartbeat", authority.stream_tenant(request.stream)
+            (answer,) = self._decide("WriterHeartbeat", [request], b"", context, now)
+            if isinstance(answer, errors.MasterError):
+                raise answer
+            return answer
+
+        return self._writer_reply(await self.calls.call(context, "WriterHeartbeat", beat))
+
+    async def LeaseHeartbeat(
+        self, request: master_pb2.LeaseHeartbeatRequest, context: Context
+    ) -> master_pb2.LeaseHeartbeatReply:
+        def beat(now: int) -> list[WriterView | errors.MasterError]:
+            if len(request.leases) > LEASE_BATCH_ENTRIES_MAX:
+                raise errors.InvalidArgument(
+                    f"{len(request.leases)} leases in one batch (LEASE_BATCH_ENTRIES_MAX "
+                    f"{LEASE_BATCH_ENTRIES_MAX})"
+                )
+            return self._decide("LeaseHeartbeat", request.leases, request.session, context, now)
+
+        answers = await self.calls.call(context, "LeaseHeartbeat", beat)
+        reply = master_pb2.LeaseHeartbeatReply()
+        for answer in answers:
+            entry = reply.leases.add()
+            if isinstance(answer, errors.MasterError):
+                entry.code = status_of(answer).value[0]
+                entry.message = str(answer)
+                if isinstance(answer, errors.StreamDeleted):
+                    entry.deleted_until_ms = answer.deleted_until_ms
+            else:
+                entry.reply.CopyFrom(self._writer_reply(answer))
+        return reply
+
+    def _decide(
+        self,
+        method: str,
+        requests: Sequence[master_pb2.WriterHeartbeatRequest],
+        session: bytes,
+        context: Context,
+        now: int,
+    ) -> list[WriterView | errors.MasterError]:
+        """Each heartbeat of a batch, authorized on its own, decided together
+        (`Leadership.writer_heartbeats`) before the caller's deadline."""
+        principal = self.calls.caller(context, method)
+        beats: list[Beat | errors.MasterError] = []
+        for request in requests:
+            tenant = authority.stream_tenant(request.stream)
+            denial = authorize(principal, f"Master/{method}", tenant)
+            if denial is not None:
+                log.info("denied %s: %s", method, denial.reason)
+                beats.append(errors.PermissionDenied(denial.reason))
+                continue
+            try:
+                claim = _claim(request, principal)
+            except errors.MasterError as error:
+                beats.append(error)
+                continue
+            beats.append(
+                Beat(
+                    request.stream,
+                    claim,
+                    request.epoch,
+                    request.acked_index,
+                    request.segment_bytes,
+                )
             )
-            before = self.state.leases.get(request.stream)
-            view = self.state.leadership.writer_heartbeat(
-                request.stream,
-                _claim(request, principal),
-                request.epoch,
-                request.acked_index,
-                request.segment_bytes,
-                now,
-            )
-            if before is not None and view.lease.epoch != before.epoch:
+        remaining_s = context.time_remaining()
+        answer_by = None if remaining_s is None else now + int(remaining_s * 1000)
+        befores = {r.stream: self.state.leases.get(r.stream) for r in requests}
+        answers = self.state.leadership.writer_heartbeats(beats, now, answer_by, session)
+        for request, answer in zip(requests, answers, strict=True):
+            before = befores[request.stream]
+            if isinstance(answer, WriterView) and before is not None and answer.secret:
                 self.calls.metrics.leases_granted.inc()
                 log.info(
                     "lease granted",
                     extra=segment_fields(
-                        request.stream, view.lease.epoch, client=request.client_id
+                        request.stream, answer.lease.epoch, client=request.client_id
                     ),
                 )
-            return view
+        return answers
 
-        return self._writer_reply(await self.calls.call(context, "WriterHeartbeat", beat))
+    async def HoldLeaseSession(
+        self, request: master_pb2.HoldLeaseSessionRequest, context: Context
+    ) -> AsyncIterator[master_pb2.HoldLeaseReply]:
+        session = request.session
+
+        def hold(now: int) -> None:
+            principal = self.calls.require(context, "HoldLeaseSession")
+            if not LEASE_SESSION_BYTES_MIN <= len(session) <= LEASE_SESSION_BYTES_MAX:
+                raise errors.InvalidArgument(
+                    f"a lease session of {len(session)} bytes (from {LEASE_SESSION_BYTES_MIN} "
+                    f"to {LEASE_SESSION_BYTES_MAX})"
+                )
+            key = authority.principal_key(principal)
+            if not self.state.leadership.open_session(session, key):
+                raise errors.AlreadyExists("that lease session is held open already")
+
+        await self.calls.call(context, "HoldLeaseSession", hold)
+        try:
+            yield master_pb2.HoldLeaseReply(held=True)
+            await asyncio.Event().wait()  # until the call ends: the client went
+        finally:
+            state = self.calls.role.state
+            if state is not None:
+                ended = state.leadership.session_gone(session, self.calls.clock_ms())
+                for stream, epoch in ended:
+                    log.info(
+                        "the holder's session ended: its lease ends now",
+                        extra=segment_fields(stream, epoch),
+                    )
 
     async def ReleaseLease(
         self, request: master_pb2.ReleaseLeaseRequest, context: Context

@@ -1096,6 +1096,108 @@ class HoldLeaseReply(_message.Message):
 Global___HoldLeaseReply: _TypeAlias = HoldLeaseReply  # noqa: Y015
 
 @_typing.final
+class LeaseHeartbeatRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    session: _builtins.bytes
+    """The caller's lease session (HoldLeaseSessionRequest.session); empty: none."""
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriterHeartbeatRequest]:
+        """One per writer that heartbeats now; at most `LEASE_BATCH_ENTRIES_MAX`."""
+
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___WriterHeartbeatRequest] | None = ...,
+        session: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseHeartbeatRequest: _TypeAlias = LeaseHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class LeaseHeartbeatAnswer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLY_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (its number) this entry would have got from WriterHeartbeat,
+    and its message; DELETED_UNTIL_METADATA_KEY's value in `deleted_until_ms`.
+    """
+    message: _builtins.str
+    deleted_until_ms: _builtins.int
+    @_builtins.property
+    def reply(self) -> Global___WriterHeartbeatReply:
+        """The answer when `code` is OK (0)."""
+
+    def __init__(
+        self,
+        *,
+        reply: Global___WriterHeartbeatReply | None = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        deleted_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "deleted_until_ms", b"deleted_until_ms", "message", b"message", "reply", b"reply"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseHeartbeatAnswer: _TypeAlias = LeaseHeartbeatAnswer  # noqa: Y015
+
+@_typing.final
+class LeaseHeartbeatReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseHeartbeatAnswer]:
+        """One per request entry, in order."""
+
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___LeaseHeartbeatAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseHeartbeatReply: _TypeAlias = LeaseHeartbeatReply  # noqa: Y015
+
+@_typing.final
+class HoldLeaseSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    session: _builtins.bytes
+    """Random, drawn by the client process, never shown to anyone else (16 to 64 bytes)."""
+    def __init__(
+        self,
+        *,
+        session: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldLeaseSessionRequest: _TypeAlias = HoldLeaseSessionRequest  # noqa: Y015
+
+@_typing.final
 class ReleaseLeaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

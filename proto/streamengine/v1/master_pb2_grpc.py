@@ -110,6 +110,16 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.FromString,
                 _registered_method=True)
+        self.LeaseHeartbeat = channel.unary_unary(
+                '/streamengine.v1.Master/LeaseHeartbeat',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatReply.FromString,
+                _registered_method=True)
+        self.HoldLeaseSession = channel.unary_stream(
+                '/streamengine.v1.Master/HoldLeaseSession',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseSessionRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseReply.FromString,
+                _registered_method=True)
         self.ListSegments = channel.unary_unary(
                 '/streamengine.v1.Master/ListSegments',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.ListSegmentsRequest.SerializeToString,
@@ -280,6 +290,26 @@ class MasterServicer:
 
     def RollSegment(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseHeartbeat(self, request, context):
+        """Every lease a client process holds or asks for, in one call per interval: each
+        entry is one writer's heartbeat with its own lease secret, decided as
+        WriterHeartbeat decides it (WriterHeartbeat is the batch of one); the grants of a
+        batch are persisted in one commit. An entry refused alone answers its own status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldLeaseSession(self, request, context):
+        """The client process holds this call open while it lives (one per process, whatever
+        the number of its leases): every lease a LeaseHeartbeat naming `session` renewed or
+        granted is bound to it, and when the call ends because the process died, the master
+        ends those leases at once (as HoldLease does for one).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -456,6 +486,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RollSegment,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.SerializeToString,
+            ),
+            'LeaseHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaseHeartbeat,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatReply.SerializeToString,
+            ),
+            'HoldLeaseSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.HoldLeaseSession,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseSessionRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.HoldLeaseReply.SerializeToString,
             ),
             'ListSegments': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSegments,
@@ -928,6 +968,60 @@ class Master:
             '/streamengine.v1.Master/RollSegment',
             streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/LeaseHeartbeat',
+            streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldLeaseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/streamengine.v1.Master/HoldLeaseSession',
+            streamengine_dot_v1_dot_master__pb2.HoldLeaseSessionRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.HoldLeaseReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -85,6 +85,18 @@ class MasterStub:
     paused or cut-off leader keeps its connection, and its lease runs its course.
     """
     RollSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]
+    LeaseHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.LeaseHeartbeatRequest, _master_pb2.LeaseHeartbeatReply]
+    """Every lease a client process holds or asks for, in one call per interval: each
+    entry is one writer's heartbeat with its own lease secret, decided as
+    WriterHeartbeat decides it (WriterHeartbeat is the batch of one); the grants of a
+    batch are persisted in one commit. An entry refused alone answers its own status.
+    """
+    HoldLeaseSession: _grpc.UnaryStreamMultiCallable[_master_pb2.HoldLeaseSessionRequest, _master_pb2.HoldLeaseReply]
+    """The client process holds this call open while it lives (one per process, whatever
+    the number of its leases): every lease a LeaseHeartbeat naming `session` renewed or
+    granted is bound to it, and when the call ends because the process died, the master
+    ends those leases at once (as HoldLease does for one).
+    """
     ListSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]
     """Segments."""
     SealSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]
@@ -156,6 +168,18 @@ class MasterAsyncStub(MasterStub):
     paused or cut-off leader keeps its connection, and its lease runs its course.
     """
     RollSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]  # type: ignore[assignment]
+    LeaseHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.LeaseHeartbeatRequest, _master_pb2.LeaseHeartbeatReply]  # type: ignore[assignment]
+    """Every lease a client process holds or asks for, in one call per interval: each
+    entry is one writer's heartbeat with its own lease secret, decided as
+    WriterHeartbeat decides it (WriterHeartbeat is the batch of one); the grants of a
+    batch are persisted in one commit. An entry refused alone answers its own status.
+    """
+    HoldLeaseSession: _aio.UnaryStreamMultiCallable[_master_pb2.HoldLeaseSessionRequest, _master_pb2.HoldLeaseReply]  # type: ignore[assignment]
+    """The client process holds this call open while it lives (one per process, whatever
+    the number of its leases): every lease a LeaseHeartbeat naming `session` renewed or
+    granted is bound to it, and when the call ends because the process died, the master
+    ends those leases at once (as HoldLease does for one).
+    """
     ListSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]  # type: ignore[assignment]
     """Segments."""
     SealSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]  # type: ignore[assignment]
@@ -314,6 +338,30 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.RollSegmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.WriterHeartbeatReply, _abc.Awaitable[_master_pb2.WriterHeartbeatReply]]: ...
+
+    @_abc_1.abstractmethod
+    def LeaseHeartbeat(
+        self,
+        request: _master_pb2.LeaseHeartbeatRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.LeaseHeartbeatReply, _abc.Awaitable[_master_pb2.LeaseHeartbeatReply]]:
+        """Every lease a client process holds or asks for, in one call per interval: each
+        entry is one writer's heartbeat with its own lease secret, decided as
+        WriterHeartbeat decides it (WriterHeartbeat is the batch of one); the grants of a
+        batch are persisted in one commit. An entry refused alone answers its own status.
+        """
+
+    @_abc_1.abstractmethod
+    def HoldLeaseSession(
+        self,
+        request: _master_pb2.HoldLeaseSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_master_pb2.HoldLeaseReply], _abc.AsyncIterator[_master_pb2.HoldLeaseReply]]:
+        """The client process holds this call open while it lives (one per process, whatever
+        the number of its leases): every lease a LeaseHeartbeat naming `session` renewed or
+        granted is bound to it, and when the call ends because the process died, the master
+        ends those leases at once (as HoldLease does for one).
+        """
 
     @_abc_1.abstractmethod
     def ListSegments(

@@ -101,6 +101,10 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/WriterHeartbeat": Need.TENANT_WRITE,
     "Master/ReleaseLease": Need.TENANT_WRITE,
     "Master/HoldLease": Need.TENANT_WRITE,
+    # Each entry is authorized on its own (TENANT_WRITE in the stream's tenant).
+    "Master/LeaseHeartbeat": Need.TENANT_WRITE,
+    # Holds nothing by itself: leases are bound to it by heartbeats that prove them.
+    "Master/HoldLeaseSession": Need.ANY_FILTERED,
     "Master/RollSegment": Need.TENANT_WRITE,
     "Master/ListSegments": Need.TENANT_READ,
     "Master/SealSegment": Need.TENANT_WRITE,

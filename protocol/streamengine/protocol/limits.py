@@ -47,6 +47,10 @@ NAME_PART_CHARS_MAX = 64
 # Leases: the writer heartbeats every lease/3, so a lease survives two lost heartbeats.
 LEASE_MS_DEFAULT = 2000
 HEARTBEATS_PER_LEASE = 3
+# Writers' heartbeats in one LeaseHeartbeat call: a client leading more sends several
+# calls an interval. The master decides a batch in one step of its event loop (about
+# 0.1 ms an entry), so a batch holds it up for a fraction of a lease at most.
+LEASE_BATCH_ENTRIES_MAX = 2048
 
 # Client ids name a writer in grants and logs (a UUID-based id takes 39 characters).
 CLIENT_ID_CHARS_MAX = 128
@@ -64,3 +68,4 @@ assert WRITE_BATCH_BYTES_MAX >= 2 * EVENT_BYTES_MAX, "a batch must hold the larg
 assert GRPC_MESSAGE_BYTES_MAX >= WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX, "a batch must fit"
 assert GRPC_MESSAGE_FRAMING_BYTES_MAX >= 64 * WRITE_BATCH_ENTRIES_MAX, "room for entry framing"
 assert LEASE_MS_DEFAULT > HEARTBEATS_PER_LEASE * 100, "heartbeats must be frequent enough"
+assert LEASE_BATCH_ENTRIES_MAX * 0.1 < LEASE_MS_DEFAULT / HEARTBEATS_PER_LEASE, "batch too long"

@@ -71,6 +71,11 @@ class StreamDeleted(MasterError):
         super().__init__(message)
 
 
+class CallerGaveUp(MasterError):
+    """The request's deadline passed before the master decided it: its answer would
+    reach nobody, so nothing was decided."""
+
+
 class RebuildUnfinished(MasterError):
     """The metadata holds a rebuild from the stores that stopped halfway: serving it
     would serve a partial catalog."""

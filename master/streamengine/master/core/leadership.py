@@ -21,6 +21,13 @@ the epoch's grant. Anyone else, whatever client id it names, is a follower.
 - Any other heartbeat before `expires_ms` learns who leads (FOLLOW).
 - At or after `expires_ms`, the first heartbeat wins: the epoch goes up by one and the
   lease is the caller's (GRANT). The caller persists the new epoch before answering.
+- A heartbeat decided at or after the instant its caller stopped waiting for the answer
+  (`answer_by_ms`, its deadline) decides nothing (`CallerGaveUp`). Its answer reaches
+  nobody: a grant would open an epoch whose secret nobody learns, and when the holder
+  itself sent it (asking as a follower, before the answer that granted it arrived), an
+  epoch that deposes the holder the moment the answer of another heartbeat shows it.
+  A master so loaded that heartbeats wait in its queue past their deadline let leases
+  run out and then granted those stale heartbeats (issue #38, 1,000 streams).
 - A roll is a grant to the current holder, asked for while its lease runs.
 - The holder keeps a call open while it leads (`HoldLease`); when that call ends
   because the holder's process died (its connection reset), the lease ends at once
@@ -52,7 +59,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass, replace
 
-from streamengine.master.core.errors import InvalidArgument, NotLeader
+from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
 from streamengine.protocol.limits import CLIENT_ID_CHARS_MAX, EPOCH_MAX
 
 # Bytes of the secret drawn for each lease won: 256 random bits, never guessed.
@@ -167,9 +174,13 @@ def heartbeat(
     now_ms: int,
     lease_ms: int,
     fresh_secret: bytes,
+    answer_by_ms: int | None = None,
 ) -> Decision:
     """A writer's heartbeat: renew, follow, or grant the next epoch (with
-    `fresh_secret`, which the shell hands to the caller only then)."""
+    `fresh_secret`, which the shell hands to the caller only then). Raises CallerGaveUp
+    at or after `answer_by_ms` (the caller's deadline; None: it waits forever)."""
+    if answer_by_ms is not None and now_ms >= answer_by_ms:
+        raise CallerGaveUp(f"decided {now_ms - answer_by_ms} ms after the caller's deadline")
     client_id = claim.client_id
     if not client_id:
         raise InvalidArgument("client_id is required")
@@ -211,6 +222,23 @@ def undeleted(lease: Lease) -> Lease:
     as deleted until they hear of the undelete. Its expiry stays (after a master start
     nobody is granted anything for one lease period)."""
     return replace(lease, holder="", secret_sha256=b"", principal="")
+
+
+def session_gone(lease: Lease, bound: Lease, now_ms: int) -> Lease | None:
+    """The lease session that renewed or won `bound` (the lease as it was then) ended:
+    as `holder_gone`, the lease ends now, its holder kept, when it is still that grant
+    (the same holder, secret and principal; a roll keeps them). None otherwise: granted
+    since to anyone, or released."""
+    same_grant = (
+        bool(lease.holder)
+        and lease.holder == bound.holder
+        and bool(lease.secret_sha256)
+        and lease.secret_sha256 == bound.secret_sha256
+        and lease.principal == bound.principal
+    )
+    if not same_grant:
+        return None
+    return replace(lease, expires_ms=min(lease.expires_ms, now_ms))
 
 
 def holder_gone(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int) -> Lease | None:

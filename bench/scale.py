@@ -1,0 +1,267 @@
+"""Cost against the number of streams one client process leads (issue #38).
+
+    .venv/bin/python -m bench.scale                     # N = 100, 1,000, 10,000
+    .venv/bin/python -m bench.scale --streams 1000 --idle-s 5
+
+For each N, a fresh local cluster (a master, 3 stores, plaintext, fsync never) and one
+`StreamClient` in this process, which:
+
+- creates N streams (N=3, W=2), spread over tenants of `TENANT_STREAMS` each (a tenant
+  holds at most the master's `--tenant-streams-max`);
+- leads a writer on each (`lead all`: from the first `writer` entered to the last
+  leading, all at once);
+- appends one 100-byte event to each stream in turn, one append at a time, `--appends`
+  in all (at least one a stream), and times each (round-robin latency p50 / p99). The
+  first append that fails, or waits past `APPEND_WAIT_S_MAX`, ends the phase and is
+  reported: beyond about 500 streams per store every writer holds one Write stream to
+  each store of its copy set, and a store serves at most `CONCURRENT_RPCS_MAX` (512)
+  calls at once (under TLS one principal at most `STREAMS_PER_PRINCIPAL_MAX`, 384), so
+  the writers past it never connect until writes are multiplexed per store;
+- holds every lease idle for `--idle-s`, and reads the CPU each process used meanwhile
+  (% of one core) and its RSS at the end;
+- closes every writer (`close all`) and checks that no writer stepped down and no
+  append failed or was in doubt.
+
+Every phase is bounded in time (`--phase-timeout-s`); a phase past it fails the run.
+The figures, with the machine they were taken on, are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from streamengine.client import StreamClient, StreamEngineError
+from streamengine.client.writer import Writer
+from streamengine.testing.processes import Cluster, running_cluster
+
+EVENT_BYTES = 100
+TENANT_STREAMS = 1000
+# Streams created (and writers entered) at once: enough to keep the master busy,
+# few enough that no call waits behind thousands of others.
+CONCURRENT_CALLS = 100
+STREAMS_DEFAULT = (100, 1000, 10_000)
+# An append not acked in this long ends the append phase (and is reported).
+APPEND_WAIT_S_MAX = 5.0
+
+
+class AppendStuck(Exception):
+    """An append waited past `APPEND_WAIT_S_MAX`."""
+
+
+class PhaseTimedOut(Exception):
+    """A phase took longer than `--phase-timeout-s`."""
+
+
+@dataclass
+class Row:
+    streams: int
+    create_s: float = 0.0
+    lead_s: float = 0.0
+    append_p50_ms: float = 0.0
+    append_p99_ms: float = 0.0
+    appends: int = 0
+    append_s: float = 0.0
+    idle_cpu_pct: dict[str, float] | None = None
+    rss_mib: dict[str, float] | None = None
+    close_s: float = 0.0
+    problems: tuple[str, ...] = ()
+
+
+def stream_name(number: int) -> str:
+    return f"scale{number // TENANT_STREAMS}/s{number}"
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def bounded(label: str, seconds: float, work: asyncio.Future[object] | object) -> None:
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(seconds):
+            await work  # type: ignore[misc]
+    except TimeoutError:
+        raise PhaseTimedOut(f"{label}: not done within {seconds} s") from None
+    print(f"  {label}: {time.monotonic() - started:.2f} s", file=sys.stderr, flush=True)
+
+
+async def in_batches(calls: list, width: int = CONCURRENT_CALLS) -> list:  # type: ignore[type-arg]
+    results = []
+    for start in range(0, len(calls), width):
+        results.extend(await asyncio.gather(*calls[start : start + width]))
+    return results
+
+
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    out = {}
+    for name, process in processes.items():
+        times = process.cpu_times()
+        out[name] = times.user + times.system
+    return out
+
+
+async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> Row:
+    row = Row(streams)
+    problems: list[str] = []
+    names = [stream_name(n) for n in range(streams)]
+    processes = {"master": psutil.Process(cluster.master.pid), "client": psutil.Process()}
+    for store in cluster.stores:
+        processes[store.name] = psutil.Process(store.pid)
+    async with StreamClient(cluster.master_address) as client:
+        started = time.monotonic()
+        creates = [client.create_stream(name, replicas=3, write_quorum=2) for name in names]
+        await bounded("create", args.phase_timeout_s, in_batches(creates))
+        row.create_s = time.monotonic() - started
+
+        exits = contextlib.AsyncExitStack()
+        try:
+            writers: list[Writer] = []
+
+            async def lead(name: str) -> None:
+                writers.append(
+                    await exits.enter_async_context(
+                        client.writer(name, leadership_timeout_s=args.phase_timeout_s)
+                    )
+                )
+
+            started = time.monotonic()
+            await bounded("lead all", args.phase_timeout_s, in_batches([lead(n) for n in names]))
+            row.lead_s = time.monotonic() - started
+
+            latencies: list[float] = []
+
+            async def append_one(writer: Writer, payload: bytes) -> None:
+                sent = time.monotonic()
+                try:
+                    async with asyncio.timeout(APPEND_WAIT_S_MAX):
+                        await writer.append(payload)
+                except TimeoutError:
+                    connected = writer.statistics().connected
+                    raise AppendStuck(
+                        f"{writer.stream}: not acked within {APPEND_WAIT_S_MAX} s; Write "
+                        f"streams open: {sum(connected.values())} of {len(connected)}"
+                    ) from None
+                latencies.append(time.monotonic() - sent)
+
+            async def round_robin(count: int) -> None:
+                for number in range(count):
+                    await append_one(writers[number % len(writers)], payload)
+                    if args.verbose and number % 200 == 199:
+                        print(
+                            f"    {number + 1} appends, slowest of the last 200: "
+                            f"{max(latencies[-200:]) * 1000:.0f} ms",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+
+            payload = bytes(EVENT_BYTES)
+            started = time.monotonic()
+            appends = max(args.appends, len(writers))
+            try:
+                await bounded("round-robin appends", args.phase_timeout_s, round_robin(appends))
+            except (StreamEngineError, AppendStuck, PhaseTimedOut) as error:
+                # Measured on: the leases and the idle cost do not depend on it.
+                problems.append(f"append {len(latencies) + 1} failed: {error!r}")
+            row.append_s = time.monotonic() - started
+            row.appends = len(latencies)
+            if latencies:
+                row.append_p50_ms = statistics.median(latencies) * 1000
+                row.append_p99_ms = percentile(latencies, 0.99) * 1000
+
+            before = cpu_seconds(processes)
+            started = time.monotonic()
+            await asyncio.sleep(args.idle_s)  # the window measured: every lease held, idle
+            spent = time.monotonic() - started
+            after = cpu_seconds(processes)
+            row.idle_cpu_pct = {n: 100 * (after[n] - before[n]) / spent for n in processes}
+            row.rss_mib = {n: p.memory_info().rss / (1 << 20) for n, p in processes.items()}
+            stepped_down = [w.stream for w in writers if not w.leading]
+        except Exception as error:
+            print(f"  failed: {error!r}", file=sys.stderr, flush=True)
+            raise
+        finally:
+            started = time.monotonic()
+            await bounded("close all", args.phase_timeout_s, exits.aclose())
+            row.close_s = time.monotonic() - started
+    if stepped_down:
+        problems.append(f"{len(stepped_down)} writer(s) stepped down, e.g. {stepped_down[0]}")
+    row.problems = tuple(problems)
+    return row
+
+
+@contextlib.contextmanager
+def cluster_for(streams: int, keep: Path | None) -> Iterator[Cluster]:
+    """A fresh cluster; its data and logs under `keep/N` when given (else removed)."""
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="se-scale-")))
+        else:
+            root = keep / str(streams)
+            root.mkdir(parents=True)
+        yield stack.enter_context(running_cluster(root, store_args=["--fsync", "never"]))
+
+
+def print_row(row: Row) -> None:
+    cpu = row.idle_cpu_pct or {}
+    rss = row.rss_mib or {}
+    stores = [n for n in cpu if n.startswith("store")]
+    print(
+        f"| {row.streams:,} | {row.create_s:.2f} s | {row.lead_s:.2f} s "
+        f"| {row.appends:,} in {row.append_s:.2f} s, p50 {row.append_p50_ms:.1f} ms, "
+        f"p99 {row.append_p99_ms:.1f} ms "
+        f"| master {cpu.get('master', 0):.1f} %, client {cpu.get('client', 0):.1f} %, "
+        f"stores {min((cpu[s] for s in stores), default=0):.1f}-"
+        f"{max((cpu[s] for s in stores), default=0):.1f} % "
+        f"| master {rss.get('master', 0):.0f}, client {rss.get('client', 0):.0f}, "
+        f"stores {max((rss[s] for s in stores), default=0):.0f} MiB "
+        f"| {row.close_s:.2f} s |",
+        flush=True,
+    )
+    for problem in row.problems:
+        print(f"  problem: {problem}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS_DEFAULT))
+    parser.add_argument(
+        "--appends", type=int, default=2000, help="round-robin appends (at least one a stream)"
+    )
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle window measured")
+    parser.add_argument("--phase-timeout-s", type=float, default=120.0)
+    parser.add_argument("--verbose", action="store_true", help="progress of the appends")
+    parser.add_argument("--keep", type=Path, help="keep each cluster's data and logs here")
+    args = parser.parse_args(argv)
+    print(
+        "| N | create | lead all | round-robin appends | idle CPU (% of a core) "
+        "| RSS | close all |\n|---|---|---|---|---|---|---|",
+        flush=True,
+    )
+    failed = False
+    for streams in args.streams:
+        try:
+            with cluster_for(streams, args.keep) as cluster:
+                row = asyncio.run(measure(cluster, streams, args))
+        except PhaseTimedOut as error:
+            print(f"| {streams:,} | {error} |", flush=True)
+            failed = True
+            continue
+        print_row(row)
+        failed = failed or bool(row.problems)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

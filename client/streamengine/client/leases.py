@@ -1,0 +1,240 @@
+"""The client process's lease session: every writer's heartbeat in one call per interval.
+
+A `StreamClient` owns one `LeaseSession`. Each writer's core still decides when it
+heartbeats and what each answer means (`client.core.writer`); the session only carries
+the heartbeats: those asked for within `LEASE_BATCH_WINDOW_MS` go to the master as one
+`LeaseHeartbeat` call (several when more than `LEASE_BATCH_ENTRIES_MAX` wait), each
+entry with its writer's own lease secret, and each writer gets its own entry's answer,
+or its own refusal, as if it had called `WriterHeartbeat` alone. So the master's work
+and the client's calls grow with the number of batches, not of leases held.
+
+While it lives the session holds one `HoldLeaseSession` call open at the active master
+(one per process, whatever the number of its leases), naming the random session bytes
+every batch carries: when the process dies the kernel resets the call's connection and
+the master ends, at once, every lease the session's batches renewed or granted, so a
+standby need not wait them out. A call that ends with the process alive is opened again
+after `HOLD_LEASE_REOPEN_MS`; it only shortens a takeover.
+
+Releases go out as the writers close, each its own call, and the session waits for them
+only when the client closes: a process that closes ten thousand writers one after the
+other does not wait ten thousand round trips (issue #38: a close that took minutes).
+
+Every background task (the batch loop, the calls in flight, the hold, the releases)
+belongs to the session's TaskGroup, which the client's `async with` owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from streamengine.client.core.writer import HOLD_LEASE_REOPEN_MS
+from streamengine.client.retrying import retry_unary
+from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
+from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY
+from streamengine.v1 import master_pb2, master_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Heartbeats asked for within this long go out in one call. Short beside the interval a
+# leader heartbeats at (lease/3) and the 100 ms a follower asks at; long enough that a
+# client leading thousands of streams sends a few calls a second, not thousands.
+LEASE_BATCH_WINDOW_MS = 20
+# Random bytes naming the session (the master takes 16 to 64).
+LEASE_SESSION_BYTES = 32
+# The first batch waits this long at most for the session's call to be held, so that
+# the leases it grants are bound to the session from the start (a leader cut off right
+# after its grant still has its lease ended at once).
+HOLD_OPEN_WAIT_S = 1.0
+# How long closing the client waits for the releases still under way (each gives up
+# after its own deadline sooner; a lease not released runs out by itself).
+RELEASES_WAIT_S = 3.0
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: master_pb2.WriterHeartbeatRequest
+    answer: asyncio.Future[master_pb2.WriterHeartbeatReply]
+    deadline: float  # loop time
+    late_grant: Callable[[master_pb2.WriterHeartbeatReply], None]
+
+
+def refusal(answer: master_pb2.LeaseHeartbeatAnswer) -> grpc.aio.AioRpcError:
+    """One entry's refusal, as the error `WriterHeartbeat` would have raised."""
+    code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
+    trailing = grpc.aio.Metadata()
+    if answer.deleted_until_ms:
+        trailing.add(DELETED_UNTIL_METADATA_KEY, str(answer.deleted_until_ms))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, answer.message)
+
+
+class LeaseSession:
+    """See the module docstring. Made and closed by `StreamClient`."""
+
+    def __init__(
+        self,
+        master: master_pb2_grpc.MasterAsyncStub,
+        holding_master: Callable[[], master_pb2_grpc.MasterAsyncStub],
+    ) -> None:
+        self._master = master
+        self._holding_master = holding_master
+        self.session = secrets.token_bytes(LEASE_SESSION_BYTES)
+        self._waiting: list[_Waiting] = []
+        self._wake = asyncio.Event()
+        # Set once the session's call was held (or could not be): batches may go.
+        self._held = asyncio.Event()
+        self._group: asyncio.TaskGroup | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._releases: set[asyncio.Task[None]] = set()
+        self._calls: set[asyncio.Task[None]] = set()  # batches in flight
+        self.batches_sent = 0
+
+    async def start(self) -> None:
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        self._loops = [
+            self._group.create_task(self._send_batches()),
+            self._group.create_task(self._hold()),
+        ]
+
+    async def close(self) -> None:
+        """Wait (a bounded while) for the releases under way, then stop."""
+        if self._group is None:
+            return
+        releases = list(self._releases)
+        if releases:
+            await asyncio.wait(releases, timeout=RELEASES_WAIT_S)
+        for task in [*self._loops, *self._releases, *self._calls]:
+            task.cancel()
+        for waiting in self._waiting:
+            waiting.answer.cancel()
+        self._waiting.clear()
+        group, self._group = self._group, None
+        await group.__aexit__(None, None, None)
+
+    async def heartbeat(
+        self,
+        request: master_pb2.WriterHeartbeatRequest,
+        timeout_s: float,
+        late_grant: Callable[[master_pb2.WriterHeartbeatReply], None],
+    ) -> master_pb2.WriterHeartbeatReply:
+        """The answer to one writer's heartbeat, sent with the next batch; raises the
+        AioRpcError that `WriterHeartbeat` would have (DEADLINE_EXCEEDED after
+        `timeout_s`). An answer that grants the lease and comes after that goes to
+        `late_grant`: it holds the only copy of the lease secret."""
+        if self._group is None:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.CANCELLED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "the client is closed",
+            )
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(request, loop.create_future(), loop.time() + timeout_s, late_grant)
+        self._waiting.append(waiting)
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(waiting.answer)
+        except TimeoutError:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "no answer to the lease heartbeat in time",
+            ) from None
+        finally:
+            # Given up on (timed out, or the writer cancelled it as it closes): a batch
+            # not yet sent leaves it out, one under way answers nobody. A closing writer
+            # releases its lease next, and no heartbeat of it may be granted after that.
+            waiting.answer.cancel()
+
+    def release(self, request: master_pb2.ReleaseLeaseRequest) -> None:
+        """Give a lease back; the client's close waits for it, the caller does not."""
+        if self._group is None:
+            return  # closed: the lease runs out (or ended with the session)
+        task = self._group.create_task(self._release(request))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    # ---- background ----
+
+    async def _send_batches(self) -> None:
+        assert self._group is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HOLD_OPEN_WAIT_S):
+                await self._held.wait()
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(LEASE_BATCH_WINDOW_MS / 1000)  # let the window fill
+            self._wake.clear()
+            waiting = [w for w in self._waiting if not w.answer.done()]
+            self._waiting.clear()
+            for start in range(0, len(waiting), LEASE_BATCH_ENTRIES_MAX):
+                batch = waiting[start : start + LEASE_BATCH_ENTRIES_MAX]
+                task = self._group.create_task(self._send(batch))
+                self._calls.add(task)
+                task.add_done_callback(self._calls.discard)
+
+    async def _send(self, batch: list[_Waiting]) -> None:
+        timeout_s = max(0.0, max(w.deadline for w in batch) - asyncio.get_running_loop().time())
+        request = master_pb2.LeaseHeartbeatRequest(
+            leases=[w.request for w in batch], session=self.session
+        )
+        self.batches_sent += 1
+        try:
+            reply = await self._master.LeaseHeartbeat(request, timeout=timeout_s)
+        except asyncio.CancelledError:
+            for waiting in batch:
+                waiting.answer.cancel()
+            raise
+        except grpc.aio.AioRpcError as error:
+            for waiting in batch:
+                if not waiting.answer.done():
+                    waiting.answer.set_exception(error)
+            return
+        if len(reply.leases) != len(batch):
+            log.warning("a lease batch of %d answered %d", len(batch), len(reply.leases))
+        for waiting, answer in zip(batch, reply.leases, strict=False):
+            if waiting.answer.done():
+                if not answer.code and answer.reply.lease_secret:
+                    waiting.late_grant(answer.reply)
+                continue
+            if answer.code:
+                waiting.answer.set_exception(refusal(answer))
+            else:
+                waiting.answer.set_result(answer.reply)
+
+    async def _hold(self) -> None:
+        request = master_pb2.HoldLeaseSessionRequest(session=self.session)
+        while True:
+            try:
+                async for _ in self._holding_master().HoldLeaseSession(request):
+                    self._held.set()
+            except grpc.aio.AioRpcError as error:
+                self._held.set()  # batches go on without it: leases then run out
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # a master from before the call existed: leases run out
+                log.debug("lease session call ended: %s", error.code().name)
+            await asyncio.sleep(HOLD_LEASE_REOPEN_MS / 1000)
+
+    async def _release(self, request: master_pb2.ReleaseLeaseRequest) -> None:
+        async def release() -> master_pb2.ReleaseLeaseReply:
+            return await self._master.ReleaseLease(request, timeout=1.0)
+
+        try:
+            await retry_unary(release, deadline_s=2.0, attempts=4)
+        except grpc.aio.AioRpcError as error:
+            # The lease then runs out by itself.
+            log.info(
+                "%s: release of epoch %d failed: %s",
+                request.stream,
+                request.epoch,
+                error.code().name,
+            )

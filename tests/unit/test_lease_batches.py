@@ -1,0 +1,90 @@
+"""A client's heartbeats as one batch (`Leadership.writer_heartbeats`) and its lease
+session (docs/design.md, "Leadership")."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamengine.master.core.errors import CallerGaveUp, NotFound, StreamDeleted
+from streamengine.master.core.leadership import Lease
+from streamengine.master.leadership import Beat, WriterView
+from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
+from tests.metadata_backends import MetadataPlace
+from tests.unit.lease_helpers import writer
+from tests.unit.test_master_state import LEASE, Master
+
+STREAMS = 100  # more grants than one metadata transaction holds
+
+
+@pytest.fixture
+def master(metadata_place: MetadataPlace):
+    m = Master(metadata_place)
+    m.stores("a", "b", "c")
+    for n in range(STREAMS):
+        m.state.tenancy.create_stream(f"t/s{n}", 3, 2, 0, 0, True, m.now)
+    m.state.tenancy.create_stream("t/gone", 3, 2, 0, 0, True, m.now)
+    m.state.tenancy.delete_stream("t/gone", m.now)
+    m.now += LEASE  # past the start-up window
+    yield m
+
+
+def commits(master: Master) -> list[int]:
+    """The operations of each commit from now on."""
+    made: list[int] = []
+    commit = master.catalog.commit
+
+    def counted(batch):
+        made.append(batch.ops())
+        return commit(batch)
+
+    master.catalog.commit = counted  # type: ignore[method-assign]
+    return made
+
+
+def test_each_heartbeat_of_a_batch_is_decided_alone_and_its_grants_committed_together(
+    master: Master,
+) -> None:
+    names = [f"t/s{n}" for n in range(STREAMS)]
+    made = commits(master)
+    beats = [Beat(name, writer("w1"), 0) for name in names]
+    beats += [Beat("t/none", writer("w1"), 0), Beat("t/gone", writer("w1"), 0)]
+    beats += [Beat(names[0], writer("w2"), 0)]  # after w1's grant in the same batch
+    answers = master.state.leadership.writer_heartbeats(beats, master.now)
+    granted = answers[:STREAMS]
+    assert all(isinstance(a, WriterView) and a.leads and a.secret for a in granted)
+    assert isinstance(answers[STREAMS], NotFound)
+    assert isinstance(answers[STREAMS + 1], StreamDeleted)
+    follower = answers[STREAMS + 2]
+    assert isinstance(follower, WriterView) and not follower.leads
+    assert follower.lease.holder == "w1" and not follower.secret
+    # One grant writes its stream and its segment: as few transactions as fit them.
+    assert len(made) == -(-2 * STREAMS // OPS_PER_TRANSACTION_MAX)
+    assert all(ops <= OPS_PER_TRANSACTION_MAX for ops in made)
+
+    master.now += 10
+    renewals = [Beat(name, writer("w1"), 1, acked_index=5) for name in names]
+    again = master.state.leadership.writer_heartbeats(renewals, master.now)
+    assert all(isinstance(a, WriterView) and a.leads and not a.secret for a in again)
+    assert len(made) == -(-2 * STREAMS // OPS_PER_TRANSACTION_MAX), "a renewal writes nothing"
+    assert master.state.leader_reports[names[0]].acked_index == 5
+
+
+def test_a_batch_past_its_callers_deadline_decides_nothing(master: Master) -> None:
+    beats = [Beat("t/s0", writer("w1"), 0), Beat("t/s1", writer("w1"), 0)]
+    answers = master.state.leadership.writer_heartbeats(beats, master.now, master.now)
+    assert all(isinstance(a, CallerGaveUp) for a in answers)
+    assert master.state.leases["t/s0"].epoch == 0 and master.state.leases["t/s1"].epoch == 0
+
+
+def test_a_sessions_end_ends_the_leases_it_renewed_unless_taken_over(master: Master) -> None:
+    leadership = master.state.leadership
+    assert leadership.open_session(b"s" * 16, "")
+    assert not leadership.open_session(b"s" * 16, ""), "a session is held once"
+    beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(3)]
+    leadership.writer_heartbeats(beats, master.now, session=b"s" * 16)
+    leadership.roll_segment("t/s1", writer("w1"), 1, [], master.now)  # rolled: still its
+    master.state.leases["t/s2"] = Lease(1, "w9", 0)  # since granted to another writer
+    ended = leadership.session_gone(b"s" * 16, master.now + 1)
+    assert ended == [("t/s0", 1), ("t/s1", 2)]
+    assert not master.state.leases["t/s0"].running(master.now + 1)
+    assert leadership.open_session(b"s" * 16, ""), "gone: the bytes may name a session again"
