@@ -13,6 +13,7 @@ cell says which check a call stopped at. One cluster for the module.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,6 +72,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "Master/ReleaseLease":            (P, P, P, N, N, N, N, P, P, P),
     # A streaming call refuses a caller it cannot name at once (UNAUTHENTICATED).
     "Master/HoldLease":               (U, P, P, N, N, N, N, U, P, P),
+    # Each entry is authorized as a WriterHeartbeat is (the cell: the entry's answer).
+    "Master/LeaseHeartbeat":          (P, P, P, N, N, N, N, P, P, P),
+    # A session holds nothing by itself: any caller it can name may open one.
+    "Master/HoldLeaseSession":        (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
     "Master/RollSegment":             (P, P, P, N, N, N, N, P, P, P),
     "Master/ListSegments":            (P, P, N, N, N, N, N, P, N, N),
     "Master/SealSegment":             (P, P, P, N, N, N, N, P, P, P),
@@ -186,6 +191,12 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
 
         return call
 
+    def hold_lease_session(channel: Any) -> object:
+        # A session of its own per caller: one already held open is refused as such.
+        request = m.HoldLeaseSessionRequest(session=os.urandom(16))
+        reply = master_pb2_grpc.MasterStub(channel).HoldLeaseSession(request, timeout=TIMEOUT_S)
+        return next(iter(reply))
+
     return {
         "Master/RegisterStore": master("RegisterStore", m.RegisterStoreRequest(store_id="store0")),
         "Master/StoreHeartbeat": master(
@@ -214,6 +225,14 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         "Master/HoldLease": master(
             "HoldLease", m.HoldLeaseRequest(stream=nope, client_id="table", epoch=1), True
         ),
+        # One entry for a stream nobody has: its answer's code is the row's cell.
+        "Master/LeaseHeartbeat": master(
+            "LeaseHeartbeat",
+            m.LeaseHeartbeatRequest(
+                leases=[m.WriterHeartbeatRequest(stream=nope, client_id="table")]
+            ),
+        ),
+        "Master/HoldLeaseSession": hold_lease_session,
         "Master/RollSegment": master(
             "RollSegment", m.RollSegmentRequest(stream=nope, client_id="table", epoch=1)
         ),
@@ -266,11 +285,16 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
     }
 
 
+STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
 def status_of(call: Callable[[Any], object], channel: Any) -> str:
     try:
-        call(channel)
+        answer = call(channel)
     except grpc.RpcError as error:
         return str(error.code().name)
+    if isinstance(answer, m.LeaseHeartbeatReply):  # a batch answers per entry
+        return STATUS_NAMES[answer.leases[0].code]
     return OK
 
 
