@@ -46,6 +46,7 @@ from typing import Any, cast
 from unittest import mock
 
 from streamengine import StreamClient, StreamEvent
+from streamengine.client.core import writer as writer_core
 from streamengine.client.errors import (
     AppendFailed,
     AppendTimedOut,
@@ -69,8 +70,10 @@ from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import SimNetwork, node_context
 from tests.sim.world import LOSS_CAN_BREAK
 
-# Defects the world must find, each switched back into the shipped code for one run.
-RUNTIME_FLAWS: tuple[str, ...] = ()
+# Defects the world must find, each switched back into the shipped code for one run:
+# `park_forever`: a writer leading an epoch granted without a segment parks appends and
+# never times them out (issue #35, defect 3).
+RUNTIME_FLAWS = ("park_forever",)
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
 # (`appends_per_s`) and the heartbeats of its writers.
@@ -807,8 +810,12 @@ def _quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def _flaws(flaws: frozenset[str]) -> Iterator[None]:
     """Switch the named defects back into the shipped code for this run."""
-    assert not flaws - set(RUNTIME_FLAWS), flaws
-    yield
+    with contextlib.ExitStack() as stack:
+        if "park_forever" in flaws:
+            stack.enter_context(
+                mock.patch.object(writer_core.Leader, "_append_held", lambda *args: None)
+            )
+        yield
 
 
 def run_seed(
