@@ -46,6 +46,7 @@ from typing import Any, cast
 from unittest import mock
 
 from streamengine import StreamClient, StreamEvent
+from streamengine.client import writer as writer_shell
 from streamengine.client.core import writer as writer_core
 from streamengine.client.errors import (
     AppendFailed,
@@ -72,8 +73,10 @@ from tests.sim.world import LOSS_CAN_BREAK
 
 # Defects the world must find, each switched back into the shipped code for one run:
 # `park_forever`: a writer leading an epoch granted without a segment parks appends and
-# never times them out (issue #35, defect 3).
-RUNTIME_FLAWS = ("park_forever",)
+# never times them out (issue #35, defect 3); and the old world's, in the shipped shells:
+# `fail_in_doubt`: a writer stepping down tells users an append failed that may be
+# durable; `forget_pending`: it loses its pending appends as it steps down (they hang).
+RUNTIME_FLAWS = ("park_forever", "fail_in_doubt", "forget_pending")
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
 # (`appends_per_s`) and the heartbeats of its writers.
@@ -814,6 +817,18 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
         if "park_forever" in flaws:
             stack.enter_context(
                 mock.patch.object(writer_core.Leader, "_append_held", lambda *args: None)
+            )
+        if "fail_in_doubt" in flaws:
+            stack.enter_context(mock.patch.object(writer_shell, "AppendInDoubt", AppendFailed))
+        if "forget_pending" in flaws:
+            stepped_down = writer_shell.Writer._stepped_down
+
+            def forgetting(writer: Writer, down: writer_core.SteppedDown) -> None:
+                writer._pending.clear()
+                stepped_down(writer, down)
+
+            stack.enter_context(
+                mock.patch.object(writer_shell.Writer, "_stepped_down", forgetting)
             )
         yield
 
