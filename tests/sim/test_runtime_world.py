@@ -22,6 +22,8 @@ FLAWED = [
     ("fail_in_doubt", 6, 1),
     # Appends pending as their writer steps down are never answered.
     ("forget_pending", 3, 7),
+    # A new segment acks before the earlier ones are sealed.
+    ("ack_before_seal", 0, 1),
 ]
 
 

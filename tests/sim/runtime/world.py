@@ -48,6 +48,7 @@ from unittest import mock
 from streamengine import StreamClient, StreamEvent
 from streamengine.client import writer as writer_shell
 from streamengine.client.core import writer as writer_core
+from streamengine.client.core.replicator import Replicator
 from streamengine.client.errors import (
     AppendFailed,
     AppendTimedOut,
@@ -75,8 +76,9 @@ from tests.sim.world import LOSS_CAN_BREAK
 # `park_forever`: a writer leading an epoch granted without a segment parks appends and
 # never times them out (issue #35, defect 3); and the old world's, in the shipped shells:
 # `fail_in_doubt`: a writer stepping down tells users an append failed that may be
-# durable; `forget_pending`: it loses its pending appends as it steps down (they hang).
-RUNTIME_FLAWS = ("park_forever", "fail_in_doubt", "forget_pending")
+# durable; `forget_pending`: it loses its pending appends as it steps down (they hang);
+# `ack_before_seal`: a new segment acks before the earlier ones are sealed.
+RUNTIME_FLAWS = ("park_forever", "fail_in_doubt", "forget_pending", "ack_before_seal")
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
 # (`appends_per_s`) and the heartbeats of its writers.
@@ -820,6 +822,11 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "fail_in_doubt" in flaws:
             stack.enter_context(mock.patch.object(writer_shell, "AppendInDoubt", AppendFailed))
+        if "ack_before_seal" in flaws:
+            def acking_at_once(*args: Any, **kwargs: Any) -> Replicator:
+                return Replicator(*args, **{**kwargs, "acking": True})
+
+            stack.enter_context(mock.patch.object(writer_core, "Replicator", acking_at_once))
         if "forget_pending" in flaws:
             stepped_down = writer_shell.Writer._stepped_down
 
