@@ -14,6 +14,13 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     --soak N         N long seeds, liveness and safety failures counted apart
     --no-probe       never ask a recovery's given-up store again (recovery can hang)
     --accept-loss    replicas destroyed for good and sealed accepting loss
+    python -m tests.sim --runtime --seed N            # the world on the runtime
+    python -m tests.sim --runtime --soak K --first F  # (tests/sim/runtime/world.py)
+
+The world on the runtime runs the shipped shells themselves (the SDK's writer, recovery,
+replicator and subscription, the store's service, the master's service and repair
+loop) beside this one; it does not make every fault this one makes yet
+(tests/sim/runtime/README.md).
 
 The writer shell does what `streamengine.client.writer` does around the core: it carries out the
 core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a

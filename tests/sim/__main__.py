@@ -1,6 +1,8 @@
 """`python -m tests.sim SEED`: run one seed and print its trace; `--seeds A:B` runs a
 range and prints one line per seed; `--soak N` runs N long seeds and counts liveness
-and safety failures apart. Exits 1 if any seed fails."""
+and safety failures apart. `--runtime` runs the world on the runtime instead (the
+shipped shells, `tests.sim.runtime.world`): `--runtime --seed N`, `--runtime --soak K
+--first F`. Exits 1 if any seed fails."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import argparse
 import sys
 from typing import Any
 
+from tests.sim.runtime import world as runtime_world
 from tests.sim.world import ACCEPT_LOSS, FLAWS, WIPES, RunResult, run_seed
 
 # Where `--soak` starts unless told: above the seeds CI runs at the short length.
 SOAK_FIRST_SEED = 10_000
+# Where `--runtime --soak` starts unless told: above the seeds of the runtime's CI band.
+RUNTIME_SOAK_FIRST_SEED = 1_000
 
 
 def _run_range(
@@ -44,6 +49,30 @@ def _report(results: list[RunResult], steps: int) -> int:
     return 1 if liveness or safety else 0
 
 
+def _runtime(seed: int | None, soak: int | None, first: int, flaws: list[str], quiet: bool) -> int:
+    """The world on the runtime: one seed with its trace, or `soak` seeds from `first`."""
+    chosen = frozenset(flaws)
+    if soak:
+        failed = []
+        for number in range(first, first + soak):
+            result = runtime_world.run_seed(number, chosen)
+            print(result.summary(), flush=True)
+            if not result.ok:
+                failed.append(number)
+        print(f"{soak} seeds on the runtime from {first}: {len(failed)} failed {failed}")
+        return 1 if failed else 0
+    assert seed is not None
+    result = runtime_world.run_seed(seed, chosen, None if quiet else print)
+    print(result.config.describe())
+    if result.error:
+        print(result.error)
+    print(result.summary())
+    if not result.ok:
+        switches = "".join(f" --flaw {f}" for f in sorted(chosen))
+        print(f"reproduce: python -m tests.sim --runtime --seed {seed}{switches}")
+    return 0 if result.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     if not __debug__:
         print("refusing to run under python -O: the checks are asserts too", file=sys.stderr)
@@ -61,7 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=SOAK_FIRST_SEED, help="first --soak seed")
     parser.add_argument("--steps", type=int, default=3000, help="safety-phase steps")
     parser.add_argument("--quiet", action="store_true", help="no trace, only the outcome")
-    parser.add_argument("--flaw", action="append", choices=FLAWS, default=[])
+    parser.add_argument(
+        "--flaw", action="append", choices=FLAWS + runtime_world.RUNTIME_FLAWS, default=[]
+    )
+    parser.add_argument(
+        "--runtime",
+        action="store_true",
+        help="the world on the runtime: the shipped shells (with --seed N or --soak K)",
+    )
+    parser.add_argument("--seed", type=int, dest="runtime_seed", help="with --runtime")
     parser.add_argument(
         "--no-probe",
         action="store_true",
@@ -79,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         "band `world.ACCEPT_LOSS`)",
     )
     args = parser.parse_args(argv)
+    if args.runtime:
+        seed = args.runtime_seed if args.runtime_seed is not None else args.seed
+        if seed is None and not args.soak:
+            parser.error("--runtime needs --seed N or --soak K")
+        first = args.first if args.first != SOAK_FIRST_SEED else RUNTIME_SOAK_FIRST_SEED
+        return _runtime(seed, args.soak, first, args.flaw, args.quiet)
     probe = not args.no_probe
     flaws = frozenset(args.flaw)
     overrides = WIPES if args.wipes else ACCEPT_LOSS if args.accept_loss else None

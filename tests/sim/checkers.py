@@ -202,9 +202,12 @@ class Checker:
     def audit(self, stores: dict[str, SegmentStoreCore], state: MasterState) -> None:
         """Everything again, from scratch: every store's served prefix of every segment
         against what was served before, sealed replicas against each other, the master's
-        unsealed count. Catches a change the incremental checks were not told of."""
+        unsealed count. Catches a change the incremental checks were not told of. Only
+        this checker's stream: the stores may hold others (one checker each)."""
         for name, core in sorted(stores.items()):
             for segment in core.catalog.segments():
+                if segment.stream_id != self.stream_id:
+                    continue
                 if (name, segment) in self.rotted:
                     continue  # damaged at rest on purpose
                 meta = core.catalog.meta(segment)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from streamengine.client.core.replicator import Acked, Append, StoreConnected, Tick
 from streamengine.client.core.writer import (
+    APPEND_TIMEOUT_MS,
     RECOVERY_RETRY_MS,
     ROLL_ANSWER_GRACE_MS,
+    AppendHeld,
     AskRoll,
     BecameLeader,
+    HeldAppendLeft,
+    HeldAppendsTimedOut,
     Leader,
     LeaderAction,
     RecoverSegment,
@@ -152,3 +156,33 @@ def test_losing_the_lease_without_a_segment_steps_down_with_nothing_sent() -> No
     [down] = of_type(step(leader, LEASE_MS + 1, follower_answer(LEASE_MS, 6)), SteppedDown)
     assert down.reason is StepDownReason.DEPOSED
     assert (down.epoch, down.sent_through, down.acked_index) == (5, 0, 0)
+
+
+def test_appends_held_while_the_roll_is_refused_time_out_with_the_append_timeout() -> None:
+    """Issue #35, defect 3: the shell parks appends while the epoch has no segment; the
+    core answers each one the append timeout after it was held, roll or no roll."""
+    leader = Leader(0, recovery_supported=True, rolling_supported=True, append_timeout_ms=900)
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0, segment=None, unsealed=(grant(3),)))
+    assert of_type(step(leader, 10, SegmentSealed(3)), AskRoll)
+    actions = step(leader, 100, AppendHeld()) + step(leader, 300, AppendHeld())
+    for now in range(310, 1100, 50):
+        actions += step(leader, now, leader_answer(now, segment=None))
+        actions += step(leader, now + 1, RollFailed("NotEnoughStores"))
+        actions += step(leader, now + 2, Tick())
+    assert of_type(actions, HeldAppendsTimedOut) == [HeldAppendsTimedOut(1)]
+    assert of_type(step(leader, 1199, Tick()), HeldAppendsTimedOut) == []
+    assert of_type(step(leader, 1200, Tick()), HeldAppendsTimedOut) == [HeldAppendsTimedOut(1)]
+    assert leader.role is Role.LEADING and not leader.accepting_appends
+
+
+def test_a_held_append_taken_or_cancelled_is_not_answered_again() -> None:
+    leader, _ = granted_without_segment(unsealed=(3,))
+    step(leader, 10, SegmentSealed(3))
+    step(leader, 20, AppendHeld())
+    step(leader, 30, AppendHeld())
+    step(leader, 40, HeldAppendLeft(taken=False))  # the oldest was cancelled by its caller
+    timed_out = of_type(step(leader, 20 + APPEND_TIMEOUT_MS, Tick()), HeldAppendsTimedOut)
+    assert timed_out == []
+    timed_out = of_type(step(leader, 30 + APPEND_TIMEOUT_MS, Tick()), HeldAppendsTimedOut)
+    assert timed_out == [HeldAppendsTimedOut(1)]

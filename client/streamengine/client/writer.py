@@ -71,6 +71,7 @@ from streamengine.client.core.replicator import (
 from streamengine.client.core.writer import (
     APPEND_TIMEOUT_MS,
     STREAM_DELETED,
+    AppendHeld,
     AppendsLeftUnacked,
     AppendsTimedOut,
     AskRoll,
@@ -78,6 +79,8 @@ from streamengine.client.core.writer import (
     Closing,
     FencedByStore,
     HeartbeatFailed,
+    HeldAppendLeft,
+    HeldAppendsTimedOut,
     Leader,
     LeaderAction,
     LeaderEvent,
@@ -380,7 +383,9 @@ class Writer:
             self._submitted.append(item)
             self.step(Append(payloads))
         else:
+            # The core answers it if it waits too long (`HeldAppendsTimedOut`).
             self._waiting.append(item)
+            self.step(AppendHeld())
         return await item.future
 
     def _check_leading(self) -> None:
@@ -397,6 +402,7 @@ class Writer:
         replicator = self._core.replicator
         while self._waiting and self._waiting[0].future.done():
             self._waiting.popleft()  # cancelled by its caller
+            self._core.step(now, HeldAppendLeft(taken=False))
         if (
             not self._waiting
             or replicator is None
@@ -406,6 +412,7 @@ class Writer:
             self._room_freed = False
             return False
         item = self._waiting.popleft()
+        self._core.step(now, HeldAppendLeft(taken=True))
         self._submitted.append(item)
         self._core.step(now, Append(item.payloads))
         return True
@@ -469,6 +476,8 @@ class Writer:
                 self._stepped_down(action)
             elif isinstance(action, AppendsTimedOut):
                 self._timed_out(action)
+            elif isinstance(action, HeldAppendsTimedOut):
+                self._held_timed_out(action.count)
             elif isinstance(action, AppendsLeftUnacked):
                 self._left_unacked(action)
             elif isinstance(action, ReleaseLease):
@@ -551,6 +560,21 @@ class Writer:
                     )
                 )
         self._waiting.clear()
+
+    def _held_timed_out(self, count: int) -> None:
+        """The `count` oldest appends held back waited the append timeout."""
+        assert count <= len(self._waiting), (count, len(self._waiting))
+        for _ in range(count):
+            item = self._waiting.popleft()
+            if not item.future.done():
+                item.future.set_exception(
+                    AppendTimedOut(
+                        f"{self.stream}: not acknowledged within the append timeout; the "
+                        "append waited (for room, or for a segment the master did not give) "
+                        "and was never sent",
+                        in_doubt=False,
+                    )
+                )
 
     def _left_unacked(self, left: AppendsLeftUnacked) -> None:
         message = (

@@ -47,6 +47,10 @@ MONOTONIC_START_S = 1000.0
 WALL_START_S = 1_800_000_000.0
 
 
+# How far the clock moves when the loop waits for a timer that is due already.
+IDLE_TICK_S = 1e-9
+
+
 class SimulationStalled(RuntimeError):
     """Nothing is ready, no timer is due and nobody stopped the loop: every task waits
     for something that cannot happen any more (a deadlock in the simulated processes)."""
@@ -236,7 +240,12 @@ class SimLoop(asyncio.BaseEventLoop):
                 )
             due = [scheduled[0]._when] if scheduled else []
             due += [held[0][0]] if held else []
-            self._now_s = max(self._now_s, min(due))
+            next_due = min(due)
+            if next_due <= self._now_s:
+                # A real clock moves on while nothing runs: a timer due now again (a
+                # sleep whose float delay rounded away) would otherwise spin forever.
+                self._now_s += IDLE_TICK_S
+            self._now_s = max(self._now_s, next_due)
         while scheduled and scheduled[0]._when <= self._now_s:
             handle = heapq.heappop(scheduled)
             handle._scheduled = False

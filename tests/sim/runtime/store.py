@@ -17,6 +17,7 @@ incarnation, as a restarted store does. The scrubber is not here yet (README.md)
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +31,11 @@ from streamengine.segment_store.master_link import MasterLink, StoreIdentity
 from streamengine.segment_store.service import add_to_server
 from streamengine.segment_store.store_context import ServiceConfig, StoreContext
 from tests.sim.runtime.transport import SimNetwork, SimServer
+
+
+def loop_clock_s() -> float:
+    """`time.monotonic`, read at each call: the simulated loop's clock while it runs."""
+    return time.monotonic()
 
 
 class SimStore:
@@ -70,9 +76,9 @@ class SimStore:
         def published(plan: Plan) -> None:
             watch.changed(list(plan.metas))
 
-        # Syncs timed on the virtual clock (they take none of it): the real one would
-        # make whether a group commits on the loop hang on the machine's load.
-        committer = GroupCommitter(core, self.fsync, published, sync_clock_s=self.network.loop.time)
+        # Syncs timed on the loop's clock, not the machine's: whether the next one runs
+        # inline turns on how long the last took, and a seed must replay.
+        committer = GroupCommitter(core, self.fsync, published, sync_clock_s=loop_clock_s)
         authority = StoreAuthority(self.store_id, None, self.trusted_keys)
         self.core = core
         self.context = context = StoreContext(core, committer, watch, self.config, authority)

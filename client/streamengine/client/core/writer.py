@@ -31,7 +31,12 @@ few stores of the copy set answer, and no roll away from them is possible) is an
 `AppendsTimedOut`, in doubt: it stays in the segment and is written if the stores come
 back, so the writer cannot say it failed. While such appends stay unacked the answer is
 repeated every `append_timeout_ms`, so that appends the shell holds back for room end
-too. The writer goes on leading.
+too. Appends the shell holds back before the core takes them (no room, a roll drains, or
+the epoch has no segment yet) are counted in (`AppendHeld`, `HeldAppendLeft`): one held
+`append_timeout_ms` is answered `HeldAppendsTimedOut`, failed (never sent), even while
+no segment exists whose appends could time out; one taken later keeps the deadline it
+had, so every append is answered `append_timeout_ms` after the user made it at the
+latest. The writer goes on leading.
 Stepping down stops the replicator at once: nothing more is acked or sent, and
 `SteppedDown` tells the shell how far any store may hold entries (`sent_through`):
 pending appends at or below it are in doubt (they may be durable and then appear
@@ -320,6 +325,20 @@ class RecoveryFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class AppendHeld:
+    """The shell holds one more append back (it does not go to the core yet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAppendLeft:
+    """The oldest append the shell held back left that queue: `taken`, given to the
+    core (its `Append` follows, and its timeout still counts from when it was held), or
+    else cancelled by its caller."""
+
+    taken: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Closing:
     """The user closes the writer cleanly: take no more appends and start no roll, but
     let the recoveries already started finish (`ready_to_release`), then `Release`."""
@@ -355,6 +374,8 @@ LeaderEvent = (
     | Closing
     | Release
     | Append
+    | AppendHeld
+    | HeldAppendLeft
     | WriteReplied
     | StoreConnected
     | StoreDisconnected
@@ -442,6 +463,18 @@ class AppendsTimedOut:
     last_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class HeldAppendsTimedOut:
+    """The `count` oldest appends the shell holds back waited `append_timeout_ms`
+    without the core taking them (no room, or no segment: a roll refused again and
+    again): fail them, they were never sent. The writer still leads."""
+
+    count: int
+
+    def __post_init__(self) -> None:
+        assert self.count > 0, self
+
+
 class StepDownReason(enum.Enum):
     DEPOSED = "the master granted the lease to another writer or epoch"
     FENCED = "a store holds a fence above this writer's epoch"
@@ -476,6 +509,7 @@ LeaderAction = (
     | SteppedDown
     | ReleaseLease
     | AppendsTimedOut
+    | HeldAppendsTimedOut
     | AppendsLeftUnacked
     | ReplicatorAction
 )
@@ -567,6 +601,10 @@ class Leader:
         # that answer is repeated.
         self._timed_out_through = 0
         self._timed_out_again_ms = 0
+        # Appends the shell holds back, oldest first: when each is answered; and the
+        # deadline of the one just taken, for its `Assigned`.
+        self._held_appends: collections.deque[int] = collections.deque()
+        self._taken_deadline_ms: int | None = None
 
     # ---- queries ----
 
@@ -619,6 +657,8 @@ class Leader:
                 deadlines.append(self._closing_until_ms)
             if self._unacked_appends:
                 deadlines.append(self._unacked_appends[0][1])
+            if self._held_appends:
+                deadlines.append(self._held_appends[0])
             if self._timed_out_through:
                 deadlines.append(self._timed_out_again_ms)
             if self._roll_asked:
@@ -706,6 +746,12 @@ class Leader:
             assert self.replicator is not None
             actions.extend(self.replicator.step(now_ms, event))
             stepped_replicator = True
+        elif isinstance(event, AppendHeld):
+            self._append_held(now_ms)
+        elif isinstance(event, HeldAppendLeft):
+            if self._held_appends:
+                deadline_ms = self._held_appends.popleft()
+                self._taken_deadline_ms = deadline_ms if event.taken else None
         elif isinstance(event, WriteReplied | StoreConnected | StoreDisconnected | Flush):
             if self.replicator is not None and self.role is Role.LEADING:
                 actions.extend(self.replicator.step(now_ms, event))
@@ -1081,11 +1127,16 @@ class Leader:
 
     def _track_appends(self, now_ms: int, actions: list[LeaderAction]) -> None:
         """Follow the appends taken and acked in this step, and answer those not acked
-        within the append timeout."""
+        within the append timeout, and those held back as long."""
+        self._time_out_held(now_ms, actions)
         unacked = self._unacked_appends
         for action in actions:
             if isinstance(action, Assigned):
-                unacked.append((action.last_index, now_ms + self._append_timeout_ms))
+                deadline_ms = now_ms + self._append_timeout_ms
+                if self._taken_deadline_ms is not None:
+                    deadline_ms = min(deadline_ms, self._taken_deadline_ms)
+                    self._taken_deadline_ms = None
+                unacked.append((action.last_index, deadline_ms))
             elif isinstance(action, Acked):
                 while unacked and unacked[0][0] <= action.acked_index:
                     unacked.popleft()
@@ -1104,6 +1155,24 @@ class Leader:
         if through:
             self._timed_out_again_ms = now_ms + self._append_timeout_ms
             actions.append(AppendsTimedOut(replication.segment.epoch, through))
+            # The shell fails every append it holds back with these.
+            self._held_appends.clear()
+
+    def _append_held(self, now_ms: int) -> None:
+        if self.role is Role.LEADING:
+            self._held_appends.append(now_ms + self._append_timeout_ms)
+
+    def _time_out_held(self, now_ms: int, actions: list[LeaderAction]) -> None:
+        """Answer the appends held back `append_timeout_ms`: whether or not a segment
+        exists (an epoch granted without one waits for a roll the master may refuse
+        for as long as too few stores are usable)."""
+        held = self._held_appends
+        count = 0
+        while held and held[0] <= now_ms:
+            held.popleft()
+            count += 1
+        if count:
+            actions.append(HeldAppendsTimedOut(count))
 
     def _step_down(self, reason: StepDownReason, message: str, actions: list[LeaderAction]) -> None:
         replication = self.replicator

@@ -1,0 +1,62 @@
+"""The world on the runtime (`tests.sim.runtime.world`): the shipped master, stores and
+SDK under a seeded workload and nemesis, checked by `tests.sim.checkers`. The band CI
+runs, the seeds that found defects (kept as named regressions), and the flaws the
+world must find when they are switched back in."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.runtime.world import RUNTIME_FLAWS, WorldResult, run_seed
+
+# The band CI runs: 20 s on a loaded machine (2 cores shared by several runs).
+CI_SEEDS = range(0, 10)
+# Issue #35, defect 3: a writer leading epoch 3 without a segment (segment 1 still
+# sealing) parked two appends that never ended; the watch saw one open 1823 ms, past its
+# 1800 ms append timeout, at 10284 ms of virtual time.
+PARKED_APPENDS_HANG = 4
+# Each flaw, a seed that finds it and the invariant it breaks.
+FLAWED = [
+    ("park_forever", PARKED_APPENDS_HANG, 7),
+    # A follower reads an append its writer, stepping down, said had failed.
+    ("fail_in_doubt", 6, 1),
+    # Appends pending as their writer steps down are never answered.
+    ("forget_pending", 3, 7),
+    # A new segment acks before the earlier ones are sealed.
+    ("ack_before_seal", 0, 1),
+]
+
+
+def _failure(result: WorldResult) -> str:
+    lines = "\n".join(result.trace[-15:])
+    return f"{result.config.describe()}\n{result.summary()}\n{result.error}\n{lines}"
+
+
+@pytest.mark.parametrize("seed", CI_SEEDS)
+def test_seeds_on_the_runtime_keep_invariants_and_converge(seed: int) -> None:
+    result = run_seed(seed)
+    assert result.ok, _failure(result)
+    assert result.acked and result.read >= result.acked, result.summary()
+
+
+def test_seed_4_parked_appends_end_with_the_append_timeout() -> None:
+    """A writer leading an epoch without a segment answers the appends it parks."""
+    result = run_seed(PARKED_APPENDS_HANG)
+    assert result.ok, _failure(result)
+    assert result.stats.get("AppendTimedOut", 0) > 0, result.stats
+
+
+def test_every_runtime_flaw_has_a_seed() -> None:
+    assert sorted(flaw for flaw, _, _ in FLAWED) == sorted(RUNTIME_FLAWS)
+
+
+@pytest.mark.parametrize(("flaw", "seed", "invariant"), FLAWED, ids=[f[0] for f in FLAWED])
+def test_a_broken_variant_is_caught_on_the_runtime(flaw: str, seed: int, invariant: int) -> None:
+    result = run_seed(seed, frozenset({flaw}))
+    assert result.violation is not None, _failure(result)
+    assert result.violation.invariant == invariant, _failure(result)
+
+
+def test_a_seed_replays_exactly_on_the_runtime() -> None:
+    first = run_seed(1)
+    assert first.trace == run_seed(1).trace
