@@ -186,6 +186,21 @@ def test_issue_22_a_grant_without_a_segment_ends_in_a_leader(seed: int) -> None:
     assert not failures, failures[0]
 
 
+# Issue 35: "spurious data loss" told to a follower in the 3,000-step soak. A slow
+# subscription begun while its segment was open delivered the store's position from
+# before the seal after the reader learned the segment sealed; the cursor took it for
+# the replica saying where it ends (N = 1: the only replica), though the bridge followed
+# on the same stream. The cursor now counts such a position as a lower bound only.
+STALE_POSITION_SEEDS = (10268, 10473)
+
+
+@pytest.mark.parametrize("seed", STALE_POSITION_SEEDS, ids=lambda s: f"issue35-{s}")
+def test_issue_35_a_position_made_before_the_seal_is_not_data_loss(seed: int) -> None:
+    result = _long_run(seed)
+    failures = _failures([result], LONG_STEPS)
+    assert not failures, failures[0]
+
+
 # Long seeds whose schedules reach a grant without a segment (two unsealed segments:
 # a leader died while recovering) with leaders that ride out a silent master; the
 # issue 22 seeds above reach it less often since.
