@@ -263,7 +263,10 @@ def _run_processes(
                 process.start()
             wait_for(lambda: all(leader_of(cluster, s) for s in STREAMS), 60, 0.1,
                      "a leader for every stream")
-            recorder.record("phase", name="faults")
+            # What the faults phase schedules: the checker holds a run whose nemesis
+            # injected nothing invalid (C0).
+            scheduled = scenario.nemesis.__name__ if scenario.nemesis is not None else None
+            recorder.record("phase", name="faults", nemesis=scheduled)
             ctx.deadline = time.monotonic() + fault_s
             thread = None
             if scenario.nemesis is not None:
