@@ -13,6 +13,9 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     --flaw NAME      a deliberately broken shell or store (`world.FLAWS`): must fail
     --soak N         N long seeds, liveness and safety failures counted apart
     --no-probe       never ask a recovery's given-up store again (recovery can hang)
+    make soak        10,000 long seeds from 10,000 (CI runs the first 200 of them)
+    make sim-coverage   the statements of client/, master/, segment_store/ and
+                     protocol/ a fixed band of seeds executes (`covered.py`)
 
 The writer shell does what `streamengine.client.writer` does around the core: it carries out the
 core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a
