@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from streamengine.master.election import ELECTION_TTL_S_DEFAULT
 from streamengine.testing import STREAMENGINE, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -60,6 +61,8 @@ class RunContext:
     disks: bool = False  # every store on its own small tmpfs (under its lazy fs, if any)
     # Choices that hold for the whole run (S14's packages share it): S12's victim store.
     chosen: dict[str, str] = field(default_factory=dict)
+    # Masters on etcd: each master's proxy link to etcd, by master name.
+    etcd_links: dict[str, Link] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
@@ -197,6 +200,38 @@ def master_crash_loop(ctx: RunContext) -> None:
             master.kill()
             ctx.pause(ctx.rng.uniform(0.5, 2.0))
             master.start(wait=False)
+
+
+def active_master_loop(ctx: RunContext) -> None:
+    """S17, masters on etcd: every 10-14 s the active master is, in turn, killed
+    (kill -9, restarted 2 s later: it comes back a standby) or partitioned from etcd for
+    three election leases (its proxy link blackholed: its keepalives go unanswered, it
+    must step down while still serving, and a standby takes over), while the writers
+    append. Grants go on across each failover: C11 holds epochs to one holder each and
+    never backwards, across the masters."""
+    kinds = ["kill", "partition"]
+    rounds = 0
+    while ctx.pause(ctx.scaled(10, 14)):
+        active = ctx.cluster.active_master()
+        if active is None:
+            ctx.skip("no active master")
+            continue
+        kind = kinds[rounds % len(kinds)]
+        rounds += 1
+        with ctx.window(kind, active.name):
+            if kind == "kill":
+                active.kill()
+                try:
+                    ctx.pause(2.0)
+                finally:
+                    active.start(wait=False)
+                continue
+            link = ctx.etcd_links[active.name]
+            link.set(blackhole=True)
+            try:
+                ctx.pause(3 * ELECTION_TTL_S_DEFAULT)
+            finally:
+                link.heal()
 
 
 def reader_churn_loop(ctx: RunContext) -> None:
@@ -650,14 +685,18 @@ def heal(ctx: RunContext) -> None:
         ctx.hosts.heal()
     if ctx.proxies is not None:
         ctx.proxies.heal()
-    resume(ctx.cluster.master)
+    for link in ctx.etcd_links.values():
+        link.heal()
+    for master in ctx.cluster.masters:
+        resume(master)
     for store in ctx.cluster.stores:
         resume(store)
     for process in [*ctx.writers.values(), *ctx.readers.values()]:
         process.cont()
         if not process.alive():
             process.start()
-    ctx.cluster.master.wait_serving()
+    for master in ctx.cluster.masters:
+        master.wait_serving()
     for store in ctx.cluster.stores:
         try:
             store.wait_serving()

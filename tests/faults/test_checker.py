@@ -297,7 +297,7 @@ def test_an_invoke_without_completion_is_in_doubt_not_lost() -> None:
     assert "C1" not in failed(records, final)
 
 
-@pytest.mark.parametrize("fault", ["w1", "store1", "master"])
+@pytest.mark.parametrize("fault", ["w1", "store1", "master", "master1"])
 def test_measure_reads_failover_and_stalls(fault: str) -> None:
     records, _ = clean()
     records.append({"t": 2.9, "type": "nemesis", "phase": "start", "fault": "kill",
