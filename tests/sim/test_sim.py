@@ -201,6 +201,20 @@ def test_issue_35_a_position_made_before_the_seal_is_not_data_loss(seed: int) ->
     assert not failures, failures[0]
 
 
+# Issue 35's soak, liveness: with N = W = 3 and two stores running fsync never, a store
+# that held its whole rewrite restarted without part of it, and the recovery asked it
+# to raise its acked index for ever (it answered less each time). The recovery core now
+# rewrites such a store from what it acks.
+LOST_REWRITE_SEEDS = (12301, 13120)
+
+
+@pytest.mark.parametrize("seed", LOST_REWRITE_SEEDS, ids=lambda s: f"issue35-{s}")
+def test_issue_35_a_store_that_lost_its_rewrite_is_rewritten(seed: int) -> None:
+    result = _long_run(seed)
+    failures = _failures([result], LONG_STEPS)
+    assert not failures, failures[0]
+
+
 # Long seeds whose schedules reach a grant without a segment (two unsealed segments:
 # a leader died while recovering) with leaders that ride out a silent master; the
 # issue 22 seeds above reach it less often since.
