@@ -201,15 +201,18 @@ def test_issue_35_a_position_made_before_the_seal_is_not_data_loss(seed: int) ->
     assert not failures, failures[0]
 
 
-# Issue 35's soak, liveness: with N = W = 3 and two stores running fsync never, a store
-# that held its whole rewrite restarted without part of it, and the recovery asked it
-# to raise its acked index for ever (it answered less each time). The recovery core now
-# rewrites such a store from what it acks.
-LOST_REWRITE_SEEDS = (12301, 13120)
+# Issue 35's soak, stores running fsync never that restart without writes they had
+# answered. 12301 and 13120 (N = W = 3, liveness): a store that held its whole rewrite
+# answered every raise of its acked index with less, and the recovery asked again for
+# ever; it is now rewritten from what it acks. 12672 (an error): the store the decision
+# took its acked index from answered a read of final copies without some, and the
+# recovery core raised out of `step` (in the SDK, ending the writer); the late store it
+# read them for is now left unbridged.
+LOST_WRITES_SEEDS = (12301, 12672, 13120)
 
 
-@pytest.mark.parametrize("seed", LOST_REWRITE_SEEDS, ids=lambda s: f"issue35-{s}")
-def test_issue_35_a_store_that_lost_its_rewrite_is_rewritten(seed: int) -> None:
+@pytest.mark.parametrize("seed", LOST_WRITES_SEEDS, ids=lambda s: f"issue35-{s}")
+def test_issue_35_a_store_that_lost_what_it_held_does_not_wedge_recovery(seed: int) -> None:
     result = _long_run(seed)
     failures = _failures([result], LONG_STEPS)
     assert not failures, failures[0]

@@ -207,6 +207,22 @@ def test_a_late_store_below_the_read_range_gets_final_copies_read_first() -> Non
     assert [(w.store, notation(w.entries)) for w in writes(out)] == [("B", "e1@1 e2@1 e3@2 BR@2")]
 
 
+def test_final_copies_the_acked_store_lost_leave_the_late_store_waiting() -> None:
+    """Simulator seed 12672 (fsync never): the store the decision took its acked index
+    from restarted without the copies a late store needs and answered the read without
+    them. A peer's answer: the recovery goes on without bridging the late store (asking
+    again would get the same answer) instead of raising out of `step` and ending the
+    writer."""
+    op = SegmentRecovery(N3W3, 1, 2, ["A", "B", "C"])
+    op.start(0)
+    op.step(0, sealed("A", 3, 4, 4, fence=2))
+    op.step(0, ReadAnswered("A", 3, 0, entries(". . e3@1 e4@1"), 2))
+    assert op.step(0, sealed("B", 0, 0, 0, fence=2)) == [SendRead("A", 1, 2)]
+    assert op.step(0, ReadAnswered("A", 1, 2, entries("e1@1"), 2)) == []  # no e2
+    assert not [r for r in op.outstanding() if isinstance(r, SendRead)]
+    assert [w.store for w in writes(op.outstanding())] == ["A"]  # nothing for B
+
+
 def test_outstanding_is_what_still_awaits_an_answer_lost_stores_included() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start(0)
