@@ -142,19 +142,20 @@ def test_a_store_acking_less_than_it_held_is_rewritten_from_its_acked_index() ->
     It is rewritten from what it acks now, then raised again."""
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start(0)
-    op.step(0, sealed("A", 0, 2, 2))
-    op.step(0, sealed("B", 0, 2, 2))
-    op.step(0, ReadAnswered("A", 1, 0, entries("e1@1 e2@1"), 3))
-    a, b = writes(op.step(0, ReadAnswered("B", 1, 0, entries("e1@1 e2@1"), 3)))
+    op.step(0, sealed("A", 0, 1, 1))
+    op.step(0, sealed("B", 0, 4, 4))
+    op.step(0, ReadAnswered("A", 1, 0, entries("e1@1"), 3))
+    a, b = writes(op.step(0, ReadAnswered("B", 1, 0, entries("e1@1 e2@1 e3@1 e4@1"), 3)))
     op.step(0, held(a))
-    assert op.step(0, held(b)) == [SendAcked("A", 3), SendAcked("B", 3)]
-    assert op.step(0, WriteAnswered("B", 0, 0, (), 3)) == []
-    [again] = writes(op.step(0, WriteAnswered("A", 0, 0, (), 1)))
-    assert (again.store, again.acked_index) == ("A", 1)
-    assert [e.index for e in again.entries] == [2, 3]
-    assert op.step(0, held(again)) == [SendAcked("A", 3)]
-    [sealing] = op.step(0, WriteAnswered("A", 0, 0, (), 3))
-    assert isinstance(sealing, SealAtMaster) and sealing.final_index == 3
+    assert op.step(0, held(b)) == [SendAcked("A", 5), SendAcked("B", 5)]
+    assert op.step(0, WriteAnswered("B", 0, 0, (), 5)) == []
+    # A keeps 1..3 of its rewrite: past the last index it had when sealed (soak 14112).
+    [again] = writes(op.step(0, WriteAnswered("A", 0, 0, (), 3)))
+    assert (again.store, again.acked_index) == ("A", 3)
+    assert [e.index for e in again.entries] == [4, 5]
+    assert op.step(0, held(again)) == [SendAcked("A", 5)]
+    [sealing] = op.step(0, WriteAnswered("A", 0, 0, (), 5))
+    assert isinstance(sealing, SealAtMaster) and sealing.final_index == 5
 
 
 def test_a_fence_above_the_leader_deposes_it() -> None:

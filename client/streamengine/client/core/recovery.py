@@ -811,7 +811,13 @@ class SegmentRecovery:
             # answered (a restart without fsync). Asking again gets the same answer for
             # ever (simulator seeds 12301, 13120): rewrite it from what it acks now.
             del self._bridging[e.store]
-            seal = replace(b.seal, acked_index=e.acked_index, matched_index=e.acked_index)
+            acked = e.acked_index  # may be past its last index when sealed (rewritten since)
+            seal = replace(
+                b.seal,
+                acked_index=acked,
+                matched_index=acked,
+                last_index=max(b.seal.last_index, acked),
+            )
             self._sealed[e.store] = seal
             return self._start_bridging(seal)
         b.acked_confirmed = True
