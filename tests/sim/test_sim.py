@@ -205,12 +205,13 @@ def test_issue_35_a_position_made_before_the_seal_is_not_data_loss(seed: int) ->
 # answered. 12301 and 13120 (N = W = 3, liveness): a store that held its whole rewrite
 # answered every raise of its acked index with less, and the recovery asked again for
 # ever; it is now rewritten from what it acks (14112: acking past the last index it
-# had when sealed, which the first version of that took for inconsistent answers).
+# had when sealed, which the first version of that took for inconsistent answers;
+# 15693: two stores rewritten again, and raises resent while fewer than W were whole).
 # 12672 (an error): the store the decision
 # took its acked index from answered a read of final copies without some, and the
 # recovery core raised out of `step` (in the SDK, ending the writer); the late store it
 # read them for is now left unbridged.
-LOST_WRITES_SEEDS = (12301, 12672, 13120, 14112)
+LOST_WRITES_SEEDS = (12301, 12672, 13120, 14112, 15693)
 
 
 @pytest.mark.parametrize("seed", LOST_WRITES_SEEDS, ids=lambda s: f"issue35-{s}")

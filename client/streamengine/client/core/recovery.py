@@ -374,7 +374,6 @@ class SegmentRecovery:
         self._final_read: SendRead | None = None
         self._plan: RecoveryPlan | None = None
         self._bridging: dict[str, _Bridging] = {}
-        self._raising = False
         self._seal_at_master_sent = False
         self._sealed_with: Certificate | None = None
         self._done = False
@@ -454,7 +453,7 @@ class SegmentRecovery:
             out += [
                 w for w in list(b.batches.values())[: b.sent] if w.entries[0].index not in b.held
             ]
-            if b.acked_sent and not b.acked_confirmed:
+            if b.acked_sent and not b.acked_confirmed and self._enough_complete():
                 out.append(SendAcked(store, self.final_index))
         if self._seal_at_master_sent and not self._done:
             out.append(SealAtMaster(self.final_index, self._sealed_with))
@@ -792,9 +791,8 @@ class SegmentRecovery:
 
     def _after_complete(self) -> list[Action]:
         complete = [s for s, b in self._bridging.items() if b.complete]
-        if not self._raising and len(complete) < self._holders_needed():
+        if not self._enough_complete():
             return []
-        self._raising = True
         out: list[Action] = []
         for s in complete:
             b = self._bridging[s]
@@ -802,6 +800,13 @@ class SegmentRecovery:
                 b.acked_sent = True
                 out.append(SendAcked(s, self.final_index))
         return out + self._maybe_seal_at_master()
+
+    def _enough_complete(self) -> bool:
+        """W stores hold the whole run: acked indexes may be raised. Checked again after
+        raising began: a store rewritten again (it lost writes) leaves fewer complete
+        for a while, and raises wait for it (simulator seed 15693)."""
+        complete = sum(1 for b in self._bridging.values() if b.complete)
+        return complete >= self._holders_needed()
 
     def _acked_answered(self, b: _Bridging, e: WriteAnswered) -> list[Action]:
         if not b.acked_sent or b.acked_confirmed:
