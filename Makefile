@@ -61,8 +61,9 @@ faults-quick: $(STAMP)
 
 # The simulator (tests/sim), beyond what CI runs. `make soak`: 10,000 long seeds (3,000
 # steps each) from seed 10,000, liveness and safety failures counted apart; CI runs the
-# first 200 of them (tests/sim/test_sim.py). One process, about 0.27 s a seed on a quiet
-# core (45 minutes); `make soak SOAK_SEEDS=500 SOAK_FIRST=12000` runs a band of it.
+# first 200 of them (tests/sim/test_sim.py). One process, 0.27 s a seed at a load of 2
+# (45 minutes; 2.4 s a seed at a load of 15); `make soak SOAK_SEEDS=500 SOAK_FIRST=12000`
+# runs a band of it.
 # `make sim-coverage`: the share of client/, master/, segment_store/ and protocol/
 # statements a fixed band of seeds executes, per part and per module (tests/sim/covered.py).
 SOAK_SEEDS ?= 10000
