@@ -14,6 +14,7 @@ import grpc
 
 from streamengine.client import StreamClient
 from streamengine.protocol.transport import CERTS_DIR_ENV, Transport
+from streamengine.testing import is_active_master
 
 
 def certs_dir() -> Path | None:
@@ -33,6 +34,14 @@ def _transport_of(certs: Path | None) -> Transport:
 
 
 def open_channel(address: str) -> grpc.Channel:
+    """A channel to `address`; given several masters (`a:1,b:2`, a cluster on etcd), to
+    the one active now (the first listed when none says so: its calls then fail as a
+    lone master's do while it is down)."""
+    masters = address.split(",")
+    if len(masters) > 1:
+        transport = harness_transport()
+        active = (m for m in masters if is_active_master(m, transport=transport))
+        address = next(active, masters[0])
     return harness_transport().channel(address)
 
 

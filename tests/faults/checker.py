@@ -2,7 +2,8 @@
 
 Inputs are plain data, so a test can hand-make a history with one anomaly and see the
 witness. `check(records, final)` returns a `Verdict`; every anomaly names its check
-(C1..C12, C15) and carries a witness a person can follow back into `history.jsonl`.
+(C1..C12, C14, C15, and C0: the run injected the faults it scheduled) and carries a
+witness a person can follow back into `history.jsonl`.
 
 The final state (`final.json`, built by `tests.faults.final` after every stream was
 sealed) holds, per stream: `reads`, the events of fresh readers from 0 to the end (each
@@ -180,6 +181,7 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
     check_epochs(verdict, records, streams)
     check_unsealed(verdict, records)
     check_bad_input(verdict, records)
+    injected = check_faults_injected(verdict, records)
     statuses = Counter(op.status for op in ops)
     verdict.counts = {
         "appends_ok": statuses["ok"],
@@ -194,6 +196,7 @@ def check(records: list[Record], final: dict[str, Any]) -> Verdict:
         ),
         "readers": len({reader for reader, _ in reads}),
         "streams": len(streams),
+        "faults_injected": injected,
         **verdict.counts,
     }
     return verdict
@@ -566,6 +569,34 @@ def check_zombies(verdict: Verdict, name: str, records: list[Record], ops: list[
                     verdict.add("C10", stream=name, op=op.key, payload=pid, returned=returned,
                                 paused=[round(stopped, 3), round(resumed, 3)],
                                 problem="a zombie's late acknowledgement is not in F")
+
+
+# ---- C0: the faults ran (a run that injected none shows nothing about them) ----
+
+
+def check_faults_injected(verdict: Verdict, records: list[Record]) -> int:
+    """A run whose faults phase scheduled a nemesis (the `phase` record names it) must
+    have injected at least one fault (a `nemesis` start). Rounds that found no victim
+    (`nemesis_skip`), a nemesis that failed (`nemesis_error`), or a schedule whose first
+    round never came due leave the run invalid, not green. Returns the faults
+    injected."""
+    injected = sum(1 for r in records if r["type"] == "nemesis" and r.get("phase") == "start")
+    phase = next((r for r in records if r["type"] == "phase" and r["name"] == "faults"), None)
+    scheduled = phase.get("nemesis") if phase is not None else None
+    if not scheduled or injected:
+        return injected
+    skipped = Counter(str(r["why"]) for r in records if r["type"] == "nemesis_skip")
+    errors = [str(r["error"]) for r in records if r["type"] == "nemesis_error"]
+    rounds = sum(skipped.values()) + len(errors)
+    why = "; ".join(
+        [f"skipped {count}x: {reason}" for reason, count in sorted(skipped.items())]
+        + [f"failed: {error}" for error in errors]
+    ) or "no round came due within the faults phase"
+    verdict.add("C0", nemesis=scheduled, rounds=rounds, injected=0,
+                skipped=dict(sorted(skipped.items())), errors=errors,
+                problem=f"{scheduled} ran {rounds} rounds and injected no fault ({why}): "
+                "the run shows nothing about the faults it was for")
+    return injected
 
 
 # ---- C11, C12: epochs and unsealed segments from the master's metadata ----

@@ -117,9 +117,10 @@ class MetaSampler:
         self.recorder.close()
 
     def _run(self) -> None:
-        with open_channel(self.master) as channel:
-            stub = master_pb2_grpc.MasterStub(channel)
-            while not self._stop.wait(SAMPLE_INTERVAL_S):
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            # A channel per sample: with several masters, to the one active now.
+            with open_channel(self.master) as channel:
+                stub = master_pb2_grpc.MasterStub(channel)
                 for stream in self.streams:
                     with contextlib.suppress(grpc.RpcError):
                         reply = stub.ListSegments(

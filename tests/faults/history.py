@@ -15,7 +15,11 @@ loses at most a torn last line (dropped on load). Times are the machine's monoto
   lost, `after_loss` = [epoch, first, last]); `deliver`: the events it then got,
   each `[sequence, epoch, index, payload id, fingerprint, intact]`; `error`: its
   subscription failed (`data_loss` names the range when it is an explicit loss).
-- `nemesis`: a fault `fault` on `target`, `phase` start / stop.
+- `nemesis`: a fault `fault` on `target`, `phase` start / stop; `nemesis_skip`: a
+  round of the schedule that found nothing to fault (`why`); `nemesis_error`: the
+  nemesis failed.
+- `phase`: the run's phases (`name` faults, heal, final); the faults phase names the
+  scenario's `nemesis` (None for the baseline).
 - `meta`: the master's segment list for `stream`, `[[epoch, state], ...]`.
 - `rss`: resident memory of every running process, `mib` = {process name: MiB}, and
   the machine's 1-minute `load` average.

@@ -116,7 +116,7 @@ def measure(records: list[Record], scenario: str) -> dict[str, Any]:
             drain_stalls.extend(stalls(by_stream, t, next_t))
         elif target.startswith("store") and not fault.get("quorum_lost"):
             store_stalls.extend(stalls(by_stream, t, next_t))
-        elif target == "master":
+        elif target.startswith("master"):  # the master, or one of several on etcd
             # FAULTS.md bounds "master restart -> writers appending again": counted from
             # the moment the master is back (restarted, continued, healed). While it is
             # away a writer that needs it (a roll, a new epoch) waits whatever the fault
@@ -290,6 +290,8 @@ def memory_figures(records: list[Record]) -> dict[str, Any]:
 def role_of(process: str) -> str:
     if process.startswith("store"):
         return "store"
+    if process.startswith("master"):  # master0, master1, ...: masters on etcd (S17)
+        return "master"
     return {"w": "writer", "r": "reader"}.get(process[:1], process)
 
 

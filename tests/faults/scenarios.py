@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from streamengine.protocol.transport import CERTS_DIR_ENV
-from streamengine.testing import Cluster, ServerProcess, running_cluster, wait_for
+from streamengine.testing import (
+    Cluster,
+    ServerProcess,
+    etcd_binary,
+    make_master,
+    make_store,
+    running_cluster,
+    running_etcd,
+    wait_for,
+)
 from tests.faults import disk, nemesis, netns, report
 from tests.faults import final as final_state
 from tests.faults.checker import check
@@ -39,7 +48,7 @@ from tests.faults.cluster import (
 )
 from tests.faults.history import Recorder, load, read_file, write_merged
 from tests.faults.measure import bounds, measure, missed, unsynced_loss
-from tests.faults.proxy import ProxyHost
+from tests.faults.proxy import Link, ProxyHost
 from tests.tree import child_env
 
 LEASE_MS = 1000
@@ -82,6 +91,9 @@ class Scenario:
     # call as the cluster's admin (S15: the security rows need a cluster that checks
     # who calls).
     tls: bool = False
+    # Several masters on one etcd (`--metadata etcd://`), one active; each reaches etcd
+    # through its own link of the fault proxy (`master0>etcd`), which a nemesis can cut.
+    masters: int = 1
 
 
 class CannotRun(Exception):
@@ -124,6 +136,10 @@ SCENARIOS: dict[str, Scenario] = {
         # Not in FAULTS.md's list: the scenario C14 asks for (more than N - W copies of
         # a range destroyed).
         Scenario("S16", "data loss beyond the promise", 60, 12, nemesis.data_loss_loop),
+        # Not in FAULTS.md's list: S11 for masters on etcd (a kill and a partition of
+        # the active one, each while writers append).
+        Scenario("S17", "active master of three on etcd killed and partitioned", 120, 14,
+                 nemesis.active_master_loop, masters=3),
     ]
 }
 
@@ -137,6 +153,8 @@ def unavailable(scenario: Scenario) -> str:
     ]
     if scenario.clocks and not (shutil.which("faketime") and Path(nemesis.FAKETIME_LIB).exists()):
         reasons.append("needs libfaketime (Debian package faketime; deploy/install-system-deps.sh)")
+    if scenario.masters > 1 and etcd_binary() is None:
+        reasons.append("needs etcd (Debian package etcd-server; deploy/install-system-deps.sh)")
     return next((reason for reason in reasons if reason), "")
 
 
@@ -219,7 +237,7 @@ def _run_processes(
     logs: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     logs.mkdir(parents=True, exist_ok=True)
-    with topology(scenario, data) as (cluster, hosts, lazy):
+    with topology(scenario, data) as (cluster, hosts, lazy, etcd_links):
         if scenario.clocks:
             _skew_clocks(cluster)
         create_streams(cluster.master_address, STREAMS, REPLICAS, WRITE_QUORUM, SEGMENT_BYTES)
@@ -260,7 +278,7 @@ def _run_processes(
                                  random.Random(seed), LEASE_MS / 1000, 0.0, quick, hosts,
                                  lazy, proxies,
                                  new_reader=lambda name: client(name, "reader", reader_options),
-                                 disks=scenario.disks)
+                                 disks=scenario.disks, etcd_links=etcd_links)
         try:
             sampler.start()
             rss.start()
@@ -268,7 +286,10 @@ def _run_processes(
                 process.start()
             wait_for(lambda: all(leader_of(cluster, s) for s in STREAMS), 60, 0.1,
                      "a leader for every stream")
-            recorder.record("phase", name="faults")
+            # What the faults phase schedules: the checker holds a run whose nemesis
+            # injected nothing invalid (C0).
+            scheduled = scenario.nemesis.__name__ if scenario.nemesis is not None else None
+            recorder.record("phase", name="faults", nemesis=scheduled)
             ctx.deadline = time.monotonic() + fault_s
             thread = None
             if scenario.nemesis is not None:
@@ -325,20 +346,58 @@ MASTER_ARGS = ["--lease-ms", str(LEASE_MS), "--store-timeout-ms", "3000"]
 
 
 @contextlib.contextmanager
-def topology(scenario: Scenario, data: Path
-             ) -> Iterator[tuple[Cluster, netns.Hosts | None, dict[str, disk.LazyMount]]]:
-    """The servers on 127.0.0.1, or each server on its own network namespace; store dirs
-    on a tmpfs each, or on the lazy fs each, or on the lazy fs over a tmpfs each, as the
-    scenario says."""
+def topology(scenario: Scenario, data: Path) -> Iterator[
+        tuple[Cluster, netns.Hosts | None, dict[str, disk.LazyMount], dict[str, Link]]]:
+    """The servers on 127.0.0.1, or each server on its own network namespace, or several
+    masters on etcd (with each master's proxy link to etcd); store dirs on a tmpfs each,
+    or on the lazy fs each, or on the lazy fs over a tmpfs each, as the scenario says."""
     with store_disks(scenario, data) as lazy:
         if scenario.netns:
             with namespaced_cluster(scenario, data) as (cluster, hosts):
-                yield cluster, hosts, lazy
+                yield cluster, hosts, lazy, {}
+        elif scenario.masters > 1:
+            with masters_on_etcd(scenario, data) as (cluster, etcd_links):
+                yield cluster, None, lazy, etcd_links
         else:
             with running_cluster(data, stores=STORES, master_args=MASTER_ARGS,
                                  store_args=list(scenario.store_args),
                                  tls=scenario.tls) as cluster, exported_certs(cluster):
-                yield cluster, None, lazy
+                yield cluster, None, lazy, {}
+
+
+@contextlib.contextmanager
+def masters_on_etcd(scenario: Scenario, data: Path
+                    ) -> Iterator[tuple[Cluster, dict[str, Link]]]:
+    """`scenario.masters` masters on a one-member etcd, each through its own proxy link
+    to it (by master name), the first one active; the stores are given every master."""
+    links = ProxyHost().start()
+    try:
+        with running_etcd(data / "etcd") as etcd:
+            etcd_links: dict[str, Link] = {}
+            masters = []
+            for number in range(scenario.masters):
+                name = f"master{number}"
+                etcd_links[name] = links.link(f"{name}>etcd", etcd.endpoints[0])
+                metadata = ["--metadata", f"etcd://{etcd_links[name].address}", *MASTER_ARGS]
+                masters.append(make_master(data, metadata, name=name))
+            cluster = Cluster(data, masters[0], [], standbys=masters[1:])
+            try:
+                masters[0].start()
+                cluster.wait_active_master()
+                for standby in masters[1:]:
+                    standby.start()
+                for number in range(STORES):
+                    cluster.stores.append(make_store(data, number, cluster.master_address,
+                                                     extra_args=list(scenario.store_args)))
+                for store in cluster.stores:
+                    store.start(wait=False)
+                for store in cluster.stores:
+                    store.wait_serving()
+                yield cluster, etcd_links
+            finally:
+                cluster.stop_all()
+    finally:
+        links.close()
 
 
 @contextlib.contextmanager

@@ -297,7 +297,7 @@ def test_an_invoke_without_completion_is_in_doubt_not_lost() -> None:
     assert "C1" not in failed(records, final)
 
 
-@pytest.mark.parametrize("fault", ["w1", "store1", "master"])
+@pytest.mark.parametrize("fault", ["w1", "store1", "master", "master1"])
 def test_measure_reads_failover_and_stalls(fault: str) -> None:
     records, _ = clean()
     records.append({"t": 2.9, "type": "nemesis", "phase": "start", "fault": "kill",
@@ -655,3 +655,56 @@ def test_a_reader_started_early_in_the_faults_is_measured_from_its_second_sample
         record["mib"] = {**record["mib"], "r3": mib}  # first seen at 4 s, loading
     figures = measure(records, "S")
     assert figures["rss_mib"]["reader"]["growth"] == pytest.approx(2.3)
+
+
+# ---- C0: a run whose nemesis injected nothing is invalid, not green ----
+
+
+def scheduled(nemesis: str | None, *later: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The clean history with its faults phase scheduling `nemesis`, plus `later`."""
+    records, final = clean()
+    records += [rec(0.1, "phase", "nemesis", name="faults", nemesis=nemesis), *later]
+    return records, final
+
+
+def test_c0_a_nemesis_whose_every_round_skipped_makes_the_run_invalid() -> None:
+    records, final = scheduled(
+        "store_crash_loop",
+        rec(1.5, "nemesis_skip", "nemesis", why="no open copy set listed"),
+        rec(2.5, "nemesis_skip", "nemesis", why="no open copy set listed"),
+        rec(3.5, "nemesis_error", "nemesis", error="TimeoutError: no victim found"),
+    )
+    verdict = check(sorted(records, key=lambda r: r["t"]), final)
+    assert not verdict.valid
+    [witness] = failed(records, final)["C0"]
+    assert witness["rounds"] == 3 and witness["injected"] == 0
+    assert witness["skipped"] == {"no open copy set listed": 2}
+    assert witness["errors"] == ["TimeoutError: no victim found"]
+    assert witness["problem"].startswith("store_crash_loop ran 3 rounds and injected no fault")
+    assert verdict.counts["faults_injected"] == 0
+
+
+def test_c0_a_schedule_whose_first_round_never_came_due_is_invalid() -> None:
+    records, final = scheduled("kill_leader_loop")
+    [witness] = failed(records, final)["C0"]
+    assert witness["rounds"] == 0
+    assert "no round came due within the faults phase" in witness["problem"]
+
+
+def test_c0_one_fault_injected_among_skipped_rounds_is_enough() -> None:
+    records, final = scheduled(
+        "kill_leader_loop",
+        rec(1.5, "nemesis_skip", "nemesis", why="no leader to kill"),
+        rec(2.6, "nemesis", "nemesis", phase="start", fault="kill", target="w1"),
+        rec(2.8, "nemesis", "nemesis", phase="stop", fault="kill", target="w1"),
+    )
+    verdict = check(sorted(records, key=lambda r: r["t"]), final)
+    assert verdict.valid, verdict.anomalies
+    assert verdict.counts["faults_injected"] == 1
+
+
+def test_c0_a_scenario_without_a_nemesis_needs_no_fault() -> None:
+    """S1, the baseline; and histories recorded before the phase named its nemesis."""
+    for records, final in (scheduled(None), clean()):
+        verdict = check(sorted(records, key=lambda r: r["t"]), final)
+        assert verdict.valid, verdict.anomalies

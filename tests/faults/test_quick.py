@@ -95,6 +95,8 @@ def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
                  picture_on_failure_only=True)
     assert result["counts"]["appends_ok"] > 0, "the workload acked nothing"
     assert not result["nemesis_errors"], "the faults were not injected as scheduled"
+    no_faults = [a["problem"] for a in result["anomalies"] if a["check"] == "C0"]
+    assert not no_faults, no_faults[0]
     if SCENARIOS[name].expect_loss:
         # fsync=never: the loss is what the run measures (the durability docs' window).
         warnings.warn(f"{name}: {json.dumps(result['documented_loss'])}", stacklevel=1)

@@ -344,6 +344,38 @@ def test_entries_served_are_a_lower_bound_never_an_answer_about_the_end() -> Non
     assert replicas.below("s1", 221) and not replicas.below("s1", 220)
 
 
+def test_an_answer_on_a_read_begun_while_the_segment_was_open_is_a_lower_bound() -> None:
+    # Simulator seeds 10268 and 10473 (N = 1): a subscription begun on the open segment
+    # was slow; the store's position (acked 9), made before the seal, arrived after the
+    # reader learned the segment sealed at 14, with the bridge right behind it on the
+    # same stream. Taken for an answer, it made the only replica "hold less": data loss.
+    cursor = Cursor(pack_sequence(1, 10))
+    cursor.on_segments([open_segment(1, (A,))], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 10)
+    cursor.on_segments([sealed(1, 14, (A,))], 10)
+    cursor.on_position(1, A, 9, 20)
+    assert cursor.next(20) == ReadFrom(1, A, 10)
+    cursor.on_segments([sealed(1, 14, (A,))], 30)
+    assert cursor.next(30) == ReadFrom(1, A, 10)
+    events = cursor.on_entries(1, [event(i) for i in range(10, 14)] + [bridge(14)], 40)
+    assert [e.index for e in events] == [10, 11, 12, 13]
+    assert cursor.epoch == 2
+
+
+def test_an_answer_on_a_read_begun_once_sealed_says_where_the_replica_ends() -> None:
+    cursor = Cursor(pack_sequence(1, 10))
+    cursor.on_segments([open_segment(1, (A,))], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 10)
+    cursor.on_segments([sealed(1, 14, (A,))], 10)
+    cursor.on_replica_failed(1, A, 10)
+    retry_at_ms = 10 + FIRST_RETRY_MS
+    assert cursor.next(retry_at_ms) == ReadFrom(1, A, 10)
+    cursor.on_position(1, A, 9, retry_at_ms)
+    assert cursor.next(retry_at_ms) == Wait(retry_at_ms)  # the list again, first
+    cursor.on_segments([sealed(1, 14, (A,))], retry_at_ms)
+    assert cursor.next(retry_at_ms) == DataLoss(1, 10, 14)
+
+
 # ---- certificates: nothing of a chunk leaves before it verified (docs/design.md) ----
 
 

@@ -135,6 +135,29 @@ def test_a_write_is_held_only_when_its_answer_says_so() -> None:
     assert op.step(0, WriteAnswered("A", 1, 1, (3,), 0)) == [SendAcked("A", 1), SendAcked("B", 1)]
 
 
+def test_a_store_acking_less_than_it_held_is_rewritten_from_its_acked_index() -> None:
+    """Simulator seeds 12301 and 13120 (stores with fsync never): a store that held its
+    whole rewrite restarted without part of it and answered every raise of its acked
+    index with less; asking again only repeated that, and the recovery never ended.
+    It is rewritten from what it acks now, then raised again."""
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    op.step(0, sealed("A", 0, 1, 1))
+    op.step(0, sealed("B", 0, 4, 4))
+    op.step(0, ReadAnswered("A", 1, 0, entries("e1@1"), 3))
+    a, b = writes(op.step(0, ReadAnswered("B", 1, 0, entries("e1@1 e2@1 e3@1 e4@1"), 3)))
+    op.step(0, held(a))
+    assert op.step(0, held(b)) == [SendAcked("A", 5), SendAcked("B", 5)]
+    assert op.step(0, WriteAnswered("B", 0, 0, (), 5)) == []
+    # A keeps 1..3 of its rewrite: past the last index it had when sealed (soak 14112).
+    [again] = writes(op.step(0, WriteAnswered("A", 0, 0, (), 3)))
+    assert (again.store, again.acked_index) == ("A", 3)
+    assert [e.index for e in again.entries] == [4, 5]
+    assert op.step(0, held(again)) == [SendAcked("A", 5)]
+    [sealing] = op.step(0, WriteAnswered("A", 0, 0, (), 5))
+    assert isinstance(sealing, SealAtMaster) and sealing.final_index == 5
+
+
 def test_a_fence_above_the_leader_deposes_it() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start(0)
@@ -183,6 +206,22 @@ def test_a_late_store_below_the_read_range_gets_final_copies_read_first() -> Non
     assert op.outstanding()[-2:] == [SendRead("A", 1, 1), writes(out)[0]]
     out = op.step(0, ReadAnswered("A", 1, 1, entries("e1@1"), 2))
     assert [(w.store, notation(w.entries)) for w in writes(out)] == [("B", "e1@1 e2@1 e3@2 BR@2")]
+
+
+def test_final_copies_the_acked_store_lost_leave_the_late_store_waiting() -> None:
+    """Simulator seed 12672 (fsync never): the store the decision took its acked index
+    from restarted without the copies a late store needs and answered the read without
+    them. A peer's answer: the recovery goes on without bridging the late store (asking
+    again would get the same answer) instead of raising out of `step` and ending the
+    writer."""
+    op = SegmentRecovery(N3W3, 1, 2, ["A", "B", "C"])
+    op.start(0)
+    op.step(0, sealed("A", 3, 4, 4, fence=2))
+    op.step(0, ReadAnswered("A", 3, 0, entries(". . e3@1 e4@1"), 2))
+    assert op.step(0, sealed("B", 0, 0, 0, fence=2)) == [SendRead("A", 1, 2)]
+    assert op.step(0, ReadAnswered("A", 1, 2, entries("e1@1"), 2)) == []  # no e2
+    assert not [r for r in op.outstanding() if isinstance(r, SendRead)]
+    assert [w.store for w in writes(op.outstanding())] == ["A"]  # nothing for B
 
 
 def test_outstanding_is_what_still_awaits_an_answer_lost_stores_included() -> None:

@@ -93,9 +93,10 @@ the vocabulary and the rules.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from streamengine.client.core.recovery_plan import (
+    InconsistentAnswers,
     RecoveryPlan,
     SealAnswer,
     StoreAnswer,
@@ -387,7 +388,6 @@ class SegmentRecovery:
         self._final_read: SendRead | None = None
         self._plan: RecoveryPlan | None = None
         self._bridging: dict[str, _Bridging] = {}
-        self._raising = False
         self._seal_at_master_sent = False
         self._sealed_with: Certificate | None = None
         self._seal_request: SealAtMaster | None = None
@@ -468,7 +468,7 @@ class SegmentRecovery:
             out += [
                 w for w in list(b.batches.values())[: b.sent] if w.entries[0].index not in b.held
             ]
-            if b.acked_sent and not b.acked_confirmed:
+            if b.acked_sent and not b.acked_confirmed and self._enough_complete():
                 out.append(SendAcked(store, self.raised_to()))
         if self._seal_request is not None and not self._done:
             out.append(self._seal_request)  # as first sent: its declared loss included
@@ -782,7 +782,16 @@ class SegmentRecovery:
     def _final_copies_answered(self, e: ReadAnswered) -> list[Action]:
         if self._plan is None or e.store != self._plan.acked_store:
             return []
-        self._plan = self._plan.with_final_copies(e.entries)
+        try:
+            self._plan = self._plan.with_final_copies(e.entries)
+        except InconsistentAnswers:
+            # It lost copies it had acked (a restart without fsync; simulator seed
+            # 12672): a peer's answer, not a reason to end the writer. Asking again
+            # would get the same answer; the stores that wait for those copies are left
+            # unbridged, and the recovery ends without them if enough others hold the
+            # bridge.
+            self._final_read = None
+            return []
         if self._final_read is not None and self._final_read.from_index >= e.from_index:
             self._final_read = None
         out: list[Action] = []
@@ -813,11 +822,10 @@ class SegmentRecovery:
 
     def _after_complete(self) -> list[Action]:
         complete = [s for s, b in self._bridging.items() if b.complete]
-        if not self._raising and len(complete) < self._holders_needed():
+        if not self._enough_complete():
             return []
         if self.declares_loss() and not self._done:
             return self._maybe_seal_at_master()  # the master records the loss first
-        self._raising = True
         out: list[Action] = []
         for s in complete:
             b = self._bridging[s]
@@ -826,11 +834,30 @@ class SegmentRecovery:
                 out.append(SendAcked(s, self.raised_to()))
         return out + self._maybe_seal_at_master()
 
+    def _enough_complete(self) -> bool:
+        """W stores hold the whole run: acked indexes may be raised. Checked again after
+        raising began: a store rewritten again (it lost writes) leaves fewer complete
+        for a while, and raises wait for it (simulator seed 15693)."""
+        complete = sum(1 for b in self._bridging.values() if b.complete)
+        return complete >= self._holders_needed()
+
     def _acked_answered(self, b: _Bridging, e: WriteAnswered) -> list[Action]:
         if not b.acked_sent or b.acked_confirmed:
             return []
         if e.acked_index < self.raised_to():
-            return [SendAcked(e.store, self.raised_to())]
+            # It said it holds every batch, yet acks less: it lost writes it had
+            # answered (a restart without fsync). Asking again gets the same answer for
+            # ever (simulator seeds 12301, 13120): rewrite it from what it acks now.
+            del self._bridging[e.store]
+            acked = e.acked_index  # may be past its last index when sealed (rewritten since)
+            seal = replace(
+                b.seal,
+                acked_index=acked,
+                matched_index=acked,
+                last_index=max(b.seal.last_index, acked),
+            )
+            self._sealed[e.store] = seal
+            return self._start_bridging(seal)
         b.acked_confirmed = True
         return self._maybe_seal_at_master()
 

@@ -14,7 +14,9 @@ and says nothing about what it holds; a replica's *answer* (its acked index, NOT
 acked 0) does. `DataLoss` is reported for a sealed segment only when the master lists no
 replica for it, or every listed replica answered that it serves less than the position
 and a list fetched after those answers still names only them. Until then the cursor
-answers `Wait(until_ms)`: re-read the master's list at `until_ms` and ask again.
+answers `Wait(until_ms)`: re-read the master's list at `until_ms` and ask again. An
+answer counts only on a read begun once the list said sealed: one begun before may carry
+what the replica held while the segment was open, however late it arrives.
 
 A bounded read (an `end`) promises every acked event of its range, or an error, never a
 short answer: when its position has not moved for `FollowerTiming.unreachable_read_ms`
@@ -346,6 +348,9 @@ class Cursor:
         self._held: list[Run] = []
         self._reports: list[ReplicaReport] = []
         self._attempts = 0  # reads started (`ReadFrom.attempt`)
+        # Whether the current read began once the master listed its segment sealed:
+        # only then is what it answers about the replica's end (`on_position`).
+        self._read_began_sealed = False
         # When the position last moved (or the first `next`): a bounded read gives up
         # `timing.unreachable_read_ms` after it while no replica can be read.
         self._advanced_ms: int | None = None
@@ -388,7 +393,18 @@ class Cursor:
         POSITION; a NOT_FOUND for the segment is `acked_index=0`)."""
         if epoch != self._epoch:
             return
-        self._replicas_of(epoch).answered(replica, acked_index)
+        replicas = self._replicas_of(epoch)
+        current = self._current_segment()
+        sealed = current is not None and current.sealed
+        if replica == self._replica and sealed and not self._read_began_sealed:
+            # The store may have made this answer before the segment was sealed (a slow
+            # stream delivers it late), when it held less than it does now: a lower
+            # bound, as served entries are. Taking it for an answer once made a reader
+            # declare data loss on the only replica, whose bridge followed on the same
+            # stream (simulator seeds 10268, 10473).
+            replicas.served(replica, acked_index)
+        else:
+            replicas.answered(replica, acked_index)
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
         if replica == self._replica:
             self._last_heard_ms = max(self._last_heard_ms, now_ms)
@@ -668,6 +684,7 @@ class Cursor:
             self._replica = choice.replica
             self._last_progress_ms = self._last_heard_ms = self._last_served_ms = now_ms
             self._attempts += 1
+            self._read_began_sealed = segment.sealed
             self._start_check(segment)
         return ReadFrom(
             segment.epoch,
