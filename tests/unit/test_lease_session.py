@@ -84,3 +84,54 @@ async def test_heartbeats_go_in_one_batch_and_a_grant_answered_late_still_reache
         assert all(reply.lease_secret == b"k" * 32 for reply in late)
     finally:
         await session.close()
+
+
+class OrderedMaster(SlowMaster):
+    """SlowMaster that also records the order in which calls reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    async def LeaseHeartbeat(self, request, **kwargs):
+        reply = await super().LeaseHeartbeat(request, **kwargs)
+        self.order.append("heartbeat answered")
+        return reply
+
+    async def ReleaseLease(self, request, **_):
+        self.order.append(f"release {request.stream}")
+        return master_pb2.ReleaseLeaseReply()
+
+
+async def test_a_release_waits_for_the_heartbeat_of_its_stream_still_in_flight():
+    """A writer closing while its last heartbeat is in flight: were the release decided
+    first, that heartbeat would find the lease free and win the next epoch for a writer
+    that is gone (a clean-clone run's failover test saw epoch 3 where 2 was the last)."""
+    master: Any = OrderedMaster()
+    session = LeaseSession(master, lambda: master)
+
+    async def no_hold() -> None:
+        session._held.set()
+        await asyncio.Event().wait()
+
+    session._hold = no_hold  # type: ignore[method-assign]
+    await session.start()
+    try:
+        beat = asyncio.ensure_future(
+            session.heartbeat(
+                master_pb2.WriterHeartbeatRequest(stream="t/s", client_id="w", epoch=1),
+                5.0,
+                lambda reply: None,
+            )
+        )
+        await wait_until(lambda: len(master.batches) == 1, 5.0)
+        beat.cancel()  # the writer closes: it gives up on the answer, then releases
+        session.release(master_pb2.ReleaseLeaseRequest(stream="t/s", client_id="w", epoch=1))
+        for _ in range(5):  # turns enough for the release task to call, were it free to
+            await asyncio.sleep(0)
+        assert master.order == [], "the release waits for the batch carrying t/s"
+        master.answer_now.set()
+        await wait_until(lambda: len(master.order) == 2, 5.0)
+        assert master.order == ["heartbeat answered", "release t/s"]
+    finally:
+        await session.close()

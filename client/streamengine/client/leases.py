@@ -92,7 +92,8 @@ class LeaseSession:
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
-        self._calls: set[asyncio.Task[None]] = set()  # batches in flight
+        # Batches in flight, with the streams whose heartbeats each carries.
+        self._calls: dict[asyncio.Task[None], frozenset[str]] = {}
         self.batches_sent = 0
 
     async def start(self) -> None:
@@ -179,8 +180,8 @@ class LeaseSession:
             for start in range(0, len(waiting), LEASE_BATCH_ENTRIES_MAX):
                 batch = waiting[start : start + LEASE_BATCH_ENTRIES_MAX]
                 task = self._group.create_task(self._send(batch))
-                self._calls.add(task)
-                task.add_done_callback(self._calls.discard)
+                self._calls[task] = frozenset(w.request.stream for w in batch)
+                task.add_done_callback(self._call_done)
 
     async def _send(self, batch: list[_Waiting]) -> None:
         timeout_s = max(0.0, max(w.deadline for w in batch) - asyncio.get_running_loop().time())
@@ -224,7 +225,17 @@ class LeaseSession:
                 log.debug("lease session call ended: %s", error.code().name)
             await asyncio.sleep(HOLD_LEASE_REOPEN_MS / 1000)
 
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self._calls.pop(task, None)
+
     async def _release(self, request: master_pb2.ReleaseLeaseRequest) -> None:
+        # A heartbeat of this writer still in flight, decided after the release, would
+        # find the lease free and win the next epoch for a writer that is gone: one epoch
+        # spent, one empty segment to seal (a clean-clone run's failover test saw it).
+        carrying = [task for task, streams in self._calls.items() if request.stream in streams]
+        if carrying:
+            await asyncio.wait(carrying)
+
         async def release() -> master_pb2.ReleaseLeaseReply:
             return await self._master.ReleaseLease(request, timeout=1.0)
 
