@@ -349,3 +349,16 @@ def test_a_batch_larger_than_the_share_passes_alone() -> None:
     assert not shares.take_queue_bytes(WRITER, 1)
     shares.give_queue_bytes(WRITER, 5000)
     assert shares.queued_bytes(WRITER) == 0
+
+
+def test_a_batch_without_payload_counts_nothing_whenever_its_answer_comes() -> None:
+    """A recovery's holes and bridge carry no payload. Counted as 0, the give of another
+    batch answered first dropped the entry, and the empty batch's own give then raised
+    KeyError in the store's write path (the fault suite's S17 on TLS)."""
+    shares = CallerShares(4000)
+    assert shares.take_queue_bytes(WRITER, 0)
+    assert shares.take_queue_bytes(WRITER, 500)
+    shares.give_queue_bytes(WRITER, 500)
+    shares.give_queue_bytes(WRITER, 0)
+    assert shares.queued_bytes(WRITER) == 0
+    assert shares.take_queue_bytes(WRITER, 1000)  # the whole share is free again
