@@ -35,6 +35,7 @@ from streamengine.testing import (
     running_etcd,
     wait_for,
 )
+from streamengine.tools.certs import create_local_certs
 from tests.faults import disk, nemesis, netns, report
 from tests.faults import final as final_state
 from tests.faults.checker import check
@@ -139,7 +140,7 @@ SCENARIOS: dict[str, Scenario] = {
         # Not in FAULTS.md's list: S11 for masters on etcd (a kill and a partition of
         # the active one, each while writers append).
         Scenario("S17", "active master of three on etcd killed and partitioned", 120, 14,
-                 nemesis.active_master_loop, masters=3),
+                 nemesis.active_master_loop, masters=3, tls=True),
     ]
 }
 
@@ -356,7 +357,8 @@ def topology(scenario: Scenario, data: Path) -> Iterator[
             with namespaced_cluster(scenario, data) as (cluster, hosts):
                 yield cluster, hosts, lazy, {}
         elif scenario.masters > 1:
-            with masters_on_etcd(scenario, data) as (cluster, etcd_links):
+            with (masters_on_etcd(scenario, data) as (cluster, etcd_links),
+                  exported_certs(cluster)):
                 yield cluster, None, lazy, etcd_links
         else:
             with running_cluster(data, stores=STORES, master_args=MASTER_ARGS,
@@ -369,18 +371,21 @@ def topology(scenario: Scenario, data: Path) -> Iterator[
 def masters_on_etcd(scenario: Scenario, data: Path
                     ) -> Iterator[tuple[Cluster, dict[str, Link]]]:
     """`scenario.masters` masters on a one-member etcd, each through its own proxy link
-    to it (by master name), the first one active; the stores are given every master."""
+    to it (by master name), the first one active; the stores are given every master.
+    With `scenario.tls`, every process serves TLS and etcd is secured as `metadata
+    secure` leaves it: the masters alone reach its keys."""
+    certs = create_local_certs(data / "certs") if scenario.tls else None
     links = ProxyHost().start()
     try:
-        with running_etcd(data / "etcd") as etcd:
+        with running_etcd(data / "etcd", certs=certs) as etcd:
             etcd_links: dict[str, Link] = {}
             masters = []
             for number in range(scenario.masters):
                 name = f"master{number}"
                 etcd_links[name] = links.link(f"{name}>etcd", etcd.endpoints[0])
                 metadata = ["--metadata", f"etcd://{etcd_links[name].address}", *MASTER_ARGS]
-                masters.append(make_master(data, metadata, name=name))
-            cluster = Cluster(data, masters[0], [], standbys=masters[1:])
+                masters.append(make_master(data, metadata, certs, name=name))
+            cluster = Cluster(data, masters[0], [], certs, standbys=masters[1:])
             try:
                 masters[0].start()
                 cluster.wait_active_master()
@@ -388,7 +393,8 @@ def masters_on_etcd(scenario: Scenario, data: Path
                     standby.start()
                 for number in range(STORES):
                     cluster.stores.append(make_store(data, number, cluster.master_address,
-                                                     extra_args=list(scenario.store_args)))
+                                                     extra_args=list(scenario.store_args),
+                                                     certs=certs))
                 for store in cluster.stores:
                     store.start(wait=False)
                 for store in cluster.stores:
