@@ -120,6 +120,25 @@ STEPS_MAX = 400_000
 # the master (5) and bad input (6) never rest on a store's durability.
 LOSS_CAN_BREAK = frozenset({0, 1, 2, 4})
 
+
+def is_documented_loss(violation: Violation | None, unsynced_losses: list[str]) -> bool:
+    """A violation after stores with fsync never lost acked entries in a restart, of an
+    invariant such a loss can break: the documented loss, not a broken invariant."""
+    return (
+        violation is not None and bool(unsynced_losses) and violation.invariant in LOSS_CAN_BREAK
+    )
+
+
+def run_outcome(violation: Violation | None, unsynced_losses: list[str], error: str) -> str:
+    """How a run ended, in a word and its reason (both worlds' summaries)."""
+    if is_documented_loss(violation, unsynced_losses):
+        return f"DOCUMENTED LOSS (fsync never: {unsynced_losses[0]}) {violation}"
+    if violation is not None:
+        return f"VIOLATION {violation}"
+    if error:
+        return f"ERROR {error.strip().splitlines()[-1]}"
+    return "ok"
+
 # Writer clocks against the master's (the world's): an offset, and a rate off by up to
 # this many parts per million. A writer counts its lease from its own send time on its
 # own clock; the master counts from receipt on its clock. A writer clock slow by p ppm
@@ -253,24 +272,14 @@ class RunResult:
 
     @property
     def documented_loss(self) -> bool:
-        return (
-            self.violation is not None
-            and bool(self.unsynced_losses)
-            and self.violation.invariant in LOSS_CAN_BREAK
-        )
+        return is_documented_loss(self.violation, self.unsynced_losses)
 
     @property
     def ok(self) -> bool:
         return (self.violation is None or self.documented_loss) and not self.error
 
     def summary(self) -> str:
-        outcome = "ok"
-        if self.documented_loss:
-            outcome = f"DOCUMENTED LOSS (fsync never: {self.unsynced_losses[0]}) {self.violation}"
-        elif self.violation is not None:
-            outcome = f"VIOLATION {self.violation}"
-        elif self.error:
-            outcome = f"ERROR {self.error.strip().splitlines()[-1]}"
+        outcome = run_outcome(self.violation, self.unsynced_losses, self.error)
         return (
             f"seed {self.config.seed}: {outcome}; {self.steps} steps, {self.virtual_ms} ms "
             f"virtual, {self.acked} appends acked, {self.leaders} grants, "

@@ -70,7 +70,7 @@ from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimMaster
 from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import SimNetwork, node_context
-from tests.sim.world import LOSS_CAN_BREAK
+from tests.sim.world import is_documented_loss, run_outcome
 
 # Defects the world must find, each switched back into the shipped code for one run:
 # `park_forever`: a writer leading an epoch granted without a segment parks appends and
@@ -199,24 +199,14 @@ class WorldResult:
 
     @property
     def documented_loss(self) -> bool:
-        return (
-            self.violation is not None
-            and bool(self.unsynced_losses)
-            and self.violation.invariant in LOSS_CAN_BREAK
-        )
+        return is_documented_loss(self.violation, self.unsynced_losses)
 
     @property
     def ok(self) -> bool:
         return (self.violation is None or self.documented_loss) and not self.error
 
     def summary(self) -> str:
-        outcome = "ok"
-        if self.documented_loss:
-            outcome = f"DOCUMENTED LOSS (fsync never: {self.unsynced_losses[0]}) {self.violation}"
-        elif self.violation is not None:
-            outcome = f"VIOLATION {self.violation}"
-        elif self.error:
-            outcome = f"ERROR {self.error.strip().splitlines()[-1]}"
+        outcome = run_outcome(self.violation, self.unsynced_losses, self.error)
         return (
             f"seed {self.config.seed}: {outcome}; {self.virtual_ms} ms virtual, "
             f"{self.acked} events acked, {self.read} read, {self.seconds * 1000:.0f} ms"
