@@ -26,6 +26,7 @@ from tests.faults.scenarios import (
     SCENARIOS,
     STANDARD_WINDOWS,
     CannotRun,
+    read_logs,
     run,
     scenario_names,
     standard_duration,
@@ -36,7 +37,7 @@ from tests.faults.scenarios import (
 def recheck(run_dir: Path) -> int:
     records = read_file(run_dir / "history.jsonl")
     final = json.loads((run_dir / "final.json").read_text())
-    verdict = check(records, final)
+    verdict = check(records, final, read_logs(run_dir / "logs"))
     print(json.dumps(verdict.as_dict(), indent=2))
     return 0 if verdict.valid else 1
 

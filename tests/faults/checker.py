@@ -2,8 +2,9 @@
 
 Inputs are plain data, so a test can hand-make a history with one anomaly and see the
 witness. `check(records, final)` returns a `Verdict`; every anomaly names its check
-(C1..C12, C14, C15, and C0: the run injected the faults it scheduled) and carries a
-witness a person can follow back into `history.jsonl`.
+(C1..C12, C14, C15, C16: no server logged a traceback, and C0: the run injected
+the faults it scheduled) and carries a witness a person can follow back into
+`history.jsonl` (or, for C16, into the server's log).
 
 The final state (`final.json`, built by `tests.faults.final` after every stream was
 sealed) holds, per stream: `reads`, the events of fresh readers from 0 to the end (each
@@ -148,8 +149,11 @@ def deliveries(records: list[Record]) -> Reads:
     return out
 
 
-def check(records: list[Record], final: dict[str, Any]) -> Verdict:
+def check(
+    records: list[Record], final: dict[str, Any], server_logs: dict[str, str] | None = None
+) -> Verdict:
     verdict = Verdict()
+    check_server_logs(verdict, server_logs or {})
     ops = operations(records)
     streams = final.get("streams", {})
     by_stream: dict[str, list[Op]] = defaultdict(list)
@@ -597,6 +601,30 @@ def check_faults_injected(verdict: Verdict, records: list[Record]) -> int:
                 problem=f"{scheduled} ran {rounds} rounds and injected no fault ({why}): "
                 "the run shows nothing about the faults it was for")
     return injected
+
+
+# ---- C16: no server logged a traceback ----
+
+TRACEBACK = "Traceback (most recent call last):"
+# A server's log is judged whole; these name the processes that are servers.
+SERVER_LOG_PREFIXES = ("master", "store")
+
+
+def check_server_logs(verdict: Verdict, logs: dict[str, str]) -> None:
+    """A traceback in a master's or store's log is an exception nothing handled: a
+    defect even when every other check holds (the fault suite found two on S17 only by
+    reading the logs). `logs` maps a process name (the log file's stem) to its text."""
+    for name, text in sorted(logs.items()):
+        if not name.startswith(SERVER_LOG_PREFIXES) or TRACEBACK not in text:
+            continue
+        lines = text.splitlines()
+        starts = [n for n, line in enumerate(lines) if line.endswith(TRACEBACK)]
+        # The exception's own line is the first after the frames that is not indented.
+        raised = next(
+            (line for line in lines[starts[0] + 1:] if line and not line[0].isspace()), "")
+        verdict.add("C16", process=name, tracebacks=len(starts), first=raised[:300],
+                    problem=f"{name} logged {len(starts)} traceback(s): an exception "
+                    "no code handled")
 
 
 # ---- C11, C12: epochs and unsealed segments from the master's metadata ----

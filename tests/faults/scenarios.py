@@ -177,6 +177,11 @@ def replay_command(scenario: Scenario, seed: int, quick: bool, fault_s: float) -
             f"{' --quick' if quick else ''} --duration {fault_s:g}")
 
 
+def read_logs(logs: Path) -> dict[str, str]:
+    """Every process's log of a run, by process name (what C16 reads)."""
+    return {log.stem: log.read_text(errors="replace") for log in sorted(logs.glob("*.log"))}
+
+
 def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
         duration_s: float | None = None, picture_on_failure_only: bool = False
         ) -> dict[str, Any]:
@@ -206,7 +211,7 @@ def run(scenario: Scenario, seed: int, out: Path, quick: bool = False,
     final_state.save(final, run_dir / "final.json")
     records = load(history)
     write_merged(records, run_dir / "history.jsonl")
-    verdict = check(records, final)
+    verdict = check(records, final, read_logs(logs))
     result: dict[str, Any] = {
         "scenario": scenario.name,
         "title": scenario.title,

@@ -708,3 +708,30 @@ def test_c0_a_scenario_without_a_nemesis_needs_no_fault() -> None:
     for records, final in (scheduled(None), clean()):
         verdict = check(sorted(records, key=lambda r: r["t"]), final)
         assert verdict.valid, verdict.anomalies
+
+
+# ---- C16: a traceback in a server's log fails the run ----
+
+A_TRACEBACK = """2026-11-27 12:00:01 INFO store serving
+Traceback (most recent call last):
+  File "service.py", line 10, in heartbeat
+    raise KeyError(7)
+KeyError: 7
+2026-11-27 12:00:02 INFO store serving
+"""
+
+
+def test_c16_a_traceback_in_a_servers_log_makes_the_run_invalid() -> None:
+    records, final = clean()
+    logs = {"store1": A_TRACEBACK + A_TRACEBACK, "master": "INFO serving\n"}
+    verdict = check(records, final, logs)
+    assert not verdict.valid
+    [witness] = [a for a in verdict.anomalies if a["check"] == "C16"]
+    assert witness["process"] == "store1" and witness["tracebacks"] == 2
+    assert witness["first"] == "KeyError: 7"
+
+
+def test_c16_only_servers_logs_are_judged() -> None:
+    records, final = clean()
+    # A workload process may print its own failures: the checks judge what it recorded.
+    assert check(records, final, {"w1": A_TRACEBACK, "master0": "", "store2": ""}).valid
