@@ -24,7 +24,7 @@ from streamengine.client.core.writer import (
 from streamengine.client.errors import fence_of
 from streamengine.client.wire import serialize_write
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN, TRANSIENT_CALL, tenacity_wait
-from streamengine.protocol.status import FENCE_UNKNOWN
+from streamengine.protocol.status import FENCE_METADATA_KEY, FENCE_UNKNOWN
 from streamengine.v1 import segment_store_pb2
 
 if TYPE_CHECKING:
@@ -78,6 +78,11 @@ class StoreLink:
                     raise _StreamEnded()
             except* _StreamEnded:
                 log.info("store %s ended its Write stream", store)
+            except* _Refused as group:
+                refused = group.exceptions[0]
+                assert isinstance(refused, _Refused)
+                fenced = refused.fence
+                log.info("store %s refused a write: %s", store, refused)
             except* grpc.aio.AioRpcError as group:
                 error = group.exceptions[0]
                 assert isinstance(error, grpc.aio.AioRpcError)
@@ -125,6 +130,8 @@ class StoreLink:
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
         store = self.replica.store_id
         async for reply in call:
+            if reply.status == segment_store_pb2.REFUSED:
+                raise _Refused(reply.error)
             self.writer.step(
                 WriteReplied(
                     store,
@@ -141,5 +148,17 @@ class StoreLink:
 
 class _StreamEnded(Exception):
     """The store closed its side of the Write stream."""
+
+
+class _Refused(Exception):
+    """The store refused a request (`WriteReply.error`): below its fence the writer is
+    fenced (`fence`); anything else ends this stream, which is opened again."""
+
+    def __init__(self, error: segment_store_pb2.WriteError) -> None:
+        self.fence: int | None = None
+        if error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]:
+            fence = error.metadata.get(FENCE_METADATA_KEY)
+            self.fence = int(fence) if fence else FENCE_UNKNOWN
+        super().__init__(f"{error.code} {error.details}")
 
 
