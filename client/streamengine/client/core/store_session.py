@@ -130,9 +130,7 @@ class SessionRoutes(Generic[Owner, Item]):
 
     def open_all(self) -> list[tuple[RouteKey, Owner]]:
         """A stream connected: every route opens; the owners to tell, in attach order."""
-        return [
-            (key, owner) for key in list(self._routes) if (owner := self.open(key)) is not None
-        ]
+        return [(key, owner) for key in list(self._routes) if (owner := self.open(key)) is not None]
 
     def stream_lost(self) -> list[Owner]:
         """The stream broke: whatever was out may be lost, and every route closes. The
@@ -169,9 +167,9 @@ class SessionRoutes(Generic[Owner, Item]):
         route.refusals = 0
         return route.owner, self._answered(route, request_id)
 
-    def refused(self, key: RouteKey, request_id: int, code: str, fence: int | None) -> (
-        RouteRefused[Owner] | None
-    ):
+    def refused(
+        self, key: RouteKey, request_id: int, code: str, fence: int | None
+    ) -> RouteRefused[Owner] | None:
         """A refusal (`code`, the status's name; `fence`, the one it names): what it
         means for the owner, or None when it is stale. The route closes."""
         route = self._fresh(key, request_id)
