@@ -13,10 +13,16 @@ For each N, a fresh local cluster (a master, 3 stores, plaintext, fsync never) a
 - appends one 100-byte event to each stream in turn, one append at a time, `--appends`
   in all (at least one a stream), and times each (round-robin latency p50 / p99). The
   first append that fails, or waits past `APPEND_WAIT_S_MAX`, ends the phase and is
-  reported: beyond about 500 streams per store every writer holds one Write stream to
-  each store of its copy set, and a store serves at most `CONCURRENT_RPCS_MAX` (512)
-  calls at once (under TLS one principal at most `STREAMS_PER_PRINCIPAL_MAX`, 384), so
-  the writers past it never connect until writes are multiplexed per store;
+  reported. Every writer's batches go through the client's one Write stream per store
+  (`client.store_session`): before, each writer held its own to each store of its copy
+  set, and a store serves at most `CONCURRENT_RPCS_MAX` (512) calls at once, so the
+  writers past about 500 streams per store never connected;
+- spread throughput: every writer appends `--spread-batch` 100-byte events at a time
+  (one by default), all at once, for `--throughput-s` (events acked per second in
+  all); then one stream batched, in
+  the same run: one writer with `ONE_STREAM_IN_FLIGHT` appends of `ONE_STREAM_BATCH`
+  events each in flight, for as long (issue #38 wants the first at least half the
+  second);
 - holds every lease idle for `--idle-s`, and reads the CPU each process used meanwhile
   (% of one core) and its RSS at the end;
 - closes every writer (`close all`) and checks that no writer stepped down and no
@@ -35,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +59,10 @@ CONCURRENT_CALLS = 100
 STREAMS_DEFAULT = (100, 1000, 10_000)
 # An append not acked in this long ends the append phase (and is reported).
 APPEND_WAIT_S_MAX = 5.0
+# One stream batched, the throughput the spread appends are held against: batches of
+# this many events, this many in flight (the writer's own batching does the rest).
+ONE_STREAM_BATCH = 1000
+ONE_STREAM_IN_FLIGHT = 8
 
 
 class AppendStuck(Exception):
@@ -75,6 +85,8 @@ class Row:
     idle_cpu_pct: dict[str, float] | None = None
     rss_mib: dict[str, float] | None = None
     close_s: float = 0.0
+    spread_events_per_s: float = 0.0
+    one_stream_events_per_s: float = 0.0
     problems: tuple[str, ...] = ()
 
 
@@ -180,6 +192,19 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
                 row.append_p50_ms = statistics.median(latencies) * 1000
                 row.append_p99_ms = percentile(latencies, 0.99) * 1000
 
+            if args.throughput_s > 0:
+                try:
+                    row.spread_events_per_s = await bounded_rate(
+                        "spread appends",
+                        args,
+                        spread_appends(writers, args.spread_batch, args.throughput_s),
+                    )
+                    row.one_stream_events_per_s = await bounded_rate(
+                        "one stream batched", args, one_stream(writers[0], args.throughput_s)
+                    )
+                except (StreamEngineError, AppendStuck, PhaseTimedOut) as error:
+                    problems.append(f"throughput: {error!r}")
+
             before = cpu_seconds(processes)
             started = time.monotonic()
             await asyncio.sleep(args.idle_s)  # the window measured: every lease held, idle
@@ -201,16 +226,68 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
     return row
 
 
+async def bounded_rate(label: str, args: argparse.Namespace, work: Awaitable[float]) -> float:
+    """The events per second `work` measured, within the phase timeout."""
+    rate: list[float] = []
+
+    async def run() -> None:
+        rate.append(await work)
+
+    await bounded(label, args.phase_timeout_s, run())
+    print(f"    {rate[0]:,.0f} events/s", file=sys.stderr, flush=True)
+    return rate[0]
+
+
+async def _append_until(writer: Writer, payloads: list[bytes], deadline: float) -> int:
+    """Appends of `payloads`, one after the other, until `deadline`: events acked."""
+    acked = 0
+    while time.monotonic() < deadline:
+        try:
+            async with asyncio.timeout(APPEND_WAIT_S_MAX):
+                await writer.append_batch(payloads)
+        except TimeoutError:
+            raise AppendStuck(f"{writer.stream}: not acked within {APPEND_WAIT_S_MAX} s") from None
+        acked += len(payloads)
+    return acked
+
+
+async def spread_appends(writers: list[Writer], batch: int, seconds: float) -> float:
+    """Every writer appends `batch` events at a time, all at once: events acked per
+    second."""
+    payload = [bytes(EVENT_BYTES)] * batch
+    started = time.monotonic()
+    counts = await asyncio.gather(
+        *(_append_until(writer, payload, started + seconds) for writer in writers)
+    )
+    return sum(counts) / (time.monotonic() - started)
+
+
+async def one_stream(writer: Writer, seconds: float) -> float:
+    """One writer, `ONE_STREAM_IN_FLIGHT` batches of `ONE_STREAM_BATCH` in flight:
+    events acked per second."""
+    batch = [bytes(EVENT_BYTES)] * ONE_STREAM_BATCH
+    started = time.monotonic()
+    counts = await asyncio.gather(
+        *(_append_until(writer, batch, started + seconds) for _ in range(ONE_STREAM_IN_FLIGHT))
+    )
+    return sum(counts) / (time.monotonic() - started)
+
+
 @contextlib.contextmanager
-def cluster_for(streams: int, keep: Path | None) -> Iterator[Cluster]:
-    """A fresh cluster; its data and logs under `keep/N` when given (else removed)."""
+def cluster_for(streams: int, keep: Path | None, lease_ms: int) -> Iterator[Cluster]:
+    """A fresh cluster; its data and logs under `keep/N` when given (else removed).
+    `lease_ms` (0: the master's default) keeps leases through a machine too loaded for
+    thousands of writers to heartbeat in time, when the writes are what is measured."""
     with contextlib.ExitStack() as stack:
         if keep is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="se-scale-")))
         else:
             root = keep / str(streams)
             root.mkdir(parents=True)
-        yield stack.enter_context(running_cluster(root, store_args=["--fsync", "never"]))
+        master_args = ["--lease-ms", str(lease_ms)] if lease_ms else []
+        yield stack.enter_context(
+            running_cluster(root, master_args=master_args, store_args=["--fsync", "never"])
+        )
 
 
 def print_row(row: Row) -> None:
@@ -226,11 +303,19 @@ def print_row(row: Row) -> None:
         f"{max((cpu[s] for s in stores), default=0):.1f} % "
         f"| master {rss.get('master', 0):.0f}, client {rss.get('client', 0):.0f}, "
         f"stores {max((rss[s] for s in stores), default=0):.0f} MiB "
-        f"| {row.close_s:.2f} s |",
+        f"| {row.close_s:.2f} s "
+        f"| {row.spread_events_per_s:,.0f} / {row.one_stream_events_per_s:,.0f} events/s "
+        f"({_ratio(row)}) |",
         flush=True,
     )
     for problem in row.problems:
         print(f"  problem: {problem}", flush=True)
+
+
+def _ratio(row: Row) -> str:
+    if not row.one_stream_events_per_s:
+        return "-"
+    return f"{row.spread_events_per_s / row.one_stream_events_per_s:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,19 +325,32 @@ def main(argv: list[str] | None = None) -> int:
         "--appends", type=int, default=2000, help="round-robin appends (at least one a stream)"
     )
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle window measured")
+    parser.add_argument(
+        "--throughput-s",
+        type=float,
+        default=5.0,
+        help="each throughput phase (spread over every stream, then one stream batched)",
+    )
+    parser.add_argument(
+        "--spread-batch", type=int, default=1, help="events per append in the spread phase"
+    )
     parser.add_argument("--phase-timeout-s", type=float, default=120.0)
     parser.add_argument("--verbose", action="store_true", help="progress of the appends")
+    parser.add_argument(
+        "--lease-ms", type=int, default=0, help="the master's lease (default: its own)"
+    )
     parser.add_argument("--keep", type=Path, help="keep each cluster's data and logs here")
     args = parser.parse_args(argv)
     print(
         "| N | create | lead all | round-robin appends | idle CPU (% of a core) "
-        "| RSS | close all |\n|---|---|---|---|---|---|---|",
+        "| RSS | close all | spread / one stream batched (ratio) |"
+        "\n|---|---|---|---|---|---|---|---|",
         flush=True,
     )
     failed = False
     for streams in args.streams:
         try:
-            with cluster_for(streams, args.keep) as cluster:
+            with cluster_for(streams, args.keep, args.lease_ms) as cluster:
                 row = asyncio.run(measure(cluster, streams, args))
         except PhaseTimedOut as error:
             print(f"| {streams:,} | {error} |", flush=True)

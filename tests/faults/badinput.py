@@ -529,7 +529,9 @@ def call(channel: Any, method: Any, payloads: list[bytes]) -> tuple[str, str]:
         if method.client_streaming:
             requests: Iterator[bytes] = iter(payloads)
             if method.server_streaming:
-                list(channel.stream_stream(path)(requests, timeout=CALL_TIMEOUT_S))
+                replies = list(channel.stream_stream(path)(requests, timeout=CALL_TIMEOUT_S))
+                if method.output_type.full_name == s.WriteReply.DESCRIPTOR.full_name:
+                    return _write_refusal(replies)
             else:
                 channel.stream_unary(path)(requests, timeout=CALL_TIMEOUT_S)
         elif method.server_streaming:
@@ -538,6 +540,17 @@ def call(channel: Any, method: Any, payloads: list[bytes]) -> tuple[str, str]:
             channel.unary_unary(path)(payloads[0], timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as error:
         return error.code().name, (error.details() or "")[:200]
+    return "OK", ""
+
+
+def _write_refusal(replies: list[bytes]) -> tuple[str, str]:
+    """A Write stream answers a refused request in its reply (and goes on): the first
+    refusal, as a call's status, else OK."""
+    for raw in replies:
+        reply = s.WriteReply.FromString(raw)
+        if reply.status == s.REFUSED:
+            code = next(c for c in grpc.StatusCode if c.value[0] == reply.error.code)
+            return code.name, reply.error.details[:200]
     return "OK", ""
 
 

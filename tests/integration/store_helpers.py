@@ -3,7 +3,10 @@
 A store run without a master (`lone_store`, `lone_store_process`) trusts `TEST_KEY`
 (`--trust-signing-key`): the tests sign the grants its writes and seals need
 (`granted`), as a master would. `write_all` shows each Write stream the grant of every
-(stream, epoch) it writes under once, and `seal_request` carries one.
+(stream, epoch) it writes under once, and `seal_request` carries one. A Write stream
+answers a refused request in its reply and goes on: `write_all` then raises the first
+refusal as `WriteRefused`, which reads as the call's error would (`code`, `details`,
+`trailing_metadata`), so `client.errors` takes it as it is.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -156,11 +160,29 @@ def with_grants(
         yield request
 
 
-async def write_all(
+class WriteRefused(grpc.RpcError):
+    """A Write request refused in its reply, read as an ended call's error."""
+
+    def __init__(self, reply: segment_store_pb2.WriteReply) -> None:
+        self.reply = reply
+        super().__init__(f"{self.code().name}: {reply.error.details}")
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self.reply.error.code)
+
+    def details(self) -> str:
+        return self.reply.error.details
+
+    def trailing_metadata(self) -> Any:  # (key, value) pairs, as a call's at run time
+        return tuple(self.reply.error.metadata.items())
+
+
+async def write_replies(
     stub: segment_store_pb2_grpc.SegmentStoreAsyncStub,
     requests: list[segment_store_pb2.WriteRequest],
 ) -> list[segment_store_pb2.WriteReply]:
-    """Send every request on one Write stream (`with_grants`); the replies, in order."""
+    """Send every request on one Write stream (`with_grants`); the replies, in order,
+    refused ones included."""
 
     async def produce() -> AsyncIterator[segment_store_pb2.WriteRequest]:
         for request in with_grants(requests):
@@ -168,6 +190,20 @@ async def write_all(
 
     call = stub.Write(produce())
     return [reply async for reply in call]
+
+
+async def write_all(
+    stub: segment_store_pb2_grpc.SegmentStoreAsyncStub,
+    requests: list[segment_store_pb2.WriteRequest],
+) -> list[segment_store_pb2.WriteReply]:
+    """`write_replies`, raising the first refusal (`WriteRefused`) once every request
+    is answered."""
+    replies = await write_replies(stub, requests)
+    assert len(replies) == len(requests), "a refusal ends no Write stream"
+    refused = [r for r in replies if r.status == segment_store_pb2.REFUSED]
+    if refused:
+        raise WriteRefused(refused[0])
+    return replies
 
 
 async def state(

@@ -92,6 +92,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "Master/RevokeCertificate":       (P, P, P, P, P, P, B, P, P, P),
     "Master/ListRevokedCertificates": (P, P, P, P, P, P, OK, P, P, P),
     # Without a grant of the master's, nobody writes or seals (a cluster admin neither).
+    # A Write stream answers each request (the cell: the request's answer, as a refused
+    # one says it); only a caller it cannot name loses the stream (UNAUTHENTICATED).
     "SegmentStore/Write":             (U, P, P, P, P, P, P, U, P, P),
     "SegmentStore/Seal":              (P, P, P, P, P, P, P, P, P, P),
     "SegmentStore/Read":              (U, P, OK, OK, OK, OK, OK, U, OK, OK),
@@ -295,6 +297,10 @@ def status_of(call: Callable[[Any], object], channel: Any) -> str:
         return str(error.code().name)
     if isinstance(answer, m.LeaseHeartbeatReply):  # a batch answers per entry
         return STATUS_NAMES[answer.leases[0].code]
+    if isinstance(answer, list) and answer and isinstance(answer[0], s.WriteReply):
+        # A Write stream answers per request.
+        reply = answer[0]
+        return STATUS_NAMES[reply.error.code] if reply.status == s.REFUSED else OK
     return OK
 
 

@@ -21,6 +21,7 @@ from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.testing import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
+    WriteRefused,
     copy_pair,
     entries,
     entry,
@@ -119,7 +120,7 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
 
             # The old leader of epoch 3, delayed: events where recovery put holes.
             stale = [entry(i, 3, b"stale %d" % i) for i in range(201, 211)]
-            with pytest.raises(grpc.aio.AioRpcError) as fenced:
+            with pytest.raises(WriteRefused) as fenced:
                 await write_all(target_stub, [write_request(segment, 3, 0, stale)])
             assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 

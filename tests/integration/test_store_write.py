@@ -20,6 +20,7 @@ from streamengine.protocol.status import FENCE_METADATA_KEY, TOO_LARGE_METADATA_
 from streamengine.testing import ServerProcess
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
+    WriteRefused,
     entries,
     entry,
     lone_store,
@@ -29,6 +30,7 @@ from tests.integration.store_helpers import (
     state,
     store_stub,
     write_all,
+    write_replies,
     write_request,
 )
 
@@ -41,6 +43,47 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield running
 
 
+async def test_a_refused_request_leaves_the_write_stream_to_the_other_segments(
+    store: ServerProcess,
+) -> None:
+    """One Write stream carries many segments: a request refused (below its fence, bad
+    input, no grant) is answered with its status, and the requests after it, of its own
+    segment or another, are taken as if it had not come."""
+    fenced, bad, other = seg(111, 3), seg(112, 3), seg(113, 3)
+    async with store_stub(store.address) as stub:
+        await stub.Seal(seal_request(fenced, 5))
+        replies = await write_replies(
+            stub,
+            [
+                write_request(other, 3, 0, entries(1, 2), request_id=1),
+                write_request(fenced, 3, 0, entries(1, 1), request_id=1),
+                write_request(bad, 3, 0, [entry(0)], request_id=1),
+                write_request(seg(114, 3), 3, 0, entries(1, 1), request_id=1, grant=b"forged"),
+                write_request(other, 3, 2, entries(3, 4), request_id=2),
+            ],
+        )
+        codes = [
+            r.error.code if r.status == segment_store_pb2.REFUSED else ACCEPTED for r in replies
+        ]
+        assert codes == [
+            ACCEPTED,
+            grpc.StatusCode.FAILED_PRECONDITION.value[0],
+            grpc.StatusCode.INVALID_ARGUMENT.value[0],
+            grpc.StatusCode.PERMISSION_DENIED.value[0],
+            ACCEPTED,
+        ]
+        assert replies[1].error.metadata[FENCE_METADATA_KEY] == "5"
+        assert [(r.segment.stream_id, r.request_id) for r in replies] == [
+            (113, 1),
+            (111, 1),
+            (112, 1),
+            (114, 1),
+            (113, 2),
+        ]
+        assert (replies[-1].matched_index, replies[-1].acked_index) == (4, 2)
+        assert (await state(stub, fenced)).last_index == 0
+
+
 async def test_a_write_below_the_fence_fails_precondition_with_the_fence(
     store: ServerProcess,
 ) -> None:
@@ -49,7 +92,7 @@ async def test_a_write_below_the_fence_fails_precondition_with_the_fence(
         await write_all(stub, [write_request(segment, 3, 0, entries(1, 2))])
         sealed = await stub.Seal(seal_request(segment, 5))
         assert (sealed.fence, sealed.matched_index, sealed.last_index) == (5, 2, 2)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
+        with pytest.raises(WriteRefused) as refused:
             await write_all(stub, [write_request(segment, 4, 2, entries(3, 4, epoch=4))])
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert fence_of(refused.value) == 5
@@ -205,7 +248,7 @@ async def test_a_malformed_write_gets_invalid_argument_and_changes_nothing(
     async with store_stub(store.address) as stub:
         await write_all(stub, [write_request(segment, 3, 1, entries(1, 1))])
         before = await state(stub, segment)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
+        with pytest.raises(WriteRefused) as refused:
             bad = make(segment)
             assert isinstance(bad, segment_store_pb2.WriteRequest)
             await write_all(stub, [write_request(segment, 3, 1, entries(2, 2)), bad])
@@ -238,7 +281,7 @@ async def test_a_too_large_write_names_its_bound_and_ends_event_too_large(
     segment = seg(107, 3)
     batch = [entry(index, 3, payload) for index, payload in enumerate(payloads, start=1)]
     async with store_stub(store.address) as stub:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
+        with pytest.raises(WriteRefused) as refused:
             await write_all(stub, [write_request(segment, 3, 0, batch)])
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
         assert dict(refused.value.trailing_metadata() or ())[TOO_LARGE_METADATA_KEY] == str(bound)

@@ -33,7 +33,7 @@ from streamengine.client.errors import Fenced, fence_of
 from streamengine.protocol import codec
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import StoredEntry
-from streamengine.protocol.status import FENCE_UNKNOWN
+from streamengine.protocol.status import FENCE_METADATA_KEY, FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -260,6 +260,8 @@ class SegmentSealer:
                 call.cancel()
             if not isinstance(reply, segment_store_pb2.WriteReply):
                 raise _NoAnswer()  # EOF
+            if reply.status == segment_store_pb2.REFUSED:
+                return self._write_refused(store, reply.error)
             if reply.status == segment_store_pb2.REFUSED_BUSY:
                 return sr.StoreBusy(store, entries[0].index if entries else 0)
             if not entries:
@@ -273,6 +275,22 @@ class SegmentSealer:
             )
 
         return write
+
+    def _write_refused(self, store: str, error: segment_store_pb2.WriteError) -> sr.Event:
+        """A refused write: below the fence, the recovery is fenced; otherwise the
+        store gave no answer (the core asks again, or decides from the others)."""
+        if error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]:
+            fence = error.metadata.get(FENCE_METADATA_KEY)
+            return sr.RecoveryFenced(store, int(fence) if fence else FENCE_UNKNOWN)
+        log.info(
+            "%s: recovery of %d: store %s refused a write: %d %s",
+            self.segment.stream,
+            self.segment.epoch,
+            store,
+            error.code,
+            error.details,
+        )
+        raise _NoAnswer()
 
     async def _seal_at_master(self, action: sr.SealAtMaster) -> sr.Event | None:
         final_index, certificate = action.final_index, action.certificate

@@ -15,10 +15,11 @@ used when it is there. The token travels as `authorization: Bearer <token>` on e
 call, over TLS only.
 
 It owns one pool of gRPC channels (options in `client.channels`) shared by writers
-and readers, and one lease session (`client.leases`) that carries every writer's
-heartbeats to the master in one call per interval; control calls retry transient
-failures (`client.retrying`). Given several
-masters, every master call follows the active one (`protocol.master_calls`).
+and readers, one lease session (`client.leases`) that carries every writer's
+heartbeats to the master in one call per interval, and one Write stream per store
+(`client.store_session`) that carries every writer's batches to that store; control
+calls retry transient failures (`client.retrying`). Given several masters, every master
+call follows the active one (`protocol.master_calls`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from streamengine.client.errors import (
 )
 from streamengine.client.leases import LeaseSession
 from streamengine.client.retrying import retry_unary
+from streamengine.client.store_session import StoreSessions
 from streamengine.client.types import SegmentInfo, StreamInfo
 from streamengine.client.wire import segment_info, stream_info
 from streamengine.client.writer import Writer
@@ -144,6 +146,8 @@ class StreamClient:
         self._masters = AsyncMasters(master_address, self._channels.get)
         self._master: master_pb2_grpc.MasterAsyncStub | None = None
         self._leases: LeaseSession | None = None
+        # One Write stream per store, shared by every writer of this client.
+        self._sessions = StoreSessions(self._channels)
         # Writers still open when the client closes stop leading at once (`close`).
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 
@@ -177,6 +181,7 @@ class StreamClient:
             writer.client_closed()
         leases, self._leases = self._leases, None
         try:
+            await self._sessions.close()
             if leases is not None:
                 await leases.close()
         finally:
@@ -263,6 +268,7 @@ class StreamClient:
             self._channels,
             name,
             self._leases,
+            self._sessions,
             limits=limits,
             leadership_timeout_s=leadership_timeout_s,
             client_id=client_id,

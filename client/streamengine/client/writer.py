@@ -12,9 +12,12 @@ segment), is submitted to the core, and is pending from the moment the core assi
 its indexes; a step-down fails the waiting and submitted ones (never sent) and tells
 each pending one whether it is in doubt or definitely failed.
 
-Every background loop (the clock, heartbeats, one Write stream per store, in
-`client.replicator`; requests are serialized by `client.wire`) is a task
-of a TaskGroup owned by the `async with` block: a failure in one reaches the user.
+Every background loop (the clock, heartbeats, recoveries) is a task of a TaskGroup
+owned by the `async with` block: a failure in one reaches the user. Writes go through
+the client's store sessions (`client.store_session`): one Write stream per store shared
+by every writer of the client, to which the writer attaches its open segment; a store's
+answer comes back as one step (`store_event`), and a failure of the core on it reaches
+the user as a background loop's would.
 Heartbeats and releases go through the client's lease session (`client.leases`), which
 batches them with every other writer's and holds the leases at the master while the
 process lives; a writer's close hands its release over and does not wait for it.
@@ -37,9 +40,9 @@ async with client.writer("acme/orders") as w:    # waits for leadership
 ```
 
 Why one long module: `Writer` carries out every action of the core's one state machine
-(calls to the master, a Write stream per store, recoveries) and feeds
-back their answers; one store's stream is apart (`client.replicator`), as is a
-recovery's (`client.recovery`).
+(calls to the master, writes through the store sessions, recoveries) and feeds
+back their answers; the store sessions are apart (`client.store_session`), as is a
+recovery's calls (`client.recovery`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from streamengine.client.core.replicator import (
     Assigned,
     Flush,
     ReplicatorLimits,
+    SegmentRef,
     SendWrite,
     StoreDetached,
     Tick,
@@ -111,7 +115,7 @@ from streamengine.client.errors import (
 )
 from streamengine.client.leases import LeaseSession
 from streamengine.client.recovery import SegmentSealer
-from streamengine.client.replicator import StoreLink
+from streamengine.client.store_session import StoreSession, StoreSessions
 from streamengine.client.wire import BatchCache, LeaseSecret, heartbeat_answer
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.limits import EVENT_BYTES_MAX
@@ -163,6 +167,10 @@ class _Append:
     segment_epoch: int = 0
 
 
+async def _raise(error: Exception) -> None:
+    raise error
+
+
 def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
     if isinstance(payload, bytes):
         return payload
@@ -180,6 +188,7 @@ class Writer:
         channels: ChannelPool,
         stream: str,
         leases: LeaseSession,
+        sessions: StoreSessions,
         *,
         limits: ReplicatorLimits | None = None,
         leadership_timeout_s: float | None = None,
@@ -200,6 +209,11 @@ class Writer:
         # and holds its lease at the master while the process lives.
         self._leases = leases
         self._channels = channels
+        # The client's Write streams, one per store: this writer's open segment is
+        # attached to those of its copy set.
+        self._sessions = sessions
+        self._attached: dict[str, StoreSession] = {}
+        self._segment: SegmentRef | None = None  # the one attached
         self._leadership_timeout_s = leadership_timeout_s
         self._core = Leader(
             monotonic_ms(),
@@ -210,10 +224,8 @@ class Writer:
         )
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
-        self._link_tasks: list[asyncio.Task[None]] = []
         # Heartbeats in flight: cancelled on close (their answers no longer matter).
         self._heartbeats: set[asyncio.Task[None]] = set()
-        self._links: dict[str, StoreLink] = {}
         # Sealing earlier segments: cancelled when this writer stops leading.
         self._recoveries: set[asyncio.Task[None]] = set()
         self._sealed_changed = asyncio.Event()
@@ -286,7 +298,8 @@ class Writer:
         # Its ReleaseLease goes to the lease session at once (as does that of a grant
         # answered later, even after the close: `_step_finished` gives it back).
         self.step(Release())
-        for task in [*self._loops, *self._link_tasks, *self._heartbeats, *self._recoveries]:
+        self._detach()
+        for task in [*self._loops, *self._heartbeats, *self._recoveries]:
             task.cancel()
         if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
             # The caller's own error goes on as it is; a TaskGroup would wrap it in an
@@ -457,9 +470,9 @@ class Writer:
     def _apply(self, actions: Iterable[LeaderAction]) -> None:
         for action in actions:
             if isinstance(action, SendWrite):
-                link = self._links.get(action.store)
-                if link is not None:
-                    link.send(action)
+                session = self._attached.get(action.store)
+                if session is not None:
+                    session.send(action, self.batch_cache)
             elif isinstance(action, Assigned):
                 self._assigned(action)
             elif isinstance(action, Acked):
@@ -503,20 +516,38 @@ class Writer:
 
     def _became_leader(self, action: BecameLeader) -> None:
         assert self._group is not None
-        # After a roll: the old segment's streams go (all of it is acked, or its unacked
-        # appends were ended; its recovery uses its own requests), and appends held back
-        # by the drain may go on.
-        for task in self._link_tasks:
-            task.cancel()
-        self._link_tasks.clear()
-        self._links.clear()
+        # After a roll: the old segment leaves the store sessions (all of it is acked,
+        # or its unacked appends were ended; its recovery uses its own requests), and
+        # appends held back by the drain may go on.
+        self._detach()
         self._room_freed = True
+        self._segment = action.segment.segment
         for replica in action.segment.copy_set:
-            link = StoreLink(self, replica, self._channels.get(replica.address))
-            self._links[replica.store_id] = link
-            self._link_tasks.append(self._group.create_task(link.run()))
+            session = self._sessions.get(replica)
+            session.attach(self, self._segment)
+            self._attached[replica.store_id] = session
         log.info("%s: leading epoch %d on %s", self.stream, action.epoch, action.segment.copy_set)
         self._decided.set()
+
+    def _detach(self) -> None:
+        """The open segment leaves the store sessions: its replies go nowhere now."""
+        for session in self._attached.values():
+            assert self._segment is not None
+            session.detach(self, self._segment)
+        self._attached.clear()
+
+    def store_event(self, event: LeaderEvent) -> None:
+        """A store session's event for this writer's segment (never inside a step).
+        The core may refuse the store's answer (`InconsistentReply`): that ends this
+        writer, as a failed background loop does, and no other."""
+        try:
+            self.step(event)
+        except Exception as error:  # handed to the writer's owner
+            if self._group is None or self._closing:
+                log.warning("%s: store answer after close: %r", self.stream, error)
+                return
+            self._detach()
+            self._spawn(_raise(error))
 
     def _assigned(self, assigned: Assigned) -> None:
         # Pending from this moment: a step-down from here on must answer it.
@@ -620,7 +651,8 @@ class Writer:
                 waiting.future.set_exception(AppendFailed(f"{message}; the append was never sent"))
         self._submitted.clear()
         self._waiting.clear()
-        for task in [*self._link_tasks, *self._recoveries]:
+        self._detach()
+        for task in self._recoveries:
             task.cancel()
         self._sealed_changed.set()
         self._decided.set()

@@ -17,6 +17,9 @@ Errors (gRPC status):
   was written; never retry with the same grant.
 - UNAVAILABLE: the store is shutting down, or has not yet heard the master's signing
   key (so it cannot check a grant or a token); retry elsewhere or later.
+A Write stream carries many segments: a refused Write request is answered with the
+status it would have ended the call with (`WriteReply.error`, status REFUSED) and the
+stream goes on; only an unauthenticated caller ends it.
 """
 
 from collections import abc as _abc
@@ -56,6 +59,11 @@ class _WriteStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WriteStat
     nothing of the batch was written. Resend from `matched_index + 1` later, as after
     REFUSED_BUSY.
     """
+    REFUSED: _WriteStatus.ValueType  # 4
+    """The request was refused (bad input, a bad grant, below the fence, a deleted stream,
+    a segment this store takes no part in): nothing of it was written, and `error`
+    says why as the status of a call would. Other segments' requests go on.
+    """
 
 class WriteStatus(_WriteStatus, metaclass=_WriteStatusEnumTypeWrapper): ...
 
@@ -73,6 +81,11 @@ REFUSED_QUOTA: WriteStatus.ValueType  # 3
 nothing of the batch was written. Resend from `matched_index + 1` later, as after
 REFUSED_BUSY.
 """
+REFUSED: WriteStatus.ValueType  # 4
+"""The request was refused (bad input, a bad grant, below the fence, a deleted stream,
+a segment this store takes no part in): nothing of it was written, and `error`
+says why as the status of a call would. Other segments' requests go on.
+"""
 Global___WriteStatus: _TypeAlias = WriteStatus  # noqa: Y015
 
 @_typing.final
@@ -89,8 +102,8 @@ class WriteRequest(_message.Message):
     REPORT_HELD_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     writer_epoch: _builtins.int
-    """The epoch of the leader sending this; below the segment's fence the stream ends
-    with FAILED_PRECONDITION.
+    """The epoch of the leader sending this; below the segment's fence the request is
+    refused with FAILED_PRECONDITION (`WriteReply.error`).
     """
     acked_index: _builtins.int
     """The leader's acked index for this segment. The store keeps
@@ -106,7 +119,7 @@ class WriteRequest(_message.Message):
     first_index: _builtins.int
     """The index of the first value (0 when there is none)."""
     request_id: _builtins.int
-    """Chosen by the leader and echoed in the reply."""
+    """Chosen by the leader and echoed in the reply; increasing per segment."""
     report_held: _builtins.bool
     """Ask for `held_epochs` in the reply (recovery writes want to know what the store
     now holds at each index it wrote).
@@ -147,6 +160,59 @@ class WriteRequest(_message.Message):
 Global___WriteRequest: _TypeAlias = WriteRequest  # noqa: Y015
 
 @_typing.final
+class WriteError(_message.Message):
+    """Why a Write request was refused: what a call ending with that status would carry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (its number: 9 is FAILED_PRECONDITION, ...)."""
+    details: _builtins.str
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The facts beside the status that a call carries as trailing metadata: `se-fence`
+        (below the fence), `se-too-large`, `se-deleted-until`.
+        """
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        details: _builtins.str = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "metadata", b"metadata"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteError: _TypeAlias = WriteError  # noqa: Y015
+
+@_typing.final
 class WriteReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -159,6 +225,7 @@ class WriteReply(_message.Message):
     FIRST_INDEX_FIELD_NUMBER: _builtins.int
     LAST_INDEX_FIELD_NUMBER: _builtins.int
     HELD_EPOCHS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """The request this answers."""
     status: Global___WriteStatus.ValueType
@@ -179,6 +246,10 @@ class WriteReply(_message.Message):
         in order.
         """
 
+    @_builtins.property
+    def error(self) -> Global___WriteError:
+        """With status REFUSED: why (the matched, acked and fence fields are then 0)."""
+
     def __init__(
         self,
         *,
@@ -191,10 +262,11 @@ class WriteReply(_message.Message):
         first_index: _builtins.int = ...,
         last_index: _builtins.int = ...,
         held_epochs: _abc.Iterable[_builtins.int] | None = ...,
+        error: Global___WriteError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "fence", b"fence", "first_index", b"first_index", "held_epochs", b"held_epochs", "last_index", b"last_index", "matched_index", b"matched_index", "request_id", b"request_id", "segment", b"segment", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "error", b"error", "fence", b"fence", "first_index", b"first_index", "held_epochs", b"held_epochs", "last_index", b"last_index", "matched_index", b"matched_index", "request_id", b"request_id", "segment", b"segment", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

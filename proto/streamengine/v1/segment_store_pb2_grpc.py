@@ -85,9 +85,11 @@ class SegmentStoreServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Write(self, request_iterator, context):
-        """One bidirectional stream per leader and store. Each request carries a batch of
-        consecutive entries for one segment (several segments may share the stream) and
-        the leader's acked index; each reply answers one request, in order.
+        """One bidirectional stream per client and store, shared by every segment that client
+        leads on the store. Each request carries a batch of consecutive entries for one
+        segment and the leader's acked index; each reply answers one request, in order,
+        named by (segment, request_id). A request refused answers REFUSED with its error;
+        the other segments' requests go on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,6 +17,9 @@ Errors (gRPC status):
   was written; never retry with the same grant.
 - UNAVAILABLE: the store is shutting down, or has not yet heard the master's signing
   key (so it cannot check a grant or a token); retry elsewhere or later.
+A Write stream carries many segments: a refused Write request is answered with the
+status it would have ended the call with (`WriteReply.error`, status REFUSED) and the
+stream goes on; only an unauthenticated caller ends it.
 """
 
 from collections import abc as _abc
@@ -48,9 +51,11 @@ class SegmentStoreStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SegmentStoreAsyncStub: ...
     Write: _grpc.StreamStreamMultiCallable[_segment_store_pb2.WriteRequest, _segment_store_pb2.WriteReply]
-    """One bidirectional stream per leader and store. Each request carries a batch of
-    consecutive entries for one segment (several segments may share the stream) and
-    the leader's acked index; each reply answers one request, in order.
+    """One bidirectional stream per client and store, shared by every segment that client
+    leads on the store. Each request carries a batch of consecutive entries for one
+    segment and the leader's acked index; each reply answers one request, in order,
+    named by (segment, request_id). A request refused answers REFUSED with its error;
+    the other segments' requests go on.
     """
     Seal: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
@@ -82,9 +87,11 @@ class SegmentStoreStub:
 class SegmentStoreAsyncStub(SegmentStoreStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Write: _aio.StreamStreamMultiCallable[_segment_store_pb2.WriteRequest, _segment_store_pb2.WriteReply]  # type: ignore[assignment]
-    """One bidirectional stream per leader and store. Each request carries a batch of
-    consecutive entries for one segment (several segments may share the stream) and
-    the leader's acked index; each reply answers one request, in order.
+    """One bidirectional stream per client and store, shared by every segment that client
+    leads on the store. Each request carries a batch of consecutive entries for one
+    segment and the leader's acked index; each reply answers one request, in order,
+    named by (segment, request_id). A request refused answers REFUSED with its error;
+    the other segments' requests go on.
     """
     Seal: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]  # type: ignore[assignment]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
@@ -119,9 +126,11 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_segment_store_pb2.WriteRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.WriteReply], _abc.AsyncIterator[_segment_store_pb2.WriteReply]]:
-        """One bidirectional stream per leader and store. Each request carries a batch of
-        consecutive entries for one segment (several segments may share the stream) and
-        the leader's acked index; each reply answers one request, in order.
+        """One bidirectional stream per client and store, shared by every segment that client
+        leads on the store. Each request carries a batch of consecutive entries for one
+        segment and the leader's acked index; each reply answers one request, in order,
+        named by (segment, request_id). A request refused answers REFUSED with its error;
+        the other segments' requests go on.
         """
 
     @_abc_1.abstractmethod

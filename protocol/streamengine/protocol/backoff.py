@@ -65,10 +65,11 @@ def tenacity_wait(backoff: Backoff, draw: Callable[[], float]) -> Callable[[Retr
 # retries at once.
 TRANSIENT_CALL = Backoff(first_ms=50, max_ms=1_000, jitter_ms=50)
 
-# A store's Write stream that failed is reopened after this pause (`client.replicator`,
+# A store's Write stream that failed is reopened after this pause, and a segment the
+# store refused a request of is routed to it again after it (`client.store_session`,
 # and the simulator's writer): quick after a blip, gentle on a store down for a while
-# (it is rolled away from after the writer core's STORE_LOST_MS anyway). No jitter: each
-# writer reopens only its own streams, and gRPC reconnects the channel underneath with
+# (it is rolled away from after the writer core's STORE_LOST_MS anyway). No jitter: a
+# client reopens one stream per store, and gRPC reconnects the channel underneath with
 # jitter of its own.
 STORE_STREAM_REOPEN = Backoff(first_ms=50, max_ms=1_000)
 

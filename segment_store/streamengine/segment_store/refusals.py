@@ -1,13 +1,15 @@
 """How the SegmentStore service refuses a call: the one table from the store's domain
 errors to gRPC statuses (`STATUS`), the statuses a dropped subscriber ends with, and
-`abort`, which ends a call with the status of its error, the structured facts beside it
-(trailing metadata: the fence, the bound exceeded, when a deleted stream goes) and one
-log line. A refused request changes nothing.
+`refusal_of`, the status of an error with the structured facts beside it (the fence,
+the bound exceeded, when a deleted stream goes) and one log line: `abort` ends a call
+with it, a Write stream answers one refused request with it (`writes`). A refused
+request changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -81,13 +83,21 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
 }
 
 
-async def abort(
-    context: grpc.aio.ServicerContext[Any, Any],
-    error: Exception,
-    segment: entry_pb2.SegmentId | None = None,
-) -> NoReturn:
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What a refused request is answered with: a status, its details, and the
+    structured facts beside it (a call's trailing metadata)."""
+
+    code: grpc.StatusCode
+    details: str
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+def refusal_of(error: Exception, segment: entry_pb2.SegmentId | None = None) -> Refusal:
+    """The status of `error`, with its facts, counted and logged once (a call's abort,
+    or one refused request of a Write stream)."""
     if isinstance(error, Refused):
-        await context.abort(error.code, error.details)
+        return Refusal(error.code, error.details)
     code = next((c for t, c in STATUS.items() if isinstance(error, t)), grpc.StatusCode.INTERNAL)
     trailing: tuple[tuple[str, str], ...] = ()
     fields = segment_fields(segment.stream, segment.epoch) if segment is not None else {}
@@ -118,7 +128,16 @@ async def abort(
         metrics.REFUSED_CALLERS.labels(reason).inc()
     elif code in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INTERNAL):
         log.error("%s: %s", code.name, error, extra=fields)
-    await context.abort(code, str(error), trailing_metadata=trailing)
+    return Refusal(code, str(error), trailing)
+
+
+async def abort(
+    context: grpc.aio.ServicerContext[Any, Any],
+    error: Exception,
+    segment: entry_pb2.SegmentId | None = None,
+) -> NoReturn:
+    refusal = refusal_of(error, segment)
+    await context.abort(refusal.code, refusal.details, trailing_metadata=refusal.metadata)
 
 
 # Why the live tail dropped a subscriber (`core.tail.Drop.reason`) -> its status.

@@ -60,7 +60,7 @@ SUBSCRIBE_STALL_MS_DEFAULT = tail.STALL_MS_DEFAULT
 
 # A Write stream with no request answered-but-unread and none arriving for this long is
 # closed: an abandoned stream holds no server resources. A leader that appends sends far
-# more often; one that idles reconnects in one pause (`client.store_link`), well within
+# more often; one that idles reconnects in one pause (`client.store_session`), well within
 # the time after which it would count the store as lost.
 WRITE_STREAM_IDLE_MS_DEFAULT = 60_000
 

@@ -1,6 +1,11 @@
 """The writer's calls: Write (a stream of batches, answered in order) and Seal. The shell
 of `core.writes`: it admits each request (its grant, the quota, the committer's room)
 and hands the command to the group committer.
+
+A Write stream carries the batches of many segments (every writer of one client on
+this store): a request refused (its grant, its fence, its input, its stream deleted)
+is answered with its status in the reply (`WriteReply.error`, `refusals.refusal_of`)
+and the stream goes on; only what `core.authority.ends_write_stream` names ends it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from streamengine.protocol.entry import CorruptEntry, PackedEntries
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
 from streamengine.segment_store import metrics
-from streamengine.segment_store.core.authority import WriteStreamGrants
+from streamengine.segment_store.core.authority import WriteStreamGrants, ends_write_stream
 from streamengine.segment_store.core.commands import (
     Outcome,
     SealCommand,
@@ -32,13 +37,17 @@ from streamengine.segment_store.core.commands import (
     check_epoch,
 )
 from streamengine.segment_store.core.errors import BadRequest, StoreError
-from streamengine.segment_store.refusals import abort
+from streamengine.segment_store.refusals import abort, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
 # Replies a Write stream may have in flight: past it the store stops reading that
-# stream, and HTTP/2 flow control holds the leader back.
-WRITE_STREAM_INFLIGHT_MAX = 64
+# stream, and HTTP/2 flow control holds the client back. A stream carries every
+# segment a client writes on this store (each at most a writer's window of requests,
+# `client.core.store_session`), so it is wide enough for the group committer to take
+# many segments' batches in one commit. What waits is a ticket per request (a refused
+# batch is freed at once) plus the committer's queue, bounded in bytes on its own.
+WRITE_STREAM_INFLIGHT_MAX = 1024
 
 log = logging.getLogger("streamengine.store")
 
@@ -115,17 +124,16 @@ class WriteCalls:
         try:
             while (item := await answers.get()) is not None:
                 ticket, admitted = item
-                if isinstance(admitted, Exception):
-                    await abort(context, admitted, ticket.segment)
                 if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
                     status, held = admitted
                     reply = ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
                 else:
-                    outcome = await admitted
+                    outcome = admitted if isinstance(admitted, Exception) else await admitted
                     if isinstance(outcome, Exception):
-                        await abort(context, outcome, ticket.segment)
-                    assert isinstance(outcome, WriteResult)
-                    reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
+                        reply = await self._refused(context, ticket, outcome)
+                    else:
+                        assert isinstance(outcome, WriteResult)
+                        reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
                 await context.write(reply)
                 unanswered -= 1
                 last_activity = time.monotonic()
@@ -141,14 +149,35 @@ class WriteCalls:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
+    @staticmethod
+    async def _refused(
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
+        ],
+        ticket: _Ticket,
+        error: Exception,
+    ) -> segment_store_pb2.WriteReply:
+        """The reply to one refused request; or, for what ends the stream (or is no
+        refusal of the store's: a bug), the stream's end."""
+        if not isinstance(error, StoreError) or ends_write_stream(error):
+            await abort(context, error, ticket.segment)
+        refusal = refusal_of(error, ticket.segment)
+        return ticket.refused(
+            segment_store_pb2.WriteError(
+                code=refusal.code.value[0],
+                details=refusal.details,
+                metadata=dict(refusal.metadata),
+            )
+        )
+
     def _admit(
         self, request: segment_store_pb2.WriteRequest, grants: WriteStreamGrants
     ) -> _Admitted:
         """The write under way; or, for a batch refused for now (the store too busy, the
         tenant over its quota: nothing written), its status and what the segment holds
         (the batch itself is dropped at once: memory is the committer's queue, not every
-        refused batch waiting for its reply); or why it was refused (an Exception, which
-        ends the stream)."""
+        refused batch waiting for its reply); or why it was refused (an Exception,
+        answered on this request alone unless it ends the stream)."""
         try:
             segment = segment_key(request.segment)
             # Malformed before unauthorized: a bad request says what is wrong with it.
@@ -227,8 +256,8 @@ class WriteCalls:
 
 
 # What `_admit` makes of a Write request: the write under way; a batch refused for now
-# with its status (REFUSED_BUSY, REFUSED_QUOTA) and what the segment holds; or why the
-# stream ends.
+# with its status (REFUSED_BUSY, REFUSED_QUOTA) and what the segment holds; or why it
+# is refused.
 _Admitted = asyncio.Future[Outcome] | tuple[int, WriteResult] | Exception
 
 
@@ -269,4 +298,14 @@ class _Ticket:
             first_index=self.first_index,
             last_index=self.last_index,
             held_epochs=result.held_epochs if self.report_held else (),
+        )
+
+    def refused(self, error: segment_store_pb2.WriteError) -> segment_store_pb2.WriteReply:
+        return segment_store_pb2.WriteReply(
+            segment=self.segment,
+            request_id=self.request_id,
+            status=segment_store_pb2.REFUSED,
+            first_index=self.first_index,
+            last_index=self.last_index,
+            error=error,
         )

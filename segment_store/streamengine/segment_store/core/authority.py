@@ -60,9 +60,11 @@ from streamengine.protocol.tokens import Revocations
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import StoreError
 
-# Grants one Write stream keeps: a leader's stream carries one epoch at a time, a
-# recovery's a few; beyond it the oldest is forgotten (and must be shown again).
-GRANTS_PER_WRITE_STREAM_MAX = 16
+# Grants one Write stream keeps: a client's stream carries one epoch per stream it leads
+# (ten thousand streams led through one store, issue #38), a recovery's a few; beyond
+# it the oldest is forgotten (its next request is refused and the grant shown again).
+# A verified grant is a few hundred bytes: 16384 of them cost a stream a few MiB.
+GRANTS_PER_WRITE_STREAM_MAX = 1 << 14
 # Revocations a store keeps: tokens revoked before they expire, at most a year ahead.
 REVOCATIONS_MAX = 1 << 16
 # Streaming calls one principal may hold open on a store at once. A leader holds one
@@ -98,6 +100,14 @@ class CallerUnproven(StoreError):
 class OverCallerLimit(StoreError):
     """The caller holds all a store gives one principal (RESOURCE_EXHAUSTED); others
     keep the rest."""
+
+
+def ends_write_stream(error: StoreError) -> bool:
+    """Whether a refused Write request ends its whole stream. A stream carries the
+    segments of every writer of one client: a refusal about one segment (its grant, its
+    fence, its input, the stream deleted) is answered on that request alone and the
+    others go on; only a caller that cannot prove who it is loses the stream."""
+    return isinstance(error, CallerUnproven | OverCallerLimit)
 
 
 class NoSigningKeyYet(StoreError):

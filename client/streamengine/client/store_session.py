@@ -1,0 +1,284 @@
+"""One store's Write stream, shared by every writer of the client: the shell of
+`client.core.store_session`, which decides where each reply goes and what a refusal
+means. Opened when the first segment is attached, reopened with backoff while any is,
+kept for the next segment until the store closes it idle, closed with the client; each
+request serialized once (`client.wire`), each answer one event of its writer's core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Protocol
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type
+
+from streamengine.client.channels import ChannelPool
+from streamengine.client.core.replicator import (
+    SegmentRef,
+    SendWrite,
+    StoreConnected,
+    StoreDisconnected,
+    WriteReplied,
+)
+from streamengine.client.core.store_session import RouteKey, SessionRoutes
+from streamengine.client.core.writer import FencedByStore, LeaderEvent, Replica
+from streamengine.client.errors import StreamEngineError
+from streamengine.client.wire import BatchCache, serialize_write
+from streamengine.protocol.backoff import STORE_STREAM_REOPEN, TRANSIENT_CALL, tenacity_wait
+from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.v1 import segment_store_pb2
+
+log = logging.getLogger(__name__)
+
+# Waiting for a channel to connect, per attempt.
+CONNECT_TIMEOUT_S = 2.0
+
+_WriteReply = segment_store_pb2.WriteReply
+_REFUSED_FOR_NOW = (segment_store_pb2.REFUSED_BUSY, segment_store_pb2.REFUSED_QUOTA)
+_STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+class SegmentOwner(Protocol):
+    """What a session needs of a writer: its core takes the store's events."""
+
+    def store_event(self, event: LeaderEvent) -> None: ...
+
+
+def _key(segment: SegmentRef) -> RouteKey:
+    return (segment.stream_id, segment.epoch)
+
+
+class StoreSession:
+    """One store's shared Write stream; see the module docstring."""
+
+    def __init__(self, store_id: str, channel: grpc.aio.Channel) -> None:
+        self.store_id = store_id
+        self.channel = channel
+        # Write with requests already serialized (see `BatchCache`).
+        self.write_method: grpc.aio.StreamStreamMultiCallable[bytes, _WriteReply] = (
+            channel.stream_stream(
+                "/streamengine.v1.SegmentStore/Write",
+                request_serializer=None,
+                response_deserializer=segment_store_pb2.WriteReply.FromString,
+            )
+        )
+        self.routes: SessionRoutes[SegmentOwner, tuple[SendWrite, BatchCache]] = SessionRoutes()
+        self._queue: asyncio.Queue[tuple[SendWrite, BatchCache]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._connected = False
+        self._reopens: set[asyncio.TimerHandle] = set()
+        self.closed = False
+
+    # ---- what writers call (inside their step: nothing here steps a writer) ----
+
+    def attach(self, owner: SegmentOwner, segment: SegmentRef) -> None:
+        """`owner` replicates `segment` to this store: it hears `StoreConnected` once
+        the stream is up (soon after this, never inside the caller's step)."""
+        assert not self.closed, "the client closed its store sessions"
+        key = _key(segment)
+        self.routes.attach(key, owner)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task.add_done_callback(self._ended)
+        elif self._connected:
+            asyncio.get_running_loop().call_soon(self._open, key, owner)
+
+    def detach(self, owner: SegmentOwner, segment: SegmentRef) -> None:
+        """The segment's replies go nowhere from now on. The stream stays for the next
+        segment attached: a store closes one idle for its `--write-stream-idle-ms`,
+        and then, with no segment left, the session waits for the next attach."""
+        self.routes.detach(_key(segment), owner)
+
+    def send(self, action: SendWrite, cache: BatchCache) -> None:
+        item = self.routes.send(_key(action.segment), action.request_id, (action, cache))
+        if item is not None:
+            self._queue.put_nowait(item)
+
+    async def close(self) -> None:
+        self.closed = True
+        for handle in self._reopens:
+            handle.cancel()
+        self._reopens.clear()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ---- the stream ----
+
+    async def _run(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            # No segment is left (or the client closes): what waits to go out is
+            # nobody's now, and the next attach starts a stream afresh.
+            self._connected = False
+            self._drop_queued()
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "store %s: the Write stream's loop failed", self.store_id, exc_info=task.exception()
+            )
+
+    async def _serve(self) -> None:
+        failures = 0
+        while len(self.routes):
+            call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
+            try:
+                if not await self._connect():
+                    return
+                failures = 0
+                call = self.write_method()
+                self._connected = True
+                for _, owner in self.routes.open_all():
+                    owner.store_event(StoreConnected(self.store_id))
+                async with asyncio.TaskGroup() as streams:
+                    streams.create_task(self._send_loop(call))
+                    await self._receive_loop(call)
+                    raise _StreamEnded()
+            except* _StreamEnded:
+                log.info("store %s ended the Write stream", self.store_id)
+            except* grpc.aio.AioRpcError as group:
+                error = group.exceptions[0]
+                assert isinstance(error, grpc.aio.AioRpcError)
+                log.info("store %s Write stream failed: %s", self.store_id, error.code().name)
+            except* (TimeoutError, grpc.aio.UsageError, asyncio.InvalidStateError) as group:
+                log.info("store %s unreachable: %r", self.store_id, group.exceptions[0])
+            finally:
+                if call is not None:
+                    call.cancel()
+            self._lost()
+            failures += 1
+            await asyncio.sleep(STORE_STREAM_REOPEN.delay_ms(failures) / 1000)
+
+    def _lost(self) -> None:
+        self._connected = False
+        self._drop_queued()
+        for owner in self.routes.stream_lost():
+            owner.store_event(StoreDisconnected(self.store_id))
+
+    def _drop_queued(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+    async def _connect(self) -> bool:
+        """Wait for the channel to connect, retrying with backoff while any segment is
+        attached (False once none is; the client closing cancels this)."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TimeoutError),
+            wait=tenacity_wait(TRANSIENT_CALL, random.random),
+            reraise=True,
+        ):
+            with attempt:
+                if not len(self.routes):
+                    return False
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    await self.channel.channel_ready()
+        return True
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+        while True:
+            send, cache = await self._queue.get()
+            await call.write(serialize_write(send, cache))
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+        async for reply in call:
+            key = (reply.segment.stream_id, reply.segment.epoch)
+            if reply.status == segment_store_pb2.REFUSED:
+                self._refused(key, reply)
+                continue
+            owner, released = self.routes.replied(key, reply.request_id)
+            for item in released:
+                self._queue.put_nowait(item)
+            if owner is not None:
+                owner.store_event(
+                    WriteReplied(
+                        self.store_id,
+                        reply.request_id,
+                        # Over its tenant's quota: held back the same way.
+                        busy=reply.status in _REFUSED_FOR_NOW,
+                        matched_index=reply.matched_index,
+                        acked_index=reply.acked_index,
+                        first_index=reply.first_index,
+                        last_index=reply.last_index,
+                    ),
+                )
+
+    def _refused(self, key: RouteKey, reply: _WriteReply) -> None:
+        code = _STATUS_NAMES.get(reply.error.code, "UNKNOWN")
+        fence_text = reply.error.metadata.get(FENCE_METADATA_KEY)
+        refused = self.routes.refused(
+            key, reply.request_id, code, int(fence_text) if fence_text else None
+        )
+        if refused is None:
+            return
+        log.info(
+            "store %s refused segment %d/%d: %s %s",
+            self.store_id,
+            key[0],
+            key[1],
+            code,
+            reply.error.details,
+        )
+        refused.owner.store_event(StoreDisconnected(self.store_id))
+        if refused.fence is not None:
+            refused.owner.store_event(FencedByStore(self.store_id, refused.fence))
+            return
+        handles: list[asyncio.TimerHandle] = []
+        handles.append(
+            asyncio.get_running_loop().call_later(
+                refused.reopen_after_ms / 1000, self._reopen, key, refused.owner, handles
+            )
+        )
+        self._reopens.add(handles[0])
+
+    def _reopen(
+        self, key: RouteKey, owner: SegmentOwner, handles: list[asyncio.TimerHandle]
+    ) -> None:
+        self._reopens.discard(handles[0])
+        self._open(key, owner)
+
+    def _open(self, key: RouteKey, owner: SegmentOwner) -> None:
+        if self._connected and self.routes.owner(key) is owner and self.routes.open(key):
+            owner.store_event(StoreConnected(self.store_id))
+
+
+class StoreSessions:
+    """The client's store sessions, one per store, made on first use; closed with the
+    client (`StreamClient.close`)."""
+
+    def __init__(self, channels: ChannelPool) -> None:
+        self._channels = channels
+        self._sessions: dict[tuple[str, str], StoreSession] = {}
+        self._closed = False
+
+    def get(self, replica: Replica) -> StoreSession:
+        """Raises `StreamEngineError` once the client closes (a writer granted a
+        segment meanwhile then stops leading, as on a closed channel)."""
+        if self._closed:
+            raise StreamEngineError("the StreamClient is closed")
+        key = (replica.store_id, replica.address)
+        session = self._sessions.get(key)
+        if session is None:
+            session = StoreSession(replica.store_id, self._channels.get(replica.address))
+            self._sessions[key] = session
+        return session
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    async def close(self) -> None:
+        self._closed = True
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+
+class _StreamEnded(Exception):
+    """The store closed its side of the Write stream."""
