@@ -33,6 +33,11 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """An index recovery found on no store it read: readers skip it."""
     BRIDGE: _EntryKind.ValueType  # 3
     """The last index of a sealed segment: readers move on to the next segment."""
+    PRODUCER: _EntryKind.ValueType  # 4
+    """Names the producer and producer sequences of the EVENTs right after it (an
+    `append_batch` with a producer id): readers skip it, a new leader rebuilds its
+    producer table from it (`streamengine.protocol.entry.ProducerMark`).
+    """
 
 class EntryKind(_EntryKind, metaclass=_EntryKindEnumTypeWrapper):
     """What an index of a segment holds."""
@@ -45,6 +50,11 @@ HOLE: EntryKind.ValueType  # 2
 """An index recovery found on no store it read: readers skip it."""
 BRIDGE: EntryKind.ValueType  # 3
 """The last index of a sealed segment: readers move on to the next segment."""
+PRODUCER: EntryKind.ValueType  # 4
+"""Names the producer and producer sequences of the EVENTs right after it (an
+`append_batch` with a producer id): readers skip it, a new leader rebuilds its
+producer table from it (`streamengine.protocol.entry.ProducerMark`).
+"""
 Global___EntryKind: _TypeAlias = EntryKind  # noqa: Y015
 
 class _SegmentState:
@@ -121,13 +131,13 @@ class Entry(_message.Message):
     index: _builtins.int
     """Position in the segment, from 1."""
     kind: Global___EntryKind.ValueType
-    """EVENT, HOLE or BRIDGE."""
+    """EVENT, HOLE, BRIDGE or PRODUCER."""
     epoch: _builtins.int
     """The epoch of the leader that wrote this copy. Recovery rewrites copies with its
     own, higher epoch; a store keeps the copy with the highest epoch.
     """
     payload: _builtins.bytes
-    """The event's bytes; empty for HOLE and BRIDGE."""
+    """The event's (or producer mark's) bytes; empty for HOLE and BRIDGE."""
     crc32c: _builtins.int
     """crc32c over (kind, epoch, index, payload) as packed by `client.core.entry`;
     verified by the store on write and by readers on read.
