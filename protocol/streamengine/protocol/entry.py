@@ -14,7 +14,7 @@ append without a producer writes, and readers hand out EVENTs only, so neither r
 nor appends without a producer pay anything for it. The mark is an entry like any other:
 its crc covers it, recovery copies it with its events, and a new leader rebuilds the
 producer table from the marks and the events that follow them
-(`streamengine.client.core.producers`).
+(`streamengine.protocol.producers`).
 
 Mark payload layout (big-endian): id length u8 | producer id | first sequence u64 |
 count u32.
