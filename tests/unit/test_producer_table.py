@@ -139,3 +139,11 @@ def test_a_mark_whose_events_recovery_lost_entirely_adds_nothing() -> None:
     table = ProducerTable()
     table.fold_segment(5, segment(mark(P, 0, 2), (EntryKind.HOLE, b""), (EntryKind.BRIDGE, b"")))
     assert table.last_sequence(P) is None
+
+
+def test_the_durable_sequence_counts_a_run_acked_in_part() -> None:
+    table = table_with(*HELD)
+    assert table.durable_sequence(P, 100) is None
+    assert table.durable_sequence(P, 103) == 2
+    assert table.durable_sequence(P, 150) == 4
+    assert table.durable_sequence(P, 1_000) == 6

@@ -414,6 +414,7 @@ class SegmentRecord(_message.Message):
     BAD_STORES_FIELD_NUMBER: _builtins.int
     LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
     VERIFIED_STORES_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
     segment_bytes: _builtins.int
     segment_age_ms: _builtins.int
     stream_created_at_ms: _builtins.int
@@ -447,6 +448,12 @@ class SegmentRecord(_message.Message):
         verified copy), kept across master restarts; when, the master knows in memory only.
         """
 
+    @_builtins.property
+    def producers(self) -> Global___ProducerPositions:
+        """SEALED: each producer's last event in the stream through this segment, as its
+        sealing leader recorded them (exactly once; unset before that existed).
+        """
+
     def __init__(
         self,
         *,
@@ -465,11 +472,63 @@ class SegmentRecord(_message.Message):
         bad_stores: _abc.Iterable[_builtins.str] | None = ...,
         lost_from_index: _builtins.int = ...,
         verified_stores: _abc.Iterable[_builtins.str] | None = ...,
+        producers: Global___ProducerPositions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy", "producers", b"producers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "verified_stores", b"verified_stores"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "producers", b"producers", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "verified_stores", b"verified_stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SegmentRecord: _TypeAlias = SegmentRecord  # noqa: Y015
+
+@_typing.final
+class ProducerPosition(_message.Message):
+    """A producer's last event in the stream (`streamengine.protocol.producers`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_STREAM_SEQUENCE_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.str
+    last_sequence: _builtins.int
+    """Its highest producer sequence in the stream."""
+    last_stream_sequence: _builtins.int
+    """The stream sequence of that event."""
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.str = ...,
+        last_sequence: _builtins.int = ...,
+        last_stream_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_sequence", b"last_sequence", "last_stream_sequence", b"last_stream_sequence", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerPosition: _TypeAlias = ProducerPosition  # noqa: Y015
+
+@_typing.final
+class ProducerPositions(_message.Message):
+    """Every producer's last event through a sealed segment, by producer id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducerPosition]: ...
+    def __init__(
+        self,
+        *,
+        positions: _abc.Iterable[Global___ProducerPosition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["positions", b"positions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerPositions: _TypeAlias = ProducerPositions  # noqa: Y015

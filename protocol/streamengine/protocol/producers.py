@@ -157,6 +157,16 @@ class ProducerTable:
         run = self._last_run(producer_id, before_stream_sequence)
         return None if run is None else run.last_sequence
 
+    def durable_sequence(self, producer_id: str, durable_through: int) -> int | None:
+        """The producer's highest sequence at or below stream sequence `durable_through`
+        (everything up to which is acked): a run may be acked in part."""
+        run = self._last_run(producer_id, durable_through + 1)
+        if run is None:
+            return None
+        return min(
+            run.last_sequence, run.first_sequence + durable_through - run.first_stream_sequence
+        )
+
     def last_stream_sequence(self, producer_id: str) -> int | None:
         run = self._last_run(producer_id, None)
         return None if run is None else run.last_stream_sequence
@@ -205,26 +215,33 @@ class ProducerTable:
         assert not runs or run.first_stream_sequence > runs[-1].last_stream_sequence, run
         runs.append(run)
         if len(runs) > RUNS_PER_PRODUCER_MAX:
-            del runs[: len(runs) - RUNS_PER_PRODUCER_MAX]
+            # The oldest runs go; the last event among them stays as a run of one, so
+            # the producer's position is never lost (`forget_from`).
+            drop = len(runs) - RUNS_PER_PRODUCER_MAX + 1
+            last = runs[drop - 1]
+            runs[:drop] = [Run(last.last_sequence, 1, last.last_stream_sequence)]
 
-    def fold_segment(self, epoch: int, entries: Sequence[StoredEntry]) -> None:
-        """The runs of a recovered segment, its entries from index 1 to the bridge as
-        recovery chose them. A mark followed by fewer events than it counts (the tail of
-        a batch in doubt that recovery did not keep) is a shorter run."""
-        for position, entry in enumerate(entries):
-            if entry.kind != EntryKind.PRODUCER:
-                continue
-            mark = ProducerMark.decode(entry.payload)
-            held = 0
-            while (
-                held < mark.count
-                and position + 1 + held < len(entries)
-                and entries[position + 1 + held].kind == EntryKind.EVENT
-            ):
-                held += 1
-            if held:
-                first = pack_sequence(epoch, entry.index + 1)
-                self.add_run(mark.producer_id, Run(mark.first_sequence, held, first))
+    def forget_from(self, stream_sequence: int) -> None:
+        """Drop every run from `stream_sequence` on: appends whose fate recovery decides
+        (a roll that could not drain), folded back in once it has."""
+        for producer_id in sorted(self._runs):
+            runs = self._runs[producer_id]
+            keep = bisect.bisect_left([run.first_stream_sequence for run in runs], stream_sequence)
+            del runs[keep:]
+            if not runs:
+                del self._runs[producer_id]
+
+    def fold_segment(
+        self, epoch: int, entries: Sequence[StoredEntry]
+    ) -> tuple[tuple[str, Run], ...]:
+        """Add the runs of a recovered segment, its entries from index 1 to the bridge as
+        recovery chose them; returns them. A mark followed by fewer events than it
+        counts (the tail of a batch in doubt that recovery did not keep) is a shorter
+        run."""
+        runs = segment_runs(epoch, entries)
+        for producer_id, run in runs:
+            self.add_run(producer_id, run)
+        return runs
 
     # ---- internals ----
 
@@ -237,6 +254,27 @@ class ProducerTable:
         keys = [run.first_stream_sequence for run in runs]
         at = bisect.bisect_left(keys, before_stream_sequence)
         return runs[at - 1] if at else None
+
+
+def segment_runs(epoch: int, entries: Sequence[StoredEntry]) -> tuple[tuple[str, Run], ...]:
+    """The producer runs of segment `epoch`'s entries (consecutive, from its first mark
+    on), by producer id, in index order."""
+    runs = []
+    for position, entry in enumerate(entries):
+        if entry.kind != EntryKind.PRODUCER:
+            continue
+        mark = ProducerMark.decode(entry.payload)
+        held = 0
+        while (
+            held < mark.count
+            and position + 1 + held < len(entries)
+            and entries[position + 1 + held].kind == EntryKind.EVENT
+        ):
+            held += 1
+        if held:
+            first = pack_sequence(epoch, entry.index + 1)
+            runs.append((mark.producer_id, Run(mark.first_sequence, held, first)))
+    return tuple(runs)
 
 
 def _stream_sequence(runs: list[Run], firsts: list[int], sequence: int) -> int:

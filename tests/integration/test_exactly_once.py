@@ -1,0 +1,45 @@
+"""Exactly once with a producer id (issue #40) against real processes: a writer process
+SIGKILLed in the middle of its batches, then a new process with the same producer id
+that resends everything from its own start (`bench.append_writer` with a producer)."""
+
+from __future__ import annotations
+
+import signal
+
+from streamengine.client import StreamClient
+from streamengine.testing import Cluster, wait_until
+from tests.integration.writer_process import WriterProcess, numbers_of, read_all
+
+PRODUCER = "orders-ingest-7"
+
+
+async def test_a_producer_killed_mid_batch_and_resent_from_its_start_has_every_event_once(
+    cluster: Cluster, writers: list[WriterProcess]
+) -> None:
+    name = "exactly/kill"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        first = WriterProcess(cluster.master_address, name, "a", producer=PRODUCER)
+        writers.append(first)
+        await wait_until(lambda: first.last_acked() >= 100, 30, "100 acked appends")
+        first.signal(signal.SIGKILL)
+        first.kill()
+        acked_before_kill = first.last_acked()
+
+        # Everything again from sequence 0, and 100 events more.
+        batches = (acked_before_kill + 1) // 10 + 10
+        second = WriterProcess(cluster.master_address, name, "a", batches, PRODUCER)
+        writers.append(second)
+        await wait_until(lambda: second.process.poll() is not None, 30, "the resend")
+        assert second.first("done"), second.lines
+        leading = second.first("leading")
+        assert leading is not None
+        # It knew, as it led, at least what the first one had acked.
+        assert leading["last_producer_sequence"] >= acked_before_kill
+
+        events = await read_all(client, name)
+        assert numbers_of(events, "a") == list(range(batches * 10)), "not every event once"
+        # A resent event is answered with the sequence it has in the stream.
+        where = {int(p.split(b"-")[-1]): s for s, p in events}
+        for line in second.acked():
+            assert line["seq"] == where[line["acked"]], line
