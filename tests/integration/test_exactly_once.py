@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import signal
 
-from streamengine.client import StreamClient
+import pytest
+
+from streamengine.client import InvalidArgument, StreamClient
 from streamengine.testing import Cluster, wait_until
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
@@ -43,3 +45,33 @@ async def test_a_producer_killed_mid_batch_and_resent_from_its_start_has_every_e
         where = {int(p.split(b"-")[-1]): s for s, p in events}
         for line in second.acked():
             assert line["seq"] == where[line["acked"]], line
+
+
+def batch(prefix: str, first: int, count: int = 10) -> list[bytes]:
+    return [f"{prefix}-{n:06d}".encode() for n in range(first, first + count)]
+
+
+async def test_a_producer_resumes_from_the_positions_the_masters_seal_recorded(
+    cluster: Cluster,
+) -> None:
+    name = "exactly/sealed"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        async with client.writer(name, producer_id=PRODUCER) as first:
+            assert first.last_producer_sequence is None
+            for number in range(0, 50, 10):
+                await first.append_batch(batch("a", number), producer_sequence=number)
+            assert first.last_producer_sequence == 49
+            # The writer rolls: its seal of the segment records where P stands.
+            await client.seal(name)
+        async with client.writer(name, producer_id=PRODUCER) as second:
+            # Its grant carried the seal's positions; the segment it recovered is empty.
+            assert second.last_producer_sequence == 49
+            answered = await second.append_batch(batch("a", 40, 20), producer_sequence=40)
+            with pytest.raises(InvalidArgument, match="gap"):
+                await second.append_batch(batch("a", 70), producer_sequence=70)
+        events = await read_all(client, name)
+        assert numbers_of(events, "a") == list(range(60))
+        where = {int(p.split(b"-")[-1]): s for s, p in events}
+        # 40..48: durable, older than what the seal keeps (0); 49 and up: where they are.
+        assert answered == [0] * 9 + [where[n] for n in range(49, 60)]

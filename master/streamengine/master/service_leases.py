@@ -17,6 +17,7 @@ from streamengine.master.core import authority, errors
 from streamengine.master.core.leadership import Claim
 from streamengine.master.leadership import Beat, WriterView
 from streamengine.master.service_calls import Context, Handlers, log, status_of
+from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
 from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
@@ -273,6 +274,17 @@ class LeaseHandlers(Handlers):
             reply.roll_reason = view.roll_reason
             reply.grant = self.state.keys.grant_signer(self.calls.clock_ms()).sign(view.grant())
             reply.lease_secret = view.secret
+            if view.secret:
+                # The answer that won the lease: the new leader builds its producer table
+                # from these and the segments it recovers.
+                first = min(
+                    [s.epoch for s in view.unsealed]
+                    + ([view.segment.epoch] if view.segment is not None else [])
+                    + [view.lease.epoch]
+                )
+                positions = self.state.producers_before(record.stream_id, first)
+                if positions:
+                    reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
         return reply
 
 

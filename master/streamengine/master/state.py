@@ -48,6 +48,7 @@ from streamengine.master.tokens import TokenIssuer
 from streamengine.protocol.cert_revocations import CertRevocations
 from streamengine.protocol.grants import GRANT_MS_DEFAULT
 from streamengine.protocol.limits import TENANT_STREAMS_MAX_DEFAULT
+from streamengine.protocol.producers import ProducerPosition
 from streamengine.protocol.retention import first_retained_sequence
 from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.protocol.tokens import Revocations
@@ -246,6 +247,18 @@ class MasterState:
 
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
         return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
+
+    def producers_before(self, stream_id: int, epoch: int) -> tuple[ProducerPosition, ...]:
+        """The producer positions the latest sealed segment before `epoch` recorded
+        (none: no such segment, or it recorded none)."""
+        sealed = [
+            e
+            for e in self.epochs.get(stream_id, ())
+            if e < epoch and self.segments[(stream_id, e)].state == SegmentState.SEALED
+        ]
+        if not sealed:
+            return ()
+        return self.segments[(stream_id, max(sealed))].producers or ()
 
     def unsealed(self, stream_id: int) -> list[SegmentRecord]:
         epochs = sorted(self.unsealed_epochs.get(stream_id, ()))
