@@ -1,15 +1,19 @@
 """Exactly once with a producer id (issue #40) against real processes: a writer process
 SIGKILLed in the middle of its batches, then a new process with the same producer id
-that resends everything from its own start (`bench.append_writer` with a producer)."""
+that resends everything from its own start (`bench.append_writer` with a producer),
+with a store of the unsealed segment lost in between too; and a producer resuming from
+the positions a seal recorded at the master."""
 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
+from bench.append_writer import PRODUCER_WINDOW
 from streamengine.client import InvalidArgument, StreamClient
-from streamengine.testing import Cluster, wait_until
+from streamengine.testing import Cluster, running_cluster, wait_until
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
 PRODUCER = "orders-ingest-7"
@@ -28,8 +32,8 @@ async def test_a_producer_killed_mid_batch_and_resent_from_its_start_has_every_e
         first.kill()
         acked_before_kill = first.last_acked()
 
-        # Everything again from sequence 0, and 100 events more.
-        batches = (acked_before_kill + 1) // 10 + 10
+        # Everything again from sequence 0, past what the first may have had in flight.
+        batches = (acked_before_kill + 1) // 10 + PRODUCER_WINDOW + 1
         second = WriterProcess(cluster.master_address, name, "a", batches, PRODUCER)
         writers.append(second)
         await wait_until(lambda: second.process.poll() is not None, 30, "the resend")
@@ -75,3 +79,29 @@ async def test_a_producer_resumes_from_the_positions_the_masters_seal_recorded(
         where = {int(p.split(b"-")[-1]): s for s, p in events}
         # 40..48: durable, older than what the seal keeps (0); 49 and up: where they are.
         assert answered == [0] * 9 + [where[n] for n in range(49, 60)]
+
+
+async def test_a_leader_failover_and_a_store_lost_before_the_retry_change_nothing(
+    tmp_path: Path, writers: list[WriterProcess]
+) -> None:
+    name = "exactly/lost"
+    with running_cluster(tmp_path, stores=4, master_args=["--lease-ms", "1000"]) as c:
+        async with StreamClient(c.master_address) as client:
+            await client.create_stream(name, replicas=3, write_quorum=2)
+            first = WriterProcess(c.master_address, name, "a", producer=PRODUCER)
+            writers.append(first)
+            await wait_until(lambda: first.last_acked() >= 50, 30, "50 acked appends")
+            first.signal(signal.SIGKILL)
+            first.kill()
+            # A store of the copy set the killed writer left unsealed goes too.
+            [segment] = [s for s in await client.list_segments(name)]
+            c.store_by_address(segment.copy_set[0].address).kill()
+
+            # Past what the first may have had in flight (`PRODUCER_WINDOW` batches).
+            batches = (first.last_acked() + 1) // 10 + PRODUCER_WINDOW + 1
+            second = WriterProcess(c.master_address, name, "a", batches, PRODUCER)
+            writers.append(second)
+            await wait_until(lambda: second.process.poll() is not None, 30, "the resend")
+            assert second.first("done"), second.lines
+            events = await read_all(client, name)
+            assert numbers_of(events, "a") == list(range(batches * 10)), "not every event once"
