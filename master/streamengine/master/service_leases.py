@@ -274,17 +274,10 @@ class LeaseHandlers(Handlers):
             reply.roll_reason = view.roll_reason
             reply.grant = self.state.keys.grant_signer(self.calls.clock_ms()).sign(view.grant())
             reply.lease_secret = view.secret
-            if view.secret:
-                # The answer that won the lease: the new leader builds its producer table
-                # from these and the segments it recovers.
-                first = min(
-                    [s.epoch for s in view.unsealed]
-                    + ([view.segment.epoch] if view.segment is not None else [])
-                    + [view.lease.epoch]
-                )
-                positions = self.state.producers_before(record.stream_id, first)
-                if positions:
-                    reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
+            # The new leader builds its producer table from these and what it recovers.
+            positions = self.state.grant_producers(view)
+            if positions:
+                reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
         return reply
 
 

@@ -39,7 +39,7 @@ from streamengine.master.core.model import (
 )
 from streamengine.master.integrity import Integrity
 from streamengine.master.keys import SigningKeys
-from streamengine.master.leadership import LeaderReport, Leadership
+from streamengine.master.leadership import LeaderReport, Leadership, WriterView
 from streamengine.master.replicas import Replicas
 from streamengine.master.retention import Retention
 from streamengine.master.stores import StoreLive, StoreRegistry
@@ -259,6 +259,16 @@ class MasterState:
         if not sealed:
             return ()
         return self.segments[(stream_id, max(sealed))].producers or ()
+
+    def grant_producers(self, view: WriterView) -> tuple[ProducerPosition, ...]:
+        """The producer positions a LEADER answer carries when it won the lease: those
+        of the latest sealed segment before every segment its leader recovers or leads."""
+        if not view.leads or not view.secret:
+            return ()
+        epochs = [s.epoch for s in view.unsealed] + [view.lease.epoch]
+        if view.segment is not None:
+            epochs.append(view.segment.epoch)
+        return self.producers_before(view.stream.stream_id, min(epochs))
 
     def unsealed(self, stream_id: int) -> list[SegmentRecord]:
         epochs = sorted(self.unsealed_epochs.get(stream_id, ()))
