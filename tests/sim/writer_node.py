@@ -224,7 +224,7 @@ class WriterNode(Node):
     def can_append_producer(self) -> bool:
         """As `streamengine.client.writer` decides a producer's batch: leading a segment
         with room, every earlier segment recovered (the table rebuilt)."""
-        return self.can_append() and not self.leader.statistics().unsealed_epochs
+        return self.can_append() and not self.leader.recovering
 
     def append_producer(self, count: int) -> None:
         """`count` new events of this process's producer, after every unconfirmed one

@@ -462,7 +462,7 @@ class Writer:
                     if (
                         self._core.accepting_appends
                         and replicator is not None
-                        and not self._core.statistics().unsealed_epochs
+                        and not self._core.recovering
                         and not self._waiting
                         and replicator.room_for(nbytes)
                     ):
@@ -478,7 +478,7 @@ class Writer:
     async def _wait_recovered(self, timeout_s: float | None) -> None:
         """Until every earlier segment is sealed and recovered (the gate)."""
         async with asyncio.timeout(timeout_s):
-            while self._core.statistics().unsealed_epochs:
+            while self._core.recovering:
                 self._check_leading()
                 self._stepped.clear()
                 await self._stepped.wait()

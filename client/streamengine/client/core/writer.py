@@ -638,6 +638,12 @@ class Leader:
             and self._closing_until_ms is None
         )
 
+    @property
+    def recovering(self) -> bool:
+        """Leading with an earlier segment not yet sealed and recovered (the gate is
+        shut: its producer table is not rebuilt yet)."""
+        return bool(self._unsealed)
+
     def ready_to_release(self, now_ms: int) -> bool:
         """After `Closing`: no recovery this writer started (nor a roll it asked for)
         is left, or `CLOSE_SEALING_MS_MAX` has passed, or it no longer leads."""
