@@ -248,7 +248,7 @@ class MasterState:
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
         return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
 
-    def producers_before(self, stream_id: int, epoch: int) -> tuple[ProducerPosition, ...]:
+    def _producers_before(self, stream_id: int, epoch: int) -> tuple[ProducerPosition, ...]:
         """The producer positions the latest sealed segment before `epoch` recorded
         (none: no such segment, or it recorded none)."""
         sealed = [
@@ -268,7 +268,7 @@ class MasterState:
         epochs = [s.epoch for s in view.unsealed] + [view.lease.epoch]
         if view.segment is not None:
             epochs.append(view.segment.epoch)
-        return self.producers_before(view.stream.stream_id, min(epochs))
+        return self._producers_before(view.stream.stream_id, min(epochs))
 
     def unsealed(self, stream_id: int) -> list[SegmentRecord]:
         epochs = sorted(self.unsealed_epochs.get(stream_id, ()))
