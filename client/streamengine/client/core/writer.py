@@ -114,6 +114,17 @@ lease back (`Release`) once `ready_to_release`, when none is left or after
 `CLOSE_SEALING_MS_MAX`. Otherwise a roll's previous segment would stay SEALING until
 the next leader came, and a read to the end of the stream would wait for it.
 
+Producers (exactly once, `streamengine.protocol.producers`). The writer keeps the
+stream's producer table (`producers`): from the positions its grant carries (what the
+master's seal of the latest sealed segment recorded), then the runs each recovery finds
+(`SegmentSealed.runs`), one recovery at a time, oldest first, since each seal records
+positions built on the segment before. A batch appended with a PRODUCER mark
+(`Append.marked`) counts in the table as soon as it takes its indexes; the shell decides
+a producer's batch only while nothing earlier is unsealed (`recovering` false). A roll
+that cannot drain forgets the old segment's runs: its recovery hands back those it kept.
+Each `RecoverSegment` carries the positions its seal records (`ProducerSeal`): through
+the segment when this writer drained it, else as of the segment before.
+
 Why one long module: the writer's life (following, granted, the gate, rolling, closing,
 stepping down) is one state machine over one set of fields; each stage above reads and
 changes the same lease, epoch, segment and pending appends, so its rules are read
