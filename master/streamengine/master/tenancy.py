@@ -61,7 +61,7 @@ class Tenancy:
         segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
         existing = self.state.streams.get(name)
         if existing is None and self.state.tenant_streams_max:
-            count = sum(1 for s in self.state.streams.values() if s.tenant == tenant)
+            count = self.state.tenant_streams.get(tenant, 0)
             if count >= self.state.tenant_streams_max:
                 raise QuotaExceeded(
                     f"tenant {tenant!r} holds {count} streams, its quota "
@@ -113,8 +113,7 @@ class Tenancy:
         self.state.catalog.commit(batch.stream(record).next_stream_id(record.stream_id + 1))
         self.state.tenants.setdefault(tenant, now_ms)
         self.state.next_stream_id = record.stream_id + 1
-        self.state.streams[name] = record
-        self.state.names[record.stream_id] = name
+        self.state.put_stream(record)
         # A new stream never had a leader: nothing to wait for, even right after a start.
         self.state.leases[name] = Lease(0, "", 0)
         return record
@@ -142,7 +141,7 @@ class Tenancy:
         retention.validate_retention(updated.retention_age_ms, updated.retention_bytes)
         if updated != record:
             self.state.catalog.commit(Batch().stream(updated))
-            self.state.streams[name] = updated
+            self.state.put_stream(updated)
         return updated
 
     def delete_stream(self, name: str, now_ms: int) -> tuple[int, int]:
@@ -158,7 +157,7 @@ class Tenancy:
             record, deleted_until_ms=retention.removal_at_ms(now_ms, self.state.delete_grace_ms)
         )
         self.state.catalog.commit(Batch().stream(deleted))
-        self.state.streams[name] = deleted
+        self.state.put_stream(deleted)
         self.state.roll_requests.pop(record.stream_id, None)
         return segments, deleted.deleted_until_ms
 
@@ -175,7 +174,7 @@ class Tenancy:
             record, deleted_until_ms=0, leader_id="", leader_secret_sha256="", leader_principal=""
         )
         self.state.catalog.commit(Batch().stream(restored))
-        self.state.streams[name] = restored
+        self.state.put_stream(restored)
         self.state.leases[name] = leadership.undeleted(self.state.leases[name])
         return restored
 
@@ -190,9 +189,8 @@ class Tenancy:
         self.state.catalog.commit(Batch().drop_stream(name).drop_segments_of(record.stream_id))
         for segment in segments:
             self.state.drop_segment(segment.key)
-        del self.state.streams[name]
         # Replicas of an unknown stream id are garbage to every store that reports them.
-        self.state.names.pop(record.stream_id, None)
+        self.state.drop_stream(name)
         self.state.leases.pop(name, None)
         self.state.leader_reports.pop(name, None)
         self.state.durability.forget(s.key for s in segments)
