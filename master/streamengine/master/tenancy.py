@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
-from streamengine.master.core import leadership, retention
+from streamengine.master.core import leadership, listing, retention
 from streamengine.master.core.errors import AlreadyExists, InvalidArgument, NotFound, QuotaExceeded
 from streamengine.master.core.leadership import Lease
 from streamengine.master.core.model import StreamRecord, validate_name_part, validate_stream_name
@@ -117,6 +117,15 @@ class Tenancy:
         # A new stream never had a leader: nothing to wait for, even right after a start.
         self.state.leases[name] = Lease(0, "", 0)
         return record
+
+    def list_page(
+        self, tenant: str, name_prefix: str, page_token: str, page_size: int
+    ) -> tuple[list[StreamRecord], str]:
+        """One page of streams in name order (`core.listing`), and the token of the
+        next page ("" after the last)."""
+        names = self.state.sorted_names
+        page = listing.list_page(names, tenant, name_prefix, page_token, page_size)
+        return [self.state.streams[name] for name in page.names], page.next_page_token
 
     def list_streams(self, tenant: str) -> list[StreamRecord]:
         if tenant:

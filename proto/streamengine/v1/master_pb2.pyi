@@ -706,19 +706,35 @@ Global___StreamInfo: _TypeAlias = StreamInfo  # noqa: Y015
 
 @_typing.final
 class ListStreamsRequest(_message.Message):
+    """Streams in name order, a page at a time: ask again with `page_token` set to the
+    reply's `next_page_token` until it comes back empty.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NAME_PREFIX_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Only this tenant's streams; empty for all."""
+    page_size: _builtins.int
+    """Streams per page: 0 for the most a page holds (1,000), more is refused."""
+    page_token: _builtins.str
+    """The `next_page_token` of the reply before, for the same filters; empty: the first."""
+    name_prefix: _builtins.str
+    """Only streams whose full name ("tenant/stream") starts with this."""
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        name_prefix: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name_prefix", b"name_prefix", "page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -729,16 +745,20 @@ class ListStreamsReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STREAMS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when this page is the last one."""
     @_builtins.property
     def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]: ...
     def __init__(
         self,
         *,
         streams: _abc.Iterable[Global___StreamInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["streams", b"streams"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "streams", b"streams"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

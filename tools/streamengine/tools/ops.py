@@ -159,13 +159,29 @@ def cmd_stream_trim(args: argparse.Namespace) -> int:
     return 0
 
 
+def list_streams(
+    master: master_pb2_grpc.MasterStub, tenant: str, name_prefix: str, page_size: int
+) -> Iterator[master_pb2.StreamInfo]:
+    """Every stream the filters select, a page per call."""
+    token = ""
+    while True:
+        reply = master.ListStreams(
+            master_pb2.ListStreamsRequest(
+                tenant=tenant, name_prefix=name_prefix, page_size=page_size, page_token=token
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+        yield from reply.streams
+        token = reply.next_page_token
+        if not token:
+            return
+
+
 def cmd_stream_list(args: argparse.Namespace) -> int:
     with master_stub(args.master, client_transport(args)) as master:
-        reply = master.ListStreams(
-            master_pb2.ListStreamsRequest(tenant=args.tenant), timeout=RPC_TIMEOUT_S
-        )
+        streams = list(list_streams(master, args.tenant, args.prefix, args.page_size))
     if args.json:
-        print(json.dumps([stream_dict(s) for s in reply.streams], indent=2))
+        print(json.dumps([stream_dict(s) for s in streams], indent=2))
         return 0
     rows = [
         [
@@ -176,7 +192,7 @@ def cmd_stream_list(args: argparse.Namespace) -> int:
             str(s.acked_index),
             f"deleted, removed at {wall_time(s.deleted_until_ms)}" if s.deleted_until_ms else "",
         ]
-        for s in reply.streams
+        for s in streams
     ]
     print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED", ""])
     return 0
