@@ -134,7 +134,10 @@ def list_page(state: MasterState, tenant: str, after: str, size: int, now_ms: in
 
 
 def status_summary(state: MasterState, now_ms: int) -> object:
-    return [replies.stream_info_pb(state, r, now_ms) for r in state.tenancy.list_streams("")]
+    """The streams of a status as GetClusterStatus builds them."""
+    under_replicated, _ = state.replicas.below_n(now_ms)
+    shown = state.tenancy.summarise(under_replicated)
+    return [replies.stream_info_pb(state, state.streams[name], now_ms) for name in shown.rows]
 
 
 def gauges_pass(state: MasterState, now_ms: int) -> None:

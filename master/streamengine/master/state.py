@@ -136,6 +136,9 @@ class MasterState:
         self.segments: dict[SegmentKey, SegmentRecord] = {}
         # Trimmed segments -> when their data goes (`removal_at_ms`).
         self.trimmed: dict[SegmentKey, int] = {}
+        # Streams (ids) with more than one segment not sealed: a roll or a recovery
+        # not finished (`core.summary.Health.SEALING`).
+        self.sealing: dict[int, None] = {}
         # Indexes kept by `put_segment` / `drop_segment`, so a heartbeat or a repair
         # tick costs what changed, not the size of the whole catalog.
         self.epochs: dict[int, set[int]] = {}
@@ -296,6 +299,7 @@ class MasterState:
             self.lost_members.pop(key, None)
         else:
             unsealed.add(record.epoch)
+        self._index_sealing(record.stream_id)
 
     def drop_segment(self, key: SegmentKey) -> None:
         self.checks.pop(key, None)
@@ -308,8 +312,15 @@ class MasterState:
             self.members[member].discard(key)
         self.epochs[record.stream_id].discard(record.epoch)
         self.unsealed_epochs[record.stream_id].discard(record.epoch)
+        self._index_sealing(record.stream_id)
         self.unconfirmed.discard(key)
         self.lost_members.pop(key, None)
+
+    def _index_sealing(self, stream_id: int) -> None:
+        if len(self.unsealed_epochs.get(stream_id, ())) > 1:
+            self.sealing[stream_id] = None
+        else:
+            self.sealing.pop(stream_id, None)
 
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
         return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
@@ -344,10 +355,6 @@ class MasterState:
         segments = (self.segments[k] for k in sorted(keys))
         # A trimmed segment's data is going: not worth a copy.
         return [s for s in segments if s.state == SegmentState.SEALED and not s.removal_at_ms]
-
-    def confirm(self, key: SegmentKey) -> None:
-        """Every member of this sealed segment was judged good."""
-        self.unconfirmed.discard(key)
 
     def held_for(self, segments: Iterable[SegmentRecord]) -> dict[SegmentKey, dict[str, Held]]:
         """What each member last reported of each segment."""

@@ -7,14 +7,22 @@ through their one commit path, commit first, memory after.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
-from streamengine.master.core import leadership, listing, retention
+from streamengine.master.core import leadership, listing, retention, summary
 from streamengine.master.core.errors import AlreadyExists, InvalidArgument, NotFound, QuotaExceeded
 from streamengine.master.core.leadership import Lease
-from streamengine.master.core.model import StreamRecord, validate_name_part, validate_stream_name
+from streamengine.master.core.model import (
+    SegmentRecord,
+    StreamRecord,
+    validate_name_part,
+    validate_stream_name,
+)
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 
 if TYPE_CHECKING:
@@ -127,12 +135,22 @@ class Tenancy:
         page = listing.list_page(names, tenant, name_prefix, page_token, page_size)
         return [self.state.streams[name] for name in page.names], page.next_page_token
 
-    def list_streams(self, tenant: str) -> list[StreamRecord]:
-        if tenant:
-            validate_name_part("tenant", tenant)
-        return [
-            s for name, s in sorted(self.state.streams.items()) if not tenant or s.tenant == tenant
-        ]
+    def summarise(
+        self, under_replicated: Iterable[SegmentRecord], tenant: str = ""
+    ) -> summary.Summary:
+        """The streams as a status shows them (`core.summary`), of one tenant only or
+        ("") of all: `under_replicated` are the sealed segments below N good replicas
+        with a member lacking (`Replicas.below_n`)."""
+        scope = f"{tenant}/" if tenant else ""
+        flags = [(s.stream, summary.Health.UNDER_REPLICATED) for s in under_replicated]
+        flags += [(self.state.names[sid], summary.Health.SEALING) for sid in self.state.sealing]
+        flags += [(name, summary.Health.DELETED) for name in self.state.deleted]
+        flagged = {n: h for n, h in summary.worst(flags).items() if n.startswith(scope)}
+        totals = {t: n for t, n in self.state.tenant_streams.items() if not tenant or t == tenant}
+        in_order = self.state.sorted_names
+        after = itertools.islice(in_order, bisect.bisect_left(in_order, scope), None)
+        names = itertools.takewhile(lambda name: name.startswith(scope), after)
+        return summary.summarise(totals, flagged, names)
 
     def update_stream(
         self, name: str, retention_age_ms: int | None, retention_bytes: int | None
