@@ -14,10 +14,17 @@ catalog written in bulk, `seed`). Then:
   names, and one tenant's page;
 - **status**: GetClusterStatus' summary of the streams (counts and the rows shown);
 - **retention pass**, **repair pass**, **gauges pass**: one pass of each of the master's
-  loops over the idle catalog (median of `PASSES`), after every store reported once;
+  loops over the idle catalog (median of `PASSES`), after every store reported once
+  and every sealed segment was confirmed; **after a start**: one gauges pass before
+  any was (a start leaves them all unconfirmed), and the repair ticks that confirm
+  them all;
+- **stop**: seconds from SIGTERM to the master's exit;
 - **restart**: a `streamengine master` process started on the catalog: seconds from
   its start until it answers a ListStreams page, and its RSS then against an empty
   master's (memory per stream).
+
+With `--etcd`: only a master started on an etcd holding the N streams (seconds until
+it serves a page), and a standby's takeover once that master is killed.
 
 Every figure is a wall-clock time on whatever machine runs it (a shared one inflates
 them). The figures, with the machine they were taken on, are in docs/performance.md.
@@ -38,12 +45,16 @@ from pathlib import Path
 import grpc
 import psutil
 
+from streamengine.etcd import rpc_pb2
 from streamengine.master import replies
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.core import listing
 from streamengine.master.core.model import Held, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.etcd import EtcdClient, parse_etcd_url
+from streamengine.master.metadata import Transaction
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.state import MasterState
+from streamengine.testing.etcd import running_etcd
 from streamengine.testing.processes import ServerProcess, is_active_master, make_master
 from streamengine.testing.waiting import wait_for
 from streamengine.v1 import master_pb2, master_pb2_grpc
@@ -78,6 +89,9 @@ class Row:
     master_rss_mib: float = 0.0
     bytes_per_stream: float = 0.0
     stop_s: float = 0.0
+    gauges_start_ms: float = 0.0
+    confirm_s: float = 0.0
+    confirm_ticks: int = 0
 
 
 def stream_name(number: int) -> str:
@@ -149,10 +163,14 @@ def measure_passes(state: MasterState, row: Row) -> None:
     for number, store_id in enumerate(STORES):
         state.registry.register_store(store_id, f"127.0.0.1:{number + 1}", "", 1 << 40, NOW_MS)
     report_every_store(state, NOW_MS)
-    # The first repair pass judges every segment loaded unconfirmed; the figure is the
-    # steady state after it.
+    # After a start every sealed segment is unconfirmed until a repair tick judges it
+    # (a bounded window a tick): what that costs, then the steady state after.
+    row.gauges_start_ms = median_ms(lambda: gauges_pass(state, NOW_MS), passes=1)
+    started = time.perf_counter()
     while state.unconfirmed:
         state.replicas.plan_repairs(NOW_MS, set(), 3)
+        row.confirm_ticks += 1
+    row.confirm_s = time.perf_counter() - started
     middle = stream_name(row.streams // 2)
     row.page_ms = median_ms(lambda: list_page(state, "", middle, PAGE_STREAMS, NOW_MS))
     row.tenant_page_ms = median_ms(lambda: list_page(state, "meta0", "", PAGE_STREAMS, NOW_MS))
@@ -215,13 +233,63 @@ def measure(root: Path, streams: int, empty_rss_mib: float) -> Row:
     return row
 
 
+class EtcdSeeder:
+    """What `seed` commits, written straight into etcd under the masters' prefix (no
+    election: no master runs yet)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = EtcdClient(parse_etcd_url(url))
+        self.prefix = self.client.config.meta_prefix
+
+    def read_all(self) -> list[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    def commit(self, transaction: Transaction) -> None:
+        transaction.check()
+        puts = [
+            rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=self.prefix + key, value=value))
+            for key, value in transaction.puts
+        ]
+        self.client.kv(self.client.member).Txn(rpc_pb2.TxnRequest(success=puts), timeout=30)
+
+    def close(self) -> None:
+        pass
+
+
+def measure_etcd(root: Path, streams: int) -> tuple[float, float]:
+    """On one etcd holding the N streams: seconds until a first master serves a page,
+    and until a standby does after the first is killed (SIGKILL: its election lease
+    runs out first)."""
+    with running_etcd(root / "etcd") as etcd:
+        url = etcd.url()
+        seed(Catalog(EtcdSeeder(url)), streams)
+        metadata = ["--metadata", url, "--tenant-streams-max", "0"]
+        first = make_master(root, metadata, name="master0")
+        standby = make_master(root, metadata, name="master1")
+        try:
+            started = time.monotonic()
+            first.start(wait=False)
+            wait_for(lambda: master_serving_page(first.address), RESTART_WAIT_S, 0.05, "first")
+            first_s = time.monotonic() - started
+            standby.start()
+            first.kill()
+            started = time.monotonic()
+            wait_for(lambda: master_serving_page(standby.address), RESTART_WAIT_S, 0.05, "standby")
+            return first_s, time.monotonic() - started
+        finally:
+            first.kill()
+            standby.kill()
+
+
 def print_row(row: Row) -> None:
     print(
         f"| {row.streams:,} | {row.create_per_s:,.0f}/s | {row.page_ms:.1f} ms, tenant "
         f"{row.tenant_page_ms:.1f} ms | {row.status_ms:.1f} ms | {row.retention_ms:.2f} ms "
         f"| {row.repair_ms:.2f} ms | {row.gauges_ms:.1f} ms | {row.load_s:.2f} s "
         f"| {row.restart_s:.2f} s | {row.master_rss_mib:.0f} MiB, "
-        f"{row.bytes_per_stream:,.0f} B/stream | {row.stop_s:.2f} s |",
+        f"{row.bytes_per_stream:,.0f} B/stream | {row.stop_s:.2f} s "
+        f"| gauges {row.gauges_start_ms:.0f} ms, confirmed in {row.confirm_ticks} ticks, "
+        f"{row.confirm_s:.2f} s |",
         flush=True,
     )
 
@@ -241,15 +309,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS_DEFAULT))
     parser.add_argument("--keep", type=Path, help="keep each catalog and log here")
+    parser.add_argument(
+        "--etcd", action="store_true", help="only a start and a standby's takeover on etcd"
+    )
     args = parser.parse_args(argv)
+    if args.etcd:
+        print("| N | first master serving | standby serving after a kill |\n|---|---|---|")
+        for streams in args.streams:
+            with scratch(args.keep, f"etcd-{streams}") as root:
+                first_s, takeover_s = measure_etcd(root, streams)
+            print(f"| {streams:,} | {first_s:.2f} s | {takeover_s:.2f} s |", flush=True)
+        return 0
     with scratch(args.keep, "empty") as root:
         empty, _ = start_master(root, "master")
         empty_rss = rss_mib(empty)
         empty.terminate()
     print(
         "| N | create | list page | status | retention pass | repair pass | gauges pass "
-        "| load (in process) | restart to serving | master RSS | stop |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| load (in process) | restart to serving | master RSS | stop | after a start |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         flush=True,
     )
     for streams in args.streams:
