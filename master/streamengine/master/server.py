@@ -354,7 +354,7 @@ def _load_state(
 ) -> MasterState:
     """The master's state over `catalog`; while `rebuilding`, without a cluster id
     (the rebuild adopts the stores')."""
-    with _uncollected():
+    with uncollected():
         return MasterState(
             catalog,
             wall_ms(),
@@ -369,7 +369,7 @@ def _load_state(
 
 
 @contextlib.contextmanager
-def _uncollected() -> Iterator[None]:
+def uncollected() -> Iterator[None]:
     """No cyclic garbage collection while the catalog loads, and none of what it
     loaded looked at by later ones. Loading makes millions of records and indexes that
     live as long as the master or until refcounting frees them (records hold no
