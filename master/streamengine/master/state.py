@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 from streamengine.master.catalog import Catalog
 from streamengine.master.cert_revocations import CertRevoker
-from streamengine.master.core import authority, integrity, leadership, retention
+from streamengine.master.core import authority, integrity, leadership, repair, retention
 from streamengine.master.core.durability import DurabilityLedger
 from streamengine.master.core.errors import NotFound, RebuildUnfinished, StreamDeleted
 from streamengine.master.core.model import (
@@ -159,6 +159,9 @@ class MasterState:
         self.checks: dict[SegmentKey, integrity.SegmentChecks] = {}
         for record in loaded.segments.values():
             self.put_segment(record)
+        self.unconfirmed = {
+            k for k in self.unconfirmed if not repair.trusted_at_start(self.segments[k])
+        }
         self.stores = loaded.stores
         self.deletes = loaded.deletes
         # Rebuilt from the stores (`master.rebuild`): an unknown stream id up to this one
