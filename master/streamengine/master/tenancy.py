@@ -143,7 +143,11 @@ class Tenancy:
         with a member lacking (`Replicas.below_n`)."""
         scope = f"{tenant}/" if tenant else ""
         flags = [(s.stream, summary.Health.UNDER_REPLICATED) for s in under_replicated]
-        flags += [(self.state.names[sid], summary.Health.SEALING) for sid in self.state.sealing]
+        flags += [
+            (self.state.stream_name(sid), summary.Health.SEALING)
+            for sid in self.state.sealing
+            if sid in self.state.names  # a status never fails on a segment of no stream
+        ]
         flags += [(name, summary.Health.DELETED) for name in self.state.deleted]
         flagged = {n: h for n, h in summary.worst(flags).items() if n.startswith(scope)}
         totals = {t: n for t, n in self.state.tenant_streams.items() if not tenant or t == tenant}
