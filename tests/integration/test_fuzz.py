@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from bench.segment_driver import Driver
 from streamengine.client import StreamClient
+from streamengine.master.core.listing import encode_page_token
 from streamengine.protocol import codec
 from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -137,7 +138,14 @@ class Victim:
             "Master/CreateStream": [
                 m.CreateStreamRequest(name="victim/x", policy=P(replicas=3, write_quorum=2))
             ],
-            "Master/ListStreams": [m.ListStreamsRequest(tenant="victim")],
+            "Master/ListStreams": [
+                m.ListStreamsRequest(tenant="victim"),
+                m.ListStreamsRequest(
+                    name_prefix="victim/d",
+                    page_size=1,
+                    page_token=encode_page_token("victim/d", "victim/data"),
+                ),
+            ],
             "Master/DescribeStream": [m.DescribeStreamRequest(name="victim/data")],
             "Master/DeleteStream": [m.DeleteStreamRequest(name="victim/data")],
             "Master/UndeleteStream": [m.UndeleteStreamRequest(name="victim/data")],

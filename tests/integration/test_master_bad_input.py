@@ -123,6 +123,19 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
     ),
     ("bad tenant", "CreateTenant", m.CreateTenantRequest(tenant="a/b"), Code.INVALID_ARGUMENT),
     ("bad tenant filter", "ListStreams", m.ListStreamsRequest(tenant="..x"), Code.INVALID_ARGUMENT),
+    (
+        "oversized page",
+        "ListStreams",
+        m.ListStreamsRequest(page_size=1_000_000),
+        Code.INVALID_ARGUMENT,
+    ),
+    ("bad page token", "ListStreams", m.ListStreamsRequest(page_token="x!"), Code.INVALID_ARGUMENT),
+    (
+        "page token of other filters",
+        "ListStreams",
+        m.ListStreamsRequest(tenant="acme", page_token="MQBvdGhlci8Ab3RoZXIveA=="),
+        Code.INVALID_ARGUMENT,
+    ),
     ("unknown stream", "DescribeStream", m.DescribeStreamRequest(name="acme/none"), Code.NOT_FOUND),
     ("delete unknown", "DeleteStream", m.DeleteStreamRequest(name="acme/none"), Code.NOT_FOUND),
     (

@@ -281,6 +281,7 @@ def _full_status() -> master_pb2.ClusterStatus:
         bytes_below_w=3,
         pending_deletes=[master_pb2.PendingDelete(stream=n) for n in ("acme/a", "globex/b")],
         replica_verification=master_pb2.ReplicaVerification(matched=4, unmatched=2, bad=1),
+        tenant_streams=[master_pb2.TenantStreams(tenant=t, streams=1) for t in ("acme", "globex")],
     )
 
 
@@ -305,6 +306,7 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
     assert {t.segment.stream for t in seen.tasks} == streams  # a task of no stream: nobody's
     assert {d.segment.stream for d in seen.durability_debt} == streams
     assert {p.stream for p in seen.pending_deletes} == streams
+    assert {f"{t.tenant}/{'ab'[t.tenant == 'globex']}" for t in seen.tenant_streams} == streams
     assert seen.granting_leases
     assert seen.cluster_id == "cluster-test"  # everyone's, as the stores are
     # A field added to the status is shown to nobody until it is filtered here.
@@ -321,6 +323,7 @@ def test_a_caller_sees_the_status_of_its_tenants_only(
         "cluster_id",
         "replica_verification",
         "verifying",
+        "tenant_streams",
     ]
     assert (seen.bytes_below_n, seen.bytes_below_w) == sums
     checked = seen.replica_verification

@@ -4,6 +4,8 @@ rotating window."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from streamengine.master.catalog import Batch
@@ -50,8 +52,10 @@ def report_all(state: MasterState, now: int, skip: str = "", acked: int = 5) -> 
 
 
 def test_confirmed_segments_are_skipped_until_something_changes(state: MasterState) -> None:
+    assert state.repair_candidates(state.store_views(NOW)) == [], "trusted at the start"
+    state.unconfirmed.update(state.segments)  # as after a change to each
     report_all(state, NOW)
-    assert len(state.repair_candidates(state.store_views(NOW))) == 20, "unconfirmed after a start"
+    assert len(state.repair_candidates(state.store_views(NOW))) == 20
     assert state.replicas.plan_repairs(NOW, set(), 3) == []
     assert state.repair_candidates(state.store_views(NOW)) == [], "all confirmed"
 
@@ -70,8 +74,31 @@ def test_confirmed_segments_are_skipped_until_something_changes(state: MasterSta
     assert len(tasks) == 3 and all(t.replaced == "s2" for t in tasks)
 
 
+def test_a_start_trusts_only_segments_every_replica_of_which_was_verified(
+    metadata_place: MetadataPlace,
+) -> None:
+    """A start judges what was not settled before; a trusted segment a member's first
+    heartbeat does not hold is suspect at once."""
+    catalog = metadata_place.open()
+    batch = Batch().tenant("t", 0).next_stream_id(2)
+    batch.stream(StreamRecord("t/s", 1, 3, 2, 1, 1, 4, "", 0))
+    members = ("s0", "s1", "s2")
+    sealed = SegmentRecord(1, "t/s", 1, members, SegmentState.SEALED, 5, 0, 0, 0)
+    batch.segment(replace(sealed, verified=members))
+    batch.segment(replace(sealed, epoch=2, verified=members[:2]))
+    batch.segment(replace(sealed, epoch=3, verified=members, bad=("s2",)))
+    batch.segment(replace(sealed, epoch=4, state=SegmentState.OPEN, final_index=0))
+    catalog.commit(batch)
+    state = MasterState(catalog, NOW, 1000, TIMEOUT, bridge_grace_ms=0)
+    assert state.unconfirmed == {(1, 2), (1, 3)}
+    state.registry.register_store("s0", "127.0.0.1:1", "", 0, NOW)
+    state.registry.store_heartbeat("s0", 0, 0, {}, NOW)
+    assert state.unconfirmed == {(1, 1), (1, 2), (1, 3)}, "s0 no longer holds it"
+
+
 def test_a_tick_judges_a_bounded_rotating_window(state: MasterState, monkeypatch) -> None:
     monkeypatch.setattr(repair, "JUDGED_PER_TICK", 6)
+    state.unconfirmed.update(state.segments)  # as after a change to each
     report_all(state, NOW)
     seen = []
     while state.unconfirmed:

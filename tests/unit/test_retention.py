@@ -96,6 +96,24 @@ def test_a_long_retention_trim_is_cut_to_one_transaction() -> None:
 
 
 @pytest.mark.parametrize(
+    ("rule", "segments", "age_ms", "bytes_max", "looks"),
+    [
+        ("a byte limit: every pass (an open segment grows)", [sealed(1, 10)], 1000, 100, NOW),
+        ("an age limit: once the head's seal is older", [sealed(1, 300), sealed(2)], 1000, 0,
+         NOW + 701),
+        ("an age limit over an open head: only its seal", [unsealed(1)], 1000, 0,
+         retention.LOOK_NEVER_MS),
+        ("an age limit and no segment: only a seal", [], 1000, 0, retention.LOOK_NEVER_MS),
+    ],
+)
+def test_a_stream_nothing_trims_is_looked_at_again_when_something_can_be_due(
+    rule, segments, age_ms, bytes_max, looks
+) -> None:
+    assert retention_trims(segments, age_ms, bytes_max, NOW) == []
+    assert retention.next_look_ms(segments, age_ms, bytes_max, NOW) == looks, rule
+
+
+@pytest.mark.parametrize(
     ("rule", "segments", "before", "trimmed"),
     [
         ("a segment of an earlier epoch is entirely before", [sealed(1), sealed(3)], (3, 1), [1]),
@@ -295,3 +313,53 @@ def test_a_deleted_stream_goes_after_its_grace_and_its_replicas_are_garbage(
     held = {key: Held(2, 11, 11, 1)}
     assert master.state.registry.store_heartbeat("a", 1, 0, held, until) == [key]
     assert "t/s" not in master.restart().streams
+
+
+def test_a_pass_skips_an_idle_limited_stream_until_its_head_comes_of_age(
+    master: Master, monkeypatch
+) -> None:
+    epochs = roll_sealed(master, 2)
+    master.state.tenancy.update_stream("t/s", 5000, None)
+    stream_id = master.state.stream("t/s").stream_id
+    head = master.state.segments[(stream_id, epochs[0])]
+    assert master.state.retention.apply_retention(master.now) == []
+    assert master.state.retention_looks["t/s"] == head.sealed_at_ms + 5001
+    with monkeypatch.context() as patched:
+        patched.setattr(retention, "retention_trims", lambda *_: pytest.fail("looked at"))
+        assert master.state.retention.apply_retention(head.sealed_at_ms + 5000) == []
+    trims = master.state.retention.apply_retention(head.sealed_at_ms + 5001)
+    assert [t.epochs for t in trims] == [(epochs[0],)]
+    assert "t/s" not in master.state.retention_looks, "a trim changed it: looked at next pass"
+
+
+def stream_indexes(state) -> tuple[object, ...]:
+    return (
+        state.sorted_names,
+        state.tenant_streams,
+        state.deleted,
+        sorted(state.limited),
+        state.trimmed,
+        state.names,
+    )
+
+
+def test_the_stream_indexes_match_a_fresh_load_after_every_change(master: Master) -> None:
+    """Each index kept as records change equals the one a restart builds from them."""
+    state = master.state
+    epochs = roll_sealed(master, 2)
+    changes = [
+        lambda: state.tenancy.create_stream("u/a", 3, 2, 0, 0, True, master.now),
+        lambda: state.tenancy.create_stream("t/b", 3, 2, 0, 0, True, master.now),
+        lambda: state.tenancy.update_stream("t/s", 0, 10),
+        lambda: state.retention.trim_stream("t/s", pack_sequence(epochs[1], 1), master.now),
+        lambda: state.tenancy.delete_stream("u/a", master.now),
+        lambda: state.tenancy.delete_stream("t/b", master.now),
+        lambda: state.tenancy.undelete_stream("t/b"),
+        lambda: state.retention.remove_due(master.now + GRACE),
+    ]
+    for change in changes:
+        change()
+        assert stream_indexes(state) == stream_indexes(master.restart()), change
+        state = master.state
+        state.delete_grace_ms = GRACE
+    assert state.tenant_streams == {"t": 2} and not state.deleted and not state.trimmed

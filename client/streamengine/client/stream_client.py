@@ -235,6 +235,30 @@ class StreamClient:
 
         return stream_info(await self._control(describe))
 
+    async def list_streams(
+        self, tenant: str = "", name_prefix: str = "", page_size: int = 0
+    ) -> AsyncIterator[StreamInfo]:
+        """The streams the caller may see, in name order: a tenant's only, or those whose
+        full name starts with `name_prefix`, fetched a page (`page_size` streams, 0: the
+        master's most) at a time as the iteration goes."""
+        token = ""
+        while True:
+            request = master_pb2.ListStreamsRequest(
+                tenant=tenant, name_prefix=name_prefix, page_size=page_size, page_token=token
+            )
+
+            async def page(request: master_pb2.ListStreamsRequest = request) -> (
+                master_pb2.ListStreamsReply
+            ):
+                return await self.master.ListStreams(request, timeout=5.0)
+
+            reply = await self._control(page)
+            for info in reply.streams:
+                yield stream_info(info)
+            token = reply.next_page_token
+            if not token:
+                return
+
     async def list_segments(self, name: str, from_epoch: int = 0) -> list[SegmentInfo]:
         """The segments of `name` not trimmed, oldest first, from epoch `from_epoch` on."""
 

@@ -96,6 +96,18 @@ class SyncStreamClient:
     def describe_stream(self, name: str) -> StreamInfo:
         return self.run(self._client.describe_stream(name))
 
+    def list_streams(
+        self, tenant: str = "", name_prefix: str = "", page_size: int = 0
+    ) -> list[StreamInfo]:
+        """Every stream `StreamClient.list_streams` yields, page after page."""
+
+        async def every() -> list[StreamInfo]:
+            return [
+                info async for info in self._client.list_streams(tenant, name_prefix, page_size)
+            ]
+
+        return self.run(every())
+
     def list_segments(self, name: str, from_epoch: int = 0) -> list[SegmentInfo]:
         return self.run(self._client.list_segments(name, from_epoch))
 

@@ -362,7 +362,7 @@ class Leadership:
 
     def _apply_epoch(self, plan: _Granted) -> None:
         """What `_plan_epoch` planned, once persisted."""
-        self.state.streams[plan.record.name] = plan.record
+        self.state.put_stream(plan.record)
         for segment in plan.segments:
             self.state.put_segment(segment)
 

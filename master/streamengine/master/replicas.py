@@ -90,7 +90,8 @@ class Replicas:
                 segment, views, held[segment.key], now_ms, self.state.bridge_grace_ms
             )
             if len(verdict.good) == len(segment.copy_set) and segment.key not in busy:
-                self.state.confirm(segment.key)
+                # Confirmed: not judged again until something of it changes.
+                self.state.unconfirmed.discard(segment.key)
         return repair.plan_tasks(
             candidates,
             views,

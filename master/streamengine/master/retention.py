@@ -61,17 +61,20 @@ class Retention:
     def apply_retention(self, now_ms: int) -> list[Trimmed]:
         """One retention pass over every stream with a limit: what it trimmed."""
         out = []
-        for _, record in sorted(self.state.streams.items()):
-            if record.deleted_until_ms or not (record.retention_age_ms or record.retention_bytes):
+        for name in sorted(self.state.limited):
+            look = self.state.retention_looks.get(name)
+            if look is not None and now_ms < look:
                 continue
-            epochs = retention.retention_trims(
-                self._facts(record.stream_id),
-                record.retention_age_ms,
-                record.retention_bytes,
-                now_ms,
-            )
+            record = self.state.streams[name]
+            facts = self._facts(record.stream_id)
+            age_ms, bytes_max = record.retention_age_ms, record.retention_bytes
+            epochs = retention.retention_trims(facts, age_ms, bytes_max, now_ms)
             if epochs:
+                # Its segments change: the next pass looks again.
                 out.append(self._trim(record, epochs, now_ms))
+            else:
+                looks = retention.next_look_ms(facts, age_ms, bytes_max, now_ms)
+                self.state.retention_looks[name] = looks
         return out
 
     def remove_due(self, now_ms: int) -> tuple[list[str], list[SegmentKey]]:
@@ -79,17 +82,11 @@ class Retention:
         passed; their replicas are garbage from now on (`StoreRegistry._garbage`).
         Returns the streams and segments removed."""
         streams = sorted(
-            name
-            for name, r in self.state.streams.items()
-            if r.deleted_until_ms and retention.due(r.deleted_until_ms, now_ms)
+            name for name, until in self.state.deleted.items() if retention.due(until, now_ms)
         )
         for name in streams:
             self.state.tenancy.remove_stream(name)
-        due = sorted(
-            key
-            for key, s in self.state.segments.items()
-            if s.removal_at_ms and retention.due(s.removal_at_ms, now_ms)
-        )
+        due = sorted(key for key, at in self.state.trimmed.items() if retention.due(at, now_ms))
         due = due[: retention.TRIMS_PER_COMMIT_MAX]
         if due:
             batch = Batch()
@@ -105,20 +102,18 @@ class Retention:
         """Deleted streams and trimmed segments the stores still hold, soonest first."""
         out = [
             PendingRemoval(
-                name,
+                r.name,
                 0,
                 r.deleted_until_ms,
                 sum(
                     self.state.segment_bytes(s.key) for s in self.state.stream_segments(r.stream_id)
                 ),
             )
-            for name, r in self.state.streams.items()
-            if r.deleted_until_ms
+            for r in map(self.state.streams.__getitem__, self.state.deleted)
         ]
         out += [
-            PendingRemoval(s.stream, s.epoch, s.removal_at_ms, self.state.segment_bytes(key))
-            for key, s in self.state.segments.items()
-            if s.removal_at_ms
+            PendingRemoval(s.stream, s.epoch, s.removal_at_ms, self.state.segment_bytes(s.key))
+            for s in map(self.state.segments.__getitem__, self.state.trimmed)
         ]
         return sorted(out, key=lambda p: (p.removal_at_ms, p.stream, p.segment_epoch))
 
@@ -156,7 +151,7 @@ class Retention:
             for segment in trimmed:
                 batch.segment(segment)
             self.state.catalog.commit(batch)
-            self.state.streams[record.name] = record
+            self.state.put_stream(record)
             for segment in trimmed:
                 self.state.put_segment(segment)
                 self.state.unconfirmed.discard(segment.key)

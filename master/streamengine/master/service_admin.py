@@ -12,7 +12,7 @@ from streamengine.master.core import authority, errors, repair
 from streamengine.master.core.durability import DURABILITY_WORST_MAX
 from streamengine.master.repair import TaskStatus
 from streamengine.master.service_calls import Context, Handlers
-from streamengine.protocol.auth import Principal
+from streamengine.protocol.auth import Principal, PrincipalKind
 from streamengine.protocol.status_view import segment_dict
 from streamengine.v1 import entry_pb2, master_pb2
 
@@ -81,25 +81,29 @@ class AdminHandlers(Handlers):
         is the active one (the caller checks `role.state`)."""
         now = self.calls.clock_ms()
         state = self.state
+        status = self.full_status(now)
         return ConsoleView(
-            status=self.full_status(now),
+            status=status,
             segments={
-                record.name: [
+                info.name: [
                     segment_dict(replies.segment_pb(self.state, segment))
-                    for segment in state.stream_segments(record.stream_id)
+                    for segment in state.stream_segments(info.stream_id)
                 ]
-                for record in state.tenancy.list_streams("")
+                for info in status.streams
             },
             verifier=state.verifier,
             revocations=state.issuer.current_revocations(now),
         )
 
     def cluster_status(self, now: int, principal: Principal) -> master_pb2.ClusterStatus:
-        """The status `principal` may see (`authority.visible_status`)."""
-        return authority.visible_status(self.full_status(now), principal)
+        """The status `principal` may see (`authority.visible_status`); a tenant's
+        stream rows are its own."""
+        tenant = principal.tenant if principal.kind is PrincipalKind.TENANT else ""
+        return authority.visible_status(self.full_status(now, tenant), principal)
 
-    def full_status(self, now: int) -> master_pb2.ClusterStatus:
-        """The whole cluster's status, every tenant's: filter it before it leaves."""
+    def full_status(self, now: int, tenant: str = "") -> master_pb2.ClusterStatus:
+        """The whole cluster's status, every tenant's (its stream rows and counts only
+        `tenant`'s, when given): filter it before it leaves."""
         st = self.state
         views = st.store_views(now)
         stores = [
@@ -119,6 +123,7 @@ class AdminHandlers(Handlers):
         ]
         matched, unmatched, bad = st.integrity.replica_verification()
         under_replicated, verifying = st.replicas.below_n(now)
+        streams = st.tenancy.summarise(under_replicated, tenant)
         return master_pb2.ClusterStatus(
             cluster_id=st.cluster_id,
             replica_verification=master_pb2.ReplicaVerification(
@@ -126,7 +131,17 @@ class AdminHandlers(Handlers):
             ),
             stores=stores,
             streams=[
-                replies.stream_info_pb(self.state, r, now) for r in st.tenancy.list_streams("")
+                replies.stream_info_pb(self.state, st.streams[name], now) for name in streams.rows
+            ],
+            tenant_streams=[
+                master_pb2.TenantStreams(
+                    tenant=c.tenant,
+                    streams=c.streams,
+                    under_replicated=c.under_replicated,
+                    sealing=c.sealing,
+                    deleted=c.deleted,
+                )
+                for c in streams.tenants
             ],
             under_replicated=[replies.segment_pb(self.state, s) for s in under_replicated],
             verifying=[replies.segment_pb(self.state, s) for s in verifying],

@@ -118,8 +118,7 @@ class StoreHandlers(Handlers):
                     deleted_until_ms=r.deleted_until_ms,
                     fenced_through_epoch=r.epoch,
                 )
-                for r in self.state.streams.values()
-                if r.deleted_until_ms
+                for r in map(self.state.streams.__getitem__, sorted(self.state.deleted))
             ],
             segment_records=self.records.to_send(
                 request.store_id,

@@ -8,7 +8,7 @@ from streamengine.master import replies
 from streamengine.master.core import authority, errors
 from streamengine.master.retention import Trimmed
 from streamengine.master.service_calls import Context, Handlers, log
-from streamengine.protocol.auth import visible_tenant
+from streamengine.protocol.auth import PrincipalKind, visible_tenant
 from streamengine.v1 import master_pb2
 
 
@@ -80,13 +80,22 @@ class StreamHandlers(Handlers):
     ) -> master_pb2.ListStreamsReply:
         def list_streams(now: int) -> master_pb2.ListStreamsReply:
             principal = self.calls.require(context, "ListStreams")
-            records = self.state.tenancy.list_streams(request.tenant)
+            tenant = request.tenant
+            if principal.kind is PrincipalKind.TENANT:
+                # Its own streams only: the filter that fills its pages.
+                if tenant and tenant != principal.tenant:
+                    return master_pb2.ListStreamsReply()
+                tenant = principal.tenant
+            records, next_page_token = self.state.tenancy.list_page(
+                tenant, request.name_prefix, request.page_token, request.page_size
+            )
             return master_pb2.ListStreamsReply(
                 streams=[
                     replies.stream_info_pb(self.state, r, now)
                     for r in records
                     if visible_tenant(principal, r.tenant)
-                ]
+                ],
+                next_page_token=next_page_token,
             )
 
         return await self.calls.call(context, "ListStreams", list_streams)

@@ -20,12 +20,13 @@ memory. Time comes in as `now_ms`; decisions come from the pure cores (`leadersh
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Callable, Iterable
 
 from streamengine.master.catalog import Catalog
 from streamengine.master.cert_revocations import CertRevoker
-from streamengine.master.core import authority, integrity, leadership, retention
+from streamengine.master.core import authority, integrity, leadership, repair, retention
 from streamengine.master.core.durability import DurabilityLedger
 from streamengine.master.core.errors import NotFound, RebuildUnfinished, StreamDeleted
 from streamengine.master.core.model import (
@@ -117,7 +118,28 @@ class MasterState:
         self.cert_revocations = CertRevocations.of(loaded.revoked_certs)
         self.tenants = loaded.tenants
         self.streams = loaded.streams
+        self.names = {s.stream_id: s.name for s in self.streams.values()}
+        # Indexes kept by `put_stream` / `drop_stream`, so that a page of a listing, a
+        # quota check, a retention pass or a store's heartbeat reply costs what it
+        # touches, not the number of streams.
+        self.sorted_names: list[str] = sorted(self.streams)
+        self.tenant_streams: dict[str, int] = {}
+        # Deleted streams pending removal -> when their data goes.
+        self.deleted: dict[str, int] = {}
+        # Streams with a retention limit, not deleted: the only ones a pass looks at.
+        self.limited: dict[str, None] = {}
+        # When a retention pass next looks at a limited stream that nothing trimmed
+        # (`retention.next_look_ms`); forgotten whenever the stream or one of its
+        # segments changes. Absent: at the next pass.
+        self.retention_looks: dict[str, int] = {}
+        for stream in self.streams.values():
+            self._index_stream(None, stream)
         self.segments: dict[SegmentKey, SegmentRecord] = {}
+        # Trimmed segments -> when their data goes (`removal_at_ms`).
+        self.trimmed: dict[SegmentKey, int] = {}
+        # Streams (ids) with more than one segment not sealed: a roll or a recovery
+        # not finished (`core.summary.Health.SEALING`).
+        self.sealing: dict[int, None] = {}
         # Indexes kept by `put_segment` / `drop_segment`, so a heartbeat or a repair
         # tick costs what changed, not the size of the whole catalog.
         self.epochs: dict[int, set[int]] = {}
@@ -138,9 +160,11 @@ class MasterState:
         self.checks: dict[SegmentKey, integrity.SegmentChecks] = {}
         for record in loaded.segments.values():
             self.put_segment(record)
+        self.unconfirmed = {
+            k for k in self.unconfirmed if not repair.trusted_at_start(self.segments[k])
+        }
         self.stores = loaded.stores
         self.deletes = loaded.deletes
-        self.names = {s.stream_id: s.name for s in self.streams.values()}
         # Rebuilt from the stores (`master.rebuild`): an unknown stream id up to this one
         # may be a stream only stores that missed the rebuild hold, so it is no garbage.
         self.rebuilt_through = loaded.rebuilt_through
@@ -213,8 +237,55 @@ class MasterState:
         epochs = [s.epoch for s in self.retained_segments(record.stream_id)]
         return first_retained_sequence(record.trimmed_through_epoch, epochs)
 
+    def put_stream(self, record: StreamRecord) -> None:
+        """A stream created or changed (its record committed), with its indexes."""
+        old = self.streams.get(record.name)
+        if old is None:
+            bisect.insort(self.sorted_names, record.name)
+        else:
+            assert old.stream_id == record.stream_id, "a stream keeps its id"
+        self.streams[record.name] = record
+        self.names[record.stream_id] = record.name
+        self._index_stream(old, record)
+
+    def drop_stream(self, name: str) -> StreamRecord:
+        """A stream removed (its records deleted), from every index."""
+        record = self.streams.pop(name)
+        at = bisect.bisect_left(self.sorted_names, name)
+        assert self.sorted_names[at] == name
+        del self.sorted_names[at]
+        left = self.tenant_streams[record.tenant] - 1
+        if left:
+            self.tenant_streams[record.tenant] = left
+        else:
+            del self.tenant_streams[record.tenant]
+        self.deleted.pop(name, None)
+        self.limited.pop(name, None)
+        self.retention_looks.pop(name, None)
+        self.names.pop(record.stream_id, None)
+        return record
+
+    def _index_stream(self, old: StreamRecord | None, record: StreamRecord) -> None:
+        name = record.name
+        if old is None:
+            self.tenant_streams[record.tenant] = self.tenant_streams.get(record.tenant, 0) + 1
+        if record.deleted_until_ms:
+            self.deleted[name] = record.deleted_until_ms
+        else:
+            self.deleted.pop(name, None)
+        if (record.retention_age_ms or record.retention_bytes) and not record.deleted_until_ms:
+            self.limited[name] = None
+        else:
+            self.limited.pop(name, None)
+        self.retention_looks.pop(name, None)
+
     def put_segment(self, record: SegmentRecord) -> None:
         key = record.key
+        if record.removal_at_ms:
+            self.trimmed[key] = record.removal_at_ms
+        else:
+            self.trimmed.pop(key, None)
+        self.retention_looks.pop(record.stream, None)
         old = self.segments.get(key)
         for member in old.copy_set if old else ():
             self.members[member].discard(key)
@@ -232,18 +303,28 @@ class MasterState:
             self.lost_members.pop(key, None)
         else:
             unsealed.add(record.epoch)
+        self._index_sealing(record.stream_id)
 
     def drop_segment(self, key: SegmentKey) -> None:
         self.checks.pop(key, None)
         for early in [k for k in self.early_reports if k[0] == key]:
             del self.early_reports[early]
         record = self.segments.pop(key)
+        self.trimmed.pop(key, None)
+        self.retention_looks.pop(record.stream, None)
         for member in record.copy_set:
             self.members[member].discard(key)
         self.epochs[record.stream_id].discard(record.epoch)
         self.unsealed_epochs[record.stream_id].discard(record.epoch)
+        self._index_sealing(record.stream_id)
         self.unconfirmed.discard(key)
         self.lost_members.pop(key, None)
+
+    def _index_sealing(self, stream_id: int) -> None:
+        if len(self.unsealed_epochs.get(stream_id, ())) > 1:
+            self.sealing[stream_id] = None
+        else:
+            self.sealing.pop(stream_id, None)
 
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
         return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
@@ -300,10 +381,6 @@ class MasterState:
         segments = (self.segments[k] for k in sorted(keys))
         # A trimmed segment's data is going: not worth a copy.
         return [s for s in segments if s.state == SegmentState.SEALED and not s.removal_at_ms]
-
-    def confirm(self, key: SegmentKey) -> None:
-        """Every member of this sealed segment was judged good."""
-        self.unconfirmed.discard(key)
 
     def held_for(self, segments: Iterable[SegmentRecord]) -> dict[SegmentKey, dict[str, Held]]:
         """What each member last reported of each segment."""

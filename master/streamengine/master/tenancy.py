@@ -7,14 +7,22 @@ through their one commit path, commit first, memory after.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
-from streamengine.master.core import leadership, retention
+from streamengine.master.core import leadership, listing, retention, summary
 from streamengine.master.core.errors import AlreadyExists, InvalidArgument, NotFound, QuotaExceeded
 from streamengine.master.core.leadership import Lease
-from streamengine.master.core.model import StreamRecord, validate_name_part, validate_stream_name
+from streamengine.master.core.model import (
+    SegmentRecord,
+    StreamRecord,
+    validate_name_part,
+    validate_stream_name,
+)
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 
 if TYPE_CHECKING:
@@ -61,7 +69,7 @@ class Tenancy:
         segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
         existing = self.state.streams.get(name)
         if existing is None and self.state.tenant_streams_max:
-            count = sum(1 for s in self.state.streams.values() if s.tenant == tenant)
+            count = self.state.tenant_streams.get(tenant, 0)
             if count >= self.state.tenant_streams_max:
                 raise QuotaExceeded(
                     f"tenant {tenant!r} holds {count} streams, its quota "
@@ -113,18 +121,40 @@ class Tenancy:
         self.state.catalog.commit(batch.stream(record).next_stream_id(record.stream_id + 1))
         self.state.tenants.setdefault(tenant, now_ms)
         self.state.next_stream_id = record.stream_id + 1
-        self.state.streams[name] = record
-        self.state.names[record.stream_id] = name
+        self.state.put_stream(record)
         # A new stream never had a leader: nothing to wait for, even right after a start.
         self.state.leases[name] = Lease(0, "", 0)
         return record
 
-    def list_streams(self, tenant: str) -> list[StreamRecord]:
-        if tenant:
-            validate_name_part("tenant", tenant)
-        return [
-            s for name, s in sorted(self.state.streams.items()) if not tenant or s.tenant == tenant
+    def list_page(
+        self, tenant: str, name_prefix: str, page_token: str, page_size: int
+    ) -> tuple[list[StreamRecord], str]:
+        """One page of streams in name order (`core.listing`), and the token of the
+        next page ("" after the last)."""
+        names = self.state.sorted_names
+        page = listing.list_page(names, tenant, name_prefix, page_token, page_size)
+        return [self.state.streams[name] for name in page.names], page.next_page_token
+
+    def summarise(
+        self, under_replicated: Iterable[SegmentRecord], tenant: str = ""
+    ) -> summary.Summary:
+        """The streams as a status shows them (`core.summary`), of one tenant only or
+        ("") of all: `under_replicated` are the sealed segments below N good replicas
+        with a member lacking (`Replicas.below_n`)."""
+        scope = f"{tenant}/" if tenant else ""
+        flags = [(s.stream, summary.Health.UNDER_REPLICATED) for s in under_replicated]
+        flags += [
+            (self.state.stream_name(sid), summary.Health.SEALING)
+            for sid in self.state.sealing
+            if sid in self.state.names  # a status never fails on a segment of no stream
         ]
+        flags += [(name, summary.Health.DELETED) for name in self.state.deleted]
+        flagged = {n: h for n, h in summary.worst(flags).items() if n.startswith(scope)}
+        totals = {t: n for t, n in self.state.tenant_streams.items() if not tenant or t == tenant}
+        in_order = self.state.sorted_names
+        after = itertools.islice(in_order, bisect.bisect_left(in_order, scope), None)
+        names = itertools.takewhile(lambda name: name.startswith(scope), after)
+        return summary.summarise(totals, flagged, names)
 
     def update_stream(
         self, name: str, retention_age_ms: int | None, retention_bytes: int | None
@@ -142,7 +172,7 @@ class Tenancy:
         retention.validate_retention(updated.retention_age_ms, updated.retention_bytes)
         if updated != record:
             self.state.catalog.commit(Batch().stream(updated))
-            self.state.streams[name] = updated
+            self.state.put_stream(updated)
         return updated
 
     def delete_stream(self, name: str, now_ms: int) -> tuple[int, int]:
@@ -158,7 +188,7 @@ class Tenancy:
             record, deleted_until_ms=retention.removal_at_ms(now_ms, self.state.delete_grace_ms)
         )
         self.state.catalog.commit(Batch().stream(deleted))
-        self.state.streams[name] = deleted
+        self.state.put_stream(deleted)
         self.state.roll_requests.pop(record.stream_id, None)
         return segments, deleted.deleted_until_ms
 
@@ -175,7 +205,7 @@ class Tenancy:
             record, deleted_until_ms=0, leader_id="", leader_secret_sha256="", leader_principal=""
         )
         self.state.catalog.commit(Batch().stream(restored))
-        self.state.streams[name] = restored
+        self.state.put_stream(restored)
         self.state.leases[name] = leadership.undeleted(self.state.leases[name])
         return restored
 
@@ -190,9 +220,8 @@ class Tenancy:
         self.state.catalog.commit(Batch().drop_stream(name).drop_segments_of(record.stream_id))
         for segment in segments:
             self.state.drop_segment(segment.key)
-        del self.state.streams[name]
         # Replicas of an unknown stream id are garbage to every store that reports them.
-        self.state.names.pop(record.stream_id, None)
+        self.state.drop_stream(name)
         self.state.leases.pop(name, None)
         self.state.leader_reports.pop(name, None)
         self.state.durability.forget(s.key for s in segments)

@@ -86,10 +86,11 @@ class TokenIssuer:
             raise InvalidArgument("only a read token is limited to streams")
         if len(limited) > TOKEN_STREAMS_MAX:
             raise InvalidArgument(f"a token is limited to at most {TOKEN_STREAMS_MAX} streams")
-        tenant_streams = {
-            s.stream_id for s in self.state.streams.values() if s.tenant == tenant
-        }
-        unknown = [str(stream_id) for stream_id in limited if stream_id not in tenant_streams]
+        unknown = [
+            str(stream_id)
+            for stream_id in limited
+            if self.state.stream_name(stream_id).split("/", 1)[0] != tenant
+        ]
         if unknown:
             raise InvalidArgument(f"no stream {', '.join(unknown)} in tenant {tenant}")
         return limited

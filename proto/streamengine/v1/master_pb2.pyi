@@ -706,19 +706,35 @@ Global___StreamInfo: _TypeAlias = StreamInfo  # noqa: Y015
 
 @_typing.final
 class ListStreamsRequest(_message.Message):
+    """Streams in name order, a page at a time: ask again with `page_token` set to the
+    reply's `next_page_token` until it comes back empty.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NAME_PREFIX_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Only this tenant's streams; empty for all."""
+    page_size: _builtins.int
+    """Streams per page: 0 for the most a page holds (1,000), more is refused."""
+    page_token: _builtins.str
+    """The `next_page_token` of the reply before, for the same filters; empty: the first."""
+    name_prefix: _builtins.str
+    """Only streams whose full name ("tenant/stream") starts with this."""
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        name_prefix: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name_prefix", b"name_prefix", "page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -729,16 +745,20 @@ class ListStreamsReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STREAMS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when this page is the last one."""
     @_builtins.property
     def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]: ...
     def __init__(
         self,
         *,
         streams: _abc.Iterable[Global___StreamInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["streams", b"streams"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "streams", b"streams"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1632,6 +1652,7 @@ class ClusterStatus(_message.Message):
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     REPLICA_VERIFICATION_FIELD_NUMBER: _builtins.int
     VERIFYING_FIELD_NUMBER: _builtins.int
+    TENANT_STREAMS_FIELD_NUMBER: _builtins.int
     granting_leases: _builtins.bool
     """False during the first lease period after a restart."""
     bytes_below_n: _builtins.int
@@ -1642,7 +1663,12 @@ class ClusterStatus(_message.Message):
     @_builtins.property
     def stores(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoreStatus]: ...
     @_builtins.property
-    def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]: ...
+    def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]:
+        """At most 100 streams: the unhealthy ones first (under-replicated, then sealing, then
+        deleted), the others after in name order. `tenant_streams` counts them all;
+        ListStreams pages through them all.
+        """
+
     @_builtins.property
     def under_replicated(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Segment]:
         """Sealed segments with fewer than N good replicas where a member is lacking: its
@@ -1680,6 +1706,10 @@ class ClusterStatus(_message.Message):
         certificate (a segment sealed a moment ago, until its stores scrub it).
         """
 
+    @_builtins.property
+    def tenant_streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantStreams]:
+        """Every tenant's streams, counted by health, in tenant order."""
+
     def __init__(
         self,
         *,
@@ -1695,14 +1725,51 @@ class ClusterStatus(_message.Message):
         cluster_id: _builtins.str = ...,
         replica_verification: Global___ReplicaVerification | None = ...,
         verifying: _abc.Iterable[_entry_pb2.Segment] | None = ...,
+        tenant_streams: _abc.Iterable[Global___TenantStreams] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["replica_verification", b"replica_verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "under_replicated", b"under_replicated", "verifying", b"verifying"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_below_n", b"bytes_below_n", "bytes_below_w", b"bytes_below_w", "cluster_id", b"cluster_id", "durability_debt", b"durability_debt", "granting_leases", b"granting_leases", "pending_deletes", b"pending_deletes", "replica_verification", b"replica_verification", "stores", b"stores", "streams", b"streams", "tasks", b"tasks", "tenant_streams", b"tenant_streams", "under_replicated", b"under_replicated", "verifying", b"verifying"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStatus: _TypeAlias = ClusterStatus  # noqa: Y015
+
+@_typing.final
+class TenantStreams(_message.Message):
+    """A tenant's streams; each counted once more under its worst health, if not healthy."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    STREAMS_FIELD_NUMBER: _builtins.int
+    UNDER_REPLICATED_FIELD_NUMBER: _builtins.int
+    SEALING_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    streams: _builtins.int
+    under_replicated: _builtins.int
+    """With a sealed segment below N good replicas, one of them lacking."""
+    sealing: _builtins.int
+    """With more than one segment not sealed (a roll or a recovery not finished)."""
+    deleted: _builtins.int
+    """Deleted, their data still on the stores."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        streams: _builtins.int = ...,
+        under_replicated: _builtins.int = ...,
+        sealing: _builtins.int = ...,
+        deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "sealing", b"sealing", "streams", b"streams", "tenant", b"tenant", "under_replicated", b"under_replicated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantStreams: _TypeAlias = TenantStreams  # noqa: Y015
 
 @_typing.final
 class ReplicaVerification(_message.Message):

@@ -91,6 +91,16 @@ def status_dict(status: master_pb2.ClusterStatus) -> dict[str, Any]:
             "bad": status.replica_verification.bad,
         },
         "pending_deletes": [pending_dict(p) for p in status.pending_deletes],
+        "tenant_streams": [
+            {
+                "tenant": t.tenant,
+                "streams": t.streams,
+                "under_replicated": t.under_replicated,
+                "sealing": t.sealing,
+                "deleted": t.deleted,
+            }
+            for t in status.tenant_streams
+        ],
     }
 
 

@@ -217,6 +217,12 @@ def _add_stream_commands(commands: Subparsers) -> None:
     trim.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_trim"))
     listing = actions.add_parser("list", help="list streams")
     listing.add_argument("--tenant", default="", help="only this tenant's streams")
+    listing.add_argument(
+        "--prefix", default="", help="only streams whose full name (tenant/stream) starts so"
+    )
+    listing.add_argument(
+        "--page-size", type=int, default=0, help="streams fetched per call (0: the master's most)"
+    )
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(run=_lazy("streamengine.tools.ops", "cmd_stream_list"))
     describe = actions.add_parser("describe", help="a stream and its segments")

@@ -159,13 +159,29 @@ def cmd_stream_trim(args: argparse.Namespace) -> int:
     return 0
 
 
+def list_streams(
+    master: master_pb2_grpc.MasterStub, tenant: str, name_prefix: str, page_size: int
+) -> Iterator[master_pb2.StreamInfo]:
+    """Every stream the filters select, a page per call."""
+    token = ""
+    while True:
+        reply = master.ListStreams(
+            master_pb2.ListStreamsRequest(
+                tenant=tenant, name_prefix=name_prefix, page_size=page_size, page_token=token
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+        yield from reply.streams
+        token = reply.next_page_token
+        if not token:
+            return
+
+
 def cmd_stream_list(args: argparse.Namespace) -> int:
     with master_stub(args.master, client_transport(args)) as master:
-        reply = master.ListStreams(
-            master_pb2.ListStreamsRequest(tenant=args.tenant), timeout=RPC_TIMEOUT_S
-        )
+        streams = list(list_streams(master, args.tenant, args.prefix, args.page_size))
     if args.json:
-        print(json.dumps([stream_dict(s) for s in reply.streams], indent=2))
+        print(json.dumps([stream_dict(s) for s in streams], indent=2))
         return 0
     rows = [
         [
@@ -176,7 +192,7 @@ def cmd_stream_list(args: argparse.Namespace) -> int:
             str(s.acked_index),
             f"deleted, removed at {wall_time(s.deleted_until_ms)}" if s.deleted_until_ms else "",
         ]
-        for s in reply.streams
+        for s in streams
     ]
     print_table(rows, ["STREAM", "N/W", "EPOCH", "LEADER", "ACKED", ""])
     return 0
@@ -287,31 +303,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         ],
         ["ID", "ADDRESS", "ZONE", "STATE", "BYTES", "SEGMENTS"],
     )
-    print("\nSTREAMS")
-    print_table(
-        [
-            [
-                s.name,
-                s.leader_id or "-",
-                str(s.epoch),
-                str(s.open_segment_epoch or "-"),
-                str(s.acked_index),
-            ]
-            for s in status.streams
-        ],
-        ["NAME", "LEADER", "EPOCH", "OPEN SEGMENT", "ACKED"],
-    )
+    print_streams(status)
     under = status.under_replicated
     print(f"\nUNDER-REPLICATED SEGMENTS: {len(under) or 'none'}")
-    for segment in under:
-        print(f"  {segment.id.stream} segment {segment.id.epoch}")
+    print_bounded([f"  {s.id.stream} segment {s.id.epoch}" for s in under])
     if status.verifying:
         print(
             f"BEING VERIFIED: {len(status.verifying)} (every replica held, "
             "not all read back yet)"
         )
-        for segment in status.verifying:
-            print(f"  {segment.id.stream} segment {segment.id.epoch}")
+        print_bounded([f"  {s.id.stream} segment {s.id.epoch}" for s in status.verifying])
     print(
         f"\nDURABILITY DEBT: {human_bytes(status.bytes_below_n)} below N good replicas now, "
         f"{human_bytes(status.bytes_below_w)} below W"
@@ -352,6 +353,60 @@ def cmd_status(args: argparse.Namespace) -> int:
             ["STREAM", "SEGMENT", "GOOD", "BELOW N (S)", "BELOW W (S)", "BYTES"],
         )
     return 0
+
+
+# Lines of one list in `status` (tenants, segments): a screen, the rest counted.
+STATUS_LINES_MAX = 20
+
+
+def print_bounded(lines: list[str]) -> None:
+    for line in lines[:STATUS_LINES_MAX]:
+        print(line)
+    if len(lines) > STATUS_LINES_MAX:
+        print(f"  ... and {len(lines) - STATUS_LINES_MAX:,} more (--json for all)")
+
+
+def print_streams(status: master_pb2.ClusterStatus) -> None:
+    """Counts per tenant (those with unhealthy streams first), then the rows the
+    master chose: the unhealthy streams first."""
+    tenants = status.tenant_streams
+    total = sum(t.streams for t in tenants)
+
+    def unhealthy(t: master_pb2.TenantStreams) -> int:
+        return t.under_replicated + t.sealing + t.deleted
+
+    print(
+        f"\nSTREAMS: {total:,} in {len(tenants):,} tenant(s): "
+        f"{sum(t.under_replicated for t in tenants):,} under-replicated, "
+        f"{sum(t.sealing for t in tenants):,} sealing, {sum(t.deleted for t in tenants):,} deleted"
+    )
+    worst = sorted(tenants, key=lambda t: (-unhealthy(t), t.tenant))[:STATUS_LINES_MAX]
+    print_table(
+        [
+            [t.tenant, f"{t.streams:,}", str(t.under_replicated), str(t.sealing), str(t.deleted)]
+            for t in worst
+        ],
+        ["TENANT", "STREAMS", "UNDER-REPLICATED", "SEALING", "DELETED"],
+    )
+    if len(tenants) > len(worst):
+        print(f"  ... and {len(tenants) - len(worst):,} more tenants (--json for all)")
+    shown = f"{len(status.streams):,} of {total:,}, unhealthy first"
+    print(f"\nSTREAMS SHOWN: {shown} (`streamengine stream list` lists all)")
+    print_table(
+        [
+            [
+                s.name,
+                s.leader_id or "-",
+                str(s.epoch),
+                str(s.open_segment_epoch or "-"),
+                str(s.acked_index),
+                str(s.unsealed_segments),
+                "deleted" if s.deleted_until_ms else "",
+            ]
+            for s in status.streams
+        ],
+        ["NAME", "LEADER", "EPOCH", "OPEN SEGMENT", "ACKED", "UNSEALED", ""],
+    )
 
 
 def human_bytes(count: int) -> str:

@@ -170,4 +170,5 @@ def visible_status(
         pending_deletes=[
             p for p in status.pending_deletes if visible_tenant(principal, stream_tenant(p.stream))
         ],
+        tenant_streams=[t for t in status.tenant_streams if visible_tenant(principal, t.tenant)],
     )

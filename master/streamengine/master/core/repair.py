@@ -229,12 +229,27 @@ def roll_reason(copy_set: Iterable[str], stores: Mapping[str, StoreView]) -> str
     return ""
 
 
+def trusted_at_start(segment: SegmentRecord) -> bool:
+    """Whether a sealed segment a master loads at its start needs no judging until
+    something of it changes: every member's replica matched the certificate before,
+    and none is bad. A member's store that no longer holds it says so in its first
+    heartbeat (the segment is suspect again), one that never reports is dead after the
+    store timeout (its segments are candidates again), a new incarnation's lost
+    replicas are suspect at its registration. So a start judges what was not settled
+    before, not every sealed segment of every idle stream."""
+    return (
+        segment.state == SegmentState.SEALED
+        and not segment.bad
+        and all(member in segment.verified for member in segment.copy_set)
+    )
+
+
 # ---- carrying a task out ----
 
 # How often the repairer looks for work.
 REPAIR_TICK_MS = 200
 # Segments judged per tick: about 50 ms of work, so heartbeats are never held up long
-# (a master just started judges all its sealed segments once).
+# (a master just started judges once the sealed segments not `trusted_at_start`).
 JUDGED_PER_TICK = 1000
 # A failed task's segment waits this long before another attempt, so a broken store is
 # not hammered and the rest of the queue moves on.

@@ -41,6 +41,8 @@ RETENTION_BYTES_MAX = 1 << 60
 # asserted where both are known, `streamengine.master.retention`). Longer trims take several
 # transactions, each leaving a trimmed prefix behind.
 TRIMS_PER_COMMIT_MAX = 100
+# `next_look_ms` for a stream nothing but a change of its records can make due.
+LOOK_NEVER_MS = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,30 @@ def retention_trims(
         retained -= segment.bytes
     assert retained >= 0
     return trims
+
+
+def next_look_ms(
+    segments: Sequence[SegmentFacts], age_ms: int, bytes_max: int, now_ms: int
+) -> int:
+    """When a stream that `retention_trims` left alone now may have something due,
+    unless a segment or the limits change before (the shell forgets the answer then,
+    and looks at the next pass). So an idle stream costs a pass nothing until its
+    head segment comes of age.
+
+    - A byte limit: the next pass, as the bytes its stores report change without any
+      record changing (an open segment grows).
+    - An age limit alone: when the head segment's seal is older than the limit; never
+      while the head is not sealed or there is none (its seal is a change).
+    """
+    _check_order(segments)
+    assert age_ms > 0 or bytes_max > 0, "only a stream with a limit is looked at"
+    if bytes_max:
+        return now_ms
+    if not segments or not segments[0].sealed:
+        return LOOK_NEVER_MS
+    looks = segments[0].sealed_at_ms + age_ms + 1
+    assert looks > now_ms, "the head was due: retention_trims would have trimmed it"
+    return looks
 
 
 def entirely_before(segment: SegmentFacts, before_sequence: int) -> bool:
