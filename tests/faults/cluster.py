@@ -184,6 +184,21 @@ class RssSampler:
             self.recorder.record("rss", mib=sizes, load=round(os.getloadavg()[0], 2))
 
 
+def cpu_seconds() -> float:
+    """CPU seconds this process and its children, running or reaped, have used so far: a
+    phase's cost to the machine, whatever else loads it (on two cores of its own a
+    phase takes at least half its CPU seconds)."""
+    import psutil
+
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            used = child.cpu_times()
+            total += used.user + used.system
+    return total
+
+
 def running_pids(processes: list[ServerProcess | ClientProcess]) -> dict[str, int]:
     """name -> pid of each process that runs now."""
     return {process.name: process.pid for process in processes if process.alive()}

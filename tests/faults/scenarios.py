@@ -44,6 +44,7 @@ from tests.faults.cluster import (
     ClientProcess,
     MetaSampler,
     RssSampler,
+    cpu_seconds,
     create_streams,
     running_pids,
     wait_for_leaders,
@@ -293,7 +294,7 @@ def _run_processes(
     logs: Path,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     logs.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
+    began, began_cpu = time.monotonic(), cpu_seconds()
     with topology(scenario, data) as (cluster, hosts, lazy, etcd_links):
         if scenario.clocks:
             _skew_clocks(cluster)
@@ -354,7 +355,7 @@ def _run_processes(
             # injected nothing invalid (C0).
             scheduled = scenario.nemesis.__name__ if scenario.nemesis is not None else None
             recorder.record("phase", name="faults", nemesis=scheduled)
-            faults_at = time.monotonic()
+            faults_at, faults_cpu = time.monotonic(), cpu_seconds()
             ctx.deadline = faults_at + fault_s
             thread = None
             if scenario.nemesis is not None:
@@ -369,14 +370,14 @@ def _run_processes(
             nemesis.heal(ctx)
             time.sleep(QUIET_S)  # the schedule's quiet period after healing
             recorder.record("phase", name="final")
-            final_at = time.monotonic()
+            final_at, final_cpu = time.monotonic(), cpu_seconds()
             for process in writers.values():
                 process.ask_to_stop()
             for process in writers.values():
                 process.terminate()
-            stopped_at = time.monotonic()
+            stopped_at, stopped_cpu = time.monotonic(), cpu_seconds()
             final = final_state.final_state(cluster.master_address, streams, WRITE_QUORUM)
-            sealed_at = time.monotonic()
+            sealed_at, sealed_cpu = time.monotonic(), cpu_seconds()
             # A deliberately slow consumer is not expected to catch up within the bound.
             timing: dict[str, Any] = {"reader_catch_up_s": _catch_up(
                 final, {name: process.streams for name, process in readers.items()
@@ -390,6 +391,13 @@ def _run_processes(
                                  "stop": round(stopped_at - final_at, 1),
                                  "final": round(sealed_at - stopped_at, 1),
                                  "catch_up": round(time.monotonic() - sealed_at, 1)}
+            # The same phases in CPU seconds of every process of the run: what they cost
+            # on a quiet box, where the wall times above stretch with others' load.
+            timing["phase_cpu_s"] = {"start": round(faults_cpu - began_cpu, 1),
+                                     "faults": round(final_cpu - faults_cpu, 1),
+                                     "stop": round(stopped_cpu - final_cpu, 1),
+                                     "final": round(sealed_cpu - stopped_cpu, 1),
+                                     "catch_up": round(cpu_seconds() - sealed_cpu, 1)}
             return final, timing
         finally:
             ctx.stop.set()
