@@ -166,6 +166,21 @@ SCENARIOS: dict[str, Scenario] = {
     ]
 }
 
+# Scenarios the system cannot run yet, with the finding: a pass over every scenario (the
+# quick pass, `make faults`) skips them saying so (a run would only time out at its start,
+# a minute and more each); named alone (`--scenario S18`), one runs.
+BLOCKED: dict[str, str] = {
+    "S18": (
+        "S18 seed 1 (quick): 1,000 streams never all get a leader in 60 s. A leader opens "
+        "one Write stream per stream it leads on each store of its copy set (1,000 streams "
+        "x N=3 over 4 stores: 750 a store) and a store serves at most 512 calls at once "
+        "(segment_store.server.CONCURRENT_RPCS_MAX): the calls beyond end RESOURCE_EXHAUSTED "
+        "(INTERNAL too), the appends time out, the leaders roll to new epochs over and over. "
+        "One client leading 600 streams: 512 acked, 88 timed out; 1,000: none acked. Lifted "
+        "once a client's writers share one Write stream per store"
+    ),
+}
+
 
 def stream_names(count: int) -> list[str]:
     """`STREAMS`, or beyond as many: `count` streams spread over `MANY_STREAMS_TENANTS`

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.scenarios import SCENARIOS, run, scenario_names
+from tests.faults.scenarios import BLOCKED, SCENARIOS, run, scenario_names
 from tests.faults.scenarios import unavailable as cannot_run
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
@@ -70,20 +70,6 @@ BUSY_LOAD = 2.0 * (os.cpu_count() or 2) + 2.0
 # tests/unit/test_first_contact.py; the exemption it had is gone.)
 KNOWN_BOUND_MISSES: dict[str, dict[str, str]] = {}
 
-# Scenarios the system cannot run yet, with the finding: the quick pass skips them with
-# it (a run would only time out at the start, a minute and more of CI's time).
-CANNOT_RUN_YET = {
-    "S18": (
-        "S18 seed 1 (quick): 1,000 streams never all get a leader in 60 s. A leader opens "
-        "one Write stream per stream it leads on each store of its copy set (1,000 streams "
-        "x N=3 over 4 stores: 750 a store) and a store serves at most 512 calls at once "
-        "(segment_store.server.CONCURRENT_RPCS_MAX): the calls beyond end RESOURCE_EXHAUSTED "
-        "(INTERNAL too), the appends time out, the leaders roll to new epochs over and over. "
-        "One client leading 600 streams: 512 acked, 88 timed out; 1,000: none acked. Lifted "
-        "once a client's writers share one Write stream per store"
-    ),
-}
-
 
 def quick_scenarios() -> list[Any]:
     names = scenario_names()
@@ -101,7 +87,7 @@ def unavailable() -> str:
 
 @pytest.mark.parametrize("name", quick_scenarios())
 def test_quick_pass(name: str, tmp_path: Path, seed: int = 1) -> None:
-    reason = unavailable() or cannot_run(SCENARIOS[name]) or CANNOT_RUN_YET.get(name, "")
+    reason = unavailable() or cannot_run(SCENARIOS[name]) or BLOCKED.get(name, "")
     if reason:
         pytest.skip(reason)
     out = Path(os.environ.get("FAULTS_QUICK_OUT", tmp_path))
