@@ -143,16 +143,25 @@ def probe_fence(channel: grpc.Channel, segment: entry_pb2.SegmentId, fence: int,
     entry = StoredEntry.make(index, EntryKind.EVENT, fence - 1, b"fence-probe")
     request = codec.write_request([entry], segment=segment, writer_epoch=fence - 1,
                                   request_id=1)
+    # The probe carries no grant of the master's, so a store refuses it before its fence
+    # is looked at (PERMISSION_DENIED): refused all the same, nothing written.
+    refusals = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED)
     try:
         replies = store_grpc.SegmentStoreStub(channel).Write(iter([request]),
                                                              timeout=DUMP_TIMEOUT_S)
         for reply in replies:
             if reply.status == segment_store_pb2.ACCEPTED:
                 return "accepted"
+            if reply.status == segment_store_pb2.REFUSED:
+                # A store answers a refused request in its reply and reads on (the
+                # Write stream carries other segments' requests too).
+                code = next((c for c in grpc.StatusCode if c.value[0] == reply.error.code),
+                            None)
+                if code in refusals:
+                    return "refused"
+                return f"{code.name if code else reply.error.code}: {reply.error.details}"
     except grpc.RpcError as error:
-        # The probe carries no grant of the master's, so a store refuses it before its
-        # fence is looked at (PERMISSION_DENIED): refused all the same, nothing written.
-        if error.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
+        if error.code() in refusals:
             return "refused"
         return f"{error.code().name}: {error.details()}"
     return "no answer"
