@@ -160,6 +160,17 @@ def check(
     for op in ops:
         by_stream[op.stream].append(op)
     reads = deliveries(records)
+    # Each stream's share of the history, sorted out once: a run with many streams
+    # costs the checker in proportion to its records, not records times streams.
+    reads_of: dict[str, Reads] = defaultdict(dict)
+    for (reader, stream), items in reads.items():
+        reads_of[stream][(reader, stream)] = items
+    destroyed = destroyed_segments(records)
+    grants_of: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        if record["type"] == "grant":
+            grants_of[record["stream"]].append(record)
+    paused = zombie_windows(records)
     lost_declared = 0
     for name in sorted(set(streams) | set(by_stream)):
         state = streams.get(name)
@@ -168,18 +179,19 @@ def check(
             continue
         canonical = canonical_stream(state, verdict, name)
         stream_ops = by_stream.get(name, [])
-        gone = destroyed_segments(records).get(name, {})
+        stream_reads = reads_of.get(name, {})
+        gone = destroyed.get(name, {})
         excused = declared_lost(state, gone)
         check_lost_and_placed(verdict, name, stream_ops, canonical, excused)
         check_duplicates(verdict, name, canonical)
-        check_phantoms(verdict, name, stream_ops, canonical, reads)
-        check_divergence(verdict, name, state, reads)
-        check_reader_order(verdict, name, canonical, reads)
+        check_phantoms(verdict, name, stream_ops, canonical, stream_reads)
+        check_divergence(verdict, name, state, stream_reads)
+        check_reader_order(verdict, name, canonical, stream_reads)
         check_writer_order(verdict, name, stream_ops)
         check_segments(verdict, name, state, set(gone))
         check_fences(verdict, name, state)
-        check_zombies(verdict, name, records, stream_ops, canonical)
-        check_data_loss(verdict, name, state, gone, reads)
+        check_zombies(verdict, name, grants_of.get(name, []), paused, stream_ops, canonical)
+        check_data_loss(verdict, name, state, gone, stream_reads)
         lost_declared += sum(len(op.ids) for op in stream_ops if op.status == "ok"
                              and op.seqs and op.seqs[0] >> SEQUENCE_SHIFT in excused)
     check_epochs(verdict, records, streams)
@@ -542,16 +554,17 @@ def zombie_windows(records: list[Record]) -> list[tuple[str, int, float, float]]
     return out
 
 
-def check_zombies(verdict: Verdict, name: str, records: list[Record], ops: list[Op],
+def check_zombies(verdict: Verdict, name: str, grants: list[Record],
+                  paused: list[tuple[str, int, float, float]], ops: list[Op],
                   canonical: dict[str, Any]) -> None:
     """C10, the zombie's half: the leader of `name` paused while another took it over (a
     grant to another process inside the pause) is a zombie once resumed, until it leads
     again; its appends in flight across the pause or made meanwhile may end failed or in
     doubt, and ok only for events in F at the sequence returned (recovery kept them).
-    Counted in `zombie_*` counts."""
+    Counted in `zombie_*` counts. `grants`: the stream's grant records; `paused`: the
+    run's `zombie_windows`."""
     counts = verdict.counts
-    grants = [r for r in records if r["type"] == "grant" and r["stream"] == name]
-    for process, inc, stopped, resumed in zombie_windows(records):
+    for process, inc, stopped, resumed in paused:
         before = [r for r in grants if r["t"] < stopped]
         led = bool(before) and before[-1]["process"] == process
         taken_over = any(r["process"] != process and stopped <= r["t"] <= resumed

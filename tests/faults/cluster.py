@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,18 @@ from tests.faults.history import Recorder
 from tests.tree import ROOT, child_env
 
 RPC_TIMEOUT_S = 2.0
-# How often the sampler lists every stream's segments (C11, C12).
+# How often the sampler lists streams' segments (C11, C12), and how many streams at
+# most each time: with more, it takes the next ones in turn (every stream is seen every
+# len(streams) / SAMPLED_STREAMS_MAX seconds: 1,000 streams every 20 s).
 SAMPLE_INTERVAL_S = 1.0
+SAMPLED_STREAMS_MAX = 50
+# Calls the harness keeps in flight to the master at once when it asks about every
+# stream (creating them, waiting for their leaders).
+MASTER_CALLS_IN_FLIGHT = 64
+# Waiting for every stream's first leader: streams asked about a round, and the pause
+# between rounds (1,000 streams: at most 400 calls a second, beside the grants).
+LEADER_CHECKS_PER_ROUND = 100
+LEADER_CHECK_INTERVAL_S = 0.25
 # How often every process's resident memory is sampled (C13).
 RSS_INTERVAL_S = 1.0
 
@@ -98,13 +109,15 @@ def resume(process: ServerProcess) -> None:
 
 @dataclass
 class MetaSampler:
-    """Lists every stream's segments once a second into the history (C11, C12)."""
+    """Lists streams' segments once a second into the history (C11, C12): every stream
+    each time, or with more than `SAMPLED_STREAMS_MAX` the next ones in turn."""
 
     master: str
     streams: list[str]
     recorder: Recorder
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _next: int = 0  # where the next sample's turn begins
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="meta-sampler", daemon=True)
@@ -116,16 +129,26 @@ class MetaSampler:
             self._thread.join(10)
         self.recorder.close()
 
+    def turn(self) -> list[str]:
+        """The streams the next sample lists."""
+        count = min(len(self.streams), SAMPLED_STREAMS_MAX)
+        chosen = [self.streams[(self._next + k) % len(self.streams)] for k in range(count)]
+        self._next = (self._next + count) % len(self.streams)
+        return chosen
+
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_INTERVAL_S):
-            # A channel per sample: with several masters, to the one active now.
+            # A channel per sample: with several masters, to the one active now. The
+            # calls go out together: a master paused or down costs one timeout a sample.
             with open_channel(self.master) as channel:
                 stub = master_pb2_grpc.MasterStub(channel)
-                for stream in self.streams:
+                streams = self.turn()
+                calls = [stub.ListSegments.future(master_pb2.ListSegmentsRequest(stream=stream),
+                                                  timeout=RPC_TIMEOUT_S)
+                         for stream in streams]
+                for stream, call in zip(streams, calls, strict=True):
                     with contextlib.suppress(grpc.RpcError):
-                        reply = stub.ListSegments(
-                            master_pb2.ListSegmentsRequest(stream=stream), timeout=RPC_TIMEOUT_S
-                        )
+                        reply = call.result()
                         self.recorder.record("meta", stream=stream, segments=[
                             [s.id.epoch, entry_pb2.SegmentState.Name(s.state)]
                             for s in reply.segments
@@ -163,6 +186,21 @@ class RssSampler:
                     sizes[name] = round(psutil.Process(pid).memory_info().rss / 2**20, 1)
             # The machine's load beside: liveness on a box others load too is not ours.
             self.recorder.record("rss", mib=sizes, load=round(os.getloadavg()[0], 2))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process and its children, running or reaped, have used so far: a
+    phase's cost to the machine, whatever else loads it (on two cores of its own a
+    phase takes at least half its CPU seconds)."""
+    import psutil
+
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            used = child.cpu_times()
+            total += used.user + used.system
+    return total
 
 
 def running_pids(processes: list[ServerProcess | ClientProcess]) -> dict[str, int]:
@@ -211,15 +249,54 @@ def open_copy_set(cluster: Cluster, stream: str) -> list[str]:
 
 def create_streams(address: str, streams: list[str], replicas: int, quorum: int,
                    segment_bytes: int) -> None:
+    """Create every stream (and its tenant): each tenant's first stream alone, which
+    creates the tenant, then the rest `MASTER_CALLS_IN_FLIGHT` at a time."""
+    def request(name: str) -> master_pb2.CreateStreamRequest:
+        return master_pb2.CreateStreamRequest(
+            name=name,
+            policy=entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=quorum),
+            segment_bytes=segment_bytes,
+            create_tenant=True,
+        )
+
+    firsts = set({name.split("/", 1)[0]: name for name in reversed(streams)}.values())
     with open_channel(address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
         for name in streams:
-            stub.CreateStream(
-                master_pb2.CreateStreamRequest(
-                    name=name,
-                    policy=entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=quorum),
-                    segment_bytes=segment_bytes,
-                    create_tenant=True,
-                ),
-                timeout=10.0,
-            )
+            if name in firsts:
+                stub.CreateStream(request(name), timeout=10.0)
+        rest = [name for name in streams if name not in firsts]
+        for start in range(0, len(rest), MASTER_CALLS_IN_FLIGHT):
+            calls = [stub.CreateStream.future(request(name), timeout=10.0)
+                     for name in rest[start:start + MASTER_CALLS_IN_FLIGHT]]
+            for call in calls:
+                call.result()
+
+
+def wait_for_leaders(address: str, streams: list[str], timeout_s: float) -> None:
+    """Until every stream has had a leader (each asked about until it has one, at most
+    `LEADER_CHECKS_PER_ROUND` a round, the longest waiting first: the master's calls
+    are the writers' grants too); raises TimeoutError naming how many never had."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(streams)
+    while waiting:
+        asked, waiting = waiting[:LEADER_CHECKS_PER_ROUND], waiting[LEADER_CHECKS_PER_ROUND:]
+        with open_channel(address) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)
+            for start in range(0, len(asked), MASTER_CALLS_IN_FLIGHT):
+                batch = asked[start:start + MASTER_CALLS_IN_FLIGHT]
+                calls = [stub.DescribeStream.future(
+                    master_pb2.DescribeStreamRequest(name=name), timeout=RPC_TIMEOUT_S)
+                    for name in batch]
+                for name, call in zip(batch, calls, strict=True):
+                    try:
+                        led = bool(call.result().leader_id)
+                    except grpc.RpcError:
+                        led = False
+                    if not led:
+                        waiting.append(name)
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(waiting)} of {len(streams)} streams had no leader in "
+                               f"{timeout_s:g} s (first: {waiting[:3]})")
+        if waiting:
+            time.sleep(LEADER_CHECK_INTERVAL_S)

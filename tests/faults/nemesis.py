@@ -196,10 +196,33 @@ def master_crash_loop(ctx: RunContext) -> None:
                 ctx.pause(2 * ctx.lease_s)
                 master.cont()
             continue
-        with ctx.window("kill", "master"):
-            master.kill()
-            ctx.pause(ctx.rng.uniform(0.5, 2.0))
-            master.start(wait=False)
+        _kill_master(ctx)
+
+
+def _kill_master(ctx: RunContext) -> None:
+    """kill -9 the master, restart it 0.5-2 s later."""
+    master = ctx.cluster.master
+    with ctx.window("kill", "master"):
+        master.kill()
+        ctx.pause(ctx.rng.uniform(0.5, 2.0))
+        master.start(wait=False)
+
+
+def store_and_master_loop(ctx: RunContext) -> None:
+    """S18: every 10-15 s, in turn, kill -9 one copy-set store of a random stream
+    (restarted 5 s later, as S5's) or kill -9 the master (restarted 0.5-2 s later, as
+    S11's), while many streams append."""
+    rounds = 0
+    while ctx.pause(ctx.scaled(10, 15)):
+        rounds += 1
+        if rounds % 2 == 0:
+            _kill_master(ctx)
+            continue
+        copy_set = open_copy_set(ctx.cluster, ctx.rng.choice(ctx.streams))
+        if not copy_set:
+            ctx.skip("no open copy set listed")
+            continue
+        _crash_stores(ctx, [ctx.store(ctx.rng.choice(copy_set))])
 
 
 def active_master_loop(ctx: RunContext) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 from tests.faults.checker import operations
 from tests.faults.history import Record
 
+# Streams drawn one line each; beyond, their sum.
+PLOTTED_STREAMS_MAX = 4
 FAULT_COLOURS = {"w": "tab:red", "s": "tab:orange", "m": "tab:purple", "r": "tab:green"}
 
 
@@ -80,7 +82,16 @@ def plot_run(run_dir: Path, records: list[Record], result: dict[str, Any]) -> st
     series = per_second(records, origin)
     figure, (top, bottom, memory) = plt.subplots(
         3, 1, figsize=(11, 9), sharex=True, gridspec_kw={"height_ratios": [3, 3, 2]})
-    for stream, counts in sorted(series["acked"].items()):
+    acked = series["acked"]
+    if len(acked) > PLOTTED_STREAMS_MAX:
+        # Many streams: their sum (one stream's few events a second would lie flat on
+        # the sum's scale; the stalls are in the verdict, per stream).
+        total: dict[int, int] = defaultdict(int)
+        for counts in acked.values():
+            for second, count in counts.items():
+                total[second] += count
+        acked = {f"all {len(series['acked'])} streams": total}
+    for stream, counts in sorted(acked.items()):
         seconds = sorted(counts)
         top.plot(seconds, [counts[s] for s in seconds], label=f"acked {stream}", lw=1.2)
     if series["delivered"]:

@@ -735,3 +735,56 @@ def test_c16_only_servers_logs_are_judged() -> None:
     records, final = clean()
     # A workload process may print its own failures: the checks judge what it recorded.
     assert check(records, final, {"w1": A_TRACEBACK, "master0": "", "store2": ""}).valid
+
+
+def test_waits_judge_a_sparse_stream_by_its_appends_not_its_pace() -> None:
+    """A stream acking every 2 s by its own pace: after a store's kill at 10.0, its
+    append invoked at 10.5 waited 0.3 s (the gaps between acks are 2 s, its pace). The
+    figure is judged on its largest wait: 0.3 s, within the 1 s bound; an append that
+    waited 1.4 s misses it."""
+    records = [rec(0.5, "grant", "w1", epoch=1, client="w1.1-1")]
+    for op, at in enumerate([6.5, 8.5, 10.5, 12.5]):
+        records += [rec(at, "invoke", "w1", op=op, ids=[f"e{op}"], session="w1.1-1"),
+                    rec(at + 0.3, "ok", "w1", op=op, seqs=[pack(1, op + 1)])]
+    records.append({"t": 10.0, "type": "nemesis", "phase": "start", "fault": "kill",
+                    "target": "store1", "process": "nemesis"})
+    ordered = sorted(records, key=lambda r: r["t"])
+    assert measure(ordered, "S")["append_stall_after_store_fault_s"]["max"] > 1.0
+    figures = measure(ordered, "S", stall_by_wait=True)
+    assert "append_stall_after_store_fault_s" not in figures
+    assert figures["append_wait_after_store_fault_s"]["max"] == pytest.approx(0.3)
+    checked = bounds(figures, lease_s=1.0)["append_wait_after_store_fault_s"]
+    assert checked == {"max": pytest.approx(0.3), "bound": 1.0, "ok": True}
+    slow = [r if not (r["type"] == "ok" and r["op"] == 2) else {**r, "t": 11.9}
+            for r in ordered]
+    figures = measure(sorted(slow, key=lambda r: r["t"]), "S", stall_by_wait=True)
+    assert bounds(figures, lease_s=1.0)["append_wait_after_store_fault_s"]["ok"] is False
+
+
+def test_waits_count_a_stream_without_a_writer_session() -> None:
+    """The session ends 0.2 s after the master's return and the next grant comes 3 s
+    later: the stream waited 3 s, though no append of it was pending."""
+    records = [
+        rec(0.5, "grant", "w1", epoch=1, client="w1.1-1"),
+        {"t": 5.0, "type": "nemesis", "phase": "start", "fault": "kill", "target": "master",
+         "process": "nemesis"},
+        {"t": 6.0, "type": "nemesis", "phase": "stop", "fault": "kill", "target": "master",
+         "process": "nemesis"},
+        rec(6.2, "session_end", "w1", session="w1.1-1", error="LeadershipLost"),
+        rec(9.2, "grant", "w1", epoch=2, client="w1.1-2"),
+    ]
+    figures = measure(records, "S", stall_by_wait=True)
+    assert figures["append_wait_after_master_fault_s"]["max"] == pytest.approx(3.0)
+
+
+def test_catch_up_counts_only_the_streams_a_reader_follows() -> None:
+    """r2 follows another stream (its start record names it): never delivering t/s is
+    no miss of its."""
+    records, _ = clean()
+    records += [
+        {"t": 3.8, "type": "phase", "process": "nemesis", "name": "heal"},
+        rec(0.1, "start", "r2", role="reader", consume_ms=0.0, streams=["t/other"]),
+        {**rec(1.0, "subscribe", "r2", **{"from": 0}), "stream": "t/other"},
+    ]
+    figures = measure(sorted(records, key=lambda r: r["t"]), "S")
+    assert figures["reader_catch_up_after_heal_s"]["never"] == []

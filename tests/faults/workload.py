@@ -358,7 +358,8 @@ async def main_async(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, workload.stopping.set)
     loop.call_later(args.max_s, workload.stopping.set)
-    recorder.record("start", role=args.role, pid=_pid(), consume_ms=args.consume_ms)
+    recorder.record("start", role=args.role, pid=_pid(), consume_ms=args.consume_ms,
+                    streams=args.streams.split(","))
     runner = asyncio.ensure_future(workload.run())
     await workload.stopping.wait()
     if args.role == "reader":
