@@ -199,6 +199,18 @@ class SegmentSealer:
             return await call()
         except _NoAnswer:
             return None
+        except grpc.aio.InternalError as error:
+            # A Write call that broke between its write and its half-close raises this
+            # from `done_writing` (grpc.aio's ExecuteBatchError), not an AioRpcError: the
+            # store gave no answer, which the core may ask again.
+            log.info(
+                "%s: recovery of %d: store %s: %r",
+                self.segment.stream,
+                self.segment.epoch,
+                store,
+                error,
+            )
+            return None
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 fence = fence_of(error)
