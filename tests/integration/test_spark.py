@@ -478,3 +478,33 @@ def test_the_readme_spark_example_runs_as_written(cluster: Cluster) -> None:
     )
     assert result.returncode == 0, (line, result.stderr[-3000:])
     assert '"events": 30' in result.stdout
+
+
+def test_a_scan_of_many_streams_names_each_rows_stream(spark: Any, cluster: Cluster) -> None:
+    from streamengine.client.spark import register
+
+    names = [f"sparkmany/s{n}" for n in range(4)]
+    made = {}
+    for n, name in enumerate(names):
+        create_stream(cluster, name)
+        made[name] = fill(Driver(cluster.master_address, name), [10 + n, 5])
+    create_stream(cluster, "sparkother/s")  # not under the prefix
+    fill(Driver(cluster.master_address, "sparkother/s"), [3])
+    register(spark)
+
+    def reader() -> Any:  # a DataFrameReader keeps every option given: one per load
+        return spark.read.format("streamengine").option("master", cluster.master_address)
+
+    # 4 small streams of 15 to 18 events, 40 at most a partition: partitions span streams.
+    frame = reader().option("prefix", "sparkmany/").option("partitionEntries", "40").load()
+    rows = sorted(
+        (row["stream"], row["epoch"], row["index"], row["sequence"], bytes(row["payload"]))
+        for row in frame.collect()
+    )
+    assert rows == sorted((name, *row) for name in names for row in expected_rows(made[name]))
+    assert frame.rdd.getNumPartitions() == 2  # 66 events
+    listed = reader().option("streams", f"{names[2]}, {names[0]}").load()
+    assert {row["stream"] for row in listed.select("stream").distinct().collect()} == {
+        names[0],
+        names[2],
+    }
