@@ -7,6 +7,7 @@ import pytest
 
 from streamengine.client.core.multiplex import (
     LIST_BACKSTOP_MS,
+    STALLED_RELIST_MS,
     Changes,
     Directory,
     Selection,
@@ -71,6 +72,9 @@ def test_a_list_is_read_again_when_the_summary_changes_or_at_the_backstop() -> N
     directory.on_list_started("t/a", 2000)
     assert not directory.relist_due("t/a", 2000 + LIST_BACKSTOP_MS - 1)
     assert directory.relist_due("t/a", 2000 + LIST_BACKSTOP_MS)
+    # A cursor waiting on a listed segment (its replicas failing) asks sooner.
+    assert directory.relist_due("t/a", 2000 + STALLED_RELIST_MS, STALLED_RELIST_MS)
+    assert directory.relist_at_ms("t/a", STALLED_RELIST_MS) == 2000 + STALLED_RELIST_MS
 
 
 def test_a_summary_delays_the_cursors_timed_refresh_but_is_no_list() -> None:

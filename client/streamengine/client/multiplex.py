@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from streamengine.client.core.multiplex import (
     DISCOVERY_MS,
     LIST_BACKSTOP_MS,
     LIST_CALLS_MAX,
+    STALLED_RELIST_MS,
     Directory,
     Selection,
     StreamSummary,
@@ -69,14 +70,14 @@ from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 log = logging.getLogger(__name__)
 
 # The cursors' waits when the master's stream list tells when segments change: a
-# cursor's own timed list refresh and its idle re-list become backstops
-# (`core.multiplex.LIST_BACKSTOP_MS`), and an idle stream's reader moves to another
-# replica after 30 s without entries rather than 5 s (10,000 idle streams would
-# otherwise restart 2,000 tails a second).
+# cursor's idle re-list becomes the backstop (`core.multiplex.LIST_BACKSTOP_MS`), its
+# timed refresh is put off by every stream list that finds its summary unchanged, and
+# an idle stream's reader moves to another replica after 30 s without entries rather
+# than 5 s (10,000 idle streams would otherwise restart 2,000 tails a second).
 MULTIPLEXED_TIMING = FollowerTiming(
     idle_refresh_ms=LIST_BACKSTOP_MS,
-    segment_refresh_ms=LIST_BACKSTOP_MS,
-    open_replica_stall_ms=3 * LIST_BACKSTOP_MS,
+    segment_refresh_ms=10_000,
+    open_replica_stall_ms=30_000,
 )
 # Replies, lists and stream lists waiting for the generator: the bound that makes a
 # slow caller hold back the stores.
@@ -420,7 +421,7 @@ class _Multiplexer:
             return
         if isinstance(decision, Wait):
             self._stop_tail(followed)
-            self._wait(name, followed, decision, now_ms)
+            self._wait(name, cursor, decision, now_ms)
             return
         running = followed.read if followed.session is not None else None
         if running is None or not Cursor.continues(decision, running):
@@ -436,13 +437,14 @@ class _Multiplexer:
             self._jobs("report", name)
         self.schedule.wake(name, cursor.wake_at_ms(listing=followed.listing))
 
-    def _wait(self, name: str, followed: _Followed, wait: Wait, now_ms: int) -> None:
+    def _wait(self, name: str, cursor: Cursor, wait: Wait, now_ms: int) -> None:
         """Nothing to read now: read the list again if it may be stale, else look again
         at `wait.until_ms` (a replica's backoff), or once the list is due."""
-        if self.directory.relist_due(name, now_ms):
+        backstop_ms = STALLED_RELIST_MS if cursor.segment_listed else LIST_BACKSTOP_MS
+        if self.directory.relist_due(name, now_ms, backstop_ms):
             self._list(name)  # its answer wakes the stream
             return
-        relist_ms = self.directory.relist_at_ms(name) or now_ms + LIST_BACKSTOP_MS
+        relist_ms = self.directory.relist_at_ms(name, backstop_ms) or now_ms + backstop_ms
         self.schedule.wake(name, wait.until_ms if wait.until_ms > now_ms else relist_ms)
 
     def _start_tail(self, followed: _Followed, read: ReadFrom) -> None:
@@ -538,7 +540,7 @@ async def subscribe_many(
     selection: Selection,
     start: Start,
     positions: Mapping[str, int],
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncGenerator[StreamEvent, None]:
     """Every acked event of the selected streams, each stream's in sequence order."""
     multiplexer = _Multiplexer(master, channels, selection, start, positions)
     try:

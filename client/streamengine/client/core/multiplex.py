@@ -15,10 +15,11 @@ is only what many streams share:
   for the list on a timer while it tails (`Cursor.refresh_due`) and on every `Wait`:
   one `ListSegments` a second per stream, 10,000 a second for 10,000 streams. Here the
   list is read again when the stream's summary changed since it was read, or when it
-  is older than `LIST_BACKSTOP_MS` (the stream list may fail, or trail); meanwhile
-  `Cursor.on_list_unchanged` tells the cursor that its list is current, which delays
-  its timed refresh and nothing else (data loss still waits for a list read after the
-  replicas' answers, at most `LIST_BACKSTOP_MS` later).
+  is older than `LIST_BACKSTOP_MS` (the stream list may fail, or trail), or
+  `STALLED_RELIST_MS` while the cursor waits on a segment it has listed (its replicas
+  failed: a repair may have moved them); meanwhile `Cursor.on_list_unchanged` tells the
+  cursor that its list is current, which delays its timed refresh and nothing else
+  (data loss still waits for a list read after the replicas' answers).
 - *When to look at each cursor* (`WakeSchedule`): at the time it asked to be woken, or
   when something arrived for it; never all of them on every turn.
 
@@ -34,13 +35,19 @@ from dataclasses import dataclass, field
 # How often the master's stream list is read: a stream created under a prefix, or a
 # segment added or sealed, is seen this long after at most (plus one list call).
 DISCOVERY_MS = 1000
-# A stream's segment list is read again at least this often, whatever its summary says.
-LIST_BACKSTOP_MS = 10_000
+# A stream's segment list is read again at least this often, whatever its summary says
+# (the stream list may fail, or miss a change of a copy set): 10,000 streams make 170
+# list calls a second of it.
+LIST_BACKSTOP_MS = 60_000
+# ... and this often while its cursor waits on a segment it has listed (its replicas
+# fail, or it needs a list read after their answers to tell data loss): as a lone
+# follower does (`FollowerTiming.segment_refresh_ms`), for the few streams in trouble.
+STALLED_RELIST_MS = 1000
 # Segment lists read at once: the master answers them in turn anyway, and a reader
 # starting on 10,000 streams must not open 10,000 calls to it.
 LIST_CALLS_MAX = 16
 
-assert DISCOVERY_MS < LIST_BACKSTOP_MS
+assert DISCOVERY_MS < LIST_BACKSTOP_MS and STALLED_RELIST_MS < LIST_BACKSTOP_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +179,9 @@ class Directory:
             known.listed_version = known.version
             known.listed_ms = now_ms
 
-    def relist_due(self, name: str, now_ms: int) -> bool:
+    def relist_due(self, name: str, now_ms: int, backstop_ms: int = LIST_BACKSTOP_MS) -> bool:
         """Whether the segment list held for `name` may be stale: its summary changed
-        since it was read (or none is known), or it is older than the backstop."""
+        since it was read (or none is known), or it is older than `backstop_ms`."""
         known = self._known.get(name)
         if known is None:
             return False
@@ -182,7 +189,7 @@ class Directory:
             return True
         if known.version != known.listed_version:
             return True
-        return now_ms - known.listed_ms >= LIST_BACKSTOP_MS
+        return now_ms - known.listed_ms >= backstop_ms
 
     def unchanged_since_ms(self, name: str) -> int | None:
         """Until when the stream list says the segment list held for `name` is current
@@ -192,12 +199,12 @@ class Directory:
             return None
         return known.summarized_ms
 
-    def relist_at_ms(self, name: str) -> int | None:
+    def relist_at_ms(self, name: str, backstop_ms: int = LIST_BACKSTOP_MS) -> int | None:
         """When the list of `name` is due at the latest, its summary unchanged."""
         known = self._known.get(name)
         if known is None or known.listed_ms is None:
             return None
-        return known.listed_ms + LIST_BACKSTOP_MS
+        return known.listed_ms + backstop_ms
 
 
 @dataclass(slots=True)

@@ -606,6 +606,11 @@ class Cursor:
         return self._epoch
 
     @property
+    def segment_listed(self) -> bool:
+        """Whether the master's list held names the segment of the position."""
+        return self._current_segment() is not None
+
+    @property
     def read_from_index(self) -> int:
         """Where the current read starts: the position, or under a certificate the first
         index of its chunk."""
