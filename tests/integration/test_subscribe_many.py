@@ -1,17 +1,19 @@
 """One subscription following a few hundred streams (`StreamClient.subscribe_many`):
 every stream's events exactly once and in order, through a stream that rolls into new
-segments and one created under the prefix after the start."""
+segments and one created under the prefix after the start; and a consumer that stalls,
+whose stores drop it and whose streams resume where they were."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 
 import pytest
 
-from streamengine.client import InvalidArgument, StreamClient, StreamEvent
+from streamengine.client import InvalidArgument, StreamClient, StreamEvent, multiplex
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import Cluster, running_cluster
 
@@ -23,6 +25,15 @@ EVENTS = 3  # per stream, in each of two rounds
 ROLLING_SEGMENT_BYTES = 8 * 1024
 ROLLING_EVENTS = 100
 ROLLING_PAD = b"." * 100
+# What a stalled subscriber's streams hold: beyond the transport's window and the
+# stores' buffers of 4 batches.
+STALLING_EVENTS = 600
+STALLING_EVENT_BYTES = 16 * 1024
+
+
+# The stores drop a subscriber whose buffer stays full this long (it resumes): short, so
+# that a stalled consumer is dropped within the test.
+STALL_MS = 500
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +42,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     heartbeat together, and on a loaded machine a 1 s lease ran out under some of them
     (the writers here never fail over, so nothing waits on a lease running out)."""
     root = tmp_path_factory.mktemp("many")
-    with running_cluster(root, stores=3, master_args=["--lease-ms", "10000"]) as running:
+    stores = ["--subscribe-buffer-batches", "4", "--subscribe-stall-ms", str(STALL_MS)]
+    with running_cluster(
+        root, stores=3, master_args=["--lease-ms", "10000"], store_args=stores
+    ) as running:
         yield running
 
 
@@ -104,7 +118,7 @@ async def test_one_subscription_follows_hundreds_of_streams_exactly_once(
         reading = asyncio.ensure_future(collect(subscription, wanted_of([*names, late]), 30))
         await write_round([*names, late])
         more = await reading
-        await subscription.aclose()  # type: ignore[attr-defined]
+        await subscription.aclose()
     for name, payloads in expected.items():
         events = seen.get(name, []) + more.get(name, [])
         assert [e.payload for e in events] == payloads, name
@@ -122,3 +136,39 @@ async def test_subscribe_many_refuses_both_names_and_a_prefix(cluster: Cluster) 
             client.subscribe_many(["a/b"], prefix="a/")
         with pytest.raises(InvalidArgument):
             client.subscribe_many()
+
+
+async def test_a_stalled_consumer_is_dropped_and_resumes_exactly_once(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small batches and a small inbox, so that a few MiB overflow every buffer between
+    # the consumer and the stores (the defaults hold tens of MiB).
+    monkeypatch.setattr(multiplex, "SUBSCRIBE_BATCH_ENTRIES", 16)
+    monkeypatch.setattr(multiplex, "INBOX_ITEMS_MAX", 2)
+    caplog.set_level(logging.INFO, logger="streamengine.client.multiplex")
+    names = [f"slow/s{n}" for n in range(2)]
+    payloads = [bytes([n % 256]) * STALLING_EVENT_BYTES for n in range(STALLING_EVENTS)]
+    async with StreamClient(cluster.master_address) as client:
+        for name in names:
+            await client.create_stream(name)
+            async with client.writer(name) as writer:
+                for first in range(0, STALLING_EVENTS, 100):
+                    await writer.append_batch(payloads[first : first + 100])
+        subscription = client.subscribe_many(names, start=0)
+        seen: dict[str, list[StreamEvent]] = {}
+        taken = await subscription.__anext__()
+        seen[taken.stream] = [taken]
+        # Nothing taken for a while: the stores' buffers stay full past their limit.
+        await asyncio.sleep(4 * STALL_MS / 1000)
+        rest = await collect(
+            subscription,
+            {name: STALLING_EVENTS - len(seen.get(name, [])) for name in names},
+            30,
+        )
+        await subscription.aclose()
+    for name in names:
+        events = seen.get(name, []) + rest.get(name, [])
+        assert [e.payload for e in events] == payloads, name
+        assert [e.index for e in events] == list(range(1, STALLING_EVENTS + 1)), name
+    dropped = [r for r in caplog.records if "RESOURCE_EXHAUSTED" in r.getMessage()]
+    assert dropped, "the stores never dropped the stalled subscriber"

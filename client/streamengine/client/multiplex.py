@@ -12,10 +12,11 @@ Each stream keeps its `Follower` (its segment lists, start, trims, reports) and 
   master) and one discovery loop (the master's stream list, `DISCOVERY_MS`).
 
 Flow control: the generator takes replies only as fast as its caller takes events; the
-queue of replies is bounded (`INBOX_ITEMS_MAX`), so the sessions stop reading, gRPC's
-window fills, and the store holds its own bounded buffer (`subscribe_buffer_batches`)
-and drops a call that stays full for `subscribe_stall_ms`, which the session resumes
-from every cursor's position. Nothing grows with how slow the caller is.
+queue of replies is bounded (`INBOX_ITEMS_MAX` replies of at most 4 MiB), so the
+sessions stop reading, gRPC's window fills, and the store holds its own bounded buffer
+(`subscribe_buffer_batches`) and drops a call that stays full for `subscribe_stall_ms`;
+every tail it carried then starts again, on the same replica, from its cursor's
+position. Nothing grows with how slow the caller is.
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ MULTIPLEXED_TIMING = FollowerTiming(
     open_replica_stall_ms=30_000,
 )
 # Replies, lists and stream lists waiting for the generator: the bound that makes a
-# slow caller hold back the stores.
-INBOX_ITEMS_MAX = 256
+# slow caller hold back the stores. A reply holds at most a store's read reply
+# (`READ_REPLY_BYTES_MAX`, 4 MiB), so this holds at most 64 MiB; the generator drains
+# it at once while its caller keeps up.
+INBOX_ITEMS_MAX = 16
 # Cursors looked at per turn, between hand-outs of events.
 STEPS_PER_TURN = 1024
 
@@ -262,9 +265,9 @@ class _Multiplexer:
             delivered: list[Cursor] = []
             while item is not None:
                 self._take(item, events, delivered)
-                item = self.inbox.get_nowait() if not self.inbox.empty() else None
-                if len(events) >= SUBSCRIBE_BATCH_ENTRIES:
-                    break
+                if len(events) >= SUBSCRIBE_BATCH_ENTRIES or self.inbox.empty():
+                    break  # hand these out first (what waits stays in the inbox)
+                item = self.inbox.get_nowait()
             for name in self.schedule.due(monotonic_ms(), STEPS_PER_TURN):
                 self._step(name)
             if events:

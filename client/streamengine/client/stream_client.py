@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, TypeVar
@@ -385,7 +385,7 @@ class StreamClient:
         prefix: str | None = None,
         start: subscription.Start = 0,
         positions: Mapping[str, int] | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Every acked event of many streams, forever, through one subscription:
         `streams` by name, or every stream whose name starts with `prefix` (such as
         "tenant/"), including those created later (found within about a second, and read
@@ -394,7 +394,8 @@ class StreamClient:
         `start` ("end", "earliest" or a sequence) unless `positions` gives its own: to
         resume, keep per stream the sequence after the last event handled. One call per
         store carries the tails of every stream it serves; a slow consumer holds them
-        back, as it does a single `subscribe`."""
+        back, as it does a single `subscribe`. `aclose()` ends its calls and tasks at
+        once (else they end when it is collected, or with the client)."""
         selection = multiplex.selection_of(streams, prefix)
         return multiplex.subscribe_many(
             self.master, self._channels, selection, start, dict(positions or {})
