@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ from streamengine.client.packed import released_events
 from streamengine.client.retrying import retry_unary
 from streamengine.client.subscription import Follower, Start
 from streamengine.protocol.clock import monotonic_ms, wall_ms
-from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,9 @@ _Item = _Reply | _SessionEnded | _Listed | _Streams
 class _Session:
     """One multiplexed `Subscribe` call to the store at `address`."""
 
-    def __init__(self, address: str, stub: Any, inbox: asyncio.Queue[_Item]) -> None:
+    def __init__(
+        self, address: str, stub: store_grpc.SegmentStoreAsyncStub, inbox: asyncio.Queue[_Item]
+    ) -> None:
         self.address = address
         self._stub = stub
         self._inbox = inbox
@@ -141,7 +143,9 @@ class _Session:
         self.heard_ms = monotonic_ms()
         self.ended = False
 
-    def start(self, stream: str, segment: Any, from_index: int, keepalive_ms: int) -> int:
+    def start(
+        self, stream: str, segment: entry_pb2.SegmentId, from_index: int, keepalive_ms: int
+    ) -> int:
         tail = self._next_tail
         self._next_tail += 1
         self.tails[tail] = stream
@@ -161,12 +165,13 @@ class _Session:
             self._requests.put_nowait(segment_store_pb2.SubscribeRequest(stop=stop))
 
     async def run(self, keepalive_ms: int) -> None:
-        """Read the call's replies into the inbox until it ends; never raises (a task
-        of the subscription's group that failed would cancel the caller's task)."""
+        """Read the call's replies into the inbox until it ends; never raises: what
+        ends it reaches the generator as `_SessionEnded`."""
         call = self._stub.Subscribe(self._outgoing(keepalive_ms))
         ended: _SessionEnded
         try:
             while (reply := await call.read()) is not grpc.aio.EOF:
+                assert isinstance(reply, segment_store_pb2.SubscribeReply)
                 await self._inbox.put(_Reply(self, reply))
             ended = _SessionEnded(self, None)
         except grpc.aio.AioRpcError as error:
@@ -240,7 +245,7 @@ class _Multiplexer:
             self._spawn(self._work())
         self._spawn(self._discover())
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self.tasks = [task for task in self.tasks if not task.done()]
         self.tasks.append(asyncio.create_task(coroutine))
 
@@ -309,9 +314,9 @@ class _Multiplexer:
         now_ms = monotonic_ms()
         session.heard_ms = now_ms
         name = session.tails.get(reply.tail)
-        if name is None:
+        followed = self.followed.get(name) if name is not None else None
+        if name is None or followed is None:
             return  # the call's keepalive, or a tail stopped since
-        followed = self.followed[name]
         cursor, read = followed.cursor, followed.read
         assert cursor is not None and read is not None
         kind = reply.WhichOneof("message")
