@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -508,3 +508,54 @@ def test_a_scan_of_many_streams_names_each_rows_stream(spark: Any, cluster: Clus
         names[0],
         names[2],
     }
+
+
+def test_streaming_over_a_prefix_follows_each_stream_and_one_created_later(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    from streamengine.client.spark import register
+
+    register(spark)
+    drivers: dict[str, Driver] = {}
+    made: dict[str, list[tuple[int, int]]] = {}
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def add(name: str, events: int) -> None:
+        if name not in drivers:
+            create_stream(cluster, name)
+            drivers[name] = Driver(cluster.master_address, name)
+            stack.enter_context(keep_leading(drivers[name]))  # it cannot recover
+        made[name] = made.get(name, []) + fill(drivers[name], [events])
+
+    def run_once() -> list[tuple[Any, ...]]:
+        query = (
+            spark.readStream.format("streamengine")
+            .option("master", cluster.master_address)
+            .option("prefix", "sparklive/")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(output))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+        rows = spark.read.parquet(str(output)).collect()
+        return sorted((row["stream"], *rows_of_one(row)) for row in rows)
+
+    def expected() -> list[tuple[Any, ...]]:
+        return sorted((name, *row) for name, made_ in made.items() for row in expected_rows(made_))
+
+    with ExitStack() as stack:
+        add("sparklive/a", 12)
+        add("sparklive/b", 9)
+        assert run_once() == expected()
+        # More in one stream, and a stream created since: the checkpoint resumes each.
+        add("sparklive/a", 7)
+        add("sparklive/c", 5)
+        assert run_once() == expected()
+
+
+def rows_of_one(row: Any) -> tuple[int, int, int, bytes]:
+    return (row["epoch"], row["index"], row["sequence"], bytes(row["payload"]))

@@ -320,3 +320,14 @@ def test_a_reader_names_one_stream_a_list_or_a_prefix() -> None:
     for options in ({}, {"stream": "t/a", "prefix": "t/"}, {"streams": "t/a,t/a"}):
         with pytest.raises(InvalidArgument):
             spark.selection_of(options)
+
+
+def test_streaming_offsets_keep_one_sequence_or_one_per_stream() -> None:
+    single = spark.StreamEngineStreamReader({"master": "m:1", "stream": "t/a"})
+    assert single.initialOffset() == {"sequence": 0}
+    assert single._sequences({"sequence": 7}) == {"t/a": 7}
+    assert single._offset({"t/a": 9}) == {"sequence": 9}
+    many = spark.StreamEngineStreamReader({"master": "m:1", "streams": "t/b,t/a"})
+    offset = many._offset({"t/b": 3, "t/a": 5})
+    assert offset == {"sequences": {"t/a": 5, "t/b": 3}}
+    assert many._sequences(offset) == {"t/a": 5, "t/b": 3}

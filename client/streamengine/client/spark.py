@@ -14,7 +14,9 @@ stream whose name starts with it when the scan is planned, such as "acme/"), exa
 one of them; the `stream` column names each row's. A batch scan of many streams plans
 each one's segments as for one (the same `fromSequence`/`toSequence` bounding each),
 then balances all of them into partitions together: a partition may hold several small
-streams' ranges, or a piece of a large one. Streaming reads one `stream`.
+streams' ranges, or a piece of a large one. Streaming over many streams keeps each
+stream's sequence in its offsets (`maxEventsPerTrigger` bounding each stream), and a
+stream created under the prefix joins at its first event.
 
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
@@ -959,40 +961,84 @@ class StreamEngineBatchReader(_DriverSide, DataSourceReader):
 
 
 class StreamEngineStreamReader(_DriverSide, DataSourceStreamReader):
+    """Structured Streaming over one stream (offsets `{"sequence": N}`) or many
+    (`{"sequences": {name: N}}`: each stream's own; a stream created under the prefix
+    later joins at 0)."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.master = _required(options, "master")
-        self.stream = _required(options, "stream")
+        self.selection = selection_of(options)
+        self.single = options.get("stream", "") != ""
         self._credentials = _Credentials(options)
         self.starting_sequence = _option_int(options, "startingSequence", 0) or 0
         self.max_events = _option_int(options, "maxEventsPerTrigger", None)
         self.partition_entries = PARTITION_ENTRIES_DEFAULT
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"sequence": self.starting_sequence}
+    def initialOffset(self) -> dict[str, Any]:
+        if self.single:
+            return {"sequence": self.starting_sequence}
+        names = stream_names(self.master, self.selection, self._credentials.driver())
+        return {"sequences": dict.fromkeys(names, self.starting_sequence)}
 
-    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
-        layout = fetch_layout(self.master, self.stream, True, self._credentials.driver())
-        end = acked_end(layout)
-        begin = int(start["sequence"]) if start else self.starting_sequence
-        if self.max_events is not None:
-            end = _limit_end(layout, begin, end, self.max_events)
-        return {"sequence": max(begin, end)}
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+        begins = self._sequences(start)
+        driver = self._credentials.driver()
+        names = stream_names(self.master, self.selection, driver)
+        layouts = fetch_layouts(self.master, names, True, driver)
+        ends: dict[str, int] = {}
+        for name, layout in layouts.items():
+            # A stream the offset does not name was created since: it joins at 0.
+            begin = begins.get(name, 0 if start else self.starting_sequence)
+            end = acked_end(layout)
+            if self.max_events is not None:  # per stream
+                end = _limit_end(layout, begin, end, self.max_events)
+            ends[name] = max(begin, end)
+        return self._offset(ends)
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ScanPartition]:
-        begin, finish = int(start["sequence"]), int(end["sequence"])
-        if finish <= begin:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ScanPartition]:
+        begins, finishes = self._sequences(start), self._sequences(end)
+        moved = {name for name, finish in finishes.items() if finish > begins.get(name, 0)}
+        if not moved:
             return []
         credentials = self._credentials
-        layout = fetch_layout(self.master, self.stream, True, credentials.driver())
-        executors = credentials.executors(self.master, self.stream, layout.stream_id)
-        whole = plan_ranges(self.stream, layout, begin, finish, True, self.master, executors)
+        layouts = fetch_layouts(self.master, sorted(moved), True, credentials.driver())
+        ids = {name: layout.stream_id for name, layout in layouts.items()}
+        executors = credentials.executors_for(self.master, ids)
+        load: dict[str, int] = {}
+        whole: list[SegmentRange] = []
+        for name in sorted(moved):
+            whole += plan_ranges(
+                name,
+                layouts[name],
+                begins.get(name, 0),
+                finishes[name],
+                True,
+                self.master,
+                executors[name],
+                load=load,
+            )
         return balance(whole, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""
+
+    def _sequences(self, offset: dict[str, Any]) -> dict[str, int]:
+        """Each stream's sequence in `offset` (either form)."""
+        if not offset:
+            return {}
+        if "sequence" in offset:
+            (name,) = self.selection.names
+            return {name: int(offset["sequence"])}
+        return {name: int(sequence) for name, sequence in offset["sequences"].items()}
+
+    def _offset(self, sequences: dict[str, int]) -> dict[str, Any]:
+        if self.single:
+            (name,) = self.selection.names
+            return {"sequence": sequences.get(name, self.starting_sequence)}
+        return {"sequences": dict(sorted(sequences.items()))}
 
 
 def acked_end(layout: _StreamLayout) -> int:
