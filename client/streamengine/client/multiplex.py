@@ -6,14 +6,14 @@ Each stream keeps its `Follower` (its segment lists, start, trims, reports) and 
 
 - the caller's own, in the generator (`_Multiplexer.events`): it takes what arrived,
   feeds the cursors, looks at the cursors due (`WakeSchedule`) and hands out events;
-- one per store (`_Session`): a multiplexed `Subscribe` carrying the tail of every
+- one per store (`_StoreCall`): a multiplexed `Subscribe` carrying the tail of every
   segment read on that store, whose replies it queues for the generator;
 - `LIST_CALLS_MAX` list workers (segment lists, the first of each stream, reports to the
   master) and one discovery loop (the master's stream list, `DISCOVERY_MS`).
 
 Flow control: the generator takes replies only as fast as its caller takes events; the
 queue of replies is bounded (`INBOX_ITEMS_MAX` replies of at most 4 MiB), so the
-sessions stop reading, gRPC's window fills, and the store holds its own bounded buffer
+store calls stop reading, gRPC's window fills, and the store holds its own bounded buffer
 (`subscribe_buffer_batches`) and drops a call that stays full for `subscribe_stall_ms`;
 every tail it carried then starts again, on the same replica, from its cursor's
 position. Nothing grows with how slow the caller is.
@@ -94,20 +94,20 @@ class _Followed:
     follower: Follower
     cursor: Cursor | None = None  # None until its first list
     read: ReadFrom | None = None  # the read its tail carries
-    session: _Session | None = None
+    call: _StoreCall | None = None
     tail: int = 0
     listing: bool = False
 
 
 @dataclass(frozen=True)
 class _Reply:
-    session: _Session
+    call: _StoreCall
     reply: segment_store_pb2.SubscribeReply
 
 
 @dataclass(frozen=True)
-class _SessionEnded:
-    session: _Session
+class _CallEnded:
+    call: _StoreCall
     error: grpc.aio.AioRpcError | None
     client_closed: bool = False
 
@@ -125,10 +125,10 @@ class _Streams:
     now_ms: int
 
 
-_Item = _Reply | _SessionEnded | _Listed | _Streams
+_Item = _Reply | _CallEnded | _Listed | _Streams
 
 
-class _Session:
+class _StoreCall:
     """One multiplexed `Subscribe` call to the store at `address`."""
 
     def __init__(
@@ -166,23 +166,23 @@ class _Session:
 
     async def run(self, keepalive_ms: int) -> None:
         """Read the call's replies into the inbox until it ends; never raises: what
-        ends it reaches the generator as `_SessionEnded`."""
-        call = self._stub.Subscribe(self._outgoing(keepalive_ms))
-        ended: _SessionEnded
+        ends it reaches the generator as `_CallEnded`."""
+        rpc = self._stub.Subscribe(self._outgoing(keepalive_ms))
+        ended: _CallEnded
         try:
-            while (reply := await call.read()) is not grpc.aio.EOF:
+            while (reply := await rpc.read()) is not grpc.aio.EOF:
                 assert isinstance(reply, segment_store_pb2.SubscribeReply)
                 await self._inbox.put(_Reply(self, reply))
-            ended = _SessionEnded(self, None)
+            ended = _CallEnded(self, None)
         except grpc.aio.AioRpcError as error:
-            ended = _SessionEnded(self, error)
+            ended = _CallEnded(self, error)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise
-            ended = _SessionEnded(self, None, client_closed=True)  # its channel closed
+            ended = _CallEnded(self, None, client_closed=True)  # its channel closed
         finally:
-            call.cancel()
+            rpc.cancel()
         self.ended = True
         await self._inbox.put(ended)
 
@@ -217,7 +217,7 @@ class _Multiplexer:
     timing: FollowerTiming = MULTIPLEXED_TIMING
     directory: Directory = field(init=False)
     followed: dict[str, _Followed] = field(default_factory=dict)
-    sessions: dict[str, _Session] = field(default_factory=dict)
+    calls: dict[str, _StoreCall] = field(default_factory=dict)
     schedule: WakeSchedule = field(default_factory=WakeSchedule)
     inbox: asyncio.Queue[_Item] = field(default_factory=lambda: asyncio.Queue(INBOX_ITEMS_MAX))
     jobs: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
@@ -296,9 +296,9 @@ class _Multiplexer:
 
     def _take(self, item: _Item, events: list[StreamEvent], delivered: list[Cursor]) -> None:
         if isinstance(item, _Reply):
-            self._on_reply(item.session, item.reply, events, delivered)
-        elif isinstance(item, _SessionEnded):
-            self._on_session_ended(item)
+            self._on_reply(item.call, item.reply, events, delivered)
+        elif isinstance(item, _CallEnded):
+            self._on_call_ended(item)
         elif isinstance(item, _Listed):
             self._on_listed(item)
         else:
@@ -306,14 +306,14 @@ class _Multiplexer:
 
     def _on_reply(
         self,
-        session: _Session,
+        call: _StoreCall,
         reply: segment_store_pb2.SubscribeReply,
         events: list[StreamEvent],
         delivered: list[Cursor],
     ) -> None:
         now_ms = monotonic_ms()
-        session.heard_ms = now_ms
-        name = session.tails.get(reply.tail)
+        call.heard_ms = now_ms
+        name = call.tails.get(reply.tail)
         followed = self.followed.get(name) if name is not None else None
         if name is None or followed is None:
             return  # the call's keepalive, or a tail stopped since
@@ -333,7 +333,7 @@ class _Multiplexer:
     def _on_tail_ended(self, followed: _Followed, ended: segment_store_pb2.TailEnded) -> None:
         cursor, read = followed.cursor, followed.read
         assert cursor is not None and read is not None
-        followed.session, followed.tail = None, 0
+        followed.call, followed.tail = None, 0
         code = grpc.StatusCode.UNKNOWN
         for status in grpc.StatusCode:
             if status.value[0] == ended.code:
@@ -350,28 +350,28 @@ class _Multiplexer:
         else:
             cursor.on_replica_failed(read.epoch, read.replica, monotonic_ms())
 
-    def _on_session_ended(self, ended: _SessionEnded) -> None:
-        session = ended.session
-        if self.sessions.get(session.address) is session:
-            del self.sessions[session.address]
+    def _on_call_ended(self, ended: _CallEnded) -> None:
+        call = ended.call
+        if self.calls.get(call.address) is call:
+            del self.calls[call.address]
         if ended.client_closed:
             self.channels.check_open()
         code = ended.error.code() if ended.error is not None else None
         now_ms = monotonic_ms()
-        for name in list(session.tails.values()):
+        for name in list(call.tails.values()):
             followed = self.followed.get(name)
-            if followed is None or followed.session is not session:
+            if followed is None or followed.call is not call:
                 continue
             cursor, read = followed.cursor, followed.read
             assert cursor is not None and read is not None
-            followed.session, followed.tail = None, 0
+            followed.call, followed.tail = None, 0
             # Dropped as too slow (or ended by a restart): resume on the same replica,
             # from the position; else the replica failed every tail it carried.
             if code not in (None, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 cursor.on_replica_failed(read.epoch, read.replica, now_ms)
             self.schedule.wake(name, now_ms)
         if code is not None:
-            log.info("subscription call to %s ended: %s", session.address, code.name)
+            log.info("subscription call to %s ended: %s", call.address, code.name)
 
     def _on_listed(self, listed: _Listed) -> None:
         followed = self.followed.get(listed.stream)
@@ -404,8 +404,8 @@ class _Multiplexer:
         followed = self.followed.pop(name, None)
         self.directory.forget(name)
         self.schedule.cancel(name)
-        if followed is not None and followed.session is not None:
-            followed.session.stop(followed.tail)
+        if followed is not None and followed.call is not None:
+            followed.call.stop(followed.tail)
 
     # ---- one stream's turn ----
 
@@ -414,9 +414,9 @@ class _Multiplexer:
         if followed is None or followed.cursor is None:
             return
         cursor, now_ms = followed.cursor, monotonic_ms()
-        if followed.session is not None and followed.read is not None:
+        if followed.call is not None and followed.read is not None:
             read = followed.read
-            cursor.on_keepalive(read.epoch, read.replica, followed.session.heard_ms)
+            cursor.on_keepalive(read.epoch, read.replica, followed.call.heard_ms)
         decision = cursor.next(now_ms)
         if isinstance(decision, DataLoss):
             raise DataLossError(
@@ -431,7 +431,7 @@ class _Multiplexer:
             self._stop_tail(followed)
             self._wait(name, cursor, decision, now_ms)
             return
-        running = followed.read if followed.session is not None else None
+        running = followed.read if followed.call is not None else None
         if running is None or not Cursor.continues(decision, running):
             self._stop_tail(followed)
             self._start_tail(followed, decision)
@@ -456,21 +456,21 @@ class _Multiplexer:
         self.schedule.wake(name, wait.until_ms if wait.until_ms > now_ms else relist_ms)
 
     def _start_tail(self, followed: _Followed, read: ReadFrom) -> None:
-        session = self.sessions.get(read.replica)
-        if session is None:
+        call = self.calls.get(read.replica)
+        if call is None:
             stub = store_grpc.SegmentStoreStub(self.channels.get(read.replica))
-            session = self.sessions[read.replica] = _Session(read.replica, stub, self.inbox)
-            self._spawn(session.run(self.timing.keepalive_interval_ms))
+            call = self.calls[read.replica] = _StoreCall(read.replica, stub, self.inbox)
+            self._spawn(call.run(self.timing.keepalive_interval_ms))
         segment = followed.follower.segment_id(read.epoch)
         name, keepalive_ms = followed.follower.stream, self.timing.keepalive_interval_ms
-        followed.tail = session.start(name, segment, read.from_index, keepalive_ms)
-        followed.session, followed.read = session, read
+        followed.tail = call.start(name, segment, read.from_index, keepalive_ms)
+        followed.call, followed.read = call, read
 
     @staticmethod
     def _stop_tail(followed: _Followed) -> None:
-        if followed.session is not None:
-            followed.session.stop(followed.tail)
-        followed.session, followed.tail = None, 0
+        if followed.call is not None:
+            followed.call.stop(followed.tail)
+        followed.call, followed.tail = None, 0
 
     # ---- the master ----
 
