@@ -277,9 +277,12 @@ class _Tails:
         # Tails to step, in turn (a dict keeps the order and drops repeats).
         self.ready: dict[int, None] = {}
         self.wake = asyncio.Event()
-        # Bounded by `settings.buffer_messages`: the pump waits for room beyond it.
+        # Bounded by `settings.buffer_messages`: the pump waits for room beyond it, and
+        # so do starts (`_wait_for_room`); each start adds one reply at most.
         self.buffer: asyncio.Queue[segment_store_pb2.SubscribeReply] = asyncio.Queue()
         self.room = asyncio.Event()
+        # Set at every reply the sender takes (the pump clears `room` for itself).
+        self.taken = asyncio.Event()
 
     async def run(self) -> Exception | None:
         self._start(self.first)
@@ -325,10 +328,21 @@ class _Tails:
             self.liveness.on_heard(monotonic_ms())
             kind = request.WhichOneof("message")
             if kind == "start":
+                # A start may be answered at once (`TailEnded`): none is taken while the
+                # buffer is full, so starts sent without reading cannot grow it.
+                await self._wait_for_room()
                 self._start(request.start)
             elif kind == "stop":
                 self._stop(request.stop.tail)
         return None  # the client closed its side: the call ends
+
+    async def _wait_for_room(self) -> None:
+        """Until the buffer is below its bound (a call kept full is dropped as too slow
+        by the pump within `stall_ms`, which ends this wait with the call)."""
+        while self.buffer.qsize() >= self.settings.buffer_messages:
+            self.taken.clear()
+            if self.buffer.qsize() >= self.settings.buffer_messages:
+                await self.taken.wait()
 
     def _start(self, start: segment_store_pb2.SubscribeStart) -> None:
         """Add a tail, or answer at once why it cannot run (`TailEnded`)."""
@@ -476,6 +490,7 @@ class _Tails:
         while True:
             reply = await self.buffer.get()
             self.room.set()
+            self.taken.set()
             await self.context.write(reply)
 
 
