@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -187,7 +188,14 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
             if method == "Write":
                 return list(stub.Write(iter([request]), timeout=TIMEOUT_S))
             if method == "Subscribe":  # the first reply, or the refusal
-                return next(iter(stub.Subscribe(iter([request]), timeout=TIMEOUT_S)))
+                multiplexed = _multiplexed_status(stub, request)
+                try:
+                    reply = next(iter(stub.Subscribe(iter([request]), timeout=TIMEOUT_S)))
+                except grpc.RpcError as error:
+                    assert multiplexed == error.code().name, f"a tail answered {multiplexed}"
+                    raise
+                assert multiplexed == OK, f"a multiplexed tail answered {multiplexed}"
+                return reply
             reply = getattr(stub, method)(request, timeout=TIMEOUT_S)
             return list(reply) if streamed else reply
 
@@ -288,6 +296,33 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
 
 
 STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+def _multiplexed_status(stub: Any, request: s.SubscribeRequest) -> str:
+    """How a multiplexed Subscribe answers the same start as its tail 1: the status of
+    its `TailEnded` (or of the call, refused before any tail), or OK for a position. The
+    call stays open until the first reply (a call whose client side ends may end first)."""
+    many = s.SubscribeRequest()
+    many.CopyFrom(request)
+    many.start.tail = 1
+    answered = threading.Event()
+
+    def requests() -> Iterator[s.SubscribeRequest]:
+        yield many
+        answered.wait(TIMEOUT_S)
+
+    call = stub.Subscribe(requests(), timeout=TIMEOUT_S)
+    try:
+        reply = next(iter(call))
+    except grpc.RpcError as error:  # refused before any tail (an unnamed caller)
+        return str(error.code().name)
+    finally:
+        answered.set()
+        call.cancel()
+    if reply.WhichOneof("message") == "ended":
+        assert reply.tail == 1
+        return STATUS_NAMES[reply.ended.code]
+    return OK
 
 
 def status_of(call: Callable[[Any], object], channel: Any) -> str:

@@ -237,7 +237,12 @@ class Victim:
                 s.ReadRequest(segment=sealed_id, packed=True),
             ],
             "SegmentStore/Subscribe": [
-                s.SubscribeRequest(start=s.SubscribeStart(segment=sealed_id, from_index=1))
+                s.SubscribeRequest(start=s.SubscribeStart(segment=sealed_id, from_index=1)),
+                # Multiplexed: a tail named, and a stop (as a later message would be).
+                s.SubscribeRequest(
+                    start=s.SubscribeStart(segment=sealed_id, from_index=1, tail=1)
+                ),
+                s.SubscribeRequest(stop=s.SubscribeStop(tail=1)),
             ],
             "SegmentStore/CopySegment": [
                 s.CopySegmentRequest(

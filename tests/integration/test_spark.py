@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -478,3 +478,84 @@ def test_the_readme_spark_example_runs_as_written(cluster: Cluster) -> None:
     )
     assert result.returncode == 0, (line, result.stderr[-3000:])
     assert '"events": 30' in result.stdout
+
+
+def test_a_scan_of_many_streams_names_each_rows_stream(spark: Any, cluster: Cluster) -> None:
+    from streamengine.client.spark import register
+
+    names = [f"sparkmany/s{n}" for n in range(4)]
+    made = {}
+    for n, name in enumerate(names):
+        create_stream(cluster, name)
+        made[name] = fill(Driver(cluster.master_address, name), [10 + n, 5])
+    create_stream(cluster, "sparkother/s")  # not under the prefix
+    fill(Driver(cluster.master_address, "sparkother/s"), [3])
+    register(spark)
+
+    def reader() -> Any:  # a DataFrameReader keeps every option given: one per load
+        return spark.read.format("streamengine").option("master", cluster.master_address)
+
+    # 4 small streams of 15 to 18 events, 40 at most a partition: partitions span streams.
+    frame = reader().option("prefix", "sparkmany/").option("partitionEntries", "40").load()
+    rows = sorted(
+        (row["stream"], row["epoch"], row["index"], row["sequence"], bytes(row["payload"]))
+        for row in frame.collect()
+    )
+    assert rows == sorted((name, *row) for name in names for row in expected_rows(made[name]))
+    assert frame.rdd.getNumPartitions() == 2  # 66 events
+    listed = reader().option("streams", f"{names[2]}, {names[0]}").load()
+    assert {row["stream"] for row in listed.select("stream").distinct().collect()} == {
+        names[0],
+        names[2],
+    }
+
+
+def test_streaming_over_a_prefix_follows_each_stream_and_one_created_later(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    from streamengine.client.spark import register
+
+    register(spark)
+    drivers: dict[str, Driver] = {}
+    made: dict[str, list[tuple[int, int]]] = {}
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def add(name: str, events: int) -> None:
+        if name not in drivers:
+            create_stream(cluster, name)
+            drivers[name] = Driver(cluster.master_address, name)
+            stack.enter_context(keep_leading(drivers[name]))  # it cannot recover
+        made[name] = made.get(name, []) + fill(drivers[name], [events])
+
+    def run_once() -> list[tuple[Any, ...]]:
+        query = (
+            spark.readStream.format("streamengine")
+            .option("master", cluster.master_address)
+            .option("prefix", "sparklive/")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(output))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+        rows = spark.read.parquet(str(output)).collect()
+        return sorted((row["stream"], *rows_of_one(row)) for row in rows)
+
+    def expected() -> list[tuple[Any, ...]]:
+        return sorted((name, *row) for name, made_ in made.items() for row in expected_rows(made_))
+
+    with ExitStack() as stack:
+        add("sparklive/a", 12)
+        add("sparklive/b", 9)
+        assert run_once() == expected()
+        # More in one stream, and a stream created since: the checkpoint resumes each.
+        add("sparklive/a", 7)
+        add("sparklive/c", 5)
+        assert run_once() == expected()
+
+
+def rows_of_one(row: Any) -> tuple[int, int, int, bytes]:
+    return (row["epoch"], row["index"], row["sequence"], bytes(row["payload"]))

@@ -1,6 +1,7 @@
 """Subscribe against a real store: the position first, acked entries as the acked index
 advances with the token of each batch, keepalives both ways, a silent peer dropped, a
-slow consumer disconnected with RESOURCE_EXHAUSTED."""
+slow consumer disconnected with RESOURCE_EXHAUSTED; a multiplexed call's tails started,
+stopped and ended one by one, with one keepalive for the whole call."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.entry import EntryKind
 from streamengine.testing import ServerProcess
-from streamengine.v1 import segment_store_pb2
+from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     entry,
@@ -146,3 +147,97 @@ async def test_a_slow_consumer_is_disconnected_with_resource_exhausted(
         assert disconnected.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "too slow" in (disconnected.value.details() or "")
         assert received < batches * per_batch
+
+
+def _tail_start(
+    segment: entry_pb2.SegmentId, tail: int, from_index: int = 1
+) -> segment_store_pb2.SubscribeRequest:
+    request = subscribe_start(segment, from_index, 100, batch=2)
+    request.start.tail = tail
+    return request
+
+
+async def _queued(
+    queue: asyncio.Queue[segment_store_pb2.SubscribeRequest],
+) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+    while True:
+        try:
+            yield await asyncio.wait_for(queue.get(), 0.05)
+        except TimeoutError:
+            yield _keepalive()
+
+
+async def _until_indexes(
+    call: grpc.aio.StreamStreamCall[
+        segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
+    ],
+    seen: dict[int, list[int]],
+    wanted: dict[int, list[int]],
+) -> list[segment_store_pb2.SubscribeReply]:
+    """Read replies until every tail of `wanted` saw its indexes; the replies read."""
+    replies = []
+    while any(seen.get(tail, []) != indexes for tail, indexes in wanted.items()):
+        reply = await next_reply(call)
+        replies.append(reply)
+        if reply.WhichOneof("message") == "batch":
+            seen.setdefault(reply.tail, []).extend(e.index for e in reply.batch.entries)
+    return replies
+
+
+async def test_one_multiplexed_call_starts_and_stops_many_tails(store: ServerProcess) -> None:
+    first, second, later = seg(411, 3), seg(412, 3), seg(413, 3)
+    async with store_stub(store.address) as stub:
+        await write_all(
+            stub,
+            [
+                write_request(first, 3, 3, entries(1, 3)),
+                write_request(second, 3, 2, entries(1, 2)),
+                write_request(later, 3, 1, entries(1, 1)),
+            ],
+        )
+        requests: asyncio.Queue[segment_store_pb2.SubscribeRequest] = asyncio.Queue()
+        requests.put_nowait(_tail_start(first, 1))
+        requests.put_nowait(_tail_start(second, 2, from_index=2))
+        call = stub.Subscribe(_queued(requests))
+        seen: dict[int, list[int]] = {}
+        replies = await _until_indexes(call, seen, {1: [1, 2, 3], 2: [2]})
+        positions = [r.tail for r in replies if r.WhichOneof("message") == "position"]
+        assert positions[:2] == [1, 2]  # each tail's position before its entries
+        # A tail added later, and one stopped: what its segment acks next is not sent.
+        requests.put_nowait(_tail_start(later, 3))
+        requests.put_nowait(segment_store_pb2.SubscribeRequest(stop=_stop(1)))
+        await _until_indexes(call, seen, {3: [1]})
+        await write_all(stub, [write_request(first, 3, 4, entries(4, 4))])
+        await write_all(stub, [write_request(second, 3, 3, entries(3, 3))])
+        await _until_indexes(call, seen, {2: [2, 3]})
+        # A tail that cannot run ends alone, with its status; the call and the others go on.
+        requests.put_nowait(_tail_start(second, 2))
+        ended = None
+        while ended is None:
+            reply = await next_reply(call)
+            if reply.WhichOneof("message") == "ended":
+                ended = reply
+        assert ended.tail == 2
+        assert ended.ended.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        await write_all(stub, [write_request(later, 3, 2, entries(2, 2))])
+        await _until_indexes(call, seen, {3: [1, 2]})
+        assert seen[1] == [1, 2, 3]
+        call.cancel()
+
+
+def _stop(tail: int) -> segment_store_pb2.SubscribeStop:
+    return segment_store_pb2.SubscribeStop(tail=tail)
+
+
+async def test_an_idle_multiplexed_call_sends_one_keepalive_per_interval(
+    store: ServerProcess,
+) -> None:
+    segments = [seg(420 + n, 3) for n in range(20)]
+    async with store_stub(store.address) as stub:
+        requests: asyncio.Queue[segment_store_pb2.SubscribeRequest] = asyncio.Queue()
+        for tail, segment in enumerate(segments, start=1):
+            requests.put_nowait(_tail_start(segment, tail))
+        call = stub.Subscribe(_queued(requests))
+        kinds = [(await next_reply(call)).WhichOneof("message") for _ in range(len(segments) + 3)]
+        assert kinds == ["position"] * len(segments) + ["keepalive"] * 3
+        call.cancel()

@@ -11,7 +11,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from streamengine.client import spark
 from streamengine.client.core.replicas import FollowerTiming
-from streamengine.client.errors import Unavailable
+from streamengine.client.errors import InvalidArgument, Unavailable
 from streamengine.client.packed import Packed
 from streamengine.client.spark import (
     ScanPartition,
@@ -289,3 +289,45 @@ def test_packed_replies_are_checked_as_columns_and_only_verified_rows_leave(
     assert packed is not None
     with pytest.raises(CertificateMismatch):
         packed.feed(ChunkCheck(made, 1))
+
+
+def test_many_streams_are_planned_in_name_order_and_balanced_across_them() -> None:
+    layouts = {
+        "t/b": layout(sealed(1, 4)),
+        "t/a": layout(sealed(2, 6), opened(3)),
+        "t/c": layout(sealed(1, 2)),
+    }
+    plan = spark.plan_streams(layouts, 0, None, include_open=False)
+    assert [(r.stream, r.epoch, r.first_index, r.last_index) for r in plan] == [
+        ("t/a", 2, 1, 5),
+        ("t/b", 1, 1, 3),
+        ("t/c", 1, 1, 1),
+    ]
+    # The replicas' load is counted across streams: each range starts elsewhere.
+    assert [r.replicas[0] for r in plan] == ["a:1", "b:1", "c:1"]
+    # 9 entries of three streams, 5 at most a partition: two tasks, cut at a range end.
+    partitions = balance(plan, 5)
+    assert [[(r.stream, r.first_index, r.last_index) for r in p.ranges] for p in partitions] == [
+        [("t/a", 1, 5)],
+        [("t/b", 1, 3), ("t/c", 1, 1)],
+    ]
+
+
+def test_a_reader_names_one_stream_a_list_or_a_prefix() -> None:
+    assert spark.selection_of({"stream": "t/a"}).names == ("t/a",)
+    assert spark.selection_of({"streams": "t/a, t/b,"}).names == ("t/a", "t/b")
+    assert spark.selection_of({"prefix": "t/"}).prefix == "t/"
+    for options in ({}, {"stream": "t/a", "prefix": "t/"}, {"streams": "t/a,t/a"}):
+        with pytest.raises(InvalidArgument):
+            spark.selection_of(options)
+
+
+def test_streaming_offsets_keep_one_sequence_or_one_per_stream() -> None:
+    single = spark.StreamEngineStreamReader({"master": "m:1", "stream": "t/a"})
+    assert single.initialOffset() == {"sequence": 0}
+    assert single._sequences({"sequence": 7}) == {"t/a": 7}
+    assert single._offset({"t/a": 9}) == {"sequence": 9}
+    many = spark.StreamEngineStreamReader({"master": "m:1", "streams": "t/b,t/a"})
+    offset = many._offset({"t/b": 3, "t/a": 5})
+    assert offset == {"sequences": {"t/a": 5, "t/b": 3}}
+    assert many._sequences(offset) == {"t/a": 5, "t/b": 3}

@@ -97,3 +97,35 @@ def test_the_tail_core_does_no_io() -> None:
         if isinstance(node, ast.ImportFrom)
     }
     assert imported <= {"__future__", "dataclasses"}, imported
+
+
+def test_a_segment_tail_sends_its_position_then_reads_and_waits_for_a_change() -> None:
+    segment = tail.SegmentTail(1, batch_entries=2)
+    position = Position(acked_index=3, fence=3, bridge_index=0)
+    assert segment.step(position) == SendPosition(position)
+    read = segment.step(position)
+    assert read == ReadBatch(1, 3, 2)
+    assert isinstance(read, ReadBatch)
+    assert segment.on_read(read, 2)
+    assert segment.step(position) == ReadBatch(3, 3, 2)
+    segment.on_read(ReadBatch(3, 3, 2), 3)
+    assert segment.step(position) is None  # caught up: nothing until the segment changes
+    sealed = Position(acked_index=3, fence=4, bridge_index=0)
+    assert segment.step(sealed) == SendPosition(sealed)
+
+
+def test_a_call_of_many_tails_keeps_alive_and_drops_as_one() -> None:
+    liveness = tail.CallLiveness(SETTINGS, 0)
+    assert liveness.check(0, 0) is None
+    assert liveness.idle(50) == WaitUntil(SETTINGS.keepalive_ms)
+    liveness.on_sent(50)  # a tail's batch counts as sending: no keepalive due yet
+    assert liveness.idle(100) == WaitUntil(150)
+    assert liveness.idle(150) == SendKeepalive()
+    # A full buffer waits for room, then drops the whole call as too slow.
+    liveness.on_heard(200)
+    full = SETTINGS.buffer_messages
+    assert liveness.check(full - 1, 200) is None
+    assert isinstance(liveness.check(full, 200), WaitUntil)
+    liveness.on_heard(200 + SETTINGS.stall_ms)  # heard, yet reading nothing
+    dropped = liveness.check(full, 200 + SETTINGS.stall_ms)
+    assert isinstance(dropped, Drop) and dropped.reason == "slow"

@@ -134,13 +134,13 @@ def released_batch(released: Released) -> pa.RecordBatch:
     return event_batch(released.epoch, pa.array(numbers, pa.int64()), pa.array(values, pa.binary()))
 
 
-def released_events(released: Released) -> list[StreamEvent]:
-    """What the cursor released, as one `StreamEvent` per EVENT."""
+def released_events(released: Released, stream: str = "") -> list[StreamEvent]:
+    """What the cursor released, as one `StreamEvent` per EVENT (tagged with `stream`)."""
     run, start, stop = released.run, released.start, released.stop
     if isinstance(run, Packed):
-        return released.events(run.payloads.slice(start, stop - start).to_pylist())
+        return released.events(run.payloads.slice(start, stop - start).to_pylist(), stream)
     assert isinstance(run, ListRun)
-    return released.events(run.payloads[start:stop])
+    return released.events(run.payloads[start:stop], stream)
 
 
 def one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -9,6 +9,15 @@ for Structured Streaming.
 One row per EVENT (holes and bridges never appear), schema
 `stream string, epoch int, index long, sequence long, payload binary`.
 
+Which streams: `stream` (one), `streams` (names separated by commas) or `prefix` (every
+stream whose name starts with it when the scan is planned, such as "acme/"), exactly
+one of them; the `stream` column names each row's. A batch scan of many streams plans
+each one's segments as for one (the same `fromSequence`/`toSequence` bounding each),
+then balances all of them into partitions together: a partition may hold several small
+streams' ranges, or a piece of a large one. Streaming over many streams keeps each
+stream's sequence in its offsets (`maxEventsPerTrigger` bounding each stream), and a
+stream created under the prefix joins at its first event.
+
 Batch options: `fromSequence` (inclusive) and `toSequence` (exclusive) bound the range;
 `includeOpen` (default false) adds the open segment up to its acked index;
 `partitionEntries` (default 500000): the scan is cut into as few partitions of at most
@@ -21,16 +30,16 @@ the query with `DataLossError`.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
 Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
 driver) and `token`, the driver's credentials. Executors get none of them: only the CA
-and a read token limited to the job's stream, in the partitions. A driver that is a
-cluster admin (`client.root` in `certsDir`, no `token`) mints that token for
-`executorTokenTtlMs` (default an hour; a streaming query mints another when half of it
-is left); `executorToken` gives one instead (`streamengine token create --role read
+and a read token limited to the job's streams (one per tenant), in the partitions. A
+driver that is a cluster admin (`client.root` in `certsDir`, no `token`) mints those
+for `executorTokenTtlMs` (default an hour; a streaming query mints another when half of
+it is left); `executorToken` gives one instead (`streamengine token create --role read
 --stream NAME`); a driver holding a tenant token, and neither, hands its own token on.
 The `token` option is dropped from the data source once its reader holds it, and the
 readers leave the driver's credentials out of their pickled form.
 
 Planning (driver side) asks the master for the segments; an input partition holds
-ranges of consecutive segments, each with the segment's certificate when it has one.
+ranges of segments, each with the segment's certificate when it has one.
 Each range is read in an executor from a replica whose acked index covers it, over its
 own gRPC channel, failing over to the next replica, and checked to hold exactly the
 indexes it planned: a short read is an error, never silently fewer rows. Under a
@@ -74,7 +83,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import pyarrow as pa
@@ -88,6 +97,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from streamengine.client.core.multiplex import Selection
 from streamengine.client.core.replicas import (
     Ask,
     FollowerTiming,
@@ -109,7 +119,7 @@ from streamengine.protocol.certificate import (
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import EntryKind, InvalidProducer, check_producer_id
 from streamengine.protocol.limits import INDEX_MAX
-from streamengine.protocol.master_calls import sync_masters
+from streamengine.protocol.master_calls import SyncMasters, sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.protocol.tokens import TOKEN_TTL_MS_MAX, TOKEN_TTL_MS_MIN
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
@@ -234,7 +244,8 @@ class _Credentials:
         self.executor_ttl_ms = ttl or EXECUTOR_TOKEN_TTL_MS_DEFAULT
         if not TOKEN_TTL_MS_MIN <= self.executor_ttl_ms <= TOKEN_TTL_MS_MAX:
             raise InvalidArgument(f"executorTokenTtlMs {self.executor_ttl_ms} out of range")
-        self._minted: tuple[Transport, int, int] | None = None  # (transport, stream, until)
+        # Per tenant: (transport, the stream ids its token reads, until when).
+        self._minted: dict[str, tuple[Transport, tuple[int, ...], int]] = {}
         self.driver()  # a certs dir that cannot serve fails at once
 
     def driver(self) -> Transport:
@@ -247,41 +258,59 @@ class _Credentials:
             raise InvalidArgument(str(error)) from None
 
     def executors(self, master: str, stream: str, stream_id: int) -> Transport:
-        """How executors call: the CA and a token, never a private key."""
+        """How executors call to read `stream`: the CA and a token, never a private key."""
+        return self.executors_for(master, {stream: stream_id})[stream]
+
+    def executors_for(self, master: str, streams: dict[str, int]) -> dict[str, Transport]:
+        """How executors call to read each of `streams` (name -> id): a minted token
+        reads the streams of one tenant, so there is one per tenant."""
         driver = self.driver()
         if not driver.tls:
-            return PLAINTEXT
+            return dict.fromkeys(streams, PLAINTEXT)
         if self.executor_token:
-            return Transport(driver.ca_pem, token=self.executor_token)
+            return dict.fromkeys(streams, Transport(driver.ca_pem, token=self.executor_token))
         if not driver.cert_pem:
-            return Transport(driver.ca_pem, token=driver.token)
-        minted, ttl_ms = self._minted, self.executor_ttl_ms
-        left_ms = minted[2] - int(time.time() * 1000) if minted is not None else 0
-        if minted is None or minted[1] != stream_id or left_ms < ttl_ms // 2:
-            token, until_ms = _mint_read_token(master, driver, stream, stream_id, ttl_ms)
-            minted = self._minted = (Transport(driver.ca_pem, token=token), stream_id, until_ms)
-        return minted[0]
+            return dict.fromkeys(streams, Transport(driver.ca_pem, token=driver.token))
+        tenants: dict[str, list[str]] = {}
+        for name in sorted(streams):
+            tenants.setdefault(name.split("/", 1)[0], []).append(name)
+        transports: dict[str, Transport] = {}
+        for tenant, names in tenants.items():
+            ids = tuple(sorted(streams[name] for name in names))
+            minted, ttl_ms = self._minted.get(tenant), self.executor_ttl_ms
+            left_ms = minted[2] - int(time.time() * 1000) if minted is not None else 0
+            if minted is None or minted[1] != ids or left_ms < ttl_ms // 2:
+                token, until_ms = _mint_read_token(master, driver, tenant, ids, ttl_ms)
+                minted = (Transport(driver.ca_pem, token=token), ids, until_ms)
+                self._minted[tenant] = minted
+            transports |= dict.fromkeys(names, minted[0])
+        return transports
 
 
 def _mint_read_token(
-    master: str, driver: Transport, stream: str, stream_id: int, ttl_ms: int
+    master: str, driver: Transport, tenant: str, stream_ids: tuple[int, ...], ttl_ms: int
 ) -> tuple[str, int]:
-    """(token, expiry) of a read token limited to `stream`, made by the driver as a
-    cluster admin."""
+    """(token, expiry) of a read token limited to `stream_ids` of `tenant`, made by the
+    driver as a cluster admin."""
     with sync_masters(master, driver) as masters:
         try:
             reply = masters.stub.CreateToken(
                 master_pb2.CreateTokenRequest(
-                    tenant=stream.split("/", 1)[0],
+                    tenant=tenant,
                     role=master_pb2.TOKEN_ROLE_READ,
                     ttl_ms=ttl_ms,
-                    stream_ids=[stream_id],
+                    stream_ids=list(stream_ids),
                 ),
                 timeout=RPC_TIMEOUT_S,
             )
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
-    log.info("%s: minted read token %s for the executors", stream, reply.token_id)
+    log.info(
+        "%s: minted read token %s of %d streams for the executors",
+        tenant,
+        reply.token_id,
+        len(stream_ids),
+    )
     return reply.token, reply.expires_at_ms
 
 
@@ -307,18 +336,40 @@ def fetch_layout(
     """The stream's segments (from `from_epoch` to `to_epoch`, 0: no bound), sealed ones
     with their certificates, and for open ones the acked index their replicas serve."""
     with sync_masters(master_address, transport) as masters:
-        try:
-            reply = masters.stub.ListSegments(
-                master_pb2.ListSegmentsRequest(
-                    stream=stream, from_epoch=from_epoch, to_epoch=to_epoch, certificates=True
-                ),
-                timeout=RPC_TIMEOUT_S,
-            )
-        except grpc.RpcError as error:
-            problem = tls_problem(error.details() or "", transport.tls)
-            if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
-                raise Unavailable(f"master at {master_address}: {problem}") from error
-            raise from_rpc_error(error) from error
+        return _layout_of(
+            masters, master_address, stream, with_open_acked, transport, from_epoch, to_epoch
+        )
+
+
+def fetch_layouts(
+    master_address: str, streams: list[str], with_open_acked: bool, transport: Transport
+) -> dict[str, _StreamLayout]:
+    """`fetch_layout` of each of `streams`, over one connection to the masters."""
+    with sync_masters(master_address, transport) as masters:
+        return {
+            name: _layout_of(masters, master_address, name, with_open_acked, transport)
+            for name in streams
+        }
+
+
+def _layout_of(
+    masters: SyncMasters,
+    master_address: str,
+    stream: str,
+    with_open_acked: bool,
+    transport: Transport,
+    from_epoch: int = 0,
+    to_epoch: int = 0,
+) -> _StreamLayout:
+    try:
+        reply = masters.stub.ListSegments(
+            master_pb2.ListSegmentsRequest(
+                stream=stream, from_epoch=from_epoch, to_epoch=to_epoch, certificates=True
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+    except grpc.RpcError as error:
+        _raise_master_error(error, master_address, transport)
     segments = tuple(segment_info(segment) for segment in reply.segments)
     open_acked: dict[int, int] = {}
     if with_open_acked:
@@ -326,6 +377,45 @@ def fetch_layout(
             if not segment.sealed:
                 open_acked[segment.epoch] = _open_acked(stream, reply.stream_id, segment, transport)
     return _StreamLayout(reply.stream_id, segments, open_acked)
+
+
+def _raise_master_error(error: grpc.RpcError, master: str, transport: Transport) -> NoReturn:
+    problem = tls_problem(error.details() or "", transport.tls)
+    if error.code() == grpc.StatusCode.UNAVAILABLE and problem:
+        raise Unavailable(f"master at {master}: {problem}") from error
+    raise from_rpc_error(error) from error
+
+
+def stream_names(master_address: str, selection: Selection, transport: Transport) -> list[str]:
+    """The streams a scan reads, in name order: those named, or those the master lists
+    under the prefix now (deleted ones left out)."""
+    if selection.prefix is None:
+        return sorted(selection.names)
+    with sync_masters(master_address, transport) as masters:
+        try:
+            reply = masters.stub.ListStreams(
+                master_pb2.ListStreamsRequest(tenant=selection.tenant), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError as error:
+            _raise_master_error(error, master_address, transport)
+    return sorted(
+        s.name for s in reply.streams if selection.covers(s.name) and not s.deleted_until_ms
+    )
+
+
+def selection_of(options: dict[str, str]) -> Selection:
+    """The streams a reader names: `stream`, `streams` (comma-separated) or `prefix`,
+    exactly one of them."""
+    given = [name for name in ("stream", "streams", "prefix") if options.get(name)]
+    if len(given) != 1:
+        raise InvalidArgument("name exactly one of the options stream, streams and prefix")
+    if given == ["prefix"]:
+        return Selection(prefix=options["prefix"])
+    names = tuple(name.strip() for name in options[given[0]].split(",") if name.strip())
+    try:
+        return Selection(names)
+    except ValueError as error:
+        raise InvalidArgument(f"option {given[0]}: {error}") from None
 
 
 def segment_info(segment: entry_pb2.Segment) -> _SegmentInfo:
@@ -391,15 +481,17 @@ def plan_ranges(
     master: str = "",
     transport: Transport = PLAINTEXT,
     skip_lost: bool = False,
+    load: dict[str, int] | None = None,
 ) -> list[SegmentRange]:
     """Ranges covering `[start_sequence, end_sequence)` of readable events, one per
     segment (`balance` cuts them into Spark's partitions). A range a segment was sealed without
     (`--accept-loss`) raises `DataLossError`, as for every reader, unless `skip_lost`:
     then it is read around."""
     ranges: list[SegmentRange] = []
-    # Entries each store is asked to serve so far: every range starts at its least
-    # loaded replica (the rest are its fail-over order), so a scan spreads evenly.
-    load: dict[str, int] = {}
+    # Entries each store is asked to serve so far (by the scan's other streams too):
+    # every range starts at its least loaded replica (the rest are its fail-over
+    # order), so a scan spreads evenly.
+    load = {} if load is None else load
     for segment in layout.segments:
         if segment.sealed:
             last_readable = segment.final_index - 1  # the BRIDGE is not an event
@@ -449,6 +541,38 @@ def plan_ranges(
                 encoded,
                 segment.bad,
             )
+        )
+    return ranges
+
+
+def plan_streams(
+    layouts: dict[str, _StreamLayout],
+    start_sequence: int,
+    end_sequence: int | None,
+    include_open: bool,
+    master: str = "",
+    transports: dict[str, Transport] | None = None,
+    skip_lost: bool = False,
+) -> list[SegmentRange]:
+    """`plan_ranges` of each stream, in name order, the same sequence bounds applying to
+    each; its replicas' load is counted across the streams. `balance` then cuts them
+    with no regard to streams: a partition may hold the ranges of many small streams,
+    or a piece of one large one, so that a scan of 10,000 streams of a few events is a
+    few tasks, not 10,000."""
+    load: dict[str, int] = {}
+    ranges: list[SegmentRange] = []
+    for name in sorted(layouts):
+        transport = (transports or {}).get(name, PLAINTEXT)
+        ranges += plan_ranges(
+            name,
+            layouts[name],
+            start_sequence,
+            end_sequence,
+            include_open,
+            master,
+            transport,
+            skip_lost,
+            load,
         )
     return ranges
 
@@ -804,7 +928,7 @@ class StreamEngineBatchReader(_DriverSide, DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
         # Plain data only: the reader is pickled to the executors (without credentials).
         self.master = _required(options, "master")
-        self.stream = _required(options, "stream")
+        self.selection = selection_of(options)
         self._credentials = _Credentials(options)
         self.start_sequence = _option_int(options, "fromSequence", 0) or 0
         self.end_sequence = _option_int(options, "toSequence", None)
@@ -817,15 +941,17 @@ class StreamEngineBatchReader(_DriverSide, DataSourceReader):
 
     def partitions(self) -> list[ScanPartition]:
         credentials = self._credentials
-        layout = fetch_layout(self.master, self.stream, self.include_open, credentials.driver())
-        whole = plan_ranges(
-            self.stream,
-            layout,
+        driver = credentials.driver()
+        names = stream_names(self.master, self.selection, driver)
+        layouts = fetch_layouts(self.master, names, self.include_open, driver)
+        ids = {name: layout.stream_id for name, layout in layouts.items()}
+        whole = plan_streams(
+            layouts,
             self.start_sequence,
             self.end_sequence,
             self.include_open,
             self.master,
-            credentials.executors(self.master, self.stream, layout.stream_id),
+            credentials.executors_for(self.master, ids) if ids else {},
             self.skip_lost,
         )
         return balance(whole, self.partition_entries)
@@ -835,40 +961,84 @@ class StreamEngineBatchReader(_DriverSide, DataSourceReader):
 
 
 class StreamEngineStreamReader(_DriverSide, DataSourceStreamReader):
+    """Structured Streaming over one stream (offsets `{"sequence": N}`) or many
+    (`{"sequences": {name: N}}`: each stream's own; a stream created under the prefix
+    later joins at 0)."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.master = _required(options, "master")
-        self.stream = _required(options, "stream")
+        self.selection = selection_of(options)
+        self.single = options.get("stream", "") != ""
         self._credentials = _Credentials(options)
         self.starting_sequence = _option_int(options, "startingSequence", 0) or 0
         self.max_events = _option_int(options, "maxEventsPerTrigger", None)
         self.partition_entries = PARTITION_ENTRIES_DEFAULT
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"sequence": self.starting_sequence}
+    def initialOffset(self) -> dict[str, Any]:
+        if self.single:
+            return {"sequence": self.starting_sequence}
+        names = stream_names(self.master, self.selection, self._credentials.driver())
+        return {"sequences": dict.fromkeys(names, self.starting_sequence)}
 
-    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
-        layout = fetch_layout(self.master, self.stream, True, self._credentials.driver())
-        end = acked_end(layout)
-        begin = int(start["sequence"]) if start else self.starting_sequence
-        if self.max_events is not None:
-            end = _limit_end(layout, begin, end, self.max_events)
-        return {"sequence": max(begin, end)}
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+        begins = self._sequences(start)
+        driver = self._credentials.driver()
+        names = stream_names(self.master, self.selection, driver)
+        layouts = fetch_layouts(self.master, names, True, driver)
+        ends: dict[str, int] = {}
+        for name, layout in layouts.items():
+            # A stream the offset does not name was created since: it joins at 0.
+            begin = begins.get(name, 0 if start else self.starting_sequence)
+            end = acked_end(layout)
+            if self.max_events is not None:  # per stream
+                end = _limit_end(layout, begin, end, self.max_events)
+            ends[name] = max(begin, end)
+        return self._offset(ends)
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ScanPartition]:
-        begin, finish = int(start["sequence"]), int(end["sequence"])
-        if finish <= begin:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ScanPartition]:
+        begins, finishes = self._sequences(start), self._sequences(end)
+        moved = {name for name, finish in finishes.items() if finish > begins.get(name, 0)}
+        if not moved:
             return []
         credentials = self._credentials
-        layout = fetch_layout(self.master, self.stream, True, credentials.driver())
-        executors = credentials.executors(self.master, self.stream, layout.stream_id)
-        whole = plan_ranges(self.stream, layout, begin, finish, True, self.master, executors)
+        layouts = fetch_layouts(self.master, sorted(moved), True, credentials.driver())
+        ids = {name: layout.stream_id for name, layout in layouts.items()}
+        executors = credentials.executors_for(self.master, ids)
+        load: dict[str, int] = {}
+        whole: list[SegmentRange] = []
+        for name in sorted(moved):
+            whole += plan_ranges(
+                name,
+                layouts[name],
+                begins.get(name, 0),
+                finishes[name],
+                True,
+                self.master,
+                executors[name],
+                load=load,
+            )
         return balance(whole, self.partition_entries)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""
+
+    def _sequences(self, offset: dict[str, Any]) -> dict[str, int]:
+        """Each stream's sequence in `offset` (either form)."""
+        if not offset:
+            return {}
+        if "sequence" in offset:
+            (name,) = self.selection.names
+            return {name: int(offset["sequence"])}
+        return {name: int(sequence) for name, sequence in offset["sequences"].items()}
+
+    def _offset(self, sequences: dict[str, int]) -> dict[str, Any]:
+        if self.single:
+            (name,) = self.selection.names
+            return {"sequence": sequences.get(name, self.starting_sequence)}
+        return {"sequences": dict(sorted(sequences.items()))}
 
 
 def acked_end(layout: _StreamLayout) -> int:

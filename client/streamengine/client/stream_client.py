@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, TypeVar
@@ -36,7 +36,7 @@ import grpc
 import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
-from streamengine.client import subscription
+from streamengine.client import multiplex, subscription
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.core.subscription import StreamEvent
@@ -401,6 +401,29 @@ class StreamClient:
         first event retained), forever. A start (or a position reached) that a trim took
         away raises `Trimmed`, naming the first retained sequence."""
         return subscription.subscribe(self.master, self._channels, name, start)
+
+    def subscribe_many(
+        self,
+        streams: Sequence[str] | None = None,
+        *,
+        prefix: str | None = None,
+        start: subscription.Start = 0,
+        positions: Mapping[str, int] | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Every acked event of many streams, forever, through one subscription:
+        `streams` by name, or every stream whose name starts with `prefix` (such as
+        "tenant/"), including those created later (found within about a second, and read
+        from their first event). Events carry their stream's name (`StreamEvent.stream`);
+        each stream's come in sequence order, and streams interleave. A stream starts at
+        `start` ("end", "earliest" or a sequence) unless `positions` gives its own: to
+        resume, keep per stream the sequence after the last event handled. One call per
+        store carries the tails of every stream it serves; a slow consumer holds them
+        back, as it does a single `subscribe`. `aclose()` ends its calls and tasks at
+        once (else they end when it is collected, or with the client)."""
+        selection = multiplex.selection_of(streams, prefix)
+        return multiplex.subscribe_many(
+            self.master, self._channels, selection, start, dict(positions or {})
+        )
 
     def read(
         self, name: str, start: int | Literal["earliest"] = 0, end: int | None = None

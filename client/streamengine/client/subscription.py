@@ -169,6 +169,7 @@ class Follower:
         start: Start,
         end: int | None,
         until_acked_end: bool,
+        timing: FollowerTiming | None = None,
     ) -> None:
         self._master = master
         self._channels = channels
@@ -177,7 +178,7 @@ class Follower:
         self._end = end
         self._until_acked_end = until_acked_end
         self._ref: _StreamRef | None = None
-        self._timing = FollowerTiming()
+        self._timing = timing or FollowerTiming()
         # What the master's latest list said was trimmed (`protocol.retention`).
         self._trimmed_through_epoch = 0
         self._first_retained = 0
@@ -186,22 +187,7 @@ class Follower:
     async def released(self) -> AsyncIterator[list[Released]]:
         """What the cursor hands out, in sequence order: one list per reply a replica
         sent (its verified parts; EVENT rows and the HOLEs between them)."""
-        # The first list is retried like any control call: a read or subscription that
-        # starts while the masters change over waits for the new one instead of failing.
-        segments = await self._list_segments(retry=True)
-        end = self._end
-        if self._until_acked_end and end is None:
-            end = await self._acked_end(segments)
-        if self._start == "end":
-            start = await self._acked_end(segments)
-        elif self._start == "earliest":
-            start = self._first_retained
-        else:
-            start = self._start
-        cursor = Cursor(start, end, self._timing)
-        self._check_trimmed(cursor)
-        cursor.on_segments(segments, monotonic_ms())
-        await self._refresh(cursor)  # the segments from the start on, with certificates
+        cursor = await self.open_cursor()
         while True:
             decision = cursor.next(monotonic_ms())
             if isinstance(decision, Finished):
@@ -220,7 +206,7 @@ class Follower:
                 delay_ms = decision.until_ms - monotonic_ms()
                 if delay_ms > 0:
                     await asyncio.sleep(delay_ms / 1000)
-                await self._refresh(cursor)
+                await self.refresh(cursor)
                 continue
             try:
                 async for parts in self._read(cursor, decision):
@@ -229,6 +215,35 @@ class Follower:
                 if self._ahead is not None and cursor.epoch > self._ahead.wanted.epoch:
                     self._ahead.cancel()  # passed by (a later segment listed first)
                     self._ahead = None
+
+    @property
+    def stream(self) -> str:
+        return self._stream
+
+    async def open_cursor(self) -> Cursor:
+        """A cursor at the start, given the master's list of the segments from there on
+        (with certificates). The first list is retried like any control call: a read or
+        subscription that starts while the masters change over waits for the new one."""
+        segments = await self._list_segments(retry=True)
+        end = self._end
+        if self._until_acked_end and end is None:
+            end = await self._acked_end(segments)
+        if self._start == "end":
+            start = await self._acked_end(segments)
+        elif self._start == "earliest":
+            start = self._first_retained
+        else:
+            start = self._start
+        cursor = Cursor(start, end, self._timing)
+        self._check_trimmed(cursor)
+        cursor.on_segments(segments, monotonic_ms())
+        await self.refresh(cursor)  # the segments from the start on, with certificates
+        return cursor
+
+    def segment_id(self, epoch: int) -> entry_pb2.SegmentId:
+        """Segment `epoch` of the stream (once a list named its id)."""
+        assert self._ref is not None
+        return entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch, stream=self._stream)
 
     def close(self) -> None:
         """Stop a read-ahead still running (the follower is done with)."""
@@ -266,7 +281,7 @@ class Follower:
         per entry), then, still wanted, a live tail of what it acks from there on."""
         assert self._ref is not None
         stub = store_grpc.SegmentStoreStub(self._channels.get(read.replica))
-        segment = self._segment_id(read.epoch)
+        segment = self.segment_id(read.epoch)
         ahead = self._ahead
         if ahead is not None and ahead.wanted.epoch <= read.epoch:
             self._ahead = None
@@ -295,13 +310,9 @@ class Follower:
         async for parts in self._follow(cursor, read, call, _Outcome(packed=False)):
             yield parts
 
-    def _segment_id(self, epoch: int) -> entry_pb2.SegmentId:
-        assert self._ref is not None
-        return entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch, stream=self._stream)
-
     def _packed_read(self, read: ReadFrom) -> segment_store_pb2.ReadRequest:
         return segment_store_pb2.ReadRequest(
-            segment=self._segment_id(read.epoch),
+            segment=self.segment_id(read.epoch),
             from_index=read.from_index,
             acked_only=True,
             packed=True,
@@ -350,8 +361,8 @@ class Follower:
                         yield parts
                         cursor.on_delivered(monotonic_ms())
                 if cursor.refresh_due(monotonic_ms()):
-                    await self._refresh(cursor)
-                await self._report(cursor)
+                    await self.refresh(cursor)
+                await self.report(cursor)
                 decision = cursor.next(monotonic_ms())
                 if not Cursor.continues(decision, read):
                     log.info("%s: leaving replica %s: %s", self._stream, read.replica, decision)
@@ -371,7 +382,7 @@ class Follower:
                     "%s: replica %s: DATA_LOSS: %s", self._stream, read.replica, error.details()
                 )
                 cursor.on_replica_damaged(read.epoch, read.replica, f"DATA_LOSS: {error.details()}")
-                await self._report(cursor)
+                await self.report(cursor)
                 return
             if error.code() == grpc.StatusCode.NOT_FOUND and outcome.packed:
                 # A Read's answer that the replica holds nothing of the segment.
@@ -424,16 +435,18 @@ class Follower:
     ) -> list[Released]:
         now = monotonic_ms()
         if reply.HasField("batch"):
-            return self._entries(cursor, read, reply.batch)
+            return self.batch_released(cursor, read, reply.batch)
         if reply.HasField("position"):
             cursor.on_position(read.epoch, read.replica, reply.position.acked_index, now)
         else:
             cursor.on_keepalive(read.epoch, read.replica, now)
         return []
 
-    def _entries(
+    def batch_released(
         self, cursor: Cursor, read: ReadFrom, batch: segment_store_pb2.EntryBatch
     ) -> list[Released]:
+        """A Subscribe batch of `read`, each entry's crc32c checked: what the cursor
+        releases of it (a corrupt entry is damage, a gap a failure of the replica)."""
         entries = batch.entries
         if not entries:
             return []
@@ -462,7 +475,7 @@ class Follower:
         run = ListRun(indexes[0], bytes(kinds), payloads)
         return cursor.on_run(read.epoch, run, monotonic_ms())
 
-    async def _report(self, cursor: Cursor) -> None:
+    async def report(self, cursor: Cursor) -> None:
         """Tell the master of replicas found serving what they must not (its store then
         checks them first); a master that does not answer misses a hint, nothing more."""
         for report in cursor.take_reports():
@@ -478,7 +491,7 @@ class Follower:
                     timeout=REPORT_TIMEOUT_S,
                 )
 
-    async def _refresh(self, cursor: Cursor) -> None:
+    async def refresh(self, cursor: Cursor) -> None:
         """Give the cursor the master's list; a master that does not answer now is
         asked again later (an unknown stream still ends the subscription)."""
         epoch = cursor.epoch

@@ -444,27 +444,33 @@ Global___ReadReply: _TypeAlias = ReadReply  # noqa: Y015
 
 @_typing.final
 class SubscribeRequest(_message.Message):
-    """Client side of Subscribe: first a start, then keepalives."""
+    """Client side of Subscribe: first a start, then keepalives (and, multiplexed, more
+    starts and stops).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     START_FIELD_NUMBER: _builtins.int
     KEEPALIVE_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___SubscribeStart: ...
     @_builtins.property
     def keepalive(self) -> Global___Keepalive: ...
+    @_builtins.property
+    def stop(self) -> Global___SubscribeStop: ...
     def __init__(
         self,
         *,
         start: Global___SubscribeStart | None = ...,
         keepalive: Global___Keepalive | None = ...,
+        stop: Global___SubscribeStop | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["keepalive", b"keepalive", "message", b"message", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["keepalive", b"keepalive", "message", b"message", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive", b"keepalive", "message", b"message", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keepalive", b"keepalive", "message", b"message", "start", b"start", "stop", b"stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "keepalive"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "keepalive", "stop"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -478,13 +484,20 @@ class SubscribeStart(_message.Message):
     FROM_INDEX_FIELD_NUMBER: _builtins.int
     MAX_BATCH_ENTRIES_FIELD_NUMBER: _builtins.int
     KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    TAIL_FIELD_NUMBER: _builtins.int
     from_index: _builtins.int
     """The first index wanted (from 1). Entries arrive only once acked on this store."""
     max_batch_entries: _builtins.int
     """Most entries per batch on the wire; 0 lets the store choose."""
     keepalive_interval_ms: _builtins.int
     """How often the client promises a keepalive; the server drops it after about
-    three silent intervals. 0 lets the store choose.
+    three silent intervals. 0 lets the store choose. Multiplexed: the first start's
+    figures hold for the whole call.
+    """
+    tail: _builtins.int
+    """0: the call tails this one segment. Above 0: the call is multiplexed and this
+    number (chosen by the client, unique among the call's running tails) names the
+    tail in replies and stops. Only the first start may carry 0.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
@@ -495,14 +508,64 @@ class SubscribeStart(_message.Message):
         from_index: _builtins.int = ...,
         max_batch_entries: _builtins.int = ...,
         keepalive_interval_ms: _builtins.int = ...,
+        tail: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_index", b"from_index", "keepalive_interval_ms", b"keepalive_interval_ms", "max_batch_entries", b"max_batch_entries", "segment", b"segment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_index", b"from_index", "keepalive_interval_ms", b"keepalive_interval_ms", "max_batch_entries", b"max_batch_entries", "segment", b"segment", "tail", b"tail"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscribeStart: _TypeAlias = SubscribeStart  # noqa: Y015
+
+@_typing.final
+class SubscribeStop(_message.Message):
+    """End tail `tail` of a multiplexed call (no reply; replies of it already sent may
+    still arrive). Stopping a tail that is not running changes nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TAIL_FIELD_NUMBER: _builtins.int
+    tail: _builtins.int
+    def __init__(
+        self,
+        *,
+        tail: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tail", b"tail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscribeStop: _TypeAlias = SubscribeStop  # noqa: Y015
+
+@_typing.final
+class TailEnded(_message.Message):
+    """A tail of a multiplexed call ended by the store: `code` is the gRPC status code
+    (as a number) the call would have ended with, `detail` its message.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "detail", b"detail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TailEnded: _TypeAlias = TailEnded  # noqa: Y015
 
 @_typing.final
 class Keepalive(_message.Message):
@@ -526,31 +589,41 @@ Global___Keepalive: _TypeAlias = Keepalive  # noqa: Y015
 
 @_typing.final
 class SubscribeReply(_message.Message):
-    """Server side of Subscribe: POSITION first, then batches and keepalives."""
+    """Server side of Subscribe: POSITION first, then batches and keepalives. Multiplexed:
+    each tail's own POSITION first, then its batches; keepalives are the call's (tail 0).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     POSITION_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     KEEPALIVE_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    TAIL_FIELD_NUMBER: _builtins.int
+    tail: _builtins.int
+    """The tail this reply is of (0 in a call of one tail, and for keepalives)."""
     @_builtins.property
     def position(self) -> Global___Position: ...
     @_builtins.property
     def batch(self) -> Global___EntryBatch: ...
     @_builtins.property
     def keepalive(self) -> Global___Keepalive: ...
+    @_builtins.property
+    def ended(self) -> Global___TailEnded: ...
     def __init__(
         self,
         *,
         position: Global___Position | None = ...,
         batch: Global___EntryBatch | None = ...,
         keepalive: Global___Keepalive | None = ...,
+        ended: Global___TailEnded | None = ...,
+        tail: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "keepalive", b"keepalive", "message", b"message", "position", b"position"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "ended", b"ended", "keepalive", b"keepalive", "message", b"message", "position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "keepalive", b"keepalive", "message", b"message", "position", b"position"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "ended", b"ended", "keepalive", b"keepalive", "message", b"message", "position", b"position", "tail", b"tail"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["position", "batch", "keepalive"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["position", "batch", "keepalive", "ended"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

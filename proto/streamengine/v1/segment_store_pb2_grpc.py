@@ -111,7 +111,10 @@ class SegmentStoreServicer:
 
     def Subscribe(self, request_iterator, context):
         """Tail the acked entries of a segment: the position first, then entries as the
-        acked index advances. Keepalives flow both ways.
+        acked index advances. Keepalives flow both ways. A call whose first start names a
+        tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
+        segments, stops end them, every reply names its tail, and a tail's error is a
+        `TailEnded` reply that leaves the call and its other tails running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -63,7 +63,10 @@ class SegmentStoreStub:
     """Stream any range of a segment, unacked entries included (recovery, repair)."""
     Subscribe: _grpc.StreamStreamMultiCallable[_segment_store_pb2.SubscribeRequest, _segment_store_pb2.SubscribeReply]
     """Tail the acked entries of a segment: the position first, then entries as the
-    acked index advances. Keepalives flow both ways.
+    acked index advances. Keepalives flow both ways. A call whose first start names a
+    tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
+    segments, stops end them, every reply names its tail, and a tail's error is a
+    `TailEnded` reply that leaves the call and its other tails running.
     """
     CopySegment: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]
     """Pull a whole sealed segment from a peer store under the source's fence, verify it
@@ -99,7 +102,10 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """Stream any range of a segment, unacked entries included (recovery, repair)."""
     Subscribe: _aio.StreamStreamMultiCallable[_segment_store_pb2.SubscribeRequest, _segment_store_pb2.SubscribeReply]  # type: ignore[assignment]
     """Tail the acked entries of a segment: the position first, then entries as the
-    acked index advances. Keepalives flow both ways.
+    acked index advances. Keepalives flow both ways. A call whose first start names a
+    tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
+    segments, stops end them, every reply names its tail, and a tail's error is a
+    `TailEnded` reply that leaves the call and its other tails running.
     """
     CopySegment: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]  # type: ignore[assignment]
     """Pull a whole sealed segment from a peer store under the source's fence, verify it
@@ -156,7 +162,10 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.SubscribeReply], _abc.AsyncIterator[_segment_store_pb2.SubscribeReply]]:
         """Tail the acked entries of a segment: the position first, then entries as the
-        acked index advances. Keepalives flow both ways.
+        acked index advances. Keepalives flow both ways. A call whose first start names a
+        tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
+        segments, stops end them, every reply names its tail, and a tail's error is a
+        `TailEnded` reply that leaves the call and its other tails running.
         """
 
     @_abc_1.abstractmethod

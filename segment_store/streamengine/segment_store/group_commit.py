@@ -279,10 +279,24 @@ class GroupCommitter:
 
 
 class SegmentWatch:
-    """Wakes tails when a segment's published state changes."""
+    """Wakes tails when a segment's published state changes: a call of one tail waits on
+    an event; a multiplexed call listens (one callback per segment it tails, so that it
+    need not wait on thousands of events)."""
 
     def __init__(self) -> None:
         self._events: dict[SegmentKey, asyncio.Event] = {}
+        self._listeners: dict[SegmentKey, list[Callable[[], None]]] = {}
+
+    def listen(self, segment: SegmentKey, callback: Callable[[], None]) -> None:
+        """Call `callback` at every change of `segment` until `unlisten`."""
+        self._listeners.setdefault(segment, []).append(callback)
+
+    def unlisten(self, segment: SegmentKey, callback: Callable[[], None]) -> None:
+        listeners = self._listeners.get(segment, [])
+        with contextlib.suppress(ValueError):
+            listeners.remove(callback)
+        if not listeners:
+            self._listeners.pop(segment, None)
 
     def event(self, segment: SegmentKey) -> asyncio.Event:
         event = self._events.get(segment)
@@ -295,6 +309,8 @@ class SegmentWatch:
             event = self._events.pop(segment, None)
             if event is not None:
                 event.set()
+            for callback in self._listeners.get(segment, ()):
+                callback()
 
     @staticmethod
     async def wait(event: asyncio.Event, timeout_s: float) -> bool:

@@ -74,6 +74,12 @@ READ_ENTRIES = Counter(
     ["rpc"],
 )
 SUBSCRIBERS = Gauge("streamengine_store_subscribers", "Open Subscribe streams")
+TAILS = Gauge("streamengine_store_tails", "Segment tails of multiplexed Subscribe calls")
+TAILS_ENDED = Counter(
+    "streamengine_store_tails_ended_total",
+    "Tails of multiplexed Subscribe calls the store ended, by status",
+    ["status"],
+)
 SUBSCRIBERS_DROPPED = Counter(
     "streamengine_store_subscribers_dropped_total", "Subscribers disconnected", ["reason"]
 )

@@ -1,6 +1,7 @@
-"""The follower's call: Subscribe, a live tail of one segment. The shell of `core.tail`:
-a pump asks the core what to do and fills a buffer, a sender drains it to the wire, a
-receiver notes the client's keepalives.
+"""The follower's call: Subscribe, a live tail of one segment, or (multiplexed) of many.
+The shell of `core.tail`: a pump asks the core what to do and fills a buffer, a sender
+drains it to the wire, a receiver notes the client's keepalives (and, multiplexed, its
+starts and stops). Three tasks per call, however many tails it carries.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -24,9 +26,9 @@ from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import BadRequest, StoreError
 from streamengine.segment_store.core.keys import SegmentMeta
 from streamengine.segment_store.reads import read_entries
-from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refused, abort
+from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refused, abort, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
-from streamengine.v1 import segment_store_pb2
+from streamengine.v1 import entry_pb2, segment_store_pb2
 
 # Subscribe: how long the first message may take (its caller was proven and counted
 # when the stream opened); the live tail's own limits and decisions are in `core.tail`.
@@ -57,6 +59,9 @@ class TailCalls:
             first = await asyncio.wait_for(anext(requests), SUBSCRIBE_START_TIMEOUT_S)
         except (StopAsyncIteration, TimeoutError):
             await abort(context, BadRequest("Subscribe must begin with a start message"))
+        if first.WhichOneof("message") == "start" and first.start.tail:
+            await self._multiplexed(first.start, requests, context, caller)
+            return
         try:
             if first.WhichOneof("message") != "start":
                 raise BadRequest("Subscribe must begin with a start message")
@@ -70,6 +75,25 @@ class TailCalls:
         try:
             refusal = await follower.run()
         finally:
+            metrics.SUBSCRIBERS.dec()
+        if refusal is not None:
+            await abort(context, refusal)
+
+    async def _multiplexed(
+        self,
+        first: segment_store_pb2.SubscribeStart,
+        requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
+        ],
+        caller: Principal,
+    ) -> None:
+        call = _Tails(self.store, first, requests, context, caller)
+        metrics.SUBSCRIBERS.inc()
+        try:
+            refusal = await call.run()
+        finally:
+            call.close()
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
             await abort(context, refusal)
@@ -207,6 +231,267 @@ class _Tail:
         async for _request in self.requests:
             self.stream.on_heard(monotonic_ms())
         return None  # the client closed its side: the stream ends
+
+
+@dataclass
+class _Running:
+    """A tail of a multiplexed call."""
+
+    segment: SegmentKey
+    start: segment_store_pb2.SubscribeStart
+    tail: tail.SegmentTail
+
+
+class _Tails:
+    """A multiplexed Subscribe call: many segments' `core.tail.SegmentTail`s under one
+    `core.tail.CallLiveness`. The pump steps the tails marked ready (started, their
+    segment changed, or more to read) in turn, so a busy segment cannot starve the
+    others; an idle tail costs nothing until the watch marks it."""
+
+    def __init__(
+        self,
+        store: StoreContext,
+        first: segment_store_pb2.SubscribeStart,
+        requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
+        ],
+        caller: Principal,
+    ) -> None:
+        self.store = store
+        self.settings = tail.TailSettings.asked(
+            first.max_batch_entries,
+            first.keepalive_interval_ms,
+            WRITE_BATCH_ENTRIES_MAX,
+            store.config.subscribe_buffer_batches,
+            store.config.subscribe_stall_ms,
+        )
+        self.liveness = tail.CallLiveness(self.settings, monotonic_ms())
+        self.first = first
+        self.requests = requests
+        self.context = context
+        self.caller = caller
+        self.running: dict[int, _Running] = {}
+        self.listeners: dict[SegmentKey, Callable[[], None]] = {}
+        self.tails_of: dict[SegmentKey, list[int]] = {}
+        # Tails to step, in turn (a dict keeps the order and drops repeats).
+        self.ready: dict[int, None] = {}
+        self.wake = asyncio.Event()
+        # Bounded by `settings.buffer_messages`: the pump waits for room beyond it, and
+        # so do starts (`_wait_for_room`); each start adds one reply at most.
+        self.buffer: asyncio.Queue[segment_store_pb2.SubscribeReply] = asyncio.Queue()
+        self.room = asyncio.Event()
+        # Set at every reply the sender takes (the pump clears `room` for itself).
+        self.taken = asyncio.Event()
+
+    async def run(self) -> Exception | None:
+        self._start(self.first)
+        tasks = [
+            asyncio.create_task(self._pump()),
+            asyncio.create_task(self._send()),
+            asyncio.create_task(self._receive()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if isinstance(error, Refused):
+                return error
+            if error is not None and task is tasks[0]:
+                log.error("multiplexed tail failed", exc_info=error)
+                return Refused(grpc.StatusCode.INTERNAL, f"tail failed: {error!r}")
+            if error is not None:
+                log.debug("multiplexed subscriber ended: %r", error)
+                continue
+            result: Exception | None = task.result()
+            if result is not None:
+                return result
+        return None
+
+    def close(self) -> None:
+        for segment, listener in self.listeners.items():
+            self.store.watch.unlisten(segment, listener)
+        self.listeners.clear()
+        metrics.TAILS.dec(len(self.running))
+        self.running.clear()
+
+    # ---- the client's side ----
+
+    async def _receive(self) -> Exception | None:
+        async for request in self.requests:
+            self.liveness.on_heard(monotonic_ms())
+            kind = request.WhichOneof("message")
+            if kind == "start":
+                # A start may be answered at once (`TailEnded`): none is taken while the
+                # buffer is full, so starts sent without reading cannot grow it.
+                await self._wait_for_room()
+                self._start(request.start)
+            elif kind == "stop":
+                self._stop(request.stop.tail)
+        return None  # the client closed its side: the call ends
+
+    async def _wait_for_room(self) -> None:
+        """Until the buffer is below its bound (a call kept full is dropped as too slow
+        by the pump within `stall_ms`, which ends this wait with the call)."""
+        while self.buffer.qsize() >= self.settings.buffer_messages:
+            self.taken.clear()
+            if self.buffer.qsize() >= self.settings.buffer_messages:
+                await self.taken.wait()
+
+    def _start(self, start: segment_store_pb2.SubscribeStart) -> None:
+        """Add a tail, or answer at once why it cannot run (`TailEnded`)."""
+        try:
+            if not start.tail:
+                raise BadRequest("a multiplexed Subscribe names every tail (tail > 0)")
+            if start.tail in self.running:
+                raise BadRequest(f"tail {start.tail} is running already")
+            if len(self.running) >= tail.MULTIPLEXED_TAILS_MAX:
+                raise Refused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"a call runs at most {tail.MULTIPLEXED_TAILS_MAX} tails",
+                )
+            segment = segment_key(start.segment)
+            self.store.check_reader(self.caller, "Subscribe", segment)
+            self.store.authority.check_not_deleted(segment.stream_id)
+        except (StoreError, Refused) as error:
+            self._ended(start.tail, error, start.segment)
+            return
+        segment_tail = tail.SegmentTail(start.from_index, self.settings.batch_entries)
+        self.running[start.tail] = _Running(segment, start, segment_tail)
+        metrics.TAILS.inc()
+        tails = self.tails_of.setdefault(segment, [])
+        tails.append(start.tail)
+        if segment not in self.listeners:
+            listener = functools.partial(self._changed, segment)
+            self.listeners[segment] = listener
+            self.store.watch.listen(segment, listener)
+        self._mark(start.tail)
+
+    def _stop(self, tail_id: int) -> None:
+        running = self.running.pop(tail_id, None)
+        if running is None:
+            return
+        metrics.TAILS.dec()
+        tails = self.tails_of[running.segment]
+        tails.remove(tail_id)
+        if not tails:
+            del self.tails_of[running.segment]
+            self.store.watch.unlisten(running.segment, self.listeners.pop(running.segment))
+        self.ready.pop(tail_id, None)
+
+    def _changed(self, segment: SegmentKey) -> None:
+        for tail_id in self.tails_of.get(segment, ()):
+            self._mark(tail_id)
+
+    def _mark(self, tail_id: int) -> None:
+        self.ready[tail_id] = None
+        self.wake.set()
+
+    def _ended(
+        self, tail_id: int, error: Exception, segment: entry_pb2.SegmentId | None = None
+    ) -> None:
+        """Tell the client that tail `tail_id` ended (counted and logged as a refused
+        call is); the call goes on."""
+        self._stop(tail_id)
+        refusal = refusal_of(error, segment)
+        metrics.TAILS_ENDED.labels(refusal.code.name).inc()
+        ended = segment_store_pb2.TailEnded(code=refusal.code.value[0], detail=refusal.details)
+        self.buffer.put_nowait(segment_store_pb2.SubscribeReply(ended=ended, tail=tail_id))
+
+    # ---- the store's side ----
+
+    async def _pump(self) -> Exception | None:
+        while True:
+            now_ms = monotonic_ms()
+            blocked = self.liveness.check(self.buffer.qsize(), now_ms)
+            if isinstance(blocked, tail.Drop):
+                metrics.SUBSCRIBERS_DROPPED.labels(blocked.reason).inc()
+                return Refused(TAIL_DROP_STATUS[blocked.reason], blocked.detail)
+            if blocked is not None:
+                await self._wait(blocked.until_ms)
+            elif self.ready:
+                tail_id = next(iter(self.ready))
+                del self.ready[tail_id]
+                await self._step(tail_id)
+            else:
+                idle = self.liveness.idle(now_ms)
+                if isinstance(idle, tail.SendKeepalive):
+                    keepalive = segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
+                    self.buffer.put_nowait(segment_store_pb2.SubscribeReply(keepalive=keepalive))
+                else:
+                    await self._wait(idle.until_ms)
+
+    async def _step(self, tail_id: int) -> None:
+        running = self.running.get(tail_id)
+        if running is None:
+            return  # stopped since it was marked
+        meta = self.store.core.catalog.meta(running.segment) or SegmentMeta()
+        position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
+        action = running.tail.step(position)
+        if action is None:
+            return  # caught up: the watch marks it at the segment's next change
+        if isinstance(action, tail.SendPosition):
+            reply = _position_reply(action.position)
+            reply.tail = tail_id
+            self.buffer.put_nowait(reply)
+        else:
+            try:
+                await self._read(tail_id, running, action)
+            except (StoreError, CorruptEntry) as error:
+                if self.running.get(tail_id) is running:
+                    self._ended(tail_id, error, running.start.segment)
+                return
+        self.liveness.on_sent(monotonic_ms())
+        self._mark(tail_id)  # more to read, or a position to send once caught up
+
+    async def _read(self, tail_id: int, running: _Running, read: tail.ReadBatch) -> None:
+        entries = await self.store.in_thread(
+            functools.partial(
+                read_entries,
+                self.store.core,
+                running.segment,
+                read.from_index,
+                read.to_index,
+                True,
+                read.entries_max,
+                verify=False,  # followers verify every entry they receive
+            )
+        )
+        if self.running.get(tail_id) is not running:
+            return  # stopped while reading: its batch is not wanted
+        if entries:
+            metrics.READ_ENTRIES.labels("subscribe").inc(len(entries))
+            batch = segment_store_pb2.EntryBatch(entries=entries, token=entries[-1].index)
+            self.buffer.put_nowait(segment_store_pb2.SubscribeReply(batch=batch, tail=tail_id))
+        last = entries[-1].index if entries else read.from_index - 1
+        running.tail.on_read(read, last)
+
+    async def _wait(self, until_ms: int) -> None:
+        """Until a tail is marked, the sender makes room, or `until_ms`."""
+        self.room.clear()
+        self.wake.clear()
+        if self.ready and self.buffer.qsize() < self.settings.buffer_messages:
+            return
+        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self.room.wait())]
+        try:
+            timeout_s = max(until_ms - monotonic_ms(), 0) / 1000
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _send(self) -> Exception | None:
+        while True:
+            reply = await self.buffer.get()
+            self.room.set()
+            self.taken.set()
+            await self.context.write(reply)
 
 
 def _position_reply(position: tail.Position) -> segment_store_pb2.SubscribeReply:

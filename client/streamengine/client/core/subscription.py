@@ -112,12 +112,15 @@ class ReplicaReport:
 @dataclass(slots=True)
 class StreamEvent:
     """An acked event handed to the user (not a core input event). Not frozen: one is
-    made per event read, and a frozen dataclass costs three times as much to build."""
+    made per event read, and a frozen dataclass costs three times as much to build.
+    `stream` names its stream when one subscription follows many
+    (`StreamClient.subscribe_many`), else it is ""."""
 
     sequence: int
     epoch: int
     index: int
     payload: bytes
+    stream: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,18 +294,19 @@ class Released:
     def all_events(self) -> bool:
         return self.run.kinds.count(_EVENT, self.start, self.stop) == self.stop - self.start
 
-    def events(self, payloads: Sequence[bytes]) -> list[StreamEvent]:
-        """The events, given the run's payloads `start..stop-1` (as Python bytes)."""
+    def events(self, payloads: Sequence[bytes], stream: str = "") -> list[StreamEvent]:
+        """The events, given the run's payloads `start..stop-1` (as Python bytes), each
+        tagged with `stream` (`StreamEvent.stream`)."""
         epoch, first = self.epoch, self.first_index
         base = pack_sequence(epoch, first)
         if self.all_events:
             return [
-                StreamEvent(base + i, epoch, first + i, payload)
+                StreamEvent(base + i, epoch, first + i, payload, stream)
                 for i, payload in enumerate(payloads)
             ]
         kinds = self.run.kinds[self.start : self.stop]
         return [
-            StreamEvent(base + i, epoch, first + i, payloads[i])
+            StreamEvent(base + i, epoch, first + i, payloads[i], stream)
             for i in range(len(kinds))
             if kinds[i] == EntryKind.EVENT
         ]
@@ -407,6 +411,13 @@ class Cursor:
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
         if replica == self._replica:
             self._last_heard_ms = max(self._last_heard_ms, now_ms)
+
+    def on_list_unchanged(self, now_ms: int) -> None:
+        """The master's summary of the stream (its segments added, sealed, trimmed) is
+        what it was when the list held was read: the timed refresh (`refresh_due`) waits
+        on. Not a list: data loss still waits for a list read after the replicas'
+        answers (`ReplicaSet.list_refreshed`), which this is not."""
+        self._last_listed_ms = max(self._last_listed_ms, now_ms)
 
     def on_list_failed(self, now_ms: int) -> None:
         """The master did not answer the list (restarting, unreachable): keep reading
@@ -569,6 +580,10 @@ class Cursor:
         if epoch == self._epoch and replica == self._replica:
             self._damaged(self.read_from_index, f"segment {epoch}: {problem}")
 
+    @property
+    def reports_pending(self) -> bool:
+        return bool(self._reports)
+
     def take_reports(self) -> list[ReplicaReport]:
         """Replicas to report to the master, once each."""
         reports, self._reports = self._reports, []
@@ -589,6 +604,11 @@ class Cursor:
     def epoch(self) -> int:
         """The segment the position is in."""
         return self._epoch
+
+    @property
+    def segment_listed(self) -> bool:
+        """Whether the master's list held names the segment of the position."""
+        return self._current_segment() is not None
 
     @property
     def read_from_index(self) -> int:

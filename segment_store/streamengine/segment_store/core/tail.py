@@ -13,6 +13,12 @@ Theory of operation (docs/design.md, "Readers"; the line protocol of
 - a subscriber whose buffer of `buffer_messages` stays full for `stall_ms` is
   disconnected ("slow"): it resumes from its last token on a new stream.
 
+A multiplexed call (many segments' tails on one call) splits the same rules: each
+segment's `SegmentTail` decides its positions and batches, the call's `CallLiveness`
+its silence, stall and keepalives (one per call, not per segment: an idle call of
+10,000 tails sends one keepalive an interval). A call of one segment is `TailStream`,
+both together.
+
 `TailStream.step(position, buffered, now_ms)` answers the one thing to do next; the
 shell (`streamengine.segment_store.tail`, the simulator's store node) carries it out: it
 reads the entries a `ReadBatch` asks for and reports them with `on_read`, queues what
@@ -36,6 +42,11 @@ SILENT_INTERVALS_MAX = 3
 # full before the subscriber counts as too slow.
 BUFFER_MESSAGES_DEFAULT = 16
 STALL_MS_DEFAULT = 5000
+
+# Tails one multiplexed call may run at once: a reader following every stream of a
+# large tenant (10,000 streams is the design's figure) through one call per store, with
+# room to spare; each costs the store a few hundred bytes and nothing while idle.
+MULTIPLEXED_TAILS_MAX = 65_536
 
 assert KEEPALIVE_MS_MIN <= KEEPALIVE_MS_DEFAULT <= KEEPALIVE_MS_MAX
 assert SILENT_INTERVALS_MAX >= 2, "one late keepalive must not drop a subscriber"
@@ -122,23 +133,59 @@ Action = SendPosition | ReadBatch | SendKeepalive | Drop | WaitUntil
 
 
 class TailStream:
+    """A call that tails one segment: its `SegmentTail` and its `CallLiveness`."""
+
     def __init__(self, from_index: int, settings: TailSettings, now_ms: int) -> None:
         self.settings = settings
-        self.next_index = max(from_index, 1)
-        self._sent_position: Position | None = None
-        self._last_sent_ms = now_ms
-        self._last_heard_ms = now_ms
-        self._full_since_ms: int | None = None
+        self.segment = SegmentTail(from_index, settings.batch_entries)
+        self.liveness = CallLiveness(settings, now_ms)
+
+    @property
+    def next_index(self) -> int:
+        return self.segment.next_index
 
     # ---- inputs ----
 
     def on_heard(self, now_ms: int) -> None:
         """The subscriber sent something (a keepalive)."""
-        self._last_heard_ms = max(self._last_heard_ms, now_ms)
+        self.liveness.on_heard(now_ms)
 
     def on_read(self, read: ReadBatch, last_index: int, now_ms: int) -> None:
         """The entries `read.from_index..last_index` went into the buffer as one batch
         (`last_index < read.from_index`: none could be read)."""
+        if self.segment.on_read(read, last_index):
+            self.liveness.on_sent(now_ms)
+
+    # ---- decisions ----
+
+    def step(self, position: Position, buffered: int, now_ms: int) -> Action:
+        """The next thing to do, given the segment's position now and how many messages
+        wait in the subscriber's buffer."""
+        blocked = self.liveness.check(buffered, now_ms)
+        if blocked is not None:
+            return blocked
+        action = self.segment.step(position)
+        if action is not None:
+            if isinstance(action, SendPosition):
+                self.liveness.on_sent(now_ms)
+            return action
+        return self.liveness.idle(now_ms)
+
+
+class SegmentTail:
+    """What one segment's tail sends: its POSITION when it changes while caught up, and
+    batches of the acked entries past what it sent. The call it rides on decides the
+    rest (`CallLiveness`): a multiplexed call carries many of these."""
+
+    def __init__(self, from_index: int, batch_entries: int) -> None:
+        assert batch_entries > 0
+        self.batch_entries = batch_entries
+        self.next_index = max(from_index, 1)
+        self._sent_position: Position | None = None
+
+    def on_read(self, read: ReadBatch, last_index: int) -> bool:
+        """The entries `read.from_index..last_index` went out as one batch; whether any
+        did (`last_index < read.from_index`: none could be read)."""
         assert read.from_index == self.next_index, "reads are carried out in order"
         assert self._sent_position is not None
         assert last_index <= read.to_index
@@ -146,17 +193,44 @@ class TailStream:
             # Nothing served below the acked index it read: move on past it (the shell
             # read the acked index first, so this is only a race with a delete).
             self.next_index = read.to_index + 1
-            return
+            return False
         self.next_index = last_index + 1
         sent = self._sent_position
         self._sent_position = Position(last_index, sent.fence, sent.bridge_index)
+        return True
+
+    def step(self, position: Position) -> SendPosition | ReadBatch | None:
+        """What to send given the segment's position now; None: nothing until it changes."""
+        if self._sent_position is None or (
+            position != self._sent_position and self.next_index > position.acked_index
+        ):
+            self._sent_position = position
+            return SendPosition(position)
+        if self.next_index <= position.acked_index:
+            return ReadBatch(self.next_index, position.acked_index, self.batch_entries)
+        return None
+
+
+class CallLiveness:
+    """The rules of a Subscribe call as a whole: the subscriber's silence, its buffer
+    staying full (too slow), and keepalives when nothing else was sent."""
+
+    def __init__(self, settings: TailSettings, now_ms: int) -> None:
+        self.settings = settings
         self._last_sent_ms = now_ms
+        self._last_heard_ms = now_ms
+        self._full_since_ms: int | None = None
 
-    # ---- decisions ----
+    def on_heard(self, now_ms: int) -> None:
+        """The subscriber sent something (a keepalive, a start, a stop)."""
+        self._last_heard_ms = max(self._last_heard_ms, now_ms)
 
-    def step(self, position: Position, buffered: int, now_ms: int) -> Action:
-        """The next thing to do, given the segment's position now and how many messages
-        wait in the subscriber's buffer."""
+    def on_sent(self, now_ms: int) -> None:
+        """Something other than a keepalive went into the buffer."""
+        self._last_sent_ms = max(self._last_sent_ms, now_ms)
+
+    def check(self, buffered: int, now_ms: int) -> Drop | WaitUntil | None:
+        """Drop the call, or wait for room in its buffer; None: go on."""
         settings = self.settings
         silent_ms = now_ms - self._last_heard_ms
         if silent_ms > settings.silent_ms_max:
@@ -176,18 +250,16 @@ class TailStream:
                 )
             return WaitUntil(min(self._full_since_ms + settings.stall_ms, self._silence_ends()))
         self._full_since_ms = None
-        if self._sent_position is None or (
-            position != self._sent_position and self.next_index > position.acked_index
-        ):
-            self._sent_position = position
-            self._last_sent_ms = now_ms
-            return SendPosition(position)
-        if self.next_index <= position.acked_index:
-            return ReadBatch(self.next_index, position.acked_index, settings.batch_entries)
-        if now_ms - self._last_sent_ms >= settings.keepalive_ms:
+        return None
+
+    def idle(self, now_ms: int) -> SendKeepalive | WaitUntil:
+        """Nothing else to send: a keepalive when due, else when to look again."""
+        if now_ms - self._last_sent_ms >= self.settings.keepalive_ms:
             self._last_sent_ms = now_ms
             return SendKeepalive()
-        return WaitUntil(min(self._last_sent_ms + settings.keepalive_ms, self._silence_ends()))
+        return WaitUntil(
+            min(self._last_sent_ms + self.settings.keepalive_ms, self._silence_ends())
+        )
 
     def _silence_ends(self) -> int:
         return self._last_heard_ms + self.settings.silent_ms_max + 1

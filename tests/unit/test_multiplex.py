@@ -1,0 +1,111 @@
+"""Following many streams (`client.core.multiplex`): which streams, when each one's
+segment list is read again, and when each cursor is looked at."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamengine.client.core.multiplex import (
+    LIST_BACKSTOP_MS,
+    STALLED_RELIST_MS,
+    Changes,
+    Directory,
+    Selection,
+    StreamSummary,
+    WakeSchedule,
+)
+from streamengine.client.core.subscription import Cursor, SegmentView
+from streamengine.protocol.sequence import pack_sequence
+
+
+def summary(name: str, epoch: int = 1, unsealed: int = 1, deleted: bool = False) -> StreamSummary:
+    return StreamSummary(name, epoch, epoch, unsealed, 0, deleted)
+
+
+def test_a_selection_names_streams_or_a_prefix_never_both() -> None:
+    with pytest.raises(ValueError):
+        Selection(("t/a",), "t/")
+    with pytest.raises(ValueError):
+        Selection()
+    with pytest.raises(ValueError):
+        Selection(("t/a", "t/a"))
+    assert Selection(prefix="t/orders-").tenant == "t"
+    assert Selection(prefix="t").tenant == ""  # a prefix of tenant names: list them all
+    assert Selection(("t/a", "t/b")).tenant == "t"
+    assert Selection(("t/a", "u/b")).tenant == ""
+    assert Selection(prefix="t/o").covers("t/orders") and not Selection(prefix="t/o").covers("t/x")
+
+
+def test_streams_created_under_the_prefix_are_added_and_deleted_ones_removed() -> None:
+    directory = Directory(Selection(prefix="t/"))
+    first = directory.on_streams([summary("t/a"), summary("u/x")], 0)
+    assert first == Changes(added=("t/a",))
+    directory.on_list_started("t/a", 0)
+    second = directory.on_streams([summary("t/a"), summary("t/b")], 1000)
+    assert second == Changes(added=("t/b",))
+    third = directory.on_streams([summary("t/a", deleted=True), summary("t/b")], 2000)
+    assert third.removed == ("t/a",) and directory.streams == ["t/b"]
+
+
+def test_named_streams_are_never_joined_by_others() -> None:
+    directory = Directory(Selection(("t/a",)))
+    directory.follow(["t/a"])
+    assert directory.on_streams([summary("t/a"), summary("t/b")], 0) == Changes()
+    assert directory.streams == ["t/a"]
+
+
+def test_a_list_is_read_again_when_the_summary_changes_or_at_the_backstop() -> None:
+    directory = Directory(Selection(prefix="t/"))
+    directory.on_streams([summary("t/a")], 0)
+    assert directory.relist_due("t/a", 0)  # never listed
+    directory.on_list_started("t/a", 0)
+    assert not directory.relist_due("t/a", 500)
+    # Appends change no summary: the list held stays current, and the cursor hears so.
+    directory.on_streams([summary("t/a")], 1000)
+    assert not directory.relist_due("t/a", 1000)
+    assert directory.unchanged_since_ms("t/a") == 1000
+    # A segment added (a roll, a new leader): read it again at once.
+    changed = directory.on_streams([summary("t/a", epoch=2, unsealed=2)], 2000)
+    assert changed.changed == ("t/a",)
+    assert directory.relist_due("t/a", 2000)
+    assert directory.unchanged_since_ms("t/a") is None
+    directory.on_list_started("t/a", 2000)
+    assert not directory.relist_due("t/a", 2000 + LIST_BACKSTOP_MS - 1)
+    assert directory.relist_due("t/a", 2000 + LIST_BACKSTOP_MS)
+    # A cursor waiting on a listed segment (its replicas failing) asks sooner.
+    assert directory.relist_due("t/a", 2000 + STALLED_RELIST_MS, STALLED_RELIST_MS)
+    assert directory.relist_at_ms("t/a", STALLED_RELIST_MS) == 2000 + STALLED_RELIST_MS
+
+
+def test_a_summary_delays_the_cursors_timed_refresh_but_is_no_list() -> None:
+    cursor = Cursor(pack_sequence(1, 1))
+    cursor.on_segments([SegmentView(1, ("s1",), sealed=False, final_index=0)], 0)
+    refresh_ms = cursor.timing.segment_refresh_ms
+    assert cursor.refresh_due(refresh_ms)
+    cursor.on_list_unchanged(refresh_ms)
+    assert not cursor.refresh_due(refresh_ms)
+    assert cursor.refresh_due(2 * refresh_ms)
+
+
+def test_the_wake_schedule_hands_out_each_stream_once_at_its_latest_time() -> None:
+    schedule = WakeSchedule()
+    schedule.wake("a", 100)
+    schedule.wake("b", 50)
+    schedule.wake("a", 10)  # replaces 100
+    assert schedule.next_ms() == 10
+    assert schedule.due(60, limit=10) == ["a", "b"]
+    assert schedule.due(1000, limit=10) == []  # a's old 100 was replaced
+    for n in range(5):
+        schedule.wake(f"s{n}", n)
+    assert schedule.due(10, limit=2) == ["s0", "s1"]
+    schedule.cancel("s2")
+    assert schedule.due(10, limit=10) == ["s3", "s4"]
+    assert schedule.next_ms() is None
+
+
+def test_the_wake_schedule_stays_small_under_many_rewakes() -> None:
+    schedule = WakeSchedule()
+    for n in range(10_000):
+        schedule.wake("a", n)
+    assert len(schedule._heap) < 100
+    assert schedule.due(10_000, limit=10) == ["a"]
