@@ -20,7 +20,7 @@ PARKED_APPENDS_HANG = 6
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG, 7),
     # A follower reads an append its writer, stepping down, said had failed.
-    ("fail_in_doubt", 6, 1),
+    ("fail_in_doubt", 31, 1),
     # Appends pending as their writer steps down are never answered.
     ("forget_pending", 2, 7),
     # A new segment acks before the earlier ones are sealed.
