@@ -113,7 +113,8 @@ def test_the_exchange_runs_against_three_syncing_servers(transport: str, tmp_pat
             server.join(10)
     assert 0 < measured.p50_ms <= measured.p99_ms
     # What the servers acknowledged survived their SIGKILL: every exchange is held by a
-    # quorum of them (the last one's third answer may not have been written yet).
+    # quorum of them. The third server is not waited for, so on a loaded machine it may
+    # be any number of exchanges behind when it is killed.
     sent = WARM_UP + 20
     held = []
     for number in range(SERVERS):
@@ -121,4 +122,3 @@ def test_the_exchange_runs_against_three_syncing_servers(transport: str, tmp_pat
         held.append(len(kv.scan(b"", b"\xff" * 9)))
         kv.close()
     assert sorted(held)[-QUORUM:] == [sent] * QUORUM, held
-    assert min(held) >= sent - 1, held
