@@ -21,6 +21,10 @@ every step and a failure names the step that broke the rule:
    index reached it hold identical entries up to it; no acked index passes it; two
    recoveries never seal one segment at different final indexes.
 5. at most two unsealed segments; granted epochs strictly increase, across restarts.
+   With masters on etcd (`MasterChecker`, for the whole cluster): never two masters
+   serving at once, every commit etcd applies is the active master's, a stream's epoch
+   never goes back from one master to the next, and no lease is granted to another
+   writer while one of an earlier epoch still runs.
 6. bad input is refused and changes nothing (the world injects it and calls
    `unchanged`).
 7. every append ends (acked, definitely failed, or in doubt) within `APPEND_END_MS_MAX`
@@ -43,9 +47,15 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from streamengine.client.core.subscription import DataLoss
+from streamengine.etcd import rpc_pb2
+from streamengine.master.core.leadership import Lease
 from streamengine.master.core.model import SegmentState
+from streamengine.master.etcd import EtcdConfig
+from streamengine.master.etcd_metadata import WRITER_KEY
+from streamengine.master.metadata import prefix_end
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind
@@ -54,6 +64,9 @@ from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.store import SegmentStoreCore
+
+if TYPE_CHECKING:
+    from tests.sim.runtime.etcd import MemoryEtcd
 
 INVARIANTS = {
     1: "every acked append is read by every follower exactly once, in order",
@@ -601,3 +614,83 @@ class Checker:
             missing = self.missing(name)
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
+
+
+class MasterChecker:
+    """Invariant 5 across masters on etcd, for the whole cluster: what the masters
+    serving say, looked at now and then (`look`), and every transaction etcd applies
+    (`commit_applied`, a `SimEtcd.txn_observers` entry)."""
+
+    def __init__(self, etcd: EtcdConfig) -> None:
+        self.etcd = etcd
+        # The latest epoch any master serving had, per stream.
+        self.latest_epoch: dict[str, int] = {}
+        # Per stream, the longest any master let each (epoch, holder) granted run.
+        self.leases: dict[str, dict[tuple[int, str], int]] = {}
+        self.serving: list[str] = []  # the masters serving in turn
+        self.commits = 0
+
+    def look(self, active: list[str], state: MasterState | None, lease_ms: int) -> None:
+        """`active`: the masters that would serve now; `state`: what the one serves."""
+        if len(active) > 1:
+            raise Violation(5, f"two masters serve at once: {active}")
+        if not active or state is None:
+            return
+        if not self.serving or self.serving[-1] != active[0]:
+            self.serving.append(active[0])
+        for stream, lease in sorted(state.leases.items()):
+            if lease.epoch:
+                self._lease_seen(stream, lease, lease_ms)
+
+    def _lease_seen(self, stream: str, lease: Lease, lease_ms: int) -> None:
+        latest = self.latest_epoch.get(stream, 0)
+        if lease.epoch < latest:
+            raise Violation(5, f"{stream}: epoch {lease.epoch} served after {latest}")
+        self.latest_epoch[stream] = lease.epoch
+        leases = self.leases.setdefault(stream, {})
+        if not lease.holder:
+            # Released: the holder of that epoch holds it no longer.
+            for epoch, holder in leases:
+                if epoch == lease.epoch:
+                    leases[epoch, holder] = min(leases[epoch, holder], lease.expires_ms)
+            return
+        key = (lease.epoch, lease.holder)
+        if key not in leases:
+            granted_ms = lease.expires_ms - lease_ms
+            for (epoch, holder), expires_ms in leases.items():
+                if holder != lease.holder and expires_ms > granted_ms:
+                    raise Violation(
+                        5,
+                        f"{stream}: epoch {lease.epoch} granted to {lease.holder} while "
+                        f"epoch {epoch} of {holder} ran until {expires_ms}",
+                    )
+        # The longest any master let it run: a master taking over must honour it.
+        leases[key] = max(leases.get(key, 0), lease.expires_ms)
+
+    def commit_applied(
+        self, data: MemoryEtcd, request: rpc_pb2.TxnRequest, reply: rpc_pb2.TxnResponse
+    ) -> None:
+        """A master's commit landed only while it was the active one: the writer key it
+        puts (`etcd_metadata`: the committer's election key) names the oldest election
+        key."""
+        puts = [op.request_put for op in request.success if op.HasField("request_put")]
+        writer_key = self.etcd.prefix + WRITER_KEY
+        committer = [put.value for put in puts if put.key == writer_key]
+        if not reply.succeeded or not committer:
+            return
+        election = self.etcd.election_name + b"/"
+        oldest = data.range(
+            rpc_pb2.RangeRequest(
+                key=election,
+                range_end=prefix_end(election),
+                sort_target=rpc_pb2.RangeRequest.CREATE,
+                limit=1,
+            )
+        ).kvs
+        if not oldest or committer[0] != oldest[0].key:
+            raise Violation(
+                5,
+                f"a commit of {committer[0]!r} landed while "
+                f"{oldest[0].key if oldest else 'no key'!r} was the oldest",
+            )
+        self.commits += 1
