@@ -47,7 +47,8 @@ FAULTS = Faults(loss=0.0, duplicate=0.02, delay_ms_max=5, slow=0.0, slow_delay_m
 
 @dataclass
 class LeaseWatch:
-    """Looks at every master every few ms with the world's `MasterChecker`."""
+    """Looks at every master every few ms with the worlds' `MasterChecker`: often
+    enough, with two writers of one stream, to see every release."""
 
     masters: list[SimElectedMaster]
     checker: MasterChecker
@@ -105,7 +106,7 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
             SimStore(network, f"store{n}", master_address=addresses, data_dir=data_dir)
             for n in range(3)
         ]
-        checker = MasterChecker(parse_etcd_url(etcd.url()))
+        checker = MasterChecker(parse_etcd_url(etcd.url()), sees_every_release=True)
         cluster = HaCluster(network, etcd, masters, stores, LeaseWatch(masters, checker))
         etcd.txn_observers.append(checker.commit_applied)
         with network.installed():
