@@ -65,7 +65,8 @@ faults-quick: $(STAMP)
 # (45 minutes; 2.4 s a seed at a load of 15); `make soak SOAK_SEEDS=500 SOAK_FIRST=12000`
 # runs a band of it.
 # `make sim-coverage`: the share of client/, master/, segment_store/ and protocol/
-# statements a fixed band of seeds executes, per part and per module (tests/sim/covered.py).
+# statements a fixed band of seeds of both worlds executes, per part and per module
+# (tests/sim/covered.py; `python -m tests.sim.covered --runtime`: the runtime's band alone).
 SOAK_SEEDS ?= 10000
 SOAK_FIRST ?= 10000
 soak: $(STAMP)

@@ -18,12 +18,13 @@ Invariant checks (`checkers.py`) run at every change a step makes.
     python -m tests.sim --runtime --soak K --first F  # (tests/sim/runtime/world.py)
     make soak        10,000 long seeds from 10,000 (CI runs the first 200 of them)
     make sim-coverage   the statements of client/, master/, segment_store/ and
-                     protocol/ a fixed band of seeds executes (`covered.py`)
+                     protocol/ a fixed band of seeds executes (`covered.py`; its
+                     `--runtime`: the runtime world's band alone)
 
 The world on the runtime runs the shipped shells themselves (the SDK's writer, recovery,
-replicator and subscription, the store's service, the master's service and repair
-loop) beside this one; it does not make every fault this one makes yet
-(tests/sim/runtime/README.md).
+replicator and subscription, the store's service, the master's service, repair and
+gauges loops, 1-3 masters elected on etcd) beside this one; it does not make every
+fault this one makes yet (tests/sim/runtime/README.md).
 
 The writer shell does what `streamengine.client.writer` does around the core: it carries out the
 core's actions (`AskRoll` as `RollSegment` at the master, `RecoverSegment` as a

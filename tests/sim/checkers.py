@@ -21,6 +21,10 @@ every step and a failure names the step that broke the rule:
    index reached it hold identical entries up to it; no acked index passes it; two
    recoveries never seal one segment at different final indexes.
 5. at most two unsealed segments; granted epochs strictly increase, across restarts.
+   With masters on etcd (`MasterChecker`, for the whole cluster): never two masters
+   serving at once, every commit etcd applies is the active master's, a stream's epoch
+   never goes back from one master to the next, and no lease is granted to another
+   writer while one of an earlier epoch still runs.
 6. bad input is refused and changes nothing (the world injects it and calls
    `unchanged`).
 7. every append ends (acked, definitely failed, or in doubt) within `APPEND_END_MS_MAX`
@@ -36,6 +40,10 @@ every step and a failure names the step that broke the rule:
     seal, or by W agreeing replicas), never changes and is what every replica that
     reached the bridge holds; a replica is condemned only when it differs from it, and
     a reader reports only a replica that does.
+13. retention and trims take only whole sealed segments from the head of a stream (the
+    point trimmed through never goes back), and a follower skips acked events only
+    where it was told `Trimmed` (and only at a position the master trimmed), from then
+    on starting at the first retained sequence it was told.
 """
 
 from __future__ import annotations
@@ -43,17 +51,27 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from streamengine.client.core.subscription import DataLoss
+from streamengine.etcd import rpc_pb2
+from streamengine.master.core.leadership import Lease
 from streamengine.master.core.model import SegmentState
+from streamengine.master.etcd import EtcdConfig
+from streamengine.master.etcd_metadata import WRITER_KEY
+from streamengine.master.metadata import prefix_end
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.retention import position_trimmed
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.store import SegmentStoreCore
+
+if TYPE_CHECKING:
+    from tests.sim.runtime.etcd import MemoryEtcd
 
 INVARIANTS = {
     1: "every acked append is read by every follower exactly once, in order",
@@ -65,6 +83,7 @@ INVARIANTS = {
     7: "every append ends within a bound (its timeout, or its writer losing leadership)",
     11: "stores change segments only under the master's grants, and take every one",
     12: "a sealed segment's certificate is what its replicas at the bridge hold",
+    13: "trims take whole sealed segments from the head; readers are told, never skipped",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -91,8 +110,14 @@ class FollowerRecord:
     last: int = -1
     # Accepted losses it was told, each with whether it runs to the segment's end.
     told_lost: list[tuple[DataLoss, bool]] = field(default_factory=list)
+    # The first retained sequence of the latest `Trimmed` it was told: what sorts before
+    # is gone for it.
+    trimmed_before: int = 0
 
-    def told_lost_at(self, sequence: int) -> bool:
+    def told_gone_at(self, sequence: int) -> bool:
+        """Whether it was told `sequence` is gone: lost (accepted) or trimmed away."""
+        if sequence < self.trimmed_before:
+            return True
         epoch, index = unpack_sequence(sequence)
         for loss, through_end in self.told_lost:
             if through_end and loss.covers(epoch, index):
@@ -140,6 +165,8 @@ class Checker:
         self.grants: dict[int, list[Grant]] = {}
         # Segments sealed accepting loss: the first index the master records as lost.
         self.declared_lost: dict[SegmentKey, int] = {}
+        # Invariant 13: the epoch the master trimmed the stream through.
+        self.trimmed_through = 0
 
     # ---- invariant 2 (and 4) on stores ----
 
@@ -205,7 +232,11 @@ class Checker:
         unsealed count. Catches a change the incremental checks were not told of. Only
         this checker's stream: the stores may hold others (one checker each)."""
         for name, core in sorted(stores.items()):
-            for segment in core.catalog.segments():
+            held = set(core.catalog.segments())
+            for store, segment in sorted(self.store_acked):
+                if store == name and segment not in held:
+                    self.store_deleted(name, segment)  # gone since: a later copy starts anew
+            for segment in sorted(held):
                 if segment.stream_id != self.stream_id:
                     continue
                 if (name, segment) in self.rotted:
@@ -416,6 +447,50 @@ class Checker:
         for record in state.streams.values():
             if record.epoch < self.epoch_seen:
                 raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+        self._trims_at_master(state)
+
+    # ---- invariant 13 ----
+
+    def _trims_at_master(self, state: MasterState) -> None:
+        """Only whole sealed segments from the head are trimmed, and what was trimmed
+        stays trimmed."""
+        name = state.names.get(self.stream_id)
+        record = state.streams.get(name) if name is not None else None
+        if record is None:
+            return
+        through = record.trimmed_through_epoch
+        if through < self.trimmed_through:
+            raise Violation(13, f"trimmed through epoch {through} after {self.trimmed_through}")
+        self.trimmed_through = through
+        for segment in state.stream_segments(self.stream_id):
+            trimmed = bool(segment.removal_at_ms)
+            if trimmed != (segment.epoch <= through):
+                raise Violation(
+                    13,
+                    f"segment {segment.epoch} {'is' if trimmed else 'is not'} trimmed; the "
+                    f"stream is trimmed through epoch {through}",
+                )
+            if trimmed and segment.state != SegmentState.SEALED:
+                raise Violation(13, f"segment {segment.epoch} trimmed, {segment.state.name}")
+
+    def trim_told(
+        self, follower: str, position: int, first_retained: int, state: MasterState | None
+    ) -> None:
+        """`follower` at `position` was told `Trimmed` with `first_retained`: only at a
+        position the master trimmed away (`state`: what it serves from now, None while
+        none serves); what sorts before `first_retained` is gone for it from now on."""
+        self.checks += 1
+        if state is not None:
+            self._trims_at_master(state)
+        if state is not None and not position_trimmed(position, self.trimmed_through):
+            epoch, index = unpack_sequence(position)
+            raise Violation(
+                13,
+                f"follower {follower} told {epoch}/{index} was trimmed; the master trimmed "
+                f"through epoch {self.trimmed_through}",
+            )
+        record = self.followers.setdefault(follower, FollowerRecord())
+        record.trimmed_before = max(record.trimmed_before, first_retained)
 
     # ---- invariant 11 ----
 
@@ -497,12 +572,15 @@ class Checker:
 
     # ---- invariant 1 (and 2 on readers) ----
 
-    def user_acked(self, epoch: int, index: int, payload: bytes, state: MasterState) -> None:
+    def user_acked(
+        self, epoch: int, index: int, payload: bytes, state: MasterState | None
+    ) -> None:
+        """A user was told `payload` landed at `epoch`/`index`; `state`: what the
+        master serves from now (None while no master serves: the gate goes unchecked)."""
         self.checks += 1
+        segments = state.stream_segments(self.stream_id) if state is not None else []
         earlier = [
-            s.epoch
-            for s in state.stream_segments(self.stream_id)
-            if s.epoch < epoch and s.state != SegmentState.SEALED
+            s.epoch for s in segments if s.epoch < epoch and s.state != SegmentState.SEALED
         ]
         if earlier:
             raise Violation(1, f"acked {epoch}/{index} while segments {earlier} are unsealed")
@@ -519,7 +597,7 @@ class Checker:
             if (
                 follower.last > sequence
                 and sequence not in follower.seen
-                and not follower.told_lost_at(sequence)
+                and not follower.told_gone_at(sequence)
             ):
                 raise Violation(1, f"follower {name} passed acked {epoch}/{index} without it")
 
@@ -536,7 +614,7 @@ class Checker:
         lo = bisect.bisect_right(self.acked_sequences, record.last)
         hi = bisect.bisect_left(self.acked_sequences, sequence)
         for skipped in self.acked_sequences[lo:hi]:
-            if not record.told_lost_at(skipped):
+            if not record.told_gone_at(skipped):
                 missed = unpack_sequence(skipped)
                 raise Violation(1, f"follower {follower} skipped acked {missed}, told no loss")
         record.seen[sequence] = payload
@@ -547,7 +625,7 @@ class Checker:
         """Acked events `follower` has not read and was told no loss of."""
         record = self.followers.setdefault(follower, FollowerRecord())
         return [
-            s for s in self.acked_sequences if s not in record.seen and not record.told_lost_at(s)
+            s for s in self.acked_sequences if s not in record.seen and not record.told_gone_at(s)
         ]
 
     def bounded_read_finished(self, reader: str, end: int) -> None:
@@ -556,7 +634,7 @@ class Checker:
         self.checks += 1
         record = self.followers.setdefault(reader, FollowerRecord())
         in_range = self.acked_sequences[: bisect.bisect_left(self.acked_sequences, end)]
-        missed = [s for s in in_range if s not in record.seen and not record.told_lost_at(s)]
+        missed = [s for s in in_range if s not in record.seen and not record.told_gone_at(s)]
         if missed:
             raise Violation(
                 1,
@@ -601,3 +679,90 @@ class Checker:
             missing = self.missing(name)
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
+
+
+class MasterChecker:
+    """Invariant 5 across masters on etcd, for the whole cluster: what the masters
+    serving say, looked at now and then (`look`), and every transaction etcd applies
+    (`commit_applied`, a `SimEtcd.txn_observers` entry).
+
+    `sees_every_release`: looked at often enough that no lease is released and granted
+    to another between two looks (a few streams looked at every few ms). Only then is a
+    lease granted while an earlier one seemed to run a violation; looked at less often,
+    a release in between is as likely."""
+
+    def __init__(self, etcd: EtcdConfig | None = None, sees_every_release: bool = False) -> None:
+        self.etcd = etcd  # None: one master, without etcd
+        self.sees_every_release = sees_every_release
+        # The latest epoch any master serving had, per stream.
+        self.latest_epoch: dict[str, int] = {}
+        # Per stream, the longest any master let each (epoch, holder) granted run.
+        self.leases: dict[str, dict[tuple[int, str], int]] = {}
+        self.serving: list[str] = []  # the masters serving in turn
+        self.commits = 0
+
+    def look(self, active: list[str], state: MasterState | None, lease_ms: int) -> None:
+        """`active`: the masters that would serve now; `state`: what the one serves."""
+        if len(active) > 1:
+            raise Violation(5, f"two masters serve at once: {active}")
+        if not active or state is None:
+            return
+        if not self.serving or self.serving[-1] != active[0]:
+            self.serving.append(active[0])
+        for stream, lease in sorted(state.leases.items()):
+            if lease.epoch:
+                self._lease_seen(stream, lease, lease_ms)
+
+    def _lease_seen(self, stream: str, lease: Lease, lease_ms: int) -> None:
+        latest = self.latest_epoch.get(stream, 0)
+        if lease.epoch < latest:
+            raise Violation(5, f"{stream}: epoch {lease.epoch} served after {latest}")
+        self.latest_epoch[stream] = lease.epoch
+        leases = self.leases.setdefault(stream, {})
+        if not lease.holder:
+            # Released: the holder of that epoch holds it no longer.
+            for epoch, holder in leases:
+                if epoch == lease.epoch:
+                    leases[epoch, holder] = min(leases[epoch, holder], lease.expires_ms)
+            return
+        key = (lease.epoch, lease.holder)
+        if key not in leases and self.sees_every_release:
+            granted_ms = lease.expires_ms - lease_ms
+            for (epoch, holder), expires_ms in leases.items():
+                if holder != lease.holder and expires_ms > granted_ms:
+                    raise Violation(
+                        5,
+                        f"{stream}: epoch {lease.epoch} granted to {lease.holder} while "
+                        f"epoch {epoch} of {holder} ran until {expires_ms}",
+                    )
+        # The longest any master let it run: a master taking over must honour it.
+        leases[key] = max(leases.get(key, 0), lease.expires_ms)
+
+    def commit_applied(
+        self, data: MemoryEtcd, request: rpc_pb2.TxnRequest, reply: rpc_pb2.TxnResponse
+    ) -> None:
+        """A master's commit landed only while it was the active one: the writer key it
+        puts (`etcd_metadata`: the committer's election key) names the oldest election
+        key."""
+        assert self.etcd is not None, "commits to an etcd, from masters on none"
+        puts = [op.request_put for op in request.success if op.HasField("request_put")]
+        writer_key = self.etcd.prefix + WRITER_KEY
+        committer = [put.value for put in puts if put.key == writer_key]
+        if not reply.succeeded or not committer:
+            return
+        election = self.etcd.election_name + b"/"
+        oldest = data.range(
+            rpc_pb2.RangeRequest(
+                key=election,
+                range_end=prefix_end(election),
+                sort_target=rpc_pb2.RangeRequest.CREATE,
+                limit=1,
+            )
+        ).kvs
+        if not oldest or committer[0] != oldest[0].key:
+            raise Violation(
+                5,
+                f"a commit of {committer[0]!r} landed while "
+                f"{oldest[0].key if oldest else 'no key'!r} was the oldest",
+            )
+        self.commits += 1

@@ -8,8 +8,10 @@ the seeds put under the invariants' checks; the modules at the bottom of the lis
 the ones only the unit and integration tests reach.
 
 The band is fixed (`BAND`) so that two figures compare: short seeds as CI runs them,
-long ones as the soak does, and the bands that switch on damage at rest, bounded reads
-and wiped disks. Only the process bootstrap and its argument parsing are left out of
+long ones as the soak does, the bands that switch on damage at rest, bounded reads
+and wiped disks, and the world on the runtime (`tests.sim.runtime.world`, the shipped
+shells) over its CI band and the seeds above it. `--runtime` measures the runtime's
+band alone. Only the process bootstrap and its argument parsing are left out of
 the count (`EXCLUDED`, each with why); every other module of the four parts counts,
 executed or not.
 """
@@ -47,6 +49,7 @@ class Band:
     seeds: range
     steps: int
     overrides: dict[str, Any]
+    runtime: bool = False  # the world on the runtime (its seeds have no steps)
 
 
 # The wiped-disk band's overrides are `world.WIPES`, looked up once coverage runs: no
@@ -58,6 +61,7 @@ BAND = (
     Band("rot", range(0, 10), 3000, {"rot": True}),
     Band("bounded reads", range(0, 10), 800, {"bounded_reads": True}),
     Band("wipes", range(0, 10), 3000, {"wipes": True}),
+    Band("runtime", range(0, 20), 0, {}, runtime=True),
 )
 
 
@@ -79,27 +83,31 @@ def counted_modules() -> list[Path]:
     return [p for p in modules if p not in excluded]
 
 
-def run_band() -> list[str]:
-    """Run every seed of the band; the summaries of those that failed."""
+def run_band(bands: tuple[Band, ...]) -> list[str]:
+    """Run every seed of the bands; the summaries of those that failed."""
     world = importlib.import_module("tests.sim.world")
+    runtime_world = importlib.import_module("tests.sim.runtime.world")
     failed = []
-    for band in BAND:
+    for band in bands:
         overrides = world.WIPES if band.overrides.get("wipes") else band.overrides
         for seed in band.seeds:
-            result = world.run_seed(seed, band.steps, overrides=overrides or None)
+            if band.runtime:
+                result = runtime_world.run_seed(seed)
+            else:
+                result = world.run_seed(seed, band.steps, overrides=overrides or None)
             if not result.ok:
                 failed.append(f"{band.name}: {result.summary()}")
     return failed
 
 
-def measure() -> tuple[list[ModuleShare], list[str], float]:
+def measure(bands: tuple[Band, ...] = BAND) -> tuple[list[ModuleShare], list[str], float]:
     sources = [str(ROOT / part) for part in PARTS]
     omitted = [str(ROOT / path) for path in EXCLUDED]
     cov = coverage.Coverage(data_file=None, source=sources, omit=omitted)
     started = time.perf_counter()
     cov.start()
     try:
-        failed = run_band()
+        failed = run_band(bands)
     finally:
         cov.stop()
     seconds = time.perf_counter() - started
@@ -116,11 +124,15 @@ def _row(name: str, statements: int, executed: int) -> str:
     return f"{name:<64} {statements:>6} {executed:>8} {share:>7.1%}"
 
 
-def report(shares: list[ModuleShare], failed: list[str], seconds: float) -> str:
+def report(
+    shares: list[ModuleShare], failed: list[str], seconds: float, measured: tuple[Band, ...]
+) -> str:
     bands = ", ".join(
-        f"{b.name} {b.seeds.start}..{b.seeds.stop - 1} at {b.steps} steps" for b in BAND
+        f"{b.name} {b.seeds.start}..{b.seeds.stop - 1}"
+        + ("" if b.runtime else f" at {b.steps} steps")
+        for b in measured
     )
-    seeds = sum(len(b.seeds) for b in BAND)
+    seeds = sum(len(b.seeds) for b in measured)
     lines = [f"simulator coverage: {seeds} seeds ({bands}), {seconds:.0f} s under coverage"]
     header = f"{'':<64} {'stmts':>6} {'executed':>8} {'share':>7}"
     lines += ["", header]
@@ -144,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     if not __debug__:
         print("refusing to run under python -O: the checks are asserts too", file=sys.stderr)
         return 2
-    argparse.ArgumentParser(prog="python -m tests.sim.covered", description=__doc__).parse_args(
-        argv
+    parser = argparse.ArgumentParser(prog="python -m tests.sim.covered", description=__doc__)
+    parser.add_argument(
+        "--runtime", action="store_true", help="only the world on the runtime's band"
     )
+    args = parser.parse_args(argv)
+    bands = tuple(b for b in BAND if b.runtime) if args.runtime else BAND
     spec = importlib.util.find_spec("streamengine")  # found, not imported (see BAND)
     found = Path(spec.origin).resolve() if spec is not None and spec.origin else None
     if found is None or ROOT not in found.parents:
@@ -156,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    shares, failed, seconds = measure()
-    print(report(shares, failed, seconds))
+    shares, failed, seconds = measure(bands)
+    print(report(shares, failed, seconds, bands))
     return 1 if failed else 0
 
 

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamengine import StreamClient
-from streamengine.etcd import rpc_pb2
-from streamengine.master.core.leadership import Lease
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, KEEPALIVES_PER_TTL, POLL_S
-from streamengine.master.etcd import EtcdConfig, parse_etcd_url
-from streamengine.master.etcd_metadata import WRITER_KEY
-from streamengine.master.metadata import prefix_end
+from streamengine.master.etcd import parse_etcd_url
 from streamengine.protocol.clock import wall_ms
 from streamengine.testing import wait_until
+from tests.sim.checkers import MasterChecker
 from tests.sim.network import Faults
-from tests.sim.runtime.etcd import LEASE_CHECK_MS, MemoryEtcd, SimEtcd
+from tests.sim.runtime.etcd import LEASE_CHECK_MS, SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster
 from tests.sim.runtime.store import SimStore
@@ -49,50 +46,18 @@ FAULTS = Faults(loss=0.0, duplicate=0.02, delay_ms_max=5, slow=0.0, slow_delay_m
 
 
 @dataclass
-class LeaseChecker:
-    """What the masters serving say of the stream's lease, looked at every few ms:
-    never two masters serving at once, never an epoch going back, never a lease granted
-    to another writer while one of an earlier epoch still ran."""
+class LeaseWatch:
+    """Looks at every master every few ms with the worlds' `MasterChecker`: often
+    enough, with two writers of one stream, to see every release."""
 
     masters: list[SimElectedMaster]
-    latest_epoch: int = 0
-    # The longest any master let each (epoch, holder) granted run.
-    leases: dict[tuple[int, str], int] = field(default_factory=dict)
-    serving: list[str] = field(default_factory=list)
+    checker: MasterChecker
 
     def look(self) -> None:
         now = wall_ms()
         active = [m for m in self.masters if m.active(now)]
-        assert len(active) <= 1, f"two masters serve at {now}: {[m.name for m in active]}"
-        if not active:
-            return
-        master = active[0]
-        if not self.serving or self.serving[-1] != master.name:
-            self.serving.append(master.name)
-        assert master.state is not None
-        lease = master.state.leases.get(STREAM)
-        if lease is not None and lease.epoch:
-            self._saw(lease, master.lease_ms)
-
-    def _saw(self, lease: Lease, lease_ms: int) -> None:
-        assert lease.epoch >= self.latest_epoch, f"epoch {lease.epoch} after {self.latest_epoch}"
-        self.latest_epoch = lease.epoch
-        if not lease.holder:
-            # Released: the holder of that epoch holds it no longer.
-            for epoch, holder in self.leases:
-                if epoch == lease.epoch:
-                    self.leases[epoch, holder] = min(self.leases[epoch, holder], lease.expires_ms)
-            return
-        key = (lease.epoch, lease.holder)
-        if key not in self.leases:
-            granted_ms = lease.expires_ms - lease_ms
-            for (epoch, holder), expires_ms in self.leases.items():
-                assert holder == lease.holder or expires_ms <= granted_ms, (
-                    f"epoch {lease.epoch} granted to {lease.holder} while epoch {epoch} of "
-                    f"{holder} ran until {expires_ms}"
-                )
-        # The longest any master let it run: a master taking over must honour it.
-        self.leases[key] = max(self.leases.get(key, 0), lease.expires_ms)
+        state = active[0].state if active else None
+        self.checker.look([m.name for m in active], state, self.masters[0].lease_ms)
 
     async def run(self) -> None:
         while True:
@@ -101,44 +66,12 @@ class LeaseChecker:
 
 
 @dataclass
-class CommitChecker:
-    """Every commit etcd applies comes from the active master: the writer key it puts
-    (`etcd_metadata`: the committer's election key) names the oldest election key."""
-
-    config: EtcdConfig
-    commits: int = 0
-
-    def __call__(
-        self, data: MemoryEtcd, request: rpc_pb2.TxnRequest, reply: rpc_pb2.TxnResponse
-    ) -> None:
-        puts = [op.request_put for op in request.success if op.HasField("request_put")]
-        writer_key = self.config.prefix + WRITER_KEY
-        committer = [put.value for put in puts if put.key == writer_key]
-        if not reply.succeeded or not committer:
-            return
-        election = self.config.election_name + b"/"
-        oldest = data.range(
-            rpc_pb2.RangeRequest(
-                key=election,
-                range_end=prefix_end(election),
-                sort_target=rpc_pb2.RangeRequest.CREATE,
-                limit=1,
-            )
-        ).kvs
-        assert oldest and committer[0] == oldest[0].key, (
-            f"a commit of {committer[0]!r} landed while "
-            f"{oldest[0].key if oldest else 'no key'!r} was the oldest"
-        )
-        self.commits += 1
-
-
-@dataclass
 class HaCluster:
     network: SimNetwork
     etcd: SimEtcd
     masters: list[SimElectedMaster]
     stores: list[SimStore]
-    checker: LeaseChecker
+    watch: LeaseWatch
 
     @property
     def addresses(self) -> str:
@@ -173,9 +106,9 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
             SimStore(network, f"store{n}", master_address=addresses, data_dir=data_dir)
             for n in range(3)
         ]
-        cluster = HaCluster(network, etcd, masters, stores, LeaseChecker(masters))
-        commits = CommitChecker(parse_etcd_url(etcd.url()))
-        etcd.txn_observers.append(commits)
+        checker = MasterChecker(parse_etcd_url(etcd.url()), sees_every_release=True)
+        cluster = HaCluster(network, etcd, masters, stores, LeaseWatch(masters, checker))
+        etcd.txn_observers.append(checker.commit_applied)
         with network.installed():
             async with asyncio.TaskGroup() as group:
                 etcd.start(group)
@@ -189,7 +122,7 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
                     for store in stores
                 ]
                 await wait_until(lambda: _joined(cluster), 30, "the stores joined")
-                nodes.append(group.create_task(cluster.checker.run()))
+                nodes.append(group.create_task(cluster.watch.run()))
                 scenario = _write_across(cluster, failure)
                 trace = await group.create_task(scenario, context=node_context("w1"))
                 for node in nodes:
@@ -197,7 +130,7 @@ def _simulate(seed: int, data_dir: Path, failure: Failure, masters_n: int = 3) -
                 for process in [*masters, etcd]:
                     if process.running:
                         await process.crash()
-        assert commits.commits > 0, "the checker saw commits"
+        assert checker.commits > 0, "the checker saw commits"
         return trace
 
     return run(main(), seed)
@@ -244,9 +177,9 @@ async def _write_across(cluster: HaCluster, failure: Failure) -> list[str]:
         trace.append(await contending)
     assert taking_over is not None
     trace.append(await taking_over)
-    checker = cluster.checker
+    checker = cluster.watch.checker
     trace.append(f"masters serving in turn: {' '.join(checker.serving)}")
-    trace.append(f"epochs granted: {sorted(epoch for epoch, _ in checker.leases)}")
+    trace.append(f"epochs granted: {sorted(epoch for epoch, _ in checker.leases[STREAM])}")
     return trace
 
 

@@ -119,3 +119,43 @@ def test_a_master_serves_only_while_active_and_its_lease_confirmed() -> None:
     with pytest.raises(NotActive):
         role.serving(2400)
     assert role.active_until_ms == 0
+
+
+class _FailingKeepAlive:
+    """A keepalive stream whose read the test ends with an error."""
+
+    def __init__(self, reads: list[asyncio.Future[Any]]) -> None:
+        self.reads = reads
+
+    async def write(self, request: Any) -> None:
+        return None
+
+    async def read(self) -> Any:
+        read: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.reads.append(read)
+        return await read
+
+    def cancel(self) -> None:
+        return None
+
+
+async def test_a_keepalive_cancelled_as_its_renewal_fails_ends() -> None:
+    """Cancelled in the very step its renewal fails (etcd going away as the master
+    stops), the keepalive still ends: asyncio.wait_for of Python 3.11 handed back the
+    renewal's error instead of the cancellation, and the keepalive went on forever."""
+    reads: list[asyncio.Future[Any]] = []
+    client = SimpleNamespace(
+        config=SimpleNamespace(election_name=b"e"),
+        member="etcd:2379",
+        aio_lease=lambda member: SimpleNamespace(
+            LeaseKeepAlive=lambda: _FailingKeepAlive(reads)
+        ),
+        member_failed=lambda member: None,
+    )
+    master = Election(client, "m1:1", 1, clock_ms)  # type: ignore[arg-type]
+    keeping = asyncio.ensure_future(master.keep_alive(7, lambda until: None))
+    await wait_until(lambda: bool(reads), 1, "a renewal sent")
+    reads[0].set_exception(ConnectionError("etcd went away"))
+    keeping.cancel()
+    done, _ = await asyncio.wait([keeping], timeout=1)
+    assert done and keeping.cancelled(), "the keepalive ended, cancelled"

@@ -124,8 +124,11 @@ class Election:
                 while True:
                     sent_ms = self.clock_ms()
                     # Unanswered within an interval (even unsent: a member cut off the
-                    # network never completes the connection): try the next member.
-                    reply = await asyncio.wait_for(self._renew(call, request), interval_s)
+                    # network never completes the connection): try the next member. Not
+                    # `asyncio.wait_for`: cancelled as the renewal failed, Python 3.11's
+                    # hands back the failure and the cancellation is lost.
+                    async with asyncio.timeout(interval_s):
+                        reply = await self._renew(call, request)
                     if reply.TTL <= 0:
                         raise LeaseLost(f"etcd no longer knows lease {lease_id:x}")
                     confirmed(master_active_until(sent_ms, reply.TTL * 1000))

@@ -2,6 +2,10 @@
 `MasterState`, and its repair loop, served by a `SimServer` built as `server._serve`
 builds the real one (the same interceptors, the health service).
 
+Both run the master's gauges loop beside the role (`server._update_gauges`, as
+`server._serve` does), which also enforces retention and removes what waited out its
+`delete_grace_ms`.
+
 - `SimMaster`: one master on in-memory metadata, without an election (the embedded
   master of `server._embedded_master`).
 - `SimElectedMaster`: one of several masters on an etcd (`etcd.SimEtcd`), as
@@ -21,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamengine.master.catalog import Catalog
 from streamengine.master.core.repair import REPAIR_CONCURRENCY_DEFAULT
+from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, Election
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata
@@ -29,7 +34,11 @@ from streamengine.master.metadata import MemoryMetadata, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.repair import Repairer
 from streamengine.master.role import FOREVER_MS, MasterRole
-from streamengine.master.server import COMMIT_SHARE_OF_TTL, STORE_TIMEOUT_MS_DEFAULT
+from streamengine.master.server import (
+    COMMIT_SHARE_OF_TTL,
+    STORE_TIMEOUT_MS_DEFAULT,
+    _update_gauges,
+)
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
@@ -50,12 +59,14 @@ class SimMaster:
         name: str = "master",
         lease_ms: int = LEASE_MS_DEFAULT,
         store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
+        delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
     ) -> None:
         self.network = network
         self.name = name
         self.address = f"{name}:1"
         self.lease_ms = lease_ms
         self.store_timeout_ms = store_timeout_ms
+        self.delete_grace_ms = delete_grace_ms
         self.metadata = MemoryMetadata()
         self.serving = asyncio.Event()
         self.state: MasterState | None = None
@@ -69,11 +80,12 @@ class SimMaster:
             self.store_timeout_ms,
             # The seed's key, as the world's master has it (it moves here when that goes).
             make_signing_key=lambda: sim_signing_key(seed),
+            delete_grace_ms=self.delete_grace_ms,
             make_cluster_id=lambda: f"sim-cluster-{seed}",
         )
         self.state = state
         role = MasterRole(self.address)
-        server, health_servicer = _served(self.network, self.name, self.address, role)
+        server, health_servicer, service = _served(self.network, self.name, self.address, role)
         await server.start()
         repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
         role.activate(state, repairer, until_ms=FOREVER_MS)
@@ -81,7 +93,9 @@ class SimMaster:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.serving.set()
         try:
-            await repairer.run()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_update_gauges(service, None))
+                await repairer.run()
         finally:
             self.serving.clear()
             role.step_down()
@@ -90,14 +104,16 @@ class SimMaster:
 
 def _served(
     network: SimNetwork, name: str, address: str, role: MasterRole
-) -> tuple[SimServer, health.aio.HealthServicer]:
-    """The master's server as `server._serve` builds it, and its health service."""
+) -> tuple[SimServer, health.aio.HealthServicer, MasterService]:
+    """The master's server as `server._serve` builds it, its health service and the
+    master's service."""
     server = SimServer(network, name, [RequestParsing()])
-    MasterService(role, wall_ms, Metrics.create()).add_to_server(server)
+    service = MasterService(role, wall_ms, Metrics.create())
+    service.add_to_server(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(address)
-    return server, health_servicer
+    return server, health_servicer, service
 
 
 class SimElectedMaster(SimProcess):
@@ -111,6 +127,7 @@ class SimElectedMaster(SimProcess):
         lease_ms: int = LEASE_MS_DEFAULT,
         store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
         election_ttl_s: int = ELECTION_TTL_S_DEFAULT,
+        delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
     ) -> None:
         super().__init__()
         self.network = network
@@ -120,6 +137,7 @@ class SimElectedMaster(SimProcess):
         self.lease_ms = lease_ms
         self.store_timeout_ms = store_timeout_ms
         self.election_ttl_s = election_ttl_s
+        self.delete_grace_ms = delete_grace_ms
         # The running process's role (None before the first start).
         self.role: MasterRole | None = None
         self._clean_stop = False
@@ -148,13 +166,14 @@ class SimElectedMaster(SimProcess):
             self.lease_ms,
             self.store_timeout_ms,
             make_signing_key=lambda: sim_signing_key(seed),
+            delete_grace_ms=self.delete_grace_ms,
             make_cluster_id=lambda: f"sim-cluster-{seed}",
         )
 
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_etcd_master`."""
         self.role = role = MasterRole(self.address)
-        server, health_servicer = _served(self.network, self.name, self.address, role)
+        server, health_servicer, service = _served(self.network, self.name, self.address, role)
         client = EtcdClient(parse_etcd_url(self.etcd_url))
         election = Election(client, role.address, self.election_ttl_s, wall_ms)
         metadata = EtcdMetadata(client, commit_timeout_s=self.election_ttl_s * COMMIT_SHARE_OF_TTL)
@@ -169,7 +188,9 @@ class SimElectedMaster(SimProcess):
         await server.start()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         try:
-            await elected.run()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_update_gauges(service, None))
+                await elected.run()
         finally:
             role.lease_lost()
             if self._clean_stop:

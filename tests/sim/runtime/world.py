@@ -2,26 +2,31 @@
 
 Theory of operation. A seed draws a `WorldConfig` (policy, stores, client processes,
 streams, faults, lease, workload, nemesis) and then everything runs on one `SimLoop`:
-the shipped master (`SimMaster`) and stores (`SimStore`), client processes that each
-open a `StreamClient` on their own node of the `SimNetwork` and lead their streams
-through the shipped writer (rivals race for some of them), and followers reading every
-stream back through the shipped subscription. Nothing here stands in for a shell.
+the shipped master (`SimMaster` on in-memory metadata, or 1-3 `SimElectedMaster`s on a
+`SimEtcd`, as `WorldConfig.masters` says) and stores (`SimStore`), client processes
+that each open a `StreamClient` on their own node of the `SimNetwork` and lead their
+streams through the shipped writer (rivals race for some of them), and followers
+reading every stream back through the shipped subscription. Nothing here stands in for
+a shell.
 
 The safety phase runs `safety_ms` of virtual time under network faults and a nemesis
 on the loop's timers: stores crashing with their machine's power (fsync on or off) and
 coming back, now and then with a wiped disk (a new incarnation); partitions and
 connection resets; client processes crashing (cut off, their tasks cancelled; a new
 incarnation takes over through the shipped recovery); the master restarting over the
-same metadata. The liveness phase then heals the network, brings every node back,
-stops faults, and must converge within `LIVENESS_MS`: every stream's leader gets a
-marker acked, and every follower has read every event ever acked.
+same metadata, or, on etcd, the active master killed, stopped cleanly, or cut off from
+etcd and the stores, and etcd itself going down and back. The liveness phase then heals
+the network, brings every node back, stops faults, and must converge within
+`LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
+every event ever acked.
 
 The checkers are `tests.sim.checkers.Checker`s, one per stream, fed with what the
 shipped shells returned: acks (invariant 1 and 2, the gate on earlier segments),
 events followers read, how and when each append ended (invariant 7: an append ends
 within the writer's append timeout, acked or with a typed SDK error), and periodic
 audits of every store's served prefix and sealed replicas against the master
-(invariants 2, 4, 5).
+(invariants 2, 4, 5); and a `MasterChecker` for the cluster (invariant 5: never two
+masters serving, every etcd commit the active master's, epochs never going back).
 
     python -m tests.sim --runtime --seed N       # one seed, with its trace
     python -m tests.sim --runtime --soak K --first F
@@ -45,6 +50,8 @@ from pathlib import Path
 from typing import Any, cast
 from unittest import mock
 
+import grpc
+
 from streamengine import StreamClient, StreamEvent
 from streamengine.client import writer as writer_shell
 from streamengine.client.core import writer as writer_core
@@ -55,8 +62,12 @@ from streamengine.client.errors import (
     DataLossError,
     LeadershipLost,
     StreamEngineError,
+    Trimmed,
 )
 from streamengine.client.writer import Writer
+from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
+from streamengine.master.etcd import parse_etcd_url
+from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.sequence import unpack_sequence
@@ -64,10 +75,12 @@ from streamengine.segment_store import master_link
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.kv import MemoryKV
 from streamengine.testing import wait_until
-from tests.sim.checkers import Checker, Violation
+from streamengine.v1 import master_pb2
+from tests.sim.checkers import Checker, MasterChecker, Violation
 from tests.sim.network import Faults
+from tests.sim.runtime.etcd import SimEtcd
 from tests.sim.runtime.loop import run
-from tests.sim.runtime.master import SimMaster
+from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import SimNetwork, node_context
 from tests.sim.world import is_documented_loss, run_outcome
@@ -105,6 +118,14 @@ STOP_MS_MAX = 10_000
 SETUP_MS_MAX = 30_000
 # With `WorldConfig.wipes`, the chance that a store's crash wipes its disk.
 WIPE_CHANCE = 0.5
+# The share of seeds with an operator, its delete graces, how often it acts, how long a
+# stream stays deleted before it undeletes it, and how long its calls may take.
+OPERATOR_SHARE = 0.4
+OPERATOR_GRACES_MS = (3_000, 6_000)
+OPERATOR_EVERY_MS = 1_500
+DELETED_MS_MAX = 600
+DRAINING_MS_MAX = 3_000
+OPERATOR_CALL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +149,12 @@ class WorldConfig:
     segment_bytes: int
     fsync_never: tuple[str, ...] = ()
     wipes: bool = False
+    # 0: one master on in-memory metadata; 1-3: masters elected on an etcd.
+    masters: int = 0
+    # An operator making the CLI's stream calls: trims by hand, retention limits,
+    # deletes undone within the grace (which is short, so trimmed segments leave).
+    operator: bool = False
+    delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -144,6 +171,11 @@ class WorldConfig:
         if quorum > 1 and rng.random() < 1 / 3:
             names = [f"store{n}" for n in range(stores)]
             fsync_never = tuple(sorted(rng.sample(names, rng.randint(1, quorum - 1))))
+        # What the generator gained later is drawn apart, so that adding it moved no
+        # seed's schedule of what it drew before.
+        later = random.Random(f"{seed}/later")
+        masters = later.choice((0, 0, 1, 2, 3))
+        operator = later.random() < OPERATOR_SHARE
         return WorldConfig(
             seed=seed,
             policy=ReplicationPolicy(replicas, quorum),
@@ -164,6 +196,11 @@ class WorldConfig:
             segment_bytes=rng.choice((0, 0, 600, 3000)),
             fsync_never=fsync_never,
             wipes=rng.random() < 0.25,
+            masters=masters,
+            operator=operator,
+            delete_grace_ms=(
+                later.choice(OPERATOR_GRACES_MS) if operator else DELETE_GRACE_MS_DEFAULT
+            ),
             flaws=flaws,
         )
 
@@ -180,6 +217,8 @@ class WorldConfig:
             f"store down<={self.store_down_ms_max}ms roll at {self.segment_bytes or '-'}B"
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
             + (" wipes" if self.wipes else "")
+            + (f" masters={self.masters} on etcd" if self.masters else "")
+            + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -229,6 +268,73 @@ class Process:
 Subscription = AsyncGenerator[StreamEvent, None]
 
 
+class Masters:
+    """The cluster's masters: one on in-memory metadata (`WorldConfig.masters` 0), run
+    as a world node and restarted over the same metadata, or 1-3 elected on an etcd
+    (`SimElectedMaster` on `SimEtcd`, each its own process), which `checker` watches."""
+
+    def __init__(self, network: SimNetwork, config: WorldConfig) -> None:
+        lease_ms, store_timeout_ms = config.lease_ms, config.store_timeout_ms
+        grace_ms = config.delete_grace_ms
+        self.embedded: SimMaster | None = None
+        self.etcd: SimEtcd | None = None
+        self.elected: list[SimElectedMaster] = []
+        if config.masters:
+            self.etcd = SimEtcd(network)
+            self.elected = [
+                SimElectedMaster(
+                    network,
+                    f"m{n}",
+                    self.etcd.url(),
+                    lease_ms,
+                    store_timeout_ms,
+                    delete_grace_ms=grace_ms,
+                )
+                for n in range(1, config.masters + 1)
+            ]
+            self.checker = MasterChecker(parse_etcd_url(self.etcd.url()))
+        else:
+            self.embedded = SimMaster(network, "master", lease_ms, store_timeout_ms, grace_ms)
+            self.checker = MasterChecker()
+        self.lease_ms = config.lease_ms
+
+    @property
+    def address(self) -> str:
+        """What stores and clients are given: every master's address."""
+        if self.embedded is not None:
+            return self.embedded.address
+        return ",".join(master.address for master in self.elected)
+
+    @property
+    def names(self) -> list[str]:
+        """The masters' nodes (and etcd's)."""
+        if self.embedded is not None:
+            return [self.embedded.name]
+        assert self.etcd is not None
+        return [master.name for master in self.elected] + [self.etcd.name]
+
+    def active(self) -> list[SimElectedMaster]:
+        now = wall_ms()
+        return [master for master in self.elected if master.active(now)]
+
+    @property
+    def state(self) -> MasterState | None:
+        """What the master serves from: the embedded one's (kept while it restarts, no
+        other changes it), or the active elected one's (None while none is)."""
+        if self.embedded is not None:
+            return self.embedded.state
+        active = self.active()
+        return active[0].state if len(active) == 1 else None
+
+    def look(self) -> None:
+        """Invariant 5 across masters (`MasterChecker.look`)."""
+        active = self.active()
+        if self.embedded is not None:
+            self.checker.look([self.embedded.name], self.embedded.state, self.lease_ms)
+        else:
+            self.checker.look([m.name for m in active], self.state, self.lease_ms)
+
+
 class World:
     """One seed's cluster, workload, nemesis and checkers: see the module doc."""
 
@@ -247,14 +353,14 @@ class World:
         self.group = group
         self._trace = trace
         self.lines: list[str] = []
-        self.master = SimMaster(
-            network, lease_ms=config.lease_ms, store_timeout_ms=config.store_timeout_ms
-        )
+        self.masters = Masters(network, config)
+        if self.masters.etcd is not None:
+            self.masters.etcd.txn_observers.append(self._commit_applied)
         self.stores = {
             name: SimStore(
                 network,
                 name,
-                master_address=self.master.address,
+                master_address=self.masters.address,
                 data_dir=SIM_DATA_DIR,
                 fsync=name not in config.fsync_never,
             )
@@ -320,6 +426,9 @@ class World:
             return False
         return True
 
+    def _commit_applied(self, *commit: Any) -> None:
+        self.check(self.masters.checker.commit_applied, *commit)
+
     def start(self, node: str, serve: Coroutine[Any, Any, None]) -> None:
         self.nodes[node] = self.group.create_task(serve, context=node_context(node))
 
@@ -334,7 +443,8 @@ class World:
         """End every node; a node still running `STOP_MS_MAX` later is a world error
         (its loop does not end when cancelled)."""
         self.phase = "stopped"
-        tasks = list(self.nodes.values())
+        processes = [*self.masters.elected, *filter(None, [self.masters.etcd])]
+        tasks = list(self.nodes.values()) + [p.task for p in processes if p.task is not None]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -361,6 +471,8 @@ class World:
             self.start(f"r{n}", self._follower(f"r{n}"))
         self.start("nemesis", self._nemesis())
         self.start("watch", self._watch())
+        if self.config.operator:
+            self.start("operator", self._operator())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.safety_ms / 1000):
                 await self.finished.wait()
@@ -379,21 +491,36 @@ class World:
                 self.check(checker.check_complete, followers)
 
     async def _set_up(self) -> None:
-        self.start(self.master.name, self.master.serve())
+        await self._start_masters()
         for name, store in self.stores.items():
             self.start(name, store.serve())
         async with asyncio.timeout(SETUP_MS_MAX / 1000):
             await wait_until(self._joined, timeout_s=SETUP_MS_MAX / 1000)
             await self.group.create_task(self._create_streams(), context=node_context("setup"))
-        state = self.master.state
+        state = self.masters.state
         assert state is not None
         for stream in self.stream_names:
             stream_id = state.streams[stream].stream_id
             self.checkers[stream] = Checker(stream_id, self.config.append_timeout_ms)
         self.note(f"{len(self.stores)} stores joined; {len(self.stream_names)} streams created")
 
+    async def _start_masters(self) -> None:
+        masters = self.masters
+        if masters.embedded is not None:
+            self.start(masters.embedded.name, masters.embedded.serve())
+            return
+        assert masters.etcd is not None
+        masters.etcd.start(self.group)
+        await masters.etcd.serving.wait()
+        # One at a time: the first started is the first active (its key is the oldest).
+        for master in masters.elected:
+            master.start(self.group)
+            await wait_until(
+                lambda: bool(masters.active()), SETUP_MS_MAX / 1000, "a master active"
+            )
+
     async def _create_streams(self) -> None:
-        async with StreamClient(self.master.address) as client:
+        async with StreamClient(self.masters.address) as client:
             for stream in self.stream_names:
                 await client.create_stream(
                     stream,
@@ -403,7 +530,7 @@ class World:
                 )
 
     def _joined(self) -> bool:
-        state = self.master.state
+        state = self.masters.state
         if state is None:
             return False
         alive = [view.alive for view in state.store_views(wall_ms()).values()]
@@ -423,7 +550,7 @@ class World:
         while self.phase != "stopped":
             try:
                 async with (
-                    StreamClient(self.master.address) as client,
+                    StreamClient(self.masters.address) as client,
                     asyncio.TaskGroup() as tasks,
                 ):
                     for stream in process.streams:
@@ -493,14 +620,15 @@ class World:
         except StreamEngineError as error:
             self.check(checker.append_ended, writer_id, payloads)
             self._append_failed(checker, writer_id, payloads, error, lost)
+            if not writer.leading:  # it stepped down for another reason (StreamDeleted)
+                lost.set()
             return
         finally:
             in_flight.release()
             if payloads[0].startswith(b"marker:"):
                 self.marking.discard(stream)
         self.check(checker.append_ended, writer_id, payloads)
-        state = self.master.state
-        assert state is not None
+        state = self.masters.state
         for sequence, payload in zip(sequences, payloads, strict=True):
             epoch, index = unpack_sequence(sequence)
             if not self.check(checker.user_acked, epoch, index, payload, state):
@@ -534,7 +662,7 @@ class World:
         while self.phase != "stopped":
             try:
                 async with (
-                    StreamClient(self.master.address) as client,
+                    StreamClient(self.masters.address) as client,
                     asyncio.TaskGroup() as tasks,
                 ):
                     for stream in self.stream_names:
@@ -546,10 +674,11 @@ class World:
     async def _follow(self, name: str, client: StreamClient, stream: str) -> None:
         checker = self.checkers[stream]
         while self.phase != "stopped":
-            last = checker.followers[name].last if name in checker.followers else -1
+            record = checker.followers.get(name)
+            start = max(record.last + 1, record.trimmed_before) if record else 0
             try:
                 async with contextlib.aclosing(
-                    cast(Subscription, client.subscribe(stream, start=last + 1))
+                    cast(Subscription, client.subscribe(stream, start=start))
                 ) as events:
                     async for event in events:
                         self.check(checker.follower_event, name, event.sequence, event.payload)
@@ -558,12 +687,102 @@ class World:
             except DataLossError as error:
                 self.check(self._raise_data_loss, name, error)
                 return
+            except Trimmed as error:
+                self.count("follower Trimmed")
+                told = (error.position, error.first_retained_sequence, self.masters.state)
+                self.check(checker.trim_told, name, *told)
+                continue
             except StreamEngineError as error:
                 self.count(f"follower {type(error).__name__}")
             await asyncio.sleep(FOLLOW_AGAIN_MS / 1000)
 
     def _raise_data_loss(self, name: str, error: DataLossError) -> None:
         raise Violation(1, f"follower {name}: DataLossError: {error}")
+
+    # ---- the operator ----
+
+    async def _operator(self) -> None:
+        """Now and then one of the CLI's calls: on a random stream `streamengine stream
+        trim`, `update --retention-*`, `delete --yes` then `undelete`; or `drain` of a
+        random store (`--cancel` a while later) or `rebalance`."""
+        while self.phase == "safety":
+            await asyncio.sleep(self.rng.randint(1, OPERATOR_EVERY_MS) / 1000)
+            if self.phase != "safety":
+                return
+            stream = self.rng.choice(self.stream_names)
+            roll = self.rng.random()
+            if roll < 0.15:
+                self.group.create_task(self._drain())
+            elif roll < 0.25:
+                await self._operate("rebalance", master_pb2.RebalanceRequest())
+            elif roll < 0.5:
+                acked = self.checkers[stream].acked_sequences
+                if acked:
+                    before = self.rng.choice(acked)
+                    request = master_pb2.TrimStreamRequest(name=stream, before_sequence=before)
+                    await self._operate(f"trim {stream} before {unpack_sequence(before)}", request)
+            elif roll < 0.75:
+                update = master_pb2.UpdateStreamRequest(name=stream)
+                if self.rng.random() < 0.5:
+                    update.retention_bytes = self.rng.choice((1, 2_000, 20_000))
+                else:
+                    update.retention_age_ms = self.rng.choice((500, 2_000, 5_000))
+                retention = f"{update.retention_bytes} B" if update.retention_bytes else (
+                    f"{update.retention_age_ms} ms"
+                )
+                await self._operate(f"retention of {stream}: {retention}", update)
+            else:
+                self.group.create_task(self._delete_and_undelete(stream))
+
+    async def _drain(self) -> None:
+        store = self.rng.choice(sorted(self.stores))
+        if not await self._operate(f"drain {store}", master_pb2.DrainStoreRequest(store_id=store)):
+            return
+        await asyncio.sleep(self.rng.randint(1, DRAINING_MS_MAX) / 1000)
+        cancel = master_pb2.DrainStoreRequest(store_id=store, cancel=True)
+        # Until it takes replicas again (through the liveness phase): stores drained
+        # for good could leave too few for the streams' new segments.
+        while self.phase != "stopped":
+            if await self._operate(f"drain {store} --cancel", cancel, retried=True):
+                return
+            await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+
+    async def _delete_and_undelete(self, stream: str) -> None:
+        delete = master_pb2.DeleteStreamRequest(name=stream)
+        if not await self._operate(f"delete {stream}", delete):
+            return
+        await asyncio.sleep(self.rng.randint(1, DELETED_MS_MAX) / 1000)
+        undelete = master_pb2.UndeleteStreamRequest(name=stream)
+        # Until it is back (through the liveness phase): a stream left deleted past its
+        # grace is gone, and every acked event with it.
+        while self.phase != "stopped":
+            if await self._operate(f"undelete {stream}", undelete, retried=True):
+                return
+            await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+
+    async def _operate(self, what: str, request: Any, retried: bool = False) -> bool:
+        """One operator call to the masters, as the CLI makes it: whether it was done
+        (`retried`: False only while it may be done on a later try)."""
+        method = type(request).__name__.removesuffix("Request")
+        async with StreamClient(self.masters.address) as client:
+            try:
+                reply = await getattr(client.master, method)(request, timeout=OPERATOR_CALL_S)
+            except grpc.aio.AioRpcError as error:
+                self.note(f"operator: {what}: {error.code().name}")
+                self.count(f"operator {method} {error.code().name}")
+                retry = error.code() in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.ABORTED,
+                )
+                return not (retried and retry)
+            except StreamEngineError as error:  # no first contact: the master is away
+                self.note(f"operator: {what}: {type(error).__name__}")
+                return not retried
+        trimmed = getattr(reply, "trimmed_epochs", None)
+        self.note(f"operator: {what}" + (f": trimmed {list(trimmed)}" if trimmed else ""))
+        self.count(f"operator {method}")
+        return True
 
     # ---- the nemesis ----
 
@@ -578,7 +797,7 @@ class World:
             elif roll < 0.45:
                 self.group.create_task(self._crash_process(), context=node_context("nemesis"))
             elif roll < 0.55:
-                self.group.create_task(self._restart_master(), context=node_context("nemesis"))
+                self.group.create_task(self._fail_master(), context=node_context("nemesis"))
             elif roll < 0.75:
                 self._partition()
             else:
@@ -648,7 +867,7 @@ class World:
         self.note(f"{node} crashes")
         self.count("process crashes")
         # Cut off first: a dead process says nothing more (no release, no flush).
-        for other in [self.master.name, *self.stores, *self._client_nodes()]:
+        for other in [*self.masters.names, *self.stores, *self._client_nodes()]:
             if other != node:
                 self.network.cut(node, other)
         self.crashed.add(node)
@@ -668,19 +887,62 @@ class World:
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
         return [p.node for p in self.processes] + followers
 
-    async def _restart_master(self) -> None:
-        if self.master.name not in self.nodes:
+    async def _fail_master(self) -> None:
+        embedded = self.masters.embedded
+        if embedded is None:
+            await self._fail_elected_master()
+            return
+        if embedded.name not in self.nodes:
             return
         self.note("the master restarts")
         self.count("master restarts")
-        await self.stop(self.master.name)
+        await self.stop(embedded.name)
         await asyncio.sleep(self._down_ms(self.config.lease_ms) / 1000)
-        if self.phase != "safety" or self.master.name in self.nodes:
+        if self.phase != "safety" or embedded.name in self.nodes:
             return
-        self.start(self.master.name, self.master.serve())
+        self.start(embedded.name, embedded.serve())
+
+    async def _fail_elected_master(self) -> None:
+        """The active master is killed (its lease left to expire), stopped cleanly, or
+        cut off from etcd and the stores; now and then etcd itself goes down. Each comes
+        back (or is healed) after a while."""
+        etcd = self.masters.etcd
+        assert etcd is not None
+        active = self.masters.active()
+        roll = self.rng.random()
+        if roll < 0.1:
+            if not etcd.running:
+                return
+            self.note("etcd crashes")
+            self.count("etcd crashes")
+            await etcd.crash()
+            await asyncio.sleep(self._down_ms(self.config.lease_ms) / 1000)
+            if self.phase == "safety" and not etcd.running:
+                self.note("etcd restarts")
+                etcd.restart()
+            return
+        if not active:
+            return
+        master = active[0]
+        if roll < 0.4:
+            self.note(f"{master.name} is cut off from etcd and the stores")
+            self.count("masters cut off")
+            for other in [etcd.name, *self.stores]:
+                self.network.cut(master.name, other)
+                heal_s = self.rng.randint(20, 4000) / 1000
+                self.loop.call_later(heal_s, self._heal, master.name, other)
+            return
+        clean = roll < 0.6
+        self.note(f"{master.name} {'stops' if clean else 'crashes'}")
+        self.count("master stops" if clean else "master crashes")
+        await (master.stop() if clean else master.crash())
+        await asyncio.sleep(self._down_ms(2 * self.config.lease_ms) / 1000)
+        if self.phase == "safety" and not master.running:
+            self.note(f"{master.name} restarts")
+            master.restart()
 
     def _servers(self) -> list[str]:
-        return [self.master.name, *sorted(self.stores)]
+        return [*self.masters.names, *sorted(self.stores)]
 
     def _partition(self) -> None:
         a, b = self.rng.sample(self._servers() + self._client_nodes(), 2)
@@ -711,6 +973,7 @@ class World:
         while self.phase != "stopped":
             await asyncio.sleep(WATCH_EVERY_MS / 1000)
             now = self.now_ms
+            self.check(self.masters.look)
             for checker in self.checkers.values():
                 for writer_id in sorted(checker.open_appends):
                     if writer_id.partition("/")[0] in self.crashed:
@@ -736,8 +999,9 @@ class World:
             )
 
     def _audit(self, checker: Checker) -> None:
-        state = self.master.state
-        assert state is not None
+        state = self.masters.state
+        if state is None:
+            return  # no master serves: the next audit looks
         cores = {
             name: store.core
             for name, store in sorted(self.stores.items())
@@ -756,8 +1020,15 @@ class World:
         self.note("liveness phase: faults off, network healed, every node back")
         self.network.faults = Faults.none()
         self.network.heal()
-        if self.master.name not in self.nodes:
-            self.start(self.master.name, self.master.serve())
+        embedded = self.masters.embedded
+        if embedded is not None and embedded.name not in self.nodes:
+            self.start(embedded.name, embedded.serve())
+        etcd = self.masters.etcd
+        if etcd is not None and not etcd.running:
+            etcd.restart()
+        for master in self.masters.elected:
+            if not master.running:
+                master.restart()
         for name in sorted(self.stores):
             if name not in self.nodes:
                 self._restart_store(name, {})
@@ -779,6 +1050,9 @@ class World:
     def _raise_stuck(self) -> None:
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
         unmarked = [s for s in self.stream_names if s not in self.markers]
+        for writer_id in sorted(self.writers):
+            if writer_id.partition("/")[2].partition("#")[0] in unmarked[:5]:
+                self._describe(writer_id)
         missing = {
             f"{stream}@{name}": len(checker.missing(name))
             for stream, checker in sorted(self.checkers.items())
