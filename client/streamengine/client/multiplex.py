@@ -290,7 +290,8 @@ class _Multiplexer:
         if timeout_s == 0:
             return None
         try:
-            return await asyncio.wait_for(self.inbox.get(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see protocol.waiting
+                return await self.inbox.get()
         except TimeoutError:
             return None
 

@@ -19,7 +19,6 @@ when the lease is lost. A deposed master is a standby; it never exits for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
@@ -34,6 +33,7 @@ from streamengine.master.repair import Repairer
 from streamengine.master.role import MasterRole
 from streamengine.master.state import MasterState
 from streamengine.protocol.backoff import ETCD_CALL
+from streamengine.protocol.waiting import wait_set
 
 log = logging.getLogger("streamengine.master")
 
@@ -117,8 +117,7 @@ class ElectedMaster:
                 return
             if leading and not self.serving:
                 await self._start_serving(term, group)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.commit_failed.wait(), POLL_S)
+            await wait_set(self.commit_failed, POLL_S)
 
     @property
     def serving(self) -> bool:

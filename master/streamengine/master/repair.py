@@ -27,6 +27,7 @@ from streamengine.master.core.model import SegmentKey
 from streamengine.master.state import MasterState
 from streamengine.protocol import codec, transport
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.waiting import wait_set
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.master.core.repair")
@@ -91,8 +92,7 @@ class Repairer:
                 while True:
                     for task in self._next_tasks():
                         group.create_task(self._run_one(task))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), repair.REPAIR_TICK_MS / 1000)
+                    await wait_set(self._wake, repair.REPAIR_TICK_MS / 1000)
                     self._wake.clear()
         finally:
             for channel in self.channels.values():

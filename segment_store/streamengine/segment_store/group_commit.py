@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from streamengine.protocol.waiting import wait_set
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.commands import (
     Command,
@@ -316,7 +317,4 @@ class SegmentWatch:
     async def wait(event: asyncio.Event, timeout_s: float) -> bool:
         """True if the event fired within the timeout. Take the event with `event()`
         before reading the state it guards, so no change slips in between."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
-            return True
-        return False
+        return await wait_set(event, timeout_s)

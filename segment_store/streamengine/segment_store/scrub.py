@@ -9,7 +9,6 @@ acked index 0 and the master refills it from a good replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -17,6 +16,7 @@ from typing import Protocol, TypeVar
 
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import CorruptEntry
+from streamengine.protocol.waiting import wait_set
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import SegmentNotFound
@@ -89,8 +89,7 @@ class Scrubber:
     async def _sleep(self, seconds: float) -> None:
         """Wait `seconds`, or less when the master asks for a check."""
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        await wait_set(self._wake, seconds)
 
     async def _scan(self, replica: SegmentKey, final_index: int) -> ScanResult | None:
         """Read `replica` back at the schedule's rate; None when it went away midway."""

@@ -56,7 +56,8 @@ class TailCalls:
     ) -> None:
         requests = aiter(request_iterator)
         try:
-            first = await asyncio.wait_for(anext(requests), SUBSCRIBE_START_TIMEOUT_S)
+            async with asyncio.timeout(SUBSCRIBE_START_TIMEOUT_S):  # see protocol.waiting
+                first = await anext(requests)
         except (StopAsyncIteration, TimeoutError):
             await abort(context, BadRequest("Subscribe must begin with a start message"))
         if first.WhichOneof("message") == "start" and first.start.tail:
