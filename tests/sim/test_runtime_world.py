@@ -21,8 +21,10 @@ FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG, 7),
     # A follower reads an append its writer, stepping down, said had failed.
     ("fail_in_doubt", 31, 1),
-    # Appends pending as their writer steps down are never answered.
-    ("forget_pending", 2, 7),
+    # Appends pending as their writer steps down are never answered. Seed 2 found it
+    # until writes of many segments shared a Write message; the schedules moved, and
+    # seed 19 finds it.
+    ("forget_pending", 19, 7),
     # A new segment acks before the earlier ones are sealed.
     ("ack_before_seal", 0, 1),
 ]
