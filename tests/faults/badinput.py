@@ -50,7 +50,12 @@ from streamengine.master.state import STORE_HEARTBEAT_MS_MAX
 from streamengine.protocol import codec
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
-from streamengine.protocol.limits import EPOCH_MAX, EVENT_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.limits import (
+    EPOCH_MAX,
+    EVENT_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+    WRITE_REQUEST_PARTS_MAX,
+)
 from streamengine.protocol.signing import SigningKey
 from streamengine.protocol.transport import Transport
 from streamengine.testing import is_serving
@@ -276,6 +281,17 @@ ROWS: list[Row] = [
     Row("a batch one entry over the limit", "store", "Write",
         lambda live: [below_fence(live, _past_bridge(live, WRITE_BATCH_ENTRIES_MAX + 1))],
         Code.INVALID_ARGUMENT),
+    Row("a message of segments' batches one part over the limit", "store", "Write",
+        lambda live: [s.WriteRequest(
+            parts=[below_fence(live, [])] * (WRITE_REQUEST_PARTS_MAX + 1))],
+        Code.INVALID_ARGUMENT),
+    Row("a message of segments' batches one entry over the limit in all", "store", "Write",
+        lambda live: [s.WriteRequest(parts=[
+            below_fence(live, _past_bridge(live, WRITE_BATCH_ENTRIES_MAX // 2 + 1))] * 2)],
+        Code.INVALID_ARGUMENT),
+    Row("a part of a message below the fence, without a grant", "store", "Write",
+        lambda live: [s.WriteRequest(parts=[below_fence(live, _past_bridge(live))])],
+        Code.PERMISSION_DENIED),
     Row("an entry whose crc does not match, without a grant", "store", "Write",
         lambda live: [below_fence(live, [_bad_crc(entry(live.sealed.final_index + 1,
                                                         live.sealed.fence - 1))])],
@@ -544,11 +560,14 @@ def call(channel: Any, method: Any, payloads: list[bytes]) -> tuple[str, str]:
 
 
 def _write_refusal(replies: list[bytes]) -> tuple[str, str]:
-    """A Write stream answers a refused request in its reply (and goes on): the first
-    refusal, as a call's status, else OK."""
+    """A Write stream answers a refused request in its reply, or a refused part of a
+    message in the reply's parts (and goes on): the first refusal, as a call's status,
+    else OK."""
     for raw in replies:
-        reply = s.WriteReply.FromString(raw)
-        if reply.status == s.REFUSED:
+        message = s.WriteReply.FromString(raw)
+        for reply in message.parts or [message]:
+            if reply.status != s.REFUSED:
+                continue
             code = next(c for c in grpc.StatusCode if c.value[0] == reply.error.code)
             return code.name, reply.error.details[:200]
     return "OK", ""

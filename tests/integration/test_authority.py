@@ -37,6 +37,7 @@ from streamengine.testing import (
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import bearer, create_token
+from tests.integration.store_helpers import WriteRefused
 
 pytestmark = pytest.mark.security
 
@@ -92,10 +93,16 @@ def store_call(address: str, method: str, request: Any, token: str | None = None
 def store_write(
     address: str, requests: list[segment_store_pb2.WriteRequest], token: str | None = None
 ) -> list[segment_store_pb2.WriteReply]:
+    """The replies of a Write stream; a refused request (answered in its reply, the
+    stream going on) raises as the call's error would (`WriteRefused`)."""
     with grpc.insecure_channel(address) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         metadata = bearer(token) if token else None
-        return list(stub.Write(iter(requests), timeout=TIMEOUT_S, metadata=metadata))
+        replies = list(stub.Write(iter(requests), timeout=TIMEOUT_S, metadata=metadata))
+    for reply in replies:
+        if reply.status == segment_store_pb2.REFUSED:
+            raise WriteRefused(reply)
+    return replies
 
 
 def refused(call: Callable[[], object]) -> grpc.RpcError:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from streamengine.client.errors import EventTooLarge, fence_of, from_rpc_error
 from streamengine.protocol.entry import EntryKind
-from streamengine.protocol.limits import EVENT_BYTES_MAX, WRITE_BATCH_BYTES_MAX
+from streamengine.protocol.limits import (
+    EVENT_BYTES_MAX,
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_REQUEST_PARTS_MAX,
+)
 from streamengine.protocol.status import FENCE_METADATA_KEY, TOO_LARGE_METADATA_KEY
 from streamengine.testing import ServerProcess
 from streamengine.v1 import entry_pb2, segment_store_pb2
@@ -29,6 +34,7 @@ from tests.integration.store_helpers import (
     seg,
     state,
     store_stub,
+    with_grants,
     write_all,
     write_replies,
     write_request,
@@ -82,6 +88,89 @@ async def test_a_refused_request_leaves_the_write_stream_to_the_other_segments(
         ]
         assert (replies[-1].matched_index, replies[-1].acked_index) == (4, 2)
         assert (await state(stub, fenced)).last_index == 0
+
+
+async def test_one_message_carries_many_segments_and_is_answered_part_by_part(
+    store: ServerProcess,
+) -> None:
+    """A Write message with `parts` is admitted part by part as requests alone would
+    be, and answered with one reply holding every part's answer in order: a part
+    refused leaves the others, and the stream, to go on."""
+    fenced, bad, first, second = seg(121, 3), seg(122, 3), seg(123, 3), seg(124, 3)
+    async with store_stub(store.address) as stub:
+        await stub.Seal(seal_request(fenced, 5))
+        parts = list(
+            with_grants(
+                [
+                    write_request(first, 3, 0, entries(1, 2), request_id=1),
+                    write_request(fenced, 3, 0, entries(1, 1), request_id=1),
+                    write_request(bad, 3, 0, [entry(0)], request_id=1),
+                    write_request(second, 3, 0, entries(1, 3), request_id=1),
+                    write_request(first, 3, 2, entries(3, 4), request_id=2),
+                ]
+            )
+        )
+        replies = await write_replies(
+            stub,
+            [
+                segment_store_pb2.WriteRequest(parts=parts),
+                write_request(second, 3, 3, [], request_id=2),
+            ],
+        )
+        assert len(replies) == 2
+        many, alone = replies
+        assert not many.HasField("segment") and len(many.parts) == len(parts)
+        assert [(r.segment.stream_id, r.request_id, r.status) for r in many.parts] == [
+            (123, 1, ACCEPTED),
+            (121, 1, segment_store_pb2.REFUSED),
+            (122, 1, segment_store_pb2.REFUSED),
+            (124, 1, ACCEPTED),
+            (123, 2, ACCEPTED),
+        ]
+        assert many.parts[1].error.metadata[FENCE_METADATA_KEY] == "5"
+        assert many.parts[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert (many.parts[-1].matched_index, many.parts[-1].acked_index) == (4, 2)
+        assert (alone.segment.stream_id, alone.acked_index, len(alone.parts)) == (124, 3, 0)
+        assert (await state(stub, fenced)).last_index == 0
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(
+            lambda part: segment_store_pb2.WriteRequest(
+                parts=[part] * (WRITE_REQUEST_PARTS_MAX + 1)
+            ),
+            id="too-many-parts",
+        ),
+        pytest.param(
+            lambda part: segment_store_pb2.WriteRequest(
+                parts=[part, segment_store_pb2.WriteRequest(parts=[part])]
+            ),
+            id="parts-of-a-part",
+        ),
+        pytest.param(
+            lambda part: segment_store_pb2.WriteRequest(
+                parts=[part], segment=part.segment, request_id=9
+            ),
+            id="fields-beside-parts",
+        ),
+    ],
+)
+async def test_a_malformed_message_of_parts_ends_the_stream_writing_nothing(
+    store: ServerProcess, message: Callable[[segment_store_pb2.WriteRequest], Any]
+) -> None:
+    """A message over its bounds, or not shaped as parts, is nobody's part to refuse:
+    the stream ends with INVALID_ARGUMENT before any part is admitted."""
+    segment = seg(131, 3)
+    (part,) = with_grants([write_request(segment, 3, 0, entries(1, 1), request_id=1)])
+    async with store_stub(store.address) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await write_replies(stub, [message(part)])
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as unheld:
+            await state(stub, segment)
+        assert unheld.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_a_write_below_the_fence_fails_precondition_with_the_fence(

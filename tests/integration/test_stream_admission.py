@@ -176,19 +176,22 @@ async def test_a_principal_holding_all_its_streams_leaves_the_store_to_others(
 
 def hog_admitted(hog: Transport, store: str) -> bool:
     """Whether a Write stream of `hog` gets past its open: a write without a grant is
-    then refused for the grant (PERMISSION_DENIED), not for the caller's limit."""
+    then refused for the grant (PERMISSION_DENIED, in its reply: the stream goes on),
+    not for the caller's limit (the call's end)."""
     request = segment_store_pb2.WriteRequest(
         segment=entry_pb2.SegmentId(stream_id=1, epoch=1), writer_epoch=1, request_id=1
     )
     with hog.channel(store) as channel:
         try:
-            list(store_grpc.SegmentStoreStub(channel).Write(iter([request]), timeout=5.0))
+            replies = list(
+                store_grpc.SegmentStoreStub(channel).Write(iter([request]), timeout=5.0)
+            )
         except grpc.RpcError as error:
-            if error.code() == Code.RESOURCE_EXHAUSTED:
-                return False
-            assert error.code() == Code.PERMISSION_DENIED, error
-            return True
-    raise AssertionError("a write without a grant was taken")
+            assert error.code() == Code.RESOURCE_EXHAUSTED, error
+            return False
+    assert [reply.status for reply in replies] == [segment_store_pb2.REFUSED], replies
+    assert replies[0].error.code == Code.PERMISSION_DENIED.value[0], replies[0].error
+    return True
 
 
 async def test_an_anonymous_lease_hold_is_refused_at_open(secured: Cluster) -> None:

@@ -1,6 +1,7 @@
 """One Write stream per (client, store), shared by every writer of the client (issue
-#38): a client leads more streams than a store serves calls, and a refusal of one
-segment leaves the others' traffic alone. A master and three stores (W=2)."""
+#38): a client leads more streams than a store serves calls, its writers' appends
+travel together in few Write messages, and a refusal of one segment leaves the
+others' traffic alone. A master and three stores (W=2)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from streamengine.client.core.replicator import StoreConnected, StoreDisconnecte
 from streamengine.client.writer import Writer
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.segment_store.server import CONCURRENT_RPCS_MAX
-from streamengine.testing import Cluster, running_cluster
+from streamengine.testing import Cluster, free_port, metric_value, running_cluster
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import signed_grant
@@ -31,6 +32,9 @@ assert STREAMS > CONCURRENT_RPCS_MAX
 LEADERSHIP_TIMEOUT_S = 30
 # Calls to the master at once while the streams are made.
 CREATES_AT_ONCE = 100
+# Segments' requests per Write message at least, when every writer appends at once:
+# each store is sent all of them in a few messages, not one message per writer.
+PARTS_PER_MESSAGE_MIN = 10
 
 
 async def _create_streams(client: StreamClient, names: list[str]) -> None:
@@ -59,15 +63,32 @@ def _store_events(writer: Writer, monkeypatch: pytest.MonkeyPatch) -> list[objec
 
 
 @pytest.fixture
-def lasting_cluster(tmp_path: Path) -> Iterator[Cluster]:
+def store_metrics_ports() -> list[int]:
+    return [free_port() for _ in range(3)]
+
+
+@pytest.fixture
+def lasting_cluster(tmp_path: Path, store_metrics_ports: list[int]) -> Iterator[Cluster]:
     """A master with its default lease (the `cluster` fixture's 1 s lease would run out
-    on a loaded machine while hundreds of writers are granted) and three stores."""
-    with running_cluster(tmp_path, stores=3) as running:
+    on a loaded machine while hundreds of writers are granted) and three stores, each
+    with its metrics port."""
+    with running_cluster(
+        tmp_path,
+        stores=3,
+        store_args_for=lambda number: ["--metrics-port", str(store_metrics_ports[number])],
+    ) as running:
         yield running
 
 
+def _write_traffic(ports: list[int]) -> tuple[float, float]:
+    """Write messages and the segments' requests they carried, over every store."""
+    messages = sum(metric_value(p, "streamengine_store_write_messages_total") for p in ports)
+    parts = sum(metric_value(p, "streamengine_store_write_parts_total") for p in ports)
+    return messages, parts
+
+
 async def test_one_client_leads_and_appends_to_more_streams_than_a_store_serves_calls(
-    lasting_cluster: Cluster,
+    lasting_cluster: Cluster, store_metrics_ports: list[int]
 ) -> None:
     cluster = lasting_cluster
     names = [f"acme/many-{n:04d}" for n in range(STREAMS)]
@@ -82,10 +103,16 @@ async def test_one_client_leads_and_appends_to_more_streams_than_a_store_serves_
                     for name in names
                 )
             )
+            messages_before, parts_before = _write_traffic(store_metrics_ports)
             sequences = await asyncio.gather(
                 *(writer.append_batch([b"first", b"second"]) for writer in writers)
             )
             assert all(len(pair) == 2 for pair in sequences)
+            messages, parts = _write_traffic(store_metrics_ports)
+            messages, parts = messages - messages_before, parts - parts_before
+            # Each writer's batch went to every store; in few messages, not one apiece.
+            assert parts >= STREAMS * len(cluster.stores), (messages, parts)
+            assert messages * PARTS_PER_MESSAGE_MIN <= parts, (messages, parts)
             assert [w.statistics().role for w in writers] == ["leading"] * STREAMS
             assert all(w.statistics().acked_index == 2 for w in writers)
             # One Write stream per store carries them all.

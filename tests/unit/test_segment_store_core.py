@@ -15,7 +15,13 @@ from streamengine.protocol.entry import (
     StoredEntry,
     encode_value,
 )
-from streamengine.protocol.limits import EVENT_BYTES_MAX, INDEX_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.limits import (
+    EVENT_BYTES_MAX,
+    INDEX_MAX,
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+    WRITE_REQUEST_PARTS_MAX,
+)
 from streamengine.segment_store.core import copy as copy_rules
 from streamengine.segment_store.core.catalog import SegmentStateInfo
 from streamengine.segment_store.core.commands import (
@@ -1120,3 +1126,27 @@ def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore)
         with pytest.raises(BadRequest):
             store.execute(KeepRecordsCommand(((segment, b"ok"), (segment, raw))))
         assert store.catalog.record_version(segment) == 0
+
+
+@pytest.mark.parametrize(
+    ("parts", "entries", "packed_bytes", "refused"),
+    [
+        (1, 0, 0, False),
+        (WRITE_REQUEST_PARTS_MAX, WRITE_BATCH_ENTRIES_MAX, WRITE_BATCH_BYTES_MAX, False),
+        (WRITE_REQUEST_PARTS_MAX + 1, 0, 0, True),
+        (2, WRITE_BATCH_ENTRIES_MAX + 1, 0, True),
+        (2, 2, WRITE_BATCH_BYTES_MAX + 1, True),
+    ],
+)
+def test_a_message_of_parts_is_bounded_whole_as_one_batch(
+    parts: int, entries: int, packed_bytes: int, refused: bool
+) -> None:
+    """Rule: a Write message's parts add up to no more than one batch's entries and
+    bytes, and no more than WRITE_REQUEST_PARTS_MAX parts (`WriteRequest.parts`)."""
+    from streamengine.segment_store.core.writes import check_write_message
+
+    if refused:
+        with pytest.raises(BadRequest):
+            check_write_message(parts, entries, packed_bytes)
+    else:
+        check_write_message(parts, entries, packed_bytes)

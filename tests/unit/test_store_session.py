@@ -7,10 +7,16 @@ import pytest
 
 from streamengine.client.core.store_session import (
     SEGMENT_IN_FLIGHT_MAX,
+    MessageParts,
     RouteRefused,
     SessionRoutes,
 )
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
+from streamengine.protocol.limits import (
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+    WRITE_REQUEST_PARTS_MAX,
+)
 from streamengine.protocol.status import FENCE_UNKNOWN
 
 A = (1, 1)  # (stream id, epoch)
@@ -174,3 +180,37 @@ def test_a_segment_has_one_owner() -> None:
     table.attach(A, Writer("a"))
     with pytest.raises(AssertionError):
         table.attach(A, Writer("b"))
+
+
+@pytest.mark.parametrize(
+    ("requests", "joined"),
+    [
+        # (entries, bytes) of each request queued, in order: how many share a message.
+        pytest.param([(1, 100)] * 3, 3, id="single-appends-share-one-message"),
+        pytest.param([(0, 60)] * 2, 2, id="acked-index-ticks-too"),
+        pytest.param(
+            [(0, 10)] * (WRITE_REQUEST_PARTS_MAX + 1), WRITE_REQUEST_PARTS_MAX, id="parts-bound"
+        ),
+        pytest.param(
+            [(WRITE_BATCH_ENTRIES_MAX - 1, 100), (1, 100), (1, 100)], 2, id="entries-bound"
+        ),
+        pytest.param(
+            [(1, WRITE_BATCH_BYTES_MAX - 10), (1, 10), (1, 1)], 2, id="bytes-bound"
+        ),
+        pytest.param(
+            [(WRITE_BATCH_ENTRIES_MAX + 5, WRITE_BATCH_BYTES_MAX + 5), (1, 1)],
+            1,
+            id="a-request-over-the-bounds-goes-alone",
+        ),
+    ],
+)
+def test_queued_requests_share_a_message_within_its_bounds(
+    requests: list[tuple[int, int]], joined: int
+) -> None:
+    message = MessageParts()
+    taken = [message.join(entries, size_bytes) for entries, size_bytes in requests]
+    assert taken.count(True) == joined
+    assert taken == [True] * joined + [False] * (len(requests) - joined)
+    assert message.parts == joined
+    if joined < len(requests):
+        assert MessageParts().join(*requests[joined]), "the one left out starts the next"

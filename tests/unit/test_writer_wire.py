@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamengine.client.core.replicator import SegmentRef, SendWrite
-from streamengine.client.wire import BatchCache, LeaseSecret, serialize_write
+from streamengine.client.wire import BatchCache, LeaseSecret, serialize_write, write_message
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, event_crcs
 from streamengine.v1 import segment_store_pb2
 
@@ -72,3 +72,24 @@ def test_the_lease_secret_is_kept_from_the_grant_until_the_next_one() -> None:
     assert secret.shown() == b"k" * 32
     secret.learn(b"n" * 32)  # the lease won again, after it was lost
     assert secret.shown() == b"n" * 32
+
+
+def test_requests_framed_as_parts_parse_as_one_message_of_them() -> None:
+    """`write_message` frames serialized requests as `WriteRequest.parts` without
+    parsing them: the message parses to the same requests, in order, whatever their
+    size (lengths of one to three varint bytes)."""
+    cache = BatchCache()
+    sends = [
+        send_write("s1", 1, 0, (), 0),
+        send_write("s1", 2, 0, (b"x",), 1, grant=b"g" * 40),
+        send_write("s1", 3, 1, (b"y" * 200,), 2),
+        send_write("s1", 4, 2, (b"z" * 20_000,), 3),
+    ]
+    parts = [serialize_write(send, cache) for send in sends]
+    message = segment_store_pb2.WriteRequest.FromString(write_message(parts))
+    assert len(message.ListFields()) == 1
+    assert [part.SerializeToString() for part in message.parts] == [
+        segment_store_pb2.WriteRequest.FromString(part).SerializeToString() for part in parts
+    ]
+    assert [part.request_id for part in message.parts] == [1, 2, 3, 4]
+    assert write_message(parts[:1]) == parts[0], "one request alone is its own message"

@@ -2,7 +2,8 @@
 `client.core.store_session`, which decides where each reply goes and what a refusal
 means. Opened when the first segment is attached, reopened with backoff while any is,
 kept for the next segment until the store closes it idle, closed with the client; each
-request serialized once (`client.wire`), each answer one event of its writer's core.
+request serialized once (`client.wire`), what is queued when the stream sends going out
+in one message (`MessageParts`), each answer one event of its writer's core.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     WriteReplied,
 )
-from streamengine.client.core.store_session import RouteKey, SessionRoutes
+from streamengine.client.core.store_session import MessageParts, RouteKey, SessionRoutes
 from streamengine.client.core.writer import FencedByStore, LeaderEvent, Replica
 from streamengine.client.errors import StreamEngineError
-from streamengine.client.wire import BatchCache, serialize_write
+from streamengine.client.wire import BatchCache, serialize_write, write_message
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN, TRANSIENT_CALL, tenacity_wait
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.v1 import segment_store_pb2
@@ -183,32 +184,47 @@ class StoreSession:
         return True
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+        # Each round sends what is queued by then (a lone request at once) in one message.
+        left_out: tuple[bytes, int] | None = None
         while True:
-            send, cache = await self._queue.get()
-            await call.write(serialize_write(send, cache))
+            if left_out is None:
+                send, cache = await self._queue.get()
+                left_out = serialize_write(send, cache), len(send.payloads)
+            message, parts = MessageParts(), []
+            while left_out is not None and message.join(left_out[1], len(left_out[0])):
+                parts.append(left_out[0])
+                left_out = None
+                if not self._queue.empty():
+                    send, cache = self._queue.get_nowait()
+                    left_out = serialize_write(send, cache), len(send.payloads)
+            await call.write(write_message(parts))
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
-        async for reply in call:
-            key = (reply.segment.stream_id, reply.segment.epoch)
-            if reply.status == segment_store_pb2.REFUSED:
-                self._refused(key, reply)
-                continue
-            owner, released = self.routes.replied(key, reply.request_id)
-            for item in released:
-                self._queue.put_nowait(item)
-            if owner is not None:
-                owner.store_event(
-                    WriteReplied(
-                        self.store_id,
-                        reply.request_id,
-                        # Over its tenant's quota: held back the same way.
-                        busy=reply.status in _REFUSED_FOR_NOW,
-                        matched_index=reply.matched_index,
-                        acked_index=reply.acked_index,
-                        first_index=reply.first_index,
-                        last_index=reply.last_index,
-                    ),
-                )
+        async for message in call:
+            for reply in message.parts or (message,):
+                self._answered(reply)
+
+    def _answered(self, reply: _WriteReply) -> None:
+        key = (reply.segment.stream_id, reply.segment.epoch)
+        if reply.status == segment_store_pb2.REFUSED:
+            self._refused(key, reply)
+            return
+        owner, released = self.routes.replied(key, reply.request_id)
+        for item in released:
+            self._queue.put_nowait(item)
+        if owner is not None:
+            owner.store_event(
+                WriteReplied(
+                    self.store_id,
+                    reply.request_id,
+                    # Over its tenant's quota: held back the same way.
+                    busy=reply.status in _REFUSED_FOR_NOW,
+                    matched_index=reply.matched_index,
+                    acked_index=reply.acked_index,
+                    first_index=reply.first_index,
+                    last_index=reply.last_index,
+                ),
+            )
 
     def _refused(self, key: RouteKey, reply: _WriteReply) -> None:
         code = _STATUS_NAMES.get(reply.error.code, "UNKNOWN")

@@ -4,6 +4,7 @@ answers (`client.types`), Write requests serialized once per batch for every sto
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 from streamengine.client.core.replicator import (
     SegmentRef,
@@ -21,6 +22,10 @@ from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 
 # Converted entries kept for reuse: every store is usually sent the same batch.
 ENTRY_CACHE_BATCHES = 64
+
+# The key of `WriteRequest.parts` on the wire: field 11, length-delimited.
+_PARTS_KEY = bytes([segment_store_pb2.WriteRequest.PARTS_FIELD_NUMBER << 3 | 2])
+assert len(_PARTS_KEY) == 1, "a one-byte key: field numbers up to 15"
 
 
 def grant_from_pb(segment: entry_pb2.Segment) -> SegmentGrant:
@@ -157,3 +162,22 @@ def serialize_write(send: SendWrite, cache: BatchCache) -> bytes:
         grant=send.grant,
     ).SerializeToString()
     return head + cache.entries(send) if send.payloads else head
+
+
+def write_message(parts: Sequence[bytes]) -> bytes:
+    """One Write message of the serialized requests `parts` (`serialize_write`): the
+    request itself when alone, else a `WriteRequest` carrying them as its `parts`,
+    each framed as protobuf frames a repeated message (key, length, bytes), so no
+    request is parsed or serialized again."""
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(_PARTS_KEY + _varint(len(part)) + part for part in parts)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -92,6 +92,7 @@ Global___WriteStatus: _TypeAlias = WriteStatus  # noqa: Y015
 class WriteRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PARTS_FIELD_NUMBER: _builtins.int
     SEGMENT_FIELD_NUMBER: _builtins.int
     WRITER_EPOCH_FIELD_NUMBER: _builtins.int
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
@@ -131,6 +132,21 @@ class WriteRequest(_message.Message):
     (the store verifies a grant once and keeps it for the stream's lifetime).
     """
     @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriteRequest]:
+        """The batches of many segments in one message (a client sends each store what its
+        writers queued together, as a Kafka produce request carries many partitions): each
+        part is a request of one segment, with every field below and no `parts` of its own,
+        admitted and answered as a request alone would be (`WriteReply.parts`, in order).
+        A request with parts sets no other field; one without is its own single part.
+        Before it admits any part the store checks the message as a whole: at most
+        WRITE_REQUEST_PARTS_MAX parts, WRITE_BATCH_ENTRIES_MAX entries and
+        WRITE_BATCH_BYTES_MAX bytes of packed values over all its parts
+        (`streamengine.protocol.limits`); a message over them, or with parts that have
+        parts or fields beside them, ends the stream with INVALID_ARGUMENT, nothing of it
+        written (a client never sends one: it bounds what it puts in a message the same way).
+        """
+
+    @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     @_builtins.property
     def value_lengths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -141,6 +157,7 @@ class WriteRequest(_message.Message):
     def __init__(
         self,
         *,
+        parts: _abc.Iterable[Global___WriteRequest] | None = ...,
         segment: _entry_pb2.SegmentId | None = ...,
         writer_epoch: _builtins.int = ...,
         acked_index: _builtins.int = ...,
@@ -153,7 +170,7 @@ class WriteRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "first_index", b"first_index", "grant", b"grant", "packed_values", b"packed_values", "report_held", b"report_held", "request_id", b"request_id", "segment", b"segment", "value_lengths", b"value_lengths", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "first_index", b"first_index", "grant", b"grant", "packed_values", b"packed_values", "parts", b"parts", "report_held", b"report_held", "request_id", b"request_id", "segment", b"segment", "value_lengths", b"value_lengths", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -216,6 +233,7 @@ Global___WriteError: _TypeAlias = WriteError  # noqa: Y015
 class WriteReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PARTS_FIELD_NUMBER: _builtins.int
     SEGMENT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
@@ -239,6 +257,12 @@ class WriteReply(_message.Message):
     """First and last index of the batch this answers (0, 0 for an empty batch)."""
     last_index: _builtins.int
     @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriteReply]:
+        """The answer to a request with `parts`: one reply per part, in the parts' order, and
+        no other field set.
+        """
+
+    @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     @_builtins.property
     def held_epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -253,6 +277,7 @@ class WriteReply(_message.Message):
     def __init__(
         self,
         *,
+        parts: _abc.Iterable[Global___WriteReply] | None = ...,
         segment: _entry_pb2.SegmentId | None = ...,
         request_id: _builtins.int = ...,
         status: Global___WriteStatus.ValueType = ...,
@@ -266,7 +291,7 @@ class WriteReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "error", b"error", "fence", b"fence", "first_index", b"first_index", "held_epochs", b"held_epochs", "last_index", b"last_index", "matched_index", b"matched_index", "request_id", b"request_id", "segment", b"segment", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "error", b"error", "fence", b"fence", "first_index", b"first_index", "held_epochs", b"held_epochs", "last_index", b"last_index", "matched_index", b"matched_index", "parts", b"parts", "request_id", b"request_id", "segment", b"segment", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -86,10 +86,10 @@ class SegmentStoreServicer:
 
     def Write(self, request_iterator, context):
         """One bidirectional stream per client and store, shared by every segment that client
-        leads on the store. Each request carries a batch of consecutive entries for one
-        segment and the leader's acked index; each reply answers one request, in order,
-        named by (segment, request_id). A request refused answers REFUSED with its error;
-        the other segments' requests go on.
+        leads on the store. Each request carries, for one segment or (in `parts`) for many,
+        a batch of consecutive entries and the leader's acked index; each reply answers one
+        request, in order, each part named by (segment, request_id). A part refused answers
+        REFUSED with its error; the other parts and requests go on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -52,10 +52,10 @@ class SegmentStoreStub:
     def __new__(cls, channel: _aio.Channel) -> SegmentStoreAsyncStub: ...
     Write: _grpc.StreamStreamMultiCallable[_segment_store_pb2.WriteRequest, _segment_store_pb2.WriteReply]
     """One bidirectional stream per client and store, shared by every segment that client
-    leads on the store. Each request carries a batch of consecutive entries for one
-    segment and the leader's acked index; each reply answers one request, in order,
-    named by (segment, request_id). A request refused answers REFUSED with its error;
-    the other segments' requests go on.
+    leads on the store. Each request carries, for one segment or (in `parts`) for many,
+    a batch of consecutive entries and the leader's acked index; each reply answers one
+    request, in order, each part named by (segment, request_id). A part refused answers
+    REFUSED with its error; the other parts and requests go on.
     """
     Seal: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
@@ -91,10 +91,10 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Write: _aio.StreamStreamMultiCallable[_segment_store_pb2.WriteRequest, _segment_store_pb2.WriteReply]  # type: ignore[assignment]
     """One bidirectional stream per client and store, shared by every segment that client
-    leads on the store. Each request carries a batch of consecutive entries for one
-    segment and the leader's acked index; each reply answers one request, in order,
-    named by (segment, request_id). A request refused answers REFUSED with its error;
-    the other segments' requests go on.
+    leads on the store. Each request carries, for one segment or (in `parts`) for many,
+    a batch of consecutive entries and the leader's acked index; each reply answers one
+    request, in order, each part named by (segment, request_id). A part refused answers
+    REFUSED with its error; the other parts and requests go on.
     """
     Seal: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]  # type: ignore[assignment]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
@@ -133,10 +133,10 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.WriteReply], _abc.AsyncIterator[_segment_store_pb2.WriteReply]]:
         """One bidirectional stream per client and store, shared by every segment that client
-        leads on the store. Each request carries a batch of consecutive entries for one
-        segment and the leader's acked index; each reply answers one request, in order,
-        named by (segment, request_id). A request refused answers REFUSED with its error;
-        the other segments' requests go on.
+        leads on the store. Each request carries, for one segment or (in `parts`) for many,
+        a batch of consecutive entries and the leader's acked index; each reply answers one
+        request, in order, each part named by (segment, request_id). A part refused answers
+        REFUSED with its error; the other parts and requests go on.
         """
 
     @_abc_1.abstractmethod

@@ -18,13 +18,23 @@ WRITE_BATCH_BYTES_MAX = 8 << 20
 # rocksdict holds the GIL for a whole write, so a batch stays around a millisecond.
 WRITE_BATCH_ENTRIES_MAX = 4096
 
+# Segments' batches in one Write message (`WriteRequest.parts`): a client sends each store
+# what its writers queued together. The message's entries and packed bytes over all its
+# parts stay within one batch's limits (above), so a message costs the store no more than
+# one batch did; a part may be empty (an acked-index tick), so parts are bounded apart,
+# as many as a batch has entries. A client counts each part's whole serialized size
+# (its grant and fields too) against WRITE_BATCH_BYTES_MAX, so a message of many parts
+# fits the gRPC limit below as one batch does.
+WRITE_REQUEST_PARTS_MAX = WRITE_BATCH_ENTRIES_MAX
+
 # Protobuf framing beyond the payloads of one message: per entry a few bytes of tags,
 # lengths, epoch, index and crc (WRITE_BATCH_ENTRIES_MAX of them), or the lengths of a
 # packed read reply, plus the request's own fields.
 GRPC_MESSAGE_FRAMING_BYTES_MAX = 1 << 20
 
 # gRPC message limit on every channel and server, received and sent: one batch (which
-# may pass its limit by the one event that filled it) and its framing. No more: a peer
+# may pass its limit by the one event that filled it), or one message of many parts
+# holding as much, and its framing. No more: a peer
 # sending a larger message is refused by grpc before anything is parsed (the default
 # 4 MiB is below one batch).
 GRPC_MESSAGE_BYTES_MAX = WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX + GRPC_MESSAGE_FRAMING_BYTES_MAX

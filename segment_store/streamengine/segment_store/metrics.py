@@ -21,6 +21,12 @@ from streamengine.protocol.auth import CONSOLE_NEEDS, authorize_need
 
 METRICS_PATH = "/metrics"
 
+WRITE_MESSAGES = Counter(
+    "streamengine_store_write_messages_total", "Write messages read (one or many segments each)"
+)
+WRITE_PARTS = Counter(
+    "streamengine_store_write_parts_total", "Segments' requests read in Write messages"
+)
 WRITE_BATCHES = Counter("streamengine_store_write_batches_total", "Write batches accepted")
 WRITE_ENTRIES = Counter(
     "streamengine_store_write_entries_total", "Entries in accepted write batches"

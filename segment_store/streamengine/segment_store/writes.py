@@ -3,9 +3,14 @@ of `core.writes`: it admits each request (its grant, the quota, the committer's 
 and hands the command to the group committer.
 
 A Write stream carries the batches of many segments (every writer of one client on
-this store): a request refused (its grant, its fence, its input, its stream deleted)
-is answered with its status in the reply (`WriteReply.error`, `refusals.refusal_of`)
-and the stream goes on; only what `core.authority.ends_write_stream` names ends it.
+this store), and one message may carry many of them (`WriteRequest.parts`): each part
+is admitted as a request alone, all of a message's admitted parts reach the group
+committer before it wakes (one commit and sync for the message when they fit one
+group), and the message is answered with one reply holding every part's. A part
+refused (its grant, its fence, its input, its stream deleted) is answered with its
+status in its reply (`WriteReply.error`, `refusals.refusal_of`) and the stream goes
+on; only what `core.authority.ends_write_stream` names ends it, or a message of parts
+malformed or over its bounds (`core.writes.check_write_message`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +42,12 @@ from streamengine.segment_store.core.commands import (
     check_epoch,
 )
 from streamengine.segment_store.core.errors import BadRequest, StoreError
+from streamengine.segment_store.core.writes import check_write_message
 from streamengine.segment_store.refusals import abort, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
-# Replies a Write stream may have in flight: past it the store stops reading that
+# Messages a Write stream may have in flight: past it the store stops reading that
 # stream, and HTTP/2 flow control holds the client back. A stream carries every
 # segment a client writes on this store (each at most a writer's window of requests,
 # `client.core.store_session`), so it is wide enough for the group committer to take
@@ -67,6 +73,24 @@ def batch_of(request: segment_store_pb2.WriteRequest) -> PackedEntries:
         raise BadRequest(str(error)) from None
 
 
+def parts_of(request: segment_store_pb2.WriteRequest) -> Sequence[segment_store_pb2.WriteRequest]:
+    """The segments' requests a Write message carries: itself, or its parts once the
+    message is checked whole (its shape and its bounds), before any part is admitted."""
+    parts = request.parts
+    if not parts:
+        return (request,)
+    check_write_message(
+        len(parts),
+        sum(len(part.value_lengths) for part in parts),
+        sum(len(part.packed_values) for part in parts),
+    )
+    if len(request.ListFields()) > 1:
+        raise BadRequest("a request with parts sets no other field")
+    if any(part.parts for part in parts):
+        raise BadRequest("a part of a request has parts of its own")
+    return parts
+
+
 class WriteCalls:
     """Write and Seal."""
 
@@ -89,10 +113,11 @@ class WriteCalls:
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
         # Tickets, not requests, wait for their replies: a refused batch's entries are
         # freed at once, so memory is the committer's queue plus one message per stream.
-        answers: asyncio.Queue[tuple[_Ticket, _Admitted] | None] = asyncio.Queue()
+        # A malformed message waits as its error, answered in turn by the stream's end.
+        answers: asyncio.Queue[_Message | StoreError | None] = asyncio.Queue()
 
         idle_s = self.store.config.write_stream_idle_ms / 1000
-        unanswered = 0  # requests read whose reply is not written yet
+        unanswered = 0  # messages read whose reply is not written yet
         last_activity = time.monotonic()
 
         async def read_requests() -> None:
@@ -103,7 +128,16 @@ class WriteCalls:
                     last_activity = time.monotonic()
                     await inflight.acquire()
                     unanswered += 1
-                    answers.put_nowait((_Ticket.of(request), self._admit(request, grants)))
+                    try:
+                        parts = parts_of(request)
+                    except StoreError as error:
+                        answers.put_nowait(error)
+                        return
+                    metrics.WRITE_MESSAGES.inc()
+                    metrics.WRITE_PARTS.inc(len(parts))
+                    # No await between the parts: the committer takes them in one group.
+                    admitted = [(_Ticket.of(part), self._admit(part, grants)) for part in parts]
+                    answers.put_nowait(_Message(bool(request.parts), admitted))
             finally:
                 answers.put_nowait(None)
 
@@ -122,19 +156,16 @@ class WriteCalls:
 
         watchdog = asyncio.create_task(close_when_idle())
         try:
-            while (item := await answers.get()) is not None:
-                ticket, admitted = item
-                if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
-                    status, held = admitted
-                    reply = ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
-                else:
-                    outcome = admitted if isinstance(admitted, Exception) else await admitted
-                    if isinstance(outcome, Exception):
-                        reply = await self._refused(context, ticket, outcome)
-                    else:
-                        assert isinstance(outcome, WriteResult)
-                        reply = ticket.reply(segment_store_pb2.ACCEPTED, outcome)
-                await context.write(reply)
+            while (message := await answers.get()) is not None:
+                if isinstance(message, StoreError):
+                    await abort(context, message)
+                replies = [
+                    await self._answer(context, ticket, admitted)
+                    for ticket, admitted in message.parts
+                ]
+                await context.write(
+                    segment_store_pb2.WriteReply(parts=replies) if message.many else replies[0]
+                )
                 unanswered -= 1
                 last_activity = time.monotonic()
                 inflight.release()
@@ -148,6 +179,24 @@ class WriteCalls:
             for task in (watchdog, reader):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+    async def _answer(
+        self,
+        context: grpc.aio.ServicerContext[
+            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
+        ],
+        ticket: _Ticket,
+        admitted: _Admitted,
+    ) -> segment_store_pb2.WriteReply:
+        """The reply to one segment's request, once its write is done."""
+        if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
+            status, held = admitted
+            return ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
+        outcome = admitted if isinstance(admitted, Exception) else await admitted
+        if isinstance(outcome, Exception):
+            return await self._refused(context, ticket, outcome)
+        assert isinstance(outcome, WriteResult)
+        return ticket.reply(segment_store_pb2.ACCEPTED, outcome)
 
     @staticmethod
     async def _refused(
@@ -259,6 +308,15 @@ class WriteCalls:
 # with its status (REFUSED_BUSY, REFUSED_QUOTA) and what the segment holds; or why it
 # is refused.
 _Admitted = asyncio.Future[Outcome] | tuple[int, WriteResult] | Exception
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    """What a Write message's reply waits for: each part's ticket and write, and whether
+    it came with `parts` (answered with `WriteReply.parts`) or as its own single part."""
+
+    many: bool
+    parts: list[tuple[_Ticket, _Admitted]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,12 @@ Flow control: a route has at most `in_flight_max` requests out on the stream; mo
 wait in the route's own backlog, in order, until replies make room. The stream's send
 queue is first come, first served, so one busy writer never holds more than its bound
 ahead of another's requests.
+
+Messages: what the writers queued for the store by the time the stream sends goes out
+in one Write message (`WriteRequest.parts`), up to a message's bounds (`MessageParts`):
+the cost of spread appends is per gRPC message, not per segment. Nothing waits for
+company: the stream sends as soon as it can, so a lone request goes out at once, and
+requests queue up (and share a message) only while the stream is busy sending.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ from typing import Generic, TypeVar
 
 from streamengine.client.core.replicator import WINDOW_BATCHES
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
+from streamengine.protocol.limits import (
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+    WRITE_REQUEST_PARTS_MAX,
+)
 from streamengine.protocol.status import FENCE_UNKNOWN
 
 # Requests one segment may have out on a shared stream. A replicator keeps its own
@@ -54,6 +65,33 @@ RouteKey = tuple[int, int]  # (stream id, segment epoch)
 
 Owner = TypeVar("Owner")
 Item = TypeVar("Item")
+
+
+@dataclass(slots=True)
+class MessageParts:
+    """What one Write message holds so far, and whether the next request joins it:
+    within the store's bounds for a message of parts (`WriteRequest.parts`), counting
+    each request's whole serialized size (its grant and fields too) as its bytes, so
+    the message stays within the gRPC limit as one batch does. The first request
+    always joins: one alone is a batch the replicator already bounded."""
+
+    parts: int = 0
+    entries: int = 0
+    size_bytes: int = 0
+
+    def join(self, entries: int, size_bytes: int) -> bool:
+        """Whether a request of `entries` and `size_bytes` joins the message (counted
+        if so); when not, it starts the next one."""
+        if self.parts and (
+            self.parts + 1 > WRITE_REQUEST_PARTS_MAX
+            or self.entries + entries > WRITE_BATCH_ENTRIES_MAX
+            or self.size_bytes + size_bytes > WRITE_BATCH_BYTES_MAX
+        ):
+            return False
+        self.parts += 1
+        self.entries += entries
+        self.size_bytes += size_bytes
+        return True
 
 
 @dataclass(frozen=True, slots=True)

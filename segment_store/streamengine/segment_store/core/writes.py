@@ -57,6 +57,7 @@ from streamengine.protocol.limits import (
     INDEX_MAX,
     WRITE_BATCH_BYTES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
+    WRITE_REQUEST_PARTS_MAX,
 )
 from streamengine.protocol.segment_records import RECORD_BYTES_MAX, record_version
 from streamengine.segment_store.core.catalog import StoreCatalog
@@ -159,6 +160,19 @@ class _Work:
             raise CorruptEntry(f"index {index}: stored value of {len(value)} bytes")
         kind, epoch = _VALUE_HEAD.unpack_from(value)
         return (epoch, kind, len(value) - VALUE_HEADER_BYTES, value)
+
+
+def check_write_message(parts: int, entries: int, packed_bytes: int) -> None:
+    """Raise BadRequest unless a Write message of many segments' batches is within one
+    batch's bounds over all its parts (`WriteRequest.parts`); pure. Checked from the
+    parts' counts before any part is cut out or admitted: an oversized message costs
+    nothing, and its parts are never answered one by one."""
+    if parts > WRITE_REQUEST_PARTS_MAX:
+        raise BadRequest(f"message of {parts} parts is over {WRITE_REQUEST_PARTS_MAX}")
+    if entries > WRITE_BATCH_ENTRIES_MAX:
+        raise BadRequest(f"message of {entries} entries is over {WRITE_BATCH_ENTRIES_MAX}")
+    if packed_bytes > WRITE_BATCH_BYTES_MAX:
+        raise BadRequest(f"message of {packed_bytes} bytes is over {WRITE_BATCH_BYTES_MAX}")
 
 
 def check_batch(
