@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,17 +133,7 @@ class _Tail:
         self.room = asyncio.Event()
 
     async def run(self) -> Exception | None:
-        tasks = [
-            asyncio.create_task(self._pump()),
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._receive()),
-        ]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        tasks, done = await _until_one_ends(self._pump(), self._send(), self._receive())
         for task in done:
             if task.cancelled():
                 continue
@@ -287,17 +277,7 @@ class _Tails:
 
     async def run(self) -> Exception | None:
         self._start(self.first)
-        tasks = [
-            asyncio.create_task(self._pump()),
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._receive()),
-        ]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        tasks, done = await _until_one_ends(self._pump(), self._send(), self._receive())
         for task in done:
             if task.cancelled():
                 continue
@@ -493,6 +473,22 @@ class _Tails:
             self.room.set()
             self.taken.set()
             await self.context.write(reply)
+
+
+async def _until_one_ends(
+    *parts: Coroutine[Any, Any, Exception | None],
+) -> tuple[list[asyncio.Task[Exception | None]], set[asyncio.Task[Exception | None]]]:
+    """A call's pump, sender and receiver as tasks, until the first of them ends: the
+    others are cancelled and waited for. Returns every task (in the order given) and
+    those that had ended."""
+    tasks = [asyncio.create_task(part) for part in parts]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return tasks, done
 
 
 def _position_reply(position: tail.Position) -> segment_store_pb2.SubscribeReply:
