@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -30,6 +31,23 @@ CALL_TIMEOUT_S = 10.0
 def store_stub(address: str) -> tuple[grpc.Channel, store_grpc.SegmentStoreStub]:
     channel = grpc.insecure_channel(address)
     return channel, store_grpc.SegmentStoreStub(channel)
+
+
+class WriteRefused(grpc.RpcError):
+    """A Write request refused in its reply, read as an ended call's error."""
+
+    def __init__(self, reply: segment_store_pb2.WriteReply) -> None:
+        self.reply = reply
+        super().__init__(f"{self.code().name}: {reply.error.details}")
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self.reply.error.code)
+
+    def details(self) -> str:
+        return self.reply.error.details
+
+    def trailing_metadata(self) -> Any:  # (key, value) pairs, as a call's at run time
+        return tuple(self.reply.error.metadata.items())
 
 
 def write(
@@ -58,6 +76,9 @@ def write(
     channel, stub = store_stub(address)
     with channel:
         replies = list(stub.Write(iter(requests), timeout=CALL_TIMEOUT_S))
+    refused = [reply for reply in replies if reply.status == segment_store_pb2.REFUSED]
+    if refused:
+        raise WriteRefused(refused[0])
     assert [r.status for r in replies] == [segment_store_pb2.ACCEPTED] * 2, replies
     assert replies[-1].acked_index == acked, replies[-1]
 

@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 
+from bench.segment_driver import WriteRefused as WriteRefused  # re-exported for the tests
 from streamengine.protocol import codec
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -158,23 +158,6 @@ def with_grants(
             request.grant = granted(request.segment, request.writer_epoch)
         shown.add(key)
         yield request
-
-
-class WriteRefused(grpc.RpcError):
-    """A Write request refused in its reply, read as an ended call's error."""
-
-    def __init__(self, reply: segment_store_pb2.WriteReply) -> None:
-        self.reply = reply
-        super().__init__(f"{self.code().name}: {reply.error.details}")
-
-    def code(self) -> grpc.StatusCode:
-        return next(c for c in grpc.StatusCode if c.value[0] == self.reply.error.code)
-
-    def details(self) -> str:
-        return self.reply.error.details
-
-    def trailing_metadata(self) -> Any:  # (key, value) pairs, as a call's at run time
-        return tuple(self.reply.error.metadata.items())
 
 
 async def write_replies(
