@@ -21,3 +21,13 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def wait_any(events: tuple[asyncio.Event, ...], timeout_s: float) -> None:
+    """Until one of `events` is set or `timeout_s` passed, whichever comes first."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

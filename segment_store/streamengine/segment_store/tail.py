@@ -20,6 +20,7 @@ from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import CorruptEntry
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
+from streamengine.protocol.waiting import wait_any
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core import tail
 from streamengine.segment_store.core.commands import SegmentKey
@@ -204,13 +205,7 @@ class _Tail:
     async def _wait(self, changed: asyncio.Event, until_ms: int) -> None:
         """Until the segment changes, the sender makes room, or `until_ms`."""
         self.room.clear()
-        waiters = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self.room.wait())]
-        try:
-            timeout_s = max(until_ms - monotonic_ms(), 0) / 1000
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await wait_any((changed, self.room), max(until_ms - monotonic_ms(), 0) / 1000)
 
     async def _send(self) -> Exception | None:
         while True:
@@ -459,13 +454,7 @@ class _Tails:
         self.wake.clear()
         if self.ready and self.buffer.qsize() < self.settings.buffer_messages:
             return
-        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self.room.wait())]
-        try:
-            timeout_s = max(until_ms - monotonic_ms(), 0) / 1000
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await wait_any((self.wake, self.room), max(until_ms - monotonic_ms(), 0) / 1000)
 
     async def _send(self) -> Exception | None:
         while True:
