@@ -253,6 +253,7 @@ class MasterNode(Node):
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
+            producers=state.grant_producers(view),
         )
         return m.LeaderReply(answer, view.secret)
 
@@ -267,6 +268,7 @@ class MasterNode(Node):
                 self.world.now,
                 request.certificate,
                 request.lost_from_index,
+                request.producers,
             )
         except SealConflict as conflict:
             self.world.checker.seal_conflict(key, str(conflict))

@@ -294,6 +294,9 @@ FLAWED = [
     # A store that takes writes and seals without checking their grants: the injected
     # seal at the last epoch (no grant, or a forged one) goes through.
     ("ignore_grant", 11, 0),
+    # A producer's events resent after a writer change as plain appends, without the
+    # producer table: one lands in the stream twice (seed 19).
+    ("resend_without_dedup", 1, 0),
 ]
 FLAW_SEEDS_SPAN = 500
 

@@ -58,6 +58,7 @@ FLAWS = (
     "trust_any_bridge",
     "ack_before_loss",
     "loss_ends_at_final",
+    "resend_without_dedup",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -113,6 +114,8 @@ ACCEPT_LOSS: dict[str, Any] = {
 }
 # The flaws of issue #35's defect 2, each found in the band `ACCEPT_LOSS`.
 ACCEPT_LOSS_FLAWS = frozenset({"trust_any_bridge", "ack_before_loss", "loss_ends_at_final"})
+# The share of user appends made with a producer id (exactly once, issue #40).
+PRODUCER_SHARE = 0.5
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -124,9 +127,7 @@ LOSS_CAN_BREAK = frozenset({0, 1, 2, 4})
 def is_documented_loss(violation: Violation | None, unsynced_losses: list[str]) -> bool:
     """A violation after stores with fsync never lost acked entries in a restart, of an
     invariant such a loss can break: the documented loss, not a broken invariant."""
-    return (
-        violation is not None and bool(unsynced_losses) and violation.invariant in LOSS_CAN_BREAK
-    )
+    return violation is not None and bool(unsynced_losses) and violation.invariant in LOSS_CAN_BREAK
 
 
 def run_outcome(violation: Violation | None, unsynced_losses: list[str], error: str) -> str:
@@ -138,6 +139,7 @@ def run_outcome(violation: Violation | None, unsynced_losses: list[str], error: 
     if error:
         return f"ERROR {error.strip().splitlines()[-1]}"
     return "ok"
+
 
 # Writer clocks against the master's (the world's): an offset, and a rate off by up to
 # this many parts per million. A writer counts its lease from its own send time on its
@@ -412,7 +414,11 @@ class World:
         if self.phase != "safety":
             return
         ready = [w for w in self.writers if w.can_append()]
-        if ready:
+        producing = [w for w in ready if w.can_append_producer()]
+        if producing and self.rng.random() < PRODUCER_SHARE:
+            # A producer's events: resent after every writer change until acked.
+            self.rng.choice(producing).append_producer(self.rng.choice((1, 2, 3)))
+        elif ready:
             writer = self.rng.choice(ready)
             count = self.rng.choice((1, 1, 1, 2, 3))
             payloads = []

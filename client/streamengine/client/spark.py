@@ -53,6 +53,15 @@ may be restarting and is retried; only replicas answering that they hold less or
 damaged (on a copy set the master still lists) make a `DataLossError`. Rows leave as
 Arrow record batches.
 
+Writing (batch): `df.write.format("streamengine").option("master", M).option("stream",
+S).option("producerId", P).mode("append").save()` appends the `payload` column (binary,
+or string as UTF-8) of every row. Each task leads the stream in turn (one writer at a
+time) and appends its partition's rows in batches of `WRITE_BATCH_ROWS`, with the
+producer id `P.PARTITION` and the row's position in the partition as its producer
+sequence: a task retried, or the same job run again over the same partitions, finds its
+rows in the stream and appends nothing new (`Writer.append_batch`). Without
+`producerId` every run appends again. Plaintext clusters only for now.
+
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
 checkpoint re-reads the same rows for the same offsets.
@@ -65,6 +74,7 @@ and `client.packed`.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import dataclasses
 import itertools
@@ -81,9 +91,11 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceWriter,
     InputPartition,
+    WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from streamengine.client.core.multiplex import Selection
 from streamengine.client.core.replicas import (
@@ -105,7 +117,7 @@ from streamengine.protocol.certificate import (
     MalformedCertificate,
 )
 from streamengine.protocol.clock import monotonic_ms
-from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.entry import EntryKind, InvalidProducer, check_producer_id
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import SyncMasters, sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
@@ -132,6 +144,12 @@ REPORT_TIMEOUT_S = 5.0
 # A partition whose replicas all keep failing (none answering what it holds) for this
 # long fails its task as Unavailable, for Spark to retry: never as data loss.
 PARTITION_UNREADABLE_S_MAX = 300.0
+
+# The partition numbers a producer id of a write task may end with (`P.PARTITION`).
+PARTITIONS_MAX = 1_000_000
+# Rows a write task appends as one batch (one producer batch): large enough that a
+# batch's round trip is shared by many rows, small enough to hold in a task.
+WRITE_BATCH_ROWS = 1000
 
 # Executors' tokens live an hour by default: long enough for most scans, short enough
 # that one taken off an executor dies soon.
@@ -870,7 +888,6 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
             log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
 
-
 def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:
     layout = fetch_layout(part.master, part.stream, False, part.transport)
     for segment in layout.segments:
@@ -1058,6 +1075,75 @@ def _limit_end(layout: _StreamLayout, begin: int, end: int, max_events: int) -> 
     return end
 
 
+@dataclass(frozen=True)
+class PartitionWritten(WriterCommitMessage):
+    """What one write task did: the rows of its partition, appended or found in the
+    stream already."""
+
+    partition: int
+    rows: int
+
+
+class StreamEngineBatchWriter(DataSourceWriter):
+    """`df.write.format("streamengine")`: see the module docstring."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise InvalidArgument("the streamengine source only appends: use mode('append')")
+        if options.get("certsdir") or options.get("token"):
+            raise InvalidArgument("writing from Spark to a secured cluster is not supported yet")
+        self.master = _required(options, "master")
+        self.stream = _required(options, "stream")
+        self.producer_id = options.get("producerid", "")
+        if self.producer_id:
+            try:
+                check_producer_id(f"{self.producer_id}.{PARTITIONS_MAX}")
+            except InvalidProducer as error:
+                raise InvalidArgument(f"producerId: {error}") from None
+        if "payload" not in schema.fieldNames():
+            raise InvalidArgument("writing needs a `payload` column (binary or string)")
+        kind = schema["payload"].dataType
+        if not isinstance(kind, BinaryType | StringType):
+            raise InvalidArgument(f"the `payload` column is {kind.simpleString()}, not binary")
+
+    def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        producer_id = f"{self.producer_id}.{partition}" if self.producer_id else None
+        rows = asyncio.run(_write_rows(self.master, self.stream, producer_id, iterator))
+        return PartitionWritten(partition, rows)
+
+
+async def _write_rows(
+    master: str, stream: str, producer_id: str | None, rows: Iterator[Any]
+) -> int:
+    """Append the rows' payloads in batches; with a producer id, row N of the partition
+    is its producer sequence N. Returns the rows."""
+    from streamengine.client.stream_client import StreamClient
+
+    written = 0
+    async with StreamClient(master) as client, client.writer(stream, producer_id=producer_id) as w:
+        while batch := list(itertools.islice(rows, WRITE_BATCH_ROWS)):
+            payloads = [_payload_bytes(row) for row in batch]
+            if producer_id is None:
+                await w.append_batch(payloads)
+            else:
+                await w.append_batch(payloads, producer_sequence=written)
+            written += len(payloads)
+    return written
+
+
+def _payload_bytes(row: Any) -> bytes:
+    payload = row["payload"]
+    if payload is None:
+        raise InvalidArgument("a row with a null payload")
+    if isinstance(payload, str):
+        return payload.encode()
+    return bytes(payload)
+
+
 class StreamEngineDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -1070,6 +1156,9 @@ class StreamEngineDataSource(DataSource):
         reader = StreamEngineBatchReader(dict(self.options))
         self._forget_credentials()
         return reader
+
+    def writer(self, schema: StructType, overwrite: bool) -> StreamEngineBatchWriter:
+        return StreamEngineBatchWriter(dict(self.options), schema, overwrite)
 
     def streamReader(self, schema: StructType) -> StreamEngineStreamReader:
         reader = StreamEngineStreamReader(dict(self.options))

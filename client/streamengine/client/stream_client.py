@@ -279,12 +279,15 @@ class StreamClient:
         rolling: bool = True,
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
         accept_loss: bool = False,
+        producer_id: str | None = None,
     ) -> Writer:
         """`async with client.writer(name) as w:` waits for leadership of `name`.
         The writer rolls its segment by the stream's size and age thresholds, when a
         store is lost, and when the master asks; `rolling=False` keeps one segment.
         An append not acknowledged within `append_timeout_s` raises `AppendTimedOut`
-        (the writer goes on leading)."""
+        (the writer goes on leading). `producer_id`, chosen by the application and kept
+        across its restarts, makes `append_batch(..., producer_sequence=K)` exactly
+        once (`Writer.append_batch`)."""
         if self._leases is None:
             raise RuntimeError("use StreamClient as `async with StreamClient(...) as client`")
         writer = Writer(
@@ -299,6 +302,7 @@ class StreamClient:
             rolling=rolling,
             append_timeout_s=append_timeout_s,
             accept_loss=accept_loss,
+            producer_id=producer_id,
         )
         self._writers.add(writer)
         return writer

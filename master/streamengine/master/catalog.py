@@ -57,6 +57,7 @@ from streamengine.master.metadata import Metadata, Transaction
 from streamengine.protocol.cert_revocations import RevokedCert, serial_text
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import EPOCH_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
@@ -103,6 +104,10 @@ def encode_segment(record: SegmentRecord) -> bytes:
     value["certificate"] = (
         base64.b64encode(certificate.encode()).decode() if certificate is not None else ""
     )
+    if record.producers is None:
+        del value["producers"]  # the bytes of a record from before producers existed
+    else:
+        value["producers"] = [asdict(position) for position in record.producers]
     return _json(value)
 
 
@@ -126,6 +131,12 @@ def decode_segment(raw: bytes) -> SegmentRecord:
     value["verified"] = tuple(value.get("verified", ()))
     encoded = value.get("certificate", "")
     value["certificate"] = Certificate.decode(base64.b64decode(encoded)) if encoded else None
+    producers = value.get("producers")
+    value["producers"] = (
+        tuple(ProducerPosition(**position) for position in producers)
+        if producers is not None
+        else None
+    )
     return SegmentRecord(**value)
 
 

@@ -16,6 +16,7 @@ from streamengine.master.core.errors import InvalidArgument, NotFound, NotLeader
 from streamengine.master.core.model import SegmentKey, SegmentRecord, SegmentState
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import INDEX_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 if TYPE_CHECKING:
     from streamengine.master.state import MasterState
@@ -44,6 +45,7 @@ class Integrity:
         now_ms: int,
         certificate: Certificate | None = None,
         lost_from_index: int = 0,
+        producers: tuple[ProducerPosition, ...] | None = None,
     ) -> SegmentRecord:
         """Seal at `final_index`, recording the sealing leader's certificate (if it
         knew the whole content) in the same catalog write, and the range a recovery that
@@ -94,6 +96,7 @@ class Integrity:
             certificate=certificate,
             certified_by=integrity.WRITER if certificate is not None else "",
             lost_from_index=lost_from_index,
+            producers=producers,
         )
         self.state.catalog.commit(Batch().segment(sealed))
         self.state.put_segment(sealed)

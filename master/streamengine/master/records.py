@@ -59,6 +59,8 @@ def record_pb(stream: StreamRecord, segment: SegmentRecord) -> entry_pb2.Segment
     if segment.certificate is not None:
         message.certificate.CopyFrom(codec.certificate_to_pb(segment.certificate))
         message.certificate.certified_by = segment.certified_by
+    if segment.producers is not None:
+        message.producers.CopyFrom(codec.producer_positions_to_pb(segment.producers))
     return message
 
 
@@ -72,6 +74,11 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
         certificate = (
             codec.certificate_from_pb(message.certificate)
             if message.HasField("certificate")
+            else None
+        )
+        producers = (
+            codec.producer_positions_from_pb(message.producers)
+            if message.HasField("producers")
             else None
         )
     except (DecodeError, ValueError, MalformedCertificate) as error:
@@ -109,6 +116,7 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
         bad=tuple(message.bad_stores),
         lost_from_index=message.lost_from_index,
         verified=tuple(message.verified_stores),
+        producers=producers,
     )
     return stream, segment
 

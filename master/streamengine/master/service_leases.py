@@ -17,6 +17,7 @@ from streamengine.master.core import authority, errors
 from streamengine.master.core.leadership import Claim
 from streamengine.master.leadership import Beat, WriterView
 from streamengine.master.service_calls import Context, Handlers, log, status_of
+from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
 from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
@@ -273,6 +274,10 @@ class LeaseHandlers(Handlers):
             reply.roll_reason = view.roll_reason
             reply.grant = self.state.keys.grant_signer(self.calls.clock_ms()).sign(view.grant())
             reply.lease_secret = view.secret
+            # The new leader builds its producer table from these and what it recovers.
+            positions = self.state.grant_producers(view)
+            if positions:
+                reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
         return reply
 
 

@@ -998,6 +998,7 @@ class WriterHeartbeatReply(_message.Message):
     SEGMENT_AGE_MS_MAX_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
     role: Global___WriterRole.ValueType
     epoch: _builtins.int
     """The stream's latest epoch: the caller's when LEADER."""
@@ -1037,6 +1038,13 @@ class WriterHeartbeatReply(_message.Message):
 
     @_builtins.property
     def policy(self) -> _entry_pb2.ReplicationPolicy: ...
+    @_builtins.property
+    def producers(self) -> _entry_pb2.ProducerPositions:
+        """LEADER: each producer's last event through the latest sealed segment (the one
+        before `unsealed`), as its seal recorded them; unset when none did. The leader
+        rebuilds its producer table from them and the segments it recovers.
+        """
+
     def __init__(
         self,
         *,
@@ -1054,10 +1062,11 @@ class WriterHeartbeatReply(_message.Message):
         segment_age_ms_max: _builtins.int = ...,
         grant: _builtins.bytes = ...,
         lease_secret: _builtins.bytes = ...,
+        producers: _entry_pb2.ProducerPositions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "segment", b"segment"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "producers", b"producers", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "producers", b"producers", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1392,6 +1401,7 @@ class SealSegmentRequest(_message.Message):
     GRANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     segment_epoch: _builtins.int
     """The segment's epoch."""
@@ -1417,6 +1427,13 @@ class SealSegmentRequest(_message.Message):
         the seal. Unset otherwise: the master then certifies from W agreeing replicas.
         """
 
+    @_builtins.property
+    def producers(self) -> _entry_pb2.ProducerPositions:
+        """Each producer's last event through the segment (exactly once), recorded with the
+        seal and handed to later leaders (WriterHeartbeatReply.producers). Unset: the
+        sealing leader does not keep them.
+        """
+
     def __init__(
         self,
         *,
@@ -1428,10 +1445,11 @@ class SealSegmentRequest(_message.Message):
         grant: _builtins.bytes = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
         lost_from_index: _builtins.int = ...,
+        producers: _entry_pb2.ProducerPositions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "producers", b"producers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "lost_from_index", b"lost_from_index", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "lost_from_index", b"lost_from_index", "producers", b"producers", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

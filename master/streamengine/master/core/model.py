@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from streamengine.master.core.errors import InvalidArgument
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import NAME_PART_CHARS_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 # A segment is named by (stream id, epoch) everywhere inside the master.
 SegmentKey = tuple[int, int]
@@ -92,6 +93,9 @@ class SegmentRecord:
     # Sealed accepting loss: indexes from this one through the bridge may have held
     # acked events that are lost (0: none).
     lost_from_index: int = 0
+    # SEALED: each producer's last event in the stream through this segment, as its
+    # sealing leader sent them (None: it sent none); the next leader starts from them.
+    producers: tuple[ProducerPosition, ...] | None = None
 
     @property
     def key(self) -> SegmentKey:

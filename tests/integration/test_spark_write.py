@@ -1,0 +1,51 @@
+"""Writing to the `streamengine` Spark data source with a producer id (issue #40): the
+same job run twice appends every row once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from streamengine.client import StreamClient
+from streamengine.testing import Cluster
+
+# Slow: each task leads the stream in turn, and a save of two partitions took 75-107 s
+# on a loaded 2-core machine (load average 16-22), far past CI's budget per test.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+async def read_payloads(cluster: Cluster, name: str) -> list[bytes]:
+    async with StreamClient(cluster.master_address) as client:
+        return [event.payload async for event in client.read(name)]
+
+
+async def create(cluster: Cluster, name: str) -> None:
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+
+
+def save(frame: Any, cluster: Cluster, name: str, **options: str) -> None:
+    from streamengine.client.spark import register
+
+    register(frame.sparkSession)
+    writer = frame.write.format("streamengine").option("master", cluster.master_address)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.option("stream", name).mode("append").save()
+
+
+def test_the_same_job_run_twice_with_a_producer_id_appends_every_row_once(
+    spark: Any, cluster: Cluster
+) -> None:
+    name = "spark/write"
+    asyncio.run(create(cluster, name))
+    # A string column goes as UTF-8; two partitions, each its own producer.
+    rows = [(f"row-{n:03d}-é",) for n in range(400)]
+    frame = spark.createDataFrame(rows, "payload string").repartition(2)
+    frame = frame.sortWithinPartitions("payload")  # the same rows at the same positions
+    save(frame, cluster, name, producerId="orders-job")
+    save(frame, cluster, name, producerId="orders-job")
+    payloads = asyncio.run(read_payloads(cluster, name))
+    assert sorted(payloads) == [row.encode() for (row,) in rows]

@@ -1,0 +1,54 @@
+"""The writer core's producer table (`Leader.producers`): built from the grant's
+positions and the recovered segments, grown by its own marked batches, and what each
+seal it asks for records."""
+
+from __future__ import annotations
+
+from streamengine.client.core.replicator import Append, SendWrite, StoreConnected, Tick
+from streamengine.client.core.writer import Leader, RecoverSegment, SegmentSealed
+from streamengine.protocol.entry import EntryKind, ProducerMark
+from streamengine.protocol.producers import Dedup, ProducerPosition, Run
+from streamengine.protocol.sequence import pack_sequence
+from tests.unit.test_leader import STORES, answer_all, grant, leader_answer, of_type, step
+
+P = "orders-ingest-7"
+SEALED = (ProducerPosition(P, 9, pack_sequence(3, 12)),)
+
+
+def marked(first: int, count: int) -> Append:
+    mark = ProducerMark(P, first, count).encode()
+    return Append((mark, *(b"e%d" % n for n in range(first, first + count))), marked=True)
+
+
+def test_a_new_leader_starts_from_the_seal_and_adds_what_recovery_found() -> None:
+    leader = Leader(0, recovery_supported=True)
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, unsealed=(grant(4),), producers=SEALED))
+    [recover] = of_type(actions, RecoverSegment)
+    # Segment 4 is recovered from the positions the seal of segment 3 recorded.
+    assert recover.producers is not None and not recover.producers.through_segment
+    assert recover.producers.positions == SEALED
+    step(leader, 6, SegmentSealed(4, ((P, Run(10, 5, pack_sequence(4, 2))),)))
+    assert leader.producers.last_sequence(P) == 14
+    assert leader.producers.decide(P, 13, 4) == Dedup(
+        (pack_sequence(4, 5), pack_sequence(4, 6)), 15, 4
+    )
+
+
+def test_a_marked_batch_is_one_producer_entry_then_plain_events_and_counts_at_once() -> None:
+    leader = Leader(0, recovery_supported=True)
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0, producers=SEALED))
+    for store in STORES:
+        step(leader, 5, StoreConnected(store))
+    sent = step(leader, 6, marked(10, 3))
+    # Counted as soon as its indexes are taken: a retry decides against it.
+    assert leader.producers.last_sequence(P) == 12
+    assert leader.producers.decide(P, 12, 1).known == (pack_sequence(5, 4),)
+    [first, *_] = of_type(sent, SendWrite)
+    kinds = [e.kind for e in first.entries]
+    assert kinds == [EntryKind.PRODUCER, EntryKind.EVENT, EntryKind.EVENT, EntryKind.EVENT]
+    for entry in first.batch().entries():
+        entry.verify()
+    answer_all(leader, 7, sent)
+    assert leader.replicator is not None and leader.replicator.acked_index == 4
