@@ -156,6 +156,7 @@ class MasterNode(Node):
                 request.acked_index,
                 request.segment_bytes,
                 now,
+                producer=request.producer,
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.RollSegment):
@@ -254,6 +255,7 @@ class MasterNode(Node):
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
             producers=state.grant_producers(view),
+            stream_has_producers=record.has_producers,
         )
         return m.LeaderReply(answer, view.secret)
 

@@ -62,6 +62,7 @@ class WriterHeartbeat:
     segment_bytes: int
     # The lease secret handed with the lease (`LeaderReply`).
     lease_secret: bytes = field(default=b"", repr=False)
+    producer: bool = False
 
 
 @dataclass(frozen=True, slots=True)

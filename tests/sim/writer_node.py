@@ -114,6 +114,7 @@ class WriterNode(Node):
             recovery_supported=True,
             rolling_supported=True,
             append_timeout_ms=cfg.append_timeout_ms,
+            producer=True,
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
@@ -429,6 +430,7 @@ class WriterNode(Node):
             action.acked_index,
             action.segment_bytes,
             self.lease_secret.shown(),
+            self.leader.producer,
         )
 
         def answered(result: object) -> None:

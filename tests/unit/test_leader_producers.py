@@ -4,8 +4,16 @@ seal it asks for records."""
 
 from __future__ import annotations
 
+import pytest
+
 from streamengine.client.core.replicator import Append, SendWrite, StoreConnected, Tick
-from streamengine.client.core.writer import Leader, RecoverSegment, SegmentSealed
+from streamengine.client.core.writer import (
+    Leader,
+    RecoverSegment,
+    ReleaseLease,
+    SegmentSealed,
+    SteppedDown,
+)
 from streamengine.protocol.entry import EntryKind, ProducerMark
 from streamengine.protocol.producers import Dedup, ProducerPosition, Run
 from streamengine.protocol.sequence import pack_sequence
@@ -21,9 +29,13 @@ def marked(first: int, count: int) -> Append:
 
 
 def test_a_new_leader_starts_from_the_seal_and_adds_what_recovery_found() -> None:
-    leader = Leader(0, recovery_supported=True)
+    leader = Leader(0, recovery_supported=True, producer=True)
     step(leader, 0, Tick())
-    actions = step(leader, 5, leader_answer(0, unsealed=(grant(4),), producers=SEALED))
+    actions = step(
+        leader,
+        5,
+        leader_answer(0, unsealed=(grant(4),), producers=SEALED, stream_has_producers=True),
+    )
     [recover] = of_type(actions, RecoverSegment)
     # Segment 4 is recovered from the positions the seal of segment 3 recorded.
     assert recover.producers is not None and not recover.producers.through_segment
@@ -36,9 +48,9 @@ def test_a_new_leader_starts_from_the_seal_and_adds_what_recovery_found() -> Non
 
 
 def test_a_marked_batch_is_one_producer_entry_then_plain_events_and_counts_at_once() -> None:
-    leader = Leader(0, recovery_supported=True)
+    leader = Leader(0, recovery_supported=True, producer=True)
     step(leader, 0, Tick())
-    step(leader, 5, leader_answer(0, producers=SEALED))
+    step(leader, 5, leader_answer(0, producers=SEALED, stream_has_producers=True))
     for store in STORES:
         step(leader, 5, StoreConnected(store))
     sent = step(leader, 6, marked(10, 3))
@@ -52,3 +64,38 @@ def test_a_marked_batch_is_one_producer_entry_then_plain_events_and_counts_at_on
         entry.verify()
     answer_all(leader, 7, sent)
     assert leader.replicator is not None and leader.replicator.acked_index == 4
+
+
+@pytest.mark.parametrize(
+    ("producer", "stream_has_producers", "recovery"),
+    [
+        # A plain stream: no mark anywhere, recovered from its tail as ever.
+        (False, False, "plain"),
+        # A plain writer on a stream a producer once led: read whole, positions kept.
+        (False, True, "folded"),
+        (True, True, "folded"),
+        # A producer granted without the mark (an older master): it cannot lead.
+        (True, False, "refused"),
+    ],
+)
+def test_a_recovery_reads_a_segment_whole_only_on_a_stream_with_producers(
+    producer: bool, stream_has_producers: bool, recovery: str
+) -> None:
+    leader = Leader(0, recovery_supported=True, producer=producer)
+    step(leader, 0, Tick())
+    actions = step(
+        leader,
+        5,
+        leader_answer(
+            0, unsealed=(grant(4),), producers=(), stream_has_producers=stream_has_producers
+        ),
+    )
+    if recovery == "refused":
+        assert of_type(actions, SteppedDown) and of_type(actions, ReleaseLease)
+        assert not of_type(actions, RecoverSegment)
+        return
+    [recover] = of_type(actions, RecoverSegment)
+    if recovery == "plain":
+        assert recover.producers is None
+    else:
+        assert recover.producers is not None and not recover.producers.through_segment

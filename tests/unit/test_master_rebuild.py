@@ -194,6 +194,27 @@ def test_a_record_goes_to_the_stores_and_comes_back_whole() -> None:
         record_from_bytes(b"\xff\xff")
 
 
+@pytest.mark.parametrize(
+    ("case", "marked", "has_producers"),
+    [
+        ("no record says so", [False, False], False),
+        ("one record says so (the others sent before the mark)", [False, True], True),
+    ],
+)
+def test_a_stream_marked_as_having_producers_stays_marked(
+    case: str, marked: list[bool], has_producers: bool
+) -> None:
+    one, two = seg(1), seg(2, OPEN)
+    holdings = [
+        held("s1", one, stream=replace(ORDERS, has_producers=marked[0])),
+        held("s1", two, stream=replace(ORDERS, has_producers=marked[1])),
+    ]
+    out = rebuild.rebuild(holdings, NOW)
+    assert out.streams["acme/orders"].has_producers is has_producers, case
+    encoded = record_pb(replace(ORDERS, has_producers=True), one).SerializeToString()
+    assert record_from_bytes(encoded)[0].has_producers
+
+
 def test_records_are_sent_only_to_members_whose_version_differs() -> None:
     encodings = RecordEncodings()
     one, two = seg(1), seg(2, copy_set=("s2", "s3", "s4"))

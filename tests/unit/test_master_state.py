@@ -447,3 +447,21 @@ def test_too_few_stores_for_a_new_segment_still_grant_an_epoch_that_seals_the_op
     master.state.integrity.seal_segment("t/s", 1, 2, 10, master.now)
     with pytest.raises(NotEnoughStores):
         master.state.leadership.roll_segment("t/s", writer("w2"), 2, [], master.now)
+
+
+def test_a_grant_to_a_producer_marks_the_stream_for_good_before_it_answers(
+    master: Master,
+) -> None:
+    plain = beat(master, "w1")
+    assert plain.leads and not plain.stream.has_producers
+    master.now += 2 * LEASE  # w1's lease runs out
+    view = master.state.leadership.writer_heartbeat(
+        "t/s", writer("w2"), 0, 0, 0, master.now, producer=True
+    )
+    assert view.leads and view.stream.has_producers
+    # Persisted with the epoch: a restarted master still knows it.
+    assert master.restart().streams["t/s"].has_producers
+    master.now += 2 * LEASE
+    again = beat(master, "w3")
+    assert again.leads and again.lease.epoch == view.lease.epoch + 1
+    assert again.stream.has_producers  # a plain writer's grant never clears it

@@ -106,6 +106,7 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
         segment_age_ms_max=reply.segment_age_ms_max,
         grant=reply.grant,
         producers=_producer_positions(reply),
+        stream_has_producers=reply.stream_has_producers,
     )
 
 

@@ -247,6 +247,7 @@ class Writer:
             recovery_supported=True,
             rolling_supported=rolling,
             append_timeout_ms=max(1, round(append_timeout_s * 1000)),
+            producer=producer_id is not None,
         )
         self._append_timeout_s = append_timeout_s
         self._group: asyncio.TaskGroup | None = None
@@ -826,6 +827,7 @@ class Writer:
             acked_index=action.acked_index,
             segment_bytes=action.segment_bytes,
             lease_secret=self._lease_secret.shown(),
+            producer=self._core.producer,
         )
         sent_at = monotonic_ms()
         try:

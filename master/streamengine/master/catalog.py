@@ -94,6 +94,13 @@ def _delete_key(store_id: str, key: SegmentKey) -> bytes:
     return _DELETE + store_id.encode() + b"\0" + _KEY.pack(*key)
 
 
+def encode_stream(record: StreamRecord) -> bytes:
+    value = asdict(record)
+    if not record.has_producers:
+        del value["has_producers"]  # the bytes of a record from before producers existed
+    return _json(value)
+
+
 def encode_segment(record: SegmentRecord) -> bytes:
     value = asdict(record)
     value["copy_set"] = list(record.copy_set)
@@ -152,7 +159,7 @@ class Batch(Transaction):
         return self
 
     def stream(self, record: StreamRecord) -> Batch:
-        self.puts.append((_STREAM + record.name.encode(), _json(asdict(record))))
+        self.puts.append((_STREAM + record.name.encode(), encode_stream(record)))
         return self
 
     def drop_stream(self, name: str) -> Batch:

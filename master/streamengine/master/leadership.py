@@ -59,6 +59,8 @@ class Beat:
     epoch: int
     acked_index: int = 0
     segment_bytes: int = 0
+    # The writer appends with a producer id (`core.leadership.has_producers`).
+    producer: bool = False
 
 
 @dataclass(slots=True)
@@ -173,6 +175,12 @@ class Leadership:
                 if decision.outcome is Outcome.GRANTED:
                     # The lease it grants runs: nothing else in the batch is granted it.
                     assert beat.stream not in granted, beat.stream
+                    record = replace(
+                        record,
+                        has_producers=leadership.has_producers(
+                            record.has_producers, True, beat.producer
+                        ),
+                    )
                     granted[beat.stream] = self._plan_epoch(
                         record, decision.lease, (), now_ms, True, views
                     )
@@ -221,9 +229,10 @@ class Leadership:
         segment_bytes: int,
         now_ms: int,
         answer_by_ms: int | None = None,
+        producer: bool = False,
     ) -> WriterView:
         """One heartbeat: the batch of one (raises its error)."""
-        beat = Beat(name, claim, epoch, acked_index, segment_bytes)
+        beat = Beat(name, claim, epoch, acked_index, segment_bytes, producer)
         (answer,) = self.writer_heartbeats([beat], now_ms, answer_by_ms)
         if isinstance(answer, MasterError):
             raise answer

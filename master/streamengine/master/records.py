@@ -55,6 +55,7 @@ def record_pb(stream: StreamRecord, segment: SegmentRecord) -> entry_pb2.Segment
         bad_stores=list(segment.bad),
         lost_from_index=segment.lost_from_index,
         verified_stores=list(segment.verified),
+        stream_has_producers=stream.has_producers,
     )
     if segment.certificate is not None:
         message.certificate.CopyFrom(codec.certificate_to_pb(segment.certificate))
@@ -100,6 +101,7 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
         epoch=0,
         leader_id="",
         created_at_ms=message.stream_created_at_ms,
+        has_producers=message.stream_has_producers,
     )
     segment = SegmentRecord(
         stream_id=message.id.stream_id,

@@ -108,6 +108,7 @@ class LeaseHandlers(Handlers):
                     request.epoch,
                     request.acked_index,
                     request.segment_bytes,
+                    request.producer,
                 )
             )
         remaining_s = context.time_remaining()
@@ -278,6 +279,7 @@ class LeaseHandlers(Handlers):
             positions = self.state.grant_producers(view)
             if positions:
                 reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
+            reply.stream_has_producers = record.has_producers
         return reply
 
 

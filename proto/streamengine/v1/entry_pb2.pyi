@@ -415,6 +415,7 @@ class SegmentRecord(_message.Message):
     LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
     VERIFIED_STORES_FIELD_NUMBER: _builtins.int
     PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
     segment_bytes: _builtins.int
     segment_age_ms: _builtins.int
     stream_created_at_ms: _builtins.int
@@ -424,6 +425,10 @@ class SegmentRecord(_message.Message):
     sealed_at_ms: _builtins.int
     settled_at_ms: _builtins.int
     lost_from_index: _builtins.int
+    stream_has_producers: _builtins.bool
+    """The stream was granted to a producer once (WriterHeartbeatReply.stream_has_producers),
+    kept so that a rebuilt master still knows it.
+    """
     @_builtins.property
     def id(self) -> Global___SegmentId:
         """stream_id, epoch and the stream's name (`tenant/stream`)."""
@@ -473,10 +478,11 @@ class SegmentRecord(_message.Message):
         lost_from_index: _builtins.int = ...,
         verified_stores: _abc.Iterable[_builtins.str] | None = ...,
         producers: Global___ProducerPositions | None = ...,
+        stream_has_producers: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy", "producers", b"producers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "producers", b"producers", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "verified_stores", b"verified_stores"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "producers", b"producers", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "stream_has_producers", b"stream_has_producers", "verified_stores", b"verified_stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -949,6 +949,7 @@ class WriterHeartbeatRequest(_message.Message):
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
+    PRODUCER_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     """Unique per writer instance (a new one per `writer()` block)."""
@@ -962,6 +963,11 @@ class WriterHeartbeatRequest(_message.Message):
     lease). Without it, or from another principal than the one granted, the caller is
     a follower whatever client id it names: no renewal, no grant.
     """
+    producer: _builtins.bool
+    """The caller appends with a producer id (exactly once). The first lease granted to
+    such a caller marks the stream as having producers, for good
+    (WriterHeartbeatReply.stream_has_producers).
+    """
     def __init__(
         self,
         *,
@@ -971,10 +977,11 @@ class WriterHeartbeatRequest(_message.Message):
         acked_index: _builtins.int = ...,
         segment_bytes: _builtins.int = ...,
         lease_secret: _builtins.bytes = ...,
+        producer: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "producer", b"producer", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -999,6 +1006,7 @@ class WriterHeartbeatReply(_message.Message):
     GRANT_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
     PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
     role: Global___WriterRole.ValueType
     epoch: _builtins.int
     """The stream's latest epoch: the caller's when LEADER."""
@@ -1023,6 +1031,11 @@ class WriterHeartbeatReply(_message.Message):
     """Only in the answer to the heartbeat that won the lease: a random secret, sent by the
     holder with every later call as the holder (heartbeat, hold, release, roll), kept
     across its rolls. Never sent again, never shown to anyone else.
+    """
+    stream_has_producers: _builtins.bool
+    """LEADER: some lease of the stream was granted to a producer (`producer`), so its
+    segments may hold PRODUCER marks: recovery reads a segment whole to find them.
+    Never cleared. False: no segment holds a mark, recovery reads only its tail.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.Segment:
@@ -1063,10 +1076,11 @@ class WriterHeartbeatReply(_message.Message):
         grant: _builtins.bytes = ...,
         lease_secret: _builtins.bytes = ...,
         producers: _entry_pb2.ProducerPositions | None = ...,
+        stream_has_producers: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "producers", b"producers", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "producers", b"producers", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "producers", b"producers", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_has_producers", b"stream_has_producers", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -123,7 +123,11 @@ positions built on the segment before. A batch appended with a PRODUCER mark
 a producer's batch only while nothing earlier is unsealed (`recovering` false). A roll
 that cannot drain forgets the old segment's runs: its recovery hands back those it kept.
 Each `RecoverSegment` carries the positions its seal records (`ProducerSeal`): through
-the segment when this writer drained it, else as of the segment before.
+the segment when this writer drained it, else as of the segment before (recovery then
+reads the segment whole). Only on a stream the grant says has producers
+(`stream_has_producers`): on any other no segment holds a mark, so recoveries carry no
+positions and read only the tail, as for any plain stream; a producer's writer refuses
+a grant without it.
 
 Why one long module: the writer's life (following, granted, the gate, rolling, closing,
 stepping down) is one state machine over one set of fields; each stage above reads and
@@ -305,6 +309,9 @@ class HeartbeatAnswered:
     # LEADER: each producer's last event through the latest sealed segment; None when
     # they came malformed (a grant this writer cannot lead under).
     producers: tuple[ProducerPosition, ...] | None = ()
+    # LEADER: some lease of the stream went to a producer, so its segments may hold
+    # PRODUCER marks (`master.core.leadership.has_producers`).
+    stream_has_producers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,7 +574,9 @@ class Leader:
         recovery_supported: bool = False,
         rolling_supported: bool = False,
         append_timeout_ms: int = APPEND_TIMEOUT_MS,
+        producer: bool = False,
     ) -> None:
+        """`producer`: this writer appends with a producer id (its heartbeats say so)."""
         assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
@@ -592,6 +601,10 @@ class Leader:
         # Which producer sequences the stream holds (`streamengine.protocol.producers`):
         # from the grant's positions, the runs recovery found, and this writer's own.
         self.producers = ProducerTable()
+        self.producer = producer
+        # Whether the stream's segments may hold marks (the grant's word): if not,
+        # recoveries keep no producer positions and read no segment whole.
+        self._stream_has_producers = False
         self._roll_requested = False
         self._roll_reason_master = ""
         self._rolling_supported = rolling_supported
@@ -883,6 +896,7 @@ class Leader:
         self._policy = answer.policy
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         self.producers = ProducerTable(answer.producers or ())
+        self._stream_has_producers = answer.stream_has_producers
         self._recover_oldest(actions)
         if answer.segment is None:
             # Nothing to replicate until the roll after the recoveries (`_on_time`).
@@ -899,6 +913,11 @@ class Leader:
             return "the answer carries no signed grant (a master older than its stores)"
         if answer.producers is None:
             return "the grant's producer positions do not parse"
+        if self.producer and not answer.stream_has_producers:
+            return (
+                "a producer's grant without the stream marked as having producers (a master "
+                "older than this client): a later leader would not look for its marks"
+            )
         if answer.segment is not None and answer.segment.epoch != answer.epoch:
             return f"granted epoch {answer.epoch} with segment {answer.segment.epoch}"
         if answer.unsealed and not self._recovery_supported:
@@ -1161,7 +1180,12 @@ class Leader:
         assert self._policy is not None
         epoch = grant.epoch
         known = self._known_content.get(epoch)
-        if known is not None:
+        seal: ProducerSeal | None
+        if not self._stream_has_producers:
+            # No leader of the stream wrote a mark (`has_producers`): recovered as
+            # before producers existed, from the segment's tail.
+            seal = None
+        elif known is not None:
             # Drained: this writer appended all of it, its table holds every run.
             through = self.producers.positions(pack_sequence(epoch, INDEX_MAX) + 1)
             seal = ProducerSeal(through, through_segment=True)

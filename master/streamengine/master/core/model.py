@@ -59,6 +59,9 @@ class StreamRecord:
     # secret it was handed, never the secret, and the principal it acquired as.
     leader_secret_sha256: str = ""
     leader_principal: str = ""
+    # Some lease was granted to a writer with a producer id: segments from then on may
+    # hold PRODUCER marks (`core.leadership.has_producers`). Never cleared.
+    has_producers: bool = False
 
     @property
     def tenant(self) -> str:

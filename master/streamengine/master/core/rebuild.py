@@ -150,7 +150,10 @@ def rebuild(holdings: Iterable[Holding], now_ms: int) -> Rebuilt:
     for stream in named.values():
         group = by_stream[stream.stream_id]
         epoch = max(max(h.epoch, h.fence) for h in group)
-        stream = replace(stream, epoch=epoch, leader_id="")
+        # Marked as having producers if any record says so: a record sent before the
+        # mark keeps its old bytes until the store is sent the new one.
+        has_producers = any(h.record is not None and h.record[0].has_producers for h in group)
+        stream = replace(stream, epoch=epoch, leader_id="", has_producers=has_producers)
         out.streams[stream.name] = stream
         out.tenants.setdefault(stream.tenant, now_ms)
         for segment_epoch in sorted({h.epoch for h in group}):
