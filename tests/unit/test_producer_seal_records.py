@@ -4,10 +4,17 @@ them), refused when malformed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from streamengine.master.catalog import decode_segment, encode_segment
-from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.catalog import decode_segment, decode_stream, encode_segment, encode_stream
+from streamengine.master.core.model import (
+    SegmentRecord,
+    SegmentState,
+    StreamRecord,
+    carry_producers,
+)
 from streamengine.master.records import record_from_bytes, record_pb
 from streamengine.protocol import codec
 from streamengine.protocol.producers import ProducerPosition
@@ -68,3 +75,35 @@ def test_malformed_positions_are_refused(positions: list[tuple[str, int, int]]) 
 def test_positions_come_back_by_producer_id() -> None:
     message = codec.producer_positions_to_pb(reversed(POSITIONS))
     assert codec.producer_positions_from_pb(message) == POSITIONS
+
+
+LATER = (ProducerPosition("ingest-1", 50, 9 << 32 | 3),)
+
+
+@pytest.mark.parametrize(
+    ("rule", "kept_epoch", "epoch", "producers", "after"),
+    [
+        ("a seal with positions newer than the stream's replaces them", 4, 9, LATER, LATER),
+        ("a seal that kept none leaves them", 4, 9, None, POSITIONS),
+        ("a seal of an older segment leaves them", 4, 3, LATER, POSITIONS),
+        ("a seal again of the same segment leaves them", 4, 4, LATER, POSITIONS),
+        ("the first seal with positions sets them", 0, 2, LATER, LATER),
+    ],
+)
+def test_the_stream_keeps_the_positions_of_its_newest_seal(
+    rule: str,
+    kept_epoch: int,
+    epoch: int,
+    producers: tuple[ProducerPosition, ...] | None,
+    after: tuple[ProducerPosition, ...],
+) -> None:
+    kept = POSITIONS if kept_epoch else ()
+    stream = replace(ORDERS, producers=kept, producers_epoch=kept_epoch)
+    carried = carry_producers(stream, epoch, producers)
+    assert carried.producers == after, rule
+    assert decode_stream(encode_stream(carried)) == carried
+
+
+def test_a_stream_record_without_producers_keeps_the_bytes_it_had() -> None:
+    assert b"producers" not in encode_stream(ORDERS)
+    assert decode_stream(encode_stream(ORDERS)) == ORDERS

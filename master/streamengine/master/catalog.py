@@ -96,9 +96,18 @@ def _delete_key(store_id: str, key: SegmentKey) -> bytes:
 
 def encode_stream(record: StreamRecord) -> bytes:
     value = asdict(record)
+    # The bytes of a record from before producers existed, when it has none.
     if not record.has_producers:
-        del value["has_producers"]  # the bytes of a record from before producers existed
+        del value["has_producers"]
+    if not record.producers_epoch:
+        del value["producers"], value["producers_epoch"]
     return _json(value)
+
+
+def decode_stream(raw: bytes) -> StreamRecord:
+    value = _load_json(raw)
+    value["producers"] = tuple(ProducerPosition(**p) for p in value.get("producers", ()))
+    return StreamRecord(**value)
 
 
 def encode_segment(record: SegmentRecord) -> bytes:
@@ -291,10 +300,10 @@ def raise_epochs(records: list[tuple[bytes, bytes]], by: int) -> list[tuple[byte
     raised = []
     for key, value in records:
         if key.startswith(_STREAM) and by:
-            record = StreamRecord(**json.loads(value))
+            record = decode_stream(value)
             if record.epoch + by > EPOCH_MAX:
                 raise InvalidArgument(f"{record.name}: epoch {record.epoch} + {by} is too high")
-            value = _json(asdict(replace(record, epoch=record.epoch + by)))
+            value = encode_stream(replace(record, epoch=record.epoch + by))
         raised.append((key, value))
     return raised
 
@@ -309,7 +318,7 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             record = decode_segment(value)
             loaded.segments[record.key] = record
         elif key.startswith(_STREAM):
-            loaded.streams[key[len(_STREAM) :].decode()] = StreamRecord(**_load_json(value))
+            loaded.streams[key[len(_STREAM) :].decode()] = decode_stream(value)
         elif key == _NEXT_STREAM_ID:
             loaded.next_stream_id = _U64.unpack(value)[0]
         elif key.startswith(_TENANT):

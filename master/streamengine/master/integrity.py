@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING
 from streamengine.master.catalog import Batch
 from streamengine.master.core import integrity
 from streamengine.master.core.errors import InvalidArgument, NotFound, NotLeader, SealConflict
-from streamengine.master.core.model import SegmentKey, SegmentRecord, SegmentState
+from streamengine.master.core.model import (
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    carry_producers,
+)
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.producers import ProducerPosition
@@ -98,7 +103,12 @@ class Integrity:
             lost_from_index=lost_from_index,
             producers=producers,
         )
-        self.state.catalog.commit(Batch().segment(sealed))
+        carried = carry_producers(record, segment_epoch, producers)
+        batch = Batch().segment(sealed)
+        if carried is not record:
+            batch.stream(carried)
+        self.state.catalog.commit(batch)
+        self.state.streams[name] = carried
         self.state.put_segment(sealed)
         for member in sealed.copy_set:
             early = self.state.early_reports.pop((sealed.key, member), None)

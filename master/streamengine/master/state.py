@@ -331,15 +331,17 @@ class MasterState:
 
     def _producers_before(self, stream_id: int, epoch: int) -> tuple[ProducerPosition, ...]:
         """The producer positions the latest sealed segment before `epoch` recorded
-        (none: no such segment, or it recorded none)."""
+        (none: it recorded none); once retention took every such segment, those the
+        stream kept from its newest seal (`StreamRecord.producers`)."""
         sealed = [
             e
             for e in self.epochs.get(stream_id, ())
             if e < epoch and self.segments[(stream_id, e)].state == SegmentState.SEALED
         ]
-        if not sealed:
-            return ()
-        return self.segments[(stream_id, max(sealed))].producers or ()
+        if sealed:
+            return self.segments[(stream_id, max(sealed))].producers or ()
+        record = self.streams[self.names[stream_id]]
+        return record.producers if record.producers_epoch < epoch else ()
 
     def grant_producers(self, view: WriterView) -> tuple[ProducerPosition, ...]:
         """The producer positions a LEADER answer carries when it won the lease: those

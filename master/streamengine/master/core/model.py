@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamengine.master.core.errors import InvalidArgument
 from streamengine.protocol.certificate import Certificate
@@ -62,10 +62,27 @@ class StreamRecord:
     # Some lease was granted to a writer with a producer id: segments from then on may
     # hold PRODUCER marks (`core.leadership.has_producers`). Never cleared.
     has_producers: bool = False
+    # Each producer's last event through the segment of `producers_epoch`, the newest
+    # sealed one whose seal recorded them (0: none did). Kept here, not only on that
+    # segment's record, because retention and trims take segment records: a producer
+    # whose events were all trimmed still resends into a table that knows it. Kept for
+    # the stream's life, bounded by `protocol.producers.PRODUCERS_MAX` producers.
+    producers: tuple[ProducerPosition, ...] = ()
+    producers_epoch: int = 0
 
     @property
     def tenant(self) -> str:
         return self.name.split("/", 1)[0]
+
+
+def carry_producers(
+    record: StreamRecord, epoch: int, producers: tuple[ProducerPosition, ...] | None
+) -> StreamRecord:
+    """The stream record once the segment of `epoch` is sealed with `producers` (None:
+    its sealing leader kept none): they replace the stream's own only when newer."""
+    if producers is None or epoch <= record.producers_epoch:
+        return record
+    return replace(record, producers=producers, producers_epoch=epoch)
 
 
 @dataclass(frozen=True, slots=True)
