@@ -416,6 +416,8 @@ class SegmentRecord(_message.Message):
     VERIFIED_STORES_FIELD_NUMBER: _builtins.int
     PRODUCERS_FIELD_NUMBER: _builtins.int
     STREAM_HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_PRODUCERS_EPOCH_FIELD_NUMBER: _builtins.int
     segment_bytes: _builtins.int
     segment_age_ms: _builtins.int
     stream_created_at_ms: _builtins.int
@@ -429,6 +431,7 @@ class SegmentRecord(_message.Message):
     """The stream was granted to a producer once (WriterHeartbeatReply.stream_has_producers),
     kept so that a rebuilt master still knows it.
     """
+    stream_producers_epoch: _builtins.int
     @_builtins.property
     def id(self) -> Global___SegmentId:
         """stream_id, epoch and the stream's name (`tenant/stream`)."""
@@ -459,6 +462,13 @@ class SegmentRecord(_message.Message):
         sealing leader recorded them (exactly once; unset before that existed).
         """
 
+    @_builtins.property
+    def stream_producers(self) -> Global___ProducerPositions:
+        """The positions the stream keeps from its newest seal that recorded them, and that
+        seal's epoch (0: none), in the records of that segment and later ones only, so that
+        a rebuilt master still has them once every sealed segment is trimmed.
+        """
+
     def __init__(
         self,
         *,
@@ -479,10 +489,12 @@ class SegmentRecord(_message.Message):
         verified_stores: _abc.Iterable[_builtins.str] | None = ...,
         producers: Global___ProducerPositions | None = ...,
         stream_has_producers: _builtins.bool = ...,
+        stream_producers: Global___ProducerPositions | None = ...,
+        stream_producers_epoch: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy", "producers", b"producers"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy", "producers", b"producers", "stream_producers", b"stream_producers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "producers", b"producers", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "stream_has_producers", b"stream_has_producers", "verified_stores", b"verified_stores"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "producers", b"producers", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "stream_has_producers", b"stream_has_producers", "stream_producers", b"stream_producers", "stream_producers_epoch", b"stream_producers_epoch", "verified_stores", b"verified_stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
