@@ -105,3 +105,25 @@ async def test_a_leader_failover_and_a_store_lost_before_the_retry_change_nothin
             assert second.first("done"), second.lines
             events = await read_all(client, name)
             assert numbers_of(events, "a") == list(range(batches * 10)), "not every event once"
+
+
+async def test_a_producer_that_opted_in_jumps_ahead_and_is_still_deduplicated(
+    cluster: Cluster,
+) -> None:
+    name = "exactly/jumps"
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        async with client.writer(name, producer_id=PRODUCER) as plain:
+            await plain.append_batch(batch("a", 0), producer_sequence=0)
+            with pytest.raises(InvalidArgument, match="gap"):
+                await plain.append_batch(batch("a", 100), producer_sequence=100)
+        async with client.writer(name, producer_id=PRODUCER, sequence_jumps=True) as jumping:
+            assert jumping.last_producer_sequence == 9
+            await jumping.append_batch(batch("a", 100), producer_sequence=100)
+            # Both batches resent: nothing at or below the mark (109) goes again.
+            for first in (0, 100):
+                again = await jumping.append_batch(batch("a", first), producer_sequence=first)
+                assert len(again) == 10
+            assert jumping.last_producer_sequence == 109
+        events = await read_all(client, name)
+        assert numbers_of(events, "a") == [*range(10), *range(100, 110)]

@@ -147,3 +147,44 @@ def test_the_durable_sequence_counts_a_run_acked_in_part() -> None:
     assert table.durable_sequence(P, 103) == 2
     assert table.durable_sequence(P, 150) == 4
     assert table.durable_sequence(P, 1_000) == 6
+
+
+# With jumps, P holds 0..4 at 101..105 and (a batch that jumped) 1000..1001 at 201..202.
+JUMPED = ((0, 5, 101), (1000, 2, 201))
+
+
+@pytest.mark.parametrize(
+    ("rule", "held", "first", "count", "expected"),
+    [
+        ("a batch may start anywhere above the mark", HELD, 2000, 3, Dedup((), 2000, 3)),
+        ("the next batch as ever", HELD, 7, 3, Dedup((), 7, 3)),
+        ("an unknown producer may start above 0", (), 4000, 2, Dedup((), 4000, 2)),
+        ("at or below the mark: still not written", JUMPED, 1000, 2, Dedup((201, 202), 1002, 2)),
+        (
+            "a resend across a hole: the hole answered 0, never written",
+            JUMPED,
+            4,
+            3,
+            Dedup((105, 0, 0), 7, 3),
+        ),
+        (
+            "a resend reaching past the mark writes the rest only",
+            JUMPED,
+            1001,
+            3,
+            Dedup((202,), 1002, 3),
+        ),
+    ],
+)
+def test_a_producer_whose_sequences_jump_is_deduplicated_at_or_below_its_mark(
+    rule: str, held: tuple[tuple[int, int, int], ...], first: int, count: int, expected: Dedup
+) -> None:
+    assert table_with(*held).decide(P, first, count, jumps=True) == expected, rule
+
+
+def test_without_the_opt_in_a_jump_is_still_a_gap() -> None:
+    table = table_with(*JUMPED)  # runs with holes are taken from any writer
+    assert table.last_sequence(P) == 1001
+    with pytest.raises(SequenceGap):
+        table.decide(P, 2000, 1)
+    assert table.decide(P, 1002, 1) == Dedup((), 1002, 1)

@@ -280,6 +280,7 @@ class StreamClient:
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
         accept_loss: bool = False,
         producer_id: str | None = None,
+        sequence_jumps: bool = False,
     ) -> Writer:
         """`async with client.writer(name) as w:` waits for leadership of `name`.
         The writer rolls its segment by the stream's size and age thresholds, when a
@@ -287,7 +288,8 @@ class StreamClient:
         An append not acknowledged within `append_timeout_s` raises `AppendTimedOut`
         (the writer goes on leading). `producer_id`, chosen by the application and kept
         across its restarts, makes `append_batch(..., producer_sequence=K)` exactly
-        once (`Writer.append_batch`)."""
+        once (`Writer.append_batch`); with `sequence_jumps` its sequences need only
+        increase (a batch may start anywhere above the last one)."""
         if self._leases is None:
             raise RuntimeError("use StreamClient as `async with StreamClient(...) as client`")
         writer = Writer(
@@ -303,6 +305,7 @@ class StreamClient:
             append_timeout_s=append_timeout_s,
             accept_loss=accept_loss,
             producer_id=producer_id,
+            sequence_jumps=sequence_jumps,
         )
         self._writers.add(writer)
         return writer

@@ -214,8 +214,11 @@ class Writer:
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
         accept_loss: bool = False,
         producer_id: str | None = None,
+        sequence_jumps: bool = False,
     ) -> None:
         """`rolling=False` keeps one segment for as long as this writer leads.
+        `sequence_jumps`: the producer's sequences only increase, a batch may start
+        anywhere above the last (`streamengine.protocol.producers`, "Jumps").
         `accept_loss` (`StreamClient.seal`'s, an operator's choice only): recoveries of
         earlier segments decide from the stores that answer when fewer than R can, and
         declare the range they cannot know lost."""
@@ -227,6 +230,7 @@ class Writer:
             except InvalidProducer as error:
                 raise InvalidArgument(str(error)) from None
         self.producer_id = producer_id
+        self._sequence_jumps = sequence_jumps
         # Producer batches decide one at a time (module docstring).
         self._producer_turn = asyncio.Lock()
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
@@ -450,7 +454,9 @@ class Writer:
             await self._wait_producer_turn(nbytes)
             # Decided and taken by the core in one go: nothing changes the table between.
             try:
-                decision = self._core.producers.decide(producer_id, first_sequence, len(payloads))
+                decision = self._core.producers.decide(
+                    producer_id, first_sequence, len(payloads), self._sequence_jumps
+                )
             except (SequenceGap, TooManyProducers) as error:
                 raise InvalidArgument(f"{self.stream}: {error}") from None
             if decision.to_write:

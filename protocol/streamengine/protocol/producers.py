@@ -22,6 +22,15 @@ follow each other: the table's high-water mark is the last sequence of its last 
 - a batch that starts above the mark + 1 leaves a gap: refused (`SequenceGap`), nothing
   written. A producer the table does not know starts at 0.
 
+Jumps (`decide(..., jumps=True)`, the producer's opt-in). A producer whose sequences
+are not consecutive but only increase (a streaming job numbers rows by batch id and
+position: each batch starts far above the last) may start a batch anywhere above the
+mark; its runs then leave holes. Deduplication is as before: nothing at or below the
+mark is written again, and a sequence that falls in a hole is answered 0 like one whose
+position is no longer kept (it was never written, and never will be). The table itself
+takes runs with holes from any writer (`add_run`): the gap rule is a check on a batch,
+not on what the stream holds.
+
 What counts. The table takes a run when the leader assigns its indexes, before W stores
 hold it: a retry of an event in flight is answered with the sequence it has, once it is
 acked (the shell waits for that). A writer that stops leading leaves its in-flight runs
@@ -183,21 +192,24 @@ class ProducerTable:
                 )
         return tuple(found)
 
-    def decide(self, producer_id: str, first_sequence: int, count: int) -> Dedup:
+    def decide(
+        self, producer_id: str, first_sequence: int, count: int, jumps: bool = False
+    ) -> Dedup:
         """What to do with a batch of `count` events from `first_sequence`; raises
-        SequenceGap (nothing is to be written)."""
+        SequenceGap (nothing is to be written) unless the producer's sequences may
+        `jumps` ahead of the mark."""
         check_producer_id(producer_id)
         assert count >= 1 and first_sequence >= 0
         runs = self._runs.get(producer_id, [])
         expected = runs[-1].last_sequence + 1 if runs else 0
-        if first_sequence > expected:
+        if first_sequence > expected and not jumps:
             raise SequenceGap(producer_id, first_sequence, expected)
         if producer_id not in self._runs and len(self._runs) >= PRODUCERS_MAX:
             raise TooManyProducers(
                 f"the stream's table already keeps {PRODUCERS_MAX} producers; "
                 f"{producer_id!r} would be one more"
             )
-        duplicates = min(count, expected - first_sequence)
+        duplicates = max(0, min(count, expected - first_sequence))
         firsts = [run.first_sequence for run in runs]
         known = tuple(
             _stream_sequence(runs, firsts, sequence)
@@ -208,10 +220,11 @@ class ProducerTable:
     # ---- changes ----
 
     def add_run(self, producer_id: str, run: Run) -> None:
-        """A run assigned (or found by recovery), right after the producer's last."""
+        """A run assigned (or found by recovery), after the producer's last (right after
+        it, unless the producer's sequences jump)."""
         runs = self._runs.setdefault(producer_id, [])
         expected = runs[-1].last_sequence + 1 if runs else 0
-        assert run.first_sequence == expected, (producer_id, run, expected)
+        assert run.first_sequence >= expected, (producer_id, run, expected)
         assert not runs or run.first_stream_sequence > runs[-1].last_stream_sequence, run
         runs.append(run)
         if len(runs) > RUNS_PER_PRODUCER_MAX:
