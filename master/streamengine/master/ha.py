@@ -44,7 +44,9 @@ LoadState = Callable[[Catalog, bool], MasterState]
 NewRepairer = Callable[[MasterState], Repairer]
 # Rebuild the (empty) catalog from the stores, serving them with `state` meanwhile, and
 # hand the rebuilt state to the activation given.
-RebuildFromStores = Callable[[Catalog, MasterState, Callable[[MasterState], None]], Awaitable[None]]
+RebuildFromStores = Callable[
+    [Catalog, MasterState, Callable[[MasterState], None]], Awaitable[None]
+]
 
 
 class ElectedMaster:

@@ -169,12 +169,7 @@ class Leadership:
                 secret = self.draw_secret()
                 lease = decided.get(beat.stream) or self.state.leases[beat.stream]
                 decision = leadership.heartbeat(
-                    lease,
-                    beat.claim,
-                    beat.epoch,
-                    now_ms,
-                    self.state.lease_ms,
-                    secret,
+                    lease, beat.claim, beat.epoch, now_ms, self.state.lease_ms, secret,
                     answer_by_ms,
                 )
                 if decision.outcome is Outcome.GRANTED:

@@ -75,7 +75,9 @@ class Rebuilder:
                 named = rebuild.named_stores(holdings)
                 registered = set(self.state.stores)
                 now_ms = self.clock_ms()
-                if rebuild.ready(registered, self.answers, named, now_ms, deadline_ms, earliest_ms):
+                if rebuild.ready(
+                    registered, self.answers, named, now_ms, deadline_ms, earliest_ms
+                ):
                     break
                 await asyncio.sleep(POLL_S)
         finally:

@@ -149,7 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve the web console and Prometheus metrics on this port (HTTPS with --certs-dir)",
+        help="serve the web console and Prometheus metrics on this port (HTTPS with "
+        "--certs-dir)",
     )
     parser.add_argument(
         "--metrics-host",
@@ -188,6 +189,8 @@ def add_quota_arguments(parser: argparse.ArgumentParser) -> None:
         help="payload bytes per second a tenant may append through each store; stores "
         "hold back more (0: no limit; default %(default)s)",
     )
+
+
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,7 +260,9 @@ async def _serve(args: argparse.Namespace) -> int:
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
         interceptors=[RequestParsing()],
     )
-    signer = identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    signer = (
+        identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    )
     service = MasterService(
         role,
         wall_ms,
@@ -460,7 +465,6 @@ async def _etcd_master(
             activate(await _rebuild(args, catalog, state, service, members))
         finally:
             service.calls.rebuilding = False
-
     elected = ElectedMaster(
         role,
         election,
