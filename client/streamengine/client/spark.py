@@ -62,6 +62,15 @@ sequence: a task retried, or the same job run again over the same partitions, fi
 rows in the stream and appends nothing new (`Writer.append_batch`). Without
 `producerId` every run appends again. Plaintext clusters only for now.
 
+Writing (streaming): `df.writeStream.format("streamengine").option("master", M)
+.option("stream", S).option("checkpointLocation", C).start()` appends every row once
+across task retries and query restarts from C. Each task's producer id is
+`QUERY_ID.PARTITION` (the query's id, kept in its checkpoint) and each row's producer
+sequence is `batch id * STREAM_BATCH_ROWS_MAX + its position in the partition`
+(`stream_sequence_of`): a micro-batch run again after a restart, or a task retried,
+holds the same rows at the same sequences and appends nothing new. Sequences jump from
+batch to batch, which the writer accepts (`sequence_jumps`).
+
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
 checkpoint re-reads the same rows for the same offsets.
@@ -91,6 +100,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
@@ -117,7 +127,12 @@ from streamengine.protocol.certificate import (
     MalformedCertificate,
 )
 from streamengine.protocol.clock import monotonic_ms
-from streamengine.protocol.entry import EntryKind, InvalidProducer, check_producer_id
+from streamengine.protocol.entry import (
+    PRODUCER_SEQUENCE_MAX,
+    EntryKind,
+    InvalidProducer,
+    check_producer_id,
+)
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import SyncMasters, sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
@@ -150,6 +165,14 @@ PARTITIONS_MAX = 1_000_000
 # Rows a write task appends as one batch (one producer batch): large enough that a
 # batch's round trip is shared by many rows, small enough to hold in a task.
 WRITE_BATCH_ROWS = 1000
+# A streaming write's producer sequence is batch id * this + the row's position in its
+# partition: a micro-batch's partition holds fewer rows, and 2**31 batches fit below
+# PRODUCER_SEQUENCE_MAX.
+STREAM_BATCH_ROWS_MAX = 1 << 32
+# Where Spark's micro-batch execution tells each task its query and batch (local
+# properties: StreamExecution.QUERY_ID_KEY, MicroBatchExecution.BATCH_ID_KEY).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 # Executors' tokens live an hour by default: long enough for most scans, short enough
 # that one taken off an executor dies soon.
@@ -1116,21 +1139,75 @@ class StreamEngineBatchWriter(DataSourceWriter):
         return PartitionWritten(partition, rows)
 
 
+def stream_sequence_of(batch_id: int, position: int) -> int:
+    """The producer sequence of row `position` of a partition in micro-batch
+    `batch_id` (module docstring, "Writing (streaming)")."""
+    if not 0 <= position < STREAM_BATCH_ROWS_MAX:
+        raise InvalidArgument(f"a micro-batch partition of more than {STREAM_BATCH_ROWS_MAX} rows")
+    if not 0 <= batch_id <= PRODUCER_SEQUENCE_MAX // STREAM_BATCH_ROWS_MAX - 1:
+        raise InvalidArgument(f"micro-batch {batch_id} is past the producer sequences")
+    return batch_id * STREAM_BATCH_ROWS_MAX + position
+
+
+class StreamEngineStreamWriter(DataSourceStreamWriter):
+    """`df.writeStream.format("streamengine")`: see the module docstring."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.sink = StreamEngineBatchWriter(options, schema, overwrite=False)
+        if self.sink.producer_id:
+            raise InvalidArgument(
+                "a streaming write takes its producer ids from the query's id: no producerId"
+            )
+
+    def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None, "a streaming write runs in a task"
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query_id or batch_id is None:
+            raise InvalidArgument("a streaming write outside a micro-batch query")
+        partition = context.partitionId()
+        producer_id = f"{query_id}.{partition}"
+        first = stream_sequence_of(int(batch_id), 0)
+        rows = asyncio.run(
+            _write_rows(self.sink.master, self.sink.stream, producer_id, iterator, first)
+        )
+        return PartitionWritten(partition, rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to do: each row was appended, once, by its task."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: the batch's rows appended so far are found, not appended
+        again, when Spark runs it again."""
+
+
 async def _write_rows(
-    master: str, stream: str, producer_id: str | None, rows: Iterator[Any]
+    master: str,
+    stream: str,
+    producer_id: str | None,
+    rows: Iterator[Any],
+    first_sequence: int = 0,
 ) -> int:
     """Append the rows' payloads in batches; with a producer id, row N of the partition
-    is its producer sequence N. Returns the rows."""
+    is its producer sequence `first_sequence` + N (a streaming write's sequences jump
+    from one micro-batch's first to the next). Returns the rows."""
     from streamengine.client.stream_client import StreamClient
 
     written = 0
-    async with StreamClient(master) as client, client.writer(stream, producer_id=producer_id) as w:
+    jumps = first_sequence > 0
+    async with (
+        StreamClient(master) as client,
+        client.writer(stream, producer_id=producer_id, sequence_jumps=jumps) as w,
+    ):
         while batch := list(itertools.islice(rows, WRITE_BATCH_ROWS)):
             payloads = [_payload_bytes(row) for row in batch]
             if producer_id is None:
                 await w.append_batch(payloads)
             else:
-                await w.append_batch(payloads, producer_sequence=written)
+                await w.append_batch(payloads, producer_sequence=first_sequence + written)
             written += len(payloads)
     return written
 
@@ -1159,6 +1236,11 @@ class StreamEngineDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> StreamEngineBatchWriter:
         return StreamEngineBatchWriter(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> StreamEngineStreamWriter:
+        if overwrite:
+            raise InvalidArgument("the streamengine sink only appends: outputMode('append')")
+        return StreamEngineStreamWriter(dict(self.options), schema)
 
     def streamReader(self, schema: StructType) -> StreamEngineStreamReader:
         reader = StreamEngineStreamReader(dict(self.options))
