@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from streamengine.client.errors import InvalidArgument
 from streamengine.protocol import producers
 from streamengine.protocol.entry import EntryKind, InvalidProducer, ProducerMark, StoredEntry
 from streamengine.protocol.producers import (
@@ -189,17 +188,3 @@ def test_without_the_opt_in_a_jump_is_still_a_gap() -> None:
     with pytest.raises(SequenceGap):
         table.decide(P, 2000, 1)
     assert table.decide(P, 1002, 1) == Dedup((), 1002, 1)
-
-
-@pytest.mark.parametrize(
-    ("batch_id", "position", "sequence"),
-    [(0, 0, 0), (0, 999, 999), (1, 0, 1 << 32), (7, 5, 7 * (1 << 32) + 5)],
-)
-def test_a_streaming_rows_sequence_is_its_batch_then_its_position(
-    batch_id: int, position: int, sequence: int
-) -> None:
-    from streamengine.client.spark import STREAM_BATCH_ROWS_MAX, stream_sequence_of
-
-    assert stream_sequence_of(batch_id, position) == sequence
-    with pytest.raises(InvalidArgument):
-        stream_sequence_of(batch_id, STREAM_BATCH_ROWS_MAX)
