@@ -5,6 +5,9 @@ checkpoint over a batch it had written writes each input event once."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +105,26 @@ def test_a_streaming_query_restarted_from_its_checkpoint_writes_each_event_once(
     asyncio.run(append_and_seal(cluster, "spark/in", later))
     run_once()
     assert sorted(asyncio.run(read_payloads(cluster, "spark/out"))) == first + later
+
+
+def test_a_task_retried_after_it_appended_part_of_its_rows_leaves_each_row_once(
+    cluster: Cluster,
+) -> None:
+    from tests.integration.spark_retry_job import ROWS
+
+    name = "spark/retried"
+    asyncio.run(create(cluster, name))
+    job = [sys.executable, "-m", "tests.integration.spark_retry_job"]
+    # Its own JVM: not the one this process's Spark session runs on.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}
+    done = subprocess.run(
+        [*job, cluster.master_address, name, "retried-job"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    payloads = asyncio.run(read_payloads(cluster, name))
+    assert sorted(payloads) == sorted(b"row-%d" % n for n in range(ROWS))
