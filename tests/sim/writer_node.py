@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,7 @@ from streamengine.master.core.errors import MasterError
 from streamengine.master.service_calls import status_of
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.entry import ProducerMark
-from streamengine.protocol.sequence import unpack_sequence
+from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim import messages as m
 from tests.sim.network import Message
@@ -224,8 +225,14 @@ class WriterNode(Node):
 
     def can_append_producer(self) -> bool:
         """As `streamengine.client.writer` decides a producer's batch: leading a segment
-        with room, every earlier segment recovered (the table rebuilt)."""
-        return self.can_append() and not self.leader.recovering
+        with room, every earlier segment recovered (the table rebuilt), the producer's
+        last batch acked."""
+        if not self.can_append() or self.leader.recovering:
+            return False
+        replicator = self.leader.replicator
+        durable = pack_sequence(replicator.segment.epoch, replicator.acked_index) if (
+            replicator is not None) else 0
+        return self.leader.producers.unacked_through(self.producer_id, durable) is None
 
     def append_producer(self, count: int) -> None:
         """`count` new events of this process's producer, after every unconfirmed one
@@ -235,9 +242,13 @@ class WriterNode(Node):
         for _ in range(count):
             out.events[out.next_sequence] = f"p:{self.name}:{out.next_sequence}".encode()
             out.next_sequence += 1
-        resend = [sequence for sequence in sorted(out.events) if sequence not in out.in_flight]
-        first = resend[0]
-        assert resend == list(range(first, first + len(resend))), resend
+        waiting = [sequence for sequence in sorted(out.events) if sequence not in out.in_flight]
+        # From the lowest, as far as the sequences run on: one above an event still in
+        # flight waits for it (its fate decides whether it goes again).
+        first = waiting[0]
+        resend = list(itertools.takewhile(lambda pair: pair[0] == pair[1],
+                                          zip(waiting, itertools.count(first))))
+        resend = [sequence for sequence, _ in resend]
         if "resend_without_dedup" in self.world.config.flaws:
             # The flaw: retries at least once, as plain appends the table never sees.
             out.in_flight.update(resend)

@@ -451,6 +451,9 @@ class Writer:
         nbytes = events_bytes(payloads)
         item: _Append | None = None
         async with self._producer_turn:
+            unacked = self._core.producers.unacked_through(producer_id, self._durable_through())
+            if unacked is not None:
+                await self._wait_durable(unacked, in_doubt=False)
             await self._wait_producer_turn(nbytes)
             # Decided and taken by the core in one go: nothing changes the table between.
             try:
@@ -504,9 +507,11 @@ class Writer:
                 await self._stepped.wait()
         self._check_leading()
 
-    async def _wait_durable(self, stream_sequence: int) -> None:
+    async def _wait_durable(self, stream_sequence: int, in_doubt: bool = True) -> None:
         """Until the event at `stream_sequence` (an earlier batch's) is acked: a retry
-        answers only what is durable. Its own append answers if it fails."""
+        answers only what is durable, and a producer's next batch waits for its last
+        (`in_doubt=False`: nothing of it was written yet). Its own append answers if it
+        fails."""
         try:
             async with asyncio.timeout(self._append_timeout_s):
                 while self._durable_through() < stream_sequence:
@@ -515,9 +520,9 @@ class Writer:
                     await self._stepped.wait()
         except TimeoutError:
             raise AppendTimedOut(
-                f"{self.stream}: an earlier batch holding these events is not acked "
+                f"{self.stream}: an earlier batch of this producer is not acked "
                 f"within {self._append_timeout_s} s",
-                in_doubt=True,
+                in_doubt=in_doubt,
             ) from None
 
     async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
