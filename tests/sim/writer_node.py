@@ -246,9 +246,12 @@ class WriterNode(Node):
         # From the lowest, as far as the sequences run on: one above an event still in
         # flight waits for it (its fate decides whether it goes again).
         first = waiting[0]
-        resend = list(itertools.takewhile(lambda pair: pair[0] == pair[1],
-                                          zip(waiting, itertools.count(first))))
-        resend = [sequence for sequence, _ in resend]
+        resend = [
+            sequence
+            for sequence, expected in itertools.takewhile(
+                lambda pair: pair[0] == pair[1], zip(waiting, itertools.count(first))
+            )
+        ]
         if "resend_without_dedup" in self.world.config.flaws:
             # The flaw: retries at least once, as plain appends the table never sees.
             out.in_flight.update(resend)
