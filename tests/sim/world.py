@@ -114,8 +114,18 @@ ACCEPT_LOSS: dict[str, Any] = {
 }
 # The flaws of issue #35's defect 2, each found in the band `ACCEPT_LOSS`.
 ACCEPT_LOSS_FLAWS = frozenset({"trust_any_bridge", "ack_before_loss", "loss_ends_at_final"})
-# The share of user appends made with a producer id (exactly once, issue #40).
+# In a run with producers (`SimConfig.producers`), the share of user appends made with
+# a producer id (exactly once, issue #40).
 PRODUCER_SHARE = 0.5
+# The share of seeds whose writers append with producer ids. Drawn from a randomness of
+# its own, so that a seed without producers runs as it did before producers existed
+# (the schedules its regression tests pin stay theirs).
+PRODUCER_SEEDS_SHARE = 0.5
+
+
+def draws_producers(seed: int) -> bool:
+    """Whether seed `seed`'s writers append with producer ids."""
+    return random.Random(f"producers:{seed}").random() < PRODUCER_SEEDS_SHARE
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -198,6 +208,9 @@ class SimConfig:
     # Off unless asked for (or one of the flaws it hunts): it draws from the seed's
     # randomness.
     accept_loss: bool = False
+    # Writers appending with producer ids (half their appends) and resending what they
+    # were not told was written: `draws_producers` decides, flaws that need them force it.
+    producers: bool = False
 
     @property
     def append_timeout_ms(self) -> int:
@@ -252,6 +265,7 @@ class SimConfig:
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
             + (" wipes" if self.wipes else "")
             + (" accept-loss" if self.accept_loss else "")
+            + (" producers" if self.producers else "")
         )
 
 
@@ -414,7 +428,7 @@ class World:
         if self.phase != "safety":
             return
         ready = [w for w in self.writers if w.can_append()]
-        producing = [w for w in ready if w.can_append_producer()]
+        producing = [w for w in ready if self.config.producers and w.can_append_producer()]
         if producing and self.rng.random() < PRODUCER_SHARE:
             # A producer's events: resent after every writer change until acked.
             self.rng.choice(producing).append_producer(self.rng.choice((1, 2, 3)))
@@ -936,6 +950,8 @@ def run_seed(
     started = time.perf_counter()
     rng = random.Random(seed)
     config = SimConfig.draw(seed, rng, flaws).with_unsynced_stores(rng)
+    producers = draws_producers(seed) or "resend_without_dedup" in flaws
+    config = dataclasses.replace(config, producers=producers)
     if overrides:
         config = dataclasses.replace(config, **overrides)
     result = RunResult(config)

@@ -115,7 +115,7 @@ class WriterNode(Node):
             recovery_supported=True,
             rolling_supported=True,
             append_timeout_ms=cfg.append_timeout_ms,
-            producer=True,
+            producer=self.world.config.producers,
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
@@ -268,6 +268,7 @@ class WriterNode(Node):
         if not fresh:
             return
         out.in_flight.update(fresh)
+        self.world.stats["producer events sent"] += len(fresh)
         mark = ProducerMark(self.producer_id, fresh[0], len(fresh)).encode()
         self.marks.add(mark)
         payloads = tuple(out.events[sequence] for sequence in fresh)
