@@ -84,6 +84,7 @@ INVARIANTS = {
     11: "stores change segments only under the master's grants, and take every one",
     12: "a sealed segment's certificate is what its replicas at the bridge hold",
     13: "trims take whole sealed segments from the head; readers are told, never skipped",
+    15: "no event with a producer id is in the stream twice",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -612,9 +613,9 @@ class Checker:
             # Every payload is appended once, but a producer's (`p:NODE:SEQUENCE`), which
             # its process resends after every writer change until acked: one of those in
             # the stream twice is exactly once broken (issue #40).
-            what = "a producer's event, resent," if payload.startswith(b"p:") else ""
+            invariant = 15 if payload.startswith(b"p:") else 1
             raise Violation(
-                1, f"follower {follower}: {what}{payload!r} at {again} and {epoch}/{index}"
+                invariant, f"follower {follower}: {payload!r} at {again} and {epoch}/{index}"
             )
         self._agree(f"follower {follower}", epoch, index, EntryKind.EVENT, payload, reader=True)
         lo = bisect.bisect_right(self.acked_sequences, record.last)

@@ -22,7 +22,7 @@ from streamengine.master.core import authority, integrity, repair
 from streamengine.master.core.errors import MasterError, SealConflict
 from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim
 from streamengine.master.core.model import SegmentRecord
-from streamengine.master.leadership import WriterView
+from streamengine.master.leadership import WriterView, grant_producers
 from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.state import MasterState
 from streamengine.master.stores import Registered
@@ -254,7 +254,7 @@ class MasterNode(Node):
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
-            producers=state.grant_producers(view),
+            producers=grant_producers(view, state.stream_segments(view.stream.stream_id)),
             stream_has_producers=record.has_producers,
         )
         return m.LeaderReply(answer, view.secret)

