@@ -84,7 +84,7 @@ INVARIANTS = {
     11: "stores change segments only under the master's grants, and take every one",
     12: "a sealed segment's certificate is what its replicas at the bridge hold",
     13: "trims take whole sealed segments from the head; readers are told, never skipped",
-    15: "no event with a producer id is in the stream twice",
+    15: "a producer event answered as written is in the stream, and never twice",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -145,6 +145,9 @@ class Checker:
         # reader may ever get it.
         self.rotted: set[tuple[str, SegmentKey]] = set()
         self.failed: set[bytes] = set()  # appends users were told definitely failed
+        # Producer events answered as in the stream at a sequence no longer known (0):
+        # followers must read each of them by the end (invariant 15).
+        self.answered_written: set[bytes] = set()
         self.served_payloads: set[bytes] = set()
         self.epoch_seen = 0
         self.checks = 0
@@ -684,6 +687,14 @@ class Checker:
             missing = self.missing(name)
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
+        read = {p for name in followers for p in self.followers[name].by_payload}
+        for payload in sorted(self.answered_written - read):
+            raise Violation(15, f"{payload!r} was answered as in the stream and never read")
+
+    def producer_answered_written(self, payload: bytes) -> None:
+        """A producer's retry was answered that `payload` is in the stream, at a sequence
+        the table no longer knows (0)."""
+        self.answered_written.add(payload)
 
 
 class MasterChecker:

@@ -63,11 +63,28 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     assert sum(r.stats["producer events sent"] for r in results) > CHUNK, "too few producers"
 
 
+# Seed 158 found it first, at 3,000 steps with two of a producer's batches in flight:
+# the only store a recovery read from held the later batch and not the earlier one.
+PRODUCER_BATCH_PAST_A_GAP = 158
+
+
+def test_seed_158_a_producer_batch_past_a_lost_one_is_cut_by_recovery() -> None:
+    """With the flaw `keep_past_gap` (a producer stream's recovery keeping copies past an
+    index no store holds, as a plain stream's does), a batch survives past its lost
+    predecessor, the next leader's table takes the lost sequences as written, and the
+    producer's retry is answered so: an event it was told is in never appears. Recovery
+    now ends the run at the first gap, and the retry writes the lost batch again."""
+    flawed = run_seed(PRODUCER_BATCH_PAST_A_GAP, LONG_STEPS, frozenset({"keep_past_gap"}))
+    assert flawed.violation is not None and flawed.violation.invariant == 15, flawed.summary()
+    result = run_seed(PRODUCER_BATCH_PAST_A_GAP, LONG_STEPS, overrides={"producers": True})
+    assert result.ok, result.summary()
+
+
 def test_seed_13_a_producer_resends_and_the_table_answers_what_is_in_already() -> None:
     """A producer resends what no writer confirmed through the next writer; the events
     the stream holds already are answered from the table with their stream sequences,
-    and the rest written once (about one seed in ten reaches it: this one does)."""
-    result = run_seed(13, STEPS)
+    and the rest written once (in long runs, about one seed in three reaches it)."""
+    result = run_seed(13, LONG_STEPS)
     assert result.config.producers and result.ok, result.summary()
     assert result.stats["producer events answered as known"] > 0, result.stats
 

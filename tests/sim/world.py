@@ -11,6 +11,7 @@ ever acknowledged to a user.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -19,7 +20,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+from unittest import mock
 
+from streamengine.client.core import recovery as recovery_core
+from streamengine.client.core.recovery_plan import RecoveryPlan, plan_recovery
 from streamengine.client.core.writer import APPEND_TIMEOUT_MS
 from streamengine.master.core.errors import MasterError, NotEnoughStores
 from streamengine.master.core.leadership import Claim
@@ -59,6 +63,7 @@ FLAWS = (
     "ack_before_loss",
     "loss_ends_at_final",
     "resend_without_dedup",
+    "keep_past_gap",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -117,6 +122,9 @@ ACCEPT_LOSS_FLAWS = frozenset({"trust_any_bridge", "ack_before_loss", "loss_ends
 # In a run with producers (`SimConfig.producers`), the share of user appends made with
 # a producer id (exactly once, issue #40).
 PRODUCER_SHARE = 0.5
+# Flaws only runs with producers show: `resend_without_dedup` (resends as plain
+# appends), `keep_past_gap` (a recovery keeps a producer's batch past a lost one).
+PRODUCER_FLAWS = frozenset({"resend_without_dedup", "keep_past_gap"})
 # The share of seeds whose writers append with producer ids. Drawn from a randomness of
 # its own, so that a seed without producers runs as it did before producers existed
 # (the schedules its regression tests pin stay theirs).
@@ -950,12 +958,15 @@ def run_seed(
     started = time.perf_counter()
     rng = random.Random(seed)
     config = SimConfig.draw(seed, rng, flaws).with_unsynced_stores(rng)
-    producers = draws_producers(seed) or "resend_without_dedup" in flaws
+    producers = draws_producers(seed) or bool(flaws & PRODUCER_FLAWS)
     config = dataclasses.replace(config, producers=producers)
     if overrides:
         config = dataclasses.replace(config, **overrides)
     result = RunResult(config)
     world: World | None = None
+    flawed = contextlib.ExitStack()
+    if "keep_past_gap" in flaws:
+        flawed.enter_context(mock.patch.object(recovery_core, "plan_recovery", _past_gaps))
     try:
         world = World(config, rng, trace, probe_lost)
         for _ in range(steps):
@@ -987,5 +998,12 @@ def run_seed(
         result.stats = world.stats
         result.unsynced_losses = list(world.checker.unsynced_losses)
         result.stats["unsynced losses"] += len(result.unsynced_losses)
+    flawed.close()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _past_gaps(*args: Any, end_at_first_gap: bool = False, **kwargs: Any) -> RecoveryPlan:
+    """The flaw `keep_past_gap`: a producer stream's recovery keeps copies past an index
+    no store holds, as a plain stream's does."""
+    return plan_recovery(*args, **kwargs)

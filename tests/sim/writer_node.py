@@ -46,7 +46,7 @@ from streamengine.master.core.errors import MasterError
 from streamengine.master.service_calls import status_of
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.entry import ProducerMark
-from streamengine.protocol.sequence import pack_sequence, unpack_sequence
+from streamengine.protocol.sequence import unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim import messages as m
 from tests.sim.network import Message
@@ -225,14 +225,8 @@ class WriterNode(Node):
 
     def can_append_producer(self) -> bool:
         """As `streamengine.client.writer` decides a producer's batch: leading a segment
-        with room, every earlier segment recovered (the table rebuilt), the producer's
-        last batch acked."""
-        if not self.can_append() or self.leader.recovering:
-            return False
-        replicator = self.leader.replicator
-        durable = pack_sequence(replicator.segment.epoch, replicator.acked_index) if (
-            replicator is not None) else 0
-        return self.leader.producers.unacked_through(self.producer_id, durable) is None
+        with room, every earlier segment recovered (the table rebuilt)."""
+        return self.can_append() and not self.leader.recovering
 
     def append_producer(self, count: int) -> None:
         """`count` new events of this process's producer, after every unconfirmed one
@@ -263,6 +257,8 @@ class WriterNode(Node):
             if known:  # durable: every earlier segment is recovered
                 epoch, index = unpack_sequence(known)
                 self.world.checker.user_acked(epoch, index, payload, self.world.master.state)
+            else:
+                self.world.checker.producer_answered_written(payload)
         self.world.stats["producer events answered as known"] += len(decision.known)
         fresh = resend[decision.write_from :]
         if not fresh:

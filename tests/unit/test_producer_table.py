@@ -188,15 +188,3 @@ def test_without_the_opt_in_a_jump_is_still_a_gap() -> None:
     with pytest.raises(SequenceGap):
         table.decide(P, 2000, 1)
     assert table.decide(P, 1002, 1) == Dedup((), 1002, 1)
-def test_a_producers_next_batch_waits_until_its_last_is_acked() -> None:
-    """Seed 158 of the simulator: batches 6 and 7-8 of one producer in flight at once,
-    the only store got 7-8 and not 6, and the recovery kept 7-8 over a hole at 6: a
-    producer sequence missing below the high-water mark, which a retry would take as
-    written. One batch in flight per producer closes it."""
-    table = ProducerTable()
-    assert table.unacked_through("p", 0) is None
-    table.add_run("p", Run(0, 3, first_stream_sequence=(1 << 32) + 1))
-    last = (1 << 32) + 3
-    assert table.unacked_through("p", (1 << 32) + 2) == last
-    assert table.unacked_through("p", last) is None
-    assert table.unacked_through("q", 0) is None

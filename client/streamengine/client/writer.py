@@ -451,9 +451,6 @@ class Writer:
         nbytes = events_bytes(payloads)
         item: _Append | None = None
         async with self._producer_turn:
-            unacked = self._core.producers.unacked_through(producer_id, self._durable_through())
-            if unacked is not None:
-                await self._wait_durable(unacked, in_doubt=False)
             await self._wait_producer_turn(nbytes)
             # Decided and taken by the core in one go: nothing changes the table between.
             try:

@@ -31,15 +31,18 @@ position is no longer kept (it was never written, and never will be). The table 
 takes runs with holes from any writer (`add_run`): the gap rule is a check on a batch,
 not on what the stream holds.
 
-What counts. A producer has one batch in flight at a time (`unacked_through`). The
-table takes a run when the leader assigns its indexes, before W stores hold it: a
+What counts. A producer may have several batches in flight. The table takes a run
+when the leader assigns its indexes, before W stores hold it: a
 retry of an event in flight is answered with the sequence it has, once it is acked
 (the shell waits for that). A writer that stops leading leaves its in-flight runs
 in doubt; the next leader knows only what recovery kept. That is why a new leader
 decides nothing before every earlier segment is sealed and recovered (the gate): it
 rebuilds the table from what recovery chose (`fold_segment`, each recovered segment in
 epoch order, on top of the table recorded with the master's seal of the segment before
-them), and only then takes a batch with a producer.
+them), and only then takes a batch with a producer. A recovery of a stream with
+producers ends at the first index it finds on no store (`plan_recovery`'s
+`end_at_first_gap`), so a batch kept there always follows every earlier batch of its
+producer: no sequence below the mark is missing from the stream.
 
 Bounds. The table keeps at most `RUNS_PER_PRODUCER_MAX` runs per producer (the latest)
 and at most `PRODUCERS_MAX` producers; a seal records only each producer's last event
@@ -180,17 +183,6 @@ class ProducerTable:
     def last_stream_sequence(self, producer_id: str) -> int | None:
         run = self._last_run(producer_id, None)
         return None if run is None else run.last_stream_sequence
-
-    def unacked_through(self, producer_id: str, durable_through: int) -> int | None:
-        """The stream sequence a producer's next batch must wait to see acked (None: go
-        now). One batch of a producer is in flight at a time: were a later batch written
-        while an earlier one is unacked, a recovery could keep the later one's copies
-        and find no copy of the earlier one's (a hole), leaving a producer sequence
-        missing below the high-water mark, which a retry would then take as written.
-        Acked indexes are a prefix, so once the earlier batch is acked no recovery can
-        lose it."""
-        last = self.last_stream_sequence(producer_id)
-        return last if last is not None and last > durable_through else None
 
     def positions(self, before_stream_sequence: int | None = None) -> tuple[ProducerPosition, ...]:
         """Each producer's last event (before `before_stream_sequence` when given), by

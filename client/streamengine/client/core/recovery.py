@@ -766,7 +766,11 @@ class SegmentRecovery:
         if self._reads_needed():
             return []
         answers = [StoreAnswer(self._sealed[s], self._full_reads[s][1]) for s in self._deciders]
-        self._plan = plan_recovery(self.policy, self.leader_epoch, answers, self.accept_loss)
+        # A stream with producers ends its run at the first gap (`plan_recovery`).
+        gap_ends = self.producers is not None
+        self._plan = plan_recovery(
+            self.policy, self.leader_epoch, answers, self.accept_loss, end_at_first_gap=gap_ends
+        )
         out: list[Action] = []
         for seal in self._sealed.values():
             out += self._start_bridging(seal)
