@@ -11,7 +11,12 @@ import pytest
 
 from streamengine.master import catalog
 from streamengine.master.catalog import Batch, Catalog, decode_records, decode_segment
-from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core.model import (
+    SegmentRecord,
+    SegmentState,
+    StoreRecord,
+    StreamRecord,
+)
 from streamengine.master.core.repair import trusted_at_start
 from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.state import MasterState
@@ -108,3 +113,21 @@ def test_indexes_built_at_a_start_equal_those_put_segment_keeps() -> None:
         for k, s in loaded.segments.items()
         if s.state == SegmentState.SEALED
     )
+
+
+def test_stores_have_the_store_timeout_from_when_a_long_load_ends() -> None:
+    place, _ = _catalog(3)
+    batch = Batch()
+    for number, store_id in enumerate(STORES):
+        batch.store(StoreRecord(store_id, f"127.0.0.1:{number + 1}", "", False))
+    place.commit(batch)
+    timeout_ms = 3000
+    state = MasterState(place, NOW, 1000, timeout_ms)
+    loaded_ms = NOW + 2 * timeout_ms  # a load longer than the store timeout
+    assert not any(v.alive for v in state.store_views(loaded_ms).values()), "before"
+    state.serving_from(loaded_ms)
+    assert all(v.alive for v in state.store_views(loaded_ms + timeout_ms).values())
+    assert not any(v.alive for v in state.store_views(loaded_ms + timeout_ms + 1).values())
+    assert state.replicas.plan_repairs(loaded_ms, set(), 3) == [], "nothing to copy"
+    # The restart rule still counts from the start of the load.
+    assert state.granting_leases(NOW + 1000)
