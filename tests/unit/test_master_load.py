@@ -125,7 +125,7 @@ def test_stores_have_the_store_timeout_from_when_a_long_load_ends() -> None:
     state = MasterState(place, NOW, 1000, timeout_ms)
     loaded_ms = NOW + 2 * timeout_ms  # a load longer than the store timeout
     assert not any(v.alive for v in state.store_views(loaded_ms).values()), "before"
-    state.serving_from(loaded_ms)
+    state.registry.count_silence_from(loaded_ms)
     assert all(v.alive for v in state.store_views(loaded_ms + timeout_ms).values())
     assert not any(v.alive for v in state.store_views(loaded_ms + timeout_ms + 1).values())
     assert state.replicas.plan_repairs(loaded_ms, set(), 3) == [], "nothing to copy"

@@ -202,17 +202,6 @@ class MasterState:
         """Verifies grants and tokens callers show, with every key not retired."""
         return self.keys.verifier
 
-    def serving_from(self, now_ms: int) -> None:
-        """The master serves from `now_ms`, once its catalog is loaded: stores could not
-        reach it while it loaded, so each has the store timeout from now to report. (A
-        load longer than the timeout left every store dead, and the first passes judged
-        every replica for a copy elsewhere.) The restart rule for leases still counts
-        from the start: the last holder's lease ran out as it always did."""
-        assert now_ms >= self.started_ms
-        for live in self.live.values():
-            if not live.reported_at_ms:
-                live.last_seen_ms = max(live.last_seen_ms, now_ms)
-
     def granting_leases(self, now_ms: int) -> bool:
         return now_ms >= self.started_ms + self.lease_ms
 
