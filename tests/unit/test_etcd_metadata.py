@@ -150,10 +150,13 @@ def test_pages_are_sized_by_the_bytes_of_the_page_before() -> None:
     assert etcd_metadata.page_records(1000, 1000) == etcd_metadata.RECORDS_PER_PAGE_MAX
 
 
-def test_a_page_too_large_for_a_message_is_read_again_smaller(place: EtcdPlace) -> None:
+def test_a_page_too_large_for_a_message_is_read_again_smaller(
+    place: EtcdPlace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Records far larger than the ones the page size was taken from (a run of segments
     with long certificates after small records): the page etcd sends is larger than
-    gRPC takes, and is read again at half the size until it fits."""
+    gRPC takes, and is read again at half the size until it fits (16, 8, then 4)."""
+    monkeypatch.setattr(etcd_metadata, "RECORDS_PER_PAGE_FIRST", 16)
     catalog = place.open()
     value = b"x" * (1400 << 10)  # within etcd's 1.5 MiB a request
     for number in range(10):  # 14 MB in all, 10 MiB a message
