@@ -153,21 +153,21 @@ def _segment_of(value: dict[str, Any], shared: dict[Any, Any]) -> SegmentRecord:
     encoded = value.get("certificate", "")
     stream = value["stream"]
     return SegmentRecord(
-        value["stream_id"],
-        shared.setdefault(stream, stream),
-        value["epoch"],
-        copy_set,
-        _SEGMENT_STATES[value["state"]],
-        value["final_index"],
-        value["created_at_ms"],
-        value["sealed_at_ms"],
-        value["settled_at_ms"],
-        Certificate.decode(base64.b64decode(encoded)) if encoded else None,
-        value.get("certified_by", ""),
-        tuple(bad) if bad else (),
-        verified,
-        value.get("removal_at_ms", 0),
-        value.get("lost_from_index", 0),
+        stream_id=value["stream_id"],
+        stream=shared.setdefault(stream, stream),
+        epoch=value["epoch"],
+        copy_set=copy_set,
+        state=_SEGMENT_STATES[value["state"]],
+        final_index=value["final_index"],
+        created_at_ms=value["created_at_ms"],
+        sealed_at_ms=value["sealed_at_ms"],
+        settled_at_ms=value["settled_at_ms"],
+        certificate=Certificate.decode(base64.b64decode(encoded)) if encoded else None,
+        certified_by=value.get("certified_by", ""),
+        bad=tuple(bad) if bad else (),
+        verified=verified,
+        removal_at_ms=value.get("removal_at_ms", 0),
+        lost_from_index=value.get("lost_from_index", 0),
     )
 
 

@@ -137,7 +137,6 @@ class StoreRegistry:
         from now to report. (A load longer than the timeout left every store dead, and the
         first passes judged every replica for a copy elsewhere.) The restart rule for
         leases still counts from the start: the last holder's lease ran out as always."""
-        assert now_ms >= self.state.started_ms
         for live in self.state.live.values():
             if not live.reported_at_ms:
                 live.last_seen_ms = max(live.last_seen_ms, now_ms)
