@@ -59,6 +59,8 @@ class Beat:
     epoch: int
     acked_index: int = 0
     segment_bytes: int = 0
+    # The latest epoch the writer was answered with (None: it does not say).
+    seen_epoch: int | None = None
 
 
 @dataclass(slots=True)
@@ -168,7 +170,7 @@ class Leadership:
                 lease = decided.get(beat.stream) or self.state.leases[beat.stream]
                 decision = leadership.heartbeat(
                     lease, beat.claim, beat.epoch, now_ms, self.state.lease_ms, secret,
-                    answer_by_ms,
+                    answer_by_ms, beat.seen_epoch,
                 )
                 if decision.outcome is Outcome.GRANTED:
                     # The lease it grants runs: nothing else in the batch is granted it.
