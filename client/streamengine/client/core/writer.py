@@ -395,6 +395,10 @@ class SendHeartbeat:
     acked_index: int
     segment_bytes: int
     timeout_ms: int
+    # The latest epoch the master answered with: a heartbeat sent before this writer's
+    # grant reached it names one below the grant's, so the master never grants it the
+    # next epoch, which would depose this writer (`core.leadership`, master side).
+    seen_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,6 +553,7 @@ class Leader:
         assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
+        self._seen_epoch = 0  # the latest epoch any answer named (`SendHeartbeat`)
         self._grant = b""  # the signed grant of `epoch` while leading
         self.replicator: Replicator | None = None
         self.finish: SteppedDown | None = None
@@ -705,6 +710,7 @@ class Leader:
         if isinstance(event, HeartbeatAnswered):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             self._master_answered_ms = max(self._master_answered_ms, now_ms)
+            self._seen_epoch = max(self._seen_epoch, event.epoch)
             if self.role is Role.FOLLOWING:
                 self._answered_following(now_ms, event, actions)
             else:
@@ -737,6 +743,7 @@ class Leader:
             return actions
         elif isinstance(event, RollAnswered):
             self._master_answered_ms = max(self._master_answered_ms, now_ms)
+            self._seen_epoch = max(self._seen_epoch, event.answer.epoch)
             self._roll_answered(now_ms, event.answer, actions)
         elif isinstance(event, RollFailed):
             if self._roll_asked:
@@ -798,6 +805,7 @@ class Leader:
                     acked_index=replication.acked_index if replication else 0,
                     segment_bytes=replication.payload_bytes if replication else 0,
                     timeout_ms=self._lease_ms,
+                    seen_epoch=self._seen_epoch,
                 )
             )
 
