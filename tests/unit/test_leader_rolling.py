@@ -130,6 +130,24 @@ def test_a_heartbeat_answered_before_the_roll_does_not_depose() -> None:
     assert of_type(deposed, SteppedDown)[0].reason is StepDownReason.DEPOSED
 
 
+def test_a_renewal_answered_after_the_roll_but_heard_first_does_not_depose() -> None:
+    leader = rolling_leader(segment_bytes_max=10)
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
+    # The master rolled to 6, then renewed the lease (now of epoch 6) for a heartbeat
+    # naming 5; that answer reaches the writer before the roll's own.
+    renewal = leader_answer(68, 6)
+    assert of_type(step(leader, 69, renewal), SteppedDown) == []
+    assert of_type(step(leader, 70, roll_answer(65, 6, old=5)), BecameLeader)[0].epoch == 6
+    assert leader.epoch == 6
+
+
+def test_a_leader_answer_for_a_later_epoch_deposes_when_no_roll_was_asked() -> None:
+    leader = rolling_leader()
+    deposed = step(leader, 30, leader_answer(20, 6))
+    assert of_type(deposed, SteppedDown)[0].reason is StepDownReason.DEPOSED
+    assert of_type(deposed, ReleaseLease) == [ReleaseLease(6, signed(6))]
+
+
 def test_a_refused_roll_resumes_appends_and_retries_later() -> None:
     leader = Leader(0, recovery_supported=True, rolling_supported=True)
     step(leader, 0, Tick())

@@ -896,6 +896,11 @@ class Leader:
             return  # sent before the grant: it says nothing about this epoch
         if answer.leader and answer.epoch < self.epoch:
             return  # answered before a roll the master granted this writer since
+        if answer.leader and answer.epoch > self.epoch and self._roll_asked:
+            # The roll this writer asked for, decided before this renewal and heard of
+            # here first (the answers of two calls arrive in either order): the roll's
+            # own answer opens its segment.
+            return
         if not answer.leader or answer.epoch != self.epoch:
             self._leader_id = answer.leader_id
             self._step_down(
