@@ -156,6 +156,7 @@ class MasterNode(Node):
                 request.acked_index,
                 request.segment_bytes,
                 now,
+                seen_epoch=request.seen_epoch,
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.RollSegment):

@@ -223,9 +223,10 @@ class Leadership:
         segment_bytes: int,
         now_ms: int,
         answer_by_ms: int | None = None,
+        seen_epoch: int | None = None,
     ) -> WriterView:
         """One heartbeat: the batch of one (raises its error)."""
-        beat = Beat(name, claim, epoch, acked_index, segment_bytes)
+        beat = Beat(name, claim, epoch, acked_index, segment_bytes, seen_epoch)
         (answer,) = self.writer_heartbeats([beat], now_ms, answer_by_ms)
         if isinstance(answer, MasterError):
             raise answer
