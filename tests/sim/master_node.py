@@ -254,6 +254,7 @@ class MasterNode(Node):
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
+            lease_won=bool(view.secret),
         )
         return m.LeaderReply(answer, view.secret)
 

@@ -41,7 +41,10 @@ def _failure(result: WorldResult) -> str:
 def test_seeds_on_the_runtime_keep_invariants_and_converge(seed: int) -> None:
     result = run_seed(seed)
     assert result.ok, _failure(result)
-    assert result.acked and result.read >= result.acked, result.summary()
+    # A store with fsync never may lose what it acked (the documented loss, which
+    # `ok` names as such): then fewer events are read than were acked.
+    assert result.acked, result.summary()
+    assert result.read >= result.acked or result.documented_loss, result.summary()
 
 
 def test_seed_6_parked_appends_end_with_the_append_timeout() -> None:

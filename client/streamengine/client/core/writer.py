@@ -287,6 +287,9 @@ class HeartbeatAnswered:
     segment_age_ms_max: int = 0  # 0: no roll by age
     # LEADER: the master's signed grant of `epoch` (opaque to the writer).
     grant: bytes = b""
+    # The answer won the lease (it carried a fresh lease secret); a renewal or a roll
+    # keeps the secret the writer holds.
+    lease_won: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -714,7 +717,7 @@ class Leader:
             if self.role is Role.FOLLOWING:
                 self._answered_following(now_ms, event, actions)
             else:
-                self._answered_leading(event, actions)
+                self._answered_leading(now_ms, event, actions)
         elif isinstance(event, HeartbeatFailed):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             if self._heartbeat_failure_ends(event):
@@ -891,7 +894,9 @@ class Leader:
             )
         return ""
 
-    def _answered_leading(self, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+    def _answered_leading(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> None:
         if answer.sent_at_ms < self._grant_sent_at_ms:
             return  # sent before the grant: it says nothing about this epoch
         if answer.leader and answer.epoch < self.epoch:
@@ -900,6 +905,8 @@ class Leader:
             # The roll this writer asked for, decided before this renewal and heard of
             # here first (the answers of two calls arrive in either order): the roll's
             # own answer opens its segment.
+            return
+        if self._lost_roll_answered(now_ms, answer, actions):
             return
         if not answer.leader or answer.epoch != self.epoch:
             self._leader_id = answer.leader_id
@@ -1108,6 +1115,30 @@ class Leader:
             )
             for grant in answer.unsealed
         )
+
+    def _lost_roll_answered(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> bool:
+        """A renewal at a later epoch, the lease not won anew: only a roll of this
+        writer's moves the epoch while its secret holds, so it is a roll whose own answer
+        was lost (given up on before the master, too loaded to answer in time, decided
+        it). Taken as that roll's answer, not as a deposition that would give the new
+        epoch back; True when it was."""
+        if not (
+            answer.leader
+            and answer.epoch > self.epoch
+            and not answer.lease_won
+            and self._rolling_supported
+            and self.replicator is not None
+            and not self._unsealed
+        ):
+            return False
+        self._roll_asked = True
+        self._roll_undrained = self.replicator.content_digest() is None
+        epoch = self.epoch
+        self._roll_answered(now_ms, answer, actions)
+        # Unchanged: not a roll's answer after all (no segment of its epoch).
+        return self.epoch != epoch
 
     def _leave_segment(self, old: Replicator, actions: list[LeaderAction]) -> None:
         """The roll away from `old` (stopped) was answered: a drained segment hands its
