@@ -156,6 +156,7 @@ class MasterNode(Node):
                 request.acked_index,
                 request.segment_bytes,
                 now,
+                seen_epoch=request.seen_epoch,
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.RollSegment):
@@ -253,6 +254,7 @@ class MasterNode(Node):
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
+            lease_won=bool(view.secret),
         )
         return m.LeaderReply(answer, view.secret)
 

@@ -61,6 +61,8 @@ class WriterHeartbeat:
     segment_bytes: int
     # The lease secret handed with the lease (`LeaderReply`).
     lease_secret: bytes = field(default=b"", repr=False)
+    # The latest epoch the writer was answered with (`SendHeartbeat.seen_epoch`).
+    seen_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

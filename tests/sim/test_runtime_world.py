@@ -19,12 +19,14 @@ CI_SEEDS = range(0, 10)
 # seed 6 finds it (an append open 1525 ms at 2744 ms of virtual time, with the flaw).
 PARKED_APPENDS_HANG = 6
 # Each flaw, a seed that finds it and the invariant it breaks.
+# Each flaw needs a seed where a writer steps down with appends pending (seed 1 had one
+# until heartbeats named the epoch their writer saw, which changed its run).
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG, 7),
     # A follower reads an append its writer, stepping down, said had failed.
-    ("fail_in_doubt", 1, 1),
+    ("fail_in_doubt", 0, 1),
     # Appends pending as their writer steps down are never answered.
-    ("forget_pending", 1, 7),
+    ("forget_pending", 0, 7),
     # A new segment acks before the earlier ones are sealed.
     ("ack_before_seal", 0, 1),
 ]
@@ -39,7 +41,10 @@ def _failure(result: WorldResult) -> str:
 def test_seeds_on_the_runtime_keep_invariants_and_converge(seed: int) -> None:
     result = run_seed(seed)
     assert result.ok, _failure(result)
-    assert result.acked and result.read >= result.acked, result.summary()
+    # A store with fsync never may lose what it acked (the documented loss, which
+    # `ok` names as such): then fewer events are read than were acked.
+    assert result.acked, result.summary()
+    assert result.read >= result.acked or result.documented_loss, result.summary()
 
 
 def test_seed_6_parked_appends_end_with_the_append_timeout() -> None:

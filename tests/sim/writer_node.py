@@ -346,6 +346,7 @@ class WriterNode(Node):
             action.acked_index,
             action.segment_bytes,
             self.lease_secret.shown(),
+            action.seen_epoch,
         )
 
         def answered(result: object) -> None:

@@ -101,6 +101,7 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
         segment_bytes_max=reply.segment_bytes_max,
         segment_age_ms_max=reply.segment_age_ms_max,
         grant=reply.grant,
+        lease_won=bool(reply.lease_secret),
     )
 
 

@@ -680,6 +680,7 @@ class Writer:
             acked_index=action.acked_index,
             segment_bytes=action.segment_bytes,
             lease_secret=self._lease_secret.shown(),
+            seen_epoch=action.seen_epoch,
         )
         sent_at = monotonic_ms()
         try:

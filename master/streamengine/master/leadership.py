@@ -59,6 +59,8 @@ class Beat:
     epoch: int
     acked_index: int = 0
     segment_bytes: int = 0
+    # The latest epoch the writer was answered with (None: it does not say).
+    seen_epoch: int | None = None
 
 
 @dataclass(slots=True)
@@ -168,7 +170,7 @@ class Leadership:
                 lease = decided.get(beat.stream) or self.state.leases[beat.stream]
                 decision = leadership.heartbeat(
                     lease, beat.claim, beat.epoch, now_ms, self.state.lease_ms, secret,
-                    answer_by_ms,
+                    answer_by_ms, beat.seen_epoch,
                 )
                 if decision.outcome is Outcome.GRANTED:
                     # The lease it grants runs: nothing else in the batch is granted it.
@@ -221,9 +223,10 @@ class Leadership:
         segment_bytes: int,
         now_ms: int,
         answer_by_ms: int | None = None,
+        seen_epoch: int | None = None,
     ) -> WriterView:
         """One heartbeat: the batch of one (raises its error)."""
-        beat = Beat(name, claim, epoch, acked_index, segment_bytes)
+        beat = Beat(name, claim, epoch, acked_index, segment_bytes, seen_epoch)
         (answer,) = self.writer_heartbeats([beat], now_ms, answer_by_ms)
         if isinstance(answer, MasterError):
             raise answer

@@ -107,6 +107,7 @@ class LeaseHandlers(Handlers):
                     request.epoch,
                     request.acked_index,
                     request.segment_bytes,
+                    request.seen_epoch if request.HasField("seen_epoch") else None,
                 )
             )
         remaining_s = context.time_remaining()
