@@ -49,7 +49,13 @@ from streamengine.etcd import rpc_pb2
 from streamengine.master import replies
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.core import listing
-from streamengine.master.core.model import Held, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core.model import (
+    Held,
+    SegmentRecord,
+    SegmentState,
+    StoreRecord,
+    StreamRecord,
+)
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.metadata import Transaction
 from streamengine.master.rocksdb_metadata import RocksDBMetadata
@@ -102,9 +108,12 @@ def stream_name(number: int) -> str:
 
 def seed(catalog: Catalog, streams: int, segments: bool = True) -> None:
     """N idle streams, each with a sealed segment (every replica verified) and an open
-    one (or none, without `segments`), written in bulk as a restored catalog would be."""
+    one (or none, without `segments`), on the three stores `STORES` (registered), written
+    in bulk as a restored catalog would be."""
     tenants = sorted({stream_name(n).split("/")[0] for n in range(streams)})
     batch = Batch().next_stream_id(streams + 1)
+    for number, store_id in enumerate(STORES):
+        batch.store(StoreRecord(store_id, f"127.0.0.1:{number + 1}", "", False))
     for tenant in tenants:
         batch.tenant(tenant, NOW_MS)
     catalog.commit(batch)

@@ -157,6 +157,7 @@ class MasterNode(Node):
                 request.segment_bytes,
                 now,
                 producer=request.producer,
+                seen_epoch=request.seen_epoch,
             )
             return self._view(view, before, request.client_id)
         if isinstance(request, m.RollSegment):
@@ -256,6 +257,7 @@ class MasterNode(Node):
             grant=signed,
             producers=grant_producers(view, state.stream_segments(view.stream.stream_id)),
             stream_has_producers=record.has_producers,
+            lease_won=bool(view.secret),
         )
         return m.LeaderReply(answer, view.secret)
 

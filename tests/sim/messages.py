@@ -63,6 +63,8 @@ class WriterHeartbeat:
     # The lease secret handed with the lease (`LeaderReply`).
     lease_secret: bytes = field(default=b"", repr=False)
     producer: bool = False
+    # The latest epoch the writer was answered with (`SendHeartbeat.seen_epoch`).
+    seen_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

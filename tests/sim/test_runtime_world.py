@@ -19,16 +19,18 @@ CI_SEEDS = range(0, 10)
 # seed 6 finds it (an append open 1525 ms at 2744 ms of virtual time, with the flaw).
 PARKED_APPENDS_HANG = 6
 # A producer's unanswered batch is sent again through its process's next writer.
-PRODUCER_RESENDS = 3
-# Each flaw, a seed that finds it and the invariant it breaks.
+PRODUCER_RESENDS = 1
+# Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
+# a writer steps down with plain appends pending; a change to the heartbeats or the
+# workload moves them (`python -m tests.sim --runtime` finds the next).
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG, 7),
     # A follower reads an append its writer, stepping down, said had failed.
     ("fail_in_doubt", 6, 1),
     # Appends pending as their writer steps down are never answered.
-    ("forget_pending", 2, 7),
+    ("forget_pending", 1, 7),
     # A new segment acks before the earlier ones are sealed.
-    ("ack_before_seal", 2, 1),
+    ("ack_before_seal", 0, 1),
 ]
 
 
@@ -41,14 +43,28 @@ def _failure(result: WorldResult) -> str:
 def test_seeds_on_the_runtime_keep_invariants_and_converge(seed: int) -> None:
     result = run_seed(seed)
     assert result.ok, _failure(result)
-    assert result.acked and result.read >= result.acked, result.summary()
+    # A store with fsync never may lose what it acked (the documented loss, which
+    # `ok` names as such): then fewer events are read than were acked.
+    assert result.acked, result.summary()
+    assert result.read >= result.acked or result.documented_loss, result.summary()
 
 
 def test_seed_6_parked_appends_end_with_the_append_timeout() -> None:
     """A writer leading an epoch without a segment answers the appends it parks."""
     result = run_seed(PARKED_APPENDS_HANG)
     assert result.ok, _failure(result)
-    assert result.stats.get("AppendTimedOut", 0) > 0, result.stats
+    timed_out = result.stats.get("AppendTimedOut", 0)
+    timed_out += result.stats.get("producer AppendTimedOut", 0)
+    assert timed_out > 0, result.stats
+
+
+def test_seed_4_a_producer_batch_that_waits_for_its_turn_ends_within_its_timeout() -> None:
+    """A producer's batch waits for the gate (an earlier segment in recovery) before
+    the core takes it: its append timeout counted again from there, and it stayed open
+    past its timeout (1843 ms of 1800). It now counts from the call (`Append.due_ms`)."""
+    result = run_seed(4)
+    assert result.config.producers and result.ok, _failure(result)
+    assert result.stats.get("producer AppendTimedOut", 0) > 0, result.stats
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
@@ -62,7 +78,7 @@ def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     assert not all(config.producers for config in configs)
 
 
-def test_seed_3_a_producer_resends_through_its_next_writer_and_each_event_lands_once() -> None:
+def test_seed_1_a_producer_resends_through_its_next_writer_and_each_event_lands_once() -> None:
     """A producer's batch ends in doubt as its writer steps down; its process sends it
     again through the next writer, and followers read each of its events once
     (invariant 15)."""

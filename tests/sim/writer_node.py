@@ -442,6 +442,7 @@ class WriterNode(Node):
             action.segment_bytes,
             self.lease_secret.shown(),
             self.leader.producer,
+            action.seen_epoch,
         )
 
         def answered(result: object) -> None:

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from grpc_health.v1 import health
 
 from streamengine.etcd import rpc_pb2
+from streamengine.master.catalog import Catalog
 from streamengine.master.core.leadership import master_active_until
 from streamengine.master.election import Election, LeaseLost
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
+from streamengine.master.etcd_metadata import EtcdMetadata
+from streamengine.master.ha import ElectedMaster
 from streamengine.master.metadata import NotActive
+from streamengine.master.repair import Repairer
 from streamengine.master.role import MasterRole
+from streamengine.master.state import MasterState
 from streamengine.protocol.cert_revocations import CertRevocations
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import EtcdCluster, wait_until
 
 _prefixes = itertools.count(1)
@@ -147,9 +155,7 @@ async def test_a_keepalive_cancelled_as_its_renewal_fails_ends() -> None:
     client = SimpleNamespace(
         config=SimpleNamespace(election_name=b"e"),
         member="etcd:2379",
-        aio_lease=lambda member: SimpleNamespace(
-            LeaseKeepAlive=lambda: _FailingKeepAlive(reads)
-        ),
+        aio_lease=lambda member: SimpleNamespace(LeaseKeepAlive=lambda: _FailingKeepAlive(reads)),
         member_failed=lambda member: None,
     )
     master = Election(client, "m1:1", 1, clock_ms)  # type: ignore[arg-type]
@@ -159,3 +165,45 @@ async def test_a_keepalive_cancelled_as_its_renewal_fails_ends() -> None:
     keeping.cancel()
     done, _ = await asyncio.wait([keeping], timeout=1)
     assert done and keeping.cancelled(), "the keepalive ended, cancelled"
+
+
+async def test_a_load_longer_than_the_election_lease_keeps_the_election(url: str) -> None:
+    """A master that wins loads its catalog in a worker thread while the keepalive of its
+    election lease runs on its loop: a load of three TTLs keeps the lease, the key and
+    the win, and the master serves what it loaded (issue #38: at 30,000 streams and more
+    the load outlasted the lease). The load waits as a read from etcd does; one that
+    holds the interpreter throughout (decoding) also kept it in every run on a quiet
+    machine, but on one with 14 runnable threads a core the keepalives' hand-offs of the
+    interpreter left gaps of 1.5 s (docs/performance.md)."""
+    client = EtcdClient(parse_etcd_url(url))
+    master = Election(client, "m1:1", 1, clock_ms)
+    role = MasterRole("m1:1")
+    loads: list[int] = []
+
+    def load_state(catalog: Catalog, rebuilding: bool) -> MasterState:
+        state = MasterState(catalog, clock_ms(), 1000, 3000)
+        loads.append(master.lease_id)
+        time.sleep(3 * master.ttl_ms / 1000)
+        return state
+
+    elected = ElectedMaster(
+        role,
+        master,
+        EtcdMetadata(client),
+        health.aio.HealthServicer(),
+        load_state,
+        lambda state: Repairer(state, 1, clock_ms, PLAINTEXT),
+    )
+    running = asyncio.ensure_future(elected.run())
+    try:
+        await wait_until(lambda: role.state is not None, 10, "the master serving")
+        assert role.serving(clock_ms()) is role.state
+        assert loads == [master.lease_id], "one load, on the lease it won with"
+        members = await master.members()
+        assert [m.key for m in members] == [f"{master.prefix.decode()}{master.lease_id:x}".encode()]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await master.revoke()
+        await client.aclose()

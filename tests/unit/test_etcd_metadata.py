@@ -137,8 +137,34 @@ def test_records_load_page_by_page(place: EtcdPlace, monkeypatch: pytest.MonkeyP
     for number in range(25):
         batch.tenant(f"t{number:02}", number)
     catalog.commit(batch)
-    monkeypatch.setattr(etcd_metadata, "RECORDS_PER_PAGE", 4)
+    # A first page of 4, then pages of about 3 records (each some 30 bytes on the wire).
+    monkeypatch.setattr(etcd_metadata, "RECORDS_PER_PAGE_FIRST", 4)
+    monkeypatch.setattr(etcd_metadata, "PAGE_BYTES", 100)
     assert len(catalog.load().tenants) == 25
+
+
+def test_pages_are_sized_by_the_bytes_of_the_page_before() -> None:
+    page_bytes = etcd_metadata.PAGE_BYTES
+    assert etcd_metadata.page_records(1000 * 300, 1000) == page_bytes // 300
+    assert etcd_metadata.page_records(10 * page_bytes, 1) == 1, "a record larger than a page"
+    assert etcd_metadata.page_records(1000, 1000) == etcd_metadata.RECORDS_PER_PAGE_MAX
+
+
+def test_a_page_too_large_for_a_message_is_read_again_smaller(
+    place: EtcdPlace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records far larger than the ones the page size was taken from (a run of segments
+    with long certificates after small records): the page etcd sends is larger than
+    gRPC takes, and is read again at half the size until it fits (16, 8, then 4)."""
+    monkeypatch.setattr(etcd_metadata, "RECORDS_PER_PAGE_FIRST", 16)
+    catalog = place.open()
+    value = b"x" * (1400 << 10)  # within etcd's 1.5 MiB a request
+    for number in range(10):  # 14 MB in all, 10 MiB a message
+        catalog.metadata.commit(Transaction(puts=[(f"x/{number}".encode(), value)]))
+    records = catalog.metadata.read_all()
+    assert [key for key, _ in records if key.startswith(b"x/")] == [
+        f"x/{n}".encode() for n in range(10)
+    ]
 
 
 def test_a_restore_writes_only_while_no_master_is_in_the_election(place: EtcdPlace) -> None:

@@ -126,6 +126,21 @@ def test_a_follower_heartbeats_often_whatever_the_lease_even_if_one_hangs() -> N
     assert of_type(step(leader, 4 * interval + 1, HeartbeatFailed(interval, "x")), SendHeartbeat)
 
 
+def test_each_heartbeat_names_the_latest_epoch_the_master_answered_with() -> None:
+    """The master never grants a heartbeat naming the holder's client id without its
+    secret that saw an epoch below the holder's (sent before the grant's answer came):
+    the next epoch would depose the writer it was granted to."""
+    leader = Leader(0)
+    [first] = of_type(step(leader, 0, Tick()), SendHeartbeat)
+    assert first.seen_epoch == 0
+    step(leader, 10, follower_answer(0, epoch=4))
+    [after_follow] = of_type(step(leader, 100, Tick()), SendHeartbeat)
+    assert after_follow.seen_epoch == 4
+    step(leader, 110, leader_answer(100, epoch=5))
+    [leading] = of_type(step(leader, 110 + LEASE_MS, Tick()), SendHeartbeat)
+    assert (leading.epoch, leading.seen_epoch) == (5, 5)
+
+
 def test_a_leader_heartbeats_every_third_of_the_lease() -> None:
     leader = Leader(0)
     step(leader, 0, Tick())

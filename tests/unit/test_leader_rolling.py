@@ -20,6 +20,7 @@ from streamengine.client.core.writer import (
     DRAIN_MS_MAX,
     ROLL_RETRY_MS,
     STORE_LOST_MS,
+    AppendsLeftUnacked,
     AskRoll,
     BecameLeader,
     Closing,
@@ -128,6 +129,52 @@ def test_a_heartbeat_answered_before_the_roll_does_not_depose() -> None:
     assert leader.epoch == 6
     deposed = step(leader, 31, HeartbeatAnswered(17, False, 7, LEASE_MS, leader_id="other"))
     assert of_type(deposed, SteppedDown)[0].reason is StepDownReason.DEPOSED
+
+
+def test_a_renewal_answered_after_the_roll_but_heard_first_does_not_depose() -> None:
+    leader = rolling_leader(segment_bytes_max=10)
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
+    # The master rolled to 6, then renewed the lease (now of epoch 6) for a heartbeat
+    # naming 5; that answer reaches the writer before the roll's own.
+    renewal = leader_answer(68, 6)
+    assert of_type(step(leader, 69, renewal), SteppedDown) == []
+    assert of_type(step(leader, 70, roll_answer(65, 6, old=5)), BecameLeader)[0].epoch == 6
+    assert leader.epoch == 6
+
+
+def test_a_roll_whose_answer_was_lost_is_taken_from_the_next_renewal() -> None:
+    leader = rolling_leader(segment_bytes_max=10)
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
+    # The roll's call gave up; the master, too loaded to answer in time, rolled anyway.
+    step(leader, 40, RollFailed("DEADLINE_EXCEEDED"))
+    renewal = leader_answer(60, 6, unsealed=(grant(5),), segment_bytes_max=10)
+    actions = step(leader, 70, renewal)
+    assert of_type(actions, SteppedDown) == [] and of_type(actions, ReleaseLease) == []
+    assert of_type(actions, BecameLeader)[0].epoch == 6
+    [recover] = of_type(actions, RecoverSegment)
+    assert (recover.segment, recover.new_epoch) == (grant(5), 6)
+    assert recover.known is not None and recover.known.through_index == 1
+    assert leader.epoch == 6
+
+
+def test_a_roll_lost_with_appends_taken_since_leaves_them_in_doubt() -> None:
+    leader = rolling_leader(segment_bytes_max=10)
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
+    step(leader, 40, RollFailed("DEADLINE_EXCEEDED"))
+    step(leader, 41, Append((b"y",)))  # appends resumed, sent, never acked
+    actions = step(leader, 70, leader_answer(60, 6, unsealed=(grant(5),)))
+    [left] = of_type(actions, AppendsLeftUnacked)
+    assert (left.segment_epoch, left.acked_index, left.last_index) == (5, 1, 2)
+    assert of_type(actions, BecameLeader)[0].epoch == 6
+    [recover] = of_type(actions, RecoverSegment)
+    assert recover.known is None  # recovered as after a takeover
+
+
+def test_a_leader_answer_winning_a_later_epoch_anew_deposes() -> None:
+    leader = rolling_leader()
+    deposed = step(leader, 30, leader_answer(20, 6, lease_won=True))
+    assert of_type(deposed, SteppedDown)[0].reason is StepDownReason.DEPOSED
+    assert of_type(deposed, ReleaseLease) == [ReleaseLease(6, signed(6))]
 
 
 def test_a_refused_roll_resumes_appends_and_retries_later() -> None:

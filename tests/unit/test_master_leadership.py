@@ -135,72 +135,107 @@ def granted(epoch: int, holder: str, expires_ms: int) -> Lease:
             held(3, "a", 500 + LEASE),
         ),
         (
-            "an expired holder that does not name its epoch gets a new one",
+            "an expired holder that names no epoch (sent before its grant's answer came) "
+            "renews its lease: a new epoch would depose it",
             held(3, "a", 900),
             claim("a"),
             0,
             901,
-            Outcome.GRANTED,
-            granted(4, "a", 901 + LEASE),
+            Outcome.RENEWED,
+            held(3, "a", 901 + LEASE),
         ),
         (
-            "a holder that gave its lease back renews nothing",
-            Lease(3, "", 900),
+            "an expired holder naming the epoch before a roll it has not heard of renews "
+            "the rolled epoch, opens none",
+            held(4, "a", 900),
             claim("a"),
             3,
-            901,
-            Outcome.GRANTED,
-            granted(4, "a", 901 + LEASE),
-        ),
-        (
-            "after a restart nobody is granted anything for one lease period",
-            leadership.recovered_lease(7, "", b"", "", 100, LEASE),
-            claim("b"),
-            0,
-            100 + LEASE - 1,
-            Outcome.FOLLOW,
-            Lease(7, "", 100 + LEASE),
-        ),
-        (
-            "after a restart the previous holder keeps leading if it heartbeats",
-            leadership.recovered_lease(7, "a", secret_digest(SECRETS["a"]), PRINCIPAL, 100, LEASE),
-            claim("a"),
-            7,
-            600,
+            5000,
             Outcome.RENEWED,
-            held(7, "a", 600 + LEASE),
-        ),
-        (
-            "after a restart the previous holder's id without its secret follows",
-            leadership.recovered_lease(7, "a", secret_digest(SECRETS["a"]), PRINCIPAL, 100, LEASE),
-            claim("a", b""),
-            7,
-            600,
-            Outcome.FOLLOW,
-            held(7, "a", 100 + LEASE),
-        ),
-        (
-            "after a restart and one lease period, a new caller is granted the next epoch",
-            leadership.recovered_lease(7, "a", secret_digest(SECRETS["a"]), PRINCIPAL, 100, LEASE),
-            claim("b"),
-            0,
-            100 + LEASE,
-            Outcome.GRANTED,
-            granted(8, "b", 100 + 2 * LEASE),
-        ),
-        (
-            "a released lease is granted at once",
-            Lease(5, "", 300),
-            claim("b"),
-            0,
-            300,
-            Outcome.GRANTED,
-            granted(6, "b", 300 + LEASE),
+            held(4, "a", 5000 + LEASE),
         ),
     ],
 )
 def test_heartbeat(rule, lease, caller, epoch, now, outcome, after) -> None:
     decision = leadership.heartbeat(lease, caller, epoch, now, LEASE, FRESH)
+    assert (decision.outcome, decision.lease) == (outcome, after), rule
+
+
+@pytest.mark.parametrize(
+    ("rule", "lease", "caller", "seen", "now", "outcome", "after"),
+    [
+        (
+            "the holder's own heartbeat, sent as a follower before its grant's answer came "
+            "(it saw an earlier epoch) and decided once the lease ran out, follows: the "
+            "next epoch would depose the holder (issue #38)",
+            held(3, "a", 900),
+            claim("a", b""),
+            2,
+            5000,
+            Outcome.FOLLOW,
+            held(3, "a", 900),
+        ),
+        (
+            "so does one sent before the writer saw any answer",
+            held(1, "a", 900),
+            claim("a", b""),
+            0,
+            5000,
+            Outcome.FOLLOW,
+            held(1, "a", 900),
+        ),
+        (
+            "the holder's client id that saw the holder's epoch (its grant's answer was "
+            "lost, or another process) is granted once the lease ran out",
+            held(3, "a", 900),
+            claim("a", b""),
+            3,
+            5000,
+            Outcome.GRANTED,
+            granted(4, "a", 5000 + LEASE),
+        ),
+        (
+            "another client that saw an earlier epoch is granted once the lease ran out",
+            held(3, "a", 900),
+            claim("b", b""),
+            2,
+            5000,
+            Outcome.GRANTED,
+            granted(4, "b", 5000 + LEASE),
+        ),
+        (
+            "a caller that says nothing of what it saw is granted as before",
+            held(3, "a", 900),
+            claim("a", b""),
+            None,
+            5000,
+            Outcome.GRANTED,
+            granted(4, "a", 5000 + LEASE),
+        ),
+        (
+            "a released lease is granted to the client that released it",
+            Lease(3, "", 900),
+            claim("a", b""),
+            2,
+            5000,
+            Outcome.GRANTED,
+            granted(4, "a", 5000 + LEASE),
+        ),
+        (
+            "the holder with its secret renews, whatever it saw",
+            held(3, "a", 900),
+            claim("a"),
+            0,
+            5000,
+            Outcome.RENEWED,
+            held(3, "a", 5000 + LEASE),
+        ),
+    ],
+)
+def test_heartbeat_by_the_epoch_its_caller_saw(
+    rule, lease, caller, seen, now, outcome, after
+) -> None:
+    decision = leadership.heartbeat(lease, caller, 0, now, LEASE, FRESH, seen_epoch=seen)
     assert (decision.outcome, decision.lease) == (outcome, after), rule
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from streamengine.master import records
 from streamengine.master.catalog import Batch
 from streamengine.master.core import rebuild
 from streamengine.master.core.errors import RebuildUnfinished
@@ -22,7 +23,7 @@ from streamengine.master.records import (
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, Chunk
 from streamengine.protocol.producers import ProducerPosition
-from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX
+from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX, record_version
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2
 from tests.metadata_backends import RocksDBPlace
@@ -295,3 +296,26 @@ def test_a_seal_changes_the_records_of_its_segment_and_later_ones_only() -> None
     before = [record_pb(ORDERS, s).SerializeToString() for s in (one, two, three)]
     after = [record_pb(kept, s).SerializeToString() for s in (one, two, three)]
     assert [b == a for b, a in zip(before, after, strict=True)] == [True, False, False]
+def test_a_heartbeat_encodes_a_bounded_number_of_records_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a start the master knows none of a store's records: a store holding many
+    segments has them compared over several heartbeats, and a record that changes once
+    they are known is sent at the next."""
+    monkeypatch.setattr(records, "ENCODINGS_PER_HEARTBEAT_MAX", 10)
+    encodings = RecordEncodings()
+    segments = {(5, e): seg(e) for e in range(1, 36)}
+    kept = dict.fromkeys(segments, 0)  # a store without records: each one is sent
+    sent_per_heartbeat = []
+    while any(version == 0 for version in kept.values()):
+        sent = encodings.to_send("s1", kept, segments, lambda _: ORDERS)
+        sent_per_heartbeat.append(len(sent))
+        for record in sent:  # the store keeps them and reports their versions
+            kept[(record.id.stream_id, record.id.epoch)] = record_version(
+                record.SerializeToString(deterministic=True)
+            )
+    assert sent_per_heartbeat == [10, 10, 10, 5]
+    assert encodings.to_send("s1", kept, segments, lambda _: ORDERS) == []
+    segments[(5, 30)] = replace(segments[(5, 30)], copy_set=("s1", "s2", "s4"))
+    sent = encodings.to_send("s1", kept, segments, lambda _: ORDERS)
+    assert [r.id.epoch for r in sent] == [30]

@@ -46,6 +46,13 @@ log = logging.getLogger(__name__)
 # leader heartbeats at (lease/3) and the 100 ms a follower asks at; long enough that a
 # client leading thousands of streams sends a few calls a second, not thousands.
 LEASE_BATCH_WINDOW_MS = 20
+# A batch's call waits this long past the latest deadline of its heartbeats, so that a
+# grant the master decides after a writer gave up on its heartbeat still reaches the
+# writer (`late_grant`), with the only copy of its secret. The master counts a call's
+# deadline from when it reads the request: one that sat unread in a paused or loaded
+# master (issue #38) is decided after its caller's deadline by up to that wait, and
+# before this grace such a grant reached nobody, and was granted again and again.
+LATE_ANSWER_GRACE_MS = 2_000
 # Random bytes naming the session (the master takes 16 to 64).
 LEASE_SESSION_BYTES = 32
 # The first batch waits this long at most for the session's call to be held, so that
@@ -184,7 +191,8 @@ class LeaseSession:
                 task.add_done_callback(self._call_done)
 
     async def _send(self, batch: list[_Waiting]) -> None:
-        timeout_s = max(0.0, max(w.deadline for w in batch) - asyncio.get_running_loop().time())
+        remaining_s = max(w.deadline for w in batch) - asyncio.get_running_loop().time()
+        timeout_s = max(0.0, remaining_s) + LATE_ANSWER_GRACE_MS / 1000
         request = master_pb2.LeaseHeartbeatRequest(
             leases=[w.request for w in batch], session=self.session
         )

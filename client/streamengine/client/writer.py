@@ -450,8 +450,11 @@ class Writer:
             raise EventTooLarge(f"event of {largest} bytes > {EVENT_BYTES_MAX}")
         nbytes = events_bytes(payloads)
         item: _Append | None = None
+        # The append timeout counts from the call, through the wait for the turn.
+        due_ms = monotonic_ms() + round(self._append_timeout_s * 1000)
+        deadline = asyncio.get_running_loop().time() + self._append_timeout_s
         async with self._producer_turn:
-            await self._wait_producer_turn(nbytes)
+            await self._wait_producer_turn(nbytes, deadline)
             # Decided and taken by the core in one go: nothing changes the table between.
             try:
                 decision = self._core.producers.decide(
@@ -461,21 +464,23 @@ class Writer:
                 raise InvalidArgument(f"{self.stream}: {error}") from None
             if decision.to_write:
                 mark = ProducerMark(producer_id, decision.first_sequence, decision.to_write)
-                item = self._enqueue((mark.encode(), *payloads[decision.write_from :]), True)
+                batch = (mark.encode(), *payloads[decision.write_from :])
+                item = self._enqueue(batch, marked=True, due_ms=due_ms)
                 assert item.first_index or item.future.done(), "not taken at once"
         if decision.known:
-            await self._wait_durable(max(decision.known))
+            await self._wait_durable(max(decision.known), deadline=deadline)
         written: list[int] = []
         if item is not None:
             first, last = await item.future
             written = list(range(first + 1, last + 1))  # the mark comes first
         return [*decision.known, *written]
 
-    async def _wait_producer_turn(self, nbytes: int) -> None:
+    async def _wait_producer_turn(self, nbytes: int, deadline: float) -> None:
         """Until the core takes a producer batch at once: leading a segment with room,
-        every earlier segment recovered (the table rebuilt), nothing held back before it."""
+        every earlier segment recovered (the table rebuilt), nothing held back before it;
+        at most until `deadline` (the loop's time)."""
         try:
-            async with asyncio.timeout(self._append_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 while True:
                     self._check_leading()
                     replicator = self._core.replicator
@@ -504,13 +509,17 @@ class Writer:
                 await self._stepped.wait()
         self._check_leading()
 
-    async def _wait_durable(self, stream_sequence: int, in_doubt: bool = True) -> None:
-        """Until the event at `stream_sequence` (an earlier batch's) is acked: a retry
-        answers only what is durable, and a producer's next batch waits for its last
-        (`in_doubt=False`: nothing of it was written yet). Its own append answers if it
-        fails."""
+    async def _wait_durable(
+        self, stream_sequence: int, in_doubt: bool = True, deadline: float | None = None
+    ) -> None:
+        """Until the event at `stream_sequence` (an earlier batch's) is acked, at most
+        until `deadline` (the loop's time; by default an append timeout from now): a
+        retry answers only what is durable (`in_doubt=False`: nothing of this call was
+        written yet). Its own append answers if it fails."""
         try:
-            async with asyncio.timeout(self._append_timeout_s):
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self._append_timeout_s
+            async with asyncio.timeout_at(deadline):
                 while self._durable_through() < stream_sequence:
                     self._check_leading()
                     self._stepped.clear()
@@ -525,7 +534,9 @@ class Writer:
     async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
         return await self._enqueue(payloads).future
 
-    def _enqueue(self, payloads: tuple[bytes, ...], marked: bool = False) -> _Append:
+    def _enqueue(
+        self, payloads: tuple[bytes, ...], marked: bool = False, due_ms: int | None = None
+    ) -> _Append:
         """Give an append to the core, or hold it back for room; its future resolves
         once acked."""
         largest = max(map(len, payloads))
@@ -549,7 +560,7 @@ class Writer:
             and replicator.room_for(nbytes)
         ):
             self._submitted.append(item)
-            self.step(Append(payloads, marked))
+            self.step(Append(payloads, marked, due_ms))
         else:
             # The core answers it if it waits too long (`HeldAppendsTimedOut`).
             self._waiting.append(item)
@@ -836,6 +847,7 @@ class Writer:
             segment_bytes=action.segment_bytes,
             lease_secret=self._lease_secret.shown(),
             producer=self._core.producer,
+            seen_epoch=action.seen_epoch,
         )
         sent_at = monotonic_ms()
         try:

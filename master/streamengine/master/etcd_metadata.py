@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NoReturn
 
 import grpc
@@ -41,15 +42,35 @@ from streamengine.master.metadata import (
     Transaction,
     prefix_end,
 )
+from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX
 
-# Records per Range page when loading (each a few hundred bytes: pages stay far below
-# gRPC's message limit).
-RECORDS_PER_PAGE = 2000
+# A load reads the records page by page at one revision. etcd 3.4 walks its index from
+# a page's first key to the end of the range for every page, whatever its limit, so a
+# load costs etcd pages x records: 2,000-record pages took 151 pages and 7 s of etcd at
+# 100,000 streams. Pages are sized to hold about `PAGE_BYTES` (from the records of the
+# page before), within gRPC's message limit with room for a page of larger records;
+# a page refused as too large is read again at half the size.
+PAGE_BYTES = 4 << 20
+assert PAGE_BYTES * 2 <= GRPC_MESSAGE_BYTES_MAX
+RECORDS_PER_PAGE_FIRST = 1000
+RECORDS_PER_PAGE_MAX = 50_000
 LOAD_TIMEOUT_S = 10.0
 # One member's share of a read: a member cut off the network leaves time for the others.
 READ_ATTEMPT_TIMEOUT_S = 3.0
+# A page of the load is larger, and etcd's cost grows with the catalog: more time, and
+# a member cut off the network costs the load one such attempt.
+PAGE_TIMEOUT_S = 30.0
+PAGE_ATTEMPT_TIMEOUT_S = 10.0
 COMMIT_TIMEOUT_S_DEFAULT = 0.5
 WRITER_KEY = b"/writer"
+
+
+def page_records(page_bytes: int, records: int) -> int:
+    """How many records the next page asks for, after a page of `records` records in
+    `page_bytes`: about `PAGE_BYTES` of records like these."""
+    assert records > 0
+    per_record = max(1, page_bytes // records)
+    return max(1, min(RECORDS_PER_PAGE_MAX, PAGE_BYTES // per_record))
 
 
 class MetadataChanged(MetadataError):
@@ -135,22 +156,34 @@ class EtcdMetadata:
         """Every record, as of etcd revision `revision` (0: now), page by page."""
         records: list[tuple[bytes, bytes]] = []
         start, end = self.prefix, prefix_end(self.prefix)
+        limit = RECORDS_PER_PAGE_FIRST
         while True:
-            reply = self._page(start, end, revision)
+            reply = self._page(start, end, revision, limit)
             # Later pages read the same revision as the first: one consistent view.
             revision = revision or reply.header.revision
             records.extend((kv.key[len(self.prefix) :], kv.value) for kv in reply.kvs)
             if not reply.more:
                 return records
             start = reply.kvs[-1].key + b"\0"
+            limit = page_records(reply.ByteSize(), len(reply.kvs))
 
-    def _page(self, start: bytes, end: bytes, revision: int) -> rpc_pb2.RangeResponse:
-        request = rpc_pb2.RangeRequest(
-            key=start, range_end=end, limit=RECORDS_PER_PAGE, revision=revision
-        )
-        return self._read(
-            lambda member, timeout_s: self.client.kv(member).Range(request, timeout=timeout_s)
-        )
+    def _page(self, start: bytes, end: bytes, revision: int, limit: int) -> rpc_pb2.RangeResponse:
+        """A page of at most `limit` records, fewer if that many do not fit in a message."""
+        while True:
+            request = rpc_pb2.RangeRequest(key=start, range_end=end, limit=limit, revision=revision)
+            try:
+                return self.client.call(
+                    partial(self._range, request), PAGE_TIMEOUT_S, PAGE_ATTEMPT_TIMEOUT_S
+                )
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
+                    raise MetadataUnavailable(f"etcd did not answer a read: {error}") from error
+                limit //= 2
+
+    def _range(
+        self, request: rpc_pb2.RangeRequest, member: str, timeout_s: float
+    ) -> rpc_pb2.RangeResponse:
+        return self.client.kv(member).Range(request, timeout=timeout_s)
 
     def election_empty(self) -> bool:
         def attempt(member: str, timeout_s: float) -> rpc_pb2.RangeResponse:

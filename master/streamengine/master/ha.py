@@ -145,6 +145,7 @@ class ElectedMaster:
             self.metadata.deactivate()
             await asyncio.sleep(ETCD_CALL.first_ms / 1000)
             return
+        state.registry.count_silence_from(self.election.clock_ms())
         if not rebuilding:
             self._activate(state, group)
             await self.health.set(MASTER_SERVICE, health_pb2.HealthCheckResponse.SERVING)

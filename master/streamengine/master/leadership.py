@@ -62,6 +62,8 @@ class Beat:
     segment_bytes: int = 0
     # The writer appends with a producer id (`core.leadership.has_producers`).
     producer: bool = False
+    # The latest epoch the writer was answered with (None: it does not say).
+    seen_epoch: int | None = None
 
 
 @dataclass(slots=True)
@@ -171,7 +173,7 @@ class Leadership:
                 lease = decided.get(beat.stream) or self.state.leases[beat.stream]
                 decision = leadership.heartbeat(
                     lease, beat.claim, beat.epoch, now_ms, self.state.lease_ms, secret,
-                    answer_by_ms,
+                    answer_by_ms, beat.seen_epoch,
                 )
                 if decision.outcome is Outcome.GRANTED:
                     # The lease it grants runs: nothing else in the batch is granted it.
@@ -231,9 +233,10 @@ class Leadership:
         now_ms: int,
         answer_by_ms: int | None = None,
         producer: bool = False,
+        seen_epoch: int | None = None,
     ) -> WriterView:
         """One heartbeat: the batch of one (raises its error)."""
-        beat = Beat(name, claim, epoch, acked_index, segment_bytes, producer)
+        beat = Beat(name, claim, epoch, acked_index, segment_bytes, producer, seen_epoch)
         (answer,) = self.writer_heartbeats([beat], now_ms, answer_by_ms)
         if isinstance(answer, MasterError):
             raise answer

@@ -408,6 +408,7 @@ async def _embedded_master(
     serving the stores only until the catalog is rebuilt from them)."""
     try:
         state = _load_state(args, catalog, rebuilding=bool(args.rebuild))
+        state.registry.count_silence_from(wall_ms())
         repairer = _new_repairer(args, state, members)
         service.calls.rebuilding = bool(args.rebuild)
         role.activate(state, repairer, until_ms=FOREVER_MS)

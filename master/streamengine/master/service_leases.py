@@ -109,6 +109,7 @@ class LeaseHandlers(Handlers):
                     request.acked_index,
                     request.segment_bytes,
                     request.producer,
+                    request.seen_epoch if request.HasField("seen_epoch") else None,
                 )
             )
         remaining_s = context.time_remaining()

@@ -131,6 +131,16 @@ class StoreRegistry:
                     self.state.put_segment(segment)
         return Registered(self.state.store_heartbeat_ms(), self.state.cluster_id, answered)
 
+    def count_silence_from(self, now_ms: int) -> None:
+        """The master serves from `now_ms`, once its catalog is loaded: stores could not
+        reach it while it loaded, so each one that has not reported has the store timeout
+        from now to report. (A load longer than the timeout left every store dead, and the
+        first passes judged every replica for a copy elsewhere.) The restart rule for
+        leases still counts from the start: the last holder's lease ran out as always."""
+        for live in self.state.live.values():
+            if not live.reported_at_ms:
+                live.last_seen_ms = max(live.last_seen_ms, now_ms)
+
     def adopt_cluster_id(self, cluster_id: str) -> None:
         """Keep `cluster_id` as the cluster's (once: it never changes after)."""
         assert cluster_id and not self.state.cluster_id, "a cluster id is adopted once"

@@ -950,6 +950,7 @@ class WriterHeartbeatRequest(_message.Message):
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
     PRODUCER_FIELD_NUMBER: _builtins.int
+    SEEN_EPOCH_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     """Unique per writer instance (a new one per `writer()` block)."""
@@ -968,6 +969,12 @@ class WriterHeartbeatRequest(_message.Message):
     such a caller marks the stream as having producers, for good
     (WriterHeartbeatReply.stream_has_producers).
     """
+    seen_epoch: _builtins.int
+    """The latest epoch the master answered this writer with (0: none yet). A heartbeat
+    naming the holder's client id without its secret, having seen an epoch below the
+    holder's, was sent before the holder's grant reached it: it is never granted the
+    next epoch, which would depose the holder. Unset: a client from before this field.
+    """
     def __init__(
         self,
         *,
@@ -978,12 +985,15 @@ class WriterHeartbeatRequest(_message.Message):
         segment_bytes: _builtins.int = ...,
         lease_secret: _builtins.bytes = ...,
         producer: _builtins.bool = ...,
+        seen_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch", "seen_epoch", b"seen_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "producer", b"producer", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch", "acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "producer", b"producer", "seen_epoch", b"seen_epoch", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__seen_epoch: _TypeAlias = _typing.Literal["seen_epoch"]  # noqa: Y015
+    _WhichOneofArgType__seen_epoch: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seen_epoch) -> _WhichOneofReturnType__seen_epoch | None: ...
 
 Global___WriterHeartbeatRequest: _TypeAlias = WriterHeartbeatRequest  # noqa: Y015
 

@@ -173,6 +173,9 @@ class Append:
 
     payloads: tuple[bytes, ...]
     marked: bool = False
+    # When its caller's append timeout runs out, if the shell held it before giving it
+    # (a producer's batch waits for its turn): its timeout counts from the call.
+    due_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

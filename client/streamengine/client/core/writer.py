@@ -312,6 +312,9 @@ class HeartbeatAnswered:
     # LEADER: some lease of the stream went to a producer, so its segments may hold
     # PRODUCER marks (`master.core.leadership.has_producers`).
     stream_has_producers: bool = False
+    # The answer won the lease (it carried a fresh lease secret); a renewal or a roll
+    # keeps the secret the writer holds.
+    lease_won: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +425,10 @@ class SendHeartbeat:
     acked_index: int
     segment_bytes: int
     timeout_ms: int
+    # The latest epoch the master answered with: a heartbeat sent before this writer's
+    # grant reached it names one below the grant's, so the master never grants it the
+    # next epoch, which would depose this writer (`core.leadership`, master side).
+    seen_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -580,6 +587,7 @@ class Leader:
         assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
+        self._seen_epoch = 0  # the latest epoch any answer named (`SendHeartbeat`)
         self._grant = b""  # the signed grant of `epoch` while leading
         self.replicator: Replicator | None = None
         self.finish: SteppedDown | None = None
@@ -749,10 +757,11 @@ class Leader:
         if isinstance(event, HeartbeatAnswered):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             self._master_answered_ms = max(self._master_answered_ms, now_ms)
+            self._seen_epoch = max(self._seen_epoch, event.epoch)
             if self.role is Role.FOLLOWING:
                 self._answered_following(now_ms, event, actions)
             else:
-                self._answered_leading(event, actions)
+                self._answered_leading(now_ms, event, actions)
         elif isinstance(event, HeartbeatFailed):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             if self._heartbeat_failure_ends(event):
@@ -781,6 +790,7 @@ class Leader:
             return actions
         elif isinstance(event, RollAnswered):
             self._master_answered_ms = max(self._master_answered_ms, now_ms)
+            self._seen_epoch = max(self._seen_epoch, event.answer.epoch)
             self._roll_answered(now_ms, event.answer, actions)
         elif isinstance(event, RollFailed):
             if self._roll_asked:
@@ -788,6 +798,8 @@ class Leader:
         elif isinstance(event, Append):
             assert self.accepting_appends, "an append while not accepting appends"
             assert self.replicator is not None
+            if event.due_ms is not None:
+                self._taken_deadline_ms = min(event.due_ms, self._taken_deadline_ms or event.due_ms)
             replicated = self.replicator.step(now_ms, event)
             if event.marked:
                 self._producer_assigned(event, replicated)
@@ -845,6 +857,7 @@ class Leader:
                     acked_index=replication.acked_index if replication else 0,
                     segment_bytes=replication.payload_bytes if replication else 0,
                     timeout_ms=self._lease_ms,
+                    seen_epoch=self._seen_epoch,
                 )
             )
 
@@ -928,11 +941,20 @@ class Leader:
             )
         return ""
 
-    def _answered_leading(self, answer: HeartbeatAnswered, actions: list[LeaderAction]) -> None:
+    def _answered_leading(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> None:
         if answer.sent_at_ms < self._grant_sent_at_ms:
             return  # sent before the grant: it says nothing about this epoch
         if answer.leader and answer.epoch < self.epoch:
             return  # answered before a roll the master granted this writer since
+        if answer.leader and answer.epoch > self.epoch and self._roll_asked:
+            # The roll this writer asked for, decided before this renewal and heard of
+            # here first (the answers of two calls arrive in either order): the roll's
+            # own answer opens its segment.
+            return
+        if self._lost_roll_answered(now_ms, answer, actions):
+            return
         if not answer.leader or answer.epoch != self.epoch:
             self._leader_id = answer.leader_id
             self._step_down(
@@ -1129,6 +1151,30 @@ class Leader:
         self._recovery_retry_ms = {}
         self._open(now_ms, answer, actions)
         self._recover_oldest(actions)
+
+    def _lost_roll_answered(
+        self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
+    ) -> bool:
+        """A renewal at a later epoch, the lease not won anew: only a roll of this
+        writer's moves the epoch while its secret holds, so it is a roll whose own answer
+        was lost (given up on before the master, too loaded to answer in time, decided
+        it). Taken as that roll's answer, not as a deposition that would give the new
+        epoch back; True when it was."""
+        if not (
+            answer.leader
+            and answer.epoch > self.epoch
+            and not answer.lease_won
+            and self._rolling_supported
+            and self.replicator is not None
+            and not self._unsealed
+        ):
+            return False
+        self._roll_asked = True
+        self._roll_undrained = self.replicator.content_digest() is None
+        epoch = self.epoch
+        self._roll_answered(now_ms, answer, actions)
+        # Unchanged: not a roll's answer after all (no segment of its epoch).
+        return self.epoch != epoch
 
     def _leave_segment(self, old: Replicator, actions: list[LeaderAction]) -> None:
         """The roll away from `old` (stopped) was answered: a drained segment hands its

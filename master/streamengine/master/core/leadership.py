@@ -13,14 +13,26 @@ holder (`Claim`) only when it names the holder's client id, shows that secret an
 as that principal: only then does it renew, roll, release, hold or end the lease, or get
 the epoch's grant. Anyone else, whatever client id it names, is a follower.
 
-- A heartbeat from the holder before `expires_ms` renews the lease (same epoch).
-- So does the holder's heartbeat after `expires_ms` while nobody else was granted, when
-  it names the epoch it holds: a leader no master answered for a while goes on leading
-  its open segment (docs/design.md, "Why safety never rests on the lease"), and when a
-  master answers again nothing has changed that would make it give the segment up.
+- A heartbeat from the holder renews the lease at its latest epoch, before
+  `expires_ms` or after it (nobody else was granted: the secret would have changed),
+  whatever epoch it names, never one above the latest: a leader no master answered for
+  a while goes on leading its open segment (docs/design.md, "Why safety never rests on
+  the lease"), and when a master answers again nothing has changed that would make it
+  give the segment up. A heartbeat the holder sent before it learned of its grant or of
+  its roll names an earlier epoch (0 before the grant); granting it the next epoch would
+  only depose the holder (issue #38: 14,072 grants in 70 s for 1,000 streams).
 - Any other heartbeat before `expires_ms` learns who leads (FOLLOW).
-- At or after `expires_ms`, the first heartbeat wins: the epoch goes up by one and the
-  lease is the caller's (GRANT). The caller persists the new epoch before answering.
+- So does, even after `expires_ms`, a heartbeat naming the holder's client id without
+  its secret that says it saw an epoch below the lease's (`seen_epoch`): the holder sent
+  it before its grant's answer reached it. Decided after the lease ran out (a master
+  too loaded, or paused, to renew it in time), each such heartbeat used to win the next
+  epoch, with a secret the holder never saw, and the holder's renewals then proved
+  nothing either. A holder whose grant's answer was lost learns the epoch from that
+  FOLLOW answer, and its next heartbeat is granted. A caller that says nothing of the
+  epochs it saw (None: a client from before `seen_epoch`) is granted as any other.
+- At or after `expires_ms`, the first other heartbeat wins: the epoch goes up by one
+  and the lease is the caller's (GRANT). The caller persists the new epoch before
+  answering.
 - A heartbeat decided at or after the instant its caller stopped waiting for the answer
   (`answer_by_ms`, its deadline) decides nothing (`CallerGaveUp`). Its answer reaches
   nobody: a grant would open an epoch whose secret nobody learns, and when the holder
@@ -126,11 +138,18 @@ class Lease:
             and self.principal == claim.principal
         )
 
-    def held_by(self, claim: Claim, now_ms: int) -> bool:
-        return now_ms < self.expires_ms and self.proven_by(claim)
-
     def running(self, now_ms: int) -> bool:
         return now_ms < self.expires_ms
+
+    def sent_before_grant(self, claim: Claim, seen_epoch: int | None) -> bool:
+        """A heartbeat naming the holder's client id, sent before it saw the holder's
+        epoch: the holder's own, sent before its grant's answer reached it."""
+        return (
+            bool(self.holder)
+            and self.holder == claim.client_id
+            and seen_epoch is not None
+            and seen_epoch < self.epoch
+        )
 
     def still_holds(self, claim: Claim, caller_epoch: int) -> bool:
         """The caller leads the latest epoch and nobody was granted anything since, even
@@ -190,10 +209,12 @@ def heartbeat(
     lease_ms: int,
     fresh_secret: bytes,
     answer_by_ms: int | None = None,
+    seen_epoch: int | None = None,
 ) -> Decision:
     """A writer's heartbeat: renew, follow, or grant the next epoch (with
     `fresh_secret`, which the shell hands to the caller only then). Raises CallerGaveUp
-    at or after `answer_by_ms` (the caller's deadline; None: it waits forever)."""
+    at or after `answer_by_ms` (the caller's deadline; None: it waits forever).
+    `seen_epoch`: the latest epoch the caller was answered with (None: not said)."""
     if answer_by_ms is not None and now_ms >= answer_by_ms:
         raise CallerGaveUp(f"decided {now_ms - answer_by_ms} ms after the caller's deadline")
     client_id = claim.client_id
@@ -204,9 +225,9 @@ def heartbeat(
         raise InvalidArgument(f"client_id longer than {CLIENT_ID_CHARS_MAX} bytes")
     if caller_epoch > lease.epoch:
         raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
-    if lease.held_by(claim, now_ms) or lease.still_holds(claim, caller_epoch):
+    if lease.proven_by(claim):
         return Decision(Outcome.RENEWED, replace(lease, expires_ms=now_ms + lease_ms))
-    if lease.running(now_ms):
+    if lease.running(now_ms) or lease.sent_before_grant(claim, seen_epoch):
         return Decision(Outcome.FOLLOW, lease)
     granted = _granted(_next_epoch(lease.epoch), claim, now_ms, lease_ms, fresh_secret)
     return Decision(Outcome.GRANTED, granted)
