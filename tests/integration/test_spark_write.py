@@ -1,6 +1,8 @@
 """Writing to the `streamengine` Spark data source with a producer id (issue #40): the
 same job run twice appends every row once; a streaming query run again from its
-checkpoint over a batch it had written writes each input event once."""
+checkpoint over a batch it had written writes each input event once. On a secured
+cluster the executors write with the CA and a token that may write, never the
+driver's key."""
 
 from __future__ import annotations
 
@@ -8,26 +10,41 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.testing import Cluster
+from streamengine.testing import Cluster, running_cluster
+from streamengine.v1 import master_pb2
+from tests.integration.authority_helpers import create_token_as
 
 # Slow: each task leads the stream in turn, and a save of two partitions took 75-107 s
 # on a loaded 2-core machine (load average 16-22), far past CI's budget per test.
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(
+        tmp_path_factory.mktemp("secured"), stores=3, tls=True, master_args=["--lease-ms", "1000"]
+    ) as running:
+        yield running
+
+
+def client_of(cluster: Cluster) -> StreamClient:
+    return StreamClient(cluster.master_address, certs_dir=cluster.admin_certs_dir)
+
+
 async def read_payloads(cluster: Cluster, name: str) -> list[bytes]:
-    async with StreamClient(cluster.master_address) as client:
+    async with client_of(cluster) as client:
         return [event.payload async for event in client.read(name)]
 
 
 async def create(cluster: Cluster, name: str) -> None:
-    async with StreamClient(cluster.master_address) as client:
+    async with client_of(cluster) as client:
         await client.create_stream(name, replicas=3, write_quorum=2)
 
 
@@ -57,7 +74,7 @@ def test_the_same_job_run_twice_with_a_producer_id_appends_every_row_once(
 
 
 async def append_and_seal(cluster: Cluster, name: str, payloads: list[bytes]) -> None:
-    async with StreamClient(cluster.master_address) as client:
+    async with client_of(cluster) as client:
         async with client.writer(name) as writer:
             await writer.append_batch(payloads)
         await client.seal(name)
@@ -128,3 +145,113 @@ def test_a_task_retried_after_it_appended_part_of_its_rows_leaves_each_row_once(
     assert done.returncode == 0, done.stderr[-3000:]
     payloads = asyncio.run(read_payloads(cluster, name))
     assert sorted(payloads) == sorted(b"row-%d" % n for n in range(ROWS))
+
+
+def run_stream_query(
+    spark: Any, cluster: Cluster, source: str, sink: str, checkpoint: Path, **options: str
+) -> None:
+    """Copy `source` to `sink` up to what is acked now (`availableNow`), through a
+    query checkpointed at `checkpoint`; `options` go to both ends."""
+    from streamengine.client.spark import register
+
+    register(spark)
+    reader = spark.readStream.format("streamengine").option("master", cluster.master_address)
+    writer = (
+        reader.options(**options)
+        .option("stream", source)
+        .load()
+        .select("payload")
+        .repartition(2)
+        .writeStream.format("streamengine")
+        .option("master", cluster.master_address)
+    )
+    query = (
+        writer.options(**options)
+        .option("stream", sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(60)
+    assert query.exception() is None
+
+
+def test_a_batch_and_a_streaming_write_reach_a_secured_cluster(
+    spark: Any, secured: Cluster, tmp_path: Path
+) -> None:
+    """A cluster admin's driver (client.root) mints the executors a write token; a
+    tenant's driver hands its own write token on."""
+    for name in ("spark/tls-batch", "spark/tls-in", "spark/tls-out"):
+        asyncio.run(create(secured, name))
+    admin = str(secured.admin_certs_dir)
+    rows = [(b"batch-%03d" % n,) for n in range(100)]
+    frame = spark.createDataFrame(rows, "payload binary").repartition(2)
+    save(frame, secured, "spark/tls-batch", certsDir=admin, producerId="tls-job")
+    assert sorted(asyncio.run(read_payloads(secured, "spark/tls-batch"))) == [r for (r,) in rows]
+
+    assert secured.certs is not None
+    token = create_token_as(
+        secured.client_transport, secured.master_address, "spark", master_pb2.TOKEN_ROLE_WRITE
+    )
+    events = [b"in-%03d" % n for n in range(20)]
+    asyncio.run(append_and_seal(secured, "spark/tls-in", events))
+    tenant = {"certsDir": str(secured.certs.tenant_dir), "token": token}
+    run_stream_query(spark, secured, "spark/tls-in", "spark/tls-out", tmp_path / "cp", **tenant)
+    assert sorted(asyncio.run(read_payloads(secured, "spark/tls-out"))) == events
+
+
+def test_a_driver_holding_a_read_token_is_refused_before_any_task(
+    spark: Any, secured: Cluster
+) -> None:
+    asyncio.run(create(secured, "spark/tls-refused"))
+    assert secured.certs is not None
+    token = create_token_as(
+        secured.client_transport, secured.master_address, "spark", master_pb2.TOKEN_ROLE_READ
+    )
+    frame = spark.createDataFrame([(b"never",)], "payload binary")
+    tenant = {"certsDir": str(secured.certs.tenant_dir), "token": token}
+    with pytest.raises(Exception, match="a read token cannot write spark/tls-refused"):
+        save(frame, secured, "spark/tls-refused", **tenant)
+    assert asyncio.run(read_payloads(secured, "spark/tls-refused")) == []
+
+
+def test_executors_get_no_key_and_no_driver_token_only_a_write_token(secured: Cluster) -> None:
+    """What PySpark pickles for executors (the writer; the data source too, as for
+    reads) holds nothing of the driver's cluster-admin key, nor a driver's token when
+    `executorToken` names another: only the CA and a token that may write."""
+    from pyspark import cloudpickle
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from streamengine.client.spark import StreamEngineDataSource
+    from streamengine.protocol.auth import Role
+    from streamengine.protocol.tokens import unverified_claims
+
+    asyncio.run(create(secured, "spark/tls-shipped"))
+    schema = StructType([StructField("payload", BinaryType())])
+    admin = secured.admin_certs_dir
+    assert admin is not None and secured.certs is not None
+    base = {"master": secured.master_address, "stream": "spark/tls-shipped"}
+
+    source = StreamEngineDataSource({**base, "certsdir": str(admin)})
+    writer = source.writer(schema, False)
+    shipped = cloudpickle.dumps((source, writer))
+    key = (admin / "client.root.key").read_bytes()
+    assert b"PRIVATE KEY" not in shipped and b"".join(key.splitlines()[1:-1])[:40] not in shipped
+    assert b"client.root" not in shipped
+    transport = cloudpickle.loads(shipped)[1].transport
+    assert transport.tls and not transport.cert_pem and not transport.key_pem
+    claims = unverified_claims(transport.token)
+    assert (claims.tenant, claims.role, claims.stream_ids) == ("spark", Role.WRITE, ())
+
+    def write_token() -> str:
+        return create_token_as(
+            secured.client_transport, secured.master_address, "spark", master_pb2.TOKEN_ROLE_WRITE
+        )
+
+    driver_token, executor_token = write_token(), write_token()
+    tenant = str(secured.certs.tenant_dir)
+    options = {**base, "certsdir": tenant, "token": driver_token, "executortoken": executor_token}
+    source = StreamEngineDataSource(options)
+    stream_writer = source.streamWriter(schema, False)
+    shipped = cloudpickle.dumps((source, stream_writer))
+    assert driver_token.encode() not in shipped and executor_token.encode() in shipped
