@@ -10,6 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,41 @@ def test_a_task_retried_after_it_appended_part_of_its_rows_leaves_each_row_once(
     assert done.returncode == 0, done.stderr[-3000:]
     payloads = asyncio.run(read_payloads(cluster, name))
     assert sorted(payloads) == sorted(b"row-%d" % n for n in range(ROWS))
+
+
+def test_a_task_whose_rows_come_slower_than_its_lease_keeps_leading(cluster: Cluster) -> None:
+    """A task takes its rows as the stages before it make them: waiting for them (a
+    slow UDF) must not starve its writer's heartbeats, or another task waiting to
+    lead takes the stream and the slow one fails."""
+    from streamengine.client.errors import Unavailable
+    from streamengine.client.spark import WRITE_BATCH_ROWS, _write_rows
+    from streamengine.protocol.transport import PLAINTEXT
+
+    name = "spark/slow-rows"
+    asyncio.run(create(cluster, name))
+    lease_s = 1.0  # the cluster's --lease-ms
+    contender_led: list[bool] = []
+
+    async def contend() -> None:
+        async with StreamClient(cluster.master_address) as client:
+            try:
+                async with client.writer(name, leadership_timeout_s=2.5 * lease_s):
+                    contender_led.append(True)
+            except Unavailable:  # no leadership in time: the slow task kept it
+                contender_led.append(False)
+
+    def rows() -> Iterator[dict[str, bytes]]:
+        for number in range(2 * WRITE_BATCH_ROWS):
+            if number == WRITE_BATCH_ROWS:  # the task waits for its next rows meanwhile
+                contender = threading.Thread(target=asyncio.run, args=(contend(),))
+                contender.start()
+                contender.join()
+            yield {"payload": b"slow-%d" % number}
+
+    master = cluster.master_address
+    written = asyncio.run(_write_rows(master, PLAINTEXT, name, "slow-job.0", rows()))
+    assert (written, contender_led) == (2 * WRITE_BATCH_ROWS, [False])
+    assert len(asyncio.run(read_payloads(cluster, name))) == 2 * WRITE_BATCH_ROWS
 
 
 def run_stream_query(

@@ -60,7 +60,8 @@ time) and appends its partition's rows in batches of `WRITE_BATCH_ROWS`, with th
 producer id `P.PARTITION` and the row's position in the partition as its producer
 sequence: a task retried, or the same job run again over the same partitions, finds its
 rows in the stream and appends nothing new (`Writer.append_batch`). Without
-`producerId` every run appends again.
+`producerId` every run appends again. A task takes its rows in a thread, so that its
+writer's heartbeats go on while a slow stage before it makes them.
 
 Writing (streaming): `df.writeStream.format("streamengine").option("master", M)
 .option("stream", S).option("checkpointLocation", C).start()` appends every row once
@@ -1286,14 +1287,21 @@ async def _write_rows(
         StreamClient.from_transport(master, transport) as client,
         client.writer(stream, producer_id=producer_id, sequence_jumps=jumps) as w,
     ):
-        while batch := list(itertools.islice(rows, WRITE_BATCH_ROWS)):
-            payloads = [_payload_bytes(row) for row in batch]
+        # Taken in a thread: Spark hands the rows over as fast as the stages before
+        # make them (a slow UDF), and the writer's heartbeats must go on meanwhile or
+        # its lease runs out.
+        while payloads := await asyncio.to_thread(_next_payloads, rows):
             if producer_id is None:
                 await w.append_batch(payloads)
             else:
                 await w.append_batch(payloads, producer_sequence=first_sequence + written)
             written += len(payloads)
     return written
+
+
+def _next_payloads(rows: Iterator[Any]) -> list[bytes]:
+    """The payloads of the next `WRITE_BATCH_ROWS` rows (fewer at the end)."""
+    return [_payload_bytes(row) for row in itertools.islice(rows, WRITE_BATCH_ROWS)]
 
 
 def _payload_bytes(row: Any) -> bytes:
