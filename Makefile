@@ -31,7 +31,7 @@ test: lint system-deps
 	$(VENV)/bin/pytest -n 2 -m "not faults and not netns and not slow"
 	$(VENV)/bin/pytest -m "faults or netns"
 
-# Tests past CI's budget of seconds per test (a Spark write job run twice).
+# Tests past CI's budget of seconds per test, marked `slow` (none today).
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m slow
 

@@ -1,16 +1,17 @@
 """Writing to the `streamengine` Spark data source with a producer id (issue #40): the
 same job run twice appends every row once; a streaming query run again from its
-checkpoint over a batch it had written writes each input event once. On a secured
-cluster the executors write with the CA and a token that may write, never the
-driver's key."""
+checkpoint over a batch it had written writes each input event once; a task retried
+after it appended part of its rows leaves each row once. On a secured cluster the
+executors write with the CA and a token that may write, never the driver's key.
+
+The tests share one plaintext and one secured cluster (each writes its own streams).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,15 @@ from streamengine.testing import Cluster, running_cluster
 from streamengine.v1 import master_pb2
 from tests.integration.authority_helpers import create_token_as
 
-# Slow: each task leads the stream in turn, and a save of two partitions took 75-107 s
-# on a loaded 2-core machine (load average 16-22), far past CI's budget per test.
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(
+        tmp_path_factory.mktemp("plain"), stores=3, master_args=["--lease-ms", "1000"]
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +56,13 @@ async def create(cluster: Cluster, name: str) -> None:
         await client.create_stream(name, replicas=3, write_quorum=2)
 
 
+async def append_and_seal(cluster: Cluster, name: str, payloads: list[bytes]) -> None:
+    async with client_of(cluster) as client:
+        async with client.writer(name) as writer:
+            await writer.append_batch(payloads)
+        await client.seal(name)
+
+
 def save(frame: Any, cluster: Cluster, name: str, **options: str) -> None:
     from streamengine.client.spark import register
 
@@ -60,127 +74,18 @@ def save(frame: Any, cluster: Cluster, name: str, **options: str) -> None:
 
 
 def test_the_same_job_run_twice_with_a_producer_id_appends_every_row_once(
-    spark: Any, cluster: Cluster
+    spark: Any, plain: Cluster
 ) -> None:
     name = "spark/write"
-    asyncio.run(create(cluster, name))
+    asyncio.run(create(plain, name))
     # A string column goes as UTF-8; two partitions, each its own producer.
     rows = [(f"row-{n:03d}-é",) for n in range(400)]
     frame = spark.createDataFrame(rows, "payload string").repartition(2)
     frame = frame.sortWithinPartitions("payload")  # the same rows at the same positions
-    save(frame, cluster, name, producerId="orders-job")
-    save(frame, cluster, name, producerId="orders-job")
-    payloads = asyncio.run(read_payloads(cluster, name))
+    save(frame, plain, name, producerId="orders-job")
+    save(frame, plain, name, producerId="orders-job")
+    payloads = asyncio.run(read_payloads(plain, name))
     assert sorted(payloads) == [row.encode() for (row,) in rows]
-
-
-async def append_and_seal(cluster: Cluster, name: str, payloads: list[bytes]) -> None:
-    async with client_of(cluster) as client:
-        async with client.writer(name) as writer:
-            await writer.append_batch(payloads)
-        await client.seal(name)
-
-
-def test_a_streaming_query_restarted_from_its_checkpoint_writes_each_event_once(
-    spark: Any, cluster: Cluster, tmp_path: Path
-) -> None:
-    from streamengine.client.spark import register
-
-    register(spark)
-    for name in ("spark/in", "spark/out"):
-        asyncio.run(create(cluster, name))
-    checkpoint = tmp_path / "checkpoint"
-
-    def run_once() -> None:
-        query = (
-            spark.readStream.format("streamengine")
-            .option("master", cluster.master_address)
-            .option("stream", "spark/in")
-            .load()
-            .select("payload")
-            .repartition(2)
-            .writeStream.format("streamengine")
-            .option("master", cluster.master_address)
-            .option("stream", "spark/out")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert query.exception() is None
-
-    first = [b"in-%03d" % n for n in range(30)]
-    asyncio.run(append_and_seal(cluster, "spark/in", first))
-    run_once()
-    # Killed after the sink wrote the batch and before Spark recorded it: the restart
-    # runs the batch again over the same offsets.
-    commits = checkpoint / "commits"
-    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    for written in (commits / str(last), commits / f".{last}.crc"):
-        written.unlink(missing_ok=True)
-    run_once()
-    later = [b"in-%03d" % n for n in range(30, 45)]
-    asyncio.run(append_and_seal(cluster, "spark/in", later))
-    run_once()
-    assert sorted(asyncio.run(read_payloads(cluster, "spark/out"))) == first + later
-
-
-def test_a_task_retried_after_it_appended_part_of_its_rows_leaves_each_row_once(
-    cluster: Cluster,
-) -> None:
-    from tests.integration.spark_retry_job import ROWS
-
-    name = "spark/retried"
-    asyncio.run(create(cluster, name))
-    job = [sys.executable, "-m", "tests.integration.spark_retry_job"]
-    # Its own JVM: not the one this process's Spark session runs on.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}
-    done = subprocess.run(
-        [*job, cluster.master_address, name, "retried-job"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    payloads = asyncio.run(read_payloads(cluster, name))
-    assert sorted(payloads) == sorted(b"row-%d" % n for n in range(ROWS))
-
-
-def test_a_task_whose_rows_come_slower_than_its_lease_keeps_leading(cluster: Cluster) -> None:
-    """A task takes its rows as the stages before it make them: waiting for them (a
-    slow UDF) must not starve its writer's heartbeats, or another task waiting to
-    lead takes the stream and the slow one fails."""
-    from streamengine.client.errors import Unavailable
-    from streamengine.client.spark import WRITE_BATCH_ROWS, _write_rows
-    from streamengine.protocol.transport import PLAINTEXT
-
-    name = "spark/slow-rows"
-    asyncio.run(create(cluster, name))
-    lease_s = 1.0  # the cluster's --lease-ms
-    contender_led: list[bool] = []
-
-    async def contend() -> None:
-        async with StreamClient(cluster.master_address) as client:
-            try:
-                async with client.writer(name, leadership_timeout_s=2.5 * lease_s):
-                    contender_led.append(True)
-            except Unavailable:  # no leadership in time: the slow task kept it
-                contender_led.append(False)
-
-    def rows() -> Iterator[dict[str, bytes]]:
-        for number in range(2 * WRITE_BATCH_ROWS):
-            if number == WRITE_BATCH_ROWS:  # the task waits for its next rows meanwhile
-                contender = threading.Thread(target=asyncio.run, args=(contend(),))
-                contender.start()
-                contender.join()
-            yield {"payload": b"slow-%d" % number}
-
-    master = cluster.master_address
-    written = asyncio.run(_write_rows(master, PLAINTEXT, name, "slow-job.0", rows()))
-    assert (written, contender_led) == (2 * WRITE_BATCH_ROWS, [False])
-    assert len(asyncio.run(read_payloads(cluster, name))) == 2 * WRITE_BATCH_ROWS
 
 
 def run_stream_query(
@@ -210,6 +115,135 @@ def run_stream_query(
     )
     query.awaitTermination(60)
     assert query.exception() is None
+
+
+def test_a_streaming_query_restarted_from_its_checkpoint_writes_each_event_once(
+    spark: Any, plain: Cluster, tmp_path: Path
+) -> None:
+    for name in ("spark/in", "spark/out"):
+        asyncio.run(create(plain, name))
+    checkpoint = tmp_path / "checkpoint"
+    first = [b"in-%03d" % n for n in range(30)]
+    asyncio.run(append_and_seal(plain, "spark/in", first))
+    run_stream_query(spark, plain, "spark/in", "spark/out", checkpoint)
+    # Killed after the sink wrote the batch and before Spark recorded it: the restart
+    # runs the batch again over the same offsets.
+    commits = checkpoint / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for written in (commits / str(last), commits / f".{last}.crc"):
+        written.unlink(missing_ok=True)
+    run_stream_query(spark, plain, "spark/in", "spark/out", checkpoint)
+    later = [b"in-%03d" % n for n in range(30, 45)]
+    asyncio.run(append_and_seal(plain, "spark/in", later))
+    run_stream_query(spark, plain, "spark/in", "spark/out", checkpoint)
+    assert sorted(asyncio.run(read_payloads(plain, "spark/out"))) == first + later
+
+
+def test_a_task_whose_rows_come_slower_than_its_lease_keeps_leading(plain: Cluster) -> None:
+    """A task takes its rows as the stages before it make them: waiting for them (a
+    slow UDF) must not starve its writer's heartbeats, or another task waiting to
+    lead takes the stream and the slow one fails."""
+    from streamengine.client.errors import Unavailable
+    from streamengine.client.spark import WRITE_BATCH_ROWS, _write_rows
+    from streamengine.protocol.transport import PLAINTEXT
+
+    name = "spark/slow-rows"
+    asyncio.run(create(plain, name))
+    lease_s = 1.0  # the cluster's --lease-ms
+    contender_led: list[bool] = []
+
+    async def contend() -> None:
+        async with StreamClient(plain.master_address) as client:
+            try:
+                async with client.writer(name, leadership_timeout_s=2.5 * lease_s):
+                    contender_led.append(True)
+            except Unavailable:  # no leadership in time: the slow task kept it
+                contender_led.append(False)
+
+    def rows() -> Iterator[dict[str, bytes]]:
+        for number in range(2 * WRITE_BATCH_ROWS):
+            if number == WRITE_BATCH_ROWS:  # the task waits for its next rows meanwhile
+                contender = threading.Thread(target=asyncio.run, args=(contend(),))
+                contender.start()
+                contender.join()
+            yield {"payload": b"slow-%d" % number}
+
+    master = plain.master_address
+    written = asyncio.run(_write_rows(master, PLAINTEXT, name, "slow-job.0", rows()))
+    assert (written, contender_led) == (2 * WRITE_BATCH_ROWS, [False])
+    assert len(asyncio.run(read_payloads(plain, name))) == 2 * WRITE_BATCH_ROWS
+
+
+# The retried job: rows `row-N-xxx…` (RETRIED_PAYLOAD_BYTES long, so that the stages'
+# buffers flush rows on to the sink), N below RETRIED_ROWS, in two partitions. The first
+# attempt of each task fails at its partition's row RETRIED_FAIL_AT once the stream holds
+# the task's first appended batch (`WRITE_BATCH_ROWS` rows): far enough past it that the
+# sink got that batch whole through the 64 KiB buffers and 500-row Arrow batches between.
+RETRIED_ROWS = 8000
+RETRIED_PARTITION_ROWS = RETRIED_ROWS // 2
+RETRIED_FAIL_AT = 2500
+RETRIED_PAYLOAD_BYTES = 1000
+RETRIED_APPEND_WAIT_S = 30.0
+# What the first attempt writes instead of failing when its batch never showed up: the
+# job then succeeds without a retry, and the rows compared at the end say so.
+RETRIED_NO_BATCH = "the first attempt saw no batch of its own appended"
+
+
+def retried_payload(number: int) -> str:
+    return f"row-{number}-".ljust(RETRIED_PAYLOAD_BYTES, "x")
+
+
+def appended_of_partition(master: str, name: str, partition: int) -> int:
+    """How many rows of `partition` the stream holds now."""
+    low, high = partition * RETRIED_PARTITION_ROWS, (partition + 1) * RETRIED_PARTITION_ROWS
+
+    async def count() -> int:
+        async with StreamClient(master) as client:
+            numbers = [int(e.payload.split(b"-")[1]) async for e in client.read(name)]
+        return sum(low <= number < high for number in numbers)
+
+    return asyncio.run(count())
+
+
+@pytest.mark.spark_task_retries
+def test_a_task_retried_after_it_appended_part_of_its_rows_leaves_each_row_once(
+    spark: Any, plain: Cluster
+) -> None:
+    """The shared session retries a failed task once (tests/conftest.py)."""
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    from streamengine.client.spark import WRITE_BATCH_ROWS
+
+    name, master = "spark/retried", plain.master_address
+    asyncio.run(create(plain, name))
+
+    def fail_first_attempt(number: int) -> str:
+        context = TaskContext.get()
+        first_attempt = context is not None and context.attemptNumber() == 0
+        if first_attempt and number % RETRIED_PARTITION_ROWS == RETRIED_FAIL_AT:
+            partition = number // RETRIED_PARTITION_ROWS
+            deadline = time.monotonic() + RETRIED_APPEND_WAIT_S
+            while appended_of_partition(master, name, partition) < WRITE_BATCH_ROWS:
+                if time.monotonic() > deadline:
+                    return RETRIED_NO_BATCH
+                time.sleep(0.1)
+            raise RuntimeError("the first attempt fails past its first appended batch")
+        return retried_payload(number)
+
+    payload = F.udf(fail_first_attempt, "string")
+    frame = spark.range(0, RETRIED_ROWS, numPartitions=2).select(payload("id").alias("payload"))
+    # The sink takes its rows in Arrow batches of this many: fewer than a write batch,
+    # so that a task appends its first batch before the UDF reaches the row it fails at.
+    batch_rows = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(batch_rows)
+    spark.conf.set(batch_rows, "500")
+    try:
+        save(frame, plain, name, producerId="retried-job")
+    finally:
+        spark.conf.set(batch_rows, before)
+    payloads = asyncio.run(read_payloads(plain, name))
+    assert sorted(payloads) == sorted(retried_payload(n).encode() for n in range(RETRIED_ROWS))
 
 
 def test_a_batch_and_a_streaming_write_reach_a_secured_cluster(
