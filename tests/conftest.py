@@ -37,16 +37,21 @@ if _WORKER:
 # What `make test`'s workers take as one unit, in order, on one worker: a test file, as
 # `--dist loadfile` would (a file's module fixtures are set up once), except that the
 # fault suite and the netns tests are a single unit (they share namespace names, bridges
-# and iptables), first in collection order, so the longest unit starts early. (xdist's
+# and iptables), first in collection order, so the longest unit starts early, and that
+# the files on the shared SparkSession (`tests/integration/test_spark*`) are one unit, so
+# that one worker starts Spark's JVM (10 s or more of a core), not both. (xdist's
 # `loadgroup` says this with marks, but loses its groups under pytest 9, whose node ids
 # it cannot rename.)
 SYSTEM_WIDE = ("tests/faults/", "tests/integration/test_netns.py")
+SPARK_SESSION = "tests/integration/test_spark"
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of `nodeid`: its file, or "system-wide"."""
+    """The unit of `nodeid`: its file, "system-wide" or "spark-session"."""
     if nodeid.startswith(SYSTEM_WIDE):
         return "system-wide"
+    if nodeid.startswith(SPARK_SESSION):
+        return "spark-session"
     return nodeid.split("::", 1)[0]
 
 
