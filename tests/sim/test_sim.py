@@ -41,6 +41,11 @@ LONG_SEEDS = 200
 # Issue 22: liveness failures of the 3,000-step soak, each a grant without a segment.
 ISSUE_22 = (10086, 10129, 10327, 10602, 10605, 10635, 11511, 11560, 11862, 11905)
 
+# A seed pinned for a situation it found before writers appended with producer ids (or
+# a band hunting a flaw that rare) runs without them: a producer's batches change the
+# schedule (`draws_producers`).
+BEFORE_PRODUCERS = {"producers": False}
+
 
 def _failures(results: list[RunResult], steps: int = STEPS) -> list[str]:
     return [
@@ -105,13 +110,14 @@ def test_repairs_drains_and_rebalances_keep_invariants() -> None:
     CopySegment (`copy_rules`) run under faults: every kind of move happens, and every
     checker holds (a sealed replica at the bridge equals the others, no reader sees an
     entry change)."""
-    results = [run_seed(seed, REPAIR_STEPS) for seed in range(REPAIR_SEEDS)]
+    before = BEFORE_PRODUCERS
+    results = [run_seed(seed, REPAIR_STEPS, overrides=before) for seed in range(REPAIR_SEEDS)]
     stats: Counter[str] = Counter()
     for result in results:
         stats.update(result.stats)
     seed = REPAIR_SEEDS
     while seed < REPAIR_SEEDS_MAX and not all(stats[f"repair {k}"] for k in MOVE_KINDS):
-        results.append(run_seed(seed, REPAIR_STEPS))
+        results.append(run_seed(seed, REPAIR_STEPS, overrides=BEFORE_PRODUCERS))
         stats.update(results[-1].stats)
         seed += 1
     failures = [
@@ -132,12 +138,6 @@ def test_seed_532_a_roll_lost_after_closing_a_gap_is_asked_again() -> None:
     stream never had a leader. The Leader core now asks again until it has a segment."""
     result = run_seed(532, REPAIR_STEPS)
     assert result.ok, result.summary()
-
-
-# A seed pinned for a situation it found before writers appended with producer ids (or
-# a band hunting a flaw that rare) runs without them: a producer's batches change the
-# schedule (`draws_producers`).
-BEFORE_PRODUCERS = {"producers": False}
 
 
 def test_seed_23_a_copy_set_that_cannot_drain_is_rolled_away_from() -> None:
@@ -544,7 +544,8 @@ ACCEPT_LOSS_HUNT_SPAN = 60
 )
 def test_an_accepted_loss_left_untold_is_caught(flaw: str, found: int) -> None:
     for seed in range(found, found + ACCEPT_LOSS_HUNT_SPAN):
-        result = run_seed(seed, LONG_STEPS, frozenset({flaw}), overrides=ACCEPT_LOSS)
+        overrides = {**ACCEPT_LOSS, **BEFORE_PRODUCERS}
+        result = run_seed(seed, LONG_STEPS, frozenset({flaw}), overrides=overrides)
         assert not result.error, result.error
         violation = result.violation
         if violation is not None and violation.invariant in (1, 2):
@@ -568,7 +569,7 @@ def test_seed_34_a_loss_is_recorded_before_acked_indexes_rise_and_runs_past_the_
     records the loss before the survivor's acked index rises, and never to the bridge,
     and the loss told runs to the segment's end, so the reader that had read past the
     bridge on a destroyed replica is told it and goes on at the next segment."""
-    result = run_seed(34, LONG_STEPS, overrides=ACCEPT_LOSS)
+    result = run_seed(34, LONG_STEPS, overrides={**ACCEPT_LOSS, **BEFORE_PRODUCERS})
     assert result.ok, result.summary()
     assert result.stats["losses told"], result.stats
 

@@ -63,11 +63,13 @@ def keep_lease(leader: Leader, from_ms: int, to_ms: int) -> list[LeaderAction]:
 
 def test_a_grant_without_a_segment_recovers_both_then_asks_for_the_next_epoch() -> None:
     leader, actions = granted_without_segment()
-    # One after the other, oldest first (`Leader._recover_oldest`).
-    assert of_type(actions, RecoverSegment) == [RecoverSegment(grant(3), 5, POLICY, signed(5))]
+    assert of_type(actions, RecoverSegment) == [
+        RecoverSegment(grant(3), 5, POLICY, signed(5)),
+        RecoverSegment(grant(4), 5, POLICY, signed(5)),
+    ]
     assert not of_type(actions, BecameLeader) and not of_type(actions, AskRoll)
     assert leader.role is Role.LEADING and not leader.accepting_appends
-    assert step(leader, 10, SegmentSealed(3)) == [RecoverSegment(grant(4), 5, POLICY, signed(5))]
+    assert step(leader, 10, SegmentSealed(3)) == []
     [ask] = of_type(step(leader, 11, SegmentSealed(4)), AskRoll)
     assert ask.epoch == 5 and ask.exclude_stores == () and ask.timeout_ms == LEASE_MS
     assert not leader.accepting_appends

@@ -99,3 +99,22 @@ def test_a_recovery_reads_a_segment_whole_only_on_a_stream_with_producers(
         assert recover.producers is None
     else:
         assert recover.producers is not None and not recover.producers.through_segment
+
+
+@pytest.mark.parametrize("stream_has_producers", [False, True])
+def test_two_unsealed_segments_recover_oldest_first_only_on_a_stream_with_producers(
+    stream_has_producers: bool,
+) -> None:
+    """A seal's producer positions build on those of the segment before it, so on a
+    stream with producers the second recovery starts once the first sealed; a plain
+    stream recovers both at once."""
+    leader = Leader(0, recovery_supported=True, producer=stream_has_producers)
+    step(leader, 0, Tick())
+    unsealed = (grant(3), grant(4))
+    answer = leader_answer(
+        0, unsealed=unsealed, producers=(), stream_has_producers=stream_has_producers
+    )
+    started = [r.segment.epoch for r in of_type(step(leader, 5, answer), RecoverSegment)]
+    assert started == ([3] if stream_has_producers else [3, 4])
+    after = [r.segment.epoch for r in of_type(step(leader, 6, SegmentSealed(3)), RecoverSegment)]
+    assert after == ([4] if stream_has_producers else [])

@@ -484,9 +484,9 @@ def test_producer_positions_outlive_the_trim_of_every_sealed_segment(master: Mas
     for restarted in (False, True):
         state = master.restart() if restarted else master.state
         master.now += 2 * LEASE
-        view = state.leadership.writer_heartbeat(
-            "t/s", writer("w2"), 0, 0, 0, master.now, producer=True
-        )
+        # Another writer each time: the holder would renew its lease, not win one.
+        taker = writer("w3" if restarted else "w2")
+        view = state.leadership.writer_heartbeat("t/s", taker, 0, 0, 0, master.now, producer=True)
         assert view.leads and [s.epoch for s in view.unsealed] == [2]
         # The resend from 0 is answered from these, not appended again.
         assert grant_producers(view, state.stream_segments(view.stream.stream_id)) == positions

@@ -910,7 +910,7 @@ class Leader:
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         self.producers = ProducerTable(answer.producers or ())
         self._stream_has_producers = answer.stream_has_producers
-        self._recover_oldest(actions)
+        self._start_recoveries(actions)
         if answer.segment is None:
             # Nothing to replicate until the roll after the recoveries (`_on_time`).
             self._segment = None
@@ -1150,7 +1150,7 @@ class Leader:
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         self._recovery_retry_ms = {}
         self._open(now_ms, answer, actions)
-        self._recover_oldest(actions)
+        self._start_recoveries(actions)
 
     def _lost_roll_answered(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
@@ -1205,22 +1205,28 @@ class Leader:
     ) -> None:
         if self.role is not Role.LEADING or epoch not in self._unsealed:
             return
-        assert epoch == min(self._unsealed), "recoveries run oldest first"
+        producers = self._stream_has_producers
+        assert not producers or epoch == min(self._unsealed), "recoveries run oldest first"
         del self._unsealed[epoch]
         self._recovery_retry_ms.pop(epoch, None)
         self._known_content.pop(epoch, None)
         for producer_id, run in runs:
             self.producers.add_run(producer_id, run)
-        self._recover_oldest(actions)
+        if producers:
+            self._start_recoveries(actions)  # the next oldest
         if not self._unsealed and self.replicator is not None:
             actions.extend(self.replicator.step(now_ms, AllowAcking()))
 
-    def _recover_oldest(self, actions: list[LeaderAction]) -> None:
-        """Start the recovery of the oldest unsealed segment. One at a time, oldest
-        first: the producer positions a seal records build on those of the segment
-        before it."""
-        if self._unsealed:
+    def _start_recoveries(self, actions: list[LeaderAction]) -> None:
+        """Start recovering the unsealed segments: on a stream with producers one at a
+        time, oldest first (the producer positions a seal records build on those of the
+        segment before it; `_sealed` starts the next), else all at once."""
+        if not self._unsealed:
+            return
+        if self._stream_has_producers:
             actions.append(self._recover(self._unsealed[min(self._unsealed)]))
+        else:
+            actions.extend(self._recover(grant) for grant in self._unsealed.values())
 
     def _recover(self, grant: SegmentGrant) -> RecoverSegment:
         assert self._policy is not None
