@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test lint proto etcd-protos demo bench bench-peers clean faults faults-long faults-quick soak sim-coverage
+.PHONY: setup system-deps test test-slow lint proto etcd-protos demo bench bench-peers clean faults faults-long faults-quick soak sim-coverage
 
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -28,8 +28,12 @@ lint: $(STAMP)
 # (tests/conftest.py says what runs together), then those alone: their liveness bounds
 # are for a box of their own. `.venv/bin/pytest` alone runs everything in one process.
 test: lint system-deps
-	$(VENV)/bin/pytest -n 2 -m "not faults and not netns"
+	$(VENV)/bin/pytest -n 2 -m "not faults and not netns and not slow"
 	$(VENV)/bin/pytest -m "faults or netns"
+
+# Tests past CI's budget of seconds per test, marked `slow` (none today).
+test-slow: $(STAMP)
+	$(VENV)/bin/pytest -m slow
 
 demo: $(STAMP)
 	$(PYTHON) -m deploy.demo

@@ -37,16 +37,21 @@ if _WORKER:
 # What `make test`'s workers take as one unit, in order, on one worker: a test file, as
 # `--dist loadfile` would (a file's module fixtures are set up once), except that the
 # fault suite and the netns tests are a single unit (they share namespace names, bridges
-# and iptables), first in collection order, so the longest unit starts early. (xdist's
+# and iptables), first in collection order, so the longest unit starts early, and that
+# the files on the shared SparkSession (`tests/integration/test_spark*`) are one unit, so
+# that one worker starts Spark's JVM (10 s or more of a core), not both. (xdist's
 # `loadgroup` says this with marks, but loses its groups under pytest 9, whose node ids
 # it cannot rename.)
 SYSTEM_WIDE = ("tests/faults/", "tests/integration/test_netns.py")
+SPARK_SESSION = "tests/integration/test_spark"
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of `nodeid`: its file, or "system-wide"."""
+    """The unit of `nodeid`: its file, "system-wide" or "spark-session"."""
     if nodeid.startswith(SYSTEM_WIDE):
         return "system-wide"
+    if nodeid.startswith(SPARK_SESSION):
+        return "spark-session"
     return nodeid.split("::", 1)[0]
 
 
@@ -91,7 +96,10 @@ def metadata_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[M
 
 @pytest.fixture(scope="session")
 def spark():
-    """One SparkSession for the whole test session (startup costs ~10 s)."""
+    """One SparkSession for the whole test session (startup costs ~10 s). It retries a
+    failed task once (`local[2,2]`), for the tests of a task retried
+    (`spark_task_retries`); in every other test a retry that hid a failure fails the
+    test (`no_spark_task_retried`)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -101,7 +109,7 @@ def spark():
 
     start_jvm()  # earlier tests left gRPC's threads running: no fork of this process
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")
         .appName("streamengine-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -111,3 +119,39 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+# How long a test's end waits for Spark's status store to hear of its last tasks.
+SPARK_EVENTS_WAIT_MS = 10_000
+
+
+@pytest.fixture(autouse=True)
+def no_spark_task_retried(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the shared SparkSession whose job succeeded only because a failed
+    task was retried fails, unless it is marked `spark_task_retries`: the session's
+    retry must never hide a failure."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    context = request.getfixturevalue("spark").sparkContext._jsc.sc()
+    status = context.statusStore()
+    seen = {job.jobId() for job in _jobs(status)}
+    yield
+    if request.node.get_closest_marker("spark_task_retries") is not None:
+        return
+    # The status store learns of tasks through Spark's listener bus, after the job.
+    context.listenerBus().waitUntilEmpty(SPARK_EVENTS_WAIT_MS)
+    retried = [
+        f"job {job.jobId()}: {job.numFailedTasks()} failed task(s) retried"
+        for job in _jobs(status)
+        if job.jobId() not in seen
+        and job.status().toString() == "SUCCEEDED"
+        and job.numFailedTasks()
+    ]
+    assert not retried, "; ".join(retried)
+
+
+def _jobs(status: Any) -> list[Any]:
+    """Every job Spark's status store holds (py4j objects of its JobData)."""
+    jobs = status.jobsList(None)
+    return [jobs.apply(i) for i in range(jobs.size())]

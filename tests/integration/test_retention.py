@@ -481,3 +481,36 @@ def test_a_writer_right_after_an_undelete_is_acked_at_once(slow_cluster: Cluster
     )
     assert appended.returncode == 0, appended.stderr
     assert read_all(cluster, 0) == [*rounds_of("a")[0], b"sdk", b"cli"]
+
+
+def test_producer_positions_outlive_a_trim_of_every_sealed_segment(cluster: Cluster) -> None:
+    payloads = [b"p-%d" % n for n in range(10)]
+
+    async def produce_and_seal() -> int:
+        async with StreamClient(cluster.master_address) as client:
+            await client.create_stream(NAME)
+            async with client.writer(NAME, producer_id="ingest", leadership_timeout_s=15) as w:
+                await w.append_batch(payloads, producer_sequence=0)
+            return await client.seal(NAME)
+
+    sealed = asyncio.run(asyncio.wait_for(produce_and_seal(), 30))
+    trimmed = [s for s in listing(cluster) if s.id.epoch <= sealed]
+    assert [s.state for s in trimmed] == [entry_pb2.SEALED]
+    trim = m.TrimStreamRequest(name=NAME, before_sequence=pack_sequence(sealed + 1, 0))
+    master_call(cluster, "TrimStream", trim)
+    # After the grace the master drops every sealed segment's record, then its replicas:
+    # only the stream's record keeps the positions.
+    wait_for(lambda: every_replica_gone(trimmed), GRACE_S + 15, 0.1, "trimmed replicas deleted")
+
+    async def resend() -> list[int]:
+        async with (
+            StreamClient(cluster.master_address) as client,
+            client.writer(NAME, producer_id="ingest", leadership_timeout_s=15) as w,
+        ):
+            assert w.last_producer_sequence == len(payloads) - 1
+            return await w.append_batch(payloads, producer_sequence=0)
+
+    answered = asyncio.run(asyncio.wait_for(resend(), 30))
+    # Known, in a segment trimmed since: nothing is appended again.
+    assert len(answered) == len(payloads)
+    assert not [p for p in read_all(cluster, "earliest") if p.startswith(b"p-")]

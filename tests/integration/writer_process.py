@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 class WriterProcess:
     """One `append_writer` process and the JSON lines it printed so far."""
 
-    def __init__(self, master: str, stream: str, prefix: str, batches: int = 0) -> None:
+    def __init__(
+        self, master: str, stream: str, prefix: str, batches: int = 0, producer: str = ""
+    ) -> None:
         self.prefix = prefix
         self.process = subprocess.Popen(
             [
@@ -30,6 +32,7 @@ class WriterProcess:
                 stream,
                 prefix,
                 str(batches),
+                *([producer] if producer else []),
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,

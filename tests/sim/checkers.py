@@ -84,6 +84,7 @@ INVARIANTS = {
     11: "stores change segments only under the master's grants, and take every one",
     12: "a sealed segment's certificate is what its replicas at the bridge hold",
     13: "trims take whole sealed segments from the head; readers are told, never skipped",
+    15: "a producer event answered as written is in the stream, and never twice",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -144,6 +145,9 @@ class Checker:
         # reader may ever get it.
         self.rotted: set[tuple[str, SegmentKey]] = set()
         self.failed: set[bytes] = set()  # appends users were told definitely failed
+        # Producer events answered as in the stream at a sequence no longer known (0):
+        # followers must read each of them by the end (invariant 15).
+        self.answered_written: set[bytes] = set()
         self.served_payloads: set[bytes] = set()
         self.epoch_seen = 0
         self.checks = 0
@@ -609,7 +613,13 @@ class Checker:
             raise Violation(1, f"follower {follower} yields {epoch}/{index} after {record.last}")
         if payload in record.by_payload:
             again = unpack_sequence(record.by_payload[payload])
-            raise Violation(1, f"follower {follower}: {payload!r} at {again} and {epoch}/{index}")
+            # Every payload is appended once, but a producer's (`p:NODE:SEQUENCE`), which
+            # its process resends after every writer change until acked: one of those in
+            # the stream twice is exactly once broken (issue #40).
+            invariant = 15 if payload.startswith(b"p:") else 1
+            raise Violation(
+                invariant, f"follower {follower}: {payload!r} at {again} and {epoch}/{index}"
+            )
         self._agree(f"follower {follower}", epoch, index, EntryKind.EVENT, payload, reader=True)
         lo = bisect.bisect_right(self.acked_sequences, record.last)
         hi = bisect.bisect_left(self.acked_sequences, sequence)
@@ -670,15 +680,21 @@ class Checker:
                 f"follower {follower} told {loss}, where the master declared "
                 + (f"loss from {declared}" if declared else "nothing lost"),
             )
-        self.followers.setdefault(follower, FollowerRecord()).told_lost.append(
-            (loss, through_end)
-        )
+        self.followers.setdefault(follower, FollowerRecord()).told_lost.append((loss, through_end))
 
     def check_complete(self, followers: list[str]) -> None:
         for name in followers:
             missing = self.missing(name)
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
+        read = {p for name in followers for p in self.followers[name].by_payload}
+        for payload in sorted(self.answered_written - read):
+            raise Violation(15, f"{payload!r} was answered as in the stream and never read")
+
+    def producer_answered_written(self, payload: bytes) -> None:
+        """A producer's retry was answered that `payload` is in the stream, at a sequence
+        the table no longer knows (0)."""
+        self.answered_written.add(payload)
 
 
 class MasterChecker:

@@ -22,7 +22,7 @@ from streamengine.master.core import authority, integrity, repair
 from streamengine.master.core.errors import MasterError, SealConflict
 from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim
 from streamengine.master.core.model import SegmentRecord
-from streamengine.master.leadership import WriterView
+from streamengine.master.leadership import WriterView, grant_producers
 from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.state import MasterState
 from streamengine.master.stores import Registered
@@ -156,6 +156,7 @@ class MasterNode(Node):
                 request.acked_index,
                 request.segment_bytes,
                 now,
+                producer=request.producer,
                 seen_epoch=request.seen_epoch,
             )
             return self._view(view, before, request.client_id)
@@ -254,6 +255,8 @@ class MasterNode(Node):
             segment_bytes_max=record.segment_bytes,
             segment_age_ms_max=record.segment_age_ms,
             grant=signed,
+            producers=grant_producers(view, state.stream_segments(view.stream.stream_id)),
+            stream_has_producers=record.has_producers,
             lease_won=bool(view.secret),
         )
         return m.LeaderReply(answer, view.secret)
@@ -269,6 +272,7 @@ class MasterNode(Node):
                 self.world.now,
                 request.certificate,
                 request.lost_from_index,
+                request.producers,
             )
         except SealConflict as conflict:
             self.world.checker.seal_conflict(key, str(conflict))

@@ -10,6 +10,7 @@ from streamengine.client.core.writer import HeartbeatAnswered
 from streamengine.master.core.model import Held
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.producers import ProducerPosition
 from streamengine.segment_store.core.commands import SegmentKey
 
 
@@ -61,6 +62,7 @@ class WriterHeartbeat:
     segment_bytes: int
     # The lease secret handed with the lease (`LeaderReply`).
     lease_secret: bytes = field(default=b"", repr=False)
+    producer: bool = False
     # The latest epoch the writer was answered with (`SendHeartbeat.seen_epoch`).
     seen_epoch: int | None = None
 
@@ -118,6 +120,7 @@ class SealSegment:
     grant: bytes = field(default=b"", repr=False)
     certificate: Certificate | None = None
     lost_from_index: int = 0
+    producers: tuple[ProducerPosition, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ class RecoveryRun:
             sr.SIMULATED_TIMING,
             action.known,
             accept_loss=writer.world.accepts_loss(self.segment),
+            producers=action.producers,
         )
         self.matched: dict[str, int] = {}  # from seal answers, for the flaw only
         self.raised: set[str] = set()  # raised before the master knew: `ack_before_loss`
@@ -93,7 +94,7 @@ class RecoveryRun:
         seg = self.segment
         if isinstance(action, sr.Done):
             writer.world.note(f"{writer.client_id} sealed {seg.epoch} at {action.final_index}")
-            writer.step(SegmentSealed(seg.epoch))
+            writer.step(SegmentSealed(seg.epoch, action.runs))
             return
         if isinstance(action, sr.Deposed):
             writer.step(FencedByStore(f"recovery of {seg.epoch}", action.fence))
@@ -140,6 +141,7 @@ class RecoveryRun:
             self.grant,
             action.certificate,
             lost_from,
+            action.producers,
         )
         writer.call(MASTER, request, self._master_answered, once=False)
 

@@ -18,15 +18,17 @@ CI_SEEDS = range(0, 10)
 # since lease heartbeats travel per client and grants expire, the schedules moved, and
 # seed 6 finds it (an append open 1525 ms at 2744 ms of virtual time, with the flaw).
 PARKED_APPENDS_HANG = 6
-# Each flaw, a seed that finds it and the invariant it breaks.
-# Each flaw needs a seed where a writer steps down with appends pending (seed 1 had one
-# until heartbeats named the epoch their writer saw, which changed its run).
+# A producer's unanswered batch is sent again through its process's next writer.
+PRODUCER_RESENDS = 1
+# Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
+# a writer steps down with plain appends pending; a change to the heartbeats or the
+# workload moves them (`python -m tests.sim --runtime` finds the next).
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG, 7),
     # A follower reads an append its writer, stepping down, said had failed.
-    ("fail_in_doubt", 0, 1),
+    ("fail_in_doubt", 6, 1),
     # Appends pending as their writer steps down are never answered.
-    ("forget_pending", 0, 7),
+    ("forget_pending", 1, 7),
     # A new segment acks before the earlier ones are sealed.
     ("ack_before_seal", 0, 1),
 ]
@@ -51,7 +53,18 @@ def test_seed_6_parked_appends_end_with_the_append_timeout() -> None:
     """A writer leading an epoch without a segment answers the appends it parks."""
     result = run_seed(PARKED_APPENDS_HANG)
     assert result.ok, _failure(result)
-    assert result.stats.get("AppendTimedOut", 0) > 0, result.stats
+    timed_out = result.stats.get("AppendTimedOut", 0)
+    timed_out += result.stats.get("producer AppendTimedOut", 0)
+    assert timed_out > 0, result.stats
+
+
+def test_seed_4_a_producer_batch_that_waits_for_its_turn_ends_within_its_timeout() -> None:
+    """A producer's batch waits for the gate (an earlier segment in recovery) before
+    the core takes it: its append timeout counted again from there, and it stayed open
+    past its timeout (1843 ms of 1800). It now counts from the call (`Append.due_ms`)."""
+    result = run_seed(4)
+    assert result.config.producers and result.ok, _failure(result)
+    assert result.stats.get("producer AppendTimedOut", 0) > 0, result.stats
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
@@ -61,6 +74,17 @@ def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     assert {config.masters for config in configs} == {0, 1, 2, 3}
     assert any(config.operator for config in configs)
     assert not all(config.operator for config in configs)
+    assert any(config.producers for config in configs)
+    assert not all(config.producers for config in configs)
+
+
+def test_seed_1_a_producer_resends_through_its_next_writer_and_each_event_lands_once() -> None:
+    """A producer's batch ends in doubt as its writer steps down; its process sends it
+    again through the next writer, and followers read each of its events once
+    (invariant 15)."""
+    result = run_seed(PRODUCER_RESENDS)
+    assert result.config.producers and result.ok, _failure(result)
+    assert result.stats.get("producer events resent and acked", 0) > 0, result.stats
 
 
 def test_every_runtime_flaw_has_a_seed() -> None:

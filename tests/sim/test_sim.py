@@ -41,6 +41,11 @@ LONG_SEEDS = 200
 # Issue 22: liveness failures of the 3,000-step soak, each a grant without a segment.
 ISSUE_22 = (10086, 10129, 10327, 10602, 10605, 10635, 11511, 11560, 11862, 11905)
 
+# A seed pinned for a situation it found before writers appended with producer ids (or
+# a band hunting a flaw that rare) runs without them: a producer's batches change the
+# schedule (`draws_producers`).
+BEFORE_PRODUCERS = {"producers": False}
+
 
 def _failures(results: list[RunResult], steps: int = STEPS) -> list[str]:
     return [
@@ -60,6 +65,33 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
     assert sum(r.acked for r in results) > 0
     assert sum(r.leaders > 1 for r in results) > CHUNK // 5, "too few leader changes"
     assert sum(r.stats["recoveries decided"] for r in results) > CHUNK // 5
+    assert sum(r.stats["producer events sent"] for r in results) > CHUNK, "too few producers"
+
+
+# Seed 158 found it first, at 3,000 steps with two of a producer's batches in flight:
+# the only store a recovery read from held the later batch and not the earlier one.
+PRODUCER_BATCH_PAST_A_GAP = 158
+
+
+def test_seed_158_a_producer_batch_past_a_lost_one_is_cut_by_recovery() -> None:
+    """With the flaw `keep_past_gap` (a producer stream's recovery keeping copies past an
+    index no store holds, as a plain stream's does), a batch survives past its lost
+    predecessor, the next leader's table takes the lost sequences as written, and the
+    producer's retry is answered so: an event it was told is in never appears. Recovery
+    now ends the run at the first gap, and the retry writes the lost batch again."""
+    flawed = run_seed(PRODUCER_BATCH_PAST_A_GAP, LONG_STEPS, frozenset({"keep_past_gap"}))
+    assert flawed.violation is not None and flawed.violation.invariant == 15, flawed.summary()
+    result = run_seed(PRODUCER_BATCH_PAST_A_GAP, LONG_STEPS, overrides={"producers": True})
+    assert result.ok, result.summary()
+
+
+def test_seed_13_a_producer_resends_and_the_table_answers_what_is_in_already() -> None:
+    """A producer resends what no writer confirmed through the next writer; the events
+    the stream holds already are answered from the table with their stream sequences,
+    and the rest written once (in long runs, about one seed in three reaches it)."""
+    result = run_seed(13, LONG_STEPS)
+    assert result.config.producers and result.ok, result.summary()
+    assert result.stats["producer events answered as known"] > 0, result.stats
 
 
 # Longer runs, where stores stay dead past the store timeout, miss bridges and are
@@ -78,13 +110,14 @@ def test_repairs_drains_and_rebalances_keep_invariants() -> None:
     CopySegment (`copy_rules`) run under faults: every kind of move happens, and every
     checker holds (a sealed replica at the bridge equals the others, no reader sees an
     entry change)."""
-    results = [run_seed(seed, REPAIR_STEPS) for seed in range(REPAIR_SEEDS)]
+    before = BEFORE_PRODUCERS
+    results = [run_seed(seed, REPAIR_STEPS, overrides=before) for seed in range(REPAIR_SEEDS)]
     stats: Counter[str] = Counter()
     for result in results:
         stats.update(result.stats)
     seed = REPAIR_SEEDS
     while seed < REPAIR_SEEDS_MAX and not all(stats[f"repair {k}"] for k in MOVE_KINDS):
-        results.append(run_seed(seed, REPAIR_STEPS))
+        results.append(run_seed(seed, REPAIR_STEPS, overrides=BEFORE_PRODUCERS))
         stats.update(results[-1].stats)
         seed += 1
     failures = [
@@ -117,7 +150,7 @@ def test_seed_23_a_copy_set_that_cannot_drain_is_rolled_away_from() -> None:
     segment as after a takeover. That recovery decides from s2 alone (R = 1), which had
     lost events the writer acked on its answers: fsync never's documented loss, which
     the checker must name as such."""
-    result = run_seed(23, REPAIR_STEPS, overrides={"rot": True})
+    result = run_seed(23, REPAIR_STEPS, overrides={"rot": True, **BEFORE_PRODUCERS})
     assert result.stats["undrained rolls"] > 0, result.summary()
     assert result.leaders >= 5, result.summary()  # the roll was granted
     assert result.ok and result.unsynced_losses, result.summary()
@@ -134,7 +167,7 @@ UNDRAINED_ROLL_SEEDS = (238, 257)
 
 @pytest.mark.parametrize("seed", UNDRAINED_ROLL_SEEDS)
 def test_a_roll_with_the_tail_unacked_converges(seed: int) -> None:
-    result = run_seed(seed, LONG_STEPS)
+    result = run_seed(seed, LONG_STEPS, overrides=BEFORE_PRODUCERS)
     assert result.stats["undrained rolls"] > 0, result.summary()
     assert result.violation is None and not result.error, result.summary()
 
@@ -160,7 +193,7 @@ def test_fsync_never_on_w_minus_1_stores_can_still_lose_acked_entries() -> None:
     rode out a silent master, 280 until grants and the bad input that tries them, 614
     then 649 while waiting writers asked the master every 100 ms and dead holders'
     leases still ran out, and 614 again since)."""
-    result = run_seed(614, REPAIR_STEPS)
+    result = run_seed(614, REPAIR_STEPS, overrides=BEFORE_PRODUCERS)
     assert len(result.config.fsync_never) == result.config.policy.write_quorum - 1
     assert result.unsynced_losses and result.documented_loss, result.summary()
 
@@ -294,6 +327,9 @@ FLAWED = [
     # A store that takes writes and seals without checking their grants: the injected
     # seal at the last epoch (no grant, or a forged one) goes through.
     ("ignore_grant", 11, 0),
+    # A producer's events resent after a writer change as plain appends, without the
+    # producer table: one lands in the stream twice (seed 19).
+    ("resend_without_dedup", 15, 0),
 ]
 FLAW_SEEDS_SPAN = 500
 
@@ -422,7 +458,8 @@ def test_a_retried_registration_answered_without_lost_replicas_is_caught() -> No
     recovery counted its empty replica among the R it decided from: an acked event
     vanished (invariant 1, or 2 where a bridge took its place)."""
     for seed in range(FORGET_LOST_FIRST, FORGET_LOST_FIRST + FLAW_SEEDS_SPAN):
-        result = run_seed(seed, REPAIR_STEPS, frozenset({"forget_lost"}), overrides=WIPES)
+        overrides = {**WIPES, **BEFORE_PRODUCERS}
+        result = run_seed(seed, REPAIR_STEPS, frozenset({"forget_lost"}), overrides=overrides)
         assert not result.error, result.error
         violation = result.violation
         if violation is not None and violation.invariant in (1, 2):
@@ -507,7 +544,8 @@ ACCEPT_LOSS_HUNT_SPAN = 60
 )
 def test_an_accepted_loss_left_untold_is_caught(flaw: str, found: int) -> None:
     for seed in range(found, found + ACCEPT_LOSS_HUNT_SPAN):
-        result = run_seed(seed, LONG_STEPS, frozenset({flaw}), overrides=ACCEPT_LOSS)
+        overrides = {**ACCEPT_LOSS, **BEFORE_PRODUCERS}
+        result = run_seed(seed, LONG_STEPS, frozenset({flaw}), overrides=overrides)
         assert not result.error, result.error
         violation = result.violation
         if violation is not None and violation.invariant in (1, 2):
@@ -531,7 +569,7 @@ def test_seed_34_a_loss_is_recorded_before_acked_indexes_rise_and_runs_past_the_
     records the loss before the survivor's acked index rises, and never to the bridge,
     and the loss told runs to the segment's end, so the reader that had read past the
     bridge on a destroyed replica is told it and goes on at the next segment."""
-    result = run_seed(34, LONG_STEPS, overrides=ACCEPT_LOSS)
+    result = run_seed(34, LONG_STEPS, overrides={**ACCEPT_LOSS, **BEFORE_PRODUCERS})
     assert result.ok, result.summary()
     assert result.stats["losses told"], result.stats
 

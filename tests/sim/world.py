@@ -11,6 +11,7 @@ ever acknowledged to a user.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -19,7 +20,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+from unittest import mock
 
+from streamengine.client.core import recovery as recovery_core
+from streamengine.client.core.recovery_plan import RecoveryPlan, plan_recovery
 from streamengine.client.core.writer import APPEND_TIMEOUT_MS
 from streamengine.master.core.errors import MasterError, NotEnoughStores
 from streamengine.master.core.leadership import Claim
@@ -58,6 +62,8 @@ FLAWS = (
     "trust_any_bridge",
     "ack_before_loss",
     "loss_ends_at_final",
+    "resend_without_dedup",
+    "keep_past_gap",
 )
 
 # The liveness phase must converge within this much virtual time.
@@ -113,6 +119,21 @@ ACCEPT_LOSS: dict[str, Any] = {
 }
 # The flaws of issue #35's defect 2, each found in the band `ACCEPT_LOSS`.
 ACCEPT_LOSS_FLAWS = frozenset({"trust_any_bridge", "ack_before_loss", "loss_ends_at_final"})
+# In a run with producers (`SimConfig.producers`), the share of user appends made with
+# a producer id (exactly once, issue #40).
+PRODUCER_SHARE = 0.5
+# Flaws only runs with producers show: `resend_without_dedup` (resends as plain
+# appends), `keep_past_gap` (a recovery keeps a producer's batch past a lost one).
+PRODUCER_FLAWS = frozenset({"resend_without_dedup", "keep_past_gap"})
+# The share of seeds whose writers append with producer ids. Drawn from a randomness of
+# its own, so that a seed without producers runs as it did before producers existed
+# (the schedules its regression tests pin stay theirs).
+PRODUCER_SEEDS_SHARE = 0.5
+
+
+def draws_producers(seed: int) -> bool:
+    """Whether seed `seed`'s writers append with producer ids."""
+    return random.Random(f"producers:{seed}").random() < PRODUCER_SEEDS_SHARE
 # A hard bound on steps, whatever the phase, so a livelock ends the run.
 STEPS_MAX = 400_000
 # What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
@@ -124,9 +145,7 @@ LOSS_CAN_BREAK = frozenset({0, 1, 2, 4})
 def is_documented_loss(violation: Violation | None, unsynced_losses: list[str]) -> bool:
     """A violation after stores with fsync never lost acked entries in a restart, of an
     invariant such a loss can break: the documented loss, not a broken invariant."""
-    return (
-        violation is not None and bool(unsynced_losses) and violation.invariant in LOSS_CAN_BREAK
-    )
+    return violation is not None and bool(unsynced_losses) and violation.invariant in LOSS_CAN_BREAK
 
 
 def run_outcome(violation: Violation | None, unsynced_losses: list[str], error: str) -> str:
@@ -138,6 +157,7 @@ def run_outcome(violation: Violation | None, unsynced_losses: list[str], error: 
     if error:
         return f"ERROR {error.strip().splitlines()[-1]}"
     return "ok"
+
 
 # Writer clocks against the master's (the world's): an offset, and a rate off by up to
 # this many parts per million. A writer counts its lease from its own send time on its
@@ -196,6 +216,9 @@ class SimConfig:
     # Off unless asked for (or one of the flaws it hunts): it draws from the seed's
     # randomness.
     accept_loss: bool = False
+    # Writers appending with producer ids (half their appends) and resending what they
+    # were not told was written: `draws_producers` decides, flaws that need them force it.
+    producers: bool = False
 
     @property
     def append_timeout_ms(self) -> int:
@@ -250,6 +273,7 @@ class SimConfig:
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
             + (" wipes" if self.wipes else "")
             + (" accept-loss" if self.accept_loss else "")
+            + (" producers" if self.producers else "")
         )
 
 
@@ -412,7 +436,11 @@ class World:
         if self.phase != "safety":
             return
         ready = [w for w in self.writers if w.can_append()]
-        if ready:
+        producing = [w for w in ready if self.config.producers and w.can_append_producer()]
+        if producing and self.rng.random() < PRODUCER_SHARE:
+            # A producer's events: resent after every writer change until acked.
+            self.rng.choice(producing).append_producer(self.rng.choice((1, 2, 3)))
+        elif ready:
             writer = self.rng.choice(ready)
             count = self.rng.choice((1, 1, 1, 2, 3))
             payloads = []
@@ -930,10 +958,15 @@ def run_seed(
     started = time.perf_counter()
     rng = random.Random(seed)
     config = SimConfig.draw(seed, rng, flaws).with_unsynced_stores(rng)
+    producers = draws_producers(seed) or bool(flaws & PRODUCER_FLAWS)
+    config = dataclasses.replace(config, producers=producers)
     if overrides:
         config = dataclasses.replace(config, **overrides)
     result = RunResult(config)
     world: World | None = None
+    flawed = contextlib.ExitStack()
+    if "keep_past_gap" in flaws:
+        flawed.enter_context(mock.patch.object(recovery_core, "plan_recovery", _past_gaps))
     try:
         world = World(config, rng, trace, probe_lost)
         for _ in range(steps):
@@ -965,5 +998,12 @@ def run_seed(
         result.stats = world.stats
         result.unsynced_losses = list(world.checker.unsynced_losses)
         result.stats["unsynced losses"] += len(result.unsynced_losses)
+    flawed.close()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _past_gaps(*args: Any, end_at_first_gap: bool = False, **kwargs: Any) -> RecoveryPlan:
+    """The flaw `keep_past_gap`: a producer stream's recovery keeps copies past an index
+    no store holds, as a plain stream's does."""
+    return plan_recovery(*args, **kwargs)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from streamengine.client.core.replicator import (
@@ -44,6 +45,8 @@ from streamengine.client.wire import LeaseSecret
 from streamengine.master.core.errors import MasterError
 from streamengine.master.service_calls import status_of
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
+from streamengine.protocol.entry import ProducerMark
+from streamengine.protocol.sequence import unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from tests.sim import messages as m
 from tests.sim.network import Message
@@ -63,6 +66,27 @@ class _Pending:
     payloads: tuple[bytes, ...]
 
 
+@dataclasses.dataclass
+class ProducerOutbox:
+    """What the user process behind a writer produced with its producer id and has not
+    yet seen acked: it keeps it across its writers, as an application keeps its events
+    until they are confirmed, and resends them through the next writer from the lowest
+    (`WriterNode.append_producer`)."""
+
+    # Unconfirmed events by producer sequence; the next sequence to give out.
+    events: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    next_sequence: int = 0
+    # Sequences given to the current writer: not resent while it leads.
+    in_flight: set[int] = dataclasses.field(default_factory=set)
+
+
+def producer_sequence(payload: bytes) -> int | None:
+    """The producer sequence of a producer's event (`p:NODE:SEQUENCE`), else None."""
+    if not payload.startswith(b"p:"):
+        return None
+    return int(payload.rsplit(b":", 1)[1])
+
+
 class WriterNode(Node):
     """A user process holding one `Writer`: when it stops leading (or crashes), a new
     writer with a new client id takes its place and competes again."""
@@ -71,6 +95,11 @@ class WriterNode(Node):
         super().__init__(name, world)
         self.clock_offset_ms, self.clock_drift_ppm = world.clocks[name]
         self.generation = 0
+        # One producer id per user process, kept across its writers.
+        self.producer_id = name
+        self.outbox = ProducerOutbox()
+        # The PRODUCER marks this process appended (not events: never acked to a user).
+        self.marks: set[bytes] = set()
         self.new_writer()
 
     # ---- lifecycle ----
@@ -86,6 +115,7 @@ class WriterNode(Node):
             recovery_supported=True,
             rolling_supported=True,
             append_timeout_ms=cfg.append_timeout_ms,
+            producer=self.world.config.producers,
         )
         self.links: dict[str, int] = {}
         self.fenced_links: set[str] = set()
@@ -99,6 +129,8 @@ class WriterNode(Node):
         self._replacing = False
         self._stepping = False
         self._submitted: list[tuple[bytes, ...]] = []  # stepped, `Assigned` not yet seen
+        # A new writer knows nothing of what the last one had in flight: all is resent.
+        self.outbox.in_flight.clear()
         # The epoch whose lease this writer holds open at the master (`HoldLease`, as
         # `streamengine.client.writer` does from `BecameLeader` on); 0: none.
         self.holding_epoch = 0
@@ -190,6 +222,59 @@ class WriterNode(Node):
         self.world.checker.append_started(self.client_id, payloads, self.clock_ms())
         self._submitted.append(payloads)
         self.step(Append(payloads))
+
+    def can_append_producer(self) -> bool:
+        """As `streamengine.client.writer` decides a producer's batch: leading a segment
+        with room, every earlier segment recovered (the table rebuilt)."""
+        return self.can_append() and not self.leader.recovering
+
+    def append_producer(self, count: int) -> None:
+        """`count` new events of this process's producer, after every unconfirmed one
+        the current writer was not given yet (all of them, after a new writer), as one
+        batch from the lowest: the table answers those already in the stream."""
+        out = self.outbox
+        for _ in range(count):
+            out.events[out.next_sequence] = f"p:{self.name}:{out.next_sequence}".encode()
+            out.next_sequence += 1
+        waiting = [sequence for sequence in sorted(out.events) if sequence not in out.in_flight]
+        # From the lowest, as far as the sequences run on: one above an event still in
+        # flight waits for it (its fate decides whether it goes again).
+        first = waiting[0]
+        resend = [
+            sequence
+            for sequence, expected in itertools.takewhile(
+                lambda pair: pair[0] == pair[1], zip(waiting, itertools.count(first))
+            )
+        ]
+        if "resend_without_dedup" in self.world.config.flaws:
+            # The flaw: retries at least once, as plain appends the table never sees.
+            out.in_flight.update(resend)
+            self.append(tuple(out.events[sequence] for sequence in resend))
+            return
+        decision = self.leader.producers.decide(self.producer_id, first, len(resend))
+        for sequence, known in zip(resend, decision.known, strict=False):
+            payload = out.events.pop(sequence)
+            if known:  # durable: every earlier segment is recovered
+                epoch, index = unpack_sequence(known)
+                self.world.checker.user_acked(epoch, index, payload, self.world.master.state)
+            else:
+                self.world.checker.producer_answered_written(payload)
+        self.world.stats["producer events answered as known"] += len(decision.known)
+        fresh = resend[decision.write_from :]
+        if not fresh:
+            return
+        out.in_flight.update(fresh)
+        self.world.stats["producer events sent"] += len(fresh)
+        mark = ProducerMark(self.producer_id, fresh[0], len(fresh)).encode()
+        self.marks.add(mark)
+        payloads = tuple(out.events[sequence] for sequence in fresh)
+        self.world.checker.append_started(self.client_id, payloads, self.clock_ms())
+        self._submitted.append((mark, *payloads))
+        self.step(Append((mark, *payloads), marked=True))
+
+    def _events(self, payloads: Iterable[bytes]) -> list[bytes]:
+        """The events among `payloads`, without the PRODUCER marks."""
+        return [payload for payload in payloads if payload not in self.marks]
 
     # ---- this process's clock ----
 
@@ -288,7 +373,7 @@ class WriterNode(Node):
             # The flaw: a shell that loses an append on stepping down (one admitted but
             # not yet recorded as pending): its user waits forever.
             del self.pending[0]
-        never_sent = [payload for payloads in self._submitted for payload in payloads]
+        never_sent = self._events(payload for payloads in self._submitted for payload in payloads)
         self._submitted = []  # stepped as the lease ran out: never sent
         self._end_pending(sent_through, never_sent)
 
@@ -304,6 +389,13 @@ class WriterNode(Node):
             f"{left.acked_index} (sent through {left.sent_through})"
         )
         self.world.stats["undrained rolls"] += 1
+        # Its producer's events there go again once the segment is recovered: the table
+        # forgot them and takes back what recovery kept.
+        for item in self.pending:
+            for payload in item.payloads:
+                sequence = producer_sequence(payload)
+                if sequence is not None:
+                    self.outbox.in_flight.discard(sequence)
         self._end_pending(left.sent_through)
 
     def _end_pending(self, sent_through: int, never_sent: list[bytes] | None = None) -> None:
@@ -316,13 +408,16 @@ class WriterNode(Node):
                 for offset, payload in enumerate(item.payloads)
                 if item.first_index + offset > sent_through
             ]
-        in_doubt = sum(len(item.payloads) for item in self.pending) - len(failed)
+        failed = self._events(failed)
+        in_doubt = len(self._events(p for item in self.pending for p in item.payloads))
+        in_doubt -= len(failed)
         failed += never_sent or []
-        ended = [payload for item in self.pending for payload in item.payloads] + failed
+        ended = self._events(p for item in self.pending for p in item.payloads) + failed
         self.pending = []
         self.world.stats["appends reported failed"] += len(failed)
         self.world.stats["appends in doubt"] += in_doubt
-        self.world.checker.appends_failed(failed)
+        # A producer's events are not given up: the process resends them.
+        self.world.checker.appends_failed([p for p in failed if producer_sequence(p) is None])
         self.world.checker.append_ended(self.client_id, ended)
 
     def _timed_out(self, last_index: int) -> None:
@@ -332,7 +427,7 @@ class WriterNode(Node):
         while self.pending and self.pending[0].first_index <= last_index:
             item = self.pending.pop(0)
             assert item.first_index + len(item.payloads) - 1 <= last_index, "a split append"
-            ended += item.payloads
+            ended += self._events(item.payloads)
         self.world.note(f"{self.client_id}: {len(ended)} append(s) timed out, in doubt")
         self.world.stats["appends timed out"] += len(ended)
         self.world.checker.append_ended(self.client_id, ended)
@@ -346,6 +441,7 @@ class WriterNode(Node):
             action.acked_index,
             action.segment_bytes,
             self.lease_secret.shown(),
+            self.leader.producer,
             action.seen_epoch,
         )
 
@@ -429,9 +525,15 @@ class WriterNode(Node):
                 index = item.first_index + offset
                 if index > acked_index:
                     break
+                done += 1
+                if payload in self.marks:
+                    continue
                 self.world.checker.user_acked(epoch, index, payload, state)
                 self.world.checker.append_ended(self.client_id, (payload,))
-                done += 1
+                sequence = producer_sequence(payload)
+                if sequence is not None:
+                    self.outbox.events.pop(sequence, None)
+                    self.outbox.in_flight.discard(sequence)
             if done < len(item.payloads):
                 item.first_index += done
                 item.payloads = item.payloads[done:]

@@ -391,3 +391,19 @@ def test_a_heartbeat_sent_before_a_roll_and_answered_after_it_still_renews() -> 
     rolled = leadership.roll(held(3, "a", 900), claim("a"), 3, 10, LEASE)
     late = leadership.heartbeat(rolled, claim("a"), 3, 20, LEASE, FRESH)
     assert (late.outcome, late.lease) == (Outcome.RENEWED, held(4, "a", 20 + LEASE))
+
+
+@pytest.mark.parametrize(
+    ("rule", "recorded", "granted", "to_producer", "after"),
+    [
+        ("a plain writer's grant leaves a plain stream plain", False, True, False, False),
+        ("a producer's grant marks the stream", False, True, True, True),
+        ("a producer's renewal marks nothing (its grant did)", False, False, True, False),
+        ("a plain writer's grant never clears the mark", True, True, False, True),
+        ("nor does a heartbeat that grants nothing", True, False, False, True),
+    ],
+)
+def test_has_producers(
+    rule: str, recorded: bool, granted: bool, to_producer: bool, after: bool
+) -> None:
+    assert leadership.has_producers(recorded, granted, to_producer) is after, rule

@@ -22,7 +22,9 @@ from streamengine.master.records import (
 )
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, Chunk
+from streamengine.protocol.producers import ProducerPosition
 from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX, record_version
+from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2
 from tests.metadata_backends import RocksDBPlace
 
@@ -195,6 +197,43 @@ def test_a_record_goes_to_the_stores_and_comes_back_whole() -> None:
         record_from_bytes(b"\xff\xff")
 
 
+@pytest.mark.parametrize(
+    ("case", "marked", "has_producers"),
+    [
+        ("no record says so", [False, False], False),
+        ("one record says so (the others sent before the mark)", [False, True], True),
+    ],
+)
+def test_a_stream_marked_as_having_producers_stays_marked(
+    case: str, marked: list[bool], has_producers: bool
+) -> None:
+    one, two = seg(1), seg(2, OPEN)
+    holdings = [
+        held("s1", one, stream=replace(ORDERS, has_producers=marked[0])),
+        held("s1", two, stream=replace(ORDERS, has_producers=marked[1])),
+    ]
+    out = rebuild.rebuild(holdings, NOW)
+    assert out.streams["acme/orders"].has_producers is has_producers, case
+    encoded = record_pb(replace(ORDERS, has_producers=True), one).SerializeToString()
+    assert record_from_bytes(encoded)[0].has_producers
+
+
+def test_the_stream_keeps_the_newest_producer_positions_any_record_carries() -> None:
+    older = (ProducerPosition("ingest", 9, pack_sequence(1, 10)),)
+    newer = (ProducerPosition("ingest", 19, pack_sequence(2, 10)),)
+    one, two = seg(1), seg(2)
+    holdings = [
+        held("s1", one, stream=replace(ORDERS, producers=older, producers_epoch=1)),
+        held("s2", two, stream=replace(ORDERS, producers=newer, producers_epoch=2)),
+        held("s3", two, stream=ORDERS),  # sent before any seal recorded positions
+    ]
+    out = rebuild.rebuild(holdings, NOW)
+    assert out.streams["acme/orders"].producers == newer
+    assert out.streams["acme/orders"].producers_epoch == 2
+    kept = replace(ORDERS, producers=newer, producers_epoch=2)
+    assert record_from_bytes(record_pb(kept, two).SerializeToString())[0] == kept
+
+
 def test_records_are_sent_only_to_members_whose_version_differs() -> None:
     encodings = RecordEncodings()
     one, two = seg(1), seg(2, copy_set=("s2", "s3", "s4"))
@@ -250,6 +289,13 @@ def test_a_rebuild_cut_short_is_never_served_and_a_whole_one_is(tmp_path: Path) 
     whole.close()
 
 
+def test_a_seal_changes_the_records_of_its_segment_and_later_ones_only() -> None:
+    positions = (ProducerPosition("ingest", 19, pack_sequence(2, 10)),)
+    one, two, three = seg(1), seg(2), seg(3, OPEN)
+    kept = replace(ORDERS, producers=positions, producers_epoch=2)
+    before = [record_pb(ORDERS, s).SerializeToString() for s in (one, two, three)]
+    after = [record_pb(kept, s).SerializeToString() for s in (one, two, three)]
+    assert [b == a for b, a in zip(before, after, strict=True)] == [True, False, False]
 def test_a_heartbeat_encodes_a_bounded_number_of_records_afresh(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

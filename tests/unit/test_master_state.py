@@ -21,7 +21,10 @@ from streamengine.master.core.errors import (
 )
 from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import Held, SegmentState
+from streamengine.master.leadership import grant_producers
 from streamengine.master.state import MasterState
+from streamengine.protocol.producers import ProducerPosition
+from streamengine.protocol.sequence import pack_sequence
 from tests.metadata_backends import MetadataPlace, RocksDBPlace
 from tests.unit.lease_helpers import fixed_secrets, writer
 
@@ -447,3 +450,43 @@ def test_too_few_stores_for_a_new_segment_still_grant_an_epoch_that_seals_the_op
     master.state.integrity.seal_segment("t/s", 1, 2, 10, master.now)
     with pytest.raises(NotEnoughStores):
         master.state.leadership.roll_segment("t/s", writer("w2"), 2, [], master.now)
+
+
+def test_a_grant_to_a_producer_marks_the_stream_for_good_before_it_answers(
+    master: Master,
+) -> None:
+    plain = beat(master, "w1")
+    assert plain.leads and not plain.stream.has_producers
+    master.now += 2 * LEASE  # w1's lease runs out
+    view = master.state.leadership.writer_heartbeat(
+        "t/s", writer("w2"), 0, 0, 0, master.now, producer=True
+    )
+    assert view.leads and view.stream.has_producers
+    # Persisted with the epoch: a restarted master still knows it.
+    assert master.restart().streams["t/s"].has_producers
+    master.now += 2 * LEASE
+    again = beat(master, "w3")
+    assert again.leads and again.lease.epoch == view.lease.epoch + 1
+    assert again.stream.has_producers  # a plain writer's grant never clears it
+
+
+def test_producer_positions_outlive_the_trim_of_every_sealed_segment(master: Master) -> None:
+    positions = (ProducerPosition("ingest-1", 41, pack_sequence(1, 9)),)
+    assert beat(master, "w1").lease.epoch == 1
+    master.state.leadership.roll_segment("t/s", writer("w1"), 1, [], master.now)
+    master.state.integrity.seal_segment("t/s", 1, 2, 10, master.now, producers=positions)
+    trimmed = master.state.retention.trim_stream("t/s", pack_sequence(2, 0), master.now)
+    assert trimmed.epochs == (1,)
+    master.now += master.state.delete_grace_ms + 1
+    assert master.state.retention.remove_due(master.now)[1] == [(1, 1)]
+    assert (1, 1) not in master.state.segments
+    master.now += 2 * LEASE  # w1's lease runs out
+    for restarted in (False, True):
+        state = master.restart() if restarted else master.state
+        master.now += 2 * LEASE
+        # Another writer each time: the holder would renew its lease, not win one.
+        taker = writer("w3" if restarted else "w2")
+        view = state.leadership.writer_heartbeat("t/s", taker, 0, 0, 0, master.now, producer=True)
+        assert view.leads and [s.epoch for s in view.unsealed] == [2]
+        # The resend from 0 is answered from these, not appended again.
+        assert grant_producers(view, state.stream_segments(view.stream.stream_id)) == positions

@@ -60,6 +60,8 @@ class Case:
     existing_bridge: bool
     holes: tuple[int, ...]
     ranges: str
+    # A stream with producers: the run ends before the first index no answer holds.
+    end_at_first_gap: bool = False
 
 
 CASES = [
@@ -267,14 +269,52 @@ CASES = [
         holes=(),
         ranges="B:2..2 A:2..2",
     ),
+    Case(
+        "with producers, the run ends before the first index no answer holds",
+        N3W2,
+        2,
+        (("A", 0, "e1@1 . . e4@1"), ("B", 0, "e1@1 . e3@1")),
+        a=(0, "A"),
+        copies="e1@2 BR@2",
+        final_index=2,
+        existing_bridge=False,
+        holes=(),
+        ranges="A:1..2 B:1..2",
+        end_at_first_gap=True,
+    ),
+    Case(
+        "with producers, a gap above a ends the run, copies below it are chosen",
+        N3W2,
+        4,
+        (("A", 1, "e1@1 . . . e5@1"), ("B", 0, ". e2@3")),
+        a=(1, "A"),
+        copies="e1@1 e2@4 BR@4",
+        final_index=3,
+        existing_bridge=False,
+        holes=(),
+        ranges="A:2..3 B:1..3",
+        end_at_first_gap=True,
+    ),
+    Case(
+        "with producers and no gap, as without",
+        N3W2,
+        2,
+        (("A", 0, "e1@1 e2@1"), ("B", 0, "e1@1")),
+        a=(0, "A"),
+        copies="e1@2 e2@2 BR@2",
+        final_index=3,
+        existing_bridge=False,
+        holes=(),
+        ranges="A:1..3 B:1..3",
+        end_at_first_gap=True,
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_recovery_rule(case: Case) -> None:
-    plan = plan_recovery(
-        case.policy, case.epoch, [answer(s, acked, held) for s, acked, held in case.stores]
-    )
+    answers = [answer(s, acked, held) for s, acked, held in case.stores]
+    plan = plan_recovery(case.policy, case.epoch, answers, end_at_first_gap=case.end_at_first_gap)
     assert (plan.acked_index, plan.acked_store) == case.a
     assert notation(plan.copies) == case.copies
     assert plan.final_index == case.final_index

@@ -14,6 +14,7 @@ from streamengine.client.core.replicas import FollowerTiming
 from streamengine.client.errors import InvalidArgument, Unavailable
 from streamengine.client.packed import Packed
 from streamengine.client.spark import (
+    STREAM_BATCH_ROWS_MAX,
     ScanPartition,
     SegmentRange,
     _limit_end,
@@ -23,6 +24,7 @@ from streamengine.client.spark import (
     acked_end,
     balance,
     plan_ranges,
+    stream_sequence_of,
 )
 from streamengine.protocol import certificate
 from streamengine.protocol.certificate import (
@@ -331,3 +333,15 @@ def test_streaming_offsets_keep_one_sequence_or_one_per_stream() -> None:
     offset = many._offset({"t/b": 3, "t/a": 5})
     assert offset == {"sequences": {"t/a": 5, "t/b": 3}}
     assert many._sequences(offset) == {"t/a": 5, "t/b": 3}
+
+
+@pytest.mark.parametrize(
+    ("batch_id", "position", "sequence"),
+    [(0, 0, 0), (0, 999, 999), (1, 0, 1 << 32), (7, 5, 7 * (1 << 32) + 5)],
+)
+def test_a_streaming_rows_sequence_is_its_batch_then_its_position(
+    batch_id: int, position: int, sequence: int
+) -> None:
+    assert stream_sequence_of(batch_id, position) == sequence
+    with pytest.raises(InvalidArgument):
+        stream_sequence_of(batch_id, STREAM_BATCH_ROWS_MAX)

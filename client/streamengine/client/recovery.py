@@ -33,6 +33,7 @@ from streamengine.client.errors import Fenced, fence_of
 from streamengine.protocol import codec
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.producers import Run
 from streamengine.protocol.status import FENCE_METADATA_KEY, FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -77,7 +78,10 @@ class SegmentSealer:
             timing=sr.TIMING,
             known=action.known,
             accept_loss=accept_loss,
+            producers=action.producers,
         )
+        # The producer runs recovery found in the segment, once `run` returned.
+        self.runs: tuple[tuple[str, Run], ...] = ()
         self._master = master
         self._client_id = client_id
         self._stubs = {
@@ -151,6 +155,7 @@ class SegmentSealer:
                     self.new_epoch,
                 )
                 final = action.final_index
+                self.runs = action.runs
                 continue
             self._send(action)
         return final
@@ -327,6 +332,8 @@ class SegmentSealer:
         )
         if certificate is not None:
             request.certificate.CopyFrom(codec.certificate_to_pb(certificate))
+        if action.producers is not None:
+            request.producers.CopyFrom(codec.producer_positions_to_pb(action.producers))
 
         try:
             await self._master.SealSegment(request, timeout=RPC_TIMEOUT_S)

@@ -28,7 +28,7 @@ keeps them within it);
 accepting loss (`streamengine seal --accept-loss`) is read around instead of failing
 the query with `DataLossError`.
 Streaming options: `startingSequence` (default 0), `maxEventsPerTrigger` (default none).
-Secured clusters (both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
+Secured clusters (reading, both): `certsDir` (a certs dir with the cluster's `ca.crt`, read on the
 driver) and `token`, the driver's credentials. Executors get none of them: only the CA
 and a read token limited to the job's streams (one per tenant), in the partitions. A
 driver that is a cluster admin (`client.root` in `certsDir`, no `token`) mints those
@@ -53,6 +53,38 @@ may be restarting and is retried; only replicas answering that they hold less or
 damaged (on a copy set the master still lists) make a `DataLossError`. Rows leave as
 Arrow record batches.
 
+Writing (batch): `df.write.format("streamengine").option("master", M).option("stream",
+S).option("producerId", P).mode("append").save()` appends the `payload` column (binary,
+or string as UTF-8) of every row. Each task leads the stream in turn (one writer at a
+time) and appends its partition's rows in batches of `WRITE_BATCH_ROWS`, with the
+producer id `P.PARTITION` and the row's position in the partition as its producer
+sequence: a task retried, or the same job run again over the same partitions, finds its
+rows in the stream and appends nothing new (`Writer.append_batch`). Without
+`producerId` every run appends again. A task takes its rows in a thread, so that its
+writer's heartbeats go on while a slow stage before it makes them.
+
+Writing (streaming): `df.writeStream.format("streamengine").option("master", M)
+.option("stream", S).option("checkpointLocation", C).start()` appends every row once
+across task retries and query restarts from C. Each task's producer id is
+`QUERY_ID.PARTITION` (the query's id, kept in its checkpoint) and each row's producer
+sequence is `batch id * STREAM_BATCH_ROWS_MAX + its position in the partition`
+(`stream_sequence_of`): a micro-batch run again after a restart, or a task retried,
+holds the same rows at the same sequences and appends nothing new. Sequences jump from
+batch to batch, which the writer accepts (`sequence_jumps`).
+
+Secured clusters (writing, both): `certsDir` and `token` as for reading. The executors
+get the CA and a token that may write the stream, never a private key: a cluster
+admin's driver mints a write token of the stream's tenant for `executorTokenTtlMs` (the
+master limits only read tokens to streams, so it may write every stream of that
+tenant), `executorToken` gives one instead, and a tenant's driver hands its own token
+on. A token that cannot write the stream (a read token, another tenant's) is refused
+on the driver before any task runs. The token is minted when PySpark first pickles
+the writer for its tasks (PySpark makes a streaming query's writer again for each
+commit, which mints nothing), so a streaming query's token lives `executorTokenTtlMs`
+from the query's start: a query meant to run longer sets a longer one or gives
+`executorToken` (restarted from its checkpoint, a query mints another). The `token`
+option is dropped from the data source once its writer holds it.
+
 Streaming offsets are `{"sequence": N}`: everything below N was handed to Spark. Only
 acked entries are read, and acked entries never change, so a query restarted from its
 checkpoint re-reads the same rows for the same offsets.
@@ -65,6 +97,7 @@ and `client.packed`.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import dataclasses
 import itertools
@@ -81,9 +114,12 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
+    WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from streamengine.client.core.multiplex import Selection
 from streamengine.client.core.replicas import (
@@ -98,6 +134,7 @@ from streamengine.client.core.subscription import Asked, Unreachable, open_acked
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.client.packed import EVENT_FIELDS, Packed, event_columns, one_batch
 from streamengine.protocol import codec
+from streamengine.protocol.auth import Role
 from streamengine.protocol.certificate import (
     Certificate,
     CertificateMismatch,
@@ -105,11 +142,17 @@ from streamengine.protocol.certificate import (
     MalformedCertificate,
 )
 from streamengine.protocol.clock import monotonic_ms
-from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.entry import (
+    PRODUCER_SEQUENCE_MAX,
+    EntryKind,
+    InvalidProducer,
+    check_producer_id,
+)
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import SyncMasters, sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
-from streamengine.protocol.tokens import TOKEN_TTL_MS_MAX, TOKEN_TTL_MS_MIN
+from streamengine.protocol.signing import SignatureRefused
+from streamengine.protocol.tokens import TOKEN_TTL_MS_MAX, TOKEN_TTL_MS_MIN, unverified_claims
 from streamengine.protocol.transport import PLAINTEXT, Transport, TransportError, tls_problem
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -133,12 +176,28 @@ REPORT_TIMEOUT_S = 5.0
 # long fails its task as Unavailable, for Spark to retry: never as data loss.
 PARTITION_UNREADABLE_S_MAX = 300.0
 
+# The partition numbers a producer id of a write task may end with (`P.PARTITION`).
+PARTITIONS_MAX = 1_000_000
+# Rows a write task appends as one batch (one producer batch): large enough that a
+# batch's round trip is shared by many rows, small enough to hold in a task.
+WRITE_BATCH_ROWS = 1000
+# A streaming write's producer sequence is batch id * this + the row's position in its
+# partition: a micro-batch's partition holds fewer rows, and 2**31 batches fit below
+# PRODUCER_SEQUENCE_MAX.
+STREAM_BATCH_ROWS_MAX = 1 << 32
+# Where Spark's micro-batch execution tells each task its query and batch (local
+# properties: StreamExecution.QUERY_ID_KEY, MicroBatchExecution.BATCH_ID_KEY).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
 # Executors' tokens live an hour by default: long enough for most scans, short enough
 # that one taken off an executor dies soon.
 EXECUTOR_TOKEN_TTL_MS_DEFAULT = 3600 * 1000
 # Options holding the driver's credentials (keys as PySpark's case-insensitive options
 # give them): the data source drops them once its reader holds them.
 DRIVER_CREDENTIAL_OPTIONS = ("token", "executortoken")
+
+READ, WRITE = master_pb2.TOKEN_ROLE_READ, master_pb2.TOKEN_ROLE_WRITE
 
 log = logging.getLogger(__name__)
 
@@ -262,24 +321,72 @@ class _Credentials:
             minted, ttl_ms = self._minted.get(tenant), self.executor_ttl_ms
             left_ms = minted[2] - int(time.time() * 1000) if minted is not None else 0
             if minted is None or minted[1] != ids or left_ms < ttl_ms // 2:
-                token, until_ms = _mint_read_token(master, driver, tenant, ids, ttl_ms)
+                token, until_ms = _mint_token(master, driver, tenant, READ, ids, ttl_ms)
                 minted = (Transport(driver.ca_pem, token=token), ids, until_ms)
                 self._minted[tenant] = minted
             transports |= dict.fromkeys(names, minted[0])
         return transports
 
+    def writers(self, master: str, stream: str) -> Transport:
+        """How executors call to write `stream`: the CA and a token that may write it,
+        never a private key. A minted one is a write token of the stream's tenant for
+        `executor_ttl_ms`: the master limits only read tokens to streams."""
+        driver = self.driver()
+        if not driver.tls:
+            return PLAINTEXT
+        if self.executor_token:
+            return Transport(driver.ca_pem, token=self.executor_token)
+        if not driver.cert_pem:
+            return Transport(driver.ca_pem, token=driver.token)
+        tenant = stream.split("/", 1)[0]
+        token, _ = _mint_token(master, driver, tenant, WRITE, (), self.executor_ttl_ms)
+        return Transport(driver.ca_pem, token=token)
 
-def _mint_read_token(
-    master: str, driver: Transport, tenant: str, stream_ids: tuple[int, ...], ttl_ms: int
+    def check_writes(self, stream: str) -> None:
+        """Refuse now, in words, a token that every task's writer would be refused with
+        (a read token, another tenant's): the servers decide, this only says it early."""
+        driver = self.driver()
+        if not driver.tls or (driver.cert_pem and not self.executor_token):
+            return  # plaintext, or a cluster admin who mints a write token
+        option = "executorToken" if self.executor_token else "token"
+        token = self.executor_token or driver.token
+        if not token:
+            raise InvalidArgument(
+                f"writing to {stream} on a secured cluster needs a token that may write it"
+                " (option token or executorToken), or client.root in certsDir"
+            )
+        try:
+            claims = unverified_claims(token)
+        except SignatureRefused as error:
+            raise InvalidArgument(f"option {option}: {error}") from None
+        tenant = stream.split("/", 1)[0]
+        if claims.tenant != tenant:
+            raise InvalidArgument(
+                f"option {option}: a token of tenant {claims.tenant} cannot write {stream}"
+            )
+        if claims.role < Role.WRITE:
+            raise InvalidArgument(
+                f"option {option}: a {claims.role.name.lower()} token cannot write {stream};"
+                " give a write token (streamengine token create --role write)"
+            )
+
+
+def _mint_token(
+    master: str,
+    driver: Transport,
+    tenant: str,
+    role: master_pb2.TokenRole.ValueType,
+    stream_ids: tuple[int, ...],
+    ttl_ms: int,
 ) -> tuple[str, int]:
-    """(token, expiry) of a read token limited to `stream_ids` of `tenant`, made by the
-    driver as a cluster admin."""
+    """(token, expiry) of a `role` token of `tenant` (limited to `stream_ids` when it
+    names any), made by the driver as a cluster admin."""
     with sync_masters(master, driver) as masters:
         try:
             reply = masters.stub.CreateToken(
                 master_pb2.CreateTokenRequest(
                     tenant=tenant,
-                    role=master_pb2.TOKEN_ROLE_READ,
+                    role=role,
                     ttl_ms=ttl_ms,
                     stream_ids=list(stream_ids),
                 ),
@@ -288,10 +395,11 @@ def _mint_read_token(
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
     log.info(
-        "%s: minted read token %s of %d streams for the executors",
+        "%s: minted %s token %s of %s for the executors",
         tenant,
+        master_pb2.TokenRole.Name(role),
         reply.token_id,
-        len(stream_ids),
+        f"{len(stream_ids)} streams" if stream_ids else "every stream",
     )
     return reply.token, reply.expires_at_ms
 
@@ -870,7 +978,6 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
             log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
 
-
 def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:
     layout = fetch_layout(part.master, part.stream, False, part.transport)
     for segment in layout.segments:
@@ -1058,6 +1165,154 @@ def _limit_end(layout: _StreamLayout, begin: int, end: int, max_events: int) -> 
     return end
 
 
+@dataclass(frozen=True)
+class PartitionWritten(WriterCommitMessage):
+    """What one write task did: the rows of its partition, appended or found in the
+    stream already."""
+
+    partition: int
+    rows: int
+
+
+class StreamEngineBatchWriter(_DriverSide, DataSourceWriter):
+    """`df.write.format("streamengine")`: see the module docstring."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise InvalidArgument("the streamengine source only appends: use mode('append')")
+        self.master = _required(options, "master")
+        self.stream = _required(options, "stream")
+        self._credentials = _Credentials(options)
+        self._credentials.check_writes(self.stream)
+        # How the tasks call, made when the writer is first pickled for them: PySpark
+        # also makes a streaming query's writer again on the driver for each commit,
+        # which must mint nothing.
+        self.transport: Transport | None = None
+        self.producer_id = options.get("producerid", "")
+        if self.producer_id:
+            try:
+                check_producer_id(f"{self.producer_id}.{PARTITIONS_MAX}")
+            except InvalidProducer as error:
+                raise InvalidArgument(f"producerId: {error}") from None
+        if "payload" not in schema.fieldNames():
+            raise InvalidArgument("writing needs a `payload` column (binary or string)")
+        kind = schema["payload"].dataType
+        if not isinstance(kind, BinaryType | StringType):
+            raise InvalidArgument(f"the `payload` column is {kind.simpleString()}, not binary")
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.executors()
+        return super().__getstate__()
+
+    def executors(self) -> Transport:
+        """How the tasks call (module docstring, "Secured clusters")."""
+        if self.transport is None:
+            self.transport = self._credentials.writers(self.master, self.stream)
+        return self.transport
+
+    def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        producer_id = f"{self.producer_id}.{partition}" if self.producer_id else None
+        rows = asyncio.run(
+            _write_rows(self.master, self.executors(), self.stream, producer_id, iterator)
+        )
+        return PartitionWritten(partition, rows)
+
+
+def stream_sequence_of(batch_id: int, position: int) -> int:
+    """The producer sequence of row `position` of a partition in micro-batch
+    `batch_id` (module docstring, "Writing (streaming)")."""
+    if not 0 <= position < STREAM_BATCH_ROWS_MAX:
+        raise InvalidArgument(f"a micro-batch partition of more than {STREAM_BATCH_ROWS_MAX} rows")
+    if not 0 <= batch_id <= PRODUCER_SEQUENCE_MAX // STREAM_BATCH_ROWS_MAX - 1:
+        raise InvalidArgument(f"micro-batch {batch_id} is past the producer sequences")
+    return batch_id * STREAM_BATCH_ROWS_MAX + position
+
+
+class StreamEngineStreamWriter(DataSourceStreamWriter):
+    """`df.writeStream.format("streamengine")`: see the module docstring."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.sink = StreamEngineBatchWriter(options, schema, overwrite=False)
+        if self.sink.producer_id:
+            raise InvalidArgument(
+                "a streaming write takes its producer ids from the query's id: no producerId"
+            )
+
+    def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None, "a streaming write runs in a task"
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query_id or batch_id is None:
+            raise InvalidArgument("a streaming write outside a micro-batch query")
+        partition = context.partitionId()
+        producer_id = f"{query_id}.{partition}"
+        first = stream_sequence_of(int(batch_id), 0)
+        sink = self.sink
+        rows = asyncio.run(
+            _write_rows(sink.master, sink.executors(), sink.stream, producer_id, iterator, first)
+        )
+        return PartitionWritten(partition, rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to do: each row was appended, once, by its task."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: the batch's rows appended so far are found, not appended
+        again, when Spark runs it again."""
+
+
+async def _write_rows(
+    master: str,
+    transport: Transport,
+    stream: str,
+    producer_id: str | None,
+    rows: Iterator[Any],
+    first_sequence: int = 0,
+) -> int:
+    """Append the rows' payloads in batches; with a producer id, row N of the partition
+    is its producer sequence `first_sequence` + N (a streaming write's sequences jump
+    from one micro-batch's first to the next). Returns the rows."""
+    from streamengine.client.stream_client import StreamClient
+
+    written = 0
+    jumps = first_sequence > 0
+    async with (
+        StreamClient.from_transport(master, transport) as client,
+        client.writer(stream, producer_id=producer_id, sequence_jumps=jumps) as w,
+    ):
+        # Taken in a thread: Spark hands the rows over as fast as the stages before
+        # make them (a slow UDF), and the writer's heartbeats must go on meanwhile or
+        # its lease runs out.
+        while payloads := await asyncio.to_thread(_next_payloads, rows):
+            if producer_id is None:
+                await w.append_batch(payloads)
+            else:
+                await w.append_batch(payloads, producer_sequence=first_sequence + written)
+            written += len(payloads)
+    return written
+
+
+def _next_payloads(rows: Iterator[Any]) -> list[bytes]:
+    """The payloads of the next `WRITE_BATCH_ROWS` rows (fewer at the end)."""
+    return [_payload_bytes(row) for row in itertools.islice(rows, WRITE_BATCH_ROWS)]
+
+
+def _payload_bytes(row: Any) -> bytes:
+    payload = row["payload"]
+    if payload is None:
+        raise InvalidArgument("a row with a null payload")
+    if isinstance(payload, str):
+        return payload.encode()
+    return bytes(payload)
+
+
 class StreamEngineDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -1071,6 +1326,18 @@ class StreamEngineDataSource(DataSource):
         self._forget_credentials()
         return reader
 
+    def writer(self, schema: StructType, overwrite: bool) -> StreamEngineBatchWriter:
+        writer = StreamEngineBatchWriter(dict(self.options), schema, overwrite)
+        self._forget_credentials()
+        return writer
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> StreamEngineStreamWriter:
+        if overwrite:
+            raise InvalidArgument("the streamengine sink only appends: outputMode('append')")
+        writer = StreamEngineStreamWriter(dict(self.options), schema)
+        self._forget_credentials()
+        return writer
+
     def streamReader(self, schema: StructType) -> StreamEngineStreamReader:
         reader = StreamEngineStreamReader(dict(self.options))
         self._forget_credentials()
@@ -1078,7 +1345,7 @@ class StreamEngineDataSource(DataSource):
 
     def _forget_credentials(self) -> None:
         """PySpark pickles the data source with the read function it sends executors:
-        the driver's token goes once the reader (kept on the driver) holds it."""
+        the driver's token goes once the reader or writer (kept on the driver) holds it."""
         for name in DRIVER_CREDENTIAL_OPTIONS:
             self.options.pop(name, None)
 

@@ -12,7 +12,8 @@ async with StreamClient("127.0.0.1:7070") as client:   # or "m1:7070,m2:7070,m3:
 Secured clusters: `StreamClient(address, certs_dir=D, token=T)`. A tenant needs only
 `D/ca.crt` and its token; given no token, `D/client.root.crt` (a cluster admin) is
 used when it is there. The token travels as `authorization: Bearer <token>` on every
-call, over TLS only.
+call, over TLS only. A process handed its credentials as bytes (a Spark executor: the
+CA and a token) calls with them as they are: `StreamClient.from_transport(address, transport)`.
 
 It owns one pool of gRPC channels (options in `client.channels`) shared by writers
 and readers, one lease session (`client.leases`) that carries every writer's
@@ -134,13 +135,32 @@ class StreamClient:
         token: str | None = None,
         dial: Mapping[str, str] | None = None,
     ) -> None:
-        self.master_address = master_address
         try:
             chosen = transport.Transport.for_client(
                 Path(certs_dir) if certs_dir is not None else None, token or ""
             )
         except transport.TransportError as error:
             raise InvalidArgument(str(error)) from None
+        self._set_up(master_address, chosen, dial)
+
+    @classmethod
+    def from_transport(
+        cls,
+        master_address: str,
+        chosen: transport.Transport,
+        *,
+        dial: Mapping[str, str] | None = None,
+    ) -> StreamClient:
+        """A client calling with `chosen` as it is (the CA and a token a Spark executor
+        was handed), not read from a certs dir."""
+        client = cls.__new__(cls)
+        client._set_up(master_address, chosen, dial)
+        return client
+
+    def _set_up(
+        self, master_address: str, chosen: transport.Transport, dial: Mapping[str, str] | None
+    ) -> None:
+        self.master_address = master_address
         self._channels = ChannelPool(chosen, dial)
         # Parsed now: a malformed list fails here, not at the first call.
         self._masters = AsyncMasters(master_address, self._channels.get)
@@ -279,12 +299,17 @@ class StreamClient:
         rolling: bool = True,
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
         accept_loss: bool = False,
+        producer_id: str | None = None,
+        sequence_jumps: bool = False,
     ) -> Writer:
         """`async with client.writer(name) as w:` waits for leadership of `name`.
         The writer rolls its segment by the stream's size and age thresholds, when a
         store is lost, and when the master asks; `rolling=False` keeps one segment.
         An append not acknowledged within `append_timeout_s` raises `AppendTimedOut`
-        (the writer goes on leading)."""
+        (the writer goes on leading). `producer_id`, chosen by the application and kept
+        across its restarts, makes `append_batch(..., producer_sequence=K)` exactly
+        once (`Writer.append_batch`); with `sequence_jumps` its sequences need only
+        increase (a batch may start anywhere above the last one)."""
         if self._leases is None:
             raise RuntimeError("use StreamClient as `async with StreamClient(...) as client`")
         writer = Writer(
@@ -299,6 +324,8 @@ class StreamClient:
             rolling=rolling,
             append_timeout_s=append_timeout_s,
             accept_loss=accept_loss,
+            producer_id=producer_id,
+            sequence_jumps=sequence_jumps,
         )
         self._writers.add(writer)
         return writer

@@ -4,6 +4,7 @@ answers (`client.types`), Write requests serialized once per batch for every sto
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 
 from streamengine.client.core.replicator import (
@@ -18,7 +19,10 @@ from streamengine.client.core.writer import (
 from streamengine.client.types import SegmentInfo, SegmentState, StreamInfo
 from streamengine.protocol import codec
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+from streamengine.protocol.producers import ProducerPosition
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
+
+log = logging.getLogger(__name__)
 
 # Converted entries kept for reuse: every store is usually sent the same batch.
 ENTRY_CACHE_BATCHES = 64
@@ -101,8 +105,21 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
         segment_bytes_max=reply.segment_bytes_max,
         segment_age_ms_max=reply.segment_age_ms_max,
         grant=reply.grant,
+        producers=_producer_positions(reply),
+        stream_has_producers=reply.stream_has_producers,
         lease_won=bool(reply.lease_secret),
     )
+
+
+def _producer_positions(
+    reply: master_pb2.WriterHeartbeatReply,
+) -> tuple[ProducerPosition, ...] | None:
+    """The grant's producer positions; None when they do not parse (it cannot lead)."""
+    try:
+        return codec.producer_positions_from_pb(reply.producers)
+    except codec.MalformedProducers as error:
+        log.warning("a grant with producer positions that do not parse: %s", error)
+        return None
 
 
 class LeaseSecret:

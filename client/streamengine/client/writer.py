@@ -39,6 +39,15 @@ async with client.writer("acme/orders") as w:    # waits for leadership
     seq = await w.append(b"...")                  # resolves once W stores hold it
 ```
 
+Producers (exactly once). A writer made with a producer id waits, once it leads, until
+every earlier segment is recovered: its producer table (`Leader.producers`) is then
+rebuilt and `last_producer_sequence` known. `append_batch(payloads, producer_sequence=K)`
+decides by the table (`streamengine.protocol.producers`): the events at or below the
+high-water mark are not written again, their stream sequences are answered once they
+are durable; the others go as one batch behind a PRODUCER mark. Producer batches are
+decided one at a time, each until the core took its indexes, so that the next one
+decides against a table that holds it.
+
 Why one long module: `Writer` carries out every action of the core's one state machine
 (calls to the master, writes through the store sessions, recoveries) and feeds
 back their answers; the store sessions are apart (`client.store_session`), as is a
@@ -118,7 +127,14 @@ from streamengine.client.recovery import SegmentSealer
 from streamengine.client.store_session import StoreSession, StoreSessions
 from streamengine.client.wire import BatchCache, LeaseSecret, heartbeat_answer
 from streamengine.protocol.clock import monotonic_ms
+from streamengine.protocol.entry import (
+    PRODUCER_SEQUENCE_MAX,
+    InvalidProducer,
+    ProducerMark,
+    check_producer_id,
+)
 from streamengine.protocol.limits import EVENT_BYTES_MAX
+from streamengine.protocol.producers import SequenceGap, TooManyProducers
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
@@ -162,6 +178,7 @@ class _Append:
     payloads: tuple[bytes, ...]
     nbytes: int
     future: asyncio.Future[tuple[int, int]]
+    marked: bool = False  # the first payload is a PRODUCER mark
     first_index: int = 0
     last_index: int = 0
     segment_epoch: int = 0
@@ -196,13 +213,26 @@ class Writer:
         rolling: bool = True,
         append_timeout_s: float = APPEND_TIMEOUT_MS / 1000,
         accept_loss: bool = False,
+        producer_id: str | None = None,
+        sequence_jumps: bool = False,
     ) -> None:
         """`rolling=False` keeps one segment for as long as this writer leads.
+        `sequence_jumps`: the producer's sequences only increase, a batch may start
+        anywhere above the last (`streamengine.protocol.producers`, "Jumps").
         `accept_loss` (`StreamClient.seal`'s, an operator's choice only): recoveries of
         earlier segments decide from the stores that answer when fewer than R can, and
         declare the range they cannot know lost."""
         self.stream = stream
         self._accept_loss = accept_loss
+        if producer_id is not None:
+            try:
+                check_producer_id(producer_id)
+            except InvalidProducer as error:
+                raise InvalidArgument(str(error)) from None
+        self.producer_id = producer_id
+        self._sequence_jumps = sequence_jumps
+        # Producer batches decide one at a time (module docstring).
+        self._producer_turn = asyncio.Lock()
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
         self._master = master
         # The client's lease session carries this writer's heartbeats and releases,
@@ -221,7 +251,9 @@ class Writer:
             recovery_supported=True,
             rolling_supported=rolling,
             append_timeout_ms=max(1, round(append_timeout_s * 1000)),
+            producer=producer_id is not None,
         )
+        self._append_timeout_s = append_timeout_s
         self._group: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         # Heartbeats in flight: cancelled on close (their answers no longer matter).
@@ -264,6 +296,9 @@ class Writer:
                 ) from None
             if self._error is not None:
                 raise self._error
+            if self.producer_id is not None:
+                # The producer table is known once every earlier segment is recovered.
+                await self._wait_recovered(self._leadership_timeout_s)
         except BaseException as error:
             await self._close(type(error), error, error.__traceback__)
             raise
@@ -365,14 +400,145 @@ class Writer:
         first, _ = await self._append((_as_bytes(payload),))
         return first
 
-    async def append_batch(self, payloads: Sequence[bytes | bytearray | memoryview]) -> list[int]:
-        """Append events in order (consecutive indexes); their sequences once acked."""
+    async def append_batch(
+        self,
+        payloads: Sequence[bytes | bytearray | memoryview],
+        producer_sequence: int | None = None,
+    ) -> list[int]:
+        """Append events in order (consecutive indexes); their sequences once acked.
+
+        With `producer_sequence` K (a writer made with a producer id), the events are
+        the producer's K, K + 1, ...: those already in the stream are not written again
+        and answer the stream sequence they have there (0 for one older than the
+        writer's table keeps: durable, position no longer known); a K above
+        `last_producer_sequence` + 1 leaves a gap and raises InvalidArgument, writing
+        nothing."""
+        if producer_sequence is not None:
+            return await self._append_producer(tuple(map(_as_bytes, payloads)), producer_sequence)
         if not payloads:
             return []
         first, last = await self._append(tuple(map(_as_bytes, payloads)))
         return list(range(first, last + 1))
 
+    @property
+    def last_producer_sequence(self) -> int | None:
+        """The highest producer sequence of this writer's producer id durable in the
+        stream (None: none of its events)."""
+        if self.producer_id is None:
+            raise InvalidArgument(f"{self.stream}: this writer was made without a producer id")
+        return self._core.producers.durable_sequence(self.producer_id, self._durable_through())
+
+    def _durable_through(self) -> int:
+        """The stream sequence up to which every event is durable (acked)."""
+        replicator = self._core.replicator
+        if replicator is None:
+            return pack_sequence(self.epoch, 0)  # earlier segments are all recovered
+        return pack_sequence(replicator.segment.epoch, replicator.acked_index)
+
+    async def _append_producer(self, payloads: tuple[bytes, ...], first_sequence: int) -> list[int]:
+        producer_id = self.producer_id
+        if producer_id is None:
+            raise InvalidArgument(
+                f"{self.stream}: a producer sequence needs a writer made with a producer id"
+            )
+        if not 0 <= first_sequence <= PRODUCER_SEQUENCE_MAX - len(payloads):
+            raise InvalidArgument(f"producer sequence {first_sequence} out of range")
+        if not payloads:
+            return []
+        largest = max(map(len, payloads))
+        if largest > EVENT_BYTES_MAX:
+            raise EventTooLarge(f"event of {largest} bytes > {EVENT_BYTES_MAX}")
+        nbytes = events_bytes(payloads)
+        item: _Append | None = None
+        # The append timeout counts from the call, through the wait for the turn.
+        due_ms = monotonic_ms() + round(self._append_timeout_s * 1000)
+        deadline = asyncio.get_running_loop().time() + self._append_timeout_s
+        async with self._producer_turn:
+            await self._wait_producer_turn(nbytes, deadline)
+            # Decided and taken by the core in one go: nothing changes the table between.
+            try:
+                decision = self._core.producers.decide(
+                    producer_id, first_sequence, len(payloads), self._sequence_jumps
+                )
+            except (SequenceGap, TooManyProducers) as error:
+                raise InvalidArgument(f"{self.stream}: {error}") from None
+            if decision.to_write:
+                mark = ProducerMark(producer_id, decision.first_sequence, decision.to_write)
+                batch = (mark.encode(), *payloads[decision.write_from :])
+                item = self._enqueue(batch, marked=True, due_ms=due_ms)
+                assert item.first_index or item.future.done(), "not taken at once"
+        if decision.known:
+            await self._wait_durable(max(decision.known), deadline=deadline)
+        written: list[int] = []
+        if item is not None:
+            first, last = await item.future
+            written = list(range(first + 1, last + 1))  # the mark comes first
+        return [*decision.known, *written]
+
+    async def _wait_producer_turn(self, nbytes: int, deadline: float) -> None:
+        """Until the core takes a producer batch at once: leading a segment with room,
+        every earlier segment recovered (the table rebuilt), nothing held back before it;
+        at most until `deadline` (the loop's time)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    self._check_leading()
+                    replicator = self._core.replicator
+                    if (
+                        self._core.accepting_appends
+                        and replicator is not None
+                        and not self._core.recovering
+                        and not self._waiting
+                        and replicator.room_for(nbytes)
+                    ):
+                        return
+                    self._stepped.clear()
+                    await self._stepped.wait()
+        except TimeoutError:
+            raise AppendTimedOut(
+                f"{self.stream}: no room for the batch within {self._append_timeout_s} s",
+                in_doubt=False,
+            ) from None
+
+    async def _wait_recovered(self, timeout_s: float | None) -> None:
+        """Until every earlier segment is sealed and recovered (the gate)."""
+        async with asyncio.timeout(timeout_s):
+            while self._core.recovering:
+                self._check_leading()
+                self._stepped.clear()
+                await self._stepped.wait()
+        self._check_leading()
+
+    async def _wait_durable(
+        self, stream_sequence: int, in_doubt: bool = True, deadline: float | None = None
+    ) -> None:
+        """Until the event at `stream_sequence` (an earlier batch's) is acked, at most
+        until `deadline` (the loop's time; by default an append timeout from now): a
+        retry answers only what is durable (`in_doubt=False`: nothing of this call was
+        written yet). Its own append answers if it fails."""
+        try:
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self._append_timeout_s
+            async with asyncio.timeout_at(deadline):
+                while self._durable_through() < stream_sequence:
+                    self._check_leading()
+                    self._stepped.clear()
+                    await self._stepped.wait()
+        except TimeoutError:
+            raise AppendTimedOut(
+                f"{self.stream}: an earlier batch of this producer is not acked "
+                f"within {self._append_timeout_s} s",
+                in_doubt=in_doubt,
+            ) from None
+
     async def _append(self, payloads: tuple[bytes, ...]) -> tuple[int, int]:
+        return await self._enqueue(payloads).future
+
+    def _enqueue(
+        self, payloads: tuple[bytes, ...], marked: bool = False, due_ms: int | None = None
+    ) -> _Append:
+        """Give an append to the core, or hold it back for room; its future resolves
+        once acked."""
         largest = max(map(len, payloads))
         if largest > EVENT_BYTES_MAX:
             raise EventTooLarge(f"event of {largest} bytes > {EVENT_BYTES_MAX}")
@@ -384,7 +550,7 @@ class Writer:
                 f"a batch of {nbytes} bytes is more than the writer may have unacked "
                 f"({unacked_max}): split it"
             )
-        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future())
+        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future(), marked)
         # No segment yet (an epoch granted without one): it waits for the roll.
         replicator = self._core.replicator
         if (
@@ -394,12 +560,12 @@ class Writer:
             and replicator.room_for(nbytes)
         ):
             self._submitted.append(item)
-            self.step(Append(payloads))
+            self.step(Append(payloads, marked, due_ms))
         else:
             # The core answers it if it waits too long (`HeldAppendsTimedOut`).
             self._waiting.append(item)
             self.step(AppendHeld())
-        return await item.future
+        return item
 
     def _check_leading(self) -> None:
         if self._error is not None:
@@ -427,7 +593,7 @@ class Writer:
         item = self._waiting.popleft()
         self._core.step(now, HeldAppendLeft(taken=True))
         self._submitted.append(item)
-        self._core.step(now, Append(item.payloads))
+        self._core.step(now, Append(item.payloads, item.marked))
         return True
 
     # ---- the core ----
@@ -680,6 +846,7 @@ class Writer:
             acked_index=action.acked_index,
             segment_bytes=action.segment_bytes,
             lease_secret=self._lease_secret.shown(),
+            producer=self._core.producer,
             seen_epoch=action.seen_epoch,
         )
         sent_at = monotonic_ms()
@@ -768,7 +935,7 @@ class Writer:
         except BaseException:
             await sealer.close()
             raise
-        self.step(SegmentSealed(epoch))
+        self.step(SegmentSealed(epoch, sealer.runs))
         self._sealed_changed.set()
         await sealer.finish()
 

@@ -57,6 +57,7 @@ from streamengine.master.metadata import Metadata, Transaction
 from streamengine.protocol.cert_revocations import RevokedCert, serial_text
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import EPOCH_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")
@@ -98,6 +99,26 @@ def _delete_key(store_id: str, key: SegmentKey) -> bytes:
     return _DELETE + store_id.encode() + b"\0" + _KEY.pack(*key)
 
 
+def encode_stream(record: StreamRecord) -> bytes:
+    value = asdict(record)
+    # The bytes of a record from before producers existed, when it has none.
+    if not record.has_producers:
+        del value["has_producers"]
+    if not record.producers_epoch:
+        del value["producers"], value["producers_epoch"]
+    return _json(value)
+
+
+def decode_stream(raw: bytes) -> StreamRecord:
+    return _stream_of(_load_json(raw))
+
+
+def _stream_of(value: dict[str, Any]) -> StreamRecord:
+    """A stream record from its decoded JSON (one from before producers has none)."""
+    value["producers"] = tuple(ProducerPosition(**p) for p in value.get("producers", ()))
+    return StreamRecord(**value)
+
+
 def encode_segment(record: SegmentRecord) -> bytes:
     value = asdict(record)
     value["copy_set"] = list(record.copy_set)
@@ -108,6 +129,10 @@ def encode_segment(record: SegmentRecord) -> bytes:
     value["certificate"] = (
         base64.b64encode(certificate.encode()).decode() if certificate is not None else ""
     )
+    if record.producers is None:
+        del value["producers"]  # the bytes of a record from before producers existed
+    else:
+        value["producers"] = [asdict(position) for position in record.producers]
     return _json(value)
 
 
@@ -168,7 +193,16 @@ def _segment_of(value: dict[str, Any], shared: dict[Any, Any]) -> SegmentRecord:
         verified=verified,
         removal_at_ms=value.get("removal_at_ms", 0),
         lost_from_index=value.get("lost_from_index", 0),
+        producers=_positions_of(value.get("producers")),
     )
+
+
+def _positions_of(producers: list[dict[str, Any]] | None) -> tuple[ProducerPosition, ...] | None:
+    """The producer positions a sealed segment's record holds (None: its sealing
+    leader sent none)."""
+    if producers is None:
+        return None
+    return tuple(ProducerPosition(**position) for position in producers)
 
 
 def decode_segment(raw: bytes) -> SegmentRecord:
@@ -188,7 +222,7 @@ class Batch(Transaction):
         return self
 
     def stream(self, record: StreamRecord) -> Batch:
-        self.puts.append((_STREAM + record.name.encode(), _json(asdict(record))))
+        self.puts.append((_STREAM + record.name.encode(), encode_stream(record)))
         return self
 
     def drop_stream(self, name: str) -> Batch:
@@ -320,10 +354,10 @@ def raise_epochs(records: list[tuple[bytes, bytes]], by: int) -> list[tuple[byte
     raised = []
     for key, value in records:
         if key.startswith(_STREAM) and by:
-            record = StreamRecord(**json.loads(value))
+            record = decode_stream(value)
             if record.epoch + by > EPOCH_MAX:
                 raise InvalidArgument(f"{record.name}: epoch {record.epoch} + {by} is too high")
-            value = _json(asdict(replace(record, epoch=record.epoch + by)))
+            value = encode_stream(replace(record, epoch=record.epoch + by))
         raised.append((key, value))
     return raised
 
@@ -370,7 +404,7 @@ def decode_records(records: list[tuple[bytes, bytes]]) -> Loaded:
             serial = int(key[len(_REVOKED_CERT) :], 16)
             loaded.revoked_certs.append(RevokedCert(serial, **json.loads(value)))
     for fields in _load_json_bulk(streams):
-        stream = StreamRecord(**fields)
+        stream = _stream_of(fields)
         loaded.streams[stream.name] = stream
     # A segment's name is its stream's: one string for both.
     shared: dict[Any, Any] = {name: name for name in loaded.streams}

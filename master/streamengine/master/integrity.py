@@ -13,9 +13,15 @@ from typing import TYPE_CHECKING
 from streamengine.master.catalog import Batch
 from streamengine.master.core import integrity
 from streamengine.master.core.errors import InvalidArgument, NotFound, NotLeader, SealConflict
-from streamengine.master.core.model import SegmentKey, SegmentRecord, SegmentState
+from streamengine.master.core.model import (
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    carry_producers,
+)
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import INDEX_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 if TYPE_CHECKING:
     from streamengine.master.state import MasterState
@@ -44,6 +50,7 @@ class Integrity:
         now_ms: int,
         certificate: Certificate | None = None,
         lost_from_index: int = 0,
+        producers: tuple[ProducerPosition, ...] | None = None,
     ) -> SegmentRecord:
         """Seal at `final_index`, recording the sealing leader's certificate (if it
         knew the whole content) in the same catalog write, and the range a recovery that
@@ -94,8 +101,14 @@ class Integrity:
             certificate=certificate,
             certified_by=integrity.WRITER if certificate is not None else "",
             lost_from_index=lost_from_index,
+            producers=producers,
         )
-        self.state.catalog.commit(Batch().segment(sealed))
+        carried = carry_producers(record, segment_epoch, producers)
+        batch = Batch().segment(sealed)
+        if carried is not record:
+            batch.stream(carried)
+        self.state.catalog.commit(batch)
+        self.state.streams[name] = carried
         self.state.put_segment(sealed)
         for member in sealed.copy_set:
             early = self.state.early_reports.pop((sealed.key, member), None)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
-from streamengine.master.core import authority, leadership, placement, repair
+from streamengine.master.core import authority, leadership, model, placement, repair
 from streamengine.master.core.errors import (
     MasterError,
     NotEnoughStores,
@@ -34,6 +34,7 @@ from streamengine.master.core.model import SegmentRecord, SegmentState, StoreVie
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 if TYPE_CHECKING:
     from streamengine.master.state import MasterState
@@ -59,6 +60,8 @@ class Beat:
     epoch: int
     acked_index: int = 0
     segment_bytes: int = 0
+    # The writer appends with a producer id (`core.leadership.has_producers`).
+    producer: bool = False
     # The latest epoch the writer was answered with (None: it does not say).
     seen_epoch: int | None = None
 
@@ -175,6 +178,12 @@ class Leadership:
                 if decision.outcome is Outcome.GRANTED:
                     # The lease it grants runs: nothing else in the batch is granted it.
                     assert beat.stream not in granted, beat.stream
+                    record = replace(
+                        record,
+                        has_producers=leadership.has_producers(
+                            record.has_producers, True, beat.producer
+                        ),
+                    )
                     granted[beat.stream] = self._plan_epoch(
                         record, decision.lease, (), now_ms, True, views
                     )
@@ -223,10 +232,11 @@ class Leadership:
         segment_bytes: int,
         now_ms: int,
         answer_by_ms: int | None = None,
+        producer: bool = False,
         seen_epoch: int | None = None,
     ) -> WriterView:
         """One heartbeat: the batch of one (raises its error)."""
-        beat = Beat(name, claim, epoch, acked_index, segment_bytes, seen_epoch)
+        beat = Beat(name, claim, epoch, acked_index, segment_bytes, producer, seen_epoch)
         (answer,) = self.writer_heartbeats([beat], now_ms, answer_by_ms)
         if isinstance(answer, MasterError):
             raise answer
@@ -396,3 +406,17 @@ class Leadership:
         return WriterView(
             record, True, lease, segment, unsealed, reason, grant_expires_at_ms=expires_at_ms
         )
+
+
+def grant_producers(
+    view: WriterView, segments: list[SegmentRecord]
+) -> tuple[ProducerPosition, ...]:
+    """The producer positions a LEADER answer carries when it won the lease: those of
+    the latest of the stream's `segments` sealed before every segment its leader
+    recovers or leads."""
+    if not view.leads or not view.secret:
+        return ()
+    epochs = [s.epoch for s in view.unsealed] + [view.lease.epoch]
+    if view.segment is not None:
+        epochs.append(view.segment.epoch)
+    return model.producers_before(segments, view.stream, min(epochs))

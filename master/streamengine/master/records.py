@@ -55,10 +55,19 @@ def record_pb(stream: StreamRecord, segment: SegmentRecord) -> entry_pb2.Segment
         bad_stores=list(segment.bad),
         lost_from_index=segment.lost_from_index,
         verified_stores=list(segment.verified),
+        stream_has_producers=stream.has_producers,
     )
     if segment.certificate is not None:
         message.certificate.CopyFrom(codec.certificate_to_pb(segment.certificate))
         message.certificate.certified_by = segment.certified_by
+    if segment.producers is not None:
+        message.producers.CopyFrom(codec.producer_positions_to_pb(segment.producers))
+    # Only in the records of the segments from that seal on: the older ones' bytes stay,
+    # so a seal does not send the stores every record of the stream again, and once a
+    # trim took the sealed ones the newest segments still carry them.
+    if stream.producers_epoch and segment.epoch >= stream.producers_epoch:
+        message.stream_producers.CopyFrom(codec.producer_positions_to_pb(stream.producers))
+        message.stream_producers_epoch = stream.producers_epoch
     return message
 
 
@@ -74,6 +83,12 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
             if message.HasField("certificate")
             else None
         )
+        producers = (
+            codec.producer_positions_from_pb(message.producers)
+            if message.HasField("producers")
+            else None
+        )
+        stream_producers = codec.producer_positions_from_pb(message.stream_producers)
     except (DecodeError, ValueError, MalformedCertificate) as error:
         raise MalformedRecord(f"a segment record that does not decode: {error}") from None
     if not message.id.stream_id or not message.id.epoch:
@@ -93,6 +108,9 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
         epoch=0,
         leader_id="",
         created_at_ms=message.stream_created_at_ms,
+        has_producers=message.stream_has_producers,
+        producers=stream_producers if message.stream_producers_epoch else (),
+        producers_epoch=message.stream_producers_epoch,
     )
     segment = SegmentRecord(
         stream_id=message.id.stream_id,
@@ -109,6 +127,7 @@ def record_from_bytes(raw: bytes) -> tuple[StreamRecord, SegmentRecord]:
         bad=tuple(message.bad_stores),
         lost_from_index=message.lost_from_index,
         verified=tuple(message.verified_stores),
+        producers=producers,
     )
     return stream, segment
 

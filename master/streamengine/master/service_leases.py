@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Sequence
 from streamengine.master import replies
 from streamengine.master.core import authority, errors
 from streamengine.master.core.leadership import Claim
-from streamengine.master.leadership import Beat, WriterView
+from streamengine.master.leadership import Beat, WriterView, grant_producers
 from streamengine.master.service_calls import Context, Handlers, log, status_of
+from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
 from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
@@ -107,6 +108,7 @@ class LeaseHandlers(Handlers):
                     request.epoch,
                     request.acked_index,
                     request.segment_bytes,
+                    request.producer,
                     request.seen_epoch if request.HasField("seen_epoch") else None,
                 )
             )
@@ -274,6 +276,12 @@ class LeaseHandlers(Handlers):
             reply.roll_reason = view.roll_reason
             reply.grant = self.state.keys.grant_signer(self.calls.clock_ms()).sign(view.grant())
             reply.lease_secret = view.secret
+            # The new leader builds its producer table from these and what it recovers.
+            segments = self.state.stream_segments(view.stream.stream_id)
+            positions = grant_producers(view, segments)
+            if positions:
+                reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
+            reply.stream_has_producers = record.has_producers
         return reply
 
 

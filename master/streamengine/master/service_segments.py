@@ -68,6 +68,12 @@ class SegmentHandlers(Handlers):
                     certificate = codec.certificate_from_pb(request.certificate)
                 except MalformedCertificate as error:
                     raise errors.InvalidArgument(f"certificate: {error}") from None
+            producers = None
+            if request.HasField("producers"):
+                try:
+                    producers = codec.producer_positions_from_pb(request.producers)
+                except codec.MalformedProducers as error:
+                    raise errors.InvalidArgument(f"producers: {error}") from None
             was = self.state.segments.get((record.stream_id, request.segment_epoch))
             sealed = self.state.integrity.seal_segment(
                 request.stream,
@@ -77,6 +83,7 @@ class SegmentHandlers(Handlers):
                 now,
                 certificate,
                 request.lost_from_index,
+                producers,
             )
             if certificate is not None and (was is None or was.certificate is None):
                 self.calls.metrics.certificates.labels(integrity.WRITER).inc()

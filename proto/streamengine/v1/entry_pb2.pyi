@@ -33,6 +33,11 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """An index recovery found on no store it read: readers skip it."""
     BRIDGE: _EntryKind.ValueType  # 3
     """The last index of a sealed segment: readers move on to the next segment."""
+    PRODUCER: _EntryKind.ValueType  # 4
+    """Names the producer and producer sequences of the EVENTs right after it (an
+    `append_batch` with a producer id): readers skip it, a new leader rebuilds its
+    producer table from it (`streamengine.protocol.entry.ProducerMark`).
+    """
 
 class EntryKind(_EntryKind, metaclass=_EntryKindEnumTypeWrapper):
     """What an index of a segment holds."""
@@ -45,6 +50,11 @@ HOLE: EntryKind.ValueType  # 2
 """An index recovery found on no store it read: readers skip it."""
 BRIDGE: EntryKind.ValueType  # 3
 """The last index of a sealed segment: readers move on to the next segment."""
+PRODUCER: EntryKind.ValueType  # 4
+"""Names the producer and producer sequences of the EVENTs right after it (an
+`append_batch` with a producer id): readers skip it, a new leader rebuilds its
+producer table from it (`streamengine.protocol.entry.ProducerMark`).
+"""
 Global___EntryKind: _TypeAlias = EntryKind  # noqa: Y015
 
 class _SegmentState:
@@ -121,13 +131,13 @@ class Entry(_message.Message):
     index: _builtins.int
     """Position in the segment, from 1."""
     kind: Global___EntryKind.ValueType
-    """EVENT, HOLE or BRIDGE."""
+    """EVENT, HOLE, BRIDGE or PRODUCER."""
     epoch: _builtins.int
     """The epoch of the leader that wrote this copy. Recovery rewrites copies with its
     own, higher epoch; a store keeps the copy with the highest epoch.
     """
     payload: _builtins.bytes
-    """The event's bytes; empty for HOLE and BRIDGE."""
+    """The event's (or producer mark's) bytes; empty for HOLE and BRIDGE."""
     crc32c: _builtins.int
     """crc32c over (kind, epoch, index, payload) as packed by `client.core.entry`;
     verified by the store on write and by readers on read.
@@ -404,6 +414,10 @@ class SegmentRecord(_message.Message):
     BAD_STORES_FIELD_NUMBER: _builtins.int
     LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
     VERIFIED_STORES_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_PRODUCERS_EPOCH_FIELD_NUMBER: _builtins.int
     segment_bytes: _builtins.int
     segment_age_ms: _builtins.int
     stream_created_at_ms: _builtins.int
@@ -413,6 +427,11 @@ class SegmentRecord(_message.Message):
     sealed_at_ms: _builtins.int
     settled_at_ms: _builtins.int
     lost_from_index: _builtins.int
+    stream_has_producers: _builtins.bool
+    """The stream was granted to a producer once (WriterHeartbeatReply.stream_has_producers),
+    kept so that a rebuilt master still knows it.
+    """
+    stream_producers_epoch: _builtins.int
     @_builtins.property
     def id(self) -> Global___SegmentId:
         """stream_id, epoch and the stream's name (`tenant/stream`)."""
@@ -437,6 +456,19 @@ class SegmentRecord(_message.Message):
         verified copy), kept across master restarts; when, the master knows in memory only.
         """
 
+    @_builtins.property
+    def producers(self) -> Global___ProducerPositions:
+        """SEALED: each producer's last event in the stream through this segment, as its
+        sealing leader recorded them (exactly once; unset before that existed).
+        """
+
+    @_builtins.property
+    def stream_producers(self) -> Global___ProducerPositions:
+        """The positions the stream keeps from its newest seal that recorded them, and that
+        seal's epoch (0: none), in the records of that segment and later ones only, so that
+        a rebuilt master still has them once every sealed segment is trimmed.
+        """
+
     def __init__(
         self,
         *,
@@ -455,11 +487,66 @@ class SegmentRecord(_message.Message):
         bad_stores: _abc.Iterable[_builtins.str] | None = ...,
         lost_from_index: _builtins.int = ...,
         verified_stores: _abc.Iterable[_builtins.str] | None = ...,
+        producers: Global___ProducerPositions | None = ...,
+        stream_has_producers: _builtins.bool = ...,
+        stream_producers: Global___ProducerPositions | None = ...,
+        stream_producers_epoch: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "id", b"id", "policy", b"policy", "producers", b"producers", "stream_producers", b"stream_producers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "verified_stores", b"verified_stores"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bad_stores", b"bad_stores", "certificate", b"certificate", "copy_set", b"copy_set", "created_at_ms", b"created_at_ms", "final_index", b"final_index", "id", b"id", "lost_from_index", b"lost_from_index", "policy", b"policy", "producers", b"producers", "sealed_at_ms", b"sealed_at_ms", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "settled_at_ms", b"settled_at_ms", "state", b"state", "stream_created_at_ms", b"stream_created_at_ms", "stream_has_producers", b"stream_has_producers", "stream_producers", b"stream_producers", "stream_producers_epoch", b"stream_producers_epoch", "verified_stores", b"verified_stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SegmentRecord: _TypeAlias = SegmentRecord  # noqa: Y015
+
+@_typing.final
+class ProducerPosition(_message.Message):
+    """A producer's last event in the stream (`streamengine.protocol.producers`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_STREAM_SEQUENCE_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.str
+    last_sequence: _builtins.int
+    """Its highest producer sequence in the stream."""
+    last_stream_sequence: _builtins.int
+    """The stream sequence of that event."""
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.str = ...,
+        last_sequence: _builtins.int = ...,
+        last_stream_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_sequence", b"last_sequence", "last_stream_sequence", b"last_stream_sequence", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerPosition: _TypeAlias = ProducerPosition  # noqa: Y015
+
+@_typing.final
+class ProducerPositions(_message.Message):
+    """Every producer's last event through a sealed segment, by producer id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducerPosition]: ...
+    def __init__(
+        self,
+        *,
+        positions: _abc.Iterable[Global___ProducerPosition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["positions", b"positions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerPositions: _TypeAlias = ProducerPositions  # noqa: Y015

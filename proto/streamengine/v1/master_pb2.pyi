@@ -949,6 +949,7 @@ class WriterHeartbeatRequest(_message.Message):
     ACKED_INDEX_FIELD_NUMBER: _builtins.int
     SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
+    PRODUCER_FIELD_NUMBER: _builtins.int
     SEEN_EPOCH_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
@@ -962,6 +963,11 @@ class WriterHeartbeatRequest(_message.Message):
     """The lease secret (WriterHeartbeatReply.lease_secret of the answer that granted the
     lease). Without it, or from another principal than the one granted, the caller is
     a follower whatever client id it names: no renewal, no grant.
+    """
+    producer: _builtins.bool
+    """The caller appends with a producer id (exactly once). The first lease granted to
+    such a caller marks the stream as having producers, for good
+    (WriterHeartbeatReply.stream_has_producers).
     """
     seen_epoch: _builtins.int
     """The latest epoch the master answered this writer with (0: none yet). A heartbeat
@@ -978,11 +984,12 @@ class WriterHeartbeatRequest(_message.Message):
         acked_index: _builtins.int = ...,
         segment_bytes: _builtins.int = ...,
         lease_secret: _builtins.bytes = ...,
+        producer: _builtins.bool = ...,
         seen_epoch: _builtins.int | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch", "seen_epoch", b"seen_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch", "acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "seen_epoch", b"seen_epoch", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch", "acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "lease_secret", b"lease_secret", "producer", b"producer", "seen_epoch", b"seen_epoch", "segment_bytes", b"segment_bytes", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seen_epoch: _TypeAlias = _typing.Literal["seen_epoch"]  # noqa: Y015
     _WhichOneofArgType__seen_epoch: _TypeAlias = _typing.Literal["_seen_epoch", b"_seen_epoch"]  # noqa: Y015
@@ -1008,6 +1015,8 @@ class WriterHeartbeatReply(_message.Message):
     SEGMENT_AGE_MS_MAX_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
+    STREAM_HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
     role: Global___WriterRole.ValueType
     epoch: _builtins.int
     """The stream's latest epoch: the caller's when LEADER."""
@@ -1033,6 +1042,11 @@ class WriterHeartbeatReply(_message.Message):
     holder with every later call as the holder (heartbeat, hold, release, roll), kept
     across its rolls. Never sent again, never shown to anyone else.
     """
+    stream_has_producers: _builtins.bool
+    """LEADER: some lease of the stream was granted to a producer (`producer`), so its
+    segments may hold PRODUCER marks: recovery reads a segment whole to find them.
+    Never cleared. False: no segment holds a mark, recovery reads only its tail.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.Segment:
         """LEADER: the segment of `epoch` with its copy set. Unset when two earlier segments
@@ -1047,6 +1061,13 @@ class WriterHeartbeatReply(_message.Message):
 
     @_builtins.property
     def policy(self) -> _entry_pb2.ReplicationPolicy: ...
+    @_builtins.property
+    def producers(self) -> _entry_pb2.ProducerPositions:
+        """LEADER: each producer's last event through the latest sealed segment (the one
+        before `unsealed`), as its seal recorded them; unset when none did. The leader
+        rebuilds its producer table from them and the segments it recovers.
+        """
+
     def __init__(
         self,
         *,
@@ -1064,10 +1085,12 @@ class WriterHeartbeatReply(_message.Message):
         segment_age_ms_max: _builtins.int = ...,
         grant: _builtins.bytes = ...,
         lease_secret: _builtins.bytes = ...,
+        producers: _entry_pb2.ProducerPositions | None = ...,
+        stream_has_producers: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "segment", b"segment"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "producers", b"producers", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "producers", b"producers", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_has_producers", b"stream_has_producers", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1402,6 +1425,7 @@ class SealSegmentRequest(_message.Message):
     GRANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     LOST_FROM_INDEX_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     segment_epoch: _builtins.int
     """The segment's epoch."""
@@ -1427,6 +1451,13 @@ class SealSegmentRequest(_message.Message):
         the seal. Unset otherwise: the master then certifies from W agreeing replicas.
         """
 
+    @_builtins.property
+    def producers(self) -> _entry_pb2.ProducerPositions:
+        """Each producer's last event through the segment (exactly once), recorded with the
+        seal and handed to later leaders (WriterHeartbeatReply.producers). Unset: the
+        sealing leader does not keep them.
+        """
+
     def __init__(
         self,
         *,
@@ -1438,10 +1469,11 @@ class SealSegmentRequest(_message.Message):
         grant: _builtins.bytes = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
         lost_from_index: _builtins.int = ...,
+        producers: _entry_pb2.ProducerPositions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "producers", b"producers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "lost_from_index", b"lost_from_index", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "client_id", b"client_id", "final_index", b"final_index", "grant", b"grant", "lost_from_index", b"lost_from_index", "producers", b"producers", "segment_epoch", b"segment_epoch", "stream", b"stream", "writer_epoch", b"writer_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

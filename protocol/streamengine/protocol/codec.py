@@ -15,6 +15,7 @@ from typing import Any
 from streamengine.protocol.cert_revocations import RevokedCert, parse_serial, serial_text
 from streamengine.protocol.certificate import Certificate, Chunk, MalformedCertificate
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, unpack_values
+from streamengine.protocol.producers import PRODUCERS_MAX, ProducerPosition
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 
 
@@ -126,3 +127,44 @@ def revoked_cert_from_pb(message: master_pb2.RevokedCertificate) -> RevokedCert:
         message.common_name,
         message.revoked_at_ms,
     )
+
+
+class MalformedProducers(ValueError):
+    """Producer positions that cannot be (a bad id or sequence, one producer twice)."""
+
+
+def producer_positions_to_pb(positions: Iterable[ProducerPosition]) -> entry_pb2.ProducerPositions:
+    return entry_pb2.ProducerPositions(
+        positions=[
+            entry_pb2.ProducerPosition(
+                producer_id=p.producer_id,
+                last_sequence=p.last_sequence,
+                last_stream_sequence=p.last_stream_sequence,
+            )
+            for p in positions
+        ]
+    )
+
+
+def producer_positions_from_pb(
+    message: entry_pb2.ProducerPositions,
+) -> tuple[ProducerPosition, ...]:
+    """The positions, by producer id; raises MalformedProducers."""
+    if len(message.positions) > PRODUCERS_MAX:
+        raise MalformedProducers(
+            f"{len(message.positions)} producer positions, at most {PRODUCERS_MAX}"
+        )
+    try:
+        positions = sorted(
+            (
+                ProducerPosition(p.producer_id, p.last_sequence, p.last_stream_sequence)
+                for p in message.positions
+            ),
+            key=lambda p: p.producer_id,
+        )
+    except ValueError as error:  # InvalidProducer too
+        raise MalformedProducers(f"a producer position that cannot be: {error}") from None
+    ids = [p.producer_id for p in positions]
+    if len(set(ids)) != len(ids):
+        raise MalformedProducers("a producer named twice among the positions")
+    return tuple(positions)

@@ -5,6 +5,19 @@ another epoch or kind, or with a flipped payload bit no longer verifies. The wri
 computes it once per event; stores verify on write, readers on read.
 
 Stored value layout (big-endian): kind u8 | epoch u64 | crc32c u32 | payload.
+
+Producer marks. An `append_batch` with a producer id writes one PRODUCER entry right
+before its events: its payload names the producer and the producer sequence of the
+first event, and the events that follow it at consecutive indexes carry the next
+sequences, up to `count`. The events themselves stay plain EVENTs, byte for byte what an
+append without a producer writes, and readers hand out EVENTs only, so neither readers
+nor appends without a producer pay anything for it. The mark is an entry like any other:
+its crc covers it, recovery copies it with its events, and a new leader rebuilds the
+producer table from the marks and the events that follow them
+(`streamengine.protocol.producers`).
+
+Mark payload layout (big-endian): id length u8 | producer id | first sequence u64 |
+count u32.
 """
 
 from __future__ import annotations
@@ -23,7 +36,18 @@ class EntryKind(enum.IntEnum):
     EVENT = 1
     HOLE = 2
     BRIDGE = 3
+    PRODUCER = 4
 
+
+# The kinds whose entries carry a payload.
+PAYLOAD_KINDS = frozenset((EntryKind.EVENT, EntryKind.PRODUCER))
+
+
+# A producer id is at most this many bytes of UTF-8: it is kept per producer in the
+# leader's table and in the master's seal records.
+PRODUCER_ID_BYTES_MAX = 128
+# Producer sequences, like indexes, fit a signed 64-bit integer (Spark's long).
+PRODUCER_SEQUENCE_MAX = (1 << 63) - 1
 
 _CRC_HEADER = struct.Struct(">BQQ")  # kind, epoch, index
 _VALUE_HEADER = struct.Struct(">BQI")  # kind, epoch, crc32c
@@ -81,7 +105,7 @@ class StoredEntry:
 
     @classmethod
     def make(cls, index: int, kind: EntryKind, epoch: int, payload: bytes = b"") -> StoredEntry:
-        if kind != EntryKind.EVENT and payload:
+        if kind not in PAYLOAD_KINDS and payload:
             raise ValueError(f"a {kind.name} carries no payload")
         return cls(index, kind, epoch, payload, entry_crc(kind, epoch, index, payload))
 
@@ -100,6 +124,68 @@ class StoredEntry:
 
 
 _KINDS = frozenset(EntryKind)
+
+
+class InvalidProducer(ValueError):
+    """A producer id or sequence that cannot be written."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerMark:
+    """What a PRODUCER entry says: the `count` events right after it carry the producer
+    sequences `first_sequence`, `first_sequence + 1`, ... of `producer_id`."""
+
+    producer_id: str
+    first_sequence: int
+    count: int
+
+    def __post_init__(self) -> None:
+        check_producer_id(self.producer_id)
+        if not 0 <= self.first_sequence <= PRODUCER_SEQUENCE_MAX - self.count + 1:
+            raise InvalidProducer(
+                f"producer sequences {self.first_sequence}.. (+{self.count}) outside "
+                f"0..{PRODUCER_SEQUENCE_MAX}"
+            )
+        if not 1 <= self.count <= 0xFFFF_FFFF:
+            raise InvalidProducer(f"a producer mark of {self.count} events")
+
+    @property
+    def last_sequence(self) -> int:
+        return self.first_sequence + self.count - 1
+
+    def encode(self) -> bytes:
+        name = self.producer_id.encode()
+        return bytes((len(name),)) + name + _MARK_TAIL.pack(self.first_sequence, self.count)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ProducerMark:
+        """The mark a PRODUCER entry's payload holds; raises CorruptEntry."""
+        if not payload or len(payload) != 1 + payload[0] + _MARK_TAIL.size:
+            raise CorruptEntry(f"a producer mark of {len(payload)} bytes does not parse")
+        end = 1 + payload[0]
+        first, count = _MARK_TAIL.unpack_from(payload, end)
+        try:
+            return cls(bytes(payload[1:end]).decode(), first, count)
+        except (UnicodeDecodeError, InvalidProducer) as error:
+            raise CorruptEntry(f"a producer mark that does not parse: {error}") from None
+
+
+_MARK_TAIL = struct.Struct(">QI")  # first sequence, count
+
+
+def check_producer_id(producer_id: str) -> None:
+    """Raises InvalidProducer unless `producer_id` can name a producer."""
+    size = len(producer_id.encode())
+    if not 1 <= size <= PRODUCER_ID_BYTES_MAX or not producer_id.isprintable():
+        raise InvalidProducer(
+            f"a producer id is 1..{PRODUCER_ID_BYTES_MAX} bytes of printable UTF-8, "
+            f"not {producer_id!r}"
+        )
+
+
+def producer_crc(epoch: int, index: int, mark: bytes) -> int:
+    """The crc32c of a PRODUCER entry whose payload is `mark`."""
+    return entry_crc(EntryKind.PRODUCER, epoch, index, mark)
 
 
 def encode_value(kind: int, epoch: int, crc: int, payload: bytes) -> bytes:
@@ -178,12 +264,22 @@ class PackedEntries:
 
     @classmethod
     def events(
-        cls, epoch: int, first_index: int, payloads: Sequence[bytes], crcs: Sequence[int]
+        cls,
+        epoch: int,
+        first_index: int,
+        payloads: Sequence[bytes],
+        crcs: Sequence[int],
+        marks: Sequence[int] = (),
     ) -> PackedEntries:
         """EVENTs of copy epoch `epoch` at consecutive indexes, from their payloads and
-        crcs (`event_crcs`), packed: a writer's batch."""
+        crcs (`event_crcs`), packed: a writer's batch. The indexes in `marks` are
+        PRODUCER entries instead (their crcs are `producer_crc`'s)."""
         pack, event = _VALUE_HEADER.pack, EntryKind.EVENT.value
         values = [pack(event, epoch, crc) + p for crc, p in zip(crcs, payloads, strict=True)]
+        for index in marks:
+            position = index - first_index
+            assert 0 <= position < len(values), (index, first_index, len(values))
+            values[position] = pack(EntryKind.PRODUCER, epoch, crcs[position]) + payloads[position]
         return cls(first_index, values) if values else EMPTY_BATCH
 
     @classmethod

@@ -58,6 +58,30 @@ class LogfmtFormatter(logging.Formatter):
         return " ".join(parts)
 
 
+# grpc.aio's logger for what fails in its core around a servicer's call.
+GRPC_CORE_LOGGER = "grpc._cython.cygrpc"
+
+
+class PeerGoneAtStatus(logging.Filter):
+    """grpc.aio logs, at error level with a traceback, a call whose final status its
+    core could not send (`ExecuteBatchError` of a `SendStatusFromServerOperation`,
+    grpc/grpc#32551): the servicer returned, and the peer had already gone (a client
+    killed, a connection reset). Nothing was left unhandled: it becomes one info line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if (
+            error is not None
+            and type(error).__name__ == "ExecuteBatchError"
+            and "SendStatusFromServerOperation" in str(error)
+        ):
+            record.msg = "%s: the final status was not sent, the peer is gone"
+            record.args = (record.getMessage(),)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def configure(level: str | int = logging.INFO) -> None:
     """Log to stderr in logfmt (replacing any earlier configuration)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -65,3 +89,6 @@ def configure(level: str | int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    grpc_core = logging.getLogger(GRPC_CORE_LOGGER)
+    if not any(isinstance(f, PeerGoneAtStatus) for f in grpc_core.filters):
+        grpc_core.addFilter(PeerGoneAtStatus())

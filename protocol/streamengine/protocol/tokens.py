@@ -43,6 +43,9 @@ from streamengine.protocol.auth import (
 )
 from streamengine.protocol.signing import (
     ENVELOPE_BYTES_MAX,
+    KEY_ID_BYTES,
+    MAGIC_BYTES,
+    SIGNATURE_BYTES,
     MalformedPayload,
     NoVerifyingKey,
     PayloadReader,
@@ -163,6 +166,22 @@ def open_token(verifier: Verifier, token: str) -> TokenClaims:
         return verifier.open(TOKEN_MAGIC, envelope, TokenClaims.decode)
     except MalformedPayload as error:
         raise SignatureRefused(f"malformed token claims: {error}") from None
+
+
+def unverified_claims(token: str) -> TokenClaims:
+    """What a token says of itself, its signature not checked: for its bearer to
+    refuse early, in words, what the servers would refuse (a Spark driver writing with
+    a read token). Grants nothing; raises SignatureRefused for text of no token."""
+    envelope = token_envelope(token)
+    payload = envelope[MAGIC_BYTES + KEY_ID_BYTES : -SIGNATURE_BYTES]
+    try:
+        if envelope[:MAGIC_BYTES] == TOKEN_MAGIC_UNLIMITED:
+            return TokenClaims.decode_unlimited(payload)
+        if envelope[:MAGIC_BYTES] == TOKEN_MAGIC:
+            return TokenClaims.decode(payload)
+    except MalformedPayload as error:
+        raise SignatureRefused(f"malformed token claims: {error}") from None
+    raise SignatureRefused("not a token of this cluster's format")
 
 
 class Revocations:

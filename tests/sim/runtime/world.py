@@ -83,7 +83,8 @@ from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import SimNetwork, node_context
-from tests.sim.world import is_documented_loss, run_outcome
+from tests.sim.world import draws_producers, is_documented_loss, run_outcome
+from tests.sim.writer_node import ProducerOutbox
 
 # Defects the world must find, each switched back into the shipped code for one run:
 # `park_forever`: a writer leading an epoch granted without a segment parks appends and
@@ -155,6 +156,9 @@ class WorldConfig:
     # deletes undone within the grace (which is short, so trimmed segments leave).
     operator: bool = False
     delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT
+    # Writers with producer ids: each process resends what it was not told was written,
+    # from the lowest, through each writer it makes (exactly once, issue #40).
+    producers: bool = False
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -201,6 +205,7 @@ class WorldConfig:
             delete_grace_ms=(
                 later.choice(OPERATOR_GRACES_MS) if operator else DELETE_GRACE_MS_DEFAULT
             ),
+            producers=draws_producers(seed),
             flaws=flaws,
         )
 
@@ -219,6 +224,7 @@ class WorldConfig:
             + (" wipes" if self.wipes else "")
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
+            + (" producers" if self.producers else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -384,6 +390,12 @@ class World:
         self.writers: dict[str, Writer] = {}
         self.stats: dict[str, int] = {}
         self._payloads = 0
+        # With `WorldConfig.producers`: what each process produced for each stream and
+        # was not told is in it, kept across its writers and incarnations (an
+        # application keeps its events until confirmed).
+        self.outboxes: dict[str, ProducerOutbox] = {}
+        # Producer events sent in a call that ended without an answer: they go again.
+        self.unanswered: set[bytes] = set()
 
     def _assign_streams(self) -> None:
         """Each stream has a leading process; a share of them a rival one too."""
@@ -410,8 +422,8 @@ class World:
         if self._trace is not None:
             self._trace(line)
 
-    def count(self, what: str) -> None:
-        self.stats[what] = self.stats.get(what, 0) + 1
+    def count(self, what: str, times: int = 1) -> None:
+        self.stats[what] = self.stats.get(what, 0) + times
 
     def check(self, call: Callable[..., object], *args: Any) -> bool:
         """`call(*args)`, a check; the first violation ends the run. False once one did."""
@@ -569,6 +581,7 @@ class World:
                     stream,
                     client_id=writer_id,
                     append_timeout_s=self.config.append_timeout_ms / 1000,
+                    producer_id=self._producer_id(process, stream),
                 ) as writer:
                     self.writers[writer_id] = writer
                     self.note(f"{writer_id} leads epoch {writer.epoch}")
@@ -593,6 +606,9 @@ class World:
                         continue
                     self.marking.add(stream)
                     payloads: tuple[bytes, ...] = (f"marker:{writer_id}:{self.now_ms}".encode(),)
+                elif writer.producer_id is not None:
+                    self._produce(writer, writer_id, checker, lost, appends)
+                    continue
                 else:
                     count = self.rng.randint(1, self.config.batch_max)
                     payloads = self.next_payloads(writer_id, count)
@@ -638,6 +654,74 @@ class World:
             self.note(f"{writer_id} marker acked at {unpack_sequence(sequences[0])}")
             if len(self.markers) == len(self.stream_names):
                 self._check_converged()
+
+    def _producer_id(self, process: Process, stream: str) -> str | None:
+        """The producer id of `process` on `stream` (None: a plain writer)."""
+        return f"{process.name}:{stream}" if self.config.producers else None
+
+    def _produce(
+        self,
+        writer: Writer,
+        writer_id: str,
+        checker: Checker,
+        lost: asyncio.Event,
+        appends: asyncio.TaskGroup,
+    ) -> None:
+        """New events of the writer's producer; unless its last batch is still out, one
+        batch of every event not yet confirmed, from the lowest sequence (the stream
+        answers those it holds from its table and writes the rest)."""
+        assert writer.producer_id is not None
+        out = self.outboxes.setdefault(writer.producer_id, ProducerOutbox())
+        for _ in range(self.rng.randint(1, self.config.batch_max)):
+            out.events[out.next_sequence] = f"p:{writer.producer_id}:{out.next_sequence}".encode()
+            out.next_sequence += 1
+        if out.in_flight:
+            return
+        first = min(out.events)
+        sequences = list(range(first, first + len(out.events)))
+        assert sorted(out.events) == sequences, "a producer's unconfirmed events run on"
+        out.in_flight.update(sequences)
+        appends.create_task(self._append_produced(writer, writer_id, checker, out, lost))
+
+    async def _append_produced(
+        self,
+        writer: Writer,
+        writer_id: str,
+        checker: Checker,
+        out: ProducerOutbox,
+        lost: asyncio.Event,
+    ) -> None:
+        sequences = sorted(out.in_flight)
+        payloads = tuple(out.events[sequence] for sequence in sequences)
+        self.check(checker.append_started, writer_id, payloads, self.now_ms)
+        try:
+            answered = await writer.append_batch(payloads, producer_sequence=sequences[0])
+        except StreamEngineError as error:
+            # Not given up: every event goes again with the next batch, or writer.
+            self.check(checker.append_ended, writer_id, payloads)
+            self.unanswered.update(payloads)
+            self.count(f"producer {type(error).__name__}")
+            if isinstance(error, LeadershipLost) or not writer.leading:
+                lost.set()
+            return
+        finally:
+            out.in_flight.clear()
+        self.check(checker.append_ended, writer_id, payloads)
+        state = self.masters.state
+        for producer_sequence, sequence, payload in zip(
+            sequences, answered, payloads, strict=True
+        ):
+            del out.events[producer_sequence]
+            if sequence == 0:  # durable, its position no longer kept
+                self.count("producer events answered 0")
+                continue
+            epoch, index = unpack_sequence(sequence)
+            if not self.check(checker.user_acked, epoch, index, payload, state):
+                return
+        resent = self.unanswered.intersection(payloads)
+        self.unanswered -= resent
+        self.count("producer events acked", len(payloads))
+        self.count("producer events resent and acked", len(resent))
 
     def _append_failed(
         self,

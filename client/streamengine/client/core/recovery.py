@@ -74,6 +74,16 @@ the recovery is the ordinary one. Decided from fewer than R, three rules hold
 The raise follows the master's confirmation; `Done` then, as ever, once the master
 holds the segment sealed. Readers reaching the lost range get `DataLossError`.
 
+Producers (`producers`, a writer with a producer id). The seal at the master records
+each producer's last event through the segment (`SealAtMaster.producers`), so that the
+next leader starts from it instead of reading earlier segments. When the leader knows
+them (a roll after a drain: it wrote every event), they come with the operation;
+otherwise they come as of the segment before, and recovery reads the final copies below
+what it decides from (`1 .. copies_from - 1`, from the store that reported the acked
+index) so that it holds the whole content, folds the segment's marks into them
+(`streamengine.protocol.producers`), and only then seals at the master. `Done` hands the
+segment's runs to the leader's table.
+
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
 carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
 `op.deadline_ms()` call `op.step(now, Tick())`; carry out what they return (`SendSeal`
@@ -108,6 +118,7 @@ from streamengine.protocol.certificate import Certificate, ContentDigest
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, StoredEntry
 from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.protocol.producers import ProducerPosition, ProducerTable, Run
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,11 +265,26 @@ class SealAtMaster:
     # Accepting loss with fewer than R deciders: the first index whose acked event may
     # be lost (through the bridge); 0: nothing is lost.
     lost_from_index: int = 0
+    # Each producer's last event through the segment (`ProducerSeal`); None: not kept.
+    producers: tuple[ProducerPosition, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
     final_index: int
+    # The producer runs the segment holds, by producer id, in index order (only when
+    # recovery folded its content: `ProducerSeal.through_segment` false).
+    runs: tuple[tuple[str, Run], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSeal:
+    """Producer positions for the seal: through the segment's end (`through_segment`,
+    the leader wrote all of it), or as of the segment before (recovery folds this one's
+    marks into them)."""
+
+    positions: tuple[ProducerPosition, ...]
+    through_segment: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +384,7 @@ class SegmentRecovery:
         timing: RecoveryTiming = TIMING,
         known: ContentDigest | None = None,
         accept_loss: bool = False,
+        producers: ProducerSeal | None = None,
     ) -> None:
         """`batch_entries_max` below the store's limit lets tests and the simulator lose
         or reorder single indexes of a rewrite, as RECOVERY-CASES.md's traces do.
@@ -380,6 +407,10 @@ class SegmentRecovery:
         self.timing = timing
         self.known = known
         self.accept_loss = accept_loss
+        self.producers = producers
+        # The segment's producer runs and the positions through it, once folded.
+        self._runs: tuple[tuple[str, Run], ...] = ()
+        self._positions: tuple[ProducerPosition, ...] | None = None
         self._sealed: dict[str, SealAnswer] = {}  # in answer order
         self._lost: set[str] = set()
         self._deciders: list[str] = []
@@ -735,11 +766,40 @@ class SegmentRecovery:
         if self._reads_needed():
             return []
         answers = [StoreAnswer(self._sealed[s], self._full_reads[s][1]) for s in self._deciders]
-        self._plan = plan_recovery(self.policy, self.leader_epoch, answers, self.accept_loss)
+        # A stream with producers ends its run at the first gap (`plan_recovery`).
+        gap_ends = self.producers is not None
+        self._plan = plan_recovery(
+            self.policy, self.leader_epoch, answers, self.accept_loss, end_at_first_gap=gap_ends
+        )
         out: list[Action] = []
         for seal in self._sealed.values():
             out += self._start_bridging(seal)
+        if self._needs_content() and self._plan.copies_from > 1:
+            out += self._request_final_copies((1, self._plan.copies_from - 1))
         return out
+
+    def _needs_content(self) -> bool:
+        return self.producers is not None and not self.producers.through_segment
+
+    def _content_pending(self) -> bool:
+        """The producer positions need final copies below the decided run, still read."""
+        assert self._plan is not None
+        return self._needs_content() and self._plan.copies_from != 1
+
+    def _producer_positions(self) -> tuple[ProducerPosition, ...] | None:
+        """The positions to seal with (None: none kept), once the content is known."""
+        seal = self.producers
+        if seal is None:
+            return None
+        if seal.through_segment:
+            return seal.positions
+        plan = self._plan
+        assert plan is not None and plan.copies_from == 1
+        if self._positions is None:
+            table = ProducerTable(seal.positions)
+            self._runs = table.fold_segment(self.segment_epoch, plan.copies)
+            self._positions = table.positions()
+        return self._positions
 
     def _start_bridging(self, seal: SealAnswer) -> list[Action]:
         plan = self._plan
@@ -798,6 +858,8 @@ class SegmentRecovery:
         for b in list(self._bridging.values()):
             if b.waiting_final_copies:
                 out += self._start_bridging(b.seal)
+        if self._needs_content():
+            out += self._maybe_seal_at_master()
         return out
 
     def _write_answered(self, e: WriteAnswered) -> list[Action]:
@@ -869,10 +931,13 @@ class SegmentRecovery:
             ready = sum(1 for b in self._bridging.values() if b.acked_confirmed)
         if self._seal_at_master_sent or ready < self._holders_needed():
             return []
+        if self._content_pending():
+            return []  # the final copies below the decided run are still being read
+        positions = self._producer_positions()
         self._seal_at_master_sent = True
         self._sealed_with = self.certificate()
         self._seal_request = SealAtMaster(
-            self.final_index, self._sealed_with, self.lost_from_index()
+            self.final_index, self._sealed_with, self.lost_from_index(), positions
         )
         return [self._seal_request]
 
@@ -938,8 +1003,8 @@ class SegmentRecovery:
         self._done_ms = now_ms
         if self.declares_loss():
             # The master holds the loss: the holders' acked index may now be raised.
-            return [Done(self.final_index), *self._after_complete()]
-        return [Done(self.final_index)]
+            return [Done(self.final_index, self._runs), *self._after_complete()]
+        return [Done(self.final_index, self._runs)]
 
     def _store_lost(self, store: str) -> list[Action]:
         self._lost.add(store)

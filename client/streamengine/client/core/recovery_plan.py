@@ -13,6 +13,12 @@ every write quorum) and read what they hold. From those answers alone it decides
   segment was bridged before: add nothing. Copies a store holds past a chosen bridge
   are stale and are never rewritten. With no bridge, the run ends at the largest index
   any answer holds and a new BRIDGE goes at `end + 1`.
+- on a stream with producers (`end_at_first_gap`), the run ends before the first index
+  above `a` no answer holds, instead of going on past a HOLE there. Nothing past it
+  was acked (an acked index covers every index below it), and a producer's batch kept
+  past a lost one would leave its sequences out of order in the stream: a producer
+  keeps several batches in flight, and the next leader's table must never count a
+  sequence as written that a hole below its mark took (the simulator's seed 158).
 - every store X it bridges holds final copies only up to its own acked index `a_X`, so
   it receives the chosen copies of `a_X + 1 .. final_index` (the bridge included),
   rewritten with the leader's epoch above `a`. A store's matched index is never used:
@@ -195,6 +201,7 @@ def plan_recovery(
     leader_epoch: int,
     answers: Sequence[StoreAnswer],
     accept_loss: bool = False,
+    end_at_first_gap: bool = False,
 ) -> RecoveryPlan:
     """Decide the recovery of one segment from the stores this leader sealed.
 
@@ -221,7 +228,7 @@ def plan_recovery(
         holes: tuple[int, ...] = ()
         existing = True
     else:
-        above, holes, existing = _choose_above(leader_epoch, answers, a)
+        above, holes, existing = _choose_above(leader_epoch, answers, a, end_at_first_gap)
         copies = tuple(final) + above
     final_index = lo + len(copies) - 1
     ranges = tuple(RewriteRange(x.store, x.seal.acked_index + 1, final_index) for x in answers)
@@ -241,10 +248,10 @@ def _final_copies(acked: StoreAnswer, lo: int, a: int) -> list[StoredEntry]:
 
 
 def _choose_above(
-    leader_epoch: int, answers: Sequence[StoreAnswer], a: int
+    leader_epoch: int, answers: Sequence[StoreAnswer], a: int, end_at_first_gap: bool
 ) -> tuple[tuple[StoredEntry, ...], tuple[int, ...], bool]:
-    """Chosen copies of `a+1 .. final index` with the leader's epoch, the holes, and
-    whether the bridge was already chosen."""
+    """Chosen copies of `a+1 .. final index` with the leader's epoch, the holes (none
+    when `end_at_first_gap`), and whether the bridge was already chosen."""
     best: dict[int, StoredEntry] = {}
     for x in answers:
         for e in x.entries:
@@ -259,6 +266,8 @@ def _choose_above(
                     f"(store {x.store} among them)"
                 )
     last = max(best, default=a)
+    if end_at_first_gap:
+        last = next((i - 1 for i in range(a + 1, last + 1) if i not in best), last)
     chosen: list[StoredEntry] = []
     holes: list[int] = []
     for i in range(a + 1, last + 1):

@@ -55,7 +55,13 @@ from dataclasses import dataclass, field
 
 from streamengine.client.core.quorum import QuorumTracker
 from streamengine.protocol.certificate import ContentDigest
-from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, event_crcs
+from streamengine.protocol.entry import (
+    EntryKind,
+    PackedEntries,
+    StoredEntry,
+    event_crcs,
+    producer_crc,
+)
 from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
     INDEX_MAX,
@@ -161,9 +167,15 @@ class SegmentRef:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """User events, in order; the shell checked `room_for` and the event size."""
+    """User events, in order; the shell checked `room_for` and the event size.
+    `marked`: the first payload is a PRODUCER mark naming the producer sequences of the
+    events after it (`streamengine.protocol.entry.ProducerMark`)."""
 
     payloads: tuple[bytes, ...]
+    marked: bool = False
+    # When its caller's append timeout runs out, if the shell held it before giving it
+    # (a producer's batch waits for its turn): its timeout counts from the call.
+    due_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +256,8 @@ class SendWrite:
     crcs: Sequence[int]
     # The signed grant of `writer_epoch`: on the first request of a Write stream only.
     grant: bytes = b""
+    # The indexes among them that are PRODUCER marks, not EVENTs.
+    marks: tuple[int, ...] = ()
 
     @property
     def last_index(self) -> int:
@@ -251,14 +265,23 @@ class SendWrite:
 
     def batch(self) -> PackedEntries:
         """The entries as the stored values a Write carries (`codec.write_request`)."""
-        return PackedEntries.events(self.writer_epoch, self.first_index, self.payloads, self.crcs)
+        return PackedEntries.events(
+            self.writer_epoch, self.first_index, self.payloads, self.crcs, self.marks
+        )
 
     @property
     def entries(self) -> tuple[StoredEntry, ...]:
         """The entries as objects (the simulator's messages, tests)."""
         pairs = zip(self.payloads, self.crcs, strict=True)
+        marks = self.marks
         return tuple(
-            StoredEntry(index, EntryKind.EVENT, self.writer_epoch, payload, crc)
+            StoredEntry(
+                index,
+                EntryKind.PRODUCER if index in marks else EntryKind.EVENT,
+                self.writer_epoch,
+                payload,
+                crc,
+            )
             for index, (payload, crc) in enumerate(pairs, self.first_index)
         )
 
@@ -368,6 +391,8 @@ class Replicator:
         self._crcs: list[int] = []
         self._cum_bytes: list[int] = []  # bytes of indexes 1..i, for each kept i
         self._appended_ms: list[int] = []
+        # The kept indexes that are PRODUCER marks, ascending (one per producer batch).
+        self._marks: list[int] = []
         self._head = 0
         self._base = 1  # index of self._payloads[self._head]
         self._last = 0
@@ -507,7 +532,7 @@ class Replicator:
     def step(self, now_ms: int, event: ReplicatorEvent) -> list[ReplicatorAction]:
         actions: list[ReplicatorAction] = []
         if isinstance(event, Append):
-            actions.append(self._append(now_ms, event.payloads))
+            actions.append(self._append(now_ms, event.payloads, event.marked))
         elif isinstance(event, WriteReplied):
             self._on_reply(now_ms, event)
         elif isinstance(event, StoreConnected):
@@ -543,7 +568,7 @@ class Replicator:
 
     # ---- internals ----
 
-    def _append(self, now_ms: int, payloads: tuple[bytes, ...]) -> Assigned:
+    def _append(self, now_ms: int, payloads: tuple[bytes, ...], marked: bool = False) -> Assigned:
         if self._stopped:
             raise RuntimeError("append to a stopped replicator")
         if not payloads:
@@ -555,12 +580,19 @@ class Replicator:
         self._payload_bytes += sum(map(len, payloads))
         self._payloads += payloads
         self._crcs += event_crcs(self.writer_epoch, first, payloads)
+        if marked:
+            self._crcs[-len(payloads)] = producer_crc(self.writer_epoch, first, payloads[0])
+            self._marks.append(first)
         cum_bytes = self._cum_bytes
         for payload in payloads:
             total += len(payload) + ENTRY_OVERHEAD_BYTES
             cum_bytes.append(total)
         self._appended_ms.extend([now_ms] * len(payloads))
-        self._content.add_events(first, payloads)
+        if marked:
+            kinds = bytes((EntryKind.PRODUCER,)) + bytes((EntryKind.EVENT,)) * (len(payloads) - 1)
+            self._content.add_run(first, kinds, payloads)
+        else:
+            self._content.add_events(first, payloads)
         self._total_bytes = total
         self._last = first + len(payloads) - 1
         return Assigned(first, self._last, self.segment.epoch)
@@ -636,6 +668,8 @@ class Replicator:
         self._base_cum = self._cum_bytes[self._head + drop - 1]
         self._head += drop
         self._base = index + 1
+        if self._marks and self._marks[0] < self._base:
+            del self._marks[: bisect.bisect_left(self._marks, self._base)]
         if self._head > 4096 and self._head * 2 > len(self._payloads):
             del self._payloads[: self._head]
             del self._crcs[: self._head]
@@ -711,6 +745,11 @@ class Replicator:
         self._next_request_id += 1
         grant = b"" if store.grant_sent else self.grant
         store.grant_sent = True
+        marks: tuple[int, ...] = ()
+        if self._marks and payloads:
+            low = bisect.bisect_left(self._marks, first_index)
+            high = bisect.bisect_left(self._marks, first_index + len(payloads))
+            marks = tuple(self._marks[low:high])
         action = SendWrite(
             name,
             self.segment,
@@ -721,6 +760,7 @@ class Replicator:
             payloads,
             crcs,
             grant,
+            marks,
         )
         if payloads:
             store.next_index = action.last_index + 1

@@ -292,7 +292,7 @@ class Released:
 
     @property
     def all_events(self) -> bool:
-        return self.run.kinds.count(_HOLE, self.start, self.stop) == 0
+        return self.run.kinds.count(_EVENT, self.start, self.stop) == self.stop - self.start
 
     def events(self, payloads: Sequence[bytes], stream: str = "") -> list[StreamEvent]:
         """The events, given the run's payloads `start..stop-1` (as Python bytes), each
@@ -312,7 +312,6 @@ class Released:
         ]
 
 
-_HOLE = bytes([EntryKind.HOLE])
 _EVENT = bytes([EntryKind.EVENT])
 _BRIDGE = bytes([EntryKind.BRIDGE])
 

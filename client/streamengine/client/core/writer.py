@@ -114,6 +114,21 @@ lease back (`Release`) once `ready_to_release`, when none is left or after
 `CLOSE_SEALING_MS_MAX`. Otherwise a roll's previous segment would stay SEALING until
 the next leader came, and a read to the end of the stream would wait for it.
 
+Producers (exactly once, `streamengine.protocol.producers`). The writer keeps the
+stream's producer table (`producers`): from the positions its grant carries (what the
+master's seal of the latest sealed segment recorded), then the runs each recovery finds
+(`SegmentSealed.runs`), one recovery at a time, oldest first, since each seal records
+positions built on the segment before. A batch appended with a PRODUCER mark
+(`Append.marked`) counts in the table as soon as it takes its indexes; the shell decides
+a producer's batch only while nothing earlier is unsealed (`recovering` false). A roll
+that cannot drain forgets the old segment's runs: its recovery hands back those it kept.
+Each `RecoverSegment` carries the positions its seal records (`ProducerSeal`): through
+the segment when this writer drained it, else as of the segment before (recovery then
+reads the segment whole). Only on a stream the grant says has producers
+(`stream_has_producers`): on any other no segment holds a mark, so recoveries carry no
+positions and read only the tail, as for any plain stream; a producer's writer refuses
+a grant without it.
+
 Why one long module: the writer's life (following, granted, the gate, rolling, closing,
 stepping down) is one state machine over one set of fields; each stage above reads and
 changes the same lease, epoch, segment and pending appends, so its rules are read
@@ -127,6 +142,7 @@ import collections
 import enum
 from dataclasses import dataclass, field
 
+from streamengine.client.core.recovery import ProducerSeal
 from streamengine.client.core.replicator import (
     Acked,
     AllowAcking,
@@ -147,8 +163,11 @@ from streamengine.client.core.replicator import (
 )
 from streamengine.protocol.backoff import ROLL_WITHOUT_SEGMENT, STORE_STREAM_REOPEN
 from streamengine.protocol.certificate import ContentDigest
-from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_MS_DEFAULT
+from streamengine.protocol.entry import ProducerMark
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, INDEX_MAX, LEASE_MS_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
+from streamengine.protocol.producers import ProducerPosition, ProducerTable, Run
+from streamengine.protocol.sequence import pack_sequence
 
 # A copy-set store disconnected this long is lost for the open segment: roll without it
 # (the master also asks for a roll once it declares the store dead, later).
@@ -287,6 +306,12 @@ class HeartbeatAnswered:
     segment_age_ms_max: int = 0  # 0: no roll by age
     # LEADER: the master's signed grant of `epoch` (opaque to the writer).
     grant: bytes = b""
+    # LEADER: each producer's last event through the latest sealed segment; None when
+    # they came malformed (a grant this writer cannot lead under).
+    producers: tuple[ProducerPosition, ...] | None = ()
+    # LEADER: some lease of the stream went to a producer, so its segments may hold
+    # PRODUCER marks (`master.core.leadership.has_producers`).
+    stream_has_producers: bool = False
     # The answer won the lease (it carried a fresh lease secret); a renewal or a roll
     # keeps the secret the writer holds.
     lease_won: bool = False
@@ -313,9 +338,11 @@ class FencedByStore:
 
 @dataclass(frozen=True, slots=True)
 class SegmentSealed:
-    """An earlier segment listed in the grant is sealed and recovered."""
+    """An earlier segment listed in the grant is sealed and recovered; `runs`: the
+    producer runs its recovery found in it (`Done.runs`)."""
 
     epoch: int
+    runs: tuple[tuple[str, Run], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +453,8 @@ class RecoverSegment:
     policy: ReplicationPolicy
     grant: bytes = b""  # the signed grant of `new_epoch`
     known: ContentDigest | None = field(default=None, compare=False)
+    # The producer positions its seal records (`SegmentRecovery`'s `producers`).
+    producers: ProducerSeal | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,7 +581,9 @@ class Leader:
         recovery_supported: bool = False,
         rolling_supported: bool = False,
         append_timeout_ms: int = APPEND_TIMEOUT_MS,
+        producer: bool = False,
     ) -> None:
+        """`producer`: this writer appends with a producer id (its heartbeats say so)."""
         assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
@@ -575,6 +606,13 @@ class Leader:
         # Digests of the content of segments this writer drained and rolled away from,
         # by epoch, until they are sealed (`RecoverSegment.known`).
         self._known_content: dict[int, ContentDigest] = {}
+        # Which producer sequences the stream holds (`streamengine.protocol.producers`):
+        # from the grant's positions, the runs recovery found, and this writer's own.
+        self.producers = ProducerTable()
+        self.producer = producer
+        # Whether the stream's segments may hold marks (the grant's word): if not,
+        # recoveries keep no producer positions and read no segment whole.
+        self._stream_has_producers = False
         self._roll_requested = False
         self._roll_reason_master = ""
         self._rolling_supported = rolling_supported
@@ -631,6 +669,12 @@ class Leader:
             and not self._rolling
             and self._closing_until_ms is None
         )
+
+    @property
+    def recovering(self) -> bool:
+        """Leading with an earlier segment not yet sealed and recovered (the gate is
+        shut: its producer table is not rebuilt yet)."""
+        return bool(self._unsealed)
 
     def ready_to_release(self, now_ms: int) -> bool:
         """After `Closing`: no recovery this writer started (nor a roll it asked for)
@@ -729,7 +773,7 @@ class Leader:
                     StepDownReason.FENCED, f"{event.store} is fenced at {event.fence}", actions
                 )
         elif isinstance(event, SegmentSealed):
-            self._sealed(now_ms, event.epoch, actions)
+            self._sealed(now_ms, event.epoch, event.runs, actions)
         elif isinstance(event, RecoveryFailed):
             if self.role is Role.LEADING and event.epoch in self._unsealed:
                 self._recovery_retry_ms[event.epoch] = now_ms + RECOVERY_RETRY_MS
@@ -754,7 +798,12 @@ class Leader:
         elif isinstance(event, Append):
             assert self.accepting_appends, "an append while not accepting appends"
             assert self.replicator is not None
-            actions.extend(self.replicator.step(now_ms, event))
+            if event.due_ms is not None:
+                self._taken_deadline_ms = min(event.due_ms, self._taken_deadline_ms or event.due_ms)
+            replicated = self.replicator.step(now_ms, event)
+            if event.marked:
+                self._producer_assigned(event, replicated)
+            actions.extend(replicated)
             stepped_replicator = True
         elif isinstance(event, AppendHeld):
             self._append_held(now_ms)
@@ -819,15 +868,7 @@ class Leader:
         for epoch, retry_ms in sorted(self._recovery_retry_ms.items()):
             if now_ms >= retry_ms:
                 del self._recovery_retry_ms[epoch]
-                actions.append(
-                    RecoverSegment(
-                        self._unsealed[epoch],
-                        self.epoch,
-                        self._policy,
-                        self._grant,
-                        self._known_content.get(epoch),
-                    )
-                )
+                actions.append(self._recover(self._unsealed[epoch]))
         if self._roll_asked and now_ms >= self._roll_answer_by_ms:
             self._roll_given_up(now_ms)  # the answer was lost: ask again later
         if self.replicator is None:
@@ -867,10 +908,9 @@ class Leader:
         self.role = Role.LEADING
         self._policy = answer.policy
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
-        actions.extend(
-            RecoverSegment(grant, answer.epoch, answer.policy, answer.grant)
-            for grant in answer.unsealed
-        )
+        self.producers = ProducerTable(answer.producers or ())
+        self._stream_has_producers = answer.stream_has_producers
+        self._start_recoveries(actions)
         if answer.segment is None:
             # Nothing to replicate until the roll after the recoveries (`_on_time`).
             self._segment = None
@@ -884,6 +924,13 @@ class Leader:
             return "the grant carries no replication policy"
         if not answer.grant:
             return "the answer carries no signed grant (a master older than its stores)"
+        if answer.producers is None:
+            return "the grant's producer positions do not parse"
+        if self.producer and not answer.stream_has_producers:
+            return (
+                "a producer's grant without the stream marked as having producers (a master "
+                "older than this client): a later leader would not look for its marks"
+            )
         if answer.segment is not None and answer.segment.epoch != answer.epoch:
             return f"granted epoch {answer.epoch} with segment {answer.segment.epoch}"
         if answer.unsealed and not self._recovery_supported:
@@ -968,9 +1015,7 @@ class Leader:
         self._detached = set()
         self._disconnected_since = {}
         actions.append(
-            BecameLeader(
-                answer.epoch, answer.lease_ms, answer.segment, answer.policy, self._grant
-            )
+            BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy, self._grant)
         )
 
     def _roll_wanted(self, now_ms: int) -> str:
@@ -1105,16 +1150,7 @@ class Leader:
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
         self._recovery_retry_ms = {}
         self._open(now_ms, answer, actions)
-        actions.extend(
-            RecoverSegment(
-                grant,
-                answer.epoch,
-                answer.policy,
-                answer.grant,
-                self._known_content.get(grant.epoch),
-            )
-            for grant in answer.unsealed
-        )
+        self._start_recoveries(actions)
 
     def _lost_roll_answered(
         self, now_ms: int, answer: HeartbeatAnswered, actions: list[LeaderAction]
@@ -1150,7 +1186,9 @@ class Leader:
             assert not self._unacked_appends, self._unacked_appends
             return
         assert self._roll_undrained, "a roll asked drained left appends unacked"
-        # Recovered as after a takeover: from R stores, the tail in doubt.
+        # Recovered as after a takeover: from R stores, the tail in doubt. Its producer
+        # runs come back from what that recovery keeps (`SegmentSealed.runs`).
+        self.producers.forget_from(pack_sequence(old.segment.epoch, 0))
         unacked = [last for last, _ in self._unacked_appends]
         assert all(old.acked_index < last <= old.last_index for last in unacked), unacked
         self._unacked_appends.clear()
@@ -1158,14 +1196,66 @@ class Leader:
             AppendsLeftUnacked(old.segment.epoch, old.acked_index, old.sent_through, old.last_index)
         )
 
-    def _sealed(self, now_ms: int, epoch: int, actions: list[LeaderAction]) -> None:
+    def _sealed(
+        self,
+        now_ms: int,
+        epoch: int,
+        runs: tuple[tuple[str, Run], ...],
+        actions: list[LeaderAction],
+    ) -> None:
         if self.role is not Role.LEADING or epoch not in self._unsealed:
             return
+        producers = self._stream_has_producers
+        assert not producers or epoch == min(self._unsealed), "recoveries run oldest first"
         del self._unsealed[epoch]
         self._recovery_retry_ms.pop(epoch, None)
         self._known_content.pop(epoch, None)
+        for producer_id, run in runs:
+            self.producers.add_run(producer_id, run)
+        if producers:
+            self._start_recoveries(actions)  # the next oldest
         if not self._unsealed and self.replicator is not None:
             actions.extend(self.replicator.step(now_ms, AllowAcking()))
+
+    def _start_recoveries(self, actions: list[LeaderAction]) -> None:
+        """Start recovering the unsealed segments: on a stream with producers one at a
+        time, oldest first (the producer positions a seal records build on those of the
+        segment before it; `_sealed` starts the next), else all at once."""
+        if not self._unsealed:
+            return
+        if self._stream_has_producers:
+            actions.append(self._recover(self._unsealed[min(self._unsealed)]))
+        else:
+            actions.extend(self._recover(grant) for grant in self._unsealed.values())
+
+    def _recover(self, grant: SegmentGrant) -> RecoverSegment:
+        assert self._policy is not None
+        epoch = grant.epoch
+        known = self._known_content.get(epoch)
+        seal: ProducerSeal | None
+        if not self._stream_has_producers:
+            # No leader of the stream wrote a mark (`has_producers`): recovered as
+            # before producers existed, from the segment's tail.
+            seal = None
+        elif known is not None:
+            # Drained: this writer appended all of it, its table holds every run.
+            through = self.producers.positions(pack_sequence(epoch, INDEX_MAX) + 1)
+            seal = ProducerSeal(through, through_segment=True)
+        else:
+            seal = ProducerSeal(
+                self.producers.positions(pack_sequence(epoch, 0)), through_segment=False
+            )
+        return RecoverSegment(grant, self.epoch, self._policy, self._grant, known, seal)
+
+    def _producer_assigned(self, append: Append, replicated: list[ReplicatorAction]) -> None:
+        """A batch with a producer took its indexes: its run counts from now on (a retry
+        of it is answered with these sequences once they are acked)."""
+        assert not self._unsealed, "a producer's batch before the table is rebuilt"
+        [assigned] = [action for action in replicated if isinstance(action, Assigned)]
+        mark = ProducerMark.decode(append.payloads[0])
+        assert mark.count == len(append.payloads) - 1, mark
+        first = pack_sequence(assigned.segment_epoch, assigned.first_index + 1)
+        self.producers.add_run(mark.producer_id, Run(mark.first_sequence, mark.count, first))
 
     # ---- appends that wait ----
 

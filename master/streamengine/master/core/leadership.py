@@ -86,6 +86,21 @@ def secret_digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
+def has_producers(recorded: bool, granted: bool, to_producer: bool) -> bool:
+    """Whether the stream is marked as having producers after a heartbeat: once a lease
+    is granted to a writer that declares a producer id, for good.
+
+    Why a stream never marked holds no PRODUCER mark: a mark is written only by a leader
+    with a producer id (the client writes one ahead of a producer's batch, never for a
+    plain append), every leader won its lease with a heartbeat, and the heartbeat that
+    won it declared the producer id (a writer's id is fixed for its life). That grant
+    persists the mark with the epoch, in the same commit, before the answer leaves: so
+    every epoch whose leader could write a mark is at or after the flag, and recovery of
+    a stream without it need not read a segment whole to find marks. A renewal or a
+    roll keeps the lease's holder, and so its declaration."""
+    return recorded or (granted and to_producer)
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Who a writer's request says it is: its client id, the lease secret it shows

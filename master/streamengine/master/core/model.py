@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamengine.master.core.errors import InvalidArgument
 from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.limits import NAME_PART_CHARS_MAX
+from streamengine.protocol.producers import ProducerPosition
 
 # A segment is named by (stream id, epoch) everywhere inside the master.
 SegmentKey = tuple[int, int]
@@ -58,10 +59,30 @@ class StreamRecord:
     # secret it was handed, never the secret, and the principal it acquired as.
     leader_secret_sha256: str = ""
     leader_principal: str = ""
+    # Some lease was granted to a writer with a producer id: segments from then on may
+    # hold PRODUCER marks (`core.leadership.has_producers`). Never cleared.
+    has_producers: bool = False
+    # Each producer's last event through the segment of `producers_epoch`, the newest
+    # sealed one whose seal recorded them (0: none did). Kept here, not only on that
+    # segment's record, because retention and trims take segment records: a producer
+    # whose events were all trimmed still resends into a table that knows it. Kept for
+    # the stream's life, bounded by `protocol.producers.PRODUCERS_MAX` producers.
+    producers: tuple[ProducerPosition, ...] = ()
+    producers_epoch: int = 0
 
     @property
     def tenant(self) -> str:
         return self.name.split("/", 1)[0]
+
+
+def carry_producers(
+    record: StreamRecord, epoch: int, producers: tuple[ProducerPosition, ...] | None
+) -> StreamRecord:
+    """The stream record once the segment of `epoch` is sealed with `producers` (None:
+    its sealing leader kept none): they replace the stream's own only when newer."""
+    if producers is None or epoch <= record.producers_epoch:
+        return record
+    return replace(record, producers=producers, producers_epoch=epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +113,9 @@ class SegmentRecord:
     # Sealed accepting loss: indexes from this one through the bridge may have held
     # acked events that are lost (0: none).
     lost_from_index: int = 0
+    # SEALED: each producer's last event in the stream through this segment, as its
+    # sealing leader sent them (None: it sent none); the next leader starts from them.
+    producers: tuple[ProducerPosition, ...] | None = None
 
     @property
     def key(self) -> SegmentKey:
@@ -179,3 +203,15 @@ def validate_stream_name(name: str) -> tuple[str, str]:
     if len(parts) != 2:
         raise InvalidArgument(f"stream name {name!r} must be `tenant/stream`")
     return validate_name_part("tenant", parts[0]), validate_name_part("stream", parts[1])
+
+
+def producers_before(
+    segments: list[SegmentRecord], stream: StreamRecord, epoch: int
+) -> tuple[ProducerPosition, ...]:
+    """The producer positions the latest of `segments` (one stream's) sealed before
+    `epoch` recorded (none: it recorded none); once retention took every such segment,
+    those the stream kept from its newest seal (`carry_producers`)."""
+    sealed = [s for s in segments if s.epoch < epoch and s.state == SegmentState.SEALED]
+    if sealed:
+        return max(sealed, key=lambda s: s.epoch).producers or ()
+    return stream.producers if stream.producers_epoch < epoch else ()

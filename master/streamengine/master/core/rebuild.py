@@ -150,7 +150,19 @@ def rebuild(holdings: Iterable[Holding], now_ms: int) -> Rebuilt:
     for stream in named.values():
         group = by_stream[stream.stream_id]
         epoch = max(max(h.epoch, h.fence) for h in group)
-        stream = replace(stream, epoch=epoch, leader_id="")
+        # Marked as having producers if any record says so: a record sent before the
+        # mark keeps its old bytes until the store is sent the new one.
+        kept = [h.record[0] for h in group if h.record is not None]
+        has_producers = any(r.has_producers for r in kept)
+        newest = max(kept, key=lambda r: r.producers_epoch, default=stream)
+        stream = replace(
+            stream,
+            epoch=epoch,
+            leader_id="",
+            has_producers=has_producers,
+            producers=newest.producers,
+            producers_epoch=newest.producers_epoch,
+        )
         out.streams[stream.name] = stream
         out.tenants.setdefault(stream.tenant, now_ms)
         for segment_epoch in sorted({h.epoch for h in group}):

@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from streamengine.protocol.entry import (
+    PAYLOAD_KINDS,
     VALUE_HEADER_BYTES,
     CorruptEntry,
     EntryKind,
@@ -219,7 +220,7 @@ def check_batch(
         )
     if min(kinds) != EntryKind.EVENT or max(kinds) != EntryKind.EVENT:
         for position, kind in enumerate(kinds):
-            if kind != EntryKind.EVENT and len(values[position]) > VALUE_HEADER_BYTES:
+            if kind not in PAYLOAD_KINDS and len(values[position]) > VALUE_HEADER_BYTES:
                 raise BadRequest(
                     f"entry {batch.first_index + position}: a {EntryKind(kind).name} "
                     "carries no payload"
@@ -364,7 +365,7 @@ def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
                 values[fresh_from:] if fresh_from else values,
             )
         )
-    if max(kinds, default=EntryKind.EVENT) == EntryKind.BRIDGE:
+    if max(kinds, default=EntryKind.EVENT) >= EntryKind.BRIDGE:  # PRODUCER sorts above
         bridges.update(
             first + n
             for n in [*written, *range(fresh_from, len(values))]
