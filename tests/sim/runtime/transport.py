@@ -40,6 +40,18 @@ UNAVAILABLE), duplication and deadlines. The caller's thread then blocks for as 
 the call took, the message delays or the deadline (`SimLoop.block`): a node's event
 loop runs nothing else meanwhile, as the real one does while it waits on a blocking
 call, and everyone else runs on.
+
+Byte streams (`SimNetwork.open_connection`, `SimNetwork.start_server`: asyncio's
+streams, for the framed data plane) are TCP connections, not calls: bytes arrive in
+order and never go missing (a lost piece arrives a retransmission later), each piece
+delayed as `Faults` draws it; a write is split at points drawn from the seed and pieces
+of one instant coalesce, so a reader meets partial frames. `drain` waits while the peer
+holds `StreamFaults.send_buffer_bytes` unread. A reset between two nodes reaches both
+ends as `ConnectionResetError` after a detection delay; a cut does that too or, as
+drawn (`StreamFaults.silent_cut`), leaves the connection silent: nothing arrives and no
+error comes. A connection belongs to its process (`Incarnation`, `start_node`): when
+its task ends, each end it holds closes as the kernel closes a dead process's socket,
+a FIN after what it sent, or a reset when bytes it never read were left.
 """
 
 from __future__ import annotations
