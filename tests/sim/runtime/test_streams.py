@@ -408,3 +408,44 @@ def test_a_seed_replays_the_same_trace() -> None:
     assert first == simulate(11, _conversation, ROUGH)
     assert any("reset" in line for _, line in first)
     assert first != simulate(12, _conversation, ROUGH)
+
+
+def test_a_client_process_that_dies_or_a_handler_that_fails_closes_its_end() -> None:
+    async def scenario(network: SimNetwork) -> list[str]:
+        seen: list[str] = []
+        last_words_read = asyncio.Event()
+
+        async def note_end(reader: SimStreamReader, writer: SimStreamWriter) -> None:
+            data = await reader.read()
+            seen.append(f"server read {data!r} to the end")
+            if data == b"last words":
+                last_words_read.set()
+            if data == b"fail":
+                raise RuntimeError("a handler's defect")
+
+        async def client_process(message: bytes) -> None:
+            _, writer = await network.open_connection(SERVER, 9000)
+            writer.write(message)
+            await asyncio.Event().wait()  # never closes: it dies with its process
+
+        async with asyncio.TaskGroup() as group:
+            serving = await serve_in(group, network, note_end)
+            dying = start_node(group, CLIENT, client_process(b"last words"))
+            await asyncio.sleep(1)
+            dying.cancel()
+            reader, writer = await network.open_connection(SERVER, 9000)
+            writer.write(b"fail")
+            writer.write_eof()
+            async with asyncio.timeout(PATIENCE_S):
+                seen.append(f"client read {await reader.read()!r} to the end")
+            async with asyncio.timeout(PATIENCE_S):
+                await last_words_read.wait()
+            writer.close()
+            serving.cancel()
+        return sorted(seen)
+
+    assert simulate(8, scenario, ROUGH) == [
+        "client read b'' to the end",
+        "server read b'fail' to the end",
+        "server read b'last words' to the end",
+    ]
