@@ -67,6 +67,14 @@ def test_seed_4_a_producer_batch_that_waits_for_its_turn_ends_within_its_timeout
     assert result.stats.get("producer AppendTimedOut", 0) > 0, result.stats
 
 
+def test_seed_49_followers_leave_a_replica_a_wiped_store_lost() -> None:
+    """A store wiped and back holds nothing of a segment sealed meanwhile, and answers
+    NOT_FOUND at once: each answer counted as progress, and the followers reading it
+    asked it again and again for good (no convergence within 60 s of virtual time)."""
+    result = run_seed(49)
+    assert result.config.wipes and result.ok, _failure(result)
+
+
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     """Each of 1, 2 and 3 masters on etcd, the embedded master, and an operator making
     the CLI's calls, each in some seed CI runs."""

@@ -290,6 +290,8 @@ class Follower:
                 ahead = None
         else:
             ahead = None
+        if ahead is None:
+            cursor.on_call_started(read.epoch)
         call: _Replies = ahead if ahead is not None else stub.Read(self._packed_read(read))
         if self._ahead is None:
             self._read_ahead(cursor)
