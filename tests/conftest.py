@@ -83,7 +83,23 @@ def in_worker_order(nodeids: list[str]) -> list[int]:
     return sorted(range(len(nodeids)), key=key)
 
 
+# `make test`'s second pass collects only these paths: a test marked `faults` or `netns`
+# anywhere else would never run there, and fails collection instead.
+SECOND_PASS_MARKS = ("faults", "netns")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    stray = [
+        item.nodeid
+        for item in items
+        if any(item.get_closest_marker(mark) for mark in SECOND_PASS_MARKS)
+        and not item.nodeid.startswith(SYSTEM_WIDE)
+    ]
+    if stray:
+        raise pytest.UsageError(
+            f"marked {' or '.join(SECOND_PASS_MARKS)} outside {', '.join(SYSTEM_WIDE)} "
+            f"(make test's second pass collects those alone): {stray[:3]}"
+        )
     if _WORKER:
         items[:] = [items[i] for i in in_worker_order([item.nodeid for item in items])]
 
