@@ -458,9 +458,10 @@ class StreamClient:
     ) -> AsyncIterator[StreamEvent]:
         """Acked events in `[start, end)`; `end=None` stops at the acked end now.
         `start="earliest"`: the first event retained; a trimmed start raises `Trimmed`.
-        Every event of the range comes, or `Unavailable` naming the stores once the read
+        Every event of the range comes, or `Unavailable` naming the stores: once the read
         has not moved for `give_up_after_s` (default 10; more than 4, the silence that
-        marks a store unreachable, else ValueError) while none of them answers."""
+        marks a store unreachable, else ValueError) and every store that may serve it has
+        failed since (a hanging one is left after those 4 s of silence)."""
         timing = subscription.bounded_read_timing(give_up_after_s)
         return subscription.read(self.master, self._channels, name, start, end, timing)
 
