@@ -150,6 +150,9 @@ class WorldConfig:
     segment_bytes: int
     fsync_never: tuple[str, ...] = ()
     wipes: bool = False
+    # Batches one producer keeps out at once, each at the sequences after the last
+    # (a pipelined producer: its batches decide behind those held back in the writer).
+    producer_batches_max: int = 1
     # 0: one master on in-memory metadata; 1-3: masters elected on an etcd.
     masters: int = 0
     # An operator making the CLI's stream calls: trims by hand, retention limits,
@@ -206,6 +209,7 @@ class WorldConfig:
                 later.choice(OPERATOR_GRACES_MS) if operator else DELETE_GRACE_MS_DEFAULT
             ),
             producers=draws_producers(seed),
+            producer_batches_max=later.choice((1, 1, 4)),
             flaws=flaws,
         )
 
@@ -225,6 +229,11 @@ class WorldConfig:
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" producers" if self.producers else "")
+            + (
+                f" pipelined<={self.producer_batches_max}"
+                if self.producers and self.producer_batches_max > 1
+                else ""
+            )
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -675,13 +684,21 @@ class World:
         for _ in range(self.rng.randint(1, self.config.batch_max)):
             out.events[out.next_sequence] = f"p:{writer.producer_id}:{out.next_sequence}".encode()
             out.next_sequence += 1
-        if out.in_flight:
+        if out.batches_out and (
+            out.resend or out.batches_out >= self.config.producer_batches_max
+        ):
             return
-        first = min(out.events)
-        sequences = list(range(first, first + len(out.events)))
-        assert sorted(out.events) == sequences, "a producer's unconfirmed events run on"
+        first = min(out.events) if not out.batches_out else max(out.in_flight) + 1
+        ahead = sorted(sequence for sequence in out.events if sequence >= first)
+        sequences = list(range(first, first + len(ahead)))
+        assert ahead == sequences, "a producer's unconfirmed events run on"
+        if not sequences:
+            return
         out.in_flight.update(sequences)
-        appends.create_task(self._append_produced(writer, writer_id, checker, out, lost))
+        out.batches_out += 1
+        appends.create_task(
+            self._append_produced(writer, writer_id, checker, out, lost, sequences)
+        )
 
     async def _append_produced(
         self,
@@ -690,8 +707,8 @@ class World:
         checker: Checker,
         out: ProducerOutbox,
         lost: asyncio.Event,
+        sequences: list[int],
     ) -> None:
-        sequences = sorted(out.in_flight)
         payloads = tuple(out.events[sequence] for sequence in sequences)
         self.check(checker.append_started, writer_id, payloads, self.now_ms)
         try:
@@ -701,11 +718,15 @@ class World:
             self.check(checker.append_ended, writer_id, payloads)
             self.unanswered.update(payloads)
             self.count(f"producer {type(error).__name__}")
+            out.resend = True
             if isinstance(error, LeadershipLost) or not writer.leading:
                 lost.set()
             return
         finally:
-            out.in_flight.clear()
+            out.in_flight.difference_update(sequences)
+            out.batches_out -= 1
+            if not out.batches_out:
+                out.resend = False
         self.check(checker.append_ended, writer_id, payloads)
         state = self.masters.state
         for producer_sequence, sequence, payload in zip(
