@@ -92,7 +92,14 @@ from tests.sim.writer_node import ProducerOutbox
 # `fail_in_doubt`: a writer stepping down tells users an append failed that may be
 # durable; `forget_pending`: it loses its pending appends as it steps down (they hang);
 # `ack_before_seal`: a new segment acks before the earlier ones are sealed.
-RUNTIME_FLAWS = ("park_forever", "fail_in_doubt", "forget_pending", "ack_before_seal")
+RUNTIME_FLAWS = (
+    "park_forever",
+    "fail_in_doubt",
+    "forget_pending",
+    "ack_before_seal",
+    "write_past_unwritten",
+    "write_stale_decision",
+)
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
 # (`appends_per_s`) and the heartbeats of its writers.
@@ -688,12 +695,18 @@ class World:
             out.resend or out.batches_out >= self.config.producer_batches_max
         ):
             return
-        first = min(out.events) if not out.batches_out else max(out.in_flight) + 1
-        ahead = sorted(sequence for sequence in out.events if sequence >= first)
-        sequences = list(range(first, first + len(ahead)))
-        assert ahead == sequences, "a producer's unconfirmed events run on"
-        if not sequences:
+        # From the lowest unconfirmed event (the next after those out, if any), as many
+        # as run on without a gap: a batch answered after an earlier one failed in doubt
+        # leaves a gap, and a batch's events take consecutive sequences.
+        after = max(out.in_flight) if out.batches_out else -1
+        pending = sorted(sequence for sequence in out.events if sequence > after)
+        if not pending:
             return
+        sequences = [pending[0]]
+        for sequence in pending[1:]:
+            if sequence != sequences[-1] + 1:
+                break
+            sequences.append(sequence)
         out.in_flight.update(sequences)
         out.batches_out += 1
         appends.create_task(
@@ -854,25 +867,52 @@ class World:
 
     async def _delete_and_undelete(self, stream: str) -> None:
         delete = master_pb2.DeleteStreamRequest(name=stream)
-        if not await self._operate(f"delete {stream}", delete):
+        codes: list[grpc.StatusCode] = []
+        if not await self._operate(f"delete {stream}", delete, codes=codes):
             return
+        in_doubt = bool(codes) and codes[0] in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
         await asyncio.sleep(self.rng.randint(1, DELETED_MS_MAX) / 1000)
         undelete = master_pb2.UndeleteStreamRequest(name=stream)
         # Until it is back (through the liveness phase): a stream left deleted past its
         # grace is gone, and every acked event with it.
         while self.phase != "stopped":
             if await self._operate(f"undelete {stream}", undelete, retried=True):
-                return
+                break
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+        # A delete answered UNAVAILABLE may still land later (its request handled
+        # after all, after the undelete said there was nothing to undo: seed 86): the
+        # operator looks again until the run ends, as one would after a call in doubt.
+        describe = master_pb2.DescribeStreamRequest(name=stream)
+        while in_doubt and self.phase != "stopped":
+            await asyncio.sleep(OPERATOR_EVERY_MS / 1000)
+            async with StreamClient(self.masters.address) as client:
+                try:
+                    info = await client.master.DescribeStream(describe, timeout=OPERATOR_CALL_S)
+                except (grpc.aio.AioRpcError, StreamEngineError):
+                    continue
+            if info.deleted_until_ms:
+                await self._operate(f"undelete {stream} (deleted after all)", undelete)
 
-    async def _operate(self, what: str, request: Any, retried: bool = False) -> bool:
+    async def _operate(
+        self,
+        what: str,
+        request: Any,
+        retried: bool = False,
+        codes: list[grpc.StatusCode] | None = None,
+    ) -> bool:
         """One operator call to the masters, as the CLI makes it: whether it was done
-        (`retried`: False only while it may be done on a later try)."""
+        (`retried`: False only while it may be done on a later try); the status of a
+        call that failed goes to `codes`."""
         method = type(request).__name__.removesuffix("Request")
         async with StreamClient(self.masters.address) as client:
             try:
                 reply = await getattr(client.master, method)(request, timeout=OPERATOR_CALL_S)
             except grpc.aio.AioRpcError as error:
+                if codes is not None:
+                    codes.append(error.code())
                 self.note(f"operator: {what}: {error.code().name}")
                 self.count(f"operator {method} {error.code().name}")
                 retry = error.code() in (
@@ -1205,6 +1245,18 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
 
             stack.enter_context(
                 mock.patch.object(writer_shell.Writer, "_stepped_down", forgetting)
+            )
+        if "write_past_unwritten" in flaws:
+            # A producer's held batch not written leaves the ones behind it to go.
+            stack.enter_context(
+                mock.patch.object(
+                    writer_shell.Writer, "_fail_held_producer_batches", lambda *args: None
+                )
+            )
+        if "write_stale_decision" in flaws:
+            # A held batch goes although the table it was decided by changed.
+            stack.enter_context(
+                mock.patch.object(writer_shell.Writer, "_stale", lambda *args: False)
             )
         yield
 
