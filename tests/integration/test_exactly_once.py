@@ -6,13 +6,16 @@ the positions a seal recorded at the master."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 
 import pytest
 
 from bench.append_writer import PRODUCER_WINDOW
-from streamengine.client import InvalidArgument, StreamClient
+from streamengine.client import AppendFailed, InvalidArgument, StreamClient
+from streamengine.client.core.replicator import ENTRY_MEMORY_BYTES, ReplicatorLimits
+from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.testing import Cluster, running_cluster, wait_until
 from tests.integration.writer_process import WriterProcess, numbers_of, read_all
 
@@ -127,3 +130,39 @@ async def test_a_producer_that_opted_in_jumps_ahead_and_is_still_deduplicated(
             assert jumping.last_producer_sequence == 109
         events = await read_all(client, name)
         assert numbers_of(events, "a") == [*range(10), *range(100, 110)]
+
+
+async def test_a_held_producer_batch_cancelled_fails_the_batches_held_behind_it(
+    cluster: Cluster,
+) -> None:
+    """A producer's batches wait for room in turn, each decided behind the one before.
+    One cancelled by its caller while it waits is never written, so the batch behind it
+    must not be either: written, it would leave the cancelled sequences out of the
+    stream under a mark past them, and their retry would be answered as written."""
+    name = "exactly/held"
+    # One big event fills the window: the next batches are held back behind it.
+    limits = ReplicatorLimits(unacked_bytes_max=EVENT_BYTES_MAX + ENTRY_MEMORY_BYTES)
+    big = 700_000
+
+    def one(number: int) -> list[bytes]:
+        return [f"a-{number:06d}".encode().ljust(big, b".")]
+
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_stream(name, replicas=3, write_quorum=2)
+        async with client.writer(name, producer_id=PRODUCER, limits=limits) as writer:
+            calls = [
+                asyncio.create_task(writer.append_batch(one(n), producer_sequence=n))
+                for n in range(3)
+            ]
+            await asyncio.sleep(0)  # each call decides and is given or held at once
+            assert writer.statistics().waiting_appends == 2
+            calls[1].cancel()
+            with pytest.raises(AppendFailed, match="earlier batch of this producer"):
+                await calls[2]
+            assert len(await calls[0]) == 1
+            assert writer.last_producer_sequence == 0
+            # The caller retries from the cancelled batch: each event lands once.
+            for number in (1, 2):
+                await writer.append_batch(one(number), producer_sequence=number)
+        events = await read_all(client, name)
+        assert [int(p[2:8]) for _, p in events] == [0, 1, 2]

@@ -78,6 +78,11 @@ class ProducerOutbox:
     next_sequence: int = 0
     # Sequences given to the current writer: not resent while it leads.
     in_flight: set[int] = dataclasses.field(default_factory=set)
+    # Batches out at once (the runtime world's pipelined producers), and whether one of
+    # them failed: then no new batch goes until none is out, and the next resends
+    # every unconfirmed event from the lowest.
+    batches_out: int = 0
+    resend: bool = False
 
 
 def producer_sequence(payload: bytes) -> int | None:

@@ -203,6 +203,9 @@ class WorldConfig:
     segment_bytes: int
     fsync_never: tuple[str, ...] = ()
     wipes: bool = False
+    # Batches one producer keeps out at once, each at the sequences after the last
+    # (a pipelined producer: its batches decide behind those held back in the writer).
+    producer_batches_max: int = 1
     # 0: one master on in-memory metadata; 1-3: masters elected on an etcd.
     masters: int = 0
     # An operator making the CLI's stream calls: trims by hand, retention limits,
@@ -276,6 +279,7 @@ class WorldConfig:
             operator=operator,
             delete_grace_ms=grace_ms,
             producers=draws_producers(seed),
+            producer_batches_max=later.choice((1, 1, 4)),
             tokens=tokens,
             revoke_at_ms=revoke_at_ms,
             revoked_token=revoked_token,
@@ -300,6 +304,11 @@ class WorldConfig:
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" producers" if self.producers else "")
+            + (
+                f" pipelined<={self.producer_batches_max}"
+                if self.producers and self.producer_batches_max > 1
+                else ""
+            )
             + (
                 f" tokens of {TOKEN_TENANT} (#{self.revoked_token} revoked at "
                 f"{self.revoke_at_ms}ms)"
@@ -831,13 +840,27 @@ class World:
         for _ in range(self.rng.randint(1, self.config.batch_max)):
             out.events[out.next_sequence] = f"p:{writer.producer_id}:{out.next_sequence}".encode()
             out.next_sequence += 1
-        if out.in_flight:
+        if out.batches_out and (
+            out.resend or out.batches_out >= self.config.producer_batches_max
+        ):
             return
-        first = min(out.events)
-        sequences = list(range(first, first + len(out.events)))
-        assert sorted(out.events) == sequences, "a producer's unconfirmed events run on"
+        # From the lowest unconfirmed event (the next after those out, if any), as many
+        # as run on without a gap: a batch answered after an earlier one failed in doubt
+        # leaves a gap, and a batch's events take consecutive sequences.
+        after = max(out.in_flight) if out.batches_out else -1
+        pending = sorted(sequence for sequence in out.events if sequence > after)
+        if not pending:
+            return
+        sequences = [pending[0]]
+        for sequence in pending[1:]:
+            if sequence != sequences[-1] + 1:
+                break
+            sequences.append(sequence)
         out.in_flight.update(sequences)
-        appends.create_task(self._append_produced(writer, writer_id, checker, out, lost))
+        out.batches_out += 1
+        appends.create_task(
+            self._append_produced(writer, writer_id, checker, out, lost, sequences)
+        )
 
     async def _append_produced(
         self,
@@ -846,8 +869,8 @@ class World:
         checker: Checker,
         out: ProducerOutbox,
         lost: asyncio.Event,
+        sequences: list[int],
     ) -> None:
-        sequences = sorted(out.in_flight)
         payloads = tuple(out.events[sequence] for sequence in sequences)
         self.check(checker.append_started, writer_id, payloads, self.now_ms)
         if self.config.tokens:
@@ -864,11 +887,15 @@ class World:
             self.check(checker.append_ended, writer_id, payloads)
             self.unanswered.update(payloads)
             self.count(f"producer {type(error).__name__}")
+            out.resend = True
             if isinstance(error, LeadershipLost) or not writer.leading:
                 lost.set()
             return
         finally:
-            out.in_flight.clear()
+            out.in_flight.difference_update(sequences)
+            out.batches_out -= 1
+            if not out.batches_out:
+                out.resend = False
         self.check(checker.append_ended, writer_id, payloads)
         state = self.masters.state
         for producer_sequence, sequence, payload in zip(
@@ -1037,25 +1064,52 @@ class World:
 
     async def _delete_and_undelete(self, stream: str) -> None:
         delete = master_pb2.DeleteStreamRequest(name=stream)
-        if not await self._operate(f"delete {stream}", delete):
+        codes: list[grpc.StatusCode] = []
+        if not await self._operate(f"delete {stream}", delete, codes=codes):
             return
+        in_doubt = bool(codes) and codes[0] in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
         await asyncio.sleep(self.rng.randint(1, DELETED_MS_MAX) / 1000)
         undelete = master_pb2.UndeleteStreamRequest(name=stream)
         # Until it is back (through the liveness phase): a stream left deleted past its
         # grace is gone, and every acked event with it.
         while self.phase != "stopped":
             if await self._operate(f"undelete {stream}", undelete, retried=True):
-                return
+                break
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+        # A delete answered UNAVAILABLE may still land later (its request handled
+        # after all, after the undelete said there was nothing to undo: seed 86): the
+        # operator looks again until the run ends, as one would after a call in doubt.
+        describe = master_pb2.DescribeStreamRequest(name=stream)
+        while in_doubt and self.phase != "stopped":
+            await asyncio.sleep(OPERATOR_EVERY_MS / 1000)
+            async with StreamClient(self.masters.address) as client:
+                try:
+                    info = await client.master.DescribeStream(describe, timeout=OPERATOR_CALL_S)
+                except (grpc.aio.AioRpcError, StreamEngineError):
+                    continue
+            if info.deleted_until_ms:
+                await self._operate(f"undelete {stream} (deleted after all)", undelete)
 
-    async def _operate(self, what: str, request: Any, retried: bool = False) -> bool:
+    async def _operate(
+        self,
+        what: str,
+        request: Any,
+        retried: bool = False,
+        codes: list[grpc.StatusCode] | None = None,
+    ) -> bool:
         """One operator call to the masters, as the CLI makes it: whether it was done
-        (`retried`: False only while it may be done on a later try)."""
+        (`retried`: False only while it may be done on a later try); the status of a
+        call that failed goes to `codes`."""
         method = type(request).__name__.removesuffix("Request")
         async with StreamClient(self.masters.address) as client:
             try:
                 reply = await getattr(client.master, method)(request, timeout=OPERATOR_CALL_S)
             except grpc.aio.AioRpcError as error:
+                if codes is not None:
+                    codes.append(error.code())
                 self.note(f"operator: {what}: {error.code().name}")
                 self.count(f"operator {method} {error.code().name}")
                 retry = error.code() in (
