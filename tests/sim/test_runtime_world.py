@@ -105,6 +105,14 @@ def test_seed_49_followers_leave_a_replica_a_wiped_store_lost() -> None:
     assert result.config.wipes and result.ok, _failure(result)
 
 
+def test_seed_138_a_writer_rolls_away_from_a_store_that_refuses_on_every_reconnect() -> None:
+    """A store wiped while its writer's segment was open refuses the segment at once on
+    every reconnect (its replica lost): counted from the last refusal it was never lost,
+    and the writer's appends waited on it for good."""
+    result = run_seed(138)
+    assert result.config.wipes and result.ok, _failure(result)
+
+
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     """Each of 1, 2 and 3 masters on etcd, the embedded master, and an operator making
     the CLI's calls, each in some seed CI runs."""

@@ -14,6 +14,7 @@ from streamengine.client.core.replicator import (
     StoreConnected,
     StoreDisconnected,
     Tick,
+    WriteReplied,
 )
 from streamengine.client.core.writer import (
     CLOSE_SEALING_MS_MAX,
@@ -199,6 +200,31 @@ def test_a_store_disconnected_too_long_is_rolled_away_from() -> None:
     assert of_type(step(leader, 10 + STORE_LOST_MS - 1, Tick()), AskRoll) == []
     [ask] = of_type(step(leader, 10 + STORE_LOST_MS, Tick()), AskRoll)
     assert ask.exclude_stores == ("s3",) and "s3 lost" in ask.reason
+
+
+def test_a_store_that_refuses_each_time_it_reconnects_is_lost_since_it_first_went() -> None:
+    """A replica its store lost with a wipe is refused at once, UNAVAILABLE, after every
+    reconnect: counted from its last refusal it was never lost, and the writer waited on
+    it for good (the runtime world's seed 138)."""
+    leader = rolling_leader()
+    step(leader, 10, StoreDisconnected("s3"))
+    step(leader, 20, leader_answer(10 + STORE_LOST_MS - 100))
+    for now in range(100, STORE_LOST_MS, 1000):
+        step(leader, now, StoreConnected("s3"))
+        step(leader, now + 1, StoreDisconnected("s3"))  # refused again
+    [ask] = of_type(step(leader, 10 + STORE_LOST_MS, Tick()), AskRoll)
+    assert ask.exclude_stores == ("s3",) and "s3 lost" in ask.reason
+
+
+def test_a_store_back_and_serving_is_not_lost_when_it_goes_again() -> None:
+    leader = rolling_leader()
+    step(leader, 10, StoreDisconnected("s3"))
+    step(leader, 20, leader_answer(10 + STORE_LOST_MS - 100))
+    step(leader, 100, StoreConnected("s3"))
+    step(leader, 101, WriteReplied("s3", 0, False, 0, 0))  # it serves again
+    step(leader, 200, StoreDisconnected("s3"))
+    assert of_type(step(leader, 10 + STORE_LOST_MS, Tick()), AskRoll) == []
+    assert of_type(step(leader, 200 + STORE_LOST_MS, Tick()), AskRoll)
 
 
 def test_an_old_segment_rolls_by_age_only_with_something_in_it() -> None:

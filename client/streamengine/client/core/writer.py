@@ -642,6 +642,12 @@ class Leader:
         self._segmentless_roll_failures = 0
         self._detached: set[str] = set()
         self._disconnected_since: dict[str, int] = {}
+        # Stores connected again that have not served a write since: when they were
+        # lost. One that refuses the segment at once (a replica its store lost with a
+        # wipe, UNAVAILABLE each time) is lost since then, not since its last refusal:
+        # counted afresh, it never was, and the writer waited on it for good (the
+        # runtime world's seed 138).
+        self._reconnected_since: dict[str, int] = {}
         self._outbox: list[LeaderAction] = []
         self._master_answered_ms = 0
         self._append_timeout_ms = append_timeout_ms
@@ -819,10 +825,7 @@ class Leader:
             if self.replicator is not None and self.role is Role.LEADING:
                 actions.extend(self.replicator.step(now_ms, event))
                 stepped_replicator = True
-                if isinstance(event, StoreDisconnected):
-                    self._disconnected_since.setdefault(event.store, now_ms)
-                elif isinstance(event, StoreConnected):
-                    self._disconnected_since.pop(event.store, None)
+                self._track_connection(now_ms, event)
         elif not isinstance(event, Tick):
             raise TypeError(f"unknown event {event!r}")
         self._on_time(now_ms, actions, stepped_replicator)
@@ -1018,6 +1021,7 @@ class Leader:
         self._roll_refusals = 0
         self._detached = set()
         self._disconnected_since = {}
+        self._reconnected_since = {}
         actions.append(
             BecameLeader(answer.epoch, answer.lease_ms, answer.segment, answer.policy, self._grant)
         )
@@ -1043,6 +1047,23 @@ class Leader:
         if lost:
             return f"store(s) {', '.join(lost)} lost"
         return ""
+
+    def _track_connection(
+        self, now_ms: int, event: WriteReplied | StoreConnected | StoreDisconnected | Flush
+    ) -> None:
+        """When each store of the segment was lost, if it is (`_lost_stores`)."""
+        store = getattr(event, "store", None)
+        if isinstance(event, StoreDisconnected):
+            since = self._reconnected_since.pop(event.store, now_ms)
+            self._disconnected_since.setdefault(event.store, since)
+        elif isinstance(event, StoreConnected):
+            if event.store in self._disconnected_since:
+                self._reconnected_since[event.store] = self._disconnected_since.pop(event.store)
+        elif isinstance(event, WriteReplied) and not event.busy:
+            self._reconnected_since.pop(event.store, None)
+        assert store is None or not (
+            store in self._disconnected_since and store in self._reconnected_since
+        ), store
 
     def _lost_stores(self, now_ms: int) -> list[str]:
         return sorted(
