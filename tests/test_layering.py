@@ -181,7 +181,8 @@ def test_cores_do_no_io(path: Path) -> None:
 
 def test_the_choice_of_master_and_the_wire_vocabulary_are_pure() -> None:
     pure = pure_protocol_modules()
-    for name in ("masters", "entry", "certificate", "grants", "tokens", "signing", "policy"):
+    vocabulary = ("entry", "certificate", "grants", "tokens", "signing", "policy", "framing")
+    for name in ("masters", *vocabulary):
         assert f"streamengine.protocol.{name}" in pure, name
 
 

@@ -39,6 +39,22 @@ GRPC_MESSAGE_FRAMING_BYTES_MAX = 1 << 20
 # 4 MiB is below one batch).
 GRPC_MESSAGE_BYTES_MAX = WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX + GRPC_MESSAGE_FRAMING_BYTES_MAX
 
+# The data plane's frames (framing.py, docs/data-plane.md): a payload is one request or
+# reply message, so its bound is gRPC's message bound, and a peer announcing a larger one
+# is refused from its header, before its payload is read.
+FRAME_PAYLOAD_BYTES_MAX = GRPC_MESSAGE_BYTES_MAX
+# The fixed header before every payload (framing.HEADER).
+FRAME_HEADER_BYTES = 16
+# Before the hello is accepted the peer is nobody: its frames are held to this much
+# (a hello carries a version range and a token of a few hundred bytes).
+HELLO_PAYLOAD_BYTES_MAX = 16 << 10
+# Bytes of frames either side may send on one request before its peer grants more:
+# two of the largest frames, so a writer keeps a batch in flight while the store takes
+# the one before. What a store buffers for one connection is this many bytes per open
+# request, at most DATA_REQUESTS_MAX of them.
+STREAM_CREDIT_BYTES = 2 * (FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX)
+DATA_REQUESTS_MAX = 64
+
 # Parallel replicating and recovering keeps at most the open segment and one earlier.
 UNSEALED_SEGMENTS_MAX = 2
 
@@ -77,5 +93,7 @@ TENANT_APPEND_BYTES_PER_S_DEFAULT = 256 << 20
 assert WRITE_BATCH_BYTES_MAX >= 2 * EVENT_BYTES_MAX, "a batch must hold the largest event"
 assert GRPC_MESSAGE_BYTES_MAX >= WRITE_BATCH_BYTES_MAX + EVENT_BYTES_MAX, "a batch must fit"
 assert GRPC_MESSAGE_FRAMING_BYTES_MAX >= 64 * WRITE_BATCH_ENTRIES_MAX, "room for entry framing"
+assert STREAM_CREDIT_BYTES >= FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX, "a frame must fit"
+assert HELLO_PAYLOAD_BYTES_MAX < FRAME_PAYLOAD_BYTES_MAX
 assert LEASE_MS_DEFAULT > HEARTBEATS_PER_LEASE * 100, "heartbeats must be frequent enough"
 assert LEASE_BATCH_ENTRIES_MAX * 0.1 < LEASE_MS_DEFAULT / HEARTBEATS_PER_LEASE, "batch too long"
