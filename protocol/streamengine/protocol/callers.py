@@ -38,8 +38,6 @@ from streamengine.protocol.tokens import Revocations, resolve_caller
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-
-
 def bearer_token(context: Context) -> str | None:
     """The token of the call's `authorization: Bearer <token>` metadata, if any (a
     value without the Bearer prefix is a token too: nothing else goes there)."""
@@ -66,10 +64,9 @@ class Callers:
     def principal(self, context: Context) -> Principal | Denial:
         """Raises identity.ProofRefused for a certificate proof that does not hold, and
         NoVerifyingKey when the call's token cannot be checked yet."""
-        return resolve_caller(
-            caller_identity(context),
-            bearer_token(context),
-            self.verifier,
-            self.revocations(),
-            self.clock_ms(),
-        )
+        return self.principal_of(caller_identity(context), bearer_token(context))
+
+    def principal_of(self, identity: Principal, bearer: str | None) -> Principal | Denial:
+        """The same for a caller known otherwise: the data plane's, by the certificate
+        of its TLS handshake and the token of its hello (`framed.py`)."""
+        return resolve_caller(identity, bearer, self.verifier, self.revocations(), self.clock_ms())

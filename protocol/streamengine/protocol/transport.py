@@ -11,6 +11,11 @@ and for every channel the SDK, the tools and the servers open.
 - Clients trust `ca.crt`, present `client.root` when given no token and it is there,
   and send a token as `authorization: Bearer <token>` on every call, streams included.
   A token is sent over TLS only: it is a bearer secret.
+- The data plane (`framed.py`) uses Python's `ssl` with the same files: servers present
+  `node.crt` and ask for a client certificate of the cluster's CA without requiring one
+  (`CERT_OPTIONAL`: members and admins are known by it, tenants by the token of their
+  hello); clients verify the server by `ca.crt` and present their certificate in the
+  handshake.
 
 A `Transport` holds the PEM bytes, not paths, so it pickles (Spark ships it to the
 executors) and a certificate replaced on disk takes effect at the next process start.
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import ssl
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +124,16 @@ class Transport:
             credentials = grpc.composite_channel_credentials(credentials, *per_call)
         return credentials
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The data plane's client side: None for plaintext; else verifying the server
+        by the CA, presenting this transport's certificate when it holds one."""
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode())
+        if self.cert_pem:
+            _load_chain(context, self.cert_pem, self.key_pem)
+        return context
+
     def aio_channel(self, address: str, options: Options | None = None) -> grpc.aio.Channel:
         chosen = CLIENT_OPTIONS if options is None else options
         if aio_channel_factory is not None:
@@ -173,6 +190,30 @@ def server_credentials(certs_dir: Path) -> grpc.ServerCredentials:
     ca = _read(certs_dir / CA_CERT)
     pair = (_read(certs_dir / NODE_KEY), _read(certs_dir / NODE_CERT))
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=False)
+
+
+def server_ssl_context(certs_dir: Path) -> ssl.SSLContext:
+    """The data plane's server side: TLS with the node certificate, a client certificate
+    asked for and verified against the CA when given, never required (tenants have
+    none: their token in the hello says who they are)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(context, _read(certs_dir / NODE_CERT), _read(certs_dir / NODE_KEY))
+    context.load_verify_locations(cadata=_read(certs_dir / CA_CERT).decode())
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
+def _load_chain(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+    """`ssl` loads a certificate and key from files only: they pass through a private
+    directory (mode 0700, removed at once) rather than the PEM bytes a Transport holds
+    being kept on disk."""
+    with tempfile.TemporaryDirectory(prefix="streamengine-tls-") as folder:
+        cert_path, key_path = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+        cert_path.write_bytes(cert_pem)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key_pem)
+        context.load_cert_chain(cert_path, key_path)
 
 
 LOOPBACK_HOSTS = frozenset({"localhost", "::1"})

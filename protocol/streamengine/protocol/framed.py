@@ -1,0 +1,460 @@
+"""The data plane's asyncio shell: connections speaking `framing`'s frames over TCP,
+with TLS from the cluster's certificates (docs/data-plane.md); its server side is
+`framed_server.py`, on the pieces below.
+
+- A client holds one connection per server (`connect`, an async context manager) and
+  opens requests on it (`DataConnection.call`): each a `ClientCall` that sends request
+  messages as its credit allows and receives replies until the server's End or Error.
+  A background reader dispatches frames to calls; a pinger pings while the connection
+  lives and drops it when the server has been silent for its dead-peer time. Both are
+  owned by the connection's TaskGroup; a failure reaches every call as `CallError`.
+- Sockets get TCP keepalive and `TCP_USER_TIMEOUT` (a peer gone without a word is
+  dropped by the kernel within the dead-peer time even while data is unacknowledged).
+
+Connections are opened and servers started through `open_connection` and
+`start_server` below, with the signatures of asyncio's: the deterministic simulator
+puts its in-memory network there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import socket
+import ssl
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from google.protobuf.message import Message
+
+from streamengine.protocol import framing
+from streamengine.protocol.framing import (
+    VERSIONS,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    Kind,
+    Method,
+    ReceiveWindow,
+    SendCredit,
+    StatusCode,
+)
+from streamengine.protocol.limits import (
+    FRAME_HEADER_BYTES,
+    FRAME_PAYLOAD_BYTES_MAX,
+    STREAM_CREDIT_BYTES,
+)
+from streamengine.protocol.transport import Transport
+from streamengine.v1 import data_plane_pb2
+
+log = logging.getLogger("streamengine.framed")
+
+# The seams: where connections are opened and servers started.
+open_connection = asyncio.open_connection
+start_server = asyncio.start_server
+
+# Liveness, as gRPC's keepalive on the control plane (channels.py): a client pings every
+# interval when alive; either side drops a peer silent for the dead-peer time.
+PING_INTERVAL_MS = 2_000
+DEAD_PEER_MS = 8_000
+# A hello must come this soon after the connection opens: a stranger holds nothing long.
+HELLO_TIMEOUT_MS = 5_000
+# Bytes read from a socket at once.
+READ_CHUNK_BYTES = 256 << 10
+# Control frames (credits, pongs, errors) wait in the socket's buffer without a drain;
+# a peer that lets this much pile up is not reading and is dropped.
+UNREAD_CONTROL_BYTES_MAX = 1 << 20
+
+assert DEAD_PEER_MS >= 3 * PING_INTERVAL_MS, "a dead peer is one that missed pings"
+assert HELLO_TIMEOUT_MS < DEAD_PEER_MS
+
+
+class CallError(Exception):
+    """A request ended by an Error frame (the server's status), or by its connection's
+    end (UNAVAILABLE). A server's handler raises it to answer with its status."""
+
+    def __init__(
+        self, code: StatusCode, details: str, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+        self.metadata = dict(metadata or {})
+
+    @classmethod
+    def of_frame(cls, frame: Frame) -> CallError:
+        error = framing.parse_control(frame)
+        assert isinstance(error, data_plane_pb2.Error)
+        try:
+            code = StatusCode(error.code)
+        except ValueError:
+            code = StatusCode.UNKNOWN
+        return cls(code, error.details, error.metadata)
+
+    def frame(self, request_id: int) -> bytes:
+        return framing.error_frame(request_id, self.code, self.details, self.metadata)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` (a bracketed IPv6 host too) as asyncio takes it."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit():
+        raise ValueError(f"not host:port: {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def configure_socket(writer: asyncio.StreamWriter, dead_peer_ms: int) -> None:
+    """Keepalive and a user timeout on a real TCP socket (none in the simulator)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    interval_s = max(1, PING_INTERVAL_MS // 1000)
+    for option, value in (
+        ("TCP_KEEPIDLE", interval_s),
+        ("TCP_KEEPINTVL", interval_s),
+        ("TCP_KEEPCNT", max(1, dead_peer_ms // 1000 // interval_s - 1)),
+        ("TCP_USER_TIMEOUT", dead_peer_ms),
+    ):
+        if hasattr(socket, option):  # Linux has them all; other systems some
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+class Peer:
+    """One side of a connection: its socket, decoder and the sending discipline."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, decoder: FrameDecoder
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = decoder
+        self.frames: collections.deque[Frame] = collections.deque()
+        self.last_heard = asyncio.get_running_loop().time()
+        self.send_lock = asyncio.Lock()  # one message frame at a time, drained
+
+    async def read_frame(self) -> Frame | None:
+        """The next frame; None when the peer closed."""
+        while not self.frames:
+            data = await self.reader.read(READ_CHUNK_BYTES)
+            if not data:
+                return None
+            self.frames.extend(self.decoder.feed(data))
+            self.last_heard = asyncio.get_running_loop().time()
+        return self.frames.popleft()
+
+    def send_control(self, frame: bytes) -> None:
+        """A control frame, without waiting: a peer not reading them is dropped."""
+        if self.writer.is_closing():
+            return
+        self.writer.write(frame)
+        buffered = self.writer.transport.get_write_buffer_size()
+        if buffered > UNREAD_CONTROL_BYTES_MAX + STREAM_CREDIT_BYTES:
+            raise FrameError(StatusCode.RESOURCE_EXHAUSTED, "the peer reads nothing it is sent")
+
+    async def send_message(self, parts: Sequence[bytes]) -> None:
+        async with self.send_lock:
+            if self.writer.is_closing():
+                raise CallError(StatusCode.UNAVAILABLE, "the connection is closed")
+            self.writer.writelines(parts)
+            await self.writer.drain()
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError, asyncio.CancelledError):
+            await self.writer.wait_closed()
+
+    def silent_s(self) -> float:
+        return asyncio.get_running_loop().time() - self.last_heard
+
+
+class RequestStream:
+    """What each side keeps of one request: its credits and the frames received."""
+
+    def __init__(self, request_id: int, method: Method, send_bytes: int, window: int) -> None:
+        self.request_id = request_id
+        self.method = method
+        self.credit = SendCredit(send_bytes)
+        self.credit_changed = asyncio.Event()
+        self.window = ReceiveWindow(window)
+        # Messages and the end (None: End; CallError: an Error or the connection's end).
+        # Bounded by `window` in bytes: each message frame was received against it.
+        self.inbox: asyncio.Queue[Frame | CallError | None] = asyncio.Queue()
+        self.ended = False  # this side sent its End, Cancel or Error
+        # Why nothing more may be sent: the peer ended the request, or the connection.
+        self.finished: CallError | None = None
+
+    def finish(self, why: CallError) -> None:
+        if self.finished is None:
+            self.finished = why
+            self.credit_changed.set()
+
+    def granted(self, frame: Frame) -> None:
+        credit = framing.parse_control(frame)
+        assert isinstance(credit, data_plane_pb2.Credit)
+        self.credit.grant(credit)
+        self.credit_changed.set()
+
+    def received(self, frame: Frame) -> None:
+        self.window.receive(frame.size)
+        self.inbox.put_nowait(frame)
+
+    async def wait_credit(self, frame_bytes: int) -> None:
+        while True:
+            if self.finished is not None:
+                raise self.finished
+            if self.credit.can_send(frame_bytes):
+                return
+            self.credit_changed.clear()
+            await self.credit_changed.wait()
+
+    async def next_message(self, peer: Peer, message_type: type[Message]) -> Message | None:
+        """The next message received, granting its bytes back; None at the peer's End."""
+        item = await self.inbox.get()
+        if item is None or isinstance(item, CallError):
+            self.inbox.put_nowait(item)  # the end stays the end
+            if isinstance(item, CallError):
+                raise item
+            return None
+        granted = self.window.consume(item.size)
+        if granted:
+            peer.send_control(
+                framing.encode(Kind.CREDIT, self.request_id, data_plane_pb2.Credit(bytes=granted))
+            )
+        return framing.parse(item, message_type)
+
+
+# The client.
+
+
+class ClientCall:
+    """One request on a `DataConnection`."""
+
+    def __init__(self, connection: DataConnection, stream: RequestStream) -> None:
+        self._connection = connection
+        self._stream = stream
+
+    @property
+    def request_id(self) -> int:
+        return self._stream.request_id
+
+    async def send(self, message: Message) -> None:
+        await self.send_parts((message.SerializeToString(),))
+
+    async def send_parts(self, parts: Sequence[bytes]) -> None:
+        """A request message already serialized in pieces; waits for credit."""
+        stream = self._stream
+        assert not stream.ended, "sent after the call's end"
+        payload_bytes = sum(len(part) for part in parts)
+        bound = self._connection.hello_ok.frame_payload_bytes_max
+        if payload_bytes > bound:
+            raise CallError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"a request of {payload_bytes} bytes is over the server's {bound} bytes bound",
+            )
+        frame = framing.encode_parts(stream.method.request_kind, stream.request_id, parts)
+        frame_bytes = FRAME_HEADER_BYTES + payload_bytes
+        await stream.wait_credit(frame_bytes)
+        stream.credit.spend(frame_bytes)
+        await self._connection.peer.send_message(frame)
+
+    async def receive(self) -> Message | None:
+        """The next reply; None after the server's End. Raises CallError."""
+        return await self._stream.next_message(
+            self._connection.peer, self._stream.method.reply_type
+        )
+
+    async def end(self) -> None:
+        """No more requests: the server answers what it has and ends the call."""
+        if not self._stream.ended:
+            self._stream.ended = True
+            self._control(Kind.END, data_plane_pb2.End())
+
+    def cancel(self) -> None:
+        """Gives the call up: the server stops it, its replies are dropped."""
+        if not self._stream.ended:
+            self._stream.ended = True
+            self._control(Kind.CANCEL, data_plane_pb2.Cancel())
+        self._connection.forget(self._stream.request_id)
+
+    def _control(self, kind: Kind, message: Message) -> None:
+        if self._connection.failure is None:
+            with contextlib.suppress(FrameError):
+                self._connection.peer.send_control(
+                    framing.encode(kind, self._stream.request_id, message)
+                )
+
+
+class DataConnection:
+    """A client's connection to one server: see the module doc."""
+
+    def __init__(self, peer: Peer, hello_ok: data_plane_pb2.HelloOk) -> None:
+        self.peer = peer
+        self.hello_ok = hello_ok
+        self.failure: CallError | None = None
+        self._streams: dict[int, RequestStream] = {}
+        self._request_ids = itertools.count(1)
+        self._ping_nonces = itertools.count(1)
+        self._room = asyncio.Event()  # set when a request ends or the connection
+
+    async def call(self, method: Method) -> ClientCall:
+        """Opens a request (when fewer than the server's bound are open)."""
+        while self.failure is None and len(self._streams) >= self.hello_ok.requests_max:
+            self._room.clear()
+            await self._room.wait()
+        if self.failure is not None:
+            raise self.failure
+        request_id = next(self._request_ids)
+        stream = RequestStream(
+            request_id, method, self.hello_ok.stream_credit_bytes, STREAM_CREDIT_BYTES
+        )
+        self._streams[request_id] = stream
+        return ClientCall(self, stream)
+
+    def forget(self, request_id: int, why: CallError | None = None) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.finish(why or CallError(StatusCode.CANCELLED, "the call was given up"))
+            self._room.set()
+
+    async def read_loop(self) -> None:
+        try:
+            while (frame := await self.peer.read_frame()) is not None:
+                self._dispatch(frame)
+            self.fail(CallError(StatusCode.UNAVAILABLE, "the server closed the connection"))
+        except FrameError as error:
+            with contextlib.suppress(FrameError):
+                self.peer.send_control(framing.error_frame(0, error.code, error.details))
+            self.fail(CallError(error.code, f"the server broke the protocol: {error.details}"))
+        except (OSError, ssl.SSLError) as error:
+            self.fail(CallError(StatusCode.UNAVAILABLE, f"connection lost: {error}"))
+
+    def _dispatch(self, frame: Frame) -> None:
+        framing.check_direction(frame, from_client=False)
+        if frame.kind is Kind.PING:
+            ping = framing.parse_control(frame)
+            assert isinstance(ping, data_plane_pb2.Ping)
+            self.peer.send_control(
+                framing.encode(Kind.PONG, 0, data_plane_pb2.Pong(nonce=ping.nonce))
+            )
+            return
+        if frame.kind is Kind.PONG:
+            return  # heard: that is all a pong says
+        if frame.request_id == 0:  # an Error: the connection's end
+            self.fail(CallError.of_frame(frame))
+            return
+        stream = self._streams.get(frame.request_id)
+        if stream is None:
+            return  # a call given up: what was in flight is dropped
+        if frame.kind is Kind.CREDIT:
+            stream.granted(frame)
+        elif frame.kind is Kind.END:
+            stream.inbox.put_nowait(None)
+            self.forget(frame.request_id, CallError(StatusCode.CANCELLED, "the call has ended"))
+        elif frame.kind is Kind.ERROR:
+            error = CallError.of_frame(frame)
+            stream.inbox.put_nowait(error)
+            self.forget(frame.request_id, error)
+        else:
+            if frame.kind is not stream.method.reply_kind:
+                raise FrameError(StatusCode.INVALID_ARGUMENT, f"{frame.kind.name} on a call")
+            stream.received(frame)
+
+    async def ping_loop(self) -> None:
+        interval_s = self.hello_ok.ping_interval_ms / 1000
+        dead_s = self.hello_ok.dead_peer_ms / 1000
+        while self.failure is None:
+            silent_s = self.peer.silent_s()
+            if silent_s >= dead_s:
+                self.fail(
+                    CallError(StatusCode.UNAVAILABLE, f"the server was silent for {silent_s:.1f} s")
+                )
+                return
+            with contextlib.suppress(FrameError):
+                ping = data_plane_pb2.Ping(nonce=next(self._ping_nonces))
+                self.peer.send_control(framing.encode(Kind.PING, 0, ping))
+            await asyncio.sleep(min(interval_s, dead_s - silent_s))
+
+    def fail(self, error: CallError) -> None:
+        """Ends every call with `error`: the connection is over."""
+        if self.failure is not None:
+            return
+        self.failure = error
+        for stream in self._streams.values():
+            stream.inbox.put_nowait(error)
+            stream.finish(error)
+        self._streams.clear()
+        self.peer.writer.close()
+        self._room.set()
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    address: str, transport: Transport, versions: framing.VersionRange = VERSIONS
+) -> AsyncIterator[DataConnection]:
+    """A connection to the data plane of the server at `address`, for the `async with`
+    block. Raises CallError (UNAVAILABLE when it cannot connect; the server's status
+    when it refuses the hello)."""
+    host, port = split_address(address)
+    context = transport.ssl_context()
+    try:
+        async with asyncio.timeout(HELLO_TIMEOUT_MS / 1000):
+            reader, writer = await open_connection(
+                host, port, ssl=context, server_hostname=host if context else None
+            )
+    except (OSError, ssl.SSLError, TimeoutError) as error:
+        raise CallError(StatusCode.UNAVAILABLE, f"cannot connect to {address}: {error}") from None
+    configure_socket(writer, DEAD_PEER_MS)
+    peer = Peer(reader, writer, FrameDecoder())
+    try:
+        hello_ok = await _hello(peer, transport, versions, address)
+        connection = DataConnection(peer, hello_ok)
+        async with asyncio.TaskGroup() as tasks:
+            loops = (
+                tasks.create_task(connection.read_loop()),
+                tasks.create_task(connection.ping_loop()),
+            )
+            try:
+                yield connection
+            finally:
+                connection.fail(CallError(StatusCode.CANCELLED, "the connection was closed"))
+                for loop in loops:
+                    loop.cancel()
+    finally:
+        await peer.close()
+
+
+async def _hello(
+    peer: Peer, transport: Transport, versions: framing.VersionRange, address: str
+) -> data_plane_pb2.HelloOk:
+    assert transport.tls or not transport.token, "a token is sent over TLS only"
+    hello = data_plane_pb2.Hello(
+        version_min=versions.low,
+        version_max=versions.high,
+        token=transport.token,
+        stream_credit_bytes=STREAM_CREDIT_BYTES,
+    )
+    try:
+        async with asyncio.timeout(HELLO_TIMEOUT_MS / 1000):
+            await peer.send_message((framing.encode(Kind.HELLO, 0, hello),))
+            frame = await peer.read_frame()
+        if frame is None:
+            raise CallError(StatusCode.UNAVAILABLE, f"{address} closed the connection")
+        framing.check_direction(frame, from_client=False)
+        if frame.kind is Kind.ERROR:
+            raise CallError.of_frame(frame)
+        if frame.kind is not Kind.HELLO_OK:
+            raise FrameError(StatusCode.INVALID_ARGUMENT, f"{frame.kind.name} before HelloOk")
+        hello_ok = framing.parse_control(frame)
+        assert isinstance(hello_ok, data_plane_pb2.HelloOk)
+        framing.check_hello_ok(hello_ok, versions)
+    except FrameError as error:
+        raise CallError(error.code, f"{address}: {error.details}") from None
+    except (OSError, ssl.SSLError, TimeoutError) as error:
+        raise CallError(StatusCode.UNAVAILABLE, f"{address}: hello failed: {error!r}") from None
+    # The server's bound is on what it accepts; what it sends is held to the protocol's.
+    peer.decoder.allow_payload_bytes(FRAME_PAYLOAD_BYTES_MAX)
+    return hello_ok

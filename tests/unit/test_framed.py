@@ -1,0 +1,391 @@
+"""The data plane's asyncio shell (protocol/framed.py, framed_server.py) over real
+sockets on 127.0.0.1: requests multiplexed on a connection, errors with their statuses
+and fence details, credits holding a sender back, the hello refusing what it cannot
+serve, dead peers dropped, TLS identities (the handshake's certificate, the hello's
+token), and the seams the simulator replaces."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamengine.protocol import auth, framed, framing
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framing import Kind, StatusCode, VersionRange
+from streamengine.protocol.limits import FRAME_PAYLOAD_BYTES_MAX
+from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.transport import Transport, server_ssl_context
+from streamengine.testing.ports import free_port
+from streamengine.tools import certs
+from streamengine.v1 import data_plane_pb2, segment_store_pb2
+
+DEADLINE_S = 5.0
+TENANT = auth.Principal(auth.PrincipalKind.TENANT, "t1", tenant="acme", role=auth.Role.WRITE)
+
+
+def reply_to(request: Any) -> segment_store_pb2.WriteReply:
+    return segment_store_pb2.WriteReply(request_id=request.request_id, matched_index=7)
+
+
+async def echo(call: ServerCall) -> None:
+    async for request in call:
+        await call.send(reply_to(request))
+
+
+def accept_any(identity: auth.Principal, token: str | None) -> auth.Principal | auth.Denial:
+    if token is None:
+        return identity
+    return TENANT if token == "good" else auth.Denial("the token is not valid here")
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handler: Callable[[ServerCall], Awaitable[None]] | None = echo,
+    context: Any = None,
+    **options: Any,
+) -> AsyncIterator[str]:
+    handlers = {Kind.WRITE_REQUEST: handler} if handler else {}
+    server = DataServer(handlers, accept_any, **options)
+    port = await server.start(f"127.0.0.1:{free_port()}", context)
+    try:
+        async with asyncio.timeout(DEADLINE_S * 2):
+            yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop()
+
+
+def request(request_id: int, size: int = 0) -> segment_store_pb2.WriteRequest:
+    return segment_store_pb2.WriteRequest(request_id=request_id, packed_values=b"v" * size)
+
+
+async def test_requests_are_answered_in_order_and_multiplexed() -> None:
+    async with serving() as address, framed.connect(address, Transport()) as connection:
+        first = await connection.call(framing.WRITE)
+        second = await connection.call(framing.WRITE)
+        assert first.request_id != second.request_id
+        for n in range(3):
+            await first.send(request(n))
+            await second.send(request(100 + n))
+        await first.end()
+        await second.end()
+        firsts = [await first.receive() for _ in range(4)]
+        seconds = [await second.receive() for _ in range(4)]
+    assert [r.request_id for r in firsts[:3]] == [0, 1, 2] and firsts[3] is None  # type: ignore[union-attr]
+    assert [r.request_id for r in seconds[:3]] == [100, 101, 102] and seconds[3] is None  # type: ignore[union-attr]
+
+
+async def test_already_serialized_parts_go_as_one_message() -> None:
+    data = request(5, size=300).SerializeToString()
+    async with serving() as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send_parts([data[:10], data[10:]])
+        reply = await call.receive()
+    assert isinstance(reply, segment_store_pb2.WriteReply) and reply.request_id == 5
+
+
+async def test_an_error_carries_its_status_and_the_fence() -> None:
+    async def fenced(call: ServerCall) -> None:
+        await call.receive()
+        raise CallError(
+            StatusCode.FAILED_PRECONDITION, "below the fence", {FENCE_METADATA_KEY: "9"}
+        )
+
+    async with serving(fenced) as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(request(1))
+        with pytest.raises(CallError) as raised:
+            await call.receive()
+        # The call is over; the connection goes on.
+        with pytest.raises(CallError):
+            await call.send(request(2))
+        again = await connection.call(framing.WRITE)
+        await again.send(request(3))
+        with pytest.raises(CallError):
+            await again.receive()
+    assert raised.value.code is StatusCode.FAILED_PRECONDITION
+    assert raised.value.metadata == {FENCE_METADATA_KEY: "9"}
+
+
+async def test_a_method_not_served_is_unimplemented() -> None:
+    async with serving(None) as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(request(1))
+        with pytest.raises(CallError) as raised:
+            await call.receive()
+    assert raised.value.code is StatusCode.UNIMPLEMENTED
+
+
+async def test_a_handler_failing_answers_internal_and_the_connection_goes_on() -> None:
+    async def broken(call: ServerCall) -> None:
+        raise RuntimeError("a bug")
+
+    async with serving(broken) as address, framed.connect(address, Transport()) as connection:
+        for _ in range(2):
+            call = await connection.call(framing.WRITE)
+            await call.send(request(1))
+            with pytest.raises(CallError) as raised:
+                await call.receive()
+            assert raised.value.code is StatusCode.INTERNAL
+
+
+async def test_credit_holds_a_writer_back_until_the_server_reads() -> None:
+    reading = asyncio.Event()
+
+    async def slow(call: ServerCall) -> None:
+        await reading.wait()
+        await echo(call)
+
+    payload_max, credit = 1024, 2 * 1040
+    async with (
+        serving(slow, frame_payload_bytes_max=payload_max, stream_credit_bytes=credit) as address,
+        framed.connect(address, Transport()) as connection,
+    ):
+        call = await connection.call(framing.WRITE)
+        # Ids 1-127 serialize alike: each frame costs the same.
+        frame_bytes = framing.HEADER.size + len(request(1, 500).SerializeToString())
+        sent = 0
+        while call._stream.credit.can_send(frame_bytes):
+            sent += 1
+            await call.send(request(sent, 500))
+        assert sent == credit // frame_bytes  # all the server granted, no more
+        blocked = asyncio.ensure_future(call.send(request(sent + 1, 500)))
+        await asyncio.sleep(0)
+        assert not blocked.done()
+        reading.set()
+        await blocked  # the server read: credit came back
+        await call.end()
+        replies = [await call.receive() for _ in range(sent + 2)]
+    assert replies[-1] is None and len([r for r in replies if r is not None]) == sent + 1
+
+
+async def test_a_request_over_the_servers_bound_is_refused_before_sending() -> None:
+    async with (
+        serving(frame_payload_bytes_max=1024, stream_credit_bytes=4096) as address,
+        framed.connect(address, Transport()) as connection,
+    ):
+        call = await connection.call(framing.WRITE)
+        with pytest.raises(CallError) as raised:
+            await call.send(request(1, 2000))
+    assert raised.value.code is StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_cancel_stops_the_handler() -> None:
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def waits(call: ServerCall) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+
+    async with serving(waits) as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(request(1))
+        await started.wait()
+        call.cancel()
+        await stopped.wait()
+
+
+async def test_no_common_version_is_refused_at_hello() -> None:
+    async with serving() as address:
+        with pytest.raises(CallError) as raised:
+            async with framed.connect(address, Transport(), VersionRange(5, 6)):
+                pass
+    assert raised.value.code is StatusCode.FAILED_PRECONDITION
+    assert "upgrade" in raised.value.details
+
+
+async def raw_exchange(address: str, data: bytes) -> list[framing.Frame]:
+    """What a server answers to `data` before it closes the connection."""
+    host, port = framed.split_address(address)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(data)
+    decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
+    frames: list[framing.Frame] = []
+    while chunk := await reader.read(1 << 16):
+        frames += decoder.feed(chunk)
+    writer.close()
+    return frames
+
+
+def hello(credit: int = framing.HEADER.size + FRAME_PAYLOAD_BYTES_MAX) -> bytes:
+    message = data_plane_pb2.Hello(version_min=1, version_max=1, stream_credit_bytes=credit)
+    return framing.encode(Kind.HELLO, 0, message)
+
+
+def error_of(frame: framing.Frame) -> data_plane_pb2.Error:
+    assert frame.kind is Kind.ERROR and frame.request_id == 0
+    error = framing.parse_control(frame)
+    assert isinstance(error, data_plane_pb2.Error)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", StatusCode.RESOURCE_EXHAUSTED),  # reads as a huge length
+        (framing.header(Kind.HELLO, 0, 1 << 20), StatusCode.RESOURCE_EXHAUSTED),
+        (framing.encode(Kind.PING, 0, data_plane_pb2.Ping()), StatusCode.INVALID_ARGUMENT),
+        (hello(credit=10), StatusCode.INVALID_ARGUMENT),
+        (hello() + hello(), StatusCode.INVALID_ARGUMENT),
+        (hello() + framing.encode(Kind.END, 5, data_plane_pb2.End()), StatusCode.INVALID_ARGUMENT),
+    ],
+)
+async def test_bad_input_is_answered_with_one_error_and_the_end(
+    data: bytes, code: StatusCode
+) -> None:
+    async with serving() as address:
+        frames = await raw_exchange(address, data)
+    assert error_of(frames[-1]).code == code
+    assert all(frame.kind is Kind.HELLO_OK for frame in frames[:-1])
+
+
+async def test_a_client_past_its_credit_is_dropped() -> None:
+    never = asyncio.Event()
+
+    async def stuck(call: ServerCall) -> None:
+        await never.wait()
+
+    frame = framing.encode(Kind.WRITE_REQUEST, 1, request(1, 900))
+    async with serving(stuck, frame_payload_bytes_max=1024, stream_credit_bytes=2048) as address:
+        frames = await raw_exchange(address, hello() + frame * 3)
+    assert error_of(frames[-1]).code == StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_silent_client_is_dropped() -> None:
+    async with serving(ping_interval_ms=50, dead_peer_ms=300) as address:
+        frames = await raw_exchange(address, hello())  # then nothing, not even a ping
+    assert [frame.kind for frame in frames] == [Kind.HELLO_OK]
+
+
+async def test_a_silent_server_fails_the_calls() -> None:
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello_ok = data_plane_pb2.HelloOk(
+            version=1,
+            stream_credit_bytes=1 << 24,
+            frame_payload_bytes_max=1 << 20,
+            requests_max=4,
+            ping_interval_ms=50,
+            dead_peer_ms=300,
+        )
+        writer.write(framing.encode(Kind.HELLO_OK, 0, hello_ok))
+        while await reader.read(1 << 16):
+            pass  # hears everything, answers no ping
+
+    server = await asyncio.start_server(mute, "127.0.0.1", free_port())
+    port = server.sockets[0].getsockname()[1]
+    async with (
+        asyncio.timeout(DEADLINE_S),
+        server,
+        framed.connect(f"127.0.0.1:{port}", Transport()) as connection,
+    ):
+        call = await connection.call(framing.WRITE)
+        with pytest.raises(CallError) as raised:
+            await call.receive()
+    assert raised.value.code is StatusCode.UNAVAILABLE and "silent" in raised.value.details
+
+
+async def test_nothing_listening_is_unavailable() -> None:
+    with pytest.raises(CallError) as raised:
+        async with framed.connect(f"127.0.0.1:{free_port()}", Transport()):
+            pass
+    assert raised.value.code is StatusCode.UNAVAILABLE
+
+
+async def test_connections_go_through_the_seams(monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[tuple[str, int]] = []
+    started: list[int] = []
+    real_open, real_start = framed.open_connection, framed.start_server
+
+    async def open_connection(host: str, port: int, **kwargs: Any) -> Any:
+        opened.append((host, port))
+        return await real_open(host, port, **kwargs)
+
+    async def start_server(callback: Any, host: str, port: int, **kwargs: Any) -> Any:
+        started.append(port)
+        return await real_start(callback, host, port, **kwargs)
+
+    monkeypatch.setattr(framed, "open_connection", open_connection)
+    monkeypatch.setattr(framed, "start_server", start_server)
+    async with serving() as address, framed.connect(address, Transport()):
+        pass
+    assert opened == [framed.split_address(address)] and started == [opened[0][1]]
+
+
+# TLS: the handshake's certificate and the hello's token say who calls.
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> certs.LocalCerts:
+    local = certs.create_local_certs(tmp_path_factory.mktemp("certs"))
+    local.add_node("store1", store_id="s1")
+    local.add_node("master", master=True)
+    return local
+
+
+async def principal_seen(cluster: certs.LocalCerts, transport: Transport) -> auth.Principal:
+    seen: list[auth.Principal] = []
+
+    async def who(call: ServerCall) -> None:
+        seen.append(call.principal)
+        await echo(call)
+
+    context = server_ssl_context(cluster.node_dir("store1"))
+    async with serving(who, context) as address, framed.connect(address, transport) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(request(1))
+        await call.receive()
+    return seen[0]
+
+
+async def test_a_member_is_known_by_its_certificate(cluster: certs.LocalCerts) -> None:
+    master = Transport.for_node(cluster.node_dir("master"))
+    assert await principal_seen(cluster, master) == auth.Principal(
+        auth.PrincipalKind.MASTER, "master"
+    )
+
+
+async def test_a_tenant_is_known_by_the_token_of_its_hello(cluster: certs.LocalCerts) -> None:
+    tenant = Transport.for_client(cluster.tenant_dir, token="good")
+    assert await principal_seen(cluster, tenant) == TENANT
+    anonymous = Transport.for_client(cluster.tenant_dir)
+    assert await principal_seen(cluster, anonymous) == auth.ANONYMOUS
+
+
+async def test_a_bad_token_is_unauthenticated(cluster: certs.LocalCerts) -> None:
+    context = server_ssl_context(cluster.node_dir("store1"))
+    async with serving(echo, context) as address:
+        with pytest.raises(CallError) as raised:
+            async with framed.connect(address, Transport.for_client(cluster.tenant_dir, "bad")):
+                pass
+    assert raised.value.code is StatusCode.UNAUTHENTICATED
+
+
+async def test_a_server_of_another_ca_is_not_trusted(
+    cluster: certs.LocalCerts, tmp_path: Path
+) -> None:
+    other = certs.create_local_certs(tmp_path / "other")
+    other.add_node("store1", store_id="s1")
+    context = server_ssl_context(other.node_dir("store1"))
+    async with serving(echo, context) as address:
+        with pytest.raises(CallError) as raised:
+            async with framed.connect(address, Transport.for_client(cluster.tenant_dir)):
+                pass
+    assert raised.value.code is StatusCode.UNAVAILABLE
+    assert "CERTIFICATE_VERIFY_FAILED" in raised.value.details
+
+
+async def test_a_plaintext_client_of_a_tls_server_gets_nowhere(cluster: certs.LocalCerts) -> None:
+    context = server_ssl_context(cluster.node_dir("store1"))
+    async with serving(echo, context) as address:
+        with pytest.raises(CallError) as raised:
+            async with framed.connect(address, Transport()):
+                pass
+    assert raised.value.code is StatusCode.UNAVAILABLE
