@@ -159,8 +159,11 @@ class Peer:
         async with self.send_lock:
             if self.writer.is_closing():
                 raise CallError(StatusCode.UNAVAILABLE, "the connection is closed")
-            self.writer.writelines(parts)
-            await self.writer.drain()
+            try:
+                self.writer.writelines(parts)
+                await self.writer.drain()
+            except (OSError, ssl.SSLError) as error:
+                raise CallError(StatusCode.UNAVAILABLE, f"connection lost: {error}") from None
 
     async def close(self) -> None:
         self.writer.close()
@@ -398,7 +401,10 @@ async def connect(
     """A connection to the data plane of the server at `address`, for the `async with`
     block. Raises CallError (UNAVAILABLE when it cannot connect; the server's status
     when it refuses the hello)."""
-    host, port = split_address(address)
+    try:
+        host, port = split_address(address)
+    except ValueError as error:
+        raise CallError(StatusCode.INVALID_ARGUMENT, f"no data address to dial: {error}") from None
     context = transport.ssl_context()
     try:
         async with asyncio.timeout(HELLO_TIMEOUT_MS / 1000):
@@ -412,6 +418,9 @@ async def connect(
     try:
         hello_ok = await _hello(peer, transport, versions, address)
         connection = DataConnection(peer, hello_ok)
+        # What the `async with` block raised: raised as it is, not inside the group of
+        # the TaskGroup's errors (the loops never fail: they end the connection).
+        raised: Exception | None = None
         async with asyncio.TaskGroup() as tasks:
             loops = (
                 tasks.create_task(connection.read_loop()),
@@ -419,10 +428,14 @@ async def connect(
             )
             try:
                 yield connection
+            except Exception as error:
+                raised = error
             finally:
                 connection.fail(CallError(StatusCode.CANCELLED, "the connection was closed"))
                 for loop in loops:
                     loop.cancel()
+        if raised is not None:
+            raise raised
     finally:
         await peer.close()
 
@@ -430,7 +443,6 @@ async def connect(
 async def _hello(
     peer: Peer, transport: Transport, versions: framing.VersionRange, address: str
 ) -> data_plane_pb2.HelloOk:
-    assert transport.tls or not transport.token, "a token is sent over TLS only"
     hello = data_plane_pb2.Hello(
         version_min=versions.low,
         version_max=versions.high,
