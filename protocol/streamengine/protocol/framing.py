@@ -267,7 +267,13 @@ class FrameDecoder:
         kind, request_id, length = self._pending
         if len(buffer) < length:
             return None
-        payload = bytes(buffer[:length])
+        # One copy out of the buffer (slicing the bytearray first would make two).
+        view = memoryview(buffer)
+        try:
+            with view[:length] as part:
+                payload = bytes(part)
+        finally:
+            view.release()
         del buffer[:length]
         self._pending = None
         return Frame(kind, request_id, payload)
