@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,22 +38,70 @@ if _WORKER:
 # What `make test`'s workers take as one unit, in order, on one worker: a test file, as
 # `--dist loadfile` would (a file's module fixtures are set up once), except that the
 # fault suite and the netns tests are a single unit (they share namespace names, bridges
-# and iptables), first in collection order, so the longest unit starts early, and that
-# the files on the shared SparkSession (`tests/integration/test_spark*`) are one unit, so
-# that one worker starts Spark's JVM (10 s or more of a core), not both. (xdist's
-# `loadgroup` says this with marks, but loses its groups under pytest 9, whose node ids
-# it cannot rename.)
+# and iptables), that the files on the shared SparkSession (`tests/integration/test_spark*`)
+# are one unit, so that one worker starts Spark's JVM (10 s or more of a core), not both,
+# and that the Spark tests that start a JVM of their own (`OWN_JVM`, 25-35 s each) are a
+# unit each, which the other worker may take. (xdist's `loadgroup` says this with marks,
+# but loses its groups under pytest 9, whose node ids it cannot rename.)
 SYSTEM_WIDE = ("tests/faults/", "tests/integration/test_netns.py")
 SPARK_SESSION = "tests/integration/test_spark"
+OWN_JVM = (
+    "tests/integration/test_spark.py::test_the_readme_spark_example_runs_as_written",
+    "tests/integration/test_spark.py::test_spark_starts_in_a_driver_already_inside_grpc",
+)
+# Units of real processes or of the simulator take seconds a test; the rest (pure code)
+# take milliseconds. Workers take the former first and the latter last, so that whichever
+# worker ends its last long unit first fills the wait with short ones: the pass ends
+# within a short unit of both workers' ends, not a long one.
+LONG_UNITS = ("tests/integration/", "tests/sim/", "system-wide", "spark-session")
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of `nodeid`: its file, "system-wide" or "spark-session"."""
+    """The unit of `nodeid`: its file, "system-wide", "spark-session", or itself."""
     if nodeid.startswith(SYSTEM_WIDE):
         return "system-wide"
+    if nodeid.startswith(OWN_JVM):
+        return nodeid
     if nodeid.startswith(SPARK_SESSION):
         return "spark-session"
     return nodeid.split("::", 1)[0]
+
+
+def in_worker_order(nodeids: list[str]) -> list[int]:
+    """The positions of `nodeids` in the order workers take them: long units first, each
+    kind by its number of tests, most first (as xdist's own order), a unit's tests
+    together in their order of collection."""
+    counts = Counter(work_unit(nodeid) for nodeid in nodeids)
+
+    def key(position: int) -> tuple[bool, int, int]:
+        unit = work_unit(nodeids[position])
+        return not unit.startswith(LONG_UNITS), -counts[unit], first_seen[unit]
+
+    first_seen: dict[str, int] = {}
+    for position, nodeid in enumerate(nodeids):
+        first_seen.setdefault(work_unit(nodeid), position)
+    return sorted(range(len(nodeids)), key=key)
+
+
+# `make test`'s second pass collects only these paths: a test marked `faults` or `netns`
+# anywhere else would never run there, and fails collection instead.
+SECOND_PASS_MARKS = ("faults", "netns")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    stray = [
+        item.nodeid
+        for item in items
+        if any(item.get_closest_marker(mark) for mark in SECOND_PASS_MARKS)
+        and not item.nodeid.startswith(SYSTEM_WIDE)
+    ]
+    if stray:
+        raise pytest.UsageError(
+            f"marked {' or '.join(SECOND_PASS_MARKS)} outside {', '.join(SYSTEM_WIDE)} "
+            f"(make test's second pass collects those alone): {stray[:3]}"
+        )
+    if _WORKER:
+        items[:] = [items[i] for i in in_worker_order([item.nodeid for item in items])]
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -62,6 +111,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
+    # Units in the order the workers collected them (`in_worker_order`), not xdist's.
+    config.option.loadscopereorder = False
     return ByWorkUnit(config, log)
 
 

@@ -16,6 +16,10 @@ from streamengine.testing import Cluster
 # one: for the open segment's acked end, again each second (each ask 2 s at most);
 # for its events, leaving each hanging replica after 4 s of silence.
 READ_RAISES_S_MAX = 30.0
+# The reads' own give-up time (`give_up_after_s`, `tail --give-up-after`): what a read to
+# the acked end waits for an answer before it raises (by default 10 s). A read to a given
+# end leaves the three hanging replicas one after another (`silent_replica_ms` each).
+GIVE_UP_AFTER_S = 5.0
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,11 @@ from streamengine.testing import (
     wait_for,
     wait_until,
 )
-from tests.integration.paused_stores import READ_RAISES_S_MAX, acked_then_paused
+from tests.integration.paused_stores import (
+    GIVE_UP_AFTER_S,
+    READ_RAISES_S_MAX,
+    acked_then_paused,
+)
 
 
 def run_cli(
@@ -316,6 +320,7 @@ async def test_tail_of_paused_stores_fails_naming_them(cluster: Cluster) -> None
     ):
         tail = await asyncio.to_thread(
             run_cli, "tail", paused.name, "--master", cluster.master_address,
+            "--give-up-after", str(GIVE_UP_AFTER_S),
             timeout_s=READ_RAISES_S_MAX,
         )  # fmt: skip
     assert tail.returncode == 1, (tail.stdout, tail.stderr)

@@ -350,7 +350,12 @@ async def test_a_copy_differing_only_from_the_certificate_is_never_served_nor_co
 
         # Readers go to the first member first: the forged chunk never leaves.
         assert await read_all(client) == payloads
-        assert damaged.master_count("streamengine_master_reader_reports_total") >= 1
+        wait_for(
+            lambda: damaged.master_count("streamengine_master_reader_reports_total") >= 1,
+            10,
+            0.2,
+            "the reader's report of the forged replica",
+        )
 
         differs = run_cli("verify", STREAM, "--master", cluster.master_address)
         assert differs.returncode == 1
@@ -420,7 +425,13 @@ async def test_a_bit_flipped_under_its_crc_never_reaches_a_reader_of_a_certified
         assert await read_all(client) == payloads
         batches = [batch async for batch in client.read_batches(STREAM)]
         assert [p for batch in batches for p in batch.column("payload").to_pylist()] == payloads
-        assert damaged.master_count("streamengine_master_reader_reports_total") >= 1
+        # A report answered late (a loaded master) is counted once the master took it.
+        wait_for(
+            lambda: damaged.master_count("streamengine_master_reader_reports_total") >= 1,
+            10,
+            0.2,
+            "the reader's report of the damaged replica",
+        )
 
 
 async def test_a_replica_counts_as_good_only_once_its_store_read_it_back(

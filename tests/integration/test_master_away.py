@@ -10,8 +10,8 @@ from streamengine.client import StreamClient
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import running_cluster, wait_until
 
-PAUSE_S = 12.0
-LEASE_MS = 1000
+LEASE_MS = 500
+PAUSE_S = 12 * LEASE_MS / 1000
 BATCH = 100
 
 

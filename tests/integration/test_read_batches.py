@@ -18,7 +18,11 @@ from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
 from streamengine.v1 import master_pb2
 from tests.integration import damage
-from tests.integration.paused_stores import READ_RAISES_S_MAX, acked_then_paused
+from tests.integration.paused_stores import (
+    GIVE_UP_AFTER_S,
+    READ_RAISES_S_MAX,
+    acked_then_paused,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -206,7 +210,9 @@ async def test_read_batches_of_paused_stores_raises_unavailable_naming_them(
         batches: list[pa.RecordBatch] = []
 
         async def read_all() -> None:
-            async for batch in client.read_batches(paused.name, start=0, end=end):
+            async for batch in client.read_batches(
+                paused.name, start=0, end=end, give_up_after_s=GIVE_UP_AFTER_S
+            ):
                 batches.append(batch)
 
         with pytest.raises(Unavailable) as raised:

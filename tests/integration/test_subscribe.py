@@ -17,7 +17,11 @@ from streamengine.client import DataLossError, NotFound, StreamClient, Unavailab
 from streamengine.client.core.subscription import StreamEvent
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.testing import Cluster, free_port, metric_value, running_cluster, wait_until
-from tests.integration.paused_stores import READ_RAISES_S_MAX, acked_then_paused
+from tests.integration.paused_stores import (
+    GIVE_UP_AFTER_S,
+    READ_RAISES_S_MAX,
+    acked_then_paused,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -422,7 +426,9 @@ async def test_a_read_of_paused_stores_raises_unavailable_naming_them(
         events: list[StreamEvent] = []
 
         async def read_all() -> None:
-            async for event in client.read(paused.name, start=0, end=end):
+            async for event in client.read(
+                paused.name, start=0, end=end, give_up_after_s=GIVE_UP_AFTER_S
+            ):
                 events.append(event)
 
         started = time.monotonic()

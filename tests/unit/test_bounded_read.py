@@ -164,3 +164,20 @@ def test_where_a_read_to_the_acked_end_ends(
 def test_the_error_names_the_stores_and_the_wait() -> None:
     text = Unreachable(4, (A, B), 10_000).describe("t/s")
     assert text == "t/s: no replica of segment 4 answered for 10 s (a:1, b:1)"
+
+
+def test_a_read_given_its_own_give_up_time_raises_at_it() -> None:
+    """`read(..., give_up_after_s=)`: the acked end unknown, the read raises at its own
+    bound, not the default one."""
+    own = TIMING.giving_up_after(5000)
+    last = SegmentView(1, (A, B, C), False, 0, acked_index=100)
+    assert acked_end(last, Asked(NO_ANSWER, 0, 4999), own) == Wait(4999 + REFRESH_MS)
+    assert acked_end(last, Asked(NO_ANSWER, 0, 5000), own) == Unreachable(1, (A, B, C), 5000)
+
+
+@pytest.mark.parametrize("ms", [TIMING.silent_replica_ms, 1000, 0, -1])
+def test_a_give_up_time_within_a_replicas_silence_is_refused(ms: int) -> None:
+    """A read must outlast the silence that marks a replica unreachable (and the longest
+    backoff), or it would give up before it had asked each replica again."""
+    with pytest.raises(ValueError, match="more than 4 s"):
+        TIMING.giving_up_after(ms)

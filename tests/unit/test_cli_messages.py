@@ -70,3 +70,18 @@ def test_a_token_and_a_token_file_together_are_a_usage_error(tmp_path: Path) -> 
     with pytest.raises(SystemExit) as exited:
         parse(["stream", "list", "--token", "a", "--token-file", str(tmp_path / "t")])
     assert exited.value.code == 2
+
+
+# ---- a bounded tail's give-up time ----
+
+
+def test_tail_takes_its_give_up_time_and_refuses_one_within_a_replicas_silence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse(["tail", "t/s", "--give-up-after", "5"]).give_up_after == 5.0
+    assert parse(["tail", "t/s"]).give_up_after is None
+    for bad in ("4", "x", "inf"):
+        with pytest.raises(SystemExit):
+            parse(["tail", "t/s", "--give-up-after", bad])
+        err = capsys.readouterr().err
+        assert "argument --give-up-after" in err and "Traceback" not in err, err

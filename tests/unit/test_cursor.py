@@ -217,6 +217,31 @@ def test_a_replica_stalled_below_the_bridge_of_a_sealed_segment_is_abandoned() -
     assert cursor.next(10 + stall_ms) == ReadFrom(1, B, 2)
 
 
+def test_answers_that_hold_nothing_needed_are_no_progress_on_a_sealed_segment() -> None:
+    """A replica lost with a wiped store answers NOT_FOUND (0) at once and for good;
+    counted as progress, it held a follower of a sealed segment on it for good
+    (simulator seed 49)."""
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(2)], 0)
+    assert cursor.next(0) == ReadFrom(2, A, 1)
+    cursor.on_segments([sealed(2, 1), open_segment(4)], 10)
+    stall_ms = TIMING.sealed_replica_stall_ms
+    for now in range(10, 10 + stall_ms, 50):
+        cursor.on_position(2, A, 0, now)  # a lower bound: the read began open
+        assert cursor.next(now) == ReadFrom(2, A, 1)
+    assert cursor.next(10 + stall_ms) == ReadFrom(2, B, 1, 2)
+
+
+def test_a_new_call_on_a_segment_listed_sealed_takes_its_answer_as_the_end() -> None:
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(2)], 0)
+    assert cursor.next(0) == ReadFrom(2, A, 1)
+    cursor.on_segments([sealed(2, 1), open_segment(4)], 10)
+    cursor.on_call_started(2)
+    cursor.on_position(2, A, 0, 20)
+    assert cursor.next(20) == ReadFrom(2, B, 1, 2)
+
+
 def test_a_replica_left_behind_on_an_open_segment_is_passed_over_for_the_next() -> None:
     """A store the leader detached (too far behind, its roll refused for want of
     stores) answers on with the same position while the open segment grows on the

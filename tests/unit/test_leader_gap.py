@@ -186,3 +186,15 @@ def test_a_held_append_taken_or_cancelled_is_not_answered_again() -> None:
     assert timed_out == []
     timed_out = of_type(step(leader, 30 + APPEND_TIMEOUT_MS, Tick()), HeldAppendsTimedOut)
     assert timed_out == [HeldAppendsTimedOut(1)]
+
+
+def test_a_held_append_due_before_now_times_out_when_due_but_never_before_one_ahead() -> None:
+    """A producer's batch held after waiting for its turn counts its timeout from the
+    call (`AppendHeld.due_ms`); held appends are answered oldest first, so one due
+    before an append held ahead of it waits for that one's deadline."""
+    leader, _ = granted_without_segment(unsealed=(3,))
+    step(leader, 10, SegmentSealed(3))
+    step(leader, 100, AppendHeld(due_ms=600))
+    step(leader, 200, AppendHeld(due_ms=400))
+    assert of_type(step(leader, 599, Tick()), HeldAppendsTimedOut) == []
+    assert of_type(step(leader, 600, Tick()), HeldAppendsTimedOut) == [HeldAppendsTimedOut(2)]

@@ -188,3 +188,38 @@ def test_without_the_opt_in_a_jump_is_still_a_gap() -> None:
     with pytest.raises(SequenceGap):
         table.decide(P, 2000, 1)
     assert table.decide(P, 1002, 1) == Dedup((), 1002, 1)
+
+
+# P holds 0..6 (HELD); batches of 7..11 wait in the shell, not assigned yet.
+QUEUED_THROUGH = 11
+
+
+@pytest.mark.parametrize(
+    "first, count, jumps, expected",
+    [
+        (12, 3, False, Dedup((), 12, 3)),  # right behind the queued batches: all written
+        (20, 3, True, Dedup((), 20, 3)),  # above them, sequences that may jump
+        (11, 2, False, None),  # overlaps the last queued batch: decided once assigned
+        (3, 2, False, None),  # a retry of what the table holds waits its turn too
+    ],
+)
+def test_a_batch_behind_queued_batches_is_decided_against_the_last_of_them(
+    first: int, count: int, jumps: bool, expected: Dedup | None
+) -> None:
+    table = table_with(*HELD)
+    assert table.decide_behind(P, QUEUED_THROUGH, first, count, jumps) == expected
+
+
+def test_a_batch_past_the_queued_batches_plus_one_is_a_gap() -> None:
+    with pytest.raises(SequenceGap) as raised:
+        table_with(*HELD).decide_behind(P, QUEUED_THROUGH, 13, 1)
+    assert raised.value.expected == 12
+
+
+def test_runs_taken_away_count_as_a_change_and_runs_added_do_not() -> None:
+    table = table_with(*HELD)
+    table.add_run(P, Run(7, 2, 301))
+    assert table.changes == 0
+    table.forget_from(301)
+    assert table.changes == 1
+    assert table.last_sequence(P) == 6

@@ -231,3 +231,15 @@ def test_a_rebuilding_master_has_no_id_until_it_adopts_one(metadata_place: Metad
     state.registry.adopt_cluster_id("cluster-x")
     again = fixed_secrets(MasterState(metadata_place.open(), NOW, LEASE, TIMEOUT))
     assert again.cluster_id == "cluster-x"
+
+
+def test_a_tail_of_a_lost_replica_is_refused_and_of_one_not_written_yet_waits() -> None:
+    """A follower tailing a replica the store lost with an earlier incarnation would
+    wait for good: no write fills it again. One not written yet is an open segment's."""
+    core = joining_core()
+    core.execute(JoinCommand("cluster-a", (SEGMENT,)))
+    with pytest.raises(ReplicaLost):
+        core.tail_meta(SEGMENT)
+    assert core.tail_meta(OTHER).acked_index == 0
+    core.seal(OTHER, 4)
+    assert core.tail_meta(OTHER).fence > 0

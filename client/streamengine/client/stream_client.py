@@ -449,11 +449,21 @@ class StreamClient:
         )
 
     def read(
-        self, name: str, start: int | Literal["earliest"] = 0, end: int | None = None
+        self,
+        name: str,
+        start: int | Literal["earliest"] = 0,
+        end: int | None = None,
+        *,
+        give_up_after_s: float | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Acked events in `[start, end)`; `end=None` stops at the acked end now.
-        `start="earliest"`: the first event retained; a trimmed start raises `Trimmed`."""
-        return subscription.read(self.master, self._channels, name, start, end)
+        `start="earliest"`: the first event retained; a trimmed start raises `Trimmed`.
+        Every event of the range comes, or `Unavailable` naming the stores: once the read
+        has not moved for `give_up_after_s` (default 10; more than 4, the silence that
+        marks a store unreachable, else ValueError) and every store that may serve it has
+        failed since (a hanging one is left after those 4 s of silence)."""
+        timing = subscription.bounded_read_timing(give_up_after_s)
+        return subscription.read(self.master, self._channels, name, start, end, timing)
 
     def subscribe_batches(
         self, name: str, start: subscription.Start = 0
@@ -464,11 +474,17 @@ class StreamClient:
         return subscription.subscribe_batches(self.master, self._channels, name, start)
 
     def read_batches(
-        self, name: str, start: int | Literal["earliest"] = 0, end: int | None = None
+        self,
+        name: str,
+        start: int | Literal["earliest"] = 0,
+        end: int | None = None,
+        *,
+        give_up_after_s: float | None = None,
     ) -> AsyncIterator[pa.RecordBatch]:
         """`read` as Arrow record batches (columns as `subscribe_batches`): what a
         catch-up reads in packed replies, with no Python object per event."""
-        return subscription.read_batches(self.master, self._channels, name, start, end)
+        timing = subscription.bounded_read_timing(give_up_after_s)
+        return subscription.read_batches(self.master, self._channels, name, start, end, timing)
 
     async def _control(self, call: Callable[[], Awaitable[T]]) -> T:
         try:

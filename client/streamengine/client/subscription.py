@@ -290,6 +290,8 @@ class Follower:
                 ahead = None
         else:
             ahead = None
+        if ahead is None:
+            cursor.on_call_started(read.epoch)
         call: _Replies = ahead if ahead is not None else stub.Read(self._packed_read(read))
         if self._ahead is None:
             self._read_ahead(cursor)
@@ -594,6 +596,7 @@ def _follower(
     start: Start,
     end: int | None,
     forever: bool,
+    timing: FollowerTiming | None = None,
 ) -> Follower | None:
     """A follower of `[start, end)` (`forever`: from `start` on, for ever; else `end=None`
     stops at the acked end at call time); None when the range is empty."""
@@ -601,7 +604,16 @@ def _follower(
         return Follower(master, channels, stream, start, None, until_acked_end=False)
     if end is not None and isinstance(start, int) and end <= start:
         return None
-    return Follower(master, channels, stream, start, end, until_acked_end=end is None)
+    return Follower(master, channels, stream, start, end, end is None, timing)
+
+
+def bounded_read_timing(give_up_after_s: float | None) -> FollowerTiming:
+    """A bounded read's waits: the defaults, or its own give-up time (ValueError below
+    what a replica's silence takes to notice)."""
+    timing = FollowerTiming()
+    if give_up_after_s is None:
+        return timing
+    return timing.giving_up_after(round(give_up_after_s * 1000))
 
 
 async def subscribe(
@@ -621,9 +633,10 @@ async def read(
     stream: str,
     start: int | Literal["earliest"] = 0,
     end: int | None = None,
+    timing: FollowerTiming | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """Acked events in `[start, end)`; `end=None` stops at the acked end at call time."""
-    follower = _follower(master, channels, stream, start, end, forever=False)
+    follower = _follower(master, channels, stream, start, end, False, timing)
     if follower is None:
         return
     async for events in follower.events():
@@ -647,9 +660,10 @@ async def read_batches(
     stream: str,
     start: int | Literal["earliest"] = 0,
     end: int | None = None,
+    timing: FollowerTiming | None = None,
 ) -> AsyncIterator[pa.RecordBatch]:
     """`read`, as record batches (`packed.EVENT_SCHEMA`)."""
-    follower = _follower(master, channels, stream, start, end, forever=False)
+    follower = _follower(master, channels, stream, start, end, False, timing)
     if follower is None:
         return
     async for batch in follower.batches():

@@ -44,9 +44,12 @@ every earlier segment is recovered: its producer table (`Leader.producers`) is t
 rebuilt and `last_producer_sequence` known. `append_batch(payloads, producer_sequence=K)`
 decides by the table (`streamengine.protocol.producers`): the events at or below the
 high-water mark are not written again, their stream sequences are answered once they
-are durable; the others go as one batch behind a PRODUCER mark. Producer batches are
-decided one at a time, each until the core took its indexes, so that the next one
-decides against a table that holds it.
+are durable; the others go as one batch behind a PRODUCER mark. A decided batch is
+given to the core at once or held back for room in turn with every other append, as a
+plain one is; the next batch of the producer decides behind it (`decide_behind`), and
+one held back is written only if the table it was decided by is unchanged, and never
+while a segment is being recovered; one not written fails every one held behind it
+(`streamengine.protocol.producers`, "Queued batches").
 
 Why one long module: `Writer` carries out every action of the core's one state machine
 (calls to the master, writes through the store sessions, recoveries) and feeds
@@ -134,7 +137,7 @@ from streamengine.protocol.entry import (
     check_producer_id,
 )
 from streamengine.protocol.limits import EVENT_BYTES_MAX
-from streamengine.protocol.producers import SequenceGap, TooManyProducers
+from streamengine.protocol.producers import Dedup, ProducerTable, SequenceGap, TooManyProducers
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
@@ -179,6 +182,11 @@ class _Append:
     nbytes: int
     future: asyncio.Future[tuple[int, int]]
     marked: bool = False  # the first payload is a PRODUCER mark
+    # A marked batch: the last producer sequence it writes, and the table it was decided
+    # by with that table's `changes` then (it is written only if they still hold).
+    producer_through: int = -1
+    decided_by: ProducerTable | None = None
+    table_changes: int = 0
     first_index: int = 0
     last_index: int = 0
     segment_epoch: int = 0
@@ -231,7 +239,7 @@ class Writer:
                 raise InvalidArgument(str(error)) from None
         self.producer_id = producer_id
         self._sequence_jumps = sequence_jumps
-        # Producer batches decide one at a time (module docstring).
+        # Producer batches decide in the order of their calls (module docstring).
         self._producer_turn = asyncio.Lock()
         self.client_id = client_id or f"writer-{uuid.uuid4().hex}"
         self._master = master
@@ -448,25 +456,23 @@ class Writer:
         largest = max(map(len, payloads))
         if largest > EVENT_BYTES_MAX:
             raise EventTooLarge(f"event of {largest} bytes > {EVENT_BYTES_MAX}")
-        nbytes = events_bytes(payloads)
         item: _Append | None = None
         # The append timeout counts from the call, through the wait for the turn.
         due_ms = monotonic_ms() + round(self._append_timeout_s * 1000)
         deadline = asyncio.get_running_loop().time() + self._append_timeout_s
         async with self._producer_turn:
-            await self._wait_producer_turn(nbytes, deadline)
-            # Decided and taken by the core in one go: nothing changes the table between.
-            try:
-                decision = self._core.producers.decide(
-                    producer_id, first_sequence, len(payloads), self._sequence_jumps
-                )
-            except (SequenceGap, TooManyProducers) as error:
-                raise InvalidArgument(f"{self.stream}: {error}") from None
+            await self._wait_producer_turn(deadline)
+            decision = self._producer_decision(producer_id, first_sequence, len(payloads))
+            if decision is None:
+                # A retry of batches still held back: answered once they are assigned.
+                await self._wait_producer_turn(deadline, queue_drained=True)
+                decision = self._producer_decision(producer_id, first_sequence, len(payloads))
+                assert decision is not None, "nothing of the producer is held back"
             if decision.to_write:
                 mark = ProducerMark(producer_id, decision.first_sequence, decision.to_write)
                 batch = (mark.encode(), *payloads[decision.write_from :])
-                item = self._enqueue(batch, marked=True, due_ms=due_ms)
-                assert item.first_index or item.future.done(), "not taken at once"
+                # Given to the core now, or held back in turn behind what waits for room.
+                item = self._enqueue(batch, due_ms=due_ms, decision=decision)
         if decision.known:
             await self._wait_durable(max(decision.known), deadline=deadline)
         written: list[int] = []
@@ -475,28 +481,46 @@ class Writer:
             written = list(range(first + 1, last + 1))  # the mark comes first
         return [*decision.known, *written]
 
-    async def _wait_producer_turn(self, nbytes: int, deadline: float) -> None:
-        """Until the core takes a producer batch at once: leading a segment with room,
-        every earlier segment recovered (the table rebuilt), nothing held back before it;
-        at most until `deadline` (the loop's time)."""
+    def _producer_decision(self, producer_id: str, first_sequence: int, count: int) -> Dedup | None:
+        """What to write of a producer's batch (`streamengine.protocol.producers`): by
+        the table, or behind this producer's batches still held back (None: it
+        overlaps them)."""
+        queued_through = self._queued_producer_through()
+        table = self._core.producers
+        try:
+            if queued_through is None:
+                return table.decide(producer_id, first_sequence, count, self._sequence_jumps)
+            return table.decide_behind(
+                producer_id, queued_through, first_sequence, count, self._sequence_jumps
+            )
+        except (SequenceGap, TooManyProducers) as error:
+            raise InvalidArgument(f"{self.stream}: {error}") from None
+
+    def _queued_producer_through(self) -> int | None:
+        """The last producer sequence of the marked batches held back, if any is."""
+        for item in reversed(self._waiting):
+            if item.marked and not item.future.done():
+                return item.producer_through
+        return None
+
+    async def _wait_producer_turn(self, deadline: float, queue_drained: bool = False) -> None:
+        """Until a producer's batch may be decided: leading, every earlier segment
+        recovered (the table rebuilt), and with `queue_drained` none of its batches held
+        back; at most until `deadline` (the loop's time)."""
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
                     self._check_leading()
-                    replicator = self._core.replicator
-                    if (
-                        self._core.accepting_appends
-                        and replicator is not None
-                        and not self._core.recovering
-                        and not self._waiting
-                        and replicator.room_for(nbytes)
+                    if not self._core.recovering and not (
+                        queue_drained and self._queued_producer_through() is not None
                     ):
                         return
                     self._stepped.clear()
                     await self._stepped.wait()
         except TimeoutError:
             raise AppendTimedOut(
-                f"{self.stream}: no room for the batch within {self._append_timeout_s} s",
+                f"{self.stream}: the producer's table was not ready within "
+                f"{self._append_timeout_s} s",
                 in_doubt=False,
             ) from None
 
@@ -535,7 +559,7 @@ class Writer:
         return await self._enqueue(payloads).future
 
     def _enqueue(
-        self, payloads: tuple[bytes, ...], marked: bool = False, due_ms: int | None = None
+        self, payloads: tuple[bytes, ...], due_ms: int | None = None, decision: Dedup | None = None
     ) -> _Append:
         """Give an append to the core, or hold it back for room; its future resolves
         once acked."""
@@ -550,7 +574,13 @@ class Writer:
                 f"a batch of {nbytes} bytes is more than the writer may have unacked "
                 f"({unacked_max}): split it"
             )
-        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future(), marked)
+        item = _Append(payloads, nbytes, asyncio.get_running_loop().create_future())
+        marked = decision is not None
+        if decision is not None:
+            item.marked = True
+            item.producer_through = decision.first_sequence + decision.to_write - 1
+            item.decided_by = self._core.producers
+            item.table_changes = item.decided_by.changes
         # No segment yet (an epoch granted without one): it waits for the roll.
         replicator = self._core.replicator
         if (
@@ -564,7 +594,7 @@ class Writer:
         else:
             # The core answers it if it waits too long (`HeldAppendsTimedOut`).
             self._waiting.append(item)
-            self.step(AppendHeld())
+            self.step(AppendHeld(due_ms))
         return item
 
     def _check_leading(self) -> None:
@@ -579,14 +609,26 @@ class Writer:
         if not self._room_freed:
             return False
         replicator = self._core.replicator
-        while self._waiting and self._waiting[0].future.done():
-            self._waiting.popleft()  # cancelled by its caller
+        while self._waiting and (self._waiting[0].future.done() or self._stale(self._waiting[0])):
+            item = self._waiting.popleft()  # cancelled by its caller, or decided by a stale table
+            if not item.future.done():
+                item.future.set_exception(
+                    AppendFailed(
+                        f"{self.stream}: a roll gave up while the producer's batch waited for "
+                        "room, and recovery decides its earlier batches: it was never sent"
+                    )
+                )
+            if item.marked:
+                self._fail_held_producer_batches()
             self._core.step(now, HeldAppendLeft(taken=False))
         if (
             not self._waiting
             or replicator is None
             or not self._core.accepting_appends
             or not replicator.room_for(self._waiting[0].nbytes)
+            # A producer's batch goes only once the table is whole again: after a roll,
+            # when the segment rolled away from is recovered (`step` then looks again).
+            or (self._waiting[0].marked and self._core.recovering)
         ):
             self._room_freed = False
             return False
@@ -595,6 +637,23 @@ class Writer:
         self._submitted.append(item)
         self._core.step(now, Append(item.payloads, item.marked))
         return True
+
+    def _stale(self, item: _Append) -> bool:
+        """A producer's batch decided by a table that changed since (module doc)."""
+        table = self._core.producers
+        return item.marked and (item.decided_by is not table or item.table_changes != table.changes)
+
+    def _fail_held_producer_batches(self) -> None:
+        """A producer's batch held back was not written: neither is any behind it, or
+        they would leave a gap in the producer's sequences."""
+        for item in self._waiting:
+            if item.marked and not item.future.done():
+                item.future.set_exception(
+                    AppendFailed(
+                        f"{self.stream}: an earlier batch of this producer was not written, "
+                        "so this one was not either (retry from the earlier batch)"
+                    )
+                )
 
     # ---- the core ----
 
@@ -607,6 +666,7 @@ class Writer:
         try:
             now = monotonic_ms()
             accepting = self._core.accepting_appends
+            recovering = self._core.recovering
             self._core.step(now, event)
             while True:
                 actions = self._core.take_actions()
@@ -616,6 +676,9 @@ class Writer:
                 if not accepting and self._core.accepting_appends:
                     accepting = True
                     self._room_freed = True  # a roll's drain ended (rolled or given up)
+                if recovering and not self._core.recovering:
+                    recovering = False
+                    self._room_freed = True  # held producer batches may go
                 if not (self._waiting and self._admit_next(now)):
                     break
         finally:
@@ -763,6 +826,8 @@ class Writer:
         assert count <= len(self._waiting), (count, len(self._waiting))
         for _ in range(count):
             item = self._waiting.popleft()
+            if item.marked:
+                self._fail_held_producer_batches()
             if not item.future.done():
                 item.future.set_exception(
                     AppendTimedOut(

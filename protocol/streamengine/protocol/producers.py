@@ -31,6 +31,15 @@ position is no longer kept (it was never written, and never will be). The table 
 takes runs with holes from any writer (`add_run`): the gap rule is a check on a batch,
 not on what the stream holds.
 
+Queued batches. A leader's shell may hold a producer's batches back (no room in the
+window yet) after deciding them, each to be written whole: the table takes them only
+when they are assigned. A batch behind such queued batches is decided by
+`decide_behind`, against the last queued sequence rather than the table's mark: all new
+sequences right after them (or above them, with jumps) are written; one that overlaps
+them waits until they are assigned, then `decide` answers it. A queued batch that is
+not written (timed out, cancelled, or decided against a table changed since: `changes`)
+fails every queued batch behind it, which the shell checks: no gap is ever written.
+
 What counts. A producer may have several batches in flight. The table takes a run
 when the leader assigns its indexes, before W stores hold it: a
 retry of an event in flight is answered with the sequence it has, once it is acked
@@ -156,6 +165,9 @@ class ProducerTable:
 
     def __init__(self, positions: Iterable[ProducerPosition] = ()) -> None:
         self._runs: dict[str, list[Run]] = {}
+        # How often runs were taken away (`forget_from`): a batch decided before such a
+        # change must be decided again (module doc, "Queued batches").
+        self.changes = 0
         for position in positions:
             run = Run(position.last_sequence, 1, position.last_stream_sequence)
             self._runs[position.producer_id] = [run]
@@ -221,6 +233,25 @@ class ProducerTable:
         )
         return Dedup(known, first_sequence + duplicates, count)
 
+    def decide_behind(
+        self,
+        producer_id: str,
+        queued_through: int,
+        first_sequence: int,
+        count: int,
+        jumps: bool = False,
+    ) -> Dedup | None:
+        """As `decide`, for a batch behind this producer's queued batches, the last of
+        which ends at producer sequence `queued_through` (module doc, "Queued batches"):
+        None when the batch overlaps them; raises SequenceGap past them."""
+        assert count >= 1 and first_sequence >= 0
+        expected = queued_through + 1
+        if first_sequence > expected and not jumps:
+            raise SequenceGap(producer_id, first_sequence, expected)
+        if first_sequence < expected:
+            return None
+        return Dedup((), first_sequence, count)
+
     # ---- changes ----
 
     def add_run(self, producer_id: str, run: Run) -> None:
@@ -241,6 +272,7 @@ class ProducerTable:
     def forget_from(self, stream_sequence: int) -> None:
         """Drop every run from `stream_sequence` on: appends whose fate recovery decides
         (a roll that could not drain), folded back in once it has."""
+        self.changes += 1
         for producer_id in sorted(self._runs):
             runs = self._runs[producer_id]
             keep = bisect.bisect_left([run.first_stream_sequence for run in runs], stream_sequence)

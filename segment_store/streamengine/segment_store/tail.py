@@ -25,7 +25,6 @@ from streamengine.segment_store import metrics
 from streamengine.segment_store.core import tail
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import BadRequest, StoreError
-from streamengine.segment_store.core.keys import SegmentMeta
 from streamengine.segment_store.reads import read_entries
 from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refused, abort, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
@@ -165,7 +164,10 @@ class _Tail:
         stream = self.stream
         while True:
             changed = watch.event(self.segment)
-            meta = self.store.core.catalog.meta(self.segment) or SegmentMeta()
+            try:
+                meta = self.store.core.tail_meta(self.segment)
+            except StoreError as error:
+                return error
             position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
             action = stream.step(position, self.buffer.qsize(), monotonic_ms())
             if isinstance(action, tail.ReadBatch):
@@ -407,7 +409,11 @@ class _Tails:
         running = self.running.get(tail_id)
         if running is None:
             return  # stopped since it was marked
-        meta = self.store.core.catalog.meta(running.segment) or SegmentMeta()
+        try:
+            meta = self.store.core.tail_meta(running.segment)
+        except StoreError as error:
+            self._ended(tail_id, error, running.start.segment)
+            return
         position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
         action = running.tail.step(position)
         if action is None:

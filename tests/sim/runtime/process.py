@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.sim.runtime.transport import node_context
+from tests.sim.runtime.transport import start_node
 
 
 class SimProcess:
@@ -29,10 +29,10 @@ class SimProcess:
         return self.task is not None and not self.task.done()
 
     def start(self, group: asyncio.TaskGroup) -> None:
-        """Run `serve()` as this node, in `group`."""
+        """Run `serve()` as this node, in `group`; its connections die with the task."""
         assert not self.running, f"{self.name} runs already"
         self._group = group
-        self.task = group.create_task(self.serve(), context=node_context(self.name))
+        self.task = start_node(group, self.name, self.serve())
 
     async def crash(self) -> None:
         """The process dies."""

@@ -40,6 +40,18 @@ UNAVAILABLE), duplication and deadlines. The caller's thread then blocks for as 
 the call took, the message delays or the deadline (`SimLoop.block`): a node's event
 loop runs nothing else meanwhile, as the real one does while it waits on a blocking
 call, and everyone else runs on.
+
+Byte streams (`SimNetwork.open_connection`, `SimNetwork.start_server`: asyncio's
+streams, for the framed data plane) are TCP connections, not calls: bytes arrive in
+order and never go missing (a lost piece arrives a retransmission later), each piece
+delayed as `Faults` draws it; a write is split at points drawn from the seed and pieces
+of one instant coalesce, so a reader meets partial frames. `drain` waits while the peer
+holds `StreamFaults.send_buffer_bytes` unread. A reset between two nodes reaches both
+ends as `ConnectionResetError` after a detection delay; a cut does that too or, as
+drawn (`StreamFaults.silent_cut`), leaves the connection silent: nothing arrives and no
+error comes. A connection belongs to its process (`Incarnation`, `start_node`): when
+its task ends, each end it holds closes as the kernel closes a dead process's socket,
+a FIN after what it sent, or a reset when bytes it never read were left.
 """
 
 from __future__ import annotations
@@ -47,12 +59,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import errno
 import inspect
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 
@@ -62,6 +83,7 @@ from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime.loop import SimLoop
 
 log = logging.getLogger("tests.sim.runtime")
+T = TypeVar("T")
 
 # The simulated node the running task belongs to: who calls, and who serves.
 CURRENT_NODE: contextvars.ContextVar[str] = contextvars.ContextVar("sim_node")
@@ -81,10 +103,12 @@ if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
 
 
-def node_context(node: str) -> contextvars.Context:
-    """A context whose tasks run as `node`: pass it to `create_task(..., context=)`."""
+def node_context(node: str, incarnation: Incarnation | None = None) -> contextvars.Context:
+    """A context whose tasks run as `node` (in a new process unless `incarnation` is
+    given): pass it to `create_task(..., context=)`."""
     context = contextvars.copy_context()
     context.run(CURRENT_NODE.set, node)
+    context.run(CURRENT_INCARNATION.set, incarnation or Incarnation(node))
     return context
 
 
@@ -149,16 +173,34 @@ class _HandlerCallDetails(grpc.HandlerCallDetails):
 class SimNetwork:
     """The wire between simulated nodes: servers by address, faults, exchanges."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        faults: Faults | None = None,
+        stream_faults: StreamFaults | None = None,
+    ) -> None:
         assert isinstance(loop, SimLoop), "a simulated network runs on the simulated loop"
         self.loop = loop
         self.rng = loop.rng
         self.faults = faults or Faults.none()
+        self.stream_faults = stream_faults or StreamFaults()
         self.servers: dict[str, SimServer] = {}
+        self.stream_servers: dict[str, SimStreamServer] = {}
         self.cuts: set[tuple[str, str]] = set()
         self._exchanges: dict[int, _Exchange] = {}
         self._next_exchange = 0
-        self.stats: dict[str, int] = {"calls": 0, "lost": 0, "duplicated": 0, "resets": 0}
+        self._connections: dict[int, _Connection] = {}
+        self._next_connection = 0
+        self._next_port = EPHEMERAL_PORT_FIRST
+        self.stats: dict[str, int] = {
+            "calls": 0,
+            "lost": 0,
+            "duplicated": 0,
+            "resets": 0,
+            "connections": 0,
+            "stream_resets": 0,
+            "silent_cuts": 0,
+        }
         # A blocking call blocks the caller's node: the loop tells nodes apart by this.
         loop.node_var = CURRENT_NODE
 
@@ -169,6 +211,10 @@ class SimNetwork:
         transport.aio_channel_factory = self.channel_for
         etcd.aio_channel_factory = self.etcd_channel_for
         etcd.channel_factory = self.blocking_channel_for
+        # STREAM SEAMS: the framed data plane (issue #39) opens connections and starts
+        # servers through two seams shaped as `asyncio.open_connection` and
+        # `asyncio.start_server`; once they exist, set them here to
+        # `self.open_connection` and `self.start_server`, and back to None below.
         try:
             yield self
         finally:
@@ -205,18 +251,31 @@ class SimNetwork:
         return (min(a, b), max(a, b)) in self.cuts
 
     def cut(self, a: str, b: str) -> None:
-        """Partition `a` from `b` both ways; the calls between them break."""
+        """Partition `a` from `b` both ways: the calls between them break, and their
+        byte streams are reset or go silent (`StreamFaults.silent_cut`). A silent
+        connection stays dead after `heal`."""
         self.cuts.add((min(a, b), max(a, b)))
-        self.reset(a, b)
+        self._break_exchanges(a, b)
+        for connection in self._connections_between(a, b):
+            connection.cut()
 
     def heal(self) -> None:
         self.cuts.clear()
 
     def reset(self, a: str, b: str) -> None:
-        """Reset the connections between `a` and `b`: every call between them breaks."""
+        """Reset the connections between `a` and `b`: every call and byte stream between
+        them breaks, both ends told after a detection delay."""
+        self._break_exchanges(a, b)
+        for connection in self._connections_between(a, b):
+            connection.reset(f"connection between {a} and {b} reset")
+
+    def _break_exchanges(self, a: str, b: str) -> None:
         for exchange in list(self._exchanges.values()):
             if {exchange.client_node, exchange.server_node} == {a, b}:
                 exchange.break_(f"connection between {a} and {b} reset")
+
+    def _connections_between(self, a: str, b: str) -> list[_Connection]:
+        return [c for c in list(self._connections.values()) if c.nodes == {a, b}]
 
     def reachable(self, src: str, address: str) -> bool:
         server = self.servers.get(address)
@@ -296,6 +355,106 @@ class SimNetwork:
         assert raw is not None
         return raw
 
+    # ---- byte streams (see "byte streams" below) ----
+
+    async def start_server(
+        self,
+        client_connected_cb: Callable[[Any, Any], Any],
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        ssl: object = None,
+        **kwargs: Any,
+    ) -> SimStreamServer:
+        """`asyncio.start_server` as the current node: port 0 (or None) takes a free one."""
+        _refuse_tls(ssl)
+        if host in (None, "", "0.0.0.0", "::"):
+            host = CURRENT_NODE.get()
+        if not port:
+            self._next_port += 1
+            port = self._next_port
+        address = f"{host}:{port}"
+        if address in self.stream_servers or address in self.servers:
+            raise OSError(errno.EADDRINUSE, f"address already in use: {address}")
+        server = SimStreamServer(self, address, client_connected_cb)
+        self.stream_servers[address] = server
+        return server
+
+    async def open_connection(
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        ssl: object = None,
+        server_hostname: str | None = None,
+        **kwargs: Any,
+    ) -> tuple[SimStreamReader, SimStreamWriter]:
+        """`asyncio.open_connection` from the current node: the handshake takes a round
+        trip; nobody listening refuses it, a cut leaves the host unreachable."""
+        _refuse_tls(ssl)
+        client = (CURRENT_NODE.get(), CURRENT_INCARNATION.get(None))
+        connected: asyncio.Future[_Connection] = self.loop.create_future()
+        self.loop.call_later(self.delay_s(), self._syn_arrives, client, f"{host}:{port}", connected)
+        try:
+            connection = await connected
+        except asyncio.CancelledError:
+            if connected.done() and not connected.cancelled():
+                connected.result().client.close()
+            raise
+        return SimStreamReader(connection.client), SimStreamWriter(connection.client)
+
+    def _syn_arrives(
+        self,
+        client: tuple[str, Incarnation | None],
+        address: str,
+        connected: asyncio.Future[_Connection],
+    ) -> None:
+        node, incarnation = client
+        server = self.stream_servers.get(address)
+        if server is None:
+            refused = ConnectionRefusedError(errno.ECONNREFUSED, f"Connect call failed {address}")
+            self.loop.call_later(self.delay_s(), _fail_unless_done, connected, refused)
+            return
+        if self.partitioned(node, server.node):
+            unreachable = OSError(errno.EHOSTUNREACH, f"No route to host {address}")
+            after_s = self.delay_s() + self.detection_s()
+            self.loop.call_later(after_s, _fail_unless_done, connected, unreachable)
+            return
+        self._next_connection += 1
+        self._next_port += 1
+        number = self._next_connection
+        client_address = f"{node}:{self._next_port}"
+        connection = _Connection(
+            self,
+            number,
+            (node, incarnation, client_address),
+            (server.node, server.incarnation, address),
+        )
+        self._connections[number] = connection
+        self.stats["connections"] += 1
+        server.accept(connection)
+        self.loop.call_later(self.delay_s(), self._syn_ack_arrives, connection, connected)
+
+    def _syn_ack_arrives(
+        self, connection: _Connection, connected: asyncio.Future[_Connection]
+    ) -> None:
+        if connected.done():  # the caller gave up: its kernel resets the half-open one
+            connection.reset("connect abandoned")
+        elif connection.state != "open":
+            connected.set_exception(
+                ConnectionResetError(errno.ECONNRESET, "reset while connecting")
+            )
+        else:
+            connected.set_result(connection)
+
+    def pieces(self, data: bytes) -> list[bytes]:
+        """`data` split at points drawn from the seed (`StreamFaults.split`)."""
+        if len(data) < 2 or self.rng.random() >= self.stream_faults.split:
+            return [data]
+        count = min(self.rng.randint(1, SPLITS_PER_WRITE_MAX), len(data) - 1)
+        cuts = sorted(self.rng.sample(range(1, len(data)), count))
+        return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
     def _closed(self, exchange: _Exchange) -> None:
         self._exchanges.pop(exchange.number, None)
 
@@ -304,6 +463,11 @@ class SimNetwork:
             self.stats["lost"] += 1
             return True
         return False
+
+
+def _fail_unless_done(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 class _Pipe:
@@ -1037,6 +1201,9 @@ class SimServer(grpc.aio.Server):
         self._generic: list[grpc.GenericRpcHandler] = []
         self._methods: dict[str, Handler] = {}
         self._stopped = asyncio.Event()
+        # The process serving: connections its handlers open die with it.
+        incarnation = CURRENT_INCARNATION.get(None)
+        self._incarnation = incarnation if incarnation and incarnation.node == node else None
 
     # ---- built as a grpc.aio.Server is ----
 
@@ -1099,7 +1266,8 @@ class SimServer(grpc.aio.Server):
         number = self._handled
         self.handlings[number] = handling
         loop = self.network.loop
-        handling.task = loop.create_task(handling.run(), context=node_context(self.node))
+        context = node_context(self.node, self._incarnation)
+        handling.task = loop.create_task(handling.run(), context=context)
         handling.task.add_done_callback(lambda _: self.handlings.pop(number, None))
         if start.deadline_s is not None:
             loop.call_at(start.deadline_s, handling.cancel)
@@ -1153,3 +1321,487 @@ def _intercepted(
         return await interceptor.intercept_service(continuation, details)
 
     return chained
+
+
+# ---- byte streams: asyncio's streams on the same wire (the framed data plane) ----
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFaults:
+    """How simulated TCP connections misbehave, beyond the delays `Faults` draws."""
+
+    # How often a write is split into pieces that arrive apart (a reader meets partial
+    # frames); pieces of one instant arrive together, so writes also coalesce.
+    split: float = 0.5
+    # How often a cut leaves a connection silent (nothing arrives either way and no
+    # error comes: the peer is detected only by the reader's own timeout) rather than
+    # reset at both ends after a detection delay.
+    silent_cut: float = 0.5
+    # Bytes one direction holds written and unread before `drain` waits (asyncio's
+    # default high-water mark); it waits until the reader brings it down to a quarter.
+    send_buffer_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.split <= 1 and 0 <= self.silent_cut <= 1
+        assert self.send_buffer_bytes >= 4
+
+
+# A piece of a write lost on the way comes again after TCP's minimum retransmission
+# timeout: TCP turns loss into delay, never into a gap.
+RETRANSMIT_S = 0.2
+SPLITS_PER_WRITE_MAX = 3
+EPHEMERAL_PORT_FIRST = 40000
+
+
+class Incarnation:
+    """One run of a node's process: the connections and listeners it holds die with it,
+    as the kernel closes a dead process's sockets (`start_node`)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.ended = False
+        self._held: dict[int, Callable[[], None]] = {}
+        self._next_key = 0
+
+    def hold(self, release: Callable[[], None]) -> int:
+        """`release` runs when the process ends; the key lets it go sooner (`let_go`)."""
+        self._next_key += 1
+        self._held[self._next_key] = release
+        return self._next_key
+
+    def let_go(self, key: int) -> None:
+        self._held.pop(key, None)
+
+    def end(self) -> None:
+        self.ended = True
+        while self._held:
+            _, release = self._held.popitem()
+            release()
+
+
+CURRENT_INCARNATION: contextvars.ContextVar[Incarnation] = contextvars.ContextVar("sim_incarnation")
+
+
+def start_node(
+    group: asyncio.TaskGroup, node: str, coroutine: Coroutine[Any, Any, T]
+) -> asyncio.Task[T]:
+    """Run `coroutine` as a process of `node` in `group`: once its task is done (it
+    returned, failed or was cancelled: a crash), the connections it holds close."""
+    context = node_context(node)
+    task = group.create_task(coroutine, context=context)
+    task.add_done_callback(lambda _: context[CURRENT_INCARNATION].end())
+    return task
+
+
+def _refuse_tls(ssl: object) -> None:
+    if ssl not in (None, False):
+        raise NotImplementedError("TLS is not simulated yet (tests/sim/runtime/README.md)")
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+class _Flow:
+    """One direction of a connection: bytes in order, each piece delayed, none lost."""
+
+    def __init__(self, connection: _Connection, src: _End, dst: _End) -> None:
+        self.connection = connection
+        self.src = src
+        self.dst = dst
+        # Written and not yet read: in flight and in the receiver's buffer.
+        self.unread = 0
+        self.paused = False
+        self._in_flight: deque[bytes | None] = deque()  # None: the FIN
+        self._last_arrival_s = 0.0
+
+    def send(self, data: bytes) -> None:
+        connection = self.connection
+        if connection.state == "reset":
+            return
+        network = connection.network
+        self.unread += len(data)
+        if self.unread > network.stream_faults.send_buffer_bytes:
+            self.paused = True
+        if connection.state == "silent":
+            return  # into a dead route: it piles up, nobody learns
+        for piece in network.pieces(data):
+            self._schedule(piece)
+
+    def send_fin(self) -> None:
+        if self.connection.state == "open":
+            self._schedule(None)
+
+    def _schedule(self, piece: bytes | None) -> None:
+        network = self.connection.network
+        delay_s = network.delay_s()
+        if network._lost():
+            delay_s += RETRANSMIT_S
+        arrival_s = max(self._last_arrival_s, network.loop.time() + delay_s)
+        self._last_arrival_s = arrival_s
+        self._in_flight.append(piece)
+        network.loop.call_at(arrival_s, self._arrive)
+
+    def _arrive(self) -> None:
+        # The head, whichever timer fires: timers of one instant run in any order.
+        piece = self._in_flight.popleft()
+        if self.connection.state != "open":
+            return
+        if self.dst.closed:
+            if piece is not None:
+                # Bytes for a socket its owner closed: its kernel answers with a reset.
+                self.connection.reset(f"{self.dst.node} closed the connection")
+            return
+        self.dst.receive(piece)
+
+    def consumed(self, size: int) -> None:
+        self.unread -= size
+        assert self.unread >= 0
+        low_water = self.connection.network.stream_faults.send_buffer_bytes // 4
+        if self.paused and self.unread <= low_water:
+            self.paused = False
+            self.src.wake()
+
+    @property
+    def in_flight(self) -> bool:
+        return any(piece is not None for piece in self._in_flight)
+
+
+class _Connection:
+    """One TCP connection between a client's end and a server's end."""
+
+    def __init__(
+        self,
+        network: SimNetwork,
+        number: int,
+        client: tuple[str, Incarnation | None, str],
+        server: tuple[str, Incarnation | None, str],
+    ) -> None:
+        self.network = network
+        self.number = number
+        self.state = "open"  # "silent": cut, unannounced; "reset": both ends told
+        self.client = _End(self, *client, peer_address=server[2])
+        self.server = _End(self, *server, peer_address=client[2])
+        self.client.outgoing = self.client.peer_incoming = _Flow(self, self.client, self.server)
+        self.server.outgoing = self.server.peer_incoming = _Flow(self, self.server, self.client)
+        self.client.incoming = self.server.outgoing
+        self.server.incoming = self.client.outgoing
+
+    @property
+    def nodes(self) -> set[str]:
+        return {self.client.node, self.server.node}
+
+    def cut(self) -> None:
+        """A partition: the route is gone, announced (a reset after a detection delay,
+        as an ICMP error or a keepalive gives it) or not, as drawn."""
+        if self.state != "open":
+            return
+        if self.network.rng.random() < self.network.stream_faults.silent_cut:
+            self.state = "silent"
+            self.network.stats["silent_cuts"] += 1
+        else:
+            self.reset("the route to the peer was cut")
+
+    def reset(self, why: str) -> None:
+        """Both ends that are still open learn, each after its own detection delay."""
+        if self.state == "reset":
+            return
+        self.state = "reset"
+        self.network.stats["stream_resets"] += 1
+        loop = self.network.loop
+        for end in (self.client, self.server):
+            if not end.closed:
+                error = ConnectionResetError(errno.ECONNRESET, f"Connection reset: {why}")
+                loop.call_later(self.network.detection_s(), end.lost, error)
+        self.network._connections.pop(self.number, None)
+
+    def ended(self) -> None:
+        if self.client.closed and self.server.closed:
+            self.network._connections.pop(self.number, None)
+
+
+class _End:
+    """One end of a connection: its receive buffer, its state, what its process holds."""
+
+    outgoing: _Flow
+    incoming: _Flow
+    peer_incoming: _Flow
+
+    def __init__(
+        self,
+        connection: _Connection,
+        node: str,
+        incarnation: Incarnation | None,
+        address: str,
+        peer_address: str,
+    ) -> None:
+        self.connection = connection
+        self.node = node
+        self.address = address
+        self.peer_address = peer_address
+        self.buffer = bytearray()
+        self.eof = False
+        self.fin_sent = False
+        self.error: Exception | None = None
+        self.closed = False
+        self._changed = asyncio.Event()
+        self._incarnation = incarnation
+        self._hold = None if incarnation is None else incarnation.hold(self.close)
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def wait_change(self) -> None:
+        self._changed.clear()
+        await self._changed.wait()
+
+    def receive(self, piece: bytes | None) -> None:
+        if piece is None:
+            self.eof = True
+        else:
+            self.buffer += piece
+        self.wake()
+
+    def take(self, size: int) -> bytes:
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        self.incoming.consumed(len(data))
+        return data
+
+    def lost(self, error: Exception) -> None:
+        """The connection broke under this end: its reads and drains raise `error`."""
+        if self.closed:
+            return
+        self.error = error
+        self.wake()
+
+    def write_eof(self) -> None:
+        if not self.fin_sent:
+            self.fin_sent = True
+            self.outgoing.send_fin()
+
+    def close(self) -> None:
+        """The owner closed it (or died): a FIN after what it wrote, or a reset when
+        bytes it never read are left (what the kernel does with a closed socket)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._incarnation is not None and self._hold is not None:
+            self._incarnation.let_go(self._hold)
+        connection = self.connection
+        if connection.state != "open":
+            pass  # reset already, or its route is dead: nothing it sends gets there
+        elif self.buffer or self.incoming.in_flight:
+            connection.reset(f"{self.node} closed the connection with bytes unread")
+        else:
+            self.write_eof()
+        self.eof = True
+        self.wake()
+        connection.ended()
+
+
+class SimStreamReader:
+    """asyncio.StreamReader's reading surface over one end of a simulated connection."""
+
+    def __init__(self, end: _End) -> None:
+        self._end = end
+
+    def exception(self) -> Exception | None:
+        return self._end.error
+
+    def at_eof(self) -> bool:
+        return self._end.eof and not self._end.buffer
+
+    async def read(self, n: int = -1) -> bytes:
+        end = self._end
+        if end.error is not None:
+            raise end.error
+        if n == 0:
+            return b""
+        if n < 0:
+            while not end.eof:
+                await self._wait()
+            return end.take(len(end.buffer))
+        while not end.buffer and not end.eof:
+            await self._wait()
+        return end.take(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        if n < 0:
+            raise ValueError("readexactly size can not be less than zero")
+        end = self._end
+        if end.error is not None:
+            raise end.error
+        while len(end.buffer) < n:
+            if end.eof:
+                partial = end.take(len(end.buffer))
+                raise asyncio.IncompleteReadError(partial, n)
+            await self._wait()
+        return end.take(n)
+
+    async def _wait(self) -> None:
+        await self._end.wait_change()
+        if self._end.error is not None:
+            raise self._end.error
+
+
+class SimStreamWriter:
+    """asyncio.StreamWriter's surface over one end of a simulated connection."""
+
+    def __init__(self, end: _End) -> None:
+        self._end = end
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        end = self._end
+        info: dict[str, Any] = {
+            "peername": _host_port(end.peer_address),
+            "sockname": _host_port(end.address),
+            "peercert": None,  # plaintext: no TLS in the simulation
+            "socket": None,
+            "sslcontext": None,
+            "ssl_object": None,
+        }
+        return info.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        end = self._end
+        if end.fin_sent and not end.closed:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if not data or end.closed or end.error is not None:
+            return  # asyncio drops bytes written to a lost connection
+        end.outgoing.send(bytes(data))
+
+    def writelines(self, data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.write(b"".join(data))
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self._end.write_eof()
+
+    async def drain(self) -> None:
+        """Wait while the peer has not read enough of what was written (back-pressure);
+        raise once the connection is known lost."""
+        end = self._end
+        while True:
+            if end.error is not None:
+                raise end.error
+            if end.closed:
+                await asyncio.sleep(0)
+                raise ConnectionResetError("Connection lost")
+            if not end.outgoing.paused:
+                return
+            await end.wait_change()
+
+    def close(self) -> None:
+        self._end.close()
+
+    def is_closing(self) -> bool:
+        return self._end.closed or self._end.error is not None
+
+    async def wait_closed(self) -> None:
+        await asyncio.sleep(0)
+
+
+class _SimSocket:
+    """What `Server.sockets` lists: enough to learn the port a server took."""
+
+    def __init__(self, address: str) -> None:
+        self._address = address
+
+    def getsockname(self) -> tuple[str, int]:
+        return _host_port(self._address)
+
+
+class SimStreamServer:
+    """asyncio.Server's surface for one listening address of a node."""
+
+    def __init__(
+        self,
+        network: SimNetwork,
+        address: str,
+        client_connected_cb: Callable[[Any, Any], Any],
+    ) -> None:
+        self.network = network
+        self.node = CURRENT_NODE.get()
+        self.address = address
+        self._incarnation = CURRENT_INCARNATION.get(None)
+        self._callback = client_connected_cb
+        # The context the callback's tasks run in: this node and its process.
+        self._context = contextvars.copy_context()
+        self._handlers: dict[int, asyncio.Task[Any]] = {}
+        self._serving = True
+        self._closed = asyncio.Event()
+        self._hold = None if self._incarnation is None else self._incarnation.hold(self._died)
+
+    @property
+    def incarnation(self) -> Incarnation | None:
+        return self._incarnation
+
+    @property
+    def sockets(self) -> tuple[_SimSocket, ...]:
+        return (_SimSocket(self.address),) if self._serving else ()
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self.network.loop
+
+    def close(self) -> None:
+        """Stop listening; connections already accepted stay (as asyncio's, 3.11)."""
+        if not self._serving:
+            return
+        self._serving = False
+        if self.network.stream_servers.get(self.address) is self:
+            del self.network.stream_servers[self.address]
+        if self._incarnation is not None and self._hold is not None:
+            self._incarnation.let_go(self._hold)
+        self._closed.set()
+
+    def _died(self) -> None:
+        self._hold = None
+        self.close()
+        for task in list(self._handlers.values()):
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        await asyncio.sleep(0)
+
+    async def start_serving(self) -> None:
+        pass
+
+    async def serve_forever(self) -> None:
+        try:
+            await self._closed.wait()
+        except asyncio.CancelledError:
+            self.close()
+            raise
+
+    async def __aenter__(self) -> SimStreamServer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+        await self.wait_closed()
+
+    def accept(self, connection: _Connection) -> None:
+        end = connection.server
+        result = self._context.copy().run(
+            self._callback, SimStreamReader(end), SimStreamWriter(end)
+        )
+        if not asyncio.iscoroutine(result):
+            return
+        number = connection.number
+        task = self.network.loop.create_task(result, context=self._context.copy())
+        self._handlers[number] = task
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._handlers.pop(number, None)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s: a connection's handler failed", self.node, exc_info=task.exception())
+                end.close()
+
+        task.add_done_callback(done)

@@ -379,6 +379,19 @@ def _duration_ms(value: str) -> int:
     return ms
 
 
+def _give_up_after_s(value: str) -> float:
+    """Seconds a bounded read waits on stores that serve nothing (`read(...,
+    give_up_after_s=)`), refused where the SDK would refuse them."""
+    from streamengine.client.core.replicas import FollowerTiming
+
+    try:
+        seconds = float(value)
+        FollowerTiming().giving_up_after(round(seconds * 1000))
+    except (ValueError, OverflowError) as error:
+        raise argparse.ArgumentTypeError(f"{value!r}: {error}") from None
+    return seconds
+
+
 def _add_token_commands(commands: Subparsers) -> None:
     token = commands.add_parser("token", help="create and revoke tenant tokens (cluster admins)")
     actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -445,6 +458,14 @@ def _add_data_commands(commands: Subparsers) -> None:
         help="sequence to start at, 'earliest' (the first event retained) or 'end' (default 0)",
     )
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new events")
+    tail.add_argument(
+        "--give-up-after",
+        type=_give_up_after_s,
+        default=None,
+        metavar="SECONDS",
+        help="without --follow: fail once no store has served the range for this long "
+        "(more than 4; default 10)",
+    )
     tail.add_argument("--format", choices=["text", "json"], default="text")
     tail.set_defaults(run=_lazy("streamengine.tools.events", "cmd_tail"), until_stopped=True)
     for parser in (append, tail):

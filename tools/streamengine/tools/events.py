@@ -131,7 +131,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
             elif args.start == "end":
                 return  # nothing is acked past the end yet
             else:
-                batches = client.read_batches(args.name, start=args.start)
+                batches = client.read_batches(
+                    args.name, start=args.start, give_up_after_s=args.give_up_after
+                )
             async for batch in batches:
                 columns = [
                     batch.column(name).to_pylist()

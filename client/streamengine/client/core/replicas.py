@@ -41,7 +41,7 @@ neither does an open segment: its replicas' acked indexes may still grow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from streamengine.protocol.backoff import REPLICA_READ, Backoff
 
@@ -86,7 +86,25 @@ class FollowerTiming:
         assert self.segment_refresh_ms > 0 and self.keepalive_interval_ms > 0
         assert self.silent_replica_ms > 2 * self.keepalive_interval_ms
         assert self.list_timeout_ms > 0
-        assert self.unreachable_read_ms > max(self.replica_backoff.max_ms, self.silent_replica_ms)
+        assert self.unreachable_read_ms > self.unreachable_read_ms_floor
+
+    @property
+    def unreachable_read_ms_floor(self) -> int:
+        """A bounded read gives up later than this: past the longest backoff and the
+        silence that marks a replica unreachable, so each replica was asked again."""
+        return max(self.replica_backoff.max_ms, self.silent_replica_ms)
+
+    def giving_up_after(self, unreachable_read_ms: int) -> FollowerTiming:
+        """These waits with a bounded read's own give-up time (the reader's choice:
+        `read(..., give_up_after_s=)`, `tail --give-up-after`); ValueError at or below
+        `unreachable_read_ms_floor`."""
+        if unreachable_read_ms <= self.unreachable_read_ms_floor:
+            raise ValueError(
+                f"a bounded read gives up after more than "
+                f"{self.unreachable_read_ms_floor / 1000:g} s (the silence that marks a "
+                f"replica unreachable), not {unreachable_read_ms / 1000:g} s"
+            )
+        return replace(self, unreachable_read_ms=unreachable_read_ms)
 
     @staticmethod
     def fast() -> FollowerTiming:

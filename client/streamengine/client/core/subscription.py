@@ -408,9 +408,23 @@ class Cursor:
             replicas.served(replica, acked_index)
         else:
             replicas.answered(replica, acked_index)
-        self._last_progress_ms = max(self._last_progress_ms, now_ms)
+        if acked_index >= self._next_index:
+            # Only an answer that holds what the reader needs next is progress: a
+            # replica lost with a wiped store answers NOT_FOUND (0) at once and for
+            # good, and counted as progress it held a follower of a sealed segment
+            # on it, asking again and again (simulator seed 49).
+            self._last_progress_ms = max(self._last_progress_ms, now_ms)
         if replica == self._replica:
             self._last_heard_ms = max(self._last_heard_ms, now_ms)
+
+    def on_call_started(self, epoch: int) -> None:
+        """The shell asked the current replica of `epoch` anew (a new call of the same
+        read, not one started ahead): what it answers now is made after what the list
+        says, so a segment listed sealed makes its answer one about the replica's end
+        (`on_position`): a replica that holds nothing of it is left at once."""
+        current = self._current_segment()
+        if epoch == self._epoch and current is not None and self._replica is not None:
+            self._read_began_sealed = current.sealed
 
     def on_list_unchanged(self, now_ms: int) -> None:
         """The master's summary of the stream (its segments added, sealed, trimmed) is

@@ -357,7 +357,11 @@ class RecoveryFailed:
 
 @dataclass(frozen=True, slots=True)
 class AppendHeld:
-    """The shell holds one more append back (it does not go to the core yet)."""
+    """The shell holds one more append back (it does not go to the core yet). `due_ms`:
+    when its caller's append timeout runs out, if it counts from before now (a
+    producer's batch that waited for its turn); by default from now."""
+
+    due_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -807,7 +811,7 @@ class Leader:
             actions.extend(replicated)
             stepped_replicator = True
         elif isinstance(event, AppendHeld):
-            self._append_held(now_ms)
+            self._append_held(now_ms, event.due_ms)
         elif isinstance(event, HeldAppendLeft):
             if self._held_appends:
                 deadline_ms = self._held_appends.popleft()
@@ -1293,9 +1297,12 @@ class Leader:
             # The shell fails every append it holds back with these.
             self._held_appends.clear()
 
-    def _append_held(self, now_ms: int) -> None:
+    def _append_held(self, now_ms: int, due_ms: int | None) -> None:
         if self.role is Role.LEADING:
-            self._held_appends.append(now_ms + self._append_timeout_ms)
+            deadline_ms = now_ms + self._append_timeout_ms if due_ms is None else due_ms
+            held = self._held_appends
+            # Answered oldest first: never before an append held ahead of it.
+            held.append(max(deadline_ms, held[-1]) if held else deadline_ms)
 
     def _time_out_held(self, now_ms: int, actions: list[LeaderAction]) -> None:
         """Answer the appends held back `append_timeout_ms`: whether or not a segment

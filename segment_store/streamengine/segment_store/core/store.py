@@ -138,11 +138,22 @@ class SegmentStoreCore:
         this store must not take part in."""
         if self.joins_cluster and not self.catalog.cluster_id():
             raise NotJoined("this store has not registered with its master yet")
-        if self.catalog.is_lost(segment) and self.catalog.meta(segment) is None:
+        self.tail_meta(segment)
+
+    def tail_meta(self, segment: SegmentKey) -> SegmentMeta:
+        """What a tail of `segment` follows: its metadata, or an empty open segment's
+        while nothing of it came yet; raises ReplicaLost for a replica an earlier
+        incarnation of this store lost, which no write will fill again (a follower
+        waiting on it would wait for good: it reads another replica instead)."""
+        meta = self.catalog.meta(segment)
+        if meta is not None:
+            return meta
+        if self.catalog.is_lost(segment):
             raise ReplicaLost(
                 f"the replica of {segment.stream_id}/{segment.epoch} here was lost with an "
                 "earlier incarnation of this store"
             )
+        return SegmentMeta()
 
     def refused_busy(self, command: WriteCommand) -> WriteResult | BelowFence:
         """The answer to a write refused because the store is busy (nothing written):
