@@ -31,11 +31,15 @@ every step and a failure names the step that broke the rule:
    after its writer loses leadership, and, while its writer runs and leads, within the
    append timeout and that much: no append hangs, even for a
    leader that no master and too few stores answer.
+10. repair: a replica damaged at rest (bit rot) is found by its store's scrub and
+    replaced or refilled, and its segment is back to N sound replicas once faults stop.
 11. authority: a store writes or seals a segment only under a grant the master issued
     (of the writer's epoch, listing the segment and the store), and never refuses a
     writer the grant the master issued it (checked against the grants the master gave,
-    not by verifying signatures again). Numbered as in docs/design.md, whose 8 to 10
-    the simulator checks within the others.
+    not by verifying signatures again); and it takes nothing a writer sends under a
+    token it knows is revoked (no store holds it, no user is told it landed, no
+    reader sees it). Numbered as in docs/design.md, whose 8 and 9 the simulator
+    checks within the others.
 12. certificates: a sealed segment's certificate, once recorded (by its writer with the
     seal, or by W agreeing replicas), never changes and is what every replica that
     reached the bridge holds; a replica is condemned only when it differs from it, and
@@ -44,6 +48,9 @@ every step and a failure names the step that broke the rule:
     point trimmed through never goes back), and a follower skips acked events only
     where it was told `Trimmed` (and only at a position the master trimmed), from then
     on starting at the first retained sequence it was told.
+14. lost replicas: a wiped store joins its cluster as one new incarnation, the one the
+    master keeps, with every replica it held before marked lost (or held again), however
+    many of its registration answers were lost.
 """
 
 from __future__ import annotations
@@ -81,9 +88,11 @@ INVARIANTS = {
     5: "at most 2 unsealed segments; epochs strictly increase",
     6: "bad input is refused and changes nothing",
     7: "every append ends within a bound (its timeout, or its writer losing leadership)",
+    10: "sealed segments go back to N good replicas",
     11: "stores change segments only under the master's grants, and take every one",
     12: "a sealed segment's certificate is what its replicas at the bridge hold",
     13: "trims take whole sealed segments from the head; readers are told, never skipped",
+    14: "a store never stands for a replica it lost",
     15: "a producer event answered as written is in the stream, and never twice",
     0: "the cluster converges once faults stop (liveness)",
 }
@@ -145,6 +154,8 @@ class Checker:
         # reader may ever get it.
         self.rotted: set[tuple[str, SegmentKey]] = set()
         self.failed: set[bytes] = set()  # appends users were told definitely failed
+        # Events sent under a token every store knew was revoked: none may be taken.
+        self.revoked: set[bytes] = set()
         # Producer events answered as in the stream at a sequence no longer known (0):
         # followers must read each of them by the end (invariant 15).
         self.answered_written: set[bytes] = set()
@@ -189,7 +200,20 @@ class Checker:
         if kind == EntryKind.EVENT:
             if payload in self.failed:
                 raise Violation(1, f"{where} has {payload!r}, an append reported as failed")
+            if payload in self.revoked:
+                raise Violation(
+                    11, f"{where} has {payload!r}, sent under a token the stores knew revoked"
+                )
             self.served_payloads.add(payload)
+
+    def sent_under_revoked_token(self, payloads: tuple[bytes, ...]) -> None:
+        """A writer sent these under a token every store knew was revoked (when the
+        append started): no store may take them, no user be told they landed, and no
+        reader ever see them."""
+        for payload in payloads:
+            if payload in self.served_payloads:
+                raise Violation(11, f"{payload!r} was served before it was sent")
+            self.revoked.add(payload)
 
     def appends_failed(self, payloads: list[bytes]) -> None:
         """A writer stepped down and told users these appends definitely failed (they

@@ -16,22 +16,50 @@ CI_SEEDS = range(0, 10)
 # Issue #35, defect 3: a writer leading an epoch without a segment parked appends that
 # never ended. Seed 4 found it first (an append open 1823 ms, past its 1800 ms timeout);
 # since lease heartbeats travel per client and grants expire, the schedules moved, and
-# seed 6 finds it (an append open 1525 ms at 2744 ms of virtual time, with the flaw).
+# seed 6 found it (an append open 1525 ms at 2744 ms of virtual time, with the flaw);
+# seed 6 now draws tokens (a second client per process), and seed 15 finds it (an
+# append open 933 ms, past its 900 ms timeout).
 PARKED_APPENDS_HANG = 6
+PARKED_APPENDS_HANG_FOUND = 15
 # A producer's unanswered batch is sent again through its process's next writer.
 PRODUCER_RESENDS = 1
+# Tokens: c1's token is revoked at 4219 ms; the stores refuse its Write streams from
+# then on (UNAUTHENTICATED) while c2 and c3 go on appending to t0's streams under
+# theirs. Bit rot: replicas rot, their stores' scrub finds them, and the master moves
+# them elsewhere.
+TOKENS_AND_ROT = 2
+# A Write stream opened under a token took writes after its store heard of the
+# revocation; seed 43 finds it (a follower reads an event c1 sent once every store
+# knew its token was revoked).
+REVOKED_STREAM_WRITES = 43
+# A wiped store's registration answers are lost; with its lost replicas answered only
+# to the first registration, store1 joined without segment 1/1 marked lost.
+LOST_REGISTRATION_ANSWERS = 39
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
 FLAWED = [
-    ("park_forever", PARKED_APPENDS_HANG, 7),
+    ("park_forever", PARKED_APPENDS_HANG_FOUND, 7),
     # A follower reads an append its writer, stepping down, said had failed.
     ("fail_in_doubt", 6, 1),
     # Appends pending as their writer steps down are never answered.
     ("forget_pending", 1, 7),
     # A new segment acks before the earlier ones are sealed.
     ("ack_before_seal", 2, 1),
+    ("revoked_stream_writes", REVOKED_STREAM_WRITES, 11),
+    ("lost_answered_once", LOST_REGISTRATION_ANSWERS, 14),
+    # The scrub finds nothing: a rotted replica of store0 is never repaired.
+    ("scrub_blind", 9, 10),
 ]
+# What a seed of the CI band must have made happen, beyond keeping the invariants.
+MADE = {
+    TOKENS_AND_ROT: (
+        "revoked token: Write UNAUTHENTICATED",
+        "acked under the other tokens",
+        "rotted replicas found by the scrub",
+    ),
+    9: ("rotted replicas found by the scrub",),
+}
 
 
 def _failure(result: WorldResult) -> str:
@@ -47,6 +75,8 @@ def test_seeds_on_the_runtime_keep_invariants_and_converge(seed: int) -> None:
     # `ok` names as such): then fewer events are read than were acked.
     assert result.acked, result.summary()
     assert result.read >= result.acked or result.documented_loss, result.summary()
+    for made in MADE.get(seed, ()):
+        assert result.stats.get(made, 0) > 0, (made, result.stats)
 
 
 def test_seed_6_parked_appends_end_with_the_append_timeout() -> None:
@@ -84,6 +114,8 @@ def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     assert not all(config.operator for config in configs)
     assert any(config.producers for config in configs)
     assert not all(config.producers for config in configs)
+    assert any(config.tokens for config in configs)
+    assert any(config.rot for config in configs)
 
 
 def test_seed_1_a_producer_resends_through_its_next_writer_and_each_event_lands_once() -> None:
@@ -93,6 +125,14 @@ def test_seed_1_a_producer_resends_through_its_next_writer_and_each_event_lands_
     result = run_seed(PRODUCER_RESENDS)
     assert result.config.producers and result.ok, _failure(result)
     assert result.stats.get("producer events resent and acked", 0) > 0, result.stats
+
+
+def test_seed_39_a_wiped_store_whose_registration_answers_are_lost_joins_once() -> None:
+    """The master answers every registration of a new incarnation with its lost
+    replicas: the retry after a lost answer joins knowing them (invariant 14)."""
+    result = run_seed(LOST_REGISTRATION_ANSWERS)
+    assert result.config.registration_answers_lost and result.ok, _failure(result)
+    assert result.stats.get("answers lost", 0) > 0, result.stats
 
 
 def test_every_runtime_flaw_has_a_seed() -> None:

@@ -79,6 +79,9 @@ def test_check_grant(store: str, segment: SegmentKey, epoch: int, refusal: str |
 
 WRITER = Principal(PrincipalKind.TENANT, "tok", tenant="acme", role=Role.WRITE, token_id="a" * 16)
 READER = Principal(PrincipalKind.TENANT, "tok", tenant="acme", role=Role.READ, token_id="b" * 16)
+OTHER_WRITER = Principal(
+    PrincipalKind.TENANT, "tok2", tenant="acme", role=Role.WRITE, token_id="d" * 16
+)
 OTHER_TENANT = Principal(
     PrincipalKind.TENANT, "tok", tenant="evil", role=Role.ADMIN, token_id="c" * 16
 )
@@ -157,6 +160,23 @@ def test_a_write_stream_of_a_read_token_is_refused_at_its_first_grant() -> None:
         grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, NOW)
     with pytest.raises(GrantRefused):
         grants.admit(b"", SegmentKey(7, 9), 9, NOW)  # nothing was kept of the refused grant
+
+
+def test_a_write_stream_opened_under_a_token_revoked_since_is_refused() -> None:
+    """A streaming call proves its caller once, when it opens: a revocation the store
+    hears of afterwards refuses the stream's next request, with or without a grant."""
+    checks = authority("s1")
+    grants = WriteStreamGrants(checks, WRITER)
+    others = WriteStreamGrants(checks, OTHER_WRITER)
+    assert grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, NOW) == GRANT
+    assert others.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, NOW) == GRANT
+    assert checks.update([KEY.public_key], 1, [(WRITER.token_id, NOW + 60_000)], NOW)
+    with pytest.raises(CallerUnproven, match="was revoked"):
+        grants.admit(b"", SegmentKey(7, 9), 9, NOW)
+    with pytest.raises(CallerUnproven, match="was revoked"):
+        grants.admit(SIGNER.sign(GRANT), SegmentKey(7, 9), 9, NOW)
+    # Another token of the same tenant goes on.
+    assert others.admit(b"", SegmentKey(7, 9), 9, NOW) == GRANT
 
 
 def test_what_the_master_says_replaces_what_was_kept_and_survives_encoding() -> None:

@@ -11,24 +11,32 @@ it is the process dying (its calls break, nothing is flushed); `power_loss()` th
 from the KV what was written without a sync (`MemoryKV.crash`), which with
 `fsync=False` is every write since the last sync (`--fsync never`), with `fsync=True`
 nothing that was answered. The next `serve()` starts from what the KV kept, with a new
-incarnation, as a restarted store does. The scrubber is not here yet (README.md).
+incarnation, as a restarted store does.
+
+Given `scrub_recheck_ms`, the store's `Scrubber` runs beside its master link, as
+`server.serve` runs it (its reads through `StoreContext.in_thread`, which the loop runs
+inline), its reports going with the link's heartbeats; a replica is read back again
+once `scrub_recheck_ms` passed since its last read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store.core.authority import StoreAuthority
-from streamengine.segment_store.core.commands import Plan
+from streamengine.segment_store.core.commands import Joined, Plan, SegmentKey
+from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT, ScrubSchedule
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.data_plane import data_server
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.kv import MemoryKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity
+from streamengine.segment_store.scrub import Scrubber
 from streamengine.segment_store.service import add_to_server
 from streamengine.segment_store.store_context import ServiceConfig, StoreContext
 from tests.sim.runtime.transport import SimNetwork, SimServer
@@ -53,6 +61,7 @@ class SimStore:
         master_address: str | None = None,
         data_dir: Path | None = None,
         fsync: bool = True,
+        scrub_recheck_ms: int = 0,
     ) -> None:
         assert master_address is None or data_dir is not None, "a master link needs a dir"
         self.network = network
@@ -64,11 +73,18 @@ class SimStore:
         self.master_address = master_address
         self.data_dir = data_dir
         self.fsync = fsync
+        # With a master, its `Scrubber` runs unless 0: each sealed replica is read back
+        # again this often (a run lasts seconds, not the shipped minutes).
+        self.scrub_recheck_ms = scrub_recheck_ms
+        self.scrubber: Scrubber | None = None
         self.kv = MemoryKV()
         self.serving = asyncio.Event()
         self.server: SimServer | None = None
         self.core: SegmentStoreCore | None = None
         self.context: StoreContext | None = None
+        # Told once the store joined its cluster (its registration answered), with the
+        # replicas the master said its earlier incarnation lost.
+        self.join_observers: list[Callable[[SegmentStoreCore, Sequence[SegmentKey]], None]] = []
 
     async def serve(self) -> None:
         core = SegmentStoreCore(self.kv, joins_cluster=self.master_address is not None)
@@ -84,6 +100,12 @@ class SimStore:
         authority = StoreAuthority(self.store_id, None, self.trusted_keys)
         self.core = core
         self.context = context = StoreContext(core, committer, watch, self.config, authority)
+        self.scrubber = None
+        if self.scrub_recheck_ms and self.master_address is not None:
+            self.scrubber = Scrubber(core, context.in_thread, SCRUB_MB_PER_S_DEFAULT)
+            self.scrubber.schedule = ScrubSchedule(
+                SCRUB_MB_PER_S_DEFAULT * 1_000_000, monotonic_ms(), self.scrub_recheck_ms
+            )
         self.server = SimServer(self.network, self.store_id, [RequestParsing()])
         add_to_server(context, self.server)
         self.server.add_insecure_port(self.address)
@@ -97,6 +119,8 @@ class SimStore:
                 tasks.create_task(committer.run())
                 if self.master_address is not None:
                     tasks.create_task(self._link(core, context).run())
+                if self.scrubber is not None:
+                    tasks.create_task(self.scrubber.run())
         finally:
             self.serving.clear()
             await data.stop()
@@ -121,6 +145,20 @@ class SimStore:
             context.authority,
             context.keep_authority,
             context.quota,
+            scrubber=self.scrubber,
             keep_records=context.keep_records,
-            join=context.join,
+            join=self._joining(core, context),
         )
+
+    def _joining(
+        self, core: SegmentStoreCore, context: StoreContext
+    ) -> Callable[[str, Sequence[SegmentKey]], Awaitable[Joined]]:
+        """The store context's `join`, its observers told once it is done."""
+
+        async def join(cluster_id: str, lost: Sequence[SegmentKey]) -> Joined:
+            joined = await context.join(cluster_id, lost)
+            for observer in self.join_observers:
+                observer(core, lost)
+            return joined
+
+        return join

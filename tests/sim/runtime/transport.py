@@ -19,7 +19,12 @@ Faults, all drawn from the loop's seeded random source:
   between two nodes; a call towards an address nobody serves, or across a cut, fails
   UNAVAILABLE;
 - deadlines end the call DEADLINE_EXCEEDED at the caller and cancel the handler;
-  `cancel()` ends it CANCELLED and cancels the handler when the cancel arrives.
+  `cancel()` ends it CANCELLED and cancels the handler when the cancel arrives;
+- lost answers, chosen by the world (`lose_answers`): the next answers of one method to
+  one node are lost after the server handled the call, and the caller sees a reset.
+
+`call_observers` hear how every call ended for its caller (its node, the address, the
+method and the status code).
 
 Server side, `SimServer` takes what the generated `add_*Servicer_to_server` gives
 (`add_generic_rpc_handlers`, `add_registered_method_handlers`) and the same server
@@ -201,6 +206,12 @@ class SimNetwork:
             "stream_resets": 0,
             "silent_cuts": 0,
         }
+        # Told of every call's end, as its caller sees it: (caller's node, address,
+        # method, status code).
+        self.call_observers: list[Callable[[str, str, str, grpc.StatusCode], None]] = []
+        # (caller's node, method) -> how many of its next answers are lost: the server
+        # handled the call, and its caller sees the connection reset.
+        self._answers_to_lose: dict[tuple[str, str], int] = {}
         # A blocking call blocks the caller's node: the loop tells nodes apart by this.
         loop.node_var = CURRENT_NODE
 
@@ -278,6 +289,24 @@ class SimNetwork:
 
     def _connections_between(self, a: str, b: str) -> list[_Connection]:
         return [c for c in list(self._connections.values()) if c.nodes == {a, b}]
+
+    def lose_answers(self, client_node: str, method: str, count: int = 1) -> None:
+        """The next `count` answers to `client_node`'s calls of `method` (its full
+        name, `/package.Service/Method`) are lost on their way back."""
+        key = (client_node, method)
+        self._answers_to_lose[key] = self._answers_to_lose.get(key, 0) + count
+
+    def _answer_lost(self, client_node: str, method: str) -> bool:
+        key = (client_node, method)
+        left = self._answers_to_lose.get(key, 0)
+        if not left:
+            return False
+        self.stats["answers lost"] = self.stats.get("answers lost", 0) + 1
+        if left == 1:
+            del self._answers_to_lose[key]
+        else:
+            self._answers_to_lose[key] = left - 1
+        return True
 
     def reachable(self, src: str, address: str) -> bool:
         server = self.servers.get(address)
@@ -538,6 +567,9 @@ class _Exchange:
             self.handling.receive(message)
 
     def _at_client(self, message: object) -> None:
+        if self.network._answer_lost(self.client_node, self.call.method):
+            self.break_("the answer was lost")
+            return
         self.call.receive(message)
 
     def break_(self, why: str) -> None:
@@ -623,6 +655,8 @@ class _ClientCall:
         if self._status is not None:
             return
         self._status = status
+        for observer in self.network.call_observers:
+            observer(self.client_node, self.address, self.method, status.code)
         self.channel.calls.pop(self, None)
         if self.exchange is not None:
             self.exchange.closed()

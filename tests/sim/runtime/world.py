@@ -15,7 +15,11 @@ coming back, now and then with a wiped disk (a new incarnation); partitions and
 connection resets; client processes crashing (cut off, their tasks cancelled; a new
 incarnation takes over through the shipped recovery); the master restarting over the
 same metadata, or, on etcd, the active master killed, stopped cleanly, or cut off from
-etcd and the stores, and etcd itself going down and back. The liveness phase then heals
+etcd and the stores, and etcd itself going down and back. In a share of seeds (each
+drawn from the seed's later generator): the client processes lead one tenant's streams
+under write tokens of their own and the operator revokes one; a wiped store's
+registration answers are lost, so that it registers again; and bytes of stored events
+rot at rest while the stores' scrub runs. The liveness phase then heals
 the network, brings every node back, stops faults, and must converge within
 `LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
 every event ever acked.
@@ -25,8 +29,11 @@ shipped shells returned: acks (invariant 1 and 2, the gate on earlier segments),
 events followers read, how and when each append ended (invariant 7: an append ends
 within the writer's append timeout, acked or with a typed SDK error), and periodic
 audits of every store's served prefix and sealed replicas against the master
-(invariants 2, 4, 5); and a `MasterChecker` for the cluster (invariant 5: never two
-masters serving, every etcd commit the active master's, epochs never going back).
+(invariants 2, 4, 5); nothing sent under a token every store knows is revoked is taken
+(invariant 11); a wiped store joins as one incarnation knowing every replica it lost
+(invariant 14); every rotted replica is found and its segment back to N sound replicas
+(invariant 10); and a `MasterChecker` for the cluster (invariant 5: never two masters
+serving, every etcd commit the active master's, epochs never going back).
 
     python -m tests.sim --runtime --seed N       # one seed, with its trace
     python -m tests.sim --runtime --soak K --first F
@@ -40,11 +47,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import time
 import traceback
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+import types
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -61,19 +70,30 @@ from streamengine.client.errors import (
     AppendTimedOut,
     DataLossError,
     LeadershipLost,
+    PermissionDenied,
     StreamEngineError,
     Trimmed,
 )
 from streamengine.client.writer import Writer
+from streamengine.master import service_tokens
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.state import MasterState
+from streamengine.master.stores import StoreRegistry
 from streamengine.protocol.clock import wall_ms
+from streamengine.protocol.entry import VALUE_HEADER_BYTES, CorruptEntry, EntryKind, decode_value
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.sequence import unpack_sequence
+from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
+from streamengine.segment_store.core.authority import StoreAuthority
 from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.keys import entry_index, entry_key
+from streamengine.segment_store.core.kv import Put
+from streamengine.segment_store.core.scrub import ScanResult
+from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.scrub import Scrubber
 from streamengine.testing import wait_until
 from streamengine.v1 import master_pb2
 from tests.sim.checkers import Checker, MasterChecker, Violation
@@ -91,8 +111,21 @@ from tests.sim.writer_node import ProducerOutbox
 # never times them out (issue #35, defect 3); and the old world's, in the shipped shells:
 # `fail_in_doubt`: a writer stepping down tells users an append failed that may be
 # durable; `forget_pending`: it loses its pending appends as it steps down (they hang);
-# `ack_before_seal`: a new segment acks before the earlier ones are sealed.
-RUNTIME_FLAWS = ("park_forever", "fail_in_doubt", "forget_pending", "ack_before_seal")
+# `ack_before_seal`: a new segment acks before the earlier ones are sealed;
+# `revoked_stream_writes`: a store's Write stream opened under a token takes writes
+# after the store heard the token was revoked (it proved its caller only at its open);
+# `lost_answered_once`: a wiped store's lost replicas are answered only by the
+# registration that first sees its new incarnation (issue #35, defect 1);
+# `scrub_blind`: the scrub reads a damaged replica back and tells nobody.
+RUNTIME_FLAWS = (
+    "park_forever",
+    "fail_in_doubt",
+    "forget_pending",
+    "ack_before_seal",
+    "revoked_stream_writes",
+    "lost_answered_once",
+    "scrub_blind",
+)
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
 # (`appends_per_s`) and the heartbeats of its writers.
@@ -127,6 +160,26 @@ OPERATOR_EVERY_MS = 1_500
 DELETED_MS_MAX = 600
 DRAINING_MS_MAX = 3_000
 OPERATOR_CALL_S = 2.0
+# The share of seeds where each client process leads the streams of one tenant under a
+# write token of its own, and the operator revokes one of them within the safety phase
+# (between these two times).
+TOKENS_SHARE = 0.3
+TOKEN_TENANT = "t0"
+REVOKE_AT_MS = (1_000, SAFETY_MS - 3_000)
+STORE_WRITE = "/streamengine.v1.SegmentStore/Write"
+# The share of seeds where a wiped store's registration answers are lost (1 or 2 of
+# them, as the master answers them): it registers again.
+REGISTRATION_ANSWERS_LOST_SHARE = 0.3
+REGISTER_STORE = "/streamengine.v1.Master/RegisterStore"
+# The share of seeds where the stores run their scrub and bytes of stored entries rot
+# at rest (about every `ROT_EVERY_MS`, on a sealed replica whose segment keeps W sound
+# replicas besides); each replica is read back again `SCRUB_RECHECK_MS` after its last
+# read. Rotted replicas must be sound again within `REPAIRED_MS_MAX` of the liveness
+# phase's convergence.
+ROT_SHARE = 0.3
+ROT_EVERY_MS = 1_500
+SCRUB_RECHECK_MS = 1_000
+REPAIRED_MS_MAX = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +212,16 @@ class WorldConfig:
     # Writers with producer ids: each process resends what it was not told was written,
     # from the lowest, through each writer it makes (exactly once, issue #40).
     producers: bool = False
+    # Write tokens of `TOKEN_TENANT`, one per client process, which leads that tenant's
+    # streams under it (each of them with a rival); the operator revokes the token of
+    # process `revoked_token` (modulo their number) at `revoke_at_ms`.
+    tokens: bool = False
+    revoke_at_ms: int = 0
+    revoked_token: int = 0
+    # How many registration answers a wiped store loses, each time it is wiped.
+    registration_answers_lost: int = 0
+    # Bit rot at rest in sealed replicas, with the stores' scrub running.
+    rot: bool = False
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -180,6 +243,14 @@ class WorldConfig:
         later = random.Random(f"{seed}/later")
         masters = later.choice((0, 0, 1, 2, 3))
         operator = later.random() < OPERATOR_SHARE
+        grace_ms = later.choice(OPERATOR_GRACES_MS) if operator else DELETE_GRACE_MS_DEFAULT
+        tokens = later.random() < TOKENS_SHARE
+        revoke_at_ms = later.randint(*REVOKE_AT_MS)
+        revoked_token = later.randrange(3)
+        answers_lost = 0
+        if later.random() < REGISTRATION_ANSWERS_LOST_SHARE:
+            answers_lost = later.choice((1, 2))
+        rot = later.random() < ROT_SHARE
         return WorldConfig(
             seed=seed,
             policy=ReplicationPolicy(replicas, quorum),
@@ -199,13 +270,17 @@ class WorldConfig:
             safety_ms=SAFETY_MS,
             segment_bytes=rng.choice((0, 0, 600, 3000)),
             fsync_never=fsync_never,
-            wipes=rng.random() < 0.25,
+            # Lost registration answers need wiped stores.
+            wipes=rng.random() < 0.25 or bool(answers_lost),
             masters=masters,
             operator=operator,
-            delete_grace_ms=(
-                later.choice(OPERATOR_GRACES_MS) if operator else DELETE_GRACE_MS_DEFAULT
-            ),
+            delete_grace_ms=grace_ms,
             producers=draws_producers(seed),
+            tokens=tokens,
+            revoke_at_ms=revoke_at_ms,
+            revoked_token=revoked_token,
+            registration_answers_lost=answers_lost,
+            rot=rot,
             flaws=flaws,
         )
 
@@ -225,6 +300,18 @@ class WorldConfig:
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" producers" if self.producers else "")
+            + (
+                f" tokens of {TOKEN_TENANT} (#{self.revoked_token} revoked at "
+                f"{self.revoke_at_ms}ms)"
+                if self.tokens
+                else ""
+            )
+            + (
+                f" {self.registration_answers_lost} registration answers lost per wipe"
+                if self.registration_answers_lost
+                else ""
+            )
+            + (" rot, scrubbed" if self.rot else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -369,6 +456,7 @@ class World:
                 master_address=self.masters.address,
                 data_dir=SIM_DATA_DIR,
                 fsync=name not in config.fsync_never,
+                scrub_recheck_ms=SCRUB_RECHECK_MS if config.rot else 0,
             )
             for name in (f"store{n}" for n in range(config.stores))
         }
@@ -377,6 +465,7 @@ class World:
         self._assign_streams()
         self.nodes: dict[str, asyncio.Task[None]] = {}
         self.checkers: dict[str, Checker] = {}
+        self.checkers_by_id: dict[int, Checker] = {}
         self.phase = "setup"
         self.violation: Violation | None = None
         self.finished = asyncio.Event()
@@ -396,6 +485,22 @@ class World:
         self.outboxes: dict[str, ProducerOutbox] = {}
         # Producer events sent in a call that ended without an answer: they go again.
         self.unanswered: set[bytes] = set()
+        # With `WorldConfig.tokens`: each process's token of `TOKEN_TENANT` (its text and
+        # its id), the process whose token the operator revoked, and the producer
+        # events sent at least once (a resend may be durable from before).
+        self.tokens: dict[str, tuple[str, str]] = {}
+        self.revoked_process = ""
+        self.produced_sent: set[bytes] = set()
+        # What each wiped store held before its wipes: the replicas its new incarnation
+        # must never stand for.
+        self.held_before_wipe: dict[str, set[SegmentKey]] = {}
+        # With `WorldConfig.rot`: rotted replicas not yet sound again, when each rotted,
+        # and those the scrub has found.
+        self.rotten: dict[tuple[str, SegmentKey], int] = {}
+        self.rot_found: set[tuple[str, SegmentKey]] = set()
+        network.call_observers.append(self._call_ended)
+        for name, store in self.stores.items():
+            store.join_observers.append(functools.partial(self._store_joined, name))
 
     def _assign_streams(self) -> None:
         """Each stream has a leading process; a share of them a rival one too."""
@@ -407,8 +512,18 @@ class World:
             if self.rng.random() < self.config.rivals:
                 rival = self.rng.choice([name for name in names if name != first])
                 wanted[rival].append(stream)
+        if self.config.tokens:
+            # Every stream of the tenant has a rival: one token revoked, another leads.
+            for n, stream in enumerate(self.stream_names):
+                leading = [name for name in names if stream in wanted[name]]
+                if self._under_token(stream) and len(leading) < 2:
+                    wanted[names[(n + 1) % len(names)]].append(stream)
         for process in self.processes:
             process.streams = tuple(wanted[process.name])
+
+    @staticmethod
+    def _under_token(stream: str) -> bool:
+        return stream.startswith(f"{TOKEN_TENANT}/")
 
     # ---- plumbing ----
 
@@ -485,6 +600,10 @@ class World:
         self.start("watch", self._watch())
         if self.config.operator:
             self.start("operator", self._operator())
+        if self.config.tokens:
+            self.start("revoker", self._revoke_token())
+        if self.config.rot:
+            self.start("rot", self._rot())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.safety_ms / 1000):
                 await self.finished.wait()
@@ -496,6 +615,8 @@ class World:
                 await self.finished.wait()
         except TimeoutError:
             self.check(self._raise_stuck)
+        if self.violation is None and self.rotten:
+            await self._wait_for_repairs()
         if self.violation is None:
             followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
             for _, checker in sorted(self.checkers.items()):
@@ -509,11 +630,14 @@ class World:
         async with asyncio.timeout(SETUP_MS_MAX / 1000):
             await wait_until(self._joined, timeout_s=SETUP_MS_MAX / 1000)
             await self.group.create_task(self._create_streams(), context=node_context("setup"))
+            if self.config.tokens:
+                await self.group.create_task(self._create_tokens(), context=node_context("setup"))
         state = self.masters.state
         assert state is not None
         for stream in self.stream_names:
             stream_id = state.streams[stream].stream_id
             self.checkers[stream] = Checker(stream_id, self.config.append_timeout_ms)
+            self.checkers_by_id[stream_id] = self.checkers[stream]
         self.note(f"{len(self.stores)} stores joined; {len(self.stream_names)} streams created")
 
     async def _start_masters(self) -> None:
@@ -541,6 +665,17 @@ class World:
                     segment_bytes=self.config.segment_bytes,
                 )
 
+    async def _create_tokens(self) -> None:
+        """A write token of `TOKEN_TENANT` for each client process, as `streamengine
+        token create` asks for one."""
+        async with StreamClient(self.masters.address) as client:
+            for process in self.processes:
+                request = master_pb2.CreateTokenRequest(
+                    tenant=TOKEN_TENANT, role=master_pb2.TOKEN_ROLE_WRITE
+                )
+                reply = await client.master.CreateToken(request, timeout=OPERATOR_CALL_S)
+                self.tokens[process.name] = (reply.token, reply.token_id)
+
     def _joined(self) -> bool:
         state = self.masters.state
         if state is None:
@@ -559,14 +694,24 @@ class World:
         return max(1, 2 * 1000 * len(self.stream_names) // self.config.appends_per_s)
 
     async def _process(self, process: Process) -> None:
+        """The process's streams, led through its client; those of `TOKEN_TENANT`, with
+        `WorldConfig.tokens`, through a second client calling with its token."""
+        token = self.tokens.get(process.name)
         while self.phase != "stopped":
             try:
-                async with (
-                    StreamClient(self.masters.address) as client,
-                    asyncio.TaskGroup() as tasks,
-                ):
+                async with contextlib.AsyncExitStack() as stack:
+                    client = await stack.enter_async_context(StreamClient(self.masters.address))
+                    tenant_client = client
+                    if token is not None:
+                        tenant_client = await stack.enter_async_context(
+                            StreamClient.from_transport(
+                                self.masters.address, Transport(token=token[0])
+                            )
+                        )
+                    tasks = await stack.enter_async_context(asyncio.TaskGroup())
                     for stream in process.streams:
-                        tasks.create_task(self._lead(process, client, stream))
+                        chosen = tenant_client if self._under_token(stream) else client
+                        tasks.create_task(self._lead(process, chosen, stream))
             except StreamEngineError as error:  # no first contact: the master is away
                 self.count(f"process {type(error).__name__}")
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
@@ -586,6 +731,12 @@ class World:
                     self.writers[writer_id] = writer
                     self.note(f"{writer_id} leads epoch {writer.epoch}")
                     await self._write(writer, writer_id, self.checkers[stream], stream)
+            except PermissionDenied as error:
+                # Its token was revoked: this process leads the stream no more (a new
+                # token would make a new writer); it waits to be stopped.
+                self.note(f"{writer_id} ends: {type(error).__name__}: {error}; it stops")
+                self.count("writers refused for their token")
+                await asyncio.get_running_loop().create_future()
             except StreamEngineError as error:
                 self.note(f"{writer_id} ends: {type(error).__name__}: {error}")
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
@@ -631,6 +782,8 @@ class World:
         in_flight: asyncio.Semaphore,
     ) -> None:
         self.check(checker.append_started, writer_id, payloads, self.now_ms)
+        if self._revoked_everywhere(writer_id):
+            self.check(checker.sent_under_revoked_token, payloads)
         try:
             sequences = await writer.append_batch(payloads)
         except StreamEngineError as error:
@@ -644,6 +797,9 @@ class World:
             if payloads[0].startswith(b"marker:"):
                 self.marking.discard(stream)
         self.check(checker.append_ended, writer_id, payloads)
+        if self.revoked_process and self._under_token(stream):
+            revoked = writer_id.partition(".")[0] == self.revoked_process
+            self.count(f"acked under the {'revoked token' if revoked else 'other tokens'}")
         state = self.masters.state
         for sequence, payload in zip(sequences, payloads, strict=True):
             epoch, index = unpack_sequence(sequence)
@@ -694,6 +850,13 @@ class World:
         sequences = sorted(out.in_flight)
         payloads = tuple(out.events[sequence] for sequence in sequences)
         self.check(checker.append_started, writer_id, payloads, self.now_ms)
+        if self.config.tokens:
+            # An event sent before may be durable from then: only the new ones are
+            # held to the revocation.
+            fresh = tuple(p for p in payloads if p not in self.produced_sent)
+            self.produced_sent.update(payloads)
+            if fresh and self._revoked_everywhere(writer_id):
+                self.check(checker.sent_under_revoked_token, fresh)
         try:
             answered = await writer.append_batch(payloads, producer_sequence=sequences[0])
         except StreamEngineError as error:
@@ -722,6 +885,47 @@ class World:
         self.unanswered -= resent
         self.count("producer events acked", len(payloads))
         self.count("producer events resent and acked", len(resent))
+
+    def _revoked_everywhere(self, writer_id: str) -> bool:
+        """Whether `writer_id` writes under a token every store serves knowing it is
+        revoked: then no store may take what it sends from now on."""
+        process, _, rest = writer_id.partition("/")
+        if not self.revoked_process or process.partition(".")[0] != self.revoked_process:
+            return False
+        if not self._under_token(rest.partition("#")[0]):
+            return False
+        token_id = self.tokens[self.revoked_process][1]
+        return all(
+            store.serving.is_set()
+            and store.context is not None
+            and token_id in store.context.authority.revocations
+            for store in self.stores.values()
+        )
+
+    def _call_ended(
+        self, client_node: str, address: str, method: str, code: grpc.StatusCode
+    ) -> None:
+        if (
+            method == STORE_WRITE
+            and self.revoked_process
+            and client_node.partition(".")[0] == self.revoked_process
+            and code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+        ):
+            self.count(f"revoked token: Write {code.name}")
+
+    async def _revoke_token(self) -> None:
+        """The operator revokes one process's token (`streamengine token revoke`),
+        trying again until the master answers."""
+        await asyncio.sleep(self.config.revoke_at_ms / 1000)
+        if self.phase != "safety":
+            return
+        process = self.processes[self.config.revoked_token % len(self.processes)].name
+        self.revoked_process = process
+        request = master_pb2.RevokeTokenRequest(token_id=self.tokens[process][1])
+        while self.phase != "stopped":
+            if await self._operate(f"revoke the token of {process}", request, retried=True):
+                return
+            await asyncio.sleep(LEAD_AGAIN_MS / 1000)
 
     def _append_failed(
         self,
@@ -901,8 +1105,15 @@ class World:
         await self.stop(name)
         if wipe:
             self.wiped.add(name)
+            if store.core is not None:
+                held = self.held_before_wipe.setdefault(name, set())
+                held.update(store.core.catalog.segments())
             store.kv = MemoryKV()
             self.note(f"{name} crashes; its disk is wiped")
+            if self.config.registration_answers_lost:
+                lost = self.config.registration_answers_lost
+                self.network.lose_answers(name, REGISTER_STORE, lost)
+                self.note(f"{name}: its next {lost} registration answers will be lost")
             for checker in self.checkers.values():
                 self.check(checker.store_wiped, name)
         else:
@@ -966,6 +1177,39 @@ class World:
         process.incarnation += 1
         self.note(f"{process.node} starts")
         self.start(process.node, self._process(process))
+
+    def _store_joined(
+        self, name: str, core: SegmentStoreCore, lost: Sequence[SegmentKey]
+    ) -> None:
+        self.count("store joins")
+        if name in self.held_before_wipe:
+            self.check(self._joined_knowing_its_losses, name, core)
+
+    def _joined_knowing_its_losses(self, name: str, core: SegmentStoreCore) -> None:
+        """Invariant 14 as a wiped store joins, however many of its registration
+        answers were lost: the master keeps one incarnation of it, the one it runs, and
+        every replica it held before its wipe that the master still places on it is
+        marked lost there (or held again), so that it never answers for one."""
+        state = self.masters.state
+        if state is None:
+            return
+        record = state.stores.get(name)
+        incarnation = core.catalog.incarnation()
+        if record is None or record.incarnation != incarnation:
+            known = record.incarnation if record is not None else None
+            raise Violation(
+                14, f"{name} joined as incarnation {incarnation}; the master has {known}"
+            )
+        for key in sorted(self.held_before_wipe[name]):
+            segment = state.segments.get((key.stream_id, key.epoch))
+            if segment is None or name not in segment.copy_set:
+                continue
+            if core.catalog.meta(key) is None and not core.catalog.is_lost(key):
+                raise Violation(
+                    14,
+                    f"{name} joined as a new incarnation without segment {key.stream_id}/"
+                    f"{key.epoch} marked lost, which it held before its wipe",
+                )
 
     def _client_nodes(self) -> list[str]:
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
@@ -1069,6 +1313,8 @@ class World:
                 audit_at = now + AUDIT_EVERY_MS
                 for checker in self.checkers.values():
                     self.check(self._audit, checker)
+                if self.rotten:
+                    self._follow_repairs()
 
     def _describe(self, writer_id: str) -> None:
         writer = self.writers.get(writer_id)
@@ -1096,6 +1342,155 @@ class World:
                 key = SegmentKey(checker.stream_id, segment.epoch)
                 checker.sealed_at_master(key, segment.final_index, cores)
         checker.audit(cores, state)
+
+    # ---- bit rot at rest ----
+
+    async def _rot(self) -> None:
+        """Now and then a byte of a stored event flips in one replica of a sealed
+        segment, behind its store's back: its crc32c no longer holds. Only where the
+        segment keeps W sound replicas besides, on stores serving."""
+        while self.phase == "safety":
+            await asyncio.sleep(self.rng.randint(1, 2 * ROT_EVERY_MS) / 1000)
+            if self.phase != "safety":
+                return
+            chances = self._rot_chances()
+            if not chances:
+                continue
+            name, key, final = self.rng.choice(chances)
+            store = self.stores[name]
+            assert store.core is not None
+            events = [
+                e for e in store.core.reader.read(key, 1, final) if e.kind == EntryKind.EVENT
+            ]
+            if not events:
+                continue
+            victim = self.rng.choice(events)
+            entry = entry_key(key.stream_id, key.epoch, victim.index)
+            value = store.kv.get(entry)
+            assert value is not None
+            at = self.rng.randrange(VALUE_HEADER_BYTES, len(value))
+            flipped = value[:at] + bytes([value[at] ^ 1 << self.rng.randrange(8)]) + value[at + 1 :]
+            store.kv.write([Put(entry, flipped)], sync=True)
+            self.checkers_by_id[key.stream_id].rotted.add((name, key))
+            self.rotten[(name, key)] = self.now_ms
+            self.count("replicas rotted")
+            self.note(f"rot: {name} segment {key.stream_id}/{key.epoch} index {victim.index}")
+
+    def _rot_chances(self) -> list[tuple[str, SegmentKey, int]]:
+        state = self.masters.state
+        if state is None:
+            return []
+        quorum = self.config.policy.write_quorum
+        chances = []
+        for name, store in sorted(self.stores.items()):
+            if store.core is None or not store.serving.is_set():
+                continue
+            for key, final in sorted(store.core.catalog.scrub_targets().items()):
+                segment = state.segments.get((key.stream_id, key.epoch))
+                if (
+                    key.stream_id not in self.checkers_by_id
+                    or segment is None
+                    or segment.final_index != final
+                    or any(key == rotted for _, rotted in self.rotten)
+                ):
+                    continue
+                others = [other for other in segment.copy_set if other != name]
+                if len(self._sound_replicas(key, final, others)) >= quorum:
+                    chances.append((name, key, final))
+        return chances
+
+    def _sound_replicas(self, key: SegmentKey, final: int, names: Sequence[str]) -> list[str]:
+        """Those of `names` serving a replica of `key` complete to its bridge at
+        `final`, each copy's crc holding, that the store does not count damaged. Read
+        as stored: a read through the store's reader would mark what it finds damaged,
+        doing the scrub's work for it."""
+        sound = []
+        for name in names:
+            store = self.stores.get(name)
+            core = store.core if store is not None else None
+            if store is None or core is None or not store.serving.is_set():
+                continue
+            meta = core.catalog.meta(key)
+            if meta is None or meta.acked_index < final or key in core.catalog.damaged():
+                continue
+            rows = core.reader.read_rows(key, 1, final)
+            try:
+                for row, value in rows:
+                    decode_value(entry_index(row), value)
+            except CorruptEntry:
+                continue
+            if len(rows) == final:
+                sound.append(name)
+        return sound
+
+    def _follow_repairs(self) -> None:
+        """Rotted replicas the scrub found (their store counts them damaged), and those
+        sound again (the audits check them again), or no longer wanted (the segment
+        trimmed or deleted, or moved off their store)."""
+        state = self.masters.state
+        if state is None:
+            return
+        for (name, key), rotted_at in sorted(self.rotten.items()):
+            core = self.stores[name].core
+            found = core is not None and key in core.catalog.damaged()
+            if found and (name, key) not in self.rot_found:
+                self.rot_found.add((name, key))
+                self.count("rotted replicas found by the scrub")
+                self.note(f"{name} found segment {key.stream_id}/{key.epoch} damaged")
+            segment = state.segments.get((key.stream_id, key.epoch))
+            gone = segment is None or name not in segment.copy_set
+            if segment is None or gone or self._sound_replicas(key, segment.final_index, [name]):
+                del self.rotten[(name, key)]
+                if not gone:  # else it stays unaudited until its store drops it
+                    self.checkers_by_id[key.stream_id].rotted.discard((name, key))
+                self.count("rotted replicas dropped" if gone else "rotted replicas repaired")
+                self.note(
+                    f"{name} segment {key.stream_id}/{key.epoch} "
+                    f"{'no longer wanted' if gone else 'sound again'} after "
+                    f"{self.now_ms - rotted_at} ms"
+                )
+
+    async def _wait_for_repairs(self) -> None:
+        """Invariant 10 once faults stopped: every rotted replica sound again within
+        `REPAIRED_MS_MAX`, and each of its segments with N sound replicas."""
+        with contextlib.suppress(TimeoutError):
+            await wait_until(
+                lambda: not self.rotten, REPAIRED_MS_MAX / 1000, interval_s=AUDIT_EVERY_MS / 1000
+            )
+        if self.rotten:
+            (name, key), rotted_at = min(self.rotten.items(), key=lambda item: item[1])
+            self.check(
+                self._raise,
+                Violation(
+                    10,
+                    f"{name}: segment {key.stream_id}/{key.epoch}, rotted at {rotted_at} ms, "
+                    f"not sound again {REPAIRED_MS_MAX} ms after the run converged"
+                    + ("" if (name, key) in self.rot_found else "; its scrub never found it"),
+                ),
+            )
+            return
+        state = self.masters.state
+        assert state is not None
+        rotted = {key for _, key in self.rot_found}
+        for key in sorted(rotted):
+            segment = state.segments.get((key.stream_id, key.epoch))
+            if segment is None or not segment.final_index:
+                continue
+            sound = self._sound_replicas(key, segment.final_index, segment.copy_set)
+            if len(sound) < self.config.policy.replicas:
+                self.check(
+                    self._raise,
+                    Violation(
+                        10,
+                        f"segment {key.stream_id}/{key.epoch}: {len(sound)} sound replicas "
+                        f"({sound}) of {self.config.policy.replicas} once repaired",
+                    ),
+                )
+                return
+
+    @staticmethod
+    def _raise(violation: Violation) -> None:
+        raise violation
 
     # ---- liveness ----
 
@@ -1185,7 +1580,49 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(writer_shell.Writer, "_stepped_down", forgetting)
             )
+        if "revoked_stream_writes" in flaws:
+            stack.enter_context(
+                mock.patch.object(StoreAuthority, "check_not_revoked", lambda *args: None)
+            )
+        if "scrub_blind" in flaws:
+            done = Scrubber._done
+
+            def blind(scrubber: Scrubber, replica: SegmentKey, result: ScanResult) -> None:
+                if not result.damaged:
+                    done(scrubber, replica, result)
+
+            stack.enter_context(mock.patch.object(Scrubber, "_done", blind))
+        if "lost_answered_once" in flaws:
+            stack.enter_context(
+                mock.patch.object(StoreRegistry, "register_store", _answering_lost_once)
+            )
         yield
+
+
+_register_store = StoreRegistry.register_store
+
+
+def _answering_lost_once(registry: StoreRegistry, store_id: str, *args: Any, **kwargs: Any) -> Any:
+    """`register_store` as it was: the lost replicas answered only to the registration
+    that changed the incarnation, none to a retry of it."""
+    existing = registry.state.stores.get(store_id)
+    registered = _register_store(registry, store_id, *args, **kwargs)
+    new = registry.state.stores[store_id]
+    if existing is not None and existing.incarnation == new.incarnation:
+        return dataclasses.replace(registered, lost=())
+    return registered
+
+
+def _seeded_secrets(seed: int) -> types.SimpleNamespace:
+    """What the master's token calls draw from `secrets`, drawn from the seed instead
+    (a generator of their own: the loop's draws stay where they were), so that a run
+    replays."""
+    draws = random.Random(f"{seed}/tokens")
+
+    def token_hex(nbytes: int) -> str:
+        return draws.getrandbits(8 * nbytes).to_bytes(nbytes).hex()
+
+    return types.SimpleNamespace(token_hex=token_hex)
 
 
 def run_seed(
@@ -1220,6 +1657,7 @@ def run_seed(
             _quiet(),
             _flaws(config.flaws),
             mock.patch.object(master_link, "_free_bytes", lambda path: SIM_DISK_FREE_BYTES),
+            mock.patch.object(service_tokens, "secrets", _seeded_secrets(seed)),
         ):
             run(main(), seed)
     except Exception:
@@ -1230,6 +1668,8 @@ def run_seed(
         result.virtual_ms = world.now_ms
         result.trace = world.lines
         result.stats = world.stats
+        if "answers lost" in world.network.stats:
+            result.stats["answers lost"] = world.network.stats["answers lost"]
         result.acked = sum(len(c.acked) for c in world.checkers.values())
         result.read = sum(
             len(record.seen) for c in world.checkers.values() for record in c.followers.values()

@@ -13,9 +13,11 @@ cluster runs TLS: they fence stale and buggy writers as well as hostile ones.
 A Write stream shows each grant once (`WriteStreamGrants`): its first request of a
 (stream, writer epoch) carries it, later ones may not; the verified grant is kept for
 the stream's lifetime, and checked for expiry at every write (a leader shows its
-renewed grant on its next request). Verifying costs more than the rest of a small write's handling
-(docs/performance.md, "Signatures"), so the `Verifier` also caches across streams and
-seals: one verification per grant per store.
+renewed grant on its next request). The stream's token, proven once at its open, is
+checked against the revocations at every write too: a revocation the store hears of
+ends the streams opened under that token (UNAUTHENTICATED). Verifying costs more than
+the rest of a small write's handling (docs/performance.md, "Signatures"), so the
+`Verifier` also caches across streams and seals: one verification per grant per store.
 
 What it trusts (`StoreAuthority`): the master's public keys and its token revocations,
 both from the master's replies (`update`), kept durably (`AuthorityRecord`, written by
@@ -258,6 +260,13 @@ class StoreAuthority:
             until,
         )
 
+    def check_not_revoked(self, principal: Principal) -> None:
+        """Raise CallerUnproven when `principal`'s token was revoked since its call was
+        proven: a streaming call proves its caller once, when it opens, and a revocation
+        heard of later must still end it."""
+        if principal.token_id and principal.token_id in self.revocations:
+            raise CallerUnproven(f"token {principal.token_id} was revoked")
+
     def open_grant(self, signed: bytes) -> Grant:
         try:
             return open_grant(self.verifier, signed)
@@ -300,7 +309,9 @@ class WriteStreamGrants:
     ) -> Grant:
         """The grant a write to `segment` at `writer_epoch` goes under at `now_ms`
         (wall-clock): the one it carries, or the one shown earlier on this stream.
-        Raises GrantRefused (GrantExpired), CallerRefused or NoSigningKeyYet."""
+        Raises GrantRefused (GrantExpired), CallerRefused, NoSigningKeyYet, or
+        CallerUnproven once the stream's token is revoked (which ends the stream)."""
+        self.authority.check_not_revoked(self.principal)
         key = (segment.stream_id, writer_epoch)
         if signed:
             grant = self.authority.grant_for(
