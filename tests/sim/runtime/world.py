@@ -1506,6 +1506,7 @@ class World:
         if etcd is not None and not etcd.running:
             etcd.restart()
         for master in self.masters.elected:
+            await master.ended()  # a clean stop takes a while: it gives its lease back
             if not master.running:
                 master.restart()
         for name in sorted(self.stores):
