@@ -13,15 +13,18 @@ granted it.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.transport import PLAINTEXT, Transport
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -50,16 +53,55 @@ class WriteRefused(grpc.RpcError):
         return tuple(self.reply.error.metadata.items())
 
 
+class CallRefused(grpc.RpcError):
+    """A Write stream of the data plane ended with a status, read as a gRPC call's
+    error (`code`, `details`, `trailing_metadata`)."""
+
+    def __init__(self, error: framed.CallError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self.error.code)
+
+    def details(self) -> str:
+        return self.error.details
+
+    def trailing_metadata(self) -> Any:
+        return tuple(self.error.metadata.items())
+
+
+async def write_stream(
+    data_address: str,
+    requests: Iterable[segment_store_pb2.WriteRequest],
+    transport: Transport = PLAINTEXT,
+    timeout_s: float = CALL_TIMEOUT_S,
+) -> list[segment_store_pb2.WriteReply]:
+    """Every request on one Write stream of the store's data plane, then its end; the
+    replies, in order, refused ones included. Raises framed.CallError for what ends the
+    stream with a status."""
+    replies: list[segment_store_pb2.WriteReply] = []
+    async with asyncio.timeout(timeout_s), framed.connect(data_address, transport) as connection:
+        call = await connection.call(framing.WRITE)
+        for request in requests:
+            await call.send(request)
+        await call.end()
+        while (reply := await call.receive()) is not None:
+            assert isinstance(reply, segment_store_pb2.WriteReply)
+            replies.append(reply)
+    return replies
+
+
 def write(
-    address: str,
+    data_address: str,
     segment: entry_pb2.SegmentId,
     writer_epoch: int,
     entries: list[StoredEntry],
     acked: int,
     grant: bytes,
 ) -> None:
-    """Write `entries` to one store under `grant` (of `writer_epoch`), then raise its
-    acked index to `acked`."""
+    """Write `entries` to one store (on its data plane) under `grant` (of
+    `writer_epoch`), then raise its acked index to `acked`."""
     requests = [
         codec.write_request(
             entries,
@@ -73,9 +115,10 @@ def write(
             segment=segment, writer_epoch=writer_epoch, acked_index=acked, request_id=2
         ),
     ]
-    channel, stub = store_stub(address)
-    with channel:
-        replies = list(stub.Write(iter(requests), timeout=CALL_TIMEOUT_S))
+    try:
+        replies = asyncio.run(write_stream(data_address, requests))
+    except framed.CallError as error:
+        raise CallRefused(error) from None
     refused = [reply for reply in replies if reply.status == segment_store_pb2.REFUSED]
     if refused:
         raise WriteRefused(refused[0])
@@ -168,7 +211,7 @@ class Driver:
             ]
         events = len(entries)
         for replica in old.copy_set:
-            write(replica.address, old.id, old_epoch, entries, events, old_grant)
+            write(replica.data_address, old.id, old_epoch, entries, events, old_grant)
         channel, stub = self._stub()
         with channel:
             rolled = stub.RollSegment(
@@ -187,7 +230,9 @@ class Driver:
                 sealed = seal(replica.address, old.id, self.epoch, self.grant)
                 assert sealed.fence == self.epoch and sealed.acked_index == events
                 if bridge_on is None or number < bridge_on:
-                    write(replica.address, old.id, self.epoch, [bridge], events + 1, self.grant)
+                    write(
+                        replica.data_address, old.id, self.epoch, [bridge], events + 1, self.grant
+                    )
             request = master_pb2.SealSegmentRequest(
                 stream=self.stream,
                 segment_epoch=old_epoch,

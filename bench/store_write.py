@@ -23,21 +23,18 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from bench.peers.common import proc_cpu_seconds
-from streamengine.protocol import codec
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.entry import EntryKind, StoredEntry, encode_value
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.segment_store.core.keys import entry_key
 from streamengine.testing import make_store
-from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
+from streamengine.v1 import entry_pb2, segment_store_pb2
 
 ENTRY_BYTES = 100
 BATCH_ENTRIES = 100
@@ -133,21 +130,26 @@ def _requests(stream_id: int, batches: int) -> list[segment_store_pb2.WriteReque
 
 
 async def _writer(address: str, requests: list[segment_store_pb2.WriteRequest], window: int) -> int:
-    """One leader's stream with `window` batches in flight; returns entries accepted."""
+    """One leader's stream (on the store's data plane) with `window` batches in flight;
+    returns entries accepted."""
     slots = asyncio.Semaphore(window)
-
-    async def produce() -> AsyncIterator[segment_store_pb2.WriteRequest]:
-        for request in requests:
-            await slots.acquire()
-            yield request
-
     accepted = 0
-    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
-        stub = segment_store_pb2_grpc.SegmentStoreStub(channel)
-        async for reply in stub.Write(produce()):
-            if reply.status == segment_store_pb2.ACCEPTED:
-                accepted += reply.last_index - reply.first_index + 1
-            slots.release()
+    async with framed.connect(address, PLAINTEXT) as connection:
+        call = await connection.call(framing.WRITE)
+
+        async def produce() -> None:
+            for request in requests:
+                await slots.acquire()
+                await call.send(request)
+            await call.end()
+
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(produce())
+            while (reply := await call.receive()) is not None:
+                assert isinstance(reply, segment_store_pb2.WriteReply)
+                if reply.status == segment_store_pb2.ACCEPTED:
+                    accepted += reply.last_index - reply.first_index + 1
+                slots.release()
     return accepted
 
 
@@ -182,7 +184,7 @@ def measure(seconds: float, window: int, fsyncs: tuple[str, ...]) -> list[Figure
                     per_writer = max(20, batches // writers)
                     rate, cpu_us = asyncio.run(
                         store_rate(
-                            store.address,
+                            store.data_address,
                             store.pid,
                             writers,
                             per_writer,

@@ -1,17 +1,18 @@
-"""Where a lone write's time and CPU go, on one store, beside a bare gRPC echo.
+"""Where a lone write's time and CPU go, on one store, beside a bare framed echo.
 
     .venv/bin/python -m bench.write_path [--requests 600] [--gap-ms 5]
 
 Three servers are measured the same way: one Write stream, one request at a time,
 each sent `--gap-ms` after the last reply (0: back to back), round trips timed by the
 client:
-- echo: a grpc.aio server that answers each Write request with an empty reply at
-  once: what the transport and the event loops cost, nothing of ours;
+- echo: a data-plane server (`framed_server`) that answers each Write request with an
+  empty reply at once: what the transport and the event loop cost, nothing of ours;
 - store, fsync never: a real `streamengine store`, one 100-byte entry per request;
 - store, fsync always: the same with every write synced.
 For the store, the CPU of each of its threads per request (from /proc): the event
 loop's (the request read, admission, the committer's hand-off, the reply), the
-commit thread's (the plan, RocksDB, the fsync), gRPC's own threads.
+commit thread's (the plan, RocksDB, the fsync), gRPC's own threads (idle: Write goes
+on the data plane).
 
 The gap matters on this kind of machine: an idle process's threads sleep, and waking
 them (the poller, the loop, the commit thread) costs time and CPU at every hop.
@@ -26,20 +27,18 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
-
-import grpc
 
 from bench.append import percentile
 from bench.store_write import BENCH_KEY, STORE_IDS
-from streamengine.protocol import codec
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framing import Kind
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import free_port, make_store
-from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
+from streamengine.v1 import entry_pb2, segment_store_pb2
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -60,22 +59,17 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return found
 
 
-class _Echo(segment_store_pb2_grpc.SegmentStoreServicer):
-    async def Write(  # type: ignore[override]
-        self, request_iterator: AsyncIterator[segment_store_pb2.WriteRequest], context: Any
-    ) -> None:
-        async for request in request_iterator:
-            await context.write(segment_store_pb2.WriteReply(request_id=request.request_id))
+async def _echo(call: ServerCall) -> None:
+    async for request in call:
+        assert isinstance(request, segment_store_pb2.WriteRequest)
+        await call.send(segment_store_pb2.WriteReply(request_id=request.request_id))
 
 
 def _serve_echo(address: str) -> None:
     async def serve() -> None:
-        server = grpc.aio.server()
-        # Only Write is served; the abstract others are never called.
-        segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(_Echo(), server)  # type: ignore[abstract]
-        server.add_insecure_port(address)
-        await server.start()
-        await server.wait_for_termination()
+        server = DataServer({Kind.WRITE_REQUEST: _echo}, lambda identity, _token: identity)
+        await server.start(address, None)
+        await asyncio.Event().wait()
 
     asyncio.run(serve())
 
@@ -100,20 +94,20 @@ async def _round_trips(
     address: str, requests: list[segment_store_pb2.WriteRequest], gap_s: float, pid: int
 ) -> tuple[list[float], dict[str, float]]:
     """Round trips (s) of all but the first request, and each thread's CPU over them."""
-    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
-        call = segment_store_pb2_grpc.SegmentStoreStub(channel).Write()
-        await call.write(requests[0])
-        await call.read()
+    async with framed.connect(address, PLAINTEXT) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(requests[0])
+        await call.receive()
         before = thread_cpu_s(pid)
         times = []
         for request in requests[1:]:
             started = time.perf_counter()
-            await call.write(request)
-            await call.read()
+            await call.send(request)
+            await call.receive()
             times.append(time.perf_counter() - started)
             await asyncio.sleep(gap_s)
         after = thread_cpu_s(pid)
-        await call.done_writing()
+        await call.end()
     spent = {name: after[name] - before.get(name, 0.0) for name in after}
     return times, spent
 
@@ -140,7 +134,7 @@ def measure(count: int, gap_s: float) -> list[str]:
         time.sleep(1.0)
         assert echo.pid is not None
         times, cpu = asyncio.run(_round_trips(echo_address, requests, gap_s, echo.pid))
-        lines += _line("grpc echo", times, cpu, count)
+        lines += _line("framed echo", times, cpu, count)
     finally:
         echo.kill()
     with tempfile.TemporaryDirectory(prefix="write-path-") as data:
@@ -152,7 +146,9 @@ def measure(count: int, gap_s: float) -> list[str]:
             store.args += ["--fsync", fsync, "--trust-signing-key", str(key_file)]
             store.start()
             try:
-                times, cpu = asyncio.run(_round_trips(store.address, requests, gap_s, store.pid))
+                times, cpu = asyncio.run(
+                    _round_trips(store.data_address, requests, gap_s, store.pid)
+                )
                 lines += _line(f"store, fsync {fsync}", times, cpu, count)
             finally:
                 store.kill()

@@ -26,7 +26,7 @@ from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import payload
-from tests.faults.channels import open_channel, stream_client
+from tests.faults.channels import harness_transport, open_channel, stream_client
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +133,15 @@ def dump_replica(channel: grpc.Channel, segment: entry_pb2.SegmentId) -> dict[st
     return {"acked_index": acked, "fence": fence, "entries": entries}
 
 
-def probe_fence(channel: grpc.Channel, segment: entry_pb2.SegmentId, fence: int, index: int
+def probe_fence(data_address: str, segment: entry_pb2.SegmentId, fence: int, index: int
                 ) -> str:
     """C10: a write one epoch below the store's fence, of an event past the bridge, must
-    be refused with FAILED_PRECONDITION. Returns "refused", "accepted" or the error."""
+    be refused with FAILED_PRECONDITION. Returns "refused", "accepted" or the error.
+    On the store's data plane, as writers write."""
+    from bench.segment_driver import write_stream
     from streamengine.protocol import codec
     from streamengine.protocol.entry import EntryKind, StoredEntry
+    from streamengine.protocol.framed import CallError
 
     entry = StoredEntry.make(index, EntryKind.EVENT, fence - 1, b"fence-probe")
     request = codec.write_request([entry], segment=segment, writer_epoch=fence - 1,
@@ -147,8 +150,8 @@ def probe_fence(channel: grpc.Channel, segment: entry_pb2.SegmentId, fence: int,
     # is looked at (PERMISSION_DENIED): refused all the same, nothing written.
     refusals = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED)
     try:
-        replies = store_grpc.SegmentStoreStub(channel).Write(iter([request]),
-                                                             timeout=DUMP_TIMEOUT_S)
+        replies = asyncio.run(write_stream(data_address, [request], harness_transport(),
+                                           DUMP_TIMEOUT_S))
         for reply in replies:
             if reply.status == segment_store_pb2.ACCEPTED:
                 return "accepted"
@@ -160,10 +163,10 @@ def probe_fence(channel: grpc.Channel, segment: entry_pb2.SegmentId, fence: int,
                 if code in refusals:
                     return "refused"
                 return f"{code.name if code else reply.error.code}: {reply.error.details}"
-    except grpc.RpcError as error:
-        if error.code() in refusals:
+    except CallError as error:
+        if error.code.value in (code.value[0] for code in refusals):
             return "refused"
-        return f"{error.code().name}: {error.details()}"
+        return f"{error.code.name}: {error.details}"
     return "no answer"
 
 
@@ -243,6 +246,8 @@ async def stream_final(master: str, stream: str, write_quorum: int, seal_problem
     listing = await blocking(lambda: segments_of(to_master, stream))
     addresses = {(s.id.epoch, r.store_id): r.address for s in listing.segments
                  for r in s.copy_set}
+    data_addresses = {(s.id.epoch, r.store_id): r.data_address for s in listing.segments
+                      for r in s.copy_set}
 
     def segment_id(epoch: int) -> entry_pb2.SegmentId:
         return entry_pb2.SegmentId(stream_id=listing.stream_id, epoch=epoch, stream=stream)
@@ -270,9 +275,9 @@ async def stream_final(master: str, stream: str, write_quorum: int, seal_problem
                   if dump.get("fence", 0) > 1]
 
         async def probe(store: str, fence: int, dumped: dict[str, Any] = dumped) -> str:
-            channel = channels(addresses[(dumped["epoch"], store)])
+            data_address = data_addresses[(dumped["epoch"], store)]
             return await blocking(lambda: probe_fence(
-                channel, segment_id(dumped["epoch"]), fence, dumped["final_index"] + 1))
+                data_address, segment_id(dumped["epoch"]), fence, dumped["final_index"] + 1))
 
         outcomes_of = await asyncio.gather(*(probe(store, fence) for store, fence in probed))
         dumped["fence_probes"] = {store: outcome for (store, _), outcome

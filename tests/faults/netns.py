@@ -14,6 +14,7 @@ from tests.tree import ROOT
 
 SCRIPT = ROOT / "deploy" / "netns-cluster.sh"
 MASTER_PORT, STORE_PORT = 7070, 7071
+STORE_DATA_PORT = STORE_PORT + 1  # the store's default --data-listen
 
 
 def unavailable() -> str:

@@ -3,8 +3,9 @@ and resets, where `tc netem` is missing (FAULTS.md §2; the etcd robustness suit
 approach).
 
     host = ProxyHost().start()
-    link = host.link("w1>store2", upstream="127.0.0.1:7071")   # listens on 127.0.0.1:<free>
-    ...the process dials link.address instead of the store...
+    link = host.link("w1>store2", upstream="127.0.0.1:7071",   # listens on 127.0.0.1:<free>
+                     also=["127.0.0.1:7072"])                  # the store's data port too
+    ...the process dials link.address instead of the store (link.dial: every port)...
     link.set(delay_s=0.1, jitter_s=0.05)     # every chunk, both directions, order kept
     link.set(rate_bytes_per_s=32_000)        # a thin pipe, each direction
     link.set(blackhole=True)                 # bytes held, nothing forwarded, until healed
@@ -13,8 +14,11 @@ approach).
     link.heal()
     host.close()
 
-Every link is one listening socket; each accepted connection opens its own upstream
-connection and pumps bytes both ways. A pump reads a chunk, stamps it with the moment it
+A link is the path to one server: a listening socket per port of it (`upstream`, and
+`also` for its other ports, as a store's data port beside its gRPC port), every one
+under the link's faults, so a fault on the link reaches whatever the process sends that
+server. Each accepted connection opens its own upstream connection and pumps bytes both
+ways. A pump reads a chunk, stamps it with the moment it
 may leave (now + delay ± jitter, never before the previous chunk: TCP keeps order), and a
 writer sends it then, at the link's rate. A blackhole holds bytes rather than dropping
 them: a real blackhole shorter than TCP's retransmission timeout loses nothing either,
@@ -30,13 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import socket
 import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -104,31 +109,46 @@ class _Direction:
 
 
 class Link:
-    """One directed link: a listening socket forwarding every connection to `upstream`."""
+    """One directed link: a listening socket per upstream address (the ports of one
+    server), forwarding every connection to its upstream."""
 
-    def __init__(self, host: ProxyHost, name: str, upstream: str, listen_host: str) -> None:
+    def __init__(
+        self, host: ProxyHost, name: str, upstreams: Sequence[str], listen_host: str
+    ) -> None:
         self.host = host
         self.name = name
-        upstream_host, upstream_port = upstream.rsplit(":", 1)
-        self.upstream = (upstream_host, int(upstream_port))
+        self.upstreams = list(upstreams)
         self.listen_host = listen_host
         self.faults = LinkFaults()
         self.rng = random.Random(name)
         self.buckets = {"up": _Bucket(), "down": _Bucket()}
         self.connections: set[_Connection] = set()
-        self.server: asyncio.Server | None = None
-        self.port = 0
+        self.servers: list[asyncio.Server] = []
+        self.ports: dict[str, int] = {}  # upstream address -> the port listening for it
         # Counters, for tests and reports.
         self.accepted = 0
         self.bytes = {"up": 0, "down": 0}
 
     @property
     def address(self) -> str:
-        return f"{self.listen_host}:{self.port}"
+        """Where to dial the first upstream (the server's main port)."""
+        return self.address_of(self.upstreams[0])
+
+    def address_of(self, upstream: str) -> str:
+        return f"{self.listen_host}:{self.ports[upstream]}"
+
+    @property
+    def dial(self) -> dict[str, str]:
+        """Each upstream address and the link's address to dial instead."""
+        return {upstream: self.address_of(upstream) for upstream in self.upstreams}
 
     async def _open(self) -> None:
-        self.server = await asyncio.start_server(self._accept, self.listen_host, 0)
-        self.port = self.server.sockets[0].getsockname()[1]
+        for upstream in self.upstreams:
+            host, port = upstream.rsplit(":", 1)
+            accept = functools.partial(self._accept, (host, int(port)))
+            server = await asyncio.start_server(accept, self.listen_host, 0)
+            self.servers.append(server)
+            self.ports[upstream] = server.sockets[0].getsockname()[1]
 
     # ---- control, from any thread ----
 
@@ -156,21 +176,26 @@ class Link:
         return len(connections)
 
     async def _close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         for connection in list(self.connections):
             connection.abort()
 
     # ---- the data path ----
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(
+        self,
+        upstream: tuple[str, int],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
         self.accepted += 1
         if self.faults.refuse:
             _abort_with_reset(writer)
             return
         try:
             up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(*self.upstream), CONNECT_TIMEOUT_S
+                asyncio.open_connection(*upstream), CONNECT_TIMEOUT_S
             )
         except (OSError, TimeoutError):
             _abort_with_reset(writer)
@@ -315,10 +340,13 @@ class ProxyHost:
         """Run `coroutine` on the proxies' loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(CONTROL_TIMEOUT_S)
 
-    def link(self, name: str, upstream: str, listen_host: str = "127.0.0.1") -> Link:
-        """A new link to `upstream`, listening on a free port of `listen_host`."""
+    def link(
+        self, name: str, upstream: str, listen_host: str = "127.0.0.1", also: Sequence[str] = ()
+    ) -> Link:
+        """A new link to `upstream` (and to the same server's other ports, `also`),
+        each listening on a free port of `listen_host`."""
         assert name not in self.links, f"link {name} exists"
-        link = Link(self, name, upstream, listen_host)
+        link = Link(self, name, [upstream, *also], listen_host)
         self.call(link._open())
         self.links[name] = link
         return link

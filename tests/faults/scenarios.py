@@ -330,8 +330,11 @@ def _run_processes(
             if proxies is not None:
                 listen = hosts.addr("harness") if hosts else "127.0.0.1"
                 for store in cluster.stores:
-                    link = proxies.link(f"{name}>{store.name}", store.address, listen)
-                    options = [*options, "--dial", f"{store.address}={link.address}"]
+                    # Its gRPC port and its data port (Write) under the same faults.
+                    link = proxies.link(f"{name}>{store.name}", store.address, listen,
+                                        also=[store.data_address])
+                    for advertised, address in link.dial.items():
+                        options = [*options, "--dial", f"{advertised}={address}"]
                 master_address = proxies.link(f"{name}>master", master_address, listen).address
             return ClientProcess(name, role, master_address, given, history, logs,
                                  seed, options, prefix, env)
@@ -569,12 +572,15 @@ def namespaced_cluster(scenario: Scenario, data: Path
         for number in range(STORES):
             name = f"store{number}"
             address = f"{hosts.addr(name)}:{netns.STORE_PORT}"
+            data_address = f"{hosts.addr(name)}:{netns.STORE_DATA_PORT}"
             (data / name).mkdir(exist_ok=True)  # a mount point already, on a disk
             cluster.stores.append(ServerProcess(
                 name,
-                ["store", "--listen", address, "--data", str(data / name), "--master",
-                 master_address, "--id", name, "--insecure", *scenario.store_args],
-                address, data / f"{name}.log", prefix=hosts.prefix(name)))
+                ["store", "--listen", address, "--data-listen", data_address,
+                 "--data", str(data / name), "--master", master_address, "--id", name,
+                 "--insecure", *scenario.store_args],
+                address, data / f"{name}.log", prefix=hosts.prefix(name),
+                data_address=data_address))
         cluster.master.start()
         for store in cluster.stores:
             store.start(wait=False)

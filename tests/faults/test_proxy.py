@@ -130,6 +130,38 @@ def test_throttle_limits_the_rate(link: Link) -> None:
     assert 0.8 <= elapsed < 6.0, elapsed
 
 
+def test_a_link_covers_each_port_of_its_server_under_the_same_faults(echo: str) -> None:
+    other = _EchoServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    second = f"127.0.0.1:{other.server_address[1]}"
+    host = ProxyHost().start()
+    try:
+        link = host.link("test>echo", echo, also=[second])
+        assert list(link.dial) == [echo, second]
+        assert link.address == link.dial[echo] != link.dial[second]
+        link.set(blackhole=True)
+        socks = [socket.create_connection(_split(link.dial[a]), timeout=10) for a in link.dial]
+        for sock in socks:
+            sock.sendall(b"held")
+            sock.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                sock.recv(4)
+        link.heal()
+        for sock in socks:
+            sock.settimeout(10)
+            assert receive(sock, 4) == b"held"
+            sock.close()
+    finally:
+        host.close()
+        other.shutdown()
+        other.server_close()
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
 def assert_reset(sock: socket.socket) -> None:
     """The peer reset the connection (a RST, not a FIN: recv raises, not b"")."""
     with pytest.raises(ConnectionResetError):
@@ -153,12 +185,16 @@ def test_reset_and_refuse(link: Link) -> None:
 
 
 async def test_client_reaches_stores_through_proxies(cluster: Cluster) -> None:
-    """`StreamClient(dial=...)` sends each store's traffic through its link; with one
-    store blackholed, appends still reach the other two (W=2) and reads still work."""
+    """`StreamClient(dial=...)` sends each store's traffic, its data port's included,
+    through its link; with one store blackholed, appends still reach the other two
+    (W=2) and reads still work."""
     host = ProxyHost().start()
     try:
-        links = {s.address: host.link(f"client>{s.name}", s.address) for s in cluster.stores}
-        dial = {address: link.address for address, link in links.items()}
+        links = {
+            s.address: host.link(f"client>{s.name}", s.address, also=[s.data_address])
+            for s in cluster.stores
+        }
+        dial = {advertised: via for link in links.values() for advertised, via in link.dial.items()}
         async with StreamClient(cluster.master_address, dial=dial) as client:
             await client.create_stream("proxy/events", replicas=3, write_quorum=2)
             async with client.writer("proxy/events") as writer:

@@ -12,19 +12,23 @@ refusal as `WriteRefused`, which reads as the call's error would (`code`, `detai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import grpc
 
 from bench.segment_driver import WriteRefused as WriteRefused  # re-exported for the tests
-from streamengine.protocol import codec
+from bench.segment_driver import write_stream
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.framed import CallError
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import REPLICAS_MAX
 from streamengine.protocol.signing import SigningKey
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import ServerProcess, make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -139,10 +143,26 @@ def write_request(
     )
 
 
+class StoreStub:
+    """A store's gRPC calls, and where its data plane serves Write (`write_replies`)."""
+
+    def __init__(self, channel: grpc.aio.Channel, data_address: str) -> None:
+        stub = segment_store_pb2_grpc.SegmentStoreStub(channel)
+        self.data_address = data_address
+        self.Seal = stub.Seal
+        self.Read = stub.Read
+        self.Subscribe = stub.Subscribe
+        self.CopySegment = stub.CopySegment
+        self.Digest = stub.Digest
+        self.Delete = stub.Delete
+        self.GetSegmentState = stub.GetSegmentState
+        self.ListSegmentRecords = stub.ListSegmentRecords
+
+
 @asynccontextmanager
-async def store_stub(address: str) -> AsyncIterator[segment_store_pb2_grpc.SegmentStoreAsyncStub]:
-    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
-        yield segment_store_pb2_grpc.SegmentStoreStub(channel)
+async def store_stub(store: ServerProcess) -> AsyncIterator[StoreStub]:
+    async with grpc.aio.insecure_channel(store.address, options=CLIENT_OPTIONS) as channel:
+        yield StoreStub(channel, store.data_address)
 
 
 def with_grants(
@@ -161,22 +181,57 @@ def with_grants(
 
 
 async def write_replies(
-    stub: segment_store_pb2_grpc.SegmentStoreAsyncStub,
-    requests: list[segment_store_pb2.WriteRequest],
+    stub: StoreStub, requests: list[segment_store_pb2.WriteRequest]
 ) -> list[segment_store_pb2.WriteReply]:
-    """Send every request on one Write stream (`with_grants`); the replies, in order,
-    refused ones included."""
+    """Send every request on one Write stream (`with_grants`), on the store's data
+    plane; the replies, in order, refused ones included. A stream ended with a status
+    raises as the gRPC call did (`as_rpc_error`)."""
+    try:
+        return await write_stream(stub.data_address, with_grants(requests))
+    except CallError as error:
+        raise as_rpc_error(error) from None
 
-    async def produce() -> AsyncIterator[segment_store_pb2.WriteRequest]:
-        for request in with_grants(requests):
-            yield request
 
-    call = stub.Write(produce())
-    return [reply async for reply in call]
+def as_rpc_error(error: CallError) -> grpc.aio.AioRpcError:
+    """A data-plane call's end as gRPC's error of the same status and metadata."""
+    code = next(c for c in grpc.StatusCode if c.value[0] == error.code)
+    trailing = grpc.aio.Metadata(*error.metadata.items())
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, error.details)
+
+
+async def stream_writes(
+    data_address: str,
+    requests: AsyncIterator[segment_store_pb2.WriteRequest],
+    on_reply: Callable[[segment_store_pb2.WriteReply], None],
+) -> None:
+    """One Write stream sending `requests` while it hears each reply (`on_reply`), until
+    the store ends it; raises framed.CallError when it ends otherwise (the store died)."""
+    async with framed.connect(data_address, PLAINTEXT) as connection:
+        call = await connection.call(framing.WRITE)
+
+        async def send() -> None:
+            with contextlib.suppress(CallError):  # the receiving side says what happened
+                async for request in requests:
+                    await call.send(request)
+                await call.end()
+
+        ended: CallError | None = None  # raised as it is, not in the TaskGroup's group
+        async with asyncio.TaskGroup() as tasks:
+            sender = tasks.create_task(send())
+            try:
+                while (reply := await call.receive()) is not None:
+                    assert isinstance(reply, segment_store_pb2.WriteReply)
+                    on_reply(reply)
+            except CallError as error:
+                ended = error
+            finally:
+                sender.cancel()
+        if ended is not None:
+            raise ended
 
 
 async def write_all(
-    stub: segment_store_pb2_grpc.SegmentStoreAsyncStub,
+    stub: StoreStub,
     requests: list[segment_store_pb2.WriteRequest],
 ) -> list[segment_store_pb2.WriteReply]:
     """`write_replies`, raising the first refusal (`WriteRefused`) once every request
@@ -190,13 +245,13 @@ async def write_all(
 
 
 async def state(
-    stub: segment_store_pb2_grpc.SegmentStoreAsyncStub, segment: entry_pb2.SegmentId
+    stub: StoreStub, segment: entry_pb2.SegmentId
 ) -> segment_store_pb2.SegmentStateReply:
     return await stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(segment=segment))
 
 
 async def read_all(
-    stub: segment_store_pb2_grpc.SegmentStoreAsyncStub,
+    stub: StoreStub,
     segment: entry_pb2.SegmentId,
     from_index: int = 1,
     to_index: int = 0,

@@ -17,18 +17,21 @@ from typing import Any
 import grpc
 import pytest
 
-from bench.segment_driver import Driver
+from bench.segment_driver import CallRefused, Driver, write_stream
 from bench.segment_driver import write as write_acked
 from streamengine.client import StreamClient
 from streamengine.protocol import codec
 from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.framed import CallError
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import EPOCH_MAX
 from streamengine.protocol.signing import KEY_ID_BYTES, MAGIC_BYTES, SIGNATURE_BYTES, SigningKey
 from streamengine.protocol.tokens import token_envelope, token_text
+from streamengine.protocol.transport import PLAINTEXT, Transport
 from streamengine.testing import (
     Cluster,
+    data_address_of,
     free_port,
     metric_value,
     running_cluster,
@@ -93,12 +96,15 @@ def store_call(address: str, method: str, request: Any, token: str | None = None
 def store_write(
     address: str, requests: list[segment_store_pb2.WriteRequest], token: str | None = None
 ) -> list[segment_store_pb2.WriteReply]:
-    """The replies of a Write stream; a refused request (answered in its reply, the
-    stream going on) raises as the call's error would (`WriteRefused`)."""
-    with grpc.insecure_channel(address) as channel:
-        stub = store_grpc.SegmentStoreStub(channel)
-        metadata = bearer(token) if token else None
-        replies = list(stub.Write(iter(requests), timeout=TIMEOUT_S, metadata=metadata))
+    """The replies of a Write stream on the data plane of the store at `address` (its
+    gRPC address); a refused request (answered in its reply, the stream going on)
+    raises as the call's error would (`WriteRefused`), and so does the stream's end
+    (`CallRefused`)."""
+    transport = Transport(token=token) if token else PLAINTEXT
+    try:
+        replies = asyncio.run(write_stream(data_address_of(address), requests, transport))
+    except CallError as error:
+        raise CallRefused(error) from None
     for reply in replies:
         if reply.status == segment_store_pb2.REFUSED:
             raise WriteRefused(reply)
@@ -262,9 +268,9 @@ def test_a_second_write_at_the_epoch_with_other_bytes_is_refused_and_readers_kee
     conflicts = "streamengine_store_conflicting_copies_total"
     counted_before = sum(metric_value(port, conflicts) for port in store_metrics_ports)
     for replica in driver.segment.copy_set:
-        write_acked(replica.address, segment, epoch, original, acked=2, grant=grant)
+        write_acked(replica.data_address, segment, epoch, original, acked=2, grant=grant)
         # A retransmission (identical bytes) is accepted as before.
-        write_acked(replica.address, segment, epoch, original[:1], acked=2, grant=grant)
+        write_acked(replica.data_address, segment, epoch, original[:1], acked=2, grant=grant)
         attack = codec.write_request([tampered], segment=segment, writer_epoch=epoch, grant=grant)
         error = refused(functools.partial(store_write, replica.address, [attack]))
         assert error.code() == Code.ALREADY_EXISTS, error.details()

@@ -7,7 +7,8 @@ client certificate that is not an admin's, a store's certificate and the master'
 Each request is harmless whoever may make it (a stream that does not exist, a store id
 that is not the caller's, a write without a grant), so a caller allowed through
 authorization meets the domain's answer instead (NOT_FOUND, ALREADY_EXISTS, ...): a
-cell says which check a call stopped at. One cluster for the module.
+cell says which check a call stopped at. One cluster for the module. Write is called
+on the stores' data port (docs/data-plane.md), whose hello is a row of its own.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import grpc
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.framed import CallError
 from streamengine.protocol.transport import CA_CERT, Transport, client_cert_paths
 from streamengine.testing import Cluster, running_cluster
 from streamengine.tools import certs
@@ -93,8 +95,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "Master/RevokeCertificate":       (P, P, P, P, P, P, B, P, P, P),
     "Master/ListRevokedCertificates": (P, P, P, P, P, P, OK, P, P, P),
     # Without a grant of the master's, nobody writes or seals (a cluster admin neither).
-    # A Write stream answers each request (the cell: the request's answer, as a refused
-    # one says it); only a caller it cannot name loses the stream (UNAUTHENTICATED).
+    # Write, on the data port: a Write stream answers each request (the cell: the
+    # request's answer, as a refused one says it); a caller it cannot name is refused
+    # at the connection's hello (UNAUTHENTICATED).
     "SegmentStore/Write":             (U, P, P, P, P, P, P, U, P, P),
     "SegmentStore/Seal":              (P, P, P, P, P, P, P, P, P, P),
     "SegmentStore/Read":              (U, P, OK, OK, OK, OK, OK, U, OK, OK),
@@ -106,7 +109,12 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "SegmentStore/GetSegmentState":   (P, P, OK, OK, OK, OK, OK, P, OK, OK),
     "SegmentStore/ListSegmentRecords": (P, P, P, P, P, P, P, P, P, OK),
 }
+# The data port itself: who gets past the hello of a connection.
+DATA_PORT_EXPECTED: dict[str, tuple[str, ...]] = {
+    "data port/Hello":                (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
+}
 # fmt: on
+DATA_PORT_RPCS = ("SegmentStore/Write",)
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +193,6 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
     def store(method: str, request: Any, streamed: bool = False) -> Callable[[Any], object]:
         def call(channel: Any) -> object:
             stub = store_grpc.SegmentStoreStub(channel)
-            if method == "Write":
-                return list(stub.Write(iter([request]), timeout=TIMEOUT_S))
             if method == "Subscribe":  # the first reply, or the refusal
                 multiplexed = _multiplexed_status(stub, request)
                 try:
@@ -272,7 +278,7 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         "Master/ListRevokedCertificates": master(
             "ListRevokedCertificates", m.ListRevokedCertificatesRequest()
         ),
-        "SegmentStore/Write": store("Write", write),
+        "SegmentStore/Write": lambda _: write,  # the request: on the data port
         "SegmentStore/Seal": store(
             "Seal", s.SealRequest(segment=segment, new_epoch=segment.epoch + 1)
         ),
@@ -325,6 +331,27 @@ def _multiplexed_status(stub: Any, request: s.SubscribeRequest) -> str:
     return OK
 
 
+def data_port_status(transport: Transport, data_address: str, request: Any) -> str:
+    """The answer of a store's data port to a Write stream of `request` (None: a
+    connection's hello alone)."""
+
+    async def write() -> str:
+        async with framed.connect(data_address, transport) as connection:
+            if request is None:
+                return OK
+            call = await connection.call(framing.WRITE)
+            await call.send(request)
+            await call.end()
+            reply = await call.receive()
+            assert isinstance(reply, s.WriteReply)
+            return STATUS_NAMES[reply.error.code] if reply.status == s.REFUSED else OK
+
+    try:
+        return asyncio.run(write())
+    except CallError as error:
+        return error.code.name
+
+
 def status_of(call: Callable[[Any], object], channel: Any) -> str:
     try:
         answer = call(channel)
@@ -345,6 +372,7 @@ def test_every_rpc_answers_every_caller_as_the_table_says(
     table = calls(cluster, sealed)
     assert set(table) == set(RPC_NEEDS), "every RPC is called"
     store_address = sealed.copy_set[0].address
+    store_data_address = sealed.copy_set[0].data_address
     seen: dict[str, tuple[str, ...]] = {}
     for caller in CALLERS:
         transport = transports[caller]
@@ -353,9 +381,16 @@ def test_every_rpc_answers_every_caller_as_the_table_says(
             transport.channel(store_address) as store,
         ):
             for rpc, call in sorted(table.items()):
-                channel = master if rpc.startswith("Master/") else store
-                seen[rpc] = (*seen.get(rpc, ()), status_of(call, channel))
-    wrong = [rpc for rpc in sorted(seen) if seen[rpc] != EXPECTED.get(rpc)]
+                if rpc in DATA_PORT_RPCS:
+                    answer = data_port_status(transport, store_data_address, call(None))
+                else:
+                    channel = master if rpc.startswith("Master/") else store
+                    answer = status_of(call, channel)
+                seen[rpc] = (*seen.get(rpc, ()), answer)
+        hello = data_port_status(transport, store_data_address, None)
+        seen["data port/Hello"] = (*seen.get("data port/Hello", ()), hello)
+    expected = EXPECTED | DATA_PORT_EXPECTED
+    wrong = [rpc for rpc in sorted(seen) if seen[rpc] != expected.get(rpc)]
     # The rows as they are, to paste where a change is meant (and reviewed).
     assert not wrong, "\n".join(
         f"    {rpc!r}: ({', '.join(SHORT.get(c, repr(c)) for c in seen[rpc])})," for rpc in wrong

@@ -8,7 +8,8 @@ cuts, insertions, or bytes of its own. Who sends them: calls that could change
 anything go with a read token of another tenant (so authorization is what stands in
 the way), and read-only calls also as an unauthenticated plaintext caller (who may read
 anything, and so reaches deeper: ranges, segments, subscriptions). Writes and seals
-also go unauthenticated under forged grants: no mutation of one verifies.
+also go unauthenticated under forged grants: no mutation of one verifies. Write goes to
+the stores' data port (docs/data-plane.md), its mutated messages as frames' payloads.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from hypothesis import strategies as st
 from bench.segment_driver import Driver
 from streamengine.client import StreamClient
 from streamengine.master.core.listing import encode_page_token
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.framed import CallError
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.signing import SigningKey
-from streamengine.testing import Cluster, is_serving, running_cluster
+from streamengine.protocol.transport import PLAINTEXT, Transport
+from streamengine.testing import Cluster, data_address_of, is_serving, running_cluster
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from tests.integration.authority_helpers import bearer, create_token
 
@@ -59,6 +62,7 @@ READ_ONLY = {
     "SegmentStore/Seal",
 }
 STREAMING = {"SegmentStore/Write": "stream", "SegmentStore/Subscribe": "stream"}
+DATA_PORT = {"SegmentStore/Write"}
 SERVER_STREAMING = {"SegmentStore/Read", "Master/HoldLease", "Master/HoldLeaseSession"}
 HELD_OPEN = {"Master/HoldLease", "Master/HoldLeaseSession"}
 
@@ -318,8 +322,38 @@ def mutated(seed: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(near(), st.binary(max_size=64))
 
 
+def send_framed(address: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
+    """One Write stream of raw request bytes on the data port of the store at gRPC
+    `address`; the status of its first answer (a refused request's, or the stream's)."""
+    transport = Transport(token=token) if token else PLAINTEXT
+
+    async def write() -> int:
+        async with (
+            asyncio.timeout(CALL_TIMEOUT_S),
+            framed.connect(data_address_of(address), transport) as connection,
+        ):
+            call = await connection.call(framing.WRITE)
+            for message in messages:
+                await call.send_parts([message])
+            await call.end()
+            reply = await call.receive()
+        if isinstance(reply, s.WriteReply) and reply.status == s.REFUSED:
+            return reply.error.code
+        return grpc.StatusCode.OK.value[0]
+
+    try:
+        code = asyncio.run(write())
+    except CallError as error:
+        code = error.code.value
+    except TimeoutError:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return next(c for c in grpc.StatusCode if c.value[0] == code)
+
+
 def send(address: str, rpc: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
     """One call with raw request bytes; the status it ended with."""
+    if rpc in DATA_PORT:
+        return send_framed(address, messages, token)
     service, method = rpc.split("/")
     path = f"/streamengine.v1.{service}/{method}"
     metadata = bearer(token) if token else None

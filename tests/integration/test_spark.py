@@ -156,8 +156,8 @@ def test_holes_left_by_a_recovery_never_appear_as_rows(spark: Any, cluster: Clus
     # A leader wrote indexes 1 and 3 everywhere and died before index 2 reached any store.
     entries = [StoredEntry.make(i, EntryKind.EVENT, epoch, payload_of(i)) for i in (1, 3)]
     for replica in driver.segment.copy_set:
-        write(replica.address, driver.segment.id, epoch, entries[:1], 0, driver.grant)
-        write(replica.address, driver.segment.id, epoch, entries[1:], 0, driver.grant)
+        write(replica.data_address, driver.segment.id, epoch, entries[:1], 0, driver.grant)
+        write(replica.data_address, driver.segment.id, epoch, entries[1:], 0, driver.grant)
     with grpc.insecure_channel(cluster.master_address) as channel:
         master_pb2_grpc.MasterStub(channel).ReleaseLease(
             master_pb2.ReleaseLeaseRequest(
@@ -193,7 +193,7 @@ def test_include_open_adds_the_open_segment_up_to_its_acked_index(
     ]
     for replica in driver.segment.copy_set:
         # 8..10 unacked
-        write(replica.address, driver.segment.id, open_epoch, entries, 7, driver.grant)
+        write(replica.data_address, driver.segment.id, open_epoch, entries, 7, driver.grant)
     assert rows_of(load(spark, cluster, "spark/open")) == expected_rows(made)
     with_open = rows_of(load(spark, cluster, "spark/open", includeOpen="true"))
     assert with_open == expected_rows([*made, (open_epoch, 7)])
@@ -255,7 +255,7 @@ def test_streaming_picks_up_new_events_and_never_re_emits_after_a_restart(
             StoredEntry.make(i, EntryKind.EVENT, open_epoch, payload_of(i)) for i in range(1, 6)
         ]
         for replica in driver.segment.copy_set:
-            write(replica.address, driver.segment.id, open_epoch, entries, 5, driver.grant)
+            write(replica.data_address, driver.segment.id, open_epoch, entries, 5, driver.grant)
         run_once()  # a new query on the same checkpoint: resumes where the first stopped
         assert rows_of(spark.read.parquet(str(output))) == expected_rows([*made, (open_epoch, 5)])
 

@@ -21,6 +21,7 @@ from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.testing import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
+    StoreStub,
     WriteRefused,
     copy_pair,
     entries,
@@ -42,7 +43,7 @@ SOURCE_FENCE = 4
 class HeldRelay(segment_store_pb2_grpc.SegmentStoreServicer):
     """Forwards to the source; a Read stream waits for `release` after its first reply."""
 
-    def __init__(self, source: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> None:
+    def __init__(self, source: StoreStub) -> None:
         self.source = source
         self.reading = asyncio.Event()
         self.release = asyncio.Event()
@@ -63,7 +64,7 @@ class HeldRelay(segment_store_pb2_grpc.SegmentStoreServicer):
                 await self.release.wait()
 
 
-async def _sealed_source(stub: segment_store_pb2_grpc.SegmentStoreAsyncStub) -> None:
+async def _sealed_source(stub: StoreStub) -> None:
     """Epoch 3 wrote 1..200; recovery at 4 wrote 201..300 as holes, then the bridge."""
     segment = seg(601, 3)
     holes = [entry(i, 4, kind=EntryKind.HOLE) for i in range(201, 301)]
@@ -91,8 +92,8 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
         target.start()
         source.wait_serving()
         async with (
-            store_stub(source.address) as source_stub,
-            store_stub(target.address) as target_stub,
+            store_stub(source) as source_stub,
+            store_stub(target) as target_stub,
         ):
             await _sealed_source(source_stub)
             wanted = await read_all(source_stub, segment, 1, FINAL)
@@ -154,8 +155,8 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
     segment = seg(602, 3)
     with copy_pair(tmp_path) as (source, target):
         async with (
-            store_stub(source.address) as source_stub,
-            store_stub(target.address) as target_stub,
+            store_stub(source) as source_stub,
+            store_stub(target) as target_stub,
         ):
             bridge = entry(11, 4, kind=EntryKind.BRIDGE)
             await write_all(
@@ -187,8 +188,8 @@ async def test_a_segment_larger_than_one_write_is_copied_in_pieces(tmp_path: Pat
     final = 2 * WRITE_BATCH_ENTRIES_MAX + 11
     with copy_pair(tmp_path) as (source, target):
         async with (
-            store_stub(source.address) as source_stub,
-            store_stub(target.address) as target_stub,
+            store_stub(source) as source_stub,
+            store_stub(target) as target_stub,
         ):
             events = final - 1
             step = WRITE_BATCH_ENTRIES_MAX // 2

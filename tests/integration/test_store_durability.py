@@ -9,11 +9,12 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import psutil
+import pytest
 
-from streamengine.protocol.channels import SERVER_STREAM_WINDOW_BYTES
-from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framing import StatusCode
+from streamengine.protocol.limits import FRAME_PAYLOAD_BYTES_MAX, STREAM_CREDIT_BYTES
 from streamengine.segment_store.kv import MEMTABLE_BYTES, MEMTABLES_MAX
 from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
@@ -25,6 +26,7 @@ from tests.integration.store_helpers import (
     seg,
     state,
     store_stub,
+    stream_writes,
     write_request,
 )
 
@@ -39,7 +41,7 @@ async def test_sigkill_mid_stream_keeps_every_answered_write_and_nothing_half_wr
     answered_batches: set[int] = set()
     answered_acked = 0
     with lone_store(tmp_path) as store:
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
 
             async def requests() -> AsyncIterator[segment_store_pb2.WriteRequest]:
                 for number in range(10_000):
@@ -53,26 +55,22 @@ async def test_sigkill_mid_stream_keeps_every_answered_write_and_nothing_half_wr
                         grant=granted(segment, 3) if number == 0 else b"",
                     )
 
-            call = stub.Write(requests())
-            try:
-                async for reply in call:
-                    if reply.status == segment_store_pb2.ACCEPTED:
-                        answered_batches.add(reply.request_id)
-                        answered_acked = max(answered_acked, reply.acked_index)
-                    if len(answered_batches) == KILL_AFTER_REPLIES:
-                        store.kill()  # SIGKILL while the stream still sends
-            except grpc.aio.AioRpcError as error:
-                # The peer died mid-stream: grpc-core reports it as UNAVAILABLE, or as
-                # INTERNAL when a send was under way on the broken connection.
-                assert error.code() in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.INTERNAL,
-                ), error
+            def answered(reply: segment_store_pb2.WriteReply) -> None:
+                nonlocal answered_acked
+                if reply.status == segment_store_pb2.ACCEPTED:
+                    answered_batches.add(reply.request_id)
+                    answered_acked = max(answered_acked, reply.acked_index)
+                if len(answered_batches) == KILL_AFTER_REPLIES:
+                    store.kill()  # SIGKILL while the stream still sends
+
+            with pytest.raises(CallError) as died:
+                await stream_writes(store.data_address, requests(), answered)
+            # The peer died mid-stream: the connection is lost.
+            assert died.value.code is StatusCode.UNAVAILABLE, died.value
         assert not store.alive() and len(answered_batches) >= KILL_AFTER_REPLIES
 
         store.start()
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
             after = await state(stub, segment)
             held = await read_all(stub, segment)  # every copy's crc verified on the way
     by_batch: dict[int, list[int]] = {}
@@ -125,12 +123,14 @@ async def test_back_pressure_keeps_memory_bounded_while_clients_flood(tmp_path: 
                         grant=granted(segment, 1) if number == 0 else b"",
                     )
 
-            async with store_stub(store.address) as stub:
-                async for reply in stub.Write(requests()):
-                    if reply.status == segment_store_pb2.REFUSED_BUSY:
-                        busy += 1
-                    else:
-                        accepted += 1
+            def answered(reply: segment_store_pb2.WriteReply) -> None:
+                nonlocal busy, accepted
+                if reply.status == segment_store_pb2.REFUSED_BUSY:
+                    busy += 1
+                else:
+                    accepted += 1
+
+            await stream_writes(store.data_address, requests(), answered)
 
         sampler = asyncio.create_task(sample())
         started = time.monotonic()
@@ -141,19 +141,20 @@ async def test_back_pressure_keeps_memory_bounded_while_clients_flood(tmp_path: 
         assert busy > 0, "the flood never filled the queue"
         assert accepted > 0
         growth_mib = (peak - baseline) / (1 << 20)
-        # 600 MiB were sent. The store holds at most its queue, RocksDB's memtables, a
-        # message and a receive window per stream in the transport (fixed: no BDP
-        # probing, which once let a flood grow the store by 519 MiB), and what the
-        # allocator keeps of freed blocks (the slack: glibc returns little of it at once).
+        # 600 MiB were sent. The store holds at most its queue, RocksDB's memtables, per
+        # stream a message being admitted and the data plane's window of frames (its
+        # credit: on gRPC, BDP probing once let a flood grow the store by 519 MiB), and
+        # what the allocator keeps of freed blocks (the slack: glibc returns little of
+        # it at once).
         slack_bytes = 96 << 20
         bound_mib = (
             queue_bytes_max
             + MEMTABLE_BYTES * MEMTABLES_MAX
-            + streams * (GRPC_MESSAGE_BYTES_MAX + SERVER_STREAM_WINDOW_BYTES)
+            + streams * (FRAME_PAYLOAD_BYTES_MAX + STREAM_CREDIT_BYTES)
         ) / (1 << 20) + slack_bytes / (1 << 20)
         print(f"flood: {busy} busy, {accepted} accepted, RSS +{growth_mib:.0f} MiB, {elapsed:.1f}s")
         assert growth_mib < bound_mib, f"RSS grew {growth_mib:.0f} MiB in {elapsed:.1f}s"
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
             for stream_id in range(streams):
                 held = await state(stub, seg(300 + stream_id, 1))
                 assert held.matched_index <= held.last_index <= batches * per_batch

@@ -63,7 +63,7 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_recovers_once_freed(
     with lone_store(small_disk / "cluster") as store:
         filler = fill_disk_but(small_disk, ROOM_MB)
         segment = seg()
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
             next_index, refusal = 1, None
             for _ in range(10 * ROOM_MB):  # 200 KB a batch: the disk is full long before
                 batch = entries(next_index, next_index + 199, size=1000)

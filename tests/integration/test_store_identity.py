@@ -111,7 +111,7 @@ def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_repli
             StoredEntry.make(i, EntryKind.EVENT, driver.epoch, b"x" * 100) for i in range(1, 6)
         ]
         for replica in open_segment.copy_set:
-            write(replica.address, open_segment.id, driver.epoch, events, 5, driver.grant)
+            write(replica.data_address, open_segment.id, driver.epoch, events, 5, driver.grant)
 
         wiped = cluster.stores[2]
         before = incarnations(cluster)
@@ -127,7 +127,9 @@ def test_a_wiped_store_is_a_new_incarnation_that_never_stands_for_its_lost_repli
 
         # It holds nothing of the open segment and says so by not answering for it.
         for attempt in (
-            lambda: write(wiped.address, open_segment.id, driver.epoch, events, 5, driver.grant),
+            lambda: write(
+                wiped.data_address, open_segment.id, driver.epoch, events, 5, driver.grant
+            ),
             lambda: seal(wiped.address, open_segment.id, driver.epoch, driver.grant),
         ):
             with pytest.raises(grpc.RpcError) as refused:

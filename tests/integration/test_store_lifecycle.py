@@ -43,14 +43,14 @@ async def test_sigterm_stops_gracefully_and_a_restart_keeps_every_segments_state
 ) -> None:
     segment = seg(501, 3)
     with lone_store(tmp_path) as store:
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
             await write_all(stub, [write_request(segment, 3, 3, entries(1, 4))])
             await write_all(stub, [write_request(segment, 3, 3, entries(6, 7))])
             await stub.Seal(seal_request(segment, 5))
             before = await state(stub, segment)
         assert store.terminate() == 0
         store.start()
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
             assert await state(stub, segment) == before
             assert (before.fence, before.acked_index, before.matched_index) == (5, 3, 4)
             assert before.last_index == 7
@@ -79,7 +79,7 @@ def _get(url: str) -> bytes:
 async def test_metrics_are_served_on_the_metrics_port(tmp_path: Path) -> None:
     port = free_port()
     with lone_store(tmp_path, ["--metrics-port", str(port)]) as store:
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
             await write_all(stub, [write_request(seg(502, 3), 3, 0, entries(1, 10))])
         text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
         lines = text.decode().splitlines()
@@ -96,7 +96,7 @@ async def test_concurrent_writes_from_several_streams_share_syncs(tmp_path: Path
     port = free_port()
     streams, batches = 4, 25
     with lone_store(tmp_path, ["--metrics-port", str(port)]) as store:
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
 
             async def leader(stream_id: int) -> None:
                 segment = seg(600 + stream_id, 1)
@@ -123,7 +123,7 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
     segment = seg(503, 3)
     with copy_pair(tmp_path) as (source, target):
         bridge = entry(301, 4, kind=EntryKind.BRIDGE)
-        async with store_stub(source.address) as stub:
+        async with store_stub(source) as stub:
             await write_all(
                 stub,
                 [
@@ -138,7 +138,7 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
                 segment_store_pb2.DigestRequest(segment=segment, up_to_index=301)
             )
             source_entries = await read_all(stub, segment, 1, 301)
-        async with store_stub(target.address) as stub:
+        async with store_stub(target) as stub:
             # A partial copy of an older epoch on the target is overwritten in place.
             await write_all(stub, [write_request(segment, 3, 0, [entry(5, 2, b"stale")])])
             copied = await stub.CopySegment(
@@ -168,7 +168,7 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
                 (seg(505, 3), source.address, grpc.StatusCode.FAILED_PRECONDITION),  # unsealed
                 (segment, "127.0.0.1:1", grpc.StatusCode.UNAVAILABLE),  # source unreachable
             ]
-            async with store_stub(source.address) as source_stub:
+            async with store_stub(source) as source_stub:
                 await write_all(source_stub, [write_request(seg(505, 3), 3, 2, entries(1, 2))])
             for failing, address, code in failures:
                 with pytest.raises(grpc.aio.AioRpcError) as failed:
@@ -248,7 +248,7 @@ async def test_segments_the_master_lists_in_a_heartbeat_reply_are_deleted(
             opened = await _lead(master, "acme/gone")
             gone = opened.id
             unknown = seg(gone.stream_id + 1000, 1)  # an id the master never gave out
-            async with store_stub(cluster.stores[0].address) as stub:
+            async with store_stub(cluster.stores[0]) as stub:
                 for segment in (gone, unknown):
                     await write_all(
                         stub,

@@ -62,7 +62,7 @@ async def test_subscribe_sends_the_position_first_then_acked_entries_with_tokens
     store: ServerProcess,
 ) -> None:
     segment = seg(401, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(stub, [write_request(segment, 3, 2, entries(1, 5))])
         call = stub.Subscribe(_requests(subscribe_start(segment, 2, 200, batch=2), 0.1))
         first = await next_reply(call)
@@ -96,7 +96,7 @@ async def test_subscribe_keepalives_flow_both_ways_on_an_idle_segment(
     store: ServerProcess,
 ) -> None:
     segment = seg(402, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(stub, [write_request(segment, 3, 1, entries(1, 1))])
         call = stub.Subscribe(_requests(subscribe_start(segment, 2, 200), 0.05))
         assert (await next_reply(call)).WhichOneof("message") == "position"
@@ -107,7 +107,7 @@ async def test_subscribe_keepalives_flow_both_ways_on_an_idle_segment(
 
 async def test_a_silent_subscriber_is_dropped(store: ServerProcess) -> None:
     segment = seg(403, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         call = stub.Subscribe(_requests(subscribe_start(segment, 1, 100), None))
         started = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as dropped:
@@ -123,7 +123,7 @@ async def test_a_slow_consumer_is_disconnected_with_resource_exhausted(
 ) -> None:
     segment = seg(404, 3)
     entry_bytes, per_batch, batches = 256 << 10, 16, 8  # 32 MiB acked, beyond the transport
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(
             stub,
             [
@@ -186,7 +186,7 @@ async def _until_indexes(
 
 async def test_one_multiplexed_call_starts_and_stops_many_tails(store: ServerProcess) -> None:
     first, second, later = seg(411, 3), seg(412, 3), seg(413, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(
             stub,
             [
@@ -233,7 +233,7 @@ async def test_an_idle_multiplexed_call_sends_one_keepalive_per_interval(
     store: ServerProcess,
 ) -> None:
     segments = [seg(420 + n, 3) for n in range(20)]
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         requests: asyncio.Queue[segment_store_pb2.SubscribeRequest] = asyncio.Queue()
         for tail, segment in enumerate(segments, start=1):
             requests.put_nowait(_tail_start(segment, tail))

@@ -56,7 +56,7 @@ async def test_a_refused_request_leaves_the_write_stream_to_the_other_segments(
     input, no grant) is answered with its status, and the requests after it, of its own
     segment or another, are taken as if it had not come."""
     fenced, bad, other = seg(111, 3), seg(112, 3), seg(113, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await stub.Seal(seal_request(fenced, 5))
         replies = await write_replies(
             stub,
@@ -97,7 +97,7 @@ async def test_one_message_carries_many_segments_and_is_answered_part_by_part(
     be, and answered with one reply holding every part's answer in order: a part
     refused leaves the others, and the stream, to go on."""
     fenced, bad, first, second = seg(121, 3), seg(122, 3), seg(123, 3), seg(124, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await stub.Seal(seal_request(fenced, 5))
         parts = list(
             with_grants(
@@ -164,7 +164,7 @@ async def test_a_malformed_message_of_parts_ends_the_stream_writing_nothing(
     the stream ends with INVALID_ARGUMENT before any part is admitted."""
     segment = seg(131, 3)
     (part,) = with_grants([write_request(segment, 3, 0, entries(1, 1), request_id=1)])
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await write_replies(stub, [message(part)])
         assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -177,7 +177,7 @@ async def test_a_write_below_the_fence_fails_precondition_with_the_fence(
     store: ServerProcess,
 ) -> None:
     segment = seg(101, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(stub, [write_request(segment, 3, 0, entries(1, 2))])
         sealed = await stub.Seal(seal_request(segment, 5))
         assert (sealed.fence, sealed.matched_index, sealed.last_index) == (5, 2, 2)
@@ -206,7 +206,7 @@ async def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
     store: ServerProcess,
 ) -> None:
     segment = seg(102, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(stub, [write_request(segment, 5, 0, [entry(1, 5, b"five"), entry(2, 3)])])
         (reply,) = await write_all(
             stub,
@@ -234,7 +234,7 @@ async def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
 
 async def test_matched_index_with_gaps_and_retransmission(store: ServerProcess) -> None:
     segment = seg(103, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         replies = await write_all(
             stub,
             [
@@ -259,7 +259,7 @@ async def test_matched_index_with_gaps_and_retransmission(store: ServerProcess) 
 async def test_seal_read_digest_and_delete(store: ServerProcess) -> None:
     segment = seg(104, 3)
     bridge = entry(4, 3, kind=EntryKind.BRIDGE)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(stub, [write_request(segment, 3, 2, [*entries(1, 3), bridge])])
         current = await state(stub, segment)
         assert (current.acked_index, current.bridge_index) == (2, 0)
@@ -334,7 +334,7 @@ async def test_a_malformed_write_gets_invalid_argument_and_changes_nothing(
     store: ServerProcess, case: str, make: Callable[[entry_pb2.SegmentId], object]
 ) -> None:
     segment = seg(105, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         await write_all(stub, [write_request(segment, 3, 1, entries(1, 1))])
         before = await state(stub, segment)
         with pytest.raises(WriteRefused) as refused:
@@ -369,7 +369,7 @@ async def test_a_too_large_write_names_its_bound_and_ends_event_too_large(
     """The SDK knows EventTooLarge by the bound the store attaches, not by its words."""
     segment = seg(107, 3)
     batch = [entry(index, 3, payload) for index, payload in enumerate(payloads, start=1)]
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         with pytest.raises(WriteRefused) as refused:
             await write_all(stub, [write_request(segment, 3, 0, batch)])
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
@@ -381,7 +381,7 @@ async def test_a_too_large_write_names_its_bound_and_ends_event_too_large(
 
 
 async def test_other_malformed_requests_get_clear_statuses(store: ServerProcess) -> None:
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         unknown = seg(106, 3)
         cases: list[tuple[Awaitable[object], str]] = [
             (stub.Seal(seal_request(unknown, 0)), "INVALID"),
@@ -416,7 +416,7 @@ async def test_a_packed_read_sends_stored_values_back_to_back_and_stops_at_a_gap
     from streamengine.protocol.entry import VALUE_HEADER_BYTES, decode_value
 
     segment = seg(131, 3)
-    async with store_stub(store.address) as stub:
+    async with store_stub(store) as stub:
         held = [*entries(1, 5), *entries(7, 8)]  # index 6 missing
         await write_all(stub, [write_request(segment, 3, 0, entries(1, 5))])
         await write_all(stub, [write_request(segment, 3, 0, entries(7, 8))])

@@ -4,7 +4,10 @@ holds a bounded share of a store, so that nobody reaching a store's port locks i
 
 Before, 520 Write streams opened with only `ca.crt` and sending nothing took all of a
 store's 512 concurrent calls: a reader's GetSegmentState then failed
-RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs.
+RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs. Write now goes
+on the data plane, whose connections say who calls in their hello: an anonymous one is
+refused there, and each Write request counts against its principal's share as a gRPC
+stream does.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from typing import Any
 import grpc
 import pytest
 
+from bench.segment_driver import write_stream
 from streamengine.client import StreamClient
+from streamengine.protocol import framed
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framing import StatusCode
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store.core.authority import STREAMS_PER_PRINCIPAL_MAX
-from streamengine.testing import Cluster, running_cluster, wait_for, wait_until
+from streamengine.testing import Cluster, running_cluster, wait_until
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
@@ -28,6 +35,7 @@ Code = grpc.StatusCode
 STREAM = "acme/orders"
 HOG = "hog/idle"
 ANONYMOUS_STREAMS = 600
+ANONYMOUS_DATA_CONNECTIONS = 20
 # Streams a principal opens beyond its limit: each must be refused, the others held.
 EXCESS_STREAMS = 8
 # A refusal at open takes milliseconds; seconds would mean the store waited for
@@ -110,23 +118,32 @@ async def lead_append_and_read(cluster: Cluster, writer: Transport, reader: Tran
 
 
 async def test_anonymous_streams_are_refused_at_open_and_lock_nothing(secured: Cluster) -> None:
-    """600 Write streams with only ca.crt, sending nothing, each end UNAUTHENTICATED at
-    once; while they are opened and held, a tenant's reads and a leader's appends go on
-    as usual. An anonymous Subscribe and Read are refused at open alike."""
+    """600 Subscribe streams with only ca.crt, sending nothing, each end UNAUTHENTICATED
+    at once, and so do data-plane connections at their hello; while they are opened and
+    held, a tenant's reads and a leader's appends go on as usual. An anonymous Read is
+    refused at open alike."""
     writer = tenant(secured, "acme", master_pb2.TOKEN_ROLE_WRITE)
     reader = tenant(secured, "acme", master_pb2.TOKEN_ROLE_READ)
     store = secured.stores[0].address
     async with anonymous(secured).aio_channel(store) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         calls: list[Any] = [
-            *(stub.Write(silent(), timeout=CALL_TIMEOUT_S) for _ in range(ANONYMOUS_STREAMS)),
-            stub.Subscribe(silent(), timeout=CALL_TIMEOUT_S),
+            *(stub.Subscribe(silent(), timeout=CALL_TIMEOUT_S) for _ in range(ANONYMOUS_STREAMS)),
             stub.Read(segment_store_pb2.ReadRequest(), timeout=CALL_TIMEOUT_S),
         ]
         try:
-            codes, took_s = await asyncio.gather(
+            codes, data_codes, took_s = await asyncio.gather(
                 asyncio.wait_for(
                     asyncio.gather(*(call.code() for call in calls)), REFUSED_AT_OPEN_S
+                ),
+                asyncio.wait_for(
+                    asyncio.gather(
+                        *(
+                            anonymous_data_connection(secured)
+                            for _ in range(ANONYMOUS_DATA_CONNECTIONS)
+                        )
+                    ),
+                    REFUSED_AT_OPEN_S,
                 ),
                 lead_append_and_read(secured, writer, reader),
             )
@@ -134,14 +151,26 @@ async def test_anonymous_streams_are_refused_at_open_and_lock_nothing(secured: C
             for call in calls:
                 call.cancel()
     assert set(codes) == {Code.UNAUTHENTICATED}, sorted({c.name for c in codes})
+    assert set(data_codes) == {StatusCode.UNAUTHENTICATED}
     assert took_s < USUAL_S
     assert "certificate proof or a token" in await calls[0].details()
+
+
+async def anonymous_data_connection(cluster: Cluster) -> StatusCode:
+    """How a store's data port answers a connection with neither certificate nor token."""
+    try:
+        async with framed.connect(cluster.stores[0].data_address, anonymous(cluster)):
+            pass
+    except CallError as error:
+        assert "certificate or a token" in error.details, error
+        return error.code
+    return StatusCode.OK
 
 
 async def test_a_principal_holding_all_its_streams_leaves_the_store_to_others(
     secured: Cluster,
 ) -> None:
-    """A tenant's token opens STREAMS_PER_PRINCIPAL_MAX Write streams and a few more
+    """A tenant's token opens STREAMS_PER_PRINCIPAL_MAX Subscribe streams and a few more
     and leaves them idle: the excess is refused RESOURCE_EXHAUSTED naming the limit,
     the rest stay held, and another tenant's leader and reader go on as usual. Once
     they close, the same token opens streams again."""
@@ -152,7 +181,7 @@ async def test_a_principal_holding_all_its_streams_leaves_the_store_to_others(
     opened = STREAMS_PER_PRINCIPAL_MAX + EXCESS_STREAMS
     async with hog.aio_channel(store) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
-        calls = [stub.Write(silent(), timeout=60.0) for _ in range(opened)]
+        calls = [stub.Subscribe(silent(), timeout=60.0) for _ in range(opened)]
         try:
             await wait_until(
                 lambda: sum(call.done() for call in calls) >= EXCESS_STREAMS,
@@ -167,28 +196,32 @@ async def test_a_principal_holding_all_its_streams_leaves_the_store_to_others(
             took_s = await lead_append_and_read(secured, writer, reader)
             assert took_s < USUAL_S
             assert sum(call.done() for call in calls) == EXCESS_STREAMS, "the rest are held"
+            # The data plane's Write counts against the same share.
+            assert not await hog_admitted(hog, secured.stores[0].data_address)
         finally:
             for call in calls:
                 call.cancel()
     # The store counts the streams no more once it sees them end.
-    wait_for(lambda: hog_admitted(hog, store), REFUSED_AT_OPEN_S, 0.05, "a stream admitted")
+    await wait_until(
+        lambda: hog_admitted(hog, secured.stores[0].data_address),
+        REFUSED_AT_OPEN_S,
+        "a stream admitted",
+        0.05,
+    )
 
 
-def hog_admitted(hog: Transport, store: str) -> bool:
+async def hog_admitted(hog: Transport, data_address: str) -> bool:
     """Whether a Write stream of `hog` gets past its open: a write without a grant is
     then refused for the grant (PERMISSION_DENIED, in its reply: the stream goes on),
     not for the caller's limit (the call's end)."""
     request = segment_store_pb2.WriteRequest(
         segment=entry_pb2.SegmentId(stream_id=1, epoch=1), writer_epoch=1, request_id=1
     )
-    with hog.channel(store) as channel:
-        try:
-            replies = list(
-                store_grpc.SegmentStoreStub(channel).Write(iter([request]), timeout=5.0)
-            )
-        except grpc.RpcError as error:
-            assert error.code() == Code.RESOURCE_EXHAUSTED, error
-            return False
+    try:
+        replies = await write_stream(data_address, [request], hog, timeout_s=5.0)
+    except CallError as error:
+        assert error.code is StatusCode.RESOURCE_EXHAUSTED, error
+        return False
     assert [reply.status for reply in replies] == [segment_store_pb2.REFUSED], replies
     assert replies[0].error.code == Code.PERMISSION_DENIED.value[0], replies[0].error
     return True

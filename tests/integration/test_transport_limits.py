@@ -5,16 +5,25 @@ writer whose idle streams were closed goes on appending."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import struct
 from pathlib import Path
 
 import grpc
 import pytest
 
+from bench.segment_driver import write_stream
 from streamengine.client.stream_client import StreamClient
-from streamengine.protocol.limits import GRPC_MESSAGE_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol import framed, framing
+from streamengine.protocol.framed import CallError, split_address
+from streamengine.protocol.framing import Kind, StatusCode
+from streamengine.protocol.limits import (
+    FRAME_PAYLOAD_BYTES_MAX,
+    GRPC_MESSAGE_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+)
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import free_port, metric_value, running_cluster, wait_until
-from streamengine.v1 import segment_store_pb2
+from streamengine.v1 import data_plane_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
     entries,
     entry,
@@ -34,48 +43,72 @@ async def test_a_message_over_the_limit_is_refused_and_the_store_serves_on(
     tmp_path: Path,
 ) -> None:
     with lone_store(tmp_path) as store:
-        async with store_stub(store.address) as stub:
+        async with store_stub(store) as stub:
+            # Refused from its header, before any of its payload is read.
+            hello = data_plane_pb2.Hello(
+                version_min=1,
+                version_max=1,
+                stream_credit_bytes=framing.HEADER.size + FRAME_PAYLOAD_BYTES_MAX,
+            )
+            too_long = struct.pack(  # a header alone
+                "!IBBHQ", FRAME_PAYLOAD_BYTES_MAX + 1, Kind.WRITE_REQUEST, 0, 0, 1
+            )
+            wire = framing.encode(Kind.HELLO, 0, hello) + too_long
+            frames = await _exchange(store.data_address, wire)
+            error = framing.parse_control(frames[-1])
+            assert isinstance(error, data_plane_pb2.Error)
+            assert error.code == StatusCode.RESOURCE_EXHAUSTED
+            # A client refuses to send one at all.
             huge = write_request(seg(), 3, 0, [entry(1, payload=b"x" * GRPC_MESSAGE_BYTES_MAX)])
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                async for _ in stub.Write(_one(huge)):
-                    pass
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            with pytest.raises(CallError) as refused:
+                await write_stream(store.data_address, [huge])
+            assert refused.value.code is StatusCode.RESOURCE_EXHAUSTED
             with pytest.raises(grpc.aio.AioRpcError) as absent:
                 await state(stub, seg())
             assert absent.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def _exchange(address: str, data: bytes) -> list[framing.Frame]:
+    """What a store's data port answers `data` with before it closes the connection."""
+    host, port = split_address(address)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(data)
+    decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
+    frames: list[framing.Frame] = []
+    async with asyncio.timeout(10):
+        while chunk := await reader.read(1 << 16):
+            frames += decoder.feed(chunk)
+    writer.close()
+    return frames
 
 
 async def test_a_batch_of_too_many_entries_is_refused_before_it_is_built(
     tmp_path: Path,
 ) -> None:
     with lone_store(tmp_path) as store:
-        async with store_stub(store.address) as stub:
-            many = entries(1, WRITE_BATCH_ENTRIES_MAX + 1)
-            # Refused in its reply: the stream carries other segments' writes.
-            replies = [r async for r in stub.Write(_one(write_request(seg(), 3, 0, many)))]
-            assert [r.status for r in replies] == [segment_store_pb2.REFUSED]
-            assert replies[0].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-            assert str(WRITE_BATCH_ENTRIES_MAX) in replies[0].error.details
+        many = entries(1, WRITE_BATCH_ENTRIES_MAX + 1)
+        # Refused in its reply: the stream carries other segments' writes.
+        replies = await write_stream(store.data_address, [write_request(seg(), 3, 0, many)])
+        assert [r.status for r in replies] == [segment_store_pb2.REFUSED]
+        assert replies[0].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert str(WRITE_BATCH_ENTRIES_MAX) in replies[0].error.details
 
 
 async def test_an_abandoned_write_stream_is_closed_after_the_idle_timeout(
     tmp_path: Path,
 ) -> None:
     with lone_store(tmp_path, ["--write-stream-idle-ms", str(IDLE_MS)]) as store:
-        async with store_stub(store.address) as stub:
-            never = asyncio.Event()
-
-            async def one_then_silence() -> AsyncIterator[segment_store_pb2.WriteRequest]:
-                yield write_request(seg(), 3, 0, [entry(1)], grant=granted(seg(), 3))
-                await never.wait()
-
-            call = stub.Write(one_then_silence())
+        async with (
+            asyncio.timeout(10 * IDLE_MS / 1000),
+            framed.connect(store.data_address, PLAINTEXT) as connection,
+        ):
+            call = await connection.call(framing.WRITE)
+            await call.send(write_request(seg(), 3, 0, [entry(1)], grant=granted(seg(), 3)))
             replies = []
-            async with asyncio.timeout(10 * IDLE_MS / 1000):
-                async for reply in call:  # ends when the store closes the stream
-                    replies.append(reply)
-            assert [r.matched_index for r in replies] == [1]
-            assert await call.code() == grpc.StatusCode.OK
+            # Never ended by this side: it ends when the store closes the stream.
+            while (reply := await call.receive()) is not None:
+                replies.append(reply)
+        assert [r.matched_index for r in replies] == [1]  # type: ignore[attr-defined]
 
 
 async def test_a_writer_goes_on_after_its_idle_streams_were_closed(tmp_path: Path) -> None:
@@ -104,9 +137,3 @@ async def test_a_writer_goes_on_after_its_idle_streams_were_closed(tmp_path: Pat
                 assert second > first
             events = [e.payload async for e in client.read("idle/writer")]
             assert events == [b"before", b"after"]
-
-
-async def _one(
-    request: segment_store_pb2.WriteRequest,
-) -> AsyncIterator[segment_store_pb2.WriteRequest]:
-    yield request

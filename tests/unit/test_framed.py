@@ -89,6 +89,30 @@ async def test_already_serialized_parts_go_as_one_message() -> None:
     assert isinstance(reply, segment_store_pb2.WriteReply) and reply.request_id == 5
 
 
+async def test_large_messages_go_by_the_sender_threads_in_order_with_small_ones() -> None:
+    """A message of `THREADED_SEND_BYTES_MIN` or more leaves from a sender thread; the
+    small ones and the control frames (credits, the end) written meanwhile follow it,
+    so the server reads every message whole and in the order sent."""
+    sizes = [framed.THREADED_SEND_BYTES_MIN, 10, 3 << 20, 0, 200 << 10, 5]
+    seen: list[int] = []
+
+    async def sizes_of(call: ServerCall) -> None:
+        async for message in call:
+            seen.append(len(message.packed_values))  # type: ignore[attr-defined]
+            await call.send(reply_to(message))
+
+    async with serving(sizes_of) as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        sends = [asyncio.ensure_future(call.send(request(n, size))) for n, size in enumerate(sizes)]
+        await asyncio.gather(*sends)
+        assert connection.peer._thread_socket is not None  # the large ones went by thread
+        await call.end()
+        replies = [await call.receive() for _ in range(len(sizes) + 1)]
+    assert seen == sizes
+    assert [r.request_id for r in replies[:-1]] == list(range(len(sizes)))  # type: ignore[union-attr]
+    assert replies[-1] is None
+
+
 async def test_an_error_carries_its_status_and_the_fence() -> None:
     async def fenced(call: ServerCall) -> None:
         await call.receive()

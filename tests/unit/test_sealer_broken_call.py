@@ -1,43 +1,61 @@
-"""The sealer's shell when a store's Write call breaks between its write and its
-half-close: grpc.aio raises its ExecuteBatchError from `done_writing`, which is not an
-AioRpcError. Found by the fault suite's S18 (38 "Task exception was never retrieved"
-in a writer's log): the request must end as no answer, which the core may ask again."""
+"""The sealer's shell when a store's Write, on the data plane, gives no answer or ends
+with a status: a store unreachable or a call broken is no answer (the core may ask
+again, found by the fault suite's S18 when the call was gRPC's), and a write below the
+fence ends the recovery as fenced, with the fence the store named."""
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
-
-from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from streamengine.client import recovery
 from streamengine.client.core import recovery as sr
 from streamengine.client.core.replicator import SegmentRef
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framing import Kind, StatusCode
+from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.transport import PLAINTEXT
+from streamengine.testing.ports import free_port
 from streamengine.v1 import entry_pb2
 
 
-class _BrokenWriteCall:
-    async def write(self, request: Any) -> None:
-        return None
-
-    async def done_writing(self) -> None:
-        raise cygrpc.ExecuteBatchError('Failed "execute_batch"')
-
-    def cancel(self) -> bool:
-        return True
-
-
-class _Stub:
-    def Write(self, timeout: float) -> _BrokenWriteCall:
-        return _BrokenWriteCall()
-
-
-def test_a_write_call_broken_at_its_half_close_is_no_answer() -> None:
+def sealer_of(data_address: str) -> recovery.SegmentSealer:
     sealer = recovery.SegmentSealer.__new__(recovery.SegmentSealer)
     sealer.segment = SegmentRef(stream_id=1, epoch=1, stream="t/s")
     sealer.new_epoch = 2
     sealer.grant = b""
     sealer._segment_id = entry_pb2.SegmentId(stream_id=1, epoch=1, stream="t/s")
-    sealer._stubs = {"store0": _Stub()}  # type: ignore[dict-item]
-    answer = asyncio.run(sealer._attempt(sr.SendAcked("store0", 0)))
-    assert answer is None
+    sealer._stubs = {}
+    sealer._transport = PLAINTEXT
+    sealer._data_addresses = {"store0": data_address}
+    return sealer
+
+
+async def test_a_store_unreachable_is_no_answer() -> None:
+    sealer = sealer_of(f"127.0.0.1:{free_port()}")
+    assert await sealer._attempt(sr.SendAcked("store0", 0)) is None
+
+
+async def test_a_write_broken_before_its_answer_is_no_answer() -> None:
+    async def broken(call: ServerCall) -> None:
+        await call.receive()
+        raise CallError(StatusCode.UNAVAILABLE, "shutting down")
+
+    server = DataServer({Kind.WRITE_REQUEST: broken}, lambda identity, _: identity)
+    port = await server.start(f"127.0.0.1:{free_port()}", None)
+    try:
+        assert await sealer_of(f"127.0.0.1:{port}")._attempt(sr.SendAcked("store0", 0)) is None
+    finally:
+        await server.stop()
+
+
+async def test_a_write_below_the_fence_fences_the_recovery() -> None:
+    async def fenced(call: ServerCall) -> None:
+        await call.receive()
+        raise CallError(StatusCode.FAILED_PRECONDITION, "below", {FENCE_METADATA_KEY: "7"})
+
+    server = DataServer({Kind.WRITE_REQUEST: fenced}, lambda identity, _: identity)
+    port = await server.start(f"127.0.0.1:{free_port()}", None)
+    try:
+        answer = await sealer_of(f"127.0.0.1:{port}")._attempt(sr.SendAcked("store0", 0))
+    finally:
+        await server.stop()
+    assert answer == sr.RecoveryFenced("store0", 7)

@@ -31,9 +31,13 @@ class ChannelPool:
         self.check_open()
         channel = self._channels.get(address)
         if channel is None:
-            channel = self.transport.aio_channel(self._dial.get(address, address))
+            channel = self.transport.aio_channel(self.dial(address))
             self._channels[address] = channel
         return channel
+
+    def dial(self, address: str) -> str:
+        """Where this process reaches `address` as the cluster advertises it."""
+        return self._dial.get(address, address)
 
     def check_open(self) -> None:
         """Raise `StreamEngineError` once closed: what a writer's or reader's call meets

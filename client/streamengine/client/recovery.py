@@ -30,9 +30,12 @@ from streamengine.client.core import recovery as sr
 from streamengine.client.core.replicator import Tick
 from streamengine.client.core.writer import RecoverSegment
 from streamengine.client.errors import Fenced, fence_of
+from streamengine.client.store_session import write_once
 from streamengine.protocol import codec
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import StoredEntry
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framing import StatusCode
 from streamengine.protocol.producers import Run
 from streamengine.protocol.status import FENCE_METADATA_KEY, FENCE_UNKNOWN
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
@@ -44,7 +47,6 @@ log = logging.getLogger(__name__)
 # core retransmits and gives stores up on its own clock); a lagging store's rewrite
 # batch is at most a few MB.
 RPC_TIMEOUT_S = 5.0
-
 
 
 class _NoAnswer(Exception):
@@ -87,6 +89,11 @@ class SegmentSealer:
         self._stubs = {
             replica.store_id: store_grpc.SegmentStoreStub(channels.get(replica.address))
             for replica in grant.copy_set
+        }
+        # Writes go on the stores' data ports (`store_session.write_once`).
+        self._transport = channels.transport
+        self._data_addresses = {
+            replica.store_id: channels.dial(replica.data_address) for replica in grant.copy_set
         }
         self._segment_id = entry_pb2.SegmentId(
             stream_id=self.segment.stream_id, epoch=self.segment.epoch, stream=self.segment.stream
@@ -199,18 +206,6 @@ class SegmentSealer:
             return await call()
         except _NoAnswer:
             return None
-        except grpc.aio.InternalError as error:
-            # A Write call that broke between its write and its half-close raises this
-            # from `done_writing` (grpc.aio's ExecuteBatchError), not an AioRpcError: the
-            # store gave no answer, which the core may ask again.
-            log.info(
-                "%s: recovery of %d: store %s: %r",
-                self.segment.stream,
-                self.segment.epoch,
-                store,
-                error,
-            )
-            return None
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 fence = fence_of(error)
@@ -221,6 +216,18 @@ class SegmentSealer:
                 self.segment.epoch,
                 store,
                 error.code().name,
+            )
+            return None
+        except CallError as error:  # a write's, on the data plane
+            if error.code is StatusCode.FAILED_PRECONDITION:
+                fence_text = error.metadata.get(FENCE_METADATA_KEY)
+                return sr.RecoveryFenced(store, int(fence_text) if fence_text else FENCE_UNKNOWN)
+            log.info(
+                "%s: recovery of %d: store %s: %s",
+                self.segment.stream,
+                self.segment.epoch,
+                store,
+                error,
             )
             return None
 
@@ -268,15 +275,11 @@ class SegmentSealer:
         )
 
         async def write() -> sr.Event:
-            call = self._stubs[store].Write(timeout=RPC_TIMEOUT_S)
-            try:
-                await call.write(request)
-                await call.done_writing()
-                reply = await call.read()
-            finally:
-                call.cancel()
-            if not isinstance(reply, segment_store_pb2.WriteReply):
-                raise _NoAnswer()  # EOF
+            reply = await write_once(
+                self._data_addresses[store], self._transport, request, RPC_TIMEOUT_S
+            )
+            if reply is None:
+                raise _NoAnswer()  # the store ended the call without one
             if reply.status == segment_store_pb2.REFUSED:
                 return self._write_refused(store, reply.error)
             if reply.status == segment_store_pb2.REFUSED_BUSY:

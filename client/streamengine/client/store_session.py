@@ -4,6 +4,10 @@ means. Opened when the first segment is attached, reopened with backoff while an
 kept for the next segment until the store closes it idle, closed with the client; each
 request serialized once (`client.wire`), what is queued when the stream sends going out
 in one message (`MessageParts`), each answer one event of its writer's core.
+
+Write goes on the store's data port, over the framed protocol (docs/data-plane.md): a
+connection per store, the Write stream one request on it. `write_once` is the same
+call for a single request (a recovery's rewrites).
 """
 
 from __future__ import annotations
@@ -11,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from typing import Protocol
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type
 
 from streamengine.client.channels import ChannelPool
 from streamengine.client.core.replicator import (
@@ -28,15 +30,15 @@ from streamengine.client.core.replicator import (
 from streamengine.client.core.store_session import MessageParts, RouteKey, SessionRoutes
 from streamengine.client.core.writer import FencedByStore, LeaderEvent, Replica
 from streamengine.client.errors import StreamEngineError
-from streamengine.client.wire import BatchCache, serialize_write, write_message
-from streamengine.protocol.backoff import STORE_STREAM_REOPEN, TRANSIENT_CALL, tenacity_wait
+from streamengine.client.wire import BatchCache, serialize_write, write_message_pieces
+from streamengine.protocol import framed, framing
+from streamengine.protocol.backoff import STORE_STREAM_REOPEN
+from streamengine.protocol.framed import CallError, ClientCall
 from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.transport import Transport
 from streamengine.v1 import segment_store_pb2
 
 log = logging.getLogger(__name__)
-
-# Waiting for a channel to connect, per attempt.
-CONNECT_TIMEOUT_S = 2.0
 
 _WriteReply = segment_store_pb2.WriteReply
 _REFUSED_FOR_NOW = (segment_store_pb2.REFUSED_BUSY, segment_store_pb2.REFUSED_QUOTA)
@@ -56,17 +58,10 @@ def _key(segment: SegmentRef) -> RouteKey:
 class StoreSession:
     """One store's shared Write stream; see the module docstring."""
 
-    def __init__(self, store_id: str, channel: grpc.aio.Channel) -> None:
+    def __init__(self, store_id: str, data_address: str, transport: Transport) -> None:
         self.store_id = store_id
-        self.channel = channel
-        # Write with requests already serialized (see `BatchCache`).
-        self.write_method: grpc.aio.StreamStreamMultiCallable[bytes, _WriteReply] = (
-            channel.stream_stream(
-                "/streamengine.v1.SegmentStore/Write",
-                request_serializer=None,
-                response_deserializer=segment_store_pb2.WriteReply.FromString,
-            )
-        )
+        self.data_address = data_address  # as this process dials it
+        self.transport = transport
         self.routes: SessionRoutes[SegmentOwner, tuple[SendWrite, BatchCache]] = SessionRoutes()
         self._queue: asyncio.Queue[tuple[SendWrite, BatchCache]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -130,30 +125,23 @@ class StoreSession:
     async def _serve(self) -> None:
         failures = 0
         while len(self.routes):
-            call: grpc.aio.StreamStreamCall[bytes, _WriteReply] | None = None
             try:
-                if not await self._connect():
-                    return
-                failures = 0
-                call = self.write_method()
-                self._connected = True
-                for _, owner in self.routes.open_all():
-                    owner.store_event(StoreConnected(self.store_id))
-                async with asyncio.TaskGroup() as streams:
-                    streams.create_task(self._send_loop(call))
-                    await self._receive_loop(call)
-                    raise _StreamEnded()
+                async with framed.connect(self.data_address, self.transport) as connection:
+                    call = await connection.call(framing.WRITE)
+                    failures = 0
+                    self._connected = True
+                    for _, owner in self.routes.open_all():
+                        owner.store_event(StoreConnected(self.store_id))
+                    async with asyncio.TaskGroup() as streams:
+                        streams.create_task(self._send_loop(call))
+                        await self._receive_loop(call)
+                        raise _StreamEnded()
             except* _StreamEnded:
                 log.info("store %s ended the Write stream", self.store_id)
-            except* grpc.aio.AioRpcError as group:
+            except* CallError as group:
                 error = group.exceptions[0]
-                assert isinstance(error, grpc.aio.AioRpcError)
-                log.info("store %s Write stream failed: %s", self.store_id, error.code().name)
-            except* (TimeoutError, grpc.aio.UsageError, asyncio.InvalidStateError) as group:
-                log.info("store %s unreachable: %r", self.store_id, group.exceptions[0])
-            finally:
-                if call is not None:
-                    call.cancel()
+                assert isinstance(error, CallError)
+                log.info("store %s Write stream failed: %s", self.store_id, error)
             self._lost()
             failures += 1
             await asyncio.sleep(STORE_STREAM_REOPEN.delay_ms(failures) / 1000)
@@ -168,22 +156,7 @@ class StoreSession:
         while not self._queue.empty():
             self._queue.get_nowait()
 
-    async def _connect(self) -> bool:
-        """Wait for the channel to connect, retrying with backoff while any segment is
-        attached (False once none is; the client closing cancels this)."""
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(TimeoutError),
-            wait=tenacity_wait(TRANSIENT_CALL, random.random),
-            reraise=True,
-        ):
-            with attempt:
-                if not len(self.routes):
-                    return False
-                async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                    await self.channel.channel_ready()
-        return True
-
-    async def _send_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
+    async def _send_loop(self, call: ClientCall) -> None:
         # Each round sends what is queued by then (a lone request at once) in one message.
         left_out: tuple[bytes, int] | None = None
         while True:
@@ -197,10 +170,11 @@ class StoreSession:
                 if not self._queue.empty():
                     send, cache = self._queue.get_nowait()
                     left_out = serialize_write(send, cache), len(send.payloads)
-            await call.write(write_message(parts))
+            await call.send_parts(write_message_pieces(parts))
 
-    async def _receive_loop(self, call: grpc.aio.StreamStreamCall[bytes, _WriteReply]) -> None:
-        async for message in call:
+    async def _receive_loop(self, call: ClientCall) -> None:
+        while (message := await call.receive()) is not None:
+            assert isinstance(message, _WriteReply)
             for reply in message.parts or (message,):
                 self._answered(reply)
 
@@ -279,10 +253,15 @@ class StoreSessions:
         segment meanwhile then stops leading, as on a closed channel)."""
         if self._closed:
             raise StreamEngineError("the StreamClient is closed")
-        key = (replica.store_id, replica.address)
+        key = (replica.store_id, replica.data_address)
         session = self._sessions.get(key)
         if session is None:
-            session = StoreSession(replica.store_id, self._channels.get(replica.address))
+            self._channels.check_open()
+            session = StoreSession(
+                replica.store_id,
+                self._channels.dial(replica.data_address),
+                self._channels.transport,
+            )
             self._sessions[key] = session
         return session
 
@@ -294,6 +273,31 @@ class StoreSessions:
         sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             await session.close()
+
+
+async def write_once(
+    data_address: str,
+    transport: Transport,
+    request: segment_store_pb2.WriteRequest,
+    timeout_s: float,
+) -> segment_store_pb2.WriteReply | None:
+    """One Write request on a connection of its own: its reply, or None when the store
+    ended the call without one. Raises CallError (DEADLINE_EXCEEDED past `timeout_s`)."""
+    try:
+        async with (
+            asyncio.timeout(timeout_s),
+            framed.connect(data_address, transport) as connection,
+        ):
+            call = await connection.call(framing.WRITE)
+            await call.send(request)
+            await call.end()
+            reply = await call.receive()
+    except TimeoutError:
+        raise CallError(
+            framing.StatusCode.DEADLINE_EXCEEDED, f"no answer from {data_address} in {timeout_s} s"
+        ) from None
+    assert reply is None or isinstance(reply, segment_store_pb2.WriteReply)
+    return reply
 
 
 class _StreamEnded(Exception):

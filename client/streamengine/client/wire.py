@@ -35,7 +35,7 @@ assert len(_PARTS_KEY) == 1, "a one-byte key: field numbers up to 15"
 def grant_from_pb(segment: entry_pb2.Segment) -> SegmentGrant:
     return SegmentGrant(
         SegmentRef(segment.id.stream_id, segment.id.epoch, segment.id.stream),
-        tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
+        tuple(Replica(r.store_id, r.address, r.zone, r.data_address) for r in segment.copy_set),
     )
 
 
@@ -74,7 +74,9 @@ def segment_info(segment: entry_pb2.Segment) -> SegmentInfo:
         stream_id=segment.id.stream_id,
         epoch=segment.id.epoch,
         state=SEGMENT_STATES[segment.state],
-        copy_set=tuple(Replica(r.store_id, r.address, r.zone) for r in segment.copy_set),
+        copy_set=tuple(
+            Replica(r.store_id, r.address, r.zone, r.data_address) for r in segment.copy_set
+        ),
         final_index=segment.final_index,
         acked_index=segment.acked_index,
         created_at_ms=segment.created_at_ms,
@@ -187,9 +189,17 @@ def write_message(parts: Sequence[bytes]) -> bytes:
     request itself when alone, else a `WriteRequest` carrying them as its `parts`,
     each framed as protobuf frames a repeated message (key, length, bytes), so no
     request is parsed or serialized again."""
+    return b"".join(write_message_pieces(parts))
+
+
+def write_message_pieces(parts: Sequence[bytes]) -> list[bytes]:
+    """`write_message` in pieces to send in order, the requests themselves not copied."""
     if len(parts) == 1:
-        return parts[0]
-    return b"".join(_PARTS_KEY + _varint(len(part)) + part for part in parts)
+        return [parts[0]]
+    pieces: list[bytes] = []
+    for part in parts:
+        pieces += (_PARTS_KEY + _varint(len(part)), part)
+    return pieces
 
 
 def _varint(value: int) -> bytes:

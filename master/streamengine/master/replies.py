@@ -25,6 +25,7 @@ def segment_pb(
                 store_id=m,
                 address=stores[m].address if m in stores else "",
                 zone=stores[m].zone if m in stores else "",
+                data_address=stores[m].data_address if m in stores else "",
             )
             for m in record.copy_set
         ],

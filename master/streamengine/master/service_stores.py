@@ -44,6 +44,7 @@ class StoreHandlers(Handlers):
                 now,
                 request.incarnation,
                 request.cluster_id,
+                request.data_address,
             )
 
         registered = await self.calls.call(context, "RegisterStore", register)

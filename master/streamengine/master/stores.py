@@ -63,6 +63,7 @@ class StoreRegistry:
         now_ms: int,
         incarnation: int = 0,
         cluster_id: str = "",
+        data_address: str = "",
     ) -> Registered:
         """Register a store (again). Refused (WrongCluster) when it keeps another
         cluster's id. A new incarnation of a known store holds none of its earlier
@@ -77,6 +78,8 @@ class StoreRegistry:
         validate_name_part("store id", store_id)
         if not address or len(address) > ADDRESS_CHARS_MAX or ":" not in address:
             raise InvalidArgument(f"store address {address!r} must be host:port")
+        if data_address and (len(data_address) > ADDRESS_CHARS_MAX or ":" not in data_address):
+            raise InvalidArgument(f"store data address {data_address!r} must be host:port")
         if zone and len(zone) > ADDRESS_CHARS_MAX:
             raise InvalidArgument("zone label too long")
         if len(cluster_id) > ADDRESS_CHARS_MAX:
@@ -101,7 +104,9 @@ class StoreRegistry:
         for key in answered:
             if self.state.segments[key].state != SegmentState.SEALED:
                 self.state.lost_members.setdefault(key, set()).add(store_id)
-        record = StoreRecord(store_id, address, zone, draining, incarnation or known, kept_lost)
+        record = StoreRecord(
+            store_id, address, zone, draining, incarnation or known, kept_lost, data_address
+        )
         if record != existing:
             self.state.catalog.commit(Batch().store(record))
             self.state.stores[store_id] = record

@@ -9,6 +9,13 @@ fences, admin, health) stays on gRPC. A frame is a fixed header (length, kind, f
 request id) and a payload: one of the messages below for the protocol's own frames,
 or a request or reply message of the methods (WriteRequest / WriteReply of
 segment_store.proto for Write).
+
+Methods (kinds of their request and reply frames):
+- Write (32 / 33): one request per client and store, shared by every segment that
+  client leads on the store. Each WriteRequest carries, for one segment or (in
+  `parts`) for many, a batch of consecutive entries and the leader's acked index;
+  each WriteReply answers one, in order, each part named by (segment, request_id).
+  A part refused answers REFUSED with its error; the other parts and requests go on.
 """
 
 from collections import abc as _abc

@@ -24,37 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstreamengine/v1/entry.proto\x12\x0fstreamengine.v1\"=\n\tSegmentId\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06stream\x18\x03 \x01(\t\"p\n\x05\x45ntry\x12\r\n\x05index\x18\x01 \x01(\x04\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.streamengine.v1.EntryKind\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\":\n\x07Replica\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\"\x8c\x03\n\x07Segment\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12*\n\x08\x63opy_set\x18\x02 \x03(\x0b\x32\x18.streamengine.v1.Replica\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x04 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\x06 \x01(\x04\x12\r\n\x05\x62ytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x08 \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\t \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\n \x03(\t\x12\x32\n\x08verified\x18\x0b \x03(\x0b\x32 .streamengine.v1.ReplicaVerified\x12\x17\n\x0flost_from_index\x18\x0c \x01(\x04\"\x80\x01\n\x12SegmentCertificate\x12\x13\n\x0b\x66inal_index\x18\x01 \x01(\x04\x12\x0c\n\x04root\x18\x02 \x01(\x0c\x12\x31\n\x06\x63hunks\x18\x03 \x03(\x0b\x32!.streamengine.v1.CertificateChunk\x12\x14\n\x0c\x63\x65rtified_by\x18\x04 \x01(\t\"6\n\x10\x43\x65rtificateChunk\x12\x12\n\nlast_index\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\";\n\x0fReplicaVerified\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x16\n\x0everified_at_ms\x18\x02 \x01(\x04\";\n\x11ReplicationPolicy\x12\x10\n\x08replicas\x18\x01 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\r\"\x84\x05\n\rSegmentRecord\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x32\n\x06policy\x18\x02 \x01(\x0b\x32\".streamengine.v1.ReplicationPolicy\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x04\x12\x16\n\x0esegment_age_ms\x18\x04 \x01(\x04\x12\x1c\n\x14stream_created_at_ms\x18\x05 \x01(\x04\x12\x10\n\x08\x63opy_set\x18\x06 \x03(\t\x12,\n\x05state\x18\x07 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x08 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\t \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\n \x01(\x04\x12\x15\n\rsettled_at_ms\x18\x0b \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\x0c \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\r \x03(\t\x12\x17\n\x0flost_from_index\x18\x0e \x01(\x04\x12\x17\n\x0fverified_stores\x18\x0f \x03(\t\x12\x35\n\tproducers\x18\x10 \x01(\x0b\x32\".streamengine.v1.ProducerPositions\x12\x1c\n\x14stream_has_producers\x18\x11 \x01(\x08\x12<\n\x10stream_producers\x18\x12 \x01(\x0b\x32\".streamengine.v1.ProducerPositions\x12\x1e\n\x16stream_producers_epoch\x18\x13 \x01(\x04\"\\\n\x10ProducerPosition\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12\x1c\n\x14last_stream_sequence\x18\x03 \x01(\x04\"I\n\x11ProducerPositions\x12\x34\n\tpositions\x18\x01 \x03(\x0b\x32!.streamengine.v1.ProducerPosition*V\n\tEntryKind\x12\x1a\n\x16\x45NTRY_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05\x45VENT\x10\x01\x12\x08\n\x04HOLE\x10\x02\x12\n\n\x06\x42RIDGE\x10\x03\x12\x0c\n\x08PRODUCER\x10\x04*P\n\x0cSegmentState\x12\x1d\n\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0b\n\x07SEALING\x10\x02\x12\n\n\x06SEALED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstreamengine/v1/entry.proto\x12\x0fstreamengine.v1\"=\n\tSegmentId\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06stream\x18\x03 \x01(\t\"p\n\x05\x45ntry\x12\r\n\x05index\x18\x01 \x01(\x04\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.streamengine.v1.EntryKind\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\"P\n\x07Replica\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x04 \x01(\t\"\x8c\x03\n\x07Segment\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12*\n\x08\x63opy_set\x18\x02 \x03(\x0b\x32\x18.streamengine.v1.Replica\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x04 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\x06 \x01(\x04\x12\r\n\x05\x62ytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x61\x63ked_index\x18\x08 \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\t \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\n \x03(\t\x12\x32\n\x08verified\x18\x0b \x03(\x0b\x32 .streamengine.v1.ReplicaVerified\x12\x17\n\x0flost_from_index\x18\x0c \x01(\x04\"\x80\x01\n\x12SegmentCertificate\x12\x13\n\x0b\x66inal_index\x18\x01 \x01(\x04\x12\x0c\n\x04root\x18\x02 \x01(\x0c\x12\x31\n\x06\x63hunks\x18\x03 \x03(\x0b\x32!.streamengine.v1.CertificateChunk\x12\x14\n\x0c\x63\x65rtified_by\x18\x04 \x01(\t\"6\n\x10\x43\x65rtificateChunk\x12\x12\n\nlast_index\x18\x01 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\";\n\x0fReplicaVerified\x12\x10\n\x08store_id\x18\x01 \x01(\t\x12\x16\n\x0everified_at_ms\x18\x02 \x01(\x04\";\n\x11ReplicationPolicy\x12\x10\n\x08replicas\x18\x01 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\r\"\x84\x05\n\rSegmentRecord\x12&\n\x02id\x18\x01 \x01(\x0b\x32\x1a.streamengine.v1.SegmentId\x12\x32\n\x06policy\x18\x02 \x01(\x0b\x32\".streamengine.v1.ReplicationPolicy\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x04\x12\x16\n\x0esegment_age_ms\x18\x04 \x01(\x04\x12\x1c\n\x14stream_created_at_ms\x18\x05 \x01(\x04\x12\x10\n\x08\x63opy_set\x18\x06 \x03(\t\x12,\n\x05state\x18\x07 \x01(\x0e\x32\x1d.streamengine.v1.SegmentState\x12\x13\n\x0b\x66inal_index\x18\x08 \x01(\x04\x12\x15\n\rcreated_at_ms\x18\t \x01(\x04\x12\x14\n\x0csealed_at_ms\x18\n \x01(\x04\x12\x15\n\rsettled_at_ms\x18\x0b \x01(\x04\x12\x38\n\x0b\x63\x65rtificate\x18\x0c \x01(\x0b\x32#.streamengine.v1.SegmentCertificate\x12\x12\n\nbad_stores\x18\r \x03(\t\x12\x17\n\x0flost_from_index\x18\x0e \x01(\x04\x12\x17\n\x0fverified_stores\x18\x0f \x03(\t\x12\x35\n\tproducers\x18\x10 \x01(\x0b\x32\".streamengine.v1.ProducerPositions\x12\x1c\n\x14stream_has_producers\x18\x11 \x01(\x08\x12<\n\x10stream_producers\x18\x12 \x01(\x0b\x32\".streamengine.v1.ProducerPositions\x12\x1e\n\x16stream_producers_epoch\x18\x13 \x01(\x04\"\\\n\x10ProducerPosition\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12\x1c\n\x14last_stream_sequence\x18\x03 \x01(\x04\"I\n\x11ProducerPositions\x12\x34\n\tpositions\x18\x01 \x03(\x0b\x32!.streamengine.v1.ProducerPosition*V\n\tEntryKind\x12\x1a\n\x16\x45NTRY_KIND_UNSPECIFIED\x10\x00\x12\t\n\x05\x45VENT\x10\x01\x12\x08\n\x04HOLE\x10\x02\x12\n\n\x06\x42RIDGE\x10\x03\x12\x0c\n\x08PRODUCER\x10\x04*P\n\x0cSegmentState\x12\x1d\n\x19SEGMENT_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0b\n\x07SEALING\x10\x02\x12\n\n\x06SEALED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamengine.v1.entry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENTRYKIND']._serialized_start=1809
-  _globals['_ENTRYKIND']._serialized_end=1895
-  _globals['_SEGMENTSTATE']._serialized_start=1897
-  _globals['_SEGMENTSTATE']._serialized_end=1977
+  _globals['_ENTRYKIND']._serialized_start=1831
+  _globals['_ENTRYKIND']._serialized_end=1917
+  _globals['_SEGMENTSTATE']._serialized_start=1919
+  _globals['_SEGMENTSTATE']._serialized_end=1999
   _globals['_SEGMENTID']._serialized_start=48
   _globals['_SEGMENTID']._serialized_end=109
   _globals['_ENTRY']._serialized_start=111
   _globals['_ENTRY']._serialized_end=223
   _globals['_REPLICA']._serialized_start=225
-  _globals['_REPLICA']._serialized_end=283
-  _globals['_SEGMENT']._serialized_start=286
-  _globals['_SEGMENT']._serialized_end=682
-  _globals['_SEGMENTCERTIFICATE']._serialized_start=685
-  _globals['_SEGMENTCERTIFICATE']._serialized_end=813
-  _globals['_CERTIFICATECHUNK']._serialized_start=815
-  _globals['_CERTIFICATECHUNK']._serialized_end=869
-  _globals['_REPLICAVERIFIED']._serialized_start=871
-  _globals['_REPLICAVERIFIED']._serialized_end=930
-  _globals['_REPLICATIONPOLICY']._serialized_start=932
-  _globals['_REPLICATIONPOLICY']._serialized_end=991
-  _globals['_SEGMENTRECORD']._serialized_start=994
-  _globals['_SEGMENTRECORD']._serialized_end=1638
-  _globals['_PRODUCERPOSITION']._serialized_start=1640
-  _globals['_PRODUCERPOSITION']._serialized_end=1732
-  _globals['_PRODUCERPOSITIONS']._serialized_start=1734
-  _globals['_PRODUCERPOSITIONS']._serialized_end=1807
+  _globals['_REPLICA']._serialized_end=305
+  _globals['_SEGMENT']._serialized_start=308
+  _globals['_SEGMENT']._serialized_end=704
+  _globals['_SEGMENTCERTIFICATE']._serialized_start=707
+  _globals['_SEGMENTCERTIFICATE']._serialized_end=835
+  _globals['_CERTIFICATECHUNK']._serialized_start=837
+  _globals['_CERTIFICATECHUNK']._serialized_end=891
+  _globals['_REPLICAVERIFIED']._serialized_start=893
+  _globals['_REPLICAVERIFIED']._serialized_end=952
+  _globals['_REPLICATIONPOLICY']._serialized_start=954
+  _globals['_REPLICATIONPOLICY']._serialized_end=1013
+  _globals['_SEGMENTRECORD']._serialized_start=1016
+  _globals['_SEGMENTRECORD']._serialized_end=1660
+  _globals['_PRODUCERPOSITION']._serialized_start=1662
+  _globals['_PRODUCERPOSITION']._serialized_end=1754
+  _globals['_PRODUCERPOSITIONS']._serialized_start=1756
+  _globals['_PRODUCERPOSITIONS']._serialized_end=1829
 # @@protoc_insertion_point(module_scope)

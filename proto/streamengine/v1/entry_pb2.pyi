@@ -168,22 +168,26 @@ class Replica(_message.Message):
     STORE_ID_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     ZONE_FIELD_NUMBER: _builtins.int
+    DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     """The store's stable id (chosen at its first start, kept in its data dir)."""
     address: _builtins.str
     """Where the store serves gRPC, `host:port`, as it last registered."""
     zone: _builtins.str
     """The store's failure-domain label."""
+    data_address: _builtins.str
+    """Where the store serves the data plane (Write; docs/data-plane.md), `host:port`."""
     def __init__(
         self,
         *,
         store_id: _builtins.str = ...,
         address: _builtins.str = ...,
         zone: _builtins.str = ...,
+        data_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "store_id", b"store_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "data_address", b"data_address", "store_id", b"store_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -104,6 +104,7 @@ class RegisterStoreRequest(_message.Message):
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     """Stable id kept in the store's data dir."""
     address: _builtins.str
@@ -122,6 +123,8 @@ class RegisterStoreRequest(_message.Message):
     ("": none yet). A master of another cluster refuses it (FAILED_PRECONDITION) and
     the store stops.
     """
+    data_address: _builtins.str
+    """`host:port` where the store serves the data plane (docs/data-plane.md)."""
     def __init__(
         self,
         *,
@@ -131,10 +134,11 @@ class RegisterStoreRequest(_message.Message):
         free_bytes: _builtins.int = ...,
         incarnation: _builtins.int = ...,
         cluster_id: _builtins.str = ...,
+        data_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cluster_id", b"cluster_id", "free_bytes", b"free_bytes", "incarnation", b"incarnation", "store_id", b"store_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cluster_id", b"cluster_id", "data_address", b"data_address", "free_bytes", b"free_bytes", "incarnation", b"incarnation", "store_id", b"store_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

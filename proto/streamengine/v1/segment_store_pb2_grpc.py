@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class SegmentStoreStub:
-    """Missing associated documentation comment in .proto file."""
+    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -34,11 +36,6 @@ class SegmentStoreStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Write = channel.stream_stream(
-                '/streamengine.v1.SegmentStore/Write',
-                request_serializer=streamengine_dot_v1_dot_segment__store__pb2.WriteRequest.SerializeToString,
-                response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.WriteReply.FromString,
-                _registered_method=True)
         self.Seal = channel.unary_unary(
                 '/streamengine.v1.SegmentStore/Seal',
                 request_serializer=streamengine_dot_v1_dot_segment__store__pb2.SealRequest.SerializeToString,
@@ -82,18 +79,9 @@ class SegmentStoreStub:
 
 
 class SegmentStoreServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def Write(self, request_iterator, context):
-        """One bidirectional stream per client and store, shared by every segment that client
-        leads on the store. Each request carries, for one segment or (in `parts`) for many,
-        a batch of consecutive entries and the leader's acked index; each reply answers one
-        request, in order, each part named by (segment, request_id). A part refused answers
-        REFUSED with its error; the other parts and requests go on.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
+    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """
 
     def Seal(self, request, context):
         """Raise the segment's fence to `new_epoch` (never lower it), durably.
@@ -162,11 +150,6 @@ class SegmentStoreServicer:
 
 def add_SegmentStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Write': grpc.stream_stream_rpc_method_handler(
-                    servicer.Write,
-                    request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.WriteRequest.FromString,
-                    response_serializer=streamengine_dot_v1_dot_segment__store__pb2.WriteReply.SerializeToString,
-            ),
             'Seal': grpc.unary_unary_rpc_method_handler(
                     servicer.Seal,
                     request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.SealRequest.FromString,
@@ -216,34 +199,9 @@ def add_SegmentStoreServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SegmentStore:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Write(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/streamengine.v1.SegmentStore/Write',
-            streamengine_dot_v1_dot_segment__store__pb2.WriteRequest.SerializeToString,
-            streamengine_dot_v1_dot_segment__store__pb2.WriteReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
+    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """
 
     @staticmethod
     def Seal(request,

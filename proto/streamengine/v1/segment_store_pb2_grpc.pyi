@@ -46,17 +46,14 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SegmentStoreStub:
+    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SegmentStoreAsyncStub: ...
-    Write: _grpc.StreamStreamMultiCallable[_segment_store_pb2.WriteRequest, _segment_store_pb2.WriteReply]
-    """One bidirectional stream per client and store, shared by every segment that client
-    leads on the store. Each request carries, for one segment or (in `parts`) for many,
-    a batch of consecutive entries and the leader's acked index; each reply answers one
-    request, in order, each part named by (segment, request_id). A part refused answers
-    REFUSED with its error; the other parts and requests go on.
-    """
     Seal: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
     Read: _grpc.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]
@@ -88,14 +85,11 @@ class SegmentStoreStub:
 
 @_typing.type_check_only
 class SegmentStoreAsyncStub(SegmentStoreStub):
-    def __init__(self, channel: _aio.Channel) -> None: ...
-    Write: _aio.StreamStreamMultiCallable[_segment_store_pb2.WriteRequest, _segment_store_pb2.WriteReply]  # type: ignore[assignment]
-    """One bidirectional stream per client and store, shared by every segment that client
-    leads on the store. Each request carries, for one segment or (in `parts`) for many,
-    a batch of consecutive entries and the leader's acked index; each reply answers one
-    request, in order, each part named by (segment, request_id). A part refused answers
-    REFUSED with its error; the other parts and requests go on.
+    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
     """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
     Seal: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]  # type: ignore[assignment]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
     Read: _aio.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]  # type: ignore[assignment]
@@ -126,18 +120,9 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """
 
 class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
-    @_abc_1.abstractmethod
-    def Write(
-        self,
-        request_iterator: _MaybeAsyncIterator[_segment_store_pb2.WriteRequest],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.WriteReply], _abc.AsyncIterator[_segment_store_pb2.WriteReply]]:
-        """One bidirectional stream per client and store, shared by every segment that client
-        leads on the store. Each request carries, for one segment or (in `parts`) for many,
-        a batch of consecutive entries and the leader's acked index; each reply answers one
-        request, in order, each part named by (segment, request_id). A part refused answers
-        REFUSED with its error; the other parts and requests go on.
-        """
+    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """
 
     @_abc_1.abstractmethod
     def Seal(

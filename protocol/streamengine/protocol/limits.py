@@ -49,10 +49,11 @@ FRAME_HEADER_BYTES = 16
 # (a hello carries a version range and a token of a few hundred bytes).
 HELLO_PAYLOAD_BYTES_MAX = 16 << 10
 # Bytes of frames either side may send on one request before its peer grants more:
-# two of the largest frames, so a writer keeps a batch in flight while the store takes
-# the one before. What a store buffers for one connection is this many bytes per open
-# request, at most DATA_REQUESTS_MAX of them.
-STREAM_CREDIT_BYTES = 2 * (FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX)
+# one of the largest frames (what gRPC held per stream: a message and a small window);
+# credit comes back every half window taken, so many small batches stay in flight.
+# What a store buffers for one connection is this many bytes per open request, at most
+# DATA_REQUESTS_MAX of them.
+STREAM_CREDIT_BYTES = FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX
 DATA_REQUESTS_MAX = 64
 
 # Parallel replicating and recovering keeps at most the open segment and one earlier.

@@ -81,6 +81,8 @@ class StoreIdentity:
     address: str
     zone: str
     data_dir: Path
+    # Where the data plane serves (Write), `host:port`, as the master hands it out.
+    data_address: str = ""
 
 
 
@@ -171,6 +173,7 @@ class MasterLink:
                         free_bytes=_free_bytes(self.identity.data_dir),
                         incarnation=self.core.catalog.incarnation(),
                         cluster_id=self.core.catalog.cluster_id(),
+                        data_address=self.identity.data_address,
                     ),
                     timeout=MASTER_CALL_TIMEOUT_S,
                 )

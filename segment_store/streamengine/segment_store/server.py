@@ -2,7 +2,8 @@
 and live tails.
 
 Serves the SegmentStore gRPC service and gRPC health (SERVING once its RocksDB is open
-and every segment's state is loaded) on --listen, keeps its data under --data,
+and every segment's state is loaded) on --listen, Write on the data plane's framed
+protocol on --data-listen (docs/data-plane.md), keeps its data under --data,
 registers with and heartbeats the master (retrying for as long as it takes, without
 ever failing its own service), and exits 0 on SIGTERM after a graceful stop.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -31,6 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.protocol import identity as peer_identity
 from streamengine.protocol import logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
+from streamengine.protocol.framed import split_address
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.protocol.parsing import RequestParsing
@@ -47,6 +50,7 @@ from streamengine.segment_store.core.commands import Plan
 from streamengine.segment_store.core.keys import U64_MAX
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT
 from streamengine.segment_store.core.store import SegmentStoreCore
+from streamengine.segment_store.data_plane import data_server
 from streamengine.segment_store.group_commit import (
     STORE_QUEUE_BYTES_MAX,
     GroupCommitter,
@@ -88,6 +92,12 @@ SHUTDOWN_GRACE_S = 0.3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, help="host:port to serve gRPC on")
+    parser.add_argument(
+        "--data-listen",
+        metavar="HOST:PORT",
+        help="host:port to serve the data plane (Write) on (default: --listen's host and "
+        "its port + 1; port 0 picks a free one)",
+    )
     parser.add_argument("--data", required=True, type=Path, help="data directory (RocksDB)")
     parser.add_argument(
         "--master",
@@ -179,7 +189,13 @@ def run(args: argparse.Namespace) -> int:
         print("streamengine store: --scrub-mb-per-s must be 0 (no scrub) or positive")
         return 2
     try:
+        args.data_listen = data_listen(args.listen, args.data_listen)
+    except ValueError as error:
+        print(f"streamengine store: --data-listen: {error}", file=sys.stderr)
+        return 2
+    try:
         transport.check_protected_mode(args.listen, args.certs_dir, args.insecure)
+        transport.check_protected_mode(args.data_listen, args.certs_dir, args.insecure)
         if args.metrics_port is not None:
             metrics_at = f"{args.metrics_host}:{args.metrics_port}"
             transport.check_protected_mode(metrics_at, args.certs_dir, args.insecure)
@@ -203,6 +219,19 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, StartupError, transport.TransportError) as error:
         print(f"streamengine store: {error}", file=sys.stderr)
         return 1
+
+
+def data_listen(listen: str, given: str | None) -> str:
+    """Where the data plane listens: as given, or beside gRPC on the next port."""
+    if given:
+        split_address(given)
+        return given
+    port = split_address(listen)[1]
+    if not port:
+        return listen  # gRPC on a port picked for it: the data plane too
+    if port >= 65535:
+        raise ValueError(f"{listen} has no next port: give --data-listen")
+    return f"{listen.rpartition(':')[0]}:{port + 1}"
 
 
 class StartupError(Exception):
@@ -301,16 +330,29 @@ async def serve(
     except RuntimeError:
         kv.close()
         raise StartupError(f"cannot listen on {args.listen}: in use or not available") from None
+    data = data_server(store)
+    try:
+        data_port = await data.start(
+            args.data_listen,
+            None if args.certs_dir is None else transport.server_ssl_context(args.certs_dir),
+        )
+    except OSError as error:
+        kv.close()
+        raise StartupError(f"cannot listen on {args.data_listen}: {error.strerror}") from None
+    identity = dataclasses.replace(
+        identity, data_address=f"{args.data_listen.rpartition(':')[0]}:{data_port}"
+    )
     if args.metrics_port is not None:
         metrics.serve_metrics(args.metrics_host, args.metrics_port, args.certs_dir)
     await server.start()
     for name in ("", STORE_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info(
-        "store %s serving %s on %s (zone %r, fsync %s, %d segments)",
+        "store %s serving %s on %s, data on %s (zone %r, fsync %s, %d segments)",
         identity.store_id,
         "plaintext" if args.certs_dir is None else "TLS",
         args.listen,
+        identity.data_address,
         identity.zone,
         args.fsync,
         len(core.catalog.segments()),
@@ -364,6 +406,7 @@ async def serve(
             linking.cancel()
             if scrubbing is not None:
                 scrubbing.cancel()
+            await data.stop()
             await server.stop(SHUTDOWN_GRACE_S)
             committer.close()
             await committing

@@ -126,7 +126,11 @@ class StoreContext:
         """The caller of a streaming call as it opens, counted against its share until
         `close_stream`; raises as `caller` does, CallerUnproven for an anonymous caller
         of a secured store, OverCallerLimit for one holding all it may."""
-        principal = self.caller(context)
+        return self.admit_stream(self.caller(context))
+
+    def admit_stream(self, principal: Principal) -> Principal:
+        """A streaming call of a caller known otherwise (the data plane's, at its hello)
+        counted as `open_stream` counts one."""
         self.shares.open_stream(principal)
         return principal
 

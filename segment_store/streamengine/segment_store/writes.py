@@ -1,6 +1,9 @@
 """The writer's calls: Write (a stream of batches, answered in order) and Seal. The shell
 of `core.writes`: it admits each request (its grant, the quota, the committer's room)
-and hands the command to the group committer.
+and hands the command to the group committer. Seal is a gRPC call; Write is served on
+the data plane (`data_plane.py`), and its behaviour here knows no transport: requests
+come in as an async iterator, replies go out through a `send`, and what ends the
+stream with a status is raised as `WriteStreamEnds`.
 
 A Write stream carries the batches of many segments (every writer of one client on
 this store), and one message may carry many of them (`WriteRequest.parts`): each part
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +46,12 @@ from streamengine.segment_store.core.commands import (
 )
 from streamengine.segment_store.core.errors import BadRequest, StoreError
 from streamengine.segment_store.core.writes import check_write_message
-from streamengine.segment_store.refusals import abort, refusal_of
+from streamengine.segment_store.refusals import Refusal, abort, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
 # Messages a Write stream may have in flight: past it the store stops reading that
-# stream, and HTTP/2 flow control holds the client back. A stream carries every
+# stream, and the data plane's credit holds the client back. A stream carries every
 # segment a client writes on this store (each at most a writer's window of requests,
 # `client.core.store_session`), so it is wide enough for the group committer to take
 # many segments' batches in one commit. What waits is a ticket per request (a refused
@@ -91,6 +94,18 @@ def parts_of(request: segment_store_pb2.WriteRequest) -> Sequence[segment_store_
     return parts
 
 
+class WriteStreamEnds(Exception):
+    """What ends a Write stream with a status: the error, and the segment it is of."""
+
+    def __init__(self, error: Exception, segment: entry_pb2.SegmentId | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.segment = segment
+
+    def refusal(self) -> Refusal:
+        return refusal_of(self.error, self.segment)
+
+
 class WriteCalls:
     """Write and Seal."""
 
@@ -98,17 +113,17 @@ class WriteCalls:
         self.store = store
 
     def methods(self) -> dict[str, Callable[..., Any]]:
-        return {"Write": self.write, "Seal": self.seal}
+        """The gRPC calls (Write is the data plane's)."""
+        return {"Seal": self.seal}
 
-    # Replies go out through `context.write` (grpc.aio allows it for streaming handlers).
     async def write(
         self,
         request_iterator: AsyncIterator[segment_store_pb2.WriteRequest],
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
-        ],
+        send: Callable[[segment_store_pb2.WriteReply], Awaitable[None]],
         caller: Principal,
     ) -> None:
+        """Serves one Write stream of `caller` until the client ends it or it is idle;
+        raises WriteStreamEnds for what ends it with a status."""
         grants = WriteStreamGrants(self.store.authority, caller)
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
         # Tickets, not requests, wait for their replies: a refused batch's entries are
@@ -158,12 +173,11 @@ class WriteCalls:
         try:
             while (message := await answers.get()) is not None:
                 if isinstance(message, StoreError):
-                    await abort(context, message)
+                    raise WriteStreamEnds(message)
                 replies = [
-                    await self._answer(context, ticket, admitted)
-                    for ticket, admitted in message.parts
+                    await self._answer(ticket, admitted) for ticket, admitted in message.parts
                 ]
-                await context.write(
+                await send(
                     segment_store_pb2.WriteReply(parts=replies) if message.many else replies[0]
                 )
                 unanswered -= 1
@@ -180,36 +194,23 @@ class WriteCalls:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _answer(
-        self,
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
-        ],
-        ticket: _Ticket,
-        admitted: _Admitted,
-    ) -> segment_store_pb2.WriteReply:
+    async def _answer(self, ticket: _Ticket, admitted: _Admitted) -> segment_store_pb2.WriteReply:
         """The reply to one segment's request, once its write is done."""
         if isinstance(admitted, tuple):  # refused for now: busy, or over the quota
             status, held = admitted
             return ticket.reply(segment_store_pb2.WriteStatus.ValueType(status), held)
         outcome = admitted if isinstance(admitted, Exception) else await admitted
         if isinstance(outcome, Exception):
-            return await self._refused(context, ticket, outcome)
+            return self._refused(ticket, outcome)
         assert isinstance(outcome, WriteResult)
         return ticket.reply(segment_store_pb2.ACCEPTED, outcome)
 
     @staticmethod
-    async def _refused(
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.WriteRequest, segment_store_pb2.WriteReply
-        ],
-        ticket: _Ticket,
-        error: Exception,
-    ) -> segment_store_pb2.WriteReply:
+    def _refused(ticket: _Ticket, error: Exception) -> segment_store_pb2.WriteReply:
         """The reply to one refused request; or, for what ends the stream (or is no
         refusal of the store's: a bug), the stream's end."""
         if not isinstance(error, StoreError) or ends_write_stream(error):
-            await abort(context, error, ticket.segment)
+            raise WriteStreamEnds(error, ticket.segment)
         refusal = refusal_of(error, ticket.segment)
         return ticket.refused(
             segment_store_pb2.WriteError(

@@ -98,6 +98,13 @@ _STARTED_MAX = 4096
 _started: list[ServerProcess] = []
 
 
+def data_address_of(address: str) -> str:
+    """The data port of the store this process started at gRPC `address`."""
+    found = [server.data_address for server in _started if server.address == address]
+    assert found and found[-1], f"no store of this process serves at {address}"
+    return found[-1]
+
+
 def servers_started() -> list[ServerProcess]:
     """The servers this process started so far, each once, oldest first."""
     return list(_started)
@@ -138,6 +145,8 @@ class ServerProcess(ChildProcess):
     prefix: list[str] = field(default_factory=list)
     # How health checks reach it: plaintext, or TLS trusting the cluster's CA.
     transport: Transport = PLAINTEXT
+    # A store's data port (Write, on the framed protocol), `host:port`; "" for a master.
+    data_address: str = ""
 
     def start(self, wait: bool = True) -> ServerProcess:
         assert self.process is None or self.process.poll() is not None, "already running"
@@ -301,10 +310,14 @@ def make_store(
     data = root / f"store{number}"
     data.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{port}"
+    # Its own port of this process's share, not the gRPC port + 1 (another's share).
+    data_address = f"127.0.0.1:{free_port()}"
     args = [
         "store",
         "--listen",
         address,
+        "--data-listen",
+        data_address,
         "--data",
         str(data),
         "--master",
@@ -316,7 +329,12 @@ def make_store(
     tls, transport = _tls_args(certs, f"store{number}", store_id=cert_store_id or f"store{number}")
     args += [*tls, *(extra_args or [])]
     return ServerProcess(
-        f"store{number}", args, address, root / f"store{number}.log", transport=transport
+        f"store{number}",
+        args,
+        address,
+        root / f"store{number}.log",
+        transport=transport,
+        data_address=data_address,
     )
 
 

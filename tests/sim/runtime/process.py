@@ -40,7 +40,15 @@ class SimProcess:
         assert task is not None, f"{self.name} was never started"
         task.cancel()
         await asyncio.wait([task])
-        self.task = None
+        if self.task is task:  # not a new incarnation started meanwhile
+            self.task = None
+
+    async def ended(self) -> None:
+        """Until a stop or crash under way has ended (at once when none is): a process
+        stopping runs its `finally` blocks first, and is `running` meanwhile."""
+        task = self.task
+        if task is not None and task.cancelling():
+            await asyncio.wait([task])
 
     def restart(self) -> None:
         """A new incarnation, in the group of the first."""

@@ -32,6 +32,7 @@ from streamengine.segment_store.core.authority import StoreAuthority
 from streamengine.segment_store.core.commands import Joined, Plan, SegmentKey
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT, ScrubSchedule
 from streamengine.segment_store.core.store import SegmentStoreCore
+from streamengine.segment_store.data_plane import data_server
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
 from streamengine.segment_store.kv import MemoryKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity
@@ -66,6 +67,7 @@ class SimStore:
         self.network = network
         self.store_id = store_id
         self.address = f"{store_id}:1"
+        self.data_address = f"{store_id}:2"  # the data plane's port (Write)
         self.trusted_keys = tuple(trusted_keys)
         self.config = config or ServiceConfig()
         self.master_address = master_address
@@ -108,6 +110,9 @@ class SimStore:
         add_to_server(context, self.server)
         self.server.add_insecure_port(self.address)
         await self.server.start()
+        data = data_server(context)
+        port = await data.start(self.data_address, None)
+        assert self.data_address.endswith(f":{port}"), (self.data_address, port)
         self.serving.set()
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -118,6 +123,7 @@ class SimStore:
                     tasks.create_task(self.scrubber.run())
         finally:
             self.serving.clear()
+            await data.stop()
             await self.server.stop(None)
             context.close()
 
@@ -128,7 +134,9 @@ class SimStore:
 
     def _link(self, core: SegmentStoreCore, context: StoreContext) -> MasterLink:
         assert self.master_address is not None and self.data_dir is not None
-        identity = StoreIdentity(self.store_id, self.address, "", self.data_dir)
+        identity = StoreIdentity(
+            self.store_id, self.address, "", self.data_dir, data_address=self.data_address
+        )
         return MasterLink(
             self.master_address,
             identity,

@@ -1,5 +1,9 @@
 """The in-process transport: the real store service, called through the generated stub
-over `Transport.aio_channel`, on the deterministic loop, with the network's faults."""
+over `Transport.aio_channel`, on the deterministic loop, with the network's faults.
+
+Entries reach a store on its data plane (`write_stream`, the framed protocol over the
+simulated byte streams); Subscribe, the store's streaming gRPC call both ways, is the
+sample of a streaming exchange here."""
 
 from __future__ import annotations
 
@@ -10,10 +14,11 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
+from bench.segment_driver import write_stream
 from streamengine.client.errors import fence_of
 from streamengine.master import etcd
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
-from streamengine.protocol import transport
+from streamengine.protocol import framed, transport
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import wait_until
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
@@ -23,6 +28,7 @@ from tests.integration.store_helpers import (
     granted,
     seal_request,
     seg,
+    subscribe_start,
     write_request,
 )
 from tests.sim.network import Faults
@@ -67,6 +73,33 @@ def stub_of(store: SimStore) -> Any:
     return segment_store_pb2_grpc.SegmentStoreStub(PLAINTEXT.aio_channel(store.address))
 
 
+async def write(
+    store: SimStore, segment: Any, first: int, last: int, acked: int
+) -> list[tuple[int, int]]:
+    """Entries `first`..`last` written to `store` on a Write stream of its data plane
+    (with the grant the stream needs), acked up to `acked`: the (status, matched
+    index) of the reply."""
+    batch = entries(first, last)
+    request = write_request(segment, 3, acked, batch, 1, grant=granted(segment, 3))
+    replies = await write_stream(store.data_address, [request])
+    return [(reply.status, reply.matched_index) for reply in replies]
+
+
+async def next_data(call: Any) -> Any:
+    """The next reply of a Subscribe call that is not a keepalive."""
+    while True:
+        reply = await call.read()
+        if reply is grpc.aio.EOF or reply.WhichOneof("message") != "keepalive":
+            return reply
+
+
+def summary(reply: Any) -> tuple[Any, ...]:
+    """A Subscribe reply as a short tuple: ("position", acked, fence) or ("batch", indexes)."""
+    if reply.WhichOneof("message") == "position":
+        return ("position", reply.position.acked_index, reply.position.fence)
+    return ("batch", [entry.index for entry in reply.batch.entries])
+
+
 def test_the_seam_is_set_only_while_a_network_is_installed() -> None:
     async def inside(network: SimNetwork, stores: list[SimStore]) -> list[str]:
         client = EtcdClient(parse_etcd_url("etcd://etcd:2379"))
@@ -82,39 +115,46 @@ def test_the_seam_is_set_only_while_a_network_is_installed() -> None:
     assert etcd.aio_channel_factory is None and etcd.channel_factory is None
 
 
-def test_a_unary_call_and_a_write_stream_reach_the_store_service() -> None:
+def test_a_unary_call_and_a_subscribe_stream_reach_the_store_service() -> None:
     async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[Any]:
-        stub = stub_of(stores[0])
+        store = stores[0]
+        stub = stub_of(store)
         segment = seg(7, 3)
-        call = stub.Write()
-        replies = []
-        for request_id, (first, last) in enumerate([(1, 3), (4, 5)], start=1):
-            grant = granted(segment, 3) if request_id == 1 else b""
-            batch = entries(first, last)
-            await call.write(write_request(segment, 3, first - 1, batch, request_id, grant=grant))
-            reply = await call.read()
-            replies.append((reply.request_id, reply.status, reply.matched_index))
-        await call.done_writing()
-        assert await call.read() is grpc.aio.EOF
-        assert await call.code() == grpc.StatusCode.OK
+        written = await write(store, segment, 1, 3, 3)
+        call = stub.Subscribe()
+        await call.write(subscribe_start(segment))
+        replies = [summary(await next_data(call)), summary(await next_data(call))]
+        written += await write(store, segment, 4, 5, 5)
+        replies.append(summary(await next_data(call)))
         sealed = await stub.Seal(seal_request(segment, 4))
+        replies.append(summary(await next_data(call)))
+        await call.done_writing()
+        assert await next_data(call) is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
         state = await stub.GetSegmentState(
             segment_store_pb2.GetSegmentStateRequest(segment=segment)
         )
-        return [replies, (sealed.fence, sealed.matched_index), (state.fence, state.last_index)]
+        return [
+            written,
+            replies,
+            (sealed.fence, sealed.matched_index),
+            (state.fence, state.last_index),
+        ]
 
     accepted = segment_store_pb2.ACCEPTED
-    assert simulate(1, scenario) == [[(1, accepted, 3), (2, accepted, 5)], (4, 5), (4, 5)]
+    assert simulate(1, scenario) == [
+        [(accepted, 3), (accepted, 5)],
+        [("position", 3, 0), ("batch", [1, 2, 3]), ("batch", [4, 5]), ("position", 5, 4)],
+        (4, 5),
+        (4, 5),
+    ]
 
 
 def test_a_read_streams_its_replies_through_the_executor_path() -> None:
     async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[list[int]]:
         stub = stub_of(stores[0])
         segment = seg(7, 3)
-        call = stub.Write()
-        await call.write(write_request(segment, 3, 9, entries(1, 9), grant=granted(segment, 3)))
-        await call.read()
-        await call.done_writing()
+        await write(stores[0], segment, 1, 9, 9)
         read = stub.Read(
             segment_store_pb2.ReadRequest(
                 segment=segment, from_index=1, to_index=9, max_entries_per_reply=4
@@ -130,8 +170,7 @@ def test_an_abort_reaches_the_caller_as_a_real_channel_gives_it() -> None:
         stub = stub_of(stores[0])
         segment = seg(7, 3)
         await stub.Seal(seal_request(segment, 4))
-        # A Write refused is answered in its reply (the stream goes on); a Seal below
-        # the fence ends its call with the fence in the trailing metadata.
+        # A Seal below the fence ends its call with the fence in the trailing metadata.
         call = stub.Seal(seal_request(segment, 3))
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await call
@@ -162,7 +201,8 @@ def test_a_deadline_ends_the_call_and_cancels_its_handler() -> None:
     async def scenario(network: SimNetwork, stores: list[SimStore]) -> tuple[float, str]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        call = stub_of(stores[0]).Write(timeout=0.5)
+        # The store waits 10 s for a Subscribe's start: the deadline comes first.
+        call = stub_of(stores[0]).Subscribe(timeout=0.5)
         with pytest.raises(grpc.aio.AioRpcError) as late:
             await call.read()
         waited_s = loop.time() - started
@@ -179,9 +219,13 @@ def test_a_partition_breaks_streams_and_calls_until_healed() -> None:
         store = stores[0]
         stub = stub_of(store)
         segment = seg(7, 3)
-        call = stub.Write()
-        await call.write(write_request(segment, 3, 0, entries(1, 1), grant=granted(segment, 3)))
-        await call.read()
+        await write(store, segment, 1, 1, 1)
+        call = stub.Subscribe()
+        await call.write(subscribe_start(segment))
+        assert [summary(await next_data(call)) for _ in range(2)] == [
+            ("position", 1, 0),
+            ("batch", [1]),
+        ]
         network.cut(WRITER, store.store_id)
         seen = []
         for attempt in (call.read(), stub.Seal(seal_request(segment, 4))):
@@ -204,7 +248,7 @@ def test_a_server_that_stops_breaks_its_calls_and_refuses_new_ones() -> None:
     async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
         store = stores[0]
         stub = stub_of(store)
-        call = stub.Write()
+        call = stub.Subscribe()
         assert store.server is not None
         await wait_until(lambda: bool(store.server and store.server.handlings))
         await store.server.stop()
@@ -225,7 +269,7 @@ def test_a_connection_reset_breaks_the_calls_under_way_only() -> None:
     async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
         store = stores[0]
         stub = stub_of(store)
-        call = stub.Write()
+        call = stub.Subscribe()
         await wait_until(lambda: bool(store.server and store.server.handlings))
         network.reset(WRITER, store.store_id)
         with pytest.raises(grpc.aio.AioRpcError) as reset:
@@ -240,8 +284,9 @@ def test_a_connection_reset_breaks_the_calls_under_way_only() -> None:
 
 
 async def _writers(network: SimNetwork, stores: list[SimStore]) -> list[str]:
-    """Writers of several streams on every store, each appending and then sealing,
-    recording what each call answered and when: the trace of a run."""
+    """Writers of several streams on every store, each appending on the data plane,
+    following its stream on a Subscribe call until it has seen what it wrote, and then
+    sealing, recording what each call answered and when: the trace of a run."""
     loop = asyncio.get_running_loop()
     trace: list[str] = []
 
@@ -251,22 +296,33 @@ async def _writers(network: SimNetwork, stores: list[SimStore]) -> list[str]:
     async def writer(store: SimStore, stream_id: int) -> None:
         stub = stub_of(store)
         segment = seg(stream_id, 3)
-        call = stub.Write()
+        name = f"{store.store_id}/{stream_id}"
+        call = stub.Subscribe()
         try:
             for first in range(1, 10, 3):
-                grant = granted(segment, 3) if first == 1 else b""
-                batch = entries(first, first + 2)
-                await call.write(write_request(segment, 3, first - 1, batch, first, grant=grant))
-                reply = await call.read()
-                seen(f"{store.store_id}/{stream_id} matched {reply.matched_index}")
+                [(_, matched)] = await write(store, segment, first, first + 2, first + 2)
+                seen(f"{name} matched {matched}")
+                if first == 1:
+                    await call.write(subscribe_start(segment, keepalive_ms=200))
+                    seen(f"{name} at {summary(await next_data(call))}")
+                while True:
+                    reply = summary(await next_data(call))
+                    seen(f"{name} followed {reply}")
+                    if reply[0] == "batch" and reply[1][-1] == first + 2:
+                        break
             await call.done_writing()
+            assert await next_data(call) is grpc.aio.EOF
         except grpc.aio.AioRpcError as error:
-            seen(f"{store.store_id}/{stream_id} write {error.code().name}")
+            seen(f"{name} subscribe {error.code().name}")
+        except framed.CallError as error:
+            seen(f"{name} write {error}")
+        except OSError as error:
+            seen(f"{name} write {type(error).__name__}")
         try:
             sealed = await stub.Seal(seal_request(segment, 4), timeout=1.0)
-            seen(f"{store.store_id}/{stream_id} sealed at {sealed.matched_index}")
+            seen(f"{name} sealed at {sealed.matched_index}")
         except grpc.aio.AioRpcError as error:
-            seen(f"{store.store_id}/{stream_id} seal {error.code().name}")
+            seen(f"{name} seal {error.code().name}")
 
     async with asyncio.TaskGroup() as group:
         for store in stores:
@@ -280,7 +336,7 @@ def test_a_seed_replays_the_same_calls_under_faults() -> None:
     first = simulate(11, _writers, HARSH, stores=3)
     assert first == simulate(11, _writers, HARSH, stores=3)
     # The run met the faults it is meant to replay.
-    assert any(" write UNAVAILABLE" in line for line in first)
+    assert any(" subscribe UNAVAILABLE" in line for line in first)
     assert "duplicated=0" not in first[-1] and "lost=0" not in first[-1]
 
 

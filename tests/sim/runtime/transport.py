@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import grpc
 
 from streamengine.master import etcd
-from streamengine.protocol import transport
+from streamengine.protocol import framed, transport
 from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime.loop import SimLoop
 
@@ -222,15 +222,17 @@ class SimNetwork:
         transport.aio_channel_factory = self.channel_for
         etcd.aio_channel_factory = self.etcd_channel_for
         etcd.channel_factory = self.blocking_channel_for
-        # STREAM SEAMS: the framed data plane (issue #39) opens connections and starts
-        # servers through two seams shaped as `asyncio.open_connection` and
-        # `asyncio.start_server`; once they exist, set them here to
-        # `self.open_connection` and `self.start_server`, and back to None below.
+        # The framed data plane (issue #39) opens connections and starts servers
+        # through two seams shaped as `asyncio.open_connection`/`asyncio.start_server`.
+        framed.open_connection = self.open_connection  # type: ignore[assignment]
+        framed.start_server = self.start_server  # type: ignore[assignment]
         try:
             yield self
         finally:
             transport.aio_channel_factory = None
             etcd.aio_channel_factory = etcd.channel_factory = None
+            framed.open_connection = asyncio.open_connection
+            framed.start_server = asyncio.start_server
 
     def channel_for(
         self, credentials: transport.Transport, address: str, options: transport.Options
@@ -1737,6 +1739,16 @@ class SimStreamWriter:
 
     async def wait_closed(self) -> None:
         await asyncio.sleep(0)
+
+    @property
+    def transport(self) -> SimStreamWriter:
+        """What the framed shell asks of `StreamWriter.transport`: the write buffer."""
+        return self
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes written that the peer has not read yet (a socket's send buffer and
+        the peer's receive buffer, together)."""
+        return self._end.outgoing.unread
 
 
 class _SimSocket:

@@ -80,6 +80,7 @@ from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
+from streamengine.protocol import framed
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, CorruptEntry, EntryKind, decode_value
 from streamengine.protocol.policy import ReplicationPolicy
@@ -102,7 +103,7 @@ from tests.sim.runtime.etcd import SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.store import SimStore
-from tests.sim.runtime.transport import SimNetwork, node_context
+from tests.sim.runtime.transport import CURRENT_NODE, SimNetwork, node_context
 from tests.sim.world import draws_producers, is_documented_loss, run_outcome
 from tests.sim.writer_node import ProducerOutbox
 
@@ -166,6 +167,7 @@ OPERATOR_CALL_S = 2.0
 TOKENS_SHARE = 0.3
 TOKEN_TENANT = "t0"
 REVOKE_AT_MS = (1_000, SAFETY_MS - 3_000)
+# How `_call_ended` names a Write on a store's data plane (no gRPC method since #39).
 STORE_WRITE = "/streamengine.v1.SegmentStore/Write"
 # The share of seeds where a wiped store's registration answers are lost (1 or 2 of
 # them, as the master answers them): it registers again.
@@ -1560,6 +1562,7 @@ class World:
         if etcd is not None and not etcd.running:
             etcd.restart()
         for master in self.masters.elected:
+            await master.ended()  # a clean stop takes a while: it gives its lease back
             if not master.running:
                 master.restart()
         for name in sorted(self.stores):
@@ -1597,6 +1600,45 @@ class World:
             f"no convergence within {LIVENESS_MS} ms: streams without an acked marker "
             f"{unmarked[:5]}{'...' if len(unmarked) > 5 else ''}; followers missing {missing}",
         )
+
+
+@contextlib.contextmanager
+def _observing_writes(
+    observe: Callable[[str, str, str, grpc.StatusCode], None],
+) -> Iterator[None]:
+    """`framed.connect` telling `observe` (as `SimNetwork.call_observers` hear a gRPC
+    call) each status a data-plane connection ended with: its calls are Writes, the
+    one request the data plane serves so far."""
+    connect = framed.connect
+
+    def ended(address: str, error: framed.CallError) -> None:
+        code = next(c for c in grpc.StatusCode if c.value[0] == error.code)
+        observe(CURRENT_NODE.get(), address, STORE_WRITE, code)
+
+    @contextlib.asynccontextmanager
+    async def observed(address: str, *args: Any, **kwargs: Any) -> AsyncGenerator[Any]:
+        try:
+            async with connect(address, *args, **kwargs) as connection:
+                yield connection
+        except framed.CallError as error:
+            ended(address, error)
+            raise
+        except BaseExceptionGroup as group:  # a TaskGroup's, in the `async with` block
+            matched, _ = group.split(framed.CallError)
+            for leaf in _leaves(matched):
+                ended(address, cast(framed.CallError, leaf))
+            raise
+
+    with mock.patch.object(framed, "connect", observed):
+        yield
+
+
+def _leaves(group: BaseExceptionGroup[Any] | None) -> Iterator[BaseException]:
+    for error in group.exceptions if group is not None else ():
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
 
 
 @contextlib.contextmanager
@@ -1702,7 +1744,8 @@ def run_seed(
                 world = World(config, rng, network, group, trace)
                 worlds.append(world)
                 try:
-                    await world.run()
+                    with _observing_writes(world._call_ended):
+                        await world.run()
                 finally:
                     await world.stop_all()
 

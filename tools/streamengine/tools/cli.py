@@ -151,7 +151,13 @@ def _add_cluster_commands(commands: Subparsers) -> None:
     up.add_argument(
         "--data", type=Path, default=Path("data"), help="data dir (default ./%(default)s)"
     )
-    up.add_argument("--port", type=int, default=7070, help="master port; stores take the next ones")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=7070,
+        help="master port; stores take the next ones, the console the one after, the "
+        "stores' data ports the ones after that",
+    )
     up.add_argument(
         "--console-port",
         type=int,

@@ -128,6 +128,9 @@ class LocalCluster:
         )
         for number in range(stores):
             address = f"127.0.0.1:{port + 1 + number}"
+            # The data ports follow the stores' gRPC ports and the console's (`cluster
+            # up`: the master's port + stores + 1): a store's gRPC port + 1 is taken.
+            data_address = f"127.0.0.1:{port + 2 + stores + number}"
             store_id = f"store{number}"
             self.children.append(
                 Child(
@@ -137,6 +140,8 @@ class LocalCluster:
                         "store",
                         "--listen",
                         address,
+                        "--data-listen",
+                        data_address,
                         "--data",
                         str(data_dir / store_id),
                         "--master",

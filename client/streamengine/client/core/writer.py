@@ -269,8 +269,9 @@ FOLLOWER_HEARTBEAT_MS_MAX = 100
 @dataclass(frozen=True, slots=True)
 class Replica:
     store_id: str
-    address: str
+    address: str  # gRPC: Seal, reads, recovery
     zone: str = ""
+    data_address: str = ""  # the data plane: Write
 
 
 @dataclass(frozen=True, slots=True)

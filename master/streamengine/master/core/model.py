@@ -134,6 +134,8 @@ class StoreRecord:
     # The replicas this incarnation lost with the one before: every registration of it
     # answers them, since the store may never have joined with an earlier answer.
     lost: tuple[SegmentKey, ...] = ()
+    # Where it serves the data plane (Write), as it last registered ("": not told).
+    data_address: str = ""
 
     def __post_init__(self) -> None:
         # Loaded from JSON, the keys come back as lists.

@@ -1,0 +1,62 @@
+"""The store's data port: Write served on the framed protocol (docs/data-plane.md),
+beside the gRPC port that serves the rest.
+
+The caller of a connection is known at its hello (`framed_server`), by the same
+`Callers` the gRPC calls resolve theirs with, and an anonymous one (TLS, neither a
+certificate nor a token) is refused there: nothing on the data plane is open to it, so
+it holds nothing past its hello. Each Write request is then admitted as a
+gRPC streaming call was (`StoreContext.admit_stream`: an anonymous caller refused, each
+principal's share counted) and served by `WriteCalls.write`, which authorizes each batch
+by its grant. What ends a Write with a status answers with the status and metadata its
+gRPC call ended with (`refusals.refusal_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import cast
+
+from streamengine.protocol.auth import ANONYMOUS, Denial, Principal
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framing import Kind, StatusCode
+from streamengine.segment_store.core.errors import StoreError
+from streamengine.segment_store.refusals import Refusal, refusal_of
+from streamengine.segment_store.store_context import StoreContext
+from streamengine.segment_store.writes import WriteCalls, WriteStreamEnds
+from streamengine.v1 import segment_store_pb2
+
+
+def data_server(store: StoreContext) -> DataServer:
+    """The data port's server for `store` (started by `server.serve`)."""
+    writes = WriteCalls(store)
+
+    async def write(call: ServerCall) -> None:
+        try:
+            caller = store.admit_stream(call.principal)
+        except StoreError as error:
+            raise call_error(refusal_of(error)) from None
+        try:
+            await writes.write(_write_requests(call), call.send, caller)
+        except WriteStreamEnds as ended:
+            raise call_error(ended.refusal()) from None
+        finally:
+            store.close_stream(caller)
+
+    def authenticate(identity: Principal, token: str | None) -> Principal | Denial:
+        principal = store.callers.principal_of(identity, token)
+        if principal == ANONYMOUS:
+            return Denial("the data plane serves callers who show a certificate or a token")
+        return principal
+
+    return DataServer({Kind.WRITE_REQUEST: write}, authenticate)
+
+
+async def _write_requests(call: ServerCall) -> AsyncIterator[segment_store_pb2.WriteRequest]:
+    async for request in call:
+        yield cast(segment_store_pb2.WriteRequest, request)
+
+
+def call_error(refusal: Refusal) -> CallError:
+    """A refusal as the data plane answers it: gRPC's status code, by number."""
+    return CallError(StatusCode(refusal.code.value[0]), refusal.details, dict(refusal.metadata))
