@@ -35,6 +35,7 @@ package) those rows are skipped.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 import time
@@ -47,7 +48,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from streamengine.master.state import STORE_HEARTBEAT_MS_MAX
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import (
@@ -87,6 +88,7 @@ class Segment:
     final_index: int
     address: str
     fence: int = 0  # of that replica (sealed segments)
+    data_address: str = ""  # where that replica's store serves Write (its data plane)
 
     @property
     def pb(self) -> entry_pb2.SegmentId:
@@ -156,6 +158,14 @@ class Callers:
             else:
                 self.opened[key] = self.transports[(client, tenant)].channel(address)
         return self.opened[key]
+
+    def transport(self, client: str, tenant: str) -> Transport:
+        """What `channel` dials with, for a connection of the data plane."""
+        if client == HARNESS:
+            return harness_transport()
+        if not self.tls:
+            raise AssertionError(f"{client} calls on TLS clusters only")
+        return self.transports[(client, tenant)]
 
     def close(self) -> None:
         for channel in self.opened.values():
@@ -483,14 +493,66 @@ def _templates() -> dict[str, Message]:
 NOT_MUTATED = {"RegisterStore", "StoreHeartbeat", "Rebalance", "Delete"}
 
 
+@dataclass(frozen=True)
+class DataMethod:
+    """A method of the stores' data plane (docs/data-plane.md), fuzzed beside the gRPC
+    ones: what `call` and the fuzz ask of a method descriptor."""
+
+    name: str
+    input_type: Any
+    output_type: Any
+    client_streaming: bool = True
+    server_streaming: bool = True
+
+
+DATA_WRITE = DataMethod("Write", s.WriteRequest.DESCRIPTOR, s.WriteReply.DESCRIPTOR)
+
+
 def methods() -> list[tuple[str, Any]]:
-    """(server, method descriptor) of every RPC."""
+    """(server, method descriptor) of every RPC, and the data plane's Write."""
     out: list[tuple[str, Any]] = []
     for server, module, name in (("master", master_pb2, "Master"),
                                  ("store", segment_store_pb2, "SegmentStore")):
         out.extend((server, method)
                    for method in module.DESCRIPTOR.services_by_name[name].methods)
+    out.append(("store", DATA_WRITE))
     return out
+
+
+def call_as(callers: Callers, client: str, tenant: str, address: str, data_address: str,
+            method: Any, payloads: list[bytes]) -> tuple[str, str]:
+    """`call` as `client` of `tenant`: a gRPC method on `address`, the data plane's
+    Write on `data_address`."""
+    if method is DATA_WRITE:
+        return data_write(callers.transport(client, tenant), data_address, payloads)
+    return call(callers.channel(client, tenant, address), method, payloads)
+
+
+def data_write(transport: Transport, data_address: str, payloads: list[bytes]) -> tuple[str, str]:
+    """One Write on a store's data plane with raw request bytes, as `call` makes a gRPC
+    one: the status that ended it, or its first refused reply, else OK."""
+
+    async def write() -> list[bytes]:
+        replies: list[bytes] = []
+        async with asyncio.timeout(CALL_TIMEOUT_S), framed.connect(
+            data_address, transport
+        ) as connection:
+            data_call = await connection.call(framing.WRITE)
+            for payload in payloads:
+                await data_call.send_parts([payload])
+            await data_call.end()
+            while (reply := await data_call.receive()) is not None:
+                replies.append(reply.SerializeToString())
+        return replies
+
+    try:
+        replies = asyncio.run(write())
+    except framed.CallError as error:
+        code = next(c for c in grpc.StatusCode if c.value[0] == error.code)
+        return code.name, error.details[:200]
+    except TimeoutError:
+        return grpc.StatusCode.DEADLINE_EXCEEDED.name, "the data plane's Write timed out"
+    return _write_refusal(replies)
 
 
 def request_class(method: Any) -> type[Message]:
@@ -590,6 +652,7 @@ def live_segments(master: str, streams: list[str]) -> Live | None:
                 continue
             last_sealed, last = sealed[-1], listing.segments[-1]
             replica = last_sealed.copy_set[0].address
+            replica_data = last_sealed.copy_set[0].data_address
             with open_channel(replica) as store:
                 state = store_grpc.SegmentStoreStub(store).GetSegmentState(
                     s.GetSegmentStateRequest(segment=entry_pb2.SegmentId(
@@ -597,9 +660,9 @@ def live_segments(master: str, streams: list[str]) -> Live | None:
                     timeout=CALL_TIMEOUT_S)
             return Live(
                 Segment(stream, listing.stream_id, last_sealed.id.epoch,
-                        last_sealed.final_index, replica, state.fence),
+                        last_sealed.final_index, replica, state.fence, replica_data),
                 Segment(stream, listing.stream_id, last.id.epoch, 0,
-                        last.copy_set[0].address),
+                        last.copy_set[0].address, 0, last.copy_set[0].data_address),
             )
     return None
 

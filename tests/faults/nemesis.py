@@ -894,9 +894,10 @@ def bad_input_loop(ctx: RunContext) -> None:
                 target = live.sealed if row.segment == "sealed" else live.open
                 address = cluster.master_address if row.server == "master" else target.address
                 tenant = live.sealed.stream.split("/")[0]
-                got, details = badinput.call(callers.channel(row.client, tenant, address),
-                                             by_name[(row.server, row.method)],
-                                             badinput.serialized(row.request(live)))
+                got, details = badinput.call_as(callers, row.client, tenant, address,
+                                                target.data_address,
+                                                by_name[(row.server, row.method)],
+                                                badinput.serialized(row.request(live)))
                 ctx.recorder.record("bad", kind="row", case=row.case, server=row.server,
                                     method=row.method, client=row.client,
                                     expected=row.expected_on(callers.tls).name, got=got,
@@ -913,12 +914,12 @@ def bad_input_loop(ctx: RunContext) -> None:
                 else:
                     data = badinput.random_bytes(ctx.rng, method)
                 parses = badinput.parses(method, data)
-                address = (cluster.master_address if server[0] == "master"
-                           else ctx.rng.choice(targets).address)
+                store = ctx.rng.choice(targets)
+                address = cluster.master_address if server[0] == "master" else store.address
                 # On a TLS cluster as a tenant: every RPC is mutated, none may pass.
                 fuzzer = badinput.TENANT if callers.tls else badinput.HARNESS
-                caller = callers.channel(fuzzer, ctx.rng.choice(tenants), address)
-                got, details = badinput.call(caller, method, [data])
+                got, details = badinput.call_as(callers, fuzzer, ctx.rng.choice(tenants),
+                                                address, store.data_address, method, [data])
                 ctx.recorder.record(
                     "bad", kind="mutated" if mutated else "random", server=server[0],
                     method=method.name, case=data.hex(),
