@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streamengine.protocol import auth, framed, framing
-from streamengine.protocol.framed import CallError
+from streamengine.protocol.framed import HELLO_TIMEOUT_MS, CallError
 from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode, VersionRange
 from streamengine.protocol.limits import FRAME_PAYLOAD_BYTES_MAX
@@ -287,6 +287,40 @@ async def test_a_silent_client_is_dropped() -> None:
     async with serving(ping_interval_ms=50, dead_peer_ms=300) as address:
         frames = await raw_exchange(address, hello())  # then nothing, not even a ping
     assert [frame.kind for frame in frames] == [Kind.HELLO_OK]
+
+
+async def test_connections_past_the_bound_waiting_for_their_hello_are_closed() -> None:
+    """Nobody is known before the hello: a flood of silent connections holds no more
+    than `hellos_max` sockets and tasks; one past it is closed at once, and a caller
+    that says hello once there is room is served."""
+    async with serving(hellos_max=2) as address:
+        host, port = framed.split_address(address)
+        silent = [await asyncio.open_connection(host, port) for _ in range(2)]
+        reader, writer = await asyncio.open_connection(host, port)
+        async with asyncio.timeout(HELLO_TIMEOUT_MS / 1000 / 5):  # not by its timeout
+            assert await reader.read(1) == b""  # closed without a word
+        writer.close()
+        for _, held in silent:
+            held.close()
+        async with asyncio.timeout(DEADLINE_S):
+            while True:
+                frames = await raw_exchange_first(address, hello())
+                if frames:
+                    break
+        assert frames[0].kind is Kind.HELLO_OK
+
+
+async def raw_exchange_first(address: str, data: bytes) -> list[framing.Frame]:
+    """The first frames a server answers to `data` ([] if it closed at once)."""
+    host, port = framed.split_address(address)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(data)
+    decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
+    frames: list[framing.Frame] = []
+    while not frames and (chunk := await reader.read(1 << 16)):
+        frames += decoder.feed(chunk)
+    writer.close()
+    return frames
 
 
 async def test_a_silent_server_fails_the_calls() -> None:

@@ -43,6 +43,7 @@ from streamengine.protocol.framing import (
     StatusCode,
 )
 from streamengine.protocol.limits import (
+    DATA_HELLOS_MAX,
     DATA_REQUESTS_MAX,
     FRAME_HEADER_BYTES,
     FRAME_PAYLOAD_BYTES_MAX,
@@ -103,10 +104,13 @@ class DataServer:
     ping_interval_ms: int = PING_INTERVAL_MS
     dead_peer_ms: int = DEAD_PEER_MS
     requests_max: int = DATA_REQUESTS_MAX
+    hellos_max: int = DATA_HELLOS_MAX
     frame_payload_bytes_max: int = FRAME_PAYLOAD_BYTES_MAX
     stream_credit_bytes: int = STREAM_CREDIT_BYTES
     _server: asyncio.Server | None = None
     _connections: set[asyncio.Task[None]] = field(default_factory=set)
+    # Connections whose hello has not been accepted yet (`hellos_max`).
+    _before_hello: int = 0
 
     def __post_init__(self) -> None:
         assert all(kind in METHODS for kind in self.handlers), self.handlers
@@ -146,6 +150,13 @@ class DataServer:
         # asyncio runs this in a task of its own: kept, so `stop` ends it.
         task = asyncio.current_task()
         assert task is not None
+        if self._before_hello >= self.hellos_max:
+            # Callers that never say who they are hold nothing past this bound: a flood
+            # of silent connections costs an accept and a close each.
+            writer.close()
+            log.warning("data port: %d connections wait for their hello, one more closed",
+                        self._before_hello)
+            return
         self._connections.add(task)
         try:
             await _ServerConnection(self, Peer(reader, writer, FrameDecoder())).serve()
@@ -172,7 +183,11 @@ class _ServerConnection:
     async def serve(self) -> None:
         configure_socket(self.peer.writer, self.server.dead_peer_ms)
         try:
-            await self._hello()
+            self.server._before_hello += 1
+            try:
+                await self._hello()
+            finally:
+                self.server._before_hello -= 1
             async with asyncio.TaskGroup() as tasks:
                 watchdog = tasks.create_task(self._watch_liveness())
                 try:

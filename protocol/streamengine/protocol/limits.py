@@ -55,6 +55,9 @@ HELLO_PAYLOAD_BYTES_MAX = 16 << 10
 # DATA_REQUESTS_MAX of them.
 STREAM_CREDIT_BYTES = FRAME_HEADER_BYTES + FRAME_PAYLOAD_BYTES_MAX
 DATA_REQUESTS_MAX = 64
+# Connections of a data port still waiting for their hello (nobody yet: each holds a
+# socket and a task for up to the hello's timeout); one past this is closed at once.
+DATA_HELLOS_MAX = 256
 
 # Parallel replicating and recovering keeps at most the open segment and one earlier.
 UNSEALED_SEGMENTS_MAX = 2
