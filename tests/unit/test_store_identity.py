@@ -239,7 +239,7 @@ def test_a_tail_of_a_lost_replica_is_refused_and_of_one_not_written_yet_waits() 
     core = joining_core()
     core.execute(JoinCommand("cluster-a", (SEGMENT,)))
     with pytest.raises(ReplicaLost):
-        core.tail_meta(SEGMENT)
-    assert core.tail_meta(OTHER).acked_index == 0
+        core.held_meta(SEGMENT)
+    assert core.held_meta(OTHER).acked_index == 0
     core.seal(OTHER, 4)
-    assert core.tail_meta(OTHER).fence > 0
+    assert core.held_meta(OTHER).fence > 0

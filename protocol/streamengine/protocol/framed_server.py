@@ -110,7 +110,7 @@ class DataServer:
     _server: asyncio.Server | None = None
     _connections: set[asyncio.Task[None]] = field(default_factory=set)
     # Connections whose hello has not been accepted yet (`hellos_max`).
-    _before_hello: int = 0
+    before_hello: int = 0
 
     def __post_init__(self) -> None:
         assert all(kind in METHODS for kind in self.handlers), self.handlers
@@ -150,12 +150,12 @@ class DataServer:
         # asyncio runs this in a task of its own: kept, so `stop` ends it.
         task = asyncio.current_task()
         assert task is not None
-        if self._before_hello >= self.hellos_max:
+        if self.before_hello >= self.hellos_max:
             # Callers that never say who they are hold nothing past this bound: a flood
             # of silent connections costs an accept and a close each.
             writer.close()
             log.warning("data port: %d connections wait for their hello, one more closed",
-                        self._before_hello)
+                        self.before_hello)
             return
         self._connections.add(task)
         try:
@@ -183,11 +183,11 @@ class _ServerConnection:
     async def serve(self) -> None:
         configure_socket(self.peer.writer, self.server.dead_peer_ms)
         try:
-            self.server._before_hello += 1
+            self.server.before_hello += 1
             try:
                 await self._hello()
             finally:
-                self.server._before_hello -= 1
+                self.server.before_hello -= 1
             async with asyncio.TaskGroup() as tasks:
                 watchdog = tasks.create_task(self._watch_liveness())
                 try:

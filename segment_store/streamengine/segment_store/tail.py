@@ -165,7 +165,7 @@ class _Tail:
         while True:
             changed = watch.event(self.segment)
             try:
-                meta = self.store.core.tail_meta(self.segment)
+                meta = self.store.core.held_meta(self.segment)
             except StoreError as error:
                 return error
             position = tail.Position(meta.acked_index, meta.fence, meta.bridge_index)
@@ -410,7 +410,7 @@ class _Tails:
         if running is None:
             return  # stopped since it was marked
         try:
-            meta = self.store.core.tail_meta(running.segment)
+            meta = self.store.core.held_meta(running.segment)
         except StoreError as error:
             self._ended(tail_id, error, running.start.segment)
             return

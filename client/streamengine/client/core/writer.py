@@ -1053,7 +1053,6 @@ class Leader:
         self, now_ms: int, event: WriteReplied | StoreConnected | StoreDisconnected | Flush
     ) -> None:
         """When each store of the segment was lost, if it is (`_lost_stores`)."""
-        store = getattr(event, "store", None)
         if isinstance(event, StoreDisconnected):
             since = self._reconnected_since.pop(event.store, now_ms)
             self._disconnected_since.setdefault(event.store, since)
@@ -1062,9 +1061,7 @@ class Leader:
                 self._reconnected_since[event.store] = self._disconnected_since.pop(event.store)
         elif isinstance(event, WriteReplied) and not event.busy:
             self._reconnected_since.pop(event.store, None)
-        assert store is None or not (
-            store in self._disconnected_since and store in self._reconnected_since
-        ), store
+        assert not self._disconnected_since.keys() & self._reconnected_since.keys()
 
     def _lost_stores(self, now_ms: int) -> list[str]:
         return sorted(

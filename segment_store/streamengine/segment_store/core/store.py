@@ -138,13 +138,14 @@ class SegmentStoreCore:
         this store must not take part in."""
         if self.joins_cluster and not self.catalog.cluster_id():
             raise NotJoined("this store has not registered with its master yet")
-        self.tail_meta(segment)
+        self.held_meta(segment)
 
-    def tail_meta(self, segment: SegmentKey) -> SegmentMeta:
-        """What a tail of `segment` follows: its metadata, or an empty open segment's
-        while nothing of it came yet; raises ReplicaLost for a replica an earlier
-        incarnation of this store lost, which no write will fill again (a follower
-        waiting on it would wait for good: it reads another replica instead)."""
+    def held_meta(self, segment: SegmentKey) -> SegmentMeta:
+        """What this store holds of `segment` (what its writes build on and its tails
+        follow): its metadata, or an empty open segment's while nothing of it came yet;
+        raises ReplicaLost for a replica an earlier incarnation of this store lost,
+        which no write fills again (a follower waiting on it would wait for good: it
+        reads another replica instead)."""
         meta = self.catalog.meta(segment)
         if meta is not None:
             return meta
