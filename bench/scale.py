@@ -133,8 +133,8 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
         processes[store.name] = psutil.Process(store.pid)
     async with StreamClient(cluster.master_address) as client:
         started = time.monotonic()
-        creates = [client.create_stream(name, replicas=3, write_quorum=2) for name in names]
-        await bounded("create", args.phase_timeout_s, in_batches(creates))
+        creating = client.create_streams(names, replicas=3, write_quorum=2)
+        await bounded("create", args.phase_timeout_s, creating)
         row.create_s = time.monotonic() - started
 
         exits = contextlib.AsyncExitStack()

@@ -455,6 +455,8 @@ def _templates() -> dict[str, Message]:
         "ListTenants": m.ListTenantsRequest(),
         "CreateStream": m.CreateStreamRequest(name=FUZZ_STREAM, policy=P(replicas=3,
                                                                          write_quorum=2)),
+        "CreateStreams": m.CreateStreamsRequest(streams=[
+            m.CreateStreamRequest(name=FUZZ_STREAM, policy=P(replicas=3, write_quorum=2))]),
         "ListStreams": m.ListStreamsRequest(tenant="fuzzns"),
         "DescribeStream": m.DescribeStreamRequest(name=FUZZ_STREAM),
         "DeleteStream": m.DeleteStreamRequest(name=FUZZ_STREAM),

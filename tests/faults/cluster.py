@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
 from streamengine.testing import ChildProcess, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 from tests.faults.channels import open_channel
@@ -249,28 +250,16 @@ def open_copy_set(cluster: Cluster, stream: str) -> list[str]:
 
 def create_streams(address: str, streams: list[str], replicas: int, quorum: int,
                    segment_bytes: int) -> None:
-    """Create every stream (and its tenant): each tenant's first stream alone, which
-    creates the tenant, then the rest `MASTER_CALLS_IN_FLIGHT` at a time."""
-    def request(name: str) -> master_pb2.CreateStreamRequest:
-        return master_pb2.CreateStreamRequest(
-            name=name,
-            policy=entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=quorum),
-            segment_bytes=segment_bytes,
-            create_tenant=True,
-        )
-
-    firsts = set({name.split("/", 1)[0]: name for name in reversed(streams)}.values())
+    """Create every stream (and its tenant), `CREATE_STREAMS_PER_CALL_MAX` a call."""
+    policy = entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=quorum)
     with open_channel(address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
-        for name in streams:
-            if name in firsts:
-                stub.CreateStream(request(name), timeout=10.0)
-        rest = [name for name in streams if name not in firsts]
-        for start in range(0, len(rest), MASTER_CALLS_IN_FLIGHT):
-            calls = [stub.CreateStream.future(request(name), timeout=10.0)
-                     for name in rest[start:start + MASTER_CALLS_IN_FLIGHT]]
-            for call in calls:
-                call.result()
+        for start in range(0, len(streams), CREATE_STREAMS_PER_CALL_MAX):
+            stub.CreateStreams(master_pb2.CreateStreamsRequest(streams=[
+                master_pb2.CreateStreamRequest(name=name, policy=policy,
+                                               segment_bytes=segment_bytes, create_tenant=True)
+                for name in streams[start:start + CREATE_STREAMS_PER_CALL_MAX]
+            ]), timeout=10.0)
 
 
 def wait_for_leaders(address: str, streams: list[str], timeout_s: float) -> None:

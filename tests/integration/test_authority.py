@@ -694,6 +694,14 @@ def every_rpc_as(
             "CreateStream",
             m.CreateStreamRequest(name="victim/more", policy=P(replicas=3, write_quorum=2)),
         ),
+        "Master/CreateStreams": master(
+            "CreateStreams",
+            m.CreateStreamsRequest(
+                streams=[
+                    m.CreateStreamRequest(name="victim/many", policy=P(replicas=3, write_quorum=2))
+                ]
+            ),
+        ),
         "Master/ListStreams": master("ListStreams", m.ListStreamsRequest(tenant="victim")),
         "Master/DescribeStream": master(
             "DescribeStream", m.DescribeStreamRequest(name="victim/data")

@@ -65,6 +65,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "Master/ListTenants":             (P, OK, OK, OK, OK, OK, OK, P, OK, OK),
     # victim/data as it is: the same stream again, answered as it stands.
     "Master/CreateStream":            (P, P, P, P, P, OK, OK, P, P, P),
+    "Master/CreateStreams":           (P, P, P, P, P, OK, OK, P, P, P),
     "Master/ListStreams":             (P, OK, OK, OK, OK, OK, OK, P, OK, OK),
     "Master/DescribeStream":          (P, P, N, N, N, N, N, P, N, N),
     "Master/DeleteStream":            (P, P, P, P, P, N, N, P, P, P),
@@ -224,6 +225,17 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
             "CreateStream",
             m.CreateStreamRequest(
                 name="victim/data", policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2)
+            ),
+        ),
+        "Master/CreateStreams": master(
+            "CreateStreams",
+            m.CreateStreamsRequest(
+                streams=[
+                    m.CreateStreamRequest(
+                        name="victim/data",
+                        policy=entry_pb2.ReplicationPolicy(replicas=3, write_quorum=2),
+                    )
+                ]
             ),
         ),
         "Master/ListStreams": master("ListStreams", m.ListStreamsRequest()),

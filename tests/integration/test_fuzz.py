@@ -142,6 +142,16 @@ class Victim:
             "Master/CreateStream": [
                 m.CreateStreamRequest(name="victim/x", policy=P(replicas=3, write_quorum=2))
             ],
+            "Master/CreateStreams": [
+                m.CreateStreamsRequest(
+                    streams=[
+                        m.CreateStreamRequest(
+                            name=f"victim/x{n}", policy=P(replicas=3, write_quorum=2)
+                        )
+                        for n in range(3)
+                    ]
+                )
+            ],
             "Master/ListStreams": [
                 m.ListStreamsRequest(tenant="victim"),
                 m.ListStreamsRequest(

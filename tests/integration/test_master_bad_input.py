@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 
+from streamengine.client import StreamClient
+from streamengine.client.types import StreamInfo
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
 from streamengine.testing import ServerProcess, make_master
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -120,6 +124,28 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
         "CreateStream",
         m.CreateStreamRequest(name=STREAM, policy=P(replicas=3, write_quorum=3)),
         Code.ALREADY_EXISTS,
+    ),
+    (
+        "one stream of a call refused",
+        "CreateStreams",
+        m.CreateStreamsRequest(
+            streams=[
+                m.CreateStreamRequest(name="acme/fine", policy=P(replicas=3, write_quorum=2)),
+                m.CreateStreamRequest(name="acme/or ders", policy=P(replicas=3, write_quorum=2)),
+            ]
+        ),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "more streams than one call holds",
+        "CreateStreams",
+        m.CreateStreamsRequest(
+            streams=[
+                m.CreateStreamRequest(name=f"acme/s{n}", policy=P(replicas=3, write_quorum=2))
+                for n in range(CREATE_STREAMS_PER_CALL_MAX + 1)
+            ]
+        ),
+        Code.INVALID_ARGUMENT,
     ),
     ("bad tenant", "CreateTenant", m.CreateTenantRequest(tenant="a/b"), Code.INVALID_ARGUMENT),
     ("bad tenant filter", "ListStreams", m.ListStreamsRequest(tenant="..x"), Code.INVALID_ARGUMENT),
@@ -361,3 +387,26 @@ def test_seal_contradiction_is_aborted_and_repeat_is_idempotent(master: ServerPr
             stub.SealSegment(seal)
         assert raised.value.code() == Code.ABORTED
         assert snapshot(stub) == before
+
+
+def test_streams_created_many_to_a_call_are_listed_and_named_again_as_they_stand(
+    master: ServerProcess,
+) -> None:
+    names = [f"bulk/s{n:03}" for n in range(2 * CREATE_STREAMS_PER_CALL_MAX + 7)]
+
+    async def create() -> tuple[list[StreamInfo], list[StreamInfo]]:
+        async with StreamClient(master.address) as client:
+            created = await client.create_streams(names)
+            again = await client.create_streams(names[:3] + names[-3:])
+            return created, again
+
+    created, again = asyncio.run(create())
+    assert [s.name for s in created] == names
+    ids = [s.stream_id for s in created]
+    assert ids == list(range(ids[0], ids[0] + len(names)))
+    assert [s.stream_id for s in again] == ids[:3] + ids[-3:]
+    with grpc.insecure_channel(master.address) as channel:
+        listed = master_pb2_grpc.MasterStub(channel).ListStreams(
+            m.ListStreamsRequest(tenant="bulk")
+        )
+    assert [s.name for s in listed.streams] == names

@@ -16,6 +16,7 @@ from streamengine.master.core.errors import (
     NotEnoughStores,
     NotFound,
     NotLeader,
+    QuotaExceeded,
     SealConflict,
     TooManyUnsealed,
 )
@@ -23,6 +24,8 @@ from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import Held, SegmentState
 from streamengine.master.leadership import grant_producers
 from streamengine.master.state import MasterState
+from streamengine.master.tenancy import StreamSpec
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
 from streamengine.protocol.producers import ProducerPosition
 from streamengine.protocol.sequence import pack_sequence
 from tests.metadata_backends import MetadataPlace, RocksDBPlace
@@ -490,3 +493,69 @@ def test_producer_positions_outlive_the_trim_of_every_sealed_segment(master: Mas
         assert view.leads and [s.epoch for s in view.unsealed] == [2]
         # The resend from 0 is answered from these, not appended again.
         assert grant_producers(view, state.stream_segments(view.stream.stream_id)) == positions
+
+
+# CreateStreams: many streams in one commit, all or none.
+
+
+def spec(name: str, replicas: int = 3, quorum: int = 2, create_tenant: bool = True) -> StreamSpec:
+    return StreamSpec(name, replicas, quorum, create_tenant=create_tenant)
+
+
+def test_streams_created_together_take_consecutive_ids_and_their_tenants_once(master):
+    first = master.state.next_stream_id
+    # Each in a tenant of its own: the most records one call commits.
+    names = [f"new{n}/s" for n in range(CREATE_STREAMS_PER_CALL_MAX)]
+    records = master.state.tenancy.create_streams([spec(n) for n in names], master.now)
+    assert [r.name for r in records] == names
+    assert [r.stream_id for r in records] == list(range(first, first + len(names)))
+    state = master.restart()
+    assert {n.split("/")[0] for n in names} <= set(state.tenants)
+    assert [state.streams[n].stream_id for n in names] == [r.stream_id for r in records]
+    assert state.next_stream_id == first + len(names)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (spec("t/s", replicas=5), AlreadyExists),  # exists with another policy
+        (spec("t/a b"), InvalidArgument),
+        (spec("t/x", replicas=2, quorum=3), InvalidArgument),
+        (spec("nobody/x", create_tenant=False), NotFound),
+        (spec("t/y", replicas=4), AlreadyExists),  # repeated below with another policy
+    ],
+)
+def test_one_refused_stream_creates_none_of_the_call(master, bad, error):
+    before = (dict(master.state.streams), master.state.next_stream_id, set(master.state.tenants))
+    specs = [spec("other/a"), spec("t/y"), bad, spec("t/z")]
+    with pytest.raises(error):
+        master.state.tenancy.create_streams(specs, master.now)
+    after = (dict(master.state.streams), master.state.next_stream_id, set(master.state.tenants))
+    assert after == before
+    state = master.restart()
+    assert "t/y" not in state.streams and "other" not in state.tenants
+
+
+def test_a_stream_named_again_with_its_policy_is_answered_as_it_stands(master):
+    existing = master.state.streams["t/s"]
+    records = master.state.tenancy.create_streams(
+        [spec("t/s"), spec("t/n"), spec("t/n")], master.now
+    )
+    assert records[0] == existing
+    assert records[1] == records[2] and records[1].stream_id == existing.stream_id + 1
+
+
+def test_more_streams_than_a_commit_holds_are_refused(master):
+    specs = [spec(f"t/s{n}") for n in range(CREATE_STREAMS_PER_CALL_MAX + 1)]
+    with pytest.raises(InvalidArgument, match="at most"):
+        master.state.tenancy.create_streams(specs, master.now)
+    assert "t/s0" not in master.state.streams
+
+
+def test_a_tenant_quota_counts_the_streams_of_the_same_call(master):
+    master.state.tenant_streams_max = 3  # t holds t/s already
+    with pytest.raises(QuotaExceeded):
+        master.state.tenancy.create_streams([spec("t/a"), spec("t/b"), spec("t/c")], master.now)
+    assert "t/a" not in master.state.streams
+    master.state.tenancy.create_streams([spec("t/a"), spec("t/b")], master.now)
+    assert master.state.tenant_streams["t"] == 3

@@ -55,6 +55,7 @@ from streamengine.client.types import SegmentInfo, StreamInfo
 from streamengine.client.wire import segment_info, stream_info
 from streamengine.client.writer import Writer
 from streamengine.protocol import transport
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -247,6 +248,47 @@ class StreamClient:
 
         return stream_info(await self._control(create))
 
+    async def create_streams(
+        self,
+        names: Sequence[str],
+        replicas: int = 3,
+        write_quorum: int = 2,
+        segment_bytes: int = 0,
+        segment_age_ms: int = 0,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
+    ) -> list[StreamInfo]:
+        """Create every stream of `names` with one policy, as `create_stream` would,
+        `CREATE_STREAMS_PER_CALL_MAX` to a master commit: a call's streams are created
+        together or not at all, and an error leaves the calls before it done. The
+        streams, in the order named."""
+        policy = entry_pb2.ReplicationPolicy(replicas=replicas, write_quorum=write_quorum)
+        created: list[StreamInfo] = []
+        for first in range(0, len(names), CREATE_STREAMS_PER_CALL_MAX):
+            request = master_pb2.CreateStreamsRequest(
+                streams=[
+                    master_pb2.CreateStreamRequest(
+                        name=name,
+                        policy=policy,
+                        segment_bytes=segment_bytes,
+                        segment_age_ms=segment_age_ms,
+                        create_tenant=True,
+                        retention_age_ms=retention_age_ms,
+                        retention_bytes=retention_bytes,
+                    )
+                    for name in names[first : first + CREATE_STREAMS_PER_CALL_MAX]
+                ]
+            )
+
+            async def create(
+                request: master_pb2.CreateStreamsRequest = request,
+            ) -> master_pb2.CreateStreamsReply:
+                return await self.master.CreateStreams(request, timeout=10.0)
+
+            reply = await self._control(create)
+            created += [stream_info(info) for info in reply.streams]
+        return created
+
     async def describe_stream(self, name: str) -> StreamInfo:
         async def describe() -> master_pb2.StreamInfo:
             return await self.master.DescribeStream(
@@ -267,9 +309,9 @@ class StreamClient:
                 tenant=tenant, name_prefix=name_prefix, page_size=page_size, page_token=token
             )
 
-            async def page(request: master_pb2.ListStreamsRequest = request) -> (
-                master_pb2.ListStreamsReply
-            ):
+            async def page(
+                request: master_pb2.ListStreamsRequest = request,
+            ) -> master_pb2.ListStreamsReply:
                 return await self.master.ListStreams(request, timeout=5.0)
 
             reply = await self._control(page)

@@ -93,6 +93,28 @@ class SyncStreamClient:
             )
         )
 
+    def create_streams(
+        self,
+        names: Sequence[str],
+        replicas: int = 3,
+        write_quorum: int = 2,
+        segment_bytes: int = 0,
+        segment_age_ms: int = 0,
+        retention_age_ms: int = 0,
+        retention_bytes: int = 0,
+    ) -> list[StreamInfo]:
+        return self.run(
+            self._client.create_streams(
+                names,
+                replicas,
+                write_quorum,
+                segment_bytes,
+                segment_age_ms,
+                retention_age_ms,
+                retention_bytes,
+            )
+        )
+
     def describe_stream(self, name: str) -> StreamInfo:
         return self.run(self._client.describe_stream(name))
 

@@ -8,6 +8,7 @@ from streamengine.master import replies
 from streamengine.master.core import authority, errors
 from streamengine.master.retention import Trimmed
 from streamengine.master.service_calls import Context, Handlers, log
+from streamengine.master.tenancy import StreamSpec
 from streamengine.protocol.auth import PrincipalKind, visible_tenant
 from streamengine.v1 import master_pb2
 
@@ -19,6 +20,7 @@ class StreamHandlers(Handlers):
         "CreateTenant",
         "ListTenants",
         "CreateStream",
+        "CreateStreams",
         "ListStreams",
         "DescribeStream",
         "DeleteStream",
@@ -52,17 +54,7 @@ class StreamHandlers(Handlers):
     ) -> master_pb2.StreamInfo:
         def create(now: int) -> master_pb2.StreamInfo:
             self.calls.require(context, "CreateStream", authority.stream_tenant(request.name))
-            record = self.state.tenancy.create_stream(
-                request.name,
-                request.policy.replicas,
-                request.policy.write_quorum,
-                request.segment_bytes,
-                request.segment_age_ms,
-                request.create_tenant,
-                now,
-                retention_age_ms=request.retention_age_ms,
-                retention_bytes=request.retention_bytes,
-            )
+            record = self.state.tenancy.create_streams([stream_spec(request)], now)[0]
             return replies.stream_info_pb(self.state, record, now)
 
         info = await self.calls.call(context, "CreateStream", create)
@@ -74,6 +66,24 @@ class StreamHandlers(Handlers):
             },
         )
         return info
+
+    async def CreateStreams(
+        self, request: master_pb2.CreateStreamsRequest, context: Context
+    ) -> master_pb2.CreateStreamsReply:
+        def create(now: int) -> master_pb2.CreateStreamsReply:
+            # Each tenant once: a caller is resolved (its token checked) per require.
+            tenants = {authority.stream_tenant(stream.name) for stream in request.streams}
+            for tenant in sorted(tenants) or [""]:
+                self.calls.require(context, "CreateStreams", tenant)
+            specs = [stream_spec(stream) for stream in request.streams]
+            records = self.state.tenancy.create_streams(specs, now)
+            return master_pb2.CreateStreamsReply(
+                streams=[replies.stream_info_pb(self.state, r, now) for r in records]
+            )
+
+        reply = await self.calls.call(context, "CreateStreams", create)
+        log.info("streams created", extra={"reason": f"{len(reply.streams)} asked"})
+        return reply
 
     async def ListStreams(
         self, request: master_pb2.ListStreamsRequest, context: Context
@@ -211,3 +221,16 @@ class StreamHandlers(Handlers):
             self.calls.metrics.removed.labels("stream").inc(len(streams))
         if segments:
             self.calls.metrics.removed.labels("segment").inc(len(segments))
+
+
+def stream_spec(request: master_pb2.CreateStreamRequest) -> StreamSpec:
+    return StreamSpec(
+        request.name,
+        request.policy.replicas,
+        request.policy.write_quorum,
+        request.segment_bytes,
+        request.segment_age_ms,
+        request.create_tenant,
+        request.retention_age_ms,
+        request.retention_bytes,
+    )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable
-from dataclasses import replace
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.catalog import Batch
@@ -23,7 +24,12 @@ from streamengine.master.core.model import (
     validate_name_part,
     validate_stream_name,
 )
+from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
+
+# Each stream's record and its tenant's, and the next stream id: one transaction.
+assert 2 * CREATE_STREAMS_PER_CALL_MAX + 1 <= OPS_PER_TRANSACTION_MAX
 
 if TYPE_CHECKING:
     from streamengine.master.state import MasterState
@@ -31,6 +37,72 @@ if TYPE_CHECKING:
 # Roll thresholds when a stream is created without its own.
 SEGMENT_BYTES_DEFAULT = 256 << 20
 SEGMENT_AGE_MS_DEFAULT = 60 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A stream to create, as a CreateStream request names it (0: the default)."""
+
+    name: str
+    replicas: int
+    write_quorum: int
+    segment_bytes: int = 0
+    segment_age_ms: int = 0
+    create_tenant: bool = False
+    retention_age_ms: int = 0
+    retention_bytes: int = 0
+
+    def with_defaults(self) -> StreamSpec:
+        return replace(
+            self,
+            segment_bytes=self.segment_bytes or SEGMENT_BYTES_DEFAULT,
+            segment_age_ms=self.segment_age_ms or SEGMENT_AGE_MS_DEFAULT,
+        )
+
+    def policy(self) -> tuple[int, int, int, int, int, int]:
+        return (
+            self.replicas,
+            self.write_quorum,
+            self.segment_bytes,
+            self.segment_age_ms,
+            self.retention_age_ms,
+            self.retention_bytes,
+        )
+
+    def record(self, stream_id: int, now_ms: int) -> StreamRecord:
+        return StreamRecord(
+            name=self.name,
+            stream_id=stream_id,
+            replicas=self.replicas,
+            write_quorum=self.write_quorum,
+            segment_bytes=self.segment_bytes,
+            segment_age_ms=self.segment_age_ms,
+            epoch=0,
+            leader_id="",
+            created_at_ms=now_ms,
+            retention_age_ms=self.retention_age_ms,
+            retention_bytes=self.retention_bytes,
+        )
+
+
+def _as_it_stands(existing: StreamRecord, spec: StreamSpec) -> StreamRecord:
+    """An existing stream asked for again: itself when the policy is the same."""
+    if existing.deleted_until_ms:
+        raise AlreadyExists(
+            f"stream {spec.name!r} is deleted, pending removal at "
+            f"{existing.deleted_until_ms}: undelete it, or create it after"
+        )
+    held = (
+        existing.replicas,
+        existing.write_quorum,
+        existing.segment_bytes,
+        existing.segment_age_ms,
+        existing.retention_age_ms,
+        existing.retention_bytes,
+    )
+    if held != spec.policy():
+        raise AlreadyExists(f"stream {spec.name!r} exists with another policy")
+    return existing
 
 
 class Tenancy:
@@ -59,72 +131,77 @@ class Tenancy:
         retention_age_ms: int = 0,
         retention_bytes: int = 0,
     ) -> StreamRecord:
-        tenant, _ = validate_stream_name(name)
-        try:
-            ReplicationPolicy(replicas, write_quorum)
-        except InvalidPolicy as error:
-            raise InvalidArgument(f"impossible policy: {error}") from None
-        retention.validate_retention(retention_age_ms, retention_bytes)
-        segment_bytes = segment_bytes or SEGMENT_BYTES_DEFAULT
-        segment_age_ms = segment_age_ms or SEGMENT_AGE_MS_DEFAULT
-        existing = self.state.streams.get(name)
-        if existing is None and self.state.tenant_streams_max:
-            count = self.state.tenant_streams.get(tenant, 0)
-            if count >= self.state.tenant_streams_max:
-                raise QuotaExceeded(
-                    f"tenant {tenant!r} holds {count} streams, its quota "
-                    f"(--tenant-streams-max {self.state.tenant_streams_max})"
-                )
-        if existing is not None:
-            if existing.deleted_until_ms:
-                raise AlreadyExists(
-                    f"stream {name!r} is deleted, pending removal at "
-                    f"{existing.deleted_until_ms}: undelete it, or create it after"
-                )
-            same = (
-                existing.replicas,
-                existing.write_quorum,
-                existing.segment_bytes,
-                existing.segment_age_ms,
-                existing.retention_age_ms,
-                existing.retention_bytes,
-            )
-            asked = (
-                replicas,
-                write_quorum,
-                segment_bytes,
-                segment_age_ms,
-                retention_age_ms,
-                retention_bytes,
-            )
-            if same != asked:
-                raise AlreadyExists(f"stream {name!r} exists with another policy")
-            return existing
-        batch = Batch()
-        if tenant not in self.state.tenants:
-            if not create_tenant:
-                raise NotFound(f"tenant {tenant!r} does not exist (set create_tenant)")
-            batch.tenant(tenant, now_ms)
-        record = StreamRecord(
-            name=name,
-            stream_id=self.state.next_stream_id,
-            replicas=replicas,
-            write_quorum=write_quorum,
-            segment_bytes=segment_bytes,
-            segment_age_ms=segment_age_ms,
-            epoch=0,
-            leader_id="",
-            created_at_ms=now_ms,
-            retention_age_ms=retention_age_ms,
-            retention_bytes=retention_bytes,
+        spec = StreamSpec(
+            name,
+            replicas,
+            write_quorum,
+            segment_bytes,
+            segment_age_ms,
+            create_tenant,
+            retention_age_ms,
+            retention_bytes,
         )
-        self.state.catalog.commit(batch.stream(record).next_stream_id(record.stream_id + 1))
-        self.state.tenants.setdefault(tenant, now_ms)
-        self.state.next_stream_id = record.stream_id + 1
-        self.state.put_stream(record)
-        # A new stream never had a leader: nothing to wait for, even right after a start.
-        self.state.leases[name] = Lease(0, "", 0)
-        return record
+        return self.create_streams([spec], now_ms)[0]
+
+    def create_streams(self, specs: Sequence[StreamSpec], now_ms: int) -> list[StreamRecord]:
+        """Create every stream `specs` names in one commit, or none: the first refusal
+        raises before anything is written. A stream that exists with the same policy (or
+        a name repeated with it) is answered as it stands. The records, in order."""
+        if len(specs) > CREATE_STREAMS_PER_CALL_MAX:
+            raise InvalidArgument(
+                f"{len(specs)} streams in one call: at most {CREATE_STREAMS_PER_CALL_MAX}"
+            )
+        batch = Batch()
+        created: dict[str, StreamRecord] = {}
+        new_tenants: dict[str, None] = {}
+        adding: Counter[str] = Counter()
+        next_stream_id = self.state.next_stream_id
+        records: list[StreamRecord] = []
+        for spec in specs:
+            tenant, _ = validate_stream_name(spec.name)
+            try:
+                ReplicationPolicy(spec.replicas, spec.write_quorum)
+            except InvalidPolicy as error:
+                raise InvalidArgument(f"impossible policy for {spec.name!r}: {error}") from None
+            retention.validate_retention(spec.retention_age_ms, spec.retention_bytes)
+            spec = spec.with_defaults()
+            existing = created.get(spec.name) or self.state.streams.get(spec.name)
+            if existing is not None:
+                records.append(_as_it_stands(existing, spec))
+                continue
+            self._check_quota(tenant, adding[tenant])
+            adding[tenant] += 1
+            if tenant not in self.state.tenants and tenant not in new_tenants:
+                if not spec.create_tenant:
+                    raise NotFound(f"tenant {tenant!r} does not exist (set create_tenant)")
+                new_tenants[tenant] = None
+                batch.tenant(tenant, now_ms)
+            record = spec.record(next_stream_id, now_ms)
+            next_stream_id += 1
+            batch.stream(record)
+            created[record.name] = record
+            records.append(record)
+        if not created:
+            return records
+        self.state.catalog.commit(batch.next_stream_id(next_stream_id))
+        for tenant in new_tenants:
+            self.state.tenants.setdefault(tenant, now_ms)
+        self.state.next_stream_id = next_stream_id
+        for record in created.values():
+            self.state.put_stream(record)
+            # A new stream never had a leader: nothing to wait for, even right after a start.
+            self.state.leases[record.name] = Lease(0, "", 0)
+        return records
+
+    def _check_quota(self, tenant: str, adding: int) -> None:
+        if not self.state.tenant_streams_max:
+            return
+        count = self.state.tenant_streams.get(tenant, 0) + adding
+        if count >= self.state.tenant_streams_max:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} holds {count} streams, its quota "
+                f"(--tenant-streams-max {self.state.tenant_streams_max})"
+            )
 
     def list_page(
         self, tenant: str, name_prefix: str, page_token: str, page_size: int

@@ -633,6 +633,52 @@ class CreateStreamRequest(_message.Message):
 Global___CreateStreamRequest: _TypeAlias = CreateStreamRequest  # noqa: Y015
 
 @_typing.final
+class CreateStreamsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreateStreamRequest]:
+        """Each created as CreateStream would (an existing stream with the same policy is
+        answered as it stands); a name repeated with the same policy is one stream.
+        """
+
+    def __init__(
+        self,
+        *,
+        streams: _abc.Iterable[Global___CreateStreamRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["streams", b"streams"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateStreamsRequest: _TypeAlias = CreateStreamsRequest  # noqa: Y015
+
+@_typing.final
+class CreateStreamsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamInfo]:
+        """In the order of the request."""
+
+    def __init__(
+        self,
+        *,
+        streams: _abc.Iterable[Global___StreamInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["streams", b"streams"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateStreamsReply: _TypeAlias = CreateStreamsReply  # noqa: Y015
+
+@_typing.final
 class StreamInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -60,6 +60,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.CreateStreamRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.StreamInfo.FromString,
                 _registered_method=True)
+        self.CreateStreams = channel.unary_unary(
+                '/streamengine.v1.Master/CreateStreams',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.CreateStreamsRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.CreateStreamsReply.FromString,
+                _registered_method=True)
         self.ListStreams = channel.unary_unary(
                 '/streamengine.v1.Master/ListStreams',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.ListStreamsRequest.SerializeToString,
@@ -218,6 +223,14 @@ class MasterServicer:
 
     def CreateStream(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateStreams(self, request, context):
+        """Many streams in one commit: all of them, or none (the status names the first
+        refused). At most 50 streams a call (`limits.CREATE_STREAMS_PER_CALL_MAX`).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -436,6 +449,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.CreateStream,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.CreateStreamRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.StreamInfo.SerializeToString,
+            ),
+            'CreateStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateStreams,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.CreateStreamsRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.CreateStreamsReply.SerializeToString,
             ),
             'ListStreams': grpc.unary_unary_rpc_method_handler(
                     servicer.ListStreams,
@@ -698,6 +716,33 @@ class Master:
             '/streamengine.v1.Master/CreateStream',
             streamengine_dot_v1_dot_master__pb2.CreateStreamRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.StreamInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/CreateStreams',
+            streamengine_dot_v1_dot_master__pb2.CreateStreamsRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.CreateStreamsReply.FromString,
             options,
             channel_credentials,
             insecure,

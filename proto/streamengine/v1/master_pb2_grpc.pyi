@@ -60,6 +60,10 @@ class MasterStub:
     """Tenants and streams."""
     ListTenants: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListTenantsRequest, _master_pb2.ListTenantsReply]
     CreateStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.CreateStreamRequest, _master_pb2.StreamInfo]
+    CreateStreams: _grpc.UnaryUnaryMultiCallable[_master_pb2.CreateStreamsRequest, _master_pb2.CreateStreamsReply]
+    """Many streams in one commit: all of them, or none (the status names the first
+    refused). At most 50 streams a call (`limits.CREATE_STREAMS_PER_CALL_MAX`).
+    """
     ListStreams: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListStreamsRequest, _master_pb2.ListStreamsReply]
     DescribeStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.DescribeStreamRequest, _master_pb2.StreamInfo]
     DeleteStream: _grpc.UnaryUnaryMultiCallable[_master_pb2.DeleteStreamRequest, _master_pb2.DeleteStreamReply]
@@ -143,6 +147,10 @@ class MasterAsyncStub(MasterStub):
     """Tenants and streams."""
     ListTenants: _aio.UnaryUnaryMultiCallable[_master_pb2.ListTenantsRequest, _master_pb2.ListTenantsReply]  # type: ignore[assignment]
     CreateStream: _aio.UnaryUnaryMultiCallable[_master_pb2.CreateStreamRequest, _master_pb2.StreamInfo]  # type: ignore[assignment]
+    CreateStreams: _aio.UnaryUnaryMultiCallable[_master_pb2.CreateStreamsRequest, _master_pb2.CreateStreamsReply]  # type: ignore[assignment]
+    """Many streams in one commit: all of them, or none (the status names the first
+    refused). At most 50 streams a call (`limits.CREATE_STREAMS_PER_CALL_MAX`).
+    """
     ListStreams: _aio.UnaryUnaryMultiCallable[_master_pb2.ListStreamsRequest, _master_pb2.ListStreamsReply]  # type: ignore[assignment]
     DescribeStream: _aio.UnaryUnaryMultiCallable[_master_pb2.DescribeStreamRequest, _master_pb2.StreamInfo]  # type: ignore[assignment]
     DeleteStream: _aio.UnaryUnaryMultiCallable[_master_pb2.DeleteStreamRequest, _master_pb2.DeleteStreamReply]  # type: ignore[assignment]
@@ -253,6 +261,16 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.CreateStreamRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.StreamInfo, _abc.Awaitable[_master_pb2.StreamInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateStreams(
+        self,
+        request: _master_pb2.CreateStreamsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.CreateStreamsReply, _abc.Awaitable[_master_pb2.CreateStreamsReply]]:
+        """Many streams in one commit: all of them, or none (the status names the first
+        refused). At most 50 streams a call (`limits.CREATE_STREAMS_PER_CALL_MAX`).
+        """
 
     @_abc_1.abstractmethod
     def ListStreams(

@@ -92,6 +92,7 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/CreateTenant": Need.CLUSTER_ADMIN,
     "Master/ListTenants": Need.ANY_FILTERED,
     "Master/CreateStream": Need.TENANT_ADMIN,
+    "Master/CreateStreams": Need.TENANT_ADMIN,
     "Master/ListStreams": Need.ANY_FILTERED,
     "Master/DescribeStream": Need.TENANT_READ,
     "Master/DeleteStream": Need.TENANT_ADMIN,

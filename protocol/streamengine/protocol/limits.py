@@ -6,6 +6,11 @@ limit the store enforces is the one the writer respects.
 
 from __future__ import annotations
 
+# Streams one CreateStreams call creates, all in one metadata commit: each stream's
+# record and perhaps its new tenant's, and the next stream id, must fit one etcd
+# transaction (`metadata.OPS_PER_TRANSACTION_MAX`, under etcd's default 128 operations).
+CREATE_STREAMS_PER_CALL_MAX = 50
+
 # A single event: large enough for any record a stream of events should carry, small
 # enough that a batch of them fits a gRPC message with room to spare.
 EVENT_BYTES_MAX = 1 << 20
