@@ -29,7 +29,9 @@ For each N, a fresh local cluster (a master, 3 stores, plaintext, fsync never) a
   append failed or was in doubt.
 
 Every phase is bounded in time (`--phase-timeout-s`); a phase past it fails the run.
-The figures, with the machine they were taken on, are in docs/performance.md.
+The figures, with the machine they were taken on, are in docs/performance.md; with
+`--plot STEM` the rows go to STEM.json and their cost curves, each figure's growth
+against N named, to STEM.png (`bench.scale_plot`).
 """
 
 from __future__ import annotations
@@ -340,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         "--lease-ms", type=int, default=0, help="the master's lease (default: its own)"
     )
     parser.add_argument("--keep", type=Path, help="keep each cluster's data and logs here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="write the rows to PLOT.json and their cost curves to PLOT.png (bench.scale_plot)",
+    )
     args = parser.parse_args(argv)
     print(
         "| N | create | lead all | round-robin appends | idle CPU (% of a core) "
@@ -348,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     failed = False
+    rows: list[Row] = []
     for streams in args.streams:
         try:
             with cluster_for(streams, args.keep, args.lease_ms) as cluster:
@@ -357,7 +365,14 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             continue
         print_row(row)
+        rows.append(row)
         failed = failed or bool(row.problems)
+    if args.plot and rows:
+        from bench import scale_plot  # matplotlib only when drawing
+
+        data, picture = scale_plot.save(rows, args.plot)
+        print("\n".join(scale_plot.growth_lines(rows)), flush=True)
+        print(f"rows: {data}, curves: {picture}", flush=True)
     return 1 if failed else 0
 
 
