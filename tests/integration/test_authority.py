@@ -40,7 +40,7 @@ from streamengine.testing import (
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import bearer, create_token
-from tests.integration.store_helpers import WriteRefused
+from tests.integration.store_helpers import WriteRefused, subscribe_first
 
 pytestmark = pytest.mark.security
 
@@ -675,11 +675,8 @@ def every_rpc_as(
 
     def subscribe() -> object:
         start = s.SubscribeRequest(start=s.SubscribeStart(segment=sealed.id, from_index=1))
-        with grpc.insecure_channel(store) as channel:
-            replies = store_grpc.SegmentStoreStub(channel).Subscribe(
-                iter([start]), timeout=TIMEOUT_S, metadata=bearer(token)
-            )
-            return next(iter(replies))
+        transport = Transport(token=token) if token else PLAINTEXT
+        return subscribe_first(data_address_of(store), [start], transport, TIMEOUT_S)
 
     return {
         "Master/RegisterStore": master(
