@@ -14,9 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from streamengine.client.data_connections import DataConnections
+from streamengine.protocol import framing
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.entry import EntryKind
-from streamengine.protocol.limits import STREAM_CREDIT_BYTES
+from streamengine.protocol.limits import DATA_REQUESTS_MAX, STREAM_CREDIT_BYTES
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import ServerProcess
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
@@ -305,3 +308,26 @@ async def test_a_follower_that_takes_nothing_holds_the_store_to_its_credit(
                 seen += [e.index for e in reply.batch.entries]
             assert seen == list(range(1, CREDIT_ENTRIES + 1))
             call.cancel()
+
+
+async def test_a_client_with_more_tails_than_a_connection_holds_gets_them_all(
+    store: ServerProcess,
+) -> None:
+    """Past a connection's bound of open requests, the client's data connections dial
+    another for the next ones instead of waiting for a tail to end."""
+    segment = seg(440, 3)
+    connections = DataConnections(PLAINTEXT)
+    calls = []
+    try:
+        for _ in range(DATA_REQUESTS_MAX + 6):
+            call = await asyncio.wait_for(
+                connections.call(store.data_address, framing.SUBSCRIBE), 5
+            )
+            await call.send(subscribe_start(segment, 1, 60_000))
+            calls.append(call)
+        for call in calls:
+            reply = await asyncio.wait_for(call.receive(), 5)
+            assert isinstance(reply, segment_store_pb2.SubscribeReply)
+            assert reply.WhichOneof("message") == "position"
+    finally:
+        await connections.close()

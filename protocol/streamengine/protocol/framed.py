@@ -404,6 +404,12 @@ class DataConnection:
         self._room = asyncio.Event()  # set when a request ends or the connection
         self._over = asyncio.Event()  # set by `fail`
 
+    @property
+    def has_room(self) -> bool:
+        """Whether a request opens at once (`call` waits while the server's bound of
+        open requests is reached)."""
+        return self.failure is None and len(self._streams) < self.hello_ok.requests_max
+
     async def call(self, method: Method) -> ClientCall:
         """Opens a request (when fewer than the server's bound are open)."""
         while self.failure is None and len(self._streams) >= self.hello_ok.requests_max:
