@@ -21,6 +21,7 @@ import grpc
 
 from bench.segment_driver import WriteRefused as WriteRefused  # re-exported for the tests
 from bench.segment_driver import write_stream
+from streamengine.client.data_connections import DataConnections
 from streamengine.protocol import codec, framed, framing
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
@@ -28,7 +29,7 @@ from streamengine.protocol.framed import CallError
 from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import REPLICAS_MAX
 from streamengine.protocol.signing import SigningKey
-from streamengine.protocol.transport import PLAINTEXT
+from streamengine.protocol.transport import PLAINTEXT, Transport
 from streamengine.testing import ServerProcess, make_store
 from streamengine.v1 import entry_pb2, segment_store_pb2, segment_store_pb2_grpc
 
@@ -143,20 +144,123 @@ def write_request(
     )
 
 
+class SubscribeCall:
+    """A Subscribe call on a store's data plane, read as the gRPC call was: `read()`
+    gives a reply or `grpc.aio.EOF`, and raises the call's end as gRPC's error
+    (`as_rpc_error`); `async for`; `cancel()`. The messages of `requests` are sent as
+    the store's credit allows, then End. Each reply read grants its bytes back: a test
+    that stops reading holds the store to its credit. A connection of its own."""
+
+    def __init__(
+        self,
+        data_address: str,
+        requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
+        transport: Transport = PLAINTEXT,
+    ) -> None:
+        self._connections = DataConnections(transport)
+        self._sender: asyncio.Task[None] | None = None
+        self._opened = asyncio.ensure_future(self._open(data_address, requests))
+
+    async def _open(
+        self, data_address: str, requests: AsyncIterator[segment_store_pb2.SubscribeRequest]
+    ) -> framed.ClientCall:
+        call = await self._connections.call(data_address, framing.SUBSCRIBE)
+        self._sender = asyncio.create_task(self._send(call, requests))
+        return call
+
+    @staticmethod
+    async def _send(
+        call: framed.ClientCall, requests: AsyncIterator[segment_store_pb2.SubscribeRequest]
+    ) -> None:
+        with contextlib.suppress(CallError):  # the call's end reaches `read`
+            async for request in requests:
+                await call.send(request)
+            await call.end()
+
+    async def read(self) -> object:
+        try:
+            call = await asyncio.shield(self._opened)
+            reply = await call.receive()
+        except CallError as error:
+            raise as_rpc_error(error) from None
+        return grpc.aio.EOF if reply is None else reply
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Reply frames the store sent that were not read yet (0 before the call opens)."""
+        if not self._opened.done() or self._opened.exception() is not None:
+            return 0
+        return self._opened.result().buffered_bytes
+
+    async def __aiter__(self) -> AsyncIterator[segment_store_pb2.SubscribeReply]:
+        while (reply := await self.read()) is not grpc.aio.EOF:
+            assert isinstance(reply, segment_store_pb2.SubscribeReply)
+            yield reply
+
+    def cancel(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+        if self._opened.done() and self._opened.exception() is None:
+            self._opened.result().cancel()
+        self._opened.cancel()
+        closing = asyncio.ensure_future(self._connections.close())
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()
+
+
+def subscribe_first(
+    data_address: str,
+    requests: list[segment_store_pb2.SubscribeRequest],
+    transport: Transport = PLAINTEXT,
+    timeout_s: float = 5.0,
+) -> segment_store_pb2.SubscribeReply:
+    """The first reply of a Subscribe of `requests` (kept open until it comes), from a
+    synchronous test; the call's end raises as gRPC's error (`as_rpc_error`)."""
+
+    async def first() -> segment_store_pb2.SubscribeReply:
+        answered = asyncio.Event()
+
+        async def held_open() -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+            for request in requests:
+                yield request
+            await answered.wait()
+
+        call = SubscribeCall(data_address, held_open(), transport)
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply = await call.read()
+        finally:
+            answered.set()
+            call.cancel()
+            await asyncio.sleep(0)  # the connection's close under way
+        assert isinstance(reply, segment_store_pb2.SubscribeReply), "the call ended at once"
+        return reply
+
+    return asyncio.run(first())
+
+
 class StoreStub:
-    """A store's gRPC calls, and where its data plane serves Write (`write_replies`)."""
+    """A store's gRPC calls, and where its data plane serves Write (`write_replies`) and
+    Subscribe (`Subscribe`, a `SubscribeCall`)."""
 
     def __init__(self, channel: grpc.aio.Channel, data_address: str) -> None:
         stub = segment_store_pb2_grpc.SegmentStoreStub(channel)
         self.data_address = data_address
         self.Seal = stub.Seal
         self.Read = stub.Read
-        self.Subscribe = stub.Subscribe
         self.CopySegment = stub.CopySegment
         self.Digest = stub.Digest
         self.Delete = stub.Delete
         self.GetSegmentState = stub.GetSegmentState
         self.ListSegmentRecords = stub.ListSegmentRecords
+
+    def Subscribe(
+        self, requests: AsyncIterator[segment_store_pb2.SubscribeRequest]
+    ) -> SubscribeCall:
+        return SubscribeCall(self.data_address, requests)
 
 
 @asynccontextmanager
@@ -279,10 +383,7 @@ def subscribe_start(
 
 
 async def next_reply(
-    call: grpc.aio.StreamStreamCall[
-        segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
-    ],
-    timeout_s: float = 5.0,
+    call: SubscribeCall, timeout_s: float = 5.0
 ) -> segment_store_pb2.SubscribeReply:
     reply = await asyncio.wait_for(call.read(), timeout_s)
     assert isinstance(reply, segment_store_pb2.SubscribeReply), "the stream ended"

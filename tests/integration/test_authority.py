@@ -10,7 +10,7 @@ import asyncio
 import functools
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from streamengine.testing import (
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import bearer, create_token
-from tests.integration.store_helpers import WriteRefused
+from tests.integration.store_helpers import SubscribeCall, WriteRefused, subscribe_first
 
 pytestmark = pytest.mark.security
 
@@ -675,11 +675,8 @@ def every_rpc_as(
 
     def subscribe() -> object:
         start = s.SubscribeRequest(start=s.SubscribeStart(segment=sealed.id, from_index=1))
-        with grpc.insecure_channel(store) as channel:
-            replies = store_grpc.SegmentStoreStub(channel).Subscribe(
-                iter([start]), timeout=TIMEOUT_S, metadata=bearer(token)
-            )
-            return next(iter(replies))
+        transport = Transport(token=token) if token else PLAINTEXT
+        return subscribe_first(data_address_of(store), [start], transport, TIMEOUT_S)
 
     return {
         "Master/RegisterStore": master(
@@ -883,7 +880,10 @@ def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores
     assert master_call(cluster, "DescribeStream", describe, revoked).name == "victim/data"
     for address in stores:
         assert store_call(address, "GetSegmentState", state, revoked).acked_index > 0
-    assert master_call(cluster, "RevokeToken", m.RevokeTokenRequest(token_id=token_id)).revoked
+    # A live tail opened under the token ends once its store hears of the revocation.
+    tail_end = asyncio.run(tail_across_revocation(cluster, stores[0], sealed.id, revoked, token_id))
+    assert tail_end.code() == Code.UNAUTHENTICATED, tail_end.details()
+    assert "revoked" in (tail_end.details() or "")
     error = refused(lambda: master_call(cluster, "DescribeStream", describe, revoked))
     assert error.code() == Code.UNAUTHENTICATED and "revoked" in (error.details() or "")
     # Stores hear of it with their next heartbeat (every store timeout / 4: 1.5 s).
@@ -907,6 +907,34 @@ def test_revoked_and_expired_tokens_are_refused_by_the_master_and_soon_by_stores
     error = refused(lambda: master_call(cluster, "DescribeStream", describe, forged))
     assert error.code() == Code.UNAUTHENTICATED
     assert store_refuses(forged, "not valid")
+
+
+async def tail_across_revocation(
+    cluster: Cluster, store: str, segment: entry_pb2.SegmentId, token: str, token_id: str
+) -> grpc.aio.AioRpcError:
+    """How a live tail under `token` on the store at `store` ends once the token is
+    revoked (within the store's next heartbeat and a keepalive interval)."""
+
+    async def requests() -> AsyncIterator[s.SubscribeRequest]:
+        yield s.SubscribeRequest(
+            start=s.SubscribeStart(segment=segment, from_index=1, keepalive_interval_ms=200)
+        )
+        while True:
+            await asyncio.sleep(0.2)
+            yield s.SubscribeRequest(keepalive=s.Keepalive(sent_at_ms=1))
+
+    call = SubscribeCall(data_address_of(store), requests(), Transport(token=token))
+    try:
+        assert isinstance(await call.read(), s.SubscribeReply)
+        revoke = m.RevokeTokenRequest(token_id=token_id)
+        assert (await asyncio.to_thread(master_call, cluster, "RevokeToken", revoke)).revoked
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async with asyncio.timeout(5.0):
+                async for _reply in call:
+                    pass
+    finally:
+        call.cancel()
+    return ended.value
 
 
 def test_the_token_cli_creates_a_token_on_stdout_and_revokes_it(cluster: Cluster) -> None:

@@ -7,15 +7,15 @@ client certificate that is not an admin's, a store's certificate and the master'
 Each request is harmless whoever may make it (a stream that does not exist, a store id
 that is not the caller's, a write without a grant), so a caller allowed through
 authorization meets the domain's answer instead (NOT_FOUND, ALREADY_EXISTS, ...): a
-cell says which check a call stopped at. One cluster for the module. Write is called
-on the stores' data port (docs/data-plane.md), whose hello is a row of its own.
+cell says which check a call stopped at. One cluster for the module. Write and
+Subscribe are called on the stores' data port (docs/data-plane.md), whose hello is a
+row of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,6 +102,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "SegmentStore/Write":             (U, P, P, P, P, P, P, U, P, P),
     "SegmentStore/Seal":              (P, P, P, P, P, P, P, P, P, P),
     "SegmentStore/Read":              (U, P, OK, OK, OK, OK, OK, U, OK, OK),
+    # Subscribe, on the data port: a call of one tail and a multiplexed call's tail
+    # answer alike (the cell: the first reply, or the call's or the tail's end).
     "SegmentStore/Subscribe":         (U, P, OK, OK, OK, OK, OK, U, OK, OK),
     # The master alone copies and deletes (an empty source is refused as bad input).
     "SegmentStore/CopySegment":       (P, P, P, P, P, P, P, P, P, B),
@@ -115,7 +117,7 @@ DATA_PORT_EXPECTED: dict[str, tuple[str, ...]] = {
     "data port/Hello":                (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
 }
 # fmt: on
-DATA_PORT_RPCS = ("SegmentStore/Write",)
+DATA_PORT_RPCS = ("SegmentStore/Write", "SegmentStore/Subscribe")
 
 
 @pytest.fixture(scope="module")
@@ -194,15 +196,6 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
     def store(method: str, request: Any, streamed: bool = False) -> Callable[[Any], object]:
         def call(channel: Any) -> object:
             stub = store_grpc.SegmentStoreStub(channel)
-            if method == "Subscribe":  # the first reply, or the refusal
-                multiplexed = _multiplexed_status(stub, request)
-                try:
-                    reply = next(iter(stub.Subscribe(iter([request]), timeout=TIMEOUT_S)))
-                except grpc.RpcError as error:
-                    assert multiplexed == error.code().name, f"a tail answered {multiplexed}"
-                    raise
-                assert multiplexed == OK, f"a multiplexed tail answered {multiplexed}"
-                return reply
             reply = getattr(stub, method)(request, timeout=TIMEOUT_S)
             return list(reply) if streamed else reply
 
@@ -295,8 +288,8 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
             "Seal", s.SealRequest(segment=segment, new_epoch=segment.epoch + 1)
         ),
         "SegmentStore/Read": store("Read", s.ReadRequest(segment=segment, from_index=1), True),
-        "SegmentStore/Subscribe": store(
-            "Subscribe", s.SubscribeRequest(start=s.SubscribeStart(segment=segment, from_index=1))
+        "SegmentStore/Subscribe": lambda _: s.SubscribeRequest(  # on the data port
+            start=s.SubscribeStart(segment=segment, from_index=1)
         ),
         "SegmentStore/CopySegment": store(
             "CopySegment",
@@ -316,41 +309,16 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
 STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
-def _multiplexed_status(stub: Any, request: s.SubscribeRequest) -> str:
-    """How a multiplexed Subscribe answers the same start as its tail 1: the status of
-    its `TailEnded` (or of the call, refused before any tail), or OK for a position. The
-    call stays open until the first reply (a call whose client side ends may end first)."""
-    many = s.SubscribeRequest()
-    many.CopyFrom(request)
-    many.start.tail = 1
-    answered = threading.Event()
-
-    def requests() -> Iterator[s.SubscribeRequest]:
-        yield many
-        answered.wait(TIMEOUT_S)
-
-    call = stub.Subscribe(requests(), timeout=TIMEOUT_S)
-    try:
-        reply = next(iter(call))
-    except grpc.RpcError as error:  # refused before any tail (an unnamed caller)
-        return str(error.code().name)
-    finally:
-        answered.set()
-        call.cancel()
-    if reply.WhichOneof("message") == "ended":
-        assert reply.tail == 1
-        return STATUS_NAMES[reply.ended.code]
-    return OK
-
-
 def data_port_status(transport: Transport, data_address: str, request: Any) -> str:
-    """The answer of a store's data port to a Write stream of `request` (None: a
-    connection's hello alone)."""
+    """The answer of a store's data port to a Write stream or a Subscribe of `request`
+    (None: a connection's hello alone)."""
 
     async def write() -> str:
         async with framed.connect(data_address, transport) as connection:
             if request is None:
                 return OK
+            if isinstance(request, s.SubscribeRequest):
+                return await _subscribe_status(connection, request)
             call = await connection.call(framing.WRITE)
             await call.send(request)
             await call.end()
@@ -362,6 +330,35 @@ def data_port_status(transport: Transport, data_address: str, request: Any) -> s
         return asyncio.run(write())
     except CallError as error:
         return error.code.name
+
+
+async def _subscribe_status(connection: framed.DataConnection, request: s.SubscribeRequest) -> str:
+    """How a Subscribe answers `request`, checked to be how a multiplexed call answers
+    the same start as its tail 1 (in a `TailEnded`, the call going on)."""
+    many = s.SubscribeRequest()
+    many.CopyFrom(request)
+    many.start.tail = 1
+    single = await _first_answer(connection, request)
+    multiplexed = await _first_answer(connection, many)
+    assert multiplexed == single, f"a multiplexed tail answered {multiplexed}, not {single}"
+    return single
+
+
+async def _first_answer(connection: framed.DataConnection, request: s.SubscribeRequest) -> str:
+    """The status of a Subscribe's first reply (OK for a position), or of its end."""
+    call = await connection.call(framing.SUBSCRIBE)
+    try:
+        await call.send(request)
+        reply = await call.receive()
+    except CallError as error:
+        return error.code.name
+    finally:
+        call.cancel()
+    assert isinstance(reply, s.SubscribeReply), "a Subscribe ended without a word"
+    if reply.WhichOneof("message") == "ended":
+        assert reply.tail == 1
+        return STATUS_NAMES[reply.ended.code]
+    return OK
 
 
 def status_of(call: Callable[[Any], object], channel: Any) -> str:

@@ -62,7 +62,8 @@ READ_ONLY = {
     "SegmentStore/Seal",
 }
 STREAMING = {"SegmentStore/Write": "stream", "SegmentStore/Subscribe": "stream"}
-DATA_PORT = {"SegmentStore/Write"}
+# Served on the stores' data port (docs/data-plane.md), by method.
+DATA_PORT = {"SegmentStore/Write": framing.WRITE, "SegmentStore/Subscribe": framing.SUBSCRIBE}
 SERVER_STREAMING = {"SegmentStore/Read", "Master/HoldLease", "Master/HoldLeaseSession"}
 HELD_OPEN = {"Master/HoldLease", "Master/HoldLeaseSession"}
 
@@ -332,9 +333,12 @@ def mutated(seed: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(near(), st.binary(max_size=64))
 
 
-def send_framed(address: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
-    """One Write stream of raw request bytes on the data port of the store at gRPC
-    `address`; the status of its first answer (a refused request's, or the stream's)."""
+def send_framed(
+    address: str, method: framing.Method, messages: list[bytes], token: str | None
+) -> grpc.StatusCode:
+    """One request of raw request bytes on the data port of the store at gRPC
+    `address`; the status of its first answer (a refused request's, or the call's: a
+    live tail's first reply is OK)."""
     transport = Transport(token=token) if token else PLAINTEXT
 
     async def write() -> int:
@@ -342,7 +346,7 @@ def send_framed(address: str, messages: list[bytes], token: str | None) -> grpc.
             asyncio.timeout(CALL_TIMEOUT_S),
             framed.connect(data_address_of(address), transport) as connection,
         ):
-            call = await connection.call(framing.WRITE)
+            call = await connection.call(method)
             for message in messages:
                 await call.send_parts([message])
             await call.end()
@@ -363,7 +367,7 @@ def send_framed(address: str, messages: list[bytes], token: str | None) -> grpc.
 def send(address: str, rpc: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
     """One call with raw request bytes; the status it ended with."""
     if rpc in DATA_PORT:
-        return send_framed(address, messages, token)
+        return send_framed(address, DATA_PORT[rpc], messages, token)
     service, method = rpc.split("/")
     path = f"/streamengine.v1.{service}/{method}"
     metadata = bearer(token) if token else None

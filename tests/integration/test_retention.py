@@ -27,6 +27,7 @@ from streamengine.testing import (
 )
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
+from tests.integration.store_helpers import subscribe_first
 from tests.integration.test_cli import run_cli
 
 NAME = "acme/logs"
@@ -424,20 +425,18 @@ def test_a_running_writer_and_subscriber_of_a_deleted_stream_are_refused(
     assert events[:5] == [b"x%d" % i for i in range(5)]
 
 
-def refuses_subscribe(address: str, segment: entry_pb2.SegmentId) -> bool:
+def refuses_subscribe(data_address: str, segment: entry_pb2.SegmentId) -> bool:
     """Whether the store refuses a live tail of `segment` as of a deleted stream: it has
     heard of the delete."""
-    start = segment_store_pb2.SubscribeStart(segment=segment, from_index=1)
-    with grpc.insecure_channel(address) as channel:
-        call = store_grpc.SegmentStoreStub(channel).Subscribe(
-            iter([segment_store_pb2.SubscribeRequest(start=start)]), timeout=2
-        )
-        try:
-            next(call)
-        except grpc.RpcError as error:
-            return error.code() == Code.FAILED_PRECONDITION
-        finally:
-            call.cancel()
+    start = segment_store_pb2.SubscribeRequest(
+        start=segment_store_pb2.SubscribeStart(segment=segment, from_index=1)
+    )
+    try:
+        subscribe_first(data_address, [start], timeout_s=2)
+    except grpc.aio.AioRpcError as error:
+        return error.code() == Code.FAILED_PRECONDITION
+    except TimeoutError:
+        pass
     return False
 
 
@@ -445,7 +444,9 @@ def delete_until_every_store_refuses(cluster: Cluster) -> None:
     segments = listing(cluster)
     master_call(cluster, "DeleteStream", m.DeleteStreamRequest(name=NAME))
     wait_for(
-        lambda: all(refuses_subscribe(r.address, s.id) for s in segments for r in s.copy_set),
+        lambda: all(
+            refuses_subscribe(r.data_address, s.id) for s in segments for r in s.copy_set
+        ),
         10,
         0.05,
         "every store of the copy sets refusing the deleted stream",

@@ -1,6 +1,7 @@
-"""Subscribe against a real store: the position first, acked entries as the acked index
-advances with the token of each batch, keepalives both ways, a silent peer dropped, a
-slow consumer disconnected with RESOURCE_EXHAUSTED; a multiplexed call's tails started,
+"""Subscribe against a real store, on its data port: the position first, acked entries
+as the acked index advances with the token of each batch, keepalives both ways, a
+silent peer dropped, a slow consumer disconnected with RESOURCE_EXHAUSTED; a follower
+that takes nothing holding the store to its credit; a multiplexed call's tails started,
 stopped and ended one by one, with one keepalive for the whole call."""
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from pathlib import Path
 import grpc
 import pytest
 
+from streamengine.client.data_connections import DataConnections
+from streamengine.protocol import framing
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.limits import DATA_REQUESTS_MAX, STREAM_CREDIT_BYTES
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import ServerProcess
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from tests.integration.store_helpers import (
+    SubscribeCall,
     entries,
     entry,
     lone_store,
@@ -168,9 +174,7 @@ async def _queued(
 
 
 async def _until_indexes(
-    call: grpc.aio.StreamStreamCall[
-        segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
-    ],
+    call: SubscribeCall,
     seen: dict[int, list[int]],
     wanted: dict[int, list[int]],
 ) -> list[segment_store_pb2.SubscribeReply]:
@@ -241,3 +245,89 @@ async def test_an_idle_multiplexed_call_sends_one_keepalive_per_interval(
         kinds = [(await next_reply(call)).WhichOneof("message") for _ in range(len(segments) + 3)]
         assert kinds == ["position"] * len(segments) + ["keepalive"] * 3
         call.cancel()
+
+
+# A follower's credit test: 24 MiB acked, over twice the credit a follower grants (one
+# largest frame, `STREAM_CREDIT_BYTES`), in replies of 1 MiB (4 entries of 256 KiB).
+BIG_ENTRY_BYTES = 256 << 10
+CREDIT_ENTRIES = 96
+# What the store process may grow by while its follower takes nothing: well below the
+# 10 MiB it would queue if it did not wait for credit.
+CREDIT_RSS_GROWTH_BYTES_MAX = 4 << 20
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def _settled(call: SubscribeCall, deadline_s: float) -> int:
+    """What the store sent the call and the call did not take, once it stops growing."""
+    deadline = time.monotonic() + deadline_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = call.buffered_bytes
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 0.5:
+            return now
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the store kept sending: {last} bytes unread")
+
+
+async def test_a_follower_that_takes_nothing_holds_the_store_to_its_credit(
+    tmp_path: Path,
+) -> None:
+    segment = seg(430, 3)
+    # Never dropped as too slow within the test: what holds the store back is the credit.
+    args = ["--subscribe-buffer-batches", "4", "--subscribe-stall-ms", "60000"]
+    with lone_store(tmp_path, args) as lone:
+        async with store_stub(lone) as stub:
+            await write_all(
+                stub,
+                [
+                    write_request(segment, 3, n + 16, entries(n + 1, n + 16, size=BIG_ENTRY_BYTES))
+                    for n in range(0, CREDIT_ENTRIES, 16)
+                ],
+            )
+            call = stub.Subscribe(_requests(subscribe_start(segment, 1, 1000, batch=4), 0.2))
+            assert (await next_reply(call)).WhichOneof("message") == "position"
+            unread = await _settled(call, 10)
+            assert 0 < unread <= STREAM_CREDIT_BYTES
+            rss = _rss_bytes(lone.pid)
+            await asyncio.sleep(2)  # keepalives flow both ways; nothing is taken
+            assert call.buffered_bytes == unread, "the store sent past its credit"
+            grown = _rss_bytes(lone.pid) - rss
+            assert grown < CREDIT_RSS_GROWTH_BYTES_MAX, f"the store grew by {grown} bytes"
+            # Taken, each reply's bytes granted back: the rest follows, in order.
+            seen: list[int] = []
+            while len(seen) < CREDIT_ENTRIES:
+                reply = await next_reply(call)
+                seen += [e.index for e in reply.batch.entries]
+            assert seen == list(range(1, CREDIT_ENTRIES + 1))
+            call.cancel()
+
+
+async def test_a_client_with_more_tails_than_a_connection_holds_gets_them_all(
+    store: ServerProcess,
+) -> None:
+    """Past a connection's bound of open requests, the client's data connections dial
+    another for the next ones instead of waiting for a tail to end."""
+    segment = seg(440, 3)
+    connections = DataConnections(PLAINTEXT)
+    calls = []
+    try:
+        for _ in range(DATA_REQUESTS_MAX + 6):
+            call = await asyncio.wait_for(
+                connections.call(store.data_address, framing.SUBSCRIBE), 5
+            )
+            await call.send(subscribe_start(segment, 1, 60_000))
+            calls.append(call)
+        for call in calls:
+            reply = await asyncio.wait_for(call.receive(), 5)
+            assert isinstance(reply, segment_store_pb2.SubscribeReply)
+            assert reply.WhichOneof("message") == "position"
+    finally:
+        await connections.close()

@@ -4,17 +4,17 @@ holds a bounded share of a store, so that nobody reaching a store's port locks i
 
 Before, 520 Write streams opened with only `ca.crt` and sending nothing took all of a
 store's 512 concurrent calls: a reader's GetSegmentState then failed
-RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs. Write now goes
-on the data plane, whose connections say who calls in their hello: an anonymous one is
-refused there, and each Write request counts against its principal's share as a gRPC
-stream does.
+RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs. Write and
+Subscribe now go on the data plane, whose connections say who calls in their hello: an
+anonymous one is refused there, and each Write or Subscribe request counts against its
+principal's share as a gRPC stream does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -22,9 +22,11 @@ import pytest
 
 from bench.segment_driver import write_stream
 from streamengine.client import StreamClient
-from streamengine.protocol import framed
+from streamengine.client.data_connections import DataConnections
+from streamengine.protocol import framed, framing
 from streamengine.protocol.framed import CallError
 from streamengine.protocol.framing import StatusCode
+from streamengine.protocol.limits import DATA_REQUESTS_MAX
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store.core.authority import STREAMS_PER_PRINCIPAL_MAX
 from streamengine.testing import Cluster, running_cluster, wait_until
@@ -39,7 +41,7 @@ ANONYMOUS_DATA_CONNECTIONS = 20
 # Streams a principal opens beyond its limit: each must be refused, the others held.
 EXCESS_STREAMS = 8
 # A refusal at open takes milliseconds; seconds would mean the store waited for
-# something (Subscribe waited 10 s for its first message before it authorized).
+# something (Subscribe once waited 10 s for its first message before it authorized).
 REFUSED_AT_OPEN_S = 5.0
 # What a tenant's read of a few events and a leader's appends take on this cluster when
 # idle is well under a second; this leaves room for a loaded test machine.
@@ -79,12 +81,6 @@ def anonymous(cluster: Cluster) -> Transport:
     return Transport.for_client(cluster.certs.tenant_dir)
 
 
-async def silent() -> AsyncIterator[Any]:
-    """A request stream that sends nothing until the call ends."""
-    await asyncio.Event().wait()
-    yield None  # never reached
-
-
 async def lead_append_and_read(cluster: Cluster, writer: Transport, reader: Transport) -> float:
     """A new leader of STREAM appends, a reader reads it all back and asks a store of
     its state; how long it all took, in seconds."""
@@ -118,18 +114,17 @@ async def lead_append_and_read(cluster: Cluster, writer: Transport, reader: Tran
 
 
 async def test_anonymous_streams_are_refused_at_open_and_lock_nothing(secured: Cluster) -> None:
-    """600 Subscribe streams with only ca.crt, sending nothing, each end UNAUTHENTICATED
-    at once, and so do data-plane connections at their hello; while they are opened and
-    held, a tenant's reads and a leader's appends go on as usual. An anonymous Read is
-    refused at open alike."""
+    """600 Read streams with only ca.crt each end UNAUTHENTICATED at once, and so do
+    data-plane connections (Write, Subscribe) at their hello; while they are opened and
+    held, a tenant's reads and a leader's appends go on as usual."""
     writer = tenant(secured, "acme", master_pb2.TOKEN_ROLE_WRITE)
     reader = tenant(secured, "acme", master_pb2.TOKEN_ROLE_READ)
     store = secured.stores[0].address
     async with anonymous(secured).aio_channel(store) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         calls: list[Any] = [
-            *(stub.Subscribe(silent(), timeout=CALL_TIMEOUT_S) for _ in range(ANONYMOUS_STREAMS)),
-            stub.Read(segment_store_pb2.ReadRequest(), timeout=CALL_TIMEOUT_S),
+            stub.Read(segment_store_pb2.ReadRequest(), timeout=CALL_TIMEOUT_S)
+            for _ in range(ANONYMOUS_STREAMS)
         ]
         try:
             codes, data_codes, took_s = await asyncio.gather(
@@ -170,44 +165,73 @@ async def anonymous_data_connection(cluster: Cluster) -> StatusCode:
 async def test_a_principal_holding_all_its_streams_leaves_the_store_to_others(
     secured: Cluster,
 ) -> None:
-    """A tenant's token opens STREAMS_PER_PRINCIPAL_MAX Subscribe streams and a few more
-    and leaves them idle: the excess is refused RESOURCE_EXHAUSTED naming the limit,
-    the rest stay held, and another tenant's leader and reader go on as usual. Once
-    they close, the same token opens streams again."""
+    """A tenant's token opens STREAMS_PER_PRINCIPAL_MAX Subscribe calls on a store's
+    data port and a few more, and leaves them idle: the excess is refused
+    RESOURCE_EXHAUSTED naming the limit, the rest stay held, and another tenant's
+    leader and reader go on as usual. Once they close, the same token opens streams
+    again."""
     hog = tenant(secured, "hog", master_pb2.TOKEN_ROLE_WRITE)
     writer = tenant(secured, "acme", master_pb2.TOKEN_ROLE_WRITE)
     reader = tenant(secured, "acme", master_pb2.TOKEN_ROLE_READ)
-    store = secured.stores[0].address
+    data_address = secured.stores[0].data_address
     opened = STREAMS_PER_PRINCIPAL_MAX + EXCESS_STREAMS
-    async with hog.aio_channel(store) as channel:
-        stub = store_grpc.SegmentStoreStub(channel)
-        calls = [stub.Subscribe(silent(), timeout=60.0) for _ in range(opened)]
-        try:
-            await wait_until(
-                lambda: sum(call.done() for call in calls) >= EXCESS_STREAMS,
-                REFUSED_AT_OPEN_S,
-                "the streams past the limit refused",
-            )
-            refused = [call for call in calls if call.done()]
-            assert len(refused) == EXCESS_STREAMS
-            for call in refused:
-                assert await call.code() == Code.RESOURCE_EXHAUSTED
-                assert "STREAMS_PER_PRINCIPAL_MAX" in await call.details()
-            took_s = await lead_append_and_read(secured, writer, reader)
-            assert took_s < USUAL_S
-            assert sum(call.done() for call in calls) == EXCESS_STREAMS, "the rest are held"
-            # The data plane's Write counts against the same share.
-            assert not await hog_admitted(hog, secured.stores[0].data_address)
-        finally:
-            for call in calls:
-                call.cancel()
+    # Connections enough to open them all at once (each holds DATA_REQUESTS_MAX).
+    pools = [DataConnections(hog) for _ in range(-(-opened // (DATA_REQUESTS_MAX - 8)))]
+    ends: list[asyncio.Task[CallError | None]] = []
+    try:
+        for n in range(opened):
+            call = await pools[n % len(pools)].call(data_address, framing.SUBSCRIBE)
+            await call.send(HELD_OPEN)
+            ends.append(asyncio.create_task(call_end(call)))
+        await wait_until(
+            lambda: sum(end.done() for end in ends) >= EXCESS_STREAMS,
+            REFUSED_AT_OPEN_S,
+            "the calls past the limit refused",
+        )
+        refused = [end.result() for end in ends if end.done()]
+        assert len(refused) == EXCESS_STREAMS
+        for error in refused:
+            assert error is not None and error.code is StatusCode.RESOURCE_EXHAUSTED, error
+            assert "STREAMS_PER_PRINCIPAL_MAX" in error.details
+        took_s = await lead_append_and_read(secured, writer, reader)
+        assert took_s < USUAL_S
+        assert sum(end.done() for end in ends) == EXCESS_STREAMS, "the rest are held"
+        # The data plane's Write counts against the same share.
+        assert not await hog_admitted(hog, data_address)
+    finally:
+        for end in ends:
+            end.cancel()
+        for pool in pools:
+            await pool.close()
     # The store counts the streams no more once it sees them end.
     await wait_until(
-        lambda: hog_admitted(hog, secured.stores[0].data_address),
+        lambda: hog_admitted(hog, data_address),
         REFUSED_AT_OPEN_S,
         "a stream admitted",
         0.05,
     )
+
+
+# A multiplexed call whose one tail is of no stream: answered with the tail's end, the
+# call held open (silent for up to three keepalive intervals of a minute).
+HELD_OPEN = segment_store_pb2.SubscribeRequest(
+    start=segment_store_pb2.SubscribeStart(
+        segment=entry_pb2.SegmentId(stream_id=1 << 40, epoch=1),
+        from_index=1,
+        keepalive_interval_ms=60_000,
+        tail=1,
+    )
+)
+
+
+async def call_end(call: framed.ClientCall) -> CallError | None:
+    """How a call ends: its error, or None at the store's End."""
+    try:
+        while await call.receive() is not None:
+            pass
+    except CallError as error:
+        return error
+    return None
 
 
 async def hog_admitted(hog: Transport, data_address: str) -> bool:

@@ -25,9 +25,9 @@ EVENTS = 3  # per stream, in each of two rounds
 ROLLING_SEGMENT_BYTES = 8 * 1024
 ROLLING_EVENTS = 100
 ROLLING_PAD = b"." * 100
-# What a stalled subscriber's streams hold: beyond the transport's window and the
-# stores' buffers of 4 batches.
-STALLING_EVENTS = 600
+# What a stalled subscriber's streams hold: beyond the data plane's credit per call
+# (one largest frame, 10 MiB) and the stores' buffers of 4 batches.
+STALLING_EVENTS = 1000
 STALLING_EVENT_BYTES = 16 * 1024
 
 

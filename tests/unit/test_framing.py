@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamengine.protocol import framing
+from streamengine.protocol import auth, framing
 from streamengine.protocol.framing import (
     HEADER,
     Frame,
@@ -124,6 +124,11 @@ def test_our_own_frame_over_the_bound_is_refused() -> None:
         (Kind.WRITE_REQUEST, 1, False, False),
         (Kind.WRITE_REPLY, 1, False, True),
         (Kind.WRITE_REPLY, 1, True, False),
+        (Kind.SUBSCRIBE_REQUEST, 1, True, True),
+        (Kind.SUBSCRIBE_REQUEST, 0, True, False),
+        (Kind.SUBSCRIBE_REQUEST, 1, False, False),
+        (Kind.SUBSCRIBE_REPLY, 1, False, True),
+        (Kind.SUBSCRIBE_REPLY, 1, True, False),
         (Kind.ERROR, 0, False, True),  # the connection's end
         (Kind.ERROR, 4, False, True),  # a request's end
         (Kind.ERROR, 4, True, False),  # a client cancels instead
@@ -347,3 +352,18 @@ def check_frame_fully(frame: Frame) -> None:
         framing.parse(frame, message_type)
     else:
         framing.parse_control(frame)
+
+
+def test_each_method_has_its_kinds_messages_and_security_name() -> None:
+    """The method table as the spec's kinds table has it (docs/data-plane.md): a request
+    kind even, its reply the next, each under its gRPC call's name in `auth.RPC_NEEDS`."""
+    subscribe = framing.METHODS[Kind.SUBSCRIBE_REQUEST]
+    assert (subscribe.name, subscribe.reply_kind) == ("SegmentStore/Subscribe", 37)
+    assert subscribe.request_type is segment_store_pb2.SubscribeRequest
+    assert subscribe.reply_type is segment_store_pb2.SubscribeReply
+    assert framing.METHODS[Kind.WRITE_REQUEST].name == "SegmentStore/Write"
+    for kind, method in framing.METHODS.items():
+        assert kind == method.request_kind and kind % 2 == 0
+        assert method.reply_kind == kind + 1
+        assert framing.is_message(kind) and framing.is_message(method.reply_kind)
+        assert method.name in auth.RPC_NEEDS

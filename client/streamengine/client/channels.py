@@ -1,4 +1,4 @@
-"""One shared pool of gRPC channels per client."""
+"""One shared pool of gRPC channels per client, and of its data-plane connections."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ from collections.abc import Mapping
 
 import grpc
 
+from streamengine.client.data_connections import DataConnections
 from streamengine.client.errors import StreamEngineError
+from streamengine.protocol.framed import ClientCall
+from streamengine.protocol.framing import Method
 from streamengine.protocol.transport import PLAINTEXT, Transport
 
 
@@ -24,6 +27,7 @@ class ChannelPool:
     ) -> None:
         self.transport = transport
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._data = DataConnections(transport)
         self._dial = dict(dial or {})
         self.closed = False
 
@@ -34,6 +38,12 @@ class ChannelPool:
             channel = self.transport.aio_channel(self.dial(address))
             self._channels[address] = channel
         return channel
+
+    async def data_call(self, data_address: str, method: Method) -> ClientCall:
+        """A request of `method` on this client's connection to the store's data port
+        at `data_address` (as the cluster advertises it). Raises CallError."""
+        self.check_open()
+        return await self._data.call(self.dial(data_address), method)
 
     def dial(self, address: str) -> str:
         """Where this process reaches `address` as the cluster advertises it."""
@@ -47,6 +57,7 @@ class ChannelPool:
 
     async def close(self) -> None:
         self.closed = True
+        await self._data.close()
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close()

@@ -7,13 +7,16 @@ Each stream keeps its `Follower` (its segment lists, start, trims, reports) and 
 - the caller's own, in the generator (`_Multiplexer.events`): it takes what arrived,
   feeds the cursors, looks at the cursors due (`WakeSchedule`) and hands out events;
 - one per store (`_StoreCall`): a multiplexed `Subscribe` carrying the tail of every
-  segment read on that store, whose replies it queues for the generator;
+  segment read on that store, on the client's connection to its data port, whose
+  replies it queues for the generator (and a sender of its starts, stops and
+  keepalives);
 - `LIST_CALLS_MAX` list workers (segment lists, the first of each stream, reports to the
   master) and one discovery loop (the master's stream list, `DISCOVERY_MS`).
 
 Flow control: the generator takes replies only as fast as its caller takes events; the
 queue of replies is bounded (`INBOX_ITEMS_MAX` replies of at most 4 MiB), so the
-store calls stop reading, gRPC's window fills, and the store holds its own bounded buffer
+store calls stop reading, stop granting the store credit (the data plane's window of
+one largest frame per request), and the store holds its own bounded buffer
 (`subscribe_buffer_batches`) and drops a call that stays full for `subscribe_stall_ms`;
 every tail it carried then starts again, on the same replica, from its cursor's
 position. Nothing grows with how slow the caller is.
@@ -64,9 +67,11 @@ from streamengine.client.errors import (
 from streamengine.client.packed import released_events
 from streamengine.client.retrying import retry_unary
 from streamengine.client.subscription import Follower, Start
+from streamengine.protocol import framing
 from streamengine.protocol.clock import monotonic_ms, wall_ms
+from streamengine.protocol.framed import CallError, ClientCall
+from streamengine.protocol.framing import StatusCode
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
-from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +113,7 @@ class _Reply:
 @dataclass(frozen=True)
 class _CallEnded:
     call: _StoreCall
-    error: grpc.aio.AioRpcError | None
+    error: CallError | None
     client_closed: bool = False
 
 
@@ -129,13 +134,19 @@ _Item = _Reply | _CallEnded | _Listed | _Streams
 
 
 class _StoreCall:
-    """One multiplexed `Subscribe` call to the store at `address`."""
+    """One multiplexed `Subscribe` call to the store at `address` (its gRPC address, as
+    cursors name replicas), on its data port at `data_address`."""
 
     def __init__(
-        self, address: str, stub: store_grpc.SegmentStoreAsyncStub, inbox: asyncio.Queue[_Item]
+        self,
+        address: str,
+        data_address: str,
+        channels: ChannelPool,
+        inbox: asyncio.Queue[_Item],
     ) -> None:
         self.address = address
-        self._stub = stub
+        self._data_address = data_address
+        self._channels = channels
         self._inbox = inbox
         self._requests: asyncio.Queue[segment_store_pb2.SubscribeRequest] = asyncio.Queue()
         self.tails: dict[int, str] = {}
@@ -167,28 +178,32 @@ class _StoreCall:
     async def run(self, keepalive_ms: int) -> None:
         """Read the call's replies into the inbox until it ends; never raises: what
         ends it reaches the generator as `_CallEnded`."""
-        rpc = self._stub.Subscribe(self._outgoing(keepalive_ms))
+        call: ClientCall | None = None
+        sender: asyncio.Task[None] | None = None
         ended: _CallEnded
         try:
-            while (reply := await rpc.read()) is not grpc.aio.EOF:
+            call = await self._channels.data_call(self._data_address, framing.SUBSCRIBE)
+            sender = asyncio.create_task(self._send(call, keepalive_ms))
+            while (reply := await call.receive()) is not None:
                 assert isinstance(reply, segment_store_pb2.SubscribeReply)
                 await self._inbox.put(_Reply(self, reply))
             ended = _CallEnded(self, None)
-        except grpc.aio.AioRpcError as error:
-            ended = _CallEnded(self, error)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            ended = _CallEnded(self, None, client_closed=True)  # its channel closed
+        except CallError as error:
+            # The data plane ends the calls of a client that closes with CANCELLED.
+            ended = _CallEnded(self, error, client_closed=self._channels.closed)
+        except StreamEngineError:
+            ended = _CallEnded(self, None, client_closed=True)
         finally:
-            rpc.cancel()
+            if sender is not None:
+                sender.cancel()
+            if call is not None:
+                call.cancel()
         self.ended = True
         await self._inbox.put(ended)
 
-    async def _outgoing(
-        self, keepalive_ms: int
-    ) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+    async def _send(self, call: ClientCall, keepalive_ms: int) -> None:
+        """The starts and stops queued, and a keepalive whenever an interval passes
+        without one; ends quietly with the call (its receiver hears why)."""
         # One get stays pending across keepalives: cancelling it could drop a request.
         pending: asyncio.Future[segment_store_pb2.SubscribeRequest] | None = None
         try:
@@ -198,10 +213,12 @@ class _StoreCall:
                 done, _ = await asyncio.wait({pending}, timeout=keepalive_ms / 1000)
                 if done:
                     request, pending = pending.result(), None
-                    yield request
                 else:
                     keepalive = segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
-                    yield segment_store_pb2.SubscribeRequest(keepalive=keepalive)
+                    request = segment_store_pb2.SubscribeRequest(keepalive=keepalive)
+                await call.send(request)
+        except CallError:
+            return
         finally:
             if pending is not None:
                 pending.cancel()
@@ -357,7 +374,7 @@ class _Multiplexer:
             del self.calls[call.address]
         if ended.client_closed:
             self.channels.check_open()
-        code = ended.error.code() if ended.error is not None else None
+        code = ended.error.code if ended.error is not None else None
         now_ms = monotonic_ms()
         for name in list(call.tails.values()):
             followed = self.followed.get(name)
@@ -368,7 +385,7 @@ class _Multiplexer:
             followed.call, followed.tail = None, 0
             # Dropped as too slow (or ended by a restart): resume on the same replica,
             # from the position; else the replica failed every tail it carried.
-            if code not in (None, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            if code not in (None, StatusCode.RESOURCE_EXHAUSTED):
                 cursor.on_replica_failed(read.epoch, read.replica, now_ms)
             self.schedule.wake(name, now_ms)
         if code is not None:
@@ -459,8 +476,9 @@ class _Multiplexer:
     def _start_tail(self, followed: _Followed, read: ReadFrom) -> None:
         call = self.calls.get(read.replica)
         if call is None:
-            stub = store_grpc.SegmentStoreStub(self.channels.get(read.replica))
-            call = self.calls[read.replica] = _StoreCall(read.replica, stub, self.inbox)
+            data_address = followed.follower.data_address(read.replica)
+            call = _StoreCall(read.replica, data_address, self.channels, self.inbox)
+            self.calls[read.replica] = call
             self._spawn(call.run(self.timing.keepalive_interval_ms))
         segment = followed.follower.segment_id(read.epoch)
         name, keepalive_ms = followed.follower.stream, self.timing.keepalive_interval_ms

@@ -3,9 +3,10 @@ batches (`subscribe_batches`, `read_batches`).
 
 A thin asyncio shell around `client.core.subscription.Cursor`: it fetches the master's
 segment list, reads one replica at a time (what it acked, in packed `Read` replies; then
-a live tail with `Subscribe`), feeds the cursor what arrives (and what fails), and hands
-out what the cursor releases. Reconnection is transparent: the cursor's position is the
-resume point, so no sequence is yielded twice and none is skipped but holes.
+a live tail with `Subscribe`, on the store's data port: `_LiveTail`), feeds the cursor
+what arrives (and what fails), and hands out what the cursor releases. Reconnection is
+transparent: the cursor's position is the resume point, so no sequence is yielded twice
+and none is skipped but holes.
 
 Why one long module: `Follower`'s loop, its read-ahead and the reply streams it opens
 share one replica connection's lifecycle (open, read, tail, fail over); the decisions
@@ -44,10 +45,11 @@ from streamengine.client.core.subscription import (
 from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
 from streamengine.client.packed import Packed, released_batch, released_events
 from streamengine.client.retrying import retry_unary
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framing
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import first_corrupt
+from streamengine.protocol.framed import CallError, ClientCall
 from streamengine.protocol.retention import position_trimmed
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -98,7 +100,7 @@ class _StreamRef:
 
 
 class _Replies(Protocol):
-    """What `_follow` reads replies from: a gRPC call, or a read-ahead."""
+    """What `_follow` reads replies from: a gRPC call, a read-ahead, or a live tail."""
 
     def read(self) -> Awaitable[Any]: ...
 
@@ -139,6 +141,58 @@ class _ReadAhead:
     def cancel(self) -> bool:
         self._pump.cancel()
         return self._call.cancel()
+
+
+class _LiveTail:
+    """A Subscribe call on the store's data port, read as `_follow` reads a gRPC call
+    (replies, then `grpc.aio.EOF` at the store's End), opened at the first read (so
+    that a store it cannot reach fails as the call would), with a keepalive every
+    interval. Each reply taken grants its bytes back to the store (`framed`): a
+    follower that stops reading holds the store to its credit."""
+
+    def __init__(
+        self,
+        channels: ChannelPool,
+        data_address: str,
+        start: segment_store_pb2.SubscribeRequest,
+        keepalive_interval_ms: int,
+    ) -> None:
+        self._channels = channels
+        self._data_address = data_address
+        self._start = start
+        self._keepalive_interval_ms = keepalive_interval_ms
+        self._call: ClientCall | None = None
+        self._keepalives: asyncio.Task[None] | None = None
+
+    async def read(self) -> object:
+        if self._call is None:
+            # Kept at once (no await between): `cancel` ends the request from here on.
+            self._call = await self._channels.data_call(self._data_address, framing.SUBSCRIBE)
+            await self._call.send(self._start)
+            self._keepalives = asyncio.ensure_future(self._keep_alive(self._call))
+        reply = await self._call.receive()
+        return grpc.aio.EOF if reply is None else reply
+
+    async def _keep_alive(self, call: ClientCall) -> None:
+        with contextlib.suppress(CallError):  # the call's end reaches `read`
+            while True:
+                await asyncio.sleep(self._keepalive_interval_ms / 1000)
+                keepalive = segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
+                await call.send(segment_store_pb2.SubscribeRequest(keepalive=keepalive))
+
+    def cancel(self) -> bool:
+        if self._keepalives is not None:
+            self._keepalives.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        return True
+
+
+def _status_of(error: grpc.aio.AioRpcError | CallError) -> tuple[str, str]:
+    """A call's end, gRPC's or the data plane's: its status code's name, its details."""
+    if isinstance(error, CallError):
+        return error.code.name, error.details
+    return error.code().name, error.details() or ""
 
 
 @dataclass
@@ -183,6 +237,8 @@ class Follower:
         self._trimmed_through_epoch = 0
         self._first_retained = 0
         self._ahead: _ReadAhead | None = None
+        # Each store's data port, by its gRPC address (`data_address`).
+        self._data_addresses: dict[str, str] = {}
 
     async def released(self) -> AsyncIterator[list[Released]]:
         """What the cursor hands out, in sequence order: one list per reply a replica
@@ -244,6 +300,11 @@ class Follower:
         """Segment `epoch` of the stream (once a list named its id)."""
         assert self._ref is not None
         return entry_pb2.SegmentId(stream_id=self._ref.stream_id, epoch=epoch, stream=self._stream)
+
+    def data_address(self, replica: str) -> str:
+        """The data port of the store at `replica` (its gRPC address), as a list named
+        it; empty when none did (dialling it then fails as an unreachable store)."""
+        return self._data_addresses.get(replica, "")
 
     def close(self) -> None:
         """Stop a read-ahead still running (the follower is done with)."""
@@ -308,7 +369,12 @@ class Follower:
                 keepalive_interval_ms=cursor.timing.keepalive_interval_ms,
             )
         )
-        call = stub.Subscribe(_requests(start, cursor.timing.keepalive_interval_ms))
+        call = _LiveTail(
+            self._channels,
+            self.data_address(read.replica),
+            start,
+            cursor.timing.keepalive_interval_ms,
+        )
         async for parts in self._follow(cursor, read, call, _Outcome(packed=False)):
             yield parts
 
@@ -376,17 +442,17 @@ class Follower:
             if current is not None and not current.cancelling():
                 self._channels.check_open()
             raise
-        except grpc.aio.AioRpcError as error:
-            code = error.code().name
-            if error.code() == grpc.StatusCode.DATA_LOSS:
+        except (grpc.aio.AioRpcError, CallError) as error:
+            # The data plane ends the calls of a client that closes with CANCELLED.
+            self._channels.check_open()
+            code, details = _status_of(error)
+            if code == "DATA_LOSS":
                 # The store found what it holds damaged: an answer, not a failure.
-                log.warning(
-                    "%s: replica %s: DATA_LOSS: %s", self._stream, read.replica, error.details()
-                )
-                cursor.on_replica_damaged(read.epoch, read.replica, f"DATA_LOSS: {error.details()}")
+                log.warning("%s: replica %s: DATA_LOSS: %s", self._stream, read.replica, details)
+                cursor.on_replica_damaged(read.epoch, read.replica, f"DATA_LOSS: {details}")
                 await self.report(cursor)
                 return
-            if error.code() == grpc.StatusCode.NOT_FOUND and outcome.packed:
+            if code == "NOT_FOUND" and outcome.packed:
                 # A Read's answer that the replica holds nothing of the segment.
                 cursor.on_position(read.epoch, read.replica, 0, monotonic_ms())
                 return
@@ -534,6 +600,9 @@ class Follower:
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from error
         self._ref = _StreamRef(self._stream, reply.stream_id)
+        for listed in reply.segments:
+            for replica in listed.copy_set:
+                self._data_addresses[replica.address] = replica.data_address
         self._trimmed_through_epoch = reply.trimmed_through_epoch
         self._first_retained = reply.first_retained_sequence
         return segment_views(reply)
@@ -576,17 +645,6 @@ class Follower:
             log.info("%s: replica %s did not tell its acked index: %s", self._stream, replica, code)
             return None
         return int(state.acked_index)
-
-
-async def _requests(
-    start: segment_store_pb2.SubscribeRequest, keepalive_interval_ms: int
-) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
-    yield start
-    while True:
-        await asyncio.sleep(keepalive_interval_ms / 1000)
-        yield segment_store_pb2.SubscribeRequest(
-            keepalive=segment_store_pb2.Keepalive(sent_at_ms=wall_ms())
-        )
 
 
 def _follower(

@@ -469,8 +469,13 @@ Global___ReadReply: _TypeAlias = ReadReply  # noqa: Y015
 
 @_typing.final
 class SubscribeRequest(_message.Message):
-    """Client side of Subscribe: first a start, then keepalives (and, multiplexed, more
-    starts and stops).
+    """Client side of Subscribe, a live tail of the acked entries of a segment: first a
+    start, then keepalives (and, multiplexed, more starts and stops). The position comes
+    first, then entries as the acked index advances; keepalives flow both ways. A call
+    whose first start names a tail (`SubscribeStart.tail` > 0) is multiplexed: later
+    starts add tails of other segments, stops end them, every reply names its tail, and
+    a tail's error is a `TailEnded` reply that leaves the call and its other tails
+    running.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

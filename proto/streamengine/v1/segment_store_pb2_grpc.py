@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class SegmentStoreStub:
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
-    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    SubscribeReply) are served on the store's data port, on the framed protocol of
+    data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     def __init__(self, channel):
@@ -45,11 +46,6 @@ class SegmentStoreStub:
                 '/streamengine.v1.SegmentStore/Read',
                 request_serializer=streamengine_dot_v1_dot_segment__store__pb2.ReadRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.ReadReply.FromString,
-                _registered_method=True)
-        self.Subscribe = channel.stream_stream(
-                '/streamengine.v1.SegmentStore/Subscribe',
-                request_serializer=streamengine_dot_v1_dot_segment__store__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.SubscribeReply.FromString,
                 _registered_method=True)
         self.CopySegment = channel.unary_unary(
                 '/streamengine.v1.SegmentStore/CopySegment',
@@ -79,8 +75,9 @@ class SegmentStoreStub:
 
 
 class SegmentStoreServicer:
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
-    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    SubscribeReply) are served on the store's data port, on the framed protocol of
+    data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     def Seal(self, request, context):
@@ -92,17 +89,6 @@ class SegmentStoreServicer:
 
     def Read(self, request, context):
         """Stream any range of a segment, unacked entries included (recovery, repair).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Subscribe(self, request_iterator, context):
-        """Tail the acked entries of a segment: the position first, then entries as the
-        acked index advances. Keepalives flow both ways. A call whose first start names a
-        tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
-        segments, stops end them, every reply names its tail, and a tail's error is a
-        `TailEnded` reply that leaves the call and its other tails running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,11 +146,6 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.ReadRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_segment__store__pb2.ReadReply.SerializeToString,
             ),
-            'Subscribe': grpc.stream_stream_rpc_method_handler(
-                    servicer.Subscribe,
-                    request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.SubscribeRequest.FromString,
-                    response_serializer=streamengine_dot_v1_dot_segment__store__pb2.SubscribeReply.SerializeToString,
-            ),
             'CopySegment': grpc.unary_unary_rpc_method_handler(
                     servicer.CopySegment,
                     request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.CopySegmentRequest.FromString,
@@ -199,8 +180,9 @@ def add_SegmentStoreServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SegmentStore:
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
-    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    SubscribeReply) are served on the store's data port, on the framed protocol of
+    data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     @staticmethod
@@ -247,33 +229,6 @@ class SegmentStore:
             '/streamengine.v1.SegmentStore/Read',
             streamengine_dot_v1_dot_segment__store__pb2.ReadRequest.SerializeToString,
             streamengine_dot_v1_dot_segment__store__pb2.ReadReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Subscribe(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/streamengine.v1.SegmentStore/Subscribe',
-            streamengine_dot_v1_dot_segment__store__pb2.SubscribeRequest.SerializeToString,
-            streamengine_dot_v1_dot_segment__store__pb2.SubscribeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,8 +46,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SegmentStoreStub:
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
-    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    SubscribeReply) are served on the store's data port, on the framed protocol of
+    data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     @_typing.overload
@@ -58,13 +59,6 @@ class SegmentStoreStub:
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
     Read: _grpc.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]
     """Stream any range of a segment, unacked entries included (recovery, repair)."""
-    Subscribe: _grpc.StreamStreamMultiCallable[_segment_store_pb2.SubscribeRequest, _segment_store_pb2.SubscribeReply]
-    """Tail the acked entries of a segment: the position first, then entries as the
-    acked index advances. Keepalives flow both ways. A call whose first start names a
-    tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
-    segments, stops end them, every reply names its tail, and a tail's error is a
-    `TailEnded` reply that leaves the call and its other tails running.
-    """
     CopySegment: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]
     """Pull a whole sealed segment from a peer store under the source's fence, verify it
     by digest, and only then raise the copy's acked index to the final index. A copy
@@ -85,8 +79,9 @@ class SegmentStoreStub:
 
 @_typing.type_check_only
 class SegmentStoreAsyncStub(SegmentStoreStub):
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
-    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    SubscribeReply) are served on the store's data port, on the framed protocol of
+    data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -94,13 +89,6 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
     Read: _aio.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]  # type: ignore[assignment]
     """Stream any range of a segment, unacked entries included (recovery, repair)."""
-    Subscribe: _aio.StreamStreamMultiCallable[_segment_store_pb2.SubscribeRequest, _segment_store_pb2.SubscribeReply]  # type: ignore[assignment]
-    """Tail the acked entries of a segment: the position first, then entries as the
-    acked index advances. Keepalives flow both ways. A call whose first start names a
-    tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
-    segments, stops end them, every reply names its tail, and a tail's error is a
-    `TailEnded` reply that leaves the call and its other tails running.
-    """
     CopySegment: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]  # type: ignore[assignment]
     """Pull a whole sealed segment from a peer store under the source's fence, verify it
     by digest, and only then raise the copy's acked index to the final index. A copy
@@ -120,8 +108,9 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """
 
 class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
-    framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
+    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    SubscribeReply) are served on the store's data port, on the framed protocol of
+    data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     @_abc_1.abstractmethod
@@ -139,19 +128,6 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.ReadReply], _abc.AsyncIterator[_segment_store_pb2.ReadReply]]:
         """Stream any range of a segment, unacked entries included (recovery, repair)."""
-
-    @_abc_1.abstractmethod
-    def Subscribe(
-        self,
-        request_iterator: _MaybeAsyncIterator[_segment_store_pb2.SubscribeRequest],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.SubscribeReply], _abc.AsyncIterator[_segment_store_pb2.SubscribeReply]]:
-        """Tail the acked entries of a segment: the position first, then entries as the
-        acked index advances. Keepalives flow both ways. A call whose first start names a
-        tail (`SubscribeStart.tail` > 0) is multiplexed: later starts add tails of other
-        segments, stops end them, every reply names its tail, and a tail's error is a
-        `TailEnded` reply that leaves the call and its other tails running.
-        """
 
     @_abc_1.abstractmethod
     def CopySegment(

@@ -338,6 +338,12 @@ class ClientCall:
     def request_id(self) -> int:
         return self._stream.request_id
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Reply frames received and not yet taken (`receive`): never more than the
+        credit this side granted."""
+        return self._stream.window.buffered
+
     async def send(self, message: Message) -> None:
         await self.send_parts((message.SerializeToString(),))
 
@@ -396,6 +402,13 @@ class DataConnection:
         self._request_ids = itertools.count(1)
         self._ping_nonces = itertools.count(1)
         self._room = asyncio.Event()  # set when a request ends or the connection
+        self._over = asyncio.Event()  # set by `fail`
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a request opens at once (`call` waits while the server's bound of
+        open requests is reached)."""
+        return self.failure is None and len(self._streams) < self.hello_ok.requests_max
 
     async def call(self, method: Method) -> ClientCall:
         """Opens a request (when fewer than the server's bound are open)."""
@@ -486,6 +499,12 @@ class DataConnection:
         self._streams.clear()
         self.peer.writer.close()
         self._room.set()
+        self._over.set()
+
+    async def wait_failed(self) -> None:
+        """Until the connection is over (`failure` says why): what a holder of a
+        long-lived connection waits for before it dials again."""
+        await self._over.wait()
 
 
 @contextlib.asynccontextmanager

@@ -1,19 +1,21 @@
-"""The store's data port: Write served on the framed protocol (docs/data-plane.md),
-beside the gRPC port that serves the rest.
+"""The store's data port: Write and Subscribe served on the framed protocol
+(docs/data-plane.md), beside the gRPC port that serves the rest.
 
 The caller of a connection is known at its hello (`framed_server`), by the same
 `Callers` the gRPC calls resolve theirs with, and an anonymous one (TLS, neither a
 certificate nor a token) is refused there: nothing on the data plane is open to it, so
-it holds nothing past its hello. Each Write request is then admitted as a
-gRPC streaming call was (`StoreContext.admit_stream`: an anonymous caller refused, each
-principal's share counted) and served by `WriteCalls.write`, which authorizes each batch
-by its grant. What ends a Write with a status answers with the status and metadata its
-gRPC call ended with (`refusals.refusal_of`).
+it holds nothing past its hello. Each request is then admitted as a gRPC streaming
+call was (`StoreContext.admit_stream`: an anonymous caller refused, each principal's
+share counted) and served by `WriteCalls.write`, which authorizes each batch by its
+grant, or `TailCalls.subscribe`, which authorizes each tail by its stream's tenant.
+What ends a request with a status answers with the status and metadata its gRPC call
+ended with (`refusals.refusal_of`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import cast
 
 from streamengine.protocol.auth import ANONYMOUS, Denial, Principal
@@ -23,6 +25,7 @@ from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.segment_store.core.errors import StoreError
 from streamengine.segment_store.refusals import Refusal, refusal_of
 from streamengine.segment_store.store_context import StoreContext
+from streamengine.segment_store.tail import SubscribeEnds, TailCalls
 from streamengine.segment_store.writes import WriteCalls, WriteStreamEnds
 from streamengine.v1 import segment_store_pb2
 
@@ -30,6 +33,7 @@ from streamengine.v1 import segment_store_pb2
 def data_server(store: StoreContext) -> DataServer:
     """The data port's server for `store` (started by `server.serve`)."""
     writes = WriteCalls(store)
+    tails = TailCalls(store)
 
     async def write(call: ServerCall) -> None:
         try:
@@ -43,18 +47,47 @@ def data_server(store: StoreContext) -> DataServer:
         finally:
             store.close_stream(caller)
 
+    async def subscribe(call: ServerCall) -> None:
+        with _admitted(store, call.principal) as caller:
+            try:
+                await tails.subscribe(_subscribe_requests(call), call.send, caller)
+            except SubscribeEnds as ended:
+                raise call_error(ended.refusal()) from None
+
     def authenticate(identity: Principal, token: str | None) -> Principal | Denial:
         principal = store.callers.principal_of(identity, token)
         if principal == ANONYMOUS:
             return Denial("the data plane serves callers who show a certificate or a token")
         return principal
 
-    return DataServer({Kind.WRITE_REQUEST: write}, authenticate)
+    return DataServer(
+        {Kind.WRITE_REQUEST: write, Kind.SUBSCRIBE_REQUEST: subscribe}, authenticate
+    )
+
+
+@contextlib.contextmanager
+def _admitted(store: StoreContext, principal: Principal) -> Iterator[Principal]:
+    """The request's caller, counted against its share while the request runs."""
+    try:
+        caller = store.admit_stream(principal)
+    except StoreError as error:
+        raise call_error(refusal_of(error)) from None
+    try:
+        yield caller
+    finally:
+        store.close_stream(caller)
 
 
 async def _write_requests(call: ServerCall) -> AsyncIterator[segment_store_pb2.WriteRequest]:
     async for request in call:
         yield cast(segment_store_pb2.WriteRequest, request)
+
+
+async def _subscribe_requests(
+    call: ServerCall,
+) -> AsyncIterator[segment_store_pb2.SubscribeRequest]:
+    async for request in call:
+        yield cast(segment_store_pb2.SubscribeRequest, request)
 
 
 def call_error(refusal: Refusal) -> CallError:

@@ -2,9 +2,8 @@
 composed of one handler object per group of calls over one shared `StoreContext`:
 
 - `writes.WriteCalls`: Seal (the writer's; Write is served on the data port,
-  `data_plane.py`);
+  `data_plane.py`, and so is Subscribe, `tail.TailCalls`);
 - `reads.ReadCalls`: Read, Digest;
-- `tail.TailCalls`: Subscribe;
 - `catalog.CatalogCalls`: GetSegmentState, ListSegmentRecords, Delete, CopySegment.
 
 gRPC serves one handler per service: `add_to_server` builds it from the groups' methods,
@@ -14,7 +13,7 @@ goes through the group committer; reads run in worker threads. One table
 (`refusals.STATUS`) maps the store's errors to gRPC statuses; a refused request changes
 nothing.
 
-A streaming call (Subscribe, Read) is admitted when it opens, before any of its
+A streaming call (Read) is admitted when it opens, before any of its
 messages is read (`_admitted_at_open`): its caller proven from the call's metadata and
 counted against its share (`StoreContext.open_stream`); its behaviour then takes that
 caller as a third argument and authorizes each request with it.
@@ -36,7 +35,6 @@ from streamengine.segment_store.core.errors import StoreError
 from streamengine.segment_store.reads import ReadCalls
 from streamengine.segment_store.refusals import abort
 from streamengine.segment_store.store_context import StoreContext
-from streamengine.segment_store.tail import TailCalls
 from streamengine.segment_store.writes import WriteCalls
 from streamengine.v1 import segment_store_pb2
 
@@ -57,7 +55,7 @@ _HANDLER_OF_KIND = {
 
 def method_behaviours(store: StoreContext) -> dict[str, Callable[..., Any]]:
     """Each RPC's name -> the method of its group that serves it."""
-    groups = (WriteCalls(store), ReadCalls(store), TailCalls(store), CatalogCalls(store))
+    groups = (WriteCalls(store), ReadCalls(store), CatalogCalls(store))
     behaviours: dict[str, Callable[..., Any]] = {}
     for group in groups:
         for name, behaviour in group.methods().items():

@@ -1,7 +1,15 @@
-"""The follower's call: Subscribe, a live tail of one segment, or (multiplexed) of many.
-The shell of `core.tail`: a pump asks the core what to do and fills a buffer, a sender
-drains it to the wire, a receiver notes the client's keepalives (and, multiplexed, its
-starts and stops). Three tasks per call, however many tails it carries.
+"""The follower's call: Subscribe, a live tail of one segment, or (multiplexed) of many,
+served on the store's data port (`data_plane.py`, docs/data-plane.md). The shell of
+`core.tail`: a pump asks the core what to do and fills a buffer, a sender drains it to
+the wire (as the follower's credit allows: a follower that does not take what it is sent
+holds the sender back, the buffer fills, and the core drops it as too slow), a receiver
+notes the client's keepalives (and, multiplexed, its starts and stops). Three tasks per
+call, however many tails it carries.
+
+A call proves its caller once, when it opens; the pump checks the caller's token
+against the store's revocations at each turn (at least every keepalive interval), so a
+revocation ends an open tail as it ends a Write stream. What ends a call with a status
+is raised as `SubscribeEnds`.
 """
 
 from __future__ import annotations
@@ -9,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +34,7 @@ from streamengine.segment_store.core import tail
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import BadRequest, StoreError
 from streamengine.segment_store.reads import read_entries
-from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refused, abort, refusal_of
+from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refusal, Refused, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
@@ -36,6 +44,20 @@ SUBSCRIBE_START_TIMEOUT_S = 10.0
 
 log = logging.getLogger("streamengine.store")
 
+SendReply = Callable[[segment_store_pb2.SubscribeReply], Awaitable[None]]
+
+
+class SubscribeEnds(Exception):
+    """What ends a Subscribe call with a status: the error, and the segment it is of."""
+
+    def __init__(self, error: Exception, segment: entry_pb2.SegmentId | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.segment = segment
+
+    def refusal(self) -> Refusal:
+        return refusal_of(self.error, self.segment)
+
 
 class TailCalls:
     """Subscribe."""
@@ -43,25 +65,22 @@ class TailCalls:
     def __init__(self, store: StoreContext) -> None:
         self.store = store
 
-    def methods(self) -> dict[str, Callable[..., Any]]:
-        return {"Subscribe": self.subscribe}
-
     async def subscribe(
         self,
         request_iterator: AsyncIterator[segment_store_pb2.SubscribeRequest],
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
-        ],
+        send: SendReply,
         caller: Principal,
     ) -> None:
+        """Serves one Subscribe call of `caller` until the client ends it; raises
+        SubscribeEnds for what ends it with a status."""
         requests = aiter(request_iterator)
         try:
             async with asyncio.timeout(SUBSCRIBE_START_TIMEOUT_S):  # see protocol.waiting
                 first = await anext(requests)
         except (StopAsyncIteration, TimeoutError):
-            await abort(context, BadRequest("Subscribe must begin with a start message"))
+            raise SubscribeEnds(BadRequest("Subscribe must begin with a start message")) from None
         if first.WhichOneof("message") == "start" and first.start.tail:
-            await self._multiplexed(first.start, requests, context, caller)
+            await self._multiplexed(first.start, requests, send, caller)
             return
         try:
             if first.WhichOneof("message") != "start":
@@ -70,26 +89,24 @@ class TailCalls:
             self.store.check_reader(caller, "Subscribe", segment)
             self.store.authority.check_not_deleted(segment.stream_id)
         except StoreError as error:
-            await abort(context, error)
-        follower = _Tail(self.store, segment, first.start, requests, context)
+            raise SubscribeEnds(error) from None
+        follower = _Tail(self.store, segment, first.start, requests, send, caller)
         metrics.SUBSCRIBERS.inc()
         try:
             refusal = await follower.run()
         finally:
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
-            await abort(context, refusal)
+            raise SubscribeEnds(refusal)
 
     async def _multiplexed(
         self,
         first: segment_store_pb2.SubscribeStart,
         requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
-        ],
+        send: SendReply,
         caller: Principal,
     ) -> None:
-        call = _Tails(self.store, first, requests, context, caller)
+        call = _Tails(self.store, first, requests, send, caller)
         metrics.SUBSCRIBERS.inc()
         try:
             refusal = await call.run()
@@ -97,7 +114,7 @@ class TailCalls:
             call.close()
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
-            await abort(context, refusal)
+            raise SubscribeEnds(refusal)
 
 
 class _Tail:
@@ -111,11 +128,11 @@ class _Tail:
         segment: SegmentKey,
         start: segment_store_pb2.SubscribeStart,
         requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
-        ],
+        send: SendReply,
+        caller: Principal,
     ) -> None:
         self.store = store
+        self.caller = caller
         self.segment = segment
         self.start = start
         settings = tail.TailSettings.asked(
@@ -127,7 +144,7 @@ class _Tail:
         )
         self.stream = tail.TailStream(start.from_index, settings, monotonic_ms())
         self.requests = requests
-        self.context = context
+        self.send = send
         # Bounded by the core, which never asks for more than `buffer_messages`.
         self.buffer: asyncio.Queue[segment_store_pb2.SubscribeReply] = asyncio.Queue()
         self.room = asyncio.Event()
@@ -165,6 +182,7 @@ class _Tail:
         while True:
             changed = watch.event(self.segment)
             try:
+                self.store.authority.check_not_revoked(self.caller)
                 meta = self.store.core.held_meta(self.segment)
             except StoreError as error:
                 return error
@@ -213,7 +231,7 @@ class _Tail:
         while True:
             reply = await self.buffer.get()
             self.room.set()
-            await self.context.write(reply)
+            await self.send(reply)
 
     async def _receive(self) -> Exception | None:
         async for _request in self.requests:
@@ -241,9 +259,7 @@ class _Tails:
         store: StoreContext,
         first: segment_store_pb2.SubscribeStart,
         requests: AsyncIterator[segment_store_pb2.SubscribeRequest],
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.SubscribeRequest, segment_store_pb2.SubscribeReply
-        ],
+        send: SendReply,
         caller: Principal,
     ) -> None:
         self.store = store
@@ -257,7 +273,7 @@ class _Tails:
         self.liveness = tail.CallLiveness(self.settings, monotonic_ms())
         self.first = first
         self.requests = requests
-        self.context = context
+        self.send = send
         self.caller = caller
         self.running: dict[int, _Running] = {}
         self.listeners: dict[SegmentKey, Callable[[], None]] = {}
@@ -279,8 +295,8 @@ class _Tails:
             if task.cancelled():
                 continue
             error = task.exception()
-            if isinstance(error, Refused):
-                return error
+            if isinstance(error, Refused | StoreError):
+                return error  # dropped, or its token revoked
             if error is not None and task is tasks[0]:
                 log.error("multiplexed tail failed", exc_info=error)
                 return Refused(grpc.StatusCode.INTERNAL, f"tail failed: {error!r}")
@@ -387,6 +403,7 @@ class _Tails:
     async def _pump(self) -> Exception | None:
         while True:
             now_ms = monotonic_ms()
+            self.store.authority.check_not_revoked(self.caller)  # raised: the call ends
             blocked = self.liveness.check(self.buffer.qsize(), now_ms)
             if isinstance(blocked, tail.Drop):
                 metrics.SUBSCRIBERS_DROPPED.labels(blocked.reason).inc()
@@ -467,7 +484,7 @@ class _Tails:
             reply = await self.buffer.get()
             self.room.set()
             self.taken.set()
-            await self.context.write(reply)
+            await self.send(reply)
 
 
 async def _until_one_ends(

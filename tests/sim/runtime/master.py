@@ -70,6 +70,7 @@ class SimMaster:
         self.metadata = MemoryMetadata()
         self.serving = asyncio.Event()
         self.state: MasterState | None = None
+        self.server: SimServer | None = None  # while it serves
 
     async def serve(self) -> None:
         seed = self.network.loop.seed
@@ -86,6 +87,7 @@ class SimMaster:
         self.state = state
         role = MasterRole(self.address)
         server, health_servicer, service = _served(self.network, self.name, self.address, role)
+        self.server = server
         await server.start()
         repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
         role.activate(state, repairer, until_ms=FOREVER_MS)

@@ -1,9 +1,11 @@
-"""The in-process transport: the real store service, called through the generated stub
-over `Transport.aio_channel`, on the deterministic loop, with the network's faults.
+"""The in-process transport: the real store and master services, called through the
+generated stubs over `Transport.aio_channel`, on the deterministic loop, with the
+network's faults.
 
-Entries reach a store on its data plane (`write_stream`, the framed protocol over the
-simulated byte streams); Subscribe, the store's streaming gRPC call both ways, is the
-sample of a streaming exchange here."""
+Entries reach a store and leave it on its data plane (`write_stream`, `SubscribeCall`:
+the framed protocol over the simulated byte streams); the master's HoldLeaseSession, a
+streaming gRPC call held open while its client lives, is the sample of a streaming
+exchange here."""
 
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.protocol import framed, transport
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import wait_until
-from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
+from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2, segment_store_pb2_grpc
 from tests.integration.store_helpers import (
     TEST_KEY,
+    SubscribeCall,
     entries,
     granted,
     seal_request,
@@ -33,11 +36,12 @@ from tests.integration.store_helpers import (
 )
 from tests.sim.network import Faults
 from tests.sim.runtime.loop import run
+from tests.sim.runtime.master import SimMaster
 from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import SimNetwork, node_context
 
 T = TypeVar("T")
-Scenario = Callable[[SimNetwork, list[SimStore]], Coroutine[Any, Any, T]]
+Scenario = Callable[[SimNetwork, list[SimStore], SimMaster], Coroutine[Any, Any, T]]
 
 WRITER = "writer"
 # A fault profile far harsher than a real network, so that a short run meets every fault.
@@ -45,21 +49,25 @@ HARSH = Faults(loss=0.05, duplicate=0.2, delay_ms_max=20, slow=0.05, slow_delay_
 
 
 def simulate(seed: int, scenario: Scenario[T], faults: Faults | None = None, stores: int = 1) -> T:
-    """`scenario` run as the node `writer` beside `stores` serving stores."""
+    """`scenario` run as the node `writer` beside `stores` serving stores and a master
+    (which the stores do not know of)."""
 
     async def main() -> T:
         network = SimNetwork(asyncio.get_running_loop(), faults)
         served = [SimStore(network, f"store{n}", [TEST_KEY.public_key]) for n in range(stores)]
+        master = SimMaster(network)
         with network.installed():
             async with asyncio.TaskGroup() as group:
                 serving = [
                     group.create_task(store.serve(), context=node_context(store.store_id))
                     for store in served
                 ]
+                serving.append(group.create_task(master.serve(), context=node_context(master.name)))
                 for store in served:
                     await store.serving.wait()
+                await master.serving.wait()
                 result: T = await group.create_task(
-                    scenario(network, served), context=node_context(WRITER)
+                    scenario(network, served, master), context=node_context(WRITER)
                 )
                 for task in serving:
                     task.cancel()
@@ -85,6 +93,33 @@ async def write(
     return [(reply.status, reply.matched_index) for reply in replies]
 
 
+def master_stub(master: SimMaster) -> Any:
+    return master_pb2_grpc.MasterStub(PLAINTEXT.aio_channel(master.address))
+
+
+def lease_session(master: SimMaster, name: str, timeout_s: float | None = None) -> Any:
+    """A HoldLeaseSession call of its own (a session id held twice is refused)."""
+    request = master_pb2.HoldLeaseSessionRequest(session=name.encode().ljust(16, b"."))
+    return master_stub(master).HoldLeaseSession(request, timeout=timeout_s)
+
+
+class _Requests:
+    """A Subscribe's requests, sent as they are put; `end` ends them."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, request: Any) -> None:
+        self.queue.put_nowait(request)
+
+    def end(self) -> None:
+        self.queue.put_nowait(None)
+
+    async def __aiter__(self) -> Any:
+        while (request := await self.queue.get()) is not None:
+            yield request
+
+
 async def next_data(call: Any) -> Any:
     """The next reply of a Subscribe call that is not a keepalive."""
     while True:
@@ -101,7 +136,7 @@ def summary(reply: Any) -> tuple[Any, ...]:
 
 
 def test_the_seam_is_set_only_while_a_network_is_installed() -> None:
-    async def inside(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+    async def inside(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> list[str]:
         client = EtcdClient(parse_etcd_url("etcd://etcd:2379"))
         channels = [
             PLAINTEXT.aio_channel(stores[0].address),
@@ -115,30 +150,35 @@ def test_the_seam_is_set_only_while_a_network_is_installed() -> None:
     assert etcd.aio_channel_factory is None and etcd.channel_factory is None
 
 
-def test_a_unary_call_and_a_subscribe_stream_reach_the_store_service() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[Any]:
+def test_unary_calls_a_data_plane_tail_and_a_lease_session_reach_the_services() -> None:
+    async def scenario(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> list[Any]:
         store = stores[0]
         stub = stub_of(store)
         segment = seg(7, 3)
         written = await write(store, segment, 1, 3, 3)
-        call = stub.Subscribe()
-        await call.write(subscribe_start(segment))
+        requests = _Requests()
+        call = SubscribeCall(store.data_address, aiter(requests))
+        requests.put(subscribe_start(segment))
         replies = [summary(await next_data(call)), summary(await next_data(call))]
         written += await write(store, segment, 4, 5, 5)
         replies.append(summary(await next_data(call)))
         sealed = await stub.Seal(seal_request(segment, 4))
         replies.append(summary(await next_data(call)))
-        await call.done_writing()
+        requests.end()
         assert await next_data(call) is grpc.aio.EOF
-        assert await call.code() == grpc.StatusCode.OK
         state = await stub.GetSegmentState(
             segment_store_pb2.GetSegmentStateRequest(segment=segment)
         )
+        session = lease_session(master, "sample")
+        held = await session.read()
+        session.cancel()
+        assert await session.code() == grpc.StatusCode.CANCELLED
         return [
             written,
             replies,
             (sealed.fence, sealed.matched_index),
             (state.fence, state.last_index),
+            held.held,
         ]
 
     accepted = segment_store_pb2.ACCEPTED
@@ -147,11 +187,14 @@ def test_a_unary_call_and_a_subscribe_stream_reach_the_store_service() -> None:
         [("position", 3, 0), ("batch", [1, 2, 3]), ("batch", [4, 5]), ("position", 5, 4)],
         (4, 5),
         (4, 5),
+        True,
     ]
 
 
 def test_a_read_streams_its_replies_through_the_executor_path() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[list[int]]:
+    async def scenario(
+        network: SimNetwork, stores: list[SimStore], master: SimMaster
+    ) -> list[list[int]]:
         stub = stub_of(stores[0])
         segment = seg(7, 3)
         await write(stores[0], segment, 1, 9, 9)
@@ -166,7 +209,9 @@ def test_a_read_streams_its_replies_through_the_executor_path() -> None:
 
 
 def test_an_abort_reaches_the_caller_as_a_real_channel_gives_it() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> grpc.aio.AioRpcError:
+    async def scenario(
+        network: SimNetwork, stores: list[SimStore], master: SimMaster
+    ) -> grpc.aio.AioRpcError:
         stub = stub_of(stores[0])
         segment = seg(7, 3)
         await stub.Seal(seal_request(segment, 4))
@@ -185,7 +230,9 @@ def test_an_abort_reaches_the_caller_as_a_real_channel_gives_it() -> None:
 
 
 def test_a_request_that_does_not_parse_meets_the_real_interceptor() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> grpc.aio.AioRpcError:
+    async def scenario(
+        network: SimNetwork, stores: list[SimStore], master: SimMaster
+    ) -> grpc.aio.AioRpcError:
         channel = PLAINTEXT.aio_channel(stores[0].address)
         seal: Any = channel.unary_unary("/streamengine.v1.SegmentStore/Seal")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -198,15 +245,18 @@ def test_a_request_that_does_not_parse_meets_the_real_interceptor() -> None:
 
 
 def test_a_deadline_ends_the_call_and_cancels_its_handler() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> tuple[float, str]:
+    async def scenario(
+        network: SimNetwork, stores: list[SimStore], master: SimMaster
+    ) -> tuple[float, str]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # The store waits 10 s for a Subscribe's start: the deadline comes first.
-        call = stub_of(stores[0]).Subscribe(timeout=0.5)
+        # The master holds a session open while its client lives: the deadline ends it.
+        call = lease_session(master, "deadline", timeout_s=0.5)
+        assert (await call.read()).held
         with pytest.raises(grpc.aio.AioRpcError) as late:
             await call.read()
         waited_s = loop.time() - started
-        server = stores[0].server
+        server = master.server
         assert server is not None
         await wait_until(lambda: not server.handlings)
         return round(waited_s, 6), late.value.code().name
@@ -215,17 +265,14 @@ def test_a_deadline_ends_the_call_and_cancels_its_handler() -> None:
 
 
 def test_a_partition_breaks_streams_and_calls_until_healed() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
+    async def scenario(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> list[str]:
         store = stores[0]
         stub = stub_of(store)
         segment = seg(7, 3)
         await write(store, segment, 1, 1, 1)
-        call = stub.Subscribe()
-        await call.write(subscribe_start(segment))
-        assert [summary(await next_data(call)) for _ in range(2)] == [
-            ("position", 1, 0),
-            ("batch", [1]),
-        ]
+        call = lease_session(master, "partition")
+        assert (await call.read()).held
+        network.cut(WRITER, master.name)
         network.cut(WRITER, store.store_id)
         seen = []
         for attempt in (call.read(), stub.Seal(seal_request(segment, 4))):
@@ -245,48 +292,50 @@ def test_a_partition_breaks_streams_and_calls_until_healed() -> None:
 
 
 def test_a_server_that_stops_breaks_its_calls_and_refuses_new_ones() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
-        store = stores[0]
-        stub = stub_of(store)
-        call = stub.Subscribe()
-        assert store.server is not None
-        await wait_until(lambda: bool(store.server and store.server.handlings))
-        await store.server.stop()
+    async def scenario(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> list[str]:
+        call = lease_session(master, "stopped")
+        assert (await call.read()).held
+        server = master.server
+        assert server is not None
+        await wait_until(lambda: bool(server.handlings))
+        await server.stop()
         seen = []
-        for attempt in (call.read(), stub.Seal(seal_request(seg(7, 3), 4))):
+        listed = master_stub(master).ListStreams(master_pb2.ListStreamsRequest())
+        for attempt in (call.read(), listed):
             with pytest.raises(grpc.aio.AioRpcError) as gone:
                 await attempt
             seen.append(f"{gone.value.code().name}: {gone.value.details()}")
         return seen
 
     assert simulate(1, scenario) == [
-        "UNAVAILABLE: Connection reset: store0 stopped",
-        "UNAVAILABLE: failed to connect to store0:1: connection refused",
+        "UNAVAILABLE: Connection reset: master stopped",
+        "UNAVAILABLE: failed to connect to master:1: connection refused",
     ]
 
 
 def test_a_connection_reset_breaks_the_calls_under_way_only() -> None:
-    async def scenario(network: SimNetwork, stores: list[SimStore]) -> list[str]:
-        store = stores[0]
-        stub = stub_of(store)
-        call = stub.Subscribe()
-        await wait_until(lambda: bool(store.server and store.server.handlings))
-        network.reset(WRITER, store.store_id)
+    async def scenario(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> list[str]:
+        call = lease_session(master, "reset")
+        assert (await call.read()).held
+        server = master.server
+        assert server is not None
+        await wait_until(lambda: bool(server.handlings))
+        network.reset(WRITER, master.name)
         with pytest.raises(grpc.aio.AioRpcError) as reset:
             await call.read()
-        state = stub.GetSegmentState(segment_store_pb2.GetSegmentStateRequest(segment=seg(7, 3)))
+        listing = master_stub(master).ListSegments(master_pb2.ListSegmentsRequest(stream="a/b"))
         with pytest.raises(grpc.aio.AioRpcError) as unknown:
-            await state
+            await listing
         return [reset.value.code().name, unknown.value.code().name]
 
-    # The next call goes through (the store answers that it knows no such segment).
+    # The next call goes through (the master answers that it knows no such stream).
     assert simulate(1, scenario) == ["UNAVAILABLE", "NOT_FOUND"]
 
 
-async def _writers(network: SimNetwork, stores: list[SimStore]) -> list[str]:
-    """Writers of several streams on every store, each appending on the data plane,
-    following its stream on a Subscribe call until it has seen what it wrote, and then
-    sealing, recording what each call answered and when: the trace of a run."""
+async def _writers(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> list[str]:
+    """Writers of several streams on every store, each appending on the data plane, a
+    lease session on the master held across each batch and read, and then sealing,
+    recording what each call answered and when: the trace of a run."""
     loop = asyncio.get_running_loop()
     trace: list[str] = []
 
@@ -297,27 +346,20 @@ async def _writers(network: SimNetwork, stores: list[SimStore]) -> list[str]:
         stub = stub_of(store)
         segment = seg(stream_id, 3)
         name = f"{store.store_id}/{stream_id}"
-        call = stub.Subscribe()
-        try:
-            for first in range(1, 10, 3):
+        for first in range(1, 10, 3):
+            session = lease_session(master, f"{name}/{first}", timeout_s=1.0)
+            try:
                 [(_, matched)] = await write(store, segment, first, first + 2, first + 2)
                 seen(f"{name} matched {matched}")
-                if first == 1:
-                    await call.write(subscribe_start(segment, keepalive_ms=200))
-                    seen(f"{name} at {summary(await next_data(call))}")
-                while True:
-                    reply = summary(await next_data(call))
-                    seen(f"{name} followed {reply}")
-                    if reply[0] == "batch" and reply[1][-1] == first + 2:
-                        break
-            await call.done_writing()
-            assert await next_data(call) is grpc.aio.EOF
-        except grpc.aio.AioRpcError as error:
-            seen(f"{name} subscribe {error.code().name}")
-        except framed.CallError as error:
-            seen(f"{name} write {error}")
-        except OSError as error:
-            seen(f"{name} write {type(error).__name__}")
+                seen(f"{name} session held {(await session.read()).held}")
+            except grpc.aio.AioRpcError as error:
+                seen(f"{name} session {error.code().name}")
+            except framed.CallError as error:
+                seen(f"{name} write {error}")
+            except OSError as error:
+                seen(f"{name} write {type(error).__name__}")
+            finally:
+                session.cancel()
         try:
             sealed = await stub.Seal(seal_request(segment, 4), timeout=1.0)
             seen(f"{name} sealed at {sealed.matched_index}")
@@ -336,7 +378,7 @@ def test_a_seed_replays_the_same_calls_under_faults() -> None:
     first = simulate(11, _writers, HARSH, stores=3)
     assert first == simulate(11, _writers, HARSH, stores=3)
     # The run met the faults it is meant to replay.
-    assert any(" subscribe UNAVAILABLE" in line for line in first)
+    assert any(" session UNAVAILABLE" in line for line in first)
     assert "duplicated=0" not in first[-1] and "lost=0" not in first[-1]
 
 

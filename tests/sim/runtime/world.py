@@ -1607,8 +1607,9 @@ def _observing_writes(
     observe: Callable[[str, str, str, grpc.StatusCode], None],
 ) -> Iterator[None]:
     """`framed.connect` telling `observe` (as `SimNetwork.call_observers` hear a gRPC
-    call) each status a data-plane connection ended with: its calls are Writes, the
-    one request the data plane serves so far."""
+    call) each status a data-plane connection ended with, as a Write's: a writer's
+    connection carries its Writes (a follower's carries live tails, whose refusals are
+    nobody's Write and count for nothing here)."""
     connect = framed.connect
 
     def ended(address: str, error: framed.CallError) -> None:
