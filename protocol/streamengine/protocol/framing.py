@@ -7,10 +7,10 @@ payload:
 
 `length` counts the payload alone. The payload is one protobuf message: the protocol's
 own (data_plane.proto: Hello, HelloOk, Error, Credit, Ping, Pong, Cancel, End) or a
-method's request or reply (WriteRequest, WriteReply). The kind says which, so a receiver
-parses nothing it did not expect. Flags and the reserved field are zero in version 1:
-a receiver refuses anything else (a later version, negotiated by the hello, may give
-them a meaning).
+method's request or reply (WriteRequest and WriteReply, ReadRequest and ReadReply). The
+kind says which, so a receiver parses nothing it did not expect. Flags and the reserved
+field are zero in version 1: a receiver refuses anything else (a later version,
+negotiated by the hello, may give them a meaning).
 
 - The client opens with Hello on request id 0; the server answers HelloOk (the highest
   version both speak, `negotiate`) or Error and closes. Until then a frame is held to
@@ -103,7 +103,9 @@ class Kind(enum.IntEnum):
     END = 8
     WRITE_REQUEST = 32
     WRITE_REPLY = 33
-    # Kept for the methods that follow: READ 34/35, SUBSCRIBE 36/37, COPY_SEGMENT 38/39.
+    READ_REQUEST = 34
+    READ_REPLY = 35
+    # Kept for the methods that follow: SUBSCRIBE 36/37, COPY_SEGMENT 38/39.
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,14 @@ WRITE = Method(
     segment_store_pb2.WriteRequest,
     segment_store_pb2.WriteReply,
 )
-METHODS: dict[Kind, Method] = {WRITE.request_kind: WRITE}
+READ = Method(
+    "SegmentStore/Read",
+    Kind.READ_REQUEST,
+    Kind.READ_REPLY,
+    segment_store_pb2.ReadRequest,
+    segment_store_pb2.ReadReply,
+)
+METHODS: dict[Kind, Method] = {WRITE.request_kind: WRITE, READ.request_kind: READ}
 _REPLY_KINDS = {method.reply_kind: method for method in METHODS.values()}
 
 _CONTROL_TYPES: dict[Kind, type[Message]] = {
