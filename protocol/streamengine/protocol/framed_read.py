@@ -111,9 +111,12 @@ class _SyncRead:
         queue: asyncio.Queue[_ReadReply | CallError | None] = asyncio.Queue(SYNC_REPLIES_AHEAD)
 
         async def pump() -> None:
+            replies = read(data_address, transport, request, timeout_s)
             try:
-                async for reply in read(data_address, transport, request, timeout_s):
-                    await queue.put(reply)
+                # Closed in this task however the pump ends (its connection is this task's).
+                async with contextlib.aclosing(replies):
+                    async for reply in replies:
+                        await queue.put(reply)
                 await queue.put(None)
             except CallError as error:
                 await queue.put(error)
