@@ -501,58 +501,66 @@ class DataMethod:
     name: str
     input_type: Any
     output_type: Any
+    framed: framing.Method
     client_streaming: bool = True
     server_streaming: bool = True
 
 
-DATA_WRITE = DataMethod("Write", s.WriteRequest.DESCRIPTOR, s.WriteReply.DESCRIPTOR)
+DATA_WRITE = DataMethod(
+    "Write", s.WriteRequest.DESCRIPTOR, s.WriteReply.DESCRIPTOR, framing.WRITE)
+# A Read request is one message: the rows and the fuzz send it one payload.
+DATA_READ = DataMethod(
+    "Read", s.ReadRequest.DESCRIPTOR, s.ReadReply.DESCRIPTOR, framing.READ,
+    client_streaming=False)
 
 
 def methods() -> list[tuple[str, Any]]:
-    """(server, method descriptor) of every RPC, and the data plane's Write."""
+    """(server, method descriptor) of every RPC, and the data plane's Write and Read."""
     out: list[tuple[str, Any]] = []
     for server, module, name in (("master", master_pb2, "Master"),
                                  ("store", segment_store_pb2, "SegmentStore")):
         out.extend((server, method)
                    for method in module.DESCRIPTOR.services_by_name[name].methods)
-    out.append(("store", DATA_WRITE))
+    out.extend((("store", DATA_WRITE), ("store", DATA_READ)))
     return out
 
 
 def call_as(callers: Callers, client: str, tenant: str, address: str, data_address: str,
             method: Any, payloads: list[bytes]) -> tuple[str, str]:
     """`call` as `client` of `tenant`: a gRPC method on `address`, the data plane's
-    Write on `data_address`."""
-    if method is DATA_WRITE:
-        return data_write(callers.transport(client, tenant), data_address, payloads)
+    Write and Read on `data_address`."""
+    if isinstance(method, DataMethod):
+        return data_call(callers.transport(client, tenant), data_address, method, payloads)
     return call(callers.channel(client, tenant, address), method, payloads)
 
 
-def data_write(transport: Transport, data_address: str, payloads: list[bytes]) -> tuple[str, str]:
-    """One Write on a store's data plane with raw request bytes, as `call` makes a gRPC
-    one: the status that ended it, or its first refused reply, else OK."""
+def data_call(transport: Transport, data_address: str, method: DataMethod,
+              payloads: list[bytes]) -> tuple[str, str]:
+    """One Write (or Read) on a store's data plane with raw request bytes, as `call`
+    makes a gRPC one: the status that ended it, or a Write's first refused reply, else
+    OK."""
 
-    async def write() -> list[bytes]:
+    async def exchange() -> list[bytes]:
         replies: list[bytes] = []
         async with asyncio.timeout(CALL_TIMEOUT_S), framed.connect(
             data_address, transport
         ) as connection:
-            data_call = await connection.call(framing.WRITE)
-            for payload in payloads:
-                await data_call.send_parts([payload])
-            await data_call.end()
-            while (reply := await data_call.receive()) is not None:
+            opened = await connection.call(method.framed)
+            for payload in payloads if method.client_streaming else payloads[:1]:
+                await opened.send_parts([payload])
+            await opened.end()
+            while (reply := await opened.receive()) is not None:
                 replies.append(reply.SerializeToString())
         return replies
 
     try:
-        replies = asyncio.run(write())
+        replies = asyncio.run(exchange())
     except framed.CallError as error:
         code = next(c for c in grpc.StatusCode if c.value[0] == error.code)
         return code.name, error.details[:200]
     except TimeoutError:
-        return grpc.StatusCode.DEADLINE_EXCEEDED.name, "the data plane's Write timed out"
-    return _write_refusal(replies)
+        return grpc.StatusCode.DEADLINE_EXCEEDED.name, f"the data plane's {method.name} timed out"
+    return _write_refusal(replies) if method is DATA_WRITE else ("OK", "")
 
 
 def request_class(method: Any) -> type[Message]:

@@ -7,8 +7,8 @@ client certificate that is not an admin's, a store's certificate and the master'
 Each request is harmless whoever may make it (a stream that does not exist, a store id
 that is not the caller's, a write without a grant), so a caller allowed through
 authorization meets the domain's answer instead (NOT_FOUND, ALREADY_EXISTS, ...): a
-cell says which check a call stopped at. One cluster for the module. Write is called
-on the stores' data port (docs/data-plane.md), whose hello is a row of its own.
+cell says which check a call stopped at. One cluster for the module. Write and Read are
+called on the stores' data port (docs/data-plane.md), whose hello is a row of its own.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # at the connection's hello (UNAUTHENTICATED).
     "SegmentStore/Write":             (U, P, P, P, P, P, P, U, P, P),
     "SegmentStore/Seal":              (P, P, P, P, P, P, P, P, P, P),
+    # Read, on the data port: a caller it cannot name is refused at the hello.
     "SegmentStore/Read":              (U, P, OK, OK, OK, OK, OK, U, OK, OK),
     "SegmentStore/Subscribe":         (U, P, OK, OK, OK, OK, OK, U, OK, OK),
     # The master alone copies and deletes (an empty source is refused as bad input).
@@ -114,7 +115,7 @@ DATA_PORT_EXPECTED: dict[str, tuple[str, ...]] = {
     "data port/Hello":                (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
 }
 # fmt: on
-DATA_PORT_RPCS = ("SegmentStore/Write",)
+DATA_PORT_RPCS = ("SegmentStore/Write", "SegmentStore/Read")
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +283,7 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         "SegmentStore/Seal": store(
             "Seal", s.SealRequest(segment=segment, new_epoch=segment.epoch + 1)
         ),
-        "SegmentStore/Read": store("Read", s.ReadRequest(segment=segment, from_index=1), True),
+        "SegmentStore/Read": lambda _: s.ReadRequest(segment=segment, from_index=1),
         "SegmentStore/Subscribe": store(
             "Subscribe", s.SubscribeRequest(start=s.SubscribeStart(segment=segment, from_index=1))
         ),
@@ -332,12 +333,19 @@ def _multiplexed_status(stub: Any, request: s.SubscribeRequest) -> str:
 
 
 def data_port_status(transport: Transport, data_address: str, request: Any) -> str:
-    """The answer of a store's data port to a Write stream of `request` (None: a
-    connection's hello alone)."""
+    """The answer of a store's data port to a Write stream of `request`, or a Read of it
+    (its replies all read), or (None) a connection's hello alone."""
 
     async def write() -> str:
         async with framed.connect(data_address, transport) as connection:
             if request is None:
+                return OK
+            if isinstance(request, s.ReadRequest):
+                read = await connection.call(framing.READ)
+                await read.send(request)
+                await read.end()
+                while await read.receive() is not None:
+                    pass
                 return OK
             call = await connection.call(framing.WRITE)
             await call.send(request)

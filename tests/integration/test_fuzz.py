@@ -62,7 +62,7 @@ READ_ONLY = {
     "SegmentStore/Seal",
 }
 STREAMING = {"SegmentStore/Write": "stream", "SegmentStore/Subscribe": "stream"}
-DATA_PORT = {"SegmentStore/Write"}
+DATA_PORT = {"SegmentStore/Write": framing.WRITE, "SegmentStore/Read": framing.READ}
 SERVER_STREAMING = {"SegmentStore/Read", "Master/HoldLease", "Master/HoldLeaseSession"}
 HELD_OPEN = {"Master/HoldLease", "Master/HoldLeaseSession"}
 
@@ -252,6 +252,7 @@ class Victim:
                 s.CopySegmentRequest(
                     segment=sealed_id,
                     source_address=self.sealed.copy_set[1].address,
+                    source_data_address=self.sealed.copy_set[1].data_address,
                     final_index=self.sealed.final_index,
                     fence=driver.epoch,
                 )
@@ -322,21 +323,28 @@ def mutated(seed: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(near(), st.binary(max_size=64))
 
 
-def send_framed(address: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
-    """One Write stream of raw request bytes on the data port of the store at gRPC
-    `address`; the status of its first answer (a refused request's, or the stream's)."""
+def send_framed(
+    address: str, rpc: str, messages: list[bytes], token: str | None
+) -> grpc.StatusCode:
+    """One Write stream of raw request bytes, or a Read of the first, on the data port
+    of the store at gRPC `address`; the status of its first answer (a refused request's,
+    or the stream's), or of the Read once its replies are read."""
     transport = Transport(token=token) if token else PLAINTEXT
+    method = DATA_PORT[rpc]
+    sent = messages[:1] if rpc in SERVER_STREAMING else messages
 
     async def write() -> int:
         async with (
             asyncio.timeout(CALL_TIMEOUT_S),
             framed.connect(data_address_of(address), transport) as connection,
         ):
-            call = await connection.call(framing.WRITE)
-            for message in messages:
+            call = await connection.call(method)
+            for message in sent:
                 await call.send_parts([message])
             await call.end()
             reply = await call.receive()
+            while method is framing.READ and reply is not None:
+                reply = await call.receive()
         if isinstance(reply, s.WriteReply) and reply.status == s.REFUSED:
             return reply.error.code
         return grpc.StatusCode.OK.value[0]
@@ -353,7 +361,7 @@ def send_framed(address: str, messages: list[bytes], token: str | None) -> grpc.
 def send(address: str, rpc: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
     """One call with raw request bytes; the status it ended with."""
     if rpc in DATA_PORT:
-        return send_framed(address, messages, token)
+        return send_framed(address, rpc, messages, token)
     service, method = rpc.split("/")
     path = f"/streamengine.v1.{service}/{method}"
     metadata = bearer(token) if token else None

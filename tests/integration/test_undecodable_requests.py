@@ -20,9 +20,9 @@ def test_every_rpc_answers_undecodable_bytes_with_invalid_argument(cluster: Clus
     for server, method in badinput.methods():
         data = badinput.random_bytes(rng, method)
         payloads = [data, data] if method.client_streaming else [data]
-        if method is badinput.DATA_WRITE:  # the stores' data plane
+        if isinstance(method, badinput.DataMethod):  # the stores' data plane
             data_address = cluster.stores[0].data_address
-            got, details = badinput.data_write(PLAINTEXT, data_address, payloads)
+            got, details = badinput.data_call(PLAINTEXT, data_address, method, payloads)
         else:
             with grpc.insecure_channel(addresses[server]) as channel:
                 got, details = badinput.call(channel, method, payloads)

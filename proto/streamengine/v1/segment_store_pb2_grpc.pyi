@@ -46,7 +46,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SegmentStoreStub:
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    """Write (WriteRequest / WriteReply below) and Read (ReadRequest / ReadReply: any range
+    of a segment, unacked entries included) are served on the store's data port, on the
     framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
     """
 
@@ -56,8 +57,6 @@ class SegmentStoreStub:
     def __new__(cls, channel: _aio.Channel) -> SegmentStoreAsyncStub: ...
     Seal: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
-    Read: _grpc.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]
-    """Stream any range of a segment, unacked entries included (recovery, repair)."""
     Subscribe: _grpc.StreamStreamMultiCallable[_segment_store_pb2.SubscribeRequest, _segment_store_pb2.SubscribeReply]
     """Tail the acked entries of a segment: the position first, then entries as the
     acked index advances. Keepalives flow both ways. A call whose first start names a
@@ -85,15 +84,14 @@ class SegmentStoreStub:
 
 @_typing.type_check_only
 class SegmentStoreAsyncStub(SegmentStoreStub):
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    """Write (WriteRequest / WriteReply below) and Read (ReadRequest / ReadReply: any range
+    of a segment, unacked entries included) are served on the store's data port, on the
     framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Seal: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]  # type: ignore[assignment]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
-    Read: _aio.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]  # type: ignore[assignment]
-    """Stream any range of a segment, unacked entries included (recovery, repair)."""
     Subscribe: _aio.StreamStreamMultiCallable[_segment_store_pb2.SubscribeRequest, _segment_store_pb2.SubscribeReply]  # type: ignore[assignment]
     """Tail the acked entries of a segment: the position first, then entries as the
     acked index advances. Keepalives flow both ways. A call whose first start names a
@@ -120,7 +118,8 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """
 
 class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
-    """Write (WriteRequest / WriteReply below) is served on the store's data port, on the
+    """Write (WriteRequest / WriteReply below) and Read (ReadRequest / ReadReply: any range
+    of a segment, unacked entries included) are served on the store's data port, on the
     framed protocol of data_plane.proto (docs/data-plane.md), not on this service.
     """
 
@@ -131,14 +130,6 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_segment_store_pb2.SealReply, _abc.Awaitable[_segment_store_pb2.SealReply]]:
         """Raise the segment's fence to `new_epoch` (never lower it), durably."""
-
-    @_abc_1.abstractmethod
-    def Read(
-        self,
-        request: _segment_store_pb2.ReadRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.ReadReply], _abc.AsyncIterator[_segment_store_pb2.ReadReply]]:
-        """Stream any range of a segment, unacked entries included (recovery, repair)."""
 
     @_abc_1.abstractmethod
     def Subscribe(

@@ -1,5 +1,5 @@
-"""The store's data port: Write served on the framed protocol (docs/data-plane.md),
-beside the gRPC port that serves the rest.
+"""The store's data port: Write and Read served on the framed protocol
+(docs/data-plane.md), beside the gRPC port that serves the rest.
 
 The caller of a connection is known at its hello (`framed_server`), by the same
 `Callers` the gRPC calls resolve theirs with, and an anonymous one (TLS, neither a
@@ -9,18 +9,26 @@ gRPC streaming call was (`StoreContext.admit_stream`: an anonymous caller refuse
 principal's share counted) and served by `WriteCalls.write`, which authorizes each batch
 by its grant. What ends a Write with a status answers with the status and metadata its
 gRPC call ended with (`refusals.refusal_of`).
+
+A Read request is one ReadRequest, admitted the same way and served by `ReadCalls.read`:
+each reply goes out as the reader's credit allows (`ServerCall.send` waits for it), and
+the next page is read only once the one before is out, so a reader that grants nothing
+holds the store to one window of replies and a page in hand.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import cast
 
 from streamengine.protocol.auth import ANONYMOUS, Denial, Principal
+from streamengine.protocol.entry import CorruptEntry
 from streamengine.protocol.framed import CallError
 from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.segment_store.core.errors import StoreError
+from streamengine.segment_store.reads import ReadCalls
 from streamengine.segment_store.refusals import Refusal, refusal_of
 from streamengine.segment_store.store_context import StoreContext
 from streamengine.segment_store.writes import WriteCalls, WriteStreamEnds
@@ -30,6 +38,7 @@ from streamengine.v1 import segment_store_pb2
 def data_server(store: StoreContext) -> DataServer:
     """The data port's server for `store` (started by `server.serve`)."""
     writes = WriteCalls(store)
+    reads = ReadCalls(store)
 
     async def write(call: ServerCall) -> None:
         try:
@@ -43,13 +52,30 @@ def data_server(store: StoreContext) -> DataServer:
         finally:
             store.close_stream(caller)
 
+    async def read(call: ServerCall) -> None:
+        try:
+            caller = store.admit_stream(call.principal)
+        except StoreError as error:
+            raise call_error(refusal_of(error)) from None
+        try:
+            # The message that opened the request (one ReadRequest; what follows it is
+            # the client's End).
+            request = cast(segment_store_pb2.ReadRequest, await call.receive())
+            async with contextlib.aclosing(reads.read(request, caller)) as replies:
+                async for reply in replies:
+                    await call.send(reply)
+        except (StoreError, CorruptEntry) as error:
+            raise call_error(refusal_of(error, request.segment)) from None
+        finally:
+            store.close_stream(caller)
+
     def authenticate(identity: Principal, token: str | None) -> Principal | Denial:
         principal = store.callers.principal_of(identity, token)
         if principal == ANONYMOUS:
             return Denial("the data plane serves callers who show a certificate or a token")
         return principal
 
-    return DataServer({Kind.WRITE_REQUEST: write}, authenticate)
+    return DataServer({Kind.WRITE_REQUEST: write, Kind.READ_REQUEST: read}, authenticate)
 
 
 async def _write_requests(call: ServerCall) -> AsyncIterator[segment_store_pb2.WriteRequest]:

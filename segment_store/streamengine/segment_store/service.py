@@ -3,7 +3,7 @@ composed of one handler object per group of calls over one shared `StoreContext`
 
 - `writes.WriteCalls`: Seal (the writer's; Write is served on the data port,
   `data_plane.py`);
-- `reads.ReadCalls`: Read, Digest;
+- `reads.ReadCalls`: Digest (Read is served on the data port, `data_plane.py`);
 - `tail.TailCalls`: Subscribe;
 - `catalog.CatalogCalls`: GetSegmentState, ListSegmentRecords, Delete, CopySegment.
 
@@ -14,7 +14,7 @@ goes through the group committer; reads run in worker threads. One table
 (`refusals.STATUS`) maps the store's errors to gRPC statuses; a refused request changes
 nothing.
 
-A streaming call (Subscribe, Read) is admitted when it opens, before any of its
+A streaming call (Subscribe) is admitted when it opens, before any of its
 messages is read (`_admitted_at_open`): its caller proven from the call's metadata and
 counted against its share (`StoreContext.open_stream`); its behaviour then takes that
 caller as a third argument and authorizes each request with it.

@@ -1607,8 +1607,9 @@ def _observing_writes(
     observe: Callable[[str, str, str, grpc.StatusCode], None],
 ) -> Iterator[None]:
     """`framed.connect` telling `observe` (as `SimNetwork.call_observers` hear a gRPC
-    call) each status a data-plane connection ended with: its calls are Writes, the
-    one request the data plane serves so far."""
+    call) each status a data-plane connection ended with, as a Write's: a connection
+    refused at its hello (a revoked token's) has made no call yet, so a Read's ends are
+    counted with the Writes'."""
     connect = framed.connect
 
     def ended(address: str, error: framed.CallError) -> None:
