@@ -395,8 +395,12 @@ class Follower:
                 await self.report(cursor)
                 return
             if code == "NOT_FOUND" and outcome.packed:
-                # A Read's answer that the replica holds nothing of the segment.
+                # A Read's answer that the replica holds nothing of the segment. Of an
+                # open segment that is nothing yet: the read goes on to tail it (the
+                # cursor says so; of a sealed one it leaves the replica). Asking again at
+                # once instead spun on the replica until the first write reached it.
                 cursor.on_position(read.epoch, read.replica, 0, monotonic_ms())
+                outcome.clean = True
                 return
             if cursor.position != start_position:
                 # Disconnected after serving (a consumer too slow for the store's buffer,
