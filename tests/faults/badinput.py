@@ -509,11 +509,13 @@ class DataMethod:
 
 
 DATA_WRITE = DataMethod(
-    "Write", s.WriteRequest.DESCRIPTOR, s.WriteReply.DESCRIPTOR, framing.WRITE
-)
+    "Write", s.WriteRequest.DESCRIPTOR, s.WriteReply.DESCRIPTOR, framing.WRITE)
+# A Read request is one message: the rows and the fuzz send it one payload.
+DATA_READ = DataMethod(
+    "Read", s.ReadRequest.DESCRIPTOR, s.ReadReply.DESCRIPTOR, framing.READ,
+    client_streaming=False)
 DATA_SUBSCRIBE = DataMethod(
-    "Subscribe", s.SubscribeRequest.DESCRIPTOR, s.SubscribeReply.DESCRIPTOR, framing.SUBSCRIBE
-)
+    "Subscribe", s.SubscribeRequest.DESCRIPTOR, s.SubscribeReply.DESCRIPTOR, framing.SUBSCRIBE)
 
 
 def methods() -> list[tuple[str, Any]]:
@@ -523,7 +525,7 @@ def methods() -> list[tuple[str, Any]]:
                                  ("store", segment_store_pb2, "SegmentStore")):
         out.extend((server, method)
                    for method in module.DESCRIPTOR.services_by_name[name].methods)
-    out.extend(("store", method) for method in (DATA_WRITE, DATA_SUBSCRIBE))
+    out.extend(("store", method) for method in (DATA_WRITE, DATA_READ, DATA_SUBSCRIBE))
     return out
 
 
@@ -536,27 +538,26 @@ def call_as(callers: Callers, client: str, tenant: str, address: str, data_addre
     return call(callers.channel(client, tenant, address), method, payloads)
 
 
-def data_call(
-    transport: Transport, data_address: str, method: DataMethod, payloads: list[bytes]
-) -> tuple[str, str]:
+def data_call(transport: Transport, data_address: str, method: DataMethod,
+              payloads: list[bytes]) -> tuple[str, str]:
     """One request on a store's data plane with raw request bytes, as `call` makes a
     gRPC one: the status that ended it, or a Write's first refused reply, else OK."""
 
-    async def write() -> list[bytes]:
+    async def exchange() -> list[bytes]:
         replies: list[bytes] = []
         async with asyncio.timeout(CALL_TIMEOUT_S), framed.connect(
             data_address, transport
         ) as connection:
-            data_call = await connection.call(method.framed)
-            for payload in payloads:
-                await data_call.send_parts([payload])
-            await data_call.end()
-            while (reply := await data_call.receive()) is not None:
+            opened = await connection.call(method.framed)
+            for payload in payloads if method.client_streaming else payloads[:1]:
+                await opened.send_parts([payload])
+            await opened.end()
+            while (reply := await opened.receive()) is not None:
                 replies.append(reply.SerializeToString())
         return replies
 
     try:
-        replies = asyncio.run(write())
+        replies = asyncio.run(exchange())
     except framed.CallError as error:
         code = next(c for c in grpc.StatusCode if c.value[0] == error.code)
         return code.name, error.details[:200]

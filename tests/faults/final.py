@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 import grpc
 
 from streamengine.client import DataLossError, StreamClient
+from streamengine.protocol import framed_read
+from streamengine.protocol.framed import CallError
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
-from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import payload
 from tests.faults.channels import harness_transport, open_channel, stream_client
 
@@ -113,14 +114,17 @@ class ServerChannels:
             self._open.clear()
 
 
-def dump_replica(channel: grpc.Channel, segment: entry_pb2.SegmentId) -> dict[str, Any]:
-    """Everything one store holds of a segment, acked or not, beyond the bridge too."""
+def dump_replica(data_address: str, segment: entry_pb2.SegmentId) -> dict[str, Any]:
+    """Everything one store holds of a segment, acked or not, beyond the bridge too
+    (read on its data plane)."""
     entries: list[list[Any]] = []
     acked = fence = 0
     try:
-        replies = store_grpc.SegmentStoreStub(channel).Read(
+        replies = framed_read.read_sync(
+            data_address,
+            harness_transport(),
             segment_store_pb2.ReadRequest(segment=segment, from_index=1, to_index=0),
-            timeout=DUMP_TIMEOUT_S,
+            DUMP_TIMEOUT_S,
         )
         for reply in replies:
             acked, fence = reply.acked_index, reply.fence
@@ -128,8 +132,8 @@ def dump_replica(channel: grpc.Channel, segment: entry_pb2.SegmentId) -> dict[st
                 kind = entry_pb2.EntryKind.Name(entry.kind)
                 fp = payload.fingerprint(entry.payload) if kind == "EVENT" else ""
                 entries.append([entry.index, kind, entry.epoch, fp, entry.crc32c])
-    except grpc.RpcError as error:
-        return {"error": f"{error.code().name}: {error.details()}"}
+    except CallError as error:
+        return {"error": f"{error.code.name}: {error.details}"}
     return {"acked_index": acked, "fence": fence, "entries": entries}
 
 
@@ -244,8 +248,6 @@ async def stream_final(master: str, stream: str, write_quorum: int, seal_problem
             reads.append(outcome)
     to_master = channels(master)
     listing = await blocking(lambda: segments_of(to_master, stream))
-    addresses = {(s.id.epoch, r.store_id): r.address for s in listing.segments
-                 for r in s.copy_set}
     data_addresses = {(s.id.epoch, r.store_id): r.data_address for s in listing.segments
                       for r in s.copy_set}
 
@@ -253,8 +255,8 @@ async def stream_final(master: str, stream: str, write_quorum: int, seal_problem
         return entry_pb2.SegmentId(stream_id=listing.stream_id, epoch=epoch, stream=stream)
 
     async def dump(epoch: int, store: str) -> dict[str, Any]:
-        channel = channels(addresses[(epoch, store)])
-        return await blocking(lambda: dump_replica(channel, segment_id(epoch)))
+        data_address = data_addresses[(epoch, store)]
+        return await blocking(lambda: dump_replica(data_address, segment_id(epoch)))
 
     segments: list[dict[str, Any]] = []
     for segment in listing.segments:

@@ -25,11 +25,12 @@ from pathlib import Path
 import grpc
 
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT
+from streamengine.protocol import framed_read
 from streamengine.testing import STREAMENGINE, Cluster, ServerProcess
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import disk
-from tests.faults.channels import open_channel
+from tests.faults.channels import harness_transport, open_channel
 from tests.faults.cluster import (
     ClientProcess,
     leader_of,
@@ -953,13 +954,13 @@ def data_loss_loop(ctx: RunContext) -> None:
             victim = _destroyable_segment(ctx, stream)
         stream_id, epoch, final_index, replicas = victim
         segment = entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch, stream=stream)
-        events = _event_indexes(replicas[0][1], segment, final_index)
+        events = _event_indexes(replicas[0][2], segment, final_index)
         stores = [r[0] for r in replicas]
         how = "delete" if number == 0 else "damage"
         with ctx.window("destroy", f"{stream}/{epoch}", stores=stores, how=how,
                         quorum_lost=how == "damage"):
             if how == "delete":
-                for _store, address in replicas:
+                for _store, address, _data_address in replicas:
                     with open_channel(address) as channel:
                         store_grpc.SegmentStoreStub(channel).Delete(
                             segment_store_pb2.DeleteRequest(segment=segment), timeout=10)
@@ -989,7 +990,7 @@ def _damage_every_copy(ctx: RunContext, stores: list[str], stream_id: int, epoch
 
 
 def _destroyable_segment(ctx: RunContext, stream: str
-                         ) -> tuple[int, int, int, list[tuple[str, str]]] | None:
+                         ) -> tuple[int, int, int, list[tuple[str, str, str]]] | None:
     """A sealed segment of `stream` with events, not the newest sealed one (readers
     that tail the stream have read it): stream id, epoch, final index, replicas."""
     with open_channel(ctx.cluster.master_address) as channel:
@@ -1000,18 +1001,17 @@ def _destroyable_segment(ctx: RunContext, stream: str
         return None
     chosen = ctx.rng.choice(sealed[:-1])
     return (listing.stream_id, chosen.id.epoch, chosen.final_index,
-            [(r.store_id, r.address) for r in chosen.copy_set])
+            [(r.store_id, r.address, r.data_address) for r in chosen.copy_set])
 
 
-def _event_indexes(address: str, segment: entry_pb2.SegmentId, final_index: int) -> list[int]:
+def _event_indexes(data_address: str, segment: entry_pb2.SegmentId, final_index: int
+                   ) -> list[int]:
     """Indexes of the events a segment holds below its bridge (read from a replica)."""
     indexes: list[int] = []
-    with open_channel(address) as channel:
-        for reply in store_grpc.SegmentStoreStub(channel).Read(
-                segment_store_pb2.ReadRequest(segment=segment, from_index=1,
-                                              to_index=final_index), timeout=30):
-            indexes.extend(e.index for e in reply.entries
-                           if e.kind == entry_pb2.EVENT and e.index < final_index)
+    request = segment_store_pb2.ReadRequest(segment=segment, from_index=1, to_index=final_index)
+    for reply in framed_read.read_sync(data_address, harness_transport(), request, 30):
+        indexes.extend(e.index for e in reply.entries
+                       if e.kind == entry_pb2.EVENT and e.index < final_index)
     return indexes
 
 

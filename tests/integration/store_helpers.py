@@ -22,7 +22,7 @@ import grpc
 from bench.segment_driver import WriteRefused as WriteRefused  # re-exported for the tests
 from bench.segment_driver import write_stream
 from streamengine.client.data_connections import DataConnections
-from streamengine.protocol import codec, framed, framing
+from streamengine.protocol import codec, framed, framed_read, framing
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.framed import CallError
@@ -244,13 +244,12 @@ def subscribe_first(
 
 class StoreStub:
     """A store's gRPC calls, and where its data plane serves Write (`write_replies`) and
-    Subscribe (`Subscribe`, a `SubscribeCall`)."""
+    Read (`Read`, as the gRPC stub's was) and Subscribe (`Subscribe`, a `SubscribeCall`)."""
 
     def __init__(self, channel: grpc.aio.Channel, data_address: str) -> None:
         stub = segment_store_pb2_grpc.SegmentStoreStub(channel)
         self.data_address = data_address
         self.Seal = stub.Seal
-        self.Read = stub.Read
         self.CopySegment = stub.CopySegment
         self.Digest = stub.Digest
         self.Delete = stub.Delete
@@ -261,6 +260,23 @@ class StoreStub:
         self, requests: AsyncIterator[segment_store_pb2.SubscribeRequest]
     ) -> SubscribeCall:
         return SubscribeCall(self.data_address, requests)
+
+    def Read(
+        self, request: segment_store_pb2.ReadRequest, timeout: float | None = None
+    ) -> AsyncIterator[segment_store_pb2.ReadReply]:
+        return read_replies(self.data_address, request, timeout)
+
+
+async def read_replies(
+    data_address: str, request: segment_store_pb2.ReadRequest, timeout_s: float | None = None
+) -> AsyncIterator[segment_store_pb2.ReadReply]:
+    """A Read on the store's data plane; one ended with a status raises as the gRPC call
+    did (`as_rpc_error`)."""
+    try:
+        async for reply in framed_read.read(data_address, PLAINTEXT, request, timeout_s):
+            yield reply
+    except CallError as error:
+        raise as_rpc_error(error) from None
 
 
 @asynccontextmanager

@@ -20,7 +20,7 @@ import pytest
 from bench.segment_driver import CallRefused, Driver, write_stream
 from bench.segment_driver import write as write_acked
 from streamengine.client import StreamClient
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed_read
 from streamengine.protocol.auth import RPC_NEEDS
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.framed import CallError
@@ -85,12 +85,25 @@ def master_call(cluster: Cluster, method: str, request: Any, token: str | None =
 
 
 def store_call(address: str, method: str, request: Any, token: str | None = None) -> Any:
-    """A unary or server-streaming store call; streamed replies as a list."""
+    """A unary store call, or a Read (on the data plane: `store_read`)."""
+    if method == "Read":
+        return store_read(address, request, token)
     with grpc.insecure_channel(address) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         metadata = bearer(token) if token else None
-        reply = getattr(stub, method)(request, timeout=TIMEOUT_S, metadata=metadata)
-        return list(reply) if method in ("Read",) else reply
+        return getattr(stub, method)(request, timeout=TIMEOUT_S, metadata=metadata)
+
+
+def store_read(
+    address: str, request: s.ReadRequest, token: str | None = None
+) -> list[s.ReadReply]:
+    """The replies of a Read on the data plane of the store at `address` (its gRPC
+    address); its end with a status raises as the call's error would (`CallRefused`)."""
+    transport = Transport(token=token) if token else PLAINTEXT
+    try:
+        return list(framed_read.read_sync(data_address_of(address), transport, request, TIMEOUT_S))
+    except CallError as error:
+        raise CallRefused(error) from None
 
 
 def store_write(
@@ -776,6 +789,7 @@ def every_rpc_as(
             s.CopySegmentRequest(
                 segment=sealed.id,
                 source_address=sealed.copy_set[1].address,
+                source_data_address=sealed.copy_set[1].data_address,
                 final_index=sealed.final_index,
                 fence=sealed.id.epoch + 1,
             ),

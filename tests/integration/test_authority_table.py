@@ -7,7 +7,7 @@ client certificate that is not an admin's, a store's certificate and the master'
 Each request is harmless whoever may make it (a stream that does not exist, a store id
 that is not the caller's, a write without a grant), so a caller allowed through
 authorization meets the domain's answer instead (NOT_FOUND, ALREADY_EXISTS, ...): a
-cell says which check a call stopped at. One cluster for the module. Write and
+cell says which check a call stopped at. One cluster for the module. Write, Read and
 Subscribe are called on the stores' data port (docs/data-plane.md), whose hello is a
 row of its own.
 """
@@ -101,6 +101,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # at the connection's hello (UNAUTHENTICATED).
     "SegmentStore/Write":             (U, P, P, P, P, P, P, U, P, P),
     "SegmentStore/Seal":              (P, P, P, P, P, P, P, P, P, P),
+    # Read, on the data port: a caller it cannot name is refused at the hello.
     "SegmentStore/Read":              (U, P, OK, OK, OK, OK, OK, U, OK, OK),
     # Subscribe, on the data port: a call of one tail and a multiplexed call's tail
     # answer alike (the cell: the first reply, or the call's or the tail's end).
@@ -117,7 +118,7 @@ DATA_PORT_EXPECTED: dict[str, tuple[str, ...]] = {
     "data port/Hello":                (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
 }
 # fmt: on
-DATA_PORT_RPCS = ("SegmentStore/Write", "SegmentStore/Subscribe")
+DATA_PORT_RPCS = ("SegmentStore/Write", "SegmentStore/Read", "SegmentStore/Subscribe")
 
 
 @pytest.fixture(scope="module")
@@ -193,11 +194,10 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
 
         return call
 
-    def store(method: str, request: Any, streamed: bool = False) -> Callable[[Any], object]:
+    def store(method: str, request: Any) -> Callable[[Any], object]:
         def call(channel: Any) -> object:
             stub = store_grpc.SegmentStoreStub(channel)
-            reply = getattr(stub, method)(request, timeout=TIMEOUT_S)
-            return list(reply) if streamed else reply
+            return getattr(stub, method)(request, timeout=TIMEOUT_S)
 
         return call
 
@@ -287,7 +287,7 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         "SegmentStore/Seal": store(
             "Seal", s.SealRequest(segment=segment, new_epoch=segment.epoch + 1)
         ),
-        "SegmentStore/Read": store("Read", s.ReadRequest(segment=segment, from_index=1), True),
+        "SegmentStore/Read": lambda _: s.ReadRequest(segment=segment, from_index=1),
         "SegmentStore/Subscribe": lambda _: s.SubscribeRequest(  # on the data port
             start=s.SubscribeStart(segment=segment, from_index=1)
         ),
@@ -310,8 +310,8 @@ STATUS_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 def data_port_status(transport: Transport, data_address: str, request: Any) -> str:
-    """The answer of a store's data port to a Write stream or a Subscribe of `request`
-    (None: a connection's hello alone)."""
+    """The answer of a store's data port to a Write stream of `request`, a Read of it
+    (its replies all read) or a Subscribe of it, or (None) a connection's hello alone."""
 
     async def write() -> str:
         async with framed.connect(data_address, transport) as connection:
@@ -319,6 +319,13 @@ def data_port_status(transport: Transport, data_address: str, request: Any) -> s
                 return OK
             if isinstance(request, s.SubscribeRequest):
                 return await _subscribe_status(connection, request)
+            if isinstance(request, s.ReadRequest):
+                read = await connection.call(framing.READ)
+                await read.send(request)
+                await read.end()
+                while await read.receive() is not None:
+                    pass
+                return OK
             call = await connection.call(framing.WRITE)
             await call.send(request)
             await call.end()

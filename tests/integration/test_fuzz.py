@@ -63,7 +63,11 @@ READ_ONLY = {
 }
 STREAMING = {"SegmentStore/Write": "stream", "SegmentStore/Subscribe": "stream"}
 # Served on the stores' data port (docs/data-plane.md), by method.
-DATA_PORT = {"SegmentStore/Write": framing.WRITE, "SegmentStore/Subscribe": framing.SUBSCRIBE}
+DATA_PORT = {
+    "SegmentStore/Write": framing.WRITE,
+    "SegmentStore/Read": framing.READ,
+    "SegmentStore/Subscribe": framing.SUBSCRIBE,
+}
 SERVER_STREAMING = {"SegmentStore/Read", "Master/HoldLease", "Master/HoldLeaseSession"}
 HELD_OPEN = {"Master/HoldLease", "Master/HoldLeaseSession"}
 
@@ -263,6 +267,7 @@ class Victim:
                 s.CopySegmentRequest(
                     segment=sealed_id,
                     source_address=self.sealed.copy_set[1].address,
+                    source_data_address=self.sealed.copy_set[1].data_address,
                     final_index=self.sealed.final_index,
                     fence=driver.epoch,
                 )
@@ -334,12 +339,14 @@ def mutated(seed: bytes) -> st.SearchStrategy[bytes]:
 
 
 def send_framed(
-    address: str, method: framing.Method, messages: list[bytes], token: str | None
+    address: str, rpc: str, messages: list[bytes], token: str | None
 ) -> grpc.StatusCode:
-    """One request of raw request bytes on the data port of the store at gRPC
-    `address`; the status of its first answer (a refused request's, or the call's: a
-    live tail's first reply is OK)."""
+    """One request of raw request bytes on the data port of the store at gRPC `address`
+    (a Read of the first alone); the status of its first answer (a refused request's, or
+    the call's: a live tail's first reply is OK), or of a Read once its replies are read."""
     transport = Transport(token=token) if token else PLAINTEXT
+    method = DATA_PORT[rpc]
+    sent = messages[:1] if rpc in SERVER_STREAMING else messages
 
     async def write() -> int:
         async with (
@@ -347,10 +354,12 @@ def send_framed(
             framed.connect(data_address_of(address), transport) as connection,
         ):
             call = await connection.call(method)
-            for message in messages:
+            for message in sent:
                 await call.send_parts([message])
             await call.end()
             reply = await call.receive()
+            while method is framing.READ and reply is not None:
+                reply = await call.receive()
         if isinstance(reply, s.WriteReply) and reply.status == s.REFUSED:
             return reply.error.code
         return grpc.StatusCode.OK.value[0]
@@ -367,7 +376,7 @@ def send_framed(
 def send(address: str, rpc: str, messages: list[bytes], token: str | None) -> grpc.StatusCode:
     """One call with raw request bytes; the status it ended with."""
     if rpc in DATA_PORT:
-        return send_framed(address, DATA_PORT[rpc], messages, token)
+        return send_framed(address, rpc, messages, token)
     service, method = rpc.split("/")
     path = f"/streamengine.v1.{service}/{method}"
     metadata = bearer(token) if token else None

@@ -1,25 +1,26 @@
 """CopySegment between two real store processes, paused mid-copy: the copy is fenced
 before its first batch, and nothing it writes is served before its digest matched.
 
-The source sits behind a relay in the test process that forwards every call to it and
-can hold its Read stream between two replies: a slow network, not a fake store.
+The source's data port sits behind a relay in the test process that forwards each Read
+to it and can hold it between two replies: a slow network, not a fake store.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
-from streamengine.protocol.channels import CLIENT_OPTIONS
+from streamengine.protocol import framed_read
 from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framing import Kind
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import wait_until
-from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
+from streamengine.v1 import segment_store_pb2
 from tests.integration.store_helpers import (
     StoreStub,
     WriteRefused,
@@ -40,25 +41,23 @@ FINAL = 301  # the bridge; one packed Read reply carries the whole segment
 SOURCE_FENCE = 4
 
 
-class HeldRelay(segment_store_pb2_grpc.SegmentStoreServicer):
-    """Forwards to the source; a Read stream waits for `release` after its first reply."""
+class HeldRelay:
+    """Serves Read on a data port of its own, forwarding each to the source's; a Read
+    waits for `release` after its first reply."""
 
-    def __init__(self, source: StoreStub) -> None:
-        self.source = source
+    def __init__(self, source_data_address: str) -> None:
+        self.source_data_address = source_data_address
         self.reading = asyncio.Event()
         self.release = asyncio.Event()
+        self.server = DataServer({Kind.READ_REQUEST: self.read}, lambda known, _token: known)
 
-    async def GetSegmentState(self, request: Any, context: Any) -> Any:
-        return await self.source.GetSegmentState(request)
-
-    async def Digest(self, request: Any, context: Any) -> Any:
-        return await self.source.Digest(request)
-
-    async def Read(self, request: Any, context: Any) -> AsyncIterator[segment_store_pb2.ReadReply]:
+    async def read(self, call: ServerCall) -> None:
+        request = await call.receive()
+        assert isinstance(request, segment_store_pb2.ReadRequest)
         self.reading.set()
         first = True
-        async for reply in self.source.Read(request):
-            yield reply
+        async for reply in framed_read.read(self.source_data_address, PLAINTEXT, request):
+            await call.send(reply)
             if first:
                 first = False
                 await self.release.wait()
@@ -86,7 +85,7 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
     segment = seg(601, 3)
     source = lone_store_process(tmp_path, 1)
     target = lone_store_process(tmp_path, 2)
-    relay_server = grpc.aio.server(options=CLIENT_OPTIONS)
+    relay = HeldRelay(source.data_address)
     try:
         source.start(wait=False)
         target.start()
@@ -102,15 +101,13 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
                 # The member that missed the bridge: epoch 3's events, acked up to 150.
                 await write_all(target_stub, [write_request(segment, 3, 150, entries(1, 180))])
                 acked_before = 150
-            relay = HeldRelay(source_stub)  # type: ignore[abstract]  # serves 3 RPCs of 8
-            segment_store_pb2_grpc.add_SegmentStoreServicer_to_server(relay, relay_server)
-            relay_port = relay_server.add_insecure_port("127.0.0.1:0")
-            await relay_server.start()
+            relay_port = await relay.server.start("127.0.0.1:0", None)
             copying = asyncio.ensure_future(
                 target_stub.CopySegment(
                     segment_store_pb2.CopySegmentRequest(
                         segment=segment,
-                        source_address=f"127.0.0.1:{relay_port}",
+                        source_address=source.address,
+                        source_data_address=f"127.0.0.1:{relay_port}",
                         final_index=FINAL,
                         fence=SOURCE_FENCE,
                     ),
@@ -144,7 +141,7 @@ async def test_a_delayed_write_of_an_old_leader_mid_copy_is_fenced_and_never_ser
             assert (after.fence, after.acked_index, after.bridge_index) == (4, FINAL, FINAL)
             assert await read_all(target_stub, segment, 1, FINAL) == wanted
     finally:
-        await relay_server.stop(None)
+        await relay.server.stop()
         source.kill()
         target.kill()
 
@@ -171,7 +168,11 @@ async def test_a_copy_that_differs_from_its_source_stays_unconfirmed(tmp_path: P
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await target_stub.CopySegment(
                     segment_store_pb2.CopySegmentRequest(
-                        segment=segment, source_address=source.address, final_index=11, fence=4
+                        segment=segment,
+                        source_address=source.address,
+                        source_data_address=source.data_address,
+                        final_index=11,
+                        fence=4,
                     )
                 )
             assert refused.value.code() == grpc.StatusCode.DATA_LOSS
@@ -209,7 +210,11 @@ async def test_a_segment_larger_than_one_write_is_copied_in_pieces(tmp_path: Pat
             await source_stub.Seal(seal_request(segment, 4))
             copied = await target_stub.CopySegment(
                 segment_store_pb2.CopySegmentRequest(
-                    segment=segment, source_address=source.address, final_index=final, fence=4
+                    segment=segment,
+                    source_address=source.address,
+                    source_data_address=source.data_address,
+                    final_index=final,
+                    fence=4,
                 ),
                 timeout=60,
             )

@@ -143,7 +143,11 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
             await write_all(stub, [write_request(segment, 3, 0, [entry(5, 2, b"stale")])])
             copied = await stub.CopySegment(
                 segment_store_pb2.CopySegmentRequest(
-                    segment=segment, source_address=source.address, final_index=301, fence=4
+                    segment=segment,
+                    source_address=source.address,
+                    source_data_address=source.data_address,
+                    final_index=301,
+                    fence=4,
                 )
             )
             assert copied.entries_copied == 301 and copied.acked_index == 301
@@ -159,22 +163,32 @@ async def test_copy_segment_pulls_a_sealed_segment_and_verifies_its_digest(
             with pytest.raises(grpc.aio.AioRpcError) as short:
                 await stub.CopySegment(
                     segment_store_pb2.CopySegmentRequest(
-                        segment=segment, source_address=source.address, final_index=302, fence=4
+                        segment=segment,
+                        source_address=source.address,
+                        source_data_address=source.data_address,
+                        final_index=302,
+                        fence=4,
                     )
                 )
             assert short.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            here, there = (source.address, source.data_address), ("127.0.0.1:1", "127.0.0.1:1")
             failures = [
-                (seg(504, 3), source.address, grpc.StatusCode.NOT_FOUND),  # not on the source
-                (seg(505, 3), source.address, grpc.StatusCode.FAILED_PRECONDITION),  # unsealed
-                (segment, "127.0.0.1:1", grpc.StatusCode.UNAVAILABLE),  # source unreachable
+                (seg(504, 3), here, grpc.StatusCode.NOT_FOUND),  # not on the source
+                (seg(505, 3), here, grpc.StatusCode.FAILED_PRECONDITION),  # unsealed
+                (segment, there, grpc.StatusCode.UNAVAILABLE),  # source unreachable
+                (segment, (source.address, ""), grpc.StatusCode.INVALID_ARGUMENT),  # no data port
             ]
             async with store_stub(source) as source_stub:
                 await write_all(source_stub, [write_request(seg(505, 3), 3, 2, entries(1, 2))])
-            for failing, address, code in failures:
+            for failing, (address, data_address), code in failures:
                 with pytest.raises(grpc.aio.AioRpcError) as failed:
                     await stub.CopySegment(
                         segment_store_pb2.CopySegmentRequest(
-                            segment=failing, source_address=address, final_index=2, fence=4
+                            segment=failing,
+                            source_address=address,
+                            source_data_address=data_address,
+                            final_index=2,
+                            fence=4,
                         )
                     )
                 assert failed.value.code() == code, failed.value

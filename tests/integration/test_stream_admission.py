@@ -4,7 +4,7 @@ holds a bounded share of a store, so that nobody reaching a store's port locks i
 
 Before, 520 Write streams opened with only `ca.crt` and sending nothing took all of a
 store's 512 concurrent calls: a reader's GetSegmentState then failed
-RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs. Write and
+RESOURCE_EXHAUSTED, as would a leader's appends, recoveries and repairs. Write, Read and
 Subscribe now go on the data plane, whose connections say who calls in their hello: an
 anonymous one is refused there, and each Write or Subscribe request counts against its
 principal's share as a gRPC stream does.
@@ -47,6 +47,7 @@ REFUSED_AT_OPEN_S = 5.0
 # idle is well under a second; this leaves room for a loaded test machine.
 USUAL_S = 5.0
 CALL_TIMEOUT_S = 10.0
+ANY_SEGMENT = entry_pb2.SegmentId(stream_id=1, epoch=1)
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +115,19 @@ async def lead_append_and_read(cluster: Cluster, writer: Transport, reader: Tran
 
 
 async def test_anonymous_streams_are_refused_at_open_and_lock_nothing(secured: Cluster) -> None:
-    """600 Read streams with only ca.crt each end UNAUTHENTICATED at once, and so do
-    data-plane connections (Write, Subscribe) at their hello; while they are opened and
-    held, a tenant's reads and a leader's appends go on as usual."""
+    """600 calls with only ca.crt to a store's gRPC port each end PERMISSION_DENIED at
+    once, and so do data-plane connections (Write, Read, Subscribe) at their hello;
+    while they are made, a tenant's reads and a leader's appends go on as usual."""
     writer = tenant(secured, "acme", master_pb2.TOKEN_ROLE_WRITE)
     reader = tenant(secured, "acme", master_pb2.TOKEN_ROLE_READ)
     store = secured.stores[0].address
     async with anonymous(secured).aio_channel(store) as channel:
         stub = store_grpc.SegmentStoreStub(channel)
         calls: list[Any] = [
-            stub.Read(segment_store_pb2.ReadRequest(), timeout=CALL_TIMEOUT_S)
+            stub.GetSegmentState(
+                segment_store_pb2.GetSegmentStateRequest(segment=ANY_SEGMENT),
+                timeout=CALL_TIMEOUT_S,
+            )
             for _ in range(ANONYMOUS_STREAMS)
         ]
         try:
@@ -145,10 +149,10 @@ async def test_anonymous_streams_are_refused_at_open_and_lock_nothing(secured: C
         finally:
             for call in calls:
                 call.cancel()
-    assert set(codes) == {Code.UNAUTHENTICATED}, sorted({c.name for c in codes})
+    assert set(codes) == {Code.PERMISSION_DENIED}, sorted({c.name for c in codes})
     assert set(data_codes) == {StatusCode.UNAUTHENTICATED}
     assert took_s < USUAL_S
-    assert "certificate proof or a token" in await calls[0].details()
+    assert "presented no certificate or token" in await calls[0].details()
 
 
 async def anonymous_data_connection(cluster: Cluster) -> StatusCode:

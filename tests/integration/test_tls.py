@@ -190,6 +190,7 @@ async def test_delete_and_copy_only_from_the_masters_certificate(secured: Cluste
                     segment_store_pb2.CopySegmentRequest(
                         segment=segment.id,
                         source_address=segment.copy_set[1].address,
+                        source_data_address=segment.copy_set[1].data_address,
                         final_index=segment.final_index,
                         fence=before[1].fence + 1,
                     ),

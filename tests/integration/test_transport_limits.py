@@ -5,6 +5,7 @@ writer whose idle streams were closed goes on appending."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from tests.integration.store_helpers import (
     seg,
     state,
     store_stub,
+    write_all,
     write_request,
 )
 
@@ -137,3 +139,69 @@ async def test_a_writer_goes_on_after_its_idle_streams_were_closed(tmp_path: Pat
                 assert second > first
             events = [e.payload async for e in client.read("idle/writer")]
             assert events == [b"before", b"after"]
+
+
+READ_ENTRY_BYTES = 512 << 10
+READ_ENTRIES = 48  # 24 MiB: over two windows of replies
+
+
+async def test_a_reader_that_grants_nothing_holds_the_store_to_its_credit(
+    tmp_path: Path,
+) -> None:
+    """A Read of 24 MiB, a reply per entry, by a reader that reads its socket but grants
+    no credit back: the store sends replies within the hello's credit and no more; once
+    granted, the rest follows and the read ends."""
+    segment = seg(71, 3)
+    with lone_store(tmp_path) as store:
+        async with store_stub(store) as stub:
+            batches = [
+                write_request(segment, 3, 0, entries(first, first + 7, size=READ_ENTRY_BYTES))
+                for first in range(1, READ_ENTRIES + 1, 8)
+            ]
+            await write_all(stub, batches)
+        credit = framing.HEADER.size + FRAME_PAYLOAD_BYTES_MAX
+        hello = data_plane_pb2.Hello(version_min=1, version_max=1, stream_credit_bytes=credit)
+        read = segment_store_pb2.ReadRequest(segment=segment, from_index=1, max_entries_per_reply=1)
+        host, port = split_address(store.data_address)
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(
+            framing.encode(Kind.HELLO, 0, hello)
+            + framing.encode(Kind.READ_REQUEST, 1, read)
+            + framing.encode(Kind.END, 1, data_plane_pb2.End())
+        )
+        decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
+        replies: list[framing.Frame] = []
+        ended = False
+
+        async def take(timeout_s: float, until_replies: int) -> None:
+            nonlocal ended
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    while len(replies) < until_replies and not ended:
+                        for frame in decoder.feed(await reader.read(1 << 20)):
+                            assert frame.kind is not Kind.ERROR, framing.parse_control(frame)
+                            ended = ended or frame.kind is Kind.END
+                            if frame.kind is Kind.READ_REPLY:
+                                replies.append(frame)
+
+        try:
+            replies_in_credit = credit // (framing.HEADER.size + READ_ENTRY_BYTES + 64)
+            await take(10, replies_in_credit)  # what the credit holds: it comes at once
+            assert len(replies) == replies_in_credit
+            # Nothing more comes while no credit is granted (a bounded wait for a frame
+            # that must not come).
+            await take(0.5, READ_ENTRIES)
+            sent = sum(frame.size for frame in replies)
+            assert sent <= credit and len(replies) < READ_ENTRIES and not ended
+            assert credit - sent < replies[-1].size, "the store stopped short of its credit"
+            writer.write(framing.encode(Kind.CREDIT, 1, data_plane_pb2.Credit(bytes=1 << 40)))
+            await take(10, READ_ENTRIES + 1)
+            assert ended
+            indexes = [
+                entry.index
+                for frame in replies
+                for entry in framing.parse(frame, segment_store_pb2.ReadReply).entries
+            ]
+            assert indexes == list(range(1, READ_ENTRIES + 1))
+        finally:
+            writer.close()

@@ -29,9 +29,11 @@ from streamengine.client.core.replicator import ENTRY_MEMORY_BYTES, Append, Repl
 from streamengine.client.core.writer import FencedByStore
 from streamengine.client.sync import SyncStreamClient
 from streamengine.client.writer import Writer
+from streamengine.protocol import framed_read
 from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import unpack_sequence
+from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import Cluster, wait_until
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
@@ -44,16 +46,14 @@ def payload(number: int) -> bytes:
     return b"event-%06d-" % number + b"x" * 88
 
 
-async def read_store(address: str, stream_id: int, epoch: int) -> list[entry_pb2.Entry]:
-    async with grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
-        stub = store_grpc.SegmentStoreStub(channel)
-        request = segment_store_pb2.ReadRequest(
-            segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch), from_index=1
-        )
-        entries: list[entry_pb2.Entry] = []
-        async for reply in stub.Read(request, timeout=30):
-            entries.extend(reply.entries)
-        return entries
+async def read_store(data_address: str, stream_id: int, epoch: int) -> list[entry_pb2.Entry]:
+    request = segment_store_pb2.ReadRequest(
+        segment=entry_pb2.SegmentId(stream_id=stream_id, epoch=epoch), from_index=1
+    )
+    entries: list[entry_pb2.Entry] = []
+    async for reply in framed_read.read(data_address, PLAINTEXT, request, 30):
+        entries.extend(reply.entries)
+    return entries
 
 
 async def segment_state(
@@ -72,7 +72,7 @@ async def assert_held_in_order(
 ) -> None:
     held = 0
     for store in cluster.stores:
-        entries = await read_store(store.address, stream_id, epoch)
+        entries = await read_store(store.data_address, stream_id, epoch)
         if len(entries) < len(payloads):
             continue
         assert [e.index for e in entries] == list(range(1, len(payloads) + 1))

@@ -32,7 +32,7 @@ from streamengine.protocol.limits import (
     HELLO_PAYLOAD_BYTES_MAX,
     STREAM_CREDIT_BYTES,
 )
-from streamengine.v1 import data_plane_pb2, segment_store_pb2
+from streamengine.v1 import data_plane_pb2, entry_pb2, segment_store_pb2
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 SMALL_BOUND = 256
@@ -124,6 +124,11 @@ def test_our_own_frame_over_the_bound_is_refused() -> None:
         (Kind.WRITE_REQUEST, 1, False, False),
         (Kind.WRITE_REPLY, 1, False, True),
         (Kind.WRITE_REPLY, 1, True, False),
+        (Kind.READ_REQUEST, 1, True, True),
+        (Kind.READ_REQUEST, 0, True, False),
+        (Kind.READ_REQUEST, 1, False, False),
+        (Kind.READ_REPLY, 1, False, True),
+        (Kind.READ_REPLY, 1, True, False),
         (Kind.SUBSCRIBE_REQUEST, 1, True, True),
         (Kind.SUBSCRIBE_REQUEST, 0, True, False),
         (Kind.SUBSCRIBE_REQUEST, 1, False, False),
@@ -340,6 +345,12 @@ def test_mutated_frames_give_frames_or_one_frame_error(
     assert decoder.buffered_bytes < HEADER.size + SMALL_BOUND
 
 
+# Each message kind's payload type: methods' requests and replies.
+MESSAGE_TYPES = {m.request_kind: m.request_type for m in framing.METHODS.values()} | {
+    m.reply_kind: m.reply_type for m in framing.METHODS.values()
+}
+
+
 def check_frame_fully(frame: Frame) -> None:
     """Every step a receiver takes with a frame: its direction either way, and its
     payload as the message its kind names; each may only refuse with a FrameError."""
@@ -347,9 +358,7 @@ def check_frame_fully(frame: Frame) -> None:
         with contextlib.suppress(FrameError):
             framing.check_direction(frame, from_client)
     if framing.is_message(frame.kind):
-        method = framing.METHODS.get(frame.kind)
-        message_type = method.request_type if method else segment_store_pb2.WriteReply
-        framing.parse(frame, message_type)
+        framing.parse(frame, MESSAGE_TYPES[frame.kind])
     else:
         framing.parse_control(frame)
 
@@ -362,8 +371,44 @@ def test_each_method_has_its_kinds_messages_and_security_name() -> None:
     assert subscribe.request_type is segment_store_pb2.SubscribeRequest
     assert subscribe.reply_type is segment_store_pb2.SubscribeReply
     assert framing.METHODS[Kind.WRITE_REQUEST].name == "SegmentStore/Write"
+    assert framing.METHODS[Kind.READ_REQUEST].name == "SegmentStore/Read"
     for kind, method in framing.METHODS.items():
         assert kind == method.request_kind and kind % 2 == 0
         assert method.reply_kind == kind + 1
         assert framing.is_message(kind) and framing.is_message(method.reply_kind)
         assert method.name in auth.RPC_NEEDS
+
+
+READ_REQUEST_WIRE = framing.encode(
+    Kind.READ_REQUEST,
+    1,
+    segment_store_pb2.ReadRequest(
+        segment=entry_pb2.SegmentId(stream_id=7, epoch=3, stream="t/s"),
+        from_index=1,
+        to_index=9,
+        acked_only=True,
+        packed=True,
+    ),
+)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 1 << 10), st.integers(0, 255)), min_size=1, max_size=8))
+def test_a_mutated_read_request_is_a_read_request_or_one_frame_error(
+    flips: list[tuple[int, int]],
+) -> None:
+    """A Read request's frame with bytes changed anywhere (header or payload): what
+    decodes is checked and parsed as its kind says, or refused with a FrameError."""
+    wire = bytearray(READ_REQUEST_WIRE)
+    for position, value in flips:
+        wire[position % len(wire)] = value
+    decoder = FrameDecoder(SMALL_BOUND)
+    try:
+        for frame in decoder.feed(bytes(wire)):
+            check_frame_fully(frame)
+            if frame.kind is Kind.READ_REQUEST:
+                parsed = framing.parse(frame, framing.READ.request_type)
+                assert isinstance(parsed, segment_store_pb2.ReadRequest)
+    except FrameError:
+        pass
+    assert decoder.buffered_bytes < HEADER.size + SMALL_BOUND

@@ -31,7 +31,7 @@ from streamengine.client.core.replicator import Tick
 from streamengine.client.core.writer import RecoverSegment
 from streamengine.client.errors import Fenced, fence_of
 from streamengine.client.store_session import write_once
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed_read
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import StoredEntry
 from streamengine.protocol.framed import CallError
@@ -90,7 +90,7 @@ class SegmentSealer:
             replica.store_id: store_grpc.SegmentStoreStub(channels.get(replica.address))
             for replica in grant.copy_set
         }
-        # Writes go on the stores' data ports (`store_session.write_once`).
+        # Reads and writes go on the stores' data ports (`framed_read`, `write_once`).
         self._transport = channels.transport
         self._data_addresses = {
             replica.store_id: channels.dial(replica.data_address) for replica in grant.copy_set
@@ -218,7 +218,7 @@ class SegmentSealer:
                 error.code().name,
             )
             return None
-        except CallError as error:  # a write's, on the data plane
+        except CallError as error:  # a read's or a write's, on the data plane
             if error.code is StatusCode.FAILED_PRECONDITION:
                 fence_text = error.metadata.get(FENCE_METADATA_KEY)
                 return sr.RecoveryFenced(store, int(fence_text) if fence_text else FENCE_UNKNOWN)
@@ -252,7 +252,10 @@ class SegmentSealer:
         async def read() -> sr.Event:
             entries: list[StoredEntry] = []
             fence = 0
-            async for reply in self._stubs[action.store].Read(request, timeout=RPC_TIMEOUT_S):
+            replies = framed_read.read(
+                self._data_addresses[action.store], self._transport, request, RPC_TIMEOUT_S
+            )
+            async for reply in replies:
                 fence = max(fence, reply.fence)
                 entries.extend(codec.entries_from_pb(reply.entries))
             return sr.ReadAnswered(

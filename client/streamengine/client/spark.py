@@ -99,11 +99,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -133,7 +134,7 @@ from streamengine.client.core.replicas import (
 from streamengine.client.core.subscription import Asked, Unreachable, open_acked_index
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.client.packed import EVENT_FIELDS, Packed, event_columns, one_batch
-from streamengine.protocol import codec
+from streamengine.protocol import codec, framed_read
 from streamengine.protocol.auth import Role
 from streamengine.protocol.certificate import (
     Certificate,
@@ -148,6 +149,8 @@ from streamengine.protocol.entry import (
     InvalidProducer,
     check_producer_id,
 )
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framing import StatusCode
 from streamengine.protocol.limits import INDEX_MAX
 from streamengine.protocol.master_calls import SyncMasters, sync_masters
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
@@ -220,6 +223,8 @@ class SegmentRange(InputPartition):
     certificate: bytes = b""
     # Replicas the master knows to differ from the certificate: never read.
     bad: tuple[str, ...] = ()
+    # Where each replica serves the data plane: (its gRPC address, its data address).
+    data_addresses: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,8 @@ class _SegmentInfo:
     # Sealed accepting loss: acked events from this index through the bridge may be
     # lost (0: none).
     lost_from_index: int = 0
+    # Where each replica serves the data plane: (its gRPC address, its data address).
+    data_addresses: tuple[tuple[str, str], ...] = ()
     # The largest acked index the master knows (it trails the stores' answers).
     acked_index: int = 0
 
@@ -525,6 +532,7 @@ def segment_info(segment: entry_pb2.Segment) -> _SegmentInfo:
         bad=tuple(r.address for r in segment.copy_set if r.store_id in bad),
         lost_from_index=segment.lost_from_index,
         acked_index=segment.acked_index,
+        data_addresses=tuple((r.address, r.data_address) for r in segment.copy_set),
     )
 
 
@@ -630,6 +638,7 @@ def plan_ranges(
                 transport,
                 encoded,
                 segment.bad,
+                segment.data_addresses,
             )
         )
     return ranges
@@ -772,13 +781,16 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
         replicas.damaged(bad, 1)
     certificate = Certificate.decode(part.certificate) if part.certificate else None
     copy_set = part.replicas
+    data_addresses = dict(part.data_addresses)
     deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
     while next_index <= part.last_index:
         choice = replicas.choose(copy_set, True, next_index, monotonic_ms())
         if isinstance(choice, Relist):
             # Without the master's address (a partition planned by an older driver) the
             # planned copy set is the only list there is.
-            copy_set = _copy_set_now(part) if part.master else copy_set
+            if part.master:
+                copy_set, listed = _copy_set_now(part)
+                data_addresses.update(listed)
             replicas.list_refreshed()
             continue
         if isinstance(choice, Lost):
@@ -792,35 +804,52 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
             continue
         assert isinstance(choice, Ask)
         start = next_index
+        # A replica no list named a data port for is unreachable: its read fails at once.
+        replica = _Replica(choice.replica, data_addresses.get(choice.replica, ""))
         if certificate is not None:
-            read = _read_certified(part, certificate, choice.replica, start, replicas, errors)
+            read = _read_certified(part, certificate, replica, start, replicas, errors)
         else:
-            read = _read_replica(part, choice.replica, start, replicas, errors)
-        for batch, after in read:
-            next_index = after
-            if batch.num_rows:
-                yield batch
+            read = _read_replica(part, replica, start, replicas, errors)
+        with contextlib.closing(read):
+            for batch, after in read:
+                next_index = after
+                if batch.num_rows:
+                    yield batch
         if next_index > start:
             deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
 
 
+@dataclass(frozen=True)
+class _Replica:
+    """A replica as a read names it: its gRPC address (what the replica rules and the
+    master's reports know it by) and its data port (where it is read)."""
+
+    address: str
+    data_address: str
+
+    def read(
+        self, part: SegmentRange, request: segment_store_pb2.ReadRequest
+    ) -> Generator[segment_store_pb2.ReadReply, None, None]:
+        return framed_read.read_sync(self.data_address, part.transport, request, RPC_TIMEOUT_S)
+
+
 def _read_replica(
-    part: SegmentRange, address: str, next_index: int, replicas: ReplicaSet, errors: list[str]
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+    part: SegmentRange, replica: _Replica, next_index: int, replicas: ReplicaSet, errors: list[str]
+) -> Generator[tuple[pa.RecordBatch, int], None, None]:
     """Read `part` from `next_index` on one replica; each batch with the index after it.
     What the replica answers, or that it failed, goes to `replicas`."""
-    with part.transport.channel(address) as channel:
-        stub = store_grpc.SegmentStoreStub(channel)
-        request = segment_store_pb2.ReadRequest(
-            segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
-            from_index=next_index,
-            to_index=part.last_index,
-            acked_only=True,
-            packed=True,
-        )
+    address = replica.address
+    request = segment_store_pb2.ReadRequest(
+        segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
+        from_index=next_index,
+        to_index=part.last_index,
+        acked_only=True,
+        packed=True,
+    )
+    with contextlib.closing(replica.read(part, request)) as replies:
         pending: list[pa.RecordBatch] = []
         try:
-            for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
+            for reply in replies:
                 batch, next_index = _packed_batch(part, reply, next_index)
                 if batch is not None:
                     pending.append(batch)
@@ -829,7 +858,7 @@ def _read_replica(
                     pending = []
             # The read ended: the replica serves no more (its acked index).
             replicas.answered(address, next_index - 1)
-        except grpc.RpcError as error:
+        except CallError as error:
             _read_failed(part, address, next_index, error, replicas, errors)
         except _ShortRead as short:
             errors.append(f"{address}: {short}")
@@ -842,19 +871,19 @@ def _read_failed(
     part: SegmentRange,
     address: str,
     next_index: int,
-    error: grpc.RpcError,
+    error: CallError,
     replicas: ReplicaSet,
     errors: list[str],
 ) -> None:
     """A read that ended with an error: NOT_FOUND and DATA_LOSS are answers (it holds
     nothing, or what it holds from `next_index` is damaged: C14), the rest failures."""
-    code = error.code()
+    code = error.code
     errors.append(f"{address}: {code.name}")
-    if code == grpc.StatusCode.NOT_FOUND:
+    if code == StatusCode.NOT_FOUND:
         replicas.answered(address, 0)
-    elif code == grpc.StatusCode.DATA_LOSS:
+    elif code == StatusCode.DATA_LOSS:
         replicas.damaged(address, next_index)
-        _report(part, address, f"DATA_LOSS from index {next_index}: {error.details()}")
+        _report(part, address, f"DATA_LOSS from index {next_index}: {error.details}")
     else:
         log.info("%s: replica %s failed: %s", part.stream, address, code.name)
         replicas.failed(address, monotonic_ms())
@@ -863,11 +892,11 @@ def _read_failed(
 def _read_certified(
     part: SegmentRange,
     certificate: Certificate,
-    address: str,
+    replica: _Replica,
     next_index: int,
     replicas: ReplicaSet,
     errors: list[str],
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+) -> Generator[tuple[pa.RecordBatch, int], None, None]:
     """`_read_replica` under a certificate: the read covers whole chunks (from the one
     holding `next_index` to the one holding the partition's last index), each chunk is
     checked over the packed columns, and only rows of verified chunks leave, each batch
@@ -876,18 +905,18 @@ def _read_certified(
     check = ChunkCheck(certificate, next_index)
     read_last = certificate.chunk_of(part.last_index)[1]
     held: list[Packed] = []
-    with part.transport.channel(address) as channel:
-        stub = store_grpc.SegmentStoreStub(channel)
-        request = segment_store_pb2.ReadRequest(
-            segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
-            from_index=check.next_index,
-            to_index=read_last,
-            acked_only=True,
-            packed=True,
-            reader_verifies=True,
-        )
+    address = replica.address
+    request = segment_store_pb2.ReadRequest(
+        segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
+        from_index=check.next_index,
+        to_index=read_last,
+        acked_only=True,
+        packed=True,
+        reader_verifies=True,
+    )
+    with contextlib.closing(replica.read(part, request)) as replies:
         try:
-            for reply in stub.Read(request, timeout=RPC_TIMEOUT_S):
+            for reply in replies:
                 packed = Packed.of(reply)
                 if packed is None:
                     continue
@@ -915,7 +944,7 @@ def _read_certified(
             errors.append(f"{address}: {mismatch}")
             replicas.damaged(address, mismatch.first_index)
             _report(part, address, str(mismatch))
-        except grpc.RpcError as error:
+        except CallError as error:
             _read_failed(part, address, next_index, error, replicas, errors)
         except _ShortRead as short:
             errors.append(f"{address}: {short}")
@@ -978,12 +1007,13 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
             log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
 
-def _copy_set_now(part: SegmentRange) -> tuple[str, ...]:
+def _copy_set_now(part: SegmentRange) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The segment's copy set as the master lists it now, and its members' data ports."""
     layout = fetch_layout(part.master, part.stream, False, part.transport)
     for segment in layout.segments:
         if segment.epoch == part.epoch:
-            return segment.replicas
-    return ()
+            return segment.replicas, dict(segment.data_addresses)
+    return (), {}
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:

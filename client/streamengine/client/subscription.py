@@ -2,11 +2,11 @@
 batches (`subscribe_batches`, `read_batches`).
 
 A thin asyncio shell around `client.core.subscription.Cursor`: it fetches the master's
-segment list, reads one replica at a time (what it acked, in packed `Read` replies; then
-a live tail with `Subscribe`, on the store's data port: `_LiveTail`), feeds the cursor
-what arrives (and what fails), and hands out what the cursor releases. Reconnection is
-transparent: the cursor's position is the resume point, so no sequence is yielded twice
-and none is skipped but holes.
+segment list, reads one replica at a time (what it acked, in packed `Read` replies:
+`_PackedRead`; then a live tail with `Subscribe`: `_LiveTail`; both on the store's data
+port), feeds the cursor what arrives (and what fails), and hands out what the cursor
+releases. Reconnection is transparent: the cursor's position is the resume point, so no
+sequence is yielded twice and none is skipped but holes.
 
 Why one long module: `Follower`'s loop, its read-ahead and the reply streams it opens
 share one replica connection's lifecycle (open, read, tail, fail over); the decisions
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -45,7 +45,7 @@ from streamengine.client.core.subscription import (
 from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
 from streamengine.client.packed import Packed, released_batch, released_events
 from streamengine.client.retrying import retry_unary
-from streamengine.protocol import codec, framing
+from streamengine.protocol import codec, framed_read, framing
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import first_corrupt
@@ -100,47 +100,48 @@ class _StreamRef:
 
 
 class _Replies(Protocol):
-    """What `_follow` reads replies from: a gRPC call, a read-ahead, or a live tail."""
+    """What `_follow` reads replies from: a packed read, or a live tail."""
 
     def read(self) -> Awaitable[Any]: ...
 
     def cancel(self) -> bool: ...
 
 
-class _ReadAhead:
-    """A packed Read started before the cursor asked for it (`Cursor.upcoming`): its
-    replies wait in a small queue (the store is held back by flow control beyond it),
-    until `_read` takes it as the call the cursor asked for, or cancels it."""
+class _PackedRead:
+    """A packed Read on the replica's data port (`framed_read`), read by a task of its
+    own: its replies wait in a small queue (the store is held back by credit beyond it)
+    until `_follow` takes them. Started when the cursor asks for the read, or before
+    (`Cursor.upcoming`: a read-ahead), until `_read` takes it as the read the cursor
+    asked for, or cancels it."""
 
     REPLIES_HELD = 2
 
     def __init__(
-        self, read: ReadFrom, call: grpc.aio.UnaryStreamCall[Any, segment_store_pb2.ReadReply]
+        self, read: ReadFrom, replies: AsyncGenerator[segment_store_pb2.ReadReply, None]
     ) -> None:
         self.wanted = read
-        self._call = call
         self._replies: asyncio.Queue[object] = asyncio.Queue(self.REPLIES_HELD)
-        self._pump = asyncio.ensure_future(self._receive())
+        self._pump = asyncio.ensure_future(self._receive(replies))
 
-    async def _receive(self) -> None:
+    async def _receive(self, replies: AsyncGenerator[segment_store_pb2.ReadReply, None]) -> None:
         try:
-            while True:
-                reply = await self._call.read()
-                await self._replies.put(reply)
-                if reply is grpc.aio.EOF:
-                    return
-        except grpc.aio.AioRpcError as error:
+            # Closed in this task however the pump ends (its connection is this task's).
+            async with contextlib.aclosing(replies):
+                async for reply in replies:
+                    await self._replies.put(reply)
+            await self._replies.put(grpc.aio.EOF)
+        except CallError as error:
             await self._replies.put(error)
 
     async def read(self) -> object:
+        """The next reply, or grpc.aio.EOF after the last (what a gRPC call answers)."""
         reply = await self._replies.get()
-        if isinstance(reply, grpc.aio.AioRpcError):
+        if isinstance(reply, CallError):
             raise reply
         return reply
 
     def cancel(self) -> bool:
-        self._pump.cancel()
-        return self._call.cancel()
+        return self._pump.cancel()
 
 
 class _LiveTail:
@@ -236,8 +237,9 @@ class Follower:
         # What the master's latest list said was trimmed (`protocol.retention`).
         self._trimmed_through_epoch = 0
         self._first_retained = 0
-        self._ahead: _ReadAhead | None = None
-        # Each store's data port, by its gRPC address (`data_address`).
+        self._ahead: _PackedRead | None = None
+        # Each store's data port, by its gRPC address, from the master's latest lists:
+        # where its packed reads and tails go (`data_address`).
         self._data_addresses: dict[str, str] = {}
 
     async def released(self) -> AsyncIterator[list[Released]]:
@@ -341,7 +343,6 @@ class Follower:
         range is done: what it acked now in packed `Read` replies (a catch-up, no message
         per entry), then, still wanted, a live tail of what it acks from there on."""
         assert self._ref is not None
-        stub = store_grpc.SegmentStoreStub(self._channels.get(read.replica))
         segment = self.segment_id(read.epoch)
         ahead = self._ahead
         if ahead is not None and ahead.wanted.epoch <= read.epoch:
@@ -353,7 +354,7 @@ class Follower:
             ahead = None
         if ahead is None:
             cursor.on_call_started(read.epoch)
-        call: _Replies = ahead if ahead is not None else stub.Read(self._packed_read(read))
+        call: _Replies = ahead if ahead is not None else self._packed_read(read)
         if self._ahead is None:
             self._read_ahead(cursor)
         caught_up = _Outcome(packed=True)
@@ -378,13 +379,18 @@ class Follower:
         async for parts in self._follow(cursor, read, call, _Outcome(packed=False)):
             yield parts
 
-    def _packed_read(self, read: ReadFrom) -> segment_store_pb2.ReadRequest:
-        return segment_store_pb2.ReadRequest(
+    def _packed_read(self, read: ReadFrom) -> _PackedRead:
+        request = segment_store_pb2.ReadRequest(
             segment=self.segment_id(read.epoch),
             from_index=read.from_index,
             acked_only=True,
             packed=True,
             reader_verifies=read.checked,
+        )
+        # A replica no list named a data port for is unreachable: its read fails at once.
+        data_address = self._channels.dial(self.data_address(read.replica))
+        return _PackedRead(
+            read, framed_read.read(data_address, self._channels.transport, request)
         )
 
     def _read_ahead(self, cursor: Cursor) -> None:
@@ -393,8 +399,7 @@ class Follower:
         upcoming = cursor.upcoming()
         if upcoming is None:
             return
-        stub = store_grpc.SegmentStoreStub(self._channels.get(upcoming.replica))
-        self._ahead = _ReadAhead(upcoming, stub.Read(self._packed_read(upcoming)))
+        self._ahead = self._packed_read(upcoming)
 
     async def _follow(
         self,
@@ -453,8 +458,12 @@ class Follower:
                 await self.report(cursor)
                 return
             if code == "NOT_FOUND" and outcome.packed:
-                # A Read's answer that the replica holds nothing of the segment.
+                # A Read's answer that the replica holds nothing of the segment. Of an
+                # open segment that is nothing yet: the read goes on to tail it (the
+                # cursor says so; of a sealed one it leaves the replica). Asking again at
+                # once instead spun on the replica until the first write reached it.
                 cursor.on_position(read.epoch, read.replica, 0, monotonic_ms())
+                outcome.clean = True
                 return
             if cursor.position != start_position:
                 # Disconnected after serving (a consumer too slow for the store's buffer,
@@ -600,11 +609,12 @@ class Follower:
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from error
         self._ref = _StreamRef(self._stream, reply.stream_id)
-        for listed in reply.segments:
-            for replica in listed.copy_set:
-                self._data_addresses[replica.address] = replica.data_address
         self._trimmed_through_epoch = reply.trimmed_through_epoch
         self._first_retained = reply.first_retained_sequence
+        for segment in reply.segments:
+            for replica in segment.copy_set:
+                if replica.data_address:
+                    self._data_addresses[replica.address] = replica.data_address
         return segment_views(reply)
 
     async def _acked_end(self, segments: list[SegmentView]) -> int:

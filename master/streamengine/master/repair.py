@@ -186,9 +186,12 @@ class Repairer:
                 )
                 return repair.SourceState(state.fence, state.acked_index, state.bytes)
             if isinstance(action, repair.CopyToTarget):
+                source_record = self.state.stores.get(action.source)
                 copy = segment_store_pb2.CopySegmentRequest(
                     segment=segment_id,
                     source_address=self.state.address(action.source),
+                    # The copied entries are read on the source's data port.
+                    source_data_address=source_record.data_address if source_record else "",
                     final_index=action.final_index,
                     fence=action.fence,
                     tenant=authority.stream_tenant(segment_id.stream),

@@ -176,7 +176,7 @@ class Replica(_message.Message):
     zone: _builtins.str
     """The store's failure-domain label."""
     data_address: _builtins.str
-    """Where the store serves the data plane (Write; docs/data-plane.md), `host:port`."""
+    """Where the store serves the data plane (Write, Read; docs/data-plane.md), `host:port`."""
     def __init__(
         self,
         *,

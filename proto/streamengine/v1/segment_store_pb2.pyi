@@ -727,6 +727,7 @@ class CopySegmentRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     REPLACE_HELD_FIELD_NUMBER: _builtins.int
+    SOURCE_DATA_ADDRESS_FIELD_NUMBER: _builtins.int
     source_address: _builtins.str
     """The healthy replica to copy from."""
     final_index: _builtins.int
@@ -748,6 +749,10 @@ class CopySegmentRequest(_message.Message):
     (its fence, tenant and record kept) before the first copied entry, so none of its
     old copies outlives the copy.
     """
+    source_data_address: _builtins.str
+    """Where the source serves the data plane (docs/data-plane.md), `host:port`: the
+    copied entries are read there, the rest of the copy asks `source_address`.
+    """
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId:
         """The segment to copy; it must be sealed on the source."""
@@ -768,10 +773,11 @@ class CopySegmentRequest(_message.Message):
         tenant: _builtins.str = ...,
         certificate: _entry_pb2.SegmentCertificate | None = ...,
         replace_held: _builtins.bool = ...,
+        source_data_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "replace_held", b"replace_held", "segment", b"segment", "source_address", b"source_address", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "fence", b"fence", "final_index", b"final_index", "replace_held", b"replace_held", "segment", b"segment", "source_address", b"source_address", "source_data_address", b"source_data_address", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

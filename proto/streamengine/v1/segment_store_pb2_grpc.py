@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class SegmentStoreStub:
-    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    """Write (WriteRequest / WriteReply below), Read (ReadRequest / ReadReply: any range of
+    a segment, unacked entries included) and Subscribe (SubscribeRequest /
     SubscribeReply) are served on the store's data port, on the framed protocol of
     data_plane.proto (docs/data-plane.md), not on this service.
     """
@@ -41,11 +42,6 @@ class SegmentStoreStub:
                 '/streamengine.v1.SegmentStore/Seal',
                 request_serializer=streamengine_dot_v1_dot_segment__store__pb2.SealRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.SealReply.FromString,
-                _registered_method=True)
-        self.Read = channel.unary_stream(
-                '/streamengine.v1.SegmentStore/Read',
-                request_serializer=streamengine_dot_v1_dot_segment__store__pb2.ReadRequest.SerializeToString,
-                response_deserializer=streamengine_dot_v1_dot_segment__store__pb2.ReadReply.FromString,
                 _registered_method=True)
         self.CopySegment = channel.unary_unary(
                 '/streamengine.v1.SegmentStore/CopySegment',
@@ -75,20 +71,14 @@ class SegmentStoreStub:
 
 
 class SegmentStoreServicer:
-    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    """Write (WriteRequest / WriteReply below), Read (ReadRequest / ReadReply: any range of
+    a segment, unacked entries included) and Subscribe (SubscribeRequest /
     SubscribeReply) are served on the store's data port, on the framed protocol of
     data_plane.proto (docs/data-plane.md), not on this service.
     """
 
     def Seal(self, request, context):
         """Raise the segment's fence to `new_epoch` (never lower it), durably.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Read(self, request, context):
-        """Stream any range of a segment, unacked entries included (recovery, repair).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,11 +131,6 @@ def add_SegmentStoreServicer_to_server(servicer, server):
                     request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.SealRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_segment__store__pb2.SealReply.SerializeToString,
             ),
-            'Read': grpc.unary_stream_rpc_method_handler(
-                    servicer.Read,
-                    request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.ReadRequest.FromString,
-                    response_serializer=streamengine_dot_v1_dot_segment__store__pb2.ReadReply.SerializeToString,
-            ),
             'CopySegment': grpc.unary_unary_rpc_method_handler(
                     servicer.CopySegment,
                     request_deserializer=streamengine_dot_v1_dot_segment__store__pb2.CopySegmentRequest.FromString,
@@ -180,7 +165,8 @@ def add_SegmentStoreServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SegmentStore:
-    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    """Write (WriteRequest / WriteReply below), Read (ReadRequest / ReadReply: any range of
+    a segment, unacked entries included) and Subscribe (SubscribeRequest /
     SubscribeReply) are served on the store's data port, on the framed protocol of
     data_plane.proto (docs/data-plane.md), not on this service.
     """
@@ -202,33 +188,6 @@ class SegmentStore:
             '/streamengine.v1.SegmentStore/Seal',
             streamengine_dot_v1_dot_segment__store__pb2.SealRequest.SerializeToString,
             streamengine_dot_v1_dot_segment__store__pb2.SealReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Read(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/streamengine.v1.SegmentStore/Read',
-            streamengine_dot_v1_dot_segment__store__pb2.ReadRequest.SerializeToString,
-            streamengine_dot_v1_dot_segment__store__pb2.ReadReply.FromString,
             options,
             channel_credentials,
             insecure,

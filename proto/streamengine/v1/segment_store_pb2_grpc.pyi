@@ -46,7 +46,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SegmentStoreStub:
-    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    """Write (WriteRequest / WriteReply below), Read (ReadRequest / ReadReply: any range of
+    a segment, unacked entries included) and Subscribe (SubscribeRequest /
     SubscribeReply) are served on the store's data port, on the framed protocol of
     data_plane.proto (docs/data-plane.md), not on this service.
     """
@@ -57,8 +58,6 @@ class SegmentStoreStub:
     def __new__(cls, channel: _aio.Channel) -> SegmentStoreAsyncStub: ...
     Seal: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
-    Read: _grpc.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]
-    """Stream any range of a segment, unacked entries included (recovery, repair)."""
     CopySegment: _grpc.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]
     """Pull a whole sealed segment from a peer store under the source's fence, verify it
     by digest, and only then raise the copy's acked index to the final index. A copy
@@ -79,7 +78,8 @@ class SegmentStoreStub:
 
 @_typing.type_check_only
 class SegmentStoreAsyncStub(SegmentStoreStub):
-    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    """Write (WriteRequest / WriteReply below), Read (ReadRequest / ReadReply: any range of
+    a segment, unacked entries included) and Subscribe (SubscribeRequest /
     SubscribeReply) are served on the store's data port, on the framed protocol of
     data_plane.proto (docs/data-plane.md), not on this service.
     """
@@ -87,8 +87,6 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Seal: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.SealRequest, _segment_store_pb2.SealReply]  # type: ignore[assignment]
     """Raise the segment's fence to `new_epoch` (never lower it), durably."""
-    Read: _aio.UnaryStreamMultiCallable[_segment_store_pb2.ReadRequest, _segment_store_pb2.ReadReply]  # type: ignore[assignment]
-    """Stream any range of a segment, unacked entries included (recovery, repair)."""
     CopySegment: _aio.UnaryUnaryMultiCallable[_segment_store_pb2.CopySegmentRequest, _segment_store_pb2.CopySegmentReply]  # type: ignore[assignment]
     """Pull a whole sealed segment from a peer store under the source's fence, verify it
     by digest, and only then raise the copy's acked index to the final index. A copy
@@ -108,7 +106,8 @@ class SegmentStoreAsyncStub(SegmentStoreStub):
     """
 
 class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
-    """Write (WriteRequest / WriteReply below) and Subscribe (SubscribeRequest /
+    """Write (WriteRequest / WriteReply below), Read (ReadRequest / ReadReply: any range of
+    a segment, unacked entries included) and Subscribe (SubscribeRequest /
     SubscribeReply) are served on the store's data port, on the framed protocol of
     data_plane.proto (docs/data-plane.md), not on this service.
     """
@@ -120,14 +119,6 @@ class SegmentStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_segment_store_pb2.SealReply, _abc.Awaitable[_segment_store_pb2.SealReply]]:
         """Raise the segment's fence to `new_epoch` (never lower it), durably."""
-
-    @_abc_1.abstractmethod
-    def Read(
-        self,
-        request: _segment_store_pb2.ReadRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_segment_store_pb2.ReadReply], _abc.AsyncIterator[_segment_store_pb2.ReadReply]]:
-        """Stream any range of a segment, unacked entries included (recovery, repair)."""
 
     @_abc_1.abstractmethod
     def CopySegment(

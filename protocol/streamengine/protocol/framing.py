@@ -7,10 +7,11 @@ payload:
 
 `length` counts the payload alone. The payload is one protobuf message: the protocol's
 own (data_plane.proto: Hello, HelloOk, Error, Credit, Ping, Pong, Cancel, End) or a
-method's request or reply (WriteRequest, WriteReply; SubscribeRequest, SubscribeReply).
-The kind says which, so a receiver parses nothing it did not expect. Flags and the
-reserved field are zero in version 1: a receiver refuses anything else (a later
-version, negotiated by the hello, may give them a meaning).
+method's request or reply (WriteRequest and WriteReply, ReadRequest and ReadReply,
+SubscribeRequest and SubscribeReply). The kind says which, so a receiver parses nothing
+it did not expect. Flags and the reserved field are zero in version 1: a receiver
+refuses anything else (a later version, negotiated by the hello, may give them a
+meaning).
 
 - The client opens with Hello on request id 0; the server answers HelloOk (the highest
   version both speak, `negotiate`) or Error and closes. Until then a frame is held to
@@ -103,9 +104,11 @@ class Kind(enum.IntEnum):
     END = 8
     WRITE_REQUEST = 32
     WRITE_REPLY = 33
-    # Kept for the methods that follow: READ 34/35, COPY_SEGMENT 38/39.
+    READ_REQUEST = 34
+    READ_REPLY = 35
     SUBSCRIBE_REQUEST = 36
     SUBSCRIBE_REPLY = 37
+    # Kept for the method that may follow: COPY_SEGMENT 38/39.
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,13 @@ WRITE = Method(
     segment_store_pb2.WriteRequest,
     segment_store_pb2.WriteReply,
 )
+READ = Method(
+    "SegmentStore/Read",
+    Kind.READ_REQUEST,
+    Kind.READ_REPLY,
+    segment_store_pb2.ReadRequest,
+    segment_store_pb2.ReadReply,
+)
 SUBSCRIBE = Method(
     "SegmentStore/Subscribe",
     Kind.SUBSCRIBE_REQUEST,
@@ -134,8 +144,7 @@ SUBSCRIBE = Method(
     segment_store_pb2.SubscribeRequest,
     segment_store_pb2.SubscribeReply,
 )
-METHODS: dict[Kind, Method] = {WRITE.request_kind: WRITE}
-METHODS[SUBSCRIBE.request_kind] = SUBSCRIBE
+METHODS: dict[Kind, Method] = {method.request_kind: method for method in (WRITE, READ, SUBSCRIBE)}
 _REPLY_KINDS = {method.reply_kind: method for method in METHODS.values()}
 
 _CONTROL_TYPES: dict[Kind, type[Message]] = {

@@ -149,6 +149,7 @@ class CatalogCalls:
                 self.store.members,
                 segment_key(request.segment),
                 request.source_address,
+                request.source_data_address,
                 request.final_index,
                 request.fence,
                 request.tenant,

@@ -1,13 +1,14 @@
-"""The reader's calls: Read (entries, or packed values back to back) and Digest (a
-digest, or the replica's certificate). The shell of `core.reads`: reads of the KV run in
-the store's reader threads.
+"""The reader's calls: Read (entries, or packed values back to back; served on the data
+port, `data_plane.py`) and Digest (a digest, or the replica's certificate, on gRPC). The
+shell of `core.reads`: reads of the KV run in the store's reader threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import grpc
@@ -17,7 +18,7 @@ from streamengine.protocol.auth import Principal
 from streamengine.protocol.entry import CorruptEntry, first_corrupt_value
 from streamengine.protocol.limits import (
     EVENT_BYTES_MAX,
-    GRPC_MESSAGE_BYTES_MAX,
+    FRAME_PAYLOAD_BYTES_MAX,
     INDEX_MAX,
     WRITE_BATCH_BYTES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
@@ -28,10 +29,10 @@ from streamengine.segment_store.core.errors import BadRequest, SegmentNotFound, 
 from streamengine.segment_store.core.keys import SegmentMeta, entry_index
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.refusals import abort
-from streamengine.segment_store.store_context import StoreContext, segment_key, segment_pb
+from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
-# Read replies: entries and bytes per message, far below the gRPC message limit.
+# Read replies: entries and bytes per message, far below a data-plane frame's bound.
 READ_REPLY_ENTRIES_DEFAULT = 256
 READ_REPLY_BYTES_MAX = 4 << 20
 # A packed Read reply: no message per entry. Sized so that a reply of small events
@@ -44,7 +45,7 @@ assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 # and carries a length (a few bytes) per entry.
 assert (
     PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
-    <= GRPC_MESSAGE_BYTES_MAX
+    <= FRAME_PAYLOAD_BYTES_MAX
 )
 
 
@@ -74,34 +75,28 @@ def read_entries(
 
 
 class ReadCalls:
-    """Read and Digest."""
+    """Read (served on the data port, `data_plane.py`) and Digest."""
 
     def __init__(self, store: StoreContext) -> None:
         self.store = store
 
     def methods(self) -> dict[str, Callable[..., Any]]:
-        return {"Read": self.read, "Digest": self.digest}
+        """The gRPC calls (Read is the data plane's)."""
+        return {"Digest": self.digest}
 
     async def read(
-        self,
-        request: segment_store_pb2.ReadRequest,
-        context: grpc.aio.ServicerContext[
-            segment_store_pb2.ReadRequest, segment_store_pb2.ReadReply
-        ],
-        caller: Principal,
-    ) -> AsyncIterator[segment_store_pb2.ReadReply]:
-        try:
-            segment = segment_key(request.segment)
-            self.store.check_reader(caller, "Read", segment)
-            meta = self.store.core.catalog.meta(segment)
-            if meta is None:
-                raise SegmentNotFound(
-                    f"segment {segment.stream_id}/{segment.epoch} is not held here"
-                )
-            if request.to_index and request.to_index < request.from_index:
-                raise BadRequest(f"to_index {request.to_index} < from_index {request.from_index}")
-        except StoreError as error:
-            await abort(context, error)
+        self, request: segment_store_pb2.ReadRequest, caller: Principal
+    ) -> AsyncGenerator[segment_store_pb2.ReadReply, None]:
+        """The replies of `request` (the data plane's Read, `data_plane.py`, sends each
+        as the reader's credit allows: nothing is read ahead of that but one run). Raises
+        StoreError or CorruptEntry for what ends the read with a status."""
+        segment = segment_key(request.segment)
+        self.store.check_reader(caller, "Read", segment)
+        meta = self.store.core.catalog.meta(segment)
+        if meta is None:
+            raise SegmentNotFound(f"segment {segment.stream_id}/{segment.epoch} is not held here")
+        if request.to_index and request.to_index < request.from_index:
+            raise BadRequest(f"to_index {request.to_index} < from_index {request.from_index}")
         per_reply = min(
             request.max_entries_per_reply or READ_REPLY_ENTRIES_DEFAULT, WRITE_BATCH_ENTRIES_MAX
         )
@@ -111,29 +106,27 @@ class ReadCalls:
         next_index = max(request.from_index, 1)
         if request.packed:
             replies = self._read_packed(
-                context, segment, meta, next_index, upper, verify=not request.reader_verifies
+                segment, meta, next_index, upper, verify=not request.reader_verifies
             )
-            async for reply in replies:
-                yield reply
+            async with contextlib.aclosing(replies):
+                async for reply in replies:
+                    yield reply
             return
         sent = False
         while True:
             entries: list[entry_pb2.Entry] = []
             if next_index <= upper:
-                try:
-                    entries = await self.store.in_thread(
-                        functools.partial(
-                            read_entries,
-                            self.store.core,
-                            segment,
-                            next_index,
-                            upper,
-                            request.acked_only,
-                            per_reply,
-                        )
+                entries = await self.store.in_thread(
+                    functools.partial(
+                        read_entries,
+                        self.store.core,
+                        segment,
+                        next_index,
+                        upper,
+                        request.acked_only,
+                        per_reply,
                     )
-                except (StoreError, CorruptEntry) as error:
-                    await abort(context, error)
+                )
             if entries or not sent:
                 metrics.READ_ENTRIES.labels("read").inc(len(entries))
                 yield segment_store_pb2.ReadReply(
@@ -150,13 +143,12 @@ class ReadCalls:
 
     async def _read_packed(
         self,
-        context: grpc.aio.ServicerContext[Any, Any],
         segment: SegmentKey,
         meta: SegmentMeta,
         next_index: int,
         upper: int,
         verify: bool,
-    ) -> AsyncIterator[segment_store_pb2.ReadReply]:
+    ) -> AsyncGenerator[segment_store_pb2.ReadReply, None]:
         """Read's bulk form: values back to back, a reply per batch of consecutive
         indexes, ending before the first index the store lacks. `verify=False` where
         the reader checks what it hands out against the certificate (`reader_verifies`)."""
@@ -176,10 +168,7 @@ class ReadCalls:
             while True:
                 first, values = next_index, list[bytes]()
                 if ahead is not None:
-                    try:
-                        first, values = await ahead
-                    except (StoreError, CorruptEntry) as error:
-                        await abort(context, error, segment_pb(segment))
+                    first, values = await ahead
                     ahead = None
                 next_index = first + len(values)
                 if values and next_index <= upper:

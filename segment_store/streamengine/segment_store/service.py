@@ -2,8 +2,9 @@
 composed of one handler object per group of calls over one shared `StoreContext`:
 
 - `writes.WriteCalls`: Seal (the writer's; Write is served on the data port,
-  `data_plane.py`, and so is Subscribe, `tail.TailCalls`);
-- `reads.ReadCalls`: Read, Digest;
+  `data_plane.py`, and so are Read and Subscribe, `reads.ReadCalls` and
+  `tail.TailCalls`);
+- `reads.ReadCalls`: Digest;
 - `catalog.CatalogCalls`: GetSegmentState, ListSegmentRecords, Delete, CopySegment.
 
 gRPC serves one handler per service: `add_to_server` builds it from the groups' methods,
@@ -13,27 +14,21 @@ goes through the group committer; reads run in worker threads. One table
 (`refusals.STATUS`) maps the store's errors to gRPC statuses; a refused request changes
 nothing.
 
-A streaming call (Read) is admitted when it opens, before any of its
-messages is read (`_admitted_at_open`): its caller proven from the call's metadata and
-counted against its share (`StoreContext.open_stream`); its behaviour then takes that
-caller as a third argument and authorizes each request with it.
+Every call here is unary: the streaming ones (Write, Read, Subscribe) are the data
+port's.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
-from streamengine.protocol.auth import Principal
 from streamengine.segment_store.catalog import CatalogCalls
-from streamengine.segment_store.core.errors import StoreError
 from streamengine.segment_store.reads import ReadCalls
-from streamengine.segment_store.refusals import abort
 from streamengine.segment_store.store_context import StoreContext
 from streamengine.segment_store.writes import WriteCalls
 from streamengine.v1 import segment_store_pb2
@@ -80,43 +75,11 @@ def _method_handlers(
     handlers = {}
     for name, behaviour in behaviours.items():
         method = SERVICE.methods_by_name[name]
-        if method.client_streaming or method.server_streaming:
-            behaviour = _admitted_at_open(store, behaviour)
+        assert not (method.client_streaming or method.server_streaming), (
+            f"{name} streams: streaming calls are the data port's"
+        )
         handlers[name] = _method_handler(method, behaviour)
     return handlers
-
-
-async def _open(store: StoreContext, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-    try:
-        return store.open_stream(context)
-    except StoreError as error:
-        await abort(context, error)
-
-
-def _admitted_at_open(store: StoreContext, behaviour: Callable[..., Any]) -> Callable[..., Any]:
-    """A streaming behaviour `(request, context, caller)` served as grpc calls it, once
-    its caller is admitted (module doc), of the same kind: an async generator (yields
-    replies) or a coroutine (writes them to the context)."""
-    if inspect.isasyncgenfunction(behaviour):
-
-        async def generator(request: Any, context: Any) -> AsyncIterator[Any]:
-            caller = await _open(store, context)
-            try:
-                async for reply in behaviour(request, context, caller):
-                    yield reply
-            finally:
-                store.close_stream(caller)
-
-        return generator
-
-    async def coroutine(request: Any, context: Any) -> Any:
-        caller = await _open(store, context)
-        try:
-            return await behaviour(request, context, caller)
-        finally:
-            store.close_stream(caller)
-
-    return coroutine
 
 
 def _method_handler(method: MethodDescriptor, behaviour: Callable[..., Any]) -> Handler:

@@ -8,9 +8,10 @@ Every call first resolves its caller (`protocol.callers`) and is authorized
 (`protocol.auth.authorize`) with the tenant of the stream it touches: for Write and
 Seal the tenant of their grant, which must also list the segment and this store
 (`core.authority`); for reads the tenant this store keeps for the stream. A streaming
-call resolves its caller once, when it opens (`open_stream`): an anonymous one is
-refused before anything of it is read, and each principal holds a bounded share of the
-store (`core.authority.CallerShares`).
+call (the data port's) has its caller resolved once, at the connection's hello: an
+anonymous one is refused before anything of it is read, and each principal holds a
+bounded share of the store while its requests run (`admit_stream`,
+`core.authority.CallerShares`).
 """
 
 from __future__ import annotations
@@ -122,15 +123,10 @@ class StoreContext:
             raise CallerUnproven(principal.reason)
         return principal
 
-    def open_stream(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
-        """The caller of a streaming call as it opens, counted against its share until
-        `close_stream`; raises as `caller` does, CallerUnproven for an anonymous caller
-        of a secured store, OverCallerLimit for one holding all it may."""
-        return self.admit_stream(self.caller(context))
-
     def admit_stream(self, principal: Principal) -> Principal:
-        """A streaming call of a caller known otherwise (the data plane's, at its hello)
-        counted as `open_stream` counts one."""
+        """A streaming call (a data-port request, its caller known at the hello), counted
+        against its caller's share until `close_stream`; raises OverCallerLimit for one
+        holding all it may."""
         self.shares.open_stream(principal)
         return principal
 

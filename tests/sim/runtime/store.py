@@ -67,7 +67,7 @@ class SimStore:
         self.network = network
         self.store_id = store_id
         self.address = f"{store_id}:1"
-        self.data_address = f"{store_id}:2"  # the data plane's port (Write)
+        self.data_address = f"{store_id}:2"  # the data plane's port (Write, Read)
         self.trusted_keys = tuple(trusted_keys)
         self.config = config or ServiceConfig()
         self.master_address = master_address

@@ -2,10 +2,10 @@
 generated stubs over `Transport.aio_channel`, on the deterministic loop, with the
 network's faults.
 
-Entries reach a store and leave it on its data plane (`write_stream`, `SubscribeCall`:
-the framed protocol over the simulated byte streams); the master's HoldLeaseSession, a
-streaming gRPC call held open while its client lives, is the sample of a streaming
-exchange here."""
+Entries reach a store and leave it on its data plane (`write_stream`, `framed_read`,
+`SubscribeCall`: the framed protocol over the simulated byte streams); the master's
+HoldLeaseSession, a streaming gRPC call held open while its client lives, is the sample
+of a streaming exchange here."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from bench.segment_driver import write_stream
 from streamengine.client.errors import fence_of
 from streamengine.master import etcd
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
-from streamengine.protocol import framed, transport
+from streamengine.protocol import framed, framed_read, transport
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import wait_until
 from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2, segment_store_pb2_grpc
@@ -191,21 +191,58 @@ def test_unary_calls_a_data_plane_tail_and_a_lease_session_reach_the_services() 
     ]
 
 
-def test_a_read_streams_its_replies_through_the_executor_path() -> None:
+def test_a_read_streams_its_replies_on_the_data_plane() -> None:
     async def scenario(
         network: SimNetwork, stores: list[SimStore], master: SimMaster
     ) -> list[list[int]]:
-        stub = stub_of(stores[0])
         segment = seg(7, 3)
         await write(stores[0], segment, 1, 9, 9)
-        read = stub.Read(
-            segment_store_pb2.ReadRequest(
-                segment=segment, from_index=1, to_index=9, max_entries_per_reply=4
-            )
+        request = segment_store_pb2.ReadRequest(
+            segment=segment, from_index=1, to_index=9, max_entries_per_reply=4
         )
+        read = framed_read.read(stores[0].data_address, PLAINTEXT, request)
         return [[entry.index for entry in reply.entries] async for reply in read]
 
     assert simulate(1, scenario) == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+
+
+def test_a_server_streaming_call_streams_through_the_executor_path() -> None:
+    """The master's HoldLeaseSession (one request, replies streamed): its first reply
+    arrives, the same session is refused while it is held, and cancelling the call ends
+    its handler at the master, which frees the session."""
+    session = bytes(range(16))
+
+    async def hold(stub: Any) -> Any:
+        return stub.HoldLeaseSession(master_pb2.HoldLeaseSessionRequest(session=session))
+
+    async def scenario(master: SimMaster) -> list[object]:
+        await master.serving.wait()
+        stub = master_pb2_grpc.MasterStub(PLAINTEXT.aio_channel(master.address))
+        held = await hold(stub)
+        first = await held.read()
+        again = await hold(stub)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await again.read()
+        held.cancel()
+        state = master.state
+        assert state is not None
+        await wait_until(lambda: session not in state.leadership.sessions)
+        reopened = await hold(stub)
+        second = await reopened.read()
+        reopened.cancel()
+        return [first.held, refused.value.code().name, second.held]
+
+    async def main() -> list[object]:
+        network = SimNetwork(asyncio.get_running_loop(), None)
+        master = SimMaster(network)
+        with network.installed():
+            async with asyncio.TaskGroup() as group:
+                serving = group.create_task(master.serve(), context=node_context(master.name))
+                trace = await group.create_task(scenario(master), context=node_context(WRITER))
+                serving.cancel()
+        return trace
+
+    assert run(main(), 1) == [True, "ALREADY_EXISTS", True]
 
 
 def test_an_abort_reaches_the_caller_as_a_real_channel_gives_it() -> None:

@@ -1608,8 +1608,10 @@ def _observing_writes(
 ) -> Iterator[None]:
     """`framed.connect` telling `observe` (as `SimNetwork.call_observers` hear a gRPC
     call) each status a data-plane connection ended with, as a Write's: a writer's
-    connection carries its Writes (a follower's carries live tails, whose refusals are
-    nobody's Write and count for nothing here)."""
+    connection carries its Writes, and a connection refused at its hello (a revoked
+    token's) has made no call yet, so a Read's ends are counted with the Writes' (a
+    follower's live tails ride connections of their own, whose refusals are nobody's
+    Write)."""
     connect = framed.connect
 
     def ended(address: str, error: framed.CallError) -> None:

@@ -28,8 +28,10 @@ from streamengine.client.core.recovery_plan import (
     StoreAnswer,
     plan_recovery,
 )
+from streamengine.protocol import framed_read
 from streamengine.protocol.codec import entries_from_pb
 from streamengine.protocol.entry import EntryKind, StoredEntry
+from streamengine.protocol.framed import CallError
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.transport import PLAINTEXT, Transport
 from streamengine.tools.ops import RPC_TIMEOUT_S, client_transport, master_stub
@@ -69,16 +71,16 @@ def probe_store(
 
 
 def read_store(
-    transport: Transport, address: str, segment: entry_pb2.SegmentId, from_index: int
+    transport: Transport, data_address: str, segment: entry_pb2.SegmentId, from_index: int
 ) -> list[StoredEntry]:
-    """Everything the store holds of `segment` from `from_index` on, acked or not."""
+    """Everything the store holds of `segment` from `from_index` on, acked or not (read
+    on its data port). Raises CallError."""
     request = segment_store_pb2.ReadRequest(
         segment=segment, from_index=from_index, to_index=0, acked_only=False
     )
     entries: list[StoredEntry] = []
-    with transport.channel(address) as channel:
-        for reply in store_grpc.SegmentStoreStub(channel).Read(request, timeout=RPC_TIMEOUT_S):
-            entries.extend(entries_from_pb(reply.entries))
+    for reply in framed_read.read_sync(data_address, transport, request, RPC_TIMEOUT_S):
+        entries.extend(entries_from_pb(reply.entries))
     return entries
 
 
@@ -238,9 +240,9 @@ def _probe_segment(
             explanation.probes.append(StoreProbe(replica.store_id, replica.address, None, state))
             continue
         try:
-            entries = read_store(transport, replica.address, segment_id, from_index)
-        except grpc.RpcError as error:
-            problem = f"read failed: {error.code().name}: {error.details()}"
+            entries = read_store(transport, replica.data_address, segment_id, from_index)
+        except CallError as error:
+            problem = f"read failed: {error.code.name}: {error.details}"
             explanation.probes.append(StoreProbe(replica.store_id, replica.address, None, problem))
             continue
         # What was read may have grown since the state was taken (a leader still writes).

@@ -269,9 +269,9 @@ FOLLOWER_HEARTBEAT_MS_MAX = 100
 @dataclass(frozen=True, slots=True)
 class Replica:
     store_id: str
-    address: str  # gRPC: Seal, reads, recovery
+    address: str  # gRPC: Seal, segment state
     zone: str = ""
-    data_address: str = ""  # the data plane: Write
+    data_address: str = ""  # the data plane: Write, and Read (reads, recovery)
 
 
 @dataclass(frozen=True, slots=True)

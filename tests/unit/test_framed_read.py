@@ -1,0 +1,143 @@
+"""Read on the data plane from both kinds of caller (protocol/framed_read.py), against a
+server on 127.0.0.1 that serves READ from a script: replies in order, a status with its
+metadata, a deadline, and the synchronous bridge taking replies from its own loop
+however long its caller waits (the connection stays alive) and ending the read when
+left early."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from streamengine.protocol import framed_read
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framing import Kind, StatusCode
+from streamengine.protocol.status import FENCE_METADATA_KEY
+from streamengine.protocol.transport import PLAINTEXT
+from streamengine.testing.ports import free_port
+from streamengine.v1 import entry_pb2, segment_store_pb2
+
+DEADLINE_S = 5.0
+REQUEST = segment_store_pb2.ReadRequest(
+    segment=entry_pb2.SegmentId(stream_id=7, epoch=3), from_index=1, to_index=5
+)
+
+
+def reply(index: int) -> segment_store_pb2.ReadReply:
+    return segment_store_pb2.ReadReply(first_index=index, packed_values=b"v%d" % index)
+
+
+async def five_replies(call: ServerCall) -> None:
+    request = await call.receive()
+    assert isinstance(request, segment_store_pb2.ReadRequest)
+    for index in range(request.from_index, request.to_index + 1):
+        await call.send(reply(index))
+
+
+async def fenced(call: ServerCall) -> None:
+    await call.send(reply(1))
+    raise CallError(StatusCode.FAILED_PRECONDITION, "below the fence", {FENCE_METADATA_KEY: "9"})
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handler: Callable[[ServerCall], Awaitable[None]], **options: Any
+) -> AsyncIterator[str]:
+    server = DataServer({Kind.READ_REQUEST: handler}, lambda known, _token: known, **options)
+    port = await server.start(f"127.0.0.1:{free_port()}", None)
+    try:
+        async with asyncio.timeout(DEADLINE_S * 2):
+            yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop()
+
+
+async def test_replies_come_in_order_and_the_read_ends_with_the_stores_end() -> None:
+    async with serving(five_replies) as address:
+        replies = [r async for r in framed_read.read(address, PLAINTEXT, REQUEST, DEADLINE_S)]
+    assert [r.first_index for r in replies] == [1, 2, 3, 4, 5]
+
+
+async def test_a_refusal_carries_its_status_and_fence() -> None:
+    async with serving(fenced) as address:
+        got: list[segment_store_pb2.ReadReply] = []
+        with pytest.raises(CallError) as refused:
+            async for r in framed_read.read(address, PLAINTEXT, REQUEST, DEADLINE_S):
+                got.append(r)
+    assert [r.first_index for r in got] == [1]
+    assert refused.value.code is StatusCode.FAILED_PRECONDITION
+    assert refused.value.metadata == {FENCE_METADATA_KEY: "9"}
+
+
+async def test_a_read_not_over_by_its_deadline_is_deadline_exceeded() -> None:
+    never = asyncio.Event()
+
+    async def stalls(call: ServerCall) -> None:
+        await call.send(reply(1))
+        await never.wait()
+
+    async with serving(stalls) as address:
+        with pytest.raises(CallError) as late:
+            async for _ in framed_read.read(address, PLAINTEXT, REQUEST, 0.3):
+                pass
+    assert late.value.code is StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_nothing_to_dial_is_a_clear_error() -> None:
+    with pytest.raises(CallError) as refused:
+        async for _ in framed_read.read("", PLAINTEXT, REQUEST, DEADLINE_S):
+            pass
+    assert refused.value.code is StatusCode.INVALID_ARGUMENT
+
+
+def test_the_sync_bridge_reads_refuses_ends_early_and_keeps_the_connection() -> None:
+    """Servers on a loop in a thread of the test; the sync reads from the test's own."""
+    ready = threading.Event()
+    addresses: dict[str, str] = {}
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        async with (
+            serving(five_replies) as good,
+            serving(fenced) as bad,
+            serving(five_replies, ping_interval_ms=50, dead_peer_ms=300) as strict,
+        ):
+            addresses.update(good=good, bad=bad, strict=strict)
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    try:
+        assert ready.wait(DEADLINE_S)
+        replies = framed_read.read_sync(addresses["good"], PLAINTEXT, REQUEST, DEADLINE_S)
+        assert [r.first_index for r in replies] == [1, 2, 3, 4, 5]
+        with pytest.raises(CallError) as refused:
+            list(framed_read.read_sync(addresses["bad"], PLAINTEXT, REQUEST, DEADLINE_S))
+        assert refused.value.code is StatusCode.FAILED_PRECONDITION
+        # Left after one reply: closing the iterator ends the read and its thread.
+        threads_before = threading.active_count()
+        early = framed_read.read_sync(addresses["good"], PLAINTEXT, REQUEST, DEADLINE_S)
+        assert next(early).first_index == 1
+        early.close()
+        assert threading.active_count() == threads_before
+        # A caller slower than the server's dead-peer time: the bridge's own loop pings.
+        slow = framed_read.read_sync(addresses["strict"], PLAINTEXT, REQUEST, DEADLINE_S)
+        taken = []
+        for r in slow:
+            taken.append(r.first_index)
+            if len(taken) == 1:
+                time.sleep(0.6)  # twice the dead-peer time, between two replies
+        assert taken == [1, 2, 3, 4, 5]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(DEADLINE_S * 3)
+        loop.close()
