@@ -179,10 +179,12 @@ def test_acked_index_rides_on_the_next_write_and_on_the_idle_tick() -> None:
     r.step(3, accept(out[1]))
     r.step(3, accept(out[2]))
     assert r.acked_index == 2
-    # Nothing more to write: after the idle interval every store hears 2 alone.
+    # Nothing more to write: once the acked index is the idle interval old, every store
+    # hears 2 alone.
     assert sends(r.step(3 + 1, Tick())) == []
-    assert r.deadline_ms(4) == 2 + r.limits.idle_ack_ms
-    idle = sends(r.step(2 + r.limits.idle_ack_ms, Tick()))
+    assert r.deadline_ms(4) == 3 + r.limits.idle_ack_ms
+    assert sends(r.step(2 + r.limits.idle_ack_ms, Tick())) == []
+    idle = sends(r.step(3 + r.limits.idle_ack_ms, Tick()))
     assert [(s.store, s.entries, s.acked_index) for s in idle] == [
         ("s1", (), 2),
         ("s2", (), 2),
@@ -191,6 +193,28 @@ def test_acked_index_rides_on_the_next_write_and_on_the_idle_tick() -> None:
     for send in idle:
         r.step(30, accept(send, matched=2, store_acked=2))
     assert r.flushed() and r.deadline_ms(30) is None
+
+
+def test_an_acked_index_waits_for_the_next_append_rather_than_going_alone() -> None:
+    """A writer appending again as soon as its last append is acked sends each store
+    one request per append: the acked index rides on it (long after the last send)."""
+    r = make()
+    out = sends(r.step(0, Append((b"x",))))
+    now = 100  # a slow round trip: the stores were last written to long ago
+    for send in out[:2]:
+        r.step(now, accept(send))
+    assert r.acked_index == 1
+    assert r.deadline_ms(now) == now + r.limits.idle_ack_ms
+    assert sends(r.step(now + r.limits.idle_ack_ms - 1, Tick())) == []
+    # s3 answers late: still no lone ack while the acked index is younger.
+    assert sends(r.step(now + 1, accept(out[2]))) == []
+    out = sends(r.step(now + 2, Append((b"y",))))
+    assert [(s.store, s.first_index, s.acked_index) for s in out] == [
+        ("s1", 2, 1),
+        ("s2", 2, 1),
+        ("s3", 2, 1),
+    ]
+    assert sends(r.step(now + 2 * r.limits.idle_ack_ms, Tick())) == []
 
 
 def test_flush_broadcasts_the_acked_index_without_waiting() -> None:
