@@ -26,6 +26,7 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     Tick,
     WriteReplied,
+    WritesReplied,
 )
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind
@@ -215,6 +216,65 @@ def test_an_acked_index_waits_for_the_next_append_rather_than_going_alone() -> N
         ("s3", 2, 1),
     ]
     assert sends(r.step(now + 2 * r.limits.idle_ack_ms, Tick())) == []
+
+
+def _pipelined(window: int = 4) -> tuple[Replicator, list[SendWrite]]:
+    """Three appends in flight to every store, one request each."""
+    r = make(ReplicatorLimits(window_batches=window, partial_in_flight_max=window, linger_ms=0))
+    out: list[SendWrite] = []
+    for now, payload in enumerate((b"a", b"b", b"c")):
+        out += sends(r.step(now, Append((payload,))))
+    assert [s.first_index for s in out if s.store == "s1"] == [1, 2, 3]
+    return r, out
+
+
+@pytest.mark.parametrize(
+    ("answered", "acked_after", "matched_after"),
+    [
+        # s1 and s2 answer all three in one message each: acked once, at 3.
+        ({"s1": 3, "s2": 3}, [3], {"s1": 3, "s2": 3, "s3": 0}),
+        # s1 answers all three, s2 the first only: the 2nd largest matched is 1.
+        ({"s1": 3, "s2": 1}, [1], {"s1": 3, "s2": 1, "s3": 0}),
+        # One store alone acks nothing, however many answers it sends.
+        ({"s3": 3}, [], {"s1": 0, "s2": 0, "s3": 3}),
+    ],
+)
+def test_a_batch_of_answers_is_one_step_with_one_ack(
+    answered: dict[str, int], acked_after: list[int], matched_after: dict[str, int]
+) -> None:
+    r, out = _pipelined()
+    actions: list[ReplicatorAction] = []
+    for store, count in answered.items():
+        replies = tuple(accept(s) for s in out if s.store == store)[:count]
+        actions += r.step(10, WritesReplied(replies))
+    assert acked(actions) == acked_after
+    assert {name: s.matched_index for name, s in r.statistics().stores.items()} == matched_after
+    assert all(
+        s.in_flight_requests == 3 - answered.get(name, 0)
+        for name, s in r.statistics().stores.items()
+    )
+
+
+def test_a_batch_of_answers_ends_where_the_answers_one_by_one_end() -> None:
+    """The same answers, as one batch per store or one step each: the same matched and
+    acked indexes, and the same entries sent again after a gap."""
+    results = []
+    for batched in (False, True):
+        r, out = _pipelined()
+        s1 = [s for s in out if s.store == "s1"]
+        # s1 lost the 2nd request: its answers to the 2nd and 3rd show the gap.
+        replies = (accept(s1[0]), accept(s1[1], matched=1), accept(s1[2], matched=1))
+        actions: list[ReplicatorAction] = []
+        if batched:
+            actions += r.step(10, WritesReplied(replies))
+        else:
+            for reply in replies:
+                actions += r.step(10, reply)
+        resent = [(s.first_index, s.last_index) for s in sends(actions, "s1")]
+        results.append((resent, r.acked_index, r.statistics().stores["s1"].matched_index))
+    assert results[0] == results[1]
+    # Sent again once, from the gap on (the 3rd answer predates the reset).
+    assert results[1][0][0][0] == 2
 
 
 def test_flush_broadcasts_the_acked_index_without_waiting() -> None:

@@ -3,7 +3,8 @@
 means. Opened when the first segment is attached, reopened with backoff while any is,
 kept for the next segment until the store closes it idle, closed with the client; each
 request serialized once (`client.wire`), what is queued when the stream sends going out
-in one message (`MessageParts`), each answer one event of its writer's core.
+in one message (`MessageParts`), and a reply's answers to one writer one event of its
+core (`WritesReplied`: a step for them all, not one per answer).
 
 Write goes on the store's data port, over the framed protocol (docs/data-plane.md): a
 connection per store, the Write stream one request on it. `write_once` is the same
@@ -26,6 +27,7 @@ from streamengine.client.core.replicator import (
     StoreConnected,
     StoreDisconnected,
     WriteReplied,
+    WritesReplied,
 )
 from streamengine.client.core.store_session import MessageParts, RouteKey, SessionRoutes
 from streamengine.client.core.writer import FencedByStore, LeaderEvent, Replica
@@ -49,6 +51,10 @@ class SegmentOwner(Protocol):
     """What a session needs of a writer: its core takes the store's events."""
 
     def store_event(self, event: LeaderEvent) -> None: ...
+
+
+# A reply's answers so far, per writer, in the order they came.
+_Answers = dict[SegmentOwner, list[WriteReplied]]
 
 
 def _key(segment: SegmentRef) -> RouteKey:
@@ -175,19 +181,26 @@ class StoreSession:
     async def _receive_loop(self, call: ClientCall) -> None:
         while (message := await call.receive()) is not None:
             assert isinstance(message, _WriteReply)
+            # Each owner steps once for all its answers in the message, after them all.
+            answers: _Answers = {}
             for reply in message.parts or (message,):
-                self._answered(reply)
+                self._answered(reply, answers)
+            for owner, replies in answers.items():
+                _hand_over(owner, replies)
 
-    def _answered(self, reply: _WriteReply) -> None:
+    def _answered(self, reply: _WriteReply, answers: _Answers) -> None:
         key = (reply.segment.stream_id, reply.segment.epoch)
         if reply.status == segment_store_pb2.REFUSED:
+            owner = self.routes.owner(key)
+            if owner is not None and owner in answers:
+                _hand_over(owner, answers.pop(owner))  # its answers before the refusal
             self._refused(key, reply)
             return
         owner, released = self.routes.replied(key, reply.request_id)
         for item in released:
             self._queue.put_nowait(item)
         if owner is not None:
-            owner.store_event(
+            answers.setdefault(owner, []).append(
                 WriteReplied(
                     self.store_id,
                     reply.request_id,
@@ -197,7 +210,7 @@ class StoreSession:
                     acked_index=reply.acked_index,
                     first_index=reply.first_index,
                     last_index=reply.last_index,
-                ),
+                )
             )
 
     def _refused(self, key: RouteKey, reply: _WriteReply) -> None:
@@ -237,6 +250,10 @@ class StoreSession:
     def _open(self, key: RouteKey, owner: SegmentOwner) -> None:
         if self._connected and self.routes.owner(key) is owner and self.routes.open(key):
             owner.store_event(StoreConnected(self.store_id))
+
+
+def _hand_over(owner: SegmentOwner, replies: list[WriteReplied]) -> None:
+    owner.store_event(replies[0] if len(replies) == 1 else WritesReplied(tuple(replies)))
 
 
 class StoreSessions:

@@ -195,6 +195,18 @@ class WriteReplied:
 
 
 @dataclass(frozen=True, slots=True)
+class WritesReplied:
+    """Several `WriteReplied` that came together (one store's message answers many
+    requests), in the order they came: one step takes them all, then decides once
+    what to ack and send, where a step per answer would decide after each."""
+
+    replies: tuple[WriteReplied, ...]
+
+    def __post_init__(self) -> None:
+        assert self.replies, "a batch of answers holds at least one"
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConnected:
     store: str
 
@@ -227,7 +239,15 @@ class Stop:
 
 
 ReplicatorEvent = (
-    Append | WriteReplied | StoreConnected | StoreDisconnected | Tick | AllowAcking | Flush | Stop
+    Append
+    | WriteReplied
+    | WritesReplied
+    | StoreConnected
+    | StoreDisconnected
+    | Tick
+    | AllowAcking
+    | Flush
+    | Stop
 )
 
 # ---- actions ----
@@ -538,6 +558,9 @@ class Replicator:
             actions.append(self._append(now_ms, event.payloads, event.marked))
         elif isinstance(event, WriteReplied):
             self._on_reply(now_ms, event)
+        elif isinstance(event, WritesReplied):
+            for reply in event.replies:
+                self._on_reply(now_ms, reply)
         elif isinstance(event, StoreConnected):
             store = self._stores[event.store]
             store.connected = True
