@@ -207,15 +207,32 @@ def test_an_acked_index_waits_for_the_next_append_rather_than_going_alone() -> N
     assert r.acked_index == 1
     assert r.deadline_ms(now) == now + r.limits.idle_ack_ms
     assert sends(r.step(now + r.limits.idle_ack_ms - 1, Tick())) == []
-    # s3 answers late: still no lone ack while the acked index is younger.
-    assert sends(r.step(now + 1, accept(out[2]))) == []
-    out = sends(r.step(now + 2, Append((b"y",))))
+    # s3 answers late, past the idle interval: an answer's step sends no lone ack (the
+    # shell runs the append the ack woke before the writer's next tick).
+    late = now + 2 * r.limits.idle_ack_ms
+    assert sends(r.step(late, accept(out[2]))) == []
+    out = sends(r.step(late, Append((b"y",))))
     assert [(s.store, s.first_index, s.acked_index) for s in out] == [
         ("s1", 2, 1),
         ("s2", 2, 1),
         ("s3", 2, 1),
     ]
-    assert sends(r.step(now + 2 * r.limits.idle_ack_ms, Tick())) == []
+    assert sends(r.step(late + 2 * r.limits.idle_ack_ms, Tick())) == []
+
+
+def test_a_lone_acked_index_waits_for_a_batch_held_back_to_carry_it() -> None:
+    r = make(ReplicatorLimits(linger_ms=3, idle_ack_ms=1))
+    first = sends(r.step(0, Append((b"x",))))
+    r.step(1, accept(first[0]))
+    r.step(1, accept(first[1]))
+    assert r.acked_index == 1
+    # s3 has a request out: the next small batch waits `linger_ms` for company, and
+    # the acked index waits with it rather than going alone.
+    assert sends(r.step(1, Append((b"y",))), "s3") == []
+    assert r.deadline_ms(2) == 1 + 3
+    assert sends(r.step(3, Tick()), "s3") == []
+    held = sends(r.step(4, Tick()), "s3")
+    assert [(s.first_index, s.acked_index) for s in held] == [(2, 1)]
 
 
 def _pipelined(window: int = 4) -> tuple[Replicator, list[SendWrite]]:

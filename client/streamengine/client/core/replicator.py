@@ -6,9 +6,11 @@ window of in-flight Write requests, each a batch of consecutive entries carrying
 leader's acked index. A store answers each request, in order, with its matched index
 (the longest prefix it holds). The acked index is the W-th largest matched index
 (`client.core.quorum`); it is told to users (`Acked`) and broadcast to stores on the
-next write, or by an empty request once it is `idle_ack_ms` old and the store has
-heard nothing for as long: an append acked is usually followed by the next at once,
-whose batch then carries it, and a store answers one request rather than two.
+next write, or by an empty request on a `Tick` once it is `idle_ack_ms` old and the
+store has heard nothing for as long. Never alone in the step of an answer or an
+append: an append acked is usually followed by the next at once (the shell runs the
+appends an ack wakes before its clock's next tick), whose batch then carries it, and a
+store answers one request rather than two.
 
 A store that answers with a matched index below the batch it was sent has a gap (it
 dropped or lost something); one that answers REFUSED_BUSY wrote nothing; one that
@@ -514,7 +516,7 @@ class Replicator:
                     appended = self._appended_ms[self._head + store.next_index - self._base]
                     when = max(when, appended + self.limits.linger_ms)
                 candidates.append(when)
-            if store.sent_acked < self._acked:
+            if store.sent_acked < self._acked and store.next_index > self._last:
                 candidates.append(max(store.busy_until_ms, self._idle_ack_at(store)))
             for candidate in candidates:
                 deadline = candidate if deadline is None else min(deadline, candidate)
@@ -587,9 +589,11 @@ class Replicator:
         if not isinstance(event, Append):  # an append changes no matched or acked index
             self._advance_acked(now_ms, actions)
             self._trim(actions)
+        # The acked index goes alone at once on a Flush, when idle on a Tick.
+        ack_alone = isinstance(event, Flush | Tick)
         force_ack = isinstance(event, Flush)
         for name, store in self._stores.items():
-            self._pump(now_ms, name, store, actions, force_ack)
+            self._pump(now_ms, name, store, actions, ack_alone, force_ack)
         return actions
 
     # ---- internals ----
@@ -710,6 +714,7 @@ class Replicator:
         name: str,
         store: _Store,
         actions: list[ReplicatorAction],
+        ack_alone: bool,
         force_ack: bool,
     ) -> None:
         if not store.connected or store.detached or now_ms < store.busy_until_ms:
@@ -748,9 +753,15 @@ class Replicator:
         if (
             len(store.in_flight) < limits.window_batches
             and store.sent_acked < self._acked
-            and (force_ack or now_ms >= self._idle_ack_at(store))
+            and ack_alone
+            and (force_ack or self._idle(store, now_ms))
         ):
             self._send(now_ms, name, store, 0, (), (), actions)
+
+    def _idle(self, store: _Store, now_ms: int) -> bool:
+        """Is the acked index due to go alone to `store`? Not while a batch waits to go
+        (it carries it, within `linger_ms` or at the next reply)."""
+        return store.next_index > self._last and now_ms >= self._idle_ack_at(store)
 
     def _idle_ack_at(self, store: _Store) -> int:
         """When `store` is sent the acked index alone if no write carries it first."""
