@@ -126,3 +126,38 @@ def test_nothing_is_told_after_close() -> None:
         return told
 
     assert asyncio.run(run()) == []
+
+
+def test_a_deadline_passed_while_writers_were_stepped_waits_for_the_tasks_they_woke() -> None:
+    """The loop is late to the first deadline, past the second: telling `first` wakes
+    a task, which runs before `second` is told, as an append an ack wakes goes before
+    its writer's tick."""
+
+    async def run() -> list[str]:
+        timers = WriterTimers()
+        told = Told()
+        order: list[str] = []
+        first, second = Owner("first", told, timers), Owner("second", told, timers)
+        loop = asyncio.get_running_loop()
+
+        def step_first() -> None:
+            Owner.on_time(first)
+            order.append("first")
+            loop.call_soon(order.append, "woken task")
+
+        first.on_time = step_first  # type: ignore[method-assign]
+
+        def step_second() -> None:
+            Owner.on_time(second)
+            order.append("second")
+
+        second.on_time = step_second  # type: ignore[method-assign]
+        start = monotonic_ms()
+        first.ask(start + 1)
+        second.ask(start + 3)
+        while monotonic_ms() < start + 10:
+            pass  # the loop busy (stepping writers) past both deadlines
+        await _until(told, 2)
+        return order
+
+    assert asyncio.run(run()) == ["first", "woken task", "second"]

@@ -12,7 +12,12 @@ as it comes up, and the heap is rebuilt from the deadlines when such entries out
 the live ones, so it stays within a few entries a writer.
 
 A writer is told on the loop, never inside one of its steps (the loop calls the timer,
-and no step awaits).
+and no step awaits). A firing tells the writers whose deadline had passed when the
+timer was armed, or the one it was armed for; a deadline that passed since (while
+the loop stepped writers on answers) waits for the next turn of the loop, so the tasks
+those steps woke run first: the appends an ack wakes go out before the same writer's
+`Tick`, and its acked index rides on them rather than going alone
+(`client.core.replicator`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class WriterTimers:
         self._order = itertools.count()  # ties in deadline go in the order asked
         self._armed: asyncio.TimerHandle | None = None
         self._armed_ms: int | None = None
+        # What the armed timer tells: deadlines up to this (module docstring).
+        self._due_through_ms = 0
         self._firing = False  # telling writers the time: the timer is armed after
         self._closed = False
 
@@ -100,6 +107,7 @@ class WriterTimers:
         delay_s = max(0, deadline_ms - monotonic_ms()) / 1000
         self._armed = asyncio.get_running_loop().call_later(delay_s, self._fire)
         self._armed_ms = deadline_ms
+        self._due_through_ms = max(deadline_ms, monotonic_ms())
 
     def _disarm(self) -> None:
         if self._armed is not None:
@@ -110,10 +118,10 @@ class WriterTimers:
     def _fire(self) -> None:
         self._armed = None
         self._armed_ms = None
-        now_ms = monotonic_ms()
+        through_ms = min(monotonic_ms(), self._due_through_ms)
         due = []
         heap = self._heap
-        while heap and heap[0][0] <= now_ms:
+        while heap and heap[0][0] <= through_ms:
             deadline_ms, _, owner = heapq.heappop(heap)
             if self._deadlines.get(owner) == deadline_ms:
                 del self._deadlines[owner]
