@@ -29,9 +29,9 @@ from typing import Protocol
 
 from streamengine.protocol.clock import monotonic_ms
 
-# Heap entries beyond the live deadlines (each writer's latest) before the heap is
-# rebuilt from them: a writer that keeps moving its deadline later leaves one stale
-# entry each time until the old time comes.
+# Heap entries per live deadline (each writer's latest), or at least this many, past
+# which the heap is rebuilt from the live ones: a writer that keeps moving its deadline
+# later leaves a stale entry each time, until its old time comes.
 STALE_ENTRIES_PER_LIVE_MAX = 4
 STALE_ENTRIES_MIN = 64
 
