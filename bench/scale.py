@@ -89,6 +89,9 @@ class Row:
     close_s: float = 0.0
     spread_events_per_s: float = 0.0
     one_stream_events_per_s: float = 0.0
+    # This process's CPU per event acked in each throughput phase (all its threads).
+    spread_cpu_us: float = 0.0
+    one_stream_cpu_us: float = 0.0
     problems: tuple[str, ...] = ()
 
 
@@ -196,12 +199,12 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
 
             if args.throughput_s > 0:
                 try:
-                    row.spread_events_per_s = await bounded_rate(
+                    row.spread_events_per_s, row.spread_cpu_us = await bounded_rate(
                         "spread appends",
                         args,
                         spread_appends(writers, args.spread_batch, args.throughput_s),
                     )
-                    row.one_stream_events_per_s = await bounded_rate(
+                    row.one_stream_events_per_s, row.one_stream_cpu_us = await bounded_rate(
                         "one stream batched", args, one_stream(writers[0], args.throughput_s)
                     )
                 except (StreamEngineError, AppendStuck, PhaseTimedOut) as error:
@@ -228,16 +231,23 @@ async def measure(cluster: Cluster, streams: int, args: argparse.Namespace) -> R
     return row
 
 
-async def bounded_rate(label: str, args: argparse.Namespace, work: Awaitable[float]) -> float:
-    """The events per second `work` measured, within the phase timeout."""
-    rate: list[float] = []
+async def bounded_rate(
+    label: str, args: argparse.Namespace, work: Awaitable[tuple[float, int]]
+) -> tuple[float, float]:
+    """The events per second `work` measured, within the phase timeout, and this
+    process's CPU per event meanwhile (microseconds: the client's cost, which the
+    machine's load inflates less than it does the rate)."""
+    measured: list[tuple[float, int]] = []
+    cpu_s = time.process_time()
 
     async def run() -> None:
-        rate.append(await work)
+        measured.append(await work)
 
     await bounded(label, args.phase_timeout_s, run())
-    print(f"    {rate[0]:,.0f} events/s", file=sys.stderr, flush=True)
-    return rate[0]
+    rate, events = measured[0]
+    cpu_us = (time.process_time() - cpu_s) * 1e6 / max(1, events)
+    print(f"    {rate:,.0f} events/s, {cpu_us:.1f} us of CPU each", file=sys.stderr, flush=True)
+    return rate, cpu_us
 
 
 async def _append_until(writer: Writer, payloads: list[bytes], deadline: float) -> int:
@@ -253,26 +263,26 @@ async def _append_until(writer: Writer, payloads: list[bytes], deadline: float) 
     return acked
 
 
-async def spread_appends(writers: list[Writer], batch: int, seconds: float) -> float:
+async def spread_appends(writers: list[Writer], batch: int, seconds: float) -> tuple[float, int]:
     """Every writer appends `batch` events at a time, all at once: events acked per
-    second."""
+    second, and how many."""
     payload = [bytes(EVENT_BYTES)] * batch
     started = time.monotonic()
     counts = await asyncio.gather(
         *(_append_until(writer, payload, started + seconds) for writer in writers)
     )
-    return sum(counts) / (time.monotonic() - started)
+    return sum(counts) / (time.monotonic() - started), sum(counts)
 
 
-async def one_stream(writer: Writer, seconds: float) -> float:
+async def one_stream(writer: Writer, seconds: float) -> tuple[float, int]:
     """One writer, `ONE_STREAM_IN_FLIGHT` batches of `ONE_STREAM_BATCH` in flight:
-    events acked per second."""
+    events acked per second, and how many."""
     batch = [bytes(EVENT_BYTES)] * ONE_STREAM_BATCH
     started = time.monotonic()
     counts = await asyncio.gather(
         *(_append_until(writer, batch, started + seconds) for _ in range(ONE_STREAM_IN_FLIGHT))
     )
-    return sum(counts) / (time.monotonic() - started)
+    return sum(counts) / (time.monotonic() - started), sum(counts)
 
 
 @contextlib.contextmanager
@@ -307,7 +317,8 @@ def print_row(row: Row) -> None:
         f"stores {max((rss[s] for s in stores), default=0):.0f} MiB "
         f"| {row.close_s:.2f} s "
         f"| {row.spread_events_per_s:,.0f} / {row.one_stream_events_per_s:,.0f} events/s "
-        f"({_ratio(row)}) |",
+        f"({_ratio(row)}; client CPU {row.spread_cpu_us:.1f} / {row.one_stream_cpu_us:.1f} "
+        "us per event) |",
         flush=True,
     )
     for problem in row.problems:
@@ -350,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(
         "| N | create | lead all | round-robin appends | idle CPU (% of a core) "
-        "| RSS | close all | spread / one stream batched (ratio) |"
+        "| RSS | close all | spread / one stream batched (ratio; client CPU per event) |"
         "\n|---|---|---|---|---|---|---|---|",
         flush=True,
     )

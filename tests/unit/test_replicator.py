@@ -26,6 +26,7 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     Tick,
     WriteReplied,
+    WritesReplied,
 )
 from streamengine.protocol.certificate import certificate_of
 from streamengine.protocol.entry import EntryKind
@@ -179,10 +180,12 @@ def test_acked_index_rides_on_the_next_write_and_on_the_idle_tick() -> None:
     r.step(3, accept(out[1]))
     r.step(3, accept(out[2]))
     assert r.acked_index == 2
-    # Nothing more to write: after the idle interval every store hears 2 alone.
+    # Nothing more to write: once the acked index is the idle interval old, every store
+    # hears 2 alone.
     assert sends(r.step(3 + 1, Tick())) == []
-    assert r.deadline_ms(4) == 2 + r.limits.idle_ack_ms
-    idle = sends(r.step(2 + r.limits.idle_ack_ms, Tick()))
+    assert r.deadline_ms(4) == 3 + r.limits.idle_ack_ms
+    assert sends(r.step(2 + r.limits.idle_ack_ms, Tick())) == []
+    idle = sends(r.step(3 + r.limits.idle_ack_ms, Tick()))
     assert [(s.store, s.entries, s.acked_index) for s in idle] == [
         ("s1", (), 2),
         ("s2", (), 2),
@@ -191,6 +194,104 @@ def test_acked_index_rides_on_the_next_write_and_on_the_idle_tick() -> None:
     for send in idle:
         r.step(30, accept(send, matched=2, store_acked=2))
     assert r.flushed() and r.deadline_ms(30) is None
+
+
+def test_an_acked_index_waits_for_the_next_append_rather_than_going_alone() -> None:
+    """A writer appending again as soon as its last append is acked sends each store
+    one request per append: the acked index rides on it (long after the last send)."""
+    r = make()
+    out = sends(r.step(0, Append((b"x",))))
+    now = 100  # a slow round trip: the stores were last written to long ago
+    for send in out[:2]:
+        r.step(now, accept(send))
+    assert r.acked_index == 1
+    assert r.deadline_ms(now) == now + r.limits.idle_ack_ms
+    assert sends(r.step(now + r.limits.idle_ack_ms - 1, Tick())) == []
+    # s3 answers late, past the idle interval: an answer's step sends no lone ack (the
+    # shell runs the append the ack woke before the writer's next tick).
+    late = now + 2 * r.limits.idle_ack_ms
+    assert sends(r.step(late, accept(out[2]))) == []
+    out = sends(r.step(late, Append((b"y",))))
+    assert [(s.store, s.first_index, s.acked_index) for s in out] == [
+        ("s1", 2, 1),
+        ("s2", 2, 1),
+        ("s3", 2, 1),
+    ]
+    assert sends(r.step(late + 2 * r.limits.idle_ack_ms, Tick())) == []
+
+
+def test_a_lone_acked_index_waits_for_a_batch_held_back_to_carry_it() -> None:
+    r = make(ReplicatorLimits(linger_ms=3, idle_ack_ms=1))
+    first = sends(r.step(0, Append((b"x",))))
+    r.step(1, accept(first[0]))
+    r.step(1, accept(first[1]))
+    assert r.acked_index == 1
+    # s3 has a request out: the next small batch waits `linger_ms` for company, and
+    # the acked index waits with it rather than going alone.
+    assert sends(r.step(1, Append((b"y",))), "s3") == []
+    assert r.deadline_ms(2) == 1 + 3
+    assert sends(r.step(3, Tick()), "s3") == []
+    held = sends(r.step(4, Tick()), "s3")
+    assert [(s.first_index, s.acked_index) for s in held] == [(2, 1)]
+
+
+def _pipelined(window: int = 4) -> tuple[Replicator, list[SendWrite]]:
+    """Three appends in flight to every store, one request each."""
+    r = make(ReplicatorLimits(window_batches=window, partial_in_flight_max=window, linger_ms=0))
+    out: list[SendWrite] = []
+    for now, payload in enumerate((b"a", b"b", b"c")):
+        out += sends(r.step(now, Append((payload,))))
+    assert [s.first_index for s in out if s.store == "s1"] == [1, 2, 3]
+    return r, out
+
+
+@pytest.mark.parametrize(
+    ("answered", "acked_after", "matched_after"),
+    [
+        # s1 and s2 answer all three in one message each: acked once, at 3.
+        ({"s1": 3, "s2": 3}, [3], {"s1": 3, "s2": 3, "s3": 0}),
+        # s1 answers all three, s2 the first only: the 2nd largest matched is 1.
+        ({"s1": 3, "s2": 1}, [1], {"s1": 3, "s2": 1, "s3": 0}),
+        # One store alone acks nothing, however many answers it sends.
+        ({"s3": 3}, [], {"s1": 0, "s2": 0, "s3": 3}),
+    ],
+)
+def test_a_batch_of_answers_is_one_step_with_one_ack(
+    answered: dict[str, int], acked_after: list[int], matched_after: dict[str, int]
+) -> None:
+    r, out = _pipelined()
+    actions: list[ReplicatorAction] = []
+    for store, count in answered.items():
+        replies = tuple(accept(s) for s in out if s.store == store)[:count]
+        actions += r.step(10, WritesReplied(replies))
+    assert acked(actions) == acked_after
+    assert {name: s.matched_index for name, s in r.statistics().stores.items()} == matched_after
+    assert all(
+        s.in_flight_requests == 3 - answered.get(name, 0)
+        for name, s in r.statistics().stores.items()
+    )
+
+
+def test_a_batch_of_answers_ends_where_the_answers_one_by_one_end() -> None:
+    """The same answers, as one batch per store or one step each: the same matched and
+    acked indexes, and the same entries sent again after a gap."""
+    results = []
+    for batched in (False, True):
+        r, out = _pipelined()
+        s1 = [s for s in out if s.store == "s1"]
+        # s1 lost the 2nd request: its answers to the 2nd and 3rd show the gap.
+        replies = (accept(s1[0]), accept(s1[1], matched=1), accept(s1[2], matched=1))
+        actions: list[ReplicatorAction] = []
+        if batched:
+            actions += r.step(10, WritesReplied(replies))
+        else:
+            for reply in replies:
+                actions += r.step(10, reply)
+        resent = [(s.first_index, s.last_index) for s in sends(actions, "s1")]
+        results.append((resent, r.acked_index, r.statistics().stores["s1"].matched_index))
+    assert results[0] == results[1]
+    # Sent again once, from the gap on (the 3rd answer predates the reset).
+    assert results[1][0][0][0] == 2
 
 
 def test_flush_broadcasts_the_acked_index_without_waiting() -> None:

@@ -9,6 +9,7 @@ the network heals and everything appended must be acked.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     Tick,
     WriteReplied,
+    WritesReplied,
 )
 from streamengine.protocol.policy import ReplicationPolicy
 
@@ -131,20 +133,17 @@ class World:
             store.handle(store.requests.popleft(), busy)
 
     def answer(self, name: str) -> None:
+        """Read one reply, or (as one message of the store carries many) several as
+        one batch."""
         store = self.stores[name]
-        if store.replies:
-            reply = store.replies.popleft()
-            self.step(
-                WriteReplied(
-                    name,
-                    reply.request_id,
-                    reply.busy,
-                    reply.matched_index,
-                    reply.acked_index,
-                    reply.first_index,
-                    reply.last_index,
-                )
-            )
+        count = min(len(store.replies), self.rng.choice([1, 1, 2, 4]))
+        replies = tuple(
+            dataclasses.replace(store.replies.popleft(), store=name) for _ in range(count)
+        )
+        if len(replies) == 1:
+            self.step(replies[0])
+        elif replies:
+            self.step(WritesReplied(replies))
 
     def disconnect(self, name: str) -> None:
         store = self.stores[name]

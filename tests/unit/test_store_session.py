@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from streamengine.client.core.replicator import (
+    StoreConnected,
+    StoreDisconnected,
+    WriteReplied,
+    WritesReplied,
+)
 from streamengine.client.core.store_session import (
     SEGMENT_IN_FLIGHT_MAX,
     MessageParts,
     RouteRefused,
     SessionRoutes,
+    batched,
 )
+from streamengine.client.core.writer import FencedByStore
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.limits import (
     WRITE_BATCH_BYTES_MAX,
@@ -194,9 +202,7 @@ def test_a_segment_has_one_owner() -> None:
         pytest.param(
             [(WRITE_BATCH_ENTRIES_MAX - 1, 100), (1, 100), (1, 100)], 2, id="entries-bound"
         ),
-        pytest.param(
-            [(1, WRITE_BATCH_BYTES_MAX - 10), (1, 10), (1, 1)], 2, id="bytes-bound"
-        ),
+        pytest.param([(1, WRITE_BATCH_BYTES_MAX - 10), (1, 10), (1, 1)], 2, id="bytes-bound"),
         pytest.param(
             [(WRITE_BATCH_ENTRIES_MAX + 5, WRITE_BATCH_BYTES_MAX + 5), (1, 1)],
             1,
@@ -214,3 +220,30 @@ def test_queued_requests_share_a_message_within_its_bounds(
     assert message.parts == joined
     if joined < len(requests):
         assert MessageParts().join(*requests[joined]), "the one left out starts the next"
+
+
+def _answer(store: str, request_id: int) -> WriteReplied:
+    return WriteReplied(store, request_id, False, request_id, 0)
+
+
+S1_1, S2_1, S3_1, S1_2 = _answer("s1", 1), _answer("s2", 1), _answer("s3", 1), _answer("s1", 2)
+DOWN = StoreDisconnected("s2")
+UP = StoreConnected("s2")
+FENCED = FencedByStore("s3", 9)
+
+
+@pytest.mark.parametrize(
+    ("told", "stepped"),
+    [
+        ([], []),
+        ([S1_1], [S1_1]),
+        # Every store's answers since the last hand-over: one step.
+        ([S1_1, S2_1, S3_1, S1_2], [WritesReplied((S1_1, S2_1, S3_1, S1_2))]),
+        # A connection event keeps its place between the answers around it.
+        ([S1_1, DOWN, S3_1, S1_2], [S1_1, DOWN, WritesReplied((S3_1, S1_2))]),
+        ([UP, S1_1, S2_1, FENCED], [UP, WritesReplied((S1_1, S2_1)), FENCED]),
+        ([DOWN, UP], [DOWN, UP]),
+    ],
+)
+def test_a_writer_steps_once_for_each_run_of_answers(told: list, stepped: list) -> None:  # type: ignore[type-arg]
+    assert batched(told) == stepped

@@ -3,7 +3,9 @@
 means. Opened when the first segment is attached, reopened with backoff while any is,
 kept for the next segment until the store closes it idle, closed with the client; each
 request serialized once (`client.wire`), what is queued when the stream sends going out
-in one message (`MessageParts`), each answer one event of its writer's core.
+in one message (`MessageParts`). What the stores tell the writers goes through the
+client's `Inbox`, handed over once per turn of the loop: a writer steps once for all
+the answers every store sent it meanwhile (`WritesReplied`), not once per answer.
 
 Write goes on the store's data port, over the framed protocol (docs/data-plane.md): a
 connection per store, the Write stream one request on it. `write_once` is the same
@@ -27,7 +29,12 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     WriteReplied,
 )
-from streamengine.client.core.store_session import MessageParts, RouteKey, SessionRoutes
+from streamengine.client.core.store_session import (
+    MessageParts,
+    RouteKey,
+    SessionRoutes,
+    batched,
+)
 from streamengine.client.core.writer import FencedByStore, LeaderEvent, Replica
 from streamengine.client.errors import StreamEngineError
 from streamengine.client.wire import BatchCache, serialize_write, write_message_pieces
@@ -58,8 +65,11 @@ def _key(segment: SegmentRef) -> RouteKey:
 class StoreSession:
     """One store's shared Write stream; see the module docstring."""
 
-    def __init__(self, store_id: str, data_address: str, transport: Transport) -> None:
+    def __init__(
+        self, store_id: str, data_address: str, transport: Transport, inbox: Inbox
+    ) -> None:
         self.store_id = store_id
+        self._inbox = inbox
         self.data_address = data_address  # as this process dials it
         self.transport = transport
         self.routes: SessionRoutes[SegmentOwner, tuple[SendWrite, BatchCache]] = SessionRoutes()
@@ -131,7 +141,7 @@ class StoreSession:
                     failures = 0
                     self._connected = True
                     for _, owner in self.routes.open_all():
-                        owner.store_event(StoreConnected(self.store_id))
+                        self._inbox.put(owner, StoreConnected(self.store_id))
                     async with asyncio.TaskGroup() as streams:
                         streams.create_task(self._send_loop(call))
                         await self._receive_loop(call)
@@ -150,7 +160,7 @@ class StoreSession:
         self._connected = False
         self._drop_queued()
         for owner in self.routes.stream_lost():
-            owner.store_event(StoreDisconnected(self.store_id))
+            self._inbox.put(owner, StoreDisconnected(self.store_id))
 
     def _drop_queued(self) -> None:
         while not self._queue.empty():
@@ -187,7 +197,8 @@ class StoreSession:
         for item in released:
             self._queue.put_nowait(item)
         if owner is not None:
-            owner.store_event(
+            self._inbox.put(
+                owner,
                 WriteReplied(
                     self.store_id,
                     reply.request_id,
@@ -216,9 +227,9 @@ class StoreSession:
             code,
             reply.error.details,
         )
-        refused.owner.store_event(StoreDisconnected(self.store_id))
+        self._inbox.put(refused.owner, StoreDisconnected(self.store_id))
         if refused.fence is not None:
-            refused.owner.store_event(FencedByStore(self.store_id, refused.fence))
+            self._inbox.put(refused.owner, FencedByStore(self.store_id, refused.fence))
             return
         handles: list[asyncio.TimerHandle] = []
         handles.append(
@@ -236,7 +247,31 @@ class StoreSession:
 
     def _open(self, key: RouteKey, owner: SegmentOwner) -> None:
         if self._connected and self.routes.owner(key) is owner and self.routes.open(key):
-            owner.store_event(StoreConnected(self.store_id))
+            self._inbox.put(owner, StoreConnected(self.store_id))
+
+
+class Inbox:
+    """What the client's store sessions tell its writers, handed over once per turn of
+    the loop (`client.core.store_session`, "Answers"): each writer's events in the order
+    they came, its runs of answers one step each. Never inside a writer's step: the
+    hand-over is a callback of the loop."""
+
+    def __init__(self) -> None:
+        self._events: dict[SegmentOwner, list[LeaderEvent]] = {}
+        self._scheduled = False
+
+    def put(self, owner: SegmentOwner, event: LeaderEvent) -> None:
+        self._events.setdefault(owner, []).append(event)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        self._scheduled = False
+        events, self._events = self._events, {}
+        for owner, told in events.items():
+            for event in batched(told):
+                owner.store_event(event)
 
 
 class StoreSessions:
@@ -246,6 +281,7 @@ class StoreSessions:
     def __init__(self, channels: ChannelPool) -> None:
         self._channels = channels
         self._sessions: dict[tuple[str, str], StoreSession] = {}
+        self._inbox = Inbox()
         self._closed = False
 
     def get(self, replica: Replica) -> StoreSession:
@@ -261,6 +297,7 @@ class StoreSessions:
                 replica.store_id,
                 self._channels.dial(replica.data_address),
                 self._channels.transport,
+                self._inbox,
             )
             self._sessions[key] = session
         return session

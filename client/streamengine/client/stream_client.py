@@ -51,6 +51,7 @@ from streamengine.client.errors import (
 from streamengine.client.leases import LeaseSession
 from streamengine.client.retrying import retry_unary
 from streamengine.client.store_session import StoreSessions
+from streamengine.client.timers import WriterTimers
 from streamengine.client.types import SegmentInfo, StreamInfo
 from streamengine.client.wire import segment_info, stream_info
 from streamengine.client.writer import Writer
@@ -169,6 +170,8 @@ class StreamClient:
         self._leases: LeaseSession | None = None
         # One Write stream per store, shared by every writer of this client.
         self._sessions = StoreSessions(self._channels)
+        # One timer for every writer of this client, where each had a task.
+        self._timers = WriterTimers()
         # Writers still open when the client closes stop leading at once (`close`).
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 
@@ -200,6 +203,7 @@ class StreamClient:
         self._master = None
         for writer in list(self._writers):
             writer.client_closed()
+        self._timers.close()
         leases, self._leases = self._leases, None
         try:
             await self._sessions.close()
@@ -360,6 +364,7 @@ class StreamClient:
             name,
             self._leases,
             self._sessions,
+            self._timers,
             limits=limits,
             leadership_timeout_s=leadership_timeout_s,
             client_id=client_id,

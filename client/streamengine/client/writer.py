@@ -12,8 +12,10 @@ segment), is submitted to the core, and is pending from the moment the core assi
 its indexes; a step-down fails the waiting and submitted ones (never sent) and tells
 each pending one whether it is in doubt or definitely failed.
 
-Every background loop (the clock, heartbeats, recoveries) is a task of a TaskGroup
-owned by the `async with` block: a failure in one reaches the user. Writes go through
+Every background loop (heartbeats, recoveries) is a task of a TaskGroup owned by the
+`async with` block: a failure in one reaches the user. The clock is the client's one
+timer for all its writers (`client.timers`): after each step the writer tells it the
+core's next deadline, and it steps `Tick` then. Writes go through
 the client's store sessions (`client.store_session`): one Write stream per store shared
 by every writer of the client, to which the writer attaches its open segment; a store's
 answer comes back as one step (`store_event`), and a failure of the core on it reaches
@@ -128,6 +130,7 @@ from streamengine.client.errors import (
 from streamengine.client.leases import LeaseSession
 from streamengine.client.recovery import SegmentSealer
 from streamengine.client.store_session import StoreSession, StoreSessions
+from streamengine.client.timers import WriterTimers
 from streamengine.client.wire import BatchCache, LeaseSecret, heartbeat_answer
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.entry import (
@@ -214,6 +217,7 @@ class Writer:
         stream: str,
         leases: LeaseSession,
         sessions: StoreSessions,
+        timers: WriterTimers,
         *,
         limits: ReplicatorLimits | None = None,
         leadership_timeout_s: float | None = None,
@@ -251,6 +255,8 @@ class Writer:
         # attached to those of its copy set.
         self._sessions = sessions
         self._attached: dict[str, StoreSession] = {}
+        # The client's one timer: it steps `Tick` when the core's deadline comes.
+        self._timers = timers
         self._segment: SegmentRef | None = None  # the one attached
         self._leadership_timeout_s = leadership_timeout_s
         self._core = Leader(
@@ -263,7 +269,6 @@ class Writer:
         )
         self._append_timeout_s = append_timeout_s
         self._group: asyncio.TaskGroup | None = None
-        self._loops: list[asyncio.Task[None]] = []
         # Heartbeats in flight: cancelled on close (their answers no longer matter).
         self._heartbeats: set[asyncio.Task[None]] = set()
         # Sealing earlier segments: cancelled when this writer stops leading.
@@ -275,10 +280,8 @@ class Writer:
         self._room_freed = False
         self._stepping = False
         self._decided = asyncio.Event()  # leading, or finished before leading
-        self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
         self._stepped = asyncio.Event()
-        self._clock_deadline: int | None = None
         self._closing = False
         self._error: StreamEngineError | None = None
         # The last heartbeat error, told to the user if the core ends the writer on it.
@@ -292,7 +295,7 @@ class Writer:
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         try:
-            self._loops.append(self._group.create_task(self._clock()))
+            self.step(Tick())  # the first heartbeat goes now; the timers do the rest
             try:
                 async with asyncio.timeout(self._leadership_timeout_s):
                     await self._decided.wait()
@@ -342,7 +345,7 @@ class Writer:
         # answered later, even after the close: `_step_finished` gives it back).
         self.step(Release())
         self._detach()
-        for task in [*self._loops, *self._heartbeats, *self._recoveries]:
+        for task in [*self._heartbeats, *self._recoveries]:
             task.cancel()
         if exc_type is not None and not issubclass(exc_type, asyncio.CancelledError):
             # The caller's own error goes on as it is; a TaskGroup would wrap it in an
@@ -690,11 +693,7 @@ class Writer:
             # recoveries run, appends wait for the roll that gives it one).
             self._decided.set()
         self._stepped.set()
-        deadline = self._core.deadline_ms(monotonic_ms())
-        if deadline is not None and (
-            self._clock_deadline is None or deadline < self._clock_deadline
-        ):
-            self._wake.set()
+        self._timers.schedule(self, self._core.deadline_ms(monotonic_ms()))
 
     def _apply(self, actions: Iterable[LeaderAction]) -> None:
         for action in actions:
@@ -769,11 +768,21 @@ class Writer:
         """A store session's event for this writer's segment (never inside a step).
         The core may refuse the store's answer (`InconsistentReply`): that ends this
         writer, as a failed background loop does, and no other."""
+        self._step_from_outside(event)
+
+    def on_time(self) -> None:
+        """The client's timers: the core's deadline came (never inside a step)."""
+        if not self._closing:
+            self._step_from_outside(Tick())
+
+    def _step_from_outside(self, event: LeaderEvent) -> None:
+        """A step called by the client's shared parts, not by this writer's own tasks:
+        a failure of the core ends this writer, reaching its owner, and no other."""
         try:
             self.step(event)
         except Exception as error:  # handed to the writer's owner
             if self._group is None or self._closing:
-                log.warning("%s: store answer after close: %r", self.stream, error)
+                log.warning("%s: %r after close: %r", self.stream, event, error)
                 return
             self._detach()
             self._spawn(_raise(error))
@@ -889,19 +898,6 @@ class Writer:
         self._decided.set()
 
     # ---- background loops ----
-
-    async def _clock(self) -> None:
-        while True:
-            now = monotonic_ms()
-            deadline = self._core.deadline_ms(now)
-            self._clock_deadline = deadline
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                delay = None if deadline is None else max(0, deadline - now) / 1000
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            self._clock_deadline = None
-            self.step(Tick())
 
     async def _heartbeat(self, action: SendHeartbeat) -> None:
         request = master_pb2.WriterHeartbeatRequest(

@@ -6,7 +6,11 @@ window of in-flight Write requests, each a batch of consecutive entries carrying
 leader's acked index. A store answers each request, in order, with its matched index
 (the longest prefix it holds). The acked index is the W-th largest matched index
 (`client.core.quorum`); it is told to users (`Acked`) and broadcast to stores on the
-next write, or by an empty request after `idle_ack_ms` of silence.
+next write, or by an empty request on a `Tick` once it is `idle_ack_ms` old and the
+store has heard nothing for as long. Never alone in the step of an answer or an
+append: an append acked is usually followed by the next at once (the shell runs the
+appends an ack wakes before its clock's next tick), whose batch then carries it, and a
+store answers one request rather than two.
 
 A store that answers with a matched index below the batch it was sent has a gap (it
 dropped or lost something); one that answers REFUSED_BUSY wrote nothing; one that
@@ -114,10 +118,11 @@ UNACKED_BYTES_MAX = 16 << 20
 # detached rather than memory grown.
 RETAINED_BYTES_MAX = 64 << 20
 
-# Silence after which a store is sent the acked index alone, so its readers see the
-# tail even when no new event comes. Short, because a reader starting at the end takes
-# the store's acked index as the end; under load every write carries it anyway and no
-# extra request goes out.
+# How long an acked index waits for a write to carry it (and a store's silence) before
+# the store is sent it alone, so its readers see the tail even when no new event comes.
+# Short, because a reader starting at the end takes the store's acked index as the end;
+# long enough that a writer appending again after each ack sends one request per store
+# and event, not two: under load every write carries it and no extra request goes out.
 IDLE_ACK_MS = 5
 
 # Pause before resending to a store that refused a batch as busy.
@@ -192,6 +197,18 @@ class WriteReplied:
 
 
 @dataclass(frozen=True, slots=True)
+class WritesReplied:
+    """Several `WriteReplied` that came together (one store's message answers many
+    requests), in the order they came: one step takes them all, then decides once
+    what to ack and send, where a step per answer would decide after each."""
+
+    replies: tuple[WriteReplied, ...]
+
+    def __post_init__(self) -> None:
+        assert self.replies, "a batch of answers holds at least one"
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConnected:
     store: str
 
@@ -224,7 +241,15 @@ class Stop:
 
 
 ReplicatorEvent = (
-    Append | WriteReplied | StoreConnected | StoreDisconnected | Tick | AllowAcking | Flush | Stop
+    Append
+    | WriteReplied
+    | WritesReplied
+    | StoreConnected
+    | StoreDisconnected
+    | Tick
+    | AllowAcking
+    | Flush
+    | Stop
 )
 
 # ---- actions ----
@@ -401,6 +426,7 @@ class Replicator:
         self._base_cum = 0  # bytes of 1..base-1
         self._acked = 0
         self._acked_cum = 0
+        self._acked_ms = 0  # when the acked index last rose
         self._acking = acking
         self._stopped = False
         self._next_request_id = 1
@@ -490,9 +516,8 @@ class Replicator:
                     appended = self._appended_ms[self._head + store.next_index - self._base]
                     when = max(when, appended + self.limits.linger_ms)
                 candidates.append(when)
-            if store.sent_acked < self._acked:
-                idle_at = store.last_send_ms + self.limits.idle_ack_ms
-                candidates.append(max(store.busy_until_ms, idle_at))
+            if store.sent_acked < self._acked and store.next_index > self._last:
+                candidates.append(max(store.busy_until_ms, self._idle_ack_at(store)))
             for candidate in candidates:
                 deadline = candidate if deadline is None else min(deadline, candidate)
         return deadline
@@ -535,6 +560,9 @@ class Replicator:
             actions.append(self._append(now_ms, event.payloads, event.marked))
         elif isinstance(event, WriteReplied):
             self._on_reply(now_ms, event)
+        elif isinstance(event, WritesReplied):
+            for reply in event.replies:
+                self._on_reply(now_ms, reply)
         elif isinstance(event, StoreConnected):
             store = self._stores[event.store]
             store.connected = True
@@ -559,11 +587,13 @@ class Replicator:
         if self._stopped:
             return actions
         if not isinstance(event, Append):  # an append changes no matched or acked index
-            self._advance_acked(actions)
+            self._advance_acked(now_ms, actions)
             self._trim(actions)
+        # The acked index goes alone at once on a Flush, when idle on a Tick.
+        ack_alone = isinstance(event, Flush | Tick)
         force_ack = isinstance(event, Flush)
         for name, store in self._stores.items():
-            self._pump(now_ms, name, store, actions, force_ack)
+            self._pump(now_ms, name, store, actions, ack_alone, force_ack)
         return actions
 
     # ---- internals ----
@@ -624,7 +654,7 @@ class Replicator:
                 store.busy_until_ms = now_ms + self.limits.busy_backoff_ms
         store.next_index = max(store.next_index, reply.matched_index + 1)
 
-    def _advance_acked(self, actions: list[ReplicatorAction]) -> None:
+    def _advance_acked(self, now_ms: int, actions: list[ReplicatorAction]) -> None:
         if not self._acking:
             return
         quorum = min(self._quorum.acked_index, self._last)
@@ -633,6 +663,7 @@ class Replicator:
         assert self._acked < quorum <= self._sent_through <= self._last
         self._acked_cum = self._cum_bytes[self._head + quorum - self._base]
         self._acked = quorum
+        self._acked_ms = now_ms
         actions.append(Acked(self.segment.epoch, quorum))
 
     def _attached(self) -> list[_Store]:
@@ -683,6 +714,7 @@ class Replicator:
         name: str,
         store: _Store,
         actions: list[ReplicatorAction],
+        ack_alone: bool,
         force_ack: bool,
     ) -> None:
         if not store.connected or store.detached or now_ms < store.busy_until_ms:
@@ -721,9 +753,19 @@ class Replicator:
         if (
             len(store.in_flight) < limits.window_batches
             and store.sent_acked < self._acked
-            and (force_ack or now_ms - store.last_send_ms >= limits.idle_ack_ms)
+            and ack_alone
+            and (force_ack or self._idle(store, now_ms))
         ):
             self._send(now_ms, name, store, 0, (), (), actions)
+
+    def _idle(self, store: _Store, now_ms: int) -> bool:
+        """Is the acked index due to go alone to `store`? Not while a batch waits to go
+        (it carries it, within `linger_ms` or at the next reply)."""
+        return store.next_index > self._last and now_ms >= self._idle_ack_at(store)
+
+    def _idle_ack_at(self, store: _Store) -> int:
+        """When `store` is sent the acked index alone if no write carries it first."""
+        return max(store.last_send_ms, self._acked_ms) + self.limits.idle_ack_ms
 
     def _entry_size(self, position: int) -> int:
         before = self._base_cum if position == self._head else self._cum_bytes[position - 1]

@@ -35,6 +35,13 @@ in one Write message (`WriteRequest.parts`), up to a message's bounds (`MessageP
 the cost of spread appends is per gRPC message, not per segment. Nothing waits for
 company: the stream sends as soon as it can, so a lone request goes out at once, and
 requests queue up (and share a message) only while the stream is busy sending.
+
+Answers: a writer's core costs about as much per step as per answer, and an event is
+answered by each store of its copy set, each on its own stream. What every store told
+a writer by the time the client hands answers over (once per turn of its loop) is one
+list of events, in the order they came; `batched` makes each run of answers in it one
+event (`WritesReplied`), so a writer steps once for all of them, and the connection
+events between them keep their place.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from streamengine.client.core.replicator import WINDOW_BATCHES
+from streamengine.client.core.replicator import WINDOW_BATCHES, WriteReplied, WritesReplied
+from streamengine.client.core.writer import LeaderEvent
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.limits import (
     WRITE_BATCH_BYTES_MAX,
@@ -65,6 +73,24 @@ RouteKey = tuple[int, int]  # (stream id, segment epoch)
 
 Owner = TypeVar("Owner")
 Item = TypeVar("Item")
+
+
+def batched(events: list[LeaderEvent]) -> list[LeaderEvent]:
+    """`events` in order, each run of two or more `WriteReplied` in it made one
+    `WritesReplied`."""
+    out: list[LeaderEvent] = []
+    run: list[WriteReplied] = []
+    for event in events:
+        if isinstance(event, WriteReplied):
+            run.append(event)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else WritesReplied(tuple(run)))
+            run = []
+        out.append(event)
+    if run:
+        out.append(run[0] if len(run) == 1 else WritesReplied(tuple(run)))
+    return out
 
 
 @dataclass(slots=True)

@@ -160,6 +160,7 @@ from streamengine.client.core.replicator import (
     StoreDisconnected,
     Tick,
     WriteReplied,
+    WritesReplied,
 )
 from streamengine.protocol.backoff import ROLL_WITHOUT_SEGMENT, STORE_STREAM_REOPEN
 from streamengine.protocol.certificate import ContentDigest
@@ -412,6 +413,7 @@ LeaderEvent = (
     | AppendHeld
     | HeldAppendLeft
     | WriteReplied
+    | WritesReplied
     | StoreConnected
     | StoreDisconnected
     | Tick
@@ -822,7 +824,9 @@ class Leader:
             if self._held_appends:
                 deadline_ms = self._held_appends.popleft()
                 self._taken_deadline_ms = deadline_ms if event.taken else None
-        elif isinstance(event, WriteReplied | StoreConnected | StoreDisconnected | Flush):
+        elif isinstance(
+            event, WriteReplied | WritesReplied | StoreConnected | StoreDisconnected | Flush
+        ):
             if self.replicator is not None and self.role is Role.LEADING:
                 actions.extend(self.replicator.step(now_ms, event))
                 stepped_replicator = True
@@ -1050,9 +1054,15 @@ class Leader:
         return ""
 
     def _track_connection(
-        self, now_ms: int, event: WriteReplied | StoreConnected | StoreDisconnected | Flush
+        self,
+        now_ms: int,
+        event: WriteReplied | WritesReplied | StoreConnected | StoreDisconnected | Flush,
     ) -> None:
         """When each store of the segment was lost, if it is (`_lost_stores`)."""
+        if isinstance(event, WritesReplied):
+            for reply in event.replies:
+                self._track_connection(now_ms, reply)
+            return
         if isinstance(event, StoreDisconnected):
             since = self._reconnected_since.pop(event.store, now_ms)
             self._disconnected_since.setdefault(event.store, since)
