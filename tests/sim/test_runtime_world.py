@@ -38,6 +38,10 @@ REVOKED_STREAM_WRITES = 43
 # A wiped store's registration answers are lost; with its lost replicas answered only
 # to the first registration, store1 joined without segment 1/1 marked lost.
 LOST_REGISTRATION_ANSWERS = 39
+# Runtime seed 209: a segment left below W good replicas on exactly N stores (two
+# wiped, one rotted) waited for good: a refill in place needed W good replicas besides,
+# even for a member holding nothing to erase.
+REFILLED_BELOW_W = 209
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -115,6 +119,17 @@ def test_seed_138_a_writer_rolls_away_from_a_store_that_refuses_on_every_reconne
     and the writer's appends waited on it for good."""
     result = run_seed(138)
     assert result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_209_a_segment_below_w_good_replicas_on_n_stores_is_refilled_back_to_n() -> None:
+    """N=5 W=3 on five stores: two wiped stores lost their replicas of segment 2/1 and
+    store0's rotted, leaving two good ones. Every refill in place waited for W good
+    replicas, the empty members' too (which erase nothing), so the segment stayed at
+    two for good (invariant 10). The empty members are refilled first, then the rotted
+    one, each after the bridge grace its previous swap restarted."""
+    result = run_seed(REFILLED_BELOW_W)
+    assert result.config.rot and result.config.wipes and result.ok, _failure(result)
+    assert result.stats.get("rotted replicas repaired", 0) > 0, result.stats
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:

@@ -1507,11 +1507,16 @@ class World:
                 )
 
     async def _wait_for_repairs(self) -> None:
-        """Invariant 10 once faults stopped: every rotted replica sound again within
-        `REPAIRED_MS_MAX`, and each of its segments with N sound replicas."""
+        """Invariant 10 once faults stopped: every rotted replica sound again, and each
+        of its segments with N sound replicas, within `REPAIRED_MS_MAX`. A segment on
+        exactly N stores that lost other replicas too (a wiped store, one that never
+        synced) is refilled member after member, each after the bridge grace its
+        previous swap restarted: the window covers them all."""
         with contextlib.suppress(TimeoutError):
             await wait_until(
-                lambda: not self.rotten, REPAIRED_MS_MAX / 1000, interval_s=AUDIT_EVERY_MS / 1000
+                lambda: not self.rotten and self._rotted_short_of_n() is None,
+                REPAIRED_MS_MAX / 1000,
+                interval_s=AUDIT_EVERY_MS / 1000,
             )
         if self.rotten:
             (name, key), rotted_at = min(self.rotten.items(), key=lambda item: item[1])
@@ -1525,24 +1530,33 @@ class World:
                 ),
             )
             return
+        short = self._rotted_short_of_n()
+        if short is not None:
+            key, sound = short
+            self.check(
+                self._raise,
+                Violation(
+                    10,
+                    f"segment {key.stream_id}/{key.epoch}: {len(sound)} sound replicas "
+                    f"({sound}) of {self.config.policy.replicas}, {REPAIRED_MS_MAX} ms after "
+                    "the run converged",
+                ),
+            )
+
+    def _rotted_short_of_n(self) -> tuple[SegmentKey, list[str]] | None:
+        """The first segment a rotted replica was found in that is still sealed and has
+        fewer than N sound replicas, with those it has."""
         state = self.masters.state
-        assert state is not None
-        rotted = {key for _, key in self.rot_found}
-        for key in sorted(rotted):
+        if state is None:
+            return None
+        for key in sorted({key for _, key in self.rot_found}):
             segment = state.segments.get((key.stream_id, key.epoch))
             if segment is None or not segment.final_index:
                 continue
             sound = self._sound_replicas(key, segment.final_index, segment.copy_set)
             if len(sound) < self.config.policy.replicas:
-                self.check(
-                    self._raise,
-                    Violation(
-                        10,
-                        f"segment {key.stream_id}/{key.epoch}: {len(sound)} sound replicas "
-                        f"({sound}) of {self.config.policy.replicas} once repaired",
-                    ),
-                )
-                return
+                return key, sound
+        return None
 
     @staticmethod
     def _raise(violation: Violation) -> None:
