@@ -182,6 +182,9 @@ class Checker:
         self.declared_lost: dict[SegmentKey, int] = {}
         # Invariant 13: the epoch the master trimmed the stream through.
         self.trimmed_through = 0
+        # The operator deleted the stream and could not undelete it within its grace:
+        # the master removed it, and every event with it, as asked (`stream_removed`).
+        self.removed = False
 
     # ---- invariant 2 (and 4) on stores ----
 
@@ -655,8 +658,19 @@ class Checker:
         record.by_payload[payload] = sequence
         record.last = sequence
 
+    def stream_removed(self) -> None:
+        """The operator's undelete came after the grace: the master answered that the
+        stream no longer exists. Its acked events are a loss the operator asked for, so
+        no follower is owed the ones it had not read, nor is a producer's answered
+        event owed to a reader; what was read or served must still agree."""
+        self.checks += 1
+        self.removed = True
+
     def missing(self, follower: str) -> list[int]:
-        """Acked events `follower` has not read and was told no loss of."""
+        """Acked events `follower` has not read and was told no loss of (none once the
+        operator let the stream go: `stream_removed`)."""
+        if self.removed:
+            return []
         record = self.followers.setdefault(follower, FollowerRecord())
         return [
             s for s in self.acked_sequences if s not in record.seen and not record.told_gone_at(s)
@@ -711,6 +725,8 @@ class Checker:
             missing = self.missing(name)
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
+        if self.removed:
+            return
         read = {p for name in followers for p in self.followers[name].by_payload}
         for payload in sorted(self.answered_written - read):
             raise Violation(15, f"{payload!r} was answered as in the stream and never read")

@@ -42,6 +42,9 @@ LOST_REGISTRATION_ANSWERS = 39
 # wiped, one rotted) waited for good: a refill in place needed W good replicas besides,
 # even for a member holding nothing to erase.
 REFILLED_BELOW_W = 209
+# With a delete grace of 1 ms, seed 5's operator undeletes a stream the master
+# removed already (seed 55 met it with a master unavailable until the grace ran out).
+REMOVED_PAST_GRACE = 5
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -130,6 +133,17 @@ def test_seed_209_a_segment_below_w_good_replicas_on_n_stores_is_refilled_back_t
     result = run_seed(REFILLED_BELOW_W)
     assert result.config.rot and result.config.wipes and result.ok, _failure(result)
     assert result.stats.get("rotted replicas repaired", 0) > 0, result.stats
+
+
+def test_a_stream_undeleted_after_its_grace_is_a_loss_the_world_expects() -> None:
+    """Seed 55 found it: the operator's undelete met a master unavailable until the
+    grace ran out, the master removed the stream, and the liveness phase waited for good
+    for its marker. With a grace of 1 ms, seed 5's operator undeletes a stream the
+    master removed meanwhile: the undelete answers NOT_FOUND, and the checkers owe that
+    stream nothing more while every other stream converges as before."""
+    result = run_seed(REMOVED_PAST_GRACE, overrides={"operator": True, "delete_grace_ms": 1})
+    assert result.ok, _failure(result)
+    assert result.stats.get("streams removed past their grace", 0) > 0, result.stats
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:

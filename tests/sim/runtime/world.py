@@ -481,6 +481,9 @@ class World:
         self.violation: Violation | None = None
         self.finished = asyncio.Event()
         self.markers: dict[str, bytes] = {}  # stream -> its acked liveness marker
+        # Streams the operator deleted and undeleted too late: the master removed them
+        # (their undelete answered NOT_FOUND), a loss the operator asked for.
+        self.removed: set[str] = set()
         self.wiped: set[str] = set()
         # Client process nodes that crashed: their appends answer nobody any more.
         self.crashed: set[str] = set()
@@ -729,7 +732,7 @@ class World:
 
     async def _lead(self, process: Process, client: StreamClient, stream: str) -> None:
         attempt = 0
-        while self.phase != "stopped":
+        while self.phase != "stopped" and stream not in self.removed:
             attempt += 1
             writer_id = f"{process.node}/{stream}#{attempt}"
             try:
@@ -819,8 +822,7 @@ class World:
         if payloads[0].startswith(b"marker:"):
             self.markers[stream] = payloads[0]
             self.note(f"{writer_id} marker acked at {unpack_sequence(sequences[0])}")
-            if len(self.markers) == len(self.stream_names):
-                self._check_converged()
+            self._check_converged()
 
     def _producer_id(self, process: Process, stream: str) -> str | None:
         """The producer id of `process` on `stream` (None: a plain writer)."""
@@ -990,7 +992,7 @@ class World:
 
     async def _follow(self, name: str, client: StreamClient, stream: str) -> None:
         checker = self.checkers[stream]
-        while self.phase != "stopped":
+        while self.phase != "stopped" and stream not in self.removed:
             record = checker.followers.get(name)
             start = max(record.last + 1, record.trimmed_before) if record else 0
             try:
@@ -1076,11 +1078,16 @@ class World:
         await asyncio.sleep(self.rng.randint(1, DELETED_MS_MAX) / 1000)
         undelete = master_pb2.UndeleteStreamRequest(name=stream)
         # Until it is back (through the liveness phase): a stream left deleted past its
-        # grace is gone, and every acked event with it.
+        # grace is gone, and every acked event with it (the master unavailable until
+        # then: seed 55), which the undelete's NOT_FOUND says.
         while self.phase != "stopped":
-            if await self._operate(f"undelete {stream}", undelete, retried=True):
+            codes.clear()
+            if await self._operate(f"undelete {stream}", undelete, retried=True, codes=codes):
                 break
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+        if codes[-1:] == [grpc.StatusCode.NOT_FOUND]:
+            self._removed_past_grace(stream)
+            return
         # A delete answered UNAVAILABLE may still land later (its request handled
         # after all, after the undelete said there was nothing to undo: seed 86): the
         # operator looks again until the run ends, as one would after a call in doubt.
@@ -1090,10 +1097,33 @@ class World:
             async with StreamClient(self.masters.address) as client:
                 try:
                     info = await client.master.DescribeStream(describe, timeout=OPERATOR_CALL_S)
-                except (grpc.aio.AioRpcError, StreamEngineError):
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.NOT_FOUND:
+                        self._removed_past_grace(stream)
+                        return
+                    continue
+                except StreamEngineError:
                     continue
             if info.deleted_until_ms:
-                await self._operate(f"undelete {stream} (deleted after all)", undelete)
+                codes.clear()
+                await self._operate(
+                    f"undelete {stream} (deleted after all)", undelete, codes=codes
+                )
+                if codes[-1:] == [grpc.StatusCode.NOT_FOUND]:
+                    self._removed_past_grace(stream)
+                    return
+
+    def _removed_past_grace(self, stream: str) -> None:
+        """The master removed `stream`: the operator could not undelete it within its
+        grace. Its events are gone as asked; its marker and its followers' reads are no
+        longer expected (`Checker.stream_removed`), every other stream's still are."""
+        if stream in self.removed:
+            return
+        self.removed.add(stream)
+        self.note(f"operator: {stream} is gone: its grace ran out before the undelete")
+        self.count("streams removed past their grace")
+        self.check(self.checkers[stream].stream_removed)
+        self._check_converged()
 
     async def _operate(
         self,
@@ -1588,7 +1618,7 @@ class World:
                 self.start(process.node, self._process(process))
 
     def _check_converged(self) -> None:
-        if self.phase != "liveness" or len(self.markers) < len(self.stream_names):
+        if self.phase != "liveness" or self._unmarked():
             return
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
         for checker in self.checkers.values():
@@ -1597,9 +1627,13 @@ class World:
         self.note("converged")
         self.finished.set()
 
+    def _unmarked(self) -> list[str]:
+        """Streams whose liveness marker is still owed (not those the master removed)."""
+        return [s for s in self.stream_names if s not in self.markers and s not in self.removed]
+
     def _raise_stuck(self) -> None:
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
-        unmarked = [s for s in self.stream_names if s not in self.markers]
+        unmarked = self._unmarked()
         for writer_id in sorted(self.writers):
             if writer_id.partition("/")[2].partition("#")[0] in unmarked[:5]:
                 self._describe(writer_id)
