@@ -257,13 +257,23 @@ class Checker:
         if final is not None and before < final <= acked:
             self.replica_complete(store, core, segment, final)
 
-    def audit(self, stores: dict[str, SegmentStoreCore], state: MasterState) -> None:
+    def audit(
+        self,
+        stores: dict[str, SegmentStoreCore],
+        state: MasterState,
+        held_by_store: Mapping[str, set[SegmentKey]] | None = None,
+    ) -> None:
         """Everything again, from scratch: every store's served prefix of every segment
         against what was served before, sealed replicas against each other, the master's
         unsealed count. Catches a change the incremental checks were not told of. Only
-        this checker's stream: the stores may hold others (one checker each)."""
+        this checker's stream: the stores may hold others (one checker each), and
+        `held_by_store` may name what each holds of this stream alone (a world of many
+        streams sorts their segments by stream once, not once per stream)."""
         for name, core in sorted(stores.items()):
-            held = set(core.catalog.segments())
+            if held_by_store is None:
+                held = set(core.catalog.segments())
+            else:
+                held = held_by_store.get(name, set())
             for store, segment in sorted(self.store_acked):
                 if store == name and segment not in held:
                     self.store_deleted(name, segment)  # gone since: a later copy starts anew
@@ -475,9 +485,11 @@ class Checker:
         unsealed = state.unsealed(self.stream_id)
         if len(unsealed) > UNSEALED_SEGMENTS_MAX:
             raise Violation(5, f"unsealed segments {[s.epoch for s in unsealed]}")
-        for record in state.streams.values():
-            if record.epoch < self.epoch_seen:
-                raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+        # This checker's stream only: other streams' epochs say nothing of its own.
+        name = state.names.get(self.stream_id)
+        record = state.streams.get(name) if name is not None else None
+        if record is not None and record.epoch < self.epoch_seen:
+            raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
         self._trims_at_master(state)
 
     # ---- invariant 13 ----

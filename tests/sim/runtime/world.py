@@ -633,8 +633,8 @@ class World:
             await self._wait_for_repairs()
         if self.violation is None:
             followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
+            self._audit_all()
             for _, checker in sorted(self.checkers.items()):
-                self.check(self._audit, checker)
                 self.check(checker.check_complete, followers)
 
     async def _set_up(self) -> None:
@@ -1397,8 +1397,7 @@ class World:
                         self._describe(writer_id)
             if now >= audit_at:
                 audit_at = now + AUDIT_EVERY_MS
-                for checker in self.checkers.values():
-                    self.check(self._audit, checker)
+                self._audit_all()
                 if self.rotten:
                     self._follow_repairs()
 
@@ -1414,7 +1413,9 @@ class World:
                 f"{'a segment' if writer._core.replicator else 'NO SEGMENT'}"
             )
 
-    def _audit(self, checker: Checker) -> None:
+    def _audit_all(self) -> None:
+        """Every stream's checker audits the stores serving, each against what they
+        hold of its own stream (sorted by stream once for all)."""
         state = self.masters.state
         if state is None:
             return  # no master serves: the next audit looks
@@ -1423,11 +1424,25 @@ class World:
             for name, store in sorted(self.stores.items())
             if store.core is not None and store.serving.is_set()
         }
+        held: dict[int, dict[str, set[SegmentKey]]] = {}
+        for name, core in cores.items():
+            for key in core.catalog.segments():
+                held.setdefault(key.stream_id, {}).setdefault(name, set()).add(key)
+        for checker in self.checkers.values():
+            self.check(self._audit, checker, state, cores, held.get(checker.stream_id, {}))
+
+    @staticmethod
+    def _audit(
+        checker: Checker,
+        state: MasterState,
+        cores: dict[str, SegmentStoreCore],
+        held: dict[str, set[SegmentKey]],
+    ) -> None:
         for segment in state.stream_segments(checker.stream_id):
             if segment.final_index:
                 key = SegmentKey(checker.stream_id, segment.epoch)
                 checker.sealed_at_master(key, segment.final_index, cores)
-        checker.audit(cores, state)
+        checker.audit(cores, state, held)
 
     # ---- bit rot at rest ----
 
