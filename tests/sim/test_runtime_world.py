@@ -45,6 +45,8 @@ REFILLED_BELOW_W = 209
 # With a delete grace of 1 ms, seed 5's operator undeletes a stream the master
 # removed already (seed 55 met it with a master unavailable until the grace ran out).
 REMOVED_PAST_GRACE = 5
+# A crowd seed: one process leading 181 streams (`WorldConfig.crowd`).
+CROWD = 400
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -144,6 +146,16 @@ def test_a_stream_undeleted_after_its_grace_is_a_loss_the_world_expects() -> Non
     result = run_seed(REMOVED_PAST_GRACE, overrides={"operator": True, "delete_grace_ms": 1})
     assert result.ok, _failure(result)
     assert result.stats.get("streams removed past their grace", 0) > 0, result.stats
+
+
+@pytest.mark.slow
+def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
+    """Seed 400: one client process leads 181 streams through one `StreamClient`, under
+    the same faults as any seed, with a few batches each; every stream gets its marker
+    acked and its follower reads every acked event. Tens of seconds: past CI's budget."""
+    result = run_seed(CROWD)
+    assert result.config.crowd >= 100 and result.ok, _failure(result)
+    assert result.read >= result.acked > result.config.streams, result.summary()
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:

@@ -19,10 +19,13 @@ etcd and the stores, and etcd itself going down and back. In a share of seeds (e
 drawn from the seed's later generator): the client processes lead one tenant's streams
 under write tokens of their own and the operator revokes one; a wiped store's
 registration answers are lost, so that it registers again; and bytes of stored events
-rot at rest while the stores' scrub runs. The liveness phase then heals
+rot at rest while the stores' scrub runs. In a few seeds (`CROWD_SHARE`, none in the
+CI band) one or two client processes each lead a crowd of 100-300 streams, a few
+batches each, with a shorter safety phase. The liveness phase then heals
 the network, brings every node back, stops faults, and must converge within
 `LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
-every event ever acked.
+every event ever acked (but of a stream the operator undeleted after its grace ran out,
+which the master removed: a loss it asked for).
 
 The checkers are `tests.sim.checkers.Checker`s, one per stream, fed with what the
 shipped shells returned: acks (invariant 1 and 2, the gate on earlier segments),
@@ -182,6 +185,17 @@ ROT_SHARE = 0.3
 ROT_EVERY_MS = 1_500
 SCRUB_RECHECK_MS = 1_000
 REPAIRED_MS_MAX = 10_000
+# The share of seeds where one or two client processes each lead a crowd of streams
+# (issue #35: a process leading hundreds of streams), how many each, how often each of
+# their writers appends (a few batches per stream in the safety phase, whatever the
+# number of streams), and their safety phase, shorter: a run's cost grows with its
+# streams. Never in the CI band (seeds below `CROWD_FIRST_SEED`): a crowd seed takes
+# tens of seconds.
+CROWD_SHARE = 0.05
+CROWD_STREAMS = (100, 300)
+CROWD_APPEND_EVERY_MS = 2_000
+CROWD_SAFETY_MS = 5_000
+CROWD_FIRST_SEED = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +241,9 @@ class WorldConfig:
     registration_answers_lost: int = 0
     # Bit rot at rest in sealed replicas, with the stores' scrub running.
     rot: bool = False
+    # Streams each client process leads in a crowd seed (0: not one): `processes` (1
+    # or 2) lead `crowd` streams each, with no rival and no token.
+    crowd: int = 0
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -256,7 +273,7 @@ class WorldConfig:
         if later.random() < REGISTRATION_ANSWERS_LOST_SHARE:
             answers_lost = later.choice((1, 2))
         rot = later.random() < ROT_SHARE
-        return WorldConfig(
+        config = WorldConfig(
             seed=seed,
             policy=ReplicationPolicy(replicas, quorum),
             stores=stores,
@@ -288,6 +305,22 @@ class WorldConfig:
             registration_answers_lost=answers_lost,
             rot=rot,
             flaws=flaws,
+        )
+        # Drawn apart again, so that the other seeds keep their schedules.
+        crowded = random.Random(f"{seed}/crowds")
+        if seed < CROWD_FIRST_SEED or crowded.random() >= CROWD_SHARE:
+            return config
+        processes = crowded.choice((1, 2))
+        crowd = crowded.randint(*CROWD_STREAMS)
+        return dataclasses.replace(
+            config,
+            processes=processes,
+            streams=processes * crowd,
+            crowd=crowd,
+            rivals=0.0,
+            tokens=False,
+            followers=1,
+            safety_ms=CROWD_SAFETY_MS,
         )
 
     def describe(self) -> str:
@@ -323,6 +356,7 @@ class WorldConfig:
                 else ""
             )
             + (" rot, scrubbed" if self.rot else "")
+            + (f" crowds of {self.crowd} streams per process" if self.crowd else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -704,7 +738,10 @@ class World:
 
     @property
     def _append_every_ms(self) -> int:
-        """Per writer, at most: `appends_per_s` over all streams, twice on average."""
+        """Per writer, at most: `appends_per_s` over all streams, twice on average; in
+        a crowd seed, `CROWD_APPEND_EVERY_MS` (a few batches per stream)."""
+        if self.config.crowd:
+            return CROWD_APPEND_EVERY_MS
         return max(1, 2 * 1000 * len(self.stream_names) // self.config.appends_per_s)
 
     async def _process(self, process: Process) -> None:
