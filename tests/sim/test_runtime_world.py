@@ -151,11 +151,12 @@ def test_a_stream_undeleted_after_its_grace_is_a_loss_the_world_expects() -> Non
 @pytest.mark.slow
 def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
     """Seed 400: one client process leads 181 streams through one `StreamClient`, under
-    the same faults as any seed, with a few batches each; every stream gets its marker
-    acked and its follower reads every acked event. Tens of seconds: past CI's budget."""
+    the same faults as any seed (N=3 W=3 on three stores: with a store down, nothing but
+    the markers is acked); every stream gets its marker acked and its follower reads
+    every acked event. 26 s of CPU: past CI's budget."""
     result = run_seed(CROWD)
     assert result.config.crowd >= 100 and result.ok, _failure(result)
-    assert result.read >= result.acked > result.config.streams, result.summary()
+    assert result.read >= result.acked >= result.config.streams, result.summary()
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
