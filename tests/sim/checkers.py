@@ -182,6 +182,9 @@ class Checker:
         self.declared_lost: dict[SegmentKey, int] = {}
         # Invariant 13: the epoch the master trimmed the stream through.
         self.trimmed_through = 0
+        # The operator deleted the stream and could not undelete it within its grace:
+        # the master removed it, and every event with it, as asked (`stream_removed`).
+        self.removed = False
 
     # ---- invariant 2 (and 4) on stores ----
 
@@ -254,13 +257,23 @@ class Checker:
         if final is not None and before < final <= acked:
             self.replica_complete(store, core, segment, final)
 
-    def audit(self, stores: dict[str, SegmentStoreCore], state: MasterState) -> None:
+    def audit(
+        self,
+        stores: dict[str, SegmentStoreCore],
+        state: MasterState,
+        held_by_store: Mapping[str, set[SegmentKey]] | None = None,
+    ) -> None:
         """Everything again, from scratch: every store's served prefix of every segment
         against what was served before, sealed replicas against each other, the master's
         unsealed count. Catches a change the incremental checks were not told of. Only
-        this checker's stream: the stores may hold others (one checker each)."""
+        this checker's stream: the stores may hold others (one checker each), and
+        `held_by_store` may name what each holds of this stream alone (a world of many
+        streams sorts their segments by stream once, not once per stream)."""
         for name, core in sorted(stores.items()):
-            held = set(core.catalog.segments())
+            if held_by_store is None:
+                held = set(core.catalog.segments())
+            else:
+                held = held_by_store.get(name, set())
             for store, segment in sorted(self.store_acked):
                 if store == name and segment not in held:
                     self.store_deleted(name, segment)  # gone since: a later copy starts anew
@@ -472,9 +485,11 @@ class Checker:
         unsealed = state.unsealed(self.stream_id)
         if len(unsealed) > UNSEALED_SEGMENTS_MAX:
             raise Violation(5, f"unsealed segments {[s.epoch for s in unsealed]}")
-        for record in state.streams.values():
-            if record.epoch < self.epoch_seen:
-                raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
+        # This checker's stream only: other streams' epochs say nothing of its own.
+        name = state.names.get(self.stream_id)
+        record = state.streams.get(name) if name is not None else None
+        if record is not None and record.epoch < self.epoch_seen:
+            raise Violation(5, f"stream epoch {record.epoch} after {self.epoch_seen}")
         self._trims_at_master(state)
 
     # ---- invariant 13 ----
@@ -655,8 +670,19 @@ class Checker:
         record.by_payload[payload] = sequence
         record.last = sequence
 
+    def stream_removed(self) -> None:
+        """The operator's undelete came after the grace: the master answered that the
+        stream no longer exists. Its acked events are a loss the operator asked for, so
+        no follower is owed the ones it had not read, nor is a producer's answered
+        event owed to a reader; what was read or served must still agree."""
+        self.checks += 1
+        self.removed = True
+
     def missing(self, follower: str) -> list[int]:
-        """Acked events `follower` has not read and was told no loss of."""
+        """Acked events `follower` has not read and was told no loss of (none once the
+        operator let the stream go: `stream_removed`)."""
+        if self.removed:
+            return []
         record = self.followers.setdefault(follower, FollowerRecord())
         return [
             s for s in self.acked_sequences if s not in record.seen and not record.told_gone_at(s)
@@ -711,6 +737,8 @@ class Checker:
             missing = self.missing(name)
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
+        if self.removed:
+            return
         read = {p for name in followers for p in self.followers[name].by_payload}
         for payload in sorted(self.answered_written - read):
             raise Violation(15, f"{payload!r} was answered as in the stream and never read")

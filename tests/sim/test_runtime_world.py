@@ -38,6 +38,15 @@ REVOKED_STREAM_WRITES = 43
 # A wiped store's registration answers are lost; with its lost replicas answered only
 # to the first registration, store1 joined without segment 1/1 marked lost.
 LOST_REGISTRATION_ANSWERS = 39
+# Runtime seed 209: a segment left below W good replicas on exactly N stores (two
+# wiped, one rotted) waited for good: a refill in place needed W good replicas besides,
+# even for a member holding nothing to erase.
+REFILLED_BELOW_W = 209
+# With a delete grace of 1 ms, seed 5's operator undeletes a stream the master
+# removed already (seed 55 met it with a master unavailable until the grace ran out).
+REMOVED_PAST_GRACE = 5
+# A crowd seed: one process leading 181 streams (`WorldConfig.crowd`).
+CROWD = 400
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -115,6 +124,39 @@ def test_seed_138_a_writer_rolls_away_from_a_store_that_refuses_on_every_reconne
     and the writer's appends waited on it for good."""
     result = run_seed(138)
     assert result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_209_a_segment_below_w_good_replicas_on_n_stores_is_refilled_back_to_n() -> None:
+    """N=5 W=3 on five stores: two wiped stores lost their replicas of segment 2/1 and
+    store0's rotted, leaving two good ones. Every refill in place waited for W good
+    replicas, the empty members' too (which erase nothing), so the segment stayed at
+    two for good (invariant 10). The empty members are refilled first, then the rotted
+    one, each after the bridge grace its previous swap restarted."""
+    result = run_seed(REFILLED_BELOW_W)
+    assert result.config.rot and result.config.wipes and result.ok, _failure(result)
+    assert result.stats.get("rotted replicas repaired", 0) > 0, result.stats
+
+
+def test_a_stream_undeleted_after_its_grace_is_a_loss_the_world_expects() -> None:
+    """Seed 55 found it: the operator's undelete met a master unavailable until the
+    grace ran out, the master removed the stream, and the liveness phase waited for good
+    for its marker. With a grace of 1 ms, seed 5's operator undeletes a stream the
+    master removed meanwhile: the undelete answers NOT_FOUND, and the checkers owe that
+    stream nothing more while every other stream converges as before."""
+    result = run_seed(REMOVED_PAST_GRACE, overrides={"operator": True, "delete_grace_ms": 1})
+    assert result.ok, _failure(result)
+    assert result.stats.get("streams removed past their grace", 0) > 0, result.stats
+
+
+@pytest.mark.slow
+def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
+    """Seed 400: one client process leads 181 streams through one `StreamClient`, under
+    the same faults as any seed (N=3 W=3 on three stores: with a store down, nothing but
+    the markers is acked); every stream gets its marker acked and its follower reads
+    every acked event. 26 s of CPU: past CI's budget."""
+    result = run_seed(CROWD)
+    assert result.config.crowd >= 100 and result.ok, _failure(result)
+    assert result.read >= result.acked >= result.config.streams, result.summary()
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:

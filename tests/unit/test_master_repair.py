@@ -246,8 +246,8 @@ def test_no_source_no_task() -> None:
 
 
 EXACTLY_N = stores(view("a"), view("b"), view("c"))
-# The store found its replica damaged: it reports acked index 0.
-C_DAMAGED = {**AT_BRIDGE, "c": held(0)}
+# The store found its replica damaged: it reports acked index 0, and what it holds.
+C_DAMAGED = {**AT_BRIDGE, "c": Held(fence=2, acked_index=0, last_index=5, bytes=100)}
 C_BAD = dataclasses.replace(seg(1, verified=("a", "b")), bad=("c",))
 
 
@@ -284,6 +284,28 @@ C_BAD = dataclasses.replace(seg(1, verified=("a", "b")), bad=("c",))
         ),
         ("W unknown: waits", EXACTLY_N, seg(1), C_DAMAGED, 0, None),
         (
+            "fewer than W good, the member holds no copy at all: refilled in place",
+            EXACTLY_N, seg(1), {"a": held(5), "b": held(5)}, 3, ("a", "c", repair.MISSED_BRIDGE),
+        ),
+        (
+            "fewer than W good, the member holds only a fence: refilled in place",
+            EXACTLY_N, seg(1), {**AT_BRIDGE, "c": Held(2, 0, 0, 0)}, 3,
+            ("a", "c", repair.MISSED_BRIDGE),
+        ),
+        (
+            "fewer than W good, the member holds an unfinished copy: refilled in place",
+            EXACTLY_N, seg(1), {**AT_BRIDGE, "c": Held(2, 0, 3, 60)}, 3,
+            ("a", "c", repair.MISSED_BRIDGE),
+        ),
+        (
+            "fewer than W good, the member acked part of it: waits",
+            EXACTLY_N, seg(1), {**AT_BRIDGE, "c": held(3)}, 3, None,
+        ),
+        (
+            "fewer than W good, the member differs from the certificate: waits",
+            EXACTLY_N, C_BAD, AT_BRIDGE, 3, None,
+        ),
+        (
             "a dead member is never refilled in place",
             stores(view("a"), view("b"), view("c", alive=False)), seg(1), AT_BRIDGE, 2, None,
         ),
@@ -304,6 +326,30 @@ def test_in_place_refill(rule, cluster, segment, copies, write_quorum, expected)
     [task] = tasks
     assert (task.source, task.target, task.reason) == expected, rule
     assert task.replaced == "c" and task.in_place == (task.target == "c"), rule
+
+
+def test_below_w_good_the_empty_members_are_refilled_first_then_the_damaged_one() -> None:
+    """Runtime seed 209 (N=5, W=3, five stores): two wiped stores lost their replicas
+    and a third rotted, leaving two good ones. Refilling the damaged member waits for W
+    good replicas; the empty ones, which erase nothing, go first, one task a segment
+    per round; once they are back, the damaged one is refilled."""
+    cluster = stores(*(view(m) for m in "abcde"))
+    segment = seg(1, copy_set="abcde", verified=("b", "d"))
+    damaged = C_DAMAGED["c"]
+    copies = {"a": damaged, "b": held(5), "d": held(5)}
+    quorums = {segment.stream_id: 3}
+
+    def plan(copies: dict[str, Held], verified: str) -> list[tuple[str, str]]:
+        record = dataclasses.replace(segment, verified=tuple(verified))
+        tasks = repair.plan_tasks(
+            [record], cluster, {segment.key: copies}, NOW, GRACE, (), 3, write_quorums=quorums
+        )
+        assert all(t.in_place for t in tasks)
+        return [(t.source, t.target) for t in tasks]
+
+    assert plan(copies, "bd") == [("b", "c")], "the first empty member, never the damaged one"
+    assert plan({**copies, "c": held(5)}, "bcd") == [("b", "a")], "W good: the damaged one"
+    assert plan({"a": damaged, "b": held(5)}, "b") == [("b", "c")]
 
 
 def test_dead_store_with_no_spare_store_waits() -> None:

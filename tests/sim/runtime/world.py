@@ -19,10 +19,13 @@ etcd and the stores, and etcd itself going down and back. In a share of seeds (e
 drawn from the seed's later generator): the client processes lead one tenant's streams
 under write tokens of their own and the operator revokes one; a wiped store's
 registration answers are lost, so that it registers again; and bytes of stored events
-rot at rest while the stores' scrub runs. The liveness phase then heals
+rot at rest while the stores' scrub runs. In a few seeds (`CROWD_SHARE`, none in the
+CI band) one or two client processes each lead a crowd of 100-300 streams, a few
+batches each, with a shorter safety phase. The liveness phase then heals
 the network, brings every node back, stops faults, and must converge within
 `LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
-every event ever acked.
+every event ever acked (but of a stream the operator undeleted after its grace ran out,
+which the master removed: a loss it asked for).
 
 The checkers are `tests.sim.checkers.Checker`s, one per stream, fed with what the
 shipped shells returned: acks (invariant 1 and 2, the gate on earlier segments),
@@ -182,6 +185,17 @@ ROT_SHARE = 0.3
 ROT_EVERY_MS = 1_500
 SCRUB_RECHECK_MS = 1_000
 REPAIRED_MS_MAX = 10_000
+# The share of seeds where one or two client processes each lead a crowd of streams
+# (issue #35: a process leading hundreds of streams), how many each, how often each of
+# their writers appends (a few batches per stream in the safety phase, whatever the
+# number of streams), and their safety phase, shorter: a run's cost grows with its
+# streams. Never in the CI band (seeds below `CROWD_FIRST_SEED`): a crowd seed takes
+# tens of seconds.
+CROWD_SHARE = 0.05
+CROWD_STREAMS = (100, 300)
+CROWD_APPEND_EVERY_MS = 2_000
+CROWD_SAFETY_MS = 5_000
+CROWD_FIRST_SEED = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +241,9 @@ class WorldConfig:
     registration_answers_lost: int = 0
     # Bit rot at rest in sealed replicas, with the stores' scrub running.
     rot: bool = False
+    # Streams each client process leads in a crowd seed (0: not one): `processes` (1
+    # or 2) lead `crowd` streams each, with no rival and no token.
+    crowd: int = 0
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -256,7 +273,7 @@ class WorldConfig:
         if later.random() < REGISTRATION_ANSWERS_LOST_SHARE:
             answers_lost = later.choice((1, 2))
         rot = later.random() < ROT_SHARE
-        return WorldConfig(
+        config = WorldConfig(
             seed=seed,
             policy=ReplicationPolicy(replicas, quorum),
             stores=stores,
@@ -288,6 +305,22 @@ class WorldConfig:
             registration_answers_lost=answers_lost,
             rot=rot,
             flaws=flaws,
+        )
+        # Drawn apart again, so that the other seeds keep their schedules.
+        crowded = random.Random(f"{seed}/crowds")
+        if seed < CROWD_FIRST_SEED or crowded.random() >= CROWD_SHARE:
+            return config
+        processes = crowded.choice((1, 2))
+        crowd = crowded.randint(*CROWD_STREAMS)
+        return dataclasses.replace(
+            config,
+            processes=processes,
+            streams=processes * crowd,
+            crowd=crowd,
+            rivals=0.0,
+            tokens=False,
+            followers=1,
+            safety_ms=CROWD_SAFETY_MS,
         )
 
     def describe(self) -> str:
@@ -323,6 +356,7 @@ class WorldConfig:
                 else ""
             )
             + (" rot, scrubbed" if self.rot else "")
+            + (f" crowds of {self.crowd} streams per process" if self.crowd else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -481,6 +515,9 @@ class World:
         self.violation: Violation | None = None
         self.finished = asyncio.Event()
         self.markers: dict[str, bytes] = {}  # stream -> its acked liveness marker
+        # Streams the operator deleted and undeleted too late: the master removed them
+        # (their undelete answered NOT_FOUND), a loss the operator asked for.
+        self.removed: set[str] = set()
         self.wiped: set[str] = set()
         # Client process nodes that crashed: their appends answer nobody any more.
         self.crashed: set[str] = set()
@@ -630,8 +667,8 @@ class World:
             await self._wait_for_repairs()
         if self.violation is None:
             followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
+            self._audit_all()
             for _, checker in sorted(self.checkers.items()):
-                self.check(self._audit, checker)
                 self.check(checker.check_complete, followers)
 
     async def _set_up(self) -> None:
@@ -701,7 +738,10 @@ class World:
 
     @property
     def _append_every_ms(self) -> int:
-        """Per writer, at most: `appends_per_s` over all streams, twice on average."""
+        """Per writer, at most: `appends_per_s` over all streams, twice on average; in
+        a crowd seed, `CROWD_APPEND_EVERY_MS` (a few batches per stream)."""
+        if self.config.crowd:
+            return CROWD_APPEND_EVERY_MS
         return max(1, 2 * 1000 * len(self.stream_names) // self.config.appends_per_s)
 
     async def _process(self, process: Process) -> None:
@@ -729,7 +769,7 @@ class World:
 
     async def _lead(self, process: Process, client: StreamClient, stream: str) -> None:
         attempt = 0
-        while self.phase != "stopped":
+        while self.phase != "stopped" and stream not in self.removed:
             attempt += 1
             writer_id = f"{process.node}/{stream}#{attempt}"
             try:
@@ -819,8 +859,7 @@ class World:
         if payloads[0].startswith(b"marker:"):
             self.markers[stream] = payloads[0]
             self.note(f"{writer_id} marker acked at {unpack_sequence(sequences[0])}")
-            if len(self.markers) == len(self.stream_names):
-                self._check_converged()
+            self._check_converged()
 
     def _producer_id(self, process: Process, stream: str) -> str | None:
         """The producer id of `process` on `stream` (None: a plain writer)."""
@@ -990,7 +1029,7 @@ class World:
 
     async def _follow(self, name: str, client: StreamClient, stream: str) -> None:
         checker = self.checkers[stream]
-        while self.phase != "stopped":
+        while self.phase != "stopped" and stream not in self.removed:
             record = checker.followers.get(name)
             start = max(record.last + 1, record.trimmed_before) if record else 0
             try:
@@ -1076,11 +1115,16 @@ class World:
         await asyncio.sleep(self.rng.randint(1, DELETED_MS_MAX) / 1000)
         undelete = master_pb2.UndeleteStreamRequest(name=stream)
         # Until it is back (through the liveness phase): a stream left deleted past its
-        # grace is gone, and every acked event with it.
+        # grace is gone, and every acked event with it (the master unavailable until
+        # then: seed 55), which the undelete's NOT_FOUND says.
         while self.phase != "stopped":
-            if await self._operate(f"undelete {stream}", undelete, retried=True):
+            codes.clear()
+            if await self._operate(f"undelete {stream}", undelete, retried=True, codes=codes):
                 break
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+        if codes[-1:] == [grpc.StatusCode.NOT_FOUND]:
+            self._removed_past_grace(stream)
+            return
         # A delete answered UNAVAILABLE may still land later (its request handled
         # after all, after the undelete said there was nothing to undo: seed 86): the
         # operator looks again until the run ends, as one would after a call in doubt.
@@ -1090,10 +1134,33 @@ class World:
             async with StreamClient(self.masters.address) as client:
                 try:
                     info = await client.master.DescribeStream(describe, timeout=OPERATOR_CALL_S)
-                except (grpc.aio.AioRpcError, StreamEngineError):
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.NOT_FOUND:
+                        self._removed_past_grace(stream)
+                        return
+                    continue
+                except StreamEngineError:
                     continue
             if info.deleted_until_ms:
-                await self._operate(f"undelete {stream} (deleted after all)", undelete)
+                codes.clear()
+                await self._operate(
+                    f"undelete {stream} (deleted after all)", undelete, codes=codes
+                )
+                if codes[-1:] == [grpc.StatusCode.NOT_FOUND]:
+                    self._removed_past_grace(stream)
+                    return
+
+    def _removed_past_grace(self, stream: str) -> None:
+        """The master removed `stream`: the operator could not undelete it within its
+        grace. Its events are gone as asked; its marker and its followers' reads are no
+        longer expected (`Checker.stream_removed`), every other stream's still are."""
+        if stream in self.removed:
+            return
+        self.removed.add(stream)
+        self.note(f"operator: {stream} is gone: its grace ran out before the undelete")
+        self.count("streams removed past their grace")
+        self.check(self.checkers[stream].stream_removed)
+        self._check_converged()
 
     async def _operate(
         self,
@@ -1367,8 +1434,7 @@ class World:
                         self._describe(writer_id)
             if now >= audit_at:
                 audit_at = now + AUDIT_EVERY_MS
-                for checker in self.checkers.values():
-                    self.check(self._audit, checker)
+                self._audit_all()
                 if self.rotten:
                     self._follow_repairs()
 
@@ -1384,7 +1450,9 @@ class World:
                 f"{'a segment' if writer._core.replicator else 'NO SEGMENT'}"
             )
 
-    def _audit(self, checker: Checker) -> None:
+    def _audit_all(self) -> None:
+        """Every stream's checker audits the stores serving, each against what they
+        hold of its own stream (sorted by stream once for all)."""
         state = self.masters.state
         if state is None:
             return  # no master serves: the next audit looks
@@ -1393,11 +1461,25 @@ class World:
             for name, store in sorted(self.stores.items())
             if store.core is not None and store.serving.is_set()
         }
+        held: dict[int, dict[str, set[SegmentKey]]] = {}
+        for name, core in cores.items():
+            for key in core.catalog.segments():
+                held.setdefault(key.stream_id, {}).setdefault(name, set()).add(key)
+        for checker in self.checkers.values():
+            self.check(self._audit, checker, state, cores, held.get(checker.stream_id, {}))
+
+    @staticmethod
+    def _audit(
+        checker: Checker,
+        state: MasterState,
+        cores: dict[str, SegmentStoreCore],
+        held: dict[str, set[SegmentKey]],
+    ) -> None:
         for segment in state.stream_segments(checker.stream_id):
             if segment.final_index:
                 key = SegmentKey(checker.stream_id, segment.epoch)
                 checker.sealed_at_master(key, segment.final_index, cores)
-        checker.audit(cores, state)
+        checker.audit(cores, state, held)
 
     # ---- bit rot at rest ----
 
@@ -1507,11 +1589,16 @@ class World:
                 )
 
     async def _wait_for_repairs(self) -> None:
-        """Invariant 10 once faults stopped: every rotted replica sound again within
-        `REPAIRED_MS_MAX`, and each of its segments with N sound replicas."""
+        """Invariant 10 once faults stopped: every rotted replica sound again, and each
+        of its segments with N sound replicas, within `REPAIRED_MS_MAX`. A segment on
+        exactly N stores that lost other replicas too (a wiped store, one that never
+        synced) is refilled member after member, each after the bridge grace its
+        previous swap restarted: the window covers them all."""
         with contextlib.suppress(TimeoutError):
             await wait_until(
-                lambda: not self.rotten, REPAIRED_MS_MAX / 1000, interval_s=AUDIT_EVERY_MS / 1000
+                lambda: not self.rotten and self._rotted_short_of_n() is None,
+                REPAIRED_MS_MAX / 1000,
+                interval_s=AUDIT_EVERY_MS / 1000,
             )
         if self.rotten:
             (name, key), rotted_at = min(self.rotten.items(), key=lambda item: item[1])
@@ -1525,24 +1612,33 @@ class World:
                 ),
             )
             return
+        short = self._rotted_short_of_n()
+        if short is not None:
+            key, sound = short
+            self.check(
+                self._raise,
+                Violation(
+                    10,
+                    f"segment {key.stream_id}/{key.epoch}: {len(sound)} sound replicas "
+                    f"({sound}) of {self.config.policy.replicas}, {REPAIRED_MS_MAX} ms after "
+                    "the run converged",
+                ),
+            )
+
+    def _rotted_short_of_n(self) -> tuple[SegmentKey, list[str]] | None:
+        """The first segment a rotted replica was found in that is still sealed and has
+        fewer than N sound replicas, with those it has."""
         state = self.masters.state
-        assert state is not None
-        rotted = {key for _, key in self.rot_found}
-        for key in sorted(rotted):
+        if state is None:
+            return None
+        for key in sorted({key for _, key in self.rot_found}):
             segment = state.segments.get((key.stream_id, key.epoch))
             if segment is None or not segment.final_index:
                 continue
             sound = self._sound_replicas(key, segment.final_index, segment.copy_set)
             if len(sound) < self.config.policy.replicas:
-                self.check(
-                    self._raise,
-                    Violation(
-                        10,
-                        f"segment {key.stream_id}/{key.epoch}: {len(sound)} sound replicas "
-                        f"({sound}) of {self.config.policy.replicas} once repaired",
-                    ),
-                )
-                return
+                return key, sound
+        return None
 
     @staticmethod
     def _raise(violation: Violation) -> None:
@@ -1574,7 +1670,7 @@ class World:
                 self.start(process.node, self._process(process))
 
     def _check_converged(self) -> None:
-        if self.phase != "liveness" or len(self.markers) < len(self.stream_names):
+        if self.phase != "liveness" or self._unmarked():
             return
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
         for checker in self.checkers.values():
@@ -1583,9 +1679,13 @@ class World:
         self.note("converged")
         self.finished.set()
 
+    def _unmarked(self) -> list[str]:
+        """Streams whose liveness marker is still owed (not those the master removed)."""
+        return [s for s in self.stream_names if s not in self.markers and s not in self.removed]
+
     def _raise_stuck(self) -> None:
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
-        unmarked = [s for s in self.stream_names if s not in self.markers]
+        unmarked = self._unmarked()
         for writer_id in sorted(self.writers):
             if writer_id.partition("/")[2].partition("#")[0] in unmarked[:5]:
                 self._describe(writer_id)

@@ -28,11 +28,19 @@ it (a cluster of exactly N stores): its own store drops every copy it holds of t
 segment, then copies it again (`CopyToTarget.replace_held`), so neither a damaged block
 nor a copy of a higher epoch outlives the refill. Only while the other members hold at
 least W good replicas (`in_place_allowed`): the refill erases what the member held, and
-the segment must stay readable and copyable meanwhile; below that the task waits. A
-dead or draining member is never refilled in place. The source is a
-replica verified against the certificate when there is one, else any good one, never
-one whose copy failed lately when another can serve (a failed copy rotates the
-source); the copy is verified against the certificate, never against the source. `RepairOp` carries
+the segment must stay readable and copyable meanwhile; below that the task waits,
+unless the member holds nothing a refill could erase (`holds_nothing`: no copy at all,
+as a wiped store or one that lost unsynced writes has, or one that acked nothing and
+stops short of the bridge, as a copy that never finished leaves): so a segment left
+with fewer than W good replicas on exactly N stores (a wiped store, a store that lost
+what it never synced, and a replica that rotted) climbs back to W through its empty
+members, and then to N. A dead or draining member is never refilled in place. The
+source is a replica verified against the certificate when there is one, else any good
+one, never one whose copy failed lately when another can serve (a failed copy rotates
+the source); the copy is verified against the certificate, never against the source:
+its target reads the whole copy back and computes its certificate before confirming
+it (`segment_store.core.copy`), so a replica a repair swapped in is verified from
+then on (`integrity.copy_verified`), with no scrub to wait for. `RepairOp` carries
 one task out step by step (the shells, real and simulated, only do the calls it asks
 for); `RepairQueue` says which tasks run next. Open and sealing
 segments are never copied; the leader of a stream whose open segment has a bad member
@@ -164,25 +172,23 @@ def plan_tasks(
         verdict = judge(segment, stores, copies, now_ms, bridge_grace_ms)
         if not verdict.bad or not verdict.sources:
             continue
-        replaced, reason = verdict.bad[0]
+        chosen = _replacement(
+            segment,
+            verdict,
+            copies,
+            _with_pending(stores, targets_used),
+            (avoid or {}).get(segment.key, ()),
+            (write_quorums or {}).get(segment.stream_id, 0),
+        )
+        if chosen is None:
+            continue
+        replaced, reason, target = chosen
         source = choose_source(
             verdict.sources,
             set(segment.verified),
             set((failed_sources or {}).get(segment.key, ())),
             sources_used,
         )
-        keep = [m for m in segment.copy_set if m != replaced]
-        target = choose_target(
-            _with_pending(stores, targets_used),
-            keep,
-            avoid=[replaced, *(avoid or {}).get(segment.key, ())],
-        )
-        if target is None and in_place_allowed(
-            reason, verdict, (write_quorums or {}).get(segment.stream_id, 0)
-        ):
-            target = replaced
-        if target is None:
-            continue
         assert source != target, "a member is never refilled from itself"
         size = max((c.bytes for c in copies.values()), default=0)
         tasks.append(Task(segment.key, source, target, replaced, reason, size))
@@ -191,11 +197,53 @@ def plan_tasks(
     return tasks
 
 
-def in_place_allowed(reason: str, verdict: Verdict, write_quorum: int) -> bool:
-    """Whether a member bad for `reason` may be refilled in place: its store is up and
-    the other members hold W good replicas, so erasing what it held leaves the segment
-    readable and copyable (`write_quorum` 0: unknown, never)."""
-    return reason in IN_PLACE_REASONS and write_quorum > 0 and len(verdict.good) >= write_quorum
+def _replacement(
+    segment: SegmentRecord,
+    verdict: Verdict,
+    copies: Mapping[str, Held],
+    stores: Sequence[StoreView],
+    avoid: Iterable[str],
+    write_quorum: int,
+) -> tuple[str, str, str] | None:
+    """The bad member to replace now, its reason and its target: a store outside the
+    copy set as placement chooses, else the member itself where it may be refilled in
+    place; the first in copy-set order that can be (below W good replicas, those that
+    hold nothing: `in_place_allowed`). None: every bad member waits."""
+    for replaced, reason in verdict.bad:
+        keep = [m for m in segment.copy_set if m != replaced]
+        target = choose_target(stores, keep, avoid=[replaced, *avoid])
+        if target is None and in_place_allowed(
+            reason,
+            verdict,
+            write_quorum,
+            holds_nothing(copies.get(replaced), segment.final_index),
+        ):
+            target = replaced
+        if target is not None:
+            return replaced, reason, target
+    return None
+
+
+def holds_nothing(held: Held | None, final_index: int) -> bool:
+    """Whether a member's replica holds nothing a refill in place could erase: no copy
+    at all (nothing reported, or only a fence), or one that acked nothing and stops
+    short of the bridge (a copy that never finished; a replica its store found damaged
+    is reported with acked index 0 too, but reaches the bridge)."""
+    return held is None or held.last_index == 0 or (
+        held.acked_index == 0 and held.last_index < final_index
+    )
+
+
+def in_place_allowed(
+    reason: str, verdict: Verdict, write_quorum: int, member_holds_nothing: bool = False
+) -> bool:
+    """Whether a member bad for `reason` may be refilled in place: its store is up, and
+    either the other members hold W good replicas, so erasing what it held leaves the
+    segment readable and copyable, or it holds nothing to erase (`write_quorum` 0:
+    unknown, never)."""
+    if reason not in IN_PLACE_REASONS or write_quorum <= 0:
+        return False
+    return member_holds_nothing or len(verdict.good) >= write_quorum
 
 
 def choose_source(
