@@ -115,9 +115,16 @@ def draw(rows: Sequence[Row], path: Path) -> None:
         for label, value in series:
             values = [value(row) for row in rows]
             exponent = growth_exponent(sizes, values)
-            axis.plot(sizes, values, marker="o", label=f"{label}: {growth_word(exponent)}")
+            # A log axis has no place for 0 (a figure too small to measure): left out.
+            shown = [(n, v) for n, v in zip(sizes, values, strict=True) if v > 0]
+            axis.plot(
+                [n for n, _ in shown],
+                [v for _, v in shown],
+                marker="o",
+                label=f"{label}: {growth_word(exponent)}",
+            )
         axis.set_xscale("log")
-        axis.set_yscale("symlog", linthresh=0.1)
+        axis.set_yscale("log")
         axis.set_xticks(sizes, [f"{n:,}" for n in sizes])
         axis.set_title(title)
         axis.set_xlabel("streams led by one client (N)")
