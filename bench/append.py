@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,8 @@ from pathlib import Path
 from streamengine.client import StreamClient
 from streamengine.client.writer import Writer
 from streamengine.protocol.clock import wall_ms
-from streamengine.tools.local_cluster import LocalCluster
+from streamengine.testing import free_port_run
+from streamengine.tools.local_cluster import LocalCluster, ports_used
 
 
 @dataclass(frozen=True)
@@ -251,29 +251,6 @@ async def bench_size(
         )
 
 
-def free_port_run(count: int) -> int:
-    """A port p with p..p+count-1 free now (best effort)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count >= 65535:
-            continue
-        try:
-            sockets = []
-            for offset in range(count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return base
-    raise RuntimeError("no run of free ports")
-
-
 @dataclass(frozen=True)
 class Target:
     """A cluster to measure: its master and, under TLS, the admin's certs dir."""
@@ -337,7 +314,8 @@ class Cost:
 @contextmanager
 def local_cluster(fsync: str, tls: bool) -> Iterator[Target]:
     with tempfile.TemporaryDirectory(prefix="se-bench-") as data:
-        local = LocalCluster(Path(data), stores=3, port=free_port_run(4), fsync=fsync, tls=tls)
+        port = free_port_run(ports_used(3))
+        local = LocalCluster(Path(data), stores=3, port=port, fsync=fsync, tls=tls)
         try:
             local.start()
             pids = tuple(c.process.pid for c in local.children if c.process is not None)

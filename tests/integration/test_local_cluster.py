@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from streamengine.client import StreamClient
-from streamengine.testing import free_port, wait_for
-from streamengine.tools.local_cluster import LocalCluster, serving
+from streamengine.testing import free_port_run, wait_for
+from streamengine.tools.local_cluster import LocalCluster, ports_used, serving
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,7 +26,7 @@ def test_servers_die_with_a_sigkilled_cluster_process(tmp_path: Path) -> None:
         import sys, time
         from pathlib import Path
         from streamengine.tools.local_cluster import LocalCluster, serving
-        cluster = LocalCluster(Path({str(tmp_path / "data")!r}), 2, {free_port()})
+        cluster = LocalCluster(Path({str(tmp_path / "data")!r}), 2, {free_port_run(ports_used(2))})
         cluster.start()
         print("serving", flush=True)
         time.sleep(600)
@@ -58,7 +58,7 @@ def test_servers_die_with_a_sigkilled_cluster_process(tmp_path: Path) -> None:
 async def test_a_killed_store_restarts_while_other_threads_are_inside_grpc(
     tmp_path: Path,
 ) -> None:
-    cluster = LocalCluster(tmp_path / "data", 3, free_port())
+    cluster = LocalCluster(tmp_path / "data", 3, free_port_run(ports_used(3)))
     cluster.start()
     polling = threading.Event()
 

@@ -62,3 +62,24 @@ def test_a_malformed_port_shard_is_refused(monkeypatch: pytest.MonkeyPatch, raw:
     monkeypatch.setenv(harness.PORT_SHARD_ENV, raw)
     with pytest.raises(ValueError, match="want K/N"):
         harness.free_port()
+
+
+def test_a_run_of_ports_skips_a_base_whose_next_ports_are_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's ports past the base are bound to be checked: one already listening
+    (a server of another test) makes the next base be tried, and a run handed out is
+    never handed out again, in whole or in part."""
+    monkeypatch.setattr(harness, "_handed_out", set())
+    monkeypatch.delenv(harness.PORT_SHARD_ENV, raising=False)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        taken = listening.getsockname()[1]
+        # A base just below a listening port: its run is refused, another is found.
+        harness._handed_out.discard(taken - 1)
+        bases = [taken - 1, *range(taken + 20, taken + 420, 20)]
+        monkeypatch.setattr(harness, "free_port", iter(bases).__next__)
+        base = harness.free_port_run(4)
+        assert base > taken, "the run over the listening port was skipped"
+    assert set(range(base, base + 4)) <= harness._handed_out

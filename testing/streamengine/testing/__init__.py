@@ -24,7 +24,13 @@ from streamengine.testing.etcd import (
     running_etcd,
     running_ha_cluster,
 )
-from streamengine.testing.ports import PORT_SHARD_ENV, free_port, port_shard, port_share
+from streamengine.testing.ports import (
+    PORT_SHARD_ENV,
+    free_port,
+    free_port_run,
+    port_shard,
+    port_share,
+)
 from streamengine.testing.processes import (
     LOG_FAULTS,
     MASTER_SERVICE,
@@ -62,6 +68,7 @@ __all__ = [
     "etcd_answers",
     "etcd_binary",
     "free_port",
+    "free_port_run",
     "is_active_master",
     "is_serving",
     "log_faults",

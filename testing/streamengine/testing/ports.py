@@ -52,3 +52,30 @@ def free_port() -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError("no port free on 127.0.0.1 that was not handed out already")
+
+
+def free_port_run(count: int) -> int:
+    """A port p with p .. p + count - 1 all free on 127.0.0.1 now and none handed out
+    before, for a server set that takes consecutive ports from one base (a
+    `LocalCluster`: `local_cluster.ports_used`). `free_port` alone checks the base only:
+    a store of such a cluster once found its port taken and exited."""
+    _, shards = port_shard()
+    for _ in range(100 * shards):
+        base = free_port()
+        run = range(base, base + count)
+        if run.stop > 65535 or any(p in _handed_out for p in run[1:]):
+            continue
+        sockets: list[socket.socket] = []
+        try:
+            for port in run[1:]:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        _handed_out.update(run)
+        return base
+    raise RuntimeError(f"no run of {count} free ports on 127.0.0.1")

@@ -86,6 +86,12 @@ def serving(address: str, transport: Transport = PLAINTEXT) -> bool:
 CERTS_SUBDIR = "certs"
 
 
+def ports_used(stores: int) -> int:
+    """How many consecutive ports from its base a cluster of `stores` takes: the
+    master's, each store's gRPC port, the console's (`cluster up`), each data port."""
+    return 2 * stores + 2
+
+
 class LocalCluster:
     def __init__(
         self,
