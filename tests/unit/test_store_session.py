@@ -3,6 +3,9 @@ where each reply goes, what a refusal means, and each segment's bound on the str
 
 from __future__ import annotations
 
+import asyncio
+import functools
+
 import pytest
 
 from streamengine.client.core.replicator import (
@@ -19,6 +22,7 @@ from streamengine.client.core.store_session import (
     batched,
 )
 from streamengine.client.core.writer import FencedByStore
+from streamengine.client.store_session import Inbox
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.limits import (
     WRITE_BATCH_BYTES_MAX,
@@ -54,7 +58,7 @@ def test_routes_open_when_the_stream_connects_and_close_when_it_breaks(routes) -
     assert table.open_all() == [(A, a), (B, b)]
     assert table.open_all() == [], "open already: nobody hears it twice"
     assert table.send(A, 1, "a1") == "a1"
-    assert table.stream_lost() == [a, b]
+    assert table.stream_lost() == [(A, a), (B, b)]
     assert table.stream_lost() == [], "closed already"
     assert table.in_flight(A) == 0
 
@@ -247,3 +251,30 @@ FENCED = FencedByStore("s3", 9)
 )
 def test_a_writer_steps_once_for_each_run_of_answers(told: list, stepped: list) -> None:  # type: ignore[type-arg]
     assert batched(told) == stepped
+
+
+def test_the_inbox_hands_a_segment_s_events_only_to_an_owner_still_holding_it() -> None:
+    """Answers wait for the loop's next turn: a writer that rolled away from a segment
+    meanwhile (its new copy set without that store) never hears them. Before, such an
+    answer reached the new segment's replicator and ended the writer with KeyError
+    (fault scenario S17: appends stalled 3-5 s after a master's fault)."""
+    old, new = (7, 1), (7, 2)
+    held = {old, new}
+    heard: list[object] = []
+
+    class Owner:
+        def store_event(self, event: object) -> None:
+            heard.append(event)
+            held.discard(old)  # the new segment's answer: the old one is sealed away
+
+    owner = Owner()
+
+    async def scenario() -> None:
+        inbox = Inbox()
+        for key in (new, old, old):
+            reply = WriteReplied("s1", 1, False, 1, 1)
+            inbox.put(owner, "s1", key, reply, functools.partial(held.__contains__, key))
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert len(heard) == 1 and isinstance(heard[0], WriteReplied)

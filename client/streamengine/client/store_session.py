@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -140,8 +141,8 @@ class StoreSession:
                     call = await connection.call(framing.WRITE)
                     failures = 0
                     self._connected = True
-                    for _, owner in self.routes.open_all():
-                        self._inbox.put(owner, StoreConnected(self.store_id))
+                    for key, owner in self.routes.open_all():
+                        self._tell(key, owner, StoreConnected(self.store_id))
                     async with asyncio.TaskGroup() as streams:
                         streams.create_task(self._send_loop(call))
                         await self._receive_loop(call)
@@ -159,8 +160,8 @@ class StoreSession:
     def _lost(self) -> None:
         self._connected = False
         self._drop_queued()
-        for owner in self.routes.stream_lost():
-            self._inbox.put(owner, StoreDisconnected(self.store_id))
+        for key, owner in self.routes.stream_lost():
+            self._tell(key, owner, StoreDisconnected(self.store_id))
 
     def _drop_queued(self) -> None:
         while not self._queue.empty():
@@ -197,7 +198,8 @@ class StoreSession:
         for item in released:
             self._queue.put_nowait(item)
         if owner is not None:
-            self._inbox.put(
+            self._tell(
+                key,
                 owner,
                 WriteReplied(
                     self.store_id,
@@ -227,9 +229,9 @@ class StoreSession:
             code,
             reply.error.details,
         )
-        self._inbox.put(refused.owner, StoreDisconnected(self.store_id))
+        self._tell(key, refused.owner, StoreDisconnected(self.store_id))
         if refused.fence is not None:
-            self._inbox.put(refused.owner, FencedByStore(self.store_id, refused.fence))
+            self._tell(key, refused.owner, FencedByStore(self.store_id, refused.fence))
             return
         handles: list[asyncio.TimerHandle] = []
         handles.append(
@@ -247,7 +249,15 @@ class StoreSession:
 
     def _open(self, key: RouteKey, owner: SegmentOwner) -> None:
         if self._connected and self.routes.owner(key) is owner and self.routes.open(key):
-            self._inbox.put(owner, StoreConnected(self.store_id))
+            self._tell(key, owner, StoreConnected(self.store_id))
+
+    def _tell(self, key: RouteKey, owner: SegmentOwner, event: LeaderEvent) -> None:
+        """`event` of segment `key` for `owner`, handed over by the inbox only while
+        `owner` still replicates that segment here: one it detached meanwhile (a roll
+        to a new segment, maybe without this store) hears nothing more of the old."""
+        self._inbox.put(
+            owner, self.store_id, key, event, lambda: self.routes.owner(key) is owner
+        )
 
 
 class Inbox:
@@ -257,11 +267,26 @@ class Inbox:
     hand-over is a callback of the loop."""
 
     def __init__(self) -> None:
-        self._events: dict[SegmentOwner, list[LeaderEvent]] = {}
+        # Per owner, store and segment: the events, and whether the owner still holds
+        # that segment on that store.
+        self._events: dict[tuple[SegmentOwner, str, RouteKey], list[LeaderEvent]] = {}
+        self._holds: dict[tuple[SegmentOwner, str, RouteKey], Callable[[], bool]] = {}
         self._scheduled = False
 
-    def put(self, owner: SegmentOwner, event: LeaderEvent) -> None:
-        self._events.setdefault(owner, []).append(event)
+    def put(
+        self,
+        owner: SegmentOwner,
+        store: str,
+        key: RouteKey,
+        event: LeaderEvent,
+        holds: Callable[[], bool],
+    ) -> None:
+        """`event` of segment `key` on `store` for `owner`, handed over while `holds()`:
+        the owner still replicates that segment there (checked before each step, since
+        one step may roll the owner away from it)."""
+        where = (owner, store, key)
+        self._events.setdefault(where, []).append(event)
+        self._holds.setdefault(where, holds)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._hand_over)
@@ -269,8 +294,12 @@ class Inbox:
     def _hand_over(self) -> None:
         self._scheduled = False
         events, self._events = self._events, {}
-        for owner, told in events.items():
+        holds, self._holds = self._holds, {}
+        for where, told in events.items():
+            owner = where[0]
             for event in batched(told):
+                if not holds[where]():
+                    break
                 owner.store_event(event)
 
 

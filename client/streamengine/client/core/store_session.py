@@ -196,13 +196,13 @@ class SessionRoutes(Generic[Owner, Item]):
         """A stream connected: every route opens; the owners to tell, in attach order."""
         return [(key, owner) for key in list(self._routes) if (owner := self.open(key)) is not None]
 
-    def stream_lost(self) -> list[Owner]:
+    def stream_lost(self) -> list[tuple[RouteKey, Owner]]:
         """The stream broke: whatever was out may be lost, and every route closes. The
-        owners of the routes that were open, to tell (`StoreDisconnected`)."""
+        routes that were open and their owners, to tell (`StoreDisconnected`)."""
         told = []
-        for route in self._routes.values():
+        for key, route in self._routes.items():
             if route.open:
-                told.append(route.owner)
+                told.append((key, route.owner))
             self._close(route)
         return told
 
