@@ -30,10 +30,10 @@ from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.segment_store.core.errors import StoreError
 from streamengine.segment_store.reads import ReadCalls
-from streamengine.segment_store.refusals import Refusal, refusal_of
+from streamengine.segment_store.refusals import Refusal, RequestEnds, refusal_of
 from streamengine.segment_store.store_context import StoreContext
-from streamengine.segment_store.tail import SubscribeEnds, TailCalls
-from streamengine.segment_store.writes import WriteCalls, WriteStreamEnds
+from streamengine.segment_store.tail import TailCalls
+from streamengine.segment_store.writes import WriteCalls
 from streamengine.v1 import segment_store_pb2
 
 
@@ -47,7 +47,7 @@ def data_server(store: StoreContext) -> DataServer:
         with _admitted(store, call.principal) as caller:
             try:
                 await writes.write(_write_requests(call), call.send, caller)
-            except WriteStreamEnds as ended:
+            except RequestEnds as ended:
                 raise call_error(ended.refusal()) from None
 
     async def read(call: ServerCall) -> None:
@@ -66,7 +66,7 @@ def data_server(store: StoreContext) -> DataServer:
         with _admitted(store, call.principal) as caller:
             try:
                 await tails.subscribe(_subscribe_requests(call), call.send, caller)
-            except SubscribeEnds as ended:
+            except RequestEnds as ended:
                 raise call_error(ended.refusal()) from None
 
     def authenticate(identity: Principal, token: str | None) -> Principal | Denial:

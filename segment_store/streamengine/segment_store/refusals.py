@@ -145,3 +145,16 @@ TAIL_DROP_STATUS = {
     "silent": grpc.StatusCode.UNAVAILABLE,
     "slow": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+
+class RequestEnds(Exception):
+    """What ends a data-port request (a Write stream, a Subscribe) with a status: the
+    error, and the segment it is of."""
+
+    def __init__(self, error: Exception, segment: entry_pb2.SegmentId | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.segment = segment
+
+    def refusal(self) -> Refusal:
+        return refusal_of(self.error, self.segment)

@@ -9,7 +9,7 @@ call, however many tails it carries.
 A call proves its caller once, when it opens; the pump checks the caller's token
 against the store's revocations at each turn (at least every keepalive interval), so a
 revocation ends an open tail as it ends a Write stream. What ends a call with a status
-is raised as `SubscribeEnds`.
+is raised as `RequestEnds`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from streamengine.segment_store.core import tail
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import BadRequest, StoreError
 from streamengine.segment_store.reads import read_entries
-from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refusal, Refused, refusal_of
+from streamengine.segment_store.refusals import TAIL_DROP_STATUS, Refused, RequestEnds, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
@@ -45,18 +45,6 @@ SUBSCRIBE_START_TIMEOUT_S = 10.0
 log = logging.getLogger("streamengine.store")
 
 SendReply = Callable[[segment_store_pb2.SubscribeReply], Awaitable[None]]
-
-
-class SubscribeEnds(Exception):
-    """What ends a Subscribe call with a status: the error, and the segment it is of."""
-
-    def __init__(self, error: Exception, segment: entry_pb2.SegmentId | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.segment = segment
-
-    def refusal(self) -> Refusal:
-        return refusal_of(self.error, self.segment)
 
 
 class TailCalls:
@@ -72,13 +60,13 @@ class TailCalls:
         caller: Principal,
     ) -> None:
         """Serves one Subscribe call of `caller` until the client ends it; raises
-        SubscribeEnds for what ends it with a status."""
+        RequestEnds for what ends it with a status."""
         requests = aiter(request_iterator)
         try:
             async with asyncio.timeout(SUBSCRIBE_START_TIMEOUT_S):  # see protocol.waiting
                 first = await anext(requests)
         except (StopAsyncIteration, TimeoutError):
-            raise SubscribeEnds(BadRequest("Subscribe must begin with a start message")) from None
+            raise RequestEnds(BadRequest("Subscribe must begin with a start message")) from None
         if first.WhichOneof("message") == "start" and first.start.tail:
             await self._multiplexed(first.start, requests, send, caller)
             return
@@ -89,7 +77,7 @@ class TailCalls:
             self.store.check_reader(caller, "Subscribe", segment)
             self.store.authority.check_not_deleted(segment.stream_id)
         except StoreError as error:
-            raise SubscribeEnds(error) from None
+            raise RequestEnds(error) from None
         follower = _Tail(self.store, segment, first.start, requests, send, caller)
         metrics.SUBSCRIBERS.inc()
         try:
@@ -97,7 +85,7 @@ class TailCalls:
         finally:
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
-            raise SubscribeEnds(refusal)
+            raise RequestEnds(refusal)
 
     async def _multiplexed(
         self,
@@ -114,7 +102,7 @@ class TailCalls:
             call.close()
             metrics.SUBSCRIBERS.dec()
         if refusal is not None:
-            raise SubscribeEnds(refusal)
+            raise RequestEnds(refusal)
 
 
 class _Tail:

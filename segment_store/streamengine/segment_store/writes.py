@@ -3,7 +3,7 @@ of `core.writes`: it admits each request (its grant, the quota, the committer's 
 and hands the command to the group committer. Seal is a gRPC call; Write is served on
 the data plane (`data_plane.py`), and its behaviour here knows no transport: requests
 come in as an async iterator, replies go out through a `send`, and what ends the
-stream with a status is raised as `WriteStreamEnds`.
+stream with a status is raised as `RequestEnds`.
 
 A Write stream carries the batches of many segments (every writer of one client on
 this store), and one message may carry many of them (`WriteRequest.parts`): each part
@@ -46,7 +46,7 @@ from streamengine.segment_store.core.commands import (
 )
 from streamengine.segment_store.core.errors import BadRequest, StoreError
 from streamengine.segment_store.core.writes import check_write_message
-from streamengine.segment_store.refusals import Refusal, abort, refusal_of
+from streamengine.segment_store.refusals import RequestEnds, abort, refusal_of
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
@@ -94,18 +94,6 @@ def parts_of(request: segment_store_pb2.WriteRequest) -> Sequence[segment_store_
     return parts
 
 
-class WriteStreamEnds(Exception):
-    """What ends a Write stream with a status: the error, and the segment it is of."""
-
-    def __init__(self, error: Exception, segment: entry_pb2.SegmentId | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.segment = segment
-
-    def refusal(self) -> Refusal:
-        return refusal_of(self.error, self.segment)
-
-
 class WriteCalls:
     """Write and Seal."""
 
@@ -123,7 +111,7 @@ class WriteCalls:
         caller: Principal,
     ) -> None:
         """Serves one Write stream of `caller` until the client ends it or it is idle;
-        raises WriteStreamEnds for what ends it with a status."""
+        raises RequestEnds for what ends it with a status."""
         grants = WriteStreamGrants(self.store.authority, caller)
         inflight = asyncio.Semaphore(WRITE_STREAM_INFLIGHT_MAX)
         # Tickets, not requests, wait for their replies: a refused batch's entries are
@@ -173,7 +161,7 @@ class WriteCalls:
         try:
             while (message := await answers.get()) is not None:
                 if isinstance(message, StoreError):
-                    raise WriteStreamEnds(message)
+                    raise RequestEnds(message)
                 replies = [
                     await self._answer(ticket, admitted) for ticket, admitted in message.parts
                 ]
@@ -210,7 +198,7 @@ class WriteCalls:
         """The reply to one refused request; or, for what ends the stream (or is no
         refusal of the store's: a bug), the stream's end."""
         if not isinstance(error, StoreError) or ends_write_stream(error):
-            raise WriteStreamEnds(error, ticket.segment)
+            raise RequestEnds(error, ticket.segment)
         refusal = refusal_of(error, ticket.segment)
         return ticket.refused(
             segment_store_pb2.WriteError(
