@@ -350,6 +350,66 @@ async def test_a_silent_server_fails_the_calls() -> None:
     assert raised.value.code is StatusCode.UNAVAILABLE and "silent" in raised.value.details
 
 
+async def test_a_server_that_answers_nothing_sent_is_dropped_before_its_dead_peer_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection whose sends go unanswered (the kernel's retransmission backoff after
+    a healed partition, a peer that stopped reading) is dropped after
+    `UNANSWERED_MS_MAX`, long before the dead-peer time, so that its owner dials anew."""
+    monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
+    monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 300)
+
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello_ok = data_plane_pb2.HelloOk(
+            version=1,
+            stream_credit_bytes=1 << 24,
+            frame_payload_bytes_max=1 << 20,
+            requests_max=4,
+            ping_interval_ms=20_000,
+            dead_peer_ms=60_000,
+        )
+        await reader.read(1 << 16)  # the hello
+        writer.write(framing.encode(Kind.HELLO_OK, 0, hello_ok))
+        await asyncio.Event().wait()  # reads nothing more, answers nothing
+
+    server = await asyncio.start_server(deaf, "127.0.0.1", free_port())
+    port = server.sockets[0].getsockname()[1]
+    async with (
+        asyncio.timeout(DEADLINE_S),
+        server,
+        framed.connect(f"127.0.0.1:{port}", Transport()) as connection,
+    ):
+        call = await connection.call(framing.WRITE)
+        await call.send(request(1))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(CallError) as raised:
+            await call.receive()
+        waited_s = asyncio.get_running_loop().time() - started
+    assert raised.value.code is StatusCode.UNAVAILABLE
+    assert "answered nothing" in raised.value.details
+    assert 0.3 <= waited_s < 5.0
+
+
+async def test_a_slow_answer_from_a_server_that_pongs_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe's ping is answered at once by a live server: a reply that takes longer
+    than `UNANSWERED_MS_MAX` (a slow disk) still comes on the same connection."""
+    monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
+    monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 200)
+
+    async def slow_echo(call: ServerCall) -> None:
+        await asyncio.sleep(0.6)
+        await echo(call)
+
+    async with serving(slow_echo) as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(request(7))
+        await call.end()
+        reply = await call.receive()
+        assert reply is not None and connection.failure is None
+
+
 async def test_nothing_listening_is_unavailable() -> None:
     with pytest.raises(CallError) as raised:
         async with framed.connect(f"127.0.0.1:{free_port()}", Transport()):

@@ -6,7 +6,8 @@ with TLS from the cluster's certificates (docs/data-plane.md); its server side i
   opens requests on it (`DataConnection.call`): each a `ClientCall` that sends request
   messages as its credit allows and receives replies until the server's End or Error.
   A background reader dispatches frames to calls; a pinger pings while the connection
-  lives and drops it when the server has been silent for its dead-peer time. Both are
+  lives and drops it when the server has been silent for its dead-peer time, or has
+  answered nothing the client sent for `UNANSWERED_MS_MAX`. All are
   owned by the connection's TaskGroup; a failure reaches every call as `CallError`.
 - Sockets get TCP keepalive and `TCP_USER_TIMEOUT` (a peer gone without a word is
   dropped by the kernel within the dead-peer time even while data is unacknowledged).
@@ -62,6 +63,15 @@ start_server = asyncio.start_server
 # interval when alive; either side drops a peer silent for the dead-peer time.
 PING_INTERVAL_MS = 2_000
 DEAD_PEER_MS = 8_000
+# A client that sent something and has heard nothing since pings after this long, and
+# drops the connection when still nothing came this long after what it sent. A live
+# server answers a ping at once; a connection whose sends sit in the kernel's
+# retransmission backoff (a one-way partition healed a moment ago: the next retry can be
+# seconds away) or whose peer stopped reading is dialled anew, rather than counted as a
+# working member of a copy set until the dead-peer time (S7: a second store's fault then
+# left one store answering, and appends stalled a second until the backoff ended).
+UNANSWERED_PROBE_MS = 250
+UNANSWERED_MS_MAX = 1_500
 # A hello must come this soon after the connection opens: a stranger holds nothing long.
 HELLO_TIMEOUT_MS = 5_000
 # Bytes read from a socket at once.
@@ -78,6 +88,7 @@ THREADED_SEND_BYTES_MIN = 32 << 10
 _SENDERS = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="framed-send")
 
 assert DEAD_PEER_MS >= 3 * PING_INTERVAL_MS, "a dead peer is one that missed pings"
+assert UNANSWERED_PROBE_MS < UNANSWERED_MS_MAX < DEAD_PEER_MS
 assert HELLO_TIMEOUT_MS < DEAD_PEER_MS
 
 
@@ -144,6 +155,10 @@ class Peer:
         self.decoder = decoder
         self.frames: collections.deque[Frame] = collections.deque()
         self.last_heard = asyncio.get_running_loop().time()
+        # When the first frame sent since the peer was last heard went (None: nothing
+        # sent since); `unanswered` is set meanwhile.
+        self.unanswered_since: float | None = None
+        self.unanswered = asyncio.Event()
         self.send_lock = asyncio.Lock()  # one message frame at a time, drained
         # A plain TCP socket's own descriptor for the sender threads (a duplicate: its
         # number stays this connection's until `close`, whatever the transport does);
@@ -163,12 +178,20 @@ class Peer:
                 return None
             self.frames.extend(self.decoder.feed(data))
             self.last_heard = asyncio.get_running_loop().time()
+            self.unanswered_since = None
+            self.unanswered.clear()
         return self.frames.popleft()
+
+    def _sending(self) -> None:
+        if self.unanswered_since is None:
+            self.unanswered_since = asyncio.get_running_loop().time()
+            self.unanswered.set()
 
     def send_control(self, frame: bytes) -> None:
         """A control frame, without waiting: a peer not reading them is dropped."""
         if self.writer.is_closing():
             return
+        self._sending()
         if self._held is not None:
             self._held.append(frame)
             if len(self._held) * FRAME_HEADER_BYTES > UNREAD_CONTROL_BYTES_MAX:
@@ -184,6 +207,7 @@ class Peer:
             if self.writer.is_closing():
                 raise CallError(StatusCode.UNAVAILABLE, "the connection is closed")
             await self._thread_send_done()
+            self._sending()
             try:
                 if self._threaded and sum(map(len, parts)) >= THREADED_SEND_BYTES_MIN:
                     await self._send_in_thread(parts)
@@ -488,6 +512,31 @@ class DataConnection:
                 self.peer.send_control(framing.encode(Kind.PING, 0, ping))
             await asyncio.sleep(min(interval_s, dead_s - silent_s))
 
+    async def answer_loop(self) -> None:
+        """Drops the connection when what the client sent goes unanswered for
+        `UNANSWERED_MS_MAX` (a ping after `UNANSWERED_PROBE_MS` asks for an answer)."""
+        peer = self.peer
+        while self.failure is None:
+            await peer.unanswered.wait()
+            since = peer.unanswered_since
+            if since is None:
+                continue
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(max(0.0, since + UNANSWERED_PROBE_MS / 1000 - loop.time()))
+            if peer.unanswered_since != since:
+                continue  # answered
+            with contextlib.suppress(FrameError):
+                ping = data_plane_pb2.Ping(nonce=next(self._ping_nonces))
+                peer.send_control(framing.encode(Kind.PING, 0, ping))
+            await asyncio.sleep(max(0.0, since + UNANSWERED_MS_MAX / 1000 - loop.time()))
+            if peer.unanswered_since == since and self.failure is None:
+                self.fail(
+                    CallError(
+                        StatusCode.UNAVAILABLE,
+                        f"the server answered nothing sent {UNANSWERED_MS_MAX} ms ago",
+                    )
+                )
+
     def fail(self, error: CallError) -> None:
         """Ends every call with `error`: the connection is over."""
         if self.failure is not None:
@@ -538,6 +587,7 @@ async def connect(
             loops = (
                 tasks.create_task(connection.read_loop()),
                 tasks.create_task(connection.ping_loop()),
+                tasks.create_task(connection.answer_loop()),
             )
             try:
                 yield connection
