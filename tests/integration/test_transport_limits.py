@@ -15,7 +15,8 @@ import pytest
 from bench.segment_driver import write_stream
 from streamengine.client.stream_client import StreamClient
 from streamengine.protocol import framed, framing
-from streamengine.protocol.framed import CallError, split_address
+from streamengine.protocol.framed import CallError
+from streamengine.protocol.framed_peer import split_address
 from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.protocol.limits import (
     FRAME_PAYLOAD_BYTES_MAX,

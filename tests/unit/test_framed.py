@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streamengine.protocol import auth, framed, framing
+from streamengine.protocol import auth, framed, framed_peer, framing
 from streamengine.protocol.framed import HELLO_TIMEOUT_MS, CallError
 from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode, VersionRange
@@ -93,7 +93,7 @@ async def test_large_messages_go_by_the_sender_threads_in_order_with_small_ones(
     """A message of `THREADED_SEND_BYTES_MIN` or more leaves from a sender thread; the
     small ones and the control frames (credits, the end) written meanwhile follow it,
     so the server reads every message whole and in the order sent."""
-    sizes = [framed.THREADED_SEND_BYTES_MIN, 10, 3 << 20, 0, 200 << 10, 5]
+    sizes = [framed_peer.THREADED_SEND_BYTES_MIN, 10, 3 << 20, 0, 200 << 10, 5]
     seen: list[int] = []
 
     async def sizes_of(call: ServerCall) -> None:
@@ -228,7 +228,7 @@ async def test_no_common_version_is_refused_at_hello() -> None:
 
 async def raw_exchange(address: str, data: bytes) -> list[framing.Frame]:
     """What a server answers to `data` before it closes the connection."""
-    host, port = framed.split_address(address)
+    host, port = framed_peer.split_address(address)
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(data)
     decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
@@ -294,7 +294,7 @@ async def test_connections_past_the_bound_waiting_for_their_hello_are_closed() -
     than `hellos_max` sockets and tasks; one past it is closed at once, and a caller
     that says hello once there is room is served."""
     async with serving(hellos_max=2) as address:
-        host, port = framed.split_address(address)
+        host, port = framed_peer.split_address(address)
         silent = [await asyncio.open_connection(host, port) for _ in range(2)]
         reader, writer = await asyncio.open_connection(host, port)
         async with asyncio.timeout(HELLO_TIMEOUT_MS / 1000 / 5):  # not by its timeout
@@ -312,7 +312,7 @@ async def test_connections_past_the_bound_waiting_for_their_hello_are_closed() -
 
 async def raw_exchange_first(address: str, data: bytes) -> list[framing.Frame]:
     """The first frames a server answers to `data` ([] if it closed at once)."""
-    host, port = framed.split_address(address)
+    host, port = framed_peer.split_address(address)
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(data)
     decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
@@ -434,7 +434,7 @@ async def test_connections_go_through_the_seams(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(framed, "start_server", start_server)
     async with serving() as address, framed.connect(address, Transport()):
         pass
-    assert opened == [framed.split_address(address)] and started == [opened[0][1]]
+    assert opened == [framed_peer.split_address(address)] and started == [opened[0][1]]
 
 
 # TLS: the handshake's certificate and the hello's token say who calls.

@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 
 from streamengine.protocol import auth, framed, framing, identity
-from streamengine.protocol.framed import (
+from streamengine.protocol.framed import HELLO_TIMEOUT_MS, RequestStream
+from streamengine.protocol.framed_peer import (
     DEAD_PEER_MS,
-    HELLO_TIMEOUT_MS,
     PING_INTERVAL_MS,
     CallError,
     Peer,
-    RequestStream,
     configure_socket,
     split_address,
 )

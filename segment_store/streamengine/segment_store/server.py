@@ -33,7 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamengine.protocol import identity as peer_identity
 from streamengine.protocol import logs, transport
 from streamengine.protocol.channels import SERVER_OPTIONS
-from streamengine.protocol.framed import split_address
+from streamengine.protocol.framed_peer import split_address
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.masters import BadMasterList, parse_masters
 from streamengine.protocol.parsing import RequestParsing
