@@ -20,6 +20,7 @@ from streamengine.client.core.replicator import (
 )
 from streamengine.client.core.writer import (
     FOLLOWER_HEARTBEAT_MS_MAX,
+    SESSION_BOUND_HEARTBEAT_MS,
     STREAM_DELETED,
     AppendsTimedOut,
     AskRoll,
@@ -38,6 +39,9 @@ from streamengine.client.core.writer import (
     SegmentGrant,
     SegmentSealed,
     SendHeartbeat,
+    SessionAttention,
+    SessionLease,
+    SessionUnbound,
     StepDownReason,
     SteppedDown,
 )
@@ -406,3 +410,39 @@ def test_a_leader_answer_without_a_signed_grant_cannot_be_led() -> None:
     assert [d.reason for d in down] == [StepDownReason.UNSUPPORTED]
     assert "signed grant" in down[0].message
     assert of_type(actions, BecameLeader) == []
+
+
+def test_a_lease_bound_to_the_session_renews_with_it_and_heartbeats_rarely() -> None:
+    """Bound by the answer that says so: its lease follows the session's renewals sent
+    after that answer came, under the same incarnation, and it heartbeats on its own
+    every SESSION_BOUND_HEARTBEAT_MS; told unbound, or another incarnation renewing,
+    its own heartbeats alone count again, every third of the lease, the first at once."""
+    session = SessionLease()
+    leader = Leader(0, session=session)
+    step(leader, 0, Tick())
+    step(leader, 10, leader_answer(0, session_incarnation=b"one"))
+    assert leader.session_incarnation == b"one"
+    assert leader.heartbeat_interval_ms == SESSION_BOUND_HEARTBEAT_MS
+    session.incarnation, session.renewal_sent_at_ms, session.renewed_until_ms = b"one", 5, 5000
+    assert leader.lease_until_ms == LEASE_MS, "sent before the answer that bound it"
+    session.renewal_sent_at_ms, session.renewed_until_ms = 300, 300 + LEASE_MS
+    assert leader.lease_until_ms == 300 + LEASE_MS
+    assert of_type(step(leader, LEASE_MS // 3, Tick()), SendHeartbeat), "due as it was bound"
+    assert leader.deadline_ms(LEASE_MS // 3) == LEASE_MS // 3 + SESSION_BOUND_HEARTBEAT_MS
+    assert step(leader, 5 * LEASE_MS, Tick()) == [], "no heartbeat of its own meanwhile"
+    session.incarnation = b"two"  # a session held again, under a master that restarted
+    assert leader.lease_until_ms == LEASE_MS
+    session.incarnation = b"one"
+    assert of_type(step(leader, 5 * LEASE_MS + 1, SessionAttention()), SendHeartbeat)
+    step(leader, 5 * LEASE_MS + 2, SessionUnbound())
+    assert leader.session_incarnation == b"" and leader.lease_until_ms == LEASE_MS
+    assert leader.heartbeat_interval_ms == LEASE_MS // 3
+    assert leader.role is Role.LEADING
+
+
+def test_a_writer_without_a_session_is_never_bound() -> None:
+    leader = Leader(0)
+    step(leader, 0, Tick())
+    step(leader, 10, leader_answer(0, session_incarnation=b"one"))
+    assert leader.session_incarnation == b""
+    assert leader.heartbeat_interval_ms == LEASE_MS // 3

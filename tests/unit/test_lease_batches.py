@@ -11,7 +11,7 @@ from streamengine.master.leadership import Beat, WriterView
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from tests.metadata_backends import MetadataPlace
 from tests.unit.lease_helpers import writer
-from tests.unit.test_master_state import LEASE, Master
+from tests.unit.test_master_state import LEASE, TIMEOUT, Master
 
 STREAMS = 100  # more grants than one metadata transaction holds
 
@@ -88,3 +88,55 @@ def test_a_sessions_end_ends_the_leases_it_renewed_unless_taken_over(master: Mas
     assert ended == [("t/s0", 1), ("t/s1", 2)]
     assert not master.state.leases["t/s0"].running(master.now + 1)
     assert leadership.open_session(b"s" * 16, ""), "gone: the bytes may name a session again"
+
+
+def test_one_renewal_of_a_session_renews_every_lease_bound_to_it(master: Master) -> None:
+    """Bound by the batches naming the session; each renewed as its holder's heartbeat
+    would renew it, whatever their number; one no longer its grant is named `ended` and
+    bound no more; an unknown session, or one held by another principal, renews
+    nothing."""
+    leadership = master.state.leadership
+    session = b"s" * 16
+    assert leadership.open_session(session, "")
+    beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(STREAMS)]
+    answers = leadership.writer_heartbeats(beats, master.now, session=session)
+    incarnations = {a.session_incarnation for a in answers if isinstance(a, WriterView)}
+    assert len(incarnations) == 1 and b"" not in incarnations
+    master.state.leases["t/s7"] = Lease(2, "w9", 0)  # granted to another writer since
+    leadership.release_lease("t/s8", writer("w1"), 1, master.now)
+    master.now += 5 * LEASE  # every lease ran out: nobody else was granted
+    renewal = leadership.renew_session(session, "", master.now)
+    assert renewal.incarnation in incarnations
+    assert renewal.ended == ("t/s7", "t/s8")
+    for n in set(range(STREAMS)) - {7, 8}:
+        assert master.state.leases[f"t/s{n}"].expires_ms == master.now + LEASE
+    assert master.state.leases["t/s7"].holder == "w9"
+    assert leadership.renew_session(session, "", master.now).ended == (), "unbound: once"
+    assert leadership.renew_session(b"x" * 16, "", master.now).incarnation == b""
+    assert leadership.renew_session(session, "someone else", master.now).incarnation == b""
+
+
+def test_a_renewal_names_the_bound_streams_with_a_roll_to_hear_of_when_it_changes(
+    master: Master,
+) -> None:
+    """Looked for only when what roll reasons rest on changed since the session's last
+    renewal: a store of their copy sets dead, a roll an operator asked for."""
+    leadership = master.state.leadership
+    session = b"s" * 16
+    assert leadership.open_session(session, "")
+    beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(4)]
+    leadership.writer_heartbeats(beats, master.now, session=session)
+    assert leadership.renew_session(session, "", master.now).attention == ()
+    leadership.request_roll("t/s2", master.now)
+    assert leadership.renew_session(session, "", master.now).attention == ("t/s2",)
+    assert leadership.renew_session(session, "", master.now).attention == (), "said once"
+    def copy_set(n: int) -> tuple[str, ...]:
+        stream_id = master.state.streams[f"t/s{n}"].stream_id
+        return master.state.segments[(stream_id, 1)].copy_set
+
+    silent = copy_set(0)[0]
+    for store in {"a", "b", "c"} - {silent}:  # `silent` misses the store timeout
+        master.state.registry.store_heartbeat(store, 0, 0, {}, master.now + TIMEOUT + 1)
+    master.now += TIMEOUT + 1
+    on_it = {f"t/s{n}" for n in range(4) if silent in copy_set(n)}
+    assert set(leadership.renew_session(session, "", master.now).attention) == on_it

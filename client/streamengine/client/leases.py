@@ -15,6 +15,18 @@ the master ends, at once, every lease the session's batches renewed or granted, 
 standby need not wait them out. A call that ends with the process alive is opened again
 after `HOLD_LEASE_REOPEN_MS`; it only shortens a takeover.
 
+The session renews, in one step, every lease bound to it (docs/design.md, "Lease
+sessions"): a writer's lease is bound once an answer to its heartbeat says so (the
+batch named the session, held open at the master under an incarnation), and from then
+on a `LeaseHeartbeat` with `renew_session` every lease/3 renews them all, however
+many. The answer's time goes into `lease` (`client.core.writer.SessionLease`), which
+every bound writer's core reads for its lease; a writer steps only when the master
+names its stream (`ended`: bound no more, it heartbeats on its own again;
+`attention`: a roll to hear of, it heartbeats now), or when the session's incarnation
+is another than the one it was bound under (a new active master, a call opened
+again). A bound writer's own heartbeats go every `SESSION_BOUND_HEARTBEAT_MS`. So ten
+thousand idle leaders cost the master one call per lease/3, not ten thousand entries.
+
 Releases go out as the writers close, each its own call, and the session waits for them
 only when the client closes: a process that closes ten thousand writers one after the
 other does not wait ten thousand round trips (issue #38: a close that took minutes).
@@ -31,12 +43,18 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
-from streamengine.client.core.writer import HOLD_LEASE_REOPEN_MS
+from streamengine.client.core.writer import HOLD_LEASE_REOPEN_MS, SessionLease
 from streamengine.client.retrying import retry_unary
-from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
+from streamengine.protocol.clock import monotonic_ms
+from streamengine.protocol.limits import (
+    HEARTBEATS_PER_LEASE,
+    LEASE_BATCH_ENTRIES_MAX,
+    LEASE_MS_DEFAULT,
+)
 from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY
 from streamengine.v1 import master_pb2, master_pb2_grpc
 
@@ -62,6 +80,14 @@ HOLD_OPEN_WAIT_S = 1.0
 # How long closing the client waits for the releases still under way (each gives up
 # after its own deadline sooner; a lease not released runs out by itself).
 RELEASES_WAIT_S = 3.0
+
+
+class BoundWriter(Protocol):
+    """A writer whose lease the session renews (`client.writer.Writer`)."""
+
+    def session_unbound(self) -> None: ...
+
+    def session_attention(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -102,6 +128,13 @@ class LeaseSession:
         # Batches in flight, with the streams whose heartbeats each carries.
         self._calls: dict[asyncio.Task[None], frozenset[str]] = {}
         self.batches_sent = 0
+        self.entries_sent = 0  # writers' own heartbeats, each an entry of a batch
+        # What every bound writer's core reads of the session's renewals.
+        self.lease = SessionLease()
+        # The writers whose lease is bound, by stream, with the incarnation of each.
+        self._bound: dict[str, tuple[BoundWriter, bytes]] = {}
+        self._bound_changed = asyncio.Event()
+        self.renewals_sent = 0
 
     async def start(self) -> None:
         self._group = asyncio.TaskGroup()
@@ -109,6 +142,7 @@ class LeaseSession:
         self._loops = [
             self._group.create_task(self._send_batches()),
             self._group.create_task(self._hold()),
+            self._group.create_task(self._renew()),
         ]
 
     async def close(self) -> None:
@@ -163,6 +197,15 @@ class LeaseSession:
             # releases its lease next, and no heartbeat of it may be granted after that.
             waiting.answer.cancel()
 
+    def bind(self, stream: str, writer: BoundWriter, incarnation: bytes) -> None:
+        """`writer`'s lease of `stream` is bound to the session under `incarnation`
+        (empty: bound no more)."""
+        if incarnation:
+            self._bound[stream] = (writer, incarnation)
+            self._bound_changed.set()
+        elif stream in self._bound and self._bound[stream][0] is writer:
+            del self._bound[stream]
+
     def release(self, request: master_pb2.ReleaseLeaseRequest) -> None:
         """Give a lease back; the client's close waits for it, the caller does not."""
         if self._group is None:
@@ -197,6 +240,7 @@ class LeaseSession:
             leases=[w.request for w in batch], session=self.session
         )
         self.batches_sent += 1
+        self.entries_sent += len(batch)
         try:
             reply = await self._master.LeaseHeartbeat(request, timeout=timeout_s)
         except asyncio.CancelledError:
@@ -232,6 +276,49 @@ class LeaseSession:
                     return  # a master from before the call existed: leases run out
                 log.debug("lease session call ended: %s", error.code().name)
             await asyncio.sleep(HOLD_LEASE_REOPEN_MS / 1000)
+
+    async def _renew(self) -> None:
+        """Renews every bound lease each lease/3 while any is bound, the first time as
+        soon as one is."""
+        lease_ms = LEASE_MS_DEFAULT
+        while True:
+            if not self._bound:
+                self._bound_changed.clear()
+                await self._bound_changed.wait()
+            sent_at_ms = monotonic_ms()
+            request = master_pb2.LeaseHeartbeatRequest(session=self.session, renew_session=True)
+            self.renewals_sent += 1
+            try:
+                reply = await self._master.LeaseHeartbeat(request, timeout=lease_ms / 1000)
+            except grpc.aio.AioRpcError as error:
+                # As a writer's own heartbeat that failed: the next goes on schedule, and
+                # the lease runs out meanwhile.
+                log.debug("lease session renewal failed: %s", error.code().name)
+            else:
+                lease_ms = reply.session.lease_ms or lease_ms
+                self._renewed(sent_at_ms, reply.session)
+            await asyncio.sleep(max(1, lease_ms // HEARTBEATS_PER_LEASE) / 1000)
+
+    def _renewed(self, sent_at_ms: int, renewal: master_pb2.SessionRenewal) -> None:
+        incarnation = renewal.incarnation
+        if incarnation != self.lease.incarnation:
+            # Bound under another incarnation (or none held): renewed by nothing now.
+            for stream, (writer, bound) in list(self._bound.items()):
+                if bound != incarnation:
+                    del self._bound[stream]
+                    writer.session_unbound()
+        self.lease.incarnation = incarnation
+        if incarnation:
+            self.lease.renewal_sent_at_ms = sent_at_ms
+            self.lease.renewed_until_ms = sent_at_ms + renewal.lease_ms
+        for stream in renewal.ended:
+            entry = self._bound.pop(stream, None)
+            if entry is not None:
+                entry[0].session_unbound()
+        for stream in renewal.attention:
+            entry = self._bound.get(stream)
+            if entry is not None:
+                entry[0].session_attention()
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
         self._calls.pop(task, None)

@@ -110,6 +110,7 @@ def heartbeat_answer(sent_at_ms: int, reply: master_pb2.WriterHeartbeatReply) ->
         producers=_producer_positions(reply),
         stream_has_producers=reply.stream_has_producers,
         lease_won=bool(reply.lease_secret),
+        session_incarnation=reply.session_incarnation,
     )
 
 

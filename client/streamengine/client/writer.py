@@ -111,6 +111,8 @@ from streamengine.client.core.writer import (
     RollFailed,
     SegmentSealed,
     SendHeartbeat,
+    SessionAttention,
+    SessionUnbound,
     StepDownReason,
     SteppedDown,
 )
@@ -266,7 +268,11 @@ class Writer:
             rolling_supported=rolling,
             append_timeout_ms=max(1, round(append_timeout_s * 1000)),
             producer=producer_id is not None,
+            session=leases.lease,
         )
+        # The session incarnation this writer last told the lease session it is bound
+        # under (empty: not bound).
+        self._told_bound = b""
         self._append_timeout_s = append_timeout_s
         self._group: asyncio.TaskGroup | None = None
         # Heartbeats in flight: cancelled on close (their answers no longer matter).
@@ -693,6 +699,10 @@ class Writer:
             # recoveries run, appends wait for the roll that gives it one).
             self._decided.set()
         self._stepped.set()
+        incarnation = self._core.session_incarnation
+        if incarnation != self._told_bound:
+            self._told_bound = incarnation
+            self._leases.bind(self.stream, self, incarnation)
         self._timers.schedule(self, self._core.deadline_ms(monotonic_ms()))
 
     def _apply(self, actions: Iterable[LeaderAction]) -> None:
@@ -774,6 +784,17 @@ class Writer:
         """The client's timers: the core's deadline came (never inside a step)."""
         if not self._closing:
             self._step_from_outside(Tick())
+
+    def session_unbound(self) -> None:
+        """The lease session no longer renews this writer's lease (never inside a
+        step: the session's renewals are answered in a task of their own)."""
+        if not self._closing:
+            self._step_from_outside(SessionUnbound())
+
+    def session_attention(self) -> None:
+        """The master has something to tell this writer: it heartbeats now."""
+        if not self._closing:
+            self._step_from_outside(SessionAttention())
 
     def _step_from_outside(self, event: LeaderEvent) -> None:
         """A step called by the client's shared parts, not by this writer's own tasks:

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from streamengine.master.state import MasterState
 
 
+# Bytes naming a lease session's incarnation: a new one each time its call is opened.
+SESSION_INCARNATION_BYTES = 16
+
+
 @dataclass(frozen=True, slots=True)
 class LeaderReport:
     """What a stream's leader last said of its open segment (the segment of `epoch`).
@@ -68,12 +72,26 @@ class Beat:
 
 @dataclass(slots=True)
 class LeaseSession:
-    """A client process's lease session: the principal that opened it, and each lease a
-    batch naming it renewed or granted, as it was then (a grant's answer carries the
-    secret, the heartbeat that won it did not: the grant itself is what is bound)."""
+    """A client process's lease session: the principal that opened it, the incarnation
+    its call was opened under, and each lease a batch naming it renewed or granted, as
+    it was then (a grant's answer carries the secret, the heartbeat that won it did
+    not: the grant itself is what is bound)."""
 
     principal: str
+    incarnation: bytes
     leases: dict[str, Lease] = field(default_factory=dict)
+    # What the master's roll reasons rested on at the session's last renewal
+    # (`Leadership.roll_signature`): while it stays, no leader has a new one to hear.
+    roll_signature: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRenewal:
+    """The answer to a session's renewal (`Leadership.renew_session`)."""
+
+    incarnation: bytes
+    ended: tuple[str, ...]
+    attention: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -99,6 +117,8 @@ class WriterView:
     secret: bytes = field(default=b"", repr=False)
     # When the grant of a LEADER answer expires (`core.authority.grant_expiry`).
     grant_expires_at_ms: int = 0
+    # The incarnation of the lease session the lease is bound to (empty: none).
+    session_incarnation: bytes = b""
 
     def grant(self) -> Grant:
         """The grant of the epoch this view makes its holder lead (LEADER only)."""
@@ -172,8 +192,14 @@ class Leadership:
                 secret = self.draw_secret()
                 lease = decided.get(beat.stream) or self.state.leases[beat.stream]
                 decision = leadership.heartbeat(
-                    lease, beat.claim, beat.epoch, now_ms, self.state.lease_ms, secret,
-                    answer_by_ms, beat.seen_epoch,
+                    lease,
+                    beat.claim,
+                    beat.epoch,
+                    now_ms,
+                    self.state.lease_ms,
+                    secret,
+                    answer_by_ms,
+                    beat.seen_epoch,
                 )
                 if decision.outcome is Outcome.GRANTED:
                     # The lease it grants runs: nothing else in the batch is granted it.
@@ -216,11 +242,19 @@ class Leadership:
                 self.state.leader_reports[beat.stream] = LeaderReport(
                     beat.epoch, beat.acked_index, beat.segment_bytes
                 )
+            incarnation = b""
             if decision.leads and bound is not None and bound.principal == beat.claim.principal:
                 bound.leases[beat.stream] = lease
+                incarnation = bound.incarnation
             record = self.state.streams[beat.stream]
             view = self._writer_view(record, decision.leads, lease, now_ms, views)
-            answers.append(replace(view, secret=secrets_handed.get(number, b"")))
+            answers.append(
+                replace(
+                    view,
+                    secret=secrets_handed.get(number, b""),
+                    session_incarnation=incarnation,
+                )
+            )
         return answers
 
     def writer_heartbeat(
@@ -247,8 +281,57 @@ class Leadership:
         when that session is open already (the caller must draw another)."""
         if session in self.sessions:
             return False
-        self.sessions[session] = LeaseSession(principal)
+        self.sessions[session] = LeaseSession(
+            principal, self.draw_secret()[:SESSION_INCARNATION_BYTES]
+        )
         return True
+
+    def renew_session(self, session: bytes, principal: str, now_ms: int) -> SessionRenewal:
+        """Renew every lease bound to `session` (`leadership.session_renewed`); those
+        the session no longer holds are unbound and named in `ended`. `attention`: the
+        bound streams whose leader has a roll to hear of, looked for only when what roll
+        reasons rest on changed since the session's last renewal. An empty incarnation:
+        no such session is open for `principal`."""
+        held = self.sessions.get(session)
+        if held is None or held.principal != principal:
+            return SessionRenewal(b"", (), ())
+        leases = self.state.leases
+        lease_ms = self.state.lease_ms
+        ended = []
+        for name, bound in list(held.leases.items()):
+            lease = leases.get(name)
+            renewed = (
+                None
+                if lease is None
+                else leadership.session_renewed(lease, bound, now_ms, lease_ms)
+            )
+            if renewed is None:
+                del held.leases[name]
+                ended.append(name)
+                continue
+            leases[name] = renewed
+            held.leases[name] = renewed
+        views = self.state.store_views(now_ms)
+        signature = self.roll_signature(views)
+        attention: list[str] = []
+        if signature != held.roll_signature:
+            held.roll_signature = signature
+            for name, lease in held.leases.items():
+                record = self.state.streams.get(name)
+                if record is not None and self._roll_reason(record, lease, views):
+                    attention.append(name)
+        return SessionRenewal(held.incarnation, tuple(ended), tuple(attention))
+
+    def roll_signature(self, views: dict[str, StoreView]) -> object:
+        """What `_roll_reason` rests on besides each stream's own segment: which stores
+        are dead or draining, the rolls operators asked for and the members lost."""
+        return (
+            frozenset((store, view.alive, view.draining) for store, view in views.items()),
+            frozenset(self.state.roll_requests.items()),
+            frozenset(
+                (key, frozenset(members)) for key, members in self.state.lost_members.items()
+            ),
+        )
 
     def session_gone(self, session: bytes, now_ms: int) -> list[tuple[str, int]]:
         """The session's call ended: every lease bound to it ends now, unless granted to
@@ -391,14 +474,7 @@ class Leadership:
             return WriterView(record, False, lease, None, (), "")
         segment = self.state.segments.get((record.stream_id, lease.epoch))
         unsealed = tuple(s for s in self.state.unsealed(record.stream_id) if s.epoch < lease.epoch)
-        reason = ""
-        if segment is not None and segment.state == SegmentState.OPEN:
-            reason = repair.roll_reason(segment.copy_set, views)
-            if not reason and self.state.roll_requests.get(record.stream_id) == segment.epoch:
-                reason = "an operator asked for a roll"
-            lost = sorted(self.state.lost_members.get(segment.key, ()))
-            if not reason and lost:
-                reason = f"{', '.join(lost)} lost its replica (a new incarnation)"
+        reason = self._roll_reason(record, lease, views)
         expires_at_ms = authority.grant_expiry(
             now_ms, lease.epoch, self.grants_handed.get(record.name), self.state.grant_ms
         )
@@ -406,6 +482,19 @@ class Leadership:
         return WriterView(
             record, True, lease, segment, unsealed, reason, grant_expires_at_ms=expires_at_ms
         )
+
+    def _roll_reason(self, record: StreamRecord, lease: Lease, views: dict[str, StoreView]) -> str:
+        """Why the leader of `lease` should roll its open segment, or ""."""
+        segment = self.state.segments.get((record.stream_id, lease.epoch))
+        if segment is None or segment.state != SegmentState.OPEN:
+            return ""
+        reason = repair.roll_reason(segment.copy_set, views)
+        if not reason and self.state.roll_requests.get(record.stream_id) == segment.epoch:
+            reason = "an operator asked for a roll"
+        lost = sorted(self.state.lost_members.get(segment.key, ()))
+        if not reason and lost:
+            reason = f"{', '.join(lost)} lost its replica (a new incarnation)"
+        return reason
 
 
 def grant_producers(

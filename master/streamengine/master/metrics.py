@@ -13,6 +13,8 @@ class Metrics:
     registry: CollectorRegistry
     requests: Counter
     leases_granted: Counter
+    lease_heartbeats: Counter
+    lease_session_renewals: Counter
     stores_alive: Gauge
     stores_registered: Gauge
     streams: Gauge
@@ -49,6 +51,16 @@ class Metrics:
             ),
             leases_granted=Counter(
                 "streamengine_master_leases_granted", "Epochs granted", registry=r
+            ),
+            lease_heartbeats=Counter(
+                "streamengine_master_lease_heartbeats",
+                "Writer heartbeats decided, one per stream (each entry of a batch)",
+                registry=r,
+            ),
+            lease_session_renewals=Counter(
+                "streamengine_master_lease_session_renewals",
+                "Lease sessions renewed, each for every lease bound to it",
+                registry=r,
             ),
             stores_alive=Gauge(
                 "streamengine_master_stores_alive", "Stores heard from in time", registry=r

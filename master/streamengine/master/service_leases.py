@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from streamengine.master import replies
 from streamengine.master.core import authority, errors
 from streamengine.master.core.leadership import Claim
-from streamengine.master.leadership import Beat, WriterView, grant_producers
+from streamengine.master.leadership import Beat, SessionRenewal, WriterView, grant_producers
 from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
@@ -56,16 +56,29 @@ class LeaseHandlers(Handlers):
     async def LeaseHeartbeat(
         self, request: master_pb2.LeaseHeartbeatRequest, context: Context
     ) -> master_pb2.LeaseHeartbeatReply:
-        def beat(now: int) -> list[WriterView | errors.MasterError]:
+        def beat(now: int) -> tuple[list[WriterView | errors.MasterError], SessionRenewal | None]:
             if len(request.leases) > LEASE_BATCH_ENTRIES_MAX:
                 raise errors.InvalidArgument(
                     f"{len(request.leases)} leases in one batch (LEASE_BATCH_ENTRIES_MAX "
                     f"{LEASE_BATCH_ENTRIES_MAX})"
                 )
-            return self._decide("LeaseHeartbeat", request.leases, request.session, context, now)
+            answers = self._decide("LeaseHeartbeat", request.leases, request.session, context, now)
+            renewal = None
+            if request.renew_session:
+                principal = self.calls.caller(context, "LeaseHeartbeat")
+                renewal = self.state.leadership.renew_session(
+                    request.session, authority.principal_key(principal), now
+                )
+                self.calls.metrics.lease_session_renewals.inc()
+            return answers, renewal
 
-        answers = await self.calls.call(context, "LeaseHeartbeat", beat)
+        answers, renewal = await self.calls.call(context, "LeaseHeartbeat", beat)
         reply = master_pb2.LeaseHeartbeatReply()
+        if renewal is not None:
+            reply.session.incarnation = renewal.incarnation
+            reply.session.lease_ms = self.state.lease_ms
+            reply.session.ended.extend(renewal.ended)
+            reply.session.attention.extend(renewal.attention)
         for answer in answers:
             entry = reply.leases.add()
             if isinstance(answer, errors.MasterError):
@@ -88,6 +101,7 @@ class LeaseHandlers(Handlers):
         """Each heartbeat of a batch, authorized on its own, decided together
         (`Leadership.writer_heartbeats`) before the caller's deadline."""
         principal = self.calls.caller(context, method)
+        self.calls.metrics.lease_heartbeats.inc(len(requests))
         beats: list[Beat | errors.MasterError] = []
         for request in requests:
             tenant = authority.stream_tenant(request.stream)
@@ -282,6 +296,7 @@ class LeaseHandlers(Handlers):
             if positions:
                 reply.producers.CopyFrom(codec.producer_positions_to_pb(positions))
             reply.stream_has_producers = record.has_producers
+            reply.session_incarnation = view.session_incarnation
         return reply
 
 

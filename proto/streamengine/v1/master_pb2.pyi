@@ -1067,6 +1067,7 @@ class WriterHeartbeatReply(_message.Message):
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
     PRODUCERS_FIELD_NUMBER: _builtins.int
     STREAM_HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
+    SESSION_INCARNATION_FIELD_NUMBER: _builtins.int
     role: Global___WriterRole.ValueType
     epoch: _builtins.int
     """The stream's latest epoch: the caller's when LEADER."""
@@ -1096,6 +1097,12 @@ class WriterHeartbeatReply(_message.Message):
     """LEADER: some lease of the stream was granted to a producer (`producer`), so its
     segments may hold PRODUCER marks: recovery reads a segment whole to find them.
     Never cleared. False: no segment holds a mark, recovery reads only its tail.
+    """
+    session_incarnation: _builtins.bytes
+    """LEADER: the lease is bound to the lease session the batch named, held open now
+    under this incarnation (empty: not bound). The session's renewals
+    (LeaseHeartbeatRequest.renew_session) renew it from then on, until one names it
+    in `SessionRenewal.ended` or answers another incarnation.
     """
     @_builtins.property
     def segment(self) -> _entry_pb2.Segment:
@@ -1137,10 +1144,11 @@ class WriterHeartbeatReply(_message.Message):
         lease_secret: _builtins.bytes = ...,
         producers: _entry_pb2.ProducerPositions | None = ...,
         stream_has_producers: _builtins.bool = ...,
+        session_incarnation: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "producers", b"producers", "segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "producers", b"producers", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "stream_has_producers", b"stream_has_producers", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grant", b"grant", "leader_id", b"leader_id", "lease_ms", b"lease_ms", "lease_secret", b"lease_secret", "policy", b"policy", "producers", b"producers", "role", b"role", "roll_reason", b"roll_reason", "roll_requested", b"roll_requested", "segment", b"segment", "segment_age_ms_max", b"segment_age_ms_max", "segment_bytes_max", b"segment_bytes_max", "session_incarnation", b"session_incarnation", "stream_has_producers", b"stream_has_producers", "stream_id", b"stream_id", "unsealed", b"unsealed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1204,8 +1212,13 @@ class LeaseHeartbeatRequest(_message.Message):
 
     LEASES_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
+    RENEW_SESSION_FIELD_NUMBER: _builtins.int
     session: _builtins.bytes
     """The caller's lease session (HoldLeaseSessionRequest.session); empty: none."""
+    renew_session: _builtins.bool
+    """Renew every lease bound to `session` (held open by the caller's principal), in
+    one step whatever their number: the answer is `LeaseHeartbeatReply.session`.
+    """
     @_builtins.property
     def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriterHeartbeatRequest]:
         """One per writer that heartbeats now; at most `LEASE_BATCH_ENTRIES_MAX`."""
@@ -1215,10 +1228,11 @@ class LeaseHeartbeatRequest(_message.Message):
         *,
         leases: _abc.Iterable[Global___WriterHeartbeatRequest] | None = ...,
         session: _builtins.bytes = ...,
+        renew_session: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases", "session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases", "renew_session", b"renew_session", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1263,22 +1277,71 @@ class LeaseHeartbeatReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEASES_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseHeartbeatAnswer]:
         """One per request entry, in order."""
+
+    @_builtins.property
+    def session(self) -> Global___SessionRenewal:
+        """The answer to `renew_session`."""
 
     def __init__(
         self,
         *,
         leases: _abc.Iterable[Global___LeaseHeartbeatAnswer] | None = ...,
+        session: Global___SessionRenewal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaseHeartbeatReply: _TypeAlias = LeaseHeartbeatReply  # noqa: Y015
+
+@_typing.final
+class SessionRenewal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    ATTENTION_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.bytes
+    """The incarnation of the session held open: every lease bound under it and not in
+    `ended` is renewed for `lease_ms` (counted by the client from when it sent the
+    request). Empty: the master holds no such session for the caller (a new active
+    master, a call not open yet): nothing was renewed.
+    """
+    lease_ms: _builtins.int
+    @_builtins.property
+    def ended(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Streams bound to the session whose lease this renewal did not renew (granted to
+        another since, released, ended): bound no more.
+        """
+
+    @_builtins.property
+    def attention(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Streams bound to the session whose leader the master has something to tell (a
+        roll it asks for): it should heartbeat now.
+        """
+
+    def __init__(
+        self,
+        *,
+        incarnation: _builtins.bytes = ...,
+        lease_ms: _builtins.int = ...,
+        ended: _abc.Iterable[_builtins.str] | None = ...,
+        attention: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "ended", b"ended", "incarnation", b"incarnation", "lease_ms", b"lease_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionRenewal: _TypeAlias = SessionRenewal  # noqa: Y015
 
 @_typing.final
 class HoldLeaseSessionRequest(_message.Message):

@@ -15,7 +15,12 @@ send time, so it always believes the lease ends before the master does, and it s
 replicating the new segment (`BecameLeader` opens the Write streams; the `Replicator`
 does the rest).
 
-Leading, every answer for the same epoch renews the lease from its send time. The
+Leading, every answer for the same epoch renews the lease from its send time. A writer
+built with its client's lease session (`SessionLease`) whose answer says the lease is
+bound to it counts the session's renewals too (those sent after that answer, under the
+same incarnation), and heartbeats on its own only every `SESSION_BOUND_HEARTBEAT_MS`,
+or at once when told `SessionAttention`; told `SessionUnbound`, or once the session
+renews under another incarnation, its own heartbeats alone count again, every lease/3. The
 writer steps down, for good, when the master answers FOLLOWER or another epoch, or when
 a store reports a fence above its epoch. A lease that runs out unrenewed (no master
 answers) does not step it down: safety rests on epochs and fencing, not on the lease
@@ -265,6 +270,26 @@ HEARTBEATS_IN_FLIGHT_MAX = HEARTBEATS_PER_LEASE
 # then all a takeover waits for. Ten questions a second per waiting writer is little
 # for the master.
 FOLLOWER_HEARTBEAT_MS_MAX = 100
+# A leader whose lease its client's lease session renews heartbeats on its own this
+# often, whatever the lease: to report its acked index and segment bytes (status), to
+# renew its grant (renewed with half of `protocol.grants.GRANT_MS_DEFAULT` left, and
+# required to outlast `GRANT_MS_MIN_LEASES` leases), and in case the session's
+# renewals stop without a word. Ten thousand idle leaders then send a few hundred
+# heartbeats a second at most, rather than one each per lease/3.
+SESSION_BOUND_HEARTBEAT_MS = 30_000
+
+
+@dataclass(slots=True)
+class SessionLease:
+    """The client process's lease session as its bound writers see it: one per client,
+    written by the session's shell (`client.leases`) as each renewal is answered, read
+    by every bound writer's core for its lease (`Leader.lease_until_ms`). A renewal of
+    `incarnation` sent at `renewal_sent_at_ms` renewed every lease bound under it, but
+    those it then told unbound (`SessionUnbound`), until `renewed_until_ms`."""
+
+    incarnation: bytes = b""
+    renewal_sent_at_ms: int = 0
+    renewed_until_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +342,9 @@ class HeartbeatAnswered:
     # The answer won the lease (it carried a fresh lease secret); a renewal or a roll
     # keeps the secret the writer holds.
     lease_won: bool = False
+    # LEADER: the lease is bound to the client's lease session under this incarnation
+    # (empty: not bound); the session's renewals renew it from then on.
+    session_incarnation: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +421,18 @@ class RollAnswered:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionUnbound:
+    """The lease session no longer renews this writer's lease (the master said so, or
+    holds the session under another incarnation, or none): it heartbeats on its own."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAttention:
+    """The master has something to tell this writer (a roll it asks for), said in a
+    session renewal: it heartbeats now."""
+
+
+@dataclass(frozen=True, slots=True)
 class RollFailed:
     """`RollSegment` failed or was refused (no stores to place a new copy set, ...)."""
 
@@ -418,6 +458,8 @@ LeaderEvent = (
     | StoreDisconnected
     | Tick
     | Flush
+    | SessionUnbound
+    | SessionAttention
 )
 
 # ---- actions ----
@@ -589,8 +631,10 @@ class Leader:
         rolling_supported: bool = False,
         append_timeout_ms: int = APPEND_TIMEOUT_MS,
         producer: bool = False,
+        session: SessionLease | None = None,
     ) -> None:
-        """`producer`: this writer appends with a producer id (its heartbeats say so)."""
+        """`producer`: this writer appends with a producer id (its heartbeats say so).
+        `session`: its client's lease session (None: its heartbeats alone renew)."""
         assert append_timeout_ms > 0
         self.role = Role.FOLLOWING
         self.epoch = 0
@@ -602,6 +646,11 @@ class Leader:
         self._recovery_supported = recovery_supported
         self._lease_ms = LEASE_MS_DEFAULT
         self._lease_until_ms = 0
+        self._session = session
+        # The session incarnation the lease is bound under (empty: not bound), and when
+        # the answer that said so came: a renewal sent before then renewed nothing of it.
+        self._bound_incarnation = b""
+        self._bound_at_ms = 0
         self._leader_id = ""
         self._heartbeats_in_flight = 0
         self._grant_sent_at_ms = 0
@@ -700,14 +749,31 @@ class Leader:
 
     @property
     def lease_until_ms(self) -> int:
-        """When this writer's lease ends by its own count (leading only)."""
+        """When this writer's lease ends by its own count (leading only): from the send
+        time of its latest renewal, its own heartbeat's or, while bound, its session's
+        (sent after the answer that bound it, under the same incarnation)."""
+        session = self._session
+        if (
+            session is not None
+            and self._bound_incarnation
+            and session.incarnation == self._bound_incarnation
+            and session.renewal_sent_at_ms >= self._bound_at_ms
+        ):
+            return max(self._lease_until_ms, session.renewed_until_ms)
         return self._lease_until_ms
+
+    @property
+    def session_incarnation(self) -> bytes:
+        """The session incarnation this writer's lease is bound under (empty: none)."""
+        return self._bound_incarnation
 
     @property
     def heartbeat_interval_ms(self) -> int:
         every = max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
         if self.role is Role.FOLLOWING:
             return min(every, FOLLOWER_HEARTBEAT_MS_MAX)
+        if self._bound_incarnation:
+            return max(every, SESSION_BOUND_HEARTBEAT_MS)
         return every
 
     def deadline_ms(self, now_ms: int) -> int | None:
@@ -740,7 +806,7 @@ class Leader:
         return LeaderStatistics(
             role=self.role,
             epoch=self.epoch,
-            lease_until_ms=self._lease_until_ms,
+            lease_until_ms=self.lease_until_ms,
             master_answered_ms=self._master_answered_ms,
             leader_id=self._leader_id,
             unsealed_epochs=tuple(sorted(self._unsealed)),
@@ -808,6 +874,13 @@ class Leader:
         elif isinstance(event, RollFailed):
             if self._roll_asked:
                 self._roll_given_up(now_ms)
+        elif isinstance(event, SessionUnbound):
+            if self._bound_incarnation:
+                self._bound_incarnation = b""
+                self._next_heartbeat_ms = min(self._next_heartbeat_ms, now_ms)
+        elif isinstance(event, SessionAttention):
+            if self.role is Role.LEADING:
+                self._next_heartbeat_ms = min(self._next_heartbeat_ms, now_ms)
         elif isinstance(event, Append):
             assert self.accepting_appends, "an append while not accepting appends"
             assert self.replicator is not None
@@ -909,6 +982,7 @@ class Leader:
         self._grant = answer.grant
         self._grant_sent_at_ms = answer.sent_at_ms
         self._lease_until_ms = answer.sent_at_ms + answer.lease_ms
+        self._bind(now_ms, answer)
         self._next_heartbeat_ms = answer.sent_at_ms + self.heartbeat_interval_ms
         problem = self._cannot_lead(answer)
         if problem:
@@ -982,6 +1056,7 @@ class Leader:
             return
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
+        self._bind(now_ms, answer)
         if answer.grant and answer.grant != self._grant:
             # Renewed before it expires (`protocol.grants`); answers sent earlier carry
             # older ones and were ignored above.
@@ -994,6 +1069,14 @@ class Leader:
             self._roll_reason_master = answer.roll_reason
         self._bytes_max = answer.segment_bytes_max
         self._age_ms_max = answer.segment_age_ms_max
+
+    def _bind(self, now_ms: int, answer: HeartbeatAnswered) -> None:
+        """A LEADER answer of this writer's epoch says whether the lease is bound to the
+        client's lease session now; a writer built without one never is."""
+        incarnation = answer.session_incarnation if self._session is not None else b""
+        if incarnation != self._bound_incarnation:
+            self._bound_incarnation = incarnation
+            self._bound_at_ms = now_ms
 
     # ---- rolling ----
 
@@ -1097,7 +1180,7 @@ class Leader:
     def _maybe_roll(self, now_ms: int, actions: list[LeaderAction]) -> None:
         if self._closing_until_ms is not None:
             return
-        if now_ms >= self._lease_until_ms and not self._roll_asked:
+        if now_ms >= self.lease_until_ms and not self._roll_asked:
             # No master answers: no new epoch to roll to. Appends go on in the open
             # segment; a drain begun for a roll is given up until a master answers.
             if self._rolling:
@@ -1356,4 +1439,5 @@ class Leader:
             acked_index=replication.acked_index if replication else 0,
         )
         self.role = Role.FINISHED
+        self._bound_incarnation = b""
         actions.append(self.finish)

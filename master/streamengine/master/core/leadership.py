@@ -41,6 +41,13 @@ the epoch's grant. Anyone else, whatever client id it names, is a follower.
   A master so loaded that heartbeats wait in its queue past their deadline let leases
   run out and then granted those stale heartbeats (issue #38, 1,000 streams).
 - A roll is a grant to the current holder, asked for while its lease runs.
+- A client process's lease session renews every lease bound to it in one step
+  (`session_renewed`): a lease is bound when a heartbeat of a batch naming the session
+  renewed or won it; a renewal renews it as the holder's heartbeat would, while it is
+  still that grant. So a client leading ten thousand streams renews them with one call
+  per interval, and each writer heartbeats on its own only to report, to renew its
+  grant, or when the master has something to tell it (docs/design.md, "Lease
+  sessions").
 - The holder keeps a call open while it leads (`HoldLease`); when that call ends
   because the holder's process died (its connection reset), the lease ends at once
   (`holder_gone`): a standby takes over without waiting it out. The holder stays the
@@ -260,21 +267,40 @@ def undeleted(lease: Lease) -> Lease:
     return replace(lease, holder="", secret_sha256=b"", principal="")
 
 
-def session_gone(lease: Lease, bound: Lease, now_ms: int) -> Lease | None:
-    """The lease session that renewed or won `bound` (the lease as it was then) ended:
-    as `holder_gone`, the lease ends now, its holder kept, when it is still that grant
-    (the same holder, secret and principal; a roll keeps them). None otherwise: granted
-    since to anyone, or released."""
-    same_grant = (
+def _same_grant(lease: Lease, bound: Lease) -> bool:
+    """`lease` is still the grant `bound` was (the same holder, secret and principal; a
+    roll keeps them, a grant to anyone or a release does not)."""
+    return lease is bound or (
         bool(lease.holder)
         and lease.holder == bound.holder
         and bool(lease.secret_sha256)
         and lease.secret_sha256 == bound.secret_sha256
         and lease.principal == bound.principal
     )
-    if not same_grant:
+
+
+def session_gone(lease: Lease, bound: Lease, now_ms: int) -> Lease | None:
+    """The lease session that renewed or won `bound` (the lease as it was then) ended:
+    as `holder_gone`, the lease ends now, its holder kept, when it is still that grant.
+    None otherwise: granted since to anyone, or released."""
+    if not _same_grant(lease, bound):
         return None
     return replace(lease, expires_ms=min(lease.expires_ms, now_ms))
+
+
+def session_renewed(lease: Lease, bound: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+    """The lease session that renewed or won `bound` renews its leases (one call for all
+    of them, `LeaseHeartbeatRequest.renew_session`): as the holder's own heartbeat
+    would, the lease runs `lease_ms` from now when it is still that grant, even if it
+    ran out meanwhile (nobody else was granted). None otherwise: the session no longer
+    holds it, and its holder must heartbeat on its own."""
+    if not _same_grant(lease, bound):
+        return None
+    until_ms = now_ms + lease_ms
+    if lease.expires_ms >= until_ms:
+        return lease
+    # Built whole rather than by `replace`: ten thousand leases a renewal.
+    return Lease(lease.epoch, lease.holder, until_ms, lease.secret_sha256, lease.principal)
 
 
 def holder_gone(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int) -> Lease | None:
