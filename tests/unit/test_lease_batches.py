@@ -7,7 +7,7 @@ import pytest
 
 from streamengine.master.core.errors import CallerGaveUp, NotFound, StreamDeleted
 from streamengine.master.core.leadership import Lease
-from streamengine.master.leadership import Beat, WriterView
+from streamengine.master.leadership import Beat, WriterView, grants_due_per_renewal
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from tests.metadata_backends import MetadataPlace
 from tests.unit.lease_helpers import writer
@@ -140,3 +140,28 @@ def test_a_renewal_names_the_bound_streams_with_a_roll_to_hear_of_when_it_change
     master.now += TIMEOUT + 1
     on_it = {f"t/s{n}" for n in range(4) if silent in copy_set(n)}
     assert set(leadership.renew_session(session, "", master.now).attention) == on_it
+
+
+def test_a_renewal_names_the_bound_leases_whose_grant_is_due_a_few_at_a_time(
+    master: Master,
+) -> None:
+    """A grant is renewed by its holder's heartbeat once half of it is left: the
+    session's renewal asks for those heartbeats, at most `grants_due_per_renewal` at
+    once, so leases bound together do not all heartbeat together."""
+    leadership = master.state.leadership
+    session = b"s" * 16
+    assert leadership.open_session(session, "")
+    beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(STREAMS)]
+    leadership.writer_heartbeats(beats, master.now, session=session)
+    assert leadership.renew_session(session, "", master.now).attention == ()
+    master.now += master.state.grant_ms // 2
+    due = grants_due_per_renewal(STREAMS, LEASE, master.state.grant_ms)
+    first = leadership.renew_session(session, "", master.now).attention
+    assert len(first) == min(due, STREAMS)
+    # The shortest grant, 4 leases: 6 renewals in its half, all named in the first 3.
+    assert grants_due_per_renewal(10_000, 2_000, 8_000) * 3 >= 10_000
+    renewed = leadership.writer_heartbeats(
+        [Beat(name, writer("w1"), 1) for name in first], master.now, session=session
+    )
+    assert all(isinstance(answer, WriterView) for answer in renewed)
+    assert not set(first) & set(leadership.renew_session(session, "", master.now).attention)

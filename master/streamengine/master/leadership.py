@@ -33,7 +33,7 @@ from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim, Lease
 from streamengine.master.core.model import SegmentRecord, SegmentState, StoreView, StreamRecord
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.protocol.grants import Grant
-from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.producers import ProducerPosition
 
 if TYPE_CHECKING:
@@ -42,6 +42,20 @@ if TYPE_CHECKING:
 
 # Bytes naming a lease session's incarnation: a new one each time its call is opened.
 SESSION_INCARNATION_BYTES = 16
+# Bound leases whose grant is due for renewal named in one session renewal at least (at
+# most this many, or enough to name them all in half the renewals that come in the half
+# of a grant left to renew it, `grants_due_per_renewal`): the grants of leases bound
+# together fall due together, and their holders' heartbeats then come a few hundred a
+# renewal rather than all at once.
+GRANTS_DUE_PER_RENEWAL_MIN = 256
+
+
+def grants_due_per_renewal(bound: int, lease_ms: int, grant_ms: int) -> int:
+    """How many bound leases with a grant due one session renewal names at most: with
+    renewals every lease/3, every one of `bound` is named within half of the renewals
+    that come while half of its grant is left."""
+    renewals = max(1, (grant_ms // 2) * HEARTBEATS_PER_LEASE // lease_ms)
+    return max(GRANTS_DUE_PER_RENEWAL_MIN, -(-2 * bound // renewals))
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,15 +303,22 @@ class Leadership:
     def renew_session(self, session: bytes, principal: str, now_ms: int) -> SessionRenewal:
         """Renew every lease bound to `session` (`leadership.session_renewed`); those
         the session no longer holds are unbound and named in `ended`. `attention`: the
-        bound streams whose leader has a roll to hear of, looked for only when what roll
-        reasons rest on changed since the session's last renewal. An empty incarnation:
-        no such session is open for `principal`."""
+        bound streams whose leader should heartbeat now: its grant is due for renewal
+        (`grants_due_per_renewal` a renewal), or it has a roll to hear of (looked for
+        only when what roll reasons rest on changed since the session's last renewal).
+        An empty incarnation: no such session is open for `principal`."""
         held = self.sessions.get(session)
         if held is None or held.principal != principal:
             return SessionRenewal(b"", (), ())
         leases = self.state.leases
         lease_ms = self.state.lease_ms
+        # A grant with less than this left is renewed by its holder's next heartbeat
+        # (`authority.grant_expiry`): the renewal asks for it.
+        renew_grant_by_ms = now_ms + self.state.grant_ms // 2
+        handed = self.grants_handed
+        due_max = grants_due_per_renewal(len(held.leases), lease_ms, self.state.grant_ms)
         ended = []
+        grants_due: list[str] = []
         for name, bound in list(held.leases.items()):
             lease = leases.get(name)
             renewed = (
@@ -311,16 +332,23 @@ class Leadership:
                 continue
             leases[name] = renewed
             held.leases[name] = renewed
+            grant = handed.get(name)
+            if (
+                grant is not None
+                and grant[1] <= renew_grant_by_ms
+                and len(grants_due) < due_max
+            ):
+                grants_due.append(name)
         views = self.state.store_views(now_ms)
         signature = self.roll_signature(views)
-        attention: list[str] = []
+        attention = set(grants_due)
         if signature != held.roll_signature:
             held.roll_signature = signature
             for name, lease in held.leases.items():
                 record = self.state.streams.get(name)
                 if record is not None and self._roll_reason(record, lease, views):
-                    attention.append(name)
-        return SessionRenewal(held.incarnation, tuple(ended), tuple(attention))
+                    attention.add(name)
+        return SessionRenewal(held.incarnation, tuple(ended), tuple(sorted(attention)))
 
     def roll_signature(self, views: dict[str, StoreView]) -> object:
         """What `_roll_reason` rests on besides each stream's own segment: which stores

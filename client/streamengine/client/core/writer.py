@@ -271,12 +271,12 @@ HEARTBEATS_IN_FLIGHT_MAX = HEARTBEATS_PER_LEASE
 # for the master.
 FOLLOWER_HEARTBEAT_MS_MAX = 100
 # A leader whose lease its client's lease session renews heartbeats on its own this
-# often, whatever the lease: to report its acked index and segment bytes (status), to
-# renew its grant (renewed with half of `protocol.grants.GRANT_MS_DEFAULT` left, and
-# required to outlast `GRANT_MS_MIN_LEASES` leases), and in case the session's
-# renewals stop without a word. Ten thousand idle leaders then send a few hundred
-# heartbeats a second at most, rather than one each per lease/3.
-SESSION_BOUND_HEARTBEAT_MS = 30_000
+# often, whatever the lease: to report its acked index and segment bytes (status; the
+# stores report theirs too). The master asks for a heartbeat through the session's
+# renewals when it has something to say (a roll, a grant due for renewal). Ten thousand
+# idle leaders then send under a hundred heartbeats a second, rather than one each per
+# lease/3.
+SESSION_BOUND_HEARTBEAT_MS = 120_000
 
 
 @dataclass(slots=True)
