@@ -21,7 +21,7 @@ from streamengine.master.core.errors import (
     TooManyUnsealed,
 )
 from streamengine.master.core.leadership import Claim
-from streamengine.master.core.model import Held, SegmentState
+from streamengine.master.core.model import Held, SegmentKey, SegmentState
 from streamengine.master.leadership import grant_producers
 from streamengine.master.state import MasterState
 from streamengine.master.tenancy import StreamSpec
@@ -289,6 +289,42 @@ def test_delete_stream_has_stores_delete_its_replicas(master: Master) -> None:
     assert (member, segment.key) not in master.restart().deletes
     with pytest.raises(NotFound):
         master.state.stream("t/s")
+
+
+def test_a_delta_report_applies_to_the_last_whole_one_and_judges_what_it_names(
+    master: Master,
+) -> None:
+    """A store's delta (`segment_store.core.held_reports`) applies only once the master
+    holds its whole report, and again only after its next whole report once it
+    registered; it judges the segments it names and the store's pending deletes: a
+    replica the store no longer holds ends its pending delete, one still held is asked
+    for again, a segment the delta does not name waits for the next whole report."""
+    registry = master.state.registry
+    segment = beat(master, "w1").segment
+    assert segment is not None
+    member = segment.copy_set[0]
+    live = master.state.live[member]
+    assert live.whole, "every store of the fixture sent a whole report"
+    held = {segment.key: Held(1, 3, 3, 10)}
+    assert registry.store_heartbeat(member, 10, 0, held, master.now, removed=()) == []
+    assert live.held[segment.key].acked_index == 3
+    quiet: dict[SegmentKey, Held] = {}
+    master.state.deletes.add((member, segment.key))  # as a repair that moved it away
+    assert registry.store_heartbeat(member, 10, 0, quiet, master.now, removed=()) == [
+        segment.key
+    ], "a pending delete is asked for at every delta"
+    master.state.deletes.discard((member, segment.key))
+    delete_and_remove(master, "t/s")
+    assert registry.store_heartbeat(member, 10, 0, quiet, master.now, removed=()) == [], (
+        "garbage of a removed stream waits for the next whole report"
+    )
+    assert registry.store_heartbeat(member, 10, 0, held, master.now) == [segment.key]
+    assert registry.store_heartbeat(member, 0, 0, quiet, master.now, removed=(segment.key,)) == []
+    assert segment.key not in live.held
+    registry.register_store(member, f"127.0.0.1:{1000 + len(member)}", "", 0, master.now)
+    assert not registry.takes_delta(member), "registered again: a whole report first"
+    registry.store_heartbeat(member, 0, 0, {}, master.now)
+    assert registry.takes_delta(member)
 
 
 def test_replicas_of_a_deleted_stream_outside_its_copy_sets_are_garbage(master: Master) -> None:

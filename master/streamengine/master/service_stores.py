@@ -81,27 +81,43 @@ class StoreHandlers(Handlers):
         versions = {
             (h.segment.stream_id, h.segment.epoch): h.record_version for h in request.segments
         }
+        removed = (
+            tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
+        )
 
-        def beat(now: int) -> list[SegmentKey] | None:
+        def beat(now: int) -> tuple[list[SegmentKey], bool] | None:
+            """The segments to delete, and whether the delta did not apply (the store
+            must report everything); None: it must register again."""
             self.calls.require_store(context, "StoreHeartbeat", request.store_id)
             # Stores heartbeat every second: keys are retired within one of their time.
             self.state.keys.retire_due(now)
-            deletes = self.state.registry.store_heartbeat(
-                request.store_id, request.used_bytes, request.free_bytes, held, now
-            )
-            if deletes is not None:
-                # Judged in the call, so a commit the metadata refuses (a master cut off
-                # from etcd) is UNAVAILABLE and the store sends its reports again, not
-                # UNKNOWN with a traceback (the fault suite's S17).
-                for scrubbed in request.scrubbed:
-                    self._replica_reported(request.store_id, scrubbed)
-            return deletes
+            registry = self.state.registry
+            if removed is not None and not registry.takes_delta(request.store_id):
+                if request.store_id not in self.state.stores:
+                    return None
+                answer: tuple[list[SegmentKey], bool] = ([], True)
+            else:
+                deletes = registry.store_heartbeat(
+                    request.store_id, request.used_bytes, request.free_bytes, held, now, removed
+                )
+                if deletes is None:
+                    return None
+                answer = (deletes, False)
+            # Judged in the call, so a commit the metadata refuses (a master cut off
+            # from etcd) is UNAVAILABLE and the store sends its reports again, not
+            # UNKNOWN with a traceback (the fault suite's S17).
+            for scrubbed in request.scrubbed:
+                self._replica_reported(request.store_id, scrubbed)
+            return answer
 
-        deletes = await self.calls.call(context, "StoreHeartbeat", beat)
-        if deletes is None:
+        answer = await self.calls.call(context, "StoreHeartbeat", beat)
+        if answer is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
+        deletes, report_full = answer
         revocations = self.state.issuer.current_revocations(self.calls.clock_ms())
         reply = master_pb2.StoreHeartbeatReply(
+            deltas_taken=True,
+            report_full=report_full,
             delete_segments=[
                 entry_pb2.SegmentId(stream_id=s, epoch=e, stream=self.state.stream_name(s))
                 for s, e in deletes

@@ -36,6 +36,9 @@ class StoreLive:
     used_bytes: int = 0
     free_bytes: int = 0
     held: dict[SegmentKey, Held] = field(default_factory=dict)
+    # `held` is the store's whole report (and the deltas since): a delta applies to it.
+    # False until the first whole report, and again after a registration.
+    whole: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ class StoreRegistry:
         live = self.state.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
         live.last_seen_ms = now_ms
         live.free_bytes = free_bytes
+        live.whole = False  # the store's next report is whole
         if lost:
             # What it reported of them was its old incarnation's, and what it matched too.
             gone = set(lost)
@@ -159,9 +163,14 @@ class StoreRegistry:
         free_bytes: int,
         held: dict[SegmentKey, Held],
         now_ms: int,
+        removed: tuple[SegmentKey, ...] | None = None,
     ) -> list[SegmentKey] | None:
         """Record a store's report; returns the segments it should delete, or None when
-        it must register again."""
+        it must register again. `removed` None: `held` is everything the store holds;
+        else a delta (`segment_store.core.held_reports`): `held` is what changed since
+        its last report answered and `removed` what it no longer holds, taken only once
+        a whole report was (`takes_delta`). A whole report judges every segment held; a
+        delta those it names, and the store's pending deletes."""
         if store_id not in self.state.stores:
             return None
         live = self.state.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
@@ -169,18 +178,28 @@ class StoreRegistry:
         live.reported_at_ms = now_ms
         live.used_bytes = used_bytes
         live.free_bytes = free_bytes
-        live.held = dict(held)
+        touched: set[SegmentKey] | None = None
+        if removed is None:
+            live.held = dict(held)
+            live.whole = True
+        else:
+            assert live.whole, "a delta applies only to a whole report"
+            for key in removed:
+                live.held.pop(key, None)
+            live.held.update(held)
+            touched = set(held).union(removed)
+        holds = live.held
         # A member that no longer holds the bridge makes its segment suspect again.
-        for key in self.state.members.get(store_id, ()):
+        members = self.state.members.get(store_id, set())
+        for key in members if touched is None else members & touched:
             segment = self.state.segments[key]
             if segment.state == SegmentState.SEALED and key not in self.state.unconfirmed:
-                copy = held.get(key)
+                copy = holds.get(key)
                 if copy is None or copy.acked_index < segment.final_index:
                     self.state.unconfirmed.add(key)
         # A pending delete the store no longer reports is done.
-        done = sorted(
-            (sid, k) for sid, k in self.state.deletes if sid == store_id and k not in held
-        )
+        pending = [key for sid, key in self.state.deletes if sid == store_id]
+        done = sorted((store_id, key) for key in pending if key not in holds)
         # Each record is independent: a long list goes in several transactions, and
         # memory follows each one that committed.
         for start in range(0, len(done), OPS_PER_TRANSACTION_MAX):
@@ -190,7 +209,16 @@ class StoreRegistry:
                 batch.replica_deleted(sid, key)
             self.state.catalog.commit(batch)
             self.state.deletes -= set(chunk)
-        return sorted(key for key in held if self._garbage(store_id, key))
+        judged = holds.keys() if touched is None else set(held).union(
+            key for key in pending if key in holds
+        )
+        return sorted(key for key in judged if self._garbage(store_id, key))
+
+    def takes_delta(self, store_id: str) -> bool:
+        """Whether a delta report of `store_id` applies now: the master holds its whole
+        report (`StoreHeartbeatReply.report_full` otherwise)."""
+        live = self.state.live.get(store_id)
+        return live is not None and live.whole
 
     def drain_refusal(self, store_id: str, now_ms: int) -> str:
         """Why draining `store_id` would leave a stream without stores for N replicas

@@ -249,6 +249,8 @@ class StoreHeartbeatRequest(_message.Message):
     REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     SCRUBBED_FIELD_NUMBER: _builtins.int
     CERTIFICATE_REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     address: _builtins.str
     zone: _builtins.str
@@ -260,14 +262,23 @@ class StoreHeartbeatRequest(_message.Message):
     """The version of the token revocations the store holds (0 before any)."""
     certificate_revocations_version: _builtins.int
     """The version of the certificate revocations the store holds (0: none)."""
+    delta: _builtins.bool
+    """A delta report (sent only to a master that answered `deltas_taken`): `segments`
+    holds what changed since the last heartbeat the master answered, `removed` the
+    segments no longer held since. Unset: `segments` is everything held.
+    """
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegment]:
-        """Every segment the store holds."""
+        """Every segment the store holds; with `delta`, only those whose report changed since
+        the last heartbeat the master answered.
+        """
 
     @_builtins.property
     def scrubbed(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScrubReport]:
         """Sealed replicas the store re-read since its last heartbeat the master answered."""
 
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]: ...
     def __init__(
         self,
         *,
@@ -280,10 +291,12 @@ class StoreHeartbeatRequest(_message.Message):
         revocations_version: _builtins.int = ...,
         scrubbed: _abc.Iterable[Global___ScrubReport] | None = ...,
         certificate_revocations_version: _builtins.int = ...,
+        delta: _builtins.bool = ...,
+        removed: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "certificate_revocations_version", b"certificate_revocations_version", "free_bytes", b"free_bytes", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "certificate_revocations_version", b"certificate_revocations_version", "delta", b"delta", "free_bytes", b"free_bytes", "removed", b"removed", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -368,6 +381,8 @@ class StoreHeartbeatReply(_message.Message):
     SEGMENT_RECORDS_FIELD_NUMBER: _builtins.int
     CERTIFICATE_REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     REVOKED_CERTIFICATES_FIELD_NUMBER: _builtins.int
+    DELTAS_TAKEN_FIELD_NUMBER: _builtins.int
+    REPORT_FULL_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -383,6 +398,14 @@ class StoreHeartbeatReply(_message.Message):
     """The master's version of the certificate revocations: when it differs from the
     request's, `revoked_certificates` is the whole list, which replaces the store's
     (it may be empty); when it is the same, `revoked_certificates` is empty.
+    """
+    deltas_taken: _builtins.bool
+    """The master takes delta reports from this store (StoreHeartbeatRequest.delta); a
+    master that does not know them never says so, and is sent whole reports.
+    """
+    report_full: _builtins.bool
+    """The master holds no whole report of this store to apply a delta to (it became
+    active, or took a registration since): the next heartbeat reports everything.
     """
     @_builtins.property
     def delete_segments(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.SegmentId]:
@@ -433,10 +456,12 @@ class StoreHeartbeatReply(_message.Message):
         segment_records: _abc.Iterable[_entry_pb2.SegmentRecord] | None = ...,
         certificate_revocations_version: _builtins.int = ...,
         revoked_certificates: _abc.Iterable[Global___RevokedCertificate] | None = ...,
+        deltas_taken: _builtins.bool = ...,
+        report_full: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "register_again", b"register_again", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "deltas_taken", b"deltas_taken", "register_again", b"register_again", "report_full", b"report_full", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

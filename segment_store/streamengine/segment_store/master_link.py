@@ -49,13 +49,14 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 from streamengine.protocol import auth, codec, identity, transport
 from streamengine.protocol.backoff import STORE_REGISTER, tenacity_wait
 from streamengine.protocol.cert_revocations import REVOKED_CERTS_MAX, CertRevocations
-from streamengine.protocol.clock import wall_ms
+from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.protocol.private_files import write_private
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AppendQuota, Deletion, StoreAuthority
 from streamengine.segment_store.core.commands import Joined, SegmentKey
 from streamengine.segment_store.core.errors import StoreUnavailable
+from streamengine.segment_store.core.held_reports import HeldReport, HeldReports, Reported
 from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.scrub import Scrubber
@@ -83,7 +84,6 @@ class StoreIdentity:
     data_dir: Path
     # Where the data plane serves (Write), `host:port`, as the master hands it out.
     data_address: str = ""
-
 
 
 def _free_bytes(path: Path) -> int:
@@ -124,6 +124,8 @@ class MasterLink:
         self.cert_revocations = CertRevocations()
         self._adopt_cert_revocations(read_revoked_certs(identity.data_dir / REVOKED_CERTS_FILE))
         self.registered = False
+        # What each heartbeat reports of the segments held: whole, or what changed.
+        self.held_reports = HeldReports()
         # What the scrub read back goes with the heartbeats; the master asks for checks.
         self.scrubber = scrubber
         self.keep_records = keep_records
@@ -202,6 +204,7 @@ class MasterLink:
                     len(joined.lost),
                 )
         self.registered = True
+        self.held_reports.forget()
         log.info("registered with master %s as %s", self.master_address, self.identity.store_id)
 
     def _from_the_master(
@@ -244,22 +247,24 @@ class MasterLink:
     ) -> None:
         # A damaged segment is reported with acked index 0: the master repairs it.
         metas = self.core.catalog.reported_metas()
+        catalog = self.core.catalog
+        held = {
+            s: Reported(
+                m.fence, m.acked_index, m.last_index, m.payload_bytes, catalog.record_version(s)
+            )
+            for s, m in metas.items()
+        }
+        report = self.held_reports.report(held, monotonic_ms())
         request = master_pb2.StoreHeartbeatRequest(
             store_id=self.identity.store_id,
             address=self.identity.address,
             zone=self.identity.zone,
             used_bytes=sum(m.payload_bytes for m in metas.values()),
             free_bytes=_free_bytes(self.identity.data_dir),
-            segments=[
-                master_pb2.HeldSegment(
-                    segment=entry_pb2.SegmentId(stream_id=s.stream_id, epoch=s.epoch),
-                    fence=m.fence,
-                    acked_index=m.acked_index,
-                    last_index=m.last_index,
-                    bytes=m.payload_bytes,
-                    record_version=self.core.catalog.record_version(s),
-                )
-                for s, m in sorted(metas.items())
+            segments=held_segments(report),
+            delta=not report.full,
+            removed=[
+                entry_pb2.SegmentId(stream_id=s.stream_id, epoch=s.epoch) for s in report.removed
             ],
             revocations_version=self.authority.revocations.version,
             certificate_revocations_version=self.cert_revocations.version,
@@ -272,6 +277,7 @@ class MasterLink:
             return
         if not self._from_the_master(reply, "heartbeat", await call.trailing_metadata()):
             return
+        self.held_reports.answered(report, monotonic_ms(), reply.deltas_taken, reply.report_full)
         if self.scrubber is not None:
             for segment in reply.scrub_first:
                 if segment.stream_id and segment.epoch:
@@ -303,8 +309,7 @@ class MasterLink:
                     existed = await self.delete_segment(key)
                 except StoreUnavailable as error:
                     # A full or read-only disk: the master asks again at a later beat.
-                    log.info("cannot delete segment %s/%s now: %s", key.stream_id,
-                             key.epoch, error)
+                    log.info("cannot delete segment %s/%s now: %s", key.stream_id, key.epoch, error)
                     return
                 log.info(
                     "deleted segment %s/%s at the master's request (held: %s)",
@@ -334,7 +339,6 @@ class MasterLink:
                 len(self.authority.revocations),
                 self.authority.revocations.version,
             )
-
 
     def _take_cert_revocations(self, revoked: Iterable[master_pb2.RevokedCertificate]) -> None:
         """The master's whole list of revoked certificates, refused from now on (an entry
@@ -386,6 +390,20 @@ def read_revoked_certs(path: Path) -> CertRevocations:
             f"{path} is damaged ({error}): remove it, the master sends the list again"
         ) from None
     return CertRevocations.of(entries[:REVOKED_CERTS_MAX])
+
+
+def held_segments(report: HeldReport) -> list[master_pb2.HeldSegment]:
+    return [
+        master_pb2.HeldSegment(
+            segment=entry_pb2.SegmentId(stream_id=s.stream_id, epoch=s.epoch),
+            fence=r.fence,
+            acked_index=r.acked_index,
+            last_index=r.last_index,
+            bytes=r.bytes,
+            record_version=r.record_version,
+        )
+        for s, r in sorted(report.changed.items())
+    ]
 
 
 def _refused_for_good(error: BaseException) -> bool:
