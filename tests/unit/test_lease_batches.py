@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamengine.master.core.errors import CallerGaveUp, NotFound, StreamDeleted
-from streamengine.master.core.leadership import Lease
+from streamengine.master.core.leadership import Lease, session_lease_ms
 from streamengine.master.leadership import Beat, WriterView, grants_due_per_renewal
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from tests.metadata_backends import MetadataPlace
@@ -110,6 +110,11 @@ def test_one_renewal_of_a_session_renews_every_lease_bound_to_it(master: Master)
     assert renewal.ended == ("t/s7", "t/s8")
     for n in set(range(STREAMS)) - {7, 8}:
         assert master.state.leases[f"t/s{n}"].expires_ms == master.now + LEASE
+    kept = master.state.leases["t/s0"]
+    master.now += LEASE // 3
+    leadership.renew_session(session, "", master.now)
+    assert master.state.leases["t/s0"] is kept, "it runs longer than a renewal promises"
+    assert kept.expires_ms >= master.now + session_lease_ms(LEASE)
     assert master.state.leases["t/s7"].holder == "w9"
     assert leadership.renew_session(session, "", master.now).ended == (), "unbound: once"
     assert leadership.renew_session(b"x" * 16, "", master.now).incarnation == b""

@@ -280,7 +280,7 @@ class LeaseSession:
     async def _renew(self) -> None:
         """Renews every bound lease each lease/3 while any is bound, the first time as
         soon as one is."""
-        lease_ms = LEASE_MS_DEFAULT
+        every_ms = LEASE_MS_DEFAULT // HEARTBEATS_PER_LEASE
         while True:
             if not self._bound:
                 self._bound_changed.clear()
@@ -289,15 +289,16 @@ class LeaseSession:
             request = master_pb2.LeaseHeartbeatRequest(session=self.session, renew_session=True)
             self.renewals_sent += 1
             try:
-                reply = await self._master.LeaseHeartbeat(request, timeout=lease_ms / 1000)
+                timeout_s = HEARTBEATS_PER_LEASE * every_ms / 1000  # a lease
+                reply = await self._master.LeaseHeartbeat(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as error:
                 # As a writer's own heartbeat that failed: the next goes on schedule, and
                 # the lease runs out meanwhile.
                 log.debug("lease session renewal failed: %s", error.code().name)
             else:
-                lease_ms = reply.session.lease_ms or lease_ms
+                every_ms = reply.session.renew_every_ms or every_ms
                 self._renewed(sent_at_ms, reply.session)
-            await asyncio.sleep(max(1, lease_ms // HEARTBEATS_PER_LEASE) / 1000)
+            await asyncio.sleep(max(1, every_ms) / 1000)
 
     def _renewed(self, sent_at_ms: int, renewal: master_pb2.SessionRenewal) -> None:
         incarnation = renewal.incarnation

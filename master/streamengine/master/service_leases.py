@@ -13,13 +13,13 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from streamengine.master import replies
-from streamengine.master.core import authority, errors
+from streamengine.master.core import authority, errors, leadership
 from streamengine.master.core.leadership import Claim
 from streamengine.master.leadership import Beat, SessionRenewal, WriterView, grant_producers
 from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
-from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
 
@@ -76,7 +76,8 @@ class LeaseHandlers(Handlers):
         reply = master_pb2.LeaseHeartbeatReply()
         if renewal is not None:
             reply.session.incarnation = renewal.incarnation
-            reply.session.lease_ms = self.state.lease_ms
+            reply.session.lease_ms = leadership.session_lease_ms(self.state.lease_ms)
+            reply.session.renew_every_ms = self.state.lease_ms // HEARTBEATS_PER_LEASE
             reply.session.ended.extend(renewal.ended)
             reply.session.attention.extend(renewal.attention)
         for answer in answers:

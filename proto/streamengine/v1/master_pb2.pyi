@@ -1333,13 +1333,16 @@ class SessionRenewal(_message.Message):
     LEASE_MS_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
     ATTENTION_FIELD_NUMBER: _builtins.int
+    RENEW_EVERY_MS_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.bytes
     """The incarnation of the session held open: every lease bound under it and not in
-    `ended` is renewed for `lease_ms` (counted by the client from when it sent the
+    `ended` runs at least `lease_ms` more (counted by the client from when it sent the
     request). Empty: the master holds no such session for the caller (a new active
     master, a call not open yet): nothing was renewed.
     """
     lease_ms: _builtins.int
+    renew_every_ms: _builtins.int
+    """How often the client renews its session: a third of the master's lease."""
     @_builtins.property
     def ended(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Streams bound to the session whose lease this renewal did not renew (granted to
@@ -1359,10 +1362,11 @@ class SessionRenewal(_message.Message):
         lease_ms: _builtins.int = ...,
         ended: _abc.Iterable[_builtins.str] | None = ...,
         attention: _abc.Iterable[_builtins.str] | None = ...,
+        renew_every_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "ended", b"ended", "incarnation", b"incarnation", "lease_ms", b"lease_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "ended", b"ended", "incarnation", b"incarnation", "lease_ms", b"lease_ms", "renew_every_ms", b"renew_every_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,7 +79,7 @@ import hmac
 from dataclasses import dataclass, replace
 
 from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
-from streamengine.protocol.limits import CLIENT_ID_CHARS_MAX, EPOCH_MAX
+from streamengine.protocol.limits import CLIENT_ID_CHARS_MAX, EPOCH_MAX, HEARTBEATS_PER_LEASE
 
 # Bytes of the secret drawn for each lease won: 256 random bits, never guessed.
 LEASE_SECRET_BYTES = 32
@@ -293,14 +293,25 @@ def session_renewed(lease: Lease, bound: Lease, now_ms: int, lease_ms: int) -> L
     of them, `LeaseHeartbeatRequest.renew_session`): as the holder's own heartbeat
     would, the lease runs `lease_ms` from now when it is still that grant, even if it
     ran out meanwhile (nobody else was granted). None otherwise: the session no longer
-    holds it, and its holder must heartbeat on its own."""
+    holds it, and its holder must heartbeat on its own.
+
+    A lease with more than `session_lease_ms(lease_ms)` left is kept as it is: the
+    session's renewal promises its writers only that much (`SessionRenewal.lease_ms`),
+    so each lease is built anew every other renewal, not at each one (ten thousand
+    leases a renewal, every third of a lease)."""
     if not _same_grant(lease, bound):
         return None
-    until_ms = now_ms + lease_ms
-    if lease.expires_ms >= until_ms:
+    if lease.expires_ms >= now_ms + session_lease_ms(lease_ms):
         return lease
     # Built whole rather than by `replace`: ten thousand leases a renewal.
-    return Lease(lease.epoch, lease.holder, until_ms, lease.secret_sha256, lease.principal)
+    return Lease(lease.epoch, lease.holder, now_ms + lease_ms, lease.secret_sha256, lease.principal)
+
+
+def session_lease_ms(lease_ms: int) -> int:
+    """How long past its renewal every lease a session renewal renewed runs at least: a
+    writer counts its lease that long from the renewal's send time. A third of a lease
+    short of a whole one: renewals come every third of a lease."""
+    return lease_ms - lease_ms // HEARTBEATS_PER_LEASE
 
 
 def holder_gone(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int) -> Lease | None:
