@@ -97,6 +97,8 @@ class LeaseSession:
     # What the master's roll reasons rested on at the session's last renewal
     # (`Leadership.roll_signature`): while it stays, no leader has a new one to hear.
     roll_signature: object = None
+    # No bound lease's grant is due for renewal before this (`Leadership._grants_due`).
+    grants_due_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,11 +259,13 @@ class Leadership:
                     beat.epoch, beat.acked_index, beat.segment_bytes
                 )
             incarnation = b""
+            record = self.state.streams[beat.stream]
+            view = self._writer_view(record, decision.leads, lease, now_ms, views)
             if decision.leads and bound is not None and bound.principal == beat.claim.principal:
                 bound.leases[beat.stream] = lease
                 incarnation = bound.incarnation
-            record = self.state.streams[beat.stream]
-            view = self._writer_view(record, decision.leads, lease, now_ms, views)
+                due_at_ms = view.grant_expires_at_ms - self.state.grant_ms // 2
+                bound.grants_due_at_ms = min(bound.grants_due_at_ms, due_at_ms)
             answers.append(
                 replace(
                     view,
@@ -312,33 +316,12 @@ class Leadership:
             return SessionRenewal(b"", (), ())
         leases = self.state.leases
         lease_ms = self.state.lease_ms
-        # A grant with less than this left is renewed by its holder's next heartbeat
-        # (`authority.grant_expiry`): the renewal asks for it.
-        renew_grant_by_ms = now_ms + self.state.grant_ms // 2
-        handed = self.grants_handed
-        due_max = grants_due_per_renewal(len(held.leases), lease_ms, self.state.grant_ms)
-        ended = []
-        grants_due: list[str] = []
-        for name, bound in list(held.leases.items()):
-            lease = leases.get(name)
-            renewed = (
-                None
-                if lease is None
-                else leadership.session_renewed(lease, bound, now_ms, lease_ms)
-            )
-            if renewed is None:
-                del held.leases[name]
-                ended.append(name)
-                continue
-            leases[name] = renewed
-            held.leases[name] = renewed
-            grant = handed.get(name)
-            if (
-                grant is not None
-                and grant[1] <= renew_grant_by_ms
-                and len(grants_due) < due_max
-            ):
-                grants_due.append(name)
+        renewed, ended = leadership.session_renewed(leases, held.leases, now_ms, lease_ms)
+        for name in ended:
+            del held.leases[name]
+        leases.update(renewed)
+        held.leases.update(renewed)
+        grants_due = self._grants_due(held, now_ms)
         views = self.state.store_views(now_ms)
         signature = self.roll_signature(views)
         attention = set(grants_due)
@@ -349,6 +332,31 @@ class Leadership:
                 if record is not None and self._roll_reason(record, lease, views):
                     attention.add(name)
         return SessionRenewal(held.incarnation, tuple(ended), tuple(sorted(attention)))
+
+    def _grants_due(self, held: LeaseSession, now_ms: int) -> list[str]:
+        """The bound streams whose grant has half of it left or less: renewed by their
+        holder's next heartbeat (`authority.grant_expiry`), which the renewal asks for,
+        `grants_due_per_renewal` at a time. Looked for once the earliest such moment
+        came (`LeaseSession.grants_due_at_ms`, lowered as leases are bound)."""
+        if now_ms < held.grants_due_at_ms:
+            return []
+        half_ms = self.state.grant_ms // 2
+        due_max = grants_due_per_renewal(len(held.leases), self.state.lease_ms, self.state.grant_ms)
+        due: list[str] = []
+        next_ms = now_ms + half_ms
+        for name in held.leases:
+            grant = self.grants_handed.get(name)
+            if grant is None:
+                continue
+            due_at_ms = grant[1] - half_ms
+            if due_at_ms > now_ms:
+                next_ms = min(next_ms, due_at_ms)
+            elif len(due) < due_max:
+                due.append(name)
+            else:
+                next_ms = now_ms  # more are due than one renewal names
+        held.grants_due_at_ms = next_ms
+        return due
 
     def roll_signature(self, views: dict[str, StoreView]) -> object:
         """What `_roll_reason` rests on besides each stream's own segment: which stores

@@ -76,6 +76,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
@@ -288,23 +289,38 @@ def session_gone(lease: Lease, bound: Lease, now_ms: int) -> Lease | None:
     return replace(lease, expires_ms=min(lease.expires_ms, now_ms))
 
 
-def session_renewed(lease: Lease, bound: Lease, now_ms: int, lease_ms: int) -> Lease | None:
-    """The lease session that renewed or won `bound` renews its leases (one call for all
-    of them, `LeaseHeartbeatRequest.renew_session`): as the holder's own heartbeat
-    would, the lease runs `lease_ms` from now when it is still that grant, even if it
-    ran out meanwhile (nobody else was granted). None otherwise: the session no longer
-    holds it, and its holder must heartbeat on its own.
+def session_renewed(
+    current: Mapping[str, Lease], bound: Mapping[str, Lease], now_ms: int, lease_ms: int
+) -> tuple[dict[str, Lease], list[str]]:
+    """A lease session renews every lease bound to it (`bound`: each as it was when
+    bound or last renewed) in one call (`LeaseHeartbeatRequest.renew_session`): as its
+    holder's own heartbeat would, a lease runs `lease_ms` from now while it is still
+    that grant, even if it ran out meanwhile (nobody else was granted). Returns the
+    leases built anew, and the streams whose lease is no longer that grant (the session
+    no longer holds them: their holder must heartbeat on its own).
 
     A lease with more than `session_lease_ms(lease_ms)` left is kept as it is: the
-    session's renewal promises its writers only that much (`SessionRenewal.lease_ms`),
-    so each lease is built anew every other renewal, not at each one (ten thousand
-    leases a renewal, every third of a lease)."""
-    if not _same_grant(lease, bound):
-        return None
-    if lease.expires_ms >= now_ms + session_lease_ms(lease_ms):
-        return lease
-    # Built whole rather than by `replace`: ten thousand leases a renewal.
-    return Lease(lease.epoch, lease.holder, now_ms + lease_ms, lease.secret_sha256, lease.principal)
+    renewal promises its writers only that much (`SessionRenewal.lease_ms`), so each
+    lease is built anew every other renewal, not at each one, and most are passed over
+    at the cost of two comparisons (ten thousand leases a renewal, every third of a
+    lease)."""
+    keep_until_ms = now_ms + session_lease_ms(lease_ms)
+    renewed: dict[str, Lease] = {}
+    ended: list[str] = []
+    for name, was in bound.items():
+        lease = current.get(name)
+        if lease is was and lease.expires_ms >= keep_until_ms:
+            continue
+        if lease is None or not _same_grant(lease, was):
+            ended.append(name)
+        elif lease.expires_ms >= keep_until_ms:
+            renewed[name] = lease  # the same grant, changed since (a roll): bound anew
+        else:
+            # Built whole rather than by `replace`: thousands at a time.
+            renewed[name] = Lease(
+                lease.epoch, lease.holder, now_ms + lease_ms, lease.secret_sha256, lease.principal
+            )
+    return renewed, ended
 
 
 def session_lease_ms(lease_ms: int) -> int:
