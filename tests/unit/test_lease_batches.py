@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamengine.master.core.errors import CallerGaveUp, NotFound, StreamDeleted
-from streamengine.master.core.leadership import Lease, session_lease_ms
+from streamengine.master.core.leadership import Claim, Lease, session_lease_ms
 from streamengine.master.leadership import Beat, WriterView, grants_due_per_renewal
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from tests.metadata_backends import MetadataPlace
@@ -99,7 +99,12 @@ def test_one_renewal_of_a_session_renews_every_lease_bound_to_it(master: Master)
     session = b"s" * 16
     assert leadership.open_session(session, "")
     beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(STREAMS)]
-    answers = leadership.writer_heartbeats(beats, master.now, session=session)
+    granted = leadership.writer_heartbeats(beats, master.now, session=session)
+    assert all(isinstance(a, WriterView) and not a.session_incarnation for a in granted), (
+        "bound for renewals only once its holder shows the secret its grant handed"
+    )
+    renewals = [Beat(f"t/s{n}", writer("w1"), 1) for n in range(STREAMS)]
+    answers = leadership.writer_heartbeats(renewals, master.now, session=session)
     incarnations = {a.session_incarnation for a in answers if isinstance(a, WriterView)}
     assert len(incarnations) == 1 and b"" not in incarnations
     master.state.leases["t/s7"] = Lease(2, "w9", 0)  # granted to another writer since
@@ -129,12 +134,14 @@ def test_a_renewal_names_the_bound_streams_with_a_roll_to_hear_of_when_it_change
     leadership = master.state.leadership
     session = b"s" * 16
     assert leadership.open_session(session, "")
-    beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(4)]
-    leadership.writer_heartbeats(beats, master.now, session=session)
+    for epoch in (0, 1):  # granted, then renewed by its holder: bound for renewals
+        beats = [Beat(f"t/s{n}", writer("w1"), epoch) for n in range(4)]
+        leadership.writer_heartbeats(beats, master.now, session=session)
     assert leadership.renew_session(session, "", master.now).attention == ()
     leadership.request_roll("t/s2", master.now)
     assert leadership.renew_session(session, "", master.now).attention == ("t/s2",)
     assert leadership.renew_session(session, "", master.now).attention == (), "said once"
+
     def copy_set(n: int) -> tuple[str, ...]:
         stream_id = master.state.streams[f"t/s{n}"].stream_id
         return master.state.segments[(stream_id, 1)].copy_set
@@ -156,8 +163,9 @@ def test_a_renewal_names_the_bound_leases_whose_grant_is_due_a_few_at_a_time(
     leadership = master.state.leadership
     session = b"s" * 16
     assert leadership.open_session(session, "")
-    beats = [Beat(f"t/s{n}", writer("w1"), 0) for n in range(STREAMS)]
-    leadership.writer_heartbeats(beats, master.now, session=session)
+    for epoch in (0, 1):  # granted, then renewed by its holder: bound for renewals
+        beats = [Beat(f"t/s{n}", writer("w1"), epoch) for n in range(STREAMS)]
+        leadership.writer_heartbeats(beats, master.now, session=session)
     assert leadership.renew_session(session, "", master.now).attention == ()
     master.now += master.state.grant_ms // 2
     due = grants_due_per_renewal(STREAMS, LEASE, master.state.grant_ms)
@@ -170,3 +178,24 @@ def test_a_renewal_names_the_bound_leases_whose_grant_is_due_a_few_at_a_time(
     )
     assert all(isinstance(answer, WriterView) for answer in renewed)
     assert not set(first) & set(leadership.renew_session(session, "", master.now).attention)
+
+
+def test_a_grant_whose_answer_was_lost_is_not_kept_alive_by_the_session(master: Master) -> None:
+    """Its writer never learned the secret, so it never leads: the session's renewals
+    leave the lease to run out, and the next heartbeat wins the next epoch (before, the
+    session renewed it for good: the runtime world's seed 0 never converged)."""
+    leadership = master.state.leadership
+    session = b"s" * 16
+    assert leadership.open_session(session, "")
+    (lost,) = leadership.writer_heartbeats(
+        [Beat("t/s0", writer("w1"), 0)], master.now, session=session
+    )
+    assert isinstance(lost, WriterView) and lost.secret
+    for _ in range(6):
+        master.now += LEASE // 3
+        leadership.renew_session(session, "", master.now)
+    assert not master.state.leases["t/s0"].running(master.now)
+    (again,) = leadership.writer_heartbeats(
+        [Beat("t/s0", Claim("w1"), 0)], master.now, session=session
+    )
+    assert isinstance(again, WriterView) and again.leads and again.lease.epoch == 2

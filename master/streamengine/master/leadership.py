@@ -94,6 +94,11 @@ class LeaseSession:
     principal: str
     incarnation: bytes
     leases: dict[str, Lease] = field(default_factory=dict)
+    # Those of `leases` whose holder proved it holds them since (a heartbeat showing the
+    # lease secret): the session's renewals renew these alone. A grant whose answer was
+    # lost reached no writer; renewed by the session, it would outlive its lease for
+    # good, with a holder that never leads.
+    renewing: dict[str, Lease] = field(default_factory=dict)
     # What the master's roll reasons rested on at the session's last renewal
     # (`Leadership.roll_signature`): while it stays, no leader has a new one to hear.
     roll_signature: object = None
@@ -263,9 +268,13 @@ class Leadership:
             view = self._writer_view(record, decision.leads, lease, now_ms, views)
             if decision.leads and bound is not None and bound.principal == beat.claim.principal:
                 bound.leases[beat.stream] = lease
-                incarnation = bound.incarnation
-                due_at_ms = view.grant_expires_at_ms - self.state.grant_ms // 2
-                bound.grants_due_at_ms = min(bound.grants_due_at_ms, due_at_ms)
+                if decision.outcome is Outcome.RENEWED:
+                    bound.renewing[beat.stream] = lease
+                    incarnation = bound.incarnation
+                    due_at_ms = view.grant_expires_at_ms - self.state.grant_ms // 2
+                    bound.grants_due_at_ms = min(bound.grants_due_at_ms, due_at_ms)
+                else:
+                    bound.renewing.pop(beat.stream, None)
             answers.append(
                 replace(
                     view,
@@ -316,10 +325,12 @@ class Leadership:
             return SessionRenewal(b"", (), ())
         leases = self.state.leases
         lease_ms = self.state.lease_ms
-        renewed, ended = leadership.session_renewed(leases, held.leases, now_ms, lease_ms)
+        renewed, ended = leadership.session_renewed(leases, held.renewing, now_ms, lease_ms)
         for name in ended:
-            del held.leases[name]
+            del held.renewing[name]
+            held.leases.pop(name, None)
         leases.update(renewed)
+        held.renewing.update(renewed)
         held.leases.update(renewed)
         grants_due = self._grants_due(held, now_ms)
         views = self.state.store_views(now_ms)
@@ -327,7 +338,7 @@ class Leadership:
         attention = set(grants_due)
         if signature != held.roll_signature:
             held.roll_signature = signature
-            for name, lease in held.leases.items():
+            for name, lease in held.renewing.items():
                 record = self.state.streams.get(name)
                 if record is not None and self._roll_reason(record, lease, views):
                     attention.add(name)
@@ -341,10 +352,12 @@ class Leadership:
         if now_ms < held.grants_due_at_ms:
             return []
         half_ms = self.state.grant_ms // 2
-        due_max = grants_due_per_renewal(len(held.leases), self.state.lease_ms, self.state.grant_ms)
+        due_max = grants_due_per_renewal(
+            len(held.renewing), self.state.lease_ms, self.state.grant_ms
+        )
         due: list[str] = []
         next_ms = now_ms + half_ms
-        for name in held.leases:
+        for name in held.renewing:
             grant = self.grants_handed.get(name)
             if grant is None:
                 continue

@@ -1077,6 +1077,10 @@ class Leader:
         if incarnation != self._bound_incarnation:
             self._bound_incarnation = incarnation
             self._bound_at_ms = now_ms
+            if incarnation:  # its own heartbeats go at the bound interval from now on
+                self._next_heartbeat_ms = max(
+                    self._next_heartbeat_ms, answer.sent_at_ms + self.heartbeat_interval_ms
+                )
 
     # ---- rolling ----
 
