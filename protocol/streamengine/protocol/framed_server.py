@@ -296,6 +296,10 @@ class _ServerConnection:
         elif frame.kind is Kind.CANCEL:
             stream.ended = True
             self.tasks[frame.request_id].cancel()
+            # Off the bound at once: the client counts the request gone as it cancels,
+            # and may open the next one in the same read of the socket, before the
+            # cancelled handler has run its end.
+            del self.streams[frame.request_id]
         elif frame.kind is stream.method.request_kind:
             stream.received(frame)
         else:
@@ -338,7 +342,7 @@ class _ServerConnection:
             log.exception("%s failed", call.method.name)
             ending = framing.error_frame(stream.request_id, StatusCode.INTERNAL, "internal error")
         finally:
-            del self.streams[stream.request_id]
+            self.streams.pop(stream.request_id, None)  # gone already when cancelled
             del self.tasks[stream.request_id]
         if not stream.ended:
             with contextlib.suppress(FrameError):
