@@ -106,6 +106,9 @@ class DataServer:
     hellos_max: int = DATA_HELLOS_MAX
     frame_payload_bytes_max: int = FRAME_PAYLOAD_BYTES_MAX
     stream_credit_bytes: int = STREAM_CREDIT_BYTES
+    # Told of each connection whose hello the server accepted (a store counts them:
+    # how many connections its clients hold open and how often they dial).
+    on_connection: Callable[[], None] | None = None
     _server: asyncio.Server | None = None
     _connections: set[asyncio.Task[None]] = field(default_factory=set)
     # Connections whose hello has not been accepted yet (`hellos_max`).
@@ -187,6 +190,8 @@ class _ServerConnection:
                 await self._hello()
             finally:
                 self.server.before_hello -= 1
+            if self.server.on_connection is not None:
+                self.server.on_connection()
             async with asyncio.TaskGroup() as tasks:
                 watchdog = tasks.create_task(self._watch_liveness())
                 try:
