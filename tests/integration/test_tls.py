@@ -250,6 +250,10 @@ def test_a_store_whose_certificate_names_another_id_is_never_registered(
                 "store",
                 "--listen",
                 f"127.0.0.1:{port}",
+                # Its own port: by default the data port is the next one, which nobody
+                # checked was free (taken, the store exits before it ever registers).
+                "--data-listen",
+                f"127.0.0.1:{free_port()}",
                 "--data",
                 str(tmp_path / "impostor"),
                 "--master",

@@ -217,6 +217,37 @@ async def test_cancel_stops_the_handler() -> None:
         await stopped.wait()
 
 
+async def test_cancel_after_the_clients_end_stops_the_handler_and_frees_the_slot() -> None:
+    """A call given up after its End (a read left early) is cancelled at the server, and
+    the next call, opened at once on the freed slot, is no request too many: the server
+    counts the cancelled one gone as it reads the Cancel, before its handler has ended,
+    as the client does (the Cancel and the next request may arrive in one read)."""
+    stopped: asyncio.Queue[int] = asyncio.Queue()
+
+    async def waits(call: ServerCall) -> None:
+        await call.send(reply_to(await call.receive()))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.put_nowait(call.request_id)
+
+    async with (
+        serving(waits, requests_max=2) as address,
+        framed.connect(address, Transport()) as connection,
+    ):
+        for number in range(1, 11):
+            call = await connection.call(framing.WRITE)
+            await call.send(request(number))
+            await call.end()
+            assert isinstance(await call.receive(), segment_store_pb2.WriteReply)
+            call.cancel()
+        assert sorted([await stopped.get() for _ in range(10)]) == list(range(1, 11))
+        assert connection.failure is None
+        last = await connection.call(framing.WRITE)
+        await last.send(request(11))
+        assert await last.receive() == reply_to(request(11))
+
+
 async def test_no_common_version_is_refused_at_hello() -> None:
     async with serving() as address:
         with pytest.raises(CallError) as raised:
@@ -308,6 +339,32 @@ async def test_connections_past_the_bound_waiting_for_their_hello_are_closed() -
                 if frames:
                     break
         assert frames[0].kind is Kind.HELLO_OK
+
+
+async def test_a_request_opened_in_the_same_read_as_a_cancel_takes_its_slot() -> None:
+    """The Cancel of one request and the next request, in one write at the bound of open
+    requests: the next is served, not refused as one too many."""
+
+    def write(request_id: int) -> bytes:
+        return framing.encode(Kind.WRITE_REQUEST, request_id, request(request_id))
+
+    cancel = framing.encode(Kind.CANCEL, 1, data_plane_pb2.Cancel())
+    end = framing.encode(Kind.END, 3, data_plane_pb2.End())
+    async with serving(requests_max=2) as address:
+        host, port = framed_peer.split_address(address)
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(hello() + write(1) + write(2) + cancel + write(3) + end)
+        decoder = framing.FrameDecoder(FRAME_PAYLOAD_BYTES_MAX)
+        frames: list[framing.Frame] = []
+        while not any(f.kind in (Kind.END, Kind.ERROR) for f in frames):
+            chunk = await reader.read(1 << 16)
+            assert chunk, "the server closed the connection"
+            frames += decoder.feed(chunk)
+        writer.close()
+    assert [(f.kind, f.request_id) for f in frames if f.request_id == 3] == [
+        (Kind.WRITE_REPLY, 3),
+        (Kind.END, 3),
+    ]
 
 
 async def raw_exchange_first(address: str, data: bytes) -> list[framing.Frame]:

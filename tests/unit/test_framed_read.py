@@ -1,8 +1,10 @@
 """Read on the data plane from both kinds of caller (protocol/framed_read.py), against a
 server on 127.0.0.1 that serves READ from a script: replies in order, a status with its
-metadata, a deadline, and the synchronous bridge taking replies from its own loop
-however long its caller waits (the connection stays alive) and ending the read when
-left early."""
+metadata, a deadline, the synchronous bridge taking replies from its own loop however
+long its caller waits (the connection stays alive) and ending the read when left early,
+and reads on a pool's shared connection: one connection for many reads, a read left
+early (or late, or cancelled) freeing its slot there, and a reader taking nothing
+holding back its own request only."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from streamengine.client.data_connections import DataConnections
 from streamengine.protocol import framed_read
 from streamengine.protocol.framed import CallError
 from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
+from streamengine.protocol.limits import STREAM_CREDIT_BYTES
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing.ports import free_port
@@ -141,3 +145,118 @@ def test_the_sync_bridge_reads_refuses_ends_early_and_keeps_the_connection() -> 
         loop.call_soon_threadsafe(stop.set)
         thread.join(DEADLINE_S * 3)
         loop.close()
+
+
+class Counted:
+    """A server's connections (whose hello it accepted) and its handlers stopped early."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.stopped: asyncio.Queue[None] = asyncio.Queue()
+
+    def connected(self) -> None:
+        self.connections += 1
+
+
+def stalling(counted: Counted) -> Callable[[ServerCall], Awaitable[None]]:
+    """A read of `to_index` 1 stalls after its first reply; others get five."""
+
+    async def serve(call: ServerCall) -> None:
+        request = await call.receive()
+        assert isinstance(request, segment_store_pb2.ReadRequest)
+        if request.to_index != 1:
+            await five_replies_of(call, request)
+            return
+        await call.send(reply(1))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            counted.stopped.put_nowait(None)
+
+    return serve
+
+
+async def five_replies_of(call: ServerCall, request: segment_store_pb2.ReadRequest) -> None:
+    for index in range(request.from_index, request.to_index + 1):
+        await call.send(reply(index))
+
+
+STALLS = segment_store_pb2.ReadRequest(segment=REQUEST.segment, from_index=1, to_index=1)
+
+
+async def consume(address: str, pool: DataConnections, taken: asyncio.Event) -> None:
+    async for _ in framed_read.read(address, pool.call, STALLS, DEADLINE_S):
+        taken.set()
+
+
+async def test_reads_on_a_pool_share_one_connection_and_free_their_slots_when_left() -> None:
+    """More reads left early than a connection holds requests, each a way (the consumer
+    stops, its task is cancelled, its deadline passes): each cancels its request at the
+    server, and the next read still rides the one connection."""
+    counted = Counted()
+    pool = DataConnections(PLAINTEXT)
+    try:
+        async with serving(
+            stalling(counted), requests_max=4, on_connection=counted.connected
+        ) as address:
+            for _ in range(2):
+                replies = framed_read.read(address, pool.call, REQUEST, DEADLINE_S)
+                assert [r.first_index async for r in replies] == [1, 2, 3, 4, 5]
+            for _ in range(4):  # left by its consumer
+                replies = framed_read.read(address, pool.call, STALLS, DEADLINE_S)
+                assert (await anext(replies)).first_index == 1
+                await replies.aclose()
+            for _ in range(3):  # its task cancelled
+                taken = asyncio.Event()
+                task = asyncio.create_task(consume(address, pool, taken))
+                await taken.wait()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            for _ in range(3):  # past its deadline
+                with pytest.raises(CallError) as late:
+                    async for _ in framed_read.read(address, pool.call, STALLS, 0.1):
+                        pass
+                assert late.value.code is StatusCode.DEADLINE_EXCEEDED
+            replies = framed_read.read(address, pool.call, REQUEST, DEADLINE_S)
+            assert [r.first_index async for r in replies] == [1, 2, 3, 4, 5]
+            for _ in range(10):
+                await counted.stopped.get()
+            assert counted.connections == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_reader_taking_nothing_holds_back_its_own_request_only() -> None:
+    """Credit is per request: a pooled read whose consumer stops taking replies holds
+    the server to one window of them, while another read on the same connection runs
+    to its end."""
+    big = segment_store_pb2.ReadRequest(segment=REQUEST.segment, from_index=1, to_index=40)
+    sent = 0
+
+    async def serve(call: ServerCall) -> None:
+        nonlocal sent
+        request = await call.receive()
+        assert isinstance(request, segment_store_pb2.ReadRequest)
+        if request.to_index != big.to_index:
+            await five_replies_of(call, request)
+            return
+        for index in range(1, big.to_index + 1):
+            await call.send(segment_store_pb2.ReadReply(first_index=index, packed_values=MIB))
+            sent += 1
+
+    counted = Counted()
+    pool = DataConnections(PLAINTEXT)
+    try:
+        async with serving(serve, on_connection=counted.connected) as address:
+            stalled = framed_read.read(address, pool.call, big, DEADLINE_S)
+            assert (await anext(stalled)).first_index == 1
+            replies = framed_read.read(address, pool.call, REQUEST, DEADLINE_S)
+            assert [r.first_index async for r in replies] == [1, 2, 3, 4, 5]
+            assert sent <= STREAM_CREDIT_BYTES // len(MIB) + 1, "sent past the reader's credit"
+            await stalled.aclose()
+            assert counted.connections == 1
+    finally:
+        await pool.close()
+
+
+MIB = b"m" * (1 << 20)

@@ -6,6 +6,7 @@ fence ends the recovery as fenced, with the fence the store named."""
 from __future__ import annotations
 
 from streamengine.client import recovery
+from streamengine.client.channels import ChannelPool
 from streamengine.client.core import recovery as sr
 from streamengine.client.core.replicator import SegmentRef
 from streamengine.protocol.framed import CallError
@@ -24,7 +25,7 @@ def sealer_of(data_address: str) -> recovery.SegmentSealer:
     sealer.grant = b""
     sealer._segment_id = entry_pb2.SegmentId(stream_id=1, epoch=1, stream="t/s")
     sealer._stubs = {}
-    sealer._transport = PLAINTEXT
+    sealer._channels = ChannelPool(PLAINTEXT)
     sealer._data_addresses = {"store0": data_address}
     return sealer
 

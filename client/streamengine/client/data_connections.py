@@ -1,11 +1,15 @@
 """The client's long-lived data-plane connections to each store's data port, dialled on
-first use, shared by every call the client opens there (its followers' live tails),
-dialled again after one fails, closed with the client (docs/data-plane.md).
+first use, shared by every call the client opens there (its followers' catch-up reads,
+read-aheads and live tails, its recoveries' reads), dialled again after one fails,
+closed with the client (docs/data-plane.md).
 
 One connection per store carries up to the store's bound of open requests
-(`HelloOk.requests_max`, 64): a client with more tails on one store (a reader of many
+(`HelloOk.requests_max`, 64): a client with more requests on one store (a reader of many
 streams, each its own Subscribe) gets another connection for the next 64, rather than
-waiting for a tail to end.
+waiting for one to end. A request given up (`ClientCall.cancel`: a read left early) is
+cancelled at the store and frees its slot at once; credit is per request, so a reader
+that stops taking replies holds back its own request only, never the others on its
+connection.
 
 `framed.connect` scopes a connection to an `async with` block; a holder task keeps each
 one open here until it fails or the client closes, and calls are opened on it from any

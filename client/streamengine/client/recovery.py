@@ -1,9 +1,11 @@
-"""Sealing and recovering one earlier segment over gRPC: the shell of `SegmentRecovery`.
+"""Sealing and recovering one earlier segment: the shell of `SegmentRecovery`.
 
 The core (`client.core.recovery`) decides, timing included; this carries its
-actions out: `Seal` and `Read` as unary / server-streaming calls, every recovery write
-(and the acked index raise) as a one-request `Write` stream with `report_held`, written
-at the new leader's epoch, and `SealSegment` at the master. Each request is one attempt
+actions out: `Seal` as a unary gRPC call, `Read` as a data-plane Read on the client's
+connection to the store (`framed_read`, the one its followers' reads and tails ride),
+every recovery write (and the acked index raise) as a one-request `Write` on a
+connection of its own with `report_held`, written at the new leader's epoch, and
+`SealSegment` at the master. Each request is one attempt
 in its own task (one per `request_key` at a time); its answer becomes an event, a
 transport failure nothing: the core sends the request again when it decides to, gives
 a silent store up and probes it. A clock loop wakes the core at its `deadline_ms()`.
@@ -19,6 +21,7 @@ stream then costs one request, never the new segment's pipeline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -29,7 +32,7 @@ from streamengine.client.channels import ChannelPool
 from streamengine.client.core import recovery as sr
 from streamengine.client.core.replicator import Tick
 from streamengine.client.core.writer import RecoverSegment
-from streamengine.client.errors import Fenced, fence_of
+from streamengine.client.errors import Fenced, StreamEngineError, fence_of
 from streamengine.client.store_session import write_once
 from streamengine.protocol import codec, framed_read
 from streamengine.protocol.clock import monotonic_ms
@@ -90,10 +93,12 @@ class SegmentSealer:
             replica.store_id: store_grpc.SegmentStoreStub(channels.get(replica.address))
             for replica in grant.copy_set
         }
-        # Reads and writes go on the stores' data ports (`framed_read`, `write_once`).
-        self._transport = channels.transport
+        # Reads and writes go on the stores' data ports: reads on the client's connection
+        # to each (`framed_read` on `ChannelPool.data_call`), each write on one of its own
+        # (`write_once`).
+        self._channels = channels
         self._data_addresses = {
-            replica.store_id: channels.dial(replica.data_address) for replica in grant.copy_set
+            replica.store_id: replica.data_address for replica in grant.copy_set
         }
         self._segment_id = entry_pb2.SegmentId(
             stream_id=self.segment.stream_id, epoch=self.segment.epoch, stream=self.segment.stream
@@ -204,7 +209,7 @@ class SegmentSealer:
             call = self._write_call(store, (), action.acked_index)
         try:
             return await call()
-        except _NoAnswer:
+        except (_NoAnswer, StreamEngineError):  # StreamEngineError: the client closed
             return None
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -253,11 +258,12 @@ class SegmentSealer:
             entries: list[StoredEntry] = []
             fence = 0
             replies = framed_read.read(
-                self._data_addresses[action.store], self._transport, request, RPC_TIMEOUT_S
+                self._data_addresses[action.store], self._channels.data_call, request, RPC_TIMEOUT_S
             )
-            async for reply in replies:
-                fence = max(fence, reply.fence)
-                entries.extend(codec.entries_from_pb(reply.entries))
+            async with contextlib.aclosing(replies):
+                async for reply in replies:
+                    fence = max(fence, reply.fence)
+                    entries.extend(codec.entries_from_pb(reply.entries))
             return sr.ReadAnswered(
                 action.store, action.from_index, action.to_index, tuple(entries), fence
             )
@@ -279,7 +285,10 @@ class SegmentSealer:
 
         async def write() -> sr.Event:
             reply = await write_once(
-                self._data_addresses[store], self._transport, request, RPC_TIMEOUT_S
+                self._channels.dial(self._data_addresses[store]),
+                self._channels.transport,
+                request,
+                RPC_TIMEOUT_S,
             )
             if reply is None:
                 raise _NoAnswer()  # the store ended the call without one

@@ -3,10 +3,11 @@ batches (`subscribe_batches`, `read_batches`).
 
 A thin asyncio shell around `client.core.subscription.Cursor`: it fetches the master's
 segment list, reads one replica at a time (what it acked, in packed `Read` replies:
-`_PackedRead`; then a live tail with `Subscribe`: `_LiveTail`; both on the store's data
-port), feeds the cursor what arrives (and what fails), and hands out what the cursor
-releases. Reconnection is transparent: the cursor's position is the resume point, so no
-sequence is yielded twice and none is skipped but holes.
+`_PackedRead`; then a live tail with `Subscribe`: `_LiveTail`; both on the client's
+one connection to the store's data port), feeds the cursor what arrives (and what
+fails), and hands out what the cursor releases. Reconnection is transparent: the
+cursor's position is the resume point, so no sequence is yielded twice and none is
+skipped but holes.
 
 Why one long module: `Follower`'s loop, its read-ahead and the reply streams it opens
 share one replica connection's lifecycle (open, read, tail, fail over); the decisions
@@ -42,7 +43,13 @@ from streamengine.client.core.subscription import (
     Wait,
     acked_end,
 )
-from streamengine.client.errors import DataLossError, Trimmed, Unavailable, from_rpc_error
+from streamengine.client.errors import (
+    DataLossError,
+    StreamEngineError,
+    Trimmed,
+    Unavailable,
+    from_rpc_error,
+)
 from streamengine.client.packed import Packed, released_batch, released_events
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol import codec, framed_read, framing
@@ -108,11 +115,12 @@ class _Replies(Protocol):
 
 
 class _PackedRead:
-    """A packed Read on the replica's data port (`framed_read`), read by a task of its
-    own: its replies wait in a small queue (the store is held back by credit beyond it)
-    until `_follow` takes them. Started when the cursor asks for the read, or before
+    """A packed Read on the replica's data port (`framed_read`), on the client's
+    connection to that store (the one its tails ride), read by a task of its own: its
+    replies wait in a small queue (the store is held back by credit beyond it) until
+    `_follow` takes them. Started when the cursor asks for the read, or before
     (`Cursor.upcoming`: a read-ahead), until `_read` takes it as the read the cursor
-    asked for, or cancels it."""
+    asked for, or cancels it (which cancels the request at the store)."""
 
     REPLIES_HELD = 2
 
@@ -125,18 +133,18 @@ class _PackedRead:
 
     async def _receive(self, replies: AsyncGenerator[segment_store_pb2.ReadReply, None]) -> None:
         try:
-            # Closed in this task however the pump ends (its connection is this task's).
+            # Closed however the pump ends: a read left early cancels its request.
             async with contextlib.aclosing(replies):
                 async for reply in replies:
                     await self._replies.put(reply)
             await self._replies.put(grpc.aio.EOF)
-        except CallError as error:
+        except (CallError, StreamEngineError) as error:  # StreamEngineError: client closed
             await self._replies.put(error)
 
     async def read(self) -> object:
         """The next reply, or grpc.aio.EOF after the last (what a gRPC call answers)."""
         reply = await self._replies.get()
-        if isinstance(reply, CallError):
+        if isinstance(reply, (CallError, StreamEngineError)):
             raise reply
         return reply
 
@@ -388,10 +396,8 @@ class Follower:
             reader_verifies=read.checked,
         )
         # A replica no list named a data port for is unreachable: its read fails at once.
-        data_address = self._channels.dial(self.data_address(read.replica))
-        return _PackedRead(
-            read, framed_read.read(data_address, self._channels.transport, request)
-        )
+        data_address = self.data_address(read.replica)
+        return _PackedRead(read, framed_read.read(data_address, self._channels.data_call, request))
 
     def _read_ahead(self, cursor: Cursor) -> None:
         """Start the read of the next segment now (usually on another store), so that

@@ -186,11 +186,16 @@ class ClientCall:
             self._control(Kind.END, data_plane_pb2.End())
 
     def cancel(self) -> None:
-        """Gives the call up: the server stops it, its replies are dropped."""
-        if not self._stream.ended:
-            self._stream.ended = True
+        """Gives the call up: the server stops it, its replies are dropped, and its slot
+        on the connection is free at once. A call still open at the server is cancelled
+        there even after this side's End (a read left early: otherwise the server would
+        go on sending it and count it against the connection's bound); one the server
+        ended, or whose connection is over, needs no word."""
+        stream = self._stream
+        if stream.finished is None:
             self._control(Kind.CANCEL, data_plane_pb2.Cancel())
-        self._connection.forget(self._stream.request_id)
+        stream.ended = True
+        self._connection.forget(stream.request_id)
 
     def _control(self, kind: Kind, message: Message) -> None:
         if self._connection.failure is None:

@@ -106,6 +106,9 @@ class DataServer:
     hellos_max: int = DATA_HELLOS_MAX
     frame_payload_bytes_max: int = FRAME_PAYLOAD_BYTES_MAX
     stream_credit_bytes: int = STREAM_CREDIT_BYTES
+    # Told of each connection whose hello the server accepted (a store counts them:
+    # how many connections its clients hold open and how often they dial).
+    on_connection: Callable[[], None] | None = None
     _server: asyncio.Server | None = None
     _connections: set[asyncio.Task[None]] = field(default_factory=set)
     # Connections whose hello has not been accepted yet (`hellos_max`).
@@ -187,6 +190,8 @@ class _ServerConnection:
                 await self._hello()
             finally:
                 self.server.before_hello -= 1
+            if self.server.on_connection is not None:
+                self.server.on_connection()
             async with asyncio.TaskGroup() as tasks:
                 watchdog = tasks.create_task(self._watch_liveness())
                 try:
@@ -296,6 +301,10 @@ class _ServerConnection:
         elif frame.kind is Kind.CANCEL:
             stream.ended = True
             self.tasks[frame.request_id].cancel()
+            # Off the bound at once: the client counts the request gone as it cancels,
+            # and may open the next one in the same read of the socket, before the
+            # cancelled handler has run its end.
+            del self.streams[frame.request_id]
         elif frame.kind is stream.method.request_kind:
             stream.received(frame)
         else:
@@ -338,7 +347,7 @@ class _ServerConnection:
             log.exception("%s failed", call.method.name)
             ending = framing.error_frame(stream.request_id, StatusCode.INTERNAL, "internal error")
         finally:
-            del self.streams[stream.request_id]
+            self.streams.pop(stream.request_id, None)  # gone already when cancelled
             del self.tasks[stream.request_id]
         if not stream.ended:
             with contextlib.suppress(FrameError):

@@ -28,6 +28,7 @@ from streamengine.protocol.entry import CorruptEntry
 from streamengine.protocol.framed import CallError
 from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
+from streamengine.segment_store import metrics
 from streamengine.segment_store.core.errors import StoreError
 from streamengine.segment_store.reads import ReadCalls
 from streamengine.segment_store.refusals import Refusal, RequestEnds, refusal_of
@@ -78,6 +79,7 @@ def data_server(store: StoreContext) -> DataServer:
     return DataServer(
         {Kind.WRITE_REQUEST: write, Kind.READ_REQUEST: read, Kind.SUBSCRIBE_REQUEST: subscribe},
         authenticate,
+        on_connection=metrics.DATA_CONNECTIONS.inc,
     )
 
 

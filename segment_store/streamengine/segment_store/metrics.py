@@ -79,6 +79,11 @@ READ_ENTRIES = Counter(
     "Entries sent to readers, by RPC (read, read_packed, subscribe)",
     ["rpc"],
 )
+DATA_CONNECTIONS = Counter(
+    "streamengine_store_data_connections_total",
+    "Connections to the data port whose hello the store accepted (a client holds one "
+    "per store for its reads and tails, one more per 64 requests open)",
+)
 SUBSCRIBERS = Gauge("streamengine_store_subscribers", "Open Subscribe streams")
 TAILS = Gauge("streamengine_store_tails", "Segment tails of multiplexed Subscribe calls")
 TAILS_ENDED = Counter(
