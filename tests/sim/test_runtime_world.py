@@ -47,6 +47,9 @@ REFILLED_BELOW_W = 209
 # read the final copies below its decided run from one store alone, which a wipe then
 # emptied; seed 1151 finds it on today's schedule.
 FINAL_COPIES_FROM_A_WIPED_STORE = 1151
+# The liveness phase began the moment a master's own timeout cancelled its task, took
+# that for a stop under way, and waited for the task to end, for good.
+LIVENESS_AFTER_A_MASTER_TIMEOUT = 1127
 # With a delete grace of 1 ms, seed 4's operator undeletes a stream the master
 # removed already (seed 55 met it with a master unavailable until the grace ran out).
 REMOVED_PAST_GRACE = 4
@@ -151,6 +154,17 @@ def test_seed_1151_a_producer_recovery_reads_final_copies_from_another_store() -
     another sealed store whose acked index covers those copies once the first is lost."""
     result = run_seed(FINAL_COPIES_FROM_A_WIPED_STORE)
     assert result.config.producers and result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_1127_the_liveness_phase_waits_only_for_a_stop_under_way() -> None:
+    """One master on etcd: as the liveness phase began, a timeout of the master's
+    election loop had just cancelled its task, which handles that and serves on. The
+    world asked `Task.cancelling()` whether a stop was under way and waited for the task
+    to end: the run never ended (its virtual clock ran on, no liveness deadline armed).
+    A stop under way is now known from the stop itself (`SimProcess.ended`), and one
+    that outlasts `STOP_MS_MAX` is a world error instead of a run that never ends."""
+    result = run_seed(LIVENESS_AFTER_A_MASTER_TIMEOUT)
+    assert result.config.masters and result.ok, _failure(result)
 
 
 def test_a_stream_undeleted_after_its_grace_is_a_loss_the_world_expects() -> None:
