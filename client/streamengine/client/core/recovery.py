@@ -868,8 +868,12 @@ class SegmentRecovery:
         return [self._final_read]
 
     def _final_copies_answered(self, e: ReadAnswered) -> list[Action]:
+        if self._plan is None:
+            return []
         seal = self._sealed.get(e.store)
-        if self._plan is None or seal is None or seal.acked_index < e.to_index:
+        covers = seal is not None and seal.acked_index >= e.to_index
+        asked = self._final_read is not None and self._final_read.store == e.store
+        if not (covers or asked or e.store == self._plan.acked_store):
             return []  # not final copies: its acked index does not cover them
         try:
             self._plan = self._plan.with_final_copies(e.entries, e.store)
