@@ -47,6 +47,13 @@ LOST_REGISTRATION_ANSWERS = 39
 # wiped, one rotted) waited for good: a refill in place needed W good replicas besides,
 # even for a member holding nothing to erase.
 REFILLED_BELOW_W = 209
+# Runtime seed 303 found it first (its schedule has moved since): a producer's recovery
+# read the final copies below its decided run from one store alone, which a wipe then
+# emptied; seed 1151 finds it on today's schedule.
+FINAL_COPIES_FROM_A_WIPED_STORE = 1151
+# The liveness phase began the moment a master's own timeout cancelled its task, took
+# that for a stop under way, and waited for the task to end, for good.
+LIVENESS_AFTER_A_MASTER_TIMEOUT = 1127
 # With a delete grace of 1 ms, seed 0's operator undeletes a stream the master
 # removed already (seed 55 met it with a master unavailable until the grace ran out;
 # seed 4 showed it until connections whose sends go unanswered were dropped sooner).
@@ -139,6 +146,28 @@ def test_seed_209_a_segment_below_w_good_replicas_on_n_stores_is_refilled_back_t
     result = run_seed(REFILLED_BELOW_W)
     assert result.config.rot and result.config.wipes and result.ok, _failure(result)
     assert result.stats.get("rotted replicas repaired", 0) > 0, result.stats
+
+
+def test_seed_1151_a_producer_recovery_reads_final_copies_from_another_store() -> None:
+    """N=3 W=2, producers, wipes: a new leader's recovery of segment 3 of `t1/s1` read
+    the final copies below its decided run (for the producer positions its seal at the
+    master records) from store1 alone, the store its acked index came from. Wiped, store1
+    answered that read never again, the seal at the master waited for it, and the
+    writer's gate with it: `t1/s1`'s marker was never acked. The read now goes to
+    another sealed store whose acked index covers those copies once the first is lost."""
+    result = run_seed(FINAL_COPIES_FROM_A_WIPED_STORE)
+    assert result.config.producers and result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_1127_the_liveness_phase_waits_only_for_a_stop_under_way() -> None:
+    """One master on etcd: as the liveness phase began, a timeout of the master's
+    election loop had just cancelled its task, which handles that and serves on. The
+    world asked `Task.cancelling()` whether a stop was under way and waited for the task
+    to end: the run never ended (its virtual clock ran on, no liveness deadline armed).
+    A stop under way is now known from the stop itself (`SimProcess.ended`), and one
+    that outlasts `STOP_MS_MAX` is a world error instead of a run that never ends."""
+    result = run_seed(LIVENESS_AFTER_A_MASTER_TIMEOUT)
+    assert result.config.masters and result.ok, _failure(result)
 
 
 def test_a_stream_undeleted_after_its_grace_is_a_loss_the_world_expects() -> None:

@@ -531,3 +531,29 @@ def test_the_upcoming_read_is_the_next_segment_from_its_first_good_replica() -> 
     ends_before = Cursor(0, end_sequence=pack_sequence(2, 1))
     ends_before.on_segments([sealed(1, 5), sealed(2, 5)], 0)
     assert ends_before.upcoming() is None  # past the end of the range
+
+
+def test_a_replica_passed_over_comes_after_those_that_failed_long_ago() -> None:
+    """Runtime seed 58: a store wiped while its segment stayed open (N=5 on five stores,
+    the roll refused) answered NOT_FOUND, an answer that cleared its failures, while the
+    other replicas still counted failures from the safety phase. Passed over for serving
+    nothing, it was chosen again at once (the fewest failures first), and the follower
+    tailed it for good while the others served the segment on."""
+    cursor = Cursor(pack_sequence(1, 19))
+    cursor.on_segments([open_segment(1)], 0)
+    now = 0
+    for _ in range(2):  # every replica fails twice: B and C are never asked again
+        for replica in (A, B, C):
+            assert cursor.next(now) == ReadFrom(1, replica, 19)
+            cursor.on_replica_failed(1, replica, now)
+        wait = cursor.next(now)
+        assert isinstance(wait, Wait)
+        now = wait.until_ms
+    read = cursor.next(now)
+    assert read == ReadFrom(1, A, 19)
+    cursor.on_position(1, A, 0, now)  # it holds nothing of the segment
+    for beat in range(now, now + TIMING.open_replica_stall_ms, TIMING.keepalive_interval_ms):
+        cursor.on_keepalive(1, A, beat)
+        assert cursor.next(beat) == read
+    now += TIMING.open_replica_stall_ms
+    assert cursor.next(now) == ReadFrom(1, B, 19)

@@ -306,6 +306,44 @@ def test_closing_gives_up_on_a_recovery_that_does_not_finish_in_time() -> None:
     assert leader.ready_to_release(100 + CLOSE_SEALING_MS_MAX)
 
 
+def ticked_while_closing(leader: Leader, closed_at_ms: int) -> list[int]:
+    """Tick `leader`, closing since `closed_at_ms`, at every deadline it asks for
+    until well past its sealing wait; the times at which it asked for one already
+    past (a shell's timer would wake it again at once, and again)."""
+    past = []
+    now = closed_at_ms
+    while now < closed_at_ms + 2 * CLOSE_SEALING_MS_MAX:
+        step(leader, now, Tick())
+        deadline = leader.deadline_ms(now)
+        if deadline is not None and deadline <= now:
+            past.append(now)
+        now = max(now + 1, deadline or now + LEASE_MS)
+        # The master renews the lease: the writer leads on while it closes.
+        step(leader, now, leader_answer(now, leader.epoch, segment=None, unsealed=()))
+    return past
+
+
+def test_a_close_past_its_sealing_wait_asks_for_no_time_already_past() -> None:
+    """Runtime seed 311: once `CLOSE_SEALING_MS_MAX` had passed, the close's deadline
+    stayed in the past: the writer's timer woke it at once, again and again, while the
+    close flushed, and virtual time never moved on (a busy loop on a real one)."""
+    leader = rolling_leader(segment_bytes_max=100)
+    settle(leader, 11, step(leader, 10, Append((b"x" * 120,))))
+    step(leader, 70, roll_answer(65, 6, old=5))  # segment 5's recovery never ends
+    step(leader, 100, Closing())
+    assert ticked_while_closing(leader, 100) == []
+    assert leader.ready_to_release(100 + CLOSE_SEALING_MS_MAX)
+
+
+def test_a_close_in_an_epoch_without_a_segment_asks_for_no_roll_time() -> None:
+    """Closing starts no roll: the roll's retry time is no deadline either."""
+    leader = Leader(0, recovery_supported=True, rolling_supported=True)
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0, segment=None))
+    step(leader, 6, Closing())
+    assert ticked_while_closing(leader, 6) == []
+
+
 def test_closing_starts_no_roll_and_gives_up_a_drain_not_yet_asked() -> None:
     leader = rolling_leader(segment_age_ms_max=200)
     step(leader, 100, leader_answer(90, segment_age_ms_max=200))

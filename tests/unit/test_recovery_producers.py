@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import deque
 
 from streamengine.client.core.recovery import (
+    TIMING,
     Action,
     Done,
     MasterSealed,
@@ -20,6 +21,7 @@ from streamengine.client.core.recovery import (
     SendRewrite,
     WriteAnswered,
 )
+from streamengine.client.core.replicator import Tick
 from streamengine.protocol.entry import EntryKind, ProducerMark, StoredEntry
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.producers import ProducerPosition, Run
@@ -114,3 +116,38 @@ def test_a_drained_segment_seals_with_the_positions_its_writer_knew() -> None:
                 pending.extend(op.step(0, answer(action, op.final_index)))  # type: ignore[arg-type]
     [seal] = seals
     assert seal.producers == known
+
+
+def test_final_copies_are_read_from_another_store_once_the_one_asked_is_lost() -> None:
+    """Runtime seed 303: the read of the final copies below the decided run went to the
+    store the acked index came from, which was then wiped and answered that read never
+    again; nothing asked another store, and the seal at the master (which waits for the
+    positions those copies give) never went out: the new leader's gate stayed shut.
+    Once that store is lost, a store whose own acked index covers them is read."""
+    op = SegmentRecovery(
+        ReplicationPolicy(3, 2), 2, 3, ["A", "B", "C"], producers=ProducerSeal(BEFORE, False)
+    )
+    op.start(0)
+    op.step(0, SealAnswered("A", 3, 3, 5, 5))
+    pending = deque(op.step(0, SealAnswered("B", 3, 3, 4, 4)))
+    pending.extend(op.step(0, SealAnswered("C", 3, 2, 3, 3)))
+    sent: list[Action] = []
+    now = 0
+    while now <= 4 * TIMING.store_lost_ms:
+        while pending:
+            action = pending.popleft()
+            sent.append(action)
+            if not isinstance(action, SendRead | SendRewrite | SendAcked):
+                continue
+            if action.store == "A" and op.plan is not None:
+                continue  # wiped once the run is decided: it answers nothing more
+            pending.extend(op.step(now, answer(action, op.final_index)))  # type: ignore[arg-type]
+        deadline = op.deadline_ms()
+        if deadline is None or any(isinstance(a, SealAtMaster) for a in sent):
+            break
+        now = deadline
+        pending.extend(op.step(now, Tick()))
+    final_reads = [a for a in sent if isinstance(a, SendRead) and a.to_index]
+    assert [(r.store, r.from_index, r.to_index) for r in final_reads][-1] == ("B", 1, 2)
+    [seal] = [a for a in sent if isinstance(a, SealAtMaster)]
+    assert seal.producers == (ProducerPosition(P, 2, pack_sequence(2, 5)), BEFORE[0])

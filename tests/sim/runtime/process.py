@@ -20,6 +20,8 @@ class SimProcess:
     def __init__(self) -> None:
         self.task: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
+        # The incarnation a stop or crash is ending, until it has ended.
+        self._ending: asyncio.Task[None] | None = None
 
     async def serve(self) -> None:
         raise NotImplementedError
@@ -38,17 +40,25 @@ class SimProcess:
         """The process dies."""
         task = self.task
         assert task is not None, f"{self.name} was never started"
+        self._ending = task
         task.cancel()
-        await asyncio.wait([task])
+        try:
+            await asyncio.wait([task])
+        finally:
+            if self._ending is task:
+                self._ending = None
         if self.task is task:  # not a new incarnation started meanwhile
             self.task = None
 
     async def ended(self) -> None:
         """Until a stop or crash under way has ended (at once when none is): a process
-        stopping runs its `finally` blocks first, and is `running` meanwhile."""
-        task = self.task
-        if task is not None and task.cancelling():
-            await asyncio.wait([task])
+        stopping runs its `finally` blocks first, and is `running` meanwhile. Known from
+        `crash` itself, never from `Task.cancelling()`: a timeout of the process's own
+        cancels its task too, for a moment, and a liveness phase starting in that moment
+        waited for the master's task to end for good (runtime seed 1127)."""
+        ending = self._ending
+        if ending is not None:
+            await asyncio.wait([ending])
 
     def restart(self) -> None:
         """A new incarnation, in the group of the first."""

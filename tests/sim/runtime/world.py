@@ -1658,7 +1658,13 @@ class World:
         if etcd is not None and not etcd.running:
             etcd.restart()
         for master in self.masters.elected:
-            await master.ended()  # a clean stop takes a while: it gives its lease back
+            # A clean stop takes a while (it gives its lease back), never longer than
+            # any node's: a wait without that bound hung the run (seed 1127).
+            try:
+                async with asyncio.timeout(STOP_MS_MAX / 1000):
+                    await master.ended()
+            except TimeoutError:
+                raise RuntimeError(f"{master.name} still stopping after {STOP_MS_MAX} ms") from None
             if not master.running:
                 master.restart()
         for name in sorted(self.stores):

@@ -80,9 +80,10 @@ next leader starts from it instead of reading earlier segments. When the leader 
 them (a roll after a drain: it wrote every event), they come with the operation;
 otherwise they come as of the segment before, and recovery reads the final copies below
 what it decides from (`1 .. copies_from - 1`, from the store that reported the acked
-index) so that it holds the whole content, folds the segment's marks into them
-(`streamengine.protocol.producers`), and only then seals at the master. `Done` hands the
-segment's runs to the leader's table.
+index; once that store is lost, from another sealed store whose own acked index covers
+them, as for a late store's final copies) so that it holds the whole content, folds
+the segment's marks into them (`streamengine.protocol.producers`), and only then seals
+at the master. `Done` hands the segment's runs to the leader's table.
 
 Driving it: `op = SegmentRecovery(policy, segment_epoch, leader_epoch, copy_set)`;
 carry out `op.start(now)`; for every reply call `op.step(now, event)`, and at
@@ -836,14 +837,46 @@ class SegmentRecovery:
         assert self._plan is not None
         if self._final_read is not None and self._final_read.from_index <= needed[0]:
             return []
-        self._final_read = SendRead(self._plan.acked_store, needed[0], needed[1])
+        current = self._final_read.store if self._final_read else self._plan.acked_store
+        source = self._final_copies_source(current, needed[1])
+        self._final_read = SendRead(source, needed[0], needed[1])
+        return [self._final_read]
+
+    def _final_copies_source(self, current: str, through_index: int) -> str:
+        """Where the final copies through `through_index` are read: `current` while it
+        answers; once it is lost, the first sealed store that is not, and whose own
+        acked index covers them (final copies are the same on every store that acked
+        them). A wiped store answers a read of a replica it lost never again (runtime
+        seed 303): asking it alone left the seal at the master waiting for good. With
+        no other store to ask, `current` is asked again (it may come back)."""
+        if current not in self._lost:
+            return current
+        for store, seal in self._sealed.items():
+            if store not in self._lost and seal.acked_index >= through_index:
+                return store
+        return current
+
+    def _reread_final_copies(self) -> list[Action]:
+        """The final copies' read again, from another store if its own was lost."""
+        read = self._final_read
+        if read is None:
+            return []
+        source = self._final_copies_source(read.store, read.to_index)
+        if source == read.store:
+            return []
+        self._final_read = SendRead(source, read.from_index, read.to_index)
         return [self._final_read]
 
     def _final_copies_answered(self, e: ReadAnswered) -> list[Action]:
-        if self._plan is None or e.store != self._plan.acked_store:
+        if self._plan is None:
             return []
+        seal = self._sealed.get(e.store)
+        covers = seal is not None and seal.acked_index >= e.to_index
+        asked = self._final_read is not None and self._final_read.store == e.store
+        if not (covers or asked or e.store == self._plan.acked_store):
+            return []  # not final copies: its acked index does not cover them
         try:
-            self._plan = self._plan.with_final_copies(e.entries)
+            self._plan = self._plan.with_final_copies(e.entries, e.store)
         except InconsistentAnswers:
             # It lost copies it had acked (a restart without fsync; simulator seed
             # 12672): a peer's answer, not a reason to end the writer. Asking again
@@ -1011,8 +1044,10 @@ class SegmentRecovery:
         if self.accept_loss and self._plan is None and store not in self._deciders:
             return self._refill_deciders()  # fewer may now be enough
         if self.accept_loss and self._plan is not None:
-            return self._after_complete()  # fewer holders may now be enough
-        if self._plan is not None or store not in self._deciders or store in self._full_reads:
+            return self._after_complete() + self._reread_final_copies()
+        if self._plan is not None:
+            return self._reread_final_copies()
+        if store not in self._deciders or store in self._full_reads:
             return []
         # Decide from another sealed store instead of waiting on this one.
         self._deciders.remove(store)

@@ -146,9 +146,12 @@ class RecoveryPlan:
             return None
         return first, self.copies_from - 1
 
-    def with_final_copies(self, entries: Sequence[StoredEntry]) -> RecoveryPlan:
-        """The plan extended downwards with final copies read later from `acked_store`
-        (for a store sealed after the decision whose acked index is lower)."""
+    def with_final_copies(
+        self, entries: Sequence[StoredEntry], source: str | None = None
+    ) -> RecoveryPlan:
+        """The plan extended downwards with final copies read later from `source` (by
+        default `acked_store`; any store whose acked index covers them), for a store
+        sealed after the decision whose acked index is lower, or the producer positions."""
         by_index = {e.index: e for e in entries if e.index < self.copies_from}
         if not by_index:
             return self
@@ -156,7 +159,7 @@ class RecoveryPlan:
         missing = [i for i in range(first, self.copies_from) if i not in by_index]
         if missing:
             raise InconsistentAnswers(
-                f"store {self.acked_store} reported acked {self.acked_index} but lacks "
+                f"store {source or self.acked_store} reported its final copies but lacks "
                 f"index {missing[0]}"
             )
         lower = tuple(by_index[i] for i in range(first, self.copies_from))

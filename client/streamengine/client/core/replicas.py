@@ -270,10 +270,14 @@ class ReplicaSet:
         ready = [r for r in hopeful if self._of(r).retry_at_ms <= now_ms]
         if not ready:
             return WaitUntil(min(self._replicas[r].retry_at_ms for r in hopeful))
-        # The fewest failures first (else, with every replica failing, the first two
-        # could take turns for ever and the third never be asked); then the one passed
-        # over longest ago; stable: the master's order.
-        ready.sort(key=lambda r: (self._of(r).failures, self._of(r).passed_over_ms))
+        # One never passed over first, then the one passed over longest ago: a replica
+        # that answers while serving nothing (a wiped store's NOT_FOUND for an open
+        # segment, which clears its failures) must not win over replicas whose failures
+        # date from before, or the reader tails it for good while they serve on
+        # (runtime seed 58). Then the fewest failures (else, with every replica failing,
+        # the first two could take turns for ever and the third never be asked);
+        # stable: the master's order.
+        ready.sort(key=lambda r: (self._of(r).passed_over_ms, self._of(r).failures))
         serving = [r for r in ready if (self._of(r).acked or 0) >= next_index]
         return Ask((serving or ready)[0])
 

@@ -784,8 +784,13 @@ class Leader:
             deadlines.append(self._next_heartbeat_ms)
         if self.role is Role.LEADING:
             deadlines.extend(self._recovery_retry_ms.values())
-            if self._closing_until_ms is not None:
-                deadlines.append(self._closing_until_ms)
+            closing = self._closing_until_ms
+            # Only the moment the close stops waiting for its recoveries (the shell then
+            # looks at `ready_to_release`); once past, a Tick changes nothing, and a
+            # deadline left in the past woke the writer again and again without letting
+            # time pass (runtime seed 311: a close flushing after it, for good).
+            if closing is not None and now_ms < closing:
+                deadlines.append(closing)
             if self._unacked_appends:
                 deadlines.append(self._unacked_appends[0][1])
             if self._held_appends:
@@ -794,7 +799,8 @@ class Leader:
                 deadlines.append(self._timed_out_again_ms)
             if self._roll_asked:
                 deadlines.append(self._roll_answer_by_ms)
-            elif self._segment is None and not self._unsealed:
+            elif self._segment is None and not self._unsealed and closing is None:
+                # Closing starts no roll (`_maybe_roll_without_segment`).
                 deadlines.append(self._roll_retry_ms)
             if self.replicator is not None:
                 replicating = self.replicator.deadline_ms(now_ms)
