@@ -39,8 +39,8 @@ TOKENS_REVOKED = 11
 # revocation; seed 2 finds it (a follower reads an event c1 sent once every store
 # knew its token was revoked; seed 43 did before Read and Subscribe moved to the data
 # plane, seed 2 until a connection whose sends go unanswered was dropped within
-# `framed.UNANSWERED_MS_MAX`).
-REVOKED_STREAM_WRITES = 11
+# `framed.UNANSWERED_MS_MAX`, seed 11 until lease sessions).
+REVOKED_STREAM_WRITES = 54
 # A wiped store's registration answers are lost; with its lost replicas answered only
 # to the first registration, store1 joined without segment 1/1 marked lost.
 LOST_REGISTRATION_ANSWERS = 39
@@ -60,6 +60,10 @@ LIVENESS_AFTER_A_MASTER_TIMEOUT = 1127
 # seed 4 showed it until connections whose sends go unanswered were dropped sooner,
 # seed 0 until lease sessions).
 REMOVED_PAST_GRACE = 2
+# A writer its lease session renewed asked for a roll the master granted, but the answer
+# was lost; every later roll was refused (its epoch no longer the latest), and its own
+# heartbeat, which says so, was two minutes away.
+ROLL_LOST_UNDER_A_SESSION = 1014
 # A crowd seed: one process leading 181 streams (`WorldConfig.crowd`).
 CROWD = 400
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
@@ -110,6 +114,11 @@ def test_a_revoked_tokens_writes_are_refused_while_the_other_tokens_append() -> 
     assert result.config.tokens and result.ok, _failure(result)
     for made in ("revoked token: Write UNAUTHENTICATED", "acked under the other tokens"):
         assert result.stats.get(made, 0) > 0, (made, result.stats)
+
+
+def test_seed_1014_a_roll_lost_under_a_session_is_learned_from_a_heartbeat_at_once() -> None:
+    result = run_seed(ROLL_LOST_UNDER_A_SESSION)
+    assert result.ok, _failure(result)
 
 
 def test_parked_appends_end_with_the_append_timeout() -> None:

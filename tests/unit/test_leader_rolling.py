@@ -35,6 +35,7 @@ from streamengine.client.core.writer import (
     RollFailed,
     SegmentSealed,
     SendHeartbeat,
+    SessionLease,
     StepDownReason,
     SteppedDown,
 )
@@ -156,6 +157,22 @@ def test_a_roll_whose_answer_was_lost_is_taken_from_the_next_renewal() -> None:
     assert (recover.segment, recover.new_epoch) == (grant(5), 6)
     assert recover.known is not None and recover.known.through_index == 1
     assert leader.epoch == 6
+
+
+def test_a_writer_its_session_renews_heartbeats_at_once_when_a_roll_fails() -> None:
+    """Its own heartbeats go every SESSION_BOUND_HEARTBEAT_MS: a roll granted whose
+    answer was lost would have the master refuse every later roll ("epoch 5 is not the
+    latest") for that long, and only a heartbeat's answer tells it (the runtime world's
+    seed 1014: 64 rolls refused over 60 s)."""
+    session = SessionLease()
+    leader = Leader(0, recovery_supported=True, rolling_supported=True, session=session)
+    step(leader, 0, Tick())
+    step(leader, 5, leader_answer(0, segment_bytes_max=10, session_incarnation=b"one"))
+    for store in STORES:
+        step(leader, 5, StoreConnected(store))
+    assert leader.session_incarnation == b"one"
+    assert of_type(settle(leader, 11, step(leader, 10, Append((b"x" * 20,)))), AskRoll)
+    assert of_type(step(leader, 40, RollFailed("DEADLINE_EXCEEDED")), SendHeartbeat)
 
 
 def test_a_roll_lost_with_appends_taken_since_leaves_them_in_doubt() -> None:

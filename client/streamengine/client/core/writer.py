@@ -1238,6 +1238,12 @@ class Leader:
     def _roll_given_up(self, now_ms: int) -> None:
         if self._roll_asked:
             self._roll_refusals += 1
+            # A roll refused or unanswered may have been granted after all (its answer
+            # lost): the master then holds this writer at the next epoch, refuses every
+            # roll from this one, and only a heartbeat's answer says so
+            # (`_lost_roll_answered`). A writer its session renews heartbeats rarely on
+            # its own: it asks now (the runtime world's seed 1014 waited 60 s).
+            self._next_heartbeat_ms = min(self._next_heartbeat_ms, now_ms)
         self._rolling = ""
         self._roll_asked = False
         self._roll_undrained = False
