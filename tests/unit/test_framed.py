@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streamengine.protocol import auth, framed, framed_peer, framing
-from streamengine.protocol.framed import HELLO_TIMEOUT_MS, CallError
+from streamengine.protocol.framed import HELLO_TIMEOUT_MS, CallError, DataConnection
 from streamengine.protocol.framed_server import DataServer, ServerCall
 from streamengine.protocol.framing import Kind, StatusCode, VersionRange
 from streamengine.protocol.limits import FRAME_PAYLOAD_BYTES_MAX
@@ -380,27 +380,41 @@ async def raw_exchange_first(address: str, data: bytes) -> list[framing.Frame]:
     return frames
 
 
-async def test_a_silent_server_fails_the_calls() -> None:
-    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello_ok = data_plane_pb2.HelloOk(
-            version=1,
-            stream_credit_bytes=1 << 24,
-            frame_payload_bytes_max=1 << 20,
-            requests_max=4,
-            ping_interval_ms=50,
-            dead_peer_ms=300,
-        )
-        writer.write(framing.encode(Kind.HELLO_OK, 0, hello_ok))
-        while await reader.read(1 << 16):
-            pass  # hears everything, answers no ping
+def raw_hello_ok(ping_interval_ms: int, dead_peer_ms: int) -> bytes:
+    """A HelloOk frame, for servers of a test's own that then misbehave."""
+    hello_ok = data_plane_pb2.HelloOk(
+        version=1,
+        stream_credit_bytes=1 << 24,
+        frame_payload_bytes_max=1 << 20,
+        requests_max=4,
+        ping_interval_ms=ping_interval_ms,
+        dead_peer_ms=dead_peer_ms,
+    )
+    return framing.encode(Kind.HELLO_OK, 0, hello_ok)
 
-    server = await asyncio.start_server(mute, "127.0.0.1", free_port())
+
+@contextlib.asynccontextmanager
+async def raw_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[DataConnection]:
+    """A connection to a server of the test's own (`handle`), within the deadline."""
+    server = await asyncio.start_server(handle, "127.0.0.1", free_port())
     port = server.sockets[0].getsockname()[1]
     async with (
         asyncio.timeout(DEADLINE_S),
         server,
         framed.connect(f"127.0.0.1:{port}", Transport()) as connection,
     ):
+        yield connection
+
+
+async def test_a_silent_server_fails_the_calls() -> None:
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(raw_hello_ok(ping_interval_ms=50, dead_peer_ms=300))
+        while await reader.read(1 << 16):
+            pass  # hears everything, answers no ping
+
+    async with raw_server(mute) as connection:
         call = await connection.call(framing.WRITE)
         with pytest.raises(CallError) as raised:
             await call.receive()
@@ -417,25 +431,11 @@ async def test_a_server_that_answers_nothing_sent_is_dropped_before_its_dead_pee
     monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 300)
 
     async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello_ok = data_plane_pb2.HelloOk(
-            version=1,
-            stream_credit_bytes=1 << 24,
-            frame_payload_bytes_max=1 << 20,
-            requests_max=4,
-            ping_interval_ms=20_000,
-            dead_peer_ms=60_000,
-        )
         await reader.read(1 << 16)  # the hello
-        writer.write(framing.encode(Kind.HELLO_OK, 0, hello_ok))
+        writer.write(raw_hello_ok(ping_interval_ms=20_000, dead_peer_ms=60_000))
         await asyncio.Event().wait()  # reads nothing more, answers nothing
 
-    server = await asyncio.start_server(deaf, "127.0.0.1", free_port())
-    port = server.sockets[0].getsockname()[1]
-    async with (
-        asyncio.timeout(DEADLINE_S),
-        server,
-        framed.connect(f"127.0.0.1:{port}", Transport()) as connection,
-    ):
+    async with raw_server(deaf) as connection:
         call = await connection.call(framing.WRITE)
         await call.send(request(1))
         started = asyncio.get_running_loop().time()
