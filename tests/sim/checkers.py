@@ -353,10 +353,24 @@ class Checker:
                 continue
             _, last = self.unsynced_gaps.get((store, segment), (0, 0))
             self.unsynced_gaps[(store, segment)] = (after + 1, max(before, last))
-            lo = bisect.bisect_left(self.acked_sequences, pack_sequence(segment.epoch, after + 1))
-            hi = bisect.bisect_right(self.acked_sequences, pack_sequence(segment.epoch, before))
+            low = pack_sequence(segment.epoch, after + 1)
+            high = pack_sequence(segment.epoch, before)
+            lo = bisect.bisect_left(self.acked_sequences, low)
+            hi = bisect.bisect_right(self.acked_sequences, high)
             if lo < hi:
                 _, index = unpack_sequence(self.acked_sequences[lo])
+                self._unsynced_ack(store, segment.epoch, index)
+                continue
+            # Acked by the cluster, its writer gone before it told its user: a follower
+            # read it, so it was acked all the same (the runtime world's seed 1126).
+            served = [
+                sequence
+                for record in self.followers.values()
+                for sequence in record.seen
+                if low <= sequence <= high
+            ]
+            if served:
+                _, index = unpack_sequence(min(served))
                 self._unsynced_ack(store, segment.epoch, index)
 
     def _refill_gap(self, store: str, segment: SegmentKey, matched: int) -> None:
@@ -660,6 +674,9 @@ class Checker:
                 invariant, f"follower {follower}: {payload!r} at {again} and {epoch}/{index}"
             )
         self._agree(f"follower {follower}", epoch, index, EntryKind.EVENT, payload, reader=True)
+        for (store, segment), (first, last) in sorted(self.unsynced_gaps.items()):
+            if segment.epoch == epoch and first <= index <= last:
+                self._unsynced_ack(store, epoch, index)  # served: acked, if never told
         lo = bisect.bisect_right(self.acked_sequences, record.last)
         hi = bisect.bisect_left(self.acked_sequences, sequence)
         for skipped in self.acked_sequences[lo:hi]:

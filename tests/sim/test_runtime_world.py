@@ -65,6 +65,10 @@ REMOVED_PAST_GRACE = 2
 # was lost; every later roll was refused (its epoch no longer the latest), and its own
 # heartbeat, which says so, was two minutes away.
 ROLL_LOST_UNDER_A_SESSION = 1014
+# Two stores of three with fsync never, W=3: a follower read an event its writer never
+# told its user of (the writer died first), which the stores that never synced it lost;
+# the world counted only users' acks toward the documented loss.
+LOSS_READ_NOT_TOLD = 1126
 # A crowd seed: one process leading 181 streams (`WorldConfig.crowd`).
 CROWD = 400
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
@@ -120,6 +124,12 @@ def test_a_revoked_tokens_writes_are_refused_while_the_other_tokens_append() -> 
 def test_seed_1014_a_roll_lost_under_a_session_is_learned_from_a_heartbeat_at_once() -> None:
     result = run_seed(ROLL_LOST_UNDER_A_SESSION)
     assert result.ok, _failure(result)
+
+
+def test_seed_1126_a_loss_a_follower_read_before_any_user_was_told_is_the_documented_one() -> None:
+    result = run_seed(LOSS_READ_NOT_TOLD)
+    assert result.documented_loss, _failure(result)
+    assert any("never synced" in loss for loss in result.unsynced_losses), result.unsynced_losses
 
 
 def test_parked_appends_end_with_the_append_timeout() -> None:
