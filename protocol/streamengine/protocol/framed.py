@@ -73,8 +73,14 @@ UNANSWERED_PROBE_MS = 250
 UNANSWERED_MS_MAX = 1_500
 # A hello must come this soon after the connection opens: a stranger holds nothing long.
 HELLO_TIMEOUT_MS = 5_000
+# A client's dial (TCP, and TLS's handshake) given up after this long, so the next goes
+# with a fresh SYN: one that waits in the kernel's SYN retransmission (1 s, then 2, then
+# 4) can miss a healed partition by seconds (S7 in the clean-clone run: a store back 3 s
+# late, so a second store's fault stalled appends 1.12 s).
+CONNECT_TIMEOUT_MS = 1_500
 assert UNANSWERED_PROBE_MS < UNANSWERED_MS_MAX < DEAD_PEER_MS
 assert HELLO_TIMEOUT_MS < DEAD_PEER_MS
+assert CONNECT_TIMEOUT_MS <= HELLO_TIMEOUT_MS
 
 
 class RequestStream:
@@ -359,7 +365,7 @@ async def connect(
         raise CallError(StatusCode.INVALID_ARGUMENT, f"no data address to dial: {error}") from None
     context = transport.ssl_context()
     try:
-        async with asyncio.timeout(HELLO_TIMEOUT_MS / 1000):
+        async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
             reader, writer = await open_connection(
                 host, port, ssl=context, server_hostname=host if context else None
             )
