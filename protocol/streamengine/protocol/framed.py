@@ -303,27 +303,23 @@ class DataConnection:
                     CallError(StatusCode.UNAVAILABLE, f"the server was silent for {silent_s:.1f} s")
                 )
                 return
-            with contextlib.suppress(FrameError):
-                ping = data_plane_pb2.Ping(nonce=next(self._ping_nonces))
-                self.peer.send_control(framing.encode(Kind.PING, 0, ping))
+            self._ping()
             await asyncio.sleep(min(interval_s, dead_s - silent_s))
 
     async def answer_loop(self) -> None:
         """Drops the connection when what the client sent goes unanswered for
         `UNANSWERED_MS_MAX` (a ping after `UNANSWERED_PROBE_MS` asks for an answer)."""
         peer = self.peer
+        loop = asyncio.get_running_loop()
         while self.failure is None:
             await peer.unanswered.wait()
             since = peer.unanswered_since
             if since is None:
                 continue
-            loop = asyncio.get_running_loop()
             await asyncio.sleep(max(0.0, since + UNANSWERED_PROBE_MS / 1000 - loop.time()))
             if peer.unanswered_since != since:
                 continue  # answered
-            with contextlib.suppress(FrameError):
-                ping = data_plane_pb2.Ping(nonce=next(self._ping_nonces))
-                peer.send_control(framing.encode(Kind.PING, 0, ping))
+            self._ping()
             await asyncio.sleep(max(0.0, since + UNANSWERED_MS_MAX / 1000 - loop.time()))
             if peer.unanswered_since == since and self.failure is None:
                 self.fail(
@@ -332,6 +328,11 @@ class DataConnection:
                         f"the server answered nothing sent {UNANSWERED_MS_MAX} ms ago",
                     )
                 )
+
+    def _ping(self) -> None:
+        with contextlib.suppress(FrameError):
+            ping = data_plane_pb2.Ping(nonce=next(self._ping_nonces))
+            self.peer.send_control(framing.encode(Kind.PING, 0, ping))
 
     def fail(self, error: CallError) -> None:
         """Ends every call with `error`: the connection is over."""
