@@ -24,6 +24,7 @@ from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import Held, SegmentKey, SegmentState
 from streamengine.master.leadership import grant_producers
 from streamengine.master.state import MasterState
+from streamengine.master.stores import HELD_JUDGED_MS
 from streamengine.master.tenancy import StreamSpec
 from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
 from streamengine.protocol.producers import ProducerPosition
@@ -298,7 +299,8 @@ def test_a_delta_report_applies_to_the_last_whole_one_and_judges_what_it_names(
     holds its whole report, and again only after its next whole report once it
     registered; it judges the segments it names and the store's pending deletes: a
     replica the store no longer holds ends its pending delete, one still held is asked
-    for again, a segment the delta does not name waits for the next whole report."""
+    for again. A segment the delta does not name is judged from what the master holds
+    once `HELD_JUDGED_MS` passed since every replica was, whole report or not."""
     registry = master.state.registry
     segment = beat(master, "w1").segment
     assert segment is not None
@@ -315,9 +317,19 @@ def test_a_delta_report_applies_to_the_last_whole_one_and_judges_what_it_names(
     ], "a pending delete is asked for at every delta"
     master.state.deletes.discard((member, segment.key))
     delete_and_remove(master, "t/s")
+    judged_at = master.now
+    assert registry.store_heartbeat(member, 10, 0, quiet, master.now, removed=()) == [
+        segment.key
+    ], "every replica judged again: the removed stream's is garbage"
+    master.now += HELD_JUDGED_MS - 1
     assert registry.store_heartbeat(member, 10, 0, quiet, master.now, removed=()) == [], (
-        "garbage of a removed stream waits for the next whole report"
+        "a replica the delta does not name waits for the next judgement"
     )
+    assert live.judged_at_ms == judged_at
+    master.now += 1
+    assert registry.store_heartbeat(member, 10, 0, quiet, master.now, removed=()) == [
+        segment.key
+    ]
     assert registry.store_heartbeat(member, 10, 0, held, master.now) == [segment.key]
     assert registry.store_heartbeat(member, 0, 0, quiet, master.now, removed=(segment.key,)) == []
     assert segment.key not in live.held

@@ -72,22 +72,21 @@ class StoreHandlers(Handlers):
     async def StoreHeartbeat(
         self, request: master_pb2.StoreHeartbeatRequest, context: Context
     ) -> master_pb2.StoreHeartbeatReply:
-        held: dict[SegmentKey, Held] = {
-            (h.segment.stream_id, h.segment.epoch): Held(
-                h.fence, h.acked_index, h.last_index, h.bytes
+        # One pass over what may be ten thousand reports, each field read once.
+        held: dict[SegmentKey, Held] = {}
+        for h in request.segments:
+            segment = h.segment
+            held[segment.stream_id, segment.epoch] = Held(
+                h.fence, h.acked_index, h.last_index, h.bytes, h.record_version
             )
-            for h in request.segments
-        }
-        versions = {
-            (h.segment.stream_id, h.segment.epoch): h.record_version for h in request.segments
-        }
         removed = (
             tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
         )
 
-        def beat(now: int) -> tuple[list[SegmentKey], bool] | None:
-            """The segments to delete, and whether the delta did not apply (the store
-            must report everything); None: it must register again."""
+        def beat(now: int) -> tuple[list[SegmentKey], bool, dict[SegmentKey, int]] | None:
+            """The segments to delete, whether the delta did not apply (the store must
+            report everything), and the record versions to check; None: it must
+            register again."""
             self.calls.require_store(context, "StoreHeartbeat", request.store_id)
             # Stores heartbeat every second: keys are retired within one of their time.
             self.state.keys.retire_due(now)
@@ -95,14 +94,15 @@ class StoreHandlers(Handlers):
             if removed is not None and not registry.takes_delta(request.store_id):
                 if request.store_id not in self.state.stores:
                     return None
-                answer: tuple[list[SegmentKey], bool] = ([], True)
+                answer: tuple[list[SegmentKey], bool, dict[SegmentKey, int]] = ([], True, {})
             else:
-                deletes = registry.store_heartbeat(
+                judged = registry.store_report(
                     request.store_id, request.used_bytes, request.free_bytes, held, now, removed
                 )
-                if deletes is None:
+                if judged is None:
                     return None
-                answer = (deletes, False)
+                versions = {key: h.record_version for key, h in judged.held.items()}
+                answer = (judged.deletes, False, versions)
             # Judged in the call, so a commit the metadata refuses (a master cut off
             # from etcd) is UNAVAILABLE and the store sends its reports again, not
             # UNKNOWN with a traceback (the fault suite's S17).
@@ -113,7 +113,7 @@ class StoreHandlers(Handlers):
         answer = await self.calls.call(context, "StoreHeartbeat", beat)
         if answer is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
-        deletes, report_full = answer
+        deletes, report_full, versions = answer
         revocations = self.state.issuer.current_revocations(self.calls.clock_ms())
         reply = master_pb2.StoreHeartbeatReply(
             deltas_taken=True,

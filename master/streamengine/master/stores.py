@@ -6,6 +6,7 @@ replicas the store holds as garbage (`_garbage`): deleted, trimmed or left behin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
     from streamengine.master.state import MasterState
 
 ADDRESS_CHARS_MAX = 255
+# Every replica a store holds is judged at least this often (garbage to delete, records
+# to send), from what the master holds of its reports: a delta names only what changed,
+# and a store sends its report whole only now and then
+# (`segment_store.core.held_reports.FULL_REPORT_MS`), since reading ten thousand
+# segments' reports was most of an idle master's work.
+HELD_JUDGED_MS = 5_000
 
 
 @dataclass
@@ -39,6 +46,18 @@ class StoreLive:
     # `held` is the store's whole report (and the deltas since): a delta applies to it.
     # False until the first whole report, and again after a registration.
     whole: bool = False
+    # When every replica in `held` was last judged (`HELD_JUDGED_MS`).
+    judged_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A store's heartbeat judged: the segments it should delete, and the reports whose
+    records the heartbeat's answer checks (`master.records`): all the store holds, or
+    those a delta named."""
+
+    deletes: list[SegmentKey]
+    held: dict[SegmentKey, Held]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +184,26 @@ class StoreRegistry:
         now_ms: int,
         removed: tuple[SegmentKey, ...] | None = None,
     ) -> list[SegmentKey] | None:
-        """Record a store's report; returns the segments it should delete, or None when
-        it must register again. `removed` None: `held` is everything the store holds;
-        else a delta (`segment_store.core.held_reports`): `held` is what changed since
-        its last report answered and `removed` what it no longer holds, taken only once
-        a whole report was (`takes_delta`). A whole report judges every segment held; a
-        delta those it names, and the store's pending deletes."""
+        """`store_report`'s deletes (None: the store must register again)."""
+        judged = self.store_report(store_id, used_bytes, free_bytes, held, now_ms, removed)
+        return None if judged is None else judged.deletes
+
+    def store_report(
+        self,
+        store_id: str,
+        used_bytes: int,
+        free_bytes: int,
+        held: dict[SegmentKey, Held],
+        now_ms: int,
+        removed: tuple[SegmentKey, ...] | None = None,
+    ) -> Judged | None:
+        """Record a store's report and judge it; None when it must register again.
+        `removed` None: `held` is everything the store holds; else a delta
+        (`segment_store.core.held_reports`): `held` is what changed since its last report
+        answered and `removed` what it no longer holds, taken only once a whole report
+        was (`takes_delta`). A whole report judges every segment held, and so does a
+        delta once `HELD_JUDGED_MS` passed since; else a delta judges those it names and
+        the store's pending deletes."""
         if store_id not in self.state.stores:
             return None
         live = self.state.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
@@ -187,7 +220,10 @@ class StoreRegistry:
             for key in removed:
                 live.held.pop(key, None)
             live.held.update(held)
-            touched = set(held).union(removed)
+            if now_ms - live.judged_at_ms < HELD_JUDGED_MS:
+                touched = set(held).union(removed)
+        if touched is None:
+            live.judged_at_ms = now_ms
         holds = live.held
         # A member that no longer holds the bridge makes its segment suspect again.
         members = self.state.members.get(store_id, set())
@@ -209,10 +245,13 @@ class StoreRegistry:
                 batch.replica_deleted(sid, key)
             self.state.catalog.commit(batch)
             self.state.deletes -= set(chunk)
-        judged = holds.keys() if touched is None else set(held).union(
-            key for key in pending if key in holds
-        )
-        return sorted(key for key in judged if self._garbage(store_id, key))
+        judged: Iterable[SegmentKey] = holds
+        checked = holds
+        if touched is not None:
+            judged = set(held).union(key for key in pending if key in holds)
+            checked = held
+        deletes = sorted(key for key in judged if self._garbage(store_id, key))
+        return Judged(deletes, checked)
 
     def takes_delta(self, store_id: str) -> bool:
         """Whether a delta report of `store_id` applies now: the master holds its whole

@@ -163,12 +163,14 @@ class TokenRecord:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """One segment as a store last reported it."""
+    """One segment as a store last reported it (`record_version`: of the segment's
+    record the store keeps, `master.records`)."""
 
     fence: int
     acked_index: int
     last_index: int
     bytes: int
+    record_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,10 @@ most of an idle master's work (issue #38: a cluster's cost per pass must not gro
 idle streams). So once the master says it takes them (`deltas_taken`), a store sends a
 delta instead: the segments whose report changed since the last report the master
 answered, and those no longer held. A delta is taken against that answered report, so a
-heartbeat whose answer was lost is simply covered by the next one. Every
-`FULL_REPORT_MS` the report is whole again (what the master judges only there: replicas
-of removed streams and trimmed epochs to delete, records to send), and at once when the
+heartbeat whose answer was lost is simply covered by the next one. The master keeps
+what the whole report and the deltas since told it, and judges every replica from that
+(garbage to delete, records to send) every few seconds, so a whole report is only a
+check that the two never drifted apart: every `FULL_REPORT_MS`, and at once when the
 master asks (`report_full`: it holds no whole report to apply a delta to, being newly
 active or having taken a registration since) or after the store registers again.
 
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 
 from streamengine.segment_store.core.commands import SegmentKey
 
-# A whole report at least this often: what the master judges on whole reports only is
-# never later than this.
-FULL_REPORT_MS = 5_000
+# A whole report at least this often: how long a report the master holds could differ
+# from what the store holds, were a delta ever misapplied.
+FULL_REPORT_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
