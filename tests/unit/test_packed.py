@@ -66,7 +66,14 @@ def test_a_run_hands_out_the_events_from_the_position_to_the_bridge(
     for low, high in ((start, 5), (5, 10)):  # two replies: 1-5 (or 2-5), 6-10
         run = make_run(ENTRIES[low:high])
         batches += [released_batch(r) for r in as_batches.on_run(4, run, 0)]
-        events += [e for r in as_events.on_run(4, run, 0) for e in released_events(r)]
+        released = as_events.on_run(4, run, 0)
+        events += [e for r in released for e in released_events(r)]
+        # Handed out a few at a time (`subscription.EVENTS_PER_LIST`): the same events.
+        for most in (1, 2, 3):
+            pieces = [p for r in released for p in r.pieces(most)]
+            assert all(p.stop - p.start <= most for p in pieces)
+            in_pieces = [e for p in pieces for e in released_events(p)]
+            assert in_pieces == [e for r in released for e in released_events(r)]
     rows = [
         row
         for batch in batches

@@ -71,6 +71,10 @@ Start = int | Literal["end", "earliest"]
 # segments faster than it refreshes anyway.
 LISTED_AHEAD_SEGMENTS = 16
 REPORT_TIMEOUT_S = 2.0
+# Events made into objects at a time, out of a packed reply of up to tens of thousands:
+# made all at once, they outlived the collector's youngest generation and every reply
+# paid for full collections of the client's heap (catch-up per event 25-35 % slower).
+EVENTS_PER_LIST = 256
 # How long a replica may take to tell its acked index (the replicas are asked at once):
 # a store that answers at all answers this at once.
 SEGMENT_STATE_TIMEOUT_S = 2.0
@@ -335,14 +339,14 @@ class Follower:
             self.close()
 
     async def events(self) -> AsyncIterator[list[StreamEvent]]:
-        """Lists of events in sequence order (one list per reply a replica sent)."""
+        """Lists of at most `EVENTS_PER_LIST` events, in sequence order."""
         try:
             async for parts in self.released():
-                events: list[StreamEvent] = []
                 for part in parts:
-                    events.extend(released_events(part))
-                if events:
-                    yield events
+                    for piece in part.pieces(EVENTS_PER_LIST):
+                        events = released_events(piece)
+                        if events:
+                            yield events
         finally:
             self.close()
 

@@ -56,7 +56,7 @@ the replica rules it shares with Spark are apart, in `client.core.replicas`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -289,6 +289,11 @@ class Released:
     @property
     def first_index(self) -> int:
         return self.run.first_index + self.start
+
+    def pieces(self, most: int) -> Iterator[Released]:
+        """This release as consecutive releases of at most `most` entries each."""
+        for start in range(self.start, self.stop, most):
+            yield Released(self.epoch, self.run, start, min(start + most, self.stop))
 
     @property
     def all_events(self) -> bool:
