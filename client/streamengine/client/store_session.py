@@ -9,7 +9,8 @@ the answers every store sent it meanwhile (`WritesReplied`), not once per answer
 
 Write goes on the store's data port, over the framed protocol (docs/data-plane.md): a
 connection per store, the Write stream one request on it. `write_once` is the same
-call for a single request (a recovery's rewrites).
+call for a single request (a recovery's rewrites), on the client's pooled connection
+to the store (`ChannelPool.data_call`), the one its reads and tails ride.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from streamengine.client.wire import BatchCache, serialize_write, write_message_
 from streamengine.protocol import framed, framing
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.framed import CallError, ClientCall
+from streamengine.protocol.framed_read import OpenCall
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.protocol.transport import Transport
 from streamengine.v1 import segment_store_pb2
@@ -343,21 +345,26 @@ class StoreSessions:
 
 async def write_once(
     data_address: str,
-    transport: Transport,
+    open_call: OpenCall,
     request: segment_store_pb2.WriteRequest,
     timeout_s: float,
 ) -> segment_store_pb2.WriteReply | None:
-    """One Write request on a connection of its own: its reply, or None when the store
-    ended the call without one. Raises CallError (DEADLINE_EXCEEDED past `timeout_s`)."""
+    """One Write request on the client's pooled connection to the store at
+    `data_address` (`open_call`: `ChannelPool.data_call`), so that a recovery of many
+    requests dials each store once: its reply, or None when the store ended the call
+    without one. Raises CallError (DEADLINE_EXCEEDED past `timeout_s`; UNAVAILABLE when
+    the store cannot be reached or the connection fails)."""
     try:
-        async with (
-            asyncio.timeout(timeout_s),
-            framed.connect(data_address, transport) as connection,
-        ):
-            call = await connection.call(framing.WRITE)
-            await call.send(request)
-            await call.end()
-            reply = await call.receive()
+        async with asyncio.timeout(timeout_s):
+            call = await open_call(data_address, framing.WRITE)
+            try:
+                await call.send(request)
+                await call.end()
+                reply = await call.receive()
+            finally:
+                # The reply is all it waits for: a store yet to send its End is told to
+                # stop, and the slot on the shared connection is free at once.
+                call.cancel()
     except TimeoutError:
         raise CallError(
             framing.StatusCode.DEADLINE_EXCEEDED, f"no answer from {data_address} in {timeout_s} s"
