@@ -1,7 +1,7 @@
 """The client's long-lived data-plane connections to each store's data port, dialled on
 first use, shared by every call the client opens there (its followers' catch-up reads,
-read-aheads and live tails, its recoveries' reads), dialled again after one fails,
-closed with the client (docs/data-plane.md).
+read-aheads and live tails, its recoveries' reads and writes), dialled again after one
+fails, closed with the client (docs/data-plane.md).
 
 One connection per store carries up to the store's bound of open requests
 (`HelloOk.requests_max`, 64): a client with more requests on one store (a reader of many

@@ -14,12 +14,12 @@ Each stream keeps its `Follower` (its segment lists, start, trims, reports) and 
   master) and one discovery loop (the master's stream list, `DISCOVERY_MS`).
 
 Flow control: the generator takes replies only as fast as its caller takes events; the
-queue of replies is bounded (`INBOX_ITEMS_MAX` replies of at most 4 MiB), so the
-store calls stop reading, stop granting the store credit (the data plane's window of
-one largest frame per request), and the store holds its own bounded buffer
-(`subscribe_buffer_batches`) and drops a call that stays full for `subscribe_stall_ms`;
-every tail it carried then starts again, on the same replica, from its cursor's
-position. Nothing grows with how slow the caller is.
+queue of replies is bounded (`INBOX_ITEMS_MAX` replies, each at most a store's reply:
+`DATA_REPLY_BYTES_MAX` and one event), so the store calls stop reading, stop granting
+the store credit (the data plane's window of one largest frame per request), and the
+store holds its own bounded buffer (`subscribe_buffer_batches`) and drops a call that
+stays full for `subscribe_stall_ms`; every tail it carried then starts again, on the
+same replica, from its cursor's position. Nothing grows with how slow the caller is.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ MULTIPLEXED_TIMING = FollowerTiming(
     open_replica_stall_ms=30_000,
 )
 # Replies, lists and stream lists waiting for the generator: the bound that makes a
-# slow caller hold back the stores. A reply holds at most a store's read reply
-# (`READ_REPLY_BYTES_MAX`, 4 MiB), so this holds at most 64 MiB; the generator drains
-# it at once while its caller keeps up.
+# slow caller hold back the stores. A reply holds at most a store's reply
+# (`DATA_REPLY_BYTES_MAX`, 1 MiB, and the event that filled it), so this holds at
+# most 32 MiB; the generator drains it at once while its caller keeps up.
 INBOX_ITEMS_MAX = 16
 # Cursors looked at per turn, between hand-outs of events.
 STEPS_PER_TURN = 1024

@@ -3,19 +3,19 @@
 The core (`client.core.recovery`) decides, timing included; this carries its
 actions out: `Seal` as a unary gRPC call, `Read` as a data-plane Read on the client's
 connection to the store (`framed_read`, the one its followers' reads and tails ride),
-every recovery write (and the acked index raise) as a one-request `Write` on a
-connection of its own with `report_held`, written at the new leader's epoch, and
-`SealSegment` at the master. Each request is one attempt
-in its own task (one per `request_key` at a time); its answer becomes an event, a
-transport failure nothing: the core sends the request again when it decides to, gives
-a silent store up and probes it. A clock loop wakes the core at its `deadline_ms()`.
+every recovery write (and the acked index raise) as a one-request `Write` on that
+same connection (`write_once`) with `report_held`, written at the new leader's epoch,
+and `SealSegment` at the master. Each request is one attempt in its own task (one per
+`request_key` at a time); its answer becomes an event, a transport failure nothing: the
+core sends the request again when it decides to, gives a silent store up and probes it.
+A clock loop wakes the core at its `deadline_ms()`.
 
 A store refusing with FAILED_PRECONDITION (a later fence), or the core deciding it was
 deposed, ends the run with `Fenced`: the writer then steps down.
 
-Recovery writes go on their own short streams, not on the writer's per-store stream of
-the new segment: their answers must carry `held_epochs`, and a busy refusal or a broken
-stream then costs one request, never the new segment's pipeline.
+Recovery writes go on requests of their own, not on the writer's per-store Write stream
+of the new segment: their answers must carry `held_epochs`, and a busy refusal or a
+broken request then costs one request, never the new segment's pipeline.
 """
 
 from __future__ import annotations
@@ -93,9 +93,8 @@ class SegmentSealer:
             replica.store_id: store_grpc.SegmentStoreStub(channels.get(replica.address))
             for replica in grant.copy_set
         }
-        # Reads and writes go on the stores' data ports: reads on the client's connection
-        # to each (`framed_read` on `ChannelPool.data_call`), each write on one of its own
-        # (`write_once`).
+        # Reads and writes go on the stores' data ports, on the client's connection to
+        # each (`ChannelPool.data_call`): reads by `framed_read`, writes by `write_once`.
         self._channels = channels
         self._data_addresses = {
             replica.store_id: replica.data_address for replica in grant.copy_set
@@ -285,10 +284,7 @@ class SegmentSealer:
 
         async def write() -> sr.Event:
             reply = await write_once(
-                self._channels.dial(self._data_addresses[store]),
-                self._channels.transport,
-                request,
-                RPC_TIMEOUT_S,
+                self._data_addresses[store], self._channels.data_call, request, RPC_TIMEOUT_S
             )
             if reply is None:
                 raise _NoAnswer()  # the store ended the call without one

@@ -17,6 +17,7 @@ from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal
 from streamengine.protocol.entry import CorruptEntry, first_corrupt_value
 from streamengine.protocol.limits import (
+    DATA_REPLY_BYTES_MAX,
     EVENT_BYTES_MAX,
     FRAME_PAYLOAD_BYTES_MAX,
     INDEX_MAX,
@@ -32,19 +33,19 @@ from streamengine.segment_store.refusals import abort
 from streamengine.segment_store.store_context import StoreContext, segment_key
 from streamengine.v1 import entry_pb2, segment_store_pb2
 
-# Read replies: entries and bytes per message, far below a data-plane frame's bound.
+# Read replies: entries per message by default; their bytes are the data plane's
+# bound on a reply (`DATA_REPLY_BYTES_MAX`), far below a frame's.
 READ_REPLY_ENTRIES_DEFAULT = 256
-READ_REPLY_BYTES_MAX = 4 << 20
-# A packed Read reply: no message per entry. Sized so that a reply of small events
-# makes one whole Arrow batch for Spark (ARROW_BATCH_ROWS), and far below the limit.
+# A packed Read reply: no message per entry. Spark gathers replies into Arrow batches
+# of ARROW_BATCH_ROWS; the bound in bytes cuts a reply long before this many entries
+# but of the smallest events.
 PACKED_REPLY_ENTRIES_MAX = 65536
-PACKED_REPLY_BYTES_MAX = 8 << 20
 
-assert READ_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
-# A packed reply is cut once it reaches its limit, so it passes it by at most one value,
-# and carries a length (a few bytes) per entry.
+assert DATA_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
+# A reply is cut once it reaches its limit, so it passes it by at most one value, and a
+# packed one carries a length (a few bytes) per entry.
 assert (
-    PACKED_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
+    DATA_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
     <= FRAME_PAYLOAD_BYTES_MAX
 )
 
@@ -67,9 +68,9 @@ def read_entries(
             meta = core.catalog.meta(segment)
             upper = min(upper, meta.acked_index) if meta is not None else upper
             # Every acked index is held (acked <= matched): a run, read by value alone.
-            values = reader.read_run(segment, first, upper, limit, READ_REPLY_BYTES_MAX)
+            values = reader.read_run(segment, first, upper, limit, DATA_REPLY_BYTES_MAX)
             return codec.entries_from_values(range(first, first + len(values)), values, verify)
-        rows = reader.read_rows(segment, first, upper, False, limit, READ_REPLY_BYTES_MAX)
+        rows = reader.read_rows(segment, first, upper, False, limit, DATA_REPLY_BYTES_MAX)
         indexes = [entry_index(key) for key, _ in rows]
         return codec.entries_from_values(indexes, [value for _, value in rows], verify)
 
@@ -198,7 +199,7 @@ class ReadCalls:
         verified unless not `verify`; raises CorruptEntry."""
         with self.store.core.reader.reading(segment):
             values = self.store.core.reader.read_run(
-                segment, first, upper, limit, PACKED_REPLY_BYTES_MAX
+                segment, first, upper, limit, DATA_REPLY_BYTES_MAX
             )
             bad = first_corrupt_value(first, values) if verify else None
             if bad is not None:

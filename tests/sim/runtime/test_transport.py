@@ -20,7 +20,9 @@ from bench.segment_driver import write_stream
 from streamengine.client.errors import fence_of
 from streamengine.master import etcd
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
-from streamengine.protocol import framed, framed_read, transport
+from streamengine.protocol import framed, framed_read, framing, transport
+from streamengine.protocol.framed_server import ServerCall
+from streamengine.protocol.limits import DATA_REPLY_BYTES_MAX
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing import wait_until
 from streamengine.v1 import master_pb2, master_pb2_grpc, segment_store_pb2, segment_store_pb2_grpc
@@ -204,6 +206,92 @@ def test_a_read_streams_its_replies_on_the_data_plane() -> None:
         return [[entry.index for entry in reply.entries] async for reply in read]
 
     assert simulate(1, scenario) == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+
+
+# A segment of 20 MiB, in events of 10 KiB, written in batches of 5 MiB: more than two
+# packed replies held before the store bounded a reply's bytes for the data plane
+# (8 MiB each), and a score of replies since.
+LARGE_READ_EVENTS = 2000
+LARGE_READ_EVENT_BYTES = 10 << 10
+LARGE_READ_EVENTS_PER_WRITE = 500
+# A reply frame of a packed read: its values (the bound, passed by one event at most),
+# a length per value and the reply's other fields.
+REPLY_FRAME_BYTES_MAX = DATA_REPLY_BYTES_MAX + LARGE_READ_EVENT_BYTES + (4 << 10)
+
+
+def test_a_small_read_waits_behind_a_frame_or_two_of_a_large_one_on_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read of a whole segment and, once its replies flow, a read of one entry on the
+    same connection. The store's connection sends frames whole and in turn, so from
+    taking the small read to sending its reply it sends at most the large read's frame
+    on the wire and the one next in line: what it holds the small read back by is
+    bounded by the store's bound on a reply, never the whole segment."""
+    served: list[tuple[str, int, int]] = []  # what the store's reads did, in order
+    receive, send = ServerCall.receive, ServerCall.send
+
+    async def receiving(call: ServerCall) -> Any:
+        message = await receive(call)
+        if message is not None and call.method is framing.READ:
+            served.append(("taken", call.request_id, 0))
+        return message
+
+    async def sending(call: ServerCall, message: Any) -> None:
+        await send(call, message)
+        if call.method is framing.READ:
+            served.append(("sent", call.request_id, message.ByteSize()))
+
+    monkeypatch.setattr(ServerCall, "receive", receiving)
+    monkeypatch.setattr(ServerCall, "send", sending)
+
+    async def scenario(network: SimNetwork, stores: list[SimStore], master: SimMaster) -> None:
+        store = stores[0]
+        segment = seg(7, 3)
+        per_write = LARGE_READ_EVENTS_PER_WRITE
+        writes = [
+            write_request(
+                segment,
+                3,
+                0,
+                entries(first, first + per_write - 1, size=LARGE_READ_EVENT_BYTES),
+                request_id,
+                grant=granted(segment, 3),
+            )
+            for request_id, first in enumerate(range(1, LARGE_READ_EVENTS, per_write), 1)
+        ]
+        await write_stream(store.data_address, writes)
+        async with framed.connect(store.data_address, PLAINTEXT) as connection:
+            large = await read_call(connection, segment, LARGE_READ_EVENTS)
+            assert await large.receive() is not None  # its replies flow
+            small = await read_call(connection, segment, 1)
+            reply = await small.receive()
+            assert isinstance(reply, segment_store_pb2.ReadReply)
+            assert (reply.first_index, len(reply.value_lengths)) == (1, 1)
+            large.cancel()
+
+    simulate(1, scenario)
+    large_id, small_id = 1, 2
+    taken = served.index(("taken", small_id, 0))
+    answered = next(n for n, item in enumerate(served) if item[:2] == ("sent", small_id))
+    ahead = [size for what, rid, size in served[taken:answered] if rid == large_id]
+    assert sum(ahead) <= 2 * REPLY_FRAME_BYTES_MAX, f"the small read waited behind {ahead}"
+    large_sent = sum(size for _, rid, size in served if rid == large_id)
+    assert large_sent < LARGE_READ_EVENTS * LARGE_READ_EVENT_BYTES, "the large read had ended"
+
+
+async def read_call(
+    connection: framed.DataConnection, segment: Any, to_index: int
+) -> framed.ClientCall:
+    """A packed Read of `segment` from its first index to `to_index`, opened on
+    `connection` and ended (its replies to come)."""
+    call = await connection.call(framing.READ)
+    await call.send(
+        segment_store_pb2.ReadRequest(
+            segment=segment, from_index=1, to_index=to_index, packed=True
+        )
+    )
+    await call.end()
+    return call
 
 
 def test_a_server_streaming_call_streams_through_the_executor_path() -> None:

@@ -1,18 +1,21 @@
-"""Reads on the client's pooled data connections, against real stores: a follower
-hopping sealed segments rides one connection per store (each store counts the
-connections it accepted, `streamengine_store_data_connections_total`), and reads left
-early free their slots there, so more of them than a connection holds requests leave
-it serving the next read."""
+"""The client's pooled data connections, against real stores: a follower hopping sealed
+segments rides one connection per store (each store counts the connections it
+accepted, `streamengine_store_data_connections_total`), reads left early free their
+slots there, so more of them than a connection holds requests leave it serving the
+next read, and a recovery's reads and writes ride one connection per store too."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from streamengine.client import StreamClient
+from streamengine.client import StreamClient, store_session
+from streamengine.client import recovery as recovery_module
 from streamengine.client.channels import ChannelPool
 from streamengine.protocol import framed_read
 from streamengine.protocol.limits import DATA_REQUESTS_MAX
@@ -105,3 +108,34 @@ async def test_reads_left_early_free_their_slots_on_the_shared_connection(
         assert metric_value(ports[store], CONNECTIONS) - before == 1
     finally:
         await pool.close()
+
+
+async def test_a_recovery_writes_on_one_connection_per_store(
+    metered: tuple[Cluster, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer leaves its segment open; a seal then leads, recovers it (reads, a bridge
+    and a raise of the acked index to each store: two writes a store or more) and opens
+    a new segment on the three stores."""
+    cluster, ports = metered
+    async with StreamClient(cluster.master_address) as writing:
+        await writing.create_stream(STREAM, segment_bytes=1 << 30)
+        async with writing.writer(STREAM, rolling=False) as writer:
+            for chunk in range(10):
+                await writer.append_batch([b"%06d" % chunk + b"." * 94] * 100)
+    writes: collections.Counter[str] = collections.Counter()
+    write_once = store_session.write_once
+
+    async def counted(data_address: str, *args: Any) -> Any:
+        writes[data_address] += 1
+        return await write_once(data_address, *args)
+
+    monkeypatch.setattr(recovery_module, "write_once", counted)
+    before = accepted(ports)
+    async with StreamClient(cluster.master_address) as sealing:
+        await sealing.seal(STREAM)
+        after = accepted(ports)
+    assert len(writes) == 3 and min(writes.values()) >= 2, f"recovery writes: {writes}"
+    dialled = [now - then for now, then in zip(after, before, strict=True)]
+    # Per store: one connection for the recovery's reads and writes, and the new
+    # segment's Write stream (with a connection per write: 3 or 4).
+    assert all(count <= 2 for count in dialled), f"connections per store: {dialled}"
