@@ -4,7 +4,6 @@ where each reply goes, what a refusal means, and each segment's bound on the str
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import pytest
 
@@ -259,21 +258,23 @@ def test_the_inbox_hands_a_segment_s_events_only_to_an_owner_still_holding_it() 
     answer reached the new segment's replicator and ended the writer with KeyError
     (fault scenario S17: appends stalled 3-5 s after a master's fault)."""
     old, new = (7, 1), (7, 2)
-    held = {old, new}
+    routes: SessionRoutes = SessionRoutes()  # type: ignore[type-arg]
     heard: list[object] = []
 
     class Owner:
         def store_event(self, event: object) -> None:
             heard.append(event)
-            held.discard(old)  # the new segment's answer: the old one is sealed away
+            routes.detach(old, self)  # the new segment's answer: the old one is sealed away
 
     owner = Owner()
+    routes.attach(old, owner)
+    routes.attach(new, owner)
 
     async def scenario() -> None:
         inbox = Inbox()
         for key in (new, old, old):
             reply = WriteReplied("s1", 1, False, 1, 1)
-            inbox.put(owner, "s1", key, reply, functools.partial(held.__contains__, key))
+            inbox.put(owner, "s1", key, reply, routes)
         await asyncio.sleep(0)
 
     asyncio.run(scenario())

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -62,6 +61,10 @@ class SegmentOwner(Protocol):
     def store_event(self, event: LeaderEvent) -> None: ...
 
 
+# A store session's routes, as the inbox looks at them.
+_Routes = SessionRoutes[SegmentOwner, tuple[SendWrite, BatchCache]]
+
+
 def _key(segment: SegmentRef) -> RouteKey:
     return (segment.stream_id, segment.epoch)
 
@@ -76,7 +79,7 @@ class StoreSession:
         self._inbox = inbox
         self.data_address = data_address  # as this process dials it
         self.transport = transport
-        self.routes: SessionRoutes[SegmentOwner, tuple[SendWrite, BatchCache]] = SessionRoutes()
+        self.routes: _Routes = SessionRoutes()
         self._queue: asyncio.Queue[tuple[SendWrite, BatchCache]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._connected = False
@@ -267,9 +270,7 @@ class StoreSession:
         """`event` of segment `key` for `owner`, handed over by the inbox only while
         `owner` still replicates that segment here: one it detached meanwhile (a roll
         to a new segment, maybe without this store) hears nothing more of the old."""
-        self._inbox.put(
-            owner, self.store_id, key, event, lambda: self.routes.owner(key) is owner
-        )
+        self._inbox.put(owner, self.store_id, key, event, self.routes)
 
 
 class Inbox:
@@ -279,10 +280,10 @@ class Inbox:
     hand-over is a callback of the loop."""
 
     def __init__(self) -> None:
-        # Per owner, store and segment: the events, and whether the owner still holds
-        # that segment on that store.
+        # Per owner, store and segment: the events, and the routes of that store's
+        # session, which say whether the owner still holds the segment there.
         self._events: dict[tuple[SegmentOwner, str, RouteKey], list[LeaderEvent]] = {}
-        self._holds: dict[tuple[SegmentOwner, str, RouteKey], Callable[[], bool]] = {}
+        self._routes: dict[tuple[SegmentOwner, str, RouteKey], _Routes] = {}
         self._scheduled = False
 
     def put(
@@ -291,14 +292,14 @@ class Inbox:
         store: str,
         key: RouteKey,
         event: LeaderEvent,
-        holds: Callable[[], bool],
+        routes: _Routes,
     ) -> None:
-        """`event` of segment `key` on `store` for `owner`, handed over while `holds()`:
-        the owner still replicates that segment there (checked before each step, since
-        one step may roll the owner away from it)."""
+        """`event` of segment `key` on `store` for `owner`, handed over while `routes`
+        (the store session's) say the owner still replicates that segment there
+        (checked before each step, since one step may roll the owner away from it)."""
         where = (owner, store, key)
         self._events.setdefault(where, []).append(event)
-        self._holds.setdefault(where, holds)
+        self._routes.setdefault(where, routes)
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._hand_over)
@@ -306,11 +307,12 @@ class Inbox:
     def _hand_over(self) -> None:
         self._scheduled = False
         events, self._events = self._events, {}
-        holds, self._holds = self._holds, {}
+        routes, self._routes = self._routes, {}
         for where, told in events.items():
-            owner = where[0]
+            owner, _, key = where
+            held_by = routes[where]
             for event in batched(told):
-                if not holds[where]():
+                if held_by.owner(key) is not owner:
                     break
                 owner.store_event(event)
 
