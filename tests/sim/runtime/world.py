@@ -1617,9 +1617,12 @@ class World:
         Then the stream's processes lead it again."""
         while self.phase != "stopped":
             seal = asyncio.create_task(self._seal_once(stream))
-            if self.rng.random() < SEAL_INTERRUPT_CHANCE:
-                await self._interrupt_at_bridge(seal, key, survivor)
-            await asyncio.wait([seal])
+            try:
+                if self.rng.random() < SEAL_INTERRUPT_CHANCE:
+                    await self._interrupt_at_bridge(seal, key, survivor)
+                await asyncio.wait([seal])
+            finally:
+                seal.cancel()  # the sealer stopped with the world: its run goes too
             if not seal.cancelled() and seal.result():
                 break
             await asyncio.sleep(LEAD_AGAIN_MS / 1000)
@@ -1690,6 +1693,7 @@ class World:
         stream, whose id must be new."""
         self.count("metadata rebuilt")
         self.note(f"the master rebuilt {len(state.streams)} streams from the stores")
+        self.masters.checker.rebuilt(self._epochs_stores_saw())
         for stream, checker in sorted(self.checkers.items()):
             record = state.streams.get(stream)
             if record is not None and record.stream_id != checker.stream_id:
@@ -1704,6 +1708,18 @@ class World:
         name = f"t0/rebuilt{len(self.created_after_rebuild)}"
         self.created_after_rebuild.append(name)
         self.group.create_task(self._create_after_rebuild(name), context=node_context("setup"))
+
+    def _epochs_stores_saw(self) -> dict[str, int]:
+        """Per stream, the highest epoch any store holds of it (a segment's or a
+        fence), down or up."""
+        names = {checker.stream_id: stream for stream, checker in self.checkers.items()}
+        used: dict[str, int] = {}
+        for _, store in sorted(self.stores.items()):
+            for key, meta in SegmentStoreCore(store.kv).catalog.metas().items():
+                stream = names.get(key.stream_id)
+                if stream is not None:
+                    used[stream] = max(used.get(stream, 0), key.epoch, meta.fence)
+        return used
 
     async def _create_after_rebuild(self, name: str) -> None:
         """`streamengine stream create NAME`, until answered: its id is above every id
