@@ -410,7 +410,11 @@ class Checker:
         for name, core in sorted(stores.items()):
             meta = core.catalog.meta(segment)
             if meta is not None and meta.acked_index > final:
-                raise Violation(4, f"store {name}: acked {meta.acked_index} passes bridge {final}")
+                raise Violation(
+                    4,
+                    f"store {name}: segment {segment.stream_id}/{segment.epoch} acked "
+                    f"{meta.acked_index} passes bridge {final}",
+                )
             if (
                 meta is not None
                 and meta.acked_index == final
@@ -797,6 +801,15 @@ class MasterChecker:
         for stream, lease in sorted(state.leases.items()):
             if lease.epoch:
                 self._lease_seen(stream, lease, lease_ms)
+
+    def rebuilt(self, used: Mapping[str, int]) -> None:
+        """The master rebuilt its metadata from the stores: each stream's epoch is the
+        highest any store knows (`used`: a segment's or a fence's), and a grant no store
+        ever saw may be given again, since every store that took the rebuilt master's
+        new key refuses the old one (docs/design.md, rebuilding the metadata). From here
+        on a stream's epochs are held to what the stores saw."""
+        self.latest_epoch = {stream: used[stream] for stream in sorted(used)}
+        self.leases.clear()
 
     def _lease_seen(self, stream: str, lease: Lease, lease_ms: int) -> None:
         latest = self.latest_epoch.get(stream, 0)

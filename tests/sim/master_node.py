@@ -49,10 +49,14 @@ def grant_of(record: SegmentRecord) -> SegmentGrant:
     )
 
 
-def sim_signing_key(seed: int) -> SigningKey:
+def sim_signing_key(seed: int, generation: int = 0) -> SigningKey:
     """The master's key of a run: from the seed, so a run replays, and without drawing
-    from the run's random source (which would change every later draw)."""
-    return SigningKey(hashlib.sha256(b"simulated master key %d" % seed).digest())
+    from the run's random source (which would change every later draw); a master that
+    lost its metadata `generation` times makes a new one."""
+    label = b"simulated master key %d" % seed
+    if generation:
+        label += b" generation %d" % generation
+    return SigningKey(hashlib.sha256(label).digest())
 
 
 def sim_lease_secrets(seed: int) -> Callable[[], bytes]:

@@ -68,6 +68,14 @@ REMOVED_PAST_GRACE = 0
 ROLL_LOST_UNDER_A_SESSION = 1014
 # A crowd seed: one process leading 181 streams (`WorldConfig.crowd`).
 CROWD = 400
+# Replicas destroyed for good (`WorldConfig.accept_loss`): t0/s0's open segment is left
+# on one store, short of R; the operator stops its processes and seals it accepting
+# loss, the first seal interrupted once the survivor holds its bridge. The next seal
+# finds that bridge above the survivor's acked index and declares the loss from there;
+# the followers are told `DataLossError` and go on. With `trust_any_bridge` (issue #35,
+# defect 2) it declares nothing and raises the acked index to the bridge: a store
+# serves the BRIDGE where an acked event was served.
+ACCEPTED_LOSS = 14
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -84,11 +92,16 @@ FLAWED = [
     # The scrub finds nothing: a rotted replica of store0 is never repaired (seed 3
     # found it until reads rode the client's pooled data connections).
     ("scrub_blind", 2, 10),
+    ("trust_any_bridge", ACCEPTED_LOSS, 2),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
     TOKENS_AND_ROT: ("acked under the other tokens", "rotted replicas found by the scrub"),
     3: ("rotted replicas found by the scrub",),
+    # The master's metadata lost and rebuilt from the stores, a stream created after.
+    4: ("metadata rebuilt", "streams created after a rebuild"),
+    # Replicas of an open segment destroyed, the stream sealed accepting loss.
+    6: ("replicas destroyed", "operator seals accepting loss"),
 }
 
 
@@ -216,8 +229,9 @@ def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
 
 
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
-    """Each of 1, 2 and 3 masters on etcd, the embedded master, and an operator making
-    the CLI's calls, each in some seed CI runs."""
+    """Each of 1, 2 and 3 masters on etcd, the embedded master, an operator making
+    the CLI's calls, replicas destroyed for good and metadata lost, each in some seed CI
+    runs."""
     configs = [WorldConfig.draw(seed, random.Random(seed)) for seed in CI_SEEDS]
     assert {config.masters for config in configs} == {0, 1, 2, 3}
     assert any(config.operator for config in configs)
@@ -226,6 +240,8 @@ def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     assert not all(config.producers for config in configs)
     assert any(config.tokens for config in configs)
     assert any(config.rot for config in configs)
+    assert any(config.accept_loss for config in configs)
+    assert any(config.metadata_lost for config in configs)
 
 
 def test_a_producer_resends_through_its_next_writer_and_each_event_lands_once() -> None:
@@ -235,6 +251,17 @@ def test_a_producer_resends_through_its_next_writer_and_each_event_lands_once() 
     result = run_seed(PRODUCER_RESENDS)
     assert result.config.producers and result.ok, _failure(result)
     assert result.stats.get("producer events resent and acked", 0) > 0, result.stats
+
+
+def test_a_segment_stuck_below_r_is_sealed_accepting_loss_and_every_loss_is_told() -> None:
+    """The operator's `seal --accept-loss`, interrupted once, then run again, declares
+    the loss from the survivor's acked index + 1 (the bridge the first left above it is
+    no proof), and every follower is told it: invariant 1 holds with the loss told."""
+    result = run_seed(ACCEPTED_LOSS)
+    assert result.config.accept_loss and result.ok, _failure(result)
+    for made in ("seals accepting loss interrupted", "seals declaring loss"):
+        assert result.stats.get(made, 0) > 0, (made, result.stats)
+    assert result.stats.get("follower DataLossError", 0) > 0, result.stats
 
 
 def test_seed_39_a_wiped_store_whose_registration_answers_are_lost_joins_once() -> None:

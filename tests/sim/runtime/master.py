@@ -7,7 +7,13 @@ Both run the master's gauges loop beside the role (`server._update_gauges`, as
 `delete_grace_ms`.
 
 - `SimMaster`: one master on in-memory metadata, without an election (the embedded
-  master of `server._embedded_master`).
+  master of `server._embedded_master`). `lose_metadata()` while it is down: its next
+  `serve()` is `streamengine master --rebuild` on empty metadata (`_embedded_master`
+  with `--rebuild`): it serves the stores only (`MasterCalls.rebuilding`), rebuilds
+  the catalog from them with the shipped `Rebuilder` and `rebuild.commit`, as
+  `server._rebuild` does, then serves what it rebuilt; cut short, the next `serve()`
+  empties the metadata and rebuilds again, as the operator is told to. The rebuilt
+  master makes a new signing key (from the seed and the number of losses).
 - `SimElectedMaster`: one of several masters on an etcd (`etcd.SimEtcd`), as
   `server._etcd_master` runs it: the shipped `Election`, `EtcdMetadata` and
   `ElectedMaster` (stand by, win, load, serve, be deposed), over `master.etcd`'s client
@@ -20,6 +26,7 @@ Both run the master's gauges loop beside the role (`server._update_gauges`, as
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -32,10 +39,13 @@ from streamengine.master.etcd_metadata import EtcdMetadata
 from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
 from streamengine.master.metadata import MemoryMetadata, NotActive
 from streamengine.master.metrics import Metrics
+from streamengine.master.rebuild import Rebuilder
+from streamengine.master.rebuild import commit as commit_rebuilt
 from streamengine.master.repair import Repairer
 from streamengine.master.role import FOREVER_MS, MasterRole
 from streamengine.master.server import (
     COMMIT_SHARE_OF_TTL,
+    REBUILD_WAIT_S_DEFAULT,
     STORE_TIMEOUT_MS_DEFAULT,
     _update_gauges,
 )
@@ -44,6 +54,7 @@ from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.transport import Transport
 from tests.sim.master_node import sim_signing_key
 from tests.sim.runtime.process import SimProcess
 from tests.sim.runtime.transport import SimNetwork, SimServer
@@ -71,25 +82,51 @@ class SimMaster:
         self.serving = asyncio.Event()
         self.state: MasterState | None = None
         self.server: SimServer | None = None  # while it serves
+        # How many times the metadata was lost, and whether the next `serve()` rebuilds
+        # it (until a rebuild was committed whole).
+        self.losses = 0
+        self.rebuilding = False
+        # Told with each state rebuilt from the stores, once it serves it.
+        self.rebuild_observers: list[Callable[[MasterState], None]] = []
 
-    async def serve(self) -> None:
+    def lose_metadata(self) -> None:
+        """The master's disk is lost while it is down: it starts again with `--rebuild`."""
+        assert not self.serving.is_set(), "cancel `serve()` first: the process died"
+        self.metadata = MemoryMetadata()
+        self.losses += 1
+        self.rebuilding = True
+
+    def _state(self, catalog: Catalog, rebuilding: bool = False) -> MasterState:
+        """As `server._load_state`: while rebuilding, without a cluster id (the rebuild
+        adopts the stores')."""
         seed = self.network.loop.seed
-        state = MasterState(
-            Catalog(self.metadata),
+        return MasterState(
+            catalog,
             wall_ms(),
             self.lease_ms,
             self.store_timeout_ms,
             # The seed's key, as the world's master has it (it moves here when that goes).
-            make_signing_key=lambda: sim_signing_key(seed),
+            make_signing_key=lambda: sim_signing_key(seed, self.losses),
             delete_grace_ms=self.delete_grace_ms,
-            make_cluster_id=lambda: f"sim-cluster-{seed}",
+            make_cluster_id=None if rebuilding else lambda: f"sim-cluster-{seed}",
         )
-        self.state = state
+
+    async def serve(self) -> None:
+        """One incarnation of the process, as `server._serve` with `_embedded_master`
+        (with `--rebuild` after `lose_metadata`)."""
+        rebuilding = self.rebuilding
+        if rebuilding:
+            # A rebuild cut short leaves its mark: the operator empties the metadata
+            # and runs `--rebuild` again.
+            self.metadata = MemoryMetadata()
+        catalog = Catalog(self.metadata)
+        self.state = state = self._state(catalog, rebuilding)
         role = MasterRole(self.address)
         server, health_servicer, service = _served(self.network, self.name, self.address, role)
         self.server = server
         await server.start()
         repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
+        service.calls.rebuilding = rebuilding
         role.activate(state, repairer, until_ms=FOREVER_MS)
         for name in ("", MASTER_SERVICE):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -97,6 +134,18 @@ class SimMaster:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(_update_gauges(service, None))
+                if rebuilding:
+                    rebuilt = await Rebuilder(
+                        state, Transport(), REBUILD_WAIT_S_DEFAULT, wall_ms
+                    ).run()
+                    commit_rebuilt(catalog, rebuilt)
+                    self.state = state = self._state(catalog)
+                    repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
+                    role.activate(state, repairer, until_ms=FOREVER_MS)
+                    service.calls.rebuilding = False
+                    self.rebuilding = False
+                    for observer in self.rebuild_observers:
+                        observer(state)
                 await repairer.run()
         finally:
             self.serving.clear()

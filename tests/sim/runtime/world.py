@@ -19,13 +19,21 @@ etcd and the stores, and etcd itself going down and back. In a share of seeds (e
 drawn from the seed's later generator): the client processes lead one tenant's streams
 under write tokens of their own and the operator revokes one; a wiped store's
 registration answers are lost, so that it registers again; and bytes of stored events
-rot at rest while the stores' scrub runs. In a few seeds (`CROWD_SHARE`, none in the
-CI band) one or two client processes each lead a crowd of 100-300 streams, a few
+rot at rest while the stores' scrub runs. In a share of seeds (drawn from a generator of
+their own, `WorldConfig.with_losses`) data is lost for good once: replicas of one
+segment are destroyed on all but one of its stores, and where that leaves an unsealed
+segment short of R the operator stops the processes leading its stream and runs what
+`streamengine seal --accept-loss` runs (`StreamClient.seal`), now and then interrupted
+once the survivor holds a bridge the master has not recorded, until it is done; or the
+master's metadata is lost and it starts again with `--rebuild`, and the operator
+creates a stream once it serves what it rebuilt. In a few seeds (`CROWD_SHARE`, none in
+the CI band) one or two client processes each lead a crowd of 100-300 streams, a few
 batches each, with a shorter safety phase. The liveness phase then heals
 the network, brings every node back, stops faults, and must converge within
 `LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
 every event ever acked (but of a stream the operator undeleted after its grace ran out,
-which the master removed: a loss it asked for).
+which the master removed: a loss it asked for; nor those a follower was told
+`DataLossError` for: a loss an operator accepted).
 
 The checkers are `tests.sim.checkers.Checker`s, one per stream, fed with what the
 shipped shells returned: acks (invariant 1 and 2, the gate on earlier segments),
@@ -35,8 +43,12 @@ audits of every store's served prefix and sealed replicas against the master
 (invariants 2, 4, 5); nothing sent under a token every store knows is revoked is taken
 (invariant 11); a wiped store joins as one incarnation knowing every replica it lost
 (invariant 14); every rotted replica is found and its segment back to N sound replicas
-(invariant 10); and a `MasterChecker` for the cluster (invariant 5: never two masters
-serving, every etcd commit the active master's, epochs never going back).
+(invariant 10); a follower is told `DataLossError` only where the master declared a
+loss, and an acked event it never read is excused only by one it was told (invariant
+1); a stream rebuilt from the stores keeps its id, and one created after a rebuild
+takes a new one (invariant 5); and a `MasterChecker` for the cluster (invariant 5: never two masters
+serving, every etcd commit the active master's, epochs never going back, across a
+rebuild too).
 
     python -m tests.sim --runtime --seed N       # one seed, with its trace
     python -m tests.sim --runtime --soak K --first F
@@ -67,7 +79,9 @@ import grpc
 from streamengine import StreamClient, StreamEvent
 from streamengine.client import writer as writer_shell
 from streamengine.client.core import writer as writer_core
+from streamengine.client.core.recovery import SegmentRecovery
 from streamengine.client.core.replicator import Replicator
+from streamengine.client.core.subscription import DataLoss
 from streamengine.client.errors import (
     AppendFailed,
     AppendTimedOut,
@@ -77,6 +91,7 @@ from streamengine.client.errors import (
     StreamEngineError,
     Trimmed,
 )
+from streamengine.client.stream_client import SEAL_TIMEOUT_S
 from streamengine.client.writer import Writer
 from streamengine.master import service_tokens
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
@@ -91,7 +106,7 @@ from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
 from streamengine.segment_store.core.authority import StoreAuthority
-from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.commands import DeleteCommand, JoinCommand, SegmentKey
 from streamengine.segment_store.core.keys import entry_index, entry_key
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ScanResult
@@ -120,7 +135,10 @@ from tests.sim.writer_node import ProducerOutbox
 # after the store heard the token was revoked (it proved its caller only at its open);
 # `lost_answered_once`: a wiped store's lost replicas are answered only by the
 # registration that first sees its new incarnation (issue #35, defect 1);
-# `scrub_blind`: the scrub reads a damaged replica back and tells nobody.
+# `scrub_blind`: the scrub reads a damaged replica back and tells nobody;
+# `trust_any_bridge`: a recovery accepting loss takes any bridge its plan found as proof
+# that nothing was lost (`lost_from_index=0`), and raises the survivors' acked index to
+# it (issue #35, defect 2).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -129,6 +147,7 @@ RUNTIME_FLAWS = (
     "revoked_stream_writes",
     "lost_answered_once",
     "scrub_blind",
+    "trust_any_bridge",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -196,6 +215,29 @@ CROWD_STREAMS = (100, 300)
 CROWD_APPEND_EVERY_MS = 2_000
 CROWD_SAFETY_MS = 5_000
 CROWD_FIRST_SEED = 10
+# The share of seeds (under a policy with R > 1, none with wiped disks or fsync never)
+# where the nemesis destroys replicas of one segment for good, once, at a time drawn in
+# `LOSS_AT_MS`: each deleted and marked lost on its store, as a wiped store's new
+# incarnation marks what it held. Of an unsealed segment, all but one (fewer than R
+# left: no read quorum, nor a write quorum where W > 1): the stream is stuck, and the
+# operator stops the processes leading it and runs what `streamengine seal
+# --accept-loss` runs until it is done. Of a sealed one (`DESTROY_SEALED_CHANCE`), all
+# but one replica holding the bridge, which repair copies back to N.
+ACCEPT_LOSS_SHARE = 0.2
+LOSS_AT_MS = (1_000, SAFETY_MS - 4_000)
+# The share of seeds (on in-memory metadata, without tokens or an operator: the stores
+# keep neither tokens nor retention, trims and deletes) where the master loses its
+# metadata at a time drawn in `LOSS_AT_MS`, and starts again with `--rebuild`.
+REBUILD_SHARE = 0.3
+DESTROY_SEALED_CHANCE = 0.25
+# The chance that the replicas destroyed are the most advanced ones (the survivor may
+# then lack acked events: a loss to declare), not drawn at random.
+DESTROY_AHEAD_CHANCE = 0.5
+# The chance that an operator's seal is interrupted (as by Ctrl-C) once a survivor holds
+# a bridge the master has not recorded: the next seal finds that bridge above the acked
+# index (issue #35, defect 2). How often the world looks for it meanwhile.
+SEAL_INTERRUPT_CHANCE = 0.5
+SEAL_WATCH_MS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +286,12 @@ class WorldConfig:
     # Streams each client process leads in a crowd seed (0: not one): `processes` (1
     # or 2) lead `crowd` streams each, with no rival and no token.
     crowd: int = 0
+    # At `loss_at_ms`: replicas of one segment destroyed for good, and the operator's
+    # `seal --accept-loss` where that left the stream stuck; or the master's metadata
+    # lost, and rebuilt from the stores.
+    accept_loss: bool = False
+    metadata_lost: bool = False
+    loss_at_ms: int = 0
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -309,7 +357,7 @@ class WorldConfig:
         # Drawn apart again, so that the other seeds keep their schedules.
         crowded = random.Random(f"{seed}/crowds")
         if seed < CROWD_FIRST_SEED or crowded.random() >= CROWD_SHARE:
-            return config
+            return config.with_losses(random.Random(f"{seed}/broken-disks"))
         processes = crowded.choice((1, 2))
         crowd = crowded.randint(*CROWD_STREAMS)
         return dataclasses.replace(
@@ -322,6 +370,34 @@ class WorldConfig:
             followers=1,
             safety_ms=CROWD_SAFETY_MS,
         )
+
+    def with_losses(self, losses: random.Random) -> WorldConfig:
+        """The situations of lost data, drawn from a generator of their own (so that
+        a seed without them keeps its schedule): replicas destroyed for good, where the
+        policy leaves a read quorum to lose (R > 1); or the master's metadata, where it
+        can be rebuilt from the stores (`REBUILD_SHARE`)."""
+        policy = self.policy
+        roll = losses.random()
+        loss_at_ms = losses.randint(*LOSS_AT_MS)
+        if roll < ACCEPT_LOSS_SHARE:
+            if policy.write_quorum == policy.replicas:
+                return self
+            # Neither wipes nor fsync never: a survivor losing its replica too would
+            # leave a segment with none, which nothing can seal (docs/design.md, Known
+            # gaps).
+            return dataclasses.replace(
+                self,
+                accept_loss=True,
+                loss_at_ms=loss_at_ms,
+                wipes=False,
+                registration_answers_lost=0,
+                fsync_never=(),
+            )
+        if roll < ACCEPT_LOSS_SHARE + REBUILD_SHARE:
+            if self.masters or self.tokens or self.operator:
+                return self
+            return dataclasses.replace(self, metadata_lost=True, loss_at_ms=loss_at_ms)
+        return self
 
     def describe(self) -> str:
         f = self.faults
@@ -357,6 +433,8 @@ class WorldConfig:
             )
             + (" rot, scrubbed" if self.rot else "")
             + (f" crowds of {self.crowd} streams per process" if self.crowd else "")
+            + (f" replicas destroyed at {self.loss_at_ms}ms" if self.accept_loss else "")
+            + (f" metadata lost at {self.loss_at_ms}ms" if self.metadata_lost else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -458,9 +536,10 @@ class Masters:
     @property
     def state(self) -> MasterState | None:
         """What the master serves from: the embedded one's (kept while it restarts, no
-        other changes it), or the active elected one's (None while none is)."""
+        other changes it; None while it rebuilds its metadata, when it serves the stores
+        alone), or the active elected one's (None while none is)."""
         if self.embedded is not None:
-            return self.embedded.state
+            return None if self.embedded.rebuilding else self.embedded.state
         active = self.active()
         return active[0].state if len(active) == 1 else None
 
@@ -468,7 +547,7 @@ class Masters:
         """Invariant 5 across masters (`MasterChecker.look`)."""
         active = self.active()
         if self.embedded is not None:
-            self.checker.look([self.embedded.name], self.embedded.state, self.lease_ms)
+            self.checker.look([self.embedded.name], self.state, self.lease_ms)
         else:
             self.checker.look([m.name for m in active], self.state, self.lease_ms)
 
@@ -546,7 +625,18 @@ class World:
         # and those the scrub has found.
         self.rotten: dict[tuple[str, SegmentKey], int] = {}
         self.rot_found: set[tuple[str, SegmentKey]] = set()
+        # With `WorldConfig.accept_loss`: the streams whose processes the operator
+        # stopped to seal them accepting loss, each with an event set once it is done
+        # (no process leads them meanwhile); and where each follower goes on in a
+        # stream after a `DataLossError` it was told.
+        self.held_off: dict[str, asyncio.Event] = {}
+        self.resume_at: dict[tuple[str, str], int] = {}
         network.call_observers.append(self._call_ended)
+        if self.masters.embedded is not None:
+            self.masters.embedded.rebuild_observers.append(self._rebuilt)
+        # Streams the operator creates once the metadata was rebuilt (their ids must be
+        # new).
+        self.created_after_rebuild: list[str] = []
         for name, store in self.stores.items():
             store.join_observers.append(functools.partial(self._store_joined, name))
 
@@ -652,6 +742,10 @@ class World:
             self.start("revoker", self._revoke_token())
         if self.config.rot:
             self.start("rot", self._rot())
+        if self.config.accept_loss:
+            self.start("destroyer", self._destroy_replicas())
+        if self.config.metadata_lost:
+            self.start("master-disk", self._lose_metadata())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.safety_ms / 1000):
                 await self.finished.wait()
@@ -770,6 +864,8 @@ class World:
     async def _lead(self, process: Process, client: StreamClient, stream: str) -> None:
         attempt = 0
         while self.phase != "stopped" and stream not in self.removed:
+            if stream in self.held_off:
+                await self.held_off[stream].wait()
             attempt += 1
             writer_id = f"{process.node}/{stream}#{attempt}"
             try:
@@ -1032,6 +1128,7 @@ class World:
         while self.phase != "stopped" and stream not in self.removed:
             record = checker.followers.get(name)
             start = max(record.last + 1, record.trimmed_before) if record else 0
+            start = max(start, self.resume_at.get((name, stream), 0))
             try:
                 async with contextlib.aclosing(
                     cast(Subscription, client.subscribe(stream, start=start))
@@ -1041,8 +1138,18 @@ class World:
                         if self.phase == "liveness":
                             self._check_converged()
             except DataLossError as error:
-                self.check(self._raise_data_loss, name, error)
-                return
+                # Told the loss, a user goes on past it (invariant 1 holds it to what
+                # the master declared, once one serves).
+                self.count("follower DataLossError")
+                await wait_until(
+                    lambda: self.masters.state is not None or self.phase == "stopped",
+                    LIVENESS_MS / 1000,
+                    "a master serving",
+                    interval_s=WATCH_EVERY_MS / 1000,
+                )
+                self.check(self._loss_told, name, checker, error)
+                self.resume_at[(name, stream)] = error.resume_sequence
+                continue
             except Trimmed as error:
                 self.count("follower Trimmed")
                 told = (error.position, error.first_retained_sequence, self.masters.state)
@@ -1052,8 +1159,18 @@ class World:
                 self.count(f"follower {type(error).__name__}")
             await asyncio.sleep(FOLLOW_AGAIN_MS / 1000)
 
-    def _raise_data_loss(self, name: str, error: DataLossError) -> None:
-        raise Violation(1, f"follower {name}: DataLossError: {error}")
+    def _loss_told(self, name: str, checker: Checker, error: DataLossError) -> None:
+        """`DataLossError`: only for a range an operator sealed accepting loss (every
+        store syncs what it answers and keeps at least one replica of every sealed
+        segment), and only where the master declared it (`Checker.loss_told`)."""
+        if not error.accepted:
+            raise Violation(1, f"follower {name}: told a loss no operator declared: {error}")
+        state = self.masters.state
+        if state is not None:
+            self._losses_declared(checker, state)
+        segment = SegmentKey(checker.stream_id, error.segment_epoch)
+        loss = DataLoss(error.segment_epoch, error.first_index, error.last_index, True)
+        checker.loss_told(name, segment, loss, through_end=True)
 
     # ---- the operator ----
 
@@ -1277,8 +1394,11 @@ class World:
         most = min(policy.replicas - policy.write_quorum, policy.write_quorum - 1)
         return name in self.wiped or len(self.wiped) < most
 
-    async def _crash_process(self) -> None:
-        process = self.rng.choice(self.processes)
+    async def _crash_process(self, process: Process | None = None) -> None:
+        """`process` (else one drawn) crashes, and a new incarnation starts a while
+        later."""
+        if process is None:
+            process = self.rng.choice(self.processes)
         node = process.node
         if node not in self.nodes:
             return
@@ -1415,6 +1535,218 @@ class World:
         self.note(f"reset {a} | {b}")
         self.network.reset(a, b)
 
+    # ---- replicas destroyed for good, and `seal --accept-loss` ----
+
+    async def _destroy_replicas(self) -> None:
+        """At `destroy_at_ms`, replicas of one segment destroyed for good (see
+        `ACCEPT_LOSS_SHARE`); where that left fewer than R of an unsealed segment, the
+        operator stops the processes leading its stream and seals it accepting loss."""
+        await asyncio.sleep(self.config.loss_at_ms / 1000)
+        state = self.masters.state
+        while state is None and self.phase == "safety":  # no master serves
+            await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+            state = self.masters.state
+        if state is None or self.phase != "safety":
+            return
+        stream = self.rng.choice([s for s in self.stream_names if s not in self.removed])
+        segments = state.stream_segments(self.checkers[stream].stream_id)
+        sealed = [s for s in segments if s.final_index and not s.removal_at_ms]
+        unsealed = [s for s in segments if not s.final_index]
+        if sealed and (not unsealed or self.rng.random() < DESTROY_SEALED_CHANCE):
+            segment = sealed[-1]
+        elif unsealed:
+            segment = unsealed[-1]
+        else:
+            return
+        key = SegmentKey(segment.stream_id, segment.epoch)
+        keeper = self._survivor(key, segment.final_index, segment.copy_set)
+        if keeper is None:
+            return
+        for name in segment.copy_set:
+            if name != keeper:
+                await self._destroy(name, key)
+        self.count("replicas destroyed", len(segment.copy_set) - 1)
+        if segment.final_index:
+            self.note(f"{stream} segment {segment.epoch} (sealed) left on {keeper} alone")
+            return
+        self.note(f"{stream} segment {segment.epoch} left on {keeper} alone: the stream is stuck")
+        self.held_off[stream] = asyncio.Event()
+        for process in self.processes:
+            if stream in process.streams and process.node in self.nodes:
+                crash = self._crash_process(process)
+                self.group.create_task(crash, context=node_context("nemesis"))
+        self.start("sealer", self._seal_accepting_loss(stream, key, keeper))
+
+    def _survivor(self, key: SegmentKey, final: int, copy_set: Sequence[str]) -> str | None:
+        """The replica left of `key`: of a sealed segment, one holding its bridge; of an
+        unsealed one the least advanced (`DESTROY_AHEAD_CHANCE`) or one drawn."""
+        held = {}
+        for name in copy_set:
+            core = self.stores[name].core
+            meta = core.catalog.meta(key) if core is not None else None
+            if meta is not None and (not final or meta.acked_index >= final):
+                held[name] = meta.matched_index
+        if not held:
+            return None
+        if not final and self.rng.random() < DESTROY_AHEAD_CHANCE:
+            return min(sorted(held), key=lambda name: held[name])
+        return self.rng.choice(sorted(held))
+
+    async def _destroy(self, name: str, key: SegmentKey) -> None:
+        """`name`'s replica of `key` destroyed for good: the store's process dies, its
+        replica is deleted and marked lost (as a wiped store's new incarnation marks
+        what it held: the store never stands for it again), and it starts again."""
+        store = self.stores[name]
+        running = name in self.nodes
+        if running:
+            await self.stop(name)
+        core = SegmentStoreCore(store.kv, joins_cluster=True)
+        cluster_id = core.catalog.cluster_id()
+        assert cluster_id, f"{name} destroyed before it joined"
+        core.apply(core.plan([DeleteCommand(key), JoinCommand(cluster_id, (key,))]))
+        for checker in self.checkers.values():
+            self.check(checker.store_deleted, name, key)
+        self.note(f"{name}: its replica of {key.stream_id}/{key.epoch} is destroyed")
+        if running:
+            self._restart_store(name, {})
+
+    async def _seal_accepting_loss(self, stream: str, key: SegmentKey, survivor: str) -> None:
+        """The operator's `streamengine seal STREAM --accept-loss --yes`, run again until
+        it is done (each run makes the CLI's calls, `ops.cmd_seal`); a run is now and
+        then interrupted once the survivor holds a bridge the master has not recorded.
+        Then the stream's processes lead it again."""
+        while self.phase != "stopped":
+            seal = asyncio.create_task(self._seal_once(stream))
+            try:
+                if self.rng.random() < SEAL_INTERRUPT_CHANCE:
+                    await self._interrupt_at_bridge(seal, key, survivor)
+                await asyncio.wait([seal])
+            finally:
+                seal.cancel()  # the sealer stopped with the world: its run goes too
+            if not seal.cancelled() and seal.result():
+                break
+            await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+        self.held_off[stream].set()
+
+    async def _seal_once(self, stream: str) -> bool:
+        """One run of `streamengine seal STREAM --accept-loss --yes`: whether it sealed."""
+        try:
+            async with StreamClient(self.masters.address) as client:
+                await client.describe_stream(stream)
+                epoch = await client.seal(stream, timeout_s=SEAL_TIMEOUT_S, accept_loss=True)
+                segments = await client.list_segments(stream)
+        except (StreamEngineError, grpc.aio.AioRpcError) as error:
+            name = type(error).__name__
+            self.note(f"operator: seal {stream} --accept-loss: {name}: {error}")
+            self.count(f"operator seal --accept-loss {name}")
+            return False
+        lost = [f"{s.epoch} from {s.lost_from_index}" for s in segments if s.lost_from_index]
+        self.note(f"operator: sealed {stream} through {epoch} accepting loss; lost: {lost}")
+        self.count("operator seals accepting loss")
+        if lost:
+            self.count("seals declaring loss")
+        return True
+
+    async def _interrupt_at_bridge(
+        self, seal: asyncio.Task[bool], key: SegmentKey, survivor: str
+    ) -> None:
+        """Cancel `seal` (the operator's Ctrl-C) once `survivor` holds a bridge of `key`
+        the master has not recorded sealed."""
+        while not seal.done():
+            await asyncio.sleep(SEAL_WATCH_MS / 1000)
+            state = self.masters.state
+            record = state.segments.get((key.stream_id, key.epoch)) if state else None
+            if record is None or record.final_index:
+                continue
+            core = self.stores[survivor].core
+            meta = core.catalog.meta(key) if core is not None else None
+            if meta is None or not meta.last_index:
+                continue
+            last = core.reader.read(key, meta.last_index, meta.last_index) if core else []
+            if last and last[0].kind == EntryKind.BRIDGE:
+                seal.cancel()
+                self.note(f"operator: seal interrupted, {survivor} bridged at {meta.last_index}")
+                self.count("seals accepting loss interrupted")
+                return
+
+    # ---- the master's metadata lost and rebuilt ----
+
+    async def _lose_metadata(self) -> None:
+        """At `loss_at_ms` the master's disk is lost; the operator starts it with
+        `streamengine master --rebuild` (`SimMaster.lose_metadata`)."""
+        await asyncio.sleep(self.config.loss_at_ms / 1000)
+        master = self.masters.embedded
+        if self.phase != "safety" or master is None:
+            return
+        if master.name in self.nodes:
+            await self.stop(master.name)
+        master.lose_metadata()
+        self.note("the master's metadata is lost: it starts again with --rebuild")
+        self.count("master metadata lost")
+        if master.name not in self.nodes:  # else a restart of the nemesis's came first
+            self.start(master.name, master.serve())
+
+    def _rebuilt(self, state: MasterState) -> None:
+        """The master serves the metadata it rebuilt from the stores: every stream it
+        rebuilt keeps its id (a stream created and never written may be gone: `master
+        --rebuild` knows only what the stores were told); the operator creates a
+        stream, whose id must be new."""
+        self.count("metadata rebuilt")
+        self.note(f"the master rebuilt {len(state.streams)} streams from the stores")
+        self.masters.checker.rebuilt(self._epochs_stores_saw())
+        for stream, checker in sorted(self.checkers.items()):
+            record = state.streams.get(stream)
+            if record is not None and record.stream_id != checker.stream_id:
+                self.check(
+                    self._raise,
+                    Violation(
+                        5,
+                        f"{stream} rebuilt as stream id {record.stream_id}; it was "
+                        f"{checker.stream_id}",
+                    ),
+                )
+        name = f"t0/rebuilt{len(self.created_after_rebuild)}"
+        self.created_after_rebuild.append(name)
+        self.group.create_task(self._create_after_rebuild(name), context=node_context("setup"))
+
+    def _epochs_stores_saw(self) -> dict[str, int]:
+        """Per stream, the highest epoch any store holds of it (a segment's or a
+        fence), down or up."""
+        names = {checker.stream_id: stream for stream, checker in self.checkers.items()}
+        used: dict[str, int] = {}
+        for _, store in sorted(self.stores.items()):
+            for key, meta in SegmentStoreCore(store.kv).catalog.metas().items():
+                stream = names.get(key.stream_id)
+                if stream is not None:
+                    used[stream] = max(used.get(stream, 0), key.epoch, meta.fence)
+        return used
+
+    async def _create_after_rebuild(self, name: str) -> None:
+        """`streamengine stream create NAME`, until answered: its id is above every id
+        a stream ever had."""
+        policy = self.config.policy
+        while self.phase != "stopped":
+            try:
+                async with StreamClient(self.masters.address) as client:
+                    info = await client.create_stream(
+                        name, replicas=policy.replicas, write_quorum=policy.write_quorum
+                    )
+            except StreamEngineError as error:
+                self.note(f"operator: create {name}: {type(error).__name__}")
+                await asyncio.sleep(LEAD_AGAIN_MS / 1000)
+                continue
+            known = max(checker.stream_id for checker in self.checkers.values())
+            self.note(f"operator: created {name}: stream id {info.stream_id}")
+            self.count("streams created after a rebuild")
+            if info.stream_id <= known:
+                self.check(
+                    self._raise,
+                    Violation(
+                        5, f"{name} created as stream id {info.stream_id}, up to {known} in use"
+                    ),
+                )
+            return
+
     # ---- checks while running ----
 
     async def _watch(self) -> None:
@@ -1469,12 +1801,22 @@ class World:
             self.check(self._audit, checker, state, cores, held.get(checker.stream_id, {}))
 
     @staticmethod
+    def _losses_declared(checker: Checker, state: MasterState) -> None:
+        """The master's declared losses (segments sealed accepting loss), to `checker`."""
+        for segment in state.stream_segments(checker.stream_id):
+            if segment.lost_from_index:
+                key = SegmentKey(checker.stream_id, segment.epoch)
+                checker.loss_declared(key, segment.lost_from_index)
+
+    @classmethod
     def _audit(
+        cls,
         checker: Checker,
         state: MasterState,
         cores: dict[str, SegmentStoreCore],
         held: dict[str, set[SegmentKey]],
     ) -> None:
+        cls._losses_declared(checker, state)
         for segment in state.stream_segments(checker.stream_id):
             if segment.final_index:
                 key = SegmentKey(checker.stream_id, segment.epoch)
@@ -1801,6 +2143,15 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(StoreRegistry, "register_store", _answering_lost_once)
             )
+        if "trust_any_bridge" in flaws:
+            stack.enter_context(
+                mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
+            )
+            # The check that a seal declaring nothing had R deciders or a bridge the
+            # acked index reached came with the fix.
+            stack.enter_context(
+                mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
+            )
         yield
 
 
@@ -1816,6 +2167,17 @@ def _answering_lost_once(registry: StoreRegistry, store_id: str, *args: Any, **k
     if existing is not None and existing.incarnation == new.incarnation:
         return dataclasses.replace(registered, lost=())
     return registered
+
+
+_lost_from_index = SegmentRecovery.lost_from_index
+
+
+def _trusting_any_bridge(recovery: SegmentRecovery) -> int:
+    """`lost_from_index` as it was: nothing lost wherever the plan found a bridge."""
+    plan = recovery.plan
+    if plan is not None and plan.existing_bridge:
+        return 0
+    return _lost_from_index(recovery)
 
 
 def _seeded_secrets(seed: int) -> types.SimpleNamespace:
