@@ -172,6 +172,16 @@ def test_seed_138_a_writer_rolls_away_from_a_store_that_refuses_on_every_reconne
     assert result.config.wipes and result.ok, _failure(result)
 
 
+def test_seed_5204_a_roll_refused_twice_excludes_no_store() -> None:
+    """N=3 W=2 on three stores: store1 wiped (its replicas of epoch 1 lost) and store2
+    (fsync never) detached, so `t2/*`'s writers could not ack and asked to roll. Each
+    roll excluded store1, which refuses the old segment on every reconnect, and the
+    master, asked for three stores out of two, refused it every second for good. Refused
+    twice, a roll now excludes no store (`writer.EXCLUDING_NOTHING_AFTER_REFUSALS`)."""
+    result = run_seed(5204)
+    assert result.config.wipes and result.ok, _failure(result)
+
+
 def test_a_segment_below_w_good_replicas_on_n_stores_is_refilled_back_to_n() -> None:
     """N=5 W=3 on five stores (seed 209 first): wiped stores lost their replicas of a
     segment and another's rotted, leaving fewer than W good ones. Every refill in place

@@ -127,6 +127,27 @@ def test_a_refused_undrained_roll_is_asked_again_without_the_detached_store() ->
     assert ask.exclude_stores == () and "undrained" in ask.reason
 
 
+def test_a_roll_refused_twice_is_asked_excluding_no_store() -> None:
+    """Seed 5204's shape: s1 refuses the segment (its replica lost to a wiped disk), so
+    the writer counts it cut off, and s2 is detached. While s1 may come back, the
+    writer can do without the roll and excludes both; once s1 counts lost, one store
+    acks where two are needed, and with three stores for three replicas a roll
+    excluding s1 is refused for good. Refused twice, the writer excludes nothing and
+    the master places from the stores it knows live (s1 takes a new segment well)."""
+    leader, _ = detached_leader(TWO_OF_THREE)
+    step(leader, 25, StoreDisconnected("s1"))
+    asks: list[tuple[str, ...]] = []
+    refused_ms = 30
+    for _ in range(4):
+        step(leader, refused_ms, RollFailed("3 replicas need 3 live stores, 2 usable"))
+        renew(leader, refused_ms + 1, refused_ms + ROLL_RETRY_MS - 100, TWO_OF_THREE)
+        [ask] = of_type(step(leader, refused_ms + ROLL_RETRY_MS, Tick()), AskRoll)
+        asks.append(ask.exclude_stores)
+        refused_ms += ROLL_RETRY_MS
+    assert 25 + STORE_LOST_MS < 30 + 3 * ROLL_RETRY_MS, "s1 counts lost by the third ask"
+    assert asks == [("s1", "s2"), ("s1", "s2"), (), ()]
+
+
 def test_a_refused_roll_the_writer_can_do_without_keeps_excluding_the_detached_store() -> None:
     """W = 2: s1 and s3 still ack, so the writer stays on its copy set rather than take
     back a store that fell behind (or lost entries) into the next one."""

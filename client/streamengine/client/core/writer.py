@@ -82,11 +82,14 @@ recovery decides from R stores, and the unacked tail may or may not survive), an
 answer ends the old segment's unacked appends for good (`AppendsLeftUnacked`): those
 some store may hold are in doubt, the others failed. Nothing of the old segment is
 acked after the answer, so none is both answered and acked. Once such a roll is
-refused, the next attempts exclude only the stores this writer cannot reach, not the
+refused, the next attempt excludes only the stores this writer cannot reach, not the
 detached ones: with no spare store (N stores for N replicas) the master can never place
-a copy set without them, and the writer cannot go on without a new one. A roll the
-writer can do without keeps excluding them (it stays on a copy set that still acks
-rather than take back a store that fell behind).
+a copy set without them, and the writer cannot go on without a new one. Refused again,
+the attempts after exclude nothing, and the master places from the stores it knows
+live: a store the writer counts as cut off may only refuse this segment's replica (it
+lost it to a wiped disk, the runtime world's seed 5204) and take a new segment well.
+A roll the writer can do without keeps excluding them (it stays on a copy set that still
+acks rather than take back a store that fell behind).
 
 A grant without a segment. When two earlier segments are unsealed (a leader died
 while recovering), or too few stores are usable to place a copy set while a segment
@@ -186,6 +189,9 @@ assert STORE_STREAM_REOPEN.max_ms < STORE_LOST_MS, "a lost store gets more than 
 
 # After a roll refused or given up, the next attempt waits this long.
 ROLL_RETRY_MS = 1_000
+# A roll the writer cannot do without, refused this often, is asked excluding no store
+# (the module doc): the master places from the stores it knows live.
+EXCLUDING_NOTHING_AFTER_REFUSALS = 2
 # A leader of an epoch without a segment retries its roll sooner (`ROLL_WITHOUT_SEGMENT`),
 # then as any roll.
 assert ROLL_WITHOUT_SEGMENT.max_ms == ROLL_RETRY_MS
@@ -1212,7 +1218,9 @@ class Leader:
                     self._roll_given_up(now_ms)
                 return
             reason = f"{reason}; {blocked}"
-        exclude = set(self._disconnected_since)
+        exclude: set[str] = set()
+        if not (blocked and self._roll_refusals >= EXCLUDING_NOTHING_AFTER_REFUSALS):
+            exclude |= self._disconnected_since.keys()
         if not (blocked and self._roll_refusals):
             exclude |= self._detached
         self._ask_roll(now_ms, tuple(sorted(exclude)), reason, actions)
