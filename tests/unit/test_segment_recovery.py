@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from streamengine.client.core.recovery import (
+    RECOVERY_BATCH_BYTES_MAX,
     SIMULATED_TIMING,
     TIMING,
     Action,
@@ -28,6 +29,7 @@ from streamengine.client.core.recovery import (
     SendSeal,
     StoreBusy,
     WriteAnswered,
+    split_batches,
 )
 from streamengine.client.core.replicator import Tick
 from streamengine.protocol.certificate import ContentDigest, certificate_of
@@ -635,3 +637,18 @@ def test_accepting_loss_waits_for_every_store_to_answer_or_be_lost() -> None:
     op.step(10, sealed("A", 2, 3, 3, fence=2))
     op.step(20, ReadAnswered("A", 1, 0, EVENTS, 2))
     assert op.plan is None, "B and C may still answer: no decision before they are lost"
+
+
+def test_rewrites_are_cut_to_a_replys_size_for_the_shared_connection() -> None:
+    """A recovery's rewrites ride the client's connection to the store beside reads
+    and tails: none holds more than `RECOVERY_BATCH_BYTES_MAX` of values (but a lone
+    entry larger than that), and none more entries than a store takes at once."""
+    size = RECOVERY_BATCH_BYTES_MAX // 3
+    large = [StoredEntry.make(i, EntryKind.EVENT, 1, bytes(size)) for i in range(1, 8)]
+    batches = split_batches("s1", large, acked=7)
+    assert [[e.index for e in b.entries] for b in batches] == [[1, 2], [3, 4], [5, 6], [7]]
+    assert all(b.store == "s1" and b.acked_index == 7 for b in batches)
+    huge = [StoredEntry.make(1, EntryKind.EVENT, 1, bytes(RECOVERY_BATCH_BYTES_MAX + 1))]
+    assert len(split_batches("s1", huge, acked=1)) == 1
+    small = [StoredEntry.make(i, EntryKind.EVENT, 1, b"e") for i in range(1, 6)]
+    assert [len(b.entries) for b in split_batches("s1", small, 5, entries_max=2)] == [2, 2, 1]

@@ -117,7 +117,11 @@ from streamengine.client.core.recovery_plan import (
 from streamengine.client.core.replicator import Tick
 from streamengine.protocol.certificate import Certificate, ContentDigest
 from streamengine.protocol.entry import VALUE_HEADER_BYTES, StoredEntry
-from streamengine.protocol.limits import WRITE_BATCH_BYTES_MAX, WRITE_BATCH_ENTRIES_MAX
+from streamengine.protocol.limits import (
+    DATA_REPLY_BYTES_MAX,
+    WRITE_BATCH_BYTES_MAX,
+    WRITE_BATCH_ENTRIES_MAX,
+)
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.producers import ProducerPosition, ProducerTable, Run
 
@@ -348,6 +352,12 @@ class _Bridging:
 # batches when full, so sending a lagging store its whole range at once would only have
 # most of it refused and resent.
 RECOVERY_BATCHES_IN_FLIGHT_MAX = 4
+# A recovery's rewrites ride the client's shared connection to the store (reads and
+# tails on it too): each as large as a read's reply at most, so it holds the others'
+# frames no longer than a reply does (`limits.DATA_REPLY_BYTES_MAX`), and four in
+# flight keep the store's writes going.
+RECOVERY_BATCH_BYTES_MAX = DATA_REPLY_BYTES_MAX
+assert RECOVERY_BATCH_BYTES_MAX <= WRITE_BATCH_BYTES_MAX, "a rewrite is a store's write"
 
 
 def split_batches(
@@ -356,13 +366,14 @@ def split_batches(
     acked: int,
     entries_max: int = WRITE_BATCH_ENTRIES_MAX,
 ) -> list[SendRewrite]:
-    """Consecutive entries cut within the store's per-request limits."""
+    """Consecutive entries cut within the store's per-request entries and
+    `RECOVERY_BATCH_BYTES_MAX`."""
     out: list[SendRewrite] = []
     batch: list[StoredEntry] = []
     size = 0
     for e in entries:
         cost = VALUE_HEADER_BYTES + len(e.payload)
-        if batch and (len(batch) == entries_max or size + cost > WRITE_BATCH_BYTES_MAX):
+        if batch and (len(batch) == entries_max or size + cost > RECOVERY_BATCH_BYTES_MAX):
             out.append(SendRewrite(store, tuple(batch), acked))
             batch, size = [], 0
         batch.append(e)
