@@ -542,9 +542,14 @@ def data_call(transport: Transport, data_address: str, method: DataMethod,
               payloads: list[bytes]) -> tuple[str, str]:
     """One request on a store's data plane with raw request bytes, as `call` makes a
     gRPC one: the status that ended it, or a Write's first refused reply, else OK."""
+    return asyncio.run(data_exchange(transport, data_address, method, payloads))
 
-    async def exchange() -> list[bytes]:
-        replies: list[bytes] = []
+
+async def data_exchange(transport: Transport, data_address: str, method: DataMethod,
+                        payloads: list[bytes]) -> tuple[str, str]:
+    """`data_call` on the running loop (the simulator's runtime world calls it there)."""
+    replies: list[bytes] = []
+    try:
         async with asyncio.timeout(CALL_TIMEOUT_S), framed.connect(
             data_address, transport
         ) as connection:
@@ -554,10 +559,6 @@ def data_call(transport: Transport, data_address: str, method: DataMethod,
             await opened.end()
             while (reply := await opened.receive()) is not None:
                 replies.append(reply.SerializeToString())
-        return replies
-
-    try:
-        replies = asyncio.run(exchange())
     except framed.CallError as error:
         code = next(c for c in grpc.StatusCode if c.value[0] == error.code)
         return code.name, error.details[:200]

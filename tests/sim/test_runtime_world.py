@@ -76,6 +76,9 @@ CROWD = 400
 # defect 2) it declares nothing and raises the acked index to the bridge: a store
 # serves the BRIDGE where an acked event was served.
 ACCEPTED_LOSS = 14
+# An intruder (`WorldConfig.intruder`, seeds from `INTRUDER_FIRST_SEED` on) sends bad
+# input through the servers' front doors: each kind refused with its status.
+INTRUDED = 18
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -93,6 +96,8 @@ FLAWED = [
     # found it until reads rode the client's pooled data connections).
     ("scrub_blind", 2, 10),
     ("trust_any_bridge", ACCEPTED_LOSS, 2),
+    # A store lets a write that shows no grant through: the intruder's meets the fence.
+    ("ungranted_writes", INTRUDED, 6),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -170,6 +175,19 @@ def test_seed_138_a_writer_rolls_away_from_a_store_that_refuses_on_every_reconne
     and the writer's appends waited on it for good."""
     result = run_seed(138)
     assert result.config.wipes and result.ok, _failure(result)
+
+
+def test_an_intruders_bad_input_is_refused_at_every_front_door() -> None:
+    """Writes below a sealed replica's fence with no grant (PERMISSION_DENIED), bytes
+    that parse as no Write or Read on the stores' data ports (INVALID_ARGUMENT), and a
+    stream named without a tenant at the master (INVALID_ARGUMENT), under the world's
+    faults: each refused as it must be, and the checkers and audits see no change."""
+    result = run_seed(INTRUDED)
+    assert result.config.intruder and result.ok, _failure(result)
+    kinds = ("a write below a fence", "garbage as a Write", "garbage as a Read",
+             "a stream without a tenant")
+    for kind in kinds:
+        assert result.stats.get(f"bad input refused: {kind}", 0) > 0, (kind, result.stats)
 
 
 def test_seed_5204_a_roll_refused_twice_excludes_no_store() -> None:

@@ -98,14 +98,25 @@ from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
-from streamengine.protocol import framed
+from streamengine.protocol import codec, framed
 from streamengine.protocol.clock import wall_ms
-from streamengine.protocol.entry import VALUE_HEADER_BYTES, CorruptEntry, EntryKind, decode_value
+from streamengine.protocol.entry import (
+    VALUE_HEADER_BYTES,
+    CorruptEntry,
+    EntryKind,
+    StoredEntry,
+    decode_value,
+)
+from streamengine.protocol.grants import Grant, GrantSegment
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
-from streamengine.segment_store.core.authority import StoreAuthority
+from streamengine.segment_store.core.authority import (
+    GrantRefused,
+    StoreAuthority,
+    WriteStreamGrants,
+)
 from streamengine.segment_store.core.commands import DeleteCommand, JoinCommand, SegmentKey
 from streamengine.segment_store.core.keys import entry_index, entry_key
 from streamengine.segment_store.core.kv import Put
@@ -114,7 +125,8 @@ from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.testing import wait_until
-from streamengine.v1 import master_pb2
+from streamengine.v1 import entry_pb2, master_pb2
+from tests.faults import badinput
 from tests.sim.checkers import Checker, MasterChecker, Violation
 from tests.sim.network import Faults
 from tests.sim.runtime.etcd import SimEtcd
@@ -148,6 +160,7 @@ RUNTIME_FLAWS = (
     "lost_answered_once",
     "scrub_blind",
     "trust_any_bridge",
+    "ungranted_writes",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -238,6 +251,18 @@ DESTROY_AHEAD_CHANCE = 0.5
 # index (issue #35, defect 2). How often the world looks for it meanwhile.
 SEAL_INTERRUPT_CHANCE = 0.5
 SEAL_WATCH_MS = 1
+# The share of seeds (from `INTRUDER_FIRST_SEED` on, drawn apart) where an intruder
+# (node `intruder`) knocks at the shipped servers' front doors every few hundred ms,
+# as the fault suite's S15 does on real processes (`tests.faults.badinput`): writes
+# below a sealed replica's fence and bytes that parse as no request on the stores' data
+# ports, streams the master must refuse to create. Each is refused with its status
+# (invariant 6); what it would have changed, the audits and checkers see.
+INTRUDER_SHARE = 0.2
+INTRUDER_FIRST_SEED = 10
+INTRUDER_EVERY_MS = (100, 600)
+# What a refusal may be, beside the one expected: the intruder's own call cut by the
+# network's faults or a server down.
+NOT_THROUGH = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +315,8 @@ class WorldConfig:
     # `seal --accept-loss` where that left the stream stuck; or the master's metadata
     # lost, and rebuilt from the stores.
     accept_loss: bool = False
+    # An intruder sending bad input through the servers' front doors.
+    intruder: bool = False
     metadata_lost: bool = False
     loss_at_ms: int = 0
     flaws: frozenset[str] = frozenset()
@@ -357,7 +384,9 @@ class WorldConfig:
         # Drawn apart again, so that the other seeds keep their schedules.
         crowded = random.Random(f"{seed}/crowds")
         if seed < CROWD_FIRST_SEED or crowded.random() >= CROWD_SHARE:
-            return config.with_losses(random.Random(f"{seed}/broken-disks"))
+            config = config.with_losses(random.Random(f"{seed}/broken-disks"))
+            intruded = random.Random(f"{seed}/malformed").random() < INTRUDER_SHARE
+            return dataclasses.replace(config, intruder=seed >= INTRUDER_FIRST_SEED and intruded)
         processes = crowded.choice((1, 2))
         crowd = crowded.randint(*CROWD_STREAMS)
         return dataclasses.replace(
@@ -412,6 +441,7 @@ class WorldConfig:
             f"store down<={self.store_down_ms_max}ms roll at {self.segment_bytes or '-'}B"
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
             + (" wipes" if self.wipes else "")
+            + (" intruder" if self.intruder else "")
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" producers" if self.producers else "")
@@ -746,6 +776,8 @@ class World:
             self.start("destroyer", self._destroy_replicas())
         if self.config.metadata_lost:
             self.start("master-disk", self._lose_metadata())
+        if self.config.intruder:
+            self.start("intruder", self._intrude())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.safety_ms / 1000):
                 await self.finished.wait()
@@ -1825,6 +1857,96 @@ class World:
 
     # ---- bit rot at rest ----
 
+    async def _intrude(self) -> None:
+        """Bad input through the front doors, from a generator of its own (the
+        `INTRUDER_SHARE` comment)."""
+        rng = random.Random(f"{self.config.seed}/intruder")
+        transport = Transport()
+        async with StreamClient(self.masters.address) as client:
+            while self.phase == "safety":
+                await asyncio.sleep(rng.randint(*INTRUDER_EVERY_MS) / 1000)
+                if self.phase != "safety":
+                    return
+                case = rng.randrange(4)
+                if case == 0:
+                    kind = "a write below a fence"
+                    tried = await self._write_below_a_fence(rng, transport)
+                elif case in (1, 2):
+                    method = badinput.DATA_WRITE if case == 1 else badinput.DATA_READ
+                    kind = f"garbage as a {method.name}"
+                    tried = await self._garbage(rng, transport, method)
+                else:
+                    kind = "a stream without a tenant"
+                    tried = await self._bad_stream(client)
+                if tried:
+                    self.count(f"bad input refused: {kind}")
+
+    async def _write_below_a_fence(self, rng: random.Random, transport: Transport) -> bool:
+        """A write one epoch below a sealed replica's fence, past its bridge, with no
+        grant: refused as not granted before anything else is looked at."""
+        sealed = []
+        for name, store in sorted(self.stores.items()):
+            if store.core is None or not store.serving.is_set():
+                continue
+            for key, final in sorted(store.core.catalog.scrub_targets().items()):
+                meta = store.core.catalog.meta(key)
+                if meta is not None and meta.fence >= 2:
+                    sealed.append((name, key, final, meta.fence))
+        if not sealed:
+            return False
+        name, key, final, fence = rng.choice(sealed)
+        entries = [StoredEntry.make(final + 1, EntryKind.EVENT, fence - 1, b"intruder")]
+        segment = entry_pb2.SegmentId(stream_id=key.stream_id, epoch=key.epoch)
+        request = codec.write_request(entries, segment=segment, writer_epoch=fence - 1)
+        what = f"a write at epoch {fence - 1} below the fence {fence} of {name}'s {key}"
+        got = await badinput.data_exchange(
+            transport,
+            self.stores[name].data_address,
+            badinput.DATA_WRITE,
+            badinput.serialized(request),
+        )
+        return self._refused(what, got, ("PERMISSION_DENIED",))
+
+    async def _garbage(
+        self, rng: random.Random, transport: Transport, method: badinput.DataMethod
+    ) -> bool:
+        """Bytes that parse as no request of `method`: INVALID_ARGUMENT, exactly."""
+        name = rng.choice(sorted(self.stores))
+        data = badinput.random_bytes(rng, method)
+        address = self.stores[name].data_address
+        got = await badinput.data_exchange(transport, address, method, [data])
+        what = f"{len(data)} bytes of garbage as a {method.name}"
+        return self._refused(what, got, ("INVALID_ARGUMENT",))
+
+    async def _bad_stream(self, client: StreamClient) -> bool:
+        """A stream whose name has no tenant: INVALID_ARGUMENT at the master."""
+        request = master_pb2.CreateStreamRequest(
+            name="no-tenant",
+            policy=entry_pb2.ReplicationPolicy(replicas=1, write_quorum=1),
+            create_tenant=True,
+        )
+        try:
+            await client.master.CreateStream(request, timeout=OPERATOR_CALL_S)
+            got = ("OK", "")
+        except grpc.aio.AioRpcError as error:
+            got = (error.code().name, error.details() or "")
+        return self._refused("a stream named without a tenant", got, ("INVALID_ARGUMENT",))
+
+    def _refused(self, what: str, got: tuple[str, str], expected: tuple[str, ...]) -> bool:
+        """Whether the call got through (False: cut by faults or a server down);
+        invariant 6 is broken unless it was refused as `expected`."""
+        code, details = got
+        if code in NOT_THROUGH:
+            return False
+
+        def refused() -> None:
+            if code not in expected:
+                wanted = " or ".join(expected)
+                raise Violation(6, f"{what}: {code} {details!r}, expected {wanted}")
+
+        self.check(refused)
+        return True
+
     async def _rot(self) -> None:
         """Now and then a byte of a stored event flips in one replica of a sealed
         segment, behind its store's back: its crc32c no longer holds. Only where the
@@ -2143,6 +2265,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(StoreRegistry, "register_store", _answering_lost_once)
             )
+        if "ungranted_writes" in flaws:
+            stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -2178,6 +2302,24 @@ def _trusting_any_bridge(recovery: SegmentRecovery) -> int:
     if plan is not None and plan.existing_bridge:
         return 0
     return _lost_from_index(recovery)
+
+
+def _admitting_anyone(
+    grants: WriteStreamGrants, signed: bytes, segment: SegmentKey, writer_epoch: int, now_ms: int
+) -> Grant:
+    """The flaw `ungranted_writes`: a write that shows no grant, and whose Write stream
+    showed none, is let through as though granted (the intruder's writes then meet the
+    fence, not the grant)."""
+    try:
+        return _admit(grants, signed, segment, writer_epoch, now_ms)
+    except GrantRefused:
+        if signed:
+            raise
+    listed = (GrantSegment(segment.epoch, (grants.authority.store_id,)),)
+    return Grant(segment.stream_id, writer_epoch, "anyone", "anyone", listed, now_ms + 60_000)
+
+
+_admit = WriteStreamGrants.admit
 
 
 def _seeded_secrets(seed: int) -> types.SimpleNamespace:
