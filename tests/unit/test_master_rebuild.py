@@ -12,7 +12,7 @@ from streamengine.master import records
 from streamengine.master.catalog import Batch
 from streamengine.master.core import rebuild
 from streamengine.master.core.errors import RebuildUnfinished
-from streamengine.master.core.model import SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core.model import SegmentRecord, SegmentState, StoreRecord, StreamRecord
 from streamengine.master.rebuild import commit as commit_rebuilt
 from streamengine.master.records import (
     MalformedRecord,
@@ -160,6 +160,108 @@ def test_a_name_with_two_ids_is_the_higher_and_ids_never_collide() -> None:
     assert any("not rebuilt" in note for note in out.notes)
 
 
+CLUSTER = "cluster-kept"
+INCARNATION, RENEWED = 7, 8
+
+
+def registered_as(store: str, incarnation: int = INCARNATION) -> StoreRecord:
+    return StoreRecord(store, f"{store}:1", "", False, incarnation)
+
+
+# s3 is named by every copy set below and answered as the case says; s1 and s2 hold
+# both segments and keep the cluster id.
+@pytest.mark.parametrize(
+    ("case", "s3_holds", "s3_answered", "s3_registered", "lost"),
+    [
+        (
+            "a new disk (no cluster id) loses every replica its copy sets name",
+            [],
+            rebuild.Answered(INCARNATION, ""),
+            INCARNATION,
+            [(5, 1), (5, 2)],
+        ),
+        (
+            "a new disk loses only what it does not hold",
+            [1],
+            rebuild.Answered(INCARNATION, ""),
+            INCARNATION,
+            [(5, 2)],
+        ),
+        (
+            "a store registered as a new incarnation after it answered holds none of it",
+            [1, 2],
+            rebuild.Answered(INCARNATION, CLUSTER),
+            RENEWED,
+            [(5, 1), (5, 2)],
+        ),
+        (
+            "a store of the cluster that holds nothing of a segment never had it",
+            [1],
+            rebuild.Answered(INCARNATION, CLUSTER),
+            INCARNATION,
+            [],
+        ),
+        (
+            "an incarnation not known is judged by its cluster id",
+            [],
+            rebuild.Answered(0, CLUSTER),
+            INCARNATION,
+            [],
+        ),
+        ("a store that did not answer is not judged", [], None, INCARNATION, []),
+    ],
+)
+def test_a_member_with_a_database_newer_than_its_records_loses_its_replicas(
+    case: str,
+    s3_holds: list[int],
+    s3_answered: rebuild.Answered | None,
+    s3_registered: int,
+    lost: list[tuple[int, int]],
+) -> None:
+    sealed = replace(seg(1), verified=("s1", "s3"))
+    segments = {1: sealed, 2: seg(2, OPEN)}
+    holdings = [held(s, segment) for segment in segments.values() for s in ("s1", "s2")]
+    holdings += [held("s3", segments[epoch]) for epoch in s3_holds]
+    answered = {s: rebuild.Answered(INCARNATION, CLUSTER) for s in ("s1", "s2")}
+    if s3_answered is not None:
+        answered["s3"] = s3_answered
+    registered = {s: registered_as(s) for s in ("s1", "s2")}
+    registered["s3"] = registered_as("s3", s3_registered)
+    out = rebuild.rebuild(holdings, NOW, answered, registered)
+    if lost:
+        assert out.stores == {"s3": replace(registered["s3"], lost=tuple(lost))}, case
+        assert any(note.startswith("store s3 ") for note in out.notes), case
+    else:
+        assert out.stores == {}, case
+    # The copy sets stay as recorded; a lost replica is no longer verified.
+    assert [s.copy_set for s in out.segments.values()] == [("s1", "s2", "s3")] * 2, case
+    verified = ("s1",) if (5, 1) in lost else ("s1", "s3")
+    assert out.segments[(5, 1)].verified == verified, case
+
+
+def test_a_rebuilt_stores_lost_replicas_are_answered_at_its_next_registration(
+    tmp_path: Path,
+) -> None:
+    """Committed with the catalog, they are answered as a new incarnation's are: the
+    open one's leader is asked to roll, the store marks both lost before it joins."""
+    holdings = [held(s, segment) for segment in (seg(1), seg(2, OPEN)) for s in ("s1", "s2")]
+    answered = {
+        "s1": rebuild.Answered(INCARNATION, CLUSTER),
+        "s2": rebuild.Answered(INCARNATION, CLUSTER),
+        "s3": rebuild.Answered(INCARNATION, ""),
+    }
+    registered = {s: registered_as(s) for s in ("s1", "s2", "s3")}
+    rebuilt = rebuild.rebuild(holdings, NOW, answered, registered)
+    rebuilt.cluster_id = CLUSTER
+    place = RocksDBPlace(tmp_path / "rebuilt")
+    commit_rebuilt(place.open(), rebuilt)
+    state = MasterState(place.open(), NOW, 1_000, 3_000)
+    again = state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, INCARNATION, "")
+    assert again.lost == ((5, 1), (5, 2))
+    assert state.lost_members == {(5, 2): {"s3"}}
+    place.close()
+
+
 @pytest.mark.parametrize(
     ("case", "registered", "answered", "named", "now", "ready", "missing"),
     [
@@ -296,6 +398,8 @@ def test_a_seal_changes_the_records_of_its_segment_and_later_ones_only() -> None
     before = [record_pb(ORDERS, s).SerializeToString() for s in (one, two, three)]
     after = [record_pb(kept, s).SerializeToString() for s in (one, two, three)]
     assert [b == a for b, a in zip(before, after, strict=True)] == [True, False, False]
+
+
 def test_a_heartbeat_encodes_a_bounded_number_of_records_afresh(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

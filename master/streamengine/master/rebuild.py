@@ -6,7 +6,10 @@ every segment it holds with the master's record of it (`ListSegmentRecords`, wit
 master's node certificate on a secured cluster). Once every registered store, and every
 store a record names, has answered, or the deadline passed (the stores still missing
 are logged), `master.rebuild` decides the catalog, which is committed; the server then
-loads it as after a restart (no lease for one lease period).
+loads it as after a restart (no lease for one lease period). Each store's answer goes
+with the incarnation it was registered under when asked and the cluster id it keeps:
+a store with a database newer than the records naming it loses the replicas they name
+it for (`StoreRecord.lost`), told at its next registration.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Rebuilder:
         self.wait_s = wait_s
         self.clock_ms = clock_ms
         self.answers: dict[str, list[rebuild.Holding]] = {}
+        # The stores whose answers were whole, as they were when asked.
+        self.answered: dict[str, rebuild.Answered] = {}
         self.cluster_ids: dict[str, str] = {}
 
     async def run(self) -> rebuild.Rebuilt:
@@ -65,11 +70,16 @@ class Rebuilder:
                     stub: segment_store_pb2_grpc.SegmentStoreAsyncStub = (
                         segment_store_pb2_grpc.SegmentStoreStub(channels[address])
                     )
+                    incarnation = self.state.stores[store_id].incarnation
                     try:
-                        self.answers[store_id] = await self._ask(store_id, stub)
+                        self.answers[store_id], whole = await self._ask(store_id, stub)
                     except grpc.aio.AioRpcError as error:
                         log.info("store %s did not answer yet: %s", store_id, error.code())
                         continue
+                    if whole:
+                        self.answered[store_id] = rebuild.Answered(
+                            incarnation, self.cluster_ids.get(store_id, "")
+                        )
                     log.info("store %s holds %d segments", store_id, len(self.answers[store_id]))
                 holdings = [h for answer in self.answers.values() for h in answer]
                 named = rebuild.named_stores(holdings)
@@ -86,7 +96,7 @@ class Rebuilder:
         absent = rebuild.missing(registered, self.answers, named)
         if absent:
             log.warning("rebuilding without stores %s: they did not answer", ", ".join(absent))
-        rebuilt = rebuild.rebuild(holdings, self.clock_ms())
+        rebuilt = rebuild.rebuild(holdings, self.clock_ms(), self.answered, self.state.stores)
         rebuilt.cluster_id, notes = rebuild.adopted_cluster_id(
             {**self.state.store_cluster_ids, **self.cluster_ids}
         )
@@ -103,7 +113,8 @@ class Rebuilder:
 
     async def _ask(
         self, store_id: str, stub: segment_store_pb2_grpc.SegmentStoreAsyncStub
-    ) -> list[rebuild.Holding]:
+    ) -> tuple[list[rebuild.Holding], bool]:
+        """What the store holds, and whether that is all of it (every page read)."""
         holdings: list[rebuild.Holding] = []
         after = (0, 0)
         for _ in range(PAGES_PER_STORE_MAX):
@@ -119,8 +130,11 @@ class Rebuilder:
                 holdings.append(_holding(store_id, held))
                 after = (held.segment.stream_id, held.segment.epoch)
             if not reply.more or not reply.segments:
-                break
-        return holdings
+                return holdings, True
+        log.warning(
+            "store %s holds more than %d pages: read in part", store_id, PAGES_PER_STORE_MAX
+        )
+        return holdings, False
 
 
 def _holding(store_id: str, held: segment_store_pb2.HeldSegmentRecord) -> rebuild.Holding:
@@ -167,6 +181,10 @@ def commit(catalog: Catalog, rebuilt: rebuild.Rebuilt) -> None:
             batch = flush()
     for _, segment in sorted(rebuilt.segments.items()):
         batch.segment(segment)
+        if batch.ops() >= OPS_PER_TRANSACTION_MAX:
+            batch = flush()
+    for _, store in sorted(rebuilt.stores.items()):
+        batch.store(store)
         if batch.ops() >= OPS_PER_TRANSACTION_MAX:
             batch = flush()
     flush()

@@ -23,7 +23,15 @@ own fence, acked index and acked bridge of it. From those:
   grant is above every epoch ever used (an epoch granted and never shown to any store is
   refused by every store that took the rebuilt master's new signing key);
 - unsealed segments below the stream's epoch are SEALING (a later epoch exists);
-- the next stream id is above every id any store holds, so no new stream collides.
+- the next stream id is above every id any store holds, so no new stream collides;
+- a member of a rebuilt copy set whose database is newer than what it answered for
+  (it keeps no cluster id: made since it last joined a master, a wiped disk; or it
+  registered as another incarnation after it answered) holds none of the replicas the
+  records name it for, save those it listed: they are lost, as a registration with a
+  new incarnation makes them (`StoreRecord.lost`, told at its next registration), and
+  are no longer verified. The master cannot tell those apart otherwise: registered to
+  a master that knows no segment yet, such a store was told it lost nothing, and it
+  would answer a recovery's seal as an empty replica and count among the R.
 
 Tenants are recreated from stream names; tokens are not in the stores and are lost
 (the operator issues new ones).
@@ -31,10 +39,16 @@ Tenants are recreated from stream names; tokens are not in the stores and are lo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from streamengine.master.core.model import SegmentKey, SegmentRecord, SegmentState, StreamRecord
+from streamengine.master.core.model import (
+    SegmentKey,
+    SegmentRecord,
+    SegmentState,
+    StoreRecord,
+    StreamRecord,
+)
 from streamengine.protocol.limits import REPLICAS_MAX
 
 # Stores register again within this long of a master's start: a heartbeat (at most a
@@ -42,6 +56,10 @@ from streamengine.protocol.limits import REPLICAS_MAX
 # backoff (at most 2 s apart, `segment_store.master_link`) gets through. The rebuild
 # waits at least this long, so that a store no record names is asked too.
 REGISTRATION_GRACE_MS = 3_000
+
+# Why a store's database is newer than the records naming it (`_newer_databases`).
+_RENEWED = "registered as a new incarnation after it answered"
+_UNJOINED = "keeps no cluster id (a new disk)"
 
 # Roll thresholds of a stream rebuilt without any record (as `state` defaults them).
 _SEGMENT_BYTES = 256 << 20
@@ -70,11 +88,24 @@ class Holding:
             assert stream.stream_id == self.stream_id and stream.name == segment.stream
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A store's whole answer to the rebuild (every page of it): the incarnation it was
+    registered under when asked (0: not known) and the cluster id it keeps ("": none,
+    its database was made since it last joined a master)."""
+
+    incarnation: int
+    cluster_id: str
+
+
 @dataclass
 class Rebuilt:
     tenants: dict[str, int] = field(default_factory=dict)
     streams: dict[str, StreamRecord] = field(default_factory=dict)
     segments: dict[SegmentKey, SegmentRecord] = field(default_factory=dict)
+    # The registered stores told of replicas lost with a newer database: their records
+    # with those in `lost`, answered at their next registration.
+    stores: dict[str, StoreRecord] = field(default_factory=dict)
     next_stream_id: int = 1
     # Conflicts and guesses, one line each, for the log.
     notes: list[str] = field(default_factory=list)
@@ -129,7 +160,23 @@ def named_stores(holdings: Iterable[Holding]) -> set[str]:
     return {m for h in holdings if h.record is not None for m in h.record[1].copy_set}
 
 
-def rebuild(holdings: Iterable[Holding], now_ms: int) -> Rebuilt:
+def rebuild(
+    holdings: Iterable[Holding],
+    now_ms: int,
+    answered: Mapping[str, Answered] | None = None,
+    registered: Mapping[str, StoreRecord] | None = None,
+) -> Rebuilt:
+    """The catalog from what the stores hold (`holdings`); `answered`: the stores whose
+    answers were whole, `registered`: every store's record as it registers now."""
+    holdings = list(holdings)
+    out = _catalog(holdings, now_ms)
+    newer = _newer_databases(answered or {}, registered or {})
+    if newer:
+        _lose_replicas(out, holdings, newer, registered or {})
+    return out
+
+
+def _catalog(holdings: list[Holding], now_ms: int) -> Rebuilt:
     by_stream: dict[int, list[Holding]] = {}
     for holding in holdings:
         by_stream.setdefault(holding.stream_id, []).append(holding)
@@ -172,6 +219,51 @@ def rebuild(holdings: Iterable[Holding], now_ms: int) -> Rebuilt:
         _check_stream(stream, [s for k, s in out.segments.items() if k[0] == stream.stream_id])
     assert all(s.stream_id < out.next_stream_id for s in out.streams.values())
     return out
+
+
+def _newer_databases(
+    answered: Mapping[str, Answered], registered: Mapping[str, StoreRecord]
+) -> dict[str, str]:
+    """The registered stores that answered whose database is newer than the records
+    naming them, each with why."""
+    newer = {}
+    for store_id, answer in sorted(answered.items()):
+        record = registered.get(store_id)
+        if record is None:
+            continue
+        if answer.incarnation and record.incarnation and answer.incarnation != record.incarnation:
+            newer[store_id] = _RENEWED
+        elif not answer.cluster_id:
+            newer[store_id] = _UNJOINED
+    return newer
+
+
+def _lose_replicas(
+    out: Rebuilt,
+    holdings: list[Holding],
+    newer: dict[str, str],
+    registered: Mapping[str, StoreRecord],
+) -> None:
+    """Each member of `newer` loses the rebuilt replicas it does not hold as it runs
+    now (an incarnation registered since its answer holds none of what it listed)."""
+    held = {
+        (h.store_id, (h.stream_id, h.epoch)) for h in holdings if newer.get(h.store_id) == _UNJOINED
+    }
+    lost: dict[str, list[SegmentKey]] = {}
+    for key, segment in sorted(out.segments.items()):
+        gone = [m for m in segment.copy_set if m in newer and (m, key) not in held]
+        for member in gone:
+            lost.setdefault(member, []).append(key)
+        if gone and set(gone) & set(segment.verified):
+            out.segments[key] = replace(
+                segment, verified=tuple(m for m in segment.verified if m not in gone)
+            )
+    for store_id, keys in sorted(lost.items()):
+        record = registered[store_id]
+        out.stores[store_id] = replace(record, lost=tuple(sorted({*record.lost, *keys})))
+        out.notes.append(
+            f"store {store_id} {newer[store_id]}: {len(keys)} replicas its copy sets name are lost"
+        )
 
 
 def _stream(stream_id: int, group: list[Holding], notes: list[str]) -> StreamRecord:
