@@ -263,6 +263,32 @@ def test_a_rebuilt_stores_lost_replicas_are_answered_at_its_next_registration(
 
 
 @pytest.mark.parametrize(
+    ("case", "kept_cluster_id", "lost"),
+    [
+        ("a new disk holds none of what the records name it for", "", [(5, 1), (5, 2)]),
+        ("a store of the cluster keeps what it held", CLUSTER, []),
+    ],
+)
+def test_a_store_that_missed_the_rebuild_is_judged_by_its_cluster_id(
+    tmp_path: Path, case: str, kept_cluster_id: str, lost: list[tuple[int, int]]
+) -> None:
+    """s3, named by every copy set, was silent past the rebuild's deadline: the rebuilt
+    master never registered it, and its first registration says what it kept."""
+    holdings = [held(s, segment) for segment in (seg(1), seg(2, OPEN)) for s in ("s1", "s2")]
+    rebuilt = rebuild.rebuild(holdings, NOW)
+    rebuilt.cluster_id = CLUSTER
+    place = RocksDBPlace(tmp_path / "rebuilt")
+    commit_rebuilt(place.open(), rebuilt)
+    state = MasterState(place.open(), NOW, 1_000, 3_000)
+    first = state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, 9, kept_cluster_id)
+    assert first.lost == tuple(lost), case
+    assert state.lost_members == ({(5, 2): {"s3"}} if lost else {}), case
+    again = state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, 9, kept_cluster_id)
+    assert again.lost == tuple(lost), case
+    place.close()
+
+
+@pytest.mark.parametrize(
     ("case", "registered", "answered", "named", "now", "ready", "missing"),
     [
         ("nobody answered yet", ["s1"], [], [], 0, False, ["s1"]),

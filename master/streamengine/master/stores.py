@@ -90,7 +90,9 @@ class StoreRegistry:
         """Register a store (again). Refused (WrongCluster) when it keeps another
         cluster's id. A new incarnation of a known store holds none of its earlier
         replicas: those are `Registered.lost`, the store is told so and refuses to seal
-        or write them, the open ones roll, and repair refills the sealed ones.
+        or write them, the open ones roll, and repair refills the sealed ones. So does a
+        store unknown to the master with an incarnation and no cluster id (a new disk),
+        of the copy sets a rebuild it missed named it in.
 
         Every registration of that incarnation answers the same `lost` (those segments
         the master still knows): the answer that first named them may never have reached
@@ -118,7 +120,12 @@ class StoreRegistry:
         known = existing.incarnation if existing else 0
         lost: list[SegmentKey] = []
         kept_lost: tuple[SegmentKey, ...] = existing.lost if existing else ()
-        if known and incarnation and incarnation != known:
+        if (known and incarnation and incarnation != known) or (
+            existing is None and incarnation and not cluster_id
+        ):
+            # A store the master never registered is named by copy sets only when they
+            # were rebuilt from the other stores' records while it was away; keeping no
+            # cluster id, its database was made since it last joined: it holds none.
             lost = sorted(self.state.members.get(store_id, ()))
             kept_lost = tuple(lost)
         # A segment dropped since (deleted or trimmed) needs no mark any more.
