@@ -79,6 +79,11 @@ ACCEPTED_LOSS = 14
 # An intruder (`WorldConfig.intruder`, seeds from `INTRUDER_FIRST_SEED` on) sends bad
 # input through the servers' front doors: each kind refused with its status.
 INTRUDED = 18
+# Found by the soak over 5000..5299 (5206 too): store5, wiped at 1.5 s while the
+# master was up, came back after the metadata was lost at 2.4 s and registered with the
+# rebuilding master, which knew no segment and answered no lost replica; the rebuild kept
+# the copy sets naming it, and it joined holding three replicas it never marked lost.
+WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -298,6 +303,16 @@ def test_seed_39_a_wiped_store_whose_registration_answers_are_lost_joins_once() 
     result = run_seed(LOST_REGISTRATION_ANSWERS)
     assert result.config.registration_answers_lost and result.ok, _failure(result)
     assert result.stats.get("answers lost", 0) > 0, result.stats
+
+
+def test_seed_5009_a_store_wiped_while_the_metadata_was_gone_is_told_its_losses() -> None:
+    """A store that answers the rebuild keeping no cluster id (a new disk) holds none of
+    what the records name it for: the rebuild marks those replicas lost in its store
+    record, and its next registration tells it, so it joins refusing to answer for them
+    (invariant 14)."""
+    result = run_seed(WIPED_WHILE_THE_METADATA_WAS_GONE)
+    assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
+    assert result.stats.get("replicas a rebuild found lost", 0) > 0, result.stats
 
 
 def test_every_runtime_flaw_has_a_seed() -> None:

@@ -1724,6 +1724,8 @@ class World:
         --rebuild` knows only what the stores were told); the operator creates a
         stream, whose id must be new."""
         self.count("metadata rebuilt")
+        # Replicas of stores whose disks are newer than the records naming them.
+        self.count("replicas a rebuild found lost", sum(len(r.lost) for r in state.stores.values()))
         self.note(f"the master rebuilt {len(state.streams)} streams from the stores")
         self.masters.checker.rebuilt(self._epochs_stores_saw())
         for stream, checker in sorted(self.checkers.items()):
