@@ -16,7 +16,7 @@ import pytest
 
 from streamengine.protocol import auth, framed, framed_peer, framing
 from streamengine.protocol.framed import HELLO_TIMEOUT_MS, CallError, DataConnection
-from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framed_server import ServerCall
 from streamengine.protocol.framing import Kind, StatusCode, VersionRange
 from streamengine.protocol.limits import FRAME_PAYLOAD_BYTES_MAX
 from streamengine.protocol.status import FENCE_METADATA_KEY
@@ -24,8 +24,9 @@ from streamengine.protocol.transport import Transport, server_ssl_context
 from streamengine.testing.ports import free_port
 from streamengine.tools import certs
 from streamengine.v1 import data_plane_pb2, segment_store_pb2
+from tests.unit import data_servers
 
-DEADLINE_S = 5.0
+DEADLINE_S = data_servers.DEADLINE_S
 TENANT = auth.Principal(auth.PrincipalKind.TENANT, "t1", tenant="acme", role=auth.Role.WRITE)
 
 
@@ -44,20 +45,13 @@ def accept_any(identity: auth.Principal, token: str | None) -> auth.Principal | 
     return TENANT if token == "good" else auth.Denial("the token is not valid here")
 
 
-@contextlib.asynccontextmanager
-async def serving(
+def serving(
     handler: Callable[[ServerCall], Awaitable[None]] | None = echo,
     context: Any = None,
     **options: Any,
-) -> AsyncIterator[str]:
+) -> contextlib.AbstractAsyncContextManager[str]:
     handlers = {Kind.WRITE_REQUEST: handler} if handler else {}
-    server = DataServer(handlers, accept_any, **options)
-    port = await server.start(f"127.0.0.1:{free_port()}", context)
-    try:
-        async with asyncio.timeout(DEADLINE_S * 2):
-            yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop()
+    return data_servers.serving(handlers, accept_any, context, **options)
 
 
 def request(request_id: int, size: int = 0) -> segment_store_pb2.WriteRequest:

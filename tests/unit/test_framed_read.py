@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,15 +20,15 @@ import pytest
 from streamengine.client.data_connections import DataConnections
 from streamengine.protocol import framed_read
 from streamengine.protocol.framed import CallError
-from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framed_server import ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.protocol.limits import STREAM_CREDIT_BYTES
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.protocol.transport import PLAINTEXT
-from streamengine.testing.ports import free_port
 from streamengine.v1 import entry_pb2, segment_store_pb2
+from tests.unit import data_servers
 
-DEADLINE_S = 5.0
+DEADLINE_S = data_servers.DEADLINE_S
 REQUEST = segment_store_pb2.ReadRequest(
     segment=entry_pb2.SegmentId(stream_id=7, epoch=3), from_index=1, to_index=5
 )
@@ -50,17 +50,10 @@ async def fenced(call: ServerCall) -> None:
     raise CallError(StatusCode.FAILED_PRECONDITION, "below the fence", {FENCE_METADATA_KEY: "9"})
 
 
-@contextlib.asynccontextmanager
-async def serving(
+def serving(
     handler: Callable[[ServerCall], Awaitable[None]], **options: Any
-) -> AsyncIterator[str]:
-    server = DataServer({Kind.READ_REQUEST: handler}, lambda known, _token: known, **options)
-    port = await server.start(f"127.0.0.1:{free_port()}", None)
-    try:
-        async with asyncio.timeout(DEADLINE_S * 2):
-            yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop()
+) -> contextlib.AbstractAsyncContextManager[str]:
+    return data_servers.serving({Kind.READ_REQUEST: handler}, **options)
 
 
 async def test_replies_come_in_order_and_the_read_ends_with_the_stores_end() -> None:

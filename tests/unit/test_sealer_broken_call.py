@@ -10,12 +10,13 @@ from streamengine.client.channels import ChannelPool
 from streamengine.client.core import recovery as sr
 from streamengine.client.core.replicator import SegmentRef
 from streamengine.protocol.framed import CallError
-from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framed_server import ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.protocol.status import FENCE_METADATA_KEY
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing.ports import free_port
 from streamengine.v1 import entry_pb2
+from tests.unit import data_servers
 
 
 def sealer_of(data_address: str) -> recovery.SegmentSealer:
@@ -40,12 +41,8 @@ async def test_a_write_broken_before_its_answer_is_no_answer() -> None:
         await call.receive()
         raise CallError(StatusCode.UNAVAILABLE, "shutting down")
 
-    server = DataServer({Kind.WRITE_REQUEST: broken}, lambda identity, _: identity)
-    port = await server.start(f"127.0.0.1:{free_port()}", None)
-    try:
-        assert await sealer_of(f"127.0.0.1:{port}")._attempt(sr.SendAcked("store0", 0)) is None
-    finally:
-        await server.stop()
+    async with data_servers.serving({Kind.WRITE_REQUEST: broken}) as address:
+        assert await sealer_of(address)._attempt(sr.SendAcked("store0", 0)) is None
 
 
 async def test_a_write_below_the_fence_fences_the_recovery() -> None:
@@ -53,10 +50,6 @@ async def test_a_write_below_the_fence_fences_the_recovery() -> None:
         await call.receive()
         raise CallError(StatusCode.FAILED_PRECONDITION, "below", {FENCE_METADATA_KEY: "7"})
 
-    server = DataServer({Kind.WRITE_REQUEST: fenced}, lambda identity, _: identity)
-    port = await server.start(f"127.0.0.1:{free_port()}", None)
-    try:
-        answer = await sealer_of(f"127.0.0.1:{port}")._attempt(sr.SendAcked("store0", 0))
-    finally:
-        await server.stop()
+    async with data_servers.serving({Kind.WRITE_REQUEST: fenced}) as address:
+        answer = await sealer_of(address)._attempt(sr.SendAcked("store0", 0))
     assert answer == sr.RecoveryFenced("store0", 7)

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import pytest
 
 from streamengine.client.data_connections import DataConnections
 from streamengine.client.store_session import write_once
 from streamengine.protocol.framed import CallError
-from streamengine.protocol.framed_server import DataServer, ServerCall
+from streamengine.protocol.framed_server import ServerCall
 from streamengine.protocol.framing import Kind, StatusCode
 from streamengine.protocol.transport import PLAINTEXT
 from streamengine.testing.ports import free_port
 from streamengine.v1 import segment_store_pb2
+from tests.unit import data_servers
 
-DEADLINE_S = 5.0
+DEADLINE_S = data_servers.DEADLINE_S
 # Request ids the script answers otherwise than with a reply.
 ENDS_UNANSWERED = 1000
 NEVER_ANSWERS = 2000
@@ -39,20 +39,12 @@ async def scripted_write(call: ServerCall) -> None:
     assert await call.receive() is None  # the client's End
 
 
-@contextlib.asynccontextmanager
-async def serving(connections: list[None]) -> AsyncIterator[str]:
-    server = DataServer(
+def serving(connections: list[None]) -> contextlib.AbstractAsyncContextManager[str]:
+    return data_servers.serving(
         {Kind.WRITE_REQUEST: scripted_write},
-        lambda known, _token: known,
         requests_max=2,
         on_connection=lambda: connections.append(None),
     )
-    port = await server.start(f"127.0.0.1:{free_port()}", None)
-    try:
-        async with asyncio.timeout(DEADLINE_S * 2):
-            yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop()
 
 
 def write(request_id: int) -> segment_store_pb2.WriteRequest:
