@@ -195,6 +195,16 @@ def test_an_intruders_bad_input_is_refused_at_every_front_door() -> None:
         assert result.stats.get(f"bad input refused: {kind}", 0) > 0, (kind, result.stats)
 
 
+def test_seed_9054_a_rebuilt_master_never_grants_an_epoch_followers_were_shown() -> None:
+    """N=1: the lost master had granted `t1/s4` epochs 3 (without a segment) and 4, none
+    of which reached the store; rebuilt from it, the master granted epoch 3 again and
+    its first event was acked at (3, 1), where a follower placed past epoch 3 never
+    read it. A rebuilt stream now starts `REBUILD_EPOCH_GAP` epochs past what the
+    stores knew, and followers list segments ahead by count, not by epoch."""
+    result = run_seed(9054)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+
+
 def test_seed_5204_a_roll_refused_twice_excludes_no_store() -> None:
     """N=3 W=2 on three stores: store1 wiped (its replicas of epoch 1 lost) and store2
     (fsync never) detached, so `t2/*`'s writers could not ack and asked to roll. Each

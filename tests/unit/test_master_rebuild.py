@@ -13,6 +13,7 @@ from streamengine.master.catalog import Batch
 from streamengine.master.core import rebuild
 from streamengine.master.core.errors import RebuildUnfinished
 from streamengine.master.core.model import SegmentRecord, SegmentState, StoreRecord, StreamRecord
+from streamengine.master.core.rebuild import REBUILD_EPOCH_GAP
 from streamengine.master.rebuild import commit as commit_rebuilt
 from streamengine.master.records import (
     MalformedRecord,
@@ -22,6 +23,7 @@ from streamengine.master.records import (
 )
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate, Chunk
+from streamengine.protocol.limits import EPOCH_MAX
 from streamengine.protocol.producers import ProducerPosition
 from streamengine.protocol.segment_records import RECORDS_PER_HEARTBEAT_MAX, record_version
 from streamengine.protocol.sequence import pack_sequence
@@ -68,8 +70,9 @@ def test_streams_segments_and_tenants_come_back_as_recorded() -> None:
     out = rebuild.rebuild(
         [held(s, one) for s in ("s1", "s2", "s3")] + [held(s, two) for s in ("s1", "s2")], NOW
     )
-    assert out.streams == {"acme/orders": replace(ORDERS, epoch=2)}
-    assert out.segments == {(5, 1): one, (5, 2): two}
+    assert out.streams == {"acme/orders": replace(ORDERS, epoch=2 + REBUILD_EPOCH_GAP)}
+    # The open segment has a later epoch now: the next leader seals it.
+    assert out.segments == {(5, 1): one, (5, 2): replace(two, state=SEALING)}
     assert out.tenants == {"acme": NOW}
     assert out.next_stream_id == 6
     assert out.notes == []
@@ -83,16 +86,24 @@ def test_streams_segments_and_tenants_come_back_as_recorded() -> None:
         ("the highest fence of any store", [4, 6], 6),
     ],
 )
-def test_the_streams_epoch_is_the_highest_any_store_knows(
+def test_the_streams_epoch_is_past_the_highest_any_store_knows(
     case: str, fences: list[int], epoch: int
 ) -> None:
+    """`REBUILD_EPOCH_GAP` past it: the lost master may have granted and listed later
+    epochs no store saw (the runtime world's seed 9054)."""
     three = seg(3, OPEN)
     out = rebuild.rebuild(
         [held("s1", three, fence=fences[0]), held("s2", three, fence=fences[1])], NOW
     )
-    assert out.streams["acme/orders"].epoch == epoch, case
+    assert out.streams["acme/orders"].epoch == epoch + REBUILD_EPOCH_GAP, case
     # The open segment below the stream's epoch waits for a leader to seal it.
-    assert out.segments[(5, 3)].state == (OPEN if epoch == 3 else SEALING), case
+    assert out.segments[(5, 3)].state == SEALING, case
+
+
+def test_a_rebuilt_epoch_stays_below_the_last_there_is() -> None:
+    top = seg(EPOCH_MAX - 5, OPEN)
+    out = rebuild.rebuild([held("s1", top), held("s2", top)], NOW)
+    assert out.streams["acme/orders"].epoch == EPOCH_MAX - 1
 
 
 @pytest.mark.parametrize(
@@ -137,8 +148,8 @@ def test_a_segment_without_a_record_gets_its_holders_as_copy_set() -> None:
         [held("s1", seg(1)), held("s2", None, epoch=2), held("s3", None, epoch=2)], NOW
     )
     segment = out.segments[(5, 2)]
-    assert (segment.copy_set, segment.state) == (("s2", "s3"), OPEN)
-    assert out.streams["acme/orders"].epoch == 2
+    assert (segment.copy_set, segment.state) == (("s2", "s3"), SEALING)
+    assert out.streams["acme/orders"].epoch == 2 + REBUILD_EPOCH_GAP
 
 
 def test_a_stream_without_any_record_is_kept_under_its_tenant_not_deleted() -> None:

@@ -607,3 +607,20 @@ def test_a_tenant_quota_counts_the_streams_of_the_same_call(master):
     assert "t/a" not in master.state.streams
     master.state.tenancy.create_streams([spec("t/a"), spec("t/b")], master.now)
     assert master.state.tenant_streams["t"] == 3
+
+
+def test_a_listing_counts_segments_not_epochs(master: Master) -> None:
+    """A reader looks a number of segments ahead (`segments_max`), wherever their
+    epochs lie: a rebuilt master starts 2^20 epochs past what the stores knew, and a
+    listing bounded by epochs saw none of its segments (the runtime world's seed 4)."""
+    beat(master, "w1")
+    leadership = master.state.leadership
+    leadership.roll_segment("t/s", writer("w1"), 1, (), master.now)
+    master.state.integrity.seal_segment("t/s", 1, 2, 7, master.now)
+    leadership.roll_segment("t/s", writer("w1"), 2, (), master.now)
+    _, listed = master.state.list_segments("t/s", 0)
+    assert [s.epoch for s in listed] == [1, 2, 3]
+    _, first = master.state.list_segments("t/s", 2, segments_max=1)
+    assert [s.epoch for s in first] == [2]
+    _, bounded = master.state.list_segments("t/s", 1, to_epoch=2, segments_max=5)
+    assert [s.epoch for s in bounded] == [1, 2]

@@ -66,9 +66,11 @@ log = logging.getLogger(__name__)
 # A sequence; "end": what is appended from now on; "earliest": the first event retained.
 Start = int | Literal["end", "earliest"]
 
-# A refresh lists the segments from the cursor's on, this many ahead, each sealed one
+# A refresh lists the segments from the cursor's on, this many of them, each sealed one
 # with its certificate's chunks (kilobytes per segment): a reader far behind hops
-# segments faster than it refreshes anyway.
+# segments faster than it refreshes anyway. Counted in segments, not epochs: epochs may
+# be far apart (a grant without a segment; a rebuilt master starts 2^20 past what the
+# stores knew, and a reader listing 16 epochs ahead never saw its segments).
 LISTED_AHEAD_SEGMENTS = 16
 REPORT_TIMEOUT_S = 2.0
 # Events made into objects at a time, out of a packed reply of up to tens of thousands:
@@ -583,7 +585,7 @@ class Follower:
         asked again later (an unknown stream still ends the subscription)."""
         epoch = cursor.epoch
         try:
-            segments = await self._list_segments(epoch, epoch + LISTED_AHEAD_SEGMENTS)
+            segments = await self._list_segments(epoch, segments_max=LISTED_AHEAD_SEGMENTS)
         except Unavailable as error:
             log.info("%s: master did not list the segments (%s), retrying", self._stream, error)
             cursor.on_list_failed(monotonic_ms())
@@ -598,18 +600,19 @@ class Follower:
             raise Trimmed(self._stream, cursor.position, self._first_retained)
 
     async def _list_segments(
-        self, from_epoch: int = 0, to_epoch: int = 0, retry: bool = False
+        self, from_epoch: int = 0, segments_max: int = 0, retry: bool = False
     ) -> list[SegmentView]:
-        """The master's list, from `from_epoch` to `to_epoch` (0: no bound), sealed
-        segments with their certificates when bounded; `retry` like a control call."""
+        """The master's list from `from_epoch` on, its first `segments_max` segments (0:
+        all), sealed ones with their certificates when bounded; `retry` like a control
+        call."""
 
         async def ask() -> master_pb2.ListSegmentsReply:
             return await self._master.ListSegments(
                 master_pb2.ListSegmentsRequest(
                     stream=self._stream,
                     from_epoch=from_epoch,
-                    to_epoch=to_epoch,
-                    certificates=bool(to_epoch),
+                    segments_max=segments_max,
+                    certificates=bool(segments_max),
                 ),
                 timeout=self._timing.list_timeout_ms / 1000,
             )

@@ -31,7 +31,9 @@ class SegmentHandlers(Handlers):
             self.calls.require(
                 context, "ListSegments", authority.stream_tenant(request.stream), request.stream
             )
-            return self.state.list_segments(request.stream, request.from_epoch, request.to_epoch)
+            return self.state.list_segments(
+                request.stream, request.from_epoch, request.to_epoch, request.segments_max
+            )
 
         record, segments = await self.calls.call(context, "ListSegments", list_segments)
         return master_pb2.ListSegmentsReply(

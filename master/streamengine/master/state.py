@@ -439,16 +439,17 @@ class MasterState:
         return self.names.get(stream_id, "")
 
     def list_segments(
-        self, name: str, from_epoch: int, to_epoch: int = 0
+        self, name: str, from_epoch: int, to_epoch: int = 0, segments_max: int = 0
     ) -> tuple[StreamRecord, list[SegmentRecord]]:
         """The retained segments (never a trimmed one) from `from_epoch` to
-        `to_epoch` (0: no bound)."""
+        `to_epoch` (0: no bound), the first `segments_max` of them (0: all)."""
         record = self.usable_stream(name)
-        return record, [
+        listed = [
             s
             for s in self.retained_segments(record.stream_id)
             if s.epoch >= from_epoch and (to_epoch == 0 or s.epoch <= to_epoch)
         ]
+        return record, listed[:segments_max] if segments_max else listed
 
     def checks_of(self, key: SegmentKey) -> integrity.SegmentChecks:
         return self.checks.setdefault(key, integrity.SegmentChecks())

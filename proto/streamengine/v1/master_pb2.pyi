@@ -1495,6 +1495,7 @@ class ListSegmentsRequest(_message.Message):
     FROM_EPOCH_FIELD_NUMBER: _builtins.int
     CERTIFICATES_FIELD_NUMBER: _builtins.int
     TO_EPOCH_FIELD_NUMBER: _builtins.int
+    SEGMENTS_MAX_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     from_epoch: _builtins.int
     """Only segments of this epoch or later; 0 for all."""
@@ -1504,6 +1505,11 @@ class ListSegmentsRequest(_message.Message):
     """
     to_epoch: _builtins.int
     """Only segments of this epoch or earlier; 0 for no bound."""
+    segments_max: _builtins.int
+    """At most this many segments, the oldest first; 0 for no bound. A reader's look
+    ahead counts segments, not epochs: epochs may be far apart (a grant without a
+    segment; a rebuilt master starts 2^20 epochs past what the stores knew).
+    """
     def __init__(
         self,
         *,
@@ -1511,10 +1517,11 @@ class ListSegmentsRequest(_message.Message):
         from_epoch: _builtins.int = ...,
         certificates: _builtins.bool = ...,
         to_epoch: _builtins.int = ...,
+        segments_max: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "from_epoch", b"from_epoch", "stream", b"stream", "to_epoch", b"to_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "from_epoch", b"from_epoch", "segments_max", b"segments_max", "stream", b"stream", "to_epoch", b"to_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,10 +18,14 @@ own fence, acked index and acked bridge of it. From those:
   logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
   sealed there (a seal whose record had not reached the stores yet). A segment without
   any record gets the stores that hold it as its copy set;
-- a stream's epoch is the highest epoch any store knows of it, as a segment or as a
-  fence: every epoch granted before that a leader used is at or below it, so the next
-  grant is above every epoch ever used (an epoch granted and never shown to any store is
-  refused by every store that took the rebuilt master's new signing key);
+- a stream's epoch is `REBUILD_EPOCH_GAP` past the highest epoch any store knows of
+  it, as a segment or as a fence. Every epoch a leader wrote or sealed under is at or
+  below that highest one, but the lost master may have granted later ones no store saw
+  (a grant without a segment, a segment no write reached) and listed them to followers,
+  who take an epoch listed without a segment, or a segment listed empty, as a promise
+  that no event will ever be there. The next grant is above all of them (and a grant of
+  the lost master's is refused by every store that took the rebuilt master's new
+  signing key);
 - unsealed segments below the stream's epoch are SEALING (a later epoch exists);
 - the next stream id is above every id any store holds, so no new stream collides;
 - a member of a rebuilt copy set whose database is newer than what it answered for
@@ -49,13 +53,20 @@ from streamengine.master.core.model import (
     StoreRecord,
     StreamRecord,
 )
-from streamengine.protocol.limits import REPLICAS_MAX
+from streamengine.protocol.limits import EPOCH_MAX, REPLICAS_MAX
 
 # Stores register again within this long of a master's start: a heartbeat (at most a
 # second apart) finds the master does not know them, and a registration retried with
 # backoff (at most 2 s apart, `segment_store.master_link`) gets through. The rebuild
 # waits at least this long, so that a store no record names is asked too.
 REGISTRATION_GRACE_MS = 3_000
+# How far past the highest epoch the stores know a rebuilt stream's epoch starts (the
+# module doc): more than the lost master can have granted beyond it (a grant to another
+# writer waits a lease out, a leader's roll opens a segment it goes on to write), and
+# room for two thousand rebuilds below `EPOCH_MAX`. The runtime
+# world's seed 9054: the rebuilt master granted epoch 3 again, where a follower had been
+# told by the lost master that epoch 3 had no segment, and never read its events.
+REBUILD_EPOCH_GAP = 1 << 20
 
 # Why a store's database is newer than the records naming it (`_newer_databases`).
 _RENEWED = "registered as a new incarnation after it answered"
@@ -196,7 +207,8 @@ def _catalog(holdings: list[Holding], now_ms: int) -> Rebuilt:
         named[stream.name] = stream
     for stream in named.values():
         group = by_stream[stream.stream_id]
-        epoch = max(max(h.epoch, h.fence) for h in group)
+        known = max(max(h.epoch, h.fence) for h in group)
+        epoch = max(known, min(known + REBUILD_EPOCH_GAP, EPOCH_MAX - 1))
         # Marked as having producers if any record says so: a record sent before the
         # mark keeps its old bytes until the store is sent the new one.
         kept = [h.record[0] for h in group if h.record is not None]
