@@ -803,11 +803,10 @@ class MasterChecker:
                 self._lease_seen(stream, lease, lease_ms)
 
     def rebuilt(self, used: Mapping[str, int]) -> None:
-        """The master rebuilt its metadata from the stores: each stream's epoch is the
-        highest any store knows (`used`: a segment's or a fence's), and a grant no store
-        ever saw may be given again, since every store that took the rebuilt master's
-        new key refuses the old one (docs/design.md, rebuilding the metadata). From here
-        on a stream's epochs are held to what the stores saw."""
+        """The master rebuilt its metadata from the stores, knowing each stream's
+        epochs only as far as any store saw them (`used`: a segment's or a fence's; it
+        grants from `rebuild.REBUILD_EPOCH_GAP` past that, docs/design.md, rebuilding
+        the metadata). From here on a stream's epochs are held to what the stores saw."""
         self.latest_epoch = {stream: used[stream] for stream in sorted(used)}
         self.leases.clear()
 

@@ -96,13 +96,14 @@ class StoreHandlers(Handlers):
                     return None
                 answer: tuple[list[SegmentKey], bool, dict[SegmentKey, int]] = ([], True, {})
             else:
-                judged = registry.store_report(
+                deletes = registry.store_heartbeat(
                     request.store_id, request.used_bytes, request.free_bytes, held, now, removed
                 )
-                if judged is None:
+                if deletes is None:
                     return None
-                versions = {key: h.record_version for key, h in judged.held.items()}
-                answer = (judged.deletes, False, versions)
+                checked = registry.judged_held(request.store_id, now, held)
+                versions = {key: h.record_version for key, h in checked.items()}
+                answer = (deletes, False, versions)
             # Judged in the call, so a commit the metadata refuses (a master cut off
             # from etcd) is UNAVAILABLE and the store sends its reports again, not
             # UNKNOWN with a traceback (the fault suite's S17).

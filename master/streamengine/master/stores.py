@@ -51,16 +51,6 @@ class StoreLive:
 
 
 @dataclass(frozen=True, slots=True)
-class Judged:
-    """A store's heartbeat judged: the segments it should delete, and the reports whose
-    records the heartbeat's answer checks (`master.records`): all the store holds, or
-    those a delta named."""
-
-    deletes: list[SegmentKey]
-    held: dict[SegmentKey, Held]
-
-
-@dataclass(frozen=True, slots=True)
 class Registered:
     """A store's registration: its heartbeat interval, the cluster id to keep ("" while
     a rebuild has not adopted one), and the replicas its earlier incarnation held."""
@@ -191,26 +181,13 @@ class StoreRegistry:
         now_ms: int,
         removed: tuple[SegmentKey, ...] | None = None,
     ) -> list[SegmentKey] | None:
-        """`store_report`'s deletes (None: the store must register again)."""
-        judged = self.store_report(store_id, used_bytes, free_bytes, held, now_ms, removed)
-        return None if judged is None else judged.deletes
-
-    def store_report(
-        self,
-        store_id: str,
-        used_bytes: int,
-        free_bytes: int,
-        held: dict[SegmentKey, Held],
-        now_ms: int,
-        removed: tuple[SegmentKey, ...] | None = None,
-    ) -> Judged | None:
-        """Record a store's report and judge it; None when it must register again.
-        `removed` None: `held` is everything the store holds; else a delta
-        (`segment_store.core.held_reports`): `held` is what changed since its last report
-        answered and `removed` what it no longer holds, taken only once a whole report
-        was (`takes_delta`). A whole report judges every segment held, and so does a
-        delta once `HELD_JUDGED_MS` passed since; else a delta judges those it names and
-        the store's pending deletes."""
+        """Record a store's report; returns the segments it should delete, or None when
+        it must register again. `removed` None: `held` is everything the store holds;
+        else a delta (`segment_store.core.held_reports`): `held` is what changed since
+        its last report answered and `removed` what it no longer holds, taken only once
+        a whole report was (`takes_delta`). A whole report judges every segment held,
+        and so does a delta once `HELD_JUDGED_MS` passed since (`judged_held`); else a
+        delta judges those it names and the store's pending deletes."""
         if store_id not in self.state.stores:
             return None
         live = self.state.live.setdefault(store_id, StoreLive(last_seen_ms=now_ms))
@@ -253,12 +230,20 @@ class StoreRegistry:
             self.state.catalog.commit(batch)
             self.state.deletes -= set(chunk)
         judged: Iterable[SegmentKey] = holds
-        checked = holds
         if touched is not None:
             judged = set(held).union(key for key in pending if key in holds)
-            checked = held
-        deletes = sorted(key for key in judged if self._garbage(store_id, key))
-        return Judged(deletes, checked)
+        return sorted(key for key in judged if self._garbage(store_id, key))
+
+    def judged_held(
+        self, store_id: str, now_ms: int, named: dict[SegmentKey, Held]
+    ) -> dict[SegmentKey, Held]:
+        """The reports a heartbeat of `store_id` at `now_ms` judged (their records are
+        checked in its answer, `master.records`): every one the store holds when it
+        judged them all, else those it `named`."""
+        live = self.state.live.get(store_id)
+        if live is not None and live.judged_at_ms == now_ms:
+            return live.held
+        return named
 
     def takes_delta(self, store_id: str) -> bool:
         """Whether a delta report of `store_id` applies now: the master holds its whole
