@@ -4,14 +4,18 @@ or a packed batch that does not add up is refused wherever it is parsed."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamengine.protocol import codec
 from streamengine.protocol.entry import (
+    VALUE_HEADER_BYTES,
     CorruptEntry,
     EntryKind,
     PackedEntries,
     StoredEntry,
     encode_value,
+    first_corrupt_value,
 )
 from streamengine.segment_store.core.errors import BadRequest
 from streamengine.segment_store.core.writes import check_batch
@@ -99,3 +103,31 @@ def test_a_packed_batch_is_cut_into_pieces_a_write_may_carry() -> None:
     assert [e for p in pieces for e in p.entries()] == batch.entries()
     assert batch.pieces(entries_max=2, bytes_max=1000)[0].last_index == 8
     assert PackedEntries(0, ()).pieces(3, 40) == []
+
+
+@given(
+    st.lists(st.binary(max_size=40), min_size=1, max_size=12),
+    st.integers(0, 11),
+    st.sampled_from(["none", "flip", "kind", "short"]),
+)
+def test_the_served_values_check_finds_the_first_damage_the_write_check_finds(
+    payloads: list[bytes], at: int, damage: str
+) -> None:
+    """A store checks what it serves with `first_corrupt_value`, what it takes with
+    `PackedEntries.check`: the same values fail both, at the same position."""
+    first = 5
+    entries = [StoredEntry.make(first + n, EntryKind.EVENT, 3, p) for n, p in enumerate(payloads)]
+    values = list(PackedEntries.of(entries).values)
+    at = min(at, len(values) - 1)
+    value = bytearray(values[at])
+    if damage == "flip":
+        value[-1 if len(value) > VALUE_HEADER_BYTES else 1] ^= 0x10
+    elif damage == "kind":
+        value[0] = 99
+    elif damage == "short":
+        value = value[: VALUE_HEADER_BYTES - 1]
+    values[at] = bytes(value)
+    expected = None if damage == "none" else at
+    assert first_corrupt_value(first, values) == expected
+    if damage != "short":
+        assert PackedEntries(first, tuple(values)).check()[2] == expected

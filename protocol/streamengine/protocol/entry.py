@@ -233,10 +233,20 @@ def unpack_values(
 def first_corrupt_value(first_index: int, values: Sequence[bytes]) -> int | None:
     """Position of the first stored value (of consecutive indexes from `first_index`)
     that does not verify, else None."""
-    short = next((n for n, value in enumerate(values) if len(value) < VALUE_HEADER_BYTES), None)
-    checked = values if short is None else values[:short]
-    bad = PackedEntries(first_index, checked).check()[2]
-    return bad if bad is not None else short
+    # Its own loop, not `PackedEntries.check`'s: a store checks every value it serves,
+    # and collecting kinds and epochs it does not need cost it a sixth of the check.
+    unpack, pack, header = _VALUE_HEADER.unpack_from, _CRC_HEADER.pack, VALUE_HEADER_BYTES
+    value_crc, extend, known = google_crc32c.value, google_crc32c.extend, _KINDS
+    for position, value in enumerate(values):
+        if len(value) < header:
+            return position
+        kind, epoch, crc = unpack(value)
+        if (
+            extend(value_crc(pack(kind, epoch, first_index + position)), value[header:]) != crc
+            or kind not in known
+        ):
+            return position
+    return None
 
 
 @dataclass(frozen=True, slots=True)
