@@ -789,6 +789,9 @@ class MasterChecker:
         self.leases: dict[str, dict[tuple[int, str], int]] = {}
         self.serving: list[str] = []  # the masters serving in turn
         self.commits = 0
+        # Per stream, the latest epoch seen served before the master lost its metadata:
+        # none of them is ever granted again, to anyone.
+        self.granted_before_rebuild: dict[str, int] = {}
 
     def look(self, active: list[str], state: MasterState | None, lease_ms: int) -> None:
         """`active`: the masters that would serve now; `state`: what the one serves."""
@@ -823,6 +826,13 @@ class MasterChecker:
                     leases[epoch, holder] = min(leases[epoch, holder], lease.expires_ms)
             return
         key = (lease.epoch, lease.holder)
+        lost_latest = self.granted_before_rebuild.get(stream, 0)
+        if key not in leases and lease.epoch <= lost_latest:
+            raise Violation(
+                5,
+                f"{stream}: epoch {lease.epoch} granted to {lease.holder} after a rebuild, "
+                f"though the master that lost its metadata served up to epoch {lost_latest}",
+            )
         if key not in leases and self.sees_every_release:
             granted_ms = lease.expires_ms - lease_ms
             for (epoch, holder), expires_ms in leases.items():
