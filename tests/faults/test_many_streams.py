@@ -20,8 +20,8 @@ def test_two_streams_and_two_writers_run_as_every_scenario_always_has() -> None:
     assert stream_names(2) == STREAMS
     assert writer_streams(STREAMS, 2) == {"w1": STREAMS, "w2": STREAMS}
     assert reader_streams(STREAMS, 0, 1, "r1") == STREAMS
-    assert all((s.streams, s.writers, s.reader_streams) == (2, 2, 0)
-               for s in SCENARIOS.values() if s.name != "S18")
+    assert all((s.streams, s.writers, s.reader_streams, s.multiplexed_readers)
+               == (2, 2, 0, False) for s in SCENARIOS.values() if s.name != "S18")
 
 
 def test_many_streams_are_shared_out_among_writers_and_sampled_by_readers() -> None:

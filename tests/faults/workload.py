@@ -3,7 +3,7 @@
     python -m tests.faults.workload writer --master A --streams t/a,t/b --name w1 --inc 2 \
         --history DIR --seed 7 [--rate 300] [--batch-max 20] [--size-max 4096]
     python -m tests.faults.workload reader --master A --streams t/a,t/b --name r1 --inc 1 \
-        --history DIR --seed 7 [--churn-s 5] [--consume-ms 2]
+        --history DIR --seed 7 [--churn-s 5] [--consume-ms 2] [--multiplexed]
 
 `--dial ADVERTISED=ADDRESS` (repeatable) makes the process reach a server through
 another address, e.g. a store through the harness's fault proxy (`tests.faults.proxy`).
@@ -13,8 +13,10 @@ time per stream), appends pipelined batches and records invoke / ok / fail / inf
 a session ends (leadership lost, a background failure) it opens a new one. A reader
 subscribes to every stream from its last recorded token (so a restarted reader resumes
 exactly after what it recorded), records every delivery, and now and then drops its
-subscription and resumes. SIGTERM: stop invoking, let pending appends finish (bounded),
-exit 0. Both stop by themselves after `--max-s`.
+subscription and resumes: a client and a `subscribe` per stream, or with
+`--multiplexed` one client and one `subscribe_many` carrying every stream. SIGTERM:
+stop invoking, let pending appends finish (bounded), exit 0. Both stop by themselves
+after `--max-s`.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from streamengine.client import StreamClient
+from streamengine.client import StreamClient, StreamEvent
 from streamengine.client.errors import (
     AppendFailed,
     DataLossError,
@@ -58,6 +60,8 @@ DELIVER_FLUSH_EVENTS = 128
 SLOW_CONSUMER_STEP = 64
 # A client whose first call to the master failed is started again after this long.
 CLIENT_RETRY_S = 0.5
+# A subscription that failed otherwise than by a loss is started again after this long.
+SUBSCRIBE_RETRY_S = 0.5
 
 
 def classify(error: BaseException) -> str:
@@ -77,13 +81,16 @@ def connect(args: argparse.Namespace) -> StreamClient:
 
 @contextlib.asynccontextmanager
 async def connected(
-    args: argparse.Namespace, recorder: Recorder, stopping: asyncio.Event
+    args: argparse.Namespace,
+    recorder: Recorder,
+    stopping: asyncio.Event,
+    connect_client: Callable[[argparse.Namespace], StreamClient] = connect,
 ) -> AsyncIterator[StreamClient]:
     """A started client (`connect`). A start that fails (its first call to the master)
     is recorded (`client_error`) and tried again, as an application would, until it
     succeeds or the process stops: a workload process never dies of it."""
     while True:
-        client = connect(args)
+        client = connect_client(args)
         try:
             await client.__aenter__()
             break
@@ -221,10 +228,62 @@ class WriterWorkload:
         return self.rng.randint(64, 512)
 
 
+class Deliveries:
+    """What a subscription hands out, recorded as `deliver` lines per stream: at least
+    every `DELIVER_FLUSH_S`, in lines of at most `DELIVER_FLUSH_EVENTS`; each event moves
+    its stream's token (the last sequence recorded)."""
+
+    def __init__(self, recorder: Recorder, tokens: dict[str, int]) -> None:
+        self.recorder = recorder
+        self.tokens = tokens
+        self.buffers: dict[str, list[list[object]]] = {}
+        self.flushed_at = time.monotonic()
+
+    def add(self, stream: str, event: StreamEvent) -> None:
+        parsed = payload.parse(event.payload)
+        buffer = self.buffers.setdefault(stream, [])
+        buffer.append([event.sequence, event.epoch, event.index, parsed.pid,
+                       payload.fingerprint(event.payload), parsed.intact])
+        self.tokens[stream] = event.sequence
+        if len(buffer) >= DELIVER_FLUSH_EVENTS:
+            self.flush_stream(stream)
+        if time.monotonic() - self.flushed_at > DELIVER_FLUSH_S:
+            self.flush()
+
+    def flush_stream(self, stream: str) -> None:
+        buffer = self.buffers.pop(stream, None)
+        if buffer:
+            self.recorder.record("deliver", stream=stream, events=buffer)
+
+    def flush(self) -> None:
+        for stream in list(self.buffers):
+            self.flush_stream(stream)
+        self.flushed_at = time.monotonic()
+
+    async def flush_when_idle(self) -> None:
+        """The last events before a quiet spell are recorded too, not only once the next
+        event comes (the catch-up figure reads the history)."""
+        while True:
+            await asyncio.sleep(DELIVER_FLUSH_S)
+            if time.monotonic() - self.flushed_at > DELIVER_FLUSH_S:
+                self.flush()
+
+
 class ReaderWorkload:
-    def __init__(self, args: argparse.Namespace, recorder: Recorder, history: Path) -> None:
+    """Follows its streams, each with its own client and `subscribe` (the per-stream
+    path), or all through one client and one `subscribe_many` (`--multiplexed`, as an
+    application following many streams would). Both record the same history."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        recorder: Recorder,
+        history: Path,
+        connect_client: Callable[[argparse.Namespace], StreamClient] = connect,
+    ) -> None:
         self.args = args
         self.recorder = recorder
+        self.connect_client = connect_client
         self.rng = random.Random(f"{args.seed}/{args.name}/{args.inc}")
         self.stopping = asyncio.Event()
         self.tokens = last_tokens(history)
@@ -232,85 +291,125 @@ class ReaderWorkload:
         self.accepted_loss: dict[str, list[int]] = {}
 
     async def run(self) -> None:
+        streams = self.args.streams.split(",")
+        if self.args.multiplexed:
+            await self.follow_many(streams)
+            return
         async with asyncio.TaskGroup() as group:
-            for stream in self.args.streams.split(","):
+            for stream in streams:
                 group.create_task(self.stream_loop(stream))
 
     async def stream_loop(self, stream: str) -> None:
         while not self.stopping.is_set():
-            async with connected(self.args, self.recorder, self.stopping) as client:
+            async with self.connected() as client:
                 # A few subscriptions per client, then a fresh client.
                 for _ in range(self.rng.randint(1, 4)):
                     if self.stopping.is_set():
                         return
                     await self.subscription(client, stream)
 
-    async def subscription(self, client: StreamClient, stream: str) -> None:
+    async def follow_many(self, streams: list[str]) -> None:
+        """One client for the process's life, one subscription of every stream at a
+        time, dropped now and then and resumed from the tokens."""
+        async with self.connected() as client:
+            while not self.stopping.is_set():
+                await self.subscription_many(client, streams)
+
+    def connected(self) -> contextlib.AbstractAsyncContextManager[StreamClient]:
+        return connected(self.args, self.recorder, self.stopping, self.connect_client)
+
+    def resume_from(self, stream: str) -> int:
+        """Where `stream` is read from next (just after its token, or 0), recorded."""
         token = self.tokens.get(stream)
         start = 0 if token is None else token + 1
         skipping = self.accepted_loss.pop(stream, None)
         self.recorder.record("subscribe", stream=stream, **{"from": start},
                              **({"after_loss": skipping} if skipping else {}))
-        buffer: list[list[object]] = []
-        flushed_at = time.monotonic()
+        return start
 
-        def flush() -> None:
-            nonlocal flushed_at
-            if buffer:
-                self.recorder.record("deliver", stream=stream, events=list(buffer))
-                buffer.clear()
-            flushed_at = time.monotonic()
+    def churn_at(self) -> float:
+        """When the subscription starting now is dropped (the loop's clock)."""
+        life_s = self.rng.uniform(0.3, 2.0) * self.args.churn_s
+        return asyncio.get_running_loop().time() + life_s
 
-        async def flush_when_idle() -> None:
-            # The last events before a quiet spell are recorded too, not only once the
-            # next event comes (the catch-up figure reads the history).
-            while True:
-                await asyncio.sleep(DELIVER_FLUSH_S)
-                if time.monotonic() - flushed_at > DELIVER_FLUSH_S:
-                    flush()
+    async def consume(self, consumed: int) -> None:
+        if self.args.consume_ms and consumed % SLOW_CONSUMER_STEP == 0:
+            # A slow consumer: the time its work on these events took.
+            await asyncio.sleep(SLOW_CONSUMER_STEP * self.args.consume_ms / 1000)
 
-        churn_at = time.monotonic() + self.rng.uniform(0.3, 2.0) * self.args.churn_s
+    def on_loss(self, error: DataLossError) -> None:
+        """The reader accepts the loss, explicitly: it goes on just past the range. At
+        once, as an application would: the range is known, nothing to wait for."""
+        lost = [error.segment_epoch, error.first_index, error.last_index]
+        self.recorder.record("error", stream=error.stream, error=describe(error),
+                             data_loss=lost)
+        self.tokens[error.stream] = pack_sequence(error.segment_epoch, error.last_index + 1) - 1
+        self.accepted_loss[error.stream] = lost
+
+    async def subscription(self, client: StreamClient, stream: str) -> None:
+        start = self.resume_from(stream)
+        deliveries = Deliveries(self.recorder, self.tokens)
+        churn_at = self.churn_at()
         events = client.subscribe(stream, start=start)
         consumed = 0
-        flusher = asyncio.ensure_future(flush_when_idle())
+        flusher = asyncio.ensure_future(deliveries.flush_when_idle())
         try:
-            async with asyncio.timeout_at(self.loop_time(churn_at)) as _:
+            async with asyncio.timeout_at(churn_at):
                 async for event in events:
-                    parsed = payload.parse(event.payload)
-                    buffer.append([event.sequence, event.epoch, event.index, parsed.pid,
-                                   payload.fingerprint(event.payload), parsed.intact])
-                    self.tokens[stream] = event.sequence
-                    if (len(buffer) >= DELIVER_FLUSH_EVENTS
-                            or time.monotonic() - flushed_at > DELIVER_FLUSH_S):
-                        flush()
+                    deliveries.add(stream, event)
                     if self.stopping.is_set():
                         break
                     consumed += 1
-                    if self.args.consume_ms and consumed % SLOW_CONSUMER_STEP == 0:
-                        # A slow consumer: the time its work on these events took.
-                        await asyncio.sleep(SLOW_CONSUMER_STEP * self.args.consume_ms / 1000)
+                    await self.consume(consumed)
         except TimeoutError:
             pass  # churn: drop the subscription, resume from the token
         except DataLossError as error:
-            lost = [error.segment_epoch, error.first_index, error.last_index]
-            self.recorder.record("error", stream=stream, error=describe(error), data_loss=lost)
-            # The reader accepts the loss, explicitly: it goes on just past the range.
-            # At once, as an application would: the range is known, nothing to wait for.
-            self.tokens[stream] = pack_sequence(error.segment_epoch, error.last_index + 1) - 1
-            self.accepted_loss[stream] = lost
+            deliveries.flush()
+            self.on_loss(error)
         except Exception as error:
             self.recorder.record("error", stream=stream, error=describe(error))
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(SUBSCRIBE_RETRY_S)
         finally:
             flusher.cancel()
-            flush()
+            deliveries.flush()
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
-    @staticmethod
-    def loop_time(monotonic_at: float) -> float:
-        loop = asyncio.get_running_loop()
-        return loop.time() + (monotonic_at - time.monotonic())
+    async def subscription_many(self, client: StreamClient, streams: list[str]) -> None:
+        """One `subscribe_many` of every stream, each from its own position. A stream's
+        loss (or trim) ends the whole subscription, naming the stream: that stream goes
+        on past the loss and every other from its token, in the next one."""
+        positions = {stream: self.resume_from(stream) for stream in streams}
+        deliveries = Deliveries(self.recorder, self.tokens)
+        churn_at = self.churn_at()
+        events = client.subscribe_many(streams, positions=positions)
+        consumed = 0
+        flusher = asyncio.ensure_future(deliveries.flush_when_idle())
+        try:
+            async with asyncio.timeout_at(churn_at):
+                async for event in events:
+                    deliveries.add(event.stream, event)
+                    if self.stopping.is_set():
+                        break
+                    consumed += 1
+                    await self.consume(consumed)
+        except TimeoutError:
+            pass  # churn: drop the subscription, resume every stream from its token
+        except DataLossError as error:
+            deliveries.flush()
+            self.on_loss(error)
+        except Exception as error:
+            deliveries.flush()
+            # An error that names its stream (`Trimmed`) ended that stream's reading;
+            # one that names none (the master unreachable at the start) ended every one.
+            named = getattr(error, "stream", None)
+            for stream in [named] if named in positions else streams:
+                self.recorder.record("error", stream=stream, error=describe(error))
+            await asyncio.sleep(SUBSCRIBE_RETRY_S)
+        finally:
+            flusher.cancel()
+            deliveries.flush()
+            await events.aclose()
 
 
 def last_tokens(history: Path) -> dict[str, int]:
@@ -338,6 +437,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--churn-s", type=float, default=5.0, help="mean subscription life")
     parser.add_argument("--consume-ms", type=float, default=0.0,
                         help="a reader's work per event (a slow consumer)")
+    parser.add_argument("--multiplexed", action="store_true",
+                        help="a reader follows every stream through one subscribe_many")
     parser.add_argument("--max-s", type=float, default=900.0, help="exit after this long")
     parser.add_argument("--dial", action="append", default=[], metavar="ADVERTISED=ADDRESS",
                         help="reach the server advertised at ADVERTISED at ADDRESS instead")

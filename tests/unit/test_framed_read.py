@@ -1,10 +1,10 @@
 """Read on the data plane from both kinds of caller (protocol/framed_read.py), against a
 server on 127.0.0.1 that serves READ from a script: replies in order, a status with its
-metadata, a deadline, the synchronous bridge taking replies from its own loop however
-long its caller waits (the connection stays alive) and ending the read when left early,
-and reads on a pool's shared connection: one connection for many reads, a read left
-early (or late, or cancelled) freeing its slot there, and a reader taking nothing
-holding back its own request only."""
+metadata, a deadline, a reader cancelled mid-read, the synchronous bridge taking replies
+from its own loop however long its caller waits (the connection stays alive) and ending
+the read when left early, and reads on a pool's shared connection: one connection for
+many reads, a read left early (or late, or cancelled) freeing its slot there, and a
+reader taking nothing holding back its own request only."""
 
 from __future__ import annotations
 
@@ -85,6 +85,27 @@ async def test_a_read_not_over_by_its_deadline_is_deadline_exceeded() -> None:
             async for _ in framed_read.read(address, PLAINTEXT, REQUEST, 0.3):
                 pass
     assert late.value.code is StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_a_reader_cancelled_mid_read_ends_cancelled_not_in_an_exception_group() -> None:
+    # A store's CopySegment cancelled (its caller gone) closes its source's read at the
+    # read's yield: GeneratorExit inside the connection's TaskGroup came out as a
+    # BaseExceptionGroup, a traceback in the store's log (S18 seed 1, C16).
+    async with serving(five_replies) as address:
+        reading = asyncio.Event()
+
+        async def copy() -> None:
+            reads = framed_read.read(address, PLAINTEXT, REQUEST, DEADLINE_S)
+            async with contextlib.aclosing(reads):
+                async for _ in reads:
+                    reading.set()
+                    await asyncio.Event().wait()
+
+        task = asyncio.create_task(copy())
+        await reading.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 async def test_nothing_to_dial_is_a_clear_error() -> None:

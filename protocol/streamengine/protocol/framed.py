@@ -378,8 +378,10 @@ async def connect(
         hello_ok = await _hello(peer, transport, versions, address)
         connection = DataConnection(peer, hello_ok)
         # What the `async with` block raised: raised as it is, not inside the group of
-        # the TaskGroup's errors (the loops never fail: they end the connection).
-        raised: Exception | None = None
+        # the TaskGroup's errors (the loops never fail: they end the connection). That
+        # includes GeneratorExit: a generator reading in the block closed at its yield
+        # (a read left early by `aclose`, as a cancelled copy leaves its source's).
+        raised: BaseException | None = None
         async with asyncio.TaskGroup() as tasks:
             loops = (
                 tasks.create_task(connection.read_loop()),
@@ -388,7 +390,7 @@ async def connect(
             )
             try:
                 yield connection
-            except Exception as error:
+            except (Exception, GeneratorExit) as error:
                 raised = error
             finally:
                 connection.fail(CallError(StatusCode.CANCELLED, "the connection was closed"))
