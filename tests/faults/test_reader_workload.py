@@ -127,12 +127,19 @@ def records_of_this_incarnation(path: Path) -> dict[str, list[Any]]:
     }
 
 
-def test_a_multiplexed_reader_records_per_stream_what_the_checker_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The reader's history, an earlier incarnation's records in it; no pause between
+    subscriptions."""
     monkeypatch.setattr(workload, "SUBSCRIBE_RETRY_S", 0.0)
-    path = tmp_path / "r1.jsonl"
-    earlier_incarnation(path)
+    history = tmp_path / "r1.jsonl"
+    earlier_incarnation(history)
+    return history
+
+
+def test_a_multiplexed_reader_records_per_stream_what_the_checker_reads(
+    tmp_path: Path, path: Path
+) -> None:
     scripts: list[list[Any]] = [
         # B's indexes 3..5 are unreadable everywhere: the whole subscription ends.
         [event(A, 4), event(B, 1), event(A, 5), event(B, 2), DataLossError(B, 1, 3, 5)],
@@ -159,12 +166,7 @@ def test_a_multiplexed_reader_records_per_stream_what_the_checker_reads(
     reader_order_holds(path, [A, B], 7)
 
 
-def test_a_reader_per_stream_records_the_same(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(workload, "SUBSCRIBE_RETRY_S", 0.0)
-    path = tmp_path / "r1.jsonl"
-    earlier_incarnation(path)
+def test_a_reader_per_stream_records_the_same(tmp_path: Path, path: Path) -> None:
     scripts: list[list[Any]] = [
         [event(A, 4), event(A, 5), DataLossError(A, 1, 6, 7)],
         [event(A, 8), HANG],

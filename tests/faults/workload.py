@@ -347,48 +347,25 @@ class ReaderWorkload:
         self.accepted_loss[error.stream] = lost
 
     async def subscription(self, client: StreamClient, stream: str) -> None:
-        start = self.resume_from(stream)
-        deliveries = Deliveries(self.recorder, self.tokens)
-        churn_at = self.churn_at()
-        events = client.subscribe(stream, start=start)
-        consumed = 0
-        flusher = asyncio.ensure_future(deliveries.flush_when_idle())
-        try:
-            async with asyncio.timeout_at(churn_at):
-                async for event in events:
-                    deliveries.add(stream, event)
-                    if self.stopping.is_set():
-                        break
-                    consumed += 1
-                    await self.consume(consumed)
-        except TimeoutError:
-            pass  # churn: drop the subscription, resume from the token
-        except DataLossError as error:
-            deliveries.flush()
-            self.on_loss(error)
-        except Exception as error:
-            self.recorder.record("error", stream=stream, error=describe(error))
-            await asyncio.sleep(SUBSCRIBE_RETRY_S)
-        finally:
-            flusher.cancel()
-            deliveries.flush()
-            with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]
+        events = client.subscribe(stream, start=self.resume_from(stream))
+        await self.follow(events, [stream])
 
     async def subscription_many(self, client: StreamClient, streams: list[str]) -> None:
         """One `subscribe_many` of every stream, each from its own position. A stream's
         loss (or trim) ends the whole subscription, naming the stream: that stream goes
         on past the loss and every other from its token, in the next one."""
         positions = {stream: self.resume_from(stream) for stream in streams}
+        await self.follow(client.subscribe_many(streams, positions=positions), streams)
+
+    async def follow(self, events: AsyncIterator[StreamEvent], streams: list[str]) -> None:
+        """Record what `events` delivers of `streams` until the churn drops it."""
         deliveries = Deliveries(self.recorder, self.tokens)
-        churn_at = self.churn_at()
-        events = client.subscribe_many(streams, positions=positions)
         consumed = 0
         flusher = asyncio.ensure_future(deliveries.flush_when_idle())
         try:
-            async with asyncio.timeout_at(churn_at):
+            async with asyncio.timeout_at(self.churn_at()):
                 async for event in events:
-                    deliveries.add(event.stream, event)
+                    deliveries.add(event.stream or streams[0], event)
                     if self.stopping.is_set():
                         break
                     consumed += 1
@@ -403,13 +380,14 @@ class ReaderWorkload:
             # An error that names its stream (`Trimmed`) ended that stream's reading;
             # one that names none (the master unreachable at the start) ended every one.
             named = getattr(error, "stream", None)
-            for stream in [named] if named in positions else streams:
+            for stream in [named] if named in streams else streams:
                 self.recorder.record("error", stream=stream, error=describe(error))
             await asyncio.sleep(SUBSCRIBE_RETRY_S)
         finally:
             flusher.cancel()
             deliveries.flush()
-            await events.aclose()
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
 
 
 def last_tokens(history: Path) -> dict[str, int]:
