@@ -226,6 +226,27 @@ def test_final_copies_the_acked_store_lost_leave_the_late_store_waiting() -> Non
     assert [w.store for w in writes(op.outstanding())] == ["A"]  # nothing for B
 
 
+def test_a_decider_whose_read_shows_its_seal_lost_is_sealed_again() -> None:
+    """Simulator seed 11951 (fsync never): A answered the seal with acked 2, restarted
+    without syncing and answered the read with no fence and nothing held. Deciding on its
+    old seal answer would ask the read for copies it no longer has (`InconsistentAnswers`
+    raised out of `step`, ending the writer); its seal is asked again and the decision
+    waits for R answers that still hold."""
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
+    op.start(0)
+    op.step(0, sealed("A", 2, 2, 2))
+    assert op.step(0, sealed("B", 0, 0, 0)) == [SendRead("A", 1, 0), SendRead("B", 1, 0)]
+    op.step(0, ReadAnswered("B", 1, 0, (), 3))
+    assert op.step(0, ReadAnswered("A", 1, 0, (), 0)) == [SendSeal("A", 3)]
+    assert op.plan is None
+    op.step(0, sealed("C", 1, 1, 1))
+    assert op.step(0, ReadAnswered("C", 1, 0, entries("e1@1"), 3))
+    assert op.plan is not None
+    assert (op.plan.acked_index, op.plan.acked_store) == (1, "C")
+    # Sealed again, A is bridged as any late store.
+    assert [w.store for w in writes(op.step(0, sealed("A", 0, 0, 0)))] == ["A"]
+
+
 def test_outstanding_is_what_still_awaits_an_answer_lost_stores_included() -> None:
     op = SegmentRecovery(N3W2, 1, 3, ["A", "B", "C"])
     op.start(0)

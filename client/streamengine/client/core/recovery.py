@@ -767,10 +767,24 @@ class SegmentRecovery:
             return self._fenced(later)
         if e.to_index:
             return self._final_copies_answered(e)
+        if e.fence < self.leader_epoch and e.store in self._sealed and self._plan is None:
+            return self._seal_lost(e.store)
         known = self._full_reads.get(e.store)
         if known is None or known[0] > e.from_index:
             self._full_reads[e.store] = (e.from_index, e.entries)
         return self._maybe_decide()
+
+    def _seal_lost(self, store: str) -> list[Action]:
+        """`store` answered a read below the fence it told us it took: it lost that seal
+        and what it read with it (a restart without fsync: simulator seed 11951), so
+        its seal answer no longer says what it holds. It is sealed again, and decides
+        only on its new answer; the plan waits for R stores as ever."""
+        del self._sealed[store]
+        self._full_reads.pop(store, None)
+        self._reads_sent.pop(store, None)
+        if store in self._deciders:
+            self._deciders.remove(store)
+        return [SendSeal(store, self.leader_epoch), *self._refill_deciders()]
 
     def _maybe_decide(self) -> list[Action]:
         if self._plan is not None or len(self._deciders) < self._deciders_needed():
