@@ -18,8 +18,10 @@ from streamengine.client.core.subscription import Cursor, SegmentView
 from streamengine.protocol.sequence import pack_sequence
 
 
-def summary(name: str, epoch: int = 1, unsealed: int = 1, deleted: bool = False) -> StreamSummary:
-    return StreamSummary(name, epoch, epoch, unsealed, 0, deleted)
+def summary(
+    name: str, epoch: int = 1, unsealed: int = 1, deleted: bool = False, stream_id: int = 7
+) -> StreamSummary:
+    return StreamSummary(name, epoch, epoch, unsealed, 0, deleted, stream_id)
 
 
 def test_a_selection_names_streams_or_a_prefix_never_both() -> None:
@@ -45,6 +47,48 @@ def test_streams_created_under_the_prefix_are_added_and_deleted_ones_removed() -
     assert second == Changes(added=("t/b",))
     third = directory.on_streams([summary("t/a", deleted=True), summary("t/b")], 2000)
     assert third.removed == ("t/a",) and directory.streams == ["t/b"]
+
+
+@pytest.mark.parametrize("selection", [Selection(prefix="t/"), Selection(("t/a",))])
+def test_a_stream_undeleted_goes_on_from_where_it_was_left(selection: Selection) -> None:
+    """Runtime seed 26 found it (a follower of "t0/" reading 3/1 again after 3/5): a
+    stream deleted and undeleted under a prefix was followed again from the position
+    the subscription began at, handing out again what it had handed out."""
+    directory = Directory(selection)
+    if selection.prefix is None:
+        directory.follow(["t/a"])
+    directory.on_streams([summary("t/a")], 0)
+    directory.on_list_started("t/a", 0)
+    left_at = pack_sequence(3, 5)
+    # Its tail ended (deleted) before a stream list said so: the shell forgets it.
+    directory.forget("t/a", left_at)
+    assert directory.on_streams([summary("t/a", deleted=True)], 1000) == Changes()
+    assert directory.on_streams([summary("t/a")], 2000) == Changes(resumed=(("t/a", left_at),))
+    assert directory.streams == ["t/a"]
+    # A stream list says it is deleted first: removed, then left where the shell says.
+    directory.on_list_started("t/a", 2000)
+    assert directory.on_streams([summary("t/a", deleted=True)], 3000).removed == ("t/a",)
+    directory.forget("t/a", left_at + 1)
+    assert directory.on_streams([summary("t/a")], 4000).resumed == (("t/a", left_at + 1),)
+
+
+def test_a_stream_created_again_under_its_name_is_not_resumed() -> None:
+    prefixed = Directory(Selection(prefix="t/"))
+    named = Directory(Selection(("t/a",)))
+    named.follow(["t/a"])
+    for directory in (prefixed, named):
+        directory.on_streams([summary("t/a")], 0)
+        directory.forget("t/a", pack_sequence(3, 5))
+    # Another stream of that name (a new id): under the prefix it is new, all of it.
+    assert prefixed.on_streams([summary("t/a", stream_id=8)], 1000) == Changes(added=("t/a",))
+    assert named.on_streams([summary("t/a", stream_id=8)], 1000) == Changes()
+    # Removed for good (gone from the list): what was left of it is forgotten too.
+    gone = Directory(Selection(("t/a",)))
+    gone.follow(["t/a"])
+    gone.on_streams([summary("t/a")], 0)
+    gone.forget("t/a", pack_sequence(3, 5))
+    gone.on_streams([], 1000)
+    assert gone.on_streams([summary("t/a")], 2000) == Changes()
 
 
 def test_named_streams_are_never_joined_by_others() -> None:

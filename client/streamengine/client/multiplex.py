@@ -412,6 +412,9 @@ class _Multiplexer:
         for name in changes.added:
             # Created after the subscription began: all of it is new.
             self._follow(name, self.positions.get(name, "earliest"))
+        for name, position in changes.resumed:
+            log.info("%s: undeleted, followed again from %d", name, position)
+            self._follow(name, position)
         for name in changes.removed:
             log.info("%s: deleted, no longer followed", name)
             self._forget(name)
@@ -420,7 +423,8 @@ class _Multiplexer:
 
     def _forget(self, name: str) -> None:
         followed = self.followed.pop(name, None)
-        self.directory.forget(name)
+        cursor = followed.cursor if followed is not None else None
+        self.directory.forget(name, cursor.position if cursor is not None else None)
         self.schedule.cancel(name)
         if followed is not None and followed.call is not None:
             followed.call.stop(followed.tail)
@@ -556,6 +560,7 @@ class _Multiplexer:
                 s.unsealed_segments,
                 s.trimmed_through_epoch,
                 deleted=s.deleted_until_ms != 0,
+                stream_id=s.stream_id,
             )
             for s in reply.streams
         ]
