@@ -1,10 +1,14 @@
 """Following many streams (`client.core.multiplex`): which streams, when each one's
-segment list is read again, and when each cursor is looked at."""
+segment list is read again, and when each cursor is looked at; and what the shell
+(`client.multiplex`) takes of a list's answer."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
+from streamengine.client import multiplex
 from streamengine.client.core.multiplex import (
     LIST_BACKSTOP_MS,
     STALLED_RELIST_MS,
@@ -15,6 +19,7 @@ from streamengine.client.core.multiplex import (
     WakeSchedule,
 )
 from streamengine.client.core.subscription import Cursor, SegmentView
+from streamengine.client.errors import StreamDeleted
 from streamengine.protocol.sequence import pack_sequence
 
 
@@ -153,3 +158,18 @@ def test_the_wake_schedule_stays_small_under_many_rewakes() -> None:
         schedule.wake("a", n)
     assert len(schedule._heap) < 100
     assert schedule.due(10_000, limit=10) == ["a"]
+
+
+def test_a_list_answered_for_a_stream_left_since_is_not_its_next_followers() -> None:
+    """A list still in flight when its stream was left (deleted) and followed again
+    (undeleted) answers for the follower that asked: its cursor, or its error, must
+    not reach the next one (an old cursor would hand out again what was handed out)."""
+    many = multiplex._Multiplexer(cast(Any, None), cast(Any, None), Selection(prefix="t/"), 0, {})
+    many._follow("t/a", 0)
+    left = many.followed["t/a"].follower
+    many._forget("t/a")
+    many._follow("t/a", pack_sequence(3, 5))
+    many._on_listed(multiplex._Listed("t/a", left, None, StreamDeleted("deleted", 1)))
+    many._on_listed(multiplex._Listed("t/a", left, Cursor(0)))
+    followed = many.followed["t/a"]
+    assert followed.follower is not left and followed.cursor is None and followed.listing

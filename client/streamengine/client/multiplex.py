@@ -120,6 +120,9 @@ class _CallEnded:
 @dataclass(frozen=True)
 class _Listed:
     stream: str
+    # Whose list it is: a stream left and followed again since has another follower,
+    # which this answer must not touch.
+    follower: Follower
     cursor: Cursor | None
     error: StreamEngineError | None = None
 
@@ -393,7 +396,7 @@ class _Multiplexer:
 
     def _on_listed(self, listed: _Listed) -> None:
         followed = self.followed.get(listed.stream)
-        if followed is None:
+        if followed is None or followed.follower is not listed.follower:
             return
         followed.listing = False
         if listed.error is not None:
@@ -520,14 +523,15 @@ class _Multiplexer:
                 if cursor is not None:
                     await followed.follower.report(cursor)
                 continue
+            follower = followed.follower
             try:
                 if cursor is None:
-                    listed = _Listed(name, await followed.follower.open_cursor())
+                    listed = _Listed(name, follower, await follower.open_cursor())
                 else:
-                    await followed.follower.refresh(cursor)
-                    listed = _Listed(name, None)
+                    await follower.refresh(cursor)
+                    listed = _Listed(name, follower, None)
             except StreamEngineError as error:
-                listed = _Listed(name, None, error)
+                listed = _Listed(name, follower, None, error)
             await self.inbox.put(listed)
 
     async def _discover(self) -> None:
