@@ -9,18 +9,33 @@ import random
 
 import pytest
 
-from tests.sim.runtime.world import RUNTIME_FLAWS, WorldConfig, WorldResult, run_seed
+from tests.sim.runtime.world import (
+    RUNTIME_FLAWS,
+    ManyFollower,
+    WorldConfig,
+    WorldResult,
+    run_seed,
+)
 
-# The band CI runs: 20 s on a loaded machine (2 cores shared by several runs).
-CI_SEEDS = range(0, 10)
+# Followers of many streams (`WorldConfig.many`, none below seed 10): seed 19 has one of
+# 4 named streams and one of the prefix "t2/" (N=1, wiped disks, rot); seed 13 one of
+# "t1/" under tokens, producers, an operator and three masters on etcd. Seed 10 (11
+# named streams, trimmed by the operator: the follower told `Trimmed`) costs three
+# times as much CPU, and stays out.
+MANY_OF_BOTH_KINDS = 19
+MANY_BY_PREFIX = 13
+# The band CI runs: 20 s on a loaded machine (2 cores shared by several runs), and the
+# two seeds of followers of many.
+CI_SEEDS = (*range(0, 10), MANY_OF_BOTH_KINDS, MANY_BY_PREFIX)
 # Issue #35, defect 3: a writer leading an epoch without a segment parked appends that
 # never ended. Seed 4 found it first (an append open 1823 ms, past its 1800 ms timeout);
 # since lease heartbeats travel per client and grants expire, the schedules moved, and
 # seed 6 found it (an append open 1525 ms at 2744 ms of virtual time, with the flaw);
-# seed 6 now draws tokens (a second client per process), and seed 15 finds it (an
-# append open 933 ms, past its 900 ms timeout).
+# seed 6 now draws tokens (a second client per process), and seed 15 found it (an
+# append open 933 ms, past its 900 ms timeout) until it drew followers of many; seed 17
+# finds it.
 PARKED_APPENDS_HANG = 2
-PARKED_APPENDS_HANG_FOUND = 15
+PARKED_APPENDS_HANG_FOUND = 17
 # A producer's unanswered batch is sent again through its process's next writer (seed
 # 0 until reads rode the client's pooled data connections).
 PRODUCER_RESENDS = 1
@@ -40,8 +55,9 @@ TOKENS_REVOKED = 11
 # revocation; seed 2 finds it (a follower reads an event c1 sent once every store
 # knew its token was revoked; seed 43 did before Read and Subscribe moved to the data
 # plane, seed 2 until a connection whose sends go unanswered was dropped within
-# `framed.UNANSWERED_MS_MAX`, seed 11 until lease sessions).
-REVOKED_STREAM_WRITES = 54
+# `framed.UNANSWERED_MS_MAX`, seed 11 until lease sessions, seed 54 until it drew
+# followers of many).
+REVOKED_STREAM_WRITES = 64
 # A wiped store's registration answers are lost; with its lost replicas answered only
 # to the first registration, store1 joined without segment 1/1 marked lost.
 LOST_REGISTRATION_ANSWERS = 39
@@ -112,7 +128,15 @@ MADE = {
     4: ("metadata rebuilt", "streams created after a rebuild"),
     # Replicas of an open segment destroyed, the stream sealed accepting loss.
     6: ("replicas destroyed", "operator seals accepting loss"),
+    # Subscriptions of many dropped and opened again from their positions.
+    MANY_OF_BOTH_KINDS: ("subscriptions of many dropped",),
+    MANY_BY_PREFIX: ("subscriptions of many dropped",),
 }
+# A follower of "t0/" (with an operator, seed 26) read 3/1 of t0/s0 again after 3/5: the
+# operator deleted and undeleted the stream, and the subscription followed it again from
+# where it began, not from where it had left it.
+UNDELETED_UNDER_A_PREFIX = 26
+FOLLOWING_T0 = {"operator": True, "many": (ManyFollower((), "t0/", 4_000),)}
 
 
 def _failure(result: WorldResult) -> str:
@@ -271,6 +295,12 @@ def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
     assert result.read >= result.acked >= result.config.streams, result.summary()
 
 
+def test_seed_26_an_undeleted_stream_is_followed_again_where_it_was_left() -> None:
+    result = run_seed(UNDELETED_UNDER_A_PREFIX, overrides=FOLLOWING_T0)
+    assert result.ok, _failure(result)
+    assert result.stats.get("follower StreamDeleted", 0) > 0, result.stats
+
+
 def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     """Each of 1, 2 and 3 masters on etcd, the embedded master, an operator making
     the CLI's calls, replicas destroyed for good and metadata lost, each in some seed CI
@@ -285,6 +315,8 @@ def test_the_ci_band_reaches_masters_on_etcd_and_the_operator() -> None:
     assert any(config.rot for config in configs)
     assert any(config.accept_loss for config in configs)
     assert any(config.metadata_lost for config in configs)
+    many = [many for config in configs for many in config.many]
+    assert any(m.prefix is not None for m in many) and any(m.names for m in many)
 
 
 def test_a_producer_resends_through_its_next_writer_and_each_event_lands_once() -> None:

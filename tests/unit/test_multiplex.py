@@ -1,10 +1,14 @@
 """Following many streams (`client.core.multiplex`): which streams, when each one's
-segment list is read again, and when each cursor is looked at."""
+segment list is read again, and when each cursor is looked at; and what the shell
+(`client.multiplex`) takes of a list's answer."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
+from streamengine.client import multiplex
 from streamengine.client.core.multiplex import (
     LIST_BACKSTOP_MS,
     STALLED_RELIST_MS,
@@ -15,11 +19,14 @@ from streamengine.client.core.multiplex import (
     WakeSchedule,
 )
 from streamengine.client.core.subscription import Cursor, SegmentView
+from streamengine.client.errors import StreamDeleted
 from streamengine.protocol.sequence import pack_sequence
 
 
-def summary(name: str, epoch: int = 1, unsealed: int = 1, deleted: bool = False) -> StreamSummary:
-    return StreamSummary(name, epoch, epoch, unsealed, 0, deleted)
+def summary(
+    name: str, epoch: int = 1, unsealed: int = 1, deleted: bool = False, stream_id: int = 7
+) -> StreamSummary:
+    return StreamSummary(name, epoch, epoch, unsealed, 0, deleted, stream_id)
 
 
 def test_a_selection_names_streams_or_a_prefix_never_both() -> None:
@@ -45,6 +52,48 @@ def test_streams_created_under_the_prefix_are_added_and_deleted_ones_removed() -
     assert second == Changes(added=("t/b",))
     third = directory.on_streams([summary("t/a", deleted=True), summary("t/b")], 2000)
     assert third.removed == ("t/a",) and directory.streams == ["t/b"]
+
+
+@pytest.mark.parametrize("selection", [Selection(prefix="t/"), Selection(("t/a",))])
+def test_a_stream_undeleted_goes_on_from_where_it_was_left(selection: Selection) -> None:
+    """Runtime seed 26 found it (a follower of "t0/" reading 3/1 again after 3/5): a
+    stream deleted and undeleted under a prefix was followed again from the position
+    the subscription began at, handing out again what it had handed out."""
+    directory = Directory(selection)
+    if selection.prefix is None:
+        directory.follow(["t/a"])
+    directory.on_streams([summary("t/a")], 0)
+    directory.on_list_started("t/a", 0)
+    left_at = pack_sequence(3, 5)
+    # Its tail ended (deleted) before a stream list said so: the shell forgets it.
+    directory.forget("t/a", left_at)
+    assert directory.on_streams([summary("t/a", deleted=True)], 1000) == Changes()
+    assert directory.on_streams([summary("t/a")], 2000) == Changes(resumed=(("t/a", left_at),))
+    assert directory.streams == ["t/a"]
+    # A stream list says it is deleted first: removed, then left where the shell says.
+    directory.on_list_started("t/a", 2000)
+    assert directory.on_streams([summary("t/a", deleted=True)], 3000).removed == ("t/a",)
+    directory.forget("t/a", left_at + 1)
+    assert directory.on_streams([summary("t/a")], 4000).resumed == (("t/a", left_at + 1),)
+
+
+def test_a_stream_created_again_under_its_name_is_not_resumed() -> None:
+    prefixed = Directory(Selection(prefix="t/"))
+    named = Directory(Selection(("t/a",)))
+    named.follow(["t/a"])
+    for directory in (prefixed, named):
+        directory.on_streams([summary("t/a")], 0)
+        directory.forget("t/a", pack_sequence(3, 5))
+    # Another stream of that name (a new id): under the prefix it is new, all of it.
+    assert prefixed.on_streams([summary("t/a", stream_id=8)], 1000) == Changes(added=("t/a",))
+    assert named.on_streams([summary("t/a", stream_id=8)], 1000) == Changes()
+    # Removed for good (gone from the list): what was left of it is forgotten too.
+    gone = Directory(Selection(("t/a",)))
+    gone.follow(["t/a"])
+    gone.on_streams([summary("t/a")], 0)
+    gone.forget("t/a", pack_sequence(3, 5))
+    gone.on_streams([], 1000)
+    assert gone.on_streams([summary("t/a")], 2000) == Changes()
 
 
 def test_named_streams_are_never_joined_by_others() -> None:
@@ -109,3 +158,18 @@ def test_the_wake_schedule_stays_small_under_many_rewakes() -> None:
         schedule.wake("a", n)
     assert len(schedule._heap) < 100
     assert schedule.due(10_000, limit=10) == ["a"]
+
+
+def test_a_list_answered_for_a_stream_left_since_is_not_its_next_followers() -> None:
+    """A list still in flight when its stream was left (deleted) and followed again
+    (undeleted) answers for the follower that asked: its cursor, or its error, must
+    not reach the next one (an old cursor would hand out again what was handed out)."""
+    many = multiplex._Multiplexer(cast(Any, None), cast(Any, None), Selection(prefix="t/"), 0, {})
+    many._follow("t/a", 0)
+    left = many.followed["t/a"].follower
+    many._forget("t/a")
+    many._follow("t/a", pack_sequence(3, 5))
+    many._on_listed(multiplex._Listed("t/a", left, None, StreamDeleted("deleted", 1)))
+    many._on_listed(multiplex._Listed("t/a", left, Cursor(0)))
+    followed = many.followed["t/a"]
+    assert followed.follower is not left and followed.cursor is None and followed.listing

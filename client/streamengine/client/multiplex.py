@@ -120,6 +120,9 @@ class _CallEnded:
 @dataclass(frozen=True)
 class _Listed:
     stream: str
+    # Whose list it is: a stream left and followed again since has another follower,
+    # which this answer must not touch.
+    follower: Follower
     cursor: Cursor | None
     error: StreamEngineError | None = None
 
@@ -393,7 +396,7 @@ class _Multiplexer:
 
     def _on_listed(self, listed: _Listed) -> None:
         followed = self.followed.get(listed.stream)
-        if followed is None:
+        if followed is None or followed.follower is not listed.follower:
             return
         followed.listing = False
         if listed.error is not None:
@@ -412,6 +415,9 @@ class _Multiplexer:
         for name in changes.added:
             # Created after the subscription began: all of it is new.
             self._follow(name, self.positions.get(name, "earliest"))
+        for name, position in changes.resumed:
+            log.info("%s: undeleted, followed again from %d", name, position)
+            self._follow(name, position)
         for name in changes.removed:
             log.info("%s: deleted, no longer followed", name)
             self._forget(name)
@@ -420,7 +426,8 @@ class _Multiplexer:
 
     def _forget(self, name: str) -> None:
         followed = self.followed.pop(name, None)
-        self.directory.forget(name)
+        cursor = followed.cursor if followed is not None else None
+        self.directory.forget(name, cursor.position if cursor is not None else None)
         self.schedule.cancel(name)
         if followed is not None and followed.call is not None:
             followed.call.stop(followed.tail)
@@ -516,14 +523,15 @@ class _Multiplexer:
                 if cursor is not None:
                     await followed.follower.report(cursor)
                 continue
+            follower = followed.follower
             try:
                 if cursor is None:
-                    listed = _Listed(name, await followed.follower.open_cursor())
+                    listed = _Listed(name, follower, await follower.open_cursor())
                 else:
-                    await followed.follower.refresh(cursor)
-                    listed = _Listed(name, None)
+                    await follower.refresh(cursor)
+                    listed = _Listed(name, follower, None)
             except StreamEngineError as error:
-                listed = _Listed(name, None, error)
+                listed = _Listed(name, follower, None, error)
             await self.inbox.put(listed)
 
     async def _discover(self) -> None:
@@ -556,6 +564,7 @@ class _Multiplexer:
                 s.unsealed_segments,
                 s.trimmed_through_epoch,
                 deleted=s.deleted_until_ms != 0,
+                stream_id=s.stream_id,
             )
             for s in reply.streams
         ]

@@ -483,13 +483,15 @@ class StreamClient:
         """Every acked event of many streams, forever, through one subscription:
         `streams` by name, or every stream whose name starts with `prefix` (such as
         "tenant/"), including those created later (found within about a second, and read
-        from their first event). Events carry their stream's name (`StreamEvent.stream`);
-        each stream's come in sequence order, and streams interleave. A stream starts at
-        `start` ("end", "earliest" or a sequence) unless `positions` gives its own: to
-        resume, keep per stream the sequence after the last event handled. One call per
-        store carries the tails of every stream it serves; a slow consumer holds them
-        back, as it does a single `subscribe`. `aclose()` ends its calls and tasks at
-        once (else they end when it is collected, or with the client)."""
+        from their first event); a stream deleted and undeleted meanwhile goes on from
+        where the subscription left it. Events carry their stream's name
+        (`StreamEvent.stream`); each stream's come in sequence order, and streams
+        interleave. A stream starts at `start` ("end", "earliest" or a sequence) unless
+        `positions` gives its own: to resume, keep per stream the sequence after the last
+        event handled. One call per store carries the tails of every stream it serves; a
+        slow consumer holds them back, as it does a single `subscribe`. `aclose()` ends
+        its calls and tasks at once (else they end when it is collected, or with the
+        client)."""
         selection = multiplex.selection_of(streams, prefix)
         return multiplex.subscribe_many(
             self.master, self._channels, selection, start, dict(positions or {})

@@ -28,7 +28,12 @@ once the survivor holds a bridge the master has not recorded, until it is done; 
 master's metadata is lost and it starts again with `--rebuild`, and the operator
 creates a stream once it serves what it rebuilt. In a few seeds (`CROWD_SHARE`, none in
 the CI band) one or two client processes each lead a crowd of 100-300 streams, a few
-batches each, with a shorter safety phase. The liveness phase then heals
+batches each, with a shorter safety phase. In a share of seeds (`MANY_SHARE`, from a
+generator of their own, `WorldConfig.with_many`) followers of many streams read through
+one `StreamClient.subscribe_many` each, by names or by a tenant's prefix (in a crowd seed,
+every stream), as a resuming application does: per stream the sequence after the last
+event handled, the subscription dropped now and then and opened again from those
+positions; each event goes to its stream's checker. The liveness phase then heals
 the network, brings every node back, stops faults, and must converge within
 `LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
 every event ever acked (but of a stream the operator undeleted after its grace ran out,
@@ -263,6 +268,40 @@ INTRUDER_EVERY_MS = (100, 600)
 # What a refusal may be, beside the one expected: the intruder's own call cut by the
 # network's faults or a server down.
 NOT_THROUGH = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+# The share of seeds (from `MANY_FIRST_SEED` on, drawn apart: `WorldConfig.with_many`)
+# with one or two followers of many streams through one `StreamClient.subscribe_many`,
+# as a resuming application runs it: it keeps per stream the sequence after the last
+# event it handled, drops the subscription within `MANY_DROP_MS` (one drawn) and
+# resumes with those positions. In a crowd seed, the one follower of every stream.
+MANY_SHARE = 0.3
+MANY_FIRST_SEED = 10
+MANY_DROP_MS = (1_000, 4_000)
+
+
+@dataclass(frozen=True, slots=True)
+class ManyFollower:
+    """A follower of many streams: `names`, or (when `prefix` is not None) every stream
+    whose name starts with `prefix`; it drops its subscription within `drop_ms` of
+    starting it, in the safety phase, and resumes."""
+
+    names: tuple[str, ...] = ()
+    prefix: str | None = None
+    drop_ms: int = MANY_DROP_MS[0]
+
+    def covers(self, stream: str) -> bool:
+        if self.prefix is not None:
+            return stream.startswith(self.prefix)
+        return stream in self.names
+
+    def describe(self) -> str:
+        if self.prefix is not None:
+            return f"prefix {self.prefix!r}"
+        return f"{len(self.names)} named"
+
+
+def stream_names(streams: int) -> list[str]:
+    """The streams of a world, spread over three tenants."""
+    return [f"t{n % 3}/s{n}" for n in range(streams)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +358,8 @@ class WorldConfig:
     intruder: bool = False
     metadata_lost: bool = False
     loss_at_ms: int = 0
+    # Followers of many streams through one subscription each (`with_many`).
+    many: tuple[ManyFollower, ...] = ()
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -386,19 +427,23 @@ class WorldConfig:
         if seed < CROWD_FIRST_SEED or crowded.random() >= CROWD_SHARE:
             config = config.with_losses(random.Random(f"{seed}/broken-disks"))
             intruded = random.Random(f"{seed}/malformed").random() < INTRUDER_SHARE
-            return dataclasses.replace(config, intruder=seed >= INTRUDER_FIRST_SEED and intruded)
-        processes = crowded.choice((1, 2))
-        crowd = crowded.randint(*CROWD_STREAMS)
-        return dataclasses.replace(
-            config,
-            processes=processes,
-            streams=processes * crowd,
-            crowd=crowd,
-            rivals=0.0,
-            tokens=False,
-            followers=1,
-            safety_ms=CROWD_SAFETY_MS,
-        )
+            config = dataclasses.replace(
+                config, intruder=seed >= INTRUDER_FIRST_SEED and intruded
+            )
+        else:
+            processes = crowded.choice((1, 2))
+            crowd = crowded.randint(*CROWD_STREAMS)
+            config = dataclasses.replace(
+                config,
+                processes=processes,
+                streams=processes * crowd,
+                crowd=crowd,
+                rivals=0.0,
+                tokens=False,
+                followers=1,
+                safety_ms=CROWD_SAFETY_MS,
+            )
+        return config.with_many(random.Random(f"{seed}/subscribe-many"))
 
     def with_losses(self, losses: random.Random) -> WorldConfig:
         """The situations of lost data, drawn from a generator of their own (so that
@@ -427,6 +472,30 @@ class WorldConfig:
                 return self
             return dataclasses.replace(self, metadata_lost=True, loss_at_ms=loss_at_ms)
         return self
+
+    def with_many(self, draws: random.Random) -> WorldConfig:
+        """Followers of many streams (`MANY_SHARE`), drawn from a generator of their
+        own (a seed without them keeps its schedule): one or two, each by a sample of
+        the streams' names or by a tenant's prefix; in a crowd seed, one of every
+        stream in place of the single follower."""
+        if self.seed < MANY_FIRST_SEED or draws.random() >= MANY_SHARE:
+            return self
+        names = tuple(stream_names(self.streams))
+        if self.crowd:
+            everything = ManyFollower(names, None, draws.randint(*MANY_DROP_MS))
+            if draws.random() < 0.5:
+                everything = dataclasses.replace(everything, names=(), prefix="")
+            return dataclasses.replace(self, followers=0, many=(everything,))
+        many = []
+        for _ in range(draws.choice((1, 1, 2))):
+            drop_ms = draws.randint(*MANY_DROP_MS)
+            if draws.random() < 0.5:
+                sample = draws.sample(names, draws.randint(1, len(names)))
+                many.append(ManyFollower(tuple(sorted(sample)), None, drop_ms))
+            else:
+                tenant = draws.randrange(min(3, self.streams))
+                many.append(ManyFollower((), f"t{tenant}/", drop_ms))
+        return dataclasses.replace(self, many=tuple(many))
 
     def describe(self) -> str:
         f = self.faults
@@ -465,6 +534,10 @@ class WorldConfig:
             + (f" crowds of {self.crowd} streams per process" if self.crowd else "")
             + (f" replicas destroyed at {self.loss_at_ms}ms" if self.accept_loss else "")
             + (f" metadata lost at {self.loss_at_ms}ms" if self.metadata_lost else "")
+            + "".join(
+                f" subscribe_many({many.describe()}, drops<={many.drop_ms}ms)"
+                for many in self.many
+            )
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -614,7 +687,7 @@ class World:
             )
             for name in (f"store{n}" for n in range(config.stores))
         }
-        self.stream_names = [f"t{n % 3}/s{n}" for n in range(config.streams)]
+        self.stream_names = stream_names(config.streams)
         self.processes = [Process(f"c{n}", ()) for n in range(1, config.processes + 1)]
         self._assign_streams()
         self.nodes: dict[str, asyncio.Task[None]] = {}
@@ -764,6 +837,8 @@ class World:
             self.start(process.node, self._process(process))
         for n in range(1, self.config.followers + 1):
             self.start(f"r{n}", self._follower(f"r{n}"))
+        for name, many in self._many_followers():
+            self.start(name, self._follower_of_many(name, many))
         self.start("nemesis", self._nemesis())
         self.start("watch", self._watch())
         if self.config.operator:
@@ -792,10 +867,9 @@ class World:
         if self.violation is None and self.rotten:
             await self._wait_for_repairs()
         if self.violation is None:
-            followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
             self._audit_all()
-            for _, checker in sorted(self.checkers.items()):
-                self.check(checker.check_complete, followers)
+            for stream, checker in sorted(self.checkers.items()):
+                self.check(checker.check_complete, self._followers_of(stream))
 
     async def _set_up(self) -> None:
         await self._start_masters()
@@ -1170,26 +1244,106 @@ class World:
                         if self.phase == "liveness":
                             self._check_converged()
             except DataLossError as error:
-                # Told the loss, a user goes on past it (invariant 1 holds it to what
-                # the master declared, once one serves).
                 self.count("follower DataLossError")
-                await wait_until(
-                    lambda: self.masters.state is not None or self.phase == "stopped",
-                    LIVENESS_MS / 1000,
-                    "a master serving",
-                    interval_s=WATCH_EVERY_MS / 1000,
-                )
-                self.check(self._loss_told, name, checker, error)
+                await self._told_loss(name, checker, error)
                 self.resume_at[(name, stream)] = error.resume_sequence
                 continue
             except Trimmed as error:
                 self.count("follower Trimmed")
-                told = (error.position, error.first_retained_sequence, self.masters.state)
-                self.check(checker.trim_told, name, *told)
+                self._told_trimmed(name, checker, error)
                 continue
             except StreamEngineError as error:
                 self.count(f"follower {type(error).__name__}")
             await asyncio.sleep(FOLLOW_AGAIN_MS / 1000)
+
+    async def _told_loss(self, name: str, checker: Checker, error: DataLossError) -> None:
+        """Told the loss, a user goes on past it (invariant 1 holds it to what the
+        master declared, once one serves)."""
+        await wait_until(
+            lambda: self.masters.state is not None or self.phase == "stopped",
+            LIVENESS_MS / 1000,
+            "a master serving",
+            interval_s=WATCH_EVERY_MS / 1000,
+        )
+        self.check(self._loss_told, name, checker, error)
+
+    def _told_trimmed(self, name: str, checker: Checker, error: Trimmed) -> None:
+        told = (error.position, error.first_retained_sequence, self.masters.state)
+        self.check(checker.trim_told, name, *told)
+
+    def _many_followers(self) -> list[tuple[str, ManyFollower]]:
+        return [(f"many{n}", many) for n, many in enumerate(self.config.many, 1)]
+
+    def _followers_of(self, stream: str) -> list[str]:
+        """The followers that read `stream`: every single one, and the followers of
+        many whose selection covers it."""
+        singles = [f"r{n}" for n in range(1, self.config.followers + 1)]
+        return singles + [name for name, many in self._many_followers() if many.covers(stream)]
+
+    async def _follower_of_many(self, name: str, many: ManyFollower) -> None:
+        """Many streams through one `subscribe_many`, as a resuming application follows
+        them: `positions` holds per stream the sequence after the last event handled;
+        the subscription is dropped now and then in the safety phase (its drops drawn
+        from a generator of its own) and opened again from `positions`."""
+        positions: dict[str, int] = {}
+        drops = random.Random(f"{self.config.seed}/{name}")
+        while self.phase != "stopped":
+            try:
+                async with StreamClient(self.masters.address) as client:
+                    while self.phase != "stopped":
+                        drop_s = drops.randint(1, many.drop_ms) / 1000
+                        await self._subscribe_many(name, many, client, positions, drop_s)
+            except StreamEngineError as error:  # no first contact: the master is away
+                self.count(f"follower of many {type(error).__name__}")
+            await asyncio.sleep(FOLLOW_AGAIN_MS / 1000)
+
+    async def _subscribe_many(
+        self,
+        name: str,
+        many: ManyFollower,
+        client: StreamClient,
+        positions: dict[str, int],
+        drop_s: float,
+    ) -> None:
+        """One subscription from `positions`, until it is dropped (`drop_s` later, in
+        the safety phase) or raises; each event goes to its stream's checker, as a
+        single follower's does. A loss or a trim it tells is handled as a single
+        follower handles it, and the stream resumes past it."""
+        names = tuple(s for s in many.names if s not in self.removed)
+        if many.prefix is None and not names:
+            await asyncio.sleep(FOLLOW_AGAIN_MS / 1000)  # every stream it named is gone
+            return
+        subscription = client.subscribe_many(
+            names or None, prefix=many.prefix, start=0, positions=positions
+        )
+        drop_at = self.loop.time() + drop_s if self.phase == "safety" else None
+        try:
+            async with contextlib.aclosing(subscription) as events, asyncio.timeout_at(drop_at):
+                async for event in events:
+                    positions[event.stream] = event.sequence + 1
+                    checker = self.checkers.get(event.stream)
+                    if checker is None:
+                        continue  # created after a rebuild: nobody appends to it
+                    self.check(checker.follower_event, name, event.sequence, event.payload)
+                    if self.phase == "liveness":
+                        self._check_converged()
+            return
+        except TimeoutError:
+            self.count("subscriptions of many dropped")
+            return
+        except DataLossError as error:
+            self.count("follower of many DataLossError")
+            await self._told_loss(name, self.checkers[error.stream], error)
+            positions[error.stream] = error.resume_sequence
+            return
+        except Trimmed as error:
+            self.count("follower of many Trimmed")
+            self._told_trimmed(name, self.checkers[error.stream], error)
+            positions[error.stream] = error.first_retained_sequence
+            return
+        except StreamEngineError as error:
+            self.count(f"follower of many {type(error).__name__}")
+        await asyncio.sleep(FOLLOW_AGAIN_MS / 1000)
 
     def _loss_told(self, name: str, checker: Checker, error: DataLossError) -> None:
         """`DataLossError`: only for a range an operator sealed accepting loss (every
@@ -1488,6 +1642,7 @@ class World:
 
     def _client_nodes(self) -> list[str]:
         followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
+        followers += [name for name, _ in self._many_followers()]
         return [p.node for p in self.processes] + followers
 
     async def _fail_master(self) -> None:
@@ -2144,9 +2299,8 @@ class World:
     def _check_converged(self) -> None:
         if self.phase != "liveness" or self._unmarked():
             return
-        followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
-        for checker in self.checkers.values():
-            if any(checker.missing(name) for name in followers):
+        for stream, checker in self.checkers.items():
+            if any(checker.missing(name) for name in self._followers_of(stream)):
                 return
         self.note("converged")
         self.finished.set()
@@ -2156,7 +2310,6 @@ class World:
         return [s for s in self.stream_names if s not in self.markers and s not in self.removed]
 
     def _raise_stuck(self) -> None:
-        followers = [f"r{n}" for n in range(1, self.config.followers + 1)]
         unmarked = self._unmarked()
         for writer_id in sorted(self.writers):
             if writer_id.partition("/")[2].partition("#")[0] in unmarked[:5]:
@@ -2164,7 +2317,7 @@ class World:
         missing = {
             f"{stream}@{name}": len(checker.missing(name))
             for stream, checker in sorted(self.checkers.items())
-            for name in followers
+            for name in self._followers_of(stream)
             if checker.missing(name)
         }
         raise Violation(

@@ -10,7 +10,9 @@ is only what many streams share:
   them, every `DISCOVERY_MS`) adds the streams created under the prefix since, drops
   the deleted ones, and gives each stream a *summary*: its latest epoch, open segment,
   unsealed segments and trim. A summary changes when a segment is added, sealed or
-  trimmed, and not when events are appended.
+  trimmed, and not when events are appended. A stream left while deleted (named or
+  under the prefix) and undeleted since is followed again from where it was left,
+  never from its start again: what was handed out before is never handed out twice.
 - *When to read a stream's segment list again* (`Directory.relist_due`). A cursor asks
   for the list on a timer while it tails (`Cursor.refresh_due`) and on every `Wait`:
   one `ListSegments` a second per stream, 10,000 a second for 10,000 streams. Here the
@@ -89,6 +91,7 @@ class StreamSummary:
     unsealed_segments: int
     trimmed_through_epoch: int
     deleted: bool = False
+    stream_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,9 @@ class Changes:
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
+    # Streams left while deleted and undeleted since: follow each again from the
+    # position it was left at (`Directory.forget`).
+    resumed: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -118,6 +124,9 @@ class Directory:
     def __init__(self, selection: Selection) -> None:
         self.selection = selection
         self._known: dict[str, _Known] = {}
+        # Streams no longer followed as deleted: their id and the position they were
+        # left at (None until the shell tells it, `forget`), should they be undeleted.
+        self._left: dict[str, tuple[int, int | None]] = {}
 
     @property
     def streams(self) -> list[str]:
@@ -137,6 +146,7 @@ class Directory:
         added: list[str] = []
         changed: list[str] = []
         removed: list[str] = []
+        resumed: list[tuple[str, int]] = []
         for summary in summaries:
             name = summary.name
             if not self.selection.covers(name):
@@ -147,12 +157,17 @@ class Directory:
                 if known is not None:
                     del self._known[name]
                     removed.append(name)
+                    self._left[name] = (summary.stream_id, None)
                 continue
             if known is None:
-                if self.selection.prefix is None:
+                position = self._position_left(name, summary.stream_id)
+                if position is not None:
+                    resumed.append((name, position))
+                elif self.selection.prefix is None:
                     continue  # named streams are followed from the start only
+                else:
+                    added.append(name)
                 known = self._known[name] = _Known()
-                added.append(name)
             known.summarized_ms = now_ms
             if known.summary != summary:
                 if known.summary is not None:
@@ -164,13 +179,31 @@ class Directory:
             removed += [n for n in sorted(self._known) if n not in seen and self._listed(n)]
             for name in removed:
                 self._known.pop(name, None)
-        return Changes(tuple(added), tuple(sorted(set(removed))), tuple(changed))
+        for name in [n for n in self._left if n not in seen]:
+            del self._left[name]  # removed for good: a stream of that name is another
+        return Changes(tuple(added), tuple(sorted(set(removed))), tuple(changed), tuple(resumed))
 
     def _listed(self, name: str) -> bool:
         return self._known[name].listed_ms is not None
 
-    def forget(self, name: str) -> None:
-        self._known.pop(name, None)
+    def _position_left(self, name: str, stream_id: int) -> int | None:
+        """Where `name` was left when it was deleted, if this is the same stream (a
+        stream created again under its name starts afresh)."""
+        left = self._left.pop(name, None)
+        if left is None or left[0] != stream_id or not stream_id:
+            return None
+        return left[1]
+
+    def forget(self, name: str, position: int | None = None) -> None:
+        """No longer follow `name` (deleted, or gone); `position`: what it would hand
+        out next, where it goes on should a later stream list show it undeleted."""
+        known = self._known.pop(name, None)
+        if known is not None and known.summary is not None:
+            stream_id = known.summary.stream_id
+        else:
+            stream_id = self._left.get(name, (0, None))[0]
+        if position is not None and stream_id:
+            self._left[name] = (stream_id, position)
 
     def on_list_started(self, name: str, now_ms: int) -> None:
         """A `ListSegments` of `name` starts: what it answers is as current as this."""
