@@ -28,6 +28,7 @@ second, which `console.console_reply` answers from, and `registry` holds its met
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -58,10 +59,32 @@ from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.signing import SigningKey
 from streamengine.protocol.transport import Transport
 from tests.sim.master_node import sim_signing_key
 from tests.sim.runtime.process import SimProcess
 from tests.sim.runtime.transport import SimNetwork, SimServer
+
+
+class SimKeys:
+    """The keys one master state makes: the seed's (`sim_signing_key`, of its
+    metadata's generation) while it starts on metadata with none, and, once it runs
+    (`running`), a new one for each `key rotate`, from the seed, the master's name and
+    a count (no two masters, nor two rotations, make the same)."""
+
+    def __init__(self, seed: int, name: str, generation: int = 0) -> None:
+        self.seed = seed
+        self.name = name
+        self.generation = generation
+        self.running = False
+        self.rotations = 0
+
+    def make(self) -> SigningKey:
+        if not self.running:
+            return sim_signing_key(self.seed, self.generation)
+        self.rotations += 1
+        label = f"simulated key {self.seed}/{self.generation}, {self.name}'s {self.rotations}"
+        return SigningKey(hashlib.sha256(f"{label} at {wall_ms()}".encode()).digest())
 
 
 class StampedConsole(ConsoleSnapshot):
@@ -122,16 +145,19 @@ class SimMaster:
         """As `server._load_state`: while rebuilding, without a cluster id (the rebuild
         adopts the stores')."""
         seed = self.network.loop.seed
-        return MasterState(
+        # The seed's key, as the world's master has it (it moves here when that goes).
+        keys = SimKeys(seed, self.name, self.losses)
+        state = MasterState(
             catalog,
             wall_ms(),
             self.lease_ms,
             self.store_timeout_ms,
-            # The seed's key, as the world's master has it (it moves here when that goes).
-            make_signing_key=lambda: sim_signing_key(seed, self.losses),
+            make_signing_key=keys.make,
             delete_grace_ms=self.delete_grace_ms,
             make_cluster_id=None if rebuilding else lambda: f"sim-cluster-{seed}",
         )
+        keys.running = True
+        return state
 
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_embedded_master`
@@ -239,15 +265,18 @@ class SimElectedMaster(SimProcess):
     def _load_state(self, catalog: Catalog, rebuilding: bool) -> MasterState:
         assert not rebuilding, "no rebuild in the simulator yet"
         seed = self.network.loop.seed
-        return MasterState(
+        keys = SimKeys(seed, self.name)
+        state = MasterState(
             catalog,
             wall_ms(),
             self.lease_ms,
             self.store_timeout_ms,
-            make_signing_key=lambda: sim_signing_key(seed),
+            make_signing_key=keys.make,
             delete_grace_ms=self.delete_grace_ms,
             make_cluster_id=lambda: f"sim-cluster-{seed}",
         )
+        keys.running = True
+        return state
 
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_etcd_master`."""

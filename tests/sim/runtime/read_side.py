@@ -6,18 +6,22 @@ its own, as are its calls: `random.Random(f"{seed}/read-side-calls")`, so that t
 world's draws stay where they were), every few hundred ms of the safety phase one of:
 
 - `streamengine stream create` of a stream of its own (`d0/x1`, `d1/x2`, ...: tenants
-  no writer or follower of the world touches, names never used twice), `stream delete
-  --yes` of one (left to the master's grace, so that it is removed within the run), or
-  `stream undelete`;
+  no writer or follower of the world touches, names never used twice), a few at once
+  (`create_streams`), one of its own again (answered as it stands), `tenant create`,
+  `stream delete --yes` of one (left to the master's grace, so that it is removed
+  within the run), or `stream undelete`;
 - `streamengine stream list` walked a page at a time (`StreamClient.list_streams`,
   pages of 1-3 streams, by tenant, by name prefix, both, or neither) while those
   streams come and go;
+- `streamengine seal NAME` of one of the world's streams;
 - `streamengine stream describe`, `status --json` (GetClusterStatus through
   `status_view.status_dict`), and the console's `/api/status` and `/metrics`
   (`console.console_reply` on the view the master's gauges loop published, as its
   HTTP thread answers a browser; a standby's console says only that it stands by);
-- `streamengine token create` of a read token for a tenant, `key list`, and the
-  tenants listed;
+- `streamengine token create` of a read token for a tenant, `key list` (now and then
+  `key rotate`: the master's next key signs once every store can have heard of it),
+  and the tenants listed; `drain --dry-run` and `rebalance --dry-run`; listings the
+  master must refuse (invariant 6);
 
 each as the cluster admin or as a tenant's token (the read tokens it made, and, in
 the world's token seeds, the write tokens of `TOKEN_TENANT` whose process was not
@@ -58,6 +62,8 @@ T = TypeVar("T")
 READ_EVERY_MS = 300
 ACTION_S_MAX = 10.0
 CALL_S = 2.0
+# How long `seal` waits for a leader's roll (or its own recovery).
+SEAL_S = 5.0
 # Its own streams: under tenants nobody else writes or follows, at most this many.
 TENANTS = ("d0", "d1")
 CREATED_MAX = 12
@@ -110,7 +116,8 @@ class ReadSide:
             (0.15, self._create),
             (0.07, self._delete),
             (0.05, self._undelete),
-            (0.27, self._walk),
+            (0.24, self._walk),
+            (0.03, self._seal),
             (0.1, self._describe),
             (0.11, self._status),
             (0.11, self._console),
@@ -200,21 +207,51 @@ class ReadSide:
     # ---- its own streams: created, deleted, undeleted ----
 
     async def _create(self) -> None:
-        if self.created >= CREATED_MAX:
+        """`stream create` of one new stream (`StreamClient.create_stream`), of a few at
+        once (`create_streams`: one master commit), or of one of its own again
+        (answered as it stands); or `tenant create` of one of its tenants (which may
+        exist)."""
+        roll = self.rng.random()
+        if roll < 0.1:
+            tenant = self.rng.choice(TENANTS)
+            async with self._client("") as client:
+                reply = await client.master.CreateTenant(
+                    master_pb2.CreateTenantRequest(tenant=tenant), timeout=CALL_S
+                )
+            self.world.count(f"read side tenants {'created' if reply.created else 'existing'}")
             return
-        self.created += 1
-        name = f"{self.rng.choice(TENANTS)}/x{self.created}"
-        self.checker.asked_to_create(name)
+        if roll < 0.3 and self.live:
+            names = [self.rng.choice(self.live)]
+        else:
+            count = min(1 if roll < 0.8 else self.rng.randint(2, 3), CREATED_MAX - self.created)
+            if count <= 0:
+                return
+            names = []
+            for _ in range(count):
+                self.created += 1
+                names.append(f"{self.rng.choice(TENANTS)}/x{self.created}")
+                self.checker.asked_to_create(names[-1])
         policy = self.world.config.policy
         before = self._before()
         async with self._client("") as client:
-            info = await client.create_stream(
-                name, replicas=policy.replicas, write_quorum=policy.write_quorum
-            )
-        self.live.append(name)
-        self.world.note(f"read side: created {name}: stream id {info.stream_id}")
-        self.world.count("read side streams created")
-        self._shown(Shown(f"create {name}", [name], {name: info.stream_id}, complete=False), before)
+            if len(names) == 1:
+                infos = [
+                    await client.create_stream(
+                        names[0], replicas=policy.replicas, write_quorum=policy.write_quorum
+                    )
+                ]
+            else:
+                infos = await client.create_streams(
+                    names, replicas=policy.replicas, write_quorum=policy.write_quorum
+                )
+        for info in infos:
+            if info.name not in self.live:
+                self.live.append(info.name)
+        ids = {info.name: info.stream_id for info in infos}
+        self.world.note(f"read side: created {ids}")
+        self.world.count("read side streams created", len(infos))
+        shown = Shown(f"create {names}", list(ids), ids, in_order=False, complete=False)
+        self._shown(shown, before)
 
     async def _delete(self) -> None:
         if not self.live:
@@ -395,6 +432,22 @@ class ReadSide:
         after = self.checker.first_look_after(published)
         self._status_shown(what, status, caller, before, after)
 
+    async def _seal(self) -> None:
+        """`streamengine seal NAME` of one of the world's streams (what a Spark job runs
+        before it reads): its leader asked to roll, or, with none, the operator leading
+        for a moment; the segment it answers is sealed at the master."""
+        world = self.world
+        streams = [s for s in world.stream_names if s not in world.removed | set(world.held_off)]
+        name = self.rng.choice(streams)
+        async with self._client("") as client:
+            epoch = await client.seal(name, timeout_s=SEAL_S)
+            sealed = [s.sealed for s in await client.list_segments(name) if s.epoch == epoch]
+        world.note(f"read side: sealed {name} through {epoch}")
+        world.count("read side seals")
+        if sealed == [False]:
+            # Sealed, or trimmed since (not listed): never listed open.
+            world.check(_raise, Violation(16, f"seal {name} answered {epoch}, listed {sealed}"))
+
     async def _bad_listing(self) -> None:
         """`stream list` with what the master must refuse (invariant 6): a page token
         it never handed out, one handed out for other filters, a page too large, a
@@ -447,8 +500,8 @@ class ReadSide:
         self.world.count(f"read side {type(request).__name__.removesuffix('Request')} plans")
 
     async def _tokens_and_keys(self) -> None:
-        """`streamengine token create --tenant T --role read`, `key list`, and the
-        tenants, as the admin or a tenant's token sees them."""
+        """`streamengine token create --tenant T --role read`, `key list` (or `key
+        rotate`), and the tenants, as the admin or a tenant's token sees them."""
         roll = self.rng.random()
         if roll < 0.4:
             tenant = self.rng.choice(("t0", "t1", "t2", *TENANTS))
@@ -461,13 +514,21 @@ class ReadSide:
             self.world.note(f"read side: token {reply.token_id} of {tenant}")
             self.world.count("read side tokens created")
         elif roll < 0.6:
+            # `key rotate` now and then: a new key signs once every store can have
+            # heard of it, and what the old one signed holds until it expires.
+            rotate = self.rng.random() < 0.3
             async with self._client("") as client:
-                keys = await client.master.ListSigningKeys(
-                    master_pb2.ListSigningKeysRequest(), timeout=CALL_S
-                )
+                if rotate:
+                    keys = await client.master.RotateSigningKey(
+                        master_pb2.RotateSigningKeyRequest(), timeout=CALL_S
+                    )
+                else:
+                    keys = await client.master.ListSigningKeys(
+                        master_pb2.ListSigningKeysRequest(), timeout=CALL_S
+                    )
             if not any(key.signing for key in keys.keys):
                 self.world.check(_raise, Violation(16, f"key list: none signs: {keys}"))
-            self.world.count("read side key lists")
+            self.world.count("read side keys rotated" if rotate else "read side key lists")
         else:
             caller, token = self._caller()
             async with self._client(token) as client:
@@ -527,15 +588,19 @@ def pages_by_offset(
     sorted_names: Sequence[str], tenant: str, name_prefix: str, page_token: str, size: int
 ) -> listing.Page:
     """`listing.list_page` with a page token that counts the names before the next page
-    instead of naming the last one (the `pages_by_offset` flaw): a stream created or
-    removed before it while a caller walks shifts every later page, which then repeats
-    a name or skips one."""
+    instead of naming the last one (the `pages_by_offset` flaw; tokens still bound to
+    their filters and refused when they do not decode): a stream created or removed
+    before it while a caller walks shifts every later page, which then repeats a name
+    or skips one."""
     prefix = listing.name_range(tenant, name_prefix)
     size = listing.page_size(size)
     if prefix is None:
-        return listing.Page((), "")
-    start = int(page_token or 0)
+        return listing.list_page(sorted_names, tenant, name_prefix, page_token, size)
+    start = 0
+    if page_token:
+        start = int(listing.decode_page_token(page_token, prefix).removeprefix(prefix))
     selected = [name for name in sorted_names if name.startswith(prefix)]
     names = tuple(selected[start : start + size])
     more = start + size < len(selected)
-    return listing.Page(names, str(start + size) if more else "")
+    token = listing.encode_page_token(prefix, f"{prefix}{start + size}") if more else ""
+    return listing.Page(names, token)
