@@ -51,12 +51,18 @@ every step and a failure names the step that broke the rule:
 14. lost replicas: a wiped store joins its cluster as one new incarnation, the one the
     master keeps, with every replica it held before marked lost (or held again), however
     many of its registration answers were lost.
+15. producers: an event answered as written is in the stream, and never twice.
+16. the read side (`CatalogChecker`): a paged walk of the streams shows each stream
+    held throughout it once and in order, none never created or removed before it,
+    only what its filters select and its caller may see; descriptions, the status and
+    the console show the same, and a status's counts agree with its rows.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -94,6 +100,7 @@ INVARIANTS = {
     13: "trims take whole sealed segments from the head; readers are told, never skipped",
     14: "a store never stands for a replica it lost",
     15: "a producer event answered as written is in the stream, and never twice",
+    16: "what the master shows of its streams is what it holds, to each caller its own",
     0: "the cluster converges once faults stop (liveness)",
 }
 
@@ -873,3 +880,138 @@ class MasterChecker:
                 f"{oldest[0].key if oldest else 'no key'!r} was the oldest",
             )
         self.commits += 1
+
+
+@dataclass(frozen=True, slots=True)
+class StreamsLook:
+    """The streams the serving master held at one moment, by name with their ids."""
+
+    index: int
+    wall_ms: int
+    ids: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """Streams one read-side answer showed: which caller asked with which filters."""
+
+    what: str
+    names: Sequence[str]  # in the order shown
+    ids: Mapping[str, int]  # the stream ids shown, where the answer has them
+    tenant: str = ""  # the tenant filter the answer obeys ("" for none)
+    prefix: str = ""  # the name prefix it obeys
+    # The tenant the caller's token is of ("" for a cluster admin): it sees no other.
+    caller_tenant: str = ""
+    in_order: bool = True  # each name once, ascending (a paged walk, the rows)
+    complete: bool = True  # every stream that held throughout is among them
+    name: str = ""  # the one stream asked for (a description), "" for any
+
+    def selects(self, name: str) -> bool:
+        scopes = [scope for scope in (self.tenant, self.caller_tenant) if scope]
+        return (
+            name.startswith(self.prefix)
+            and all(name.startswith(f"{s}/") for s in scopes)
+            and (not self.name or name == self.name)
+        )
+
+
+class CatalogChecker:
+    """Invariant 16: what the master shows of its streams (ListStreams walked a page at
+    a time, DescribeStream, GetClusterStatus, the console) is what it holds, held to
+    the streams the serving master's state held as the world looked at it (`look`)
+    before and after each answer (docs/design.md, "Many streams": a page starts after
+    the last name of the one before, so streams created or removed in between never
+    shift a page):
+
+    - a walk shows names in ascending order, each once, every one selected by its
+      filters and visible to its caller (a tenant's token: its own tenant's only), and
+      every stream that was held both before and after the walk;
+    - nothing shown was never created, nor removed before the answer began, and a name
+      shows the stream id the master gave it;
+    - the world never names a stream again once removed, so a stream held at two looks
+      was held in between, and one that comes back after a look missed it is a
+      violation.
+
+    An answer is judged once a look after it exists (`after` in `judge`: the master may
+    not be serving then)."""
+
+    def __init__(self) -> None:
+        self.looks: list[StreamsLook] = []
+        # Names the world asked to create, and the stream ids the master gave them.
+        self.asked: set[str] = set()
+        self.ids: dict[str, int] = {}
+        # The first look that missed a name an earlier one held: removed from then on.
+        self.gone: dict[str, int] = {}
+        self.judged = 0
+        self._waiting: list[tuple[int, Shown]] = []
+
+    def asked_to_create(self, name: str) -> None:
+        self.asked.add(name)
+
+    def look(self, wall_ms: int, state: MasterState) -> StreamsLook:
+        ids = {name: record.stream_id for name, record in state.streams.items()}
+        index = len(self.looks)
+        look = StreamsLook(index, wall_ms, ids)
+        for name, stream_id in sorted(ids.items()):
+            if name in self.gone:
+                raise Violation(16, f"{name} held again after look {self.gone[name]} missed it")
+            if name not in self.asked:
+                raise Violation(16, f"the master holds {name}, which nobody created")
+            known = self.ids.setdefault(name, stream_id)
+            if known != stream_id:
+                raise Violation(16, f"{name} is stream {stream_id}, after {known}")
+        if self.looks:
+            for name in sorted(set(self.looks[-1].ids) - set(ids)):
+                self.gone[name] = index
+        self.looks.append(look)
+        waiting, self._waiting = self._waiting, []
+        for before, shown in waiting:
+            self.judge(shown, before, index)
+        return look
+
+    def last_look(self, before_ms: int | None = None) -> int | None:
+        """The latest look (taken strictly before `before_ms`, when given)."""
+        for look in reversed(self.looks):
+            if before_ms is None or look.wall_ms < before_ms:
+                return look.index
+        return None
+
+    def first_look_after(self, after_ms: int) -> int | None:
+        for look in self.looks:
+            if look.wall_ms > after_ms:
+                return look.index
+        return None
+
+    def shown(self, shown: Shown, before: int | None, after: int | None) -> None:
+        """An answer given between looks `before` and `after` (None: no look before it
+        yet; none after it yet, when it is judged at the next look)."""
+        if after is None:
+            self._waiting.append((-1 if before is None else before, shown))
+            return
+        self.judge(shown, -1 if before is None else before, after)
+
+    def judge(self, shown: Shown, before: int, after: int) -> None:
+        names = list(shown.names)
+        what = shown.what
+        if shown.in_order:
+            for earlier, later in itertools.pairwise(names):
+                if not earlier < later:
+                    raise Violation(16, f"{what}: {later!r} after {earlier!r}")
+        for name in names:
+            if not shown.selects(name):
+                raise Violation(16, f"{what}: {name} is not selected by its filters")
+            if name not in self.asked:
+                raise Violation(16, f"{what}: {name} was never created")
+            gone_at = self.gone.get(name)
+            if gone_at is not None and gone_at <= before:
+                raise Violation(16, f"{what}: {name} shown after a look at {gone_at} missed it")
+            shown_id = shown.ids.get(name)
+            known = self.ids.get(name, shown_id)
+            if shown_id is not None and shown_id != known:
+                raise Violation(16, f"{what}: {name} shown as stream {shown_id}, not {known}")
+        if shown.complete and before >= 0:
+            held = set(self.looks[before].ids) & set(self.looks[after].ids)
+            missing = sorted(name for name in held if shown.selects(name) and name not in names)
+            if missing:
+                raise Violation(16, f"{what}: {missing} held throughout and not shown")
+        self.judged += 1

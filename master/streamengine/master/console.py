@@ -21,7 +21,8 @@ does; a token is held to what it allows either way.
 The HTTP server (`protocol.http_server`, as a store's metrics port) runs in its own
 thread and never touches the master's state: the master's loop publishes a
 `ConsoleView` (`ConsoleSnapshot.publish`) and the server filters the latest one per
-caller.
+caller. What a request is answered is `console_reply`, apart from the socket, so that
+the simulator asks the console what a browser or a dashboard would.
 """
 
 from __future__ import annotations
@@ -97,6 +98,64 @@ def status_for(view: ConsoleView, principal: Principal) -> dict[str, Any]:
     return status
 
 
+@dataclass(frozen=True, slots=True)
+class ConsoleReply:
+    """What the console answers a GET: its status code, content type and body."""
+
+    code: int
+    content_type: str
+    body: bytes
+
+
+def console_reply(
+    path: str,
+    latest: ConsoleView | dict[str, Any],
+    registry: CollectorRegistry,
+    certified: Principal,
+    authorization: str | None,
+    now_ms: int,
+) -> ConsoleReply:
+    """The answer to `GET path` (not the page itself) from a caller its connection
+    proves to be `certified`, sending the `Authorization` header `authorization`, given
+    the snapshot's `latest` view."""
+    need = CONSOLE_NEEDS.get(path)
+    if need is None:
+        return ConsoleReply(404, "text/plain; charset=utf-8", b"not found\n")
+    if not isinstance(latest, ConsoleView):
+        # Starting, or a standby: only which master is active, as its gRPC port
+        # answers anyone.
+        return ConsoleReply(200, http_server.JSON, http_server.json_bytes(latest))
+    principal = _principal(latest, certified, authorization, now_ms)
+    denial = (
+        principal
+        if isinstance(principal, Denial)
+        else authorize_need(principal, need, f"console {path}")
+    )
+    if denial is not None:
+        body = http_server.json_bytes({"error": denial.reason})
+        return ConsoleReply(http_server.refusal_code(principal), http_server.JSON, body)
+    assert isinstance(principal, Principal)
+    if path == "/metrics":
+        return ConsoleReply(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+    status = status_for(latest, principal)
+    return ConsoleReply(200, http_server.JSON, http_server.json_bytes(status))
+
+
+def _principal(
+    view: ConsoleView, certified: Principal, authorization: str | None, now_ms: int
+) -> Principal | Denial:
+    try:
+        return resolve_caller(
+            certified,
+            None if authorization is None else token_of_authorization(authorization),
+            view.verifier,
+            view.revocations,
+            now_ms,
+        )
+    except NoVerifyingKey:
+        return Denial("the master cannot check tokens yet")
+
+
 def serve_console(
     port: int,
     snapshot: ConsoleSnapshot,
@@ -114,42 +173,14 @@ def serve_console(
             if path in ("/", "/index.html"):
                 self.send_body(200, "text/html; charset=utf-8", page)
                 return
-            need = CONSOLE_NEEDS.get(path)
-            if need is None:
-                self.send_body(404, "text/plain; charset=utf-8", b"not found\n")
-                return
-            latest = snapshot.latest()
-            if not isinstance(latest, ConsoleView):
-                # Starting, or a standby: only which master is active, as its gRPC
-                # port answers anyone.
-                self.send_json(200, latest)
-                return
-            principal = self._principal(latest)
-            denial = (
-                principal
-                if isinstance(principal, Denial)
-                else authorize_need(principal, need, f"console {path}")
+            reply = console_reply(
+                path,
+                snapshot.latest(),
+                registry,
+                self.certified_principal(),
+                self.headers.get("Authorization"),
+                wall_ms(),
             )
-            if denial is not None:
-                self.send_refusal(principal, denial)
-                return
-            assert isinstance(principal, Principal)
-            if path == "/metrics":
-                self.send_body(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-            else:
-                self.send_json(200, status_for(latest, principal))
-
-        def _principal(self, view: ConsoleView) -> Principal | Denial:
-            header = self.headers.get("Authorization")
-            try:
-                return resolve_caller(
-                    self.certified_principal(),
-                    None if header is None else token_of_authorization(header),
-                    view.verifier,
-                    view.revocations,
-                    wall_ms(),
-                )
-            except NoVerifyingKey:
-                return Denial("the master cannot check tokens yet")
+            self.send_body(reply.code, reply.content_type, reply.body)
 
     return http_server.serve("console", host, port, Handler, certs_dir)

@@ -28,6 +28,18 @@ from streamengine.protocol.auth import INSECURE, Denial, Principal, PrincipalKin
 log = logging.getLogger("streamengine.http")
 
 REQUEST_TIMEOUT_S = 10.0
+JSON = "application/json"
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def refusal_code(principal: Principal | Denial) -> int:
+    """401 when nobody is proven (no credentials, or a token that is not valid), 403
+    when someone is, who may not."""
+    unproven = isinstance(principal, Denial) or principal.kind is PrincipalKind.ANONYMOUS
+    return 401 if unproven else 403
 
 
 def tls_context(certs_dir: Path) -> ssl.SSLContext:
@@ -62,14 +74,11 @@ class Handler(BaseHTTPRequestHandler):
         return identity.principal_of_peer_certificate(self.connection.getpeercert(binary_form=True))
 
     def send_refusal(self, principal: Principal | Denial, denial: Denial) -> None:
-        """401 when nobody is proven (no credentials, or a token that is not valid),
-        403 when someone is, who may not."""
-        unproven = isinstance(principal, Denial) or principal.kind is PrincipalKind.ANONYMOUS
-        self.send_json(401 if unproven else 403, {"error": denial.reason})
+        """`refusal_code`, with the reason."""
+        self.send_json(refusal_code(principal), {"error": denial.reason})
 
     def send_json(self, code: int, body: dict[str, Any]) -> None:
-        encoded = json.dumps(body, separators=(",", ":")).encode()
-        self.send_body(code, "application/json", encoded)
+        self.send_body(code, JSON, json_bytes(body))
 
     def send_body(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)

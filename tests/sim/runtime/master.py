@@ -4,7 +4,9 @@ builds the real one (the same interceptors, the health service).
 
 Both run the master's gauges loop beside the role (`server._update_gauges`, as
 `server._serve` does), which also enforces retention and removes what waited out its
-`delete_grace_ms`.
+`delete_grace_ms`; given `console=True` (the master's `--metrics-port`), it publishes
+the console's view to `console` (a `StampedConsole`, new with each incarnation) every
+second, which `console.console_reply` answers from, and `registry` holds its metrics.
 
 - `SimMaster`: one master on in-memory metadata, without an election (the embedded
   master of `server._embedded_master`). `lose_metadata()` while it is down: its next
@@ -26,11 +28,14 @@ Both run the master's gauges loop beside the role (`server._update_gauges`, as
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from streamengine.master.catalog import Catalog
+from streamengine.master.console import ConsoleSnapshot, ConsoleView
 from streamengine.master.core.repair import REPAIR_CONCURRENCY_DEFAULT
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.election import ELECTION_TTL_S_DEFAULT, Election
@@ -54,10 +59,45 @@ from streamengine.master.state import MasterState
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
+from streamengine.protocol.signing import SigningKey
 from streamengine.protocol.transport import Transport
 from tests.sim.master_node import sim_signing_key
 from tests.sim.runtime.process import SimProcess
 from tests.sim.runtime.transport import SimNetwork, SimServer
+
+
+class SimKeys:
+    """The keys one master state makes: the seed's (`sim_signing_key`, of its
+    metadata's generation) while it starts on metadata with none, and, once it runs
+    (`running`), a new one for each `key rotate`, from the seed, the master's name and
+    a count (no two masters, nor two rotations, make the same)."""
+
+    def __init__(self, seed: int, name: str, generation: int = 0) -> None:
+        self.seed = seed
+        self.name = name
+        self.generation = generation
+        self.running = False
+        self.rotations = 0
+
+    def make(self) -> SigningKey:
+        if not self.running:
+            return sim_signing_key(self.seed, self.generation)
+        self.rotations += 1
+        label = f"simulated key {self.seed}/{self.generation}, {self.name}'s {self.rotations}"
+        return SigningKey(hashlib.sha256(f"{label} at {wall_ms()}".encode()).digest())
+
+
+class StampedConsole(ConsoleSnapshot):
+    """The console's snapshot, knowing when its view was published (wall-clock ms),
+    so that what it shows is held to the state of that moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published_ms = 0
+
+    def publish(self, view: ConsoleView) -> None:
+        super().publish(view)
+        self.published_ms = wall_ms()
 
 
 class SimMaster:
@@ -71,6 +111,7 @@ class SimMaster:
         lease_ms: int = LEASE_MS_DEFAULT,
         store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
         delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
+        console: bool = False,
     ) -> None:
         self.network = network
         self.name = name
@@ -78,6 +119,10 @@ class SimMaster:
         self.lease_ms = lease_ms
         self.store_timeout_ms = store_timeout_ms
         self.delete_grace_ms = delete_grace_ms
+        self.serves_console = console
+        # The running incarnation's console and metrics (None before its first start).
+        self.console: StampedConsole | None = None
+        self.registry: CollectorRegistry | None = None
         self.metadata = MemoryMetadata()
         self.serving = asyncio.Event()
         self.state: MasterState | None = None
@@ -100,16 +145,19 @@ class SimMaster:
         """As `server._load_state`: while rebuilding, without a cluster id (the rebuild
         adopts the stores')."""
         seed = self.network.loop.seed
-        return MasterState(
+        # The seed's key, as the world's master has it (it moves here when that goes).
+        keys = SimKeys(seed, self.name, self.losses)
+        state = MasterState(
             catalog,
             wall_ms(),
             self.lease_ms,
             self.store_timeout_ms,
-            # The seed's key, as the world's master has it (it moves here when that goes).
-            make_signing_key=lambda: sim_signing_key(seed, self.losses),
+            make_signing_key=keys.make,
             delete_grace_ms=self.delete_grace_ms,
             make_cluster_id=None if rebuilding else lambda: f"sim-cluster-{seed}",
         )
+        keys.running = True
+        return state
 
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_embedded_master`
@@ -124,6 +172,8 @@ class SimMaster:
         role = MasterRole(self.address)
         server, health_servicer, service = _served(self.network, self.name, self.address, role)
         self.server = server
+        self.console = StampedConsole() if self.serves_console else None
+        self.registry = service.calls.metrics.registry
         await server.start()
         repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
         service.calls.rebuilding = rebuilding
@@ -133,7 +183,7 @@ class SimMaster:
         self.serving.set()
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_update_gauges(service, None))
+                group.create_task(_update_gauges(service, self.console))
                 if rebuilding:
                     rebuilt = await Rebuilder(
                         state, Transport(), REBUILD_WAIT_S_DEFAULT, wall_ms
@@ -179,6 +229,7 @@ class SimElectedMaster(SimProcess):
         store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
         election_ttl_s: int = ELECTION_TTL_S_DEFAULT,
         delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
+        console: bool = False,
     ) -> None:
         super().__init__()
         self.network = network
@@ -189,8 +240,11 @@ class SimElectedMaster(SimProcess):
         self.store_timeout_ms = store_timeout_ms
         self.election_ttl_s = election_ttl_s
         self.delete_grace_ms = delete_grace_ms
-        # The running process's role (None before the first start).
+        self.serves_console = console
+        # The running process's role, console and metrics (None before the first start).
         self.role: MasterRole | None = None
+        self.console: StampedConsole | None = None
+        self.registry: CollectorRegistry | None = None
         self._clean_stop = False
 
     @property
@@ -211,20 +265,25 @@ class SimElectedMaster(SimProcess):
     def _load_state(self, catalog: Catalog, rebuilding: bool) -> MasterState:
         assert not rebuilding, "no rebuild in the simulator yet"
         seed = self.network.loop.seed
-        return MasterState(
+        keys = SimKeys(seed, self.name)
+        state = MasterState(
             catalog,
             wall_ms(),
             self.lease_ms,
             self.store_timeout_ms,
-            make_signing_key=lambda: sim_signing_key(seed),
+            make_signing_key=keys.make,
             delete_grace_ms=self.delete_grace_ms,
             make_cluster_id=lambda: f"sim-cluster-{seed}",
         )
+        keys.running = True
+        return state
 
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_etcd_master`."""
         self.role = role = MasterRole(self.address)
         server, health_servicer, service = _served(self.network, self.name, self.address, role)
+        self.console = StampedConsole() if self.serves_console else None
+        self.registry = service.calls.metrics.registry
         client = EtcdClient(parse_etcd_url(self.etcd_url))
         election = Election(client, role.address, self.election_ttl_s, wall_ms)
         metadata = EtcdMetadata(client, commit_timeout_s=self.election_ttl_s * COMMIT_SHARE_OF_TTL)
@@ -240,7 +299,7 @@ class SimElectedMaster(SimProcess):
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_update_gauges(service, None))
+                group.create_task(_update_gauges(service, self.console))
                 await elected.run()
         finally:
             role.lease_lost()

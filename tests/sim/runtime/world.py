@@ -53,7 +53,10 @@ loss, and an acked event it never read is excused only by one it was told (invar
 1); a stream rebuilt from the stores keeps its id, and one created after a rebuild
 takes a new one (invariant 5); and a `MasterChecker` for the cluster (invariant 5: never two masters
 serving, every etcd commit the active master's, epochs never going back, across a
-rebuild too).
+rebuild too). In half the operator seeds its read side (`read_side.ReadSide`) lists,
+describes and reads the status and the console all along, as the admin and as tenants,
+each answer held to the master's streams before and after it (`CatalogChecker`,
+invariant 16).
 
     python -m tests.sim --runtime --seed N       # one seed, with its trace
     python -m tests.sim --runtime --soak K --first F
@@ -99,6 +102,7 @@ from streamengine.client.errors import (
 from streamengine.client.stream_client import SEAL_TIMEOUT_S
 from streamengine.client.writer import Writer
 from streamengine.master import service_tokens
+from streamengine.master.core import listing
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.state import MasterState
@@ -137,6 +141,7 @@ from tests.sim.network import Faults
 from tests.sim.runtime.etcd import SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
+from tests.sim.runtime.read_side import ReadSide, pages_by_offset
 from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import CURRENT_NODE, SimNetwork, node_context
 from tests.sim.world import draws_producers, is_documented_loss, run_outcome
@@ -155,7 +160,9 @@ from tests.sim.writer_node import ProducerOutbox
 # `scrub_blind`: the scrub reads a damaged replica back and tells nobody;
 # `trust_any_bridge`: a recovery accepting loss takes any bridge its plan found as proof
 # that nothing was lost (`lost_from_index=0`), and raises the survivors' acked index to
-# it (issue #35, defect 2).
+# it (issue #35, defect 2);
+# `pages_by_offset`: a ListStreams page token counts the names before the next page, so
+# streams created or removed during a walk shift its pages (`read_side.pages_by_offset`).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -166,6 +173,7 @@ RUNTIME_FLAWS = (
     "scrub_blind",
     "trust_any_bridge",
     "ungranted_writes",
+    "pages_by_offset",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -201,6 +209,10 @@ OPERATOR_EVERY_MS = 1_500
 DELETED_MS_MAX = 600
 DRAINING_MS_MAX = 3_000
 OPERATOR_CALL_S = 2.0
+# The share of operator seeds whose operator reads all along too (`read_side.ReadSide`:
+# paged listings, descriptions, the status and the console, as admin and as tenants),
+# drawn apart.
+READ_SIDE_SHARE = 0.5
 # The share of seeds where each client process leads the streams of one tenant under a
 # write token of its own, and the operator revokes one of them within the safety phase
 # (between these two times).
@@ -356,6 +368,8 @@ class WorldConfig:
     accept_loss: bool = False
     # An intruder sending bad input through the servers' front doors.
     intruder: bool = False
+    # With `operator`: it reads what the master shows all along (`read_side`).
+    read_side: bool = False
     metadata_lost: bool = False
     loss_at_ms: int = 0
     # Followers of many streams through one subscription each (`with_many`).
@@ -427,8 +441,11 @@ class WorldConfig:
         if seed < CROWD_FIRST_SEED or crowded.random() >= CROWD_SHARE:
             config = config.with_losses(random.Random(f"{seed}/broken-disks"))
             intruded = random.Random(f"{seed}/malformed").random() < INTRUDER_SHARE
+            reads = random.Random(f"{seed}/read-side").random() < READ_SIDE_SHARE
             config = dataclasses.replace(
-                config, intruder=seed >= INTRUDER_FIRST_SEED and intruded
+                config,
+                intruder=seed >= INTRUDER_FIRST_SEED and intruded,
+                read_side=operator and reads,
             )
         else:
             processes = crowded.choice((1, 2))
@@ -513,6 +530,7 @@ class WorldConfig:
             + (" intruder" if self.intruder else "")
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
+            + (" reading all along" if self.read_side else "")
             + (" producers" if self.producers else "")
             + (
                 f" pipelined<={self.producer_batches_max}"
@@ -608,12 +626,15 @@ class Masters:
                     lease_ms,
                     store_timeout_ms,
                     delete_grace_ms=grace_ms,
+                    console=config.read_side,
                 )
                 for n in range(1, config.masters + 1)
             ]
             self.checker = MasterChecker(parse_etcd_url(self.etcd.url()))
         else:
-            self.embedded = SimMaster(network, "master", lease_ms, store_timeout_ms, grace_ms)
+            self.embedded = SimMaster(
+                network, "master", lease_ms, store_timeout_ms, grace_ms, console=config.read_side
+            )
             self.checker = MasterChecker()
         self.lease_ms = config.lease_ms
 
@@ -843,6 +864,8 @@ class World:
         self.start("watch", self._watch())
         if self.config.operator:
             self.start("operator", self._operator())
+        if self.config.read_side:
+            self.start("read-side", ReadSide(self, TOKEN_TENANT).run())
         if self.config.tokens:
             self.start("revoker", self._revoke_token())
         if self.config.rot:
@@ -2422,6 +2445,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "ungranted_writes" in flaws:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
+        if "pages_by_offset" in flaws:
+            stack.enter_context(mock.patch.object(listing, "list_page", pages_by_offset))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
