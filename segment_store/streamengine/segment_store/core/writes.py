@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from streamengine.protocol.entry import (
@@ -109,6 +109,7 @@ from streamengine.segment_store.core.keys import (
     tenant_key,
 )
 from streamengine.segment_store.core.kv import KV, Delete, DeleteRange, KVOp, Put, PutMany
+from streamengine.segment_store.core.plan_overlay import Held, Run, Written
 
 # A cluster id, as the master makes them (`cluster-` and 16 hex digits) with room to spare.
 CLUSTER_ID_CHARS_MAX = 256
@@ -118,70 +119,6 @@ _VALUE_HEAD = struct.Struct(">BQ")  # kind, epoch: the prefix of a stored value
 
 # What a plan knows of a held copy: (epoch, kind, payload bytes, stored value). Plain
 # tuples: the hot path builds one per entry written.
-_Held = tuple[int, int, int, bytes]
-
-
-@dataclass(slots=True)
-class _Run:
-    """Copies of consecutive indexes from `first` a plan appended, kept as the columns
-    they came in: an append's run is looked at again only by a later command of the
-    same plan, so no tuple is made per index unless one is."""
-
-    first: int
-    epochs: Sequence[int]
-    kinds: Sequence[int]
-    sizes: Sequence[int]
-    values: Sequence[bytes]
-
-    def held(self, index: int) -> _Held | None:
-        position = index - self.first
-        if not 0 <= position < len(self.values):
-            return None
-        return (
-            self.epochs[position],
-            self.kinds[position],
-            self.sizes[position],
-            self.values[position],
-        )
-
-    def cut_after(self, final: int) -> dict[int, int]:
-        """Drop the copies past index `final`; their payload sizes, by index."""
-        keep = max(0, final + 1 - self.first)
-        dropped = dict(enumerate(self.sizes[keep:], self.first + keep))
-        self.epochs, self.kinds = self.epochs[:keep], self.kinds[:keep]
-        self.sizes, self.values = self.sizes[:keep], self.values[:keep]
-        return dropped
-
-
-@dataclass(slots=True)
-class _Written:
-    """The copies a plan wrote to one segment: runs appended past everything held
-    (disjoint, as each starts past the last index), and single copies, which win over
-    a run's at their index (written later, over what was held)."""
-
-    copies: dict[int, _Held] = field(default_factory=dict)
-    runs: list[_Run] = field(default_factory=list)
-
-    def held(self, index: int) -> _Held | None:
-        found = self.copies.get(index)
-        if found is not None:
-            return found
-        for run in self.runs:
-            found = run.held(index)
-            if found is not None:
-                return found
-        return None
-
-    def cut_after(self, final: int) -> dict[int, int]:
-        """Drop the copies past index `final`; their payload sizes, by index."""
-        dropped: dict[int, int] = {}
-        for run in self.runs:
-            dropped.update(run.cut_after(final))
-        for index in [i for i in self.copies if i > final]:
-            dropped[index] = self.copies.pop(index)[2]
-        return dropped
-
-
 @dataclass
 class _Work:
     """A plan being built: the published state overlaid with the plan's own effects."""
@@ -191,7 +128,7 @@ class _Work:
     entry_bytes_max: int
     metas: dict[SegmentKey, SegmentMeta | None] = field(default_factory=dict)
     # Copies written by the plan so far, per segment then index.
-    pending: dict[SegmentKey, _Written] = field(default_factory=dict)
+    pending: dict[SegmentKey, Written] = field(default_factory=dict)
     deleted: set[SegmentKey] = field(default_factory=set)
     # Segments whose copies past an index the plan dropped: the KV still holds them
     # until the plan is written.
@@ -207,7 +144,7 @@ class _Work:
             return self.metas[segment]
         return self.catalog.meta(segment)
 
-    def held(self, segment: SegmentKey, index: int, last_index: int) -> _Held | None:
+    def held(self, segment: SegmentKey, index: int, last_index: int) -> Held | None:
         if index > last_index:
             return None
         written = self.pending.get(segment)
@@ -445,17 +382,17 @@ def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
         while work.held(segment, matched + 1, last_index) is not None:
             matched += 1
     work.ops.extend(ops)
-    written_to = work.pending.setdefault(segment, _Written())
+    written_to = work.pending.setdefault(segment, Written())
     written_to.copies.update(
         (first + n, (epochs[n], kinds[n], sizes[n], values[n])) for n in written
     )
     if fresh_from < len(values):
         # Shared, not copied, when the whole batch is the run: a run is never changed
-        # in place (`_Run.cut_after` slices).
+        # in place (`Run.cut_after` slices).
         run = (epochs, kinds, sizes, values)
         if fresh_from:
             run = tuple(column[fresh_from:] for column in run)  # type: ignore[assignment]
-        written_to.runs.append(_Run(first + fresh_from, *run))
+        written_to.runs.append(Run(first + fresh_from, *run))
     if new_tenant:
         _keep_tenant(segment.stream_id, command.tenant, work)
     acked = max(old.acked_index, min(command.acked_index, matched))
