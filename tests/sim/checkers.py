@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -329,14 +329,20 @@ class Checker:
         core: SegmentStoreCore,
         fsync_never: bool,
         matched_before: Mapping[SegmentKey, int],
+        served_before: Mapping[SegmentKey, frozenset[int]] | None = None,
     ) -> None:
         """A store restarts with exactly what it had acked, unless it runs with fsync
         never: then losing unsynced writes is the documented loss (DESIGN: unsafe),
         counted, and what it holds now is what it serves from here on. That loss counts
         also when the store's own acked index survived but entries a writer acked on its
-        answers did not (`matched_before`: its matched index per segment at the crash)."""
+        answers did not (`matched_before`: its matched index per segment at the crash),
+        and when a copy it held as served gave way to an older one it had synced
+        (`served_before`, `served_copies` at the crash: a recovery's bridge over a
+        stale event, lost, then that event raised to acked on the recovery's word,
+        simulator seed 16769)."""
         if fsync_never:
             self._record_unsynced_gaps(store, core, matched_before)
+            self._record_unsynced_overwrites(store, core, served_before or {})
         for (name, segment), acked in sorted(self.store_acked.items()):
             meta = core.catalog.meta(segment) if name == store else None
             if name == store and (meta is None or meta.acked_index != acked):
@@ -379,6 +385,43 @@ class Checker:
             if served:
                 _, index = unpack_sequence(min(served))
                 self._unsynced_ack(store, segment.epoch, index)
+
+    def served_copies(
+        self, core: SegmentStoreCore, segments: Iterable[SegmentKey] | None = None
+    ) -> dict[SegmentKey, frozenset[int]]:
+        """Per segment of this stream (of `segments`, when the caller sorted a store's
+        by stream once), the indexes where `core` holds the copy that was served there
+        (before a crash: `store_restarted`'s `served_before`)."""
+        held: dict[SegmentKey, frozenset[int]] = {}
+        for segment in sorted(core.catalog.segments() if segments is None else segments):
+            meta = core.catalog.meta(segment)
+            if segment.stream_id != self.stream_id or meta is None or not meta.last_index:
+                continue
+            held[segment] = frozenset(
+                e.index
+                for e in core.reader.read(segment, 1, meta.last_index)
+                if self.truth.get((segment.epoch, e.index)) == (e.kind, e.payload)
+            )
+        return held
+
+    def _record_unsynced_overwrites(
+        self,
+        store: str,
+        core: SegmentStoreCore,
+        served_before: Mapping[SegmentKey, frozenset[int]],
+    ) -> None:
+        for segment, indexes in sorted(served_before.items()):
+            meta = core.catalog.meta(segment)
+            if not indexes or meta is None:
+                continue  # a segment gone whole is judged by its acked index
+            now = {e.index: (e.kind, e.payload) for e in core.reader.read(segment, 1, max(indexes))}
+            for index in sorted(indexes):
+                if index in now and now[index] != self.truth[(segment.epoch, index)]:
+                    self.unsynced_losses.append(
+                        f"store {store} lost its copy of {segment.epoch}/{index} that was "
+                        "served, an older one it had synced under it (fsync never)"
+                    )
+                    break
 
     def _refill_gap(self, store: str, segment: SegmentKey, matched: int) -> None:
         gap = self.unsynced_gaps.get((store, segment))

@@ -196,9 +196,12 @@ class StoreNode(Node):
         else:
             metas = self.core.catalog.metas()
             matched = {segment: meta.matched_index for segment, meta in metas.items()}
+            served = self.world.checker.served_copies(self.core) if self.fsync_never else {}
             self.kv.crash()  # loses nothing unless the store runs with fsync never
             self.core = SegmentStoreCore(self.kv, joins_cluster=self.wipes > 0)
-            self.world.checker.store_restarted(self.name, self.core, self.fsync_never, matched)
+            self.world.checker.store_restarted(
+                self.name, self.core, self.fsync_never, matched, served
+            )
         self._load_authority()
         self.tails = TailServer(self)
         self.scrub = ScrubSchedule[SegmentKey](1 << 30, self.world.now, SCRUB_RECHECK_MS)

@@ -1551,6 +1551,7 @@ class World:
         wipe = self.config.wipes and self._may_wipe(name) and self.rng.random() < WIPE_CHANCE
         power_loss = self.rng.random() < 0.5
         matched = self._matched(store)
+        served = self._served(store) if power_loss and not wipe else {}
         await self.stop(name)
         if wipe:
             self.wiped.add(name)
@@ -1573,9 +1574,14 @@ class World:
         await asyncio.sleep(self._down_ms(self.config.store_down_ms_max) / 1000)
         if self.phase != "safety" or name in self.nodes:
             return
-        self._restart_store(name, matched if power_loss and not wipe else {})
+        self._restart_store(name, matched if power_loss and not wipe else {}, served)
 
-    def _restart_store(self, name: str, matched: dict[SegmentKey, int]) -> None:
+    def _restart_store(
+        self,
+        name: str,
+        matched: dict[SegmentKey, int],
+        served: dict[str, dict[SegmentKey, frozenset[int]]] | None = None,
+    ) -> None:
         store = self.stores[name]
         self.note(f"{name} restarts")
         self.start(name, store.serve())
@@ -1584,11 +1590,32 @@ class World:
             await store.serving.wait()
             assert store.core is not None
             core = store.core
-            for checker in self.checkers.values():
-                self.check(checker.store_restarted, name, core, not store.fsync, matched)
+            for stream, checker in self.checkers.items():
+                self.check(
+                    checker.store_restarted,
+                    name,
+                    core,
+                    not store.fsync,
+                    matched,
+                    (served or {}).get(stream),
+                )
 
         if matched:
             self.group.create_task(restarted())
+
+    def _served(self, store: SimStore) -> dict[str, dict[SegmentKey, frozenset[int]]]:
+        """Per stream, the copies `store` holds as they were served (`served_copies`):
+        a store without fsync may lose some to older ones in its crash."""
+        if store.core is None or store.fsync:
+            return {}
+        core = store.core
+        by_stream: dict[int, list[SegmentKey]] = {}
+        for segment in core.catalog.segments():
+            by_stream.setdefault(segment.stream_id, []).append(segment)
+        return {
+            stream: checker.served_copies(core, by_stream.get(checker.stream_id, ()))
+            for stream, checker in self.checkers.items()
+        }
 
     @staticmethod
     def _matched(store: SimStore) -> dict[SegmentKey, int]:
