@@ -81,6 +81,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # A session holds nothing by itself: any caller it can name may open one.
     "Master/HoldLeaseSession":        (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
     "Master/RollSegment":             (P, P, P, N, N, N, N, P, P, P),
+    # Each entry is authorized as a RollSegment is (the cell: the entry's answer).
+    "Master/RollSegments":            (P, P, P, N, N, N, N, P, P, P),
     "Master/ListSegments":            (P, P, N, N, N, N, N, P, N, N),
     "Master/SealSegment":             (P, P, P, N, N, N, N, P, P, P),
     "Master/ReportReplica":           (P, P, N, N, N, N, N, P, N, N),
@@ -257,6 +259,12 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         "Master/RollSegment": master(
             "RollSegment", m.RollSegmentRequest(stream=nope, client_id="table", epoch=1)
         ),
+        "Master/RollSegments": master(
+            "RollSegments",
+            m.RollSegmentsRequest(
+                rolls=[m.RollSegmentRequest(stream=nope, client_id="table", epoch=1)]
+            ),
+        ),
         "Master/ListSegments": master("ListSegments", m.ListSegmentsRequest(stream=nope)),
         "Master/SealSegment": master(
             "SealSegment",
@@ -375,6 +383,8 @@ def status_of(call: Callable[[Any], object], channel: Any) -> str:
         return str(error.code().name)
     if isinstance(answer, m.LeaseHeartbeatReply):  # a batch answers per entry
         return STATUS_NAMES[answer.leases[0].code]
+    if isinstance(answer, m.RollSegmentsReply):
+        return STATUS_NAMES[answer.rolls[0].code]
     if isinstance(answer, list) and answer and isinstance(answer[0], s.WriteReply):
         # A Write stream answers per request.
         reply = answer[0]

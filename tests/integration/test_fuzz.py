@@ -195,6 +195,10 @@ class Victim:
                 m.RollSegmentRequest(**lease, grant=driver.grant),
                 m.RollSegmentRequest(**lease, grant=forged),
             ],
+            "Master/RollSegments": [
+                m.RollSegmentsRequest(rolls=[m.RollSegmentRequest(**lease, grant=driver.grant)]),
+                m.RollSegmentsRequest(rolls=[m.RollSegmentRequest(**lease, grant=forged)]),
+            ],
             "Master/ListSegments": [m.ListSegmentsRequest(stream="victim/data", from_epoch=1)],
             "Master/ReportReplica": [
                 m.ReportReplicaRequest(
@@ -471,9 +475,10 @@ _ANSWERED_TO_OTHERS = {
     "Master/GetClusterStatus",
     "SegmentStore/Write",
     "SegmentStore/Subscribe",
-    # A batch answers each entry in its reply (refused as a WriterHeartbeat is:
-    # test_authority_table.py); a lease session holds nothing by itself.
+    # A batch answers each entry in its reply (refused as a WriterHeartbeat or a
+    # RollSegment is: test_authority_table.py); a lease session holds nothing by itself.
     "Master/LeaseHeartbeat",
+    "Master/RollSegments",
     "Master/HoldLeaseSession",
 }
 

@@ -1486,6 +1486,52 @@ class RollSegmentRequest(_message.Message):
 Global___RollSegmentRequest: _TypeAlias = RollSegmentRequest  # noqa: Y015
 
 @_typing.final
+class RollSegmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rolls(self) -> _containers.RepeatedCompositeFieldContainer[Global___RollSegmentRequest]:
+        """One per roll asked; each with its own writer's grant and lease secret."""
+
+    def __init__(
+        self,
+        *,
+        rolls: _abc.Iterable[Global___RollSegmentRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rolls", b"rolls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollSegmentsRequest: _TypeAlias = RollSegmentsRequest  # noqa: Y015
+
+@_typing.final
+class RollSegmentsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rolls(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseHeartbeatAnswer]:
+        """One per request entry, in order: the answer RollSegment would have given it (in
+        `reply`), or its refusal.
+        """
+
+    def __init__(
+        self,
+        *,
+        rolls: _abc.Iterable[Global___LeaseHeartbeatAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rolls", b"rolls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollSegmentsReply: _TypeAlias = RollSegmentsReply  # noqa: Y015
+
+@_typing.final
 class ListSegmentsRequest(_message.Message):
     """---- segments ----"""
 

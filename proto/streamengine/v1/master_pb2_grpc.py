@@ -115,6 +115,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.FromString,
                 _registered_method=True)
+        self.RollSegments = channel.unary_unary(
+                '/streamengine.v1.Master/RollSegments',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsReply.FromString,
+                _registered_method=True)
         self.LeaseHeartbeat = channel.unary_unary(
                 '/streamengine.v1.Master/LeaseHeartbeat',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatRequest.SerializeToString,
@@ -303,6 +308,18 @@ class MasterServicer:
 
     def RollSegment(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollSegments(self, request, context):
+        """Every roll a client process asks for within a short window, in one call: each
+        entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+        of one), and the new epochs are persisted in as few commits as the metadata's
+        bound on a transaction allows. An entry refused alone answers its own status and
+        changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+        nothing changed).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -504,6 +521,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RollSegment,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.SerializeToString,
+            ),
+            'RollSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollSegments,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsReply.SerializeToString,
             ),
             'LeaseHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.LeaseHeartbeat,
@@ -1013,6 +1035,33 @@ class Master:
             '/streamengine.v1.Master/RollSegment',
             streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.SerializeToString,
             streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/RollSegments',
+            streamengine_dot_v1_dot_master__pb2.RollSegmentsRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.RollSegmentsReply.FromString,
             options,
             channel_credentials,
             insecure,

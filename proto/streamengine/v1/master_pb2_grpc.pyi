@@ -89,6 +89,14 @@ class MasterStub:
     paused or cut-off leader keeps its connection, and its lease runs its course.
     """
     RollSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]
+    RollSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.RollSegmentsRequest, _master_pb2.RollSegmentsReply]
+    """Every roll a client process asks for within a short window, in one call: each
+    entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+    of one), and the new epochs are persisted in as few commits as the metadata's
+    bound on a transaction allows. An entry refused alone answers its own status and
+    changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+    nothing changed).
+    """
     LeaseHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.LeaseHeartbeatRequest, _master_pb2.LeaseHeartbeatReply]
     """Every lease a client process holds or asks for, in one call per interval: each
     entry is one writer's heartbeat with its own lease secret, decided as
@@ -176,6 +184,14 @@ class MasterAsyncStub(MasterStub):
     paused or cut-off leader keeps its connection, and its lease runs its course.
     """
     RollSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]  # type: ignore[assignment]
+    RollSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.RollSegmentsRequest, _master_pb2.RollSegmentsReply]  # type: ignore[assignment]
+    """Every roll a client process asks for within a short window, in one call: each
+    entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+    of one), and the new epochs are persisted in as few commits as the metadata's
+    bound on a transaction allows. An entry refused alone answers its own status and
+    changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+    nothing changed).
+    """
     LeaseHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.LeaseHeartbeatRequest, _master_pb2.LeaseHeartbeatReply]  # type: ignore[assignment]
     """Every lease a client process holds or asks for, in one call per interval: each
     entry is one writer's heartbeat with its own lease secret, decided as
@@ -356,6 +372,20 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.RollSegmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_master_pb2.WriterHeartbeatReply, _abc.Awaitable[_master_pb2.WriterHeartbeatReply]]: ...
+
+    @_abc_1.abstractmethod
+    def RollSegments(
+        self,
+        request: _master_pb2.RollSegmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RollSegmentsReply, _abc.Awaitable[_master_pb2.RollSegmentsReply]]:
+        """Every roll a client process asks for within a short window, in one call: each
+        entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+        of one), and the new epochs are persisted in as few commits as the metadata's
+        bound on a transaction allows. An entry refused alone answers its own status and
+        changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+        nothing changed).
+        """
 
     @_abc_1.abstractmethod
     def LeaseHeartbeat(

@@ -107,6 +107,8 @@ RPC_NEEDS: dict[str, Need] = {
     # Holds nothing by itself: leases are bound to it by heartbeats that prove them.
     "Master/HoldLeaseSession": Need.ANY_FILTERED,
     "Master/RollSegment": Need.TENANT_WRITE,
+    # Each entry is authorized on its own, as a RollSegment.
+    "Master/RollSegments": Need.TENANT_WRITE,
     "Master/ListSegments": Need.TENANT_READ,
     "Master/SealSegment": Need.TENANT_WRITE,
     "Master/ReportReplica": Need.TENANT_READ,
