@@ -276,6 +276,11 @@ ROWS: list[Row] = [
                                           segment_epoch=live.open.epoch,
                                           writer_epoch=live.sealed.epoch, final_index=1),
         Code.PERMISSION_DENIED, expected_tls=Code.FAILED_PRECONDITION),
+    Row("more seals in one batch than the bound", "master", "SealSegments",
+        lambda live: m.SealSegmentsRequest(seals=[m.SealSegmentRequest(
+            stream=live.sealed.stream, segment_epoch=live.open.epoch,
+            writer_epoch=live.sealed.epoch, final_index=1)] * (LEASE_BATCH_ENTRIES_MAX + 1)),
+        Code.INVALID_ARGUMENT),
     Row("drain an unknown store", "master", "DrainStore",
         lambda live: m.DrainStoreRequest(store_id=FUZZ_STORE), Code.NOT_FOUND),
     Row("register a store without an id", "master", "RegisterStore",
@@ -477,6 +482,8 @@ def _templates() -> dict[str, Message]:
         "ListSegments": m.ListSegmentsRequest(stream=FUZZ_STREAM),
         "SealSegment": m.SealSegmentRequest(stream=FUZZ_STREAM, segment_epoch=2,
                                             writer_epoch=3, final_index=4),
+        "SealSegments": m.SealSegmentsRequest(seals=[m.SealSegmentRequest(
+            stream=FUZZ_STREAM, segment_epoch=2, writer_epoch=3, final_index=4)]),
         "GetClusterStatus": m.GetClusterStatusRequest(),
         "DrainStore": m.DrainStoreRequest(store_id=FUZZ_STORE),
         "RequestRoll": m.RequestRollRequest(stream=FUZZ_STREAM),

@@ -219,6 +219,21 @@ class Victim:
                 )
                 for grant in (driver.grant, forged)
             ],
+            "Master/SealSegments": [
+                m.SealSegmentsRequest(
+                    seals=[
+                        m.SealSegmentRequest(
+                            stream="victim/data",
+                            segment_epoch=sealed_id.epoch,
+                            writer_epoch=driver.epoch,
+                            client_id="victim-driver",
+                            final_index=3,
+                            grant=grant,
+                        )
+                    ]
+                )
+                for grant in (driver.grant, forged)
+            ],
             "Master/GetClusterStatus": [m.GetClusterStatusRequest()],
             "Master/DrainStore": [m.DrainStoreRequest(store_id="store0")],
             "Master/Rebalance": [m.RebalanceRequest()],
@@ -475,10 +490,12 @@ _ANSWERED_TO_OTHERS = {
     "Master/GetClusterStatus",
     "SegmentStore/Write",
     "SegmentStore/Subscribe",
-    # A batch answers each entry in its reply (refused as a WriterHeartbeat or a
-    # RollSegment is: test_authority_table.py); a lease session holds nothing by itself.
+    # A batch answers each entry in its reply (refused as a WriterHeartbeat, a
+    # RollSegment or a SealSegment is: test_authority_table.py); a lease session holds
+    # nothing by itself.
     "Master/LeaseHeartbeat",
     "Master/RollSegments",
+    "Master/SealSegments",
     "Master/HoldLeaseSession",
 }
 

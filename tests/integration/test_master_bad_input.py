@@ -266,6 +266,19 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
         Code.INVALID_ARGUMENT,
     ),
     (
+        "more seals in one batch than LEASE_BATCH_ENTRIES_MAX",
+        "SealSegments",
+        m.SealSegmentsRequest(
+            seals=[
+                m.SealSegmentRequest(
+                    stream=STREAM, segment_epoch=1, writer_epoch=2, final_index=3, client_id="w1"
+                )
+            ]
+            * (LEASE_BATCH_ENTRIES_MAX + 1)
+        ),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
         "seal with a stale epoch",
         "SealSegment",
         m.SealSegmentRequest(

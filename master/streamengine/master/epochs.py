@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from streamengine.master.batches import in_transactions
 from streamengine.master.catalog import Batch
 from streamengine.master.core import placement
 from streamengine.master.core.errors import NotEnoughStores
 from streamengine.master.core.leadership import Lease
 from streamengine.master.core.model import SegmentRecord, SegmentState, StoreView, StreamRecord
-from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 
 if TYPE_CHECKING:
@@ -45,16 +45,7 @@ class NewEpoch:
 def transactions(plans: list[NewEpoch]) -> list[list[NewEpoch]]:
     """`plans` in runs that each fit one metadata transaction (one for a batch of up to
     `OPS_PER_TRANSACTION_MAX // 3` epochs)."""
-    runs: list[list[NewEpoch]] = []
-    ops = OPS_PER_TRANSACTION_MAX
-    for plan in plans:
-        needed = 1 + len(plan.segments)
-        if ops + needed > OPS_PER_TRANSACTION_MAX:
-            runs.append([])
-            ops = 0
-        runs[-1].append(plan)
-        ops += needed
-    return runs
+    return in_transactions(plans, lambda plan: 1 + len(plan.segments))
 
 
 class Epochs:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from streamengine.master.batches import rounds_by_stream
 from streamengine.master.core import authority, leadership, model, repair
 from streamengine.master.core.errors import (
     MasterError,
@@ -379,25 +380,16 @@ class Leadership:
         self, rolls: Sequence[Roll | MasterError], now_ms: int
     ) -> list[WriterView | MasterError]:
         """Decide each roll of a batch (an error in the list stays that entry's answer),
-        as if each came alone, one after the other: the rolls of one round, one per
-        stream, are persisted together in as few commits as `epochs.transactions` makes,
-        before any is answered; a second roll of a stream already in the round goes in
-        the next one, decided once the first is applied. A commit that fails fails the
-        whole call (what earlier commits rolled stands, as a roll whose answer is
+        as if each came alone, one after the other (`batches.rounds_by_stream`): the
+        rolls of a round are persisted together in as few commits as
+        `epochs.transactions` makes, before any is answered. A commit that fails fails
+        the whole call (what earlier commits rolled stands, as a roll whose answer is
         lost)."""
         answers: dict[int, WriterView | MasterError] = {
             number: roll for number, roll in enumerate(rolls) if isinstance(roll, MasterError)
         }
-        waiting = [(n, r) for n, r in enumerate(rolls) if not isinstance(r, MasterError)]
-        while waiting:
-            streams: set[str] = set()
-            this_round: list[tuple[int, Roll]] = []
-            later: list[tuple[int, Roll]] = []
-            for number, roll in waiting:
-                (later if roll.stream in streams else this_round).append((number, roll))
-                streams.add(roll.stream)
-            answers.update(self._roll_round(this_round, now_ms))
-            waiting = later
+        for rolls_of_round in rounds_by_stream(rolls, lambda roll: roll.stream):
+            answers.update(self._roll_round(rolls_of_round, now_ms))
         return [answers[number] for number in range(len(rolls))]
 
     def _roll_round(

@@ -140,6 +140,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_entry__pb2.Segment.FromString,
                 _registered_method=True)
+        self.SealSegments = channel.unary_unary(
+                '/streamengine.v1.Master/SealSegments',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsReply.FromString,
+                _registered_method=True)
         self.ReportReplica = channel.unary_unary(
                 '/streamengine.v1.Master/ReportReplica',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.ReportReplicaRequest.SerializeToString,
@@ -357,6 +362,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealSegments(self, request, context):
+        """Every seal a client process's recoveries ask for within a short window, in one
+        call: each entry is authorized and decided as SealSegment decides it (SealSegment
+        is the batch of one), and the seals are persisted in as few commits as the
+        metadata's bound on a transaction allows. An entry refused alone answers its own
+        status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+        INVALID_ARGUMENT, nothing changed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportReplica(self, request, context):
         """A reader found a replica of a sealed segment differing from its certificate (or
         failing with DATA_LOSS): the master has that store check it first. The report is
@@ -546,6 +563,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.SealSegment,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_entry__pb2.Segment.SerializeToString,
+            ),
+            'SealSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealSegments,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsReply.SerializeToString,
             ),
             'ReportReplica': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportReplica,
@@ -1170,6 +1192,33 @@ class Master:
             '/streamengine.v1.Master/SealSegment',
             streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.SerializeToString,
             streamengine_dot_v1_dot_entry__pb2.Segment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/SealSegments',
+            streamengine_dot_v1_dot_master__pb2.SealSegmentsRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.SealSegmentsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -112,6 +112,14 @@ class MasterStub:
     ListSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]
     """Segments."""
     SealSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]
+    SealSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.SealSegmentsRequest, _master_pb2.SealSegmentsReply]
+    """Every seal a client process's recoveries ask for within a short window, in one
+    call: each entry is authorized and decided as SealSegment decides it (SealSegment
+    is the batch of one), and the seals are persisted in as few commits as the
+    metadata's bound on a transaction allows. An entry refused alone answers its own
+    status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+    INVALID_ARGUMENT, nothing changed).
+    """
     ReportReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.ReportReplicaRequest, _master_pb2.ReportReplicaReply]
     """A reader found a replica of a sealed segment differing from its certificate (or
     failing with DATA_LOSS): the master has that store check it first. The report is
@@ -207,6 +215,14 @@ class MasterAsyncStub(MasterStub):
     ListSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]  # type: ignore[assignment]
     """Segments."""
     SealSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]  # type: ignore[assignment]
+    SealSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.SealSegmentsRequest, _master_pb2.SealSegmentsReply]  # type: ignore[assignment]
+    """Every seal a client process's recoveries ask for within a short window, in one
+    call: each entry is authorized and decided as SealSegment decides it (SealSegment
+    is the batch of one), and the seals are persisted in as few commits as the
+    metadata's bound on a transaction allows. An entry refused alone answers its own
+    status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+    INVALID_ARGUMENT, nothing changed).
+    """
     ReportReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.ReportReplicaRequest, _master_pb2.ReportReplicaReply]  # type: ignore[assignment]
     """A reader found a replica of a sealed segment differing from its certificate (or
     failing with DATA_LOSS): the master has that store check it first. The report is
@@ -425,6 +441,20 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.SealSegmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_entry_pb2.Segment, _abc.Awaitable[_entry_pb2.Segment]]: ...
+
+    @_abc_1.abstractmethod
+    def SealSegments(
+        self,
+        request: _master_pb2.SealSegmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SealSegmentsReply, _abc.Awaitable[_master_pb2.SealSegmentsReply]]:
+        """Every seal a client process's recoveries ask for within a short window, in one
+        call: each entry is authorized and decided as SealSegment decides it (SealSegment
+        is the batch of one), and the seals are persisted in as few commits as the
+        metadata's bound on a transaction allows. An entry refused alone answers its own
+        status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+        INVALID_ARGUMENT, nothing changed).
+        """
 
     @_abc_1.abstractmethod
     def ReportReplica(

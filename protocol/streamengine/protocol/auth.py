@@ -111,6 +111,8 @@ RPC_NEEDS: dict[str, Need] = {
     "Master/RollSegments": Need.TENANT_WRITE,
     "Master/ListSegments": Need.TENANT_READ,
     "Master/SealSegment": Need.TENANT_WRITE,
+    # Each entry is authorized on its own, as a SealSegment.
+    "Master/SealSegments": Need.TENANT_WRITE,
     "Master/ReportReplica": Need.TENANT_READ,
     "Master/GetClusterStatus": Need.ANY_FILTERED,
     "Master/DrainStore": Need.CLUSTER_ADMIN,
