@@ -54,6 +54,7 @@ from streamengine.protocol.grants import Grant, GrantSegment, GrantSigner
 from streamengine.protocol.limits import (
     EPOCH_MAX,
     EVENT_BYTES_MAX,
+    LEASE_BATCH_ENTRIES_MAX,
     WRITE_BATCH_ENTRIES_MAX,
     WRITE_REQUEST_PARTS_MAX,
 )
@@ -266,11 +267,20 @@ ROWS: list[Row] = [
         lambda live: m.RollSegmentRequest(stream=live.open.stream, client_id="bad",
                                           epoch=live.sealed.epoch),
         Code.PERMISSION_DENIED, expected_tls=Code.FAILED_PRECONDITION),
+    Row("more rolls in one batch than the bound", "master", "RollSegments",
+        lambda live: m.RollSegmentsRequest(rolls=[m.RollSegmentRequest(
+            stream=live.open.stream, client_id="bad", epoch=live.open.epoch)]
+            * (LEASE_BATCH_ENTRIES_MAX + 1)), Code.INVALID_ARGUMENT),
     Row("seal with a stale epoch, without its grant", "master", "SealSegment",
         lambda live: m.SealSegmentRequest(stream=live.sealed.stream,
                                           segment_epoch=live.open.epoch,
                                           writer_epoch=live.sealed.epoch, final_index=1),
         Code.PERMISSION_DENIED, expected_tls=Code.FAILED_PRECONDITION),
+    Row("more seals in one batch than the bound", "master", "SealSegments",
+        lambda live: m.SealSegmentsRequest(seals=[m.SealSegmentRequest(
+            stream=live.sealed.stream, segment_epoch=live.open.epoch,
+            writer_epoch=live.sealed.epoch, final_index=1)] * (LEASE_BATCH_ENTRIES_MAX + 1)),
+        Code.INVALID_ARGUMENT),
     Row("drain an unknown store", "master", "DrainStore",
         lambda live: m.DrainStoreRequest(store_id=FUZZ_STORE), Code.NOT_FOUND),
     Row("register a store without an id", "master", "RegisterStore",
@@ -467,9 +477,13 @@ def _templates() -> dict[str, Message]:
         "ReleaseLease": m.ReleaseLeaseRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
         "HoldLease": m.HoldLeaseRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
         "RollSegment": m.RollSegmentRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3),
+        "RollSegments": m.RollSegmentsRequest(
+            rolls=[m.RollSegmentRequest(stream=FUZZ_STREAM, client_id="fuzz", epoch=3)]),
         "ListSegments": m.ListSegmentsRequest(stream=FUZZ_STREAM),
         "SealSegment": m.SealSegmentRequest(stream=FUZZ_STREAM, segment_epoch=2,
                                             writer_epoch=3, final_index=4),
+        "SealSegments": m.SealSegmentsRequest(seals=[m.SealSegmentRequest(
+            stream=FUZZ_STREAM, segment_epoch=2, writer_epoch=3, final_index=4)]),
         "GetClusterStatus": m.GetClusterStatusRequest(),
         "DrainStore": m.DrainStoreRequest(store_id=FUZZ_STORE),
         "RequestRoll": m.RequestRollRequest(stream=FUZZ_STREAM),

@@ -676,6 +676,34 @@ def every_rpc_as(
             raise grpc.aio.AioRpcError(code, empty, empty, entry.message)
         return entry.reply
 
+    def roll_batch() -> object:
+        """A batch of one roll; its entry's refusal raised as `RollSegment`'s."""
+        request = m.RollSegmentsRequest(rolls=[m.RollSegmentRequest(**lease, grant=driver.grant)])
+        (entry,) = master_call(cluster, "RollSegments", request, token).rolls
+        if entry.code:
+            code = next(c for c in Code if c.value[0] == entry.code)
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(code, empty, empty, entry.message)
+        return entry.reply
+
+    def seal_batch() -> object:
+        """A batch of one seal; its entry's refusal raised as `SealSegment`'s."""
+        seal = m.SealSegmentRequest(
+            stream="victim/lease",
+            segment_epoch=driver.epoch,
+            writer_epoch=driver.epoch,
+            client_id="victim-driver",
+            final_index=1,
+            grant=driver.grant,
+        )
+        request = m.SealSegmentsRequest(seals=[seal])
+        (entry,) = master_call(cluster, "SealSegments", request, token).seals
+        if entry.code:
+            code = next(c for c in Code if c.value[0] == entry.code)
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(code, empty, empty, entry.message)
+        return entry.segment
+
     def lease_session() -> object:
         request = m.HoldLeaseSessionRequest(session=secrets.token_bytes(16))
         with grpc.insecure_channel(cluster.master_address) as channel:
@@ -738,6 +766,7 @@ def every_rpc_as(
         "Master/RollSegment": master(
             "RollSegment", m.RollSegmentRequest(**lease, grant=driver.grant)
         ),
+        "Master/RollSegments": roll_batch,
         "Master/ListSegments": master("ListSegments", m.ListSegmentsRequest(stream="victim/data")),
         "Master/ReportReplica": master(
             "ReportReplica",
@@ -756,6 +785,7 @@ def every_rpc_as(
                 grant=driver.grant,
             ),
         ),
+        "Master/SealSegments": seal_batch,
         "Master/GetClusterStatus": master("GetClusterStatus", m.GetClusterStatusRequest()),
         "Master/DrainStore": master("DrainStore", m.DrainStoreRequest(store_id="store0")),
         "Master/Rebalance": master("Rebalance", m.RebalanceRequest(dry_run=True)),

@@ -81,8 +81,12 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # A session holds nothing by itself: any caller it can name may open one.
     "Master/HoldLeaseSession":        (U, OK, OK, OK, OK, OK, OK, U, OK, OK),
     "Master/RollSegment":             (P, P, P, N, N, N, N, P, P, P),
+    # Each entry is authorized as a RollSegment is (the cell: the entry's answer).
+    "Master/RollSegments":            (P, P, P, N, N, N, N, P, P, P),
     "Master/ListSegments":            (P, P, N, N, N, N, N, P, N, N),
     "Master/SealSegment":             (P, P, P, N, N, N, N, P, P, P),
+    # Each entry is authorized as a SealSegment is (the cell: the entry's answer).
+    "Master/SealSegments":            (P, P, P, N, N, N, N, P, P, P),
     "Master/ReportReplica":           (P, P, N, N, N, N, N, P, N, N),
     "Master/GetClusterStatus":        (P, OK, OK, OK, OK, OK, OK, P, OK, OK),
     "Master/DrainStore":              (P, P, P, P, P, P, N, P, P, P),
@@ -257,10 +261,26 @@ def calls(cluster: Cluster, sealed: entry_pb2.Segment) -> dict[str, Callable[[An
         "Master/RollSegment": master(
             "RollSegment", m.RollSegmentRequest(stream=nope, client_id="table", epoch=1)
         ),
+        "Master/RollSegments": master(
+            "RollSegments",
+            m.RollSegmentsRequest(
+                rolls=[m.RollSegmentRequest(stream=nope, client_id="table", epoch=1)]
+            ),
+        ),
         "Master/ListSegments": master("ListSegments", m.ListSegmentsRequest(stream=nope)),
         "Master/SealSegment": master(
             "SealSegment",
             m.SealSegmentRequest(stream=nope, segment_epoch=1, writer_epoch=2, client_id="table"),
+        ),
+        "Master/SealSegments": master(
+            "SealSegments",
+            m.SealSegmentsRequest(
+                seals=[
+                    m.SealSegmentRequest(
+                        stream=nope, segment_epoch=1, writer_epoch=2, client_id="table"
+                    )
+                ]
+            ),
         ),
         "Master/ReportReplica": master(
             "ReportReplica", m.ReportReplicaRequest(stream=nope, segment_epoch=1)
@@ -375,6 +395,10 @@ def status_of(call: Callable[[Any], object], channel: Any) -> str:
         return str(error.code().name)
     if isinstance(answer, m.LeaseHeartbeatReply):  # a batch answers per entry
         return STATUS_NAMES[answer.leases[0].code]
+    if isinstance(answer, m.RollSegmentsReply):
+        return STATUS_NAMES[answer.rolls[0].code]
+    if isinstance(answer, m.SealSegmentsReply):
+        return STATUS_NAMES[answer.seals[0].code]
     if isinstance(answer, list) and answer and isinstance(answer[0], s.WriteReply):
         # A Write stream answers per request.
         reply = answer[0]

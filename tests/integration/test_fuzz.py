@@ -195,6 +195,10 @@ class Victim:
                 m.RollSegmentRequest(**lease, grant=driver.grant),
                 m.RollSegmentRequest(**lease, grant=forged),
             ],
+            "Master/RollSegments": [
+                m.RollSegmentsRequest(rolls=[m.RollSegmentRequest(**lease, grant=driver.grant)]),
+                m.RollSegmentsRequest(rolls=[m.RollSegmentRequest(**lease, grant=forged)]),
+            ],
             "Master/ListSegments": [m.ListSegmentsRequest(stream="victim/data", from_epoch=1)],
             "Master/ReportReplica": [
                 m.ReportReplicaRequest(
@@ -212,6 +216,21 @@ class Victim:
                     client_id="victim-driver",
                     final_index=3,
                     grant=grant,
+                )
+                for grant in (driver.grant, forged)
+            ],
+            "Master/SealSegments": [
+                m.SealSegmentsRequest(
+                    seals=[
+                        m.SealSegmentRequest(
+                            stream="victim/data",
+                            segment_epoch=sealed_id.epoch,
+                            writer_epoch=driver.epoch,
+                            client_id="victim-driver",
+                            final_index=3,
+                            grant=grant,
+                        )
+                    ]
                 )
                 for grant in (driver.grant, forged)
             ],
@@ -471,9 +490,12 @@ _ANSWERED_TO_OTHERS = {
     "Master/GetClusterStatus",
     "SegmentStore/Write",
     "SegmentStore/Subscribe",
-    # A batch answers each entry in its reply (refused as a WriterHeartbeat is:
-    # test_authority_table.py); a lease session holds nothing by itself.
+    # A batch answers each entry in its reply (refused as a WriterHeartbeat, a
+    # RollSegment or a SealSegment is: test_authority_table.py); a lease session holds
+    # nothing by itself.
     "Master/LeaseHeartbeat",
+    "Master/RollSegments",
+    "Master/SealSegments",
     "Master/HoldLeaseSession",
 }
 

@@ -11,7 +11,7 @@ import pytest
 
 from streamengine.client import StreamClient
 from streamengine.client.types import StreamInfo
-from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX, LEASE_BATCH_ENTRIES_MAX
 from streamengine.testing import ServerProcess, make_master
 from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
@@ -255,6 +255,28 @@ BAD: list[tuple[str, str, Any, grpc.StatusCode]] = [
         "RollSegment",
         m.RollSegmentRequest(stream=STREAM, client_id="w1", epoch=2),
         Code.PERMISSION_DENIED,
+    ),
+    (
+        "more rolls in one batch than LEASE_BATCH_ENTRIES_MAX",
+        "RollSegments",
+        m.RollSegmentsRequest(
+            rolls=[m.RollSegmentRequest(stream=STREAM, client_id="w1", epoch=2)]
+            * (LEASE_BATCH_ENTRIES_MAX + 1)
+        ),
+        Code.INVALID_ARGUMENT,
+    ),
+    (
+        "more seals in one batch than LEASE_BATCH_ENTRIES_MAX",
+        "SealSegments",
+        m.SealSegmentsRequest(
+            seals=[
+                m.SealSegmentRequest(
+                    stream=STREAM, segment_epoch=1, writer_epoch=2, final_index=3, client_id="w1"
+                )
+            ]
+            * (LEASE_BATCH_ENTRIES_MAX + 1)
+        ),
+        Code.INVALID_ARGUMENT,
     ),
     (
         "seal with a stale epoch",

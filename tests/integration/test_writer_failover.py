@@ -343,7 +343,7 @@ async def test_a_roll_refused_after_closing_a_gap_is_asked_again(cluster: Cluste
     async with StreamClient(cluster.master_address) as client:
         await _two_unsealed(client, cluster.master_address, name)
         stub = client.master
-        stub.RollSegment = _unavailable_once(stub.RollSegment)
+        stub.RollSegments = _unavailable_once(stub.RollSegments)
         async with client.writer(name, leadership_timeout_s=20) as writer:
             await writer.append(b"after the gap")
         assert [p for _, p in await read_all(client, name)] == [b"after the gap"]

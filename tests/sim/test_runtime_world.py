@@ -37,20 +37,23 @@ CI_SEEDS = (*range(0, 10), MANY_OF_BOTH_KINDS, MANY_BY_PREFIX)
 PARKED_APPENDS_HANG = 2
 PARKED_APPENDS_HANG_FOUND = 17
 # A producer's unanswered batch is sent again through its process's next writer (seed
-# 0 until reads rode the client's pooled data connections).
-PRODUCER_RESENDS = 1
+# 0 until reads rode the client's pooled data connections, seed 1 until a client's rolls
+# went to the master in batches).
+PRODUCER_RESENDS = 0
 # A producer's batch waited for its turn past its timeout; seed 4 found it, and since
 # Write moved onto the data plane (issue #39) seed 7 made a producer's appends time out,
-# and seed 11 since a client's dial is given up after `framed.CONNECT_TIMEOUT_MS`.
-PRODUCER_TIMES_OUT = 11
+# seed 11 since a client's dial is given up after `framed.CONNECT_TIMEOUT_MS`, and seed 7
+# since a client's rolls go to the master in batches.
+PRODUCER_TIMES_OUT = 7
 # Tokens: c1's token is revoked; the stores refuse its Write streams from
 # then on (UNAUTHENTICATED) while c2 and c3 go on appending to t0's streams under
 # theirs. Bit rot: replicas rot, their stores' scrub finds them, and the master moves
 # them elsewhere. Seed 2 made all of it until reads rode the client's pooled data
 # connections; since, no seed of the band makes the refusals, and seed 11, outside it,
-# does (seed 7 did until lease sessions renewed a client's leases in one call).
+# does (seed 7 did until lease sessions renewed a client's leases in one call, seed 11
+# until a client's rolls went to the master in batches: seed 54 since).
 TOKENS_AND_ROT = 2
-TOKENS_REVOKED = 11
+TOKENS_REVOKED = 54
 # A Write stream opened under a token took writes after its store heard of the
 # revocation; seed 2 finds it (a follower reads an event c1 sent once every store
 # knew its token was revoked; seed 43 did before Read and Subscribe moved to the data
@@ -90,8 +93,11 @@ CROWD = 400
 # finds that bridge above the survivor's acked index and declares the loss from there;
 # the followers are told `DataLossError` and go on. With `trust_any_bridge` (issue #35,
 # defect 2) it declares nothing and raises the acked index to the bridge: a store
-# serves the BRIDGE where an acked event was served.
-ACCEPTED_LOSS = 14
+# serves the BRIDGE where an acked event was served. Seed 14 made both until a client's
+# rolls went to the master in batches; since, seed 6 makes the seals (interrupted, then
+# declaring the loss) and seed 14 still catches the flaw.
+ACCEPTED_LOSS = 6
+ACCEPTED_LOSS_FLAWED = 14
 # An intruder (`WorldConfig.intruder`, seeds from `INTRUDER_FIRST_SEED` on) sends bad
 # input through the servers' front doors: each kind refused with its status.
 INTRUDED = 18
@@ -99,7 +105,11 @@ INTRUDED = 18
 # master was up, came back after the metadata was lost at 2.4 s and registered with the
 # rebuilding master, which knew no segment and answered no lost replica; the rebuild kept
 # the copy sets naming it, and it joined holding three replicas it never marked lost.
-WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
+# Since a client's rolls go to the master in batches, seed 5206 shows it; seed 5009's
+# world now draws an unsynced loss the world does not count as one (N=5: two stores
+# wiped and store2, with fsync never, losing its cluster id to a power cut, leave
+# segments below R; no convergence), left in tests/sim/runtime/README.md.
+WIPED_WHILE_THE_METADATA_WAS_GONE = 5206
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -116,7 +126,7 @@ FLAWED = [
     # The scrub finds nothing: a rotted replica of store0 is never repaired (seed 3
     # found it until reads rode the client's pooled data connections).
     ("scrub_blind", 2, 10),
-    ("trust_any_bridge", ACCEPTED_LOSS, 2),
+    ("trust_any_bridge", ACCEPTED_LOSS_FLAWED, 2),
     # A store lets a write that shows no grant through: the intruder's meets the fence.
     ("ungranted_writes", INTRUDED, 6),
     # Page tokens that count the names before the next page: a stream created or

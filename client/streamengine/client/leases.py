@@ -27,6 +27,13 @@ is another than the one it was bound under (a new active master, a call opened
 again). A bound writer's own heartbeats go every `SESSION_BOUND_HEARTBEAT_MS`. So ten
 thousand idle leaders cost the master one call per lease/3, not ten thousand entries.
 
+Rolls go as heartbeats do: those the writers ask within `LEASE_BATCH_WINDOW_MS` go to
+the master as one `RollSegments` call (`roll`, through a `client.call_batches.CallBatcher`),
+each answered as `RollSegment` alone would have answered it; a master without that
+call gets lone `RollSegment` calls. A store lost to a process leading hundreds of
+streams makes them all roll at once: the master then commits their new epochs in a few
+transactions, not one each (issue #38).
+
 Releases go out as the writers close, each its own call, and the session waits for them
 only when the client closes: a process that closes ten thousand writers one after the
 other does not wait ten thousand round trips (issue #38: a close that took minutes).
@@ -47,6 +54,7 @@ from typing import Protocol
 
 import grpc
 
+from streamengine.client.call_batches import CallBatcher
 from streamengine.client.core.writer import HOLD_LEASE_REOPEN_MS, SessionLease
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol.clock import monotonic_ms
@@ -99,7 +107,8 @@ class _Waiting:
 
 
 def refusal(answer: master_pb2.LeaseHeartbeatAnswer) -> grpc.aio.AioRpcError:
-    """One entry's refusal, as the error `WriterHeartbeat` would have raised."""
+    """One entry's refusal, as the error its lone call (`WriterHeartbeat`,
+    `RollSegment`) would have raised."""
     code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
     trailing = grpc.aio.Metadata()
     if answer.deleted_until_ms:
@@ -135,6 +144,9 @@ class LeaseSession:
         self._bound: dict[str, tuple[BoundWriter, bytes]] = {}
         self._bound_changed = asyncio.Event()
         self.renewals_sent = 0
+        self.rolls = CallBatcher[master_pb2.RollSegmentRequest, master_pb2.WriterHeartbeatReply](
+            "roll", self._roll_batch, self._roll_alone, LEASE_BATCH_WINDOW_MS
+        )
 
     async def start(self) -> None:
         self._group = asyncio.TaskGroup()
@@ -144,6 +156,7 @@ class LeaseSession:
             self._group.create_task(self._hold()),
             self._group.create_task(self._renew()),
         ]
+        self.rolls.start(self._group)
 
     async def close(self) -> None:
         """Wait (a bounded while) for the releases under way, then stop."""
@@ -154,6 +167,7 @@ class LeaseSession:
             await asyncio.wait(releases, timeout=RELEASES_WAIT_S)
         for task in [*self._loops, *self._releases, *self._calls]:
             task.cancel()
+        self.rolls.close()
         for waiting in self._waiting:
             waiting.answer.cancel()
         self._waiting.clear()
@@ -196,6 +210,26 @@ class LeaseSession:
             # not yet sent leaves it out, one under way answers nobody. A closing writer
             # releases its lease next, and no heartbeat of it may be granted after that.
             waiting.answer.cancel()
+
+    async def roll(
+        self, request: master_pb2.RollSegmentRequest, timeout_s: float
+    ) -> master_pb2.WriterHeartbeatReply:
+        """The answer to one writer's roll, sent with the others of the moment; raises
+        the AioRpcError that `RollSegment` would have (DEADLINE_EXCEEDED after
+        `timeout_s`)."""
+        return await self.rolls.call(request, timeout_s)
+
+    async def _roll_batch(
+        self, requests: list[master_pb2.RollSegmentRequest], timeout_s: float
+    ) -> list[master_pb2.WriterHeartbeatReply | grpc.aio.AioRpcError]:
+        request = master_pb2.RollSegmentsRequest(rolls=requests)
+        reply = await self._master.RollSegments(request, timeout=timeout_s)
+        return [refusal(answer) if answer.code else answer.reply for answer in reply.rolls]
+
+    async def _roll_alone(
+        self, request: master_pb2.RollSegmentRequest, timeout_s: float
+    ) -> master_pb2.WriterHeartbeatReply:
+        return await self._master.RollSegment(request, timeout=timeout_s)
 
     def bind(self, stream: str, writer: BoundWriter, incarnation: bytes) -> None:
         """`writer`'s lease of `stream` is bound to the session under `incarnation`

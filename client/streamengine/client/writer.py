@@ -20,8 +20,8 @@ the client's store sessions (`client.store_session`): one Write stream per store
 by every writer of the client, to which the writer attaches its open segment; a store's
 answer comes back as one step (`store_event`), and a failure of the core on it reaches
 the user as a background loop's would.
-Heartbeats and releases go through the client's lease session (`client.leases`), which
-batches them with every other writer's and holds the leases at the master while the
+Heartbeats, rolls and releases go through the client's lease session (`client.leases`),
+which batches them with every other writer's and holds the leases at the master while the
 process lives; a writer's close hands its release over and does not wait for it.
 
 Earlier segments. Each `RecoverSegment` gets one `client.recovery.SegmentSealer` task;
@@ -29,8 +29,9 @@ its `Done` becomes `SegmentSealed` (the core then acks the new segment, or rolls
 an epoch granted without a segment), its `Deposed` a `FencedByStore` (the core steps
 down), any other failure `RecoveryFailed` (the core starts it again later).
 
-Rolling. The core drains the open segment and emits `AskRoll`; the shell calls
-`RollSegment` and feeds the answer back (`RollAnswered`, or `RollFailed`). Appends
+Rolling. The core drains the open segment and emits `AskRoll`; the shell hands the
+roll to the lease session, which sends it with the other writers' rolls of the moment
+(`RollSegments`), and feeds its own answer back (`RollAnswered`, or `RollFailed`). Appends
 wait while the core does not accept them (`accepting_appends`) and go on in the new
 segment, whose Write streams replace the old ones. A roll that could not drain (too few
 stores of the copy set left to ack) ends the old segment's unacked appends
@@ -983,7 +984,7 @@ class Writer:
         )
         sent_at = monotonic_ms()
         try:
-            reply = await self._master.RollSegment(request, timeout=action.timeout_ms / 1000)
+            reply = await self._leases.roll(request, action.timeout_ms / 1000)
         except grpc.aio.AioRpcError as error:
             log.info("%s: roll refused: %s %s", self.stream, error.code().name, error.details())
             self.step(RollFailed(f"{error.code().name}: {error.details()}"))

@@ -1,22 +1,33 @@
 """Seals and integrity: the shell of `core/integrity.py` over the master's records.
 
-A segment is sealed with its writer's certificate when it has one; the stores' scrub
+A segment is sealed with its writer's certificate when it has one; seals come in
+batches (`seal_segments`, a lone `SealSegment` the batch of one), decided each as if it
+came alone and committed together (`master.batches`); the stores' scrub
 reports of sealed replicas are judged against it and the outcome is recorded durably.
 A section of the master's state (`master.state`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from streamengine.master.batches import in_transactions, rounds_by_stream
 from streamengine.master.catalog import Batch
 from streamengine.master.core import integrity
-from streamengine.master.core.errors import InvalidArgument, NotFound, NotLeader, SealConflict
+from streamengine.master.core.errors import (
+    InvalidArgument,
+    MasterError,
+    NotFound,
+    NotLeader,
+    SealConflict,
+)
 from streamengine.master.core.model import (
     SegmentKey,
     SegmentRecord,
     SegmentState,
+    StreamRecord,
     carry_producers,
 )
 from streamengine.protocol.certificate import Certificate
@@ -31,6 +42,32 @@ SCRUB_FIRST_PER_STORE_MAX = 64
 # Scrub reports of replicas whose segment the master has not sealed yet, kept for its
 # seal (`replica_reported`); beyond this many the oldest go.
 EARLY_REPORTS_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """One leader's seal of a segment in a batch (`SealSegmentRequest`, checked)."""
+
+    stream: str
+    segment_epoch: int
+    writer_epoch: int
+    final_index: int
+    certificate: Certificate | None = None
+    lost_from_index: int = 0
+    producers: tuple[ProducerPosition, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sealing:
+    """A seal decided, to commit: the segment sealed and the stream's record before and
+    after (the producers it carries)."""
+
+    sealed: SegmentRecord
+    record: StreamRecord
+    carried: StreamRecord
+
+    def ops(self) -> int:
+        return 1 + (self.carried is not self.record)
 
 
 class Integrity:
@@ -52,9 +89,65 @@ class Integrity:
         lost_from_index: int = 0,
         producers: tuple[ProducerPosition, ...] | None = None,
     ) -> SegmentRecord:
-        """Seal at `final_index`, recording the sealing leader's certificate (if it
-        knew the whole content) in the same catalog write, and the range a recovery that
-        accepted loss declares lost (`lost_from_index`..`final_index`)."""
+        """One seal: the batch of one (raises its error)."""
+        seal = Seal(
+            name, segment_epoch, writer_epoch, final_index, certificate, lost_from_index, producers
+        )
+        (answer,) = self.seal_segments([seal], now_ms)
+        if isinstance(answer, MasterError):
+            raise answer
+        return answer
+
+    def seal_segments(
+        self, seals: Sequence[Seal | MasterError], now_ms: int
+    ) -> list[SegmentRecord | MasterError]:
+        """Decide each seal of a batch (an error in the list stays that entry's answer)
+        as if each came alone, one after the other (`batches.rounds_by_stream`); the
+        seals of a round are committed in as few transactions as fit them, then
+        applied. A commit that fails fails the whole call (what earlier ones sealed
+        stands: a seal is idempotent, and its repeat answers it)."""
+        answers: dict[int, SegmentRecord | MasterError] = {
+            number: seal for number, seal in enumerate(seals) if isinstance(seal, MasterError)
+        }
+        for seals_of_round in rounds_by_stream(seals, lambda seal: seal.stream):
+            answers.update(self._seal_round(seals_of_round, now_ms))
+        return [answers[number] for number in range(len(seals))]
+
+    def _seal_round(
+        self, seals: list[tuple[int, Seal]], now_ms: int
+    ) -> dict[int, SegmentRecord | MasterError]:
+        """Seals of distinct streams, decided, committed together, then applied."""
+        answers: dict[int, SegmentRecord | MasterError] = {}
+        planned: list[tuple[int, _Sealing]] = []
+        for number, seal in seals:
+            try:
+                outcome = self._plan_seal(seal, now_ms)
+            except MasterError as error:
+                answers[number] = error
+                continue
+            if isinstance(outcome, SegmentRecord):
+                answers[number] = outcome  # sealed already, as this seal says
+            else:
+                planned.append((number, outcome))
+        for run in in_transactions(planned, lambda item: item[1].ops()):
+            batch = Batch()
+            for _, sealing in run:
+                batch.segment(sealing.sealed)
+                if sealing.carried is not sealing.record:
+                    batch.stream(sealing.carried)
+            self.state.catalog.commit(batch)
+            for number, sealing in run:
+                answers[number] = self._apply_seal(sealing, now_ms)
+        return answers
+
+    def _plan_seal(self, seal: Seal, now_ms: int) -> SegmentRecord | _Sealing:
+        """What sealing at `seal.final_index` writes: the segment sealed, with the
+        sealing leader's certificate (if it knew the whole content) and the range a
+        recovery that accepted loss declares lost (`lost_from_index`..`final_index`),
+        and the stream's record with the producers it carries. The segment itself when
+        it is sealed already as `seal` says (a repeat)."""
+        name, segment_epoch, final_index = seal.stream, seal.segment_epoch, seal.final_index
+        certificate, lost_from_index = seal.certificate, seal.lost_from_index
         record = self.state.usable_stream(name)
         segment = self.state.segments.get((record.stream_id, segment_epoch))
         if segment is None:
@@ -86,12 +179,12 @@ class Integrity:
                     f"{name}: segment {segment_epoch} was sealed with another certificate"
                 )
             return segment
-        if writer_epoch <= segment_epoch:
+        if seal.writer_epoch <= segment_epoch:
             raise NotLeader(
-                f"sealing segment {segment_epoch} needs a later epoch than {writer_epoch}"
+                f"sealing segment {segment_epoch} needs a later epoch than {seal.writer_epoch}"
             )
-        if writer_epoch > record.epoch:
-            raise NotLeader(f"epoch {writer_epoch} was never granted (latest {record.epoch})")
+        if seal.writer_epoch > record.epoch:
+            raise NotLeader(f"epoch {seal.writer_epoch} was never granted (latest {record.epoch})")
         sealed = replace(
             segment,
             state=SegmentState.SEALED,
@@ -101,14 +194,15 @@ class Integrity:
             certificate=certificate,
             certified_by=integrity.WRITER if certificate is not None else "",
             lost_from_index=lost_from_index,
-            producers=producers,
+            producers=seal.producers,
         )
-        carried = carry_producers(record, segment_epoch, producers)
-        batch = Batch().segment(sealed)
-        if carried is not record:
-            batch.stream(carried)
-        self.state.catalog.commit(batch)
-        self.state.streams[name] = carried
+        carried = carry_producers(record, segment_epoch, seal.producers)
+        return _Sealing(sealed, record, carried)
+
+    def _apply_seal(self, sealing: _Sealing, now_ms: int) -> SegmentRecord:
+        """What `_plan_seal` planned, once committed."""
+        sealed = sealing.sealed
+        self.state.streams[sealing.carried.name] = sealing.carried
         self.state.put_segment(sealed)
         for member in sealed.copy_set:
             early = self.state.early_reports.pop((sealed.key, member), None)

@@ -2,10 +2,12 @@
 
 A writer's heartbeat, roll, release and end of call go through the pure lease rules;
 a new epoch is persisted with its segment (placed by `core/placement.py`) and the
-digest of its lease secret before it is answered. Heartbeats come in batches, one per
-client process and interval (`writer_heartbeats`; a lone `WriterHeartbeat` is the batch
-of one): each is decided on its own, and the epochs the batch grants are persisted in
-one commit, before any of it is answered. The leases a batch renews or grants are
+digest of its lease secret before it is answered (`master.epochs`). Heartbeats come in
+batches, one per client process and interval (`writer_heartbeats`; a lone
+`WriterHeartbeat` is the batch of one), and so do rolls (`roll_segments`; a lone
+`RollSegment` is the batch of one): each is decided on its own, and the epochs the
+batch opens are persisted in one commit (or the few the metadata's bound on a
+transaction makes), before any of it is answered. The leases a batch renews or grants are
 bound to the client's lease session when it holds one open (`open_session`): when
 that call ends, each of them ends as `holder_gone` says. The secret itself is drawn here, for
 each heartbeat that wins the lease, and leaves the master only in that answer
@@ -21,17 +23,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from streamengine.master.catalog import Batch
-from streamengine.master.core import authority, leadership, model, placement, repair
+from streamengine.master.batches import rounds_by_stream
+from streamengine.master.core import authority, leadership, model, repair
 from streamengine.master.core.errors import (
     MasterError,
-    NotEnoughStores,
     PermissionDenied,
     TooManyUnsealed,
 )
 from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim, Lease, Outcome
 from streamengine.master.core.model import SegmentRecord, SegmentState, StoreView, StreamRecord
-from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
+from streamengine.master.epochs import Epochs, NewEpoch
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.producers import ProducerPosition
@@ -84,6 +85,17 @@ class Beat:
     seen_epoch: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Roll:
+    """One leader's roll in a batch: the stream, who it claims to be, the epoch it leads
+    and the stores to keep out of the new copy set."""
+
+    stream: str
+    claim: Claim
+    epoch: int
+    exclude: tuple[str, ...] = ()
+
+
 @dataclass(slots=True)
 class LeaseSession:
     """A client process's lease session: the principal that opened it, the incarnation
@@ -113,14 +125,6 @@ class SessionRenewal:
     incarnation: bytes
     ended: tuple[str, ...]
     attention: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class _Granted:
-    """An epoch a batch grants, persisted with the others before anything is applied."""
-
-    record: StreamRecord
-    segments: list[SegmentRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,26 +158,12 @@ class WriterView:
         )
 
 
-def _transactions(plans: list[_Granted]) -> list[list[_Granted]]:
-    """`plans` in runs that each fit one metadata transaction (one for a batch of up to
-    `OPS_PER_TRANSACTION_MAX // 3` grants)."""
-    runs: list[list[_Granted]] = []
-    ops = OPS_PER_TRANSACTION_MAX
-    for plan in plans:
-        needed = 1 + len(plan.segments)
-        if ops + needed > OPS_PER_TRANSACTION_MAX:
-            runs.append([])
-            ops = 0
-        runs[-1].append(plan)
-        ops += needed
-    return runs
-
-
 class Leadership:
     """Writers' leases, the epochs they open and the rolls operators ask for."""
 
     def __init__(self, state: MasterState) -> None:
         self.state = state
+        self.epochs = Epochs(state)
         # Where each lease's secret comes from (the simulator draws from its seed).
         self.draw_secret: Callable[[], bytes] = functools.partial(
             secrets.token_bytes, LEASE_SECRET_BYTES
@@ -200,7 +190,7 @@ class Leadership:
         winner whose answer is lost, and nothing else changes. `answer_by_ms`: the
         caller's deadline (`core.leadership`)."""
         decided: dict[str, Lease] = {}
-        granted: dict[str, _Granted] = {}
+        granted: dict[str, NewEpoch] = {}
         secrets_handed: dict[int, bytes] = {}
         outcomes: list[tuple[Beat, leadership.Decision] | MasterError] = []
         views = self.state.store_views(now_ms) if beats else {}
@@ -231,7 +221,7 @@ class Leadership:
                             record.has_producers, True, beat.producer
                         ),
                     )
-                    granted[beat.stream] = self._plan_epoch(
+                    granted[beat.stream] = self.epochs.plan(
                         record, decision.lease, (), now_ms, True, views
                     )
                     secrets_handed[number] = secret
@@ -240,16 +230,7 @@ class Leadership:
                 continue
             decided[beat.stream] = decision.lease
             outcomes.append((beat, decision))
-        for plans in _transactions(list(granted.values())):
-            batch = Batch()
-            for plan in plans:
-                batch.stream(plan.record)
-                for segment in plan.segments:
-                    batch.segment(segment)
-            self.state.catalog.commit(batch)
-            for plan in plans:
-                self._apply_epoch(plan)
-                self.state.leases[plan.record.name] = decided[plan.record.name]
+        self.epochs.persist(list(granted.values()))
         self.state.leases.update(decided)
         bound = self.sessions.get(session) if session else None
         answers: list[WriterView | MasterError] = []
@@ -395,24 +376,65 @@ class Leadership:
                 ended.append((name, gone.epoch))
         return ended
 
+    def roll_segments(
+        self, rolls: Sequence[Roll | MasterError], now_ms: int
+    ) -> list[WriterView | MasterError]:
+        """Decide each roll of a batch (an error in the list stays that entry's answer),
+        as if each came alone, one after the other (`batches.rounds_by_stream`): the
+        rolls of a round are persisted together in as few commits as
+        `epochs.transactions` makes, before any is answered. A commit that fails fails
+        the whole call (what earlier commits rolled stands, as a roll whose answer is
+        lost)."""
+        answers: dict[int, WriterView | MasterError] = {
+            number: roll for number, roll in enumerate(rolls) if isinstance(roll, MasterError)
+        }
+        for rolls_of_round in rounds_by_stream(rolls, lambda roll: roll.stream):
+            answers.update(self._roll_round(rolls_of_round, now_ms))
+        return [answers[number] for number in range(len(rolls))]
+
+    def _roll_round(
+        self, rolls: list[tuple[int, Roll]], now_ms: int
+    ) -> dict[int, WriterView | MasterError]:
+        """Rolls of distinct streams, decided, persisted together, then answered."""
+        views = self.state.store_views(now_ms)
+        answers: dict[int, WriterView | MasterError] = {}
+        planned: dict[int, NewEpoch] = {}
+        for number, roll in rolls:
+            try:
+                record = self.state.usable_stream(roll.stream)
+                lease = leadership.roll(
+                    self.state.leases[roll.stream],
+                    roll.claim,
+                    roll.epoch,
+                    now_ms,
+                    self.state.lease_ms,
+                )
+                if len(self.state.unsealed(record.stream_id)) >= UNSEALED_SEGMENTS_MAX:
+                    raise TooManyUnsealed(
+                        f"{roll.stream}: {UNSEALED_SEGMENTS_MAX} segments unsealed; seal them"
+                        " before rolling"
+                    )
+                plan = self.epochs.plan(record, lease, roll.exclude, now_ms, False, views)
+            except MasterError as error:
+                answers[number] = error
+                continue
+            planned[number] = plan
+            # What placement would see of the next roll, had this one come alone.
+            for store in plan.opened.copy_set if plan.opened else ():
+                views[store] = replace(views[store], segments=views[store].segments + 1)
+        self.epochs.persist(list(planned.values()))
+        for number, plan in planned.items():
+            answers[number] = self._writer_view(plan.record, True, plan.lease, now_ms, views)
+        return answers
+
     def roll_segment(
         self, name: str, claim: Claim, epoch: int, exclude: Iterable[str], now_ms: int
     ) -> WriterView:
-        record = self.state.usable_stream(name)
-        lease = leadership.roll(self.state.leases[name], claim, epoch, now_ms, self.state.lease_ms)
-        if len(self.state.unsealed(record.stream_id)) >= UNSEALED_SEGMENTS_MAX:
-            raise TooManyUnsealed(
-                f"{name}: {UNSEALED_SEGMENTS_MAX} segments unsealed; seal them before rolling"
-            )
-        views = self.state.store_views(now_ms)
-        plan = self._plan_epoch(record, lease, tuple(exclude), now_ms, False, views)
-        batch = Batch().stream(plan.record)
-        for segment in plan.segments:
-            batch.segment(segment)
-        self.state.catalog.commit(batch)
-        self._apply_epoch(plan)
-        self.state.leases[name] = lease
-        return self._writer_view(plan.record, True, lease, now_ms, views)
+        """One roll: the batch of one (raises its error)."""
+        (answer,) = self.roll_segments([Roll(name, claim, epoch, tuple(exclude))], now_ms)
+        if isinstance(answer, MasterError):
+            raise answer
+        return answer
 
     def check_holds(self, name: str, claim: Claim, epoch: int) -> None:
         """Raise PermissionDenied unless `claim` holds the lease of `epoch` (`HoldLease`)."""
@@ -455,61 +477,6 @@ class Leadership:
         if open_epoch:
             self.state.roll_requests[record.stream_id] = open_epoch
         return lease.holder, open_epoch
-
-    def _plan_epoch(
-        self,
-        record: StreamRecord,
-        lease: Lease,
-        exclude: tuple[str, ...],
-        now_ms: int,
-        allow_no_segment: bool,
-        views: dict[str, StoreView],
-    ) -> _Granted:
-        """The new epoch's stream record and the segments it writes (the new one, and
-        the open one turned SEALING), to persist: no segment when two are unsealed
-        already, nor when too few stores are usable to place one while something is left
-        to seal (the new leader seals and recovers it, which needs only R stores of its
-        own copy set, and asks for a segment once stores allow: a stream whose stores are
-        too few to place a copy set still gets its last segment sealed and read)."""
-        assert lease.epoch == record.epoch + 1
-        unsealed = self.state.unsealed(record.stream_id)
-        segment = None
-        copy_set: tuple[str, ...] | None = None
-        if len(unsealed) < UNSEALED_SEGMENTS_MAX or not allow_no_segment:
-            try:
-                copy_set = placement.choose_copy_set(views.values(), record.replicas, exclude)
-            except NotEnoughStores:
-                if not (allow_no_segment and unsealed):
-                    raise
-        if copy_set is not None:
-            segment = SegmentRecord(
-                stream_id=record.stream_id,
-                stream=record.name,
-                epoch=lease.epoch,
-                copy_set=copy_set,
-                state=SegmentState.OPEN,
-                final_index=0,
-                created_at_ms=now_ms,
-                sealed_at_ms=0,
-                settled_at_ms=now_ms,
-            )
-        updated = replace(
-            record,
-            epoch=lease.epoch,
-            leader_id=lease.holder,
-            leader_secret_sha256=lease.secret_sha256.hex(),
-            leader_principal=lease.principal,
-        )
-        sealing = [
-            replace(s, state=SegmentState.SEALING) for s in unsealed if s.state == SegmentState.OPEN
-        ]
-        return _Granted(updated, [*sealing, *([segment] if segment else [])])
-
-    def _apply_epoch(self, plan: _Granted) -> None:
-        """What `_plan_epoch` planned, once persisted."""
-        self.state.put_stream(plan.record)
-        for segment in plan.segments:
-            self.state.put_segment(segment)
 
     def _writer_view(
         self,

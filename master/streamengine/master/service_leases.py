@@ -1,10 +1,12 @@
 """The Master service's RPCs for writers: leases, epochs and rolls.
 
 `ReleaseLease`, `HoldLease` and `RollSegment` also need the master's grant of the
-caller's epoch (`MasterCalls.require_holder`). Every call that renews, holds, releases or
-rolls a lease, or answers with its grant, holds the caller to its `Claim`: the client id
-it names, the lease secret it shows and the principal it calls as
-(`core.leadership`, "Who is the holder").
+caller's epoch (`MasterCalls.require_holder`). `LeaseHeartbeat` and `RollSegments` carry
+many writers' calls in one: each entry is authorized and decided as its lone call
+(`WriterHeartbeat`, `RollSegment`, each the batch of one), and answered on its own.
+Every call that renews, holds, releases or rolls a lease, or answers with its grant,
+holds the caller to its `Claim`: the client id it names, the lease secret it shows and
+the principal it calls as (`core.leadership`, "Who is the holder").
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from collections.abc import AsyncIterator, Sequence
 from streamengine.master import replies
 from streamengine.master.core import authority, errors, leadership
 from streamengine.master.core.leadership import Claim
-from streamengine.master.leadership import Beat, SessionRenewal, WriterView, grant_producers
+from streamengine.master.leadership import (
+    Beat,
+    Roll,
+    SessionRenewal,
+    WriterView,
+    grant_producers,
+)
 from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
@@ -39,6 +47,7 @@ class LeaseHandlers(Handlers):
         "ReleaseLease",
         "HoldLease",
         "RollSegment",
+        "RollSegments",
         "RequestRoll",
     )
 
@@ -80,16 +89,22 @@ class LeaseHandlers(Handlers):
             reply.session.renew_every_ms = self.state.lease_ms // HEARTBEATS_PER_LEASE
             reply.session.ended.extend(renewal.ended)
             reply.session.attention.extend(renewal.attention)
-        for answer in answers:
-            entry = reply.leases.add()
-            if isinstance(answer, errors.MasterError):
-                entry.code = status_of(answer).value[0]
-                entry.message = str(answer)
-                if isinstance(answer, errors.StreamDeleted):
-                    entry.deleted_until_ms = answer.deleted_until_ms
-            else:
-                entry.reply.CopyFrom(self._writer_reply(answer))
+        reply.leases.extend(self._batch_answer(answer) for answer in answers)
         return reply
+
+    def _batch_answer(
+        self, answer: WriterView | errors.MasterError
+    ) -> master_pb2.LeaseHeartbeatAnswer:
+        """One entry's answer in a batch: its reply, or the status and message a lone
+        call would have been refused with."""
+        if isinstance(answer, WriterView):
+            return master_pb2.LeaseHeartbeatAnswer(reply=self._writer_reply(answer))
+        entry = master_pb2.LeaseHeartbeatAnswer(
+            code=status_of(answer).value[0], message=str(answer)
+        )
+        if isinstance(answer, errors.StreamDeleted):
+            entry.deleted_until_ms = answer.deleted_until_ms
+        return entry
 
     def _decide(
         self,
@@ -228,32 +243,71 @@ class LeaseHandlers(Handlers):
         self, request: master_pb2.RollSegmentRequest, context: Context
     ) -> master_pb2.WriterHeartbeatReply:
         def roll(now: int) -> WriterView:
-            principal = self.calls.require(
-                context, "RollSegment", authority.stream_tenant(request.stream)
-            )
-            record = self.state.stream(request.stream)
-            self.calls.require_holder(
-                principal, request.grant, record, request.epoch, request.client_id
-            )
-            return self.state.leadership.roll_segment(
-                request.stream,
-                _claim(request, principal),
-                request.epoch,
-                list(request.exclude_stores),
-                now,
-            )
+            principal = self.calls.caller(context, "RollSegment")
+            (answer,) = self._roll([request], principal, now)
+            if isinstance(answer, errors.MasterError):
+                raise answer
+            return answer
 
-        view = await self.calls.call(context, "RollSegment", roll)
-        log.info(
-            "segment rolled",
-            extra=segment_fields(
-                request.stream,
-                view.lease.epoch,
-                client=request.client_id,
-                reason=f"from epoch {request.epoch}",
-            ),
+        return self._writer_reply(await self.calls.call(context, "RollSegment", roll))
+
+    async def RollSegments(
+        self, request: master_pb2.RollSegmentsRequest, context: Context
+    ) -> master_pb2.RollSegmentsReply:
+        def roll(now: int) -> list[WriterView | errors.MasterError]:
+            principal = self.calls.caller(context, "RollSegments")
+            if len(request.rolls) > LEASE_BATCH_ENTRIES_MAX:
+                raise errors.InvalidArgument(
+                    f"{len(request.rolls)} rolls in one batch (LEASE_BATCH_ENTRIES_MAX "
+                    f"{LEASE_BATCH_ENTRIES_MAX})"
+                )
+            return self._roll(request.rolls, principal, now)
+
+        answers = await self.calls.call(context, "RollSegments", roll)
+        return master_pb2.RollSegmentsReply(rolls=[self._batch_answer(a) for a in answers])
+
+    def _roll(
+        self, requests: Sequence[master_pb2.RollSegmentRequest], principal: Principal, now: int
+    ) -> list[WriterView | errors.MasterError]:
+        """Each roll of a batch, authorized on its own as a lone RollSegment is, decided
+        together (`Leadership.roll_segments`)."""
+        rolls: list[Roll | errors.MasterError] = []
+        for request in requests:
+            try:
+                rolls.append(self._roll_of(request, principal))
+            except errors.MasterError as error:
+                rolls.append(error)
+        answers = self.state.leadership.roll_segments(rolls, now)
+        for request, answer in zip(requests, answers, strict=True):
+            if isinstance(answer, WriterView):
+                log.info(
+                    "segment rolled",
+                    extra=segment_fields(
+                        request.stream,
+                        answer.lease.epoch,
+                        client=request.client_id,
+                        reason=f"from epoch {request.epoch}",
+                    ),
+                )
+        return answers
+
+    def _roll_of(self, request: master_pb2.RollSegmentRequest, principal: Principal) -> Roll:
+        """The roll `request` asks for, once its caller may ask it (as `require` and
+        `require_holder` decide a lone call); else the error it is answered."""
+        denial = authorize(principal, "Master/RollSegment", authority.stream_tenant(request.stream))
+        if denial is not None:
+            log.info("denied RollSegment: %s", denial.reason)
+            raise errors.PermissionDenied(denial.reason)
+        record = self.state.stream(request.stream)
+        self.calls.require_holder(
+            principal, request.grant, record, request.epoch, request.client_id
         )
-        return self._writer_reply(view)
+        return Roll(
+            request.stream,
+            _claim(request, principal),
+            request.epoch,
+            tuple(request.exclude_stores),
+        )
 
     async def RequestRoll(
         self, request: master_pb2.RequestRollRequest, context: Context

@@ -1486,6 +1486,52 @@ class RollSegmentRequest(_message.Message):
 Global___RollSegmentRequest: _TypeAlias = RollSegmentRequest  # noqa: Y015
 
 @_typing.final
+class RollSegmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rolls(self) -> _containers.RepeatedCompositeFieldContainer[Global___RollSegmentRequest]:
+        """One per roll asked; each with its own writer's grant and lease secret."""
+
+    def __init__(
+        self,
+        *,
+        rolls: _abc.Iterable[Global___RollSegmentRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rolls", b"rolls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollSegmentsRequest: _TypeAlias = RollSegmentsRequest  # noqa: Y015
+
+@_typing.final
+class RollSegmentsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rolls(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseHeartbeatAnswer]:
+        """One per request entry, in order: the answer RollSegment would have given it (in
+        `reply`), or its refusal.
+        """
+
+    def __init__(
+        self,
+        *,
+        rolls: _abc.Iterable[Global___LeaseHeartbeatAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rolls", b"rolls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollSegmentsReply: _TypeAlias = RollSegmentsReply  # noqa: Y015
+
+@_typing.final
 class ListSegmentsRequest(_message.Message):
     """---- segments ----"""
 
@@ -1627,6 +1673,84 @@ class SealSegmentRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SealSegmentRequest: _TypeAlias = SealSegmentRequest  # noqa: Y015
+
+@_typing.final
+class SealSegmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def seals(self) -> _containers.RepeatedCompositeFieldContainer[Global___SealSegmentRequest]:
+        """One per seal asked; each with its own leader's grant."""
+
+    def __init__(
+        self,
+        *,
+        seals: _abc.Iterable[Global___SealSegmentRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seals", b"seals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealSegmentsRequest: _TypeAlias = SealSegmentsRequest  # noqa: Y015
+
+@_typing.final
+class SealSegmentAnswer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DELETED_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (its number) this entry would have got from SealSegment, and
+    its message; DELETED_UNTIL_METADATA_KEY's value in `deleted_until_ms`.
+    """
+    message: _builtins.str
+    deleted_until_ms: _builtins.int
+    @_builtins.property
+    def segment(self) -> _entry_pb2.Segment:
+        """The answer when `code` is OK (0): the segment as SealSegment would have answered."""
+
+    def __init__(
+        self,
+        *,
+        segment: _entry_pb2.Segment | None = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        deleted_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "deleted_until_ms", b"deleted_until_ms", "message", b"message", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealSegmentAnswer: _TypeAlias = SealSegmentAnswer  # noqa: Y015
+
+@_typing.final
+class SealSegmentsReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def seals(self) -> _containers.RepeatedCompositeFieldContainer[Global___SealSegmentAnswer]:
+        """One per request entry, in order."""
+
+    def __init__(
+        self,
+        *,
+        seals: _abc.Iterable[Global___SealSegmentAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seals", b"seals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealSegmentsReply: _TypeAlias = SealSegmentsReply  # noqa: Y015
 
 @_typing.final
 class ReportReplicaRequest(_message.Message):

@@ -115,6 +115,11 @@ class MasterStub:
                 request_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.FromString,
                 _registered_method=True)
+        self.RollSegments = channel.unary_unary(
+                '/streamengine.v1.Master/RollSegments',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsReply.FromString,
+                _registered_method=True)
         self.LeaseHeartbeat = channel.unary_unary(
                 '/streamengine.v1.Master/LeaseHeartbeat',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatRequest.SerializeToString,
@@ -134,6 +139,11 @@ class MasterStub:
                 '/streamengine.v1.Master/SealSegment',
                 request_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.SerializeToString,
                 response_deserializer=streamengine_dot_v1_dot_entry__pb2.Segment.FromString,
+                _registered_method=True)
+        self.SealSegments = channel.unary_unary(
+                '/streamengine.v1.Master/SealSegments',
+                request_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsRequest.SerializeToString,
+                response_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsReply.FromString,
                 _registered_method=True)
         self.ReportReplica = channel.unary_unary(
                 '/streamengine.v1.Master/ReportReplica',
@@ -307,6 +317,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RollSegments(self, request, context):
+        """Every roll a client process asks for within a short window, in one call: each
+        entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+        of one), and the new epochs are persisted in as few commits as the metadata's
+        bound on a transaction allows. An entry refused alone answers its own status and
+        changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+        nothing changed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LeaseHeartbeat(self, request, context):
         """Every lease a client process holds or asks for, in one call per interval: each
         entry is one writer's heartbeat with its own lease secret, decided as
@@ -336,6 +358,18 @@ class MasterServicer:
 
     def SealSegment(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SealSegments(self, request, context):
+        """Every seal a client process's recoveries ask for within a short window, in one
+        call: each entry is authorized and decided as SealSegment decides it (SealSegment
+        is the batch of one), and the seals are persisted in as few commits as the
+        metadata's bound on a transaction allows. An entry refused alone answers its own
+        status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+        INVALID_ARGUMENT, nothing changed).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -505,6 +539,11 @@ def add_MasterServicer_to_server(servicer, server):
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_master__pb2.WriterHeartbeatReply.SerializeToString,
             ),
+            'RollSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollSegments,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.RollSegmentsReply.SerializeToString,
+            ),
             'LeaseHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.LeaseHeartbeat,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.LeaseHeartbeatRequest.FromString,
@@ -524,6 +563,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.SealSegment,
                     request_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.FromString,
                     response_serializer=streamengine_dot_v1_dot_entry__pb2.Segment.SerializeToString,
+            ),
+            'SealSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealSegments,
+                    request_deserializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsRequest.FromString,
+                    response_serializer=streamengine_dot_v1_dot_master__pb2.SealSegmentsReply.SerializeToString,
             ),
             'ReportReplica': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportReplica,
@@ -1024,6 +1068,33 @@ class Master:
             _registered_method=True)
 
     @staticmethod
+    def RollSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/RollSegments',
+            streamengine_dot_v1_dot_master__pb2.RollSegmentsRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.RollSegmentsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def LeaseHeartbeat(request,
             target,
             options=(),
@@ -1121,6 +1192,33 @@ class Master:
             '/streamengine.v1.Master/SealSegment',
             streamengine_dot_v1_dot_master__pb2.SealSegmentRequest.SerializeToString,
             streamengine_dot_v1_dot_entry__pb2.Segment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamengine.v1.Master/SealSegments',
+            streamengine_dot_v1_dot_master__pb2.SealSegmentsRequest.SerializeToString,
+            streamengine_dot_v1_dot_master__pb2.SealSegmentsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -89,6 +89,14 @@ class MasterStub:
     paused or cut-off leader keeps its connection, and its lease runs its course.
     """
     RollSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]
+    RollSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.RollSegmentsRequest, _master_pb2.RollSegmentsReply]
+    """Every roll a client process asks for within a short window, in one call: each
+    entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+    of one), and the new epochs are persisted in as few commits as the metadata's
+    bound on a transaction allows. An entry refused alone answers its own status and
+    changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+    nothing changed).
+    """
     LeaseHeartbeat: _grpc.UnaryUnaryMultiCallable[_master_pb2.LeaseHeartbeatRequest, _master_pb2.LeaseHeartbeatReply]
     """Every lease a client process holds or asks for, in one call per interval: each
     entry is one writer's heartbeat with its own lease secret, decided as
@@ -104,6 +112,14 @@ class MasterStub:
     ListSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]
     """Segments."""
     SealSegment: _grpc.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]
+    SealSegments: _grpc.UnaryUnaryMultiCallable[_master_pb2.SealSegmentsRequest, _master_pb2.SealSegmentsReply]
+    """Every seal a client process's recoveries ask for within a short window, in one
+    call: each entry is authorized and decided as SealSegment decides it (SealSegment
+    is the batch of one), and the seals are persisted in as few commits as the
+    metadata's bound on a transaction allows. An entry refused alone answers its own
+    status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+    INVALID_ARGUMENT, nothing changed).
+    """
     ReportReplica: _grpc.UnaryUnaryMultiCallable[_master_pb2.ReportReplicaRequest, _master_pb2.ReportReplicaReply]
     """A reader found a replica of a sealed segment differing from its certificate (or
     failing with DATA_LOSS): the master has that store check it first. The report is
@@ -176,6 +192,14 @@ class MasterAsyncStub(MasterStub):
     paused or cut-off leader keeps its connection, and its lease runs its course.
     """
     RollSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.RollSegmentRequest, _master_pb2.WriterHeartbeatReply]  # type: ignore[assignment]
+    RollSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.RollSegmentsRequest, _master_pb2.RollSegmentsReply]  # type: ignore[assignment]
+    """Every roll a client process asks for within a short window, in one call: each
+    entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+    of one), and the new epochs are persisted in as few commits as the metadata's
+    bound on a transaction allows. An entry refused alone answers its own status and
+    changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+    nothing changed).
+    """
     LeaseHeartbeat: _aio.UnaryUnaryMultiCallable[_master_pb2.LeaseHeartbeatRequest, _master_pb2.LeaseHeartbeatReply]  # type: ignore[assignment]
     """Every lease a client process holds or asks for, in one call per interval: each
     entry is one writer's heartbeat with its own lease secret, decided as
@@ -191,6 +215,14 @@ class MasterAsyncStub(MasterStub):
     ListSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.ListSegmentsRequest, _master_pb2.ListSegmentsReply]  # type: ignore[assignment]
     """Segments."""
     SealSegment: _aio.UnaryUnaryMultiCallable[_master_pb2.SealSegmentRequest, _entry_pb2.Segment]  # type: ignore[assignment]
+    SealSegments: _aio.UnaryUnaryMultiCallable[_master_pb2.SealSegmentsRequest, _master_pb2.SealSegmentsReply]  # type: ignore[assignment]
+    """Every seal a client process's recoveries ask for within a short window, in one
+    call: each entry is authorized and decided as SealSegment decides it (SealSegment
+    is the batch of one), and the seals are persisted in as few commits as the
+    metadata's bound on a transaction allows. An entry refused alone answers its own
+    status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+    INVALID_ARGUMENT, nothing changed).
+    """
     ReportReplica: _aio.UnaryUnaryMultiCallable[_master_pb2.ReportReplicaRequest, _master_pb2.ReportReplicaReply]  # type: ignore[assignment]
     """A reader found a replica of a sealed segment differing from its certificate (or
     failing with DATA_LOSS): the master has that store check it first. The report is
@@ -358,6 +390,20 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_master_pb2.WriterHeartbeatReply, _abc.Awaitable[_master_pb2.WriterHeartbeatReply]]: ...
 
     @_abc_1.abstractmethod
+    def RollSegments(
+        self,
+        request: _master_pb2.RollSegmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.RollSegmentsReply, _abc.Awaitable[_master_pb2.RollSegmentsReply]]:
+        """Every roll a client process asks for within a short window, in one call: each
+        entry is authorized and decided as RollSegment decides it (RollSegment is the batch
+        of one), and the new epochs are persisted in as few commits as the metadata's
+        bound on a transaction allows. An entry refused alone answers its own status and
+        changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more: INVALID_ARGUMENT,
+        nothing changed).
+        """
+
+    @_abc_1.abstractmethod
     def LeaseHeartbeat(
         self,
         request: _master_pb2.LeaseHeartbeatRequest,
@@ -395,6 +441,20 @@ class MasterServicer(metaclass=_abc_1.ABCMeta):
         request: _master_pb2.SealSegmentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_entry_pb2.Segment, _abc.Awaitable[_entry_pb2.Segment]]: ...
+
+    @_abc_1.abstractmethod
+    def SealSegments(
+        self,
+        request: _master_pb2.SealSegmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_master_pb2.SealSegmentsReply, _abc.Awaitable[_master_pb2.SealSegmentsReply]]:
+        """Every seal a client process's recoveries ask for within a short window, in one
+        call: each entry is authorized and decided as SealSegment decides it (SealSegment
+        is the batch of one), and the seals are persisted in as few commits as the
+        metadata's bound on a transaction allows. An entry refused alone answers its own
+        status and changes nothing. At most `LEASE_BATCH_ENTRIES_MAX` entries (more:
+        INVALID_ARGUMENT, nothing changed).
+        """
 
     @_abc_1.abstractmethod
     def ReportReplica(

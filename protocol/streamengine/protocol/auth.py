@@ -107,8 +107,12 @@ RPC_NEEDS: dict[str, Need] = {
     # Holds nothing by itself: leases are bound to it by heartbeats that prove them.
     "Master/HoldLeaseSession": Need.ANY_FILTERED,
     "Master/RollSegment": Need.TENANT_WRITE,
+    # Each entry is authorized on its own, as a RollSegment.
+    "Master/RollSegments": Need.TENANT_WRITE,
     "Master/ListSegments": Need.TENANT_READ,
     "Master/SealSegment": Need.TENANT_WRITE,
+    # Each entry is authorized on its own, as a SealSegment.
+    "Master/SealSegments": Need.TENANT_WRITE,
     "Master/ReportReplica": Need.TENANT_READ,
     "Master/GetClusterStatus": Need.ANY_FILTERED,
     "Master/DrainStore": Need.CLUSTER_ADMIN,
