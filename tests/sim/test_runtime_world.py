@@ -363,7 +363,7 @@ def test_seed_39_a_wiped_store_whose_registration_answers_are_lost_joins_once() 
     assert result.stats.get("answers lost", 0) > 0, result.stats
 
 
-def test_seed_5009_a_store_wiped_while_the_metadata_was_gone_is_told_its_losses() -> None:
+def test_a_store_wiped_while_the_metadata_was_gone_is_told_its_losses() -> None:
     """A store that answers the rebuild keeping no cluster id (a new disk) holds none of
     what the records name it for: the rebuild marks those replicas lost in its store
     record, and its next registration tells it, so it joins refusing to answer for them
