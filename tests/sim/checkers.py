@@ -311,6 +311,16 @@ class Checker:
         self.rotted.discard((store, segment))
         self.unsynced_gaps.pop((store, segment), None)
 
+    def identity_lost(self, store: str) -> None:
+        """`store`, running with fsync never, lost in a power cut the cluster id it had
+        kept: the master takes it for a new disk and every replica it held for lost,
+        which may leave segments below R. The documented loss of fsync never, as a lost
+        acked write is (the runtime world's seed 5009)."""
+        self.unsynced_losses.append(
+            f"store {store} lost the cluster id it kept (fsync never): its replicas count "
+            "as lost"
+        )
+
     def store_wiped(self, store: str) -> None:
         """`store` restarted with an empty disk (a new incarnation): it serves nothing
         of what it served before; what it served stays true for everyone else."""

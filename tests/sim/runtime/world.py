@@ -127,7 +127,7 @@ from streamengine.segment_store.core.authority import (
     WriteStreamGrants,
 )
 from streamengine.segment_store.core.commands import DeleteCommand, JoinCommand, SegmentKey
-from streamengine.segment_store.core.keys import entry_index, entry_key
+from streamengine.segment_store.core.keys import CLUSTER_ID_KEY, entry_index, entry_key
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
@@ -1552,6 +1552,7 @@ class World:
         power_loss = self.rng.random() < 0.5
         matched = self._matched(store)
         served = self._served(store) if power_loss and not wipe else {}
+        kept_identity = store.core is not None and bool(store.core.catalog.cluster_id())
         await self.stop(name)
         if wipe:
             self.wiped.add(name)
@@ -1570,6 +1571,10 @@ class World:
             if power_loss:
                 store.power_loss()
             self.note(f"{name} crashes{' with its power' if power_loss else ''}")
+        lost = power_loss and not wipe and not store.fsync and kept_identity
+        if lost and not store.kv.get(CLUSTER_ID_KEY):
+            for checker in self.checkers.values():
+                checker.identity_lost(name)
         self.count("store crashes")
         await asyncio.sleep(self._down_ms(self.config.store_down_ms_max) / 1000)
         if self.phase != "safety" or name in self.nodes:
