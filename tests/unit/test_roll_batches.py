@@ -4,6 +4,8 @@ transactions as the metadata's bound makes (docs/design.md, "Rolling")."""
 
 from __future__ import annotations
 
+import functools
+
 from streamengine.master.catalog import Catalog
 from streamengine.master.core.errors import (
     MasterError,
@@ -17,6 +19,7 @@ from streamengine.master.core.model import SegmentState
 from streamengine.master.leadership import Beat, Roll, WriterView
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX, MemoryMetadata
 from streamengine.master.state import MasterState
+from tests.batch_answers import assert_answered_as_alone
 from tests.unit.lease_helpers import fixed_secrets, writer
 
 LEASE = 1000
@@ -117,16 +120,10 @@ def test_each_answer_is_what_lone_rolls_one_after_the_other_would_answer() -> No
     answers = batched.leadership.roll_segments(rolls, NOW)
     for roll, answer in zip(rolls, answers, strict=True):
         assert isinstance(roll, Roll)
-        try:
-            expected: WriterView | MasterError = alone.leadership.roll_segment(
-                roll.stream, roll.claim, roll.epoch, roll.exclude, NOW
-            )
-        except MasterError as error:
-            expected = error
-        if isinstance(expected, MasterError):
-            assert type(answer) is type(expected) and str(answer) == str(expected)
-        else:
-            assert answer == expected
+        lone = functools.partial(
+            alone.leadership.roll_segment, roll.stream, roll.claim, roll.epoch, roll.exclude, NOW
+        )
+        assert_answered_as_alone(answer, lone)
     assert isinstance(answers[8], NotLeader)
     assert isinstance(answers[9], TooManyUnsealed)
     assert isinstance(answers[11], StreamDeleted)

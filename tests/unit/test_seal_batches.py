@@ -4,6 +4,8 @@ few transactions as the metadata's bound makes."""
 
 from __future__ import annotations
 
+import functools
+
 from streamengine.master.core.errors import (
     InvalidArgument,
     MasterError,
@@ -17,6 +19,7 @@ from streamengine.master.integrity import Seal
 from streamengine.master.leadership import Roll
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.master.state import MasterState
+from tests.batch_answers import assert_answered_as_alone
 from tests.unit.lease_helpers import writer
 from tests.unit.test_roll_batches import NOW, STREAMS, leading_master
 
@@ -91,16 +94,15 @@ def test_each_answer_is_what_lone_seals_one_after_the_other_would_answer() -> No
     answers = batched.integrity.seal_segments(seals, NOW)
     for seal, answer in zip(seals, answers, strict=True):
         assert isinstance(seal, Seal)
-        try:
-            expected: SegmentRecord | MasterError = alone.integrity.seal_segment(
-                seal.stream, seal.segment_epoch, seal.writer_epoch, seal.final_index, NOW
-            )
-        except MasterError as error:
-            expected = error
-        if isinstance(expected, MasterError):
-            assert type(answer) is type(expected) and str(answer) == str(expected)
-        else:
-            assert answer == expected
+        lone = functools.partial(
+            alone.integrity.seal_segment,
+            seal.stream,
+            seal.segment_epoch,
+            seal.writer_epoch,
+            seal.final_index,
+            NOW,
+        )
+        assert_answered_as_alone(answer, lone)
     assert isinstance(answers[6], SegmentRecord) and answers[6] == answers[0]
     assert isinstance(answers[7], SealConflict) and isinstance(answers[9], SealConflict)
     assert isinstance(answers[10], StreamDeleted) and isinstance(answers[11], NotFound)

@@ -54,7 +54,7 @@ from typing import Protocol
 
 import grpc
 
-from streamengine.client.call_batches import CallBatcher
+from streamengine.client.call_batches import CallBatcher, rpc_error
 from streamengine.client.core.writer import HOLD_LEASE_REOPEN_MS, SessionLease
 from streamengine.client.retrying import retry_unary
 from streamengine.protocol.clock import monotonic_ms
@@ -185,12 +185,7 @@ class LeaseSession:
         `timeout_s`). An answer that grants the lease and comes after that goes to
         `late_grant`: it holds the only copy of the lease secret."""
         if self._group is None:
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.CANCELLED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                "the client is closed",
-            )
+            raise rpc_error(grpc.StatusCode.CANCELLED, "the client is closed")
         loop = asyncio.get_running_loop()
         waiting = _Waiting(request, loop.create_future(), loop.time() + timeout_s, late_grant)
         self._waiting.append(waiting)
@@ -199,11 +194,8 @@ class LeaseSession:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(waiting.answer)
         except TimeoutError:
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                "no answer to the lease heartbeat in time",
+            raise rpc_error(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "no answer to the lease heartbeat in time"
             ) from None
         finally:
             # Given up on (timed out, or the writer cancelled it as it closes): a batch

@@ -14,11 +14,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from streamengine.master.core.errors import MasterError
+from streamengine.master.core.errors import InvalidArgument, MasterError
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
+from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
 
 Entry = TypeVar("Entry")
 Item = TypeVar("Item")
+
+
+def check_batch_size(count: int, what: str) -> None:
+    """InvalidArgument for a batch of more than `LEASE_BATCH_ENTRIES_MAX` entries,
+    before any entry is looked at: it changes nothing."""
+    if count > LEASE_BATCH_ENTRIES_MAX:
+        raise InvalidArgument(
+            f"{count} {what} in one batch (LEASE_BATCH_ENTRIES_MAX {LEASE_BATCH_ENTRIES_MAX})"
+        )
 
 
 def rounds_by_stream(

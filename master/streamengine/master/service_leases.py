@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from streamengine.master import replies
+from streamengine.master.batches import check_batch_size
 from streamengine.master.core import authority, errors, leadership
 from streamengine.master.core.leadership import Claim
 from streamengine.master.leadership import (
@@ -27,7 +28,7 @@ from streamengine.master.leadership import (
 from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
-from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, LEASE_BATCH_ENTRIES_MAX
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
 
@@ -66,11 +67,7 @@ class LeaseHandlers(Handlers):
         self, request: master_pb2.LeaseHeartbeatRequest, context: Context
     ) -> master_pb2.LeaseHeartbeatReply:
         def beat(now: int) -> tuple[list[WriterView | errors.MasterError], SessionRenewal | None]:
-            if len(request.leases) > LEASE_BATCH_ENTRIES_MAX:
-                raise errors.InvalidArgument(
-                    f"{len(request.leases)} leases in one batch (LEASE_BATCH_ENTRIES_MAX "
-                    f"{LEASE_BATCH_ENTRIES_MAX})"
-                )
+            check_batch_size(len(request.leases), "leases")
             answers = self._decide("LeaseHeartbeat", request.leases, request.session, context, now)
             renewal = None
             if request.renew_session:
@@ -256,11 +253,7 @@ class LeaseHandlers(Handlers):
     ) -> master_pb2.RollSegmentsReply:
         def roll(now: int) -> list[WriterView | errors.MasterError]:
             principal = self.calls.caller(context, "RollSegments")
-            if len(request.rolls) > LEASE_BATCH_ENTRIES_MAX:
-                raise errors.InvalidArgument(
-                    f"{len(request.rolls)} rolls in one batch (LEASE_BATCH_ENTRIES_MAX "
-                    f"{LEASE_BATCH_ENTRIES_MAX})"
-                )
+            check_batch_size(len(request.rolls), "rolls")
             return self._roll(request.rolls, principal, now)
 
         answers = await self.calls.call(context, "RollSegments", roll)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from streamengine.master import replies
+from streamengine.master.batches import check_batch_size
 from streamengine.master.core import authority, errors, integrity
 from streamengine.master.core.model import SegmentRecord, StreamRecord
 from streamengine.master.integrity import Seal
@@ -17,7 +18,6 @@ from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Need, Principal, authorize, authorize_need
 from streamengine.protocol.certificate import MalformedCertificate
-from streamengine.protocol.limits import LEASE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
 
@@ -68,11 +68,7 @@ class SegmentHandlers(Handlers):
     ) -> master_pb2.SealSegmentsReply:
         def seal(now: int) -> list[SegmentRecord | errors.MasterError]:
             principal = self.calls.caller(context, "SealSegments")
-            if len(request.seals) > LEASE_BATCH_ENTRIES_MAX:
-                raise errors.InvalidArgument(
-                    f"{len(request.seals)} seals in one batch (LEASE_BATCH_ENTRIES_MAX "
-                    f"{LEASE_BATCH_ENTRIES_MAX})"
-                )
+            check_batch_size(len(request.seals), "seals")
             return self._seal(request.seals, principal, now)
 
         answers = await self.calls.call(context, "SealSegments", seal)
