@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from streamengine.client.call_batches import rpc_error
 from streamengine.client.leases import LeaseSession
 from streamengine.v1 import master_pb2
 
@@ -27,10 +28,6 @@ def rolled(request: master_pb2.RollSegmentRequest) -> master_pb2.WriterHeartbeat
     )
 
 
-def error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
-
-
 class RollingMaster:
     """Rolls every stream but REFUSED (FAILED_PRECONDITION), in batches or alone;
     `batches_known=False` is a master from before RollSegments."""
@@ -45,7 +42,7 @@ class RollingMaster:
 
     async def RollSegments(self, request: master_pb2.RollSegmentsRequest, **_: Any):
         if not self.batches_known:
-            raise error(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            raise rpc_error(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
         self.batches.append([r.stream for r in request.rolls])
         await self.answer_now.wait()
         if self.fail_with is not None:
@@ -62,7 +59,7 @@ class RollingMaster:
     async def RollSegment(self, request: master_pb2.RollSegmentRequest, **_: Any):
         self.alone.append(request.stream)
         if request.stream == REFUSED:
-            raise error(grpc.StatusCode.FAILED_PRECONDITION, "2 unsealed")
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "2 unsealed")
         return rolled(request)
 
 
@@ -140,7 +137,7 @@ async def test_each_roll_keeps_its_own_timeout_and_a_failed_call_fails_each(sess
     assert await long == rolled(roll("t/long"))
     assert master.batches == [["t/short", "t/long"]]
 
-    master.fail_with = error(grpc.StatusCode.UNAVAILABLE, "the master is starting")
+    master.fail_with = rpc_error(grpc.StatusCode.UNAVAILABLE, "the master is starting")
     answers = await outcomes(session, [roll("t/a"), roll("t/b")])
     assert all(
         isinstance(a, grpc.aio.AioRpcError) and a.code() is grpc.StatusCode.UNAVAILABLE
