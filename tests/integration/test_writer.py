@@ -34,7 +34,7 @@ from streamengine.protocol.channels import CLIENT_OPTIONS
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.transport import PLAINTEXT
-from streamengine.testing import Cluster, wait_until
+from streamengine.testing import Cluster, wait_for, wait_until
 from streamengine.v1 import entry_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.integration.authority_helpers import signed_grant
@@ -300,7 +300,12 @@ def test_the_blocking_wrapper_appends_and_releases(cluster: Cluster) -> None:
             assert writer.statistics().acked_index == 3
             with pytest.raises(EventTooLarge):
                 writer.append(b"x" * (EVENT_BYTES_MAX + 1))
-        assert client.describe_stream("acme/sync").leader_id == ""
+        # The close hands the release to the lease session and does not wait for it.
+        wait_for(
+            lambda: client.describe_stream("acme/sync").leader_id == "",
+            timeout_s=5,
+            message="the lease given back",
+        )
 
 
 async def test_a_store_fenced_above_the_writer_ends_its_leadership(cluster: Cluster) -> None:
