@@ -7,7 +7,11 @@ between two runs, and each run decides heartbeats that sat unread in its socket,
 a deadline counted from when it reads them. Before the fix a writer's own heartbeats,
 sent as a follower before its grant's answer came, were granted the next epoch there
 (and again, each grant with a secret the writer never saw), and grants answered after
-the writer's call gave up reached nobody: two to four epochs per stream here.
+the writer's call gave up reached nobody: two to four epochs per stream here. Once
+late grants reached their writers, a clean-clone run on a loaded machine still saw
+every stream granted twice: the master decided the batched grants after even the
+call's grace had run out. Now each writer draws its lease secret and shows it from its
+first heartbeat, so its next heartbeat after a lost answer proves the grant is its own.
 """
 
 from __future__ import annotations

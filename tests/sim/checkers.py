@@ -852,6 +852,11 @@ class MasterChecker:
         # Per stream, the latest epoch seen served before the master lost its metadata:
         # none of them is ever granted again, to anyone.
         self.granted_before_rebuild: dict[str, int] = {}
+        # Per stream and holder, the digest of the secret its leases were granted with:
+        # a writer shows the one secret it drew all its life, so a lease granted to it
+        # anew with another was granted to nobody that could learn it (its own earlier
+        # grant's answer lost, an epoch spent: issue #38's stuttering master).
+        self.holder_secrets: dict[tuple[str, str], bytes] = {}
 
     def look(self, active: list[str], state: MasterState | None, lease_ms: int) -> None:
         """`active`: the masters that would serve now; `state`: what the one serves."""
@@ -886,6 +891,13 @@ class MasterChecker:
                     leases[epoch, holder] = min(leases[epoch, holder], lease.expires_ms)
             return
         key = (lease.epoch, lease.holder)
+        known = self.holder_secrets.setdefault((stream, lease.holder), lease.secret_sha256)
+        if known != lease.secret_sha256:
+            raise Violation(
+                5,
+                f"{stream}: epoch {lease.epoch} granted to {lease.holder} with another "
+                "secret than its earlier lease's: that writer could not learn it",
+            )
         lost_latest = self.granted_before_rebuild.get(stream, 0)
         if key not in leases and lease.epoch <= lost_latest:
             raise Violation(

@@ -20,12 +20,13 @@ from streamengine.client.core.writer import (
 from streamengine.master.catalog import Catalog
 from streamengine.master.core import authority, integrity, repair
 from streamengine.master.core.errors import MasterError, SealConflict
-from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim
+from streamengine.master.core.leadership import Claim
 from streamengine.master.core.model import SegmentRecord
 from streamengine.master.leadership import WriterView, grant_producers
 from streamengine.master.metadata import MemoryMetadata
 from streamengine.master.state import MasterState
 from streamengine.master.stores import Registered
+from streamengine.protocol.limits import LEASE_SECRET_BYTES
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.signing import SigningKey
 from streamengine.segment_store.core.catalog import SegmentStateInfo

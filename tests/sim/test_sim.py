@@ -70,10 +70,12 @@ def test_seeds_keep_invariants_and_converge(first: int) -> None:
 
 # Seed 158 found it first, at 3,000 steps with two of a producer's batches in flight:
 # the only store a recovery read from held the later batch and not the earlier one.
-PRODUCER_BATCH_PAST_A_GAP = 158
+# Since writers draw their own lease secrets (a lost grant's answer no longer costs an
+# epoch), seed 91 does.
+PRODUCER_BATCH_PAST_A_GAP = 91
 
 
-def test_seed_158_a_producer_batch_past_a_lost_one_is_cut_by_recovery() -> None:
+def test_a_producer_batch_past_a_lost_one_is_cut_by_recovery() -> None:
     """With the flaw `keep_past_gap` (a producer stream's recovery keeping copies past an
     index no store holds, as a plain stream's does), a batch survives past its lost
     predecessor, the next leader's table takes the lost sequences as written, and the

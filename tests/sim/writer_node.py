@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -139,8 +140,9 @@ class WriterNode(Node):
         # The epoch whose lease this writer holds open at the master (`HoldLease`, as
         # `streamengine.client.writer` does from `BecameLeader` on); 0: none.
         self.holding_epoch = 0
-        # The lease secret handed with this writer's lease (the client's own).
-        self.lease_secret = LeaseSecret()
+        # The lease secret this writer draws (from the seed: it shows in messages).
+        label = b"simulated writer secret %d/%s" % (self.world.config.seed, self.client_id.encode())
+        self.lease_secret = LeaseSecret(hashlib.sha256(label).digest())
         self.step(Tick())
 
     def crash(self) -> None:

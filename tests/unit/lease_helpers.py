@@ -3,8 +3,9 @@ names a writer by its client id alone and it proves itself as its holder would."
 
 from __future__ import annotations
 
-from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim
+from streamengine.master.core.leadership import Claim
 from streamengine.master.state import MasterState
+from streamengine.protocol.limits import LEASE_SECRET_BYTES
 
 SECRET = b"s" * LEASE_SECRET_BYTES
 

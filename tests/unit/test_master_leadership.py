@@ -8,13 +8,11 @@ import pytest
 
 from streamengine.master.core import leadership
 from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
-from streamengine.master.core.leadership import (
+from streamengine.master.core.leadership import Claim, Lease, Outcome, secret_digest
+from streamengine.protocol.limits import (
     LEASE_SECRET_BYTES,
     LEASE_SECRET_BYTES_MAX,
-    Claim,
-    Lease,
-    Outcome,
-    secret_digest,
+    LEASE_SECRET_BYTES_MIN,
 )
 
 LEASE = 1000
@@ -108,13 +106,13 @@ def granted(epoch: int, holder: str, expires_ms: int) -> Lease:
             granted(4, "a", 5000 + LEASE),
         ),
         (
-            "an expired lease goes to the next caller with a higher epoch",
+            "an expired lease goes to the next caller with a higher epoch and the secret it drew",
             held(3, "a", 900),
             claim("b"),
             0,
             900,
             Outcome.GRANTED,
-            granted(4, "b", 900 + LEASE),
+            held(4, "b", 900 + LEASE),
         ),
         (
             "an expired holder naming its epoch renews it while nobody else was granted",
@@ -275,9 +273,67 @@ def test_a_heartbeat_decided_past_its_callers_deadline_decides_nothing(
     assert leadership.heartbeat(lease, caller, epoch, 1000, LEASE, FRESH, 1001).leads, rule
 
 
-def test_a_lease_secret_longer_than_any_the_master_hands_is_malformed() -> None:
+@pytest.mark.parametrize("size", [1, LEASE_SECRET_BYTES_MIN - 1, LEASE_SECRET_BYTES_MAX + 1])
+def test_a_lease_secret_too_short_to_be_unguessed_or_too_long_is_malformed(size) -> None:
     with pytest.raises(InvalidArgument):
-        Claim("a", b"x" * (LEASE_SECRET_BYTES_MAX + 1), PRINCIPAL)
+        Claim("a", b"x" * size, PRINCIPAL)
+    for fine in (LEASE_SECRET_BYTES_MIN, LEASE_SECRET_BYTES_MAX):
+        assert Claim("a", b"x" * fine, PRINCIPAL).secret
+
+
+@pytest.mark.parametrize(
+    ("rule", "lease", "caller", "epoch", "now", "handed"),
+    [
+        ("a grant hands the secret its winner drew", Lease(0, "", 0), claim("a"), 0, 5, "a"),
+        (
+            "a grant to a caller that drew none (an older client) hands the master's",
+            Lease(0, "", 0),
+            claim("a", b""),
+            0,
+            5,
+            FRESH,
+        ),
+        (
+            "the holder naming no epoch is answered as its grant was, secret and all",
+            held(3, "a", 900),
+            claim("a"),
+            0,
+            500,
+            "a",
+        ),
+        (
+            "the holder naming its epoch is renewed, no secret",
+            held(3, "a", 900),
+            claim("a"),
+            3,
+            500,
+            b"",
+        ),
+        ("a follower is handed nothing", held(3, "a", 900), claim("b"), 0, 500, b""),
+    ],
+)
+def test_the_secret_an_answer_hands(rule, lease, caller, epoch, now, handed) -> None:
+    decision = leadership.heartbeat(lease, caller, epoch, now, LEASE, FRESH)
+    assert decision.secret == SECRETS.get(handed, handed), rule
+
+
+def test_a_grant_whose_answer_was_lost_is_answered_again_not_granted_again() -> None:
+    """The winner drew the secret, so its next heartbeat, naming no epoch since it never
+    heard of its grant, proves it holds the lease even after the lease ran out: it is
+    answered with the grant, epoch 1 still (a stuttering master had granted 300 streams
+    twice each, `tests/integration/test_lease_churn.py`)."""
+    won = leadership.heartbeat(Lease(0, "", 0), claim("a"), 0, 0, LEASE, FRESH)
+    assert won.outcome is Outcome.GRANTED and won.lease.epoch == 1
+    # The answer is lost; the writer asks again, much later, having seen no epoch.
+    again = leadership.heartbeat(won.lease, claim("a"), 0, 5 * LEASE, LEASE, FRESH, seen_epoch=0)
+    assert (again.outcome, again.lease.epoch, again.secret) == (
+        Outcome.RENEWED,
+        1,
+        SECRETS["a"],
+    )
+    # Another writer of the same principal, with its own secret, still only follows.
+    other = leadership.heartbeat(again.lease, claim("b"), 0, 5 * LEASE + 1, LEASE, FRESH)
+    assert other.outcome is Outcome.FOLLOW
 
 
 @pytest.mark.parametrize(
@@ -368,7 +424,7 @@ def test_a_holder_whose_call_ended_but_lives_renews_unless_someone_took_over() -
     renewed = leadership.heartbeat(gone, claim("a"), 3, 20, LEASE, FRESH)
     assert (renewed.outcome, renewed.lease) == (Outcome.RENEWED, held(3, "a", 20 + LEASE))
     taken = leadership.heartbeat(gone, claim("b"), 0, 20, LEASE, FRESH)
-    assert (taken.outcome, taken.lease) == (Outcome.GRANTED, granted(4, "b", 20 + LEASE))
+    assert (taken.outcome, taken.lease) == (Outcome.GRANTED, held(4, "b", 20 + LEASE))
     late = leadership.heartbeat(taken.lease, claim("a"), 3, 30, LEASE, FRESH)
     assert late.outcome is Outcome.FOLLOW
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from streamengine.client.core.replicator import SegmentRef, SendWrite
 from streamengine.client.wire import BatchCache, LeaseSecret, serialize_write, write_message
 from streamengine.protocol.entry import EntryKind, PackedEntries, StoredEntry, event_crcs
+from streamengine.protocol.limits import LEASE_SECRET_BYTES
 from streamengine.v1 import segment_store_pb2
 
 SEGMENT = SegmentRef(stream_id=9, epoch=4, stream="acme/orders")
@@ -64,10 +65,14 @@ def test_the_grant_rides_on_the_request_that_carries_it_only() -> None:
     assert [len(request.value_lengths) for request in parsed] == [1, 1]
 
 
-def test_the_lease_secret_is_kept_from_the_grant_until_the_next_one() -> None:
-    secret = LeaseSecret()
-    assert secret.shown() == b"", "nothing handed yet"
-    secret.learn(b"k" * 32)
+def test_the_lease_secret_is_drawn_by_the_writer_and_an_older_masters_kept() -> None:
+    drawn = [LeaseSecret().shown() for _ in range(2)]
+    assert len(drawn[0]) == LEASE_SECRET_BYTES and drawn[0] != drawn[1], "each its own"
+    secret = LeaseSecret(b"d" * 32)
+    assert secret.shown() == b"d" * 32, "shown from the first heartbeat on"
+    secret.learn(b"")  # a renewal hands nothing; a newer master's grant, the same one
+    assert secret.shown() == b"d" * 32
+    secret.learn(b"k" * 32)  # an older master's grant hands its own
     secret.learn(b"")  # a renewal or a roll hands nothing: the secret holds
     assert secret.shown() == b"k" * 32
     secret.learn(b"n" * 32)  # the lease won again, after it was lost

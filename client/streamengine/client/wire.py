@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from collections.abc import Sequence
 
 from streamengine.client.core.replicator import (
@@ -18,6 +19,11 @@ from streamengine.client.core.writer import (
 )
 from streamengine.client.types import SegmentInfo, SegmentState, StreamInfo
 from streamengine.protocol import codec
+from streamengine.protocol.limits import (
+    LEASE_SECRET_BYTES,
+    LEASE_SECRET_BYTES_MAX,
+    LEASE_SECRET_BYTES_MIN,
+)
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
 from streamengine.protocol.producers import ProducerPosition
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
@@ -126,15 +132,16 @@ def _producer_positions(
 
 
 class LeaseSecret:
-    """The lease secret the master handed this writer with its lease. It comes only in
-    the answer to the heartbeat that won the lease, holds across the lease's rolls, and
-    goes with every later call (heartbeat, hold, release, roll): the client id alone is
-    published, and proves nothing. Shown whatever epoch the call names: a heartbeat the
-    core asked for before it learned of its grant names none, and must still renew.
-    Kept beside the grant, in the shell: the core never needs it."""
+    """This writer's lease secret: drawn by the writer, shown with its every call
+    (heartbeat, hold, release, roll) from the first heartbeat on, so that the grant it
+    wins holds it whether or not the grant's answer reaches it (docs/design.md,
+    "Leadership"). The client id alone is published, and proves nothing. An older master
+    hands a secret of its own with each grant: that one is kept from then on. Kept
+    beside the grant, in the shell: the core never needs it."""
 
-    def __init__(self) -> None:
-        self._secret = b""
+    def __init__(self, drawn: bytes | None = None) -> None:
+        self._secret = secrets.token_bytes(LEASE_SECRET_BYTES) if drawn is None else drawn
+        assert LEASE_SECRET_BYTES_MIN <= len(self._secret) <= LEASE_SECRET_BYTES_MAX
 
     def learn(self, secret: bytes) -> None:
         """Keep the secret of an answer that granted the lease (empty: nothing new)."""
@@ -142,13 +149,13 @@ class LeaseSecret:
             self._secret = secret
 
     def shown(self) -> bytes:
-        """What a call shows (empty until a grant handed one)."""
         return self._secret
 
     def answered_without_it(self, shown: bytes, leader: bool) -> bool:
         """A FOLLOWER answer to a heartbeat that showed another secret than the one held
-        now (none, sent while the answer handing it was on its way): the master could
-        not tell this writer from a follower, so the answer says nothing of its lease."""
+        now (an older master's, handed while the answer was on its way): the master
+        could not tell this writer from a follower, so the answer says nothing of its
+        lease."""
         return not leader and shown != self._secret
 
 

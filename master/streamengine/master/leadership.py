@@ -9,9 +9,9 @@ batches, one per client process and interval (`writer_heartbeats`; a lone
 batch opens are persisted in one commit (or the few the metadata's bound on a
 transaction makes), before any of it is answered. The leases a batch renews or grants are
 bound to the client's lease session when it holds one open (`open_session`): when
-that call ends, each of them ends as `holder_gone` says. The secret itself is drawn here, for
-each heartbeat that wins the lease, and leaves the master only in that answer
-(`WriterView.secret`); a roll keeps it.
+that call ends, each of them ends as `holder_gone` says. The lease secret is the one the
+winning heartbeat showed (drawn here for a client that showed none), and leaves the
+master only in the grant's answer (`WriterView.secret`); a roll keeps it.
 A section of the master's state (`master.state`).
 """
 
@@ -30,11 +30,15 @@ from streamengine.master.core.errors import (
     PermissionDenied,
     TooManyUnsealed,
 )
-from streamengine.master.core.leadership import LEASE_SECRET_BYTES, Claim, Lease, Outcome
+from streamengine.master.core.leadership import Claim, Lease, Outcome
 from streamengine.master.core.model import SegmentRecord, SegmentState, StoreView, StreamRecord
 from streamengine.master.epochs import Epochs, NewEpoch
 from streamengine.protocol.grants import Grant
-from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, UNSEALED_SEGMENTS_MAX
+from streamengine.protocol.limits import (
+    HEARTBEATS_PER_LEASE,
+    LEASE_SECRET_BYTES,
+    UNSEALED_SEGMENTS_MAX,
+)
 from streamengine.protocol.producers import ProducerPosition
 
 if TYPE_CHECKING:
@@ -200,7 +204,8 @@ class Leadership:
                 continue
             try:
                 record = self.state.usable_stream(beat.stream)
-                secret = self.draw_secret()
+                # Drawn only for a client that draws none (an older one).
+                secret = b"" if beat.claim.secret else self.draw_secret()
                 lease = decided.get(beat.stream) or self.state.leases[beat.stream]
                 decision = leadership.heartbeat(
                     lease,
@@ -224,7 +229,8 @@ class Leadership:
                     granted[beat.stream] = self.epochs.plan(
                         record, decision.lease, (), now_ms, True, views
                     )
-                    secrets_handed[number] = secret
+                if decision.secret:
+                    secrets_handed[number] = decision.secret
             except MasterError as error:
                 outcomes.append(error)
                 continue

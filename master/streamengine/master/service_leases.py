@@ -145,7 +145,10 @@ class LeaseHandlers(Handlers):
         answers = self.state.leadership.writer_heartbeats(beats, now, answer_by, session)
         for request, answer in zip(requests, answers, strict=True):
             before = befores[request.stream]
-            if isinstance(answer, WriterView) and before is not None and answer.secret:
+            if not isinstance(answer, WriterView) or before is None:
+                continue
+            # A new epoch: an answer handing the secret may be a lost grant's again.
+            if answer.leads and answer.lease.epoch > before.epoch:
                 self.calls.metrics.leases_granted.inc()
                 log.info(
                     "lease granted",

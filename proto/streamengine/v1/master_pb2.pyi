@@ -1035,9 +1035,12 @@ class WriterHeartbeatRequest(_message.Message):
     """The leader's acked index and payload bytes in its open segment (status only)."""
     segment_bytes: _builtins.int
     lease_secret: _builtins.bytes
-    """The lease secret (WriterHeartbeatReply.lease_secret of the answer that granted the
-    lease). Without it, or from another principal than the one granted, the caller is
-    a follower whatever client id it names: no renewal, no grant.
+    """The writer's lease secret: 16 to 64 random bytes (32 from our clients) it draws
+    and shows with every heartbeat, before it leads as after. The heartbeat that wins
+    the lease makes it the lease's secret; later, without it, or from another principal
+    than the one granted, the caller is a follower whatever client id it names: no
+    renewal, no grant. Empty (an older client): the master draws the secret and hands
+    it in the grant's answer, and the caller shows that one from then on.
     """
     producer: _builtins.bool
     """The caller appends with a producer id (exactly once). The first lease granted to
@@ -1114,9 +1117,11 @@ class WriterHeartbeatReply(_message.Message):
     answer for one epoch, but for segments sealed since, which it no longer lists.
     """
     lease_secret: _builtins.bytes
-    """Only in the answer to the heartbeat that won the lease: a random secret, sent by the
-    holder with every later call as the holder (heartbeat, hold, release, roll), kept
-    across its rolls. Never sent again, never shown to anyone else.
+    """Only in the grant's answer: to the heartbeat that won the lease, or again to one
+    of the holder naming epoch 0 (its grant's answer was lost). The lease's secret,
+    sent by the holder with every later call as the holder (heartbeat, hold, release,
+    roll), kept across its rolls; the caller's own when it showed one. Never shown to
+    anyone else.
     """
     stream_has_producers: _builtins.bool
     """LEADER: some lease of the stream was granted to a producer (`producer`), so its

@@ -100,6 +100,14 @@ LEASE_BATCH_ENTRIES_MAX = 2048
 # Client ids name a writer in grants and logs (a UUID-based id takes 39 characters).
 CLIENT_ID_CHARS_MAX = 128
 
+# A writer's lease secret (docs/design.md, "Leadership"): the writer draws it and shows
+# it with its every heartbeat, and the master keeps the digest of the one the winning
+# heartbeat showed. 256 random bits are never guessed; fewer than 128 are refused.
+LEASE_SECRET_BYTES = 32
+LEASE_SECRET_BYTES_MIN = 16
+LEASE_SECRET_BYTES_MAX = 64
+assert LEASE_SECRET_BYTES_MIN <= LEASE_SECRET_BYTES <= LEASE_SECRET_BYTES_MAX
+
 # Per-tenant quotas, defaults of the master's flags (0 there: no limit). Streams: far
 # more than one tenant's application needs, few enough that one tenant cannot fill the
 # master's memory and every listing with its own. Append bytes per second, per tenant

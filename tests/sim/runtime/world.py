@@ -100,6 +100,7 @@ from streamengine.client.errors import (
     Trimmed,
 )
 from streamengine.client.stream_client import SEAL_TIMEOUT_S
+from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
 from streamengine.master import service_tokens
 from streamengine.master.core import listing
@@ -162,7 +163,9 @@ from tests.sim.writer_node import ProducerOutbox
 # that nothing was lost (`lost_from_index=0`), and raises the survivors' acked index to
 # it (issue #35, defect 2);
 # `pages_by_offset`: a ListStreams page token counts the names before the next page, so
-# streams created or removed during a walk shift its pages (`read_side.pages_by_offset`).
+# streams created or removed during a walk shift its pages (`read_side.pages_by_offset`);
+# `secret_in_grant_only`: a writer shows no lease secret until a grant's answer hands it
+# one the master drew, so a grant whose answer is lost is granted again, anew.
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -174,6 +177,7 @@ RUNTIME_FLAWS = (
     "trust_any_bridge",
     "ungranted_writes",
     "pages_by_offset",
+    "secret_in_grant_only",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2479,6 +2483,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
         if "pages_by_offset" in flaws:
             stack.enter_context(mock.patch.object(listing, "list_page", pages_by_offset))
+        if "secret_in_grant_only" in flaws:
+            stack.enter_context(mock.patch.object(writer_shell, "LeaseSecret", _HandedSecret))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -2489,6 +2495,14 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
         yield
+
+
+class _HandedSecret(LeaseSecret):
+    """`LeaseSecret` as it was: nothing to show until a grant's answer hands a secret."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secret = b""
 
 
 _register_store = StoreRegistry.register_store

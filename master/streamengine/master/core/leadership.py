@@ -5,13 +5,18 @@ Theory of operation. Per stream the master keeps `Lease(epoch, holder, expires_m
 released), `expires_ms` when the holder's lease ends on the master's clock.
 
 Who is the holder. A client id names the holder but proves nothing: it is published as
-the stream's leader to every reader. A heartbeat that wins the lease comes with a fresh
-random lease secret, handed in that answer alone; the lease keeps its SHA-256 and the
-principal (token, certificate) the holder called as, across its rolls (a heartbeat sent
-just before a roll and answered after it still proves the holder). A caller is the
-holder (`Claim`) only when it names the holder's client id, shows that secret and calls
-as that principal: only then does it renew, roll, release, hold or end the lease, or get
-the epoch's grant. Anyone else, whatever client id it names, is a follower.
+the stream's leader to every reader. Each writer draws a random lease secret and shows
+it with every heartbeat, before it leads as after; the heartbeat that wins the lease
+has the lease keep that secret's SHA-256 and the principal (token, certificate) the
+holder called as, across its rolls (a heartbeat sent just before a roll and answered
+after it still proves the holder). A caller is the holder (`Claim`) only when it names
+the holder's client id, shows that secret and calls as that principal: only then does
+it renew, roll, release, hold or end the lease, or get the epoch's grant. Anyone else,
+whatever client id it names, is a follower. Since the winner drew the secret, a grant
+whose answer was lost is not lost with it: the winner's next heartbeat proves it holds
+the lease, and is answered with the grant (a stuttering master lost every grant's
+answer of 300 streams, each then granted again, before: `test_lease_churn.py`). A
+client that shows no secret until granted (an older one) is handed one the master drew.
 
 - A heartbeat from the holder renews the lease at its latest epoch, before
   `expires_ms` or after it (nobody else was granted: the secret would have changed),
@@ -80,13 +85,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from streamengine.master.core.errors import CallerGaveUp, InvalidArgument, NotLeader
-from streamengine.protocol.limits import CLIENT_ID_CHARS_MAX, EPOCH_MAX, HEARTBEATS_PER_LEASE
-
-# Bytes of the secret drawn for each lease won: 256 random bits, never guessed.
-LEASE_SECRET_BYTES = 32
-# A lease secret longer than this is malformed (the master never hands one).
-LEASE_SECRET_BYTES_MAX = 64
-assert 16 <= LEASE_SECRET_BYTES <= LEASE_SECRET_BYTES_MAX
+from streamengine.protocol.limits import (
+    CLIENT_ID_CHARS_MAX,
+    EPOCH_MAX,
+    HEARTBEATS_PER_LEASE,
+    LEASE_SECRET_BYTES,
+    LEASE_SECRET_BYTES_MAX,
+    LEASE_SECRET_BYTES_MIN,
+)
 
 
 def secret_digest(secret: bytes) -> bytes:
@@ -119,9 +125,12 @@ class Claim:
     principal: str = ""
 
     def __post_init__(self) -> None:
-        if len(self.secret) > LEASE_SECRET_BYTES_MAX:
+        if self.secret and not (
+            LEASE_SECRET_BYTES_MIN <= len(self.secret) <= LEASE_SECRET_BYTES_MAX
+        ):
             raise InvalidArgument(
-                f"lease_secret of {len(self.secret)} bytes (the master hands {LEASE_SECRET_BYTES})"
+                f"lease_secret of {len(self.secret)} bytes (from {LEASE_SECRET_BYTES_MIN} "
+                f"to {LEASE_SECRET_BYTES_MAX}; writers draw {LEASE_SECRET_BYTES})"
             )
 
 
@@ -175,6 +184,10 @@ class Outcome(enum.Enum):
 class Decision:
     outcome: Outcome
     lease: Lease
+    # The secret the lease was granted with, when the answer is the grant's (GRANTED:
+    # the caller drew it or, from a client that showed none, the master did; RENEWED
+    # for a holder naming no epoch: the grant's answer again). Empty otherwise.
+    secret: bytes = b""
 
     @property
     def leads(self) -> bool:
@@ -189,11 +202,9 @@ def recovered_lease(
     return Lease(epoch, holder, now_ms + lease_ms, secret_sha256, principal)
 
 
-def _granted(epoch: int, claim: Claim, now_ms: int, lease_ms: int, fresh_secret: bytes) -> Lease:
-    assert len(fresh_secret) == LEASE_SECRET_BYTES, "the shell draws a whole secret"
-    return Lease(
-        epoch, claim.client_id, now_ms + lease_ms, secret_digest(fresh_secret), claim.principal
-    )
+def _granted(epoch: int, claim: Claim, now_ms: int, lease_ms: int, secret: bytes) -> Lease:
+    assert LEASE_SECRET_BYTES_MIN <= len(secret) <= LEASE_SECRET_BYTES_MAX, len(secret)
+    return Lease(epoch, claim.client_id, now_ms + lease_ms, secret_digest(secret), claim.principal)
 
 
 def master_active_until(keepalive_sent_ms: int, ttl_ms: int) -> int:
@@ -219,8 +230,9 @@ def heartbeat(
     answer_by_ms: int | None = None,
     seen_epoch: int | None = None,
 ) -> Decision:
-    """A writer's heartbeat: renew, follow, or grant the next epoch (with
-    `fresh_secret`, which the shell hands to the caller only then). Raises CallerGaveUp
+    """A writer's heartbeat: renew, follow, or grant the next epoch, with the secret the
+    caller showed, or `fresh_secret` when it showed none (an older client), which the
+    shell hands to the caller only then. Raises CallerGaveUp
     at or after `answer_by_ms` (the caller's deadline; None: it waits forever).
     `seen_epoch`: the latest epoch the caller was answered with (None: not said)."""
     if answer_by_ms is not None and now_ms >= answer_by_ms:
@@ -234,11 +246,16 @@ def heartbeat(
     if caller_epoch > lease.epoch:
         raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
     if lease.proven_by(claim):
-        return Decision(Outcome.RENEWED, replace(lease, expires_ms=now_ms + lease_ms))
+        renewed = replace(lease, expires_ms=now_ms + lease_ms)
+        # The holder naming no epoch sent this before its grant's answer reached it, or
+        # that answer was lost: this one is the grant's answer again, secret and all.
+        return Decision(Outcome.RENEWED, renewed, claim.secret if caller_epoch == 0 else b"")
     if lease.running(now_ms) or lease.sent_before_grant(claim, seen_epoch):
         return Decision(Outcome.FOLLOW, lease)
-    granted = _granted(_next_epoch(lease.epoch), claim, now_ms, lease_ms, fresh_secret)
-    return Decision(Outcome.GRANTED, granted)
+    secret = claim.secret or fresh_secret
+    granted = _granted(_next_epoch(lease.epoch), claim, now_ms, lease_ms, secret)
+    assert granted.proven_by(replace(claim, secret=secret))
+    return Decision(Outcome.GRANTED, granted, secret)
 
 
 def roll(lease: Lease, claim: Claim, caller_epoch: int, now_ms: int, lease_ms: int) -> Lease:
