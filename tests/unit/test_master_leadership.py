@@ -27,12 +27,20 @@ def claim(client: str, secret: bytes | None = None, principal: str = PRINCIPAL) 
     return Claim(client, SECRETS.get(client, b"") if secret is None else secret, principal)
 
 
-def held(epoch: int, holder: str, expires_ms: int, secret: bytes | None = None) -> Lease:
-    """A lease `holder` was granted (with its own secret, unless told otherwise)."""
+def held(
+    epoch: int,
+    holder: str,
+    expires_ms: int,
+    secret: bytes | None = None,
+    granted_at: int | None = None,
+) -> Lease:
+    """A lease `holder` was granted at `granted_at` (`epoch` unless told otherwise; a
+    roll keeps it), with its own secret unless told otherwise."""
     if not holder:
         return Lease(epoch, "", expires_ms)
     shown = SECRETS[holder] if secret is None else secret
-    return Lease(epoch, holder, expires_ms, secret_digest(shown), PRINCIPAL)
+    granted_epoch = epoch if granted_at is None else granted_at
+    return Lease(epoch, holder, expires_ms, secret_digest(shown), PRINCIPAL, granted_epoch)
 
 
 def granted(epoch: int, holder: str, expires_ms: int) -> Lease:
@@ -345,7 +353,7 @@ def test_a_grant_whose_answer_was_lost_is_answered_again_not_granted_again() -> 
             claim("a"),
             3,
             10,
-            held(4, "a", 10 + LEASE),
+            held(4, "a", 10 + LEASE, granted_at=3),
         ),
         ("a follower cannot roll", held(3, "a", 900), claim("b"), 3, 10, NotLeader),
         (
@@ -363,7 +371,7 @@ def test_a_grant_whose_answer_was_lost_is_answered_again_not_granted_again() -> 
             claim("a"),
             3,
             2000,
-            held(4, "a", 2000 + LEASE),
+            held(4, "a", 2000 + LEASE, granted_at=3),
         ),
         ("a released lease cannot roll", Lease(3, "", 900), claim("a"), 3, 10, NotLeader),
     ],
@@ -446,7 +454,17 @@ def test_epochs_strictly_increase_over_any_sequence_of_grants() -> None:
 def test_a_heartbeat_sent_before_a_roll_and_answered_after_it_still_renews() -> None:
     rolled = leadership.roll(held(3, "a", 900), claim("a"), 3, 10, LEASE)
     late = leadership.heartbeat(rolled, claim("a"), 3, 20, LEASE, FRESH)
-    assert (late.outcome, late.lease) == (Outcome.RENEWED, held(4, "a", 20 + LEASE))
+    assert (late.outcome, late.lease) == (Outcome.RENEWED, held(4, "a", 20 + LEASE, granted_at=3))
+    assert late.secret == b"", "a roll's answer lost at most: not the grant's again"
+
+
+def test_a_holder_granted_again_after_another_hears_its_new_grant_again() -> None:
+    """`a` led epoch 3, `b` was granted 4, then `a` won 5 after `b`'s lease ran out,
+    and that answer was lost: `a` still names 3, before the grant it won, so its next
+    heartbeat is answered as that grant (the secret says so), not as a roll of its own
+    (which would have it go on with epoch 3's appends in a new segment)."""
+    again = leadership.heartbeat(held(5, "a", 900), claim("a"), 3, 1000, LEASE, FRESH)
+    assert (again.outcome, again.lease.epoch, again.secret) == (Outcome.RENEWED, 5, SECRETS["a"])
 
 
 @pytest.mark.parametrize(

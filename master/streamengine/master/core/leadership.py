@@ -143,6 +143,14 @@ class Lease:
     # together with `holder` they prove a caller holds the lease. Empty: nobody can.
     secret_sha256: bytes = b""
     principal: str = ""
+    # The epoch the holder won the lease at (its rolls keep it; 0: not known, as after a
+    # master restart, taken as `epoch`). A holder naming an earlier epoch never heard
+    # of this grant: the grant's answer goes to it again.
+    granted_epoch: int = 0
+
+    def unheard_grant(self, caller_epoch: int) -> bool:
+        """The holder naming `caller_epoch` did not hear of its grant."""
+        return caller_epoch < (self.granted_epoch or self.epoch)
 
     def proven_by(self, claim: Claim) -> bool:
         """The caller is the holder: its client id, its secret and its principal."""
@@ -204,7 +212,9 @@ def recovered_lease(
 
 def _granted(epoch: int, claim: Claim, now_ms: int, lease_ms: int, secret: bytes) -> Lease:
     assert LEASE_SECRET_BYTES_MIN <= len(secret) <= LEASE_SECRET_BYTES_MAX, len(secret)
-    return Lease(epoch, claim.client_id, now_ms + lease_ms, secret_digest(secret), claim.principal)
+    return Lease(
+        epoch, claim.client_id, now_ms + lease_ms, secret_digest(secret), claim.principal, epoch
+    )
 
 
 def master_active_until(keepalive_sent_ms: int, ttl_ms: int) -> int:
@@ -247,9 +257,11 @@ def heartbeat(
         raise InvalidArgument(f"epoch {caller_epoch} was never granted (latest {lease.epoch})")
     if lease.proven_by(claim):
         renewed = replace(lease, expires_ms=now_ms + lease_ms)
-        # The holder naming no epoch sent this before its grant's answer reached it, or
-        # that answer was lost: this one is the grant's answer again, secret and all.
-        return Decision(Outcome.RENEWED, renewed, claim.secret if caller_epoch == 0 else b"")
+        # The holder naming an epoch before its grant sent this before the grant's answer
+        # reached it, or that answer was lost: this one is the grant's answer again,
+        # secret and all. One naming an epoch since missed a roll's answer at most.
+        secret = claim.secret if lease.unheard_grant(caller_epoch) else b""
+        return Decision(Outcome.RENEWED, renewed, secret)
     if lease.running(now_ms) or lease.sent_before_grant(claim, seen_epoch):
         return Decision(Outcome.FOLLOW, lease)
     secret = claim.secret or fresh_secret
@@ -335,7 +347,12 @@ def session_renewed(
         else:
             # Built whole rather than by `replace`: thousands at a time.
             renewed[name] = Lease(
-                lease.epoch, lease.holder, now_ms + lease_ms, lease.secret_sha256, lease.principal
+                lease.epoch,
+                lease.holder,
+                now_ms + lease_ms,
+                lease.secret_sha256,
+                lease.principal,
+                lease.granted_epoch,
             )
     return renewed, ended
 
