@@ -427,6 +427,9 @@ def test_a_lease_bound_to_the_session_renews_with_it_and_heartbeats_rarely() -> 
     assert leader.lease_until_ms == LEASE_MS, "sent before the answer that bound it"
     session.renewal_sent_at_ms, session.renewed_until_ms = 300, 300 + LEASE_MS
     assert leader.lease_until_ms == 300 + LEASE_MS
+    assert leader.statistics().master_answered_ms == 10, "its own answer, till one comes"
+    session.renewal_answered_at_ms = 304
+    assert leader.statistics().master_answered_ms == 304, "the session's renewal answered"
     assert of_type(step(leader, LEASE_MS // 3, Tick()), SendHeartbeat), "due as it was bound"
     assert leader.deadline_ms(LEASE_MS // 3) == LEASE_MS // 3 + SESSION_BOUND_HEARTBEAT_MS
     assert step(leader, 5 * LEASE_MS, Tick()) == [], "no heartbeat of its own meanwhile"

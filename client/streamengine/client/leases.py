@@ -338,6 +338,7 @@ class LeaseSession:
         if incarnation:
             self.lease.renewal_sent_at_ms = sent_at_ms
             self.lease.renewed_until_ms = sent_at_ms + renewal.lease_ms
+            self.lease.renewal_answered_at_ms = monotonic_ms()
         for stream in renewal.ended:
             entry = self._bound.pop(stream, None)
             if entry is not None:

@@ -290,12 +290,14 @@ class SessionLease:
     """The client process's lease session as its bound writers see it: one per client,
     written by the session's shell (`client.leases`) as each renewal is answered, read
     by every bound writer's core for its lease (`Leader.lease_until_ms`). A renewal of
-    `incarnation` sent at `renewal_sent_at_ms` renewed every lease bound under it, but
-    those it then told unbound (`SessionUnbound`), until `renewed_until_ms`."""
+    `incarnation` sent at `renewal_sent_at_ms` and answered at `renewal_answered_at_ms`
+    renewed every lease bound under it, but those it then told unbound
+    (`SessionUnbound`), until `renewed_until_ms`."""
 
     incarnation: bytes = b""
     renewal_sent_at_ms: int = 0
     renewed_until_ms: int = 0
+    renewal_answered_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -758,6 +760,13 @@ class Leader:
         """When this writer's lease ends by its own count (leading only): from the send
         time of its latest renewal, its own heartbeat's or, while bound, its session's
         (sent after the answer that bound it, under the same incarnation)."""
+        session = self._renewing_session()
+        if session is not None:
+            return max(self._lease_until_ms, session.renewed_until_ms)
+        return self._lease_until_ms
+
+    def _renewing_session(self) -> SessionLease | None:
+        """The client's session, when its latest renewal renewed this writer's lease."""
         session = self._session
         if (
             session is not None
@@ -765,8 +774,8 @@ class Leader:
             and session.incarnation == self._bound_incarnation
             and session.renewal_sent_at_ms >= self._bound_at_ms
         ):
-            return max(self._lease_until_ms, session.renewed_until_ms)
-        return self._lease_until_ms
+            return session
+        return None
 
     @property
     def session_incarnation(self) -> bytes:
@@ -814,12 +823,20 @@ class Leader:
                     deadlines.append(replicating)
         return min(deadlines) if deadlines else None
 
+    def _master_answered(self) -> int:
+        """When the master last answered for this writer's lease: its own heartbeat's
+        answer, or, while bound, its session's renewal."""
+        session = self._renewing_session()
+        if session is None:
+            return self._master_answered_ms
+        return max(self._master_answered_ms, session.renewal_answered_at_ms)
+
     def statistics(self) -> LeaderStatistics:
         return LeaderStatistics(
             role=self.role,
             epoch=self.epoch,
             lease_until_ms=self.lease_until_ms,
-            master_answered_ms=self._master_answered_ms,
+            master_answered_ms=self._master_answered(),
             leader_id=self._leader_id,
             unsealed_epochs=tuple(sorted(self._unsealed)),
             roll_requested=self._roll_requested,
