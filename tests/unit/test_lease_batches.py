@@ -199,3 +199,17 @@ def test_a_grant_whose_answer_was_lost_is_not_kept_alive_by_the_session(master: 
         [Beat("t/s0", Claim("w1"), 0)], master.now, session=session
     )
     assert isinstance(again, WriterView) and again.leads and again.lease.epoch == 2
+
+
+def test_a_writers_second_heartbeat_in_a_batch_is_answered_as_its_grant_not_granted(
+    master: Master,
+) -> None:
+    """Two heartbeats of one writer, both sent before it heard of any grant: the first
+    wins the lease with the secret the writer drew, the second hears of that grant
+    again (its secret handed once more), and only the first counts as a grant."""
+    beats = [Beat("t/s0", writer("w1"), 0), Beat("t/s0", writer("w1"), 0)]
+    won, again = master.state.leadership.writer_heartbeats(beats, master.now)
+    assert isinstance(won, WriterView) and isinstance(again, WriterView)
+    assert (won.won, won.lease.epoch, won.secret) == (True, 1, writer("w1").secret)
+    assert (again.won, again.lease.epoch, again.secret) == (False, 1, writer("w1").secret)
+    assert again.leads and again.segment == won.segment

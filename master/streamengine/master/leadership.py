@@ -141,9 +141,12 @@ class WriterView:
     segment: SegmentRecord | None
     unsealed: tuple[SegmentRecord, ...]
     roll_reason: str
-    # The lease secret, when this very answer is the heartbeat that won the lease; empty
-    # on a renewal, a roll or to a follower. Handed to the caller, kept nowhere.
+    # The lease secret, when this answer is the grant's (to the heartbeat that won the
+    # lease, or again to its holder that did not hear of it); empty on a renewal, a
+    # roll or to a follower. Handed to the caller, kept nowhere.
     secret: bytes = field(default=b"", repr=False)
+    # This very answer's heartbeat won the lease, at a new epoch.
+    won: bool = False
     # When the grant of a LEADER answer expires (`core.authority.grant_expiry`).
     grant_expires_at_ms: int = 0
     # The incarnation of the lease session the lease is bound to (empty: none).
@@ -266,6 +269,7 @@ class Leadership:
                 replace(
                     view,
                     secret=secrets_handed.get(number, b""),
+                    won=decision.outcome is Outcome.GRANTED,
                     session_incarnation=incarnation,
                 )
             )

@@ -141,14 +141,9 @@ class LeaseHandlers(Handlers):
             )
         remaining_s = context.time_remaining()
         answer_by = None if remaining_s is None else now + int(remaining_s * 1000)
-        befores = {r.stream: self.state.leases.get(r.stream) for r in requests}
         answers = self.state.leadership.writer_heartbeats(beats, now, answer_by, session)
         for request, answer in zip(requests, answers, strict=True):
-            before = befores[request.stream]
-            if not isinstance(answer, WriterView) or before is None:
-                continue
-            # A new epoch: an answer handing the secret may be a lost grant's again.
-            if answer.leads and answer.lease.epoch > before.epoch:
+            if isinstance(answer, WriterView) and answer.won:
                 self.calls.metrics.leases_granted.inc()
                 log.info(
                     "lease granted",
