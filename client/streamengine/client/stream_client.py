@@ -437,6 +437,9 @@ class StreamClient:
             return
         async with self.writer(name, rolling=False, accept_loss=accept_loss) as writer:
             await writer.wait_sealed(max(0.0, deadline - time.monotonic()))
+            # Leaving the block would cut the bridging of the replicas past the W the
+            # seal needed: a `verify` right after found one short of its bridge.
+            await writer.wait_bridged(max(0.0, deadline - time.monotonic()))
 
     async def _seal_accepting_loss(self, name: str, timeout_s: float) -> int:
         info = await self.describe_stream(name)

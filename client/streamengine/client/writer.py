@@ -1032,6 +1032,15 @@ class Writer:
                 await self._sealed_changed.wait()
                 self._check_leading()
 
+    async def wait_bridged(self, timeout_s: float) -> None:
+        """After `wait_sealed`: wait, at most `timeout_s`, for the recoveries to bridge
+        every live replica they still owe it (`SegmentSealer.finish`, bounded by
+        `RecoveryTiming.late_stores_ms`). The seal needs W of them; an operator's seal
+        waits for the rest, so that a `verify` after it finds each at its bridge."""
+        recoveries = list(self._recoveries)
+        if recoveries:
+            await asyncio.wait(recoveries, timeout=timeout_s)
+
     def _release(self, action: ReleaseLease) -> None:
         """Give the lease of `action.epoch` back, through the session: closing many
         writers one after the other waits for none of their releases."""
