@@ -443,6 +443,23 @@ def test_a_lease_bound_to_the_session_renews_with_it_and_heartbeats_rarely() -> 
     assert leader.role is Role.LEADING
 
 
+def test_an_answer_binding_under_an_incarnation_the_session_left_binds_to_nothing() -> None:
+    """The session's call was opened again (incarnation "two", renewals answered under
+    it) before an answer decided under "one" arrived: that answer binds the writer to a
+    session no renewal renews. It heartbeats on its own, every third of the lease, until
+    an answer binds it under "two"; before, it waited two minutes with its lease run out,
+    deaf to the rolls asked of it."""
+    session = SessionLease(b"two", 0, LEASE_MS)
+    leader = Leader(0, session=session)
+    step(leader, 0, Tick())
+    step(leader, 10, leader_answer(0, session_incarnation=b"one"))
+    assert leader.heartbeat_interval_ms == LEASE_MS // 3
+    sent = of_type(step(leader, LEASE_MS // 3, Tick()), SendHeartbeat)
+    assert sent, "its next heartbeat, not two minutes off"
+    step(leader, LEASE_MS // 3 + 5, leader_answer(LEASE_MS // 3, session_incarnation=b"two"))
+    assert leader.heartbeat_interval_ms == SESSION_BOUND_HEARTBEAT_MS
+
+
 def test_a_writer_without_a_session_is_never_bound() -> None:
     leader = Leader(0)
     step(leader, 0, Tick())

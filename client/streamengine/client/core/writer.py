@@ -787,9 +787,25 @@ class Leader:
         every = max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
         if self.role is Role.FOLLOWING:
             return min(every, FOLLOWER_HEARTBEAT_MS_MAX)
-        if self._bound_incarnation:
+        if self._bound_under_current_session():
             return max(every, SESSION_BOUND_HEARTBEAT_MS)
         return every
+
+    def _bound_under_current_session(self) -> bool:
+        """Bound, and under the incarnation the session's renewals renew (or before any
+        renewal was answered). An answer that bound this writer under an incarnation
+        the session has left (decided before the session's call was opened again,
+        answered after the renewal that told the rest to leave it) binds it to nothing:
+        it heartbeats on its own then, as an unbound writer does, until an answer binds
+        it under the current one. Renewed by nothing and heartbeating every two minutes,
+        it had its lease run out on both sides, and neither rolled nor heard of a roll
+        for two minutes."""
+        session = self._session
+        return bool(self._bound_incarnation) and (
+            session is None
+            or not session.incarnation
+            or session.incarnation == self._bound_incarnation
+        )
 
     def deadline_ms(self, now_ms: int) -> int | None:
         if self.role is Role.FINISHED:
