@@ -16,9 +16,10 @@ each second). Printed per round: the seconds from the first request until every 
 appended again, the p50 / p99 of that per stream, the longest any one append waited,
 and the appends answered without an ack (in doubt, failed, timed out).
 
-A second round measures more than the rolls: a writer that rolled heard the next
-request only with its own heartbeat (every `SESSION_BOUND_HEARTBEAT_MS`) in runs of
-2026-11-28, not with its session's next renewal; compare first rounds.
+Later rounds measure the same thing again: they stalled on earlier trees (a writer
+that rolled heard the next request only with its own heartbeat, every
+`SESSION_BOUND_HEARTBEAT_MS`) and no longer do on a machine that is not starved
+(docs/performance.md, "Rolling many streams at once").
 
 Every phase is bounded in time (`--phase-timeout-s`). A figure measured on a machine
 shared with other work is inflated: say so with it.
