@@ -257,10 +257,15 @@ ROWS: list[Row] = [
     Row("heartbeat with an epoch never granted", "master", "WriterHeartbeat",
         lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
                                               epoch=FUZZ_EPOCH), Code.INVALID_ARGUMENT),
-    Row("heartbeat with a lease secret longer than any the master hands", "master",
+    Row("heartbeat with a lease secret longer than any the master keeps", "master",
         "WriterHeartbeat",
         lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
                                               lease_secret=b"x" * 65), Code.INVALID_ARGUMENT),
+    # A writer draws its own secret: one too short to stay unguessed wins nothing.
+    Row("heartbeat with a lease secret too short to be unguessed", "master",
+        "WriterHeartbeat",
+        lambda live: m.WriterHeartbeatRequest(stream=live.open.stream, client_id="bad",
+                                              lease_secret=b"x" * 8), Code.INVALID_ARGUMENT),
     # Only the holder of an epoch acts under it, proved by the master's grant of it (or
     # a cluster admin, who is then refused the stale epoch itself).
     Row("roll by a stale leader, without its grant", "master", "RollSegment",
