@@ -374,6 +374,16 @@ async def test_clients_stores_and_tools_given_a_standby_first_reach_the_active_m
             async with client.writer("ha/listed") as writer:
                 await writer.append(b"through the standby's hint")
             assert (await client.describe_stream("ha/listed")).epoch == 1
+        # A standby refuses every call with UNAVAILABLE, whatever the reply it would
+        # build (SealSegment raised AssertionError there, in a fault run's failover).
+        async with grpc.aio.insecure_channel(standby) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)
+            seal = stub.SealSegment(master_pb2.SealSegmentRequest(stream="ha/listed"), timeout=5)
+            listing = stub.ListSegments(master_pb2.ListSegmentsRequest(stream="ha/listed"))
+            for call in (seal, listing):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
         bad = run_cli("status", "--master", "nowhere")
         assert bad.returncode == 1 and "HOST:PORT" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -61,7 +61,10 @@ class SegmentHandlers(Handlers):
                 raise answer
             return answer
 
-        return replies.segment_pb(self.state, await self.calls.call(context, "SealSegment", seal))
+        # Awaited before the reply is built: at a standby, `self.state` is none, and the
+        # call is what refuses it (an argument evaluated first raised AssertionError).
+        sealed = await self.calls.call(context, "SealSegment", seal)
+        return replies.segment_pb(self.state, sealed)
 
     async def SealSegments(
         self, request: master_pb2.SealSegmentsRequest, context: Context
