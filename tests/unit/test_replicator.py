@@ -307,6 +307,31 @@ def test_flush_broadcasts_the_acked_index_without_waiting() -> None:
     assert r.flushed()
 
 
+def test_a_flush_waits_for_a_store_still_opening_its_first_stream_not_a_lost_one() -> None:
+    """A writer closing right after its first append, while one store is still slow to
+    accept its connection, waits for it (within the flush's deadline): that store would
+    otherwise miss the segment until a repair. A store whose stream was lost does not
+    hold a flush up."""
+    r = Replicator(SEGMENT, 3, W2, STORES, None)
+    r.step(0, StoreConnected("s1"))
+    r.step(0, StoreConnected("s2"))
+    for send in sends(r.step(1, Append((b"x",)))):
+        r.step(2, accept(send, matched=1, store_acked=1))
+    assert r.acked_index == 1
+    assert not r.flushed()  # s3 is opening its stream
+    opened = sends(r.step(3, StoreConnected("s3")))
+    assert [s.store for s in opened] == ["s3"]
+    for send in opened:
+        r.step(4, accept(send, matched=1, store_acked=1))
+    assert r.flushed()
+    r.step(5, StoreDisconnected("s3"))
+    for send in sends(r.step(5, Append((b"y",)))):
+        r.step(6, accept(send, matched=2))
+    for send in sends(r.step(7, Flush())):
+        r.step(8, accept(send, matched=2, store_acked=2))
+    assert r.acked_index == 2 and r.flushed()
+
+
 def test_nothing_is_acked_while_the_gate_is_closed() -> None:
     r = make(acking=False)
     out = sends(r.step(0, Append((b"x", b"y"))))

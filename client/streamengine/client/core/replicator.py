@@ -350,6 +350,8 @@ class _InFlight:
 @dataclass(slots=True)
 class _Store:
     connected: bool = False
+    # Its stream failed or was refused at least once: a flush no longer waits for it.
+    lost: bool = False
     detached: bool = False
     matched: int = 0
     store_acked: int = 0  # what the store last said its acked index is
@@ -490,11 +492,14 @@ class Replicator:
         return unacked == 0 or unacked + nbytes <= self.limits.unacked_bytes_max
 
     def flushed(self) -> bool:
-        """Does every connected store hold everything and know the acked index?"""
+        """Does every store hold everything and know the acked index, but those whose
+        stream was lost? One still opening its first stream counts: a writer closing
+        right after its first appends, while a busy store accepts its connection, would
+        otherwise leave that store without the segment until a repair."""
         return all(
             store.matched >= self._last and store.store_acked >= self._acked
             for store in self._stores.values()
-            if store.connected and not store.detached
+            if not store.detached and (store.connected or not store.lost)
         )
 
     def deadline_ms(self, now_ms: int) -> int | None:
@@ -576,6 +581,7 @@ class Replicator:
         elif isinstance(event, StoreDisconnected):
             store = self._stores[event.store]
             store.connected = False
+            store.lost = True
             store.in_flight.clear()
         elif isinstance(event, AllowAcking):
             self._acking = True
