@@ -288,6 +288,17 @@ def test_seed_1151_a_producer_recovery_reads_final_copies_from_another_store() -
     assert result.config.producers and result.config.wipes and result.ok, _failure(result)
 
 
+def test_seed_67_a_copy_set_a_rebuild_left_short_of_n_is_recovered() -> None:
+    """N=3 W=2, the master's metadata lost and rebuilt from the stores: a segment's copy
+    set came back as two stores, the third silent through the rebuild's wait. The next
+    leader's recovery refused a copy set shorter than N (`ValueError`), which ended its
+    process's client and every stream it led. It now recovers from the members it has
+    (R of them decide, W hold the bridge), the absent one counted as one that never
+    answers."""
+    result = run_seed(67)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+
+
 def test_seed_1127_the_liveness_phase_waits_only_for_a_stop_under_way() -> None:
     """One master on etcd: as the liveness phase began, a timeout of the master's
     election loop had just cancelled its task, which handles that and serves on. The

@@ -286,7 +286,9 @@ def test_duplicated_and_reordered_delivery_ends_the_same() -> None:
 
 def test_refuses_a_copy_set_that_does_not_fit_the_policy() -> None:
     with pytest.raises(ValueError):
-        SegmentRecovery(N3W2, 1, 2, ["A", "B"])
+        SegmentRecovery(N3W2, 1, 2, [])
+    with pytest.raises(ValueError):
+        SegmentRecovery(N3W2, 1, 2, ["A", "B", "C", "D"])
     with pytest.raises(ValueError):
         SegmentRecovery(N3W2, 1, 2, ["A", "A", "B"])
     with pytest.raises(ValueError):
@@ -295,6 +297,40 @@ def test_refuses_a_copy_set_that_does_not_fit_the_policy() -> None:
     op.start(0)
     with pytest.raises(ValueError):
         op.step(0, sealed("Z"))
+
+
+def test_a_copy_set_a_rebuild_left_short_decides_from_r_and_bridges_w_of_its_members() -> None:
+    """A rebuilt master's copy set of two for N=3 (the third member reported nothing in
+    time): the absent member never answers, the two decide (R = 2) and hold the bridge
+    (W = 2)."""
+    op = SegmentRecovery(N3W2, 1, 3, ["A", "B"])
+    assert op.start(0) == [SendSeal("A", 3), SendSeal("B", 3)]
+    op.step(0, sealed("A", 1, 2, 2))
+    op.step(0, sealed("B", 2, 2, 2))
+    op.step(0, ReadAnswered("A", 1, 0, entries("e1@1 e2@1"), 3))
+    out = op.step(0, ReadAnswered("B", 1, 0, entries("e1@1 e2@1"), 3))
+    assert op.plan is not None and op.final_index == 3
+    assert sorted(w.store for w in writes(out)) == ["A", "B"]
+    raises = [a for write in writes(out) for a in op.step(10, held(write))]
+    assert raises == [SendAcked("A", 3), SendAcked("B", 3)]
+    assert op.step(20, WriteAnswered("A", 0, 0, (), 3)) == []
+    seal = op.step(20, WriteAnswered("B", 0, 0, (), 3))
+    assert [a.final_index for a in seal if isinstance(a, SealAtMaster)] == [3]
+    assert op.step(30, MasterSealed(3)) == [Done(3)]
+
+
+def test_a_copy_set_shorter_than_r_never_decides_without_accepting_loss() -> None:
+    """One member of N=3 W=2 (R = 2) left by a rebuild: what the absent two held may
+    be acked past what it holds, so it decides nothing, however long it waits."""
+    op = SegmentRecovery(N3W2, 1, 3, ["A"])
+    out = op.start(0)
+    out += op.step(10, sealed("A", 2, 2, 2))
+    out += op.step(20, ReadAnswered("A", 1, 0, entries("e1@1 e2@1"), 3))
+    now = 0
+    while now < 3 * LOST:
+        now = op.deadline_ms() or now + RETRANSMIT
+        out += op.step(now, Tick())
+    assert op.plan is None and not writes(out)
 
 
 def test_a_window_of_batches_in_flight_per_store() -> None:

@@ -407,7 +407,12 @@ class SegmentRecovery:
             raise ValueError(
                 f"batch_entries_max {batch_entries_max} not in 1..{WRITE_BATCH_ENTRIES_MAX}"
             )
-        if len(copy_set) != policy.replicas or len(set(copy_set)) != len(copy_set):
+        # A copy set shorter than N is one a master rebuilt from the stores, whose
+        # missing members reported nothing in time (`master.core.rebuild`). They count
+        # as members that never answer: R answers of the others still meet every W
+        # that acked, and the seal still needs W of them. Counted as answered, or
+        # replaced by a store that holds nothing, they could hide acked events.
+        if not 1 <= len(copy_set) <= policy.replicas or len(set(copy_set)) != len(copy_set):
             raise ValueError(f"copy set {list(copy_set)} does not match {policy}")
         if leader_epoch <= segment_epoch:
             raise ValueError(f"leader epoch {leader_epoch} must be above {segment_epoch}")
