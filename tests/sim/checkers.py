@@ -101,6 +101,7 @@ INVARIANTS = {
     14: "a store never stands for a replica it lost",
     15: "a producer event answered as written is in the stream, and never twice",
     16: "what the master shows of its streams is what it holds, to each caller its own",
+    17: "a leader hears of a roll its master owes it while its session is renewed",
     0: "the cluster converges once faults stop (liveness)",
 }
 

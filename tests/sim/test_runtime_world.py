@@ -120,8 +120,14 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5206
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
+# A renewal of a lease session named a stream owed a roll once (when what roll reasons
+# rest on changed); with that renewal's answer lost, its leader never heard of it, and
+# its own heartbeat was two minutes off: seed 73 found it (N=3 W=3 on three stores,
+# store0 dead, loss 8 %: c1's leader of t0/s0 deaf for good).
+ROLL_UNHEARD = 73
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG_FOUND, 7),
+    ("attention_named_once", ROLL_UNHEARD, 17),
     # A follower reads an append its writer, stepping down, said had failed.
     ("fail_in_doubt", 2, 1),
     # Appends pending as their writer steps down are never answered.

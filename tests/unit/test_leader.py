@@ -460,6 +460,22 @@ def test_an_answer_binding_under_an_incarnation_the_session_left_binds_to_nothin
     assert leader.heartbeat_interval_ms == SESSION_BOUND_HEARTBEAT_MS
 
 
+def test_a_bound_writers_heartbeat_that_failed_goes_again_a_third_of_a_lease_later() -> None:
+    """Its session asked for it (a roll to hear of) and it failed: the next goes a
+    third of a lease later, not two minutes (the master names the stream no more once
+    it decided that heartbeat, whose answer was lost)."""
+    session = SessionLease(b"one", 0, LEASE_MS)
+    leader = Leader(0, session=session)
+    step(leader, 0, Tick())
+    step(leader, 10, leader_answer(0, session_incarnation=b"one"))
+    assert leader.heartbeat_interval_ms == SESSION_BOUND_HEARTBEAT_MS
+    assert of_type(step(leader, 100, SessionAttention()), SendHeartbeat)
+    assert step(leader, 100 + LEASE_MS, HeartbeatFailed(100, "DEADLINE_EXCEEDED")) == []
+    assert leader.deadline_ms(100 + LEASE_MS) == 100 + LEASE_MS + LEASE_MS // 3
+    assert of_type(step(leader, 100 + LEASE_MS + LEASE_MS // 3, Tick()), SendHeartbeat)
+    assert leader.role is Role.LEADING
+
+
 def test_a_writer_without_a_session_is_never_bound() -> None:
     leader = Leader(0)
     step(leader, 0, Tick())

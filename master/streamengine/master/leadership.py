@@ -118,6 +118,11 @@ class LeaseSession:
     # What the master's roll reasons rested on at the session's last renewal
     # (`Leadership.roll_signature`): while it stays, no leader has a new one to hear.
     roll_signature: object = None
+    # The streams a renewal named in its `attention` whose holder has not heartbeated
+    # since: every renewal names them again. Named once, a stream whose renewal's
+    # answer was lost was never named again (nothing changed the signature), and its
+    # leader heard of its roll with its own heartbeat, two minutes later.
+    unheard: set[str] = field(default_factory=set)
     # No bound lease's grant is due for renewal before this (`Leadership._grants_due`).
     grants_due_at_ms: int = 0
 
@@ -258,6 +263,7 @@ class Leadership:
             view = self._writer_view(record, decision.leads, lease, now_ms, views)
             if decision.leads and bound is not None and bound.principal == beat.claim.principal:
                 bound.leases[beat.stream] = lease
+                bound.unheard.discard(beat.stream)  # its answer says what the renewal did
                 if decision.outcome is Outcome.RENEWED:
                     bound.renewing[beat.stream] = lease
                     incarnation = bound.incarnation
@@ -326,13 +332,14 @@ class Leadership:
         grants_due = self._grants_due(held, now_ms)
         views = self.state.store_views(now_ms)
         signature = self.roll_signature(views)
-        attention = set(grants_due)
+        attention = set(grants_due) | (held.unheard & held.renewing.keys())
         if signature != held.roll_signature:
             held.roll_signature = signature
             for name, lease in held.renewing.items():
                 record = self.state.streams.get(name)
                 if record is not None and self._roll_reason(record, lease, views):
                     attention.add(name)
+        held.unheard = attention
         return SessionRenewal(held.incarnation, tuple(ended), tuple(sorted(attention)))
 
     def _grants_due(self, held: LeaseSession, now_ms: int) -> list[str]:
@@ -508,6 +515,20 @@ class Leadership:
         return WriterView(
             record, True, lease, segment, unsealed, reason, grant_expires_at_ms=expires_at_ms
         )
+
+    def owed_rolls(self, now_ms: int) -> dict[str, tuple[int, str]]:
+        """Each stream whose running lease's leader should roll its open segment: that
+        epoch, and why."""
+        views = self.state.store_views(now_ms)
+        owed = {}
+        for name, lease in self.state.leases.items():
+            record = self.state.streams.get(name)
+            if record is None or not lease.holder or not lease.running(now_ms):
+                continue
+            reason = self._roll_reason(record, lease, views)
+            if reason:
+                owed[name] = (lease.epoch, reason)
+        return owed
 
     def _roll_reason(self, record: StreamRecord, lease: Lease, views: dict[str, StoreView]) -> str:
         """Why the leader of `lease` should roll its open segment, or ""."""

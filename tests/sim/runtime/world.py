@@ -106,10 +106,11 @@ from streamengine.master import service_tokens
 from streamengine.master.core import listing
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
+from streamengine.master.leadership import Leadership, SessionRenewal
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
 from streamengine.protocol import codec, framed
-from streamengine.protocol.clock import wall_ms
+from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import (
     VALUE_HEADER_BYTES,
     CorruptEntry,
@@ -165,7 +166,9 @@ from tests.sim.writer_node import ProducerOutbox
 # `pages_by_offset`: a ListStreams page token counts the names before the next page, so
 # streams created or removed during a walk shift its pages (`read_side.pages_by_offset`);
 # `secret_in_grant_only`: a writer shows no lease secret until a grant's answer hands it
-# one the master drew, so a grant whose answer is lost is granted again, anew.
+# one the master drew, so a grant whose answer is lost is granted again, anew;
+# `attention_named_once`: a session's renewal names a stream owed a roll once, and a
+# renewal's answer lost leaves its leader deaf to the roll (`World._rolls_heard`).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -178,6 +181,7 @@ RUNTIME_FLAWS = (
     "ungranted_writes",
     "pages_by_offset",
     "secret_in_grant_only",
+    "attention_named_once",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -195,6 +199,10 @@ WATCH_EVERY_MS = 50
 # An append ends within the writer's append timeout; the writer's clock task wakes at the
 # deadline exactly, this leaves a few ticks for the answer to reach its caller.
 APPEND_END_SLACK_MS = 20
+# A bound leader owed a roll has asked its master once its session's renewals were
+# answered this many leases after the roll was owed (`World._rolls_heard`): a renewal
+# goes each third of a lease, a heartbeat's answer lost is known a lease later.
+ROLL_HEARD_LEASES = 3
 # A writer that lost leadership (or never got it) asks again after this long.
 LEAD_AGAIN_MS = 100
 # A follower whose subscription failed subscribes again after this long.
@@ -765,6 +773,10 @@ class World:
         # Streams the operator creates once the metadata was rebuilt (their ids must be
         # new).
         self.created_after_rebuild: list[str] = []
+        # Rolls the active master owes a leader, (stream, epoch): when first seen (the
+        # writers' clock), and the state they were seen in (`_rolls_heard`).
+        self._owed_rolls_since: dict[tuple[str, int], int] = {}
+        self._owed_rolls_of: MasterState | None = None
         for name, store in self.stores.items():
             store.join_observers.append(functools.partial(self._store_joined, name))
 
@@ -2005,6 +2017,7 @@ class World:
             await asyncio.sleep(WATCH_EVERY_MS / 1000)
             now = self.now_ms
             self.check(self.masters.look)
+            self.check(self._rolls_heard)
             for checker in self.checkers.values():
                 for writer_id in sorted(checker.open_appends):
                     if writer_id.partition("/")[0] in self.crashed:
@@ -2017,6 +2030,49 @@ class World:
                 self._audit_all()
                 if self.rotten:
                     self._follow_repairs()
+
+    def _rolls_heard(self) -> None:
+        """A leader bound to its process's lease session hears of a roll its master
+        owes it (a store of its copy set dead, drained or wiped, an operator's ask):
+        once the session's renewals were answered `ROLL_HEARD_LEASES` leases (and a
+        slow message) past the first time the master had the roll, the leader has sent
+        its own heartbeat since (whose answer says why it should roll), or heard of
+        the roll otherwise. A renewal names such a stream (its `attention`) for the
+        leader to ask."""
+        state = self.masters.state
+        if state is None or state is not self._owed_rolls_of:
+            self._owed_rolls_of = state
+            self._owed_rolls_since.clear()
+            return
+        now_ms = monotonic_ms()
+        owed = state.leadership.owed_rolls(wall_ms())
+        for key in [k for k in self._owed_rolls_since if owed.get(k[0], (0,))[0] != k[1]]:
+            del self._owed_rolls_since[key]
+        bound_ms = ROLL_HEARD_LEASES * self.config.lease_ms + self.config.faults.slow_delay_ms_max
+        for stream, (epoch, reason) in sorted(owed.items()):
+            since_ms = self._owed_rolls_since.setdefault((stream, epoch), now_ms)
+            lease = state.leases[stream]
+            writer = self.writers.get(lease.holder)
+            if writer is None or lease.holder.partition("/")[0] in self.crashed:
+                continue
+            core = writer._core
+            session = core._renewing_session()
+            if (
+                session is None
+                or core.role is not writer_core.Role.LEADING
+                or core.epoch != epoch
+                or core.heartbeat_sent_ms >= since_ms
+                or core._roll_requested
+                or core._rolling
+                or session.renewal_answered_at_ms - since_ms <= bound_ms
+            ):
+                continue
+            raise Violation(
+                17,
+                f"{lease.holder} leads epoch {epoch} of {stream}, owed a roll ({reason}) "
+                f"for {now_ms - since_ms} ms; its session's renewals were answered until "
+                f"{now_ms - session.renewal_answered_at_ms} ms ago, and it never asked",
+            )
 
     def _describe(self, writer_id: str) -> None:
         writer = self.writers.get(writer_id)
@@ -2483,6 +2539,10 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
         if "pages_by_offset" in flaws:
             stack.enter_context(mock.patch.object(listing, "list_page", pages_by_offset))
+        if "attention_named_once" in flaws:
+            stack.enter_context(
+                mock.patch.object(Leadership, "renew_session", _naming_attention_once)
+            )
         if "secret_in_grant_only" in flaws:
             stack.enter_context(mock.patch.object(writer_shell, "LeaseSecret", _HandedSecret))
         if "trust_any_bridge" in flaws:
@@ -2495,6 +2555,19 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
         yield
+
+
+_renew_session = Leadership.renew_session
+
+
+def _naming_attention_once(
+    leadership: Leadership, session: bytes, principal: str, now_ms: int
+) -> SessionRenewal:
+    """`Leadership.renew_session` as it was: a stream named once, heard or not."""
+    held = leadership.sessions.get(session)
+    if held is not None:
+        held.unheard = set()
+    return _renew_session(leadership, session, principal, now_ms)
 
 
 class _HandedSecret(LeaseSecret):

@@ -710,6 +710,8 @@ class Leader:
         self._reconnected_since: dict[str, int] = {}
         self._outbox: list[LeaderAction] = []
         self._master_answered_ms = 0
+        # When its own latest heartbeat went (0: none yet).
+        self.heartbeat_sent_ms = 0
         self._append_timeout_ms = append_timeout_ms
         # Appends taken and not yet acked, oldest first: (last index, answer-by time).
         self._unacked_appends: collections.deque[tuple[int, int]] = collections.deque()
@@ -891,6 +893,10 @@ class Leader:
             if self._heartbeat_failure_ends(event):
                 self._step_down(StepDownReason.REFUSED, f"{event.code}: {event.message}", actions)
                 return actions
+            # A bound writer's next own heartbeat is two minutes away; the one that
+            # failed was maybe asked for by its session (a roll to hear of).
+            retry_ms = now_ms + max(1, self._lease_ms // HEARTBEATS_PER_LEASE)
+            self._next_heartbeat_ms = min(self._next_heartbeat_ms, retry_ms)
         elif isinstance(event, FencedByStore):
             if self.role is Role.LEADING and event.fence > self.epoch:
                 self._step_down(
@@ -980,6 +986,7 @@ class Leader:
             interval = self.heartbeat_interval_ms
             self._heartbeats_in_flight += 1
             self._next_heartbeat_ms = now_ms + interval
+            self.heartbeat_sent_ms = now_ms
             replication = self.replicator
             actions.append(
                 SendHeartbeat(
