@@ -463,7 +463,7 @@ def _fuzz_segment() -> entry_pb2.SegmentId:
 
 
 # Well-formed requests of the fuzz namespace, one per RPC, for mutation.
-def _templates() -> dict[str, Message]:
+def fuzz_templates() -> dict[str, Message]:
     fuzz = _fuzz_segment()
     return {
         "CreateTenant": m.CreateTenantRequest(tenant="fuzzns"),

@@ -879,7 +879,7 @@ def bad_input_loop(ctx: RunContext) -> None:
     rows = [row for row in badinput.ROWS if callers.tls or not row.tls_only]
     not_mutated = set() if callers.tls else badinput.NOT_MUTATED
     by_name = {(server, method.name): method for server, method in badinput.methods()}
-    templates = badinput._templates()
+    templates = badinput.fuzz_templates()
     # A server already down (a store an earlier package of S14 left damaged) is not
     # sent anything: whether bad input stops a server is judged on those serving now.
     serving_before = badinput.serving(addresses)

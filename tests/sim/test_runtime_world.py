@@ -34,8 +34,9 @@ CI_SEEDS = (*range(0, 10), MANY_OF_BOTH_KINDS, MANY_BY_PREFIX)
 # seed 6 now draws tokens (a second client per process), and seed 15 found it (an
 # append open 933 ms, past its 900 ms timeout) until it drew followers of many; seed 17
 # until a client's rolls went to the master in batches; seed 16 until writers drew their
-# own lease secrets; seed 2 until standbys refused SealSegment cleanly; seed 6 finds it.
-PARKED_APPENDS_HANG = 2
+# own lease secrets; seed 2 until standbys refused SealSegment cleanly; seed 6 finds it,
+# and since the world calls standbys it is also the seed whose appends time out.
+PARKED_APPENDS_HANG = 6
 PARKED_APPENDS_HANG_FOUND = 6
 # A producer's unanswered batch is sent again through its process's next writer (seed
 # 0 until reads rode the client's pooled data connections, seed 1 until a client's rolls
@@ -125,9 +126,14 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5206
 # its own heartbeat was two minutes off: seed 73 found it (N=3 W=3 on three stores,
 # store0 dead, loss 8 %: c1's leader of t0/s0 deaf for good).
 ROLL_UNHEARD = 73
+# A standby master answered SealSegment UNKNOWN (an assertion: the reply read the active
+# master's state before the call refused the standby). The fault suite's S17 found it
+# first; since the world calls standbys (`WorldConfig.standby_calls`), seed 16 does.
+STANDBY_CALLED = 16
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG_FOUND, 7),
     ("attention_named_once", ROLL_UNHEARD, 17),
+    ("standby_state_first", STANDBY_CALLED, 6),
     # A follower reads an append its writer, stepping down, said had failed.
     ("fail_in_doubt", 2, 1),
     # Appends pending as their writer steps down are never answered.
@@ -203,8 +209,7 @@ def test_seed_1014_a_roll_lost_under_a_session_is_learned_from_a_heartbeat_at_on
 
 
 def test_parked_appends_end_with_the_append_timeout() -> None:
-    """A writer leading an epoch without a segment answers the appends it parks (seed 6
-    showed it until lease sessions, seed 2 since)."""
+    """A writer leading an epoch without a segment answers the appends it parks."""
     result = run_seed(PARKED_APPENDS_HANG)
     assert result.ok, _failure(result)
     timed_out = result.stats.get("AppendTimedOut", 0)
@@ -249,6 +254,14 @@ def test_an_intruders_bad_input_is_refused_at_every_front_door() -> None:
              "a stream without a tenant")
     for kind in kinds:
         assert result.stats.get(f"bad input refused: {kind}", 0) > 0, (kind, result.stats)
+
+
+def test_standby_masters_refuse_every_call_of_the_master_service() -> None:
+    """Three masters on etcd: a client calls the two standing by, now one call of the
+    master's service, now another; each answers UNAVAILABLE (naming the active one)."""
+    result = run_seed(STANDBY_CALLED)
+    assert result.config.standby_calls and result.ok, _failure(result)
+    assert result.stats.get("standby calls answered UNAVAILABLE", 0) >= 10, result.stats
 
 
 def test_seed_9054_a_rebuilt_master_never_grants_an_epoch_followers_were_shown() -> None:

@@ -102,11 +102,12 @@ from streamengine.client.errors import (
 from streamengine.client.stream_client import SEAL_TIMEOUT_S
 from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
-from streamengine.master import service_tokens
+from streamengine.master import replies, service_tokens
 from streamengine.master.core import listing
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.leadership import Leadership, SessionRenewal
+from streamengine.master.service_segments import SegmentHandlers
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
 from streamengine.protocol import codec, framed
@@ -168,7 +169,9 @@ from tests.sim.writer_node import ProducerOutbox
 # `secret_in_grant_only`: a writer shows no lease secret until a grant's answer hands it
 # one the master drew, so a grant whose answer is lost is granted again, anew;
 # `attention_named_once`: a session's renewal names a stream owed a roll once, and a
-# renewal's answer lost leaves its leader deaf to the roll (`World._rolls_heard`).
+# renewal's answer lost leaves its leader deaf to the roll (`World._rolls_heard`);
+# `standby_state_first`: `SealSegment` reads the active master's state before its call
+# can refuse a standby, which answers UNKNOWN (`World._call_standbys`).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -182,6 +185,7 @@ RUNTIME_FLAWS = (
     "pages_by_offset",
     "secret_in_grant_only",
     "attention_named_once",
+    "standby_state_first",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -289,6 +293,14 @@ SEAL_WATCH_MS = 1
 INTRUDER_SHARE = 0.2
 INTRUDER_FIRST_SEED = 10
 INTRUDER_EVERY_MS = (100, 600)
+# The share of seeds with two masters or more (drawn apart) where a client calls the
+# standbys now and then, every call of the master's service, as a client given every
+# master's address calls each until one answers (`World._call_standbys`).
+STANDBY_CALLS_SHARE = 0.5
+# Calls the standby caller leaves out: well formed and empty, they change the cluster
+# (a new signing key, replicas moved) should their standby win the election meanwhile.
+STANDBY_CALLS_LEFT_OUT = ("RotateSigningKey", "Rebalance")
+STANDBY_CALL_S = 1.0
 # What a refusal may be, beside the one expected: the intruder's own call cut by the
 # network's faults or a server down.
 NOT_THROUGH = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
@@ -380,6 +392,8 @@ class WorldConfig:
     accept_loss: bool = False
     # An intruder sending bad input through the servers' front doors.
     intruder: bool = False
+    # With two masters or more: a client calling the standbys (`World._call_standbys`).
+    standby_calls: bool = False
     # With `operator`: it reads what the master shows all along (`read_side`).
     read_side: bool = False
     metadata_lost: bool = False
@@ -454,10 +468,12 @@ class WorldConfig:
             config = config.with_losses(random.Random(f"{seed}/broken-disks"))
             intruded = random.Random(f"{seed}/malformed").random() < INTRUDER_SHARE
             reads = random.Random(f"{seed}/read-side").random() < READ_SIDE_SHARE
+            standby_calls = random.Random(f"{seed}/standby-calls").random() < STANDBY_CALLS_SHARE
             config = dataclasses.replace(
                 config,
                 intruder=seed >= INTRUDER_FIRST_SEED and intruded,
                 read_side=operator and reads,
+                standby_calls=masters >= 2 and standby_calls,
             )
         else:
             processes = crowded.choice((1, 2))
@@ -540,6 +556,7 @@ class WorldConfig:
             + (f" fsync-never={list(self.fsync_never)}" if self.fsync_never else "")
             + (" wipes" if self.wipes else "")
             + (" intruder" if self.intruder else "")
+            + (" standby-calls" if self.standby_calls else "")
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" reading all along" if self.read_side else "")
@@ -892,6 +909,8 @@ class World:
             self.start("master-disk", self._lose_metadata())
         if self.config.intruder:
             self.start("intruder", self._intrude())
+        if self.config.standby_calls:
+            self.start("standby-caller", self._call_standbys())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.safety_ms / 1000):
                 await self.finished.wait()
@@ -2153,6 +2172,59 @@ class World:
                 if tried:
                     self.count(f"bad input refused: {kind}")
 
+    async def _call_standbys(self) -> None:
+        """Every few hundred ms, one call of the master's service to a master standing
+        by: it answers UNAVAILABLE (naming the active master), or refuses the request
+        as it is (an empty one is malformed for most calls); never UNKNOWN or INTERNAL
+        (an assertion in a servicer: SealSegment's before 36b321b), and never OK unless
+        it was the active master when the call began or ended."""
+        rng = random.Random(f"{self.config.seed}/standby-calls/calls")
+        templates = badinput.fuzz_templates()
+        methods = [
+            method
+            for method in master_pb2.DESCRIPTOR.services_by_name["Master"].methods
+            if method.name not in STANDBY_CALLS_LEFT_OUT
+        ]
+        transport = Transport()
+        while self.phase == "safety":
+            await asyncio.sleep(rng.randint(*INTRUDER_EVERY_MS) / 1000)
+            now = wall_ms()
+            standbys = [m for m in self.masters.elected if m.running and not m.active(now)]
+            if self.phase != "safety" or not standbys:
+                continue
+            master = rng.choice(standbys)
+            method = rng.choice(methods)
+            template = templates.get(method.name)
+            if template is None or rng.random() < 0.5:
+                request = badinput.request_class(method)()
+            else:
+                request = template
+            path = f"/{method.containing_service.full_name}/{method.name}"
+            async with transport.aio_channel(master.address) as typed:
+                # Untyped: grpc's stubs type a multicallable without serializers as
+                # taking nothing.
+                channel: Any = typed
+                try:
+                    if method.server_streaming:
+                        call = channel.unary_stream(path)(
+                            request.SerializeToString(), timeout=STANDBY_CALL_S
+                        )
+                        async for _ in call:
+                            break
+                        call.cancel()
+                    else:
+                        await channel.unary_unary(path)(
+                            request.SerializeToString(), timeout=STANDBY_CALL_S
+                        )
+                    code, details = "OK", ""
+                except grpc.aio.AioRpcError as error:
+                    code, details = error.code().name, error.details() or ""
+            became_active = master.active(wall_ms())
+            self.count(f"standby calls answered {code}")
+            self.note(f"standby-caller: {method.name} at {master.name}: {code}")
+            what = f"{method.name} at standby {master.name}: {code} {details[:120]!r}"
+            self.check(_answered_as_a_standby, what, code, became_active)
+
     async def _write_below_a_fence(self, rng: random.Random, transport: Transport) -> bool:
         """A write one epoch below a sealed replica's fence, past its bridge, with no
         grant: refused as not granted before anything else is looked at."""
@@ -2539,6 +2611,10 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
         if "pages_by_offset" in flaws:
             stack.enter_context(mock.patch.object(listing, "list_page", pages_by_offset))
+        if "standby_state_first" in flaws:
+            stack.enter_context(
+                mock.patch.object(SegmentHandlers, "SealSegment", _sealing_state_first)
+            )
         if "attention_named_once" in flaws:
             stack.enter_context(
                 mock.patch.object(Leadership, "renew_session", _naming_attention_once)
@@ -2555,6 +2631,31 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
         yield
+
+
+async def _sealing_state_first(
+    handlers: SegmentHandlers, request: master_pb2.SealSegmentRequest, context: Any
+) -> entry_pb2.Segment:
+    """`SealSegment` as it was: the reply's first argument, the active state, evaluated
+    before the call that refuses a standby (which has none: AssertionError, UNKNOWN)."""
+
+    def seal(now: int) -> Any:
+        principal = handlers.calls.caller(context, "SealSegment")
+        (answer,) = handlers._seal([request], principal, now)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return replies.segment_pb(
+        handlers.state, await handlers.calls.call(context, "SealSegment", seal)
+    )
+
+
+def _answered_as_a_standby(what: str, code: str, became_active: bool) -> None:
+    if code in badinput.UNCLEAR:
+        raise Violation(6, what)
+    if code == "OK" and not became_active:
+        raise Violation(6, f"{what}, answered as though active")
 
 
 _renew_session = Leadership.renew_session
