@@ -130,6 +130,9 @@ ROLL_UNHEARD = 73
 # master's state before the call refused the standby). The fault suite's S17 found it
 # first; since the world calls standbys (`WorldConfig.standby_calls`), seed 16 does.
 STANDBY_CALLED = 16
+# Stores and the embedded master on RocksDB, with five store crashes, four master
+# restarts and the master's metadata lost and rebuilt.
+ON_ROCKSDB = 4
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG_FOUND, 7),
     ("attention_named_once", ROLL_UNHEARD, 17),
@@ -262,6 +265,16 @@ def test_standby_masters_refuse_every_call_of_the_master_service() -> None:
     result = run_seed(STANDBY_CALLED)
     assert result.config.standby_calls and result.ok, _failure(result)
     assert result.stats.get("standby calls answered UNAVAILABLE", 0) >= 10, result.stats
+
+
+def test_stores_and_a_master_on_rocksdb_keep_their_data_through_crashes_and_a_rebuild() -> None:
+    """The shipped RocksDB adapters under the world (`WorldConfig.rocksdb`): the stores
+    crash and reopen their databases (the log replayed), the master restarts on its own
+    and, its directory lost, rebuilds it from the stores."""
+    result = run_seed(ON_ROCKSDB)
+    assert result.config.rocksdb and result.config.metadata_lost and result.ok, _failure(result)
+    for made in ("store crashes", "master restarts", "metadata rebuilt"):
+        assert result.stats.get(made, 0) > 0, (made, result.stats)
 
 
 def test_seed_9054_a_rebuilt_master_never_grants_an_epoch_followers_were_shown() -> None:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
@@ -42,11 +44,12 @@ from streamengine.master.election import ELECTION_TTL_S_DEFAULT, Election
 from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata
 from streamengine.master.ha import MASTER_SERVICE, ElectedMaster
-from streamengine.master.metadata import MemoryMetadata, NotActive
+from streamengine.master.metadata import MemoryMetadata, Metadata, NotActive
 from streamengine.master.metrics import Metrics
 from streamengine.master.rebuild import Rebuilder
 from streamengine.master.rebuild import commit as commit_rebuilt
 from streamengine.master.repair import Repairer
+from streamengine.master.rocksdb_metadata import RocksDBMetadata
 from streamengine.master.role import FOREVER_MS, MasterRole
 from streamengine.master.server import (
     COMMIT_SHARE_OF_TTL,
@@ -112,6 +115,7 @@ class SimMaster:
         store_timeout_ms: int = STORE_TIMEOUT_MS_DEFAULT,
         delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
         console: bool = False,
+        disk: Path | None = None,
     ) -> None:
         self.network = network
         self.name = name
@@ -123,7 +127,9 @@ class SimMaster:
         # The running incarnation's console and metrics (None before its first start).
         self.console: StampedConsole | None = None
         self.registry: CollectorRegistry | None = None
-        self.metadata = MemoryMetadata()
+        # On a `disk`, the shipped `RocksDBMetadata` there, opened anew by each `serve()`.
+        self.disk = disk
+        self.metadata: Metadata = self._empty_metadata()
         self.serving = asyncio.Event()
         self.state: MasterState | None = None
         self.server: SimServer | None = None  # while it serves
@@ -137,9 +143,19 @@ class SimMaster:
     def lose_metadata(self) -> None:
         """The master's disk is lost while it is down: it starts again with `--rebuild`."""
         assert not self.serving.is_set(), "cancel `serve()` first: the process died"
-        self.metadata = MemoryMetadata()
+        self.close_disk()
+        if self.disk is not None:
+            shutil.rmtree(self.disk)
+        self.metadata = self._empty_metadata()
         self.losses += 1
         self.rebuilding = True
+
+    def _empty_metadata(self) -> Metadata:
+        return MemoryMetadata() if self.disk is None else RocksDBMetadata(self.disk)
+
+    def close_disk(self) -> None:
+        if isinstance(self.metadata, RocksDBMetadata):
+            self.metadata.close()
 
     def _state(self, catalog: Catalog, rebuilding: bool = False) -> MasterState:
         """As `server._load_state`: while rebuilding, without a cluster id (the rebuild
@@ -166,7 +182,14 @@ class SimMaster:
         if rebuilding:
             # A rebuild cut short leaves its mark: the operator empties the metadata
             # and runs `--rebuild` again.
-            self.metadata = MemoryMetadata()
+            self.close_disk()
+            if self.disk is not None:
+                shutil.rmtree(self.disk)
+            self.metadata = self._empty_metadata()
+        elif isinstance(self.metadata, RocksDBMetadata):
+            assert self.disk is not None
+            self.metadata.close()  # the process started again: the database opened anew
+            self.metadata = RocksDBMetadata(self.disk)
         catalog = Catalog(self.metadata)
         self.state = state = self._state(catalog, rebuilding)
         role = MasterRole(self.address)

@@ -1,5 +1,6 @@
 """The shipped segment store on the runtime: its service (`StoreContext` and the call
-groups of `segment_store.service`) and core over a `MemoryKV`, with its group committer,
+groups of `segment_store.service`) and core over a `MemoryKV` (or, given a `disk`, the
+shipped `RocksKV` in that directory), with its group committer,
 served by a `SimServer` built as `server.serve` builds the real one (the same
 interceptors, the same `add_to_server`), and, given a master, its `MasterLink`.
 
@@ -11,7 +12,10 @@ it is the process dying (its calls break, nothing is flushed); `power_loss()` th
 from the KV what was written without a sync (`MemoryKV.crash`), which with
 `fsync=False` is every write since the last sync (`--fsync never`), with `fsync=True`
 nothing that was answered. The next `serve()` starts from what the KV kept, with a new
-incarnation, as a restarted store does.
+incarnation, as a restarted store does. On a `disk`, the next `serve()` reopens the
+database first (`RocksKV.recover`: what its log holds is replayed), and a power loss
+loses nothing (a synced store's answered writes are in its log; the log of a store on
+tmpfs keeps the rest too, which a real one may or may not).
 
 Given `scrub_recheck_ms`, the store's `Scrubber` runs beside its master link, as
 `server.serve` runs it (its reads through `StoreContext.in_thread`, which the loop runs
@@ -22,6 +26,7 @@ once `scrub_recheck_ms` passed since its last read.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -30,11 +35,12 @@ from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store.core.authority import StoreAuthority
 from streamengine.segment_store.core.commands import Joined, Plan, SegmentKey
+from streamengine.segment_store.core.kv import KV
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT, ScrubSchedule
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.data_plane import data_server
 from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
-from streamengine.segment_store.kv import MemoryKV
+from streamengine.segment_store.kv import MemoryKV, RocksKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.segment_store.service import add_to_server
@@ -62,6 +68,7 @@ class SimStore:
         data_dir: Path | None = None,
         fsync: bool = True,
         scrub_recheck_ms: int = 0,
+        disk: Path | None = None,
     ) -> None:
         assert master_address is None or data_dir is not None, "a master link needs a dir"
         self.network = network
@@ -77,7 +84,9 @@ class SimStore:
         # again this often (a run lasts seconds, not the shipped minutes).
         self.scrub_recheck_ms = scrub_recheck_ms
         self.scrubber: Scrubber | None = None
-        self.kv = MemoryKV()
+        self.disk = disk
+        self.kv: KV = MemoryKV() if disk is None else RocksKV(disk)
+        self._served_once = False
         self.serving = asyncio.Event()
         self.server: SimServer | None = None
         self.core: SegmentStoreCore | None = None
@@ -87,6 +96,9 @@ class SimStore:
         self.join_observers: list[Callable[[SegmentStoreCore, Sequence[SegmentKey]], None]] = []
 
     async def serve(self) -> None:
+        if isinstance(self.kv, RocksKV) and self._served_once:
+            self.kv.recover()  # the process started again: the database opened anew
+        self._served_once = True
         core = SegmentStoreCore(self.kv, joins_cluster=self.master_address is not None)
         core.catalog.keep_incarnation(self.network.rng.getrandbits(63) + 1)
         watch = SegmentWatch()
@@ -130,7 +142,25 @@ class SimStore:
     def power_loss(self) -> None:
         """The machine lost power while the store was down: unsynced writes are gone."""
         assert not self.serving.is_set(), "cancel `serve()` first: the process died"
-        self.kv.crash()
+        if isinstance(self.kv, MemoryKV):
+            self.kv.crash()
+
+    def wipe(self) -> None:
+        """The store's disk is replaced by an empty one while it is down."""
+        assert not self.serving.is_set(), "cancel `serve()` first: the process died"
+        if isinstance(self.kv, RocksKV):
+            self.kv.close()
+            assert self.disk is not None
+            shutil.rmtree(self.disk)
+            self.kv = RocksKV(self.disk)
+            self._served_once = False
+        else:
+            self.kv = MemoryKV()
+
+    def close_disk(self) -> None:
+        """The run is over: a database on disk is closed."""
+        if isinstance(self.kv, RocksKV):
+            self.kv.close()
 
     def _link(self, core: SegmentStoreCore, context: StoreContext) -> MasterLink:
         assert self.master_address is not None and self.data_dir is not None

@@ -73,6 +73,8 @@ import dataclasses
 import functools
 import logging
 import random
+import shutil
+import tempfile
 import time
 import traceback
 import types
@@ -134,7 +136,6 @@ from streamengine.segment_store.core.keys import CLUSTER_ID_KEY, entry_index, en
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
-from streamengine.segment_store.kv import MemoryKV
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.testing import wait_until
 from streamengine.v1 import entry_pb2, master_pb2
@@ -293,6 +294,12 @@ SEAL_WATCH_MS = 1
 INTRUDER_SHARE = 0.2
 INTRUDER_FIRST_SEED = 10
 INTRUDER_EVERY_MS = (100, 600)
+# The share of seeds (drawn apart) whose stores and embedded master keep their data in
+# RocksDB, as the shipped processes do, in a directory of the run on `ROCKSDB_ROOT`
+# (tmpfs: a sync costs nothing there), instead of in memory. The stores with
+# `fsync_never` stay in memory, where a power cut can take what they never synced.
+ROCKSDB_SHARE = 0.3
+ROCKSDB_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 # The share of seeds with two masters or more (drawn apart) where a client calls the
 # standbys now and then, every call of the master's service, as a client given every
 # master's address calls each until one answers (`World._call_standbys`).
@@ -383,6 +390,9 @@ class WorldConfig:
     registration_answers_lost: int = 0
     # Bit rot at rest in sealed replicas, with the stores' scrub running.
     rot: bool = False
+    # The stores that sync and the embedded master keep their data in the shipped
+    # RocksDB adapters (`RocksKV`, `RocksDBMetadata`) under a directory of the run.
+    rocksdb: bool = False
     # Streams each client process leads in a crowd seed (0: not one): `processes` (1
     # or 2) lead `crowd` streams each, with no rival and no token.
     crowd: int = 0
@@ -469,11 +479,13 @@ class WorldConfig:
             intruded = random.Random(f"{seed}/malformed").random() < INTRUDER_SHARE
             reads = random.Random(f"{seed}/read-side").random() < READ_SIDE_SHARE
             standby_calls = random.Random(f"{seed}/standby-calls").random() < STANDBY_CALLS_SHARE
+            rocksdb = random.Random(f"{seed}/rocksdb").random() < ROCKSDB_SHARE
             config = dataclasses.replace(
                 config,
                 intruder=seed >= INTRUDER_FIRST_SEED and intruded,
                 read_side=operator and reads,
                 standby_calls=masters >= 2 and standby_calls,
+                rocksdb=rocksdb,
             )
         else:
             processes = crowded.choice((1, 2))
@@ -557,6 +569,7 @@ class WorldConfig:
             + (" wipes" if self.wipes else "")
             + (" intruder" if self.intruder else "")
             + (" standby-calls" if self.standby_calls else "")
+            + (" rocksdb" if self.rocksdb else "")
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" reading all along" if self.read_side else "")
@@ -639,7 +652,9 @@ class Masters:
     as a world node and restarted over the same metadata, or 1-3 elected on an etcd
     (`SimElectedMaster` on `SimEtcd`, each its own process), which `checker` watches."""
 
-    def __init__(self, network: SimNetwork, config: WorldConfig) -> None:
+    def __init__(
+        self, network: SimNetwork, config: WorldConfig, disk_root: Path | None = None
+    ) -> None:
         lease_ms, store_timeout_ms = config.lease_ms, config.store_timeout_ms
         grace_ms = config.delete_grace_ms
         self.embedded: SimMaster | None = None
@@ -662,7 +677,13 @@ class Masters:
             self.checker = MasterChecker(parse_etcd_url(self.etcd.url()))
         else:
             self.embedded = SimMaster(
-                network, "master", lease_ms, store_timeout_ms, grace_ms, console=config.read_side
+                network,
+                "master",
+                lease_ms,
+                store_timeout_ms,
+                grace_ms,
+                console=config.read_side,
+                disk=None if disk_root is None else disk_root / "master",
             )
             self.checker = MasterChecker()
         self.lease_ms = config.lease_ms
@@ -723,7 +744,11 @@ class World:
         self.group = group
         self._trace = trace
         self.lines: list[str] = []
-        self.masters = Masters(network, config)
+        # With `WorldConfig.rocksdb`: the directory of the run's databases.
+        self.disk_root: Path | None = None
+        if config.rocksdb:
+            self.disk_root = Path(tempfile.mkdtemp(prefix="streamengine-sim-", dir=ROCKSDB_ROOT))
+        self.masters = Masters(network, config, self.disk_root)
         if self.masters.etcd is not None:
             self.masters.etcd.txn_observers.append(self._commit_applied)
         self.stores = {
@@ -734,6 +759,7 @@ class World:
                 data_dir=SIM_DATA_DIR,
                 fsync=name not in config.fsync_never,
                 scrub_recheck_ms=SCRUB_RECHECK_MS if config.rot else 0,
+                disk=self._disk(name),
             )
             for name in (f"store{n}" for n in range(config.stores))
         }
@@ -796,6 +822,22 @@ class World:
         self._owed_rolls_of: MasterState | None = None
         for name, store in self.stores.items():
             store.join_observers.append(functools.partial(self._store_joined, name))
+
+    def _disk(self, store: str) -> Path | None:
+        """Where `store` keeps its RocksDB, if it does."""
+        if self.disk_root is None or store in self.config.fsync_never:
+            return None
+        return self.disk_root / store
+
+    def close_disks(self) -> None:
+        """The run is over: every database is closed and the run's directory removed."""
+        if self.disk_root is None:
+            return
+        for store in self.stores.values():
+            store.close_disk()
+        if self.masters.embedded is not None:
+            self.masters.embedded.close_disk()
+        shutil.rmtree(self.disk_root, ignore_errors=True)
 
     def _assign_streams(self) -> None:
         """Each stream has a leading process; a share of them a rival one too."""
@@ -1594,7 +1636,7 @@ class World:
             if store.core is not None:
                 held = self.held_before_wipe.setdefault(name, set())
                 held.update(store.core.catalog.segments())
-            store.kv = MemoryKV()
+            store.wipe()
             self.note(f"{name} crashes; its disk is wiped")
             if self.config.registration_answers_lost:
                 lost = self.config.registration_answers_lost
@@ -2772,6 +2814,9 @@ def run_seed(
             run(main(), seed)
     except Exception:
         result.error = traceback.format_exc()
+    finally:
+        for world in worlds:
+            world.close_disks()
     if worlds:
         world = worlds[0]
         result.violation = world.violation
