@@ -243,6 +243,18 @@ def test_an_append_not_acked_in_time_is_answered_in_doubt_and_the_writer_goes_on
     assert of_type(step(leader, 3100, Tick()), AppendsTimedOut) == [later]
 
 
+def test_a_producer_batch_due_before_an_append_taken_ahead_of_it_ends_when_due() -> None:
+    """The runtime world's seed 109: a plain append taken at 10 (due at 1010), then a
+    producer's batch whose timeout counts from its call (due at 700). Appends time out
+    as a prefix, so both end at 700: the batch within its own timeout."""
+    leader = leading(append_timeout_ms=1000)
+    step(leader, 10, Append((b"a",)))
+    step(leader, 20, Append((b"b", b"c"), due_ms=700))
+    assert of_type(step(leader, 699, Tick()), AppendsTimedOut) == []
+    [late] = of_type(step(leader, 700, Tick()), AppendsTimedOut)
+    assert late == AppendsTimedOut(segment_epoch=5, last_index=3)
+
+
 def test_no_roll_starts_while_no_master_answers() -> None:
     leader = leading(rolling_supported=True)
     step(leader, 10, Append((b"a",)))  # never answered: the drain cannot finish

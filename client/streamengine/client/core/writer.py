@@ -1450,6 +1450,15 @@ class Leader:
                 if self._taken_deadline_ms is not None:
                     deadline_ms = min(deadline_ms, self._taken_deadline_ms)
                     self._taken_deadline_ms = None
+                # Timed out as a prefix (`AppendsTimedOut` answers every append through
+                # an index): the appends taken before it that would end later end with
+                # it, so that each ends within its own timeout (a producer's batch
+                # counts it from the call, before its turn: the runtime world's seed
+                # 109 had one open 59 ms past it, behind a plain append taken first).
+                later: list[int] = []
+                while unacked and unacked[-1][1] > deadline_ms:
+                    later.append(unacked.pop()[0])
+                unacked.extend((index, deadline_ms) for index in reversed(later))
                 unacked.append((action.last_index, deadline_ms))
             elif isinstance(action, Acked):
                 while unacked and unacked[0][0] <= action.acked_index:
@@ -1476,8 +1485,14 @@ class Leader:
         if self.role is Role.LEADING:
             deadline_ms = now_ms + self._append_timeout_ms if due_ms is None else due_ms
             held = self._held_appends
-            # Answered oldest first: never before an append held ahead of it.
-            held.append(max(deadline_ms, held[-1]) if held else deadline_ms)
+            # Answered oldest first: those held ahead of it that would end later (a
+            # producer's batch counts its timeout from the call, before its turn) end
+            # with it, so that it ends within its own.
+            later = 0
+            while held and held[-1] > deadline_ms:
+                held.pop()
+                later += 1
+            held.extend([deadline_ms] * (later + 1))
 
     def _time_out_held(self, now_ms: int, actions: list[LeaderAction]) -> None:
         """Answer the appends held back `append_timeout_ms`: whether or not a segment
