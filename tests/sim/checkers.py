@@ -75,12 +75,13 @@ from streamengine.master.etcd_metadata import WRITER_KEY
 from streamengine.master.metadata import prefix_end
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
-from streamengine.protocol.entry import EntryKind
+from streamengine.protocol.entry import CorruptEntry, EntryKind, decode_value
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.retention import position_trimmed
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.keys import entry_index
 from streamengine.segment_store.core.store import SegmentStoreCore
 
 if TYPE_CHECKING:
@@ -409,9 +410,9 @@ class Checker:
             if segment.stream_id != self.stream_id or meta is None or not meta.last_index:
                 continue
             held[segment] = frozenset(
-                e.index
-                for e in core.reader.read(segment, 1, meta.last_index)
-                if self.truth.get((segment.epoch, e.index)) == (e.kind, e.payload)
+                index
+                for index, copy in _sound_copies(core, segment, meta.last_index).items()
+                if self.truth.get((segment.epoch, index)) == copy
             )
         return held
 
@@ -425,7 +426,7 @@ class Checker:
             meta = core.catalog.meta(segment)
             if not indexes or meta is None:
                 continue  # a segment gone whole is judged by its acked index
-            now = {e.index: (e.kind, e.payload) for e in core.reader.read(segment, 1, max(indexes))}
+            now = _sound_copies(core, segment, max(indexes))
             for index in sorted(indexes):
                 if index in now and now[index] != self.truth[(segment.epoch, index)]:
                     self.unsynced_losses.append(
@@ -1081,3 +1082,20 @@ class CatalogChecker:
             if missing:
                 raise Violation(16, f"{what}: {missing} held throughout and not shown")
         self.judged += 1
+
+
+def _sound_copies(
+    core: SegmentStoreCore, segment: SegmentKey, through: int
+) -> dict[int, tuple[EntryKind, bytes]]:
+    """What `core` holds of `segment` at 1..`through`, by index, but copies that fail
+    their crc32c: a copy rotted at rest (`Checker.rotted`) is a copy of nothing, and
+    what a store served or lost is judged on its sound copies."""
+    copies = {}
+    for key, value in core.reader.read_rows(segment, 1, through):
+        index = entry_index(key)
+        try:
+            entry = decode_value(index, value)
+        except CorruptEntry:
+            continue
+        copies[index] = (entry.kind, entry.payload)
+    return copies
