@@ -331,6 +331,23 @@ def test_seed_67_a_copy_set_a_rebuild_left_short_of_n_is_recovered() -> None:
     assert result.config.metadata_lost and result.ok, _failure(result)
 
 
+def test_seed_109_a_producer_batch_due_before_an_append_ahead_ends_within_its_timeout() -> None:
+    """N=3 W=3, producers, store4 cut off from c2: a producer's batch waited for its
+    turn (the table being rebuilt) while a plain append was taken, and went to the core
+    due before it. The core watched the oldest append's deadline only: the batch was
+    open 59 ms past its timeout (invariant 7). Those ahead now end with it."""
+    result = run_seed(109)
+    assert result.config.producers and result.ok, _failure(result)
+
+
+def test_seed_143_a_restarted_store_with_a_rotted_replica_is_judged_on_its_sound_copies() -> None:
+    """Rot, and store2 with fsync never restarted after a power cut: the checker read
+    back its replicas through the verifying reader, which raised on a copy the world had
+    rotted, ending the run with a world error instead of a verdict."""
+    result = run_seed(143)
+    assert result.config.rot and result.ok, _failure(result)
+
+
 def test_seed_1127_the_liveness_phase_waits_only_for_a_stop_under_way() -> None:
     """One master on etcd: as the liveness phase began, a timeout of the master's
     election loop had just cancelled its task, which handles that and serves on. The
