@@ -61,6 +61,7 @@ every step and a failure names the step that broke the rule:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,13 +76,12 @@ from streamengine.master.etcd_metadata import WRITER_KEY
 from streamengine.master.metadata import prefix_end
 from streamengine.master.state import MasterState
 from streamengine.protocol.certificate import Certificate
-from streamengine.protocol.entry import CorruptEntry, EntryKind, decode_value
+from streamengine.protocol.entry import CorruptEntry, EntryKind
 from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import UNSEALED_SEGMENTS_MAX
 from streamengine.protocol.retention import position_trimmed
 from streamengine.protocol.sequence import pack_sequence, unpack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
-from streamengine.segment_store.core.keys import entry_index
 from streamengine.segment_store.core.store import SegmentStoreCore
 
 if TYPE_CHECKING:
@@ -1090,12 +1090,11 @@ def _sound_copies(
     """What `core` holds of `segment` at 1..`through`, by index, but copies that fail
     their crc32c: a copy rotted at rest (`Checker.rotted`) is a copy of nothing, and
     what a store served or lost is judged on its sound copies."""
-    copies = {}
-    for key, value in core.reader.read_rows(segment, 1, through):
-        index = entry_index(key)
-        try:
-            entry = decode_value(index, value)
-        except CorruptEntry:
-            continue
-        copies[index] = (entry.kind, entry.payload)
-    return copies
+    try:
+        held = core.reader.read(segment, 1, through)
+    except CorruptEntry:
+        held = []
+        for index in range(1, through + 1):
+            with contextlib.suppress(CorruptEntry):
+                held += core.reader.read(segment, index, index)
+    return {e.index: (e.kind, e.payload) for e in held}
