@@ -3,10 +3,12 @@ idle leaders send no heartbeat of their own (docs/design.md, "Lease sessions")."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from streamengine.client import StreamClient
 from streamengine.client.core.writer import SESSION_BOUND_HEARTBEAT_MS, Role
+from streamengine.client.types import SegmentState
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.testing import Cluster, wait_until
 
@@ -45,3 +47,35 @@ async def test_idle_leaders_are_renewed_by_their_session_alone(cluster: Cluster)
                 assert writer._core.lease_until_ms > now, "renewed by the session"
             for writer in writers:
                 await writer.append(b"after")
+
+
+async def test_recoveries_of_many_streams_seal_at_the_master_in_batches(cluster: Cluster) -> None:
+    """A process taking over many streams recovers their open segments at once: their
+    seals at the master go as a few `SealSegments` calls, each answered as its own
+    `SealSegment` (issue #38), and every stream is led and appended to after."""
+    names = [f"acme/taken{n}" for n in range(STREAMS)]
+    async with StreamClient(cluster.master_address) as client:
+        await client.create_streams(names)
+        async with contextlib.AsyncExitStack() as stack:
+            writers = [await stack.enter_async_context(client.writer(name)) for name in names]
+            for writer in writers:
+                await writer.append(b"left open")  # the next leader seals it
+    async with StreamClient(cluster.master_address) as client, contextlib.AsyncExitStack() as stack:
+        writers = list(
+            await asyncio.gather(*(stack.enter_async_context(client.writer(n)) for n in names))
+        )
+
+        async def all_recovered() -> bool:
+            return all(not w._core.recovering for w in writers)
+
+        await wait_until(all_recovered, timeout_s=30, message="every segment recovered")
+        session = client._leases
+        assert session is not None
+        seals = session.seals
+        assert seals.entries_sent >= STREAMS and seals.lone_sent == 0, vars(seals)
+        assert seals.batches_sent < seals.entries_sent, "some batch carried several seals"
+        for writer in writers:
+            await writer.append(b"after")
+        for name in names:
+            first, *_ = await client.list_segments(name)
+            assert first.state is SegmentState.SEALED and first.final_index == 2, first

@@ -32,7 +32,9 @@ the master as one `RollSegments` call (`roll`, through a `client.call_batches.Ca
 each answered as `RollSegment` alone would have answered it; a master without that
 call gets lone `RollSegment` calls. A store lost to a process leading hundreds of
 streams makes them all roll at once: the master then commits their new epochs in a few
-transactions, not one each (issue #38).
+transactions, not one each (issue #38). The seals that recoveries make at the master go
+the same way (`seal`: `SealSegments`, each answered as `SealSegment` alone would have):
+a failover of a process leading hundreds of streams recovers them all at once.
 
 Releases go out as the writers close, each its own call, and the session waits for them
 only when the client closes: a process that closes ten thousand writers one after the
@@ -64,7 +66,7 @@ from streamengine.protocol.limits import (
     LEASE_MS_DEFAULT,
 )
 from streamengine.protocol.status import DELETED_UNTIL_METADATA_KEY
-from streamengine.v1 import master_pb2, master_pb2_grpc
+from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,11 @@ class _Waiting:
     late_grant: Callable[[master_pb2.WriterHeartbeatReply], None]
 
 
-def refusal(answer: master_pb2.LeaseHeartbeatAnswer) -> grpc.aio.AioRpcError:
+def refusal(
+    answer: master_pb2.LeaseHeartbeatAnswer | master_pb2.SealSegmentAnswer,
+) -> grpc.aio.AioRpcError:
     """One entry's refusal, as the error its lone call (`WriterHeartbeat`,
-    `RollSegment`) would have raised."""
+    `RollSegment`, `SealSegment`) would have raised."""
     code = next(c for c in grpc.StatusCode if c.value[0] == answer.code)
     trailing = grpc.aio.Metadata()
     if answer.deleted_until_ms:
@@ -147,6 +151,9 @@ class LeaseSession:
         self.rolls = CallBatcher[master_pb2.RollSegmentRequest, master_pb2.WriterHeartbeatReply](
             "roll", self._roll_batch, self._roll_alone, LEASE_BATCH_WINDOW_MS
         )
+        self.seals = CallBatcher[master_pb2.SealSegmentRequest, entry_pb2.Segment](
+            "seal", self._seal_batch, self._seal_alone, LEASE_BATCH_WINDOW_MS
+        )
 
     async def start(self) -> None:
         self._group = asyncio.TaskGroup()
@@ -157,6 +164,7 @@ class LeaseSession:
             self._group.create_task(self._renew()),
         ]
         self.rolls.start(self._group)
+        self.seals.start(self._group)
 
     async def close(self) -> None:
         """Wait (a bounded while) for the releases under way, then stop."""
@@ -168,6 +176,7 @@ class LeaseSession:
         for task in [*self._loops, *self._releases, *self._calls]:
             task.cancel()
         self.rolls.close()
+        self.seals.close()
         for waiting in self._waiting:
             waiting.answer.cancel()
         self._waiting.clear()
@@ -222,6 +231,25 @@ class LeaseSession:
         self, request: master_pb2.RollSegmentRequest, timeout_s: float
     ) -> master_pb2.WriterHeartbeatReply:
         return await self._master.RollSegment(request, timeout=timeout_s)
+
+    async def seal(
+        self, request: master_pb2.SealSegmentRequest, timeout_s: float
+    ) -> entry_pb2.Segment:
+        """The answer to one recovery's seal at the master, sent with the others of the
+        moment; raises the AioRpcError that `SealSegment` would have."""
+        return await self.seals.call(request, timeout_s)
+
+    async def _seal_batch(
+        self, requests: list[master_pb2.SealSegmentRequest], timeout_s: float
+    ) -> list[entry_pb2.Segment | grpc.aio.AioRpcError]:
+        request = master_pb2.SealSegmentsRequest(seals=requests)
+        reply = await self._master.SealSegments(request, timeout=timeout_s)
+        return [refusal(answer) if answer.code else answer.segment for answer in reply.seals]
+
+    async def _seal_alone(
+        self, request: master_pb2.SealSegmentRequest, timeout_s: float
+    ) -> entry_pb2.Segment:
+        return await self._master.SealSegment(request, timeout=timeout_s)
 
     def bind(self, stream: str, writer: BoundWriter, incarnation: bytes) -> None:
         """`writer`'s lease of `stream` is bound to the session under `incarnation`

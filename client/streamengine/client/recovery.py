@@ -5,9 +5,11 @@ actions out: `Seal` as a unary gRPC call, `Read` as a data-plane Read on the cli
 connection to the store (`framed_read`, the one its followers' reads and tails ride),
 every recovery write (and the acked index raise) as a one-request `Write` on that
 same connection (`write_once`) with `report_held`, written at the new leader's epoch,
-and `SealSegment` at the master. Each request is one attempt in its own task (one per
-`request_key` at a time); its answer becomes an event, a transport failure nothing: the
-core sends the request again when it decides to, gives a silent store up and probes it.
+and `SealSegment` at the master (through the client's lease session, which sends those
+of the moment as one `SealSegments`: `LeaseSession.seal`). Each request is one attempt
+in its own task (one per `request_key` at a time); its answer becomes an event, a
+transport failure nothing: the core sends the request again when it decides to, gives a
+silent store up and probes it.
 A clock loop wakes the core at its `deadline_ms()`.
 
 A store refusing with FAILED_PRECONDITION (a later fence), or the core deciding it was
@@ -41,7 +43,7 @@ from streamengine.protocol.framed import CallError
 from streamengine.protocol.framing import StatusCode
 from streamengine.protocol.producers import Run
 from streamengine.protocol.status import FENCE_METADATA_KEY, FENCE_UNKNOWN
-from streamengine.v1 import entry_pb2, master_pb2, master_pb2_grpc, segment_store_pb2
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,11 @@ log = logging.getLogger(__name__)
 # core retransmits and gives stores up on its own clock); a lagging store's rewrite
 # batch is at most a few MB.
 RPC_TIMEOUT_S = 5.0
+# The seal at the master: a request and its timeout in, the sealed segment out, or the
+# AioRpcError `SealSegment` raises.
+SealAtMasterCall = Callable[
+    [master_pb2.SealSegmentRequest, float], Coroutine[Any, Any, entry_pb2.Segment]
+]
 
 
 class _NoAnswer(Exception):
@@ -61,7 +68,7 @@ class SegmentSealer:
 
     def __init__(
         self,
-        master: master_pb2_grpc.MasterAsyncStub,
+        seal_at_master: SealAtMasterCall,
         channels: ChannelPool,
         client_id: str,
         action: RecoverSegment,
@@ -87,7 +94,7 @@ class SegmentSealer:
         )
         # The producer runs recovery found in the segment, once `run` returned.
         self.runs: tuple[tuple[str, Run], ...] = ()
-        self._master = master
+        self._seal_at_master_call = seal_at_master
         self._client_id = client_id
         self._stubs = {
             replica.store_id: store_grpc.SegmentStoreStub(channels.get(replica.address))
@@ -347,7 +354,7 @@ class SegmentSealer:
             request.producers.CopyFrom(codec.producer_positions_to_pb(action.producers))
 
         try:
-            await self._master.SealSegment(request, timeout=RPC_TIMEOUT_S)
+            await self._seal_at_master_call(request, RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.ABORTED:
                 # Sealed at another final index: a later leader recovered it.

@@ -1002,7 +1002,7 @@ class Writer:
         epoch = action.segment.epoch
         log.info("%s: sealing segment %d under epoch %d", self.stream, epoch, action.new_epoch)
         sealer = SegmentSealer(
-            self._master, self._channels, self.client_id, action, self._accept_loss
+            self._leases.seal, self._channels, self.client_id, action, self._accept_loss
         )
         try:
             await sealer.run()

@@ -294,6 +294,15 @@ SEAL_WATCH_MS = 1
 INTRUDER_SHARE = 0.2
 INTRUDER_FIRST_SEED = 10
 INTRUDER_EVERY_MS = (100, 600)
+# The share of seeds (drawn apart) where an operator asks for rolls of random streams,
+# one every so often (`World._ask_rolls`).
+ROLL_ASKS_SHARE = 0.3
+ROLL_ASK_EVERY_MS = (300, 2_000)
+# The share of roll asks after which the leader's process loses its next few
+# LeaseHeartbeat answers (its session's renewals and its writers' heartbeats).
+ROLL_ASK_ANSWERS_LOST_SHARE = 0.5
+ROLL_ASK_ANSWERS_LOST = 2
+LEASE_HEARTBEAT = "/streamengine.v1.Master/LeaseHeartbeat"
 # The share of seeds (drawn apart) whose stores and embedded master keep their data in
 # RocksDB, as the shipped processes do, in a directory of the run on `ROCKSDB_ROOT`
 # (tmpfs: a sync costs nothing there), instead of in memory. The stores with
@@ -404,6 +413,8 @@ class WorldConfig:
     intruder: bool = False
     # With two masters or more: a client calling the standbys (`World._call_standbys`).
     standby_calls: bool = False
+    # An operator asking for rolls now and then (`World._ask_rolls`).
+    roll_asks: bool = False
     # With `operator`: it reads what the master shows all along (`read_side`).
     read_side: bool = False
     metadata_lost: bool = False
@@ -480,12 +491,14 @@ class WorldConfig:
             reads = random.Random(f"{seed}/read-side").random() < READ_SIDE_SHARE
             standby_calls = random.Random(f"{seed}/standby-calls").random() < STANDBY_CALLS_SHARE
             rocksdb = random.Random(f"{seed}/rocksdb").random() < ROCKSDB_SHARE
+            roll_asks = random.Random(f"{seed}/roll-asks").random() < ROLL_ASKS_SHARE
             config = dataclasses.replace(
                 config,
                 intruder=seed >= INTRUDER_FIRST_SEED and intruded,
                 read_side=operator and reads,
                 standby_calls=masters >= 2 and standby_calls,
                 rocksdb=rocksdb,
+                roll_asks=roll_asks,
             )
         else:
             processes = crowded.choice((1, 2))
@@ -569,6 +582,7 @@ class WorldConfig:
             + (" wipes" if self.wipes else "")
             + (" intruder" if self.intruder else "")
             + (" standby-calls" if self.standby_calls else "")
+            + (" roll-asks" if self.roll_asks else "")
             + (" rocksdb" if self.rocksdb else "")
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
@@ -939,6 +953,8 @@ class World:
         self.start("watch", self._watch())
         if self.config.operator:
             self.start("operator", self._operator())
+        if self.config.roll_asks:
+            self.start("roller", self._ask_rolls())
         if self.config.read_side:
             self.start("read-side", ReadSide(self, TOKEN_TENANT).run())
         if self.config.tokens:
@@ -1459,6 +1475,26 @@ class World:
         checker.loss_told(name, segment, loss, through_end=True)
 
     # ---- the operator ----
+
+    async def _ask_rolls(self) -> None:
+        """Now and then `streamengine roll` of a random stream (`RequestRoll`): its
+        leader rolls once it hears of it (invariant 17: `_rolls_heard`)."""
+        rng = random.Random(f"{self.config.seed}/roll-asks/streams")
+        while self.phase == "safety":
+            await asyncio.sleep(rng.randint(*ROLL_ASK_EVERY_MS) / 1000)
+            if self.phase != "safety":
+                return
+            stream = rng.choice(self.stream_names)
+            request = master_pb2.RequestRollRequest(stream=stream)
+            if not await self._operate(f"roll {stream}", request):
+                continue
+            state = self.masters.state
+            lease = state.leases.get(stream) if state is not None else None
+            if lease is not None and lease.holder and rng.random() < ROLL_ASK_ANSWERS_LOST_SHARE:
+                # The renewal that names the stream may be the one whose answer is lost.
+                node = lease.holder.partition("/")[0]
+                self.network.lose_answers(node, LEASE_HEARTBEAT, ROLL_ASK_ANSWERS_LOST)
+                self.note(f"{node}: its next {ROLL_ASK_ANSWERS_LOST} LeaseHeartbeat answers lost")
 
     async def _operator(self) -> None:
         """Now and then one of the CLI's calls: on a random stream `streamengine stream
