@@ -31,21 +31,19 @@ import argparse
 import asyncio
 import contextlib
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench.scale import (
-    CONCURRENT_CALLS,
     EVENT_BYTES,
     PhaseTimedOut,
     bounded,
-    in_batches,
+    lead_all_and_append_once,
+    on_a_local_cluster,
     percentile,
 )
 from streamengine.client import AppendFailed, AppendInDoubt, AppendTimedOut, StreamClient
 from streamengine.client.writer import Writer
-from streamengine.testing.processes import running_cluster
 from streamengine.v1 import master_pb2
 
 STREAMS_DEFAULT = 500
@@ -132,21 +130,8 @@ async def measure(address: str, args: argparse.Namespace) -> None:
         await bounded(
             "create", args.phase_timeout_s, client.create_streams(names, replicas=3, write_quorum=2)
         )
-        writers: list[Writer] = []
         async with contextlib.AsyncExitStack() as exits:
-
-            async def lead(name: str) -> None:
-                writers.append(
-                    await exits.enter_async_context(
-                        client.writer(name, leadership_timeout_s=args.phase_timeout_s)
-                    )
-                )
-
-            await bounded("lead all", args.phase_timeout_s, in_batches([lead(n) for n in names]))
-            first = [w.append(bytes(EVENT_BYTES)) for w in writers]
-            await bounded(
-                "one append each", args.phase_timeout_s, in_batches(first, CONCURRENT_CALLS)
-            )
+            writers = await lead_all_and_append_once(client, names, exits, args.phase_timeout_s)
             for number in range(args.rounds):
                 line = await roll_round(client, writers, args.phase_timeout_s)
                 print(f"round {number + 1}, {args.streams} streams: {line}", flush=True)
@@ -159,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-timeout-s", type=float, default=300.0)
     parser.add_argument("--keep", type=Path, help="keep the cluster's data and logs here")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="se-rolls-") as scratch:
-        root = args.keep or Path(scratch)
-        with running_cluster(root, store_args=["--fsync", "never"]) as cluster:
-            asyncio.run(measure(cluster.master_address, args))
+    on_a_local_cluster("se-rolls-", args.keep, lambda address: measure(address, args))
     return 0
 
 

@@ -43,9 +43,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -119,6 +120,38 @@ async def in_batches(calls: list, width: int = CONCURRENT_CALLS) -> list:  # typ
     for start in range(0, len(calls), width):
         results.extend(await asyncio.gather(*calls[start : start + width]))
     return results
+
+
+async def lead_all_and_append_once(
+    client: StreamClient,
+    names: list[str],
+    exits: contextlib.AsyncExitStack,
+    timeout_s: float,
+) -> list[Writer]:
+    """A writer on each of `names` (entered into `exits`), then one event appended to
+    each: the set-up of the scripts that measure what many leaders of one client do."""
+    writers: list[Writer] = []
+
+    async def lead(name: str) -> None:
+        writers.append(
+            await exits.enter_async_context(client.writer(name, leadership_timeout_s=timeout_s))
+        )
+
+    await bounded("lead all", timeout_s, in_batches([lead(n) for n in names]))
+    first = [w.append(bytes(EVENT_BYTES)) for w in writers]
+    await bounded("one append each", timeout_s, in_batches(first, CONCURRENT_CALLS))
+    return writers
+
+
+def on_a_local_cluster(
+    prefix: str, keep: Path | None, measure: Callable[[str], Coroutine[Any, Any, None]]
+) -> None:
+    """`measure(master address)` on a fresh local cluster (a master, 3 stores with fsync
+    never, plaintext) under `keep`, or a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        root = keep or Path(scratch)
+        with running_cluster(root, store_args=["--fsync", "never"]) as cluster:
+            asyncio.run(measure(cluster.master_address))
 
 
 def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:

@@ -27,14 +27,17 @@ import asyncio
 import contextlib
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.scale import CONCURRENT_CALLS, EVENT_BYTES, bounded, in_batches, percentile
+from bench.scale import (
+    EVENT_BYTES,
+    bounded,
+    lead_all_and_append_once,
+    on_a_local_cluster,
+    percentile,
+)
 from streamengine.client import StreamClient
-from streamengine.client.writer import Writer
-from streamengine.testing.processes import running_cluster
 
 STREAMS_DEFAULT = 500
 
@@ -42,18 +45,9 @@ STREAMS_DEFAULT = 500
 async def leave_open(address: str, names: list[str], timeout_s: float) -> None:
     """Create the streams, lead each, append one event to each, and let go."""
     async with StreamClient(address) as client:
-        await bounded(
-            "create", timeout_s, client.create_streams(names, replicas=3, write_quorum=2)
-        )
+        await bounded("create", timeout_s, client.create_streams(names, replicas=3, write_quorum=2))
         async with contextlib.AsyncExitStack() as exits:
-            writers: list[Writer] = []
-
-            async def lead(name: str) -> None:
-                writers.append(await exits.enter_async_context(client.writer(name)))
-
-            await bounded("lead all", timeout_s, in_batches([lead(n) for n in names]))
-            first = [w.append(bytes(EVENT_BYTES)) for w in writers]
-            await bounded("one append each", timeout_s, in_batches(first, CONCURRENT_CALLS))
+            await lead_all_and_append_once(client, names, exits, timeout_s)
 
 
 async def take_over(address: str, names: list[str], args: argparse.Namespace) -> str:
@@ -101,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-timeout-s", type=float, default=300.0)
     parser.add_argument("--keep", type=Path, help="keep the cluster's data and logs here")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="se-takeover-") as scratch:
-        root = args.keep or Path(scratch)
-        with running_cluster(root, store_args=["--fsync", "never"]) as cluster:
-            asyncio.run(measure(cluster.master_address, args))
+    on_a_local_cluster("se-takeover-", args.keep, lambda address: measure(address, args))
     return 0
 
 
