@@ -136,6 +136,72 @@ def test_a_copy_set_changed_by_repair_is_the_latest_settled() -> None:
     assert out.segments[(5, 1)].copy_set == ("s1", "s2", "s4")
 
 
+def whole_copy(store: str, segment: SegmentRecord) -> rebuild.Holding:
+    """A repair's confirmed copy of sealed `segment`, its record not yet sent there."""
+    return rebuild.Holding(
+        store,
+        segment.stream_id,
+        segment.epoch,
+        segment.epoch + 1,
+        segment.final_index,
+        segment.final_index,
+        "acme",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "holders", "answered", "copy_set"),
+    [
+        ("every member holds it", ["s1", "s2", "s3"], ["s1", "s2", "s3"], ("s1", "s2", "s3")),
+        (
+            "a member that answered without it leaves; a repair's whole copy joins",
+            ["s1", "s2", "s4"],
+            ["s1", "s2", "s3", "s4"],
+            ("s1", "s2", "s4"),
+        ),
+        (
+            "a member that did not answer stays",
+            ["s1", "s2", "s4"],
+            ["s1", "s2", "s4"],
+            ("s1", "s2", "s3"),
+        ),
+        (
+            "whole copies join up to N only, in store order",
+            ["s1", "s5", "s4"],
+            ["s1", "s2", "s3", "s4", "s5"],
+            ("s1", "s4", "s5"),
+        ),
+        ("a member alone keeps its place", ["s2"], ["s1", "s2", "s3"], ("s2",)),
+    ],
+)
+def test_a_sealed_copy_set_is_rebuilt_from_the_stores_holding_it(
+    case: str, holders: list[str], answered: list[str], copy_set: tuple[str, ...]
+) -> None:
+    """The records the stores kept may predate a repair's swap (runtime seed 67: the
+    metadata was lost 20 ms after a repair moved a segment off a wiped store)."""
+    recorded = seg(1, copy_set=("s1", "s2", "s3"))
+    holdings = [
+        held(s, recorded, fence=2) if s in recorded.copy_set else whole_copy(s, recorded)
+        for s in holders
+    ]
+    whole = {s: rebuild.Answered(INCARNATION, CLUSTER) for s in answered}
+    out = rebuild.rebuild(holdings, NOW, whole, {s: registered_as(s) for s in answered})
+    segment = out.segments[(5, 1)]
+    assert segment.copy_set == copy_set, case
+    changed = copy_set != recorded.copy_set
+    assert (segment.settled_at_ms == NOW) == changed, case
+    assert any("the stores hold it on" in note for note in out.notes) == changed, case
+
+
+def test_an_unconfirmed_copy_does_not_join_a_sealed_copy_set() -> None:
+    recorded = seg(1, copy_set=("s1", "s2", "s3"))
+    partial = replace(whole_copy("s4", recorded), acked_index=0)
+    answered = {s: rebuild.Answered(INCARNATION, CLUSTER) for s in ("s1", "s2", "s3", "s4")}
+    out = rebuild.rebuild([held("s1", recorded), held("s2", recorded), partial], NOW, answered)
+    assert out.segments[(5, 1)].copy_set == ("s1", "s2")
+
+
 def test_an_acked_bridge_seals_a_segment_whose_seal_record_did_not_arrive() -> None:
     out = rebuild.rebuild([held("s1", seg(1, OPEN), bridge=8), held("s2", seg(1, OPEN))], NOW)
     segment = out.segments[(5, 1)]
@@ -185,11 +251,12 @@ def registered_as(store: str, incarnation: int = INCARNATION) -> StoreRecord:
     ("case", "s3_holds", "s3_answered", "s3_registered", "lost"),
     [
         (
-            "a new disk (no cluster id) loses every replica its copy sets name",
+            "a new disk (no cluster id) loses the open replica and leaves the sealed one's "
+            "copy set",
             [],
             rebuild.Answered(INCARNATION, ""),
             INCARNATION,
-            [(5, 1), (5, 2)],
+            [(5, 2)],
         ),
         (
             "a new disk loses only what it does not hold",
@@ -244,9 +311,13 @@ def test_a_member_with_a_database_newer_than_its_records_loses_its_replicas(
         assert any(note.startswith("store s3 ") for note in out.notes), case
     else:
         assert out.stores == {}, case
-    # The copy sets stay as recorded; a lost replica is no longer verified.
-    assert [s.copy_set for s in out.segments.values()] == [("s1", "s2", "s3")] * 2, case
-    verified = ("s1",) if (5, 1) in lost else ("s1", "s3")
+    # The open segment's copy set stays as recorded; the sealed one's leaves a member
+    # that answered without it. A lost replica is no longer verified.
+    left = s3_answered is not None and 1 not in s3_holds
+    sealed_copy_set = ("s1", "s2") if left else ("s1", "s2", "s3")
+    assert out.segments[(5, 1)].copy_set == sealed_copy_set, case
+    assert out.segments[(5, 2)].copy_set == ("s1", "s2", "s3"), case
+    verified = ("s1",) if (5, 1) in lost or left else ("s1", "s3")
     assert out.segments[(5, 1)].verified == verified, case
 
 
@@ -254,7 +325,8 @@ def test_a_rebuilt_stores_lost_replicas_are_answered_at_its_next_registration(
     tmp_path: Path,
 ) -> None:
     """Committed with the catalog, they are answered as a new incarnation's are: the
-    open one's leader is asked to roll, the store marks both lost before it joins."""
+    open one's leader is asked to roll, the store marks it lost before it joins (the
+    sealed one, which it answered without, left its copy set)."""
     holdings = [held(s, segment) for segment in (seg(1), seg(2, OPEN)) for s in ("s1", "s2")]
     answered = {
         "s1": rebuild.Answered(INCARNATION, CLUSTER),
@@ -268,7 +340,8 @@ def test_a_rebuilt_stores_lost_replicas_are_answered_at_its_next_registration(
     commit_rebuilt(place.open(), rebuilt)
     state = MasterState(place.open(), NOW, 1_000, 3_000)
     again = state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, INCARNATION, "")
-    assert again.lost == ((5, 1), (5, 2))
+    assert again.lost == ((5, 2),)
+    assert state.segments[(5, 1)].copy_set == ("s1", "s2")
     assert state.lost_members == {(5, 2): {"s3"}}
     place.close()
 

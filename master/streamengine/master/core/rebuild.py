@@ -17,7 +17,9 @@ own fence, acked index and acked bridge of it. From those:
   records disagreeing on the final index are a conflict (the latest settled is taken,
   logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
   sealed there (a seal whose record had not reached the stores yet). A segment without
-  any record gets the stores that hold it as its copy set;
+  any record gets the stores that hold it as its copy set. A sealed segment's copy set
+  leaves out the members that answered without a replica of it, and takes, up to N,
+  stores holding a whole sealed copy its record does not name (a repair's);
 - a stream's epoch is `REBUILD_EPOCH_GAP` past the highest epoch any store knows of
   it, as a segment or as a fence. Every epoch a leader wrote or sealed under is at or
   below that highest one, but the lost master may have granted later ones no store saw
@@ -180,14 +182,14 @@ def rebuild(
     """The catalog from what the stores hold (`holdings`); `answered`: the stores whose
     answers were whole, `registered`: every store's record as it registers now."""
     holdings = list(holdings)
-    out = _catalog(holdings, now_ms)
+    out = _catalog(holdings, now_ms, set(answered or ()))
     newer = _newer_databases(answered or {}, registered or {})
     if newer:
         _lose_replicas(out, holdings, newer, registered or {})
     return out
 
 
-def _catalog(holdings: list[Holding], now_ms: int) -> Rebuilt:
+def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuilt:
     by_stream: dict[int, list[Holding]] = {}
     for holding in holdings:
         by_stream.setdefault(holding.stream_id, []).append(holding)
@@ -227,6 +229,8 @@ def _catalog(holdings: list[Holding], now_ms: int) -> Rebuilt:
         for segment_epoch in sorted({h.epoch for h in group}):
             held = [h for h in group if h.epoch == segment_epoch]
             segment = _segment(stream, held, now_ms, out.notes)
+            if segment.state == SegmentState.SEALED:
+                segment = _sealed_copy_set(stream, segment, held, answered, now_ms, out.notes)
             out.segments[segment.key] = segment
         _check_stream(stream, [s for k, s in out.segments.items() if k[0] == stream.stream_id])
     assert all(s.stream_id < out.next_stream_id for s in out.streams.values())
@@ -347,6 +351,46 @@ def _segment(
     if chosen.state == SegmentState.OPEN and key[1] < stream.epoch:
         chosen = replace(chosen, state=SegmentState.SEALING)
     return chosen
+
+
+def _sealed_copy_set(
+    stream: StreamRecord,
+    segment: SegmentRecord,
+    held: list[Holding],
+    answered: set[str],
+    now_ms: int,
+    notes: list[str],
+) -> SegmentRecord:
+    """A sealed segment's copy set as its stores hold it: the record's members that hold
+    a replica or did not answer wholly, then, up to N, other stores holding a whole
+    sealed copy (a repair's, whose new copy set no record took to the stores before the
+    metadata was lost). A member that answered without the replica holds none: named
+    still, it would stand for a replica nobody keeps (the runtime world's seed 67 on
+    the hedged dial's schedules: a repair had moved the segment off a wiped store and
+    its lost mark was deleted, and the rebuild named it again from older records)."""
+    holders = {h.store_id for h in held}
+    members = [m for m in segment.copy_set if m in holders or m not in answered]
+    whole = sorted(
+        h.store_id
+        for h in held
+        if h.store_id not in segment.copy_set
+        and h.fence > segment.epoch
+        and h.acked_index >= segment.final_index
+    )
+    copy_set = tuple(members + whole[: max(0, stream.replicas - len(members))])
+    if not copy_set or copy_set == segment.copy_set:
+        return segment
+    notes.append(
+        f"{stream.name} segment {segment.epoch}: its record names {', '.join(segment.copy_set)}; "
+        f"the stores hold it on {', '.join(copy_set)}"
+    )
+    return replace(
+        segment,
+        copy_set=copy_set,
+        settled_at_ms=now_ms,
+        bad=tuple(m for m in segment.bad if m in copy_set),
+        verified=tuple(m for m in segment.verified if m in copy_set),
+    )
 
 
 def _check_stream(stream: StreamRecord, segments: list[SegmentRecord]) -> None:
