@@ -103,6 +103,7 @@ INVARIANTS = {
     15: "a producer event answered as written is in the stream, and never twice",
     16: "what the master shows of its streams is what it holds, to each caller its own",
     17: "a leader hears of a roll its master owes it while its session is renewed",
+    18: "a client waiting on a dial crosses a healed cut within a bound",
     0: "the cluster converges once faults stop (liveness)",
 }
 

@@ -35,10 +35,10 @@ CI_SEEDS = (*range(0, 10), MANY_OF_BOTH_KINDS, MANY_BY_PREFIX)
 # append open 933 ms, past its 900 ms timeout) until it drew followers of many; seed 17
 # until a client's rolls went to the master in batches; seed 16 until writers drew their
 # own lease secrets; seed 2 until standbys refused SealSegment cleanly; seed 6 until
-# recoveries' seals went to the master in batches, seed 2 since. Seed 6's appends time
-# out without the flaw.
+# recoveries' seals went to the master in batches, seed 2 until a dial sent a fresh SYN
+# while one went unanswered, seed 0 since. Seed 6's appends time out without the flaw.
 PARKED_APPENDS_HANG = 6
-PARKED_APPENDS_HANG_FOUND = 2
+PARKED_APPENDS_HANG_FOUND = 0
 # A producer's unanswered batch is sent again through its process's next writer (seed
 # 0 until reads rode the client's pooled data connections, seed 1 until a client's rolls
 # went to the master in batches).
@@ -66,8 +66,9 @@ TOKENS_REVOKED = 11
 # `framed.UNANSWERED_MS_MAX`, seed 11 until lease sessions, seed 54 until it drew
 # followers of many, seed 64 until rolls went to the master in batches, seed 54 until
 # writers drew their own lease secrets, seed 73 until recoveries' seals went to the
-# master in batches: seed 45).
-REVOKED_STREAM_WRITES = 45
+# master in batches, seed 45 until a dial sent a fresh SYN while one went unanswered:
+# seed 11).
+REVOKED_STREAM_WRITES = 11
 # A wiped store's registration answers are lost; with its lost replicas answered only
 # to the first registration, store1 joined without segment 1/1 marked lost.
 LOST_REGISTRATION_ANSWERS = 39
@@ -162,8 +163,12 @@ FLAWED = [
     ("pages_by_offset", 20, 16),
     # A writer shows no lease secret until its grant's answer hands it one: a grant
     # whose answer is lost is granted again, anew (a clean-clone run's stuttering master
-    # granted 300 streams twice each, `tests/integration/test_lease_churn.py`).
-    ("secret_in_grant_only", 3, 5),
+    # granted 300 streams twice each, `tests/integration/test_lease_churn.py`; seed 3
+    # until a dial sent a fresh SYN while one went unanswered).
+    ("secret_in_grant_only", 1, 5),
+    # One SYN per dial, left to the kernel's retransmissions, and a pause after a dial
+    # nobody answered: a client misses a healed cut by a second (S7 on affe1fc).
+    ("dial_once", 10, 18),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -486,6 +487,79 @@ async def test_connections_go_through_the_seams(monkeypatch: pytest.MonkeyPatch)
     async with serving() as address, framed.connect(address, Transport()):
         pass
     assert opened == [framed_peer.split_address(address)] and started == [opened[0][1]]
+
+
+def dials_where_the_first_syns_are_lost(
+    monkeypatch: pytest.MonkeyPatch, lost: int
+) -> tuple[list[float], list[str]]:
+    """`open_connection` whose first `lost` dials hang as a SYN dropped by a partition
+    does: when each dial began, and how each unanswered one ended."""
+    began: list[float] = []
+    ended: list[str] = []
+    real_open = framed.open_connection
+
+    async def open_connection(host: str, port: int, **kwargs: Any) -> Any:
+        began.append(asyncio.get_running_loop().time())
+        if len(began) > lost:
+            return await real_open(host, port, **kwargs)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        raise AssertionError("a lost SYN's dial outlived its connect")
+
+    monkeypatch.setattr(framed, "open_connection", open_connection)
+    return began, ended
+
+
+async def test_a_dial_sends_a_fresh_syn_while_the_first_goes_unanswered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition healed while a dial waited: the next SYN, a hedge later, connects,
+    long before the connect timeout, and the dials left waiting are cancelled."""
+    began, ended = dials_where_the_first_syns_are_lost(monkeypatch, lost=2)
+    async with serving(echo) as address, framed.connect(address, Transport()) as connection:
+        call = await connection.call(framing.WRITE)
+        await call.send(request(1))
+        assert await call.receive() is not None
+    assert len(began) == 3 and ended == ["cancelled", "cancelled"]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(began)]
+    assert all(gap >= framed.DIAL_HEDGE_MS / 1000 * 0.9 for gap in gaps)
+    assert began[-1] - began[0] < framed.CONNECT_TIMEOUT_MS / 1000
+
+
+async def test_a_dial_nothing_answers_is_unavailable_at_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(framed, "CONNECT_TIMEOUT_MS", 500)
+    monkeypatch.setattr(framed, "DIAL_HEDGE_MS", 100)
+    began, ended = dials_where_the_first_syns_are_lost(monkeypatch, lost=1_000)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(CallError) as raised:
+        async with framed.connect(f"127.0.0.1:{free_port()}", Transport()):
+            pass
+    assert raised.value.code is StatusCode.UNAVAILABLE
+    assert 0.45 <= loop.time() - start < 2.0
+    assert 4 <= len(began) <= 6
+    await asyncio.sleep(0)
+    assert len(ended) == len(began)
+
+
+async def test_a_refused_dial_ends_the_dial_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal is an answer: the dial still waiting on an earlier SYN is not waited for."""
+    began, ended = dials_where_the_first_syns_are_lost(monkeypatch, lost=1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(CallError) as raised:
+        async with framed.connect(f"127.0.0.1:{free_port()}", Transport()):
+            pass
+    assert raised.value.code is StatusCode.UNAVAILABLE
+    assert loop.time() - start < framed.CONNECT_TIMEOUT_MS / 1000
+    assert len(began) == 2
+    await asyncio.sleep(0)
+    assert ended == ["cancelled"]
 
 
 # TLS: the handshake's certificate and the hello's token say who calls.

@@ -19,6 +19,7 @@ from streamengine.client.core.store_session import (
     RouteRefused,
     SessionRoutes,
     batched,
+    reopen_pause_ms,
 )
 from streamengine.client.core.writer import FencedByStore
 from streamengine.client.store_session import Inbox
@@ -279,3 +280,22 @@ def test_the_inbox_hands_a_segment_s_events_only_to_an_owner_still_holding_it() 
 
     asyncio.run(scenario())
     assert len(heard) == 1 and isinstance(heard[0], WriteReplied)
+
+
+@pytest.mark.parametrize(
+    ("failures", "unanswered_dial", "pause_ms"),
+    [
+        (1, False, 50),
+        (3, False, 200),
+        (9, False, 1_000),
+        (1, True, 0),
+        (9, True, 0),
+    ],
+)
+def test_a_write_stream_dials_again_at_once_after_a_dial_nobody_answered(
+    failures: int, unanswered_dial: bool, pause_ms: int
+) -> None:
+    """A refusal or a stream that ended waits out the backoff; a dial that met silence
+    for its whole timeout already waited longer, and the next goes at once."""
+    assert reopen_pause_ms(failures, unanswered_dial) == pause_ms
+    assert pause_ms == (0 if unanswered_dial else STORE_STREAM_REOPEN.delay_ms(failures))

@@ -24,6 +24,7 @@ from typing import Protocol
 import grpc
 
 from streamengine.client.channels import ChannelPool
+from streamengine.client.core import store_session as store_sessions
 from streamengine.client.core.replicator import (
     SegmentRef,
     SendWrite,
@@ -49,6 +50,8 @@ from streamengine.protocol.transport import Transport
 from streamengine.v1 import segment_store_pb2
 
 log = logging.getLogger(__name__)
+
+assert STORE_STREAM_REOPEN.max_ms <= framed.CONNECT_TIMEOUT_MS, "a timed-out dial paused enough"
 
 _WriteReply = segment_store_pb2.WriteReply
 _REFUSED_FOR_NOW = (segment_store_pb2.REFUSED_BUSY, segment_store_pb2.REFUSED_QUOTA)
@@ -141,7 +144,9 @@ class StoreSession:
 
     async def _serve(self) -> None:
         failures = 0
+        loop = asyncio.get_running_loop()
         while len(self.routes):
+            dialled_at, connected = loop.time(), False
             try:
                 # A connection of its own, not the client's pooled one its reads, tails
                 # and recoveries share: an append's frames and answers never queue
@@ -154,7 +159,7 @@ class StoreSession:
                 # client's loop, busy with the read, is most of it either way).
                 async with framed.connect(self.data_address, self.transport) as connection:
                     call = await connection.call(framing.WRITE)
-                    failures = 0
+                    failures, connected = 0, True
                     self._connected = True
                     for key, owner in self.routes.open_all():
                         self._tell(key, owner, StoreConnected(self.store_id))
@@ -170,7 +175,10 @@ class StoreSession:
                 log.info("store %s Write stream failed: %s", self.store_id, error)
             self._lost()
             failures += 1
-            await asyncio.sleep(STORE_STREAM_REOPEN.delay_ms(failures) / 1000)
+            unanswered = loop.time() - dialled_at >= framed.CONNECT_TIMEOUT_MS / 1000
+            pause_ms = store_sessions.reopen_pause_ms(failures, not connected and unanswered)
+            if pause_ms:
+                await asyncio.sleep(pause_ms / 1000)
 
     def _lost(self) -> None:
         self._connected = False

@@ -78,9 +78,48 @@ HELLO_TIMEOUT_MS = 5_000
 # 4) can miss a healed partition by seconds (S7 in the clean-clone run: a store back 3 s
 # late, so a second store's fault stalled appends 1.12 s).
 CONNECT_TIMEOUT_MS = 1_500
+# While a dial's SYN goes unanswered, another goes this often, the earlier ones still
+# waiting: a partition healed during the dial is crossed by the next fresh SYN, not the
+# kernel's retransmission a second or two later (S7 on affe1fc: a writer's store, cut
+# off one way, came back while its dial hung, and a second store's cut 2 s after the
+# heal stalled appends 1.15 s). Only the TCP handshake is repeated: TLS's, the server's
+# work, runs once on the connection that answered.
+DIAL_HEDGE_MS = 250
+assert DIAL_HEDGE_MS < CONNECT_TIMEOUT_MS
 assert UNANSWERED_PROBE_MS < UNANSWERED_MS_MAX < DEAD_PEER_MS
 assert HELLO_TIMEOUT_MS < DEAD_PEER_MS
 assert CONNECT_TIMEOUT_MS <= HELLO_TIMEOUT_MS
+
+
+async def _dial(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP connection to `host:port`: a fresh SYN every `DIAL_HEDGE_MS` while none is
+    answered; the first connection wins and the others are closed. A refusal (or an
+    unreachable host) is an answer and ends the dial at once. The caller bounds it."""
+    dials: set[asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = set()
+    try:
+        while True:
+            dials.add(asyncio.ensure_future(open_connection(host, port)))
+            done, dials = await asyncio.wait(
+                dials, timeout=DIAL_HEDGE_MS / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
+            answered = [dial for dial in done if dial.exception() is None]
+            for extra in answered[1:]:
+                extra.result()[1].close()
+            if answered:
+                return answered[0].result()
+            if done:
+                error = next(iter(done)).exception()
+                assert error is not None
+                raise error
+    finally:
+        for dial in dials:
+            dial.cancel()
+            dial.add_done_callback(_close_unused)
+
+
+def _close_unused(dial: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
+    if not dial.cancelled() and dial.exception() is None:
+        dial.result()[1].close()
 
 
 class RequestStream:
@@ -367,9 +406,13 @@ async def connect(
     context = transport.ssl_context()
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT_MS / 1000):
-            reader, writer = await open_connection(
-                host, port, ssl=context, server_hostname=host if context else None
-            )
+            reader, writer = await _dial(host, port)
+            if context is not None:
+                try:
+                    await writer.start_tls(context, server_hostname=host)
+                except BaseException:
+                    writer.close()
+                    raise
     except (OSError, ssl.SSLError, TimeoutError) as error:
         raise CallError(StatusCode.UNAVAILABLE, f"cannot connect to {address}: {error}") from None
     configure_socket(writer, DEAD_PEER_MS)

@@ -54,9 +54,11 @@ of one instant coalesce, so a reader meets partial frames. `drain` waits while t
 holds `StreamFaults.send_buffer_bytes` unread. A reset between two nodes reaches both
 ends as `ConnectionResetError` after a detection delay; a cut does that too or, as
 drawn (`StreamFaults.silent_cut`), leaves the connection silent: nothing arrives and no
-error comes. A connection belongs to its process (`Incarnation`, `start_node`): when
-its task ends, each end it holds closes as the kernel closes a dead process's socket,
-a FIN after what it sent, or a reset when bytes it never read were left.
+error comes; a SYN sent across a cut is dropped as silently, as drawn, and sent again
+on the kernel's retransmission timeout. A connection belongs to its process
+(`Incarnation`, `start_node`): when its task ends, each end it holds closes as the
+kernel closes a dead process's socket, a FIN after what it sent, or a reset when bytes
+it never read were left.
 """
 
 from __future__ import annotations
@@ -205,7 +207,14 @@ class SimNetwork:
             "connections": 0,
             "stream_resets": 0,
             "silent_cuts": 0,
+            "silent_syns": 0,
         }
+        # (client's node, server's host) -> when the client last sent a SYN to it (a
+        # dial, or the kernel's retransmission of one).
+        self.syns_sent: dict[tuple[str, str], float] = {}
+        # (client's node, server's node) -> the dials whose SYN a cut dropped silently,
+        # still waiting for an answer.
+        self.unanswered_dials: dict[tuple[str, str], set[asyncio.Future[_Connection]]] = {}
         # Told of every call's end, as its caller sees it: (caller's node, address,
         # method, status code).
         self.call_observers: list[Callable[[str, str, str, grpc.StatusCode], None]] = []
@@ -421,11 +430,14 @@ class SimNetwork:
         **kwargs: Any,
     ) -> tuple[SimStreamReader, SimStreamWriter]:
         """`asyncio.open_connection` from the current node: the handshake takes a round
-        trip; nobody listening refuses it, a cut leaves the host unreachable."""
+        trip; nobody listening refuses it; a cut leaves the host unreachable or, as
+        drawn (`StreamFaults.silent_cut`), drops the SYN without a word, and the kernel
+        sends it again 1 s later, then 2 s, 4 s..., until one crosses a healed cut or
+        the caller gives up."""
         _refuse_tls(ssl)
         client = (CURRENT_NODE.get(), CURRENT_INCARNATION.get(None))
         connected: asyncio.Future[_Connection] = self.loop.create_future()
-        self.loop.call_later(self.delay_s(), self._syn_arrives, client, f"{host}:{port}", connected)
+        self._send_syn(client, f"{host}:{port}", connected, SYN_RETRANSMIT_FIRST_S)
         try:
             connection = await connected
         except asyncio.CancelledError:
@@ -434,11 +446,26 @@ class SimNetwork:
             raise
         return SimStreamReader(connection.client), SimStreamWriter(connection.client)
 
+    def _send_syn(
+        self,
+        client: tuple[str, Incarnation | None],
+        address: str,
+        connected: asyncio.Future[_Connection],
+        retransmit_s: float,
+    ) -> None:
+        if connected.done():  # the caller gave up: its kernel sends no more
+            return
+        self.syns_sent[(client[0], address.rpartition(":")[0])] = self.loop.time()
+        self.loop.call_later(
+            self.delay_s(), self._syn_arrives, client, address, connected, retransmit_s
+        )
+
     def _syn_arrives(
         self,
         client: tuple[str, Incarnation | None],
         address: str,
         connected: asyncio.Future[_Connection],
+        retransmit_s: float,
     ) -> None:
         node, incarnation = client
         server = self.stream_servers.get(address)
@@ -447,6 +474,18 @@ class SimNetwork:
             self.loop.call_later(self.delay_s(), _fail_unless_done, connected, refused)
             return
         if self.partitioned(node, server.node):
+            if self.rng.random() < self.stream_faults.silent_cut:
+                # Dropped without a word (iptables DROP): the kernel sends the SYN
+                # again after its retransmission timeout, doubled each time.
+                self.stats["silent_syns"] += 1
+                waiting = self.unanswered_dials.setdefault((node, server.node), set())
+                if connected not in waiting:
+                    waiting.add(connected)
+                    connected.add_done_callback(waiting.discard)
+                self.loop.call_later(
+                    retransmit_s, self._send_syn, client, address, connected, 2 * retransmit_s
+                )
+                return
             unreachable = OSError(errno.EHOSTUNREACH, f"No route to host {address}")
             after_s = self.delay_s() + self.detection_s()
             self.loop.call_later(after_s, _fail_unless_done, connected, unreachable)
@@ -1385,6 +1424,9 @@ class StreamFaults:
 # A piece of a write lost on the way comes again after TCP's minimum retransmission
 # timeout: TCP turns loss into delay, never into a gap.
 RETRANSMIT_S = 0.2
+# A SYN nobody answers is sent again after this long, then after twice as long, and so
+# on (Linux's initial retransmission timeout).
+SYN_RETRANSMIT_FIRST_S = 1.0
 SPLITS_PER_WRITE_MAX = 3
 EPHEMERAL_PORT_FIRST = 40000
 

@@ -88,6 +88,7 @@ import grpc
 
 from streamengine import StreamClient, StreamEvent
 from streamengine.client import writer as writer_shell
+from streamengine.client.core import store_session as store_sessions
 from streamengine.client.core import writer as writer_core
 from streamengine.client.core.recovery import SegmentRecovery
 from streamengine.client.core.replicator import Replicator
@@ -113,6 +114,7 @@ from streamengine.master.service_segments import SegmentHandlers
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
 from streamengine.protocol import codec, framed
+from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import (
     VALUE_HEADER_BYTES,
@@ -172,7 +174,9 @@ from tests.sim.writer_node import ProducerOutbox
 # `attention_named_once`: a session's renewal names a stream owed a roll once, and a
 # renewal's answer lost leaves its leader deaf to the roll (`World._rolls_heard`);
 # `standby_state_first`: `SealSegment` reads the active master's state before its call
-# can refuse a standby, which answers UNKNOWN (`World._call_standbys`).
+# can refuse a standby, which answers UNKNOWN (`World._call_standbys`);
+# `dial_once`: a dial sends one SYN (then the kernel's retransmissions) until its
+# timeout, and a store's Write stream pauses after it (`World._healed_cuts_crossed`).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -187,6 +191,7 @@ RUNTIME_FLAWS = (
     "secret_in_grant_only",
     "attention_named_once",
     "standby_state_first",
+    "dial_once",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -208,6 +213,9 @@ APPEND_END_SLACK_MS = 20
 # answered this many leases after the roll was owed (`World._rolls_heard`): a renewal
 # goes each third of a lease, a heartbeat's answer lost is known a lease later.
 ROLL_HEARD_LEASES = 3
+# A dial waiting on a cut sends a fresh SYN this soon after the cut heals
+# (`World._healed_cuts_crossed`): the dial's next hedge, and a tick.
+HEALED_CUT_CROSSED_S = (framed.DIAL_HEDGE_MS + 10) / 1000
 # A writer that lost leadership (or never got it) asks again after this long.
 LEAD_AGAIN_MS = 100
 # A follower whose subscription failed subscribes again after this long.
@@ -609,8 +617,7 @@ class WorldConfig:
             + (f" replicas destroyed at {self.loss_at_ms}ms" if self.accept_loss else "")
             + (f" metadata lost at {self.loss_at_ms}ms" if self.metadata_lost else "")
             + "".join(
-                f" subscribe_many({many.describe()}, drops<={many.drop_ms}ms)"
-                for many in self.many
+                f" subscribe_many({many.describe()}, drops<={many.drop_ms}ms)" for many in self.many
             )
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
@@ -834,6 +841,9 @@ class World:
         # writers' clock), and the state they were seen in (`_rolls_heard`).
         self._owed_rolls_since: dict[tuple[str, int], int] = {}
         self._owed_rolls_of: MasterState | None = None
+        # Dials a cut left unanswered when it healed: (when, client's node, server's
+        # node, the dials) (`_healed_cuts_crossed`).
+        self._healed_dials: list[tuple[float, str, str, frozenset[asyncio.Future[Any]]]] = []
         for name, store in self.stores.items():
             store.join_observers.append(functools.partial(self._store_joined, name))
 
@@ -1015,9 +1025,7 @@ class World:
         # One at a time: the first started is the first active (its key is the oldest).
         for master in masters.elected:
             master.start(self.group)
-            await wait_until(
-                lambda: bool(masters.active()), SETUP_MS_MAX / 1000, "a master active"
-            )
+            await wait_until(lambda: bool(masters.active()), SETUP_MS_MAX / 1000, "a master active")
 
     async def _create_streams(self) -> None:
         async with StreamClient(self.masters.address) as client:
@@ -1199,9 +1207,7 @@ class World:
         for _ in range(self.rng.randint(1, self.config.batch_max)):
             out.events[out.next_sequence] = f"p:{writer.producer_id}:{out.next_sequence}".encode()
             out.next_sequence += 1
-        if out.batches_out and (
-            out.resend or out.batches_out >= self.config.producer_batches_max
-        ):
+        if out.batches_out and (out.resend or out.batches_out >= self.config.producer_batches_max):
             return
         # From the lowest unconfirmed event (the next after those out, if any), as many
         # as run on without a gap: a batch answered after an earlier one failed in doubt
@@ -1217,9 +1223,7 @@ class World:
             sequences.append(sequence)
         out.in_flight.update(sequences)
         out.batches_out += 1
-        appends.create_task(
-            self._append_produced(writer, writer_id, checker, out, lost, sequences)
-        )
+        appends.create_task(self._append_produced(writer, writer_id, checker, out, lost, sequences))
 
     async def _append_produced(
         self,
@@ -1257,9 +1261,7 @@ class World:
                 out.resend = False
         self.check(checker.append_ended, writer_id, payloads)
         state = self.masters.state
-        for producer_sequence, sequence, payload in zip(
-            sequences, answered, payloads, strict=True
-        ):
+        for producer_sequence, sequence, payload in zip(sequences, answered, payloads, strict=True):
             del out.events[producer_sequence]
             if sequence == 0:  # durable, its position no longer kept
                 self.count("producer events answered 0")
@@ -1522,8 +1524,10 @@ class World:
                     update.retention_bytes = self.rng.choice((1, 2_000, 20_000))
                 else:
                     update.retention_age_ms = self.rng.choice((500, 2_000, 5_000))
-                retention = f"{update.retention_bytes} B" if update.retention_bytes else (
-                    f"{update.retention_age_ms} ms"
+                retention = (
+                    f"{update.retention_bytes} B"
+                    if update.retention_bytes
+                    else (f"{update.retention_age_ms} ms")
                 )
                 await self._operate(f"retention of {stream}: {retention}", update)
             else:
@@ -1582,9 +1586,7 @@ class World:
                     continue
             if info.deleted_until_ms:
                 codes.clear()
-                await self._operate(
-                    f"undelete {stream} (deleted after all)", undelete, codes=codes
-                )
+                await self._operate(f"undelete {stream} (deleted after all)", undelete, codes=codes)
                 if codes[-1:] == [grpc.StatusCode.NOT_FOUND]:
                     self._removed_past_grace(stream)
                     return
@@ -1775,9 +1777,7 @@ class World:
         self.note(f"{process.node} starts")
         self.start(process.node, self._process(process))
 
-    def _store_joined(
-        self, name: str, core: SegmentStoreCore, lost: Sequence[SegmentKey]
-    ) -> None:
+    def _store_joined(self, name: str, core: SegmentStoreCore, lost: Sequence[SegmentKey]) -> None:
         self.count("store joins")
         if name in self.held_before_wipe:
             self.check(self._joined_knowing_its_losses, name, core)
@@ -1884,6 +1884,12 @@ class World:
         if self.network.partitioned(a, b) and self.phase == "safety":
             self.note(f"heal {a} | {b}")
             self.network.cuts.discard((min(a, b), max(a, b)))
+            clients = self._client_nodes()
+            for client, server in ((a, b), (b, a)):
+                waiting = self.network.unanswered_dials.get((client, server))
+                if client in clients and waiting:
+                    healed_at = self.loop.time()
+                    self._healed_dials.append((healed_at, client, server, frozenset(waiting)))
 
     def _reset(self) -> None:
         a, b = self.rng.sample(self._servers() + self._client_nodes(), 2)
@@ -2115,6 +2121,7 @@ class World:
             now = self.now_ms
             self.check(self.masters.look)
             self.check(self._rolls_heard)
+            self.check(self._healed_cuts_crossed)
             for checker in self.checkers.values():
                 for writer_id in sorted(checker.open_appends):
                     if writer_id.partition("/")[0] in self.crashed:
@@ -2169,6 +2176,28 @@ class World:
                 f"{lease.holder} leads epoch {epoch} of {stream}, owed a roll ({reason}) "
                 f"for {now_ms - since_ms} ms; its session's renewals were answered until "
                 f"{now_ms - session.renewal_answered_at_ms} ms ago, and it never asked",
+            )
+
+    def _healed_cuts_crossed(self) -> None:
+        """A client whose dial waited on a cut when it healed sends a fresh SYN within
+        `DIAL_HEDGE_MS` (and a tick), unless that dial ended meanwhile: the kernel's
+        next retransmission may be a second or more away, and a writer that waits for
+        it has a copy set short of a store it could reach (S7)."""
+        now = self.loop.time()
+        due = [d for d in self._healed_dials if now >= d[0] + HEALED_CUT_CROSSED_S]
+        self._healed_dials = [d for d in self._healed_dials if d not in due]
+        for healed_at, client, server, dials in due:
+            if (
+                client in self.crashed
+                or self.network.partitioned(client, server)
+                or all(dial.done() for dial in dials)
+                or self.network.syns_sent.get((client, server), -1.0) >= healed_at
+            ):
+                continue
+            raise Violation(
+                18,
+                f"{client}'s dial to {server} still waits {round((now - healed_at) * 1000)} "
+                f"ms after their cut healed, and no SYN went since",
             )
 
     def _describe(self, writer_id: str) -> None:
@@ -2383,9 +2412,7 @@ class World:
             name, key, final = self.rng.choice(chances)
             store = self.stores[name]
             assert store.core is not None
-            events = [
-                e for e in store.core.reader.read(key, 1, final) if e.kind == EntryKind.EVENT
-            ]
+            events = [e for e in store.core.reader.read(key, 1, final) if e.kind == EntryKind.EVENT]
             if not events:
                 continue
             victim = self.rng.choice(events)
@@ -2655,6 +2682,7 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
         if "fail_in_doubt" in flaws:
             stack.enter_context(mock.patch.object(writer_shell, "AppendInDoubt", AppendFailed))
         if "ack_before_seal" in flaws:
+
             def acking_at_once(*args: Any, **kwargs: Any) -> Replicator:
                 return Replicator(*args, **{**kwargs, "acking": True})
 
@@ -2666,9 +2694,7 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 writer._pending.clear()
                 stepped_down(writer, down)
 
-            stack.enter_context(
-                mock.patch.object(writer_shell.Writer, "_stepped_down", forgetting)
-            )
+            stack.enter_context(mock.patch.object(writer_shell.Writer, "_stepped_down", forgetting))
         if "revoked_stream_writes" in flaws:
             stack.enter_context(
                 mock.patch.object(StoreAuthority, "check_not_revoked", lambda *args: None)
@@ -2692,6 +2718,11 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
         if "standby_state_first" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentHandlers, "SealSegment", _sealing_state_first)
+            )
+        if "dial_once" in flaws:
+            stack.enter_context(mock.patch.object(framed, "_dial", _dialling_once))
+            stack.enter_context(
+                mock.patch.object(store_sessions, "reopen_pause_ms", _pausing_after_every_dial)
             )
         if "attention_named_once" in flaws:
             stack.enter_context(
@@ -2734,6 +2765,16 @@ def _answered_as_a_standby(what: str, code: str, became_active: bool) -> None:
         raise Violation(6, what)
     if code == "OK" and not became_active:
         raise Violation(6, f"{what}, answered as though active")
+
+
+async def _dialling_once(host: str, port: int) -> tuple[Any, Any]:
+    """`framed._dial` as it was: one SYN, left to the kernel's retransmissions."""
+    return await framed.open_connection(host, port)
+
+
+def _pausing_after_every_dial(failures: int, unanswered_dial: bool) -> int:
+    """`reopen_pause_ms` as it was: the backoff's pause after a dial nobody answered too."""
+    return STORE_STREAM_REOPEN.delay_ms(failures)
 
 
 _renew_session = Leadership.renew_session

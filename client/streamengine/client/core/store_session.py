@@ -93,6 +93,17 @@ def batched(events: list[LeaderEvent]) -> list[LeaderEvent]:
     return out
 
 
+def reopen_pause_ms(failures: int, unanswered_dial: bool) -> int:
+    """How long a store's Write stream waits before dialling again, after `failures`
+    failures in a row: `STORE_STREAM_REOPEN`'s backoff after an answer (a refusal, a
+    stream that ended), none after a dial nobody answered before its timeout. That dial
+    waited longer than any pause, sending a fresh SYN every `framed.DIAL_HEDGE_MS`,
+    and the next at once may cross a cut healed meanwhile (S7 on affe1fc: a pause after
+    such a dial missed a heal by over a second)."""
+    assert failures >= 1
+    return 0 if unanswered_dial else STORE_STREAM_REOPEN.delay_ms(failures)
+
+
 @dataclass(slots=True)
 class MessageParts:
     """What one Write message holds so far, and whether the next request joins it:
