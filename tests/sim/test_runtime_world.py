@@ -342,6 +342,15 @@ def test_seed_67_a_copy_set_a_rebuild_left_short_of_n_is_recovered() -> None:
     assert result.config.metadata_lost and result.ok, _failure(result)
 
 
+def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:
+    """Three stores, N=3, store2's replica of segment 3/1 rotted and dropped, then the
+    metadata lost: a rebuild that left store2 out of the copy set (it answered without
+    the replica) left the segment on two stores for good, as no repair grows a copy set
+    back to N. It stays, and the repair refills it."""
+    result = run_seed(113)
+    assert result.config.metadata_lost and result.config.rot and result.ok, _failure(result)
+
+
 def test_seed_109_a_producer_batch_due_before_an_append_ahead_ends_within_its_timeout() -> None:
     """N=3 W=3, producers, store4 cut off from c2: a producer's batch waited for its
     turn (the table being rebuilt) while a plain append was taken, and went to the core

@@ -155,7 +155,7 @@ def whole_copy(store: str, segment: SegmentRecord) -> rebuild.Holding:
     [
         ("every member holds it", ["s1", "s2", "s3"], ["s1", "s2", "s3"], ("s1", "s2", "s3")),
         (
-            "a member that answered without it leaves; a repair's whole copy joins",
+            "a member that answered without it gives its place to a repair's whole copy",
             ["s1", "s2", "s4"],
             ["s1", "s2", "s3", "s4"],
             ("s1", "s2", "s4"),
@@ -167,12 +167,23 @@ def whole_copy(store: str, segment: SegmentRecord) -> rebuild.Holding:
             ("s1", "s2", "s3"),
         ),
         (
-            "whole copies join up to N only, in store order",
+            "whole copies take the places in store order",
             ["s1", "s5", "s4"],
             ["s1", "s2", "s3", "s4", "s5"],
             ("s1", "s4", "s5"),
         ),
-        ("a member alone keeps its place", ["s2"], ["s1", "s2", "s3"], ("s2",)),
+        (
+            "with no whole copy to take its place, a member without it stays to be refilled",
+            ["s2"],
+            ["s1", "s2", "s3"],
+            ("s1", "s2", "s3"),
+        ),
+        (
+            "a whole copy takes no place of a member holding one",
+            ["s1", "s2", "s3", "s4"],
+            ["s1", "s2", "s3", "s4"],
+            ("s1", "s2", "s3"),
+        ),
     ],
 )
 def test_a_sealed_copy_set_is_rebuilt_from_the_stores_holding_it(
@@ -194,12 +205,12 @@ def test_a_sealed_copy_set_is_rebuilt_from_the_stores_holding_it(
     assert any("the stores hold it on" in note for note in out.notes) == changed, case
 
 
-def test_an_unconfirmed_copy_does_not_join_a_sealed_copy_set() -> None:
+def test_an_unconfirmed_copy_takes_no_place_in_a_sealed_copy_set() -> None:
     recorded = seg(1, copy_set=("s1", "s2", "s3"))
     partial = replace(whole_copy("s4", recorded), acked_index=0)
     answered = {s: rebuild.Answered(INCARNATION, CLUSTER) for s in ("s1", "s2", "s3", "s4")}
     out = rebuild.rebuild([held("s1", recorded), held("s2", recorded), partial], NOW, answered)
-    assert out.segments[(5, 1)].copy_set == ("s1", "s2")
+    assert out.segments[(5, 1)].copy_set == ("s1", "s2", "s3")
 
 
 def test_an_acked_bridge_seals_a_segment_whose_seal_record_did_not_arrive() -> None:
@@ -251,12 +262,11 @@ def registered_as(store: str, incarnation: int = INCARNATION) -> StoreRecord:
     ("case", "s3_holds", "s3_answered", "s3_registered", "lost"),
     [
         (
-            "a new disk (no cluster id) loses the open replica and leaves the sealed one's "
-            "copy set",
+            "a new disk (no cluster id) loses every replica its copy sets name",
             [],
             rebuild.Answered(INCARNATION, ""),
             INCARNATION,
-            [(5, 2)],
+            [(5, 1), (5, 2)],
         ),
         (
             "a new disk loses only what it does not hold",
@@ -311,13 +321,9 @@ def test_a_member_with_a_database_newer_than_its_records_loses_its_replicas(
         assert any(note.startswith("store s3 ") for note in out.notes), case
     else:
         assert out.stores == {}, case
-    # The open segment's copy set stays as recorded; the sealed one's leaves a member
-    # that answered without it. A lost replica is no longer verified.
-    left = s3_answered is not None and 1 not in s3_holds
-    sealed_copy_set = ("s1", "s2") if left else ("s1", "s2", "s3")
-    assert out.segments[(5, 1)].copy_set == sealed_copy_set, case
-    assert out.segments[(5, 2)].copy_set == ("s1", "s2", "s3"), case
-    verified = ("s1",) if (5, 1) in lost or left else ("s1", "s3")
+    # The copy sets stay as recorded; a lost replica is no longer verified.
+    assert [s.copy_set for s in out.segments.values()] == [("s1", "s2", "s3")] * 2, case
+    verified = ("s1",) if (5, 1) in lost else ("s1", "s3")
     assert out.segments[(5, 1)].verified == verified, case
 
 
@@ -325,8 +331,7 @@ def test_a_rebuilt_stores_lost_replicas_are_answered_at_its_next_registration(
     tmp_path: Path,
 ) -> None:
     """Committed with the catalog, they are answered as a new incarnation's are: the
-    open one's leader is asked to roll, the store marks it lost before it joins (the
-    sealed one, which it answered without, left its copy set)."""
+    open one's leader is asked to roll, the store marks both lost before it joins."""
     holdings = [held(s, segment) for segment in (seg(1), seg(2, OPEN)) for s in ("s1", "s2")]
     answered = {
         "s1": rebuild.Answered(INCARNATION, CLUSTER),
@@ -340,8 +345,7 @@ def test_a_rebuilt_stores_lost_replicas_are_answered_at_its_next_registration(
     commit_rebuilt(place.open(), rebuilt)
     state = MasterState(place.open(), NOW, 1_000, 3_000)
     again = state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, INCARNATION, "")
-    assert again.lost == ((5, 2),)
-    assert state.segments[(5, 1)].copy_set == ("s1", "s2")
+    assert again.lost == ((5, 1), (5, 2))
     assert state.lost_members == {(5, 2): {"s3"}}
     place.close()
 

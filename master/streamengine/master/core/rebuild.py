@@ -17,9 +17,9 @@ own fence, acked index and acked bridge of it. From those:
   records disagreeing on the final index are a conflict (the latest settled is taken,
   logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
   sealed there (a seal whose record had not reached the stores yet). A segment without
-  any record gets the stores that hold it as its copy set. A sealed segment's copy set
-  leaves out the members that answered without a replica of it, and takes, up to N,
-  stores holding a whole sealed copy its record does not name (a repair's);
+  any record gets the stores that hold it as its copy set. In a sealed segment's copy
+  set, a member that answered without a replica gives its place to a store holding a
+  whole sealed copy its record does not name (a repair's), while there is one;
 - a stream's epoch is `REBUILD_EPOCH_GAP` past the highest epoch any store knows of
   it, as a segment or as a fence. Every epoch a leader wrote or sealed under is at or
   below that highest one, but the lost master may have granted later ones no store saw
@@ -361,15 +361,15 @@ def _sealed_copy_set(
     now_ms: int,
     notes: list[str],
 ) -> SegmentRecord:
-    """A sealed segment's copy set as its stores hold it: the record's members that hold
-    a replica or did not answer wholly, then, up to N, other stores holding a whole
-    sealed copy (a repair's, whose new copy set no record took to the stores before the
-    metadata was lost). A member that answered without the replica holds none: named
-    still, it would stand for a replica nobody keeps (the runtime world's seed 67 on
-    the hedged dial's schedules: a repair had moved the segment off a wiped store and
-    its lost mark was deleted, and the rebuild named it again from older records)."""
+    """A sealed segment's copy set as its stores hold it: a member of the record that
+    answered wholly without a replica gives its place to a store holding a whole sealed
+    copy the record does not name (a repair's, whose new copy set no record took to the
+    stores before the metadata was lost), while there is one. Named still, it would
+    stand for a replica it no longer keeps, and the repair's copy would be deleted as
+    garbage (the runtime world's seed 67 on the hedged dial's schedules: a repair had
+    moved the segment off a wiped store, whose lost mark was deleted since). With no
+    such copy the member stays, for the repair to refill (it missed the bridge)."""
     holders = {h.store_id for h in held}
-    members = [m for m in segment.copy_set if m in holders or m not in answered]
     whole = sorted(
         h.store_id
         for h in held
@@ -377,8 +377,11 @@ def _sealed_copy_set(
         and h.fence > segment.epoch
         and h.acked_index >= segment.final_index
     )
-    copy_set = tuple(members + whole[: max(0, stream.replicas - len(members))])
-    if not copy_set or copy_set == segment.copy_set:
+    copy_set = list(segment.copy_set)
+    for place, member in enumerate(segment.copy_set):
+        if whole and member in answered and member not in holders:
+            copy_set[place] = whole.pop(0)
+    if tuple(copy_set) == segment.copy_set:
         return segment
     notes.append(
         f"{stream.name} segment {segment.epoch}: its record names {', '.join(segment.copy_set)}; "
@@ -386,7 +389,7 @@ def _sealed_copy_set(
     )
     return replace(
         segment,
-        copy_set=copy_set,
+        copy_set=tuple(copy_set),
         settled_at_ms=now_ms,
         bad=tuple(m for m in segment.bad if m in copy_set),
         verified=tuple(m for m in segment.verified if m in copy_set),
