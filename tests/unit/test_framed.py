@@ -529,19 +529,24 @@ async def test_a_dial_sends_a_fresh_syn_while_the_first_goes_unanswered(
     assert began[-1] - began[0] < framed.CONNECT_TIMEOUT_MS / 1000
 
 
-async def test_a_dial_nothing_answers_is_unavailable_at_the_connect_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(framed, "CONNECT_TIMEOUT_MS", 500)
-    monkeypatch.setattr(framed, "DIAL_HEDGE_MS", 100)
-    began, ended = dials_where_the_first_syns_are_lost(monkeypatch, lost=1_000)
+async def seconds_to_unavailable() -> float:
+    """How long a connect to a port nobody listens on took to fail UNAVAILABLE."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(CallError) as raised:
         async with framed.connect(f"127.0.0.1:{free_port()}", Transport()):
             pass
     assert raised.value.code is StatusCode.UNAVAILABLE
-    assert 0.45 <= loop.time() - start < 2.0
+    return loop.time() - start
+
+
+async def test_a_dial_nothing_answers_is_unavailable_at_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(framed, "CONNECT_TIMEOUT_MS", 500)
+    monkeypatch.setattr(framed, "DIAL_HEDGE_MS", 100)
+    began, ended = dials_where_the_first_syns_are_lost(monkeypatch, lost=1_000)
+    assert 0.45 <= await seconds_to_unavailable() < 2.0
     assert 4 <= len(began) <= 6
     await asyncio.sleep(0)
     assert len(ended) == len(began)
@@ -550,13 +555,7 @@ async def test_a_dial_nothing_answers_is_unavailable_at_the_connect_timeout(
 async def test_a_refused_dial_ends_the_dial_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A refusal is an answer: the dial still waiting on an earlier SYN is not waited for."""
     began, ended = dials_where_the_first_syns_are_lost(monkeypatch, lost=1)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    with pytest.raises(CallError) as raised:
-        async with framed.connect(f"127.0.0.1:{free_port()}", Transport()):
-            pass
-    assert raised.value.code is StatusCode.UNAVAILABLE
-    assert loop.time() - start < framed.CONNECT_TIMEOUT_MS / 1000
+    assert await seconds_to_unavailable() < framed.CONNECT_TIMEOUT_MS / 1000
     assert len(began) == 2
     await asyncio.sleep(0)
     assert ended == ["cancelled"]
