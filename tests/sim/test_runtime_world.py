@@ -118,11 +118,12 @@ INTRUDED = 26
 # master was up, came back after the metadata was lost at 2.4 s and registered with the
 # rebuilding master, which knew no segment and answered no lost replica; the rebuild kept
 # the copy sets naming it, and it joined holding three replicas it never marked lost.
-# Since a client's rolls go to the master in batches, seed 5206 shows it; seed 5009's
-# world now draws an unsynced loss the world does not count as one (N=5: two stores
-# wiped and store2, with fsync never, losing its cluster id to a power cut, leave
-# segments below R; no convergence), left in tests/sim/runtime/README.md.
-WIPED_WHILE_THE_METADATA_WAS_GONE = 5206
+# Since a client's rolls go to the master in batches, seed 5206 showed it; seed 5009
+# drew an unsynced loss the world did not count as one then (N=5: two stores wiped and
+# store2, with fsync never, losing its cluster id to a power cut, left segments below
+# R; no convergence), and shows it again since a writer stepping down sends its stores
+# the acked index.
+WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -131,8 +132,9 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5206
 # its own heartbeat was two minutes off: seed 73 found it (N=3 W=3 on three stores,
 # store0 dead, loss 8 %: c1's leader of t0/s0 deaf for good) until seals went to the
 # master in batches; since operators ask for rolls and lose the next renewal answers
-# (`WorldConfig.roll_asks`), seed 184 finds it (an operator's roll of t0/s3 unheard).
-ROLL_UNHEARD = 184
+# (`WorldConfig.roll_asks`), seed 184 finds it (an operator's roll of t0/s3 unheard),
+# seed 66 since a writer stepping down sends its stores the acked index.
+ROLL_UNHEARD = 66
 # A standby master answered SealSegment UNKNOWN (an assertion: the reply read the active
 # master's state before the call refused the standby). The fault suite's S17 found it
 # first; since the world calls standbys (`WorldConfig.standby_calls`), seed 16 does.

@@ -200,6 +200,35 @@ def test_deposed_with_appends_in_flight_fails_them_honestly() -> None:
     assert answer_all(leader, 14, sent) == []
 
 
+@pytest.mark.parametrize("deposed_by", ["follower", "another epoch of its own"])
+def test_a_writer_deposed_right_after_an_ack_tells_its_stores_the_acked_index(
+    deposed_by: str,
+) -> None:
+    """The acked index would have gone alone within `idle_ack_ms`; stepping down first,
+    the writer sends it at once, before its step-down, so that followers read its last
+    acked events though nobody leads the stream next (runtime seed 130)."""
+    leader = leading()
+    sent = step(leader, 10, Append((b"a",)))
+    assert [a.acked_index for a in of_type(answer_all(leader, 11, sent), Acked)] == [1]
+    answer = follower_answer(11, epoch=6) if deposed_by == "follower" else leader_answer(11, 6)
+    actions = step(leader, 12, answer)
+    down = [i for i, a in enumerate(actions) if isinstance(a, SteppedDown)]
+    told = [(i, a) for i, a in enumerate(actions) if isinstance(a, SendWrite)]
+    assert sorted(a.store for _, a in told) == sorted(STORES)
+    assert all(a.acked_index == 1 and not a.payloads for _, a in told)
+    assert down and all(i < down[0] for i, _ in told)
+
+
+def test_a_writer_stepping_down_sends_no_acked_index_its_stores_know() -> None:
+    leader = leading()
+    sent = step(leader, 10, Append((b"a",)))
+    answer_all(leader, 11, sent)
+    carried = step(leader, 12, Append((b"b",)))  # carries acked index 1 to every store
+    assert {a.acked_index for a in of_type(carried, SendWrite)} == {1}
+    actions = step(leader, 13, follower_answer(12, epoch=6))
+    assert of_type(actions, SendWrite) == [] and of_type(actions, SteppedDown)
+
+
 def test_a_lease_run_out_unrenewed_keeps_the_writer_leading_and_acking() -> None:
     # No master answers: safety rests on fencing, so the open segment goes on.
     leader = leading()

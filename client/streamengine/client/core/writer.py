@@ -891,7 +891,9 @@ class Leader:
         elif isinstance(event, HeartbeatFailed):
             self._heartbeats_in_flight = max(0, self._heartbeats_in_flight - 1)
             if self._heartbeat_failure_ends(event):
-                self._step_down(StepDownReason.REFUSED, f"{event.code}: {event.message}", actions)
+                self._step_down(
+                    now_ms, StepDownReason.REFUSED, f"{event.code}: {event.message}", actions
+                )
                 return actions
             # A bound writer's next own heartbeat is two minutes away; the one that
             # failed was maybe asked for by its session (a roll to hear of).
@@ -900,7 +902,10 @@ class Leader:
         elif isinstance(event, FencedByStore):
             if self.role is Role.LEADING and event.fence > self.epoch:
                 self._step_down(
-                    StepDownReason.FENCED, f"{event.store} is fenced at {event.fence}", actions
+                    now_ms,
+                    StepDownReason.FENCED,
+                    f"{event.store} is fenced at {event.fence}",
+                    actions,
                 )
         elif isinstance(event, SegmentSealed):
             self._sealed(now_ms, event.epoch, event.runs, actions)
@@ -914,7 +919,7 @@ class Leader:
                     self._roll_given_up(now_ms)  # a drain not asked yet: the next leader rolls
         elif isinstance(event, Release):
             if self.role is Role.LEADING:
-                self._step_down(StepDownReason.RELEASED, "released", actions)
+                self._step_down(now_ms, StepDownReason.RELEASED, "released", actions)
                 actions.append(ReleaseLease(self.epoch, self._grant))
             self.role = Role.FINISHED
             return actions
@@ -1039,7 +1044,7 @@ class Leader:
         problem = self._cannot_lead(answer)
         if problem:
             self.role = Role.LEADING  # so that stepping down reports the epoch
-            self._step_down(StepDownReason.UNSUPPORTED, problem, actions)
+            self._step_down(now_ms, StepDownReason.UNSUPPORTED, problem, actions)
             actions.append(ReleaseLease(answer.epoch, answer.grant))
             return
         assert answer.policy is not None
@@ -1096,6 +1101,7 @@ class Leader:
         if not answer.leader or answer.epoch != self.epoch:
             self._leader_id = answer.leader_id
             self._step_down(
+                now_ms,
                 StepDownReason.DEPOSED,
                 f"the master answered {'LEADER' if answer.leader else 'FOLLOWER'} "
                 f"for epoch {answer.epoch} while this writer leads epoch {self.epoch}",
@@ -1506,10 +1512,19 @@ class Leader:
         if count:
             actions.append(HeldAppendsTimedOut(count))
 
-    def _step_down(self, reason: StepDownReason, message: str, actions: list[LeaderAction]) -> None:
+    def _step_down(
+        self, now_ms: int, reason: StepDownReason, message: str, actions: list[LeaderAction]
+    ) -> None:
         replication = self.replicator
         if replication is not None:
-            replication.step(0, Stop())
+            if self.role is Role.LEADING:
+                # What is acked goes to the stores now, as the idle broadcast would have
+                # within `idle_ack_ms`: followers read up to their acked index, and a
+                # stream nobody leads next would hide its last acked events until some
+                # leader seals the segment (runtime seed 130: deposed 2 ms after its
+                # marker was acked, a writer left it unread for good).
+                actions.extend(replication.step(now_ms, Flush()))
+            replication.step(now_ms, Stop())
         self.finish = SteppedDown(
             reason,
             message,
