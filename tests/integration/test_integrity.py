@@ -84,6 +84,22 @@ class Damaged:
             status = stub.GetClusterStatus(master_pb2.GetClusterStatusRequest(), timeout=5)
         return any(s.store_id == store_id and s.alive for s in status.stores)
 
+    def describe(self) -> str:
+        """The stores as the master judges them and its repair tasks, for a failure."""
+        try:
+            channel, stub = self.stub()
+            with channel:
+                status = stub.GetClusterStatus(master_pb2.GetClusterStatusRequest(), timeout=5)
+        except grpc.RpcError as error:
+            return f"; the master's status: {error.code().name}"
+        stores = ", ".join(f"{s.store_id} {'alive' if s.alive else 'DEAD'}" for s in status.stores)
+        tasks = "; ".join(
+            f"{master_pb2.RepairTask.State.Name(t.state)} {t.segment.epoch}: "
+            f"{t.source_store}->{t.target_store} for {t.replaced_store} ({t.reason}) {t.error}"
+            for t in status.tasks[-6:]
+        )
+        return f"; stores: {stores}; last tasks: {tasks}"
+
     def tasks(self) -> list[master_pb2.RepairTask]:
         channel, stub = self.stub()
         with channel:
@@ -166,8 +182,11 @@ async def read_until(client: StreamClient, payloads: list[bytes], done: asyncio.
     return reads
 
 
-async def watch(condition: object, timeout_s: float, what: str) -> float:
-    """Seconds until `condition()` holds (polled off the event loop)."""
+async def watch(
+    condition: object, timeout_s: float, what: str, cluster: Damaged | None = None
+) -> float:
+    """Seconds until `condition()` holds (polled off the event loop); past the timeout,
+    what `cluster`'s master shows of its stores and repairs goes with the error."""
     started = time.monotonic()
     assert callable(condition)
 
@@ -178,7 +197,8 @@ async def watch(condition: object, timeout_s: float, what: str) -> float:
 
     while not await asyncio.to_thread(holds):
         if time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"{what} not reached in {timeout_s} s")
+            shown = await asyncio.to_thread(cluster.describe) if cluster else ""
+            raise TimeoutError(f"{what} not reached in {timeout_s} s{shown}")
         await asyncio.sleep(0.1)
     return round(time.monotonic() - started, 2)
 
@@ -212,7 +232,7 @@ async def test_a_flipped_sst_block_is_found_by_the_scrub_and_the_replica_replace
 
         try:
             detected_s = await watch(heard, 30, "the scrub's damage report")
-            repaired_s = await watch(replaced, 60, "the replica replaced")
+            repaired_s = await watch(replaced, 60, "the replica replaced", damaged)
         finally:
             done.set()
         reads = await reading
@@ -231,7 +251,10 @@ async def test_a_flipped_sst_block_is_found_by_the_scrub_and_the_replica_replace
     master.start()
     status = run_cli("status", "--json", "--master", damaged.cluster.master_address)
     assert json.loads(status.stdout)["sealed_replicas"] == {
-        "matched": 3, "not_matched_yet": 0, "bad": 0}, status.stdout
+        "matched": 3,
+        "not_matched_yet": 0,
+        "bad": 0,
+    }, status.stdout
     verified = run_cli("verify", STREAM, "--master", damaged.cluster.master_address)
     assert verified.stdout.count("; matched") == 3, verified.stdout
 
@@ -267,7 +290,7 @@ async def test_a_flipped_sst_block_with_no_spare_store_is_repaired_in_place(
 
         try:
             detected_s = await watch(heard, 30, "the scrub's damage report")
-            repaired_s = await watch(verify_passes, 60, "verify passing again")
+            repaired_s = await watch(verify_passes, 60, "verify passing again", exactly_n)
         finally:
             done.set()
         reads = await reading
@@ -311,7 +334,7 @@ async def test_a_wal_damaged_mid_log_keeps_the_store_down_and_its_replicas_move(
             return fully_verified(now) and victim_id not in {r.store_id for r in now.copy_set}
 
         try:
-            repaired_s = await watch(moved, 60, "the replica moved")
+            repaired_s = await watch(moved, 60, "the replica moved", damaged)
         finally:
             done.set()
         reads = await reading
@@ -377,7 +400,7 @@ async def test_a_copy_differing_only_from_the_certificate_is_never_served_nor_co
                 for t in damaged.tasks()
             )
 
-        await watch(copied, 60, "the repair of the dead member")
+        await watch(copied, 60, "the repair of the dead member", damaged)
         tasks = [t for t in damaged.tasks() if t.segment.epoch == epoch]
         failed = [t for t in tasks if t.state == master_pb2.RepairTask.FAILED]
         done = [t for t in tasks if t.state == master_pb2.RepairTask.DONE]
@@ -422,7 +445,11 @@ async def test_a_bit_flipped_under_its_crc_never_reaches_a_reader_of_a_certified
         index = 700
         flipped = bytes([payloads[index - 1][0] ^ 0x01]) + payloads[index - 1][1:]
         damage.rewrite_copy(
-            damaged.root(first), segment.id.stream_id, segment.id.epoch, index, flipped,
+            damaged.root(first),
+            segment.id.stream_id,
+            segment.id.epoch,
+            index,
+            flipped,
             valid_crc=False,
         )
         bad.args[bad.args.index("--scrub-mb-per-s") + 1] = "0"  # not found by its scrub
