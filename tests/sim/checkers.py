@@ -412,7 +412,7 @@ class Checker:
                 continue
             held[segment] = frozenset(
                 index
-                for index, copy in _sound_copies(core, segment, meta.last_index).items()
+                for index, copy in sound_copies(core, segment, meta.last_index).items()
                 if self.truth.get((segment.epoch, index)) == copy
             )
         return held
@@ -427,7 +427,7 @@ class Checker:
             meta = core.catalog.meta(segment)
             if not indexes or meta is None:
                 continue  # a segment gone whole is judged by its acked index
-            now = _sound_copies(core, segment, max(indexes))
+            now = sound_copies(core, segment, max(indexes))
             for index in sorted(indexes):
                 if index in now and now[index] != self.truth[(segment.epoch, index)]:
                     self.unsynced_losses.append(
@@ -1085,7 +1085,7 @@ class CatalogChecker:
         self.judged += 1
 
 
-def _sound_copies(
+def sound_copies(
     core: SegmentStoreCore, segment: SegmentKey, through: int
 ) -> dict[int, tuple[EntryKind, bytes]]:
     """What `core` holds of `segment` at 1..`through`, by index, but copies that fail

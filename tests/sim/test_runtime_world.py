@@ -353,6 +353,13 @@ def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted(
     assert result.config.metadata_lost and result.config.rot and result.ok, _failure(result)
 
 
+def test_seed_416_a_replica_rotted_twice_ends_no_run_with_a_world_error() -> None:
+    """The world's rot chose a replica it had rotted already, and read it back through
+    the verifying reader, which raised: the run ended with a world error, no verdict."""
+    result = run_seed(416)
+    assert result.config.rot and not result.error and result.ok, _failure(result)
+
+
 def test_seed_109_a_producer_batch_due_before_an_append_ahead_ends_within_its_timeout() -> None:
     """N=3 W=3, producers, store4 cut off from c2: a producer's batch waited for its
     turn (the table being rebuilt) while a plain append was taken, and went to the core
