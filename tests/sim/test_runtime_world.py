@@ -360,6 +360,16 @@ def test_seed_416_a_replica_rotted_twice_ends_no_run_with_a_world_error() -> Non
     assert result.config.rot and not result.error and result.ok, _failure(result)
 
 
+def test_seed_450_a_follower_of_many_gets_a_segments_last_events_before_its_next_loss() -> None:
+    """A follower of many read t0/s6 to 1/3; in one turn its cursor released 1/4 and
+    1/5 and, stepped, told segment 2's accepted loss. The loss went out first and the
+    released events never did: the follower resumed past them, told nothing of them
+    (invariant 1). They now go out before the loss."""
+    result = run_seed(450)
+    assert result.config.accept_loss and result.config.many and result.ok, _failure(result)
+    assert result.stats.get("follower of many DataLossError", 0) > 0, result.stats
+
+
 def test_seed_109_a_producer_batch_due_before_an_append_ahead_ends_within_its_timeout() -> None:
     """N=3 W=3, producers, store4 cut off from c2: a producer's batch waited for its
     turn (the table being rebuilt) while a plain append was taken, and went to the core

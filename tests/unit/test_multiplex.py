@@ -18,8 +18,8 @@ from streamengine.client.core.multiplex import (
     StreamSummary,
     WakeSchedule,
 )
-from streamengine.client.core.subscription import Cursor, SegmentView
-from streamengine.client.errors import StreamDeleted
+from streamengine.client.core.subscription import Cursor, SegmentView, StreamEvent
+from streamengine.client.errors import DataLossError, StreamDeleted
 from streamengine.protocol.sequence import pack_sequence
 
 
@@ -173,3 +173,29 @@ def test_a_list_answered_for_a_stream_left_since_is_not_its_next_followers() -> 
     many._on_listed(multiplex._Listed("t/a", left, Cursor(0)))
     followed = many.followed["t/a"]
     assert followed.follower is not left and followed.cursor is None and followed.listing
+
+
+async def test_events_released_in_the_turn_a_stream_fails_go_out_before_the_error() -> None:
+    """A cursor that released a segment's last events and, stepped in the same turn,
+    decides the next segment's accepted loss: the application gets the events, then
+    `DataLossError`, whose resume point is past them (runtime seed 450 lost them)."""
+    mux = multiplex._Multiplexer(
+        cast(Any, None), cast(Any, None), multiplex.selection_of(["acme/a"], None), 0, {}
+    )
+    released = [StreamEvent(pack_sequence(1, i), 1, i, b"e", "acme/a") for i in (4, 5)]
+
+    def take(item: object, events: list[StreamEvent], delivered: list[Cursor]) -> None:
+        events.extend(released)
+
+    def step(name: str) -> None:
+        raise DataLossError(name, 2, 1, 2, accepted=True)
+
+    mux._take = take  # type: ignore[method-assign]
+    mux._step = step  # type: ignore[method-assign]
+    mux.inbox.put_nowait(cast(Any, "a reply"))
+    mux.schedule.wake("acme/a", 0)
+    events = mux.events()
+    assert await anext(events) == released
+    with pytest.raises(DataLossError) as raised:
+        await anext(events)
+    assert raised.value.resume_sequence == pack_sequence(3, 0)
