@@ -5,7 +5,9 @@ Each stream keeps its `Follower` (its segment lists, start, trims, reports) and 
 `Cursor` (every per-stream decision); nothing per stream runs on its own. Tasks:
 
 - the caller's own, in the generator (`_Multiplexer.events`): it takes what arrived,
-  feeds the cursors, looks at the cursors due (`WakeSchedule`) and hands out events;
+  feeds the cursors, looks at the cursors due (`WakeSchedule`) and hands out events,
+  those released in a turn before the turn's error (a stream's loss, trim or refusal):
+  their cursors moved past them (runtime seed 450 dropped a segment's last two);
 - one per store (`_StoreCall`): a multiplexed `Subscribe` carrying the tail of every
   segment read on that store, on the client's connection to its data port, whose
   replies it queues for the generator (and a sender of its starts, stops and
@@ -20,6 +22,10 @@ the store credit (the data plane's window of one largest frame per request), and
 store holds its own bounded buffer (`subscribe_buffer_batches`) and drops a call that
 stays full for `subscribe_stall_ms`; every tail it carried then starts again, on the
 same replica, from its cursor's position. Nothing grows with how slow the caller is.
+
+Why one long module: the generator, the store calls and the list workers all work on
+the multiplexer's state (the followed streams, the inbox, the wake schedule); apart,
+each would reach into the others'.
 """
 
 from __future__ import annotations
@@ -298,12 +304,7 @@ class _Multiplexer:
                 for name in self.schedule.due(monotonic_ms(), STEPS_PER_TURN):
                     self._step(name)
             except StreamEngineError as error:
-                # The events released before go out first: their cursors have moved
-                # past them, and a resume starts where the error says (runtime seed
-                # 450: a stream's last two events of a segment were released in the
-                # turn its cursor told the next segment's accepted loss, and never
-                # reached the application).
-                failure = error
+                failure = error  # raised after the events released before it
             if events:
                 yield events
                 now_ms = monotonic_ms()
@@ -605,4 +606,3 @@ def selection_of(streams: Sequence[str] | None, prefix: str | None) -> Selection
         return Selection(tuple(streams or ()), prefix)
     except ValueError as error:
         raise InvalidArgument(str(error)) from None
-
