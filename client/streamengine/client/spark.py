@@ -134,7 +134,7 @@ from streamengine.client.core.replicas import (
 from streamengine.client.core.subscription import Asked, Unreachable, open_acked_index
 from streamengine.client.errors import DataLossError, InvalidArgument, Unavailable, from_rpc_error
 from streamengine.client.packed import EVENT_FIELDS, Packed, event_columns, one_batch
-from streamengine.protocol import codec, framed_read
+from streamengine.protocol import codec, framed_read, loop_thread
 from streamengine.protocol.auth import Role
 from streamengine.protocol.certificate import (
     Certificate,
@@ -1246,7 +1246,7 @@ class StreamEngineBatchWriter(_DriverSide, DataSourceWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         producer_id = f"{self.producer_id}.{partition}" if self.producer_id else None
-        rows = asyncio.run(
+        rows = loop_thread.run(
             _write_rows(self.master, self.executors(), self.stream, producer_id, iterator)
         )
         return PartitionWritten(partition, rows)
@@ -1285,7 +1285,7 @@ class StreamEngineStreamWriter(DataSourceStreamWriter):
         producer_id = f"{query_id}.{partition}"
         first = stream_sequence_of(int(batch_id), 0)
         sink = self.sink
-        rows = asyncio.run(
+        rows = loop_thread.run(
             _write_rows(sink.master, sink.executors(), sink.stream, producer_id, iterator, first)
         )
         return PartitionWritten(partition, rows)

@@ -15,8 +15,6 @@ waits. A writer's `async with` block lives in one task of that loop for as long 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +24,7 @@ from streamengine.client.core.replicator import ReplicatorLimits
 from streamengine.client.stream_client import StreamClient
 from streamengine.client.types import SegmentInfo, StreamInfo
 from streamengine.client.writer import Writer, WriterStatistics
+from streamengine.protocol import loop_thread
 
 T = TypeVar("T")
 
@@ -38,17 +37,14 @@ class SyncStreamClient:
         certs_dir: str | Path | None = None,
         token: str | None = None,
     ) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="streamengine-sdk", daemon=True
-        )
-        self._thread.start()
+        self._runner = loop_thread.start("streamengine-sdk")
+        self._closed = False
         self._client = StreamClient(master_address, certs_dir=certs_dir, token=token)
         self.run(self._client.__aenter__())
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run `coroutine` on the SDK's loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+        return self._runner.run(coroutine, timeout_s)
 
     def __enter__(self) -> SyncStreamClient:
         return self
@@ -62,14 +58,13 @@ class SyncStreamClient:
         self.close()
 
     def close(self) -> None:
-        if not self._thread.is_alive():
+        if self._closed:
             return
+        self._closed = True
         try:
             self.run(self._client.close())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._runner.close()
 
     def create_stream(
         self,
@@ -152,28 +147,38 @@ class SyncWriter:
     def __init__(self, client: SyncStreamClient, writer: Writer) -> None:
         self._client = client
         self._writer = writer
-        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._closing: asyncio.Event | None = None
-        self._holder: concurrent.futures.Future[None] | None = None
+        self._holder: asyncio.Task[None] | None = None
 
-    async def _hold(self) -> None:
-        self._closing = asyncio.Event()
+    async def _hold(self, ready: asyncio.Future[None], closing: asyncio.Event) -> None:
         try:
             async with self._writer:
-                self._ready.set_result(None)
-                await self._closing.wait()
+                ready.set_result(None)
+                await closing.wait()
         except BaseException as error:
-            if not self._ready.done():
-                self._ready.set_exception(error)
+            if not ready.done():
+                ready.set_exception(error)
             raise
 
-    def __enter__(self) -> SyncWriter:
-        self._holder = asyncio.run_coroutine_threadsafe(self._hold(), self._client._loop)
+    async def _enter(self) -> None:
+        """The writer's `async with` begun in a task of its own, which holds it until
+        `_exit`; returns once it leads, or raises why it never will."""
+        ready = asyncio.get_running_loop().create_future()
+        self._closing = asyncio.Event()
+        self._holder = asyncio.get_running_loop().create_task(self._hold(ready, self._closing))
         try:
-            self._ready.result()
+            await ready
         except BaseException:
-            self._holder.exception()  # the same error, already raised here
+            await asyncio.gather(self._holder, return_exceptions=True)  # the same error
             raise
+
+    async def _exit(self) -> None:
+        assert self._holder is not None and self._closing is not None
+        self._closing.set()
+        await self._holder
+
+    def __enter__(self) -> SyncWriter:
+        self._client.run(self._enter())
         return self
 
     def __exit__(
@@ -182,9 +187,7 @@ class SyncWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._holder is not None and self._closing is not None
-        self._client._loop.call_soon_threadsafe(self._closing.set)
-        self._holder.result()
+        self._client.run(self._exit())
 
     def append(self, payload: bytes) -> int:
         return self._client.run(self._writer.append(payload))

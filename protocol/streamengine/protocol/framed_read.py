@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, TypeVar
 
-from streamengine.protocol import framed, framing
+from streamengine.protocol import framed, framing, loop_thread
 from streamengine.protocol.framed import CallError, ClientCall
 from streamengine.protocol.framing import Method, StatusCode
 from streamengine.protocol.transport import Transport
@@ -95,8 +94,8 @@ def read_sync(
     timeout_s: float | None = None,
 ) -> Generator[_ReadReply, None, None]:
     """`read` for synchronous code: the replies, as an iterator. The read runs on an
-    event loop of its own in a thread of its own, so the connection answers pings and
-    keeps its credit however long the caller takes between replies; closing the
+    event loop of its own in a thread of its own (`loop_thread`), so the connection
+    answers pings and keeps its credit however long the caller takes between replies; closing the
     iterator (or leaving it early) ends the read."""
     bridge = _SyncRead(data_address, transport, request, timeout_s)
     try:
@@ -106,8 +105,8 @@ def read_sync(
 
 
 class _SyncRead:
-    """One `read_sync`: a private loop in a thread, its task pumping `read` into a small
-    queue the caller's thread takes replies from."""
+    """One `read_sync`: a private loop in a thread (`loop_thread.start`), its task
+    pumping `read` into a small queue the caller's thread takes replies from."""
 
     def __init__(
         self,
@@ -116,11 +115,7 @@ class _SyncRead:
         request: segment_store_pb2.ReadRequest,
         timeout_s: float | None,
     ) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="framed-read", daemon=True
-        )
-        self._thread.start()
+        self._runner = loop_thread.start("framed-read")
         started = self._start(data_address, transport, request, timeout_s)
         self._queue, self._pump = self._run(started)
 
@@ -147,7 +142,7 @@ class _SyncRead:
         return queue, asyncio.get_running_loop().create_task(pump())
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return self._runner.run(coroutine)
 
     def replies(self) -> Iterator[_ReadReply]:
         while True:
@@ -164,7 +159,7 @@ class _SyncRead:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
-        self._run(stop(self._pump))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        try:
+            self._run(stop(self._pump))
+        finally:
+            self._runner.close()

@@ -144,6 +144,8 @@ class Transport:
 
     def channel(self, address: str, options: Options | None = None) -> grpc.Channel:
         chosen = CLIENT_OPTIONS if options is None else options
+        if channel_factory is not None:
+            return channel_factory(self, address, chosen)
         if not self.tls:
             return grpc.insecure_channel(address, options=chosen)
         return grpc.secure_channel(address, self._credentials(), options=chosen)
@@ -154,6 +156,9 @@ PLAINTEXT = Transport()
 # Where `Transport.aio_channel` gets its channels when set: the deterministic simulator
 # (tests/sim/runtime) puts its in-process network here. None, as shipped: grpc's own.
 aio_channel_factory: Callable[[Transport, str, Options], grpc.aio.Channel] | None = None
+# The same for `Transport.channel`, the blocking channels of synchronous callers (Spark's
+# driver and executors, tools).
+channel_factory: Callable[[Transport, str, Options], grpc.Channel] | None = None
 
 # What grpc-core says when a handshake fails (the client's side of it).
 _HANDSHAKE_FAILURES = ("Tls handshake failed", "CERTIFICATE_VERIFY_FAILED", "SSL_ERROR")
