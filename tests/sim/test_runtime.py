@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from streamengine import StreamClient, StreamEvent
+from streamengine.client.sync import SyncStreamClient
 from streamengine.protocol.clock import wall_ms
+from streamengine.protocol.sequence import pack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.testing import wait_until
 from tests.sim.network import Faults
+from tests.sim.runtime.blocking import BlockingThread
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimMaster
 from tests.sim.runtime.store import SimStore
@@ -291,3 +294,28 @@ def test_a_store_without_fsync_loses_its_unsynced_writes_in_a_power_loss(
     assert sum(" appended " in line for line in trace) == EVENTS // 8, trace
     assert trace[-3] == f"  store0 holds {EVENTS} acked {EVENTS}", trace
     assert trace[-1] == f"  store2 holds {EVENTS} acked {EVENTS}", trace
+
+
+async def _synchronous_client(cluster: Cluster) -> list[str]:
+    def script(master: str) -> list[str]:
+        with SyncStreamClient(master) as client:
+            client.create_stream("t0/sync", replicas=3, write_quorum=2)
+            with client.writer("t0/sync") as writer:
+                first = writer.append(b"one")
+                rest = writer.append_batch([b"two", b"three"])
+            segments = client.list_segments("t0/sync")
+        return [f"appended at {[first, *rest]}", f"segments {[s.epoch for s in segments]}"]
+
+    return await BlockingThread("script").run(script, cluster.master.address)
+
+
+def test_a_script_on_the_synchronous_client_runs_in_the_simulation(tmp_path: Path) -> None:
+    """`SyncStreamClient`, unmodified, its calls taking turns with the loop."""
+    trace = _simulate(5, tmp_path, _synchronous_client)
+    first_epoch = trace[1].removeprefix("segments [").split("]")[0]
+    assert trace == [
+        f"appended at {[pack_sequence(int(first_epoch), n) for n in (1, 2, 3)]}",
+        f"segments [{first_epoch}]",
+    ]
+    under_faults = [_simulate(5, tmp_path, _synchronous_client, MILD) for _ in (1, 2)]
+    assert under_faults[0] == under_faults[1]

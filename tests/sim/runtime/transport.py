@@ -87,6 +87,7 @@ import grpc
 from streamengine.master import etcd
 from streamengine.protocol import framed, transport
 from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
+from tests.sim.runtime import blocking
 from tests.sim.runtime.loop import SimLoop
 
 log = logging.getLogger("tests.sim.runtime")
@@ -226,7 +227,8 @@ class SimNetwork:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[SimNetwork]:
-        """Every `Transport.aio_channel` opens a `SimChannel` on this network meanwhile."""
+        """Every `Transport.aio_channel` opens a `SimChannel` on this network meanwhile,
+        and synchronous code run in a `blocking.BlockingThread` calls through it too."""
         assert transport.aio_channel_factory is None, "one simulated network at a time"
         transport.aio_channel_factory = self.channel_for
         etcd.aio_channel_factory = self.etcd_channel_for
@@ -236,7 +238,8 @@ class SimNetwork:
         framed.open_connection = self.open_connection  # type: ignore[assignment]
         framed.start_server = self.start_server  # type: ignore[assignment]
         try:
-            yield self
+            with blocking.installed(self):
+                yield self
         finally:
             transport.aio_channel_factory = None
             etcd.aio_channel_factory = etcd.channel_factory = None
