@@ -10,7 +10,7 @@ the ones only the unit and integration tests reach.
 The band is fixed (`BAND`) so that two figures compare: short seeds as CI runs them,
 long ones as the soak does, the bands that switch on damage at rest, bounded reads
 and wiped disks, and the world on the runtime (`tests.sim.runtime.world`, the shipped
-shells) over its CI band and the seeds above it. `--runtime` measures the runtime's
+shells) over its CI band, the seeds above it and three of Spark jobs. `--runtime` measures the runtime's
 band alone. Only the process bootstrap and its argument parsing are left out of
 the count (`EXCLUDED`, each with why); every other module of the four parts counts,
 executed or not.
@@ -46,7 +46,7 @@ EXCLUDED = {
 @dataclass(frozen=True, slots=True)
 class Band:
     name: str
-    seeds: range
+    seeds: range | tuple[int, ...]
     steps: int
     overrides: dict[str, Any]
     runtime: bool = False  # the world on the runtime (its seeds have no steps)
@@ -62,6 +62,8 @@ BAND = (
     Band("bounded reads", range(0, 10), 800, {"bounded_reads": True}),
     Band("wipes", range(0, 10), 3000, {"wipes": True}),
     Band("runtime", range(0, 20), 0, {}, runtime=True),
+    # Spark jobs (`WorldConfig.analytics`), drawn in none of the seeds above but 16.
+    Band("spark jobs", (32, 53, 377), 0, {}, runtime=True),
 )
 
 
@@ -124,12 +126,17 @@ def _row(name: str, statements: int, executed: int) -> str:
     return f"{name:<64} {statements:>6} {executed:>8} {share:>7.1%}"
 
 
+def _seeds(seeds: range | tuple[int, ...]) -> str:
+    if isinstance(seeds, range):
+        return f"{seeds.start}..{seeds.stop - 1}"
+    return ", ".join(map(str, seeds))
+
+
 def report(
     shares: list[ModuleShare], failed: list[str], seconds: float, measured: tuple[Band, ...]
 ) -> str:
     bands = ", ".join(
-        f"{b.name} {b.seeds.start}..{b.seeds.stop - 1}"
-        + ("" if b.runtime else f" at {b.steps} steps")
+        f"{b.name} {_seeds(b.seeds)}" + ("" if b.runtime else f" at {b.steps} steps")
         for b in measured
     )
     seeds = sum(len(b.seeds) for b in measured)

@@ -191,6 +191,9 @@ MADE = {
 # where it began, not from where it had left it.
 UNDELETED_UNDER_A_PREFIX = 26
 FOLLOWING_T0 = {"operator": True, "many": (ManyFollower((), "t0/", 4_000),)}
+# Spark jobs came to the world (`WorldConfig.analytics`) after the seeds run with this
+# found what their tests name: without them, their schedules stay as they were then.
+AS_FOUND = {"analytics": False}
 
 
 def _failure(result: WorldResult) -> str:
@@ -220,7 +223,7 @@ def test_a_revoked_tokens_writes_are_refused_while_the_other_tokens_append() -> 
 
 
 def test_seed_1014_a_roll_lost_under_a_session_is_learned_from_a_heartbeat_at_once() -> None:
-    result = run_seed(ROLL_LOST_UNDER_A_SESSION)
+    result = run_seed(ROLL_LOST_UNDER_A_SESSION, overrides=AS_FOUND)
     assert result.ok, _failure(result)
 
 
@@ -266,8 +269,12 @@ def test_an_intruders_bad_input_is_refused_at_every_front_door() -> None:
     faults: each refused as it must be, and the checkers and audits see no change."""
     result = run_seed(INTRUDED)
     assert result.config.intruder and result.ok, _failure(result)
-    kinds = ("a write below a fence", "garbage as a Write", "garbage as a Read",
-             "a stream without a tenant")
+    kinds = (
+        "a write below a fence",
+        "garbage as a Write",
+        "garbage as a Read",
+        "a stream without a tenant",
+    )
     for kind in kinds:
         assert result.stats.get(f"bad input refused: {kind}", 0) > 0, (kind, result.stats)
 
@@ -296,7 +303,7 @@ def test_seed_9054_a_rebuilt_master_never_grants_an_epoch_followers_were_shown()
     its first event was acked at (3, 1), where a follower placed past epoch 3 never
     read it. A rebuilt stream now starts `REBUILD_EPOCH_GAP` epochs past what the
     stores knew, and followers list segments ahead by count, not by epoch."""
-    result = run_seed(9054)
+    result = run_seed(9054, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.ok, _failure(result)
 
 
@@ -317,7 +324,7 @@ def test_a_segment_below_w_good_replicas_on_n_stores_is_refilled_back_to_n() -> 
     segment stayed below W for good (invariant 10). The empty members are refilled
     first, then the rotted one, each after the bridge grace its previous swap
     restarted."""
-    result = run_seed(REFILLED_BELOW_W)
+    result = run_seed(REFILLED_BELOW_W, overrides=AS_FOUND)
     assert result.config.rot and result.config.wipes and result.ok, _failure(result)
     assert result.stats.get("rotted replicas repaired", 0) > 0, result.stats
 
@@ -329,7 +336,7 @@ def test_seed_1151_a_producer_recovery_reads_final_copies_from_another_store() -
     answered that read never again, the seal at the master waited for it, and the
     writer's gate with it: `t1/s1`'s marker was never acked. The read now goes to
     another sealed store whose acked index covers those copies once the first is lost."""
-    result = run_seed(FINAL_COPIES_FROM_A_WIPED_STORE)
+    result = run_seed(FINAL_COPIES_FROM_A_WIPED_STORE, overrides=AS_FOUND)
     assert result.config.producers and result.config.wipes and result.ok, _failure(result)
 
 
@@ -340,7 +347,7 @@ def test_seed_67_a_copy_set_a_rebuild_left_short_of_n_is_recovered() -> None:
     process's client and every stream it led. It now recovers from the members it has
     (R of them decide, W hold the bridge), the absent one counted as one that never
     answers."""
-    result = run_seed(67)
+    result = run_seed(67, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.ok, _failure(result)
 
 
@@ -383,7 +390,7 @@ def test_seed_143_a_restarted_store_with_a_rotted_replica_is_judged_on_its_sound
     """Rot, and store2 with fsync never restarted after a power cut: the checker read
     back its replicas through the verifying reader, which raised on a copy the world had
     rotted, ending the run with a world error instead of a verdict."""
-    result = run_seed(143)
+    result = run_seed(143, overrides=AS_FOUND)
     assert result.config.rot and result.ok, _failure(result)
 
 
@@ -394,7 +401,7 @@ def test_seed_1127_the_liveness_phase_waits_only_for_a_stop_under_way() -> None:
     to end: the run never ended (its virtual clock ran on, no liveness deadline armed).
     A stop under way is now known from the stop itself (`SimProcess.ended`), and one
     that outlasts `STOP_MS_MAX` is a world error instead of a run that never ends."""
-    result = run_seed(LIVENESS_AFTER_A_MASTER_TIMEOUT)
+    result = run_seed(LIVENESS_AFTER_A_MASTER_TIMEOUT, overrides=AS_FOUND)
     assert result.config.masters and result.ok, _failure(result)
 
 
@@ -415,7 +422,7 @@ def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
     the same faults as any seed (N=3 W=3 on three stores: with a store down, nothing but
     the markers is acked); every stream gets its marker acked and its follower reads
     every acked event. 26 s of CPU: past CI's budget."""
-    result = run_seed(CROWD)
+    result = run_seed(CROWD, overrides=AS_FOUND)
     assert result.config.crowd >= 100 and result.ok, _failure(result)
     assert result.read >= result.acked >= result.config.streams, result.summary()
 
@@ -468,7 +475,7 @@ def test_a_segment_stuck_below_r_is_sealed_accepting_loss_and_every_loss_is_told
 def test_seed_39_a_wiped_store_whose_registration_answers_are_lost_joins_once() -> None:
     """The master answers every registration of a new incarnation with its lost
     replicas: the retry after a lost answer joins knowing them (invariant 14)."""
-    result = run_seed(LOST_REGISTRATION_ANSWERS)
+    result = run_seed(LOST_REGISTRATION_ANSWERS, overrides=AS_FOUND)
     assert result.config.registration_answers_lost and result.ok, _failure(result)
     assert result.stats.get("answers lost", 0) > 0, result.stats
 
@@ -478,7 +485,7 @@ def test_a_store_wiped_while_the_metadata_was_gone_is_told_its_losses() -> None:
     what the records name it for: the rebuild marks those replicas lost in its store
     record, and its next registration tells it, so it joins refusing to answer for them
     (invariant 14)."""
-    result = run_seed(WIPED_WHILE_THE_METADATA_WAS_GONE)
+    result = run_seed(WIPED_WHILE_THE_METADATA_WAS_GONE, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
     assert result.stats.get("replicas a rebuild found lost", 0) > 0, result.stats
 
@@ -497,3 +504,22 @@ def test_a_broken_variant_is_caught_on_the_runtime(flaw: str, seed: int, invaria
 def test_a_seed_replays_exactly_on_the_runtime() -> None:
     first = run_seed(1)
     assert first.trace == run_seed(1).trace
+
+
+# Spark jobs through the shipped data source (`WorldConfig.analytics`): scans, micro-
+# batches of streaming queries and write jobs, each of them checked.
+SPARK_JOBS = 32
+
+
+def test_spark_jobs_scan_follow_and_write_through_the_shipped_data_source() -> None:
+    result = run_seed(SPARK_JOBS)
+    assert result.config.analytics and result.ok, _failure(result)
+    checked = (
+        "spark scans checked",
+        "spark micro-batches checked",
+        "spark writes done",
+        "spark sink rows checked",
+    )
+    for made in checked:
+        assert result.stats.get(made, 0) > 0, (made, result.stats)
+

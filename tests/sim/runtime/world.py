@@ -56,7 +56,11 @@ serving, every etcd commit the active master's, epochs never going back, across 
 rebuild too). In half the operator seeds its read side (`read_side.ReadSide`) lists,
 describes and reads the status and the console all along, as the admin and as tenants,
 each answer held to the master's streams before and after it (`CatalogChecker`,
-invariant 16).
+invariant 16). In a share of the others (`ANALYTICS_SHARE`, from a generator of their
+own, `WorldConfig.with_analytics`) Spark jobs (`analytics.Analyst`) scan the streams,
+run streaming queries over them and write a stream of their own through the shipped
+data source, each row held to its stream's checker as a bounded reader's, and once the
+world converged every stream scanned whole and the sink's rows found once each.
 
     python -m tests.sim --runtime --seed N       # one seed, with its trace
     python -m tests.sim --runtime --soak K --first F
@@ -144,6 +148,7 @@ from streamengine.v1 import entry_pb2, master_pb2
 from tests.faults import badinput
 from tests.sim.checkers import Checker, MasterChecker, Violation, sound_copies
 from tests.sim.network import Faults
+from tests.sim.runtime.analytics import Analyst
 from tests.sim.runtime.etcd import SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
@@ -336,6 +341,11 @@ NOT_THROUGH = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
 MANY_SHARE = 0.3
 MANY_FIRST_SEED = 10
 MANY_DROP_MS = (1_000, 4_000)
+# The share of seeds (drawn apart: `WorldConfig.with_analytics`) where Spark jobs read
+# the streams and write a stream of their own through the shipped data source
+# (`analytics.Analyst`); never beside the operator's trims and deletes nor replicas
+# destroyed, which a scan is told of by design.
+ANALYTICS_SHARE = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +439,8 @@ class WorldConfig:
     loss_at_ms: int = 0
     # Followers of many streams through one subscription each (`with_many`).
     many: tuple[ManyFollower, ...] = ()
+    # Spark jobs reading and writing through the data source (`with_analytics`).
+    analytics: bool = False
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -521,7 +533,8 @@ class WorldConfig:
                 followers=1,
                 safety_ms=CROWD_SAFETY_MS,
             )
-        return config.with_many(random.Random(f"{seed}/subscribe-many"))
+        config = config.with_many(random.Random(f"{seed}/subscribe-many"))
+        return config.with_analytics(random.Random(f"{seed}/analytics"))
 
     def with_losses(self, losses: random.Random) -> WorldConfig:
         """The situations of lost data, drawn from a generator of their own (so that
@@ -575,6 +588,13 @@ class WorldConfig:
                 many.append(ManyFollower((), f"t{tenant}/", drop_ms))
         return dataclasses.replace(self, many=tuple(many))
 
+    def with_analytics(self, draws: random.Random) -> WorldConfig:
+        """Spark jobs (`ANALYTICS_SHARE`), drawn from a generator of their own (a seed
+        without them keeps its schedule)."""
+        if draws.random() >= ANALYTICS_SHARE or self.operator or self.accept_loss:
+            return self
+        return dataclasses.replace(self, analytics=True)
+
     def describe(self) -> str:
         f = self.faults
         return (
@@ -619,6 +639,7 @@ class WorldConfig:
             + "".join(
                 f" subscribe_many({many.describe()}, drops<={many.drop_ms}ms)" for many in self.many
             )
+            + (" spark jobs" if self.analytics else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -830,6 +851,7 @@ class World:
         # (no process leads them meanwhile); and where each follower goes on in a
         # stream after a `DataLossError` it was told.
         self.held_off: dict[str, asyncio.Event] = {}
+        self.analyst = Analyst(self) if config.analytics else None
         self.resume_at: dict[tuple[str, str], int] = {}
         network.call_observers.append(self._call_ended)
         if self.masters.embedded is not None:
@@ -979,6 +1001,8 @@ class World:
             self.start("intruder", self._intrude())
         if self.config.standby_calls:
             self.start("standby-caller", self._call_standbys())
+        if self.analyst is not None:
+            self.start("analyst", self.analyst.run())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.safety_ms / 1000):
                 await self.finished.wait()
@@ -996,6 +1020,23 @@ class World:
             self._audit_all()
             for stream, checker in sorted(self.checkers.items()):
                 self.check(checker.check_complete, self._followers_of(stream))
+        if self.violation is None and self.analyst is not None:
+            await self._last_spark_jobs(self.analyst)
+
+    async def _last_spark_jobs(self, analyst: Analyst) -> None:
+        """Once the world converged, the analyst's last jobs end (`Analyst.final`)."""
+        # Not in the world's group, whose first failure would end the run as an error.
+        task = self.loop.create_task(analyst.final(), context=node_context("analyst"))
+        await asyncio.wait([task])
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, TimeoutError):
+            self.check(self._raise, Violation(0, "the last Spark jobs did not end once converged"))
+        elif isinstance(error, Violation):
+            self.check(self._raise, error)
+        elif error is not None:
+            raise error
 
     async def _set_up(self) -> None:
         await self._start_masters()
