@@ -18,7 +18,9 @@ from streamengine.client.spark import (
     ScanPartition,
     SegmentRange,
     _limit_end,
+    _packed_batch,
     _SegmentInfo,
+    _ShortRead,
     _StreamLayout,
     _verified_rows,
     acked_end,
@@ -36,6 +38,7 @@ from streamengine.protocol.certificate import (
 from streamengine.protocol.entry import EntryKind, StoredEntry
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.protocol.transport import PLAINTEXT
+from streamengine.v1 import segment_store_pb2
 from tests.unit.test_packed import packed_reply
 
 R = ("a:1", "b:1", "c:1")
@@ -98,6 +101,33 @@ def test_include_open_reads_up_to_the_acked_index() -> None:
     segments = layout(sealed(1, 3), opened(2), open_acked={2: 6})
     plan = plan_ranges("t/s", segments, 0, None, True)
     assert spans(plan) == [(1, 1, 2), (2, 1, 6)]
+    assert [r.sealed for r in plan] == [True, False]
+
+
+def _reply_with_bridge() -> segment_store_pb2.ReadReply:
+    """Indexes 41-50 of a segment a recovery sealed at 50: events 41-42, holes, the
+    BRIDGE."""
+    entries = [StoredEntry.make(41, EntryKind.EVENT, 1, b"e41")]
+    entries.append(StoredEntry.make(42, EntryKind.EVENT, 1, b"e42"))
+    entries += [StoredEntry.make(i, EntryKind.HOLE, 3) for i in range(43, 50)]
+    entries.append(StoredEntry.make(50, EntryKind.BRIDGE, 3))
+    return packed_reply(entries)
+
+
+def test_a_range_planned_open_ends_at_a_bridge_its_recovery_wrote() -> None:
+    """The acked index a plan took from an open segment's replica may be the bridge of
+    a recovery the master has not recorded yet (runtime seed 16): the range is whole
+    there, not short."""
+    part = SegmentRange("t/s", 7, 1, 41, 50, R, sealed=False)
+    batch, after = _packed_batch(part, _reply_with_bridge(), 41)
+    assert batch is not None and batch.column("index").to_pylist() == [41, 42]
+    assert after == 51
+
+
+def test_a_bridge_inside_a_sealed_segments_range_is_a_short_read() -> None:
+    part = SegmentRange("t/s", 7, 1, 41, 55, R)
+    with pytest.raises(_ShortRead, match="ends before index 55"):
+        _packed_batch(part, _reply_with_bridge(), 41)
 
 
 @pytest.mark.parametrize(
@@ -345,3 +375,4 @@ def test_a_streaming_rows_sequence_is_its_batch_then_its_position(
     assert stream_sequence_of(batch_id, position) == sequence
     with pytest.raises(InvalidArgument):
         stream_sequence_of(batch_id, STREAM_BATCH_ROWS_MAX)
+

@@ -225,6 +225,8 @@ class SegmentRange(InputPartition):
     bad: tuple[str, ...] = ()
     # Where each replica serves the data plane: (its gRPC address, its data address).
     data_addresses: tuple[tuple[str, str], ...] = ()
+    # False: planned from an open segment, up to the index its replicas said was acked.
+    sealed: bool = True
 
 
 @dataclass(frozen=True)
@@ -639,6 +641,7 @@ def plan_ranges(
                 encoded,
                 segment.bad,
                 segment.data_addresses,
+                segment.sealed,
             )
         )
     return ranges
@@ -1032,14 +1035,24 @@ def _packed_batch(
     part: SegmentRange, reply: segment_store_pb2.ReadReply, next_index: int
 ) -> tuple[pa.RecordBatch | None, int]:
     """Check that the reply continues exactly at `next_index`; return its EVENT rows as
-    one Arrow batch and the index expected next."""
+    one Arrow batch and the index expected next.
+
+    A range of a sealed segment ends before its BRIDGE: one inside it is another seal
+    (`_ShortRead`). A range of a segment open when planned may end at one: a recovery
+    sealing the segment raises its replicas' acked index to its bridge before the master
+    records the seal, so the acked index the plan took may be the bridge's, and nothing
+    acked follows it. The range is read to its end there."""
     packed = Packed.of(reply)
     if packed is None:
         return None, next_index
     if packed.first_index != next_index:
         raise _ShortRead(f"expected index {next_index}, replica sent {packed.first_index}")
     if EntryKind.BRIDGE in packed.kinds:
-        raise _ShortRead(f"segment {part.epoch} ends before index {part.last_index}")
+        if part.sealed:
+            raise _ShortRead(f"segment {part.epoch} ends before index {part.last_index}")
+        before_bridge = packed.kinds.index(EntryKind.BRIDGE)
+        indexes, payloads = packed.columns(0, before_bridge)
+        return _record_batch(part, indexes, payloads), part.last_index + 1
     indexes, payloads = packed.columns(0, len(packed.kinds))
     return _record_batch(part, indexes, payloads), packed.last_index + 1
 
