@@ -533,3 +533,11 @@ def test_seed_16_a_spark_scan_of_an_open_segment_ends_at_its_recoverys_bridge() 
     result = run_seed(16)
     assert result.config.analytics and result.ok, _failure(result)
 
+
+def test_seed_377_a_certified_scan_leaves_a_replica_that_missed_the_bridge() -> None:
+    """A sealed, certified segment of the sink, one member short of the bridge (acked
+    to 37, the bridge at 38) until repair refilled it: nothing of the last chunk
+    verified there, yet the reader took its answer as serving through 37 and read it
+    again at once, for ever. The last scans never ended (liveness)."""
+    result = run_seed(377)
+    assert result.config.analytics and result.ok, _failure(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -376,3 +377,27 @@ def test_a_streaming_rows_sequence_is_its_batch_then_its_position(
     with pytest.raises(InvalidArgument):
         stream_sequence_of(batch_id, STREAM_BATCH_ROWS_MAX)
 
+
+def test_a_certified_range_leaves_a_replica_that_ends_inside_a_chunk_for_one_that_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member that missed the bridge serves its acked events, short of the chunk
+    holding the bridge: nothing of that chunk verifies there. It answered that it
+    serves through its acked index, the next read went to it again at once, and the
+    scan never ended (runtime seed 377). The other replica serves the range now."""
+    entries = [StoredEntry.make(i, EntryKind.EVENT, 1, b"p%d" % i) for i in range(1, 6)]
+    entries.append(StoredEntry.make(6, EntryKind.BRIDGE, 2))
+    made = certificate_of([(e.index, int(e.kind), e.payload) for e in entries])
+    served = {"a:1": entries[:5], "b:1": entries}  # a:1 missed the bridge
+    asked: list[str] = []
+
+    def read(replica: spark._Replica, part: SegmentRange, request: object) -> Iterator[object]:
+        asked.append(replica.address)
+        assert len(asked) < 5, asked
+        yield packed_reply(served[replica.address])
+
+    monkeypatch.setattr(spark._Replica, "read", read)
+    part = SegmentRange("t/s", 7, 1, 1, 5, ("a:1", "b:1"), certificate=made.encode())
+    rows = pa.Table.from_batches(list(spark.read_range(part)))
+    assert rows.column("index").to_pylist() == [1, 2, 3, 4, 5]
+    assert asked == ["a:1", "b:1"]
