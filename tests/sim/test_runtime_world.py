@@ -266,8 +266,12 @@ def test_an_intruders_bad_input_is_refused_at_every_front_door() -> None:
     faults: each refused as it must be, and the checkers and audits see no change."""
     result = run_seed(INTRUDED)
     assert result.config.intruder and result.ok, _failure(result)
-    kinds = ("a write below a fence", "garbage as a Write", "garbage as a Read",
-             "a stream without a tenant")
+    kinds = (
+        "a write below a fence",
+        "garbage as a Write",
+        "garbage as a Read",
+        "a stream without a tenant",
+    )
     for kind in kinds:
         assert result.stats.get(f"bad input refused: {kind}", 0) > 0, (kind, result.stats)
 
@@ -342,6 +346,19 @@ def test_seed_67_a_copy_set_a_rebuild_left_short_of_n_is_recovered() -> None:
     answers."""
     result = run_seed(67)
     assert result.config.metadata_lost and result.ok, _failure(result)
+
+
+def test_seed_432_a_segment_no_record_reached_is_rebuilt_on_every_member_its_grants_name() -> None:
+    """N=5 W=3 on five stores, wipes, the metadata lost: segment 3 of `t2/s2` and of
+    `t0/s12`, opened on all five, was first written after the loss, on store0 and
+    store3 alone (store1 down, then, as store2 and the wiped store4, refusing the lost
+    master's grants), nothing acked, and no record of it reached a store. Every store
+    answered the rebuild, which named the two holders its copy set: the recovery,
+    short of R = 3 members, waited for good. The stores keep the copy set the first
+    write's grant listed, and the rebuild names all five (store4, a new disk, loses its
+    replica)."""
+    result = run_seed(432)
+    assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
 
 
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:
