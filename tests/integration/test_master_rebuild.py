@@ -73,6 +73,16 @@ async def records_of(
     return out
 
 
+async def copy_sets_kept(address: str, transport: Transport) -> dict[tuple[int, int], list[str]]:
+    """Per segment a store holds, the copy set the grant of its first write or seal
+    there listed (the rebuild's for a segment no record reached)."""
+    async with transport.aio_channel(address, CLIENT_OPTIONS) as channel:
+        reply = await store_grpc.SegmentStoreStub(channel).ListSegmentRecords(
+            segment_store_pb2.ListSegmentRecordsRequest(), timeout=5
+        )
+    return {(h.segment.stream_id, h.segment.epoch): list(h.copy_set) for h in reply.segments}
+
+
 async def cluster_ids(cluster: Cluster) -> set[str]:
     """The cluster ids the stores keep."""
     ids = set()
@@ -172,6 +182,15 @@ async def test_a_master_rebuilt_from_the_stores_loses_no_stream_and_epochs_keep_
             assert after and min(after) > (first.stream_id, first.epoch)
             kept_ids = await cluster_ids(cluster)
             assert len(kept_ids) == 1 and "" not in kept_ids, kept_ids
+            # Each member keeps the copy set its grants listed, as the master has it.
+            transport = master_transport(cluster)
+            kept = {s.name: await copy_sets_kept(s.address, transport) for s in cluster.stores}
+            for name in STREAMS:
+                for segment in await client.list_segments(name):
+                    members = [r.store_id for r in segment.copy_set]
+                    for member in members:
+                        key = (segment.stream_id, segment.epoch)
+                        assert kept[member][key] == members, (name, key, member)
         restart_rebuilding(cluster)
         await check_rebuilt(cluster, acked, epoch_before, info_before, kept_ids)
 

@@ -351,6 +351,19 @@ def test_seed_67_a_copy_set_a_rebuild_left_short_of_n_is_recovered() -> None:
     assert result.config.metadata_lost and result.ok, _failure(result)
 
 
+def test_seed_432_a_segment_no_record_reached_is_rebuilt_on_every_member_its_grants_name() -> None:
+    """N=5 W=3 on five stores, wipes, the metadata lost: segment 3 of `t2/s2` and of
+    `t0/s12`, opened on all five, was first written after the loss, on store0 and
+    store3 alone (store1 down, then, as store2 and the wiped store4, refusing the lost
+    master's grants), nothing acked, and no record of it reached a store. Every store
+    answered the rebuild, which named the two holders its copy set: the recovery,
+    short of R = 3 members, waited for good. The stores keep the copy set the first
+    write's grant listed, and the rebuild names all five (store4, a new disk, loses its
+    replica)."""
+    result = run_seed(432)
+    assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
+
+
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:
     """Three stores, N=3, store2's replica of segment 3/1 rotted and dropped, then the
     metadata lost: a rebuild that left store2 out of the copy set (it answered without

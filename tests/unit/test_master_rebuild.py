@@ -57,11 +57,12 @@ def held(
     bridge: int = 0,
     stream: StreamRecord = ORDERS,
     tenant: str = "acme",
+    granted: tuple[str, ...] = (),
 ) -> rebuild.Holding:
     epoch = segment.epoch if segment is not None else epoch
     record = (stream, segment) if segment is not None else None
     return rebuild.Holding(
-        store, stream.stream_id, epoch, fence or epoch, 5, bridge, tenant, record
+        store, stream.stream_id, epoch, fence or epoch, 5, bridge, tenant, record, granted
     )
 
 
@@ -229,6 +230,64 @@ def test_a_segment_without_a_record_gets_its_holders_as_copy_set() -> None:
     assert out.streams["acme/orders"].epoch == 2 + REBUILD_EPOCH_GAP
 
 
+FIVE = ("s2", "s0", "s1", "s3", "s4")
+
+
+@pytest.mark.parametrize(
+    ("case", "granted", "copy_set"),
+    [
+        ("both holders keep the copy set their grants listed", [FIVE, FIVE], FIVE),
+        ("one keeps it (the other, a store older than the field, none)", [FIVE, ()], FIVE),
+        ("none keeps one: the stores that hold it", [(), ()], ("s0", "s3")),
+        ("the holders disagree: the stores that hold it", [FIVE, FIVE[:4]], ("s0", "s3")),
+        (
+            "a holder outside the copy set kept: the stores that hold it",
+            [("s0", "s1", "s2"), ("s0", "s1", "s2")],
+            ("s0", "s3"),
+        ),
+    ],
+)
+def test_a_segment_without_a_record_gets_the_copy_set_its_grants_listed(
+    case: str, granted: list[tuple[str, ...]], copy_set: tuple[str, ...]
+) -> None:
+    """The members that never got a write are members still: counted as the stores
+    that hold it, a copy set of two waits for good for a recovery's R = 3 answers (the
+    runtime world's seed 432)."""
+    holdings = [held("s0", seg(1, copy_set=FIVE))] + [
+        held(store, None, epoch=2, granted=kept)
+        for store, kept in zip(("s0", "s3"), granted, strict=True)
+    ]
+    out = rebuild.rebuild(holdings, NOW)
+    segment = out.segments[(5, 2)]
+    assert (segment.copy_set, segment.state) == (copy_set, SEALING), case
+    assert any(note.startswith("acme/orders segment 2: no record") for note in out.notes), case
+
+
+def test_an_unrecorded_segments_member_with_a_new_disk_loses_it_and_the_others_are_spared() -> None:
+    """Seed 432's rebuild: N=5 W=3, a segment opened on five stores and written on two
+    (s0, s3) before the metadata was lost, no record of it on any; s1 and s2 of the
+    cluster answered holding nothing of it, s4 answered with a new disk. s4's replica
+    is lost (it cannot stand for one); s1 and s2 answer a recovery's seal as the empty
+    members they are: with s0 and s3, four members that answer, R = 3 of them decide."""
+    holdings = [held(s, seg(1, copy_set=FIVE)) for s in ("s0", "s1", "s2", "s3")]
+    holdings += [held(s, None, epoch=2, granted=FIVE) for s in ("s0", "s3")]
+    answered = {s: rebuild.Answered(INCARNATION, CLUSTER) for s in ("s0", "s1", "s2", "s3")}
+    answered["s4"] = rebuild.Answered(INCARNATION, "")
+    registered = {s: registered_as(s) for s in FIVE}
+    out = rebuild.rebuild(holdings, NOW, answered, registered)
+    assert out.segments[(5, 2)].copy_set == FIVE
+    assert out.stores == {"s4": replace(registered["s4"], lost=((5, 1), (5, 2)))}
+
+
+def test_the_rebuild_awaits_the_members_the_grants_name_of_a_segment_no_record_reached() -> None:
+    holdings = [
+        held("s1", seg(1), granted=("s1", "s7")),
+        held("s1", None, epoch=2, granted=("s1", "s5", "s6")),
+    ]
+    # A recorded segment's members are those its record names.
+    assert rebuild.named_stores(holdings) == {"s1", "s2", "s3", "s5", "s6"}
+
+
 def test_a_stream_without_any_record_is_kept_under_its_tenant_not_deleted() -> None:
     nameless = replace(ORDERS, stream_id=9)
     out = rebuild.rebuild(
@@ -237,6 +296,17 @@ def test_a_stream_without_any_record_is_kept_under_its_tenant_not_deleted() -> N
     stream = out.streams["acme/stream-9"]
     assert (stream.stream_id, stream.replicas, stream.write_quorum) == (9, 2, 2)
     assert out.next_stream_id == 10
+    # With the copy set its grants listed, as many replicas as that names.
+    out = rebuild.rebuild(
+        [
+            held(s, None, epoch=1, stream=nameless, tenant="acme", granted=("s1", "s2", "s3"))
+            for s in ("s1", "s2")
+        ],
+        NOW,
+    )
+    stream = out.streams["acme/stream-9"]
+    assert (stream.replicas, stream.write_quorum) == (3, 2)
+    assert out.segments[(9, 1)].copy_set == ("s1", "s2", "s3")
 
 
 def test_a_name_with_two_ids_is_the_higher_and_ids_never_collide() -> None:

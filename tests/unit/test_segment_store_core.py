@@ -1097,6 +1097,49 @@ def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: 
     kv.close()
 
 
+def test_the_copy_set_of_the_first_grant_is_kept_beside_its_segment_and_goes_with_it(
+    tmp_path: Path,
+) -> None:
+    """A master rebuilding its metadata names every member of a segment no record
+    reached, those that never got a write too (the runtime world's seed 432)."""
+    from streamengine.segment_store.core.keys import placed_key
+
+    five, other = ("s2", "s0", "s1", "s3", "s4"), ("s9",)
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    written, sealed, copied = SegmentKey(7, 2), SegmentKey(7, 3), SegmentKey(7, 4)
+    store.execute(WriteCommand.of(written, 3, 0, [ev(1)], copy_set=five))
+    # A later command of the segment does not change what the first one kept.
+    store.execute(WriteCommand.of(written, 3, 0, [ev(2)], copy_set=other))
+    # A seal that brings the segment here (a recovery's, of a store that got no write).
+    store.execute(SealCommand(sealed, 5, copy_set=five))
+    store.execute(SealCommand(sealed, 6, copy_set=other))
+    # A copy the master made comes under no grant.
+    store.execute(WriteCommand.of(copied, 5, 0, [ev(1, epoch=4)]))
+    kv.close()
+    # A restart reads them back.
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    assert store.catalog.placed_copy_set(written) == five
+    assert store.catalog.placed_copy_set(sealed) == five
+    assert store.catalog.placed_copy_set(copied) == ()
+    store.delete(written)
+    assert store.catalog.placed_copy_set(written) == ()
+    assert kv.get(placed_key(7, 2)) is None
+    # Brought here again, the segment keeps what its new first command lists.
+    store.execute(WriteCommand.of(written, 3, 0, [ev(1)], copy_set=other))
+    assert store.catalog.placed_copy_set(written) == other
+    kv.close()
+
+
+def test_a_refused_write_keeps_no_copy_set(core: SegmentStoreCore) -> None:
+    segment = SegmentKey(4, 1)
+    with pytest.raises(BadRequest):
+        core.execute(WriteCommand.of(segment, 3, 0, [ev(1, epoch=9)], copy_set=("s1", "s2")))
+    assert core.catalog.meta(segment) is None
+    assert core.catalog.placed_copy_set(segment) == ()
+
+
 def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
     core: SegmentStoreCore,
 ) -> None:

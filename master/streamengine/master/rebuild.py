@@ -2,10 +2,11 @@
 
 The master starts on empty metadata, serves the stores (they register again on their
 own) and nothing else (`MasterCalls.rebuilding`), and asks each registered store for
-every segment it holds with the master's record of it (`ListSegmentRecords`, with the
-master's node certificate on a secured cluster). Once every registered store, and every
-store a record names, has answered, or the deadline passed (the stores still missing
-are logged), `master.rebuild` decides the catalog, which is committed; the server then
+every segment it holds with the master's record of it and the copy set its grants
+listed (`ListSegmentRecords`, with the master's node certificate on a secured cluster).
+Once every registered store, and every store a record names (or the grants name, of a
+segment no record reached), has answered, or the deadline passed (the stores still
+missing are logged), `master.rebuild` decides the catalog, which is committed; the server then
 loads it as after a restart (no lease for one lease period). Each store's answer goes
 with the incarnation it was registered under when asked and the cluster id it keeps:
 a store with a database newer than the records naming it loses the replicas they name
@@ -26,6 +27,7 @@ from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.master.records import MalformedRecord, record_from_bytes
 from streamengine.master.state import MasterState
 from streamengine.protocol import transport
+from streamengine.protocol.limits import REPLICAS_MAX
 from streamengine.v1 import segment_store_pb2, segment_store_pb2_grpc
 
 log = logging.getLogger("streamengine.master")
@@ -85,9 +87,7 @@ class Rebuilder:
                 named = rebuild.named_stores(holdings)
                 registered = set(self.state.stores)
                 now_ms = self.clock_ms()
-                if rebuild.ready(
-                    registered, self.answers, named, now_ms, deadline_ms, earliest_ms
-                ):
+                if rebuild.ready(registered, self.answers, named, now_ms, deadline_ms, earliest_ms):
                     break
                 await asyncio.sleep(POLL_S)
         finally:
@@ -148,6 +148,10 @@ def _holding(store_id: str, held: segment_store_pb2.HeldSegmentRecord) -> rebuil
         if record is not None and record[1].key != key:
             log.warning("store %s keeps the record of %s as %s", store_id, record[1].key, key)
             record = None
+    copy_set = tuple(held.copy_set)
+    if len(set(copy_set)) != len(copy_set) or len(copy_set) > REPLICAS_MAX or not all(copy_set):
+        log.warning("store %s keeps the copy set of %s as %s: ignored", store_id, key, copy_set)
+        copy_set = ()
     return rebuild.Holding(
         store_id,
         key[0],
@@ -157,6 +161,7 @@ def _holding(store_id: str, held: segment_store_pb2.HeldSegmentRecord) -> rebuil
         held.bridge_index,
         held.tenant,
         record,
+        copy_set,
     )
 
 

@@ -1020,6 +1020,7 @@ class HeldSegmentRecord(_message.Message):
     BRIDGE_INDEX_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     RECORD_FIELD_NUMBER: _builtins.int
+    COPY_SET_FIELD_NUMBER: _builtins.int
     fence: _builtins.int
     acked_index: _builtins.int
     last_index: _builtins.int
@@ -1031,6 +1032,13 @@ class HeldSegmentRecord(_message.Message):
     """The serialized `SegmentRecord` the master last sent; empty when none came."""
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
+    @_builtins.property
+    def copy_set(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The segment's copy set as the grant of the first write or seal that brought it
+        here listed it; empty when none did (a copy the master made, or a store older than
+        this field). A master rebuilding a segment no record reached names every member.
+        """
+
     def __init__(
         self,
         *,
@@ -1041,10 +1049,11 @@ class HeldSegmentRecord(_message.Message):
         bridge_index: _builtins.int = ...,
         tenant: _builtins.str = ...,
         record: _builtins.bytes = ...,
+        copy_set: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bridge_index", b"bridge_index", "fence", b"fence", "last_index", b"last_index", "record", b"record", "segment", b"segment", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bridge_index", b"bridge_index", "copy_set", b"copy_set", "fence", b"fence", "last_index", b"last_index", "record", b"record", "segment", b"segment", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

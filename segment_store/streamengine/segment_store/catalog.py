@@ -104,11 +104,13 @@ class CatalogCalls:
         segments = catalog.segments()
         start = bisect.bisect_right(segments, after)
         page = segments[start : start + SEGMENT_RECORDS_PER_PAGE]
-        records = await self.store.in_thread(lambda: [catalog.segment_record(s) for s in page])
+        records = await self.store.in_thread(
+            lambda: [(catalog.segment_record(s), catalog.placed_copy_set(s)) for s in page]
+        )
         reply = segment_store_pb2.ListSegmentRecordsReply(
             more=start + len(page) < len(segments), cluster_id=catalog.cluster_id()
         )
-        for segment, record in zip(page, records, strict=True):
+        for segment, (record, copy_set) in zip(page, records, strict=True):
             meta = catalog.meta(segment)
             if meta is None:
                 continue  # deleted meanwhile
@@ -121,6 +123,7 @@ class CatalogCalls:
                     bridge_index=meta.bridge_index,
                     tenant=catalog.tenant_of(segment.stream_id),
                     record=record,
+                    copy_set=copy_set,
                 )
             )
         return reply

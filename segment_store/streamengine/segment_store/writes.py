@@ -31,6 +31,7 @@ import grpc
 from streamengine.protocol.auth import Principal
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import CorruptEntry, PackedEntries
+from streamengine.protocol.grants import Grant
 from streamengine.protocol.limits import WRITE_BATCH_ENTRIES_MAX
 from streamengine.protocol.logs import segment_fields
 from streamengine.segment_store import metrics
@@ -225,7 +226,12 @@ class WriteCalls:
             self.store.authority.check_not_deleted(segment.stream_id, request.writer_epoch)
             self.store.core.check_takes_part(segment)
             command = WriteCommand(
-                segment, request.writer_epoch, request.acked_index, batch, grant.tenant
+                segment,
+                request.writer_epoch,
+                request.acked_index,
+                batch,
+                grant.tenant,
+                self._placing(grant, segment),
             )
         except StoreError as error:
             return error
@@ -248,6 +254,14 @@ class WriteCalls:
             future.add_done_callback(lambda _: shares.give_queue_bytes(caller, payload_bytes))
         return future
 
+    def _placing(self, grant: Grant, segment: SegmentKey) -> tuple[str, ...]:
+        """The copy set `grant` lists for `segment` while this store does not hold it
+        yet (the command that first brings it here keeps it); else none to keep."""
+        if self.store.core.catalog.meta(segment) is not None:
+            return ()
+        listed = grant.segment(segment.epoch)
+        return () if listed is None else listed.copy_set
+
     def _held_back(self, status: int, command: WriteCommand) -> _Admitted:
         """A batch refused for now: its status and what the segment holds, or, below the
         fence, that error (as for any write)."""
@@ -269,7 +283,9 @@ class WriteCalls:
                 principal, "SegmentStore/Seal", request.grant, segment, request.new_epoch, wall_ms()
             )
             self.store.core.check_takes_part(segment)
-            command = SealCommand(segment, request.new_epoch, grant.tenant)
+            command = SealCommand(
+                segment, request.new_epoch, grant.tenant, self._placing(grant, segment)
+            )
         except StoreError as error:
             await abort(context, error, request.segment)
         outcome = await self.store.committer.submit(command)

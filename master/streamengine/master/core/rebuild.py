@@ -17,9 +17,12 @@ own fence, acked index and acked bridge of it. From those:
   records disagreeing on the final index are a conflict (the latest settled is taken,
   logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
   sealed there (a seal whose record had not reached the stores yet). A segment without
-  any record gets the stores that hold it as its copy set. In a sealed segment's copy
-  set, a member that answered without a replica gives its place to a store holding a
-  whole sealed copy its record does not name (a repair's), while there is one;
+  any record gets the copy set the grants of its writes listed, which its stores keep
+  from the first write or seal (members that never got a write included, so that the
+  recovery finds its R answers among them); without one, the stores that hold it. In a
+  sealed segment's copy set, a member that answered without a replica gives its place
+  to a store holding a whole sealed copy its record does not name (a repair's), while
+  there is one;
 - a stream's epoch is `REBUILD_EPOCH_GAP` past the highest epoch any store knows of
   it, as a segment or as a fence. Every epoch a leader wrote or sealed under is at or
   below that highest one, but the lost master may have granted later ones no store saw
@@ -92,9 +95,14 @@ class Holding:
     bridge_index: int
     tenant: str
     record: tuple[StreamRecord, SegmentRecord] | None = None
+    # The segment's copy set as the grant of the first write or seal that brought it to
+    # the store listed it (empty: not kept, as for a copy the master made).
+    copy_set: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.stream_id > 0 and self.epoch > 0, self
+        assert len(set(self.copy_set)) == len(self.copy_set) <= REPLICAS_MAX, self
+        assert all(self.copy_set), self
         if self.record is not None:
             stream, segment = self.record
             assert segment.key == (self.stream_id, self.epoch), (self, segment.key)
@@ -170,7 +178,13 @@ def missing(registered: Iterable[str], answered: Iterable[str], named: Iterable[
 
 
 def named_stores(holdings: Iterable[Holding]) -> set[str]:
-    return {m for h in holdings if h.record is not None for m in h.record[1].copy_set}
+    """The stores the records name, and those the grants name of a segment no record
+    reached: the rebuild waits for each (until its deadline)."""
+    holdings = list(holdings)
+    recorded = {(h.stream_id, h.epoch) for h in holdings if h.record is not None}
+    return {m for h in holdings if h.record is not None for m in h.record[1].copy_set} | {
+        m for h in holdings if (h.stream_id, h.epoch) not in recorded for m in h.copy_set
+    }
 
 
 def rebuild(
@@ -289,8 +303,10 @@ def _stream(stream_id: int, group: list[Holding], notes: list[str]) -> StreamRec
         tenants = sorted({h.tenant for h in group if h.tenant})
         tenant = tenants[0] if tenants else "recovered"
         epochs = {h.epoch for h in group}
-        holders = max(len({h.store_id for h in group if h.epoch == e}) for e in epochs)
-        replicas = min(max(holders, 1), REPLICAS_MAX)
+        members = max(
+            len(_unrecorded_copy_set([h for h in group if h.epoch == e])[0]) for e in epochs
+        )
+        replicas = min(max(members, 1), REPLICAS_MAX)
         name = f"{tenant}/stream-{stream_id}"
         notes.append(
             f"stream id {stream_id}: no store holds a record of it; kept as {name} "
@@ -324,14 +340,11 @@ def _segment(
     if records:
         chosen = max(records, key=lambda r: (int(r.state), r.settled_at_ms))
     else:
-        holders = tuple(sorted({h.store_id for h in held}))
+        copy_set, why = _unrecorded_copy_set(held)
         chosen = SegmentRecord(
-            stream.stream_id, stream.name, key[1], holders, SegmentState.OPEN, 0, now_ms, 0, now_ms
+            stream.stream_id, stream.name, key[1], copy_set, SegmentState.OPEN, 0, now_ms, 0, now_ms
         )
-        notes.append(
-            f"{stream.name} segment {key[1]}: no record; its copy set is the stores that "
-            f"hold it ({', '.join(holders)})"
-        )
+        notes.append(f"{stream.name} segment {key[1]}: no record; {why}")
     chosen = replace(chosen, stream=stream.name)
     bridges = sorted({h.bridge_index for h in held if h.bridge_index})
     if bridges:
@@ -351,6 +364,30 @@ def _segment(
     if chosen.state == SegmentState.OPEN and key[1] < stream.epoch:
         chosen = replace(chosen, state=SegmentState.SEALING)
     return chosen
+
+
+def _unrecorded_copy_set(held: list[Holding]) -> tuple[tuple[str, ...], str]:
+    """The copy set of a segment no record reached, and why: as the grants that
+    brought it to its stores listed it, members that never got a write included (the
+    runtime world's seed 432: a segment opened on five stores, written on two before
+    the metadata was lost, rebuilt on those two, waited for good for a recovery's R = 3
+    answers); else, when no store kept it, or the stores disagree, or one holds it
+    outside it, the stores that hold it."""
+    holders = tuple(sorted({h.store_id for h in held}))
+    granted = sorted({h.copy_set for h in held if h.copy_set})
+    if len(granted) == 1 and set(holders) <= set(granted[0]):
+        members = granted[0]
+        return members, (
+            f"its copy set is the one its grants listed ({', '.join(members)}), "
+            f"held on {', '.join(holders)}"
+        )
+    if granted:
+        kept = "; ".join(", ".join(g) for g in granted)
+        return holders, (
+            f"its stores keep copy sets ({kept}) that do not name every store holding "
+            f"it; its copy set is the stores that hold it ({', '.join(holders)})"
+        )
+    return holders, f"its copy set is the stores that hold it ({', '.join(holders)})"
 
 
 def _sealed_copy_set(

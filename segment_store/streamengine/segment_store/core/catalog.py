@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from streamengine.protocol.segment_records import record_version
+from streamengine.protocol.signing import MalformedPayload
 from streamengine.segment_store.core.commands import Plan, SegmentKey, check_segment
 from streamengine.segment_store.core.errors import SegmentNotFound
 from streamengine.segment_store.core.keys import (
@@ -27,11 +28,13 @@ from streamengine.segment_store.core.keys import (
     CLUSTER_ID_KEY,
     INCARNATION_KEY,
     SegmentMeta,
+    decode_copy_set,
     decode_u64,
     encode_u64,
     lost_range,
     meta_range,
     meta_segment,
+    placed_key,
     record_key,
     record_range,
     tenant_range,
@@ -181,6 +184,17 @@ class StoreCatalog:
     def segment_record(self, segment: SegmentKey) -> bytes:
         """The master's record of `segment` as kept (b"": none)."""
         return self.kv.get(record_key(segment.stream_id, segment.epoch)) or b""
+
+    def placed_copy_set(self, segment: SegmentKey) -> tuple[str, ...]:
+        """The copy set the grant that first brought `segment` here listed (empty: none
+        kept, as for a copy the master made, or a value that does not decode)."""
+        raw = self.kv.get(placed_key(segment.stream_id, segment.epoch))
+        if not raw:
+            return ()
+        try:
+            return decode_copy_set(raw)
+        except MalformedPayload:
+            return ()
 
     def authority_record(self) -> bytes | None:
         """What `KeepAuthorityCommand` last kept."""

@@ -61,6 +61,10 @@ class WriteCommand:
     batch: PackedEntries
     # The stream's tenant, as the write's grant says ("": not known by this command).
     tenant: str = ""
+    # The segment's copy set, as the write's grant lists it, kept if the write is the
+    # first to bring the segment here (empty: not known by this command, or the store
+    # held the segment when it was admitted).
+    copy_set: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -70,9 +74,10 @@ class WriteCommand:
         acked_index: int,
         entries: Sequence[StoredEntry],
         tenant: str = "",
+        copy_set: tuple[str, ...] = (),
     ) -> WriteCommand:
         """A write of entries of consecutive indexes, packed as a Write carries them."""
-        return cls(segment, writer_epoch, acked_index, PackedEntries.of(entries), tenant)
+        return cls(segment, writer_epoch, acked_index, PackedEntries.of(entries), tenant, copy_set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,8 @@ class SealCommand:
     segment: SegmentKey
     new_epoch: int
     tenant: str = ""
+    # As a `WriteCommand`'s: the copy set the seal's grant lists for the segment.
+    copy_set: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

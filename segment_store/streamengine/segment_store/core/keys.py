@@ -19,6 +19,12 @@ policy, copy set, seal state, final index, certificate), so that a master that l
 metadata rebuilds it from the stores (`master --rebuild`). Kept only while the segment
 is held, and deleted in the batch that deletes the segment.
 
+Copy sets as granted: `b"p" | stream_id u64 | segment epoch u64` -> the segment's copy
+set as the grant of the first write or seal that brought it here listed it (u8 count,
+then each store id as text), so that a master rebuilding its metadata knows every member
+of a segment whose record never reached a store, those that never got a write too.
+Written in the batch that first holds the segment, deleted in the batch that deletes it.
+
 Identity: `b"i"` -> the store's incarnation (u64, made when the database is created:
 an empty or replaced database is a new incarnation); `b"c"` -> the id of the cluster
 whose master it first registered with. Lost replicas: `b"x" | stream_id u64 | segment
@@ -36,6 +42,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from streamengine.protocol.signing import PayloadReader, PayloadWriter
+
 ENTRY_PREFIX = b"e"
 META_PREFIX = b"m"
 TENANT_PREFIX = b"t"
@@ -44,6 +52,7 @@ RECORD_PREFIX = b"g"
 INCARNATION_KEY = b"i"
 CLUSTER_ID_KEY = b"c"
 LOST_PREFIX = b"x"
+PLACED_PREFIX = b"p"
 
 _SEGMENT = struct.Struct(">QQ")
 _ENTRY = struct.Struct(">QQQ")
@@ -102,6 +111,26 @@ def lost_key(stream_id: int, epoch: int) -> bytes:
 
 def lost_range() -> tuple[bytes, bytes]:
     return LOST_PREFIX, bytes([LOST_PREFIX[0] + 1])
+
+
+def placed_key(stream_id: int, epoch: int) -> bytes:
+    return PLACED_PREFIX + _SEGMENT.pack(stream_id, epoch)
+
+
+def encode_copy_set(copy_set: tuple[str, ...]) -> bytes:
+    assert 0 < len(copy_set) <= 255 and all(copy_set), copy_set
+    out = PayloadWriter().u8(len(copy_set))
+    for store in copy_set:
+        out.text(store)
+    return out.bytes()
+
+
+def decode_copy_set(raw: bytes) -> tuple[str, ...]:
+    """Raises MalformedPayload unless `raw` is `encode_copy_set`'s."""
+    reader = PayloadReader(raw)
+    copy_set = tuple(reader.text() for _ in range(reader.u8()))
+    reader.finish()
+    return copy_set
 
 
 def encode_u64(value: int) -> bytes:

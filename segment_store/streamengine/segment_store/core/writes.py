@@ -28,7 +28,8 @@ Rules (docs/design.md, "The segment store"):
   master's copy request), is kept and never changes: a command naming another is
   refused;
 - the master's record of a segment (`KeepRecordsCommand`) is kept only while the
-  segment is held, and goes with it;
+  segment is held, and goes with it; so is the copy set the grant of the write or
+  seal that first brought the segment here listed;
 - a store takes part in writes and seals only once it joined its cluster (its first
   registration: `JoinCommand`), and never in those of a segment its earlier incarnation
   held (`SegmentStoreCore.check_takes_part`): an empty answer from a wiped store would
@@ -99,11 +100,13 @@ from streamengine.segment_store.core.keys import (
     BRIDGES_PER_SEGMENT_MAX,
     CLUSTER_ID_KEY,
     SegmentMeta,
+    encode_copy_set,
     entry_index,
     entry_key,
     entry_key_prefix,
     lost_key,
     meta_key,
+    placed_key,
     record_key,
     segment_entries_range,
     tenant_key,
@@ -116,6 +119,7 @@ CLUSTER_ID_CHARS_MAX = 256
 
 _INDEX = struct.Struct(">Q")
 _VALUE_HEAD = struct.Struct(">BQ")  # kind, epoch: the prefix of a stored value
+
 
 # What a plan knows of a held copy: (epoch, kind, payload bytes, stored value). Plain
 # tuples: the hot path builds one per entry written.
@@ -307,13 +311,21 @@ def _keep_tenant(stream_id: int, tenant: str, work: _Work) -> None:
     work.ops.append(Put(tenant_key(stream_id), tenant.encode()))
 
 
+def _keep_copy_set(segment: SegmentKey, copy_set: tuple[str, ...], work: _Work) -> None:
+    """Keep the copy set the grant of the command that first brings `segment` here
+    lists (for a master rebuilding its metadata: every member of a segment whose record
+    never reached a store). An open or sealing segment's copy set never changes."""
+    work.ops.append(Put(placed_key(segment.stream_id, segment.epoch), encode_copy_set(copy_set)))
+
+
 def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
     segment = command.segment
     batch = command.batch
     check_segment(segment)
     kinds, epochs = check_batch(command.writer_epoch, batch, work.entry_bytes_max)
     new_tenant = _check_tenant(segment.stream_id, command.tenant, work)
-    old = work.meta(segment) or SegmentMeta()
+    known = work.meta(segment)
+    old = known or SegmentMeta()
     if command.writer_epoch < old.fence:
         raise BelowFence(
             old.fence, f"fenced: writer epoch {command.writer_epoch} < fence {old.fence}"
@@ -395,6 +407,8 @@ def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
         written_to.runs.append(Run(first + fresh_from, *run))
     if new_tenant:
         _keep_tenant(segment.stream_id, command.tenant, work)
+    if known is None and command.copy_set:
+        _keep_copy_set(segment, command.copy_set, work)
     acked = max(old.acked_index, min(command.acked_index, matched))
     new = SegmentMeta(
         fence=old.fence,
@@ -455,11 +469,14 @@ def _plan_seal(command: SealCommand, work: _Work) -> SealResult:
     check_segment(command.segment)
     check_epoch(command.new_epoch, "seal epoch")
     new_tenant = _check_tenant(command.segment.stream_id, command.tenant, work)
-    old = work.meta(command.segment) or SegmentMeta()
+    known = work.meta(command.segment)
+    old = known or SegmentMeta()
     if command.new_epoch < old.fence:
         raise BelowFence(old.fence, f"fenced: seal epoch {command.new_epoch} < fence {old.fence}")
     if new_tenant:
         _keep_tenant(command.segment.stream_id, command.tenant, work)
+    if known is None and command.copy_set:
+        _keep_copy_set(command.segment, command.copy_set, work)
     new = dataclasses.replace(old, fence=max(old.fence, command.new_epoch))
     work.metas[command.segment] = new
     return SealResult(new.fence, new.acked_index, new.matched_index, new.last_index)
@@ -513,6 +530,7 @@ def _plan_delete(command: DeleteCommand, work: _Work) -> DeleteResult:
     work.deleted.add(segment)
     work.pending.pop(segment, None)
     work.metas[segment] = None
+    work.ops.append(Delete(placed_key(segment.stream_id, segment.epoch)))
     if work.catalog.has_record(segment) or work.records.get(segment):
         work.ops.append(Delete(record_key(segment.stream_id, segment.epoch)))
         work.records[segment] = 0
