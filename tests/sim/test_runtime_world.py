@@ -360,7 +360,7 @@ def test_seed_432_a_segment_no_record_reached_is_rebuilt_on_every_member_its_gra
     short of R = 3 members, waited for good. The stores keep the copy set the first
     write's grant listed, and the rebuild names all five (store4, a new disk, loses its
     replica)."""
-    result = run_seed(432)
+    result = run_seed(432, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
 
 
