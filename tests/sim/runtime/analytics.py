@@ -21,6 +21,10 @@ safety phase, one of:
   `partitions`, `read`, `commit`) over one stream or a tenant's prefix, a few queries
   alive at once, each going on from the offset it reached: its rows to the checker as
   a follower's, and at each end offset every acked event below it read;
+- what a tool beside Spark reads with the SDK: `StreamClient.read` or `read_batches` of
+  one stream, to the end of its sealed segments (every acked event below it read) or to
+  the acked end at call time, or `subscribe_batches` for a while, each event to the
+  checker as a reader's;
 - a write job (`StreamEngineBatchWriter`, pickled as Spark ships it) appending rows to
   the analyst's own stream `a0/sink` (created through `SyncStreamClient`), a producer
   id per job; a job whose task failed (its leader lost, the master away) runs again as
@@ -36,6 +40,7 @@ says where a rebuild kept a sink's rows).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import random
 from collections.abc import Callable
@@ -46,6 +51,7 @@ import grpc
 import pyarrow as pa
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from streamengine import StreamClient
 from streamengine.client.errors import DataLossError, NotFound, StreamEngineError
 from streamengine.client.spark import (
     StreamEngineBatchReader,
@@ -73,6 +79,8 @@ SINK_SCHEMA = StructType([StructField("payload", BinaryType(), nullable=False)])
 JOB_EVERY_MS = (100, 700)
 # Rows of a write job: one producer batch of the sink (`spark.WRITE_BATCH_ROWS` bounds it).
 WRITE_ROWS = (1, 40)
+# How long a batch tail (`subscribe_batches`) follows a stream (uniform, ms).
+TAIL_MS = (200, 1500)
 # Streaming queries alive at once.
 QUERIES_MAX = 2
 # Partition sizes a scan draws (`partitionEntries`): many small partitions cut segments.
@@ -128,9 +136,10 @@ class Analyst:
     async def run(self) -> None:
         world = self.world
         actions: list[tuple[float, Callable[[], Any]]] = [
-            (0.45, self._scan_some),
-            (0.3, self._micro_batch),
-            (0.25, self._write),
+            (0.35, self._scan_some),
+            (0.25, self._micro_batch),
+            (0.2, self._write),
+            (0.2, self._export),
         ]
         while world.phase == "safety":
             await asyncio.sleep(self.rng.randint(*JOB_EVERY_MS) / 1000)
@@ -257,6 +266,43 @@ class Analyst:
         query.offset = offset
         self.world.count("spark micro-batches checked")
 
+    # ---- the SDK's bounded reads and batch tails ----
+
+    async def _export(self) -> None:
+        """What a tool beside Spark reads with the SDK: `read` or `read_batches` of one
+        stream to the end of its sealed segments or to the acked end at call time
+        (`end=None`), or `subscribe_batches` for a while; every event to the checker."""
+        stream = self.rng.choice(self.world.stream_names)
+        checker = self.world.checkers[stream]
+        reader = f"export{self.jobs}"
+        end = self._sealed_end(stream)
+        how = self.rng.choice(("read", "read_batches", "subscribe_batches"))
+        bounded = how != "subscribe_batches" and end > 0 and self.rng.random() < 0.5
+        self.world.note(
+            f"spark job {self.jobs}: {how} {stream}" + (f" to {end}" if bounded else "")
+        )
+        rows: list[tuple[int, bytes]] = []
+        async with StreamClient(self.world.masters.address) as client:
+            if how == "read":
+                async for event in client.read(stream, 0, end if bounded else None):
+                    rows.append((event.sequence, event.payload))
+            elif how == "read_batches":
+                batches = client.read_batches(stream, 0, end if bounded else None)
+                async for batch in batches:
+                    rows += _sequenced(batch)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.rng.randint(*TAIL_MS) / 1000):
+                        async for batch in client.subscribe_batches(stream, 0):
+                            rows += _sequenced(batch)
+        for sequence, payload in rows:
+            if bounded and sequence >= end:
+                raise Violation(1, f"{reader}: {stream} read {sequence} past its end {end}")
+            checker.follower_event(reader, sequence, payload)
+        if bounded:
+            checker.bounded_read_finished(reader, end)
+        self.world.count(f"spark {how} checked")
+
     # ---- writes to the sink ----
 
     async def _write(self) -> None:
@@ -305,7 +351,19 @@ class Analyst:
                 if stream not in self.world.removed:
                     await self._retried(lambda stream=stream: self._scan_all(stream))  # type: ignore[misc]
             if self.sink_created:
+                await self._retried(self._lead_sink)
                 await self._retried(self._check_sink)
+
+    async def _lead_sink(self) -> None:
+        """Lead the sink once and append a marker, as the world's streams' leaders do
+        once it converged: a write task whose writer closed while no store could be told
+        its acked index left its rows unread until a writer leads the sink again (seed
+        227; docs/design.md, Known gaps)."""
+        marker = _WriteJob("marker", [f"a:marker:{len(self.writes)}".encode()])
+        self.writes.append(marker)
+        address = self.world.masters.address
+        await self._in_thread("mark", _append_marker, address, marker.payloads[0])
+        marker.done = True
 
     async def _retried(self, job: Callable[[], Any]) -> None:
         while True:
@@ -332,11 +390,15 @@ class Analyst:
         again (its rows twice across the two, where its answer was lost)."""
         options = self._options(prefix=SINK_TENANT, includeOpen="true")
         rows = await self._in_thread("sink", _scan, options)
+        address = self.world.masters.address
+        listed = await self._in_thread("list", _sinks_listed, address)
         by_stream: dict[str, list[bytes]] = {}
         for row in rows:
             by_stream.setdefault(row[0], []).append(row[4])
-        if any(not name.startswith((SINK, REBUILT_SINKS)) for name in by_stream):
-            raise Violation(15, f"the sink's tenant holds {sorted(by_stream)}")
+        if any(not name.startswith((SINK, REBUILT_SINKS)) for name in listed):
+            raise Violation(15, f"the sink's tenant holds {listed}")
+        if not set(by_stream) <= set(listed):
+            raise Violation(16, f"rows of {sorted(by_stream)}, yet the master lists {listed}")
         written = {payload: job for job in self.writes for payload in job.payloads}
         for stream, read in sorted(by_stream.items()):
             if len(set(read)) != len(read):
@@ -379,6 +441,12 @@ def _ends(query: _Query, offset: dict[str, Any]) -> dict[str, int]:
 
 
 # ---- synchronous: Spark's driver and executors ----
+
+
+def _sequenced(batch: pa.RecordBatch) -> list[tuple[int, bytes]]:
+    """(sequence, payload) of each row of an SDK record batch (`packed.EVENT_SCHEMA`)."""
+    columns = batch.to_pydict()
+    return list(zip(columns["sequence"], columns["payload"], strict=True))
 
 
 def _rows(batch: pa.RecordBatch) -> list[Row]:
@@ -424,6 +492,22 @@ def _micro_batch(
 def _create_sink(master: str, replicas: int, write_quorum: int) -> None:
     with SyncStreamClient(master) as client:
         client.create_stream(SINK, replicas=replicas, write_quorum=write_quorum)
+
+
+def _append_marker(master: str, payload: bytes) -> None:
+    """`payload` appended to the sink through the SDK's synchronous writer: leading it
+    seals what earlier writers left open."""
+    with SyncStreamClient(master) as client, client.writer(SINK) as writer:
+        writer.append(payload)
+        writer.flush()
+
+
+def _sinks_listed(master: str) -> list[str]:
+    """The streams of the sink's tenant, as `streamengine stream list --tenant` lists
+    them through the SDK's synchronous client, a page of two at a time."""
+    with SyncStreamClient(master) as client:
+        tenant = SINK_TENANT.rstrip("/")
+        return [info.name for info in client.list_streams(tenant=tenant, page_size=2)]
 
 
 def _write_rows(options: dict[str, str], payloads: list[bytes]) -> int:
