@@ -145,13 +145,7 @@ class Analyst:
             await asyncio.sleep(self.rng.randint(*JOB_EVERY_MS) / 1000)
             if world.phase != "safety" or world.violation is not None:
                 return
-            roll = self.rng.random()
-            action = actions[-1][1]
-            for share, candidate in actions:
-                if roll < share:
-                    action = candidate
-                    break
-                roll -= share
+            [action] = self.rng.choices([a for _, a in actions], [w for w, _ in actions])
             self.jobs += 1
             name = action.__name__.strip("_")
             try:

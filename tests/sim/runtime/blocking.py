@@ -147,7 +147,32 @@ class _Runner:
         """Nothing to stop: the loop is the simulation's."""
 
 
-class SimBlockingCallChannel(grpc.Channel):
+class UnaryChannel(grpc.Channel):
+    """A blocking channel that makes unary calls only (what the simulated processes'
+    blocking callers make): streaming calls and connectivity raise when used."""
+
+    def _streaming(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"{method}: blocking streaming calls are not simulated")
+
+        return call  # a stub makes one for every method, called or not
+
+    unary_stream = stream_unary = stream_stream = _streaming
+
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
+        raise NotImplementedError("channel connectivity of a blocking channel")
+
+    def unsubscribe(self, callback: Any) -> None:
+        raise NotImplementedError("channel connectivity of a blocking channel")
+
+    def __enter__(self) -> UnaryChannel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class SimBlockingCallChannel(UnaryChannel):
     """`Transport.channel` in the simulation: unary calls made on a `SimChannel` of the
     node running the synchronous code, its thread waiting for each one's end."""
 
@@ -176,28 +201,8 @@ class SimBlockingCallChannel(grpc.Channel):
 
         return call
 
-    def _streaming(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"{method}: blocking streaming calls are not simulated")
-
-        return call  # a stub makes one for every method, called or not
-
-    unary_stream = stream_unary = stream_stream = _streaming
-
-    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
-        raise NotImplementedError("channel connectivity of a blocking channel")
-
-    def unsubscribe(self, callback: Any) -> None:
-        raise NotImplementedError("channel connectivity of a blocking channel")
-
     def close(self) -> None:
         current().wait(self._channel.close)
-
-    def __enter__(self) -> SimBlockingCallChannel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _sleep_in_virtual_time(real_sleep: Callable[[float], None]) -> Callable[[float], None]:

@@ -998,7 +998,7 @@ class _BlockingCallable:
         return answer if self.deserialize is None else self.deserialize(answer)
 
 
-class SimBlockingChannel(grpc.Channel):
+class SimBlockingChannel(blocking.UnaryChannel):
     """A blocking channel from one node to one address: unary calls, handled at once,
     the caller's thread blocked for as long as they take (see the module doc)."""
 
@@ -1017,25 +1017,8 @@ class SimBlockingChannel(grpc.Channel):
     ) -> Any:
         return _BlockingCallable(self, method, request_serializer, response_deserializer)
 
-    def _streaming(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("blocking streaming calls are not simulated")
-
-    unary_stream = stream_unary = stream_stream = _streaming
-
-    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
-        raise NotImplementedError("channel connectivity of a blocking channel")
-
-    def unsubscribe(self, callback: Any) -> None:
-        raise NotImplementedError("channel connectivity of a blocking channel")
-
     def close(self) -> None:
         self.closed = True
-
-    def __enter__(self) -> SimBlockingChannel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _at_once(awaitable: Any) -> Any:
