@@ -10,7 +10,7 @@ heartbeat costs a lookup per segment held, not an encoding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -21,6 +21,7 @@ from streamengine.master.core.model import (
     SegmentRecord,
     SegmentState,
     StreamRecord,
+    validate_name_part,
     validate_stream_name,
 )
 from streamengine.protocol import codec
@@ -200,3 +201,47 @@ class RecordEncodings:
             for key in [k for k in self._encoded if k not in segments]:
                 del self._encoded[key]
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The cluster view the stores keep (`v1.ClusterView`): every store the master
+    knows, and the highest stream id it gave; with its version as a store reports it
+    (`record_version` of the bytes)."""
+
+    message: entry_pb2.ClusterView
+    version: int
+
+
+def cluster_view_pb(stores: Iterable[str], stream_ids_through: int) -> entry_pb2.ClusterView:
+    return entry_pb2.ClusterView(stores=sorted(stores), stream_ids_through=stream_ids_through)
+
+
+class ClusterViews:
+    """The master's cluster view, encoded again only when the stores or the next stream
+    id changed (a heartbeat costs a pass over the store ids, not a sort and a digest)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, ...], int] | None = None
+        self._view: ClusterView | None = None
+
+    def current(self, stores: Iterable[str], stream_ids_through: int) -> ClusterView:
+        key = (tuple(stores), stream_ids_through)
+        if self._view is None or key != self._key:
+            message = cluster_view_pb(key[0], stream_ids_through)
+            raw = message.SerializeToString(deterministic=True)
+            self._key, self._view = key, ClusterView(message, record_version(raw))
+        return self._view
+
+
+def cluster_view_from_pb(message: entry_pb2.ClusterView) -> tuple[tuple[str, ...], int]:
+    """The stores and the highest stream id a store's kept view names (stores that
+    cannot be store ids are left out)."""
+    stores = []
+    for store_id in message.stores:
+        try:
+            validate_name_part("store id", store_id)
+        except InvalidArgument:
+            continue
+        stores.append(store_id)
+    return tuple(sorted(set(stores))), message.stream_ids_through

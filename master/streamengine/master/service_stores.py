@@ -1,14 +1,15 @@
 """The Master service's RPCs for the stores: registration and heartbeats.
 
 A heartbeat's reply carries what the store must do (deletes, replicas to check first,
-segment records, token and certificate revocations); under TLS the master signs it (`_sign_reply`).
+segment records, the cluster view, token and certificate revocations); under TLS the
+master signs it (`_sign_reply`).
 """
 
 from __future__ import annotations
 
 from streamengine.master.core import integrity
 from streamengine.master.core.model import Held, SegmentKey
-from streamengine.master.records import RecordEncodings
+from streamengine.master.records import ClusterViews, RecordEncodings
 from streamengine.master.service_calls import Context, Handlers, MasterCalls, log
 from streamengine.master.stores import Registered
 from streamengine.protocol import codec, identity
@@ -29,6 +30,8 @@ class StoreHandlers(Handlers):
         super().__init__(calls)
         # Segment records as sent to the stores (`master.records`).
         self.records = RecordEncodings()
+        # The cluster view every store keeps (`master.records.ClusterViews`).
+        self.views = ClusterViews()
 
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
@@ -79,9 +82,7 @@ class StoreHandlers(Handlers):
             held[segment.stream_id, segment.epoch] = Held(
                 h.fence, h.acked_index, h.last_index, h.bytes, h.record_version
             )
-        removed = (
-            tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
-        )
+        removed = tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
 
         def beat(now: int) -> tuple[list[SegmentKey], bool, dict[SegmentKey, int]] | None:
             """The segments to delete, whether the delta did not apply (the store must
@@ -154,6 +155,12 @@ class StoreHandlers(Handlers):
         reply.certificate_revocations_version = certs.version
         if request.certificate_revocations_version != certs.version:
             reply.revoked_certificates.extend(map(codec.revoked_cert_to_pb, certs.revoked))
+        if not self.calls.rebuilding:
+            # A rebuilding master knows neither yet: the view the store keeps is what
+            # the rebuild reads.
+            view = self.views.current(self.state.stores, self.state.next_stream_id - 1)
+            if request.cluster_view_version != view.version:
+                reply.cluster_view.CopyFrom(view.message)
         self._sign_reply(context, "heartbeat", request.store_id, reply)
         return reply
 

@@ -505,6 +505,38 @@ class SegmentRecord(_message.Message):
 Global___SegmentRecord: _TypeAlias = SegmentRecord  # noqa: Y015
 
 @_typing.final
+class ClusterView(_message.Message):
+    """What a store keeps of its cluster for a master that must rebuild its metadata
+    (`streamengine master --rebuild`): every store the master knows, and the highest
+    stream id it gave. The master sends it with its heartbeat replies whenever it
+    differs from what the store keeps; a rebuild waits for each store a view lists, and
+    gives no new stream an id up to the highest a view holds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORES_FIELD_NUMBER: _builtins.int
+    STREAM_IDS_THROUGH_FIELD_NUMBER: _builtins.int
+    stream_ids_through: _builtins.int
+    @_builtins.property
+    def stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Store ids, sorted."""
+
+    def __init__(
+        self,
+        *,
+        stores: _abc.Iterable[_builtins.str] | None = ...,
+        stream_ids_through: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stores", b"stores", "stream_ids_through", b"stream_ids_through"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterView: _TypeAlias = ClusterView  # noqa: Y015
+
+@_typing.final
 class ProducerPosition(_message.Message):
     """A producer's last event in the stream (`streamengine.protocol.producers`)."""
 
