@@ -32,7 +32,9 @@ own fence, acked index and acked bridge of it. From those:
   the lost master's is refused by every store that took the rebuilt master's new
   signing key);
 - unsealed segments below the stream's epoch are SEALING (a later epoch exists);
-- the next stream id is above every id any store holds, so no new stream collides;
+- the next stream id is above every id any store holds, and above the highest id the
+  lost master gave as any store's cluster view keeps it (a stream whose stores did not
+  answer, or one created and never written), so no new stream collides;
 - a member of a rebuilt copy set whose database is newer than what it answered for
   (it keeps no cluster id: made since it last joined a master, a wiped disk; or it
   registered as another incarnation after it answered) holds none of the replicas the
@@ -41,6 +43,14 @@ own fence, acked index and acked bridge of it. From those:
   are no longer verified. The master cannot tell those apart otherwise: registered to
   a master that knows no segment yet, such a store was told it lost nothing, and it
   would answer a recovery's seal as an empty replica and count among the R.
+
+When to decide (`ready`): every store registered so far, every store a record or a
+grant names, and every store a cluster view lists has answered; and at least one that
+answered keeps a cluster id (a store with a new disk knows nothing of the cluster: no
+view, no segment); or the deadline passed. The master knows no store but those that
+registered to it: the runtime world's seeds 2008 and 2092, where the one store that
+answered held nothing and those holding every stream were down, were rebuilt empty
+after the registration grace and gave stream id 1 again.
 
 Tenants are recreated from stream names; tokens are not in the stores and are lost
 (the operator issues new ones).
@@ -72,6 +82,9 @@ REGISTRATION_GRACE_MS = 3_000
 # world's seed 9054: the rebuilt master granted epoch 3 again, where a follower had been
 # told by the lost master that epoch 3 had no segment, and never read its events.
 REBUILD_EPOCH_GAP = 1 << 20
+
+# Stream ids are u64 on the wire and in the metadata: a view past this is malformed.
+STREAM_IDS_MAX = 1 << 63
 
 # Why a store's database is newer than the records naming it (`_newer_databases`).
 _RENEWED = "registered as a new incarnation after it answered"
@@ -119,6 +132,15 @@ class Answered:
     cluster_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class View:
+    """The cluster view a store keeps (`v1.ClusterView`), as the lost master last sent
+    it: every store it knew, and the highest stream id it gave."""
+
+    stores: tuple[str, ...] = ()
+    stream_ids_through: int = 0
+
+
 @dataclass
 class Rebuilt:
     tenants: dict[str, int] = field(default_factory=dict)
@@ -160,16 +182,18 @@ def ready(
     now_ms: int,
     deadline_ms: int,
     earliest_ms: int = 0,
+    *,
+    joined: Iterable[str],
 ) -> bool:
-    """Whether to rebuild now: every store registered so far and every store a record
-    names has answered (at least one did), and stores had `earliest_ms` to register;
-    or the deadline passed."""
+    """Whether to rebuild now: every store registered so far and every store named
+    (`named_stores`) has answered, at least one that answered keeps a cluster id
+    (`joined`), and stores had `earliest_ms` to register; or the deadline passed."""
     done = set(answered)
     if now_ms >= deadline_ms:
         return True
     if now_ms < earliest_ms:
         return False
-    return bool(done) and set(registered) <= done and set(named) <= done
+    return bool(set(joined) & done) and set(registered) <= done and set(named) <= done
 
 
 def missing(registered: Iterable[str], answered: Iterable[str], named: Iterable[str]) -> list[str]:
@@ -177,14 +201,17 @@ def missing(registered: Iterable[str], answered: Iterable[str], named: Iterable[
     return sorted((set(registered) | set(named)) - set(answered))
 
 
-def named_stores(holdings: Iterable[Holding]) -> set[str]:
-    """The stores the records name, and those the grants name of a segment no record
-    reached: the rebuild waits for each (until its deadline)."""
+def named_stores(holdings: Iterable[Holding], views: Iterable[View] = ()) -> set[str]:
+    """The stores the records name, those the grants name of a segment no record
+    reached, and those the stores' cluster views list: the rebuild waits for each
+    (until its deadline)."""
     holdings = list(holdings)
     recorded = {(h.stream_id, h.epoch) for h in holdings if h.record is not None}
-    return {m for h in holdings if h.record is not None for m in h.record[1].copy_set} | {
-        m for h in holdings if (h.stream_id, h.epoch) not in recorded for m in h.copy_set
-    }
+    return (
+        {m for h in holdings if h.record is not None for m in h.record[1].copy_set}
+        | {m for h in holdings if (h.stream_id, h.epoch) not in recorded for m in h.copy_set}
+        | {m for view in views for m in view.stores}
+    )
 
 
 def rebuild(
@@ -192,11 +219,14 @@ def rebuild(
     now_ms: int,
     answered: Mapping[str, Answered] | None = None,
     registered: Mapping[str, StoreRecord] | None = None,
+    views: Iterable[View] = (),
 ) -> Rebuilt:
     """The catalog from what the stores hold (`holdings`); `answered`: the stores whose
-    answers were whole, `registered`: every store's record as it registers now."""
+    answers were whole, `registered`: every store's record as it registers now,
+    `views`: the cluster views the stores that answered keep."""
     holdings = list(holdings)
     out = _catalog(holdings, now_ms, set(answered or ()))
+    _next_stream_id(out, views)
     newer = _newer_databases(answered or {}, registered or {})
     if newer:
         _lose_replicas(out, holdings, newer, registered or {})
@@ -249,6 +279,24 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
         _check_stream(stream, [s for k, s in out.segments.items() if k[0] == stream.stream_id])
     assert all(s.stream_id < out.next_stream_id for s in out.streams.values())
     return out
+
+
+def _next_stream_id(out: Rebuilt, views: Iterable[View]) -> None:
+    """Past the highest stream id the lost master gave, as the stores' views keep it,
+    where that is above every id they hold: no new stream takes an id a store that did
+    not answer may hold, nor one a client was given for a stream never written."""
+    given = max(
+        (v.stream_ids_through for v in views if v.stream_ids_through < STREAM_IDS_MAX),
+        default=0,
+    )
+    if given < out.next_stream_id:
+        return
+    out.notes.append(
+        f"the stores' cluster views say the lost master gave stream ids up to {given}; "
+        f"none above {out.next_stream_id - 1} is held by a store that answered: the "
+        f"next stream id is {given + 1}"
+    )
+    out.next_stream_id = given + 1
 
 
 def _newer_databases(
