@@ -124,6 +124,9 @@ INTRUDED = 26
 # R; no convergence), and shows it again since a writer stepping down sends its stores
 # the acked index.
 WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
+# N=1 on three stores, the metadata lost at 3.5 s: the one store that answered held
+# nothing, and the rebuilt master gave a new stream id 1 again.
+REBUILT_FROM_ONE_EMPTY_STORE = 2092
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -171,6 +174,10 @@ FLAWED = [
     # One SYN per dial, left to the kernel's retransmissions, and a pause after a dial
     # nobody answered: a client misses a healed cut by a second (S7 on affe1fc).
     ("dial_once", 10, 18),
+    # The rebuild decides from the stores registered so far and gives ids past those
+    # they hold: store2 alone answered, holding nothing, and the operator's new stream
+    # took id 1, which the down store0 held.
+    ("rebuild_from_whoever_answered", REBUILT_FROM_ONE_EMPTY_STORE, 5),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -362,6 +369,32 @@ def test_seed_432_a_segment_no_record_reached_is_rebuilt_on_every_member_its_gra
     replica)."""
     result = run_seed(432, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_2092_a_rebuild_waits_for_every_store_a_cluster_view_lists() -> None:
+    """N=1 on three stores, the metadata lost at 3.5 s: store2 alone answered, holding
+    nothing, while store0, down since 1.0 s, held all eight streams. The rebuild went
+    ahead after its 3 s grace with no stream, and the operator's `t0/rebuilt0` took
+    stream id 1, store0's `t0/s0` (invariant 5). The stores keep the lost master's
+    cluster view: the rebuild waits for store0 and store1, rebuilds every stream, and
+    no new stream takes an id the view says was given."""
+    result = run_seed(REBUILT_FROM_ONE_EMPTY_STORE)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+    assert result.stats.get("streams created after a rebuild", 0) > 0, result.stats
+
+
+def test_seed_2008_a_rebuild_waits_for_a_store_that_knows_the_cluster() -> None:
+    """N=3 W=2 on three stores, store1 with fsync never: its power cut took its whole
+    database, and it answered the rebuild alone with a new disk (no cluster id, no
+    view), while store0 and store2 held every stream. Rebuilt empty, the master gave
+    `t0/rebuilt0` stream id 1 (invariant 5). A store that knows no cluster is not
+    enough to rebuild from (`rebuild.ready`, table-tested in
+    `tests/unit/test_master_rebuild.py`); since the stores keep a cluster view, the
+    seed's schedule brings store0 and store2 back within the grace, and it is the
+    run as a whole this guards: every stream rebuilt, ids never given twice."""
+    result = run_seed(2008)
+    assert result.config.metadata_lost and result.config.fsync_never and result.ok, _failure(result)
+    assert result.stats.get("streams created after a rebuild", 0) > 0, result.stats
 
 
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:
