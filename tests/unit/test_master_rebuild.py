@@ -620,9 +620,109 @@ def test_the_cluster_view_goes_to_the_stores_and_comes_back() -> None:
     assert views.current(stores, 8).version != view.version
     stores["s3"] = None
     assert list(views.current(stores, 8).message.stores) == ["s1", "s2", "s3"]
-    # A rebuild reads back the stores a kept view names, those that can be store ids.
-    kept = entry_pb2.ClusterView(stores=["s2", "s1", "", "../x", "s1"], stream_ids_through=9)
-    assert records.cluster_view_from_pb(kept) == (("s1", "s2"), 9)
+    # With the streams no store keeps a record of, encoded again when their key changes.
+    carded = views.current(stores, 8, 1, lambda: (ORDERS,))
+    assert views.current(stores, 8, 1, lambda: ()) is carded
+    assert records.cluster_view_from_pb(carded.message) == rebuild.View(
+        ("s1", "s2", "s3"), 8, (ORDERS,)
+    )
+    # A rebuild reads back what a kept view names that can be: store ids, streams named
+    # and of a policy as a stream can be, of an id the view says was given.
+    kept = entry_pb2.ClusterView(
+        stores=["s2", "s1", "", "../x", "s1"],
+        stream_ids_through=9,
+        streams=[
+            records.card_pb(ORDERS),
+            records.card_pb(replace(ORDERS, stream_id=10)),
+            records.card_pb(replace(ORDERS, stream_id=6, name="no-tenant")),
+            records.card_pb(replace(ORDERS, stream_id=7, replicas=2, write_quorum=3)),
+        ],
+    )
+    assert records.cluster_view_from_pb(kept) == rebuild.View(("s1", "s2"), 9, (ORDERS,))
+
+
+def test_the_view_carries_the_streams_no_store_keeps_a_record_of(tmp_path: Path) -> None:
+    """A stream created and never written, or written with no record reaching a store
+    yet, goes in the cluster view every store keeps (the runtime world's seed 2499), from
+    the moment every store alive has said what it keeps, until a store keeps a record."""
+    place = RocksDBPlace(tmp_path / "meta")
+    state = MasterState(place.open(), NOW, 1_000, 3_000)
+    for store in ("s1", "s2"):
+        state.registry.register_store(store, f"{store}:1", "", 1 << 30, NOW, 9, "")
+    first = state.tenancy.create_stream("acme/one", 2, 2, 1 << 20, 60_000, True, NOW)
+    second = state.tenancy.create_stream("acme/two", 2, 2, 1 << 20, 60_000, True, NOW)
+    assert [s.name for s in state.unrecorded_streams()] == ["acme/two", "acme/one"]
+    # Every stream looks unrecorded until each store alive gave a whole report.
+    assert not state.knows_unrecorded(NOW)
+    state.registry.store_heartbeat("s1", 0, 0, {}, NOW)
+    assert not state.knows_unrecorded(NOW)
+    state.registry.store_heartbeat("s2", 0, 0, {}, NOW)
+    assert state.knows_unrecorded(NOW)
+    changes = state.unrecorded_changes
+    state.note_recorded([first.stream_id])
+    assert [s.name for s in state.unrecorded_streams()] == ["acme/two"]
+    assert state.unrecorded_changes > changes
+    # A stream deleted leaves the view, undeleted it comes back, and recorded it stays out.
+    state.tenancy.delete_stream("acme/two", NOW)
+    assert state.unrecorded_streams() == ()
+    state.tenancy.undelete_stream("acme/two")
+    assert [s.stream_id for s in state.unrecorded_streams()] == [second.stream_id]
+    state.tenancy.delete_stream("acme/one", NOW)
+    state.tenancy.undelete_stream("acme/one")
+    assert [s.stream_id for s in state.unrecorded_streams()] == [second.stream_id]
+    # A store silent past the store timeout is not waited for.
+    state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, 9, "")
+    assert not state.knows_unrecorded(NOW + 1)
+    assert state.knows_unrecorded(NOW + 3_001)
+    place.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "holdings", "cards", "streams"),
+    [
+        (
+            "created and never written: rebuilt without segments",
+            [],
+            [ORDERS],
+            {"acme/orders": (5, 3, 2, REBUILD_EPOCH_GAP)},
+        ),
+        (
+            "written, no record on any store: named and placed as the card says",
+            [held("s1", None, epoch=4, granted=("s1", "s2", "s3"))],
+            [ORDERS],
+            {"acme/orders": (5, 3, 2, 4 + REBUILD_EPOCH_GAP)},
+        ),
+        (
+            "a record wins over a card",
+            [held("s1", seg(2))],
+            [replace(ORDERS, name="acme/other")],
+            {"acme/orders": (5, 3, 2, 2 + REBUILD_EPOCH_GAP)},
+        ),
+        (
+            "a name a card and a record give two ids is the higher id's",
+            [held("s1", seg(2))],
+            [replace(ORDERS, stream_id=3)],
+            {"acme/orders": (5, 3, 2, 2 + REBUILD_EPOCH_GAP)},
+        ),
+    ],
+)
+def test_a_stream_no_record_reached_is_rebuilt_as_the_views_carry_it(
+    case: str,
+    holdings: list[rebuild.Holding],
+    cards: list[StreamRecord],
+    streams: dict[str, tuple[int, int, int, int]],
+) -> None:
+    """The runtime world's seed 2499 (N=1, one store): eight streams created and never
+    written (store0 down while their leader held them), and since its schedule moved,
+    all sixteen written only after the last heartbeat the lost master answered, were
+    lost, or kept as `acme/stream-<id>`, and their writers told NotFound for good."""
+    out = rebuild.rebuild(holdings, NOW, views=[rebuild.View(("s1",), 5, tuple(cards))])
+    got = {
+        name: (s.stream_id, s.replicas, s.write_quorum, s.epoch) for name, s in out.streams.items()
+    }
+    assert got == streams, case
+    assert out.tenants == {"acme": NOW}, case
+    assert out.next_stream_id == 6, case
 
 
 def test_a_heartbeat_carries_a_bounded_number_of_records() -> None:

@@ -144,7 +144,7 @@ class Rebuilder:
             if reply.cluster_id:
                 self.cluster_ids[store_id] = reply.cluster_id
             if reply.HasField("cluster_view"):
-                self.views[store_id] = rebuild.View(*cluster_view_from_pb(reply.cluster_view))
+                self.views[store_id] = cluster_view_from_pb(reply.cluster_view)
             for held in reply.segments:
                 holdings.append(_holding(store_id, held))
                 after = (held.segment.stream_id, held.segment.epoch)

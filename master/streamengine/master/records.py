@@ -24,6 +24,7 @@ from streamengine.master.core.model import (
     validate_name_part,
     validate_stream_name,
 )
+from streamengine.master.core.rebuild import View
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
@@ -206,37 +207,64 @@ class RecordEncodings:
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """The cluster view the stores keep (`v1.ClusterView`): every store the master
-    knows, and the highest stream id it gave; with its version as a store reports it
-    (`record_version` of the bytes)."""
+    knows, the highest stream id it gave and the streams no store keeps a record of;
+    with its version as a store reports it (`record_version` of the bytes)."""
 
     message: entry_pb2.ClusterView
     version: int
 
 
-def cluster_view_pb(stores: Iterable[str], stream_ids_through: int) -> entry_pb2.ClusterView:
-    return entry_pb2.ClusterView(stores=sorted(stores), stream_ids_through=stream_ids_through)
+def card_pb(stream: StreamRecord) -> entry_pb2.StreamCard:
+    return entry_pb2.StreamCard(
+        stream_id=stream.stream_id,
+        name=stream.name,
+        policy=entry_pb2.ReplicationPolicy(
+            replicas=stream.replicas, write_quorum=stream.write_quorum
+        ),
+        segment_bytes=stream.segment_bytes,
+        segment_age_ms=stream.segment_age_ms,
+        created_at_ms=stream.created_at_ms,
+        has_producers=stream.has_producers,
+    )
+
+
+def cluster_view_pb(
+    stores: Iterable[str], stream_ids_through: int, streams: Iterable[StreamRecord] = ()
+) -> entry_pb2.ClusterView:
+    return entry_pb2.ClusterView(
+        stores=sorted(stores),
+        stream_ids_through=stream_ids_through,
+        streams=[card_pb(s) for s in streams],
+    )
 
 
 class ClusterViews:
-    """The master's cluster view, encoded again only when the stores or the next stream
-    id changed (a heartbeat costs a pass over the store ids, not a sort and a digest)."""
+    """The master's cluster view, encoded again only when its stores, its next stream
+    id or its unrecorded streams changed (`streams_key`: a count of their changes), so
+    that a heartbeat costs a pass over the store ids, not a sort and a digest."""
 
     def __init__(self) -> None:
-        self._key: tuple[tuple[str, ...], int] | None = None
+        self._key: tuple[tuple[str, ...], int, object] | None = None
         self._view: ClusterView | None = None
 
-    def current(self, stores: Iterable[str], stream_ids_through: int) -> ClusterView:
-        key = (tuple(stores), stream_ids_through)
+    def current(
+        self,
+        stores: Iterable[str],
+        stream_ids_through: int,
+        streams_key: object = None,
+        streams: Callable[[], Iterable[StreamRecord]] = tuple,
+    ) -> ClusterView:
+        key = (tuple(stores), stream_ids_through, streams_key)
         if self._view is None or key != self._key:
-            message = cluster_view_pb(key[0], stream_ids_through)
+            message = cluster_view_pb(key[0], stream_ids_through, streams())
             raw = message.SerializeToString(deterministic=True)
             self._key, self._view = key, ClusterView(message, record_version(raw))
         return self._view
 
 
-def cluster_view_from_pb(message: entry_pb2.ClusterView) -> tuple[tuple[str, ...], int]:
-    """The stores and the highest stream id a store's kept view names (stores that
-    cannot be store ids are left out)."""
+def cluster_view_from_pb(message: entry_pb2.ClusterView) -> View:
+    """The view a store keeps, as a rebuild reads it: stores and stream cards that
+    cannot be are left out."""
     stores = []
     for store_id in message.stores:
         try:
@@ -244,4 +272,27 @@ def cluster_view_from_pb(message: entry_pb2.ClusterView) -> tuple[tuple[str, ...
         except InvalidArgument:
             continue
         stores.append(store_id)
-    return tuple(sorted(set(stores))), message.stream_ids_through
+    streams = []
+    for card in message.streams:
+        try:
+            validate_stream_name(card.name)
+            ReplicationPolicy(card.policy.replicas, card.policy.write_quorum)
+        except (InvalidArgument, InvalidPolicy):
+            continue
+        if not 0 < card.stream_id < message.stream_ids_through + 1:
+            continue
+        streams.append(
+            StreamRecord(
+                name=card.name,
+                stream_id=card.stream_id,
+                replicas=card.policy.replicas,
+                write_quorum=card.policy.write_quorum,
+                segment_bytes=card.segment_bytes,
+                segment_age_ms=card.segment_age_ms,
+                epoch=0,
+                leader_id="",
+                created_at_ms=card.created_at_ms,
+                has_producers=card.has_producers,
+            )
+        )
+    return View(tuple(sorted(set(stores))), message.stream_ids_through, tuple(streams))

@@ -23,6 +23,9 @@ RECORD_BYTES_MAX = 64 << 10
 # A cluster view (`v1.ClusterView`: the master's store ids and highest stream id) larger
 # than this is malformed (a store refuses to keep it): some ten thousand store ids.
 CLUSTER_VIEW_BYTES_MAX = 1 << 20
+# Streams a cluster view carries at most (the newest no store keeps a record of: created
+# and not yet written, or whose records reached no store yet), some 100 KiB of names.
+CLUSTER_VIEW_STREAMS_MAX = 1024
 
 
 def record_version(raw: bytes) -> int:

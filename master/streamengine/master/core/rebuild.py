@@ -10,9 +10,13 @@ own fence, acked index and acked bridge of it. From those:
   higher id is the stream (ids grow; the lower one was deleted and created again), the
   lower one is not rebuilt (its replicas stay on the stores: no unknown id up to the
   highest rebuilt is garbage, since a store that missed the rebuild may hold the only
-  copies of a stream). A stream id no record names (its records never
-  reached a store) is kept under `<tenant>/stream-<id>` with the tenant its grants told
-  the stores, rather than deleted;
+  copies of a stream). A stream no record names (created and never written, or its
+  records never reached a store) is named as the stores' cluster views carry it (each
+  view lists the streams no store kept a record of when the lost master sent it: the
+  runtime world's seed 2499, whose one store never had a heartbeat answered after it
+  got its segments, or got none of eight streams); one that a view does not name
+  either is kept under `<tenant>/stream-<id>` with the tenant its grants told the
+  stores, rather than deleted;
 - a segment is the record its stores agree on, the sealed one first: two sealed
   records disagreeing on the final index are a conflict (the latest settled is taken,
   logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
@@ -135,10 +139,12 @@ class Answered:
 @dataclass(frozen=True, slots=True)
 class View:
     """The cluster view a store keeps (`v1.ClusterView`), as the lost master last sent
-    it: every store it knew, and the highest stream id it gave."""
+    it: every store it knew, the highest stream id it gave, and the streams no store
+    kept a record of then (epoch 0, no holder: a card does not know them)."""
 
     stores: tuple[str, ...] = ()
     stream_ids_through: int = 0
+    streams: tuple[StreamRecord, ...] = ()
 
 
 @dataclass
@@ -225,7 +231,11 @@ def rebuild(
     answers were whole, `registered`: every store's record as it registers now,
     `views`: the cluster views the stores that answered keep."""
     holdings = list(holdings)
-    out = _catalog(holdings, now_ms, set(answered or ()))
+    views = list(views)
+    notes: list[str] = []
+    cards = _cards(views, notes)
+    out = _catalog(holdings, now_ms, set(answered or ()), cards)
+    out.notes[:0] = notes
     _next_stream_id(out, views)
     newer = _newer_databases(answered or {}, registered or {})
     if newer:
@@ -233,17 +243,27 @@ def rebuild(
     return out
 
 
-def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuilt:
+def _catalog(
+    holdings: list[Holding], now_ms: int, answered: set[str], cards: dict[int, StreamRecord]
+) -> Rebuilt:
     by_stream: dict[int, list[Holding]] = {}
     for holding in holdings:
         by_stream.setdefault(holding.stream_id, []).append(holding)
     out = Rebuilt()
-    if not by_stream:
+    if not by_stream and not cards:
         return out
-    out.next_stream_id = max(by_stream) + 1
+    out.next_stream_id = max([*by_stream, *cards]) + 1
     named: dict[str, StreamRecord] = {}
-    for stream_id in sorted(by_stream):
-        stream = _stream(stream_id, by_stream[stream_id], out.notes)
+    for stream_id in sorted({*by_stream, *cards}):
+        group = by_stream.get(stream_id, [])
+        if group:
+            stream = _stream(stream_id, group, out.notes, cards.get(stream_id))
+        else:
+            stream = cards[stream_id]
+            out.notes.append(
+                f"{stream.name} (stream id {stream_id}): no store that answered holds any "
+                "of it; rebuilt as the stores' cluster views carry it"
+            )
         earlier = named.get(stream.name)
         if earlier is not None:
             out.notes.append(
@@ -252,8 +272,8 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
             )
         named[stream.name] = stream
     for stream in named.values():
-        group = by_stream[stream.stream_id]
-        known = max(max(h.epoch, h.fence) for h in group)
+        group = by_stream.get(stream.stream_id, [])
+        known = max((max(h.epoch, h.fence) for h in group), default=0)
         epoch = max(known, min(known + REBUILD_EPOCH_GAP, EPOCH_MAX - 1))
         # Marked as having producers if any record says so: a record sent before the
         # mark keeps its old bytes until the store is sent the new one.
@@ -264,7 +284,7 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
             stream,
             epoch=epoch,
             leader_id="",
-            has_producers=has_producers,
+            has_producers=has_producers or stream.has_producers,
             producers=newest.producers,
             producers_epoch=newest.producers_epoch,
         )
@@ -279,6 +299,25 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
         _check_stream(stream, [s for k, s in out.segments.items() if k[0] == stream.stream_id])
     assert all(s.stream_id < out.next_stream_id for s in out.streams.values())
     return out
+
+
+def _cards(views: list[View], notes: list[str]) -> dict[int, StreamRecord]:
+    """The streams the views carry, by id: a stream no store kept a record of when the
+    lost master sent its view. Views sent at different times may differ (a stream the
+    later one no longer carries got its records to a store since, or was deleted); a
+    card names a stream whatever view carries it, and where two disagree (never, but
+    for a master's bug) the one of the newest view, by its highest stream id, wins."""
+    cards: dict[int, StreamRecord] = {}
+    for view in sorted(views, key=lambda v: v.stream_ids_through):
+        for card in view.streams:
+            known = cards.get(card.stream_id)
+            if known is not None and known != card:
+                notes.append(
+                    f"stream id {card.stream_id}: the stores' views name it {known.name} "
+                    f"and {card.name}; took {card.name} (the newest view)"
+                )
+            cards[card.stream_id] = card
+    return cards
 
 
 def _next_stream_id(out: Rebuilt, views: Iterable[View]) -> None:
@@ -344,9 +383,18 @@ def _lose_replicas(
         )
 
 
-def _stream(stream_id: int, group: list[Holding], notes: list[str]) -> StreamRecord:
-    """The stream a stream id's records name (that of its highest epoch)."""
+def _stream(
+    stream_id: int, group: list[Holding], notes: list[str], card: StreamRecord | None
+) -> StreamRecord:
+    """The stream a stream id's records name (that of its highest epoch); without any,
+    as a cluster view's card names it; without one, under its tenant."""
     records = sorted((h.record for h in group if h.record is not None), key=lambda r: r[1].epoch)
+    if not records and card is not None:
+        notes.append(
+            f"stream id {stream_id}: no store holds a record of it; named {card.name} "
+            "as the stores' cluster views carry it"
+        )
+        return card
     if not records:
         tenants = sorted({h.tenant for h in group if h.tenant})
         tenant = tenants[0] if tenants else "recovered"
