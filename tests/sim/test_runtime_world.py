@@ -127,6 +127,8 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
 # N=1 on three stores, the metadata lost at 3.5 s: the one store that answered held
 # nothing, and the rebuilt master gave a new stream id 1 again.
 REBUILT_FROM_ONE_EMPTY_STORE = 2092
+# N=1 on one store, the metadata lost at 5.1 s: no record of any stream on the store.
+NO_RECORD_ON_ANY_STORE = 2499
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -178,6 +180,9 @@ FLAWED = [
     # they hold: store2 alone answered, holding nothing, and the operator's new stream
     # took id 1, which the down store0 held.
     ("rebuild_from_whoever_answered", REBUILT_FROM_ONE_EMPTY_STORE, 5),
+    # No stream card read: the streams of one store that no heartbeat reply reached
+    # after it got their segments come back as `<tenant>/stream-<id>`.
+    ("rebuild_without_cards", NO_RECORD_ON_ANY_STORE, 0),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -395,6 +400,19 @@ def test_seed_2008_a_rebuild_waits_for_a_store_that_knows_the_cluster() -> None:
     result = run_seed(2008)
     assert result.config.metadata_lost and result.config.fsync_never and result.ok, _failure(result)
     assert result.stats.get("streams created after a rebuild", 0) > 0, result.stats
+
+
+def test_seed_2499_a_stream_no_record_reached_keeps_its_name_through_a_rebuild() -> None:
+    """N=1 on one store, the metadata lost at 5.1 s. As found, store0 was down from
+    0.3 s to 4.7 s while c1.1 led eight streams: none was ever written, and the rebuild
+    lost them (their writers told NotFound for good, no convergence). Since its schedule
+    moved, store0 gets every segment after the last heartbeat the lost master answered:
+    no record of any stream reached it, and all sixteen came back as
+    `<tenant>/stream-<id>`. The cluster view every store keeps carries the streams no
+    store keeps a record of, and the rebuild names them from it."""
+    result = run_seed(NO_RECORD_ON_ANY_STORE)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+    assert result.stats.get("metadata rebuilt", 0) > 0, result.stats
 
 
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:

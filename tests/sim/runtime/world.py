@@ -185,7 +185,9 @@ from tests.sim.writer_node import ProducerOutbox
 # timeout, and a store's Write stream pauses after it (`World._healed_cuts_crossed`);
 # `rebuild_from_whoever_answered`: `master --rebuild` decides once the stores registered
 # so far answered, whatever they know of the cluster, and gives stream ids from those
-# they hold (the stores' cluster views unread: seeds 2008 and 2092).
+# they hold (the stores' cluster views unread, cards too: seeds 2008 and 2092);
+# `rebuild_without_cards`: it reads no stream card of the views, so a stream whose
+# records reached no store is lost or kept nameless (seed 2499).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -202,6 +204,7 @@ RUNTIME_FLAWS = (
     "standby_state_first",
     "dial_once",
     "rebuild_from_whoever_answered",
+    "rebuild_without_cards",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2790,6 +2793,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(rebuild_core, "_next_stream_id", lambda *args: None)
             )
+        if {"rebuild_from_whoever_answered", "rebuild_without_cards"} & flaws:
+            stack.enter_context(mock.patch.object(rebuild_core, "_cards", lambda *args: {}))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
