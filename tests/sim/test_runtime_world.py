@@ -130,6 +130,9 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
 REBUILT_FROM_ONE_EMPTY_STORE = 2092
 # N=1 on one store, the metadata lost at 5.1 s: no record of any stream on the store.
 NO_RECORD_ON_ANY_STORE = 2499
+# N=1 on three stores, the metadata lost and rebuilt, Spark jobs: a leader's recovery of
+# a segment a rival sealed first, under the grant a restarted master renewed without it.
+RECOVERED_UNDER_A_RENEWED_GRANT = 2082
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -185,6 +188,9 @@ FLAWED = [
     # No stream card read: the streams of one store that no heartbeat reply reached
     # after it got their segments come back as `<tenant>/stream-<id>`.
     ("rebuild_without_cards", NO_RECORD_ON_ANY_STORE, 0),
+    # A recovery shows a grant a restarted master renewed without its segment: refused
+    # by the store for good.
+    ("recover_under_the_latest_grant", RECOVERED_UNDER_A_RENEWED_GRANT, 0),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -415,6 +421,17 @@ def test_seed_2499_a_stream_no_record_reached_keeps_its_name_through_a_rebuild()
     result = run_seed(NO_RECORD_ON_ANY_STORE)
     assert result.config.metadata_lost and result.ok, _failure(result)
     assert result.stats.get("metadata rebuilt", 0) > 0, result.stats
+
+
+def test_seed_2082_a_recovery_shows_a_grant_that_lists_its_segment() -> None:
+    """N=1 on three stores, the metadata lost at 1.6 s and rebuilt at 4.6 s: c2.2's
+    writer of `t1/s1`, granted epoch 1048583 with segment 1048580 unsealed, planned its
+    recovery; c1.2 (epoch 1048582) sealed the segment first, and the master, restarted
+    since, renewed c2.2's grant without it. Shown that grant, store1 refused the
+    recovery's seal ("does not list segment 1048580") every 0.5 s, and `t1/s1` never
+    converged. A recovery now shows the latest grant that lists its segment."""
+    result = run_seed(RECOVERED_UNDER_A_RENEWED_GRANT)
+    assert result.config.metadata_lost and result.config.analytics and result.ok, _failure(result)
 
 
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:

@@ -187,7 +187,9 @@ from tests.sim.writer_node import ProducerOutbox
 # so far answered, whatever they know of the cluster, and gives stream ids from those
 # they hold (the stores' cluster views unread, cards too: seeds 2008 and 2092);
 # `rebuild_without_cards`: it reads no stream card of the views, so a stream whose
-# records reached no store is lost or kept nameless (seed 2499).
+# records reached no store is lost or kept nameless (seed 2499);
+# `recover_under_the_latest_grant`: a leader's recovery shows its latest grant, which a
+# restarted master may have renewed without the segment (seed 2082).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -205,6 +207,7 @@ RUNTIME_FLAWS = (
     "dial_once",
     "rebuild_from_whoever_answered",
     "rebuild_without_cards",
+    "recover_under_the_latest_grant",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2727,6 +2730,10 @@ def _quiet() -> Iterator[None]:
 def _flaws(flaws: frozenset[str]) -> Iterator[None]:
     """Switch the named defects back into the shipped code for this run."""
     with contextlib.ExitStack() as stack:
+        if "recover_under_the_latest_grant" in flaws:
+            stack.enter_context(
+                mock.patch.object(writer_core.Leader, "_recover", _recovering_under_the_latest)
+            )
         if "park_forever" in flaws:
             stack.enter_context(
                 mock.patch.object(writer_core.Leader, "_append_held", lambda *args: None)
@@ -2808,6 +2815,14 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
 
 
 _READY = rebuild_core.ready
+_RECOVER = writer_core.Leader._recover
+
+
+def _recovering_under_the_latest(
+    leader: writer_core.Leader, grant: writer_core.SegmentGrant
+) -> writer_core.RecoverSegment:
+    """`Leader._recover` as it was: the recovery shows the writer's latest grant."""
+    return dataclasses.replace(_RECOVER(leader, grant), grant=leader._grant)
 
 
 def _ready_once_answered(
