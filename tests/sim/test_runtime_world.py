@@ -36,9 +36,10 @@ CI_SEEDS = (*range(0, 10), MANY_OF_BOTH_KINDS, MANY_BY_PREFIX)
 # until a client's rolls went to the master in batches; seed 16 until writers drew their
 # own lease secrets; seed 2 until standbys refused SealSegment cleanly; seed 6 until
 # recoveries' seals went to the master in batches, seed 2 until a dial sent a fresh SYN
-# while one went unanswered, seed 0 since. Seed 6's appends time out without the flaw.
+# while one went unanswered, seed 0 until stores kept the master's cluster view, seed 6
+# since. Seed 6's appends time out without the flaw.
 PARKED_APPENDS_HANG = 6
-PARKED_APPENDS_HANG_FOUND = 0
+PARKED_APPENDS_HANG_FOUND = 6
 # A producer's unanswered batch is sent again through its process's next writer (seed
 # 0 until reads rode the client's pooled data connections, seed 1 until a client's rolls
 # went to the master in batches).
@@ -66,9 +67,9 @@ TOKENS_REVOKED = 11
 # `framed.UNANSWERED_MS_MAX`, seed 11 until lease sessions, seed 54 until it drew
 # followers of many, seed 64 until rolls went to the master in batches, seed 54 until
 # writers drew their own lease secrets, seed 73 until recoveries' seals went to the
-# master in batches, seed 45 until a dial sent a fresh SYN while one went unanswered:
-# seed 11).
-REVOKED_STREAM_WRITES = 11
+# master in batches, seed 45 until a dial sent a fresh SYN while one went unanswered,
+# seed 11 until stores kept the master's cluster view: seed 75).
+REVOKED_STREAM_WRITES = 75
 # A wiped store's registration answers are lost; with its lost replicas answered only
 # to the first registration, store1 joined without segment 1/1 marked lost.
 LOST_REGISTRATION_ANSWERS = 39
@@ -124,6 +125,14 @@ INTRUDED = 26
 # R; no convergence), and shows it again since a writer stepping down sends its stores
 # the acked index.
 WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
+# N=1 on three stores, the metadata lost at 3.5 s: the one store that answered held
+# nothing, and the rebuilt master gave a new stream id 1 again.
+REBUILT_FROM_ONE_EMPTY_STORE = 2092
+# N=1 on one store, the metadata lost at 5.1 s: no record of any stream on the store.
+NO_RECORD_ON_ANY_STORE = 2499
+# N=1 on three stores, the metadata lost and rebuilt, Spark jobs: a leader's recovery of
+# a segment a rival sealed first, under the grant a restarted master renewed without it.
+RECOVERED_UNDER_A_RENEWED_GRANT = 2082
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -169,8 +178,19 @@ FLAWED = [
     # until a dial sent a fresh SYN while one went unanswered).
     ("secret_in_grant_only", 1, 5),
     # One SYN per dial, left to the kernel's retransmissions, and a pause after a dial
-    # nobody answered: a client misses a healed cut by a second (S7 on affe1fc).
-    ("dial_once", 10, 18),
+    # nobody answered: a client misses a healed cut by a second (S7 on affe1fc; seed 10
+    # until stores kept the master's cluster view).
+    ("dial_once", 2, 18),
+    # The rebuild decides from the stores registered so far and gives ids past those
+    # they hold: store2 alone answered, holding nothing, and the operator's new stream
+    # took id 1, which the down store0 held.
+    ("rebuild_from_whoever_answered", REBUILT_FROM_ONE_EMPTY_STORE, 5),
+    # No stream card read: the streams of one store that no heartbeat reply reached
+    # after it got their segments come back as `<tenant>/stream-<id>`.
+    ("rebuild_without_cards", NO_RECORD_ON_ANY_STORE, 0),
+    # A recovery shows a grant a restarted master renewed without its segment: refused
+    # by the store for good.
+    ("recover_under_the_latest_grant", RECOVERED_UNDER_A_RENEWED_GRANT, 0),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -362,6 +382,56 @@ def test_seed_432_a_segment_no_record_reached_is_rebuilt_on_every_member_its_gra
     replica)."""
     result = run_seed(432, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_2092_a_rebuild_waits_for_every_store_a_cluster_view_lists() -> None:
+    """N=1 on three stores, the metadata lost at 3.5 s: store2 alone answered, holding
+    nothing, while store0, down since 1.0 s, held all eight streams. The rebuild went
+    ahead after its 3 s grace with no stream, and the operator's `t0/rebuilt0` took
+    stream id 1, store0's `t0/s0` (invariant 5). The stores keep the lost master's
+    cluster view: the rebuild waits for store0 and store1, rebuilds every stream, and
+    no new stream takes an id the view says was given."""
+    result = run_seed(REBUILT_FROM_ONE_EMPTY_STORE)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+    assert result.stats.get("streams created after a rebuild", 0) > 0, result.stats
+
+
+def test_seed_2008_a_rebuild_waits_for_a_store_that_knows_the_cluster() -> None:
+    """N=3 W=2 on three stores, store1 with fsync never: its power cut took its whole
+    database, and it answered the rebuild alone with a new disk (no cluster id, no
+    view), while store0 and store2 held every stream. Rebuilt empty, the master gave
+    `t0/rebuilt0` stream id 1 (invariant 5). A store that knows no cluster is not
+    enough to rebuild from (`rebuild.ready`, table-tested in
+    `tests/unit/test_master_rebuild.py`); since the stores keep a cluster view, the
+    seed's schedule brings store0 and store2 back within the grace, and it is the
+    run as a whole this guards: every stream rebuilt, ids never given twice."""
+    result = run_seed(2008)
+    assert result.config.metadata_lost and result.config.fsync_never and result.ok, _failure(result)
+    assert result.stats.get("streams created after a rebuild", 0) > 0, result.stats
+
+
+def test_seed_2499_a_stream_no_record_reached_keeps_its_name_through_a_rebuild() -> None:
+    """N=1 on one store, the metadata lost at 5.1 s. As found, store0 was down from
+    0.3 s to 4.7 s while c1.1 led eight streams: none was ever written, and the rebuild
+    lost them (their writers told NotFound for good, no convergence). Since its schedule
+    moved, store0 gets every segment after the last heartbeat the lost master answered:
+    no record of any stream reached it, and all sixteen came back as
+    `<tenant>/stream-<id>`. The cluster view every store keeps carries the streams no
+    store keeps a record of, and the rebuild names them from it."""
+    result = run_seed(NO_RECORD_ON_ANY_STORE)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+    assert result.stats.get("metadata rebuilt", 0) > 0, result.stats
+
+
+def test_seed_2082_a_recovery_shows_a_grant_that_lists_its_segment() -> None:
+    """N=1 on three stores, the metadata lost at 1.6 s and rebuilt at 4.6 s: c2.2's
+    writer of `t1/s1`, granted epoch 1048583 with segment 1048580 unsealed, planned its
+    recovery; c1.2 (epoch 1048582) sealed the segment first, and the master, restarted
+    since, renewed c2.2's grant without it. Shown that grant, store1 refused the
+    recovery's seal ("does not list segment 1048580") every 0.5 s, and `t1/s1` never
+    converged. A recovery now shows the latest grant that lists its segment."""
+    result = run_seed(RECOVERED_UNDER_A_RENEWED_GRANT)
+    assert result.config.metadata_lost and result.config.analytics and result.ok, _failure(result)
 
 
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:

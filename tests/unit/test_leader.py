@@ -20,6 +20,7 @@ from streamengine.client.core.replicator import (
 )
 from streamengine.client.core.writer import (
     FOLLOWER_HEARTBEAT_MS_MAX,
+    RECOVERY_RETRY_MS,
     SESSION_BOUND_HEARTBEAT_MS,
     STREAM_DELETED,
     AppendsTimedOut,
@@ -32,6 +33,7 @@ from streamengine.client.core.writer import (
     LeaderAction,
     LeaderEvent,
     RecoverSegment,
+    RecoveryFailed,
     Release,
     ReleaseLease,
     Replica,
@@ -441,6 +443,40 @@ def test_a_renewed_grant_is_shown_to_every_store_and_an_older_one_never_comes_ba
     assert {w.grant for w in sends if w.grant} == {renewed}
     assert sorted(w.store for w in sends if w.grant) == sorted(STORES)
     assert of_type(step(leader, 24, Release()), ReleaseLease) == [ReleaseLease(5, renewed)]
+
+
+def test_a_recovery_shows_the_latest_grant_that_lists_its_segment() -> None:
+    """The runtime world's seed 2082: a rival of a lower epoch sealed segment 1048580
+    first, and a master restarted since renewed the leader's grant listing only what was
+    unsealed then. Shown that grant, the store refused the leader's seal of 1048580
+    ("does not list segment"), every retry, for good."""
+    leader = Leader(0, recovery_supported=True)
+    step(leader, 0, Tick())
+    actions = step(leader, 5, leader_answer(0, unsealed=(grant(3), grant(4))))
+    assert [r.grant for r in of_type(actions, RecoverSegment)] == [signed(5)] * 2
+    renewed = b"grant of epoch 5, renewed"
+    step(leader, 20, leader_answer(15, grant=renewed, unsealed=(grant(3), grant(4))))
+    restarted = b"grant of epoch 5, from a master restarted after segment 4 was sealed"
+    step(leader, 30, leader_answer(25, grant=restarted, unsealed=(grant(3),)))
+    assert leader.replicator is not None and leader.replicator.grant == restarted
+    for epoch in (3, 4):
+        step(leader, 31, RecoveryFailed(epoch, "a store refused"))
+    actions = step(leader, 31 + RECOVERY_RETRY_MS, Tick())
+    assert {r.segment.epoch: r.grant for r in of_type(actions, RecoverSegment)} == {
+        3: renewed,
+        4: renewed,
+    }
+    # Once nothing it lists is left to recover, the next renewal is the one shown.
+    step(leader, 40 + RECOVERY_RETRY_MS, SegmentSealed(4))
+    latest = b"grant of epoch 5, renewed again"
+    step(
+        leader,
+        50 + RECOVERY_RETRY_MS,
+        leader_answer(45 + RECOVERY_RETRY_MS, grant=latest, unsealed=(grant(3),)),
+    )
+    step(leader, 51 + RECOVERY_RETRY_MS, RecoveryFailed(3, "a store refused"))
+    actions = step(leader, 51 + 2 * RECOVERY_RETRY_MS, Tick())
+    assert [r.grant for r in of_type(actions, RecoverSegment)] == [latest]
 
 
 def test_a_leader_answer_without_a_signed_grant_cannot_be_led() -> None:

@@ -288,6 +288,55 @@ def test_the_rebuild_awaits_the_members_the_grants_name_of_a_segment_no_record_r
     assert rebuild.named_stores(holdings) == {"s1", "s2", "s3", "s5", "s6"}
 
 
+def test_the_rebuild_awaits_every_store_a_cluster_view_lists() -> None:
+    """The runtime world's seed 2092 (N=1, three stores): store2 alone answered, holding
+    nothing; store0, down since before the loss, held all eight streams. Its view names
+    the stores the rebuild must wait for, and the stream ids no new stream may take."""
+    view = rebuild.View(("store0", "store1", "store2"), 8)
+    assert rebuild.named_stores([], [view]) == {"store0", "store1", "store2"}
+    assert rebuild.named_stores([held("s1", seg(1))], [rebuild.View(("s4",), 5)]) == {
+        "s1",
+        "s2",
+        "s3",
+        "s4",
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "holdings", "views", "next_stream_id"),
+    [
+        ("no view, nothing held", [], [], 1),
+        ("ids a view says were given, nothing held", [], [rebuild.View(("s1",), 8)], 9),
+        ("a view below the ids held", [held("s1", seg(1))], [rebuild.View(("s1",), 3)], 6),
+        ("a view at the highest id held", [held("s1", seg(1))], [rebuild.View(("s1",), 5)], 6),
+        ("a view above the ids held", [held("s1", seg(1))], [rebuild.View(("s1",), 40)], 41),
+        (
+            "the highest of the views",
+            [held("s1", seg(1))],
+            [rebuild.View(("s1",), 7), rebuild.View(("s1",), 12)],
+            13,
+        ),
+        (
+            "a view past every u64 id is malformed",
+            [held("s1", seg(1))],
+            [rebuild.View(("s1",), rebuild.STREAM_IDS_MAX)],
+            6,
+        ),
+    ],
+)
+def test_no_stream_takes_an_id_the_lost_master_gave(
+    case: str, holdings: list[rebuild.Holding], views: list[rebuild.View], next_stream_id: int
+) -> None:
+    """The runtime world's seeds 2008 and 2092: rebuilt from a store that held nothing,
+    the master gave the operator's new stream id 1, which stores that had not answered
+    held (two streams' data under one id, on the same stores)."""
+    out = rebuild.rebuild(holdings, NOW, views=views)
+    assert out.next_stream_id == next_stream_id, case
+    assert any("gave stream ids up to" in n for n in out.notes) == (
+        next_stream_id > max((h.stream_id for h in holdings), default=0) + 1
+    ), case
+
+
 def test_a_stream_without_any_record_is_kept_under_its_tenant_not_deleted() -> None:
     nameless = replace(ORDERS, stream_id=9)
     out = rebuild.rebuild(
@@ -447,26 +496,52 @@ def test_a_store_that_missed_the_rebuild_is_judged_by_its_cluster_id(
 
 
 @pytest.mark.parametrize(
-    ("case", "registered", "answered", "named", "now", "ready", "missing"),
+    ("case", "registered", "answered", "joined", "named", "now", "ready", "missing"),
     [
-        ("nobody answered yet", ["s1"], [], [], 0, False, ["s1"]),
-        ("every registered and named store answered", ["s1"], ["s1"], ["s1"], 0, True, []),
-        ("a store a record names is awaited", ["s1"], ["s1"], ["s1", "s2"], 0, False, ["s2"]),
-        ("a registered store is awaited", ["s1", "s2"], ["s1"], [], 0, False, ["s2"]),
-        ("the deadline ends the wait", ["s1", "s2"], ["s1"], ["s3"], 10, True, ["s2", "s3"]),
-        ("stores had no time to register yet", ["s1"], ["s1"], ["s1"], -1, False, []),
+        ("nobody answered yet", ["s1"], [], [], [], 0, False, ["s1"]),
+        ("every registered and named store answered", ["s1"], ["s1"], ["s1"], ["s1"], 0, True, []),
+        (
+            "a store a record names is awaited",
+            ["s1"],
+            ["s1"],
+            ["s1"],
+            ["s1", "s2"],
+            0,
+            False,
+            ["s2"],
+        ),
+        ("a registered store is awaited", ["s1", "s2"], ["s1"], ["s1"], [], 0, False, ["s2"]),
+        (
+            "the deadline ends the wait",
+            ["s1", "s2"],
+            ["s1"],
+            ["s1"],
+            ["s3"],
+            10,
+            True,
+            ["s2", "s3"],
+        ),
+        ("stores had no time to register yet", ["s1"], ["s1"], ["s1"], ["s1"], -1, False, []),
+        # The runtime world's seed 2008: store1 (fsync never, its power cut) came back
+        # with a new disk and answered alone, while store0 and store2 held every stream.
+        ("a store that knows no cluster is not enough", ["s1"], ["s1"], [], [], 0, False, []),
+        ("one that keeps a cluster id is", ["s1", "s2"], ["s1", "s2"], ["s2"], [], 0, True, []),
+        ("the deadline ends that wait too", ["s1"], ["s1"], [], [], 10, True, []),
     ],
 )
 def test_the_rebuild_waits_for_the_stores(
     case: str,
     registered: list[str],
     answered: list[str],
+    joined: list[str],
     named: list[str],
     now: int,
     ready: bool,
     missing: list[str],
 ) -> None:
-    assert rebuild.ready(registered, answered, named, now, 10, earliest_ms=0) == ready, case
+    assert (
+        rebuild.ready(registered, answered, named, now, 10, earliest_ms=0, joined=joined) == ready
+    ), case
     assert rebuild.missing(registered, answered, named) == missing, case
 
 
@@ -532,6 +607,122 @@ def test_records_are_sent_only_to_members_whose_version_differs() -> None:
     sealed_again = replace(one, copy_set=("s1", "s2", "s4"))
     segments[one.key] = sealed_again
     assert len(encodings.to_send("s1", {one.key: kept}, segments, lambda _: ORDERS)) == 1
+
+
+def test_the_cluster_view_goes_to_the_stores_and_comes_back() -> None:
+    views = records.ClusterViews()
+    stores = {"s2": None, "s1": None}
+    view = views.current(stores, 7)
+    assert list(view.message.stores) == ["s1", "s2"] and view.message.stream_ids_through == 7
+    # Its version is what a store reports of the bytes it keeps.
+    assert view.version == record_version(view.message.SerializeToString(deterministic=True))
+    assert views.current(stores, 7) is view
+    assert views.current(stores, 8).version != view.version
+    stores["s3"] = None
+    assert list(views.current(stores, 8).message.stores) == ["s1", "s2", "s3"]
+    # With the streams no store keeps a record of, encoded again when their key changes.
+    carded = views.current(stores, 8, 1, lambda: (ORDERS,))
+    assert views.current(stores, 8, 1, lambda: ()) is carded
+    assert records.cluster_view_from_pb(carded.message) == rebuild.View(
+        ("s1", "s2", "s3"), 8, (ORDERS,)
+    )
+    # A rebuild reads back what a kept view names that can be: store ids, streams named
+    # and of a policy as a stream can be, of an id the view says was given.
+    kept = entry_pb2.ClusterView(
+        stores=["s2", "s1", "", "../x", "s1"],
+        stream_ids_through=9,
+        streams=[
+            records.card_pb(ORDERS),
+            records.card_pb(replace(ORDERS, stream_id=10)),
+            records.card_pb(replace(ORDERS, stream_id=6, name="no-tenant")),
+            records.card_pb(replace(ORDERS, stream_id=7, replicas=2, write_quorum=3)),
+        ],
+    )
+    assert records.cluster_view_from_pb(kept) == rebuild.View(("s1", "s2"), 9, (ORDERS,))
+
+
+def test_the_view_carries_the_streams_no_store_keeps_a_record_of(tmp_path: Path) -> None:
+    """A stream created and never written, or written with no record reaching a store
+    yet, goes in the cluster view every store keeps (the runtime world's seed 2499), from
+    the moment every store alive has said what it keeps, until a store keeps a record."""
+    place = RocksDBPlace(tmp_path / "meta")
+    state = MasterState(place.open(), NOW, 1_000, 3_000)
+    for store in ("s1", "s2"):
+        state.registry.register_store(store, f"{store}:1", "", 1 << 30, NOW, 9, "")
+    first = state.tenancy.create_stream("acme/one", 2, 2, 1 << 20, 60_000, True, NOW)
+    second = state.tenancy.create_stream("acme/two", 2, 2, 1 << 20, 60_000, True, NOW)
+    assert [s.name for s in state.unrecorded_streams()] == ["acme/two", "acme/one"]
+    # Every stream looks unrecorded until each store alive gave a whole report.
+    assert not state.knows_unrecorded(NOW)
+    state.registry.store_heartbeat("s1", 0, 0, {}, NOW)
+    assert not state.knows_unrecorded(NOW)
+    state.registry.store_heartbeat("s2", 0, 0, {}, NOW)
+    assert state.knows_unrecorded(NOW)
+    changes = state.unrecorded_changes
+    state.note_recorded([first.stream_id])
+    assert [s.name for s in state.unrecorded_streams()] == ["acme/two"]
+    assert state.unrecorded_changes > changes
+    # A stream deleted leaves the view, undeleted it comes back, and recorded it stays out.
+    state.tenancy.delete_stream("acme/two", NOW)
+    assert state.unrecorded_streams() == ()
+    state.tenancy.undelete_stream("acme/two")
+    assert [s.stream_id for s in state.unrecorded_streams()] == [second.stream_id]
+    state.tenancy.delete_stream("acme/one", NOW)
+    state.tenancy.undelete_stream("acme/one")
+    assert [s.stream_id for s in state.unrecorded_streams()] == [second.stream_id]
+    # A store silent past the store timeout is not waited for.
+    state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, 9, "")
+    assert not state.knows_unrecorded(NOW + 1)
+    assert state.knows_unrecorded(NOW + 3_001)
+    place.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "holdings", "cards", "streams"),
+    [
+        (
+            "created and never written: rebuilt without segments",
+            [],
+            [ORDERS],
+            {"acme/orders": (5, 3, 2, REBUILD_EPOCH_GAP)},
+        ),
+        (
+            "written, no record on any store: named and placed as the card says",
+            [held("s1", None, epoch=4, granted=("s1", "s2", "s3"))],
+            [ORDERS],
+            {"acme/orders": (5, 3, 2, 4 + REBUILD_EPOCH_GAP)},
+        ),
+        (
+            "a record wins over a card",
+            [held("s1", seg(2))],
+            [replace(ORDERS, name="acme/other")],
+            {"acme/orders": (5, 3, 2, 2 + REBUILD_EPOCH_GAP)},
+        ),
+        (
+            "a name a card and a record give two ids is the higher id's",
+            [held("s1", seg(2))],
+            [replace(ORDERS, stream_id=3)],
+            {"acme/orders": (5, 3, 2, 2 + REBUILD_EPOCH_GAP)},
+        ),
+    ],
+)
+def test_a_stream_no_record_reached_is_rebuilt_as_the_views_carry_it(
+    case: str,
+    holdings: list[rebuild.Holding],
+    cards: list[StreamRecord],
+    streams: dict[str, tuple[int, int, int, int]],
+) -> None:
+    """The runtime world's seed 2499 (N=1, one store): eight streams created and never
+    written (store0 down while their leader held them), and since its schedule moved,
+    all sixteen written only after the last heartbeat the lost master answered, were
+    lost, or kept as `acme/stream-<id>`, and their writers told NotFound for good."""
+    out = rebuild.rebuild(holdings, NOW, views=[rebuild.View(("s1",), 5, tuple(cards))])
+    got = {
+        name: (s.stream_id, s.replicas, s.write_quorum, s.epoch) for name, s in out.streams.items()
+    }
+    assert got == streams, case
+    assert out.tenants == {"acme": NOW}, case
+    assert out.next_stream_id == 6, case
 
 
 def test_a_heartbeat_carries_a_bounded_number_of_records() -> None:

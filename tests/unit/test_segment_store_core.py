@@ -1171,6 +1171,26 @@ def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore)
         assert store.catalog.record_version(segment) == 0
 
 
+def test_the_cluster_view_is_kept_whole_until_the_next_one(tmp_path: Path) -> None:
+    """A master rebuilding its metadata reads back every store the lost master knew and
+    the highest stream id it gave (the runtime world's seeds 2008 and 2092)."""
+    from streamengine.protocol.segment_records import CLUSTER_VIEW_BYTES_MAX
+    from streamengine.segment_store.core.commands import ClusterViewKept, KeepClusterViewCommand
+
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    assert store.catalog.cluster_view() == b""
+    assert store.execute(KeepClusterViewCommand(b"view-1")) == ClusterViewKept()
+    store.execute(KeepClusterViewCommand(b"view-2"))
+    for raw in (b"", b"x" * (CLUSTER_VIEW_BYTES_MAX + 1)):
+        with pytest.raises(BadRequest):
+            store.execute(KeepClusterViewCommand(raw))
+    kv.close()
+    kv = RocksKV(tmp_path / "db")
+    assert SegmentStoreCore(kv).catalog.cluster_view() == b"view-2"
+    kv.close()
+
+
 @pytest.mark.parametrize(
     ("parts", "entries", "packed_bytes", "refused"),
     [

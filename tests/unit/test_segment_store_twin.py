@@ -14,6 +14,7 @@ from streamengine.segment_store.core.commands import (
     DeleteCommand,
     JoinCommand,
     KeepAuthorityCommand,
+    KeepClusterViewCommand,
     KeepRecordsCommand,
     SealCommand,
     SegmentKey,
@@ -98,9 +99,10 @@ steps: st.SearchStrategy[tuple[str, list[Command]]] = st.one_of(
 
 
 def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
-    assert not isinstance(command, KeepAuthorityCommand | KeepRecordsCommand | JoinCommand), (
-        "the twin draws no authority, records nor identity"
-    )
+    assert not isinstance(
+        command,
+        KeepAuthorityCommand | KeepRecordsCommand | KeepClusterViewCommand | JoinCommand,
+    ), "the twin draws no authority, records, cluster view nor identity"
     if isinstance(command, DeleteCommand):
         existed = command.segment in twins
         twins.pop(command.segment, None)

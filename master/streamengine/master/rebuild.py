@@ -4,13 +4,15 @@ The master starts on empty metadata, serves the stores (they register again on t
 own) and nothing else (`MasterCalls.rebuilding`), and asks each registered store for
 every segment it holds with the master's record of it and the copy set its grants
 listed (`ListSegmentRecords`, with the master's node certificate on a secured cluster).
-Once every registered store, and every store a record names (or the grants name, of a
-segment no record reached), has answered, or the deadline passed (the stores still
-missing are logged), `master.rebuild` decides the catalog, which is committed; the server then
+Once every registered store, every store a record names (or the grants name, of a
+segment no record reached) and every store a kept cluster view lists has answered, one
+of them keeping a cluster id, or the deadline passed (the stores still missing are
+logged), `master.rebuild` decides the catalog, which is committed; the server then
 loads it as after a restart (no lease for one lease period). Each store's answer goes
-with the incarnation it was registered under when asked and the cluster id it keeps:
-a store with a database newer than the records naming it loses the replicas they name
-it for (`StoreRecord.lost`), told at its next registration.
+with the incarnation it was registered under when asked, the cluster id it keeps and
+its cluster view: a store with a database newer than the records naming it loses the
+replicas they name it for (`StoreRecord.lost`), told at its next registration, and no
+stream takes an id a view says the lost master gave.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import grpc
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.core import rebuild
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
-from streamengine.master.records import MalformedRecord, record_from_bytes
+from streamengine.master.records import MalformedRecord, cluster_view_from_pb, record_from_bytes
 from streamengine.master.state import MasterState
 from streamengine.protocol import transport
 from streamengine.protocol.limits import REPLICAS_MAX
@@ -55,6 +57,8 @@ class Rebuilder:
         # The stores whose answers were whole, as they were when asked.
         self.answered: dict[str, rebuild.Answered] = {}
         self.cluster_ids: dict[str, str] = {}
+        # The cluster view each store that answered keeps.
+        self.views: dict[str, rebuild.View] = {}
 
     async def run(self) -> rebuild.Rebuilt:
         """Ask the stores until `rebuild.ready`; the catalog they make."""
@@ -84,10 +88,19 @@ class Rebuilder:
                         )
                     log.info("store %s holds %d segments", store_id, len(self.answers[store_id]))
                 holdings = [h for answer in self.answers.values() for h in answer]
-                named = rebuild.named_stores(holdings)
+                named = rebuild.named_stores(holdings, self.views.values())
                 registered = set(self.state.stores)
+                joined = {s for s in self.answers if self.cluster_ids.get(s)}
                 now_ms = self.clock_ms()
-                if rebuild.ready(registered, self.answers, named, now_ms, deadline_ms, earliest_ms):
+                if rebuild.ready(
+                    registered,
+                    self.answers,
+                    named,
+                    now_ms,
+                    deadline_ms,
+                    earliest_ms,
+                    joined=joined,
+                ):
                     break
                 await asyncio.sleep(POLL_S)
         finally:
@@ -96,7 +109,11 @@ class Rebuilder:
         absent = rebuild.missing(registered, self.answers, named)
         if absent:
             log.warning("rebuilding without stores %s: they did not answer", ", ".join(absent))
-        rebuilt = rebuild.rebuild(holdings, self.clock_ms(), self.answered, self.state.stores)
+        if not joined:
+            log.warning("rebuilding with no store that keeps a cluster id: none knew the cluster")
+        rebuilt = rebuild.rebuild(
+            holdings, self.clock_ms(), self.answered, self.state.stores, self.views.values()
+        )
         rebuilt.cluster_id, notes = rebuild.adopted_cluster_id(
             {**self.state.store_cluster_ids, **self.cluster_ids}
         )
@@ -126,6 +143,8 @@ class Rebuilder:
             )
             if reply.cluster_id:
                 self.cluster_ids[store_id] = reply.cluster_id
+            if reply.HasField("cluster_view"):
+                self.views[store_id] = cluster_view_from_pb(reply.cluster_view)
             for held in reply.segments:
                 holdings.append(_holding(store_id, held))
                 after = (held.segment.stream_id, held.segment.epoch)

@@ -10,7 +10,7 @@ heartbeat costs a lookup per segment held, not an encoding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -21,8 +21,10 @@ from streamengine.master.core.model import (
     SegmentRecord,
     SegmentState,
     StreamRecord,
+    validate_name_part,
     validate_stream_name,
 )
+from streamengine.master.core.rebuild import View
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.policy import InvalidPolicy, ReplicationPolicy
@@ -200,3 +202,97 @@ class RecordEncodings:
             for key in [k for k in self._encoded if k not in segments]:
                 del self._encoded[key]
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The cluster view the stores keep (`v1.ClusterView`): every store the master
+    knows, the highest stream id it gave and the streams no store keeps a record of;
+    with its version as a store reports it (`record_version` of the bytes)."""
+
+    message: entry_pb2.ClusterView
+    version: int
+
+
+def card_pb(stream: StreamRecord) -> entry_pb2.StreamCard:
+    return entry_pb2.StreamCard(
+        stream_id=stream.stream_id,
+        name=stream.name,
+        policy=entry_pb2.ReplicationPolicy(
+            replicas=stream.replicas, write_quorum=stream.write_quorum
+        ),
+        segment_bytes=stream.segment_bytes,
+        segment_age_ms=stream.segment_age_ms,
+        created_at_ms=stream.created_at_ms,
+        has_producers=stream.has_producers,
+    )
+
+
+def cluster_view_pb(
+    stores: Iterable[str], stream_ids_through: int, streams: Iterable[StreamRecord] = ()
+) -> entry_pb2.ClusterView:
+    return entry_pb2.ClusterView(
+        stores=sorted(stores),
+        stream_ids_through=stream_ids_through,
+        streams=[card_pb(s) for s in streams],
+    )
+
+
+class ClusterViews:
+    """The master's cluster view, encoded again only when its stores, its next stream
+    id or its unrecorded streams changed (`streams_key`: a count of their changes), so
+    that a heartbeat costs a pass over the store ids, not a sort and a digest."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, ...], int, object] | None = None
+        self._view: ClusterView | None = None
+
+    def current(
+        self,
+        stores: Iterable[str],
+        stream_ids_through: int,
+        streams_key: object = None,
+        streams: Callable[[], Iterable[StreamRecord]] = tuple,
+    ) -> ClusterView:
+        key = (tuple(stores), stream_ids_through, streams_key)
+        if self._view is None or key != self._key:
+            message = cluster_view_pb(key[0], stream_ids_through, streams())
+            raw = message.SerializeToString(deterministic=True)
+            self._key, self._view = key, ClusterView(message, record_version(raw))
+        return self._view
+
+
+def cluster_view_from_pb(message: entry_pb2.ClusterView) -> View:
+    """The view a store keeps, as a rebuild reads it: stores and stream cards that
+    cannot be are left out."""
+    stores = []
+    for store_id in message.stores:
+        try:
+            validate_name_part("store id", store_id)
+        except InvalidArgument:
+            continue
+        stores.append(store_id)
+    streams = []
+    for card in message.streams:
+        try:
+            validate_stream_name(card.name)
+            ReplicationPolicy(card.policy.replicas, card.policy.write_quorum)
+        except (InvalidArgument, InvalidPolicy):
+            continue
+        if not 0 < card.stream_id < message.stream_ids_through + 1:
+            continue
+        streams.append(
+            StreamRecord(
+                name=card.name,
+                stream_id=card.stream_id,
+                replicas=card.policy.replicas,
+                write_quorum=card.policy.write_quorum,
+                segment_bytes=card.segment_bytes,
+                segment_age_ms=card.segment_age_ms,
+                epoch=0,
+                leader_id="",
+                created_at_ms=card.created_at_ms,
+                has_producers=card.has_producers,
+            )
+        )
+    return View(tuple(sorted(set(stores))), message.stream_ids_through, tuple(streams))

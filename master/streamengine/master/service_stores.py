@@ -1,14 +1,15 @@
 """The Master service's RPCs for the stores: registration and heartbeats.
 
 A heartbeat's reply carries what the store must do (deletes, replicas to check first,
-segment records, token and certificate revocations); under TLS the master signs it (`_sign_reply`).
+segment records, the cluster view, token and certificate revocations); under TLS the
+master signs it (`_sign_reply`).
 """
 
 from __future__ import annotations
 
 from streamengine.master.core import integrity
 from streamengine.master.core.model import Held, SegmentKey
-from streamengine.master.records import RecordEncodings
+from streamengine.master.records import ClusterViews, RecordEncodings
 from streamengine.master.service_calls import Context, Handlers, MasterCalls, log
 from streamengine.master.stores import Registered
 from streamengine.protocol import codec, identity
@@ -29,6 +30,8 @@ class StoreHandlers(Handlers):
         super().__init__(calls)
         # Segment records as sent to the stores (`master.records`).
         self.records = RecordEncodings()
+        # The cluster view every store keeps (`master.records.ClusterViews`).
+        self.views = ClusterViews()
 
     async def RegisterStore(
         self, request: master_pb2.RegisterStoreRequest, context: Context
@@ -74,14 +77,17 @@ class StoreHandlers(Handlers):
     ) -> master_pb2.StoreHeartbeatReply:
         # One pass over what may be ten thousand reports, each field read once.
         held: dict[SegmentKey, Held] = {}
+        # Streams the store keeps a record of (a delta names those that changed: the
+        # others were in an earlier report).
+        recorded: set[int] = set()
         for h in request.segments:
             segment = h.segment
             held[segment.stream_id, segment.epoch] = Held(
                 h.fence, h.acked_index, h.last_index, h.bytes, h.record_version
             )
-        removed = (
-            tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
-        )
+            if h.record_version:
+                recorded.add(segment.stream_id)
+        removed = tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
 
         def beat(now: int) -> tuple[list[SegmentKey], bool, dict[SegmentKey, int]] | None:
             """The segments to delete, whether the delta did not apply (the store must
@@ -104,6 +110,7 @@ class StoreHandlers(Handlers):
                 checked = registry.judged_held(request.store_id, now, held)
                 versions = {key: h.record_version for key, h in checked.items()}
                 answer = (deletes, False, versions)
+                self.state.note_recorded(recorded)
             # Judged in the call, so a commit the metadata refuses (a master cut off
             # from etcd) is UNAVAILABLE and the store sends its reports again, not
             # UNKNOWN with a traceback (the fault suite's S17).
@@ -154,6 +161,19 @@ class StoreHandlers(Handlers):
         reply.certificate_revocations_version = certs.version
         if request.certificate_revocations_version != certs.version:
             reply.revoked_certificates.extend(map(codec.revoked_cert_to_pb, certs.revoked))
+        state = self.state
+        if not self.calls.rebuilding and state.knows_unrecorded(self.calls.clock_ms()):
+            # A rebuilding master knows nothing yet, nor a master whose stores have not
+            # all said what they keep since it started: the view the store keeps stays
+            # what a rebuild would read.
+            view = self.views.current(
+                state.stores,
+                state.next_stream_id - 1,
+                (state.loaded, state.unrecorded_changes),
+                state.unrecorded_streams,
+            )
+            if request.cluster_view_version != view.version:
+                reply.cluster_view.CopyFrom(view.message)
         self._sign_reply(context, "heartbeat", request.store_id, reply)
         return reply
 

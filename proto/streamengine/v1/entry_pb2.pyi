@@ -505,6 +505,89 @@ class SegmentRecord(_message.Message):
 Global___SegmentRecord: _TypeAlias = SegmentRecord  # noqa: Y015
 
 @_typing.final
+class ClusterView(_message.Message):
+    """What a store keeps of its cluster for a master that must rebuild its metadata
+    (`streamengine master --rebuild`): every store the master knows, the highest stream
+    id it gave, and the streams no store keeps a record of yet. The master sends it with
+    its heartbeat replies whenever it differs from what the store keeps; a rebuild waits
+    for each store a view lists, gives no new stream an id up to the highest a view
+    holds, and names from the views a stream whose records reached no store.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORES_FIELD_NUMBER: _builtins.int
+    STREAM_IDS_THROUGH_FIELD_NUMBER: _builtins.int
+    STREAMS_FIELD_NUMBER: _builtins.int
+    stream_ids_through: _builtins.int
+    @_builtins.property
+    def stores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Store ids, sorted."""
+
+    @_builtins.property
+    def streams(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamCard]:
+        """Streams no store reported keeping a record of (created and not yet written, or
+        written without a record reaching a store yet), newest first, a bounded number
+        (`protocol.segment_records.CLUSTER_VIEW_STREAMS_MAX`).
+        """
+
+    def __init__(
+        self,
+        *,
+        stores: _abc.Iterable[_builtins.str] | None = ...,
+        stream_ids_through: _builtins.int = ...,
+        streams: _abc.Iterable[Global___StreamCard] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stores", b"stores", "stream_ids_through", b"stream_ids_through", "streams", b"streams"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterView: _TypeAlias = ClusterView  # noqa: Y015
+
+@_typing.final
+class StreamCard(_message.Message):
+    """A stream as a cluster view carries it: what a segment record says of its stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    SEGMENT_BYTES_FIELD_NUMBER: _builtins.int
+    SEGMENT_AGE_MS_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    HAS_PRODUCERS_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    name: _builtins.str
+    """`tenant/stream`."""
+    segment_bytes: _builtins.int
+    segment_age_ms: _builtins.int
+    created_at_ms: _builtins.int
+    has_producers: _builtins.bool
+    @_builtins.property
+    def policy(self) -> Global___ReplicationPolicy: ...
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        name: _builtins.str = ...,
+        policy: Global___ReplicationPolicy | None = ...,
+        segment_bytes: _builtins.int = ...,
+        segment_age_ms: _builtins.int = ...,
+        created_at_ms: _builtins.int = ...,
+        has_producers: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "has_producers", b"has_producers", "name", b"name", "policy", b"policy", "segment_age_ms", b"segment_age_ms", "segment_bytes", b"segment_bytes", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamCard: _TypeAlias = StreamCard  # noqa: Y015
+
+@_typing.final
 class ProducerPosition(_message.Message):
     """A producer's last event in the stream (`streamengine.protocol.producers`)."""
 

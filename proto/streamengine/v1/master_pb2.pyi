@@ -251,6 +251,7 @@ class StoreHeartbeatRequest(_message.Message):
     CERTIFICATE_REVOCATIONS_VERSION_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     REMOVED_FIELD_NUMBER: _builtins.int
+    CLUSTER_VIEW_VERSION_FIELD_NUMBER: _builtins.int
     store_id: _builtins.str
     address: _builtins.str
     zone: _builtins.str
@@ -266,6 +267,10 @@ class StoreHeartbeatRequest(_message.Message):
     """A delta report (sent only to a master that answered `deltas_taken`): `segments`
     holds what changed since the last heartbeat the master answered, `removed` the
     segments no longer held since. Unset: `segments` is everything held.
+    """
+    cluster_view_version: _builtins.int
+    """The version of the cluster view the store keeps (0: none):
+    `protocol.segment_records.record_version` of its bytes.
     """
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegment]:
@@ -293,10 +298,11 @@ class StoreHeartbeatRequest(_message.Message):
         certificate_revocations_version: _builtins.int = ...,
         delta: _builtins.bool = ...,
         removed: _abc.Iterable[_entry_pb2.SegmentId] | None = ...,
+        cluster_view_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "certificate_revocations_version", b"certificate_revocations_version", "delta", b"delta", "free_bytes", b"free_bytes", "removed", b"removed", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "certificate_revocations_version", b"certificate_revocations_version", "cluster_view_version", b"cluster_view_version", "delta", b"delta", "free_bytes", b"free_bytes", "removed", b"removed", "revocations_version", b"revocations_version", "scrubbed", b"scrubbed", "segments", b"segments", "store_id", b"store_id", "used_bytes", b"used_bytes", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -383,6 +389,7 @@ class StoreHeartbeatReply(_message.Message):
     REVOKED_CERTIFICATES_FIELD_NUMBER: _builtins.int
     DELTAS_TAKEN_FIELD_NUMBER: _builtins.int
     REPORT_FULL_FIELD_NUMBER: _builtins.int
+    CLUSTER_VIEW_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -442,6 +449,12 @@ class StoreHeartbeatReply(_message.Message):
 
     @_builtins.property
     def revoked_certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedCertificate]: ...
+    @_builtins.property
+    def cluster_view(self) -> _entry_pb2.ClusterView:
+        """The master's cluster view, set when its version differs from the request's
+        `cluster_view_version`: the store keeps it (`master --rebuild` reads it back).
+        """
+
     def __init__(
         self,
         *,
@@ -458,10 +471,11 @@ class StoreHeartbeatReply(_message.Message):
         revoked_certificates: _abc.Iterable[Global___RevokedCertificate] | None = ...,
         deltas_taken: _builtins.bool = ...,
         report_full: _builtins.bool = ...,
+        cluster_view: _entry_pb2.ClusterView | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster_view", b"cluster_view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "deltas_taken", b"deltas_taken", "register_again", b"register_again", "report_full", b"report_full", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "cluster_view", b"cluster_view", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "deltas_taken", b"deltas_taken", "register_again", b"register_again", "report_full", b"report_full", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

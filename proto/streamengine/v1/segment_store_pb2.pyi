@@ -1066,6 +1066,7 @@ class ListSegmentRecordsReply(_message.Message):
     SEGMENTS_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    CLUSTER_VIEW_FIELD_NUMBER: _builtins.int
     more: _builtins.bool
     """More segments follow the last one listed."""
     cluster_id: _builtins.str
@@ -1074,16 +1075,23 @@ class ListSegmentRecordsReply(_message.Message):
     """
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSegmentRecord]: ...
+    @_builtins.property
+    def cluster_view(self) -> _entry_pb2.ClusterView:
+        """The cluster view the store keeps (unset: none came): the stores a rebuilding
+        master waits for, and the stream ids it must not give again.
+        """
+
     def __init__(
         self,
         *,
         segments: _abc.Iterable[Global___HeldSegmentRecord] | None = ...,
         more: _builtins.bool = ...,
         cluster_id: _builtins.str = ...,
+        cluster_view: _entry_pb2.ClusterView | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster_view", b"cluster_view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "more", b"more", "segments", b"segments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "cluster_view", b"cluster_view", "more", b"more", "segments", b"segments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from streamengine.protocol import codec
 from streamengine.protocol.certificate import MalformedCertificate
@@ -110,6 +111,12 @@ class CatalogCalls:
         reply = segment_store_pb2.ListSegmentRecordsReply(
             more=start + len(page) < len(segments), cluster_id=catalog.cluster_id()
         )
+        view = await self.store.in_thread(catalog.cluster_view)
+        if view:
+            try:
+                reply.cluster_view.ParseFromString(view)
+            except DecodeError:
+                log.warning("the cluster view kept here does not decode: not listed")
         for segment, (record, copy_set) in zip(page, records, strict=True):
             meta = catalog.meta(segment)
             if meta is None:

@@ -27,7 +27,9 @@ metadata answers without an id until it adopted the stores'; the store registers
 Segment records: each heartbeat says which version of the master's record of each
 segment the store keeps; the reply carries the records that differ, which the store
 keeps beside their segments (`keep_records`) for a master that must rebuild its
-metadata from the stores.
+metadata from the stores. So does the cluster view (every store the master knows and
+the highest stream id it gave): the heartbeat says which version the store keeps, and
+a reply whose view differs carries it, kept whole (`keep_cluster_view`).
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ from streamengine.protocol.cert_revocations import REVOKED_CERTS_MAX, CertRevoca
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.master_calls import AsyncMasters
 from streamengine.protocol.private_files import write_private
+from streamengine.protocol.segment_records import record_version
 from streamengine.segment_store import metrics
 from streamengine.segment_store.core.authority import AppendQuota, Deletion, StoreAuthority
 from streamengine.segment_store.core.commands import Joined, SegmentKey
-from streamengine.segment_store.core.errors import StoreUnavailable
+from streamengine.segment_store.core.errors import BadRequest, StoreUnavailable
 from streamengine.segment_store.core.held_reports import HeldReport, HeldReports, Reported
 from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
@@ -105,6 +108,7 @@ class MasterLink:
         scrubber: Scrubber | None = None,
         keep_records: Callable[[list[tuple[SegmentKey, bytes]]], Awaitable[int]] | None = None,
         join: Callable[[str, Sequence[SegmentKey]], Awaitable[Joined]] | None = None,
+        keep_cluster_view: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -130,6 +134,10 @@ class MasterLink:
         self.scrubber = scrubber
         self.keep_records = keep_records
         self.join = join
+        self.keep_cluster_view = keep_cluster_view
+        view = core.catalog.cluster_view()
+        # The version of the cluster view the store keeps (0: none).
+        self.cluster_view_version = record_version(view) if view else 0
 
     async def run(self) -> None:
         channels: dict[str, grpc.aio.Channel] = {}
@@ -268,6 +276,7 @@ class MasterLink:
             ],
             revocations_version=self.authority.revocations.version,
             certificate_revocations_version=self.cert_revocations.version,
+            cluster_view_version=self.cluster_view_version,
             scrubbed=[scrub_report(s, result) for s, result in sorted(scrubbed.items())],
         )
         call = stub.StoreHeartbeat(request, timeout=MASTER_CALL_TIMEOUT_S)
@@ -291,6 +300,8 @@ class MasterLink:
         await self._take_authority(reply.signing_public_keys, reply.revocations_version, revoked)
         if reply.certificate_revocations_version != self.cert_revocations.version:
             self._take_cert_revocations(reply.revoked_certificates)
+        if reply.HasField("cluster_view") and self.keep_cluster_view is not None:
+            await self._keep_cluster_view(reply.cluster_view)
         if reply.segment_records and self.keep_records is not None:
             records = [
                 (SegmentKey(r.id.stream_id, r.id.epoch), r.SerializeToString(deterministic=True))
@@ -317,6 +328,20 @@ class MasterLink:
                     key.epoch,
                     existed,
                 )
+
+    async def _keep_cluster_view(self, view: entry_pb2.ClusterView) -> None:
+        assert self.keep_cluster_view is not None
+        raw = view.SerializeToString(deterministic=True)
+        if not raw or record_version(raw) == self.cluster_view_version:
+            return
+        try:
+            await self.keep_cluster_view(raw)
+        except (StoreUnavailable, BadRequest) as error:
+            # A full or read-only disk (the version reported stays old, and the master
+            # sends the view again), or a view too large to keep.
+            log.info("cannot keep the cluster view now: %s", error)
+            return
+        self.cluster_view_version = record_version(raw)
 
     async def _take_authority(
         self,

@@ -383,6 +383,7 @@ async def serve(
             scrubber,
             keep_records=store.keep_records,
             join=store.join,
+            keep_cluster_view=store.keep_cluster_view,
         )
     except RevokedCertsDamaged as error:
         raise StartupError(str(error)) from None

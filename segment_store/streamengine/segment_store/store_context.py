@@ -39,11 +39,13 @@ from streamengine.segment_store.core.authority import (
 )
 from streamengine.segment_store.core.commands import (
     AuthorityKept,
+    ClusterViewKept,
     DeleteCommand,
     DeleteResult,
     JoinCommand,
     Joined,
     KeepAuthorityCommand,
+    KeepClusterViewCommand,
     KeepRecordsCommand,
     RecordsKept,
     SegmentKey,
@@ -193,6 +195,13 @@ class StoreContext:
             raise outcome
         assert isinstance(outcome, RecordsKept)
         return len(outcome.kept)
+
+    async def keep_cluster_view(self, view: bytes) -> None:
+        """Keep the master's cluster view (a serialized `v1.ClusterView`) durably."""
+        outcome = await self.committer.submit(KeepClusterViewCommand(view))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, ClusterViewKept)
 
     async def delete(self, segment: SegmentKey) -> bool:
         """Delete the segment durably (Delete, and the master link's cleanup); whether

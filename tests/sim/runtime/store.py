@@ -178,6 +178,7 @@ class SimStore:
             scrubber=self.scrubber,
             keep_records=context.keep_records,
             join=self._joining(core, context),
+            keep_cluster_view=context.keep_cluster_view,
         )
 
     def _joining(

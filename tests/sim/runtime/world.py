@@ -111,6 +111,7 @@ from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
 from streamengine.master import replies, service_tokens
 from streamengine.master.core import listing
+from streamengine.master.core import rebuild as rebuild_core
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.leadership import Leadership, SessionRenewal
@@ -181,7 +182,14 @@ from tests.sim.writer_node import ProducerOutbox
 # `standby_state_first`: `SealSegment` reads the active master's state before its call
 # can refuse a standby, which answers UNKNOWN (`World._call_standbys`);
 # `dial_once`: a dial sends one SYN (then the kernel's retransmissions) until its
-# timeout, and a store's Write stream pauses after it (`World._healed_cuts_crossed`).
+# timeout, and a store's Write stream pauses after it (`World._healed_cuts_crossed`);
+# `rebuild_from_whoever_answered`: `master --rebuild` decides once the stores registered
+# so far answered, whatever they know of the cluster, and gives stream ids from those
+# they hold (the stores' cluster views unread, cards too: seeds 2008 and 2092);
+# `rebuild_without_cards`: it reads no stream card of the views, so a stream whose
+# records reached no store is lost or kept nameless (seed 2499);
+# `recover_under_the_latest_grant`: a leader's recovery shows its latest grant, which a
+# restarted master may have renewed without the segment (seed 2082).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -197,6 +205,9 @@ RUNTIME_FLAWS = (
     "attention_named_once",
     "standby_state_first",
     "dial_once",
+    "rebuild_from_whoever_answered",
+    "rebuild_without_cards",
+    "recover_under_the_latest_grant",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2719,6 +2730,10 @@ def _quiet() -> Iterator[None]:
 def _flaws(flaws: frozenset[str]) -> Iterator[None]:
     """Switch the named defects back into the shipped code for this run."""
     with contextlib.ExitStack() as stack:
+        if "recover_under_the_latest_grant" in flaws:
+            stack.enter_context(
+                mock.patch.object(writer_core.Leader, "_recover", _recovering_under_the_latest)
+            )
         if "park_forever" in flaws:
             stack.enter_context(
                 mock.patch.object(writer_core.Leader, "_append_held", lambda *args: None)
@@ -2774,6 +2789,19 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "secret_in_grant_only" in flaws:
             stack.enter_context(mock.patch.object(writer_shell, "LeaseSecret", _HandedSecret))
+        if "rebuild_from_whoever_answered" in flaws:
+            stack.enter_context(mock.patch.object(rebuild_core, "ready", _ready_once_answered))
+            named = rebuild_core.named_stores
+            stack.enter_context(
+                mock.patch.object(
+                    rebuild_core, "named_stores", lambda holdings, views=(): named(holdings)
+                )
+            )
+            stack.enter_context(
+                mock.patch.object(rebuild_core, "_next_stream_id", lambda *args: None)
+            )
+        if {"rebuild_from_whoever_answered", "rebuild_without_cards"} & flaws:
+            stack.enter_context(mock.patch.object(rebuild_core, "_cards", lambda *args: {}))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -2784,6 +2812,32 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
         yield
+
+
+_READY = rebuild_core.ready
+_RECOVER = writer_core.Leader._recover
+
+
+def _recovering_under_the_latest(
+    leader: writer_core.Leader, grant: writer_core.SegmentGrant
+) -> writer_core.RecoverSegment:
+    """`Leader._recover` as it was: the recovery shows the writer's latest grant."""
+    return dataclasses.replace(_RECOVER(leader, grant), grant=leader._grant)
+
+
+def _ready_once_answered(
+    registered: Any,
+    answered: Any,
+    named: Any,
+    now_ms: int,
+    deadline_ms: int,
+    earliest_ms: int = 0,
+    *,
+    joined: Any,
+) -> bool:
+    """`rebuild.ready` as it was: any store's answer will do, one with a new disk too."""
+    answered = set(answered)
+    return _READY(registered, answered, named, now_ms, deadline_ms, earliest_ms, joined=answered)
 
 
 async def _sealing_state_first(

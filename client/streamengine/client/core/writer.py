@@ -109,7 +109,12 @@ leads and hands it to whatever acts under that epoch: the open segment's
 replicator (`BecameLeader`), each recovery (`RecoverSegment`: its seals, writes and the
 seal at the master), the roll (`AskRoll`) and the release (`ReleaseLease`). Stores and
 the master refuse those without it; an answer making it LEADER without one (a master
-too old) is a grant it cannot lead under.
+too old) is a grant it cannot lead under. A recovery shows the latest grant that lists
+every segment still to recover: a renewal lists only the segments unsealed when it was
+made, so a renewal by a master that restarted since a rival's seal of one of them (the
+master remembers in memory only which grant it handed) leaves it out, and stores
+refuse a seal under a grant that does not list its segment, for good (the runtime
+world's seed 2082).
 
 Recoveries that fail. A recovery that ends with a transient error (anything but a
 fence above this writer's epoch, which is `FencedByStore`) comes back as
@@ -648,6 +653,8 @@ class Leader:
         self.epoch = 0
         self._seen_epoch = 0  # the latest epoch any answer named (`SendHeartbeat`)
         self._grant = b""  # the signed grant of `epoch` while leading
+        # The latest of them that lists every segment in `_unsealed` (`RecoverSegment`).
+        self._recovery_grant = b""
         self.replicator: Replicator | None = None
         self.finish: SteppedDown | None = None
         self._limits = limits
@@ -1051,6 +1058,7 @@ class Leader:
         self.role = Role.LEADING
         self._policy = answer.policy
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
+        self._recovery_grant = answer.grant
         self.producers = ProducerTable(answer.producers or ())
         self._stream_has_producers = answer.stream_has_producers
         self._start_recoveries(actions)
@@ -1122,6 +1130,8 @@ class Leader:
             self._grant_sent_at_ms = answer.sent_at_ms
             if self.replicator is not None:
                 self.replicator.renew_grant(answer.grant)
+            if self._unsealed.keys() <= {grant.epoch for grant in answer.unsealed}:
+                self._recovery_grant = answer.grant
         self._roll_requested = self._roll_requested or answer.roll_requested
         if answer.roll_requested:
             self._roll_reason_master = answer.roll_reason
@@ -1334,6 +1344,7 @@ class Leader:
         self._lease_ms = answer.lease_ms or self._lease_ms
         self._lease_until_ms = max(self._lease_until_ms, answer.sent_at_ms + answer.lease_ms)
         self._unsealed = {grant.epoch: grant for grant in answer.unsealed}
+        self._recovery_grant = answer.grant
         self._recovery_retry_ms = {}
         self._open(now_ms, answer, actions)
         self._start_recoveries(actions)
@@ -1431,7 +1442,7 @@ class Leader:
             seal = ProducerSeal(
                 self.producers.positions(pack_sequence(epoch, 0)), through_segment=False
             )
-        return RecoverSegment(grant, self.epoch, self._policy, self._grant, known, seal)
+        return RecoverSegment(grant, self.epoch, self._policy, self._recovery_grant, known, seal)
 
     def _producer_assigned(self, append: Append, replicated: list[ReplicatorAction]) -> None:
         """A batch with a producer took its indexes: its run counts from now on (a retry

@@ -10,9 +10,13 @@ own fence, acked index and acked bridge of it. From those:
   higher id is the stream (ids grow; the lower one was deleted and created again), the
   lower one is not rebuilt (its replicas stay on the stores: no unknown id up to the
   highest rebuilt is garbage, since a store that missed the rebuild may hold the only
-  copies of a stream). A stream id no record names (its records never
-  reached a store) is kept under `<tenant>/stream-<id>` with the tenant its grants told
-  the stores, rather than deleted;
+  copies of a stream). A stream no record names (created and never written, or its
+  records never reached a store) is named as the stores' cluster views carry it (each
+  view lists the streams no store kept a record of when the lost master sent it: the
+  runtime world's seed 2499, whose one store never had a heartbeat answered after it
+  got its segments, or got none of eight streams); one that a view does not name
+  either is kept under `<tenant>/stream-<id>` with the tenant its grants told the
+  stores, rather than deleted;
 - a segment is the record its stores agree on, the sealed one first: two sealed
   records disagreeing on the final index are a conflict (the latest settled is taken,
   logged). A segment no record says is sealed, but whose stores hold an acked bridge, is
@@ -32,7 +36,9 @@ own fence, acked index and acked bridge of it. From those:
   the lost master's is refused by every store that took the rebuilt master's new
   signing key);
 - unsealed segments below the stream's epoch are SEALING (a later epoch exists);
-- the next stream id is above every id any store holds, so no new stream collides;
+- the next stream id is above every id any store holds, and above the highest id the
+  lost master gave as any store's cluster view keeps it (a stream whose stores did not
+  answer, or one created and never written), so no new stream collides;
 - a member of a rebuilt copy set whose database is newer than what it answered for
   (it keeps no cluster id: made since it last joined a master, a wiped disk; or it
   registered as another incarnation after it answered) holds none of the replicas the
@@ -41,6 +47,14 @@ own fence, acked index and acked bridge of it. From those:
   are no longer verified. The master cannot tell those apart otherwise: registered to
   a master that knows no segment yet, such a store was told it lost nothing, and it
   would answer a recovery's seal as an empty replica and count among the R.
+
+When to decide (`ready`): every store registered so far, every store a record or a
+grant names, and every store a cluster view lists has answered; and at least one that
+answered keeps a cluster id (a store with a new disk knows nothing of the cluster: no
+view, no segment); or the deadline passed. The master knows no store but those that
+registered to it: the runtime world's seeds 2008 and 2092, where the one store that
+answered held nothing and those holding every stream were down, were rebuilt empty
+after the registration grace and gave stream id 1 again.
 
 Tenants are recreated from stream names; tokens are not in the stores and are lost
 (the operator issues new ones).
@@ -72,6 +86,9 @@ REGISTRATION_GRACE_MS = 3_000
 # world's seed 9054: the rebuilt master granted epoch 3 again, where a follower had been
 # told by the lost master that epoch 3 had no segment, and never read its events.
 REBUILD_EPOCH_GAP = 1 << 20
+
+# Stream ids are u64 on the wire and in the metadata: a view past this is malformed.
+STREAM_IDS_MAX = 1 << 63
 
 # Why a store's database is newer than the records naming it (`_newer_databases`).
 _RENEWED = "registered as a new incarnation after it answered"
@@ -119,6 +136,17 @@ class Answered:
     cluster_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class View:
+    """The cluster view a store keeps (`v1.ClusterView`), as the lost master last sent
+    it: every store it knew, the highest stream id it gave, and the streams no store
+    kept a record of then (epoch 0, no holder: a card does not know them)."""
+
+    stores: tuple[str, ...] = ()
+    stream_ids_through: int = 0
+    streams: tuple[StreamRecord, ...] = ()
+
+
 @dataclass
 class Rebuilt:
     tenants: dict[str, int] = field(default_factory=dict)
@@ -160,16 +188,18 @@ def ready(
     now_ms: int,
     deadline_ms: int,
     earliest_ms: int = 0,
+    *,
+    joined: Iterable[str],
 ) -> bool:
-    """Whether to rebuild now: every store registered so far and every store a record
-    names has answered (at least one did), and stores had `earliest_ms` to register;
-    or the deadline passed."""
+    """Whether to rebuild now: every store registered so far and every store named
+    (`named_stores`) has answered, at least one that answered keeps a cluster id
+    (`joined`), and stores had `earliest_ms` to register; or the deadline passed."""
     done = set(answered)
     if now_ms >= deadline_ms:
         return True
     if now_ms < earliest_ms:
         return False
-    return bool(done) and set(registered) <= done and set(named) <= done
+    return bool(set(joined) & done) and set(registered) <= done and set(named) <= done
 
 
 def missing(registered: Iterable[str], answered: Iterable[str], named: Iterable[str]) -> list[str]:
@@ -177,14 +207,17 @@ def missing(registered: Iterable[str], answered: Iterable[str], named: Iterable[
     return sorted((set(registered) | set(named)) - set(answered))
 
 
-def named_stores(holdings: Iterable[Holding]) -> set[str]:
-    """The stores the records name, and those the grants name of a segment no record
-    reached: the rebuild waits for each (until its deadline)."""
+def named_stores(holdings: Iterable[Holding], views: Iterable[View] = ()) -> set[str]:
+    """The stores the records name, those the grants name of a segment no record
+    reached, and those the stores' cluster views list: the rebuild waits for each
+    (until its deadline)."""
     holdings = list(holdings)
     recorded = {(h.stream_id, h.epoch) for h in holdings if h.record is not None}
-    return {m for h in holdings if h.record is not None for m in h.record[1].copy_set} | {
-        m for h in holdings if (h.stream_id, h.epoch) not in recorded for m in h.copy_set
-    }
+    return (
+        {m for h in holdings if h.record is not None for m in h.record[1].copy_set}
+        | {m for h in holdings if (h.stream_id, h.epoch) not in recorded for m in h.copy_set}
+        | {m for view in views for m in view.stores}
+    )
 
 
 def rebuild(
@@ -192,28 +225,45 @@ def rebuild(
     now_ms: int,
     answered: Mapping[str, Answered] | None = None,
     registered: Mapping[str, StoreRecord] | None = None,
+    views: Iterable[View] = (),
 ) -> Rebuilt:
     """The catalog from what the stores hold (`holdings`); `answered`: the stores whose
-    answers were whole, `registered`: every store's record as it registers now."""
+    answers were whole, `registered`: every store's record as it registers now,
+    `views`: the cluster views the stores that answered keep."""
     holdings = list(holdings)
-    out = _catalog(holdings, now_ms, set(answered or ()))
+    views = list(views)
+    notes: list[str] = []
+    cards = _cards(views, notes)
+    out = _catalog(holdings, now_ms, set(answered or ()), cards)
+    out.notes[:0] = notes
+    _next_stream_id(out, views)
     newer = _newer_databases(answered or {}, registered or {})
     if newer:
         _lose_replicas(out, holdings, newer, registered or {})
     return out
 
 
-def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuilt:
+def _catalog(
+    holdings: list[Holding], now_ms: int, answered: set[str], cards: dict[int, StreamRecord]
+) -> Rebuilt:
     by_stream: dict[int, list[Holding]] = {}
     for holding in holdings:
         by_stream.setdefault(holding.stream_id, []).append(holding)
     out = Rebuilt()
-    if not by_stream:
+    if not by_stream and not cards:
         return out
-    out.next_stream_id = max(by_stream) + 1
+    out.next_stream_id = max([*by_stream, *cards]) + 1
     named: dict[str, StreamRecord] = {}
-    for stream_id in sorted(by_stream):
-        stream = _stream(stream_id, by_stream[stream_id], out.notes)
+    for stream_id in sorted({*by_stream, *cards}):
+        group = by_stream.get(stream_id, [])
+        if group:
+            stream = _stream(stream_id, group, out.notes, cards.get(stream_id))
+        else:
+            stream = cards[stream_id]
+            out.notes.append(
+                f"{stream.name} (stream id {stream_id}): no store that answered holds any "
+                "of it; rebuilt as the stores' cluster views carry it"
+            )
         earlier = named.get(stream.name)
         if earlier is not None:
             out.notes.append(
@@ -222,8 +272,8 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
             )
         named[stream.name] = stream
     for stream in named.values():
-        group = by_stream[stream.stream_id]
-        known = max(max(h.epoch, h.fence) for h in group)
+        group = by_stream.get(stream.stream_id, [])
+        known = max((max(h.epoch, h.fence) for h in group), default=0)
         epoch = max(known, min(known + REBUILD_EPOCH_GAP, EPOCH_MAX - 1))
         # Marked as having producers if any record says so: a record sent before the
         # mark keeps its old bytes until the store is sent the new one.
@@ -234,7 +284,7 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
             stream,
             epoch=epoch,
             leader_id="",
-            has_producers=has_producers,
+            has_producers=has_producers or stream.has_producers,
             producers=newest.producers,
             producers_epoch=newest.producers_epoch,
         )
@@ -249,6 +299,43 @@ def _catalog(holdings: list[Holding], now_ms: int, answered: set[str]) -> Rebuil
         _check_stream(stream, [s for k, s in out.segments.items() if k[0] == stream.stream_id])
     assert all(s.stream_id < out.next_stream_id for s in out.streams.values())
     return out
+
+
+def _cards(views: list[View], notes: list[str]) -> dict[int, StreamRecord]:
+    """The streams the views carry, by id: a stream no store kept a record of when the
+    lost master sent its view. Views sent at different times may differ (a stream the
+    later one no longer carries got its records to a store since, or was deleted); a
+    card names a stream whatever view carries it, and where two disagree (never, but
+    for a master's bug) the one of the newest view, by its highest stream id, wins."""
+    cards: dict[int, StreamRecord] = {}
+    for view in sorted(views, key=lambda v: v.stream_ids_through):
+        for card in view.streams:
+            known = cards.get(card.stream_id)
+            if known is not None and known != card:
+                notes.append(
+                    f"stream id {card.stream_id}: the stores' views name it {known.name} "
+                    f"and {card.name}; took {card.name} (the newest view)"
+                )
+            cards[card.stream_id] = card
+    return cards
+
+
+def _next_stream_id(out: Rebuilt, views: Iterable[View]) -> None:
+    """Past the highest stream id the lost master gave, as the stores' views keep it,
+    where that is above every id they hold: no new stream takes an id a store that did
+    not answer may hold, nor one a client was given for a stream never written."""
+    given = max(
+        (v.stream_ids_through for v in views if v.stream_ids_through < STREAM_IDS_MAX),
+        default=0,
+    )
+    if given < out.next_stream_id:
+        return
+    out.notes.append(
+        f"the stores' cluster views say the lost master gave stream ids up to {given}; "
+        f"none above {out.next_stream_id - 1} is held by a store that answered: the "
+        f"next stream id is {given + 1}"
+    )
+    out.next_stream_id = given + 1
 
 
 def _newer_databases(
@@ -296,9 +383,18 @@ def _lose_replicas(
         )
 
 
-def _stream(stream_id: int, group: list[Holding], notes: list[str]) -> StreamRecord:
-    """The stream a stream id's records name (that of its highest epoch)."""
+def _stream(
+    stream_id: int, group: list[Holding], notes: list[str], card: StreamRecord | None
+) -> StreamRecord:
+    """The stream a stream id's records name (that of its highest epoch); without any,
+    as a cluster view's card names it; without one, under its tenant."""
     records = sorted((h.record for h in group if h.record is not None), key=lambda r: r[1].epoch)
+    if not records and card is not None:
+        notes.append(
+            f"stream id {stream_id}: no store holds a record of it; named {card.name} "
+            "as the stores' cluster views carry it"
+        )
+        return card
     if not records:
         tenants = sorted({h.tenant for h in group if h.tenant})
         tenant = tenants[0] if tenants else "recovered"

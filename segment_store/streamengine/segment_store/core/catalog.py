@@ -26,6 +26,7 @@ from streamengine.segment_store.core.errors import SegmentNotFound
 from streamengine.segment_store.core.keys import (
     AUTHORITY_KEY,
     CLUSTER_ID_KEY,
+    CLUSTER_VIEW_KEY,
     INCARNATION_KEY,
     SegmentMeta,
     decode_copy_set,
@@ -199,6 +200,11 @@ class StoreCatalog:
     def authority_record(self) -> bytes | None:
         """What `KeepAuthorityCommand` last kept."""
         return self.kv.get(AUTHORITY_KEY)
+
+    def cluster_view(self) -> bytes:
+        """The master's cluster view as `KeepClusterViewCommand` last kept it (b"":
+        none)."""
+        return self.kv.get(CLUSTER_VIEW_KEY) or b""
 
     # ---- damage ----
 

@@ -2,9 +2,9 @@
 
 Every mutation of a segment store is a command (`WriteCommand`, `SealCommand`,
 `DeleteCommand`, `DropCopiesCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`,
-`KeepRecordsCommand`, `JoinCommand`); `writes.plan` turns commands into one `Plan`: the
-KV ops of every command that succeeded, the metadata they leave, and one outcome per
-command (its result, or the `StoreError` that refused it).
+`KeepRecordsCommand`, `KeepClusterViewCommand`, `JoinCommand`); `writes.plan` turns
+commands into one `Plan`: the KV ops of every command that succeeded, the metadata they
+leave, and one outcome per command (its result, or the `StoreError` that refused it).
 """
 
 from __future__ import annotations
@@ -105,6 +105,18 @@ class KeepRecordsCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepClusterViewCommand:
+    """Keep the master's cluster view (a serialized `v1.ClusterView`)."""
+
+    view: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterViewKept:
+    """A `KeepClusterViewCommand` is in the plan."""
+
+
+@dataclass(frozen=True, slots=True)
 class RecordsKept:
     """The segments whose records a `KeepRecordsCommand` kept."""
 
@@ -163,10 +175,18 @@ Command = (
     | ConfirmCopyCommand
     | KeepAuthorityCommand
     | KeepRecordsCommand
+    | KeepClusterViewCommand
     | JoinCommand
 )
 Outcome = (
-    WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept | Joined | StoreError
+    WriteResult
+    | SealResult
+    | DeleteResult
+    | AuthorityKept
+    | RecordsKept
+    | ClusterViewKept
+    | Joined
+    | StoreError
 )
 
 

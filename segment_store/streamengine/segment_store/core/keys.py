@@ -35,6 +35,10 @@ still bring it here); deleted with the segment.
 Authority: `b"a"` -> what the store trusts of its master (`authority.AuthorityRecord`:
 its public keys and token revocations), so that it checks grants and tokens after a
 restart before the master answers.
+
+Cluster view: `b"v"` -> the master's last cluster view (`v1.ClusterView`, serialized,
+as the master sent it: every store it knows, the highest stream id it gave), so that a
+master rebuilding its metadata waits for every store and gives no stream id again.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ AUTHORITY_KEY = b"a"
 RECORD_PREFIX = b"g"
 INCARNATION_KEY = b"i"
 CLUSTER_ID_KEY = b"c"
+CLUSTER_VIEW_KEY = b"v"
 LOST_PREFIX = b"x"
 PLACED_PREFIX = b"p"
 

@@ -28,6 +28,7 @@ from streamengine.segment_store.core import writes
 from streamengine.segment_store.core.catalog import StoreCatalog
 from streamengine.segment_store.core.commands import (
     AuthorityKept,
+    ClusterViewKept,
     Command,
     ConfirmCopyCommand,
     DeleteCommand,
@@ -91,7 +92,15 @@ class SegmentStoreCore:
 
     def execute(
         self, command: Command, sync: bool = True
-    ) -> WriteResult | SealResult | DeleteResult | AuthorityKept | RecordsKept | Joined:
+    ) -> (
+        WriteResult
+        | SealResult
+        | DeleteResult
+        | AuthorityKept
+        | RecordsKept
+        | ClusterViewKept
+        | Joined
+    ):
         plan = self.plan([command])
         self.apply(plan, sync)
         outcome = plan.outcomes[0]

@@ -61,10 +61,15 @@ from streamengine.protocol.limits import (
     WRITE_BATCH_ENTRIES_MAX,
     WRITE_REQUEST_PARTS_MAX,
 )
-from streamengine.protocol.segment_records import RECORD_BYTES_MAX, record_version
+from streamengine.protocol.segment_records import (
+    CLUSTER_VIEW_BYTES_MAX,
+    RECORD_BYTES_MAX,
+    record_version,
+)
 from streamengine.segment_store.core.catalog import StoreCatalog
 from streamengine.segment_store.core.commands import (
     AuthorityKept,
+    ClusterViewKept,
     Command,
     ConfirmCopyCommand,
     DeleteCommand,
@@ -73,6 +78,7 @@ from streamengine.segment_store.core.commands import (
     JoinCommand,
     Joined,
     KeepAuthorityCommand,
+    KeepClusterViewCommand,
     KeepRecordsCommand,
     Outcome,
     Plan,
@@ -99,6 +105,7 @@ from streamengine.segment_store.core.keys import (
     AUTHORITY_KEY,
     BRIDGES_PER_SEGMENT_MAX,
     CLUSTER_ID_KEY,
+    CLUSTER_VIEW_KEY,
     SegmentMeta,
     encode_copy_set,
     entry_index,
@@ -261,6 +268,11 @@ def plan(kv: KV, catalog: StoreCatalog, commands: Iterable[Command], entry_bytes
                 outcome = AuthorityKept()
             elif isinstance(command, KeepRecordsCommand):
                 outcome = _plan_keep_records(command, work)
+            elif isinstance(command, KeepClusterViewCommand):
+                if not command.view or len(command.view) > CLUSTER_VIEW_BYTES_MAX:
+                    raise BadRequest(f"a cluster view of {len(command.view)} bytes")
+                work.ops.append(Put(CLUSTER_VIEW_KEY, command.view))
+                outcome = ClusterViewKept()
             elif isinstance(command, JoinCommand):
                 outcome = _plan_join(command, work)
             else:
@@ -270,7 +282,8 @@ def plan(kv: KV, catalog: StoreCatalog, commands: Iterable[Command], entry_bytes
         except CorruptEntry as error:
             outcome = StoredCopyCorrupt(str(error))
             assert not isinstance(
-                command, KeepAuthorityCommand | KeepRecordsCommand | JoinCommand
+                command,
+                KeepAuthorityCommand | KeepRecordsCommand | KeepClusterViewCommand | JoinCommand,
             ), "it reads no entry"
             catalog.mark_damaged(command.segment)
         if isinstance(command, ConfirmCopyCommand | DeleteCommand) and not isinstance(
