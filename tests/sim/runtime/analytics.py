@@ -310,7 +310,11 @@ class Analyst:
             self.writes.append(job)
         await self._run_write(job)
 
-    async def _run_write(self, job: _WriteJob) -> None:
+    async def _sink_written(self, job: str, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` writing the sink, which is created first where it is not.
+        A master rebuilt from the stores may not know it (created less than a heartbeat
+        before the metadata was lost, it comes back nameless at best): it is created
+        again, as its owner would."""
         if not self.sink_created:
             policy = self.world.config.policy
             address = self.world.masters.address
@@ -318,15 +322,16 @@ class Analyst:
             await self._in_thread("create", _create_sink, address, replicas, quorum)
             self.world.note(f"spark: {SINK} created")
             self.sink_created = True
-        job.runs += 1
-        options = self._options(stream=SINK, producerId=job.producer_id)
         try:
-            rows = await self._in_thread("write", _write_rows, options, job.payloads)
+            return await self._in_thread(job, function, *args)
         except NotFound:
-            # A master rebuilt from the stores knows only streams holding a segment:
-            # a sink nothing was written to yet is created again, as its owner would.
             self.sink_created = False
             raise
+
+    async def _run_write(self, job: _WriteJob) -> None:
+        job.runs += 1
+        options = self._options(stream=SINK, producerId=job.producer_id)
+        rows = await self._sink_written("write", _write_rows, options, job.payloads)
         if rows != len(job.payloads):
             raise Violation(15, f"write {job.producer_id}: {rows} rows of {len(job.payloads)}")
         job.done = True
@@ -356,7 +361,7 @@ class Analyst:
         marker = _WriteJob("marker", [f"a:marker:{len(self.writes)}".encode()])
         self.writes.append(marker)
         address = self.world.masters.address
-        await self._in_thread("mark", _append_marker, address, marker.payloads[0])
+        await self._sink_written("mark", _append_marker, address, marker.payloads[0])
         marker.done = True
 
     async def _retried(self, job: Callable[[], Any]) -> None:
