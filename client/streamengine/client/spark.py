@@ -942,11 +942,7 @@ def _read_certified(
                         yield batch, next_index
                 if mismatch is not None:
                     raise mismatch
-            # What it serves verified: a replica whose acked index ends inside a chunk
-            # (a member that missed the bridge, until repair refills it) serves none of
-            # that chunk, and is asked again only after the others (runtime seed 377:
-            # asked again at once, for ever).
-            replicas.answered(address, next_index - 1)
+            replicas.answered(address, _certified_answer(check, next_index))
         except CertificateMismatch as mismatch:
             errors.append(f"{address}: {mismatch}")
             replicas.damaged(address, mismatch.first_index)
@@ -955,7 +951,16 @@ def _read_certified(
             _read_failed(part, address, next_index, error, replicas, errors)
         except _ShortRead as short:
             errors.append(f"{address}: {short}")
-            replicas.answered(address, next_index - 1)
+            replicas.answered(address, _certified_answer(check, next_index))
+
+
+def _certified_answer(check: ChunkCheck, next_index: int) -> int:
+    """Where a replica's certified read says it serves to: where its rows verified
+    (`next_index` is the index after them), not where its acked entries went. A
+    replica whose acked index ends inside a chunk (a member that missed the bridge,
+    until repair refills it) serves none of that chunk, and is asked again only after
+    the others (runtime seed 377: asked again at once, for ever)."""
+    return next_index - 1
 
 
 def _verified_rows(

@@ -89,8 +89,10 @@ from typing import Any, cast
 from unittest import mock
 
 import grpc
+import pyarrow as pa
 
 from streamengine import StreamClient, StreamEvent
+from streamengine.client import spark
 from streamengine.client import writer as writer_shell
 from streamengine.client.core import store_session as store_sessions
 from streamengine.client.core import writer as writer_core
@@ -106,6 +108,7 @@ from streamengine.client.errors import (
     StreamEngineError,
     Trimmed,
 )
+from streamengine.client.packed import Packed
 from streamengine.client.stream_client import SEAL_TIMEOUT_S
 from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
@@ -145,7 +148,7 @@ from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.testing import wait_until
-from streamengine.v1 import entry_pb2, master_pb2
+from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from tests.faults import badinput
 from tests.sim.checkers import Checker, MasterChecker, Violation, sound_copies
 from tests.sim.network import Faults
@@ -188,8 +191,10 @@ from tests.sim.writer_node import ProducerOutbox
 # they hold (the stores' cluster views unread, cards too: seeds 2008 and 2092);
 # `rebuild_without_cards`: it reads no stream card of the views, so a stream whose
 # records reached no store is lost or kept nameless (seed 2499);
-# `recover_under_the_latest_grant`: a leader's recovery shows its latest grant, which a
-# restarted master may have renewed without the segment (seed 2082).
+# `bridge_short_everywhere`: a Spark range planned from an open segment takes a bridge
+# in it for a replica holding less (`analytics.Analyst`: a loss nobody declared);
+# `chunk_answered_by_acked`: a certified Spark read takes a replica's acked entries for
+# what it serves, verified or not (the last scans never end).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -207,7 +212,8 @@ RUNTIME_FLAWS = (
     "dial_once",
     "rebuild_from_whoever_answered",
     "rebuild_without_cards",
-    "recover_under_the_latest_grant",
+    "bridge_short_everywhere",
+    "chunk_answered_by_acked",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2730,10 +2736,6 @@ def _quiet() -> Iterator[None]:
 def _flaws(flaws: frozenset[str]) -> Iterator[None]:
     """Switch the named defects back into the shipped code for this run."""
     with contextlib.ExitStack() as stack:
-        if "recover_under_the_latest_grant" in flaws:
-            stack.enter_context(
-                mock.patch.object(writer_core.Leader, "_recover", _recovering_under_the_latest)
-            )
         if "park_forever" in flaws:
             stack.enter_context(
                 mock.patch.object(writer_core.Leader, "_append_held", lambda *args: None)
@@ -2802,6 +2804,12 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if {"rebuild_from_whoever_answered", "rebuild_without_cards"} & flaws:
             stack.enter_context(mock.patch.object(rebuild_core, "_cards", lambda *args: {}))
+        if "bridge_short_everywhere" in flaws:
+            stack.enter_context(mock.patch.object(spark, "_packed_batch", _short_at_any_bridge))
+        if "chunk_answered_by_acked" in flaws:
+            stack.enter_context(
+                mock.patch.object(spark, "_certified_answer", lambda check, _: check.next_index - 1)
+            )
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -2815,16 +2823,6 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
 
 
 _READY = rebuild_core.ready
-_RECOVER = writer_core.Leader._recover
-
-
-def _recovering_under_the_latest(
-    leader: writer_core.Leader, grant: writer_core.SegmentGrant
-) -> writer_core.RecoverSegment:
-    """`Leader._recover` as it was: the recovery shows the writer's latest grant."""
-    return dataclasses.replace(_RECOVER(leader, grant), grant=leader._grant)
-
-
 def _ready_once_answered(
     registered: Any,
     answered: Any,
@@ -2838,6 +2836,17 @@ def _ready_once_answered(
     """`rebuild.ready` as it was: any store's answer will do, one with a new disk too."""
     answered = set(answered)
     return _READY(registered, answered, named, now_ms, deadline_ms, earliest_ms, joined=answered)
+def _short_at_any_bridge(
+    part: spark.SegmentRange, reply: segment_store_pb2.ReadReply, next_index: int
+) -> tuple[pa.RecordBatch | None, int]:
+    """`spark._packed_batch` as it was: a bridge in any range is a short read."""
+    packed = Packed.of(reply)
+    if packed is not None and EntryKind.BRIDGE in packed.kinds:
+        raise spark._ShortRead(f"segment {part.epoch} ends before index {part.last_index}")
+    return _shipped_packed_batch(part, reply, next_index)
+
+
+_shipped_packed_batch = spark._packed_batch
 
 
 async def _sealing_state_first(
