@@ -22,6 +22,7 @@ from streamengine.master.records import (
     record_pb,
 )
 from streamengine.master.state import MasterState
+from streamengine.master.unrecorded import every_store_reported
 from streamengine.protocol.certificate import Certificate, Chunk
 from streamengine.protocol.limits import EPOCH_MAX
 from streamengine.protocol.producers import ProducerPosition
@@ -641,6 +642,14 @@ def test_the_cluster_view_goes_to_the_stores_and_comes_back() -> None:
     assert records.cluster_view_from_pb(kept) == rebuild.View(("s1", "s2"), 9, (ORDERS,))
 
 
+def unrecorded_of(state: MasterState) -> tuple[StreamRecord, ...]:
+    return state.unrecorded.newest(lambda i: state.streams[state.names[i]])
+
+
+def reported(state: MasterState, now_ms: int) -> bool:
+    return every_store_reported(state.live.values(), state.store_timeout_ms, now_ms)
+
+
 def test_the_view_carries_the_streams_no_store_keeps_a_record_of(tmp_path: Path) -> None:
     """A stream created and never written, or written with no record reaching a store
     yet, goes in the cluster view every store keeps (the runtime world's seed 2499), from
@@ -651,29 +660,29 @@ def test_the_view_carries_the_streams_no_store_keeps_a_record_of(tmp_path: Path)
         state.registry.register_store(store, f"{store}:1", "", 1 << 30, NOW, 9, "")
     first = state.tenancy.create_stream("acme/one", 2, 2, 1 << 20, 60_000, True, NOW)
     second = state.tenancy.create_stream("acme/two", 2, 2, 1 << 20, 60_000, True, NOW)
-    assert [s.name for s in state.unrecorded_streams()] == ["acme/two", "acme/one"]
+    assert [s.name for s in unrecorded_of(state)] == ["acme/two", "acme/one"]
     # Every stream looks unrecorded until each store alive gave a whole report.
-    assert not state.knows_unrecorded(NOW)
+    assert not reported(state, NOW)
     state.registry.store_heartbeat("s1", 0, 0, {}, NOW)
-    assert not state.knows_unrecorded(NOW)
+    assert not reported(state, NOW)
     state.registry.store_heartbeat("s2", 0, 0, {}, NOW)
-    assert state.knows_unrecorded(NOW)
-    changes = state.unrecorded_changes
-    state.note_recorded([first.stream_id])
-    assert [s.name for s in state.unrecorded_streams()] == ["acme/two"]
-    assert state.unrecorded_changes > changes
+    assert reported(state, NOW)
+    changes = state.unrecorded.changes
+    state.unrecorded.note_recorded([first.stream_id])
+    assert [s.name for s in unrecorded_of(state)] == ["acme/two"]
+    assert state.unrecorded.changes > changes
     # A stream deleted leaves the view, undeleted it comes back, and recorded it stays out.
     state.tenancy.delete_stream("acme/two", NOW)
-    assert state.unrecorded_streams() == ()
+    assert unrecorded_of(state) == ()
     state.tenancy.undelete_stream("acme/two")
-    assert [s.stream_id for s in state.unrecorded_streams()] == [second.stream_id]
+    assert [s.stream_id for s in unrecorded_of(state)] == [second.stream_id]
     state.tenancy.delete_stream("acme/one", NOW)
     state.tenancy.undelete_stream("acme/one")
-    assert [s.stream_id for s in state.unrecorded_streams()] == [second.stream_id]
+    assert [s.stream_id for s in unrecorded_of(state)] == [second.stream_id]
     # A store silent past the store timeout is not waited for.
     state.registry.register_store("s3", "s3:1", "", 1 << 30, NOW, 9, "")
-    assert not state.knows_unrecorded(NOW + 1)
-    assert state.knows_unrecorded(NOW + 3_001)
+    assert not reported(state, NOW + 1)
+    assert reported(state, NOW + 3_001)
     place.close()
 
 

@@ -12,6 +12,7 @@ from streamengine.master.core.model import Held, SegmentKey
 from streamengine.master.records import ClusterViews, RecordEncodings
 from streamengine.master.service_calls import Context, Handlers, MasterCalls, log
 from streamengine.master.stores import Registered
+from streamengine.master.unrecorded import every_store_reported
 from streamengine.protocol import codec, identity
 from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.logs import segment_fields
@@ -110,7 +111,7 @@ class StoreHandlers(Handlers):
                 checked = registry.judged_held(request.store_id, now, held)
                 versions = {key: h.record_version for key, h in checked.items()}
                 answer = (deletes, False, versions)
-                self.state.note_recorded(recorded)
+                self.state.unrecorded.note_recorded(recorded)
             # Judged in the call, so a commit the metadata refuses (a master cut off
             # from etcd) is UNAVAILABLE and the store sends its reports again, not
             # UNKNOWN with a traceback (the fault suite's S17).
@@ -162,15 +163,18 @@ class StoreHandlers(Handlers):
         if request.certificate_revocations_version != certs.version:
             reply.revoked_certificates.extend(map(codec.revoked_cert_to_pb, certs.revoked))
         state = self.state
-        if not self.calls.rebuilding and state.knows_unrecorded(self.calls.clock_ms()):
+        reported = every_store_reported(
+            state.live.values(), state.store_timeout_ms, self.calls.clock_ms()
+        )
+        if not self.calls.rebuilding and reported:
             # A rebuilding master knows nothing yet, nor a master whose stores have not
             # all said what they keep since it started: the view the store keeps stays
             # what a rebuild would read.
             view = self.views.current(
                 state.stores,
                 state.next_stream_id - 1,
-                (state.loaded, state.unrecorded_changes),
-                state.unrecorded_streams,
+                (state.loaded, state.unrecorded.changes),
+                lambda: state.unrecorded.newest(lambda i: state.streams[state.names[i]]),
             )
             if request.cluster_view_version != view.version:
                 reply.cluster_view.CopyFrom(view.message)

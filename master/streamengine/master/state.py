@@ -46,11 +46,11 @@ from streamengine.master.retention import Retention
 from streamengine.master.stores import StoreLive, StoreRegistry
 from streamengine.master.tenancy import Tenancy
 from streamengine.master.tokens import TokenIssuer
+from streamengine.master.unrecorded import UnrecordedStreams
 from streamengine.protocol.cert_revocations import CertRevocations
 from streamengine.protocol.grants import GRANT_MS_DEFAULT
 from streamengine.protocol.limits import TENANT_STREAMS_MAX_DEFAULT
 from streamengine.protocol.retention import first_retained_sequence
-from streamengine.protocol.segment_records import CLUSTER_VIEW_STREAMS_MAX
 from streamengine.protocol.signing import SigningKey, Verifier
 from streamengine.protocol.tokens import Revocations
 
@@ -132,13 +132,8 @@ class MasterState:
         # (`retention.next_look_ms`); forgotten whenever the stream or one of its
         # segments changes. Absent: at the next pass.
         self.retention_looks: dict[str, int] = {}
-        # Streams (ids) a store reported keeping a record of since this state loaded,
-        # and those not deleted that none did yet, with a count of the latter's changes:
-        # the cluster view carries them (`master.records.ClusterViews`), so that a
-        # rebuild knows a stream whose records reached no store.
-        self.recorded: set[int] = set()
-        self.unrecorded: dict[int, None] = {}
-        self.unrecorded_changes = 0
+        # What the cluster view carries of the streams no store keeps a record of.
+        self.unrecorded = UnrecordedStreams()
         # Names this state among those a server loads in turn (a view's cache key).
         self.loaded = object()
         for stream in self.streams.values():
@@ -268,7 +263,7 @@ class MasterState:
         self.limited.pop(name, None)
         self.retention_looks.pop(name, None)
         self.names.pop(record.stream_id, None)
-        self._leave_view(record.stream_id)
+        self.unrecorded.left(record.stream_id)
         return record
 
     def _index_stream(self, old: StreamRecord | None, record: StreamRecord) -> None:
@@ -284,39 +279,7 @@ class MasterState:
         else:
             self.limited.pop(name, None)
         self.retention_looks.pop(name, None)
-        stream_id = record.stream_id
-        if record.deleted_until_ms or stream_id in self.recorded:
-            self._leave_view(stream_id)
-        elif old is None or old.deleted_until_ms or old.has_producers != record.has_producers:
-            # New to the view, or its card changed (the rest of a card never does).
-            self.unrecorded[stream_id] = None
-            self.unrecorded_changes += 1
-
-    def note_recorded(self, stream_ids: Iterable[int]) -> None:
-        """A store reported keeping records of segments of these streams."""
-        for stream_id in stream_ids:
-            if stream_id not in self.recorded:
-                self.recorded.add(stream_id)
-                self._leave_view(stream_id)
-
-    def _leave_view(self, stream_id: int) -> None:
-        if stream_id in self.unrecorded:
-            del self.unrecorded[stream_id]
-            self.unrecorded_changes += 1
-
-    def knows_unrecorded(self, now_ms: int) -> bool:
-        """Whether every store alive has given a whole report since this state loaded:
-        before that every stream looks unrecorded."""
-        return all(
-            live.whole or now_ms - live.last_seen_ms > self.store_timeout_ms
-            for live in self.live.values()
-        )
-
-    def unrecorded_streams(self) -> tuple[StreamRecord, ...]:
-        """The streams no store keeps a record of, newest first, at most
-        `CLUSTER_VIEW_STREAMS_MAX`."""
-        newest = sorted(self.unrecorded, reverse=True)[:CLUSTER_VIEW_STREAMS_MAX]
-        return tuple(self.streams[self.names[stream_id]] for stream_id in newest)
+        self.unrecorded.indexed(old, record)
 
     def put_segment(self, record: SegmentRecord) -> None:
         key = record.key
