@@ -300,10 +300,12 @@ class _Connection:
             if self.link.faults.blackhole:
                 continue  # blackholed while waiting for the bucket: hold the piece
             target.write(piece)
-            await target.drain()
+            # Counted once handed to the socket, not after the drain: the peer may read
+            # the piece (and a test check the count) before this task runs again.
             self.link.bytes[name] += len(piece)
+            await target.drain()
             if len(piece) < len(data):
-                direction.queue[0] = (due, data[len(piece):])
+                direction.queue[0] = (due, data[len(piece) :])
             else:
                 direction.queue.popleft()
             direction.queued_bytes -= len(piece)

@@ -23,10 +23,12 @@ from streamengine.testing import (
     STREAMENGINE,
     Cluster,
     free_port,
+    free_port_run,
     is_serving,
     wait_for,
     wait_until,
 )
+from streamengine.tools.local_cluster import ports_used
 from tests.integration.paused_stores import (
     GIVE_UP_AFTER_S,
     READ_RAISES_S_MAX,
@@ -175,7 +177,7 @@ def _children(pid: int) -> list[psutil.Process]:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_cluster_up_serves_and_leaves_no_orphan_once_stopped(tmp_path: Path, signum: int) -> None:
-    port = free_port()
+    port = free_port_run(ports_used(3))
     process = subprocess.Popen(
         [
             STREAMENGINE,
@@ -462,6 +464,8 @@ def test_servers_and_an_append_waiting_for_input_stop_within_a_second(
     tmp_path: Path, signum: int
 ) -> None:
     master_address, store_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    # Its own data port: the default, the gRPC port + 1, may be another server's.
+    data_address = f"127.0.0.1:{free_port()}"
     started: dict[str, subprocess.Popen[bytes]] = {}
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -472,15 +476,20 @@ def test_servers_and_an_append_waiting_for_input_stop_within_a_second(
                 [STREAMENGINE, *args], stdin=subprocess.PIPE, stdout=log, stderr=log
             )
 
+    def serving(name: str, address: str) -> bool:
+        exited = started[name].poll()
+        assert exited is None, (name, exited, (logs / name).read_text())
+        return is_serving(address)
+
     try:
         start("master", "master", "--listen", master_address, "--data", str(tmp_path / "m"))
-        wait_for(lambda: is_serving(master_address), timeout_s=30, message="master serving")
+        wait_for(lambda: serving("master", master_address), timeout_s=30, message="master")
         start(
             "store",
-            *("store", "--listen", store_address, "--data", str(tmp_path / "s")),
-            *("--master", master_address, "--id", "s0"),
+            *("store", "--listen", store_address, "--data-listen", data_address),
+            *("--data", str(tmp_path / "s"), "--master", master_address, "--id", "s0"),
         )
-        wait_for(lambda: is_serving(store_address), timeout_s=30, message="store serving")
+        wait_for(lambda: serving("store", store_address), timeout_s=30, message="store")
         master = ["--master", master_address]
         created = run_cli(
             "stream", "create", "cli/typed", "--replicas", "1", "--write-quorum", "1", *master

@@ -24,11 +24,13 @@ from streamengine.testing import (
     STREAMENGINE,
     Cluster,
     free_port,
+    free_port_run,
     running_cluster,
     server_env,
     wait_for,
 )
 from streamengine.tools import certs
+from streamengine.tools.local_cluster import ports_used
 from streamengine.tools.verify import verify_stream
 from streamengine.v1 import (
     entry_pb2,
@@ -384,7 +386,7 @@ def test_health_checks_need_no_certificate(secured: Cluster) -> None:
 
 
 def test_cluster_up_insecure_serves_plaintext_and_makes_no_certificates(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port_run(ports_used(1))
     command = [STREAMENGINE, "cluster", "up", "--insecure", "--stores", "1"]
     command += ["--data", str(tmp_path / "data"), "--port", str(port)]
     process = subprocess.Popen(
@@ -402,9 +404,11 @@ def test_cluster_up_insecure_serves_plaintext_and_makes_no_certificates(tmp_path
         wait_for(plaintext_status, 60, 0.2, "the insecure cluster answering plaintext")
         assert not (tmp_path / "data" / "certs").exists()
         process.terminate()
-        assert process.wait(timeout=30) == 0
+        exited = process.wait(timeout=30)
         assert process.stdout is not None
-        assert "STREAMENGINE_CERTS_DIR" not in process.stdout.read()
+        printed = process.stdout.read()
+        assert exited == 0, printed
+        assert "STREAMENGINE_CERTS_DIR" not in printed
     finally:
         if process.poll() is None:
             process.kill()
