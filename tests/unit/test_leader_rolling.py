@@ -4,7 +4,6 @@ sealed; at most one earlier segment unsealed; a refused roll resumes appends."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from streamengine.client.core.replicator import (
@@ -277,7 +276,7 @@ def test_a_roll_answered_after_stepping_down_gives_the_lease_back() -> None:
     assert of_type(step(leader, 5, leader_answer(0, roll_requested=True)), AskRoll)
     step(leader, 30, follower_answer(20, epoch=6))  # deposed meanwhile
     late = step(leader, 31, roll_answer(9, 6, old=5))
-    assert [dataclasses.asdict(a) for a in late] == [{"epoch": 6, "grant": signed(6)}]
+    assert late == [ReleaseLease(6, signed(6))]
 
 
 def test_a_store_detached_for_falling_behind_is_rolled_away_from() -> None:

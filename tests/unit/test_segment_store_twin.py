@@ -16,6 +16,7 @@ from streamengine.segment_store.core.commands import (
     KeepAuthorityCommand,
     KeepClusterViewCommand,
     KeepRecordsCommand,
+    RaiseAckedCommand,
     SealCommand,
     SegmentKey,
     WriteCommand,
@@ -101,8 +102,12 @@ steps: st.SearchStrategy[tuple[str, list[Command]]] = st.one_of(
 def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
     assert not isinstance(
         command,
-        KeepAuthorityCommand | KeepRecordsCommand | KeepClusterViewCommand | JoinCommand,
-    ), "the twin draws no authority, records, cluster view nor identity"
+        KeepAuthorityCommand
+        | KeepRecordsCommand
+        | KeepClusterViewCommand
+        | JoinCommand
+        | RaiseAckedCommand,
+    ), "the twin draws no authority, records, cluster view, identity nor master's acks"
     if isinstance(command, DeleteCommand):
         existed = command.segment in twins
         twins.pop(command.segment, None)

@@ -1051,6 +1051,7 @@ class Writer:
                 epoch=action.epoch,
                 grant=action.grant,
                 lease_secret=self._lease_secret.shown(),
+                acked_index=action.acked_index,
             )
         )
 

@@ -129,6 +129,8 @@ def encode_segment(record: SegmentRecord) -> bytes:
     value["certificate"] = (
         base64.b64encode(certificate.encode()).decode() if certificate is not None else ""
     )
+    if not record.released_acked_index:
+        del value["released_acked_index"]  # kept only while owed: most records never
     if record.producers is None:
         del value["producers"]  # the bytes of a record from before producers existed
     else:
@@ -194,6 +196,7 @@ def _segment_of(value: dict[str, Any], shared: dict[Any, Any]) -> SegmentRecord:
         removal_at_ms=value.get("removal_at_ms", 0),
         lost_from_index=value.get("lost_from_index", 0),
         producers=_positions_of(value.get("producers")),
+        released_acked_index=value.get("released_acked_index", 0),
     )
 
 

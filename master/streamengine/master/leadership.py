@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from streamengine.master.batches import rounds_by_stream
+from streamengine.master.catalog import Batch
 from streamengine.master.core import authority, leadership, model, repair
 from streamengine.master.core.errors import (
     MasterError,
@@ -462,8 +463,24 @@ class Leadership:
                 "(its holder shows the secret it was granted with)"
             )
 
-    def release_lease(self, name: str, claim: Claim, epoch: int, now_ms: int) -> bool:
-        self.state.stream(name)
+    def release_lease(
+        self, name: str, claim: Claim, epoch: int, now_ms: int, acked_index: int = 0
+    ) -> bool:
+        """Give back the lease of `epoch`, whose leader acked `acked_index` in its
+        segment: owed to that segment's stores while it is open (`core.leader_acked`;
+        the caller proved it held the epoch)."""
+        record = self.state.stream(name)
+        segment = self.state.segments.get((record.stream_id, epoch))
+        if (
+            segment is not None
+            and segment.state == SegmentState.OPEN
+            and acked_index > segment.released_acked_index
+        ):
+            # Kept, so that the master that serves next still owes it.
+            owed = replace(segment, released_acked_index=acked_index)
+            self.state.catalog.commit(Batch().segment(owed))
+            self.state.put_segment(owed)
+            self.state.leader_acked.released(owed.key, owed.copy_set, acked_index)
         released = leadership.release(self.state.leases[name], claim, epoch, now_ms)
         if released is None:
             return False

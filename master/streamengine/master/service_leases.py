@@ -28,7 +28,7 @@ from streamengine.master.leadership import (
 from streamengine.master.service_calls import Context, Handlers, log, status_of
 from streamengine.protocol import codec
 from streamengine.protocol.auth import Principal, authorize
-from streamengine.protocol.limits import HEARTBEATS_PER_LEASE
+from streamengine.protocol.limits import HEARTBEATS_PER_LEASE, INDEX_MAX
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
 
@@ -194,8 +194,12 @@ class LeaseHandlers(Handlers):
             self.calls.require_holder(
                 principal, request.grant, record, request.epoch, request.client_id
             )
+            if request.acked_index > INDEX_MAX:
+                raise errors.InvalidArgument(
+                    f"acked index {request.acked_index} is over {INDEX_MAX}"
+                )
             return self.state.leadership.release_lease(
-                request.stream, _claim(request, principal), request.epoch, now
+                request.stream, _claim(request, principal), request.epoch, now, request.acked_index
             )
 
         released = await self.calls.call(context, "ReleaseLease", release)

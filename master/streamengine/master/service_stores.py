@@ -18,6 +18,10 @@ from streamengine.protocol.certificate import MalformedCertificate
 from streamengine.protocol.logs import segment_fields
 from streamengine.v1 import entry_pb2, master_pb2
 
+# What a store's heartbeat decided: the segments it may delete, whether it must report
+# everything, the record versions to check, the leaders' acked indexes it is owed.
+_Beaten = tuple[list[SegmentKey], bool, dict[SegmentKey, int], list[tuple[SegmentKey, int]]]
+
 
 class StoreHandlers(Handlers):
     """RegisterStore and StoreHeartbeat."""
@@ -90,10 +94,10 @@ class StoreHandlers(Handlers):
                 recorded.add(segment.stream_id)
         removed = tuple((s.stream_id, s.epoch) for s in request.removed) if request.delta else None
 
-        def beat(now: int) -> tuple[list[SegmentKey], bool, dict[SegmentKey, int]] | None:
+        def beat(now: int) -> _Beaten | None:
             """The segments to delete, whether the delta did not apply (the store must
-            report everything), and the record versions to check; None: it must
-            register again."""
+            report everything), the record versions to check and the leaders' acked
+            indexes the store is owed; None: it must register again."""
             self.calls.require_store(context, "StoreHeartbeat", request.store_id)
             # Stores heartbeat every second: keys are retired within one of their time.
             self.state.keys.retire_due(now)
@@ -101,7 +105,7 @@ class StoreHandlers(Handlers):
             if removed is not None and not registry.takes_delta(request.store_id):
                 if request.store_id not in self.state.stores:
                     return None
-                answer: tuple[list[SegmentKey], bool, dict[SegmentKey, int]] = ([], True, {})
+                answer: _Beaten = ([], True, {}, [])
             else:
                 deletes = registry.store_heartbeat(
                     request.store_id, request.used_bytes, request.free_bytes, held, now, removed
@@ -110,7 +114,13 @@ class StoreHandlers(Handlers):
                     return None
                 checked = registry.judged_held(request.store_id, now, held)
                 versions = {key: h.record_version for key, h in checked.items()}
-                answer = (deletes, False, versions)
+                live = self.state.live.get(request.store_id)
+                owed = (
+                    self.state.leader_acked.to_tell(request.store_id, live.held)
+                    if live is not None and live.whole
+                    else []
+                )
+                answer = (deletes, False, versions, owed)
                 self.state.unrecorded.note_recorded(recorded)
             # Judged in the call, so a commit the metadata refuses (a master cut off
             # from etcd) is UNAVAILABLE and the store sends its reports again, not
@@ -122,7 +132,7 @@ class StoreHandlers(Handlers):
         answer = await self.calls.call(context, "StoreHeartbeat", beat)
         if answer is None:
             return master_pb2.StoreHeartbeatReply(register_again=True)
-        deletes, report_full, versions = answer
+        deletes, report_full, versions, owed = answer
         revocations = self.state.issuer.current_revocations(self.calls.clock_ms())
         reply = master_pb2.StoreHeartbeatReply(
             deltas_taken=True,
@@ -152,6 +162,15 @@ class StoreHandlers(Handlers):
                 self.state.segments,
                 lambda stream_id: self.state.streams.get(self.state.stream_name(stream_id)),
             ),
+            leader_acked=[
+                master_pb2.LeaderAcked(
+                    segment=entry_pb2.SegmentId(
+                        stream_id=s, epoch=e, stream=self.state.stream_name(s)
+                    ),
+                    acked_index=acked,
+                )
+                for (s, e), acked in owed
+            ],
         )
         if request.revocations_version != revocations.version:
             reply.revoked_tokens.extend(

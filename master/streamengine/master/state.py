@@ -29,6 +29,7 @@ from streamengine.master.cert_revocations import CertRevoker
 from streamengine.master.core import authority, integrity, leadership, repair, retention
 from streamengine.master.core.durability import DurabilityLedger
 from streamengine.master.core.errors import NotFound, RebuildUnfinished, StreamDeleted
+from streamengine.master.core.leader_acked import LeaderAckedOwed
 from streamengine.master.core.model import (
     Held,
     SegmentKey,
@@ -162,6 +163,8 @@ class MasterState:
         # What stores reported of their sealed replicas (`integrity`): seeded with the
         # members each record keeps as verified, the rest learned since the start.
         self.checks: dict[SegmentKey, integrity.SegmentChecks] = {}
+        # Acked indexes leaders gave back that stores may not know, from the records.
+        self.leader_acked = LeaderAckedOwed()
         self._index_loaded_segments(loaded.segments)
         self.stores = loaded.stores
         self.deletes = loaded.deletes
@@ -334,6 +337,8 @@ class MasterState:
             epochs.add(epoch)
             if record.state != SegmentState.SEALED:
                 self.unsealed_epochs[stream_id].add(epoch)
+                if record.released_acked_index and record.state == SegmentState.OPEN:
+                    self.leader_acked.released(key, record.copy_set, record.released_acked_index)
             elif not repair.trusted_at_start(record):
                 self.unconfirmed.add(key)
         for stream_id, unsealed in self.unsealed_epochs.items():

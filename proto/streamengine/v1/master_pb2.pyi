@@ -390,6 +390,7 @@ class StoreHeartbeatReply(_message.Message):
     DELTAS_TAKEN_FIELD_NUMBER: _builtins.int
     REPORT_FULL_FIELD_NUMBER: _builtins.int
     CLUSTER_VIEW_FIELD_NUMBER: _builtins.int
+    LEADER_ACKED_FIELD_NUMBER: _builtins.int
     register_again: _builtins.bool
     """The master does not know this store (it lost its registration): register again."""
     revocations_version: _builtins.int
@@ -455,6 +456,14 @@ class StoreHeartbeatReply(_message.Message):
         `cluster_view_version`: the store keeps it (`master --rebuild` reads it back).
         """
 
+    @_builtins.property
+    def leader_acked(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaderAcked]:
+        """Segments whose leader let go with an acked index above the one this store
+        reports (ReleaseLeaseRequest.acked_index): the store raises its acked index to
+        min(acked_index, its matched index), as the leader's next Write would have, so
+        readers see those events without waiting for a new leader to seal the segment.
+        """
+
     def __init__(
         self,
         *,
@@ -472,14 +481,38 @@ class StoreHeartbeatReply(_message.Message):
         deltas_taken: _builtins.bool = ...,
         report_full: _builtins.bool = ...,
         cluster_view: _entry_pb2.ClusterView | None = ...,
+        leader_acked: _abc.Iterable[Global___LeaderAcked] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cluster_view", b"cluster_view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "cluster_view", b"cluster_view", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "deltas_taken", b"deltas_taken", "register_again", b"register_again", "report_full", b"report_full", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate_revocations_version", b"certificate_revocations_version", "cluster_view", b"cluster_view", "delete_segments", b"delete_segments", "deleted_streams", b"deleted_streams", "deltas_taken", b"deltas_taken", "leader_acked", b"leader_acked", "register_again", b"register_again", "report_full", b"report_full", "revocations_version", b"revocations_version", "revoked_certificates", b"revoked_certificates", "revoked_tokens", b"revoked_tokens", "scrub_first", b"scrub_first", "segment_records", b"segment_records", "signing_public_keys", b"signing_public_keys", "tenant_append_bytes_per_s", b"tenant_append_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StoreHeartbeatReply: _TypeAlias = StoreHeartbeatReply  # noqa: Y015
+
+@_typing.final
+class LeaderAcked(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    ACKED_INDEX_FIELD_NUMBER: _builtins.int
+    acked_index: _builtins.int
+    @_builtins.property
+    def segment(self) -> _entry_pb2.SegmentId: ...
+    def __init__(
+        self,
+        *,
+        segment: _entry_pb2.SegmentId | None = ...,
+        acked_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaderAcked: _TypeAlias = LeaderAcked  # noqa: Y015
 
 @_typing.final
 class RevokedCertificate(_message.Message):
@@ -1420,6 +1453,7 @@ class ReleaseLeaseRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     GRANT_FIELD_NUMBER: _builtins.int
     LEASE_SECRET_FIELD_NUMBER: _builtins.int
+    ACKED_INDEX_FIELD_NUMBER: _builtins.int
     stream: _builtins.str
     client_id: _builtins.str
     epoch: _builtins.int
@@ -1427,6 +1461,11 @@ class ReleaseLeaseRequest(_message.Message):
     """The grant of `epoch` (WriterHeartbeatReply.grant): proves the caller holds it."""
     lease_secret: _builtins.bytes
     """The lease secret (as WriterHeartbeatRequest)."""
+    acked_index: _builtins.int
+    """The caller's acked index in its open segment of `epoch` as it lets go (0: none).
+    The master passes it on to the segment's stores that report less
+    (StoreHeartbeatReply.leader_acked): a closing writer may not have reached them.
+    """
     def __init__(
         self,
         *,
@@ -1435,10 +1474,11 @@ class ReleaseLeaseRequest(_message.Message):
         epoch: _builtins.int = ...,
         grant: _builtins.bytes = ...,
         lease_secret: _builtins.bytes = ...,
+        acked_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "lease_secret", b"lease_secret", "stream", b"stream"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "client_id", b"client_id", "epoch", b"epoch", "grant", b"grant", "lease_secret", b"lease_secret", "stream", b"stream"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -109,6 +109,7 @@ class MasterLink:
         keep_records: Callable[[list[tuple[SegmentKey, bytes]]], Awaitable[int]] | None = None,
         join: Callable[[str, Sequence[SegmentKey]], Awaitable[Joined]] | None = None,
         keep_cluster_view: Callable[[bytes], Awaitable[None]] | None = None,
+        raise_acked: Callable[[list[tuple[SegmentKey, int]]], Awaitable[int]] | None = None,
     ) -> None:
         self.master_address = master_address
         self.identity = identity
@@ -135,6 +136,8 @@ class MasterLink:
         self.keep_records = keep_records
         self.join = join
         self.keep_cluster_view = keep_cluster_view
+        # Acked indexes of leaders that let go, which the master passes on.
+        self.raise_acked = raise_acked
         view = core.catalog.cluster_view()
         # The version of the cluster view the store keeps (0: none).
         self.cluster_view_version = record_version(view) if view else 0
@@ -313,6 +316,17 @@ class MasterLink:
                 # A full or read-only disk: the versions reported stay old, and the
                 # master sends the records again.
                 log.info("cannot keep %d segment records now: %s", len(records), error)
+        if reply.leader_acked and self.raise_acked is not None:
+            raised = [
+                (SegmentKey(a.segment.stream_id, a.segment.epoch), a.acked_index)
+                for a in reply.leader_acked
+            ]
+            try:
+                await self.raise_acked(raised)
+            except StoreUnavailable as error:
+                log.info("cannot raise %d acked indexes now: %s", len(raised), error)
+            except BadRequest as error:
+                log.warning("ignoring the master's acked indexes: %s", error)
         for segment in reply.delete_segments:
             key = SegmentKey(segment.stream_id, segment.epoch)
             if key.stream_id and key.epoch:

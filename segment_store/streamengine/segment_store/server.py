@@ -180,8 +180,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.entry_bytes_max <= EVENT_BYTES_MAX:
         print(f"streamengine store: --entry-bytes-max must be in 1..{EVENT_BYTES_MAX}")
         return 2
-    if args.queue_bytes_max <= 0 or args.subscribe_buffer_batches <= 0 or (
-        args.write_stream_idle_ms <= 0
+    if (
+        args.queue_bytes_max <= 0
+        or args.subscribe_buffer_batches <= 0
+        or (args.write_stream_idle_ms <= 0)
     ):
         print("streamengine store: queue and buffer sizes and the idle timeout must be positive")
         return 2
@@ -273,9 +275,7 @@ def store_id(data_dir: Path, given: str | None) -> str:
     return new
 
 
-async def serve(
-    args: argparse.Namespace, identity: StoreIdentity, pinned_keys: list[bytes]
-) -> int:
+async def serve(args: argparse.Namespace, identity: StoreIdentity, pinned_keys: list[bytes]) -> int:
     # Read before RocksDB opens: a certs dir that cannot serve fails the start cleanly.
     members = (
         transport.PLAINTEXT
@@ -361,9 +361,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    scrubber = (
-        Scrubber(core, store.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
-    )
+    scrubber = Scrubber(core, store.in_thread, args.scrub_mb_per_s) if args.scrub_mb_per_s else None
     if scrubber is None:
         log.warning(
             "no scrub (--scrub-mb-per-s 0): damage at rest stays unseen here, and the master "
@@ -384,6 +382,7 @@ async def serve(
             keep_records=store.keep_records,
             join=store.join,
             keep_cluster_view=store.keep_cluster_view,
+            raise_acked=store.raise_acked,
         )
     except RevokedCertsDamaged as error:
         raise StartupError(str(error)) from None

@@ -38,6 +38,7 @@ from streamengine.segment_store.core.authority import (
     StoreAuthority,
 )
 from streamengine.segment_store.core.commands import (
+    AckedRaised,
     AuthorityKept,
     ClusterViewKept,
     DeleteCommand,
@@ -47,6 +48,7 @@ from streamengine.segment_store.core.commands import (
     KeepAuthorityCommand,
     KeepClusterViewCommand,
     KeepRecordsCommand,
+    RaiseAckedCommand,
     RecordsKept,
     SegmentKey,
     check_segment,
@@ -195,6 +197,15 @@ class StoreContext:
             raise outcome
         assert isinstance(outcome, RecordsKept)
         return len(outcome.kept)
+
+    async def raise_acked(self, raised: Sequence[tuple[SegmentKey, int]]) -> int:
+        """Take the acked indexes the master passes on from leaders that let go
+        (`RaiseAckedCommand`), durably; returns how many segments it raised."""
+        outcome = await self.committer.submit(RaiseAckedCommand(tuple(raised)))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, AckedRaised)
+        return len(outcome.raised)
 
     async def keep_cluster_view(self, view: bytes) -> None:
         """Keep the master's cluster view (a serialized `v1.ClusterView`) durably."""

@@ -502,6 +502,10 @@ class Replicator:
             if not store.detached and (store.connected or not store.lost)
         )
 
+    def acked_known_everywhere(self) -> bool:
+        """Did every store of the copy set say it knows the acked index?"""
+        return all(store.store_acked >= self._acked for store in self._stores.values())
+
     def deadline_ms(self, now_ms: int) -> int | None:
         """When a `Tick` would next do something, if ever."""
         if self._stopped:

@@ -597,6 +597,10 @@ class SteppedDown:
 class ReleaseLease:
     epoch: int
     grant: bytes = b""  # the signed grant of `epoch`
+    # The acked index of the segment of `epoch` as the writer lets go (0: none): the
+    # master passes it on to stores the writer could not tell (a closing writer's
+    # flush gives up on a store that is down).
+    acked_index: int = 0
 
 
 LeaderAction = (
@@ -926,8 +930,9 @@ class Leader:
                     self._roll_given_up(now_ms)  # a drain not asked yet: the next leader rolls
         elif isinstance(event, Release):
             if self.role is Role.LEADING:
+                acked = self._released_acked()
                 self._step_down(now_ms, StepDownReason.RELEASED, "released", actions)
-                actions.append(ReleaseLease(self.epoch, self._grant))
+                actions.append(ReleaseLease(self.epoch, self._grant, acked))
             self.role = Role.FINISHED
             return actions
         elif isinstance(event, RollAnswered):
@@ -1522,6 +1527,19 @@ class Leader:
             count += 1
         if count:
             actions.append(HeldAppendsTimedOut(count))
+
+    def _released_acked(self) -> int:
+        """The acked index the master must pass on to the stores (0: none): some
+        store of the segment never said it knows it (a flush gave up on a store that
+        is down), and it may be the one followers read from next."""
+        replication = self.replicator
+        if (
+            replication is None
+            or replication.segment.epoch != self.epoch
+            or replication.acked_known_everywhere()
+        ):
+            return 0
+        return replication.acked_index
 
     def _step_down(
         self, now_ms: int, reason: StepDownReason, message: str, actions: list[LeaderAction]

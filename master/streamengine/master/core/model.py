@@ -116,6 +116,9 @@ class SegmentRecord:
     # SEALED: each producer's last event in the stream through this segment, as its
     # sealing leader sent them (None: it sent none); the next leader starts from them.
     producers: tuple[ProducerPosition, ...] | None = None
+    # OPEN: the acked index its leader gave back with its lease while some store of the
+    # copy set did not know it (0: none), owed to those stores (`core.leader_acked`).
+    released_acked_index: int = 0
 
     @property
     def key(self) -> SegmentKey:

@@ -2,9 +2,10 @@
 
 Every mutation of a segment store is a command (`WriteCommand`, `SealCommand`,
 `DeleteCommand`, `DropCopiesCommand`, `ConfirmCopyCommand`, `KeepAuthorityCommand`,
-`KeepRecordsCommand`, `KeepClusterViewCommand`, `JoinCommand`); `writes.plan` turns
-commands into one `Plan`: the KV ops of every command that succeeded, the metadata they
-leave, and one outcome per command (its result, or the `StoreError` that refused it).
+`KeepRecordsCommand`, `KeepClusterViewCommand`, `JoinCommand`, `RaiseAckedCommand`);
+`writes.plan` turns commands into one `Plan`: the KV ops of every command that
+succeeded, the metadata they leave, and one outcome per command (its result, or the
+`StoreError` that refused it).
 """
 
 from __future__ import annotations
@@ -167,6 +168,23 @@ class ConfirmCopyCommand:
     final_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class RaiseAckedCommand:
+    """Acked indexes the master passes on from leaders that let go of their segments
+    (`StoreHeartbeatReply.leader_acked`): each segment held and not fenced past its
+    epoch keeps max(kept, min(acked index, matched index)), as the leader's Write
+    would have; the others are left as they are."""
+
+    raised: tuple[tuple[SegmentKey, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AckedRaised:
+    """The segments whose acked index a `RaiseAckedCommand` raised."""
+
+    raised: tuple[SegmentKey, ...]
+
+
 Command = (
     WriteCommand
     | SealCommand
@@ -177,8 +195,10 @@ Command = (
     | KeepRecordsCommand
     | KeepClusterViewCommand
     | JoinCommand
+    | RaiseAckedCommand
 )
-Outcome = (
+# What a command that succeeded answers.
+Result = (
     WriteResult
     | SealResult
     | DeleteResult
@@ -186,8 +206,9 @@ Outcome = (
     | RecordsKept
     | ClusterViewKept
     | Joined
-    | StoreError
+    | AckedRaised
 )
+Outcome = Result | StoreError
 
 
 @dataclass(frozen=True, slots=True)

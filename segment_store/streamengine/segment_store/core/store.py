@@ -27,15 +27,12 @@ from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.segment_store.core import writes
 from streamengine.segment_store.core.catalog import StoreCatalog
 from streamengine.segment_store.core.commands import (
-    AuthorityKept,
-    ClusterViewKept,
     Command,
     ConfirmCopyCommand,
     DeleteCommand,
     DeleteResult,
-    Joined,
     Plan,
-    RecordsKept,
+    Result,
     SealCommand,
     SealResult,
     SegmentKey,
@@ -90,17 +87,7 @@ class SegmentStoreCore:
         self.write_plan(plan, sync)
         self.publish(plan)
 
-    def execute(
-        self, command: Command, sync: bool = True
-    ) -> (
-        WriteResult
-        | SealResult
-        | DeleteResult
-        | AuthorityKept
-        | RecordsKept
-        | ClusterViewKept
-        | Joined
-    ):
+    def execute(self, command: Command, sync: bool = True) -> Result:
         plan = self.plan([command])
         self.apply(plan, sync)
         outcome = plan.outcomes[0]

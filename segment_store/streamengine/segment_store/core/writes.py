@@ -20,6 +20,9 @@ Rules (docs/design.md, "The segment store"):
 - once the acked index reaches a bridge, the copies past the first such bridge are
   dropped in the same batch (the bridge is the segment's final index);
 - the fence only rises (seal), and a seal below it is refused;
+- an acked index the master passes on from a leader that let go
+  (`RaiseAckedCommand`) is kept as a leader's Write's is, only in a segment held and
+  not fenced past its epoch (a copy or a recovery decides the acked index of those);
 - a segment copy's acked index rises only once the copy is verified, and only while
   it still holds its fence (`ConfirmCopyCommand`, see `copy_rules`);
 - a refill in place drops every copy of the segment first, never its fence
@@ -38,6 +41,12 @@ Whether a write or seal may happen at all (its grant, its caller) is decided bef
 becomes a command (`core.authority`).
 Entries and the metadata that covers them are in the same KV batch, so a restart
 recovers every segment's fence, matched and acked index exactly.
+
+Why one long module: every command is planned over the same overlay of the plan so
+far (`_Work`: the metas, the copies written, the ranges dropped), and the rules above
+meet in it (a write's acked index drops the copies past a bridge; a delete, a drop of
+copies and a later write of one plan must see each other). Split, each part would
+reach into the others' overlay.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ from streamengine.protocol.segment_records import (
 )
 from streamengine.segment_store.core.catalog import StoreCatalog
 from streamengine.segment_store.core.commands import (
+    AckedRaised,
     AuthorityKept,
     ClusterViewKept,
     Command,
@@ -82,6 +92,7 @@ from streamengine.segment_store.core.commands import (
     KeepRecordsCommand,
     Outcome,
     Plan,
+    RaiseAckedCommand,
     RecordsKept,
     SealCommand,
     SealResult,
@@ -275,6 +286,8 @@ def plan(kv: KV, catalog: StoreCatalog, commands: Iterable[Command], entry_bytes
                 outcome = ClusterViewKept()
             elif isinstance(command, JoinCommand):
                 outcome = _plan_join(command, work)
+            elif isinstance(command, RaiseAckedCommand):
+                outcome = _plan_raise_acked(command, work)
             else:
                 outcome = _plan_delete(command, work)
         except StoreError as error:
@@ -283,7 +296,11 @@ def plan(kv: KV, catalog: StoreCatalog, commands: Iterable[Command], entry_bytes
             outcome = StoredCopyCorrupt(str(error))
             assert not isinstance(
                 command,
-                KeepAuthorityCommand | KeepRecordsCommand | KeepClusterViewCommand | JoinCommand,
+                KeepAuthorityCommand
+                | KeepRecordsCommand
+                | KeepClusterViewCommand
+                | JoinCommand
+                | RaiseAckedCommand,
             ), "it reads no entry"
             catalog.mark_damaged(command.segment)
         if isinstance(command, ConfirmCopyCommand | DeleteCommand) and not isinstance(
@@ -476,6 +493,23 @@ def _drop_past_final_bridge(segment: SegmentKey, meta: SegmentMeta, work: _Work)
     )
     assert dropped.payload_bytes >= 0 and dropped.entries >= 0, (meta, sizes)
     return dropped
+
+
+def _plan_raise_acked(command: RaiseAckedCommand, work: _Work) -> AckedRaised:
+    for segment, _ in command.raised:
+        check_segment(segment)
+    raised: list[SegmentKey] = []
+    for segment, acked_index in command.raised:
+        old = work.meta(segment)
+        if old is None or old.fence > segment.epoch:
+            continue
+        acked = max(old.acked_index, min(acked_index, old.matched_index))
+        if acked == old.acked_index:
+            continue
+        new = _drop_past_final_bridge(segment, dataclasses.replace(old, acked_index=acked), work)
+        work.metas[segment] = new
+        raised.append(segment)
+    return AckedRaised(tuple(raised))
 
 
 def _plan_seal(command: SealCommand, work: _Work) -> SealResult:
