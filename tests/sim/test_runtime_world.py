@@ -130,6 +130,9 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
 REBUILT_FROM_ONE_EMPTY_STORE = 2092
 # N=1 on one store, the metadata lost at 5.1 s: no record of any stream on the store.
 NO_RECORD_ON_ANY_STORE = 2499
+# N=2 W=1, three masters on etcd, Spark jobs: a write task acked its rows on store1,
+# which crashed before it heard the acked index, while store0 was down.
+RELEASED_WHILE_STORES_WERE_DOWN = 227
 # N=1 on three stores, the metadata lost and rebuilt, Spark jobs: a leader's recovery of
 # a segment a rival sealed first, under the grant a restarted master renewed without it.
 # The SDK's reads joining the Spark jobs moved its schedule, and no seed of 300..5999
@@ -199,6 +202,9 @@ FLAWED = [
     # asked one that missed the bridge again at once, for ever: the last scans never
     # ended (seed 377 found it first).
     ("chunk_answered_by_acked", 122, 0),
+    # The master keeps a closing writer's acked index to itself: a Spark write task's
+    # rows, acked on a store that crashed before it heard the index, stay unread.
+    ("release_acked_untold", RELEASED_WHILE_STORES_WERE_DOWN, 1),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -390,6 +396,18 @@ def test_seed_432_a_segment_no_record_reached_is_rebuilt_on_every_member_its_gra
     replica)."""
     result = run_seed(432, overrides=AS_FOUND)
     assert result.config.metadata_lost and result.config.wipes and result.ok, _failure(result)
+
+
+def test_seed_227_a_closing_writers_acked_index_reaches_its_stores_through_the_master() -> None:
+    """N=2 W=1 on two stores, three masters on etcd: a Spark write task acked its 32
+    rows on store1, which crashed with its power before it heard the acked index, while
+    store0 was down; the task's writer closed, its flush gave up, and nobody led the
+    sink again. The writer hands the acked index over with its lease, the active master
+    keeps it with the segment's record (two failovers later, the master serving then
+    still owes it) and tells store1 once it is back: the rows are read."""
+    result = run_seed(RELEASED_WHILE_STORES_WERE_DOWN)
+    assert result.config.analytics and result.config.masters == 3, result.summary()
+    assert result.ok, _failure(result)
 
 
 def test_seed_2092_a_rebuild_waits_for_every_store_a_cluster_view_lists() -> None:
@@ -616,4 +634,3 @@ def test_spark_jobs_scan_follow_and_write_through_the_shipped_data_source() -> N
     )
     for made in checked:
         assert result.stats.get(made, 0) > 0, (made, result.stats)
-

@@ -350,14 +350,15 @@ class Analyst:
                 if stream not in self.world.removed:
                     await self._retried(lambda stream=stream: self._scan_all(stream))  # type: ignore[misc]
             if self.sink_created:
+                await self._retried(self._check_sink)
                 await self._retried(self._lead_sink)
                 await self._retried(self._check_sink)
 
     async def _lead_sink(self) -> None:
-        """Lead the sink once and append a marker, as the world's streams' leaders do
-        once it converged: a write task whose writer closed while no store could be told
-        its acked index left its rows unread until a writer leads the sink again (seed
-        227; docs/design.md, Known gaps)."""
+        """Lead the sink once more and append a marker through the SDK's synchronous
+        writer, once the sink was found whole without it: a write task whose writer
+        closed while no store could be told its acked index hands it to the master,
+        which tells the stores (seed 227)."""
         marker = _WriteJob("marker", [f"a:marker:{len(self.writes)}".encode()])
         self.writes.append(marker)
         address = self.world.masters.address
@@ -494,8 +495,7 @@ def _create_sink(master: str, replicas: int, write_quorum: int) -> None:
 
 
 def _append_marker(master: str, payload: bytes) -> None:
-    """`payload` appended to the sink through the SDK's synchronous writer: leading it
-    seals what earlier writers left open."""
+    """`payload` appended to the sink through the SDK's synchronous writer."""
     with SyncStreamClient(master) as client, client.writer(SINK) as writer:
         writer.append(payload)
         writer.flush()

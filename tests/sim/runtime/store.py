@@ -179,6 +179,7 @@ class SimStore:
             keep_records=context.keep_records,
             join=self._joining(core, context),
             keep_cluster_view=context.keep_cluster_view,
+            raise_acked=context.raise_acked,
         )
 
     def _joining(

@@ -115,6 +115,7 @@ from streamengine.client.writer import Writer
 from streamengine.master import replies, service_tokens
 from streamengine.master.core import listing
 from streamengine.master.core import rebuild as rebuild_core
+from streamengine.master.core.leader_acked import LeaderAckedOwed
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.leadership import Leadership, SessionRenewal
@@ -194,7 +195,10 @@ from tests.sim.writer_node import ProducerOutbox
 # `bridge_short_everywhere`: a Spark range planned from an open segment takes a bridge
 # in it for a replica holding less (`analytics.Analyst`: a loss nobody declared);
 # `chunk_answered_by_acked`: a certified Spark read takes a replica's acked entries for
-# what it serves, verified or not (the last scans never end).
+# what it serves, verified or not (the last scans never end);
+# `release_acked_untold`: the master keeps the acked index a closing writer gives back
+# to itself, so events acked on stores that never heard it stay unread until a writer
+# leads the stream again (`analytics.Analyst`'s sink: seed 227).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -214,6 +218,7 @@ RUNTIME_FLAWS = (
     "rebuild_without_cards",
     "bridge_short_everywhere",
     "chunk_answered_by_acked",
+    "release_acked_untold",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2810,6 +2815,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(spark, "_certified_answer", lambda check, _: check.next_index - 1)
             )
+        if "release_acked_untold" in flaws:
+            stack.enter_context(mock.patch.object(LeaderAckedOwed, "to_tell", lambda *args: []))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -2823,6 +2830,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
 
 
 _READY = rebuild_core.ready
+
+
 def _ready_once_answered(
     registered: Any,
     answered: Any,
@@ -2836,6 +2845,8 @@ def _ready_once_answered(
     """`rebuild.ready` as it was: any store's answer will do, one with a new disk too."""
     answered = set(answered)
     return _READY(registered, answered, named, now_ms, deadline_ms, earliest_ms, joined=answered)
+
+
 def _short_at_any_bridge(
     part: spark.SegmentRange, reply: segment_store_pb2.ReadReply, next_index: int
 ) -> tuple[pa.RecordBatch | None, int]:
