@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import contextvars
 import datetime
 import hashlib
 import ipaddress
@@ -75,7 +76,6 @@ CERT_CHARS_MAX = 8192
 
 class ProofRefused(Exception):
     """The caller sent a certificate proof that does not hold."""
-
 
 
 def _signed_bytes(audience: str, issued_ms: int) -> bytes:
@@ -256,9 +256,8 @@ def principal_of_peer_certificate(der: bytes | None) -> auth.Principal:
     if not der:
         return auth.ANONYMOUS
     certificate = x509.load_der_x509_certificate(der)
-    if _server_identity is not None and _server_identity.revocations.refusal(
-        certificate.serial_number
-    ):
+    server = _current()
+    if server is not None and server.revocations.refusal(certificate.serial_number):
         return auth.ANONYMOUS
     uris, common_name = _names(certificate)
     return auth.identity_from_auth_context(_auth_context(uris, common_name))
@@ -285,13 +284,25 @@ def metadata_dict(metadata: Iterable[Any] | None) -> dict[str, str]:
     return entries
 
 
-# The identity of this server process, set once at start by a TLS server.
-_server_identity: ServerIdentity | None = None
+# The identity of this server, set once at start by a TLS server (None: plaintext):
+# held for the tasks started from then on (those of the server's `start`, whose
+# handlers run in them), and as the process's, for threads, which start from an empty
+# context (an HTTPS server's). One server per process, as shipped, the two agree; the
+# simulator runs many servers in one process, each its tasks with its own identity.
+_installed: contextvars.ContextVar[ServerIdentity | None] = contextvars.ContextVar(
+    "streamengine_server_identity"
+)
+_process_identity: ServerIdentity | None = None
 
 
 def install(server_identity: ServerIdentity | None) -> None:
-    global _server_identity
-    _server_identity = server_identity
+    global _process_identity
+    _process_identity = server_identity
+    _installed.set(server_identity)
+
+
+def _current() -> ServerIdentity | None:
+    return _installed.get(_process_identity)
 
 
 def caller_identity(context: Any) -> auth.Principal:
@@ -300,22 +311,23 @@ def caller_identity(context: Any) -> auth.Principal:
     security = context.auth_context().get("transport_security_type", [b""])
     if not security or security[0] != b"ssl":
         return auth.INSECURE
-    assert _server_identity is not None, "a TLS server installs its identity at start"
     return principal_of_metadata(context.invocation_metadata() or ())
 
 
 def principal_of_metadata(metadata: Sequence[Any]) -> auth.Principal:
-    assert _server_identity is not None
-    return _server_identity.principal(metadata_dict(metadata), wall_ms())
+    server = _current()
+    assert server is not None, "a TLS server installs its identity at start"
+    return server.principal(metadata_dict(metadata), wall_ms())
 
 
 def take_revocations(revocations: CertRevocations) -> None:
     """The certificates this server refuses from now on, as the master keeps them
     (nothing to do on a plaintext server: it proves nobody)."""
-    if _server_identity is not None:
-        _server_identity.revocations = revocations
+    server = _current()
+    if server is not None:
+        server.revocations = revocations
 
 
 def server_identity() -> ServerIdentity | None:
     """This TLS server's identity (None: plaintext)."""
-    return _server_identity
+    return _current()

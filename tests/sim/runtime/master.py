@@ -59,6 +59,7 @@ from streamengine.master.server import (
 )
 from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
+from streamengine.protocol import identity, transport
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
@@ -116,8 +117,10 @@ class SimMaster:
         delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
         console: bool = False,
         disk: Path | None = None,
+        certs_dir: Path | None = None,
     ) -> None:
         self.network = network
+        self.certs_dir = certs_dir  # `--certs-dir`: TLS, and the members' certificate
         self.name = name
         self.address = f"{name}:1"
         self.lease_ms = lease_ms
@@ -193,12 +196,15 @@ class SimMaster:
         catalog = Catalog(self.metadata)
         self.state = state = self._state(catalog, rebuilding)
         role = MasterRole(self.address)
-        server, health_servicer, service = _served(self.network, self.name, self.address, role)
+        server, health_servicer, service = _served(
+            self.network, self.name, self.address, role, self.certs_dir
+        )
         self.server = server
         self.console = StampedConsole() if self.serves_console else None
         self.registry = service.calls.metrics.registry
         await server.start()
-        repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
+        members = _members(self.certs_dir)
+        repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms, members)
         service.calls.rebuilding = rebuilding
         role.activate(state, repairer, until_ms=FOREVER_MS)
         for name in ("", MASTER_SERVICE):
@@ -208,12 +214,10 @@ class SimMaster:
             async with asyncio.TaskGroup() as group:
                 group.create_task(_update_gauges(service, self.console))
                 if rebuilding:
-                    rebuilt = await Rebuilder(
-                        state, Transport(), REBUILD_WAIT_S_DEFAULT, wall_ms
-                    ).run()
+                    rebuilt = await Rebuilder(state, members, REBUILD_WAIT_S_DEFAULT, wall_ms).run()
                     commit_rebuilt(catalog, rebuilt)
                     self.state = state = self._state(catalog)
-                    repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms)
+                    repairer = Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms, members)
                     role.activate(state, repairer, until_ms=FOREVER_MS)
                     service.calls.rebuilding = False
                     self.rebuilding = False
@@ -226,17 +230,27 @@ class SimMaster:
             await server.stop(None)
 
 
+def _members(certs_dir: Path | None) -> Transport:
+    return transport.PLAINTEXT if certs_dir is None else Transport.for_node(certs_dir)
+
+
 def _served(
-    network: SimNetwork, name: str, address: str, role: MasterRole
+    network: SimNetwork, name: str, address: str, role: MasterRole, certs_dir: Path | None
 ) -> tuple[SimServer, health.aio.HealthServicer, MasterService]:
     """The master's server as `server._serve` builds it, its health service and the
-    master's service."""
+    master's service (TLS given `certs_dir`: its replies to stores signed, its identity
+    installed for the calls it serves)."""
+    members = _members(certs_dir)
     server = SimServer(network, name, [RequestParsing()])
-    service = MasterService(role, wall_ms, Metrics.create())
+    signer = identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
+    service = MasterService(role, wall_ms, Metrics.create(), signer)
     service.add_to_server(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    server.add_insecure_port(address)
+    if certs_dir is None:
+        server.add_insecure_port(address)
+    else:
+        identity.install(transport.add_server_port(server, address, certs_dir))
     return server, health_servicer, service
 
 
@@ -253,8 +267,11 @@ class SimElectedMaster(SimProcess):
         election_ttl_s: int = ELECTION_TTL_S_DEFAULT,
         delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
         console: bool = False,
+        certs_dir: Path | None = None,
     ) -> None:
         super().__init__()
+        self.certs_dir = certs_dir
+        self.server: SimServer | None = None  # while it serves
         self.network = network
         self.name = name
         self.address = f"{name}:1"
@@ -304,7 +321,11 @@ class SimElectedMaster(SimProcess):
     async def serve(self) -> None:
         """One incarnation of the process, as `server._serve` with `_etcd_master`."""
         self.role = role = MasterRole(self.address)
-        server, health_servicer, service = _served(self.network, self.name, self.address, role)
+        server, health_servicer, service = _served(
+            self.network, self.name, self.address, role, self.certs_dir
+        )
+        self.server = server
+        members = _members(self.certs_dir)
         self.console = StampedConsole() if self.serves_console else None
         self.registry = service.calls.metrics.registry
         client = EtcdClient(parse_etcd_url(self.etcd_url))
@@ -316,7 +337,7 @@ class SimElectedMaster(SimProcess):
             metadata,
             health_servicer,
             self._load_state,
-            lambda state: Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms),
+            lambda state: Repairer(state, REPAIR_CONCURRENCY_DEFAULT, wall_ms, members),
         )
         await server.start()
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

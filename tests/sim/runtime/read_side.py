@@ -47,7 +47,6 @@ from streamengine.master.core.summary import STATUS_STREAMS_MAX
 from streamengine.protocol.auth import INSECURE
 from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.status_view import status_dict
-from streamengine.protocol.transport import Transport
 from streamengine.v1 import master_pb2
 from tests.sim.checkers import CatalogChecker, Shown, Violation
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
@@ -197,8 +196,8 @@ class ReadSide:
     def _client(self, token: str) -> StreamClient:
         address = self.world.masters.address
         if not token:
-            return StreamClient(address)
-        return StreamClient.from_transport(address, Transport(token=token))
+            return self.world.client()
+        return StreamClient.from_transport(address, self.world.tenant_transport(token))
 
     @staticmethod
     def _as(tenant: str) -> str:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from streamengine.protocol import identity, transport
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store.core.authority import StoreAuthority
@@ -69,6 +70,7 @@ class SimStore:
         fsync: bool = True,
         scrub_recheck_ms: int = 0,
         disk: Path | None = None,
+        certs_dir: Path | None = None,
     ) -> None:
         assert master_address is None or data_dir is not None, "a master link needs a dir"
         self.network = network
@@ -85,6 +87,13 @@ class SimStore:
         self.scrub_recheck_ms = scrub_recheck_ms
         self.scrubber: Scrubber | None = None
         self.disk = disk
+        # Given: it serves TLS with the node certificate of this dir and calls the
+        # other members with it (`--certs-dir`); its server identity while it runs.
+        self.certs_dir = certs_dir
+        self.members = (
+            transport.PLAINTEXT if certs_dir is None else transport.Transport.for_node(certs_dir)
+        )
+        self.server_identity: identity.ServerIdentity | None = None
         self.kv: KV = MemoryKV() if disk is None else RocksKV(disk)
         self._served_once = False
         self.serving = asyncio.Event()
@@ -111,7 +120,9 @@ class SimStore:
         committer = GroupCommitter(core, self.fsync, published, sync_clock_s=loop_clock_s)
         authority = StoreAuthority(self.store_id, None, self.trusted_keys)
         self.core = core
-        self.context = context = StoreContext(core, committer, watch, self.config, authority)
+        self.context = context = StoreContext(
+            core, committer, watch, self.config, authority, self.members
+        )
         self.scrubber = None
         if self.scrub_recheck_ms and self.master_address is not None:
             self.scrubber = Scrubber(core, context.in_thread, SCRUB_MB_PER_S_DEFAULT)
@@ -120,10 +131,17 @@ class SimStore:
             )
         self.server = SimServer(self.network, self.store_id, [RequestParsing()])
         add_to_server(context, self.server)
-        self.server.add_insecure_port(self.address)
+        ssl_context = None
+        if self.certs_dir is None:
+            self.server.add_insecure_port(self.address)
+        else:
+            # As `server.serve`: this process's identity, then the data plane's TLS.
+            identity.install(transport.add_server_port(self.server, self.address, self.certs_dir))
+            self.server_identity = identity.server_identity()
+            ssl_context = transport.server_ssl_context(self.certs_dir)
         await self.server.start()
         data = data_server(context)
-        port = await data.start(self.data_address, None)
+        port = await data.start(self.data_address, ssl_context)
         assert self.data_address.endswith(f":{port}"), (self.data_address, port)
         self.serving.set()
         try:
@@ -175,6 +193,8 @@ class SimStore:
             context.authority,
             context.keep_authority,
             context.quota,
+            self.members,
+            self.server_identity,
             scrubber=self.scrubber,
             keep_records=context.keep_records,
             join=self._joining(core, context),

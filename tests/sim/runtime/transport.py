@@ -69,6 +69,8 @@ import contextvars
 import errno
 import inspect
 import logging
+import ssl
+import weakref
 from collections import deque
 from collections.abc import (
     AsyncIterator,
@@ -83,9 +85,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from streamengine.master import etcd
-from streamengine.protocol import framed, transport
+from streamengine.protocol import framed, identity, transport
 from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime import blocking
 from tests.sim.runtime.loop import SimLoop
@@ -104,6 +108,17 @@ PLAINTEXT_AUTH_CONTEXT: dict[str, list[bytes]] = {
     "transport_security_type": [b"insecure"],
     "security_level": [b"TSI_SECURITY_NONE"],
 }
+# What grpc's auth context says of a call over TLS without a client certificate in the
+# handshake (servers ask for none: `transport.server_credentials`).
+TLS_AUTH_CONTEXT: dict[str, list[bytes]] = {
+    "transport_security_type": [b"ssl"],
+    "security_level": [b"TSI_PRIVACY_AND_INTEGRITY"],
+    "ssl_session_reused": [b"false"],
+}
+# What grpc-core says when a channel and its server disagree on TLS (the words
+# `transport.tls_problem` reads).
+PLAINTEXT_TO_TLS = "Socket closed"
+TLS_TO_PLAINTEXT = "Tls handshake failed: WRONG_VERSION_NUMBER"
 
 Metadata = tuple[tuple[str, str | bytes], ...]
 if TYPE_CHECKING:
@@ -111,10 +126,13 @@ if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
 
 
-def node_context(node: str, incarnation: Incarnation | None = None) -> contextvars.Context:
+def node_context(
+    node: str, incarnation: Incarnation | None = None, base: contextvars.Context | None = None
+) -> contextvars.Context:
     """A context whose tasks run as `node` (in a new process unless `incarnation` is
-    given): pass it to `create_task(..., context=)`."""
-    context = contextvars.copy_context()
+    given): pass it to `create_task(..., context=)`. A copy of `base` when given (a
+    server's handlers: the context it started in), else of the current one."""
+    context = (base or contextvars.copy_context()).copy()
     context.run(CURRENT_NODE.set, node)
     context.run(CURRENT_INCARNATION.set, incarnation or Incarnation(node))
     return context
@@ -222,6 +240,7 @@ class SimNetwork:
         # (caller's node, method) -> how many of its next answers are lost: the server
         # handled the call, and its caller sees the connection reset.
         self._answers_to_lose: dict[tuple[str, str], int] = {}
+        self._proofs: dict[tuple[bytes, bytes], identity.CertificateProof] = {}
         # A blocking call blocks the caller's node: the loop tells nodes apart by this.
         loop.node_var = CURRENT_NODE
 
@@ -237,10 +256,16 @@ class SimNetwork:
         # through two seams shaped as `asyncio.open_connection`/`asyncio.start_server`.
         framed.open_connection = self.open_connection  # type: ignore[assignment]
         framed.start_server = self.start_server  # type: ignore[assignment]
+        # The data plane's handshake presents the certificate its ssl context holds.
+        load_chain = transport._load_chain
+        transport._load_chain = _presenting(load_chain)
+        saved_identity = identity._process_identity
         try:
             with blocking.installed(self):
                 yield self
         finally:
+            transport._load_chain = load_chain
+            identity._process_identity = saved_identity
             transport.aio_channel_factory = None
             etcd.aio_channel_factory = etcd.channel_factory = None
             framed.open_connection = asyncio.open_connection
@@ -253,7 +278,16 @@ class SimNetwork:
         if credentials.token:
             # What `access_token_call_credentials` adds to every call.
             metadata = (("authorization", f"Bearer {credentials.token}"),)
-        return SimChannel(self, CURRENT_NODE.get(), address, metadata)
+        proof = None
+        if credentials.cert_pem:
+            # What `metadata_call_credentials(CertificateProof(...))` adds to every call.
+            key = (credentials.cert_pem, credentials.key_pem)
+            proof = self._proofs.get(key)
+            if proof is None:
+                proof = self._proofs[key] = identity.CertificateProof(*key)
+        return SimChannel(
+            self, CURRENT_NODE.get(), address, metadata, tls=credentials.tls, proof=proof
+        )
 
     def etcd_channel_for(self, address: str) -> grpc.aio.Channel:
         return SimChannel(self, CURRENT_NODE.get(), address)
@@ -337,6 +371,15 @@ class SimNetwork:
                 _Status(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {call.address}: {why}"),
             )
             return
+        if server.tls != call.channel.tls:
+            # The handshake fails: grpc says so in words of its own.
+            why = PLAINTEXT_TO_TLS if server.tls else TLS_TO_PLAINTEXT
+            self.loop.call_later(
+                self.delay_s(),
+                call.finish,
+                _Status(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {call.address}: {why}"),
+            )
+            return
         self._next_exchange += 1
         exchange = _Exchange(self, self._next_exchange, call, server)
         self._exchanges[exchange.number] = exchange
@@ -409,8 +452,9 @@ class SimNetwork:
         ssl: object = None,
         **kwargs: Any,
     ) -> SimStreamServer:
-        """`asyncio.start_server` as the current node: port 0 (or None) takes a free one."""
-        _refuse_tls(ssl)
+        """`asyncio.start_server` as the current node: port 0 (or None) takes a free one.
+        Given an ssl context, its connections are TLS: a client that does not start TLS
+        is reset at its first bytes, one that does presents its certificate."""
         if host in (None, "", "0.0.0.0", "::"):
             host = CURRENT_NODE.get()
         if not port:
@@ -419,7 +463,7 @@ class SimNetwork:
         address = f"{host}:{port}"
         if address in self.stream_servers or address in self.servers:
             raise OSError(errno.EADDRINUSE, f"address already in use: {address}")
-        server = SimStreamServer(self, address, client_connected_cb)
+        server = SimStreamServer(self, address, client_connected_cb, ssl not in (None, False))
         self.stream_servers[address] = server
         return server
 
@@ -656,7 +700,7 @@ class _ClientCall:
         self.exchange: _Exchange | None = None
         loop = self.network.loop
         self._deadline_s = None if timeout is None else loop.time() + timeout
-        self._metadata = (*channel.metadata, *metadata)
+        self._metadata = (*channel.call_metadata(method), *metadata)
         self._responses: deque[bytes] = deque()
         self._status: _Status | None = None
         self._cancelled_locally = False
@@ -832,6 +876,12 @@ class _ClientCall:
         self._feeder = asyncio.get_running_loop().create_task(write_all())
 
 
+@dataclass(frozen=True)
+class _AuthMetadataContext(grpc.AuthMetadataContext):
+    service_url: str
+    method_name: str
+
+
 class _MultiCallable:
     """`channel.unary_unary(...)` and its three siblings: calling it starts a call."""
 
@@ -879,18 +929,45 @@ class SimChannel(grpc.aio.Channel):
     """A channel from one node to one address on a `SimNetwork`."""
 
     def __init__(
-        self, network: SimNetwork, client_node: str, address: str, metadata: Metadata = ()
+        self,
+        network: SimNetwork,
+        client_node: str,
+        address: str,
+        metadata: Metadata = (),
+        tls: bool = False,
+        proof: grpc.AuthMetadataPlugin | None = None,
     ) -> None:
         self.network = network
         self.client_node = client_node
         self.address = address
         self.metadata = metadata
+        self.tls = tls
+        self.proof = proof  # the channel's call credentials' plugin
         self.closed = False
         # Calls in progress, in the order they started (a dict: an ordered set).
         self.calls: dict[_ClientCall, None] = {}
 
     def _callable(self, method: str, serialize: Any, deserialize: Any, unary_request: bool) -> Any:
         return _MultiCallable(self, method, serialize, deserialize, unary_request)
+
+    def call_metadata(self, method: str) -> Metadata:
+        """What a call of `method` carries from the channel: its token, and what its
+        plugin adds, asked as grpc asks it (`service_url`: `https://host:port/Service`,
+        the address dialed, at the call's start)."""
+        if self.proof is None:
+            return self.metadata
+        service, _, name = method.rpartition("/")
+        added: list[tuple[str, str | bytes]] = []
+
+        def callback(metadata: Any, error: Exception | None) -> None:
+            if error is not None:
+                raise error
+            added.extend(metadata)
+
+        self.proof(
+            _AuthMetadataContext(f"https://{self.address}{service}", name), cast(Any, callback)
+        )
+        return (*self.metadata, *added)
 
     def unary_unary(
         self,
@@ -1108,7 +1185,7 @@ class SimServicerContext:
         return None
 
     def auth_context(self) -> dict[str, list[bytes]]:
-        return dict(PLAINTEXT_AUTH_CONTEXT)
+        return dict(TLS_AUTH_CONTEXT if self._handling.server.tls else PLAINTEXT_AUTH_CONTEXT)
 
     def time_remaining(self) -> float | None:
         if self._start.deadline_s is None:
@@ -1256,6 +1333,10 @@ class SimServer(grpc.aio.Server):
         self.interceptors = tuple(interceptors)
         self.addresses: list[str] = []
         self.serving = False
+        self.tls = False  # its ports serve TLS (`add_secure_port`)
+        # The context it started in, where its handlers run (with what the process
+        # set before: its `identity.install`).
+        self._context: contextvars.Context | None = None
         # Calls being handled, in the order they arrived.
         self.handlings: dict[int, _Handling] = {}
         self._handled = 0
@@ -1276,13 +1357,18 @@ class SimServer(grpc.aio.Server):
             self._methods[f"/{service}/{name}"] = handler
 
     def add_insecure_port(self, address: str) -> int:
+        assert not self.tls, "one server, plaintext or TLS"
         self.addresses.append(address)
         return int(address.rpartition(":")[2] or 0) or 1
 
     def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
-        raise NotImplementedError("TLS is not simulated yet (tests/sim/runtime/README.md)")
+        assert self.tls or not self.addresses, "one server, plaintext or TLS"
+        self.tls = True
+        self.addresses.append(address)
+        return int(address.rpartition(":")[2] or 0) or 1
 
     async def start(self) -> None:
+        self._context = contextvars.copy_context()
         for address in self.addresses:
             assert address not in self.network.servers, f"{address} is served already"
             self.network.servers[address] = self
@@ -1327,7 +1413,7 @@ class SimServer(grpc.aio.Server):
         number = self._handled
         self.handlings[number] = handling
         loop = self.network.loop
-        context = node_context(self.node, self._incarnation)
+        context = node_context(self.node, self._incarnation, self._context)
         handling.task = loop.create_task(handling.run(), context=context)
         handling.task.add_done_callback(lambda _: self.handlings.pop(number, None))
         if start.deadline_s is not None:
@@ -1336,6 +1422,12 @@ class SimServer(grpc.aio.Server):
 
     def answer_at_once(self, client_node: str, start: _Start) -> tuple[_Status, bytes | None]:
         """A blocking unary call's handling, to its end in this step (module doc)."""
+        assert start.request is not None
+        if self._context is not None:
+            return self._context.copy().run(self._answer_at_once, client_node, start)
+        return self._answer_at_once(client_node, start)
+
+    def _answer_at_once(self, client_node: str, start: _Start) -> tuple[_Status, bytes | None]:
         assert start.request is not None
         handling = _Handling(self, None, client_node, start)
         context = SimServicerContext(handling, start)
@@ -1355,7 +1447,9 @@ class SimServer(grpc.aio.Server):
         serialize = handler.response_serializer
         raw = response if serialize is None else serialize(response)
         assert isinstance(raw, bytes), f"{start.method}: a response is bytes"
-        return _Status(context._code or grpc.StatusCode.OK, context._details), raw
+        return _Status(
+            context._code or grpc.StatusCode.OK, context._details, context._trailing
+        ), raw
 
     async def lookup(self, start: _Start) -> Handler | None:
         details = _HandlerCallDetails(start.method, start.metadata)
@@ -1457,6 +1551,33 @@ def start_node(
     return task
 
 
+# The certificate each data-plane ssl context presents in its handshakes (DER).
+_PRESENTED: weakref.WeakKeyDictionary[ssl.SSLContext, bytes] = weakref.WeakKeyDictionary()
+
+
+def _presenting(load_chain: Callable[..., None]) -> Callable[..., None]:
+    """`transport._load_chain`, remembering the certificate each context is given."""
+
+    def loading(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
+        load_chain(context, cert_pem, key_pem)
+        certificate = x509.load_pem_x509_certificate(cert_pem)
+        _PRESENTED[context] = certificate.public_bytes(serialization.Encoding.DER)
+
+    return loading
+
+
+class _SimSSLObject:
+    """What a TLS connection's `ssl_object` tells of its peer."""
+
+    def __init__(self, peer_cert: bytes | None) -> None:
+        self._peer_cert = peer_cert
+
+    def getpeercert(self, binary_form: bool = False) -> Any:
+        if binary_form:
+            return self._peer_cert
+        return {} if self._peer_cert else None
+
+
 def _refuse_tls(ssl: object) -> None:
     if ssl not in (None, False):
         raise NotImplementedError("TLS is not simulated yet (tests/sim/runtime/README.md)")
@@ -1545,6 +1666,10 @@ class _Connection:
         self.network = network
         self.number = number
         self.state = "open"  # "silent": cut, unannounced; "reset": both ends told
+        # Its server serves TLS; the client started TLS, presenting this certificate.
+        self.server_tls = False
+        self.tls = False
+        self.client_cert: bytes | None = None
         self.client = _End(self, *client, peer_address=server[2])
         self.server = _End(self, *server, peer_address=client[2])
         self.client.outgoing = self.client.peer_incoming = _Flow(self, self.client, self.server)
@@ -1718,17 +1843,45 @@ class SimStreamWriter:
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         end = self._end
+        connection = end.connection
+        # The server's end knows the client's certificate; a client's, what it needs
+        # of its own (nothing: it verified the server as it started TLS).
+        peer_cert = connection.client_cert if end is connection.server else None
+        ssl_object = _SimSSLObject(peer_cert) if connection.tls else None
         info: dict[str, Any] = {
             "peername": _host_port(end.peer_address),
             "sockname": _host_port(end.address),
-            "peercert": None,  # plaintext: no TLS in the simulation
+            "peercert": ssl_object.getpeercert() if ssl_object is not None else None,
             "socket": None,
             "sslcontext": None,
-            "ssl_object": None,
+            "ssl_object": ssl_object,
         }
         return info.get(name, default)
 
+    async def start_tls(
+        self,
+        sslcontext: ssl.SSLContext,
+        *,
+        server_hostname: str | None = None,
+        ssl_handshake_timeout: float | None = None,
+        ssl_shutdown_timeout: float | None = None,
+    ) -> None:
+        """The client's handshake, in the instant (its round trips are not simulated):
+        refused by a plaintext server, else presenting the certificate its context
+        holds (`_presenting`)."""
+        connection = self._end.connection
+        if not connection.server_tls:
+            connection.reset("TLS handshake with a plaintext server")
+            raise ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+        connection.tls = True
+        connection.client_cert = _PRESENTED.get(sslcontext)
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        connection = self._end.connection
+        if connection.server_tls and not connection.tls and self._end is connection.client:
+            # Plaintext where the server waits for a TLS hello: it drops the connection.
+            connection.reset("plaintext sent to a TLS server")
+            return
         end = self._end
         if end.fin_sent and not end.closed:
             raise RuntimeError("Cannot call write() after write_eof()")
@@ -1797,8 +1950,10 @@ class SimStreamServer:
         network: SimNetwork,
         address: str,
         client_connected_cb: Callable[[Any, Any], Any],
+        tls: bool = False,
     ) -> None:
         self.network = network
+        self.tls = tls
         self.node = CURRENT_NODE.get()
         self.address = address
         self._incarnation = CURRENT_INCARNATION.get(None)
@@ -1863,6 +2018,7 @@ class SimStreamServer:
 
     def accept(self, connection: _Connection) -> None:
         end = connection.server
+        connection.server_tls = self.tls
         result = self._context.copy().run(
             self._callback, SimStreamReader(end), SimStreamWriter(end)
         )

@@ -153,11 +153,13 @@ from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from tests.faults import badinput
 from tests.sim.checkers import Checker, MasterChecker, Violation, sound_copies
 from tests.sim.network import Faults
+from tests.sim.runtime import secured
 from tests.sim.runtime.analytics import Analyst
 from tests.sim.runtime.etcd import SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.read_side import ReadSide, pages_by_offset
+from tests.sim.runtime.security import ClusterCerts, cluster_certs
 from tests.sim.runtime.store import SimStore
 from tests.sim.runtime.transport import CURRENT_NODE, SimNetwork, node_context
 from tests.sim.world import draws_producers, is_documented_loss, run_outcome
@@ -320,6 +322,12 @@ DESTROY_AHEAD_CHANCE = 0.5
 # index (issue #35, defect 2). How often the world looks for it meanwhile.
 SEAL_INTERRUPT_CHANCE = 0.5
 SEAL_WATCH_MS = 1
+# The share of seeds whose cluster is secured, as `streamengine cluster up` runs one
+# (`WorldConfig.secured`, drawn apart): TLS on every call, the members (stores, masters)
+# and each client process proving a certificate of the cluster's CA on every call (the
+# processes and the operator as admins), tenants their tokens over TLS
+# (`tests.sim.runtime.security`).
+SECURED_SHARE = 0.3
 # The share of seeds (from `INTRUDER_FIRST_SEED` on, drawn apart) where an intruder
 # (node `intruder`) knocks at the shipped servers' front doors every few hundred ms,
 # as the fault suite's S15 does on real processes (`tests.faults.badinput`): writes
@@ -463,6 +471,9 @@ class WorldConfig:
     many: tuple[ManyFollower, ...] = ()
     # Spark jobs reading and writing through the data source (`with_analytics`).
     analytics: bool = False
+    # A secured cluster (`with_security`): TLS, members and admins proving their
+    # certificates on every call, tenants their tokens.
+    secured: bool = False
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -556,7 +567,8 @@ class WorldConfig:
                 safety_ms=CROWD_SAFETY_MS,
             )
         config = config.with_many(random.Random(f"{seed}/subscribe-many"))
-        return config.with_analytics(random.Random(f"{seed}/analytics"))
+        config = config.with_analytics(random.Random(f"{seed}/analytics"))
+        return config.with_security(random.Random(f"{seed}/tls"))
 
     def with_losses(self, losses: random.Random) -> WorldConfig:
         """The situations of lost data, drawn from a generator of their own (so that
@@ -617,6 +629,14 @@ class WorldConfig:
             return self
         return dataclasses.replace(self, analytics=True)
 
+    def with_security(self, draws: random.Random) -> WorldConfig:
+        """A secured cluster (`SECURED_SHARE`), drawn from a generator of its own: the
+        schedule of a seed drawing it stays as it was until something refuses a caller
+        (verifying a proof takes no virtual time). Spark's jobs call plaintext still."""
+        if draws.random() >= SECURED_SHARE or self.analytics:
+            return self
+        return dataclasses.replace(self, secured=True)
+
     def describe(self) -> str:
         f = self.faults
         return (
@@ -662,6 +682,7 @@ class WorldConfig:
                 f" subscribe_many({many.describe()}, drops<={many.drop_ms}ms)" for many in self.many
             )
             + (" spark jobs" if self.analytics else "")
+            + (" secured" if self.secured else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -717,7 +738,11 @@ class Masters:
     (`SimElectedMaster` on `SimEtcd`, each its own process), which `checker` watches."""
 
     def __init__(
-        self, network: SimNetwork, config: WorldConfig, disk_root: Path | None = None
+        self,
+        network: SimNetwork,
+        config: WorldConfig,
+        disk_root: Path | None = None,
+        certs: ClusterCerts | None = None,
     ) -> None:
         lease_ms, store_timeout_ms = config.lease_ms, config.store_timeout_ms
         grace_ms = config.delete_grace_ms
@@ -735,6 +760,7 @@ class Masters:
                     store_timeout_ms,
                     delete_grace_ms=grace_ms,
                     console=config.read_side,
+                    certs_dir=None if certs is None else certs.node_dir(f"m{n}"),
                 )
                 for n in range(1, config.masters + 1)
             ]
@@ -748,6 +774,7 @@ class Masters:
                 grace_ms,
                 console=config.read_side,
                 disk=None if disk_root is None else disk_root / "master",
+                certs_dir=None if certs is None else certs.node_dir("master"),
             )
             self.checker = MasterChecker()
         self.lease_ms = config.lease_ms
@@ -812,7 +839,12 @@ class World:
         self.disk_root: Path | None = None
         if config.rocksdb:
             self.disk_root = Path(tempfile.mkdtemp(prefix="streamengine-sim-", dir=ROCKSDB_ROOT))
-        self.masters = Masters(network, config, self.disk_root)
+        self.certs = cluster_certs() if config.secured else None
+        # A secured store keeps the revoked certificates in its data dir.
+        self.data_root: Path | None = None
+        if self.certs is not None:
+            self.data_root = Path(tempfile.mkdtemp(prefix="streamengine-sim-data-"))
+        self.masters = Masters(network, config, self.disk_root, self.certs)
         if self.masters.etcd is not None:
             self.masters.etcd.txn_observers.append(self._commit_applied)
         self.stores = {
@@ -820,10 +852,11 @@ class World:
                 network,
                 name,
                 master_address=self.masters.address,
-                data_dir=SIM_DATA_DIR,
+                data_dir=SIM_DATA_DIR if self.data_root is None else self.data_root / name,
                 fsync=name not in config.fsync_never,
                 scrub_recheck_ms=SCRUB_RECHECK_MS if config.rot else 0,
                 disk=self._disk(name),
+                certs_dir=None if self.certs is None else self.certs.node_dir(name),
             )
             for name in (f"store{n}" for n in range(config.stores))
         }
@@ -899,6 +932,8 @@ class World:
 
     def close_disks(self) -> None:
         """The run is over: every database is closed and the run's directory removed."""
+        if self.data_root is not None:
+            shutil.rmtree(self.data_root, ignore_errors=True)
         if self.disk_root is None:
             return
         for store in self.stores.values():
@@ -960,6 +995,25 @@ class World:
 
     def _commit_applied(self, *commit: Any) -> None:
         self.check(self.masters.checker.commit_applied, *commit)
+
+    def client(self, process: str = "") -> StreamClient:
+        """A client of the cluster, as the admin: over TLS with client process
+        `process`'s certificate, or the operator's (`client.root`), in a secured one."""
+        if self.certs is None:
+            return StreamClient(self.masters.address)
+        if process:
+            return StreamClient.from_transport(self.masters.address, self.certs.process(process))
+        return StreamClient(self.masters.address, certs_dir=self.certs.admin_dir)
+
+    def tenant_transport(self, token: str) -> Transport:
+        """A tenant's transport: its token (over TLS with the CA, when secured)."""
+        return Transport(token=token) if self.certs is None else self.certs.tenant(token)
+
+    def admin_transport(self) -> Transport:
+        """The operator's transport (`client.root`, when secured)."""
+        if self.certs is None:
+            return Transport()
+        return Transport.for_client(self.certs.admin_dir)
 
     def start(self, node: str, serve: Coroutine[Any, Any, None]) -> None:
         self.nodes[node] = self.group.create_task(serve, context=node_context(node))
@@ -1044,6 +1098,8 @@ class World:
                 self.check(checker.check_complete, self._followers_of(stream))
         if self.violation is None and self.analyst is not None:
             await self._last_spark_jobs(self.analyst)
+        if self.violation is None and self.certs is not None:
+            await secured.probe(self)
 
     async def _last_spark_jobs(self, analyst: Analyst) -> None:
         """Once the world converged, the analyst's last jobs end (`Analyst.final`)."""
@@ -1091,7 +1147,7 @@ class World:
             await wait_until(lambda: bool(masters.active()), SETUP_MS_MAX / 1000, "a master active")
 
     async def _create_streams(self) -> None:
-        async with StreamClient(self.masters.address) as client:
+        async with self.client() as client:
             for stream in self.stream_names:
                 await client.create_stream(
                     stream,
@@ -1103,7 +1159,7 @@ class World:
     async def _create_tokens(self) -> None:
         """A write token of `TOKEN_TENANT` for each client process, as `streamengine
         token create` asks for one."""
-        async with StreamClient(self.masters.address) as client:
+        async with self.client() as client:
             for process in self.processes:
                 request = master_pb2.CreateTokenRequest(
                     tenant=TOKEN_TENANT, role=master_pb2.TOKEN_ROLE_WRITE
@@ -1138,12 +1194,12 @@ class World:
         while self.phase != "stopped":
             try:
                 async with contextlib.AsyncExitStack() as stack:
-                    client = await stack.enter_async_context(StreamClient(self.masters.address))
+                    client = await stack.enter_async_context(self.client(process.name))
                     tenant_client = client
                     if token is not None:
                         tenant_client = await stack.enter_async_context(
                             StreamClient.from_transport(
-                                self.masters.address, Transport(token=token[0])
+                                self.masters.address, self.tenant_transport(token[0])
                             )
                         )
                     tasks = await stack.enter_async_context(asyncio.TaskGroup())
@@ -1401,7 +1457,7 @@ class World:
         while self.phase != "stopped":
             try:
                 async with (
-                    StreamClient(self.masters.address) as client,
+                    self.client() as client,
                     asyncio.TaskGroup() as tasks,
                 ):
                     for stream in self.stream_names:
@@ -1470,7 +1526,7 @@ class World:
         drops = random.Random(f"{self.config.seed}/{name}")
         while self.phase != "stopped":
             try:
-                async with StreamClient(self.masters.address) as client:
+                async with self.client() as client:
                     while self.phase != "stopped":
                         drop_s = drops.randint(1, many.drop_ms) / 1000
                         await self._subscribe_many(name, many, client, positions, drop_s)
@@ -1637,7 +1693,7 @@ class World:
         describe = master_pb2.DescribeStreamRequest(name=stream)
         while in_doubt and self.phase != "stopped":
             await asyncio.sleep(OPERATOR_EVERY_MS / 1000)
-            async with StreamClient(self.masters.address) as client:
+            async with self.client() as client:
                 try:
                     info = await client.master.DescribeStream(describe, timeout=OPERATOR_CALL_S)
                 except grpc.aio.AioRpcError as error:
@@ -1677,7 +1733,7 @@ class World:
         (`retried`: False only while it may be done on a later try); the status of a
         call that failed goes to `codes`."""
         method = type(request).__name__.removesuffix("Request")
-        async with StreamClient(self.masters.address) as client:
+        async with self.client() as client:
             try:
                 reply = await getattr(client.master, method)(request, timeout=OPERATOR_CALL_S)
             except grpc.aio.AioRpcError as error:
@@ -2055,7 +2111,7 @@ class World:
     async def _seal_once(self, stream: str) -> bool:
         """One run of `streamengine seal STREAM --accept-loss --yes`: whether it sealed."""
         try:
-            async with StreamClient(self.masters.address) as client:
+            async with self.client() as client:
                 await client.describe_stream(stream)
                 epoch = await client.seal(stream, timeout_s=SEAL_TIMEOUT_S, accept_loss=True)
                 segments = await client.list_segments(stream)
@@ -2153,7 +2209,7 @@ class World:
         policy = self.config.policy
         while self.phase != "stopped":
             try:
-                async with StreamClient(self.masters.address) as client:
+                async with self.client() as client:
                     info = await client.create_stream(
                         name, replicas=policy.replicas, write_quorum=policy.write_quorum
                     )
@@ -2322,8 +2378,8 @@ class World:
         """Bad input through the front doors, from a generator of its own (the
         `INTRUDER_SHARE` comment)."""
         rng = random.Random(f"{self.config.seed}/intruder")
-        transport = Transport()
-        async with StreamClient(self.masters.address) as client:
+        transport = self.admin_transport()
+        async with self.client() as client:
             while self.phase == "safety":
                 await asyncio.sleep(rng.randint(*INTRUDER_EVERY_MS) / 1000)
                 if self.phase != "safety":
@@ -2355,7 +2411,7 @@ class World:
             for method in master_pb2.DESCRIPTOR.services_by_name["Master"].methods
             if method.name not in STANDBY_CALLS_LEFT_OUT
         ]
-        transport = Transport()
+        transport = self.admin_transport()
         while self.phase == "safety":
             await asyncio.sleep(rng.randint(*INTRUDER_EVERY_MS) / 1000)
             now = wall_ms()
