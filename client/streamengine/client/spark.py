@@ -773,13 +773,18 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     Every index of the range must come back (EVENT or HOLE) from some replica's acked
     entries. A replica that fails is retried with backoff; one that serves less than
     the range (or NOT_FOUND) answered that it holds less. When every replica of a copy
-    set the master still lists said so, the rest is a DataLossError naming it. Replies
-    are packed (values back to back, verified by the store), so no Python object is
-    made per row."""
+    set the master still lists said so of a sealed segment, the rest is a
+    DataLossError naming it; of an open one, they are asked again until they serve it
+    (their acked indexes grow) or the segment is sealed, and after
+    `PARTITION_UNREADABLE_S_MAX` of nothing the task fails as Unavailable. Replies are
+    packed (values back to back, verified by the store), so no Python object is made
+    per row."""
     next_index = part.first_index
     errors: list[str] = []
     replicas = ReplicaSet()
-    replicas.segment_sealed()
+    sealed = part.sealed
+    if sealed:
+        replicas.segment_sealed()
     for bad in part.bad:  # the master knows them to differ from the certificate
         replicas.damaged(bad, 1)
     certificate = Certificate.decode(part.certificate) if part.certificate else None
@@ -787,12 +792,12 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     data_addresses = dict(part.data_addresses)
     deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
     while next_index <= part.last_index:
-        choice = replicas.choose(copy_set, True, next_index, monotonic_ms())
+        choice = replicas.choose(copy_set, sealed, next_index, monotonic_ms())
         if isinstance(choice, Relist):
             # Without the master's address (a partition planned by an older driver) the
             # planned copy set is the only list there is.
             if part.master:
-                copy_set, listed = _copy_set_now(part)
+                copy_set, listed, _ = _copy_set_now(part)
                 data_addresses.update(listed)
             replicas.list_refreshed()
             continue
@@ -820,6 +825,24 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
                     yield batch
         if next_index > start:
             deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
+        elif not sealed:
+            # An open segment's replica that serves less than the range does not know
+            # its acked index yet (the leader's next Write, or the master, tells it), or
+            # the segment is being sealed: never a loss while it is open.
+            replicas.passed_over(choice.replica, monotonic_ms())
+            if all(replicas.below(replica, next_index) for replica in copy_set):
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        f"{part.stream}: segment {part.epoch} is open and no replica "
+                        f"serves index {next_index} yet: " + "; ".join(errors[-3:])
+                    )
+                time.sleep(FollowerTiming().segment_refresh_ms / 1000)
+                if part.master:
+                    copy_set, listed, sealed = _copy_set_now(part)
+                    data_addresses.update(listed)
+                    if sealed:
+                        replicas.segment_sealed()
+                replicas.list_refreshed()
 
 
 @dataclass(frozen=True)
@@ -1019,13 +1042,14 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
             log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
 
-def _copy_set_now(part: SegmentRange) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The segment's copy set as the master lists it now, and its members' data ports."""
+def _copy_set_now(part: SegmentRange) -> tuple[tuple[str, ...], dict[str, str], bool]:
+    """The segment's copy set as the master lists it now, its members' data ports, and
+    whether it is sealed (a segment no longer listed is: trimmed or deleted)."""
     layout = fetch_layout(part.master, part.stream, False, part.transport)
     for segment in layout.segments:
         if segment.epoch == part.epoch:
-            return segment.replicas, dict(segment.data_addresses)
-    return (), {}
+            return segment.replicas, dict(segment.data_addresses), segment.sealed
+    return (), {}, True
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -418,8 +418,9 @@ class MasterState:
 
     def segment_acked_index(self, segment: SegmentRecord) -> int:
         """The largest acked index known for a segment: what its leader last reported
-        (while open) or the highest any copy-set store reported, whichever is higher.
-        Both only grow while the segment is written, so an operator sees it move."""
+        (while open) or handed over with its lease, or the highest any copy-set store
+        reported, whichever is higher. All only grow while the segment is written, so
+        an operator sees it move."""
         stores = (
             self.live[m].held[segment.key].acked_index
             for m in segment.copy_set
@@ -427,7 +428,7 @@ class MasterState:
         )
         report = self.leader_reports.get(segment.stream)
         leader = report.acked_index if report is not None and report.epoch == segment.epoch else 0
-        return max(leader, *stores, 0)
+        return max(leader, segment.released_acked_index, *stores)
 
     def stream_acked_index(self, stream_id: int) -> tuple[int, int]:
         """(epoch, acked index) of the stream's latest segment, (0, 0) before any."""

@@ -97,6 +97,7 @@ from streamengine.client import writer as writer_shell
 from streamengine.client.core import store_session as store_sessions
 from streamengine.client.core import writer as writer_core
 from streamengine.client.core.recovery import SegmentRecovery
+from streamengine.client.core.replicas import ReplicaSet
 from streamengine.client.core.replicator import Replicator
 from streamengine.client.core.subscription import DataLoss
 from streamengine.client.errors import (
@@ -200,7 +201,9 @@ from tests.sim.writer_node import ProducerOutbox
 # what it serves, verified or not (the last scans never end);
 # `release_acked_untold`: the master keeps the acked index a closing writer gives back
 # to itself, so events acked on stores that never heard it stay unread until a writer
-# leads the stream again (`analytics.Analyst`'s sink: seed 227).
+# leads the stream again (`analytics.Analyst`'s sink: seed 227);
+# `open_range_read_as_sealed`: a Spark range of an open segment takes every replica
+# serving less than it for a loss, though their acked indexes may still grow.
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -221,6 +224,7 @@ RUNTIME_FLAWS = (
     "bridge_short_everywhere",
     "chunk_answered_by_acked",
     "release_acked_untold",
+    "open_range_read_as_sealed",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2871,6 +2875,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(spark, "_certified_answer", lambda check, _: check.next_index - 1)
             )
+        if "open_range_read_as_sealed" in flaws:
+            stack.enter_context(mock.patch.object(spark, "ReplicaSet", _SealedFromTheStart))
         if "release_acked_untold" in flaws:
             stack.enter_context(mock.patch.object(LeaderAckedOwed, "to_tell", lambda *args: []))
         if "trust_any_bridge" in flaws:
@@ -2883,6 +2889,18 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
         yield
+
+
+class _SealedFromTheStart(ReplicaSet):
+    """Spark's replica rules as they were: every range's replicas judged as a sealed
+    segment's, from the start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.segment_sealed()
+
+    def choose(self, replicas: tuple[str, ...], sealed: bool, next_index: int, now_ms: int) -> Any:
+        return super().choose(replicas, True, next_index, now_ms)
 
 
 _READY = rebuild_core.ready
