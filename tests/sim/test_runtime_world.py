@@ -203,8 +203,9 @@ FLAWED = [
     # ended (seed 377 found it first).
     ("chunk_answered_by_acked", 122, 0),
     # The master keeps a closing writer's acked index to itself: a Spark write task's
-    # rows, acked on a store that crashed before it heard the index, stay unread.
-    ("release_acked_untold", RELEASED_WHILE_STORES_WERE_DOWN, 1),
+    # rows, acked on a store that crashed before it heard the index, stay unread (the
+    # last scans, planned to the index the master shows, wait for them for ever).
+    ("release_acked_untold", RELEASED_WHILE_STORES_WERE_DOWN, 0),
     # Spark read an open segment's range under a sealed segment's rules: every replica
     # serving less than the range made a loss, though their acked indexes still grew.
     ("open_range_read_as_sealed", 150, 1),
