@@ -16,8 +16,10 @@ proofs' signatures differ from run to run anyway, ECDSA draws its nonce).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +89,7 @@ def _at_wall_start() -> datetime.datetime:
 @functools.cache
 def cluster_certs() -> ClusterCerts:
     root = Path(tempfile.mkdtemp(prefix="streamengine-sim-certs-"))
+    atexit.register(shutil.rmtree, root, True)  # made once per process: gone with it
     with mock.patch.object(certs, "_now", _at_wall_start):
         local = certs.create_local_certs(root)
         ca_key = local.ca_dir / certs.CA_KEY
