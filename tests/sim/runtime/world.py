@@ -154,6 +154,7 @@ from tests.sim.checkers import Checker, MasterChecker, Violation, sound_copies
 from tests.sim.network import Faults
 from tests.sim.runtime.analytics import Analyst
 from tests.sim.runtime.etcd import SimEtcd
+from tests.sim.runtime.front_door import FRONT_DOOR_SHARE, FrontDoor
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.read_side import ReadSide, pages_by_offset
@@ -458,6 +459,9 @@ class WorldConfig:
     many: tuple[ManyFollower, ...] = ()
     # Spark jobs reading and writing through the data source (`with_analytics`).
     analytics: bool = False
+    # Once converged and judged, bad input and operator calls at the servers' front
+    # doors (`front_door.FrontDoor`).
+    front_door: bool = False
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -551,7 +555,10 @@ class WorldConfig:
                 safety_ms=CROWD_SAFETY_MS,
             )
         config = config.with_many(random.Random(f"{seed}/subscribe-many"))
-        return config.with_analytics(random.Random(f"{seed}/analytics"))
+        config = config.with_analytics(random.Random(f"{seed}/analytics"))
+        # Once the run is judged: its draw moves nothing before.
+        front_door = random.Random(f"{seed}/front-door").random() < FRONT_DOOR_SHARE
+        return dataclasses.replace(config, front_door=front_door)
 
     def with_losses(self, losses: random.Random) -> WorldConfig:
         """The situations of lost data, drawn from a generator of their own (so that
@@ -657,6 +664,7 @@ class WorldConfig:
                 f" subscribe_many({many.describe()}, drops<={many.drop_ms}ms)" for many in self.many
             )
             + (" spark jobs" if self.analytics else "")
+            + (" front door" if self.front_door else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -1039,6 +1047,8 @@ class World:
                 self.check(checker.check_complete, self._followers_of(stream))
         if self.violation is None and self.analyst is not None:
             await self._last_spark_jobs(self.analyst)
+        if self.violation is None and self.config.front_door:
+            await self._front_door()
 
     async def _last_spark_jobs(self, analyst: Analyst) -> None:
         """Once the world converged, the analyst's last jobs end (`Analyst.final`)."""
@@ -1054,6 +1064,22 @@ class World:
             self.check(self._raise, error)
         elif error is not None:
             raise error
+
+    async def _front_door(self) -> None:
+        """Once the run is judged, its front door (`front_door.FrontDoor`); then the
+        stores audited again."""
+        self.note("front door: bad input and operator calls at the converged cluster")
+        task = self.loop.create_task(FrontDoor(self).run(), context=node_context("front-door"))
+        await asyncio.wait([task])
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, Violation):
+            self.check(self._raise, error)
+        elif error is not None:
+            raise error
+        if self.violation is None:
+            self._audit_all()
 
     async def _set_up(self) -> None:
         await self._start_masters()
