@@ -27,8 +27,10 @@ they show (invariant 6 too); the world's audits run all along. Then the operator
 `token create` mistyped (refused, exactly), a read token limited to one stream held to
 it until it expires, revoked; a stream of its own led while a store's disk is full and
 after it is freed, the master's key rotated meanwhile: appends are acked again once the
-disk is free, and every acked event is read back once, in order; and `metadata backup`
-of a running embedded master on RocksDB, which holds every record the master does.
+disk is free, and every acked event is read back once, in order, then the stream
+sealed, trimmed (a follower from 0 told `Trimmed`) and deleted; `metadata backup` of a
+running embedded master on RocksDB, which holds every record the master does; and a
+store of another cluster pointed at this master, refused for good.
 
 The schedule of the run before it is the seed's as it was: it starts once the verdict
 is in, and a seed without it ends there.
@@ -50,20 +52,25 @@ import grpc
 from google.protobuf.message import Message
 
 from streamengine import StreamClient
-from streamengine.client.errors import StreamEngineError
+from streamengine.client.errors import EventTooLarge, StreamEngineError, Trimmed
 from streamengine.client.writer import Writer
 from streamengine.master.rocksdb_metadata import RocksDBMetadata, snapshot_records
 from streamengine.protocol import framed, framing
 from streamengine.protocol.entry import CorruptEntry
-from streamengine.protocol.limits import EPOCH_MAX
+from streamengine.protocol.limits import CREATE_STREAMS_PER_CALL_MAX, EPOCH_MAX, EVENT_BYTES_MAX
 from streamengine.protocol.tokens import TOKEN_STREAMS_MAX, TOKEN_TTL_MS_MIN
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store.core.commands import SegmentKey
+from streamengine.segment_store.core.keys import CLUSTER_ID_KEY
+from streamengine.segment_store.core.kv import Put
+from streamengine.segment_store.master_link import WrongCluster
 from streamengine.v1 import entry_pb2, master_pb2
 from streamengine.v1 import segment_store_pb2 as s
 from streamengine.v1 import segment_store_pb2_grpc as store_grpc
 from tests.faults import badinput
 from tests.sim.checkers import Violation
+from tests.sim.runtime.store import SimStore
+from tests.sim.runtime.transport import node_context
 
 if TYPE_CHECKING:
     from tests.sim.runtime.world import World
@@ -86,6 +93,9 @@ READ_BACK_S = 30.0
 TAIL_WAIT_S = 0.5
 # What a call cut short by a server's restart may end with (none is, once converged).
 NOT_THROUGH = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED")
+# A store of another cluster pointed at this master, and how soon its process must end.
+STRANGER = "stranger"
+STRANGER_S = 10.0
 # Statuses a server never gives on purpose.
 UNCLEAR = ("UNKNOWN", "INTERNAL")
 
@@ -118,12 +128,14 @@ class FrontDoor:
                 before = self._look()
                 await self._rows(live)
                 await self._own_rows(live)
+                await self._as_another_tenant(live)
                 await self._tails(live)
                 await self._fuzz()
                 after = self._look()
                 self._unchanged(before, after)
             await self._tokens(client)
             await self._own_stream(client)
+        await self._stranger()
         self._backup()
 
     # ---- the operator ----
@@ -221,6 +233,32 @@ class FrontDoor:
         )
         self._judge(code == "OK", f"token create: {code} {details!r}")
 
+    async def _stranger(self) -> None:
+        """A store of another cluster (its disk holds that cluster's id) pointed at this
+        master, as a mistyped `--master` does: refused for good, its process ends
+        (`WrongCluster`), and the master never counts it among its stores."""
+        store = SimStore(
+            self.world.network,
+            STRANGER,
+            master_address=self.world.masters.address,
+            # Where the world's stores measure their free space.
+            data_dir=next(iter(self.world.stores.values())).data_dir,
+        )
+        store.kv.write([Put(CLUSTER_ID_KEY, b"another-cluster")], sync=True)
+        task = asyncio.get_running_loop().create_task(store.serve(), context=node_context(STRANGER))
+        done, _ = await asyncio.wait([task], timeout=STRANGER_S)
+        if not done:
+            task.cancel()
+            await asyncio.wait([task])
+        error = None if task.cancelled() else task.exception()
+        leaves = error.exceptions if isinstance(error, BaseExceptionGroup) else (error,)
+        refused = any(isinstance(leaf, WrongCluster) for leaf in leaves)
+        self._judge(refused, f"a store of another cluster, after {STRANGER_S} s: {error!r}")
+        state = self.world.masters.state
+        taken = state is not None and STRANGER in state.stores
+        self._judge(not taken, "a store of another cluster is among the master's stores")
+        self.world.count("front door stores of another cluster refused")
+
     def _backup(self) -> None:
         """`streamengine metadata backup` of the embedded master on RocksDB while it
         runs (`snapshot_records`, a secondary instance of its database): every record
@@ -249,12 +287,17 @@ class FrontDoor:
         return "OK", ""
 
     async def _master_call(
-        self, method: str, request: Message, reply: Message | None = None
+        self,
+        method: str,
+        request: Message,
+        reply: Message | None = None,
+        transport: Transport | None = None,
     ) -> tuple[str, str]:
-        """A call of the serving master's service as the admin: its status (`reply`
-        filled with its answer)."""
+        """A call of the serving master's service as the admin (or as `transport`'s
+        token): its status (`reply` filled with its answer)."""
         path = f"/streamengine.v1.Master/{method}"
-        async with self.transport.aio_channel(self._master_address()) as typed:
+        transport = transport or self.transport
+        async with transport.aio_channel(self._master_address()) as typed:
             channel: Any = typed
             try:
                 raw = await channel.unary_unary(path)(request.SerializeToString(), timeout=CALL_S)
@@ -291,6 +334,7 @@ class FrontDoor:
             stream, client_id="front-door", append_timeout_s=OWN_APPEND_S
         ) as writer:
             self._judge(await append(writer), f"the first append to {stream}: not acked")
+            await self._too_large(writer)
             segments = await client.list_segments(stream)
             names = sorted(replica.store_id for replica in segments[-1].copy_set)
             store = self.world.stores[self.rng.choice(names)]
@@ -316,6 +360,96 @@ class FrontDoor:
             recovered = acked_after > 0
             self._judge(recovered, f"{stream}: no append acked once the disk was freed")
         await self._read_back(client, stream, acked)
+        await self._trim(client, stream, acked)
+
+    async def _too_large(self, writer: Writer) -> None:
+        """An event one byte over the limit, alone and in a batch: `EventTooLarge`,
+        nothing sent, and the writer goes on leading."""
+        big = b"o" * (EVENT_BYTES_MAX + 1)
+        for what, call in (
+            ("append", lambda: writer.append(big)),
+            ("append_batch", lambda: writer.append_batch([b"small", big])),
+        ):
+            try:
+                await call()
+                told = "acked"
+            except EventTooLarge:
+                told = "EventTooLarge"
+            except StreamEngineError as error:
+                told = type(error).__name__
+            self._judge(told == "EventTooLarge", f"an event over the limit ({what}): {told}")
+        self.world.count("front door events over the limit refused")
+
+    async def _trim(
+        self, client: StreamClient, stream: str, acked: list[tuple[int, bytes]]
+    ) -> None:
+        """`streamengine seal` of its stream, `stream trim` of every segment before the
+        new one: a follower from 0 is told `Trimmed` (naming the first sequence
+        retained (invariant 13)."""
+        if not acked:
+            return
+        try:
+            await client.seal(stream)
+            segments = await client.list_segments(stream)
+        except StreamEngineError as error:
+            self.world.note(f"front-door: seal of {stream}: {type(error).__name__}")
+            return
+        sealed = [segment.epoch for segment in segments if segment.final_index]
+        if not sealed:
+            return
+        before = (max(sealed) + 1) << 32
+        trimmed = master_pb2.TrimStreamReply()
+        request = master_pb2.TrimStreamRequest(name=stream, before_sequence=before)
+        code, details = await self._master_call("TrimStream", request, trimmed)
+        self._judge(code == "OK", f"stream trim {stream}: {code} {details!r}")
+        if code != "OK":
+            return
+        told: Trimmed | None = None
+        try:
+            async with asyncio.timeout(READ_BACK_S):
+                async for _event in client.subscribe(stream, 0):
+                    break
+        except Trimmed as error:
+            told = error
+        except TimeoutError:
+            pass
+        self._judge(
+            told is not None and told.first_retained_sequence >= before,
+            f"a follower of {stream} from 0 after a trim before {before}: told {told!r}",
+        )
+        self.world.count("front door trims told")
+        await self._delete(stream)
+
+    async def _delete(self, stream: str) -> None:
+        """`stream delete` of its stream: created again under the name while its removal
+        is pending, it is refused (ALREADY_EXISTS), as is a call creating more streams at
+        once than the bound (INVALID_ARGUMENT)."""
+        code, details = await self._master_call(
+            "DeleteStream", master_pb2.DeleteStreamRequest(name=stream)
+        )
+        self._judge(code == "OK", f"stream delete {stream}: {code} {details!r}")
+        policy = self.world.config.policy
+        spec = master_pb2.CreateStreamRequest(
+            name=stream,
+            policy=entry_pb2.ReplicationPolicy(
+                replicas=policy.replicas, write_quorum=policy.write_quorum
+            ),
+        )
+        code, details = await self._master_call("CreateStream", spec)
+        self._judge(
+            code == "ALREADY_EXISTS", f"stream create of {stream}, deleted: {code} {details!r}"
+        )
+        many = master_pb2.CreateStreamsRequest(
+            streams=[
+                master_pb2.CreateStreamRequest(name=f"e0/many{n}", policy=spec.policy)
+                for n in range(CREATE_STREAMS_PER_CALL_MAX + 1)
+            ]
+        )
+        code, details = await self._master_call("CreateStreams", many)
+        self._judge(
+            code == "INVALID_ARGUMENT",
+            f"{CREATE_STREAMS_PER_CALL_MAX + 1} streams created in one call: {code} {details!r}",
+        )
 
     async def _read_back(
         self, client: StreamClient, stream: str, acked: list[tuple[int, bytes]]
@@ -454,8 +588,9 @@ class FrontDoor:
                 "open",
                 "Digest",
                 s.DigestRequest(segment=opened, certificate=True),
-                # INVALID_ARGUMENT: nothing acked there yet.
-                ("OK", "INVALID_ARGUMENT"),
+                # INVALID_ARGUMENT: nothing acked there yet; NOT_FOUND: a segment just
+                # rolled, whose first write has not reached this replica yet.
+                ("OK", "INVALID_ARGUMENT", "NOT_FOUND"),
             ),
             (
                 "a certified digest of a segment not held",
@@ -493,6 +628,39 @@ class FrontDoor:
                 ("NOT_FOUND",),
             ),
             ("a read ending before it begins", "store", "Read", *reading),
+            (
+                "a packed read of a sealed replica, an entry per reply",
+                "store",
+                "Read",
+                s.ReadRequest(segment=sealed, from_index=1, packed=True, max_entries_per_reply=1),
+                ("OK", "DATA_LOSS"),
+            ),
+            (
+                "a read of a sealed replica's acked entries, an entry per reply",
+                "store",
+                "Read",
+                s.ReadRequest(
+                    segment=sealed, from_index=1, acked_only=True, max_entries_per_reply=1
+                ),
+                ("OK", "DATA_LOSS"),
+            ),
+            (
+                "a batch of one seal without its grant",
+                "master",
+                "SealSegments",
+                master_pb2.SealSegmentsRequest(
+                    seals=[
+                        master_pb2.SealSegmentRequest(
+                            stream=live.sealed.stream,
+                            segment_epoch=live.open.epoch,
+                            writer_epoch=live.sealed.epoch,
+                            final_index=1,
+                        )
+                    ]
+                ),
+                # Answered whole: the seal's own refusal is in its entry (below).
+                ("OK",),
+            ),
         ]
         methods = {(server, method.name): method for server, method in badinput.methods()}
         for case, server, name, request, expected in rows:
@@ -503,8 +671,74 @@ class FrontDoor:
             code, details = await self._call(address, target.data_address, method, request)
             self.world.note(f"front-door: {case}: {code}")
             self.world.count("front door own rows answered")
+            if name == "SealSegments" and code == "OK":
+                await self._seal_entry_refused(request)
             wanted = " or ".join(expected)
             self._judge(code in expected, f"{case}: {code} {details!r}, expected {wanted}")
+
+    async def _seal_entry_refused(self, request: Message) -> None:
+        """A batch of seals without their grants: each entry PERMISSION_DENIED."""
+        reply = master_pb2.SealSegmentsReply()
+        code, _ = await self._master_call("SealSegments", request, reply)
+        denied = grpc.StatusCode.PERMISSION_DENIED.value[0]
+        entries = [(entry.code, entry.message[:80]) for entry in reply.seals]
+        self._judge(
+            code != "OK" or [c for c, _ in entries] == [denied],
+            f"a batch of one seal without its grant: entries {entries}",
+        )
+
+    async def _as_another_tenant(self, live: badinput.Live) -> None:
+        """A write token of a tenant of its own (`e1`) acting on the world's stream:
+        its lease, roll and seal refused (PERMISSION_DENIED), in the batches too."""
+        made = master_pb2.CreateTokenReply()
+        request = master_pb2.CreateTokenRequest(tenant="e1", role=master_pb2.TOKEN_ROLE_WRITE)
+        code, details = await self._master_call("CreateToken", request, made)
+        self._judge(code == "OK", f"token create for e1: {code} {details!r}")
+        if code != "OK":
+            return
+        stranger = Transport(token=made.token)
+        stream, sealed, opened = live.open.stream, live.sealed, live.open
+        beat = master_pb2.WriterHeartbeatRequest(stream=stream, client_id="e1-writer")
+        roll = master_pb2.RollSegmentRequest(stream=stream, client_id="e1", epoch=opened.epoch)
+        seal = master_pb2.SealSegmentRequest(
+            stream=stream,
+            segment_epoch=opened.epoch,
+            writer_epoch=sealed.epoch,
+            final_index=1,
+        )
+        # (method, request, the batch's reply and its entries' field, or None).
+        calls: list[tuple[str, Message, tuple[Message, str] | None]] = [
+            ("WriterHeartbeat", beat, None),
+            (
+                "LeaseHeartbeat",
+                master_pb2.LeaseHeartbeatRequest(leases=[beat]),
+                (master_pb2.LeaseHeartbeatReply(), "leases"),
+            ),
+            ("RollSegment", roll, None),
+            (
+                "RollSegments",
+                master_pb2.RollSegmentsRequest(rolls=[roll]),
+                (master_pb2.RollSegmentsReply(), "rolls"),
+            ),
+            ("SealSegment", seal, None),
+            (
+                "SealSegments",
+                master_pb2.SealSegmentsRequest(seals=[seal]),
+                (master_pb2.SealSegmentsReply(), "seals"),
+            ),
+        ]
+        denied = grpc.StatusCode.PERMISSION_DENIED.value[0]
+        for method, call, batch in calls:
+            reply = batch[0] if batch is not None else None
+            code, details = await self._master_call(method, call, reply, stranger)
+            self.world.count("front door calls of another tenant")
+            what = f"{method} of {stream} by a write token of e1: {code} {details!r}"
+            if batch is not None and code == "OK":
+                # A batch is answered whole: each entry carries its own refusal.
+                entries = [entry.code for entry in getattr(batch[0], batch[1])]
+                self._judge(entries == [denied], f"{what}, entries {entries}")
+            else:
+                self._judge(code == "PERMISSION_DENIED", what)
 
     async def _tails(self, live: badinput.Live) -> None:
         """Multiplexed Subscribe calls (the SDK's followers of many) that name a tail
@@ -533,6 +767,8 @@ class FrontDoor:
                 [start(4, sealed), s.SubscribeRequest(stop=s.SubscribeStop(tail=9))],
                 {},
             ),
+            # One segment's tail (no tail number), its client closing its side.
+            ("a tail closed by its client", [start(0, sealed)], {}),
         ]
         for case, requests, expected in calls:
             code, ended = await self._subscribe(live.sealed.data_address, requests)

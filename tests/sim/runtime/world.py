@@ -2849,6 +2849,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
 
 
 _READY = rebuild_core.ready
+
+
 def _ready_once_answered(
     registered: Any,
     answered: Any,
@@ -2862,6 +2864,8 @@ def _ready_once_answered(
     """`rebuild.ready` as it was: any store's answer will do, one with a new disk too."""
     answered = set(answered)
     return _READY(registered, answered, named, now_ms, deadline_ms, earliest_ms, joined=answered)
+
+
 def _short_at_any_bridge(
     part: spark.SegmentRange, reply: segment_store_pb2.ReadReply, next_index: int
 ) -> tuple[pa.RecordBatch | None, int]:
