@@ -1,7 +1,7 @@
 """The front door once the world converged: every kind of request the servers must
 refuse, and the calls an operator makes beside them, against the cluster the run left.
 
-In a share of seeds (`WorldConfig.front_door`, drawn from
+In a share of seeds but the crowds (`WorldConfig.front_door`, drawn from
 `random.Random(f"{seed}/front-door")`, its calls from
 `random.Random(f"{seed}/front-door/calls")`), once the world converged and its checkers
 judged the run, a caller of its own (node `front-door`) knocks at the shipped servers as
@@ -629,6 +629,13 @@ class FrontDoor:
             ),
             ("a read ending before it begins", "store", "Read", *reading),
             (
+                "a lease session too short to be unguessed",
+                "master",
+                "HoldLeaseSession",
+                master_pb2.HoldLeaseSessionRequest(session=b"x" * 8),
+                ("INVALID_ARGUMENT",),
+            ),
+            (
                 "a packed read of a sealed replica, an entry per reply",
                 "store",
                 "Read",
@@ -913,9 +920,10 @@ class FrontDoor:
         return streams, replicas
 
     def _digest(self, store: str, key: SegmentKey, up_to: int) -> bytes:
-        """The digest of `store`'s replica of `key` up to `up_to` (b"": not held)."""
+        """The digest of `store`'s replica of `key` up to `up_to` (b"": not held, or
+        nothing to digest; a copy under way holds nothing yet)."""
         core = self.world.stores[store].core
-        if core is None or core.catalog.meta(key) is None:
+        if up_to == 0 or core is None or core.catalog.meta(key) is None:
             return b""
         try:
             return core.reader.digest(key, up_to).digest

@@ -556,9 +556,10 @@ class WorldConfig:
             )
         config = config.with_many(random.Random(f"{seed}/subscribe-many"))
         config = config.with_analytics(random.Random(f"{seed}/analytics"))
-        # Once the run is judged: its draw moves nothing before.
+        # Once the run is judged: its draw moves nothing before. Not after a crowd, whose
+        # nodes would make it cost minutes.
         front_door = random.Random(f"{seed}/front-door").random() < FRONT_DOOR_SHARE
-        return dataclasses.replace(config, front_door=front_door)
+        return dataclasses.replace(config, front_door=front_door and not config.crowd)
 
     def with_losses(self, losses: random.Random) -> WorldConfig:
         """The situations of lost data, drawn from a generator of their own (so that
