@@ -21,22 +21,28 @@ Given `scrub_recheck_ms`, the store's `Scrubber` runs beside its master link, as
 `server.serve` runs it (its reads through `StoreContext.in_thread`, which the loop runs
 inline), its reports going with the link's heartbeats; a replica is read back again
 once `scrub_recheck_ms` passed since its last read.
+
+A full disk: while `disk_full` is set, every write the store's process makes fails as
+on a full disk (nothing written), and so does the KV's recovery, which the store tries
+before it takes writes again (`FullDisk`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from streamengine.protocol import identity, transport
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store.core.authority import StoreAuthority
 from streamengine.segment_store.core.commands import Joined, Plan, SegmentKey
-from streamengine.segment_store.core.kv import KV
+from streamengine.segment_store.core.kv import KV, KVOp
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT, ScrubSchedule
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.data_plane import data_server
@@ -47,6 +53,30 @@ from streamengine.segment_store.scrub import Scrubber
 from streamengine.segment_store.service import add_to_server
 from streamengine.segment_store.store_context import ServiceConfig, StoreContext
 from tests.sim.runtime.transport import SimNetwork, SimServer
+
+
+class FullDisk:
+    """The store's KV as its process sees it: its writes and its recovery fail with
+    ENOSPC while the store's disk is full, and go to `SimStore.kv` (the KV of the
+    moment: a wipe replaces it) otherwise."""
+
+    def __init__(self, store: SimStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store.kv, name)
+
+    def _fail_if_full(self) -> None:
+        if self._store.disk_full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write(self, ops: Sequence[KVOp], sync: bool) -> None:
+        self._fail_if_full()
+        self._store.kv.write(ops, sync)
+
+    def recover(self) -> None:
+        self._fail_if_full()
+        self._store.kv.recover()
 
 
 def loop_clock_s() -> float:
@@ -95,6 +125,8 @@ class SimStore:
         )
         self.server_identity: identity.ServerIdentity | None = None
         self.kv: KV = MemoryKV() if disk is None else RocksKV(disk)
+        # Its writes fail while set (`FullDisk`).
+        self.disk_full = False
         self._served_once = False
         self.serving = asyncio.Event()
         self.server: SimServer | None = None
@@ -108,7 +140,8 @@ class SimStore:
         if isinstance(self.kv, RocksKV) and self._served_once:
             self.kv.recover()  # the process started again: the database opened anew
         self._served_once = True
-        core = SegmentStoreCore(self.kv, joins_cluster=self.master_address is not None)
+        disk = cast(KV, FullDisk(self))
+        core = SegmentStoreCore(disk, joins_cluster=self.master_address is not None)
         core.catalog.keep_incarnation(self.network.rng.getrandbits(63) + 1)
         watch = SegmentWatch()
 

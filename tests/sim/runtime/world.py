@@ -157,6 +157,7 @@ from tests.sim.network import Faults
 from tests.sim.runtime import secured
 from tests.sim.runtime.analytics import Analyst
 from tests.sim.runtime.etcd import SimEtcd
+from tests.sim.runtime.front_door import FRONT_DOOR_SHARE, FrontDoor
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.read_side import ReadSide, pages_by_offset
@@ -478,6 +479,9 @@ class WorldConfig:
     # A secured cluster (`with_security`): TLS, members and admins proving their
     # certificates on every call, tenants their tokens.
     secured: bool = False
+    # Once converged and judged, bad input and operator calls at the servers' front
+    # doors (`front_door.FrontDoor`), in plaintext.
+    front_door: bool = False
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -572,7 +576,13 @@ class WorldConfig:
             )
         config = config.with_many(random.Random(f"{seed}/subscribe-many"))
         config = config.with_analytics(random.Random(f"{seed}/analytics"))
-        return config.with_security(random.Random(f"{seed}/tls"))
+        config = config.with_security(random.Random(f"{seed}/tls"))
+        # Once the run is judged: its draw moves nothing before. Not after a crowd, whose
+        # nodes would make it cost minutes, nor in a secured cluster (its doors are
+        # plaintext ones; `secured.probe` knocks at those of a secured cluster).
+        front_door = random.Random(f"{seed}/front-door").random() < FRONT_DOOR_SHARE
+        front_door = front_door and not config.crowd and not config.secured
+        return dataclasses.replace(config, front_door=front_door)
 
     def with_losses(self, losses: random.Random) -> WorldConfig:
         """The situations of lost data, drawn from a generator of their own (so that
@@ -687,6 +697,7 @@ class WorldConfig:
             )
             + (" spark jobs" if self.analytics else "")
             + (" secured" if self.secured else "")
+            + (" front door" if self.front_door else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
 
@@ -1104,6 +1115,8 @@ class World:
             await self._last_spark_jobs(self.analyst)
         if self.violation is None and self.certs is not None:
             await secured.probe(self)
+        if self.violation is None and self.config.front_door:
+            await self._front_door()
 
     async def _last_spark_jobs(self, analyst: Analyst) -> None:
         """Once the world converged, the analyst's last jobs end (`Analyst.final`)."""
@@ -1119,6 +1132,22 @@ class World:
             self.check(self._raise, error)
         elif error is not None:
             raise error
+
+    async def _front_door(self) -> None:
+        """Once the run is judged, its front door (`front_door.FrontDoor`); then the
+        stores audited again."""
+        self.note("front door: bad input and operator calls at the converged cluster")
+        task = self.loop.create_task(FrontDoor(self).run(), context=node_context("front-door"))
+        await asyncio.wait([task])
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, Violation):
+            self.check(self._raise, error)
+        elif error is not None:
+            raise error
+        if self.violation is None:
+            self._audit_all()
 
     async def _set_up(self) -> None:
         await self._start_masters()
