@@ -609,6 +609,17 @@ def random_bytes(rng: random.Random, method: Any) -> bytes:
             return data
 
 
+def fuzzed_request(
+    rng: random.Random, method: Any, templates: dict[str, Message], not_mutated: set[str]
+) -> tuple[bytes, bool]:
+    """Request bytes for `method` and whether they are mutated: half the time a method
+    with a template (`fuzz_templates`) outside `not_mutated` gets it mutated, any other
+    time bytes that do not parse."""
+    if method.name in templates and method.name not in not_mutated and rng.random() < 0.5:
+        return mutate(rng, templates[method.name].SerializeToString()), True
+    return random_bytes(rng, method), False
+
+
 def mutate(rng: random.Random, data: bytes) -> bytes:
     """1-3 of: a bit flipped, a byte replaced, the end cut off, a slice repeated."""
     out = bytearray(data)

@@ -908,12 +908,7 @@ def bad_input_loop(ctx: RunContext) -> None:
             while ctx.pause(1 / FUZZ_CALLS_PER_S):
                 server = ctx.rng.choice(sorted(by_name))
                 method = by_name[server]
-                mutated = (method.name in templates and method.name not in not_mutated
-                           and ctx.rng.random() < 0.5)
-                if mutated:
-                    data = badinput.mutate(ctx.rng, templates[method.name].SerializeToString())
-                else:
-                    data = badinput.random_bytes(ctx.rng, method)
+                data, mutated = badinput.fuzzed_request(ctx.rng, method, templates, not_mutated)
                 parses = badinput.parses(method, data)
                 store = ctx.rng.choice(targets)
                 address = cluster.master_address if server[0] == "master" else store.address

@@ -837,15 +837,9 @@ class FrontDoor:
         stores = sorted(self.world.stores.values(), key=lambda store: store.store_id)
         for _ in range(FUZZ_CALLS):
             server, method = self.rng.choice(methods)
-            mutated = (
-                method.name in templates
-                and method.name not in badinput.NOT_MUTATED
-                and self.rng.random() < 0.5
+            data, mutated = badinput.fuzzed_request(
+                self.rng, method, templates, badinput.NOT_MUTATED
             )
-            if mutated:
-                data = badinput.mutate(self.rng, templates[method.name].SerializeToString())
-            else:
-                data = badinput.random_bytes(self.rng, method)
             parses = badinput.parses(method, data)
             store = self.rng.choice(stores)
             address = self._master_address() if server == "master" else store.address
