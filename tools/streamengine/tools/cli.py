@@ -113,15 +113,23 @@ def _add_certs_dir_option(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _add_server_commands(commands: Subparsers) -> dict[str, argparse.ArgumentParser]:
-    from streamengine.master import server as master_server
-    from streamengine.segment_store import server as store_server
+def _add_server_commands(
+    commands: Subparsers, command: str | None
+) -> dict[str, argparse.ArgumentParser]:
+    """The servers' commands; a server's flags only when `command` is that server (or
+    None: every command's): they cost its modules' imports, half a second that every
+    other command (a `status`, an `append`) would pay for nothing."""
+    import importlib
 
     servers = {}
-    for name, module, summary in (
-        ("master", master_server, "run the master"),
-        ("store", store_server, "run a segment store"),
+    for name, module_name, summary in (
+        ("master", "streamengine.master.server", "run the master"),
+        ("store", "streamengine.segment_store.server", "run a segment store"),
     ):
+        if command is not None and command != name:
+            commands.add_parser(name, help=summary)
+            continue
+        module = importlib.import_module(module_name)
         parser = commands.add_parser(name, help=summary, description=module.__doc__)
         module.add_arguments(parser)
         parser.add_argument(
@@ -535,10 +543,14 @@ def _add_metadata_commands(commands: Subparsers) -> None:
         )
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser(
+    command: str | None = None,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser of every command, those of the servers whole only for `command` (None:
+    all of them; see `_add_server_commands`)."""
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    servers = _add_server_commands(commands)
+    servers = _add_server_commands(commands, command)
     _add_cert_commands(commands)
     _add_cluster_commands(commands)
     _add_stream_commands(commands)
@@ -583,8 +595,8 @@ def _layered_defaults(server: argparse.ArgumentParser, config: Path | None) -> d
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser, servers = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser, servers = build_parser(argv[0] if argv else None)
     server = servers.get(argv[0]) if argv else None
     if server is None:
         args = parser.parse_args(argv)
