@@ -140,10 +140,14 @@ def _add_server_commands(
     return servers
 
 
-def _add_cert_commands(commands: Subparsers) -> None:
+def _add_cert_commands(commands: Subparsers, command: str | None) -> None:
+    summary = "the cluster's CA and the certificates it signs"
+    if command is not None and command != "cert":
+        commands.add_parser("cert", help=summary)  # its flags cost the crypto imports
+        return
     from streamengine.tools import certs
 
-    cert = commands.add_parser("cert", help="the cluster's CA and the certificates it signs")
+    cert = commands.add_parser("cert", help=summary)
     cert.set_defaults(run=_lazy("streamengine.tools.certs", "run"))
     for calling_masters in certs.add_arguments(cert):
         _add_master_option(calling_masters)
@@ -551,7 +555,7 @@ def build_parser(
     parser = argparse.ArgumentParser(prog="streamengine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     servers = _add_server_commands(commands, command)
-    _add_cert_commands(commands)
+    _add_cert_commands(commands, command)
     _add_cluster_commands(commands)
     _add_stream_commands(commands)
     _add_data_commands(commands)
