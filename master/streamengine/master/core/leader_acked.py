@@ -13,9 +13,11 @@ already acked, or is fenced past its epoch (a recovery seals it: its business th
 A store raises its acked index to min(that, its matched index), as the leader's next
 Write would have.
 
-Kept in memory, at most `OWED_SEGMENTS_MAX` segments, the oldest release forgotten
-first: a master that restarts or fails over forgets what it owed (the next leader's
-recovery then seals the segment, as before).
+The index is kept in the open segment's record (`released_acked_index`), and what
+is owed is rebuilt from the records when a master's state loads, so a master serving
+after a restart or a failover still owes it. In memory at most `OWED_SEGMENTS_MAX`
+segments are owed, the oldest release dropped first (until the next load; a store it
+stays untold then waits for the next leader's recovery, as before).
 """
 
 from __future__ import annotations
