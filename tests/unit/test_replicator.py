@@ -63,7 +63,9 @@ def test_quorum_tracker_never_lowers_the_acked_index() -> None:
     assert tracker.update("s2", 5) == 5
     # s2 restarted without its tail (fsync=never): users were told 5 already.
     assert tracker.update("s2", 2) == 5
-    assert tracker.matched("s2") == 2
+    # What s2 holds now counts: s1 alone past 5 is no quorum, s3 beside it is.
+    assert tracker.update("s1", 7) == 5
+    assert tracker.update("s3", 6) == 6
 
 
 def test_quorum_tracker_refuses_a_stranger_and_a_bad_copy_set() -> None:

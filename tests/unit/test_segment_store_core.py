@@ -912,8 +912,6 @@ def test_kv_scans_in_bytewise_order_within_bounds(any_kv: KV) -> None:
     assert any_kv.scan_values(b"a", b"z", max_bytes=2) == [b"0", b"1"]
     assert any_kv.scan_values(b"a", b"z", limit=4, max_bytes=3) == [b"0", b"1", b"2"]
     assert any_kv.scan_values(b"b", b"c", limit=5) == [b"1", b"2"]  # the range holds less
-    assert any_kv.last_before(b"b", b"c") == (b"b2", b"2")
-    assert any_kv.last_before(b"d", b"e") is None
     any_kv.write([DeleteRange(b"b", b"c"), Delete(b"a"), Put(b"d", b"4")], True)
     assert any_kv.scan(b"", b"\xff") == [(b"c", b"3"), (b"d", b"4")]
     assert any_kv.get(b"d") == b"4" and any_kv.get(b"b1") is None
@@ -993,8 +991,6 @@ def test_rocks_kv_raises_at_a_damaged_block_instead_of_ending_the_scan(tmp_path:
         assert 0 < damaged < 20_000
         with pytest.raises(KVCorruption):
             kv.get(damaged.to_bytes(8, "big"))
-        with pytest.raises(KVCorruption):
-            kv.last_before(start, (damaged + 1).to_bytes(8, "big"))
         # Short of the damage, and by limit, scans work as ever.
         assert len(kv.scan(start, end, limit=10)) == 10
         assert len(kv.scan_values(start, (damaged - 1).to_bytes(8, "big"))) == damaged - 1

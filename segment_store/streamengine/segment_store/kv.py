@@ -92,14 +92,6 @@ class MemoryKV:
     ) -> list[bytes]:
         return [value for _, value in self.scan(start, end, limit, max_bytes)]
 
-    def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
-        with self._lock:
-            hi = bisect.bisect_left(self._keys, end)
-            if hi == 0 or self._keys[hi - 1] < start:
-                return None
-            key = self._keys[hi - 1]
-            return key, self._values[key]
-
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
         with self._lock:
             for op in ops:
@@ -321,24 +313,6 @@ class RocksKV:
         if len(found) < wanted:
             return [value for _, value in self.scan(start, end, limit, max_bytes)]
         return found
-
-    def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
-        from rocksdict import ReadOptions
-
-        read = ReadOptions()
-        read.set_iterate_lower_bound(start)
-        read.set_iterate_upper_bound(end)
-        with self._use() as db:
-            it = db.iter(read)
-            it.seek_for_prev(end)
-            while it.valid():
-                key = it.key()
-                assert isinstance(key, bytes)
-                if key < end:
-                    return (key, it.value()) if key >= start else None
-                it.prev()
-            self._ended(it)
-        return None
 
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
         from rocksdict import WriteBatch

@@ -32,12 +32,6 @@ class QuorumTracker:
         self._matched: dict[str, int] = dict.fromkeys(self.copy_set, 0)
         self._acked = 0
 
-    def matched(self, store: str) -> int:
-        return self._matched[store]
-
-    def matched_by_store(self) -> dict[str, int]:
-        return dict(self._matched)
-
     def update(self, store: str, matched_index: int) -> int:
         """Record a store's answer; returns the (never lowered) quorum index."""
         if store not in self._matched:

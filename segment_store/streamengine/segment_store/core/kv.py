@@ -70,10 +70,6 @@ class KV(Protocol):
         """The values `scan` would return, without their keys."""
         ...
 
-    def last_before(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
-        """The largest key in [start, end), if any."""
-        ...
-
     def write(self, ops: Sequence[KVOp], sync: bool) -> None:
         """Apply every op atomically: after a crash all of them are visible or none."""
         ...
