@@ -22,7 +22,7 @@ from streamengine.protocol.transport import (
     Transport,
 )
 from streamengine.testing.ports import free_port
-from streamengine.testing.waiting import wait_for
+from streamengine.testing.waiting import Hopeless, wait_for
 from streamengine.tools.certs import LocalCerts, create_local_certs
 
 STREAMENGINE = str(Path(sys.executable).with_name("streamengine"))
@@ -170,7 +170,7 @@ class ServerProcess(ChildProcess):
     def wait_serving(self, timeout_s: float = 20.0) -> None:
         def serving() -> bool:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
+                raise Hopeless(
                     f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
                 )
             return is_serving(self.address, transport=self.transport)

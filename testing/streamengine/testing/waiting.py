@@ -11,6 +11,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class Hopeless(RuntimeError):
+    """Raised by a condition that can no longer be met (the server it waits for has
+    exited): `wait_for` raises it at once rather than polling on to its deadline, as
+    it does with any other error of the condition."""
+
+
 def wait_for(
     condition: Callable[[], T | None],
     timeout_s: float = 10.0,
@@ -25,6 +31,8 @@ def wait_for(
             value = condition()
             if value:
                 return value
+        except Hopeless:
+            raise
         except Exception as error:
             last_error = error
         if time.monotonic() > deadline:
