@@ -104,6 +104,7 @@ INVARIANTS = {
     16: "what the master shows of its streams is what it holds, to each caller its own",
     17: "a leader hears of a roll its master owes it while its session is renewed",
     18: "a client waiting on a dial crosses a healed cut within a bound",
+    19: "a holder closing a connection is done with it at once, even to a silent peer",
     0: "the cluster converges once faults stop (liveness)",
 }
 

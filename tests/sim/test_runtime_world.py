@@ -41,9 +41,9 @@ CI_SEEDS = (*range(0, 10), MANY_OF_BOTH_KINDS, MANY_BY_PREFIX)
 PARKED_APPENDS_HANG = 6
 PARKED_APPENDS_HANG_FOUND = 6
 # A producer's unanswered batch is sent again through its process's next writer (seed
-# 0 until reads rode the client's pooled data connections, seed 1 until a client's rolls
-# went to the master in batches).
-PRODUCER_RESENDS = 0
+# 0 until reads rode the client's pooled data connections and again until it drew thin
+# send buffers, seed 1 until a client's rolls went to the master in batches).
+PRODUCER_RESENDS = 1
 # A producer's batch waited for its turn past its timeout; seed 4 found it, and since
 # Write moved onto the data plane (issue #39) seed 7 made a producer's appends time out,
 # seed 11 since a client's dial is given up after `framed.CONNECT_TIMEOUT_MS`, and seed 7
@@ -157,6 +157,10 @@ STANDBY_CALLED = 16
 # Stores and the embedded master on RocksDB, with five store crashes, four master
 # restarts and the master's metadata lost and rebuilt.
 ON_ROCKSDB = 4
+# A seed with thin send buffers (`WorldConfig.send_buffer_bytes`) where a client's
+# Write stream to a store cut off without a word is found dead with bytes still
+# buffered for it.
+CLOSED_TO_A_SILENT_STORE = 32
 FLAWED = [
     ("park_forever", PARKED_APPENDS_HANG_FOUND, 7),
     ("attention_named_once", ROLL_UNHEARD, 17),
@@ -200,8 +204,8 @@ FLAWED = [
     ("bridge_short_everywhere", 98, 1),
     # A certified Spark read took a replica's acked entries for what it serves, and
     # asked one that missed the bridge again at once, for ever: the last scans never
-    # ended (seed 377 found it first).
-    ("chunk_answered_by_acked", 122, 0),
+    # ended (seed 377 found it first, 122 until it drew thin send buffers).
+    ("chunk_answered_by_acked", 198, 0),
     # The master keeps a closing writer's acked index to itself: a Spark write task's
     # rows, acked on a store that crashed before it heard the index, stay unread (the
     # last scans, planned to the index the master shows, wait for them for ever).
@@ -209,6 +213,11 @@ FLAWED = [
     # Spark read an open segment's range under a sealed segment's rules: every replica
     # serving less than the range made a loss, though their acked indexes still grew.
     ("open_range_read_as_sealed", 150, 1),
+    # A data connection closed gracefully whatever it still buffers: a client's close
+    # of its connection to a store cut off without a word waits out TCP's user timeout
+    # (S7's clean-clone run: a writer found its Write stream dead and took 5 s more to
+    # dial again).
+    ("close_waits_for_the_peer", CLOSED_TO_A_SILENT_STORE, 19),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -621,8 +630,9 @@ def test_a_seed_replays_exactly_on_the_runtime() -> None:
 
 # Spark jobs through the shipped data source (`WorldConfig.analytics`): scans, micro-
 # batches of streaming queries and write jobs, and the SDK's bounded reads beside them,
-# each of them checked (seed 32; 22 while the stores kept no cluster view).
-SPARK_JOBS = 32
+# each of them checked (seed 305; 32 until it drew thin send buffers, 22 while the
+# stores kept no cluster view).
+SPARK_JOBS = 305
 
 
 def test_spark_jobs_scan_follow_and_write_through_the_shipped_data_source() -> None:

@@ -442,6 +442,44 @@ async def test_a_server_that_answers_nothing_sent_is_dropped_before_its_dead_pee
     assert 0.3 <= waited_s < 5.0
 
 
+async def test_a_server_found_dead_is_dropped_with_what_was_buffered_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a connection is found unanswered, its holder is out of it at once, though
+    bytes for the server still wait in the socket: a graceful close would wait for a
+    peer that takes nothing (here a server that stopped reading; in S7 one cut off one
+    way, whose buffer went only when TCP's backed-off retransmission got through, 5 s
+    after the connection was found dead)."""
+    monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
+    monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 2_000)
+    loop = asyncio.get_running_loop()
+
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)  # the hello
+        writer.write(raw_hello_ok(ping_interval_ms=20_000, dead_peer_ms=60_000))
+        await asyncio.Event().wait()  # reads nothing more, answers nothing
+
+    async def flood(call: framed.ClientCall) -> None:
+        for number in itertools.count(1):
+            await call.send(request(number, size=16_000))
+
+    async with raw_server(deaf) as connection:
+        call = await connection.call(framing.WRITE)
+        flooding = asyncio.create_task(flood(call))
+        transport = connection.peer.writer.transport
+        while not transport.get_write_buffer_size():  # the kernel's buffers are full
+            assert connection.failure is None, "found dead before its buffer filled"
+            await asyncio.sleep(0.01)
+        with pytest.raises(CallError) as raised:
+            await call.receive()
+        found_dead_at = loop.time()
+        flooding.cancel()
+        with contextlib.suppress(asyncio.CancelledError, CallError):
+            await flooding
+    assert "answered nothing" in raised.value.details
+    assert loop.time() - found_dead_at < 1.0
+
+
 async def test_a_slow_answer_from_a_server_that_pongs_is_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -55,7 +55,10 @@ holds `StreamFaults.send_buffer_bytes` unread. A reset between two nodes reaches
 ends as `ConnectionResetError` after a detection delay; a cut does that too or, as
 drawn (`StreamFaults.silent_cut`), leaves the connection silent: nothing arrives and no
 error comes; a SYN sent across a cut is dropped as silently, as drawn, and sent again
-on the kernel's retransmission timeout. A connection belongs to its process
+on the kernel's retransmission timeout. An end closed while asyncio still holds bytes
+for a silent peer (`get_write_buffer_size`) waits in `wait_closed` until TCP's user
+timeout (asyncio closes once its buffer is out, and nobody acknowledges it); one
+aborted does not (`SimNetwork.close_waits` keeps those waits). A connection belongs to its process
 (`Incarnation`, `start_node`): when its task ends, each end it holds closes as the
 kernel closes a dead process's socket, a FIN after what it sent, or a reset when bytes
 it never read were left.
@@ -90,6 +93,7 @@ from cryptography.hazmat.primitives import serialization
 
 from streamengine.master import etcd
 from streamengine.protocol import framed, identity, transport
+from streamengine.protocol.framed_peer import DEAD_PEER_MS
 from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime import blocking
 from tests.sim.runtime.loop import SimLoop
@@ -234,6 +238,9 @@ class SimNetwork:
         # (client's node, server's node) -> the dials whose SYN a cut dropped silently,
         # still waiting for an answer.
         self.unanswered_dials: dict[tuple[str, str], set[asyncio.Future[_Connection]]] = {}
+        # Closes waiting on a silent peer for their buffer to go out: (node, peer's
+        # node, when the wait began) -> when it ended (None: waiting still).
+        self.close_waits: dict[tuple[str, str, float], float | None] = {}
         # Told of every call's end, as its caller sees it: (caller's node, address,
         # method, status code).
         self.call_observers: list[Callable[[str, str, str, grpc.StatusCode], None]] = []
@@ -1481,6 +1488,10 @@ def _intercepted(
 # ---- byte streams: asyncio's streams on the same wire (the framed data plane) ----
 
 
+# asyncio's default high-water mark of a transport's write buffer.
+SEND_BUFFER_BYTES_DEFAULT = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class StreamFaults:
     """How simulated TCP connections misbehave, beyond the delays `Faults` draws."""
@@ -1494,7 +1505,7 @@ class StreamFaults:
     silent_cut: float = 0.5
     # Bytes one direction holds written and unread before `drain` waits (asyncio's
     # default high-water mark); it waits until the reader brings it down to a quarter.
-    send_buffer_bytes: int = 64 * 1024
+    send_buffer_bytes: int = SEND_BUFFER_BYTES_DEFAULT
 
     def __post_init__(self) -> None:
         assert 0 <= self.split <= 1 and 0 <= self.silent_cut <= 1
@@ -1666,6 +1677,7 @@ class _Connection:
         self.network = network
         self.number = number
         self.state = "open"  # "silent": cut, unannounced; "reset": both ends told
+        self.silent_since: float | None = None
         # Its server serves TLS; the client started TLS, presenting this certificate.
         self.server_tls = False
         self.tls = False
@@ -1688,6 +1700,7 @@ class _Connection:
             return
         if self.network.rng.random() < self.network.stream_faults.silent_cut:
             self.state = "silent"
+            self.silent_since = self.network.loop.time()
             self.network.stats["silent_cuts"] += 1
         else:
             self.reset("the route to the peer was cut")
@@ -1734,6 +1747,7 @@ class _End:
         self.fin_sent = False
         self.error: Exception | None = None
         self.closed = False
+        self.aborted = False
         self._changed = asyncio.Event()
         self._incarnation = incarnation
         self._hold = None if incarnation is None else incarnation.hold(self.close)
@@ -1788,6 +1802,19 @@ class _End:
         self.eof = True
         self.wake()
         connection.ended()
+
+    def abort(self) -> None:
+        """The owner dropped it at once (`transport.abort()`, also after a `close`
+        still flushing): a reset, whatever was buffered either way lost; across a dead
+        route the reset gets nowhere."""
+        if self.aborted:
+            return
+        self.aborted = True
+        self.outgoing.unread = 0
+        self.outgoing.paused = False
+        if self.connection.state == "open":
+            self.connection.reset(f"{self.node} aborted the connection")
+        self.close()
 
 
 class SimStreamReader:
@@ -1915,10 +1942,35 @@ class SimStreamWriter:
     def close(self) -> None:
         self._end.close()
 
+    def abort(self) -> None:
+        self._end.abort()
+
     def is_closing(self) -> bool:
         return self._end.closed or self._end.error is not None
 
     async def wait_closed(self) -> None:
+        """At once, unless the end was closed (not aborted) with bytes asyncio still
+        holds for a peer cut off without a word: asyncio's close waits for its buffer
+        to go out, and the kernel takes it only as the peer acknowledges, so the wait
+        lasts until TCP's user timeout (set to the dead-peer time,
+        `framed_peer.configure_socket`) ends the connection: a silent route never
+        comes back here."""
+        end = self._end
+        connection = end.connection
+        network = connection.network
+        if (
+            end.closed
+            and not end.aborted
+            and self.get_write_buffer_size()
+            and connection.state == "silent"
+            and connection.silent_since is not None
+        ):
+            loop = network.loop
+            key = (end.node, connection.nodes.difference({end.node}).pop(), loop.time())
+            network.close_waits[key] = None
+            give_up_at = connection.silent_since + DEAD_PEER_MS / 1000
+            await asyncio.sleep(max(0.0, give_up_at - loop.time()))
+            network.close_waits[key] = loop.time()
         await asyncio.sleep(0)
 
     @property
@@ -1927,9 +1979,12 @@ class SimStreamWriter:
         return self
 
     def get_write_buffer_size(self) -> int:
-        """Bytes written that the peer has not read yet (a socket's send buffer and
-        the peer's receive buffer, together)."""
-        return self._end.outgoing.unread
+        """What asyncio holds that the kernel has not taken: the bytes written and
+        not yet read by the peer beyond what the kernel's buffers hold
+        (`StreamFaults.send_buffer_bytes`, the send buffer and the peer's receive
+        buffer together): some once `drain` would wait."""
+        flow = self._end.outgoing
+        return max(0, flow.unread - self._end.connection.network.stream_faults.send_buffer_bytes)
 
 
 class _SimSocket:

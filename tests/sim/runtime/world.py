@@ -123,7 +123,7 @@ from streamengine.master.leadership import Leadership, SessionRenewal
 from streamengine.master.service_segments import SegmentHandlers
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
-from streamengine.protocol import codec, framed
+from streamengine.protocol import codec, framed, framed_peer
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import (
@@ -163,7 +163,13 @@ from tests.sim.runtime.master import SimElectedMaster, SimMaster
 from tests.sim.runtime.read_side import ReadSide, pages_by_offset
 from tests.sim.runtime.security import ClusterCerts, cluster_certs
 from tests.sim.runtime.store import SimStore
-from tests.sim.runtime.transport import CURRENT_NODE, SimNetwork, node_context
+from tests.sim.runtime.transport import (
+    CURRENT_NODE,
+    SEND_BUFFER_BYTES_DEFAULT,
+    SimNetwork,
+    StreamFaults,
+    node_context,
+)
 from tests.sim.world import draws_producers, is_documented_loss, run_outcome
 from tests.sim.writer_node import ProducerOutbox
 
@@ -204,7 +210,9 @@ from tests.sim.writer_node import ProducerOutbox
 # to itself, so events acked on stores that never heard it stay unread until a writer
 # leads the stream again (`analytics.Analyst`'s sink: seed 227);
 # `open_range_read_as_sealed`: a Spark range of an open segment takes every replica
-# serving less than it for a loss, though their acked indexes may still grow.
+# serving less than it for a loss, though their acked indexes may still grow;
+# `close_waits_for_the_peer`: a data connection is closed gracefully whatever it still
+# buffers, so its holder waits for a peer that takes nothing (`World._closes_ended`).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -226,6 +234,7 @@ RUNTIME_FLAWS = (
     "chunk_answered_by_acked",
     "release_acked_untold",
     "open_range_read_as_sealed",
+    "close_waits_for_the_peer",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -250,6 +259,8 @@ ROLL_HEARD_LEASES = 3
 # A dial waiting on a cut sends a fresh SYN this soon after the cut heals
 # (`World._healed_cuts_crossed`): the dial's next hedge, and a tick.
 HEALED_CUT_CROSSED_S = (framed.DIAL_HEDGE_MS + 10) / 1000
+# A connection's holder is done closing it within this long (`World._closes_ended`).
+CLOSE_WAIT_S_MAX = 0.1
 # A writer that lost leadership (or never got it) asks again after this long.
 LEAD_AGAIN_MS = 100
 # A follower whose subscription failed subscribes again after this long.
@@ -356,6 +367,11 @@ LEASE_HEARTBEAT = "/streamengine.v1.Master/LeaseHeartbeat"
 # (tmpfs: a sync costs nothing there), instead of in memory. The stores with
 # `fsync_never` stay in memory, where a power cut can take what they never synced.
 ROCKSDB_SHARE = 0.3
+# The share of seeds whose connections hold this little written and unread before a
+# sender waits (a thin link, small socket buffers): a store that stops taking leaves
+# its writers' buffers full, as a fast writer's are in S7 (`World._closes_ended`).
+THIN_BUFFER_SHARE = 0.3
+THIN_SEND_BUFFER_BYTES = 2 * 1024
 ROCKSDB_ROOT = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 # The share of seeds with two masters or more (drawn apart) where a client calls the
 # standbys now and then, every call of the master's service, as a client given every
@@ -455,6 +471,8 @@ class WorldConfig:
     # The stores that sync and the embedded master keep their data in the shipped
     # RocksDB adapters (`RocksKV`, `RocksDBMetadata`) under a directory of the run.
     rocksdb: bool = False
+    # What a connection holds written and unread before `drain` waits.
+    send_buffer_bytes: int = SEND_BUFFER_BYTES_DEFAULT
     # Streams each client process leads in a crowd seed (0: not one): `processes` (1
     # or 2) lead `crowd` streams each, with no rival and no token.
     crowd: int = 0
@@ -577,6 +595,8 @@ class WorldConfig:
         config = config.with_many(random.Random(f"{seed}/subscribe-many"))
         config = config.with_analytics(random.Random(f"{seed}/analytics"))
         config = config.with_security(random.Random(f"{seed}/tls"))
+        if random.Random(f"{seed}/send-buffer").random() < THIN_BUFFER_SHARE:
+            config = dataclasses.replace(config, send_buffer_bytes=THIN_SEND_BUFFER_BYTES)
         # Once the run is judged: its draw moves nothing before. Not after a crowd, whose
         # nodes would make it cost minutes, nor in a secured cluster (its doors are
         # plaintext ones; `secured.probe` knocks at those of a secured cluster).
@@ -668,6 +688,11 @@ class WorldConfig:
             + (" standby-calls" if self.standby_calls else "")
             + (" roll-asks" if self.roll_asks else "")
             + (" rocksdb" if self.rocksdb else "")
+            + (
+                f" send-buffer={self.send_buffer_bytes}B"
+                if self.send_buffer_bytes != SEND_BUFFER_BYTES_DEFAULT
+                else ""
+            )
             + (f" masters={self.masters} on etcd" if self.masters else "")
             + (f" operator (grace {self.delete_grace_ms}ms)" if self.operator else "")
             + (" reading all along" if self.read_side else "")
@@ -2274,6 +2299,7 @@ class World:
             self.check(self.masters.look)
             self.check(self._rolls_heard)
             self.check(self._healed_cuts_crossed)
+            self.check(self._closes_ended)
             for checker in self.checkers.values():
                 for writer_id in sorted(checker.open_appends):
                     if writer_id.partition("/")[0] in self.crashed:
@@ -2351,6 +2377,22 @@ class World:
                 f"{client}'s dial to {server} still waits {round((now - healed_at) * 1000)} "
                 f"ms after their cut healed, and no SYN went since",
             )
+
+    def _closes_ended(self) -> None:
+        """Closing a connection holds its holder a moment at most, even one whose peer
+        takes nothing: a writer's Write stream found unanswered waited out TCP's user
+        timeout for its buffer to go, neither dialling again nor serving the segments
+        it carries (S7 in the clean-clone run: 5 s, and a second store's fault
+        meanwhile held appends 1 s)."""
+        now = self.loop.time()
+        for (node, peer, began), ended in self.network.close_waits.items():
+            waited = (now if ended is None else ended) - began
+            if waited > CLOSE_WAIT_S_MAX:
+                raise Violation(
+                    19,
+                    f"{node}'s close of its connection to {peer} waited "
+                    f"{round(waited * 1000)} ms for a buffer the silent peer never takes",
+                )
 
     def _describe(self, writer_id: str) -> None:
         writer = self.writers.get(writer_id)
@@ -2874,6 +2916,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(SegmentHandlers, "SealSegment", _sealing_state_first)
             )
+        if "close_waits_for_the_peer" in flaws:
+            stack.enter_context(mock.patch.object(framed_peer.Peer, "close", _closing_gracefully))
         if "dial_once" in flaws:
             stack.enter_context(mock.patch.object(framed, "_dial", _dialling_once))
             stack.enter_context(
@@ -2993,6 +3037,13 @@ async def _dialling_once(host: str, port: int) -> tuple[Any, Any]:
     return await framed.open_connection(host, port)
 
 
+async def _closing_gracefully(peer: framed_peer.Peer) -> None:
+    """`Peer.close` as it was: a graceful close, waiting for the buffer to go out."""
+    peer.writer.close()
+    with contextlib.suppress(OSError, asyncio.CancelledError):
+        await peer.writer.wait_closed()
+
+
 def _pausing_after_every_dial(failures: int, unanswered_dial: bool) -> int:
     """`reopen_pause_ms` as it was: the backoff's pause after a dial nobody answered too."""
     return STORE_STREAM_REOPEN.delay_ms(failures)
@@ -3091,7 +3142,10 @@ def run_seed(
     worlds: list[World] = []
 
     async def main() -> None:
-        network = SimNetwork(asyncio.get_running_loop())
+        network = SimNetwork(
+            asyncio.get_running_loop(),
+            stream_faults=StreamFaults(send_buffer_bytes=config.send_buffer_bytes),
+        )
         with network.installed():
             async with asyncio.TaskGroup() as group:
                 world = World(config, rng, network, group, trace)
