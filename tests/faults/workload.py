@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import random
 import signal
 import sys
@@ -39,6 +40,7 @@ from streamengine.client.errors import (
     NotFound,
     StreamEngineError,
 )
+from streamengine.protocol import logs
 from streamengine.protocol.sequence import pack_sequence
 from tests.faults import payload
 from tests.faults.channels import stream_client
@@ -431,6 +433,9 @@ async def main_async(args: argparse.Namespace) -> int:
     workload: WriterWorkload | ReaderWorkload
     recorder = Recorder(path, args.name, inc=args.inc)
     if args.role == "writer":
+        # The SDK's own account (sessions lost and dialled, rolls, seals) lands in the
+        # process's log beside the history: a missed bound is traced from it.
+        logs.configure(logging.INFO)
         workload = WriterWorkload(args, recorder)
     else:
         workload = ReaderWorkload(args, recorder, path)
