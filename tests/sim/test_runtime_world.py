@@ -130,6 +130,9 @@ WIPED_WHILE_THE_METADATA_WAS_GONE = 5009
 REBUILT_FROM_ONE_EMPTY_STORE = 2092
 # N=1 on one store, the metadata lost at 5.1 s: no record of any stream on the store.
 NO_RECORD_ON_ANY_STORE = 2499
+# N=1 on one store, cut from the master at 1.6 s, the metadata lost at 1.8 s: neither
+# a record nor a card of either stream had reached the store, only their writes.
+NO_CARD_ON_ANY_STORE = 4600
 # N=2 W=1, three masters on etcd, Spark jobs: a write task acked its rows on store1,
 # which crashed before it heard the acked index, while store0 was down.
 RELEASED_WHILE_STORES_WERE_DOWN = 227
@@ -189,15 +192,17 @@ FLAWED = [
     ("secret_in_grant_only", 1, 5),
     # One SYN per dial, left to the kernel's retransmissions, and a pause after a dial
     # nobody answered: a client misses a healed cut by a second (S7 on affe1fc; seed 10
-    # until stores kept the master's cluster view).
-    ("dial_once", 2, 18),
+    # until stores kept the master's cluster view, and again since grants name their
+    # streams; seed 2 between).
+    ("dial_once", 10, 18),
     # The rebuild decides from the stores registered so far and gives ids past those
     # they hold: store2 alone answered, holding nothing, and the operator's new stream
     # took id 1, which the down store0 held.
     ("rebuild_from_whoever_answered", REBUILT_FROM_ONE_EMPTY_STORE, 5),
-    # No stream card read: the streams of one store that no heartbeat reply reached
-    # after it got their segments come back as `<tenant>/stream-<id>`.
-    ("rebuild_without_cards", NO_RECORD_ON_ANY_STORE, 0),
+    # No stream card read: a stream no record of which reached a store, and no write
+    # either (so no grant named it there), is lost or comes back as
+    # `<tenant>/stream-<id>` (seed 2499 until grants named their streams).
+    ("rebuild_without_cards", 3956, 0),
     # A Spark range planned open took a recovery's bridge for a replica holding less:
     # a scan told a loss nobody declared (seeds 16, 53 and 94 found it first; the SDK's
     # reads joining the analyst's jobs and the stores' cluster views moved them).
@@ -218,6 +223,9 @@ FLAWED = [
     # (S7's clean-clone run: a writer found its Write stream dead and took 5 s more to
     # dial again).
     ("close_waits_for_the_peer", CLOSED_TO_A_SILENT_STORE, 19),
+    # The rebuild reads no name the stores kept from grants: two streams written before
+    # their records or cards reached the one store come back nameless.
+    ("rebuild_without_granted_names", NO_CARD_ON_ANY_STORE, 0),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {
@@ -235,8 +243,8 @@ MADE = {
 }
 # A follower of "t0/" (with an operator, seed 26) read 3/1 of t0/s0 again after 3/5: the
 # operator deleted and undeleted the stream, and the subscription followed it again from
-# where it began, not from where it had left it.
-UNDELETED_UNDER_A_PREFIX = 26
+# where it began, not from where it had left it (seed 1 since grants name their streams).
+UNDELETED_UNDER_A_PREFIX = 1
 FOLLOWING_T0 = {"operator": True, "many": (ManyFollower((), "t0/", 4_000),)}
 # Spark jobs came to the world (`WorldConfig.analytics`) after the seeds run with this
 # found what their tests name: without them, their schedules stay as they were then.
@@ -449,6 +457,20 @@ def test_seed_2008_a_rebuild_waits_for_a_store_that_knows_the_cluster() -> None:
     assert result.stats.get("streams created after a rebuild", 0) > 0, result.stats
 
 
+@pytest.mark.parametrize("seed", [NO_CARD_ON_ANY_STORE, 4989])
+def test_a_stream_written_before_its_card_reached_a_store_keeps_its_name(seed: int) -> None:
+    """N=1 on one store that no heartbeat reply reached after the streams were created
+    (seed 4600: cut from the master, then the metadata lost; 4989: the store crashed at
+    0.3 s and stayed down past the loss). The streams came back as
+    `<tenant>/stream-<id>` or not at all, their writers told NotFound for good: their
+    names were only in the lost metadata and the clients. A grant now names its stream,
+    the store keeps the name with the first write or seal of the stream, and the rebuild
+    names a stream without record or card from it."""
+    result = run_seed(seed)
+    assert result.config.metadata_lost and result.ok, _failure(result)
+    assert result.stats.get("metadata rebuilt", 0) > 0, result.stats
+
+
 def test_seed_2499_a_stream_no_record_reached_keeps_its_name_through_a_rebuild() -> None:
     """N=1 on one store, the metadata lost at 5.1 s. As found, store0 was down from
     0.3 s to 4.7 s while c1.1 led eight streams: none was ever written, and the rebuild
@@ -549,7 +571,7 @@ def test_a_process_leading_a_crowd_of_streams_keeps_every_invariant() -> None:
     assert result.read >= result.acked >= result.config.streams, result.summary()
 
 
-def test_seed_26_an_undeleted_stream_is_followed_again_where_it_was_left() -> None:
+def test_an_undeleted_stream_is_followed_again_where_it_was_left() -> None:
     result = run_seed(UNDELETED_UNDER_A_PREFIX, overrides=FOLLOWING_T0)
     assert result.ok, _failure(result)
     assert result.stats.get("follower StreamDeleted", 0) > 0, result.stats

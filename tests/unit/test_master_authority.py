@@ -43,6 +43,8 @@ def test_a_grant_lists_the_unsealed_segments_then_its_own_with_their_copy_sets()
         "w1",
         (GrantSegment(5, ("d", "e", "f")), GrantSegment(9, ("a", "b", "c"))),
         5000,
+        "acme/orders",
+        2,
     )
     without_segment = grant_of(STREAM, 9, "w1", None, earlier, 5000)
     assert without_segment.segment(9) is None and without_segment.segment(5) is not None

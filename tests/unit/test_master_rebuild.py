@@ -59,11 +59,23 @@ def held(
     stream: StreamRecord = ORDERS,
     tenant: str = "acme",
     granted: tuple[str, ...] = (),
+    granted_name: str = "",
+    granted_quorum: int = 0,
 ) -> rebuild.Holding:
     epoch = segment.epoch if segment is not None else epoch
     record = (stream, segment) if segment is not None else None
     return rebuild.Holding(
-        store, stream.stream_id, epoch, fence or epoch, 5, bridge, tenant, record, granted
+        store,
+        stream.stream_id,
+        epoch,
+        fence or epoch,
+        5,
+        bridge,
+        tenant,
+        record,
+        granted,
+        granted_name,
+        granted_quorum,
     )
 
 
@@ -357,6 +369,40 @@ def test_a_stream_without_any_record_is_kept_under_its_tenant_not_deleted() -> N
     stream = out.streams["acme/stream-9"]
     assert (stream.replicas, stream.write_quorum) == (3, 2)
     assert out.segments[(9, 1)].copy_set == ("s1", "s2", "s3")
+
+
+def test_a_stream_no_record_or_card_reached_is_named_as_its_grants_said() -> None:
+    """The runtime world's seeds 4600 and 4989 (N=1, one store): streams written
+    before any heartbeat reply brought their records or cards to the store, then the
+    metadata lost. The name a grant said wins over none; a record or a card, which
+    carry the policy too, win over it."""
+    nameless = replace(ORDERS, stream_id=9)
+    three = ("s1", "s2", "s3")
+    granted = [
+        held(
+            s,
+            None,
+            epoch=1,
+            stream=nameless,
+            granted=three,
+            granted_name="acme/orders",
+            granted_quorum=3,
+        )
+        for s in three
+    ] + [held("s1", None, epoch=2, stream=nameless, granted=three)]
+    out = rebuild.rebuild(granted, NOW)
+    stream = out.streams["acme/orders"]
+    # The quorum it was created with, not a majority of its copy sets.
+    assert (stream.stream_id, stream.replicas, stream.write_quorum) == (9, 3, 3)
+    assert any("named as its grants said acme/orders" in note for note in out.notes)
+    card = replace(nameless, name="acme/clicks", replicas=3, write_quorum=2)
+    out = rebuild.rebuild(granted, NOW, views=[rebuild.View(("s1",), 9, (card,))])
+    assert set(out.streams) == {"acme/clicks"}
+    out = rebuild.rebuild(
+        [held("s1", seg(1)), held("s1", None, epoch=2, granted=("s1",), granted_name="acme/x")],
+        NOW,
+    )
+    assert set(out.streams) == {"acme/orders"}
 
 
 def test_a_name_with_two_ids_is_the_higher_and_ids_never_collide() -> None:
@@ -807,3 +853,33 @@ def test_a_heartbeat_encodes_a_bounded_number_of_records_afresh(
     segments[(5, 30)] = replace(segments[(5, 30)], copy_set=("s1", "s2", "s4"))
     sent = encodings.to_send("s1", kept, segments, lambda _: ORDERS)
     assert [r.id.epoch for r in sent] == [30]
+
+
+@pytest.mark.parametrize(
+    ("kept", "tenant", "named"),
+    [
+        ("acme/orders", "acme", "acme/orders"),
+        ("other/orders", "acme", ""),  # another tenant's name: not this stream's
+        ("no-slash", "acme", ""),
+        ("", "acme", ""),
+    ],
+)
+def test_a_name_a_store_kept_is_taken_only_when_it_is_the_streams_tenants(
+    kept: str, tenant: str, named: str
+) -> None:
+    """With its write quorum: none without a name, nor one past the replicas a copy set
+    can hold."""
+    from streamengine.master.rebuild import _holding
+    from streamengine.v1 import entry_pb2, segment_store_pb2
+
+    held_pb = segment_store_pb2.HeldSegmentRecord(
+        segment=entry_pb2.SegmentId(stream_id=9, epoch=1),
+        fence=1,
+        tenant=tenant,
+        stream_name=kept,
+        write_quorum=2,
+    )
+    holding = _holding("s1", held_pb)
+    assert (holding.stream_name, holding.write_quorum) == (named, 2 if named else 0)
+    held_pb.write_quorum = 99
+    assert _holding("s1", held_pb).write_quorum == 0

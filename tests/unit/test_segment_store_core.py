@@ -1128,6 +1128,33 @@ def test_the_copy_set_of_the_first_grant_is_kept_beside_its_segment_and_goes_wit
     kv.close()
 
 
+def test_the_stream_a_grant_names_is_kept_with_the_first_command_of_a_segment(
+    tmp_path: Path,
+) -> None:
+    """A master rebuilding its metadata names a stream none of whose records or cards
+    reached a store as its grants said (the runtime world's seeds 4600 and 4989)."""
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    first, sealed = SegmentKey(7, 2), SegmentKey(8, 1)
+    assert store.catalog.granted_stream(7) == ("", 0)
+    store.execute(
+        WriteCommand(first, 3, 0, PackedEntries.of([ev(1)]), "acme", ("s1",), "acme/orders", 1)
+    )
+    store.execute(SealCommand(sealed, 2, "acme", ("s1", "s2", "s3"), "acme/clicks", 3))
+    # A copy the master made, under no grant, names nothing.
+    store.execute(WriteCommand.of(SegmentKey(9, 1), 1, 0, [ev(1, epoch=1)]))
+    kv.close()
+    kv = RocksKV(tmp_path / "db")
+    store = SegmentStoreCore(kv)
+    assert store.catalog.granted_stream(7) == ("acme/orders", 1)
+    assert store.catalog.granted_stream(8) == ("acme/clicks", 3)
+    assert store.catalog.granted_stream(9) == ("", 0)
+    # The segment deleted, the stream's name stays, as its tenant does.
+    store.delete(first)
+    assert store.catalog.granted_stream(7) == ("acme/orders", 1)
+    kv.close()
+
+
 def test_a_refused_write_keeps_no_copy_set(core: SegmentStoreCore) -> None:
     segment = SegmentKey(4, 1)
     with pytest.raises(BadRequest):

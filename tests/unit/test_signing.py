@@ -51,6 +51,8 @@ GRANT = Grant(
         GrantSegment(5, ("s4", "s5", "s1")),
     ),
     expires_at_ms=1_700_000_600_000,
+    stream_name="acme/orders",
+    write_quorum=2,
 )
 CLAIMS = TokenClaims("0123456789abcdef", "acme", Role.WRITE, 1_000, 61_000)
 

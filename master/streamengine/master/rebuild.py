@@ -25,6 +25,8 @@ import grpc
 
 from streamengine.master.catalog import Batch, Catalog
 from streamengine.master.core import rebuild
+from streamengine.master.core.errors import InvalidArgument
+from streamengine.master.core.model import validate_stream_name
 from streamengine.master.metadata import OPS_PER_TRANSACTION_MAX
 from streamengine.master.records import MalformedRecord, cluster_view_from_pb, record_from_bytes
 from streamengine.master.state import MasterState
@@ -171,6 +173,17 @@ def _holding(store_id: str, held: segment_store_pb2.HeldSegmentRecord) -> rebuil
     if len(set(copy_set)) != len(copy_set) or len(copy_set) > REPLICAS_MAX or not all(copy_set):
         log.warning("store %s keeps the copy set of %s as %s: ignored", store_id, key, copy_set)
         copy_set = ()
+    stream_name = held.stream_name
+    if stream_name:
+        try:
+            tenant, _ = validate_stream_name(stream_name)
+        except InvalidArgument:
+            tenant = ""
+        if tenant != held.tenant:
+            log.warning(
+                "store %s keeps the name of stream %d as %r: ignored", store_id, key[0], stream_name
+            )
+            stream_name = ""
     return rebuild.Holding(
         store_id,
         key[0],
@@ -181,6 +194,8 @@ def _holding(store_id: str, held: segment_store_pb2.HeldSegmentRecord) -> rebuil
         held.tenant,
         record,
         copy_set,
+        stream_name,
+        held.write_quorum if stream_name and held.write_quorum <= REPLICAS_MAX else 0,
     )
 
 

@@ -1021,6 +1021,8 @@ class HeldSegmentRecord(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     RECORD_FIELD_NUMBER: _builtins.int
     COPY_SET_FIELD_NUMBER: _builtins.int
+    STREAM_NAME_FIELD_NUMBER: _builtins.int
+    WRITE_QUORUM_FIELD_NUMBER: _builtins.int
     fence: _builtins.int
     acked_index: _builtins.int
     last_index: _builtins.int
@@ -1030,6 +1032,13 @@ class HeldSegmentRecord(_message.Message):
     """The stream's tenant as its grants said ("" when never told)."""
     record: _builtins.bytes
     """The serialized `SegmentRecord` the master last sent; empty when none came."""
+    stream_name: _builtins.str
+    """The stream's name as the grant of a write or seal that brought one of its segments
+    here said it ("" when none did): a master rebuilding a stream no record or card
+    of reached a store names it so.
+    """
+    write_quorum: _builtins.int
+    """The stream's write quorum as that grant said it (0: not said)."""
     @_builtins.property
     def segment(self) -> _entry_pb2.SegmentId: ...
     @_builtins.property
@@ -1050,10 +1059,12 @@ class HeldSegmentRecord(_message.Message):
         tenant: _builtins.str = ...,
         record: _builtins.bytes = ...,
         copy_set: _abc.Iterable[_builtins.str] | None = ...,
+        stream_name: _builtins.str = ...,
+        write_quorum: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bridge_index", b"bridge_index", "copy_set", b"copy_set", "fence", b"fence", "last_index", b"last_index", "record", b"record", "segment", b"segment", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bridge_index", b"bridge_index", "copy_set", b"copy_set", "fence", b"fence", "last_index", b"last_index", "record", b"record", "segment", b"segment", "stream_name", b"stream_name", "tenant", b"tenant", "write_quorum", b"write_quorum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

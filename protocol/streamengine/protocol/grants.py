@@ -85,12 +85,21 @@ class Grant:
     segments: tuple[GrantSegment, ...]
     # Wall-clock ms from which stores refuse it.
     expires_at_ms: int
+    # The stream's name, as the master vouches for it: a store keeps it with the first
+    # write or seal that brings the stream there, so that a master rebuilding lost
+    # metadata names the stream though none of its records reached a store ("" in
+    # grants made without it), and its write quorum (0: not said): the copy sets give
+    # the number of replicas, and a stream rebuilt from grants keeps the quorum it was
+    # created with, not a majority of them.
+    stream_name: str = ""
+    write_quorum: int = 0
 
     def __post_init__(self) -> None:
         assert self.stream_id > 0 and 0 < self.epoch <= EPOCH_MAX, self
         assert 0 < self.expires_at_ms < 1 << 64, self
         assert self.tenant and self.client_id, self
         assert len(self.segments) <= GRANT_SEGMENTS_MAX, self
+        assert 0 <= self.write_quorum <= REPLICAS_MAX, self
         epochs = [segment.epoch for segment in self.segments]
         assert epochs == sorted(set(epochs)) and all(e <= self.epoch for e in epochs), self
 
@@ -107,7 +116,7 @@ class Grant:
             out.u64(segment.epoch).u8(len(segment.copy_set))
             for store in segment.copy_set:
                 out.text(store)
-        return out.bytes()
+        return out.text(self.stream_name).u8(self.write_quorum).bytes()
 
     @classmethod
     def decode(cls, payload: bytes) -> Grant:
@@ -132,8 +141,20 @@ class Grant:
             if len(set(copy_set)) != members or not all(copy_set):
                 raise MalformedPayload("a grant's copy set names a store twice, or none")
             segments.append(GrantSegment(segment_epoch, copy_set))
+        stream_name, write_quorum = reader.text(), reader.u8()
+        if write_quorum > REPLICAS_MAX:
+            raise MalformedPayload(f"a grant of write quorum {write_quorum}")
         reader.finish()
-        return cls(stream_id, epoch, tenant, client_id, tuple(segments), expires_at_ms)
+        return cls(
+            stream_id,
+            epoch,
+            tenant,
+            client_id,
+            tuple(segments),
+            expires_at_ms,
+            stream_name,
+            write_quorum,
+        )
 
     def expired(self, now_ms: int) -> bool:
         return now_ms >= self.expires_at_ms

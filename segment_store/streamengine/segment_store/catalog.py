@@ -121,6 +121,7 @@ class CatalogCalls:
             meta = catalog.meta(segment)
             if meta is None:
                 continue  # deleted meanwhile
+            name, write_quorum = catalog.granted_stream(segment.stream_id)
             reply.segments.append(
                 segment_store_pb2.HeldSegmentRecord(
                     segment=segment_pb(segment),
@@ -131,6 +132,8 @@ class CatalogCalls:
                     tenant=catalog.tenant_of(segment.stream_id),
                     record=record,
                     copy_set=copy_set,
+                    stream_name=name,
+                    write_quorum=write_quorum,
                 )
             )
         return reply

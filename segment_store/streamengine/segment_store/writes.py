@@ -232,6 +232,8 @@ class WriteCalls:
                 batch,
                 grant.tenant,
                 self._placing(grant, segment),
+                grant.stream_name,
+                grant.write_quorum,
             )
         except StoreError as error:
             return error
@@ -284,7 +286,12 @@ class WriteCalls:
             )
             self.store.core.check_takes_part(segment)
             command = SealCommand(
-                segment, request.new_epoch, grant.tenant, self._placing(grant, segment)
+                segment,
+                request.new_epoch,
+                grant.tenant,
+                self._placing(grant, segment),
+                grant.stream_name,
+                grant.write_quorum,
             )
         except StoreError as error:
             await abort(context, error, request.segment)

@@ -117,6 +117,7 @@ from streamengine.master import replies, service_tokens
 from streamengine.master.core import listing
 from streamengine.master.core import rebuild as rebuild_core
 from streamengine.master.core.leader_acked import LeaderAckedOwed
+from streamengine.master.core.model import StreamRecord
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
 from streamengine.master.leadership import Leadership, SessionRenewal
@@ -212,7 +213,10 @@ from tests.sim.writer_node import ProducerOutbox
 # `open_range_read_as_sealed`: a Spark range of an open segment takes every replica
 # serving less than it for a loss, though their acked indexes may still grow;
 # `close_waits_for_the_peer`: a data connection is closed gracefully whatever it still
-# buffers, so its holder waits for a peer that takes nothing (`World._closes_ended`).
+# buffers, so its holder waits for a peer that takes nothing (`World._closes_ended`);
+# `rebuild_without_granted_names`: the rebuild reads no stream name the stores kept from
+# their grants, so a stream none of whose records or cards reached a store comes back
+# nameless (seed 4600).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -235,6 +239,7 @@ RUNTIME_FLAWS = (
     "release_acked_untold",
     "open_range_read_as_sealed",
     "close_waits_for_the_peer",
+    "rebuild_without_granted_names",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2942,6 +2947,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if {"rebuild_from_whoever_answered", "rebuild_without_cards"} & flaws:
             stack.enter_context(mock.patch.object(rebuild_core, "_cards", lambda *args: {}))
+        if "rebuild_without_granted_names" in flaws:
+            stack.enter_context(mock.patch.object(rebuild_core, "_stream", _naming_without_grants))
         if "bridge_short_everywhere" in flaws:
             stack.enter_context(mock.patch.object(spark, "_packed_batch", _short_at_any_bridge))
         if "chunk_answered_by_acked" in flaws:
@@ -3035,6 +3042,20 @@ def _answered_as_a_standby(what: str, code: str, became_active: bool) -> None:
 async def _dialling_once(host: str, port: int) -> tuple[Any, Any]:
     """`framed._dial` as it was: one SYN, left to the kernel's retransmissions."""
     return await framed.open_connection(host, port)
+
+
+_rebuilt_stream = rebuild_core._stream
+
+
+def _naming_without_grants(
+    stream_id: int,
+    group: list[rebuild_core.Holding],
+    notes: list[str],
+    card: StreamRecord | None,
+) -> StreamRecord:
+    """`rebuild._stream` as it was: blind to the names the stores kept from grants."""
+    blind = [dataclasses.replace(holding, stream_name="") for holding in group]
+    return _rebuilt_stream(stream_id, blind, notes, card)
 
 
 async def _closing_gracefully(peer: framed_peer.Peer) -> None:

@@ -85,6 +85,8 @@ def grant_of(
         client_id=holder,
         segments=tuple(GrantSegment(s.epoch, s.copy_set) for s in sorted(listed, key=_epoch)),
         expires_at_ms=expires_at_ms,
+        stream_name=stream.name,
+        write_quorum=stream.write_quorum,
     )
 
 

@@ -115,6 +115,9 @@ class Holding:
     # The segment's copy set as the grant of the first write or seal that brought it to
     # the store listed it (empty: not kept, as for a copy the master made).
     copy_set: tuple[str, ...] = ()
+    # The stream's name and write quorum as such a grant said them ("" and 0: none did).
+    stream_name: str = ""
+    write_quorum: int = 0
 
     def __post_init__(self) -> None:
         assert self.stream_id > 0 and self.epoch > 0, self
@@ -387,7 +390,9 @@ def _stream(
     stream_id: int, group: list[Holding], notes: list[str], card: StreamRecord | None
 ) -> StreamRecord:
     """The stream a stream id's records name (that of its highest epoch); without any,
-    as a cluster view's card names it; without one, under its tenant."""
+    as a cluster view's card names it; without one, as the grants its stores kept name
+    it; without those, under its tenant. (Only records and cards carry a policy: else it
+    is the copy sets' size and a majority.)"""
     records = sorted((h.record for h in group if h.record is not None), key=lambda r: r[1].epoch)
     if not records and card is not None:
         notes.append(
@@ -403,13 +408,19 @@ def _stream(
             len(_unrecorded_copy_set([h for h in group if h.epoch == e])[0]) for e in epochs
         )
         replicas = min(max(members, 1), REPLICAS_MAX)
-        name = f"{tenant}/stream-{stream_id}"
+        granted = sorted({(h.stream_name, h.write_quorum) for h in group if h.stream_name})
+        name = granted[-1][0] if granted else f"{tenant}/stream-{stream_id}"
+        said = [quorum for granted_name, quorum in granted if granted_name == name]
+        quorum = said[-1] if said and 0 < said[-1] <= replicas else replicas // 2 + 1
+        how = "named as its grants said" if granted else "kept"
+        if len({granted_name for granted_name, _ in granted}) > 1:
+            notes.append(f"stream id {stream_id}: its grants name it {granted}")
         notes.append(
-            f"stream id {stream_id}: no store holds a record of it; kept as {name} "
-            f"({replicas} replicas, write quorum {replicas // 2 + 1})"
+            f"stream id {stream_id}: no store holds a record of it; {how} {name} "
+            f"({replicas} replicas, write quorum {quorum})"
         )
         return StreamRecord(
-            name, stream_id, replicas, replicas // 2 + 1, _SEGMENT_BYTES, _SEGMENT_AGE_MS, 0, "", 0
+            name, stream_id, replicas, quorum, _SEGMENT_BYTES, _SEGMENT_AGE_MS, 0, "", 0
         )
     stream = records[-1][0]
     others = sorted({r[0].name for r in records} - {stream.name})

@@ -30,11 +30,13 @@ from streamengine.segment_store.core.keys import (
     INCARNATION_KEY,
     SegmentMeta,
     decode_copy_set,
+    decode_granted_stream,
     decode_u64,
     encode_u64,
     lost_range,
     meta_range,
     meta_segment,
+    name_key,
     placed_key,
     record_key,
     record_range,
@@ -185,6 +187,17 @@ class StoreCatalog:
     def segment_record(self, segment: SegmentKey) -> bytes:
         """The master's record of `segment` as kept (b"": none)."""
         return self.kv.get(record_key(segment.stream_id, segment.epoch)) or b""
+
+    def granted_stream(self, stream_id: int) -> tuple[str, int]:
+        """The stream's name and write quorum as a grant told this store; ("", 0) if
+        none did (or what is kept does not decode)."""
+        raw = self.kv.get(name_key(stream_id))
+        if not raw:
+            return "", 0
+        try:
+            return decode_granted_stream(raw)
+        except MalformedPayload:
+            return "", 0
 
     def placed_copy_set(self, segment: SegmentKey) -> tuple[str, ...]:
         """The copy set the grant that first brought `segment` here listed (empty: none

@@ -66,6 +66,10 @@ class WriteCommand:
     # first to bring the segment here (empty: not known by this command, or the store
     # held the segment when it was admitted).
     copy_set: tuple[str, ...] = ()
+    # The stream's name and write quorum, as the write's grant says, kept with the copy
+    # set ("" and 0: not known by this command).
+    stream_name: str = ""
+    write_quorum: int = 0
 
     @classmethod
     def of(
@@ -86,8 +90,11 @@ class SealCommand:
     segment: SegmentKey
     new_epoch: int
     tenant: str = ""
-    # As a `WriteCommand`'s: the copy set the seal's grant lists for the segment.
+    # As a `WriteCommand`'s: the copy set the seal's grant lists for the segment, and
+    # the stream's name and write quorum it says.
     copy_set: tuple[str, ...] = ()
+    stream_name: str = ""
+    write_quorum: int = 0
 
 
 @dataclass(frozen=True, slots=True)

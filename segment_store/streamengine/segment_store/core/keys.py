@@ -25,6 +25,12 @@ then each store id as text), so that a master rebuilding its metadata knows ever
 of a segment whose record never reached a store, those that never got a write too.
 Written in the batch that first holds the segment, deleted in the batch that deletes it.
 
+Stream names as granted: `b"n" | stream_id u64` -> the stream's name (as text) and
+write quorum (u8) as the grant of a write or seal that first brought one of its
+segments here said them, so that a
+master rebuilding its metadata names a stream none of whose records or cards reached a
+store. Written in that batch; kept, as the tenant is.
+
 Identity: `b"i"` -> the store's incarnation (u64, made when the database is created:
 an empty or replaced database is a new incarnation); `b"c"` -> the id of the cluster
 whose master it first registered with. Lost replicas: `b"x" | stream_id u64 | segment
@@ -58,6 +64,7 @@ CLUSTER_ID_KEY = b"c"
 CLUSTER_VIEW_KEY = b"v"
 LOST_PREFIX = b"x"
 PLACED_PREFIX = b"p"
+NAME_PREFIX = b"n"
 
 _SEGMENT = struct.Struct(">QQ")
 _ENTRY = struct.Struct(">QQQ")
@@ -145,6 +152,22 @@ def encode_u64(value: int) -> bytes:
 def decode_u64(raw: bytes) -> int:
     value: int = _U64.unpack(raw)[0]
     return value
+
+
+def name_key(stream_id: int) -> bytes:
+    return NAME_PREFIX + _U64.pack(stream_id)
+
+
+def encode_granted_stream(name: str, write_quorum: int) -> bytes:
+    return PayloadWriter().text(name).u8(write_quorum).bytes()
+
+
+def decode_granted_stream(raw: bytes) -> tuple[str, int]:
+    """Raises MalformedPayload unless `raw` is `encode_granted_stream`'s."""
+    reader = PayloadReader(raw)
+    granted = reader.text(), reader.u8()
+    reader.finish()
+    return granted
 
 
 def tenant_key(stream_id: int) -> bytes:

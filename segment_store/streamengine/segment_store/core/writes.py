@@ -119,11 +119,13 @@ from streamengine.segment_store.core.keys import (
     CLUSTER_VIEW_KEY,
     SegmentMeta,
     encode_copy_set,
+    encode_granted_stream,
     entry_index,
     entry_key,
     entry_key_prefix,
     lost_key,
     meta_key,
+    name_key,
     placed_key,
     record_key,
     segment_entries_range,
@@ -341,11 +343,22 @@ def _keep_tenant(stream_id: int, tenant: str, work: _Work) -> None:
     work.ops.append(Put(tenant_key(stream_id), tenant.encode()))
 
 
-def _keep_copy_set(segment: SegmentKey, copy_set: tuple[str, ...], work: _Work) -> None:
+def _keep_copy_set(
+    segment: SegmentKey,
+    copy_set: tuple[str, ...],
+    stream_name: str,
+    write_quorum: int,
+    work: _Work,
+) -> None:
     """Keep the copy set the grant of the command that first brings `segment` here
-    lists (for a master rebuilding its metadata: every member of a segment whose record
-    never reached a store). An open or sealing segment's copy set never changes."""
+    lists, and the stream's name and write quorum it says (for a master rebuilding its
+    metadata: every member of a segment whose record never reached a store, and the
+    name and quorum of a stream none of whose records or cards did). An open or
+    sealing segment's copy set never changes, nor does a stream id's name."""
     work.ops.append(Put(placed_key(segment.stream_id, segment.epoch), encode_copy_set(copy_set)))
+    if stream_name:
+        granted = encode_granted_stream(stream_name, write_quorum)
+        work.ops.append(Put(name_key(segment.stream_id), granted))
 
 
 def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
@@ -438,7 +451,7 @@ def _plan_write(command: WriteCommand, work: _Work) -> WriteResult:
     if new_tenant:
         _keep_tenant(segment.stream_id, command.tenant, work)
     if known is None and command.copy_set:
-        _keep_copy_set(segment, command.copy_set, work)
+        _keep_copy_set(segment, command.copy_set, command.stream_name, command.write_quorum, work)
     acked = max(old.acked_index, min(command.acked_index, matched))
     new = SegmentMeta(
         fence=old.fence,
@@ -523,7 +536,9 @@ def _plan_seal(command: SealCommand, work: _Work) -> SealResult:
     if new_tenant:
         _keep_tenant(command.segment.stream_id, command.tenant, work)
     if known is None and command.copy_set:
-        _keep_copy_set(command.segment, command.copy_set, work)
+        _keep_copy_set(
+            command.segment, command.copy_set, command.stream_name, command.write_quorum, work
+        )
     new = dataclasses.replace(old, fence=max(old.fence, command.new_epoch))
     work.metas[command.segment] = new
     return SealResult(new.fence, new.acked_index, new.matched_index, new.last_index)
