@@ -373,11 +373,14 @@ class DataConnection:
             ping = data_plane_pb2.Ping(nonce=next(self._ping_nonces))
             self.peer.send_control(framing.encode(Kind.PING, 0, ping))
 
-    def fail(self, error: CallError) -> None:
-        """Ends every call with `error`: the connection is over."""
+    def fail(self, error: CallError, broken: bool = True) -> None:
+        """Ends every call with `error`: the connection is over. `broken` (anything
+        but its holder's own close): the peer is dropped, not waited on
+        (`Peer.close`)."""
         if self.failure is not None:
             return
         self.failure = error
+        self.peer.broken = broken
         for stream in self._streams.values():
             stream.inbox.put_nowait(error)
             stream.finish(error)
@@ -436,7 +439,8 @@ async def connect(
             except (Exception, GeneratorExit) as error:
                 raised = error
             finally:
-                connection.fail(CallError(StatusCode.CANCELLED, "the connection was closed"))
+                closed = CallError(StatusCode.CANCELLED, "the connection was closed")
+                connection.fail(closed, broken=False)
                 for loop in loops:
                     loop.cancel()
         if raised is not None:

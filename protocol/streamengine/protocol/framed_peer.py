@@ -112,6 +112,9 @@ class Peer:
         # sent since); `unanswered` is set meanwhile.
         self.unanswered_since: float | None = None
         self.unanswered = asyncio.Event()
+        # Set once the connection failed (its peer silent, unanswering, gone or broken
+        # the protocol): `close` drops it rather than wait on the peer.
+        self.broken = False
         self.send_lock = asyncio.Lock()  # one message frame at a time, drained
         # A plain TCP socket's own descriptor for the sender threads (a duplicate: its
         # number stays this connection's until `close`, whatever the transport does);
@@ -211,16 +214,20 @@ class Peer:
         )
 
     async def close(self) -> None:
-        """Ends the connection without waiting on the peer. What the kernel holds it
-        sends on its own; bytes still waiting in the transport mean its buffer is full,
-        the peer takes nothing, and a graceful close would wait until it does: to a
-        peer cut off one way (its acks lost) that lasts until TCP's backed-off
-        retransmission gets through or its user timeout ends it, to one that stopped
-        reading for ever. Such a connection is aborted, its buffer dropped (S7: a
-        writer's Write stream found unanswered took 5 s more to close, neither dialling
-        again nor serving its segments, and a second store's cut held appends 1 s)."""
-        if self.writer.transport.get_write_buffer_size():
-            self.writer.transport.abort()
+        """Ends the connection without waiting on the peer. A graceful close waits
+        until the transport's buffer is out (and, over TLS, for the peer's close_notify,
+        up to 30 s): to a peer that takes nothing, cut off one way (its acks lost), that
+        lasts until TCP's backed-off retransmission gets through or its user timeout
+        ends the connection, to one that stopped reading for ever. So a connection
+        that failed (`broken`), or whose transport still holds bytes (the kernel's
+        buffer is full: the peer takes nothing), is aborted, what it buffered dropped;
+        only a healthy one is closed gracefully, the kernel sending what it holds on
+        its own (S7: a writer's Write stream found unanswered took 5 s more to close,
+        neither dialling again nor serving its segments, and a second store's cut held
+        appends 1 s)."""
+        transport = self.writer.transport
+        if self.broken or _buffered(transport):
+            transport.abort()
         else:
             self.writer.close()
         with contextlib.suppress(OSError, ssl.SSLError, asyncio.CancelledError):
@@ -233,6 +240,16 @@ class Peer:
 
     def silent_s(self) -> float:
         return asyncio.get_running_loop().time() - self.last_heard
+
+
+def _buffered(transport: asyncio.WriteTransport) -> int:
+    """What `transport` holds that the kernel has not taken. Python 3.11's TLS
+    transport, closed twice, has let go of its protocol and cannot say: it holds
+    nothing more that it will send."""
+    try:
+        return transport.get_write_buffer_size()
+    except AttributeError:
+        return 0
 
 
 def _send_all(sock: socket.socket, data: bytes, silent_s: float) -> None:

@@ -272,6 +272,7 @@ class _ServerConnection:
                 break
             await asyncio.sleep(dead_s - silent_s)
         log.info("data connection dropped: the client was silent for %.1f s", silent_s)
+        self.peer.broken = True
         self.peer.writer.close()
 
     def _take(self, frame: Frame, tasks: asyncio.TaskGroup) -> None:
