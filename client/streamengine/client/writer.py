@@ -202,6 +202,11 @@ async def _raise(error: Exception) -> None:
     raise error
 
 
+def _answer_taken(answer: asyncio.Future[tuple[int, int]]) -> None:
+    if not answer.cancelled():
+        answer.exception()
+
+
 def _as_bytes(payload: bytes | bytearray | memoryview) -> bytes:
     if isinstance(payload, bytes):
         return payload
@@ -483,8 +488,15 @@ class Writer:
                 batch = (mark.encode(), *payloads[decision.write_from :])
                 # Given to the core now, or held back in turn behind what waits for room.
                 item = self._enqueue(batch, due_ms=due_ms, decision=decision)
-        if decision.known:
-            await self._wait_durable(max(decision.known), deadline=deadline)
+        try:
+            if decision.known:
+                await self._wait_durable(max(decision.known), deadline=deadline)
+        except BaseException:
+            if item is not None:
+                # The caller hears this error; the batch's own answer, still to come,
+                # is taken so that asyncio does not report it as never retrieved.
+                item.future.add_done_callback(_answer_taken)
+            raise
         written: list[int] = []
         if item is not None:
             first, last = await item.future
