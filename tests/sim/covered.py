@@ -67,6 +67,9 @@ BAND = (
     # Spark jobs (`WorldConfig.analytics`), drawn in none of the seeds above but 16;
     # 227: a write task's writer closes while its stores are down (`leader_acked`).
     Band("spark jobs", (305, 50, 67, 227), 0, {}, runtime=True),
+    # The master's metadata lost and rebuilt from the stores: names from records (2008),
+    # from cards (3956) and from grants (4600, 4989).
+    Band("metadata lost", (2008, 3956, 4600, 4989), 0, {}, runtime=True),
 )
 
 
