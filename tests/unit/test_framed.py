@@ -388,6 +388,13 @@ def raw_hello_ok(ping_interval_ms: int, dead_peer_ms: int) -> bytes:
     return framing.encode(Kind.HELLO_OK, 0, hello_ok)
 
 
+async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server that answers the hello, then reads nothing more and answers nothing."""
+    await reader.read(1 << 16)  # the hello
+    writer.write(raw_hello_ok(ping_interval_ms=20_000, dead_peer_ms=60_000))
+    await asyncio.Event().wait()
+
+
 @contextlib.asynccontextmanager
 async def raw_server(
     handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
@@ -427,11 +434,6 @@ async def test_a_server_that_answers_nothing_sent_is_dropped_before_its_dead_pee
     monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
     monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 300)
 
-    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(1 << 16)  # the hello
-        writer.write(raw_hello_ok(ping_interval_ms=20_000, dead_peer_ms=60_000))
-        await asyncio.Event().wait()  # reads nothing more, answers nothing
-
     async with raw_server(deaf) as connection:
         call = await connection.call(framing.WRITE)
         await call.send(request(1))
@@ -455,11 +457,6 @@ async def test_a_server_found_dead_is_dropped_with_what_was_buffered_for_it(
     monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
     monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 2_000)
     loop = asyncio.get_running_loop()
-
-    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(1 << 16)  # the hello
-        writer.write(raw_hello_ok(ping_interval_ms=20_000, dead_peer_ms=60_000))
-        await asyncio.Event().wait()  # reads nothing more, answers nothing
 
     async def flood(call: framed.ClientCall) -> None:
         for number in itertools.count(1):
@@ -635,11 +632,6 @@ async def test_a_tls_server_found_dead_is_dropped_without_waiting_for_its_close_
     monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
     monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 300)
     loop = asyncio.get_running_loop()
-
-    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(1 << 16)  # the hello
-        writer.write(raw_hello_ok(ping_interval_ms=20_000, dead_peer_ms=60_000))
-        await asyncio.Event().wait()  # reads nothing more, answers nothing
 
     context = server_ssl_context(cluster.node_dir("store1"))
     master = Transport.for_node(cluster.node_dir("master"))
