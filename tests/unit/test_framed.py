@@ -398,16 +398,14 @@ async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 @contextlib.asynccontextmanager
 async def raw_server(
     handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-    context: Any = None,
-    transport: Transport | None = None,
 ) -> AsyncIterator[DataConnection]:
     """A connection to a server of the test's own (`handle`), within the deadline."""
-    server = await asyncio.start_server(handle, "127.0.0.1", free_port(), ssl=context)
+    server = await asyncio.start_server(handle, "127.0.0.1", free_port())
     port = server.sockets[0].getsockname()[1]
     async with (
         asyncio.timeout(DEADLINE_S),
         server,
-        framed.connect(f"127.0.0.1:{port}", transport or Transport()) as connection,
+        framed.connect(f"127.0.0.1:{port}", Transport()) as connection,
     ):
         yield connection
 
@@ -622,27 +620,6 @@ async def principal_seen(cluster: certs.LocalCerts, transport: Transport) -> aut
         await call.send(request(1))
         await call.receive()
     return seen[0]
-
-
-async def test_a_tls_server_found_dead_is_dropped_without_waiting_for_its_close_notify(
-    cluster: certs.LocalCerts, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """TLS's graceful close waits for the peer's close_notify (30 s at most): a
-    connection found unanswered is aborted, its holder out of it at once."""
-    monkeypatch.setattr(framed, "UNANSWERED_PROBE_MS", 50)
-    monkeypatch.setattr(framed, "UNANSWERED_MS_MAX", 300)
-    loop = asyncio.get_running_loop()
-
-    context = server_ssl_context(cluster.node_dir("store1"))
-    master = Transport.for_node(cluster.node_dir("master"))
-    async with raw_server(deaf, context, master) as connection:
-        call = await connection.call(framing.WRITE)
-        await call.send(request(1))
-        with pytest.raises(CallError) as raised:
-            await call.receive()
-        found_dead_at = loop.time()
-    assert "answered nothing" in raised.value.details
-    assert loop.time() - found_dead_at < 1.0
 
 
 async def test_a_member_is_known_by_its_certificate(cluster: certs.LocalCerts) -> None:

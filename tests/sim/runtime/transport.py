@@ -58,8 +58,8 @@ error comes; a SYN sent across a cut is dropped as silently, as drawn, and sent 
 on the kernel's retransmission timeout. An end closed while asyncio still holds bytes
 for a silent peer (`get_write_buffer_size`) waits in `wait_closed` until TCP's user
 timeout (asyncio closes once its buffer is out, and nobody acknowledges it); one
-aborted does not (`SimNetwork.close_waits` keeps those waits). A connection belongs to its process
-(`Incarnation`, `start_node`): when its task ends, each end it holds closes as the
+aborted does not (`SimNetwork.close_waits` keeps those waits). A connection belongs to
+its process (`Incarnation`, `start_node`): when its task ends, each end it holds closes as the
 kernel closes a dead process's socket, a FIN after what it sent, or a reset when bytes
 it never read were left.
 """
@@ -1963,8 +1963,8 @@ class SimStreamWriter:
             and not end.aborted
             and self.get_write_buffer_size()
             and connection.state == "silent"
-            and connection.silent_since is not None
         ):
+            assert connection.silent_since is not None, "set as it went silent"
             loop = network.loop
             key = (end.node, connection.nodes.difference({end.node}).pop(), loop.time())
             network.close_waits[key] = None

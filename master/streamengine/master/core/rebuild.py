@@ -408,13 +408,15 @@ def _stream(
             len(_unrecorded_copy_set([h for h in group if h.epoch == e])[0]) for e in epochs
         )
         replicas = min(max(members, 1), REPLICAS_MAX)
-        granted = sorted({(h.stream_name, h.write_quorum) for h in group if h.stream_name})
-        name = granted[-1][0] if granted else f"{tenant}/stream-{stream_id}"
-        said = [quorum for granted_name, quorum in granted if granted_name == name]
-        quorum = said[-1] if said and 0 < said[-1] <= replicas else replicas // 2 + 1
-        how = "named as its grants said" if granted else "kept"
-        if len({granted_name for granted_name, _ in granted}) > 1:
-            notes.append(f"stream id {stream_id}: its grants name it {granted}")
+        # As for records: the grant of its highest epoch.
+        named = max((h for h in group if h.stream_name), key=lambda h: h.epoch, default=None)
+        name = named.stream_name if named else f"{tenant}/stream-{stream_id}"
+        said = named.write_quorum if named else 0
+        quorum = said if 0 < said <= replicas else replicas // 2 + 1
+        how = "named as its grants said" if named else "kept"
+        names = sorted({h.stream_name for h in group if h.stream_name})
+        if len(names) > 1:
+            notes.append(f"stream id {stream_id}: its grants name it {names}")
         notes.append(
             f"stream id {stream_id}: no store holds a record of it; {how} {name} "
             f"({replicas} replicas, write quorum {quorum})"

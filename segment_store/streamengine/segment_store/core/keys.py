@@ -27,9 +27,9 @@ Written in the batch that first holds the segment, deleted in the batch that del
 
 Stream names as granted: `b"n" | stream_id u64` -> the stream's name (as text) and
 write quorum (u8) as the grant of a write or seal that first brought one of its
-segments here said them, so that a
-master rebuilding its metadata names a stream none of whose records or cards reached a
-store. Written in that batch; kept, as the tenant is.
+segments here said them, so that a master rebuilding its metadata names a stream none
+of whose records or cards reached a store. Written in that batch; kept, as the tenant
+is.
 
 Identity: `b"i"` -> the store's incarnation (u64, made when the database is created:
 an empty or replaced database is a new incarnation); `b"c"` -> the id of the cluster
