@@ -216,7 +216,10 @@ from tests.sim.writer_node import ProducerOutbox
 # buffers, so its holder waits for a peer that takes nothing (`World._closes_ended`);
 # `rebuild_without_granted_names`: the rebuild reads no stream name the stores kept from
 # their grants, so a stream none of whose records or cards reached a store comes back
-# nameless (seed 4600).
+# nameless (seed 4600);
+# `resend_without_dedup`: a producer's batch goes as a plain append, without its mark
+# and unseen by the table, so a resend through the next writer of an event already in
+# the stream writes it again.
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -240,6 +243,7 @@ RUNTIME_FLAWS = (
     "open_range_read_as_sealed",
     "close_waits_for_the_peer",
     "rebuild_without_granted_names",
+    "resend_without_dedup",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2959,6 +2963,10 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(mock.patch.object(spark, "ReplicaSet", _SealedFromTheStart))
         if "release_acked_untold" in flaws:
             stack.enter_context(mock.patch.object(LeaderAckedOwed, "to_tell", lambda *args: []))
+        if "resend_without_dedup" in flaws:
+            stack.enter_context(
+                mock.patch.object(writer_shell.Writer, "_append_producer", _appending_plainly)
+            )
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -2969,6 +2977,16 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
         yield
+
+
+async def _appending_plainly(
+    writer: Writer, payloads: tuple[bytes, ...], first_sequence: int
+) -> list[int]:
+    """`Writer._append_producer` without the producer table: a producer's batch goes as
+    a plain append, without its mark, so a resend of events already in the stream
+    writes them again."""
+    first, last = await writer._append(payloads)
+    return list(range(first, last + 1))
 
 
 class _SealedFromTheStart(ReplicaSet):
