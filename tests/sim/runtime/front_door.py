@@ -103,12 +103,15 @@ UNCLEAR = ("UNKNOWN", "INTERNAL")
 @dataclass(frozen=True, slots=True)
 class Replica:
     """What a store holds of one segment, as the front door compares it: its fence, and
-    the digest of its indexes up to `up_to` (its last, sealed; its acked, open: a
-    recovery may replace what lies above)."""
+    the digest of its indexes up to `up_to` (its last, sealed and complete to the
+    bridge the master recorded; else its acked: a recovery may replace what lies above,
+    and the repairer refill a sealed replica that missed the bridge, fencing it anew).
+    """
 
     fence: int
     up_to: int
     digest: bytes
+    complete: bool
 
 
 class FrontDoor:
@@ -909,8 +912,12 @@ class FrontDoor:
             if core is None:
                 continue
             for key, meta in sorted(core.catalog.metas().items()):
-                up_to = meta.last_index if meta.fence else meta.acked_index
-                replicas[(name, key)] = Replica(meta.fence, up_to, self._digest(name, key, up_to))
+                segment = state.segments.get((key.stream_id, key.epoch)) if state else None
+                final = segment.final_index if segment is not None else 0
+                complete = bool(meta.fence) and final > 0 and meta.last_index == final
+                up_to = meta.last_index if complete else meta.acked_index
+                digest = self._digest(name, key, up_to)
+                replicas[(name, key)] = Replica(meta.fence, up_to, digest, complete)
         return streams, replicas
 
     def _digest(self, store: str, key: SegmentKey, up_to: int) -> bytes:
@@ -932,8 +939,9 @@ class FrontDoor:
         """What the front door's callers were refused changed nothing: no stream of
         theirs, none changed, no replica touched. Meanwhile repair may add and remove
         replicas, and leaders roll their segments by age: of a replica held before and
-        after, what it held is compared, and its fence if it was sealed (an open one is
-        never fenced at the last epoch, as a seal without a grant would)."""
+        after, what it held is compared, and its fence if it was sealed whole (another
+        one's fence may rise, below the last epoch, which only a seal without a grant
+        would reach: seed 796 saw store2's replica that missed its bridge refilled)."""
 
         streams_before, replicas_before = before
         streams_after, replicas_after = after
@@ -950,7 +958,10 @@ class FrontDoor:
             if holds is None:
                 continue
             digest = self._digest(store, key, held.up_to)
-            fence_kept = holds.fence == held.fence if held.fence else holds.fence < EPOCH_MAX
+            if held.complete:
+                fence_kept = holds.fence == held.fence
+            else:
+                fence_kept = held.fence <= holds.fence < EPOCH_MAX
             self._judge(
                 digest == held.digest and fence_kept,
                 f"{store}'s replica of {key} was {held}, is {holds} (digest {digest.hex()})",
