@@ -2,7 +2,9 @@
 groups of `segment_store.service`) and core over a `MemoryKV` (or, given a `disk`, the
 shipped `RocksKV` in that directory), with its group committer,
 served by a `SimServer` built as `server.serve` builds the real one (the same
-interceptors, the same `add_to_server`), and, given a master, its `MasterLink`.
+interceptors, the same `add_to_server`), and, given a master, its `MasterLink`. Its
+core (`ObservedCore`) tells `command_observers` of each plan's commands with their
+outcomes, as the plan is made.
 
 A store given a master joins its cluster and takes the master's keys from it, as a
 real one does; a store without trusts the keys it is given (`--trust-signing-key`).
@@ -33,7 +35,7 @@ import asyncio
 import errno
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -41,7 +43,7 @@ from streamengine.protocol import identity, transport
 from streamengine.protocol.clock import monotonic_ms
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.segment_store.core.authority import StoreAuthority
-from streamengine.segment_store.core.commands import Joined, Plan, SegmentKey
+from streamengine.segment_store.core.commands import Command, Joined, Outcome, Plan, SegmentKey
 from streamengine.segment_store.core.kv import KV, KVOp
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT, ScrubSchedule
 from streamengine.segment_store.core.store import SegmentStoreCore
@@ -77,6 +79,28 @@ class FullDisk:
     def recover(self) -> None:
         self._fail_if_full()
         self._store.kv.recover()
+
+
+class ObservedCore(SegmentStoreCore):
+    """The shipped core, each plan's commands told with their outcomes, in order, to
+    `observers` as it is made (the world's fencing check): a plan is made only to be
+    written and published, and a command it takes is taken then."""
+
+    def __init__(
+        self,
+        kv: KV,
+        observers: Sequence[Callable[[Sequence[Command], Sequence[Outcome]], None]],
+        joins_cluster: bool,
+    ) -> None:
+        super().__init__(kv, joins_cluster=joins_cluster)
+        self.observers = observers
+
+    def plan(self, commands: Iterable[Command]) -> Plan:
+        commands = list(commands)
+        plan = super().plan(commands)
+        for observer in self.observers:
+            observer(commands, plan.outcomes)
+        return plan
 
 
 def loop_clock_s() -> float:
@@ -135,13 +159,15 @@ class SimStore:
         # Told once the store joined its cluster (its registration answered), with the
         # replicas the master said its earlier incarnation lost.
         self.join_observers: list[Callable[[SegmentStoreCore, Sequence[SegmentKey]], None]] = []
+        # Told of each plan its core makes: its commands and their outcomes.
+        self.command_observers: list[Callable[[Sequence[Command], Sequence[Outcome]], None]] = []
 
     async def serve(self) -> None:
         if isinstance(self.kv, RocksKV) and self._served_once:
             self.kv.recover()  # the process started again: the database opened anew
         self._served_once = True
         disk = cast(KV, FullDisk(self))
-        core = SegmentStoreCore(disk, joins_cluster=self.master_address is not None)
+        core = ObservedCore(disk, self.command_observers, self.master_address is not None)
         core.catalog.keep_incarnation(self.network.rng.getrandbits(63) + 1)
         watch = SegmentWatch()
 

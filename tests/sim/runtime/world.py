@@ -45,7 +45,8 @@ shipped shells returned: acks (invariant 1 and 2, the gate on earlier segments),
 events followers read, how and when each append ended (invariant 7: an append ends
 within the writer's append timeout, acked or with a typed SDK error), and periodic
 audits of every store's served prefix and sealed replicas against the master
-(invariants 2, 4, 5); nothing sent under a token every store knows is revoked is taken
+(invariants 2, 4, 5); no store takes a write or a seal below its fence, as its core
+plans it (invariant 3); nothing sent under a token every store knows is revoked is taken
 (invariant 11); a wiped store joins as one incarnation knowing every replica it lost
 (invariant 14); every rotted replica is found and its segment back to N sound replicas
 (invariant 10); a follower is told `DataLossError` only where the master declared a
@@ -144,7 +145,17 @@ from streamengine.segment_store.core.authority import (
     StoreAuthority,
     WriteStreamGrants,
 )
-from streamengine.segment_store.core.commands import DeleteCommand, JoinCommand, SegmentKey
+from streamengine.segment_store.core.commands import (
+    Command,
+    DeleteCommand,
+    JoinCommand,
+    Outcome,
+    SealCommand,
+    SealResult,
+    SegmentKey,
+    WriteCommand,
+    WriteResult,
+)
 from streamengine.segment_store.core.keys import CLUSTER_ID_KEY, entry_index, entry_key
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ScanResult
@@ -972,6 +983,7 @@ class World:
         self._healed_dials: list[tuple[float, str, str, frozenset[asyncio.Future[Any]]]] = []
         for name, store in self.stores.items():
             store.join_observers.append(functools.partial(self._store_joined, name))
+            store.command_observers.append(functools.partial(self._store_planned, name))
 
     def _disk(self, store: str) -> Path | None:
         """Where `store` keeps its RocksDB, if it does."""
@@ -1967,6 +1979,25 @@ class World:
         self.count("store joins")
         if name in self.held_before_wipe:
             self.check(self._joined_knowing_its_losses, name, core)
+
+    def _store_planned(
+        self, name: str, commands: Sequence[Command], outcomes: Sequence[Outcome]
+    ) -> None:
+        """Invariant 3 as a store plans its commands: no write or seal it takes is below
+        its segment's fence. The outcome says the fence: a write keeps it, a seal raises
+        it to its own epoch, so either is above its epoch only if it was before."""
+        for command, outcome in zip(commands, outcomes, strict=True):
+            if isinstance(command, WriteCommand) and isinstance(outcome, WriteResult):
+                epoch = command.writer_epoch
+            elif isinstance(command, SealCommand) and isinstance(outcome, SealResult):
+                epoch = command.new_epoch
+            else:
+                continue
+            checker = self.checkers_by_id.get(command.segment.stream_id)
+            if checker is not None:
+                self.check(
+                    checker.write_attempted, name, command.segment, epoch, outcome.fence, True
+                )
 
     def _joined_knowing_its_losses(self, name: str, core: SegmentStoreCore) -> None:
         """Invariant 14 as a wiped store joins, however many of its registration
