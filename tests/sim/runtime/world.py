@@ -126,6 +126,7 @@ from streamengine.master.service_segments import SegmentHandlers
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
 from streamengine.protocol import codec, framed, framed_peer
+from streamengine.protocol.auth import Principal
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import (
@@ -140,6 +141,8 @@ from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
+from streamengine.segment_store import reads as store_reads
+from streamengine.segment_store import tail as store_tails
 from streamengine.segment_store.core.authority import (
     GrantRefused,
     StoreAuthority,
@@ -156,11 +159,12 @@ from streamengine.segment_store.core.commands import (
     WriteCommand,
     WriteResult,
 )
-from streamengine.segment_store.core.keys import CLUSTER_ID_KEY, entry_index, entry_key
+from streamengine.segment_store.core.keys import CLUSTER_ID_KEY, SegmentMeta, entry_index, entry_key
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.scrub import Scrubber
+from streamengine.segment_store.store_context import segment_key
 from streamengine.testing import wait_until
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from tests.faults import badinput
@@ -230,7 +234,9 @@ from tests.sim.writer_node import ProducerOutbox
 # nameless (seed 4600);
 # `resend_without_dedup`: a producer's batch goes as a plain append, without its mark
 # and unseen by the table, so a resend through the next writer of an event already in
-# the stream writes it again.
+# the stream writes it again;
+# `serve_matched`: a store serves its tails and acked-only reads up to its matched
+# index, not the acked index it was told.
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -255,6 +261,7 @@ RUNTIME_FLAWS = (
     "close_waits_for_the_peer",
     "rebuild_without_granted_names",
     "resend_without_dedup",
+    "serve_matched",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2950,6 +2957,12 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "ungranted_writes" in flaws:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
+        if "serve_matched" in flaws:
+            stack.enter_context(
+                mock.patch.object(SegmentStoreCore, "held_meta", _following_to_matched)
+            )
+            stack.enter_context(mock.patch.object(store_tails, "read_entries", _reading_to_matched))
+            stack.enter_context(mock.patch.object(store_reads.ReadCalls, "read", _serving_matched))
         if "pages_by_offset" in flaws:
             stack.enter_context(mock.patch.object(listing, "list_page", pages_by_offset))
         if "standby_state_first" in flaws:
@@ -3181,6 +3194,55 @@ def _admitting_anyone(
 
 
 _admit = WriteStreamGrants.admit
+
+
+_held_meta = SegmentStoreCore.held_meta
+_read_entries = store_reads.read_entries
+_read = store_reads.ReadCalls.read
+
+
+def _following_to_matched(core: SegmentStoreCore, segment: SegmentKey) -> SegmentMeta:
+    """`held_meta` as the flaw `serve_matched` has it, for the tails that follow it: the
+    segment's acked index taken for its matched one (what the store holds, not what it
+    was told is acked)."""
+    meta = _held_meta(core, segment)
+    return dataclasses.replace(meta, acked_index=meta.matched_index)
+
+
+def _reading_to_matched(
+    core: SegmentStoreCore,
+    segment: SegmentKey,
+    first: int,
+    upper: int,
+    acked_only: bool,
+    limit: int,
+    verify: bool = True,
+) -> list[entry_pb2.Entry]:
+    """`read_entries` as the flaw `serve_matched` has it: a tail's acked-only read goes
+    up to the matched index."""
+    if acked_only:
+        meta = core.catalog.meta(segment)
+        upper = min(upper, meta.matched_index) if meta is not None else upper
+    return _read_entries(core, segment, first, upper, False, limit, verify)
+
+
+async def _serving_matched(
+    calls: store_reads.ReadCalls, request: segment_store_pb2.ReadRequest, caller: Principal
+) -> AsyncGenerator[segment_store_pb2.ReadReply, None]:
+    """`ReadCalls.read` as the flaw `serve_matched` has it: an acked-only Read served up
+    to the matched index, which its replies give as the acked index."""
+    meta = calls.store.core.catalog.meta(segment_key(request.segment))
+    matched = meta.matched_index if meta is not None and request.acked_only else 0
+    served = request
+    if matched >= max(request.from_index, 1):
+        served = segment_store_pb2.ReadRequest()
+        served.CopyFrom(request)
+        served.acked_only = False
+        served.to_index = min(request.to_index or matched, matched)
+    async with contextlib.aclosing(_read(calls, served, caller)) as replies:
+        async for reply in replies:
+            reply.acked_index = max(reply.acked_index, matched)
+            yield reply
 
 
 def _seeded_secrets(seed: int) -> types.SimpleNamespace:
