@@ -234,6 +234,9 @@ FLAWED = [
     # its leader crashed before it was acked, and a later leader's recovery put the
     # bridge there.
     ("serve_matched", 5, 2),
+    # A store takes a write below its fence: store1, fenced at epoch 2 as its segment
+    # was sealed, still takes the late batches of epoch 1 (`World._store_planned`).
+    ("ignore_fence", 11, 3),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {

@@ -143,6 +143,7 @@ from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
 from streamengine.segment_store import reads as store_reads
 from streamengine.segment_store import tail as store_tails
+from streamengine.segment_store.core import writes as writes_core
 from streamengine.segment_store.core.authority import (
     GrantRefused,
     StoreAuthority,
@@ -236,7 +237,9 @@ from tests.sim.writer_node import ProducerOutbox
 # and unseen by the table, so a resend through the next writer of an event already in
 # the stream writes it again;
 # `serve_matched`: a store serves its tails and acked-only reads up to its matched
-# index, not the acked index it was told.
+# index, not the acked index it was told;
+# `ignore_fence`: a store takes a write below its segment's fence, as though at the
+# fence (`World._store_planned`: invariant 3).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -262,6 +265,7 @@ RUNTIME_FLAWS = (
     "rebuild_without_granted_names",
     "resend_without_dedup",
     "serve_matched",
+    "ignore_fence",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2957,6 +2961,10 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "ungranted_writes" in flaws:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
+        if "ignore_fence" in flaws:
+            stack.enter_context(
+                mock.patch.object(writes_core, "_plan_write", _writing_below_the_fence)
+            )
         if "serve_matched" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentStoreCore, "held_meta", _following_to_matched)
@@ -3194,6 +3202,18 @@ def _admitting_anyone(
 
 
 _admit = WriteStreamGrants.admit
+
+
+_plan_write = writes_core._plan_write
+
+
+def _writing_below_the_fence(command: WriteCommand, work: Any) -> WriteResult:
+    """The flaw `ignore_fence`: a write below its segment's fence is planned as though
+    written at the fence (a stale leader's batch lands on a replica a seal fenced)."""
+    meta = work.meta(command.segment)
+    if meta is not None and command.writer_epoch < meta.fence:
+        command = dataclasses.replace(command, writer_epoch=meta.fence)
+    return _plan_write(command, work)
 
 
 _held_meta = SegmentStoreCore.held_meta
