@@ -143,6 +143,7 @@ from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
 from streamengine.segment_store import reads as store_reads
 from streamengine.segment_store import tail as store_tails
+from streamengine.segment_store.copy import SegmentCopy
 from streamengine.segment_store.core import writes as writes_core
 from streamengine.segment_store.core.authority import (
     GrantRefused,
@@ -239,7 +240,9 @@ from tests.sim.writer_node import ProducerOutbox
 # `serve_matched`: a store serves its tails and acked-only reads up to its matched
 # index, not the acked index it was told;
 # `ignore_fence`: a store takes a write below its segment's fence, as though at the
-# fence (`World._store_planned`: invariant 3).
+# fence (`World._store_planned`: invariant 3);
+# `copy_unfenced`: CopySegment as it was, the copy's fence a delete of the copy and its
+# fence, every batch acked up to the final index before the digest.
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -266,6 +269,7 @@ RUNTIME_FLAWS = (
     "resend_without_dedup",
     "serve_matched",
     "ignore_fence",
+    "copy_unfenced",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2971,6 +2975,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
             stack.enter_context(mock.patch.object(store_tails, "read_entries", _reading_to_matched))
             stack.enter_context(mock.patch.object(store_reads.ReadCalls, "read", _serving_matched))
+        if "copy_unfenced" in flaws:
+            stack.enter_context(mock.patch.object(SegmentCopy, "_submit", _copying_unfenced))
         if "pages_by_offset" in flaws:
             stack.enter_context(mock.patch.object(listing, "list_page", pages_by_offset))
         if "standby_state_first" in flaws:
@@ -3263,6 +3269,20 @@ async def _serving_matched(
         async for reply in replies:
             reply.acked_index = max(reply.acked_index, matched)
             yield reply
+
+
+_submit_copy = SegmentCopy._submit
+
+
+async def _copying_unfenced(copy: SegmentCopy, command: Command) -> Outcome:
+    """The flaw `copy_unfenced`, CopySegment as it was: the copy's fence a delete of
+    the copy (its fence with it), then every batch written acked up to the final index,
+    before the digest is compared."""
+    if isinstance(command, SealCommand):
+        command = DeleteCommand(command.segment)
+    elif isinstance(command, WriteCommand) and command.acked_index == 0:
+        command = dataclasses.replace(command, acked_index=copy.op.final_index)
+    return await _submit_copy(copy, command)
 
 
 def _seeded_secrets(seed: int) -> types.SimpleNamespace:
