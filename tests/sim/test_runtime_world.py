@@ -244,6 +244,9 @@ FLAWED = [
     # one batch, so they never see a refilled member serve less than it served (the
     # old world's invariant 2).
     ("copy_unfenced", 9, 10),
+    # A store's grant check lets anything through: the front door's seal of an open
+    # segment at the last epoch, under a grant no master signed, is taken.
+    ("ignore_grant", 27, 6),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {

@@ -139,6 +139,12 @@ from streamengine.protocol.entry import (
 from streamengine.protocol.grants import Grant, GrantSegment
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.sequence import unpack_sequence
+from streamengine.protocol.signing import (
+    KEY_ID_BYTES,
+    MAGIC_BYTES,
+    SIGNATURE_BYTES,
+    MalformedPayload,
+)
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
 from streamengine.segment_store import reads as store_reads
@@ -242,7 +248,10 @@ from tests.sim.writer_node import ProducerOutbox
 # `ignore_fence`: a store takes a write below its segment's fence, as though at the
 # fence (`World._store_planned`: invariant 3);
 # `copy_unfenced`: CopySegment as it was, the copy's fence a delete of the copy and its
-# fence, every batch acked up to the final index before the digest.
+# fence, every batch acked up to the final index before the digest;
+# `ignore_grant`: a store's grant check lets a Seal, or a Write stream's grant shown,
+# through whatever the grant is (none, forged, another's); `ungranted_writes` is a
+# Write stream that shows none.
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -270,6 +279,7 @@ RUNTIME_FLAWS = (
     "serve_matched",
     "ignore_fence",
     "copy_unfenced",
+    "ignore_grant",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -2965,6 +2975,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "ungranted_writes" in flaws:
             stack.enter_context(mock.patch.object(WriteStreamGrants, "admit", _admitting_anyone))
+        if "ignore_grant" in flaws:
+            stack.enter_context(mock.patch.object(StoreAuthority, "grant_for", _granting_unchecked))
         if "ignore_fence" in flaws:
             stack.enter_context(
                 mock.patch.object(writes_core, "_plan_write", _writing_below_the_fence)
@@ -3208,6 +3220,33 @@ def _admitting_anyone(
 
 
 _admit = WriteStreamGrants.admit
+
+
+_grant_for = StoreAuthority.grant_for
+
+
+def _granting_unchecked(
+    authority: StoreAuthority,
+    principal: Principal,
+    rpc: str,
+    signed: bytes,
+    segment: SegmentKey,
+    epoch: int,
+    now_ms: int,
+) -> Grant:
+    """The flaw `ignore_grant`: the store's grant check (a Seal's, and a Write stream's
+    grant when one is shown) lets through whatever grant it shows: none, a forged one,
+    one of another epoch, segment or store, an expired one. A grant shown is taken at
+    its word, its signature unread; without one, the write or seal goes as anyone's."""
+    try:
+        return _grant_for(authority, principal, rpc, signed, segment, epoch, now_ms)
+    except GrantRefused:
+        if not 0 < segment.epoch <= epoch:
+            raise  # no grant of any kind could list it
+    with contextlib.suppress(MalformedPayload, AssertionError):
+        return Grant.decode(signed[MAGIC_BYTES + KEY_ID_BYTES : -SIGNATURE_BYTES])
+    listed = (GrantSegment(segment.epoch, (authority.store_id,)),)
+    return Grant(segment.stream_id, epoch, "anyone", "anyone", listed, now_ms + 60_000)
 
 
 _plan_write = writes_core._plan_write
