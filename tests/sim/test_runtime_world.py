@@ -359,12 +359,20 @@ def test_an_intruders_bad_input_is_refused_at_every_front_door() -> None:
 # master's repairer may still be at work: here it refilled store2's replica of 1/1,
 # which a recovery had fenced but whose bridge it missed.
 REFILLED_DURING_THE_FRONT_DOOR = 796
+# ... and here it moved the sealed replica the front door aimed at to another store.
+MOVED_DURING_THE_FRONT_DOOR = 183
 
 
 def test_seed_796_a_replica_refilled_while_the_front_door_knocks_is_no_change_of_its() -> None:
     result = run_seed(REFILLED_DURING_THE_FRONT_DOOR)
     assert result.config.front_door and result.ok, _failure(result)
     assert result.stats.get("front door looks compared", 0) > 0, result.stats
+
+
+def test_seed_183_a_replica_moved_while_the_front_door_knocks_is_not_found_there() -> None:
+    result = run_seed(MOVED_DURING_THE_FRONT_DOOR)
+    assert result.config.front_door and result.ok, _failure(result)
+    assert result.stats.get("front door: a replica moved away", 0) > 0, result.stats
 
 
 def test_standby_masters_refuse_every_call_of_the_master_service() -> None:

@@ -546,6 +546,8 @@ class FrontDoor:
             self.world.note(f"front-door: {row.case}: {code}")
             self.world.count("front door rows answered")
             expected = row.expected.name
+            if row.server == "store" and self._moved_away(target, code):
+                continue
             self._judge(
                 code in (expected, *self._excused(row)),
                 f"{row.case} ({row.method} at the {row.server}): {code} {details!r}, "
@@ -683,8 +685,28 @@ class FrontDoor:
             self.world.count("front door own rows answered")
             if name == "SealSegments" and code == "OK":
                 await self._seal_entry_refused(request)
+            if server == "store" and self._moved_away(target, code):
+                continue
             wanted = " or ".join(expected)
             self._judge(code in expected, f"{case}: {code} {details!r}, expected {wanted}")
+
+    def _moved_away(self, target: badinput.Segment, code: str) -> bool:
+        """Whether a store answered NOT_FOUND for a replica it no longer holds: the
+        master's repairer may move a sealed replica while the front door knocks (seed
+        183: store1's replica of 2/2 moved to store0 as the calls began)."""
+        if code != "NOT_FOUND":
+            return False
+        key = SegmentKey(target.stream_id, target.epoch)
+        for store in self.world.stores.values():
+            core = store.core
+            if (
+                store.address == target.address
+                and core is not None
+                and core.catalog.meta(key) is None
+            ):
+                self.world.count("front door: a replica moved away")
+                return True
+        return False
 
     async def _seal_entry_refused(self, request: Message) -> None:
         """A batch of seals without their grants: each entry PERMISSION_DENIED."""
