@@ -95,6 +95,7 @@ import pyarrow as pa
 from streamengine import StreamClient, StreamEvent
 from streamengine.client import spark
 from streamengine.client import writer as writer_shell
+from streamengine.client.core import recovery as sr
 from streamengine.client.core import store_session as store_sessions
 from streamengine.client.core import writer as writer_core
 from streamengine.client.core.recovery import SegmentRecovery
@@ -111,6 +112,7 @@ from streamengine.client.errors import (
     Trimmed,
 )
 from streamengine.client.packed import Packed
+from streamengine.client.recovery import SegmentSealer
 from streamengine.client.stream_client import SEAL_TIMEOUT_S
 from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
@@ -251,7 +253,10 @@ from tests.sim.writer_node import ProducerOutbox
 # fence, every batch acked up to the final index before the digest;
 # `ignore_grant`: a store's grant check lets a Seal, or a Write stream's grant shown,
 # through whatever the grant is (none, forged, another's); `ungranted_writes` is a
-# Write stream that shows none.
+# Write stream that shows none;
+# `skip_by_matched`: a recovery trusts a store's matched index and answers for the
+# rewrites of indexes it holds already, so a stale copy, or what it holds where the
+# bridge goes, stays and is acked (seed 36).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -280,6 +285,7 @@ RUNTIME_FLAWS = (
     "ignore_fence",
     "copy_unfenced",
     "ignore_grant",
+    "skip_by_matched",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -3046,6 +3052,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "_check_seal", lambda *args: None)
             )
+        if "skip_by_matched" in flaws:
+            stack.enter_context(mock.patch.object(SegmentSealer, "_attempt", _skipping_by_matched))
         yield
 
 
@@ -3202,6 +3210,22 @@ def _trusting_any_bridge(recovery: SegmentRecovery) -> int:
     if plan is not None and plan.existing_bridge:
         return 0
     return _lost_from_index(recovery)
+
+
+_attempt = SegmentSealer._attempt
+
+
+async def _skipping_by_matched(sealer: SegmentSealer, request: sr.Request) -> sr.Event | None:
+    """`SegmentSealer._attempt` trusting a store's matched index (its seal answer's): a
+    rewrite of indexes the store holds already is answered as held without being sent,
+    so its stale copies, or what it holds where the bridge goes, stay."""
+    if isinstance(request, sr.SendRewrite):
+        seal = sealer.op._sealed.get(request.store)
+        first, last = request.entries[0].index, request.entries[-1].index
+        if seal is not None and last <= seal.matched_index:
+            held = tuple(entry.epoch for entry in request.entries)
+            return sr.WriteAnswered(request.store, first, last, held, 0)
+    return await _attempt(sealer, request)
 
 
 def _admitting_anyone(
