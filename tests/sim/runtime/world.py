@@ -256,7 +256,9 @@ from tests.sim.writer_node import ProducerOutbox
 # Write stream that shows none;
 # `skip_by_matched`: a recovery trusts a store's matched index and answers for the
 # rewrites of indexes it holds already, so a stale copy, or what it holds where the
-# bridge goes, stays and is acked (seed 36).
+# bridge goes, stays and is acked (seed 36);
+# `ack_before_loss`: a recovery accepting loss raises the holders' acked index to the
+# bridge before the master records the loss (issue #35, defect 2; seed 353).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -286,6 +288,7 @@ RUNTIME_FLAWS = (
     "copy_unfenced",
     "ignore_grant",
     "skip_by_matched",
+    "ack_before_loss",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -3054,6 +3057,10 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "skip_by_matched" in flaws:
             stack.enter_context(mock.patch.object(SegmentSealer, "_attempt", _skipping_by_matched))
+        if "ack_before_loss" in flaws:
+            stack.enter_context(
+                mock.patch.object(SegmentSealer, "_seal_at_master", _raising_before_the_loss)
+            )
         yield
 
 
@@ -3226,6 +3233,24 @@ async def _skipping_by_matched(sealer: SegmentSealer, request: sr.Request) -> sr
             held = tuple(entry.epoch for entry in request.entries)
             return sr.WriteAnswered(request.store, first, last, held, 0)
     return await _attempt(sealer, request)
+
+
+_seal_at_master = SegmentSealer._seal_at_master
+
+
+async def _raising_before_the_loss(
+    sealer: SegmentSealer, action: sr.SealAtMaster
+) -> sr.Event | None:
+    """`SegmentSealer._seal_at_master` as it was accepting loss: every holder's acked
+    index raised to the bridge first, and the loss recorded at the master only once
+    they all answered raised (no answer until then: the core asks again)."""
+    if action.lost_from_index:
+        final = action.final_index
+        raises = [sealer._write_call(store, (), final)() for store in sealer.op.holding()]
+        answers = await asyncio.gather(*raises, return_exceptions=True)
+        if not all(isinstance(a, sr.WriteAnswered) and a.acked_index >= final for a in answers):
+            return None
+    return await _seal_at_master(sealer, action)
 
 
 def _admitting_anyone(
