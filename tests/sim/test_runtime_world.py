@@ -257,6 +257,11 @@ FLAWED = [
     # master records the loss (issue #35, defect 2): t1/s1's segment 3, left on store0
     # alone, serves the BRIDGE at 6, where c1.2's acked event was served.
     ("ack_before_loss", 353, 2),
+    # A reader past the bridge of a segment sealed accepting loss hops on, as though the
+    # loss ended at the bridge (issue #35, defect 2): t1/s4's segment 1, left on store0
+    # alone, was sealed at 14 losing 13 on; r1 had read it to 17 on a replica since
+    # destroyed, went on to the next segment told nothing, and never read the acked 1/18.
+    ("loss_ends_at_final", 51, 1),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {

@@ -101,7 +101,11 @@ from streamengine.client.core import writer as writer_core
 from streamengine.client.core.recovery import SegmentRecovery
 from streamengine.client.core.replicas import ReplicaSet
 from streamengine.client.core.replicator import Replicator
-from streamengine.client.core.subscription import DataLoss
+from streamengine.client.core.subscription import (
+    Cursor,
+    DataLoss,
+    SegmentView,
+)
 from streamengine.client.errors import (
     AppendFailed,
     AppendTimedOut,
@@ -258,7 +262,10 @@ from tests.sim.writer_node import ProducerOutbox
 # rewrites of indexes it holds already, so a stale copy, or what it holds where the
 # bridge goes, stays and is acked (seed 36);
 # `ack_before_loss`: a recovery accepting loss raises the holders' acked index to the
-# bridge before the master records the loss (issue #35, defect 2; seed 353).
+# bridge before the master records the loss (issue #35, defect 2; seed 353);
+# `loss_ends_at_final`: a reader past the bridge of a segment sealed accepting loss (read
+# there from a replica since destroyed) hops on, as though the loss ended at the bridge
+# (issue #35, defect 2; seed 51).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -289,6 +296,7 @@ RUNTIME_FLAWS = (
     "ignore_grant",
     "skip_by_matched",
     "ack_before_loss",
+    "loss_ends_at_final",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -3061,6 +3069,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(SegmentSealer, "_seal_at_master", _raising_before_the_loss)
             )
+        if "loss_ends_at_final" in flaws:
+            stack.enter_context(mock.patch.object(Cursor, "on_segments", _hopping_past_a_loss))
         yield
 
 
@@ -3251,6 +3261,26 @@ async def _raising_before_the_loss(
         if not all(isinstance(a, sr.WriteAnswered) and a.acked_index >= final for a in answers):
             return None
     return await _seal_at_master(sealer, action)
+
+
+_on_segments = Cursor.on_segments
+
+
+def _hopping_past_a_loss(cursor: Cursor, segments: Sequence[SegmentView], now_ms: int) -> None:
+    """`Cursor.on_segments` as it was: a position past the bridge of a segment sealed
+    accepting loss (read there from a replica since destroyed) hops on to the next
+    segment, as though the loss ended at the bridge: what the lost replicas held past
+    it is never told."""
+    _on_segments(cursor, segments, now_ms)
+    current = cursor._current_segment()
+    if (
+        current is not None
+        and current.sealed
+        and 0 < current.lost_from_index <= cursor._next_index
+        and cursor._next_index > current.final_index
+    ):
+        cursor._hop()
+        cursor._advanced_ms = now_ms
 
 
 def _admitting_anyone(
