@@ -23,8 +23,9 @@ safety phase, one of:
   a follower's, and at each end offset every acked event below it read;
 - what a tool beside Spark reads with the SDK: `StreamClient.read` or `read_batches` of
   one stream, to the end of its sealed segments (every acked event below it read) or to
-  the acked end at call time, or `subscribe_batches` for a while, each event to the
-  checker as a reader's;
+  the acked end at call time, giving up sooner than the SDK's default once no replica
+  can be read (`EXPORT_GIVE_UP_S`, so that a read can give up within the safety phase),
+  or `subscribe_batches` for a while, each event to the checker as a reader's;
 - a write job (`StreamEngineBatchWriter`, pickled as Spark ships it) appending rows to
   the analyst's own stream `a0/sink` (created through `SyncStreamClient`), a producer
   id per job; a job whose task failed (its leader lost, the master away) runs again as
@@ -85,6 +86,10 @@ TAIL_MS = (200, 1500)
 QUERIES_MAX = 2
 # Partition sizes a scan draws (`partitionEntries`): many small partitions cut segments.
 PARTITION_ENTRIES = (3, 10, 50, 500_000)
+# A tool's reads give up this soon (`give_up_after_s`, the least the SDK takes is above
+# 4 s) once none of their replicas can be read: at the SDK's 10 s no read, begun in the
+# safety phase, could give up before every node is back.
+EXPORT_GIVE_UP_S = 5.0
 # Once the world converged, the last scans and write jobs end within this much virtual
 # time.
 FINAL_SCAN_MS = 30_000
@@ -265,7 +270,8 @@ class Analyst:
     async def _export(self) -> None:
         """What a tool beside Spark reads with the SDK: `read` or `read_batches` of one
         stream to the end of its sealed segments or to the acked end at call time
-        (`end=None`), or `subscribe_batches` for a while; every event to the checker."""
+        (`end=None`), giving up after `EXPORT_GIVE_UP_S` without a replica to read (as
+        Unavailable), or `subscribe_batches` for a while; every event to the checker."""
         stream = self.rng.choice(self.world.stream_names)
         checker = self.world.checkers[stream]
         reader = f"export{self.jobs}"
@@ -278,10 +284,15 @@ class Analyst:
         rows: list[tuple[int, bytes]] = []
         async with StreamClient(self.world.masters.address) as client:
             if how == "read":
-                async for event in client.read(stream, 0, end if bounded else None):
+                read = client.read(
+                    stream, 0, end if bounded else None, give_up_after_s=EXPORT_GIVE_UP_S
+                )
+                async for event in read:
                     rows.append((event.sequence, event.payload))
             elif how == "read_batches":
-                batches = client.read_batches(stream, 0, end if bounded else None)
+                batches = client.read_batches(
+                    stream, 0, end if bounded else None, give_up_after_s=EXPORT_GIVE_UP_S
+                )
                 async for batch in batches:
                     rows += _sequenced(batch)
             else:
