@@ -262,6 +262,11 @@ FLAWED = [
     # alone, was sealed at 14 losing 13 on; r1 had read it to 17 on a replica since
     # destroyed, went on to the next segment told nothing, and never read the acked 1/18.
     ("loss_ends_at_final", 51, 1),
+    # A bounded read that no replica can serve ends as though its range were read
+    # (issue #36): N=1, a read_batches of t2/s14 to its sealed end (1, 8) begun at 5.4 s,
+    # whose one replica's store crashed at 6.3 s and came back with every node at 10.2 s,
+    # gave up 5 s after it last moved and ended with none of its six acked events.
+    ("short_read", 1826, 1),
 ]
 # What a seed of the CI band must have made happen, beyond keeping the invariants.
 MADE = {

@@ -104,7 +104,10 @@ from streamengine.client.core.replicator import Replicator
 from streamengine.client.core.subscription import (
     Cursor,
     DataLoss,
+    Finished,
+    Next,
     SegmentView,
+    Unreachable,
 )
 from streamengine.client.errors import (
     AppendFailed,
@@ -265,7 +268,10 @@ from tests.sim.writer_node import ProducerOutbox
 # bridge before the master records the loss (issue #35, defect 2; seed 353);
 # `loss_ends_at_final`: a reader past the bridge of a segment sealed accepting loss (read
 # there from a replica since destroyed) hops on, as though the loss ended at the bridge
-# (issue #35, defect 2; seed 51).
+# (issue #35, defect 2; seed 51);
+# `short_read`: a bounded read that no replica can serve ends as though its range were
+# read, instead of raising Unavailable (issue #36; `analytics.Analyst`'s reads, seed
+# 1826).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -297,6 +303,7 @@ RUNTIME_FLAWS = (
     "skip_by_matched",
     "ack_before_loss",
     "loss_ends_at_final",
+    "short_read",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -3071,6 +3078,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             )
         if "loss_ends_at_final" in flaws:
             stack.enter_context(mock.patch.object(Cursor, "on_segments", _hopping_past_a_loss))
+        if "short_read" in flaws:
+            stack.enter_context(mock.patch.object(Cursor, "next", _giving_up_as_finished))
         yield
 
 
@@ -3281,6 +3290,17 @@ def _hopping_past_a_loss(cursor: Cursor, segments: Sequence[SegmentView], now_ms
     ):
         cursor._hop()
         cursor._advanced_ms = now_ms
+
+
+_next = Cursor.next
+
+
+def _giving_up_as_finished(cursor: Cursor, now_ms: int) -> Next:
+    """`Cursor.next` taking giving up for the end: a bounded read that no replica can
+    serve ends as though its range were read (`Finished`, the short answer of issue
+    #36), not `Unreachable` (which the SDK raises as Unavailable)."""
+    decision = _next(cursor, now_ms)
+    return Finished() if isinstance(decision, Unreachable) else decision
 
 
 def _admitting_anyone(
