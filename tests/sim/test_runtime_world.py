@@ -142,6 +142,10 @@ RELEASED_WHILE_STORES_WERE_DOWN = 227
 # that loses the metadata finds the old recovery since (`tests/unit/test_leader.py`
 # holds the rule): the run as a whole stays guarded.
 RECOVERED_UNDER_A_RENEWED_GRANT = 2082
+# Rot that forges a copy under a valid crc32c (`FORGE_SHARE`): N=2 W=1 on two stores,
+# the master's metadata lost and rebuilt; store1's copy of segment 1/1 is forged, then
+# condemned and refilled in place.
+FORGED = 1284
 # Each flaw, a seed that finds it and the invariant it breaks. Each needs a seed where
 # a writer steps down with plain appends pending; a change to the heartbeats or the
 # workload moves them (`python -m tests.sim --runtime` finds the next).
@@ -193,8 +197,9 @@ FLAWED = [
     # One SYN per dial, left to the kernel's retransmissions, and a pause after a dial
     # nobody answered: a client misses a healed cut by a second (S7 on affe1fc; seed 10
     # until stores kept the master's cluster view, and again since grants name their
-    # streams; seed 2 between).
-    ("dial_once", 10, 18),
+    # streams until copies were forged too; seed 2 between; seed 6 since: r1's dial to
+    # store5).
+    ("dial_once", 6, 18),
     # The rebuild decides from the stores registered so far and gives ids past those
     # they hold: store2 alone answered, holding nothing, and the operator's new stream
     # took id 1, which the down store0 held.
@@ -556,13 +561,33 @@ def test_seed_2082_a_recovery_shows_a_grant_that_lists_its_segment() -> None:
     assert result.config.metadata_lost and result.config.analytics and result.ok, _failure(result)
 
 
+# Seed 113 until copies were forged too: its rot of segment 3/1 forges the copy now,
+# condemned and refilled before the metadata is lost, and no other seed of 0..9000 that
+# loses the metadata with rot drops a rotted replica before the rebuild (a rebuild as it
+# was, leaving out a member without the replica, passes them all): it runs as found, its
+# rot flipping bits only.
+ROTTED_BEFORE_A_REBUILD = 113
+BITS_FLIPPED_ONLY = {"forges": False}
+
+
 def test_seed_113_a_rebuilt_sealed_copy_set_keeps_a_member_whose_replica_rotted() -> None:
     """Three stores, N=3, store2's replica of segment 3/1 rotted and dropped, then the
     metadata lost: a rebuild that left store2 out of the copy set (it answered without
     the replica) left the segment on two stores for good, as no repair grows a copy set
     back to N. It stays, and the repair refills it."""
-    result = run_seed(113)
+    result = run_seed(ROTTED_BEFORE_A_REBUILD, overrides=BITS_FLIPPED_ONLY)
     assert result.config.metadata_lost and result.config.rot and result.ok, _failure(result)
+
+
+def test_a_copy_forged_under_a_valid_crc_is_condemned_and_repaired() -> None:
+    """Rot that forges a copy of a sealed segment under a valid crc32c, which only the
+    certificate tells: its store's scrub reads it back, the master condemns that replica
+    (only one that differs from the certificate, invariant 12) and the repair makes it
+    sound again; no reader is handed the forged copy (invariant 2)."""
+    result = run_seed(FORGED)
+    assert result.config.rot and result.ok, _failure(result)
+    for made in ("copies forged", "forged replicas condemned", "forged replicas repaired"):
+        assert result.stats.get(made, 0) > 0, (made, result.stats)
 
 
 def test_seed_416_a_replica_rotted_twice_ends_no_run_with_a_world_error() -> None:

@@ -18,9 +18,11 @@ same metadata, or, on etcd, the active master killed, stopped cleanly, or cut of
 etcd and the stores, and etcd itself going down and back. In a share of seeds (each
 drawn from the seed's later generator): the client processes lead one tenant's streams
 under write tokens of their own and the operator revokes one; a wiped store's
-registration answers are lost, so that it registers again; and bytes of stored events
-rot at rest while the stores' scrub runs. In a share of seeds (drawn from a generator of
-their own, `WorldConfig.with_losses`) data is lost for good once: replicas of one
+registration answers are lost, so that it registers again; and stored events rot at
+rest while the stores' scrub runs: a byte flipped, or, where the master holds the
+segment's certificate, a copy forged under a valid crc32c, which only the certificate
+tells. In a share of seeds (drawn from a generator of their own,
+`WorldConfig.with_losses`) data is lost for good once: replicas of one
 segment are destroyed on all but one of its stores, and where that leaves an unsealed
 segment short of R the operator stops the processes leading its stream and runs what
 `streamengine seal --accept-loss` runs (`StreamClient.seal`), now and then interrupted
@@ -49,9 +51,11 @@ audits of every store's served prefix and sealed replicas against the master
 plans it (invariant 3); nothing sent under a token every store knows is revoked is taken
 (invariant 11); a wiped store joins as one incarnation knowing every replica it lost
 (invariant 14); every rotted replica is found and its segment back to N sound replicas
-(invariant 10); a follower is told `DataLossError` only where the master declared a
-loss, and an acked event it never read is excused only by one it was told (invariant
-1); a stream rebuilt from the stores keeps its id, and one created after a rebuild
+(invariant 10); a sealed segment's certificate never changes and its replicas at the
+bridge hold it, and the master condemns, and readers report, only replicas that differ
+from it (invariant 12); a follower is told `DataLossError` only where the master
+declared a loss, and an acked event it never read is excused only by one it was told
+(invariant 1); a stream rebuilt from the stores keeps its id, and one created after a rebuild
 takes a new one (invariant 5); and a `MasterChecker` for the cluster (invariant 5: never two masters
 serving, every etcd commit the active master's, epochs never going back, across a
 rebuild too). In half the operator seeds its read side (`read_side.ReadSide`) lists,
@@ -121,6 +125,7 @@ from streamengine.client.errors import (
 from streamengine.client.packed import Packed
 from streamengine.client.recovery import SegmentSealer
 from streamengine.client.stream_client import SEAL_TIMEOUT_S
+from streamengine.client.subscription import Follower
 from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
 from streamengine.master import replies, service_tokens
@@ -130,13 +135,16 @@ from streamengine.master.core.leader_acked import LeaderAckedOwed
 from streamengine.master.core.model import StreamRecord
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
 from streamengine.master.etcd import parse_etcd_url
+from streamengine.master.integrity import Integrity
 from streamengine.master.leadership import Leadership, SessionRenewal
+from streamengine.master.replicas import Replicas
 from streamengine.master.service_segments import SegmentHandlers
 from streamengine.master.state import MasterState
 from streamengine.master.stores import StoreRegistry
 from streamengine.protocol import codec, framed, framed_peer
 from streamengine.protocol.auth import Principal
 from streamengine.protocol.backoff import STORE_STREAM_REOPEN
+from streamengine.protocol.certificate import Certificate
 from streamengine.protocol.clock import monotonic_ms, wall_ms
 from streamengine.protocol.entry import (
     VALUE_HEADER_BYTES,
@@ -144,6 +152,7 @@ from streamengine.protocol.entry import (
     EntryKind,
     StoredEntry,
     decode_value,
+    encode_value,
 )
 from streamengine.protocol.grants import Grant, GrantSegment
 from streamengine.protocol.policy import ReplicationPolicy
@@ -373,6 +382,12 @@ ROT_SHARE = 0.3
 ROT_EVERY_MS = 1_500
 SCRUB_RECHECK_MS = 1_000
 REPAIRED_MS_MAX = 10_000
+# The share of rot events that forge the copy under a valid crc32c (its payload changed,
+# its crc computed again) instead of flipping a bit, where the master holds the
+# segment's certificate: the crc32c cannot tell such a copy, only the certificate can
+# (invariant 12). Drawn from a generator of its own (`World.forge_draws`), so that the
+# world's draws stay where they were until the first copy forged.
+FORGE_SHARE = 0.5
 # The share of seeds where one or two client processes each lead a crowd of streams
 # (issue #35: a process leading hundreds of streams), how many each, how often each of
 # their writers appends (a few batches per stream in the safety phase, whatever the
@@ -537,6 +552,10 @@ class WorldConfig:
     registration_answers_lost: int = 0
     # Bit rot at rest in sealed replicas, with the stores' scrub running.
     rot: bool = False
+    # Of the rot events, some forge a copy under a valid crc32c (`FORGE_SHARE`); off,
+    # each flips a bit, as every one did before copies were forged (a seed's schedule
+    # as it was then).
+    forges: bool = True
     # The stores that sync and the embedded master keep their data in the shipped
     # RocksDB adapters (`RocksKV`, `RocksDBMetadata`) under a directory of the run.
     rocksdb: bool = False
@@ -783,6 +802,7 @@ class WorldConfig:
                 else ""
             )
             + (" rot, scrubbed" if self.rot else "")
+            + (" (bits flipped only)" if self.rot and not self.forges else "")
             + (f" crowds of {self.crowd} streams per process" if self.crowd else "")
             + (f" replicas destroyed at {self.loss_at_ms}ms" if self.accept_loss else "")
             + (f" metadata lost at {self.loss_at_ms}ms" if self.metadata_lost else "")
@@ -1010,6 +1030,9 @@ class World:
         # and those the scrub has found.
         self.rotten: dict[tuple[str, SegmentKey], int] = {}
         self.rot_found: set[tuple[str, SegmentKey]] = set()
+        # Which rot events forge a copy (`FORGE_SHARE`), and the replicas forged.
+        self.forge_draws = random.Random(f"{config.seed}/forge")
+        self.forged: set[tuple[str, SegmentKey]] = set()
         # With `WorldConfig.accept_loss`: the streams whose processes the operator
         # stopped to seal them accepting loss, each with an event set once it is done
         # (no process leads them meanwhile); and where each follower goes on in a
@@ -2534,6 +2557,8 @@ class World:
             if segment.final_index:
                 key = SegmentKey(checker.stream_id, segment.epoch)
                 checker.sealed_at_master(key, segment.final_index, cores)
+                if segment.certificate is not None and cls._certified(checker):
+                    checker.certificate_recorded(key, segment.certificate, cores)
         checker.audit(cores, state, held)
 
     # ---- bit rot at rest ----
@@ -2682,9 +2707,12 @@ class World:
         return True
 
     async def _rot(self) -> None:
-        """Now and then a byte of a stored event flips in one replica of a sealed
-        segment, behind its store's back: its crc32c no longer holds. Only where the
-        segment keeps W sound replicas besides, on stores serving."""
+        """Now and then a stored event of one replica of a sealed segment rots, behind
+        its store's back: a byte flips, so its crc32c no longer holds; or, where the
+        master holds the segment's certificate, the copy is forged (`FORGE_SHARE`): its
+        payload changed under a crc32c computed again, which only the certificate
+        tells. Only where the segment keeps W sound replicas besides, on stores
+        serving."""
         while self.phase == "safety":
             await asyncio.sleep(self.rng.randint(1, 2 * ROT_EVERY_MS) / 1000)
             if self.phase != "safety":
@@ -2705,13 +2733,36 @@ class World:
             entry = entry_key(key.stream_id, key.epoch, victim)
             value = store.kv.get(entry)
             assert value is not None
+            # Drawn whether the bit flips or the copy is forged: the world's draws stay
+            # where they were.
             at = self.rng.randrange(VALUE_HEADER_BYTES, len(value))
-            flipped = value[:at] + bytes([value[at] ^ 1 << self.rng.randrange(8)]) + value[at + 1 :]
-            store.kv.write([Put(entry, flipped)], sync=True)
+            bit = self.rng.randrange(8)
+            forge = self.forge_draws.random() < FORGE_SHARE and self.config.forges
+            forge = forge and self._certificate(key, final) is not None
+            if forge:
+                copy = decode_value(victim, value)
+                forged = StoredEntry.make(victim, copy.kind, copy.epoch, b"forged:" + copy.payload)
+                rotted = encode_value(forged.kind, forged.epoch, forged.crc32c, forged.payload)
+                self.forged.add((name, key))
+                self.count("copies forged")
+            else:
+                rotted = value[:at] + bytes([value[at] ^ 1 << bit]) + value[at + 1 :]
+            store.kv.write([Put(entry, rotted)], sync=True)
             self.checkers_by_id[key.stream_id].rotted.add((name, key))
             self.rotten[(name, key)] = self.now_ms
             self.count("replicas rotted")
-            self.note(f"rot: {name} segment {key.stream_id}/{key.epoch} index {victim}")
+            self.note(
+                f"rot: {name} segment {key.stream_id}/{key.epoch} index {victim}"
+                + (" forged under a valid crc32c" if forge else "")
+            )
+
+    def _certificate(self, key: SegmentKey, final: int) -> Certificate | None:
+        """The serving master's certificate of `key`, sealed at `final`, if it has one."""
+        state = self.masters.state
+        segment = None if state is None else state.segments.get((key.stream_id, key.epoch))
+        if segment is None or segment.final_index != final or segment.certificate is None:
+            return None
+        return segment.certificate if segment.certificate.final_index == final else None
 
     def _rot_chances(self) -> list[tuple[str, SegmentKey, int]]:
         state = self.masters.state
@@ -2738,9 +2789,12 @@ class World:
 
     def _sound_replicas(self, key: SegmentKey, final: int, names: Sequence[str]) -> list[str]:
         """Those of `names` serving a replica of `key` complete to its bridge at
-        `final`, each copy's crc holding, that the store does not count damaged. Read
-        as stored: a read through the store's reader would mark what it finds damaged,
-        doing the scrub's work for it."""
+        `final`, each copy's crc holding, that the store does not count damaged, and
+        that holds the master's certificate of the segment when it has one (a forged
+        copy passes its crc32c). Read as stored: a read through the store's reader
+        would mark what it finds damaged, doing the scrub's work for it (its certificate
+        is read once every crc held, which marks nothing)."""
+        certificate = self._certificate(key, final)
         sound = []
         for name in names:
             store = self.stores.get(name)
@@ -2756,12 +2810,15 @@ class World:
                     decode_value(entry_index(row), value)
             except CorruptEntry:
                 continue
-            if len(rows) == final:
+            if len(rows) != final:
+                continue
+            if certificate is None or core.reader.certify(key, final).certificate == certificate:
                 sound.append(name)
         return sound
 
     def _follow_repairs(self) -> None:
-        """Rotted replicas the scrub found (their store counts them damaged), and those
+        """Rotted replicas the scrub found (their store counts them damaged; a forged
+        one, which the store cannot tell, the master condemns: `_condemned`), and those
         sound again (the audits check them again), or no longer wanted (the segment
         trimmed or deleted, or moved off their store)."""
         state = self.masters.state
@@ -2769,23 +2826,80 @@ class World:
             return
         for (name, key), rotted_at in sorted(self.rotten.items()):
             core = self.stores[name].core
-            found = core is not None and key in core.catalog.damaged()
-            if found and (name, key) not in self.rot_found:
-                self.rot_found.add((name, key))
-                self.count("rotted replicas found by the scrub")
-                self.note(f"{name} found segment {key.stream_id}/{key.epoch} damaged")
+            if core is not None and key in core.catalog.damaged():
+                segment_id = f"{key.stream_id}/{key.epoch}"
+                self._rot_found(name, key, f"{name} found segment {segment_id} damaged")
             segment = state.segments.get((key.stream_id, key.epoch))
             gone = segment is None or name not in segment.copy_set
             if segment is None or gone or self._sound_replicas(key, segment.final_index, [name]):
                 del self.rotten[(name, key)]
                 if not gone:  # else it stays unaudited until its store drops it
                     self.checkers_by_id[key.stream_id].rotted.discard((name, key))
-                self.count("rotted replicas dropped" if gone else "rotted replicas repaired")
+                outcome = "dropped" if gone else "repaired"
+                self.count(f"rotted replicas {outcome}")
+                if (name, key) in self.forged:
+                    self.forged.discard((name, key))
+                    self.count(f"forged replicas {outcome}")
                 self.note(
                     f"{name} segment {key.stream_id}/{key.epoch} "
                     f"{'no longer wanted' if gone else 'sound again'} after "
                     f"{self.now_ms - rotted_at} ms"
                 )
+
+    def _condemned(self, state: MasterState, key: tuple[int, int], stores: Sequence[str]) -> None:
+        """The master condemned `stores`' replicas of `key` (`_observing_condemnations`):
+        each must differ from the segment's certificate (invariant 12), as a forged or
+        rotted one does."""
+        checker = self.checkers_by_id.get(key[0])
+        segment = state.segments.get(key)
+        if checker is None or segment is None or segment.certificate is None:
+            return
+        replica = SegmentKey(*key)
+        for name in stores:
+            self.count("replicas condemned")
+            if (name, replica) in self.forged:
+                self.count("forged replicas condemned")
+            if (name, replica) in self.rotten:
+                # Found by its store's scrub, whose report the master judged.
+                condemned = f"the master condemned {name}'s segment {key[0]}/{key[1]}"
+                self._rot_found(name, replica, condemned)
+            store = self.stores.get(name)
+            serving = store is not None and store.serving.is_set()
+            core = store.core if store is not None and serving else None
+            if self._certified(checker):
+                self.check(checker.replica_condemned, name, core, replica, segment.certificate)
+
+    def _reader_reported(
+        self, reader: str, stream: str, epoch: int, address: str, problem: str
+    ) -> None:
+        """A reader reports the replica at `address` of `stream`'s segment `epoch` to the
+        master (`_observing_reports`): only a rotted or forged one may differ from what
+        its reader checks it against (invariant 12)."""
+        checker = self.checkers.get(stream)
+        name = next(
+            (n for n, s in self.stores.items() if address in (s.address, s.data_address)), None
+        )
+        if checker is None or name is None:
+            return
+        self.count("replicas readers reported")
+        replica = SegmentKey(checker.stream_id, epoch)
+        if self._certified(checker):
+            self.check(checker.reader_reported, reader, name, replica, problem)
+
+    @staticmethod
+    def _certified(checker: Checker) -> bool:
+        """Whether `checker`'s stream is held to its certificates (invariant 12): not
+        once a store with fsync never lost acked entries of it, after which what its
+        replicas hold may differ from what its writer certified (a recovery deciding
+        from what that store kept), the documented loss, which the run's outcome counts
+        only for the invariants of `LOSS_CAN_BREAK`."""
+        return not checker.unsynced_losses
+
+    def _rot_found(self, name: str, key: SegmentKey, note: str) -> None:
+        if (name, key) not in self.rot_found:
+            self.rot_found.add((name, key))
+            self.count("rotted replicas found by the scrub")
+            self.note(note)
 
     async def _wait_for_repairs(self) -> None:
         """Invariant 10 once faults stopped: every rotted replica sound again, and each
@@ -2936,6 +3050,65 @@ def _observing_writes(
             raise
 
     with mock.patch.object(framed, "connect", observed):
+        yield
+
+
+@contextlib.contextmanager
+def _observing_condemnations(
+    observe: Callable[[MasterState, tuple[int, int], Sequence[str]], None],
+) -> Iterator[None]:
+    """The members of a sealed segment any master condemns (counts as differing from
+    the certificate) told to `observe` with its state, as the master condemns them: a
+    store's scrub report judged (`Integrity.replica_reported`, which also judges the
+    reports kept until a seal), and a repair's copy verified against the certificate,
+    which condemns the members that disputed it (`Replicas.swap_replica`)."""
+    replica_reported = Integrity.replica_reported
+    swap_replica = Replicas.swap_replica
+
+    def reported(integrity: Integrity, store_id: str, key: Any, *args: Any) -> Any:
+        judgement = replica_reported(integrity, store_id, key, *args)
+        if judgement.bad:
+            observe(integrity.state, key, judgement.bad)
+        return judgement
+
+    def swapped(replicas: Replicas, key: Any, *args: Any) -> Any:
+        before = replicas.state.segments.get(key)
+        swapped = swap_replica(replicas, key, *args)
+        condemned = [m for m in swapped.bad if before is None or m not in before.bad]
+        if condemned:
+            observe(replicas.state, key, condemned)
+        return swapped
+
+    with (
+        mock.patch.object(Integrity, "replica_reported", reported),
+        mock.patch.object(Replicas, "swap_replica", swapped),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _observing_reports(observe: Callable[[str, str, int, str, str], None]) -> Iterator[None]:
+    """Readers' reports of a replica to the master (`ReportReplica`) told to `observe`
+    (reader, stream, segment epoch, replica's address, problem) as each reader makes
+    them: the SDK's followers and bounded reads (`Follower.report`, of what its cursor
+    holds to report) and Spark's (`spark._report`)."""
+    follower_report = Follower.report
+    spark_report = spark._report
+
+    async def following(follower: Follower, cursor: Cursor) -> None:
+        for report in cursor._reports:  # what `report` takes and sends
+            node = CURRENT_NODE.get("a reader")
+            observe(node, follower._stream, report.epoch, report.replica, report.problem)
+        await follower_report(follower, cursor)
+
+    def sparks(part: spark.SegmentRange, address: str, problem: str) -> None:
+        observe("spark", part.stream, part.epoch, address, problem)
+        spark_report(part, address, problem)
+
+    with (
+        mock.patch.object(Follower, "report", following),
+        mock.patch.object(spark, "_report", sparks),
+    ):
         yield
 
 
@@ -3461,7 +3634,11 @@ def run_seed(
                 world = World(config, rng, network, group, trace)
                 worlds.append(world)
                 try:
-                    with _observing_writes(world._call_ended):
+                    with (
+                        _observing_writes(world._call_ended),
+                        _observing_condemnations(world._condemned),
+                        _observing_reports(world._reader_reported),
+                    ):
                         await world.run()
                 finally:
                     await world.stop_all()
