@@ -183,6 +183,12 @@ FLAWED = [
     # The scrub finds nothing: a rotted replica of store0 is never repaired (seed 3
     # found it until reads rode the client's pooled data connections).
     ("scrub_blind", 2, 10),
+    # The master takes a scrub that found every crc32c holding for a match: store1's
+    # copy of segment 1/1, forged under a valid crc32c, is never condemned, nor repaired.
+    ("scrub_crc_only", FORGED, 10),
+    # The master takes the certificate W replicas agree on over a confirmed one: under
+    # N=2 W=1, the scrub report of store0's forged copy of segment 2/1 replaces it.
+    ("certificate_never_confirmed", 1622, 12),
     ("trust_any_bridge", ACCEPTED_LOSS_FLAWED, 2),
     # A store lets a write that shows no grant through: the intruder's meets the fence.
     ("ungranted_writes", INTRUDED, 6),

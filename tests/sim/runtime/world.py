@@ -129,6 +129,7 @@ from streamengine.client.subscription import Follower
 from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
 from streamengine.master import replies, service_tokens
+from streamengine.master.core import integrity as integrity_core
 from streamengine.master.core import listing
 from streamengine.master.core import rebuild as rebuild_core
 from streamengine.master.core.leader_acked import LeaderAckedOwed
@@ -226,6 +227,12 @@ from tests.sim.writer_node import ProducerOutbox
 # `lost_answered_once`: a wiped store's lost replicas are answered only by the
 # registration that first sees its new incarnation (issue #35, defect 1);
 # `scrub_blind`: the scrub reads a damaged replica back and tells nobody;
+# `scrub_crc_only`: the master takes a replica its scrub read back with every crc32c
+# holding for one that holds the certificate, so a copy forged under a valid crc32c is
+# never condemned, nor replaced (`World._sound_replicas` holds it to the certificate);
+# `certificate_never_confirmed`: the master takes the certificate W replicas agree on
+# over the segment's, confirmed or not: under W=1 a forged copy's scrub report replaces
+# it (invariant 12);
 # `trust_any_bridge`: a recovery accepting loss takes any bridge its plan found as proof
 # that nothing was lost (`lost_from_index=0`), and raises the survivors' acked index to
 # it (issue #35, defect 2);
@@ -289,6 +296,8 @@ RUNTIME_FLAWS = (
     "revoked_stream_writes",
     "lost_answered_once",
     "scrub_blind",
+    "scrub_crc_only",
+    "certificate_never_confirmed",
     "trust_any_bridge",
     "ungranted_writes",
     "pages_by_offset",
@@ -3166,6 +3175,10 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
                     done(scrubber, replica, result)
 
             stack.enter_context(mock.patch.object(Scrubber, "_done", blind))
+        if "scrub_crc_only" in flaws:
+            stack.enter_context(mock.patch.object(integrity_core, "judge", _judging_crcs_only))
+        if "certificate_never_confirmed" in flaws:
+            stack.enter_context(mock.patch.object(integrity_core, "confirmed", lambda *args: False))
         if "lost_answered_once" in flaws:
             stack.enter_context(
                 mock.patch.object(StoreRegistry, "register_store", _answering_lost_once)
@@ -3386,6 +3399,30 @@ class _HandedSecret(LeaseSecret):
         self._secret = b""
 
 
+def _judging_crcs_only(
+    certificate: Certificate | None,
+    certified_by: str,
+    checks: integrity_core.SegmentChecks,
+    copy_set: tuple[str, ...],
+    write_quorum: int,
+    store: str,
+    report: integrity_core.Report,
+    now_ms: int,
+) -> integrity_core.Judgement:
+    """The flaw `scrub_crc_only`: a replica its store's scrub read back with every
+    crc32c holding counts as holding the segment's certificate, whatever its content
+    (the master compares crcs, not the certificate): a copy forged under a valid crc32c
+    is never condemned, nor replaced."""
+    if (
+        certificate is not None
+        and isinstance(report, integrity_core.Clean)
+        and report.certificate.final_index == certificate.final_index
+    ):
+        report = integrity_core.Clean(certificate)
+    return _judge(certificate, certified_by, checks, copy_set, write_quorum, store, report, now_ms)
+
+
+_judge = integrity_core.judge
 _register_store = StoreRegistry.register_store
 
 
