@@ -1,19 +1,16 @@
 """`python -m tests.sim.covered` (`make sim-coverage`): the share of the product's
 statements a fixed band of simulator seeds executes, per part and per module.
 
-The simulator runs the real cores and what of the shells' decisions lives outside
-them; the gRPC adapters, RocksDB, etcd and the SDK's asyncio loops it replaces with its
-own nodes, so those show as not executed. The figure says how much of the shipped code
-the seeds put under the invariants' checks; the modules at the bottom of the list are
-the ones only the unit and integration tests reach.
+The simulator runs the shipped code: the master, the stores and the SDK, shells
+included, on its runtime (`tests/sim/runtime`). The figure says how much of it the
+seeds put under the invariants' checks; the modules at the bottom of the list are the
+ones only the unit and integration tests reach.
 
-The band is fixed (`BAND`) so that two figures compare: short seeds as CI runs them,
-long ones as the soak does, the bands that switch on damage at rest, bounded reads
-and wiped disks, and the world on the runtime (`tests.sim.runtime.world`, the shipped
-shells) over its CI band, the seeds above it and three of Spark jobs. `--runtime`
-measures the runtime's band alone. Only process bootstrap (the servers' and a Spark
-driver's JVM) and its argument parsing are left out of the count (`EXCLUDED`, each
-with why); every other module of the four parts counts, executed or not.
+The band is fixed (`BAND`) so that two figures compare: the world's CI seeds and those
+above them, seeds of Spark jobs and seeds where the master's metadata is lost. Only
+process bootstrap (the servers' and a Spark driver's JVM) and its argument parsing are
+left out of the count (`EXCLUDED`, each with why); every other module of the four parts
+counts, executed or not.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import coverage
 
@@ -49,27 +45,19 @@ EXCLUDED = {
 class Band:
     name: str
     seeds: range | tuple[int, ...]
-    steps: int
-    overrides: dict[str, Any]
-    runtime: bool = False  # the world on the runtime (its seeds have no steps)
 
 
-# The wiped-disk band's overrides are `world.WIPES`, looked up once coverage runs: no
-# product module may be imported before it starts, or its module-level statements (the
-# defs, classes and constants) would count as never executed.
+# No product module may be imported before coverage starts, or its module-level
+# statements (the defs, classes and constants) would count as never executed: the world
+# is imported once it runs.
 BAND = (
-    Band("short", range(0, 100), 800, {}),
-    Band("long", range(10_000, 10_020), 3000, {}),
-    Band("rot", range(0, 10), 3000, {"rot": True}),
-    Band("bounded reads", range(0, 10), 800, {"bounded_reads": True}),
-    Band("wipes", range(0, 10), 3000, {"wipes": True}),
-    Band("runtime", range(0, 20), 0, {}, runtime=True),
+    Band("runtime", range(0, 20)),
     # Spark jobs (`WorldConfig.analytics`), drawn in none of the seeds above but 16;
     # 227: a write task's writer closes while its stores are down (`leader_acked`).
-    Band("spark jobs", (305, 50, 67, 227), 0, {}, runtime=True),
+    Band("spark jobs", (305, 50, 67, 227)),
     # The master's metadata lost and rebuilt from the stores: names from records (2008),
     # from cards (3956) and from grants (4600, 4989).
-    Band("metadata lost", (2008, 3956, 4600, 4989), 0, {}, runtime=True),
+    Band("metadata lost", (2008, 3956, 4600, 4989)),
 )
 
 
@@ -93,16 +81,11 @@ def counted_modules() -> list[Path]:
 
 def run_band(bands: tuple[Band, ...]) -> list[str]:
     """Run every seed of the bands; the summaries of those that failed."""
-    world = importlib.import_module("tests.sim.world")
-    runtime_world = importlib.import_module("tests.sim.runtime.world")
+    world = importlib.import_module("tests.sim.runtime.world")
     failed = []
     for band in bands:
-        overrides = world.WIPES if band.overrides.get("wipes") else band.overrides
         for seed in band.seeds:
-            if band.runtime:
-                result = runtime_world.run_seed(seed)
-            else:
-                result = world.run_seed(seed, band.steps, overrides=overrides or None)
+            result = world.run_seed(seed)
             if not result.ok:
                 failed.append(f"{band.name}: {result.summary()}")
     return failed
@@ -141,10 +124,7 @@ def _seeds(seeds: range | tuple[int, ...]) -> str:
 def report(
     shares: list[ModuleShare], failed: list[str], seconds: float, measured: tuple[Band, ...]
 ) -> str:
-    bands = ", ".join(
-        f"{b.name} {_seeds(b.seeds)}" + ("" if b.runtime else f" at {b.steps} steps")
-        for b in measured
-    )
+    bands = ", ".join(f"{b.name} {_seeds(b.seeds)}" for b in measured)
     seeds = sum(len(b.seeds) for b in measured)
     lines = [f"simulator coverage: {seeds} seeds ({bands}), {seconds:.0f} s under coverage"]
     header = f"{'':<64} {'stmts':>6} {'executed':>8} {'share':>7}"
@@ -170,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print("refusing to run under python -O: the checks are asserts too", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog="python -m tests.sim.covered", description=__doc__)
-    parser.add_argument(
-        "--runtime", action="store_true", help="only the world on the runtime's band"
-    )
-    args = parser.parse_args(argv)
-    bands = tuple(b for b in BAND if b.runtime) if args.runtime else BAND
+    parser.parse_args(argv)
     spec = importlib.util.find_spec("streamengine")  # found, not imported (see BAND)
     found = Path(spec.origin).resolve() if spec is not None and spec.origin else None
     if found is None or ROOT not in found.parents:
@@ -184,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    shares, failed, seconds = measure(bands)
-    print(report(shares, failed, seconds, bands))
+    shares, failed, seconds = measure()
+    print(report(shares, failed, seconds, BAND))
     return 1 if failed else 0
 
 

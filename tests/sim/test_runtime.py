@@ -19,7 +19,7 @@ from streamengine.protocol.clock import wall_ms
 from streamengine.protocol.sequence import pack_sequence
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.testing import wait_until
-from tests.sim.network import Faults
+from tests.sim.faults import Faults
 from tests.sim.runtime.blocking import BlockingThread
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimMaster

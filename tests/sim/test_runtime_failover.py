@@ -21,7 +21,7 @@ from streamengine.master.etcd import parse_etcd_url
 from streamengine.protocol.clock import wall_ms
 from streamengine.testing import wait_until
 from tests.sim.checkers import MasterChecker
-from tests.sim.network import Faults
+from tests.sim.faults import Faults
 from tests.sim.runtime.etcd import LEASE_CHECK_MS, SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimElectedMaster

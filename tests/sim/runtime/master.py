@@ -65,9 +65,18 @@ from streamengine.protocol.limits import LEASE_MS_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.protocol.signing import SigningKey
 from streamengine.protocol.transport import Transport
-from tests.sim.master_node import sim_signing_key
 from tests.sim.runtime.process import SimProcess
 from tests.sim.runtime.transport import SimNetwork, SimServer
+
+
+def sim_signing_key(seed: int, generation: int = 0) -> SigningKey:
+    """The master's key of a run: from the seed, so a run replays, and without drawing
+    from the run's random source (which would change every later draw); a master that
+    lost its metadata `generation` times makes a new one."""
+    label = b"simulated master key %d" % seed
+    if generation:
+        label += b" generation %d" % generation
+    return SigningKey(hashlib.sha256(label).digest())
 
 
 class SimKeys:

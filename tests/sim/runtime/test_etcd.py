@@ -17,7 +17,7 @@ from streamengine.master.etcd import EtcdClient, parse_etcd_url
 from streamengine.master.etcd_metadata import EtcdMetadata, NoMasterGuard
 from streamengine.master.metadata import NotActive, Transaction, prefix_end
 from streamengine.testing import EtcdCluster
-from tests.sim.network import Faults
+from tests.sim.faults import Faults
 from tests.sim.runtime.etcd import LEASE_CHECK_MS, SimEtcd
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.transport import SimNetwork, node_context

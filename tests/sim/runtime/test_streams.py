@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
+from tests.sim.faults import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.transport import (
     SimNetwork,

@@ -36,7 +36,7 @@ from tests.integration.store_helpers import (
     subscribe_start,
     write_request,
 )
-from tests.sim.network import Faults
+from tests.sim.faults import Faults
 from tests.sim.runtime.loop import run
 from tests.sim.runtime.master import SimMaster
 from tests.sim.runtime.store import SimStore

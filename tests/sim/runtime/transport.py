@@ -6,7 +6,7 @@ address dialed (`SimServer`). An exchange carries two ordered pipes, as an HTTP/
 stream does: requests, the half-close and a cancel towards the server; responses and
 the final status towards the caller. Every message is serialized with the method's real
 codecs on one side and parsed on the other, and takes a delay drawn from the seed
-(`tests.sim.network.Faults`); messages of one pipe arrive in the order sent.
+(`tests.sim.faults.Faults`); messages of one pipe arrive in the order sent.
 
 Faults, all drawn from the loop's seeded random source:
 - loss: a message lost breaks its exchange (as a reset connection does; TCP never
@@ -94,7 +94,7 @@ from cryptography.hazmat.primitives import serialization
 from streamengine.master import etcd
 from streamengine.protocol import framed, identity, transport
 from streamengine.protocol.framed_peer import DEAD_PEER_MS
-from tests.sim.network import BREAK_DETECTION_MS_MAX, Faults
+from tests.sim.faults import BREAK_DETECTION_MS_MAX, Faults
 from tests.sim.runtime import blocking
 from tests.sim.runtime.loop import SimLoop
 

@@ -67,8 +67,8 @@ run streaming queries over them and write a stream of their own through the ship
 data source, each row held to its stream's checker as a bounded reader's, and once the
 world converged every stream scanned whole and the sink's rows found once each.
 
-    python -m tests.sim --runtime --seed N       # one seed, with its trace
-    python -m tests.sim --runtime --soak K --first F
+    python -m tests.sim N                  # one seed, with its trace
+    python -m tests.sim --soak K --first F
 
 Flaws (`RUNTIME_FLAWS`) switch a defect back into the shipped code for one run, so
 that a test can show the world still finds it.
@@ -196,7 +196,7 @@ from streamengine.testing import wait_until
 from streamengine.v1 import entry_pb2, master_pb2, segment_store_pb2
 from tests.faults import badinput
 from tests.sim.checkers import Checker, MasterChecker, Violation, sound_copies
-from tests.sim.network import Faults
+from tests.sim.faults import Faults
 from tests.sim.runtime import secured
 from tests.sim.runtime.analytics import Analyst
 from tests.sim.runtime.etcd import SimEtcd
@@ -213,8 +213,6 @@ from tests.sim.runtime.transport import (
     StreamFaults,
     node_context,
 )
-from tests.sim.world import draws_producers, is_documented_loss, run_outcome
-from tests.sim.writer_node import ProducerOutbox
 
 # Defects the world must find, each switched back into the shipped code for one run:
 # `park_forever`: a writer leading an epoch granted without a segment parks appends and
@@ -823,6 +821,58 @@ class WorldConfig:
             + (" front door" if self.front_door else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
+
+
+# The share of seeds whose writers append with producer ids. Drawn from a randomness of
+# its own, so that a seed without producers runs as it did before producers existed
+# (the schedules its regression tests pin stay theirs).
+PRODUCER_SEEDS_SHARE = 0.5
+
+
+def draws_producers(seed: int) -> bool:
+    """Whether seed `seed`'s writers append with producer ids."""
+    return random.Random(f"producers:{seed}").random() < PRODUCER_SEEDS_SHARE
+
+
+@dataclass
+class ProducerOutbox:
+    """What a client process produced with its producer id and has not yet seen acked:
+    it keeps it across its writers, as an application keeps its events until they are
+    confirmed, and resends them through the next writer from the lowest."""
+
+    # Unconfirmed events by producer sequence; the next sequence to give out.
+    events: dict[int, bytes] = field(default_factory=dict)
+    next_sequence: int = 0
+    # Sequences given to the current writer: not resent while it leads.
+    in_flight: set[int] = field(default_factory=set)
+    # Batches out at once (pipelined producers), and whether one of them failed: then
+    # no new batch goes until none is out, and the next resends every unconfirmed event
+    # from the lowest.
+    batches_out: int = 0
+    resend: bool = False
+
+
+# What a store losing acked entries (fsync never) can break: reads (1, 2), sealed
+# replicas (4), and convergence (0, a bridge lost everywhere it was held). Fencing (3),
+# the master (5) and bad input (6) never rest on a store's durability.
+LOSS_CAN_BREAK = frozenset({0, 1, 2, 4})
+
+
+def is_documented_loss(violation: Violation | None, unsynced_losses: list[str]) -> bool:
+    """A violation after stores with fsync never lost acked entries in a restart, of an
+    invariant such a loss can break: the documented loss, not a broken invariant."""
+    return violation is not None and bool(unsynced_losses) and violation.invariant in LOSS_CAN_BREAK
+
+
+def run_outcome(violation: Violation | None, unsynced_losses: list[str], error: str) -> str:
+    """How a run ended, in a word and its reason."""
+    if is_documented_loss(violation, unsynced_losses):
+        return f"DOCUMENTED LOSS (fsync never: {unsynced_losses[0]}) {violation}"
+    if violation is not None:
+        return f"VIOLATION {violation}"
+    if error:
+        return f"ERROR {error.strip().splitlines()[-1]}"
+    return "ok"
 
 
 @dataclass

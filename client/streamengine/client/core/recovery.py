@@ -155,11 +155,6 @@ class RecoveryTiming:
 
 # Over gRPC, between processes.
 TIMING = RecoveryTiming()
-# The simulator's profile (tests/sim): its leases last 150-600 ms of virtual time and a
-# run a few of them, so a recovery there must notice silence within a lease.
-SIMULATED_TIMING = RecoveryTiming(
-    retransmit_ms=60, store_lost_ms=250, busy_pause_ms=5, late_stores_ms=2_000
-)
 
 # ---- events (what stores and the master answered) ----
 

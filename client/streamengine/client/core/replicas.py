@@ -48,8 +48,8 @@ from streamengine.protocol.backoff import REPLICA_READ, Backoff
 
 @dataclass(frozen=True, slots=True)
 class FollowerTiming:
-    """Every wait of a reader, in one place: the SDK uses the defaults; the simulator
-    passes `FollowerTiming.simulated()` so that a run stays short in virtual time."""
+    """Every wait of a reader, in one place: the SDK uses the defaults; tests that
+    want a run short pass `FollowerTiming.fast()`."""
 
     # Backoff of a failed replica, and of the master's list that could not be read.
     replica_backoff: Backoff = REPLICA_READ
@@ -108,8 +108,8 @@ class FollowerTiming:
 
     @staticmethod
     def fast() -> FollowerTiming:
-        """For a cluster in virtual time (the simulator): the same protocol with waits
-        a run of a few seconds goes through many times."""
+        """The same protocol with waits a run of a few seconds goes through many times
+        (tests that want a reader to ask again soon)."""
         return FollowerTiming(
             replica_backoff=Backoff(first_ms=20, max_ms=400),
             sealed_replica_stall_ms=300,

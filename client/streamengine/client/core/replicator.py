@@ -296,7 +296,7 @@ class SendWrite:
 
     @property
     def entries(self) -> tuple[StoredEntry, ...]:
-        """The entries as objects (the simulator's messages, tests)."""
+        """The entries as objects (tests)."""
         pairs = zip(self.payloads, self.crcs, strict=True)
         marks = self.marks
         return tuple(

@@ -43,11 +43,11 @@ Time is an input. While tailing, the cursor also decides when the tailed replica
 silent (`FollowerTiming.silent_replica_ms` without entries, a position or a keepalive:
 a failure) and when to re-read the master's list (`refresh_due`); `wake_at_ms` says
 when to ask it again if nothing arrives. Every wait is a field of `FollowerTiming`, so
-the SDK and the simulator (`FollowerTiming.fast()`) run the same decisions.
+the SDK and tests that want short waits (`FollowerTiming.fast()`) run the same decisions.
 
-The shell (`streamengine.client.subscription`; `tests/sim/follower_node.py` in the simulator)
-feeds it the master's segment list, what replicas answer, and failures, with the time;
-the cursor answers what to read next.
+The shell (`streamengine.client.subscription`, which the simulator runs too) feeds it
+the master's segment list, what replicas answer, and failures, with the time; the
+cursor answers what to read next.
 
 Why one long module: the cursor, its decisions (`ReadFrom`, `Wait`, `Finished`,
 `DataLoss`, `Unreachable`) and the runs it takes are one state machine, read together;
