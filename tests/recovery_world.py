@@ -36,9 +36,9 @@ from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.segment_store.core.commands import SegmentKey
 from streamengine.segment_store.core.errors import BelowFence as StoreRefused
 from streamengine.segment_store.core.errors import SegmentNotFound
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.recovery_notation import entries, notation
+from tests.store_commands import CommandedCore
 
 
 class Violation(AssertionError):
@@ -51,7 +51,7 @@ class CopySetWorld:
         self.policy = policy
         self.names = tuple(names)
         self.segment = SegmentKey(1, 1)
-        self.stores = {n: SegmentStoreCore(MemoryKV()) for n in names}
+        self.stores = {n: CommandedCore(MemoryKV()) for n in names}
         # index -> (store, kind, payload) of what some store served there first
         self.served: dict[int, tuple[str, EntryKind, bytes]] = {}
         self.master_final = 0

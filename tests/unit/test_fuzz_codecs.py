@@ -39,11 +39,11 @@ from streamengine.protocol.tokens import (
 from streamengine.segment_store.core.authority import StoreAuthority, WriteStreamGrants
 from streamengine.segment_store.core.commands import SegmentKey, WriteCommand
 from streamengine.segment_store.core.errors import StoreError
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from streamengine.segment_store.refusals import STATUS
 from streamengine.segment_store.writes import batch_of
 from streamengine.v1 import segment_store_pb2
+from tests.store_commands import CommandedCore
 
 KEY = SigningKey(bytes(range(32)))
 VERIFIER = Verifier([KEY.public_key])
@@ -125,7 +125,7 @@ def test_a_store_takes_a_mutated_batch_whole_or_refuses_it_precisely(
     packed, lengths = PackedEntries.of(made).to_wire()
     garbled = data.draw(mutated(packed))
     kv = MemoryKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     segment = SegmentKey(7, made[0].epoch)
     before = kv.scan(b"", b"\xff" * 32)
     try:

@@ -23,8 +23,8 @@ from streamengine.segment_store.core.commands import (
     SegmentKey,
 )
 from streamengine.segment_store.core.errors import BadRequest
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
+from tests.store_commands import CommandedCore
 from tests.unit.test_leader import leading, of_type, signed, step
 
 # ---- the writer: what its release hands over ----
@@ -138,8 +138,8 @@ def test_the_owed_index_is_kept_with_the_segment_record_and_only_then() -> None:
 SEG = SegmentKey(7, 3)
 
 
-def _core_holding(last: int, acked: int = 0) -> SegmentStoreCore:
-    core = SegmentStoreCore(MemoryKV())
+def _core_holding(last: int, acked: int = 0) -> CommandedCore:
+    core = CommandedCore(MemoryKV())
     entries = [StoredEntry.make(i, EntryKind.EVENT, 3, b"e%d" % i) for i in range(1, last + 1)]
     core.write(SEG, 3, acked, entries)
     return core

@@ -44,8 +44,8 @@ from streamengine.segment_store.core.errors import (
 )
 from streamengine.segment_store.core.keys import entry_key, segment_entries_range
 from streamengine.segment_store.core.kv import KV, Delete, DeleteRange, Put
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import BLOCK_BYTES, MemoryKV, RocksKV
+from tests.store_commands import CommandedCore
 
 SEG = SegmentKey(7, 3)
 EVENT, HOLE, BRIDGE = EntryKind.EVENT, EntryKind.HOLE, EntryKind.BRIDGE
@@ -64,15 +64,15 @@ def snapshot(kv: KV) -> list[tuple[bytes, bytes]]:
 
 
 @pytest.fixture
-def core() -> SegmentStoreCore:
-    return SegmentStoreCore(MemoryKV())
+def core() -> CommandedCore:
+    return CommandedCore(MemoryKV())
 
 
 # ---- fencing ----
 
 
 def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 3, 0, events(1, 2))
     core.seal(SEG, 5)
@@ -85,7 +85,7 @@ def test_write_below_fence_is_refused_with_the_fence_and_writes_nothing(
 
 
 def test_a_busy_refusal_below_the_fence_is_the_fence_not_a_matched_index(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     # Simulator seed 10179: a recovery at epoch 5 wrote up to 4; a waking leader of
     # epoch 3 must not read matched 4 as its own entries held.
@@ -101,7 +101,7 @@ def test_a_busy_refusal_below_the_fence_is_the_fence_not_a_matched_index(
     assert snapshot(core.kv) == before
 
 
-def test_write_at_the_fence_epoch_is_accepted(core: SegmentStoreCore) -> None:
+def test_write_at_the_fence_epoch_is_accepted(core: CommandedCore) -> None:
     core.seal(SEG, 5)
     assert core.write(SEG, 5, 0, events(1, 1, epoch=5)).matched_index == 1
 
@@ -111,7 +111,7 @@ def test_write_at_the_fence_epoch_is_accepted(core: SegmentStoreCore) -> None:
     [([4], 4), ([4, 4], 4), ([4, 6], 6), ([2, 9, 9], 9)],
 )
 def test_seal_raises_the_fence_and_equal_is_idempotent(
-    core: SegmentStoreCore, seals: list[int], expected_fence: int
+    core: CommandedCore, seals: list[int], expected_fence: int
 ) -> None:
     for epoch in seals:
         result = core.seal(SEG, epoch)
@@ -119,7 +119,7 @@ def test_seal_raises_the_fence_and_equal_is_idempotent(
     assert core.catalog.state(SEG).fence == expected_fence
 
 
-def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: SegmentStoreCore) -> None:
+def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: CommandedCore) -> None:
     core.seal(SEG, 6)
     with pytest.raises(BelowFence) as refused:
         core.seal(SEG, 5)
@@ -127,7 +127,7 @@ def test_seal_below_the_fence_is_refused_and_never_lowers_it(core: SegmentStoreC
     assert core.catalog.state(SEG).fence == 6
 
 
-def test_seal_answers_acked_matched_and_last_index(core: SegmentStoreCore) -> None:
+def test_seal_answers_acked_matched_and_last_index(core: CommandedCore) -> None:
     core.write(SEG, 3, 0, events(1, 3))
     core.write(SEG, 3, 2, events(5, 6))
     result = core.seal(SEG, 4)
@@ -140,7 +140,7 @@ def test_seal_answers_acked_matched_and_last_index(core: SegmentStoreCore) -> No
 
 
 def test_seal_of_an_unknown_segment_creates_it_empty_with_that_fence(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     result = core.seal(SEG, 8)
     assert (result.fence, result.acked_index, result.matched_index, result.last_index) == (
@@ -152,7 +152,7 @@ def test_seal_of_an_unknown_segment_creates_it_empty_with_that_fence(
     assert core.catalog.segments() == [SEG]
 
 
-def test_write_to_an_unknown_segment_creates_it_with_fence_zero(core: SegmentStoreCore) -> None:
+def test_write_to_an_unknown_segment_creates_it_with_fence_zero(core: CommandedCore) -> None:
     result = core.write(SEG, 3, 0, events(1, 1))
     assert result.fence == 0 and core.catalog.state(SEG).fence == 0
 
@@ -169,7 +169,7 @@ def test_write_to_an_unknown_segment_creates_it_with_fence_zero(core: SegmentSto
     ],
 )
 def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
-    core: SegmentStoreCore, stored_epoch: int, sent_epoch: int, held_epoch: int
+    core: CommandedCore, stored_epoch: int, sent_epoch: int, held_epoch: int
 ) -> None:
     core.write(SEG, stored_epoch, 0, [ev(1, stored_epoch, b"old")])
     result = core.write(SEG, 9, 0, [ev(1, sent_epoch, b"new")])
@@ -206,7 +206,7 @@ def test_a_copy_replaces_a_stored_one_only_if_its_epoch_is_not_lower(
     ],
 )
 def test_a_copy_held_at_its_epoch_is_never_replaced_by_other_bytes(
-    core: SegmentStoreCore, rule: str, writer_epoch: int, batch: list[StoredEntry], refused: bool
+    core: CommandedCore, rule: str, writer_epoch: int, batch: list[StoredEntry], refused: bool
 ) -> None:
     core.write(SEG, 3, 2, events(1, 2))
     before = snapshot(core.kv)
@@ -226,7 +226,7 @@ def test_a_copy_held_at_its_epoch_is_never_replaced_by_other_bytes(
 
 
 def test_a_plan_refuses_other_bytes_for_a_copy_an_earlier_command_wrote(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     plan = core.plan(
         [
@@ -242,7 +242,7 @@ def test_a_plan_refuses_other_bytes_for_a_copy_an_earlier_command_wrote(
 
 
 def test_keeping_a_higher_epoch_copy_is_success_saying_what_is_held(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 5, 0, [StoredEntry.make(2, HOLE, 5)])
     result = core.write(SEG, 6, 0, [ev(1, 4), ev(2, 4), ev(3, 6)])
@@ -251,7 +251,7 @@ def test_keeping_a_higher_epoch_copy_is_success_saying_what_is_held(
     assert [e.kind for e in core.reader.read(SEG, 1)] == [EVENT, HOLE, EVENT]
 
 
-def test_a_bridge_replaced_by_a_higher_epoch_copy_is_forgotten(core: SegmentStoreCore) -> None:
+def test_a_bridge_replaced_by_a_higher_epoch_copy_is_forgotten(core: CommandedCore) -> None:
     core.write(SEG, 4, 0, [StoredEntry.make(1, BRIDGE, 4)])
     core.write(SEG, 5, 1, [ev(1, 5), StoredEntry.make(2, BRIDGE, 5)])
     assert core.catalog.meta(SEG) is not None and core.catalog.meta(SEG).bridges == (2,)  # type: ignore[union-attr]
@@ -261,7 +261,7 @@ def test_a_bridge_replaced_by_a_higher_epoch_copy_is_forgotten(core: SegmentStor
 
 
 def test_a_stale_copy_past_the_bridge_goes_once_the_acked_index_reaches_it(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     """S3 seed 1 of the fault suite: a paused leader (epoch 3) wrote 70-71 here alone;
     the recovery at epoch 4, decided elsewhere, bridges this store late at 70."""
@@ -284,7 +284,7 @@ def test_a_stale_copy_past_the_bridge_goes_once_the_acked_index_reaches_it(
 
 
 def test_a_plan_counts_what_an_earlier_command_dropped_past_the_bridge_as_gone(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 3, 0, events(1, 5))
     plan = core.plan(
@@ -298,11 +298,11 @@ def test_a_plan_counts_what_an_earlier_command_dropped_past_the_bridge_as_gone(
     assert (state.last_index, state.matched_index, state.acked_index) == (2, 2, 2)
     assert state.bytes == len(ev(1, 4).payload)
     assert [e.index for e in core.reader.read(SEG, 1)] == [1, 2]
-    assert SegmentStoreCore(core.kv).catalog.state(SEG) == state  # what a restart finds
+    assert CommandedCore(core.kv).catalog.state(SEG) == state  # what a restart finds
 
 
 def test_copies_past_a_bridge_the_acked_index_has_not_reached_stay(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     """An unacked bridge may still be replaced by a later recovery's choice."""
     core.write(SEG, 4, 1, [ev(1, 4), StoredEntry.make(2, BRIDGE, 4), ev(3, 3)])
@@ -325,14 +325,14 @@ def test_copies_past_a_bridge_the_acked_index_has_not_reached_stay(
     ],
 )
 def test_matched_index_is_the_largest_m_with_every_index_up_to_m_held(
-    core: SegmentStoreCore, batches: list[tuple[int, int]], matched_after_each: list[int]
+    core: CommandedCore, batches: list[tuple[int, int]], matched_after_each: list[int]
 ) -> None:
     seen = [core.write(SEG, 3, 0, events(first, last)).matched_index for first, last in batches]
     assert seen == matched_after_each
     assert core.catalog.state(SEG).matched_index == matched_after_each[-1]
 
 
-def test_retransmission_counts_bytes_and_entries_once(core: SegmentStoreCore) -> None:
+def test_retransmission_counts_bytes_and_entries_once(core: CommandedCore) -> None:
     core.write(SEG, 3, 0, events(1, 4))
     once = core.catalog.meta(SEG)
     core.write(SEG, 3, 0, events(1, 4))
@@ -341,7 +341,7 @@ def test_retransmission_counts_bytes_and_entries_once(core: SegmentStoreCore) ->
 
 
 def test_a_hole_filled_by_recovery_after_a_stale_copy_above_matches_through(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     # RECOVERY-CASES B2 (fixed), store C: [. e2@1] receives BR@2 at 1 -> matched 2.
     core.write(SEG, 1, 0, [ev(2, 1)])
@@ -364,7 +364,7 @@ def test_a_hole_filled_by_recovery_after_a_stale_copy_above_matches_through(
     ],
 )
 def test_acked_index_is_the_leaders_clamped_to_matched_and_never_lowered(
-    core: SegmentStoreCore,
+    core: CommandedCore,
     writes: list[tuple[tuple[int, int], int]],
     acked_after_each: list[int],
 ) -> None:
@@ -372,7 +372,7 @@ def test_acked_index_is_the_leaders_clamped_to_matched_and_never_lowered(
     assert seen == acked_after_each
 
 
-def test_an_empty_write_raises_acked_up_to_matched(core: SegmentStoreCore) -> None:
+def test_an_empty_write_raises_acked_up_to_matched(core: CommandedCore) -> None:
     core.write(SEG, 3, 0, events(1, 4))
     assert core.write(SEG, 3, 3, []).acked_index == 3
 
@@ -432,7 +432,7 @@ BAD_WRITES: list[tuple[str, Callable[[], WriteCommand]]] = [
 
 @pytest.mark.parametrize(("case", "make"), BAD_WRITES, ids=[c for c, _ in BAD_WRITES])
 def test_a_malformed_write_is_refused_and_changes_nothing(
-    core: SegmentStoreCore, case: str, make: Callable[[], WriteCommand]
+    core: CommandedCore, case: str, make: Callable[[], WriteCommand]
 ) -> None:
     core.write(SEG, 3, 1, events(1, 1))
     before, meta = snapshot(core.kv), core.catalog.meta(SEG)
@@ -443,7 +443,7 @@ def test_a_malformed_write_is_refused_and_changes_nothing(
 
 
 @pytest.mark.parametrize("epoch", [0, 1 << 31])
-def test_a_malformed_seal_is_refused(core: SegmentStoreCore, epoch: int) -> None:
+def test_a_malformed_seal_is_refused(core: CommandedCore, epoch: int) -> None:
     with pytest.raises(BadRequest):
         core.seal(SEG, epoch)
     assert core.catalog.segments() == []
@@ -452,7 +452,7 @@ def test_a_malformed_seal_is_refused(core: SegmentStoreCore, epoch: int) -> None
 # ---- plans: group commit of several commands ----
 
 
-def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore) -> None:
+def test_a_plan_sees_the_effects_of_its_earlier_commands(core: CommandedCore) -> None:
     other = SegmentKey(8, 1)
     plan = core.plan(
         [
@@ -473,7 +473,7 @@ def test_a_plan_sees_the_effects_of_its_earlier_commands(core: SegmentStoreCore)
     assert core.catalog.state(other).matched_index == 1
 
 
-def test_a_plan_is_invisible_until_published(core: SegmentStoreCore) -> None:
+def test_a_plan_is_invisible_until_published(core: CommandedCore) -> None:
     plan = core.plan([WriteCommand.of(SEG, 3, 1, events(1, 2))])
     core.write_plan(plan, sync=True)
     with pytest.raises(SegmentNotFound):
@@ -482,7 +482,7 @@ def test_a_plan_is_invisible_until_published(core: SegmentStoreCore) -> None:
     assert core.catalog.state(SEG).acked_index == 1
 
 
-def test_delete_then_write_in_one_plan_starts_the_segment_afresh(core: SegmentStoreCore) -> None:
+def test_delete_then_write_in_one_plan_starts_the_segment_afresh(core: CommandedCore) -> None:
     core.write(SEG, 3, 0, events(1, 5))
     plan = core.plan(
         [
@@ -501,7 +501,7 @@ def test_delete_then_write_in_one_plan_starts_the_segment_afresh(core: SegmentSt
 
 
 def test_read_returns_held_entries_in_order_and_acked_only_stops_at_acked(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 3, 0, events(1, 3))
     core.write(SEG, 3, 2, events(5, 6))
@@ -518,7 +518,7 @@ def stored(entries: list[StoredEntry]) -> list[bytes]:
 
 
 def test_read_run_serves_consecutive_values_cut_by_limit_bytes_and_the_first_gap(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 3, 0, events(1, 6))
     core.write(SEG, 3, 0, events(8, 9))
@@ -535,7 +535,7 @@ def test_read_run_serves_consecutive_values_cut_by_limit_bytes_and_the_first_gap
 
 
 def test_read_run_never_shifts_values_when_an_entry_below_matched_is_gone(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 3, 0, events(1, 6))
     core.kv.write([Delete(entry_key(SEG.stream_id, SEG.epoch, 3))], sync=True)
@@ -543,33 +543,33 @@ def test_read_run_never_shifts_values_when_an_entry_below_matched_is_gone(
     assert core.reader.read_run(SEG, 4, 6, 100, 0) == stored(events(4, 6))
 
 
-def test_read_of_a_segment_not_held_is_not_found(core: SegmentStoreCore) -> None:
+def test_read_of_a_segment_not_held_is_not_found(core: CommandedCore) -> None:
     with pytest.raises(SegmentNotFound):
         core.reader.read(SEG, 1)
 
 
-def test_digest_differs_when_replicas_differ_anywhere(core: SegmentStoreCore) -> None:
-    twin = SegmentStoreCore(MemoryKV())
+def test_digest_differs_when_replicas_differ_anywhere(core: CommandedCore) -> None:
+    twin = CommandedCore(MemoryKV())
     for store in (core, twin):
         store.write(SEG, 3, 3, events(1, 3))
     assert core.reader.digest(SEG, 3) == twin.reader.digest(SEG, 3)
     assert core.reader.digest(SEG).up_to_index == 3  # 0: up to the acked index
     twin.write(SEG, 4, 3, [StoredEntry.make(2, HOLE, 4)])
     assert core.reader.digest(SEG, 3).digest != twin.reader.digest(SEG, 3).digest
-    gap = SegmentStoreCore(MemoryKV())
+    gap = CommandedCore(MemoryKV())
     gap.write(SEG, 3, 0, [ev(1), ev(2)])
     gap.write(SEG, 3, 0, [ev(4)])
-    full = SegmentStoreCore(MemoryKV())
+    full = CommandedCore(MemoryKV())
     full.write(SEG, 3, 0, events(1, 4))
     assert gap.reader.digest(SEG, 4).entries_held == 3
     assert gap.reader.digest(SEG, 4).digest != full.reader.digest(SEG, 4).digest
     # The copy's epoch is not content: a recovery rewrite keeps the digest.
-    rewritten = SegmentStoreCore(MemoryKV())
+    rewritten = CommandedCore(MemoryKV())
     rewritten.write(SEG, 5, 0, [e.with_epoch(5) for e in events(1, 4)])
     assert rewritten.reader.digest(SEG, 4).digest == full.reader.digest(SEG, 4).digest
 
 
-def test_delete_removes_entries_and_metadata(core: SegmentStoreCore) -> None:
+def test_delete_removes_entries_and_metadata(core: CommandedCore) -> None:
     core.write(SEG, 3, 1, events(1, 3))
     core.write(SegmentKey(7, 4), 4, 0, events(1, 1, epoch=4))
     assert core.delete(SEG) is True
@@ -581,16 +581,16 @@ def test_delete_removes_entries_and_metadata(core: SegmentStoreCore) -> None:
 # ---- segment copy (CopySegment's steps, copy_rules) ----
 
 
-def _copy_source() -> SegmentStoreCore:
+def _copy_source() -> CommandedCore:
     """Epoch 3 acked 1..4; recovery at 4 put a hole at 5 and the bridge at 6; sealed at 4."""
-    source = SegmentStoreCore(MemoryKV())
+    source = CommandedCore(MemoryKV())
     source.write(SEG, 3, 4, events(1, 4))
     source.write(SEG, 4, 6, [StoredEntry.make(5, HOLE, 4), StoredEntry.make(6, BRIDGE, 4)])
     source.seal(SEG, 4)
     return source
 
 
-def _run_copy(source: SegmentStoreCore, target: SegmentStoreCore) -> int:
+def _run_copy(source: CommandedCore, target: CommandedCore) -> int:
     """The copy's steps up to, not including, the confirmation; returns its fence."""
     info = source.catalog.state(SEG)
     local = target.catalog.meta(SEG)
@@ -605,7 +605,7 @@ def _run_copy(source: SegmentStoreCore, target: SegmentStoreCore) -> int:
 
 
 def test_a_copy_is_fenced_first_and_raises_no_acked_index_before_it_is_confirmed(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     source = _copy_source()
     core.write(SEG, 3, 2, events(1, 3))  # missed the bridge
@@ -621,7 +621,7 @@ def test_a_copy_is_fenced_first_and_raises_no_acked_index_before_it_is_confirmed
 
 
 def test_a_copy_is_confirmed_only_while_it_holds_its_fence_and_every_index(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     source = _copy_source()
     fence = _run_copy(source, core)
@@ -635,7 +635,7 @@ def test_a_copy_is_confirmed_only_while_it_holds_its_fence_and_every_index(
     assert core.catalog.state(SEG).acked_index == 0
 
 
-def test_the_copy_op_fences_copies_verifies_then_confirms(core: SegmentStoreCore) -> None:
+def test_the_copy_op_fences_copies_verifies_then_confirms(core: CommandedCore) -> None:
     """`CopyOp`, which the store's copy client and the simulated store both run: its
     actions in order, against real cores, and nothing served before the confirmation."""
     source = _copy_source()
@@ -662,7 +662,7 @@ def test_the_copy_op_fences_copies_verifies_then_confirms(core: SegmentStoreCore
     assert core.reader.read(SEG, 1, acked_only=True) == source.reader.read(SEG, 1, 6)
 
 
-def test_the_copy_op_leaves_a_copy_that_differs_unconfirmed(core: SegmentStoreCore) -> None:
+def test_the_copy_op_leaves_a_copy_that_differs_unconfirmed(core: CommandedCore) -> None:
     source = _copy_source()
     op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4)
     op.start()
@@ -681,7 +681,7 @@ def test_the_copy_op_leaves_a_copy_that_differs_unconfirmed(core: SegmentStoreCo
 
 
 def test_a_copy_never_lowers_the_fence_and_needs_a_sealed_source_acked_to_the_end(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     assert copy_rules.copy_fence(SEG, 6, 4, 6, 4, local_fence=9) == 9
     assert copy_rules.copy_fence(SEG, 6, 4, 6, 5, local_fence=0) == 5
@@ -692,7 +692,7 @@ def test_a_copy_never_lowers_the_fence_and_needs_a_sealed_source_acked_to_the_en
 
 
 def test_a_copy_differing_from_its_source_is_a_mismatch_and_stays_unconfirmed(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     source = _copy_source()
     core.write(SEG, 5, 0, [ev(2, epoch=5, payload=b"higher")])  # kept by the overwrite rule
@@ -701,7 +701,7 @@ def test_a_copy_differing_from_its_source_is_a_mismatch_and_stays_unconfirmed(
     assert core.catalog.state(SEG).acked_index == 0
 
 
-def _refill_in_place(source: SegmentStoreCore, target: SegmentStoreCore) -> list[object]:
+def _refill_in_place(source: CommandedCore, target: CommandedCore) -> list[object]:
     """A copy with `replace_held` through `CopyOp`, against real cores; its actions."""
     op = copy_rules.CopyOp(SEG, "source:1", 6, requested_fence=4, replace_held=True)
     actions: list[object] = [op.start()]
@@ -725,7 +725,7 @@ def _refill_in_place(source: SegmentStoreCore, target: SegmentStoreCore) -> list
 
 
 def test_a_refill_in_place_drops_every_old_copy_after_the_fence_and_before_the_copy(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     """A copy of a higher epoch is kept by the overwrite rule (the refill would differ
     from its source: see the test above); a refill in place drops it first, keeping
@@ -744,7 +744,7 @@ def test_a_refill_in_place_drops_every_old_copy_after_the_fence_and_before_the_c
 
 
 def test_dropping_copies_keeps_the_fence_and_leaves_nothing_served(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     core.write(SEG, 3, 4, events(1, 6))
     core.seal(SEG, 4)
@@ -756,7 +756,7 @@ def test_dropping_copies_keeps_the_fence_and_leaves_nothing_served(
         core.write(SEG, 3, 6, [ev(5, payload=b"late")])
 
 
-def test_dropping_copies_is_refused_once_the_copy_lost_its_fence(core: SegmentStoreCore) -> None:
+def test_dropping_copies_is_refused_once_the_copy_lost_its_fence(core: CommandedCore) -> None:
     core.write(SEG, 3, 4, events(1, 6))
     core.seal(SEG, 4)
     before = snapshot(core.kv)
@@ -788,14 +788,14 @@ def test_a_refill_in_place_reads_back_clean_over_a_damaged_block(tmp_path: Path)
     payloads = [bytes([i % 251]) * 300 for i in range(1, final + 1)]
     entries = [ev(i, payload=p) for i, p in zip(range(1, final + 1), payloads, strict=True)]
     kv = RocksKV(tmp_path / "db")
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     for start in range(0, final, 500):
         core.write(SEG, 3, 0, entries[start : start + 500])
     core.seal(SEG, 4)
     kv.close()  # the memtable goes to a table
     _flip_in_tables(tmp_path / "db")
     kv = RocksKV(tmp_path / "db")
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     try:
         assert core.reader.certify(SEG, final).damaged
         with pytest.raises(StoredCopyCorrupt):  # the overwrite rule reads the old copies
@@ -814,7 +814,7 @@ def test_a_refill_in_place_reads_back_clean_over_a_damaged_block(tmp_path: Path)
 # ---- restart ----
 
 
-def _fill(core: SegmentStoreCore) -> None:
+def _fill(core: CommandedCore) -> None:
     core.write(SEG, 3, 0, events(1, 4))
     core.write(SEG, 3, 3, events(6, 8))
     core.seal(SEG, 5)
@@ -828,13 +828,13 @@ def test_restart_recovers_every_segments_matched_fence_and_acked_exactly(
     tmp_path: Path,
 ) -> None:
     kv = RocksKV(tmp_path / "db")
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     _fill(core)
     states = {segment: core.catalog.state(segment) for segment in core.catalog.segments()}
     entries = core.reader.read(SEG, 1)
     kv.close()
     del core
-    reopened = SegmentStoreCore(RocksKV(tmp_path / "db"))
+    reopened = CommandedCore(RocksKV(tmp_path / "db"))
     catalog = reopened.catalog
     assert {segment: catalog.state(segment) for segment in catalog.segments()} == states
     assert reopened.reader.read(SEG, 1) == entries
@@ -842,10 +842,10 @@ def test_restart_recovers_every_segments_matched_fence_and_acked_exactly(
     assert reopened.catalog.state(SegmentKey(1, 1)).bridge_index == 1
 
 
-def test_recover_reloads_what_the_kv_holds(core: SegmentStoreCore) -> None:
+def test_recover_reloads_what_the_kv_holds(core: CommandedCore) -> None:
     core.write(SEG, 3, 0, events(1, 2))
     # A write reported as refused that reached the KV's log after all.
-    SegmentStoreCore(core.kv).write(SEG, 3, 0, events(3, 4))
+    CommandedCore(core.kv).write(SEG, 3, 0, events(3, 4))
     assert core.catalog.state(SEG).matched_index == 2
     core.recover()
     assert core.catalog.state(SEG).matched_index == 4
@@ -853,7 +853,7 @@ def test_recover_reloads_what_the_kv_holds(core: SegmentStoreCore) -> None:
 
 def test_rocks_kv_reopens_on_recover_and_keeps_everything(tmp_path: Path) -> None:
     kv = RocksKV(tmp_path / "db", recover_free_bytes_min=0)
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     core.write(SEG, 3, 2, events(1, 3))
     core.recover()
     assert [e.index for e in core.reader.read(SEG, 1)] == [1, 2, 3]
@@ -882,14 +882,14 @@ def test_rocks_kv_does_not_reopen_without_free_space(tmp_path: Path) -> None:
         kv.get(b"k")
 
 
-def test_a_crash_loses_unsynced_plans_whole_never_half(core: SegmentStoreCore) -> None:
+def test_a_crash_loses_unsynced_plans_whole_never_half(core: CommandedCore) -> None:
     kv = core.kv
     assert isinstance(kv, MemoryKV)
     core.write(SEG, 3, 2, events(1, 3))
     plan = core.plan([WriteCommand.of(SEG, 3, 3, events(4, 6)), SealCommand(SEG, 4)])
     core.apply(plan, sync=False)
     kv.crash()
-    after = SegmentStoreCore(kv)
+    after = CommandedCore(kv)
     assert after.catalog.state(SEG).matched_index == 3 and after.catalog.state(SEG).fence == 0
     assert [e.index for e in after.reader.read(SEG, 1)] == [1, 2, 3]
 
@@ -918,7 +918,7 @@ def test_kv_scans_in_bytewise_order_within_bounds(any_kv: KV) -> None:
     any_kv.close()
 
 
-def test_a_copy_corrupted_on_disk_is_reported_never_served(core: SegmentStoreCore) -> None:
+def test_a_copy_corrupted_on_disk_is_reported_never_served(core: CommandedCore) -> None:
     core.write(SEG, 3, 2, events(1, 2))
     key = entry_key(SEG.stream_id, SEG.epoch, 2)
     value = bytearray(core.kv.get(key) or b"")
@@ -931,7 +931,7 @@ def test_a_copy_corrupted_on_disk_is_reported_never_served(core: SegmentStoreCor
         core.reader.digest(SEG)
 
 
-def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: SegmentStoreCore) -> None:
+def test_a_write_over_a_corrupt_stored_copy_is_refused_alone(core: CommandedCore) -> None:
     other = SegmentKey(8, 1)
     core.write(SEG, 3, 0, events(1, 2))
     core.kv.write([Put(entry_key(SEG.stream_id, SEG.epoch, 2), b"\x01")], sync=True)
@@ -1039,7 +1039,7 @@ def test_a_damaged_segment_is_reported_with_acked_zero_until_mended() -> None:
     """A read that meets damage raises and marks the segment; the master hears acked
     index 0 for it (and repairs it); a confirmed copy or a delete mends the mark."""
     kv = _DamagedKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     other = SegmentKey(8, 1)
     core.write(SEG, 3, 6, events(1, 6))
     core.write(other, 1, 1, events(1, 1, epoch=1))
@@ -1073,7 +1073,7 @@ def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: 
     from streamengine.segment_store.core.keys import record_key
 
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     held, other = SegmentKey(7, 2), SegmentKey(7, 3)
     store.write(held, 3, 0, [ev(1)])
     outcome = store.execute(KeepRecordsCommand(((held, b"record-a"), (other, b"record-b"))))
@@ -1084,7 +1084,7 @@ def test_a_segment_record_is_kept_beside_its_segment_and_goes_with_it(tmp_path: 
     kv.close()
     # A restart knows the version of every record kept.
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     assert store.catalog.segment_record(held) == b"record-a"
     assert store.catalog.record_version(held) == record_version(b"record-a")
     store.delete(held)
@@ -1102,7 +1102,7 @@ def test_the_copy_set_of_the_first_grant_is_kept_beside_its_segment_and_goes_wit
 
     five, other = ("s2", "s0", "s1", "s3", "s4"), ("s9",)
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     written, sealed, copied = SegmentKey(7, 2), SegmentKey(7, 3), SegmentKey(7, 4)
     store.execute(WriteCommand.of(written, 3, 0, [ev(1)], copy_set=five))
     # A later command of the segment does not change what the first one kept.
@@ -1115,7 +1115,7 @@ def test_the_copy_set_of_the_first_grant_is_kept_beside_its_segment_and_goes_wit
     kv.close()
     # A restart reads them back.
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     assert store.catalog.placed_copy_set(written) == five
     assert store.catalog.placed_copy_set(sealed) == five
     assert store.catalog.placed_copy_set(copied) == ()
@@ -1134,7 +1134,7 @@ def test_the_stream_a_grant_names_is_kept_with_the_first_command_of_a_segment(
     """A master rebuilding its metadata names a stream none of whose records or cards
     reached a store as its grants said (the runtime world's seeds 4600 and 4989)."""
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     first, sealed = SegmentKey(7, 2), SegmentKey(8, 1)
     assert store.catalog.granted_stream(7) == ("", 0)
     store.execute(
@@ -1145,7 +1145,7 @@ def test_the_stream_a_grant_names_is_kept_with_the_first_command_of_a_segment(
     store.execute(WriteCommand.of(SegmentKey(9, 1), 1, 0, [ev(1, epoch=1)]))
     kv.close()
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     assert store.catalog.granted_stream(7) == ("acme/orders", 1)
     assert store.catalog.granted_stream(8) == ("acme/clicks", 3)
     assert store.catalog.granted_stream(9) == ("", 0)
@@ -1155,7 +1155,7 @@ def test_the_stream_a_grant_names_is_kept_with_the_first_command_of_a_segment(
     kv.close()
 
 
-def test_a_refused_write_keeps_no_copy_set(core: SegmentStoreCore) -> None:
+def test_a_refused_write_keeps_no_copy_set(core: CommandedCore) -> None:
     segment = SegmentKey(4, 1)
     with pytest.raises(BadRequest):
         core.execute(WriteCommand.of(segment, 3, 0, [ev(1, epoch=9)], copy_set=("s1", "s2")))
@@ -1164,7 +1164,7 @@ def test_a_refused_write_keeps_no_copy_set(core: SegmentStoreCore) -> None:
 
 
 def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
-    core: SegmentStoreCore,
+    core: CommandedCore,
 ) -> None:
     from streamengine.segment_store.core.commands import Command, DeleteCommand, KeepRecordsCommand
     from streamengine.segment_store.core.keys import record_key
@@ -1181,7 +1181,7 @@ def test_a_record_and_a_delete_of_its_segment_in_one_group_leave_no_record(
         assert store.kv.get(record_key(4, 1)) is None
 
 
-def test_a_malformed_record_is_refused_and_keeps_nothing(core: SegmentStoreCore) -> None:
+def test_a_malformed_record_is_refused_and_keeps_nothing(core: CommandedCore) -> None:
     from streamengine.protocol.segment_records import RECORD_BYTES_MAX
     from streamengine.segment_store.core.commands import KeepRecordsCommand
 
@@ -1201,7 +1201,7 @@ def test_the_cluster_view_is_kept_whole_until_the_next_one(tmp_path: Path) -> No
     from streamengine.segment_store.core.commands import ClusterViewKept, KeepClusterViewCommand
 
     kv = RocksKV(tmp_path / "db")
-    store = SegmentStoreCore(kv)
+    store = CommandedCore(kv)
     assert store.catalog.cluster_view() == b""
     assert store.execute(KeepClusterViewCommand(b"view-1")) == ClusterViewKept()
     store.execute(KeepClusterViewCommand(b"view-2"))
@@ -1210,7 +1210,7 @@ def test_the_cluster_view_is_kept_whole_until_the_next_one(tmp_path: Path) -> No
             store.execute(KeepClusterViewCommand(raw))
     kv.close()
     kv = RocksKV(tmp_path / "db")
-    assert SegmentStoreCore(kv).catalog.cluster_view() == b"view-2"
+    assert CommandedCore(kv).catalog.cluster_view() == b"view-2"
     kv.close()
 
 

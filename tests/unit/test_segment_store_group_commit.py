@@ -19,7 +19,6 @@ from streamengine.segment_store.core.commands import (
 )
 from streamengine.segment_store.core.errors import StoreUnavailable
 from streamengine.segment_store.core.kv import KVOp
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.group_commit import (
     INLINE_GROUP_BYTES_MAX,
     INLINE_GROUP_ENTRIES_MAX,
@@ -28,6 +27,7 @@ from streamengine.segment_store.group_commit import (
     SegmentWatch,
 )
 from streamengine.segment_store.kv import MemoryKV
+from tests.store_commands import CommandedCore
 
 SEG = SegmentKey(1, 1)
 
@@ -58,7 +58,7 @@ def batch(first: int, count: int, size: int = 10) -> WriteCommand:
 async def test_commands_queued_together_share_one_write_and_one_sync() -> None:
     kv = CountingKV()
     published: list[int] = []
-    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: published.append(1))
+    committer = GroupCommitter(CommandedCore(kv), True, lambda plan: published.append(1))
     futures = [committer.try_submit(batch(1 + 10 * n, 10)) for n in range(5)]
     futures.append(committer.submit(SealCommand(SEG, 2)))
     runner = asyncio.create_task(committer.run())
@@ -79,7 +79,7 @@ async def test_commands_queued_together_share_one_write_and_one_sync() -> None:
 
 
 async def test_a_full_queue_refuses_write_batches_but_not_seals() -> None:
-    core = SegmentStoreCore(MemoryKV())
+    core = CommandedCore(MemoryKV())
     committer = GroupCommitter(core, True, lambda plan: None, queue_bytes_max=250)
     first = committer.try_submit(batch(1, 10))  # 100 bytes
     second = committer.try_submit(batch(11, 10))  # 200 bytes queued
@@ -98,7 +98,7 @@ async def test_a_full_queue_refuses_write_batches_but_not_seals() -> None:
 
 
 async def test_one_batch_larger_than_the_queue_is_still_taken_when_the_queue_is_empty() -> None:
-    committer = GroupCommitter(SegmentStoreCore(MemoryKV()), False, lambda plan: None, 50)
+    committer = GroupCommitter(CommandedCore(MemoryKV()), False, lambda plan: None, 50)
     assert committer.try_submit(batch(1, 10)) is not None
     assert committer.try_submit(batch(11, 1)) is None
     committer.close()
@@ -140,7 +140,7 @@ class FullDiskKV(MemoryKV):
 
 async def test_a_refused_kv_write_answers_unavailable_changes_nothing_then_recovers() -> None:
     kv = FullDiskKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     committer = GroupCommitter(core, True, lambda plan: None, recover_interval_s=0)
     runner = asyncio.create_task(committer.run())
 
@@ -168,7 +168,7 @@ async def test_a_refused_kv_write_answers_unavailable_changes_nothing_then_recov
 
 async def test_after_a_refused_write_recovery_is_tried_at_most_once_per_interval() -> None:
     kv = FullDiskKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     committer = GroupCommitter(core, True, lambda plan: None, recover_interval_s=3600)
     runner = asyncio.create_task(committer.run())
     kv.full = True
@@ -207,7 +207,7 @@ class ThreadNotingKV(MemoryKV):
 
 async def test_small_groups_commit_on_the_loop_while_syncs_are_quick() -> None:
     kv = ThreadNotingKV()
-    committer = GroupCommitter(SegmentStoreCore(kv), True, lambda plan: None, sync_clock_s=kv.now_s)
+    committer = GroupCommitter(CommandedCore(kv), True, lambda plan: None, sync_clock_s=kv.now_s)
     runner = asyncio.create_task(committer.run())
     loop_thread = threading.get_ident()
 

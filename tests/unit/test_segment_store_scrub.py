@@ -14,17 +14,17 @@ from streamengine.segment_store.core.errors import CopyMismatch
 from streamengine.segment_store.core.keys import entry_key
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ReplicaScan, ScrubSchedule
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
+from tests.store_commands import CommandedCore
 from tests.unit.test_segment_store_core import _DamagedKV
 
 SEG = SegmentKey(7, 3)
 EVENT, BRIDGE = EntryKind.EVENT, EntryKind.BRIDGE
 
 
-def sealed_replica(kv: MemoryKV | None = None, events: int = 10) -> SegmentStoreCore:
+def sealed_replica(kv: MemoryKV | None = None, events: int = 10) -> CommandedCore:
     """A replica of SEG sealed at epoch 4 and acked up to its bridge at events + 1."""
-    core = SegmentStoreCore(kv or MemoryKV())
+    core = CommandedCore(kv or MemoryKV())
     entries = [StoredEntry.make(i, EVENT, 3, b"p%d" % i) for i in range(1, events + 1)]
     core.write(SEG, 3, events, entries)
     core.seal(SEG, 4)
@@ -37,7 +37,7 @@ def the_certificate(events: int = 10):
     return certificate_of([*rows, (events + 1, int(BRIDGE), b"")])
 
 
-def overwrite(core: SegmentStoreCore, index: int, payload: bytes, valid_crc: bool) -> None:
+def overwrite(core: CommandedCore, index: int, payload: bytes, valid_crc: bool) -> None:
     """Change a stored copy behind the store's back, as bit rot or a bug would."""
     key = entry_key(SEG.stream_id, SEG.epoch, index)
     good = StoredEntry.make(index, EVENT, 3, b"p%d" % index)
@@ -52,7 +52,7 @@ def test_a_clean_replica_makes_the_segments_certificate_whatever_its_copy_epochs
     core = sealed_replica()
     assert core.reader.certify(SEG, 11).certificate == the_certificate()
     # The same content under another copy epoch (a recovery rewrote it) certifies alike.
-    other = SegmentStoreCore(MemoryKV())
+    other = CommandedCore(MemoryKV())
     other.write(SEG, 5, 0, [StoredEntry.make(i, EVENT, 5, b"p%d" % i) for i in range(1, 11)])
     other.write(SEG, 5, 0, [StoredEntry.make(11, BRIDGE, 5)])
     assert other.reader.certify(SEG, 11).certificate == the_certificate()
@@ -87,7 +87,7 @@ def test_a_block_the_engine_cannot_read_is_damage_and_the_segment_is_marked() ->
 
 
 def test_an_index_missing_below_the_bridge_is_named() -> None:
-    core = SegmentStoreCore(MemoryKV())
+    core = CommandedCore(MemoryKV())
     core.write(SEG, 3, 0, [StoredEntry.make(i, EVENT, 3, b"p%d" % i) for i in (1, 2)])
     core.write(SEG, 3, 0, [StoredEntry.make(4, EVENT, 3, b"p4")])
     result = core.reader.certify(SEG, 4)

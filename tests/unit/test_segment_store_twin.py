@@ -23,8 +23,8 @@ from streamengine.segment_store.core.commands import (
     WriteResult,
 )
 from streamengine.segment_store.core.errors import BelowFence, ConflictingCopy
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
+from tests.store_commands import CommandedCore
 
 SEGMENTS = [SegmentKey(1, 1), SegmentKey(1, 2)]
 
@@ -119,7 +119,7 @@ def _apply_to_twins(twins: dict[SegmentKey, Twin], command: Command) -> object:
     return twin.write(command)
 
 
-def _check(core: SegmentStoreCore, twins: dict[SegmentKey, Twin]) -> None:
+def _check(core: CommandedCore, twins: dict[SegmentKey, Twin]) -> None:
     assert core.catalog.segments() == sorted(twins)
     for segment, twin in twins.items():
         got = core.catalog.state(segment)
@@ -146,11 +146,11 @@ def test_the_store_agrees_with_a_naive_twin_through_groups_and_restarts(
     schedule: list[tuple[str, list[Command]]],
 ) -> None:
     kv = MemoryKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     twins: dict[SegmentKey, Twin] = {}
     for kind, group in schedule:
         if kind == "restart":
-            core = SegmentStoreCore(kv)
+            core = CommandedCore(kv)
         else:
             plan = core.plan(group)
             core.apply(plan)

@@ -30,8 +30,8 @@ from streamengine.segment_store.core.authority import (
 )
 from streamengine.segment_store.core.commands import KeepAuthorityCommand, SegmentKey, WriteCommand
 from streamengine.segment_store.core.errors import BadRequest
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
+from tests.store_commands import CommandedCore
 
 KEY = SigningKey(bytes(range(32)))
 FORGER = SigningKey(bytes(range(100, 132)))
@@ -253,17 +253,17 @@ def event(index: int) -> StoredEntry:
 
 def test_the_core_keeps_the_tenant_of_a_stream_across_restarts() -> None:
     kv = MemoryKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     assert core.catalog.tenant_of(7) == ""
     core.execute(WriteCommand.of(SegmentKey(7, 9), 9, 0, (event(1),), "acme"))
     assert core.catalog.tenant_of(7) == "acme"
     core.seal(SegmentKey(7, 8), 9)  # a command that names no tenant changes none
-    assert SegmentStoreCore(kv).catalog.tenant_of(7) == "acme"
+    assert CommandedCore(kv).catalog.tenant_of(7) == "acme"
 
 
 def test_a_command_naming_another_tenant_for_a_stream_is_refused_whole() -> None:
     kv = MemoryKV()
-    core = SegmentStoreCore(kv)
+    core = CommandedCore(kv)
     core.execute(WriteCommand.of(SegmentKey(7, 9), 9, 0, (event(1),), "acme"))
     with pytest.raises(BadRequest, match="tenant"):
         core.execute(WriteCommand.of(SegmentKey(7, 9), 9, 0, (event(2),), "evil"))
@@ -274,8 +274,8 @@ def test_a_command_naming_another_tenant_for_a_stream_is_refused_whole() -> None
 def test_the_core_keeps_the_authority_record() -> None:
     kv = MemoryKV()
     record = AuthorityRecord((KEY.public_key,), 2, (("a" * 16, 10),)).encode()
-    SegmentStoreCore(kv).execute(KeepAuthorityCommand(record))
-    assert SegmentStoreCore(kv).catalog.authority_record() == record
+    CommandedCore(kv).execute(KeepAuthorityCommand(record))
+    assert CommandedCore(kv).catalog.authority_record() == record
 
 
 def test_a_stream_the_master_lists_as_deleted_is_refused_until_it_is_listed_no_more() -> None:

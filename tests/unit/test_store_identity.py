@@ -16,9 +16,9 @@ from streamengine.master.core.rebuild import adopted_cluster_id
 from streamengine.master.state import MasterState
 from streamengine.segment_store.core.commands import JoinCommand, Joined, SegmentKey
 from streamengine.segment_store.core.errors import NotJoined, ReplicaLost
-from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.kv import MemoryKV
 from tests.metadata_backends import MetadataPlace
+from tests.store_commands import CommandedCore
 from tests.unit.lease_helpers import fixed_secrets, writer
 
 LEASE = 1000
@@ -31,8 +31,8 @@ OTHER = SegmentKey(7, 3)
 # ---- the store core ----
 
 
-def joining_core(kv: MemoryKV | None = None) -> SegmentStoreCore:
-    return SegmentStoreCore(kv or MemoryKV(), joins_cluster=True)
+def joining_core(kv: MemoryKV | None = None) -> CommandedCore:
+    return CommandedCore(kv or MemoryKV(), joins_cluster=True)
 
 
 def test_a_store_takes_no_write_or_seal_before_it_joined_its_cluster() -> None:
@@ -45,7 +45,7 @@ def test_a_store_takes_no_write_or_seal_before_it_joined_its_cluster() -> None:
 
 
 def test_a_core_without_a_cluster_takes_writes_at_once() -> None:
-    SegmentStoreCore(MemoryKV()).check_takes_part(SEGMENT)
+    CommandedCore(MemoryKV()).check_takes_part(SEGMENT)
 
 
 def test_a_store_never_joins_another_cluster() -> None:

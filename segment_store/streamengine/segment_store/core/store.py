@@ -7,10 +7,9 @@ each against the published state plus what the earlier commands of the same plan
 the resulting per-segment metadata, and one outcome per command. `write_plan` applies
 the ops as one atomic KV batch; `publish` makes the new metadata what readers see
 (`catalog`). The server gathers concurrent commands into one plan, writes it, syncs
-once, then publishes and answers (group commit); `write`, `seal` and `delete` do all
-three for one command, for tests and the simulator. Plans must be published in the
-order they were made, and a plan must be made only after the previous one was
-published.
+once, then publishes and answers (group commit); `apply` does both for one plan.
+Plans must be published in the order they were made, and a plan must be made only
+after the previous one was published.
 
 The parts: `catalog` (the published state: segments, tenants, records, identity,
 damage), `reader` (entries, runs, digests, certificates), and this class, which owns the
@@ -20,21 +19,14 @@ or seal at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from streamengine.protocol.entry import PackedEntries, StoredEntry
 from streamengine.protocol.limits import EVENT_BYTES_MAX
 from streamengine.segment_store.core import writes
 from streamengine.segment_store.core.catalog import StoreCatalog
 from streamengine.segment_store.core.commands import (
     Command,
-    ConfirmCopyCommand,
-    DeleteCommand,
-    DeleteResult,
     Plan,
-    Result,
-    SealCommand,
-    SealResult,
     SegmentKey,
     WriteCommand,
     WriteResult,
@@ -43,7 +35,6 @@ from streamengine.segment_store.core.errors import (
     BelowFence,
     NotJoined,
     ReplicaLost,
-    StoreError,
 )
 from streamengine.segment_store.core.keys import SegmentMeta
 from streamengine.segment_store.core.kv import KV
@@ -86,46 +77,6 @@ class SegmentStoreCore:
     def apply(self, plan: Plan, sync: bool = True) -> None:
         self.write_plan(plan, sync)
         self.publish(plan)
-
-    def execute(self, command: Command, sync: bool = True) -> Result:
-        plan = self.plan([command])
-        self.apply(plan, sync)
-        outcome = plan.outcomes[0]
-        if isinstance(outcome, StoreError):
-            raise outcome
-        return outcome
-
-    def write(
-        self,
-        segment: SegmentKey,
-        writer_epoch: int,
-        acked_index: int,
-        entries: Sequence[StoredEntry] | PackedEntries,
-        tenant: str = "",
-    ) -> WriteResult:
-        command = (
-            WriteCommand(segment, writer_epoch, acked_index, entries, tenant)
-            if isinstance(entries, PackedEntries)
-            else WriteCommand.of(segment, writer_epoch, acked_index, entries, tenant)
-        )
-        result = self.execute(command)
-        assert isinstance(result, WriteResult)
-        return result
-
-    def seal(self, segment: SegmentKey, new_epoch: int, tenant: str = "") -> SealResult:
-        result = self.execute(SealCommand(segment, new_epoch, tenant))
-        assert isinstance(result, SealResult)
-        return result
-
-    def confirm_copy(self, segment: SegmentKey, fence: int, final_index: int) -> WriteResult:
-        result = self.execute(ConfirmCopyCommand(segment, fence, final_index))
-        assert isinstance(result, WriteResult)
-        return result
-
-    def delete(self, segment: SegmentKey) -> bool:
-        result = self.execute(DeleteCommand(segment))
-        assert isinstance(result, DeleteResult)
-        return result.existed
 
     # ---- a writer's write or seal, before it becomes a command ----
 
