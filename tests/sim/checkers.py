@@ -1,7 +1,8 @@
 """The invariants of docs/design.md, checked as the simulated cluster runs.
 
-Every check is incremental (it looks at what the step changed), so it can run after
-every step and a failure names the step that broke the rule:
+The world calls each check as the shipped code answers (acks, reads, a store's plans,
+the grants it takes, the master's commits) and audits every store's replicas now and
+then; the first violation ends the run and names what broke the rule:
 
 1. acked appends: a follower yields strictly increasing sequences, each payload once,
    and never passes an acked sequence it did not yield (prefix consistency while
@@ -27,9 +28,8 @@ every step and a failure names the step that broke the rule:
    writer while one of an earlier epoch still runs.
 6. bad input is refused and changes nothing (the world injects it and calls
    `unchanged`).
-7. every append ends (acked, definitely failed, or in doubt) within `APPEND_END_MS_MAX`
-   after its writer loses leadership, and, while its writer runs and leads, within the
-   append timeout and that much: no append hangs, even for a
+7. every append ends (acked, definitely failed, or in doubt), while its writer runs,
+   within the append timeout and `APPEND_END_MS_MAX`: no append hangs, even for a
    leader that no master and too few stores answer.
 10. repair: a replica damaged at rest (bit rot) is found by its store's scrub and
     replaced or refilled, and its segment is back to N sound replicas once faults stop.
@@ -185,7 +185,6 @@ class Checker:
         # Per writer, appends not ended yet: payload -> when it started (the writer's
         # clock), oldest first.
         self.open_appends: dict[str, dict[bytes, int]] = {}
-        self.leadership_ended_at: dict[str, int] = {}
         # Invariant 11: every grant the master gave, by epoch (renewals may list fewer
         # unsealed segments than the first answer of an epoch did).
         self.grants: dict[int, list[Grant]] = {}
@@ -236,37 +235,6 @@ class Checker:
             if payload in self.served_payloads:
                 raise Violation(1, f"{payload!r} was reported failed but was served")
             self.failed.add(payload)
-
-    def store_changed(
-        self, store: str, core: SegmentStoreCore, segment: SegmentKey, touched: tuple[int, int]
-    ) -> None:
-        """After any mutation of `segment` on `store` (`touched`: indexes it wrote)."""
-        self.checks += 1
-        meta = core.catalog.meta(segment)
-        if meta is None:
-            return
-        if (store, segment) in self.rotted:
-            return  # damaged at rest: its store serves what a reader must refuse
-        before = self.store_acked.get((store, segment), 0)
-        acked = meta.acked_index
-        if acked < before:
-            raise Violation(2, f"store {store} segment {segment.epoch}: acked {before} -> {acked}")
-        self.store_acked[(store, segment)] = acked
-        self._refill_gap(store, segment, meta.matched_index)
-        final = self.finals.get(segment)
-        if final is not None and acked > final:
-            raise Violation(4, f"store {store}: acked {acked} passes the bridge {final}")
-        ranges = [(before + 1, acked), (touched[0], min(touched[1], acked))]
-        for lo, hi in ranges:
-            if lo > hi:
-                continue
-            held = core.reader.read(segment, lo, hi)
-            if [e.index for e in held] != list(range(lo, hi + 1)):
-                raise Violation(2, f"store {store} serves {lo}..{hi} of {segment} but lacks some")
-            for e in held:
-                self._agree(f"store {store}", segment.epoch, e.index, e.kind, e.payload)
-        if final is not None and before < final <= acked:
-            self.replica_complete(store, core, segment, final)
 
     def audit(
         self,
@@ -437,15 +405,6 @@ class Checker:
                     )
                     break
 
-    def _refill_gap(self, store: str, segment: SegmentKey, matched: int) -> None:
-        gap = self.unsynced_gaps.get((store, segment))
-        if gap is None or matched < gap[0]:
-            return
-        if matched >= gap[1]:
-            del self.unsynced_gaps[(store, segment)]
-        else:
-            self.unsynced_gaps[(store, segment)] = (matched + 1, gap[1])
-
     def _unsynced_ack(self, store: str, epoch: int, index: int) -> None:
         self.unsynced_losses.append(
             f"store {store} lost {epoch}/{index}, acked on its answer to a write it never "
@@ -485,9 +444,6 @@ class Checker:
                 and (name, segment) not in self.rotted
             ):
                 self.replica_complete(name, core, segment, final)
-
-    def seal_conflict(self, segment: SegmentKey, message: str) -> None:
-        raise Violation(4, f"segment {segment.epoch}: two final indexes: {message}")
 
     def replica_complete(
         self, store: str, core: SegmentStoreCore, segment: SegmentKey, final: int
@@ -642,13 +598,6 @@ class Checker:
                 "master granted no such thing",
             )
 
-    def grant_refused(self, store: str, segment: SegmentKey, epoch: int, why: str) -> None:
-        """`store` refused a writer's write or seal of `segment` under `epoch`."""
-        if self._issued_for(store, segment, epoch):
-            raise Violation(
-                11, f"store {store} refused the grant of epoch {epoch} for {segment}: {why}"
-            )
-
     # ---- invariant 7 ----
 
     def append_started(self, writer: str, payloads: tuple[bytes, ...], clock_ms: int) -> None:
@@ -661,26 +610,9 @@ class Checker:
         for payload in payloads:
             started.pop(payload, None)
 
-    def leadership_ended(self, writer: str, now_ms: int) -> None:
-        self.leadership_ended_at.setdefault(writer, now_ms)
-
     def writer_gone(self, writer: str) -> None:
         """The process crashed: nobody is left to answer (or wait for) its appends."""
         self.open_appends.pop(writer, None)
-        self.leadership_ended_at.pop(writer, None)
-
-    def appends_end(self, now_ms: int) -> None:
-        for writer, ended_at in sorted(self.leadership_ended_at.items()):
-            hanging = self.open_appends.get(writer)
-            if hanging and now_ms - ended_at > APPEND_END_MS_MAX:
-                raise Violation(
-                    7,
-                    f"{writer} stopped leading at {ended_at}; {len(hanging)} append(s) never "
-                    f"ended, e.g. {min(hanging)!r}",
-                )
-            if not hanging:
-                del self.leadership_ended_at[writer]
-                self.open_appends.pop(writer, None)
 
     def writer_running(self, writer: str, clock_ms: int) -> None:
         """A writer process that runs (up, not paused) at `clock_ms` of its own clock."""

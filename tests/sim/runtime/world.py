@@ -129,6 +129,7 @@ from streamengine.client.subscription import Follower
 from streamengine.client.wire import LeaseSecret
 from streamengine.client.writer import Writer
 from streamengine.master import replies, service_tokens
+from streamengine.master.core import authority as authority_core
 from streamengine.master.core import integrity as integrity_core
 from streamengine.master.core import listing
 from streamengine.master.core import rebuild as rebuild_core
@@ -216,7 +217,7 @@ from tests.sim.runtime.transport import (
 
 # Defects the world must find, each switched back into the shipped code for one run:
 # `park_forever`: a writer leading an epoch granted without a segment parks appends and
-# never times them out (issue #35, defect 3); and the old world's, in the shipped shells:
+# never times them out (issue #35, defect 3);
 # `fail_in_doubt`: a writer stepping down tells users an append failed that may be
 # durable; `forget_pending`: it loses its pending appends as it steps down (they hang);
 # `ack_before_seal`: a new segment acks before the earlier ones are sealed;
@@ -2074,7 +2075,7 @@ class World:
 
     def _may_wipe(self, name: str) -> bool:
         """At most min(N - W, W - 1) stores are ever wiped in a run, so every segment
-        keeps the quorums its recovery needs (as in the old world)."""
+        keeps the quorums its recovery needs."""
         policy = self.config.policy
         most = min(policy.replicas - policy.write_quorum, policy.write_quorum - 1)
         return name in self.wiped or len(self.wiped) < most
@@ -2905,6 +2906,19 @@ class World:
                     f"{self.now_ms - rotted_at} ms"
                 )
 
+    def _grant_issued(self, grant: Grant) -> None:
+        checker = self.checkers_by_id.get(grant.stream_id)
+        if checker is not None:
+            checker.grant_issued(grant)
+
+    def _grant_taken(self, store: str, segment: SegmentKey, epoch: int) -> None:
+        """Invariant 11 as a store takes a grant: a master issued one of that epoch
+        listing the segment with the store in its copy set (`_observing_grants`)."""
+        checker = self.checkers_by_id.get(segment.stream_id)
+        if checker is not None:
+            self.check(checker.change_granted, store, segment, epoch)
+            self.count("grants taken checked")
+
     def _condemned(self, state: MasterState, key: tuple[int, int], stores: Sequence[str]) -> None:
         """The master condemned `stores`' replicas of `key` (`_observing_condemnations`):
         each must differ from the segment's certificate (invariant 12), as a forged or
@@ -3109,6 +3123,34 @@ def _observing_writes(
             raise
 
     with mock.patch.object(framed, "connect", observed):
+        yield
+
+
+@contextlib.contextmanager
+def _observing_grants(
+    issued: Callable[[Grant], None], taken: Callable[[str, SegmentKey, int], None]
+) -> Iterator[None]:
+    """Every grant a master issues (`authority.grant_of`, which makes each one) told to
+    `issued`, and each a store takes for a Seal or a Write stream's epoch, once its
+    check answered (`StoreAuthority.grant_for`), to `taken` (store, segment, epoch)."""
+    grant_of = authority_core.grant_of
+    grant_for = StoreAuthority.grant_for
+
+    def issuing(*args: Any, **kwargs: Any) -> Grant:
+        grant = grant_of(*args, **kwargs)
+        issued(grant)
+        return grant
+
+    def taking(authority: StoreAuthority, *args: Any) -> Grant:
+        grant = grant_for(authority, *args)
+        _principal, _rpc, _signed, segment, epoch, _now_ms = args
+        taken(authority.store_id, segment, epoch)
+        return grant
+
+    with (
+        mock.patch.object(authority_core, "grant_of", issuing),
+        mock.patch.object(StoreAuthority, "grant_for", taking),
+    ):
         yield
 
 
@@ -3725,6 +3767,7 @@ def run_seed(
                         _observing_writes(world._call_ended),
                         _observing_condemnations(world._condemned),
                         _observing_reports(world._reader_reported),
+                        _observing_grants(world._grant_issued, world._grant_taken),
                     ):
                         await world.run()
                 finally:
