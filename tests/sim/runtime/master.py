@@ -7,6 +7,8 @@ Both run the master's gauges loop beside the role (`server._update_gauges`, as
 `delete_grace_ms`; given `console=True` (the master's `--metrics-port`), it publishes
 the console's view to `console` (a `StampedConsole`, new with each incarnation) every
 second, which `console.console_reply` answers from, and `registry` holds its metrics.
+Both tell the stores each tenant's append quota, `tenant_append_bytes_per_s` (`master
+--tenant-append-bytes-per-s`), with their heartbeat replies.
 
 - `SimMaster`: one master on in-memory metadata, without an election (the embedded
   master of `server._embedded_master`). `lose_metadata()` while it is down: its next
@@ -61,7 +63,7 @@ from streamengine.master.service import MasterService
 from streamengine.master.state import MasterState
 from streamengine.protocol import identity, transport
 from streamengine.protocol.clock import wall_ms
-from streamengine.protocol.limits import LEASE_MS_DEFAULT
+from streamengine.protocol.limits import LEASE_MS_DEFAULT, TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.parsing import RequestParsing
 from streamengine.protocol.signing import SigningKey
 from streamengine.protocol.transport import Transport
@@ -127,9 +129,11 @@ class SimMaster:
         console: bool = False,
         disk: Path | None = None,
         certs_dir: Path | None = None,
+        tenant_append_bytes_per_s: int = TENANT_APPEND_BYTES_PER_S_DEFAULT,
     ) -> None:
         self.network = network
         self.certs_dir = certs_dir  # `--certs-dir`: TLS, and the members' certificate
+        self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
         self.name = name
         self.address = f"{name}:1"
         self.lease_ms = lease_ms
@@ -206,7 +210,12 @@ class SimMaster:
         self.state = state = self._state(catalog, rebuilding)
         role = MasterRole(self.address)
         server, health_servicer, service = _served(
-            self.network, self.name, self.address, role, self.certs_dir
+            self.network,
+            self.name,
+            self.address,
+            role,
+            self.certs_dir,
+            self.tenant_append_bytes_per_s,
         )
         self.server = server
         self.console = StampedConsole() if self.serves_console else None
@@ -244,15 +253,26 @@ def _members(certs_dir: Path | None) -> Transport:
 
 
 def _served(
-    network: SimNetwork, name: str, address: str, role: MasterRole, certs_dir: Path | None
+    network: SimNetwork,
+    name: str,
+    address: str,
+    role: MasterRole,
+    certs_dir: Path | None,
+    tenant_append_bytes_per_s: int,
 ) -> tuple[SimServer, health.aio.HealthServicer, MasterService]:
     """The master's server as `server._serve` builds it, its health service and the
     master's service (TLS given `certs_dir`: its replies to stores signed, its identity
-    installed for the calls it serves)."""
+    installed for the calls it serves; each tenant's append quota told to the stores)."""
     members = _members(certs_dir)
     server = SimServer(network, name, [RequestParsing()])
     signer = identity.CertificateProof(members.cert_pem, members.key_pem) if members.tls else None
-    service = MasterService(role, wall_ms, Metrics.create(), signer)
+    service = MasterService(
+        role,
+        wall_ms,
+        Metrics.create(),
+        signer,
+        tenant_append_bytes_per_s=tenant_append_bytes_per_s,
+    )
     service.add_to_server(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -277,9 +297,11 @@ class SimElectedMaster(SimProcess):
         delete_grace_ms: int = DELETE_GRACE_MS_DEFAULT,
         console: bool = False,
         certs_dir: Path | None = None,
+        tenant_append_bytes_per_s: int = TENANT_APPEND_BYTES_PER_S_DEFAULT,
     ) -> None:
         super().__init__()
         self.certs_dir = certs_dir
+        self.tenant_append_bytes_per_s = tenant_append_bytes_per_s
         self.server: SimServer | None = None  # while it serves
         self.network = network
         self.name = name
@@ -331,7 +353,12 @@ class SimElectedMaster(SimProcess):
         """One incarnation of the process, as `server._serve` with `_etcd_master`."""
         self.role = role = MasterRole(self.address)
         server, health_servicer, service = _served(
-            self.network, self.name, self.address, role, self.certs_dir
+            self.network,
+            self.name,
+            self.address,
+            role,
+            self.certs_dir,
+            self.tenant_append_bytes_per_s,
         )
         self.server = server
         members = _members(self.certs_dir)

@@ -24,6 +24,10 @@ Given `scrub_recheck_ms`, the store's `Scrubber` runs beside its master link, as
 inline), its reports going with the link's heartbeats; a replica is read back again
 once `scrub_recheck_ms` passed since its last read.
 
+A store under pressure: given a small `queue_bytes_max` (`--queue-bytes-max`), its
+committer refuses a write batch that finds the queue full (REFUSED_BUSY), and its
+`CallerShares` give each authenticated caller a quarter of it.
+
 A full disk: while `disk_full` is set, every write the store's process makes fails as
 on a full disk (nothing written), and so does the KV's recovery, which the store tries
 before it takes writes again (`FullDisk`).
@@ -48,7 +52,11 @@ from streamengine.segment_store.core.kv import KV, KVOp
 from streamengine.segment_store.core.scrub import SCRUB_MB_PER_S_DEFAULT, ScrubSchedule
 from streamengine.segment_store.core.store import SegmentStoreCore
 from streamengine.segment_store.data_plane import data_server
-from streamengine.segment_store.group_commit import GroupCommitter, SegmentWatch
+from streamengine.segment_store.group_commit import (
+    STORE_QUEUE_BYTES_MAX,
+    GroupCommitter,
+    SegmentWatch,
+)
 from streamengine.segment_store.kv import MemoryKV, RocksKV
 from streamengine.segment_store.master_link import MasterLink, StoreIdentity
 from streamengine.segment_store.scrub import Scrubber
@@ -125,6 +133,7 @@ class SimStore:
         scrub_recheck_ms: int = 0,
         disk: Path | None = None,
         certs_dir: Path | None = None,
+        queue_bytes_max: int = STORE_QUEUE_BYTES_MAX,
     ) -> None:
         assert master_address is None or data_dir is not None, "a master link needs a dir"
         self.network = network
@@ -147,6 +156,9 @@ class SimStore:
         self.members = (
             transport.PLAINTEXT if certs_dir is None else transport.Transport.for_node(certs_dir)
         )
+        # Payload bytes of write batches its committer queues before it refuses one as
+        # busy (`--queue-bytes-max`); a quarter of it is each caller's share.
+        self.queue_bytes_max = queue_bytes_max
         self.server_identity: identity.ServerIdentity | None = None
         self.kv: KV = MemoryKV() if disk is None else RocksKV(disk)
         # Its writes fail while set (`FullDisk`).
@@ -176,7 +188,9 @@ class SimStore:
 
         # Syncs timed on the loop's clock, not the machine's: whether the next one runs
         # inline turns on how long the last took, and a seed must replay.
-        committer = GroupCommitter(core, self.fsync, published, sync_clock_s=loop_clock_s)
+        committer = GroupCommitter(
+            core, self.fsync, published, self.queue_bytes_max, sync_clock_s=loop_clock_s
+        )
         authority = StoreAuthority(self.store_id, None, self.trusted_keys)
         self.core = core
         self.context = context = StoreContext(

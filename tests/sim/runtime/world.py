@@ -35,8 +35,13 @@ generator of their own, `WorldConfig.with_many`) followers of many streams read 
 one `StreamClient.subscribe_many` each, by names or by a tenant's prefix (in a crowd seed,
 every stream), as a resuming application does: per stream the sequence after the last
 event handled, the subscription dropped now and then and opened again from those
-positions; each event goes to its stream's checker. The liveness phase then heals
-the network, brings every node back, stops faults, and must converge within
+positions; each event goes to its stream's checker. In a share of seeds
+(`PRESSURE_SHARE`, from a generator of their own, `WorldConfig.with_pressure`) the
+stores are under pressure: a write queue of a few hundred bytes, a per-tenant append
+quota the master tells them, or both; writes refused for now (busy, over quota) write
+nothing and are sent again after a pause, and a store may hold a writer's later batch
+past the one it refused (the run's stats count the refusals). The liveness phase then
+heals the network, brings every node back, stops faults, and must converge within
 `LIVENESS_MS`: every stream's leader gets a marker acked, and every follower has read
 every event ever acked (but of a stream the operator undeleted after its grace ran out,
 which the master removed: a loss it asked for; nor those a follower was told
@@ -157,6 +162,7 @@ from streamengine.protocol.entry import (
     encode_value,
 )
 from streamengine.protocol.grants import Grant, GrantSegment
+from streamengine.protocol.limits import TENANT_APPEND_BYTES_PER_S_DEFAULT
 from streamengine.protocol.policy import ReplicationPolicy
 from streamengine.protocol.sequence import unpack_sequence
 from streamengine.protocol.signing import (
@@ -167,6 +173,7 @@ from streamengine.protocol.signing import (
 )
 from streamengine.protocol.transport import Transport
 from streamengine.segment_store import master_link
+from streamengine.segment_store import metrics as store_metrics
 from streamengine.segment_store import reads as store_reads
 from streamengine.segment_store import tail as store_tails
 from streamengine.segment_store.copy import SegmentCopy
@@ -191,6 +198,7 @@ from streamengine.segment_store.core.keys import CLUSTER_ID_KEY, SegmentMeta, en
 from streamengine.segment_store.core.kv import Put
 from streamengine.segment_store.core.scrub import ScanResult
 from streamengine.segment_store.core.store import SegmentStoreCore
+from streamengine.segment_store.group_commit import STORE_QUEUE_BYTES_MAX
 from streamengine.segment_store.scrub import Scrubber
 from streamengine.segment_store.store_context import segment_key
 from streamengine.testing import wait_until
@@ -489,6 +497,21 @@ MANY_DROP_MS = (1_000, 4_000)
 # (`analytics.Analyst`); never beside the operator's trims and deletes nor replicas
 # destroyed, which a scan is told of by design.
 ANALYTICS_SHARE = 0.3
+# The share of seeds (drawn apart: `WorldConfig.with_pressure`) whose stores are under
+# pressure, as a loaded cluster's are: a write queue of a few hundred payload bytes (the
+# group committer's `queue_bytes_max`, one drawn from `PRESSED_QUEUE_BYTES`, a quarter
+# of it each authenticated caller's share), so that a writer's pipelined batches find
+# it full now and then (REFUSED_BUSY); or a per-tenant append quota the master tells
+# the stores (`tenant_append_bytes_per_s`, one drawn from `PRESSED_APPEND_BYTES_PER_S`),
+# which bursts exceed now and then (REFUSED_QUOTA; a seed's tenants append 50-400 bytes
+# per second to each store on average); or both (`PRESSURE_KINDS`). A batch refused for
+# now writes nothing while a later one may be taken: the store holds entries past a
+# gap, and the writer resends from its matched index after a pause. A crowd seed's
+# tenants append far more: its stores get the small queue only.
+PRESSURE_SHARE = 0.25
+PRESSURE_KINDS = ("busy", "quota", "both")
+PRESSED_QUEUE_BYTES = (64, 128, 256)
+PRESSED_APPEND_BYTES_PER_S = (400, 700, 1_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,6 +619,10 @@ class WorldConfig:
     # Once converged and judged, bad input and operator calls at the servers' front
     # doors (`front_door.FrontDoor`), in plaintext.
     front_door: bool = False
+    # Stores under pressure (`with_pressure`): their write queue's payload bytes, and
+    # each tenant's append quota at each store, in bytes per second.
+    queue_bytes_max: int = STORE_QUEUE_BYTES_MAX
+    tenant_append_bytes_per_s: int = TENANT_APPEND_BYTES_PER_S_DEFAULT
     flaws: frozenset[str] = frozenset()
 
     @property
@@ -691,6 +718,7 @@ class WorldConfig:
         config = config.with_many(random.Random(f"{seed}/subscribe-many"))
         config = config.with_analytics(random.Random(f"{seed}/analytics"))
         config = config.with_security(random.Random(f"{seed}/tls"))
+        config = config.with_pressure(random.Random(f"{seed}/pressure"))
         if random.Random(f"{seed}/send-buffer").random() < THIN_BUFFER_SHARE:
             config = dataclasses.replace(config, send_buffer_bytes=THIN_SEND_BUFFER_BYTES)
         # Once the run is judged: its draw moves nothing before. Not after a crowd, whose
@@ -767,6 +795,31 @@ class WorldConfig:
             return self
         return dataclasses.replace(self, secured=True)
 
+    def with_pressure(self, draws: random.Random) -> WorldConfig:
+        """Stores under pressure (`PRESSURE_SHARE`), drawn from a generator of their own
+        (a seed without them keeps its schedule): a small write queue, a tenant's
+        append quota, or both."""
+        if draws.random() >= PRESSURE_SHARE:
+            return self
+        kind = draws.choice(PRESSURE_KINDS) if not self.crowd else "busy"
+        queue_bytes_max = draws.choice(PRESSED_QUEUE_BYTES)
+        bytes_per_s = draws.choice(PRESSED_APPEND_BYTES_PER_S)
+        return dataclasses.replace(
+            self,
+            queue_bytes_max=queue_bytes_max if kind != "quota" else self.queue_bytes_max,
+            tenant_append_bytes_per_s=(
+                bytes_per_s if kind != "busy" else self.tenant_append_bytes_per_s
+            ),
+        )
+
+    @property
+    def pressed(self) -> bool:
+        """Whether the stores are under pressure (`with_pressure`)."""
+        return (
+            self.queue_bytes_max != STORE_QUEUE_BYTES_MAX
+            or self.tenant_append_bytes_per_s != TENANT_APPEND_BYTES_PER_S_DEFAULT
+        )
+
     def describe(self) -> str:
         f = self.faults
         return (
@@ -819,6 +872,16 @@ class WorldConfig:
             )
             + (" spark jobs" if self.analytics else "")
             + (" secured" if self.secured else "")
+            + (
+                f" write queue {self.queue_bytes_max}B"
+                if self.queue_bytes_max != STORE_QUEUE_BYTES_MAX
+                else ""
+            )
+            + (
+                f" quota {self.tenant_append_bytes_per_s}B/s per tenant"
+                if self.tenant_append_bytes_per_s != TENANT_APPEND_BYTES_PER_S_DEFAULT
+                else ""
+            )
             + (" front door" if self.front_door else "")
             + (f" flaws={sorted(self.flaws)}" if self.flaws else "")
         )
@@ -950,6 +1013,7 @@ class Masters:
                     delete_grace_ms=grace_ms,
                     console=config.read_side,
                     certs_dir=None if certs is None else certs.node_dir(f"m{n}"),
+                    tenant_append_bytes_per_s=config.tenant_append_bytes_per_s,
                 )
                 for n in range(1, config.masters + 1)
             ]
@@ -964,6 +1028,7 @@ class Masters:
                 console=config.read_side,
                 disk=None if disk_root is None else disk_root / "master",
                 certs_dir=None if certs is None else certs.node_dir("master"),
+                tenant_append_bytes_per_s=config.tenant_append_bytes_per_s,
             )
             self.checker = MasterChecker()
         self.lease_ms = config.lease_ms
@@ -1046,6 +1111,7 @@ class World:
                 scrub_recheck_ms=SCRUB_RECHECK_MS if config.rot else 0,
                 disk=self._disk(name),
                 certs_dir=None if self.certs is None else self.certs.node_dir(name),
+                queue_bytes_max=config.queue_bytes_max,
             )
             for name in (f"store{n}" for n in range(config.stores))
         }
@@ -3737,6 +3803,21 @@ def _seeded_secrets(seed: int) -> types.SimpleNamespace:
     return types.SimpleNamespace(token_hex=token_hex)
 
 
+def _refused_for_now() -> dict[str, int]:
+    """The write batches the stores of this process refused for now so far, by why
+    (their metrics counters: the world sees the refusals without a hook in the store)."""
+    counters = {
+        "writes refused busy": store_metrics.REFUSED_BUSY,
+        "writes refused over quota": store_metrics.REFUSED_QUOTA,
+    }
+    return {
+        what: int(
+            next(s.value for m in c.collect() for s in m.samples if s.name.endswith("_total"))
+        )
+        for what, c in counters.items()
+    }
+
+
 def run_seed(
     seed: int,
     flaws: frozenset[str] = frozenset(),
@@ -3773,6 +3854,7 @@ def run_seed(
                 finally:
                     await world.stop_all()
 
+    refused_before = _refused_for_now()
     try:
         with (
             _quiet(),
@@ -3794,6 +3876,9 @@ def run_seed(
         result.stats = world.stats
         if "answers lost" in world.network.stats:
             result.stats["answers lost"] = world.network.stats["answers lost"]
+        for what, count in _refused_for_now().items():
+            if count > refused_before[what]:
+                result.stats[what] = count - refused_before[what]
         result.acked = sum(len(c.acked) for c in world.checkers.values())
         result.read = sum(
             len(record.seen) for c in world.checkers.values() for record in c.followers.values()
