@@ -59,6 +59,14 @@ SealAtMasterCall = Callable[
 ]
 
 
+# A write the store refused for now, nothing written: its queue full (busy), or the
+# tenant over its append quota there. Either goes out again after the core's pause; a
+# refusal over quota taken as an answer holding nothing was sent again at once, as fast
+# as the store answered, until the quota refilled (the simulator's stores under
+# pressure: thousands of resends a run).
+_REFUSED_FOR_NOW = (segment_store_pb2.REFUSED_BUSY, segment_store_pb2.REFUSED_QUOTA)
+
+
 class _NoAnswer(Exception):
     """The store closed the stream without answering."""
 
@@ -297,7 +305,7 @@ class SegmentSealer:
                 raise _NoAnswer()  # the store ended the call without one
             if reply.status == segment_store_pb2.REFUSED:
                 return self._write_refused(store, reply.error)
-            if reply.status == segment_store_pb2.REFUSED_BUSY:
+            if reply.status in _REFUSED_FOR_NOW:
                 return sr.StoreBusy(store, entries[0].index if entries else 0)
             if not entries:
                 return sr.WriteAnswered(store, 0, 0, (), reply.acked_index)

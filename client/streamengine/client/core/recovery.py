@@ -37,7 +37,8 @@ Time (`RecoveryTiming`). Silence is decided here, never by a driver:
   it batches. A lost store is probed with its (idempotent) seal every `retransmit_ms`;
   only an answer from it brings it back, and then everything it still owes an answer
   goes out again at once;
-- a batch a store refused as busy (`StoreBusy`) goes out again after `busy_pause_ms`.
+- a batch a store refused for now (`StoreBusy`: its queue full, or the tenant over its
+  quota) goes out again after `busy_pause_ms`.
 
 A store answering with a fence above this leader's epoch (a seal or read reply, or a
 refused request), or a read showing a copy of a later epoch, means a later leader took
@@ -205,8 +206,9 @@ class RecoveryFenced:
 
 @dataclass(frozen=True, slots=True)
 class StoreBusy:
-    """A store refused a write as busy (its queue is full): the `SendRewrite` starting at
-    `first_index`, or the `SendAcked` with `first_index` 0. It answered, so it lives."""
+    """A store refused a write for now (its queue is full, or the tenant is over its
+    append quota there): the `SendRewrite` starting at `first_index`, or the `SendAcked`
+    with `first_index` 0. It answered, so it lives."""
 
     store: str
     first_index: int
