@@ -108,6 +108,7 @@ from streamengine.client.core import recovery as sr
 from streamengine.client.core import store_session as store_sessions
 from streamengine.client.core import writer as writer_core
 from streamengine.client.core.recovery import SegmentRecovery
+from streamengine.client.core.recovery_plan import RecoveryPlan, plan_recovery
 from streamengine.client.core.replicas import ReplicaSet
 from streamengine.client.core.replicator import Replicator
 from streamengine.client.core.subscription import (
@@ -294,7 +295,11 @@ from tests.sim.runtime.transport import (
 # (issue #35, defect 2; seed 51);
 # `short_read`: a bounded read that no replica can serve ends as though its range were
 # read, instead of raising Unavailable (issue #36; `analytics.Analyst`'s reads, seed
-# 1826).
+# 1826);
+# `keep_past_gap`: a producer stream's recovery keeps copies past an index no store
+# holds, as a plain stream's does: a producer's batch a store took past the one it
+# refused for now (stores under pressure) survives its lost predecessor, whose events
+# the next leader's table answers as written (`_keeping_past_gaps`).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -329,6 +334,7 @@ RUNTIME_FLAWS = (
     "ack_before_loss",
     "loss_ends_at_final",
     "short_read",
+    "keep_past_gap",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -1661,6 +1667,8 @@ class World:
             del out.events[producer_sequence]
             if sequence == 0:  # durable, its position no longer kept
                 self.count("producer events answered 0")
+                if self._answered_written_is_read:
+                    self.check(checker.producer_answered_written, payload)
                 continue
             epoch, index = unpack_sequence(sequence)
             if not self.check(checker.user_acked, epoch, index, payload, state):
@@ -1669,6 +1677,14 @@ class World:
         self.unanswered -= resent
         self.count("producer events acked", len(payloads))
         self.count("producer events resent and acked", len(resent))
+
+    @property
+    def _answered_written_is_read(self) -> bool:
+        """Whether a producer event answered as durable at a position the table no
+        longer keeps (sequence 0) must be read by the end (invariant 15): not where the
+        operator trims (a trim may take it before a follower reads it, and its position
+        is unknown) nor where an operator's seal declares a loss (which may take it)."""
+        return not self.config.operator and not self.config.accept_loss
 
     def _revoked_everywhere(self, writer_id: str) -> bool:
         """Whether `writer_id` writes under a token every store serves knowing it is
@@ -3405,6 +3421,8 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(
                 mock.patch.object(writer_shell.Writer, "_append_producer", _appending_plainly)
             )
+        if "keep_past_gap" in flaws:
+            stack.enter_context(mock.patch.object(sr, "plan_recovery", _keeping_past_gaps))
         if "trust_any_bridge" in flaws:
             stack.enter_context(
                 mock.patch.object(SegmentRecovery, "lost_from_index", _trusting_any_bridge)
@@ -3669,6 +3687,13 @@ def _giving_up_as_finished(cursor: Cursor, now_ms: int) -> Next:
     #36), not `Unreachable` (which the SDK raises as Unavailable)."""
     decision = _next(cursor, now_ms)
     return Finished() if isinstance(decision, Unreachable) else decision
+
+
+def _keeping_past_gaps(*args: Any, end_at_first_gap: bool = False, **kwargs: Any) -> RecoveryPlan:
+    """`plan_recovery` as a plain stream's recovery runs it, for a producer's stream
+    too: the run goes on past an index no store holds (a HOLE there), keeping a
+    producer's batch past a lost earlier one."""
+    return plan_recovery(*args, **kwargs)
 
 
 def _admitting_anyone(
