@@ -77,8 +77,10 @@ REVOKED_STREAM_WRITES = 75
 LOST_REGISTRATION_ANSWERS = 39
 # Runtime seed 209 found it: a segment left below W good replicas on exactly N stores
 # (two wiped, one rotted) waited for good: a refill in place needed W good replicas
-# besides, even for a member holding nothing to erase. Seed 195 shows it since lease
-# sessions (fails invariant 10 with `repair.holds_nothing` always False).
+# besides, even for a member holding nothing to erase. Seed 195 showed it after lease
+# sessions (invariant 10 with `repair.holds_nothing` always False); its schedule has
+# moved since and it passes either way: the rule's guard is
+# `tests/unit/test_master_repair.py`, this seed the situation's.
 REFILLED_BELOW_W = 195
 # Runtime seed 303 found it first (its schedule has moved since): a producer's recovery
 # read the final copies below its decided run from one store alone, which a wipe then
@@ -262,8 +264,8 @@ FLAWED = [
     # its confirming write is refused (the copy lost its fence) and no repair ever ends:
     # store0's rotted replica of 2/1 is never sound again. The audits take a replica
     # gone between two of them for one the master deleted, and a copy rewrites it in
-    # one batch, so they never see a refilled member serve less than it served (the
-    # model world's invariant 2).
+    # one batch, so they never see a refilled member serve less than it served
+    # (invariant 2, as the simulator once found it when it checked every change).
     ("copy_unfenced", 9, 10),
     # A store's grant check lets anything through: the front door's seal of an open
     # segment at the last epoch, under a grant no master signed, is taken, a change no
