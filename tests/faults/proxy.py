@@ -299,10 +299,11 @@ class _Connection:
             await bucket.take(len(piece), rate)
             if self.link.faults.blackhole:
                 continue  # blackholed while waiting for the bucket: hold the piece
-            target.write(piece)
-            # Counted once handed to the socket, not after the drain: the peer may read
-            # the piece (and a test check the count) before this task runs again.
+            # Counted before it is handed to the socket: the write may send at once, and
+            # the peer (a test on another thread) may read the piece and check the count
+            # before this thread runs its next line.
             self.link.bytes[name] += len(piece)
+            target.write(piece)
             await target.drain()
             if len(piece) < len(data):
                 direction.queue[0] = (due, data[len(piece) :])
