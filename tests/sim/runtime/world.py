@@ -2503,7 +2503,15 @@ class World:
                 )
         name = f"t0/rebuilt{len(self.created_after_rebuild)}"
         self.created_after_rebuild.append(name)
-        self.group.create_task(self._create_after_rebuild(name), context=node_context("setup"))
+        held, through = self._stream_ids_stores_held()
+        for stream, checker in sorted(self.checkers.items()):
+            if checker.stream_id not in held and checker.stream_id > through:
+                self._lost_with_the_metadata(stream)
+        self._check_converged()
+        self.group.create_task(
+            self._create_after_rebuild(name, max([through, *held])),
+            context=node_context("setup"),
+        )
 
     def _epochs_stores_saw(self) -> dict[str, int]:
         """Per stream, the highest epoch any store holds of it (a segment's or a
@@ -2517,9 +2525,45 @@ class World:
                     used[stream] = max(used.get(stream, 0), key.epoch, meta.fence)
         return used
 
-    async def _create_after_rebuild(self, name: str) -> None:
+    def _stream_ids_stores_held(self) -> tuple[set[int], int]:
+        """What the stores, down or up, know of the stream ids the lost master gave:
+        the ids they hold a segment of or keep a card of, and the highest id their
+        cluster views say was given. A rebuild can know no more."""
+        held: set[int] = set()
+        through = 0
+        for _, store in sorted(self.stores.items()):
+            catalog = SegmentStoreCore(store.kv).catalog
+            held.update(key.stream_id for key in catalog.metas())
+            raw = catalog.cluster_view()
+            if raw:
+                view = entry_pb2.ClusterView.FromString(raw)
+                held.update(card.stream_id for card in view.streams)
+                through = max(through, view.stream_ids_through)
+        return held, through
+
+    def _lost_with_the_metadata(self, stream: str) -> None:
+        """No store ever heard of `stream` (created and never written, given after
+        every view a store keeps): it is lost with the metadata, the never-written
+        stream of docs/design.md's Known gaps. Its writers are told NotFound for good;
+        its marker and its followers' reads are no longer expected."""
+        checker = self.checkers[stream]
+        if checker.acked_sequences and not checker.unsynced_losses:
+            self.check(
+                self._raise,
+                Violation(
+                    1,
+                    f"{stream}: {len(checker.acked_sequences)} events acked, yet no store "
+                    "holds a segment of it",
+                ),
+            )
+        self.removed.add(stream)
+        self.note(f"{stream} is lost with the metadata: no store ever heard of it")
+        self.count("streams lost with the metadata, never written")
+        self.check(checker.stream_removed)
+
+    async def _create_after_rebuild(self, name: str, held: int) -> None:
         """`streamengine stream create NAME`, until answered: its id is above every id
-        a stream ever had."""
+        the stores knew was given when the metadata was rebuilt (`held`)."""
         policy = self.config.policy
         while self.phase != "stopped":
             try:
@@ -2531,14 +2575,15 @@ class World:
                 self.note(f"operator: create {name}: {type(error).__name__}")
                 await asyncio.sleep(LEAD_AGAIN_MS / 1000)
                 continue
-            known = max(checker.stream_id for checker in self.checkers.values())
             self.note(f"operator: created {name}: stream id {info.stream_id}")
             self.count("streams created after a rebuild")
-            if info.stream_id <= known:
+            if info.stream_id <= held:
                 self.check(
                     self._raise,
                     Violation(
-                        5, f"{name} created as stream id {info.stream_id}, up to {known} in use"
+                        5,
+                        f"{name} created as stream id {info.stream_id}; the stores held "
+                        f"ids up to {held}",
                     ),
                 )
             return
@@ -3144,6 +3189,7 @@ class World:
             if process.node not in self.nodes:
                 process.incarnation += 1
                 self.start(process.node, self._process(process))
+        self._check_converged()  # every stream may be gone already
 
     def _check_converged(self) -> None:
         if self.phase != "liveness" or self._unmarked():
