@@ -437,6 +437,23 @@ def test_seed_183_a_replica_moved_while_the_front_door_knocks_is_not_found_there
     assert result.stats.get("front door: a replica moved away", 0) > 0, result.stats
 
 
+NEVER_HEARD_OF_BY_A_STORE = 1395
+
+
+def test_seed_1395_streams_no_store_heard_of_are_lost_and_a_full_disk_stops_no_join() -> None:
+    """N=1: the one store is down from 93 ms until after the metadata is lost, so no
+    record, card or write of the eight streams reached it. The rebuild rightly finds
+    none (the never-written stream of docs/design.md's Known gaps) and gives id 1
+    again. Then the front door fills the store's disk as it joins the rebuilt
+    master's cluster: the join's write failed with ENOSPC, which ended the store's
+    master link and with it the store process; it now retries at the next
+    heartbeat."""
+    result = run_seed(NEVER_HEARD_OF_BY_A_STORE)
+    assert result.config.front_door and result.ok, _failure(result)
+    assert result.stats.get("streams lost with the metadata, never written") == 8, result.stats
+    assert result.stats.get("streams created after a rebuild", 0) == 1, result.stats
+
+
 def test_standby_masters_refuse_every_call_of_the_master_service() -> None:
     """Three masters on etcd: a client calls the two standing by, now one call of the
     master's service, now another; each answers UNAVAILABLE (naming the active one)."""

@@ -153,13 +153,20 @@ class MasterLink:
         stub = AsyncMasters(self.master_address, channel).stub
         try:
             while True:
-                if not self.registered:
-                    await self._register(stub)
                 try:
+                    if not self.registered:
+                        await self._register(stub)
                     await self._heartbeat(stub)
+                except WrongCluster:
+                    raise
                 except grpc.aio.AioRpcError as error:
                     metrics.HEARTBEAT_FAILURES.inc()
                     log.info("heartbeat to master %s failed: %s", self.master_address, error.code())
+                except StoreUnavailable as error:
+                    # A full disk: the store cannot keep what the master said (its
+                    # cluster id at a join, records, a view) and goes on serving reads.
+                    metrics.HEARTBEAT_FAILURES.inc()
+                    log.warning("cannot keep the master %s's reply: %s", self.master_address, error)
                 except Exception:
                     # Whatever went wrong with the master or a delete it asked for, the
                     # store goes on serving; the next heartbeat tries again.
