@@ -12,6 +12,7 @@ from streamengine.client.core.subscription import (
     Finished,
     ReadFrom,
     SegmentView,
+    Unreachable,
     Wait,
 )
 from streamengine.protocol import certificate
@@ -459,6 +460,75 @@ def test_resuming_mid_chunk_reads_from_the_chunk_start_and_yields_from_the_posit
     assert [e.index for e in cursor.on_entries(1, TEN[4:8], 0)] == [6, 7, 8]
     # The read goes on: the same attempt on the same replica.
     assert Cursor.continues(cursor.next(0), read)
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_a_bridge_in_a_segment_listed_open_is_read_under_the_certificate_listed_since() -> None:
+    """A list older than the seal shows the segment open; a replica's bridge says it is
+    sealed, its copies at rest, which only the certificate guards: nothing it sends is
+    handed out until the list is read again, and then the read is certified."""
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    cursor.on_position(1, A, 10, 1, bridge_index=10)
+    forged = [event(1), event(2, b"forged but crc-valid"), *TEN[2:]]
+    assert cursor.on_entries(1, forged, 1) == []
+    assert cursor.next(1) == Wait(1, relist=True)
+    cursor.on_segments([certified(1, TEN)], 2)
+    assert cursor.next(2) == ReadFrom(1, A, 1, 2, checked=True)
+    assert cursor.on_entries(1, forged[:4], 2) == []
+    [report] = cursor.take_reports()
+    assert report.replica == A and "1..4" in report.problem
+    assert cursor.next(2) == ReadFrom(1, B, 1, 3, checked=True)
+    assert [e.payload for e in cursor.on_entries(1, TEN[:4], 2)] == [b"e1", b"e2", b"e3", b"e4"]
+
+
+def test_a_segment_still_listed_open_after_a_bridge_is_read_on_under_crc() -> None:
+    """The master has not recorded the seal (a recovery between its bridge and its
+    seal at the master): it has no certificate to read under, so the read goes on, and
+    later bridges of that segment ask for no more lists."""
+    cursor = Cursor(0)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    cursor.on_position(1, A, 4, 1, bridge_index=4)
+    assert cursor.next(1) == Wait(1, relist=True)
+    cursor.on_segments([open_segment(1)], 2)
+    assert cursor.next(2) == ReadFrom(1, A, 1, 2)
+    cursor.on_position(1, A, 4, 2, bridge_index=4)
+    assert cursor.next(2) == ReadFrom(1, A, 1, 2)
+    events = cursor.on_entries(1, [event(1), event(2), event(3), bridge(4)], 2)
+    assert [e.index for e in events] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("listed", "position", "bridge_index", "relist"),
+    [
+        ("open", 1, 0, False),  # no bridge: an open segment's acked entries
+        ("open", 4, 4, False),  # only the bridge is left: nothing at rest to read
+        ("open", 1, 4, True),
+        ("sealed", 1, 4, False),  # the list knows: its certificate, if any, applies
+    ],
+)
+def test_which_bridges_ask_for_the_list_again(
+    listed: str, position: int, bridge_index: int, relist: bool
+) -> None:
+    cursor = Cursor(pack_sequence(1, position))
+    cursor.on_segments([open_segment(1) if listed == "open" else sealed(1, 4)], 0)
+    assert isinstance(cursor.next(0), ReadFrom)
+    cursor.on_position(1, A, 4, 1, bridge_index=bridge_index)
+    decision = cursor.next(1)
+    assert (isinstance(decision, Wait) and decision.relist) == relist, decision
+
+
+def test_a_bounded_read_waiting_for_a_silent_master_after_a_bridge_gives_up() -> None:
+    cursor = Cursor(0, pack_sequence(1, 4), TIMING)
+    cursor.on_segments([open_segment(1)], 0)
+    assert cursor.next(0) == ReadFrom(1, A, 1)
+    cursor.on_position(1, A, 4, 1, bridge_index=4)
+    cursor.on_list_failed(2)
+    decision = cursor.next(TIMING.unreachable_read_ms)
+    assert isinstance(decision, Unreachable) and decision.master_silent, decision
+    assert "did not list its certificate" in decision.describe("t/s")
 
 
 def test_every_replica_damaged_is_data_loss_not_a_wait() -> None:

@@ -358,7 +358,10 @@ class _Multiplexer:
                 events.extend(released_events(part, name))
             delivered.append(cursor)
         elif kind == "position":
-            cursor.on_position(read.epoch, read.replica, reply.position.acked_index, now_ms)
+            position = reply.position
+            cursor.on_position(
+                read.epoch, read.replica, position.acked_index, now_ms, position.bridge_index
+            )
         elif kind == "ended":
             self._on_tail_ended(followed, reply.ended)
         self.schedule.wake(name, now_ms)
@@ -486,7 +489,7 @@ class _Multiplexer:
         """Nothing to read now: read the list again if it may be stale, else look again
         at `wait.until_ms` (a replica's backoff), or once the list is due."""
         backstop_ms = STALLED_RELIST_MS if cursor.segment_listed else LIST_BACKSTOP_MS
-        if self.directory.relist_due(name, now_ms, backstop_ms):
+        if wait.relist or self.directory.relist_due(name, now_ms, backstop_ms):
             self._list(name)  # its answer wakes the stream
             return
         relist_ms = self.directory.relist_at_ms(name, backstop_ms) or now_ms + backstop_ms

@@ -501,7 +501,7 @@ class Follower:
         now = monotonic_ms()
         if expected.first:
             expected.first = False
-            cursor.on_position(read.epoch, read.replica, reply.acked_index, now)
+            cursor.on_position(read.epoch, read.replica, reply.acked_index, now, reply.bridge_index)
         packed = Packed.of(reply)
         if packed is None:
             cursor.on_keepalive(read.epoch, read.replica, now)
@@ -526,7 +526,10 @@ class Follower:
         if reply.HasField("batch"):
             return self.batch_released(cursor, read, reply.batch)
         if reply.HasField("position"):
-            cursor.on_position(read.epoch, read.replica, reply.position.acked_index, now)
+            position = reply.position
+            cursor.on_position(
+                read.epoch, read.replica, position.acked_index, now, position.bridge_index
+            )
         else:
             cursor.on_keepalive(read.epoch, read.replica, now)
         return []

@@ -426,6 +426,7 @@ class ReadReply(_message.Message):
     PACKED_VALUES_FIELD_NUMBER: _builtins.int
     VALUE_LENGTHS_FIELD_NUMBER: _builtins.int
     FIRST_INDEX_FIELD_NUMBER: _builtins.int
+    BRIDGE_INDEX_FIELD_NUMBER: _builtins.int
     acked_index: _builtins.int
     """The store's acked, matched and last index when the read began."""
     matched_index: _builtins.int
@@ -437,6 +438,11 @@ class ReadReply(_message.Message):
     """
     first_index: _builtins.int
     """With `packed`: the index of the first value (0 when there is none)."""
+    bridge_index: _builtins.int
+    """Index of the BRIDGE if the store held an acked one when the read began, else 0:
+    the segment is sealed there, which a reader whose list shows it open learns here
+    (its copies at rest are then checked against the certificate the master lists).
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[_entry_pb2.Entry]:
         """Entries in index order; indexes the store lacks are absent (never invented).
@@ -458,10 +464,11 @@ class ReadReply(_message.Message):
         packed_values: _builtins.bytes = ...,
         value_lengths: _abc.Iterable[_builtins.int] | None = ...,
         first_index: _builtins.int = ...,
+        bridge_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "entries", b"entries", "fence", b"fence", "first_index", b"first_index", "last_index", b"last_index", "matched_index", b"matched_index", "packed_values", b"packed_values", "value_lengths", b"value_lengths"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_index", b"acked_index", "bridge_index", b"bridge_index", "entries", b"entries", "fence", b"fence", "first_index", b"first_index", "last_index", b"last_index", "matched_index", b"matched_index", "packed_values", b"packed_values", "value_lengths", b"value_lengths"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -45,8 +45,7 @@ assert DATA_REPLY_BYTES_MAX <= WRITE_BATCH_BYTES_MAX
 # A reply is cut once it reaches its limit, so it passes it by at most one value, and a
 # packed one carries a length (a few bytes) per entry.
 assert (
-    DATA_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX
-    <= FRAME_PAYLOAD_BYTES_MAX
+    DATA_REPLY_BYTES_MAX + EVENT_BYTES_MAX + 8 * PACKED_REPLY_ENTRIES_MAX <= FRAME_PAYLOAD_BYTES_MAX
 )
 
 
@@ -136,6 +135,7 @@ class ReadCalls:
                     matched_index=meta.matched_index,
                     last_index=meta.last_index,
                     fence=meta.fence,
+                    bridge_index=meta.bridge_index,
                 )
                 sent = True
             if not entries or entries[-1].index >= upper:
@@ -180,6 +180,7 @@ class ReadCalls:
                     matched_index=meta.matched_index,
                     last_index=meta.last_index,
                     fence=meta.fence,
+                    bridge_index=meta.bridge_index,
                     packed_values=b"".join(values),
                     value_lengths=list(map(len, values)),
                     first_index=first if values else 0,

@@ -37,7 +37,11 @@ of that chunk leaves the cursor. A replica whose chunk differs is damaged for th
 reader (`ReplicaSet.damaged`): another replica is read from that chunk's first index,
 and the replica is reported to the master (`take_reports`), which has its store check
 it. A live tail of a segment still open has no certificate yet: crc32c alone guards
-it, as the acked entries it serves come straight from the leader's quorum.
+it, as the acked entries it serves come straight from the leader's quorum. A replica
+that answers with its bridge in a segment the list held shows open says the list is
+older than the seal: nothing more of it is handed out until the list is read again
+(`on_position`, `Wait.relist`), as its copies are at rest, where only the
+certificate tells a forged one.
 
 Time is an input. While tailing, the cursor also decides when the tailed replica is
 silent (`FollowerTiming.silent_replica_ms` without entries, a position or a keepalive:
@@ -141,9 +145,12 @@ class ReadFrom:
 class Wait:
     """Nothing to read now: re-read the master's list at `until_ms` (a later segment may
     be listed, a copy set may have changed, a failed replica's backoff ends) and ask
-    again. `until_ms` may be in the past: refresh at once."""
+    again. `until_ms` may be in the past: refresh at once. `relist`: a replica's bridge
+    showed the list held stale, and only a list read now answers (a summary found
+    unchanged does not)."""
 
     until_ms: int
+    relist: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +197,16 @@ class Unreachable:
     epoch: int
     stores: tuple[str, ...]
     waited_ms: int
+    # The replicas said the segment is sealed, and the master, whose list has its
+    # certificate, did not answer.
+    master_silent: bool = False
 
     def describe(self, stream: str) -> str:
+        if self.master_silent:
+            return (
+                f"{stream}: segment {self.epoch} is sealed on its replicas and the master "
+                f"did not list its certificate for {self.waited_ms / 1000:.0f} s"
+            )
         stores = ", ".join(self.stores) or "none listed"
         return (
             f"{stream}: no replica of segment {self.epoch} answered for "
@@ -212,9 +227,7 @@ class Asked:
     now_ms: int
 
 
-def acked_end(
-    last: SegmentView, asked: Asked, timing: FollowerTiming
-) -> int | Wait | Unreachable:
+def acked_end(last: SegmentView, asked: Asked, timing: FollowerTiming) -> int | Wait | Unreachable:
     """The sequence just past the last acked event of a stream whose latest listed
     segment is `last` (`open_acked_index`; none asked once it is sealed)."""
     if last.sealed:
@@ -362,6 +375,14 @@ class Cursor:
         # When the position last moved (or the first `next`): a bounded read gives up
         # `timing.unreachable_read_ms` after it while no replica can be read.
         self._advanced_ms: int | None = None
+        # A replica said it holds the bridge of this segment, which the list held shows
+        # open: the list is older than the seal, and what the replica holds is at rest,
+        # which only the certificate guards. Nothing is read of it until a list read
+        # since says (`on_bridge_unlisted`).
+        self._relist_for_seal = 0
+        # Segments a list read after a replica's bridge still showed open (a seal the
+        # master has not recorded yet, with no certificate to check): read under crc32c.
+        self._open_though_bridged: set[int] = set()
 
     # ---- inputs ----
 
@@ -371,6 +392,7 @@ class Cursor:
         self._list_failures = 0
         self._list_retry_at_ms = 0
         self._segments = sorted(segments, key=lambda s: s.epoch)
+        self._relisted_for_seal()
         for segment in self._segments:
             replicas = self._replicas.get(segment.epoch)
             if replicas is not None:
@@ -396,10 +418,17 @@ class Cursor:
             self._hop()
             self._advanced_ms = now_ms
 
-    def on_position(self, epoch: int, replica: str, acked_index: int, now_ms: int) -> None:
+    def on_position(
+        self, epoch: int, replica: str, acked_index: int, now_ms: int, bridge_index: int = 0
+    ) -> None:
         """`replica` answered that it serves `epoch` up to `acked_index` (a Subscribe
-        POSITION; a NOT_FOUND for the segment is `acked_index=0`)."""
+        POSITION, a Read's first reply; a NOT_FOUND for the segment is
+        `acked_index=0`), holding an acked bridge at `bridge_index` (0: none)."""
         if epoch != self._epoch:
+            return
+        if self._bridge_unlisted(bridge_index):
+            self._relist_for_seal = epoch
+            self._leave_replica()
             return
         replicas = self._replicas_of(epoch)
         current = self._current_segment()
@@ -495,7 +524,7 @@ class Cursor:
         segment. Under a certificate, entries are held back until their chunk verified
         (module docstring)."""
         count = len(run.kinds)
-        if epoch != self._epoch or not count:
+        if epoch != self._epoch or not count or epoch == self._relist_for_seal:
             return []
         self._last_progress_ms = max(self._last_progress_ms, now_ms)
         self._last_served_ms = max(self._last_served_ms, now_ms)
@@ -687,6 +716,15 @@ class Cursor:
             return self._wait(now_ms + self.timing.idle_refresh_ms)
         if segment.sealed and 0 < segment.lost_from_index <= self._next_index:
             return DataLoss(segment.epoch, segment.lost_from_index, segment.final_index, True)
+        if self._relist_for_seal == segment.epoch:
+            unlisted_since_ms = self._advanced(now_ms)
+            if (
+                self._end is not None
+                and now_ms >= unlisted_since_ms + self.timing.unreachable_read_ms
+            ):
+                waited_ms = now_ms - self._advanced(now_ms)
+                return Unreachable(segment.epoch, segment.replicas, waited_ms, master_silent=True)
+            return Wait(max(now_ms, self._list_retry_at_ms), relist=True)
         replicas = self._replicas_of(segment.epoch)
         for bad in segment.bad:  # the master knows them to differ from the certificate
             replicas.damaged(bad, 1)
@@ -767,6 +805,26 @@ class Cursor:
         if segment is None or segment.epoch != epoch or not segment.sealed:
             return 0
         return segment.lost_from_index
+
+    def _bridge_unlisted(self, bridge_index: int) -> bool:
+        """Whether a replica's bridge at `bridge_index` shows the list held stale: the
+        current segment listed open, events left to read before the bridge, and no list
+        read since a replica said so before."""
+        current = self._current_segment()
+        return (
+            bridge_index > self._next_index
+            and current is not None
+            and not current.sealed
+            and current.epoch not in self._open_though_bridged
+        )
+
+    def _relisted_for_seal(self) -> None:
+        """The master answered after a replica's bridge: if it still lists the segment
+        open it has not recorded the seal, and holds no certificate to read it under."""
+        epoch, self._relist_for_seal = self._relist_for_seal, 0
+        current = self._current_segment()
+        if epoch and current is not None and current.epoch == epoch and not current.sealed:
+            self._open_though_bridged.add(epoch)
 
     def _current_segment(self) -> SegmentView | None:
         for segment in self._segments:
