@@ -30,13 +30,13 @@ WRONG = cert(b"x", b"z")
 OTHER = cert(b"q", b"y")
 
 
-def run(certificate, by, reports):
+def run(certificate, by, reports, write_quorum=W):
     """Feed reports in order; the certificate and bad members after each."""
     checks = SegmentChecks()
     bad: set[str] = set()
     trail = []
     for now, (store, report) in enumerate(reports):
-        judged = judge(certificate, by, checks, COPY_SET, W, store, report, now)
+        judged = judge(certificate, by, checks, COPY_SET, write_quorum, store, report, now)
         if judged.certificate is not None:
             certificate, by = judged.certificate, integrity.REPLICAS
         bad |= set(judged.bad)
@@ -120,6 +120,30 @@ def run(certificate, by, reports):
             (),
         ),
         (
+            "a replica that matched and then differs is read again, not condemned",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(RIGHT)), ("a", Clean(WRONG))],
+            RIGHT,
+            (),
+        ),
+        (
+            "... and condemned when it differs again",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(RIGHT)), ("a", Clean(WRONG)), ("a", Clean(WRONG))],
+            RIGHT,
+            ("a",),
+        ),
+        (
+            "... but not when the second read matches",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(RIGHT)), ("a", Clean(WRONG)), ("a", Clean(RIGHT)), ("a", Clean(WRONG))],
+            RIGHT,
+            (),
+        ),
+        (
             "a replicas' certificate condemns a differing replica at once",
             RIGHT,
             integrity.REPLICAS,
@@ -157,6 +181,63 @@ def test_judging_reports(rule, certificate, by, reports, final_certificate, fina
     trail, _ = run(certificate, by, reports)
     assert trail[-1][0] == final_certificate, rule
     assert trail[-1][2] == final_bad, rule
+
+
+@pytest.mark.parametrize(
+    ("rule", "certificate", "by", "reports", "final_certificate", "final_bad"),
+    [
+        (
+            "one replica, forged at rest and scrubbed first, never overturns the writer",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(WRONG))],
+            RIGHT,
+            (),
+        ),
+        (
+            "... and is condemned once a good one matches",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(WRONG)), ("b", Clean(RIGHT))],
+            RIGHT,
+            ("a",),
+        ),
+        (
+            "two replicas agreeing against the writer's certificate replace it",
+            RIGHT,
+            integrity.WRITER,
+            [("a", Clean(WRONG)), ("b", Clean(WRONG))],
+            WRONG,
+            (),
+        ),
+        (
+            "without a certificate one replica makes it, as W says",
+            None,
+            "",
+            [("a", Clean(RIGHT))],
+            RIGHT,
+            (),
+        ),
+    ],
+)
+def test_judging_reports_at_w_1(rule, certificate, by, reports, final_certificate, final_bad):
+    trail, _ = run(certificate, by, reports, write_quorum=1)
+    assert trail[-1][0] == final_certificate, rule
+    assert trail[-1][2] == final_bad, rule
+
+
+def test_a_report_older_than_a_refill_in_place_has_the_replica_read_again() -> None:
+    """A scrub read the forged copy; the repair refilled it in place and verified the
+    copy; the scrub's report arrives after (seed 1003): its store is asked to read the
+    replica again, which it does after the copy, and the replica is never bad."""
+    checks = SegmentChecks()
+    judge(RIGHT, integrity.WRITER, checks, COPY_SET, W, "b", Clean(RIGHT), 0)
+    assert judge(RIGHT, integrity.WRITER, checks, COPY_SET, W, "a", Clean(WRONG), 1).bad == ("a",)
+    assert integrity.copy_verified(checks, COPY_SET, "a", 2) == ()
+    stale = judge(RIGHT, integrity.WRITER, checks, COPY_SET, W, "a", Clean(WRONG), 3)
+    assert (stale.bad, stale.recheck) == ((), ("a",))
+    again = judge(RIGHT, integrity.WRITER, checks, COPY_SET, W, "a", Clean(RIGHT), 4)
+    assert again.bad == () and "a" in checks.verified
 
 
 def test_a_verified_copy_confirms_the_writers_certificate_and_condemns_disputers() -> None:

@@ -248,6 +248,8 @@ class Integrity:
             now_ms,
         )
         self._record_judgement(segment, judgement)
+        for member in judgement.recheck:
+            self.ask_scrub_first(member, key)
         return judgement
 
     def report_replica(self, name: str, segment_epoch: int, address: str) -> str:

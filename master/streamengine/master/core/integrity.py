@@ -18,11 +18,14 @@ Stores report what their replicas hold (their scrub, `streamengine.segment_store
 certificate of what they read back, or damage); `judge` decides what a report means:
 
 - a replica whose certificate equals the segment's is *verified* (with when);
-- a replica that differs is *bad* once the certificate is *confirmed*: made by
+- a replica that differs is *bad* once the certificate is *confirmed* (one that matched
+  since it last differed is first read again, `Judgement.recheck`: a scrub that began
+  before a refill in place reports what the copy replaced): made by
   replicas, or a writer's that at least one replica matched. A writer's certificate that
-  no replica matched yet does not condemn anyone: if W replicas agree on another one,
-  that one replaces it (the writer was wrong; the error is logged), so a writer's bug
-  stalls a segment at worst, never condemns its good replicas;
+  no replica matched yet does not condemn anyone: if W replicas, and at least two
+  (`WRITER_OVERTURNED_BY`), agree on another one, that one replaces it (the writer was
+  wrong; the error is logged), so a writer's bug stalls a segment at worst, never
+  condemns its good replicas, and one copy forged at rest never overturns the writer;
 - damage a store found itself (a checksum, a missing index) is the store's to report:
   it reports that replica with acked index 0 and repair refills it (`repair.py`,
   "missed-bridge"); here it is only noted for status.
@@ -43,6 +46,10 @@ from streamengine.protocol.certificate import Certificate
 
 WRITER = "writer"
 REPLICAS = "replicas"
+# Replicas that must agree on another certificate to overturn a writer's nobody
+# confirmed, whatever W: at W=1 one copy forged at rest under a valid crc32c, scrubbed
+# first, would otherwise become the segment's certificate and condemn the good ones.
+WRITER_OVERTURNED_BY = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +82,15 @@ class SegmentChecks:
     proposals: dict[bytes, tuple[Certificate, frozenset[str]]] = field(default_factory=dict)
     # Store -> what it found damaged (status only).
     damaged: dict[str, str] = field(default_factory=dict)
+    # Verified stores whose report then differed, read again before one is condemned.
+    rechecking: set[str] = field(default_factory=set)
 
     def forget(self, store: str) -> None:
         """`store` left the copy set: nothing it said counts any more."""
         self.verified.pop(store, None)
         self.disputed.pop(store, None)
         self.damaged.pop(store, None)
+        self.rechecking.discard(store)
         self.proposals = {
             root: (cert, stores - {store})
             for root, (cert, stores) in self.proposals.items()
@@ -91,11 +101,13 @@ class SegmentChecks:
 @dataclass(frozen=True, slots=True)
 class Judgement:
     """What a report changes: a certificate to record (made by replicas), members now
-    bad, and why (for the log)."""
+    bad, members to check again, and why (for the log)."""
 
     certificate: Certificate | None = None
     bad: tuple[str, ...] = ()
     note: str = ""
+    # Members whose stores are to read their replica again before any other.
+    recheck: tuple[str, ...] = ()
 
 
 def confirmed(certified_by: str, checks: SegmentChecks) -> bool:
@@ -129,6 +141,7 @@ def judge(
         return Judgement(note=f"{store} read up to {reported.final_index}, not the bridge")
     if certificate is not None and reported == certificate:
         checks.verified[store] = now_ms
+        checks.rechecking.discard(store)
         checks.disputed.pop(store, None)
         # A confirmation: replicas that differ from it were waiting for one.
         condemned = tuple(s for s in copy_set if s in checks.disputed)
@@ -136,7 +149,15 @@ def judge(
         checks.proposals.clear()
         return Judgement(bad=condemned, note=f"{store} matches the certificate")
     if certificate is not None and confirmed(certified_by, checks):
+        if store in checks.verified and store not in checks.rechecking:
+            # It matched since it last differed: this read may have begun before a copy
+            # replaced what it read (a refill in place), its report delivered after.
+            # Its store reads it again first; a second difference condemns it.
+            checks.rechecking.add(store)
+            note = f"{store} differs from the certificate it matched: checked again first"
+            return Judgement(recheck=(store,), note=note)
         checks.verified.pop(store, None)
+        checks.rechecking.discard(store)
         return Judgement(bad=(store,), note=f"{store} differs from the certificate")
     # No certificate yet, or a writer's nobody confirmed: the report is a proposal.
     return _propose(certificate, checks, copy_set, write_quorum, store, reported, now_ms)
@@ -160,9 +181,10 @@ def _propose(
     checks.proposals[root] = (reported, agreeing)
     if certificate is not None:
         checks.disputed[store] = root
-    if len(agreeing) < write_quorum:
+    needed = write_quorum if certificate is None else max(write_quorum, WRITER_OVERTURNED_BY)
+    if len(agreeing) < needed:
         what = "disputes the writer's certificate" if certificate else "proposes a certificate"
-        return Judgement(note=f"{store} {what} ({len(agreeing)} of W={write_quorum} agree)")
+        return Judgement(note=f"{store} {what} ({len(agreeing)} of {needed} needed agree)")
     # W replicas agree: their certificate is the segment's; the others differ from it.
     checks.verified = dict.fromkeys(sorted(agreeing), now_ms)
     others = tuple(
@@ -186,6 +208,7 @@ def copy_verified(
     as a matching report is. Returns the members it condemns (they were disputing it)."""
     checks.verified[target] = now_ms
     checks.damaged.pop(target, None)
+    checks.rechecking.discard(target)
     condemned = tuple(s for s in copy_set if s in checks.disputed and s != target)
     checks.disputed.clear()
     checks.proposals.clear()
