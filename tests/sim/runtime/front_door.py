@@ -692,8 +692,9 @@ class FrontDoor:
 
     def _moved_away(self, target: badinput.Segment, code: str) -> bool:
         """Whether a store answered NOT_FOUND for a replica it no longer holds: the
-        master's repairer may move a sealed replica while the front door knocks (seed
-        183: store1's replica of 2/2 moved to store0 as the calls began)."""
+        master's repairer may move a sealed replica while the front door knocks (found
+        by seed 183: store1's replica of 2/2 moved to store0 as the calls began; seed 30
+        shows it since followers read the list again at a replica's bridge)."""
         if code != "NOT_FOUND":
             return False
         key = SegmentKey(target.stream_id, target.epoch)

@@ -139,6 +139,7 @@ from streamengine.master.core import authority as authority_core
 from streamengine.master.core import integrity as integrity_core
 from streamengine.master.core import listing
 from streamengine.master.core import rebuild as rebuild_core
+from streamengine.master.core.integrity import Judgement
 from streamengine.master.core.leader_acked import LeaderAckedOwed
 from streamengine.master.core.model import StreamRecord
 from streamengine.master.core.retention import DELETE_GRACE_MS_DEFAULT
@@ -238,9 +239,13 @@ from tests.sim.runtime.transport import (
 # `scrub_crc_only`: the master takes a replica its scrub read back with every crc32c
 # holding for one that holds the certificate, so a copy forged under a valid crc32c is
 # never condemned, nor replaced (`World._sound_replicas` holds it to the certificate);
-# `certificate_never_confirmed`: the master takes the certificate W replicas agree on
-# over the segment's, confirmed or not: under W=1 a forged copy's scrub report replaces
-# it (invariant 12);
+# `writer_overturned_by_w`: W replicas agreeing on another certificate overturn a
+# writer's nobody confirmed, even at W=1, where one copy forged at rest and scrubbed
+# first becomes the segment's certificate (seed 1003);
+# `condemn_verified_at_once`: a replica that matched the certificate and then differs
+# is condemned at once, not read again first, so a scrub report older than a refill in
+# place condemns the good copy that replaced what it read (seed 1003 beside
+# `bridge_unheard`);
 # `trust_any_bridge`: a recovery accepting loss takes any bridge its plan found as proof
 # that nothing was lost (`lost_from_index=0`), and raises the survivors' acked index to
 # it (issue #35, defect 2);
@@ -289,7 +294,7 @@ from tests.sim.runtime.transport import (
 # rewrites of indexes it holds already, so a stale copy, or what it holds where the
 # bridge goes, stays and is acked (seed 36);
 # `ack_before_loss`: a recovery accepting loss raises the holders' acked index to the
-# bridge before the master records the loss (issue #35, defect 2; seed 353);
+# bridge before the master records the loss (issue #35, defect 2; seed 749);
 # `loss_ends_at_final`: a reader past the bridge of a segment sealed accepting loss (read
 # there from a replica since destroyed) hops on, as though the loss ended at the bridge
 # (issue #35, defect 2; seed 51);
@@ -300,6 +305,9 @@ from tests.sim.runtime.transport import (
 # holds, as a plain stream's does: a producer's batch a store took past the one it
 # refused for now (stores under pressure) survives its lost predecessor, whose events
 # the next leader's table answers as written (`_keeping_past_gaps`).
+# `bridge_unheard`: a follower takes no notice of a replica's bridge in a segment its
+# list shows open, so it reads a sealed segment's copies at rest under crc32c alone,
+# though the master lists the certificate that would tell a forged one (seed 1307).
 RUNTIME_FLAWS = (
     "park_forever",
     "fail_in_doubt",
@@ -309,7 +317,8 @@ RUNTIME_FLAWS = (
     "lost_answered_once",
     "scrub_blind",
     "scrub_crc_only",
-    "certificate_never_confirmed",
+    "writer_overturned_by_w",
+    "condemn_verified_at_once",
     "trust_any_bridge",
     "ungranted_writes",
     "pages_by_offset",
@@ -335,6 +344,7 @@ RUNTIME_FLAWS = (
     "loss_ends_at_final",
     "short_read",
     "keep_past_gap",
+    "bridge_unheard",
 )
 
 # The safety phase lasts this much virtual time: a run's cost is about its appends
@@ -3399,8 +3409,13 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(mock.patch.object(Scrubber, "_done", blind))
         if "scrub_crc_only" in flaws:
             stack.enter_context(mock.patch.object(integrity_core, "judge", _judging_crcs_only))
-        if "certificate_never_confirmed" in flaws:
-            stack.enter_context(mock.patch.object(integrity_core, "confirmed", lambda *args: False))
+        if "writer_overturned_by_w" in flaws:
+            stack.enter_context(mock.patch.object(integrity_core, "WRITER_OVERTURNED_BY", 1))
+        if "condemn_verified_at_once" in flaws:
+            judge = integrity_core.judge
+            stack.enter_context(
+                mock.patch.object(integrity_core, "judge", functools.partial(_at_once, judge))
+            )
         if "lost_answered_once" in flaws:
             stack.enter_context(
                 mock.patch.object(StoreRegistry, "register_store", _answering_lost_once)
@@ -3490,7 +3505,22 @@ def _flaws(flaws: frozenset[str]) -> Iterator[None]:
             stack.enter_context(mock.patch.object(Cursor, "on_segments", _hopping_past_a_loss))
         if "short_read" in flaws:
             stack.enter_context(mock.patch.object(Cursor, "next", _giving_up_as_finished))
+        if "bridge_unheard" in flaws:
+            stack.enter_context(mock.patch.object(Cursor, "_bridge_unlisted", _never_unlisted))
         yield
+
+
+def _at_once(judge: Callable[..., Judgement], *args: Any) -> Judgement:
+    """`integrity.judge` condemning what it would have read again first."""
+    judged = judge(*args)
+    if not judged.recheck:
+        return judged
+    return Judgement(bad=judged.recheck, note=judged.note)
+
+
+def _never_unlisted(cursor: Cursor, bridge_index: int) -> bool:
+    """`Cursor._bridge_unlisted` deaf to every bridge."""
+    return False
 
 
 async def _appending_plainly(
