@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -401,3 +402,49 @@ def test_a_certified_range_leaves_a_replica_that_ends_inside_a_chunk_for_one_tha
     rows = pa.Table.from_batches(list(spark.read_range(part)))
     assert rows.column("index").to_pylist() == [1, 2, 3, 4, 5]
     assert asked == ["a:1", "b:1"]
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["seal recorded", "seal not recorded"])
+def test_a_range_planned_open_and_sealed_since_is_read_under_the_listed_certificate(
+    monkeypatch: pytest.MonkeyPatch, recorded: bool
+) -> None:
+    """The range was planned while its segment was open; a replica's first reply says it
+    holds the bridge since, its copies at rest, one forged under a valid crc32c. The
+    task asks the master: with the seal recorded, it reads under the certificate and
+    takes the good replica's rows; before, no certificate exists and the range is read
+    under crc32c as planned (runtime seed 1307 for the SDK's cursor)."""
+    good = [StoredEntry.make(i, EntryKind.EVENT, 1, b"p%d" % i) for i in range(1, 6)]
+    good.append(StoredEntry.make(6, EntryKind.BRIDGE, 2))
+    forged = list(good)
+    forged[1] = StoredEntry.make(2, EntryKind.EVENT, 1, b"forged")
+    made = certificate_of([(e.index, int(e.kind), e.payload) for e in good])
+    served = {"a:1": forged, "b:1": good}
+    asked: list[tuple[str, bool]] = []
+
+    def read(replica: spark._Replica, part: SegmentRange, request: Any) -> Iterator[object]:
+        asked.append((replica.address, request.reader_verifies))
+        assert len(asked) < 6, asked
+        reply = packed_reply(served[replica.address][request.from_index - 1 : request.to_index])
+        reply.bridge_index = 6
+        yield reply
+
+    listed = _SegmentInfo(1, recorded, 6 if recorded else 0, ("a:1", "b:1"))
+    if recorded:
+        listed = _SegmentInfo(1, True, 6, ("a:1", "b:1"), certificate=made)
+    reports: list[str] = []
+    monkeypatch.setattr(spark._Replica, "read", read)
+    monkeypatch.setattr(
+        spark, "fetch_layout", lambda *args, **kwargs: _StreamLayout(7, (listed,), {})
+    )
+    monkeypatch.setattr(spark, "_report", lambda part, address, problem: reports.append(address))
+    part = SegmentRange("t/s", 7, 1, 1, 5, ("a:1", "b:1"), master="m:1", sealed=False)
+    rows = pa.Table.from_batches(list(spark.read_range(part)))
+    assert rows.column("index").to_pylist() == [1, 2, 3, 4, 5]
+    payloads = rows.column("payload").to_pylist()
+    if recorded:
+        assert payloads[1] == b"p2"
+        assert asked == [("a:1", False), ("a:1", True), ("b:1", True)]
+        assert reports == ["a:1"]
+    else:
+        assert payloads[1] == b"forged"  # crc32c alone: nothing tells it
+        assert asked == [("a:1", False), ("a:1", False)]

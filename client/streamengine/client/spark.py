@@ -788,6 +788,8 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
     for bad in part.bad:  # the master knows them to differ from the certificate
         replicas.damaged(bad, 1)
     certificate = Certificate.decode(part.certificate) if part.certificate else None
+    # A range planned open: a replica's bridge says the segment was sealed since.
+    bridge_unlisted = certificate is None and not sealed and bool(part.master)
     copy_set = part.replicas
     data_addresses = dict(part.data_addresses)
     deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
@@ -797,8 +799,9 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
             # Without the master's address (a partition planned by an older driver) the
             # planned copy set is the only list there is.
             if part.master:
-                copy_set, listed, _ = _copy_set_now(part)
-                data_addresses.update(listed)
+                listed = _listed_now(part)
+                copy_set = listed.replicas
+                data_addresses.update(listed.data_addresses)
             replicas.list_refreshed()
             continue
         if isinstance(choice, Lost):
@@ -817,12 +820,30 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
         if certificate is not None:
             read = _read_certified(part, certificate, replica, start, replicas, errors)
         else:
-            read = _read_replica(part, replica, start, replicas, errors)
-        with contextlib.closing(read):
-            for batch, after in read:
-                next_index = after
-                if batch.num_rows:
-                    yield batch
+            read = _read_replica(part, replica, start, replicas, errors, bridge_unlisted)
+        try:
+            with contextlib.closing(read):
+                for batch, after in read:
+                    next_index = after
+                    if batch.num_rows:
+                        yield batch
+        except _SealedSince:
+            # The replica holds the bridge of a segment planned open: what it holds is
+            # at rest, which only the certificate guards. Ask the master for it once;
+            # if it still lists the segment open (a seal not recorded yet, no
+            # certificate), the range is read under crc32c as planned.
+            bridge_unlisted = False
+            listed = _listed_now(part)
+            copy_set = listed.replicas
+            data_addresses.update(listed.data_addresses)
+            if listed.sealed:
+                sealed = True
+                replicas.segment_sealed()
+            if listed.certificate is not None and listed.certificate.final_index == (
+                listed.final_index
+            ):
+                certificate = listed.certificate
+            continue
         if next_index > start:
             deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX
         elif not sealed:
@@ -838,8 +859,9 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
                     )
                 time.sleep(FollowerTiming().segment_refresh_ms / 1000)
                 if part.master:
-                    copy_set, listed, sealed = _copy_set_now(part)
-                    data_addresses.update(listed)
+                    listed = _listed_now(part)
+                    copy_set, sealed = listed.replicas, listed.sealed
+                    data_addresses.update(listed.data_addresses)
                     if sealed:
                         replicas.segment_sealed()
                 replicas.list_refreshed()
@@ -860,10 +882,17 @@ class _Replica:
 
 
 def _read_replica(
-    part: SegmentRange, replica: _Replica, next_index: int, replicas: ReplicaSet, errors: list[str]
+    part: SegmentRange,
+    replica: _Replica,
+    next_index: int,
+    replicas: ReplicaSet,
+    errors: list[str],
+    bridge_unlisted: bool = False,
 ) -> Generator[tuple[pa.RecordBatch, int], None, None]:
     """Read `part` from `next_index` on one replica; each batch with the index after it.
-    What the replica answers, or that it failed, goes to `replicas`."""
+    What the replica answers, or that it failed, goes to `replicas`. With
+    `bridge_unlisted` (a range planned open), a replica whose first reply says it holds
+    a bridge past `next_index` ends the read with `_SealedSince`, before any row."""
     address = replica.address
     request = segment_store_pb2.ReadRequest(
         segment=entry_pb2.SegmentId(stream_id=part.stream_id, epoch=part.epoch),
@@ -876,6 +905,9 @@ def _read_replica(
         pending: list[pa.RecordBatch] = []
         try:
             for reply in replies:
+                if bridge_unlisted and reply.bridge_index > next_index:
+                    raise _SealedSince(reply.bridge_index)
+                bridge_unlisted = False  # the first reply says; the rest are the same read
                 batch, next_index = _packed_batch(part, reply, next_index)
                 if batch is not None:
                     pending.append(batch)
@@ -1042,14 +1074,15 @@ def _report(part: SegmentRange, address: str, problem: str) -> None:
             log.info("%s: the master did not take the report: %s", part.stream, error.code().name)
 
 
-def _copy_set_now(part: SegmentRange) -> tuple[tuple[str, ...], dict[str, str], bool]:
-    """The segment's copy set as the master lists it now, its members' data ports, and
-    whether it is sealed (a segment no longer listed is: trimmed or deleted)."""
+def _listed_now(part: SegmentRange) -> _SegmentInfo:
+    """The segment as the master lists it now: its copy set, its members' data ports,
+    whether it is sealed (a segment no longer listed is: trimmed or deleted) and its
+    certificate."""
     layout = fetch_layout(part.master, part.stream, False, part.transport)
     for segment in layout.segments:
         if segment.epoch == part.epoch:
-            return segment.replicas, dict(segment.data_addresses), segment.sealed
-    return (), {}, True
+            return segment
+    return _SegmentInfo(part.epoch, sealed=True, final_index=0, replicas=())
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -1062,6 +1095,11 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
 
 class _ShortRead(Exception):
     pass
+
+
+class _SealedSince(Exception):
+    """A replica holds the bridge (at `args[0]`) of a segment the range was planned
+    open in."""
 
 
 def _packed_batch(
