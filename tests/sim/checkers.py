@@ -749,9 +749,12 @@ class Checker:
             )
         self.followers.setdefault(follower, FollowerRecord()).told_lost.append((loss, through_end))
 
-    def check_complete(self, followers: list[str]) -> None:
+    def check_complete(self, followers: list[str], acked: frozenset[int] | None = None) -> None:
+        """Every follower read every acked event (of `acked` when given: those acked
+        when the run converged, as later ones may still be on their way), and every
+        producer event answered as written was read."""
         for name in followers:
-            missing = self.missing(name)
+            missing = [s for s in self.missing(name) if acked is None or s in acked]
             if missing:
                 raise Violation(1, f"follower {name} never read {unpack_sequence(missing[0])}")
         if self.removed:
