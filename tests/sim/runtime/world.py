@@ -1400,6 +1400,12 @@ class World:
     async def _front_door(self) -> None:
         """Once the run is judged, its front door (`front_door.FrontDoor`); then the
         stores audited again."""
+        read_side = self.nodes.get("read-side")
+        if read_side is not None:
+            # Its last create, delete or seal may still be under way (within its
+            # `ACTION_S_MAX`): the front door's callers must find nothing moving (seed
+            # 2498: d0/x6 created 500 ms into the front door).
+            await asyncio.wait([read_side])
         self.note("front door: bad input and operator calls at the converged cluster")
         task = self.loop.create_task(FrontDoor(self).run(), context=node_context("front-door"))
         await asyncio.wait([task])
@@ -2385,9 +2391,13 @@ class World:
 
     def _survivor(self, key: SegmentKey, final: int, copy_set: Sequence[str]) -> str | None:
         """The replica left of `key`: of a sealed segment, one holding its bridge; of an
-        unsealed one the least advanced (`DESTROY_AHEAD_CHANCE`) or one drawn."""
+        unsealed one the least advanced (`DESTROY_AHEAD_CHANCE`) or one drawn. Never a
+        rotted one: the segment would be lost beyond what the run destroyed (seed 2550:
+        store0's rotted replica of 2/1 was left alone, and nothing could refill it)."""
         held = {}
         for name in copy_set:
+            if (name, key) in self.rotten:
+                continue
             core = self.stores[name].core
             meta = core.catalog.meta(key) if core is not None else None
             if meta is not None and (not final or meta.acked_index >= final):
