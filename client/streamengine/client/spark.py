@@ -256,6 +256,15 @@ class _SegmentInfo:
     # The largest acked index the master knows (it trails the stores' answers).
     acked_index: int = 0
 
+    @property
+    def seal_certificate(self) -> Certificate | None:
+        """The certificate a read of this segment is checked against: this seal's, if
+        it is sealed and has one."""
+        certificate = self.certificate if self.sealed else None
+        if certificate is None or certificate.final_index != self.final_index:
+            return None
+        return certificate
+
 
 @dataclass(frozen=True)
 class _StreamLayout:
@@ -621,9 +630,7 @@ def plan_ranges(
         entries = last_readable - first + 1
         if entries <= 0:
             continue
-        certificate = segment.certificate if segment.sealed else None
-        if certificate is not None and certificate.final_index != segment.final_index:
-            certificate = None
+        certificate = segment.seal_certificate
         encoded = certificate.encode() if certificate is not None else b""
         replicas = _least_loaded_first(segment.replicas, load)
         if replicas:
@@ -839,10 +846,7 @@ def read_range(part: SegmentRange) -> Iterator[pa.RecordBatch]:
             if listed.sealed:
                 sealed = True
                 replicas.segment_sealed()
-            if listed.certificate is not None and listed.certificate.final_index == (
-                listed.final_index
-            ):
-                certificate = listed.certificate
+            certificate = listed.seal_certificate
             continue
         if next_index > start:
             deadline = time.monotonic() + PARTITION_UNREADABLE_S_MAX

@@ -378,7 +378,7 @@ class Cursor:
         # A replica said it holds the bridge of this segment, which the list held shows
         # open: the list is older than the seal, and what the replica holds is at rest,
         # which only the certificate guards. Nothing is read of it until a list read
-        # since says (`on_bridge_unlisted`).
+        # since says (`_relisted_for_seal`).
         self._relist_for_seal = 0
         # Segments a list read after a replica's bridge still showed open (a seal the
         # master has not recorded yet, with no certificate to check): read under crc32c.
@@ -717,12 +717,8 @@ class Cursor:
         if segment.sealed and 0 < segment.lost_from_index <= self._next_index:
             return DataLoss(segment.epoch, segment.lost_from_index, segment.final_index, True)
         if self._relist_for_seal == segment.epoch:
-            unlisted_since_ms = self._advanced(now_ms)
-            if (
-                self._end is not None
-                and now_ms >= unlisted_since_ms + self.timing.unreachable_read_ms
-            ):
-                waited_ms = now_ms - self._advanced(now_ms)
+            waited_ms = now_ms - self._advanced(now_ms)
+            if self._end is not None and waited_ms >= self.timing.unreachable_read_ms:
                 return Unreachable(segment.epoch, segment.replicas, waited_ms, master_silent=True)
             return Wait(max(now_ms, self._list_retry_at_ms), relist=True)
         replicas = self._replicas_of(segment.epoch)
